@@ -1,0 +1,278 @@
+// rlhost C++ SDK: tensors views and the kernel registry, for code that runs ops (engines,
+// generators, the conformance test) and code that implements them (providers).
+//
+// A KernelRegistry holds provider instances in preference order (a pinned provider first, then
+// the rest, the CPU reference last). resolve() asks each in turn for an op; the first that does
+// not answer RLH_E_UNIMPLEMENTED wins. Resolution happens once; Op::run is one indirect call.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rlhost/kernels.h"
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::sdk {
+
+// ------------------------------------------------------------------------------------------
+// dtypes
+
+constexpr rlh_dtype kF32{RLH_DTYPE_FLOAT, 32, 1};
+constexpr rlh_dtype kF64{RLH_DTYPE_FLOAT, 64, 1};
+constexpr rlh_dtype kF16{RLH_DTYPE_FLOAT, 16, 1};
+constexpr rlh_dtype kBF16{RLH_DTYPE_BFLOAT, 16, 1};
+constexpr rlh_dtype kI32{RLH_DTYPE_INT, 32, 1};
+constexpr rlh_dtype kI64{RLH_DTYPE_INT, 64, 1};
+constexpr rlh_dtype kU8{RLH_DTYPE_UINT, 8, 1};
+constexpr rlh_dtype kE4M3{RLH_DTYPE_FLOAT8_E4M3FN, 8, 1};
+constexpr rlh_dtype kE5M2{RLH_DTYPE_FLOAT8_E5M2, 8, 1};
+
+constexpr bool operator==(rlh_dtype a, rlh_dtype b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+constexpr size_t dtype_bytes(rlh_dtype d) { return (size_t(d.bits) * d.lanes + 7) / 8; }
+
+// Short name ("f32", "bf16", "e4m3") for messages and op listings.
+inline const char* dtype_name(rlh_dtype d) {
+  switch (d.code) {
+    case RLH_DTYPE_FLOAT: return d.bits == 32 ? "f32" : d.bits == 64 ? "f64" : d.bits == 16 ? "f16" : "f?";
+    case RLH_DTYPE_BFLOAT: return "bf16";
+    case RLH_DTYPE_INT: return d.bits == 32 ? "i32" : d.bits == 64 ? "i64" : d.bits == 8 ? "i8" : "i?";
+    case RLH_DTYPE_UINT: return d.bits == 8 ? "u8" : "u?";
+    case RLH_DTYPE_BOOL: return "bool";
+    case RLH_DTYPE_FLOAT8_E4M3FN: return "e4m3";
+    case RLH_DTYPE_FLOAT8_E5M2: return "e5m2";
+    default: return "other";
+  }
+}
+
+constexpr rlh_device kCPU{RLH_DEVICE_CPU, 0};
+inline rlh_device cuda_device(int id) { return rlh_device{RLH_DEVICE_CUDA, id}; }
+
+// ------------------------------------------------------------------------------------------
+// A contiguous tensor view that owns its shape/stride arrays (rlh_tensor points into them), so
+// it can be built on the fly: Tensor(ptr, {T, D}). Copying re-points the arrays.
+
+class Tensor {
+ public:
+  static constexpr int kMaxDims = 6;
+
+  Tensor() { t_ = rlh_tensor{}; t_.device = kCPU; t_.dtype = kF32; fix(); }
+  Tensor(void* data, std::initializer_list<int64_t> shape, rlh_dtype dtype = kF32,
+         rlh_device device = kCPU)
+      : Tensor(data, std::span<const int64_t>(shape.begin(), shape.size()), dtype, device) {}
+  Tensor(void* data, std::span<const int64_t> shape, rlh_dtype dtype = kF32,
+         rlh_device device = kCPU) {
+    if (shape.size() > kMaxDims) throw Error(RLH_E_INVALID_ARGUMENT, "tensor has too many dims");
+    t_ = rlh_tensor{};
+    t_.data = data;
+    t_.device = device;
+    t_.dtype = dtype;
+    t_.ndim = static_cast<int32_t>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) shape_[i] = shape[i];
+    int64_t s = 1;
+    for (int i = t_.ndim - 1; i >= 0; --i) { strides_[i] = s; s *= shape_[i]; }
+    fix();
+  }
+  Tensor(const Tensor& o) : t_(o.t_), shape_(o.shape_), strides_(o.strides_) { fix(); }
+  Tensor& operator=(const Tensor& o) {
+    t_ = o.t_; shape_ = o.shape_; strides_ = o.strides_; fix(); return *this;
+  }
+
+  const rlh_tensor& raw() const { return t_; }
+  operator const rlh_tensor&() const { return t_; }
+  int64_t numel() const { int64_t n = 1; for (int i = 0; i < t_.ndim; ++i) n *= shape_[i]; return n; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int ndim() const { return t_.ndim; }
+  template <typename T> T* data() const {
+    return reinterpret_cast<T*>(static_cast<char*>(t_.data) + t_.byte_offset);
+  }
+
+ private:
+  void fix() { t_.shape = shape_.data(); t_.strides = strides_.data(); }
+  rlh_tensor t_;
+  std::array<int64_t, kMaxDims> shape_{};
+  std::array<int64_t, kMaxDims> strides_{};
+};
+
+// Typed pointer to the first element of a borrowed tensor (no dtype check: callers resolved
+// the op for these dtypes).
+template <typename T>
+inline T* tensor_data(const rlh_tensor& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data) + t.byte_offset);
+}
+inline int64_t tensor_numel(const rlh_tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// ------------------------------------------------------------------------------------------
+// Attributes
+
+inline rlh_named_value attr_int(const char* name, int64_t v) {
+  rlh_named_value a{};
+  a.struct_size = RLH_STRUCT_SIZE(rlh_named_value, size);
+  a.name = name; a.type = RLH_VALUE_INT64; a.int64_value = v;
+  return a;
+}
+inline rlh_named_value attr_bool(const char* name, bool v) {
+  rlh_named_value a = attr_int(name, v ? 1 : 0);
+  a.type = RLH_VALUE_BOOL;
+  return a;
+}
+inline rlh_named_value attr_double(const char* name, double v) {
+  rlh_named_value a{};
+  a.struct_size = RLH_STRUCT_SIZE(rlh_named_value, size);
+  a.name = name; a.type = RLH_VALUE_DOUBLE; a.double_value = v;
+  return a;
+}
+inline rlh_named_value attr_string(const char* name, std::string_view v) {
+  rlh_named_value a{};
+  a.struct_size = RLH_STRUCT_SIZE(rlh_named_value, size);
+  a.name = name; a.type = RLH_VALUE_STRING; a.string_value = v.data(); a.size = v.size();
+  return a;
+}
+
+// Attribute lookup for providers: returns the last value named `name`, or `fallback`.
+inline const rlh_named_value* find_attr(const rlh_named_value* attrs, size_t n, std::string_view name) {
+  const rlh_named_value* found = nullptr;
+  for (size_t i = 0; attrs != nullptr && i < n; ++i)
+    if (attrs[i].name != nullptr && name == attrs[i].name) found = &attrs[i];
+  return found;
+}
+inline int64_t attr_int_or(const rlh_named_value* attrs, size_t n, std::string_view name, int64_t fallback) {
+  const rlh_named_value* a = find_attr(attrs, n, name);
+  if (a == nullptr) return fallback;
+  return a->type == RLH_VALUE_DOUBLE ? static_cast<int64_t>(a->double_value) : a->int64_value;
+}
+inline double attr_double_or(const rlh_named_value* attrs, size_t n, std::string_view name, double fallback) {
+  const rlh_named_value* a = find_attr(attrs, n, name);
+  if (a == nullptr) return fallback;
+  return a->type == RLH_VALUE_DOUBLE ? a->double_value : static_cast<double>(a->int64_value);
+}
+
+// ------------------------------------------------------------------------------------------
+// Registry
+
+// A resolved op. Movable, releases the handle on destruction.
+class Op {
+ public:
+  Op() = default;
+  Op(const rlh_kernels_api* api, rlh_op* op, std::string provider)
+      : api_(api), op_(op), provider_(std::move(provider)) {}
+  Op(Op&& o) noexcept : api_(o.api_), op_(std::exchange(o.op_, nullptr)), provider_(std::move(o.provider_)) {}
+  Op& operator=(Op&& o) noexcept {
+    if (this != &o) { reset(); api_ = o.api_; op_ = std::exchange(o.op_, nullptr); provider_ = std::move(o.provider_); }
+    return *this;
+  }
+  ~Op() { reset(); }
+  explicit operator bool() const { return op_ != nullptr; }
+  const std::string& provider() const { return provider_; }
+  rlh_op* raw() const { return op_; }
+  const rlh_kernels_api* api() const { return api_; }
+
+  void run(std::span<const rlh_tensor> inputs, std::span<const rlh_tensor> outputs,
+           std::span<const rlh_named_value> attrs = {}, void* stream = nullptr,
+           void* workspace = nullptr, size_t workspace_bytes = 0) const {
+    rlh_op_call call{};
+    call.struct_size = RLH_STRUCT_SIZE(rlh_op_call, workspace_bytes);
+    call.inputs = inputs.data(); call.num_inputs = inputs.size();
+    call.outputs = outputs.data(); call.num_outputs = outputs.size();
+    call.attrs = attrs.data(); call.num_attrs = attrs.size();
+    call.stream = stream; call.workspace = workspace; call.workspace_bytes = workspace_bytes;
+    check(api_->run(op_, &call));
+  }
+  // Convenience for Tensor lists.
+  void run(std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
+           std::initializer_list<rlh_named_value> attrs = {}, void* stream = nullptr) const {
+    std::vector<rlh_tensor> in, out;
+    for (const Tensor& t : inputs) in.push_back(t.raw());
+    for (const Tensor& t : outputs) out.push_back(t.raw());
+    run(in, out, std::span<const rlh_named_value>(attrs.begin(), attrs.size()), stream);
+  }
+
+  rlh_op_info info() const {
+    rlh_op_info i{};
+    i.struct_size = sizeof(rlh_op_info);
+    check(api_->op_info(op_, &i));
+    return i;
+  }
+
+ private:
+  void reset() { if (op_ != nullptr && api_ != nullptr) api_->release_op(op_); op_ = nullptr; }
+  const rlh_kernels_api* api_ = nullptr;
+  rlh_op* op_ = nullptr;
+  std::string provider_;
+};
+
+class KernelRegistry {
+ public:
+  struct Provider {
+    std::string name;
+    const rlh_kernels_api* api = nullptr;
+    rlh_kernels* instance = nullptr;
+    bool owned = false;  // destroy the instance with the registry
+  };
+
+  KernelRegistry() = default;
+  KernelRegistry(const KernelRegistry&) = delete;
+  KernelRegistry& operator=(const KernelRegistry&) = delete;
+  ~KernelRegistry() {
+    for (auto& p : providers_)
+      if (p.owned && p.api != nullptr && p.instance != nullptr) p.api->destroy(p.instance);
+  }
+
+  // Adds a provider at the end of the preference order. When `create_on` is given the registry
+  // creates (and later destroys) an instance for that device.
+  void add(std::string name, const rlh_kernels_api* api, const rlh_host_api* host,
+           rlh_device device, std::string_view config_json = "{}") {
+    if (api == nullptr || api->struct_size < RLH_STRUCT_SIZE(rlh_kernels_api, release_op))
+      throw Error(RLH_E_ABI_MISMATCH, "kernel provider '" + name + "' has a too-small table");
+    rlh_kernels* inst = nullptr;
+    check(api->create(host, device, config_json.data(), config_json.size(), &inst),
+          "creating kernel provider '" + name + "'");
+    providers_.push_back(Provider{std::move(name), api, inst, true});
+  }
+  void add_instance(std::string name, const rlh_kernels_api* api, rlh_kernels* instance) {
+    providers_.push_back(Provider{std::move(name), api, instance, false});
+  }
+  const std::vector<Provider>& providers() const { return providers_; }
+
+  // Resolves `name` on `device` for the given operand descriptors, trying providers in order.
+  // `only` restricts to one provider (pinning / conformance testing).
+  Op resolve(const char* name, rlh_device device, std::span<const rlh_tensor> inputs,
+             std::span<const rlh_tensor> outputs, std::span<const rlh_named_value> attrs = {},
+             bool shapes_valid = false, const std::string& only = {}) const {
+    rlh_op_desc d{};
+    d.struct_size = RLH_STRUCT_SIZE(rlh_op_desc, num_attrs);
+    d.name = name; d.device = device;
+    d.inputs = inputs.data(); d.num_inputs = inputs.size();
+    d.outputs = outputs.data(); d.num_outputs = outputs.size();
+    d.shapes_valid = shapes_valid ? 1 : 0;
+    d.attrs = attrs.data(); d.num_attrs = attrs.size();
+    std::string reasons;
+    for (const Provider& p : providers_) {
+      if (!only.empty() && p.name != only) continue;
+      rlh_op* op = nullptr;
+      rlh_status* s = p.api->get_op(p.instance, &d, &op);
+      if (s == nullptr) return Op(p.api, op, p.name);
+      StatusPtr owned(s);
+      if (s->code != RLH_E_UNIMPLEMENTED) check(owned.release(), "resolving op '" + std::string(name) + "' in '" + p.name + "'");
+      reasons += "; " + p.name + ": " + status_message(s);
+    }
+    throw Error(RLH_E_UNIMPLEMENTED, "no kernel provider implements op '" + std::string(name) +
+                                         "' for these operands" + reasons);
+  }
+
+ private:
+  std::vector<Provider> providers_;
+};
+
+}  // namespace rlh::sdk
