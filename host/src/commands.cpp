@@ -1,0 +1,186 @@
+// Subcommand table and the tokenize command.
+#include "commands.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rlhost/host.h"
+#include "rlhost/sdk/status.hpp"
+#include "rlhost/tokenizer.h"
+
+namespace po = boost::program_options;
+
+namespace rlh::cli {
+namespace {
+
+using sdk::Error;
+
+// Owns a host for the duration of a command.
+struct HostHandle {
+  rlhost_t* h = nullptr;
+  HostHandle() { sdk::check(rlhost_create(&h)); }
+  ~HostHandle() { rlhost_destroy(h); }
+  // Loads the given plugins, or `fallback` when none were named.
+  void load(const std::vector<std::string>& plugins, const char* fallback) {
+    if (plugins.empty()) sdk::check(rlhost_load_plugin(h, fallback));
+    for (const auto& p : plugins) sdk::check(rlhost_load_plugin(h, p.c_str()));
+  }
+  const rlh_component_desc* find(int32_t kind) {
+    const rlh_host_api* s = rlhost_services(h);
+    const rlh_component_desc* d = nullptr;
+    sdk::check(s->find_component(s->ctx, kind, nullptr, &d));
+    return d;
+  }
+};
+
+std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": empty id in '" + text + "'");
+    item = item.substr(b, e - b + 1);
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || v < 0 || v > INT32_MAX)
+      throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": '" + item + "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": no ids given");
+  return ids;
+}
+
+std::string read_text_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(RLH_E_NOT_FOUND, std::string(what) + " '" + path + "' cannot be read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void collect_ids(void* user, const void* data, size_t len) {
+  auto* v = static_cast<std::vector<int32_t>*>(user);
+  const auto* p = static_cast<const int32_t*>(data);
+  v->insert(v->end(), p, p + len / sizeof(int32_t));
+}
+
+int cmd_tokenize(int argc, char** argv) {
+  po::options_description opts("rlhost tokenize options");
+  opts.add_options()
+      ("help,h", "show this help")
+      ("tokenizer,t", po::value<std::string>(), "tokenizer.json, a model folder, or a hub id in the local HF cache")
+      ("text", po::value<std::string>(), "text to encode")
+      ("decode", po::value<std::string>(), "comma-separated ids to decode")
+      ("chat", po::value<std::string>(), "JSON file with a list of messages to render with the chat template")
+      ("add-generation-prompt", "with --chat: end with the assistant turn's header")
+      ("no-special", "encode without the post-processor's special tokens; decode skipping special tokens")
+      ("json", "print JSON")
+      ("plugin,p", po::value<std::vector<std::string>>()->composing(), "plugin providing the tokenizer (default tokenizer_hf)");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << "usage: rlhost tokenize --tokenizer DIR_OR_FILE (--text TEXT | --decode 1,2,3 | --chat messages.json) [--json]\n\n" << opts;
+    return 0;
+  }
+  if (!vm.count("tokenizer")) throw Error(RLH_E_INVALID_ARGUMENT, "tokenize: --tokenizer is required");
+  int modes = int(vm.count("text")) + int(vm.count("decode")) + int(vm.count("chat"));
+  if (modes != 1) throw Error(RLH_E_INVALID_ARGUMENT, "tokenize: give exactly one of --text, --decode, --chat");
+
+  HostHandle host;
+  host.load(vm.count("plugin") ? vm["plugin"].as<std::vector<std::string>>() : std::vector<std::string>{}, "tokenizer_hf");
+  const rlh_component_desc* d = host.find(RLH_KIND_TOKENIZER);
+  const auto* api = static_cast<const rlh_tokenizer_api*>(d->api);
+  rlh_tokenizer* tok = nullptr;
+  sdk::check(api->create(rlhost_services(host.h), vm["tokenizer"].as<std::string>().c_str(), &tok));
+  struct Guard { const rlh_tokenizer_api* a; rlh_tokenizer* t; ~Guard() { a->destroy(t); } } guard{api, tok};
+  const bool json = vm.count("json") > 0;
+  const bool special = vm.count("no-special") == 0;
+
+  if (vm.count("text")) {
+    const std::string text = vm["text"].as<std::string>();
+    std::vector<int32_t> ids;
+    sdk::check(api->encode(tok, text.data(), text.size(), special ? RLH_ENCODE_ADD_SPECIAL_TOKENS : 0, collect_ids, &ids));
+    std::string decoded;
+    sdk::check(api->decode(tok, ids.data(), ids.size(), 0, sdk::write_to_string, &decoded));
+    if (json) {
+      std::cout << nlohmann::json{{"ids", ids}, {"decoded", decoded}}.dump() << "\n";
+    } else {
+      for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? "," : "") << ids[i];
+      std::cout << "\n";
+    }
+  } else if (vm.count("decode")) {
+    std::vector<int32_t> ids = parse_ids(vm["decode"].as<std::string>(), "--decode");
+    std::string text;
+    sdk::check(api->decode(tok, ids.data(), ids.size(), special ? 0 : RLH_DECODE_SKIP_SPECIAL_TOKENS, sdk::write_to_string, &text));
+    if (json) std::cout << nlohmann::json{{"ids", ids}, {"decoded", text}}.dump() << "\n";
+    else std::cout << text << "\n";
+  } else {
+    const std::string path = vm["chat"].as<std::string>();
+    std::string messages = read_text_file(path, "--chat file");
+    try {
+      auto parsed = nlohmann::json::parse(messages);
+      if (!parsed.is_array()) throw Error(RLH_E_INVALID_ARGUMENT, "--chat file '" + path + "': expected a JSON list of messages");
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(RLH_E_INVALID_ARGUMENT, "--chat file '" + path + "': invalid JSON: " + e.what());
+    }
+    std::string prompt;
+    sdk::check(api->apply_chat_template(tok, messages.data(), messages.size(), vm.count("add-generation-prompt") ? 1 : 0,
+                                        nullptr, 0, sdk::write_to_string, &prompt));
+    if (json) {
+      std::vector<int32_t> ids;
+      sdk::check(api->encode(tok, prompt.data(), prompt.size(), 0, collect_ids, &ids));
+      std::cout << nlohmann::json{{"prompt", prompt}, {"ids", ids}}.dump() << "\n";
+    } else {
+      std::cout << prompt;
+      if (prompt.empty() || prompt.back() != '\n') std::cout << "\n";
+    }
+  }
+  return 0;
+}
+
+struct Command {
+  const char* name;
+  int (*fn)(int, char**);
+};
+const Command kCommands[] = {
+    {"tokenize", cmd_tokenize},
+};
+
+}  // namespace
+
+bool is_command(const char* name) {
+  for (const auto& c : kCommands)
+    if (std::strcmp(c.name, name) == 0) return true;
+  return false;
+}
+
+int run_command(int argc, char** argv) {
+  for (const auto& c : kCommands) {
+    if (std::strcmp(c.name, argv[0]) != 0) continue;
+    try {
+      return c.fn(argc, argv);
+    } catch (const po::error& e) {
+      std::cerr << "rlhost " << c.name << ": error: " << e.what() << " (see rlhost " << c.name << " --help)\n";
+      return 2;
+    } catch (const Error& e) {
+      std::cerr << "rlhost " << c.name << ": error: " << e.what() << "\n";
+      return e.code() == RLH_E_INVALID_ARGUMENT ? 2 : 1;
+    } catch (const std::exception& e) {
+      std::cerr << "rlhost " << c.name << ": error: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  return 2;
+}
+
+}  // namespace rlh::cli

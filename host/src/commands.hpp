@@ -1,0 +1,11 @@
+// rlhost subcommands (tokenize, logprobs, generate, ...): each parses its own options and works
+// through librlhost's C API and the components' ABI tables, like any embedder would.
+#pragma once
+
+namespace rlh::cli {
+
+bool is_command(const char* name);
+// argv[0] is the command name. Returns the process exit code.
+int run_command(int argc, char** argv);
+
+}  // namespace rlh::cli

@@ -1,0 +1,582 @@
+// The configuration tree: YAML loading with `defaults:` chains, overrides, interpolation.
+// See config.hpp for the conventions. Inputs are untrusted (fuzzed): every recursion has a depth
+// bound and YAML alias expansion has a node budget.
+#include "config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace rlh::host {
+namespace {
+
+constexpr int kMaxDepth = 128;          // nesting of YAML maps/lists and of interpolations
+constexpr size_t kMaxNodes = 2'000'000; // guards alias expansion ("billion laughs")
+constexpr int kMaxDefaultsDepth = 32;   // length of a defaults chain
+
+[[noreturn]] void fail(const std::string& msg) { throw ConfigError(msg); }
+
+// ------------------------------------------------------------------------------------------
+// YAML -> Json
+
+bool is_null_word(const std::string& s) { return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL"; }
+
+Json plain_scalar(const std::string& s) {
+  if (is_null_word(s)) return nullptr;
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  static const std::regex int_re(R"([-+]?[0-9]+)");
+  static const std::regex hex_re(R"(0x[0-9a-fA-F]+)");
+  static const std::regex float_re(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
+  if (std::regex_match(s, int_re)) {
+    try { return static_cast<int64_t>(std::stoll(s)); } catch (...) { /* too large: float */ }
+    try { return std::stod(s); } catch (...) { return s; }
+  }
+  if (std::regex_match(s, hex_re)) {
+    try { return static_cast<int64_t>(std::stoll(s, nullptr, 16)); } catch (...) { return s; }
+  }
+  if (std::regex_match(s, float_re)) {
+    try { return std::stod(s); } catch (...) { return s; }
+  }
+  if (s == ".inf" || s == ".Inf" || s == "+.inf") return std::numeric_limits<double>::infinity();
+  if (s == "-.inf" || s == "-.Inf") return -std::numeric_limits<double>::infinity();
+  if (s == ".nan" || s == ".NaN") return std::numeric_limits<double>::quiet_NaN();
+  return s;
+}
+
+struct YamlConverter {
+  const std::string& origin;
+  size_t nodes = 0;
+
+  Json convert(const YAML::Node& n, int depth) {
+    if (depth > kMaxDepth) fail(origin + ": nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+    if (++nodes > kMaxNodes) fail(origin + ": document expands to more than 2,000,000 nodes (alias bomb?)");
+    switch (n.Type()) {
+      case YAML::NodeType::Null:
+      case YAML::NodeType::Undefined:
+        return nullptr;
+      case YAML::NodeType::Scalar:
+        // Tag "!" marks a quoted (non-plain) scalar: always a string.
+        if (n.Tag() == "!") return n.Scalar();
+        return plain_scalar(n.Scalar());
+      case YAML::NodeType::Sequence: {
+        Json a = Json::array();
+        for (const auto& item : n) a.push_back(convert(item, depth + 1));
+        return a;
+      }
+      case YAML::NodeType::Map: {
+        Json o = Json::object();
+        for (const auto& kv : n) {
+          if (!kv.first.IsScalar())
+            fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": mapping keys must be scalars");
+          const std::string key = kv.first.Scalar();
+          if (o.contains(key))
+            fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": duplicate key '" + key + "'");
+          o[key] = convert(kv.second, depth + 1);
+        }
+        return o;
+      }
+    }
+    return nullptr;
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// Merging with provenance
+
+void record_leaves(const Json& j, const std::string& prefix, const std::string& origin,
+                   std::map<std::string, std::string>& origins) {
+  origins[prefix] = origin;
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it)
+      record_leaves(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), origin, origins);
+}
+
+// Deep-merges src into dst: maps merge key by key, everything else is replaced.
+void merge_into(Json& dst, const Json& src, const std::string& prefix, const std::string& origin,
+                std::map<std::string, std::string>& origins) {
+  for (auto it = src.begin(); it != src.end(); ++it) {
+    const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (dst.contains(it.key()) && dst[it.key()].is_object() && it.value().is_object()) {
+      merge_into(dst[it.key()], it.value(), path, origin, origins);
+    } else {
+      dst[it.key()] = it.value();
+      record_leaves(it.value(), path, origin, origins);
+    }
+  }
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) fail("config file '" + p.string() + "' does not exist");
+  if (std::filesystem::is_directory(p, ec)) fail("config file '" + p.string() + "' is a directory");
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("config file '" + p.string() + "' cannot be read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct ChainLoader {
+  std::map<std::string, std::string>& origins;
+  std::vector<std::string> stack;
+
+  Json load(const std::filesystem::path& path) {
+    std::error_code ec;
+    std::filesystem::path canon = std::filesystem::weakly_canonical(path, ec);
+    if (ec) canon = path;
+    if (std::find(stack.begin(), stack.end(), canon.string()) != stack.end()) {
+      std::string chain;
+      for (const auto& s : stack) chain += s + " -> ";
+      fail("config defaults cycle: " + chain + canon.string());
+    }
+    if (static_cast<int>(stack.size()) >= kMaxDefaultsDepth)
+      fail("config defaults chain longer than " + std::to_string(kMaxDefaultsDepth) + " files at '" + path.string() + "'");
+    stack.push_back(canon.string());
+    Json self = parse_yaml(read_file(path), path.string());
+    if (self.is_null()) self = Json::object();
+    if (!self.is_object()) fail("config file '" + path.string() + "': the top level must be a mapping");
+
+    Json merged = Json::object();
+    if (self.contains("defaults")) {
+      Json d = self["defaults"];
+      self.erase("defaults");
+      std::vector<std::string> parents;
+      if (d.is_string()) parents.push_back(d.get<std::string>());
+      else if (d.is_array()) {
+        for (const auto& e : d) {
+          if (!e.is_string()) fail("config file '" + path.string() + "': defaults entries must be file names");
+          parents.push_back(e.get<std::string>());
+        }
+      } else if (!d.is_null()) {
+        fail("config file '" + path.string() + "': defaults must be a file name or a list of them");
+      }
+      for (const auto& parent : parents) {
+        std::filesystem::path pp = parent;
+        if (pp.is_relative()) pp = path.parent_path() / pp;
+        Json pj = load(pp);
+        merge_into(merged, pj, "", pp.string(), origins);
+      }
+    }
+    merge_into(merged, self, "", path.string(), origins);
+    stack.pop_back();
+    return merged;
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// Paths
+
+Json* find_node(Json& root, const std::vector<std::string>& parts, size_t upto) {
+  Json* cur = &root;
+  for (size_t i = 0; i < upto; ++i) {
+    if (cur->is_object()) {
+      auto it = cur->find(parts[i]);
+      if (it == cur->end()) return nullptr;
+      cur = &it.value();
+    } else if (cur->is_array()) {
+      size_t idx = 0;
+      try { idx = std::stoul(parts[i]); } catch (...) { return nullptr; }
+      if (idx >= cur->size()) return nullptr;
+      cur = &(*cur)[idx];
+    } else {
+      return nullptr;
+    }
+  }
+  return cur;
+}
+
+const Json* find_const(const Json& root, const std::vector<std::string>& parts) {
+  return find_node(const_cast<Json&>(root), parts, parts.size());
+}
+
+std::string type_name(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "a list";
+    case Json::value_t::object: return "a mapping";
+    default: return "a value";
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Interpolation
+
+struct Resolver {
+  const Json& root;
+  std::vector<std::string> stack;  // keys being resolved, for cycle detection
+  size_t steps = 0;
+
+  static std::string stringify(const Json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_null()) return "None";
+    if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+    return v.dump();
+  }
+
+  // Resolves every string in `v` (located at `path`), recursively.
+  Json resolve_tree(const Json& v, const std::string& path, int depth) {
+    if (depth > kMaxDepth) fail("config: nesting too deep at '" + path + "'");
+    if (v.is_string()) return resolve_string(v.get<std::string>(), path, depth);
+    if (v.is_object()) {
+      Json o = Json::object();
+      for (auto it = v.begin(); it != v.end(); ++it)
+        o[it.key()] = resolve_tree(it.value(), path.empty() ? it.key() : path + "." + it.key(), depth + 1);
+      return o;
+    }
+    if (v.is_array()) {
+      Json a = Json::array();
+      for (size_t i = 0; i < v.size(); ++i) a.push_back(resolve_tree(v[i], path + "." + std::to_string(i), depth + 1));
+      return a;
+    }
+    return v;
+  }
+
+  // Finds the end of the ${...} starting at s[pos] == '$'; returns index of the matching '}'.
+  static size_t match_close(const std::string& s, size_t pos, const std::string& path) {
+    int level = 0;
+    for (size_t i = pos; i < s.size(); ++i) {
+      if (s[i] == '$' && i + 1 < s.size() && s[i + 1] == '{') { ++level; ++i; continue; }
+      if (s[i] == '}') { if (--level == 0) return i; }
+    }
+    fail("config key '" + path + "': unterminated interpolation in \"" + s + "\"");
+  }
+
+  Json resolve_string(const std::string& s, const std::string& path, int depth) {
+    if (s.find("${") == std::string::npos) return s;
+    if (depth > kMaxDepth) fail("config key '" + path + "': interpolation nested too deeply");
+    // A value that is exactly one interpolation keeps the referenced value's type.
+    if (s.rfind("${", 0) == 0 && match_close(s, 0, path) == s.size() - 1)
+      return eval_expr(s.substr(2, s.size() - 3), path, depth + 1);
+    std::string out;
+    for (size_t i = 0; i < s.size();) {
+      if (s[i] == '$' && i + 1 < s.size() && s[i + 1] == '{') {
+        size_t close = match_close(s, i, path);
+        out += stringify(eval_expr(s.substr(i + 2, close - i - 2), path, depth + 1));
+        i = close + 1;
+      } else {
+        out += s[i++];
+      }
+    }
+    return out;
+  }
+
+  Json eval_expr(const std::string& expr_in, const std::string& path, int depth) {
+    if (++steps > 1'000'000) fail("config: interpolation does too much work at '" + path + "'");
+    std::string expr = trim(expr_in);
+    // A resolver call "name:args" has a colon before any nested interpolation.
+    size_t colon = expr.find(':');
+    size_t nested = expr.find("${");
+    if (colon != std::string::npos && (nested == std::string::npos || colon < nested))
+      return call_resolver(trim(expr.substr(0, colon)), expr.substr(colon + 1), path, depth);
+    return lookup(expr, path, depth);
+  }
+
+  static std::string trim(const std::string& s) {
+    size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+  }
+
+  Json lookup(const std::string& ref, const std::string& path, int depth) {
+    if (ref.empty()) fail("config key '" + path + "': empty interpolation ${}");
+    std::string target;
+    if (ref[0] == '.') {
+      // Relative: one dot is the map holding this key, each further dot one level up.
+      size_t dots = 0;
+      while (dots < ref.size() && ref[dots] == '.') ++dots;
+      std::vector<std::string> base = split_path_loose(path);
+      if (!base.empty()) base.pop_back();  // the key itself
+      for (size_t i = 1; i < dots; ++i) {
+        if (base.empty()) fail("config key '" + path + "': '${" + ref + "}' goes above the top level");
+        base.pop_back();
+      }
+      for (const auto& p : split_path(ref.substr(dots))) base.push_back(p);
+      for (size_t i = 0; i < base.size(); ++i) target += (i ? "." : "") + base[i];
+    } else {
+      target = ref;
+    }
+    std::vector<std::string> parts;
+    try { parts = split_path(target); } catch (const ConfigError&) {
+      fail("config key '" + path + "': bad interpolation '${" + ref + "}'");
+    }
+    const Json* node = find_const(root, parts);
+    if (node == nullptr) fail("config key '" + path + "': interpolation '${" + ref + "}' refers to missing key '" + target + "'");
+    if (std::find(stack.begin(), stack.end(), target) != stack.end()) {
+      std::string chain;
+      for (const auto& k : stack) chain += k + " -> ";
+      fail("config interpolation cycle: " + chain + target);
+    }
+    stack.push_back(target);
+    Json v = resolve_tree(*node, target, depth + 1);
+    stack.pop_back();
+    return v;
+  }
+
+  static std::vector<std::string> split_path_loose(const std::string& p) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : p) { if (c == '.') { out.push_back(cur); cur.clear(); } else cur += c; }
+    if (!p.empty()) out.push_back(cur);
+    return out;
+  }
+
+  Json call_resolver(const std::string& name, const std::string& args_text, const std::string& path, int depth) {
+    // Split args at top-level commas (not inside ${...}).
+    std::vector<std::string> raw;
+    int level = 0;
+    std::string cur;
+    for (size_t i = 0; i < args_text.size(); ++i) {
+      char c = args_text[i];
+      if (c == '$' && i + 1 < args_text.size() && args_text[i + 1] == '{') { ++level; cur += "${"; ++i; continue; }
+      if (c == '}' && level > 0) --level;
+      if (c == ',' && level == 0) { raw.push_back(cur); cur.clear(); continue; }
+      cur += c;
+    }
+    raw.push_back(cur);
+    std::vector<Json> args;
+    for (const auto& a : raw) {
+      Json v = resolve_string(trim(a), path, depth + 1);
+      if (v.is_string()) v = plain_scalar(v.get<std::string>());
+      args.push_back(v);
+    }
+    auto num = [&](const Json& v) -> double {
+      if (!v.is_number()) fail("config key '" + path + "': resolver '" + name + "' needs numbers, got " + type_name(v));
+      return v.get<double>();
+    };
+    auto all_int = [&]() { return std::all_of(args.begin(), args.end(), [](const Json& v) { return v.is_number_integer(); }); };
+    if (args.size() < 2 && name != "max" && name != "min")
+      fail("config key '" + path + "': resolver '" + name + "' needs two arguments");
+    if (name == "mul" || name == "add") {
+      if (all_int()) {
+        int64_t r = name == "mul" ? 1 : 0;
+        for (const auto& a : args) r = name == "mul" ? r * a.get<int64_t>() : r + a.get<int64_t>();
+        return r;
+      }
+      double r = name == "mul" ? 1.0 : 0.0;
+      for (const auto& a : args) r = name == "mul" ? r * num(a) : r + num(a);
+      return r;
+    }
+    if (name == "div") {
+      if (args.size() != 2) fail("config key '" + path + "': resolver 'div' needs two arguments");
+      double b = num(args[1]);
+      if (b == 0) fail("config key '" + path + "': division by zero in resolver 'div'");
+      if (all_int() && args[0].get<int64_t>() % args[1].get<int64_t>() == 0)
+        return args[0].get<int64_t>() / args[1].get<int64_t>();
+      return num(args[0]) / b;
+    }
+    if (name == "max" || name == "min") {
+      if (args.empty()) fail("config key '" + path + "': resolver '" + name + "' needs arguments");
+      Json best = args[0];
+      for (const auto& a : args) {
+        double x = num(a), y = num(best);
+        if (name == "max" ? x > y : x < y) best = a;
+      }
+      return best;
+    }
+    fail("config key '" + path + "': unknown resolver '" + name + "' (known: mul, add, div, max, min)");
+  }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+
+Json parse_yaml(const std::string& text, const std::string& origin) {
+  YAML::Node node;
+  try {
+    node = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail(origin + ": line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1) +
+         ": invalid YAML: " + e.msg);
+  }
+  YamlConverter conv{origin};
+  try {
+    return conv.convert(node, 0);
+  } catch (const YAML::Exception& e) {
+    fail(origin + ": invalid YAML: " + e.msg);
+  }
+}
+
+namespace {
+void emit(YAML::Emitter& out, const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::object:
+      out << YAML::BeginMap;
+      for (auto it = j.begin(); it != j.end(); ++it) { out << YAML::Key << it.key() << YAML::Value; emit(out, it.value()); }
+      out << YAML::EndMap;
+      break;
+    case Json::value_t::array:
+      out << YAML::BeginSeq;
+      for (const auto& e : j) emit(out, e);
+      out << YAML::EndSeq;
+      break;
+    case Json::value_t::string: {
+      // Quote strings that would read back as another type.
+      const std::string s = j.get<std::string>();
+      Json back = plain_scalar(s);
+      if (!back.is_string()) out << YAML::DoubleQuoted << s; else out << s;
+      break;
+    }
+    case Json::value_t::null: out << YAML::Null; break;
+    case Json::value_t::boolean: out << (j.get<bool>() ? "true" : "false"); break;
+    case Json::value_t::number_float: {
+      double d = j.get<double>();
+      if (std::isnan(d)) out << ".nan";
+      else if (std::isinf(d)) out << (d > 0 ? ".inf" : "-.inf");
+      else out << j.dump();
+      break;
+    }
+    default: out << j.dump(); break;
+  }
+}
+}  // namespace
+
+std::string to_yaml(const Json& j) {
+  YAML::Emitter out;
+  emit(out, j);
+  std::string s = out.c_str();
+  if (!s.empty() && s.back() != '\n') s += '\n';
+  return s;
+}
+
+std::vector<std::string> split_path(const std::string& dotted) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char c : dotted) {
+    if (c == '.') {
+      if (cur.empty()) throw ConfigError("bad key '" + dotted + "': empty segment");
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (cur.empty()) throw ConfigError("bad key '" + dotted + "': empty segment");
+  parts.push_back(cur);
+  return parts;
+}
+
+void collect_keys(const Json& j, const std::string& prefix, std::vector<std::string>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      collect_keys(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else if (!prefix.empty()) {
+    out.push_back(prefix);
+  }
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+void Config::load_file(const std::filesystem::path& path) {
+  origins_.clear();
+  ChainLoader loader{origins_, {}};
+  tree_ = loader.load(path);
+}
+
+void Config::load_text(const std::string& yaml, const std::string& origin) {
+  origins_.clear();
+  Json j = parse_yaml(yaml, origin);
+  if (j.is_null()) j = Json::object();
+  if (!j.is_object()) fail(origin + ": the top level must be a mapping");
+  if (j.contains("defaults")) fail(origin + ": 'defaults' needs a config file (relative paths)");
+  tree_ = Json::object();
+  merge_into(tree_, j, "", origin, origins_);
+}
+
+void Config::apply_override(const std::string& text) {
+  const std::string where = "override '" + text + "'";
+  std::string t = text;
+  enum { kSet, kForce, kAdd, kDelete } mode = kSet;
+  if (t.rfind("++", 0) == 0) { mode = kForce; t = t.substr(2); }
+  else if (t.rfind("+", 0) == 0) { mode = kAdd; t = t.substr(1); }
+  else if (t.rfind("~", 0) == 0) { mode = kDelete; t = t.substr(1); }
+
+  std::string key = t, value_text;
+  size_t eq = t.find('=');
+  if (eq != std::string::npos) { key = t.substr(0, eq); value_text = t.substr(eq + 1); }
+  else if (mode != kDelete) fail(where + ": expected key=value");
+  if (key.empty()) fail(where + ": empty key");
+  std::vector<std::string> parts;
+  try { parts = split_path(key); } catch (const ConfigError& e) { fail(where + ": " + e.what()); }
+
+  Json* parent = find_node(tree_, parts, parts.size() - 1);
+  Json* existing = find_node(tree_, parts, parts.size());
+  if (mode == kDelete) {
+    if (existing == nullptr || parent == nullptr || !parent->is_object()) fail(where + ": key '" + key + "' is not in the config");
+    parent->erase(parts.back());
+    return;
+  }
+  Json value;
+  try {
+    value = value_text.empty() ? Json(std::string()) : parse_yaml(value_text, where);
+  } catch (const ConfigError& e) {
+    fail(e.what());
+  }
+  if (mode == kSet) {
+    if (existing == nullptr)
+      fail(where + ": key '" + key + "' is not in the config (use ++" + key + "=" + value_text + " to add it)");
+    // Type check against the value being replaced.
+    const Json& old = *existing;
+    bool ok = true;
+    if (old.is_null() || value.is_null()) ok = true;
+    else if (old.is_boolean()) ok = value.is_boolean();
+    else if (old.is_number_integer()) ok = value.is_number_integer();
+    else if (old.is_number_float()) { ok = value.is_number(); if (ok) value = value.get<double>(); }
+    else if (old.is_string()) { if (!value.is_string()) value = value_text; }
+    else if (old.is_array()) ok = value.is_array();
+    else if (old.is_object()) ok = value.is_object();
+    if (!ok) fail(where + ": '" + key + "' expects " + type_name(old) + " (it is " + old.dump() + "), got " + type_name(value));
+    *existing = value;
+  } else {
+    if (mode == kAdd && existing != nullptr) fail(where + ": key '" + key + "' already exists (use ++ to override)");
+    // Create intermediate maps as needed.
+    Json* cur = &tree_;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      if (!cur->is_object()) fail(where + ": '" + parts[i - 1] + "' is not a mapping");
+      cur = &(*cur)[parts[i]];
+      if (cur->is_null()) *cur = Json::object();
+    }
+    if (!cur->is_object()) fail(where + ": parent of '" + key + "' is not a mapping");
+    (*cur)[parts.back()] = value;
+  }
+  record_leaves(value, key, "command line", origins_);
+}
+
+Json Config::resolved() const {
+  Resolver r{tree_, {}};
+  return r.resolve_tree(tree_, "", 0);
+}
+
+std::string Config::origin_of(const std::string& dotted) const {
+  std::string k = dotted;
+  while (true) {
+    auto it = origins_.find(k);
+    if (it != origins_.end()) return it->second;
+    size_t dot = k.rfind('.');
+    if (dot == std::string::npos) break;
+    k = k.substr(0, dot);
+  }
+  return "config";
+}
+
+}  // namespace rlh::host

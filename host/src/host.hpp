@@ -1,0 +1,94 @@
+// The host object behind librlhost's C API: plugin path, loaded plugins, registry, configuration,
+// services handed to plugins, metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "plugins.hpp"
+#include "rlhost/comm.h"
+#include "rlhost/host.h"
+
+namespace rlh::host {
+
+struct Metric {
+  std::string name;
+  double value;
+  int64_t step;
+};
+
+// What a plugin's rlh_host_ctx points to.
+struct PluginContext {
+  Host* host = nullptr;
+  std::string plugin;  // name, for log prefixes
+};
+
+class Host {
+ public:
+  Host();
+  ~Host();
+
+  void add_plugin_dir(const std::string& dir);
+  const std::vector<std::string>& plugin_dirs() const { return plugin_dirs_; }
+
+  // Loads a plugin by name (searched on the plugin path) or path. Throws sdk::Error.
+  void load_plugin(const std::string& name_or_path);
+  nlohmann::ordered_json list_plugins();
+
+  Config& config() { return config_; }
+  // Resolves interpolations and checks keys; throws on unknown keys; logs warnings.
+  Json resolve_config();
+
+  // Runs the algorithm named by rlhost.algorithm (or the only loaded one).
+  void run();
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // Registry: finds a component (initialising its plugin). name empty = best of the kind.
+  const Component& find_component(int32_t kind, const std::string& name);
+  std::vector<const Component*> components(int32_t kind) const;
+
+  // Services.
+  const rlh_host_api* services() const { return &root_services_; }
+  rlh_host_api* make_services(const std::string& plugin_name, std::unique_ptr<PluginContext>& ctx_out);
+  void log(int32_t level, const std::string& who, const std::string& msg) const;
+  void set_log_level(int32_t level) { log_level_ = level; }
+  void record_metric(const std::string& name, double value, int64_t step);
+  std::vector<Metric> metrics() const;
+  const Json& resolved_config() const { return resolved_; }
+  // The world communicator, created on first use from the comm component (rlhost.comm or best).
+  void world_comm(const rlh_comm_api** api, rlh_comm** comm);
+
+  // Allocation counters (bytes and count per device type), for tests and benchmarks.
+  std::atomic<int64_t> cpu_allocations{0};
+  std::atomic<int64_t> cpu_bytes_live{0};
+
+ private:
+  std::string find_on_path(const std::string& name) const;
+  void ensure_initialized(Plugin& p);
+
+  std::vector<std::string> plugin_dirs_;
+  std::vector<std::unique_ptr<Plugin>> plugins_;  // load order
+  std::map<std::string, std::string> failed_;     // path -> error, from load attempts
+  Config config_;
+  Json resolved_;
+  bool resolved_valid_ = false;
+  std::atomic<bool> cancelled_{false};
+  int32_t log_level_ = RLH_LOG_INFO;
+  int rank_ = 0;
+  mutable std::mutex metrics_mu_;
+  std::vector<Metric> metrics_;
+  std::mutex comm_mu_;
+  const rlh_comm_api* comm_api_ = nullptr;
+  rlh_comm* world_ = nullptr;
+  PluginContext root_context_;
+  rlh_host_api root_services_{};
+};
+
+}  // namespace rlh::host
