@@ -98,15 +98,16 @@ void record_leaves(const Json& j, const std::string& prefix, const std::string& 
 }
 
 // Deep-merges src into dst: maps merge key by key, everything else is replaced.
+// `origins` may be NULL: merging a parent's already-recorded tree keeps the parent's records.
 void merge_into(Json& dst, const Json& src, const std::string& prefix, const std::string& origin,
-                std::map<std::string, std::string>& origins) {
+                std::map<std::string, std::string>* origins) {
   for (auto it = src.begin(); it != src.end(); ++it) {
     const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
     if (dst.contains(it.key()) && dst[it.key()].is_object() && it.value().is_object()) {
       merge_into(dst[it.key()], it.value(), path, origin, origins);
     } else {
       dst[it.key()] = it.value();
-      record_leaves(it.value(), path, origin, origins);
+      if (origins != nullptr) record_leaves(it.value(), path, origin, *origins);
     }
   }
 }
@@ -160,10 +161,10 @@ struct ChainLoader {
         std::filesystem::path pp = parent;
         if (pp.is_relative()) pp = path.parent_path() / pp;
         Json pj = load(pp);
-        merge_into(merged, pj, "", pp.string(), origins);
+        merge_into(merged, pj, "", pp.string(), nullptr);
       }
     }
-    merge_into(merged, self, "", path.string(), origins);
+    merge_into(merged, self, "", path.string(), &origins);
     stack.pop_back();
     return merged;
   }
@@ -500,7 +501,7 @@ void Config::load_text(const std::string& yaml, const std::string& origin) {
   if (!j.is_object()) fail(origin + ": the top level must be a mapping");
   if (j.contains("defaults")) fail(origin + ": 'defaults' needs a config file (relative paths)");
   tree_ = Json::object();
-  merge_into(tree_, j, "", origin, origins_);
+  merge_into(tree_, j, "", origin, &origins_);
 }
 
 void Config::apply_override(const std::string& text) {
