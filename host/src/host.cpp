@@ -406,11 +406,20 @@ Json Host::resolve_config() {
       owned.insert(owned.end(), c.config_keys.begin(), c.config_keys.end());
   KeyCheck kc = check_keys(r, owned, [this](const std::string& k) { return config_.origin_of(k); });
   if (!kc.unused_known.empty()) {
-    // One warning for all of them: real NeMo-RL configs carry many settings for vLLM, Ray, wandb.
+    // One warning for all of them (real NeMo-RL configs carry many settings for vLLM, Ray,
+    // wandb); the full list at debug level.
+    std::vector<std::string> sections;
     std::string list;
-    for (const auto& w : kc.unused_known) list += (list.empty() ? "" : ", ") + w;
-    log(RLH_LOG_WARN, "host", std::to_string(kc.unused_known.size()) +
-                                  " NeMo-RL setting(s) are not used by any loaded plugin and are ignored: " + list);
+    for (const auto& w : kc.unused_known) {
+      std::string top = w.substr(0, w.find('.'));
+      if (std::find(sections.begin(), sections.end(), top) == sections.end()) sections.push_back(top);
+      list += (list.empty() ? "" : ", ") + w;
+    }
+    std::string secs;
+    for (const auto& s : sections) secs += (secs.empty() ? "" : ", ") + s;
+    log(RLH_LOG_WARN, "host", std::to_string(kc.unused_known.size()) + " NeMo-RL setting(s) under " + secs +
+                                  " are not used by any loaded plugin and are ignored (--log-level debug lists them)");
+    log(RLH_LOG_DEBUG, "host", "unused NeMo-RL settings: " + list);
   }
   if (!kc.errors.empty()) {
     for (size_t i = 1; i < kc.errors.size(); ++i) log(RLH_LOG_ERROR, "host", kc.errors[i]);
