@@ -1,0 +1,39 @@
+// ChatTemplate: parses once, renders messages with transformers' variables (see chat_template.hpp).
+#include "rlhost/tokenizer/chat_template.hpp"
+
+#include "jinja_eval.hpp"
+
+namespace rlh::tok {
+
+ChatTemplate::ChatTemplate(std::string source, nlohmann::json defaults)
+    : source_(std::move(source)), defaults_(std::move(defaults)) {
+  try {
+    program_ = jinja::parse(jinja::lex(source_));
+  } catch (const jinja::Error& e) {
+    throw std::runtime_error(std::string("chat template: ") + e.what());
+  }
+}
+
+std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
+                                 const nlohmann::json& extra) const {
+  if (!messages.is_array()) throw std::runtime_error("chat template: messages must be a JSON array");
+  if (!extra.is_null() && !extra.is_object()) throw std::runtime_error("chat template: extra variables must be a JSON object");
+  std::unordered_map<std::string, jinja::Value> g;
+  // transformers passes tools=None and documents=None when not given.
+  g["tools"] = jinja::Value::none();
+  g["documents"] = jinja::Value::none();
+  if (defaults_.is_object()) for (auto it = defaults_.begin(); it != defaults_.end(); ++it) g[it.key()] = jinja::from_json(it.value());
+  if (extra.is_object()) for (auto it = extra.begin(); it != extra.end(); ++it) g[it.key()] = jinja::from_json(it.value());
+  g["messages"] = jinja::from_json(messages);
+  g["add_generation_prompt"] = jinja::Value::boolean(add_generation_prompt);
+  try {
+    return jinja::render_program(*program_, std::move(g));
+  } catch (const jinja::Error& e) {
+    std::string m = e.what();
+    const std::string tag = "raise_exception: ";
+    if (m.rfind(tag, 0) == 0) m = m.substr(tag.size());
+    throw std::runtime_error("chat template: " + m);
+  }
+}
+
+}  // namespace rlh::tok
