@@ -1,0 +1,185 @@
+// kernels_cpu: the reference kernels of rlhost, in fp32 (and fp64 for finite-difference checks).
+//
+// Every op here is a plain function over typed pointers and shapes, with forward/backward pairs.
+// docs/ops.md is the contract every provider implements (names, operands, attributes); this
+// header is its C++ form for the CPU. Conventions shared by all ops:
+//   - Row-major. N = tokens (rows), C = model width, V = vocabulary, H = heads, D = head dim.
+//   - `ld*` arguments are row strides in elements (>= the row width), so an op can read q/k/v or
+//     gate/up out of one fused projection output without copies.
+//   - Parameter gradients (dw, db, dtable, dW) are ACCUMULATED (+=): micro-batches add up.
+//     Activation gradients are WRITTEN unless the op says otherwise (an `accumulate` flag).
+//   - T is float or double. The double instantiations are the float64 oracle of the
+//     finite-difference tests; the engine uses float.
+//   - Token ids, positions and sequence offsets are int32.
+//   - Work is spread over OpenMP threads (omp_get_max_threads(); see set_num_threads). Results do
+//     not depend on the thread count except where an op says so (none today: every reduction is
+//     split the same way for any thread count).
+//   - Invalid arguments throw std::invalid_argument; the ABI layer turns that into a status.
+#pragma once
+
+#include <cstdint>
+
+#include "rlhost/kernels_cpu/scratch.hpp"
+
+namespace rlh::kcpu {
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+// Threads every kernel uses (OpenMP team size). 0 = all cores.
+void set_num_threads(int n);
+int num_threads();
+
+// ---------------------------------------------------------------------------------------------
+// gemm: C = alpha * op(A) @ op(B) + beta * C
+//   op(A) is [M,K]: A is [M,K] (lda >= K), or with trans_a A is [K,M] (lda >= M).
+//   op(B) is [K,N]: B is [K,N] (ldb >= N), or with trans_b B is [N,K] (ldb >= K).
+//   C is [M,N] (ldc >= N). beta == 0 overwrites C (NaNs in C do not propagate).
+// float runs on OpenBLAS (loaded at run time, see blas.hpp) or the builtin SIMD kernel; double
+// runs a blocked loop. Called inside an OpenMP parallel region it runs on the calling thread.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// `batch` independent gemms; matrix b starts at A + b*stride_a, B + b*stride_b, C + b*stride_c.
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
+                  const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
+                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c, int64_t batch);
+
+// The oracle: a triple loop accumulating in double. Slow; tests and BLAS verification only.
+template <class T>
+void gemm_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// ---------------------------------------------------------------------------------------------
+// embedding
+//   fwd: out[n,:] = table[ids[n],:]                  out [N,C], table [V,C], ids [N] in [0,V)
+//   bwd: dtable[ids[n],:] += dout[n,:]               dtable [V,C] accumulated
+template <class T>
+void embedding_fwd(T* out, const int32_t* ids, const T* table, int64_t N, int64_t C, int64_t V);
+template <class T>
+void embedding_bwd(T* dtable, const int32_t* ids, const T* dout, int64_t N, int64_t C, int64_t V);
+
+// ---------------------------------------------------------------------------------------------
+// rmsnorm over the last dim: y = x * rstd * (w + w_offset), rstd = 1/sqrt(mean(x^2) + eps)
+//   x, y [N,C] (rows ldx / ldy apart), w [C], rstd [N] (saved for backward; may be null in fwd)
+//   bwd: dx [N,C] written (accumulate: +=), dw [C] accumulated. x may equal y (in place).
+template <class T>
+void rmsnorm_fwd(T* y, int64_t ldy, T* rstd, const T* x, int64_t ldx, const T* w, int64_t N,
+                 int64_t C, T eps, T w_offset);
+template <class T>
+void rmsnorm_bwd(T* dx, int64_t lddx, T* dw, const T* dy, int64_t lddy, const T* x, int64_t ldx,
+                 const T* w, const T* rstd, int64_t N, int64_t C, T w_offset, bool accumulate);
+
+// ---------------------------------------------------------------------------------------------
+// rope: rotate the first R dims of every head of x [N,H,D] (token rows ldx apart, heads D apart)
+//   angle(n,i) = pos[n] * inv_freq[i] (i < R/2), c = cos(angle)*scale, s = sin(angle)*scale
+//   half_split (HF rotate_half) pairs (i, i+R/2); interleaved (DeepSeek) pairs (2i, 2i+1):
+//     y_a = x_a*c - x_b*s,  y_b = x_b*c + x_a*s.  Dims >= R are copied.
+//   bwd is the transposed rotation (dx from dy). y may equal x. inv_freq [R/2] is float32 for
+//   both T (HF keeps it in float32); angles are formed in double.
+template <class T>
+void rope_fwd(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos,
+              const float* inv_freq, int64_t N, int64_t H, int64_t D, int64_t R, double scale,
+              bool interleaved);
+template <class T>
+void rope_bwd(T* dx, int64_t lddx, const T* dy, int64_t lddy, const int32_t* pos,
+              const float* inv_freq, int64_t N, int64_t H, int64_t D, int64_t R, double scale,
+              bool interleaved);
+
+// ---------------------------------------------------------------------------------------------
+// attention: causal softmax(scale * q k^T) v over packed sequences, GQA, optional sliding window
+//   q [N,Hq,Dk] (rows ldq apart), k [N,Hkv,Dk] (ldk), v [N,Hkv,Dv] (ldv), o [N,Hq,Dv] (ldo)
+//   cu_seqlens [S+1]: sequence s holds tokens cu_seqlens[s] .. cu_seqlens[s+1]-1, cu_seqlens[0]=0,
+//     cu_seqlens[S] = N. Tokens never attend across sequences.
+//   query head h reads kv head h / (Hq/Hkv).
+//   window W > 0: query i sees keys j with i-W < j <= i (HF sliding window); 0 = no window.
+//   lse [Hq,N]: log-sum-exp of each score row (saved for backward).
+// Flash-style: keys are visited in tiles with an online softmax, so no [N,N] buffer exists; the
+// backward recomputes the scores from lse. Workspace comes from `scratch`.
+// bwd writes dq, dk, dv (same layouts as q, k, v).
+template <class T>
+void attention_fwd(T* o, int64_t ldo, T* lse, const T* q, int64_t ldq, const T* k, int64_t ldk,
+                   const T* v, int64_t ldv, const int32_t* cu_seqlens, int64_t S, int64_t N,
+                   int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv, T scale, int64_t window,
+                   const Scratch& scratch);
+template <class T>
+void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv, const T* dout,
+                   int64_t lddo, const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
+                   int64_t ldv, const T* o, int64_t ldo, const T* lse, const int32_t* cu_seqlens,
+                   int64_t S, int64_t N, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv, T scale,
+                   int64_t window, const Scratch& scratch);
+
+// ---------------------------------------------------------------------------------------------
+// swiglu: h = silu(gate) * up, silu(g) = g / (1 + exp(-g))
+//   gate [N,F] (ldg), up [N,F] (ldu), h [N,F] (ldh). bwd writes dgate, dup.
+template <class T>
+void swiglu_fwd(T* h, int64_t ldh, const T* gate, int64_t ldg, const T* up, int64_t ldu,
+                int64_t N, int64_t F);
+template <class T>
+void swiglu_bwd(T* dgate, int64_t lddg, T* dup, int64_t lddu, const T* dh, int64_t lddh,
+                const T* gate, int64_t ldg, const T* up, int64_t ldu, int64_t N, int64_t F);
+
+// ---------------------------------------------------------------------------------------------
+// bias and residual
+//   bias_add_fwd: y[n,:] += b            y [N,M] (ldy), b [M]
+//   bias_bwd:     db += sum_n dy[n,:]    db [M] accumulated
+//   add_fwd:      y = a + b              [n] (y may equal a or b); its backward is the identity
+template <class T>
+void bias_add_fwd(T* y, int64_t ldy, const T* b, int64_t N, int64_t M);
+template <class T>
+void bias_bwd(T* db, const T* dy, int64_t lddy, int64_t N, int64_t M);
+template <class T>
+void add_fwd(T* y, const T* a, const T* b, int64_t n);
+
+// ---------------------------------------------------------------------------------------------
+// linear_logprob: per-token outputs of logits = h @ W^T without holding logits for all tokens.
+//   h [N,C], W [V,C], target [N] (< 0: no target, logprob 0)
+//   z = logits / temperature. With top_k > 0 and/or top_p < 1 the distribution is first
+//   filtered as vLLM / NeMo-RL do (processed logprobs): keep logits >= the k-th largest, then in
+//   descending order keep a token while the probability of the tokens before it is < top_p
+//   (the largest is always kept); filtered logits become -inf.
+//   fwd: logprob[n] = z[target] - logsumexp(z) (-inf when the target was filtered out)
+//        lse[n] = logsumexp(z)     (saved for backward)
+//        entropy[n] = -sum p log p (optional, may be null)
+//   bwd: given dlogprob [N] and/or dentropy [N] (null = zero), dh [N,C] is written
+//        (accumulate: +=) and dW [V,C] accumulated. entropy is needed when dentropy is given.
+// Logits exist only one chunk at a time: chunks of vocabulary rows (an online logsumexp across
+// chunks) when no filter is set, chunks of tokens (whole rows, sorted) when one is. The chunk
+// is at most `chunk_bytes` (0 = 32 MiB) from `scratch`.
+struct LogprobOpts {
+  double temperature = 1.0;
+  int64_t top_k = 0;    // 0 = off
+  double top_p = 1.0;   // 1 = off
+  int64_t chunk_bytes = 0;
+};
+template <class T>
+void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
+                        const int32_t* target, int64_t N, int64_t C, int64_t V,
+                        const LogprobOpts& opts, const Scratch& scratch);
+template <class T>
+void linear_logprob_bwd(T* dh, T* dW, const T* dlogprob, const T* dentropy, const T* h,
+                        const T* W, const int32_t* target, const T* lse, const T* entropy,
+                        int64_t N, int64_t C, int64_t V, const LogprobOpts& opts, bool accumulate,
+                        const Scratch& scratch);
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer (float only)
+//   adamw: decoupled weight decay (torch.optim.AdamW), step >= 1 for the bias correction:
+//     g' = g * grad_scale;  p -= lr * wd * p;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2
+//     p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps)
+//   grad_scale folds global-norm clipping into the same pass; zero_grad clears g afterwards.
+//   sumsq: sum of x^2 accumulated in double (global grad norm = sqrt of the sum over tensors).
+//   scale: x *= s.
+struct AdamWOpts {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  int64_t step = 1;
+  double grad_scale = 1.0;
+  bool zero_grad = false;
+};
+void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamWOpts& opts);
+double sumsq(const float* x, int64_t n);
+void scale(float* x, int64_t n, float s);
+
+}  // namespace rlh::kcpu

@@ -1,0 +1,722 @@
+// The op cases (see op_cases.hpp). Each case = kernel calls at both precisions (one generic
+// lambda), a float64 oracle written as the plain formula, and the ABI form of the call.
+#include "op_cases.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+
+#include "rlhost/kernels_cpu/kernels.hpp"
+
+namespace rlh::kcpu::testing {
+namespace {
+
+// The element type of a Bufs<T> argument inside a generic lambda.
+template <class B>
+using elem_t = std::decay_t<decltype(std::declval<B>()[0][0])>;
+
+TensorLayout contiguous(std::vector<int64_t> shape) { return TensorLayout{std::move(shape), {}, 0}; }
+TensorLayout strided(std::vector<int64_t> shape, std::vector<int64_t> strides) {
+  return TensorLayout{std::move(shape), std::move(strides), 0};
+}
+AbiOperand op_in(int i, TensorLayout l) { return {AbiOperand::input, i, std::move(l)}; }
+AbiOperand op_out(int i, TensorLayout l) { return {AbiOperand::output, i, std::move(l)}; }
+AbiOperand op_int(int i, std::vector<int64_t> shape) {
+  return {AbiOperand::ints, i, contiguous(std::move(shape))};
+}
+AbiOperand op_const(int i, std::vector<int64_t> shape) {
+  return {AbiOperand::f32_const, i, contiguous(std::move(shape))};
+}
+AbiOperand op_gin(int i, TensorLayout l) { return {AbiOperand::grad_input, i, std::move(l)}; }
+AbiOperand op_gout(int i, TensorLayout l) { return {AbiOperand::grad_output, i, std::move(l)}; }
+AbiOperand op_saved(int i, TensorLayout l) { return {AbiOperand::saved, i, std::move(l)}; }
+AbiAttr attr_i(const char* n, int64_t v) { return AbiAttr{n, false, v, 0}; }
+AbiAttr attr_d(const char* n, double v) { return AbiAttr{n, true, 0, v}; }
+
+// Sets fwd32/fwd64 (and bwd32/bwd64) of a case from one generic lambda each.
+template <class F>
+void set_fwd(OpCase& c, F f) {
+  c.fwd32 = f;
+  c.fwd64 = f;
+}
+template <class F>
+void set_bwd(OpCase& c, F f) {
+  c.bwd32 = f;
+  c.bwd64 = f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm
+
+OpCase gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, double beta,
+                 int64_t pad) {
+  OpCase c;
+  c.name = "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " M=" +
+           std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+           " beta=" + std::to_string(beta) + " pad=" + std::to_string(pad);
+  const int64_t arows = ta ? K : M, acols = ta ? M : K, lda = acols + pad;
+  const int64_t brows = tb ? N : K, bcols = tb ? K : N, ldb = bcols;
+  c.in_sizes = {arows * lda, brows * ldb, M * N};
+  c.in_grad = {true, true, true};
+  c.in_scale = {1, 1, 1};
+  c.out_sizes = {M * N};
+  c.out_loss = {true};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    out[0] = in[2];
+    gemm<T>(ta, tb, M, N, K, T(alpha), in[0].data(), lda, in[1].data(), ldb, T(beta),
+            out[0].data(), N);
+  });
+  // dA = alpha dC op(B)^T (or its transpose), dB = alpha op(A)^T dC (or its transpose),
+  // dC0 = beta dC: the patterns the engine's linear layers use.
+  set_bwd(c, [=](const auto& in, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    const T* A = in[0].data();
+    const T* B = in[1].data();
+    const T* dC = dout[0].data();
+    const T a = T(alpha);
+    if (!ta)
+      gemm<T>(false, !tb, M, K, N, a, dC, N, B, ldb, T(0), din[0].data(), lda);
+    else
+      gemm<T>(tb, true, K, M, N, a, B, ldb, dC, N, T(0), din[0].data(), lda);
+    if (!tb)
+      gemm<T>(!ta, false, K, N, M, a, A, lda, dC, N, T(0), din[1].data(), ldb);
+    else
+      gemm<T>(true, ta, N, K, M, a, dC, N, A, lda, T(0), din[1].data(), ldb);
+    for (int64_t i = 0; i < M * N; ++i) din[2][i] = T(beta) * dC[i];
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < K; ++p)
+          acc += (ta ? in[0][p * lda + i] : in[0][i * lda + p]) *
+                 (tb ? in[1][j * ldb + p] : in[1][p * ldb + j]);
+        out[0][i * N + j] = alpha * acc + beta * in[2][i * N + j];
+      }
+  };
+  c.fwd_tol = 1e-6;
+  c.abi_fwd.op = "gemm";
+  c.abi_fwd.inputs = {op_in(0, strided({arows, acols}, {lda, 1})),
+                      op_in(1, contiguous({brows, bcols}))};
+  c.abi_fwd.outputs = {op_out(0, contiguous({M, N}))};
+  c.abi_fwd.attrs = {attr_i("transpose_a", ta), attr_i("transpose_b", tb),
+                     attr_d("alpha", alpha), attr_d("beta", beta)};
+  c.abi_fwd.init_outputs = {{2, 0}};
+  return c;
+}
+
+OpCase gemm_batched_case() {
+  OpCase c;
+  const int64_t batch = 3, M = 5, N = 6, K = 7;
+  c.name = "gemm batched 3x[5x7 @ (6x7)^T]";
+  c.in_sizes = {batch * M * K, batch * N * K};
+  c.in_grad = {false, false};
+  c.in_scale = {1, 1};
+  c.out_sizes = {batch * M * N};
+  c.out_loss = {true};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    gemm_batched<T>(false, true, M, N, K, T(1), in[0].data(), K, M * K, in[1].data(), K, N * K,
+                    T(0), out[0].data(), N, M * N, batch);
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double acc = 0;
+          for (int64_t p = 0; p < K; ++p)
+            acc += in[0][b * M * K + i * K + p] * in[1][b * N * K + j * K + p];
+          out[0][b * M * N + i * N + j] = acc;
+        }
+  };
+  c.abi_fwd.op = "gemm";
+  c.abi_fwd.inputs = {op_in(0, contiguous({batch, M, K})), op_in(1, contiguous({batch, N, K}))};
+  c.abi_fwd.outputs = {op_out(0, contiguous({batch, M, N}))};
+  c.abi_fwd.attrs = {attr_i("transpose_b", 1)};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// embedding
+
+OpCase embedding_case() {
+  OpCase c;
+  const int64_t V = 11, C = 13;
+  const std::vector<int32_t> ids = {3, 0, 10, 3, 3, 7, 1, 0, 5};
+  const int64_t N = int64_t(ids.size());
+  c.name = "embedding V=11 C=13 N=9 (repeated ids)";
+  c.in_sizes = {V * C};
+  c.in_grad = {true};
+  c.in_scale = {1};
+  c.out_sizes = {N * C};
+  c.out_loss = {true};
+  c.ints = {IntOperand{ids, {N}}};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    embedding_fwd<T>(out[0].data(), ids.data(), in[0].data(), N, C, V);
+  });
+  set_bwd(c, [=](const auto&, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(dout)>;
+    embedding_bwd<T>(din[0].data(), ids.data(), dout[0].data(), N, C, V);
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < C; ++j) out[0][n * C + j] = in[0][ids[n] * C + j];
+  };
+  c.abi_fwd = {"embedding_fwd", {op_int(0, {N}), op_in(0, contiguous({V, C}))},
+               {op_out(0, contiguous({N, C}))}, {}, {}};
+  c.abi_bwd = {"embedding_bwd", {op_int(0, {N}), op_gout(0, contiguous({N, C}))},
+               {op_gin(0, contiguous({V, C}))}, {}, {}};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// rmsnorm
+
+OpCase rmsnorm_case(int64_t N, int64_t C, double w_offset, int64_t ldx, int64_t ldy) {
+  OpCase c;
+  const double eps = 1e-5;
+  c.name = "rmsnorm N=" + std::to_string(N) + " C=" + std::to_string(C) +
+           " w_offset=" + std::to_string(w_offset) + " ldx=" + std::to_string(ldx) +
+           " ldy=" + std::to_string(ldy);
+  c.in_sizes = {N * ldx, C};
+  c.in_grad = {true, true};
+  c.in_scale = {1, 0.5};
+  c.out_sizes = {N * ldy, N};
+  c.out_loss = {true, false};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    rmsnorm_fwd<T>(out[0].data(), ldy, out[1].data(), in[0].data(), ldx, in[1].data(), N, C,
+                   T(eps), T(w_offset));
+  });
+  set_bwd(c, [=](const auto& in, const auto& out, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    rmsnorm_bwd<T>(din[0].data(), ldx, din[1].data(), dout[0].data(), ldy, in[0].data(), ldx,
+                   in[1].data(), out[1].data(), N, C, T(w_offset), false);
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t n = 0; n < N; ++n) {
+      double ms = 0;
+      for (int64_t j = 0; j < C; ++j) ms += in[0][n * ldx + j] * in[0][n * ldx + j];
+      const double r = 1.0 / std::sqrt(ms / double(C) + eps);
+      for (int64_t j = 0; j < C; ++j)
+        out[0][n * ldy + j] = in[0][n * ldx + j] * r * (in[1][j] + w_offset);
+    }
+  };
+  c.abi_fwd = {"rmsnorm_fwd",
+               {op_in(0, strided({N, C}, {ldx, 1})), op_in(1, contiguous({C}))},
+               {op_out(0, strided({N, C}, {ldy, 1})), op_out(1, contiguous({N}))},
+               {attr_d("eps", eps), attr_d("weight_offset", w_offset)},
+               {}};
+  c.abi_bwd = {"rmsnorm_bwd",
+               {op_gout(0, strided({N, C}, {ldy, 1})), op_in(0, strided({N, C}, {ldx, 1})),
+                op_in(1, contiguous({C})), op_saved(1, contiguous({N}))},
+               {op_gin(0, strided({N, C}, {ldx, 1})), op_gin(1, contiguous({C}))},
+               {attr_d("weight_offset", w_offset)},
+               {}};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// rope
+
+OpCase rope_case(int64_t H, int64_t D, int64_t R, bool interleaved, double scale, int64_t ld) {
+  OpCase c;
+  const std::vector<int32_t> pos = {0, 1, 7, 100, 4095, 33};
+  const int64_t N = int64_t(pos.size());
+  std::vector<float> inv_freq(R / 2);
+  for (int64_t i = 0; i < R / 2; ++i) inv_freq[i] = float(std::pow(10000.0, -2.0 * i / R));
+  c.name = "rope H=" + std::to_string(H) + " D=" + std::to_string(D) + " R=" + std::to_string(R) +
+           (interleaved ? " interleaved" : " half_split") + " scale=" + std::to_string(scale) +
+           " ld=" + std::to_string(ld);
+  c.in_sizes = {N * ld};
+  c.in_grad = {true};
+  c.in_scale = {1};
+  c.out_sizes = {N * ld};
+  c.out_loss = {true};
+  c.ints = {IntOperand{pos, {N}}};
+  c.f32_consts = {inv_freq};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    rope_fwd<T>(out[0].data(), ld, in[0].data(), ld, pos.data(), inv_freq.data(), N, H, D, R,
+                scale, interleaved);
+  });
+  set_bwd(c, [=](const auto&, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(dout)>;
+    rope_bwd<T>(din[0].data(), ld, dout[0].data(), ld, pos.data(), inv_freq.data(), N, H, D, R,
+                scale, interleaved);
+  });
+  // Oracle: the rotation written per pair, angles formed as HF forms them (float32 product).
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < H; ++h) {
+        const double* x = in[0].data() + n * ld + h * D;
+        double* y = out[0].data() + n * ld + h * D;
+        for (int64_t d = 0; d < D; ++d) y[d] = x[d];
+        for (int64_t i = 0; i < R / 2; ++i) {
+          const double angle = double(inv_freq[i] * float(pos[n]));
+          const double cs = std::cos(angle) * scale, sn = std::sin(angle) * scale;
+          const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + R / 2;
+          y[a] = x[a] * cs - x[b] * sn;
+          y[b] = x[b] * cs + x[a] * sn;
+        }
+      }
+  };
+  const TensorLayout lay = strided({N, H, D}, {ld, D, 1});
+  c.abi_fwd = {"rope_fwd", {op_in(0, lay), op_int(0, {N}), op_const(0, {R / 2})},
+               {op_out(0, lay)},
+               {attr_d("scale", scale), attr_i("interleaved", interleaved)},
+               {}};
+  c.abi_bwd = {"rope_bwd", {op_gout(0, lay), op_int(0, {N}), op_const(0, {R / 2})},
+               {op_gin(0, lay)},
+               {attr_d("scale", scale), attr_i("interleaved", interleaved)},
+               {}};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+struct AttnShape {
+  std::vector<int32_t> cu;
+  int64_t Hq, Hkv, Dk, Dv, window;
+  int64_t pad = 0;  // extra elements per token row of q/k/v/o (as when read out of fused qkv)
+};
+
+OpCase attention_case(const AttnShape& a) {
+  OpCase c;
+  const int64_t S = int64_t(a.cu.size()) - 1, N = a.cu.back();
+  const int64_t Hq = a.Hq, Hkv = a.Hkv, Dk = a.Dk, Dv = a.Dv, W = a.window;
+  const int64_t ldq = Hq * Dk + a.pad, ldk = Hkv * Dk + a.pad, ldv = Hkv * Dv + a.pad,
+                ldo = Hq * Dv + a.pad;
+  const double scale = 1.0 / std::sqrt(double(Dk));
+  const std::vector<int32_t> cu = a.cu;
+  c.name = "attention S=" + std::to_string(S) + " N=" + std::to_string(N) +
+           " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
+           " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) +
+           " window=" + std::to_string(W) + " pad=" + std::to_string(a.pad);
+  c.in_sizes = {N * ldq, N * ldk, N * ldv};
+  c.in_grad = {true, true, true};
+  c.in_scale = {1.5, 1.5, 1};
+  c.out_sizes = {N * ldo, Hq * N};
+  c.out_loss = {true, false};
+  c.ints = {IntOperand{cu, {S + 1}}};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    attention_fwd<T>(out[0].data(), ldo, out[1].data(), in[0].data(), ldq, in[1].data(), ldk,
+                     in[2].data(), ldv, cu.data(), S, N, Hq, Hkv, Dk, Dv, T(scale), W,
+                     scratch_default());
+  });
+  set_bwd(c, [=](const auto& in, const auto& out, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    attention_bwd<T>(din[0].data(), ldq, din[1].data(), ldk, din[2].data(), ldv, dout[0].data(),
+                     ldo, in[0].data(), ldq, in[1].data(), ldk, in[2].data(), ldv, out[0].data(),
+                     ldo, out[1].data(), cu.data(), S, N, Hq, Hkv, Dk, Dv, T(scale), W,
+                     scratch_default());
+  });
+  // Oracle: the full masked score row per query, softmax, weighted sum.
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t g = h / (Hq / Hkv);
+        for (int64_t i = cu[s]; i < cu[s + 1]; ++i) {
+          std::vector<double> p(N, 0.0);
+          double mx = -INFINITY;
+          for (int64_t j = cu[s]; j <= i; ++j) {
+            if (W > 0 && i - j >= W) continue;
+            double dot = 0;
+            for (int64_t d = 0; d < Dk; ++d)
+              dot += in[0][i * ldq + h * Dk + d] * in[1][j * ldk + g * Dk + d];
+            p[j] = dot * scale;
+            mx = std::max(mx, p[j]);
+          }
+          double sum = 0;
+          for (int64_t j = cu[s]; j <= i; ++j) {
+            if (W > 0 && i - j >= W) {
+              p[j] = 0;
+              continue;
+            }
+            p[j] = std::exp(p[j] - mx);
+            sum += p[j];
+          }
+          for (int64_t d = 0; d < Dv; ++d) {
+            double acc = 0;
+            for (int64_t j = cu[s]; j <= i; ++j) acc += p[j] / sum * in[2][j * ldv + g * Dv + d];
+            out[0][i * ldo + h * Dv + d] = acc;
+          }
+        }
+      }
+  };
+  const TensorLayout lq = strided({N, Hq, Dk}, {ldq, Dk, 1}), lk = strided({N, Hkv, Dk}, {ldk, Dk, 1}),
+                     lv = strided({N, Hkv, Dv}, {ldv, Dv, 1}), lo = strided({N, Hq, Dv}, {ldo, Dv, 1}),
+                     llse = contiguous({Hq, N});
+  c.abi_fwd = {"attention_fwd",
+               {op_in(0, lq), op_in(1, lk), op_in(2, lv), op_int(0, {S + 1})},
+               {op_out(0, lo), op_out(1, llse)},
+               {attr_d("scale", scale), attr_i("window", W)},
+               {}};
+  c.abi_bwd = {"attention_bwd",
+               {op_gout(0, lo), op_in(0, lq), op_in(1, lk), op_in(2, lv), op_saved(0, lo),
+                op_saved(1, llse), op_int(0, {S + 1})},
+               {op_gin(0, lq), op_gin(1, lk), op_gin(2, lv)},
+               {attr_d("scale", scale), attr_i("window", W)},
+               {}};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// swiglu, bias, add
+
+OpCase swiglu_case() {
+  OpCase c;
+  const int64_t N = 7, F = 19, ldg = F + 2, ldu = F, ldh = F;
+  c.name = "swiglu N=7 F=19 ldg=21";
+  c.in_sizes = {N * ldg, N * ldu};
+  c.in_grad = {true, true};
+  c.in_scale = {2, 1};
+  c.out_sizes = {N * ldh};
+  c.out_loss = {true};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    swiglu_fwd<T>(out[0].data(), ldh, in[0].data(), ldg, in[1].data(), ldu, N, F);
+  });
+  set_bwd(c, [=](const auto& in, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    swiglu_bwd<T>(din[0].data(), ldg, din[1].data(), ldu, dout[0].data(), ldh, in[0].data(), ldg,
+                  in[1].data(), ldu, N, F);
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t f = 0; f < F; ++f) {
+        const double g = in[0][n * ldg + f];
+        out[0][n * ldh + f] = g / (1 + std::exp(-g)) * in[1][n * ldu + f];
+      }
+  };
+  c.abi_fwd = {"swiglu_fwd",
+               {op_in(0, strided({N, F}, {ldg, 1})), op_in(1, contiguous({N, F}))},
+               {op_out(0, contiguous({N, F}))},
+               {},
+               {}};
+  c.abi_bwd = {"swiglu_bwd",
+               {op_gout(0, contiguous({N, F})), op_in(0, strided({N, F}, {ldg, 1})),
+                op_in(1, contiguous({N, F}))},
+               {op_gin(0, strided({N, F}, {ldg, 1})), op_gin(1, contiguous({N, F}))},
+               {},
+               {}};
+  return c;
+}
+
+OpCase bias_case() {
+  OpCase c;
+  const int64_t N = 6, M = 21, ld = M + 3;
+  c.name = "bias_add N=6 M=21 ld=24";
+  c.in_sizes = {N * ld, M};
+  c.in_grad = {true, true};
+  c.in_scale = {1, 1};
+  c.out_sizes = {N * ld};
+  c.out_loss = {true};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    out[0] = in[0];
+    bias_add_fwd<T>(out[0].data(), ld, in[1].data(), N, M);
+  });
+  set_bwd(c, [=](const auto&, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(dout)>;
+    din[0] = dout[0];  // y = y0 + b: the identity for y0, padding included
+    bias_bwd<T>(din[1].data(), dout[0].data(), ld, N, M);
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    out[0] = in[0];
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t m = 0; m < M; ++m) out[0][n * ld + m] += in[1][m];
+  };
+  c.abi_fwd = {"bias_add_fwd", {op_in(1, contiguous({M}))},
+               {op_out(0, strided({N, M}, {ld, 1}))}, {}, {{0, 0}}};
+  c.abi_bwd = {"bias_bwd", {op_gout(0, strided({N, M}, {ld, 1}))},
+               {op_gin(1, contiguous({M}))}, {}, {}};
+  return c;
+}
+
+OpCase add_case() {
+  OpCase c;
+  const int64_t n = 1000;
+  c.name = "add n=1000";
+  c.in_sizes = {n, n};
+  c.in_grad = {true, true};
+  c.in_scale = {1, 1};
+  c.out_sizes = {n};
+  c.out_loss = {true};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    add_fwd<T>(out[0].data(), in[0].data(), in[1].data(), n);
+  });
+  set_bwd(c, [=](const auto&, const auto&, const auto& dout, auto& din) {
+    din[0] = dout[0];
+    din[1] = dout[0];
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t i = 0; i < n; ++i) out[0][i] = in[0][i] + in[1][i];
+  };
+  c.abi_fwd = {"add_fwd", {op_in(0, contiguous({n})), op_in(1, contiguous({n}))},
+               {op_out(0, contiguous({n}))}, {}, {}};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear_logprob
+
+// vLLM's apply_top_k_top_p written out literally (ascending sort, cumulative sum, <= 1 - p),
+// an oracle independent of the kernel's threshold formulation. Filtered entries become -inf.
+void filter_literal(std::vector<double>& z, int64_t top_k, double top_p) {
+  const int64_t V = int64_t(z.size());
+  std::vector<int64_t> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return z[a] < z[b]; });
+  std::vector<double> srt(V);
+  for (int64_t i = 0; i < V; ++i) srt[i] = z[idx[i]];
+  if (top_k > 0 && top_k < V) {
+    const double kth = srt[V - top_k];
+    for (auto& x : srt)
+      if (x < kth) x = -INFINITY;
+  }
+  if (top_p < 1.0) {
+    const double mx = srt[V - 1];
+    double total = 0;
+    for (double x : srt) total += std::exp(x - mx);
+    double cum = 0;
+    std::vector<bool> drop(V);
+    for (int64_t i = 0; i < V; ++i) {
+      cum += std::exp(srt[i] - mx) / total;
+      drop[i] = cum <= 1 - top_p;
+    }
+    drop[V - 1] = false;
+    for (int64_t i = 0; i < V; ++i)
+      if (drop[i]) srt[i] = -INFINITY;
+  }
+  for (int64_t i = 0; i < V; ++i) z[idx[i]] = srt[i];
+}
+
+OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobOpts o,
+                    bool want_entropy) {
+  OpCase c;
+  c.name = std::string("linear_logprob ") + label + " N=" + std::to_string(N) +
+           " C=" + std::to_string(C) + " V=" + std::to_string(V) +
+           " temperature=" + std::to_string(o.temperature) + " top_k=" + std::to_string(o.top_k) +
+           " top_p=" + std::to_string(o.top_p) + " chunk_bytes=" + std::to_string(o.chunk_bytes) +
+           (want_entropy ? " entropy" : "");
+  std::vector<int32_t> target(N);
+  for (int64_t n = 0; n < N; ++n) target[n] = int32_t((n * 37 + 11) % V);
+  target[1] = -1;
+  if (N > 5) target[5] = -1;
+  c.in_sizes = {N * C, V * C};
+  c.in_grad = {true, true};
+  c.in_scale = {1, 1};
+  c.out_sizes = {N, N, N};  // logprob, lse, entropy
+  c.out_loss = {true, false, want_entropy};
+  c.ints = {IntOperand{target, {N}}};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    linear_logprob_fwd<T>(out[0].data(), out[1].data(), want_entropy ? out[2].data() : nullptr,
+                          in[0].data(), in[1].data(), target.data(), N, C, V, o,
+                          scratch_default());
+  });
+  set_bwd(c, [=](const auto& in, const auto& out, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    linear_logprob_bwd<T>(din[0].data(), din[1].data(), dout[0].data(),
+                          want_entropy ? dout[2].data() : nullptr, in[0].data(), in[1].data(),
+                          target.data(), out[1].data(), want_entropy ? out[2].data() : nullptr, N,
+                          C, V, o, false, scratch_default());
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<double> z(V);
+      for (int64_t v = 0; v < V; ++v) {
+        double acc = 0;
+        for (int64_t k = 0; k < C; ++k) acc += in[0][n * C + k] * in[1][v * C + k];
+        z[v] = acc / o.temperature;
+      }
+      filter_literal(z, o.top_k, o.top_p);
+      double mx = -INFINITY;
+      for (double x : z) mx = std::max(mx, x);
+      double sum = 0;
+      for (double x : z) sum += std::exp(x - mx);
+      const double lse = mx + std::log(sum);
+      out[0][n] = target[n] < 0 ? 0.0 : z[target[n]] - lse;
+      if (want_entropy) {
+        double h = 0;
+        for (double x : z)
+          if (x > -INFINITY) h -= std::exp(x - lse) * (x - lse);
+        out[2][n] = h;
+      }
+    }
+  };
+  std::vector<AbiAttr> attrs = {attr_d("temperature", o.temperature), attr_i("top_k", o.top_k),
+                                attr_d("top_p", o.top_p), attr_i("chunk_bytes", o.chunk_bytes)};
+  c.abi_fwd = {"linear_logprob_fwd",
+               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, {N})},
+               {op_out(0, contiguous({N})), op_out(1, contiguous({N}))},
+               attrs,
+               {}};
+  if (want_entropy) c.abi_fwd.outputs.push_back(op_out(2, contiguous({N})));
+  c.abi_bwd = {"linear_logprob_bwd",
+               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, {N}),
+                op_saved(1, contiguous({N})), op_gout(0, contiguous({N}))},
+               {op_gin(0, contiguous({N, C})), op_gin(1, contiguous({V, C}))},
+               attrs,
+               {}};
+  if (want_entropy) {
+    c.abi_bwd.inputs.push_back(op_saved(2, contiguous({N})));
+    c.abi_bwd.inputs.push_back(op_gout(2, contiguous({N})));
+  }
+  c.fwd_tol = 5e-6;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer ops (forward only: no gradient)
+
+OpCase adamw_case(int64_t n, bool zero_grad) {
+  OpCase c;
+  AdamWOpts o;
+  o.lr = 1e-2;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  o.step = 3;
+  o.grad_scale = 0.5;
+  o.zero_grad = zero_grad;
+  c.name = "adamw n=" + std::to_string(n) + (zero_grad ? " zero_grad" : "");
+  c.in_sizes = {n, n, n, n};  // p, g, m, v
+  c.in_grad = {false, false, false, false};
+  c.in_scale = {1, 1, 0.1, 0.01};
+  c.in_positive = {false, false, false, true};
+  c.out_sizes = {n, n, n, n};
+  c.out_loss = {true, true, true, true};
+  // The kernel is float only; the double "kernel" is the oracle itself.
+  auto oracle = [=](const Bufs<double>& in, Bufs<double>& out) {
+    const double bc1 = 1 - std::pow(o.beta1, double(o.step)), bc2 = 1 - std::pow(o.beta2, double(o.step));
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = in[1][i] * o.grad_scale;
+      const double m = o.beta1 * in[2][i] + (1 - o.beta1) * g;
+      const double v = o.beta2 * in[3][i] + (1 - o.beta2) * g * g;
+      double p = in[0][i] * (1 - o.lr * o.weight_decay);
+      p -= o.lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + o.eps);
+      out[0][i] = p;
+      out[1][i] = zero_grad ? 0.0 : in[1][i];
+      out[2][i] = m;
+      out[3][i] = v;
+    }
+  };
+  c.fwd32 = [=](const Bufs<float>& in, Bufs<float>& out) {
+    out = in;
+    adamw(out[0].data(), out[1].data(), out[2].data(), out[3].data(), n, o);
+  };
+  c.fwd64 = oracle;
+  c.ref64 = oracle;
+  c.fwd_tol = 1e-6;
+  c.abi_fwd.op = "adamw";
+  c.abi_fwd.outputs = {op_out(0, contiguous({n})), op_out(1, contiguous({n})),
+                       op_out(2, contiguous({n})), op_out(3, contiguous({n}))};
+  c.abi_fwd.attrs = {attr_d("lr", o.lr),       attr_d("beta1", o.beta1),
+                     attr_d("beta2", o.beta2), attr_d("eps", o.eps),
+                     attr_d("weight_decay", o.weight_decay), attr_i("step", o.step),
+                     attr_d("grad_scale", o.grad_scale),     attr_i("zero_grad", zero_grad)};
+  c.abi_fwd.init_outputs = {{0, 0}, {1, 1}, {2, 2}, {3, 3}};
+  return c;
+}
+
+OpCase sumsq_case() {
+  OpCase c;
+  const int64_t n = 300001;
+  c.name = "sumsq n=300001";
+  c.in_sizes = {n};
+  c.in_grad = {false};
+  c.in_scale = {1};
+  c.out_sizes = {1};
+  c.out_loss = {true};
+  c.fwd32 = [=](const Bufs<float>& in, Bufs<float>& out) { out[0][0] = float(sumsq(in[0].data(), n)); };
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    double acc = 0;
+    for (double x : in[0]) acc += x * x;
+    out[0][0] = acc;
+  };
+  c.fwd64 = c.ref64;
+  c.abi_fwd = {"sumsq", {op_in(0, contiguous({n}))}, {op_out(0, contiguous({1}))}, {}, {}};
+  return c;
+}
+
+OpCase scale_case() {
+  OpCase c;
+  const int64_t n = 777;
+  c.name = "scale n=777";
+  c.in_sizes = {n};
+  c.in_grad = {false};
+  c.in_scale = {1};
+  c.out_sizes = {n};
+  c.out_loss = {true};
+  c.fwd32 = [=](const Bufs<float>& in, Bufs<float>& out) {
+    out[0] = in[0];
+    scale(out[0].data(), n, 0.37f);
+  };
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    for (int64_t i = 0; i < n; ++i) out[0][i] = in[0][i] * double(0.37f);
+  };
+  c.fwd64 = c.ref64;
+  c.abi_fwd = {"scale", {}, {op_out(0, contiguous({n}))}, {attr_d("scale", double(0.37f))},
+               {{0, 0}}};
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpCase> all_op_cases() {
+  std::vector<OpCase> v;
+  for (int t = 0; t < 4; ++t) {
+    v.push_back(gemm_case(t & 1, t & 2, 7, 9, 11, 0.7, 0.0, 0));
+    v.push_back(gemm_case(t & 1, t & 2, 13, 5, 8, 1.0, 0.5, 3));
+  }
+  v.push_back(gemm_case(false, true, 70, 45, 300, 1.0, 0.0, 0));  // threaded split, BLAS
+  v.push_back(gemm_case(true, false, 40, 96, 130, 1.0, 1.0, 0));
+  v.push_back(gemm_batched_case());
+  v.push_back(embedding_case());
+  v.push_back(rmsnorm_case(5, 37, 0.0, 37, 37));
+  v.push_back(rmsnorm_case(6, 40, 1.0, 43, 45));
+  v.push_back(rope_case(3, 16, 16, false, 1.0, 48));
+  v.push_back(rope_case(2, 16, 8, true, 1.3, 40));
+  v.push_back(rope_case(2, 12, 8, false, 0.9, 24));
+  v.push_back(attention_case({{0, 37}, 4, 2, 8, 8, 0}));
+  v.push_back(attention_case({{0, 5, 5, 30, 31}, 4, 1, 8, 6, 0}));          // packed, MQA, Dv != Dk
+  v.push_back(attention_case({{0, 40, 67}, 2, 2, 8, 8, 7, 5}));             // window, strided
+  v.push_back(attention_case({{0, 300}, 2, 1, 4, 4, 0}));                   // several tiles
+  v.push_back(attention_case({{0, 17, 317}, 4, 2, 4, 4, 100}));             // window across tiles
+  v.push_back(swiglu_case());
+  v.push_back(bias_case());
+  v.push_back(add_case());
+  LogprobOpts o;
+  v.push_back(logprob_case("plain", 9, 12, 50, o, false));
+  o.temperature = 0.7;
+  o.chunk_bytes = 256;  // several vocab chunks and row blocks
+  v.push_back(logprob_case("chunked", 9, 12, 50, o, true));
+  o = LogprobOpts{};
+  o.temperature = 0.9;
+  o.top_k = 7;
+  v.push_back(logprob_case("top_k", 9, 12, 50, o, true));
+  o = LogprobOpts{};
+  o.top_p = 0.8;
+  v.push_back(logprob_case("top_p", 9, 12, 50, o, true));
+  o.temperature = 1.3;
+  o.top_k = 10;
+  o.top_p = 0.9;
+  o.chunk_bytes = 1024;
+  v.push_back(logprob_case("top_k+top_p", 9, 12, 50, o, true));
+  v.push_back(adamw_case(1000, false));
+  v.push_back(adamw_case(200003, true));
+  v.push_back(sumsq_case());
+  v.push_back(scale_case());
+  return v;
+}
+
+}  // namespace rlh::kcpu::testing
