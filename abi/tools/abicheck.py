@@ -103,7 +103,10 @@ def cmd_baseline(args) -> int:
             print(f"error: {lib} does not exist (build it first)", file=sys.stderr)
             return 1
         out = out_dir / f"{name}.abixml"
-        cmd = [abidw, "--no-corpus-path", "--no-comp-dir-path", "--short-locs", "--out-file", str(out)]
+        # Only what the library exports and the types its public headers declare: small, stable
+        # baselines that do not churn with the library's internals.
+        cmd = [abidw, "--no-corpus-path", "--no-comp-dir-path", "--short-locs", "--exported-interfaces-only",
+               "--drop-private-types", "--out-file", str(out)]
         for h in headers:
             cmd += ["--headers-dir", str(h)]
         subprocess.run(cmd + [str(lib)], check=True)
