@@ -22,8 +22,10 @@ float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint3
 uint16_t f32_to_bf16(float v) {
   const uint32_t u = std::bit_cast<uint32_t>(v);
   if ((u & 0x7fffffffu) > 0x7f800000u) {
-    // NaN: keep sign and the top payload bits, force quiet so truncation cannot make it inf.
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);
+    // NaN: keep sign and the top payload bits (so a bf16 NaN round-trips unchanged); if the
+    // payload lived only in the dropped bits, set the quiet bit so the result is not inf.
+    const uint16_t top = static_cast<uint16_t>(u >> 16);
+    return (top & 0x007fu) ? top : static_cast<uint16_t>(top | 0x0040u);
   }
   // Round to nearest even on the 16 dropped bits. Overflow rounds into the exponent and gives
   // inf, which is the correctly rounded result.
@@ -54,7 +56,11 @@ uint16_t f32_to_f16(float v) {
   const uint32_t u = std::bit_cast<uint32_t>(v);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((absu >> 13) & 0x3ffu));
+  if (absu > 0x7f800000u) {
+    // NaN: keep the top payload bits (an f16 NaN round-trips unchanged), else make it quiet.
+    const uint32_t payload = (absu >> 13) & 0x3ffu;
+    return static_cast<uint16_t>(sign | 0x7c00u | (payload ? payload : 0x200u));
+  }
   if (absu >= 0x477ff000u) {
     // >= 65520 (halfway between the largest f16, 65504, and 2^16) rounds to inf; inf stays inf.
     return static_cast<uint16_t>(sign | 0x7c00u);
