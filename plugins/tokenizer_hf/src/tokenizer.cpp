@@ -4,6 +4,7 @@
 //         -> post-processor.   decode: ids -> token strings -> decoder chain -> text.
 #include "rlhost/tokenizer/tokenizer.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -135,6 +136,19 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
   Tokenizer t = from_file(tj);
   const auto cfg = dir / "tokenizer_config.json";
   if (std::filesystem::exists(cfg)) t.apply_config_json(read_file(cfg), "tokenizer_config.json");
+  const auto gen = dir / "generation_config.json";
+  if (std::filesystem::exists(gen)) {
+    const json g = parse_json_text(read_file(gen), "generation_config.json");
+    const JPath gp{"generation_config.json", ""};
+    if (const json* e = member(g, "eos_token_id")) {
+      auto& ids = t.impl_->config.generation_eos_ids;
+      if (e->is_array()) {
+        for (size_t i = 0; i < e->size(); ++i) ids.push_back(static_cast<int32_t>(need_uint((*e)[i], gp.at("eos_token_id").at(i), 0x7FFFFFFF)));
+      } else {
+        ids.push_back(static_cast<int32_t>(need_uint(*e, gp.at("eos_token_id"), 0x7FFFFFFF)));
+      }
+    }
+  }
   // Newer transformers save the default template as its own file.
   const auto jinja = dir / "chat_template.jinja";
   if (std::filesystem::exists(jinja)) {
@@ -328,6 +342,15 @@ std::optional<int32_t> Tokenizer::eos_id() const {
 }
 std::optional<int32_t> Tokenizer::pad_id() const {
   return impl_->config.pad_token ? impl_->to_id(*impl_->config.pad_token) : std::nullopt;
+}
+
+std::vector<int32_t> Tokenizer::eos_ids() const {
+  std::vector<int32_t> ids;
+  if (auto e = eos_id()) ids.push_back(*e);
+  for (const int32_t id : impl_->config.generation_eos_ids) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  return ids;
 }
 
 std::optional<ChatTemplate> Tokenizer::chat_template(std::string_view name) const {

@@ -35,13 +35,16 @@ struct TokenizerConfig {
   std::optional<bool> add_eos_token;
   // chat_template: a single template, or named ones; "default" is the one used by default.
   std::vector<std::pair<std::string, std::string>> chat_templates;
+  // generation_config.json "eos_token_id" (an id or a list: instruct models stop on several).
+  std::vector<int32_t> generation_eos_ids;
 };
 
 class Tokenizer {
  public:
   // Reads a tokenizer.json file. Throws std::runtime_error on a bad file.
   static Tokenizer from_file(const std::filesystem::path& tokenizer_json);
-  // Reads <dir>/tokenizer.json and, when present, <dir>/tokenizer_config.json.
+  // Reads <dir>/tokenizer.json and, when present, <dir>/tokenizer_config.json,
+  // <dir>/chat_template.jinja and <dir>/generation_config.json.
   static Tokenizer from_dir(const std::filesystem::path& dir);
   // A directory, a tokenizer.json file, or a hub id resolved in the local HF cache.
   static Tokenizer from_pretrained(std::string_view dir_file_or_hub_id);
@@ -69,6 +72,8 @@ class Tokenizer {
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
   std::optional<int32_t> pad_id() const;
+  // Every id that ends generation: eos_id() plus generation_config.json's eos_token_id(s).
+  std::vector<int32_t> eos_ids() const;
   std::optional<std::string> bos_token() const;
   std::optional<std::string> eos_token() const;
 
