@@ -461,6 +461,61 @@ def header_iface(p: Parsed, header: str) -> str | None:
     return None
 
 
+_PTR_TO_STRUCT = re.compile(r"^(?:const )?struct (rlh_\w+) \*$")
+_COUNT = re.compile(r"^unsigned long$")  # size_t, the ABI's element count
+
+
+def _split_params(params: str) -> list[str]:
+    out, depth, cur = [], 0, []
+    for ch in params:
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        cur.append(ch)
+    if cur:
+        out.append("".join(cur).strip())
+    return out
+
+
+def array_element_structs(p: Parsed) -> dict[str, str]:
+    """Structs that cross the boundary as arrays (a pointer next to a count): struct -> where.
+
+    A reader indexes such an array with ITS sizeof, so a struct that is an array element cannot
+    grow within a major even when it has a struct_size (older and newer sides would disagree on
+    the stride). Found from the layout: a pointer-to-struct field beside a num_* field, or a
+    pointer-to-struct parameter followed by an integer count in a function-pointer slot."""
+    found: dict[str, str] = {}
+    types: list[tuple[str, str]] = []
+    for s, fl in p.fields.items():
+        for i, (n, _, _, _, ty) in enumerate(fl):
+            canon = ty.split(" | ")[-1]
+            m = _PTR_TO_STRUCT.match(canon)
+            if m:
+                near = [fl[j][0] for j in (i - 1, i + 1) if 0 <= j < len(fl)]
+                if any(x.startswith("num_") for x in near):
+                    found.setdefault(m.group(1), f"{s}.{n}")
+            types.append((f"{s}.{n}", canon))
+    for (kind, n), (_, v) in p.items.items():
+        if kind == "typedef":
+            types.append((n, v))
+    for where, canon in types:
+        for m in re.finditer(r"\(\*\)\(", canon):
+            depth, j = 1, m.end()
+            while j < len(canon) and depth:
+                depth += canon[j] == "("
+                depth -= canon[j] == ")"
+                j += 1
+            params = _split_params(canon[m.end():j - 1])
+            for a, b in zip(params, params[1:]):
+                mm = _PTR_TO_STRUCT.match(a)
+                if mm and _COUNT.match(b):
+                    found.setdefault(mm.group(1), where)
+    return {k: v for k, v in found.items() if k in p.structs}  # opaque handles have no layout
+
+
 def check_append_only(old: Parsed, new: Parsed) -> list[str]:
     """Rules for two consecutive goldens of one major (docs/abi.md, 'Versioning')."""
     errs: list[str] = []
@@ -479,6 +534,7 @@ def check_append_only(old: Parsed, new: Parsed) -> list[str]:
         if nma != ma and n != "RLH_ABI_VERSION":
             broken_headers.add(h)
     changed_headers: set[str] = set()
+    arrays = array_element_structs(old)
     for s, (h, size, align) in old.structs.items():
         if s not in new.structs:
             errs.append(f"{tag}: struct {s} ({h}) was removed")
@@ -502,7 +558,12 @@ def check_append_only(old: Parsed, new: Parsed) -> list[str]:
                             f"appended at the end within a major version")
         if len(nf) > len(of):
             changed_headers.add(h)
-            if not of or of[0][0] != "struct_size":
+            if s in arrays:
+                errs.append(f"{tag}: struct {s} grew, but it crosses the boundary as an array "
+                            f"(e.g. {arrays[s]}): readers index arrays with their own sizeof, so "
+                            f"an array element cannot grow within a major version (add a new "
+                            f"array or pass pointers instead)")
+            elif not of or of[0][0] != "struct_size":
                 errs.append(f"{tag}: struct {s} has no struct_size, so it cannot grow "
                             f"(added {', '.join(f[0] for f in nf[len(of):])})")
         elif nsize != size and not errs:
@@ -689,6 +750,9 @@ def cmd_check(args) -> int:
     for w in cur.warnings:
         print(f"note: {w}")
     cur_text = cur.render()
+    cur_arrays = array_element_structs(parse_layout(cur_text, "current headers"))
+    print("note: array elements (frozen within a major even with struct_size): "
+          + ", ".join(f"{k} ({v})" for k, v in sorted(cur_arrays.items())))
     ver = f"{cur.abi[0]}.{cur.abi[1]}"
     golden = abi_dir / "layout" / f"{ver}.txt"
     if not golden.exists():

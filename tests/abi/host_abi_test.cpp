@@ -314,6 +314,13 @@ TEST_F(HostTest, FutureMinorPluginWithLargerStructsIsReadSafely) {
     EXPECT_NE(p["components"][1].value("error", "").find("unknown"), std::string::npos) << p.dump();
   }
   EXPECT_TRUE(seen);
+  // The unusable component cannot be found; the host says why.
+  const rlh_component_desc* none = nullptr;
+  Status s(svc_->find_component(svc_->ctx, 1000, "future_kind_component", &none));
+  ASSERT_NE(s, nullptr) << "a component of an unknown kind must not be usable";
+  EXPECT_EQ(s->code, RLH_E_FAILED_PRECONDITION) << text(s.get());
+  EXPECT_NE(text(s.get()).find("1000"), std::string::npos) << text(s.get());
+  EXPECT_EQ(none, nullptr);
   use_c_plugin(split(RLH_TEST_C_PLUGINS).front());
 }
 

@@ -152,6 +152,16 @@ def scenario(name: str, c: Copy) -> None:
         c.write_release()
         rc, out = c.check()
         expect(rc, out, False, "rlhost/environment.h grew but RLH_ENVIRONMENT_API_VERSION stayed")
+    elif name == "append_to_array_element_fails":
+        # rlh_env_sample has a struct_size, but score() takes an array of them: growing it
+        # changes the stride older readers use.
+        c.edit(env_h, "  size_t metadata_len;\n} rlh_env_sample;",
+               "  size_t metadata_len;\n  double weight;\n} rlh_env_sample;")
+        c.bump("ENVIRONMENT")
+        c.write_release()
+        rc, out = c.check()
+        expect(rc, out, False, "struct rlh_env_sample grew, but it crosses the boundary as an array",
+               "rlh_environment_api.score")
     elif name == "const_renumbered_with_bump_fails":
         c.edit(c.hdr("core.h"), "#define RLH_E_INTERNAL 13\n", "#define RLH_E_INTERNAL 17\n")
         c.bump()
