@@ -547,6 +547,7 @@ def check_append_only(old: Parsed, new: Parsed) -> list[str]:
         if nalign != align:
             errs.append(f"{tag}: struct {s} changed alignment {align} -> {nalign}")
         of, nf = old.fields[s], new.fields[s]
+        before = len(errs)
         for i, f in enumerate(of):
             if i >= len(nf):
                 errs.append(f"{tag}: {s}.{f[0]} was removed")
@@ -566,8 +567,8 @@ def check_append_only(old: Parsed, new: Parsed) -> list[str]:
             elif not of or of[0][0] != "struct_size":
                 errs.append(f"{tag}: struct {s} has no struct_size, so it cannot grow "
                             f"(added {', '.join(f[0] for f in nf[len(of):])})")
-        elif nsize != size and not errs:
-            errs.append(f"{tag}: struct {s} changed size {size} -> {nsize}")
+        elif nsize != size and len(errs) == before:
+            errs.append(f"{tag}: struct {s} changed size {size} -> {nsize} without new fields")
     for s, (h, _, _) in new.structs.items():
         if s not in old.structs:
             changed_headers.add(h)
