@@ -16,7 +16,7 @@ namespace {
 
 // Parameter-table entries (HF tensors) above this are refused: far beyond real models (DeepSeek-V3
 // has ~47k), and it keeps hostile configs from building enormous tables.
-constexpr size_t kMaxHfTensors = size_t{1} << 21;
+constexpr size_t kMaxHfTensors = size_t{1} << 20;
 
 std::string substitute(std::string_view pattern, int64_t layer, int64_t expert) {
   std::string out(pattern);
