@@ -194,6 +194,25 @@ TEST(KernelsCpu, ParameterGradientsAccumulate) {
   for (int64_t i = 0; i < N * C; ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx[i]);
 }
 
+// rmsnorm_bwd may write dx over dy (the engine does for q/k norms): same dx and dw.
+TEST(KernelsCpu, RmsnormBackwardInPlace) {
+  const int64_t N = 9, C = 70;
+  std::vector<float> x(N * C), w(C), dy(N * C), rstd(N), y(N * C);
+  for (int64_t i = 0; i < N * C; ++i) {
+    x[i] = std::sin(0.37f * i);
+    dy[i] = std::cos(0.11f * i);
+  }
+  for (int64_t c = 0; c < C; ++c) w[c] = 0.5f + 0.01f * c;
+  rmsnorm_fwd<float>(y.data(), C, rstd.data(), x.data(), C, w.data(), N, C, 1e-6f, 0.f);
+  std::vector<float> dx(N * C), dw(C), dw_in(C), inplace = dy;
+  rmsnorm_bwd<float>(dx.data(), C, dw.data(), dy.data(), C, x.data(), C, w.data(), rstd.data(), N,
+                     C, 0.f, false);
+  rmsnorm_bwd<float>(inplace.data(), C, dw_in.data(), inplace.data(), C, x.data(), C, w.data(),
+                     rstd.data(), N, C, 0.f, false);
+  EXPECT_EQ(dx, inplace);
+  EXPECT_EQ(dw, dw_in);
+}
+
 // Every case gives bitwise the same float results on 1 and on 2 threads (the docs promise
 // results independent of the thread count).
 TEST(KernelsCpu, ResultsDoNotDependOnThreadCount) {

@@ -3,8 +3,8 @@
 // Backward, with r = rstd and w' = w + w_offset for one row:
 //   dx_i = r * w'_i * dy_i - x_i * r^3 / C * sum_j dy_j * w'_j * x_j
 //   dw_i += dy_i * x_i * r            (summed over rows)
-// dx is computed row-parallel; dw column-parallel in a second pass, so each dw element sums its
-// rows in order (deterministic for any thread count, no per-thread partial buffers).
+// dw is computed column-parallel first (each dw element sums its rows in order: deterministic
+// for any thread count, no per-thread partial buffers), then dx row-parallel, so dx may be dy.
 #include <omp.h>
 
 #include <algorithm>
@@ -34,6 +34,23 @@ void rmsnorm_fwd(T* y, int64_t ldy, T* rstd, const T* x, int64_t ldx, const T* w
 template <class T>
 void rmsnorm_bwd(T* dx, int64_t lddx, T* dw, const T* dy, int64_t lddy, const T* x, int64_t ldx,
                  const T* w, const T* rstd, int64_t N, int64_t C, T w_offset, bool accumulate) {
+  // dw first: dx may overwrite dy (in place).
+  if (dw) {
+    const int64_t band = 64, bands = (C + band - 1) / band;
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t c0 = b * band, c1 = std::min(C, c0 + band);
+      T acc[64] = {};
+      for (int64_t n = 0; n < N; ++n) {
+        const T* xr = x + n * ldx;
+        const T* dyr = dy + n * lddy;
+        const T r = rstd[n];
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c] * xr[c] * r;
+      }
+      for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
+    }
+  }
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * ldx;
@@ -51,21 +68,6 @@ void rmsnorm_bwd(T* dx, int64_t lddx, T* dw, const T* dy, int64_t lddy, const T*
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) dxr[c] = r * (w[c] + w_offset) * dyr[c] - xr[c] * k;
     }
-  }
-  if (!dw) return;
-  const int64_t band = 64, bands = (C + band - 1) / band;
-#pragma omp parallel for schedule(static) if (N * C > 32768)
-  for (int64_t b = 0; b < bands; ++b) {
-    const int64_t c0 = b * band, c1 = std::min(C, c0 + band);
-    T acc[64] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const T* xr = x + n * ldx;
-      const T* dyr = dy + n * lddy;
-      const T r = rstd[n];
-#pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c] * xr[c] * r;
-    }
-    for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
   }
 }
 

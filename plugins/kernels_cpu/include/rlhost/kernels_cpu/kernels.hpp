@@ -64,7 +64,7 @@ void embedding_bwd(T* dtable, const int32_t* ids, const T* dout, int64_t N, int6
 // ---------------------------------------------------------------------------------------------
 // rmsnorm over the last dim: y = x * rstd * (w + w_offset), rstd = 1/sqrt(mean(x^2) + eps)
 //   x, y [N,C] (rows ldx / ldy apart), w [C], rstd [N] (saved for backward; may be null in fwd)
-//   bwd: dx [N,C] written (accumulate: +=), dw [C] accumulated. x may equal y (in place).
+//   bwd: dx [N,C] written (accumulate: +=), dw [C] accumulated. y may be x, dx may be dy.
 template <class T>
 void rmsnorm_fwd(T* y, int64_t ldy, T* rstd, const T* x, int64_t ldx, const T* w, int64_t N,
                  int64_t C, T eps, T w_offset);

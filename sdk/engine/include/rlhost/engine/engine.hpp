@@ -1,0 +1,191 @@
+// rlh_engine: the single-rank fp32 training engine both backends (dtensor, megatron) run.
+//
+// It executes a model description (rlh::sdk::TransformerDesc, the dense Llama family: RMSNorm,
+// GQA attention with RoPE variants, optional q/k/v/o biases, q/k norms and sliding windows,
+// SwiGLU MLPs, tied or untied head) on packed batches:
+//
+//   MicroBatch (token ids + sequence offsets + named fields)
+//     -> forward -> per-token outputs (logprob of each token with temperature, processed
+//        logprob after top-k/top-p, entropy; logits on request for tests)
+//     -> loss callback (the algorithm's: outputs in, loss + one gradient per output out)
+//     -> backward -> gradients accumulated over micro-batches
+//   -> global grad-norm clip + AdamW (fp32 master weights; lr given per step by the caller)
+//
+// Output alignment (NeMo-RL's): outputs are [N] over the packed tokens; position t holds the
+// quantity for predicting token t from the tokens before it in its sequence, and the first
+// token of every sequence holds 0. Gradients of the loss callback use the same alignment.
+//
+// Global normalisation: the callback receives the caller's global token/sequence counts and
+// normalises by them, and the engine sums losses and gradients over micro-batches, so a step
+// gives the same result however the batch is split or packed.
+//
+// Memory: one Allocator (allocator.hpp) for everything; parameters, gradients and optimizer state
+// are single allocations carved into tensors; activations are one allocation sized for the
+// largest micro-batch; with `recompute` only each layer's input is kept and the layer is re-run
+// inside the backward. Attention never materialises [N, N] and the head never [N, V] (the
+// kernels tile them).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine/allocator.hpp"
+#include "rlhost/engine/ops.hpp"
+#include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/tensor.h"  // rlh_named_tensor (batch fields)
+
+namespace rlh::engine {
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+
+// One packed micro-batch: sequences s = 0..S-1 hold tokens cu_seqlens[s] .. cu_seqlens[s+1]-1.
+// Everything is borrowed for the duration of a call.
+struct MicroBatch {
+  std::span<const int32_t> input_ids;   // [N]
+  std::span<const int32_t> cu_seqlens;  // [S+1], 0 .. N, non-decreasing
+  // The algorithm's named fields (advantages, masks, old logprobs, ...) aligned with the tokens
+  // or the sequences of this micro-batch; the engine only hands them to the loss callback.
+  std::vector<rlh_named_tensor> fields;
+
+  int64_t num_tokens() const { return int64_t(input_ids.size()); }
+  int64_t num_sequences() const { return int64_t(cu_seqlens.size()) - 1; }
+  const rlh_tensor* field(const std::string& name) const;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Outputs
+
+struct OutputRequest {
+  bool logprob = true;             // log p(token | prefix) of the temperature-scaled logits
+  bool processed_logprob = false;  // the same after top-k / top-p filtering (vLLM's)
+  bool entropy = false;            // entropy of the temperature-scaled distribution
+  bool logits = false;             // raw logits [N, V], unshifted (position t predicts t+1); tests
+  double temperature = 1.0;
+  int64_t top_k = 0;   // 0 = off
+  double top_p = 1.0;  // 1 = off
+};
+
+// [N] each (empty when not requested); logits [N * V].
+struct Outputs {
+  std::vector<float> logprob, processed_logprob, entropy, logits;
+};
+
+// What the loss callback sees: views of the requested outputs of one micro-batch.
+struct OutputViews {
+  std::span<const float> logprob, processed_logprob, entropy;
+};
+// Where it writes d loss / d output (zeroed by the engine; an output it does not use stays 0).
+struct OutputGrads {
+  std::span<float> logprob, processed_logprob, entropy;
+};
+
+struct LossContext {
+  const MicroBatch* microbatch = nullptr;
+  int64_t index = 0;             // micro-batch index within the step
+  int64_t num_microbatches = 0;
+  int64_t global_tokens = 0;     // as given in StepOptions
+  int64_t global_sequences = 0;
+};
+
+struct LossResult {
+  double loss = 0;  // this micro-batch's contribution (already globally normalised)
+  std::vector<std::pair<std::string, double>> metrics;  // summed over micro-batches
+};
+
+using LossFn = std::function<LossResult(const LossContext&, const OutputViews&, OutputGrads&)>;
+
+// ---------------------------------------------------------------------------------------------
+// Steps
+
+struct OptimizerOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  // Megatron leaves 1-D parameters (norm weights, biases) out of weight decay; torch AdamW over
+  // model.parameters() (the dtensor path) does not.
+  bool decay_1d_params = true;
+  double max_grad_norm = 1.0;  // 0 = no clipping
+};
+
+struct StepOptions {
+  double lr = 1e-5;  // this step's learning rate (the caller runs the schedule)
+  int64_t global_tokens = 0;
+  int64_t global_sequences = 0;
+  OutputRequest outputs;
+  bool apply_optimizer = true;  // false: only accumulate gradients (tests, larger batches)
+};
+
+struct StepResult {
+  double loss = 0;
+  double grad_norm = 0;  // before clipping
+  double clip_coef = 1;  // applied to the gradients (min(1, max_norm / (norm + 1e-6)))
+  int64_t tokens = 0;
+  int64_t step = 0;      // optimizer steps taken so far
+  bool skipped = false;  // the gradient norm was not finite: no update was applied
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
+struct EngineOptions {
+  bool recompute = false;   // keep only layer inputs; re-run each layer inside the backward
+  int num_threads = 0;      // 0 = leave the OpenMP setting alone
+  int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
+  OptimizerOptions optimizer;
+  Allocator* allocator = nullptr;  // nullptr: the engine's own CountingAllocator
+  // nullptr: kernels_cpu directly. Otherwise the engine uses (does not own) these ops.
+  Ops* ops = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The engine
+
+class Engine {
+ public:
+  // Validates that the description is one this engine executes (dense GQA attention, RMSNorm,
+  // SwiGLU MLP); throws std::invalid_argument naming what is not supported. Allocates parameters
+  // (zero) and gradients.
+  Engine(sdk::TransformerDesc desc, EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const sdk::TransformerDesc& desc() const;
+  Allocator& allocator();
+  // The engine's own allocator when EngineOptions::allocator was null (else nullptr).
+  CountingAllocator* counting_allocator();
+
+  // Parameters and gradients in desc().params order, engine layout (row-major desc shapes).
+  size_t num_params() const;
+  int64_t num_elements() const;  // total parameter count
+  std::span<float> param(size_t i);
+  std::span<float> grad(size_t i);
+  // Copies weights in (e.g. rlh::model::load_weights_f32(...).tensors); sizes must match.
+  void load_parameters(const std::vector<std::vector<float>>& tensors);
+  std::vector<std::vector<float>> save_parameters() const;
+  void zero_grad();
+
+  // Forward only (no activations kept for a backward).
+  Outputs forward(const MicroBatch& mb, const OutputRequest& request);
+
+  // One optimizer step over the micro-batches: forward, loss callback, backward for each, then
+  // clip + AdamW (unless options.apply_optimizer is false). Gradients are zeroed first.
+  StepResult train_step(std::span<const MicroBatch> microbatches, const StepOptions& options,
+                        const LossFn& loss_fn);
+
+  int64_t step() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Splits packed sequences into micro-batches of at most max_tokens tokens each without splitting
+// a sequence (a longer sequence gets a micro-batch of its own). The results borrow ids.
+std::vector<MicroBatch> split_microbatches(std::span<const int32_t> input_ids,
+                                           std::span<const int32_t> cu_seqlens,
+                                           int64_t max_tokens,
+                                           std::vector<std::vector<int32_t>>* cu_storage);
+
+}  // namespace rlh::engine

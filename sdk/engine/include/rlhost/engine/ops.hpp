@@ -1,0 +1,102 @@
+// The kernels the engine runs, as an interface: the engine never calls a provider directly, so
+// the CPU reference (make_cpu_ops), a provider found through the kernel registry of the C ABI
+// (make_registry_ops), or a future CUDA provider are interchangeable.
+//
+// Semantics, operand shapes and accumulation rules are those of docs/ops.md (the same op names),
+// restricted to float32 host pointers with row strides. Workspace comes from the Allocator given
+// at construction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rlhost/engine/allocator.hpp"
+
+struct rlh_kernels_api;
+struct rlh_kernels;
+
+namespace rlh::sdk {
+class KernelRegistry;
+}
+
+namespace rlh::engine {
+
+struct LogprobAttrs {
+  double temperature = 1.0;
+  int64_t top_k = 0;   // 0 = off
+  double top_p = 1.0;  // 1 = off
+  int64_t chunk_bytes = 0;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual std::string name() const = 0;
+
+  // C[M,N] = alpha op(A) op(B) + beta C
+  virtual void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) = 0;
+  virtual void embedding_fwd(float* out, const int32_t* ids, const float* table, int64_t N,
+                             int64_t C, int64_t V) = 0;
+  virtual void embedding_bwd(float* dtable, const int32_t* ids, const float* dout, int64_t N,
+                             int64_t C, int64_t V) = 0;
+  virtual void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx,
+                           const float* w, int64_t N, int64_t C, float eps, float w_offset) = 0;
+  virtual void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy,
+                           const float* x, int64_t ldx, const float* w, const float* rstd,
+                           int64_t N, int64_t C, float w_offset, bool accumulate) = 0;
+  virtual void rope_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const int32_t* pos,
+                        const float* inv_freq, int64_t N, int64_t H, int64_t D, int64_t R,
+                        double scale, bool interleaved) = 0;
+  virtual void rope_bwd(float* dx, int64_t lddx, const float* dy, int64_t lddy,
+                        const int32_t* pos, const float* inv_freq, int64_t N, int64_t H,
+                        int64_t D, int64_t R, double scale, bool interleaved) = 0;
+  virtual void attention_fwd(float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
+                             const float* k, int64_t ldk, const float* v, int64_t ldv,
+                             const int32_t* cu_seqlens, int64_t S, int64_t N, int64_t Hq,
+                             int64_t Hkv, int64_t Dk, int64_t Dv, float scale,
+                             int64_t window) = 0;
+  virtual void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
+                             int64_t lddv, const float* dout, int64_t lddo, const float* q,
+                             int64_t ldq, const float* k, int64_t ldk, const float* v,
+                             int64_t ldv, const float* o, int64_t ldo, const float* lse,
+                             const int32_t* cu_seqlens, int64_t S, int64_t N, int64_t Hq,
+                             int64_t Hkv, int64_t Dk, int64_t Dv, float scale,
+                             int64_t window) = 0;
+  virtual void swiglu_fwd(float* h, int64_t ldh, const float* gate, int64_t ldg, const float* up,
+                          int64_t ldu, int64_t N, int64_t F) = 0;
+  virtual void swiglu_bwd(float* dgate, int64_t lddg, float* dup, int64_t lddu, const float* dh,
+                          int64_t lddh, const float* gate, int64_t ldg, const float* up,
+                          int64_t ldu, int64_t N, int64_t F) = 0;
+  virtual void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) = 0;
+  virtual void bias_bwd(float* db, const float* dy, int64_t lddy, int64_t N, int64_t M) = 0;
+  virtual void add_fwd(float* y, const float* a, const float* b, int64_t n) = 0;
+  virtual void linear_logprob_fwd(float* logprob, float* lse, float* entropy, const float* h,
+                                  const float* W, const int32_t* target, int64_t N, int64_t C,
+                                  int64_t V, const LogprobAttrs& attrs) = 0;
+  virtual void linear_logprob_bwd(float* dh, float* dW, const float* dlogprob,
+                                  const float* dentropy, const float* h, const float* W,
+                                  const int32_t* target, const float* lse, const float* entropy,
+                                  int64_t N, int64_t C, int64_t V, const LogprobAttrs& attrs,
+                                  bool accumulate) = 0;
+  struct AdamW {
+    double lr, beta1, beta2, eps, weight_decay;
+    int64_t step;
+    double grad_scale;
+    bool zero_grad;
+  };
+  virtual void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& o) = 0;
+  virtual double sumsq(const float* x, int64_t n) = 0;
+};
+
+// kernels_cpu called directly (the reference); workspace from `alloc`.
+std::unique_ptr<Ops> make_cpu_ops(Allocator& alloc);
+
+// Every op resolved once through a kernel registry of the C ABI (first provider that answers
+// wins; `only` pins one). Workspace from `alloc`. Throws when an op has no provider.
+std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry, Allocator& alloc,
+                                       const std::string& only = {});
+
+}  // namespace rlh::engine

@@ -1,0 +1,252 @@
+// The engine's public face: construction, parameters, forward, and the train step
+// (micro-batch loop, loss callback, global grad-norm clip, AdamW).
+#include "rlhost/engine/engine.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "model.hpp"
+
+namespace rlh::engine {
+
+// ---------------------------------------------------------------------------------------------
+// Allocator
+
+void* CountingAllocator::allocate(size_t bytes) {
+  void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  if (!p) throw std::bad_alloc();
+  const size_t now = live_.fetch_add(bytes) + bytes;
+  size_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void CountingAllocator::deallocate(void* p, size_t bytes) {
+  if (!p) return;
+  std::free(p);
+  live_.fetch_sub(bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+
+const rlh_tensor* MicroBatch::field(const std::string& name) const {
+  for (const rlh_named_tensor& f : fields)
+    if (f.name && name == f.name) return &f.tensor;
+  return nullptr;
+}
+
+std::vector<MicroBatch> split_microbatches(std::span<const int32_t> ids,
+                                           std::span<const int32_t> cu, int64_t max_tokens,
+                                           std::vector<std::vector<int32_t>>* cu_storage) {
+  std::vector<MicroBatch> out;
+  cu_storage->clear();
+  const size_t S = cu.size() - 1;
+  size_t s = 0;
+  // Reserve so the spans into cu_storage stay valid.
+  cu_storage->reserve(S + 1);
+  while (s < S) {
+    size_t e = s + 1;
+    while (e < S && cu[e + 1] - cu[s] <= max_tokens) ++e;
+    std::vector<int32_t> local;
+    for (size_t i = s; i <= e; ++i) local.push_back(cu[i] - cu[s]);
+    cu_storage->push_back(std::move(local));
+    MicroBatch mb;
+    mb.input_ids = ids.subspan(size_t(cu[s]), size_t(cu[e] - cu[s]));
+    mb.cu_seqlens = cu_storage->back();
+    out.push_back(mb);
+    s = e;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+Engine::Engine(sdk::TransformerDesc desc, EngineOptions options)
+    : impl_(std::make_unique<Impl>(std::move(desc), options)) {
+  if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
+}
+Engine::~Engine() = default;
+
+const sdk::TransformerDesc& Engine::desc() const { return impl_->desc; }
+Allocator& Engine::allocator() { return *impl_->alloc; }
+CountingAllocator* Engine::counting_allocator() {
+  return impl_->opt.allocator ? nullptr : &impl_->own_alloc;
+}
+size_t Engine::num_params() const { return impl_->desc.params.size(); }
+int64_t Engine::num_elements() const { return impl_->total; }
+int64_t Engine::step() const { return impl_->steps; }
+
+namespace {
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+}  // namespace
+
+std::span<float> Engine::param(size_t i) {
+  return {impl_->params.data() + impl_->offset.at(i), size_t(numel(impl_->desc.params[i].shape))};
+}
+std::span<float> Engine::grad(size_t i) {
+  return {impl_->grads.data() + impl_->offset.at(i), size_t(numel(impl_->desc.params[i].shape))};
+}
+
+void Engine::load_parameters(const std::vector<std::vector<float>>& tensors) {
+  if (tensors.size() != num_params())
+    throw std::invalid_argument("engine: load_parameters got " + std::to_string(tensors.size()) +
+                                " tensors for " + std::to_string(num_params()) + " parameters");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::span<float> dst = param(i);
+    if (tensors[i].size() != dst.size())
+      throw std::invalid_argument("engine: parameter " + impl_->desc.params[i].name +
+                                  " has the wrong number of elements");
+    std::memcpy(dst.data(), tensors[i].data(), dst.size() * sizeof(float));
+  }
+}
+
+std::vector<std::vector<float>> Engine::save_parameters() const {
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < impl_->desc.params.size(); ++i) {
+    const float* p = impl_->params.data() + impl_->offset[i];
+    out.emplace_back(p, p + numel(impl_->desc.params[i].shape));
+  }
+  return out;
+}
+
+void Engine::zero_grad() {
+  std::memset(impl_->grads.data(), 0, size_t(impl_->total) * sizeof(float));
+}
+
+Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
+  Impl& m = *impl_;
+  m.forward(mb, req, false);
+  const int64_t N = mb.num_tokens();
+  Outputs out;
+  if (req.logprob) {
+    out.logprob.resize(size_t(N));
+    shift_to_outputs(m.head.lp, out.logprob.data(), mb.cu_seqlens);
+  }
+  if (req.entropy) {
+    out.entropy.resize(size_t(N));
+    shift_to_outputs(m.head.ent, out.entropy.data(), mb.cu_seqlens);
+  }
+  if (req.processed_logprob) {
+    out.processed_logprob.resize(size_t(N));
+    shift_to_outputs(m.head.lp_proc, out.processed_logprob.data(), mb.cu_seqlens);
+  }
+  if (req.logits) {  // [N, V]: for tests on small vocabularies
+    out.logits.resize(size_t(N * m.V));
+    m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.P.lm_head, m.C, 0.f,
+                out.logits.data(), m.V);
+  }
+  return out;
+}
+
+StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions& so,
+                              const LossFn& loss_fn) {
+  Impl& m = *impl_;
+  const OutputRequest& req = so.outputs;
+  if (!req.logprob && !req.processed_logprob && !req.entropy)
+    throw std::invalid_argument("engine: a train step needs at least one differentiable output");
+  if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
+  zero_grad();
+  StepResult r;
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    const MicroBatch& mb = mbs[i];
+    m.forward(mb, req, !m.opt.recompute);
+    const int64_t N = mb.num_tokens();
+
+    // Outputs and their gradients in output alignment, for the callback.
+    Buffer<float> views(*m.alloc, size_t(6 * N));
+    std::memset(views.data(), 0, size_t(6 * N) * sizeof(float));
+    float* lp = views.data();
+    float* ent = lp + N;
+    float* proc = ent + N;
+    float* dlp = proc + N;
+    float* dent = dlp + N;
+    float* dproc = dent + N;
+    OutputViews ov;
+    OutputGrads og;
+    if (req.logprob) {
+      shift_to_outputs(m.head.lp, lp, mb.cu_seqlens);
+      ov.logprob = {lp, size_t(N)};
+      og.logprob = {dlp, size_t(N)};
+    }
+    if (req.entropy) {
+      shift_to_outputs(m.head.ent, ent, mb.cu_seqlens);
+      ov.entropy = {ent, size_t(N)};
+      og.entropy = {dent, size_t(N)};
+    }
+    if (req.processed_logprob) {
+      shift_to_outputs(m.head.lp_proc, proc, mb.cu_seqlens);
+      ov.processed_logprob = {proc, size_t(N)};
+      og.processed_logprob = {dproc, size_t(N)};
+    }
+    LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
+    const LossResult lr = loss_fn(ctx, ov, og);
+    r.loss += lr.loss;
+    for (const auto& [name, value] : lr.metrics) {
+      auto it = std::find_if(r.metrics.begin(), r.metrics.end(),
+                             [&](const auto& kv) { return kv.first == name; });
+      if (it == r.metrics.end())
+        r.metrics.emplace_back(name, value);
+      else
+        it->second += value;
+    }
+    shift_to_kernel(dlp, m.head.dlp, mb.cu_seqlens);
+    shift_to_kernel(dent, m.head.dent, mb.cu_seqlens);
+    shift_to_kernel(dproc, m.head.dlp_proc, mb.cu_seqlens);
+    m.backward(mb, req);
+    r.tokens += N;
+  }
+
+  // Global gradient norm over trainable parameters, then clip + AdamW in one pass.
+  double ss = 0;
+  for (size_t i = 0; i < m.desc.params.size(); ++i)
+    if (m.desc.params[i].trainable) ss += m.ops->sumsq(grad(i).data(), int64_t(grad(i).size()));
+  r.grad_norm = std::sqrt(ss);
+  const double max_norm = m.opt.optimizer.max_grad_norm;
+  r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
+  if (!std::isfinite(r.grad_norm)) {
+    r.skipped = true;  // never apply a non-finite update
+  } else if (so.apply_optimizer) {
+    m.optimizer_step(so, r.clip_coef);
+  }
+  r.step = m.steps;
+  return r;
+}
+
+// AdamW over every trainable tensor (fp32 master weights are the parameters themselves).
+// Optimizer state is allocated on the first step, so inference-only use never pays for it.
+void Engine::Impl::optimizer_step(const StepOptions& so, double clip_coef) {
+  if (adam_m.size() == 0) {
+    adam_m = Buffer<float>(*alloc, size_t(total));
+    adam_v = Buffer<float>(*alloc, size_t(total));
+    std::memset(adam_m.data(), 0, size_t(total) * sizeof(float));
+    std::memset(adam_v.data(), 0, size_t(total) * sizeof(float));
+  }
+  ++steps;
+  const OptimizerOptions& o = opt.optimizer;
+  for (size_t i = 0; i < desc.params.size(); ++i) {
+    const sdk::ParamDesc& pd = desc.params[i];
+    if (!pd.trainable) continue;
+    int64_t n = 1;
+    for (int64_t d : pd.shape) n *= d;
+    const bool decay = o.decay_1d_params || pd.shape.size() > 1;
+    Ops::AdamW a{so.lr, o.beta1, o.beta2, o.eps, decay ? o.weight_decay : 0.0,
+                 steps, clip_coef, false};
+    const int64_t off = offset[i];
+    ops->adamw(params.data() + off, grads.data() + off, adam_m.data() + off,
+               adam_v.data() + off, n, a);
+  }
+}
+
+}  // namespace rlh::engine
