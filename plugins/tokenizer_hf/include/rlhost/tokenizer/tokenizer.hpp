@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
-namespace rlh::tok {
+#include "rlhost/tokenizer/chat_template.hpp"
 
-class ChatTemplate;
+namespace rlh::tok {
 
 // What tokenizer_config.json adds on top of tokenizer.json (all optional).
 struct TokenizerConfig {
