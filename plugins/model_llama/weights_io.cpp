@@ -143,6 +143,15 @@ LoadResult load_weights_f32(sdk::TransformerDesc& desc, const st::Checkpoint& ck
   return out;
 }
 
+LoadedModel load_model(const std::string& dir_or_hub_id, const LoadOptions& options) {
+  LoadedModel m;
+  m.dir = resolve_model_dir(dir_or_hub_id);
+  m.desc = describe_model_dir(m.dir);
+  m.checkpoint = st::Checkpoint::open(m.dir);
+  m.weights = load_weights_f32(m.desc, m.checkpoint, options);
+  return m;
+}
+
 std::vector<std::string> save_weights_hf(const sdk::TransformerDesc& desc,
                                          const std::vector<std::vector<float>>& tensors,
                                          const std::string& dir, const SaveOptions& options) {

@@ -3,6 +3,7 @@
 // the file and tensor named.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -115,6 +116,35 @@ TEST(WeightsIo, Bf16AndF16ShardedCheckpointsRoundTrip) {
     ASSERT_EQ(files, shard_files(out.path()));
     for (const auto& f : files) EXPECT_TRUE(test::read_file(in / f) == test::read_file(out / f)) << f;
   }
+}
+
+TEST(WeightsIo, LoadModelFromHubIdInLocalCache) {
+  const fs::path src = fixture("qwen3-tiny");
+  if (!fs::exists(src / "config.json")) GTEST_SKIP();
+  ScratchDir cache;
+  // HF cache layout: models--org--name/{refs/main, snapshots/<commit>/...}; a sharded bf16 copy.
+  const fs::path repo = cache / "models--tiny-org--qwen3-tiny";
+  const fs::path snap = repo / "snapshots" / "0123abcd";
+  fs::create_directories(repo / "refs");
+  test::write_file(repo / "refs" / "main", "0123abcd\n");
+  sdk::st::ShardedWriteOptions opt;
+  opt.max_shard_bytes = 150000;
+  convert_fixture(src, snap, DType::BF16, opt);
+  const char* old = std::getenv("HF_HUB_CACHE");
+  const std::string saved = old ? old : "";
+  setenv("HF_HUB_CACHE", cache.path().c_str(), 1);
+  const auto m = model::load_model("tiny-org/qwen3-tiny");
+  if (old) setenv("HF_HUB_CACHE", saved.c_str(), 1); else unsetenv("HF_HUB_CACHE");
+  EXPECT_EQ(fs::canonical(m.dir), fs::canonical(snap));
+  EXPECT_TRUE(m.checkpoint.sharded());
+  EXPECT_EQ(m.weights.tensors.size(), m.desc.params.size());
+  // bf16 copy of the f32 fixture: every loaded value is the bf16 rounding of the original.
+  const Checkpoint orig = Checkpoint::open(src.string());
+  const auto& p0 = m.desc.params[0];
+  const auto ref = orig.read_f32(p0.hf_names[0]);
+  for (size_t i = 0; i < ref.size(); i += 97)
+    EXPECT_EQ(m.weights.tensors[0][i], sdk::st::bf16_to_f32(sdk::st::f32_to_bf16(ref[i])));
+  EXPECT_THROW(model::load_model("tiny-org/absent-model"), std::runtime_error);
 }
 
 TEST(WeightsIo, DtypePolicy) {

@@ -65,6 +65,18 @@ struct LoadResult {
 LoadResult load_weights_f32(sdk::TransformerDesc& desc, const sdk::st::Checkpoint& ckpt,
                             const LoadOptions& options = {});
 
+// Everything needed to run a model: its folder, description, open checkpoint and weights.
+struct LoadedModel {
+  std::string dir;  // resolved model folder
+  sdk::TransformerDesc desc;
+  sdk::st::Checkpoint checkpoint;  // kept open (mmapped) for passthrough on save
+  LoadResult weights;
+};
+
+// resolve_model_dir + describe_model_dir + Checkpoint::open (single file or sharded) +
+// load_weights_f32.
+LoadedModel load_model(const std::string& dir_or_hub_id, const LoadOptions& options = {});
+
 struct SaveOptions {
   sdk::st::ShardedWriteOptions files;  // shard size, file prefix, metadata
   // Checkpoint whose `unused` tensors (see LoadResult) are copied through verbatim, so a load ->
