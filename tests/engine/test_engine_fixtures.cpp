@@ -81,7 +81,7 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
 
   const auto ref = sdk::st::File::open(dir + "/reference.safetensors");
   const sdk::st::TensorInfo& ids_info = ref.at("input_ids");
-  const int64_t B = ids_info.shape[0], T = ids_info.shape[1], V = desc.vocab_size;
+  const int64_t B = ids_info.shape[0], T = ids_info.shape[1];
   const std::vector<double> ids64 = ref.read_f64("input_ids");
   std::vector<int32_t> ids(ids64.begin(), ids64.end());
   std::vector<int32_t> cu;

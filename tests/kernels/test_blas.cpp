@@ -77,9 +77,10 @@ TEST(Blas, GemmMatchesNaiveOnEveryBackend) {
               << (be == GemmBackend::openblas ? "openblas" : "builtin") << " M=" << M << " N=" << N
               << " K=" << K << " ta=" << ta << " tb=" << tb << " beta=" << beta;
           // Padding columns of C are never touched.
-          if (beta != 0.f)
+          if (beta != 0.f) {
             for (int64_t i = 0; i < M; ++i)
               for (int64_t j = N; j < ldc; ++j) EXPECT_EQ(C[i * ldc + j], R[i * ldc + j]);
+          }
         }
   }
   gemm_backend_set(saved);

@@ -1,0 +1,393 @@
+// Engine properties on small random models (no files): packing and micro-batching do not change
+// outputs or gradients, recompute is exact, the optimizer step is AdamW with global-norm
+// clipping, the loss callback sees what forward() returns, unsupported descriptions are refused.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine/engine.hpp"
+#include "rlhost/model/llama_family.hpp"
+
+using namespace rlh;
+using engine::Engine;
+using engine::MicroBatch;
+
+namespace {
+
+// Qwen2 (q/k/v biases, sliding window on layer 1, yarn) and Qwen3 (q/k norms, tied, head_dim
+// != hidden/heads): between them every feature of the dense engine.
+sdk::TransformerDesc qwen2_desc() {
+  nlohmann::json c = {{"architectures", {"Qwen2ForCausalLM"}},
+                      {"vocab_size", 97},
+                      {"hidden_size", 48},
+                      {"intermediate_size", 80},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"max_position_embeddings", 64},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 10000.0},
+                      {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0},
+                                        {"original_max_position_embeddings", 16}}},
+                      {"use_sliding_window", true},
+                      {"sliding_window", 5},
+                      {"max_window_layers", 1},
+                      {"tie_word_embeddings", false},
+                      {"torch_dtype", "float32"}};
+  return model::describe(c);
+}
+
+sdk::TransformerDesc qwen3_desc() {
+  nlohmann::json c = {{"architectures", {"Qwen3ForCausalLM"}},
+                      {"vocab_size", 101},
+                      {"hidden_size", 32},
+                      {"intermediate_size", 72},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 1},
+                      {"head_dim", 16},
+                      {"max_position_embeddings", 128},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 1000000.0},
+                      {"tie_word_embeddings", true},
+                      {"torch_dtype", "float32"}};
+  return model::describe(c);
+}
+
+// Random weights; 1-D tensors (norms, biases) around 1 and 0.
+void randomize(Engine& e, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> N01(0, 1);
+  for (size_t i = 0; i < e.num_params(); ++i) {
+    const auto& p = e.desc().params[i];
+    const bool is_norm = p.role == sdk::ParamRole::attn_norm || p.role == sdk::ParamRole::mlp_norm ||
+                         p.role == sdk::ParamRole::final_norm || p.role == sdk::ParamRole::q_norm ||
+                         p.role == sdk::ParamRole::k_norm;
+    for (float& x : e.param(i)) x = is_norm ? 1.f + 0.2f * N01(rng) : 0.15f * N01(rng);
+  }
+}
+
+// Sequences of the given lengths with deterministic ids; `weights` is a per-token field.
+struct Batch {
+  std::vector<int32_t> ids, cu;
+  std::vector<float> weights;
+  std::vector<int64_t> shape;
+  MicroBatch mb() const {
+    MicroBatch m;
+    m.input_ids = ids;
+    m.cu_seqlens = cu;
+    rlh_named_tensor f{};
+    f.name = "token_weight";
+    f.tensor.data = const_cast<float*>(weights.data());
+    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+    f.tensor.ndim = 1;
+    f.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+    f.tensor.shape = const_cast<int64_t*>(shape.data());
+    static int64_t one = 1;
+    f.tensor.strides = &one;
+    m.fields.push_back(f);
+    return m;
+  }
+};
+
+Batch make_batch(const std::vector<int>& lens, int64_t V, int seed_offset = 0) {
+  Batch b;
+  b.cu.push_back(0);
+  int s = 0;
+  for (int L : lens) {
+    for (int t = 0; t < L; ++t) {
+      b.ids.push_back(int32_t((s * 31 + t * 17 + 5 + seed_offset) % V));
+      b.weights.push_back(0.5f + 0.1f * float((s + 3 * t) % 7));
+    }
+    b.cu.push_back(int32_t(b.ids.size()));
+    ++s;
+  }
+  b.shape = {int64_t(b.ids.size())};
+  return b;
+}
+
+Batch sequence_of(const Batch& b, size_t s) {
+  Batch o;
+  o.ids.assign(b.ids.begin() + b.cu[s], b.ids.begin() + b.cu[s + 1]);
+  o.weights.assign(b.weights.begin() + b.cu[s], b.weights.begin() + b.cu[s + 1]);
+  o.cu = {0, int32_t(o.ids.size())};
+  o.shape = {int64_t(o.ids.size())};
+  return o;
+}
+
+// A GRPO-like loss: weighted logprob + processed logprob + entropy bonus, normalised by the
+// global token count; reads the per-token field.
+engine::LossResult weighted_loss(const engine::LossContext& ctx, const engine::OutputViews& o,
+                                 engine::OutputGrads& g) {
+  engine::LossResult r;
+  const rlh_tensor* w = ctx.microbatch->field("token_weight");
+  const float* wt = static_cast<const float*>(w->data);
+  const double inv = 1.0 / double(ctx.global_tokens);
+  for (size_t t = 0; t < o.logprob.size(); ++t) {
+    r.loss += -wt[t] * o.logprob[t] * inv - 0.01 * o.entropy[t] * inv;
+    g.logprob[t] = float(-wt[t] * inv);
+    g.entropy[t] = float(-0.01 * inv);
+    if (std::isfinite(o.processed_logprob[t])) {
+      r.loss += -0.3 * o.processed_logprob[t] * inv;
+      g.processed_logprob[t] = float(-0.3 * inv);
+    }
+  }
+  r.metrics.push_back({"tokens", double(o.logprob.size())});
+  return r;
+}
+
+engine::StepOptions grads_only(int64_t global_tokens) {
+  engine::StepOptions so;
+  so.global_tokens = global_tokens;
+  so.apply_optimizer = false;
+  so.outputs.logprob = true;
+  so.outputs.entropy = true;
+  so.outputs.processed_logprob = true;
+  so.outputs.temperature = 0.8;
+  so.outputs.top_k = 20;
+  so.outputs.top_p = 0.9;
+  return so;
+}
+
+std::vector<float> all_grads(Engine& e) {
+  std::vector<float> g;
+  for (size_t i = 0; i < e.num_params(); ++i) g.insert(g.end(), e.grad(i).begin(), e.grad(i).end());
+  return g;
+}
+
+double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
+  double maxref = 0, maxerr = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    maxref = std::max(maxref, std::fabs(double(ref[i])));
+    const double e = std::fabs(double(got[i]) - double(ref[i]));
+    if (std::isnan(e)) return INFINITY;
+    maxerr = std::max(maxerr, e);
+  }
+  return maxerr / std::max(maxref, 1e-30);
+}
+
+class EngineModels : public ::testing::TestWithParam<int> {
+ protected:
+  sdk::TransformerDesc desc() const { return GetParam() == 0 ? qwen2_desc() : qwen3_desc(); }
+};
+
+// (2) A packed batch gives the same outputs and gradients as each sequence run alone.
+TEST_P(EngineModels, PackedBatchEqualsSequencesAlone) {
+  Engine e(desc());
+  randomize(e, 11);
+  const Batch packed = make_batch({7, 19, 1, 12}, e.desc().vocab_size);
+  const int64_t global = int64_t(packed.ids.size());
+  const engine::StepOptions so = grads_only(global);
+
+  std::vector<float> sum_grads(size_t(e.num_elements()), 0.f);
+  std::vector<float> lp_alone, ent_alone, proc_alone;
+  double loss_alone = 0;
+  for (size_t s = 0; s + 1 < packed.cu.size(); ++s) {
+    const Batch one = sequence_of(packed, s);
+    const MicroBatch mb = one.mb();
+    const engine::Outputs o = e.forward(mb, so.outputs);
+    lp_alone.insert(lp_alone.end(), o.logprob.begin(), o.logprob.end());
+    ent_alone.insert(ent_alone.end(), o.entropy.begin(), o.entropy.end());
+    proc_alone.insert(proc_alone.end(), o.processed_logprob.begin(), o.processed_logprob.end());
+    loss_alone += e.train_step({&mb, 1}, so, weighted_loss).loss;
+    const std::vector<float> g = all_grads(e);
+    for (size_t i = 0; i < g.size(); ++i) sum_grads[i] += g[i];
+  }
+  const MicroBatch mb = packed.mb();
+  const engine::Outputs o = e.forward(mb, so.outputs);
+  EXPECT_LE(rel_error(o.logprob, lp_alone), 1e-6);
+  EXPECT_LE(rel_error(o.entropy, ent_alone), 1e-6);
+  EXPECT_EQ(o.logprob[0], 0.f);  // first position of a sequence predicts nothing
+  for (size_t t = 0; t < proc_alone.size(); ++t) {
+    if (std::isinf(proc_alone[t]))
+      EXPECT_EQ(o.processed_logprob[t], proc_alone[t]) << t;
+    else
+      EXPECT_NEAR(o.processed_logprob[t], proc_alone[t], 1e-5) << t;
+  }
+  const engine::StepResult r = e.train_step({&mb, 1}, so, weighted_loss);
+  EXPECT_NEAR(r.loss, loss_alone, 1e-6 * std::fabs(loss_alone));
+  EXPECT_LE(rel_error(all_grads(e), sum_grads), 1e-5);
+}
+
+// Two micro-batches in one step equal one micro-batch holding both (global normalisation).
+TEST_P(EngineModels, MicrobatchSplitDoesNotChangeTheStep) {
+  Engine e(desc());
+  randomize(e, 12);
+  const Batch packed = make_batch({9, 4, 16, 3, 8}, e.desc().vocab_size);
+  const engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
+  const MicroBatch whole = packed.mb();
+  const engine::StepResult r1 = e.train_step({&whole, 1}, so, weighted_loss);
+  const std::vector<float> g1 = all_grads(e);
+
+  std::vector<std::vector<int32_t>> cu_store;
+  std::vector<MicroBatch> parts = engine::split_microbatches(packed.ids, packed.cu, 16, &cu_store);
+  ASSERT_GE(parts.size(), 2u);
+  // Per-micro-batch views of the weight field.
+  std::vector<Batch> part_batches;
+  for (const MicroBatch& p : parts) {
+    Batch b;
+    b.ids.assign(p.input_ids.begin(), p.input_ids.end());
+    b.cu.assign(p.cu_seqlens.begin(), p.cu_seqlens.end());
+    const size_t off = size_t(p.input_ids.data() - packed.ids.data());
+    b.weights.assign(packed.weights.begin() + off, packed.weights.begin() + off + b.ids.size());
+    b.shape = {int64_t(b.ids.size())};
+    part_batches.push_back(std::move(b));
+  }
+  std::vector<MicroBatch> mbs;
+  for (const Batch& b : part_batches) mbs.push_back(b.mb());
+  const engine::StepResult r2 = e.train_step(mbs, so, weighted_loss);
+  EXPECT_NEAR(r2.loss, r1.loss, 1e-6 * std::fabs(r1.loss));
+  EXPECT_NEAR(r2.grad_norm, r1.grad_norm, 1e-5 * r1.grad_norm);
+  EXPECT_LE(rel_error(all_grads(e), g1), 1e-5);
+  ASSERT_EQ(r2.metrics.size(), 1u);
+  EXPECT_EQ(r2.metrics[0].second, double(packed.ids.size()));  // metrics sum over micro-batches
+}
+
+// Recompute re-runs the same ops on the same inputs: bitwise the same gradients.
+TEST_P(EngineModels, RecomputeIsExact) {
+  engine::EngineOptions with;
+  with.recompute = true;
+  Engine a(desc()), b(desc(), with);
+  randomize(a, 13);
+  randomize(b, 13);
+  const Batch packed = make_batch({11, 6, 20}, a.desc().vocab_size);
+  const MicroBatch mb = packed.mb();
+  const engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
+  const engine::StepResult ra = a.train_step({&mb, 1}, so, weighted_loss);
+  const engine::StepResult rb = b.train_step({&mb, 1}, so, weighted_loss);
+  EXPECT_EQ(ra.loss, rb.loss);
+  EXPECT_EQ(all_grads(a), all_grads(b));
+}
+
+// The thread count changes nothing (every kernel splits work the same way for any count).
+TEST_P(EngineModels, ThreadCountDoesNotChangeResults) {
+  const int saved = omp_get_max_threads();
+  const Batch packed = make_batch({30, 14}, 97);
+  const MicroBatch mb = packed.mb();
+  const engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
+  std::vector<float> g[2];
+  double loss[2];
+  for (int t = 0; t < 2; ++t) {
+    omp_set_num_threads(t + 1);
+    Engine e(desc());
+    randomize(e, 14);
+    loss[t] = e.train_step({&mb, 1}, so, weighted_loss).loss;
+    g[t] = all_grads(e);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(loss[0], loss[1]);
+  EXPECT_EQ(g[0], g[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineModels, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(i.param == 0 ? "qwen2_bias_window_yarn"
+                                                           : "qwen3_qknorm_tied");
+                         });
+
+// Two optimizer steps equal AdamW (torch semantics) applied by hand to the engine's gradients,
+// with global-norm clipping and no weight decay on 1-D tensors (Megatron style).
+TEST(Engine, OptimizerStepIsClippedAdamW) {
+  engine::EngineOptions eo;
+  eo.optimizer.beta1 = 0.9;
+  eo.optimizer.beta2 = 0.95;
+  eo.optimizer.eps = 1e-8;
+  eo.optimizer.weight_decay = 0.1;
+  eo.optimizer.decay_1d_params = false;
+  eo.optimizer.max_grad_norm = 0.05;  // small enough to clip
+  Engine stepping(qwen2_desc(), eo), probe(qwen2_desc(), eo);
+  randomize(stepping, 21);
+  randomize(probe, 21);
+  const Batch packed = make_batch({10, 13}, 97);
+  const MicroBatch mb = packed.mb();
+  engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
+  const size_t n = size_t(stepping.num_elements());
+
+  std::vector<double> w(n), m(n, 0.0), v(n, 0.0);
+  const double lrs[2] = {1e-2, 5e-3};
+  for (int step = 1; step <= 2; ++step) {
+    // Expected update from the probe's gradients at the stepping engine's current weights (so
+    // only the optimizer arithmetic is compared; m and v carry over in double).
+    const auto current = stepping.save_parameters();
+    probe.load_parameters(current);
+    size_t k0 = 0;
+    for (const auto& t : current)
+      for (float x : t) w[k0++] = x;
+    so.apply_optimizer = false;
+    const engine::StepResult pr = probe.train_step({&mb, 1}, so, weighted_loss);
+    so.apply_optimizer = true;
+    so.lr = lrs[step - 1];
+    const engine::StepResult sr = stepping.train_step({&mb, 1}, so, weighted_loss);
+    EXPECT_EQ(sr.step, step);
+    EXPECT_NEAR(sr.grad_norm, pr.grad_norm, 1e-6 * pr.grad_norm);
+    const double clip = std::min(1.0, eo.optimizer.max_grad_norm / (pr.grad_norm + 1e-6));
+    EXPECT_LT(clip, 1.0);
+    EXPECT_NEAR(sr.clip_coef, clip, 1e-9);
+    size_t k = 0;
+    std::vector<std::vector<float>> next;
+    for (size_t i = 0; i < probe.num_params(); ++i) {
+      const bool decay = probe.desc().params[i].shape.size() > 1;
+      std::vector<float> t;
+      for (float g32 : probe.grad(i)) {
+        const double g = double(g32) * clip;
+        m[k] = 0.9 * m[k] + 0.1 * g;
+        v[k] = 0.95 * v[k] + 0.05 * g * g;
+        const double bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.95, step);
+        w[k] *= 1 - so.lr * (decay ? 0.1 : 0.0);
+        w[k] -= so.lr / bc1 * m[k] / (std::sqrt(v[k]) / std::sqrt(bc2) + 1e-8);
+        t.push_back(float(w[k]));
+        ++k;
+      }
+      next.push_back(std::move(t));
+    }
+    const auto got = stepping.save_parameters();
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      for (size_t j = 0; j < got[i].size(); ++j)
+        worst = std::max(worst, std::fabs(double(got[i][j]) - double(next[i][j])));
+    EXPECT_LE(worst, 1e-6) << "step " << step;
+  }
+}
+
+// forward() and the loss callback see the same outputs.
+TEST(Engine, ForwardOutputsEqualWhatTheLossSees) {
+  Engine e(qwen3_desc());
+  randomize(e, 31);
+  const Batch b = make_batch({12, 5}, 101);
+  const MicroBatch mb = b.mb();
+  engine::StepOptions so = grads_only(int64_t(b.ids.size()));
+  const engine::Outputs o = e.forward(mb, so.outputs);
+  std::vector<float> seen;
+  e.train_step({&mb, 1}, so,
+               [&](const engine::LossContext& c, const engine::OutputViews& v,
+                   engine::OutputGrads& g) {
+                 seen.assign(v.logprob.begin(), v.logprob.end());
+                 return weighted_loss(c, v, g);
+               });
+  EXPECT_EQ(seen, o.logprob);
+}
+
+TEST(Engine, RefusesWhatItDoesNotExecute) {
+  sdk::TransformerDesc d = qwen2_desc();
+  d.layers[1].mlp.kind = sdk::MlpKind::moe;
+  EXPECT_THROW(Engine e(d), std::invalid_argument);
+  d = qwen2_desc();
+  d.layers[0].mlp.hidden_act = "gelu";
+  EXPECT_THROW(Engine e(d), std::invalid_argument);
+  Engine ok(qwen2_desc());
+  std::vector<int32_t> ids = {1, 2, 500};
+  std::vector<int32_t> cu = {0, 3};
+  MicroBatch mb;
+  mb.input_ids = ids;
+  mb.cu_seqlens = cu;
+  EXPECT_THROW(ok.forward(mb, {}), std::invalid_argument);  // id outside the vocabulary
+}
+
+}  // namespace
