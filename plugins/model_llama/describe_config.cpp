@@ -367,10 +367,24 @@ bool is_supported_architecture(std::string_view architecture) {
 sdk::TransformerDesc describe(const json& cfg) {
   if (!cfg.is_object()) fail("config.json must hold a JSON object");
   auto archs = cfg.find("architectures");
-  if (archs == cfg.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
-    fail("'architectures' must be a non-empty list of names");
-  const std::string arch = (*archs)[0].get<std::string>();
-  const ArchitectureRow* row = find_architecture(arch);
+  std::string arch;
+  const ArchitectureRow* row = nullptr;
+  if (archs == cfg.end() || archs->is_null()) {
+    // Some configs carry only model_type: take the row of that model_type.
+    auto mt = cfg.find("model_type");
+    if (mt == cfg.end() || !mt->is_string()) fail("config has neither 'architectures' nor 'model_type'");
+    for (const auto& r : architecture_rows())
+      if (r.model_type == mt->get<std::string>()) {
+        row = &r;
+        break;
+      }
+    arch = row ? std::string(row->architecture) : "model_type " + mt->get<std::string>();
+  } else {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+      fail("'architectures' must be a non-empty list of names");
+    arch = (*archs)[0].get<std::string>();
+    row = find_architecture(arch);
+  }
   if (!row) {
     std::string names;
     for (const auto& r : architecture_rows()) names += (names.empty() ? "" : ", ") + std::string(r.architecture);

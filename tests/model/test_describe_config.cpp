@@ -227,6 +227,11 @@ TEST(DescribeConfig, UnlistedArchitectureIsRefusedByName) {
   expect_error([&] { model::describe(cfg); }, {"GPT2LMHeadModel", "not supported", "LlamaForCausalLM"});
   cfg["architectures"] = json::array();
   expect_error([&] { model::describe(cfg); }, {"architectures"});
+  // Without "architectures", model_type picks the row.
+  cfg.erase("architectures");
+  EXPECT_EQ(model::describe(cfg).architecture, "LlamaForCausalLM");
+  cfg["model_type"] = "gpt2";
+  expect_error([&] { model::describe(cfg); }, {"model_type gpt2", "not supported"});
   expect_error([&] { model::describe(json::array()); }, {"object"});
 }
 
