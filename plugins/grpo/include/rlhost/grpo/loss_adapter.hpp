@@ -1,0 +1,84 @@
+// The ABI's loss callback (rlh_loss_fn, backend.h) for the GRPO family, SFT and DPO, on CPU
+// tensors: reads the named batch fields and requested outputs of an rlh_microbatch, runs the
+// loss of rlh_grpo_core, writes the 0-d loss and d loss / d output into the zeroed gradient
+// tensors, and reports metrics through mb->metric.
+//
+// Batch fields (NeMo-RL's names; token frame = one entry per token, entry t describing token t,
+// see packing.hpp; per sequence = one entry per sequence):
+//   advantages                 token frame   ClippedPG
+//   prev_logprobs              token frame   ClippedPG, unless force_on_policy_ratio
+//   generation_logprobs        token frame   ClippedPG
+//   reference_policy_logprobs  token frame   ClippedPG when the KL term is on; DPO
+//   token_mask                 token frame   all
+//   sample_mask                per sequence  all
+//   rewards                    per sequence  ClippedPG with positive_example_nll_weight > 0
+// Outputs (rlh_output_spec.name; output frame, entry t = log p(token t+1)):
+//   logprobs             RLH_OUTPUT_LOGPROB: the processed logprob (temperature, top-k/top-p)
+//   logprobs_unfiltered  RLH_OUTPUT_LOGPROB_RAW, optional: the KL term's input when top-k/top-p
+//                        filtering is on (NeMo-RL's curr_logprobs_unfiltered); if absent the KL
+//                        reads `logprobs`
+// Fields may be float32/float64/bfloat16/float16 or integer/bool masks, shaped [n] or [n, 1];
+// gradients are written as float32, float64 or bfloat16 (the grads' dtype).
+//
+// Metrics: kSum metrics go to mb->metric (the backend sums them over micro-batches and ranks);
+// kMin/kMax metrics (probs_ratio_min, ...) cannot be summed, so the adapter keeps them in
+// step_extrema() until reset_step(); the algorithm reduces them over ranks itself.
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <variant>
+
+#include "rlhost/backend.h"
+#include "rlhost/grpo/clipped_pg_loss.hpp"
+#include "rlhost/grpo/dpo_loss.hpp"
+#include "rlhost/grpo/metrics.hpp"
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::grpo {
+
+struct NllConfig {};  // SFT's NLLLossFn has no settings
+
+struct LossAdapterOptions {
+  std::string logprobs_output = "logprobs";
+  std::string logprobs_unfiltered_output = "logprobs_unfiltered";
+};
+
+class LossAdapter {
+ public:
+  using Config = std::variant<ClippedPGConfig, NllConfig, DpoConfig>;
+
+  explicit LossAdapter(Config cfg, LossAdapterOptions opts = {});
+  LossAdapter(const LossAdapter&) = delete;
+  LossAdapter& operator=(const LossAdapter&) = delete;
+
+  // What to put into rlh_train_args.loss_fn / loss_user.
+  static rlh_status* callback(void* user, const rlh_microbatch* mb);
+  rlh_loss_fn fn() const { return &LossAdapter::callback; }
+  void* user() { return this; }
+
+  // Status factory for errors (the host's make_status); local statuses when unset.
+  void set_make_status(sdk::MakeStatusFn make) { make_status_ = make; }
+  // Global count of valid tokens of reward>0 samples for the positive-example NLL (see
+  // ClippedPGInputs::global_positive_toks); 0 = NeMo-RL's per-call count.
+  void set_global_positive_tokens(double n) { global_positive_toks_ = n; }
+
+  // Min/max metrics of the micro-batches run since the last reset_step().
+  Metrics step_extrema() const;
+  void reset_step();
+
+  // One micro-batch; throws (rlh::sdk::Error / std::invalid_argument) on bad input.
+  void run(const rlh_microbatch& mb);
+
+  const Config& config() const { return cfg_; }
+
+ private:
+  Config cfg_;
+  LossAdapterOptions opts_;
+  sdk::MakeStatusFn make_status_ = nullptr;
+  double global_positive_toks_ = 0;
+  mutable std::mutex mu_;
+  Metrics extrema_;
+};
+
+}  // namespace rlh::grpo
