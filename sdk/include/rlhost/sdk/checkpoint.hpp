@@ -1,0 +1,156 @@
+// rlhost SDK: checkpoint folders (static library rlh_checkpoint), NeMo-RL's `checkpointing`.
+//
+// Layout, as NeMo-RL's nemo_rl/utils/checkpoint.py:
+//   <checkpoint_dir>/step_<N>/{training_info.json, config.yaml, policy/..., checkpoint_manifest.json}
+// A checkpoint is written into tmp_step_<N>/, then committed: every file fsynced, a manifest
+// listing every file with its size and CRC32C written last, the folder fsynced, renamed to
+// step_<N>/ in one rename(2), and the parent fsynced. So a step_<N>/ either exists complete or not
+// at all, whatever moment the writer dies; leftovers (tmp_step_*, old_step_*) are cleaned on the
+// next start. Retention removes a checkpoint by first renaming it to old_step_<N>/, so a crash
+// mid-deletion never leaves a partial step_<N>/.
+//
+//   rlh::sdk::CheckpointManager ckpt(rlh::sdk::CheckpointConfig::from_json(section));
+//   if (auto last = ckpt.latest()) resume_from(last->dir, last->training_info);
+//   ...
+//   auto pending = ckpt.begin(step);
+//   pending.write_training_info({{"step", step}, {"val:accuracy", acc}});
+//   pending.write_config_yaml(resolved_yaml);
+//   save_weights(pending.path_for("policy/weights"));   // any writer, any process
+//   fs::path dir = pending.commit();                     // step_<N>/, then keep_top_k
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace rlh::sdk {
+
+// NeMo-RL's `checkpointing` section (the keys the folder logic uses).
+struct CheckpointConfig {
+  bool enabled = true;
+  std::filesystem::path checkpoint_dir = "results/grpo";
+  // "val:<name>" or "train:<name>": the training_info.json key ranking checkpoints; empty = none
+  // (keep_top_k then keeps the most recent).
+  std::string metric_name;
+  bool higher_is_better = true;
+  std::optional<int64_t> keep_top_k;       // null: keep every periodic checkpoint
+  int64_t save_period = 10;
+  std::optional<int64_t> ft_keep_latest_k;  // also keep the k most recent (crash recovery)
+
+  // Reads the section (JSON object). Keys it does not use (model_save_format, save_optimizer...)
+  // belong to the algorithm and backend; a used key with a bad value is an error naming
+  // `origin`.key and the value.
+  static CheckpointConfig from_json(const nlohmann::json& section,
+                                    std::string_view origin = "checkpointing");
+};
+
+inline constexpr const char* kCheckpointManifest = "checkpoint_manifest.json";
+
+// How deeply a checkpoint is checked: sizes (cheap: stat only) or sizes and CRC32C (reads every
+// byte).
+enum class VerifyLevel { kSizes, kChecksums };
+
+struct VerifyResult {
+  bool ok = false;
+  std::string error;  // first problem found: "<dir>/policy/x.bin: size 10, manifest says 12"
+  size_t files = 0;
+  uint64_t bytes = 0;
+};
+
+// Checks that `dir` holds a manifest and every file it lists, with the listed size (and CRC32C).
+VerifyResult verify_checkpoint(const std::filesystem::path& dir,
+                               VerifyLevel level = VerifyLevel::kChecksums);
+
+// A committed checkpoint.
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::filesystem::path dir;
+  nlohmann::json training_info;  // training_info.json
+};
+
+// A tmp_step_<N>/ being written. Move-only; destroying it uncommitted removes the folder.
+class PendingCheckpoint {
+ public:
+  PendingCheckpoint(PendingCheckpoint&& o) noexcept;
+  PendingCheckpoint& operator=(PendingCheckpoint&&) = delete;
+  PendingCheckpoint(const PendingCheckpoint&) = delete;
+  ~PendingCheckpoint();
+
+  int64_t step() const { return step_; }
+  const std::filesystem::path& dir() const { return tmp_; }
+
+  // `rel` under the folder, with its parent folders created. `rel` must stay inside (no "..",
+  // not absolute). Files written there by other code or processes are included at commit.
+  std::filesystem::path path_for(std::string_view rel);
+  // Writes a whole file and fsyncs it.
+  void write_file(std::string_view rel, const void* data, size_t size);
+  void write_file(std::string_view rel, std::string_view text) {
+    write_file(rel, text.data(), text.size());
+  }
+  // training_info.json: the step's state and metrics ("val:accuracy" etc. for keep_top_k).
+  void write_training_info(const nlohmann::json& info);
+  // config.yaml: the resolved configuration, as the caller renders it.
+  void write_config_yaml(std::string_view yaml);
+
+  // Makes the checkpoint durable and visible as step_<N>/ (replacing an existing step_<N>/
+  // atomically), then applies retention. Returns the step_<N>/ path. training_info.json must
+  // have been written.
+  std::filesystem::path commit();
+
+ private:
+  friend class CheckpointManager;
+  struct Recorded {
+    uint64_t size;
+    uint32_t crc;
+  };
+  PendingCheckpoint(class CheckpointManager* mgr, int64_t step, std::filesystem::path tmp);
+  CheckpointManager* mgr_;
+  int64_t step_;
+  std::filesystem::path tmp_;
+  // Files written through write_file: checksummed and fsynced already, not read again at commit.
+  std::vector<std::pair<std::string, Recorded>> recorded_;
+  bool done_ = false;
+};
+
+class CheckpointManager {
+ public:
+  explicit CheckpointManager(CheckpointConfig cfg);
+  const CheckpointConfig& config() const { return cfg_; }
+
+  // NeMo-RL saves when step % save_period == 0 (the caller also saves at the end).
+  bool is_periodic(int64_t step) const;
+
+  // Starts tmp_step_<N>/ (removing a stale one first). The checkpoint folder is created.
+  PendingCheckpoint begin(int64_t step);
+
+  // Committed checkpoints (step_<N>/ passing verification at `level`), by ascending step.
+  // step_<N>/ folders failing it (foreign, or damaged after commit) are skipped, never deleted;
+  // `skipped` receives "<dir>: <reason>" for each when given.
+  std::vector<CheckpointInfo> list(VerifyLevel level = VerifyLevel::kSizes,
+                                   std::vector<std::string>* skipped = nullptr) const;
+  // The newest complete checkpoint, for resume.
+  std::optional<CheckpointInfo> latest(VerifyLevel level = VerifyLevel::kSizes) const;
+  // The best by metric_name (ties: the newer); checkpoints without the metric are ignored, and
+  // when none has it, the latest (NeMo-RL's get_best_checkpoint_path).
+  std::optional<CheckpointInfo> best(VerifyLevel level = VerifyLevel::kSizes) const;
+
+  // Removes leftovers of interrupted writes and deletions: tmp_step_*/ and old_step_*/.
+  // Returns how many folders were removed.
+  size_t clean_leftovers() const;
+
+  // NeMo-RL's remove_old_checkpoints: keeps the latest, the keep_top_k best periodic ones (all
+  // periodic ones when keep_top_k is null), and the ft_keep_latest_k most recent; removes the rest.
+  // Returns the removed steps.
+  std::vector<int64_t> remove_old_checkpoints() const;
+
+ private:
+  CheckpointConfig cfg_;
+};
+
+}  // namespace rlh::sdk
