@@ -11,6 +11,8 @@ ChatTemplate::ChatTemplate(std::string source, nlohmann::json defaults)
     program_ = jinja::parse(jinja::lex(source_));
   } catch (const jinja::Error& e) {
     throw std::runtime_error(std::string("chat template: ") + e.what());
+  } catch (const std::logic_error& e) {  // e.g. a numeric conversion out of range
+    throw std::runtime_error(std::string("chat template: ") + e.what());
   }
 }
 
@@ -33,6 +35,8 @@ std::string ChatTemplate::render(const nlohmann::json& messages, bool add_genera
     const std::string tag = "raise_exception: ";
     if (m.rfind(tag, 0) == 0) m = m.substr(tag.size());
     throw std::runtime_error("chat template: " + m);
+  } catch (const std::logic_error& e) {
+    throw std::runtime_error(std::string("chat template: ") + e.what());
   }
 }
 

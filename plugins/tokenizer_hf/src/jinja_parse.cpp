@@ -1,6 +1,8 @@
 // Jinja parser: tokens -> AST, recursive descent with Jinja's operator precedence:
 //   cond-expr > or > and > not > compare (==, !=, <, <=, >, >=, in, not in)
 //   > + - > ~ > * / // % > ** > unary - + > postfix (.a, [i], [a:b], (call)) and | filter, is test
+#include <cerrno>
+#include <cstdlib>
 #include <set>
 
 #include "jinja_ast.hpp"
@@ -326,17 +328,17 @@ struct Parser {
     if (k.type == Tok::Int) {
       auto n = node(EK::Literal);
       ++p;
-      try {
-        n->lit = Value::integer(std::stoll(k.text));
-      } catch (const std::exception&) {
-        n->lit = Value::number(std::stod(k.text));
-      }
+      // strtoll/strtod: out-of-range literals saturate instead of throwing std::out_of_range.
+      errno = 0;
+      const long long v = std::strtoll(k.text.c_str(), nullptr, 10);
+      if (errno == ERANGE) n->lit = Value::number(std::strtod(k.text.c_str(), nullptr));
+      else n->lit = Value::integer(v);
       return n;
     }
     if (k.type == Tok::Float) {
       auto n = node(EK::Literal);
       ++p;
-      n->lit = Value::number(std::stod(k.text));
+      n->lit = Value::number(std::strtod(k.text.c_str(), nullptr));
       return n;
     }
     if (accept_op("(")) {

@@ -1,0 +1,27 @@
+// Fuzzes the Jinja engine: the input is a template (up to the first NUL) and, after it, JSON for
+// the messages. Parsing and rendering must end in output or std::runtime_error.
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "rlhost/tokenizer/chat_template.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string in(reinterpret_cast<const char*>(data), size);
+  const size_t nul = in.find('\0');
+  const std::string tpl = in.substr(0, nul);
+  nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "hi"}}});
+  if (nul != std::string::npos) {
+    auto parsed = nlohmann::json::parse(in.substr(nul + 1), nullptr, false);
+    if (parsed.is_array() && parsed.dump().size() < 4096) messages = parsed;
+  }
+  try {
+    rlh::tok::ChatTemplate t(tpl, {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+    (void)t.render(messages, true, {{"tools", nlohmann::json::array({{{"name", "f"}}})}});
+  } catch (const std::runtime_error&) {
+  }
+  return 0;
+}
