@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "../../plugins/tokenizer_hf/src/bpe.hpp"
 #include "fixtures_util.hpp"
@@ -136,6 +138,31 @@ TEST(Bpe, HeapAndScanMergeLoopsAgree) {
   auto tok2 = Tokenizer::from_file(fx);  // fresh instance: its own (empty) cache
   for (size_t i = 0; i < words.size(); ++i) EXPECT_EQ(tok2.encode(words[i], false), scan[i]) << words[i];
   rlh::tok::BpeModel::set_heap_threshold_for_tests(0);
+}
+
+TEST(Bpe, ConcurrentEncodeMatchesSingleThread) {
+  // encode() is const and its word cache is per thread: many threads on one instance agree.
+  const auto fx = rlh::test::fixtures_dir() / "tokenizer-llama3" / "tokenizer.json";
+  if (!std::filesystem::exists(fx)) GTEST_SKIP() << "fixture missing: " << fx;
+  const auto tok = Tokenizer::from_file(fx);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) texts.push_back("doc " + std::to_string(i * 7919) + " naïve 中文 🙂 don't  stop\n" + std::string(i % 13, 'x'));
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& t : texts) want.push_back(tok.encode(t, true));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 5; ++rep) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          const size_t k = (i + static_cast<size_t>(t) * 37) % texts.size();
+          if (tok.encode(texts[k], true) != want[k]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(AddedTokens, FlagsLstripRstripSingleWord) {
