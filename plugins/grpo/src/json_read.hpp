@@ -15,6 +15,7 @@ namespace rlh::grpo::detail {
 using json = nlohmann::json;
 
 inline std::string describe(const json& v) {
+  if (v.is_null()) return "null";
   std::string s = v.dump();
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   return std::string(v.type_name()) + " " + s;
