@@ -166,6 +166,18 @@ void ClippedPGConfig::validate() const {
   }
 }
 
+double positive_valid_tokens(const Packing& p, const double* token_mask, const double* sample_mask,
+                             const double* rewards) {
+  validate(p);
+  double n = 0;
+  for (int64_t i = 0; i < p.num_seqs; ++i) {
+    if (!(rewards[i] > 0)) continue;
+    for (int64_t t = p.seq_offsets[i] + 1; t < p.seq_offsets[i + 1]; ++t)
+      n += token_mask[t] * sample_mask[i];
+  }
+  return n;
+}
+
 LossResult clipped_pg_loss(const ClippedPGConfig& cfg, const ClippedPGInputs& in,
                            double* grad_logprobs, double* grad_logprobs_unfiltered) {
   cfg.validate();

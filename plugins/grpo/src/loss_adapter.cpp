@@ -223,6 +223,26 @@ rlh_status* LossAdapter::callback(void* user, const rlh_microbatch* mb) {
   });
 }
 
+std::vector<rlh_output_spec> LossAdapter::output_specs(double temperature, int32_t top_k,
+                                                      double top_p) const {
+  auto spec = [&](int32_t kind, const std::string& name) {
+    rlh_output_spec s{};
+    s.struct_size = RLH_STRUCT_SIZE(rlh_output_spec, ids_field);
+    s.kind = kind;
+    s.name = name.c_str();
+    s.temperature = temperature;
+    s.top_k = kind == RLH_OUTPUT_LOGPROB ? top_k : 0;
+    s.top_p = kind == RLH_OUTPUT_LOGPROB ? top_p : 1.0;
+    return s;
+  };
+  std::vector<rlh_output_spec> out = {spec(RLH_OUTPUT_LOGPROB, opts_.logprobs_output)};
+  const bool filtered = top_k > 0 || top_p < 1.0;
+  if (const auto* pg = std::get_if<ClippedPGConfig>(&cfg_);
+      pg != nullptr && filtered && pg->needs_reference_logprobs())
+    out.push_back(spec(RLH_OUTPUT_LOGPROB_RAW, opts_.logprobs_unfiltered_output));
+  return out;
+}
+
 Metrics LossAdapter::step_extrema() const {
   std::lock_guard<std::mutex> lock(mu_);
   return extrema_;

@@ -85,6 +85,12 @@ struct LossResult {
   Metrics metrics;
 };
 
+// The positive-example NLL's global normaliser for (a rank's share of) a batch: the valid tokens
+// (token_mask[t+1] * sample_mask) of samples with reward > 0. Ranks sum it; see
+// ClippedPGInputs::global_positive_toks.
+double positive_valid_tokens(const Packing& p, const double* token_mask, const double* sample_mask,
+                             const double* rewards);
+
 // Computes the loss of one micro-batch. grad_logprobs [num_tokens] receives d loss / d logprobs
 // (0 where an output enters no loss). When inputs.logprobs_unfiltered is set, the KL gradient
 // goes to grad_logprobs_unfiltered [num_tokens] instead (required then). Throws

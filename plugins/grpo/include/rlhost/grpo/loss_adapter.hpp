@@ -25,9 +25,11 @@
 // step_extrema() until reset_step(); the algorithm reduces them over ranks itself.
 #pragma once
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "rlhost/backend.h"
 #include "rlhost/grpo/clipped_pg_loss.hpp"
@@ -62,6 +64,12 @@ class LossAdapter {
   // Global count of valid tokens of reward>0 samples for the positive-example NLL (see
   // ClippedPGInputs::global_positive_toks); 0 = NeMo-RL's per-call count.
   void set_global_positive_tokens(double n) { global_positive_toks_ = n; }
+
+  // The outputs this loss needs from the backend, for rlh_train_args.specs: `logprobs` as
+  // RLH_OUTPUT_LOGPROB with the generation's sampling settings, and, for the ClippedPG loss with
+  // its KL term on while top-k/top-p filtering is active (top_k > 0 or top_p < 1),
+  // `logprobs_unfiltered` as RLH_OUTPUT_LOGPROB_RAW. The names point into this adapter.
+  std::vector<rlh_output_spec> output_specs(double temperature, int32_t top_k, double top_p) const;
 
   // Min/max metrics of the micro-batches run since the last reset_step().
   Metrics step_extrema() const;
