@@ -1,0 +1,70 @@
+// Internal pieces of the math answer checker: the normaliser, the expression tree, the exact
+// canonical values and the float evaluator.
+#pragma once
+
+#include <boost/multiprecision/cpp_int.hpp>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rlh::environments::math {
+
+using Rational = boost::multiprecision::cpp_rational;
+using BigInt = boost::multiprecision::cpp_int;
+
+// ---- normalisation (math_latex_normalize.cpp) ------------------------------------------------
+
+// String-level clean-up before parsing (see math_answer.hpp for the list).
+std::string normalize_latex(std::string_view raw);
+// "1,234,567.5" -> "1234567.5" when the whole string is a thousands-separated number.
+std::string drop_thousands_separators(const std::string& s);
+// Lower-cased, whitespace and \text{} wrappers removed: the form non-math answers compare in.
+std::string normalize_text(std::string_view raw);
+
+// ---- expression tree (math_expression.cpp) ---------------------------------------------------
+
+struct Node;
+using NodePtr = std::shared_ptr<const Node>;
+
+struct Node {
+  enum Kind { kNumber, kVar, kPi, kInf, kAdd, kSub, kMul, kDiv, kNeg, kPow, kRoot, kFunc, kPercent };
+  Kind kind;
+  Rational number;   // kNumber
+  std::string name;  // kVar, kFunc
+  std::vector<NodePtr> kids;  // operands; kRoot: {index, radicand}
+};
+
+// Parses one expression (no top-level commas). nullopt when it is not one we understand.
+std::optional<NodePtr> parse_expression(std::string_view s);
+bool contains_percent(const NodePtr& n);
+
+// Float value, variables set from `point` (0, 1, 2: three fixed assignments). `percent`
+// says whether x% means x/100 (true) or x (false). nullopt for a domain error.
+std::optional<long double> eval_float(const NodePtr& n, int point, bool percent);
+
+// ---- exact values (math_exact_value.cpp) -----------------------------------------------------
+
+// A product of variables (sorted, exponents != 0), pi^k and sqrt(radicand), radicand square-free.
+struct Monomial {
+  std::vector<std::pair<std::string, int>> vars;
+  int pi = 0;
+  uint64_t radicand = 1;
+  bool operator<(const Monomial& o) const;
+  bool operator==(const Monomial& o) const;
+};
+
+// A canonical sum of rational multiples of monomials (no zero coefficients), or +-infinity.
+struct Exact {
+  std::map<Monomial, Rational> terms;
+  int infinity = 0;  // +1 / -1: the value is +-infinity (terms empty)
+  bool operator==(const Exact& o) const { return infinity == o.infinity && terms == o.terms; }
+  std::string to_string() const;
+};
+
+// The canonical value, or nullopt outside the exact class (then floats decide).
+std::optional<Exact> eval_exact(const NodePtr& n, bool percent);
+
+}  // namespace rlh::environments::math
