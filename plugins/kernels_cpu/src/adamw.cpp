@@ -10,6 +10,9 @@
 
 namespace rlh::kcpu {
 
+// Loops over large arrays are scheduled in dynamic chunks so a thread slowed by another process
+// does not hold up the other (the same reason as gemm.cpp's split).
+
 // One pass over p, g, m, v: reads four arrays and writes three (four with zero_grad), the least
 // memory traffic an unfused optimizer can have. Element-wise, so the thread split cannot change
 // results.
@@ -25,7 +28,7 @@ void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamWOpts& o
   const float step_size = float(o.lr / bc1);
   const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
   const bool zero = o.zero_grad;
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(dynamic, 16384) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * gs;
     const float mi = b1 * m[i] + (1.f - b1) * gi;
@@ -42,7 +45,7 @@ void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamWOpts& o
 double sumsq(const float* x, int64_t n) {
   const int64_t chunk = 65536, chunks = (n + chunk - 1) / chunk;
   std::vector<double> part(chunks);
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t i0 = c * chunk, i1 = std::min(n, i0 + chunk);
     double acc = 0;

@@ -169,10 +169,13 @@ void sgemm_packed_generic(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Splitting over threads. Each thread computes a band of C rows (or columns) with a
-// single-threaded call; every element of C is computed by exactly one call in the same order
-// whatever the thread count, except that the band edges move (OpenBLAS's result for an element
-// does not depend on which band it is in).
+// Splitting over threads. The larger output dimension is cut into 2 chunks per thread (at least
+// 32 rows or 64 columns each) that the threads take dynamically: when another process holds a
+// core, the thread that still runs takes more chunks instead of the whole step waiting for the
+// slow half (a static 50/50 split measured 88 vs 121 GFLOP/s with one competing process). Every
+// element of C comes from exactly one single-threaded call with the full K loop, and neither
+// OpenBLAS nor the builtin kernel orders that loop by where the element sits in its chunk, so
+// results do not depend on the chunking (tests check 1 vs 2 threads bit for bit).
 
 void sgemm_threaded(detail::SgemmFn fn, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                     float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
@@ -184,24 +187,22 @@ void sgemm_threaded(detail::SgemmFn fn, bool ta, bool tb, int64_t M, int64_t N, 
     return;
   }
   const bool by_rows = M >= N;
-  const int64_t extent = by_rows ? M : N, grain = by_rows ? 8 : 16;
-  const int parts = int(std::min<int64_t>(nt, (extent + grain - 1) / grain));
-  auto edge = [&](int i) {
-    const int64_t e = (extent * i / parts + grain - 1) / grain * grain;
-    return std::min(e, extent);
-  };
-#pragma omp parallel num_threads(parts)
-  {
-    const int t = omp_get_thread_num();
-    const int64_t lo = edge(t), hi = edge(t + 1);
-    if (hi > lo) {
-      if (by_rows)
-        fn(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta,
-           C + lo * ldc, ldc);
-      else
-        fn(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo,
-           ldc);
-    }
+  const int64_t extent = by_rows ? M : N, grain = by_rows ? 8 : 16, min_chunk = by_rows ? 32 : 64;
+  int64_t chunk = std::max(min_chunk, (extent + 2 * nt - 1) / (2 * nt));
+  chunk = (chunk + grain - 1) / grain * grain;
+  const int64_t chunks = (extent + chunk - 1) / chunk;
+  if (chunks <= 1) {
+    fn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(int(std::min<int64_t>(nt, chunks)))
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * chunk, hi = std::min(extent, lo + chunk);
+    if (by_rows)
+      fn(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta,
+         C + lo * ldc, ldc);
+    else
+      fn(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
   }
 }
 

@@ -109,14 +109,14 @@ RLH_KCPU_MULTIVERSION(grad_f, grad_rows,
                        const float* dlp, const float* dH, float inv_temp),
                       (Z, ld, r0, r1, vc, v0, target, lse, ez, dlp, dH, inv_temp))
 
-// Runs fn(r0, r1) over rows [0, n) split across the threads.
+// Runs fn(r0, r1) over rows [0, n) in blocks of about 64K elements, taken dynamically by the
+// threads (row results do not depend on the blocking).
 void for_rows(int64_t n, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
-#pragma omp parallel if (work > 65536 && !omp_in_parallel())
-  {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t r0 = n * t / nt, r1 = n * (t + 1) / nt;
-    if (r1 > r0) fn(r0, r1);
-  }
+  const int64_t per_row = std::max<int64_t>(1, work / std::max<int64_t>(1, n));
+  const int64_t rows = std::max<int64_t>(1, 65536 / per_row);
+  const int64_t blocks = (n + rows - 1) / rows;
+#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1 && !omp_in_parallel())
+  for (int64_t b = 0; b < blocks; ++b) fn(b * rows, std::min(n, (b + 1) * rows));
 }
 
 // ---------------------------------------------------------------------------------------------

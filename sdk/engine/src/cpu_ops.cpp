@@ -1,5 +1,8 @@
 // Ops on kernels_cpu, called directly (the reference provider). Kernel workspace comes from the
 // engine's Allocator, so the engine's memory count includes it.
+#include <utility>
+#include <vector>
+
 #include "rlhost/engine/ops.hpp"
 #include "rlhost/kernels_cpu/kernels.hpp"
 
@@ -8,15 +11,40 @@ namespace {
 
 namespace k = rlh::kcpu;
 
+// Kernel workspace: blocks from the engine's Allocator, kept after use and handed out again for
+// the same size (every step asks for the same sizes), so a 32 MiB head tile is not mapped and
+// page-faulted afresh on every call. Cached blocks stay counted as live by the Allocator.
+class ScratchCache {
+ public:
+  explicit ScratchCache(Allocator& a) : alloc_(a) {}
+  ~ScratchCache() {
+    for (auto& [bytes, p] : free_) alloc_.deallocate(p, bytes);
+  }
+  void* get(size_t bytes) {
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].first == bytes) {
+        void* p = free_[i].second;
+        free_.erase(free_.begin() + long(i));
+        return p;
+      }
+    return alloc_.allocate(bytes);
+  }
+  void put(void* p, size_t bytes) { free_.emplace_back(bytes, p); }
+
+ private:
+  Allocator& alloc_;
+  std::vector<std::pair<size_t, void*>> free_;
+};
+
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(Allocator& a) : alloc_(a) {
-    scratch_.ctx = &alloc_;
+  explicit CpuOps(Allocator& a) : cache_(a) {
+    scratch_.ctx = &cache_;
     scratch_.alloc = [](void* ctx, size_t bytes) -> void* {
-      return static_cast<Allocator*>(ctx)->allocate(bytes);
+      return static_cast<ScratchCache*>(ctx)->get(bytes);
     };
     scratch_.free = [](void* ctx, void* p, size_t bytes) {
-      static_cast<Allocator*>(ctx)->deallocate(p, bytes);
+      static_cast<ScratchCache*>(ctx)->put(p, bytes);
     };
   }
   std::string name() const override { return "kernels_cpu"; }
@@ -121,7 +149,7 @@ class CpuOps final : public Ops {
     o.chunk_bytes = a.chunk_bytes;
     return o;
   }
-  Allocator& alloc_;
+  ScratchCache cache_;
   k::Scratch scratch_;
 };
 

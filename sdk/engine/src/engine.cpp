@@ -123,6 +123,7 @@ std::vector<std::vector<float>> Engine::save_parameters() const {
 
 void Engine::zero_grad() {
   std::memset(impl_->grads.data(), 0, size_t(impl_->total) * sizeof(float));
+  impl_->grads_clear = true;
 }
 
 Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
@@ -157,7 +158,8 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   if (!req.logprob && !req.processed_logprob && !req.entropy)
     throw std::invalid_argument("engine: a train step needs at least one differentiable output");
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
-  zero_grad();
+  if (!m.grads_clear) zero_grad();  // after an optimizer step AdamW has cleared them already
+  m.grads_clear = false;
   StepResult r;
   for (size_t i = 0; i < mbs.size(); ++i) {
     const MicroBatch& mb = mbs[i];
@@ -241,12 +243,20 @@ void Engine::Impl::optimizer_step(const StepOptions& so, double clip_coef) {
     int64_t n = 1;
     for (int64_t d : pd.shape) n *= d;
     const bool decay = o.decay_1d_params || pd.shape.size() > 1;
+    // zero_grad: the pass that reads g also clears it for the next step (no separate memset).
     Ops::AdamW a{so.lr, o.beta1, o.beta2, o.eps, decay ? o.weight_decay : 0.0,
-                 steps, clip_coef, false};
+                 steps, clip_coef, true};
     const int64_t off = offset[i];
     ops->adamw(params.data() + off, grads.data() + off, adam_m.data() + off,
                adam_v.data() + off, n, a);
   }
+  for (size_t i = 0; i < desc.params.size(); ++i)
+    if (!desc.params[i].trainable) {
+      int64_t n = 1;
+      for (int64_t d : desc.params[i].shape) n *= d;
+      std::memset(grads.data() + offset[i], 0, size_t(n) * sizeof(float));
+    }
+  grads_clear = true;
 }
 
 }  // namespace rlh::engine

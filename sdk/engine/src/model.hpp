@@ -121,6 +121,7 @@ struct Engine::Impl {
   Buffer<float> params, grads, adam_m, adam_v;
   ModelParams P, G;  // pointers into params and grads
   int64_t steps = 0;
+  bool grads_clear = true;  // grads are all zero (AdamW clears them in its pass)
 
   // Activation storage for the current micro-batch size and mode.
   Buffer<float> acts;

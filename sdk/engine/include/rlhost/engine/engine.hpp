@@ -170,7 +170,9 @@ class Engine {
   Outputs forward(const MicroBatch& mb, const OutputRequest& request);
 
   // One optimizer step over the micro-batches: forward, loss callback, backward for each, then
-  // clip + AdamW (unless options.apply_optimizer is false). Gradients are zeroed first.
+  // clip + AdamW (unless options.apply_optimizer is false). Gradients start from zero; they stay
+  // readable through grad() after a step without the optimizer, and are cleared by the AdamW
+  // pass itself after a step with it.
   StepResult train_step(std::span<const MicroBatch> microbatches, const StepOptions& options,
                         const LossFn& loss_fn);
 

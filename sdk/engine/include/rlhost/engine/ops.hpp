@@ -94,6 +94,12 @@ class Ops {
 // kernels_cpu called directly (the reference); workspace from `alloc`.
 std::unique_ptr<Ops> make_cpu_ops(Allocator& alloc);
 
+// Wraps `inner`, timing every call by op name (wall clock); profiling_report() prints the table
+// (empty for Ops not made here), profiling_reset() clears it.
+std::unique_ptr<Ops> make_profiling_ops(Ops& inner);
+std::string profiling_report(const Ops& ops);
+void profiling_reset(Ops& ops);
+
 // Every op resolved once through a kernel registry of the C ABI (first provider that answers
 // wins; `only` pins one). Workspace from `alloc`. Throws when an op has no provider.
 std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry, Allocator& alloc,

@@ -1,0 +1,149 @@
+// An Ops decorator that times every call by op name (wall clock), for benchmarks and tuning.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "rlhost/engine/ops.hpp"
+
+namespace rlh::engine {
+namespace {
+
+class ProfilingOps final : public Ops {
+ public:
+  explicit ProfilingOps(Ops& inner) : in_(inner) {}
+  std::string name() const override { return "profile(" + in_.name() + ")"; }
+
+  std::string report() const {
+    double total = 0;
+    for (const auto& [k, v] : t_) total += v.seconds;
+    std::string out;
+    char line[160];
+    for (const auto& [k, v] : t_) {
+      std::snprintf(line, sizeof line, "  %-20s %8.3f s %5.1f%% %8ld calls\n", k.c_str(), v.seconds,
+                    total > 0 ? 100 * v.seconds / total : 0.0, long(v.calls));
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "  %-20s %8.3f s\n", "total", total);
+    return out + line;
+  }
+  void reset() { t_.clear(); }
+
+#define RLH_TIMED(NAME, CALL)                                                        \
+  {                                                                                  \
+    const auto t0 = std::chrono::steady_clock::now();                                \
+    CALL;                                                                            \
+    auto& e = t_[NAME];                                                              \
+    e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); \
+    ++e.calls;                                                                       \
+  }
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    RLH_TIMED("gemm", in_.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+  }
+  void embedding_fwd(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                     int64_t V) override {
+    RLH_TIMED("embedding_fwd", in_.embedding_fwd(out, ids, table, N, C, V))
+  }
+  void embedding_bwd(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C,
+                     int64_t V) override {
+    RLH_TIMED("embedding_bwd", in_.embedding_bwd(dtable, ids, dout, N, C, V))
+  }
+  void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx, const float* w,
+                   int64_t N, int64_t C, float eps, float off) override {
+    RLH_TIMED("rmsnorm_fwd", in_.rmsnorm_fwd(y, ldy, rstd, x, ldx, w, N, C, eps, off))
+  }
+  void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy,
+                   const float* x, int64_t ldx, const float* w, const float* rstd, int64_t N,
+                   int64_t C, float off, bool acc) override {
+    RLH_TIMED("rmsnorm_bwd",
+              in_.rmsnorm_bwd(dx, lddx, dw, dy, lddy, x, ldx, w, rstd, N, C, off, acc))
+  }
+  void rope_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const int32_t* pos,
+                const float* f, int64_t N, int64_t H, int64_t D, int64_t R, double scale,
+                bool il) override {
+    RLH_TIMED("rope_fwd", in_.rope_fwd(y, ldy, x, ldx, pos, f, N, H, D, R, scale, il))
+  }
+  void rope_bwd(float* dx, int64_t lddx, const float* dy, int64_t lddy, const int32_t* pos,
+                const float* f, int64_t N, int64_t H, int64_t D, int64_t R, double scale,
+                bool il) override {
+    RLH_TIMED("rope_bwd", in_.rope_bwd(dx, lddx, dy, lddy, pos, f, N, H, D, R, scale, il))
+  }
+  void attention_fwd(float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
+                     const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* cu,
+                     int64_t S, int64_t N, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv,
+                     float scale, int64_t window) override {
+    RLH_TIMED("attention_fwd", in_.attention_fwd(o, ldo, lse, q, ldq, k, ldk, v, ldv, cu, S, N, Hq,
+                                                 Hkv, Dk, Dv, scale, window))
+  }
+  void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv, int64_t lddv,
+                     const float* dout, int64_t lddo, const float* q, int64_t ldq, const float* k,
+                     int64_t ldk, const float* v, int64_t ldv, const float* o, int64_t ldo,
+                     const float* lse, const int32_t* cu, int64_t S, int64_t N, int64_t Hq,
+                     int64_t Hkv, int64_t Dk, int64_t Dv, float scale, int64_t window) override {
+    RLH_TIMED("attention_bwd",
+              in_.attention_bwd(dq, lddq, dk, lddk, dv, lddv, dout, lddo, q, ldq, k, ldk, v, ldv,
+                                o, ldo, lse, cu, S, N, Hq, Hkv, Dk, Dv, scale, window))
+  }
+  void swiglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
+                  int64_t N, int64_t F) override {
+    RLH_TIMED("swiglu_fwd", in_.swiglu_fwd(h, ldh, g, ldg, u, ldu, N, F))
+  }
+  void swiglu_bwd(float* dg, int64_t lddg, float* du, int64_t lddu, const float* dh, int64_t lddh,
+                  const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t N,
+                  int64_t F) override {
+    RLH_TIMED("swiglu_bwd", in_.swiglu_bwd(dg, lddg, du, lddu, dh, lddh, g, ldg, u, ldu, N, F))
+  }
+  void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
+    RLH_TIMED("bias_add_fwd", in_.bias_add_fwd(y, ldy, b, N, M))
+  }
+  void bias_bwd(float* db, const float* dy, int64_t lddy, int64_t N, int64_t M) override {
+    RLH_TIMED("bias_bwd", in_.bias_bwd(db, dy, lddy, N, M))
+  }
+  void add_fwd(float* y, const float* a, const float* b, int64_t n) override {
+    RLH_TIMED("add_fwd", in_.add_fwd(y, a, b, n))
+  }
+  void linear_logprob_fwd(float* lp, float* lse, float* ent, const float* h, const float* W,
+                          const int32_t* t, int64_t N, int64_t C, int64_t V,
+                          const LogprobAttrs& a) override {
+    RLH_TIMED("linear_logprob_fwd", in_.linear_logprob_fwd(lp, lse, ent, h, W, t, N, C, V, a))
+  }
+  void linear_logprob_bwd(float* dh, float* dW, const float* dlp, const float* dent,
+                          const float* h, const float* W, const int32_t* t, const float* lse,
+                          const float* ent, int64_t N, int64_t C, int64_t V, const LogprobAttrs& a,
+                          bool acc) override {
+    RLH_TIMED("linear_logprob_bwd",
+              in_.linear_logprob_bwd(dh, dW, dlp, dent, h, W, t, lse, ent, N, C, V, a, acc))
+  }
+  void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& o) override {
+    RLH_TIMED("adamw", in_.adamw(p, g, m, v, n, o))
+  }
+  double sumsq(const float* x, int64_t n) override {
+    double r = 0;
+    RLH_TIMED("sumsq", r = in_.sumsq(x, n))
+    return r;
+  }
+#undef RLH_TIMED
+
+ private:
+  struct Entry {
+    double seconds = 0;
+    int64_t calls = 0;
+  };
+  Ops& in_;
+  std::map<std::string, Entry> t_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_profiling_ops(Ops& inner) { return std::make_unique<ProfilingOps>(inner); }
+std::string profiling_report(const Ops& ops) {
+  const auto* p = dynamic_cast<const ProfilingOps*>(&ops);
+  return p ? p->report() : std::string();
+}
+void profiling_reset(Ops& ops) {
+  if (auto* p = dynamic_cast<ProfilingOps*>(&ops)) p->reset();
+}
+
+}  // namespace rlh::engine
