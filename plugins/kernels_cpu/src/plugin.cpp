@@ -1,0 +1,658 @@
+// The kernels_cpu plugin: kernels_cpu's ops behind the C ABI's KERNELS component
+// (abi/include/rlhost/kernels.h). Operands, attributes and semantics of every op are those of
+// docs/ops.md; this file only checks descriptors and unpacks them into the typed calls of
+// kernels.hpp (float32 and float64; the optimizer ops float32).
+//
+// Tensors: row-major with a unit stride in the last dimension; the leading (token) dimension
+// may have any stride >= the row, so ops read q/k/v or gate/up out of one fused buffer. A [N,H,D]
+// operand must have strides (ld, D, 1). An optional operand is absent when its data is NULL.
+// Workspace: taken from rlh_op_call.workspace when the caller gives one, else from the host's
+// allocation service (so the host counts it), else the heap.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "rlhost/kernels.h"
+#include "rlhost/kernels_cpu/blas.hpp"
+#include "rlhost/kernels_cpu/kernels.hpp"
+#include "rlhost/sdk/kernels.hpp"
+#include "rlhost/sdk/plugin.hpp"
+
+namespace rlh::kcpu {
+namespace {
+
+using sdk::Error;
+
+// ---------------------------------------------------------------------------------------------
+// Instances, ops, attributes
+
+struct Attr {
+  std::string name;
+  int32_t type = RLH_VALUE_INT64;
+  int64_t i = 0;
+  double d = 0;
+};
+
+struct OpSpec;
+
+}  // namespace
+}  // namespace rlh::kcpu
+
+struct rlh_kernels {
+  const rlh_host_api* host = nullptr;
+  rlh_device device{};
+};
+
+struct rlh_op {
+  const rlh::kcpu::OpSpec* spec = nullptr;
+  bool f64 = false;
+  std::vector<rlh::kcpu::Attr> attrs;  // the desc's, copied (its strings are borrowed)
+  rlh_kernels* inst = nullptr;
+};
+
+namespace rlh::kcpu {
+namespace {
+
+sdk::MakeStatusFn g_make_status = nullptr;
+
+// One call's operands and attributes (call attributes refine the desc's).
+struct Call {
+  const rlh_op* op;
+  const rlh_op_call* call;
+  Scratch scratch;
+
+  const rlh_tensor& in(size_t i) const { return call->inputs[i]; }
+  const rlh_tensor& out(size_t i) const { return call->outputs[i]; }
+  bool has_in(size_t i) const { return i < call->num_inputs && call->inputs[i].data; }
+  bool has_out(size_t i) const { return i < call->num_outputs && call->outputs[i].data; }
+
+  const rlh_named_value* call_attr(const char* name) const {
+    return sdk::find_attr(call->attrs, call->num_attrs, name);
+  }
+  double num(const char* name, double fallback) const {
+    if (const rlh_named_value* a = call_attr(name))
+      return a->type == RLH_VALUE_DOUBLE ? a->double_value : double(a->int64_value);
+    for (auto it = op->attrs.rbegin(); it != op->attrs.rend(); ++it)
+      if (it->name == name) return it->type == RLH_VALUE_DOUBLE ? it->d : double(it->i);
+    return fallback;
+  }
+  int64_t integer(const char* name, int64_t fallback) const {
+    return int64_t(num(name, double(fallback)));
+  }
+  bool flag(const char* name) const { return num(name, 0) != 0; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tensor checks
+
+[[noreturn]] void bad(const std::string& what) { throw Error(RLH_E_INVALID_ARGUMENT, what); }
+
+template <class T>
+T* data(const rlh_tensor& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data) + t.byte_offset);
+}
+
+int64_t numel(const rlh_tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// A contiguous 1-D view of n elements.
+void need_vec(const rlh_tensor& t, int64_t n, const char* what) {
+  if (numel(t) != n) bad(std::string(what) + ": expected " + std::to_string(n) + " elements");
+  for (int i = 0; i < t.ndim; ++i) {
+    int64_t inner = 1;
+    for (int j = i + 1; j < t.ndim; ++j) inner *= t.shape[j];
+    if (t.shape[i] > 1 && t.strides[i] != inner) bad(std::string(what) + ": must be contiguous");
+  }
+}
+
+// [rows, cols] with unit column stride; returns the row stride.
+int64_t need_rows(const rlh_tensor& t, int64_t rows, int64_t cols, const char* what) {
+  if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    bad(std::string(what) + ": expected shape [" + std::to_string(rows) + ", " +
+        std::to_string(cols) + "]");
+  if (cols > 1 && t.strides[1] != 1) bad(std::string(what) + ": last dimension must be contiguous");
+  if (rows > 1 && t.strides[0] < cols) bad(std::string(what) + ": rows overlap");
+  return rows > 1 ? t.strides[0] : cols;
+}
+
+// [N, H, D] with strides (ld, D, 1); returns ld.
+int64_t need_heads(const rlh_tensor& t, int64_t N, int64_t H, int64_t D, const char* what) {
+  if (t.ndim != 3 || t.shape[0] != N || t.shape[1] != H || t.shape[2] != D)
+    bad(std::string(what) + ": expected shape [" + std::to_string(N) + ", " + std::to_string(H) +
+        ", " + std::to_string(D) + "]");
+  if ((D > 1 && t.strides[2] != 1) || (H > 1 && t.strides[1] != D))
+    bad(std::string(what) + ": heads must be contiguous within a token");
+  if (N > 1 && t.strides[0] < H * D) bad(std::string(what) + ": tokens overlap");
+  return N > 1 ? t.strides[0] : H * D;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ops, one function each (T = float or double).
+
+template <class T>
+void run_gemm(const Call& c) {
+  const bool ta = c.flag("transpose_a"), tb = c.flag("transpose_b");
+  const T alpha = T(c.num("alpha", 1)), beta = T(c.num("beta", 0));
+  const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
+  if (A.ndim != B.ndim || A.ndim != C.ndim || (A.ndim != 2 && A.ndim != 3))
+    bad("gemm: operands must all be 2-D, or all 3-D (batched)");
+  const int b0 = A.ndim == 3 ? 1 : 0;
+  const int64_t batch = b0 ? A.shape[0] : 1;
+  if (b0 && (B.shape[0] != batch || C.shape[0] != batch)) bad("gemm: batch sizes differ");
+  const int64_t M = C.shape[b0], N = C.shape[b0 + 1];
+  const int64_t K = ta ? A.shape[b0] : A.shape[b0 + 1];
+  if ((ta ? A.shape[b0 + 1] : A.shape[b0]) != M || (tb ? B.shape[b0 + 1] : B.shape[b0]) != K ||
+      (tb ? B.shape[b0] : B.shape[b0 + 1]) != N)
+    bad("gemm: shapes do not chain");
+  for (const rlh_tensor* t : {&A, &B, &C})
+    if (t->shape[b0 + 1] > 1 && t->strides[b0 + 1] != 1) bad("gemm: last dimension must be contiguous");
+  auto ld = [&](const rlh_tensor& t) {
+    return t.shape[b0] > 1 ? t.strides[b0] : t.shape[b0 + 1];
+  };
+  if (b0)
+    gemm_batched<T>(ta, tb, M, N, K, alpha, data<T>(A), ld(A), A.strides[0], data<T>(B), ld(B),
+                    B.strides[0], beta, data<T>(C), ld(C), C.strides[0], batch);
+  else
+    gemm<T>(ta, tb, M, N, K, alpha, data<T>(A), ld(A), data<T>(B), ld(B), beta, data<T>(C), ld(C));
+}
+
+template <class T>
+void run_embedding_fwd(const Call& c) {
+  const int64_t N = numel(c.in(0)), V = c.in(1).shape[0], C = c.in(1).shape[1];
+  need_vec(c.in(0), N, "embedding_fwd ids");
+  need_vec(c.in(1), V * C, "embedding_fwd table");
+  need_vec(c.out(0), N * C, "embedding_fwd out");
+  embedding_fwd<T>(data<T>(c.out(0)), data<int32_t>(c.in(0)), data<T>(c.in(1)), N, C, V);
+}
+
+template <class T>
+void run_embedding_bwd(const Call& c) {
+  const int64_t N = numel(c.in(0)), V = c.out(0).shape[0], C = c.out(0).shape[1];
+  need_vec(c.in(0), N, "embedding_bwd ids");
+  need_vec(c.in(1), N * C, "embedding_bwd dout");
+  need_vec(c.out(0), V * C, "embedding_bwd dtable");
+  embedding_bwd<T>(data<T>(c.out(0)), data<int32_t>(c.in(0)), data<T>(c.in(1)), N, C, V);
+}
+
+template <class T>
+void run_rmsnorm_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1];
+  const int64_t ldx = need_rows(c.in(0), N, C, "rmsnorm_fwd x");
+  need_vec(c.in(1), C, "rmsnorm_fwd w");
+  const int64_t ldy = need_rows(c.out(0), N, C, "rmsnorm_fwd y");
+  T* rstd = nullptr;
+  if (c.has_out(1)) {
+    need_vec(c.out(1), N, "rmsnorm_fwd rstd");
+    rstd = data<T>(c.out(1));
+  }
+  rmsnorm_fwd<T>(data<T>(c.out(0)), ldy, rstd, data<T>(c.in(0)), ldx, data<T>(c.in(1)), N, C,
+                 T(c.num("eps", 1e-6)), T(c.num("weight_offset", 0)));
+}
+
+template <class T>
+void run_rmsnorm_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], C = c.in(1).shape[1];
+  const int64_t lddy = need_rows(c.in(0), N, C, "rmsnorm_bwd dy");
+  const int64_t ldx = need_rows(c.in(1), N, C, "rmsnorm_bwd x");
+  need_vec(c.in(2), C, "rmsnorm_bwd w");
+  need_vec(c.in(3), N, "rmsnorm_bwd rstd");
+  const int64_t lddx = need_rows(c.out(0), N, C, "rmsnorm_bwd dx");
+  T* dw = nullptr;
+  if (c.has_out(1)) {
+    need_vec(c.out(1), C, "rmsnorm_bwd dw");
+    dw = data<T>(c.out(1));
+  }
+  rmsnorm_bwd<T>(data<T>(c.out(0)), lddx, dw, data<T>(c.in(0)), lddy, data<T>(c.in(1)), ldx,
+                 data<T>(c.in(2)), data<T>(c.in(3)), N, C, T(c.num("weight_offset", 0)),
+                 c.flag("accumulate"));
+}
+
+template <class T>
+void run_rope(const Call& c, bool backward) {
+  const rlh_tensor& x = c.in(0);
+  if (x.ndim != 3) bad("rope: x must be [N, H, D]");
+  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
+  const int64_t ldx = need_heads(x, N, H, D, "rope x");
+  const int64_t ldy = need_heads(c.out(0), N, H, D, "rope y");
+  need_vec(c.in(1), N, "rope positions");
+  const int64_t R = 2 * numel(c.in(2));
+  need_vec(c.in(2), R / 2, "rope inv_freq");
+  const double scale = c.num("scale", 1);
+  const bool il = c.flag("interleaved");
+  if (backward)
+    rope_bwd<T>(data<T>(c.out(0)), ldy, data<T>(x), ldx, data<int32_t>(c.in(1)),
+                data<float>(c.in(2)), N, H, D, R, scale, il);
+  else
+    rope_fwd<T>(data<T>(c.out(0)), ldy, data<T>(x), ldx, data<int32_t>(c.in(1)),
+                data<float>(c.in(2)), N, H, D, R, scale, il);
+}
+template <class T>
+void run_rope_fwd(const Call& c) { run_rope<T>(c, false); }
+template <class T>
+void run_rope_bwd(const Call& c) { run_rope<T>(c, true); }
+
+struct AttnDims {
+  int64_t N, Hq, Hkv, Dk, Dv, S;
+};
+AttnDims attn_dims(const rlh_tensor& q, const rlh_tensor& k, const rlh_tensor& v,
+                   const rlh_tensor& cu) {
+  if (q.ndim != 3 || k.ndim != 3 || v.ndim != 3) bad("attention: q, k, v must be [N, H, D]");
+  return {q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], numel(cu) - 1};
+}
+
+template <class T>
+void run_attention_fwd(const Call& c) {
+  const AttnDims d = attn_dims(c.in(0), c.in(1), c.in(2), c.in(3));
+  const int64_t ldq = need_heads(c.in(0), d.N, d.Hq, d.Dk, "attention_fwd q");
+  const int64_t ldk = need_heads(c.in(1), d.N, d.Hkv, d.Dk, "attention_fwd k");
+  const int64_t ldv = need_heads(c.in(2), d.N, d.Hkv, d.Dv, "attention_fwd v");
+  const int64_t ldo = need_heads(c.out(0), d.N, d.Hq, d.Dv, "attention_fwd o");
+  need_vec(c.out(1), d.Hq * d.N, "attention_fwd lse");
+  attention_fwd<T>(data<T>(c.out(0)), ldo, data<T>(c.out(1)), data<T>(c.in(0)), ldq,
+                   data<T>(c.in(1)), ldk, data<T>(c.in(2)), ldv, data<int32_t>(c.in(3)), d.S, d.N,
+                   d.Hq, d.Hkv, d.Dk, d.Dv, T(c.num("scale", 1.0 / std::sqrt(double(d.Dk)))),
+                   c.integer("window", 0), c.scratch);
+}
+
+template <class T>
+void run_attention_bwd(const Call& c) {
+  const AttnDims d = attn_dims(c.in(1), c.in(2), c.in(3), c.in(6));
+  const int64_t lddo = need_heads(c.in(0), d.N, d.Hq, d.Dv, "attention_bwd dout");
+  const int64_t ldq = need_heads(c.in(1), d.N, d.Hq, d.Dk, "attention_bwd q");
+  const int64_t ldk = need_heads(c.in(2), d.N, d.Hkv, d.Dk, "attention_bwd k");
+  const int64_t ldv = need_heads(c.in(3), d.N, d.Hkv, d.Dv, "attention_bwd v");
+  const int64_t ldo = need_heads(c.in(4), d.N, d.Hq, d.Dv, "attention_bwd o");
+  need_vec(c.in(5), d.Hq * d.N, "attention_bwd lse");
+  const int64_t lddq = need_heads(c.out(0), d.N, d.Hq, d.Dk, "attention_bwd dq");
+  const int64_t lddk = need_heads(c.out(1), d.N, d.Hkv, d.Dk, "attention_bwd dk");
+  const int64_t lddv = need_heads(c.out(2), d.N, d.Hkv, d.Dv, "attention_bwd dv");
+  attention_bwd<T>(data<T>(c.out(0)), lddq, data<T>(c.out(1)), lddk, data<T>(c.out(2)), lddv,
+                   data<T>(c.in(0)), lddo, data<T>(c.in(1)), ldq, data<T>(c.in(2)), ldk,
+                   data<T>(c.in(3)), ldv, data<T>(c.in(4)), ldo, data<T>(c.in(5)),
+                   data<int32_t>(c.in(6)), d.S, d.N, d.Hq, d.Hkv, d.Dk, d.Dv,
+                   T(c.num("scale", 1.0 / std::sqrt(double(d.Dk)))), c.integer("window", 0),
+                   c.scratch);
+}
+
+template <class T>
+void run_swiglu_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], F = c.in(0).shape[1];
+  const int64_t ldg = need_rows(c.in(0), N, F, "swiglu_fwd gate");
+  const int64_t ldu = need_rows(c.in(1), N, F, "swiglu_fwd up");
+  const int64_t ldh = need_rows(c.out(0), N, F, "swiglu_fwd h");
+  swiglu_fwd<T>(data<T>(c.out(0)), ldh, data<T>(c.in(0)), ldg, data<T>(c.in(1)), ldu, N, F);
+}
+
+template <class T>
+void run_swiglu_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
+  const int64_t lddh = need_rows(c.in(0), N, F, "swiglu_bwd dh");
+  const int64_t ldg = need_rows(c.in(1), N, F, "swiglu_bwd gate");
+  const int64_t ldu = need_rows(c.in(2), N, F, "swiglu_bwd up");
+  const int64_t lddg = need_rows(c.out(0), N, F, "swiglu_bwd dgate");
+  const int64_t lddu = need_rows(c.out(1), N, F, "swiglu_bwd dup");
+  swiglu_bwd<T>(data<T>(c.out(0)), lddg, data<T>(c.out(1)), lddu, data<T>(c.in(0)), lddh,
+                data<T>(c.in(1)), ldg, data<T>(c.in(2)), ldu, N, F);
+}
+
+template <class T>
+void run_bias_add_fwd(const Call& c) {
+  const int64_t N = c.out(0).shape[0], M = c.out(0).shape[1];
+  const int64_t ldy = need_rows(c.out(0), N, M, "bias_add_fwd y");
+  need_vec(c.in(0), M, "bias_add_fwd b");
+  bias_add_fwd<T>(data<T>(c.out(0)), ldy, data<T>(c.in(0)), N, M);
+}
+
+template <class T>
+void run_bias_bwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], M = c.in(0).shape[1];
+  const int64_t lddy = need_rows(c.in(0), N, M, "bias_bwd dy");
+  need_vec(c.out(0), M, "bias_bwd db");
+  bias_bwd<T>(data<T>(c.out(0)), data<T>(c.in(0)), lddy, N, M);
+}
+
+template <class T>
+void run_add_fwd(const Call& c) {
+  const int64_t n = numel(c.out(0));
+  need_vec(c.in(0), n, "add_fwd a");
+  need_vec(c.in(1), n, "add_fwd b");
+  need_vec(c.out(0), n, "add_fwd y");
+  add_fwd<T>(data<T>(c.out(0)), data<T>(c.in(0)), data<T>(c.in(1)), n);
+}
+
+LogprobOpts logprob_opts(const Call& c) {
+  LogprobOpts o;
+  o.temperature = c.num("temperature", 1);
+  o.top_k = c.integer("top_k", 0);
+  o.top_p = c.num("top_p", 1);
+  o.chunk_bytes = c.integer("chunk_bytes", 0);
+  return o;
+}
+
+template <class T>
+void run_linear_logprob_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1], V = c.in(1).shape[0];
+  need_vec(c.in(0), N * C, "linear_logprob_fwd h");
+  need_vec(c.in(1), V * C, "linear_logprob_fwd W");
+  need_vec(c.in(2), N, "linear_logprob_fwd target");
+  need_vec(c.out(0), N, "linear_logprob_fwd logprob");
+  need_vec(c.out(1), N, "linear_logprob_fwd lse");
+  T* ent = nullptr;
+  if (c.has_out(2)) {
+    need_vec(c.out(2), N, "linear_logprob_fwd entropy");
+    ent = data<T>(c.out(2));
+  }
+  linear_logprob_fwd<T>(data<T>(c.out(0)), data<T>(c.out(1)), ent, data<T>(c.in(0)),
+                        data<T>(c.in(1)), data<int32_t>(c.in(2)), N, C, V, logprob_opts(c),
+                        c.scratch);
+}
+
+template <class T>
+void run_linear_logprob_bwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1], V = c.in(1).shape[0];
+  need_vec(c.in(0), N * C, "linear_logprob_bwd h");
+  need_vec(c.in(1), V * C, "linear_logprob_bwd W");
+  need_vec(c.in(2), N, "linear_logprob_bwd target");
+  need_vec(c.in(3), N, "linear_logprob_bwd lse");
+  const T* dlp = nullptr;
+  const T* ent = nullptr;
+  const T* dent = nullptr;
+  if (c.has_in(4)) {
+    need_vec(c.in(4), N, "linear_logprob_bwd dlogprob");
+    dlp = data<T>(c.in(4));
+  }
+  if (c.has_in(5)) {
+    need_vec(c.in(5), N, "linear_logprob_bwd entropy");
+    ent = data<T>(c.in(5));
+  }
+  if (c.has_in(6)) {
+    need_vec(c.in(6), N, "linear_logprob_bwd dentropy");
+    dent = data<T>(c.in(6));
+  }
+  need_vec(c.out(0), N * C, "linear_logprob_bwd dh");
+  need_vec(c.out(1), V * C, "linear_logprob_bwd dW");
+  linear_logprob_bwd<T>(data<T>(c.out(0)), data<T>(c.out(1)), dlp, dent, data<T>(c.in(0)),
+                        data<T>(c.in(1)), data<int32_t>(c.in(2)), data<T>(c.in(3)), ent, N, C, V,
+                        logprob_opts(c), c.flag("accumulate"), c.scratch);
+}
+
+template <class T>
+void run_adamw(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t n = numel(c.out(0));
+    for (size_t i = 0; i < 4; ++i) need_vec(c.out(i), n, "adamw p/g/m/v");
+    AdamWOpts o;
+    o.lr = c.num("lr", o.lr);
+    o.beta1 = c.num("beta1", o.beta1);
+    o.beta2 = c.num("beta2", o.beta2);
+    o.eps = c.num("eps", o.eps);
+    o.weight_decay = c.num("weight_decay", o.weight_decay);
+    o.step = c.integer("step", 1);
+    o.grad_scale = c.num("grad_scale", 1);
+    o.zero_grad = c.flag("zero_grad");
+    adamw(data<float>(c.out(0)), data<float>(c.out(1)), data<float>(c.out(2)),
+          data<float>(c.out(3)), n, o);
+  }
+}
+
+template <class T>
+void run_sumsq(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t n = numel(c.in(0));
+    need_vec(c.in(0), n, "sumsq x");
+    need_vec(c.out(0), 1, "sumsq out");
+    *data<float>(c.out(0)) = float(sumsq(data<float>(c.in(0)), n));
+  }
+}
+
+template <class T>
+void run_scale(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t n = numel(c.out(0));
+    need_vec(c.out(0), n, "scale x");
+    scale(data<float>(c.out(0)), n, float(c.num("scale", 1)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The op table: name, operand counts, which operands are int32 / float32 constants (the rest
+// have the op's float dtype), its backward op, and whether float64 is offered.
+
+enum Kind : char { F = 'f', I = 'i', K = 'k' };  // op dtype, int32, float32 constant
+
+struct OpSpec {
+  const char* name;
+  const char* inputs;   // one Kind letter per input
+  size_t min_inputs;    // inputs beyond min_inputs are optional (trailing)
+  const char* outputs;
+  size_t min_outputs;
+  const char* backward;  // "" when the backward is other ops
+  bool f64;
+  void (*run32)(const Call&);
+  void (*run64)(const Call&);
+};
+
+#define RLH_OP(NAME, IN, MIN_IN, OUT, MIN_OUT, BWD, F64) \
+  OpSpec { #NAME, IN, MIN_IN, OUT, MIN_OUT, BWD, F64, run_##NAME<float>, run_##NAME<double> }
+
+const OpSpec kOps[] = {
+    RLH_OP(gemm, "ff", 2, "f", 1, "gemm", true),
+    RLH_OP(embedding_fwd, "if", 2, "f", 1, "embedding_bwd", true),
+    RLH_OP(embedding_bwd, "if", 2, "f", 1, "", true),
+    RLH_OP(rmsnorm_fwd, "ff", 2, "ff", 1, "rmsnorm_bwd", true),
+    RLH_OP(rmsnorm_bwd, "ffff", 4, "ff", 1, "", true),
+    RLH_OP(rope_fwd, "fik", 3, "f", 1, "rope_bwd", true),
+    RLH_OP(rope_bwd, "fik", 3, "f", 1, "", true),
+    RLH_OP(attention_fwd, "fffi", 4, "ff", 2, "attention_bwd", true),
+    RLH_OP(attention_bwd, "ffffffi", 7, "fff", 3, "", true),
+    RLH_OP(swiglu_fwd, "ff", 2, "f", 1, "swiglu_bwd", true),
+    RLH_OP(swiglu_bwd, "fff", 3, "ff", 2, "", true),
+    RLH_OP(bias_add_fwd, "f", 1, "f", 1, "bias_bwd", true),
+    RLH_OP(bias_bwd, "f", 1, "f", 1, "", true),
+    RLH_OP(add_fwd, "ff", 2, "f", 1, "", true),
+    RLH_OP(linear_logprob_fwd, "ffi", 3, "fff", 2, "linear_logprob_bwd", true),
+    RLH_OP(linear_logprob_bwd, "ffiffff", 4, "ff", 2, "", true),
+    RLH_OP(adamw, "", 0, "ffff", 4, "", false),
+    RLH_OP(sumsq, "f", 1, "f", 1, "", false),
+    RLH_OP(scale, "", 0, "f", 1, "", false),
+};
+#undef RLH_OP
+
+const OpSpec* find_op(const char* name) {
+  for (const OpSpec& s : kOps)
+    if (name && std::strcmp(s.name, name) == 0) return &s;
+  return nullptr;
+}
+
+bool same(rlh_dtype a, rlh_dtype b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+// Checks counts, devices and dtypes of a descriptor's operands; returns the op's float dtype
+// (f64 = true) or throws UNIMPLEMENTED (an answer: another provider may take it).
+bool check_operands(const OpSpec& s, const rlh_tensor* ins, size_t nin, const rlh_tensor* outs,
+                    size_t nout) {
+  auto unimpl = [&](const std::string& why) {
+    throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cpu ") + s.name + ": " + why);
+  };
+  if (nin < s.min_inputs || nin > std::strlen(s.inputs)) unimpl("wrong number of inputs");
+  if (nout < s.min_outputs || nout > std::strlen(s.outputs)) unimpl("wrong number of outputs");
+  int fdt = -1;  // 0 f32, 1 f64
+  auto visit = [&](const rlh_tensor& t, char kind) {
+    if (t.device.device_type != RLH_DEVICE_CPU && t.device.device_type != RLH_DEVICE_CUDA_HOST)
+      unimpl("operands must be in host memory");
+    if (kind == I) {
+      if (!same(t.dtype, sdk::kI32)) unimpl("index operands must be int32");
+    } else if (kind == K) {
+      if (!same(t.dtype, sdk::kF32)) unimpl("inv_freq must be float32");
+    } else {
+      const int d = same(t.dtype, sdk::kF32) ? 0 : same(t.dtype, sdk::kF64) ? 1 : -1;
+      if (d < 0) unimpl(std::string("dtype ") + sdk::dtype_name(t.dtype) + " not offered");
+      if (fdt >= 0 && d != fdt) unimpl("float operands must share one dtype");
+      fdt = d;
+    }
+  };
+  for (size_t i = 0; i < nin; ++i) visit(ins[i], s.inputs[i]);
+  for (size_t i = 0; i < nout; ++i) visit(outs[i], s.outputs[i]);
+  if (fdt == 1 && !s.f64) unimpl("float64 is not offered for this op");
+  return fdt == 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scratch: bump allocation from the caller's workspace, then the host's allocator, then heap.
+
+struct CallScratch {
+  char* base = nullptr;
+  size_t size = 0, used = 0;
+  const rlh_host_api* host = nullptr;
+  rlh_device device{};
+
+  static void* alloc(void* ctx, size_t bytes) {
+    auto* s = static_cast<CallScratch*>(ctx);
+    const size_t need = (bytes + 63) / 64 * 64;
+    const size_t start = (s->used + 63) / 64 * 64;
+    if (s->base && start + need <= s->size) {
+      s->used = start + need;
+      return s->base + start;
+    }
+    if (s->host && s->host->alloc && s->host->free_memory) {
+      void* p = nullptr;
+      rlh_status* st = s->host->alloc(s->host->ctx, s->device, bytes, 64, &p);
+      if (st) {
+        rlh_status_destroy(st);
+        return nullptr;
+      }
+      return p;
+    }
+    return scratch_default().alloc(nullptr, bytes);
+  }
+  static void free(void* ctx, void* p, size_t bytes) {
+    auto* s = static_cast<CallScratch*>(ctx);
+    char* c = static_cast<char*>(p);
+    if (s->base && c >= s->base && c < s->base + s->size) return;  // the arena is the caller's
+    if (s->host && s->host->alloc && s->host->free_memory)
+      s->host->free_memory(s->host->ctx, s->device, p);
+    else
+      scratch_default().free(nullptr, p, bytes);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The KERNELS table
+
+rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char*, size_t,
+                     rlh_kernels** out) {
+  const sdk::MakeStatusFn make = host ? host->make_status : nullptr;
+  return sdk::guard(make, [&] {
+    if (device.device_type != RLH_DEVICE_CPU)
+      throw Error(RLH_E_UNIMPLEMENTED, "kernels_cpu runs on the CPU only");
+    g_make_status = make;
+    auto* k = new rlh_kernels;
+    k->host = host;
+    k->device = device;
+    *out = k;
+    if (host && host->log) {  // loads and verifies OpenBLAS now, so the log says what was chosen
+      const std::string msg = "kernels_cpu: " + cpu_features_string() + "; " + blas_info_string();
+      host->log(host->ctx, RLH_LOG_INFO, msg.data(), msg.size());
+    }
+  });
+}
+
+void k_destroy(rlh_kernels* k) { delete k; }
+
+rlh_status* k_list_ops(rlh_kernels*, rlh_write_fn write, void* user) {
+  return sdk::guard(g_make_status, [&] {
+    std::string j = "[";
+    for (const OpSpec& s : kOps) {
+      if (j.size() > 1) j += ",";
+      j += std::string("{\"name\":\"") + s.name + "\",\"dtypes\":[\"f32\"" +
+           (s.f64 ? ",\"f64\"" : "") + "],\"backward\":\"" + s.backward + "\"}";
+    }
+    j += "]";
+    write(user, j.data(), j.size());
+  });
+}
+
+rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
+  return sdk::guard(g_make_status, [&] {
+    const OpSpec* s = find_op(d->name);
+    if (!s) throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cpu has no op '") + (d->name ? d->name : "") + "'");
+    if (d->device.device_type != RLH_DEVICE_CPU) throw Error(RLH_E_UNIMPLEMENTED, "kernels_cpu runs on the CPU only");
+    const bool f64 = check_operands(*s, d->inputs, d->num_inputs, d->outputs, d->num_outputs);
+    auto* op = new rlh_op;
+    op->spec = s;
+    op->f64 = f64;
+    op->inst = k;
+    for (size_t i = 0; i < d->num_attrs; ++i) {
+      const rlh_named_value& a = d->attrs[i];
+      if (!a.name) continue;
+      op->attrs.push_back(Attr{a.name, a.type, a.int64_value, a.double_value});
+    }
+    *out = op;
+  });
+}
+
+rlh_status* k_op_info(rlh_op*, rlh_op_info* out) {
+  return sdk::guard(g_make_status, [&] {
+    // Every op computes each output row from its own input rows with a fixed summation order
+    // (docs/ops.md): batch-invariant and deterministic. Workspace is taken at run time.
+    rlh_op_info info{};
+    info.batch_invariant = 1;
+    info.deterministic = 1;
+    info.stateful = 0;
+    info.workspace_bytes = 0;
+    // Only the fields the caller's struct has (struct_size), keeping its struct_size.
+    const size_t n = std::min(out->struct_size, sizeof(rlh_op_info));
+    if (n > sizeof(size_t))
+      std::memcpy(reinterpret_cast<char*>(out) + sizeof(size_t),
+                  reinterpret_cast<const char*>(&info) + sizeof(size_t), n - sizeof(size_t));
+  });
+}
+
+rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
+  return sdk::guard(g_make_status, [&] {
+    const OpSpec& s = *op->spec;
+    if (check_operands(s, call->inputs, call->num_inputs, call->outputs, call->num_outputs) != op->f64)
+      throw Error(RLH_E_INVALID_ARGUMENT, std::string(s.name) + ": dtype differs from the resolved op");
+    CallScratch cs;
+    cs.base = static_cast<char*>(call->workspace);
+    cs.size = call->workspace ? call->workspace_bytes : 0;
+    cs.host = op->inst ? op->inst->host : nullptr;
+    cs.device = op->inst ? op->inst->device : rlh_device{RLH_DEVICE_CPU, 0};
+    Call c{op, call, Scratch{CallScratch::alloc, CallScratch::free, &cs}};
+    (op->f64 ? s.run64 : s.run32)(c);
+  });
+}
+
+void k_release_op(rlh_op* op) { delete op; }
+
+const rlh_kernels_api kApi = [] {
+  rlh_kernels_api a{};
+  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, state_load);
+  a.create = k_create;
+  a.destroy = k_destroy;
+  a.list_ops = k_list_ops;
+  a.get_op = k_get_op;
+  a.op_info = k_op_info;
+  a.run = k_run;
+  a.release_op = k_release_op;
+  a.state_save = nullptr;  // no stateful ops
+  a.state_load = nullptr;
+  return a;
+}();
+
+const rlh_component_desc kComponent =
+    sdk::component_desc(RLH_KIND_KERNELS, "kernels_cpu", "0.1.0", RLH_KERNELS_API_VERSION_MAJOR,
+                        RLH_KERNELS_API_VERSION_MINOR, &kApi,
+                        "fp32/fp64 reference kernels (OpenBLAS sgemm, flash-style attention)");
+const rlh_component_desc* const kComponents[] = {&kComponent};
+
+}  // namespace
+}  // namespace rlh::kcpu
+
+RLH_DEFINE_PLUGIN(rlh::sdk::plugin_desc("kernels_cpu", "0.1.0", "rlhost", rlh::kcpu::kComponents,
+                                        "CPU reference kernel provider"));
