@@ -13,9 +13,6 @@
 
 #include "rlhost/engine/allocator.hpp"
 
-struct rlh_kernels_api;
-struct rlh_kernels;
-
 namespace rlh::sdk {
 class KernelRegistry;
 }
@@ -101,8 +98,10 @@ std::string profiling_report(const Ops& ops);
 void profiling_reset(Ops& ops);
 
 // Every op resolved once through a kernel registry of the C ABI (first provider that answers
-// wins; `only` pins one). Workspace from `alloc`. Throws when an op has no provider.
-std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry, Allocator& alloc,
+// wins; `only` pins one). Providers take kernel workspace from the host's allocation service
+// (rlh_op_info reports no size yet), so the host, not the engine's Allocator, counts it.
+// Throws when an op has no provider. The registry must outlive the Ops.
+std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry,
                                        const std::string& only = {});
 
 }  // namespace rlh::engine

@@ -1,0 +1,289 @@
+// Ops over the C ABI's kernel registry: every op is resolved once (float32, host memory, no
+// shapes) in the registry's preference order, then each call builds DLPack-layout descriptors
+// for the engine's pointers and runs the resolved handle. Operands and attributes follow
+// docs/ops.md; optional operands are passed as descriptors with a null data pointer.
+// Kernel workspace is the provider's business here (kernels_cpu takes it from the host's
+// allocation service, which counts it).
+#include <array>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine/ops.hpp"
+#include "rlhost/sdk/kernels.hpp"
+
+namespace rlh::engine {
+namespace {
+
+using sdk::attr_bool;
+using sdk::attr_double;
+using sdk::attr_int;
+
+// Descriptors for one call: shape/stride storage lives in the builder.
+class Args {
+ public:
+  rlh_tensor vec(const void* p, int64_t n, rlh_dtype dt = sdk::kF32) {
+    return make(p, dt, {n}, {1});
+  }
+  rlh_tensor mat(const void* p, int64_t rows, int64_t cols, int64_t ld) {
+    return make(p, sdk::kF32, {rows, cols}, {ld, 1});
+  }
+  rlh_tensor heads(const void* p, int64_t N, int64_t H, int64_t D, int64_t ld) {
+    return make(p, sdk::kF32, {N, H, D}, {ld, D, 1});
+  }
+  rlh_tensor ints(const int32_t* p, int64_t n) { return vec(p, n, sdk::kI32); }
+
+ private:
+  rlh_tensor make(const void* p, rlh_dtype dt, std::initializer_list<int64_t> shape,
+                  std::initializer_list<int64_t> strides) {
+    if (used_ == kMax) throw std::logic_error("registry ops: too many operands");
+    Slot& s = slots_[used_++];
+    std::copy(shape.begin(), shape.end(), s.shape.begin());
+    std::copy(strides.begin(), strides.end(), s.strides.begin());
+    rlh_tensor t{};
+    t.data = const_cast<void*>(p);
+    t.device = sdk::kCPU;
+    t.ndim = int32_t(shape.size());
+    t.dtype = dt;
+    t.shape = s.shape.data();
+    t.strides = s.strides.data();
+    return t;
+  }
+  static constexpr size_t kMax = 12;
+  struct Slot {
+    std::array<int64_t, 3> shape{}, strides{};
+  };
+  std::array<Slot, kMax> slots_;
+  size_t used_ = 0;
+};
+
+// Placeholder descriptors for resolution: dtype and rank per operand ('f' float32 2-D,
+// 'i' int32 1-D, 'v' float32 1-D, 'h' float32 3-D).
+std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 3>>& dims) {
+  std::vector<rlh_tensor> v;
+  for (const char* k = kinds; *k; ++k) {
+    dims.push_back({1, 1, 1});
+    rlh_tensor t{};
+    t.device = sdk::kCPU;
+    t.dtype = *k == 'i' ? sdk::kI32 : sdk::kF32;
+    t.ndim = *k == 'h' ? 3 : (*k == 'f' ? 2 : 1);
+    t.shape = dims.back().data();
+    t.strides = dims.back().data();
+    v.push_back(t);
+  }
+  return v;
+}
+
+class RegistryOps final : public Ops {
+ public:
+  RegistryOps(const sdk::KernelRegistry& reg, const std::string& only) {
+    auto get = [&](const char* name, const char* in, const char* out) {
+      std::vector<std::array<int64_t, 3>> dims;
+      dims.reserve(32);  // the descriptors point into it
+      const std::vector<rlh_tensor> i = placeholders(in, dims), o = placeholders(out, dims);
+      return reg.resolve(name, sdk::kCPU, i, o, {}, false, only);
+    };
+    gemm_ = get("gemm", "ff", "f");
+    emb_f_ = get("embedding_fwd", "if", "f");
+    emb_b_ = get("embedding_bwd", "if", "f");
+    rms_f_ = get("rmsnorm_fwd", "fv", "fv");
+    rms_b_ = get("rmsnorm_bwd", "ffvv", "fv");
+    rope_f_ = get("rope_fwd", "hiv", "h");
+    rope_b_ = get("rope_bwd", "hiv", "h");
+    att_f_ = get("attention_fwd", "hhhi", "hv");
+    att_b_ = get("attention_bwd", "hhhhhvi", "hhh");
+    swi_f_ = get("swiglu_fwd", "ff", "f");
+    swi_b_ = get("swiglu_bwd", "fff", "ff");
+    bias_f_ = get("bias_add_fwd", "v", "f");
+    bias_b_ = get("bias_bwd", "f", "v");
+    add_ = get("add_fwd", "vv", "v");
+    lp_f_ = get("linear_logprob_fwd", "ffi", "vvv");
+    lp_b_ = get("linear_logprob_bwd", "ffivvvv", "ff");
+    adamw_ = get("adamw", "", "vvvv");
+    sumsq_ = get("sumsq", "v", "v");
+    provider_ = gemm_.provider();
+  }
+  std::string name() const override { return "registry(" + provider_ + ")"; }
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    Args a;
+    const rlh_tensor in[] = {ta ? a.mat(A, K, M, lda) : a.mat(A, M, K, lda),
+                             tb ? a.mat(B, N, K, ldb) : a.mat(B, K, N, ldb)};
+    const rlh_tensor out[] = {a.mat(C, M, N, ldc)};
+    const rlh_named_value at[] = {attr_bool("transpose_a", ta), attr_bool("transpose_b", tb),
+                                  attr_double("alpha", alpha), attr_double("beta", beta)};
+    gemm_.run(in, out, at);
+  }
+  void embedding_fwd(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                     int64_t V) override {
+    Args a;
+    const rlh_tensor in[] = {a.ints(ids, N), a.mat(table, V, C, C)};
+    const rlh_tensor o[] = {a.mat(out, N, C, C)};
+    emb_f_.run(in, o);
+  }
+  void embedding_bwd(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C,
+                     int64_t V) override {
+    Args a;
+    const rlh_tensor in[] = {a.ints(ids, N), a.mat(dout, N, C, C)};
+    const rlh_tensor o[] = {a.mat(dtable, V, C, C)};
+    emb_b_.run(in, o);
+  }
+  void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx, const float* w,
+                   int64_t N, int64_t C, float eps, float off) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(x, N, C, ldx), a.vec(w, C)};
+    const rlh_tensor o[] = {a.mat(y, N, C, ldy), a.vec(rstd, N)};
+    const rlh_named_value at[] = {attr_double("eps", eps), attr_double("weight_offset", off)};
+    rms_f_.run(in, o, at);
+  }
+  void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy,
+                   const float* x, int64_t ldx, const float* w, const float* rstd, int64_t N,
+                   int64_t C, float off, bool acc) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dy, N, C, lddy), a.mat(x, N, C, ldx), a.vec(w, C),
+                             a.vec(rstd, N)};
+    const rlh_tensor o[] = {a.mat(dx, N, C, lddx), a.vec(dw, C)};
+    const rlh_named_value at[] = {attr_double("weight_offset", off), attr_bool("accumulate", acc)};
+    rms_b_.run(in, o, at);
+  }
+  void rope_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const int32_t* pos,
+                const float* f, int64_t N, int64_t H, int64_t D, int64_t R, double scale,
+                bool il) override {
+    rope(rope_f_, y, ldy, x, ldx, pos, f, N, H, D, R, scale, il);
+  }
+  void rope_bwd(float* dx, int64_t lddx, const float* dy, int64_t lddy, const int32_t* pos,
+                const float* f, int64_t N, int64_t H, int64_t D, int64_t R, double scale,
+                bool il) override {
+    rope(rope_b_, dx, lddx, dy, lddy, pos, f, N, H, D, R, scale, il);
+  }
+  void attention_fwd(float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
+                     const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* cu,
+                     int64_t S, int64_t N, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv,
+                     float scale, int64_t window) override {
+    Args a;
+    const rlh_tensor in[] = {a.heads(q, N, Hq, Dk, ldq), a.heads(k, N, Hkv, Dk, ldk),
+                             a.heads(v, N, Hkv, Dv, ldv), a.ints(cu, S + 1)};
+    const rlh_tensor out[] = {a.heads(o, N, Hq, Dv, ldo), a.vec(lse, Hq * N)};
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
+    att_f_.run(in, out, at);
+  }
+  void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv, int64_t lddv,
+                     const float* dout, int64_t lddo, const float* q, int64_t ldq, const float* k,
+                     int64_t ldk, const float* v, int64_t ldv, const float* o, int64_t ldo,
+                     const float* lse, const int32_t* cu, int64_t S, int64_t N, int64_t Hq,
+                     int64_t Hkv, int64_t Dk, int64_t Dv, float scale, int64_t window) override {
+    Args a;
+    const rlh_tensor in[] = {a.heads(dout, N, Hq, Dv, lddo), a.heads(q, N, Hq, Dk, ldq),
+                             a.heads(k, N, Hkv, Dk, ldk),     a.heads(v, N, Hkv, Dv, ldv),
+                             a.heads(o, N, Hq, Dv, ldo),      a.vec(lse, Hq * N),
+                             a.ints(cu, S + 1)};
+    const rlh_tensor out[] = {a.heads(dq, N, Hq, Dk, lddq), a.heads(dk, N, Hkv, Dk, lddk),
+                              a.heads(dv, N, Hkv, Dv, lddv)};
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
+    att_b_.run(in, out, at);
+  }
+  void swiglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
+                  int64_t N, int64_t F) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
+    const rlh_tensor o[] = {a.mat(h, N, F, ldh)};
+    swi_f_.run(in, o);
+  }
+  void swiglu_bwd(float* dg, int64_t lddg, float* du, int64_t lddu, const float* dh, int64_t lddh,
+                  const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t N,
+                  int64_t F) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dh, N, F, lddh), a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
+    const rlh_tensor o[] = {a.mat(dg, N, F, lddg), a.mat(du, N, F, lddu)};
+    swi_b_.run(in, o);
+  }
+  void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
+    Args a;
+    const rlh_tensor in[] = {a.vec(b, M)};
+    const rlh_tensor o[] = {a.mat(y, N, M, ldy)};
+    bias_f_.run(in, o);
+  }
+  void bias_bwd(float* db, const float* dy, int64_t lddy, int64_t N, int64_t M) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dy, N, M, lddy)};
+    const rlh_tensor o[] = {a.vec(db, M)};
+    bias_b_.run(in, o);
+  }
+  void add_fwd(float* y, const float* x, const float* b, int64_t n) override {
+    Args a;
+    const rlh_tensor in[] = {a.vec(x, n), a.vec(b, n)};
+    const rlh_tensor o[] = {a.vec(y, n)};
+    add_.run(in, o);
+  }
+  void linear_logprob_fwd(float* lp, float* lse, float* ent, const float* h, const float* W,
+                          const int32_t* t, int64_t N, int64_t C, int64_t V,
+                          const LogprobAttrs& la) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.ints(t, N)};
+    const rlh_tensor o[] = {a.vec(lp, N), a.vec(lse, N), a.vec(ent, N)};  // ent may be null
+    const auto at = logprob_attrs(la, false);
+    lp_f_.run(in, o, at);
+  }
+  void linear_logprob_bwd(float* dh, float* dW, const float* dlp, const float* dent,
+                          const float* h, const float* W, const int32_t* t, const float* lse,
+                          const float* ent, int64_t N, int64_t C, int64_t V,
+                          const LogprobAttrs& la, bool acc) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.ints(t, N), a.vec(lse, N),
+                             a.vec(dlp, N),     a.vec(ent, N),     a.vec(dent, N)};
+    const rlh_tensor o[] = {a.mat(dh, N, C, C), a.mat(dW, V, C, C)};
+    const auto at = logprob_attrs(la, acc);
+    lp_b_.run(in, o, at);
+  }
+  void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& x) override {
+    Args a;
+    const rlh_tensor o[] = {a.vec(p, n), a.vec(g, n), a.vec(m, n), a.vec(v, n)};
+    const rlh_named_value at[] = {attr_double("lr", x.lr),
+                                  attr_double("beta1", x.beta1),
+                                  attr_double("beta2", x.beta2),
+                                  attr_double("eps", x.eps),
+                                  attr_double("weight_decay", x.weight_decay),
+                                  attr_int("step", x.step),
+                                  attr_double("grad_scale", x.grad_scale),
+                                  attr_bool("zero_grad", x.zero_grad)};
+    adamw_.run({}, o, at);
+  }
+  double sumsq(const float* x, int64_t n) override {
+    Args a;
+    float out = 0;
+    const rlh_tensor in[] = {a.vec(x, n)};
+    const rlh_tensor o[] = {a.vec(&out, 1)};
+    sumsq_.run(in, o);
+    return double(out);
+  }
+
+ private:
+  void rope(const sdk::Op& op, float* y, int64_t ldy, const float* x, int64_t ldx,
+            const int32_t* pos, const float* f, int64_t N, int64_t H, int64_t D, int64_t R,
+            double scale, bool il) {
+    Args a;
+    const rlh_tensor in[] = {a.heads(x, N, H, D, ldx), a.ints(pos, N), a.vec(f, R / 2)};
+    const rlh_tensor o[] = {a.heads(y, N, H, D, ldy)};
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_bool("interleaved", il)};
+    op.run(in, o, at);
+  }
+  static std::array<rlh_named_value, 5> logprob_attrs(const LogprobAttrs& la, bool acc) {
+    return {attr_double("temperature", la.temperature), attr_int("top_k", la.top_k),
+            attr_double("top_p", la.top_p), attr_int("chunk_bytes", la.chunk_bytes),
+            attr_bool("accumulate", acc)};
+  }
+
+  sdk::Op gemm_, emb_f_, emb_b_, rms_f_, rms_b_, rope_f_, rope_b_, att_f_, att_b_, swi_f_, swi_b_,
+      bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
+  std::string provider_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry,
+                                       const std::string& only) {
+  return std::make_unique<RegistryOps>(registry, only);
+}
+
+}  // namespace rlh::engine
