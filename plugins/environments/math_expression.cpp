@@ -319,6 +319,9 @@ long double variable_value(const std::string& name, int point) {
 }  // namespace
 
 std::optional<NodePtr> parse_expression(std::string_view s) {
+  // Answers are short; the bound keeps the tree (and the recursive evaluators over it) shallow
+  // enough for any stack whatever the input.
+  if (s.size() > 4096) return std::nullopt;
   try {
     return Parser(s).parse();
   } catch (const Failed&) {

@@ -164,6 +164,8 @@ fs::path PendingCheckpoint::path_for(std::string_view rel) {
     throw Error(RLH_E_INVALID_ARGUMENT, "checkpoint step " + std::to_string(step_) + ": bad file path '" +
                                             std::string(rel) + "' (relative, inside the folder, not the manifest)");
   fs::path p = tmp_ / fs::path(std::string(rel));
+  const std::string key = fs::path(std::string(rel)).lexically_normal().generic_string();
+  std::erase_if(recorded_, [&](const auto& r) { return r.first == key; });
   std::error_code ec;
   fs::create_directories(p.parent_path(), ec);
   if (ec) throw Error(RLH_E_UNAVAILABLE, p.parent_path().string() + ": cannot create folder: " + ec.message());
@@ -173,13 +175,14 @@ fs::path PendingCheckpoint::path_for(std::string_view rel) {
 void PendingCheckpoint::write_file(std::string_view rel, const void* data, size_t size) {
   const fs::path p = path_for(rel);
   const uint32_t crc = ckpt::write_file_synced(p, data, size);
+  const Recorded rec{size, crc};
   const std::string key = fs::path(std::string(rel)).lexically_normal().generic_string();
   for (auto& [k, r] : recorded_)
     if (k == key) {
-      r = {size, crc};
+      r = rec;
       return;
     }
-  recorded_.emplace_back(key, Recorded{size, crc});
+  recorded_.emplace_back(key, rec);
 }
 
 void PendingCheckpoint::write_training_info(const nlohmann::json& info) {

@@ -106,6 +106,18 @@ TEST(Checkpoint, CommitWritesManifestLastAndRenames) {
   EXPECT_DOUBLE_EQ(latest->training_info["val:accuracy"].get<double>(), 0.5);
 }
 
+TEST(Checkpoint, AFileRewrittenThroughPathForIsChecksummedAgain) {
+  TempDir tmp;
+  CheckpointManager m(config_in(tmp.path));
+  auto p = m.begin(1);
+  p.write_training_info({{"step", 1}});
+  p.write_file("w.bin", "aaaa");
+  std::ofstream(p.path_for("w.bin"), std::ios::binary | std::ios::trunc) << "bbbb";  // same size
+  const fs::path dir = p.commit();
+  auto v = rlh::sdk::verify_checkpoint(dir, VerifyLevel::kChecksums);
+  EXPECT_TRUE(v.ok) << v.error;
+}
+
 TEST(Checkpoint, VerifyFindsEveryKindOfDamage) {
   TempDir tmp;
   CheckpointManager m(config_in(tmp.path));

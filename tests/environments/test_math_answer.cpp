@@ -137,6 +137,10 @@ TEST(MathAnswer, HostileInputIsNotACrash) {
   std::string deep(5000, '(');
   EXPECT_FALSE(math_equal(deep + "1" + std::string(5000, ')'), "1"));  // too deep: compared as text
   EXPECT_FALSE(math_equal("10^{10^{10}}", "1"));
+  std::string chain = "1";
+  for (int i = 0; i < 100000; ++i) chain += "+1";
+  EXPECT_FALSE(math_equal(chain, "100001"));  // too long to be an answer: compared as text
+  EXPECT_FALSE(math_equal("9^9^9^9", "1"));
   EXPECT_FALSE(math_equal("", ""));  // nothing is not an answer
   EXPECT_FALSE(math_equal("\\frac{1}{0}", "\\frac{1}{0}"));  // undefined is equal to nothing
   EXPECT_FALSE(math_equal("\\boxed{", "1"));

@@ -86,7 +86,8 @@ class PendingCheckpoint {
   const std::filesystem::path& dir() const { return tmp_; }
 
   // `rel` under the folder, with its parent folders created. `rel` must stay inside (no "..",
-  // not absolute). Files written there by other code or processes are included at commit.
+  // not absolute). Files written there by other code or processes are included at commit (read,
+  // checksummed and fsynced then).
   std::filesystem::path path_for(std::string_view rel);
   // Writes a whole file and fsyncs it.
   void write_file(std::string_view rel, const void* data, size_t size);
@@ -113,7 +114,8 @@ class PendingCheckpoint {
   CheckpointManager* mgr_;
   int64_t step_;
   std::filesystem::path tmp_;
-  // Files written through write_file: checksummed and fsynced already, not read again at commit.
+  // Files written through write_file: checksummed and fsynced already, not read again at commit
+  // (unless path_for hands their path out again, since the caller may then rewrite them).
   std::vector<std::pair<std::string, Recorded>> recorded_;
   bool done_ = false;
 };
