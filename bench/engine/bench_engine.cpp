@@ -4,6 +4,7 @@
 //
 //   bench_engine --shape tiny|small [--steps N] [--warmup N] [--threads N] [--recompute]
 //                [--profile]
+// Step times are medians over --steps timed steps.
 // Shapes (Llama-style, untied, random weights):
 //   tiny:  vocab 4096,  d 256, 4 layers,  8/4 heads of 32, ffn 768,  batch 16 x 128
 //   small: vocab 32000, d 768, 12 layers, 12/4 heads of 64, ffn 2048, batch 2 x 128
@@ -12,6 +13,7 @@
 // perf.md's MFU table.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -148,22 +150,40 @@ int main(int argc, char** argv) {
     return r;
   };
 
+  // Each step timed alone; the median is what is reported (robust to another process taking a
+  // core for a moment on a shared machine), the mean is printed beside it.
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s / double(v.size());
+  };
   for (int i = 0; i < warmup; ++i) e.train_step({&mb, 1}, so, loss);
   engine::profiling_reset(*prof);
-  auto t0 = Clock::now();
   double last_loss = 0;
-  for (int i = 0; i < steps; ++i) last_loss = e.train_step({&mb, 1}, so, loss).loss;
-  const double train_s = seconds_since(t0) / steps;
+  std::vector<double> train_times, fwd_times;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = Clock::now();
+    last_loss = e.train_step({&mb, 1}, so, loss).loss;
+    train_times.push_back(seconds_since(t0));
+  }
+  const double train_s = median(train_times);
   if (profile)
-    std::printf("train step ops (%d steps, %.3f s wall):\n%s", steps, train_s * steps,
+    std::printf("train step ops (%d steps, %.3f s wall):\n%s", steps, mean(train_times) * steps,
                 engine::profiling_report(*prof).c_str());
 
   engine::OutputRequest fr;
   fr.logprob = true;
   e.forward(mb, fr);
-  t0 = Clock::now();
-  for (int i = 0; i < steps; ++i) e.forward(mb, fr);
-  const double fwd_s = seconds_since(t0) / steps;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = Clock::now();
+    e.forward(mb, fr);
+    fwd_times.push_back(seconds_since(t0));
+  }
+  const double fwd_s = median(fwd_times);
   if (profile) std::printf("forward ops (train + forward):\n%s", engine::profiling_report(*prof).c_str());
 
   const double ceiling = sgemm_ceiling(2048);
@@ -172,9 +192,12 @@ int main(int argc, char** argv) {
   const double fwd_gflops = fwd_tps * fwd_flops_per_token / 1e9;
   std::printf("shape %s: %.1f M matmul params, %ld tokens/step, loss %.4f\n", s->name,
               matmul_params / 1e6, long(N), last_loss);
-  std::printf("train step: %.3f s, %.0f tok/s, %.1f GFLOP/s (%.0f%% of sgemm ceiling %.1f)\n",
-              train_s, train_tps, train_gflops, 100 * train_gflops / ceiling, ceiling);
-  std::printf("forward logprobs: %.3f s, %.0f tok/s, %.1f GFLOP/s\n", fwd_s, fwd_tps, fwd_gflops);
+  std::printf("train step: median %.3f s (mean %.3f), %.0f tok/s, %.1f GFLOP/s (%.0f%% of sgemm "
+              "ceiling %.1f)\n",
+              train_s, mean(train_times), train_tps, train_gflops, 100 * train_gflops / ceiling,
+              ceiling);
+  std::printf("forward logprobs: median %.3f s (mean %.3f), %.0f tok/s, %.1f GFLOP/s\n", fwd_s,
+              mean(fwd_times), fwd_tps, fwd_gflops);
   std::printf("RESULT impl=rlhost shape=%s train_tok_s=%.1f fwd_tok_s=%.1f train_gflops=%.1f "
               "sgemm_gflops=%.1f\n",
               s->name, train_tps, fwd_tps, train_gflops, ceiling);

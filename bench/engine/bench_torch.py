@@ -9,6 +9,7 @@ was built with, its measured sgemm GFLOP/s, and one "RESULT ..." line for run.sh
 """
 import argparse
 import math
+import statistics
 import time
 
 import torch
@@ -158,22 +159,28 @@ def main():
         opt.step()
         return loss.item()
 
+    # Each step timed alone; medians reported (as bench_engine does).
     for _ in range(a.warmup):
         train_step()
-    t0 = time.perf_counter()
+    train_times = []
     for _ in range(a.steps):
+        t0 = time.perf_counter()
         loss = train_step()
-    train_s = (time.perf_counter() - t0) / a.steps
+        train_times.append(time.perf_counter() - t0)
+    train_s = statistics.median(train_times)
+    fwd_times = []
     with torch.no_grad():
         token_logprobs(model(ids), ids)
-        t0 = time.perf_counter()
         for _ in range(a.steps):
+            t0 = time.perf_counter()
             token_logprobs(model(ids), ids)
-        fwd_s = (time.perf_counter() - t0) / a.steps
+            fwd_times.append(time.perf_counter() - t0)
+    fwd_s = statistics.median(fwd_times)
     g = sgemm_gflops()
     N = B * T
-    print(f"shape {a.shape}: loss {loss:.4f}; train step {train_s:.3f} s, {N / train_s:.0f} tok/s; "
-          f"forward logprobs {fwd_s:.3f} s, {N / fwd_s:.0f} tok/s; sgemm {g:.1f} GFLOP/s")
+    print(f"shape {a.shape}: loss {loss:.4f}; train step median {train_s:.3f} s "
+          f"(mean {statistics.mean(train_times):.3f}), {N / train_s:.0f} tok/s; forward logprobs "
+          f"median {fwd_s:.3f} s, {N / fwd_s:.0f} tok/s; sgemm {g:.1f} GFLOP/s")
     print(f"RESULT impl=torch shape={a.shape} train_tok_s={N / train_s:.1f} fwd_tok_s={N / fwd_s:.1f} "
           f"sgemm_gflops={g:.1f}")
 
