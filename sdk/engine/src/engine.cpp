@@ -212,8 +212,8 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
 
   // Global gradient norm over trainable parameters, then clip + AdamW in one pass.
   double ss = 0;
-  for (size_t i = 0; i < m.desc.params.size(); ++i)
-    if (m.desc.params[i].trainable) ss += m.ops->sumsq(grad(i).data(), int64_t(grad(i).size()));
+  for (const Impl::Run& run : m.runs)
+    if (run.trainable) ss += m.ops->sumsq(m.grads.data() + run.begin, run.end - run.begin);
   r.grad_norm = std::sqrt(ss);
   const double max_norm = m.opt.optimizer.max_grad_norm;
   r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
@@ -237,25 +237,18 @@ void Engine::Impl::optimizer_step(const StepOptions& so, double clip_coef) {
   }
   ++steps;
   const OptimizerOptions& o = opt.optimizer;
-  for (size_t i = 0; i < desc.params.size(); ++i) {
-    const sdk::ParamDesc& pd = desc.params[i];
-    if (!pd.trainable) continue;
-    int64_t n = 1;
-    for (int64_t d : pd.shape) n *= d;
-    const bool decay = o.decay_1d_params || pd.shape.size() > 1;
-    // zero_grad: the pass that reads g also clears it for the next step (no separate memset).
-    Ops::AdamW a{so.lr, o.beta1, o.beta2, o.eps, decay ? o.weight_decay : 0.0,
-                 steps, clip_coef, true};
-    const int64_t off = offset[i];
-    ops->adamw(params.data() + off, grads.data() + off, adam_m.data() + off,
-               adam_v.data() + off, n, a);
-  }
-  for (size_t i = 0; i < desc.params.size(); ++i)
-    if (!desc.params[i].trainable) {
-      int64_t n = 1;
-      for (int64_t d : desc.params[i].shape) n *= d;
-      std::memset(grads.data() + offset[i], 0, size_t(n) * sizeof(float));
+  for (const Run& run : runs) {
+    const int64_t n = run.end - run.begin;
+    if (!run.trainable) {  // buffers: no update, and their gradient is kept at zero
+      std::memset(grads.data() + run.begin, 0, size_t(n) * sizeof(float));
+      continue;
     }
+    // zero_grad: the pass that reads g also clears it for the next step (no separate memset).
+    Ops::AdamW a{so.lr, o.beta1, o.beta2, o.eps, run.decay ? o.weight_decay : 0.0,
+                 steps, clip_coef, true};
+    ops->adamw(params.data() + run.begin, grads.data() + run.begin, adam_m.data() + run.begin,
+               adam_v.data() + run.begin, n, a);
+  }
   grads_clear = true;
 }
 

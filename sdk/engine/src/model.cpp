@@ -170,6 +170,22 @@ void Engine::Impl::carve_params() {
   };
   resolve(params.data(), P);
   resolve(grads.data(), G);
+
+  // Optimizer runs: tensors in storage order, merged while trainable/decay agree.
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return offset[a] < offset[b]; });
+  runs.clear();
+  for (size_t i : order) {
+    const sdk::ParamDesc& p = desc.params[i];
+    const bool decay = opt.optimizer.decay_1d_params || p.shape.size() > 1;
+    const int64_t b = offset[i], e = b + numel(p.shape);
+    if (!runs.empty() && runs.back().end == b && runs.back().trainable == p.trainable &&
+        runs.back().decay == decay)
+      runs.back().end = e;
+    else
+      runs.push_back(Run{b, e, p.trainable, decay});
+  }
 }
 
 // One allocation for a micro-batch of N tokens. save_all: every layer keeps its activations for

@@ -121,6 +121,13 @@ struct Engine::Impl {
   Buffer<float> params, grads, adam_m, adam_v;
   ModelParams P, G;  // pointers into params and grads
   int64_t steps = 0;
+  // Storage in runs of adjacent tensors that the optimizer treats alike (trainable, decayed), so
+  // the norm and AdamW run as a few long calls instead of one per tensor.
+  struct Run {
+    int64_t begin, end;
+    bool trainable, decay;
+  };
+  std::vector<Run> runs;
   bool grads_clear = true;  // grads are all zero (AdamW clears them in its pass)
 
   // Activation storage for the current micro-batch size and mode.
