@@ -94,7 +94,17 @@ rlh_status* host_config_get(rlh_host_ctx* ctx, const char* path, rlh_write_fn wr
   return sdk::guard(host_make_status, [&] {
     Host& h = host_of(ctx);
     if (write == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "config_get: write is NULL");
-    const Json* node = &h.resolved_config();
+    // Before the host has checked the configuration (a plugin's init, an embedder driving
+    // components directly) plugins see it with interpolations resolved but keys unchecked.
+    Json unchecked;
+    if (!h.config_resolved()) {
+      try {
+        unchecked = h.config().resolved();
+      } catch (const ConfigError& e) {
+        throw Error(RLH_E_INVALID_ARGUMENT, e.what());
+      }
+    }
+    const Json* node = h.config_resolved() ? &h.resolved_config() : &unchecked;
     std::string p = path != nullptr ? path : "";
     if (!p.empty()) {
       for (const auto& part : split_path(p)) {
@@ -280,7 +290,6 @@ void Host::load_plugin(const std::string& name_or_path) {
     if (!c.usable_error.empty()) log(RLH_LOG_WARN, np.name, "component not usable: " + c.usable_error);
   np.services.reset(make_services(np.name, np.context));
   plugins_.push_back(std::move(ins.plugin));
-  resolved_valid_ = false;
 }
 
 nlohmann::ordered_json Host::list_plugins() {

@@ -62,6 +62,7 @@ class Host {
   void record_metric(const std::string& name, double value, int64_t step);
   std::vector<Metric> metrics() const;
   const Json& resolved_config() const { return resolved_; }
+  bool config_resolved() const { return resolved_valid_; }
   // The world communicator, created on first use from the comm component (rlhost.comm or best).
   void world_comm(const rlh_comm_api** api, rlh_comm** comm);
 

@@ -86,6 +86,14 @@ std::string load_error_text(const std::exception& e) {
   return w;
 }
 
+// Slots of an interface's first version that may be NULL (marked "(optional)" in the header).
+bool optional_slot(int32_t kind, size_t offset) {
+  switch (kind) {
+    case RLH_KIND_TOKENIZER: return offset == offsetof(rlh_tokenizer_api, apply_chat_template);
+    default: return false;
+  }
+}
+
 }  // namespace
 
 Inspection inspect_plugin(const std::string& path, Host& host) {
@@ -114,15 +122,21 @@ Inspection inspect_plugin(const std::string& path, Host& host) {
   if (d == nullptr) return fail(RLH_E_ABI_MISMATCH, "entry returned no descriptor for host ABI " +
                                                         std::to_string(RLH_ABI_VERSION_MAJOR) + "." +
                                                         std::to_string(RLH_ABI_VERSION_MINOR));
-  const size_t min_desc = RLH_STRUCT_SIZE(rlh_plugin_desc, num_components);
-  if (d->struct_size < min_desc)
+  // The version fields come first and are the same in every major: read them before judging
+  // the rest of the layout, so another major is refused as such.
+  const size_t version_size = RLH_STRUCT_SIZE(rlh_plugin_desc, abi_minor);
+  if (d->struct_size < version_size)
     return fail(RLH_E_ABI_MISMATCH, "descriptor struct_size " + std::to_string(d->struct_size) +
-                                        " is smaller than the minimum " + std::to_string(min_desc));
+                                        " is too small to hold its ABI version");
   if (d->abi_major != RLH_ABI_VERSION_MAJOR)
     return fail(RLH_E_ABI_MISMATCH, "was built for ABI " + std::to_string(d->abi_major) + "." +
                                         std::to_string(d->abi_minor) + ", this host implements ABI " +
                                         std::to_string(RLH_ABI_VERSION_MAJOR) + "." +
                                         std::to_string(RLH_ABI_VERSION_MINOR) + " (the majors must match)");
+  const size_t min_desc = RLH_STRUCT_SIZE(rlh_plugin_desc, num_components);
+  if (d->struct_size < min_desc)
+    return fail(RLH_E_ABI_MISMATCH, "descriptor struct_size " + std::to_string(d->struct_size) +
+                                        " is smaller than the minimum " + std::to_string(min_desc));
   if (d->name == nullptr || d->name[0] == '\0') return fail(RLH_E_INVALID_ARGUMENT, "descriptor has no name");
   if (d->num_components > 0 && d->components == nullptr)
     return fail(RLH_E_INVALID_ARGUMENT, "descriptor lists " + std::to_string(d->num_components) + " components but no array");
@@ -154,9 +168,20 @@ Inspection inspect_plugin(const std::string& path, Host& host) {
     } else {
       // Every table starts with struct_size.
       size_t table_size = *static_cast<const size_t*>(c->api);
-      if (table_size < minimum_api_size(c->kind))
+      if (table_size < minimum_api_size(c->kind)) {
         comp.usable_error = cname + " has an interface table of " + std::to_string(table_size) +
                             " bytes, smaller than the minimum " + std::to_string(minimum_api_size(c->kind));
+      } else {
+        // Every slot of an interface's first version is required unless its header marks it
+        // (optional); they are all pointers after struct_size.
+        const auto* slots = reinterpret_cast<const void* const*>(static_cast<const char*>(c->api) + sizeof(size_t));
+        const size_t n = (minimum_api_size(c->kind) - sizeof(size_t)) / sizeof(void*);
+        for (size_t k = 0; k < n; ++k)
+          if (slots[k] == nullptr && !optional_slot(c->kind, sizeof(size_t) + k * sizeof(void*))) {
+            comp.usable_error = cname + " leaves required slot #" + std::to_string(k) + " of its interface table NULL";
+            break;
+          }
+      }
     }
     if (RLH_HAS_FIELD(c, rlh_component_desc, config_keys) && c->config_keys != nullptr)
       for (size_t k = 0; c->config_keys[k] != nullptr && k < 4096; ++k) comp.config_keys.emplace_back(c->config_keys[k]);

@@ -370,7 +370,11 @@ TEST_F(HostTest, NullOptionalSlotsAreNeverCalled) {
     EXPECT_EQ(p["can_run"], true) << "probe NULL means: can always run";
     EXPECT_EQ(p["score"], 1);
     ASSERT_EQ(p["components"].size(), 2u);
+    // The tokenizer leaves only an (optional) slot NULL: usable. The kernels table leaves
+    // required slots NULL: listed with the reason, not usable.
     EXPECT_FALSE(p["components"][0].contains("error")) << p.dump();
+    ASSERT_TRUE(p["components"][1].contains("error")) << p.dump();
+    EXPECT_NE(p["components"][1]["error"].get<std::string>().find("required slot"), std::string::npos) << p.dump();
   }
   EXPECT_TRUE(seen);
   const rlh_component_desc* td = find(RLH_KIND_TOKENIZER, "null_slots_bytes");  // init NULL
@@ -385,9 +389,8 @@ TEST_F(HostTest, NullOptionalSlotsAreNeverCalled) {
   ASSERT_OK(tok->decode(t, reinterpret_cast<const int32_t*>(ids.data()), 3, 0, append, &back));
   EXPECT_EQ(back, "abc");
   tok->destroy(t);
-  const rlh_component_desc* kd = find(RLH_KIND_KERNELS, "null_slots_kernels");
-  ASSERT_NE(kd, nullptr);
-  EXPECT_EQ(static_cast<const rlh_kernels_api*>(kd->api)->state_save, nullptr);
+  const rlh_component_desc* kd = find(RLH_KIND_KERNELS, "null_slots_kernels", RLH_E_FAILED_PRECONDITION);
+  EXPECT_EQ(kd, nullptr);
   use_c_plugin(split(RLH_TEST_C_PLUGINS).front());
   // TearDown destroys the host: shutdown is NULL and must not be called.
 }

@@ -13,8 +13,13 @@
  *  - Strings are UTF-8. Borrowed pointers are valid for the duration of the call unless a field
  *    says otherwise. Output text and arrays are handed to caller-provided write callbacks, so no
  *    memory changes owner.
- *  - Tables of function pointers are append-only within a major version; a NULL optional slot
- *    means "not implemented" and the caller reports RLH_E_UNIMPLEMENTED.
+ *  - Tables of function pointers are append-only within a major version. Every slot of an
+ *    interface's first version is required unless its comment says "(optional)"; the host refuses
+ *    a component that leaves a required slot NULL. A NULL optional slot, and any slot beyond the
+ *    table's struct_size, means "not implemented": the caller reports RLH_E_UNIMPLEMENTED.
+ *  - An array of size-prefixed structs (rlh_named_value[], rlh_output_spec[], rlh_env_sample[])
+ *    cannot grow within a major: readers index it with their own sizeof. New per-element data
+ *    goes into a new, parallel array field instead.
  */
 #ifndef RLHOST_CORE_H_
 #define RLHOST_CORE_H_

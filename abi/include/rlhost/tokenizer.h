@@ -39,7 +39,8 @@ typedef struct rlh_tokenizer_api {
   rlh_status* (*decode)(const rlh_tokenizer* self, const int32_t* ids, size_t count,
                         uint64_t flags, rlh_write_fn write, void* user);
 
-  /* Renders the chat template for `messages_json` (a JSON array of {"role", "content", ...}).
+  /* (optional; NULL = the tokenizer has no chat templates, callers report RLH_E_UNIMPLEMENTED)
+   * Renders the chat template for `messages_json` (a JSON array of {"role", "content", ...}).
    * `extra_json` (may be NULL) is a JSON object of extra template variables (tools,
    * enable_thinking, ...). RLH_E_FAILED_PRECONDITION when the tokenizer has no chat template;
    * a template's raise_exception becomes RLH_E_INVALID_ARGUMENT with its message. */
