@@ -3,7 +3,8 @@
  * A model plugin turns a Hugging Face config.json into a transformer description: per-layer
  * attention, MLP/MoE, norms, RoPE, and a parameter table (HF name, engine name, shape, dtype,
  * layer, role, transform). The description crosses as a JSON document whose schema is
- * docs/model-description.md (field "schema_version"), so new architecture features are new
+ * sdk/include/rlhost/sdk/model_desc.hpp (field "schema_version", written by
+ * rlh::sdk::to_json), so new architecture features are new
  * keys, not new struct layouts. Backends execute descriptions; they never contain per-model code.
  */
 #ifndef RLHOST_MODEL_H_
