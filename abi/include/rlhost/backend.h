@@ -47,8 +47,10 @@ typedef struct rlh_batch {
   uint64_t constraints;        /* RLH_BATCH_* */
 } rlh_batch;
 
-/* Per-token output kinds. Output t of a sequence refers to predicting token t+1 from tokens
- * 0..t; the last position of each sequence has no target and is written as 0. */
+/* Per-token output kinds. Outputs are aligned with the tokens, as NeMo-RL's are (its logprobs
+ * carry a 0 prepended at position 0): output t of a sequence is about token t, predicted from
+ * tokens 0..t-1 of the same sequence; position 0 of every sequence has no prediction and holds 0.
+ * So per-token fields (token_mask, generation_logprobs, ...) and outputs index the same way. */
 #define RLH_OUTPUT_LOGPROB 1        /* log p(next token) after temperature, top-k, top-p: the */
                                     /* "processed" logprob generators report (NeMo-RL) */
 #define RLH_OUTPUT_LOGPROB_RAW 2    /* log p(next token) of the unfiltered softmax(logits / T) */
