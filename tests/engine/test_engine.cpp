@@ -372,6 +372,8 @@ TEST(Engine, ForwardOutputsEqualWhatTheLossSees) {
                  return weighted_loss(c, v, g);
                });
   EXPECT_EQ(seen, o.logprob);
+  // A forward after the step reuses the step's activation storage: same outputs again.
+  EXPECT_EQ(e.forward(mb, so.outputs).logprob, o.logprob);
 }
 
 TEST(Engine, RefusesWhatItDoesNotExecute) {
@@ -388,6 +390,11 @@ TEST(Engine, RefusesWhatItDoesNotExecute) {
   mb.input_ids = ids;
   mb.cu_seqlens = cu;
   EXPECT_THROW(ok.forward(mb, {}), std::invalid_argument);  // id outside the vocabulary
+  std::vector<int32_t> bad_cu = {0, 2};
+  ids = {1, 2, 3};
+  mb.cu_seqlens = bad_cu;
+  EXPECT_THROW(ok.forward(mb, {}), std::invalid_argument);  // offsets do not cover the tokens
+  EXPECT_THROW(ok.train_step({}, engine::StepOptions{}, weighted_loss), std::invalid_argument);
 }
 
 }  // namespace

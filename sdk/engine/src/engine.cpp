@@ -158,6 +158,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   if (!req.logprob && !req.processed_logprob && !req.entropy)
     throw std::invalid_argument("engine: a train step needs at least one differentiable output");
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
+  if (mbs.empty()) throw std::invalid_argument("engine: a train step needs micro-batches");
   if (!m.grads_clear) zero_grad();  // after an optimizer step AdamW has cleared them already
   m.grads_clear = false;
   StepResult r;

@@ -19,8 +19,9 @@ namespace rlh::engine {
 // (-1 for the last token: nothing to predict).
 void Engine::Impl::prepare_batch(const MicroBatch& mb) {
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
-  if (S < 0 || mb.cu_seqlens[0] != 0 || mb.cu_seqlens[size_t(S)] != N)
-    throw std::invalid_argument("engine: cu_seqlens must run from 0 to the number of tokens");
+  if (S < 1 || mb.cu_seqlens[0] != 0 || mb.cu_seqlens[size_t(S)] != N || N == 0)
+    throw std::invalid_argument(
+        "engine: a micro-batch needs tokens and cu_seqlens running from 0 to their number");
   for (int64_t s = 0; s < S; ++s) {
     const int32_t b = mb.cu_seqlens[size_t(s)], e = mb.cu_seqlens[size_t(s) + 1];
     if (e < b) throw std::invalid_argument("engine: cu_seqlens must not decrease");
@@ -135,6 +136,8 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
 
 void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool save_all) {
   const int64_t N = mb.num_tokens();
+  if (mb.cu_seqlens.empty() || N == 0)
+    throw std::invalid_argument("engine: empty micro-batch");
   plan_acts(N, save_all);
   prepare_batch(mb);
   const int32_t* ids = mb.input_ids.data();

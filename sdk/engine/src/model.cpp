@@ -191,7 +191,9 @@ void Engine::Impl::carve_params() {
 // One allocation for a micro-batch of N tokens. save_all: every layer keeps its activations for
 // the backward; otherwise only the layer inputs xs[l] are kept and one layer set is reused.
 void Engine::Impl::plan_acts(int64_t N, bool save_all) {
-  if (N <= acts_tokens && save_all == acts_saved_all && !layer_acts.empty()) return;
+  // A plan that keeps every layer also serves a forward-only pass: alternating logprob passes
+  // and train steps (the RL loop) then never reallocates.
+  if (N <= acts_tokens && (acts_saved_all || !save_all) && !layer_acts.empty()) return;
   int64_t max_wqkv = 0, max_att = 0, max_f = 0;
   for (const LayerShape& s : shapes) {
     max_wqkv = std::max(max_wqkv, s.Wqkv);
