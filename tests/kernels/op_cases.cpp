@@ -700,6 +700,9 @@ std::vector<OpCase> all_op_cases() {
   o.temperature = 0.7;
   o.chunk_bytes = 256;  // several vocab chunks and row blocks
   v.push_back(logprob_case("chunked", 9, 12, 50, o, true));
+  o.temperature = 1.1;
+  o.chunk_bytes = 1200;  // one token per block and several vocabulary chunks
+  v.push_back(logprob_case("blocked", 9, 12, 600, o, true));
   o = LogprobOpts{};
   o.temperature = 0.9;
   o.top_k = 7;

@@ -2,7 +2,7 @@
 // holding the logits of all tokens (conventions in kernels.hpp).
 //
 // Unfiltered path (top_k = 0, top_p = 1): tokens are taken in blocks of up to kRowBlock rows and
-// the vocabulary in chunks of vc rows of W, with vc chosen so a [rows, vc] tile fits chunk_bytes.
+// the vocabulary in chunks of vc rows of W, so a [rows, vc] tile fits chunk_bytes (tile_shape).
 // Forward keeps per token an online log-sum-exp over the chunks:
 //   m = running max, l = sum e^(z-m), s1 = sum e^(z-m) (z-m), zt = target logit
 //   lse = m + log l, entropy = log l - s1 / l  (= -sum p log p, shifted by m for accuracy)
@@ -41,11 +41,15 @@ void check_opts(const LogprobOpts& o, int64_t V) {
   if (V <= 0) throw std::invalid_argument("linear_logprob: empty vocabulary");
 }
 
-// Tile shape for the unfiltered path: rows per block and vocab rows per chunk.
+// Tile shape for the unfiltered path: rows per block (up to kRowBlock, fewer when the budget
+// would otherwise leave fewer than kMinVocabChunk vocabulary rows per chunk) and vocab rows per
+// chunk (what the budget leaves, a multiple of 16 when it cuts the vocabulary).
+constexpr int64_t kMinVocabChunk = 256;
 void tile_shape(int64_t N, int64_t V, const LogprobOpts& o, size_t elem, int64_t* nb,
                 int64_t* vc) {
   const int64_t budget = (o.chunk_bytes > 0 ? o.chunk_bytes : kDefaultChunkBytes) / int64_t(elem);
-  *nb = std::max<int64_t>(1, std::min(N, kRowBlock));
+  *nb = std::max<int64_t>(
+      1, std::min({N, kRowBlock, budget / std::min<int64_t>(V, kMinVocabChunk)}));
   int64_t c = std::max<int64_t>(1, budget / *nb);
   if (c < V && c > 16) c = c / 16 * 16;
   *vc = std::min(V, c);
