@@ -376,6 +376,81 @@ TEST(Engine, ForwardOutputsEqualWhatTheLossSees) {
   EXPECT_EQ(e.forward(mb, so.outputs).logprob, o.logprob);
 }
 
+// logprob_at_ids (top-k distillation): an id column holding the actual tokens reproduces the
+// logprob output and its gradients; absent ids give 0; packing changes nothing.
+TEST(Engine, LogprobAtIds) {
+  Engine e(qwen3_desc());
+  randomize(e, 41);
+  const Batch b = make_batch({6, 9}, 101);
+  const int64_t N = int64_t(b.ids.size()), K = 3;
+  std::vector<int64_t> ids(size_t(N * K));
+  for (int64_t t = 0; t < N; ++t) {
+    ids[size_t(t * K)] = b.ids[size_t(t)];                // the token itself
+    ids[size_t(t * K + 1)] = (b.ids[size_t(t)] * 7 + 3) % 101;
+    ids[size_t(t * K + 2)] = t % 3 == 0 ? -1 : 50;       // some absent
+  }
+  std::vector<int64_t> shape = {N, K}, strides = {K, 1};
+  MicroBatch mb = b.mb();
+  rlh_named_tensor f{};
+  f.name = "topk_ids";
+  f.tensor.data = ids.data();
+  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  f.tensor.ndim = 2;
+  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 64, 1};
+  f.tensor.shape = shape.data();
+  f.tensor.strides = strides.data();
+  mb.fields.push_back(f);
+
+  engine::OutputRequest req;
+  req.logprob = true;
+  req.logprob_at_ids = true;
+  req.ids_field = "topk_ids";
+  req.temperature = 0.8;
+  const engine::Outputs o = e.forward(mb, req);
+  ASSERT_EQ(o.ids_per_token, K);
+  for (int64_t t = 0; t < N; ++t) {
+    EXPECT_EQ(o.logprob_at_ids[size_t(t * K)], o.logprob[size_t(t)]) << t;
+    if (ids[size_t(t * K + 2)] < 0) {
+      EXPECT_EQ(o.logprob_at_ids[size_t(t * K + 2)], 0.f) << t;
+    }
+  }
+  // Sequence 1 alone, its ids rows alone: the same values.
+  const Batch one = sequence_of(b, 1);
+  std::vector<int64_t> ids1(ids.begin() + b.cu[1] * K, ids.end());
+  std::vector<int64_t> shape1 = {int64_t(one.ids.size()), K};
+  MicroBatch mb1 = one.mb();
+  rlh_named_tensor f1 = f;
+  f1.tensor.data = ids1.data();
+  f1.tensor.shape = shape1.data();
+  mb1.fields.push_back(f1);
+  const engine::Outputs o1 = e.forward(mb1, req);
+  for (size_t i = 0; i < o1.logprob_at_ids.size(); ++i)
+    EXPECT_NEAR(o1.logprob_at_ids[i], o.logprob_at_ids[size_t(b.cu[1] * K) + i], 1e-6);
+
+  // Gradients through the id column that holds the tokens equal those through logprob.
+  engine::StepOptions so;
+  so.global_tokens = N;
+  so.apply_optimizer = false;
+  so.outputs = req;
+  auto via = [&](bool ids_column) {
+    e.train_step({&mb, 1}, so,
+                 [&](const engine::LossContext&, const engine::OutputViews& v, engine::OutputGrads& g) {
+                   engine::LossResult r;
+                   for (int64_t t = 0; t < N; ++t) {
+                     const float w = -0.1f * float(1 + t % 4);
+                     if (ids_column)
+                       g.logprob_at_ids[size_t(t * K)] = w;
+                     else
+                       g.logprob[size_t(t)] = w;
+                     r.loss += w * v.logprob[size_t(t)];
+                   }
+                   return r;
+                 });
+    return all_grads(e);
+  };
+  EXPECT_EQ(via(true), via(false));
+}
+
 TEST(Engine, RefusesWhatItDoesNotExecute) {
   sdk::TransformerDesc d = qwen2_desc();
   d.layers[1].mlp.kind = sdk::MlpKind::moe;

@@ -118,7 +118,7 @@ int64_t activation_floats(const Shape& s, bool recompute) {
                         + 2 * N * s.C + N   // residual after attention, mlp_norm output, rstd
                         + 3 * N * s.F;      // gate|up, activation
   const int64_t inputs = (s.L + 1) * N * s.C;  // residual stream at every layer boundary
-  const int64_t head = N * s.C + N + 9 * N;    // final norm + per-token outputs and their grads
+  const int64_t head = N * s.C + N + 8 * N;    // final norm + per-token outputs and their grads
   const int64_t grads = 2 * N * s.C + N * W + N * A + 3 * N * s.F;  // backward scratch
   return inputs + (recompute ? layer : s.L * layer) + head + grads + 6 * N /* callback views */ +
          2 * N /* int32 positions, targets */;

@@ -499,27 +499,36 @@ void filter_literal(std::vector<double>& z, int64_t top_k, double top_p) {
 }
 
 OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobOpts o,
-                    bool want_entropy) {
+                    bool want_entropy, int64_t K = 1) {
   OpCase c;
   c.name = std::string("linear_logprob ") + label + " N=" + std::to_string(N) +
-           " C=" + std::to_string(C) + " V=" + std::to_string(V) +
+           " C=" + std::to_string(C) + " V=" + std::to_string(V) + " K=" + std::to_string(K) +
            " temperature=" + std::to_string(o.temperature) + " top_k=" + std::to_string(o.top_k) +
            " top_p=" + std::to_string(o.top_p) + " chunk_bytes=" + std::to_string(o.chunk_bytes) +
            (want_entropy ? " entropy" : "");
-  std::vector<int32_t> target(N);
-  for (int64_t n = 0; n < N; ++n) target[n] = int32_t((n * 37 + 11) % V);
-  target[1] = -1;
-  if (N > 5) target[5] = -1;
+  // K targets per token (the first like a next token, the rest like distillation ids, with a
+  // repeat and some absent ones).
+  std::vector<int32_t> target(N * K);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      target[n * K + k] = int32_t(k == 0 ? (n * 37 + 11) % V : (n * 13 + k * 29 + 3) % V);
+  target[1 * K] = -1;
+  if (N > 5) target[5 * K] = -1;
+  if (K > 2) {
+    target[2 * K + 2] = target[2 * K + 1];  // the same id twice: gradients add
+    target[3 * K + 1] = -1;
+  }
+  const std::vector<int64_t> tshape = K == 1 ? std::vector<int64_t>{N} : std::vector<int64_t>{N, K};
   c.in_sizes = {N * C, V * C};
   c.in_grad = {true, true};
   c.in_scale = {1, 1};
-  c.out_sizes = {N, N, N};  // logprob, lse, entropy
+  c.out_sizes = {N * K, N, N};  // logprob [N,K], lse, entropy
   c.out_loss = {true, false, want_entropy};
-  c.ints = {IntOperand{target, {N}}};
+  c.ints = {IntOperand{target, tshape}};
   set_fwd(c, [=](const auto& in, auto& out) {
     using T = elem_t<decltype(in)>;
     linear_logprob_fwd<T>(out[0].data(), out[1].data(), want_entropy ? out[2].data() : nullptr,
-                          in[0].data(), in[1].data(), target.data(), N, C, V, o,
+                          in[0].data(), in[1].data(), target.data(), N, C, V, K, o,
                           scratch_default());
   });
   set_bwd(c, [=](const auto& in, const auto& out, const auto& dout, auto& din) {
@@ -527,7 +536,7 @@ OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobO
     linear_logprob_bwd<T>(din[0].data(), din[1].data(), dout[0].data(),
                           want_entropy ? dout[2].data() : nullptr, in[0].data(), in[1].data(),
                           target.data(), out[1].data(), want_entropy ? out[2].data() : nullptr, N,
-                          C, V, o, false, scratch_default());
+                          C, V, K, o, false, scratch_default());
   });
   c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
     for (int64_t n = 0; n < N; ++n) {
@@ -543,7 +552,10 @@ OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobO
       double sum = 0;
       for (double x : z) sum += std::exp(x - mx);
       const double lse = mx + std::log(sum);
-      out[0][n] = target[n] < 0 ? 0.0 : z[target[n]] - lse;
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t t = target[n * K + k];
+        out[0][n * K + k] = t < 0 ? 0.0 : z[t] - lse;
+      }
       if (want_entropy) {
         double h = 0;
         for (double x : z)
@@ -554,15 +566,16 @@ OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobO
   };
   std::vector<AbiAttr> attrs = {attr_d("temperature", o.temperature), attr_i("top_k", o.top_k),
                                 attr_d("top_p", o.top_p), attr_i("chunk_bytes", o.chunk_bytes)};
+  const TensorLayout lp_layout = contiguous(tshape);
   c.abi_fwd = {"linear_logprob_fwd",
-               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, {N})},
-               {op_out(0, contiguous({N})), op_out(1, contiguous({N}))},
+               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, tshape)},
+               {op_out(0, lp_layout), op_out(1, contiguous({N}))},
                attrs,
                {}};
   if (want_entropy) c.abi_fwd.outputs.push_back(op_out(2, contiguous({N})));
   c.abi_bwd = {"linear_logprob_bwd",
-               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, {N}),
-                op_saved(1, contiguous({N})), op_gout(0, contiguous({N}))},
+               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, tshape),
+                op_saved(1, contiguous({N})), op_gout(0, lp_layout)},
                {op_gin(0, contiguous({N, C})), op_gin(1, contiguous({V, C}))},
                attrs,
                {}};
@@ -703,6 +716,7 @@ std::vector<OpCase> all_op_cases() {
   o.temperature = 1.1;
   o.chunk_bytes = 1200;  // one token per block and several vocabulary chunks
   v.push_back(logprob_case("blocked", 9, 12, 600, o, true));
+  v.push_back(logprob_case("at ids", 9, 12, 600, o, true, 4));  // top-k distillation targets
   o = LogprobOpts{};
   o.temperature = 0.9;
   o.top_k = 7;
@@ -715,6 +729,7 @@ std::vector<OpCase> all_op_cases() {
   o.top_p = 0.9;
   o.chunk_bytes = 1024;
   v.push_back(logprob_case("top_k+top_p", 9, 12, 50, o, true));
+  v.push_back(logprob_case("top_k+top_p at ids", 9, 12, 50, o, true, 3));
   v.push_back(adamw_case(1000, false));
   v.push_back(adamw_case(200003, true));
   v.push_back(sumsq_case());

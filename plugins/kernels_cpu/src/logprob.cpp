@@ -1,6 +1,9 @@
 // linear_logprob: per-token logprob / entropy of logits = h W^T / temperature without ever
 // holding the logits of all tokens (conventions in kernels.hpp).
 //
+// Each token may have K targets (target [N, K], logprob [N, K]): the next token, or the ids of a
+// top-k distillation. Gradients of a token's targets add up.
+//
 // Unfiltered path (top_k = 0, top_p = 1): tokens are taken in blocks of up to kRowBlock rows and
 // the vocabulary in chunks of vc rows of W, so a [rows, vc] tile fits chunk_bytes (tile_shape).
 // Forward keeps per token an online log-sum-exp over the chunks:
@@ -22,6 +25,7 @@
 #include <cmath>
 #include <functional>
 #include <stdexcept>
+#include <vector>
 
 #include "rlhost/kernels_cpu/kernels.hpp"
 #include "simd.hpp"  // exp_t, RLH_KCPU_MULTIVERSION
@@ -58,7 +62,8 @@ void tile_shape(int64_t N, int64_t V, const LogprobOpts& o, size_t elem, int64_t
 // Forward statistics of one [nb, vc] tile of z whose first column is vocab entry v0.
 template <class T>
 RLH_KCPU_INLINE void stats_rows(const T* Z, int64_t ld, int64_t r0, int64_t r1, int64_t vc,
-                                int64_t v0, const int32_t* target, T* m, T* l, T* s1, T* zt) {
+                                int64_t v0, const int32_t* target, int64_t K, T* m, T* l, T* s1,
+                                T* zt) {
   for (int64_t r = r0; r < r1; ++r) {
     const T* z = Z + r * ld;
     T mx = -INFINITY;
@@ -78,20 +83,24 @@ RLH_KCPU_INLINE void stats_rows(const T* Z, int64_t ld, int64_t r0, int64_t r1, 
     s1[r] = corr * (s1[r] + l[r] * (m[r] == -INFINITY ? T(0) : m[r] - m_new)) + sz;
     l[r] = l[r] * corr + sum;
     m[r] = m_new;
-    const int64_t t = target[r];
-    if (t >= v0 && t < v0 + vc) zt[r] = z[t - v0];
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t t = target[r * K + k];
+      if (t >= v0 && t < v0 + vc) zt[r * K + k] = z[t - v0];
+    }
   }
 }
 
 // dlogits of one tile, in place over z. ez = E[z] per row (only read when dH is given).
 template <class T>
 RLH_KCPU_INLINE void grad_rows(T* Z, int64_t ld, int64_t r0, int64_t r1, int64_t vc, int64_t v0,
-                               const int32_t* target, const T* lse, const T* ez, const T* dlp,
-                               const T* dH, T inv_temp) {
+                               const int32_t* target, int64_t K, const T* lse, const T* ez,
+                               const T* dlp, const T* dH, T inv_temp) {
   for (int64_t r = r0; r < r1; ++r) {
     T* z = Z + r * ld;
-    const int64_t t = target[r];
-    const T a = dlp && t >= 0 ? dlp[r] : T(0);  // no target: logprob is the constant 0
+    T a = 0;  // sum of the row's logprob gradients (a missing target's logprob is the constant 0)
+    if (dlp)
+      for (int64_t k = 0; k < K; ++k)
+        if (target[r * K + k] >= 0) a += dlp[r * K + k];
     const T b = dH ? dH[r] : T(0);
     const T zl = lse[r], e = dH ? ez[r] : T(0);
 #pragma omp simd
@@ -99,19 +108,24 @@ RLH_KCPU_INLINE void grad_rows(T* Z, int64_t ld, int64_t r0, int64_t r1, int64_t
       const T p = exp_t(z[j] - zl);
       z[j] = (-a * p - b * p * (z[j] - e)) * inv_temp;
     }
-    if (t >= v0 && t < v0 + vc) z[t - v0] += a * inv_temp;
+    if (dlp)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t t = target[r * K + k];
+        if (t >= v0 && t < v0 + vc) z[t - v0] += dlp[r * K + k] * inv_temp;
+      }
   }
 }
 
 RLH_KCPU_MULTIVERSION(stats_f, stats_rows,
                       (const float* Z, int64_t ld, int64_t r0, int64_t r1, int64_t vc, int64_t v0,
-                       const int32_t* target, float* m, float* l, float* s1, float* zt),
-                      (Z, ld, r0, r1, vc, v0, target, m, l, s1, zt))
+                       const int32_t* target, int64_t K, float* m, float* l, float* s1,
+                       float* zt),
+                      (Z, ld, r0, r1, vc, v0, target, K, m, l, s1, zt))
 RLH_KCPU_MULTIVERSION(grad_f, grad_rows,
                       (float* Z, int64_t ld, int64_t r0, int64_t r1, int64_t vc, int64_t v0,
-                       const int32_t* target, const float* lse, const float* ez,
+                       const int32_t* target, int64_t K, const float* lse, const float* ez,
                        const float* dlp, const float* dH, float inv_temp),
-                      (Z, ld, r0, r1, vc, v0, target, lse, ez, dlp, dH, inv_temp))
+                      (Z, ld, r0, r1, vc, v0, target, K, lse, ez, dlp, dH, inv_temp))
 
 // Runs fn(r0, r1) over rows [0, n) in blocks of about 64K elements, taken dynamically by the
 // threads (row results do not depend on the blocking).
@@ -174,7 +188,8 @@ void filtered_row_stats(const T* z, int64_t V, T tau, T* lse, T* ent) {
 
 template <class T>
 void fwd_filtered(T* logprob, T* lse, T* entropy, const T* h, const T* W, const int32_t* target,
-                  int64_t N, int64_t C, int64_t V, const LogprobOpts& o, const Scratch& scratch) {
+                  int64_t N, int64_t C, int64_t V, int64_t K, const LogprobOpts& o,
+                  const Scratch& scratch) {
   const int64_t budget = (o.chunk_bytes > 0 ? o.chunk_bytes : kDefaultChunkBytes) / int64_t(sizeof(T));
   const int64_t nb = std::max<int64_t>(1, std::min(N, budget / V));
   const int nt = num_threads();
@@ -190,10 +205,13 @@ void fwd_filtered(T* logprob, T* lse, T* entropy, const T* h, const T* W, const 
       const T tau = filter_threshold(z, V, o, tmp.data() + size_t(omp_get_thread_num()) * V);
       T row_lse, row_ent;
       filtered_row_stats(z, V, tau, &row_lse, &row_ent);
-      const int64_t n = n0 + r, t = target[n];
+      const int64_t n = n0 + r;
       lse[n] = row_lse;
       if (entropy) entropy[n] = row_ent;
-      logprob[n] = t < 0 ? T(0) : (z[t] >= tau ? z[t] - row_lse : T(-INFINITY));
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t t = target[n * K + k];
+        logprob[n * K + k] = t < 0 ? T(0) : (z[t] >= tau ? z[t] - row_lse : T(-INFINITY));
+      }
     }
   }
 }
@@ -201,7 +219,8 @@ void fwd_filtered(T* logprob, T* lse, T* entropy, const T* h, const T* W, const 
 template <class T>
 void bwd_filtered(T* dh, T* dW, const T* dlp, const T* dH, const T* h, const T* W,
                   const int32_t* target, const T* lse, const T* entropy, int64_t N, int64_t C,
-                  int64_t V, const LogprobOpts& o, bool accumulate, const Scratch& scratch) {
+                  int64_t V, int64_t K, const LogprobOpts& o, bool accumulate,
+                  const Scratch& scratch) {
   const int64_t budget = (o.chunk_bytes > 0 ? o.chunk_bytes : kDefaultChunkBytes) / int64_t(sizeof(T));
   const int64_t nb = std::max<int64_t>(1, std::min(N, budget / V));
   const int nt = num_threads();
@@ -214,17 +233,25 @@ void bwd_filtered(T* dh, T* dW, const T* dlp, const T* dH, const T* h, const T* 
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; ++r) {
       T* z = buf.data() + r * V;
-      const int64_t n = n0 + r, t = target[n];
+      const int64_t n = n0 + r;
       const T tau = filter_threshold(z, V, o, tmp.data() + size_t(omp_get_thread_num()) * V);
-      const bool target_kept = t >= 0 && z[t] >= tau;
-      const T a = dlp && target_kept ? dlp[n] : T(0);
+      // Targets that were filtered out (or absent) have a constant logprob: no gradient.
+      // Decided before z is overwritten with dlogits below.
+      std::vector<uint8_t> kept(size_t(K), 0);
+      T a = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t t = target[n * K + k];
+        kept[size_t(k)] = dlp && t >= 0 && z[t] >= tau;
+        if (kept[size_t(k)]) a += dlp[n * K + k];
+      }
       const T b = dH ? dH[n] : T(0);
       const T ez = dH ? lse[n] - entropy[n] : T(0);
       for (int64_t j = 0; j < V; ++j) {
         const T p = z[j] >= tau ? exp_t(z[j] - lse[n]) : T(0);
         z[j] = (-a * p - b * p * (z[j] - ez)) * inv_temp;
       }
-      if (target_kept) z[t] += a * inv_temp;
+      for (int64_t k = 0; k < K; ++k)
+        if (kept[size_t(k)]) z[target[n * K + k]] += dlp[n * K + k] * inv_temp;
     }
     gemm<T>(false, false, rows, C, V, T(1), buf.data(), V, W, C, accumulate ? T(1) : T(0),
             dh + n0 * C, C);
@@ -232,25 +259,27 @@ void bwd_filtered(T* dh, T* dW, const T* dlp, const T* dH, const T* h, const T* 
   }
 }
 
-void check_targets(const int32_t* target, int64_t N, int64_t V) {
-  for (int64_t n = 0; n < N; ++n)
-    if (target[n] >= V) throw std::invalid_argument("linear_logprob: target outside the vocabulary");
+void check_targets(const int32_t* target, int64_t N, int64_t K, int64_t V) {
+  if (K < 1) throw std::invalid_argument("linear_logprob: K (targets per token) must be >= 1");
+  for (int64_t i = 0; i < N * K; ++i)
+    if (target[i] >= V) throw std::invalid_argument("linear_logprob: target outside the vocabulary");
 }
 
 }  // namespace
 
 template <class T>
 void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
-                        const int32_t* target, int64_t N, int64_t C, int64_t V,
+                        const int32_t* target, int64_t N, int64_t C, int64_t V, int64_t K,
                         const LogprobOpts& o, const Scratch& scratch) {
   check_opts(o, V);
-  check_targets(target, N, V);
+  check_targets(target, N, K, V);
   if (N == 0) return;
-  if (filtered(o)) return fwd_filtered(logprob, lse, entropy, h, W, target, N, C, V, o, scratch);
+  if (filtered(o))
+    return fwd_filtered(logprob, lse, entropy, h, W, target, N, C, V, K, o, scratch);
   int64_t nb, vc;
   tile_shape(N, V, o, sizeof(T), &nb, &vc);
   ScratchArray<T> buf(scratch, size_t(nb) * vc);
-  ScratchArray<T> stats(scratch, size_t(nb) * 4);  // m, l, s1, zt
+  ScratchArray<T> stats(scratch, size_t(nb) * (3 + K));  // m, l, s1 [nb]; zt [nb, K]
   const T inv_temp = T(1.0 / o.temperature);
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t rows = std::min(nb, N - n0);
@@ -261,23 +290,25 @@ void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
     std::fill(m, m + rows, T(-INFINITY));
     std::fill(l, l + rows, T(0));
     std::fill(s1, s1 + rows, T(0));
-    std::fill(zt, zt + rows, T(0));
+    std::fill(zt, zt + rows * K, T(0));
+    const int32_t* tg = target + n0 * K;
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t cols = std::min(vc, V - v0);
       gemm<T>(false, true, rows, cols, C, inv_temp, h + n0 * C, C, W + v0 * C, C, T(0),
               buf.data(), cols);
       for_rows(rows, rows * cols, [&](int64_t r0, int64_t r1) {
         if constexpr (std::is_same_v<T, float>)
-          stats_f_select()(buf.data(), cols, r0, r1, cols, v0, target + n0, m, l, s1, zt);
+          stats_f_select()(buf.data(), cols, r0, r1, cols, v0, tg, K, m, l, s1, zt);
         else
-          stats_rows<T>(buf.data(), cols, r0, r1, cols, v0, target + n0, m, l, s1, zt);
+          stats_rows<T>(buf.data(), cols, r0, r1, cols, v0, tg, K, m, l, s1, zt);
       });
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = n0 + r;
       lse[n] = m[r] + std::log(l[r]);
       if (entropy) entropy[n] = std::log(l[r]) - s1[r] / l[r];
-      logprob[n] = target[n] < 0 ? T(0) : zt[r] - lse[n];
+      for (int64_t k = 0; k < K; ++k)
+        logprob[n * K + k] = target[n * K + k] < 0 ? T(0) : zt[r * K + k] - lse[n];
     }
   }
 }
@@ -285,14 +316,14 @@ void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
 template <class T>
 void linear_logprob_bwd(T* dh, T* dW, const T* dlp, const T* dH, const T* h, const T* W,
                         const int32_t* target, const T* lse, const T* entropy, int64_t N,
-                        int64_t C, int64_t V, const LogprobOpts& o, bool accumulate,
+                        int64_t C, int64_t V, int64_t K, const LogprobOpts& o, bool accumulate,
                         const Scratch& scratch) {
   check_opts(o, V);
-  check_targets(target, N, V);
+  check_targets(target, N, K, V);
   if (dH && !entropy) throw std::invalid_argument("linear_logprob_bwd: dentropy needs entropy");
   if (N == 0) return;
   if (filtered(o))
-    return bwd_filtered(dh, dW, dlp, dH, h, W, target, lse, entropy, N, C, V, o, accumulate,
+    return bwd_filtered(dh, dW, dlp, dH, h, W, target, lse, entropy, N, C, V, K, o, accumulate,
                         scratch);
   int64_t nb, vc;
   tile_shape(N, V, o, sizeof(T), &nb, &vc);
@@ -303,19 +334,20 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlp, const T* dH, const T* h, con
     const int64_t rows = std::min(nb, N - n0);
     if (dH)
       for (int64_t r = 0; r < rows; ++r) ez.data()[r] = lse[n0 + r] - entropy[n0 + r];
+    const int32_t* tg = target + n0 * K;
+    const T* dlp_b = dlp ? dlp + n0 * K : nullptr;
+    const T* dH_b = dH ? dH + n0 : nullptr;
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t cols = std::min(vc, V - v0);
       gemm<T>(false, true, rows, cols, C, inv_temp, h + n0 * C, C, W + v0 * C, C, T(0),
               buf.data(), cols);
       for_rows(rows, rows * cols, [&](int64_t r0, int64_t r1) {
-        const T* dlp_b = dlp ? dlp + n0 : nullptr;
-        const T* dH_b = dH ? dH + n0 : nullptr;
         if constexpr (std::is_same_v<T, float>)
-          grad_f_select()(buf.data(), cols, r0, r1, cols, v0, target + n0, lse + n0, ez.data(),
-                          dlp_b, dH_b, inv_temp);
+          grad_f_select()(buf.data(), cols, r0, r1, cols, v0, tg, K, lse + n0, ez.data(), dlp_b,
+                          dH_b, inv_temp);
         else
-          grad_rows<T>(buf.data(), cols, r0, r1, cols, v0, target + n0, lse + n0, ez.data(),
-                       dlp_b, dH_b, inv_temp);
+          grad_rows<T>(buf.data(), cols, r0, r1, cols, v0, tg, K, lse + n0, ez.data(), dlp_b,
+                       dH_b, inv_temp);
       });
       const T beta = (v0 == 0 && !accumulate) ? T(0) : T(1);
       gemm<T>(false, false, rows, C, cols, T(1), buf.data(), cols, W + v0 * C, C, beta,
@@ -327,17 +359,17 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlp, const T* dH, const T* h, con
 }
 
 template void linear_logprob_fwd<float>(float*, float*, float*, const float*, const float*,
-                                        const int32_t*, int64_t, int64_t, int64_t,
+                                        const int32_t*, int64_t, int64_t, int64_t, int64_t,
                                         const LogprobOpts&, const Scratch&);
 template void linear_logprob_fwd<double>(double*, double*, double*, const double*, const double*,
-                                         const int32_t*, int64_t, int64_t, int64_t,
+                                         const int32_t*, int64_t, int64_t, int64_t, int64_t,
                                          const LogprobOpts&, const Scratch&);
 template void linear_logprob_bwd<float>(float*, float*, const float*, const float*, const float*,
                                         const float*, const int32_t*, const float*, const float*,
-                                        int64_t, int64_t, int64_t, const LogprobOpts&, bool,
-                                        const Scratch&);
+                                        int64_t, int64_t, int64_t, int64_t, const LogprobOpts&,
+                                        bool, const Scratch&);
 template void linear_logprob_bwd<double>(double*, double*, const double*, const double*,
                                          const double*, const double*, const int32_t*,
                                          const double*, const double*, int64_t, int64_t, int64_t,
-                                         const LogprobOpts&, bool, const Scratch&);
+                                         int64_t, const LogprobOpts&, bool, const Scratch&);
 }  // namespace rlh::kcpu

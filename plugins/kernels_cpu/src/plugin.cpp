@@ -335,13 +335,19 @@ LogprobOpts logprob_opts(const Call& c) {
   return o;
 }
 
+// target [N] or [N, K]; logprob (and dlogprob) the same shape.
+int64_t targets_per_token(const rlh_tensor& target) {
+  return target.ndim == 2 ? target.shape[1] : 1;
+}
+
 template <class T>
 void run_linear_logprob_fwd(const Call& c) {
   const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1], V = c.in(1).shape[0];
+  const int64_t K = targets_per_token(c.in(2));
   need_vec(c.in(0), N * C, "linear_logprob_fwd h");
   need_vec(c.in(1), V * C, "linear_logprob_fwd W");
-  need_vec(c.in(2), N, "linear_logprob_fwd target");
-  need_vec(c.out(0), N, "linear_logprob_fwd logprob");
+  need_vec(c.in(2), N * K, "linear_logprob_fwd target");
+  need_vec(c.out(0), N * K, "linear_logprob_fwd logprob");
   need_vec(c.out(1), N, "linear_logprob_fwd lse");
   T* ent = nullptr;
   if (c.has_out(2)) {
@@ -349,22 +355,23 @@ void run_linear_logprob_fwd(const Call& c) {
     ent = data<T>(c.out(2));
   }
   linear_logprob_fwd<T>(data<T>(c.out(0)), data<T>(c.out(1)), ent, data<T>(c.in(0)),
-                        data<T>(c.in(1)), data<int32_t>(c.in(2)), N, C, V, logprob_opts(c),
+                        data<T>(c.in(1)), data<int32_t>(c.in(2)), N, C, V, K, logprob_opts(c),
                         c.scratch);
 }
 
 template <class T>
 void run_linear_logprob_bwd(const Call& c) {
   const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1], V = c.in(1).shape[0];
+  const int64_t K = targets_per_token(c.in(2));
   need_vec(c.in(0), N * C, "linear_logprob_bwd h");
   need_vec(c.in(1), V * C, "linear_logprob_bwd W");
-  need_vec(c.in(2), N, "linear_logprob_bwd target");
+  need_vec(c.in(2), N * K, "linear_logprob_bwd target");
   need_vec(c.in(3), N, "linear_logprob_bwd lse");
   const T* dlp = nullptr;
   const T* ent = nullptr;
   const T* dent = nullptr;
   if (c.has_in(4)) {
-    need_vec(c.in(4), N, "linear_logprob_bwd dlogprob");
+    need_vec(c.in(4), N * K, "linear_logprob_bwd dlogprob");
     dlp = data<T>(c.in(4));
   }
   if (c.has_in(5)) {
@@ -379,7 +386,7 @@ void run_linear_logprob_bwd(const Call& c) {
   need_vec(c.out(1), V * C, "linear_logprob_bwd dW");
   linear_logprob_bwd<T>(data<T>(c.out(0)), data<T>(c.out(1)), dlp, dent, data<T>(c.in(0)),
                         data<T>(c.in(1)), data<int32_t>(c.in(2)), data<T>(c.in(3)), ent, N, C, V,
-                        logprob_opts(c), c.flag("accumulate"), c.scratch);
+                        K, logprob_opts(c), c.flag("accumulate"), c.scratch);
 }
 
 template <class T>

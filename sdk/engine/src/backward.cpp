@@ -73,10 +73,10 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   raw.temperature = req.temperature;
   raw.chunk_bytes = opt.logprob_chunk_bytes;
   bool have_dxn = false;
-  if (req.logprob || req.entropy) {
-    ops->linear_logprob_bwd(g.dxn, G.lm_head, req.logprob ? head.dlp : nullptr,
-                            req.entropy ? head.dent : nullptr, head.xn, P.lm_head, target,
-                            head.lse, req.entropy ? head.ent : nullptr, N, C, V, raw, false);
+  if (req.logprob || req.entropy || req.logprob_at_ids) {
+    ops->linear_logprob_bwd(g.dxn, G.lm_head, head.dlp, req.entropy ? head.dent : nullptr,
+                            head.xn, P.lm_head, target_raw, head.lse,
+                            req.entropy ? head.ent : nullptr, N, C, V, head.kraw, raw, false);
     have_dxn = true;
   }
   if (req.processed_logprob) {
@@ -84,7 +84,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
     proc.top_k = req.top_k;
     proc.top_p = req.top_p;
     ops->linear_logprob_bwd(g.dxn, G.lm_head, head.dlp_proc, nullptr, head.xn, P.lm_head, target,
-                            head.lse_proc, nullptr, N, C, V, proc, have_dxn);
+                            head.lse_proc, nullptr, N, C, V, 1, proc, have_dxn);
     have_dxn = true;
   }
   ops->rmsnorm_bwd(g.dres, C, G.final_norm, g.dxn, C, head.x, C, P.final_norm, head.rstd, N, C,

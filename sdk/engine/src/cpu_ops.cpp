@@ -116,15 +116,16 @@ class CpuOps final : public Ops {
   }
   void linear_logprob_fwd(float* logprob, float* lse, float* entropy, const float* h,
                           const float* W, const int32_t* target, int64_t N, int64_t C, int64_t V,
-                          const LogprobAttrs& a) override {
-    k::linear_logprob_fwd<float>(logprob, lse, entropy, h, W, target, N, C, V, opts(a), scratch_);
+                          int64_t K, const LogprobAttrs& a) override {
+    k::linear_logprob_fwd<float>(logprob, lse, entropy, h, W, target, N, C, V, K, opts(a),
+                                 scratch_);
   }
   void linear_logprob_bwd(float* dh, float* dW, const float* dlogprob, const float* dentropy,
                           const float* h, const float* W, const int32_t* target, const float* lse,
-                          const float* entropy, int64_t N, int64_t C, int64_t V,
+                          const float* entropy, int64_t N, int64_t C, int64_t V, int64_t K,
                           const LogprobAttrs& a, bool accumulate) override {
     k::linear_logprob_bwd<float>(dh, dW, dlogprob, dentropy, h, W, target, lse, entropy, N, C, V,
-                                 opts(a), accumulate, scratch_);
+                                 K, opts(a), accumulate, scratch_);
   }
   void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& o) override {
     k::AdamWOpts a;

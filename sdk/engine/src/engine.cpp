@@ -129,19 +129,25 @@ void Engine::zero_grad() {
 Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
   Impl& m = *impl_;
   m.forward(mb, req, false);
-  const int64_t N = mb.num_tokens();
+  const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
+  const auto cu = mb.cu_seqlens;
   Outputs out;
   if (req.logprob) {
     out.logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp, out.logprob.data(), mb.cu_seqlens);
+    shift_to_outputs(m.head.lp, kraw, out.logprob.data(), 1, 1, cu);
   }
   if (req.entropy) {
     out.entropy.resize(size_t(N));
-    shift_to_outputs(m.head.ent, out.entropy.data(), mb.cu_seqlens);
+    shift_to_outputs(m.head.ent, 1, out.entropy.data(), 1, 1, cu);
   }
   if (req.processed_logprob) {
     out.processed_logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp_proc, out.processed_logprob.data(), mb.cu_seqlens);
+    shift_to_outputs(m.head.lp_proc, 1, out.processed_logprob.data(), 1, 1, cu);
+  }
+  if (req.logprob_at_ids) {
+    out.ids_per_token = K;
+    out.logprob_at_ids.resize(size_t(N * K));
+    shift_to_outputs(m.head.lp + 1, kraw, out.logprob_at_ids.data(), K, K, cu);
   }
   if (req.logits) {  // [N, V]: for tests on small vocabularies
     out.logits.resize(size_t(N * m.V));
@@ -155,7 +161,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
                               const LossFn& loss_fn) {
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
-  if (!req.logprob && !req.processed_logprob && !req.entropy)
+  if (!req.logprob && !req.processed_logprob && !req.entropy && !req.logprob_at_ids)
     throw std::invalid_argument("engine: a train step needs at least one differentiable output");
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
   if (mbs.empty()) throw std::invalid_argument("engine: a train step needs micro-batches");
@@ -165,33 +171,44 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   for (size_t i = 0; i < mbs.size(); ++i) {
     const MicroBatch& mb = mbs[i];
     m.forward(mb, req, !m.opt.recompute);
-    const int64_t N = mb.num_tokens();
+    const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
+    const auto cu = mb.cu_seqlens;
 
-    // Outputs and their gradients in output alignment, for the callback.
-    Buffer<float> views(*m.alloc, size_t(6 * N));
-    std::memset(views.data(), 0, size_t(6 * N) * sizeof(float));
+    // Outputs and their gradients in output alignment, for the callback: logprob, entropy,
+    // processed logprob [N] each, logprob_at_ids [N, K]; then the same again for gradients.
+    const int64_t per = 3 * N + N * K;
+    Buffer<float> views(*m.alloc, size_t(2 * per));
+    std::memset(views.data(), 0, size_t(2 * per) * sizeof(float));
     float* lp = views.data();
     float* ent = lp + N;
     float* proc = ent + N;
-    float* dlp = proc + N;
+    float* ids = proc + N;
+    float* dlp = views.data() + per;
     float* dent = dlp + N;
     float* dproc = dent + N;
+    float* dids = dproc + N;
     OutputViews ov;
     OutputGrads og;
     if (req.logprob) {
-      shift_to_outputs(m.head.lp, lp, mb.cu_seqlens);
+      shift_to_outputs(m.head.lp, kraw, lp, 1, 1, cu);
       ov.logprob = {lp, size_t(N)};
       og.logprob = {dlp, size_t(N)};
     }
     if (req.entropy) {
-      shift_to_outputs(m.head.ent, ent, mb.cu_seqlens);
+      shift_to_outputs(m.head.ent, 1, ent, 1, 1, cu);
       ov.entropy = {ent, size_t(N)};
       og.entropy = {dent, size_t(N)};
     }
     if (req.processed_logprob) {
-      shift_to_outputs(m.head.lp_proc, proc, mb.cu_seqlens);
+      shift_to_outputs(m.head.lp_proc, 1, proc, 1, 1, cu);
       ov.processed_logprob = {proc, size_t(N)};
       og.processed_logprob = {dproc, size_t(N)};
+    }
+    if (req.logprob_at_ids) {
+      shift_to_outputs(m.head.lp + 1, kraw, ids, K, K, cu);
+      ov.logprob_at_ids = {ids, size_t(N * K)};
+      ov.ids_per_token = K;
+      og.logprob_at_ids = {dids, size_t(N * K)};
     }
     LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
     const LossResult lr = loss_fn(ctx, ov, og);
@@ -204,9 +221,10 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
       else
         it->second += value;
     }
-    shift_to_kernel(dlp, m.head.dlp, mb.cu_seqlens);
-    shift_to_kernel(dent, m.head.dent, mb.cu_seqlens);
-    shift_to_kernel(dproc, m.head.dlp_proc, mb.cu_seqlens);
+    shift_to_kernel(dlp, 1, m.head.dlp, kraw, 1, cu);
+    if (K > 0) shift_to_kernel(dids, K, m.head.dlp + 1, kraw, K, cu);
+    shift_to_kernel(dent, 1, m.head.dent, 1, 1, cu);
+    shift_to_kernel(dproc, 1, m.head.dlp_proc, 1, 1, cu);
     m.backward(mb, req);
     r.tokens += N;
   }

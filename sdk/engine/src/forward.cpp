@@ -15,9 +15,25 @@ namespace rlh::engine {
 // ---------------------------------------------------------------------------------------------
 // Batch bookkeeping
 
+// K of logprob_at_ids: the ids field's second dimension (0 when not requested).
+int64_t Engine::Impl::ids_per_token(const MicroBatch& mb, const OutputRequest& req) const {
+  if (!req.logprob_at_ids) return 0;
+  const rlh_tensor* f = mb.field(req.ids_field);
+  if (!f) throw std::invalid_argument("engine: logprob_at_ids needs the field '" + req.ids_field + "'");
+  if ((f->ndim != 1 && f->ndim != 2) || f->shape[0] != mb.num_tokens() ||
+      f->dtype.code != RLH_DTYPE_INT || (f->dtype.bits != 32 && f->dtype.bits != 64))
+    throw std::invalid_argument("engine: field '" + req.ids_field +
+                                "' must be int32/int64 [num_tokens, K]");
+  const int64_t K = f->ndim == 2 ? f->shape[1] : 1;
+  if ((f->ndim == 2 && K > 1 && f->strides[1] != 1) || (mb.num_tokens() > 1 && f->strides[0] != K))
+    throw std::invalid_argument("engine: field '" + req.ids_field + "' must be contiguous");
+  return K;
+}
+
 // Positions restart at every sequence; the target of token t is token t+1 of the same sequence
-// (-1 for the last token: nothing to predict).
-void Engine::Impl::prepare_batch(const MicroBatch& mb) {
+// (-1 for the last token: nothing to predict). With logprob_at_ids, row t of the raw pass also
+// targets the ids the field gives for position t+1.
+void Engine::Impl::prepare_batch(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
   if (S < 1 || mb.cu_seqlens[0] != 0 || mb.cu_seqlens[size_t(S)] != N || N == 0)
     throw std::invalid_argument(
@@ -33,21 +49,50 @@ void Engine::Impl::prepare_batch(const MicroBatch& mb) {
       target[t] = t + 1 < e ? mb.input_ids[size_t(t) + 1] : -1;
     }
   }
-}
-
-void shift_to_outputs(const float* kernel, float* out, std::span<const int32_t> cu) {
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    if (cu[s + 1] == cu[s]) continue;
-    out[cu[s]] = 0.f;
-    for (int32_t t = cu[s] + 1; t < cu[s + 1]; ++t) out[t] = kernel[t - 1];
+  const int64_t kraw = head.kraw, K = kraw - 1;
+  if (K == 0) return;
+  const rlh_tensor* f = mb.field(req.ids_field);
+  const char* base = static_cast<const char*>(f->data) + f->byte_offset;
+  auto id_at = [&](int64_t row, int64_t k) -> int64_t {
+    return f->dtype.bits == 32 ? reinterpret_cast<const int32_t*>(base)[row * K + k]
+                               : reinterpret_cast<const int64_t*>(base)[row * K + k];
+  };
+  for (int64_t s = 0; s < S; ++s) {
+    const int32_t b = mb.cu_seqlens[size_t(s)], e = mb.cu_seqlens[size_t(s) + 1];
+    for (int32_t t = b; t < e; ++t) {
+      int32_t* row = target_raw + int64_t(t) * kraw;
+      row[0] = target[t];
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t id = t + 1 < e ? id_at(t + 1, k) : -1;
+        if (id >= V)
+          throw std::invalid_argument("engine: id " + std::to_string(id) + " in field '" +
+                                      req.ids_field + "' outside the vocabulary");
+        row[1 + k] = int32_t(id < 0 ? -1 : id);
+      }
+    }
   }
 }
 
-void shift_to_kernel(const float* out, float* kernel, std::span<const int32_t> cu) {
+void shift_to_outputs(const float* kernel, int64_t ldk, float* out, int64_t ldo, int64_t width,
+                      std::span<const int32_t> cu) {
   for (size_t s = 0; s + 1 < cu.size(); ++s) {
     if (cu[s + 1] == cu[s]) continue;
-    for (int32_t t = cu[s]; t + 1 < cu[s + 1]; ++t) kernel[t] = out[t + 1];
-    kernel[cu[s + 1] - 1] = 0.f;
+    std::fill(out + int64_t(cu[s]) * ldo, out + int64_t(cu[s]) * ldo + width, 0.f);
+    for (int32_t t = cu[s] + 1; t < cu[s + 1]; ++t)
+      std::copy(kernel + int64_t(t - 1) * ldk, kernel + int64_t(t - 1) * ldk + width,
+                out + int64_t(t) * ldo);
+  }
+}
+
+void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, int64_t width,
+                     std::span<const int32_t> cu) {
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    if (cu[s + 1] == cu[s]) continue;
+    for (int32_t t = cu[s]; t + 1 < cu[s + 1]; ++t)
+      std::copy(out + int64_t(t + 1) * ldo, out + int64_t(t + 1) * ldo + width,
+                kernel + int64_t(t) * ldk);
+    const int64_t last = cu[s + 1] - 1;
+    std::fill(kernel + last * ldk, kernel + last * ldk + width, 0.f);
   }
 }
 
@@ -138,8 +183,8 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   const int64_t N = mb.num_tokens();
   if (mb.cu_seqlens.empty() || N == 0)
     throw std::invalid_argument("engine: empty micro-batch");
-  plan_acts(N, save_all);
-  prepare_batch(mb);
+  plan_acts(N, save_all, 1 + ids_per_token(mb, req));
+  prepare_batch(mb, req);
   const int32_t* ids = mb.input_ids.data();
 
   ops->embedding_fwd(xs[0], ids, P.embed, N, C, V);  // x0 [N,C]
@@ -154,15 +199,15 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   LogprobAttrs raw;
   raw.temperature = req.temperature;
   raw.chunk_bytes = opt.logprob_chunk_bytes;
-  if (req.logprob || req.entropy)
+  if (req.logprob || req.entropy || req.logprob_at_ids)
     ops->linear_logprob_fwd(head.lp, head.lse, req.entropy ? head.ent : nullptr, head.xn,
-                            P.lm_head, target, N, C, V, raw);  // lp, lse [N]
+                            P.lm_head, target_raw, N, C, V, head.kraw, raw);  // lp [N,kraw]
   if (req.processed_logprob) {
     LogprobAttrs proc = raw;
     proc.top_k = req.top_k;
     proc.top_p = req.top_p;
     ops->linear_logprob_fwd(head.lp_proc, head.lse_proc, nullptr, head.xn, P.lm_head, target, N,
-                            C, V, proc);
+                            C, V, 1, proc);                                   // lp_proc [N]
   }
 }
 

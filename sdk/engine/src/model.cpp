@@ -190,10 +190,15 @@ void Engine::Impl::carve_params() {
 
 // One allocation for a micro-batch of N tokens. save_all: every layer keeps its activations for
 // the backward; otherwise only the layer inputs xs[l] are kept and one layer set is reused.
-void Engine::Impl::plan_acts(int64_t N, bool save_all) {
+void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   // A plan that keeps every layer also serves a forward-only pass: alternating logprob passes
   // and train steps (the RL loop) then never reallocates.
-  if (N <= acts_tokens && (acts_saved_all || !save_all) && !layer_acts.empty()) return;
+  if (N <= acts_tokens && kraw <= acts_kraw && (acts_saved_all || !save_all) &&
+      (!layer_acts.empty() || L == 0)) {
+    head.kraw = kraw;
+    target_raw = kraw > 1 ? ints.data() + 2 * acts_tokens : target;
+    return;
+  }
   int64_t max_wqkv = 0, max_att = 0, max_f = 0;
   for (const LayerShape& s : shapes) {
     max_wqkv = std::max(max_wqkv, s.Wqkv);
@@ -219,15 +224,15 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all) {
     for (const LayerShape& s : shapes) worst = std::max(worst, layer_floats(s));
     total_f += worst;
   }
-  total_f += N * C + N;  // head xn, rstd (its x is xs[L])
-  total_f += 9 * N;      // lp, lse, ent, lp_proc, lse_proc, ent_proc, dlp, dent, dlp_proc
+  total_f += N * C + N;         // head xn, rstd (its x is xs[L])
+  total_f += 6 * N + 2 * N * kraw;  // lp, dlp [N,kraw]; lse, ent, lp_proc, lse_proc, dent, dlp_proc
   total_f += 2 * N * C + N * max_wqkv + N * max_att + 2 * N * max_f + N * max_f;  // GradActs
 
   layer_acts.clear();
   acts.reset();
   ints.reset();
   acts = Buffer<float>(*alloc, size_t(total_f));
-  ints = Buffer<int32_t>(*alloc, size_t(2 * N));
+  ints = Buffer<int32_t>(*alloc, size_t(2 * N + (kraw > 1 ? N * kraw : 0)));
   float* at = acts.data();
   auto take = [&](int64_t n) {
     float* p = at;
@@ -271,13 +276,13 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all) {
   head.x = xs[size_t(L)];
   head.xn = take(N * C);
   head.rstd = take(N);
-  head.lp = take(N);
+  head.kraw = kraw;
+  head.lp = take(N * kraw);
   head.lse = take(N);
   head.ent = take(N);
   head.lp_proc = take(N);
   head.lse_proc = take(N);
-  head.ent_proc = take(N);
-  head.dlp = take(N);
+  head.dlp = take(N * kraw);
   head.dent = take(N);
   head.dlp_proc = take(N);
   grad_acts.dres = take(N * C);
@@ -289,7 +294,9 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all) {
   if (at != acts.data() + total_f) throw std::logic_error("engine: activation plan mismatch");
   pos = ints.data();
   target = ints.data() + N;
+  target_raw = kraw > 1 ? ints.data() + 2 * N : target;
   acts_tokens = N;
+  acts_kraw = kraw;
   acts_saved_all = save_all;
 }
 

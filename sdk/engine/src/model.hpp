@@ -83,19 +83,20 @@ struct GradActs {
 };
 
 // The head: final norm and the per-token outputs in kernel alignment (row t predicts t+1).
+// The raw pass has kraw targets per row: the next token, then the K ids of logprob_at_ids.
 struct HeadActs {
-  float* x = nullptr;       // [N, C] final residual stream (= x of layer L)
-  float* xn = nullptr;      // [N, C]
-  float* rstd = nullptr;    // [N]
-  float* lp = nullptr;      // [N] raw logprob of the next token
-  float* lse = nullptr;     // [N]
-  float* ent = nullptr;     // [N]
-  float* lp_proc = nullptr; // [N] processed logprob
-  float* lse_proc = nullptr;
-  float* ent_proc = nullptr;  // filled by the processed pass (not an output)
-  float* dlp = nullptr;       // [N] output gradients in kernel alignment
-  float* dent = nullptr;
-  float* dlp_proc = nullptr;
+  int64_t kraw = 1;
+  float* x = nullptr;         // [N, C] final residual stream (= x of layer L)
+  float* xn = nullptr;        // [N, C]
+  float* rstd = nullptr;      // [N]
+  float* lp = nullptr;        // [N, kraw] raw logprobs of the targets
+  float* lse = nullptr;       // [N]
+  float* ent = nullptr;       // [N]
+  float* lp_proc = nullptr;   // [N] processed logprob of the next token
+  float* lse_proc = nullptr;  // [N]
+  float* dlp = nullptr;       // [N, kraw] output gradients in kernel alignment
+  float* dent = nullptr;      // [N]
+  float* dlp_proc = nullptr;  // [N]
 };
 
 struct Engine::Impl {
@@ -133,19 +134,21 @@ struct Engine::Impl {
   // Activation storage for the current micro-batch size and mode.
   Buffer<float> acts;
   Buffer<int32_t> ints;  // positions [N], targets [N]
-  int64_t acts_tokens = -1;
+  int64_t acts_tokens = -1, acts_kraw = 0;
   bool acts_saved_all = false;
   std::vector<LayerActs> layer_acts;  // L sets (all saved) or 1 set reused (recompute)
   std::vector<float*> xs;             // [L+1] layer inputs, xs[L] = final residual stream
   GradActs grad_acts;
   HeadActs head;
-  int32_t* pos = nullptr;
-  int32_t* target = nullptr;
+  int32_t* pos = nullptr;         // [N] position within the sequence
+  int32_t* target = nullptr;      // [N] next token (-1 at the end of a sequence)
+  int32_t* target_raw = nullptr;  // [N, kraw] next token, then the ids (= target when kraw = 1)
 
   Impl(sdk::TransformerDesc d, EngineOptions o);
   void carve_params();
-  void plan_acts(int64_t N, bool save_all);
-  void prepare_batch(const MicroBatch& mb);
+  void plan_acts(int64_t N, bool save_all, int64_t kraw);
+  int64_t ids_per_token(const MicroBatch& mb, const OutputRequest& req) const;
+  void prepare_batch(const MicroBatch& mb, const OutputRequest& req);
 
   // forward.cpp
   void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out);
@@ -162,8 +165,10 @@ struct Engine::Impl {
 };
 
 // Output alignment: kernel row t (predicting token t+1) <-> output position t+1; the first
-// position of each sequence is 0.
-void shift_to_outputs(const float* kernel, float* out, std::span<const int32_t> cu);
-void shift_to_kernel(const float* out, float* kernel, std::span<const int32_t> cu);
+// position of each sequence is 0. `width` columns are moved, from/to rows ld apart.
+void shift_to_outputs(const float* kernel, int64_t ldk, float* out, int64_t ldo, int64_t width,
+                      std::span<const int32_t> cu);
+void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, int64_t width,
+                     std::span<const int32_t> cu);
 
 }  // namespace rlh::engine

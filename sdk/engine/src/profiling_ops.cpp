@@ -105,16 +105,16 @@ class ProfilingOps final : public Ops {
     RLH_TIMED("add_fwd", in_.add_fwd(y, a, b, n))
   }
   void linear_logprob_fwd(float* lp, float* lse, float* ent, const float* h, const float* W,
-                          const int32_t* t, int64_t N, int64_t C, int64_t V,
+                          const int32_t* t, int64_t N, int64_t C, int64_t V, int64_t K,
                           const LogprobAttrs& a) override {
-    RLH_TIMED("linear_logprob_fwd", in_.linear_logprob_fwd(lp, lse, ent, h, W, t, N, C, V, a))
+    RLH_TIMED("linear_logprob_fwd", in_.linear_logprob_fwd(lp, lse, ent, h, W, t, N, C, V, K, a))
   }
   void linear_logprob_bwd(float* dh, float* dW, const float* dlp, const float* dent,
                           const float* h, const float* W, const int32_t* t, const float* lse,
-                          const float* ent, int64_t N, int64_t C, int64_t V, const LogprobAttrs& a,
-                          bool acc) override {
+                          const float* ent, int64_t N, int64_t C, int64_t V, int64_t K,
+                          const LogprobAttrs& a, bool acc) override {
     RLH_TIMED("linear_logprob_bwd",
-              in_.linear_logprob_bwd(dh, dW, dlp, dent, h, W, t, lse, ent, N, C, V, a, acc))
+              in_.linear_logprob_bwd(dh, dW, dlp, dent, h, W, t, lse, ent, N, C, V, K, a, acc))
   }
   void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& o) override {
     RLH_TIMED("adamw", in_.adamw(p, g, m, v, n, o))

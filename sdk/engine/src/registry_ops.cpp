@@ -32,6 +32,9 @@ class Args {
     return make(p, sdk::kF32, {N, H, D}, {ld, D, 1});
   }
   rlh_tensor ints(const int32_t* p, int64_t n) { return vec(p, n, sdk::kI32); }
+  rlh_tensor imat(const int32_t* p, int64_t rows, int64_t cols) {
+    return make(p, sdk::kI32, {rows, cols}, {cols, 1});
+  }
 
  private:
   rlh_tensor make(const void* p, rlh_dtype dt, std::initializer_list<int64_t> shape,
@@ -58,15 +61,15 @@ class Args {
 };
 
 // Placeholder descriptors for resolution: dtype and rank per operand ('f' float32 2-D,
-// 'i' int32 1-D, 'v' float32 1-D, 'h' float32 3-D).
+// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D).
 std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 3>>& dims) {
   std::vector<rlh_tensor> v;
   for (const char* k = kinds; *k; ++k) {
     dims.push_back({1, 1, 1});
     rlh_tensor t{};
     t.device = sdk::kCPU;
-    t.dtype = *k == 'i' ? sdk::kI32 : sdk::kF32;
-    t.ndim = *k == 'h' ? 3 : (*k == 'f' ? 2 : 1);
+    t.dtype = (*k == 'i' || *k == 'j') ? sdk::kI32 : sdk::kF32;
+    t.ndim = *k == 'h' ? 3 : ((*k == 'f' || *k == 'j') ? 2 : 1);
     t.shape = dims.back().data();
     t.strides = dims.back().data();
     v.push_back(t);
@@ -97,8 +100,8 @@ class RegistryOps final : public Ops {
     bias_f_ = get("bias_add_fwd", "v", "f");
     bias_b_ = get("bias_bwd", "f", "v");
     add_ = get("add_fwd", "vv", "v");
-    lp_f_ = get("linear_logprob_fwd", "ffi", "vvv");
-    lp_b_ = get("linear_logprob_bwd", "ffivvvv", "ff");
+    lp_f_ = get("linear_logprob_fwd", "ffj", "fvv");
+    lp_b_ = get("linear_logprob_bwd", "ffjvfvv", "ff");
     adamw_ = get("adamw", "", "vvvv");
     sumsq_ = get("sumsq", "v", "v");
     provider_ = gemm_.provider();
@@ -217,21 +220,22 @@ class RegistryOps final : public Ops {
     add_.run(in, o);
   }
   void linear_logprob_fwd(float* lp, float* lse, float* ent, const float* h, const float* W,
-                          const int32_t* t, int64_t N, int64_t C, int64_t V,
+                          const int32_t* t, int64_t N, int64_t C, int64_t V, int64_t K,
                           const LogprobAttrs& la) override {
     Args a;
-    const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.ints(t, N)};
-    const rlh_tensor o[] = {a.vec(lp, N), a.vec(lse, N), a.vec(ent, N)};  // ent may be null
+    const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.imat(t, N, K)};
+    const rlh_tensor o[] = {a.mat(lp, N, K, K), a.vec(lse, N), a.vec(ent, N)};  // ent may be null
     const auto at = logprob_attrs(la, false);
     lp_f_.run(in, o, at);
   }
   void linear_logprob_bwd(float* dh, float* dW, const float* dlp, const float* dent,
                           const float* h, const float* W, const int32_t* t, const float* lse,
-                          const float* ent, int64_t N, int64_t C, int64_t V,
+                          const float* ent, int64_t N, int64_t C, int64_t V, int64_t K,
                           const LogprobAttrs& la, bool acc) override {
     Args a;
-    const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.ints(t, N), a.vec(lse, N),
-                             a.vec(dlp, N),     a.vec(ent, N),     a.vec(dent, N)};
+    const rlh_tensor in[] = {a.mat(h, N, C, C),   a.mat(W, V, C, C), a.imat(t, N, K),
+                             a.vec(lse, N),       a.mat(dlp, N, K, K), a.vec(ent, N),
+                             a.vec(dent, N)};
     const rlh_tensor o[] = {a.mat(dh, N, C, C), a.mat(dW, V, C, C)};
     const auto at = logprob_attrs(la, acc);
     lp_b_.run(in, o, at);

@@ -135,15 +135,16 @@ void add_fwd(T* y, const T* a, const T* b, int64_t n);
 
 // ---------------------------------------------------------------------------------------------
 // linear_logprob: per-token outputs of logits = h @ W^T without holding logits for all tokens.
-//   h [N,C], W [V,C], target [N] (< 0: no target, logprob 0)
+//   h [N,C], W [V,C], target [N,K] (K targets per token: the next token, or the ids of a top-k
+//   distillation; < 0: no target, logprob 0)
 //   z = logits / temperature. With top_k > 0 and/or top_p < 1 the distribution is first
 //   filtered as vLLM / NeMo-RL do (processed logprobs): keep logits >= the k-th largest, then in
 //   descending order keep a token while the probability of the tokens before it is < top_p
 //   (the largest is always kept); filtered logits become -inf.
-//   fwd: logprob[n] = z[target] - logsumexp(z) (-inf when the target was filtered out)
+//   fwd: logprob[n,k] = z[target[n,k]] - logsumexp(z) (-inf when the target was filtered out)
 //        lse[n] = logsumexp(z)     (saved for backward)
 //        entropy[n] = -sum p log p (optional, may be null)
-//   bwd: given dlogprob [N] and/or dentropy [N] (null = zero), dh [N,C] is written
+//   bwd: given dlogprob [N,K] and/or dentropy [N] (null = zero), dh [N,C] is written
 //        (accumulate: +=) and dW [V,C] accumulated. entropy is needed when dentropy is given.
 // Logits exist only one chunk at a time: chunks of vocabulary rows (an online logsumexp across
 // chunks) when no filter is set, chunks of tokens (whole rows, sorted) when one is. The chunk
@@ -156,13 +157,13 @@ struct LogprobOpts {
 };
 template <class T>
 void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
-                        const int32_t* target, int64_t N, int64_t C, int64_t V,
+                        const int32_t* target, int64_t N, int64_t C, int64_t V, int64_t K,
                         const LogprobOpts& opts, const Scratch& scratch);
 template <class T>
 void linear_logprob_bwd(T* dh, T* dW, const T* dlogprob, const T* dentropy, const T* h,
                         const T* W, const int32_t* target, const T* lse, const T* entropy,
-                        int64_t N, int64_t C, int64_t V, const LogprobOpts& opts, bool accumulate,
-                        const Scratch& scratch);
+                        int64_t N, int64_t C, int64_t V, int64_t K, const LogprobOpts& opts,
+                        bool accumulate, const Scratch& scratch);
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer (float only)

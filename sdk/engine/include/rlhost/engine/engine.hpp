@@ -64,24 +64,32 @@ struct OutputRequest {
   bool logprob = true;             // log p(token | prefix) of the temperature-scaled logits
   bool processed_logprob = false;  // the same after top-k / top-p filtering (vLLM's)
   bool entropy = false;            // entropy of the temperature-scaled distribution
+  // log p of given ids (top-k distillation): the micro-batch field `ids_field`, [N, K] (or [N])
+  // int32/int64, holds at position t the K ids whose log p (predicting token t, temperature-
+  // scaled, unfiltered) is wanted; ids < 0 give 0. Output [N, K].
+  bool logprob_at_ids = false;
+  std::string ids_field;
   bool logits = false;             // raw logits [N, V], unshifted (position t predicts t+1); tests
   double temperature = 1.0;
   int64_t top_k = 0;   // 0 = off
   double top_p = 1.0;  // 1 = off
 };
 
-// [N] each (empty when not requested); logits [N * V].
+// [N] each, logprob_at_ids [N, K] (empty when not requested); logits [N * V].
 struct Outputs {
-  std::vector<float> logprob, processed_logprob, entropy, logits;
+  std::vector<float> logprob, processed_logprob, entropy, logprob_at_ids, logits;
+  int64_t ids_per_token = 0;  // K
 };
 
 // What the loss callback sees: views of the requested outputs of one micro-batch.
 struct OutputViews {
   std::span<const float> logprob, processed_logprob, entropy;
+  std::span<const float> logprob_at_ids;  // [N, K] row-major
+  int64_t ids_per_token = 0;
 };
 // Where it writes d loss / d output (zeroed by the engine; an output it does not use stays 0).
 struct OutputGrads {
-  std::span<float> logprob, processed_logprob, entropy;
+  std::span<float> logprob, processed_logprob, entropy, logprob_at_ids;
 };
 
 struct LossContext {

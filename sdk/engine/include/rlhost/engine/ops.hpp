@@ -70,14 +70,15 @@ class Ops {
   virtual void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) = 0;
   virtual void bias_bwd(float* db, const float* dy, int64_t lddy, int64_t N, int64_t M) = 0;
   virtual void add_fwd(float* y, const float* a, const float* b, int64_t n) = 0;
+  // target and logprob [N, K] (K targets per token)
   virtual void linear_logprob_fwd(float* logprob, float* lse, float* entropy, const float* h,
                                   const float* W, const int32_t* target, int64_t N, int64_t C,
-                                  int64_t V, const LogprobAttrs& attrs) = 0;
+                                  int64_t V, int64_t K, const LogprobAttrs& attrs) = 0;
   virtual void linear_logprob_bwd(float* dh, float* dW, const float* dlogprob,
                                   const float* dentropy, const float* h, const float* W,
                                   const int32_t* target, const float* lse, const float* entropy,
-                                  int64_t N, int64_t C, int64_t V, const LogprobAttrs& attrs,
-                                  bool accumulate) = 0;
+                                  int64_t N, int64_t C, int64_t V, int64_t K,
+                                  const LogprobAttrs& attrs, bool accumulate) = 0;
   struct AdamW {
     double lr, beta1, beta2, eps, weight_decay;
     int64_t step;
