@@ -1,0 +1,196 @@
+// kernels_cuda: launchers of the CUDA kernel provider (device pointers, stream-ordered, no host
+// synchronisation). docs/ops.md is the contract (operands, attributes, semantics);
+// docs/kernels_cuda.md says what each op computes here and at what precision.
+//
+// Conventions (those of kernels_cpu, plus):
+//   - DType is the op's float dtype: f32 (fp32 arithmetic throughout; the GEMM is true fp32
+//     unless tf32 is asked for) or bf16 (bf16 operands, fp32 accumulation and fp32 statistics).
+//   - Flex operands (per-row statistics such as rstd and lse, the logprob outputs, parameter
+//     gradients dw/db/dtable/dW, gemm's C in a bf16 gemm) may be f32 or bf16 in a bf16 op; in
+//     an f32 op they are f32. They are read and written through Flex.
+//   - Launchers validate what they can on the host and throw std::invalid_argument; launch
+//     failures throw std::runtime_error. Nothing here synchronises the stream.
+//   - Scratch memory comes from a Workspace (stream-ordered: valid for work queued on the
+//     call's stream until the call returns and the workspace releases it in stream order).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rlh::kcuda {
+
+enum class DType : int { f32 = 0, bf16 = 1 };
+inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+
+struct Flex {
+  void* p = nullptr;
+  bool bf16 = false;
+};
+
+// Stream-ordered scratch for one call.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+  virtual void* get(size_t bytes) = 0;  // 256-byte aligned; throws on failure
+};
+
+// Device facts the launchers use (read once per instance).
+struct DeviceInfo {
+  int device = 0;
+  int sm_count = 132;
+  int cc_major = 9, cc_minor = 0;
+  size_t smem_optin = 227 * 1024;
+};
+
+// ---------------------------------------------------------------------------------------------
+// gemm (gemm_cublaslt.cpp): C = alpha op(A) op(B) + beta C, row-major, batched when batch > 1.
+// A and B have dtype `ab`; C has dtype c_dt (bf16 A/B may write an f32 C). bias (optional,
+// length N, dtype of C... or f32) is added by the GEMM epilogue.
+struct GemmArgs {
+  bool ta = false, tb = false;
+  int64_t M = 0, N = 0, K = 0;
+  double alpha = 1, beta = 0;
+  const void* A = nullptr; int64_t lda = 0, stride_a = 0;
+  const void* B = nullptr; int64_t ldb = 0, stride_b = 0;
+  void* C = nullptr; int64_t ldc = 0, stride_c = 0;
+  int64_t batch = 1;
+  DType ab = DType::f32, c_dt = DType::f32;
+  bool allow_tf32 = false;  // f32 only: CUBLAS_COMPUTE_32F_FAST_TF32
+  const void* bias = nullptr; DType bias_dt = DType::f32;
+};
+class GemmEngine;  // cuBLASLt handle, heuristics cache; thread-safe
+GemmEngine* gemm_engine_create(const DeviceInfo& dev);  // throws when cuBLASLt cannot load
+void gemm_engine_destroy(GemmEngine* e);
+const char* gemm_engine_info(GemmEngine* e);  // "cuBLASLt 130000 from libcublasLt.so.13"
+// Runs on cuBLASLt when it has an algorithm for the problem, else on gemm_fallback.
+void gemm(GemmEngine* e, const GemmArgs& a, Workspace& ws, cudaStream_t s);
+// The SIMT fallback: any shape, stride and alignment; fp32 accumulation. Bias as in GemmArgs.
+void gemm_fallback(const GemmArgs& a, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// embedding: out[n] = table[ids[n]] (ids outside [0,V) give zero rows and set *err).
+// bwd: dtable[ids[n]] += dout[n], deterministic (stable sort of ids; each row sums its tokens in
+// token order).
+void embedding_fwd(DType t, void* out, const int32_t* ids, const void* table, int64_t N,
+                   int64_t C, int64_t V, int* err, cudaStream_t s);
+void embedding_bwd(DType t, Flex dtable, const int32_t* ids, const void* dout, int64_t N,
+                   int64_t C, int64_t V, int* err, Workspace& ws, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// rmsnorm
+void rmsnorm_fwd(DType t, void* y, int64_t ldy, Flex rstd, const void* x, int64_t ldx,
+                 const void* w, int64_t N, int64_t C, float eps, float w_offset, cudaStream_t s);
+void rmsnorm_bwd(DType t, void* dx, int64_t lddx, Flex dw, const void* dy, int64_t lddy,
+                 const void* x, int64_t ldx, const void* w, Flex rstd, int64_t N, int64_t C,
+                 float w_offset, bool accumulate, Workspace& ws, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// rope (inverse = the transposed rotation, rope_bwd)
+void rope(DType t, void* y, int64_t ldy, const void* x, int64_t ldx, const int32_t* pos,
+          const float* inv_freq, int64_t N, int64_t H, int64_t D, int64_t R, double scale,
+          bool interleaved, bool inverse, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// attention (causal, packed by cu_seqlens, GQA, sliding window; lse [Hq,N])
+struct AttnArgs {
+  DType t = DType::bf16;
+  int64_t N = 0, S = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0, window = 0;
+  float scale = 1;
+  const int32_t* cu = nullptr;
+  const void* q = nullptr; int64_t ldq = 0;
+  const void* k = nullptr; int64_t ldk = 0;
+  const void* v = nullptr; int64_t ldv = 0;
+  void* o = nullptr; int64_t ldo = 0;  // fwd: written; bwd: read
+  Flex lse;                            // fwd: written; bwd: read
+  const void* dout = nullptr; int64_t lddo = 0;
+  void* dq = nullptr; int64_t lddq = 0;
+  void* dk = nullptr; int64_t lddk = 0;
+  void* dv = nullptr; int64_t lddv = 0;
+  bool force_simt = false;  // tests: take the generic path even where tensor cores apply
+};
+// Which implementation runs: "mma_d64", "mma_d128" (bf16 tensor cores) or "simt".
+const char* attention_path(const AttnArgs& a);
+void attention_fwd(const AttnArgs& a, const DeviceInfo& dev, cudaStream_t s);
+void attention_bwd(const AttnArgs& a, const DeviceInfo& dev, Workspace& ws, cudaStream_t s);
+// Internals shared by the files (tensor-core kernels for D = 64/128, the generic kernels).
+bool attention_mma_ok(const AttnArgs& a, bool backward);
+void attention_fwd_mma(const AttnArgs& a, const DeviceInfo& dev, cudaStream_t s);
+void attention_bwd_mma(const AttnArgs& a, const DeviceInfo& dev, float* delta, cudaStream_t s);
+void attention_fwd_simt(const AttnArgs& a, const DeviceInfo& dev, cudaStream_t s);
+void attention_bwd_simt(const AttnArgs& a, const DeviceInfo& dev, float* delta, cudaStream_t s);
+void attention_delta(const AttnArgs& a, float* delta, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// swiglu, bias, add, sumsq, scale
+void swiglu_fwd(DType t, void* h, int64_t ldh, const void* gate, int64_t ldg, const void* up,
+                int64_t ldu, int64_t N, int64_t F, cudaStream_t s);
+void swiglu_bwd(DType t, void* dgate, int64_t lddg, void* dup, int64_t lddu, const void* dh,
+                int64_t lddh, const void* gate, int64_t ldg, const void* up, int64_t ldu,
+                int64_t N, int64_t F, cudaStream_t s);
+void bias_add_fwd(DType t, void* y, int64_t ldy, const void* b, int64_t N, int64_t M,
+                  cudaStream_t s);
+void bias_bwd(DType t, Flex db, const void* dy, int64_t lddy, int64_t N, int64_t M,
+              Workspace& ws, cudaStream_t s);
+void add_fwd(DType t, void* y, const void* a, const void* b, int64_t n, cudaStream_t s);
+// Tensor lists (multi-tensor): one launch over every tensor.
+struct TensorList {
+  const int64_t* n = nullptr;  // element counts
+  void* const* p = nullptr;    // device pointers
+  const bool* bf16 = nullptr;  // dtype per tensor (nullptr: all f32)
+  size_t count = 0;
+};
+// out[0] (f32) = sum over tensors of sum x^2, accumulated in double, deterministic.
+void sumsq(const TensorList& x, float* out, Workspace& ws, cudaStream_t s);
+void scale(const TensorList& x, float factor, Workspace& ws, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// linear_logprob (unfiltered: top_k = 0, top_p = 1; linear_logprob.cpp)
+struct LogprobArgs {
+  DType t = DType::bf16;
+  int64_t N = 0, C = 0, V = 0;
+  const void* h = nullptr;
+  const void* W = nullptr;
+  const int32_t* target = nullptr;
+  double temperature = 1;
+  int64_t chunk_bytes = 0;  // 0 = 32 MiB
+  // fwd outputs (entropy optional)
+  Flex logprob, lse, entropy;
+  // bwd inputs (dlogprob, entropy, dentropy optional) and outputs
+  Flex dlogprob, dentropy;
+  void* dh = nullptr;
+  Flex dW;
+  bool accumulate = false;
+  int* err = nullptr;  // set when a target is >= V
+};
+void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cudaStream_t s);
+void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cudaStream_t s);
+// Kernels of linear_logprob (linear_logprob.cu): the row statistics of one logits tile,
+// merged into the running (m, s, t, zt) state, and the gradient of a tile.
+void logprob_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t ld,
+                        int64_t v0, const int32_t* target, float inv_temp, float* m, float* sum,
+                        float* tz, float* zt, bool first, int* err, int64_t V, cudaStream_t s);
+void logprob_finish(const float* m, const float* sum, const float* tz, const float* zt,
+                    const int32_t* target, int64_t N, Flex logprob, Flex lse, Flex entropy,
+                    cudaStream_t s);
+void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols, int64_t ld,
+                       int64_t v0, const int32_t* target, float inv_temp, Flex lse, Flex dlogprob,
+                       Flex entropy, Flex dentropy, void* dlogits, int64_t ldd, cudaStream_t s);
+void store_rows(DType t, void* dst, const float* src, int64_t n, bool accumulate, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// adamw over tensor lists (p, m, v f32; g f32 or bf16), torch.optim.AdamW
+struct AdamWArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  int64_t step = 1;
+  double grad_scale = 1;
+  bool zero_grad = false;
+};
+void adamw(const TensorList& p, const TensorList& g, const TensorList& m, const TensorList& v,
+           const AdamWArgs& o, Workspace& ws, cudaStream_t s);
+
+// Throws std::runtime_error naming `what` when the last launch failed.
+void check_launch(const char* what);
+
+}  // namespace rlh::kcuda

@@ -1,0 +1,68 @@
+// Device helpers shared by the kernels of kernels_cuda.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "rlhost/kernels_cuda/kernels.hpp"
+
+namespace rlh::kcuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float ld_flex(const Flex& f, int64_t i) {
+  return f.bf16 ? __bfloat162float(static_cast<const bf16*>(f.p)[i])
+                : static_cast<const float*>(f.p)[i];
+}
+__device__ __forceinline__ void st_flex(const Flex& f, int64_t i, float v) {
+  if (f.bf16)
+    static_cast<bf16*>(f.p)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(f.p)[i] = v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* shared32) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared32[warp] = v;
+  __syncthreads();
+  T r = T(0);
+  for (int i = 0; i < nw; ++i) r += shared32[i];  // fixed order: deterministic
+  return r;
+}
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+}  // namespace rlh::kcuda

@@ -1,0 +1,174 @@
+// gemm on cuBLASLt: bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F; C bf16 or f32),
+// or f32 operands in true fp32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32 down-conversion, whatever
+// the environment says) unless tf32 is asked for (CUBLAS_COMPUTE_32F_FAST_TF32). Row-major
+// C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T. Plans (layouts, the
+// heuristic's algorithm) are cached per shape/stride/alignment; problems cuBLASLt has no
+// algorithm for (odd strides of bf16 rows, say) run on the SIMT fallback.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "cublaslt.hpp"
+#include "rlhost/kernels_cuda/kernels.hpp"
+
+namespace rlh::kcuda {
+
+namespace {
+
+void ck(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLASLt ") + what + " failed (status " +
+                             std::to_string(int(s)) + ")");
+}
+
+int align_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int al = 1;
+  while (al < 256 && a % uintptr_t(al * 2) == 0) al *= 2;
+  return al;
+}
+
+cudaDataType_t cu_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+constexpr size_t kLtWorkspace = 32u << 20;
+
+struct Plan {
+  bool ok = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int>;
+
+}  // namespace
+
+class GemmEngine {
+ public:
+  explicit GemmEngine(const DeviceInfo& dev) : lt_(cublaslt()), dev_(dev) {
+    ck(lt_.Create(&handle_), "create");
+    info_ = "cuBLASLt " + std::to_string(lt_.GetVersion()) + " from " + lt_.path;
+  }
+  ~GemmEngine() {
+    for (auto& [k, p] : plans_) {
+      if (p->desc) lt_.MatmulDescDestroy(p->desc);
+      if (p->a) lt_.MatrixLayoutDestroy(p->a);
+      if (p->b) lt_.MatrixLayoutDestroy(p->b);
+      if (p->c) lt_.MatrixLayoutDestroy(p->c);
+    }
+    lt_.Destroy(handle_);
+  }
+  const char* info() const { return info_.c_str(); }
+
+  // Returns false when cuBLASLt has no algorithm (the caller falls back).
+  bool run(const GemmArgs& g, Workspace& ws, cudaStream_t s) {
+    const int flags = int(g.ta) | int(g.tb) << 1 | int(g.ab) << 2 | int(g.c_dt) << 3 |
+                      int(g.allow_tf32) << 4 | int(g.bias != nullptr) << 5 |
+                      int(g.bias_dt) << 6;
+    const int64_t al = int64_t(align_of(g.A)) | int64_t(align_of(g.B)) << 9 |
+                       int64_t(align_of(g.C)) << 18 | int64_t(g.bias ? align_of(g.bias) : 0) << 27;
+    const Key key{flags, g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b,
+                  g.stride_c, al, 0};
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan(g)).first;
+    Plan& p = *it->second;
+    if (!p.ok) return false;
+    if (g.bias)
+      ck(lt_.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                    sizeof(g.bias)),
+         "bias pointer");
+    const float alpha = float(g.alpha), beta = float(g.beta);
+    void* work = p.workspace ? ws.get(p.workspace) : nullptr;
+    ck(lt_.Matmul(handle_, p.desc, &alpha, g.B, p.a, g.A, p.b, &beta, g.C, p.c, g.C, p.c, &p.algo,
+                  work, p.workspace, s),
+       "matmul");
+    return true;
+  }
+
+ private:
+  std::unique_ptr<Plan> make_plan(const GemmArgs& g) {
+    auto p = std::make_unique<Plan>();
+    const cublasComputeType_t ct = g.ab == DType::bf16 ? CUBLAS_COMPUTE_32F
+                                   : g.allow_tf32      ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                       : CUBLAS_COMPUTE_32F_PEDANTIC;
+    ck(lt_.MatmulDescCreate(&p->desc, ct, CUDA_R_32F), "desc");
+    const cublasOperation_t opa = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS A = our B
+    const cublasOperation_t opb = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS B = our A
+    ck(lt_.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), "transa");
+    ck(lt_.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), "transb");
+    if (g.bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bt = cu_type(g.bias_dt);
+      ck(lt_.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue");
+      ck(lt_.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "bias type");
+    }
+    // Stored (column-major) shapes: cuBLAS A = our B, cuBLAS B = our A, C^T.
+    const uint64_t a_rows = g.tb ? g.K : g.N, a_cols = g.tb ? g.N : g.K;
+    const uint64_t b_rows = g.ta ? g.M : g.K, b_cols = g.ta ? g.K : g.M;
+    ck(lt_.MatrixLayoutCreate(&p->a, cu_type(g.ab), a_rows, a_cols, g.ldb), "layout B");
+    ck(lt_.MatrixLayoutCreate(&p->b, cu_type(g.ab), b_rows, b_cols, g.lda), "layout A");
+    ck(lt_.MatrixLayoutCreate(&p->c, cu_type(g.c_dt), g.N, g.M, g.ldc), "layout C");
+    if (g.batch > 1) {
+      const int32_t n = int32_t(g.batch);
+      for (auto [l, st] : {std::pair{p->a, g.stride_b}, std::pair{p->b, g.stride_a},
+                           std::pair{p->c, g.stride_c}}) {
+        ck(lt_.MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)), "batch");
+        ck(lt_.MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st, sizeof(st)),
+           "batch stride");
+      }
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    ck(lt_.MatmulPreferenceCreate(&pref), "preference");
+    const uint64_t wsb = kLtWorkspace;
+    const uint32_t aa = uint32_t(align_of(g.A)), ab = uint32_t(align_of(g.B)),
+                   ac = uint32_t(align_of(g.C));
+    lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
+    lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ab, sizeof(ab));
+    lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aa, sizeof(aa));
+    lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
+    lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st = lt_.MatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c,
+                                                         pref, 1, &res, &found);
+    lt_.MatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+      p->ok = true;
+      p->algo = res.algo;
+      p->workspace = res.workspaceSize;
+    }
+    return p;
+  }
+
+  const CublasLt& lt_;
+  DeviceInfo dev_;
+  cublasLtHandle_t handle_ = nullptr;
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::string info_;
+};
+
+GemmEngine* gemm_engine_create(const DeviceInfo& dev) { return new GemmEngine(dev); }
+void gemm_engine_destroy(GemmEngine* e) { delete e; }
+const char* gemm_engine_info(GemmEngine* e) { return e ? e->info() : "none"; }
+
+void gemm(GemmEngine* e, const GemmArgs& a, Workspace& ws, cudaStream_t s) {
+  if (a.M == 0 || a.N == 0 || a.batch == 0) return;
+  if (a.K == 0) {  // C = beta C (+ bias): no cuBLASLt call needed
+    GemmArgs z = a;
+    gemm_fallback(z, s);
+    return;
+  }
+  if (e && !std::getenv("RLH_KCUDA_GEMM_FALLBACK") && e->run(a, ws, s)) return;
+  gemm_fallback(a, s);
+}
+
+}  // namespace rlh::kcuda

@@ -1,0 +1,154 @@
+// Kernels of the fused linear + logprob head (linear_logprob.cpp runs the chunk GEMMs):
+// per-row online log-sum-exp / entropy statistics of a logits tile merged into a running
+// state, the final logprob/lse/entropy, and the logits gradient of a tile. fp32 throughout.
+#include <cfloat>
+
+#include "common.cuh"
+
+namespace rlh::kcuda {
+namespace {
+
+// Running softmax state: max m, s = sum e^(z-m), t = sum e^(z-m) z.
+struct Stat {
+  float m, s, t;
+};
+__device__ __forceinline__ Stat merge(Stat a, Stat b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.f, 0.f};
+  const float ea = a.m == -INFINITY ? 0.f : __expf(a.m - m);
+  const float eb = b.m == -INFINITY ? 0.f : __expf(b.m - m);
+  return {m, a.s * ea + b.s * eb, a.t * ea + b.t * eb};
+}
+__device__ __forceinline__ void push(Stat& st, float z) {
+  if (z > st.m) {
+    const float e = st.m == -INFINITY ? 0.f : __expf(st.m - z);
+    st.s = st.s * e + 1.f;
+    st.t = st.t * e + z;
+    st.m = z;
+  } else {
+    const float e = __expf(z - st.m);
+    st.s += e;
+    st.t += e * z;
+  }
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(256)
+tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
+                  const int32_t* target, float inv_temp, float* m, float* sum, float* tz,
+                  float* zt, bool first, int* err, int64_t V) {
+  const int64_t r = blockIdx.x;
+  const float* row = logits + r * ld;
+  Stat st{-INFINITY, 0.f, 0.f};
+  if (VEC) {
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) {
+      const float4 x = r4[j];
+      push(st, x.x * inv_temp);
+      push(st, x.y * inv_temp);
+      push(st, x.z * inv_temp);
+      push(st, x.w * inv_temp);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) push(st, row[j] * inv_temp);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Stat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+               __shfl_xor_sync(0xffffffffu, st.t, o)};
+    st = merge(st, other);
+  }
+  __shared__ Stat sh[8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sh[warp] = st;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Stat acc = sh[0];
+    for (int w = 1; w < int(blockDim.x >> 5); ++w) acc = merge(acc, sh[w]);
+    if (!first) acc = merge(Stat{m[r], sum[r], tz[r]}, acc);
+    m[r] = acc.m;
+    sum[r] = acc.s;
+    tz[r] = acc.t;
+    const int32_t t = target[r];
+    if (first) zt[r] = 0.f;
+    if (t >= V && err) atomicExch(err, 1);
+    if (t >= v0 && t < v0 + cols) zt[r] = row[t - v0] * inv_temp;
+  }
+}
+
+__global__ void finish_kernel(const float* m, const float* sum, const float* tz, const float* zt,
+                              const int32_t* target, int64_t N, Flex logprob, Flex lse,
+                              Flex entropy) {
+  const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  const float l = m[n] + logf(sum[n]);
+  if (logprob.p) st_flex(logprob, n, target[n] < 0 ? 0.f : zt[n] - l);
+  if (lse.p) st_flex(lse, n, l);
+  if (entropy.p) st_flex(entropy, n, l - tz[n] / sum[n]);
+}
+
+template <class T>
+__global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols, int64_t ld,
+                                 int64_t v0, const int32_t* target, float inv_temp, Flex lse,
+                                 Flex dlogprob, Flex entropy, Flex dentropy, T* dlogits,
+                                 int64_t ldd) {
+  const int64_t r = blockIdx.y;
+  const float l = ld_flex(lse, r);
+  const int32_t t = target[r];
+  const float dlp = (dlogprob.p && t >= 0) ? ld_flex(dlogprob, r) : 0.f;
+  const float dent = dentropy.p ? ld_flex(dentropy, r) : 0.f;
+  const float ez = (dentropy.p && entropy.p) ? l - ld_flex(entropy, r) : 0.f;
+  const float* row = logits + r * ld;
+  T* drow = dlogits + r * ldd;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const float z = row[j] * inv_temp;
+    const float p = __expf(z - l);
+    float dz = -dlp * p;
+    if (v0 + j == t) dz += dlp;
+    if (dent != 0.f) dz -= dent * p * (z - ez);
+    drow[j] = from_f<T>(dz * inv_temp);
+  }
+}
+
+}  // namespace
+
+void logprob_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t ld, int64_t v0,
+                        const int32_t* target, float inv_temp, float* m, float* sum, float* tz,
+                        float* zt, bool first, int* err, int64_t V, cudaStream_t s) {
+  if (rows == 0) return;
+  const bool vec = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  if (vec)
+    tile_stats_kernel<true><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, inv_temp,
+                                                           m, sum, tz, zt, first, err, V);
+  else
+    tile_stats_kernel<false><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, inv_temp,
+                                                            m, sum, tz, zt, first, err, V);
+  check_launch("linear_logprob (stats)");
+}
+
+void logprob_finish(const float* m, const float* sum, const float* tz, const float* zt,
+                    const int32_t* target, int64_t N, Flex logprob, Flex lse, Flex entropy,
+                    cudaStream_t s) {
+  if (N == 0) return;
+  finish_kernel<<<ceil_div(N, 256), 256, 0, s>>>(m, sum, tz, zt, target, N, logprob, lse, entropy);
+  check_launch("linear_logprob (finish)");
+}
+
+void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols, int64_t ld,
+                       int64_t v0, const int32_t* target, float inv_temp, Flex lse, Flex dlogprob,
+                       Flex entropy, Flex dentropy, void* dlogits, int64_t ldd, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  dim3 grid(unsigned(std::min<int64_t>((cols + 255) / 256, 64)), unsigned(rows));
+  if (t == DType::f32)
+    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, inv_temp, lse,
+                                          dlogprob, entropy, dentropy,
+                                          static_cast<float*>(dlogits), ldd);
+  else
+    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, inv_temp, lse,
+                                          dlogprob, entropy, dentropy,
+                                          static_cast<bf16*>(dlogits), ldd);
+  check_launch("linear_logprob (grad)");
+}
+
+}  // namespace rlh::kcuda

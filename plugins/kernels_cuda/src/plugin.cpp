@@ -1,0 +1,831 @@
+// The kernels_cuda plugin: the CUDA ops of rlh_kernels_cuda_core behind the C ABI's KERNELS
+// component (abi/include/rlhost/kernels.h). Operands, attributes and semantics are those of
+// docs/ops.md; docs/kernels_cuda.md says what this provider adds and at what precision.
+//
+// Operands live in CUDA device memory of the instance's device (RLH_DEVICE_CUDA, or managed).
+// dtypes: each op runs in f32 or bf16 (its "float" operands), with these extensions of the
+// contract for bf16 ops: statistics (rmsnorm rstd, attention lse, the logprob outputs and their
+// gradients) and parameter gradients (dw, db, dtable, dW, gemm's C) may be f32 instead of bf16
+// (f32 is what the engine should pass); adamw takes a bf16 or f32 gradient; adamw, sumsq and
+// scale take lists of tensors (multi-tensor: 4k outputs for adamw, k inputs for sumsq, k
+// outputs for scale) and run each list in one launch.
+// Work is queued on rlh_op_call.stream (a cudaStream_t; NULL = the legacy default stream);
+// nothing synchronises. Scratch comes from rlh_op_call.workspace when it is large enough, else
+// from a stream-ordered pool of this instance (cudaMallocFromPoolAsync / cudaFreeAsync).
+// RLH_KCUDA_CHECK=1 synchronises after every op and reports launch errors and out-of-range ids
+// or targets (which otherwise yield zero rows and no gradient).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "rlhost/kernels.h"
+#include "rlhost/kernels_cuda/kernels.hpp"
+#include "rlhost/sdk/kernels.hpp"
+#include "rlhost/sdk/plugin.hpp"
+
+namespace rlh::kcuda {
+namespace {
+
+using sdk::Error;
+
+struct Attr {
+  std::string name;
+  int32_t type = RLH_VALUE_INT64;
+  int64_t i = 0;
+  double d = 0;
+};
+
+struct OpSpec;
+
+}  // namespace
+}  // namespace rlh::kcuda
+
+struct rlh_kernels {
+  const rlh_host_api* host = nullptr;
+  rlh_device device{};
+  rlh::kcuda::DeviceInfo info;
+  rlh::kcuda::GemmEngine* gemm = nullptr;
+  cudaMemPool_t pool = nullptr;
+  int* err = nullptr;  // device flag: an id or target out of range
+  bool check = false;
+};
+
+struct rlh_op {
+  const rlh::kcuda::OpSpec* spec = nullptr;
+  rlh::kcuda::DType dt = rlh::kcuda::DType::f32;
+  std::vector<rlh::kcuda::Attr> attrs;
+  rlh_kernels* inst = nullptr;
+};
+
+namespace rlh::kcuda {
+namespace {
+
+sdk::MakeStatusFn g_make_status = nullptr;
+
+[[noreturn]] void bad(const std::string& what) { throw Error(RLH_E_INVALID_ARGUMENT, what); }
+
+void cuda_ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(RLH_E_INTERNAL, std::string("kernels_cuda ") + what + ": " + cudaGetErrorString(e));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspace: the caller's arena first, then the instance's stream-ordered pool.
+
+class CallWorkspace final : public Workspace {
+ public:
+  CallWorkspace(rlh_kernels* inst, void* base, size_t size, cudaStream_t s)
+      : inst_(inst), base_(static_cast<char*>(base)), size_(base ? size : 0), s_(s) {}
+  ~CallWorkspace() override {
+    for (void* p : owned_) cudaFreeAsync(p, s_);
+  }
+  void* get(size_t bytes) override {
+    const size_t need = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    const size_t start = (used_ + 255) / 256 * 256;
+    if (base_ && reinterpret_cast<uintptr_t>(base_) % 256 == 0 && start + need <= size_) {
+      used_ = start + need;
+      return base_ + start;
+    }
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, need, inst_->pool, s_);
+    if (e != cudaSuccess)
+      throw Error(RLH_E_RESOURCE_EXHAUSTED, "kernels_cuda workspace of " + std::to_string(bytes) +
+                                                " bytes: " + cudaGetErrorString(e));
+    owned_.push_back(p);
+    return p;
+  }
+
+ private:
+  rlh_kernels* inst_;
+  char* base_;
+  size_t size_, used_ = 0;
+  cudaStream_t s_;
+  std::vector<void*> owned_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One call's operands and attributes.
+
+struct Call {
+  const rlh_op* op;
+  const rlh_op_call* call;
+  CallWorkspace* ws;
+  cudaStream_t stream;
+
+  const rlh_tensor& in(size_t i) const { return call->inputs[i]; }
+  const rlh_tensor& out(size_t i) const { return call->outputs[i]; }
+  bool has_in(size_t i) const { return i < call->num_inputs && call->inputs[i].data; }
+  bool has_out(size_t i) const { return i < call->num_outputs && call->outputs[i].data; }
+  size_t nin() const { return call->num_inputs; }
+  size_t nout() const { return call->num_outputs; }
+
+  double num(const char* name, double fallback) const {
+    if (const rlh_named_value* a = sdk::find_attr(call->attrs, call->num_attrs, name))
+      return a->type == RLH_VALUE_DOUBLE ? a->double_value : double(a->int64_value);
+    for (auto it = op->attrs.rbegin(); it != op->attrs.rend(); ++it)
+      if (it->name == name) return it->type == RLH_VALUE_DOUBLE ? it->d : double(it->i);
+    return fallback;
+  }
+  int64_t integer(const char* name, int64_t fallback) const { return int64_t(num(name, double(fallback))); }
+  bool flag(const char* name) const { return num(name, 0) != 0; }
+  DType dt() const { return op->dt; }
+  int* err() const { return op->inst->err; }
+};
+
+template <class T = void>
+T* ptr(const rlh_tensor& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data) + t.byte_offset);
+}
+bool is_bf16(const rlh_tensor& t) { return t.dtype.code == RLH_DTYPE_BFLOAT; }
+Flex flex(const rlh_tensor& t) { return Flex{ptr(t), is_bf16(t)}; }
+Flex flex_opt_in(const Call& c, size_t i) { return c.has_in(i) ? flex(c.in(i)) : Flex{}; }
+
+int64_t numel(const rlh_tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+void need_vec(const rlh_tensor& t, int64_t n, const char* what) {
+  if (numel(t) != n) bad(std::string(what) + ": expected " + std::to_string(n) + " elements");
+  for (int i = 0; i < t.ndim; ++i) {
+    int64_t inner = 1;
+    for (int j = i + 1; j < t.ndim; ++j) inner *= t.shape[j];
+    if (t.shape[i] > 1 && t.strides[i] != inner) bad(std::string(what) + ": must be contiguous");
+  }
+}
+
+int64_t need_rows(const rlh_tensor& t, int64_t rows, int64_t cols, const char* what) {
+  if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    bad(std::string(what) + ": expected shape [" + std::to_string(rows) + ", " +
+        std::to_string(cols) + "]");
+  if (cols > 1 && t.strides[1] != 1) bad(std::string(what) + ": last dimension must be contiguous");
+  if (rows > 1 && t.strides[0] < cols) bad(std::string(what) + ": rows overlap");
+  return rows > 1 ? t.strides[0] : cols;
+}
+
+int64_t need_heads(const rlh_tensor& t, int64_t N, int64_t H, int64_t D, const char* what) {
+  if (t.ndim != 3 || t.shape[0] != N || t.shape[1] != H || t.shape[2] != D)
+    bad(std::string(what) + ": expected shape [" + std::to_string(N) + ", " + std::to_string(H) +
+        ", " + std::to_string(D) + "]");
+  if ((D > 1 && t.strides[2] != 1) || (H > 1 && t.strides[1] != D))
+    bad(std::string(what) + ": heads must be contiguous within a token");
+  if (N > 1 && t.strides[0] < H * D) bad(std::string(what) + ": tokens overlap");
+  return N > 1 ? t.strides[0] : H * D;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ops
+
+void run_gemm(const Call& c) {
+  const bool ta = c.flag("transpose_a"), tb = c.flag("transpose_b");
+  const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
+  if (A.ndim != B.ndim || A.ndim != C.ndim || (A.ndim != 2 && A.ndim != 3))
+    bad("gemm: operands must all be 2-D, or all 3-D (batched)");
+  const int b0 = A.ndim == 3 ? 1 : 0;
+  GemmArgs g;
+  g.batch = b0 ? A.shape[0] : 1;
+  if (b0 && (B.shape[0] != g.batch || C.shape[0] != g.batch)) bad("gemm: batch sizes differ");
+  g.M = C.shape[b0];
+  g.N = C.shape[b0 + 1];
+  g.K = ta ? A.shape[b0] : A.shape[b0 + 1];
+  if ((ta ? A.shape[b0 + 1] : A.shape[b0]) != g.M || (tb ? B.shape[b0 + 1] : B.shape[b0]) != g.K ||
+      (tb ? B.shape[b0] : B.shape[b0 + 1]) != g.N)
+    bad("gemm: shapes do not chain");
+  for (const rlh_tensor* t : {&A, &B, &C})
+    if (t->shape[b0 + 1] > 1 && t->strides[b0 + 1] != 1) bad("gemm: last dimension must be contiguous");
+  auto ld = [&](const rlh_tensor& t) { return t.shape[b0] > 1 ? t.strides[b0] : t.shape[b0 + 1]; };
+  g.ta = ta;
+  g.tb = tb;
+  g.alpha = c.num("alpha", 1);
+  g.beta = c.num("beta", 0);
+  g.A = ptr(A);
+  g.lda = ld(A);
+  g.B = ptr(B);
+  g.ldb = ld(B);
+  g.C = ptr(C);
+  g.ldc = ld(C);
+  if (b0) {
+    g.stride_a = A.strides[0];
+    g.stride_b = B.strides[0];
+    g.stride_c = C.strides[0];
+  }
+  g.ab = c.dt();
+  g.c_dt = is_bf16(C) ? DType::bf16 : DType::f32;
+  g.allow_tf32 = c.flag("allow_tf32");
+  if (c.has_in(2)) {  // bias [N], fused into the epilogue
+    need_vec(c.in(2), g.N, "gemm bias");
+    if (is_bf16(c.in(2)) != is_bf16(C)) bad("gemm: bias must have C's dtype");
+    g.bias = ptr(c.in(2));
+    g.bias_dt = g.c_dt;
+  }
+  gemm(c.op->inst->gemm, g, *c.ws, c.stream);
+}
+
+void run_embedding_fwd(const Call& c) {
+  const int64_t N = numel(c.in(0)), V = c.in(1).shape[0], C = c.in(1).shape[1];
+  need_vec(c.in(0), N, "embedding_fwd ids");
+  need_vec(c.in(1), V * C, "embedding_fwd table");
+  need_vec(c.out(0), N * C, "embedding_fwd out");
+  embedding_fwd(c.dt(), ptr(c.out(0)), ptr<int32_t>(c.in(0)), ptr(c.in(1)), N, C, V, c.err(), c.stream);
+}
+
+void run_embedding_bwd(const Call& c) {
+  const int64_t N = numel(c.in(0)), V = c.out(0).shape[0], C = c.out(0).shape[1];
+  need_vec(c.in(0), N, "embedding_bwd ids");
+  need_vec(c.in(1), N * C, "embedding_bwd dout");
+  need_vec(c.out(0), V * C, "embedding_bwd dtable");
+  embedding_bwd(c.dt(), flex(c.out(0)), ptr<int32_t>(c.in(0)), ptr(c.in(1)), N, C, V, c.err(),
+                *c.ws, c.stream);
+}
+
+void run_rmsnorm_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1];
+  const int64_t ldx = need_rows(c.in(0), N, C, "rmsnorm_fwd x");
+  need_vec(c.in(1), C, "rmsnorm_fwd w");
+  const int64_t ldy = need_rows(c.out(0), N, C, "rmsnorm_fwd y");
+  Flex rstd;
+  if (c.has_out(1)) {
+    need_vec(c.out(1), N, "rmsnorm_fwd rstd");
+    rstd = flex(c.out(1));
+  }
+  rmsnorm_fwd(c.dt(), ptr(c.out(0)), ldy, rstd, ptr(c.in(0)), ldx, ptr(c.in(1)), N, C,
+              float(c.num("eps", 1e-6)), float(c.num("weight_offset", 0)), c.stream);
+}
+
+void run_rmsnorm_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], C = c.in(1).shape[1];
+  const int64_t lddy = need_rows(c.in(0), N, C, "rmsnorm_bwd dy");
+  const int64_t ldx = need_rows(c.in(1), N, C, "rmsnorm_bwd x");
+  need_vec(c.in(2), C, "rmsnorm_bwd w");
+  need_vec(c.in(3), N, "rmsnorm_bwd rstd");
+  const int64_t lddx = need_rows(c.out(0), N, C, "rmsnorm_bwd dx");
+  Flex dw;
+  if (c.has_out(1)) {
+    need_vec(c.out(1), C, "rmsnorm_bwd dw");
+    dw = flex(c.out(1));
+  }
+  rmsnorm_bwd(c.dt(), ptr(c.out(0)), lddx, dw, ptr(c.in(0)), lddy, ptr(c.in(1)), ldx, ptr(c.in(2)),
+              flex(c.in(3)), N, C, float(c.num("weight_offset", 0)), c.flag("accumulate"), *c.ws,
+              c.stream);
+}
+
+void run_rope(const Call& c, bool backward) {
+  const rlh_tensor& x = c.in(0);
+  if (x.ndim != 3) bad("rope: x must be [N, H, D]");
+  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
+  const int64_t ldx = need_heads(x, N, H, D, "rope x");
+  const int64_t ldy = need_heads(c.out(0), N, H, D, "rope y");
+  need_vec(c.in(1), N, "rope positions");
+  const int64_t R = 2 * numel(c.in(2));
+  need_vec(c.in(2), R / 2, "rope inv_freq");
+  rope(c.dt(), ptr(c.out(0)), ldy, ptr(x), ldx, ptr<int32_t>(c.in(1)), ptr<float>(c.in(2)), N, H,
+       D, R, c.num("scale", 1), c.flag("interleaved"), backward, c.stream);
+}
+void run_rope_fwd(const Call& c) { run_rope(c, false); }
+void run_rope_bwd(const Call& c) { run_rope(c, true); }
+
+AttnArgs attn_common(const Call& c, const rlh_tensor& q, const rlh_tensor& k, const rlh_tensor& v,
+                     const rlh_tensor& cu) {
+  if (q.ndim != 3 || k.ndim != 3 || v.ndim != 3) bad("attention: q, k, v must be [N, H, D]");
+  AttnArgs a;
+  a.t = c.dt();
+  a.N = q.shape[0];
+  a.Hq = q.shape[1];
+  a.Hkv = k.shape[1];
+  a.Dk = q.shape[2];
+  a.Dv = v.shape[2];
+  a.S = numel(cu) - 1;
+  need_vec(cu, a.S + 1, "attention cu_seqlens");
+  a.cu = ptr<int32_t>(cu);
+  a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
+  a.window = c.integer("window", 0);
+  a.force_simt = c.flag("force_simt");
+  a.ldq = need_heads(q, a.N, a.Hq, a.Dk, "attention q");
+  a.ldk = need_heads(k, a.N, a.Hkv, a.Dk, "attention k");
+  a.ldv = need_heads(v, a.N, a.Hkv, a.Dv, "attention v");
+  a.q = ptr(q);
+  a.k = ptr(k);
+  a.v = ptr(v);
+  return a;
+}
+
+void run_attention_fwd(const Call& c) {
+  AttnArgs a = attn_common(c, c.in(0), c.in(1), c.in(2), c.in(3));
+  a.ldo = need_heads(c.out(0), a.N, a.Hq, a.Dv, "attention_fwd o");
+  a.o = ptr(c.out(0));
+  need_vec(c.out(1), a.Hq * a.N, "attention_fwd lse");
+  a.lse = flex(c.out(1));
+  attention_fwd(a, c.op->inst->info, c.stream);
+}
+
+void run_attention_bwd(const Call& c) {
+  AttnArgs a = attn_common(c, c.in(1), c.in(2), c.in(3), c.in(6));
+  a.lddo = need_heads(c.in(0), a.N, a.Hq, a.Dv, "attention_bwd dout");
+  a.dout = ptr(c.in(0));
+  a.ldo = need_heads(c.in(4), a.N, a.Hq, a.Dv, "attention_bwd o");
+  a.o = ptr(c.in(4));
+  need_vec(c.in(5), a.Hq * a.N, "attention_bwd lse");
+  a.lse = flex(c.in(5));
+  a.lddq = need_heads(c.out(0), a.N, a.Hq, a.Dk, "attention_bwd dq");
+  a.lddk = need_heads(c.out(1), a.N, a.Hkv, a.Dk, "attention_bwd dk");
+  a.lddv = need_heads(c.out(2), a.N, a.Hkv, a.Dv, "attention_bwd dv");
+  a.dq = ptr(c.out(0));
+  a.dk = ptr(c.out(1));
+  a.dv = ptr(c.out(2));
+  attention_bwd(a, c.op->inst->info, *c.ws, c.stream);
+}
+
+void run_swiglu_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], F = c.in(0).shape[1];
+  const int64_t ldg = need_rows(c.in(0), N, F, "swiglu_fwd gate");
+  const int64_t ldu = need_rows(c.in(1), N, F, "swiglu_fwd up");
+  const int64_t ldh = need_rows(c.out(0), N, F, "swiglu_fwd h");
+  swiglu_fwd(c.dt(), ptr(c.out(0)), ldh, ptr(c.in(0)), ldg, ptr(c.in(1)), ldu, N, F, c.stream);
+}
+
+void run_swiglu_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
+  const int64_t lddh = need_rows(c.in(0), N, F, "swiglu_bwd dh");
+  const int64_t ldg = need_rows(c.in(1), N, F, "swiglu_bwd gate");
+  const int64_t ldu = need_rows(c.in(2), N, F, "swiglu_bwd up");
+  const int64_t lddg = need_rows(c.out(0), N, F, "swiglu_bwd dgate");
+  const int64_t lddu = need_rows(c.out(1), N, F, "swiglu_bwd dup");
+  swiglu_bwd(c.dt(), ptr(c.out(0)), lddg, ptr(c.out(1)), lddu, ptr(c.in(0)), lddh, ptr(c.in(1)),
+             ldg, ptr(c.in(2)), ldu, N, F, c.stream);
+}
+
+void run_bias_add_fwd(const Call& c) {
+  const int64_t N = c.out(0).shape[0], M = c.out(0).shape[1];
+  const int64_t ldy = need_rows(c.out(0), N, M, "bias_add_fwd y");
+  need_vec(c.in(0), M, "bias_add_fwd b");
+  bias_add_fwd(c.dt(), ptr(c.out(0)), ldy, ptr(c.in(0)), N, M, c.stream);
+}
+
+void run_bias_bwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], M = c.in(0).shape[1];
+  const int64_t lddy = need_rows(c.in(0), N, M, "bias_bwd dy");
+  need_vec(c.out(0), M, "bias_bwd db");
+  bias_bwd(c.dt(), flex(c.out(0)), ptr(c.in(0)), lddy, N, M, *c.ws, c.stream);
+}
+
+void run_add_fwd(const Call& c) {
+  const int64_t n = numel(c.out(0));
+  need_vec(c.in(0), n, "add_fwd a");
+  need_vec(c.in(1), n, "add_fwd b");
+  need_vec(c.out(0), n, "add_fwd y");
+  add_fwd(c.dt(), ptr(c.out(0)), ptr(c.in(0)), ptr(c.in(1)), n, c.stream);
+}
+
+LogprobArgs logprob_common(const Call& c) {
+  if (c.integer("top_k", 0) > 0 || c.num("top_p", 1) < 1)
+    throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda linear_logprob: top_k/top_p filtering is not offered");
+  LogprobArgs a;
+  a.t = c.dt();
+  a.N = c.in(0).shape[0];
+  a.C = c.in(0).shape[1];
+  a.V = c.in(1).shape[0];
+  need_vec(c.in(0), a.N * a.C, "linear_logprob h");
+  need_vec(c.in(1), a.V * a.C, "linear_logprob W");
+  need_vec(c.in(2), a.N, "linear_logprob target");
+  a.h = ptr(c.in(0));
+  a.W = ptr(c.in(1));
+  a.target = ptr<int32_t>(c.in(2));
+  a.temperature = c.num("temperature", 1);
+  a.chunk_bytes = c.integer("chunk_bytes", 0);
+  a.err = c.err();
+  return a;
+}
+
+void run_linear_logprob_fwd(const Call& c) {
+  LogprobArgs a = logprob_common(c);
+  need_vec(c.out(0), a.N, "linear_logprob_fwd logprob");
+  need_vec(c.out(1), a.N, "linear_logprob_fwd lse");
+  a.logprob = flex(c.out(0));
+  a.lse = flex(c.out(1));
+  if (c.has_out(2)) {
+    need_vec(c.out(2), a.N, "linear_logprob_fwd entropy");
+    a.entropy = flex(c.out(2));
+  }
+  linear_logprob_fwd(c.op->inst->gemm, a, *c.ws, c.stream);
+}
+
+void run_linear_logprob_bwd(const Call& c) {
+  LogprobArgs a = logprob_common(c);
+  need_vec(c.in(3), a.N, "linear_logprob_bwd lse");
+  a.lse = flex(c.in(3));
+  for (size_t i = 4; i < 7; ++i)
+    if (c.has_in(i)) need_vec(c.in(i), a.N, "linear_logprob_bwd dlogprob/entropy/dentropy");
+  a.dlogprob = flex_opt_in(c, 4);
+  a.entropy = flex_opt_in(c, 5);
+  a.dentropy = flex_opt_in(c, 6);
+  need_vec(c.out(0), a.N * a.C, "linear_logprob_bwd dh");
+  need_vec(c.out(1), a.V * a.C, "linear_logprob_bwd dW");
+  a.dh = ptr(c.out(0));
+  a.dW = flex(c.out(1));
+  a.accumulate = c.flag("accumulate");
+  linear_logprob_bwd(c.op->inst->gemm, a, *c.ws, c.stream);
+}
+
+// Tensor lists of a multi-tensor op: every k-th operand from `first`.
+struct ListStore {
+  std::vector<int64_t> n;
+  std::vector<void*> p;
+  std::vector<bool> bf;
+  std::unique_ptr<bool[]> bf_arr;
+  TensorList list() {
+    bf_arr.reset(new bool[bf.size()]);
+    for (size_t i = 0; i < bf.size(); ++i) bf_arr[i] = bf[i];
+    return TensorList{n.data(), p.data(), bf_arr.get(), n.size()};
+  }
+};
+ListStore list_of(const rlh_tensor* ts, size_t count, size_t first, size_t step, const char* what) {
+  ListStore l;
+  for (size_t i = first; i < count; i += step) {
+    const int64_t n = numel(ts[i]);
+    need_vec(ts[i], n, what);
+    l.n.push_back(n);
+    l.p.push_back(ptr(ts[i]));
+    l.bf.push_back(is_bf16(ts[i]));
+  }
+  return l;
+}
+
+void run_adamw(const Call& c) {
+  if (c.nout() % 4 != 0) bad("adamw: outputs are p, g, m, v (repeated per tensor)");
+  ListStore p = list_of(c.call->outputs, c.nout(), 0, 4, "adamw p");
+  ListStore g = list_of(c.call->outputs, c.nout(), 1, 4, "adamw g");
+  ListStore m = list_of(c.call->outputs, c.nout(), 2, 4, "adamw m");
+  ListStore v = list_of(c.call->outputs, c.nout(), 3, 4, "adamw v");
+  for (size_t i = 0; i < p.n.size(); ++i)
+    if (g.n[i] != p.n[i] || m.n[i] != p.n[i] || v.n[i] != p.n[i]) bad("adamw: p, g, m, v sizes differ");
+  AdamWArgs o;
+  o.lr = c.num("lr", o.lr);
+  o.beta1 = c.num("beta1", o.beta1);
+  o.beta2 = c.num("beta2", o.beta2);
+  o.eps = c.num("eps", o.eps);
+  o.weight_decay = c.num("weight_decay", o.weight_decay);
+  o.step = c.integer("step", 1);
+  o.grad_scale = c.num("grad_scale", 1);
+  o.zero_grad = c.flag("zero_grad");
+  adamw(p.list(), g.list(), m.list(), v.list(), o, *c.ws, c.stream);
+}
+
+void run_sumsq(const Call& c) {
+  ListStore x = list_of(c.call->inputs, c.nin(), 0, 1, "sumsq x");
+  need_vec(c.out(0), 1, "sumsq out");
+  sumsq(x.list(), ptr<float>(c.out(0)), *c.ws, c.stream);
+}
+
+void run_scale(const Call& c) {
+  ListStore x = list_of(c.call->outputs, c.nout(), 0, 1, "scale x");
+  scale(x.list(), float(c.num("scale", 1)), *c.ws, c.stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The op table. Operand kinds: f = the op's dtype (f32 or bf16), i = int32, k = float32,
+// s = statistic / parameter gradient (f32, or bf16 in a bf16 op), g = f32 or bf16 in any op.
+
+struct OpSpec {
+  const char* name;
+  const char* inputs;
+  size_t min_inputs;
+  const char* outputs;
+  size_t min_outputs;
+  const char* backward;
+  bool bf16;        // offered in bf16
+  bool variadic_in;  // inputs repeat the last kind (sumsq)
+  bool variadic_out; // outputs repeat the kind pattern (adamw: 4, scale: 1)
+  void (*run)(const Call&);
+  bool batch_invariant;
+};
+
+const OpSpec kOps[] = {
+    {"gemm", "ffs", 2, "s", 1, "gemm", true, false, false, run_gemm, false},
+    {"embedding_fwd", "if", 2, "f", 1, "embedding_bwd", true, false, false, run_embedding_fwd, true},
+    {"embedding_bwd", "if", 2, "s", 1, "", true, false, false, run_embedding_bwd, false},
+    {"rmsnorm_fwd", "ff", 2, "fs", 1, "rmsnorm_bwd", true, false, false, run_rmsnorm_fwd, true},
+    {"rmsnorm_bwd", "fffs", 4, "fs", 1, "", true, false, false, run_rmsnorm_bwd, false},
+    {"rope_fwd", "fik", 3, "f", 1, "rope_bwd", true, false, false, run_rope_fwd, true},
+    {"rope_bwd", "fik", 3, "f", 1, "", true, false, false, run_rope_bwd, true},
+    {"attention_fwd", "fffi", 4, "fs", 2, "attention_bwd", true, false, false, run_attention_fwd, false},
+    {"attention_bwd", "fffffsi", 7, "fff", 3, "", true, false, false, run_attention_bwd, false},
+    {"swiglu_fwd", "ff", 2, "f", 1, "swiglu_bwd", true, false, false, run_swiglu_fwd, true},
+    {"swiglu_bwd", "fff", 3, "ff", 2, "", true, false, false, run_swiglu_bwd, true},
+    {"bias_add_fwd", "f", 1, "f", 1, "bias_bwd", true, false, false, run_bias_add_fwd, true},
+    {"bias_bwd", "f", 1, "s", 1, "", true, false, false, run_bias_bwd, false},
+    {"add_fwd", "ff", 2, "f", 1, "", true, false, false, run_add_fwd, true},
+    {"linear_logprob_fwd", "ffi", 3, "sss", 2, "linear_logprob_bwd", true, false, false,
+     run_linear_logprob_fwd, false},
+    {"linear_logprob_bwd", "ffissss", 4, "fs", 2, "", true, false, false, run_linear_logprob_bwd, false},
+    {"adamw", "", 0, "kgkk", 4, "", false, false, true, run_adamw, true},
+    {"sumsq", "g", 1, "k", 1, "", false, true, false, run_sumsq, false},
+    {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
+};
+
+const OpSpec* find_op(const char* name) {
+  for (const OpSpec& s : kOps)
+    if (name && std::strcmp(s.name, name) == 0) return &s;
+  return nullptr;
+}
+
+bool same(rlh_dtype a, rlh_dtype b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+// Checks counts, devices and dtypes; returns the op's dtype or throws UNIMPLEMENTED.
+DType check_operands(const OpSpec& s, const rlh_kernels* inst, const rlh_tensor* ins, size_t nin,
+                     const rlh_tensor* outs, size_t nout) {
+  auto unimpl = [&](const std::string& why) {
+    throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda ") + s.name + ": " + why);
+  };
+  const size_t max_in = std::strlen(s.inputs), max_out = std::strlen(s.outputs);
+  if (nin < s.min_inputs || (!s.variadic_in && nin > max_in)) unimpl("wrong number of inputs");
+  if (nout < s.min_outputs || (!s.variadic_out && nout > max_out)) unimpl("wrong number of outputs");
+  if (s.variadic_out && max_out > 0 && nout % max_out != 0) unimpl("outputs must repeat in groups");
+  int fdt = -1;  // 0 f32, 1 bf16
+  std::vector<std::pair<const rlh_tensor*, char>> flexes;
+  auto visit = [&](const rlh_tensor& t, char kind) {
+    if (t.data == nullptr && kind != 'f') return;  // absent optional operand
+    const int dev = t.device.device_type;
+    if ((dev != RLH_DEVICE_CUDA && dev != RLH_DEVICE_CUDA_MANAGED) ||
+        t.device.device_id != inst->device.device_id)
+      unimpl("operands must be in CUDA memory of cuda:" + std::to_string(inst->device.device_id));
+    const bool f32 = same(t.dtype, sdk::kF32), bf = same(t.dtype, sdk::kBF16);
+    switch (kind) {
+      case 'i':
+        if (!same(t.dtype, sdk::kI32)) unimpl("index operands must be int32");
+        break;
+      case 'k':
+        if (!f32) unimpl("this operand must be float32");
+        break;
+      case 'g':
+        if (!f32 && !bf) unimpl("operands must be float32 or bfloat16");
+        break;
+      case 's':
+        if (!f32 && !bf) unimpl("operands must be float32 or bfloat16");
+        flexes.push_back({&t, kind});
+        break;
+      default: {
+        const int d = f32 ? 0 : bf ? 1 : -1;
+        if (d < 0) unimpl(std::string("dtype ") + sdk::dtype_name(t.dtype) + " not offered");
+        if (fdt >= 0 && d != fdt) unimpl("float operands must share one dtype");
+        fdt = d;
+      }
+    }
+  };
+  for (size_t i = 0; i < nin; ++i)
+    visit(ins[i], s.variadic_in ? s.inputs[std::min(i, max_in - 1)] : s.inputs[i]);
+  for (size_t i = 0; i < nout; ++i) visit(outs[i], s.variadic_out ? s.outputs[i % max_out] : s.outputs[i]);
+  if (fdt == 1 && !s.bf16) unimpl("bfloat16 is not offered for this op");
+  // In an f32 op every statistic is f32 too.
+  if (fdt != 1)
+    for (auto& [t, k] : flexes)
+      if (!same(t->dtype, sdk::kF32)) unimpl("a float32 op takes float32 statistics and gradients");
+  return fdt == 1 ? DType::bf16 : DType::f32;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The KERNELS table
+
+void log(const rlh_host_api* host, int32_t level, const std::string& msg) {
+  if (host && host->log) host->log(host->ctx, level, msg.data(), msg.size());
+}
+
+rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char*, size_t,
+                     rlh_kernels** out) {
+  const sdk::MakeStatusFn make = host ? host->make_status : nullptr;
+  return sdk::guard(make, [&] {
+    if (device.device_type != RLH_DEVICE_CUDA)
+      throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda runs on CUDA devices only");
+    if (!g_make_status) g_make_status = make;
+    int count = 0;
+    const cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess || count == 0)
+      throw Error(RLH_E_UNAVAILABLE, std::string("kernels_cuda: no CUDA device: ") +
+                                         (ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices"));
+    if (device.device_id < 0 || device.device_id >= count)
+      throw Error(RLH_E_INVALID_ARGUMENT, "kernels_cuda: no device cuda:" + std::to_string(device.device_id));
+    cudaDeviceProp prop{};
+    cuda_ck(cudaGetDeviceProperties(&prop, device.device_id), "device properties");
+    if (prop.major != 9 || prop.minor != 0)
+      throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda is built for sm_90a (Hopper); cuda:") +
+                                           std::to_string(device.device_id) + " (" + prop.name +
+                                           ") is sm_" + std::to_string(prop.major * 10 + prop.minor));
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cuda_ck(cudaSetDevice(device.device_id), "set device");
+    auto k = std::make_unique<rlh_kernels>();
+    k->host = host;
+    k->device = device;
+    k->info.device = device.device_id;
+    k->info.sm_count = prop.multiProcessorCount;
+    k->info.cc_major = prop.major;
+    k->info.cc_minor = prop.minor;
+    k->info.smem_optin = prop.sharedMemPerBlockOptin;
+    k->check = std::getenv("RLH_KCUDA_CHECK") && std::strcmp(std::getenv("RLH_KCUDA_CHECK"), "0") != 0;
+    cudaMemPoolProps pp{};
+    pp.allocType = cudaMemAllocationTypePinned;
+    pp.location.type = cudaMemLocationTypeDevice;
+    pp.location.id = device.device_id;
+    cuda_ck(cudaMemPoolCreate(&k->pool, &pp), "memory pool");
+    uint64_t keep = UINT64_MAX;  // keep freed workspace cached in the pool
+    cudaMemPoolSetAttribute(k->pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    cuda_ck(cudaMalloc(reinterpret_cast<void**>(&k->err), sizeof(int)), "error flag");
+    cuda_ck(cudaMemset(k->err, 0, sizeof(int)), "error flag");
+    try {
+      k->gemm = gemm_engine_create(k->info);
+    } catch (const std::exception& e) {
+      cudaFree(k->err);
+      cudaMemPoolDestroy(k->pool);
+      throw Error(RLH_E_UNAVAILABLE, std::string("kernels_cuda: ") + e.what());
+    }
+    cudaSetDevice(prev);
+    log(host, RLH_LOG_INFO,
+        std::string("kernels_cuda: cuda:") + std::to_string(device.device_id) + " " + prop.name +
+            " (sm_90, " + std::to_string(prop.multiProcessorCount) + " SMs); " +
+            gemm_engine_info(k->gemm));
+    *out = k.release();
+  });
+}
+
+void k_destroy(rlh_kernels* k) {
+  if (!k) return;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(k->device.device_id);
+  gemm_engine_destroy(k->gemm);
+  cudaFree(k->err);
+  cudaMemPoolDestroy(k->pool);
+  cudaSetDevice(prev);
+  delete k;
+}
+
+rlh_status* k_list_ops(rlh_kernels*, rlh_write_fn write, void* user) {
+  return sdk::guard(g_make_status, [&] {
+    std::string j = "[";
+    for (const OpSpec& s : kOps) {
+      if (j.size() > 1) j += ",";
+      j += std::string("{\"name\":\"") + s.name + "\",\"dtypes\":[\"f32\"" +
+           (s.bf16 ? ",\"bf16\"" : "") + "],\"backward\":\"" + s.backward + "\"}";
+    }
+    j += "]";
+    write(user, j.data(), j.size());
+  });
+}
+
+rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
+  return sdk::guard(g_make_status, [&] {
+    const OpSpec* s = find_op(d->name);
+    if (!s) throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda has no op '") + (d->name ? d->name : "") + "'");
+    if (d->device.device_type != RLH_DEVICE_CUDA || d->device.device_id != k->device.device_id)
+      throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: op asked for another device");
+    const DType dt = check_operands(*s, k, d->inputs, d->num_inputs, d->outputs, d->num_outputs);
+    auto op = std::make_unique<rlh_op>();
+    op->spec = s;
+    op->dt = dt;
+    op->inst = k;
+    for (size_t i = 0; i < d->num_attrs; ++i) {
+      const rlh_named_value& a = d->attrs[i];
+      if (!a.name) continue;
+      op->attrs.push_back(Attr{a.name, a.type, a.int64_value, a.double_value});
+    }
+    // Answers known at resolution: filtered logprobs, attention head dims.
+    if (std::strncmp(s->name, "linear_logprob", 14) == 0) {
+      for (const Attr& a : op->attrs) {
+        const double v = a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i);
+        if ((a.name == "top_k" && v > 0) || (a.name == "top_p" && v < 1))
+          throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda linear_logprob: top_k/top_p filtering is not offered");
+      }
+    }
+    if (d->shapes_valid && std::strncmp(s->name, "attention", 9) == 0) {
+      const rlh_tensor& q = d->inputs[std::strcmp(s->name, "attention_bwd") == 0 ? 1 : 0];
+      const rlh_tensor& v = d->inputs[std::strcmp(s->name, "attention_bwd") == 0 ? 3 : 2];
+      if (q.ndim == 3 && v.ndim == 3 && (q.shape[2] > 256 || v.shape[2] > 256))
+        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda attention: head dims above 256");
+    }
+    *out = op.release();
+  });
+}
+
+rlh_status* k_op_info(rlh_op* op, rlh_op_info* out) {
+  return sdk::guard(g_make_status, [&] {
+    rlh_op_info info{};
+    // No atomics in any result (every output element has one writer, reductions run in a fixed
+    // order), so reruns are bitwise equal. Row-wise ops are batch-invariant; GEMMs (cuBLASLt
+    // picks kernels by shape), attention (tiles follow token positions), reductions and the
+    // logprob head (its GEMM) are not.
+    info.batch_invariant = op->spec->batch_invariant ? 1 : 0;
+    info.deterministic = 1;
+    info.stateful = 0;
+    info.workspace_bytes = 0;
+    const size_t n = std::min(out->struct_size, sizeof(rlh_op_info));
+    if (n > sizeof(size_t))
+      std::memcpy(reinterpret_cast<char*>(out) + sizeof(size_t),
+                  reinterpret_cast<const char*>(&info) + sizeof(size_t), n - sizeof(size_t));
+  });
+}
+
+rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
+  return sdk::guard(g_make_status, [&] {
+    const OpSpec& s = *op->spec;
+    rlh_kernels* k = op->inst;
+    if (check_operands(s, k, call->inputs, call->num_inputs, call->outputs, call->num_outputs) != op->dt)
+      throw Error(RLH_E_INVALID_ARGUMENT, std::string(s.name) + ": dtype differs from the resolved op");
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != k->device.device_id) cuda_ck(cudaSetDevice(k->device.device_id), "set device");
+    struct Restore {
+      int prev, dev;
+      ~Restore() { if (prev >= 0 && prev != dev) cudaSetDevice(prev); }
+    } restore{prev, k->device.device_id};
+    const auto stream = static_cast<cudaStream_t>(call->stream);
+    {
+      CallWorkspace ws(k, call->workspace, call->workspace_bytes, stream);
+      Call c{op, call, &ws, stream};
+      s.run(c);
+    }
+    if (k->check) {
+      cuda_ck(cudaStreamSynchronize(stream), s.name);
+      cuda_ck(cudaGetLastError(), s.name);
+      int flag = 0;
+      cuda_ck(cudaMemcpy(&flag, k->err, sizeof(int), cudaMemcpyDeviceToHost), "error flag");
+      if (flag) {
+        cudaMemset(k->err, 0, sizeof(int));
+        bad(std::string(s.name) + ": an id or target is outside [0, V)");
+      }
+    }
+  });
+}
+
+void k_release_op(rlh_op* op) { delete op; }
+
+const rlh_kernels_api kApi = [] {
+  rlh_kernels_api a{};
+  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, state_load);
+  a.create = k_create;
+  a.destroy = k_destroy;
+  a.list_ops = k_list_ops;
+  a.get_op = k_get_op;
+  a.op_info = k_op_info;
+  a.run = k_run;
+  a.release_op = k_release_op;
+  a.state_save = nullptr;
+  a.state_load = nullptr;
+  return a;
+}();
+
+// Can it run here? Cheap: counts devices (which loads libcuda.so.1 through the static runtime,
+// if present) and reads their compute capability; keeps nothing.
+rlh_status* probe(const rlh_host_api* host, int32_t* score, rlh_write_fn write, void* user) {
+  return sdk::guard(host ? host->make_status : nullptr, [&] {
+    auto say = [&](const std::string& m) { if (write) write(user, m.data(), m.size()); };
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+      *score = 0;
+      say(std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
+      return;
+    }
+    std::string found;
+    int hopper = 0;
+    for (int i = 0; i < count; ++i) {
+      cudaDeviceProp p{};
+      if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+      found += std::string(found.empty() ? "" : ", ") + "cuda:" + std::to_string(i) + " " + p.name +
+               " sm_" + std::to_string(p.major * 10 + p.minor);
+      hopper += p.major == 9 && p.minor == 0;
+    }
+    if (hopper == 0) {
+      *score = 0;
+      say("kernels_cuda is built for sm_90a (Hopper) only; found " + found);
+      return;
+    }
+    *score = 10;
+    say(found);
+  });
+}
+
+const rlh_component_desc kComponent =
+    sdk::component_desc(RLH_KIND_KERNELS, "kernels_cuda", "0.1.0", RLH_KERNELS_API_VERSION_MAJOR,
+                        RLH_KERNELS_API_VERSION_MINOR, &kApi,
+                        "CUDA kernels for Hopper (sm_90a): cuBLASLt GEMMs, flash attention on "
+                        "tensor cores, fused norms/rope/swiglu/logprob head, multi-tensor AdamW");
+const rlh_component_desc* const kComponents[] = {&kComponent};
+
+rlh_plugin_desc make_desc() {
+  rlh_plugin_desc d = sdk::plugin_desc("kernels_cuda", "0.1.0", "rlhost", kComponents,
+                                       "CUDA kernel provider (bf16/f32, sm_90a)");
+  d.probe = probe;
+  return d;
+}
+
+}  // namespace
+}  // namespace rlh::kcuda
+
+RLH_DEFINE_PLUGIN(rlh::kcuda::make_desc());

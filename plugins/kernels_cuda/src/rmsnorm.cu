@@ -1,0 +1,203 @@
+// rmsnorm: y = x * rstd * (w + w_offset), rstd = 1/sqrt(mean(x^2) + eps), fp32 arithmetic.
+// One warp per row; 16-byte loads when rows and pointers allow. The backward writes dx per row
+// (warp) and sums dw over rows with the deterministic column reduction.
+#include "colreduce.cuh"
+
+namespace rlh::kcuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+// Loads 8 consecutive elements as floats (one 16-byte load for bf16, two for f32).
+__device__ __forceinline__ void load8(const bf16* p, float* v) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const float* p, float* v) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void store8(bf16* p, const float* v) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+__device__ __forceinline__ void store8(float* p, const float* v) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+template <class T, bool VEC>
+__global__ void __launch_bounds__(kWarps * 32)
+rmsnorm_fwd_kernel(T* y, int64_t ldy, Flex rstd_out, const T* x, int64_t ldx, const T* w,
+                   int64_t N, int64_t C, float eps, float woff) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(kWarps) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const T* xr = x + row * ldx;
+  T* yr = y + row * ldy;
+  float ss = 0.f;
+  if (VEC) {
+    for (int64_t c = lane * 8; c < C; c += 256) {
+      float v[8];
+      load8(xr + c, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) {
+      const float v = to_f(xr[c]);
+      ss += v * v;
+    }
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / float(C) + eps);
+  // rsqrtf is approximate (2 ulp); one Newton step makes it match 1/sqrtf to rounding.
+  const float rs = r * (1.5f - 0.5f * (ss / float(C) + eps) * r * r);
+  if (VEC) {
+    for (int64_t c = lane * 8; c < C; c += 256) {
+      float v[8], wv[8];
+      load8(xr + c, v);
+      load8(w + c, wv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = v[k] * rs * (wv[k] + woff);
+      store8(yr + c, v);
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) yr[c] = from_f<T>(to_f(xr[c]) * rs * (to_f(w[c]) + woff));
+  }
+  if (lane == 0 && rstd_out.p) st_flex(rstd_out, row, rs);
+}
+
+template <class T, bool VEC>
+__global__ void __launch_bounds__(kWarps * 32)
+rmsnorm_bwd_kernel(T* dx, int64_t lddx, const T* dy, int64_t lddy, const T* x, int64_t ldx,
+                   const T* w, Flex rstd, int64_t N, int64_t C, float woff, bool accumulate) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(kWarps) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const T* xr = x + row * ldx;
+  const T* dyr = dy + row * lddy;
+  T* dxr = dx + row * lddx;
+  const float rs = ld_flex(rstd, row);
+  float dot = 0.f;
+  if (VEC) {
+    for (int64_t c = lane * 8; c < C; c += 256) {
+      float xv[8], gv[8], wv[8];
+      load8(xr + c, xv);
+      load8(dyr + c, gv);
+      load8(w + c, wv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) dot += gv[k] * (wv[k] + woff) * xv[k];
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) dot += to_f(dyr[c]) * (to_f(w[c]) + woff) * to_f(xr[c]);
+  }
+  dot = warp_sum(dot);
+  const float coef = rs * rs * rs / float(C) * dot;
+  if (VEC) {
+    for (int64_t c = lane * 8; c < C; c += 256) {
+      float xv[8], gv[8], wv[8], o[8];
+      load8(xr + c, xv);
+      load8(dyr + c, gv);
+      load8(w + c, wv);
+      if (accumulate) load8(dxr + c, o);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float d = rs * (wv[k] + woff) * gv[k] - xv[k] * coef;
+        o[k] = accumulate ? o[k] + d : d;
+      }
+      store8(dxr + c, o);
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) {
+      const float d = rs * (to_f(w[c]) + woff) * to_f(dyr[c]) - to_f(xr[c]) * coef;
+      dxr[c] = from_f<T>(accumulate ? to_f(dxr[c]) + d : d);
+    }
+  }
+}
+
+// dw term: dy[r,c] * x[r,c] * rstd[r]; dy, x and rstd travel in the extra struct.
+template <class T>
+struct DwExtra {
+  const T* x;
+  int64_t ldx;
+  Flex rstd;
+};
+struct DwTerm {
+  template <class T>
+  __device__ float operator()(const T* dy, int64_t lddy, int64_t r, int64_t c,
+                              const DwExtra<T>& e) const {
+    return to_f(dy[r * lddy + c]) * to_f(e.x[r * e.ldx + c]) * ld_flex(e.rstd, r);
+  }
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <class T>
+void fwd_t(T* y, int64_t ldy, Flex rstd, const T* x, int64_t ldx, const T* w, int64_t N,
+           int64_t C, float eps, float woff, cudaStream_t s) {
+  const bool vec = C % 8 == 0 && ldx % 8 == 0 && ldy % 8 == 0 && aligned16(x) &&
+                   aligned16(y) && aligned16(w);
+  const unsigned grid = ceil_div(N, kWarps);
+  if (vec)
+    rmsnorm_fwd_kernel<T, true><<<grid, kWarps * 32, 0, s>>>(y, ldy, rstd, x, ldx, w, N, C, eps, woff);
+  else
+    rmsnorm_fwd_kernel<T, false><<<grid, kWarps * 32, 0, s>>>(y, ldy, rstd, x, ldx, w, N, C, eps, woff);
+}
+
+template <class T>
+void bwd_t(T* dx, int64_t lddx, Flex dw, const T* dy, int64_t lddy, const T* x, int64_t ldx,
+           const T* w, Flex rstd, int64_t N, int64_t C, float woff, bool accumulate,
+           Workspace& ws, cudaStream_t s) {
+  // dw first: dx may alias dy (in place), and dw reads dy.
+  if (dw.p) column_reduce5(dy, lddy, N, C, DwTerm{}, DwExtra<T>{x, ldx, rstd}, dw, true, ws, s);
+  const bool vec = C % 8 == 0 && ldx % 8 == 0 && lddy % 8 == 0 && lddx % 8 == 0 &&
+                   aligned16(x) && aligned16(dy) && aligned16(dx) && aligned16(w);
+  const unsigned grid = ceil_div(N, kWarps);
+  if (N == 0) return;
+  if (vec)
+    rmsnorm_bwd_kernel<T, true><<<grid, kWarps * 32, 0, s>>>(dx, lddx, dy, lddy, x, ldx, w, rstd,
+                                                             N, C, woff, accumulate);
+  else
+    rmsnorm_bwd_kernel<T, false><<<grid, kWarps * 32, 0, s>>>(dx, lddx, dy, lddy, x, ldx, w, rstd,
+                                                              N, C, woff, accumulate);
+}
+
+}  // namespace
+
+void rmsnorm_fwd(DType t, void* y, int64_t ldy, Flex rstd, const void* x, int64_t ldx,
+                 const void* w, int64_t N, int64_t C, float eps, float w_offset, cudaStream_t s) {
+  if (N == 0) return;
+  if (t == DType::f32)
+    fwd_t(static_cast<float*>(y), ldy, rstd, static_cast<const float*>(x), ldx,
+          static_cast<const float*>(w), N, C, eps, w_offset, s);
+  else
+    fwd_t(static_cast<bf16*>(y), ldy, rstd, static_cast<const bf16*>(x), ldx,
+          static_cast<const bf16*>(w), N, C, eps, w_offset, s);
+  check_launch("rmsnorm_fwd");
+}
+
+void rmsnorm_bwd(DType t, void* dx, int64_t lddx, Flex dw, const void* dy, int64_t lddy,
+                 const void* x, int64_t ldx, const void* w, Flex rstd, int64_t N, int64_t C,
+                 float w_offset, bool accumulate, Workspace& ws, cudaStream_t s) {
+  if (t == DType::f32)
+    bwd_t(static_cast<float*>(dx), lddx, dw, static_cast<const float*>(dy), lddy,
+          static_cast<const float*>(x), ldx, static_cast<const float*>(w), rstd, N, C, w_offset,
+          accumulate, ws, s);
+  else
+    bwd_t(static_cast<bf16*>(dx), lddx, dw, static_cast<const bf16*>(dy), lddy,
+          static_cast<const bf16*>(x), ldx, static_cast<const bf16*>(w), rstd, N, C, w_offset,
+          accumulate, ws, s);
+  check_launch("rmsnorm_bwd");
+}
+
+}  // namespace rlh::kcuda

@@ -1,0 +1,148 @@
+// swiglu: h = silu(gate) * up and its backward, fp32 arithmetic; 8 elements per thread with
+// 16-byte accesses when rows and pointers are aligned.
+#include "common.cuh"
+
+namespace rlh::kcuda {
+namespace {
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
+
+template <class T>
+struct Vec8;  // 8 elements as one or two 16-byte words
+template <>
+struct Vec8<bf16> {
+  uint4 u;
+  __device__ void load(const bf16* p) { u = *reinterpret_cast<const uint4*>(p); }
+  __device__ void store(bf16* p) const { *reinterpret_cast<uint4*>(p) = u; }
+  __device__ float get(int k) const { return __bfloat162float(reinterpret_cast<const bf16*>(&u)[k]); }
+  __device__ void set(int k, float v) { reinterpret_cast<bf16*>(&u)[k] = __float2bfloat16_rn(v); }
+};
+template <>
+struct Vec8<float> {
+  float4 a, b;
+  __device__ void load(const float* p) {
+    a = reinterpret_cast<const float4*>(p)[0];
+    b = reinterpret_cast<const float4*>(p)[1];
+  }
+  __device__ void store(float* p) const {
+    reinterpret_cast<float4*>(p)[0] = a;
+    reinterpret_cast<float4*>(p)[1] = b;
+  }
+  __device__ float get(int k) const { return k < 4 ? (&a.x)[k] : (&b.x)[k - 4]; }
+  __device__ void set(int k, float v) { (k < 4 ? (&a.x)[k] : (&b.x)[k - 4]) = v; }
+};
+
+template <class T, int VEC>
+__global__ void swiglu_fwd_kernel(T* h, int64_t ldh, const T* gate, int64_t ldg, const T* up,
+                                  int64_t ldu, int64_t N, int64_t F) {
+  const int64_t per_row = F / VEC, total = N * per_row;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = idx / per_row, f = (idx - n * per_row) * VEC;
+    if constexpr (VEC == 8) {
+      Vec8<T> g, u, o;
+      g.load(gate + n * ldg + f);
+      u.load(up + n * ldu + f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float gv = g.get(k);
+        o.set(k, gv * sigmoid(gv) * u.get(k));
+      }
+      o.store(h + n * ldh + f);
+    } else {
+      const float gv = to_f(gate[n * ldg + f]);
+      h[n * ldh + f] = from_f<T>(gv * sigmoid(gv) * to_f(up[n * ldu + f]));
+    }
+  }
+}
+
+template <class T, int VEC>
+__global__ void swiglu_bwd_kernel(T* dgate, int64_t lddg, T* dup, int64_t lddu, const T* dh,
+                                  int64_t lddh, const T* gate, int64_t ldg, const T* up,
+                                  int64_t ldu, int64_t N, int64_t F) {
+  const int64_t per_row = F / VEC, total = N * per_row;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = idx / per_row, f = (idx - n * per_row) * VEC;
+    if constexpr (VEC == 8) {
+      Vec8<T> g, u, d, og, ou;
+      g.load(gate + n * ldg + f);
+      u.load(up + n * ldu + f);
+      d.load(dh + n * lddh + f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float gv = g.get(k), uv = u.get(k), dv = d.get(k), sg = sigmoid(gv);
+        og.set(k, dv * uv * sg * (1.f + gv * (1.f - sg)));
+        ou.set(k, dv * gv * sg);
+      }
+      og.store(dgate + n * lddg + f);
+      ou.store(dup + n * lddu + f);
+    } else {
+      const float gv = to_f(gate[n * ldg + f]), uv = to_f(up[n * ldu + f]),
+                  dv = to_f(dh[n * lddh + f]), sg = sigmoid(gv);
+      dgate[n * lddg + f] = from_f<T>(dv * uv * sg * (1.f + gv * (1.f - sg)));
+      dup[n * lddu + f] = from_f<T>(dv * gv * sg);
+    }
+  }
+}
+
+bool al16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+unsigned grid_of(int64_t work) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((work + 255) / 256, 132 * 32)));
+}
+
+template <class T>
+void fwd_t(T* h, int64_t ldh, const T* g, int64_t ldg, const T* u, int64_t ldu, int64_t N,
+           int64_t F, cudaStream_t s) {
+  const bool vec = F % 8 == 0 && ldh % 8 == 0 && ldg % 8 == 0 && ldu % 8 == 0 && al16(h) &&
+                   al16(g) && al16(u);
+  if (vec)
+    swiglu_fwd_kernel<T, 8><<<grid_of(N * F / 8), 256, 0, s>>>(h, ldh, g, ldg, u, ldu, N, F);
+  else
+    swiglu_fwd_kernel<T, 1><<<grid_of(N * F), 256, 0, s>>>(h, ldh, g, ldg, u, ldu, N, F);
+}
+
+template <class T>
+void bwd_t(T* dg, int64_t lddg, T* du, int64_t lddu, const T* dh, int64_t lddh, const T* g,
+           int64_t ldg, const T* u, int64_t ldu, int64_t N, int64_t F, cudaStream_t s) {
+  const bool vec = F % 8 == 0 && lddg % 8 == 0 && lddu % 8 == 0 && lddh % 8 == 0 &&
+                   ldg % 8 == 0 && ldu % 8 == 0 && al16(dg) && al16(du) && al16(dh) && al16(g) &&
+                   al16(u);
+  if (vec)
+    swiglu_bwd_kernel<T, 8><<<grid_of(N * F / 8), 256, 0, s>>>(dg, lddg, du, lddu, dh, lddh, g,
+                                                                ldg, u, ldu, N, F);
+  else
+    swiglu_bwd_kernel<T, 1><<<grid_of(N * F), 256, 0, s>>>(dg, lddg, du, lddu, dh, lddh, g, ldg,
+                                                            u, ldu, N, F);
+}
+
+}  // namespace
+
+void swiglu_fwd(DType t, void* h, int64_t ldh, const void* gate, int64_t ldg, const void* up,
+                int64_t ldu, int64_t N, int64_t F, cudaStream_t s) {
+  if (N * F == 0) return;
+  if (t == DType::f32)
+    fwd_t(static_cast<float*>(h), ldh, static_cast<const float*>(gate), ldg,
+          static_cast<const float*>(up), ldu, N, F, s);
+  else
+    fwd_t(static_cast<bf16*>(h), ldh, static_cast<const bf16*>(gate), ldg,
+          static_cast<const bf16*>(up), ldu, N, F, s);
+  check_launch("swiglu_fwd");
+}
+
+void swiglu_bwd(DType t, void* dgate, int64_t lddg, void* dup, int64_t lddu, const void* dh,
+                int64_t lddh, const void* gate, int64_t ldg, const void* up, int64_t ldu,
+                int64_t N, int64_t F, cudaStream_t s) {
+  if (N * F == 0) return;
+  if (t == DType::f32)
+    bwd_t(static_cast<float*>(dgate), lddg, static_cast<float*>(dup), lddu,
+          static_cast<const float*>(dh), lddh, static_cast<const float*>(gate), ldg,
+          static_cast<const float*>(up), ldu, N, F, s);
+  else
+    bwd_t(static_cast<bf16*>(dgate), lddg, static_cast<bf16*>(dup), lddu,
+          static_cast<const bf16*>(dh), lddh, static_cast<const bf16*>(gate), ldg,
+          static_cast<const bf16*>(up), ldu, N, F, s);
+  check_launch("swiglu_bwd");
+}
+
+}  // namespace rlh::kcuda
