@@ -43,8 +43,10 @@ class Providers {
     for (const auto& p : nlohmann::json::parse(listing)) {
       if (!p.contains("components") || !p.contains("path")) continue;
       for (const auto& c : p["components"]) {
-        if (c.value("kind", std::string()) != "kernels" && c.value("kind", 0) != RLH_KIND_KERNELS)
-          continue;
+        const auto& kind = c.contains("kind") ? c["kind"] : nlohmann::json();
+        const bool kernels = (kind.is_string() && kind.get<std::string>() == "kernels") ||
+                             (kind.is_number_integer() && kind.get<int>() == RLH_KIND_KERNELS);
+        if (!kernels) continue;
         sdk::check(rlhost_load_plugin(host_, p["path"].get<std::string>().c_str()));
         const rlh_host_api* svc = rlhost_services(host_);
         const rlh_component_desc* d = nullptr;
