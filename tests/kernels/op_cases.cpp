@@ -730,6 +730,10 @@ std::vector<OpCase> all_op_cases() {
   o.chunk_bytes = 1024;
   v.push_back(logprob_case("top_k+top_p", 9, 12, 50, o, true));
   v.push_back(logprob_case("top_k+top_p at ids", 9, 12, 50, o, true, 3));
+  o = LogprobOpts{};
+  o.temperature = 4.0;  // flat: the top-p cut lies beyond the first slices of candidates
+  o.top_p = 0.95;
+  v.push_back(logprob_case("top_p wide", 9, 12, 600, o, true));
   v.push_back(adamw_case(1000, false));
   v.push_back(adamw_case(200003, true));
   v.push_back(sumsq_case());

@@ -141,6 +141,9 @@ void for_rows(int64_t n, int64_t work, const std::function<void(int64_t, int64_t
 // Filtered path helpers
 
 // Threshold tau of one row z[0..V) (see the file comment); tmp holds V elements.
+// top-p never sorts the whole row: the largest `want` candidates are split off with nth_element
+// (O(V)) and sorted, the mass is walked down them, and only when the cut lies further does the
+// next, 4x larger slice follow. A peaked distribution costs O(V); a flat one ends in a full sort.
 template <class T>
 T filter_threshold(const T* z, int64_t V, const LogprobOpts& o, T* tmp) {
   std::copy(z, z + V, tmp);
@@ -153,18 +156,24 @@ T filter_threshold(const T* z, int64_t V, const LogprobOpts& o, T* tmp) {
     kept = std::partition(tmp, tmp + V, [tau](T x) { return x >= tau; }) - tmp;
   }
   if (o.top_p < 1.0) {
-    std::sort(tmp, tmp + kept, std::greater<T>());
-    const T mx = tmp[0];
+    const T mx = *std::max_element(tmp, tmp + kept);
     double total = 0;
     for (int64_t i = 0; i < kept; ++i) total += std::exp(double(tmp[i] - mx));
     double before = 0;
-    int64_t last = 0;
-    for (int64_t i = 0; i < kept; ++i) {
-      if (before / total >= o.top_p) break;
-      last = i;
-      before += std::exp(double(tmp[i] - mx));
+    int64_t sorted = 0, want = std::min<int64_t>(kept, 64);
+    for (;;) {
+      // tmp[0, sorted) holds the largest values in descending order; extend it to `want`.
+      if (want < kept)
+        std::nth_element(tmp + sorted, tmp + want - 1, tmp + kept, std::greater<T>());
+      std::sort(tmp + sorted, tmp + want, std::greater<T>());
+      for (int64_t i = sorted; i < want; ++i) {
+        if (i > 0 && before / total >= o.top_p) return tmp[i - 1];
+        before += std::exp(double(tmp[i] - mx));
+      }
+      sorted = want;
+      if (sorted == kept) return tmp[kept - 1];
+      want = std::min(kept, want * 4);
     }
-    tau = tmp[last];
   }
   return tau;
 }
