@@ -4,7 +4,7 @@
 //
 // The bound is parameters + gradients + the activations the engine is designed to keep (per-token
 // buffers listed below, O(T * width)) + fixed workspace (one head tile of 8 MiB, attention tiles
-// per thread, O(T * heads) softmax statistics). The workspace allowance (~9.5 MiB) is smaller than
+// per thread, O(T * heads) softmax statistics). The workspace allowance (~10 MiB) is smaller than
 // one head's [T, T] score matrix (16 MiB) and far smaller than a [T, V] logits copy (1 GiB), so
 // passing proves the head never holds a second [T, V] copy and attention never holds a T^2
 // buffer. T is 2048 rather than 4096 to keep the run near 20 s on 2 cores (the head alone is
@@ -127,7 +127,8 @@ int64_t activation_floats(const Shape& s, bool recompute) {
 // Workspace the kernels may take: one head tile, attention tiles per thread, softmax statistics.
 int64_t workspace_bytes(const Shape& s) {
   const int64_t tile = kHeadTileBytes;
-  const int64_t attention = int64_t(omp_get_max_threads()) * 2 * 64 * 256 * 4 + s.Hq * s.T * 4;
+  // per thread two 128 x 256 score tiles (attention.cpp), plus Delta [Hq, T] in the backward
+  const int64_t attention = int64_t(omp_get_max_threads()) * 2 * 128 * 256 * 4 + s.Hq * s.T * 4;
   return tile + attention + s.T * 5 * 4 + (1 << 20);  // + head stats, + 1 MiB small items
 }
 
