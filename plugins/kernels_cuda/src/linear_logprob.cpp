@@ -40,7 +40,7 @@ void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
   const Tiling t = tiling(a);
   const size_t es = dtype_size(a.t);
   auto* logits = static_cast<float*>(ws.get(size_t(t.rows * t.cols) * 4));
-  auto* st = static_cast<float*>(ws.get(size_t(a.N) * 4 * 4));
+  auto* st = static_cast<float*>(ws.get(size_t(a.N) * (3 + a.K) * 4));
   float *m = st, *sum = st + a.N, *tz = st + 2 * a.N, *zt = st + 3 * a.N;
   const float inv_temp = float(1.0 / a.temperature);
   for (int64_t r0 = 0; r0 < a.N; r0 += t.rows) {
@@ -62,11 +62,11 @@ void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
       gm.ab = a.t;
       gm.c_dt = DType::f32;
       gemm(g, gm, ws, s);
-      logprob_tile_stats(logits, rows, cols, cols, v0, a.target + r0, inv_temp, m + r0, sum + r0,
-                         tz + r0, zt + r0, v0 == 0, a.err, a.V, s);
+      logprob_tile_stats(logits, rows, cols, cols, v0, a.target + r0 * a.K, a.K, inv_temp, m + r0,
+                         sum + r0, tz + r0, zt + r0 * a.K, v0 == 0, a.err, a.V, s);
     }
   }
-  logprob_finish(m, sum, tz, zt, a.target, a.N, a.logprob, a.lse, a.entropy, s);
+  logprob_finish(m, sum, tz, zt, a.target, a.N, a.K, a.logprob, a.lse, a.entropy, s);
 }
 
 void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cudaStream_t s) {
@@ -80,7 +80,7 @@ void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
   void* dlogits = ws.get(size_t(t.rows * t.cols) * es);
   auto* dh_acc = static_cast<float*>(ws.get(size_t(t.rows * a.C) * 4));
   const float inv_temp = float(1.0 / a.temperature);
-  const auto lse_at = [](Flex f, int64_t r0) {
+  const auto lse_at = [](Flex f, int64_t r0) {  // row r0 of a per-row operand
     Flex o = f;
     if (o.p) o.p = static_cast<char*>(o.p) + size_t(r0) * (o.bf16 ? 2 : 4);
     return o;
@@ -105,8 +105,8 @@ void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
       gm.ab = a.t;
       gm.c_dt = DType::f32;
       gemm(g, gm, ws, s);
-      logprob_tile_grad(a.t, logits, rows, cols, cols, v0, a.target + r0, inv_temp,
-                        lse_at(a.lse, r0), lse_at(a.dlogprob, r0), lse_at(a.entropy, r0),
+      logprob_tile_grad(a.t, logits, rows, cols, cols, v0, a.target + r0 * a.K, a.K, inv_temp,
+                        lse_at(a.lse, r0), lse_at(a.dlogprob, r0 * a.K), lse_at(a.entropy, r0),
                         lse_at(a.dentropy, r0), dlogits, cols, s);
       GemmArgs gh;  // dh_acc (+)= dlogits W_chunk
       gh.M = rows;

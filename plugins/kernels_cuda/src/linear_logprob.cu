@@ -35,7 +35,7 @@ __device__ __forceinline__ void push(Stat& st, float z) {
 template <bool VEC>
 __global__ void __launch_bounds__(256)
 tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
-                  const int32_t* target, float inv_temp, float* m, float* sum, float* tz,
+                  const int32_t* target, int64_t K, float inv_temp, float* m, float* sum, float* tz,
                   float* zt, bool first, int* err, int64_t V) {
   const int64_t r = blockIdx.x;
   const float* row = logits + r * ld;
@@ -69,33 +69,39 @@ tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
     m[r] = acc.m;
     sum[r] = acc.s;
     tz[r] = acc.t;
-    const int32_t t = target[r];
-    if (first) zt[r] = 0.f;
+  }
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+    const int32_t t = target[r * K + k];
+    if (first) zt[r * K + k] = 0.f;
     if (t >= V && err) atomicExch(err, 1);
-    if (t >= v0 && t < v0 + cols) zt[r] = row[t - v0] * inv_temp;
+    if (t >= v0 && t < v0 + cols) zt[r * K + k] = row[t - v0] * inv_temp;
   }
 }
 
 __global__ void finish_kernel(const float* m, const float* sum, const float* tz, const float* zt,
-                              const int32_t* target, int64_t N, Flex logprob, Flex lse,
+                              const int32_t* target, int64_t N, int64_t K, Flex logprob, Flex lse,
                               Flex entropy) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
   const float l = m[n] + logf(sum[n]);
-  if (logprob.p) st_flex(logprob, n, target[n] < 0 ? 0.f : zt[n] - l);
+  if (logprob.p)
+    for (int64_t k = 0; k < K; ++k)
+      st_flex(logprob, n * K + k, target[n * K + k] < 0 ? 0.f : zt[n * K + k] - l);
   if (lse.p) st_flex(lse, n, l);
   if (entropy.p) st_flex(entropy, n, l - tz[n] / sum[n]);
 }
 
+// dz_j = sum_k dlp_k (1[j = t_k] - p_j) - dent p_j (z_j - E[z]); targets < 0 take no part.
 template <class T>
 __global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols, int64_t ld,
-                                 int64_t v0, const int32_t* target, float inv_temp, Flex lse,
-                                 Flex dlogprob, Flex entropy, Flex dentropy, T* dlogits,
+                                 int64_t v0, const int32_t* target, int64_t K, float inv_temp,
+                                 Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, T* dlogits,
                                  int64_t ldd) {
   const int64_t r = blockIdx.y;
   const float l = ld_flex(lse, r);
-  const int32_t t = target[r];
-  const float dlp = (dlogprob.p && t >= 0) ? ld_flex(dlogprob, r) : 0.f;
+  float dlp = 0.f;  // sum of the gradients of the row's present targets
+  for (int64_t k = 0; k < K && dlogprob.p; ++k)
+    if (target[r * K + k] >= 0) dlp += ld_flex(dlogprob, r * K + k);
   const float dent = dentropy.p ? ld_flex(dentropy, r) : 0.f;
   const float ez = (dentropy.p && entropy.p) ? l - ld_flex(entropy, r) : 0.f;
   const float* row = logits + r * ld;
@@ -105,7 +111,9 @@ __global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols
     const float z = row[j] * inv_temp;
     const float p = __expf(z - l);
     float dz = -dlp * p;
-    if (v0 + j == t) dz += dlp;
+    if (dlogprob.p)
+      for (int64_t k = 0; k < K; ++k)
+        if (v0 + j == target[r * K + k]) dz += ld_flex(dlogprob, r * K + k);
     if (dent != 0.f) dz -= dent * p * (z - ez);
     drow[j] = from_f<T>(dz * inv_temp);
   }
@@ -114,38 +122,40 @@ __global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols
 }  // namespace
 
 void logprob_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t ld, int64_t v0,
-                        const int32_t* target, float inv_temp, float* m, float* sum, float* tz,
-                        float* zt, bool first, int* err, int64_t V, cudaStream_t s) {
+                        const int32_t* target, int64_t K, float inv_temp, float* m, float* sum,
+                        float* tz, float* zt, bool first, int* err, int64_t V, cudaStream_t s) {
   if (rows == 0) return;
   const bool vec = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
   if (vec)
-    tile_stats_kernel<true><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, inv_temp,
+    tile_stats_kernel<true><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp,
                                                            m, sum, tz, zt, first, err, V);
   else
-    tile_stats_kernel<false><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, inv_temp,
+    tile_stats_kernel<false><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp,
                                                             m, sum, tz, zt, first, err, V);
   check_launch("linear_logprob (stats)");
 }
 
 void logprob_finish(const float* m, const float* sum, const float* tz, const float* zt,
-                    const int32_t* target, int64_t N, Flex logprob, Flex lse, Flex entropy,
-                    cudaStream_t s) {
+                    const int32_t* target, int64_t N, int64_t K, Flex logprob, Flex lse,
+                    Flex entropy, cudaStream_t s) {
   if (N == 0) return;
-  finish_kernel<<<ceil_div(N, 256), 256, 0, s>>>(m, sum, tz, zt, target, N, logprob, lse, entropy);
+  finish_kernel<<<ceil_div(N, 256), 256, 0, s>>>(m, sum, tz, zt, target, N, K, logprob, lse,
+                                                 entropy);
   check_launch("linear_logprob (finish)");
 }
 
 void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols, int64_t ld,
-                       int64_t v0, const int32_t* target, float inv_temp, Flex lse, Flex dlogprob,
-                       Flex entropy, Flex dentropy, void* dlogits, int64_t ldd, cudaStream_t s) {
+                       int64_t v0, const int32_t* target, int64_t K, float inv_temp, Flex lse,
+                       Flex dlogprob, Flex entropy, Flex dentropy, void* dlogits, int64_t ldd,
+                       cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   dim3 grid(unsigned(std::min<int64_t>((cols + 255) / 256, 64)), unsigned(rows));
   if (t == DType::f32)
-    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, inv_temp, lse,
+    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, lse,
                                           dlogprob, entropy, dentropy,
                                           static_cast<float*>(dlogits), ldd);
   else
-    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, inv_temp, lse,
+    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, lse,
                                           dlogprob, entropy, dentropy,
                                           static_cast<bf16*>(dlogits), ldd);
   check_launch("linear_logprob (grad)");

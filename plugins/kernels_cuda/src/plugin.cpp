@@ -394,7 +394,8 @@ LogprobArgs logprob_common(const Call& c) {
   a.V = c.in(1).shape[0];
   need_vec(c.in(0), a.N * a.C, "linear_logprob h");
   need_vec(c.in(1), a.V * a.C, "linear_logprob W");
-  need_vec(c.in(2), a.N, "linear_logprob target");
+  a.K = c.in(2).ndim == 2 ? c.in(2).shape[1] : 1;  // target [N] or [N, K]
+  need_vec(c.in(2), a.N * a.K, "linear_logprob target");
   a.h = ptr(c.in(0));
   a.W = ptr(c.in(1));
   a.target = ptr<int32_t>(c.in(2));
@@ -406,7 +407,7 @@ LogprobArgs logprob_common(const Call& c) {
 
 void run_linear_logprob_fwd(const Call& c) {
   LogprobArgs a = logprob_common(c);
-  need_vec(c.out(0), a.N, "linear_logprob_fwd logprob");
+  need_vec(c.out(0), a.N * a.K, "linear_logprob_fwd logprob");
   need_vec(c.out(1), a.N, "linear_logprob_fwd lse");
   a.logprob = flex(c.out(0));
   a.lse = flex(c.out(1));
@@ -421,8 +422,9 @@ void run_linear_logprob_bwd(const Call& c) {
   LogprobArgs a = logprob_common(c);
   need_vec(c.in(3), a.N, "linear_logprob_bwd lse");
   a.lse = flex(c.in(3));
-  for (size_t i = 4; i < 7; ++i)
-    if (c.has_in(i)) need_vec(c.in(i), a.N, "linear_logprob_bwd dlogprob/entropy/dentropy");
+  if (c.has_in(4)) need_vec(c.in(4), a.N * a.K, "linear_logprob_bwd dlogprob");
+  for (size_t i = 5; i < 7; ++i)
+    if (c.has_in(i)) need_vec(c.in(i), a.N, "linear_logprob_bwd entropy/dentropy");
   a.dlogprob = flex_opt_in(c, 4);
   a.entropy = flex_opt_in(c, 5);
   a.dentropy = flex_opt_in(c, 6);

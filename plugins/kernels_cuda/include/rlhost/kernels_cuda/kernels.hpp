@@ -150,6 +150,7 @@ void scale(const TensorList& x, float factor, Workspace& ws, cudaStream_t s);
 struct LogprobArgs {
   DType t = DType::bf16;
   int64_t N = 0, C = 0, V = 0;
+  int64_t K = 1;  // targets per token: target [N,K], logprob and dlogprob [N,K]
   const void* h = nullptr;
   const void* W = nullptr;
   const int32_t* target = nullptr;
@@ -168,15 +169,18 @@ void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
 void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cudaStream_t s);
 // Kernels of linear_logprob (linear_logprob.cu): the row statistics of one logits tile,
 // merged into the running (m, s, t, zt) state, and the gradient of a tile.
+// target/zt/logprob/dlogprob hold K entries per row.
 void logprob_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t ld,
-                        int64_t v0, const int32_t* target, float inv_temp, float* m, float* sum,
-                        float* tz, float* zt, bool first, int* err, int64_t V, cudaStream_t s);
+                        int64_t v0, const int32_t* target, int64_t K, float inv_temp, float* m,
+                        float* sum, float* tz, float* zt, bool first, int* err, int64_t V,
+                        cudaStream_t s);
 void logprob_finish(const float* m, const float* sum, const float* tz, const float* zt,
-                    const int32_t* target, int64_t N, Flex logprob, Flex lse, Flex entropy,
-                    cudaStream_t s);
+                    const int32_t* target, int64_t N, int64_t K, Flex logprob, Flex lse,
+                    Flex entropy, cudaStream_t s);
 void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols, int64_t ld,
-                       int64_t v0, const int32_t* target, float inv_temp, Flex lse, Flex dlogprob,
-                       Flex entropy, Flex dentropy, void* dlogits, int64_t ldd, cudaStream_t s);
+                       int64_t v0, const int32_t* target, int64_t K, float inv_temp, Flex lse,
+                       Flex dlogprob, Flex entropy, Flex dentropy, void* dlogits, int64_t ldd,
+                       cudaStream_t s);
 void store_rows(DType t, void* dst, const float* src, int64_t n, bool accumulate, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
