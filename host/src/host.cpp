@@ -229,7 +229,21 @@ void Host::log(int32_t level, const std::string& who, const std::string& msg) co
 
 void Host::record_metric(const std::string& name, double value, int64_t step) {
   std::lock_guard<std::mutex> lock(metrics_mu_);
+  // "rlhost/..." names are control values for the loggers, not metrics (see plugin.h).
+  if (name == "rlhost/step_finished") {
+    if (logger_) logger_->step_finished(step);
+    return;
+  }
+  if (name == "rlhost/total_steps") {
+    total_steps_ = static_cast<int64_t>(value);
+    return;
+  }
   metrics_.push_back(Metric{name, value, step});
+  if (!logger_ && logger_cfg_) {
+    logger_cfg_->total_steps = total_steps_;
+    logger_ = std::make_unique<sdk::MetricsLogger>(*logger_cfg_);
+  }
+  if (logger_) logger_->log(name, value, step);
 }
 
 std::vector<Metric> Host::metrics() const {
@@ -409,7 +423,9 @@ void Host::world_comm(const rlh_comm_api** api, rlh_comm** comm) {
 
 Json Host::resolve_config() {
   Json r = config_.resolved();
-  std::vector<std::string> owned;
+  // The host's own keys: the loggers it runs (the rest of `logger` stays NeMo-RL's).
+  std::vector<std::string> owned = {"logger.log_dir", "logger.console_enabled", "logger.jsonl_enabled",
+                                    "logger.tensorboard_enabled", "logger.console_metrics", "logger.tensorboard.*"};
   for (const auto& p : plugins_)
     for (const auto& c : p->components)
       owned.insert(owned.end(), c.config_keys.begin(), c.config_keys.end());
@@ -457,11 +473,27 @@ void Host::run() {
   const auto* api = static_cast<const rlh_algorithm_api*>(c.desc->api);
   Plugin* owner = nullptr;
   for (auto& p : plugins_) if (p->name == c.plugin) owner = p.get();
+  // Loggers (NeMo-RL's `logger` section): console progress, JSONL, TensorBoard.
+  {
+    sdk::MetricsConfig mc = sdk::MetricsConfig::from_logger_json(
+        cfg.contains("logger") && cfg["logger"].is_object() ? nlohmann::json::parse(cfg["logger"].dump())
+                                                            : nlohmann::json::object());
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    logger_cfg_ = mc;
+    logger_.reset();
+    total_steps_ = 0;
+  }
   std::string text = cfg.dump();
   rlh_algorithm* algo = nullptr;
   sdk::check(api->create(owner->services.get(), text.data(), text.size(), &algo), std::string("algorithm '") + c.desc->name + "'");
   rlh_status* s = api->run(algo);
   api->destroy(algo);
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    if (logger_) logger_->flush();
+    logger_.reset();
+    logger_cfg_.reset();
+  }
   sdk::check(s, std::string("algorithm '") + c.desc->name + "'");
 }
 

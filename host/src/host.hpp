@@ -7,11 +7,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config.hpp"
 #include "plugins.hpp"
+#include "rlhost/sdk/metrics.hpp"
 #include "rlhost/comm.h"
 #include "rlhost/host.h"
 
@@ -85,6 +87,11 @@ class Host {
   int rank_ = 0;
   mutable std::mutex metrics_mu_;
   std::vector<Metric> metrics_;
+  // Console/JSONL/TensorBoard loggers during run(): configured when the run starts, built at the
+  // first metric, so an algorithm's "rlhost/total_steps" (sent first) reaches the progress line.
+  std::optional<sdk::MetricsConfig> logger_cfg_;
+  std::unique_ptr<sdk::MetricsLogger> logger_;
+  int64_t total_steps_ = 0;
   std::mutex comm_mu_;
   const rlh_comm_api* comm_api_ = nullptr;
   rlh_comm* world_ = nullptr;

@@ -125,7 +125,9 @@ struct rlh_host_api {
   rlh_status* (*config_get)(rlh_host_ctx* ctx, const char* path, rlh_write_fn write, void* user);
 
   /* Records a scalar metric ("train/loss") at a step. The host fans it out to its loggers
-   * (console, JSONL, TensorBoard). */
+   * (console, JSONL, TensorBoard), one row per step. Two names are control values, not metrics:
+   * "rlhost/total_steps" (value = the job's step count, sent before the first metric, for the
+   * progress line's ETA) and "rlhost/step_finished" (emits the row of `step` now). */
   void (*metric)(rlh_host_ctx* ctx, const char* name, double value, int64_t step);
 
   /* Finds a component of `kind` by name (NULL = the best-scoring one of that kind), initialising
