@@ -20,7 +20,7 @@ if [ "${1:-}" = "--fast" ]; then exit 0; fi
 echo "== build (clang-14, ASan+UBSan, libFuzzer) =="
 cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
-  -DRLH_SANITIZE=ON -DRLH_FUZZ=ON -DRLH_BUILD_TESTS=ON >/dev/null
+  -DRLH_SANITIZE=ON -DRLH_FUZZ=ON -DRLH_CUDA=OFF -DRLH_BUILD_TESTS=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 echo "== tests under ASan+UBSan, and fuzzing =="
 # Tests labelled `heavy` are full-width memory/throughput checks: too slow under ASan, run above.
