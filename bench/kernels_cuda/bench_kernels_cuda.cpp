@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "rlhost/kernels_cuda/kernels.hpp"
+#include <cstdlib>
 
 using namespace rlh::kcuda;
 
@@ -253,6 +254,18 @@ int main(int argc, char** argv) {
       result(D == 64 ? "attn_fwd" : "attn_fwd_d128", shape, ms, fwd_flops, 0);
       ms = time_ms([&](int) { ws.reset(); attention_bwd(a, dev, ws, g_stream); });
       result(D == 64 ? "attn_bwd" : "attn_bwd_d128", shape, ms, 2.5 * fwd_flops, 0);
+      // Every tile configuration of the tensor-core kernels (attention_fwd.cu / _bwd.cu).
+      if (std::getenv("RLH_BENCH_ATTN_VARIANTS")) {
+        for (int var = 1; var <= (D == 64 ? 6 : 3); ++var) {
+          a.variant = var;
+          const double f = time_ms([&](int) { attention_fwd(a, dev, g_stream); });
+          double b = 0;
+          if (var <= 3) b = time_ms([&](int) { ws.reset(); attention_bwd(a, dev, ws, g_stream); });
+          std::printf("VARIANT D=%ld v=%d fwd %.1f TFLOP/s (%.3f ms)  bwd %.1f TFLOP/s (%.3f ms)\n",
+                      long(D), var, fwd_flops / f / 1e9, f, b > 0 ? 2.5 * fwd_flops / b / 1e9 : 0.0, b);
+        }
+        a.variant = 0;
+      }
       for (void* p : {q, k, v, o, dO, dq, dk, dv, lse}) cudaFree(p);
       cudaFree(dcu);
     }

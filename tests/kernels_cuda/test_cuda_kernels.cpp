@@ -113,6 +113,9 @@ void make_attn(const AttnCase& c, uint32_t seed, AttnDev& a) {
   a.bcu = DevBuf(c.cu.size(), false);
   cudaMemcpy(a.bcu.get(), c.cu.data(), c.cu.size() * 4, cudaMemcpyHostToDevice);
   AttnArgs& g = a.args;
+  // RLH_KCUDA_ATTN_VARIANT picks a tile configuration of the tensor-core kernels (0 = default),
+  // so every configuration can be checked with the same cases.
+  if (const char* e = std::getenv("RLH_KCUDA_ATTN_VARIANT")) g.variant = std::atoi(e);
   g.t = DType::bf16;
   g.N = a.N;
   g.S = int64_t(c.cu.size()) - 1;
@@ -203,8 +206,8 @@ TEST(CudaAttention, TensorCorePathsMatchKernelsCpu) {
           const double e_dq = rel_error(a.bdq.download(), pick(dq, a.ldq, wq));
           const double e_dk = rel_error(a.bdk.download(), pick(dk, a.ldk, wk));
           const double e_dv = rel_error(a.bdv.download(), pick(dv, a.ldv, wk));
-          std::printf("attention %-8s D=%3ld packing=%zu W=%2ld %-8s  o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
-                      attention_path(a.args), long(D), pk, long(W), fused ? "fused" : "separate",
+          std::printf("attention v%d %-8s D=%3ld packing=%zu W=%2ld %-8s  o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
+                      a.args.variant, attention_path(a.args), long(D), pk, long(W), fused ? "fused" : "separate",
                       e_o, e_lse, e_dq, e_dk, e_dv);
           EXPECT_LE(e_o, 1e-2);
           EXPECT_LE(e_lse, 1e-2);
@@ -343,8 +346,8 @@ TEST(CudaAttention, LongSequencesAgainstFloat64Samples) {
       };
       const double e1 = err(eo, ro), e2 = err(else_, rlse), e3 = err(edq, rdq), e4 = err(edk, rdk),
                    e5 = err(edv, rdv);
-      std::printf("attention T=4096+1500 D=%3ld W=%4ld vs float64 samples: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
-                  long(D), long(W), e1, e2, e3, e4, e5);
+      std::printf("attention v%d T=4096+1500 D=%3ld W=%4ld vs float64 samples: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
+                  a.args.variant, long(D), long(W), e1, e2, e3, e4, e5);
       EXPECT_LE(e1, 1e-2);
       EXPECT_LE(e2, 1e-2);
       EXPECT_LE(e3, 1e-2);

@@ -13,7 +13,14 @@ struct AdamConst {
   bool zero;
 };
 
-__global__ void adamw_kernel(MtList l, AdamConst k) {
+__device__ __forceinline__ void adam_one(float& p, float& m, float& v, float g, const AdamConst& k) {
+  const float gi = g * k.gs;
+  m = k.b1 * m + (1.f - k.b1) * gi;
+  v = k.b2 * v + (1.f - k.b2) * gi * gi;
+  p = p * k.decay - k.step_size * m / (sqrtf(v) * k.inv_sqrt_bc2 + k.eps);
+}
+
+__global__ void __launch_bounds__(512) adamw_kernel(MtList l, AdamConst k) {
   const int64_t b = blockIdx.x;
   const int t = mt_tensor_of(l, b);
   const int64_t i0 = (b - l.block_start[t]) * kMtChunk;
@@ -23,14 +30,33 @@ __global__ void adamw_kernel(MtList l, AdamConst k) {
   float* v = static_cast<float*>(l.p[3][t]);
   const bool gbf = l.bf16[1][t];
   void* g = l.p[1][t];
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+  // 16-byte accesses when the tensors allow (chunks start at multiples of 4 elements).
+  const bool vec = !gbf && ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(m) |
+                             reinterpret_cast<uintptr_t>(v) | reinterpret_cast<uintptr_t>(g)) % 16 == 0);
+  int64_t i = i0;
+  if (vec) {
+    const int64_t n4 = (i1 - i0) / 4;
+    float4* p4 = reinterpret_cast<float4*>(p + i0);
+    float4* m4 = reinterpret_cast<float4*>(m + i0);
+    float4* v4 = reinterpret_cast<float4*>(v + i0);
+    float4* g4 = reinterpret_cast<float4*>(static_cast<float*>(g) + i0);
+    for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
+      float4 pp = p4[j], mm = m4[j], vv = v4[j];
+      const float4 gg = g4[j];
+      adam_one(pp.x, mm.x, vv.x, gg.x, k);
+      adam_one(pp.y, mm.y, vv.y, gg.y, k);
+      adam_one(pp.z, mm.z, vv.z, gg.z, k);
+      adam_one(pp.w, mm.w, vv.w, gg.w, k);
+      p4[j] = pp;
+      m4[j] = mm;
+      v4[j] = vv;
+      if (k.zero) g4[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    i = i0 + n4 * 4;
+  }
+  for (i += threadIdx.x; i < i1; i += blockDim.x) {
     const float graw = gbf ? __bfloat162float(static_cast<bf16*>(g)[i]) : static_cast<float*>(g)[i];
-    const float gi = graw * k.gs;
-    const float mi = k.b1 * m[i] + (1.f - k.b1) * gi;
-    const float vi = k.b2 * v[i] + (1.f - k.b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * k.decay - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+    adam_one(p[i], m[i], v[i], graw, k);
     if (k.zero) {
       if (gbf)
         static_cast<bf16*>(g)[i] = __float2bfloat16_rn(0.f);

@@ -13,187 +13,220 @@ using namespace mma;
 
 namespace {
 
+// x clamped to [-1, hi] as an int (mask bounds relative to a tile start).
+__device__ __forceinline__ int64_t clamp_rel(int64_t x, int64_t hi) {
+  return x < -1 ? -1 : (x > hi ? hi : x);
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
-constexpr int FBQ = 128, FBK = 64, FWARPS = 8, FTHREADS = FWARPS * 32;
+// Tile configurations: BQ queries per block over WARPS warps (MT = BQ / (16 WARPS) m-tiles of
+// 16 rows per warp, which share each K/V fragment read from shared memory), BK keys per tile.
+template <int D, int BQ, int BK, int WARPS>
+struct FwdCfg {
+  static constexpr int MT = BQ / (16 * WARPS);
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr size_t smem = size_t(BQ * D + 4 * BK * D) * sizeof(bf16);
+  static_assert(MT >= 1 && BQ == MT * 16 * WARPS, "BQ must be a multiple of 16 * WARPS");
+};
 
-template <int D>
-constexpr size_t fwd_smem() { return size_t(FBQ * D + 4 * FBK * D) * sizeof(bf16); }
-
-template <int D>
-__global__ void __launch_bounds__(FTHREADS)
+template <int D, int BQ, int BK, int WARPS, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB)
 attn_fwd_mma_kernel(const bf16* __restrict__ q, int64_t ldq, const bf16* __restrict__ k,
                     int64_t ldk, const bf16* __restrict__ v, int64_t ldv, bf16* __restrict__ o,
                     int64_t ldo, Flex lse, const int32_t* __restrict__ cu, int64_t S, int64_t N,
                     int grp, float scale, int64_t W) {
-  constexpr int KS = D / 16, NT = FBK / 8, DT = D / 8;
+  using Cfg = FwdCfg<D, BQ, BK, WARPS>;
+  constexpr int KS = D / 16, NT = BK / 8, DT = D / 8, MT = Cfg::MT, TH = Cfg::THREADS;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Ks = Qs + FBQ * D;      // [2][FBK][D]
-  bf16* Vs = Ks + 2 * FBK * D;  // [2][FBK][D]
+  bf16* Ks = Qs + BQ * D;      // [2][BK][D]
+  bf16* Vs = Ks + 2 * BK * D;  // [2][BK][D]
   const int h = blockIdx.y, g = h / grp;
-  const int64_t q0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * FBQ;
+  const int64_t q0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * BQ;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
   const bf16* qb = q + int64_t(h) * D;
   const bf16* kb = k + int64_t(g) * D;
   const bf16* vb = v + int64_t(g) * D;
 
-  const int64_t qlast = min(q0 + FBQ, N) - 1;
+  const int64_t qlast = min(q0 + BQ, N) - 1;
   const int64_t kstart = row_lo(cu, S, q0, W), kend = qlast + 1;
   const int64_t lo_last = row_lo(cu, S, qlast, W);
-  const int ntiles = int((kend - kstart + FBK - 1) / FBK);
+  const int ntiles = int((kend - kstart + BK - 1) / BK);
 
-  load_tile<FBQ, D, FTHREADS>(Qs, qb, ldq, q0, N);
+  load_tile<BQ, D, TH>(Qs, qb, ldq, q0, N);
   cp_commit();
-  load_tile<FBK, D, FTHREADS>(Ks, kb, ldk, kstart, kend);
-  load_tile<FBK, D, FTHREADS>(Vs, vb, ldv, kstart, kend);
+  load_tile<BK, D, TH>(Ks, kb, ldk, kstart, kend);
+  load_tile<BK, D, TH>(Vs, vb, ldv, kstart, kend);
   cp_commit();
 
-  const int64_t ra = q0 + warp * 16 + gid, rb = ra + 8;
-  const int64_t lo_a = ra < N ? row_lo(cu, S, ra, W) : ra;
-  const int64_t lo_b = rb < N ? row_lo(cu, S, rb, W) : rb;
+  // Rows of this thread: m-tile mt, half 0 (gid) and 1 (gid + 8).
+  int64_t row[MT][2], lo[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      row[mt][hf] = q0 + warp * 16 * MT + mt * 16 + gid + hf * 8;
+      lo[mt][hf] = row[mt][hf] < N ? row_lo(cu, S, row[mt][hf], W) : row[mt][hf];
+    }
 
   cp_wait<1>();
   __syncthreads();
-  uint32_t qf[KS][4];
+  uint32_t qf[MT][KS][4];
 #pragma unroll
-  for (int kk = 0; kk < KS; ++kk) frag_a<D>(qf[kk], Qs, warp * 16, kk * 16);
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) frag_a<D>(qf[mt][kk], Qs, warp * 16 * MT + mt * 16, kk * 16);
 
   const float sl2 = scale * 1.4426950408889634f;
-  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
-  float acc[DT][4];
+  float m[MT][2], l[MT][2];
+  float acc[MT][DT][4];
 #pragma unroll
-  for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int mt = 0; mt < MT; ++mt) {
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+  }
 
   for (int it = 0; it < ntiles; ++it) {
-    const int64_t kt = kstart + int64_t(it) * FBK;
+    const int64_t kt = kstart + int64_t(it) * BK;
     if (it + 1 < ntiles) {
       const int nb = (it + 1) & 1;
-      load_tile<FBK, D, FTHREADS>(Ks + nb * FBK * D, kb, ldk, kt + FBK, kend);
-      load_tile<FBK, D, FTHREADS>(Vs + nb * FBK * D, vb, ldv, kt + FBK, kend);
+      load_tile<BK, D, TH>(Ks + nb * BK * D, kb, ldk, kt + BK, kend);
+      load_tile<BK, D, TH>(Vs + nb * BK * D, vb, ldv, kt + BK, kend);
     }
     cp_commit();
     cp_wait<1>();
     __syncthreads();
-    const bf16* Kb = Ks + (it & 1) * FBK * D;
-    const bf16* Vb = Vs + (it & 1) * FBK * D;
+    const bf16* Kb = Ks + (it & 1) * BK * D;
+    const bf16* Vb = Vs + (it & 1) * BK * D;
 
-    float s[NT][4];
+    float s[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t b[4];
         frag_b_nk<D>(b, Kb, np * 16, kk * 16);
-        mma16816(s[2 * np], qf[kk], b[0], b[1]);
-        mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816(s[mt][2 * np], qf[mt][kk], b[0], b[1]);
+          mma16816(s[mt][2 * np + 1], qf[mt][kk], b[2], b[3]);
+        }
       }
     }
-    const bool need_mask = (kt + FBK - 1 > q0) || (kt < lo_last) || (kt + FBK > kend);
+    const bool need_mask = (kt + BK - 1 > q0) || (kt < lo_last) || (kt + BK > kend);
     if (need_mask) {
+      // Relative to kt in 32-bit: key kt + c is valid for row r iff lo - kt <= c <= r - kt.
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t kj = kt + nt * 8 + t4 * 2 + (e & 1);
-          const int64_t r = e < 2 ? ra : rb, lo = e < 2 ? lo_a : lo_b;
-          if (kj < lo || kj > r || kj >= kend) s[nt][e] = -INFINITY;
+        for (int hf = 0; hf < 2; ++hf) {
+          const int64_t lo_r = lo[mt][hf] - kt, hi_r = min(row[mt][hf], kend - 1) - kt;
+          const int lo_c = int(clamp_rel(lo_r, BK));
+          const int hi_c = int(clamp_rel(hi_r, BK));
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = nt * 8 + t4 * 2 + e;
+              if (c < lo_c || c > hi_c) s[mt][nt][hf * 2 + e] = -INFINITY;
+            }
         }
     }
-    // Online softmax, rows a (e = 0, 1) and b (e = 2, 3).
-    float mx_a = -INFINITY, mx_b = -INFINITY;
+    // Online softmax per row (half hf of m-tile mt holds elements 2 hf, 2 hf + 1).
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
-      mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
-    }
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-    const float ms_a = mn_a == -INFINITY ? 0.f : mn_a * sl2;
-    const float ms_b = mn_b == -INFINITY ? 0.f : mn_b * sl2;
-    const float al_a = fast_exp2(m_a * sl2 - ms_a), al_b = fast_exp2(m_b * sl2 - ms_b);
-    m_a = mn_a;
-    m_b = mn_b;
-    float ps_a = 0.f, ps_b = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      s[nt][0] = fast_exp2(s[nt][0] * sl2 - ms_a);
-      s[nt][1] = fast_exp2(s[nt][1] * sl2 - ms_a);
-      s[nt][2] = fast_exp2(s[nt][2] * sl2 - ms_b);
-      s[nt][3] = fast_exp2(s[nt][3] * sl2 - ms_b);
-      ps_a += s[nt][0] + s[nt][1];
-      ps_b += s[nt][2] + s[nt][3];
-    }
-    l_a = l_a * al_a + ps_a;
-    l_b = l_b * al_b + ps_b;
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      acc[i][0] *= al_a;
-      acc[i][1] *= al_a;
-      acc[i][2] *= al_b;
-      acc[i][3] *= al_b;
-    }
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m[mt][hf], mx);
+        const float ms = mn == -INFINITY ? 0.f : mn * sl2;
+        const float al = fast_exp2(m[mt][hf] * sl2 - ms);
+        m[mt][hf] = mn;
+        float ps = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          s[mt][nt][2 * hf] = fast_exp2(s[mt][nt][2 * hf] * sl2 - ms);
+          s[mt][nt][2 * hf + 1] = fast_exp2(s[mt][nt][2 * hf + 1] * sl2 - ms);
+          ps += s[mt][nt][2 * hf] + s[mt][nt][2 * hf + 1];
+        }
+        l[mt][hf] = l[mt][hf] * al + ps;
+#pragma unroll
+        for (int i = 0; i < DT; ++i) {
+          acc[mt][i][2 * hf] *= al;
+          acc[mt][i][2 * hf + 1] *= al;
+        }
+      }
     // O += P V
 #pragma unroll
-    for (int j = 0; j < FBK / 16; ++j) {
-      uint32_t a[4];
-      a[0] = pack_bf16(s[2 * j][0], s[2 * j][1]);
-      a[1] = pack_bf16(s[2 * j][2], s[2 * j][3]);
-      a[2] = pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]);
-      a[3] = pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3]);
+    for (int j = 0; j < BK / 16; ++j) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack_bf16(s[mt][2 * j][0], s[mt][2 * j][1]);
+        a[mt][1] = pack_bf16(s[mt][2 * j][2], s[mt][2 * j][3]);
+        a[mt][2] = pack_bf16(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+        a[mt][3] = pack_bf16(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t b[4];
         frag_b_kn<D>(b, Vb, j * 16, dp * 16);
-        mma16816(acc[2 * dp], a, b[0], b[1]);
-        mma16816(acc[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816(acc[mt][2 * dp], a[mt], b[0], b[1]);
+          mma16816(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+        }
       }
     }
     __syncthreads();
   }
   cp_wait<0>();
 
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-  const float inv_a = l_a > 0.f ? 1.f / l_a : 0.f, inv_b = l_b > 0.f ? 1.f / l_b : 0.f;
   const int h_off = h * D;
-  if (ra < N) {
-    bf16* orow = o + ra * ldo + h_off;
 #pragma unroll
-    for (int i = 0; i < DT; ++i)
-      *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + t4 * 2) =
-          __floats2bfloat162_rn(acc[i][0] * inv_a, acc[i][1] * inv_a);
-    if (t4 == 0) st_flex(lse, int64_t(h) * N + ra, m_a * scale + logf(l_a));
-  }
-  if (rb < N) {
-    bf16* orow = o + rb * ldo + h_off;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int i = 0; i < DT; ++i)
-      *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + t4 * 2) =
-          __floats2bfloat162_rn(acc[i][2] * inv_b, acc[i][3] * inv_b);
-    if (t4 == 0) st_flex(lse, int64_t(h) * N + rb, m_b * scale + logf(l_b));
-  }
+    for (int hf = 0; hf < 2; ++hf) {
+      float lr = l[mt][hf];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const int64_t r = row[mt][hf];
+      if (r >= N) continue;
+      const float inv = lr > 0.f ? 1.f / lr : 0.f;
+      bf16* orow = o + r * ldo + h_off;
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + t4 * 2) =
+            __floats2bfloat162_rn(acc[mt][i][2 * hf] * inv, acc[mt][i][2 * hf + 1] * inv);
+      if (t4 == 0) st_flex(lse, int64_t(h) * N + r, m[mt][hf] * scale + logf(lr));
+    }
 }
 
-template <int D>
+// MINB: blocks per SM asked of the register allocator (__launch_bounds__).
+template <int D, int BQ, int BK, int WARPS, int MINB = 1>
 void launch_fwd(const AttnArgs& a, cudaStream_t s) {
-  constexpr size_t smem = fwd_smem<D>();
-  if (cudaFuncSetAttribute(attn_fwd_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(smem)) != cudaSuccess)
+  using Cfg = FwdCfg<D, BQ, BK, WARPS>;
+  auto kernel = attn_fwd_mma_kernel<D, BQ, BK, WARPS, MINB>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::smem)) !=
+      cudaSuccess)
     throw std::runtime_error("attention_fwd: cannot raise the shared-memory limit");
-  dim3 grid(ceil_div(a.N, FBQ), unsigned(a.Hq));
-  attn_fwd_mma_kernel<D><<<grid, FTHREADS, smem, s>>>(
+  dim3 grid(ceil_div(a.N, BQ), unsigned(a.Hq));
+  kernel<<<grid, Cfg::THREADS, Cfg::smem, s>>>(
       static_cast<const bf16*>(a.q), a.ldq, static_cast<const bf16*>(a.k), a.ldk,
       static_cast<const bf16*>(a.v), a.ldv, static_cast<bf16*>(a.o), a.ldo, a.lse, a.cu, a.S, a.N,
       int(a.Hq / a.Hkv), a.scale, a.window);
@@ -214,8 +247,29 @@ bool attention_mma_ok(const AttnArgs& a, bool backward) {
          reinterpret_cast<uintptr_t>(a.dk) % 4 == 0 && reinterpret_cast<uintptr_t>(a.dv) % 4 == 0;
 }
 
+// Variants (AttnArgs::variant; 0 = the default, chosen by measurement on an H200, see
+// docs/kernels_cuda.md): BQ x BK tiles over WARPS warps.
+//   D = 64:  1: 128x64/8w (16 rows a warp)  2: 128x64/4w (32 rows a warp)  3: 64x64/4w
+//            4: 128x128/8w  5: 128x64/8w, 2 blocks/SM  6: 64x64/4w, 4 blocks/SM
+//   D = 128: 1: 128x64/8w  2: 128x32/4w (32 rows a warp)  3: 64x64/4w
 void attention_fwd_mma(const AttnArgs& a, const DeviceInfo&, cudaStream_t s) {
-  if (a.Dk == 64) launch_fwd<64>(a, s); else launch_fwd<128>(a, s);
+  const int v = a.variant;
+  if (a.Dk == 64) {
+    switch (v) {
+      case 1: launch_fwd<64, 128, 64, 8>(a, s); break;
+      case 3: launch_fwd<64, 64, 64, 4>(a, s); break;
+      case 4: launch_fwd<64, 128, 128, 8>(a, s); break;
+      case 5: launch_fwd<64, 128, 64, 8, 2>(a, s); break;
+      case 6: launch_fwd<64, 64, 64, 4, 4>(a, s); break;
+      case 2: default: launch_fwd<64, 128, 64, 4>(a, s); break;
+    }
+  } else {
+    switch (v) {
+      case 2: launch_fwd<128, 128, 32, 4>(a, s); break;
+      case 3: launch_fwd<128, 64, 64, 4>(a, s); break;
+      case 1: default: launch_fwd<128, 128, 64, 8>(a, s); break;
+    }
+  }
   check_launch("attention_fwd (mma)");
 }
 

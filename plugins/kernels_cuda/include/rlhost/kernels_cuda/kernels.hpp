@@ -109,6 +109,8 @@ struct AttnArgs {
   void* dk = nullptr; int64_t lddk = 0;
   void* dv = nullptr; int64_t lddv = 0;
   bool force_simt = false;  // tests: take the generic path even where tensor cores apply
+  int variant = 0;          // tests/benchmarks: tile configuration of the tensor-core kernels
+                            // (0 = default; attention_fwd.cu / attention_bwd.cu list them)
 };
 // Which implementation runs: "mma_d64", "mma_d128" (bf16 tensor cores) or "simt".
 const char* attention_path(const AttnArgs& a);
