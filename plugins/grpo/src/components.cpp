@@ -1,0 +1,382 @@
+// Component handles over the ABI tables (see components.hpp).
+#include "components.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace rlh::grpo {
+
+using json = nlohmann::json;
+using sdk::Error;
+
+namespace {
+
+std::string component_label(const char* kind, const std::string& name) {
+  return std::string(kind) + " '" + name + "'";
+}
+
+}  // namespace
+
+// ---- PackedBatch -------------------------------------------------------------------------------
+
+void PackedBatch::add_sequence(std::span<const int32_t> ids) {
+  if (!fields_.empty())
+    throw std::logic_error("PackedBatch: add every sequence before the fields");
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  offsets_.push_back(static_cast<int64_t>(tokens_.size()));
+}
+
+std::vector<float>& PackedBatch::field(const std::string& name, Frame frame) {
+  const size_t n = static_cast<size_t>(frame == Frame::kToken ? num_tokens() : num_seqs());
+  for (Field& f : fields_)
+    if (f.name == name) {
+      f.frame = frame;
+      f.data.assign(n, 0.0f);
+      return f.data;
+    }
+  fields_.push_back(Field{name, frame, std::vector<float>(n, 0.0f)});
+  return fields_.back().data;
+}
+
+const std::vector<float>* PackedBatch::find(const std::string& name) const {
+  for (const Field& f : fields_)
+    if (f.name == name) return &f.data;
+  return nullptr;
+}
+
+PackedBatch PackedBatch::slice(int64_t begin, int64_t end) const {
+  PackedBatch out;
+  const int64_t t0 = offsets_[begin], t1 = offsets_[end];
+  out.tokens_.assign(tokens_.begin() + t0, tokens_.begin() + t1);
+  out.offsets_.clear();
+  for (int64_t i = begin; i <= end; ++i) out.offsets_.push_back(offsets_[i] - t0);
+  for (const Field& f : fields_) {
+    Field g{f.name, f.frame, {}};
+    if (f.frame == Frame::kToken) g.data.assign(f.data.begin() + t0, f.data.begin() + t1);
+    else g.data.assign(f.data.begin() + begin, f.data.begin() + end);
+    out.fields_.push_back(std::move(g));
+  }
+  return out;
+}
+
+const rlh_batch& PackedBatch::view(uint64_t constraints) {
+  views_.clear();
+  for (Field& f : fields_) {
+    f.shape[0] = static_cast<int64_t>(f.data.size());
+    f.strides[0] = 1;
+    rlh_named_tensor t{};
+    t.name = f.name.c_str();
+    t.tensor.data = f.data.data();
+    t.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+    t.tensor.ndim = 1;
+    t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+    t.tensor.shape = f.shape;
+    t.tensor.strides = f.strides;
+    views_.push_back(t);
+  }
+  batch_ = rlh_batch{};
+  batch_.struct_size = RLH_STRUCT_SIZE(rlh_batch, constraints);
+  batch_.num_tokens = num_tokens();
+  batch_.num_seqs = num_seqs();
+  batch_.token_ids = tokens_.data();
+  batch_.seq_offsets = offsets_.data();
+  batch_.fields = views_.data();
+  batch_.num_fields = views_.size();
+  batch_.constraints = constraints;
+  return batch_;
+}
+
+HostVector::HostVector(std::vector<float>& v) {
+  shape[0] = static_cast<int64_t>(v.size());
+  tensor.data = v.data();
+  tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  tensor.ndim = 1;
+  tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+  tensor.shape = shape;
+  tensor.strides = strides;
+}
+
+// ---- Backend -----------------------------------------------------------------------------------
+
+Backend::Backend(const sdk::Host& host, const std::string& name, const json& config)
+    : host_(host), name_(name) {
+  api_ = host_.find<rlh_backend_api>(RLH_KIND_BACKEND, name.c_str(),
+                                     RLH_STRUCT_SIZE(rlh_backend_api, load_state));
+  const std::string text = config.dump();
+  sdk::check(api_->create(host_.api(), text.data(), text.size(), &self_),
+             component_label("backend", name));
+}
+
+Backend::~Backend() {
+  if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
+}
+
+rlh_model* Backend::load_model(const std::string& role, const std::string& path, bool trainable) {
+  rlh_model_args args{};
+  args.struct_size = RLH_STRUCT_SIZE(rlh_model_args, config_len);
+  args.role = role.c_str();
+  args.path = path.c_str();
+  args.flags = trainable ? RLH_MODEL_TRAINABLE : 0;
+  rlh_model* m = nullptr;
+  sdk::check(api_->load_model(self_, &args, &m),
+             component_label("backend", name_) + ": loading the " + role + " model from " + path);
+  return m;
+}
+
+void Backend::forward(rlh_model* model, PackedBatch& batch,
+                      const std::vector<rlh_output_spec>& specs,
+                      std::vector<std::vector<float>>& outputs, int64_t micro_batch_tokens) {
+  outputs.assign(specs.size(), std::vector<float>(static_cast<size_t>(batch.num_tokens()), 0.0f));
+  std::vector<HostVector> views;
+  views.reserve(specs.size());
+  for (auto& o : outputs) views.emplace_back(o);
+  std::vector<rlh_tensor> tensors;
+  for (const auto& v : views) tensors.push_back(v.tensor);
+  rlh_forward_args args{};
+  args.struct_size = RLH_STRUCT_SIZE(rlh_forward_args, micro_batch_tokens);
+  args.batch = &batch.view();
+  args.specs = specs.data();
+  args.num_outputs = specs.size();
+  args.outputs = tensors.data();
+  args.micro_batch_tokens = micro_batch_tokens;
+  sdk::check(api_->forward(self_, model, &args), component_label("backend", name_) + ": forward");
+}
+
+Backend::TrainResult Backend::train_step(rlh_model* model, const rlh_train_args& args) {
+  std::string metrics_text;
+  rlh_train_result r{};
+  r.struct_size = RLH_STRUCT_SIZE(rlh_train_result, user);
+  r.write = sdk::write_to_string;
+  r.user = &metrics_text;
+  sdk::check(api_->train_step(self_, model, &args, &r),
+             component_label("backend", name_) + ": train step");
+  TrainResult out;
+  out.loss = r.loss;
+  out.grad_norm = r.grad_norm;
+  out.micro_batches = r.num_micro_batches;
+  if (!metrics_text.empty()) {
+    try {
+      out.metrics = json::parse(metrics_text);
+    } catch (const json::exception& e) {
+      throw Error(RLH_E_INTERNAL, component_label("backend", name_) +
+                                      ": train step metrics are not valid JSON: " + e.what());
+    }
+    if (!out.metrics.is_object())
+      throw Error(RLH_E_INTERNAL,
+                  component_label("backend", name_) + ": train step metrics are not a JSON object");
+  }
+  return out;
+}
+
+int64_t Backend::visit_weights(rlh_model* model, rlh_weight_fn fn, void* user) {
+  int64_t version = -1;
+  sdk::check(api_->visit_weights(self_, model, fn, user, &version),
+             component_label("backend", name_) + ": visiting weights");
+  return version;
+}
+
+void Backend::save_state(rlh_model* model, const std::string& dir) {
+  sdk::check(api_->save_state(self_, model, dir.c_str()),
+             component_label("backend", name_) + ": saving state to " + dir);
+}
+
+void Backend::load_state(rlh_model* model, const std::string& dir) {
+  sdk::check(api_->load_state(self_, model, dir.c_str()),
+             component_label("backend", name_) + ": loading state from " + dir);
+}
+
+// ---- Generator ---------------------------------------------------------------------------------
+
+Generator::Generator(const sdk::Host& host, const std::string& name, const std::string& model_path,
+                     const json& config)
+    : host_(host), name_(name) {
+  api_ = host_.find<rlh_generator_api>(RLH_KIND_GENERATOR, name.c_str(),
+                                       RLH_STRUCT_SIZE(rlh_generator_api, generate));
+  const std::string text = config.dump();
+  sdk::check(api_->create(host_.api(), model_path.c_str(), text.data(), text.size(), &self_),
+             component_label("generator", name));
+}
+
+Generator::~Generator() {
+  if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
+}
+
+namespace {
+
+struct RefitCtx {
+  const rlh_generator_api* api;
+  rlh_generator* gen;
+  int64_t version;
+  size_t count = 0;
+};
+
+rlh_status* refit_one(void* user, const char* hf_name, const rlh_tensor* weight) {
+  auto* ctx = static_cast<RefitCtx*>(user);
+  rlh_named_tensor nt{};
+  nt.name = hf_name;
+  nt.tensor = *weight;
+  rlh_weight_update u{};
+  u.struct_size = RLH_STRUCT_SIZE(rlh_weight_update, reserved0);
+  u.version = ctx->version;
+  u.weights = &nt;
+  u.num_weights = 1;
+  u.may_alias = 1;
+  ++ctx->count;
+  return ctx->api->update_weights(ctx->gen, &u);
+}
+
+}  // namespace
+
+void Generator::refit_from(Backend& backend, rlh_model* model) {
+  // The version is known only after the visit; the backend reports weights' version as the
+  // number of train steps taken, which is what the generator gets stamped with.
+  int64_t probe_version = -1;
+  auto noop = [](void*, const char*, const rlh_tensor*) -> rlh_status* { return nullptr; };
+  // One cheap pass learns the version (visit of views, no copies), the second hands the weights.
+  probe_version = backend.visit_weights(model, noop, nullptr);
+  RefitCtx ctx{api_, self_, probe_version};
+  const int64_t v = backend.visit_weights(model, refit_one, &ctx);
+  if (ctx.count == 0)
+    throw Error(RLH_E_INTERNAL, "refit: backend '" + backend.name() + "' visited no weights");
+  version_ = v;
+}
+
+void Generator::generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
+  sdk::check(api_->generate(self_, &args, fn, user), component_label("generator", name_));
+}
+
+// ---- Environment -------------------------------------------------------------------------------
+
+Environment::Environment(const sdk::Host& host, const std::string& name, const json& config)
+    : host_(host), name_(name) {
+  api_ = host_.find<rlh_environment_api>(RLH_KIND_ENVIRONMENT, name.c_str(),
+                                         RLH_STRUCT_SIZE(rlh_environment_api, score));
+  const std::string text = config.dump();
+  sdk::check(api_->create(host_.api(), text.data(), text.size(), &self_),
+             component_label("environment", name));
+  std::string names;
+  sdk::check(api_->reward_names(self_, sdk::write_to_string, &names),
+             component_label("environment", name) + ": reward names");
+  try {
+    reward_names_ = json::parse(names).get<std::vector<std::string>>();
+  } catch (const json::exception& e) {
+    throw Error(RLH_E_INTERNAL, component_label("environment", name) +
+                                    ": reward names are not a JSON array of strings: " + e.what());
+  }
+  bool has_main = false;
+  for (const auto& n : reward_names_) has_main |= n == "reward";
+  if (!has_main)
+    throw Error(RLH_E_FAILED_PRECONDITION,
+                component_label("environment", name) + " produces no 'reward' (it has " + names + ")");
+}
+
+Environment::~Environment() {
+  if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
+}
+
+void Environment::score(const std::vector<rlh_env_sample>& samples, std::vector<double>& rewards) {
+  std::vector<const char*> names;
+  for (const auto& n : reward_names_) names.push_back(n.c_str());
+  rewards.assign(samples.size() * names.size(), 0.0);
+  std::vector<uint8_t> done(samples.size(), 0);
+  rlh_env_result r{};
+  r.struct_size = RLH_STRUCT_SIZE(rlh_env_result, user);
+  r.num_rewards = names.size();
+  r.reward_names = names.data();
+  r.rewards = rewards.data();
+  r.done = done.data();
+  sdk::check(api_->score(self_, samples.data(), samples.size(), &r),
+             component_label("environment", name_));
+}
+
+// ---- Dataset -----------------------------------------------------------------------------------
+
+Dataset::Dataset(const sdk::Host& host, const std::string& name, const json& config,
+                 std::string origin)
+    : host_(host), origin_(std::move(origin)) {
+  api_ = host_.find<rlh_dataset_api>(RLH_KIND_DATASET, name.c_str(),
+                                     RLH_STRUCT_SIZE(rlh_dataset_api, get));
+  const std::string text = config.dump();
+  sdk::check(api_->create(host_.api(), text.data(), text.size(), &self_),
+             origin_ + ": dataset '" + name + "'");
+  size_ = api_->size(self_);
+  if (size_ <= 0) throw Error(RLH_E_INVALID_ARGUMENT, origin_ + ": dataset '" + name + "' is empty");
+}
+
+Dataset::~Dataset() {
+  if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
+}
+
+json Dataset::row(int64_t index) const {
+  std::string text;
+  sdk::check(api_->get(self_, index, sdk::write_to_string, &text),
+             origin_ + ": row " + std::to_string(index));
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object())
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                origin_ + ": row " + std::to_string(index) + " is not a JSON object");
+  return j;
+}
+
+// ---- Tokenizer ---------------------------------------------------------------------------------
+
+namespace {
+void append_ids(void* user, const void* data, size_t len) {
+  auto* out = static_cast<std::vector<int32_t>*>(user);
+  const size_t n = len / sizeof(int32_t);
+  const size_t old = out->size();
+  out->resize(old + n);
+  std::memcpy(out->data() + old, data, n * sizeof(int32_t));
+}
+}  // namespace
+
+Tokenizer::Tokenizer(const sdk::Host& host, const std::string& path) : host_(host) {
+  api_ = host_.find<rlh_tokenizer_api>(RLH_KIND_TOKENIZER, nullptr,
+                                       RLH_STRUCT_SIZE(rlh_tokenizer_api, info));
+  sdk::check(api_->create(host_.api(), path.c_str(), &self_), "policy.tokenizer.name: " + path);
+  std::string info;
+  sdk::check(api_->info(self_, sdk::write_to_string, &info), "tokenizer info");
+  const json j = json::parse(info);
+  vocab_size_ = j.value("vocab_size", int64_t{0});
+  has_chat_template_ = j.value("has_chat_template", false) && api_->apply_chat_template != nullptr;
+  if (j.contains("eos_token_ids") && j["eos_token_ids"].is_array())
+    for (const auto& e : j["eos_token_ids"]) eos_.push_back(e.get<int32_t>());
+}
+
+Tokenizer::~Tokenizer() {
+  if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<int32_t> ids;
+  sdk::check(api_->encode(self_, text.data(), text.size(),
+                          add_special_tokens ? RLH_ENCODE_ADD_SPECIAL_TOKENS : 0, append_ids, &ids),
+             "tokenizer encode");
+  return ids;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::vector<int32_t> known;
+  known.reserve(ids.size());
+  for (int32_t id : ids)
+    if (id >= 0 && id < vocab_size_) known.push_back(id);
+  std::string text;
+  sdk::check(api_->decode(self_, known.data(), known.size(),
+                          skip_special_tokens ? RLH_DECODE_SKIP_SPECIAL_TOKENS : 0,
+                          sdk::write_to_string, &text),
+             "tokenizer decode");
+  return text;
+}
+
+std::string Tokenizer::apply_chat_template(const json& messages, bool add_generation_prompt) const {
+  if (!has_chat_template_)
+    throw Error(RLH_E_FAILED_PRECONDITION, "the tokenizer has no chat template");
+  const std::string m = messages.dump();
+  std::string out;
+  sdk::check(api_->apply_chat_template(self_, m.data(), m.size(), add_generation_prompt ? 1 : 0,
+                                       nullptr, 0, sdk::write_to_string, &out),
+             "chat template");
+  return out;
+}
+
+}  // namespace rlh::grpo

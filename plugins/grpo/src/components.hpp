@@ -1,0 +1,189 @@
+// RAII handles over the components an algorithm drives through the host's registry: backend
+// (with its models), generator, environment, dataset and tokenizer. Each wraps one C table of the
+// ABI; every failing call throws rlh::sdk::Error with the component's message, prefixed by what
+// was being done, so a loop error reads "generation: generator 'rlhost': ...".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rlhost/backend.h"
+#include "rlhost/dataset.h"
+#include "rlhost/environment.h"
+#include "rlhost/generator.h"
+#include "rlhost/sdk/plugin.hpp"
+#include "rlhost/tokenizer.h"
+
+namespace rlh::grpo {
+
+// A packed batch the algorithm owns: tokens, sequence offsets and named float32 fields (one
+// value per token or per sequence), with the C views (rlh_batch, rlh_named_tensor) built on demand.
+class PackedBatch {
+ public:
+  enum class Frame { kToken, kSequence };
+
+  void add_sequence(std::span<const int32_t> ids);
+  // Adds (or replaces) a field of one value per token or per sequence; returns its storage.
+  std::vector<float>& field(const std::string& name, Frame frame);
+  const std::vector<float>* find(const std::string& name) const;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<int64_t>& offsets() const { return offsets_; }
+
+  // Sequences [begin, end) with every field, as a new batch (a global-batch chunk).
+  PackedBatch slice(int64_t begin, int64_t end) const;
+
+  // The C view; valid until the batch changes. `constraints`: RLH_BATCH_*.
+  const rlh_batch& view(uint64_t constraints = RLH_BATCH_NEVER_SPLIT_SEQUENCE);
+
+ private:
+  struct Field {
+    std::string name;
+    Frame frame;
+    std::vector<float> data;
+    int64_t shape[1] = {0};
+    int64_t strides[1] = {1};
+  };
+  std::vector<int32_t> tokens_;
+  std::vector<int64_t> offsets_ = {0};
+  std::vector<Field> fields_;
+  std::vector<rlh_named_tensor> views_;
+  rlh_batch batch_{};
+};
+
+// A float32 host tensor of one dimension over caller storage.
+struct HostVector {
+  explicit HostVector(std::vector<float>& v);
+  rlh_tensor tensor{};
+  int64_t shape[1];
+  int64_t strides[1] = {1};
+};
+
+class Backend {
+ public:
+  // Finds backend component `name` and creates an instance with `config` (the policy section).
+  Backend(const sdk::Host& host, const std::string& name, const nlohmann::json& config);
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const std::string& name() const { return name_; }
+  rlh_model* load_model(const std::string& role, const std::string& path, bool trainable);
+  // Writes the requested outputs, [num_tokens] float32 each, into `outputs`.
+  void forward(rlh_model* model, PackedBatch& batch, const std::vector<rlh_output_spec>& specs,
+               std::vector<std::vector<float>>& outputs, int64_t micro_batch_tokens);
+  struct TrainResult {
+    double loss = 0, grad_norm = 0;
+    int64_t micro_batches = 0;
+    nlohmann::json metrics = nlohmann::json::object();
+  };
+  TrainResult train_step(rlh_model* model, const rlh_train_args& args);
+  // Visits every weight (HF names); returns the weights' version.
+  int64_t visit_weights(rlh_model* model, rlh_weight_fn fn, void* user);
+  void save_state(rlh_model* model, const std::string& dir);
+  void load_state(rlh_model* model, const std::string& dir);
+
+ private:
+  sdk::Host host_;
+  std::string name_;
+  const rlh_backend_api* api_ = nullptr;
+  rlh_backend* self_ = nullptr;
+};
+
+class Generator {
+ public:
+  Generator(const sdk::Host& host, const std::string& name, const std::string& model_path,
+            const nlohmann::json& config);
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  const std::string& name() const { return name_; }
+  int64_t version() const { return version_; }
+  // Installs every weight of `backend`'s model as one version: each weight the backend visits is
+  // handed over as it comes (a bucket of one), as a view the generator may keep (may_alias): on
+  // the CPU the backend's parameters and the generator's weights are then the same memory.
+  void refit_from(Backend& backend, rlh_model* model);
+  void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
+
+ private:
+  sdk::Host host_;
+  std::string name_;
+  const rlh_generator_api* api_ = nullptr;
+  rlh_generator* self_ = nullptr;
+  int64_t version_ = -1;
+};
+
+class Environment {
+ public:
+  Environment(const sdk::Host& host, const std::string& name, const nlohmann::json& config);
+  ~Environment();
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::vector<std::string>& reward_names() const { return reward_names_; }
+  // rewards[i * reward_names().size() + r].
+  void score(const std::vector<rlh_env_sample>& samples, std::vector<double>& rewards);
+
+ private:
+  sdk::Host host_;
+  std::string name_;
+  const rlh_environment_api* api_ = nullptr;
+  rlh_environment* self_ = nullptr;
+  std::vector<std::string> reward_names_;
+};
+
+class Dataset {
+ public:
+  Dataset(const sdk::Host& host, const std::string& name, const nlohmann::json& config,
+          std::string origin);
+  ~Dataset();
+  Dataset(const Dataset&) = delete;
+  Dataset& operator=(const Dataset&) = delete;
+
+  int64_t size() const { return size_; }
+  nlohmann::json row(int64_t index) const;
+  const std::string& origin() const { return origin_; }
+
+ private:
+  sdk::Host host_;
+  std::string origin_;
+  const rlh_dataset_api* api_ = nullptr;
+  rlh_dataset* self_ = nullptr;
+  int64_t size_ = 0;
+};
+
+class Tokenizer {
+ public:
+  Tokenizer(const sdk::Host& host, const std::string& path);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
+  // Ids outside the vocabulary are dropped first (HF's decode skips them too).
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
+  // Renders the chat template; throws FAILED_PRECONDITION when the tokenizer has none.
+  std::string apply_chat_template(const nlohmann::json& messages, bool add_generation_prompt) const;
+  bool has_chat_template() const { return has_chat_template_; }
+  const std::vector<int32_t>& eos_token_ids() const { return eos_; }
+  int64_t vocab_size() const { return vocab_size_; }
+
+ private:
+  sdk::Host host_;
+  const rlh_tokenizer_api* api_ = nullptr;
+  rlh_tokenizer* self_ = nullptr;
+  bool has_chat_template_ = false;
+  std::vector<int32_t> eos_;
+  int64_t vocab_size_ = 0;
+};
+
+}  // namespace rlh::grpo

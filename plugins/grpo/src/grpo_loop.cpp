@@ -1,0 +1,557 @@
+// The GRPO loop (see grpo_loop.hpp).
+#include "grpo_loop.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "components.hpp"
+#include "loop_config.hpp"
+#include "rlhost/grpo/advantages.hpp"
+#include "rlhost/grpo/config.hpp"
+#include "rlhost/grpo/dynamic_sampling.hpp"
+#include "rlhost/grpo/loss_adapter.hpp"
+#include "rlhost/grpo/packing.hpp"
+#include "rlhost/grpo/reward_shaping.hpp"
+#include "rlhost/sdk/checkpoint.hpp"
+#include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/metrics.hpp"
+#include "rollout.hpp"
+
+namespace rlh::grpo {
+
+using json = nlohmann::json;
+using sdk::Error;
+namespace fs = std::filesystem;
+namespace mn = sdk::metric_names;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Validation draws with its own RNG key range, apart from every training step's.
+constexpr int64_t kValidationStepKey = int64_t{1} << 40;
+
+// The generator component for policy.generation.backend. NeMo-RL names inference engines
+// (vllm, sglang, ...) that do not exist here; those fall back to the best generator loaded.
+std::string pick_generator(const sdk::Host& host, const std::string& wanted) {
+  const rlh_component_desc* d = nullptr;
+  rlh_status* s = host.api()->find_component(host.api()->ctx, RLH_KIND_GENERATOR, wanted.c_str(), &d);
+  if (s == nullptr) return d->name;
+  const std::string msg = sdk::status_message(s);
+  const rlh_code code = s->code;
+  rlh_status_destroy(s);
+  static const char* const kNemoEngines[] = {"vllm", "sglang", "trtllm", "dynamo", "hf", "megatron"};
+  if (code == RLH_E_NOT_FOUND &&
+      std::find_if(std::begin(kNemoEngines), std::end(kNemoEngines),
+                   [&](const char* e) { return wanted == e; }) != std::end(kNemoEngines)) {
+    host.find<rlh_generator_api>(RLH_KIND_GENERATOR, nullptr, RLH_STRUCT_SIZE(rlh_generator_api, generate), &d);
+    host.info("policy.generation.backend '" + wanted + "' is NeMo-RL's inference engine; using generator '" +
+              d->name + "'");
+    return d->name;
+  }
+  throw Error(code == RLH_E_NOT_FOUND ? RLH_E_INVALID_ARGUMENT : code,
+              "policy.generation.backend: " + msg);
+}
+
+std::string resolve_model(const std::string& name) {
+  try {
+    return sdk::resolve_model_path(name).string();
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_NOT_FOUND, std::string("policy.model_name: ") + e.what());
+  }
+}
+
+// One training step's samples after generation and filtering.
+struct StepSamples {
+  std::vector<const Prompt*> prompts;    // per sample
+  std::vector<const Response*> responses;
+  std::vector<double> reward;            // the main reward after scaling and shaping
+  std::vector<double> advantage;
+  std::vector<double> loss_multiplier;   // sample_mask
+  std::map<std::string, double> reward_means;  // every environment reward, mean over samples
+};
+
+}  // namespace
+
+struct GrpoLoop::Impl {
+  sdk::Host host;
+  GrpoLoopConfig cfg;
+  std::string config_yaml;
+  Clock::time_point created = Clock::now();
+
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<Dataset> train_data, val_data;
+  std::unique_ptr<Environment> env;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Generator> gen;
+  rlh_model* policy = nullptr;
+  rlh_model* reference = nullptr;
+  std::unique_ptr<PromptOrder> order;
+  std::unique_ptr<LossAdapter> loss;
+  std::unique_ptr<sdk::CheckpointManager> ckpt;
+  std::string model_dir;
+
+  int64_t step = 0;  // training steps done
+  int64_t total_steps = 0;
+  int64_t consumed_samples = 0;
+  bool first_train_step_logged = false;
+
+  void check_cancel(const char* where) const {
+    if (host.cancelled())
+      throw Error(RLH_E_CANCELLED, std::string("GRPO cancelled (") + where + ") after step " + std::to_string(step));
+  }
+
+  void setup() {
+    model_dir = resolve_model(cfg.policy.model_name);
+    tok = std::make_unique<Tokenizer>(host, cfg.policy.tokenizer_name);
+    if (cfg.policy.prompt_format == PromptFormat::kChatTemplate && !tok->has_chat_template()) {
+      if (cfg.policy.prompt_format_explicit)
+        throw Error(RLH_E_INVALID_ARGUMENT, "policy.tokenizer.chat_template: \"default\" but the tokenizer " +
+                                                cfg.policy.tokenizer_name + " has no chat template");
+      host.info("tokenizer has no chat template: prompts are used as written");
+      cfg.policy.prompt_format = PromptFormat::kRaw;
+    }
+    train_data = std::make_unique<Dataset>(host, cfg.train_data.component, cfg.train_data.config, "data.train");
+    if (cfg.validation_data)
+      val_data = std::make_unique<Dataset>(host, cfg.validation_data->component, cfg.validation_data->config,
+                                           "data.validation");
+    else if (cfg.val_period > 0 || cfg.val_at_start || cfg.val_at_end)
+      host.warn("grpo.val_period: no validation data (data.validation), so no validation runs");
+    env = std::make_unique<Environment>(host, cfg.env_name, cfg.env_config);
+
+    backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
+    policy = backend->load_model("policy", model_dir, true);
+    if (cfg.needs_reference()) reference = backend->load_model("reference", model_dir, false);
+    gen = std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir,
+                                      cfg.generation.section);
+
+    loss = std::make_unique<LossAdapter>(cfg.loss);
+    loss->set_make_status(host.make_status());
+
+    const int64_t per_batch = cfg.dynamic_sampling.prompts_per_generation_batch();
+    order = std::make_unique<PromptOrder>(train_data->size(), cfg.seed, cfg.shuffle);
+    if (per_batch > train_data->size())
+      throw Error(RLH_E_INVALID_ARGUMENT, "grpo.num_prompts_per_step: " + std::to_string(per_batch) +
+                                              " prompts per step, but data.train has only " +
+                                              std::to_string(train_data->size()) + " rows");
+    const int64_t batches_per_epoch = train_data->size() / per_batch;
+    total_steps = std::min(cfg.max_num_steps, cfg.max_num_epochs * batches_per_epoch);
+
+    if (cfg.checkpointing.enabled) {
+      ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
+      ckpt->clean_leftovers();
+    }
+  }
+
+  void resume() {
+    if (!ckpt) return;
+    std::vector<std::string> skipped;
+    auto list = ckpt->list(sdk::VerifyLevel::kSizes, &skipped);
+    for (const auto& s : skipped) host.warn("checkpoint skipped: " + s);
+    if (list.empty()) return;
+    const sdk::CheckpointInfo& last = list.back();
+    const json& info = last.training_info;
+    const std::string where = (last.dir / "training_info.json").string();
+    if (!info.contains("step") || !info.contains("data_order"))
+      throw Error(RLH_E_DATA_LOSS, where + ": not a GRPO checkpoint (no step or data_order)");
+    step = info["step"].get<int64_t>();
+    consumed_samples = info.value("consumed_samples", int64_t{0});
+    order->restore(info["data_order"], where);
+    backend->load_state(policy, (last.dir / "policy").string());
+    host.info("resumed from " + last.dir.string() + " (step " + std::to_string(step) + ")");
+  }
+
+  // Hands the policy's weights to the generator when they changed since the last refit.
+  double refit_if_stale() {
+    const auto t0 = Clock::now();
+    int64_t version = backend->visit_weights(policy, [](void*, const char*, const rlh_tensor*) -> rlh_status* {
+      return nullptr;
+    }, nullptr);
+    if (version == gen->version()) return 0;
+    gen->refit_from(*backend, policy);
+    return since(t0);
+  }
+
+  std::vector<Prompt> prompts_for(const Dataset& data, const std::vector<int64_t>& rows) const {
+    std::vector<Prompt> out;
+    out.reserve(rows.size());
+    for (int64_t r : rows)
+      out.push_back(make_prompt(*tok, cfg.policy.prompt_format, data.row(r), r, cfg.max_input_seq_length,
+                                data.origin()));
+    return out;
+  }
+
+  // ---- validation ------------------------------------------------------------------------------
+
+  std::map<std::string, double> validate(int64_t at_step) {
+    std::map<std::string, double> m;
+    if (!val_data) return m;
+    const auto t0 = Clock::now();
+    refit_if_stale();
+    const int64_t n = std::min(val_data->size(), cfg.max_val_samples.value_or(val_data->size()));
+    double correct = 0, length = 0;
+    std::map<std::string, double> sums;
+    const auto& names = env->reward_names();
+    for (int64_t b = 0; b < n; b += cfg.val_batch_size) {
+      check_cancel("validation");
+      std::vector<int64_t> rows;
+      for (int64_t i = b; i < std::min(n, b + cfg.val_batch_size); ++i) rows.push_back(i);
+      Rollout r = run_rollout(*gen, *tok, *env, prompts_for(*val_data, rows), 1, cfg.generation.validation,
+                              cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed,
+                              kValidationStepKey + at_step, b, nullptr);
+      for (const Response& resp : r.responses) {
+        for (size_t k = 0; k < names.size(); ++k) sums[names[k]] += resp.rewards[k];
+        length += static_cast<double>(resp.ids.size());
+      }
+    }
+    correct = sums["reward"];
+    m["accuracy"] = correct / static_cast<double>(n);
+    m["avg_length"] = length / static_cast<double>(n);
+    for (const auto& [name, sum] : sums)
+      if (name != "reward") m[name] = sum / static_cast<double>(n);
+    host.metric(mn::kValidationAccuracy, m["accuracy"], at_step);
+    host.metric(mn::kValidationAvgLength, m["avg_length"], at_step);
+    for (const auto& [name, v] : m)
+      if (name != "accuracy" && name != "avg_length") host.metric(("validation/" + name).c_str(), v, at_step);
+    host.metric(mn::kTimingValidation, since(t0), at_step);
+    return m;
+  }
+
+  // ---- one step --------------------------------------------------------------------------------
+
+  // Generation batches until the training batch is complete (one without dynamic sampling).
+  // Rollouts are kept alive in `rollouts` because StepSamples points into them.
+  StepSamples collect(int64_t s, std::vector<Rollout>& rollouts, std::map<std::string, double>& timers,
+                      std::map<std::string, double>& metrics) {
+    DynamicSampler sampler(cfg.dynamic_sampling);
+    const int64_t per_batch = cfg.dynamic_sampling.prompts_per_generation_batch();
+    const int64_t G = cfg.num_generations_per_prompt;
+    std::vector<std::vector<double>> rewards, advantages, multipliers;
+    rollouts.reserve(static_cast<size_t>(cfg.dynamic_sampling.dynamic_sampling_max_gen_batches) + 1);
+    int64_t shaped_out_of_range = 0;
+    const auto& names = env->reward_names();
+    const size_t main_reward = static_cast<size_t>(std::find(names.begin(), names.end(), "reward") - names.begin());
+    for (;;) {
+      check_cancel("generation");
+      auto t0 = Clock::now();
+      const std::vector<int64_t> rows = order->next(per_batch);
+      std::vector<Prompt> prompts = prompts_for(*train_data, rows);
+      timers["data_processing"] += since(t0);
+      RolloutTimes rt;
+      const int64_t batch_index = sampler.num_gen_batches();
+      rollouts.push_back(run_rollout(*gen, *tok, *env, std::move(prompts), G, cfg.generation.train,
+                                     cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed, s,
+                                     batch_index * per_batch, &rt));
+      timers["generation"] += rt.generation;
+      timers["reward_calculation"] += rt.reward;
+
+      t0 = Clock::now();
+      const Rollout& r = rollouts.back();
+      const size_t n = r.responses.size();
+      std::vector<double> reward(n);
+      std::vector<int64_t> lengths(n);
+      std::vector<uint8_t> truncated(n);
+      std::vector<int32_t> prompt_tokens;
+      std::vector<int64_t> prompt_offsets = {0};
+      for (size_t i = 0; i < n; ++i) {
+        const Response& resp = r.responses[i];
+        reward[i] = resp.rewards[main_reward];
+        lengths[i] = static_cast<int64_t>(resp.ids.size());
+        truncated[i] = resp.truncated ? 1 : 0;
+        const Prompt& p = r.prompts[static_cast<size_t>(resp.prompt)];
+        prompt_tokens.insert(prompt_tokens.end(), p.ids.begin(), p.ids.end());
+        prompt_offsets.push_back(static_cast<int64_t>(prompt_tokens.size()));
+      }
+      shaped_out_of_range += scale_rewards(cfg.reward_scaling, reward);
+      const ShapedRewards shaped = apply_reward_shaping(cfg.reward_shaping, reward, lengths, truncated);
+      const std::vector<int64_t> groups = group_by_prompt(prompt_tokens, prompt_offsets);
+      const std::vector<double> ones(n, 1.0);
+      // DAPO's filter looks at the spread of the unshaped reward.
+      const BaselineStd bs = baseline_and_std_per_prompt(groups, shaped.unshaped, ones,
+                                                         cfg.advantages.use_leave_one_out_baseline);
+      std::vector<double> adv = grpo_advantages(cfg.advantages, groups, shaped.rewards, ones);
+      std::vector<double> mult(n, 1.0);
+      for (size_t i = 0; i < n; ++i)
+        if (r.prompts[static_cast<size_t>(r.responses[i].prompt)].too_long) mult[i] = 0;
+      if (cfg.overlong_filtering) apply_overlong_filtering(truncated, mult);
+      rewards.push_back(shaped.rewards);
+      advantages.push_back(std::move(adv));
+      multipliers.push_back(std::move(mult));
+      const bool done = sampler.add(groups, bs.std);
+      timers["advantage_calculation"] += since(t0);
+      if (done) break;
+    }
+    if (shaped_out_of_range > 0)
+      host.warn(std::to_string(shaped_out_of_range) + " rewards fell outside grpo.reward_scaling's source range");
+    const Metrics ds_metrics = sampler.metrics();  // by value: keep it alive while iterating
+    for (const Metric& m : ds_metrics.items()) metrics[m.name] = m.value;
+
+    StepSamples out;
+    std::map<std::string, double> sums;
+    for (const auto& [b, i] : sampler.selection()) {
+      const Rollout& r = rollouts[static_cast<size_t>(b)];
+      const Response& resp = r.responses[static_cast<size_t>(i)];
+      out.responses.push_back(&resp);
+      out.prompts.push_back(&r.prompts[static_cast<size_t>(resp.prompt)]);
+      out.reward.push_back(rewards[static_cast<size_t>(b)][static_cast<size_t>(i)]);
+      out.advantage.push_back(advantages[static_cast<size_t>(b)][static_cast<size_t>(i)]);
+      out.loss_multiplier.push_back(multipliers[static_cast<size_t>(b)][static_cast<size_t>(i)]);
+      for (size_t k = 0; k < env->reward_names().size(); ++k) sums[env->reward_names()[k]] += resp.rewards[k];
+    }
+    for (const auto& [name, sum] : sums) out.reward_means[name] = sum / static_cast<double>(out.responses.size());
+    return out;
+  }
+
+  // The training batch: prompt + response per sample, with NeMo-RL's fields.
+  PackedBatch build_batch(const StepSamples& ss) const {
+    PackedBatch b;
+    std::vector<int32_t> seq;
+    for (size_t i = 0; i < ss.responses.size(); ++i) {
+      seq = ss.prompts[i]->ids;
+      seq.insert(seq.end(), ss.responses[i]->ids.begin(), ss.responses[i]->ids.end());
+      b.add_sequence(seq);
+    }
+    auto& token_mask = b.field("token_mask", PackedBatch::Frame::kToken);
+    auto& gen_lp = b.field("generation_logprobs", PackedBatch::Frame::kToken);
+    auto& adv = b.field("advantages", PackedBatch::Frame::kToken);
+    auto& sample_mask = b.field("sample_mask", PackedBatch::Frame::kSequence);
+    std::vector<float>* rewards = nullptr;
+    if (cfg.loss.positive_example_nll_weight > 0) rewards = &b.field("rewards", PackedBatch::Frame::kSequence);
+    const auto& off = b.offsets();
+    for (size_t i = 0; i < ss.responses.size(); ++i) {
+      const int64_t start = off[i] + static_cast<int64_t>(ss.prompts[i]->ids.size());
+      const Response& r = *ss.responses[i];
+      for (size_t t = 0; t < r.ids.size(); ++t) {
+        token_mask[static_cast<size_t>(start) + t] = 1.0f;
+        gen_lp[static_cast<size_t>(start) + t] = r.logprobs[t];
+      }
+      for (int64_t t = off[i]; t < off[i + 1]; ++t) adv[static_cast<size_t>(t)] = static_cast<float>(ss.advantage[i]);
+      sample_mask[i] = static_cast<float>(ss.loss_multiplier[i]);
+      if (rewards != nullptr) (*rewards)[i] = static_cast<float>(ss.reward[i]);
+    }
+    return b;
+  }
+
+  int64_t logprob_mb_tokens() const {
+    return cfg.policy.logprob_mb_tokens > 0 ? cfg.policy.logprob_mb_tokens
+                                            : cfg.policy.logprob_batch_size * cfg.policy.max_total_sequence_length;
+  }
+
+  rlh_output_spec spec(int32_t kind, const char* name) const {
+    rlh_output_spec s{};
+    s.struct_size = RLH_STRUCT_SIZE(rlh_output_spec, ids_field);
+    s.kind = kind;
+    s.name = name;
+    s.temperature = cfg.generation.train.temperature > 0 ? cfg.generation.train.temperature : 1.0;
+    s.top_k = kind == RLH_OUTPUT_LOGPROB ? cfg.generation.train.top_k : 0;
+    s.top_p = kind == RLH_OUTPUT_LOGPROB ? cfg.generation.train.top_p : 1.0;
+    return s;
+  }
+
+  // prev_logprobs under the current policy and reference_policy_logprobs under the reference.
+  void logprobs(PackedBatch& b) {
+    std::vector<std::vector<float>> out;
+    backend->forward(policy, b, {spec(RLH_OUTPUT_LOGPROB, "logprobs")}, out, logprob_mb_tokens());
+    b.field("prev_logprobs", PackedBatch::Frame::kToken) = std::move(out[0]);
+    if (reference != nullptr) {
+      // The KL term compares unfiltered distributions (NeMo-RL's curr_logprobs_unfiltered).
+      backend->forward(reference, b, {spec(RLH_OUTPUT_LOGPROB_RAW, "logprobs")}, out, logprob_mb_tokens());
+      b.field("reference_policy_logprobs", PackedBatch::Frame::kToken) = std::move(out[0]);
+    }
+  }
+
+  // Optimizer steps over train_global_batch_size chunks; sums as NeMo-RL's grpo_train does.
+  void train(PackedBatch& b, std::map<std::string, double>& metrics) {
+    const double T = cfg.generation.train.temperature > 0 ? cfg.generation.train.temperature : 1.0;
+    const std::vector<rlh_output_spec> specs =
+        loss->output_specs(T, cfg.generation.train.top_k, cfg.generation.train.top_p);
+    const int64_t gbs = cfg.policy.train_global_batch_size;
+    double loss_sum = 0, grad_norm_sum = 0;
+    std::map<std::string, double> summed;
+    Metrics extrema;
+    for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
+      PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
+      const std::vector<float>& tm = *chunk.find("token_mask");
+      const std::vector<float>& sm = *chunk.find("sample_mask");
+      std::vector<double> tmd(tm.begin(), tm.end()), smd(sm.begin(), sm.end());
+      Packing p{chunk.num_tokens(), chunk.num_seqs(), chunk.offsets().data()};
+      const ValidCounts counts = valid_counts(p, tmd.data(), smd.data());
+      if (cfg.loss.positive_example_nll_weight > 0) {
+        const std::vector<float>& rw = *chunk.find("rewards");
+        std::vector<double> rwd(rw.begin(), rw.end());
+        loss->set_global_positive_tokens(positive_valid_tokens(p, tmd.data(), smd.data(), rwd.data()));
+      }
+      loss->reset_step();
+      rlh_train_args a{};
+      a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
+      a.batch = &chunk.view();
+      a.specs = specs.data();
+      a.num_outputs = specs.size();
+      a.loss_fn = loss->fn();
+      a.loss_user = loss->user();
+      a.global_num_tokens = static_cast<int64_t>(std::llround(counts.tokens));
+      a.global_num_seqs = static_cast<int64_t>(std::llround(counts.seqs));
+      if (cfg.policy.train_mb_tokens > 0) a.micro_batch_tokens = cfg.policy.train_mb_tokens;
+      else a.micro_batch_seqs = cfg.policy.train_micro_batch_size;
+      a.learning_rate = -1;  // the backend's optimizer/scheduler config
+      Backend::TrainResult r = backend->train_step(policy, a);
+      loss_sum += r.loss;
+      grad_norm_sum += r.grad_norm;
+      for (const auto& [k, v] : r.metrics.items())
+        if (v.is_number()) {
+          // The learning rate is a setting, not a sum over global batches.
+          if (k == "lr" || k == "wd") summed[k] = v.get<double>();
+          else summed[k] += v.get<double>();
+        }
+      extrema.merge(loss->step_extrema());
+    }
+    metrics["loss"] = loss_sum;
+    metrics["grad_norm"] = grad_norm_sum;
+    for (const auto& [k, v] : summed)
+      if (k != "loss" && k != "grad_norm") metrics[k] = v;
+    for (const Metric& m : extrema.items()) metrics[m.name] = m.value;
+  }
+
+  void save_checkpoint(int64_t s, const std::map<std::string, double>& val,
+                       const std::map<std::string, double>& train_metrics) {
+    sdk::PendingCheckpoint pending = ckpt->begin(s);
+    const fs::path policy_dir = pending.dir() / "policy";
+    fs::create_directories(policy_dir);
+    backend->save_state(policy, policy_dir.string());
+    // The tokenizer beside the weights, as NeMo-RL saves it (policy/tokenizer).
+    const fs::path tok_src = fs::is_directory(cfg.policy.tokenizer_name) ? fs::path(cfg.policy.tokenizer_name)
+                                                                        : fs::path(model_dir);
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                          "chat_template.jinja", "generation_config.json"})
+      if (fs::exists(tok_src / f)) {
+        fs::create_directories(policy_dir / "tokenizer");
+        fs::copy_file(tok_src / f, policy_dir / "tokenizer" / f, fs::copy_options::overwrite_existing);
+      }
+    json info = {{"step", s},
+                 {"total_steps", total_steps},
+                 {"consumed_samples", consumed_samples},
+                 {"epoch", order->epoch()},
+                 {"data_order", order->state()},
+                 {"seed", cfg.seed}};
+    for (const auto& [k, v] : val) info["val:" + k] = v;
+    if (val.count("accuracy")) info["val_reward"] = val.at("accuracy");
+    for (const auto& [k, v] : train_metrics) info["train:" + k] = v;
+    pending.write_training_info(info);
+    pending.write_config_yaml(config_yaml);
+    const fs::path dir = pending.commit();
+    host.info("saved checkpoint " + dir.string());
+  }
+
+  void run() {
+    setup();
+    resume();
+    host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
+    if (step >= total_steps) {
+      host.info("nothing to do: step " + std::to_string(step) + " of " + std::to_string(total_steps) +
+                " already done");
+      return;
+    }
+    std::map<std::string, double> last_val;
+    if (cfg.val_at_start && step == 0 && val_data) {
+      last_val = validate(0);
+      host.metric("rlhost/step_finished", 0, 0);
+    }
+    while (step < total_steps) {
+      check_cancel("step start");
+      const int64_t s = step + 1;
+      const auto t_step = Clock::now();
+      std::map<std::string, double> timers, metrics;
+
+      const double refit = refit_if_stale();
+      timers["prepare_for_generation/total"] = refit;
+      timers["prepare_for_generation/transfer_and_update_weights"] = refit;
+
+      std::vector<Rollout> rollouts;
+      StepSamples ss = collect(s, rollouts, timers, metrics);
+
+      check_cancel("logprobs");
+      auto t0 = Clock::now();
+      PackedBatch batch = build_batch(ss);
+      timers["training_prep"] += since(t0);
+      t0 = Clock::now();
+      logprobs(batch);
+      timers["policy_and_reference_logprobs"] = since(t0);
+
+      check_cancel("training");
+      if (!first_train_step_logged) {
+        first_train_step_logged = true;
+        timers["startup"] = since(created);
+      }
+      t0 = Clock::now();
+      train(batch, metrics);
+      timers["policy_training"] = since(t0);
+      step = s;
+      consumed_samples += static_cast<int64_t>(ss.responses.size());
+
+      // Rollout statistics, NeMo-RL's names.
+      double gen_tokens = 0, prompt_tokens = 0, total_tokens = 0, truncated = 0;
+      for (size_t i = 0; i < ss.responses.size(); ++i) {
+        gen_tokens += static_cast<double>(ss.responses[i]->ids.size());
+        prompt_tokens += static_cast<double>(ss.prompts[i]->ids.size());
+        truncated += ss.responses[i]->truncated ? 1 : 0;
+      }
+      total_tokens = gen_tokens + prompt_tokens;
+      const double n = static_cast<double>(ss.responses.size());
+      double reward_sum = 0;
+      for (double r : ss.reward) reward_sum += r;
+      metrics["reward"] = reward_sum / n;
+      for (const auto& [name, v] : ss.reward_means)
+        if (name != "reward") metrics[name] = v;
+      metrics["mean_gen_tokens_per_sample"] = gen_tokens / n;
+      metrics["mean_prompt_length"] = prompt_tokens / n;
+      metrics["total_num_tokens"] = total_tokens;
+      metrics["truncated_fraction"] = truncated / n;
+
+      std::map<std::string, double> val;
+      const bool last = step == total_steps;
+      if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (last && cfg.val_at_end))) {
+        val = validate(step);
+        last_val = val;
+      }
+      if (ckpt && (ckpt->is_periodic(step) || last)) {
+        t0 = Clock::now();
+        save_checkpoint(step, val.empty() ? last_val : val, metrics);
+        timers["checkpointing"] = since(t0);
+      }
+      timers["total_step_time"] = since(t_step);
+
+      for (const auto& [k, v] : metrics) host.metric(("train/" + k).c_str(), v, step);
+      for (const auto& [k, v] : timers) host.metric(("timing/train/" + k).c_str(), v, step);
+      host.metric("rlhost/step_finished", 0, step);
+    }
+  }
+};
+
+GrpoLoop::GrpoLoop(const sdk::Host& host, const std::string& config_text) : impl_(std::make_unique<Impl>()) {
+  impl_->host = host;
+  json whole;
+  try {
+    whole = json::parse(config_text);
+  } catch (const json::exception& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string("grpo: the configuration is not valid JSON: ") + e.what());
+  }
+  impl_->cfg = GrpoLoopConfig::from_json(whole);
+  if (impl_->cfg.loss.use_kl_in_reward)
+    throw ConfigError("loss_fn.use_kl_in_reward: the KL penalty in the reward is not implemented; use false");
+  impl_->config_yaml = to_yaml(nlohmann::ordered_json::parse(config_text));
+}
+
+GrpoLoop::~GrpoLoop() = default;
+
+void GrpoLoop::run() { impl_->run(); }
+
+}  // namespace rlh::grpo

@@ -1,0 +1,321 @@
+// Reading the GRPO loop's configuration (see loop_config.hpp).
+#include "loop_config.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <sstream>
+
+#include "json_read.hpp"
+#include "rlhost/grpo/config.hpp"
+
+namespace rlh::grpo {
+
+using json = nlohmann::json;
+using detail::describe;
+using detail::Section;
+
+namespace {
+
+const json& child(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+int64_t positive(const Section& s, const char* key, int64_t def) {
+  int64_t v = def;
+  s.read(key, v);
+  if (v <= 0) throw ConfigError(s.key(key) + ": expected a positive integer, got " + std::to_string(v));
+  return v;
+}
+
+SamplingSettings read_sampling(const Section& g, const SamplingSettings& base, const char* prefix) {
+  SamplingSettings s = base;
+  const std::string p = prefix;
+  g.read(p + "temperature", s.temperature);
+  if (s.temperature < 0) throw ConfigError(g.key(p + "temperature") + ": must be >= 0 (0 = greedy)");
+  g.read(p + "top_p", s.top_p);
+  if (!(s.top_p > 0 && s.top_p <= 1)) throw ConfigError(g.key(p + "top_p") + ": must be in (0, 1]");
+  std::optional<int64_t> k;
+  if (g.has(p + "top_k")) {
+    g.read(p + "top_k", k);
+    // NeMo-RL writes null for "off"; vLLM's -1 means the same.
+    if (k && *k < -1) throw ConfigError(g.key(p + "top_k") + ": must be null, -1 or >= 0");
+    s.top_k = (!k || *k < 0) ? 0 : static_cast<int32_t>(*k);
+  }
+  if (p.empty()) {
+    g.read("min_p", s.min_p);
+    if (!(s.min_p >= 0 && s.min_p < 1)) throw ConfigError(g.key("min_p") + ": must be in [0, 1)");
+  }
+  return s;
+}
+
+}  // namespace
+
+PolicyConfig read_policy_config(const json& whole) {
+  const json& pj = child(whole, "policy");
+  if (!pj.is_object()) throw ConfigError("policy: missing (the model, tokenizer and backend settings)");
+  const Section p(pj, "policy");
+  PolicyConfig c;
+  c.section = pj;
+  p.read("model_name", c.model_name);
+  if (c.model_name.empty())
+    throw ConfigError("policy.model_name: missing (an HF checkpoint folder or a hub id in the local cache)");
+  const Section tok = p.sub("tokenizer");
+  c.tokenizer_name = c.model_name;
+  tok.read("name", c.tokenizer_name);
+  if (const json* ct = tok.find("chat_template")) {
+    c.prompt_format_explicit = true;
+    // NeMo-RL: null = a passthrough template (prompts as written), "default" = the tokenizer's.
+    if (ct->is_null()) c.prompt_format = PromptFormat::kRaw;
+    else if (ct->is_string() && ct->get<std::string>() == "default") c.prompt_format = PromptFormat::kChatTemplate;
+    else
+      throw ConfigError("policy.tokenizer.chat_template: only null (raw prompts) or \"default\" (the "
+                        "tokenizer's template) are supported, got " + describe(*ct));
+  }
+
+  bool dtensor = false, megatron = false;
+  p.sub("dtensor_cfg").read("enabled", dtensor);
+  p.sub("megatron_cfg").read("enabled", megatron);
+  if (dtensor && megatron)
+    throw ConfigError("policy.megatron_cfg.enabled: both dtensor_cfg and megatron_cfg are enabled; enable one");
+  if (!dtensor && !megatron)
+    throw ConfigError("policy.dtensor_cfg.enabled: no training backend is enabled (set "
+                      "policy.dtensor_cfg.enabled or policy.megatron_cfg.enabled to true)");
+  c.backend = megatron ? "megatron" : "dtensor";
+
+  if (!p.has("max_total_sequence_length"))
+    throw ConfigError("policy.max_total_sequence_length: missing");
+  c.max_total_sequence_length = positive(p, "max_total_sequence_length", 1);
+  if (p.has("train_global_batch_size")) c.train_global_batch_size = positive(p, "train_global_batch_size", 1);
+  c.train_micro_batch_size = positive(p, "train_micro_batch_size", 1);
+  c.logprob_batch_size = positive(p, "logprob_batch_size", c.train_micro_batch_size);
+
+  bool packing = false, dynamic = false;
+  const Section sp = p.sub("sequence_packing"), db = p.sub("dynamic_batching");
+  sp.read("enabled", packing);
+  db.read("enabled", dynamic);
+  if (packing && dynamic)
+    throw ConfigError("policy.sequence_packing.enabled: sequence packing and dynamic batching are "
+                      "mutually exclusive (NeMo-RL); enable one");
+  if (packing || dynamic) {
+    const Section& s = packing ? sp : db;
+    if (!s.has("train_mb_tokens")) throw ConfigError(s.key("train_mb_tokens") + ": missing");
+    c.train_mb_tokens = positive(s, "train_mb_tokens", 1);
+    c.logprob_mb_tokens = s.has("logprob_mb_tokens") ? positive(s, "logprob_mb_tokens", 1) : c.train_mb_tokens;
+  }
+  return c;
+}
+
+DataSource read_data_source(const json& data, const std::string& split, bool required) {
+  const std::string origin = "data." + split;
+  const json& sec = child(data, split.c_str());
+  const json& train = child(data, "train");
+  const json& deflt = child(data, "default");
+  DataSource d;
+  d.origin = origin;
+  if (sec.is_object() || (split == "validation" && train.is_object())) {
+    const json& own = sec.is_object() ? sec : json::object();
+    const bool jsonl = own.contains("data_path") || deflt.contains("data_path") ||
+                       (!own.contains("dataset_name") && split == "validation" &&
+                        train.contains("data_path"));
+    if (jsonl) {
+      // The jsonl dataset reads NeMo-RL's whole data section (defaults, train, validation) and
+      // picks the split itself.
+      if (split == "validation" && !own.contains("data_path")) {
+        double holdout = 0;
+        Section(train, "data.train").read("split_validation_size", holdout);
+        if (holdout <= 0) {
+          if (required) throw ConfigError(origin + ": no validation data (set data.validation.data_path or "
+                                                   "data.train.split_validation_size)");
+          return DataSource{};
+        }
+      }
+      d.component = "jsonl";
+      d.config = data;
+      d.config["split"] = split;
+      return d;
+    }
+    if (own.contains("dataset_name") && !own["dataset_name"].is_null()) {
+      if (!own["dataset_name"].is_string())
+        throw ConfigError(origin + ".dataset_name: expected a string, got " + describe(own["dataset_name"]));
+      d.component = own["dataset_name"].get<std::string>();
+      d.config = own;
+      d.config.erase("env_name");  // the loop's key, not the dataset's
+      d.config["split"] = split;
+      return d;
+    }
+    if (!sec.is_object() && split == "validation") return DataSource{};
+    throw ConfigError(origin + ": set data_path (a JSONL file) or dataset_name (e.g. synthetic_arithmetic)");
+  }
+  if (required) throw ConfigError(origin + ": missing (the prompts to train on)");
+  return DataSource{};
+}
+
+GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
+  if (!whole.is_object()) throw ConfigError("configuration: expected a mapping");
+  GrpoLoopConfig c;
+  c.whole = whole;
+  const json& gj = child(whole, "grpo");
+  const Section g(gj, "grpo");
+  c.num_prompts_per_step = positive(g, "num_prompts_per_step", c.num_prompts_per_step);
+  c.num_generations_per_prompt = positive(g, "num_generations_per_prompt", c.num_generations_per_prompt);
+  c.max_num_epochs = positive(g, "max_num_epochs", c.max_num_epochs);
+  c.max_num_steps = positive(g, "max_num_steps", c.max_num_steps);
+  g.read("val_period", c.val_period);
+  if (c.val_period < 0) throw ConfigError("grpo.val_period: must be >= 0 (0 = no periodic validation)");
+  g.read("val_at_start", c.val_at_start);
+  g.read("val_at_end", c.val_at_end);
+  c.val_batch_size = positive(g, "val_batch_size", c.val_batch_size);
+  g.read("max_val_samples", c.max_val_samples);
+  if (c.max_val_samples && *c.max_val_samples <= 0)
+    throw ConfigError("grpo.max_val_samples: must be positive or null");
+  g.read("overlong_filtering", c.overlong_filtering);
+  int64_t seed = static_cast<int64_t>(c.seed);
+  g.read("seed", seed);
+  c.seed = static_cast<uint64_t>(seed);
+  g.read("skip_reference_policy_logprobs_calculation", c.skip_reference_policy_logprobs);
+  int64_t turns = 1;
+  g.read("max_rollout_turns", turns);
+  if (turns != 1)
+    throw ConfigError("grpo.max_rollout_turns: " + std::to_string(turns) +
+                      " — multi-turn rollouts are not implemented; use 1");
+  bool async = false;
+  g.sub("async_grpo").read("enabled", async);
+  if (async) throw ConfigError("grpo.async_grpo.enabled: asynchronous GRPO is not implemented; use false");
+  bool kl_in_reward = false;
+  g.read("use_kl_in_reward", kl_in_reward);
+  if (kl_in_reward)
+    throw ConfigError("grpo.use_kl_in_reward: the KL penalty in the reward is not implemented; use false "
+                      "(loss_fn.reference_policy_kl_penalty puts it in the loss)");
+  c.advantages = AdvantageConfig::from_json(gj);
+  c.dynamic_sampling = DynamicSamplingConfig::from_json(gj);
+  c.reward_scaling = RewardScalingConfig::from_json(child(gj, "reward_scaling"));
+  c.reward_shaping = RewardShapingConfig::from_json(child(gj, "reward_shaping"));
+  c.loss = ClippedPGConfig::from_json(child(whole, "loss_fn"));
+
+  c.policy = read_policy_config(whole);
+  if (c.policy.train_global_batch_size == 0)
+    c.policy.train_global_batch_size = c.num_prompts_per_step * c.num_generations_per_prompt;
+  const int64_t samples = c.num_prompts_per_step * c.num_generations_per_prompt;
+  if (samples % c.policy.train_global_batch_size != 0)
+    throw ConfigError("policy.train_global_batch_size: " + std::to_string(c.policy.train_global_batch_size) +
+                      " must divide num_prompts_per_step * num_generations_per_prompt = " +
+                      std::to_string(samples));
+
+  // policy.generation
+  const json& genj = child(c.policy.section, "generation");
+  const Section gen(genj, "policy.generation");
+  c.generation.section = genj.is_object() ? genj : json::object();
+  std::optional<std::string> backend;
+  gen.read("backend", backend);
+  c.generation.component = backend.value_or("vllm");
+  c.generation.max_new_tokens = c.policy.max_total_sequence_length;
+  if (gen.has("max_new_tokens")) c.generation.max_new_tokens = positive(gen, "max_new_tokens", 1);
+  c.generation.train = read_sampling(gen, SamplingSettings{}, "");
+  c.generation.validation = read_sampling(gen, c.generation.train, "val_");
+  c.generation.validation.min_p = c.generation.train.min_p;
+  if (const json* ids = gen.find("stop_token_ids"); ids != nullptr && !ids->is_null()) {
+    if (!ids->is_array()) throw ConfigError("policy.generation.stop_token_ids: expected a list of token ids or null");
+    for (const auto& v : *ids) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        throw ConfigError("policy.generation.stop_token_ids: expected token ids, got " + describe(v));
+      c.generation.stop_token_ids.push_back(v.get<int32_t>());
+    }
+  }
+  if (const json* ss = gen.find("stop_strings"); ss != nullptr && !ss->is_null()) {
+    if (!ss->is_array()) throw ConfigError("policy.generation.stop_strings: expected a list of strings or null");
+    for (const auto& v : *ss) {
+      if (!v.is_string() || v.get<std::string>().empty())
+        throw ConfigError("policy.generation.stop_strings: expected non-empty strings, got " + describe(v));
+      c.generation.stop_strings.push_back(v.get<std::string>());
+    }
+  }
+
+  // data
+  const json& data = child(whole, "data");
+  if (!data.is_object()) throw ConfigError("data: missing (the prompts to train on)");
+  const Section ds(data, "data");
+  ds.read("shuffle", c.shuffle);
+  c.max_input_seq_length = c.policy.max_total_sequence_length;
+  if (ds.has("max_input_seq_length")) c.max_input_seq_length = positive(ds, "max_input_seq_length", 1);
+  c.train_data = read_data_source(data, "train", true);
+  DataSource val = read_data_source(data, "validation", false);
+  if (!val.component.empty()) c.validation_data = val;
+
+  // env: data.<split>.env_name, data.default.env_name, else the only environment configured.
+  std::optional<std::string> env_name;
+  ds.sub("default").read("env_name", env_name);
+  ds.sub("train").read("env_name", env_name);
+  const json& env = child(whole, "env");
+  if (!env.is_null() && !env.is_object()) throw ConfigError("env: expected a mapping, got " + describe(env));
+  if (!env_name) {
+    if (!env.is_object() || env.size() != 1)
+      throw ConfigError("data.default.env_name: missing, and env has " +
+                        std::to_string(env.is_object() ? env.size() : 0) +
+                        " environments (name the one to use)");
+    env_name = env.begin().key();
+  }
+  c.env_name = *env_name;
+  if (env.is_object() && env.contains(c.env_name) && !env[c.env_name].is_null())
+    c.env_config = env[c.env_name];
+
+  // checkpointing
+  const json& ck = child(whole, "checkpointing");
+  c.checkpointing = sdk::CheckpointConfig::from_json(ck, "checkpointing");
+  std::string fmt = "safetensors";
+  Section(ck, "checkpointing").read("model_save_format", fmt);
+  if (fmt != "safetensors")
+    throw ConfigError("checkpointing.model_save_format: only \"safetensors\" (HF) is written, got \"" + fmt + "\"");
+  return c;
+}
+
+// ---- config.yaml -------------------------------------------------------------------------------
+
+namespace {
+
+bool plain_key(const std::string& k) {
+  if (k.empty()) return false;
+  for (char ch : k)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.' || ch == '/'))
+      return false;
+  return true;
+}
+
+void emit(std::ostringstream& out, const nlohmann::ordered_json& j, int indent) {
+  const std::string pad(static_cast<size_t>(indent), ' ');
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      out << pad << (plain_key(it.key()) ? it.key() : json(std::string(it.key())).dump()) << ":";
+      const auto& v = it.value();
+      if ((v.is_object() || v.is_array()) && !v.empty()) {
+        out << "\n";
+        emit(out, v, indent + 2);
+      } else {
+        out << " " << (v.is_object() ? "{}" : v.is_array() ? "[]" : v.dump()) << "\n";
+      }
+    }
+  } else if (j.is_array()) {
+    for (const auto& v : j) {
+      if ((v.is_object() || v.is_array()) && !v.empty()) {
+        out << pad << "-\n";
+        emit(out, v, indent + 2);
+      } else {
+        out << pad << "- " << (v.is_object() ? "{}" : v.is_array() ? "[]" : v.dump()) << "\n";
+      }
+    }
+  } else {
+    out << pad << j.dump() << "\n";
+  }
+}
+
+}  // namespace
+
+std::string to_yaml(const nlohmann::ordered_json& j) {
+  std::ostringstream out;
+  emit(out, j, 0);
+  return out.str();
+}
+
+}  // namespace rlh::grpo

@@ -1,0 +1,120 @@
+// The GRPO loop's settings, read from the whole resolved configuration in NeMo-RL's layout:
+// grpo.*, loss_fn.*, checkpointing.*, and what the loop reads of policy.*, data.* and env.*
+// (model, tokenizer, batch sizes, generation settings, datasets, environment). A missing key
+// takes NeMo-RL's default; a bad value is a ConfigError of one line naming the key.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rlhost/grpo/advantages.hpp"
+#include "rlhost/grpo/clipped_pg_loss.hpp"
+#include "rlhost/grpo/dynamic_sampling.hpp"
+#include "rlhost/grpo/reward_shaping.hpp"
+#include "rlhost/sdk/checkpoint.hpp"
+
+namespace rlh::grpo {
+
+// Sampling for one kind of generation (training or validation).
+struct SamplingSettings {
+  double temperature = 1.0;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = off
+  double top_p = 1.0;
+  double min_p = 0.0;
+};
+
+struct GenerationConfig {
+  std::string component;     // generator component name (policy.generation.backend, mapped)
+  int64_t max_new_tokens = 0;
+  SamplingSettings train, validation;
+  std::vector<int32_t> stop_token_ids;  // beyond the tokenizer's EOS ids
+  std::vector<std::string> stop_strings;
+  nlohmann::json section;    // policy.generation, handed to the generator
+};
+
+// How prompts become token ids.
+enum class PromptFormat {
+  kChatTemplate,  // the tokenizer's chat template, with a system prompt when the row has one
+  kRaw,           // the prompt text as is (policy.tokenizer.chat_template: null, or no template)
+};
+
+struct DataSource {
+  std::string component;  // dataset component: "jsonl", "synthetic_arithmetic", ...
+  nlohmann::json config;  // what its create() receives
+  std::string origin;     // "data.train" / "data.validation"
+};
+
+struct PolicyConfig {
+  std::string model_name;      // as written (folder or hub id)
+  std::string tokenizer_name;  // policy.tokenizer.name, default model_name
+  PromptFormat prompt_format = PromptFormat::kChatTemplate;
+  bool prompt_format_explicit = false;  // chat_template key given
+  std::string backend;         // "dtensor" | "megatron"
+  int64_t train_global_batch_size = 0;
+  int64_t train_micro_batch_size = 1;
+  int64_t logprob_batch_size = 1;
+  int64_t max_total_sequence_length = 0;
+  // Token budgets per micro-batch when sequence packing or dynamic batching is on (0 = off:
+  // micro-batches of train_micro_batch_size / logprob_batch_size sequences).
+  int64_t train_mb_tokens = 0;
+  int64_t logprob_mb_tokens = 0;
+  nlohmann::json section;  // policy, handed to the backend
+};
+
+struct GrpoLoopConfig {
+  // grpo
+  int64_t num_prompts_per_step = 32;
+  int64_t num_generations_per_prompt = 16;
+  int64_t max_num_epochs = 1;
+  int64_t max_num_steps = 1000000;
+  int64_t val_period = 0;  // 0 = never
+  bool val_at_start = false;
+  bool val_at_end = false;
+  int64_t val_batch_size = 256;
+  std::optional<int64_t> max_val_samples;  // null = the whole validation set
+  bool overlong_filtering = false;
+  uint64_t seed = 42;
+  bool skip_reference_policy_logprobs = false;
+  AdvantageConfig advantages;
+  DynamicSamplingConfig dynamic_sampling;
+  RewardScalingConfig reward_scaling;
+  RewardShapingConfig reward_shaping;
+  ClippedPGConfig loss;
+
+  PolicyConfig policy;
+  GenerationConfig generation;
+
+  // data / env
+  DataSource train_data;
+  std::optional<DataSource> validation_data;
+  bool shuffle = true;
+  int64_t max_input_seq_length = 0;  // 0 = max_total_sequence_length
+  std::string env_name;
+  nlohmann::json env_config = nlohmann::json::object();
+
+  // checkpointing
+  sdk::CheckpointConfig checkpointing;
+
+  nlohmann::json whole;  // the resolved configuration (config.yaml of checkpoints)
+
+  // Reads and checks the whole configuration; throws ConfigError naming the key.
+  static GrpoLoopConfig from_json(const nlohmann::json& whole);
+  // True when the loss needs reference-policy logprobs and the config does not skip them.
+  bool needs_reference() const {
+    return loss.needs_reference_logprobs() && !skip_reference_policy_logprobs;
+  }
+};
+
+// The pieces other algorithms (sft) read the same way.
+PolicyConfig read_policy_config(const nlohmann::json& whole);
+DataSource read_data_source(const nlohmann::json& data, const std::string& split, bool required);
+
+// The resolved configuration as block YAML (config.yaml in checkpoints): every scalar is written
+// in JSON form, which YAML reads back as the same value.
+std::string to_yaml(const nlohmann::ordered_json& j);
+
+}  // namespace rlh::grpo
