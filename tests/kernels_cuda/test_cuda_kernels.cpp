@@ -642,6 +642,35 @@ TEST(CudaElementwise, VectorPathsAndMultiTensorAdamW) {
     EXPECT_LE(rel_error(bdg.download(), dg), 1e-2);
     EXPECT_LE(rel_error(bdu.download(), du), 1e-2);
   }
+  {  // rope at 32 heads of 64 (16-byte path), forward and backward, and in place
+    const int64_t N = 300, H = 32, D = 64, R = 64;
+    const std::vector<float> x = randn(size_t(N * H * D), 95);
+    std::vector<int32_t> pos(N);
+    for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t((n * 17) % 4096);
+    std::vector<float> inv(R / 2);
+    for (int64_t i = 0; i < R / 2; ++i) inv[size_t(i)] = float(std::pow(500000.0, -2.0 * double(i) / double(R)));
+    DevBuf bx = upload(x, true), by(size_t(N * H * D), true), bpos(N, false), binv(R / 2, false);
+    cudaMemcpy(bpos.get(), pos.data(), N * 4, cudaMemcpyHostToDevice);
+    binv.upload(inv);
+    for (bool inverse : {false, true}) {
+      rope(DType::bf16, by.get(), H * D, bx.get(), H * D, static_cast<const int32_t*>(bpos.get()),
+           static_cast<const float*>(binv.get()), N, H, D, R, 1.0, false, inverse, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<float> y(size_t(N * H * D));
+      if (inverse)
+        kcpu::rope_bwd<float>(y.data(), H * D, x.data(), H * D, pos.data(), inv.data(), N, H, D, R, 1.0, false);
+      else
+        kcpu::rope_fwd<float>(y.data(), H * D, x.data(), H * D, pos.data(), inv.data(), N, H, D, R, 1.0, false);
+      EXPECT_LE(rel_error(by.download(), y), 1e-2) << "rope inverse=" << inverse;
+      if (!inverse) {  // in place
+        DevBuf bz = upload(x, true);
+        rope(DType::bf16, bz.get(), H * D, bz.get(), H * D, static_cast<const int32_t*>(bpos.get()),
+             static_cast<const float*>(binv.get()), N, H, D, R, 1.0, false, false, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_EQ(bz.bytes(), by.bytes());
+      }
+    }
+  }
   {  // embedding at C = 2048 and add
     const int64_t N = 100, C = 2048, V = 300;
     const std::vector<float> table = randn(size_t(V * C), 91);
