@@ -683,6 +683,356 @@ OpCase scale_case() {
   return c;
 }
 
+// ---------------------------------------------------------------------------------------------
+// MoE: router, permute / unpermute, grouped gemm
+
+// The router written out: scores, HF's group mask (masked experts compete with 0), the choice by
+// a full sort (descending, lower index first), the weights. replay: experts given.
+void router_oracle(const double* z, const double* bias, int64_t E, int64_t K, const RouterOpts& o,
+                   const int32_t* replay, double* w, int32_t* ex, double* p, double* lse) {
+  double mx = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) mx = std::max(mx, z[e]);
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += std::exp(z[e] - mx);
+  *lse = mx + std::log(sum);
+  for (int64_t e = 0; e < E; ++e)
+    p[e] = o.scoring == 0 ? std::exp(z[e] - mx) / sum : 1 / (1 + std::exp(-z[e]));
+  if (replay) {
+    std::copy(replay, replay + K, ex);
+  } else {
+    std::vector<double> sel(E);
+    for (int64_t e = 0; e < E; ++e) sel[e] = p[e] + (bias ? bias[e] : 0.0);
+    if (o.n_group > 1) {
+      const int64_t gs = E / o.n_group;
+      std::vector<double> gscore(o.n_group);
+      for (int64_t g = 0; g < o.n_group; ++g) {
+        std::vector<double> v(sel.begin() + g * gs, sel.begin() + (g + 1) * gs);
+        std::sort(v.begin(), v.end(), std::greater<double>());
+        gscore[g] = v[0] + (gs > 1 ? v[1] : 0.0);
+      }
+      std::vector<int64_t> gi(o.n_group);
+      std::iota(gi.begin(), gi.end(), 0);
+      std::stable_sort(gi.begin(), gi.end(), [&](int64_t a, int64_t b) { return gscore[a] > gscore[b]; });
+      for (int64_t r = o.topk_group; r < o.n_group; ++r)
+        for (int64_t e = gi[r] * gs; e < (gi[r] + 1) * gs; ++e) sel[e] = 0.0;
+    }
+    std::vector<int64_t> idx(E);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return sel[a] > sel[b]; });
+    for (int64_t j = 0; j < K; ++j) ex[j] = int32_t(idx[j]);
+  }
+  double s = 0;
+  for (int64_t j = 0; j < K; ++j) s += p[ex[j]];
+  const double den = o.norm_topk_prob ? (o.scoring == 1 ? s + 1e-20 : s) : 1.0;
+  for (int64_t j = 0; j < K; ++j) w[j] = p[ex[j]] / den * o.scaling_factor;
+}
+
+// Outputs: weights [N,K], probs [N,E], lse [N]; experts int32 [N,K] is ints[0]. lse enters the
+// loss (as a router z-loss does) with softmax scoring.
+OpCase router_case(const std::string& label, int64_t N, int64_t E, int64_t K, int64_t pad,
+                   RouterOpts o, bool with_bias) {
+  OpCase c;
+  const int64_t ldl = E + pad;
+  const bool softmax = o.scoring == 0;
+  c.name = "moe_router " + label + " N=" + std::to_string(N) + " E=" + std::to_string(E) +
+           " K=" + std::to_string(K) + " ldl=" + std::to_string(ldl);
+  c.in_sizes = {N * ldl};
+  c.in_grad = {true};
+  c.in_scale = {1.5};
+  if (with_bias) {  // selection only: no gradient
+    c.in_sizes.push_back(E);
+    c.in_grad.push_back(false);
+    c.in_scale.push_back(0.1);
+  }
+  c.out_sizes = {N * K, N * E, N};
+  c.out_loss = {true, true, softmax};
+  std::vector<int32_t> given(N * K, 0);
+  if (o.replay)  // distinct experts per row
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) given[n * K + k] = int32_t((n * 3 + k) % E);
+  c.ints = {IntOperand{given, {N, K}}};
+  const std::vector<int64_t> out_sizes = c.out_sizes;
+  auto fwd = [=](const auto& in, auto& out, std::vector<int32_t>& ex) {
+    using T = elem_t<decltype(in)>;
+    ex = given;
+    moe_router_fwd<T>(out[0].data(), ex.data(), out[1].data(), out[2].data(), in[0].data(), ldl,
+                      with_bias ? in[1].data() : nullptr, N, E, K, o);
+  };
+  set_fwd(c, [=](const auto& in, auto& out) {
+    std::vector<int32_t> ex;
+    fwd(in, out, ex);
+  });
+  set_bwd(c, [=](const auto& in, const auto& out, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    Bufs<T> tmp;
+    for (int64_t n : out_sizes) tmp.emplace_back(size_t(n), T(0));
+    std::vector<int32_t> ex;
+    fwd(in, tmp, ex);  // the choice the forward made
+    moe_router_bwd<T>(din[0].data(), ldl, dout[0].data(), out[1].data(), ex.data(),
+                      dout[1].data(), softmax ? dout[2].data() : nullptr, N, E, K, o);
+  });
+  auto oracle = [=](const Bufs<double>& in, Bufs<double>& out, std::vector<int32_t>& ex) {
+    ex.assign(size_t(N * K), 0);
+    for (int64_t n = 0; n < N; ++n)
+      router_oracle(in[0].data() + n * ldl, with_bias ? in[1].data() : nullptr, E, K, o,
+                    o.replay ? given.data() + n * K : nullptr, out[0].data() + n * K,
+                    ex.data() + n * K, out[1].data() + n * E, &out[2][n]);
+  };
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    std::vector<int32_t> ex;
+    oracle(in, out, ex);
+  };
+  c.ref_ints64 = [=](const Bufs<double>& in, std::vector<IntOperand>& ints) {
+    Bufs<double> tmp;
+    for (int64_t n : out_sizes) tmp.emplace_back(size_t(n), 0.0);
+    oracle(in, tmp, ints[0].values);
+  };
+  c.fwd_ints32 = [=](const Bufs<float>& in, std::vector<IntOperand>& ints) {
+    Bufs<float> tmp;
+    for (int64_t n : out_sizes) tmp.emplace_back(size_t(n), 0.f);
+    fwd(in, tmp, ints[0].values);
+  };
+  const std::vector<AbiAttr> attrs = {
+      attr_i("scoring", o.scoring),       attr_i("norm_topk_prob", o.norm_topk_prob),
+      attr_d("scaling_factor", o.scaling_factor), attr_i("replay", o.replay),
+      attr_i("n_group", o.n_group),       attr_i("topk_group", o.topk_group)};
+  c.abi_fwd.op = "moe_router_fwd";
+  c.abi_fwd.inputs = {op_in(0, strided({N, E}, {ldl, 1}))};
+  if (with_bias) c.abi_fwd.inputs.push_back(op_in(1, contiguous({E})));
+  c.abi_fwd.outputs = {op_out(0, contiguous({N, K})), op_int(0, {N, K}),
+                       op_out(1, contiguous({N, E})), op_out(2, contiguous({N}))};
+  c.abi_fwd.attrs = attrs;
+  c.abi_bwd.op = "moe_router_bwd";
+  c.abi_bwd.inputs = {op_gout(0, contiguous({N, K})), op_saved(1, contiguous({N, E})),
+                      op_int(0, {N, K}), op_gout(1, contiguous({N, E}))};
+  if (softmax) c.abi_bwd.inputs.push_back(op_gout(2, contiguous({N})));
+  c.abi_bwd.outputs = {op_gin(0, strided({N, E}, {ldl, 1}))};
+  c.abi_bwd.attrs = attrs;
+  return c;
+}
+
+// The expert-sorted rows written out: expert by expert, pairs in (n, k) order.
+void rows_literal(const std::vector<int32_t>& experts, int64_t N, int64_t K, int64_t E,
+                  std::vector<int32_t>& row, std::vector<int32_t>& offsets) {
+  row.assign(size_t(N * K), -1);
+  offsets.assign(size_t(E + 1), 0);
+  int32_t r = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    offsets[e] = r;
+    for (int64_t i = 0; i < N * K; ++i)
+      if (experts[i] == e) row[i] = r++;
+  }
+  offsets[E] = r;
+}
+
+// A fixed choice: K distinct experts per row, never expert `skip` (an expert with no rows).
+std::vector<int32_t> some_experts(int64_t N, int64_t K, int64_t E, int64_t skip) {
+  std::vector<int32_t> others;
+  for (int32_t e = 0; e < E; ++e)
+    if (e != skip) others.push_back(e);
+  const int64_t m = int64_t(others.size());
+  std::vector<int32_t> ex(N * K);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)  // descending runs from a row-dependent start
+      ex[n * K + k] = others[size_t(((n * 7 + n / 3) % m + m - k) % m)];
+  return ex;
+}
+
+OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t pad) {
+  OpCase c;
+  const int64_t ldx = C + pad;
+  const std::vector<int32_t> experts = some_experts(N, K, E, E / 2);
+  c.name = "moe_permute N=" + std::to_string(N) + " K=" + std::to_string(K) +
+           " E=" + std::to_string(E) + " C=" + std::to_string(C) + " ldx=" + std::to_string(ldx);
+  c.in_sizes = {N * ldx};
+  c.in_grad = {true};
+  c.in_scale = {1};
+  c.out_sizes = {N * K * C};
+  c.out_loss = {true};
+  c.ints = {IntOperand{experts, {N, K}}, IntOperand{std::vector<int32_t>(N * K, 0), {N, K}},
+            IntOperand{std::vector<int32_t>(E + 1, 0), {E + 1}}};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    std::vector<int32_t> row(N * K), off(E + 1);
+    moe_permute_fwd<T>(out[0].data(), C, row.data(), off.data(), in[0].data(), ldx, experts.data(),
+                       N, K, C, E);
+  });
+  set_bwd(c, [=](const auto&, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(dout)>;
+    std::vector<int32_t> row(N * K), off(E + 1);
+    moe_permute_index(row.data(), off.data(), experts.data(), N, K, E);
+    moe_permute_bwd<T>(din[0].data(), ldx, dout[0].data(), C, row.data(), N, K, C, false);
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    std::vector<int32_t> row, off;
+    rows_literal(experts, N, K, E, row, off);
+    for (int64_t i = 0; i < N * K; ++i)
+      for (int64_t j = 0; j < C; ++j) out[0][row[i] * C + j] = in[0][(i / K) * ldx + j];
+  };
+  c.ref_ints64 = [=](const Bufs<double>&, std::vector<IntOperand>& ints) {
+    rows_literal(experts, N, K, E, ints[1].values, ints[2].values);
+  };
+  c.fwd_ints32 = [=](const Bufs<float>&, std::vector<IntOperand>& ints) {
+    moe_permute_index(ints[1].values.data(), ints[2].values.data(), experts.data(), N, K, E);
+  };
+  c.abi_fwd = {"moe_permute_fwd",
+               {op_in(0, strided({N, C}, {ldx, 1})), op_int(0, {N, K})},
+               {op_out(0, contiguous({N * K, C})), op_int(1, {N, K}), op_int(2, {E + 1})},
+               {},
+               {}};
+  c.abi_bwd = {"moe_permute_bwd",
+               {op_gout(0, contiguous({N * K, C})), op_int(1, {N, K})},
+               {op_gin(0, strided({N, C}, {ldx, 1}))},
+               {},
+               {}};
+  return c;
+}
+
+// y = y0 + sum_k w yp[row] (the accumulate form); inputs yp [N*K,C], weights [N,K], y0 [N,ldy].
+OpCase unpermute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t pad) {
+  OpCase c;
+  const int64_t ldy = C + pad;
+  std::vector<int32_t> row, off;
+  rows_literal(some_experts(N, K, E, 1), N, K, E, row, off);
+  c.name = "moe_unpermute N=" + std::to_string(N) + " K=" + std::to_string(K) +
+           " C=" + std::to_string(C) + " ldy=" + std::to_string(ldy) + " accumulate";
+  c.in_sizes = {N * K * C, N * K, N * ldy};
+  c.in_grad = {true, true, true};
+  c.in_scale = {1, 0.5, 1};
+  c.out_sizes = {N * ldy};
+  c.out_loss = {true};
+  c.ints = {IntOperand{row, {N, K}}};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    out[0] = in[2];
+    moe_unpermute_fwd<T>(out[0].data(), ldy, in[0].data(), C, row.data(), in[1].data(), N, K, C,
+                         true);
+  });
+  set_bwd(c, [=](const auto& in, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    moe_unpermute_bwd<T>(din[0].data(), C, din[1].data(), dout[0].data(), ldy, in[0].data(), C,
+                         row.data(), in[1].data(), N, K, C);
+    din[2] = dout[0];  // y0 passes through
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+    out[0] = in[2];
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < C; ++j)
+          out[0][n * ldy + j] += in[1][n * K + k] * in[0][row[n * K + k] * C + j];
+  };
+  c.abi_fwd = {"moe_unpermute_fwd",
+               {op_in(0, contiguous({N * K, C})), op_int(0, {N, K}), op_in(1, contiguous({N, K}))},
+               {op_out(0, strided({N, C}, {ldy, 1}))},
+               {attr_i("accumulate", 1)},
+               {{2, 0}}};
+  c.abi_bwd = {"moe_unpermute_bwd",
+               {op_gout(0, strided({N, C}, {ldy, 1})), op_in(0, contiguous({N * K, C})),
+                op_int(0, {N, K}), op_in(1, contiguous({N, K}))},
+               {op_gin(0, contiguous({N * K, C})), op_gin(1, contiguous({N, K}))},
+               {},
+               {}};
+  return c;
+}
+
+// trans_a = false: C [T,N] = alpha A [T,K] op(B_g) + beta C0, B [G,K,N] or [G,N,K] (trans_b).
+// trans_a = true:  C_g [M,N] = alpha A_g^T B_g + beta C0_g, A [T,M], B [T,N].
+OpCase grouped_gemm_case(bool ta, bool tb, std::vector<int32_t> offsets, int64_t M, int64_t N,
+                         int64_t K, double alpha, double beta, int64_t pad) {
+  OpCase c;
+  const int64_t G = int64_t(offsets.size()) - 1, T = offsets.back();
+  c.name = "grouped_gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+           " G=" + std::to_string(G) + " T=" + std::to_string(T) + " M=" + std::to_string(M) +
+           " N=" + std::to_string(N) + " K=" + std::to_string(K) + " alpha=" +
+           std::to_string(alpha) + " beta=" + std::to_string(beta) + " pad=" + std::to_string(pad);
+  c.ints = {IntOperand{offsets, {G + 1}}};
+  const std::vector<int32_t> o = offsets;
+  c.in_grad = {true, true, true};
+  c.in_scale = {1, 1, 1};
+  c.out_loss = {true};
+  if (!ta) {
+    const int64_t lda = K + pad, ldb = tb ? K : N;
+    c.in_sizes = {T * lda, G * K * N, T * N};
+    c.out_sizes = {T * N};
+    set_fwd(c, [=](const auto& in, auto& out) {
+      using F = elem_t<decltype(in)>;
+      out[0] = in[2];
+      grouped_gemm<F>(false, tb, G, o.data(), T, N, K, F(alpha), in[0].data(), lda, in[1].data(),
+                      ldb, K * N, F(beta), out[0].data(), N, 0);
+    });
+    set_bwd(c, [=](const auto& in, const auto&, const auto& dout, auto& din) {
+      using F = elem_t<decltype(in)>;
+      const F* dC = dout[0].data();
+      // dA = alpha dC op(B_g)^T;  d op(B_g) = alpha A_g^T dC_g
+      if (!tb) {
+        grouped_gemm<F>(false, true, G, o.data(), T, K, N, F(alpha), dC, N, in[1].data(), N,
+                        K * N, F(0), din[0].data(), lda, 0);
+        grouped_gemm<F>(true, false, G, o.data(), K, N, 0, F(alpha), in[0].data(), lda, dC, N, 0,
+                        F(0), din[1].data(), N, K * N);
+      } else {
+        grouped_gemm<F>(false, false, G, o.data(), T, K, N, F(alpha), dC, N, in[1].data(), K,
+                        K * N, F(0), din[0].data(), lda, 0);
+        grouped_gemm<F>(true, false, G, o.data(), N, K, 0, F(alpha), dC, N, in[0].data(), lda, 0,
+                        F(0), din[1].data(), K, K * N);
+      }
+      for (int64_t i = 0; i < T * N; ++i) din[2][i] = F(beta) * dC[i];
+    });
+    c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = o[g]; r < o[g + 1]; ++r)
+          for (int64_t j = 0; j < N; ++j) {
+            double acc = 0;
+            for (int64_t p = 0; p < K; ++p)
+              acc += in[0][r * lda + p] *
+                     (tb ? in[1][g * K * N + j * K + p] : in[1][g * K * N + p * N + j]);
+            out[0][r * N + j] = alpha * acc + beta * in[2][r * N + j];
+          }
+    };
+    c.abi_fwd.inputs = {op_in(0, strided({T, K}, {lda, 1})),
+                        op_in(1, contiguous(tb ? std::vector<int64_t>{G, N, K}
+                                               : std::vector<int64_t>{G, K, N})),
+                        op_int(0, {G + 1})};
+    c.abi_fwd.outputs = {op_out(0, contiguous({T, N}))};
+  } else {
+    const int64_t lda = M + pad;
+    c.in_sizes = {T * lda, T * N, G * M * N};
+    c.out_sizes = {G * M * N};
+    set_fwd(c, [=](const auto& in, auto& out) {
+      using F = elem_t<decltype(in)>;
+      out[0] = in[2];
+      grouped_gemm<F>(true, false, G, o.data(), M, N, 0, F(alpha), in[0].data(), lda,
+                      in[1].data(), N, 0, F(beta), out[0].data(), N, M * N);
+    });
+    set_bwd(c, [=](const auto& in, const auto&, const auto& dout, auto& din) {
+      using F = elem_t<decltype(in)>;
+      const F* dC = dout[0].data();
+      // dA_g = alpha B_g dC_g^T, dB_g = alpha A_g dC_g: row-grouped, dC_g as the group matrix
+      grouped_gemm<F>(false, true, G, o.data(), T, M, N, F(alpha), in[1].data(), N, dC, N, M * N,
+                      F(0), din[0].data(), lda, 0);
+      grouped_gemm<F>(false, false, G, o.data(), T, N, M, F(alpha), in[0].data(), lda, dC, N,
+                      M * N, F(0), din[1].data(), N, 0);
+      for (int64_t i = 0; i < G * M * N; ++i) din[2][i] = F(beta) * dC[i];
+    });
+    c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double acc = 0;
+            for (int64_t r = o[g]; r < o[g + 1]; ++r) acc += in[0][r * lda + i] * in[1][r * N + j];
+            out[0][g * M * N + i * N + j] = alpha * acc + beta * in[2][g * M * N + i * N + j];
+          }
+    };
+    c.abi_fwd.inputs = {op_in(0, strided({T, M}, {lda, 1})), op_in(1, contiguous({T, N})),
+                        op_int(0, {G + 1})};
+    c.abi_fwd.outputs = {op_out(0, contiguous({G, M, N}))};
+  }
+  c.abi_fwd.op = "grouped_gemm";
+  c.abi_fwd.attrs = {attr_i("transpose_a", ta), attr_i("transpose_b", tb), attr_d("alpha", alpha),
+                     attr_d("beta", beta)};
+  c.abi_fwd.init_outputs = {{2, 0}};
+  return c;
+}
+
 }  // namespace
 
 std::vector<OpCase> all_op_cases() {
@@ -734,6 +1084,31 @@ std::vector<OpCase> all_op_cases() {
   o.temperature = 4.0;  // flat: the top-p cut lies beyond the first slices of candidates
   o.top_p = 0.95;
   v.push_back(logprob_case("top_p wide", 9, 12, 600, o, true));
+  RouterOpts ro;  // Qwen2-MoE: softmax, no renormalisation
+  v.push_back(router_case("softmax", 11, 8, 2, 3, ro, false));
+  ro.norm_topk_prob = true;  // Mixtral, Qwen3-MoE
+  v.push_back(router_case("softmax norm", 9, 6, 3, 0, ro, false));
+  v.push_back(router_case("softmax norm threads", 700, 16, 4, 0, ro, false));
+  ro.replay = true;  // routing replay: the experts are given
+  v.push_back(router_case("softmax norm replay", 7, 8, 2, 1, ro, false));
+  ro = RouterOpts{};  // DeepSeek-V3: sigmoid, selection bias, group-limited, scaled
+  ro.scoring = 1;
+  ro.norm_topk_prob = true;
+  ro.scaling_factor = 2.5;
+  ro.n_group = 4;
+  ro.topk_group = 2;
+  v.push_back(router_case("sigmoid groups bias", 9, 8, 3, 2, ro, true));
+  ro = RouterOpts{};  // one expert, sigmoid: Qwen2-MoE's shared-expert gate
+  ro.scoring = 1;
+  v.push_back(router_case("sigmoid gate", 13, 1, 1, 0, ro, false));
+  v.push_back(permute_case(7, 2, 5, 6, 3));
+  v.push_back(permute_case(300, 4, 9, 64, 0));  // threaded
+  v.push_back(unpermute_case(7, 2, 5, 6, 2));
+  v.push_back(unpermute_case(300, 4, 9, 64, 0));
+  v.push_back(grouped_gemm_case(false, true, {0, 5, 5, 17, 30}, 0, 9, 12, 1.0, 0.0, 3));
+  v.push_back(grouped_gemm_case(false, false, {0, 0, 70, 150}, 0, 33, 20, 0.5, 1.0, 0));
+  v.push_back(grouped_gemm_case(true, false, {0, 9, 9, 40}, 13, 7, 0, 1.0, 0.5, 2));
+  v.push_back(grouped_gemm_case(true, false, {0, 100, 130}, 70, 11, 0, 1.0, 0.0, 0));
   v.push_back(adamw_case(1000, false));
   v.push_back(adamw_case(200003, true));
   v.push_back(sumsq_case());

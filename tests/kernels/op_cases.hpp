@@ -82,6 +82,15 @@ struct OpCase {
   // The oracle: outputs that are in the loss (others left as is).
   std::function<void(const Bufs<double>&, Bufs<double>&)> ref64;
 
+  // Integer outputs (MoE: chosen experts, permutation rows, group offsets) are entries of `ints`
+  // that the ABI forward lists among its outputs (kind ints); those entries hold the values
+  // before the call (read by in/out operands, e.g. replayed experts). fwd_ints32 computes them
+  // with kernels_cpu from the inputs fwd32 gets, ref_ints64 with the oracle; the conformance
+  // test compares a provider's exactly, and its backward call reads the reference's. Cases
+  // without integer outputs leave both empty. fwd32/bwd32 never need them: they recompute.
+  std::function<void(const Bufs<float>&, std::vector<IntOperand>&)> fwd_ints32;
+  std::function<void(const Bufs<double>&, std::vector<IntOperand>&)> ref_ints64;
+
   double fwd_tol = 2e-6;  // float kernel vs oracle, max|err| / max|ref| per output
   double bwd_tol = 2e-5;  // float backward vs double backward
   double fd_tol = 1e-6;   // double backward vs finite differences

@@ -103,6 +103,13 @@ TEST_P(OpCaseTest, ForwardMatchesOracleAndBackwardMatchesFiniteDifferences) {
     EXPECT_LE(rel_error(out32[o], ref[o]), c.fwd_tol) << "float forward, output " << o;
   }
 
+  if (c.fwd_ints32) {  // integer outputs (MoE choices, permutation rows): exactly the oracle's
+    std::vector<IntOperand> got = c.ints, want = c.ints;
+    c.fwd_ints32(in32, got);
+    c.ref_ints64(in64, want);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].values, want[i].values) << "ints " << i;
+  }
+
   const bool has_grad = std::find(c.in_grad.begin(), c.in_grad.end(), true) != c.in_grad.end();
   if (!has_grad) return;
   std::mt19937 rng(7 + uint32_t(GetParam()));
@@ -255,6 +262,56 @@ TEST(KernelsCpu, ExpIsAccurateOverTheFloatRange) {
   EXPECT_TRUE(std::isinf(exp_f(100.f)));
   EXPECT_TRUE(std::isnan(exp_f(NAN)));
   EXPECT_EQ(exp_f(0.f), 1.f);
+}
+
+// MoE kernels: what the random cases cannot reach (ties, refusals).
+TEST(KernelsCpu, MoeRouterTiesAndRefusals) {
+  // Equal scores: the lower expert index wins, in descending order of score.
+  const std::vector<float> z = {0.5f, 2.f, 0.5f, 2.f, 0.5f};  // one token, E = 5
+  std::vector<float> w(3), p(5), lse(1);
+  std::vector<int32_t> ex(3);
+  moe_router_fwd<float>(w.data(), ex.data(), p.data(), lse.data(), z.data(), 5, nullptr, 1, 5, 3,
+                        RouterOpts{});
+  EXPECT_EQ(ex, (std::vector<int32_t>{1, 3, 0}));
+  // Replay reads the experts; a repeat or an index outside [0, E) is refused.
+  RouterOpts replay;
+  replay.replay = true;
+  ex = {4, 2, 0};
+  moe_router_fwd<float>(w.data(), ex.data(), p.data(), lse.data(), z.data(), 5, nullptr, 1, 5, 3,
+                        replay);
+  EXPECT_EQ(ex, (std::vector<int32_t>{4, 2, 0}));
+  EXPECT_FLOAT_EQ(w[0], p[4]);
+  ex = {4, 2, 4};
+  EXPECT_THROW(moe_router_fwd<float>(w.data(), ex.data(), p.data(), lse.data(), z.data(), 5,
+                                     nullptr, 1, 5, 3, replay),
+               std::invalid_argument);
+  ex = {4, 2, 5};
+  EXPECT_THROW(moe_router_fwd<float>(w.data(), ex.data(), p.data(), lse.data(), z.data(), 5,
+                                     nullptr, 1, 5, 3, replay),
+               std::invalid_argument);
+  // The gradient of lse exists for softmax scores only.
+  RouterOpts sig;
+  sig.scoring = 1;
+  std::vector<float> dz(5), dw(3, 1.f), dlse(1, 1.f);
+  ex = {1, 3, 0};
+  EXPECT_THROW(moe_router_bwd<float>(dz.data(), 5, dw.data(), p.data(), ex.data(), nullptr,
+                                     dlse.data(), 1, 5, 3, sig),
+               std::invalid_argument);
+}
+
+TEST(KernelsCpu, MoePermuteRefusals) {
+  std::vector<int32_t> experts = {0, 2, 1, 3}, row(4), off(4);
+  EXPECT_THROW(moe_permute_index(row.data(), off.data(), experts.data(), 2, 2, 3),
+               std::invalid_argument);  // expert 3 of 3
+  std::vector<float> y(2 * 3), yp(4 * 3, 1.f), w(4, 1.f);
+  std::vector<int32_t> not_perm = {0, 1, 1, 3};
+  EXPECT_THROW(moe_unpermute_fwd<float>(y.data(), 3, yp.data(), 3, not_perm.data(), w.data(), 2, 2,
+                                        3, false),
+               std::invalid_argument);
+  std::vector<int32_t> bad_off = {0, 3, 2};
+  EXPECT_THROW(grouped_gemm<float>(false, true, 2, bad_off.data(), 2, 3, 3, 1.f, yp.data(), 3,
+                                   yp.data(), 3, 9, 0.f, y.data(), 3, 0),
+               std::invalid_argument);
 }
 
 TEST(KernelsCpu, InvalidArgumentsThrow) {

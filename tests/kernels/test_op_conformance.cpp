@@ -75,6 +75,7 @@ Providers& providers() {
 
 struct CaseData {
   Bufs<float> in, out, din, dout, saved;
+  std::vector<IntOperand> ints;  // integer operands of the call (outputs are written here)
 };
 
 struct TensorStore {
@@ -106,8 +107,7 @@ rlh_tensor operand(const OpCase& c, CaseData& d, const AbiOperand& o, TensorStor
     case AbiOperand::grad_input: return ts.make(d.din[size_t(o.index)].data(), sdk::kF32, o.layout);
     case AbiOperand::grad_output: return ts.make(d.dout[size_t(o.index)].data(), sdk::kF32, o.layout);
     case AbiOperand::saved: return ts.make(d.saved[size_t(o.index)].data(), sdk::kF32, o.layout);
-    case AbiOperand::ints:
-      return ts.make(const_cast<int32_t*>(c.ints[size_t(o.index)].values.data()), sdk::kI32, o.layout);
+    case AbiOperand::ints: return ts.make(d.ints[size_t(o.index)].values.data(), sdk::kI32, o.layout);
     case AbiOperand::f32_const:
       return ts.make(const_cast<float*>(c.f32_consts[size_t(o.index)].data()), sdk::kF32, o.layout);
   }
@@ -211,10 +211,13 @@ TEST(OpConformance, EveryProviderEveryOp) {
         }
         d.in.push_back(std::move(v));
       }
-      // Reference forward (kernels_cpu called directly).
+      // Reference forward (kernels_cpu called directly), integer outputs included.
       Bufs<float> ref = zeros(c.out_sizes);
       c.fwd32(d.in, ref);
+      std::vector<IntOperand> ref_ints = c.ints;
+      if (c.fwd_ints32) c.fwd_ints32(d.in, ref_ints);
       // Provider forward through the ABI.
+      d.ints = c.ints;
       d.out = zeros(c.out_sizes);
       for (auto [from, to] : c.abi_fwd.init_outputs) d.out[size_t(to)] = d.in[size_t(from)];
       if (!run_abi(reg, p.name, c, c.abi_fwd, d)) {
@@ -222,13 +225,20 @@ TEST(OpConformance, EveryProviderEveryOp) {
         continue;
       }
       ++ran;
-      for (const AbiOperand& o : c.abi_fwd.outputs)
+      for (const AbiOperand& o : c.abi_fwd.outputs) {
+        if (o.kind == AbiOperand::ints) {  // chosen experts, rows, offsets: exactly
+          EXPECT_EQ(d.ints[size_t(o.index)].values, ref_ints[size_t(o.index)].values)
+              << c.abi_fwd.op << " integer output " << o.index;
+          continue;
+        }
         EXPECT_LE(rel_error(d.out[size_t(o.index)], ref[size_t(o.index)]), tolerance(p.name))
             << c.abi_fwd.op << " output " << o.index;
+      }
 
       if (c.abi_bwd.op.empty()) continue;
-      // Backward: the same saved tensors and output gradients for both sides.
+      // Backward: the same saved tensors, integer outputs and output gradients for both sides.
       d.saved = ref;
+      d.ints = ref_ints;
       d.dout = zeros(c.out_sizes);
       for (size_t o = 0; o < d.dout.size(); ++o)
         if (c.out_loss[o])

@@ -389,6 +389,187 @@ void run_linear_logprob_bwd(const Call& c) {
                         K, logprob_opts(c), c.flag("accumulate"), c.scratch);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts
+
+RouterOpts router_opts(const Call& c) {
+  RouterOpts o;
+  o.scoring = int(c.integer("scoring", 0));
+  o.norm_topk_prob = c.flag("norm_topk_prob");
+  o.scaling_factor = c.num("scaling_factor", 1);
+  o.replay = c.flag("replay");
+  o.n_group = c.integer("n_group", 1);
+  o.topk_group = c.integer("topk_group", 1);
+  return o;
+}
+
+// logits [N, E] (rows may be strided), weights [N, K], experts int32 [N, K] (read with replay),
+// probs [N, E], lse [N] (optional); bias [E] (optional input).
+template <class T>
+void run_moe_router_fwd(const Call& c) {
+  const rlh_tensor& z = c.in(0);
+  if (z.ndim != 2) bad("moe_router_fwd: logits must be [N, E]");
+  const int64_t N = z.shape[0], E = z.shape[1];
+  const int64_t ldl = need_rows(z, N, E, "moe_router_fwd logits");
+  const rlh_tensor& w = c.out(0);
+  if (w.ndim != 2 || w.shape[0] != N) bad("moe_router_fwd: weights must be [N, K]");
+  const int64_t K = w.shape[1];
+  need_vec(w, N * K, "moe_router_fwd weights");
+  need_vec(c.out(1), N * K, "moe_router_fwd experts");
+  need_vec(c.out(2), N * E, "moe_router_fwd probs");
+  T* lse = nullptr;
+  if (c.has_out(3)) {
+    need_vec(c.out(3), N, "moe_router_fwd lse");
+    lse = data<T>(c.out(3));
+  }
+  const T* bias = nullptr;
+  if (c.has_in(1)) {
+    need_vec(c.in(1), E, "moe_router_fwd bias");
+    bias = data<T>(c.in(1));
+  }
+  moe_router_fwd<T>(data<T>(w), data<int32_t>(c.out(1)), data<T>(c.out(2)), lse, data<T>(z), ldl,
+                    bias, N, E, K, router_opts(c));
+}
+
+// dweights [N, K], probs [N, E], experts int32 [N, K], dprobs [N, E] (optional), dlse [N]
+// (optional) -> dlogits [N, E] (rows may be strided).
+template <class T>
+void run_moe_router_bwd(const Call& c) {
+  const rlh_tensor& p = c.in(1);
+  if (p.ndim != 2 || c.in(0).ndim != 2) bad("moe_router_bwd: probs must be [N, E], dweights [N, K]");
+  const int64_t N = p.shape[0], E = p.shape[1], K = c.in(0).shape[1];
+  need_vec(c.in(0), N * K, "moe_router_bwd dweights");
+  need_vec(p, N * E, "moe_router_bwd probs");
+  need_vec(c.in(2), N * K, "moe_router_bwd experts");
+  const T* dprobs = nullptr;
+  const T* dlse = nullptr;
+  if (c.has_in(3)) {
+    need_vec(c.in(3), N * E, "moe_router_bwd dprobs");
+    dprobs = data<T>(c.in(3));
+  }
+  if (c.has_in(4)) {
+    need_vec(c.in(4), N, "moe_router_bwd dlse");
+    dlse = data<T>(c.in(4));
+  }
+  const int64_t lddl = need_rows(c.out(0), N, E, "moe_router_bwd dlogits");
+  moe_router_bwd<T>(data<T>(c.out(0)), lddl, data<T>(c.in(0)), data<T>(p),
+                    data<int32_t>(c.in(2)), dprobs, dlse, N, E, K, router_opts(c));
+}
+
+// x [N, C], experts int32 [N, K] -> xp [N*K, C], row int32 [N, K], offsets int32 [E+1]
+template <class T>
+void run_moe_permute_fwd(const Call& c) {
+  const rlh_tensor& x = c.in(0);
+  if (x.ndim != 2 || c.in(1).ndim != 2) bad("moe_permute_fwd: x must be [N, C], experts [N, K]");
+  const int64_t N = x.shape[0], C = x.shape[1], K = c.in(1).shape[1];
+  const int64_t E = numel(c.out(2)) - 1;
+  if (E < 1) bad("moe_permute_fwd: offsets must be [E+1], E >= 1");
+  const int64_t ldx = need_rows(x, N, C, "moe_permute_fwd x");
+  need_vec(c.in(1), N * K, "moe_permute_fwd experts");
+  const int64_t ldxp = need_rows(c.out(0), N * K, C, "moe_permute_fwd xp");
+  need_vec(c.out(1), N * K, "moe_permute_fwd row");
+  need_vec(c.out(2), E + 1, "moe_permute_fwd offsets");
+  moe_permute_fwd<T>(data<T>(c.out(0)), ldxp, data<int32_t>(c.out(1)), data<int32_t>(c.out(2)),
+                     data<T>(x), ldx, data<int32_t>(c.in(1)), N, K, C, E);
+}
+
+// dxp [N*K, C], row int32 [N, K] -> dx [N, C]
+template <class T>
+void run_moe_permute_bwd(const Call& c) {
+  const rlh_tensor& dx = c.out(0);
+  if (dx.ndim != 2 || c.in(1).ndim != 2) bad("moe_permute_bwd: dx must be [N, C], row [N, K]");
+  const int64_t N = dx.shape[0], C = dx.shape[1], K = c.in(1).shape[1];
+  const int64_t lddxp = need_rows(c.in(0), N * K, C, "moe_permute_bwd dxp");
+  need_vec(c.in(1), N * K, "moe_permute_bwd row");
+  const int64_t lddx = need_rows(dx, N, C, "moe_permute_bwd dx");
+  moe_permute_bwd<T>(data<T>(dx), lddx, data<T>(c.in(0)), lddxp, data<int32_t>(c.in(1)), N, K, C,
+                     c.flag("accumulate"));
+}
+
+// yp [N*K, C], row int32 [N, K], weights [N, K] -> y [N, C]
+template <class T>
+void run_moe_unpermute_fwd(const Call& c) {
+  const rlh_tensor& y = c.out(0);
+  if (y.ndim != 2 || c.in(1).ndim != 2) bad("moe_unpermute_fwd: y must be [N, C], row [N, K]");
+  const int64_t N = y.shape[0], C = y.shape[1], K = c.in(1).shape[1];
+  const int64_t ldyp = need_rows(c.in(0), N * K, C, "moe_unpermute_fwd yp");
+  need_vec(c.in(1), N * K, "moe_unpermute_fwd row");
+  need_vec(c.in(2), N * K, "moe_unpermute_fwd weights");
+  const int64_t ldy = need_rows(y, N, C, "moe_unpermute_fwd y");
+  moe_unpermute_fwd<T>(data<T>(y), ldy, data<T>(c.in(0)), ldyp, data<int32_t>(c.in(1)),
+                       data<T>(c.in(2)), N, K, C, c.flag("accumulate"));
+}
+
+// dy [N, C], yp [N*K, C], row int32 [N, K], weights [N, K] -> dyp [N*K, C], dweights [N, K]
+// (optional)
+template <class T>
+void run_moe_unpermute_bwd(const Call& c) {
+  const rlh_tensor& dy = c.in(0);
+  if (dy.ndim != 2 || c.in(2).ndim != 2) bad("moe_unpermute_bwd: dy must be [N, C], row [N, K]");
+  const int64_t N = dy.shape[0], C = dy.shape[1], K = c.in(2).shape[1];
+  const int64_t lddy = need_rows(dy, N, C, "moe_unpermute_bwd dy");
+  const int64_t ldyp = need_rows(c.in(1), N * K, C, "moe_unpermute_bwd yp");
+  need_vec(c.in(2), N * K, "moe_unpermute_bwd row");
+  need_vec(c.in(3), N * K, "moe_unpermute_bwd weights");
+  const int64_t lddyp = need_rows(c.out(0), N * K, C, "moe_unpermute_bwd dyp");
+  T* dw = nullptr;
+  if (c.has_out(1)) {
+    need_vec(c.out(1), N * K, "moe_unpermute_bwd dweights");
+    dw = data<T>(c.out(1));
+  }
+  moe_unpermute_bwd<T>(data<T>(c.out(0)), lddyp, dw, data<T>(dy), lddy, data<T>(c.in(1)), ldyp,
+                       data<int32_t>(c.in(2)), data<T>(c.in(3)), N, K, C);
+}
+
+// A, B, offsets int32 [G+1] -> C. transpose_a = 0: A [T, K], B [G, K, N] ([G, N, K] with
+// transpose_b), C [T, N]. transpose_a = 1: A [T, M], B [T, N], C [G, M, N]. The group axis of a
+// 3-D operand may have any stride; rows any stride >= the row; last dimension contiguous.
+template <class T>
+void run_grouped_gemm(const Call& c) {
+  const bool ta = c.flag("transpose_a"), tb = c.flag("transpose_b");
+  const T alpha = T(c.num("alpha", 1)), beta = T(c.num("beta", 0));
+  const rlh_tensor &A = c.in(0), &B = c.in(1), &Cm = c.out(0);
+  const int64_t G = numel(c.in(2)) - 1;
+  if (G < 1) bad("grouped_gemm: offsets must be [G+1], G >= 1");
+  need_vec(c.in(2), G + 1, "grouped_gemm offsets");
+  const int32_t* off = data<int32_t>(c.in(2));
+  if (A.ndim != 2) bad("grouped_gemm: A must be 2-D");
+  const int64_t T_rows = A.shape[0];
+  if (off[G] != T_rows) bad("grouped_gemm: offsets[G] must equal A's rows");
+  auto mat3 = [&](const rlh_tensor& t, int64_t rows, int64_t cols, const char* what,
+                  int64_t* ld) -> int64_t {
+    if (t.ndim != 3 || t.shape[0] != G || t.shape[1] != rows || t.shape[2] != cols)
+      bad(std::string(what) + ": expected shape [" + std::to_string(G) + ", " +
+          std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    if (cols > 1 && t.strides[2] != 1) bad(std::string(what) + ": last dimension must be contiguous");
+    if (rows > 1 && t.strides[1] < cols) bad(std::string(what) + ": rows overlap");
+    *ld = rows > 1 ? t.strides[1] : cols;
+    return G > 1 ? t.strides[0] : rows * *ld;
+  };
+  if (!ta) {
+    const int64_t K = A.shape[1];
+    if (B.ndim != 3) bad("grouped_gemm: B must be [G, K, N] or [G, N, K]");
+    const int64_t N = tb ? B.shape[1] : B.shape[2];
+    const int64_t lda = need_rows(A, T_rows, K, "grouped_gemm A");
+    int64_t ldb = 0;
+    const int64_t sb = tb ? mat3(B, N, K, "grouped_gemm B", &ldb) : mat3(B, K, N, "grouped_gemm B", &ldb);
+    const int64_t ldc = need_rows(Cm, T_rows, N, "grouped_gemm C");
+    grouped_gemm<T>(false, tb, G, off, T_rows, N, K, alpha, data<T>(A), lda, data<T>(B), ldb, sb,
+                    beta, data<T>(Cm), ldc, 0);
+  } else {
+    if (tb) bad("grouped_gemm: transpose_b with transpose_a is not offered");
+    const int64_t M = A.shape[1];
+    if (B.ndim != 2 || B.shape[0] != T_rows) bad("grouped_gemm: B must be [T, N] with transpose_a");
+    const int64_t N = B.shape[1];
+    const int64_t lda = need_rows(A, T_rows, M, "grouped_gemm A");
+    const int64_t ldb = need_rows(B, T_rows, N, "grouped_gemm B");
+    int64_t ldc = 0;
+    const int64_t sc = mat3(Cm, M, N, "grouped_gemm C", &ldc);
+    grouped_gemm<T>(true, false, G, off, M, N, T_rows, alpha, data<T>(A), lda, data<T>(B), ldb, 0,
+                    beta, data<T>(Cm), ldc, sc);
+  }
+}
+
 template <class T>
 void run_adamw(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
@@ -465,6 +646,13 @@ const OpSpec kOps[] = {
     RLH_OP(add_fwd, "ff", 2, "f", 1, "", true),
     RLH_OP(linear_logprob_fwd, "ffi", 3, "fff", 2, "linear_logprob_bwd", true),
     RLH_OP(linear_logprob_bwd, "ffiffff", 4, "ff", 2, "", true),
+    RLH_OP(moe_router_fwd, "ff", 1, "fiff", 3, "moe_router_bwd", true),
+    RLH_OP(moe_router_bwd, "ffiff", 3, "f", 1, "", true),
+    RLH_OP(moe_permute_fwd, "fi", 2, "fii", 3, "moe_permute_bwd", true),
+    RLH_OP(moe_permute_bwd, "fi", 2, "f", 1, "", true),
+    RLH_OP(moe_unpermute_fwd, "fif", 3, "f", 1, "moe_unpermute_bwd", true),
+    RLH_OP(moe_unpermute_bwd, "ffif", 4, "ff", 1, "", true),
+    RLH_OP(grouped_gemm, "ffi", 3, "f", 1, "grouped_gemm", true),
     RLH_OP(adamw, "", 0, "ffff", 4, "", false),
     RLH_OP(sumsq, "f", 1, "f", 1, "", false),
     RLH_OP(scale, "", 0, "f", 1, "", false),

@@ -166,6 +166,68 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlogprob, const T* dentropy, cons
                         bool accumulate, const Scratch& scratch);
 
 // ---------------------------------------------------------------------------------------------
+// Mixture of experts (router.cpp, moe_permute.cpp, grouped_gemm.cpp; docs/ops.md)
+//
+// moe_router: scores, top-k choice and routing weights from router logits [N,E] (rows ldl apart)
+//   scoring 0: p = softmax(z) (lse [N] = logsumexp, optional); scoring 1: p = sigmoid(z)
+//   experts [N,K]: the top-k of p + bias (bias [E] optional, selection only), descending, ties to
+//     the lower index; n_group > 1 limits the choice to the topk_group best groups (DeepSeek-V3).
+//     replay: experts are read (an earlier pass's choice), not chosen.
+//   weights [N,K] = p[experts], renormalised to sum 1 with norm_topk_prob, times scaling_factor.
+//   bwd: dlogits [N,E] (rows lddl apart, written) from dweights [N,K], plus dprobs [N,E] (optional:
+//     a loss on p, e.g. load balancing) and dlse [N] (optional, softmax only: a loss on lse, the
+//     router z-loss).
+struct RouterOpts {
+  int scoring = 0;  // 0 softmax, 1 sigmoid
+  bool norm_topk_prob = false;
+  double scaling_factor = 1.0;
+  bool replay = false;
+  int64_t n_group = 1, topk_group = 1;
+};
+template <class T>
+void moe_router_fwd(T* weights, int32_t* experts, T* probs, T* lse, const T* logits, int64_t ldl,
+                    const T* bias, int64_t N, int64_t E, int64_t K, const RouterOpts& opts);
+template <class T>
+void moe_router_bwd(T* dlogits, int64_t lddl, const T* dweights, const T* probs,
+                    const int32_t* experts, const T* dprobs, const T* dlse, int64_t N, int64_t E,
+                    int64_t K, const RouterOpts& opts);
+
+// moe_permute: the N*K (token, choice) pairs in expert order (dropless). row [N,K] is the
+//   permuted row of each pair; expert e owns rows offsets[e] .. offsets[e+1]-1 ([E+1]), its
+//   pairs in (n, k) order. fwd: xp[row[n,k]] = x[n]  (xp [N*K,C], x [N,C]).
+//   bwd: dx[n] (+)= sum_k dxp[row[n,k]]  (written, or added with accumulate).
+// moe_permute_index computes row and offsets alone.
+void moe_permute_index(int32_t* row, int32_t* offsets, const int32_t* experts, int64_t N,
+                       int64_t K, int64_t E);
+template <class T>
+void moe_permute_fwd(T* xp, int64_t ldxp, int32_t* row, int32_t* offsets, const T* x, int64_t ldx,
+                     const int32_t* experts, int64_t N, int64_t K, int64_t C, int64_t E);
+template <class T>
+void moe_permute_bwd(T* dx, int64_t lddx, const T* dxp, int64_t lddxp, const int32_t* row,
+                     int64_t N, int64_t K, int64_t C, bool accumulate);
+// moe_unpermute: the weighted combine y[n] (+)= sum_k weights[n,k] yp[row[n,k]].
+//   bwd: dyp[row[n,k]] = weights[n,k] dy[n] (written); dweights[n,k] = <dy[n], yp[row[n,k]]>
+//   (written; may be null). row must be a permutation of 0..N*K-1.
+template <class T>
+void moe_unpermute_fwd(T* y, int64_t ldy, const T* yp, int64_t ldyp, const int32_t* row,
+                       const T* weights, int64_t N, int64_t K, int64_t C, bool accumulate);
+template <class T>
+void moe_unpermute_bwd(T* dyp, int64_t lddyp, T* dweights, const T* dy, int64_t lddy,
+                       const T* yp, int64_t ldyp, const int32_t* row, const T* weights, int64_t N,
+                       int64_t K, int64_t C);
+
+// grouped_gemm over G groups of consecutive rows (offsets [G+1], offsets[0] = 0):
+//   trans_a = false: C[r] = alpha A[r] op(B_g) + beta C[r] for rows r of group g;
+//     A [T,K] (lda), B_g = B + g stride_b ([K,N], or [N,K] with trans_b; ldb), C [T,N] (ldc),
+//     T = offsets[G]; M is unused.
+//   trans_a = true (weight gradients): C_g = alpha A_g^T B_g + beta C_g, A [T,M], B [T,N] (rows of
+//     group g), C_g = C + g stride_c [M,N]; K is unused and trans_b must be false.
+template <class T>
+void grouped_gemm(bool trans_a, bool trans_b, int64_t G, const int32_t* offsets, int64_t M,
+                  int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c);
+
+// ---------------------------------------------------------------------------------------------
 // Optimizer (float only)
 //   adamw: decoupled weight decay (torch.optim.AdamW), step >= 1 for the bias correction:
 //     g' = g * grad_scale;  p -= lr * wd * p;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2
