@@ -203,42 +203,73 @@ Generator::~Generator() {
 
 namespace {
 
-struct RefitCtx {
-  const rlh_generator_api* api;
-  rlh_generator* gen;
-  int64_t version;
-  size_t count = 0;
-};
-
-rlh_status* refit_one(void* user, const char* hf_name, const rlh_tensor* weight) {
-  auto* ctx = static_cast<RefitCtx*>(user);
-  rlh_named_tensor nt{};
-  nt.name = hf_name;
-  nt.tensor = *weight;
-  rlh_weight_update u{};
-  u.struct_size = RLH_STRUCT_SIZE(rlh_weight_update, reserved0);
-  u.version = ctx->version;
-  u.weights = &nt;
-  u.num_weights = 1;
-  u.may_alias = 1;
-  ++ctx->count;
-  return ctx->api->update_weights(ctx->gen, &u);
+// Copies every visited weight into the staging area (views are valid during the callback only).
+rlh_status* stage_weight(void* user, const char* hf_name, const rlh_tensor* w) {
+  auto* staged = static_cast<std::vector<Generator::StagedWeight>*>(user);
+  if (w->device.device_type != RLH_DEVICE_CPU || w->dtype.lanes != 1 || w->dtype.bits % 8 != 0)
+    return sdk::make_local_status(RLH_E_UNIMPLEMENTED,
+                                  std::string("refit: weight '") + hf_name + "' is not a host tensor of a scalar dtype");
+  Generator::StagedWeight sw;
+  sw.name = hf_name;
+  sw.dtype = w->dtype;
+  int64_t n = 1;
+  for (int d = 0; d < w->ndim; ++d) {
+    sw.shape.push_back(w->shape[d]);
+    n *= w->shape[d];
+  }
+  const size_t esize = w->dtype.bits / 8;
+  sw.bytes.resize(static_cast<size_t>(n) * esize);
+  // Row-major contiguous copy honouring the view's strides.
+  const char* base = static_cast<const char*>(w->data) + w->byte_offset;
+  std::vector<int64_t> idx(static_cast<size_t>(w->ndim), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < w->ndim; ++d) off += idx[static_cast<size_t>(d)] * (w->strides ? w->strides[d] : 1);
+    std::memcpy(sw.bytes.data() + static_cast<size_t>(i) * esize, base + off * static_cast<int64_t>(esize), esize);
+    for (int d = w->ndim - 1; d >= 0; --d) {
+      if (++idx[static_cast<size_t>(d)] < w->shape[d]) break;
+      idx[static_cast<size_t>(d)] = 0;
+    }
+  }
+  staged->push_back(std::move(sw));
+  return nullptr;
 }
 
 }  // namespace
 
 void Generator::refit_from(Backend& backend, rlh_model* model) {
-  // The version is known only after the visit; the backend reports weights' version as the
-  // number of train steps taken, which is what the generator gets stamped with.
-  int64_t probe_version = -1;
-  auto noop = [](void*, const char*, const rlh_tensor*) -> rlh_status* { return nullptr; };
-  // One cheap pass learns the version (visit of views, no copies), the second hands the weights.
-  probe_version = backend.visit_weights(model, noop, nullptr);
-  RefitCtx ctx{api_, self_, probe_version};
-  const int64_t v = backend.visit_weights(model, refit_one, &ctx);
-  if (ctx.count == 0)
+  // The backend's views live only during its callback (some are temporaries: q/k/v pieces cut
+  // out of a fused tensor), so the weights are staged into buffers this object owns and keeps
+  // unchanged until the next refit; the generator receives them as one version and may keep
+  // views of them (may_alias) instead of copying again.
+  std::vector<StagedWeight> staged;
+  const int64_t version = backend.visit_weights(model, stage_weight, &staged);
+  if (staged.empty())
     throw Error(RLH_E_INTERNAL, "refit: backend '" + backend.name() + "' visited no weights");
-  version_ = v;
+  std::vector<rlh_named_tensor> views(staged.size());
+  for (size_t i = 0; i < staged.size(); ++i) {
+    StagedWeight& w = staged[i];
+    w.strides.assign(w.shape.size(), 1);
+    for (int d = static_cast<int>(w.shape.size()) - 2; d >= 0; --d)
+      w.strides[static_cast<size_t>(d)] = w.strides[static_cast<size_t>(d) + 1] * w.shape[static_cast<size_t>(d) + 1];
+    rlh_named_tensor& t = views[i];
+    t.name = w.name.c_str();
+    t.tensor.data = w.bytes.data();
+    t.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+    t.tensor.ndim = static_cast<int32_t>(w.shape.size());
+    t.tensor.dtype = w.dtype;
+    t.tensor.shape = w.shape.data();
+    t.tensor.strides = w.strides.data();
+  }
+  rlh_weight_update u{};
+  u.struct_size = RLH_STRUCT_SIZE(rlh_weight_update, reserved0);
+  u.version = version;
+  u.weights = views.data();
+  u.num_weights = views.size();
+  u.may_alias = 1;
+  sdk::check(api_->update_weights(self_, &u), "generator '" + name_ + "': refit to version " + std::to_string(version));
+  staged_ = std::move(staged);  // kept alive (and unchanged) until the next refit
+  version_ = version;
 }
 
 void Generator::generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {

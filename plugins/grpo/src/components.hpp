@@ -107,10 +107,16 @@ class Generator {
 
   const std::string& name() const { return name_; }
   int64_t version() const { return version_; }
-  // Installs every weight of `backend`'s model as one version: each weight the backend visits is
-  // handed over as it comes (a bucket of one), as a view the generator may keep (may_alias): on
-  // the CPU the backend's parameters and the generator's weights are then the same memory.
+  // Installs every weight of `backend`'s model as one version, in one update whose buffers this
+  // object owns until the next refit, so the generator may keep views of them (may_alias).
   void refit_from(Backend& backend, rlh_model* model);
+
+  struct StagedWeight {
+    std::string name;
+    rlh_dtype dtype{};
+    std::vector<int64_t> shape, strides;
+    std::vector<char> bytes;
+  };
   void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
 
  private:
@@ -119,6 +125,7 @@ class Generator {
   const rlh_generator_api* api_ = nullptr;
   rlh_generator* self_ = nullptr;
   int64_t version_ = -1;
+  std::vector<StagedWeight> staged_;
 };
 
 class Environment {

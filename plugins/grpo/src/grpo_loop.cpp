@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -101,9 +102,11 @@ struct GrpoLoop::Impl {
   std::string model_dir;
 
   int64_t step = 0;  // training steps done
+  std::vector<std::pair<int64_t, double>> val_history;  // (step, validation accuracy) this run
   int64_t total_steps = 0;
   int64_t consumed_samples = 0;
   bool first_train_step_logged = false;
+  bool generator_stale = true;
 
   void check_cancel(const char* where) const {
     if (host.cancelled())
@@ -170,14 +173,13 @@ struct GrpoLoop::Impl {
     host.info("resumed from " + last.dir.string() + " (step " + std::to_string(step) + ")");
   }
 
-  // Hands the policy's weights to the generator when they changed since the last refit.
+  // Hands the policy's weights to the generator when they changed since the last refit
+  // (NeMo-RL's POLICY_GENERATION_STALE): at the start, after a resume and after training.
   double refit_if_stale() {
+    if (!generator_stale) return 0;
     const auto t0 = Clock::now();
-    int64_t version = backend->visit_weights(policy, [](void*, const char*, const rlh_tensor*) -> rlh_status* {
-      return nullptr;
-    }, nullptr);
-    if (version == gen->version()) return 0;
     gen->refit_from(*backend, policy);
+    generator_stale = false;
     return since(t0);
   }
 
@@ -218,6 +220,7 @@ struct GrpoLoop::Impl {
     m["avg_length"] = length / static_cast<double>(n);
     for (const auto& [name, sum] : sums)
       if (name != "reward") m[name] = sum / static_cast<double>(n);
+    val_history.emplace_back(at_step, m["accuracy"]);
     host.metric(mn::kValidationAccuracy, m["accuracy"], at_step);
     host.metric(mn::kValidationAvgLength, m["avg_length"], at_step);
     for (const auto& [name, v] : m)
@@ -493,6 +496,7 @@ struct GrpoLoop::Impl {
       }
       t0 = Clock::now();
       train(batch, metrics);
+      generator_stale = true;
       timers["policy_training"] = since(t0);
       step = s;
       consumed_samples += static_cast<int64_t>(ss.responses.size());
@@ -532,6 +536,18 @@ struct GrpoLoop::Impl {
       for (const auto& [k, v] : metrics) host.metric(("train/" + k).c_str(), v, step);
       for (const auto& [k, v] : timers) host.metric(("timing/train/" + k).c_str(), v, step);
       host.metric("rlhost/step_finished", 0, step);
+    }
+    if (!val_history.empty()) {
+      auto best = val_history.front();
+      for (const auto& v : val_history)
+        if (v.second >= best.second) best = v;
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "validation accuracy: %.3f at step %lld -> %.3f at step %lld (best %.3f at step %lld)",
+                    val_history.front().second, static_cast<long long>(val_history.front().first),
+                    val_history.back().second, static_cast<long long>(val_history.back().first), best.second,
+                    static_cast<long long>(best.first));
+      host.info(line);
     }
   }
 };
