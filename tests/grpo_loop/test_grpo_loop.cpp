@@ -200,7 +200,7 @@ TEST_F(Loop, FewStepsLogMetricsAndCheckpoint) {
 }
 
 // The reference model path: with a KL penalty the loop loads and runs the reference policy.
-TEST_F(Loop, KlPenaltyUsesTheReferencePolicy) {
+TEST_F(Loop, KlPenaltyAndOnPolicyRatios) {
   require_runtime();
   auto m = run({"grpo.max_num_steps=2", "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=4",
                 "grpo.val_at_start=false", "grpo.val_at_end=false", "checkpointing.enabled=false",
@@ -209,6 +209,11 @@ TEST_F(Loop, KlPenaltyUsesTheReferencePolicy) {
   // Step 1 trains on weights equal to the reference: KL 0. Step 2 has moved away.
   EXPECT_NEAR(m["train/kl_penalty"][1], 0.0, 1e-6);
   EXPECT_GT(m["train/kl_penalty"][2], 0.0);
+  // One optimizer step per GRPO step: the loss sees the very weights prev_logprobs came from, so
+  // every probability ratio is 1 (this fails when fields and outputs are misaligned).
+  EXPECT_NEAR(m["train/probs_ratio_min"][1], 1.0, 1e-5);
+  EXPECT_NEAR(m["train/probs_ratio_max"][1], 1.0, 1e-5);
+  EXPECT_NEAR(m["train/probs_ratio_min"][2], 1.0, 1e-5);
 }
 
 // N steps straight == N/2 steps, stop, resume from the checkpoint, N/2 more: bitwise.

@@ -409,12 +409,18 @@ struct GrpoLoop::Impl {
       Backend::TrainResult r = backend->train_step(policy, a);
       loss_sum += r.loss;
       grad_norm_sum += r.grad_norm;
-      for (const auto& [k, v] : r.metrics.items())
-        if (v.is_number()) {
-          // The learning rate is a setting, not a sum over global batches.
-          if (k == "lr" || k == "wd") summed[k] = v.get<double>();
+      // Backend metrics at the top level, the loss callback's (already normalised, summed over
+      // micro-batches) under "metrics". Settings keep their last value; everything else sums
+      // over global batches, as NeMo-RL's grpo_train does.
+      auto absorb = [&](const json& obj) {
+        for (const auto& [k, v] : obj.items()) {
+          if (!v.is_number()) continue;
+          if (k == "lr" || k == "wd" || k == "weight_decay" || k == "step" || k == "clip_coef") summed[k] = v.get<double>();
           else summed[k] += v.get<double>();
         }
+      };
+      absorb(r.metrics);
+      if (r.metrics.contains("metrics") && r.metrics["metrics"].is_object()) absorb(r.metrics["metrics"]);
       extrema.merge(loss->step_extrema());
     }
     metrics["loss"] = loss_sum;
