@@ -252,4 +252,46 @@ TEST_F(Loop, ResumeContinuesBitwise) {
   EXPECT_GT(compared, 0u) << "no weights compared under " << a;
 }
 
+// NeMo-RL's math recipes (dtensor and megatron) run as shipped on a user's own HF checkpoint and
+// JSONL data: only the model, the data file and the sizes are overridden.
+TEST_F(Loop, MathRecipesRunOnAUsersCheckpointAndJsonl) {
+  require_runtime();
+  const fs::path math_model = dir / "math_model";
+  const std::string cmd = std::string(RLH_TINY_MODEL) + " " + math_model.string() +
+                          " --alphabet '0123456789+-*/=?. abcdefghijklmnopqrstuvwxyzW' --max-positions 128 > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  {
+    std::ofstream f(dir / "train.jsonl");
+    for (int i = 0; i < 40; ++i)
+      f << json{{"problem", "What is " + std::to_string(i % 10) + "+" + std::to_string(i / 10) + "?"},
+                {"expected_answer", std::to_string(i % 10 + i / 10)}}.dump() << "\n";
+  }
+  for (const std::string backend : {"dtensor", "megatron"}) {
+    if (!have(backend)) continue;
+    rlhost_t* h = nullptr;
+    ASSERT_EQ(rlhost_create(&h), nullptr);
+    rlhost_set_log_level(h, RLH_LOG_ERROR);
+    for (const std::string p : {"grpo", "environments", "dataset_jsonl", "tokenizer_hf", "model_llama", "kernels_cpu",
+                                "generator", backend.c_str()})
+      ASSERT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
+    const std::string file = backend == "dtensor" ? "grpo_math_1B.yaml" : "grpo_math_1B_megatron.yaml";
+    std::string msg;
+    ASSERT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs" / file).c_str()), &msg),
+              RLH_OK) << msg;
+    const fs::path ck = dir / ("ck_" + backend);
+    for (const std::string o : {"policy.model_name=" + math_model.string(),
+                                "data.train.data_path=" + (dir / "train.jsonl").string(),
+                                std::string("grpo.num_prompts_per_step=4"), std::string("grpo.num_generations_per_prompt=2"),
+                                std::string("grpo.max_num_steps=2"), std::string("grpo.max_val_samples=2"),
+                                std::string("policy.max_total_sequence_length=40"),
+                                "checkpointing.checkpoint_dir=" + ck.string(),
+                                "logger.log_dir=" + (dir / ("logs_" + backend)).string(),
+                                std::string("++logger.console_enabled=false")})
+      ASSERT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
+    EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_OK) << file << ": " << msg;
+    rlhost_destroy(h);
+    EXPECT_TRUE(fs::exists(ck / "step_2" / "policy")) << file << ": no final checkpoint";
+  }
+}
+
 }  // namespace
