@@ -1,11 +1,14 @@
 // The engine against Hugging Face float64 references: every model folder under the fixtures root
-// ($RLHOST_FIXTURES, default ../shared/fixtures next to the source tree) runs in fp32 on CPU and
-// is checked per tensor with error = max|got - ref| / max|ref|:
-//   logits <= 1e-5, token logprobs and loss <= 1e-5, gradient of every parameter <= 1e-4.
-// The loss is the mean of -token_logprobs over the batch's predicted tokens (2 x 39).
+// ($RLHOST_FIXTURES, default ../shared/fixtures next to the source tree) and under
+// tests/engine/fixtures (more MoE configurations made with the same tools: Qwen2-MoE with its
+// gated shared expert and dense layers, Qwen3-MoE without renormalisation, Mixtral with a window
+// and MQA) runs in fp32 on CPU and is checked per tensor with error = max|got - ref| / max|ref|:
+//   logits <= 1e-5, token logprobs and loss <= 1e-5, gradient of every parameter <= 1e-4
+// (router and shared-expert weights included). The loss is the mean of -token_logprobs over the
+// batch's predicted tokens (2 x 39).
 // A folder is skipped, with the reason printed, only when no architecture table lists its
-// architecture, or when it needs what the dense engine does not execute yet (MoE layers, MLA
-// attention: the MoE issue). Adding a folder needs no code.
+// architecture, or when it needs what the engine does not execute yet (MLA attention).
+// Adding a folder needs no code.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -33,15 +37,20 @@ std::string fixtures_root() {
   return env && *env ? env : RLH_FIXTURES_DIR;
 }
 
-// Model folders: a config.json and a reference.safetensors.
-std::vector<std::string> model_folders() {
+// Model folders (full paths): a config.json and a reference.safetensors, under either root.
+std::vector<std::string> folders_under(const std::string& root) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fixtures_root(), ec))
+  for (const auto& e : fs::directory_iterator(root, ec))
     if (e.is_directory() && fs::exists(e.path() / "config.json") &&
         fs::exists(e.path() / "reference.safetensors"))
-      out.push_back(e.path().filename().string());
+      out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
+  return out;
+}
+std::vector<std::string> model_folders() {
+  std::vector<std::string> out = folders_under(fixtures_root());
+  for (const std::string& f : folders_under(RLH_ENGINE_FIXTURES_DIR)) out.push_back(f);
   return out;
 }
 
@@ -60,19 +69,17 @@ double rel_error(const A& got, const std::vector<double>& ref) {
 class Fixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Fixture, MatchesHuggingFaceReference) {
-  const std::string dir = fixtures_root() + "/" + GetParam();
+  const std::string dir = GetParam();
+  const std::string folder = fs::path(dir).filename().string();
   std::ifstream cfg_in(dir + "/config.json");
   const nlohmann::json cfg = nlohmann::json::parse(cfg_in);
   const std::string arch = cfg.value("architectures", nlohmann::json::array({""}))[0];
   if (!model::is_supported_architecture(arch))
-    GTEST_SKIP() << GetParam() << ": no architecture table lists " << arch;
+    GTEST_SKIP() << folder << ": no architecture table lists " << arch;
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
-  for (const auto& l : desc.layers) {
-    if (l.mlp.kind == sdk::MlpKind::moe)
-      GTEST_SKIP() << GetParam() << " (" << arch << "): MoE layers are not executed by the dense engine yet";
+  for (const auto& l : desc.layers)
     if (l.attention.kind == sdk::AttentionKind::mla)
-      GTEST_SKIP() << GetParam() << " (" << arch << "): MLA attention is not executed by the dense engine yet";
-  }
+      GTEST_SKIP() << folder << " (" << arch << "): MLA attention is not executed by the engine yet";
 
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
   model::LoadResult w = model::load_weights_f32(desc, ckpt);
@@ -122,10 +129,12 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
   const double ref_loss = ref.read_f64("loss")[0];
   const double e_loss = std::fabs(sr.loss - ref_loss) / std::fabs(ref_loss);
 
-  // Gradients, by HF name.
-  std::map<std::string, size_t> by_hf;
+  // Gradients, by HF name: an engine tensor, or one expert's slice of a stacked one.
+  std::map<std::string, std::pair<size_t, size_t>> by_hf;  // (parameter, slice)
+  size_t hf_tensors = 0;
   for (size_t i = 0; i < desc.params.size(); ++i)
-    for (const std::string& n : desc.params[i].hf_names) by_hf[n] = i;
+    for (size_t j = 0; j < desc.params[i].hf_names.size(); ++j, ++hf_tensors)
+      by_hf[desc.params[i].hf_names[j]] = {i, j};
   double e_grad = 0;
   std::string worst;
   int checked = 0;
@@ -136,9 +145,16 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
     if (it == by_hf.end() && name == "lm_head.weight" && desc.tie_word_embeddings)
       it = by_hf.find(desc.params[0].hf_names[0]);
     ASSERT_NE(it, by_hf.end()) << "reference gradient " << name << " has no engine parameter";
-    const sdk::ParamDesc& p = desc.params[it->second];
-    ASSERT_EQ(p.transform, sdk::ParamTransform::none) << name;
-    const double e = rel_error(eng.grad(it->second), ref.read_f64(t.name));
+    const auto [pi, slice] = it->second;
+    const sdk::ParamDesc& p = desc.params[pi];
+    std::span<float> grad = eng.grad(pi);
+    if (p.transform == sdk::ParamTransform::stack) {  // expert `slice` of [E, ...]
+      const size_t per = grad.size() / p.hf_names.size();
+      grad = grad.subspan(slice * per, per);
+    } else {
+      ASSERT_EQ(p.transform, sdk::ParamTransform::none) << name;
+    }
+    const double e = rel_error(grad, ref.read_f64(t.name));
     EXPECT_LE(e, 1e-4) << "gradient of " << name;
     if (e > e_grad) {
       e_grad = e;
@@ -146,10 +162,10 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, int(desc.params.size())) << "every parameter has a reference gradient";
+  EXPECT_EQ(checked, int(hf_tensors)) << "every parameter has a reference gradient";
 
-  std::printf("%-22s %-22s logits %.2e  token_logprobs %.2e  loss %.2e  grads(max of %d) %.2e (%s)\n",
-              GetParam().c_str(), arch.c_str(), e_logits, e_lp, e_loss, checked, e_grad,
+  std::printf("%-26s %-22s logits %.2e  token_logprobs %.2e  loss %.2e  grads(max of %d) %.2e (%s)\n",
+              folder.c_str(), arch.c_str(), e_logits, e_lp, e_loss, checked, e_grad,
               worst.c_str());
   EXPECT_LE(e_logits, 1e-5);
   EXPECT_LE(e_lp, 1e-5);
@@ -158,7 +174,8 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
 
 std::string folder_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string s;
-  for (char c : info.param) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  for (char c : fs::path(info.param).filename().string())
+    s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
   return s;
 }
 

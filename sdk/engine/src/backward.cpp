@@ -16,7 +16,10 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
   const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F;
   const int32_t* cu = mb.cu_seqlens.data();
 
-  // MLP block: out = h + down(a) (+ b_down)
+  // MLP block: out = h + down(a) (+ b_down), or the MoE block (moe.cpp)
+  if (s.moe) {
+    backward_moe(l, mb, a);
+  } else {
   if (gp.bdown) ops->bias_bwd(gp.bdown, g.dres, C, N, C);
   ops->gemm(false, false, N, F, C, 1.f, g.dres, C, p.wdown, F, 0.f, g.da, F);       // da [N,F]
   ops->gemm(true, false, C, F, N, 1.f, g.dres, C, a.a, F, 1.f, gp.wdown, F);        // dW_down [C,F]
@@ -28,6 +31,7 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
   ops->gemm(true, false, 2 * F, C, N, 1.f, g.dgu, 2 * F, a.xn2, C, 1.f, gp.wgu, C);   // dW_gu [2F,C]
   ops->rmsnorm_bwd(g.dres, C, gp.mlp_norm, g.dxn, C, a.h, C, p.mlp_norm, a.rstd2, N, C,
                    s.off_mlp, true);                                                // dres = dh
+  }
 
   // Attention block: h = x + o_proj(att) (+ b_o)
   if (gp.bo) ops->bias_bwd(gp.bo, g.dres, C, N, C);

@@ -154,7 +154,67 @@ class CpuOps final : public Ops {
   k::Scratch scratch_;
 };
 
+k::RouterOpts router_opts(const Ops::RouterAttrs& a) {
+  k::RouterOpts o;
+  o.scoring = a.scoring;
+  o.norm_topk_prob = a.norm_topk_prob;
+  o.scaling_factor = a.scaling_factor;
+  o.replay = a.replay;
+  o.n_group = a.n_group;
+  o.topk_group = a.topk_group;
+  return o;
+}
+
 }  // namespace
+
+// The MoE defaults of Ops: kernels_cpu on host memory (CpuOps inherits them).
+void Ops::moe_router_fwd(float* w, int32_t* ex, float* p, float* lse, const float* z, int64_t ldl,
+                         const float* bias, int64_t N, int64_t E, int64_t K, const RouterAttrs& a) {
+  k::moe_router_fwd<float>(w, ex, p, lse, z, ldl, bias, N, E, K, router_opts(a));
+}
+void Ops::moe_router_fwd_f64(double* w, int32_t* ex, double* p, double* lse, const double* z,
+                             int64_t ldl, const double* bias, int64_t N, int64_t E, int64_t K,
+                             const RouterAttrs& a) {
+  k::moe_router_fwd<double>(w, ex, p, lse, z, ldl, bias, N, E, K, router_opts(a));
+}
+void Ops::moe_router_bwd(float* dz, const float* dw, const float* p, const int32_t* ex,
+                         const float* dp, const float* dlse, int64_t N, int64_t E, int64_t K,
+                         const RouterAttrs& a) {
+  k::moe_router_bwd<float>(dz, E, dw, p, ex, dp, dlse, N, E, K, router_opts(a));
+}
+void Ops::moe_router_bwd_f64(double* dz, const double* dw, const double* p, const int32_t* ex,
+                             const double* dp, const double* dlse, int64_t N, int64_t E,
+                             int64_t K, const RouterAttrs& a) {
+  k::moe_router_bwd<double>(dz, E, dw, p, ex, dp, dlse, N, E, K, router_opts(a));
+}
+void Ops::gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                   const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
+                   double* C, int64_t ldc) {
+  k::gemm<double>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void Ops::moe_permute_fwd(float* xp, int32_t* row, int32_t* offsets, const float* x, int64_t ldx,
+                          const int32_t* experts, int64_t N, int64_t K, int64_t C, int64_t E) {
+  k::moe_permute_fwd<float>(xp, C, row, offsets, x, ldx, experts, N, K, C, E);
+}
+void Ops::moe_permute_bwd(float* dx, int64_t lddx, const float* dxp, const int32_t* row,
+                          int64_t N, int64_t K, int64_t C, bool accumulate) {
+  k::moe_permute_bwd<float>(dx, lddx, dxp, C, row, N, K, C, accumulate);
+}
+void Ops::moe_unpermute_fwd(float* y, int64_t ldy, const float* yp, const int32_t* row,
+                            const float* w, int64_t N, int64_t K, int64_t C, bool accumulate) {
+  k::moe_unpermute_fwd<float>(y, ldy, yp, C, row, w, N, K, C, accumulate);
+}
+void Ops::moe_unpermute_bwd(float* dyp, float* dw, const float* dy, int64_t lddy, const float* yp,
+                            const int32_t* row, const float* w, int64_t N, int64_t K, int64_t C) {
+  k::moe_unpermute_bwd<float>(dyp, C, dw, dy, lddy, yp, C, row, w, N, K, C);
+}
+void Ops::grouped_gemm(bool ta, bool tb, int64_t G, const int32_t* offsets, int64_t M, int64_t N,
+                       int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                       int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                       int64_t stride_c) {
+  k::grouped_gemm<float>(ta, tb, G, offsets, M, N, K, alpha, A, lda, B, ldb, stride_b, beta, C,
+                         ldc, stride_c);
+}
 
 std::unique_ptr<Ops> make_cpu_ops(Allocator& alloc) { return std::make_unique<CpuOps>(alloc); }
 

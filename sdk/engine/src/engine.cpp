@@ -83,6 +83,7 @@ CountingAllocator* Engine::counting_allocator() {
 size_t Engine::num_params() const { return impl_->desc.params.size(); }
 int64_t Engine::num_elements() const { return impl_->total; }
 int64_t Engine::step() const { return impl_->steps; }
+int64_t Engine::routing_width() const { return impl_->route_width; }
 
 namespace {
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -149,6 +150,10 @@ Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
     out.logprob_at_ids.resize(size_t(N * K));
     shift_to_outputs(m.head.lp + 1, kraw, out.logprob_at_ids.data(), K, K, cu);
   }
+  if (req.routed_experts) {
+    out.routing_width = m.route_width;
+    out.routed_experts = std::move(m.route_record);
+  }
   if (req.logits) {  // [N, V]: for tests on small vocabularies
     out.logits.resize(size_t(N * m.V));
     m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.P.lm_head, m.C, 0.f,
@@ -168,9 +173,25 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   if (!m.grads_clear) zero_grad();  // after an optimizer step AdamW has cleared them already
   m.grads_clear = false;
   StepResult r;
+  // MoE auxiliary losses: normalised by the global counts (this step's when not given).
+  int64_t step_tokens = 0, step_seqs = 0;
+  for (const MicroBatch& mb : mbs) {
+    step_tokens += mb.num_tokens();
+    for (int64_t q = 0; q < mb.num_sequences(); ++q)
+      step_seqs += mb.cu_seqlens[size_t(q) + 1] > mb.cu_seqlens[size_t(q)];
+  }
+  m.moe_tokens = double(so.moe_global_tokens > 0 ? so.moe_global_tokens : step_tokens);
+  m.moe_seqs = double(so.moe_global_sequences > 0 ? so.moe_global_sequences : step_seqs);
+  m.moe_aux = m.moe_z = m.moe_max_load = 0;
+  struct TrainFlag {  // the losses belong to train steps only, whatever leaves this scope
+    bool& f;
+    explicit TrainFlag(bool& b) : f(b) { f = true; }
+    ~TrainFlag() { f = false; }
+  } train_flag(m.moe_train);
   for (size_t i = 0; i < mbs.size(); ++i) {
     const MicroBatch& mb = mbs[i];
     m.forward(mb, req, !m.opt.recompute);
+    if (req.routed_experts) r.routed_experts.push_back(m.route_record);
     const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
     const auto cu = mb.cu_seqlens;
 
@@ -227,6 +248,14 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     shift_to_kernel(dproc, 1, m.head.dlp_proc, 1, 1, cu);
     m.backward(mb, req);
     r.tokens += N;
+  }
+
+  if (m.route_width > 0) {
+    const MoeOptions& mo = m.opt.moe;
+    if (mo.aux_loss_coef != 0 && mo.load_balancing != MoeOptions::LoadBalancing::none)
+      r.metrics.emplace_back("moe/aux_loss", m.moe_aux);
+    if (mo.z_loss_coef != 0) r.metrics.emplace_back("moe/z_loss", m.moe_z);
+    r.metrics.emplace_back("moe/max_expert_load", m.moe_max_load);
   }
 
   // Global gradient norm over trainable parameters, then clip + AdamW in one pass.

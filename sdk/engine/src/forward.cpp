@@ -166,6 +166,10 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
 
   // MLP block
   ops->rmsnorm_fwd(a.xn2, C, a.rstd2, a.h, C, p.mlp_norm, N, C, s.eps_mlp, s.off_mlp);      // xn2 [N,C]
+  if (s.moe) {  // mixture of experts (moe.cpp)
+    forward_moe(l, mb, a, x_out);
+    return;
+  }
   ops->gemm(false, true, N, 2 * F, C, 1.f, a.xn2, C, p.wgu, C, 0.f, a.gu, 2 * F);           // gu [N,2F]
   if (p.bgate) ops->bias_add_fwd(a.gu, 2 * F, p.bgate, N, F);
   if (p.bup) ops->bias_add_fwd(a.gu + F, 2 * F, p.bup, N, F);
@@ -185,6 +189,7 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
     throw std::invalid_argument("engine: empty micro-batch");
   plan_acts(N, save_all, 1 + ids_per_token(mb, req));
   prepare_batch(mb, req);
+  prepare_routing(mb, req);
   const int32_t* ids = mb.input_ids.data();
 
   ops->embedding_fwd(xs[0], ids, P.embed, N, C, V);  // x0 [N,C]

@@ -15,7 +15,7 @@ using sdk::ParamRole;
 namespace {
 
 [[noreturn]] void unsupported(const std::string& what) {
-  throw std::invalid_argument("engine: " + what + " is not supported by the dense engine");
+  throw std::invalid_argument("engine: " + what + " is not supported by the engine");
 }
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -31,7 +31,12 @@ constexpr ParamRole kLayerOrder[] = {
     ParamRole::q_bias,    ParamRole::k_bias,   ParamRole::v_bias,    ParamRole::q_norm,
     ParamRole::k_norm,    ParamRole::o,        ParamRole::o_bias,    ParamRole::mlp_norm,
     ParamRole::gate,      ParamRole::up,       ParamRole::gate_bias, ParamRole::up_bias,
-    ParamRole::down,      ParamRole::down_bias};
+    ParamRole::down,      ParamRole::down_bias,
+    // MoE: the shared expert's gate_proj and up adjacent (one [2Fs, C] GEMM)
+    ParamRole::router,    ParamRole::router_bias, ParamRole::expert_score_bias,
+    ParamRole::expert_gate, ParamRole::expert_up, ParamRole::expert_down,
+    ParamRole::shared_expert_gate_proj, ParamRole::shared_expert_up, ParamRole::shared_expert_down,
+    ParamRole::shared_expert_gate};
 constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
 
 }  // namespace
@@ -56,7 +61,8 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     const auto& a = ld.attention;
     const std::string at = "layer " + std::to_string(ld.index) + ": ";
     if (a.kind != sdk::AttentionKind::gqa) unsupported(at + "attention kind " + sdk::to_string(a.kind));
-    if (ld.mlp.kind != sdk::MlpKind::dense) unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
+    if (ld.mlp.kind != sdk::MlpKind::dense && ld.mlp.kind != sdk::MlpKind::moe)
+      unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
     if (ld.mlp.hidden_act != "silu") unsupported(at + "hidden_act " + ld.mlp.hidden_act);
     if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
       unsupported(at + "norm kind");
@@ -76,6 +82,7 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
     s.window = a.sliding_window;
     s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
+    if (ld.mlp.kind == sdk::MlpKind::moe) describe_moe_layer(ld, s);  // sets F = 0
     shapes.push_back(s);
   }
 
@@ -159,6 +166,23 @@ void Engine::Impl::carve_params() {
       p.wo = get(l, ParamRole::o, {C, qo}, true);
       p.bo = get(l, ParamRole::o_bias, {C}, false);
       p.mlp_norm = get(l, ParamRole::mlp_norm, {C}, true);
+      if (s.moe) {
+        p.router = get(l, ParamRole::router, {s.E, C}, true);
+        p.router_b = get(l, ParamRole::router_bias, {s.E}, s.router_bias);
+        p.score_bias = get(l, ParamRole::expert_score_bias, {s.E}, s.score_bias);
+        p.we_gate = get(l, ParamRole::expert_gate, {s.E, s.Fe, C}, true);
+        p.we_up = get(l, ParamRole::expert_up, {s.E, s.Fe, C}, true);
+        p.we_down = get(l, ParamRole::expert_down, {s.E, C, s.Fe}, true);
+        if (s.Fs > 0) {
+          p.ws_gu = get(l, ParamRole::shared_expert_gate_proj, {s.Fs, C}, true);
+          float* su = get(l, ParamRole::shared_expert_up, {s.Fs, C}, true);
+          if (su != p.ws_gu + s.Fs * C)
+            throw std::logic_error("engine: shared expert gate/up are not adjacent in storage");
+          p.ws_down = get(l, ParamRole::shared_expert_down, {C, s.Fs}, true);
+          p.ws_gate = get(l, ParamRole::shared_expert_gate, {1, C}, s.shared_gate);
+        }
+        continue;
+      }
       p.wgu = get(l, ParamRole::gate, {s.F, C}, true);
       float* wup = get(l, ParamRole::up, {s.F, C}, true);
       if (wup != p.wgu + s.F * C) throw std::logic_error("engine: gate/up are not adjacent in storage");
@@ -179,12 +203,16 @@ void Engine::Impl::carve_params() {
   for (size_t i : order) {
     const sdk::ParamDesc& p = desc.params[i];
     const bool decay = opt.optimizer.decay_1d_params || p.shape.size() > 1;
+    // freeze_moe_router: the router is a buffer for the optimizer (no update, no gradient norm).
+    const bool frozen = opt.moe.freeze_router &&
+                        (p.role == ParamRole::router || p.role == ParamRole::router_bias);
+    const bool trainable = p.trainable && !frozen;
     const int64_t b = offset[i], e = b + numel(p.shape);
-    if (!runs.empty() && runs.back().end == b && runs.back().trainable == p.trainable &&
+    if (!runs.empty() && runs.back().end == b && runs.back().trainable == trainable &&
         runs.back().decay == decay)
       runs.back().end = e;
     else
-      runs.push_back(Run{b, e, p.trainable, decay});
+      runs.push_back(Run{b, e, trainable, decay});
   }
 }
 
@@ -298,6 +326,7 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   acts_tokens = N;
   acts_kraw = kraw;
   acts_saved_all = save_all;
+  plan_moe(N, save_all);
 }
 
 }  // namespace rlh::engine

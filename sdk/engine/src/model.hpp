@@ -34,6 +34,16 @@ struct LayerParams {
   float* bup = nullptr;        // [F]
   float* wdown = nullptr;      // [C, F]
   float* bdown = nullptr;      // [C]
+  // MoE layers (moe.cpp): router, stacked experts, shared expert (gate_proj|up adjacent)
+  float* router = nullptr;      // [E, C]
+  float* router_b = nullptr;    // [E]
+  float* score_bias = nullptr;  // [E] selection bias (a buffer, not trained)
+  float* we_gate = nullptr;     // [E, Fe, C]
+  float* we_up = nullptr;       // [E, Fe, C]
+  float* we_down = nullptr;     // [E, C, Fe]
+  float* ws_gu = nullptr;       // [2Fs, C]: shared gate_proj [Fs, C], up [Fs, C] adjacent
+  float* ws_down = nullptr;     // [C, Fs]
+  float* ws_gate = nullptr;     // [1, C] Qwen2-MoE sigmoid gate of the shared expert
 };
 
 struct ModelParams {
@@ -51,6 +61,63 @@ struct LayerShape {
   bool use_rope;
   int64_t window;
   float scale;  // softmax scale
+  // MoE layer (F = 0: no dense MLP): E experts, top Kx, expert width Fe, shared-expert width Fs
+  bool moe = false;
+  int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
+  bool shared_gate = false, score_bias = false, router_bias = false;
+  Ops::RouterAttrs router;
+  int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
+};
+
+// Saved activations of one MoE layer for N tokens (moe.cpp). The router's scores are float or
+// double (MoeOptions::router_fp64): exactly one of probs / probs64 (lse / lse64) is set.
+struct MoeActs {
+  float* probs = nullptr;    // [N, E] router scores
+  double* probs64 = nullptr;
+  float* lse = nullptr;      // [N] logsumexp of the router logits (z-loss)
+  double* lse64 = nullptr;
+  float* w = nullptr;        // [N, K] routing weights
+  int32_t* experts = nullptr;  // [N, K]
+  int32_t* row = nullptr;      // [N, K] expert-sorted row of each choice
+  int32_t* offsets = nullptr;  // [E+1] rows of each expert
+  float* xp = nullptr;       // [NK, C] permuted mlp_norm output
+  float* gu = nullptr;       // [NK, 2Fe] gate|up
+  float* a = nullptr;        // [NK, Fe] silu(gate) * up
+  float* yp = nullptr;       // [NK, C] expert outputs
+  float* sgu = nullptr;      // [N, 2Fs] shared expert gate|up
+  float* sa = nullptr;       // [N, Fs]
+  float* sy = nullptr;       // [N, C] shared expert output
+  float* sgl = nullptr;      // [N] shared gate logit
+  float* sgw = nullptr;      // [N] sigmoid(logit): its weight (and its probs, the same values)
+};
+
+// Scratch of the MoE layers (one set for all of them, forward and backward).
+struct MoeScratch {
+  float* logits = nullptr;   // [N, E]
+  float* dw = nullptr;       // [N, K]
+  float* dyp = nullptr;      // [NK, C] (also dxp)
+  float* da = nullptr;       // [NK, Fe]
+  float* dgu = nullptr;      // [NK, 2Fe]
+  float* dlogits = nullptr;  // [N, E]
+  float* dprobs = nullptr;   // [N, E]
+  float* dlse = nullptr;     // [N]
+  float* dsy = nullptr;      // [N, C]
+  float* dsa = nullptr;      // [N, Fs]
+  float* dsgu = nullptr;     // [N, 2Fs]
+  float* dsgw = nullptr;     // [N]
+  float* dsgl = nullptr;     // [N]
+  int32_t* srow = nullptr;   // [N] identity: the shared expert as a one-choice route
+  int32_t* szero = nullptr;  // [N] expert 0 of that route
+  // router_fp64
+  double* logits64 = nullptr;  // [N, E]
+  double* w64 = nullptr;       // [N, K]
+  double* x64 = nullptr;       // [N, C] the router input (or d input) in float64
+  double* wr64 = nullptr;      // [E, C] router weight (or its gradient) in float64
+  double* b64 = nullptr;       // [E] router / selection bias in float64
+  double* dw64 = nullptr;      // [N, K]
+  double* dlogits64 = nullptr; // [N, E]
+  double* dprobs64 = nullptr;  // [N, E]
+  double* dlse64 = nullptr;    // [N]
 };
 
 // Activations of one layer for N tokens (pointers into the activation storage). `x` is the
@@ -131,6 +198,23 @@ struct Engine::Impl {
   std::vector<Run> runs;
   bool grads_clear = true;  // grads are all zero (AdamW clears them in its pass)
 
+  // MoE (moe.cpp): routing width R, the record of the current forward, the replay field, the
+  // auxiliary losses of the current train step, activation storage.
+  int64_t route_width = 0;
+  bool router64 = false;
+  std::vector<int32_t> route_record;  // [N, R] when requested
+  const rlh_tensor* replay = nullptr;  // [N, R] field, when replaying
+  bool moe_train = false;             // inside train_step: add the auxiliary losses
+  double moe_tokens = 0, moe_seqs = 0;  // their normalisers
+  double moe_aux = 0, moe_z = 0, moe_max_load = 0;  // this step's values
+  Buffer<float> moe_f;
+  Buffer<double> moe_d;
+  Buffer<int32_t> moe_i;
+  std::vector<MoeActs> moe_acts;  // per layer (MoE layers only) or 1 set reused (recompute)
+  MoeScratch moe_scratch;
+  int64_t moe_tokens_planned = -1;
+  bool moe_saved_all = false;
+
   // Activation storage for the current micro-batch size and mode.
   Buffer<float> acts;
   Buffer<int32_t> ints;  // positions [N], targets [N]
@@ -162,6 +246,17 @@ struct Engine::Impl {
 
   // engine.cpp
   void optimizer_step(const StepOptions& so, double clip_coef);
+
+  // moe.cpp
+  void describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s);
+  void plan_moe(int64_t N, bool save_all);
+  void prepare_routing(const MicroBatch& mb, const OutputRequest& req);
+  MoeActs& moe_of(int64_t l) { return moe_acts[moe_saved_all ? size_t(l) : 0]; }
+  void forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out);
+  void backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a);
+  template <class T>
+  void moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m, const T* probs, const T* lse,
+                  T* dprobs, T* dlse, bool grads);
 };
 
 // Output alignment: kernel row t (predicting token t+1) <-> output position t+1; the first

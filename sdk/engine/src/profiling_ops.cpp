@@ -124,6 +124,56 @@ class ProfilingOps final : public Ops {
     RLH_TIMED("sumsq", r = in_.sumsq(x, n))
     return r;
   }
+  void moe_router_fwd(float* w, int32_t* ex, float* p, float* lse, const float* z, int64_t ldl,
+                      const float* bias, int64_t N, int64_t E, int64_t K,
+                      const RouterAttrs& a) override {
+    RLH_TIMED("moe_router_fwd", in_.moe_router_fwd(w, ex, p, lse, z, ldl, bias, N, E, K, a))
+  }
+  void moe_router_fwd_f64(double* w, int32_t* ex, double* p, double* lse, const double* z,
+                          int64_t ldl, const double* bias, int64_t N, int64_t E, int64_t K,
+                          const RouterAttrs& a) override {
+    RLH_TIMED("moe_router_fwd_f64",
+              in_.moe_router_fwd_f64(w, ex, p, lse, z, ldl, bias, N, E, K, a))
+  }
+  void moe_router_bwd(float* dz, const float* dw, const float* p, const int32_t* ex,
+                      const float* dp, const float* dlse, int64_t N, int64_t E, int64_t K,
+                      const RouterAttrs& a) override {
+    RLH_TIMED("moe_router_bwd", in_.moe_router_bwd(dz, dw, p, ex, dp, dlse, N, E, K, a))
+  }
+  void moe_router_bwd_f64(double* dz, const double* dw, const double* p, const int32_t* ex,
+                          const double* dp, const double* dlse, int64_t N, int64_t E, int64_t K,
+                          const RouterAttrs& a) override {
+    RLH_TIMED("moe_router_bwd_f64", in_.moe_router_bwd_f64(dz, dw, p, ex, dp, dlse, N, E, K, a))
+  }
+  void gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+                int64_t lda, const double* B, int64_t ldb, double beta, double* C,
+                int64_t ldc) override {
+    RLH_TIMED("gemm_f64", in_.gemm_f64(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+  }
+  void moe_permute_fwd(float* xp, int32_t* row, int32_t* off, const float* x, int64_t ldx,
+                       const int32_t* ex, int64_t N, int64_t K, int64_t C, int64_t E) override {
+    RLH_TIMED("moe_permute_fwd", in_.moe_permute_fwd(xp, row, off, x, ldx, ex, N, K, C, E))
+  }
+  void moe_permute_bwd(float* dx, int64_t lddx, const float* dxp, const int32_t* row, int64_t N,
+                       int64_t K, int64_t C, bool acc) override {
+    RLH_TIMED("moe_permute_bwd", in_.moe_permute_bwd(dx, lddx, dxp, row, N, K, C, acc))
+  }
+  void moe_unpermute_fwd(float* y, int64_t ldy, const float* yp, const int32_t* row,
+                         const float* w, int64_t N, int64_t K, int64_t C, bool acc) override {
+    RLH_TIMED("moe_unpermute_fwd", in_.moe_unpermute_fwd(y, ldy, yp, row, w, N, K, C, acc))
+  }
+  void moe_unpermute_bwd(float* dyp, float* dw, const float* dy, int64_t lddy, const float* yp,
+                         const int32_t* row, const float* w, int64_t N, int64_t K,
+                         int64_t C) override {
+    RLH_TIMED("moe_unpermute_bwd", in_.moe_unpermute_bwd(dyp, dw, dy, lddy, yp, row, w, N, K, C))
+  }
+  void grouped_gemm(bool ta, bool tb, int64_t G, const int32_t* off, int64_t M, int64_t N,
+                    int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                    int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                    int64_t stride_c) override {
+    RLH_TIMED("grouped_gemm", in_.grouped_gemm(ta, tb, G, off, M, N, K, alpha, A, lda, B, ldb,
+                                               stride_b, beta, C, ldc, stride_c))
+  }
 #undef RLH_TIMED
 
  private:

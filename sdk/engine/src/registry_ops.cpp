@@ -5,6 +5,7 @@
 // Kernel workspace is the provider's business here (kernels_cpu takes it from the host's
 // allocation service, which counts it).
 #include <array>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,6 +36,15 @@ class Args {
   rlh_tensor imat(const int32_t* p, int64_t rows, int64_t cols) {
     return make(p, sdk::kI32, {rows, cols}, {cols, 1});
   }
+  rlh_tensor mat64(const double* p, int64_t rows, int64_t cols, int64_t ld) {
+    return make(p, sdk::kF64, {rows, cols}, {ld, 1});
+  }
+  rlh_tensor vec64(const double* p, int64_t n) { return make(p, sdk::kF64, {n}, {1}); }
+  // [G, rows, cols], groups `stride` apart, rows `ld` apart
+  rlh_tensor groups(const float* p, int64_t G, int64_t rows, int64_t cols, int64_t ld,
+                    int64_t stride) {
+    return make(p, sdk::kF32, {G, rows, cols}, {stride, ld, 1});
+  }
 
  private:
   rlh_tensor make(const void* p, rlh_dtype dt, std::initializer_list<int64_t> shape,
@@ -61,15 +71,16 @@ class Args {
 };
 
 // Placeholder descriptors for resolution: dtype and rank per operand ('f' float32 2-D,
-// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D).
+// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D, 'd' float64 2-D,
+// 'w' float64 1-D).
 std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 3>>& dims) {
   std::vector<rlh_tensor> v;
   for (const char* k = kinds; *k; ++k) {
     dims.push_back({1, 1, 1});
     rlh_tensor t{};
     t.device = sdk::kCPU;
-    t.dtype = (*k == 'i' || *k == 'j') ? sdk::kI32 : sdk::kF32;
-    t.ndim = *k == 'h' ? 3 : ((*k == 'f' || *k == 'j') ? 2 : 1);
+    t.dtype = (*k == 'i' || *k == 'j') ? sdk::kI32 : (*k == 'd' || *k == 'w') ? sdk::kF64 : sdk::kF32;
+    t.ndim = *k == 'h' ? 3 : ((*k == 'f' || *k == 'j' || *k == 'd') ? 2 : 1);
     t.shape = dims.back().data();
     t.strides = dims.back().data();
     v.push_back(t);
@@ -79,12 +90,9 @@ std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<i
 
 class RegistryOps final : public Ops {
  public:
-  RegistryOps(const sdk::KernelRegistry& reg, const std::string& only) {
+  RegistryOps(const sdk::KernelRegistry& reg, const std::string& only) : reg_(reg), only_(only) {
     auto get = [&](const char* name, const char* in, const char* out) {
-      std::vector<std::array<int64_t, 3>> dims;
-      dims.reserve(32);  // the descriptors point into it
-      const std::vector<rlh_tensor> i = placeholders(in, dims), o = placeholders(out, dims);
-      return reg.resolve(name, sdk::kCPU, i, o, {}, false, only);
+      return resolve(name, in, out);
     };
     gemm_ = get("gemm", "ff", "f");
     emb_f_ = get("embedding_fwd", "if", "f");
@@ -262,7 +270,127 @@ class RegistryOps final : public Ops {
     return double(out);
   }
 
+  // MoE: resolved on first use, so a provider without MoE ops still runs dense models.
+  void moe_router_fwd(float* w, int32_t* ex, float* p, float* lse, const float* z, int64_t ldl,
+                      const float* bias, int64_t N, int64_t E, int64_t K,
+                      const RouterAttrs& ra) override {
+    Args a;
+    std::vector<rlh_tensor> in = {a.mat(z, N, E, ldl)};
+    if (bias) in.push_back(a.vec(bias, E));
+    const rlh_tensor o[] = {a.mat(w, N, K, K), a.imat(ex, N, K), a.mat(p, N, E, E), a.vec(lse, N)};
+    const auto at = router_attrs(ra);
+    lazy(router_f_, "moe_router_fwd", "f", "fjfv").run(in, o, at);
+  }
+  void moe_router_fwd_f64(double* w, int32_t* ex, double* p, double* lse, const double* z,
+                          int64_t ldl, const double* bias, int64_t N, int64_t E, int64_t K,
+                          const RouterAttrs& ra) override {
+    Args a;
+    std::vector<rlh_tensor> in = {a.mat64(z, N, E, ldl)};
+    if (bias) in.push_back(a.vec64(bias, E));
+    const rlh_tensor o[] = {a.mat64(w, N, K, K), a.imat(ex, N, K), a.mat64(p, N, E, E),
+                            a.vec64(lse, N)};
+    const auto at = router_attrs(ra);
+    lazy(router_f64_, "moe_router_fwd", "d", "djdw").run(in, o, at);
+  }
+  void moe_router_bwd(float* dz, const float* dw, const float* p, const int32_t* ex,
+                      const float* dp, const float* dlse, int64_t N, int64_t E, int64_t K,
+                      const RouterAttrs& ra) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dw, N, K, K), a.mat(p, N, E, E), a.imat(ex, N, K),
+                             a.mat(dp, N, E, E), a.vec(dlse, N)};  // null data = absent
+    const rlh_tensor o[] = {a.mat(dz, N, E, E)};
+    const auto at = router_attrs(ra);
+    lazy(router_b_, "moe_router_bwd", "ffj", "f").run(in, o, at);
+  }
+  void moe_router_bwd_f64(double* dz, const double* dw, const double* p, const int32_t* ex,
+                          const double* dp, const double* dlse, int64_t N, int64_t E, int64_t K,
+                          const RouterAttrs& ra) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat64(dw, N, K, K), a.mat64(p, N, E, E), a.imat(ex, N, K),
+                             a.mat64(dp, N, E, E), a.vec64(dlse, N)};
+    const rlh_tensor o[] = {a.mat64(dz, N, E, E)};
+    const auto at = router_attrs(ra);
+    lazy(router_b64_, "moe_router_bwd", "ddj", "d").run(in, o, at);
+  }
+  void gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+                int64_t lda, const double* B, int64_t ldb, double beta, double* C,
+                int64_t ldc) override {
+    Args a;
+    const rlh_tensor in[] = {ta ? a.mat64(A, K, M, lda) : a.mat64(A, M, K, lda),
+                             tb ? a.mat64(B, N, K, ldb) : a.mat64(B, K, N, ldb)};
+    const rlh_tensor out[] = {a.mat64(C, M, N, ldc)};
+    const rlh_named_value at[] = {attr_bool("transpose_a", ta), attr_bool("transpose_b", tb),
+                                  attr_double("alpha", alpha), attr_double("beta", beta)};
+    lazy(gemm64_, "gemm", "dd", "d").run(in, out, at);
+  }
+  void moe_permute_fwd(float* xp, int32_t* row, int32_t* off, const float* x, int64_t ldx,
+                       const int32_t* ex, int64_t N, int64_t K, int64_t C, int64_t E) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(x, N, C, ldx), a.imat(ex, N, K)};
+    const rlh_tensor o[] = {a.mat(xp, N * K, C, C), a.imat(row, N, K), a.ints(off, E + 1)};
+    lazy(perm_f_, "moe_permute_fwd", "fj", "fji").run(in, o);
+  }
+  void moe_permute_bwd(float* dx, int64_t lddx, const float* dxp, const int32_t* row, int64_t N,
+                       int64_t K, int64_t C, bool acc) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dxp, N * K, C, C), a.imat(row, N, K)};
+    const rlh_tensor o[] = {a.mat(dx, N, C, lddx)};
+    const rlh_named_value at[] = {attr_bool("accumulate", acc)};
+    lazy(perm_b_, "moe_permute_bwd", "fj", "f").run(in, o, at);
+  }
+  void moe_unpermute_fwd(float* y, int64_t ldy, const float* yp, const int32_t* row,
+                         const float* w, int64_t N, int64_t K, int64_t C, bool acc) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(yp, N * K, C, C), a.imat(row, N, K), a.mat(w, N, K, K)};
+    const rlh_tensor o[] = {a.mat(y, N, C, ldy)};
+    const rlh_named_value at[] = {attr_bool("accumulate", acc)};
+    lazy(unperm_f_, "moe_unpermute_fwd", "fjf", "f").run(in, o, at);
+  }
+  void moe_unpermute_bwd(float* dyp, float* dw, const float* dy, int64_t lddy, const float* yp,
+                         const int32_t* row, const float* w, int64_t N, int64_t K,
+                         int64_t C) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dy, N, C, lddy), a.mat(yp, N * K, C, C), a.imat(row, N, K),
+                             a.mat(w, N, K, K)};
+    const rlh_tensor o[] = {a.mat(dyp, N * K, C, C), a.mat(dw, N, K, K)};  // dw may be null
+    lazy(unperm_b_, "moe_unpermute_bwd", "ffjf", "ff").run(in, o);
+  }
+  void grouped_gemm(bool ta, bool tb, int64_t G, const int32_t* off, int64_t M, int64_t N,
+                    int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                    int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                    int64_t stride_c) override {
+    // The row count is the last offset (the caller's pointer is host memory: Ops is host-side).
+    const int64_t T = off[G];
+    Args a;
+    const rlh_tensor in[] = {
+        ta ? a.mat(A, T, M, lda) : a.mat(A, T, K, lda),
+        ta ? a.mat(B, T, N, ldb)
+           : (tb ? a.groups(B, G, N, K, ldb, stride_b) : a.groups(B, G, K, N, ldb, stride_b)),
+        a.ints(off, G + 1)};
+    const rlh_tensor o[] = {ta ? a.groups(C, G, M, N, ldc, stride_c) : a.mat(C, T, N, ldc)};
+    const rlh_named_value at[] = {attr_bool("transpose_a", ta), attr_bool("transpose_b", tb),
+                                  attr_double("alpha", alpha), attr_double("beta", beta)};
+    lazy(ggemm_, "grouped_gemm", "fhi", "f").run(in, o, at);
+  }
+
  private:
+  sdk::Op resolve(const char* name, const char* in, const char* out) const {
+    std::vector<std::array<int64_t, 3>> dims;
+    dims.reserve(32);  // the descriptors point into it
+    const std::vector<rlh_tensor> i = placeholders(in, dims), o = placeholders(out, dims);
+    return reg_.resolve(name, sdk::kCPU, i, o, {}, false, only_);
+  }
+  const sdk::Op& lazy(std::optional<sdk::Op>& slot, const char* name, const char* in,
+                      const char* out) {
+    if (!slot) slot.emplace(resolve(name, in, out));
+    return *slot;
+  }
+  static std::array<rlh_named_value, 6> router_attrs(const RouterAttrs& r) {
+    return {attr_int("scoring", r.scoring), attr_bool("norm_topk_prob", r.norm_topk_prob),
+            attr_double("scaling_factor", r.scaling_factor), attr_bool("replay", r.replay),
+            attr_int("n_group", r.n_group), attr_int("topk_group", r.topk_group)};
+  }
+
   void rope(const sdk::Op& op, float* y, int64_t ldy, const float* x, int64_t ldx,
             const int32_t* pos, const float* f, int64_t N, int64_t H, int64_t D, int64_t R,
             double scale, bool il) {
@@ -278,8 +406,12 @@ class RegistryOps final : public Ops {
             attr_bool("accumulate", acc)};
   }
 
+  const sdk::KernelRegistry& reg_;
+  std::string only_;
   sdk::Op gemm_, emb_f_, emb_b_, rms_f_, rms_b_, rope_f_, rope_b_, att_f_, att_b_, swi_f_, swi_b_,
       bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
+  std::optional<sdk::Op> router_f_, router_f64_, router_b_, router_b64_, gemm64_, perm_f_, perm_b_,
+      unperm_f_, unperm_b_, ggemm_;
   std::string provider_;
 };
 

@@ -1,8 +1,10 @@
 // rlh_engine: the single-rank fp32 training engine both backends (dtensor, megatron) run.
 //
-// It executes a model description (rlh::sdk::TransformerDesc, the dense Llama family: RMSNorm,
+// It executes a model description (rlh::sdk::TransformerDesc, the Llama family: RMSNorm,
 // GQA attention with RoPE variants, optional q/k/v/o biases, q/k norms and sliding windows,
-// SwiGLU MLPs, tied or untied head) on packed batches:
+// SwiGLU MLPs or mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE: dropless top-k
+// routing, shared experts, routing record/replay, MoeOptions), tied or untied head) on packed
+// batches:
 //
 //   MicroBatch (token ids + sequence offsets + named fields)
 //     -> forward -> per-token outputs (logprob of each token with temperature, processed
@@ -73,12 +75,25 @@ struct OutputRequest {
   double temperature = 1.0;
   int64_t top_k = 0;   // 0 = off
   double top_p = 1.0;  // 1 = off
+  // MoE routing record: Outputs::routed_experts [N, R] int32, R = Engine::routing_width() (the
+  // sum of top_k over the MoE layers): per token, layer by layer, the experts it was sent to in
+  // descending router score (the layout of NeMo-RL's / vLLM's routed_experts, [tokens, layers,
+  // top_k]). Token-aligned like the input ids (position t = the routing of token t itself).
+  bool routed_experts = false;
+  // Routing replay: the name of a micro-batch field, int32/int64 [N, R] (or [N, L_moe, top_k])
+  // in that layout; every MoE layer then sends each token to those experts instead of its own
+  // top-k, with weights from this pass's router scores at them (Megatron's router replay, R3).
+  // Empty = route normally.
+  std::string replay_routing_field;
 };
 
-// [N] each, logprob_at_ids [N, K] (empty when not requested); logits [N * V].
+// [N] each, logprob_at_ids [N, K] (empty when not requested); logits [N * V];
+// routed_experts [N, R] (MoE, when requested).
 struct Outputs {
   std::vector<float> logprob, processed_logprob, entropy, logprob_at_ids, logits;
   int64_t ids_per_token = 0;  // K
+  std::vector<int32_t> routed_experts;
+  int64_t routing_width = 0;  // R
 };
 
 // What the loss callback sees: views of the requested outputs of one micro-batch.
@@ -124,6 +139,11 @@ struct StepOptions {
   int64_t global_sequences = 0;
   OutputRequest outputs;
   bool apply_optimizer = true;  // false: only accumulate gradients (tests, larger batches)
+  // Counts the MoE auxiliary losses are normalised by (MoeOptions): every routed token and
+  // every sequence of the global batch, over all data-parallel ranks. 0 = this step's own
+  // micro-batches (right on one rank).
+  int64_t moe_global_tokens = 0;
+  int64_t moe_global_sequences = 0;
 };
 
 struct StepResult {
@@ -133,7 +153,31 @@ struct StepResult {
   int64_t tokens = 0;
   int64_t step = 0;      // optimizer steps taken so far
   bool skipped = false;  // the gradient norm was not finite: no update was applied
+  // The loss callback's metrics, summed over micro-batches; MoE models add "moe/aux_loss" and
+  // "moe/z_loss" (the values added to the objective, summed over layers; present when their
+  // coefficient is set) and "moe/max_expert_load" (the largest share of routed tokens any
+  // expert of any layer got, 1/E when balanced). `loss` stays the callback's alone.
   std::vector<std::pair<std::string, double>> metrics;
+  // Per micro-batch, with options.outputs.routed_experts: the routing record [N, R].
+  std::vector<std::vector<int32_t>> routed_experts;
+};
+
+// MoE settings of the engine, NeMo-RL's megatron_cfg keys in brackets. The engine's defaults
+// are plain training (the router learns, no auxiliary loss, float32 router); NeMo-RL's RL
+// recipes set freeze_router, router_fp64 and load_balancing none.
+struct MoeOptions {
+  // [freeze_moe_router] The router (and its bias) is not updated and has no gradient; tokens
+  // still backpropagate through the routing weights into the layer input.
+  bool freeze_router = false;
+  // [moe_router_dtype: fp64] Router logits, scores, top-k choice and weights in float64 (the
+  // router GEMM included); float32 otherwise.
+  bool router_fp64 = false;
+  // [moe_router_load_balancing_type] none | aux_loss (Megatron switch_load_balancing_loss_func,
+  // per micro-batch) | seq_aux_loss (Megatron sequence_load_balancing_loss_func, per sequence).
+  enum class LoadBalancing { none, aux_loss, seq_aux_loss };
+  LoadBalancing load_balancing = LoadBalancing::none;
+  double aux_loss_coef = 0.0;  // [moe_aux_loss_coeff]
+  double z_loss_coef = 0.0;    // [moe_z_loss_coeff] Megatron z_loss_func: coef * mean(lse^2)
 };
 
 struct EngineOptions {
@@ -141,6 +185,7 @@ struct EngineOptions {
   int num_threads = 0;      // 0 = leave the OpenMP setting alone
   int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
   OptimizerOptions optimizer;
+  MoeOptions moe;
   Allocator* allocator = nullptr;  // nullptr: the engine's own CountingAllocator
   // nullptr: kernels_cpu directly. Otherwise the engine uses (does not own) these ops.
   Ops* ops = nullptr;
@@ -151,9 +196,9 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // Validates that the description is one this engine executes (dense GQA attention, RMSNorm,
-  // SwiGLU MLP); throws std::invalid_argument naming what is not supported. Allocates parameters
-  // (zero) and gradients.
+  // Validates that the description is one this engine executes (GQA attention, RMSNorm, SwiGLU
+  // MLP or MoE layers); throws std::invalid_argument naming what is not supported (MLA
+  // attention, other activations and norms). Allocates parameters (zero) and gradients.
   Engine(sdk::TransformerDesc desc, EngineOptions options = {});
   ~Engine();
   Engine(const Engine&) = delete;
@@ -185,6 +230,9 @@ class Engine {
                         const LossFn& loss_fn);
 
   int64_t step() const;
+
+  // MoE: R of the routing record and replay (the sum of top_k over MoE layers; 0 when dense).
+  int64_t routing_width() const;
 
  private:
   struct Impl;

@@ -87,6 +87,59 @@ class Ops {
   };
   virtual void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& o) = 0;
   virtual double sumsq(const float* x, int64_t n) = 0;
+
+  // Mixture of experts (docs/ops.md: moe_router_*, moe_permute_*, moe_unpermute_*,
+  // grouped_gemm). Not pure: the defaults run kernels_cpu on the host pointers (this interface
+  // is host memory throughout), so an Ops written before these existed still runs MoE models.
+  // The router also comes in float64 with a float64 gemm (NeMo-RL's moe_router_dtype: fp64).
+  struct RouterAttrs {
+    int scoring = 0;  // 0 softmax, 1 sigmoid
+    bool norm_topk_prob = false;
+    double scaling_factor = 1.0;
+    bool replay = false;  // experts are read (routing replay), not chosen
+    int64_t n_group = 1, topk_group = 1;
+  };
+  // logits [N,E] (ldl), bias [E] (selection only, may be null) -> weights, experts [N,K],
+  // probs [N,E], lse [N] (may be null)
+  virtual void moe_router_fwd(float* weights, int32_t* experts, float* probs, float* lse,
+                              const float* logits, int64_t ldl, const float* bias, int64_t N,
+                              int64_t E, int64_t K, const RouterAttrs& a);
+  virtual void moe_router_fwd_f64(double* weights, int32_t* experts, double* probs, double* lse,
+                                  const double* logits, int64_t ldl, const double* bias,
+                                  int64_t N, int64_t E, int64_t K, const RouterAttrs& a);
+  // dlogits [N,E] (written) from dweights [N,K], probs, experts; dprobs [N,E] and dlse [N] may be
+  // null
+  virtual void moe_router_bwd(float* dlogits, const float* dweights, const float* probs,
+                              const int32_t* experts, const float* dprobs, const float* dlse,
+                              int64_t N, int64_t E, int64_t K, const RouterAttrs& a);
+  virtual void moe_router_bwd_f64(double* dlogits, const double* dweights, const double* probs,
+                                  const int32_t* experts, const double* dprobs,
+                                  const double* dlse, int64_t N, int64_t E, int64_t K,
+                                  const RouterAttrs& a);
+  virtual void gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                        const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
+                        double* C, int64_t ldc);
+  // x [N,C] (ldx) -> xp [N*K,C] (contiguous), row [N,K], offsets [E+1]
+  virtual void moe_permute_fwd(float* xp, int32_t* row, int32_t* offsets, const float* x,
+                               int64_t ldx, const int32_t* experts, int64_t N, int64_t K,
+                               int64_t C, int64_t E);
+  // dx [N,C] (lddx) (+)= sum_k dxp[row[n,k]]
+  virtual void moe_permute_bwd(float* dx, int64_t lddx, const float* dxp, const int32_t* row,
+                               int64_t N, int64_t K, int64_t C, bool accumulate);
+  // y [N,C] (ldy) (+)= sum_k weights[n,k] yp[row[n,k]]
+  virtual void moe_unpermute_fwd(float* y, int64_t ldy, const float* yp, const int32_t* row,
+                                 const float* weights, int64_t N, int64_t K, int64_t C,
+                                 bool accumulate);
+  // dyp [N*K,C], dweights [N,K] (may be null) from dy [N,C] (lddy)
+  virtual void moe_unpermute_bwd(float* dyp, float* dweights, const float* dy, int64_t lddy,
+                                 const float* yp, const int32_t* row, const float* weights,
+                                 int64_t N, int64_t K, int64_t C);
+  // kernels.hpp grouped_gemm: row groups (ta = false, B + g stride_b per group) or the weight
+  // gradient form (ta = true, C + g stride_c per group)
+  virtual void grouped_gemm(bool ta, bool tb, int64_t G, const int32_t* offsets, int64_t M,
+                            int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                            const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+                            int64_t ldc, int64_t stride_c);
 };
 
 // kernels_cpu called directly (the reference); workspace from `alloc`.

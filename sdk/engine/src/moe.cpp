@@ -1,0 +1,511 @@
+// Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE): the MLP block of a layer whose
+// description says `moe`, forward and backward, one op per line, plus the routing record and
+// replay and the auxiliary losses. Per token (HF's *SparseMoeBlock, dropless):
+//
+//   xn  = mlp_norm(h)
+//   z   = xn Wr^T (+ b_r)                       router logits [N, E]   (float64: router_fp64)
+//   w, e = top-k of scores(z)                   softmax or sigmoid, renormalised or not
+//   out = h + sum_k w_k expert_{e_k}(xn)        expert(x) = down(silu(gate x) * up x)
+//           + sigmoid(xn ws^T) shared(xn)       Qwen2-MoE shared expert and its gate
+//
+// The routed part runs on expert-sorted rows: permute (every (token, choice) pair gets a row,
+// expert by expert), grouped GEMMs with each expert's weights, the weighted combine. The shared
+// expert's gate reuses the same ops as a route with one expert and one choice: sigmoid scores,
+// weight sigmoid(logit), rows = tokens.
+//
+// Auxiliary losses (MoeOptions), added to the objective for every MoE layer, normalised by the
+// global counts T (tokens) and S (sequences) so a step does not depend on how it is cut into
+// micro-batches, with p the router's softmax scores [N, E] and c_e the tokens sent to expert e:
+//   aux_loss      Megatron switch_load_balancing_loss_func on each micro-batch of N tokens,
+//                 weighted by its share N / T of the tokens:  coef E / (K N T) sum_e c_e sum_n p_ne
+//                 (Megatron: coef E / (K N^2) sum_e c_e sum_n p_ne; one micro-batch: the same)
+//   seq_aux_loss  Megatron sequence_load_balancing_loss_func per sequence s of T_s tokens,
+//                 averaged over the S sequences: coef E / (K T_s^2 S) sum_e c_se sum_{n in s} p_ne
+//   z-loss        Megatron z_loss_func (ST-MoE):  coef / T sum_n logsumexp(z_n)^2
+// The counts are constants (the top-k has no gradient), so d/dp_ne = the factor times c_e.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+
+namespace rlh::engine {
+
+namespace {
+
+template <class T>
+void to_double(double* dst, const T* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = double(src[i]);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Description
+
+void Engine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s) {
+  const sdk::MoeDesc& m = ld.mlp.moe;
+  const std::string at = "engine: layer " + std::to_string(ld.index) + ": ";
+  if (m.num_experts <= 0 || m.top_k <= 0 || m.top_k > m.num_experts ||
+      m.expert_intermediate_size <= 0 || m.shared_expert_intermediate_size < 0)
+    throw std::invalid_argument(at + "MoE sizes must satisfy 0 < top_k <= experts, ffn > 0");
+  if (m.top_k > 64 || m.n_group > 64)
+    throw std::invalid_argument(at + "top_k and n_group above 64 are not supported by the engine");
+  if (m.n_group < 1 || m.num_experts % m.n_group || m.topk_group < 1 || m.topk_group > m.n_group)
+    throw std::invalid_argument(at + "n_group must divide the experts, 1 <= topk_group <= n_group");
+  s.moe = true;
+  s.F = 0;
+  s.E = m.num_experts;
+  s.Kx = m.top_k;
+  s.Fe = m.expert_intermediate_size;
+  s.Fs = m.shared_expert_intermediate_size;
+  s.shared_gate = m.shared_expert_gate && s.Fs > 0;
+  s.score_bias = m.e_score_correction_bias;
+  s.router_bias = m.router_bias;
+  s.router.scoring = m.scoring == sdk::MoeScoring::sigmoid ? 1 : 0;
+  s.router.norm_topk_prob = m.norm_topk_prob;
+  s.router.scaling_factor = m.routed_scaling_factor;
+  s.router.n_group = m.n_group;
+  s.router.topk_group = m.topk_group;
+  s.route_col = route_width;
+  route_width += s.Kx;
+  router64 = opt.moe.router_fp64;
+  const bool aux = opt.moe.load_balancing != MoeOptions::LoadBalancing::none && opt.moe.aux_loss_coef != 0;
+  if ((aux || opt.moe.z_loss_coef != 0) && s.router.scoring != 0)
+    throw std::invalid_argument(at + "the load-balancing and z losses are not supported by the "
+                                "engine with sigmoid router scores");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Storage: per MoE layer (or one set with recompute) and one scratch set, in three allocations
+// (float, double for the float64 router, int32).
+
+void Engine::Impl::plan_moe(int64_t N, bool save_all) {
+  moe_acts.clear();
+  moe_f.reset();
+  moe_d.reset();
+  moe_i.reset();
+  moe_scratch = MoeScratch{};
+  if (route_width == 0) return;
+  const bool r64 = router64;
+  // Sizes of one layer's saved set: floats, doubles, ints.
+  struct Sizes {
+    int64_t f = 0, d = 0, i = 0;
+  };
+  auto layer_sizes = [&](const LayerShape& s) {
+    Sizes z;
+    const int64_t NK = N * s.Kx;
+    z.f = NK + NK * C + NK * 2 * s.Fe + NK * s.Fe + NK * C;  // w, xp, gu, a, yp
+    if (!r64) z.f += N * s.E + N;                            // probs, lse
+    else z.d += N * s.E + N;
+    if (s.Fs > 0) z.f += N * 2 * s.Fs + N * s.Fs + N * C + 2 * N;  // sgu, sa, sy, sgl, sgw
+    z.i = 2 * NK + s.E + 1;                                   // experts, row, offsets
+    return z;
+  };
+  int64_t maxE = 0, maxK = 0, maxFe = 0, maxFs = 0;
+  Sizes worst;
+  LayerShape worst_shape{};
+  for (const LayerShape& s : shapes) {
+    if (!s.moe) continue;
+    maxE = std::max(maxE, s.E);
+    maxK = std::max(maxK, s.Kx);
+    maxFe = std::max(maxFe, s.Fe);
+    maxFs = std::max(maxFs, s.Fs);
+  }
+  // With recompute one set serves every layer: the largest of each dimension.
+  worst_shape.moe = true;
+  worst_shape.E = maxE;
+  worst_shape.Kx = maxK;
+  worst_shape.Fe = maxFe;
+  worst_shape.Fs = maxFs;
+  worst = layer_sizes(worst_shape);
+  Sizes total;
+  if (save_all) {
+    for (const LayerShape& s : shapes)
+      if (s.moe) {
+        const Sizes z = layer_sizes(s);
+        total.f += z.f;
+        total.d += z.d;
+        total.i += z.i;
+      }
+  } else {
+    total = worst;
+  }
+  // Scratch.
+  const int64_t NK = N * maxK;
+  total.f += N * maxE + NK + NK * C + NK * maxFe + NK * 2 * maxFe + 2 * N * maxE + N;
+  total.f += N * C + N * maxFs + N * 2 * maxFs + 2 * N;
+  total.i += 2 * N;
+  if (r64) total.d += N * maxE + NK + N * C + maxE * C + maxE + NK + 2 * N * maxE + N;
+
+  moe_f = Buffer<float>(*alloc, size_t(total.f));
+  if (total.d > 0) moe_d = Buffer<double>(*alloc, size_t(total.d));
+  moe_i = Buffer<int32_t>(*alloc, size_t(total.i));
+  float* fp = moe_f.data();
+  double* dp = moe_d.data();
+  int32_t* ip = moe_i.data();
+  auto tf = [&](int64_t n) { float* p = fp; fp += n; return p; };
+  auto td = [&](int64_t n) { double* p = dp; dp += n; return p; };
+  auto ti = [&](int64_t n) { int32_t* p = ip; ip += n; return p; };
+  auto carve = [&](const LayerShape& s) {
+    MoeActs m;
+    const int64_t nk = N * s.Kx;
+    if (r64) {
+      m.probs64 = td(N * s.E);
+      m.lse64 = td(N);
+    } else {
+      m.probs = tf(N * s.E);
+      m.lse = tf(N);
+    }
+    m.w = tf(nk);
+    m.xp = tf(nk * C);
+    m.gu = tf(nk * 2 * s.Fe);
+    m.a = tf(nk * s.Fe);
+    m.yp = tf(nk * C);
+    if (s.Fs > 0) {
+      m.sgu = tf(N * 2 * s.Fs);
+      m.sa = tf(N * s.Fs);
+      m.sy = tf(N * C);
+      m.sgl = tf(N);
+      m.sgw = tf(N);
+    }
+    m.experts = ti(nk);
+    m.row = ti(nk);
+    m.offsets = ti(s.E + 1);
+    return m;
+  };
+  if (save_all) {
+    moe_acts.assign(size_t(L), MoeActs{});
+    for (int64_t l = 0; l < L; ++l)
+      if (shapes[size_t(l)].moe) moe_acts[size_t(l)] = carve(shapes[size_t(l)]);
+  } else {
+    moe_acts.push_back(carve(worst_shape));
+  }
+  MoeScratch& x = moe_scratch;
+  x.logits = tf(N * maxE);
+  x.dw = tf(NK);
+  x.dyp = tf(NK * C);
+  x.da = tf(NK * maxFe);
+  x.dgu = tf(NK * 2 * maxFe);
+  x.dlogits = tf(N * maxE);
+  x.dprobs = tf(N * maxE);
+  x.dlse = tf(N);
+  x.dsy = tf(N * C);
+  x.dsa = tf(N * maxFs);
+  x.dsgu = tf(N * 2 * maxFs);
+  x.dsgw = tf(N);
+  x.dsgl = tf(N);
+  x.srow = ti(N);
+  x.szero = ti(N);
+  for (int64_t n = 0; n < N; ++n) {
+    x.srow[n] = int32_t(n);
+    x.szero[n] = 0;
+  }
+  if (r64) {
+    x.logits64 = td(N * maxE);
+    x.w64 = td(NK);
+    x.x64 = td(N * C);
+    x.wr64 = td(maxE * C);
+    x.b64 = td(maxE);
+    x.dw64 = td(NK);
+    x.dlogits64 = td(N * maxE);
+    x.dprobs64 = td(N * maxE);
+    x.dlse64 = td(N);
+  }
+  if (fp != moe_f.data() + total.f || dp != moe_d.data() + total.d || ip != moe_i.data() + total.i)
+    throw std::logic_error("engine: MoE activation plan mismatch");
+  moe_tokens_planned = N;
+  moe_saved_all = save_all;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing record and replay
+
+void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& req) {
+  const int64_t N = mb.num_tokens();
+  replay = nullptr;
+  route_record.clear();
+  if (req.routed_experts) route_record.assign(size_t(N * route_width), -1);
+  if (req.replay_routing_field.empty()) return;
+  const rlh_tensor* f = mb.field(req.replay_routing_field);
+  const std::string name = "engine: routing replay field '" + req.replay_routing_field + "'";
+  if (!f) throw std::invalid_argument(name + " is not in the micro-batch");
+  if (route_width == 0) throw std::invalid_argument(name + ": the model has no MoE layer");
+  int64_t width = 1;
+  for (int i = 1; i < f->ndim; ++i) width *= f->shape[i];
+  if (f->ndim < 2 || f->ndim > 3 || f->shape[0] != N || width != route_width ||
+      f->dtype.code != RLH_DTYPE_INT || (f->dtype.bits != 32 && f->dtype.bits != 64))
+    throw std::invalid_argument(name + " must be int32/int64 [num_tokens, " +
+                                std::to_string(route_width) + "] (or [num_tokens, moe layers, top_k])");
+  int64_t inner = 1;  // contiguous rows
+  for (int i = f->ndim - 1; i >= 1; --i) {
+    if (f->shape[i] > 1 && f->strides[i] != inner) throw std::invalid_argument(name + " must be contiguous");
+    inner *= f->shape[i];
+  }
+  if (N > 1 && f->strides[0] != route_width) throw std::invalid_argument(name + " must be contiguous");
+  replay = f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Auxiliary losses: values (forward of a train step) and d/dprobs, d/dlse (backward).
+
+template <class T>
+void Engine::Impl::moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m, const T* probs,
+                              const T* lse, T* dprobs, T* dlse, bool grads) {
+  const LayerShape& s = shapes[size_t(l)];
+  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx;
+  const MoeOptions& o = opt.moe;
+  const double Tg = moe_tokens, Sg = moe_seqs;
+  if (dprobs) std::fill(dprobs, dprobs + N * E, T(0));
+  if (o.aux_loss_coef != 0 && o.load_balancing == MoeOptions::LoadBalancing::aux_loss &&
+      (!grads || dprobs)) {
+    const double f = o.aux_loss_coef * double(E) / (double(K) * double(N) * Tg);
+    double loss = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const double c = double(m.offsets[e + 1] - m.offsets[e]);
+      if (grads) {
+        for (int64_t n = 0; n < N; ++n) dprobs[n * E + e] = T(f * c);
+      } else {
+        double P = 0;
+        for (int64_t n = 0; n < N; ++n) P += double(probs[n * E + e]);
+        loss += f * c * P;
+      }
+    }
+    if (!grads) moe_aux += loss;
+  }
+  if (o.aux_loss_coef != 0 && o.load_balancing == MoeOptions::LoadBalancing::seq_aux_loss &&
+      (!grads || dprobs)) {
+    std::vector<double> c(static_cast<size_t>(E)), P(static_cast<size_t>(E));
+    double loss = 0;
+    for (int64_t q = 0; q < mb.num_sequences(); ++q) {
+      const int64_t b = mb.cu_seqlens[size_t(q)], e_ = mb.cu_seqlens[size_t(q) + 1];
+      if (e_ == b) continue;
+      const double Ts = double(e_ - b);
+      const double f = o.aux_loss_coef * double(E) / (double(K) * Ts * Ts * Sg);
+      std::fill(c.begin(), c.end(), 0.0);
+      std::fill(P.begin(), P.end(), 0.0);
+      for (int64_t n = b; n < e_; ++n)
+        for (int64_t k = 0; k < K; ++k) c[size_t(m.experts[n * K + k])] += 1;
+      if (grads) {
+        for (int64_t n = b; n < e_; ++n)
+          for (int64_t e = 0; e < E; ++e) dprobs[n * E + e] = T(f * c[size_t(e)]);
+      } else {
+        for (int64_t n = b; n < e_; ++n)
+          for (int64_t e = 0; e < E; ++e) P[size_t(e)] += double(probs[n * E + e]);
+        for (int64_t e = 0; e < E; ++e) loss += f * c[size_t(e)] * P[size_t(e)];
+      }
+    }
+    if (!grads) moe_aux += loss;
+  }
+  if (o.z_loss_coef != 0 && (!grads || dlse)) {
+    if (grads) {
+      for (int64_t n = 0; n < N; ++n) dlse[n] = T(2 * o.z_loss_coef / Tg * double(lse[n]));
+    } else {
+      double z = 0;
+      for (int64_t n = 0; n < N; ++n) z += double(lse[n]) * double(lse[n]);
+      moe_z += o.z_loss_coef / Tg * z;
+    }
+  }
+  if (!grads) {  // the busiest expert's share of this layer's routed tokens
+    int64_t mx = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max<int64_t>(mx, m.offsets[e + 1] - m.offsets[e]);
+    moe_max_load = std::max(moe_max_load, double(mx) / double(N * K));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. x_out = nullptr: a recompute inside the backward; everything the backward reads is
+// rebuilt, the combine and the residual are skipped (and no loss is counted twice).
+
+void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out) {
+  const LayerShape& s = shapes[size_t(l)];
+  const LayerParams& p = P.layers[size_t(l)];
+  MoeActs& m = moe_of(l);
+  MoeScratch& x = moe_scratch;
+  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
+  const float* xn = a.xn2;
+  Ops::RouterAttrs ra = s.router;
+
+  if (replay) {  // this layer's columns of the [N, R] field
+    ra.replay = true;
+    const char* base = static_cast<const char*>(replay->data) + replay->byte_offset;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t at = n * route_width + s.route_col + k;
+        const int64_t e = replay->dtype.bits == 32 ? reinterpret_cast<const int32_t*>(base)[at]
+                                                   : reinterpret_cast<const int64_t*>(base)[at];
+        if (e < 0 || e >= E)
+          throw std::invalid_argument("engine: replayed expert " + std::to_string(e) +
+                                      " outside the " + std::to_string(E) + " experts of layer " +
+                                      std::to_string(l));
+        m.experts[n * K + k] = int32_t(e);
+      }
+  }
+
+  // Router: logits, scores, choice, weights.
+  if (!router64) {
+    ops->gemm(false, true, N, E, C, 1.f, xn, C, p.router, C, 0.f, x.logits, E);        // z [N,E]
+    if (p.router_b) ops->bias_add_fwd(x.logits, E, p.router_b, N, E);
+    ops->moe_router_fwd(m.w, m.experts, m.probs, m.lse, x.logits, E, p.score_bias, N, E, K, ra);
+  } else {
+    to_double(x.x64, xn, N * C);
+    to_double(x.wr64, p.router, E * C);
+    ops->gemm_f64(false, true, N, E, C, 1.0, x.x64, C, x.wr64, C, 0.0, x.logits64, E);  // z [N,E]
+    if (p.router_b)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t e = 0; e < E; ++e) x.logits64[n * E + e] += double(p.router_b[e]);
+    if (p.score_bias) to_double(x.b64, p.score_bias, E);
+    ops->moe_router_fwd_f64(x.w64, m.experts, m.probs64, m.lse64, x.logits64, E,
+                            p.score_bias ? x.b64 : nullptr, N, E, K, ra);
+    for (int64_t i = 0; i < NK; ++i) m.w[i] = float(x.w64[i]);
+  }
+  if (x_out && !route_record.empty())
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(route_record.data() + n * route_width + s.route_col, m.experts + n * K,
+                  size_t(K) * sizeof(int32_t));
+
+  // Routed experts on expert-sorted rows.
+  ops->moe_permute_fwd(m.xp, m.row, m.offsets, xn, C, m.experts, N, K, C, E);        // xp [NK,C]
+  ops->grouped_gemm(false, true, E, m.offsets, 0, Fe, C, 1.f, m.xp, C, p.we_gate, C, Fe * C, 0.f,
+                    m.gu, 2 * Fe, 0);                                                 // gate [NK,Fe]
+  ops->grouped_gemm(false, true, E, m.offsets, 0, Fe, C, 1.f, m.xp, C, p.we_up, C, Fe * C, 0.f,
+                    m.gu + Fe, 2 * Fe, 0);                                            // up [NK,Fe]
+  ops->swiglu_fwd(m.a, Fe, m.gu, 2 * Fe, m.gu + Fe, 2 * Fe, NK, Fe);                  // a [NK,Fe]
+  ops->grouped_gemm(false, true, E, m.offsets, 0, C, Fe, 1.f, m.a, Fe, p.we_down, Fe, C * Fe, 0.f,
+                    m.yp, C, 0);                                                      // yp [NK,C]
+
+  // Shared expert (a dense SwiGLU MLP on every token), with its sigmoid gate.
+  if (Fs > 0) {
+    ops->gemm(false, true, N, 2 * Fs, C, 1.f, xn, C, p.ws_gu, C, 0.f, m.sgu, 2 * Fs);  // [N,2Fs]
+    ops->swiglu_fwd(m.sa, Fs, m.sgu, 2 * Fs, m.sgu + Fs, 2 * Fs, N, Fs);               // [N,Fs]
+    ops->gemm(false, true, N, C, Fs, 1.f, m.sa, Fs, p.ws_down, Fs, 0.f, m.sy, C);       // sy [N,C]
+    if (p.ws_gate) {
+      ops->gemm(false, true, N, 1, C, 1.f, xn, C, p.ws_gate, C, 0.f, m.sgl, 1);        // [N,1]
+      Ops::RouterAttrs g;
+      g.scoring = 1;  // sigmoid, one expert, one choice: weight = sigmoid(logit)
+      // (its probs, equal to the weights here, land in the dsgw scratch: unused)
+      ops->moe_router_fwd(m.sgw, x.szero, x.dsgw, nullptr, m.sgl, 1, nullptr, N, 1, 1, g);
+    }
+  }
+
+  if (moe_train && x_out) {
+    if (!router64) moe_losses<float>(l, mb, m, m.probs, m.lse, nullptr, nullptr, false);
+    else moe_losses<double>(l, mb, m, m.probs64, m.lse64, nullptr, nullptr, false);
+  }
+  if (!x_out) return;
+  ops->moe_unpermute_fwd(x_out, C, m.yp, m.row, m.w, N, K, C, false);                 // out [N,C]
+  if (Fs > 0) {
+    if (p.ws_gate) ops->moe_unpermute_fwd(x_out, C, m.sy, x.srow, m.sgw, N, 1, C, true);
+    else ops->add_fwd(x_out, x_out, m.sy, N * C);
+  }
+  ops->add_fwd(x_out, a.h, x_out, N * C);                                             // out = h + moe
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward: grad_acts.dres holds d loss / d (layer output) on entry; on exit the MLP block's
+// contribution is added to it (d loss / d h), as the dense block does.
+
+void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a) {
+  const LayerShape& s = shapes[size_t(l)];
+  const LayerParams& p = P.layers[size_t(l)];
+  const LayerParams& gp = G.layers[size_t(l)];
+  MoeActs& m = moe_of(l);
+  MoeScratch& x = moe_scratch;
+  GradActs& g = grad_acts;
+  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
+  const float* xn = a.xn2;
+  const bool frozen = opt.moe.freeze_router;
+  const int32_t* off = m.offsets;
+
+  // Combine: dyp = w dres (scattered to the rows), dw = <dres, yp>.
+  ops->moe_unpermute_bwd(x.dyp, x.dw, g.dres, C, m.yp, m.row, m.w, N, K, C);
+  // Experts: down, activation, gate|up, each with its weight gradient.
+  ops->grouped_gemm(false, false, E, off, 0, Fe, C, 1.f, x.dyp, C, p.we_down, Fe, C * Fe, 0.f,
+                    x.da, Fe, 0);                                                     // da [NK,Fe]
+  ops->grouped_gemm(true, false, E, off, C, Fe, 0, 1.f, x.dyp, C, m.a, Fe, 0, 1.f, gp.we_down, Fe,
+                    C * Fe);                                                          // dW_down
+  ops->swiglu_bwd(x.dgu, 2 * Fe, x.dgu + Fe, 2 * Fe, x.da, Fe, m.gu, 2 * Fe, m.gu + Fe, 2 * Fe, NK,
+                  Fe);                                                                // dgu [NK,2Fe]
+  ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu, 2 * Fe, m.xp, C, 0, 1.f, gp.we_gate,
+                    C, Fe * C);                                                       // dW_gate
+  ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu + Fe, 2 * Fe, m.xp, C, 0, 1.f,
+                    gp.we_up, C, Fe * C);                                             // dW_up
+  float* dxp = x.dyp;  // dyp is spent
+  ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu, 2 * Fe, p.we_gate, C, Fe * C, 0.f,
+                    dxp, C, 0);                                                       // dxp [NK,C]
+  ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu + Fe, 2 * Fe, p.we_up, C, Fe * C,
+                    1.f, dxp, C, 0);
+  ops->moe_permute_bwd(g.dxn, C, dxp, m.row, N, K, C, false);                         // dxn [N,C]
+
+  // Router: d logits from the weights (and the auxiliary losses), then into xn (always) and
+  // into the router weight (unless frozen).
+  if (!router64) {
+    const bool aux = moe_train && (opt.moe.aux_loss_coef != 0 &&
+                                   opt.moe.load_balancing != MoeOptions::LoadBalancing::none);
+    const bool zl = moe_train && opt.moe.z_loss_coef != 0;
+    moe_losses<float>(l, mb, m, m.probs, m.lse, aux ? x.dprobs : nullptr, zl ? x.dlse : nullptr, true);
+    ops->moe_router_bwd(x.dlogits, x.dw, m.probs, m.experts, aux ? x.dprobs : nullptr,
+                        zl ? x.dlse : nullptr, N, E, K, s.router);                    // dz [N,E]
+    if (!frozen) {
+      ops->gemm(true, false, E, C, N, 1.f, x.dlogits, E, xn, C, 1.f, gp.router, C);   // dW_router
+      if (gp.router_b) ops->bias_bwd(gp.router_b, x.dlogits, E, N, E);
+    }
+    ops->gemm(false, false, N, C, E, 1.f, x.dlogits, E, p.router, C, 1.f, g.dxn, C);  // dxn += dz Wr
+  } else {
+    const bool aux = moe_train && (opt.moe.aux_loss_coef != 0 &&
+                                   opt.moe.load_balancing != MoeOptions::LoadBalancing::none);
+    const bool zl = moe_train && opt.moe.z_loss_coef != 0;
+    moe_losses<double>(l, mb, m, m.probs64, m.lse64, aux ? x.dprobs64 : nullptr,
+                       zl ? x.dlse64 : nullptr, true);
+    to_double(x.dw64, x.dw, NK);
+    ops->moe_router_bwd_f64(x.dlogits64, x.dw64, m.probs64, m.experts, aux ? x.dprobs64 : nullptr,
+                            zl ? x.dlse64 : nullptr, N, E, K, s.router);              // dz [N,E]
+    to_double(x.wr64, p.router, E * C);
+    ops->gemm_f64(false, false, N, C, E, 1.0, x.dlogits64, E, x.wr64, C, 0.0, x.x64, C);  // dz Wr
+    for (int64_t i = 0; i < N * C; ++i) g.dxn[i] += float(x.x64[i]);
+    if (!frozen) {
+      to_double(x.x64, xn, N * C);
+      ops->gemm_f64(true, false, E, C, N, 1.0, x.dlogits64, E, x.x64, C, 0.0, x.wr64, C);
+      for (int64_t i = 0; i < E * C; ++i) gp.router[i] += float(x.wr64[i]);      // dW_router
+      if (gp.router_b)
+        for (int64_t e = 0; e < E; ++e) {
+          double acc = 0;
+          for (int64_t n = 0; n < N; ++n) acc += x.dlogits64[n * E + e];
+          gp.router_b[e] += float(acc);
+        }
+    }
+  }
+
+  // Shared expert and its gate.
+  if (Fs > 0) {
+    const float* dsy = g.dres;
+    if (p.ws_gate) {
+      ops->moe_unpermute_bwd(x.dsy, x.dsgw, g.dres, C, m.sy, x.srow, m.sgw, N, 1, C);  // dsy, dgate
+      Ops::RouterAttrs ga;
+      ga.scoring = 1;
+      ops->moe_router_bwd(x.dsgl, x.dsgw, m.sgw, x.szero, nullptr, nullptr, N, 1, 1, ga);  // [N,1]
+      ops->gemm(true, false, 1, C, N, 1.f, x.dsgl, 1, xn, C, 1.f, gp.ws_gate, C);       // dW_gate
+      ops->gemm(false, false, N, C, 1, 1.f, x.dsgl, 1, p.ws_gate, C, 1.f, g.dxn, C);    // dxn +=
+      dsy = x.dsy;
+    }
+    ops->gemm(false, false, N, Fs, C, 1.f, dsy, C, p.ws_down, Fs, 0.f, x.dsa, Fs);      // dsa
+    ops->gemm(true, false, C, Fs, N, 1.f, dsy, C, m.sa, Fs, 1.f, gp.ws_down, Fs);       // dW_down
+    ops->swiglu_bwd(x.dsgu, 2 * Fs, x.dsgu + Fs, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, m.sgu + Fs,
+                    2 * Fs, N, Fs);                                                   // dsgu
+    ops->gemm(false, false, N, C, 2 * Fs, 1.f, x.dsgu, 2 * Fs, p.ws_gu, C, 1.f, g.dxn, C);  // dxn +=
+    ops->gemm(true, false, 2 * Fs, C, N, 1.f, x.dsgu, 2 * Fs, xn, C, 1.f, gp.ws_gu, C);     // dW_gu
+  }
+  ops->rmsnorm_bwd(g.dres, C, gp.mlp_norm, g.dxn, C, a.h, C, p.mlp_norm, a.rstd2, N, C, s.off_mlp,
+                   true);                                                             // dres = dh
+}
+
+template void Engine::Impl::moe_losses<float>(int64_t, const MicroBatch&, const MoeActs&,
+                                              const float*, const float*, float*, float*, bool);
+template void Engine::Impl::moe_losses<double>(int64_t, const MicroBatch&, const MoeActs&,
+                                               const double*, const double*, double*, double*,
+                                               bool);
+
+}  // namespace rlh::engine
