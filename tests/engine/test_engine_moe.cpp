@@ -1,0 +1,508 @@
+// Engine MoE properties on the MoE fixtures of tests/engine/fixtures (HF weights, so the router
+// makes real, uneven choices): packing, micro-batching, recompute and thread count do not change
+// results; the routing record and replay; the auxiliary losses' gradients against finite
+// differences of their reported values; the frozen router; the float64 router; the kernels
+// through the C ABI; refusals. (Agreement with Hugging Face is test_engine_fixtures.)
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine/engine.hpp"
+#include "rlhost/host.h"
+#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/kernels.hpp"
+#include "rlhost/sdk/safetensors.hpp"
+
+using namespace rlh;
+using engine::Engine;
+using engine::EngineOptions;
+using engine::MicroBatch;
+using engine::MoeOptions;
+
+namespace {
+
+struct Model {
+  sdk::TransformerDesc desc;
+  std::vector<std::vector<float>> weights;
+};
+
+// qwen2-moe-tiny: softmax without renormalisation, gated shared expert, a dense layer between
+// MoE layers. qwen2-moe-step2-tied-tiny: renormalised top-3 of 6, MoE every second layer, tied.
+const Model& model(const std::string& name) {
+  static std::map<std::string, Model> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    const std::string dir = std::string(RLH_ENGINE_FIXTURES_DIR) + "/" + name;
+    Model m;
+    m.desc = model::describe_model_dir(dir);
+    m.weights = model::load_weights_f32(m.desc, sdk::st::Checkpoint::open(dir + "/model.safetensors")).tensors;
+    it = cache.emplace(name, std::move(m)).first;
+  }
+  return it->second;
+}
+
+std::unique_ptr<Engine> make(const std::string& name, EngineOptions o = {}) {
+  const Model& m = model(name);
+  auto e = std::make_unique<Engine>(m.desc, o);
+  e->load_parameters(m.weights);
+  return e;
+}
+
+// Packed sequences of the given lengths with deterministic ids.
+struct Batch {
+  std::vector<int32_t> ids, cu;
+  MicroBatch mb() const {
+    MicroBatch m;
+    m.input_ids = ids;
+    m.cu_seqlens = cu;
+    return m;
+  }
+};
+Batch make_batch(const std::vector<int>& lens, int64_t V) {
+  Batch b;
+  b.cu.push_back(0);
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int t = 0; t < lens[s]; ++t) b.ids.push_back(int32_t(3 + (s * 131 + t * 37 + t * t) % (V - 3)));
+    b.cu.push_back(int32_t(b.ids.size()));
+  }
+  return b;
+}
+
+// Mean NLL over the predicted tokens (normalised by the caller's global count).
+engine::LossResult nll(const engine::LossContext& c, const engine::OutputViews& o,
+                       engine::OutputGrads& g) {
+  engine::LossResult r;
+  const auto& cu = c.microbatch->cu_seqlens;
+  for (size_t s = 0; s + 1 < cu.size(); ++s)
+    for (int32_t t = cu[s] + 1; t < cu[s + 1]; ++t) {
+      r.loss -= o.logprob[size_t(t)] / double(c.global_tokens);
+      g.logprob[size_t(t)] = float(-1.0 / double(c.global_tokens));
+    }
+  return r;
+}
+// No loss of its own: only the MoE auxiliary losses make gradients.
+engine::LossResult no_loss(const engine::LossContext&, const engine::OutputViews&,
+                           engine::OutputGrads&) {
+  return {};
+}
+
+int64_t predicted(const Batch& b) { return int64_t(b.ids.size()) - int64_t(b.cu.size()) + 1; }
+
+double metric(const engine::StepResult& r, const std::string& name) {
+  for (const auto& [k, v] : r.metrics)
+    if (k == name) return v;
+  ADD_FAILURE() << "no metric " << name;
+  return NAN;
+}
+
+std::vector<std::vector<float>> grads(Engine& e) {
+  std::vector<std::vector<float>> g;
+  for (size_t i = 0; i < e.num_params(); ++i) g.emplace_back(e.grad(i).begin(), e.grad(i).end());
+  return g;
+}
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double mx = 0, err = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    mx = std::max(mx, std::fabs(double(b[i])));
+    err = std::max(err, std::fabs(double(a[i]) - double(b[i])));
+  }
+  return err / std::max(mx, 1e-30);
+}
+
+class MoeModel : public ::testing::TestWithParam<std::string> {};
+
+// One packed micro-batch = one micro-batch per sequence (gradients, the per-sequence and z
+// losses); recompute and the thread count change no bit.
+TEST_P(MoeModel, PackingMicroBatchesRecomputeAndThreadsDoNotChangeResults) {
+  EngineOptions o;
+  o.moe.load_balancing = MoeOptions::LoadBalancing::seq_aux_loss;
+  o.moe.aux_loss_coef = 0.05;
+  o.moe.z_loss_coef = 1e-3;
+  const Batch b = make_batch({9, 17, 5, 13}, model(GetParam()).desc.vocab_size);
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.apply_optimizer = false;
+
+  auto run = [&](EngineOptions eo, int64_t max_tokens, engine::StepResult* r) {
+    auto e = make(GetParam(), eo);
+    std::vector<std::vector<int32_t>> cu;
+    const std::vector<MicroBatch> mbs = engine::split_microbatches(b.ids, b.cu, max_tokens, &cu);
+    *r = e->train_step(mbs, so, nll);
+    return grads(*e);
+  };
+  engine::StepResult packed, split, recomputed, one_thread;
+  const auto g_packed = run(o, 1000, &packed);
+  const auto g_split = run(o, 1, &split);
+  ASSERT_GT(metric(packed, "moe/aux_loss"), 0);
+  EXPECT_NEAR(metric(split, "moe/aux_loss"), metric(packed, "moe/aux_loss"), 1e-6 * metric(packed, "moe/aux_loss"));
+  EXPECT_NEAR(metric(split, "moe/z_loss"), metric(packed, "moe/z_loss"), 1e-6 * metric(packed, "moe/z_loss"));
+  EXPECT_NEAR(split.loss, packed.loss, 1e-6 * packed.loss);
+  for (size_t i = 0; i < g_packed.size(); ++i)
+    EXPECT_LE(rel(g_split[i], g_packed[i]), 2e-5) << model(GetParam()).desc.params[i].name;
+
+  EngineOptions rc = o;
+  rc.recompute = true;
+  const auto g_rc = run(rc, 1000, &recomputed);
+  EXPECT_EQ(g_rc, g_packed);
+  EXPECT_EQ(recomputed.loss, packed.loss);
+  EXPECT_EQ(metric(recomputed, "moe/aux_loss"), metric(packed, "moe/aux_loss"));
+
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto g_1 = run(o, 1000, &one_thread);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(g_1, g_packed);
+}
+
+// The record lists each token's experts per MoE layer; replaying it reproduces the forward bit
+// for bit; replaying another routing uses that one.
+TEST_P(MoeModel, RoutingRecordAndReplay) {
+  const Model& m = model(GetParam());
+  auto e = make(GetParam());
+  const Batch b = make_batch({11, 20}, m.desc.vocab_size);
+  const MicroBatch mb = b.mb();
+  const int64_t N = int64_t(b.ids.size()), R = e->routing_width();
+  int64_t expect_r = 0;
+  for (const auto& l : m.desc.layers)
+    if (l.mlp.kind == sdk::MlpKind::moe) expect_r += l.mlp.moe.top_k;
+  ASSERT_EQ(R, expect_r);
+
+  engine::OutputRequest req;
+  req.routed_experts = true;
+  const engine::Outputs o = e->forward(mb, req);
+  ASSERT_EQ(o.routing_width, R);
+  ASSERT_EQ(int64_t(o.routed_experts.size()), N * R);
+  int64_t col = 0;
+  for (const auto& l : m.desc.layers) {
+    if (l.mlp.kind != sdk::MlpKind::moe) continue;
+    const int64_t K = l.mlp.moe.top_k, E = l.mlp.moe.num_experts;
+    std::vector<int> used(size_t(E), 0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t x = o.routed_experts[size_t(n * R + col + k)];
+        ASSERT_GE(x, 0);
+        ASSERT_LT(x, E);
+        ++used[size_t(x)];
+        for (int64_t j = 0; j < k; ++j) EXPECT_NE(x, o.routed_experts[size_t(n * R + col + j)]);
+      }
+    int experts_used = 0;
+    for (int u : used) experts_used += u > 0;
+    EXPECT_GT(experts_used, 1) << "the router spreads tokens";
+    col += K;
+  }
+
+  // Replay of the record: the same outputs, bit for bit, and the same record.
+  std::vector<int64_t> shape = {N, R}, strides = {R, 1};
+  auto field = [&](std::vector<int32_t>& data) {
+    rlh_named_tensor f{};
+    f.name = "routed_experts";
+    f.tensor.data = data.data();
+    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+    f.tensor.ndim = 2;
+    f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+    f.tensor.shape = shape.data();
+    f.tensor.strides = strides.data();
+    return f;
+  };
+  std::vector<int32_t> rec = o.routed_experts;
+  MicroBatch rmb = mb;
+  rmb.fields.push_back(field(rec));
+  engine::OutputRequest rreq = req;
+  rreq.replay_routing_field = "routed_experts";
+  const engine::Outputs o2 = e->forward(rmb, rreq);
+  EXPECT_EQ(o2.logprob, o.logprob);
+  EXPECT_EQ(o2.routed_experts, o.routed_experts);
+
+  // Another routing (each choice moved to the next expert, keeping a row's choices distinct).
+  std::vector<int32_t> other = rec;
+  col = 0;
+  for (const auto& l : m.desc.layers) {
+    if (l.mlp.kind != sdk::MlpKind::moe) continue;
+    const int64_t K = l.mlp.moe.top_k, E = l.mlp.moe.num_experts;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        int32_t& x = other[size_t(n * R + col + k)];
+        x = int32_t((x + 1) % E);
+      }
+    col += K;
+  }
+  MicroBatch omb = mb;
+  omb.fields.push_back(field(other));
+  const engine::Outputs o3 = e->forward(omb, rreq);
+  EXPECT_EQ(o3.routed_experts, other);
+  EXPECT_NE(o3.logprob, o.logprob);
+
+  // A train step records too, per micro-batch.
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.apply_optimizer = false;
+  so.outputs.routed_experts = true;
+  const engine::StepResult sr = e->train_step({&mb, 1}, so, nll);
+  ASSERT_EQ(sr.routed_experts.size(), 1u);
+  EXPECT_EQ(sr.routed_experts[0], o.routed_experts);
+
+  // A malformed replay field is refused.
+  shape = {N, R - 1};
+  strides = {R - 1, 1};
+  std::vector<int32_t> short_rec(size_t(N * (R - 1)), 0);
+  MicroBatch bad = mb;
+  bad.fields.push_back(field(short_rec));
+  EXPECT_THROW(e->forward(bad, rreq), std::invalid_argument);
+  shape = {N, R};
+  strides = {R, 1};
+  std::vector<int32_t> out_of_range = rec;
+  out_of_range[3] = 1000;
+  MicroBatch bad2 = mb;
+  bad2.fields.push_back(field(out_of_range));
+  EXPECT_THROW(e->forward(bad2, rreq), std::invalid_argument);
+}
+
+// The auxiliary losses alone (the callback's loss is 0): the engine's gradient g against the
+// directional derivative of the reported losses along g, (L(w + h g) - L(w - h g)) / 2h = |g|^2,
+// per parameter tensor, with the routing replayed so that the top-k cannot flip.
+void check_aux_gradient(const std::string& name, EngineOptions o) {
+  const Model& m = model(name);
+  auto e = make(name, o);
+  const Batch b = make_batch({14, 9, 21}, m.desc.vocab_size);
+  engine::OutputRequest rec;
+  rec.routed_experts = true;
+  std::vector<int32_t> routes = e->forward(b.mb(), rec).routed_experts;
+  std::vector<int64_t> shape = {int64_t(b.ids.size()), e->routing_width()}, strides = {shape[1], 1};
+  rlh_named_tensor f{};
+  f.name = "routes";
+  f.tensor.data = routes.data();
+  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  f.tensor.ndim = 2;
+  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+  f.tensor.shape = shape.data();
+  f.tensor.strides = strides.data();
+  MicroBatch mb = b.mb();
+  mb.fields.push_back(f);
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.apply_optimizer = false;
+  so.outputs.replay_routing_field = "routes";
+  auto objective = [&](engine::StepResult* r = nullptr) {
+    const engine::StepResult s = e->train_step({&mb, 1}, so, no_loss);
+    if (r) *r = s;
+    double v = 0;
+    for (const auto& [k, x] : s.metrics)
+      if (k == "moe/aux_loss" || k == "moe/z_loss") v += x;
+    return v;
+  };
+  engine::StepResult base;
+  objective(&base);
+  const auto g = grads(*e);
+  const std::vector<std::vector<float>> w0 = e->save_parameters();
+  int checked = 0;
+  for (size_t i = 0; i < e->num_params(); ++i) {
+    const sdk::ParamDesc& p = m.desc.params[i];
+    // every router, and upstream of the first: layer 0's q and norm, the embedding
+    const bool wanted = p.role == sdk::ParamRole::router ||
+                        ((p.role == sdk::ParamRole::q || p.role == sdk::ParamRole::attn_norm) &&
+                         p.layer == 0) ||
+                        p.role == sdk::ParamRole::embed;
+    if (!wanted) continue;
+    double g2 = 0;
+    for (float x : g[i]) g2 += double(x) * double(x);
+    ASSERT_GT(g2, 0) << p.name << ": the auxiliary losses reach it";
+    const double h = 1e-2 / std::sqrt(g2);
+    double L[2];
+    for (int sgn = 0; sgn < 2; ++sgn) {
+      std::vector<std::vector<float>> w = w0;
+      for (size_t j = 0; j < w[i].size(); ++j) w[i][j] += float((sgn ? -h : h) * g[i][j]);
+      e->load_parameters(w);
+      L[sgn] = objective();
+    }
+    e->load_parameters(w0);
+    const double fd = (L[0] - L[1]) / (2 * h);
+    EXPECT_NEAR(fd, g2, 2e-3 * g2) << p.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
+TEST_P(MoeModel, AuxAndZLossGradientsMatchFiniteDifferences) {
+  EngineOptions o;
+  o.moe.load_balancing = MoeOptions::LoadBalancing::aux_loss;
+  o.moe.aux_loss_coef = 0.1;
+  o.moe.z_loss_coef = 0.01;
+  check_aux_gradient(GetParam(), o);
+  o.moe.load_balancing = MoeOptions::LoadBalancing::seq_aux_loss;
+  o.moe.z_loss_coef = 0;
+  check_aux_gradient(GetParam(), o);
+  o.moe.router_fp64 = true;
+  o.moe.z_loss_coef = 0.02;
+  check_aux_gradient(GetParam(), o);
+}
+
+// One sequence in one micro-batch: Megatron's aux_loss and seq_aux_loss are the same number.
+TEST_P(MoeModel, AuxLossEqualsSeqAuxLossOnOneSequence) {
+  const Batch b = make_batch({23}, model(GetParam()).desc.vocab_size);
+  const MicroBatch mb = b.mb();
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.apply_optimizer = false;
+  double v[2];
+  for (int t = 0; t < 2; ++t) {
+    EngineOptions o;
+    o.moe.load_balancing = t ? MoeOptions::LoadBalancing::seq_aux_loss : MoeOptions::LoadBalancing::aux_loss;
+    o.moe.aux_loss_coef = 0.3;
+    v[t] = metric(make(GetParam(), o)->train_step({&mb, 1}, so, nll), "moe/aux_loss");
+  }
+  EXPECT_GT(v[0], 0);
+  EXPECT_NEAR(v[0], v[1], 1e-9 * v[0]);
+}
+
+// freeze_moe_router: no router gradient, no router update; every other gradient is unchanged
+// (tokens still backpropagate through the routing weights).
+TEST_P(MoeModel, FrozenRouter) {
+  const Batch b = make_batch({12, 19}, model(GetParam()).desc.vocab_size);
+  const MicroBatch mb = b.mb();
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.apply_optimizer = false;
+  auto live = make(GetParam());
+  EngineOptions fo;
+  fo.moe.freeze_router = true;
+  auto frozen = make(GetParam(), fo);
+  const engine::StepResult rl = live->train_step({&mb, 1}, so, nll);
+  const engine::StepResult rf = frozen->train_step({&mb, 1}, so, nll);
+  EXPECT_EQ(rl.loss, rf.loss);
+  double router2 = 0;
+  int routers = 0;
+  for (size_t i = 0; i < live->num_params(); ++i) {
+    const auto& p = live->desc().params[i];
+    std::vector<float> gl(live->grad(i).begin(), live->grad(i).end());
+    std::vector<float> gf(frozen->grad(i).begin(), frozen->grad(i).end());
+    if (p.role == sdk::ParamRole::router) {
+      ++routers;
+      for (float x : gl) router2 += double(x) * x;
+      EXPECT_EQ(gf, std::vector<float>(gf.size(), 0.f)) << p.name;
+    } else {
+      EXPECT_EQ(gf, gl) << p.name;
+    }
+  }
+  ASSERT_GT(routers, 0);
+  ASSERT_GT(router2, 0);
+  // The norm leaves the router out.
+  EXPECT_NEAR(rf.grad_norm * rf.grad_norm, rl.grad_norm * rl.grad_norm - router2, 1e-4 * router2);
+  // An optimizer step moves everything but the router.
+  so.apply_optimizer = true;
+  so.lr = 1e-2;
+  const auto before = frozen->save_parameters();
+  frozen->train_step({&mb, 1}, so, nll);
+  const auto after = frozen->save_parameters();
+  for (size_t i = 0; i < before.size(); ++i) {
+    const auto role = frozen->desc().params[i].role;
+    if (role == sdk::ParamRole::router)
+      EXPECT_EQ(after[i], before[i]) << frozen->desc().params[i].name;
+    else if (role == sdk::ParamRole::expert_gate || role == sdk::ParamRole::q)
+      EXPECT_NE(after[i], before[i]) << frozen->desc().params[i].name;
+  }
+}
+
+// The float64 router: the same model to float32 rounding, and it does run in float64.
+TEST_P(MoeModel, Fp64RouterAgreesAndRunsInFloat64) {
+  const Batch b = make_batch({16, 10}, model(GetParam()).desc.vocab_size);
+  const MicroBatch mb = b.mb();
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.apply_optimizer = false;
+  auto f32 = make(GetParam());
+  engine::CountingAllocator alloc;
+  std::unique_ptr<engine::Ops> cpu = engine::make_cpu_ops(alloc);
+  std::unique_ptr<engine::Ops> prof = engine::make_profiling_ops(*cpu);
+  EngineOptions o;
+  o.moe.router_fp64 = true;
+  o.ops = prof.get();
+  auto f64 = make(GetParam(), o);
+  const engine::StepResult r32 = f32->train_step({&mb, 1}, so, nll);
+  const engine::StepResult r64 = f64->train_step({&mb, 1}, so, nll);
+  EXPECT_NEAR(r64.loss, r32.loss, 1e-6 * r32.loss);
+  for (size_t i = 0; i < f32->num_params(); ++i) {
+    std::vector<float> a(f64->grad(i).begin(), f64->grad(i).end());
+    std::vector<float> c(f32->grad(i).begin(), f32->grad(i).end());
+    EXPECT_LE(rel(a, c), 1e-4) << f32->desc().params[i].name;
+  }
+  const std::string report = engine::profiling_report(*prof);
+  EXPECT_NE(report.find("moe_router_fwd_f64"), std::string::npos) << report;
+  EXPECT_NE(report.find("moe_router_bwd_f64"), std::string::npos) << report;
+  EXPECT_NE(report.find("gemm_f64"), std::string::npos) << report;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MoeModel,
+                         ::testing::Values("qwen2-moe-tiny", "qwen2-moe-step2-tied-tiny"),
+                         [](const auto& info) {
+                           std::string s;
+                           for (char c : info.param) s += std::isalnum((unsigned char)c) ? c : '_';
+                           return s;
+                         });
+
+// The MoE ops through the C ABI (the kernels_cpu plugin, float32 and float64 router) give the
+// direct results bit for bit.
+TEST(MoeEngine, RegistryOpsEqualDirectCalls) {
+  rlhost_t* host = nullptr;
+  sdk::check(rlhost_create(&host));
+  rlhost_set_log_level(host, RLH_LOG_WARN);
+  sdk::check(rlhost_add_plugin_dir(host, RLH_PLUGIN_DIR));
+  sdk::check(rlhost_load_plugin(host, "kernels_cpu"));
+  const rlh_host_api* svc = rlhost_services(host);
+  const rlh_component_desc* d = nullptr;
+  sdk::check(svc->find_component(svc->ctx, RLH_KIND_KERNELS, "kernels_cpu", &d));
+  {
+    sdk::KernelRegistry reg;
+    reg.add("kernels_cpu", static_cast<const rlh_kernels_api*>(d->api), svc, sdk::kCPU);
+    std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(reg);
+    const Batch b = make_batch({13, 8}, model("qwen2-moe-tiny").desc.vocab_size);
+    const MicroBatch mb = b.mb();
+    for (bool fp64 : {false, true}) {
+      SCOPED_TRACE(fp64 ? "fp64 router" : "fp32 router");
+      EngineOptions via, direct;
+      via.ops = ops.get();
+      via.moe.router_fp64 = direct.moe.router_fp64 = fp64;
+      via.moe.z_loss_coef = direct.moe.z_loss_coef = 0.01;
+      auto a = make("qwen2-moe-tiny", via), c = make("qwen2-moe-tiny", direct);
+      engine::StepOptions so;
+      so.global_tokens = predicted(b);
+      so.apply_optimizer = false;
+      const engine::StepResult ra = a->train_step({&mb, 1}, so, nll);
+      const engine::StepResult rc = c->train_step({&mb, 1}, so, nll);
+      EXPECT_EQ(ra.loss, rc.loss);
+      EXPECT_EQ(metric(ra, "moe/z_loss"), metric(rc, "moe/z_loss"));
+      EXPECT_EQ(grads(*a), grads(*c));
+    }
+  }
+  rlhost_destroy(host);
+}
+
+// What the engine refuses, by name.
+TEST(MoeEngine, Refusals) {
+  sdk::TransformerDesc d = model("qwen2-moe-tiny").desc;
+  for (auto& l : d.layers)
+    if (l.mlp.kind == sdk::MlpKind::moe) l.mlp.moe.scoring = sdk::MoeScoring::sigmoid;
+  EngineOptions o;
+  o.moe.z_loss_coef = 1e-3;
+  try {
+    Engine e(d, o);
+    ADD_FAILURE() << "sigmoid scores with a z-loss were accepted";
+  } catch (const std::invalid_argument& ex) {
+    EXPECT_NE(std::string(ex.what()).find("sigmoid"), std::string::npos) << ex.what();
+  }
+  Engine plain(d);  // sigmoid scores without auxiliary losses run
+  EXPECT_GT(plain.routing_width(), 0);
+  sdk::TransformerDesc bad = model("qwen2-moe-tiny").desc;
+  for (auto& l : bad.layers)
+    if (l.mlp.kind == sdk::MlpKind::moe) l.mlp.moe.top_k = l.mlp.moe.num_experts + 1;
+  EXPECT_THROW(Engine e(bad), std::invalid_argument);
+}
+
+}  // namespace
