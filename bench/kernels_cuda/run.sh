@@ -34,13 +34,19 @@ def parse(path):
             rows.append(dict(kv.split("=", 1) for kv in line.split()[1:]))
     return rows
 ours, peer = parse(sys.argv[1]), parse(sys.argv[2])
+import datetime, re
+device = ""
+for line in open(sys.argv[1]):
+    m = re.match(r"device: ([^,]+)", line)
+    if m: device = m.group(1)
+today = datetime.date.today().isoformat()
 peer_by = {r["name"]: r for r in peer}
 out = []
 print()
 print(f"{'op':18} {'shape':36} {'rlhost':>14} {'PyTorch':>14} {'ratio':>7}")
 for r in ours:
     p = peer_by.get(r["name"])
-    row = {"op": r["name"], "shape": r["shape"], "unit": r["unit"],
+    row = {"op": r["name"], "shape": r["shape"], "unit": r["unit"], "device": device, "date": today,
            "rlhost": float(r["value"]), "rlhost_ms": float(r["ms"])}
     if p:
         row.update({"peer": "torch", "peer_shape": p["shape"], "peer_value": float(p["value"]),
