@@ -1,0 +1,80 @@
+// Paged KV cache: a pool of fixed-size blocks under a byte budget, and the block tables that
+// give each sequence its blocks (vLLM's PagedAttention layout, on the CPU).
+//
+// A block holds `block_size` consecutive token positions of one sequence for every layer:
+//   block b, layer l:  K [Hkv_l][D_l][block_size]  then  V [Hkv_l][block_size][D_l]
+// Heads outermost, so one (query row, kv head) pair of the attention reads contiguous memory.
+// Keys are stored transposed: the scores of a whole block are then block_size-wide vector FMAs
+// over d (q[d] broadcast), with no horizontal sum per key; values stay row-major, as the output
+// accumulates whole value rows. Position p of a sequence lives in block table[p / block_size],
+// slot p % block_size.
+//
+// Memory: the pool is one allocation of the whole budget, made when a generate() call starts and
+// freed when it returns, so between rollouts a colocated trainer has the memory back (the CPU
+// form of vLLM's sleep/wake of the KV cache). Pages are touched only when a block is first
+// written, and freed blocks are reused last-in first-out, so the resident size follows the peak
+// number of blocks in use, not the budget.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace rlh::gen {
+
+struct KvLayout {
+  int64_t block_size = 16;
+  std::vector<int64_t> kv_heads, head_dim;  // per layer
+  std::vector<int64_t> offset;              // per layer: floats from the block start to its K
+  int64_t block_floats = 0;                 // floats per block, all layers, K and V
+
+  // The layout for layers with these (Hkv, D); block_size >= 1.
+  static KvLayout make(int64_t block_size, std::vector<int64_t> kv_heads, std::vector<int64_t> head_dim);
+  int64_t block_bytes() const { return block_floats * int64_t(sizeof(float)); }
+};
+
+// Memory for the pool: the host's allocation service in the plugin, aligned_alloc otherwise.
+struct PoolAllocator {
+  std::function<void*(size_t)> allocate;        // 64-byte aligned; throws on failure
+  std::function<void(void*, size_t)> deallocate;
+  static PoolAllocator aligned_heap();
+};
+
+class KvCache {
+ public:
+  // Holds budget_bytes / block_bytes blocks (at least one).
+  KvCache(KvLayout layout, int64_t budget_bytes, PoolAllocator alloc = PoolAllocator::aligned_heap());
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvLayout& layout() const { return layout_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t num_free() const { return int64_t(free_.size()); }
+  int64_t peak_used() const { return peak_used_; }
+
+  // A free block id, or -1 when the pool is exhausted.
+  int32_t allocate();
+  void release(int32_t block);
+
+  // Keys of `layer` in `block`: [Hkv][D][block_size]; values: [Hkv][block_size][D].
+  float* keys(int32_t block, int64_t layer) {
+    return pool_ + int64_t(block) * layout_.block_floats + layout_.offset[size_t(layer)];
+  }
+  float* values(int32_t block, int64_t layer) {
+    return keys(block, layer) +
+           layout_.kv_heads[size_t(layer)] * layout_.block_size * layout_.head_dim[size_t(layer)];
+  }
+
+ private:
+  KvLayout layout_;
+  PoolAllocator alloc_;
+  int64_t num_blocks_ = 0;
+  size_t pool_bytes_ = 0;
+  float* pool_ = nullptr;
+  std::vector<int32_t> free_;  // a stack: the most recently freed block is handed out first
+  int64_t peak_used_ = 0;
+};
+
+}  // namespace rlh::gen

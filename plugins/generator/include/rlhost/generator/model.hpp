@@ -1,0 +1,155 @@
+// The model as the generator runs it: a transformer description (rlh::sdk::TransformerDesc, the
+// same one the training engine executes), its weights — views of a colocated trainer's buffers
+// or owned copies — and the forward of one scheduler step over the paged KV cache.
+//
+// The math is the engine's, op for op (sdk/engine/src/forward.cpp): pre-norm decoder layers,
+//   h   = x + o_proj(attention(rope(qk_norm(qkv_proj(attn_norm(x))))))
+//   out = h + down(silu(gate(mlp_norm(h))) * up(mlp_norm(h)))
+// with q/k/v/o and MLP biases, per-head q/k RMSNorm (Qwen3), RoPE of any kind the description
+// names, GQA, per-layer sliding windows, then logits = lm_head(final_norm(x)) (the embedding when
+// tied). RMSNorm, RoPE, SwiGLU, bias, add and embedding are kernels_cpu's ops through the
+// engine's Ops interface; the projections are linear.hpp's row-invariant product and attention
+// reads the paged cache (paged_attention.hpp), the two pieces a generator needs that a trainer
+// does not.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine/allocator.hpp"
+#include "rlhost/engine/ops.hpp"
+#include "rlhost/generator/kv_cache.hpp"
+#include "rlhost/generator/paged_attention.hpp"
+#include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/tensor.h"
+
+namespace rlh::gen {
+
+// Shapes and settings of one decoder layer, read once from the description.
+struct LayerShape {
+  int64_t Hq = 0, Hkv = 0, D = 0, Wqkv = 0, F = 0;
+  float eps_attn = 0, off_attn = 0, eps_mlp = 0, off_mlp = 0;
+  bool qk_norm = false, use_rope = false;
+  int64_t window = 0;
+  float scale = 0;  // softmax scale
+};
+
+// Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the layer and feature when the description needs
+// what this generator does not execute (MoE MLPs, MLA attention, non-SiLU activations, LayerNorm),
+// RLH_E_INVALID_ARGUMENT for inconsistent sizes.
+std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc);
+
+// Weights by description parameter, engine layout (row-major desc shapes): each one either a
+// view of memory someone else owns (refit with may_alias) or a slice of one owned arena laid out
+// like the engine's (q|k|v and gate|up adjacent, so they run as one product each).
+class Weights {
+ public:
+  explicit Weights(const sdk::TransformerDesc& desc);
+  ~Weights();
+
+  // Owned copies of a whole set (desc.params order, engine layout), e.g. from a checkpoint.
+  void load(const std::vector<std::vector<float>>& tensors, int64_t version);
+
+  // Installs a set, or the next bucket of one, by HF name (rlh_weight_update's semantics).
+  // may_alias: float32 CPU tensors, contiguous, are kept as views (the caller keeps them alive
+  // and unchanged until its next update); anything else (other dtypes, strides, copies asked
+  // for) is converted into owned memory. A version is in force once every HF tensor of the
+  // description has arrived for it; a new version number starts a new set.
+  void update(int64_t version, std::span<const rlh_named_tensor> weights, bool may_alias);
+
+  // Throws sdk::Error(RLH_E_FAILED_PRECONDITION) unless a complete version is in force (none
+  // loaded yet, or a newer version only partly received).
+  void require_complete() const;
+  bool complete() const { return complete_ && pending_received_ == 0; }
+  int64_t version() const { return version_; }
+  // Changes whenever the pointers in force may have changed (each load or completed set).
+  int64_t serial() const { return serial_; }
+  // Bytes of owned weight storage (0 when everything is a view).
+  int64_t owned_bytes() const;
+  // Where parameter i is (nullptr before it is installed).
+  const float* param(size_t i) const { return ptr_[i]; }
+
+ private:
+  void ensure_arena();
+  void finalize();  // a complete pending set becomes the version in force
+
+  const sdk::TransformerDesc& desc_;
+  std::vector<const float*> ptr_;   // per param, in force
+  std::vector<int64_t> arena_off_;  // per param offset in the arena (layer order)
+  int64_t arena_floats_ = 0;
+  float* arena_ = nullptr;
+  struct Piece {
+    size_t param = 0, index = 0;  // desc.params[param].hf_names[index]
+  };
+  std::vector<std::pair<std::string, Piece>> by_name_;  // sorted by HF name
+  std::vector<std::vector<const float*>> alias_;        // per param, per piece: view or nullptr
+  std::vector<std::vector<uint8_t>> got_;               // per param, per piece: received
+  int64_t pieces_total_ = 0;
+  int64_t pending_version_ = -1, pending_received_ = 0;
+  int64_t version_ = -1, serial_ = 0;
+  bool complete_ = false;
+};
+
+// Per-layer and global weight pointers of the set in force.
+struct LayerWeights {
+  const float *attn_norm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  const float *o = nullptr, *bo = nullptr, *mlp_norm = nullptr, *gate = nullptr, *up = nullptr;
+  const float *bgate = nullptr, *bup = nullptr, *down = nullptr, *bdown = nullptr;
+};
+
+class DecodeModel {
+ public:
+  // ops: the shared kernels (nullptr: kernels_cpu directly).
+  explicit DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops = nullptr);
+  ~DecodeModel();
+
+  const sdk::TransformerDesc& desc() const { return desc_; }
+  const std::vector<LayerShape>& shapes() const { return shapes_; }
+  int64_t vocab() const { return V_; }
+  Weights& weights() { return *weights_; }
+  const Weights& weights() const { return *weights_; }
+  KvLayout kv_layout(int64_t block_size) const;
+
+  // One step: rows r = 0..R-1 are tokens ids[r] of the sequences rows[r] names (at rows[r].pos),
+  // in any order and grouping; their keys and values go into `kv` (blocks already allocated).
+  // Writes the logits of rows sample_rows[i] into logits + i * vocab(). Requires complete
+  // weights. A row's results depend only on its sequence's tokens, never on the other rows.
+  void forward(std::span<const int32_t> ids, std::span<const CacheRow> rows,
+               std::span<const int64_t> sample_rows, KvCache& kv, float* logits);
+
+ private:
+  void bind_weights();
+  void reserve(int64_t rows, int64_t samples);
+  void apply_rope(float* x, int64_t ld, int64_t H, int64_t D, std::span<const CacheRow> rows);
+
+  sdk::TransformerDesc desc_;
+  std::vector<LayerShape> shapes_;
+  int64_t V_ = 0, C_ = 0, L_ = 0;
+  engine::CountingAllocator alloc_;
+  std::unique_ptr<engine::Ops> own_ops_;
+  engine::Ops* ops_ = nullptr;
+  std::unique_ptr<Weights> weights_;
+  int64_t bound_serial_ = -1;  // Weights::serial() the pointers below were read at
+  std::vector<LayerWeights> lw_;
+  const float *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+
+  // RoPE
+  int64_t R_ = 0;
+  double rope_scale_ = 1;
+  bool rope_interleaved_ = false;
+  int64_t rope_dynamic_from_ = 0;  // > 0: rows at positions >= this need their own table
+  std::vector<float> inv_freq_;    // [R/2], the table for positions below it
+  std::vector<float> row_freq_;    // [rows, R/2] per-row tables of a step (dynamic kinds)
+  std::vector<uint8_t> row_own_freq_;
+  std::vector<int32_t> pos_;
+
+  // Activations of a step (grown on demand)
+  int64_t cap_rows_ = 0, cap_samples_ = 0;
+  std::vector<float> x_, xn_, qkv_, att_, h_, gu_, a_, hs_;
+};
+
+}  // namespace rlh::gen

@@ -1,0 +1,263 @@
+// The forward of one scheduler step (DecodeModel::forward): embedding, decoder layers over the
+// paged KV cache, and the logits of the rows that sample. One op per line, in the engine's order
+// (sdk/engine/src/forward.cpp), so the two compute the same function of the same weights.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "rlhost/generator/linear.hpp"
+#include "rlhost/generator/model.hpp"
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::gen {
+
+using sdk::Error;
+using sdk::ParamRole;
+
+DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(std::move(desc)) {
+  shapes_ = layer_shapes(desc_);
+  V_ = desc_.vocab_size;
+  C_ = desc_.hidden_size;
+  L_ = desc_.num_layers;
+  if (ops) {
+    ops_ = ops;
+  } else {
+    own_ops_ = engine::make_cpu_ops(alloc_);
+    ops_ = own_ops_.get();
+  }
+  // Every parameter the forward reads must exist with the shape it reads it as.
+  auto check = [&](int64_t layer, ParamRole role, std::vector<int64_t> shape, bool required) {
+    const sdk::ParamDesc* p = desc_.find_param(layer, role);
+    if (!p) {
+      if (required)
+        throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator: missing parameter of role ") + sdk::to_string(role) +
+                                                (layer >= 0 ? " in layer " + std::to_string(layer) : std::string()));
+      return;
+    }
+    if (p->shape != shape) throw Error(RLH_E_INVALID_ARGUMENT, "generator: parameter " + p->name + " has an unexpected shape");
+  };
+  check(-1, ParamRole::embed, {V_, C_}, true);
+  check(-1, ParamRole::final_norm, {C_}, true);
+  if (!desc_.tie_word_embeddings) check(-1, ParamRole::lm_head, {V_, C_}, true);
+  for (int64_t l = 0; l < L_; ++l) {
+    const LayerShape& s = shapes_[size_t(l)];
+    const int64_t qo = s.Hq * s.D, kvo = s.Hkv * s.D;
+    check(l, ParamRole::attn_norm, {C_}, true);
+    check(l, ParamRole::q, {qo, C_}, true);
+    check(l, ParamRole::k, {kvo, C_}, true);
+    check(l, ParamRole::v, {kvo, C_}, true);
+    check(l, ParamRole::q_bias, {qo}, false);
+    check(l, ParamRole::k_bias, {kvo}, false);
+    check(l, ParamRole::v_bias, {kvo}, false);
+    check(l, ParamRole::q_norm, {s.D}, s.qk_norm);
+    check(l, ParamRole::k_norm, {s.D}, s.qk_norm);
+    check(l, ParamRole::o, {C_, qo}, true);
+    check(l, ParamRole::o_bias, {C_}, false);
+    check(l, ParamRole::mlp_norm, {C_}, true);
+    check(l, ParamRole::gate, {s.F, C_}, true);
+    check(l, ParamRole::up, {s.F, C_}, true);
+    check(l, ParamRole::gate_bias, {s.F}, false);
+    check(l, ParamRole::up_bias, {s.F}, false);
+    check(l, ParamRole::down, {C_, s.F}, true);
+    check(l, ParamRole::down_bias, {C_}, false);
+  }
+  weights_ = std::make_unique<Weights>(desc_);
+
+  // RoPE: one table, except that dynamic NTK and longrope change it beyond a length. The engine
+  // uses the length of the whole training sequence there; a generator does not know it, so a
+  // row at position p uses the table for length p + 1 (HF's per-step rule while decoding).
+  const sdk::RopeDesc& rope = desc_.rope;
+  if (rope.kind != sdk::RopeKind::none) {
+    R_ = rope.rotary_dim > 0 ? rope.rotary_dim : shapes_[0].D;
+    for (const LayerShape& s : shapes_)
+      if (s.use_rope && R_ > s.D) throw Error(RLH_E_INVALID_ARGUMENT, "generator: rotary dims exceed head_dim");
+    rope_scale_ = sdk::rope_attention_scaling(rope);
+    rope_interleaved_ = rope.layout == sdk::RopeLayout::interleaved;
+    if (rope.kind == sdk::RopeKind::dynamic) rope_dynamic_from_ = std::max<int64_t>(1, rope.max_position_embeddings);
+    if (rope.kind == sdk::RopeKind::longrope)
+      rope_dynamic_from_ = std::max<int64_t>(1, rope.original_max_position_embeddings > 0
+                                                    ? rope.original_max_position_embeddings
+                                                    : rope.max_position_embeddings);
+    const std::vector<double> f = sdk::rope_inv_freq(rope, R_);
+    inv_freq_.assign(f.begin(), f.end());
+  }
+}
+
+DecodeModel::~DecodeModel() = default;
+
+KvLayout DecodeModel::kv_layout(int64_t block_size) const {
+  std::vector<int64_t> heads, dims;
+  for (const LayerShape& s : shapes_) {
+    heads.push_back(s.Hkv);
+    dims.push_back(s.D);
+  }
+  return KvLayout::make(block_size, heads, dims);
+}
+
+void DecodeModel::bind_weights() {
+  const Weights& w = *weights_;
+  auto get = [&](int64_t layer, ParamRole role) -> const float* {
+    const sdk::ParamDesc* p = desc_.find_param(layer, role);
+    return p ? w.param(size_t(p - desc_.params.data())) : nullptr;
+  };
+  embed_ = get(-1, ParamRole::embed);
+  final_norm_ = get(-1, ParamRole::final_norm);
+  lm_head_ = desc_.tie_word_embeddings ? embed_ : get(-1, ParamRole::lm_head);
+  lw_.assign(size_t(L_), LayerWeights{});
+  for (int64_t l = 0; l < L_; ++l) {
+    LayerWeights& lw = lw_[size_t(l)];
+    lw.attn_norm = get(l, ParamRole::attn_norm);
+    lw.q = get(l, ParamRole::q);
+    lw.k = get(l, ParamRole::k);
+    lw.v = get(l, ParamRole::v);
+    lw.bq = get(l, ParamRole::q_bias);
+    lw.bk = get(l, ParamRole::k_bias);
+    lw.bv = get(l, ParamRole::v_bias);
+    lw.q_norm = get(l, ParamRole::q_norm);
+    lw.k_norm = get(l, ParamRole::k_norm);
+    lw.o = get(l, ParamRole::o);
+    lw.bo = get(l, ParamRole::o_bias);
+    lw.mlp_norm = get(l, ParamRole::mlp_norm);
+    lw.gate = get(l, ParamRole::gate);
+    lw.up = get(l, ParamRole::up);
+    lw.bgate = get(l, ParamRole::gate_bias);
+    lw.bup = get(l, ParamRole::up_bias);
+    lw.down = get(l, ParamRole::down);
+    lw.bdown = get(l, ParamRole::down_bias);
+  }
+  bound_serial_ = w.serial();
+}
+
+void DecodeModel::reserve(int64_t rows, int64_t samples) {
+  if (rows > cap_rows_) {
+    int64_t wqkv = 0, att = 0, f = 0;
+    for (const LayerShape& s : shapes_) {
+      wqkv = std::max(wqkv, s.Wqkv);
+      att = std::max(att, s.Hq * s.D);
+      f = std::max(f, s.F);
+    }
+    x_.resize(size_t(rows * C_));
+    xn_.resize(size_t(rows * C_));
+    qkv_.resize(size_t(rows * wqkv));
+    att_.resize(size_t(rows * att));
+    h_.resize(size_t(rows * C_));
+    gu_.resize(size_t(rows * 2 * f));
+    a_.resize(size_t(rows * f));
+    pos_.resize(size_t(rows));
+    row_own_freq_.resize(size_t(rows));
+    row_freq_.resize(size_t(rows * (R_ / 2)));
+    cap_rows_ = rows;
+  }
+  if (samples > cap_samples_) {
+    hs_.resize(size_t(samples * C_));
+    cap_samples_ = samples;
+  }
+}
+
+// RoPE in place on H heads of every row; rows past the dynamic threshold use their own table.
+void DecodeModel::apply_rope(float* x, int64_t ld, int64_t H, int64_t D, std::span<const CacheRow> rows) {
+  const int64_t R = int64_t(rows.size());
+  int64_t r = 0;
+  while (r < R) {
+    if (row_own_freq_[size_t(r)]) {
+      ops_->rope_fwd(x + r * ld, ld, x + r * ld, ld, pos_.data() + r, row_freq_.data() + r * (R_ / 2), 1, H, D, R_,
+                     rope_scale_, rope_interleaved_);
+      ++r;
+      continue;
+    }
+    int64_t e = r;
+    while (e < R && !row_own_freq_[size_t(e)]) ++e;
+    ops_->rope_fwd(x + r * ld, ld, x + r * ld, ld, pos_.data() + r, inv_freq_.data(), e - r, H, D, R_, rope_scale_,
+                   rope_interleaved_);
+    r = e;
+  }
+}
+
+void DecodeModel::forward(std::span<const int32_t> ids, std::span<const CacheRow> rows,
+                          std::span<const int64_t> sample_rows, KvCache& kv, float* logits) {
+  const int64_t R = int64_t(ids.size()), S = int64_t(sample_rows.size()), C = C_;
+  if (int64_t(rows.size()) != R) throw Error(RLH_E_INTERNAL, "generator: rows and ids differ in length");
+  if (R == 0) return;
+  weights_->require_complete();
+  if (bound_serial_ != weights_->serial()) bind_weights();
+  reserve(R, S);
+  for (int64_t r = 0; r < R; ++r) {
+    pos_[size_t(r)] = rows[size_t(r)].pos;
+    row_own_freq_[size_t(r)] = 0;
+    if (rope_dynamic_from_ > 0 && rows[size_t(r)].pos >= rope_dynamic_from_) {
+      const std::vector<double> f = sdk::rope_inv_freq(desc_.rope, R_, int64_t(rows[size_t(r)].pos) + 1);
+      std::copy(f.begin(), f.end(), row_freq_.begin() + r * (R_ / 2));
+      row_own_freq_[size_t(r)] = 1;
+    }
+  }
+  float* x = x_.data();
+  float* xn = xn_.data();
+  float* h = h_.data();
+
+  ops_->embedding_fwd(x, ids.data(), embed_, R, C, V_);  // x [R,C]
+  for (int64_t l = 0; l < L_; ++l) {
+    const LayerShape& s = shapes_[size_t(l)];
+    const LayerWeights& w = lw_[size_t(l)];
+    const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F, qo = Hq * D, kvo = Hkv * D;
+    float* q = qkv_.data();
+    float* k = q + qo;
+    float* v = k + kvo;
+
+    // attention block
+    ops_->rmsnorm_fwd(xn, C, nullptr, x, C, w.attn_norm, R, C, s.eps_attn, s.off_attn);  // xn [R,C]
+    if (w.k == w.q + qo * C && w.v == w.k + kvo * C) {
+      linear(q, Wqkv, xn, C, w.q, C, R, Wqkv, C);  // qkv [R,Wqkv] in one product
+    } else {
+      linear(q, Wqkv, xn, C, w.q, C, R, qo, C);
+      linear(k, Wqkv, xn, C, w.k, C, R, kvo, C);
+      linear(v, Wqkv, xn, C, w.v, C, R, kvo, C);
+    }
+    if (w.bq) ops_->bias_add_fwd(q, Wqkv, w.bq, R, qo);
+    if (w.bk) ops_->bias_add_fwd(k, Wqkv, w.bk, R, kvo);
+    if (w.bv) ops_->bias_add_fwd(v, Wqkv, w.bv, R, kvo);
+    if (s.qk_norm) {  // per head over D, in place
+      for (int64_t hh = 0; hh < Hq; ++hh)
+        ops_->rmsnorm_fwd(q + hh * D, Wqkv, nullptr, q + hh * D, Wqkv, w.q_norm, R, D, s.eps_attn, 0.f);
+      for (int64_t hh = 0; hh < Hkv; ++hh)
+        ops_->rmsnorm_fwd(k + hh * D, Wqkv, nullptr, k + hh * D, Wqkv, w.k_norm, R, D, s.eps_attn, 0.f);
+    }
+    if (s.use_rope) {
+      apply_rope(q, Wqkv, Hq, D, rows);
+      apply_rope(k, Wqkv, Hkv, D, rows);
+    }
+    kv_write(kv, l, rows, k, Wqkv, v, Wqkv);                                              // cache <- k, v
+    paged_attention(att_.data(), qo, q, Wqkv, rows, kv, l, Hq, s.scale, s.window);        // att [R,Hq*D]
+    linear(h, C, att_.data(), qo, w.o, qo, R, C, qo);                                     // h [R,C]
+    if (w.bo) ops_->bias_add_fwd(h, C, w.bo, R, C);
+    ops_->add_fwd(h, x, h, R * C);                                                        // h = x + attn
+
+    // MLP block
+    ops_->rmsnorm_fwd(xn, C, nullptr, h, C, w.mlp_norm, R, C, s.eps_mlp, s.off_mlp);      // xn [R,C]
+    float* gu = gu_.data();
+    if (w.up == w.gate + F * C) {
+      linear(gu, 2 * F, xn, C, w.gate, C, R, 2 * F, C);                                   // gu [R,2F]
+    } else {
+      linear(gu, 2 * F, xn, C, w.gate, C, R, F, C);
+      linear(gu + F, 2 * F, xn, C, w.up, C, R, F, C);
+    }
+    if (w.bgate) ops_->bias_add_fwd(gu, 2 * F, w.bgate, R, F);
+    if (w.bup) ops_->bias_add_fwd(gu + F, 2 * F, w.bup, R, F);
+    ops_->swiglu_fwd(a_.data(), F, gu, 2 * F, gu + F, 2 * F, R, F);                        // a [R,F]
+    linear(x, C, a_.data(), F, w.down, F, R, C, F);                                       // x [R,C]
+    if (w.bdown) ops_->bias_add_fwd(x, C, w.bdown, R, C);
+    ops_->add_fwd(x, h, x, R * C);                                                        // x = h + mlp
+  }
+
+  // Head, for the rows that sample only.
+  if (S == 0) return;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t r = sample_rows[size_t(i)];
+    if (r < 0 || r >= R) throw Error(RLH_E_INTERNAL, "generator: sample row out of range");
+    std::memcpy(hs_.data() + i * C, x + r * C, size_t(C) * sizeof(float));
+  }
+  ops_->rmsnorm_fwd(xn, C, nullptr, hs_.data(), C, final_norm_, S, C, float(desc_.final_norm.eps),
+                    float(desc_.final_norm.weight_offset));                               // xn [S,C]
+  linear(logits, V_, xn, C, lm_head_, C, S, V_, C);                                       // logits [S,V]
+}
+
+}  // namespace rlh::gen

@@ -1,0 +1,189 @@
+// The generate loop: validate the request, queue one sequence per (prompt, sample), then step —
+// schedule, run the model over the step's rows, draw a token for every sequence whose pending
+// tokens are all in the cache, end the samples that stop — until every sample has ended.
+#include "rlhost/generator/generator.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <string>
+
+#include "rlhost/generator/scheduler.hpp"
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::gen {
+
+using sdk::Error;
+
+Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options) {
+  if (opt_.block_size < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: block_size must be >= 1");
+  if (opt_.max_num_seqs < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_num_seqs must be >= 1");
+  if (opt_.max_num_batched_tokens < 1)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_num_batched_tokens must be >= 1");
+  if (opt_.kv_cache_bytes < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: kv_cache_bytes must be > 0");
+  if (opt_.max_model_len < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len must be >= 0");
+  model_ = std::make_unique<DecodeModel>(std::move(desc), nullptr);
+}
+
+Generator::~Generator() = default;
+
+int64_t Generator::max_length() const {
+  if (opt_.max_model_len > 0) return opt_.max_model_len;
+  const int64_t m = model_->desc().max_position_embeddings;
+  return m > 0 ? m : std::numeric_limits<int32_t>::max();
+}
+
+namespace {
+
+void check_request(const Request& r, int64_t V) {
+  const auto& off = r.prompt_offsets;
+  if (off.empty() || off[0] != 0)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generate: prompt_offsets must start at 0 and hold num_prompts + 1 entries");
+  if (off.back() != int64_t(r.prompt_ids.size()))
+    throw Error(RLH_E_INVALID_ARGUMENT, "generate: prompt_offsets end at " + std::to_string(off.back()) + " but " +
+                                            std::to_string(r.prompt_ids.size()) + " prompt ids were given");
+  for (size_t p = 0; p + 1 < off.size(); ++p)
+    if (off[p + 1] <= off[p])
+      throw Error(RLH_E_INVALID_ARGUMENT, "generate: prompt " + std::to_string(p) + " is empty (offsets must increase)");
+  for (size_t i = 0; i < r.prompt_ids.size(); ++i)
+    if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= V)
+      throw Error(RLH_E_INVALID_ARGUMENT, "generate: prompt token " + std::to_string(r.prompt_ids[i]) +
+                                              " is outside the vocabulary of " + std::to_string(V));
+  if (r.samples_per_prompt < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generate: samples_per_prompt must be >= 1");
+  if (r.max_new_tokens < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generate: max_new_tokens must be >= 1");
+  if (r.first_prompt_index < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generate: first_prompt_index must be >= 0");
+  for (int32_t t : r.stop_token_ids)
+    if (t < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generate: stop token id " + std::to_string(t) + " is negative");
+  try {
+    validate(r.sampling);
+  } catch (const std::invalid_argument& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string("generate: ") + e.what());
+  }
+  if (!r.stop_strings.empty() && !r.detokenizer)
+    throw Error(RLH_E_FAILED_PRECONDITION, "generate: stop strings need a tokenizer to decode the output");
+}
+
+}  // namespace
+
+Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const std::function<bool()>& cancelled) {
+  const int64_t V = model_->vocab();
+  check_request(rq, V);
+  StopStrings stops;
+  try {
+    stops = StopStrings(rq.stop_strings);
+  } catch (const std::invalid_argument& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string("generate: ") + e.what());
+  }
+  model_->weights().require_complete();
+  if (opt_.num_threads > 0) omp_set_num_threads(opt_.num_threads);
+
+  KvCache kv(model_->kv_layout(opt_.block_size), opt_.kv_cache_bytes, kv_alloc_);
+  const int64_t cache_tokens = kv.num_blocks() * opt_.block_size;
+  const int64_t max_len = std::min(max_length(), cache_tokens);
+  const int64_t P = int64_t(rq.prompt_offsets.size()) - 1;
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t n = rq.prompt_offsets[size_t(p) + 1] - rq.prompt_offsets[size_t(p)];
+    if (n >= max_len)
+      throw Error(RLH_E_INVALID_ARGUMENT,
+                  "generate: prompt " + std::to_string(p) + " has " + std::to_string(n) +
+                      " tokens, leaving no room for a new token within " + std::to_string(max_len) +
+                      (max_len == cache_tokens && cache_tokens < max_length() ? " (the KV cache budget)"
+                                                                              : " (max_model_len)"));
+  }
+
+  Scheduler sched(SchedulerOptions{opt_.max_num_seqs, opt_.max_num_batched_tokens}, kv);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t s = 0; s < rq.samples_per_prompt; ++s) {
+      auto seq = std::make_unique<Sequence>();
+      seq->prompt_index = p;
+      seq->sample_index = s;
+      seq->key = DrawKey{rq.seed, rq.step, rq.first_prompt_index + p, s};
+      seq->tokens.assign(rq.prompt_ids.begin() + rq.prompt_offsets[size_t(p)],
+                         rq.prompt_ids.begin() + rq.prompt_offsets[size_t(p) + 1]);
+      seq->prompt_len = seq->length();
+      seq->tokens.reserve(size_t(std::min(max_len, seq->prompt_len + rq.max_new_tokens)));
+      sched.add(std::move(seq));
+    }
+
+  const int64_t version = model_->weights().version();
+  const int nt = omp_get_max_threads();
+  scratch_.resize(size_t(nt) * size_t(sample_scratch_floats(V)));
+  Stats st;
+  std::vector<int32_t> ids;
+  std::vector<CacheRow> rows;
+  std::vector<int64_t> sample_rows;
+  std::vector<Sequence*> samplers;
+  std::vector<Sampled> drawn;
+  while (!sched.done()) {
+    if (cancelled && cancelled()) throw Error(RLH_E_CANCELLED, "generate: cancelled");
+    const std::vector<StepChunk> plan = sched.schedule();
+    ids.clear();
+    rows.clear();
+    sample_rows.clear();
+    samplers.clear();
+    for (const StepChunk& c : plan) {
+      for (int64_t t = c.begin; t < c.begin + c.count; ++t) {
+        ids.push_back(c.seq->tokens[size_t(t)]);
+        rows.push_back(CacheRow{c.seq->blocks.data(), int32_t(t)});
+      }
+      if (c.samples) {
+        sample_rows.push_back(int64_t(rows.size()) - 1);
+        samplers.push_back(c.seq);
+      }
+    }
+    const int64_t S = int64_t(samplers.size());
+    logits_.resize(size_t(std::max<int64_t>(S, 1) * V));
+    model_->forward(ids, rows, sample_rows, kv, logits_.data());
+    sched.computed(plan);
+    ++st.steps;
+    st.sampled_tokens += S;
+    st.prefill_tokens += int64_t(rows.size()) - S;
+
+    // Draws, one row per thread; each depends only on its logits and its key.
+    drawn.assign(size_t(S), Sampled{});
+    std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) if (S > 1)
+    for (int64_t i = 0; i < S; ++i) {
+      try {
+        const Sequence& q = *samplers[size_t(i)];
+        const double u = rq.sampling.greedy() ? 0.0 : uniform01(q.key, q.generated());
+        float* scratch = scratch_.data() + size_t(omp_get_thread_num()) * size_t(sample_scratch_floats(V));
+        drawn[size_t(i)] = sample_row(logits_.data() + i * V, V, rq.sampling, u, scratch);
+      } catch (...) {
+#pragma omp critical(rlh_gen_sample_failure)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+
+    for (int64_t i = 0; i < S; ++i) {
+      Sequence* q = samplers[size_t(i)];
+      const int32_t tok = drawn[size_t(i)].token;
+      q->tokens.push_back(tok);
+      q->logprobs.push_back(drawn[size_t(i)].logprob);
+      const std::span<const int32_t> gen(q->tokens.data() + q->prompt_len, size_t(q->generated()));
+      bool stop = std::find(rq.stop_token_ids.begin(), rq.stop_token_ids.end(), tok) != rq.stop_token_ids.end();
+      if (!stop && !stops.empty()) stop = stops.matches(gen, *rq.detokenizer);
+      const bool limit = q->generated() >= rq.max_new_tokens || q->length() >= max_len;
+      if (!stop && !limit) continue;
+      std::unique_ptr<Sequence> done = sched.finish(q);
+      Sample out;
+      out.prompt_index = done->prompt_index;
+      out.sample_index = done->sample_index;
+      out.ids = std::span<const int32_t>(done->tokens.data() + done->prompt_len, size_t(done->generated()));
+      out.logprobs = done->logprobs;
+      out.truncated = !stop;
+      out.weight_version = version;
+      on_sample(out);
+    }
+  }
+  st.preemptions = sched.preemptions();
+  st.kv_blocks = kv.num_blocks();
+  st.kv_blocks_peak = kv.peak_used();
+  st.max_running = sched.max_running();
+  return st;
+}
+
+}  // namespace rlh::gen

@@ -1,0 +1,308 @@
+// What the generator executes of a description (layer_shapes) and where its weights live
+// (Weights: views of a trainer's buffers through refit, or an owned arena).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "rlhost/generator/model.hpp"
+#include "rlhost/sdk/safetensors.hpp"
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::gen {
+
+using sdk::Error;
+using sdk::ParamRole;
+using sdk::ParamTransform;
+
+namespace {
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const int64_t* s, int nd) {
+  std::string out = "[";
+  for (int i = 0; i < nd; ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Storage order of a layer's parameters in the arena: the engine's (sdk/engine/src/model.cpp),
+// q|k|v and gate|up adjacent so each group is one product.
+constexpr ParamRole kLayerOrder[] = {
+    ParamRole::attn_norm, ParamRole::q,        ParamRole::k,         ParamRole::v,
+    ParamRole::q_bias,    ParamRole::k_bias,   ParamRole::v_bias,    ParamRole::q_norm,
+    ParamRole::k_norm,    ParamRole::o,        ParamRole::o_bias,    ParamRole::mlp_norm,
+    ParamRole::gate,      ParamRole::up,       ParamRole::gate_bias, ParamRole::up_bias,
+    ParamRole::down,      ParamRole::down_bias};
+constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
+
+// Calls fn(engine offset, piece offset, count) for the contiguous runs of piece k of p inside the
+// engine tensor (the inverse of the parameter table's transform; see model_desc.hpp).
+template <class Fn>
+void piece_runs(const sdk::ParamDesc& p, size_t k, Fn&& fn) {
+  const std::vector<int64_t>& src = p.hf_shapes[k];
+  switch (p.transform) {
+    case ParamTransform::none:
+      fn(int64_t(0), int64_t(0), numel(src));
+      return;
+    case ParamTransform::stack: {
+      const int64_t n = numel(src);
+      fn(int64_t(k) * n, int64_t(0), n);
+      return;
+    }
+    case ParamTransform::concat: {
+      const size_t axis = size_t(p.axis);
+      int64_t before = 0, along = 0, outer = 1, rest = 1;
+      for (size_t j = 0; j < p.hf_shapes.size(); ++j) {
+        if (j < k) before += p.hf_shapes[j][axis];
+        along += p.hf_shapes[j][axis];
+      }
+      for (size_t a = 0; a < axis; ++a) outer *= p.shape[a];
+      for (size_t a = axis + 1; a < p.shape.size(); ++a) rest *= p.shape[a];
+      const int64_t inner = src[axis] * rest;
+      for (int64_t o = 0; o < outer; ++o) fn(o * along * rest + before * rest, o * inner, inner);
+      return;
+    }
+  }
+}
+
+std::optional<sdk::st::DType> float_dtype(const rlh_dtype& d) {
+  if (d.lanes != 1) return std::nullopt;
+  if (d.code == RLH_DTYPE_FLOAT && d.bits == 32) return sdk::st::DType::F32;
+  if (d.code == RLH_DTYPE_FLOAT && d.bits == 16) return sdk::st::DType::F16;
+  if (d.code == RLH_DTYPE_FLOAT && d.bits == 64) return sdk::st::DType::F64;
+  if (d.code == RLH_DTYPE_BFLOAT && d.bits == 16) return sdk::st::DType::BF16;
+  return std::nullopt;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// What is executed
+
+std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
+  if (desc.vocab_size <= 0 || desc.hidden_size <= 0 || desc.num_layers < 1 ||
+      int64_t(desc.layers.size()) != desc.num_layers)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: the description has inconsistent sizes");
+  if (desc.final_norm.kind != sdk::NormKind::rmsnorm)
+    throw Error(RLH_E_UNIMPLEMENTED, "generator: final norm kind is not rmsnorm");
+  std::vector<LayerShape> out;
+  for (const sdk::LayerDesc& ld : desc.layers) {
+    const auto& a = ld.attention;
+    const std::string at = "generator: layer " + std::to_string(ld.index) + " of " + desc.architecture + ": ";
+    if (ld.mlp.kind != sdk::MlpKind::dense)
+      throw Error(RLH_E_UNIMPLEMENTED, at + "MoE MLPs are not executed by the native generator yet (the MoE issue)");
+    if (a.kind != sdk::AttentionKind::gqa)
+      throw Error(RLH_E_UNIMPLEMENTED, at + "attention kind " + sdk::to_string(a.kind) +
+                                           " is not executed by the native generator yet (the MoE issue)");
+    if (ld.mlp.hidden_act != "silu")
+      throw Error(RLH_E_UNIMPLEMENTED, at + "hidden_act " + ld.mlp.hidden_act + " (only silu)");
+    if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
+      throw Error(RLH_E_UNIMPLEMENTED, at + "norm kind (only rmsnorm)");
+    if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0 ||
+        ld.mlp.intermediate_size <= 0)
+      throw Error(RLH_E_INVALID_ARGUMENT, at + "bad head counts or sizes");
+    LayerShape s;
+    s.Hq = a.num_heads;
+    s.Hkv = a.num_kv_heads;
+    s.D = a.head_dim;
+    s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
+    s.F = ld.mlp.intermediate_size;
+    s.eps_attn = float(ld.attn_norm.eps);
+    s.off_attn = float(ld.attn_norm.weight_offset);
+    s.eps_mlp = float(ld.mlp_norm.eps);
+    s.off_mlp = float(ld.mlp_norm.weight_offset);
+    s.qk_norm = a.qk_norm;
+    s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
+    s.window = a.sliding_window;
+    s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
+    out.push_back(s);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+
+Weights::Weights(const sdk::TransformerDesc& desc) : desc_(desc) {
+  const size_t n = desc.params.size();
+  ptr_.assign(n, nullptr);
+  alias_.resize(n);
+  got_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const sdk::ParamDesc& p = desc.params[i];
+    if (p.hf_names.empty() || p.hf_names.size() != p.hf_shapes.size())
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator: parameter " + p.name + " needs one HF shape per HF name");
+    alias_[i].assign(p.hf_names.size(), nullptr);
+    got_[i].assign(p.hf_names.size(), 0);
+    pieces_total_ += int64_t(p.hf_names.size());
+    for (size_t k = 0; k < p.hf_names.size(); ++k) by_name_.push_back({p.hf_names[k], Piece{i, k}});
+  }
+  std::sort(by_name_.begin(), by_name_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 1; i < by_name_.size(); ++i)
+    if (by_name_[i].first == by_name_[i - 1].first)
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator: HF tensor " + by_name_[i].first + " feeds two parameters");
+
+  // Arena offsets in the engine's order; parameters of roles outside the lists go last.
+  arena_off_.assign(n, -1);
+  int64_t at = 0;
+  auto place = [&](int64_t layer, ParamRole role) {
+    const sdk::ParamDesc* p = desc.find_param(layer, role);
+    if (!p) return;
+    const size_t i = size_t(p - desc.params.data());
+    if (arena_off_[i] >= 0) return;
+    arena_off_[i] = at;
+    at += (numel(p->shape) + 15) / 16 * 16;  // 64-byte aligned starts
+  };
+  for (int64_t l = 0; l < desc.num_layers; ++l)
+    for (ParamRole r : kLayerOrder) place(l, r);
+  for (ParamRole r : kGlobalOrder) place(-1, r);
+  for (size_t i = 0; i < n; ++i)
+    if (arena_off_[i] < 0) {
+      arena_off_[i] = at;
+      at += (numel(desc.params[i].shape) + 15) / 16 * 16;
+    }
+  arena_floats_ = at;
+  // q|k|v and gate|up must stay adjacent for the fused products: no padding between them.
+  // (Their sizes are multiples of 16 floats in practice; when not, the model falls back to
+  // separate products because the pointers are then not adjacent.)
+}
+
+Weights::~Weights() { std::free(arena_); }
+
+void Weights::ensure_arena() {
+  if (arena_) return;
+  const size_t bytes = size_t(arena_floats_) * sizeof(float);
+  arena_ = static_cast<float*>(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64)));
+  if (!arena_) throw std::bad_alloc();
+}
+
+int64_t Weights::owned_bytes() const { return arena_ ? arena_floats_ * int64_t(sizeof(float)) : 0; }
+
+void Weights::load(const std::vector<std::vector<float>>& tensors, int64_t version) {
+  if (tensors.size() != desc_.params.size())
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: " + std::to_string(tensors.size()) + " tensors given for " +
+                                            std::to_string(desc_.params.size()) + " parameters");
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (int64_t(tensors[i].size()) != numel(desc_.params[i].shape))
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator: parameter " + desc_.params[i].name + " has the wrong size");
+  ensure_arena();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    float* dst = arena_ + arena_off_[i];
+    std::memcpy(dst, tensors[i].data(), tensors[i].size() * sizeof(float));
+    ptr_[i] = dst;
+    std::fill(alias_[i].begin(), alias_[i].end(), nullptr);
+    std::fill(got_[i].begin(), got_[i].end(), uint8_t(0));
+  }
+  pending_version_ = -1;
+  pending_received_ = 0;
+  version_ = version;
+  complete_ = true;
+  ++serial_;
+}
+
+void Weights::update(int64_t version, std::span<const rlh_named_tensor> weights, bool may_alias) {
+  if (version < 0) throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: version must be >= 0");
+  if (version != pending_version_) {  // a new set begins; nothing of it has arrived yet
+    pending_version_ = version;
+    pending_received_ = 0;
+    for (auto& g : got_) std::fill(g.begin(), g.end(), uint8_t(0));
+    for (auto& a : alias_) std::fill(a.begin(), a.end(), nullptr);
+  }
+  for (const rlh_named_tensor& w : weights) {
+    if (!w.name) throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: a tensor without a name");
+    const std::string name = w.name;
+    auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                               [](const auto& e, const std::string& n) { return e.first < n; });
+    if (it == by_name_.end() || it->first != name)
+      throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: '" + name + "' is not a weight of this " +
+                                              desc_.architecture + " model");
+    const Piece pc = it->second;
+    const sdk::ParamDesc& p = desc_.params[pc.param];
+    const std::vector<int64_t>& want = p.hf_shapes[pc.index];
+    const rlh_tensor& t = w.tensor;
+    const std::string where = "update_weights: '" + name + "': ";
+    if (t.device.device_type != RLH_DEVICE_CPU)
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "not in host memory (device type " +
+                                              std::to_string(t.device.device_type) + ")");
+    if (t.ndim != int32_t(want.size()) || !std::equal(want.begin(), want.end(), t.shape))
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "shape " + shape_str(t.shape, t.ndim) + ", expected " +
+                                              shape_str(want.data(), int(want.size())));
+    const std::optional<sdk::st::DType> dt = float_dtype(t.dtype);
+    if (!dt) throw Error(RLH_E_INVALID_ARGUMENT, where + "not a float tensor");
+    bool contiguous = true;
+    int64_t stride = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (t.shape[d] != 1 && t.strides && t.strides[d] != stride) contiguous = false;
+      stride *= t.shape[d];
+    }
+    if (!contiguous) throw Error(RLH_E_INVALID_ARGUMENT, where + "strided tensors are not supported; send it contiguous");
+    const std::byte* data = static_cast<const std::byte*>(t.data) + t.byte_offset;
+    if (!data) throw Error(RLH_E_INVALID_ARGUMENT, where + "no data");
+    if (may_alias && *dt == sdk::st::DType::F32) {
+      alias_[pc.param][pc.index] = reinterpret_cast<const float*>(data);  // a view, no copy
+    } else {
+      ensure_arena();
+      float* dst = arena_ + arena_off_[pc.param];
+      const size_t esize = sdk::st::dtype_size(*dt);
+      piece_runs(p, pc.index, [&](int64_t d, int64_t s, int64_t n) {
+        sdk::st::convert_to_f32(*dt, data + size_t(s) * esize, size_t(n), dst + d);
+      });
+      alias_[pc.param][pc.index] = nullptr;
+    }
+    if (!got_[pc.param][pc.index]) {
+      got_[pc.param][pc.index] = 1;
+      ++pending_received_;
+    }
+  }
+  if (pending_received_ == pieces_total_) finalize();
+}
+
+void Weights::finalize() {
+  for (size_t i = 0; i < desc_.params.size(); ++i) {
+    const sdk::ParamDesc& p = desc_.params[i];
+    const auto& al = alias_[i];
+    // One view of the whole engine tensor when the pieces are views laid out as the engine lays
+    // them out (one piece, or stacked slabs back to back); otherwise the views are copied in.
+    bool whole = al[0] != nullptr && p.transform != ParamTransform::concat;
+    if (whole && p.transform == ParamTransform::stack) {
+      const int64_t n = numel(p.hf_shapes[0]);
+      for (size_t k = 1; k < al.size(); ++k) whole = whole && al[k] == al[0] + int64_t(k) * n;
+    }
+    if (whole) {
+      ptr_[i] = al[0];
+      continue;
+    }
+    ensure_arena();
+    float* dst = arena_ + arena_off_[i];
+    for (size_t k = 0; k < al.size(); ++k)
+      if (al[k])
+        piece_runs(p, k, [&](int64_t d, int64_t s, int64_t n) {
+          std::memcpy(dst + d, al[k] + s, size_t(n) * sizeof(float));
+        });
+    ptr_[i] = dst;
+  }
+  version_ = pending_version_;
+  pending_version_ = -1;
+  pending_received_ = 0;
+  complete_ = true;
+  ++serial_;
+}
+
+void Weights::require_complete() const {
+  if (pending_received_ > 0)
+    throw Error(RLH_E_FAILED_PRECONDITION, "generator: weights of version " + std::to_string(pending_version_) +
+                                               " are incomplete: " + std::to_string(pending_received_) + " of " +
+                                               std::to_string(pieces_total_) + " tensors received");
+  if (!complete_)
+    throw Error(RLH_E_FAILED_PRECONDITION,
+                "generator: no weights yet (created with load_format 'dummy': install them with update_weights)");
+}
+
+}  // namespace rlh::gen

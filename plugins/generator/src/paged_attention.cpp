@@ -1,0 +1,153 @@
+// Paged attention for decode and prefill rows (contract in paged_attention.hpp; cache layout in
+// kv_cache.hpp: K [Hkv][D][bs] transposed, V [Hkv][bs][D] per block and layer).
+//
+// One task = (row, kv head) with its G = Hq / Hkv query heads: scores of all its keys (a
+// block-wide vector FMA per d), then per query head the maximum, exp, sum, and the value rows
+// weighted in position order. Scores live in a per-thread buffer of G x (keys) floats; the
+// context of a row is at most max_model_len, so it stays small.
+#include "rlhost/generator/paged_attention.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "simd.hpp"
+
+namespace rlh::gen {
+
+void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const float* k,
+              int64_t ldk, const float* v, int64_t ldv) {
+  const KvLayout& L = kv.layout();
+  const int64_t Hkv = L.kv_heads[size_t(layer)], D = L.head_dim[size_t(layer)], bs = L.block_size;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const int32_t block = rows[r].blocks[rows[r].pos / bs];
+    const int64_t slot = rows[r].pos % bs;
+    float* K = kv.keys(block, layer);
+    float* Vb = kv.values(block, layer);
+    const float* kr = k + int64_t(r) * ldk;
+    const float* vr = v + int64_t(r) * ldv;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      float* kt = K + h * D * bs + slot;  // column `slot` of the head's [D][bs]
+      for (int64_t d = 0; d < D; ++d) kt[d * bs] = kr[h * D + d];
+      std::memcpy(Vb + (h * bs + slot) * D, vr + h * D, size_t(D) * sizeof(float));
+    }
+  }
+}
+
+namespace {
+
+struct Task {
+  const float* q;   // first query head of the group, heads D apart
+  float* out;       // same layout
+  const int32_t* blocks;
+  int64_t lo, hi;   // key positions [lo, hi]
+};
+
+// Scores, softmax and output of one (row, kv head) task; s holds G * (hi - lo + 1 + bs) floats.
+template <class T>
+RLH_GEN_INLINE void attend_body(const Task& t, KvCache& kv, int64_t layer, int64_t h, int64_t G,
+                                float scale, float* s) {
+  const KvLayout& L = kv.layout();
+  const int64_t D = L.head_dim[size_t(layer)], bs = L.block_size;
+  const int64_t b0 = t.lo / bs, b1 = t.hi / bs;  // blocks touched
+  const int64_t first = b0 * bs;                 // position of score column 0
+  const int64_t width = (b1 - b0 + 1) * bs;      // score columns per query head
+  // Scores of whole blocks: s[g][c] for positions first + c.
+  for (int64_t b = b0; b <= b1; ++b) {
+    const float* Kt = kv.keys(t.blocks[b], layer) + h * D * bs;  // [D][bs]
+    for (int64_t g = 0; g < G; ++g) {
+      const float* q = t.q + g * D;
+      float* sg = s + g * width + (b - b0) * bs;
+      for (int64_t c = 0; c < bs; ++c) sg[c] = 0.f;
+      for (int64_t d = 0; d < D; ++d) {
+        const float qd = q[d];
+        const float* kd = Kt + d * bs;
+#pragma omp simd
+        for (int64_t c = 0; c < bs; ++c) sg[c] += qd * kd[c];
+      }
+    }
+  }
+  const int64_t c0 = t.lo - first, c1 = t.hi - first;  // live columns [c0, c1]
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = s + g * width;
+    float mx = -INFINITY;
+    for (int64_t c = c0; c <= c1; ++c) {
+      sg[c] *= scale;
+      mx = std::max(mx, sg[c]);
+    }
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = c0; c <= c1; ++c) {
+      sg[c] = simd::exp_fast(sg[c] - mx);
+      sum += sg[c];
+    }
+    const float inv = 1.f / sum;
+    float* o = t.out + g * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+    for (int64_t c = c0; c <= c1; ++c) {
+      const int64_t p = first + c;
+      const float* vr = kv.values(t.blocks[p / bs], layer) + (h * bs + p % bs) * D;
+      const float w = sg[c];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += w * vr[d];
+    }
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+  }
+}
+
+using AttendFn = void (*)(const Task&, KvCache&, int64_t, int64_t, int64_t, float, float*);
+RLH_GEN_TARGET_AVX512 void attend_avx512(const Task& t, KvCache& kv, int64_t l, int64_t h, int64_t G,
+                                         float sc, float* s) {
+  attend_body<float>(t, kv, l, h, G, sc, s);
+}
+RLH_GEN_TARGET_AVX2 void attend_avx2(const Task& t, KvCache& kv, int64_t l, int64_t h, int64_t G,
+                                     float sc, float* s) {
+  attend_body<float>(t, kv, l, h, G, sc, s);
+}
+void attend_generic(const Task& t, KvCache& kv, int64_t l, int64_t h, int64_t G, float sc, float* s) {
+  attend_body<float>(t, kv, l, h, G, sc, s);
+}
+
+}  // namespace
+
+void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq,
+                     std::span<const CacheRow> rows, KvCache& kv, int64_t layer, int64_t Hq,
+                     float scale, int64_t window) {
+  static const AttendFn attend = simd::dispatch(&attend_avx512, &attend_avx2, &attend_generic);
+  const KvLayout& L = kv.layout();
+  const int64_t Hkv = L.kv_heads[size_t(layer)], D = L.head_dim[size_t(layer)], bs = L.block_size;
+  if (Hq % Hkv) throw std::invalid_argument("paged_attention: Hq must be a multiple of Hkv");
+  const int64_t G = Hq / Hkv, R = int64_t(rows.size()), tasks = R * Hkv;
+  int64_t longest = 0;
+  for (const CacheRow& r : rows) longest = std::max<int64_t>(longest, r.pos + 1);
+  // Enough score columns for the widest row: its keys plus a partial block at each end.
+  const size_t per_thread = size_t(G * (std::min(longest, window > 0 ? window : longest) + 2 * bs));
+  // Work per task is ~ keys * G * D: few tasks with short contexts run on one thread.
+  int64_t work = 0;
+  for (const CacheRow& r : rows) work += std::min<int64_t>(r.pos + 1, window > 0 ? window : r.pos + 1);
+  work *= Hq * D;
+  const bool parallel = !omp_in_parallel() && tasks > 1 && work > (1 << 16);
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> s(per_thread);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < tasks; ++i) {
+      const int64_t r = i / Hkv, h = i % Hkv;
+      const CacheRow& row = rows[size_t(r)];
+      Task t;
+      t.q = q + r * ldq + h * G * D;
+      t.out = out + r * ldo + h * G * D;
+      t.blocks = row.blocks;
+      t.hi = row.pos;
+      t.lo = window > 0 ? std::max<int64_t>(0, row.pos - window + 1) : 0;
+      attend(t, kv, layer, h, G, scale, s.data());
+    }
+  }
+}
+
+}  // namespace rlh::gen

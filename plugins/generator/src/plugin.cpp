@@ -1,0 +1,316 @@
+// The `generator` plugin: the GENERATOR component "native" (abi/include/rlhost/generator.h) over
+// rlh_generator_core.
+//
+// create() takes the model folder (or a hub id in the local HF cache) and its config section:
+//   the model is described by a MODEL component found through the host (config "model_component",
+//   else the best loaded one) — the same description the trainer executes; weights come from the
+//   folder's safetensors, or, with load_format "dummy", only through update_weights (colocated:
+//   the trainer's buffers, as views when may_alias is set).
+// Stop strings need text: a TOKENIZER component (config "tokenizer_component", else the best
+// loaded) is created on first use for the folder (or config "tokenizer").
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rlhost/generator.h"
+#include "rlhost/generator/generator.hpp"
+#include "rlhost/model.h"
+#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/plugin.hpp"
+#include "rlhost/sdk/safetensors.hpp"
+#include "rlhost/tokenizer.h"
+
+namespace {
+
+using rlh::sdk::Error;
+using json = nlohmann::json;
+namespace gen = rlh::gen;
+
+// Detokenizer over a TOKENIZER component instance.
+class AbiDetokenizer final : public gen::Detokenizer {
+ public:
+  AbiDetokenizer(const rlh_tokenizer_api* api, rlh_tokenizer* tok) : api_(api), tok_(tok) {}
+  ~AbiDetokenizer() override { api_->destroy(tok_); }
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string text;
+    rlh::sdk::check(api_->decode(tok_, ids.data(), ids.size(), RLH_DECODE_SKIP_SPECIAL_TOKENS,
+                                 rlh::sdk::write_to_string, &text),
+                    "generator: decoding for stop strings");
+    return text;
+  }
+
+ private:
+  const rlh_tokenizer_api* api_;
+  rlh_tokenizer* tok_;
+};
+
+struct NativeGenerator {
+  rlh::sdk::Host host;
+  std::string model_dir;
+  std::string tokenizer_path, tokenizer_component;
+  std::unique_ptr<gen::Generator> gen;
+  std::unique_ptr<AbiDetokenizer> detok;
+
+  const gen::Detokenizer& detokenizer() {
+    if (detok) return *detok;
+    const rlh_component_desc* d = nullptr;
+    const auto* api = host.find<rlh_tokenizer_api>(
+        RLH_KIND_TOKENIZER, tokenizer_component.empty() ? nullptr : tokenizer_component.c_str(),
+        RLH_STRUCT_SIZE(rlh_tokenizer_api, decode), &d);
+    rlh_tokenizer* tok = nullptr;
+    const std::string path = tokenizer_path.empty() ? model_dir : tokenizer_path;
+    rlh::sdk::check(api->create(host.api(), path.c_str(), &tok),
+                    "generator: stop strings need the tokenizer of '" + path + "'");
+    detok = std::make_unique<AbiDetokenizer>(api, tok);
+    return *detok;
+  }
+};
+
+NativeGenerator* as_gen(rlh_generator* g) { return reinterpret_cast<NativeGenerator*>(g); }
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+const char* const kKeys[] = {"max_num_seqs",  "max_num_batched_tokens", "block_size",     "kv_cache_bytes",
+                             "max_model_len", "num_threads",            "load_format",    "model_component",
+                             "tokenizer",     "tokenizer_component"};
+
+int64_t get_int(const json& c, const char* key, int64_t def) {
+  if (!c.contains(key)) return def;
+  if (!c[key].is_number_integer())
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + key + "' must be an integer");
+  return c[key].get<int64_t>();
+}
+std::string get_str(const json& c, const char* key, const std::string& def) {
+  if (!c.contains(key)) return def;
+  if (!c[key].is_string()) throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + key + "' must be a string");
+  return c[key].get<std::string>();
+}
+
+std::string read_file(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw Error(RLH_E_NOT_FOUND, "generator: cannot read '" + path + "'");
+  std::string out;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+// The description of the folder's config.json, from a MODEL component through the host.
+rlh::sdk::TransformerDesc describe(const rlh::sdk::Host& host, const std::string& dir, const std::string& component) {
+  const std::string text = read_file(dir + "/config.json");
+  std::string arch;
+  try {
+    const json cfg = json::parse(text);
+    if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
+        cfg["architectures"][0].is_string())
+      arch = cfg["architectures"][0].get<std::string>();
+  } catch (const json::exception& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: " + dir + "/config.json: " + e.what());
+  }
+  if (arch.empty()) throw Error(RLH_E_INVALID_ARGUMENT, "generator: " + dir + "/config.json names no architecture");
+  const rlh_component_desc* d = nullptr;
+  const auto* api = host.find<rlh_model_api>(RLH_KIND_MODEL, component.empty() ? nullptr : component.c_str(),
+                                             RLH_STRUCT_SIZE(rlh_model_api, describe), &d);
+  std::string listed;
+  bool found = false;
+  for (size_t i = 0; api->architectures && api->architectures[i] && i < 4096; ++i) {
+    listed += std::string(listed.empty() ? "" : ", ") + api->architectures[i];
+    found = found || arch == api->architectures[i];
+  }
+  if (!found)
+    throw Error(RLH_E_UNIMPLEMENTED, "generator: model component '" + std::string(d->name) + "' does not describe " +
+                                         arch + " (it lists: " + listed + ")");
+  std::string doc;
+  rlh::sdk::check(api->describe(host.api(), text.data(), text.size(), rlh::sdk::write_to_string, &doc),
+                  "generator: describing " + dir);
+  try {
+    return json::parse(doc).get<rlh::sdk::TransformerDesc>();
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator: the model component's description: ") + e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table
+
+rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const char* config_json, size_t config_len,
+                       rlh_generator** out) {
+  return rlh::sdk::guard(host ? host->make_status : nullptr, [&] {
+    if (!out) throw Error(RLH_E_INVALID_ARGUMENT, "generator create: out is NULL");
+    *out = nullptr;
+    if (!model_path || !*model_path) throw Error(RLH_E_INVALID_ARGUMENT, "generator create: a model path is required");
+    json cfg = json::object();
+    if (config_json && config_len) {
+      try {
+        cfg = json::parse(std::string(config_json, config_len));
+      } catch (const json::exception& e) {
+        throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: invalid JSON: ") + e.what());
+      }
+      if (!cfg.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "generator config: expected a JSON object");
+      // The whole policy.generation section may be passed: then only its native_cfg is ours.
+      if (cfg.contains("native_cfg")) {
+        if (!cfg["native_cfg"].is_object())
+          throw Error(RLH_E_INVALID_ARGUMENT, "generator config: native_cfg must be an object");
+        json sub = cfg["native_cfg"];
+        cfg = sub;
+      }
+    }
+    for (const auto& [k, v] : cfg.items()) {
+      bool known = false;
+      for (const char* key : kKeys) known = known || k == key;
+      if (!known) {
+        std::string all;
+        for (const char* key : kKeys) all += std::string(all.empty() ? "" : ", ") + key;
+        throw Error(RLH_E_INVALID_ARGUMENT, "generator config: unknown key '" + k + "' (known: " + all + ")");
+      }
+    }
+    auto g = std::make_unique<NativeGenerator>();
+    g->host = rlh::sdk::Host(host);
+    try {
+      g->model_dir = rlh::model::resolve_model_dir(model_path);
+    } catch (const std::runtime_error& e) {
+      throw Error(RLH_E_NOT_FOUND, std::string("generator: ") + e.what());
+    }
+    g->tokenizer_path = get_str(cfg, "tokenizer", "");
+    g->tokenizer_component = get_str(cfg, "tokenizer_component", "");
+    const std::string load_format = get_str(cfg, "load_format", "auto");
+    if (load_format != "auto" && load_format != "dummy")
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator config: load_format must be 'auto' or 'dummy', not '" + load_format + "'");
+
+    gen::Options o;
+    o.max_num_seqs = get_int(cfg, "max_num_seqs", o.max_num_seqs);
+    o.max_num_batched_tokens = get_int(cfg, "max_num_batched_tokens", o.max_num_batched_tokens);
+    o.block_size = get_int(cfg, "block_size", o.block_size);
+    o.kv_cache_bytes = get_int(cfg, "kv_cache_bytes", o.kv_cache_bytes);
+    o.max_model_len = get_int(cfg, "max_model_len", o.max_model_len);
+    o.num_threads = int(get_int(cfg, "num_threads", 0));
+
+    rlh::sdk::TransformerDesc desc = describe(g->host, g->model_dir, get_str(cfg, "model_component", ""));
+    g->gen = std::make_unique<gen::Generator>(desc, o);
+    if (host && host->alloc && host->free_memory) {  // the host counts the KV pool
+      gen::PoolAllocator a;
+      a.allocate = [host](size_t bytes) {
+        void* p = nullptr;
+        rlh::sdk::check(host->alloc(host->ctx, rlh_device{RLH_DEVICE_CPU, 0}, bytes, 64, &p), "generator: KV cache");
+        return p;
+      };
+      a.deallocate = [host](void* p, size_t) { host->free_memory(host->ctx, rlh_device{RLH_DEVICE_CPU, 0}, p); };
+      g->gen->set_kv_allocator(std::move(a));
+    }
+    if (load_format == "auto") {
+      try {
+        const auto ckpt = rlh::sdk::st::Checkpoint::open(g->model_dir);
+        const rlh::model::LoadResult w = rlh::model::load_weights_f32(desc, ckpt);
+        g->gen->weights().load(w.tensors, 0);
+      } catch (const Error&) {
+        throw;
+      } catch (const std::runtime_error& e) {
+        throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator: ") + e.what());
+      }
+    }
+    g->host.info("generator native: " + desc.architecture + ", " + std::to_string(desc.num_layers) + " layers, vocab " +
+                 std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit"));
+    *out = reinterpret_cast<rlh_generator*>(g.release());
+  });
+}
+
+void gen_destroy(rlh_generator* self) { delete as_gen(self); }
+
+rlh_status* gen_update_weights(rlh_generator* self, const rlh_weight_update* u) {
+  NativeGenerator* g = as_gen(self);
+  return rlh::sdk::guard(g ? g->host.make_status() : nullptr, [&] {
+    if (!g) throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: generator is NULL");
+    if (!u || u->struct_size < RLH_STRUCT_SIZE(rlh_weight_update, may_alias))
+      throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: missing or too small rlh_weight_update");
+    if (u->num_weights > 0 && !u->weights) throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: weights is NULL");
+    g->gen->weights().update(u->version, {u->weights, u->num_weights}, u->may_alias != 0);
+  });
+}
+
+rlh_status* gen_generate(rlh_generator* self, const rlh_generate_args* a, rlh_sample_fn fn, void* user) {
+  NativeGenerator* g = as_gen(self);
+  return rlh::sdk::guard(g ? g->host.make_status() : nullptr, [&] {
+    if (!g) throw Error(RLH_E_INVALID_ARGUMENT, "generate: generator is NULL");
+    if (!a || a->struct_size < RLH_STRUCT_SIZE(rlh_generate_args, sampling))
+      throw Error(RLH_E_INVALID_ARGUMENT, "generate: missing or too small rlh_generate_args");
+    if (!fn) throw Error(RLH_E_INVALID_ARGUMENT, "generate: no sample callback");
+    const rlh_sampling* s = a->sampling;
+    if (!s || s->struct_size < RLH_STRUCT_SIZE(rlh_sampling, num_stop_strings))
+      throw Error(RLH_E_INVALID_ARGUMENT, "generate: missing or too small rlh_sampling");
+    if (a->num_prompts < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generate: num_prompts must be >= 0");
+    if (a->num_prompts == 0) return;
+    if (!a->prompt_offsets) throw Error(RLH_E_INVALID_ARGUMENT, "generate: prompt_offsets is NULL");
+    const int64_t total = a->prompt_offsets[a->num_prompts];
+    if (total < 0 || (total > 0 && !a->prompt_ids)) throw Error(RLH_E_INVALID_ARGUMENT, "generate: prompt_ids is NULL");
+    if ((s->num_stop_token_ids && !s->stop_token_ids) || (s->num_stop_strings && !s->stop_strings))
+      throw Error(RLH_E_INVALID_ARGUMENT, "generate: stop lists have a count but no array");
+
+    gen::Request r;
+    r.prompt_ids = {a->prompt_ids, size_t(total)};
+    r.prompt_offsets = {a->prompt_offsets, size_t(a->num_prompts) + 1};
+    r.samples_per_prompt = a->samples_per_prompt;
+    r.first_prompt_index = a->first_prompt_index;
+    r.sampling.temperature = s->temperature;
+    r.sampling.top_k = s->top_k;
+    r.sampling.top_p = s->top_p;
+    r.sampling.min_p = s->min_p;
+    r.max_new_tokens = s->max_new_tokens;
+    r.seed = s->seed;
+    r.step = s->step;
+    r.stop_token_ids.assign(s->stop_token_ids, s->stop_token_ids + s->num_stop_token_ids);
+    for (size_t i = 0; i < s->num_stop_strings; ++i) {
+      if (!s->stop_strings[i]) throw Error(RLH_E_INVALID_ARGUMENT, "generate: stop string " + std::to_string(i) + " is NULL");
+      r.stop_strings.emplace_back(s->stop_strings[i]);
+    }
+    if (!r.stop_strings.empty()) r.detokenizer = &g->detokenizer();
+
+    g->gen->generate(
+        r,
+        [&](const gen::Sample& smp) {
+          rlh_sample out{};
+          out.struct_size = RLH_STRUCT_SIZE(rlh_sample, weight_version);
+          out.prompt_index = smp.prompt_index;
+          out.sample_index = smp.sample_index;
+          out.ids = smp.ids.data();
+          out.logprobs = smp.logprobs.data();
+          out.num_tokens = int64_t(smp.ids.size());
+          out.truncated = smp.truncated ? 1 : 0;
+          out.weight_version = smp.weight_version;
+          rlh_status* st = fn(user, &out);
+          if (st) {
+            rlh::sdk::StatusPtr owned(st);
+            throw Error(st->code, "generate: the sample callback failed: " + rlh::sdk::status_message(st));
+          }
+        },
+        [&] { return g->host.cancelled(); });
+  });
+}
+
+const rlh_generator_api kApi = [] {
+  rlh_generator_api api{};
+  api.struct_size = RLH_STRUCT_SIZE(rlh_generator_api, generate);
+  api.create = gen_create;
+  api.destroy = gen_destroy;
+  api.update_weights = gen_update_weights;
+  api.generate = gen_generate;
+  return api;
+}();
+
+const char* const kConfigKeys[] = {"policy.generation.native_cfg.*", nullptr};
+
+const rlh_component_desc kComponent = rlh::sdk::component_desc(
+    RLH_KIND_GENERATOR, "native", "0.1.0", RLH_GENERATOR_API_VERSION_MAJOR, RLH_GENERATOR_API_VERSION_MINOR, &kApi,
+    "CPU generator: paged KV cache, continuous batching, vLLM/NeMo-RL sampling and processed logprobs", kConfigKeys);
+
+const rlh_component_desc* const kComponents[] = {&kComponent};
+
+}  // namespace
+
+RLH_DEFINE_PLUGIN(rlh::sdk::plugin_desc("generator", "0.1.0", "rlhost", kComponents,
+                                        "Native CPU generator sharing the trainer's description, kernels and weights"))

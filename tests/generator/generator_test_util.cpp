@@ -1,0 +1,132 @@
+// Helpers of the generator tests (see generator_test_util.hpp).
+#include "generator_test_util.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "rlhost/model/llama_family.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rlh::gen::test {
+
+std::string fixtures_root() {
+  const char* env = std::getenv("RLHOST_FIXTURES");
+  return env && *env ? env : RLH_FIXTURES_DIR;
+}
+
+std::vector<std::string> fixture_models() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fixtures_root(), ec))
+    if (e.is_directory() && fs::exists(e.path() / "config.json") && fs::exists(e.path() / "reference.safetensors"))
+      out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+sdk::TransformerDesc llama_desc(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                                int64_t head_dim, int64_t ffn, const std::string& extra_json) {
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                        {"model_type", "llama"},
+                        {"vocab_size", vocab},
+                        {"hidden_size", hidden},
+                        {"num_hidden_layers", layers},
+                        {"num_attention_heads", heads},
+                        {"num_key_value_heads", kv_heads},
+                        {"head_dim", head_dim},
+                        {"intermediate_size", ffn},
+                        {"max_position_embeddings", 4096},
+                        {"rms_norm_eps", 1e-5},
+                        {"rope_theta", 10000.0},
+                        {"tie_word_embeddings", false},
+                        {"torch_dtype", "float32"}};
+  cfg.update(nlohmann::json::parse(extra_json));
+  return model::describe(cfg);
+}
+
+std::vector<std::vector<float>> random_weights(const sdk::TransformerDesc& desc, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::vector<float>> out;
+  for (const sdk::ParamDesc& p : desc.params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    std::vector<float> t(static_cast<size_t>(n));
+    const bool norm = p.role == sdk::ParamRole::attn_norm || p.role == sdk::ParamRole::mlp_norm ||
+                      p.role == sdk::ParamRole::final_norm || p.role == sdk::ParamRole::q_norm ||
+                      p.role == sdk::ParamRole::k_norm;
+    for (float& x : t) x = norm ? 1.f + 0.1f * nd(rng) : scale * nd(rng);
+    // Embeddings larger, so logits have some spread and samples some structure.
+    if (p.role == sdk::ParamRole::embed || p.role == sdk::ParamRole::lm_head)
+      for (float& x : t) x *= 3.f;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+Stats run(Generator& g, const std::vector<std::vector<int32_t>>& prompts, Request base, int64_t first, Outs& outs) {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> off = {0};
+  for (const auto& p : prompts) {
+    ids.insert(ids.end(), p.begin(), p.end());
+    off.push_back(int64_t(ids.size()));
+  }
+  base.prompt_ids = ids;
+  base.prompt_offsets = off;
+  base.first_prompt_index = first;
+  return g.generate(base, [&](const Sample& s) {
+    Out o;
+    o.ids.assign(s.ids.begin(), s.ids.end());
+    o.logprobs.assign(s.logprobs.begin(), s.logprobs.end());
+    o.truncated = s.truncated;
+    o.weight_version = s.weight_version;
+    outs[{first + s.prompt_index, s.sample_index}] = std::move(o);
+  });
+}
+
+Mismatch trainer_mismatch(engine::Engine& eng, const std::vector<std::vector<int32_t>>& prompts, int64_t first,
+                          const Outs& outs, const SamplingParams& sp) {
+  std::vector<int32_t> ids, cu = {0};
+  std::vector<std::pair<int64_t, const Out*>> seqs;  // (start of the new tokens, sample)
+  for (const auto& [key, o] : outs) {
+    const auto& p = prompts.at(size_t(key.first - first));
+    ids.insert(ids.end(), p.begin(), p.end());
+    seqs.push_back({int64_t(ids.size()), &o});
+    ids.insert(ids.end(), o.ids.begin(), o.ids.end());
+    cu.push_back(int32_t(ids.size()));
+  }
+  engine::MicroBatch mb;
+  mb.input_ids = ids;
+  mb.cu_seqlens = cu;
+  engine::OutputRequest req;
+  req.logprob = false;
+  req.processed_logprob = true;
+  // Greedy: vLLM reports the unfiltered logprobs at temperature 1.
+  req.temperature = sp.greedy() ? 1.0 : sp.temperature;
+  req.top_k = sp.greedy() ? 0 : std::max<int64_t>(0, sp.top_k);
+  req.top_p = sp.greedy() ? 1.0 : sp.top_p;
+  const engine::Outputs out = eng.forward(mb, req);
+  Mismatch m;
+  double sum_abs = 0, sum_mult = 0;
+  for (const auto& [start, o] : seqs)
+    for (size_t t = 0; t < o->ids.size(); ++t) {
+      const double d = std::fabs(double(o->logprobs[t]) - double(out.processed_logprob[size_t(start) + t]));
+      sum_abs += d;
+      sum_mult += std::exp(d);
+      m.max_abs = std::max(m.max_abs, d);
+      ++m.tokens;
+    }
+  if (m.tokens) {
+    m.mean_abs = sum_abs / double(m.tokens);
+    m.token_mult_prob_error = sum_mult / double(m.tokens);
+  }
+  return m;
+}
+
+}  // namespace rlh::gen::test
