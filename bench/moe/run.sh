@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds bench_moe and runs it beside PyTorch (Debian python3-torch, installed if missing, run
+# with /usr/bin/python3) on the same MoE shape, batch and thread count: the issue's shape,
+# vocab 4096, d 256, 4 layers, 8/4 heads of 32, 16 experts top-2 of ffn 256, batch 16 x 128.
+# PyTorch runs Hugging Face's eager MoE block (a loop over the experts); its OpenBLAS is pointed
+# at its AVX-512 (SkylakeX) or AVX2 (Haswell) kernels, as rlh_engine's loader does for itself.
+#   bench/moe/run.sh            # THREADS=2 STEPS=5 BUILD_DIR=build-bench by default
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build-bench}
+threads=${THREADS:-2}
+steps=${STEPS:-5}
+
+cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_BENCH=ON \
+  -DRLH_BUILD_TESTS=OFF >/dev/null
+ninja -C "$build" -j2 bench_moe >/dev/null
+
+if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "installing python3-torch (Debian) for the PyTorch peer"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get install -y -qq python3-torch >/dev/null
+fi
+coretype=Haswell
+grep -q avx512f /proc/cpuinfo && coretype=SkylakeX
+
+value() { grep '^RESULT' | tail -1 | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+
+echo "== rlhost =="
+ours=$(OMP_NUM_THREADS=$threads "$build/bench/moe/bench_moe" --steps "$steps" --threads "$threads")
+echo "$ours" | grep -v '^RESULT'
+echo "== PyTorch (HF eager MoE block) =="
+theirs=$(OPENBLAS_CORETYPE=$coretype OMP_NUM_THREADS=$threads /usr/bin/python3 \
+         "$root/bench/moe/bench_torch.py" --steps "$steps" --threads "$threads" 2>&1)
+echo "$theirs" | grep -v '^RESULT'
+
+tr_ours=$(value train_tok_s <<<"$ours"); tr_theirs=$(value train_tok_s <<<"$theirs")
+fw_ours=$(value fwd_tok_s <<<"$ours"); fw_theirs=$(value fwd_tok_s <<<"$theirs")
+echo
+echo "== summary ($threads threads) =="
+awk -v a="$tr_ours" -v b="$tr_theirs" -v c="$fw_ours" -v d="$fw_theirs" 'BEGIN {
+  printf "train:   rlhost %8.0f tok/s   PyTorch %8.0f tok/s   %.2fx\n", a, b, a / b
+  printf "forward: rlhost %8.0f tok/s   PyTorch %8.0f tok/s   %.2fx\n", c, d, c / d }'
+echo "goal: train >= 2x PyTorch"
