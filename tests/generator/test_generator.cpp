@@ -265,9 +265,10 @@ TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
     EXPECT_LT(mm.mean_abs, 1e-5);
     EXPECT_LT(mm.max_abs, 1e-4);
     EXPECT_LT(mm.token_mult_prob_error - 1.0, 1e-5);
-    if (sp.top_k == 1)  // top-k 1 is greedy decoding with logprob 0
+    if (sp.top_k == 1) {  // top-k 1 is greedy decoding with logprob 0
       for (const auto& [k, o] : outs)
         for (float lp : o.logprobs) EXPECT_EQ(lp, 0.f);
+    }
   }
 }
 

@@ -64,16 +64,18 @@ float filter_threshold(const float* z, int64_t V, int64_t top_k, double top_p, f
 
 namespace {
 
-// z = logits * scale; returns max(z).
+// z = logits * scale; returns max(z), or NaN when any z is NaN or infinite (z * 0 is NaN
+// exactly then, and the sum carries it): broken weights must not sample quietly.
 template <class T>
 RLH_GEN_INLINE float scale_max_body(float* z, const float* logits, int64_t V, float scale) {
-  float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
+  float mx = -INFINITY, bad = 0.f;
+#pragma omp simd reduction(max : mx) reduction(+ : bad)
   for (int64_t j = 0; j < V; ++j) {
     z[j] = logits[j] * scale;
     mx = std::max(mx, z[j]);
+    bad += z[j] * 0.f;
   }
-  return mx;
+  return bad == 0.f ? mx : NAN;
 }
 
 // e = exp(z - mx) where z >= tau, else 0; returns the sum (float lanes, then double).
