@@ -1,0 +1,142 @@
+// The megatron backend's reading of its config section (the `policy` subtree), NeMo-RL's Megatron
+// policy worker's keys: policy.megatron_cfg.* with Megatron's optimizer (adam/sgd, no weight
+// decay on 1-D tensors, clip_grad) and OptimizerParamScheduler, and the keys shared with dtensor.
+#include "megatron_config.hpp"
+
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::megatron {
+
+using backend::ConfigReader;
+using backend::MegatronSchedule;
+using backend::OptimizerConfig;
+using backend::OptimizerKind;
+using sdk::Error;
+using json = nlohmann::json;
+
+namespace {
+
+// NeMo-RL megatron_cfg keys (and subtrees) with no effect on the single-rank fp32 CPU engine:
+// fusions, precision and memory switches of Megatron-Core, MoE routing of models the dense
+// engine does not run, pipeline layout of a one-stage pipeline.
+constexpr const char* kNoEffect[] = {
+    "megatron_cfg.converter_type", "megatron_cfg.empty_unused_memory_level", "megatron_cfg.pipeline_dtype",
+    "megatron_cfg.sequence_parallel", "megatron_cfg.num_layers_in_first_pipeline_stage",
+    "megatron_cfg.num_layers_in_last_pipeline_stage", "megatron_cfg.freeze_moe_router",
+    "megatron_cfg.moe_router_dtype", "megatron_cfg.moe_router_load_balancing_type",
+    "megatron_cfg.moe_router_bias_update_rate", "megatron_cfg.moe_permute_fusion",
+    "megatron_cfg.moe_token_dispatcher_type", "megatron_cfg.moe_enable_deepep",
+    "megatron_cfg.moe_shared_expert_overlap", "megatron_cfg.moe_aux_loss_coeff",
+    "megatron_cfg.apply_rope_fusion", "megatron_cfg.bias_activation_fusion",
+    "megatron_cfg.gradient_accumulation_fusion", "megatron_cfg.defer_fp32_logits",
+    "megatron_cfg.distributed_data_parallel_config", "megatron_cfg.fp8_cfg", "megatron_cfg.env_vars",
+    "megatron_cfg.recompute_granularity", "megatron_cfg.recompute_method", "megatron_cfg.recompute_num_layers",
+    "megatron_cfg.recompute_modules", "megatron_cfg.fine_grained_activation_offloading",
+    "megatron_cfg.train_iters", "megatron_cfg.force_reconvert_from_hf", "megatron_cfg.track_moe_metrics",
+    "megatron_cfg.optimizer.bf16", "megatron_cfg.optimizer.fp16", "megatron_cfg.optimizer.params_dtype",
+    "megatron_cfg.optimizer.use_distributed_optimizer", "megatron_cfg.optimizer.use_precision_aware_optimizer",
+    "megatron_cfg.optimizer.optimizer_cpu_offload", "megatron_cfg.optimizer.optimizer_offload_fraction",
+    "megatron_cfg.optimizer.main_grads_dtype", "megatron_cfg.optimizer.main_params_dtype",
+    "megatron_cfg.optimizer.exp_avg_dtype", "megatron_cfg.optimizer.exp_avg_sq_dtype",
+    "megatron_cfg.optimizer.overlap_cpu_optimizer_d2h_h2d", "megatron_cfg.optimizer.use_torch_optimizer_for_cpu_offload"};
+
+MegatronSchedule::Decay decay_style(ConfigReader& r, const std::string& path) {
+  const std::string s = r.string(path, "constant");
+  if (s == "constant") return MegatronSchedule::Decay::constant;
+  if (s == "linear") return MegatronSchedule::Decay::linear;
+  if (s == "cosine") return MegatronSchedule::Decay::cosine;
+  if (s == "inverse-square-root") return MegatronSchedule::Decay::inverse_square_root;
+  if (s == "WSD") throw Error(RLH_E_UNIMPLEMENTED, r.full(path) + ": WSD decay is not implemented");
+  r.fail(path, "expected constant, linear, cosine or inverse-square-root, got \"" + s + "\"");
+}
+
+MegatronSchedule::WdIncrement wd_style(ConfigReader& r, const std::string& path) {
+  const std::string s = r.string(path, "constant");
+  if (s == "constant") return MegatronSchedule::WdIncrement::constant;
+  if (s == "linear") return MegatronSchedule::WdIncrement::linear;
+  if (s == "cosine") return MegatronSchedule::WdIncrement::cosine;
+  r.fail(path, "expected constant, linear or cosine, got \"" + s + "\"");
+}
+
+}  // namespace
+
+backend::BackendConfig read_config(const json& policy) {
+  ConfigReader r(policy, "policy");
+  backend::BackendConfig cfg;
+  cfg.backend = "megatron";
+  cfg.batching.train_micro_batch_size = 4;  // NeMo-RL's grpo_math_1B_megatron.yaml
+  cfg.batching.logprob_batch_size = 8;
+
+  if (!r.boolean("megatron_cfg.enabled", true))
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                "policy.megatron_cfg.enabled is false: this configuration selects another backend "
+                "(dtensor reads policy.dtensor_cfg)");
+  cfg.recompute = r.boolean("megatron_cfg.activation_checkpointing", false);
+  for (const char* k : {"megatron_cfg.tensor_model_parallel_size", "megatron_cfg.pipeline_model_parallel_size",
+                        "megatron_cfg.context_parallel_size", "megatron_cfg.expert_model_parallel_size",
+                        "megatron_cfg.expert_tensor_parallel_size",
+                        "megatron_cfg.virtual_pipeline_model_parallel_size"})
+    backend::require_single_rank(r, k);
+  for (const char* k : kNoEffect) r.mark_subtree(k);
+
+  // Megatron's optimizer: always present (NeMo-RL's defaults when keys are absent).
+  const std::string o = "megatron_cfg.optimizer.";
+  OptimizerConfig opt;
+  opt.decay_1d_params = false;  // Megatron: no weight decay on biases and norm weights
+  const std::string kind = r.string(o + "optimizer", "adam");
+  if (kind == "adam") {
+    opt.kind = OptimizerKind::adamw;  // Megatron's Adam decouples weight decay (adam_w_mode)
+  } else if (kind == "sgd") {
+    opt.kind = OptimizerKind::sgd;
+  } else {
+    r.fail(o + "optimizer", "expected adam or sgd, got \"" + kind + "\"");
+  }
+  opt.lr = r.number(o + "lr", 5e-6);
+  opt.weight_decay = r.number(o + "weight_decay", 0.01);
+  opt.beta1 = r.number(o + "adam_beta1", 0.9);
+  opt.beta2 = r.number(o + "adam_beta2", 0.999);
+  opt.eps = r.number(o + "adam_eps", 1e-8);
+  const double sgd_momentum = r.number(o + "sgd_momentum", 0.9);
+  if (opt.kind == OptimizerKind::sgd) opt.momentum = sgd_momentum;
+  if (!(opt.lr >= 0)) r.fail(o + "lr", "must be >= 0");
+  if (!(opt.weight_decay >= 0)) r.fail(o + "weight_decay", "must be >= 0");
+  if (!(opt.eps > 0)) r.fail(o + "adam_eps", "must be positive");
+  cfg.optimizer = opt;
+  backend::read_shared_policy_keys(r, cfg);  // policy.max_grad_norm: clip_grad's fallback
+  cfg.optimizer->max_grad_norm =
+      r.is_null(o + "clip_grad") ? 0.0 : r.number(o + "clip_grad", cfg.optimizer->max_grad_norm);
+  if (!(cfg.optimizer->max_grad_norm >= 0)) r.fail(o + "clip_grad", "must be >= 0");
+
+  const std::string s = "megatron_cfg.scheduler.";
+  MegatronSchedule ms;
+  ms.min_lr = r.number(o + "min_lr", 0.0);
+  ms.warmup_init_lr = r.number(s + "lr_warmup_init", 0.0);
+  ms.warmup_iters = r.integer(s + "lr_warmup_iters", 0);
+  ms.decay = decay_style(r, s + "lr_decay_style");
+  ms.decay_iters = r.integer(s + "lr_decay_iters", 0);
+  ms.start_weight_decay = r.number(s + "start_weight_decay", opt.weight_decay);
+  ms.end_weight_decay = r.number(s + "end_weight_decay", opt.weight_decay);
+  ms.wd_increment = wd_style(r, s + "weight_decay_incr_style");
+  ms.wd_incr_iters = ms.decay_iters;
+  if (ms.warmup_iters < 0) r.fail(s + "lr_warmup_iters", "must be >= 0");
+  if ((ms.decay == MegatronSchedule::Decay::linear || ms.decay == MegatronSchedule::Decay::cosine) &&
+      ms.decay_iters <= ms.warmup_iters)
+    r.fail(s + "lr_decay_iters", "must exceed lr_warmup_iters for " + r.string(s + "lr_decay_style", "") + " decay");
+  if (ms.wd_increment == MegatronSchedule::WdIncrement::constant && ms.start_weight_decay != ms.end_weight_decay)
+    r.fail(s + "weight_decay_incr_style", "constant needs start_weight_decay == end_weight_decay (Megatron asserts it)");
+  if (ms.wd_increment != MegatronSchedule::WdIncrement::constant && ms.wd_incr_iters <= 0)
+    r.fail(s + "lr_decay_iters", "a weight-decay increment runs over lr_decay_iters, which must be positive");
+  cfg.schedule.rule = ms;
+
+  std::vector<std::string> unread;
+  for (const char* sub : {"megatron_cfg", "sequence_packing", "dynamic_batching"})
+    for (auto& k : r.unread(sub)) unread.push_back(std::move(k));
+  if (!unread.empty()) {
+    std::string line = "keys this backend does not read:";
+    for (const auto& k : unread) line += " " + k;
+    cfg.notes.push_back(line);
+  }
+  return cfg;
+}
+
+}  // namespace rlh::megatron

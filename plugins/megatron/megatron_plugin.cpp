@@ -1,0 +1,43 @@
+// The megatron plugin: a BACKEND component over rlh_engine (through rlh_backend_common), read
+// from NeMo-RL's Megatron policy keys. Single-rank today; TP/PP/CP/EP plans and CUDA kernels
+// (kPreferredKernels) come with the GPU and parallel work.
+#include "megatron_config.hpp"
+#include "rlhost/backend.h"
+#include "rlhost/backend_common/backend.hpp"
+#include "rlhost/sdk/plugin.hpp"
+
+namespace {
+
+// Kernel providers megatron asks for before the best-scoring one. Empty while the engine runs on
+// host memory; "kernels_cuda" goes here once it runs on a CUDA device.
+const char* const kPreferredKernels[] = {nullptr};
+
+const rlh::backend::BackendFlavor kFlavor = {"megatron", &rlh::megatron::read_config, kPreferredKernels};
+
+rlh_status* create(const rlh_host_api* host, const char* config_json, size_t config_len, rlh_backend** out) {
+  return rlh::backend::create_backend(host, config_json, config_len, kFlavor, out);
+}
+
+const rlh_backend_api kApi = rlh::backend::backend_api(create);
+
+// Owned here; the shared policy keys are owned by dtensor too (the host allows two owners).
+const char* const kKeys[] = {"policy.megatron_cfg.*",
+                             "policy.max_grad_norm",
+                             "policy.precision",
+                             "policy.train_micro_batch_size",
+                             "policy.logprob_batch_size",
+                             "policy.sequence_packing.*",
+                             "policy.dynamic_batching.*",
+                             nullptr};
+
+const rlh_component_desc kBackend = rlh::sdk::component_desc(
+    RLH_KIND_BACKEND, "megatron", "0.1.0", RLH_BACKEND_API_VERSION_MAJOR, RLH_BACKEND_API_VERSION_MINOR, &kApi,
+    "training backend configured like NeMo-RL's Megatron worker (Megatron optimizer/scheduler), single-rank fp32 engine",
+    kKeys);
+
+const rlh_component_desc* const kComponents[] = {&kBackend};
+
+}  // namespace
+
+RLH_DEFINE_PLUGIN(rlh::sdk::plugin_desc("megatron", "0.1.0", "rlhost", kComponents,
+                                        "Megatron-style training backend (dense Llama family on CPU)"))

@@ -1,0 +1,500 @@
+// The rlh_backend_api slots: create/destroy, models, forward, train_step (with the loss-callback
+// trampoline), visit_weights, save/load of the training state.
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "backend_internal.hpp"
+#include "rlhost/backend_common/batch_plan.hpp"
+
+namespace rlh::backend {
+
+using sdk::Error;
+using json = nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Output requests: ABI output specs -> one engine request, and where each spec reads from.
+
+enum class Slot { logprob, processed, entropy, at_ids };
+
+struct OutputPlan {
+  engine::OutputRequest req;
+  std::vector<Slot> slots;  // per spec
+  std::vector<std::string> names;
+  int64_t ids_per_token = 0;  // K of the at_ids output
+};
+
+OutputPlan plan_outputs(const rlh_output_spec* specs, size_t n, const rlh_batch& batch) {
+  if (n == 0 || specs == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "no outputs requested");
+  OutputPlan p;
+  p.req.logprob = false;
+  bool have_temperature = false, have_filter = false;
+  for (size_t k = 0; k < n; ++k) {
+    const rlh_output_spec& s = specs[k];
+    const std::string at = "output " + std::to_string(k);
+    if (s.struct_size < RLH_STRUCT_SIZE(rlh_output_spec, ids_field))
+      throw Error(RLH_E_INVALID_ARGUMENT, at + ": struct_size is smaller than the interface's first version");
+    if (s.name == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, at + ": no name");
+    const std::string name = s.name;
+    for (const std::string& other : p.names)
+      if (other == name) throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "' is requested twice");
+    if (!(s.temperature > 0) || !std::isfinite(s.temperature))
+      throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "': temperature must be positive");
+    // One head pass computes every output, at one temperature and one top-k/top-p setting.
+    if (have_temperature && s.temperature != p.req.temperature)
+      throw Error(RLH_E_UNIMPLEMENTED, "output '" + name + "': outputs of one request must share a temperature");
+    have_temperature = true;
+    p.req.temperature = s.temperature;
+    Slot slot;
+    switch (s.kind) {
+      case RLH_OUTPUT_LOGPROB: {
+        if (s.top_k < 0 || !(s.top_p > 0 && s.top_p <= 1))
+          throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "': top_k must be >= 0 and top_p in (0, 1]");
+        if (s.top_k == 0 && s.top_p == 1.0) {
+          slot = Slot::logprob;  // no filter: the processed logprob is the raw one
+          p.req.logprob = true;
+          break;
+        }
+        if (have_filter && (s.top_k != p.req.top_k || s.top_p != p.req.top_p))
+          throw Error(RLH_E_UNIMPLEMENTED, "output '" + name + "': filtered outputs of one request must share top_k/top_p");
+        have_filter = true;
+        p.req.top_k = s.top_k;
+        p.req.top_p = s.top_p;
+        p.req.processed_logprob = true;
+        slot = Slot::processed;
+        break;
+      }
+      case RLH_OUTPUT_LOGPROB_RAW:
+        p.req.logprob = true;
+        slot = Slot::logprob;
+        break;
+      case RLH_OUTPUT_ENTROPY:
+        p.req.entropy = true;
+        slot = Slot::entropy;
+        break;
+      case RLH_OUTPUT_LOGPROB_AT_IDS: {
+        if (s.ids_field == nullptr)
+          throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "': RLH_OUTPUT_LOGPROB_AT_IDS needs ids_field");
+        if (p.req.logprob_at_ids && p.req.ids_field != s.ids_field)
+          throw Error(RLH_E_UNIMPLEMENTED, "output '" + name + "': one ids field per request");
+        const rlh_named_tensor* f = nullptr;
+        for (size_t i = 0; i < batch.num_fields; ++i)
+          if (std::strcmp(batch.fields[i].name, s.ids_field) == 0) f = &batch.fields[i];
+        if (f == nullptr)
+          throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "': the batch has no field '" + s.ids_field + "'");
+        const rlh_tensor& t = f->tensor;
+        if (t.dtype.code != RLH_DTYPE_INT || (t.dtype.bits != 32 && t.dtype.bits != 64) || t.ndim > 2 ||
+            t.shape[0] != batch.num_tokens)
+          throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "': field '" + s.ids_field +
+                                                  "' must be int32/int64 [num_tokens, k]");
+        p.req.logprob_at_ids = true;
+        p.req.ids_field = s.ids_field;
+        p.ids_per_token = t.ndim == 2 ? t.shape[1] : 1;
+        slot = Slot::at_ids;
+        break;
+      }
+      case RLH_OUTPUT_VALUE:
+        throw Error(RLH_E_UNIMPLEMENTED, "output '" + name + "': RLH_OUTPUT_VALUE (a scalar head) is not implemented by this backend");
+      default:
+        throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "': unknown kind " + std::to_string(s.kind));
+    }
+    p.slots.push_back(slot);
+    p.names.push_back(name);
+  }
+  return p;
+}
+
+int64_t width(const OutputPlan& p, size_t k) { return p.slots[k] == Slot::at_ids ? p.ids_per_token : 1; }
+
+std::span<const float> engine_output(const engine::Outputs& o, Slot s) {
+  switch (s) {
+    case Slot::logprob: return o.logprob;
+    case Slot::processed: return o.processed_logprob;
+    case Slot::entropy: return o.entropy;
+    case Slot::at_ids: return o.logprob_at_ids;
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Micro-batches
+
+std::vector<MicroBatchData> make_microbatches(const rlh_batch& b, const PlanOptions& o) {
+  std::vector<MicroBatchPlan> plans = plan_microbatches(b, o);
+  std::vector<MicroBatchData> out;
+  out.reserve(plans.size());  // no moves after construction: views point into the elements
+  for (auto& p : plans) out.emplace_back(b, std::move(p));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slots
+
+void backend_destroy(rlh_backend* self) { delete as_backend(self); }
+
+rlh_status* backend_load_model(rlh_backend* self, const rlh_model_args* args, rlh_model** out) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    if (b == nullptr || args == nullptr || out == nullptr)
+      throw Error(RLH_E_INVALID_ARGUMENT, "load_model: NULL backend, args or out");
+    *out = nullptr;
+    if (args->struct_size < RLH_STRUCT_SIZE(rlh_model_args, config_len))
+      throw Error(RLH_E_INVALID_ARGUMENT, "rlh_model_args: struct_size is smaller than the interface's first version");
+    if (args->path == nullptr || *args->path == '\0') throw Error(RLH_E_INVALID_ARGUMENT, "load_model: no path");
+    std::unique_ptr<Model> m = load_model(*b, *args);
+    *out = reinterpret_cast<rlh_model*>(m.get());
+    b->models.push_back(std::move(m));
+  });
+}
+
+void backend_unload_model(rlh_backend* self, rlh_model* model) {
+  Backend* b = as_backend(self);
+  if (b == nullptr || model == nullptr) return;
+  std::erase_if(b->models, [&](const std::unique_ptr<Model>& m) { return m.get() == as_model(model); });
+}
+
+Model& check_model(Backend* b, rlh_model* model) {
+  if (b == nullptr || model == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "NULL backend or model");
+  for (const auto& m : b->models)
+    if (m.get() == as_model(model)) return *m;
+  throw Error(RLH_E_INVALID_ARGUMENT, "model handle does not belong to this backend instance");
+}
+
+void write_output(const rlh_tensor& dst, const MicroBatchData& d, std::span<const float> src, int64_t K) {
+  const int64_t s0 = dst.strides != nullptr ? dst.strides[0] : K;
+  const int64_t s1 = dst.ndim == 2 && dst.strides != nullptr ? dst.strides[1] : 1;
+  float* base = reinterpret_cast<float*>(static_cast<char*>(dst.data) + dst.byte_offset);
+  for (size_t j = 0; j < d.plan().seqs.size(); ++j)
+    for (int64_t t = 0; t < d.length(j); ++t)
+      for (int64_t k = 0; k < K; ++k)
+        base[(d.batch_begin(j) + t) * s0 + k * s1] = src[size_t((d.local_begin(j) + t) * K + k)];
+}
+
+rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forward_args* args) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    Model& m = check_model(b, model);
+    if (args == nullptr || args->struct_size < RLH_STRUCT_SIZE(rlh_forward_args, micro_batch_tokens))
+      throw Error(RLH_E_INVALID_ARGUMENT, "forward: args missing or older than the interface's first version");
+    validate_batch(args->batch, m.desc.vocab_size);
+    const rlh_batch& batch = *args->batch;
+    const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
+    if (args->outputs == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "forward: outputs is NULL");
+    for (size_t k = 0; k < plan.slots.size(); ++k) {
+      const rlh_tensor& t = args->outputs[k];
+      const int64_t K = width(plan, k);
+      const bool shape_ok = t.ndim >= 1 && t.shape != nullptr && t.shape[0] == batch.num_tokens &&
+                            ((t.ndim == 1 && K == 1) || (t.ndim == 2 && t.shape[1] == K));
+      if (t.device.device_type != RLH_DEVICE_CPU || t.dtype.code != RLH_DTYPE_FLOAT || t.dtype.bits != 32 ||
+          !shape_ok || t.data == nullptr)
+        throw Error(RLH_E_INVALID_ARGUMENT, "forward: output '" + plan.names[k] + "' must be a float32 host tensor [" +
+                                                std::to_string(batch.num_tokens) +
+                                                (K == 1 && plan.slots[k] != Slot::at_ids ? "" : ", " + std::to_string(K)) + "]");
+    }
+    const BatchingConfig& bc = m.config.batching;
+    PlanOptions po;
+    if (args->micro_batch_tokens > 0) {
+      po.max_tokens = args->micro_batch_tokens;
+      po.first_fit_decreasing = true;
+    } else if (bc.by_tokens) {
+      po.max_tokens = bc.logprob_mb_tokens;
+      po.first_fit_decreasing = bc.first_fit_decreasing;
+    } else {
+      po.max_seqs = bc.logprob_batch_size;
+    }
+    std::vector<MicroBatchData> mbs = make_microbatches(batch, po);
+    for (MicroBatchData& d : mbs) {
+      if (b->host.cancelled()) throw Error(RLH_E_CANCELLED, "forward cancelled");
+      const engine::Outputs o = m.engine->forward(d.engine_view(), plan.req);
+      for (size_t k = 0; k < plan.slots.size(); ++k)
+        write_output(args->outputs[k], d, engine_output(o, plan.slots[k]), width(plan, k));
+    }
+  });
+}
+
+// The engine's loss callback around the algorithm's rlh_loss_fn: hands it this micro-batch's
+// sliced batch and views of the engine's outputs and (zeroed) gradient buffers, host memory.
+struct LossTrampoline {
+  const rlh_train_args& args;
+  const OutputPlan& plan;
+  std::vector<MicroBatchData>& mbs;
+  std::vector<std::pair<std::string, double>> metrics;  // summed over micro-batches
+
+  static void metric(void* ctx, const char* name, double value) {
+    if (name == nullptr) return;
+    auto& v = *static_cast<std::vector<std::pair<std::string, double>>*>(ctx);
+    for (auto& [k, x] : v)
+      if (k == name) {
+        x += value;
+        return;
+      }
+    v.emplace_back(name, value);
+  }
+
+  engine::LossResult operator()(const engine::LossContext& ctx, const engine::OutputViews& ov,
+                                engine::OutputGrads& og) {
+    MicroBatchData& d = mbs[size_t(ctx.index)];
+    const rlh_batch& mb_batch = d.abi_batch();
+    const int64_t N = mb_batch.num_tokens;
+    const size_t n = plan.slots.size();
+    std::vector<std::array<int64_t, 2>> shape(n), stride(n);
+    std::vector<rlh_named_tensor> outs(n);
+    std::vector<rlh_tensor> grads(n);
+    // Two specs may read the same engine output (LOGPROB without filtering and LOGPROB_RAW):
+    // the second gets its own gradient buffer, added into the engine's after the call.
+    std::vector<std::vector<float>> extra;
+    std::vector<std::pair<std::span<float>, size_t>> add_back;  // engine buffer, extra index
+    std::array<bool, 4> taken{};
+    for (size_t k = 0; k < n; ++k) {
+      const int64_t K = width(plan, k);
+      std::span<const float> src;
+      std::span<float> dst;
+      switch (plan.slots[k]) {
+        case Slot::logprob: src = ov.logprob; dst = og.logprob; break;
+        case Slot::processed: src = ov.processed_logprob; dst = og.processed_logprob; break;
+        case Slot::entropy: src = ov.entropy; dst = og.entropy; break;
+        case Slot::at_ids: src = ov.logprob_at_ids; dst = og.logprob_at_ids; break;
+      }
+      float* g = dst.data();
+      if (taken[size_t(plan.slots[k])]) {
+        extra.emplace_back(dst.size(), 0.0f);
+        g = extra.back().data();
+        add_back.emplace_back(dst, extra.size() - 1);
+      }
+      taken[size_t(plan.slots[k])] = true;
+      const bool two_d = plan.slots[k] == Slot::at_ids;
+      shape[k] = {N, K};
+      stride[k] = {K, 1};
+      auto view = [&](const float* p) {
+        rlh_tensor t{};
+        t.data = const_cast<float*>(p);
+        t.device = rlh_device{RLH_DEVICE_CPU, 0};
+        t.ndim = two_d ? 2 : 1;
+        t.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+        t.shape = shape[k].data();
+        t.strides = two_d ? stride[k].data() : stride[k].data() + 1;
+        return t;
+      };
+      outs[k] = rlh_named_tensor{plan.names[k].c_str(), view(src.data())};
+      grads[k] = view(g);
+    }
+    float loss = 0;
+    rlh_tensor loss_t{};
+    loss_t.data = &loss;
+    loss_t.device = rlh_device{RLH_DEVICE_CPU, 0};
+    loss_t.ndim = 0;
+    loss_t.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+
+    rlh_microbatch mb{};
+    mb.struct_size = RLH_STRUCT_SIZE(rlh_microbatch, metric_ctx);
+    mb.batch = &mb_batch;
+    mb.outputs = outs.data();
+    mb.num_outputs = n;
+    mb.grads = grads.data();
+    mb.loss = &loss_t;
+    mb.global_num_tokens = args.global_num_tokens;
+    mb.global_num_seqs = args.global_num_seqs;
+    mb.index = ctx.index;
+    mb.stream = nullptr;
+    mb.metric = &LossTrampoline::metric;
+    mb.metric_ctx = &metrics;
+    rlh_status* s = args.loss_fn(args.loss_user, &mb);
+    if (s != nullptr) {
+      sdk::StatusPtr owned(s);
+      throw Error(s->code, "loss callback (micro-batch " + std::to_string(ctx.index) + "): " + sdk::status_message(s));
+    }
+    for (auto& [dst, e] : add_back)
+      for (size_t i = 0; i < dst.size(); ++i) dst[i] += extra[e][i];
+    return engine::LossResult{double(loss), {}};
+  }
+};
+
+rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_train_args* args,
+                               rlh_train_result* result) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    Model& m = check_model(b, model);
+    if (args == nullptr || args->struct_size < RLH_STRUCT_SIZE(rlh_train_args, eval_only))
+      throw Error(RLH_E_INVALID_ARGUMENT, "train_step: args missing or older than the interface's first version");
+    if (result == nullptr || result->struct_size < RLH_STRUCT_SIZE(rlh_train_result, num_micro_batches))
+      throw Error(RLH_E_INVALID_ARGUMENT, "train_step: result missing or older than the interface's first version");
+    if (args->loss_fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "train_step: loss_fn is NULL");
+    const bool eval_only = args->eval_only != 0;
+    if (!eval_only && !m.optimizer)
+      throw Error(RLH_E_FAILED_PRECONDITION, "train_step: model '" + m.role +
+                                                 "' was loaded without RLH_MODEL_TRAINABLE (use eval_only for a loss)");
+    validate_batch(args->batch, m.desc.vocab_size);
+    const rlh_batch& batch = *args->batch;
+    const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
+
+    const BatchingConfig& bc = m.config.batching;
+    PlanOptions po;
+    if (args->micro_batch_seqs > 0) {
+      po.max_seqs = args->micro_batch_seqs;
+    } else if (args->micro_batch_tokens > 0) {
+      po.max_tokens = args->micro_batch_tokens;
+      po.first_fit_decreasing = true;
+    } else if (bc.by_tokens) {
+      po.max_tokens = bc.train_mb_tokens;
+      po.first_fit_decreasing = bc.first_fit_decreasing;
+    } else {
+      po.max_seqs = bc.train_micro_batch_size;
+    }
+    std::vector<MicroBatchData> mbs = make_microbatches(batch, po);
+    std::vector<engine::MicroBatch> views;
+    for (const MicroBatchData& d : mbs) views.push_back(d.engine_view());
+    if (b->host.cancelled()) throw Error(RLH_E_CANCELLED, "train_step cancelled");
+
+    engine::StepOptions so;
+    so.global_tokens = args->global_num_tokens;
+    so.global_sequences = args->global_num_seqs;
+    so.outputs = plan.req;
+    so.apply_optimizer = false;  // the backend's optimizer applies the update (optimizer.hpp)
+    LossTrampoline tramp{*args, plan, mbs, {}};
+    const engine::StepResult r =
+        m.engine->train_step(views, so, [&](const engine::LossContext& c, const engine::OutputViews& ov,
+                                            engine::OutputGrads& og) { return tramp(c, ov, og); });
+
+    Optimizer::StepInfo info;
+    bool updated = false;
+    if (m.optimizer) {
+      if (!eval_only && !r.skipped) {
+        info = m.optimizer->step(args->learning_rate, r.clip_coef);
+        updated = true;
+      } else {
+        info = m.optimizer->next(args->learning_rate);
+      }
+    }
+    result->loss = r.loss;
+    result->grad_norm = r.grad_norm;
+    result->num_micro_batches = int64_t(mbs.size());
+    json metrics = {{"loss", r.loss},
+                    {"grad_norm", r.grad_norm},
+                    {"clip_coef", r.clip_coef},
+                    {"lr", info.lr},
+                    {"weight_decay", info.weight_decay},
+                    {"step", m.version()},
+                    {"num_micro_batches", mbs.size()},
+                    {"num_tokens", r.tokens},
+                    {"eval_only", eval_only},
+                    {"updated", updated},
+                    {"skipped_nonfinite", r.skipped}};
+    json loss_metrics = json::object();
+    for (const auto& [name, value] : tramp.metrics) loss_metrics[name] = value;
+    metrics["metrics"] = loss_metrics;
+    if (RLH_HAS_FIELD(result, rlh_train_result, user) && result->write != nullptr) {
+      const std::string text = metrics.dump();
+      result->write(result->user, text.data(), text.size());
+    }
+  });
+}
+
+rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weight_fn fn, void* user,
+                                  int64_t* version) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    Model& m = check_model(b, model);
+    if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
+    if (version != nullptr) *version = m.version();
+    std::vector<float> split;  // a fused engine tensor's HF piece
+    for (size_t i = 0; i < m.desc.params.size(); ++i) {
+      const sdk::ParamDesc& p = m.desc.params[i];
+      std::span<float> w = m.engine->param(i);
+      for (size_t k = 0; k < p.hf_names.size(); ++k) {
+        std::vector<int64_t> shape = p.hf_shapes[k], strides(shape.size(), 1);
+        for (int d = int(shape.size()) - 2; d >= 0; --d) strides[size_t(d)] = strides[size_t(d) + 1] * shape[size_t(d) + 1];
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        float* data = w.data();
+        if (p.transform == sdk::ParamTransform::stack) {
+          data = w.data() + int64_t(k) * n;  // stacked pieces are contiguous slabs: a view
+        } else if (p.transform == sdk::ParamTransform::concat) {
+          // Piece k spans [before, before + len) along `axis` of the engine tensor: copy it out.
+          int64_t before = 0, outer = 1, rest = 1;
+          for (size_t j = 0; j < k; ++j) before += p.hf_shapes[j][size_t(p.axis)];
+          for (int64_t a = 0; a < p.axis; ++a) outer *= p.shape[size_t(a)];
+          for (size_t a = size_t(p.axis) + 1; a < p.shape.size(); ++a) rest *= p.shape[a];
+          const int64_t len = shape[size_t(p.axis)] * rest, full = p.shape[size_t(p.axis)] * rest;
+          split.resize(size_t(n));
+          for (int64_t o = 0; o < outer; ++o)
+            std::memcpy(split.data() + o * len, w.data() + o * full + before * rest, size_t(len) * sizeof(float));
+          data = split.data();
+        }
+        rlh_tensor t{};
+        t.data = data;
+        t.device = rlh_device{RLH_DEVICE_CPU, 0};
+        t.ndim = int32_t(shape.size());
+        t.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+        t.shape = shape.data();
+        t.strides = strides.data();
+        rlh_status* s = fn(user, p.hf_names[k].c_str(), &t);
+        if (s != nullptr) {
+          sdk::StatusPtr owned(s);
+          throw Error(s->code, "visit_weights callback at '" + p.hf_names[k] + "': " + sdk::status_message(s));
+        }
+      }
+    }
+  });
+}
+
+rlh_status* backend_save_state(rlh_backend* self, rlh_model* model, const char* dir) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    Model& m = check_model(b, model);
+    if (dir == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "save_state: dir is NULL");
+    save_state(m, dir);
+  });
+}
+
+rlh_status* backend_load_state(rlh_backend* self, rlh_model* model, const char* dir) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    Model& m = check_model(b, model);
+    if (dir == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "load_state: dir is NULL");
+    load_state(m, dir);
+  });
+}
+
+}  // namespace
+
+rlh_status* create_backend(const rlh_host_api* host, const char* config_json, size_t config_len,
+                           const BackendFlavor& flavor, rlh_backend** out) {
+  return sdk::guard(host != nullptr ? host->make_status : nullptr, [&] {
+    if (out == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, std::string(flavor.name) + " create: out is NULL");
+    *out = nullptr;
+    auto b = std::make_unique<Backend>();
+    b->flavor = &flavor;
+    b->host = sdk::Host(host);
+    const std::string text = config_json != nullptr && config_len > 0 ? std::string(config_json, config_len) : "{}";
+    try {
+      b->policy = json::parse(text);
+    } catch (const json::exception& e) {
+      throw Error(RLH_E_INVALID_ARGUMENT, std::string(flavor.name) + ": the config section is not valid JSON: " + e.what());
+    }
+    if (b->policy.is_null()) b->policy = json::object();
+    if (!b->policy.is_object())
+      throw Error(RLH_E_INVALID_ARGUMENT, std::string(flavor.name) + ": the config section (policy) must be an object");
+    b->config = flavor.read_config(b->policy);
+    for (const std::string& note : b->config.notes) b->host.info(std::string(flavor.name) + ": " + note);
+    *out = reinterpret_cast<rlh_backend*>(b.release());
+  });
+}
+
+rlh_backend_api backend_api(rlh_status* (*create)(const rlh_host_api*, const char*, size_t, rlh_backend**)) {
+  rlh_backend_api api{};
+  api.struct_size = RLH_STRUCT_SIZE(rlh_backend_api, load_state);
+  api.create = create;
+  api.destroy = backend_destroy;
+  api.load_model = backend_load_model;
+  api.unload_model = backend_unload_model;
+  api.forward = backend_forward;
+  api.train_step = backend_train_step;
+  api.visit_weights = backend_visit_weights;
+  api.save_state = backend_save_state;
+  api.load_state = backend_load_state;
+  return api;
+}
+
+}  // namespace rlh::backend

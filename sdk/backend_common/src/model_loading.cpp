@@ -1,0 +1,178 @@
+// Loading a model into a backend: the HF folder, its description (from the host's MODEL
+// component, so the backend holds no per-architecture code), the weights (through the model
+// core's parameter table), the kernels, the engine and the optimizer.
+#include <fstream>
+#include <sstream>
+
+#include "backend_internal.hpp"
+#include "rlhost/kernels.h"
+#include "rlhost/model.h"
+#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/hf_cache.hpp"
+
+namespace rlh::backend {
+
+using sdk::Error;
+using json = nlohmann::json;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(RLH_E_NOT_FOUND, "'" + path + "' cannot be read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string join(const char* const* names) {
+  std::string out;
+  for (size_t i = 0; names != nullptr && names[i] != nullptr && i < 4096; ++i)
+    out += (out.empty() ? "" : ", ") + std::string(names[i]);
+  return out.empty() ? "none" : out;
+}
+
+bool lists(const char* const* names, const std::string& arch) {
+  for (size_t i = 0; names != nullptr && names[i] != nullptr && i < 4096; ++i)
+    if (arch == names[i]) return true;
+  return false;
+}
+
+}  // namespace
+
+sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& dir, const std::string& config_text,
+                                    const rlh_model_args& args) {
+  std::string doc;
+  if (args.description_json != nullptr) {
+    doc.assign(args.description_json, args.description_len);
+  } else {
+    std::string arch;
+    try {
+      const json cfg = json::parse(config_text);
+      if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
+          cfg["architectures"][0].is_string())
+        arch = cfg["architectures"][0].get<std::string>();
+    } catch (const json::exception& e) {
+      throw Error(RLH_E_INVALID_ARGUMENT, dir + "/config.json: invalid JSON: " + e.what());
+    }
+    // The ABI finds components by name or takes the best-scoring one; it cannot list every MODEL
+    // component, so the best-scoring one must be the one that lists the architecture.
+    const rlh_component_desc* d = nullptr;
+    const rlh_model_api* api = nullptr;
+    try {
+      api = host.find<rlh_model_api>(RLH_KIND_MODEL, nullptr, RLH_STRUCT_SIZE(rlh_model_api, describe), &d);
+    } catch (const Error& e) {
+      throw Error(RLH_E_FAILED_PRECONDITION, "no model component can describe " +
+                                                 (arch.empty() ? std::string("the model") : "architecture '" + arch + "'") +
+                                                 " of " + dir + " (load a model plugin such as model_llama): " + e.what());
+    }
+    if (!arch.empty() && !lists(api->architectures, arch))
+      throw Error(RLH_E_UNIMPLEMENTED, "architecture '" + arch + "' of " + dir +
+                                           "/config.json is not listed by the loaded model component '" + d->name +
+                                           "' (it lists " + join(api->architectures) + ")");
+    sdk::check(api->describe(host.api(), config_text.data(), config_text.size(), sdk::write_to_string, &doc),
+               dir + "/config.json");
+  }
+  try {
+    return json::parse(doc).get<sdk::TransformerDesc>();
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, "model description of " + dir + ": " + e.what());
+  }
+}
+
+void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m) {
+  auto try_provider = [&](const char* name) -> bool {
+    const rlh_component_desc* d = nullptr;
+    const rlh_kernels_api* api = nullptr;
+    try {
+      api = host.find<rlh_kernels_api>(RLH_KIND_KERNELS, name, RLH_STRUCT_SIZE(rlh_kernels_api, release_op), &d);
+    } catch (const Error&) {
+      return false;  // none loaded (or not this one): the next choice
+    }
+    try {
+      auto reg = std::make_unique<sdk::KernelRegistry>();
+      reg->add(d->name, api, host.api(), sdk::kCPU);
+      m.ops = engine::make_registry_ops(*reg);
+      m.registry = std::move(reg);
+      m.kernels = m.ops->name();
+      return true;
+    } catch (const std::exception& e) {
+      host.warn(std::string(flavor.name) + ": kernel provider '" + d->name +
+                "' cannot run the engine's ops on the CPU: " + e.what());
+      return false;
+    }
+  };
+  for (size_t i = 0; flavor.preferred_kernels != nullptr && flavor.preferred_kernels[i] != nullptr; ++i)
+    if (try_provider(flavor.preferred_kernels[i])) return;
+  if (try_provider(nullptr)) return;
+  m.ops = engine::make_cpu_ops(m.alloc);  // no KERNELS component: the reference, linked in
+  m.kernels = m.ops->name() + " (linked)";
+}
+
+std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
+  auto m = std::make_unique<Model>();
+  m->owner = &b;
+  m->role = args.role != nullptr ? args.role : "policy";
+  m->trainable = (args.flags & RLH_MODEL_TRAINABLE) != 0;
+
+  // Per-model overrides (a reference model's precision, a critic's optimizer) patch the section.
+  if (args.config_json != nullptr && args.config_len > 0) {
+    json patch;
+    try {
+      patch = json::parse(std::string(args.config_json, args.config_len));
+    } catch (const json::exception& e) {
+      throw Error(RLH_E_INVALID_ARGUMENT, "model '" + m->role + "': config_json is not valid JSON: " + e.what());
+    }
+    if (!patch.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "model '" + m->role + "': config_json must be an object");
+    m->config = b.flavor->read_config(merge_patch(b.policy, patch));
+  } else {
+    m->config = b.config;
+  }
+  if (m->trainable && !m->config.optimizer)
+    throw Error(RLH_E_FAILED_PRECONDITION, "model '" + m->role + "' is trainable but " + m->config.optimizer_missing);
+
+  const std::string path = args.path;
+  try {
+    m->dir = sdk::resolve_model_path(path).string();
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_NOT_FOUND, std::string("model '") + path + "': " + e.what());
+  }
+  const std::string config_text = read_file(m->dir + "/config.json");
+  m->desc = describe_model(b.host, m->dir, config_text, args);
+
+  model::LoadResult weights;
+  try {
+    m->checkpoint = sdk::st::Checkpoint::open(m->dir);
+    weights = model::load_weights_f32(m->desc, m->checkpoint);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string("model '") + path + "': " + e.what());
+  }
+  m->passthrough = weights.unused;
+
+  select_kernels(b.host, *b.flavor, *m);
+  engine::EngineOptions eo;
+  eo.recompute = m->config.recompute;
+  eo.allocator = &m->alloc;
+  eo.ops = m->ops.get();
+  // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
+  eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
+  try {
+    m->engine = std::make_unique<engine::Engine>(m->desc, eo);
+  } catch (const std::invalid_argument& e) {
+    throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir + "): " + e.what());
+  }
+  m->engine->load_parameters(weights.tensors);
+  weights.tensors.clear();
+  if (m->trainable)
+    m->optimizer = std::make_unique<Optimizer>(*m->config.optimizer, m->config.schedule, *m->engine, *m->ops);
+
+  b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
+              " (" + std::to_string(m->engine->num_elements()) + " parameters, " +
+              (m->trainable ? std::string(to_string(m->config.optimizer->kind)) + " optimizer" : std::string("frozen")) +
+              (m->config.recompute ? ", recompute" : "") + ", kernels " + m->kernels + ")");
+  return m;
+}
+
+}  // namespace rlh::backend

@@ -1,0 +1,161 @@
+// save_state / load_state: a model's whole training state in one folder.
+//
+//   model.safetensors (or shards + index)  the weights, HF names and shapes, float32: the master
+//                                           weights themselves, so a restored run continues bit
+//                                           for bit (an HF loader casts them to its dtype)
+//   config.json, generation_config.json,   copied from the model's folder, so the folder is a
+//   tokenizer files                         loadable HF checkpoint (load_model takes it too)
+//   optimizer.safetensors                  trainable models: torch's state names per engine
+//                                           parameter (exp_avg.*, exp_avg_sq.*, momentum_buffer.*)
+//   rlhost_state.json                      step (= weights version), optimizer kind, backend
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "backend_internal.hpp"
+#include "rlhost/model/llama_family.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rlh::backend {
+
+using sdk::Error;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kStateFile = "rlhost_state.json";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kFormat = "rlhost-backend-state";
+
+// Files next to the weights that make the folder an HF checkpoint a tokenizer can use too.
+constexpr const char* kSideFiles[] = {"config.json",          "generation_config.json", "tokenizer.json",
+                                      "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                                      "vocab.json",            "merges.txt",             "chat_template.jinja"};
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw Error(RLH_E_UNAVAILABLE, "cannot write '" + tmp.string() + "'");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error(RLH_E_UNAVAILABLE, "cannot rename '" + tmp.string() + "': " + ec.message());
+}
+
+}  // namespace
+
+void save_state(Model& m, const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
+  try {
+    sdk::TransformerDesc f32 = m.desc;
+    for (auto& p : f32.params) p.dtype = sdk::st::DType::F32;
+    model::SaveOptions so;
+    so.passthrough = &m.checkpoint;
+    so.passthrough_names = m.passthrough;
+    model::save_weights_hf(f32, m.engine->save_parameters(), dir, so);
+
+    if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
+      for (const char* name : kSideFiles)
+        if (fs::is_regular_file(fs::path(m.dir) / name, ec))
+          fs::copy_file(fs::path(m.dir) / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+
+    json state = {{"format", kFormat},
+                  {"format_version", 1},
+                  {"backend", m.owner->flavor->name},
+                  {"role", m.role},
+                  {"architecture", m.desc.architecture},
+                  {"step", m.version()},
+                  {"optimizer", m.optimizer ? json(to_string(m.optimizer->config().kind)) : json(nullptr)}};
+    if (m.optimizer) {
+      std::vector<sdk::st::WriteTensor> tensors;
+      for (const Optimizer::StateTensor& t : m.optimizer->state())
+        tensors.push_back({t.name, sdk::st::DType::F32, t.shape,
+                           std::as_bytes(std::span<const float>(t.data.data(), t.data.size()))});
+      sdk::st::write_file((fs::path(dir) / kOptimizerFile).string(), tensors,
+                          {{"format", "rlhost-optimizer"},
+                           {"optimizer", to_string(m.optimizer->config().kind)},
+                           {"step", std::to_string(m.optimizer->steps())}});
+    }
+    write_text_atomically(fs::path(dir) / kStateFile, state.dump(2) + "\n");
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_UNAVAILABLE, "save_state into '" + dir + "': " + e.what());
+  }
+}
+
+void load_state(Model& m, const std::string& dir) {
+  const fs::path state_path = fs::path(dir) / kStateFile;
+  std::ifstream in(state_path);
+  if (!in) throw Error(RLH_E_NOT_FOUND, "load_state: '" + dir + "' has no " + kStateFile + " (not a folder save_state wrote)");
+  json state;
+  try {
+    state = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(RLH_E_DATA_LOSS, state_path.string() + ": invalid JSON: " + e.what());
+  }
+  if (!state.is_object() || state.value("format", "") != kFormat || !state.contains("step") ||
+      !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0)
+    throw Error(RLH_E_DATA_LOSS, state_path.string() + ": not an rlhost backend state (format/step)");
+  const int64_t step = state["step"].get<int64_t>();
+  const std::string arch = state.value("architecture", "");
+  if (arch != m.desc.architecture)
+    throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + dir + "' holds a " + arch + " state, the model is " +
+                                               m.desc.architecture);
+
+  try {
+    sdk::st::Checkpoint ckpt = sdk::st::Checkpoint::open(dir);
+    sdk::TransformerDesc desc = m.desc;  // the file's dtypes are adopted by the copy only
+    model::LoadResult w = model::load_weights_f32(desc, ckpt);
+    m.engine->load_parameters(w.tensors);
+    m.checkpoint = std::move(ckpt);
+    m.passthrough = std::move(w.unused);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_DATA_LOSS, "load_state from '" + dir + "': " + e.what());
+  }
+
+  if (!m.optimizer) {
+    m.loaded_version = step;
+    return;
+  }
+  const std::string kind = to_string(m.optimizer->config().kind);
+  if (!state.contains("optimizer") || !state["optimizer"].is_string())
+    throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + dir + "' has no optimizer state (saved from a frozen model)");
+  if (state["optimizer"].get<std::string>() != kind)
+    throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + dir + "' holds " + state["optimizer"].get<std::string>() +
+                                               " state, the model's optimizer is " + kind);
+  try {
+    const sdk::st::File f = sdk::st::File::open((fs::path(dir) / kOptimizerFile).string());
+    // A fresh optimizer (no moments yet) restarts from zeros, whatever this one holds.
+    m.optimizer = std::make_unique<Optimizer>(m.optimizer->config(), m.config.schedule, *m.engine, *m.ops);
+    if (!f.tensors().empty()) {
+      m.optimizer->allocate_state();
+      const auto want = m.optimizer->state();
+      if (want.size() != f.tensors().size())
+        throw Error(RLH_E_DATA_LOSS, f.path() + ": " + std::to_string(f.tensors().size()) + " tensors, the model needs " +
+                                         std::to_string(want.size()));
+      for (const Optimizer::StateTensor& t : want) {
+        const sdk::st::TensorInfo& info = f.at(t.name);
+        if (info.shape != t.shape || info.dtype != sdk::st::DType::F32)
+          throw Error(RLH_E_DATA_LOSS, f.path() + ": tensor '" + t.name + "' has the wrong shape or dtype");
+        const std::vector<float> v = f.read_f32(t.name);
+        std::copy(v.begin(), v.end(), t.data.begin());
+      }
+    }
+    m.optimizer->set_steps(step);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_DATA_LOSS, "load_state from '" + dir + "': " + e.what());
+  }
+}
+
+}  // namespace rlh::backend
