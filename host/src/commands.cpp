@@ -154,6 +154,7 @@ struct Command {
 };
 const Command kCommands[] = {
     {"tokenize", cmd_tokenize},
+    {"logprobs", cmd_logprobs},
 };
 
 }  // namespace

@@ -8,4 +8,7 @@ bool is_command(const char* name);
 // argv[0] is the command name. Returns the process exit code.
 int run_command(int argc, char** argv);
 
+// Subcommands defined in their own files (argv[0] is the command name).
+int cmd_logprobs(int argc, char** argv);  // cmd_logprobs.cpp
+
 }  // namespace rlh::cli
