@@ -1109,6 +1109,9 @@ std::vector<OpCase> all_op_cases() {
   v.push_back(grouped_gemm_case(false, false, {0, 0, 70, 150}, 0, 33, 20, 0.5, 1.0, 0));
   v.push_back(grouped_gemm_case(true, false, {0, 9, 9, 40}, 13, 7, 0, 1.0, 0.5, 2));
   v.push_back(grouped_gemm_case(true, false, {0, 100, 130}, 70, 11, 0, 1.0, 0.0, 0));
+  // groups (ta = 0) and C_g rows (ta = 1) beyond one 256-row task
+  v.push_back(grouped_gemm_case(false, true, {0, 600, 610}, 0, 5, 8, 1.0, 0.0, 1));
+  v.push_back(grouped_gemm_case(true, false, {0, 20, 50}, 300, 4, 0, 1.0, 1.0, 0));
   v.push_back(adamw_case(1000, false));
   v.push_back(adamw_case(200003, true));
   v.push_back(sumsq_case());

@@ -9,10 +9,13 @@
 //     A_g, B_g are the group's rows; an empty group gives C_g = beta C_g.
 //
 // Work is cut into tasks of at most kTaskRows rows of the grouped operand (trans_a = false) or
-// of C_g (trans_a = true), so a group holding most tokens still spreads over the threads, and
-// many small groups do not each pay for a threaded GEMM. Every element of C comes from one
-// single-threaded gemm call with its full inner loop and the task cut does not depend on the
-// thread count: results are the same for any number of threads.
+// of C_g (trans_a = true), taken dynamically by the threads: a group holding most tokens still
+// spreads over them, and many small groups do not each pay for a threaded GEMM. Tasks are large
+// because each call packs its whole weight matrix (64-row tasks spent about a third of their time
+// packing at d 256). The cut never depends on the thread count: OpenBLAS's small-matrix kernels
+// sum in an order that depends on a call's shape, so a thread-dependent cut changed low bits
+// (seen with 1 vs 2 threads). Every element of C comes from one gemm call of a fixed shape:
+// results are the same for any number of threads.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,11 +27,21 @@
 namespace rlh::kcpu {
 namespace {
 
-constexpr int64_t kTaskRows = 64;
+constexpr int64_t kTaskRows = 256;
 
 struct Task {
   int64_t g, r0, r1;
 };
+
+// Tasks of at most `rows` rows: of each group's rows (trans_a = false) or of each C_g's M rows.
+std::vector<Task> cut(bool ta, int64_t G, const int32_t* offsets, int64_t M, int64_t rows) {
+  std::vector<Task> tasks;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t b = ta ? 0 : offsets[g], e = ta ? M : offsets[g + 1];
+    for (int64_t r = b; r < e; r += rows) tasks.push_back({g, r, std::min(e, r + rows)});
+  }
+  return tasks;
+}
 
 }  // namespace
 
@@ -48,15 +61,7 @@ void grouped_gemm(bool ta, bool tb, int64_t G, const int32_t* offsets, int64_t M
   if (lda < std::max<int64_t>(1, a_cols) || ldb < std::max<int64_t>(1, b_cols) ||
       ldc < std::max<int64_t>(1, N))
     throw std::invalid_argument("grouped_gemm: leading dimension smaller than the row");
-  std::vector<Task> tasks;
-  if (!ta) {
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t r = offsets[g]; r < offsets[g + 1]; r += kTaskRows)
-        tasks.push_back({g, r, std::min<int64_t>(offsets[g + 1], r + kTaskRows)});
-  } else {
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t r = 0; r < M; r += kTaskRows) tasks.push_back({g, r, std::min(M, r + kTaskRows)});
-  }
+  const std::vector<Task> tasks = cut(ta, G, offsets, M, kTaskRows);
   const int64_t nt = int64_t(tasks.size());
 #pragma omp parallel for schedule(dynamic, 1) if (!omp_in_parallel() && nt > 1)
   for (int64_t i = 0; i < nt; ++i) {
