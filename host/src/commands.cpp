@@ -155,6 +155,7 @@ struct Command {
 const Command kCommands[] = {
     {"tokenize", cmd_tokenize},
     {"logprobs", cmd_logprobs},
+    {"generate", cmd_generate},
 };
 
 }  // namespace

@@ -10,5 +10,6 @@ int run_command(int argc, char** argv);
 
 // Subcommands defined in their own files (argv[0] is the command name).
 int cmd_logprobs(int argc, char** argv);  // cmd_logprobs.cpp
+int cmd_generate(int argc, char** argv);  // cmd_generate.cpp
 
 }  // namespace rlh::cli
