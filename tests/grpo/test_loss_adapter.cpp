@@ -1,5 +1,7 @@
 // The rlh_loss_fn adapter on CPU tensors: named fields and outputs of an rlh_microbatch, the loss
-// and gradients it writes, metrics through mb->metric, extrema, dtypes, and its errors.
+// and gradients it writes, metrics through mb->metric, extrema, dtypes, and its errors. Outputs and
+// gradients cross token-aligned, as backends hand them over (backend.h); the core functions the
+// results are compared with take the output frame (packing.hpp).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -68,8 +70,9 @@ class AbiMicroBatch {
       add_f32("sample_mask", p.sm, s_);
     }
     add_f32("rewards", p.rewards, s_);
-    add_output("logprobs", p.lp);
-    if (o.with_unfiltered) add_output("logprobs_unfiltered", p.lpu);
+    // The case's current logprobs are in the output frame; a backend hands them over token-aligned.
+    add_output("logprobs", to_token_frame(p.packing(), p.lp));
+    if (o.with_unfiltered) add_output("logprobs_unfiltered", to_token_frame(p.packing(), p.lpu));
     views_.emplace_back(&loss_, std::initializer_list<int64_t>{});
     loss_view_ = &views_.back();
     global_tok_ = static_cast<int64_t>(B.g_tok);
@@ -224,9 +227,10 @@ TEST(LossAdapter, WritesTheCoreLossGradientsAndMetrics) {
   std::vector<double> g(r.num_tokens()), gu(r.num_tokens());
   const LossResult want = clipped_pg_loss(cfg, r.pg_inputs(s.c.batch, true), g.data(), gu.data());
   EXPECT_EQ(mb.loss(), to_f32(want.loss));
+  const std::vector<double> gt = to_token_frame(r.packing(), g), gut = to_token_frame(r.packing(), gu);
   for (int64_t t = 0; t < r.num_tokens(); ++t) {
-    EXPECT_EQ(mb.grad(0, t), to_f32(g[t])) << t;
-    EXPECT_EQ(mb.grad(1, t), to_f32(gu[t])) << t;
+    EXPECT_EQ(mb.grad(0, t), to_f32(gt[t])) << t;
+    EXPECT_EQ(mb.grad(1, t), to_f32(gut[t])) << t;
   }
   size_t summed = 0;
   for (const Metric& m : want.metrics.items()) {
@@ -290,8 +294,9 @@ TEST(LossAdapter, AcceptsMixedFieldDtypesAndWritesBf16Gradients) {
   std::vector<double> g(r.num_tokens());
   const LossResult want = clipped_pg_loss(cfg, r.pg_inputs(s.c.batch), g.data());
   EXPECT_EQ(mb.loss(), to_f32(want.loss));
+  const std::vector<double> gt = to_token_frame(r.packing(), g);
   for (int64_t t = 0; t < r.num_tokens(); ++t)
-    EXPECT_EQ(mb.grad(0, t), from_bf16(to_bf16(to_f32(g[t])))) << t;
+    EXPECT_EQ(mb.grad(0, t), from_bf16(to_bf16(to_f32(gt[t])))) << t;
 }
 
 TEST(LossAdapter, ReportsMissingAndMalformedInputs) {
@@ -366,7 +371,8 @@ TEST(LossAdapter, SftAndDpo) {
   NllInputs in{r.packing(), r.lp.data(), r.tm.data(), r.sm.data(), c.batch.g_tok};
   const LossResult nll = nll_loss(in, g.data());
   EXPECT_EQ(mb.loss(), to_f32(nll.loss));
-  for (int64_t t = 0; t < r.num_tokens(); ++t) EXPECT_EQ(mb.grad(0, t), to_f32(g[t]));
+  std::vector<double> gt = to_token_frame(r.packing(), g);
+  for (int64_t t = 0; t < r.num_tokens(); ++t) EXPECT_EQ(mb.grad(0, t), to_f32(gt[t]));
   EXPECT_EQ(mb.metrics["num_unmasked_tokens"], *nll.metrics.get("num_unmasked_tokens"));
 
   DpoConfig dc;
@@ -377,8 +383,40 @@ TEST(LossAdapter, SftAndDpo) {
   DpoInputs di{r.packing(), r.lp.data(), r.ref.data(), r.tm.data(), r.sm.data(), c.batch.g_seq};
   const LossResult d = dpo_loss(dc, di, g.data());
   EXPECT_EQ(mb2.loss(), to_f32(d.loss));
-  for (int64_t t = 0; t < r.num_tokens(); ++t) EXPECT_EQ(mb2.grad(0, t), to_f32(g[t]));
+  gt = to_token_frame(r.packing(), g);
+  for (int64_t t = 0; t < r.num_tokens(); ++t) EXPECT_EQ(mb2.grad(0, t), to_f32(gt[t]));
   EXPECT_EQ(mb2.metrics["accuracy"], *d.metrics.get("accuracy"));
+}
+
+// Token alignment spelled out on SFT's NLL, whose gradient is -token_mask[t] * sample_mask / G at
+// exactly the positions whose token is predicted: never at position 0 of a sequence, whose output
+// (a backend writes 0 there) must not enter the loss whatever it holds.
+TEST(LossAdapter, OutputsAndGradientsAreTokenAligned) {
+  GenOptions o;
+  o.seed = 36;
+  o.lengths = {4, 1, 6, 3};
+  o.zero_sample_mask_seq = 2;
+  const Case c = make_case(o);
+  Packed p = pack(c.batch, c.lp, iota_order(c.batch.seqs.size()));
+  LossAdapter sft{NllConfig{}};
+  AbiMicroBatch mb(p, c.batch, {});
+  // Garbage where a token-aligned output holds no prediction.
+  float* lp = static_cast<float*>(mb.output(0).tensor.data);
+  for (size_t k = 0; k < p.order.size(); ++k) lp[p.offsets[k]] = 1e30f;
+  ASSERT_EQ(mb.run(sft), nullptr);
+  double want_loss = 0;
+  for (size_t k = 0; k < p.order.size(); ++k) {
+    const RefSeq& q = c.batch.seqs[static_cast<size_t>(p.order[k])];
+    for (int64_t j = 0; j < p.offsets[k + 1] - p.offsets[k]; ++j) {
+      const int64_t t = p.offsets[k] + j;
+      const double w = j == 0 ? 0.0 : q.token_mask[static_cast<size_t>(j)] * q.sample_mask / c.batch.g_tok;
+      EXPECT_EQ(mb.grad(0, t), to_f32(-w)) << "sequence " << k << " position " << j;
+      if (j > 0) want_loss -= w * static_cast<double>(lp[t]);
+      // The output at token-aligned position j is the case's output-frame entry j-1.
+      if (j > 0) EXPECT_EQ(lp[t], to_f32(c.lp[static_cast<size_t>(p.order[k])][static_cast<size_t>(j - 1)]));
+    }
+  }
+  EXPECT_NEAR(mb.loss(), want_loss, 1e-6 * std::abs(want_loss));
 }
 
 TEST(LossAdapter, EmptyMicroBatchWritesZeroLoss) {

@@ -25,6 +25,18 @@ TEST(Packing, LossFramePairsOutputTWithFieldTPlusOne) {
   EXPECT_EQ(out, (std::vector<double>{1, 2, 0, 0, 3, 4, 0}));
 }
 
+TEST(Packing, TokenAndOutputFramesConvertBothWays) {
+  const std::vector<int64_t> off = {0, 3, 3, 4, 7};  // lengths 3, 0, 1, 3
+  const Packing p{7, 4, off.data()};
+  const std::vector<double> tok = {0, 11, 12, 0, 0, 15, 16};  // position 0 of each sequence: 0
+  const std::vector<double> out = to_output_frame(p, tok);
+  EXPECT_EQ(out, (std::vector<double>{11, 12, 0, 0, 15, 16, 0}));
+  EXPECT_EQ(to_token_frame(p, out), tok);
+  // Output frame's last entries and token frame's first entries hold no prediction: dropped.
+  EXPECT_EQ(to_token_frame(p, std::vector<double>{1, 2, 3, 4, 5, 6, 7}), (std::vector<double>{0, 1, 2, 0, 0, 5, 6}));
+  EXPECT_THROW(to_output_frame(p, std::vector<double>(6)), std::invalid_argument);
+}
+
 TEST(Packing, MalformedLayoutsAreRejected) {
   const std::vector<int64_t> decreasing = {0, 4, 2}, short_total = {0, 2, 3}, bad_start = {1, 3};
   EXPECT_THROW(validate(Packing{2, 2, decreasing.data()}), std::invalid_argument);

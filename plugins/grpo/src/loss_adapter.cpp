@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rlhost/grpo/nll_loss.hpp"
+#include "rlhost/grpo/packing.hpp"
 
 namespace rlh::grpo {
 
@@ -178,13 +179,15 @@ class MicroBatchView {
       if (mb_.outputs[i].name != nullptr && name == mb_.outputs[i].name) return static_cast<int>(i);
     return -1;
   }
+  // Output k in the loss math's output frame (the backend hands it over token-aligned).
   std::vector<double> output(int k) const {
-    return read_vector(mb_.outputs[k].tensor, packing_.num_tokens,
-                       std::string("output '") + mb_.outputs[k].name + "'");
+    return to_output_frame(packing_, read_vector(mb_.outputs[k].tensor, packing_.num_tokens,
+                                                 std::string("output '") + mb_.outputs[k].name + "'"));
   }
+  // d loss / d output k, given in the output frame, written token-aligned like the output.
   void write_grad(int k, const std::vector<double>& g) const {
     if (mb_.grads == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "rlh_microbatch: null grads");
-    write_vector(mb_.grads[k], g, std::string("gradient of '") + mb_.outputs[k].name + "'");
+    write_vector(mb_.grads[k], to_token_frame(packing_, g), std::string("gradient of '") + mb_.outputs[k].name + "'");
   }
 
  private:

@@ -63,6 +63,26 @@ void scatter_output(const LossFrame& f, std::span<const double> values, double* 
   for (size_t q = 0; q < f.out_index.size(); ++q) output[f.out_index[q]] = values[q];
 }
 
+std::vector<double> to_output_frame(const Packing& p, std::span<const double> token_aligned) {
+  validate(p);
+  if (static_cast<int64_t>(token_aligned.size()) != p.num_tokens)
+    throw std::invalid_argument("to_output_frame: one value per token expected");
+  std::vector<double> out(static_cast<size_t>(p.num_tokens), 0.0);
+  for (int64_t i = 0; i < p.num_seqs; ++i)
+    for (int64_t t = p.seq_offsets[i]; t + 1 < p.seq_offsets[i + 1]; ++t) out[t] = token_aligned[t + 1];
+  return out;
+}
+
+std::vector<double> to_token_frame(const Packing& p, std::span<const double> output_frame) {
+  validate(p);
+  if (static_cast<int64_t>(output_frame.size()) != p.num_tokens)
+    throw std::invalid_argument("to_token_frame: one value per token expected");
+  std::vector<double> tok(static_cast<size_t>(p.num_tokens), 0.0);
+  for (int64_t i = 0; i < p.num_seqs; ++i)
+    for (int64_t t = p.seq_offsets[i]; t + 1 < p.seq_offsets[i + 1]; ++t) tok[t + 1] = output_frame[t];
+  return tok;
+}
+
 ValidCounts valid_counts(const Packing& p, const double* token_mask, const double* sample_mask) {
   validate(p);
   ValidCounts c;

@@ -12,7 +12,10 @@
 //   token_mask                 token frame   all
 //   sample_mask                per sequence  all
 //   rewards                    per sequence  ClippedPG with positive_example_nll_weight > 0
-// Outputs (rlh_output_spec.name; output frame, entry t = log p(token t+1)):
+// Outputs (rlh_output_spec.name), token-aligned like every backend output (backend.h): entry t =
+// log p(token t | tokens < t), 0 at position 0 of each sequence. The adapter moves them into the
+// loss math's output frame (packing.hpp) and writes the gradients back token-aligned (0 at
+// position 0 of each sequence):
 //   logprobs             RLH_OUTPUT_LOGPROB: the processed logprob (temperature, top-k/top-p)
 //   logprobs_unfiltered  RLH_OUTPUT_LOGPROB_RAW, optional: the KL term's input when top-k/top-p
 //                        filtering is on (NeMo-RL's curr_logprobs_unfiltered); if absent the KL
