@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -292,6 +294,24 @@ TEST_F(Loop, MathRecipesRunOnAUsersCheckpointAndJsonl) {
     rlhost_destroy(h);
     EXPECT_TRUE(fs::exists(ck / "step_2" / "policy")) << file << ": no final checkpoint";
   }
+}
+
+// rlhost_cancel from another thread stops the loop between phases with RLH_E_CANCELLED.
+TEST_F(Loop, CancelStopsTheRun) {
+  require_runtime();
+  rlhost_t* h = make_host({"grpo.max_num_steps=100000", "grpo.val_at_start=false", "checkpointing.enabled=false",
+                           "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=2"},
+                          true);
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    rlhost_cancel(h);
+  });
+  std::string msg;
+  const rlh_code c = code_of(rlhost_run(h), &msg);
+  canceller.join();
+  EXPECT_EQ(c, RLH_E_CANCELLED) << msg;
+  EXPECT_NE(msg.find("cancelled"), std::string::npos) << msg;
+  rlhost_destroy(h);
 }
 
 }  // namespace

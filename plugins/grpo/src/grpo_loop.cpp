@@ -134,8 +134,11 @@ struct GrpoLoop::Impl {
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true);
     if (cfg.needs_reference()) reference = backend->load_model("reference", model_dir, false);
-    gen = std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir,
-                                      cfg.generation.section);
+    // The generator gets policy.generation; the native generator reads its own subsection
+    // native_cfg from it (and takes the whole object as its settings when that key is absent).
+    json gen_section = cfg.generation.section;
+    if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
+    gen = std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir, gen_section);
 
     loss = std::make_unique<LossAdapter>(cfg.loss);
     loss->set_make_status(host.make_status());

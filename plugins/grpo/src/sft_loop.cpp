@@ -1,0 +1,320 @@
+// The SFT loop (see sft_loop.hpp).
+#include "sft_loop.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "components.hpp"
+#include "json_read.hpp"
+#include "loop_config.hpp"
+#include "rlhost/grpo/config.hpp"
+#include "rlhost/grpo/loss_adapter.hpp"
+#include "rlhost/grpo/packing.hpp"
+#include "rlhost/sdk/checkpoint.hpp"
+#include "rlhost/sdk/hf_cache.hpp"
+#include "rollout.hpp"
+
+namespace rlh::grpo {
+
+using json = nlohmann::json;
+using sdk::Error;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+const json& child(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+int64_t positive(const detail::Section& s, const char* key, int64_t def) {
+  int64_t v = def;
+  s.read(key, v);
+  if (v <= 0) throw ConfigError(s.key(key) + ": expected a positive integer, got " + std::to_string(v));
+  return v;
+}
+
+// NeMo-RL's sft section and what the loop reads of the others.
+struct SftConfig {
+  int64_t max_num_epochs = 1;
+  int64_t max_num_steps = 1000000;
+  int64_t val_period = 0;
+  int64_t val_batches = 0;  // 0 = the whole validation set
+  int64_t val_global_batch_size = 32;
+  bool val_at_start = false;
+  uint64_t seed = 42;
+  PolicyConfig policy;
+  DataSource train;
+  std::optional<DataSource> validation;
+  bool shuffle = true;
+  sdk::CheckpointConfig checkpointing;
+
+  static SftConfig from_json(const json& whole) {
+    SftConfig c;
+    const detail::Section s(child(whole, "sft"), "sft");
+    c.max_num_epochs = positive(s, "max_num_epochs", c.max_num_epochs);
+    c.max_num_steps = positive(s, "max_num_steps", c.max_num_steps);
+    s.read("val_period", c.val_period);
+    if (c.val_period < 0) throw ConfigError("sft.val_period: must be >= 0 (0 = no periodic validation)");
+    s.read("val_batches", c.val_batches);
+    if (c.val_batches < 0) throw ConfigError("sft.val_batches: must be >= 0 (0 = the whole validation set)");
+    c.val_global_batch_size = positive(s, "val_global_batch_size", c.val_global_batch_size);
+    s.read("val_at_start", c.val_at_start);
+    int64_t seed = static_cast<int64_t>(c.seed);
+    s.read("seed", seed);
+    c.seed = static_cast<uint64_t>(seed);
+    c.policy = read_policy_config(whole);
+    if (c.policy.train_global_batch_size <= 0)
+      throw ConfigError("policy.train_global_batch_size: missing (rows per SFT step)");
+    const json& data = child(whole, "data");
+    if (!data.is_object()) throw ConfigError("data: missing (the rows to train on)");
+    detail::Section(data, "data").read("shuffle", c.shuffle);
+    c.train = read_data_source(data, "train", true);
+    DataSource v = read_data_source(data, "validation", false);
+    if (!v.component.empty()) c.validation = v;
+    c.checkpointing = sdk::CheckpointConfig::from_json(child(whole, "checkpointing"), "checkpointing");
+    std::string fmt = "safetensors";
+    detail::Section(child(whole, "checkpointing"), "checkpointing").read("model_save_format", fmt);
+    if (fmt != "safetensors")
+      throw ConfigError("checkpointing.model_save_format: only \"safetensors\" (HF) is written, got \"" + fmt + "\"");
+    return c;
+  }
+};
+
+}  // namespace
+
+struct SftLoop::Impl {
+  sdk::Host host;
+  SftConfig cfg;
+  std::string config_yaml;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<Dataset> train_data, val_data;
+  std::unique_ptr<Backend> backend;
+  rlh_model* policy = nullptr;
+  std::unique_ptr<PromptOrder> order;
+  std::unique_ptr<LossAdapter> loss;
+  std::unique_ptr<sdk::CheckpointManager> ckpt;
+  std::string model_dir;
+  int64_t step = 0, total_steps = 0;
+
+  void check_cancel() const {
+    if (host.cancelled()) throw Error(RLH_E_CANCELLED, "SFT cancelled after step " + std::to_string(step));
+  }
+
+  // prompt + answer (+ EOS) with token_mask on the answer: the chat template renders the
+  // conversation with the answer as the assistant turn, and the prompt alone with the generation
+  // prompt gives the prefix that is not trained on.
+  void add_row(PackedBatch& b, std::vector<std::vector<float>>& masks, std::vector<float>& sample_mask,
+               const Dataset& data, int64_t index) const {
+    const json row = data.row(index);
+    auto p = row.find("prompt");
+    auto a = row.find("answer");
+    if (p == row.end() || !p->is_string() || a == row.end() || !a->is_string())
+      throw Error(RLH_E_INVALID_ARGUMENT,
+                  data.origin() + ": row " + std::to_string(index) + " needs string 'prompt' and 'answer'");
+    std::vector<int32_t> prefix, ids;
+    if (cfg.policy.prompt_format == PromptFormat::kChatTemplate) {
+      json messages = json::array();
+      if (auto sp = row.find("system_prompt"); sp != row.end() && sp->is_string())
+        messages.push_back({{"role", "system"}, {"content", *sp}});
+      messages.push_back({{"role", "user"}, {"content", *p}});
+      prefix = tok->encode(tok->apply_chat_template(messages, true), false);
+      messages.push_back({{"role", "assistant"}, {"content", *a}});
+      ids = tok->encode(tok->apply_chat_template(messages, false), false);
+      if (ids.size() < prefix.size() || !std::equal(prefix.begin(), prefix.end(), ids.begin()))
+        throw Error(RLH_E_FAILED_PRECONDITION,
+                    data.origin() + ": row " + std::to_string(index) +
+                        ": the chat template's conversation does not start with its prompt rendering");
+    } else {
+      prefix = tok->encode(p->get<std::string>(), false);
+      ids = prefix;
+      const std::vector<int32_t> answer = tok->encode(a->get<std::string>(), false);
+      ids.insert(ids.end(), answer.begin(), answer.end());
+      if (!tok->eos_token_ids().empty()) ids.push_back(tok->eos_token_ids().front());
+    }
+    float keep = 1.0f;
+    if (static_cast<int64_t>(ids.size()) > cfg.policy.max_total_sequence_length) {
+      ids.resize(static_cast<size_t>(cfg.policy.max_total_sequence_length));
+      keep = 0.0f;  // NeMo-RL: a truncated sample is not trained on
+    }
+    std::vector<float> m(ids.size(), 0.0f);
+    for (size_t t = std::min(prefix.size(), ids.size()); t < ids.size(); ++t) m[t] = 1.0f;
+    b.add_sequence(ids);
+    masks.push_back(std::move(m));
+    sample_mask.push_back(keep);
+  }
+
+  PackedBatch make_batch(const Dataset& data, const std::vector<int64_t>& rows) const {
+    PackedBatch b;
+    std::vector<std::vector<float>> masks;
+    std::vector<float> keep;
+    for (int64_t r : rows) add_row(b, masks, keep, data, r);
+    auto& tm = b.field("token_mask", PackedBatch::Frame::kToken);
+    size_t at = 0;
+    for (const auto& m : masks) {
+      std::copy(m.begin(), m.end(), tm.begin() + static_cast<std::ptrdiff_t>(at));
+      at += m.size();
+    }
+    b.field("sample_mask", PackedBatch::Frame::kSequence) = keep;
+    return b;
+  }
+
+  Backend::TrainResult step_on(PackedBatch& b, bool eval_only) {
+    const std::vector<float>& tm = *b.find("token_mask");
+    const std::vector<float>& sm = *b.find("sample_mask");
+    std::vector<double> tmd(tm.begin(), tm.end()), smd(sm.begin(), sm.end());
+    const Packing p{b.num_tokens(), b.num_seqs(), b.offsets().data()};
+    const ValidCounts counts = valid_counts(p, tmd.data(), smd.data());
+    const std::vector<rlh_output_spec> specs = loss->output_specs(1.0, 0, 1.0);
+    rlh_train_args a{};
+    a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
+    a.batch = &b.view();
+    a.specs = specs.data();
+    a.num_outputs = specs.size();
+    a.loss_fn = loss->fn();
+    a.loss_user = loss->user();
+    a.global_num_tokens = static_cast<int64_t>(std::llround(counts.tokens));
+    a.global_num_seqs = static_cast<int64_t>(std::llround(counts.seqs));
+    if (cfg.policy.train_mb_tokens > 0) a.micro_batch_tokens = cfg.policy.train_mb_tokens;
+    else a.micro_batch_seqs = cfg.policy.train_micro_batch_size;
+    a.learning_rate = -1;
+    a.eval_only = eval_only ? 1 : 0;
+    return backend->train_step(policy, a);
+  }
+
+  double validate(int64_t at) {
+    const auto t0 = Clock::now();
+    const int64_t bs = cfg.val_global_batch_size;
+    int64_t batches = (val_data->size() + bs - 1) / bs;
+    if (cfg.val_batches > 0) batches = std::min(batches, cfg.val_batches);
+    double sum = 0;
+    for (int64_t k = 0; k < batches; ++k) {
+      check_cancel();
+      std::vector<int64_t> rows;
+      for (int64_t i = k * bs; i < std::min(val_data->size(), (k + 1) * bs); ++i) rows.push_back(i);
+      PackedBatch b = make_batch(*val_data, rows);
+      sum += step_on(b, true).loss;
+    }
+    const double val_loss = sum / static_cast<double>(batches);  // NeMo-RL: mean over val batches
+    host.metric("validation/val_loss", val_loss, at);
+    host.metric("timing/validation/total_validation_time", since(t0), at);
+    return val_loss;
+  }
+
+  void save(int64_t s, std::optional<double> val_loss, double train_loss) {
+    sdk::PendingCheckpoint pending = ckpt->begin(s);
+    const fs::path policy_dir = pending.dir() / "policy";
+    fs::create_directories(policy_dir);
+    backend->save_state(policy, policy_dir.string());
+    const fs::path tok_src = fs::is_directory(cfg.policy.tokenizer_name) ? fs::path(cfg.policy.tokenizer_name)
+                                                                        : fs::path(model_dir);
+    // The tokenizer files beside the weights, so policy/ loads as an HF model folder.
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
+      if (fs::exists(tok_src / f) && !fs::exists(policy_dir / f)) fs::copy_file(tok_src / f, policy_dir / f);
+    json info = {{"step", s}, {"total_steps", total_steps}, {"epoch", order->epoch()},
+                 {"data_order", order->state()}, {"seed", cfg.seed}, {"train:loss", train_loss}};
+    if (val_loss) info["val:val_loss"] = *val_loss;
+    pending.write_training_info(info);
+    pending.write_config_yaml(config_yaml);
+    host.info("saved checkpoint " + pending.commit().string());
+  }
+
+  void run() {
+    try {
+      model_dir = sdk::resolve_model_path(cfg.policy.model_name).string();
+    } catch (const std::exception& e) {
+      throw Error(RLH_E_NOT_FOUND, std::string("policy.model_name: ") + e.what());
+    }
+    tok = std::make_unique<Tokenizer>(host, cfg.policy.tokenizer_name);
+    if (cfg.policy.prompt_format == PromptFormat::kChatTemplate && !tok->has_chat_template()) {
+      if (cfg.policy.prompt_format_explicit)
+        throw Error(RLH_E_INVALID_ARGUMENT, "policy.tokenizer.chat_template: \"default\" but the tokenizer has none");
+      cfg.policy.prompt_format = PromptFormat::kRaw;
+    }
+    train_data = std::make_unique<Dataset>(host, cfg.train.component, cfg.train.config, "data.train");
+    if (cfg.validation)
+      val_data = std::make_unique<Dataset>(host, cfg.validation->component, cfg.validation->config, "data.validation");
+    backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
+    policy = backend->load_model("policy", model_dir, true);
+    loss = std::make_unique<LossAdapter>(NllConfig{});
+    loss->set_make_status(host.make_status());
+    const int64_t gbs = cfg.policy.train_global_batch_size;
+    if (gbs > train_data->size())
+      throw Error(RLH_E_INVALID_ARGUMENT, "policy.train_global_batch_size: " + std::to_string(gbs) +
+                                              " rows per step, but data.train has only " +
+                                              std::to_string(train_data->size()));
+    order = std::make_unique<PromptOrder>(train_data->size(), cfg.seed, cfg.shuffle);
+    total_steps = std::min(cfg.max_num_steps, cfg.max_num_epochs * (train_data->size() / gbs));
+    if (cfg.checkpointing.enabled) {
+      ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
+      ckpt->clean_leftovers();
+      if (auto last = ckpt->latest()) {
+        const std::string where = (last->dir / "training_info.json").string();
+        if (!last->training_info.contains("step") || !last->training_info.contains("data_order"))
+          throw Error(RLH_E_DATA_LOSS, where + ": not an SFT checkpoint (no step or data_order)");
+        step = last->training_info["step"].get<int64_t>();
+        order->restore(last->training_info["data_order"], where);
+        backend->load_state(policy, (last->dir / "policy").string());
+        host.info("resumed from " + last->dir.string() + " (step " + std::to_string(step) + ")");
+      }
+    }
+    host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
+    std::optional<double> last_val;
+    if (val_data && cfg.val_at_start && step == 0) {
+      last_val = validate(0);
+      host.metric("rlhost/step_finished", 0, 0);
+    }
+    while (step < total_steps) {
+      check_cancel();
+      const auto t_step = Clock::now();
+      PackedBatch b = make_batch(*train_data, order->next(gbs));
+      auto t0 = Clock::now();
+      const Backend::TrainResult r = step_on(b, false);
+      const double t_train = since(t0);
+      ++step;
+      const bool last = step == total_steps;
+      std::optional<double> val;
+      if (val_data && cfg.val_period > 0 && (step % cfg.val_period == 0 || last)) val = last_val = validate(step);
+      if (ckpt && (ckpt->is_periodic(step) || last)) save(step, val ? val : last_val, r.loss);
+      host.metric("train/loss", r.loss, step);
+      host.metric("train/grad_norm", r.grad_norm, step);
+      for (const char* k : {"lr", "num_tokens"})
+        if (r.metrics.contains(k) && r.metrics[k].is_number()) host.metric((std::string("train/") + k).c_str(), r.metrics[k].get<double>(), step);
+      if (r.metrics.contains("metrics") && r.metrics["metrics"].is_object())
+        for (const auto& [k, v] : r.metrics["metrics"].items())
+          if (v.is_number() && k != "loss") host.metric(("train/" + k).c_str(), v.get<double>(), step);
+      host.metric("timing/train/policy_training", t_train, step);
+      host.metric("timing/train/total_step_time", since(t_step), step);
+      host.metric("rlhost/step_finished", 0, step);
+    }
+  }
+};
+
+SftLoop::SftLoop(const sdk::Host& host, const std::string& config_text) : impl_(std::make_unique<Impl>()) {
+  impl_->host = host;
+  json whole;
+  try {
+    whole = json::parse(config_text);
+  } catch (const json::exception& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string("sft: the configuration is not valid JSON: ") + e.what());
+  }
+  impl_->cfg = SftConfig::from_json(whole);
+  impl_->config_yaml = to_yaml(nlohmann::ordered_json::parse(config_text));
+}
+
+SftLoop::~SftLoop() = default;
+
+void SftLoop::run() { impl_->run(); }
+
+}  // namespace rlh::grpo
