@@ -30,25 +30,32 @@ RLH_GEN_INLINE v16 load_tail(const float* p, int64_t n) {
   return v;
 }
 
-// The fixed reduction tree: halves, quarters, ... (never reassociated: no -ffast-math here).
+// The fixed reduction tree: lane i + lane i+8, then i + i+4, i + i+2, i + i+1 (never
+// reassociated: no -ffast-math here). Written as whole-vector halvings, which compile to two or
+// three shuffles and adds instead of fifteen scalar additions.
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
 RLH_GEN_INLINE float hsum16(v16 v) {
-  float t[16];
-  std::memcpy(t, &v, sizeof(t));
-  float s8[8], s4[4];
-  for (int i = 0; i < 8; ++i) s8[i] = t[i] + t[i + 8];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// One register tile: RM input rows x RN weight rows over the whole K.
+// One register tile: RM input rows x RN weight rows over the whole K. `pf` (may be null): rows
+// of W (ldw apart) to prefetch into L1 meanwhile, one line per row and k step — the next tile's,
+// so its weights stream in from L3/DRAM while this one computes (each tile starts RN short
+// streams that the hardware prefetcher would pick up only after a few misses).
 template <int RM, int RN>
 RLH_GEN_INLINE void tile(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
-                         int64_t ldw, int64_t K) {
+                         int64_t ldw, int64_t K, const float* pf = nullptr) {
   v16 acc[RM][RN];
   for (int m = 0; m < RM; ++m)
     for (int n = 0; n < RN; ++n) acc[m][n] = v16{};
   const int64_t K16 = K / 16 * 16;
   for (int64_t k = 0; k < K16; k += 16) {
+    if (pf)
+      for (int n = 0; n < RN; ++n) __builtin_prefetch(pf + n * ldw + k);
     v16 xv[RM];
     for (int m = 0; m < RM; ++m) xv[m] = load16(x + m * ldx + k);
     for (int n = 0; n < RN; ++n) {
@@ -71,12 +78,12 @@ RLH_GEN_INLINE void tile(float* y, int64_t ldy, const float* x, int64_t ldx, con
 // Edge tiles by run-time shape (rm, rn <= 4).
 template <int RM>
 RLH_GEN_INLINE void tile_rn(int rn, float* y, int64_t ldy, const float* x, int64_t ldx,
-                            const float* W, int64_t ldw, int64_t K) {
+                            const float* W, int64_t ldw, int64_t K, const float* pf) {
   switch (rn) {
-    case 1: tile<RM, 1>(y, ldy, x, ldx, W, ldw, K); break;
-    case 2: tile<RM, 2>(y, ldy, x, ldx, W, ldw, K); break;
-    case 3: tile<RM, 3>(y, ldy, x, ldx, W, ldw, K); break;
-    default: tile<RM, 4>(y, ldy, x, ldx, W, ldw, K); break;
+    case 1: tile<RM, 1>(y, ldy, x, ldx, W, ldw, K, pf); break;
+    case 2: tile<RM, 2>(y, ldy, x, ldx, W, ldw, K, pf); break;
+    case 3: tile<RM, 3>(y, ldy, x, ldx, W, ldw, K, pf); break;
+    default: tile<RM, 4>(y, ldy, x, ldx, W, ldw, K, pf); break;
   }
 }
 
@@ -86,8 +93,10 @@ RLH_GEN_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t l
                                 int64_t ldw, int64_t M, int64_t N, int64_t K) {
   if (M == 1) {  // decoding one sequence: a matrix-vector product, bound by reading W
     int64_t n = 0;
-    for (; n + 8 <= N; n += 8) tile<1, 8>(y + n, ldy, x, ldx, W + n * ldw, ldw, K);
-    for (; n < N; n += 4) tile_rn<1>(int(std::min<int64_t>(4, N - n)), y + n, ldy, x, ldx, W + n * ldw, ldw, K);
+    for (; n + 8 <= N; n += 8)
+      tile<1, 8>(y + n, ldy, x, ldx, W + n * ldw, ldw, K, n + 16 <= N ? W + (n + 8) * ldw : nullptr);
+    for (; n < N; n += 4)
+      tile_rn<1>(int(std::min<int64_t>(4, N - n)), y + n, ldy, x, ldx, W + n * ldw, ldw, K, nullptr);
     return;
   }
   // Blocks of input rows that stay in L2 while the weight rows of this call stream past.
@@ -97,14 +106,17 @@ RLH_GEN_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t l
     for (int64_t n = 0; n < N; n += 4) {
       const int rn = int(std::min<int64_t>(4, N - n));
       const float* Wn = W + n * ldw;
+      // The first row tile of each weight tile prefetches the next weight tile.
+      const float* pf = n + 8 <= N ? W + (n + 4) * ldw : nullptr;
       for (int64_t m = m0; m < m1; m += 4) {
         float* yt = y + m * ldy + n;
         const float* xt = x + m * ldx;
+        const float* p = m == m0 ? pf : nullptr;
         switch (std::min<int64_t>(4, m1 - m)) {
-          case 1: tile_rn<1>(rn, yt, ldy, xt, ldx, Wn, ldw, K); break;
-          case 2: tile_rn<2>(rn, yt, ldy, xt, ldx, Wn, ldw, K); break;
-          case 3: tile_rn<3>(rn, yt, ldy, xt, ldx, Wn, ldw, K); break;
-          default: tile_rn<4>(rn, yt, ldy, xt, ldx, Wn, ldw, K); break;
+          case 1: tile_rn<1>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
+          case 2: tile_rn<2>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
+          case 3: tile_rn<3>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
+          default: tile_rn<4>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
         }
       }
     }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds bench_generator and runs it beside PyTorch (Debian python3-torch, installed if missing)
+# doing KV-cached greedy decoding of the same shapes, batch sizes and thread count; prints
+# tokens/s and the ratios. PyTorch's OpenBLAS is pointed at its AVX-512 (SkylakeX) or AVX2
+# (Haswell) kernels with OPENBLAS_CORETYPE, as kernels_cpu's loader does for itself.
+#   bench/generator/run.sh     # THREADS=2 NEW=64 PROMPT=16 REPEATS=3 BUILD_DIR=build-bench
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build-bench}
+threads=${THREADS:-2}
+new=${NEW:-64}
+prompt=${PROMPT:-16}
+repeats=${REPEATS:-3}
+
+cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_BENCH=ON \
+  -DRLH_BUILD_TESTS=OFF >/dev/null
+ninja -C "$build" -j2 bench_generator >/dev/null
+
+if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "installing python3-torch (Debian) for the PyTorch peer"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get install -y -qq python3-torch >/dev/null
+fi
+coretype=Haswell
+grep -q avx512f /proc/cpuinfo && coretype=SkylakeX
+
+declare -A R
+for shape in tiny small; do
+  for batch in 1 16; do
+    out=$(OMP_NUM_THREADS=$threads "$build/bench/generator/bench_generator" --shape $shape --batch $batch \
+          --new "$new" --prompt "$prompt" --repeats "$repeats" --threads "$threads")
+    echo "$out" | grep -v '^RESULT'
+    R[rlhost.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*tok_s=([0-9.]+).*/\1/p')
+    out=$(OPENBLAS_CORETYPE=$coretype OMP_NUM_THREADS=$threads /usr/bin/python3 "$root/bench/generator/bench_torch_decode.py" \
+          --shape $shape --batch $batch --new "$new" --prompt "$prompt" --repeats "$repeats" --threads "$threads" 2>&1)
+    echo "$out" | grep -v '^RESULT'
+    R[torch.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*tok_s=([0-9.]+).*/\1/p')
+  done
+done
+
+echo
+echo "== decode tokens/s, greedy, $prompt-token prompts, $new new tokens, $threads threads =="
+printf "%-6s %6s %14s %14s %8s\n" shape batch rlhost torch ratio
+for shape in tiny small; do
+  for batch in 1 16; do
+    awk -v s=$shape -v b=$batch -v r="${R[rlhost.$shape.$batch]}" -v t="${R[torch.$shape.$batch]}" \
+      'BEGIN { printf "%-6s %6d %10.1f t/s %10.1f t/s %7.2fx\n", s, b, r, t, r / t }'
+  done
+done
+echo "goal: >= 5x PyTorch (the issue's peer figures: tiny 142 / 539, small 6.7 / 69 tok/s at batch 1 / 16)"
