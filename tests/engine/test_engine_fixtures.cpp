@@ -7,8 +7,7 @@
 // (router and shared-expert weights included). The loss is the mean of -token_logprobs over the
 // batch's predicted tokens (2 x 39).
 // A folder is skipped, with the reason printed, only when no architecture table lists its
-// architecture, or when it needs what the engine does not execute yet (MLA attention).
-// Adding a folder needs no code.
+// architecture. Adding a folder needs no code.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,9 +76,6 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
   if (!model::is_supported_architecture(arch))
     GTEST_SKIP() << folder << ": no architecture table lists " << arch;
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
-  for (const auto& l : desc.layers)
-    if (l.attention.kind == sdk::AttentionKind::mla)
-      GTEST_SKIP() << folder << " (" << arch << "): MLA attention is not executed by the engine yet";
 
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
   model::LoadResult w = model::load_weights_f32(desc, ckpt);

@@ -33,7 +33,11 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
                    s.off_mlp, true);                                                // dres = dh
   }
 
-  // Attention block: h = x + o_proj(att) (+ b_o)
+  // Attention block: h = x + o_proj(att) (+ b_o), or multi-head latent attention (mla.cpp)
+  if (s.mla) {
+    backward_mla(l, mb, a);
+    return;
+  }
   if (gp.bo) ops->bias_bwd(gp.bo, g.dres, C, N, C);
   ops->gemm(false, false, N, Hq * D, C, 1.f, g.dres, C, p.wo, Hq * D, 0.f, g.datt, Hq * D);  // datt
   ops->gemm(true, false, C, Hq * D, N, 1.f, g.dres, C, a.att, Hq * D, 1.f, gp.wo, Hq * D);   // dW_o

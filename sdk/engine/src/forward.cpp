@@ -101,14 +101,22 @@ void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, 
 // sequence at a time with that sequence's own table, so packing never changes a result.
 void Engine::Impl::apply_rope(float* x, int64_t ld, int64_t H, int64_t D, const MicroBatch& mb,
                               bool backward) {
-  auto run = [&](float* xs, const int32_t* ps, const float* f, int64_t n) {
+  apply_rope_to(x, ld, x, ld, H, D, mb, backward);
+}
+
+// The same from x into y (MLA writes the shared rotated key into every head).
+void Engine::Impl::apply_rope_to(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H,
+                                 int64_t D, const MicroBatch& mb, bool backward) {
+  auto run = [&](int64_t b, const float* f, int64_t n) {
     if (backward)
-      ops->rope_bwd(xs, ld, xs, ld, ps, f, n, H, D, R, rope_scale, rope_interleaved);
+      ops->rope_bwd(y + b * ldy, ldy, x + b * ldx, ldx, pos + b, f, n, H, D, R, rope_scale,
+                    rope_interleaved);
     else
-      ops->rope_fwd(xs, ld, xs, ld, ps, f, n, H, D, R, rope_scale, rope_interleaved);
+      ops->rope_fwd(y + b * ldy, ldy, x + b * ldx, ldx, pos + b, f, n, H, D, R, rope_scale,
+                    rope_interleaved);
   };
   if (!rope_per_sequence) {
-    run(x, pos, inv_freq.data(), mb.num_tokens());
+    run(0, inv_freq.data(), mb.num_tokens());
     return;
   }
   Buffer<float> f(*alloc, size_t(R / 2));
@@ -117,7 +125,7 @@ void Engine::Impl::apply_rope(float* x, int64_t ld, int64_t H, int64_t D, const 
     if (e == b) continue;
     const std::vector<double> fs = sdk::rope_inv_freq(desc.rope, R, e - b);
     for (int64_t i = 0; i < R / 2; ++i) f[size_t(i)] = float(fs[size_t(i)]);
-    run(x + int64_t(b) * ld, pos + b, f.data(), e - b);
+    run(b, f.data(), e - b);
   }
 }
 
@@ -137,32 +145,36 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
   int64_t ldqk = Wqkv;
 
   // attention block
-  ops->rmsnorm_fwd(a.xn1, C, a.rstd1, a.x, C, p.attn_norm, N, C, s.eps_attn, s.off_attn);  // xn1 [N,C]
-  ops->gemm(false, true, N, Wqkv, C, 1.f, a.xn1, C, p.wqkv, C, 0.f, a.qkv, Wqkv);           // qkv [N,Wqkv]
-  if (p.bq) ops->bias_add_fwd(q, Wqkv, p.bq, N, Hq * D);
-  if (p.bk) ops->bias_add_fwd(k, Wqkv, p.bk, N, Hkv * D);
-  if (p.bv) ops->bias_add_fwd(v, Wqkv, p.bv, N, Hkv * D);
-  if (s.qk_norm) {  // per head over D; q|k move to a.qk [N, (Hq+Hkv) D] so qkv keeps the inputs
-    const int64_t W2 = (Hq + Hkv) * D;
-    for (int64_t h = 0; h < Hq; ++h)
-      ops->rmsnorm_fwd(a.qk + h * D, W2, a.rstd_q + h * N, q + h * D, Wqkv, p.q_norm, N, D,
-                       s.eps_attn, 0.f);
-    for (int64_t h = 0; h < Hkv; ++h)
-      ops->rmsnorm_fwd(a.qk + (Hq + h) * D, W2, a.rstd_k + h * N, k + h * D, Wqkv, p.k_norm, N,
-                       D, s.eps_attn, 0.f);
-    q = a.qk;
-    k = a.qk + Hq * D;
-    ldqk = W2;
+  if (s.mla) {  // multi-head latent attention (mla.cpp): a.h = x + o_proj(mla(attn_norm(x)))
+    forward_mla(l, mb, a);
+  } else {
+    ops->rmsnorm_fwd(a.xn1, C, a.rstd1, a.x, C, p.attn_norm, N, C, s.eps_attn, s.off_attn);  // xn1 [N,C]
+    ops->gemm(false, true, N, Wqkv, C, 1.f, a.xn1, C, p.wqkv, C, 0.f, a.qkv, Wqkv);           // qkv [N,Wqkv]
+    if (p.bq) ops->bias_add_fwd(q, Wqkv, p.bq, N, Hq * D);
+    if (p.bk) ops->bias_add_fwd(k, Wqkv, p.bk, N, Hkv * D);
+    if (p.bv) ops->bias_add_fwd(v, Wqkv, p.bv, N, Hkv * D);
+    if (s.qk_norm) {  // per head over D; q|k move to a.qk [N, (Hq+Hkv) D] so qkv keeps the inputs
+      const int64_t W2 = (Hq + Hkv) * D;
+      for (int64_t h = 0; h < Hq; ++h)
+        ops->rmsnorm_fwd(a.qk + h * D, W2, a.rstd_q + h * N, q + h * D, Wqkv, p.q_norm, N, D,
+                         s.eps_attn, 0.f);
+      for (int64_t h = 0; h < Hkv; ++h)
+        ops->rmsnorm_fwd(a.qk + (Hq + h) * D, W2, a.rstd_k + h * N, k + h * D, Wqkv, p.k_norm, N,
+                         D, s.eps_attn, 0.f);
+      q = a.qk;
+      k = a.qk + Hq * D;
+      ldqk = W2;
+    }
+    if (s.use_rope) {
+      apply_rope(q, ldqk, Hq, D, mb, false);  // q, k rotated in place
+      apply_rope(k, ldqk, Hkv, D, mb, false);
+    }
+    ops->attention_fwd(a.att, Hq * D, a.lse, q, ldqk, k, ldqk, v, Wqkv, cu, S, N, Hq, Hkv, D, D,
+                       s.scale, s.window);                                                  // att [N,Hq*D]
+    ops->gemm(false, true, N, C, Hq * D, 1.f, a.att, Hq * D, p.wo, Hq * D, 0.f, a.h, C);      // h [N,C]
+    if (p.bo) ops->bias_add_fwd(a.h, C, p.bo, N, C);
+    ops->add_fwd(a.h, a.x, a.h, N * C);                                                      // h = x + attn
   }
-  if (s.use_rope) {
-    apply_rope(q, ldqk, Hq, D, mb, false);  // q, k rotated in place
-    apply_rope(k, ldqk, Hkv, D, mb, false);
-  }
-  ops->attention_fwd(a.att, Hq * D, a.lse, q, ldqk, k, ldqk, v, Wqkv, cu, S, N, Hq, Hkv, D, D,
-                     s.scale, s.window);                                                  // att [N,Hq*D]
-  ops->gemm(false, true, N, C, Hq * D, 1.f, a.att, Hq * D, p.wo, Hq * D, 0.f, a.h, C);      // h [N,C]
-  if (p.bo) ops->bias_add_fwd(a.h, C, p.bo, N, C);
-  ops->add_fwd(a.h, a.x, a.h, N * C);                                                      // h = x + attn
 
   // MLP block
   ops->rmsnorm_fwd(a.xn2, C, a.rstd2, a.h, C, p.mlp_norm, N, C, s.eps_mlp, s.off_mlp);      // xn2 [N,C]

@@ -36,7 +36,10 @@ constexpr ParamRole kLayerOrder[] = {
     ParamRole::router,    ParamRole::router_bias, ParamRole::expert_score_bias,
     ParamRole::expert_gate, ParamRole::expert_up, ParamRole::expert_down,
     ParamRole::shared_expert_gate_proj, ParamRole::shared_expert_up, ParamRole::shared_expert_down,
-    ParamRole::shared_expert_gate};
+    ParamRole::shared_expert_gate,
+    // MLA
+    ParamRole::q_a, ParamRole::q_a_norm, ParamRole::q_b, ParamRole::kv_a, ParamRole::kv_a_norm,
+    ParamRole::kv_b};
 constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
 
 }  // namespace
@@ -60,7 +63,8 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   for (const sdk::LayerDesc& ld : desc.layers) {
     const auto& a = ld.attention;
     const std::string at = "layer " + std::to_string(ld.index) + ": ";
-    if (a.kind != sdk::AttentionKind::gqa) unsupported(at + "attention kind " + sdk::to_string(a.kind));
+    if (a.kind != sdk::AttentionKind::gqa && a.kind != sdk::AttentionKind::mla)
+      unsupported(at + "attention kind " + sdk::to_string(a.kind));
     if (ld.mlp.kind != sdk::MlpKind::dense && ld.mlp.kind != sdk::MlpKind::moe)
       unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
     if (ld.mlp.hidden_act != "silu") unsupported(at + "hidden_act " + ld.mlp.hidden_act);
@@ -82,6 +86,7 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
     s.window = a.sliding_window;
     s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
+    if (a.kind == sdk::AttentionKind::mla) describe_mla_layer(ld, s);  // sets D, Wqkv
     if (ld.mlp.kind == sdk::MlpKind::moe) describe_moe_layer(ld, s);  // sets F = 0
     shapes.push_back(s);
   }
@@ -153,6 +158,17 @@ void Engine::Impl::carve_params() {
       LayerParams& p = M.layers[size_t(l)];
       const int64_t qo = s.Hq * s.D, kvo = s.Hkv * s.D;
       p.attn_norm = get(l, ParamRole::attn_norm, {C}, true);
+      if (s.mla) {
+        const int64_t qk = s.Hq * s.D;
+        p.q_a = get(l, ParamRole::q_a, {s.rq, C}, s.rq > 0);
+        p.q_a_norm = get(l, ParamRole::q_a_norm, {s.rq}, s.rq > 0);
+        p.q_b = get(l, ParamRole::q_b, {qk, s.rq}, s.rq > 0);
+        p.wqkv = get(l, ParamRole::q, {qk, C}, s.rq == 0);
+        p.kv_a = get(l, ParamRole::kv_a, {s.rkv + s.dr, C}, true);
+        p.kv_a_norm = get(l, ParamRole::kv_a_norm, {s.rkv}, true);
+        p.kv_b = get(l, ParamRole::kv_b, {s.Hq * (s.dn + s.dv), s.rkv}, true);
+        p.wo = get(l, ParamRole::o, {C, s.Hq * s.dv}, true);
+      } else {
       p.wqkv = get(l, ParamRole::q, {qo, C}, true);
       float* wk = get(l, ParamRole::k, {kvo, C}, true);
       float* wv = get(l, ParamRole::v, {kvo, C}, true);
@@ -165,6 +181,7 @@ void Engine::Impl::carve_params() {
       p.k_norm = get(l, ParamRole::k_norm, {s.D}, s.qk_norm);
       p.wo = get(l, ParamRole::o, {C, qo}, true);
       p.bo = get(l, ParamRole::o_bias, {C}, false);
+      }
       p.mlp_norm = get(l, ParamRole::mlp_norm, {C}, true);
       if (s.moe) {
         p.router = get(l, ParamRole::router, {s.E, C}, true);
@@ -327,6 +344,7 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   acts_kraw = kraw;
   acts_saved_all = save_all;
   plan_moe(N, save_all);
+  plan_mla(N, save_all);
 }
 
 }  // namespace rlh::engine

@@ -44,6 +44,13 @@ struct LayerParams {
   float* ws_gu = nullptr;       // [2Fs, C]: shared gate_proj [Fs, C], up [Fs, C] adjacent
   float* ws_down = nullptr;     // [C, Fs]
   float* ws_gate = nullptr;     // [1, C] Qwen2-MoE sigmoid gate of the shared expert
+  // MLA layers (mla.cpp); a direct q projection (no q_lora_rank) is wqkv, [Hq*(dn+dr), C]
+  float* q_a = nullptr;        // [rq, C]
+  float* q_a_norm = nullptr;   // [rq]
+  float* q_b = nullptr;        // [Hq*(dn+dr), rq]
+  float* kv_a = nullptr;       // [rkv+dr, C]
+  float* kv_a_norm = nullptr;  // [rkv]
+  float* kv_b = nullptr;       // [Hq*(dn+dv), rkv]
 };
 
 struct ModelParams {
@@ -67,6 +74,26 @@ struct LayerShape {
   bool shared_gate = false, score_bias = false, router_bias = false;
   Ops::RouterAttrs router;
   int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
+  // MLA layer (DeepSeek-V3): D = dn + dr, Hkv = Hq, Wqkv = Hq (2 D + dv): q|k|v in qkv
+  bool mla = false;
+  int64_t rq = 0, rkv = 0, dn = 0, dr = 0, dv = 0;
+};
+
+// Saved activations of one MLA layer (mla.cpp): the latents around their norms.
+struct MlaActs {
+  float* qa = nullptr;        // [N, rq]  q_a_proj(xn1)
+  float* qan = nullptr;       // [N, rq]  q_a_layernorm(qa)
+  float* rstd_qa = nullptr;   // [N]
+  float* kva = nullptr;       // [N, rkv + dr] kv_a_proj_with_mqa(xn1): latent | k_rot (unrotated)
+  float* ckv = nullptr;       // [N, rkv] kv_a_layernorm(latent)
+  float* rstd_kva = nullptr;  // [N]
+};
+struct MlaScratch {
+  float* dqan = nullptr;   // [N, rq]
+  float* dckv = nullptr;   // [N, rkv]
+  float* dkvc = nullptr;   // [N, rkv]
+  float* dkrot = nullptr;  // [N, dr]
+  float* tmp = nullptr;    // [N, dr]
 };
 
 // Saved activations of one MoE layer for N tokens (moe.cpp). The router's scores are float or
@@ -212,6 +239,10 @@ struct Engine::Impl {
   Buffer<int32_t> moe_i;
   std::vector<MoeActs> moe_acts;  // per layer (MoE layers only) or 1 set reused (recompute)
   MoeScratch moe_scratch;
+  Buffer<float> mla_f;  // MLA (mla.cpp): saved latents per layer (or one set) and scratch
+  std::vector<MlaActs> mla_acts;
+  MlaScratch mla_scratch;
+  bool mla_saved_all = false;
   int64_t moe_tokens_planned = -1;
   bool moe_saved_all = false;
 
@@ -238,6 +269,8 @@ struct Engine::Impl {
   void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out);
   void forward(const MicroBatch& mb, const OutputRequest& req, bool save_all);
   void apply_rope(float* x, int64_t ld, int64_t H, int64_t D, const MicroBatch& mb, bool backward);
+  void apply_rope_to(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D,
+                     const MicroBatch& mb, bool backward);
   LayerActs& acts_of(int64_t l) { return layer_acts[acts_saved_all ? l : 0]; }
 
   // backward.cpp
@@ -254,6 +287,12 @@ struct Engine::Impl {
   MoeActs& moe_of(int64_t l) { return moe_acts[moe_saved_all ? size_t(l) : 0]; }
   void forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out);
   void backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a);
+  // mla.cpp
+  void describe_mla_layer(const sdk::LayerDesc& ld, LayerShape& s);
+  void plan_mla(int64_t N, bool save_all);
+  MlaActs& mla_of(int64_t l) { return mla_acts[mla_saved_all ? size_t(l) : 0]; }
+  void forward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
+  void backward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
   template <class T>
   void moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m, const T* probs, const T* lse,
                   T* dprobs, T* dlse, bool grads);
