@@ -1,10 +1,10 @@
 // rlh_engine: the single-rank fp32 training engine both backends (dtensor, megatron) run.
 //
 // It executes a model description (rlh::sdk::TransformerDesc, the Llama family: RMSNorm,
-// GQA attention with RoPE variants, optional q/k/v/o biases, q/k norms and sliding windows,
-// SwiGLU MLPs or mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE: dropless top-k
-// routing, shared experts, routing record/replay, MoeOptions), tied or untied head) on packed
-// batches:
+// GQA attention with RoPE variants, optional q/k/v/o biases, q/k norms and sliding windows, or
+// DeepSeek's multi-head latent attention; SwiGLU MLPs or mixture-of-experts layers (Mixtral,
+// Qwen2-MoE, Qwen3-MoE, DeepSeek-V3: dropless top-k routing, shared experts, routing
+// record/replay, MoeOptions); tied or untied head) on packed batches:
 //
 //   MicroBatch (token ids + sequence offsets + named fields)
 //     -> forward -> per-token outputs (logprob of each token with temperature, processed
@@ -196,9 +196,9 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // Validates that the description is one this engine executes (GQA attention, RMSNorm, SwiGLU
-  // MLP or MoE layers); throws std::invalid_argument naming what is not supported (MLA
-  // attention, other activations and norms). Allocates parameters (zero) and gradients.
+  // Validates that the description is one this engine executes (GQA or MLA attention, RMSNorm,
+  // SwiGLU MLP or MoE layers); throws std::invalid_argument naming what is not supported (other
+  // activations and norms). Allocates parameters (zero) and gradients.
   Engine(sdk::TransformerDesc desc, EngineOptions options = {});
   ~Engine();
   Engine(const Engine&) = delete;
