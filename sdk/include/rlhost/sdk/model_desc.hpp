@@ -113,7 +113,7 @@ double rope_attention_scaling(const RopeDesc& rope);
 
 enum class AttentionKind {
   gqa,  // standard multi-head attention with grouped K/V (MHA when kv == heads, MQA when kv == 1)
-  mla,  // DeepSeek multi-head latent attention (fields below); not executed by the dense engine yet
+  mla,  // DeepSeek multi-head latent attention (fields below; rlh_engine: sdk/engine/src/mla.cpp)
 };
 
 struct AttentionDesc {
