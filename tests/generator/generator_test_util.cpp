@@ -22,11 +22,15 @@ std::string fixtures_root() {
 
 std::vector<std::string> fixture_models() {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fixtures_root(), ec))
-    if (e.is_directory() && fs::exists(e.path() / "config.json") && fs::exists(e.path() / "reference.safetensors"))
-      out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
+  for (const std::string root : {fixtures_root(), std::string(RLH_ENGINE_FIXTURES_DIR)}) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec))
+      if (e.is_directory() && fs::exists(e.path() / "config.json") && fs::exists(e.path() / "reference.safetensors"))
+        out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) {
+    return fs::path(a).filename() < fs::path(b).filename();
+  });
   return out;
 }
 

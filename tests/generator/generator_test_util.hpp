@@ -16,7 +16,8 @@ namespace rlh::gen::test {
 
 // $RLHOST_FIXTURES, else the fixtures folder next to the source tree.
 std::string fixtures_root();
-// Model folders under it (config.json + reference.safetensors), sorted.
+// Model folders (config.json + reference.safetensors) under it and under the engine's in-tree
+// fixtures (tests/engine/fixtures: more MoE configurations), as full paths, sorted by name.
 std::vector<std::string> fixture_models();
 
 // A description from an HF-style config (LlamaForCausalLM unless `extra` overrides keys).

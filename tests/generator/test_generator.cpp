@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -79,12 +80,13 @@ void expect_same(const Outs& a, const Outs& b, const std::string& what) {
 class FixtureGreedy : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FixtureGreedy, MatchesHuggingFaceAndTrainer) {
-  const std::string dir = fixtures_root() + "/" + GetParam();
+  const std::string dir = GetParam();
+  const std::string name = std::filesystem::path(dir).filename().string();
   sdk::TransformerDesc desc;
   std::vector<std::vector<float>> weights;
   std::string skip;
   std::unique_ptr<Generator> g = fixture_generator(dir, &desc, &weights, &skip);
-  if (!g) GTEST_SKIP() << GetParam() << ": " << skip;
+  if (!g) GTEST_SKIP() << name << ": " << skip;
 
   const auto ref = sdk::st::File::open(dir + "/reference.safetensors");
   const auto& pi = ref.at("greedy_prompt");
@@ -100,16 +102,16 @@ TEST_P(FixtureGreedy, MatchesHuggingFaceAndTrainer) {
   run(*g, prompts, r, 0, together);
   for (int64_t b = B - 1; b >= 0; --b) run(*g, {prompts[size_t(b)]}, r, b, alone);
   for (int64_t b = 0; b < B; ++b) {
-    EXPECT_EQ(get(together, b, 0).ids, expected[size_t(b)]) << GetParam() << " prompt " << b;
+    EXPECT_EQ(get(together, b, 0).ids, expected[size_t(b)]) << name << " prompt " << b;
     EXPECT_TRUE(get(together, b, 0).truncated);
   }
-  expect_same(together, alone, GetParam() + ": batch of 2 vs one by one");
+  expect_same(together, alone, name + ": batch of 2 vs one by one");
 
   engine::Engine eng(desc);
   eng.load_parameters(weights);
   const Mismatch m = trainer_mismatch(eng, prompts, 0, together, r.sampling);
   std::printf("%s greedy: mean |dlp| %.3g, max %.3g, token_mult_prob_error %.9f over %lld tokens\n",
-              GetParam().c_str(), m.mean_abs, m.max_abs, m.token_mult_prob_error, (long long)m.tokens);
+              name.c_str(), m.mean_abs, m.max_abs, m.token_mult_prob_error, (long long)m.tokens);
   EXPECT_LT(m.mean_abs, 1e-5);
   EXPECT_LT(m.max_abs, 1e-4);
   EXPECT_LT(m.token_mult_prob_error - 1.0, 1e-5);
@@ -124,7 +126,7 @@ TEST_P(FixtureGreedy, MatchesHuggingFaceAndTrainer) {
   run(*g, prompts, s, 0, sampled);
   const Mismatch ms = trainer_mismatch(eng, prompts, 0, sampled, s.sampling);
   std::printf("%s T=0.8 top_k=40 top_p=0.9: mean |dlp| %.3g, max %.3g, token_mult_prob_error %.9f over %lld tokens\n",
-              GetParam().c_str(), ms.mean_abs, ms.max_abs, ms.token_mult_prob_error, (long long)ms.tokens);
+              name.c_str(), ms.mean_abs, ms.max_abs, ms.token_mult_prob_error, (long long)ms.tokens);
   EXPECT_LT(ms.mean_abs, 1e-5);
   EXPECT_LT(ms.max_abs, 1e-4);
   EXPECT_LT(ms.token_mult_prob_error - 1.0, 1e-5);
@@ -132,7 +134,7 @@ TEST_P(FixtureGreedy, MatchesHuggingFaceAndTrainer) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGreedy, ::testing::ValuesIn(fixture_models()),
                          [](const auto& info) {
-                           std::string n = info.param;
+                           std::string n = std::filesystem::path(info.param).filename().string();
                            for (char& c : n)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
@@ -168,8 +170,25 @@ std::vector<std::vector<int32_t>> random_prompts(int64_t n, int64_t vocab, uint6
   return out;
 }
 
-TEST(Generator, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
-  const Model m = qwen_like();
+// Qwen2-MoE-style: 6 experts top-2 with a gated shared expert on every other layer.
+Model moe_like() {
+  Model m;
+  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
+                      R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 6,
+                          "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                          "shared_expert_intermediate_size": 80, "decoder_sparse_step": 2, "norm_topk_prob": false,
+                          "mlp_only_layers": [], "rope_theta": 1000.0})");
+  m.weights = random_weights(m.desc, 12);
+  return m;
+}
+
+class Invariance : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
+  const Model m = GetParam() ? moe_like() : qwen_like();
+  bool has_moe = false;
+  for (const auto& l : m.desc.layers) has_moe = has_moe || l.mlp.kind == sdk::MlpKind::moe;
+  ASSERT_EQ(has_moe, GetParam());
   // Lengths around the block size and a long prompt that needs several prefill chunks.
   const auto prompts = random_prompts(6, m.desc.vocab_size, 3, {5, 16, 17, 1, 40, 9});
   Request r;
@@ -239,6 +258,9 @@ TEST(Generator, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   // Samples of one prompt differ from each other.
   EXPECT_NE(get(ref, 100, 0).ids, get(ref, 100, 1).ids);
 }
+
+INSTANTIATE_TEST_SUITE_P(DenseAndMoe, Invariance, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? std::string("moe") : std::string("dense"); });
 
 TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
   const Model m = qwen_like();
@@ -567,17 +589,14 @@ TEST(Generator, RefusesBadRequests) {
     EXPECT_EQ(e.code(), RLH_E_INVALID_ARGUMENT);
     EXPECT_NE(std::string(e.what()).find("max_model_len"), std::string::npos) << e.what();
   }
-  // MoE layers are refused with the reason.
-  const sdk::TransformerDesc moe = llama_desc(
-      128, 32, 1, 2, 2, 16, 64,
-      R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
-          "num_experts_per_tok": 2})");
+  // MLA attention (its latent cache) is refused with the reason.
+  const sdk::TransformerDesc mla = model::describe_model_dir(fixtures_root() + "/deepseek-v3-tiny");
   try {
-    Generator bad(moe);
+    Generator bad(mla);
     FAIL();
   } catch (const sdk::Error& e) {
     EXPECT_EQ(e.code(), RLH_E_UNIMPLEMENTED);
-    EXPECT_NE(std::string(e.what()).find("MoE"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("mla"), std::string::npos) << e.what();
   }
 }
 

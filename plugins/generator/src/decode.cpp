@@ -54,12 +54,28 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
     check(l, ParamRole::o, {C_, qo}, true);
     check(l, ParamRole::o_bias, {C_}, false);
     check(l, ParamRole::mlp_norm, {C_}, true);
-    check(l, ParamRole::gate, {s.F, C_}, true);
-    check(l, ParamRole::up, {s.F, C_}, true);
-    check(l, ParamRole::gate_bias, {s.F}, false);
-    check(l, ParamRole::up_bias, {s.F}, false);
-    check(l, ParamRole::down, {C_, s.F}, true);
-    check(l, ParamRole::down_bias, {C_}, false);
+    if (!s.moe) {
+      check(l, ParamRole::gate, {s.F, C_}, true);
+      check(l, ParamRole::up, {s.F, C_}, true);
+      check(l, ParamRole::gate_bias, {s.F}, false);
+      check(l, ParamRole::up_bias, {s.F}, false);
+      check(l, ParamRole::down, {C_, s.F}, true);
+      check(l, ParamRole::down_bias, {C_}, false);
+      continue;
+    }
+    const sdk::MoeDesc& m = desc_.layers[size_t(l)].mlp.moe;
+    check(l, ParamRole::router, {s.E, C_}, true);
+    check(l, ParamRole::router_bias, {s.E}, m.router_bias);
+    check(l, ParamRole::expert_score_bias, {s.E}, m.e_score_correction_bias);
+    check(l, ParamRole::expert_gate, {s.E, s.Fe, C_}, true);
+    check(l, ParamRole::expert_up, {s.E, s.Fe, C_}, true);
+    check(l, ParamRole::expert_down, {s.E, C_, s.Fe}, true);
+    if (s.Fs > 0) {
+      check(l, ParamRole::shared_expert_gate_proj, {s.Fs, C_}, true);
+      check(l, ParamRole::shared_expert_up, {s.Fs, C_}, true);
+      check(l, ParamRole::shared_expert_down, {C_, s.Fs}, true);
+      check(l, ParamRole::shared_expert_gate, {1, C_}, s.shared_gate);
+    }
   }
   weights_ = std::make_unique<Weights>(desc_);
 
@@ -124,6 +140,16 @@ void DecodeModel::bind_weights() {
     lw.bup = get(l, ParamRole::up_bias);
     lw.down = get(l, ParamRole::down);
     lw.bdown = get(l, ParamRole::down_bias);
+    lw.router = get(l, ParamRole::router);
+    lw.router_b = get(l, ParamRole::router_bias);
+    lw.score_bias = get(l, ParamRole::expert_score_bias);
+    lw.we_gate = get(l, ParamRole::expert_gate);
+    lw.we_up = get(l, ParamRole::expert_up);
+    lw.we_down = get(l, ParamRole::expert_down);
+    lw.ws_gate_proj = get(l, ParamRole::shared_expert_gate_proj);
+    lw.ws_up = get(l, ParamRole::shared_expert_up);
+    lw.ws_down = get(l, ParamRole::shared_expert_down);
+    lw.ws_gate = get(l, ParamRole::shared_expert_gate);
   }
   bound_serial_ = w.serial();
 }
@@ -233,6 +259,11 @@ void DecodeModel::forward(std::span<const int32_t> ids, std::span<const CacheRow
 
     // MLP block
     ops_->rmsnorm_fwd(xn, C, nullptr, h, C, w.mlp_norm, R, C, s.eps_mlp, s.off_mlp);      // xn [R,C]
+    if (s.moe) {
+      moe_block(l, R, xn, x);                                                             // x [R,C]
+      ops_->add_fwd(x, h, x, R * C);                                                      // x = h + moe
+      continue;
+    }
     float* gu = gu_.data();
     if (w.up == w.gate + F * C) {
       linear(gu, 2 * F, xn, C, w.gate, C, R, 2 * F, C);                                   // gu [R,2F]

@@ -39,7 +39,12 @@ constexpr ParamRole kLayerOrder[] = {
     ParamRole::q_bias,    ParamRole::k_bias,   ParamRole::v_bias,    ParamRole::q_norm,
     ParamRole::k_norm,    ParamRole::o,        ParamRole::o_bias,    ParamRole::mlp_norm,
     ParamRole::gate,      ParamRole::up,       ParamRole::gate_bias, ParamRole::up_bias,
-    ParamRole::down,      ParamRole::down_bias};
+    ParamRole::down,      ParamRole::down_bias,
+    // MoE, as the engine stores it: the shared expert's gate_proj and up adjacent
+    ParamRole::router,    ParamRole::router_bias, ParamRole::expert_score_bias,
+    ParamRole::expert_gate, ParamRole::expert_up, ParamRole::expert_down,
+    ParamRole::shared_expert_gate_proj, ParamRole::shared_expert_up, ParamRole::shared_expert_down,
+    ParamRole::shared_expert_gate};
 constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
 
 // Calls fn(engine offset, piece offset, count) for the contiguous runs of piece k of p inside the
@@ -96,24 +101,41 @@ std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
   for (const sdk::LayerDesc& ld : desc.layers) {
     const auto& a = ld.attention;
     const std::string at = "generator: layer " + std::to_string(ld.index) + " of " + desc.architecture + ": ";
-    if (ld.mlp.kind != sdk::MlpKind::dense)
-      throw Error(RLH_E_UNIMPLEMENTED, at + "MoE MLPs are not executed by the native generator yet (the MoE issue)");
     if (a.kind != sdk::AttentionKind::gqa)
       throw Error(RLH_E_UNIMPLEMENTED, at + "attention kind " + sdk::to_string(a.kind) +
-                                           " is not executed by the native generator yet (the MoE issue)");
+                                           " (its latent KV cache) is not executed by the native generator yet");
     if (ld.mlp.hidden_act != "silu")
       throw Error(RLH_E_UNIMPLEMENTED, at + "hidden_act " + ld.mlp.hidden_act + " (only silu)");
     if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
       throw Error(RLH_E_UNIMPLEMENTED, at + "norm kind (only rmsnorm)");
     if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0 ||
-        ld.mlp.intermediate_size <= 0)
+        (ld.mlp.kind == sdk::MlpKind::dense && ld.mlp.intermediate_size <= 0))
       throw Error(RLH_E_INVALID_ARGUMENT, at + "bad head counts or sizes");
     LayerShape s;
     s.Hq = a.num_heads;
     s.Hkv = a.num_kv_heads;
     s.D = a.head_dim;
     s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
-    s.F = ld.mlp.intermediate_size;
+    s.F = ld.mlp.kind == sdk::MlpKind::dense ? ld.mlp.intermediate_size : 0;
+    if (ld.mlp.kind == sdk::MlpKind::moe) {  // the engine's rules (sdk/engine/src/moe.cpp)
+      const sdk::MoeDesc& m = ld.mlp.moe;
+      if (m.num_experts <= 0 || m.top_k <= 0 || m.top_k > m.num_experts || m.expert_intermediate_size <= 0 ||
+          m.shared_expert_intermediate_size < 0 || m.top_k > 64 || m.n_group < 1 || m.n_group > 64 ||
+          m.num_experts % m.n_group || m.topk_group < 1 || m.topk_group > m.n_group)
+        throw Error(RLH_E_INVALID_ARGUMENT, at + "MoE sizes must satisfy 0 < top_k <= experts (<= 64), ffn > 0, "
+                                                 "n_group dividing the experts, 1 <= topk_group <= n_group");
+      s.moe = true;
+      s.E = m.num_experts;
+      s.Kx = m.top_k;
+      s.Fe = m.expert_intermediate_size;
+      s.Fs = m.shared_expert_intermediate_size;
+      s.shared_gate = m.shared_expert_gate && s.Fs > 0;
+      s.router.scoring = m.scoring == sdk::MoeScoring::sigmoid ? 1 : 0;
+      s.router.norm_topk_prob = m.norm_topk_prob;
+      s.router.scaling_factor = m.routed_scaling_factor;
+      s.router.n_group = m.n_group;
+      s.router.topk_group = m.topk_group;
+    }
     s.eps_attn = float(ld.attn_norm.eps);
     s.off_attn = float(ld.attn_norm.weight_offset);
     s.eps_mlp = float(ld.mlp_norm.eps);

@@ -35,10 +35,15 @@ struct LayerShape {
   bool qk_norm = false, use_rope = false;
   int64_t window = 0;
   float scale = 0;  // softmax scale
+  // MoE layer (F = 0: no dense MLP): E experts, top Kx, expert width Fe, shared-expert width Fs
+  bool moe = false;
+  int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
+  bool shared_gate = false;
+  engine::Ops::RouterAttrs router;
 };
 
 // Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the layer and feature when the description needs
-// what this generator does not execute (MoE MLPs, MLA attention, non-SiLU activations, LayerNorm),
+// what this generator does not execute (MLA attention, non-SiLU activations, LayerNorm),
 // RLH_E_INVALID_ARGUMENT for inconsistent sizes.
 std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc);
 
@@ -99,6 +104,10 @@ struct LayerWeights {
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   const float *o = nullptr, *bo = nullptr, *mlp_norm = nullptr, *gate = nullptr, *up = nullptr;
   const float *bgate = nullptr, *bup = nullptr, *down = nullptr, *bdown = nullptr;
+  // MoE: router [E, C] (+ bias, selection bias [E]), stacked experts, shared expert and its gate
+  const float *router = nullptr, *router_b = nullptr, *score_bias = nullptr;
+  const float *we_gate = nullptr, *we_up = nullptr, *we_down = nullptr;  // [E,Fe,C] x2, [E,C,Fe]
+  const float *ws_gate_proj = nullptr, *ws_up = nullptr, *ws_down = nullptr, *ws_gate = nullptr;
 };
 
 class DecodeModel {
@@ -125,6 +134,8 @@ class DecodeModel {
   void bind_weights();
   void reserve(int64_t rows, int64_t samples);
   void apply_rope(float* x, int64_t ld, int64_t H, int64_t D, std::span<const CacheRow> rows);
+  // moe_decode.cpp: y [R,C] = the MoE block of layer l on xn [R,C] (no residual).
+  void moe_block(int64_t l, int64_t R, const float* xn, float* y);
 
   sdk::TransformerDesc desc_;
   std::vector<LayerShape> shapes_;
@@ -150,6 +161,8 @@ class DecodeModel {
   // Activations of a step (grown on demand)
   int64_t cap_rows_ = 0, cap_samples_ = 0;
   std::vector<float> x_, xn_, qkv_, att_, h_, gu_, a_, hs_;
+  std::vector<float> moe_f_;    // MoE scratch (router logits, weights, expert rows, shared expert)
+  std::vector<int32_t> moe_i_;  // MoE choices, permuted rows, offsets
 };
 
 }  // namespace rlh::gen

@@ -1,0 +1,104 @@
+// The MoE block of a step (Mixtral, Qwen2-MoE, Qwen3-MoE): the engine's forward
+// (sdk/engine/src/moe.cpp), op for op, with its products made row-invariant.
+//
+//   z    = xn Wr^T (+ b_r)                       router logits [R, E]
+//   w, e = top-k of softmax(z) / sigmoid(z)      kernels_cpu moe_router_fwd (per row)
+//   y    = sum_k w_k down_e(silu(gate_e xn) * up_e xn)      over expert-sorted rows
+//        + sigmoid(xn ws^T) shared(xn)            Qwen2-MoE's gated shared expert
+//
+// The engine runs the experts with grouped GEMMs (OpenBLAS), whose result for a row depends on
+// how many rows its expert got; here each expert's rows go through linear.hpp, so a token's
+// output depends only on itself, whichever other tokens share the step and its experts. The
+// router (float32 like HF; the trainer's router_fp64 option has no counterpart here: with it,
+// near-tied experts may be chosen differently), permutation and weighted combine are the
+// engine's ops, per row by construction.
+#include <algorithm>
+#include <string>
+
+#include "rlhost/generator/linear.hpp"
+#include "rlhost/generator/model.hpp"
+
+namespace rlh::gen {
+
+void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
+  const LayerShape& s = shapes_[size_t(l)];
+  const LayerWeights& w = lw_[size_t(l)];
+  const int64_t C = C_, E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, RK = R * K;
+
+  // Scratch for R rows, carved in order (grown on demand; no state survives the call).
+  const size_t nf = size_t(R * E * 2 + RK + RK * C + RK * 2 * Fe + RK * Fe + RK * C +
+                           (Fs > 0 ? R * 2 * Fs + R * Fs + R * C + 3 * R : 0));
+  const size_t ni = size_t(RK * 2 + E + 1 + 2 * R);
+  if (moe_f_.size() < nf) moe_f_.resize(nf);
+  if (moe_i_.size() < ni) moe_i_.resize(ni);
+  float* fp = moe_f_.data();
+  int32_t* ip = moe_i_.data();
+  auto tf = [&](int64_t n) { float* p = fp; fp += n; return p; };
+  auto ti = [&](int64_t n) { int32_t* p = ip; ip += n; return p; };
+  float* z = tf(R * E);
+  float* probs = tf(R * E);
+  float* wts = tf(RK);
+  float* xp = tf(RK * C);
+  float* gu = tf(RK * 2 * Fe);
+  float* a = tf(RK * Fe);
+  float* yp = tf(RK * C);
+  int32_t* experts = ti(RK);
+  int32_t* row = ti(RK);
+  int32_t* offsets = ti(E + 1);
+
+  // Router: logits, scores, choice, weights.
+  linear(z, E, xn, C, w.router, C, R, E, C);                                              // z [R,E]
+  if (w.router_b) ops_->bias_add_fwd(z, E, w.router_b, R, E);
+  ops_->moe_router_fwd(wts, experts, probs, nullptr, z, E, w.score_bias, R, E, K, s.router);
+
+  // Routed experts on expert-sorted rows: rows offsets[e] .. offsets[e+1]-1 are expert e's.
+  ops_->moe_permute_fwd(xp, row, offsets, xn, C, experts, R, K, C, E);                    // xp [RK,C]
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+    if (n == 0) continue;
+    linear(gu + r0 * 2 * Fe, 2 * Fe, xp + r0 * C, C, w.we_gate + e * Fe * C, C, n, Fe, C);       // gate
+    linear(gu + r0 * 2 * Fe + Fe, 2 * Fe, xp + r0 * C, C, w.we_up + e * Fe * C, C, n, Fe, C);    // up
+  }
+  ops_->swiglu_fwd(a, Fe, gu, 2 * Fe, gu + Fe, 2 * Fe, RK, Fe);                            // a [RK,Fe]
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+    if (n == 0) continue;
+    linear(yp + r0 * C, C, a + r0 * Fe, Fe, w.we_down + e * C * Fe, Fe, n, C, Fe);             // yp [RK,C]
+  }
+  ops_->moe_unpermute_fwd(y, C, yp, row, wts, R, K, C, false);                            // y [R,C]
+
+  // Shared expert (a dense SwiGLU on every token) and its sigmoid gate, as the engine adds them.
+  if (Fs > 0) {
+    float* sgu = tf(R * 2 * Fs);
+    float* sa = tf(R * Fs);
+    float* sy = tf(R * C);
+    float* sgl = tf(R);
+    float* sgw = tf(R);
+    float* sgp = tf(R);
+    int32_t* srow = ti(R);
+    int32_t* szero = ti(R);
+    if (w.ws_up == w.ws_gate_proj + Fs * C) {
+      linear(sgu, 2 * Fs, xn, C, w.ws_gate_proj, C, R, 2 * Fs, C);                        // [R,2Fs]
+    } else {
+      linear(sgu, 2 * Fs, xn, C, w.ws_gate_proj, C, R, Fs, C);
+      linear(sgu + Fs, 2 * Fs, xn, C, w.ws_up, C, R, Fs, C);
+    }
+    ops_->swiglu_fwd(sa, Fs, sgu, 2 * Fs, sgu + Fs, 2 * Fs, R, Fs);                        // [R,Fs]
+    linear(sy, C, sa, Fs, w.ws_down, Fs, R, C, Fs);                                       // sy [R,C]
+    if (w.ws_gate) {
+      linear(sgl, 1, xn, C, w.ws_gate, C, R, 1, C);                                       // [R,1]
+      for (int64_t r = 0; r < R; ++r) {
+        srow[r] = int32_t(r);
+        szero[r] = 0;
+      }
+      engine::Ops::RouterAttrs g;
+      g.scoring = 1;  // sigmoid, one expert, one choice: weight = sigmoid(logit)
+      ops_->moe_router_fwd(sgw, szero, sgp, nullptr, sgl, 1, nullptr, R, 1, 1, g);
+      ops_->moe_unpermute_fwd(y, C, sy, srow, sgw, R, 1, C, true);                        // y += g sy
+    } else {
+      ops_->add_fwd(y, y, sy, R * C);
+    }
+  }
+}
+
+}  // namespace rlh::gen
