@@ -277,6 +277,14 @@ TEST(KvCache, BlocksAreBudgetedAndReusedLastInFirstOut) {
   kv.release(b);
   EXPECT_EQ(kv.allocate(), b);
   EXPECT_EQ(kv.peak_used(), 3);
+  // A shared block is free again only after its last holder lets go.
+  kv.share(c);
+  kv.release(c);
+  EXPECT_EQ(kv.num_free(), 0);
+  kv.release(c);
+  EXPECT_EQ(kv.num_free(), 1);
+  EXPECT_THROW(kv.release(c), std::logic_error);
+  EXPECT_THROW(kv.share(c), std::logic_error);
   // Keys and values of different blocks and layers never overlap.
   EXPECT_EQ(kv.values(a, 0), kv.keys(a, 0) + 2 * 16 * 8);
   EXPECT_EQ(kv.keys(a, 1), kv.keys(a, 0) + 2 * 2 * 16 * 8);

@@ -180,6 +180,7 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
     }
   }
   st.preemptions = sched.preemptions();
+  st.shared_prompt_tokens = sched.shared_tokens();
   st.kv_blocks = kv.num_blocks();
   st.kv_blocks_peak = kv.peak_used();
   st.max_running = sched.max_running();

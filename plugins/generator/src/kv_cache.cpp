@@ -49,6 +49,7 @@ KvCache::KvCache(KvLayout layout, int64_t budget_bytes, PoolAllocator alloc)
   pool_bytes_ = size_t(num_blocks_) * size_t(layout_.block_bytes());
   pool_ = static_cast<float*>(alloc_.allocate(pool_bytes_));
   free_.resize(size_t(num_blocks_));
+  refs_.assign(size_t(num_blocks_), 0);
   // Block 0 on top of the stack: low addresses first.
   for (int64_t i = 0; i < num_blocks_; ++i) free_[size_t(i)] = int32_t(num_blocks_ - 1 - i);
 }
@@ -61,13 +62,21 @@ int32_t KvCache::allocate() {
   if (free_.empty()) return -1;
   const int32_t b = free_.back();
   free_.pop_back();
+  refs_[size_t(b)] = 1;
   peak_used_ = std::max(peak_used_, num_blocks_ - int64_t(free_.size()));
   return b;
 }
 
+void KvCache::share(int32_t block) {
+  if (block < 0 || block >= num_blocks_ || refs_[size_t(block)] <= 0)
+    throw std::logic_error("kv cache: sharing a block that is not in use");
+  ++refs_[size_t(block)];
+}
+
 void KvCache::release(int32_t block) {
-  if (block < 0 || block >= num_blocks_) throw std::logic_error("kv cache: releasing an invalid block");
-  free_.push_back(block);
+  if (block < 0 || block >= num_blocks_ || refs_[size_t(block)] <= 0)
+    throw std::logic_error("kv cache: releasing a block that is not in use");
+  if (--refs_[size_t(block)] == 0) free_.push_back(block);
 }
 
 }  // namespace rlh::gen

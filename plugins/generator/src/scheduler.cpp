@@ -41,6 +41,35 @@ void Scheduler::preempt(size_t i) {
   waiting_.push_front(std::move(s));  // first to come back
 }
 
+int64_t Scheduler::shareable(const Sequence& s) const {
+  const int64_t bs = kv_.layout().block_size;
+  return (s.prompt_len - 1) / bs * bs;
+}
+
+bool Scheduler::wait_or_share(Sequence& s) {
+  const int64_t F = shareable(s);
+  if (F == 0) return false;
+  const Sequence* donor = nullptr;
+  bool prefilling = false;
+  for (const auto& r : running_) {
+    if (r->prompt_index != s.prompt_index) continue;
+    if (r->num_computed >= F && r->blocks.size() * size_t(kv_.layout().block_size) >= size_t(F)) {
+      donor = r.get();
+      break;
+    }
+    prefilling = true;
+  }
+  if (!donor) return prefilling;
+  const int64_t nb = F / kv_.layout().block_size;
+  // A waiting sequence holds no blocks and has computed nothing (preempt() and the admission
+  // below keep it so).
+  s.blocks.assign(donor->blocks.begin(), donor->blocks.begin() + nb);
+  for (int32_t b : s.blocks) kv_.share(b);
+  shared_tokens_ += F;
+  s.num_computed = F;
+  return false;
+}
+
 std::vector<StepChunk> Scheduler::schedule() {
   std::vector<StepChunk> plan;
   int64_t budget = opt_.max_num_batched_tokens;
@@ -70,8 +99,17 @@ std::vector<StepChunk> Scheduler::schedule() {
   // front; admitting others now would only evict them again).
   while (!preempted && budget > 0 && int64_t(running_.size()) < opt_.max_num_seqs && !waiting_.empty()) {
     Sequence& s = *waiting_.front();
+    if (wait_or_share(s)) break;  // a sibling computes the shared prompt blocks this step
     const int64_t n = std::min(s.length() - s.num_computed, budget);
-    if (!grow(s, s.num_computed + n)) break;
+    if (!grow(s, s.num_computed + n)) {
+      // Waiting sequences hold no blocks (so preemption can always free what it needs): give
+      // back the shared ones; they are taken again on admission.
+      for (int32_t b : s.blocks) kv_.release(b);
+      s.blocks.clear();
+      shared_tokens_ -= s.num_computed;
+      s.num_computed = 0;
+      break;
+    }
     s.admitted = admissions_++;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();

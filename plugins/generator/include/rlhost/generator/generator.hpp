@@ -70,6 +70,7 @@ struct Stats {
   int64_t prefill_tokens = 0;   // rows that did not sample (prompt chunks, recomputation)
   int64_t sampled_tokens = 0;   // rows that sampled a token
   int64_t preemptions = 0;
+  int64_t shared_prompt_tokens = 0;  // prompt tokens a sample took from a sibling's cache blocks
   int64_t kv_blocks = 0, kv_blocks_peak = 0;
   int64_t max_running = 0;
 };

@@ -9,6 +9,11 @@
 // accumulates whole value rows. Position p of a sequence lives in block table[p / block_size],
 // slot p % block_size.
 //
+// Blocks are reference-counted: the samples of one prompt share the blocks that hold only prompt
+// tokens (the scheduler's prefix sharing); a block returns to the pool when its last holder
+// releases it. Shared blocks are never written again: a sequence writes only positions at or
+// after its own first uncomputed token, which lie in blocks of its own.
+//
 // Memory: the pool is one allocation of the whole budget, made when a generate() call starts and
 // freed when it returns, so between rollouts a colocated trainer has the memory back (the CPU
 // form of vLLM's sleep/wake of the KV cache). Pages are touched only when a block is first
@@ -54,8 +59,11 @@ class KvCache {
   int64_t num_free() const { return int64_t(free_.size()); }
   int64_t peak_used() const { return peak_used_; }
 
-  // A free block id, or -1 when the pool is exhausted.
+  // A free block id (one reference), or -1 when the pool is exhausted.
   int32_t allocate();
+  // Another reference to a block in use.
+  void share(int32_t block);
+  // Drops a reference; the block is free again after the last one.
   void release(int32_t block);
 
   // Keys of `layer` in `block`: [Hkv][D][block_size]; values: [Hkv][block_size][D].
@@ -74,6 +82,7 @@ class KvCache {
   size_t pool_bytes_ = 0;
   float* pool_ = nullptr;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is handed out first
+  std::vector<int32_t> refs_;  // references per block (0 = free)
   int64_t peak_used_ = 0;
 };
 

@@ -8,6 +8,13 @@
 // admitted, first come first served, while the budget, max_num_seqs and the free blocks allow; a
 // finished sequence frees its slot and blocks for the next prompt at once.
 //
+// Prefix sharing (vLLM's parallel sampling): the samples of one prompt share the cache blocks that
+// hold only prompt tokens. A sample admitted while a sibling has already computed those blocks
+// takes references to them and prefills only the rest of the prompt (less than a block plus the
+// last token); a sample whose sibling is still prefilling them waits for that step instead of
+// recomputing them. The shared keys and values are exactly what the sample would have computed
+// (rows are batch-invariant), so sharing changes no result, only the work and memory.
+//
 // When a running sequence needs a block and none is free, the most recently admitted running
 // sequence is preempted: its blocks are freed and it goes back to the front of the queue with its
 // tokens so far, to be prefilled again (vLLM's recompute preemption). Nothing is lost: the
@@ -75,18 +82,25 @@ class Scheduler {
   std::unique_ptr<Sequence> finish(Sequence* seq);
 
   int64_t preemptions() const { return preemptions_; }
+  int64_t shared_tokens() const { return shared_tokens_; }  // prompt tokens not recomputed
   int64_t running() const { return int64_t(running_.size()); }
   int64_t max_running() const { return max_running_; }
 
  private:
   bool grow(Sequence& s, int64_t tokens);  // blocks for `tokens` leading tokens; false if none
   void preempt(size_t running_index);
+  // Prompt tokens of `s` that live in blocks holding nothing else (whole blocks, and never the
+  // last prompt token, whose logits the sample needs).
+  int64_t shareable(const Sequence& s) const;
+  // For a sequence about to be admitted: true when it should wait for a sibling's prefill;
+  // otherwise takes the sibling's shareable blocks if one has them computed.
+  bool wait_or_share(Sequence& s);
 
   SchedulerOptions opt_;
   KvCache& kv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
-  int64_t admissions_ = 0, preemptions_ = 0, max_running_ = 0;
+  int64_t admissions_ = 0, preemptions_ = 0, max_running_ = 0, shared_tokens_ = 0;
 };
 
 }  // namespace rlh::gen
