@@ -11,6 +11,9 @@ threads=${THREADS:-2}
 new=${NEW:-64}
 prompt=${PROMPT:-16}
 repeats=${REPEATS:-3}
+# libgomp's default spin-wait starves the working thread on a machine shared with other
+# processes (docs/generator.md); both peers get the same policy.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_BENCH=ON \
   -DRLH_BUILD_TESTS=OFF >/dev/null
@@ -39,7 +42,7 @@ for shape in tiny small; do
 done
 
 echo
-echo "== decode tokens/s, greedy, $prompt-token prompts, $new new tokens, $threads threads =="
+echo "== decode tokens/s, greedy, $prompt-token prompts, $new new tokens, $threads threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY (load: $(cut -d' ' -f1-3 /proc/loadavg)) =="
 printf "%-6s %6s %14s %14s %8s\n" shape batch rlhost torch ratio
 for shape in tiny small; do
   for batch in 1 16; do
