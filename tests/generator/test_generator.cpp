@@ -407,6 +407,53 @@ TEST(Generator, RefitByViewsAndCopies) {
   EXPECT_THROW(g.weights().update(5, {&bad, 1}, true), sdk::Error);
 }
 
+TEST(Generator, MoeRefitKeepsEveryExpertAView) {
+  // The GRPO loop stages each HF tensor in its own buffer: expert pieces do not lie back to back,
+  // yet none of them is copied.
+  const Model m = moe_like();
+  std::vector<std::vector<float>> pieces;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<rlh_named_tensor> ts;
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const sdk::ParamDesc& p = m.desc.params[i];
+    int64_t n = 1;
+    for (int64_t d : p.hf_shapes[0]) n *= d;
+    for (size_t k = 0; k < p.hf_names.size(); ++k) {
+      ASSERT_NE(p.transform, sdk::ParamTransform::concat);
+      const size_t off = p.transform == sdk::ParamTransform::stack ? k * size_t(n) : 0;
+      pieces.emplace_back(m.weights[i].begin() + long(off), m.weights[i].begin() + long(off) + n);
+      shapes.push_back(p.hf_shapes[k]);
+    }
+  }
+  size_t at = 0;
+  for (const sdk::ParamDesc& p : m.desc.params)
+    for (size_t k = 0; k < p.hf_names.size(); ++k, ++at) {
+      rlh_named_tensor t{};
+      t.name = p.hf_names[k].c_str();
+      t.tensor.data = pieces[at].data();
+      t.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+      t.tensor.ndim = int32_t(shapes[at].size());
+      t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+      t.tensor.shape = shapes[at].data();
+      ts.push_back(t);
+    }
+  ASSERT_GT(ts.size(), m.desc.params.size()) << "the model has stacked experts";
+  Generator g(m.desc);
+  g.weights().update(1, ts, true);
+  EXPECT_EQ(g.weights().owned_bytes(), 0);
+  Generator want(m.desc);
+  want.weights().load(m.weights, 1);
+  const auto prompts = random_prompts(3, m.desc.vocab_size, 4, {7, 20, 3});
+  Request r;
+  r.sampling = SamplingParams{1.0, 0, 1.0, 0.0};
+  r.samples_per_prompt = 2;
+  r.max_new_tokens = 12;
+  Outs a, b;
+  run(g, prompts, r, 0, a);
+  run(want, prompts, r, 0, b);
+  expect_same(b, a, "expert views apart");
+}
+
 TEST(Generator, Bf16RefitIsConvertedIntoOwnedMemory) {
   const Model m = qwen_like();
   Generator g(m.desc);

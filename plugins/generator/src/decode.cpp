@@ -143,9 +143,21 @@ void DecodeModel::bind_weights() {
     lw.router = get(l, ParamRole::router);
     lw.router_b = get(l, ParamRole::router_bias);
     lw.score_bias = get(l, ParamRole::expert_score_bias);
-    lw.we_gate = get(l, ParamRole::expert_gate);
-    lw.we_up = get(l, ParamRole::expert_up);
-    lw.we_down = get(l, ParamRole::expert_down);
+    // Experts one by one: a stacked parameter's pieces, or slabs of one [E, ...] tensor.
+    auto experts = [&](ParamRole role, std::vector<const float*>& out) {
+      out.clear();
+      const sdk::ParamDesc* p = desc_.find_param(l, role);
+      if (!p) return;
+      const size_t i = size_t(p - desc_.params.data());
+      const int64_t E = p->shape[0], slab = p->shape[1] * p->shape[2];
+      for (int64_t e = 0; e < E; ++e)
+        out.push_back(p->transform == sdk::ParamTransform::stack && int64_t(p->hf_names.size()) == E
+                          ? w.piece(i, size_t(e))
+                          : w.param(i) + e * slab);
+    };
+    experts(ParamRole::expert_gate, lw.e_gate);
+    experts(ParamRole::expert_up, lw.e_up);
+    experts(ParamRole::expert_down, lw.e_down);
     lw.ws_gate_proj = get(l, ParamRole::shared_expert_gate_proj);
     lw.ws_up = get(l, ParamRole::shared_expert_up);
     lw.ws_down = get(l, ParamRole::shared_expert_down);

@@ -155,6 +155,7 @@ std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
 Weights::Weights(const sdk::TransformerDesc& desc) : desc_(desc) {
   const size_t n = desc.params.size();
   ptr_.assign(n, nullptr);
+  piece_.resize(n);
   alias_.resize(n);
   got_.resize(n);
   for (size_t i = 0; i < n; ++i) {
@@ -162,6 +163,7 @@ Weights::Weights(const sdk::TransformerDesc& desc) : desc_(desc) {
     if (p.hf_names.empty() || p.hf_names.size() != p.hf_shapes.size())
       throw Error(RLH_E_INVALID_ARGUMENT, "generator: parameter " + p.name + " needs one HF shape per HF name");
     alias_[i].assign(p.hf_names.size(), nullptr);
+    piece_[i].assign(p.hf_names.size(), nullptr);
     got_[i].assign(p.hf_names.size(), 0);
     pieces_total_ += int64_t(p.hf_names.size());
     for (size_t k = 0; k < p.hf_names.size(); ++k) by_name_.push_back({p.hf_names[k], Piece{i, k}});
@@ -219,6 +221,7 @@ void Weights::load(const std::vector<std::vector<float>>& tensors, int64_t versi
     float* dst = arena_ + arena_off_[i];
     std::memcpy(dst, tensors[i].data(), tensors[i].size() * sizeof(float));
     ptr_[i] = dst;
+    set_pieces(i, dst);
     std::fill(alias_[i].begin(), alias_[i].end(), nullptr);
     std::fill(got_[i].begin(), got_[i].end(), uint8_t(0));
   }
@@ -286,12 +289,20 @@ void Weights::update(int64_t version, std::span<const rlh_named_tensor> weights,
   if (pending_received_ == pieces_total_) finalize();
 }
 
+// Piece pointers of a parameter whose whole engine tensor is at `whole`.
+void Weights::set_pieces(size_t i, const float* whole) {
+  const sdk::ParamDesc& p = desc_.params[i];
+  const int64_t n = numel(p.hf_shapes[0]);
+  for (size_t k = 0; k < piece_[i].size(); ++k)
+    piece_[i][k] = p.transform == ParamTransform::stack ? whole + int64_t(k) * n : (k == 0 ? whole : nullptr);
+}
+
 void Weights::finalize() {
   for (size_t i = 0; i < desc_.params.size(); ++i) {
     const sdk::ParamDesc& p = desc_.params[i];
     const auto& al = alias_[i];
     // One view of the whole engine tensor when the pieces are views laid out as the engine lays
-    // them out (one piece, or stacked slabs back to back); otherwise the views are copied in.
+    // them out (one piece, or stacked slabs back to back).
     bool whole = al[0] != nullptr && p.transform != ParamTransform::concat;
     if (whole && p.transform == ParamTransform::stack) {
       const int64_t n = numel(p.hf_shapes[0]);
@@ -299,8 +310,22 @@ void Weights::finalize() {
     }
     if (whole) {
       ptr_[i] = al[0];
+      set_pieces(i, al[0]);
       continue;
     }
+    // Stacked pieces (experts) are used one by one, so views stay views wherever they lie; the
+    // pieces that were converted are in the arena already.
+    if (p.transform == ParamTransform::stack) {
+      const int64_t n = numel(p.hf_shapes[0]);
+      bool all_owned = true;
+      for (size_t k = 0; k < al.size(); ++k) {
+        all_owned = all_owned && !al[k];
+        piece_[i][k] = al[k] ? al[k] : arena_ + arena_off_[i] + int64_t(k) * n;
+      }
+      ptr_[i] = all_owned ? arena_ + arena_off_[i] : nullptr;
+      continue;
+    }
+    // Concatenated pieces (fused projections): the views are copied into the engine tensor.
     ensure_arena();
     float* dst = arena_ + arena_off_[i];
     for (size_t k = 0; k < al.size(); ++k)
@@ -309,6 +334,7 @@ void Weights::finalize() {
           std::memcpy(dst + d, al[k] + s, size_t(n) * sizeof(float));
         });
     ptr_[i] = dst;
+    set_pieces(i, dst);
   }
   version_ = pending_version_;
   pending_version_ = -1;

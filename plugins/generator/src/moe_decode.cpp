@@ -56,14 +56,14 @@ void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
     if (n == 0) continue;
-    linear(gu + r0 * 2 * Fe, 2 * Fe, xp + r0 * C, C, w.we_gate + e * Fe * C, C, n, Fe, C);       // gate
-    linear(gu + r0 * 2 * Fe + Fe, 2 * Fe, xp + r0 * C, C, w.we_up + e * Fe * C, C, n, Fe, C);    // up
+    linear(gu + r0 * 2 * Fe, 2 * Fe, xp + r0 * C, C, w.e_gate[size_t(e)], C, n, Fe, C);       // gate
+    linear(gu + r0 * 2 * Fe + Fe, 2 * Fe, xp + r0 * C, C, w.e_up[size_t(e)], C, n, Fe, C);    // up
   }
   ops_->swiglu_fwd(a, Fe, gu, 2 * Fe, gu + Fe, 2 * Fe, RK, Fe);                            // a [RK,Fe]
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
     if (n == 0) continue;
-    linear(yp + r0 * C, C, a + r0 * Fe, Fe, w.we_down + e * C * Fe, Fe, n, C, Fe);             // yp [RK,C]
+    linear(yp + r0 * C, C, a + r0 * Fe, Fe, w.e_down[size_t(e)], Fe, n, C, Fe);             // yp [RK,C]
   }
   ops_->moe_unpermute_fwd(y, C, yp, row, wts, R, K, C, false);                            // y [R,C]
 

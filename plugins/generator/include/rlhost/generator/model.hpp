@@ -74,15 +74,20 @@ class Weights {
   int64_t serial() const { return serial_; }
   // Bytes of owned weight storage (0 when everything is a view).
   int64_t owned_bytes() const;
-  // Where parameter i is (nullptr before it is installed).
+  // Where parameter i is (nullptr before it is installed, and for a stacked parameter whose
+  // pieces are views that do not lie back to back: use piece() then).
   const float* param(size_t i) const { return ptr_[i]; }
+  // Piece k of parameter i (a stacked parameter's expert k; for others piece 0 = param(i)).
+  const float* piece(size_t i, size_t k) const { return piece_[i][k]; }
 
  private:
   void ensure_arena();
   void finalize();  // a complete pending set becomes the version in force
+  void set_pieces(size_t i, const float* whole);
 
   const sdk::TransformerDesc& desc_;
   std::vector<const float*> ptr_;   // per param, in force
+  std::vector<std::vector<const float*>> piece_;  // per param, per piece, in force
   std::vector<int64_t> arena_off_;  // per param offset in the arena (layer order)
   int64_t arena_floats_ = 0;
   float* arena_ = nullptr;
@@ -106,7 +111,9 @@ struct LayerWeights {
   const float *bgate = nullptr, *bup = nullptr, *down = nullptr, *bdown = nullptr;
   // MoE: router [E, C] (+ bias, selection bias [E]), stacked experts, shared expert and its gate
   const float *router = nullptr, *router_b = nullptr, *score_bias = nullptr;
-  const float *we_gate = nullptr, *we_up = nullptr, *we_down = nullptr;  // [E,Fe,C] x2, [E,C,Fe]
+  // Expert e's gate / up [Fe, C] and down [C, Fe]: views may lie anywhere (refit by HF name
+  // with one tensor per expert), so one pointer each.
+  std::vector<const float*> e_gate, e_up, e_down;
   const float *ws_gate_proj = nullptr, *ws_up = nullptr, *ws_down = nullptr, *ws_gate = nullptr;
 };
 
