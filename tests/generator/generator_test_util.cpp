@@ -22,7 +22,7 @@ std::string fixtures_root() {
 
 std::vector<std::string> fixture_models() {
   std::vector<std::string> out;
-  for (const std::string root : {fixtures_root(), std::string(RLH_ENGINE_FIXTURES_DIR)}) {
+  for (const std::string& root : {fixtures_root(), std::string(RLH_ENGINE_FIXTURES_DIR)}) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root, ec))
       if (e.is_directory() && fs::exists(e.path() / "config.json") && fs::exists(e.path() / "reference.safetensors"))
