@@ -23,6 +23,8 @@
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
+#include <nlohmann/json.hpp>
+
 using namespace rlh;
 using engine::Engine;
 using engine::EngineOptions;
@@ -512,6 +514,63 @@ TEST(MoeEngine, RegistryOpsEqualDirectCalls) {
     }
   }
   rlhost_destroy(host);
+}
+
+// Peak memory of an MoE train step against the design (docs/engine.md, "Storage"): parameters,
+// gradients, the dense part of each layer without its MLP, the MoE layer's saved set per token
+// K (2C + 3Fe + 1) floats + E + 1 router scores + 2K ints (+ E + 1 offsets per layer), one MoE
+// scratch set, plus the kernels' fixed workspace. The allowance is smaller than one dense
+// per-expert [N, Fe] activation for all experts (what a padded, non-dropless layout would hold).
+TEST(MoeEngine, PeakMemoryMatchesTheDesign) {
+  const int64_t V = 8192, C = 512, L = 2, Hq = 8, Hkv = 2, D = 64, E = 8, K = 2, Fe = 1024, T = 1024;
+  const nlohmann::json cfg = {
+      {"architectures", {"MixtralForCausalLM"}}, {"vocab_size", V}, {"hidden_size", C},
+      {"intermediate_size", Fe}, {"num_hidden_layers", L}, {"num_attention_heads", Hq},
+      {"num_key_value_heads", Hkv}, {"head_dim", D}, {"num_local_experts", E},
+      {"num_experts_per_tok", K}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+      {"rope_theta", 10000.0}, {"tie_word_embeddings", false}, {"torch_dtype", "float32"}};
+  constexpr int64_t kTile = int64_t(8) << 20;
+  EngineOptions eo;
+  eo.logprob_chunk_bytes = kTile;
+  Engine e(model::describe(cfg), eo);
+  uint32_t x = 99;
+  for (size_t i = 0; i < e.num_params(); ++i)
+    for (float& v : e.param(i)) {
+      x = x * 1664525u + 1013904223u;
+      v = (e.desc().params[i].shape.size() == 1 ? 1.f : 0.f) + 0.05f * (float(x >> 8) / 16777216.f - 0.5f);
+    }
+  std::vector<int32_t> ids(static_cast<size_t>(T)), cu = {0, int32_t(T)};
+  for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = int32_t((t * 2654435761u) % uint32_t(V));
+  MicroBatch mb;
+  mb.input_ids = ids;
+  mb.cu_seqlens = cu;
+  engine::StepOptions so;
+  so.global_tokens = T - 1;
+  so.apply_optimizer = false;
+  const double loss = e.train_step({&mb, 1}, so, nll).loss;
+  const int64_t peak = int64_t(e.counting_allocator()->peak_bytes());
+
+  const int64_t N = T, NK = N * K, W = (Hq + 2 * Hkv) * D, A = Hq * D;
+  const int64_t P = e.num_elements();
+  const int64_t dense_part = N * C + N + N * W + N * A + Hq * N + 2 * N * C + N;  // no MLP
+  const int64_t moe_layer = NK * (2 * C + 3 * Fe + 1) + N * (E + 1);            // floats
+  const int64_t moe_ints = 2 * NK + E + 1;
+  const int64_t moe_scratch = N * E + NK + NK * C + NK * Fe + NK * 2 * Fe + 2 * N * E + N +
+                              N * C + 2 * N;  // + shared-expert scratch of width 0
+  const int64_t floats = (L + 1) * N * C + L * (dense_part + moe_layer) + N * C + N + 8 * N +
+                         2 * N * C + N * W + N * A + 6 * N + moe_scratch;
+  const int64_t ints = 2 * N + L * moe_ints + 2 * N;
+  const int64_t designed = 2 * P * 4 + floats * 4 + ints * 4;
+  const int64_t workspace = kTile + int64_t(omp_get_max_threads()) * 2 * 128 * 256 * 4 +
+                            Hq * T * 4 + T * 5 * 4 + (1 << 20);
+  std::printf("MoE %ld experts top-%ld, T=%ld: peak %.1f MiB, designed %.1f MiB + workspace %.1f "
+              "MiB; [E, N, Fe] would be %.1f MiB\n",
+              long(E), long(K), long(T), peak / 1048576.0, designed / 1048576.0,
+              workspace / 1048576.0, E * N * Fe * 4 / 1048576.0);
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_GE(peak, designed) << "every designed buffer is really allocated";
+  EXPECT_LE(peak, designed + workspace);
+  EXPECT_LT(workspace, E * N * Fe * 4) << "the allowance must not fit a per-expert [N, Fe] set";
 }
 
 // What the engine refuses, by name.
