@@ -179,7 +179,9 @@ TEST_P(MoeModel, PackingMicroBatchesRecomputeAndThreadsDoNotChangeResults) {
   const auto g_rc = run(rc, 1000, &recomputed);
   EXPECT_EQ(g_rc, g_packed);
   EXPECT_EQ(recomputed.loss, packed.loss);
-  if (losses) EXPECT_EQ(metric(recomputed, "moe/aux_loss"), metric(packed, "moe/aux_loss"));
+  if (losses) {
+    EXPECT_EQ(metric(recomputed, "moe/aux_loss"), metric(packed, "moe/aux_loss"));
+  }
 
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -434,10 +436,11 @@ TEST_P(MoeModel, FrozenRouter) {
   const auto after = frozen->save_parameters();
   for (size_t i = 0; i < before.size(); ++i) {
     const auto role = frozen->desc().params[i].role;
-    if (role == sdk::ParamRole::router)
+    if (role == sdk::ParamRole::router) {
       EXPECT_EQ(after[i], before[i]) << frozen->desc().params[i].name;
-    else if (role == sdk::ParamRole::expert_gate || role == sdk::ParamRole::q)
+    } else if (role == sdk::ParamRole::expert_gate || role == sdk::ParamRole::q) {
       EXPECT_NE(after[i], before[i]) << frozen->desc().params[i].name;
+    }
   }
 }
 
