@@ -17,17 +17,14 @@ using json = nlohmann::json;
 namespace {
 
 // NeMo-RL megatron_cfg keys (and subtrees) with no effect on the single-rank fp32 CPU engine:
-// fusions, precision and memory switches of Megatron-Core, MoE routing of models the dense
-// engine does not run, pipeline layout of a one-stage pipeline.
+// fusions, precision and memory switches of Megatron-Core, MoE token dispatch and the
+// aux-loss-free bias update, pipeline layout of a one-stage pipeline.
 constexpr const char* kNoEffect[] = {
     "megatron_cfg.converter_type", "megatron_cfg.empty_unused_memory_level", "megatron_cfg.pipeline_dtype",
     "megatron_cfg.sequence_parallel", "megatron_cfg.num_layers_in_first_pipeline_stage",
-    "megatron_cfg.num_layers_in_last_pipeline_stage", "megatron_cfg.freeze_moe_router",
-    "megatron_cfg.moe_router_dtype", "megatron_cfg.moe_router_load_balancing_type",
-    "megatron_cfg.moe_router_bias_update_rate", "megatron_cfg.moe_permute_fusion",
-    "megatron_cfg.moe_token_dispatcher_type", "megatron_cfg.moe_enable_deepep",
-    "megatron_cfg.moe_shared_expert_overlap", "megatron_cfg.moe_aux_loss_coeff",
-    "megatron_cfg.apply_rope_fusion", "megatron_cfg.bias_activation_fusion",
+    "megatron_cfg.num_layers_in_last_pipeline_stage", "megatron_cfg.moe_router_bias_update_rate",
+    "megatron_cfg.moe_permute_fusion", "megatron_cfg.moe_token_dispatcher_type", "megatron_cfg.moe_enable_deepep",
+    "megatron_cfg.moe_shared_expert_overlap", "megatron_cfg.apply_rope_fusion", "megatron_cfg.bias_activation_fusion",
     "megatron_cfg.gradient_accumulation_fusion", "megatron_cfg.defer_fp32_logits",
     "megatron_cfg.distributed_data_parallel_config", "megatron_cfg.fp8_cfg", "megatron_cfg.env_vars",
     "megatron_cfg.recompute_granularity", "megatron_cfg.recompute_method", "megatron_cfg.recompute_num_layers",
@@ -78,6 +75,25 @@ backend::BackendConfig read_config(const json& policy) {
                         "megatron_cfg.virtual_pipeline_model_parallel_size"})
     backend::require_single_rank(r, k);
   for (const char* k : kNoEffect) r.mark_subtree(k);
+
+  // MoE layers (the engine's MoeOptions; no effect on dense models). Defaults are plain training;
+  // NeMo-RL's RL recipes freeze the router, route in fp64 and turn load balancing off.
+  cfg.moe.freeze_router = r.boolean("megatron_cfg.freeze_moe_router", false);
+  const std::string router_dtype = r.string("megatron_cfg.moe_router_dtype", "fp32");
+  if (router_dtype != "fp32" && router_dtype != "fp64")
+    r.fail("megatron_cfg.moe_router_dtype", "expected fp32 or fp64, got \"" + router_dtype + "\"");
+  cfg.moe.router_fp64 = router_dtype == "fp64";
+  const std::string balancing = r.string("megatron_cfg.moe_router_load_balancing_type", "none");
+  if (balancing == "none") cfg.moe.load_balancing = engine::MoeOptions::LoadBalancing::none;
+  else if (balancing == "aux_loss") cfg.moe.load_balancing = engine::MoeOptions::LoadBalancing::aux_loss;
+  else if (balancing == "seq_aux_loss") cfg.moe.load_balancing = engine::MoeOptions::LoadBalancing::seq_aux_loss;
+  else
+    r.fail("megatron_cfg.moe_router_load_balancing_type",
+           "expected none, aux_loss or seq_aux_loss, got \"" + balancing + "\"");
+  cfg.moe.aux_loss_coef = r.number("megatron_cfg.moe_aux_loss_coeff", 0.0);
+  cfg.moe.z_loss_coef = r.number("megatron_cfg.moe_z_loss_coeff", 0.0);
+  if (!(cfg.moe.aux_loss_coef >= 0)) r.fail("megatron_cfg.moe_aux_loss_coeff", "must be >= 0");
+  if (!(cfg.moe.z_loss_coef >= 0)) r.fail("megatron_cfg.moe_z_loss_coeff", "must be >= 0");
 
   // Megatron's optimizer: always present (NeMo-RL's defaults when keys are absent).
   const std::string o = "megatron_cfg.optimizer.";

@@ -381,6 +381,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"eval_only", eval_only},
                     {"updated", updated},
                     {"skipped_nonfinite", r.skipped}};
+    // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
+    for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();
     for (const auto& [name, value] : tramp.metrics) loss_metrics[name] = value;
     metrics["metrics"] = loss_metrics;

@@ -63,28 +63,34 @@ void ConfigReader::fail(std::string_view path, const std::string& what) const {
   throw Error(RLH_E_INVALID_ARGUMENT, full(path) + ": " + what);
 }
 
-const json* ConfigReader::find(std::string_view path) {
-  read_.emplace_back(path);
+// The node at a dotted path; list items are addressed by index ("scheduler.0.name").
+const json* ConfigReader::lookup(std::string_view path) const {
   const json* node = &root_;
   for (const std::string& part : split(path)) {
-    if (!node->is_object()) return nullptr;
-    auto it = node->find(part);
-    if (it == node->end()) return nullptr;
-    node = &*it;
+    if (node->is_object()) {
+      auto it = node->find(part);
+      if (it == node->end()) return nullptr;
+      node = &*it;
+    } else if (node->is_array() && !part.empty() && part.find_first_not_of("0123456789") == std::string::npos &&
+               std::stoull(part) < node->size()) {
+      node = &(*node)[std::stoull(part)];
+    } else {
+      return nullptr;
+    }
   }
-  return node->is_null() ? nullptr : node;
+  return node;
+}
+
+const json* ConfigReader::find(std::string_view path) {
+  read_.emplace_back(path);
+  const json* node = lookup(path);
+  return node == nullptr || node->is_null() ? nullptr : node;
 }
 
 bool ConfigReader::is_null(std::string_view path) {
   read_.emplace_back(path);
-  const json* node = &root_;
-  for (const std::string& part : split(path)) {
-    if (!node->is_object()) return false;
-    auto it = node->find(part);
-    if (it == node->end()) return false;
-    node = &*it;
-  }
-  return node->is_null();
+  const json* node = lookup(path);
+  return node != nullptr && node->is_null();
 }
 
 double ConfigReader::number(std::string_view path, double fallback) {
@@ -137,8 +143,9 @@ std::vector<std::string> ConfigReader::unread(std::string_view subtree) const {
   }
   collect_leaves(*node, std::string(subtree), leaves);
   for (const std::string& leaf : leaves) {
+    // Read when the leaf or a subtree holding it was read, or an item of a list leaf.
     const bool seen = std::any_of(read_.begin(), read_.end(),
-                                  [&](const std::string& r) { return under(leaf, r); });
+                                  [&](const std::string& r) { return under(leaf, r) || under(r, leaf); });
     if (!seen) out.push_back(full(leaf));
   }
   return out;

@@ -66,6 +66,9 @@ sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& di
 void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m);
 std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args);
 
+// The optimizer a trainable model gets (its frozen parameters follow the model's config).
+std::unique_ptr<Optimizer> make_optimizer(Model& m);
+
 // training_state.cpp
 void save_state(Model& m, const std::string& dir);
 void load_state(Model& m, const std::string& dir);

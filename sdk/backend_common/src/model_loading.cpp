@@ -109,6 +109,15 @@ void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m
   m.kernels = m.ops->name() + " (linked)";
 }
 
+std::unique_ptr<Optimizer> make_optimizer(Model& m) {
+  std::function<bool(const sdk::ParamDesc&)> frozen;
+  if (m.config.moe.freeze_router)  // the engine gives a frozen router no gradient; no decay either
+    frozen = [](const sdk::ParamDesc& p) {
+      return p.role == sdk::ParamRole::router || p.role == sdk::ParamRole::router_bias;
+    };
+  return std::make_unique<Optimizer>(*m.config.optimizer, m.config.schedule, *m.engine, *m.ops, frozen);
+}
+
 std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   auto m = std::make_unique<Model>();
   m->owner = &b;
@@ -135,7 +144,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   try {
     m->dir = sdk::resolve_model_path(path).string();
   } catch (const std::exception& e) {
-    throw Error(RLH_E_NOT_FOUND, std::string("model '") + path + "': " + e.what());
+    throw Error(RLH_E_NOT_FOUND, e.what());  // names the path and where it looked
   }
   const std::string config_text = read_file(m->dir + "/config.json");
   m->desc = describe_model(b.host, m->dir, config_text, args);
@@ -154,6 +163,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   select_kernels(b.host, *b.flavor, *m);
   engine::EngineOptions eo;
   eo.recompute = m->config.recompute;
+  eo.moe = m->config.moe;
   eo.allocator = &m->alloc;
   eo.ops = m->ops.get();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
@@ -165,8 +175,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   }
   m->engine->load_parameters(weights.tensors);
   weights.tensors.clear();
-  if (m->trainable)
-    m->optimizer = std::make_unique<Optimizer>(*m->config.optimizer, m->config.schedule, *m->engine, *m->ops);
+  if (m->trainable) m->optimizer = make_optimizer(*m);
 
   b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
               " (" + std::to_string(m->engine->num_elements()) + " parameters, " +

@@ -16,12 +16,13 @@ int64_t numel(const std::vector<int64_t>& shape) {
 }
 }  // namespace
 
-Optimizer::Optimizer(OptimizerConfig config, Schedule schedule, engine::Engine& engine, engine::Ops& ops)
+Optimizer::Optimizer(OptimizerConfig config, Schedule schedule, engine::Engine& engine, engine::Ops& ops,
+                     const std::function<bool(const sdk::ParamDesc&)>& frozen)
     : config_(config), schedule_(std::move(schedule)), engine_(engine), ops_(ops) {
   const auto& params = engine_.desc().params;
   state_offset_.assign(params.size(), -1);
   for (size_t i = 0; i < params.size(); ++i)
-    if (params[i].trainable) trainable_.push_back(i);
+    if (params[i].trainable && !(frozen && frozen(params[i]))) trainable_.push_back(i);
   // Storage order, so parameters adjacent in memory become one run (a few long kernel calls
   // instead of one per tensor) and their state is adjacent too.
   std::sort(trainable_.begin(), trainable_.end(),

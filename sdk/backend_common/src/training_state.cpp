@@ -135,7 +135,7 @@ void load_state(Model& m, const std::string& dir) {
   try {
     const sdk::st::File f = sdk::st::File::open((fs::path(dir) / kOptimizerFile).string());
     // A fresh optimizer (no moments yet) restarts from zeros, whatever this one holds.
-    m.optimizer = std::make_unique<Optimizer>(m.optimizer->config(), m.config.schedule, *m.engine, *m.ops);
+    m.optimizer = make_optimizer(m);
     if (!f.tensors().empty()) {
       m.optimizer->allocate_state();
       const auto want = m.optimizer->state();

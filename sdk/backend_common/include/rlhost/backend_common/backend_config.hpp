@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rlhost/engine/engine.hpp"  // engine::MoeOptions
+
 namespace rlh::backend {
 
 // ---------------------------------------------------------------------------------------------
@@ -48,6 +50,7 @@ class ConfigReader {
   std::vector<std::string> unread(std::string_view subtree) const;
 
  private:
+  const nlohmann::json* lookup(std::string_view path) const;
   const nlohmann::json& root_;
   std::string prefix_;
   std::vector<std::string> read_;  // relative paths read (leaves or subtrees)
@@ -146,6 +149,7 @@ struct BackendConfig {
   Schedule schedule;
   BatchingConfig batching;
   bool recompute = false;  // activation checkpointing
+  engine::MoeOptions moe;  // router precision/freezing and auxiliary losses of MoE layers
   std::string precision = "float32";
   std::vector<std::string> notes;  // one-line remarks logged once (ignored keys, precision)
 };

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -23,8 +24,10 @@ namespace rlh::backend {
 class Optimizer {
  public:
   // `engine` and `ops` must outlive the optimizer. Moments are allocated at the first step (or
-  // when a checkpoint brings them).
-  Optimizer(OptimizerConfig config, Schedule schedule, engine::Engine& engine, engine::Ops& ops);
+  // when a checkpoint brings them). Parameters the description marks untrainable, and those
+  // `frozen` names (a frozen MoE router), are never updated and have no state.
+  Optimizer(OptimizerConfig config, Schedule schedule, engine::Engine& engine, engine::Ops& ops,
+            const std::function<bool(const sdk::ParamDesc&)>& frozen = {});
 
   struct StepInfo {
     double lr = 0;

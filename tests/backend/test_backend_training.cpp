@@ -1,0 +1,553 @@
+// Training through the backend plugins' ABI tables (llama-tiny fixture): a step does not depend on
+// micro-batch size or packing, fields reach the loss callback sliced with their tokens, save_state
+// -> load_state continues bit for bit, the schedules and weight-decay rules of each backend, the
+// outputs, weights in HF naming, and every refusal as one line naming its cause.
+#include <filesystem>
+#include <numeric>
+
+#include "backend_harness.hpp"
+#include "rlhost/sdk/safetensors.hpp"
+
+namespace fs = std::filesystem;
+using namespace rlh;
+using namespace rlh::test;
+using json = nlohmann::json;
+
+namespace {
+
+const Host& host() {
+  static Host h({"model_llama", "kernels_cpu", "dtensor", "megatron"});
+  return h;
+}
+
+std::string llama_tiny() { return fixtures_root() + "/llama-tiny"; }
+constexpr int32_t kVocab = 512;
+
+// A scratch folder removed at the end of a test.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("rlh_backend_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Adam with a plain config, per backend.
+json adam_config(const std::string& backend, double lr) {
+  if (backend == "dtensor")
+    return {{"optimizer", {{"name", "torch.optim.AdamW"}, {"kwargs", {{"lr", lr}, {"weight_decay", 0.01}}}}}};
+  return {{"megatron_cfg", {{"optimizer", {{"lr", lr}, {"weight_decay", 0.01}}}}}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The batch of the invariance tests: ragged sequences with per-token and per-sequence fields
+// whose values say where they came from, so the callback can check the slicing exactly.
+
+const std::vector<int64_t> kLengths = {7, 12, 3, 9, 15, 5, 1, 10};
+
+std::unique_ptr<Batch> field_batch() {
+  auto b = random_batch(kLengths, kVocab, 11);
+  std::vector<double> tok_index(size_t(b->num_tokens()));
+  std::iota(tok_index.begin(), tok_index.end(), 0.0);
+  std::vector<float> weight;
+  for (int64_t t = 0; t < b->num_tokens(); ++t) weight.push_back(0.5f + float((t * 7) % 5) / 4.0f);
+  std::vector<int64_t> seq_index(size_t(b->num_seqs()));
+  std::iota(seq_index.begin(), seq_index.end(), 0);
+  std::vector<float> seq_scale;
+  for (int64_t s = 0; s < b->num_seqs(); ++s) seq_scale.push_back(1.0f + 0.25f * float(s % 3));
+  b->add("tok_index", tok_index, {RLH_DTYPE_FLOAT, 64, 1});
+  b->add_f32("weight", weight);
+  b->add("seq_index", seq_index, {RLH_DTYPE_INT, 64, 1});
+  b->add_f32("seq_scale", seq_scale);
+  return b;
+}
+
+template <class T>
+const T* field(const rlh_microbatch& mb, const char* name) {
+  for (size_t i = 0; i < mb.batch->num_fields; ++i)
+    if (std::strcmp(mb.batch->fields[i].name, name) == 0) return static_cast<const T*>(mb.batch->fields[i].tensor.data);
+  throw std::runtime_error(std::string("no field ") + name);
+}
+
+// Weighted NLL that also checks each field row belongs to its token / sequence.
+Backend::LossBody checked_loss(const Batch& whole, bool pairs = false) {
+  return [&whole, pairs](const rlh_microbatch& mb) {
+    const rlh_batch& b = *mb.batch;
+    const auto* tok_index = field<double>(mb, "tok_index");
+    const auto* weight = field<float>(mb, "weight");
+    const auto* seq_index = field<int64_t>(mb, "seq_index");
+    const auto* seq_scale = field<float>(mb, "seq_scale");
+    if (pairs) {
+      EXPECT_EQ(b.num_seqs % 2, 0);
+      for (int64_t j = 0; j + 1 < b.num_seqs; j += 2) {
+        EXPECT_EQ(seq_index[j] % 2, 0);
+        EXPECT_EQ(seq_index[j + 1], seq_index[j] + 1);
+      }
+    }
+    float* g = nullptr;
+    const float* lp = output(mb, "lp", &g);
+    double loss = 0;
+    for (int64_t j = 0; j < b.num_seqs; ++j) {
+      const int64_t s = seq_index[j];
+      EXPECT_EQ(b.seq_offsets[j + 1] - b.seq_offsets[j], whole.offsets()[size_t(s) + 1] - whole.offsets()[size_t(s)]);
+      EXPECT_EQ(seq_scale[j], 1.0f + 0.25f * float(s % 3));
+      for (int64_t t = b.seq_offsets[j]; t < b.seq_offsets[j + 1]; ++t) {
+        const int64_t src = int64_t(tok_index[t]);
+        EXPECT_EQ(src, whole.offsets()[size_t(s)] + (t - b.seq_offsets[j])) << "token field row";
+        EXPECT_EQ(b.token_ids[t], whole.ids()[size_t(src)]);
+        EXPECT_EQ(weight[t], 0.5f + float((src * 7) % 5) / 4.0f);
+        if (t == b.seq_offsets[j]) {
+          EXPECT_EQ(lp[t], 0.0f) << "position 0 of a sequence";
+          continue;
+        }
+        const double c = double(weight[t]) * double(seq_scale[j]) / double(mb.global_num_tokens);
+        loss -= c * lp[t];
+        g[t] = float(-c);
+      }
+    }
+    mb.metric(mb.metric_ctx, "tokens", double(b.num_tokens));
+    mb.metric(mb.metric_ctx, "micro_batches", 1.0);
+    return loss;
+  };
+}
+
+int64_t predicted(const Batch& b) { return b.num_tokens() - b.num_seqs(); }
+
+class PerBackend : public ::testing::TestWithParam<std::string> {};
+
+// Plain SGD (lr 1) with global-norm clipping: the update is the clipped gradient itself, so weight
+// differences are gradient differences (AdamW's first step, lr * g / (|g| + eps), would amplify
+// float rounding of gradients near zero into differences of lr), and the clip coefficient depends
+// on the norm over every micro-batch.
+json sgd_clip_config(const std::string& backend) {
+  if (backend == "dtensor")
+    return {{"optimizer", {{"name", "torch.optim.SGD"}, {"kwargs", {{"lr", 1.0}}}}}, {"max_grad_norm", 0.05}};
+  return {{"megatron_cfg",
+           {{"optimizer", {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0}, {"clip_grad", 0.05}}}}}};
+}
+
+TEST_P(PerBackend, StepDoesNotDependOnMicroBatchingOrPacking) {
+  const std::string name = GetParam();
+  auto batch = field_batch();
+  struct Variant {
+    std::string label;
+    Backend::TrainOptions opts;
+    json config;
+    int64_t micro_batches;
+  };
+  Backend::TrainOptions one, mb1, mb2, packed, pairs;
+  one.micro_batch_tokens = 100000;
+  mb1.micro_batch_seqs = 1;
+  mb2.micro_batch_seqs = 2;
+  // First-fit-decreasing bins of <= 20 tokens over lengths {7,12,3,9,15,5,1,10}:
+  // {15,5} {12,7,1} {10,9} {3}.
+  packed.micro_batch_tokens = 20;
+  pairs = mb1;
+  pairs.constraints = RLH_BATCH_KEEP_PAIRS;
+  const json base = sgd_clip_config(name);
+  json cfg_packing = base;  // bins of <= 24: {15,9} {12,10,1} {7,5,3}
+  cfg_packing["sequence_packing"] = {{"enabled", true}, {"train_mb_tokens", 24}, {"logprob_mb_tokens", 24}};
+  json cfg_mbs = base;
+  cfg_mbs["train_micro_batch_size"] = 3;
+  const std::vector<Variant> variants = {
+      {"one micro-batch", one, base, 1},
+      {"micro_batch_seqs 1", mb1, base, 8},
+      {"micro_batch_seqs 2", mb2, base, 4},
+      {"micro_batch_tokens 20 (packed)", packed, base, 4},
+      {"keep pairs", pairs, base, 4},
+      {"config sequence_packing 24", Backend::TrainOptions{}, cfg_packing, 3},
+      {"config train_micro_batch_size 3", Backend::TrainOptions{}, cfg_mbs, 3},
+  };
+  double base_loss = 0, base_norm = 0;
+  std::map<std::string, std::vector<float>> w0, base_w;
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.label);
+    Backend be(host(), name.c_str(), v.config);
+    rlh_model* m = be.load(llama_tiny(), true);
+    if (w0.empty()) w0 = be.weights(m);
+    const auto r = be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch, v.label == "keep pairs"), v.opts);
+    EXPECT_EQ(r.r.num_micro_batches, v.micro_batches);
+    EXPECT_EQ(r.metrics["metrics"]["tokens"].get<double>(), double(batch->num_tokens()));
+    EXPECT_EQ(r.metrics["metrics"]["micro_batches"].get<double>(), double(r.r.num_micro_batches));
+    EXPECT_LT(r.metrics["clip_coef"].get<double>(), 1.0) << "clipping is active";
+    const auto w = be.weights(m);
+    if (base_w.empty()) {
+      base_loss = r.r.loss;
+      base_norm = r.r.grad_norm;
+      base_w = w;
+      EXPECT_FALSE(w == w0) << "the step moved the weights";
+      continue;
+    }
+    EXPECT_NEAR(r.r.loss, base_loss, 1e-6 * std::fabs(base_loss));
+    EXPECT_NEAR(r.r.grad_norm, base_norm, 1e-6 * base_norm);
+    double worst = 0, moved = 0;
+    for (const auto& [n, values] : w)
+      for (size_t i = 0; i < values.size(); ++i) {
+        worst = std::max(worst, double(std::fabs(values[i] - base_w[n][i])));
+        moved = std::max(moved, double(std::fabs(base_w[n][i] - w0[n][i])));
+      }
+    // float32 weights near 0.2 are stored to ~1.5e-8: the bound allows that rounding, not a
+    // changed update (a lost or doubled micro-batch moves weights by a sizeable share of `moved`).
+    EXPECT_LE(worst, 1e-4 * moved) << "largest weight difference after the step (largest update " << moved << ")";
+  }
+}
+
+TEST_P(PerBackend, SaveLoadStateContinuesBitwise) {
+  const std::string name = GetParam();
+  // A schedule that depends on the step, and an optimizer with state, per backend.
+  json cfg;
+  if (name == "dtensor") {
+    cfg = adam_config(name, 1e-2);
+    cfg["scheduler"] = json::array({{{"name", "torch.optim.lr_scheduler.LinearLR"},
+                                     {"kwargs", {{"start_factor", 0.1}, {"end_factor", 1.0}, {"total_iters", 5}}}}});
+  } else {
+    cfg = {{"megatron_cfg",
+            {{"optimizer", {{"optimizer", "sgd"}, {"lr", 0.05}, {"sgd_momentum", 0.9}, {"weight_decay", 0.02}}},
+             {"scheduler", {{"lr_warmup_iters", 2}, {"lr_warmup_init", 0.0}, {"lr_decay_style", "cosine"},
+                            {"lr_decay_iters", 6}}}}}};
+  }
+  auto batch = field_batch();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 3;
+  TempDir tmp("state_" + name);
+  std::vector<double> losses_a, lrs_a;
+  std::map<std::string, std::vector<float>> w_a, w_saved;
+  {
+    Backend be(host(), name.c_str(), cfg);
+    rlh_model* m = be.load(llama_tiny(), true);
+    for (int s = 0; s < 2; ++s) be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o);
+    w_saved = be.weights(m);
+    sdk::check(be.api()->save_state(be.raw(), m, tmp.path.c_str()));
+    for (int s = 0; s < 3; ++s) {
+      const auto r = be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o);
+      losses_a.push_back(r.r.loss);
+      lrs_a.push_back(r.metrics["lr"].get<double>());
+    }
+    int64_t v = 0;
+    w_a = be.weights(m, &v);
+    EXPECT_EQ(v, 5);
+  }
+  EXPECT_TRUE(fs::exists(tmp.path / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(tmp.path / "config.json"));
+  EXPECT_TRUE(fs::exists(tmp.path / "optimizer.safetensors"));
+  {
+    Backend be(host(), name.c_str(), cfg);
+    rlh_model* m = be.load(llama_tiny(), true);
+    be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o);  // state to be replaced
+    sdk::check(be.api()->load_state(be.raw(), m, tmp.path.c_str()));
+    int64_t v = 0;
+    EXPECT_TRUE(be.weights(m, &v) == w_saved);
+    EXPECT_EQ(v, 2);
+    for (int s = 0; s < 3; ++s) {
+      const auto r = be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o);
+      EXPECT_EQ(r.r.loss, losses_a[size_t(s)]) << "step " << s + 2;
+      EXPECT_EQ(r.metrics["lr"].get<double>(), lrs_a[size_t(s)]) << "step " << s + 2;
+    }
+    EXPECT_TRUE(be.weights(m) == w_a) << "weights after the restored run differ";
+    // The saved folder is an HF checkpoint too: a frozen model loads it as its weights.
+    rlh_model* frozen = be.load(tmp.path.string(), false, "reference");
+    EXPECT_TRUE(be.weights(frozen) == w_saved);
+  }
+}
+
+TEST_P(PerBackend, RecomputeGivesTheSameStep) {
+  const std::string name = GetParam();
+  auto batch = field_batch();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 4;
+  std::vector<std::map<std::string, std::vector<float>>> w;
+  std::vector<double> loss;
+  for (bool recompute : {false, true}) {
+    json cfg = adam_config(name, 1e-2);
+    cfg[name == "dtensor" ? "dtensor_cfg" : "megatron_cfg"]["activation_checkpointing"] = recompute;
+    Backend be(host(), name.c_str(), cfg);
+    rlh_model* m = be.load(llama_tiny(), true);
+    loss.push_back(be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o).r.loss);
+    w.push_back(be.weights(m));
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  EXPECT_TRUE(w[0] == w[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PerBackend, ::testing::Values("dtensor", "megatron"));
+
+// ---------------------------------------------------------------------------------------------
+// What differs between the backends today: optimizer/schedule keys and weight-decay rules.
+
+// A loss with zero gradients: an update is then weight decay alone (AdamW's moment term is 0).
+Backend::LossBody zero_loss() {
+  return [](const rlh_microbatch&) { return 0.0; };
+}
+
+TEST(BackendConfig, TorchSchedulerListThroughDtensor) {
+  json cfg = adam_config("dtensor", 1e-3);
+  cfg["scheduler"] = json::array({{{"name", "torch.optim.lr_scheduler.LinearLR"},
+                                   {"kwargs", {{"start_factor", 0.1}, {"end_factor", 1.0}, {"total_iters", 3}}}},
+                                  {{"name", "torch.optim.lr_scheduler.CosineAnnealingLR"},
+                                   {"kwargs", {{"T_max", 4}, {"eta_min", 1e-4}}}},
+                                  {{"milestones", {3}}}});
+  Backend be(host(), "dtensor", cfg);
+  rlh_model* m = be.load(llama_tiny(), true);
+  auto batch = random_batch({6, 4}, kVocab, 3);
+  const double want[] = {1e-4, 4e-4, 7e-4, 1e-3, 1e-4 + 0.9e-3 * (1 + std::cos(M_PI / 4)) / 2, 1e-4 + 0.9e-3 * 0.5};
+  for (int s = 0; s < 6; ++s) {
+    const auto r = be.train(m, *batch, 8, 2, zero_loss(), {});
+    EXPECT_NEAR(r.metrics["lr"].get<double>(), want[s], 1e-15) << "step " << s;
+    EXPECT_EQ(r.metrics["step"].get<int64_t>(), s + 1);
+  }
+  Backend::TrainOptions o;
+  o.learning_rate = 0.25;  // the algorithm's own schedule wins
+  EXPECT_EQ(be.train(m, *batch, 8, 2, zero_loss(), o).metrics["lr"].get<double>(), 0.25);
+}
+
+TEST(BackendConfig, MegatronWarmupAndDecayThroughMegatron) {
+  json cfg = {{"megatron_cfg",
+               {{"optimizer", {{"lr", 1e-3}, {"min_lr", 1e-5}, {"weight_decay", 0.1}}},
+                {"scheduler", {{"lr_warmup_iters", 2}, {"lr_warmup_init", 1e-4}, {"lr_decay_style", "linear"},
+                               {"lr_decay_iters", 6}, {"start_weight_decay", 0.0}, {"end_weight_decay", 0.1},
+                               {"weight_decay_incr_style", "linear"}}}}}};
+  Backend be(host(), "megatron", cfg);
+  rlh_model* m = be.load(llama_tiny(), true);
+  auto batch = random_batch({6, 4}, kVocab, 3);
+  // Warmup 1e-4 -> 1e-3 over steps 0..2, linear decay to 1e-5 at step 6, then min_lr.
+  const double lr[] = {1e-4, 5.5e-4, 1e-3, 1e-3 - 0.99e-3 / 4, 1e-3 - 0.99e-3 / 2, 1e-3 - 0.99e-3 * 3 / 4, 1e-5, 1e-5};
+  for (int s = 0; s < 8; ++s) {
+    const auto r = be.train(m, *batch, 8, 2, zero_loss(), {});
+    EXPECT_NEAR(r.metrics["lr"].get<double>(), lr[s], 1e-15) << "step " << s;
+    EXPECT_NEAR(r.metrics["weight_decay"].get<double>(), std::min(1.0, s / 6.0) * 0.1, 1e-15) << "step " << s;
+  }
+}
+
+TEST(BackendConfig, MegatronLeavesNormsAndBiasesOutOfWeightDecay) {
+  const double lr = 0.1, wd = 0.5;
+  std::map<std::string, std::map<std::string, std::vector<float>>> before, after;
+  for (const char* name : {"dtensor", "megatron"}) {
+    json cfg = name == std::string("dtensor")
+                   ? json{{"optimizer", {{"name", "torch.optim.AdamW"}, {"kwargs", {{"lr", lr}, {"weight_decay", wd}}}}}}
+                   : json{{"megatron_cfg", {{"optimizer", {{"lr", lr}, {"weight_decay", wd}}}}}};
+    Backend be(host(), name, cfg);
+    rlh_model* m = be.load(llama_tiny(), true);
+    auto batch = random_batch({5}, kVocab, 4);
+    before[name] = be.weights(m);
+    be.train(m, *batch, 4, 1, zero_loss(), {});
+    after[name] = be.weights(m);
+  }
+  for (const char* name : {"dtensor", "megatron"}) {
+    for (const auto& [w, values] : before[name]) {
+      const bool one_d = w.find("norm") != std::string::npos;
+      const bool decays = !one_d || std::string(name) == "dtensor";
+      const std::vector<float>& got = after[name][w];
+      for (size_t i = 0; i < values.size(); i += 97) {
+        const float want = decays ? float(double(values[i]) * (1 - lr * wd)) : values[i];
+        EXPECT_NEAR(got[i], want, 1e-6 * std::fabs(want)) << name << " " << w;
+      }
+    }
+  }
+}
+
+// megatron_cfg's MoE keys reach the engine: a frozen router neither learns nor decays while the
+// experts do, and the load-balancing loss is reported with the step's metrics.
+TEST(BackendConfig, MegatronMoeRouterKeys) {
+  const std::string mixtral = fixtures_root() + "/mixtral-tiny";
+  auto batch = random_batch({9, 14, 6}, 256, 13);
+  for (bool freeze : {false, true}) {
+    SCOPED_TRACE(freeze ? "frozen router" : "trained router");
+    json cfg = {{"megatron_cfg",
+                 {{"optimizer", {{"optimizer", "sgd"}, {"lr", 0.1}, {"sgd_momentum", 0.0}, {"weight_decay", 0.1}}},
+                  {"freeze_moe_router", freeze},
+                  {"moe_router_dtype", "fp64"},
+                  {"moe_router_load_balancing_type", "aux_loss"},
+                  {"moe_aux_loss_coeff", 0.01}}}};
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(mixtral, true);
+    const auto before = be.weights(m);
+    const auto r = be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), {});
+    ASSERT_TRUE(r.metrics.contains("moe/aux_loss")) << r.metrics.dump();
+    EXPECT_GT(r.metrics["moe/aux_loss"].get<double>(), 0.0);
+    EXPECT_TRUE(r.metrics.contains("moe/max_expert_load"));
+    const auto after = be.weights(m);
+    int routers = 0;
+    for (const auto& [name, w] : before) {
+      const bool router = name.find("block_sparse_moe.gate.weight") != std::string::npos;
+      routers += router ? 1 : 0;
+      if (router && freeze) EXPECT_TRUE(after.at(name) == w) << name << " moved although frozen";
+      else EXPECT_FALSE(after.at(name) == w) << name << " did not move";
+    }
+    EXPECT_GT(routers, 0);
+  }
+}
+
+TEST(BackendConfig, PerModelOverridesPatchTheSection) {
+  Backend be(host(), "dtensor", adam_config("dtensor", 1e-3));
+  rlh_model* a = be.load(llama_tiny(), true, "policy");
+  rlh_model* b = be.load(llama_tiny(), true, "critic", R"({"optimizer": {"kwargs": {"lr": 0.5}}})");
+  auto batch = random_batch({5}, kVocab, 4);
+  EXPECT_EQ(be.train(a, *batch, 4, 1, zero_loss(), {}).metrics["lr"].get<double>(), 1e-3);
+  EXPECT_EQ(be.train(b, *batch, 4, 1, zero_loss(), {}).metrics["lr"].get<double>(), 0.5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outputs and weights
+
+TEST(BackendOutputs, KindsAlignmentAndMicroBatching) {
+  Backend be(host(), "megatron");
+  rlh_model* m = be.load(llama_tiny(), false);
+  auto batch = random_batch({9, 4, 13, 2}, kVocab, 5);
+  // logprob_at_ids: column 0 = the token itself (so it equals the logprob), column 1 = id 7.
+  std::vector<int32_t> at_ids;
+  for (int32_t id : batch->ids()) {
+    at_ids.push_back(id);
+    at_ids.push_back(7);
+  }
+  batch->add("ids", at_ids, {RLH_DTYPE_INT, 32, 1}, 2);
+  const std::vector<rlh_output_spec> specs = {spec(RLH_OUTPUT_LOGPROB_RAW, "raw", 0.7),
+                                              spec(RLH_OUTPUT_LOGPROB, "processed", 0.7, 20, 0.9),
+                                              spec(RLH_OUTPUT_ENTROPY, "entropy", 0.7),
+                                              spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at_ids", 0.7, 0, 1.0, "ids")};
+  std::vector<std::vector<float>> out, out_small;
+  sdk::check(be.try_forward(m, *batch, specs, out, 0, {1, 1, 1, 2}));
+  sdk::check(be.try_forward(m, *batch, specs, out_small, 5, {1, 1, 1, 2}));
+  for (int64_t s = 0; s < batch->num_seqs(); ++s)
+    for (int64_t t = batch->offsets()[size_t(s)]; t < batch->offsets()[size_t(s) + 1]; ++t) {
+      const bool first = t == batch->offsets()[size_t(s)];
+      for (size_t k = 0; k < 3; ++k)
+        if (first) EXPECT_EQ(out[k][size_t(t)], 0.0f) << "output " << k << " at a sequence start";
+      if (first) continue;
+      EXPECT_LT(out[0][size_t(t)], 0.0f);
+      EXPECT_GT(out[2][size_t(t)], 0.0f);
+      // Filtering renormalises over the kept tokens (upward), or drops the token (-inf).
+      if (std::isfinite(out[1][size_t(t)])) EXPECT_GE(out[1][size_t(t)], out[0][size_t(t)]);
+      else EXPECT_EQ(out[1][size_t(t)], -INFINITY);
+      EXPECT_NEAR(out[3][size_t(2 * t)], out[0][size_t(t)], 1e-6);
+      EXPECT_LT(out[3][size_t(2 * t + 1)], 0.0f);
+      for (size_t k = 0; k < 3; ++k) {
+        if (!std::isfinite(out[k][size_t(t)])) EXPECT_EQ(out[k][size_t(t)], out_small[k][size_t(t)]);
+        else EXPECT_NEAR(out[k][size_t(t)], out_small[k][size_t(t)], 1e-5 * (1 + std::fabs(out[k][size_t(t)])));
+      }
+    }
+  // A temperature changes the logprobs; an unfiltered LOGPROB is the raw one.
+  const std::vector<float> t1 = be.logprobs(m, *batch, 1.0), t07 = be.logprobs(m, *batch, 0.7);
+  EXPECT_NE(t1, t07);
+  EXPECT_EQ(t07, out[0]);
+  std::vector<std::vector<float>> unfiltered;
+  sdk::check(be.try_forward(m, *batch, {spec(RLH_OUTPUT_LOGPROB, "lp", 0.7)}, unfiltered));
+  EXPECT_EQ(unfiltered[0], out[0]);
+}
+
+TEST(BackendOutputs, WeightsInHfNamingEqualTheCheckpoint) {
+  Backend be(host(), "dtensor");
+  rlh_model* m = be.load(llama_tiny(), false);
+  int64_t version = -1;
+  const auto w = be.weights(m, &version);
+  EXPECT_EQ(version, 0);
+  const auto ckpt = sdk::st::File::open(llama_tiny() + "/model.safetensors");
+  ASSERT_EQ(w.size(), ckpt.tensors().size());
+  for (const auto& t : ckpt.tensors()) {
+    ASSERT_TRUE(w.count(t.name)) << t.name;
+    EXPECT_TRUE(w.at(t.name) == ckpt.read_f32(t.name)) << t.name;
+  }
+}
+
+TEST(BackendOutputs, SecondSpecOfTheSameOutputGetsItsOwnGradient) {
+  // LOGPROB without filtering and LOGPROB_RAW read the same engine output; their gradients add.
+  auto batch = random_batch({8, 6}, kVocab, 9);
+  std::vector<std::map<std::string, std::vector<float>>> w;
+  for (int variant = 0; variant < 2; ++variant) {
+    Backend be(host(), "dtensor", adam_config("dtensor", 1e-2));
+    rlh_model* m = be.load(llama_tiny(), true);
+    Backend::TrainOptions o;
+    if (variant == 0) o.specs = {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")};
+    else o.specs = {spec(RLH_OUTPUT_LOGPROB, "a"), spec(RLH_OUTPUT_LOGPROB_RAW, "b")};
+    auto loss = [variant](const rlh_microbatch& mb) {
+      double l = 0;
+      for (size_t k = 0; k < mb.num_outputs; ++k) {
+        const float* lp = static_cast<const float*>(mb.outputs[k].tensor.data);
+        float* g = static_cast<float*>(mb.grads[k].data);
+        const double c = variant == 0 ? 1.0 : (k == 0 ? 0.25 : 0.75);  // 0.25 + 0.75 = 1
+        for (int64_t t = 0; t < mb.batch->num_tokens; ++t) {
+          l -= c * lp[t] / 12.0;
+          g[t] = float(-c / 12.0);
+        }
+      }
+      return l;
+    };
+    be.train(m, *batch, 12, 2, loss, o);
+    w.push_back(be.weights(m));
+  }
+  double worst = 0;
+  for (const auto& [n, v] : w[0])
+    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, double(std::fabs(v[i] - w[1][n][i])));
+  EXPECT_LE(worst, 1e-7);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals: one line naming the cause.
+
+TEST(BackendErrors, ConfigKeys) {
+  auto create = [](const char* name, const json& cfg) {
+    rlh_backend* b = nullptr;
+    const std::string text = cfg.dump();
+    rlh_status* s = host().backend(name)->create(host().services(), text.data(), text.size(), &b);
+    if (b != nullptr) host().backend(name)->destroy(b);
+    return s;
+  };
+  expect_error(create("dtensor", {{"max_grad_norm", "big"}}), RLH_E_INVALID_ARGUMENT, "policy.max_grad_norm");
+  expect_error(create("dtensor", {{"dtensor_cfg", {{"tensor_parallel_size", 2}}}}), RLH_E_UNIMPLEMENTED,
+               "policy.dtensor_cfg.tensor_parallel_size = 2");
+  expect_error(create("dtensor", {{"optimizer", {{"name", "torch.optim.Adagrad"}}}}), RLH_E_UNIMPLEMENTED,
+               "torch.optim.Adagrad");
+  expect_error(create("dtensor", {{"dtensor_cfg", {{"enabled", false}}}}), RLH_E_INVALID_ARGUMENT,
+               "policy.dtensor_cfg.enabled is false");
+  expect_error(create("dtensor", {{"scheduler", {{"name", "torch.optim.lr_scheduler.OneCycleLR"}}}}),
+               RLH_E_INVALID_ARGUMENT, "OneCycleLR");
+  expect_error(create("dtensor", {{"sequence_packing", {{"enabled", true}}}}), RLH_E_INVALID_ARGUMENT,
+               "policy.sequence_packing.train_mb_tokens");
+  expect_error(create("megatron", {{"megatron_cfg", {{"pipeline_model_parallel_size", 4}}}}), RLH_E_UNIMPLEMENTED,
+               "policy.megatron_cfg.pipeline_model_parallel_size = 4");
+  expect_error(create("megatron", {{"megatron_cfg", {{"optimizer", {{"optimizer", "lion"}}}}}}), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.optimizer.optimizer");
+  expect_error(create("megatron", {{"megatron_cfg", {{"scheduler", {{"lr_decay_style", "cosine"}}}}}}),
+               RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.scheduler.lr_decay_iters");
+  expect_error(create("megatron", {{"sequence_packing", {{"enabled", true}, {"train_mb_tokens", 8}, {"logprob_mb_tokens", 8}}},
+                                   {"dynamic_batching", {{"enabled", true}}}}),
+               RLH_E_INVALID_ARGUMENT, "both true");
+}
+
+TEST(BackendErrors, ModelsBatchesAndCallbacks) {
+  Backend be(host(), "dtensor", {{"optimizer", nullptr}});
+  rlh_model* m = nullptr;
+  expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_FAILED_PRECONDITION, "policy.optimizer is null");
+  expect_error(be.try_load("/nonexistent/model/dir", false, &m), RLH_E_NOT_FOUND, "/nonexistent/model/dir");
+  TempDir gpt2("gpt2");
+  std::ofstream(gpt2.path / "config.json") << R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 8})";
+  expect_error(be.try_load(gpt2.path.string(), false, &m), RLH_E_UNIMPLEMENTED, "'GPT2LMHeadModel'");
+
+  m = be.load(llama_tiny(), false);
+  Batch bad({5, 600, 7}, {0, 3});
+  std::vector<std::vector<float>> out;
+  expect_error(be.try_forward(m, bad, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), RLH_E_OUT_OF_RANGE,
+               "token id 600 at position 1 of sequence 0");
+  auto batch = random_batch({4, 3}, kVocab, 2);
+  expect_error(be.try_forward(m, *batch, {spec(RLH_OUTPUT_VALUE, "v")}, out), RLH_E_UNIMPLEMENTED, "RLH_OUTPUT_VALUE");
+  expect_error(be.try_forward(m, *batch, {spec(RLH_OUTPUT_LOGPROB_RAW, "a", 1.0), spec(RLH_OUTPUT_ENTROPY, "b", 2.0)}, out),
+               RLH_E_UNIMPLEMENTED, "share a temperature");
+  Batch odd({1, 2, 3}, {0, 1, 2, 3});
+  odd.add_f32("f", {1, 2});
+  expect_error(be.try_forward(m, odd, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), RLH_E_INVALID_ARGUMENT,
+               "batch field 'f': leading dimension 2");
+  Backend::TrainResult r;
+  expect_error(be.try_train(m, *batch, 5, 2, nll_loss(), {}, r), RLH_E_FAILED_PRECONDITION, "without RLH_MODEL_TRAINABLE");
+  Backend::TrainOptions eval;
+  eval.eval_only = true;
+  auto failing = [](const rlh_microbatch&) -> double { throw std::runtime_error("advantages are missing"); };
+  expect_error(be.try_train(m, *batch, 5, 2, failing, eval, r), RLH_E_INVALID_ARGUMENT,
+               "loss callback (micro-batch 0): advantages are missing");
+  // The instance stays usable after a failed step.
+  EXPECT_EQ(be.try_train(m, *batch, 5, 2, nll_loss(), eval, r), nullptr);
+  TempDir empty("empty");
+  expect_error(be.api()->load_state(be.raw(), m, empty.path.c_str()), RLH_E_NOT_FOUND, "rlhost_state.json");
+}
+
+}  // namespace
