@@ -54,6 +54,7 @@ RLH_KCPU_INLINE float exp_f(float x) {
   const float hi = 88.7228f, lo = -87.3365f;
   float xc = x > hi ? hi : x;
   xc = xc < lo ? lo : xc;
+  xc = xc != xc ? 0.0f : xc;  // NaN: its int conversion below would be undefined (UBSan)
   // n = round(x / ln2) by the 1.5*2^23 trick (vectorizes without SSE4.1 rounding).
   const float magic = 12582912.0f;
   float n = (xc * 1.44269504088896341f + magic) - magic;
