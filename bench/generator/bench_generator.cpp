@@ -2,7 +2,9 @@
 // comparison with PyTorch's KV-cached greedy decoding of the same shapes (bench_torch_decode.py;
 // run.sh runs both). Greedy, no stop: every sample makes exactly --new tokens after a --prompt
 // token prompt, and the figure is batch * new / time of the whole generate() call (prefill
-// included, as in the peer), median over --repeats calls.
+// included, as in the peer), median over --repeats calls. Also the process CPU time of the
+// calls: on a machine shared with other work, tokens per CPU-second (times the thread count) is
+// the figure the load does not distort, as long as idle threads sleep (OMP_WAIT_POLICY=passive).
 //
 //   bench_generator --shape tiny|small [--batch B] [--new N] [--prompt P] [--repeats R]
 //                   [--threads T] [--temperature T]
@@ -10,6 +12,7 @@
 //   tiny:  vocab 4096,  d 256, 4 layers,  8/4 heads of 32, ffn 768
 //   small: vocab 32000, d 768, 12 layers, 12/4 heads of 64, ffn 2048
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -97,29 +100,41 @@ int main(int argc, char** argv) {
   r.sampling.temperature = temperature;
   r.max_new_tokens = N;
   int64_t produced = 0;
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
+  std::vector<double> cpu;
   auto once = [&] {
     produced = 0;
+    const double c0 = cpu_now();
     const auto t0 = Clock::now();
     const gen::Stats st = g.generate(r, [&](const gen::Sample& smp) { produced += int64_t(smp.ids.size()); });
     (void)st;
-    return std::chrono::duration<double>(Clock::now() - t0).count();
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    cpu.push_back(cpu_now() - c0);
+    return wall;
   };
   r.max_new_tokens = 4;
   once();  // warm-up: pages, thread pool
+  cpu.clear();
   r.max_new_tokens = N;
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) times.push_back(once());
   std::sort(times.begin(), times.end());
-  const double t = times[times.size() / 2];
+  std::sort(cpu.begin(), cpu.end());
+  const double t = times[times.size() / 2], c = cpu[cpu.size() / 2];
   if (produced != B * N) {
     std::fprintf(stderr, "expected %lld tokens, got %lld\n", (long long)(B * N), (long long)produced);
     return 1;
   }
-  const double tok_s = double(B * N) / t;
+  const double tok_s = double(B * N) / t, cpu_tok_s = double(B * N) / c * threads;
   std::printf("rlhost native generator, %d threads, %s: shape %s batch %lld: %lld new tokens after a %lld-token prompt "
-              "in %.3f s (median of %d; min %.3f), %.1f tok/s\n",
+              "in %.3f s (median of %d; min %.3f), %.1f tok/s; %.3f CPU-s, %.1f tok per CPU-s x %d threads\n",
               threads, kcpu::cpu_features_string().c_str(), s->name, (long long)B, (long long)N, (long long)P, t,
-              repeats, times.front(), tok_s);
-  std::printf("RESULT impl=rlhost shape=%s batch=%lld tok_s=%.2f\n", s->name, (long long)B, tok_s);
+              repeats, times.front(), tok_s, c, cpu_tok_s, threads);
+  std::printf("RESULT impl=rlhost shape=%s batch=%lld tok_s=%.2f cpu_tok_s=%.2f\n", s->name, (long long)B, tok_s,
+              cpu_tok_s);
   return 0;
 }

@@ -121,18 +121,21 @@ def main():
     V, C, L, Hq, Hkv, D, Fw = SHAPES[a.shape]
     model = Model(V, C, L, Hq, Hkv, D, Fw).eval()
     prompts = (torch.arange(a.batch * a.prompt) * 7919 + 13).remainder(V).view(a.batch, a.prompt)
-    times = []
+    times, cpu = [], []
     with torch.no_grad():
         model.generate(prompts, 4)  # warm-up
         for _ in range(a.repeats):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             model.generate(prompts, a.new)
             times.append(time.perf_counter() - t0)
-    t = statistics.median(times)
+            cpu.append(time.process_time() - c0)
+    t, c = statistics.median(times), statistics.median(cpu)
     tok_s = a.batch * a.new / t
+    cpu_tok_s = a.batch * a.new / c * a.threads
     print(f"torch {torch.__version__} threads {torch.get_num_threads()}: shape {a.shape} batch {a.batch}: "
-          f"{a.new} new tokens after a {a.prompt}-token prompt in {t:.3f} s (median of {a.repeats}), {tok_s:.1f} tok/s")
-    print(f"RESULT impl=torch shape={a.shape} batch={a.batch} tok_s={tok_s:.2f}")
+          f"{a.new} new tokens after a {a.prompt}-token prompt in {t:.3f} s (median of {a.repeats}), {tok_s:.1f} tok/s; "
+          f"{c:.3f} CPU-s, {cpu_tok_s:.1f} tok per CPU-s x {a.threads} threads")
+    print(f"RESULT impl=torch shape={a.shape} batch={a.batch} tok_s={tok_s:.2f} cpu_tok_s={cpu_tok_s:.2f}")
 
 
 if __name__ == "__main__":

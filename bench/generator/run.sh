@@ -27,27 +27,31 @@ fi
 coretype=Haswell
 grep -q avx512f /proc/cpuinfo && coretype=SkylakeX
 
-declare -A R
+declare -A R C
 for shape in tiny small; do
   for batch in 1 16; do
     out=$(OMP_NUM_THREADS=$threads "$build/bench/generator/bench_generator" --shape $shape --batch $batch \
           --new "$new" --prompt "$prompt" --repeats "$repeats" --threads "$threads")
     echo "$out" | grep -v '^RESULT'
-    R[rlhost.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*tok_s=([0-9.]+).*/\1/p')
+    R[rlhost.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .* tok_s=([0-9.]+).*/\1/p')
+    C[rlhost.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*cpu_tok_s=([0-9.]+).*/\1/p')
     out=$(OPENBLAS_CORETYPE=$coretype OMP_NUM_THREADS=$threads /usr/bin/python3 "$root/bench/generator/bench_torch_decode.py" \
           --shape $shape --batch $batch --new "$new" --prompt "$prompt" --repeats "$repeats" --threads "$threads" 2>&1)
     echo "$out" | grep -v '^RESULT'
-    R[torch.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*tok_s=([0-9.]+).*/\1/p')
+    R[torch.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .* tok_s=([0-9.]+).*/\1/p')
+    C[torch.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*cpu_tok_s=([0-9.]+).*/\1/p')
   done
 done
 
 echo
 echo "== decode tokens/s, greedy, $prompt-token prompts, $new new tokens, $threads threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY (load: $(cut -d' ' -f1-3 /proc/loadavg)) =="
-printf "%-6s %6s %14s %14s %8s\n" shape batch rlhost torch ratio
+printf "%-6s %6s %14s %14s %8s   %s\n" shape batch rlhost torch ratio "per CPU-second x threads: rlhost torch ratio"
 for shape in tiny small; do
   for batch in 1 16; do
     awk -v s=$shape -v b=$batch -v r="${R[rlhost.$shape.$batch]}" -v t="${R[torch.$shape.$batch]}" \
-      'BEGIN { printf "%-6s %6d %10.1f t/s %10.1f t/s %7.2fx\n", s, b, r, t, r / t }'
+        -v cr="${C[rlhost.$shape.$batch]}" -v ct="${C[torch.$shape.$batch]}" \
+      'BEGIN { printf "%-6s %6d %10.1f t/s %10.1f t/s %7.2fx   %10.1f %10.1f %7.2fx\n", s, b, r, t, r / t, cr, ct, cr / ct }'
   done
 done
+echo "(wall-clock tokens/s; then tokens per CPU-second times the thread count, which a busy machine does not distort)"
 echo "goal: >= 5x PyTorch (the issue's peer figures: tiny 142 / 539, small 6.7 / 69 tok/s at batch 1 / 16)"

@@ -42,20 +42,22 @@ RLH_GEN_INLINE float hsum16(v16 v) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// One register tile: RM input rows x RN weight rows over the whole K. `pf` (may be null): rows
-// of W (ldw apart) to prefetch into L1 meanwhile, one line per row and k step — the next tile's,
-// so its weights stream in from L3/DRAM while this one computes (each tile starts RN short
-// streams that the hardware prefetcher would pick up only after a few misses).
+// One register tile: RM input rows x RN weight rows over the whole K. `pf` (may be null): `npf`
+// rows of W (ldw apart) to prefetch meanwhile, one line per row and k step — rows of the next
+// weight tile, so its weights stream in from L3/DRAM while this one computes (each tile starts
+// RN short streams that the hardware prefetcher would pick up only after a few misses). The
+// caller spreads a tile's rows over the row tiles that reuse the current weights, so requests
+// go out at an even pace instead of overflowing the miss queues in one burst.
 template <int RM, int RN>
 RLH_GEN_INLINE void tile(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
-                         int64_t ldw, int64_t K, const float* pf = nullptr) {
+                         int64_t ldw, int64_t K, const float* pf = nullptr, int npf = RN) {
   v16 acc[RM][RN];
   for (int m = 0; m < RM; ++m)
     for (int n = 0; n < RN; ++n) acc[m][n] = v16{};
   const int64_t K16 = K / 16 * 16;
   for (int64_t k = 0; k < K16; k += 16) {
     if (pf)
-      for (int n = 0; n < RN; ++n) __builtin_prefetch(pf + n * ldw + k);
+      for (int n = 0; n < npf; ++n) __builtin_prefetch(pf + n * ldw + k);
     v16 xv[RM];
     for (int m = 0; m < RM; ++m) xv[m] = load16(x + m * ldx + k);
     for (int n = 0; n < RN; ++n) {
@@ -78,12 +80,12 @@ RLH_GEN_INLINE void tile(float* y, int64_t ldy, const float* x, int64_t ldx, con
 // Edge tiles by run-time shape (rm, rn <= 4).
 template <int RM>
 RLH_GEN_INLINE void tile_rn(int rn, float* y, int64_t ldy, const float* x, int64_t ldx,
-                            const float* W, int64_t ldw, int64_t K, const float* pf) {
+                            const float* W, int64_t ldw, int64_t K, const float* pf, int npf) {
   switch (rn) {
-    case 1: tile<RM, 1>(y, ldy, x, ldx, W, ldw, K, pf); break;
-    case 2: tile<RM, 2>(y, ldy, x, ldx, W, ldw, K, pf); break;
-    case 3: tile<RM, 3>(y, ldy, x, ldx, W, ldw, K, pf); break;
-    default: tile<RM, 4>(y, ldy, x, ldx, W, ldw, K, pf); break;
+    case 1: tile<RM, 1>(y, ldy, x, ldx, W, ldw, K, pf, npf); break;
+    case 2: tile<RM, 2>(y, ldy, x, ldx, W, ldw, K, pf, npf); break;
+    case 3: tile<RM, 3>(y, ldy, x, ldx, W, ldw, K, pf, npf); break;
+    default: tile<RM, 4>(y, ldy, x, ldx, W, ldw, K, pf, npf); break;
   }
 }
 
@@ -96,7 +98,7 @@ RLH_GEN_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t l
     for (; n + 8 <= N; n += 8)
       tile<1, 8>(y + n, ldy, x, ldx, W + n * ldw, ldw, K, n + 16 <= N ? W + (n + 8) * ldw : nullptr);
     for (; n < N; n += 4)
-      tile_rn<1>(int(std::min<int64_t>(4, N - n)), y + n, ldy, x, ldx, W + n * ldw, ldw, K, nullptr);
+      tile_rn<1>(int(std::min<int64_t>(4, N - n)), y + n, ldy, x, ldx, W + n * ldw, ldw, K, nullptr, 0);
     return;
   }
   // Blocks of input rows that stay in L2 while the weight rows of this call stream past.
@@ -106,17 +108,22 @@ RLH_GEN_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t l
     for (int64_t n = 0; n < N; n += 4) {
       const int rn = int(std::min<int64_t>(4, N - n));
       const float* Wn = W + n * ldw;
-      // The first row tile of each weight tile prefetches the next weight tile.
-      const float* pf = n + 8 <= N ? W + (n + 4) * ldw : nullptr;
-      for (int64_t m = m0; m < m1; m += 4) {
+      // The next weight tile's 4 rows are prefetched by the row tiles of this one, evenly:
+      // with `tiles` row tiles, tile j takes rows [j*ceil(4/T), ...) (the first m0 block only; later
+      // blocks find the weights in cache).
+      const bool prefetch = m0 == 0 && n + 8 <= N;
+      const int64_t tiles = (m1 - m0 + 3) / 4, per = (4 + tiles - 1) / tiles;
+      for (int64_t m = m0, j = 0; m < m1; m += 4, ++j) {
         float* yt = y + m * ldy + n;
         const float* xt = x + m * ldx;
-        const float* p = m == m0 ? pf : nullptr;
+        const int64_t r0 = std::min<int64_t>(4, j * per), r1 = std::min<int64_t>(4, r0 + per);
+        const float* p = prefetch && r1 > r0 ? W + (n + 4 + r0) * ldw : nullptr;
+        const int np = int(r1 - r0);
         switch (std::min<int64_t>(4, m1 - m)) {
-          case 1: tile_rn<1>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
-          case 2: tile_rn<2>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
-          case 3: tile_rn<3>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
-          default: tile_rn<4>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p); break;
+          case 1: tile_rn<1>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p, np); break;
+          case 2: tile_rn<2>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p, np); break;
+          case 3: tile_rn<3>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p, np); break;
+          default: tile_rn<4>(rn, yt, ldy, xt, ldx, Wn, ldw, K, p, np); break;
         }
       }
     }
