@@ -408,7 +408,8 @@ TEST(BackendOutputs, KindsAlignmentAndMicroBatching) {
                                               spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at_ids", 0.7, 0, 1.0, "ids")};
   std::vector<std::vector<float>> out, out_small;
   sdk::check(be.try_forward(m, *batch, specs, out, 0, {1, 1, 1, 2}));
-  sdk::check(be.try_forward(m, *batch, specs, out_small, 5, {1, 1, 1, 2}));
+  // Bins of <= 15 tokens, first-fit decreasing: {13, 2} {9, 4}: two sequences each, reordered.
+  sdk::check(be.try_forward(m, *batch, specs, out_small, 15, {1, 1, 1, 2}));
   for (int64_t s = 0; s < batch->num_seqs(); ++s)
     for (int64_t t = batch->offsets()[size_t(s)]; t < batch->offsets()[size_t(s) + 1]; ++t) {
       const bool first = t == batch->offsets()[size_t(s)];
