@@ -109,9 +109,8 @@ RLH_GEN_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t l
       const int rn = int(std::min<int64_t>(4, N - n));
       const float* Wn = W + n * ldw;
       // The next weight tile's 4 rows are prefetched by the row tiles of this one, evenly:
-      // with `tiles` row tiles, tile j takes rows [j*ceil(4/T), ...) (the first m0 block only; later
-      // blocks find the weights in cache).
-      const bool prefetch = m0 == 0 && n + 8 <= N;
+      // with `tiles` row tiles, tile j takes rows [j*ceil(4/tiles), ...).
+      const bool prefetch = n + 8 <= N;
       const int64_t tiles = (m1 - m0 + 3) / 4, per = (4 + tiles - 1) / tiles;
       for (int64_t m = m0, j = 0; m < m1; m += 4, ++j) {
         float* yt = y + m * ldy + n;
