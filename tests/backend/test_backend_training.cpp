@@ -437,6 +437,17 @@ TEST(BackendOutputs, KindsAlignmentAndMicroBatching) {
   EXPECT_EQ(unfiltered[0], out[0]);
 }
 
+// Without a KERNELS component the backend runs kernels_cpu linked into the plugin; through the
+// registry (the kernels_cpu plugin) the results are bitwise the same.
+TEST(BackendOutputs, LinkedKernelsWithoutAKernelsComponent) {
+  auto batch = random_batch({9, 4, 13}, kVocab, 6);
+  Backend with(host(), "dtensor");
+  const std::vector<float> via_registry = with.logprobs(with.load(llama_tiny(), false), *batch);
+  Host bare({"model_llama", "dtensor"});
+  Backend without(bare, "dtensor");
+  EXPECT_EQ(without.logprobs(without.load(llama_tiny(), false), *batch), via_registry);
+}
+
 TEST(BackendOutputs, WeightsInHfNamingEqualTheCheckpoint) {
   Backend be(host(), "dtensor");
   rlh_model* m = be.load(llama_tiny(), false);

@@ -105,7 +105,10 @@ void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m
   for (size_t i = 0; flavor.preferred_kernels != nullptr && flavor.preferred_kernels[i] != nullptr; ++i)
     if (try_provider(flavor.preferred_kernels[i])) return;
   if (try_provider(nullptr)) return;
-  m.ops = engine::make_cpu_ops(m.alloc);  // no KERNELS component: the reference, linked in
+  // The best-scoring provider may be a device one (kernels_cuda on a GPU host): the CPU reference
+  // component next, then the reference linked into this plugin.
+  if (try_provider("kernels_cpu")) return;
+  m.ops = engine::make_cpu_ops(m.alloc);
   m.kernels = m.ops->name() + " (linked)";
 }
 
