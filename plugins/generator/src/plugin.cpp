@@ -270,7 +270,7 @@ rlh_status* gen_generate(rlh_generator* self, const rlh_generate_args* a, rlh_sa
     }
     if (!r.stop_strings.empty()) r.detokenizer = &g->detokenizer();
 
-    g->gen->generate(
+    const gen::Stats st = g->gen->generate(
         r,
         [&](const gen::Sample& smp) {
           rlh_sample out{};
@@ -289,6 +289,13 @@ rlh_status* gen_generate(rlh_generator* self, const rlh_generate_args* a, rlh_sa
           }
         },
         [&] { return g->host.cancelled(); });
+    g->host.log(RLH_LOG_DEBUG, "generator native: " + std::to_string(st.steps) + " steps, " +
+                                   std::to_string(st.sampled_tokens) + " tokens sampled, " +
+                                   std::to_string(st.prefill_tokens) + " prefilled, " +
+                                   std::to_string(st.shared_prompt_tokens) + " prompt tokens shared, " +
+                                   std::to_string(st.preemptions) + " preemptions, KV blocks " +
+                                   std::to_string(st.kv_blocks_peak) + " of " + std::to_string(st.kv_blocks) +
+                                   " at most, " + std::to_string(st.max_running) + " sequences at most");
   });
 }
 

@@ -117,12 +117,14 @@ std::vector<StepChunk> Scheduler::schedule() {
     budget -= n;
   }
   max_running_ = std::max(max_running_, int64_t(running_.size()));
+  // Nothing planned while work remains: every running sequence was preempted (the oldest only
+  // when it alone outgrows the cache) and the first waiting one does not fit.
   if (plan.empty() && !done()) {
-    const Sequence& s = *waiting_.front();
+    const int64_t len = waiting_.empty() ? 0 : waiting_.front()->length();
     throw sdk::Error(RLH_E_RESOURCE_EXHAUSTED,
                      "generator: the KV cache (" + std::to_string(kv_.num_blocks()) + " blocks of " +
                          std::to_string(kv_.layout().block_size) + " tokens) cannot hold a sequence of " +
-                         std::to_string(s.length()) + " tokens; raise kv_cache_bytes");
+                         std::to_string(len) + " tokens; raise kv_cache_bytes");
   }
   return plan;
 }
