@@ -9,7 +9,8 @@
 # 3. GRPO teaches it single-digit SUBTRACTION ("7-3=" -> "4") from the environment's exact-match
 #    reward alone (examples/configs/grpo_demo_cpu.yaml). The console shows one line per step
 #    (loss, reward, greedy validation accuracy every 25 steps, timings); the end prints the
-#    validation accuracy before and after and the checkpoints written (results/grpo_demo/step_N/).
+#    validation accuracy before and after and the checkpoints written
+#    (build/demo/results/grpo_demo/step_N/).
 #
 #   scripts/demo.sh                          # seed 1
 #   SEED=2 scripts/demo.sh                   # another model init, data order and sampling seed
@@ -21,9 +22,10 @@ cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_TESTS
 cmake --build build -j"$(nproc)"
 
 SEED=${SEED:-1}
-SFT=results/sft_demo
-OUT=results/grpo_demo
-rm -rf build/demo "$SFT" "$OUT"  # a fresh run: an existing checkpoint would be resumed instead
+# Everything the demo writes stays under build/demo/ (the build folders are ignored by git).
+SFT=build/demo/results/sft_demo
+OUT=build/demo/results/grpo_demo
+rm -rf build/demo  # a fresh run: an existing checkpoint would be resumed instead
 PLUGINS=(--plugin dtensor --plugin environments --plugin tokenizer_hf --plugin model_llama --plugin kernels_cpu)
 start=$(date +%s)
 echo

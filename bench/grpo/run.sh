@@ -44,9 +44,10 @@ gen_tok = statistics.median(x["train/mean_gen_tokens_per_sample"] * samples(x) f
 tot_tok = med("train/total_num_tokens")
 print(f"== GRPO step breakdown, demo model, CPU ({os.cpu_count()} cores), median of steps 2..{steps} ==")
 print(f"samples/step {statistics.median(samples(x) for x in r):.0f}, "
-      f"tokens/step {tot_tok:.0f} (generated {gen_tok:.0f})")
+      f"tokens/step {tot_tok:.0f} (generated {gen_tok:.0f}); generation tok/s counts new tokens, "
+      f"logprobs/train all tokens")
 parts = [("refit", "timing/train/prepare_for_generation/total", None),
-         ("generation", "timing/train/generation", gen_tok),
+         ("generation", "timing/train/generation", gen_tok),  # new tokens/s
          ("reward", "timing/train/reward_calculation", None),
          ("advantages", "timing/train/advantage_calculation", None),
          ("logprobs", "timing/train/policy_and_reference_logprobs", tot_tok),
