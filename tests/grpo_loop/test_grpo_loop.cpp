@@ -314,4 +314,50 @@ TEST_F(Loop, CancelStopsTheRun) {
   rlhost_destroy(h);
 }
 
+// The demo's first stage: SFT lowers its loss, logs validation/val_loss, and its checkpoint's
+// policy/ folder is a model GRPO starts from.
+TEST_F(Loop, SftCheckpointStartsGrpo) {
+  require_runtime();
+  if (!have("sft")) GTEST_SKIP() << "plugin 'sft' is not built";
+  const fs::path sft_model = dir / "sft_model";
+  const std::string cmd = std::string(RLH_TINY_MODEL) + " " + sft_model.string() +
+                          " --alphabet '0123456789+-*=' --seed 4 > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  rlhost_t* h = nullptr;
+  ASSERT_EQ(rlhost_create(&h), nullptr);
+  rlhost_set_log_level(h, RLH_LOG_ERROR);
+  for (const std::string p : {"sft", "dtensor", "environments", "tokenizer_hf", "model_llama", "kernels_cpu"})
+    ASSERT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
+  std::string msg;
+  ASSERT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs/sft_demo_cpu.yaml").c_str()),
+                    &msg), RLH_OK) << msg;
+  const fs::path ck = dir / "sft_ck";
+  for (const std::string o : {"policy.model_name=" + sft_model.string(), std::string("sft.max_num_steps=20"),
+                              std::string("sft.val_period=10"), std::string("checkpointing.save_period=20"),
+                              "checkpointing.checkpoint_dir=" + ck.string(),
+                              "logger.log_dir=" + (dir / "sft_logs").string(), std::string("++logger.console_enabled=false")})
+    ASSERT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
+  ASSERT_EQ(code_of(rlhost_run(h), &msg), RLH_OK) << msg;
+  std::string lines;
+  ASSERT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+  rlhost_destroy(h);
+  std::map<std::string, std::map<int64_t, double>> m;
+  std::istringstream in(lines);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) {
+      const json j = json::parse(line);
+      m[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
+    }
+  ASSERT_TRUE(m["train/loss"].count(1) && m["train/loss"].count(20));
+  EXPECT_LT(m["train/loss"][20], 0.8 * m["train/loss"][1]) << "SFT did not lower the loss";
+  EXPECT_TRUE(m["validation/val_loss"].count(10) && m["validation/val_loss"].count(20));
+  const fs::path policy = ck / "step_20" / "policy";
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"})
+    EXPECT_TRUE(fs::exists(policy / f)) << policy / f;
+
+  auto g = run({"policy.model_name=" + policy.string(), "grpo.max_num_steps=2", "grpo.num_prompts_per_step=8",
+                "grpo.num_generations_per_prompt=4", "checkpointing.enabled=false"});
+  EXPECT_TRUE(g["train/loss"].count(2)) << "GRPO did not run from the SFT checkpoint";
+}
+
 }  // namespace
