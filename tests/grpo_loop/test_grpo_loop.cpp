@@ -360,4 +360,22 @@ TEST_F(Loop, SftCheckpointStartsGrpo) {
   EXPECT_TRUE(g["train/loss"].count(2)) << "GRPO did not run from the SFT checkpoint";
 }
 
+// DAPO dynamic sampling: generation batches repeat until enough prompt groups with varying
+// rewards are cached; the training batch still holds num_prompts_per_step groups.
+TEST_F(Loop, DynamicSamplingFillsTheBatch) {
+  require_runtime();
+  auto m = run({"grpo.max_num_steps=2", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8",
+                "++grpo.use_dynamic_sampling=true", "++grpo.batch_multiplier=2.0",
+                "++grpo.dynamic_sampling_max_gen_batches=20", "grpo.val_at_start=false",
+                "grpo.val_at_end=false", "checkpointing.enabled=false"});
+  ASSERT_TRUE(m.count("train/dynamic_sampling_num_gen_batches")) << "no dynamic sampling metrics";
+  for (int64_t s : {1, 2}) {
+    EXPECT_GE(m["train/dynamic_sampling_num_gen_batches"][s], 1.0);
+    // 4 prompts x 8 samples, every group with some reward spread: 0 < mean reward < 1.
+    EXPECT_GT(m["train/reward"][s], 0.0);
+    EXPECT_LT(m["train/reward"][s], 1.0);
+    EXPECT_EQ(m["train/num_valid_samples"][s], 32.0);
+  }
+}
+
 }  // namespace
