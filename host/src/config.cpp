@@ -543,7 +543,11 @@ void Config::apply_override(const std::string& text) {
     else if (old.is_boolean()) ok = value.is_boolean();
     else if (old.is_number_integer()) ok = value.is_number_integer();
     else if (old.is_number_float()) { ok = value.is_number(); if (ok) value = value.get<double>(); }
-    else if (old.is_string()) { if (!value.is_string()) value = value_text; }
+    else if (old.is_string()) {
+      // An interpolation ("${mul:...}") stands for a value of any type: the override's own type
+      // wins. A plain string keeps the text as written.
+      if (!value.is_string() && old.get<std::string>().find("${") == std::string::npos) value = value_text;
+    }
     else if (old.is_array()) ok = value.is_array();
     else if (old.is_object()) ok = value.is_object();
     if (!ok) fail(where + ": '" + key + "' expects " + type_name(old) + " (it is " + old.dump() + "), got " + type_name(value));

@@ -167,6 +167,11 @@ TEST_F(ConfigTest, OverridesFollowHydraRules) {
   EXPECT_EQ(r["added"], "hi");
   EXPECT_FALSE(r["grpo"].contains("l"));
   EXPECT_EQ(c.origin_of("grpo.n"), "command line");
+  // Overriding an interpolated key keeps the override's type.
+  Config d;
+  d.load_text("a: 2\nb: ${mul:${a},4}\n", "t");
+  d.apply_override("b=128");
+  EXPECT_TRUE(d.resolved()["b"].is_number_integer());
 }
 
 TEST_F(ConfigTest, OverrideErrors) {
