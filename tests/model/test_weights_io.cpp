@@ -120,7 +120,7 @@ TEST(WeightsIo, Bf16AndF16ShardedCheckpointsRoundTrip) {
 
 TEST(WeightsIo, LoadModelFromHubIdInLocalCache) {
   const fs::path src = fixture("qwen3-tiny");
-  if (!fs::exists(src / "config.json")) GTEST_SKIP();
+  if (!fs::exists(src / "config.json")) GTEST_SKIP() << "fixture " << src << " not found (set RLHOST_FIXTURES)";
   ScratchDir cache;
   // HF cache layout: models--org--name/{refs/main, snapshots/<commit>/...}; a sharded bf16 copy.
   const fs::path repo = cache / "models--tiny-org--qwen3-tiny";
@@ -149,7 +149,7 @@ TEST(WeightsIo, LoadModelFromHubIdInLocalCache) {
 
 TEST(WeightsIo, DtypePolicy) {
   const fs::path src = fixture("llama-tiny");
-  if (!fs::exists(src / "config.json")) GTEST_SKIP();
+  if (!fs::exists(src / "config.json")) GTEST_SKIP() << "fixture " << src << " not found (set RLHOST_FIXTURES)";
   // Description says bf16 (config), file holds f32.
   json cfg = json::parse(test::read_file(src / "config.json"));
   cfg["dtype"] = "bfloat16";
@@ -165,7 +165,7 @@ TEST(WeightsIo, DtypePolicy) {
 
 TEST(WeightsIo, WrongCheckpointsNameFileAndTensor) {
   const fs::path src = fixture("qwen3-tiny");
-  if (!fs::exists(src / "config.json")) GTEST_SKIP();
+  if (!fs::exists(src / "config.json")) GTEST_SKIP() << "fixture " << src << " not found (set RLHOST_FIXTURES)";
   const Checkpoint c = Checkpoint::open(src.string());
   const auto d0 = model::describe_model_dir(src.string());
   const std::string victim = "model.layers.1.self_attn.k_norm.weight";
@@ -238,7 +238,7 @@ TEST(WeightsIo, ConcatTransformLoadsAndSplitsBack) {
   // A description whose engine fuses q/k/v of layer 0 (axis 0) must load the concatenation and
   // save the three HF tensors back unchanged; likewise an axis-1 concat.
   const fs::path src = fixture("llama-tiny");
-  if (!fs::exists(src / "config.json")) GTEST_SKIP();
+  if (!fs::exists(src / "config.json")) GTEST_SKIP() << "fixture " << src << " not found (set RLHOST_FIXTURES)";
   auto d = model::describe_model_dir(src.string());
   const Checkpoint c = Checkpoint::open(src.string());
   std::vector<sdk::ParamDesc> params;

@@ -147,39 +147,11 @@ bool is_bf16(const rlh_tensor& t) { return t.dtype.code == RLH_DTYPE_BFLOAT; }
 Flex flex(const rlh_tensor& t) { return Flex{ptr(t), is_bf16(t)}; }
 Flex flex_opt_in(const Call& c, size_t i) { return c.has_in(i) ? flex(c.in(i)) : Flex{}; }
 
-int64_t numel(const rlh_tensor& t) {
-  int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  return n;
-}
-
-void need_vec(const rlh_tensor& t, int64_t n, const char* what) {
-  if (numel(t) != n) bad(std::string(what) + ": expected " + std::to_string(n) + " elements");
-  for (int i = 0; i < t.ndim; ++i) {
-    int64_t inner = 1;
-    for (int j = i + 1; j < t.ndim; ++j) inner *= t.shape[j];
-    if (t.shape[i] > 1 && t.strides[i] != inner) bad(std::string(what) + ": must be contiguous");
-  }
-}
-
-int64_t need_rows(const rlh_tensor& t, int64_t rows, int64_t cols, const char* what) {
-  if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols)
-    bad(std::string(what) + ": expected shape [" + std::to_string(rows) + ", " +
-        std::to_string(cols) + "]");
-  if (cols > 1 && t.strides[1] != 1) bad(std::string(what) + ": last dimension must be contiguous");
-  if (rows > 1 && t.strides[0] < cols) bad(std::string(what) + ": rows overlap");
-  return rows > 1 ? t.strides[0] : cols;
-}
-
-int64_t need_heads(const rlh_tensor& t, int64_t N, int64_t H, int64_t D, const char* what) {
-  if (t.ndim != 3 || t.shape[0] != N || t.shape[1] != H || t.shape[2] != D)
-    bad(std::string(what) + ": expected shape [" + std::to_string(N) + ", " + std::to_string(H) +
-        ", " + std::to_string(D) + "]");
-  if ((D > 1 && t.strides[2] != 1) || (H > 1 && t.strides[1] != D))
-    bad(std::string(what) + ": heads must be contiguous within a token");
-  if (N > 1 && t.strides[0] < H * D) bad(std::string(what) + ": tokens overlap");
-  return N > 1 ? t.strides[0] : H * D;
-}
+// Operand checks shared with every provider (rlhost/sdk/kernels.hpp).
+using sdk::need_heads;
+using sdk::need_rows;
+using sdk::need_vec;
+int64_t numel(const rlh_tensor& t) { return sdk::tensor_numel(t); }
 
 // ---------------------------------------------------------------------------------------------
 // The ops

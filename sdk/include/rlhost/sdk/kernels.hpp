@@ -113,6 +113,43 @@ inline int64_t tensor_numel(const rlh_tensor& t) {
   return n;
 }
 
+// Operand checks for providers: each throws Error(INVALID_ARGUMENT) naming `what` when the
+// operand does not have the layout docs/ops.md promises.
+
+// A contiguous view of n elements.
+inline void need_vec(const rlh_tensor& t, int64_t n, const char* what) {
+  if (tensor_numel(t) != n)
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": expected " + std::to_string(n) + " elements");
+  for (int i = 0; i < t.ndim; ++i) {
+    int64_t inner = 1;
+    for (int j = i + 1; j < t.ndim; ++j) inner *= t.shape[j];
+    if (t.shape[i] > 1 && t.strides[i] != inner)
+      throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": must be contiguous");
+  }
+}
+
+// [rows, cols] with unit column stride; returns the row stride.
+inline int64_t need_rows(const rlh_tensor& t, int64_t rows, int64_t cols, const char* what) {
+  if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": expected shape [" + std::to_string(rows) + ", " +
+                                            std::to_string(cols) + "]");
+  if (cols > 1 && t.strides[1] != 1)
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": last dimension must be contiguous");
+  if (rows > 1 && t.strides[0] < cols) throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": rows overlap");
+  return rows > 1 ? t.strides[0] : cols;
+}
+
+// [N, H, D] with strides (ld, D, 1): heads contiguous within a token; returns ld.
+inline int64_t need_heads(const rlh_tensor& t, int64_t N, int64_t H, int64_t D, const char* what) {
+  if (t.ndim != 3 || t.shape[0] != N || t.shape[1] != H || t.shape[2] != D)
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": expected shape [" + std::to_string(N) + ", " +
+                                            std::to_string(H) + ", " + std::to_string(D) + "]");
+  if ((D > 1 && t.strides[2] != 1) || (H > 1 && t.strides[1] != D))
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": heads must be contiguous within a token");
+  if (N > 1 && t.strides[0] < H * D) throw Error(RLH_E_INVALID_ARGUMENT, std::string(what) + ": tokens overlap");
+  return N > 1 ? t.strides[0] : H * D;
+}
+
 // ------------------------------------------------------------------------------------------
 // Attributes
 
