@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -53,7 +54,8 @@ class PackedBatch {
   };
   std::vector<int32_t> tokens_;
   std::vector<int64_t> offsets_ = {0};
-  std::vector<Field> fields_;
+  // A deque: field() hands out references that must survive adding the next field.
+  std::deque<Field> fields_;
   std::vector<rlh_named_tensor> views_;
   rlh_batch batch_{};
 };
