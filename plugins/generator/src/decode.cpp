@@ -43,6 +43,16 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
     const LayerShape& s = shapes_[size_t(l)];
     const int64_t qo = s.Hq * s.D, kvo = s.Hkv * s.D;
     check(l, ParamRole::attn_norm, {C_}, true);
+    if (s.mla) {  // as the engine reads them (sdk/engine/src/model.cpp)
+      check(l, ParamRole::q_a, {s.rq, C_}, s.rq > 0);
+      check(l, ParamRole::q_a_norm, {s.rq}, s.rq > 0);
+      check(l, ParamRole::q_b, {qo, s.rq}, s.rq > 0);
+      check(l, ParamRole::q, {qo, C_}, s.rq == 0);
+      check(l, ParamRole::kv_a, {s.rkv + s.dr, C_}, true);
+      check(l, ParamRole::kv_a_norm, {s.rkv}, true);
+      check(l, ParamRole::kv_b, {s.Hq * (s.dn + s.Dv), s.rkv}, true);
+      check(l, ParamRole::o, {C_, s.Hq * s.Dv}, true);
+    } else {
     check(l, ParamRole::q, {qo, C_}, true);
     check(l, ParamRole::k, {kvo, C_}, true);
     check(l, ParamRole::v, {kvo, C_}, true);
@@ -53,6 +63,7 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
     check(l, ParamRole::k_norm, {s.D}, s.qk_norm);
     check(l, ParamRole::o, {C_, qo}, true);
     check(l, ParamRole::o_bias, {C_}, false);
+    }
     check(l, ParamRole::mlp_norm, {C_}, true);
     if (!s.moe) {
       check(l, ParamRole::gate, {s.F, C_}, true);
@@ -102,12 +113,13 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
 DecodeModel::~DecodeModel() = default;
 
 KvLayout DecodeModel::kv_layout(int64_t block_size) const {
-  std::vector<int64_t> heads, dims;
+  std::vector<int64_t> heads, dims, vdims;
   for (const LayerShape& s : shapes_) {
     heads.push_back(s.Hkv);
     dims.push_back(s.D);
+    vdims.push_back(s.Dv);
   }
-  return KvLayout::make(block_size, heads, dims);
+  return KvLayout::make(block_size, heads, dims, vdims);
 }
 
 void DecodeModel::bind_weights() {
@@ -162,18 +174,27 @@ void DecodeModel::bind_weights() {
     lw.ws_up = get(l, ParamRole::shared_expert_up);
     lw.ws_down = get(l, ParamRole::shared_expert_down);
     lw.ws_gate = get(l, ParamRole::shared_expert_gate);
+    lw.q_a = get(l, ParamRole::q_a);
+    lw.q_a_norm = get(l, ParamRole::q_a_norm);
+    lw.q_b = get(l, ParamRole::q_b);
+    lw.kv_a = get(l, ParamRole::kv_a);
+    lw.kv_a_norm = get(l, ParamRole::kv_a_norm);
+    lw.kv_b = get(l, ParamRole::kv_b);
   }
   bound_serial_ = w.serial();
 }
 
 void DecodeModel::reserve(int64_t rows, int64_t samples) {
   if (rows > cap_rows_) {
-    int64_t wqkv = 0, att = 0, f = 0;
+    int64_t wqkv = 0, att = 0, f = 0, mla = 0;
     for (const LayerShape& s : shapes_) {
       wqkv = std::max(wqkv, s.Wqkv);
-      att = std::max(att, s.Hq * s.D);
+      att = std::max(att, s.Hq * s.Dv);
       f = std::max(f, s.F);
+      // MLA: q latent, kv latent | k_rot, its norm, kv_b's output (mla_decode.cpp)
+      if (s.mla) mla = std::max(mla, s.rq + (s.rkv + s.dr) + s.rkv + s.Hq * (s.dn + s.Dv));
     }
+    mla_f_.resize(size_t(rows * mla));
     x_.resize(size_t(rows * C_));
     xn_.resize(size_t(rows * C_));
     qkv_.resize(size_t(rows * wqkv));
@@ -192,21 +213,22 @@ void DecodeModel::reserve(int64_t rows, int64_t samples) {
   }
 }
 
-// RoPE in place on H heads of every row; rows past the dynamic threshold use their own table.
-void DecodeModel::apply_rope(float* x, int64_t ld, int64_t H, int64_t D, std::span<const CacheRow> rows) {
+// RoPE on H heads of every row; rows past the dynamic threshold use their own table.
+void DecodeModel::apply_rope_to(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D,
+                                std::span<const CacheRow> rows) {
   const int64_t R = int64_t(rows.size());
   int64_t r = 0;
   while (r < R) {
     if (row_own_freq_[size_t(r)]) {
-      ops_->rope_fwd(x + r * ld, ld, x + r * ld, ld, pos_.data() + r, row_freq_.data() + r * (R_ / 2), 1, H, D, R_,
-                     rope_scale_, rope_interleaved_);
+      ops_->rope_fwd(y + r * ldy, ldy, x + r * ldx, ldx, pos_.data() + r, row_freq_.data() + r * (R_ / 2), 1, H, D,
+                     R_, rope_scale_, rope_interleaved_);
       ++r;
       continue;
     }
     int64_t e = r;
     while (e < R && !row_own_freq_[size_t(e)]) ++e;
-    ops_->rope_fwd(x + r * ld, ld, x + r * ld, ld, pos_.data() + r, inv_freq_.data(), e - r, H, D, R_, rope_scale_,
-                   rope_interleaved_);
+    ops_->rope_fwd(y + r * ldy, ldy, x + r * ldx, ldx, pos_.data() + r, inv_freq_.data(), e - r, H, D, R_,
+                   rope_scale_, rope_interleaved_);
     r = e;
   }
 }
@@ -237,13 +259,16 @@ void DecodeModel::forward(std::span<const int32_t> ids, std::span<const CacheRow
     const LayerShape& s = shapes_[size_t(l)];
     const LayerWeights& w = lw_[size_t(l)];
     const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F, qo = Hq * D, kvo = Hkv * D;
+    const int64_t ao = Hq * s.Dv;  // attention output width
     float* q = qkv_.data();
     float* k = q + qo;
     float* v = k + kvo;
 
     // attention block
     ops_->rmsnorm_fwd(xn, C, nullptr, x, C, w.attn_norm, R, C, s.eps_attn, s.off_attn);  // xn [R,C]
-    if (w.k == w.q + qo * C && w.v == w.k + kvo * C) {
+    if (s.mla) {
+      mla_qkv(l, xn, rows);                                                               // q, k, v
+    } else if (w.k == w.q + qo * C && w.v == w.k + kvo * C) {
       linear(q, Wqkv, xn, C, w.q, C, R, Wqkv, C);  // qkv [R,Wqkv] in one product
     } else {
       linear(q, Wqkv, xn, C, w.q, C, R, qo, C);
@@ -253,19 +278,19 @@ void DecodeModel::forward(std::span<const int32_t> ids, std::span<const CacheRow
     if (w.bq) ops_->bias_add_fwd(q, Wqkv, w.bq, R, qo);
     if (w.bk) ops_->bias_add_fwd(k, Wqkv, w.bk, R, kvo);
     if (w.bv) ops_->bias_add_fwd(v, Wqkv, w.bv, R, kvo);
-    if (s.qk_norm) {  // per head over D, in place
+    if (!s.mla && s.qk_norm) {  // per head over D, in place
       for (int64_t hh = 0; hh < Hq; ++hh)
         ops_->rmsnorm_fwd(q + hh * D, Wqkv, nullptr, q + hh * D, Wqkv, w.q_norm, R, D, s.eps_attn, 0.f);
       for (int64_t hh = 0; hh < Hkv; ++hh)
         ops_->rmsnorm_fwd(k + hh * D, Wqkv, nullptr, k + hh * D, Wqkv, w.k_norm, R, D, s.eps_attn, 0.f);
     }
-    if (s.use_rope) {
+    if (!s.mla && s.use_rope) {
       apply_rope(q, Wqkv, Hq, D, rows);
       apply_rope(k, Wqkv, Hkv, D, rows);
     }
     kv_write(kv, l, rows, k, Wqkv, v, Wqkv);                                              // cache <- k, v
-    paged_attention(att_.data(), qo, q, Wqkv, rows, kv, l, Hq, s.scale, s.window);        // att [R,Hq*D]
-    linear(h, C, att_.data(), qo, w.o, qo, R, C, qo);                                     // h [R,C]
+    paged_attention(att_.data(), ao, q, Wqkv, rows, kv, l, Hq, s.scale, s.window);        // att [R,Hq*Dv]
+    linear(h, C, att_.data(), ao, w.o, ao, R, C, ao);                                     // h [R,C]
     if (w.bo) ops_->bias_add_fwd(h, C, w.bo, R, C);
     ops_->add_fwd(h, x, h, R * C);                                                        // h = x + attn
 

@@ -25,6 +25,7 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
   if (opt_.kv_cache_bytes < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: kv_cache_bytes must be > 0");
   if (opt_.max_model_len < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len must be >= 0");
   model_ = std::make_unique<DecodeModel>(std::move(desc), nullptr);
+  model_->set_router_fp64(opt_.moe_router_fp64);
 }
 
 Generator::~Generator() = default;

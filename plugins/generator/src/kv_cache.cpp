@@ -9,18 +9,23 @@
 
 namespace rlh::gen {
 
-KvLayout KvLayout::make(int64_t block_size, std::vector<int64_t> kv_heads, std::vector<int64_t> head_dim) {
+KvLayout KvLayout::make(int64_t block_size, std::vector<int64_t> kv_heads, std::vector<int64_t> head_dim,
+                        std::vector<int64_t> value_dim) {
   if (block_size < 1) throw std::invalid_argument("kv cache: block_size must be >= 1");
-  if (kv_heads.size() != head_dim.size()) throw std::invalid_argument("kv cache: one (heads, dim) per layer");
+  if (value_dim.empty()) value_dim = head_dim;
+  if (kv_heads.size() != head_dim.size() || value_dim.size() != head_dim.size())
+    throw std::invalid_argument("kv cache: one (heads, key dim, value dim) per layer");
   KvLayout l;
   l.block_size = block_size;
   l.kv_heads = std::move(kv_heads);
   l.head_dim = std::move(head_dim);
+  l.value_dim = std::move(value_dim);
   int64_t at = 0;
   for (size_t i = 0; i < l.kv_heads.size(); ++i) {
-    if (l.kv_heads[i] < 1 || l.head_dim[i] < 1) throw std::invalid_argument("kv cache: empty layer");
+    if (l.kv_heads[i] < 1 || l.head_dim[i] < 1 || l.value_dim[i] < 1)
+      throw std::invalid_argument("kv cache: empty layer");
     l.offset.push_back(at);
-    at += 2 * l.kv_heads[i] * block_size * l.head_dim[i];
+    at += l.kv_heads[i] * block_size * (l.head_dim[i] + l.value_dim[i]);
   }
   // Round blocks up to whole cache lines so no two blocks share one.
   l.block_floats = (at + 15) / 16 * 16;

@@ -45,7 +45,10 @@ constexpr ParamRole kLayerOrder[] = {
     ParamRole::router,    ParamRole::router_bias, ParamRole::expert_score_bias,
     ParamRole::expert_gate, ParamRole::expert_up, ParamRole::expert_down,
     ParamRole::shared_expert_gate_proj, ParamRole::shared_expert_up, ParamRole::shared_expert_down,
-    ParamRole::shared_expert_gate};
+    ParamRole::shared_expert_gate,
+    // MLA
+    ParamRole::q_a, ParamRole::q_a_norm, ParamRole::q_b, ParamRole::kv_a, ParamRole::kv_a_norm,
+    ParamRole::kv_b};
 constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
 
 // Calls fn(engine offset, piece offset, count) for the contiguous runs of piece k of p inside the
@@ -102,9 +105,8 @@ std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
   for (const sdk::LayerDesc& ld : desc.layers) {
     const auto& a = ld.attention;
     const std::string at = "generator: layer " + std::to_string(ld.index) + " of " + desc.architecture + ": ";
-    if (a.kind != sdk::AttentionKind::gqa)
-      throw Error(RLH_E_UNIMPLEMENTED, at + "attention kind " + sdk::to_string(a.kind) +
-                                           " (its latent KV cache) is not executed by the native generator yet");
+    if (a.kind != sdk::AttentionKind::gqa && a.kind != sdk::AttentionKind::mla)
+      throw Error(RLH_E_UNIMPLEMENTED, at + "attention kind " + sdk::to_string(a.kind));
     if (ld.mlp.hidden_act != "silu")
       throw Error(RLH_E_UNIMPLEMENTED, at + "hidden_act " + ld.mlp.hidden_act + " (only silu)");
     if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
@@ -116,7 +118,27 @@ std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
     s.Hq = a.num_heads;
     s.Hkv = a.num_kv_heads;
     s.D = a.head_dim;
+    s.Dv = a.head_dim;
     s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
+    if (a.kind == sdk::AttentionKind::mla) {  // the engine's rules (sdk/engine/src/mla.cpp)
+      if (a.kv_lora_rank <= 0 || a.qk_rope_head_dim <= 0 || a.qk_nope_head_dim < 0 || a.v_head_dim <= 0 ||
+          a.q_lora_rank < 0)
+        throw Error(RLH_E_INVALID_ARGUMENT, at + "MLA needs kv_lora_rank, qk_rope_head_dim, v_head_dim > 0");
+      if (a.q_bias || a.k_bias || a.v_bias || a.o_bias || a.qk_norm)
+        throw Error(RLH_E_UNIMPLEMENTED, at + "MLA with biases or q/k norms");
+      if (desc.rope.kind != sdk::RopeKind::none && a.use_rope && desc.rope.rotary_dim > 0 &&
+          desc.rope.rotary_dim != a.qk_rope_head_dim)
+        throw Error(RLH_E_INVALID_ARGUMENT, at + "MLA's rotary dims must be qk_rope_head_dim");
+      s.mla = true;
+      s.rq = a.q_lora_rank;
+      s.rkv = a.kv_lora_rank;
+      s.dn = a.qk_nope_head_dim;
+      s.dr = a.qk_rope_head_dim;
+      s.Hkv = s.Hq;  // keys and values expanded per head from the shared latent
+      s.D = s.dn + s.dr;
+      s.Dv = a.v_head_dim;
+      s.Wqkv = s.Hq * (2 * s.D + s.Dv);
+    }
     s.F = ld.mlp.kind == sdk::MlpKind::dense ? ld.mlp.intermediate_size : 0;
     if (ld.mlp.kind == sdk::MlpKind::moe) {  // the engine's rules (sdk/engine/src/moe.cpp)
       const sdk::MoeDesc& m = ld.mlp.moe;

@@ -1,7 +1,7 @@
-// The MoE block of a step (Mixtral, Qwen2-MoE, Qwen3-MoE): the engine's forward
+// The MoE block of a step (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3): the engine's forward
 // (sdk/engine/src/moe.cpp), op for op, with its products made row-invariant.
 //
-//   z    = xn Wr^T (+ b_r)                       router logits [R, E]
+//   z    = xn Wr^T (+ b_r)                       router logits [R, E]   (float64: router_fp64)
 //   w, e = top-k of softmax(z) / sigmoid(z)      kernels_cpu moe_router_fwd (per row)
 //   y    = sum_k w_k down_e(silu(gate_e xn) * up_e xn)      over expert-sorted rows
 //        + sigmoid(xn ws^T) shared(xn)            Qwen2-MoE's gated shared expert
@@ -9,9 +9,16 @@
 // The engine runs the experts with grouped GEMMs (OpenBLAS), whose result for a row depends on
 // how many rows its expert got; here each expert's rows go through linear.hpp, so a token's
 // output depends only on itself, whichever other tokens share the step and its experts. The
-// router (float32 like HF; the trainer's router_fp64 option has no counterpart here: with it,
-// near-tied experts may be chosen differently), permutation and weighted combine are the
-// engine's ops, per row by construction.
+// router's scores, choice and weights, the permutation and the weighted combine are the engine's
+// ops, per row by construction.
+//
+// Router precision follows the trainer's (MoeOptions::router_fp64, NeMo-RL's moe_router_dtype):
+// the generator computes what the trainer computes — float32 logits and scores, or float64 ones
+// from the widened (exact) inputs and weights, the weights rounded to float at the end as the
+// engine rounds them. In float32 the router's own product adds rounding in an order the trainer
+// does not share; in float64 it adds none worth the name, and the logits of the two differ only
+// by what their inputs xn differ by (the rounding of the layers below). Either way a token whose
+// two best experts tie to within that difference may be routed differently by the two.
 #include <algorithm>
 #include <string>
 
@@ -19,6 +26,25 @@
 #include "rlhost/generator/model.hpp"
 
 namespace rlh::gen {
+
+// Each z[r, e] is a sum over k in a fixed order (8 lanes by k mod 8, then a fixed tree) of exact
+// products of widened floats: a function of row r alone, whatever R or the thread count.
+void DecodeModel::router_logits_f64(double* z, const float* xn, const float* w, int64_t R, int64_t E) {
+  const int64_t C = C_;
+#pragma omp parallel for schedule(static) if (R * E * C > (int64_t(1) << 20))
+  for (int64_t r = 0; r < R; ++r) {
+    const float* x = xn + r * C;
+    for (int64_t e = 0; e < E; ++e) {
+      const float* we = w + e * C;
+      double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t c = 0;
+      for (; c + 8 <= C; c += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += double(x[c + j]) * double(we[c + j]);
+      for (int j = 0; c < C; ++c, ++j) acc[j] += double(x[c]) * double(we[c]);
+      z[r * E + e] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    }
+  }
+}
 
 void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
   const LayerShape& s = shapes_[size_t(l)];
@@ -47,9 +73,25 @@ void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
   int32_t* offsets = ti(E + 1);
 
   // Router: logits, scores, choice, weights.
-  linear(z, E, xn, C, w.router, C, R, E, C);                                              // z [R,E]
-  if (w.router_b) ops_->bias_add_fwd(z, E, w.router_b, R, E);
-  ops_->moe_router_fwd(wts, experts, probs, nullptr, z, E, w.score_bias, R, E, K, s.router);
+  if (!router_fp64_) {
+    linear(z, E, xn, C, w.router, C, R, E, C);                                            // z [R,E]
+    if (w.router_b) ops_->bias_add_fwd(z, E, w.router_b, R, E);
+    ops_->moe_router_fwd(wts, experts, probs, nullptr, z, E, w.score_bias, R, E, K, s.router);
+  } else {
+    if (moe_d_.size() < size_t(2 * R * E + RK + E)) moe_d_.resize(size_t(2 * R * E + RK + E));
+    double* z64 = moe_d_.data();
+    double* p64 = z64 + R * E;
+    double* w64 = p64 + R * E;
+    double* b64 = w64 + RK;
+    router_logits_f64(z64, xn, w.router, R, E);                                           // z [R,E]
+    if (w.router_b)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t e = 0; e < E; ++e) z64[r * E + e] += double(w.router_b[e]);
+    if (w.score_bias)
+      for (int64_t e = 0; e < E; ++e) b64[e] = double(w.score_bias[e]);
+    ops_->moe_router_fwd_f64(w64, experts, p64, nullptr, z64, E, w.score_bias ? b64 : nullptr, R, E, K, s.router);
+    for (int64_t i = 0; i < RK; ++i) wts[i] = float(w64[i]);
+  }
 
   // Routed experts on expert-sorted rows: rows offsets[e] .. offsets[e+1]-1 are expert e's.
   ops_->moe_permute_fwd(xp, row, offsets, xn, C, experts, R, K, C, E);                    // xp [RK,C]

@@ -1,5 +1,6 @@
 // Paged attention for decode and prefill rows (contract in paged_attention.hpp; cache layout in
-// kv_cache.hpp: K [Hkv][D][bs] transposed, V [Hkv][bs][D] per block and layer).
+// kv_cache.hpp: K [Hkv][Dk][bs] transposed, V [Hkv][bs][Dv] per block and layer; Dk != Dv for
+// MLA layers).
 //
 // One task = (row, kv head) with its G = Hq / Hkv query heads: scores of all its keys (a
 // block-wide vector FMA per d), then per query head the maximum, exp, sum, and the value rows
@@ -23,6 +24,7 @@ void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const 
               int64_t ldk, const float* v, int64_t ldv) {
   const KvLayout& L = kv.layout();
   const int64_t Hkv = L.kv_heads[size_t(layer)], D = L.head_dim[size_t(layer)], bs = L.block_size;
+  const int64_t Dv = L.value_dim[size_t(layer)];
   for (size_t r = 0; r < rows.size(); ++r) {
     const int32_t block = rows[r].blocks[rows[r].pos / bs];
     const int64_t slot = rows[r].pos % bs;
@@ -33,7 +35,7 @@ void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const 
     for (int64_t h = 0; h < Hkv; ++h) {
       float* kt = K + h * D * bs + slot;  // column `slot` of the head's [D][bs]
       for (int64_t d = 0; d < D; ++d) kt[d * bs] = kr[h * D + d];
-      std::memcpy(Vb + (h * bs + slot) * D, vr + h * D, size_t(D) * sizeof(float));
+      std::memcpy(Vb + (h * bs + slot) * Dv, vr + h * Dv, size_t(Dv) * sizeof(float));
     }
   }
 }
@@ -41,8 +43,8 @@ void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const 
 namespace {
 
 struct Task {
-  const float* q;   // first query head of the group, heads D apart
-  float* out;       // same layout
+  const float* q;   // first query head of the group, heads Dk apart
+  float* out;       // its output, heads Dv apart
   const int32_t* blocks;
   int64_t lo, hi;   // key positions [lo, hi]
 };
@@ -52,7 +54,7 @@ template <class T>
 RLH_GEN_INLINE void attend_body(const Task& t, KvCache& kv, int64_t layer, int64_t h, int64_t G,
                                 float scale, float* s) {
   const KvLayout& L = kv.layout();
-  const int64_t D = L.head_dim[size_t(layer)], bs = L.block_size;
+  const int64_t D = L.head_dim[size_t(layer)], Dv = L.value_dim[size_t(layer)], bs = L.block_size;
   const int64_t b0 = t.lo / bs, b1 = t.hi / bs;  // blocks touched
   const int64_t first = b0 * bs;                 // position of score column 0
   const int64_t width = (b1 - b0 + 1) * bs;      // score columns per query head
@@ -86,17 +88,17 @@ RLH_GEN_INLINE void attend_body(const Task& t, KvCache& kv, int64_t layer, int64
       sum += sg[c];
     }
     const float inv = 1.f / sum;
-    float* o = t.out + g * D;
-    for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+    float* o = t.out + g * Dv;
+    for (int64_t d = 0; d < Dv; ++d) o[d] = 0.f;
     for (int64_t c = c0; c <= c1; ++c) {
       const int64_t p = first + c;
-      const float* vr = kv.values(t.blocks[p / bs], layer) + (h * bs + p % bs) * D;
+      const float* vr = kv.values(t.blocks[p / bs], layer) + (h * bs + p % bs) * Dv;
       const float w = sg[c];
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) o[d] += w * vr[d];
+      for (int64_t d = 0; d < Dv; ++d) o[d] += w * vr[d];
     }
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
   }
 }
 
@@ -121,16 +123,17 @@ void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq,
   static const AttendFn attend = simd::dispatch(&attend_avx512, &attend_avx2, &attend_generic);
   const KvLayout& L = kv.layout();
   const int64_t Hkv = L.kv_heads[size_t(layer)], D = L.head_dim[size_t(layer)], bs = L.block_size;
+  const int64_t Dv = L.value_dim[size_t(layer)];
   if (Hq % Hkv) throw std::invalid_argument("paged_attention: Hq must be a multiple of Hkv");
   const int64_t G = Hq / Hkv, R = int64_t(rows.size()), tasks = R * Hkv;
   int64_t longest = 0;
   for (const CacheRow& r : rows) longest = std::max<int64_t>(longest, r.pos + 1);
   // Enough score columns for the widest row: its keys plus a partial block at each end.
   const size_t per_thread = size_t(G * (std::min(longest, window > 0 ? window : longest) + 2 * bs));
-  // Work per task is ~ keys * G * D: few tasks with short contexts run on one thread.
+  // Work per task is ~ keys * G * (Dk + Dv): few tasks with short contexts run on one thread.
   int64_t work = 0;
   for (const CacheRow& r : rows) work += std::min<int64_t>(r.pos + 1, window > 0 ? window : r.pos + 1);
-  work *= Hq * D;
+  work *= Hq * (D + Dv) / 2;
   const bool parallel = !omp_in_parallel() && tasks > 1 && work > (1 << 16);
 #pragma omp parallel if (parallel)
   {
@@ -141,7 +144,7 @@ void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq,
       const CacheRow& row = rows[size_t(r)];
       Task t;
       t.q = q + r * ldq + h * G * D;
-      t.out = out + r * ldo + h * G * D;
+      t.out = out + r * ldo + h * G * Dv;
       t.blocks = row.blocks;
       t.hi = row.pos;
       t.lo = window > 0 ? std::max<int64_t>(0, row.pos - window + 1) : 0;

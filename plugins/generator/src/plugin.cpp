@@ -76,7 +76,7 @@ NativeGenerator* as_gen(rlh_generator* g) { return reinterpret_cast<NativeGenera
 
 const char* const kKeys[] = {"max_num_seqs",  "max_num_batched_tokens", "block_size",     "kv_cache_bytes",
                              "max_model_len", "num_threads",            "load_format",    "model_component",
-                             "tokenizer",     "tokenizer_component"};
+                             "tokenizer",     "tokenizer_component",    "moe_router_dtype"};
 
 int64_t get_int(const json& c, const char* key, int64_t def) {
   if (!c.contains(key)) return def;
@@ -88,6 +88,39 @@ std::string get_str(const json& c, const char* key, const std::string& def) {
   if (!c.contains(key)) return def;
   if (!c[key].is_string()) throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + key + "' must be a string");
   return c[key].get<std::string>();
+}
+
+bool router_dtype_is_fp64(const std::string& v, const std::string& key) {
+  if (v != "fp32" && v != "fp64")
+    throw Error(RLH_E_INVALID_ARGUMENT, key + ": expected fp32 or fp64, got \"" + v + "\"");
+  return v == "fp64";
+}
+
+// The MoE router's precision: the section's moe_router_dtype, else the training backend's when
+// the host's configuration selects one that has the setting (policy.megatron_cfg.enabled:
+// megatron's moe_router_dtype, default fp32, as plugins/megatron reads it), else fp32. The
+// generator must route as the trainer does (docs/generator.md); the dtensor backend routes in
+// float32 only. `source` says where the setting came from, for the log.
+bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* source) {
+  if (cfg.contains("moe_router_dtype")) {
+    *source = "native_cfg.moe_router_dtype";
+    return router_dtype_is_fp64(get_str(cfg, "moe_router_dtype", "fp32"), "generator config: moe_router_dtype");
+  }
+  *source = "default";
+  json megatron;
+  try {
+    megatron = json::parse(host.config_json("policy.megatron_cfg"));
+  } catch (const Error& e) {
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return false;  // none here
+    throw;
+  }
+  // The GRPO loop picks megatron exactly when this is true (plugins/grpo/src/loop_config.cpp).
+  if (!megatron.is_object() || !megatron.contains("enabled") || megatron["enabled"] != json(true)) return false;
+  *source = "policy.megatron_cfg.moe_router_dtype";
+  const json& v = megatron.contains("moe_router_dtype") ? megatron["moe_router_dtype"] : json("fp32");
+  if (!v.is_string())
+    throw Error(RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.moe_router_dtype: expected fp32 or fp64");
+  return router_dtype_is_fp64(v.get<std::string>(), "policy.megatron_cfg.moe_router_dtype");
 }
 
 std::string read_file(const std::string& path) {
@@ -190,6 +223,8 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     o.kv_cache_bytes = get_int(cfg, "kv_cache_bytes", o.kv_cache_bytes);
     o.max_model_len = get_int(cfg, "max_model_len", o.max_model_len);
     o.num_threads = int(get_int(cfg, "num_threads", 0));
+    std::string router_source;
+    o.moe_router_fp64 = router_fp64(g->host, cfg, &router_source);
 
     rlh::sdk::TransformerDesc desc = describe(g->host, g->model_dir, get_str(cfg, "model_component", ""));
     g->gen = std::make_unique<gen::Generator>(desc, o);
@@ -215,7 +250,8 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
       }
     }
     g->host.info("generator native: " + desc.architecture + ", " + std::to_string(desc.num_layers) + " layers, vocab " +
-                 std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit"));
+                 std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit") +
+                 ", MoE router " + (o.moe_router_fp64 ? "fp64" : "fp32") + " (" + router_source + ")");
     *out = reinterpret_cast<rlh_generator*>(g.release());
   });
 }

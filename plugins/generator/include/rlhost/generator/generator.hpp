@@ -1,5 +1,6 @@
-// The native generator: batched autoregressive decoding on the CPU for the dense Llama family,
-// sharing the trainer's description, kernels and (through refit views) weights.
+// The native generator: batched autoregressive decoding on the CPU for the Llama family (dense,
+// MoE, DeepSeek's MLA), sharing the trainer's description, kernels and (through refit views)
+// weights.
 //
 //   gen::Generator g(desc, options);
 //   g.weights().load(tensors, /*version=*/0);          // or update_weights(...) by HF name
@@ -40,6 +41,9 @@ struct Options {
   int64_t kv_cache_bytes = int64_t(512) << 20;
   int64_t max_model_len = 0;              // prompt + new tokens; 0 = max_position_embeddings
   int num_threads = 0;                    // OpenMP threads (0 = leave the setting alone)
+  // MoE router in float64, as the trainer's MoeOptions::router_fp64 (NeMo-RL's
+  // moe_router_dtype: fp64): set it as the trainer is set so both route alike.
+  bool moe_router_fp64 = false;
 };
 
 struct Request {

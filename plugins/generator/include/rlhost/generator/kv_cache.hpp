@@ -2,7 +2,8 @@
 // give each sequence its blocks (vLLM's PagedAttention layout, on the CPU).
 //
 // A block holds `block_size` consecutive token positions of one sequence for every layer:
-//   block b, layer l:  K [Hkv_l][D_l][block_size]  then  V [Hkv_l][block_size][D_l]
+//   block b, layer l:  K [Hkv_l][Dk_l][block_size]  then  V [Hkv_l][block_size][Dv_l]
+// Keys and values may differ in width (MLA: Dk = qk_nope + qk_rope, Dv = v_head_dim).
 // Heads outermost, so one (query row, kv head) pair of the attention reads contiguous memory.
 // Keys are stored transposed: the scores of a whole block are then block_size-wide vector FMAs
 // over d (q[d] broadcast), with no horizontal sum per key; values stay row-major, as the output
@@ -30,12 +31,15 @@ namespace rlh::gen {
 
 struct KvLayout {
   int64_t block_size = 16;
-  std::vector<int64_t> kv_heads, head_dim;  // per layer
+  std::vector<int64_t> kv_heads, head_dim;  // per layer: heads, key width Dk
+  std::vector<int64_t> value_dim;           // per layer: value width Dv
   std::vector<int64_t> offset;              // per layer: floats from the block start to its K
   int64_t block_floats = 0;                 // floats per block, all layers, K and V
 
-  // The layout for layers with these (Hkv, D); block_size >= 1.
-  static KvLayout make(int64_t block_size, std::vector<int64_t> kv_heads, std::vector<int64_t> head_dim);
+  // The layout for layers with these (Hkv, Dk, Dv); value_dim empty = Dv equal to Dk;
+  // block_size >= 1.
+  static KvLayout make(int64_t block_size, std::vector<int64_t> kv_heads, std::vector<int64_t> head_dim,
+                       std::vector<int64_t> value_dim = {});
   int64_t block_bytes() const { return block_floats * int64_t(sizeof(float)); }
 };
 
@@ -66,7 +70,7 @@ class KvCache {
   // Drops a reference; the block is free again after the last one.
   void release(int32_t block);
 
-  // Keys of `layer` in `block`: [Hkv][D][block_size]; values: [Hkv][block_size][D].
+  // Keys of `layer` in `block`: [Hkv][Dk][block_size]; values: [Hkv][block_size][Dv].
   float* keys(int32_t block, int64_t layer) {
     return pool_ + int64_t(block) * layout_.block_floats + layout_.offset[size_t(layer)];
   }

@@ -7,7 +7,9 @@
 //   out = h + down(silu(gate(mlp_norm(h))) * up(mlp_norm(h)))
 // with q/k/v/o and MLP biases, per-head q/k RMSNorm (Qwen3), RoPE of any kind the description
 // names, GQA, per-layer sliding windows, then logits = lm_head(final_norm(x)) (the embedding when
-// tied). RMSNorm, RoPE, SwiGLU, bias, add and embedding are kernels_cpu's ops through the
+// tied). MoE MLPs are moe_decode.cpp (sdk/engine/src/moe.cpp's math) and DeepSeek's multi-head
+// latent attention mla_decode.cpp (sdk/engine/src/mla.cpp's): its expanded per-head keys and
+// values go into the paged cache, as attention with Dk != Dv. RMSNorm, RoPE, SwiGLU, bias, add and embedding are kernels_cpu's ops through the
 // engine's Ops interface; the projections are linear.hpp's row-invariant product and attention
 // reads the paged cache (paged_attention.hpp), the two pieces a generator needs that a trainer
 // does not.
@@ -30,7 +32,9 @@ namespace rlh::gen {
 
 // Shapes and settings of one decoder layer, read once from the description.
 struct LayerShape {
-  int64_t Hq = 0, Hkv = 0, D = 0, Wqkv = 0, F = 0;
+  // D: the q/k head width; Dv: the value head width (D except in MLA layers); Wqkv = Hq D +
+  // Hkv (D + Dv), the width of a row of the q|k|v buffer.
+  int64_t Hq = 0, Hkv = 0, D = 0, Dv = 0, Wqkv = 0, F = 0;
   float eps_attn = 0, off_attn = 0, eps_mlp = 0, off_mlp = 0;
   bool qk_norm = false, use_rope = false;
   int64_t window = 0;
@@ -40,10 +44,14 @@ struct LayerShape {
   int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
   bool shared_gate = false;
   engine::Ops::RouterAttrs router;
+  // MLA layer (DeepSeek-V2/V3): q_lora_rank rq (0: q projected directly), kv_lora_rank rkv, and
+  // the nope / rope parts of a q/k head (D = dn + dr); Hkv = Hq, Dv = v_head_dim.
+  bool mla = false;
+  int64_t rq = 0, rkv = 0, dn = 0, dr = 0;
 };
 
 // Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the layer and feature when the description needs
-// what this generator does not execute (MLA attention, non-SiLU activations, LayerNorm),
+// what this generator does not execute (non-SiLU activations, LayerNorm),
 // RLH_E_INVALID_ARGUMENT for inconsistent sizes.
 std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc);
 
@@ -115,12 +123,21 @@ struct LayerWeights {
   // with one tensor per expert), so one pointer each.
   std::vector<const float*> e_gate, e_up, e_down;
   const float *ws_gate_proj = nullptr, *ws_up = nullptr, *ws_down = nullptr, *ws_gate = nullptr;
+  // MLA: q_a [rq, C], q_a_norm [rq], q_b [Hq D, rq] (or q [Hq D, C] without rq), kv_a
+  // [rkv + dr, C], kv_a_norm [rkv], kv_b [Hq (dn + Dv), rkv]; o is [C, Hq Dv].
+  const float *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr;
+  const float *kv_a = nullptr, *kv_a_norm = nullptr, *kv_b = nullptr;
 };
 
 class DecodeModel {
  public:
   // ops: the shared kernels (nullptr: kernels_cpu directly).
   explicit DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops = nullptr);
+
+  // The MoE router in float64 (the trainer's MoeOptions::router_fp64, NeMo-RL's
+  // moe_router_dtype: fp64); float32 by default. No effect on models without MoE layers.
+  void set_router_fp64(bool on) { router_fp64_ = on; }
+  bool router_fp64() const { return router_fp64_; }
   ~DecodeModel();
 
   const sdk::TransformerDesc& desc() const { return desc_; }
@@ -140,9 +157,19 @@ class DecodeModel {
  private:
   void bind_weights();
   void reserve(int64_t rows, int64_t samples);
-  void apply_rope(float* x, int64_t ld, int64_t H, int64_t D, std::span<const CacheRow> rows);
+  void apply_rope(float* x, int64_t ld, int64_t H, int64_t D, std::span<const CacheRow> rows) {
+    apply_rope_to(x, ld, x, ld, H, D, rows);
+  }
+  // y = rope(x) on H heads of D dims of every row (y may be x).
+  void apply_rope_to(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D,
+                     std::span<const CacheRow> rows);
   // moe_decode.cpp: y [R,C] = the MoE block of layer l on xn [R,C] (no residual).
   void moe_block(int64_t l, int64_t R, const float* xn, float* y);
+  // moe_decode.cpp: z [R,E] (float64) = xn [R,C] Wr^T, each element its own k-ordered sum.
+  void router_logits_f64(double* z, const float* xn, const float* w, int64_t R, int64_t E);
+  // mla_decode.cpp: q [R, Hq D], k [R, Hq D], v [R, Hq Dv] of layer l (rows Wqkv apart in the
+  // q|k|v buffer) from xn [R,C], RoPE applied: what attention and the cache read.
+  void mla_qkv(int64_t l, const float* xn, std::span<const CacheRow> rows);
 
   sdk::TransformerDesc desc_;
   std::vector<LayerShape> shapes_;
@@ -170,6 +197,9 @@ class DecodeModel {
   std::vector<float> x_, xn_, qkv_, att_, h_, gu_, a_, hs_;
   std::vector<float> moe_f_;    // MoE scratch (router logits, weights, expert rows, shared expert)
   std::vector<int32_t> moe_i_;  // MoE choices, permuted rows, offsets
+  std::vector<double> moe_d_;   // the float64 router's logits, scores and weights
+  bool router_fp64_ = false;
+  std::vector<float> mla_f_;    // MLA scratch (q latent, kv latent and its norm, kv_b's output)
 };
 
 }  // namespace rlh::gen

@@ -21,11 +21,12 @@ struct CacheRow {
   int32_t pos = 0;                  // the row's position in its sequence
 };
 
-// Stores the keys k [R, Hkv*D] (rows ldk apart) and values v (ldv) of `rows` in layer `layer`.
+// Stores the keys k [R, Hkv*Dk] (rows ldk apart) and values v [R, Hkv*Dv] (ldv) of `rows` in
+// layer `layer` (Dk, Dv: the cache layout's head_dim and value_dim of the layer).
 void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const float* k,
               int64_t ldk, const float* v, int64_t ldv);
 
-// out [R, Hq*D] (ldo) = softmax(scale * q k^T) v per row and head; q [R, Hq*D] (ldq).
+// out [R, Hq*Dv] (ldo) = softmax(scale * q k^T) v per row and head; q [R, Hq*Dk] (ldq).
 void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq,
                      std::span<const CacheRow> rows, KvCache& kv, int64_t layer, int64_t Hq,
                      float scale, int64_t window);
