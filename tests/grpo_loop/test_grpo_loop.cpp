@@ -281,7 +281,7 @@ TEST_F(Loop, MathRecipesRunOnAUsersCheckpointAndJsonl) {
     ASSERT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs" / file).c_str()), &msg),
               RLH_OK) << msg;
     const fs::path ck = dir / ("ck_" + backend);
-    for (const std::string o : {"policy.model_name=" + math_model.string(),
+    for (const std::string& o : {"policy.model_name=" + math_model.string(),
                                 "data.train.data_path=" + (dir / "train.jsonl").string(),
                                 std::string("grpo.num_prompts_per_step=4"), std::string("grpo.num_generations_per_prompt=2"),
                                 std::string("grpo.max_num_steps=2"), std::string("grpo.max_val_samples=2"),
@@ -332,7 +332,7 @@ TEST_F(Loop, SftCheckpointStartsGrpo) {
   ASSERT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs/sft_demo_cpu.yaml").c_str()),
                     &msg), RLH_OK) << msg;
   const fs::path ck = dir / "sft_ck";
-  for (const std::string o : {"policy.model_name=" + sft_model.string(), std::string("sft.max_num_steps=20"),
+  for (const std::string& o : {"policy.model_name=" + sft_model.string(), std::string("sft.max_num_steps=20"),
                               std::string("sft.val_period=10"), std::string("checkpointing.save_period=20"),
                               "checkpointing.checkpoint_dir=" + ck.string(),
                               "logger.log_dir=" + (dir / "sft_logs").string(), std::string("++logger.console_enabled=false")})
