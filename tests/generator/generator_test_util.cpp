@@ -1,9 +1,12 @@
 // Helpers of the generator tests (see generator_test_util.hpp).
 #include "generator_test_util.hpp"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -54,6 +57,104 @@ sdk::TransformerDesc llama_desc(int64_t vocab, int64_t hidden, int64_t layers, i
   return model::describe(cfg);
 }
 
+sdk::TransformerDesc deepseek_desc(const std::string& extra_json) {
+  nlohmann::json cfg = {{"architectures", {"DeepseekV3ForCausalLM"}},
+                        {"model_type", "deepseek_v3"},
+                        {"vocab_size", 384},
+                        {"hidden_size", 64},
+                        {"intermediate_size", 96},
+                        {"moe_intermediate_size", 32},
+                        {"num_hidden_layers", 3},
+                        {"first_k_dense_replace", 1},
+                        {"num_attention_heads", 4},
+                        {"num_key_value_heads", 4},
+                        {"q_lora_rank", 24},
+                        {"kv_lora_rank", 16},
+                        {"qk_nope_head_dim", 16},
+                        {"qk_rope_head_dim", 8},
+                        {"v_head_dim", 12},
+                        {"n_routed_experts", 8},
+                        {"num_experts_per_tok", 2},
+                        {"n_group", 4},
+                        {"topk_group", 2},
+                        {"n_shared_experts", 1},
+                        {"norm_topk_prob", true},
+                        {"routed_scaling_factor", 2.5},
+                        {"rope_interleave", true},
+                        {"max_position_embeddings", 4096},
+                        {"rope_theta", 10000.0},
+                        {"rope_scaling",
+                         {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 1024},
+                          {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 0.8}}},
+                        {"rms_norm_eps", 1e-6},
+                        {"tie_word_embeddings", false},
+                        {"torch_dtype", "float32"}};
+  cfg.update(nlohmann::json::parse(extra_json));
+  return model::describe(cfg);
+}
+
+std::vector<std::vector<int32_t>> random_prompts(int64_t n, int64_t vocab, uint64_t seed, std::vector<int64_t> lens) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int32_t> p(static_cast<size_t>(lens[size_t(i) % lens.size()]));
+    for (int32_t& t : p) t = int32_t(rng() % uint64_t(vocab));
+    out.push_back(p);
+  }
+  return out;
+}
+
+TiedRouterModel tied_router_moe() {
+  TiedRouterModel m;
+  nlohmann::json cfg = {{"architectures", {"MixtralForCausalLM"}},
+                        {"model_type", "mixtral"},
+                        {"vocab_size", 384},
+                        {"hidden_size", 64},
+                        {"num_hidden_layers", 2},
+                        {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2},
+                        {"head_dim", 16},
+                        {"intermediate_size", 96},
+                        {"num_local_experts", 4},
+                        {"num_experts_per_tok", 1},
+                        {"max_position_embeddings", 4096},
+                        {"rms_norm_eps", 1e-5},
+                        {"rope_theta", 1000.0},
+                        {"tie_word_embeddings", false},
+                        {"torch_dtype", "float32"}};
+  m.config_json = cfg.dump(2);
+  m.desc = model::describe(cfg);
+  // Experts large enough that which one a token takes shows in its logprobs.
+  m.weights = random_weights(m.desc, 21, 0.2f);
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    if (m.desc.params[i].role != sdk::ParamRole::router) continue;
+    std::vector<float>& w = m.weights[i];  // [4, C]
+    const size_t C = w.size() / 4;
+    for (size_t c = 0; c < C; ++c) {
+      const float r0 = w[c] * 2.5f;  // logits of a few units: one or two experts carry the softmax
+      w[c] = r0;
+      w[C + c] = std::nextafter(r0, INFINITY);
+      w[2 * C + c] = -r0;
+      w[3 * C + c] = std::nextafter(-r0, -INFINITY);
+    }
+  }
+  return m;
+}
+
+void expect_same(const Outs& a, const Outs& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [key, o] : a) {
+    auto it = b.find(key);
+    ASSERT_NE(it, b.end()) << what;
+    EXPECT_EQ(o.ids, it->second.ids) << what << ": prompt " << key.first << " sample " << key.second;
+    // Bitwise: the same floats, not merely close ones.
+    ASSERT_EQ(o.logprobs.size(), it->second.logprobs.size());
+    EXPECT_EQ(0, std::memcmp(o.logprobs.data(), it->second.logprobs.data(), o.logprobs.size() * sizeof(float)))
+        << what << ": prompt " << key.first << " sample " << key.second;
+    EXPECT_EQ(o.truncated, it->second.truncated) << what;
+  }
+}
+
 std::vector<std::vector<float>> random_weights(const sdk::TransformerDesc& desc, uint64_t seed, float scale) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -64,7 +165,8 @@ std::vector<std::vector<float>> random_weights(const sdk::TransformerDesc& desc,
     std::vector<float> t(static_cast<size_t>(n));
     const bool norm = p.role == sdk::ParamRole::attn_norm || p.role == sdk::ParamRole::mlp_norm ||
                       p.role == sdk::ParamRole::final_norm || p.role == sdk::ParamRole::q_norm ||
-                      p.role == sdk::ParamRole::k_norm;
+                      p.role == sdk::ParamRole::k_norm || p.role == sdk::ParamRole::q_a_norm ||
+                      p.role == sdk::ParamRole::kv_a_norm;
     for (float& x : t) x = norm ? 1.f + 0.1f * nd(rng) : scale * nd(rng);
     // Embeddings larger, so logits have some spread and samples some structure.
     if (p.role == sdk::ParamRole::embed || p.role == sdk::ParamRole::lm_head)

@@ -23,8 +23,27 @@ std::vector<std::string> fixture_models();
 // A description from an HF-style config (LlamaForCausalLM unless `extra` overrides keys).
 sdk::TransformerDesc llama_desc(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
                                 int64_t head_dim, int64_t ffn, const std::string& extra_json = "{}");
+// A small DeepSeek-V3 description: MLA (q_lora_rank 24, kv_lora_rank 16, q/k heads 16 + 8 rope
+// dims, values 12: Dk != Dv), interleaved yarn RoPE with mscale_all_dim (the softmax scale and
+// cos/sin factor both change), a dense first layer, then MoE with sigmoid scores, a selection
+// bias, group limits and a shared expert. `extra` overrides keys ({"q_lora_rank": null}: q
+// projected directly).
+sdk::TransformerDesc deepseek_desc(const std::string& extra_json = "{}");
 // Random weights for desc (normal * scale, norms around 1), deterministic in seed.
 std::vector<std::vector<float>> random_weights(const sdk::TransformerDesc& desc, uint64_t seed, float scale = 0.08f);
+// n prompts of random tokens, lengths cycling through lens.
+std::vector<std::vector<int32_t>> random_prompts(int64_t n, int64_t vocab, uint64_t seed, std::vector<int64_t> lens);
+
+// A Mixtral-like model (2 MoE layers, 4 experts, top 1) whose routers are built to tie: rows 1
+// and 3 are rows 0 and 2 moved by one float ulp per element, row 2 = -row 0. Every token's best
+// two experts then differ in logit by about as much as float32 rounding moves a logit, so a
+// float32 router's choice depends on its summation order, while float64 resolves the true one.
+struct TiedRouterModel {
+  std::string config_json;  // its HF config.json
+  sdk::TransformerDesc desc;
+  std::vector<std::vector<float>> weights;
+};
+TiedRouterModel tied_router_moe();
 
 // One finished sample, copied out of the callback.
 struct Out {
@@ -35,6 +54,8 @@ struct Out {
 };
 // Keyed by (global prompt index, sample index).
 using Outs = std::map<std::pair<int64_t, int64_t>, Out>;
+// gtest expectations: the same samples, logprobs bitwise.
+void expect_same(const Outs& a, const Outs& b, const std::string& what);
 
 // Runs g.generate over `prompts` (each a token list) starting at global prompt index `first`,
 // adding the results to `outs` under global indices.

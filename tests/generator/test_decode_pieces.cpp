@@ -5,6 +5,8 @@
 // kernels_cpu's attention.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <omp.h>
 
 #include <algorithm>
@@ -290,6 +292,18 @@ TEST(KvCache, BlocksAreBudgetedAndReusedLastInFirstOut) {
   EXPECT_EQ(kv.keys(a, 1), kv.keys(a, 0) + 2 * 2 * 16 * 8);
   EXPECT_THROW(KvCache(l, l.block_bytes() - 1), std::invalid_argument);
   EXPECT_THROW(kv.release(99), std::logic_error);
+
+  // Values of their own width (MLA: Dk = 24, Dv = 12): V follows K's Dk-wide rows.
+  const KvLayout m = KvLayout::make(16, {2, 4}, {8, 24}, {8, 12});
+  EXPECT_EQ(m.value_dim, (std::vector<int64_t>{8, 12}));
+  EXPECT_EQ(m.offset[1], 2 * 2 * 16 * 8);
+  EXPECT_EQ(m.block_floats, 2 * 16 * (8 + 8) + 4 * 16 * (24 + 12));
+  KvCache mk(m, m.block_bytes() * 2);
+  const int32_t mb = mk.allocate(), next = mk.allocate();
+  EXPECT_EQ(mk.values(mb, 1), mk.keys(mb, 1) + 4 * 16 * 24);
+  EXPECT_EQ(mk.keys(next, 0), mk.values(mb, 1) + 4 * 16 * 12) << "blocks back to back";
+  EXPECT_THROW(KvLayout::make(16, {2}, {8}, {8, 8}), std::invalid_argument);
+  EXPECT_THROW(KvLayout::make(16, {2}, {8}, {0}), std::invalid_argument);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -338,15 +352,20 @@ TEST(Linear, MatchesFloat64AndEveryRowIsBatchInvariant) {
 // ---------------------------------------------------------------------------------------------
 // Paged attention
 
-TEST(PagedAttention, MatchesKernelsCpuAttentionThroughScatteredBlocks) {
-  const int64_t T = 45, Hq = 4, Hkv = 2, D = 16, bs = 8;
+// GQA with equal widths, and MLA's shape: as many kv heads as query heads, keys wider than
+// values (Dk = nope + rope = 24, Dv = 12).
+class PagedAttention : public ::testing::TestWithParam<std::array<int64_t, 4>> {};  // Hq, Hkv, Dk, Dv
+
+TEST_P(PagedAttention, MatchesKernelsCpuAttentionThroughScatteredBlocks) {
+  const auto [Hq, Hkv, D, Dv] = GetParam();
+  const int64_t T = 45, bs = 8;
   std::mt19937 g(9);
   std::normal_distribution<float> nd;
-  std::vector<float> q(static_cast<size_t>(T * Hq * D)), k(static_cast<size_t>(T * Hkv * D)), v(static_cast<size_t>(T * Hkv * D));
+  std::vector<float> q(static_cast<size_t>(T * Hq * D)), k(static_cast<size_t>(T * Hkv * D)), v(static_cast<size_t>(T * Hkv * Dv));
   for (float& x : q) x = nd(g);
   for (float& x : k) x = nd(g);
   for (float& x : v) x = nd(g);
-  const KvLayout l = KvLayout::make(bs, {Hkv}, {D});
+  const KvLayout l = KvLayout::make(bs, {Hkv}, {D}, {Dv});
   KvCache kv(l, l.block_bytes() * 12);
   // A block table in scrambled order.
   std::vector<int32_t> all;
@@ -355,22 +374,33 @@ TEST(PagedAttention, MatchesKernelsCpuAttentionThroughScatteredBlocks) {
   std::vector<CacheRow> rows;
   for (int64_t t = 0; t < T; ++t) rows.push_back(CacheRow{table.data(), int32_t(t)});
   // Keys written in two uneven steps, like a chunked prefill.
-  kv_write(kv, 0, {rows.data(), 20}, k.data(), Hkv * D, v.data(), Hkv * D);
-  kv_write(kv, 0, {rows.data() + 20, size_t(T - 20)}, k.data() + 20 * Hkv * D, Hkv * D, v.data() + 20 * Hkv * D,
-           Hkv * D);
+  kv_write(kv, 0, {rows.data(), 20}, k.data(), Hkv * D, v.data(), Hkv * Dv);
+  kv_write(kv, 0, {rows.data() + 20, size_t(T - 20)}, k.data() + 20 * Hkv * D, Hkv * D, v.data() + 20 * Hkv * Dv,
+           Hkv * Dv);
   for (int64_t window : {int64_t(0), int64_t(10)}) {
     const float scale = 0.25f;
-    std::vector<float> want(static_cast<size_t>(T * Hq * D)), lse(static_cast<size_t>(Hq * T)), got(static_cast<size_t>(T * Hq * D));
+    // Output rows padded past Hq*Dv: nothing may be written there.
+    const int64_t ldo = Hq * Dv + 3;
+    std::vector<float> want(static_cast<size_t>(T * Hq * Dv)), lse(static_cast<size_t>(Hq * T)), got(static_cast<size_t>(T * ldo), NAN);
     const int32_t cu[2] = {0, int32_t(T)};
-    kcpu::attention_fwd<float>(want.data(), Hq * D, lse.data(), q.data(), Hq * D, k.data(), Hkv * D, v.data(),
-                               Hkv * D, cu, 1, T, Hq, Hkv, D, D, scale, window, kcpu::scratch_default());
-    paged_attention(got.data(), Hq * D, q.data(), Hq * D, rows, kv, 0, Hq, scale, window);
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6f) << "window " << window << " at " << i;
+    kcpu::attention_fwd<float>(want.data(), Hq * Dv, lse.data(), q.data(), Hq * D, k.data(), Hkv * D, v.data(),
+                               Hkv * Dv, cu, 1, T, Hq, Hkv, D, Dv, scale, window, kcpu::scratch_default());
+    paged_attention(got.data(), ldo, q.data(), Hq * D, rows, kv, 0, Hq, scale, window);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < Hq * Dv; ++i)
+        ASSERT_NEAR(got[size_t(t * ldo + i)], want[size_t(t * Hq * Dv + i)], 2e-6f)
+            << "window " << window << " row " << t << " at " << i;
+      ASSERT_TRUE(std::isnan(got[size_t(t * ldo + Hq * Dv)])) << "wrote past Hq*Dv";
+    }
     // One row alone gives the same bits as inside the batch.
-    std::vector<float> one(static_cast<size_t>(Hq * D));
-    paged_attention(one.data(), Hq * D, q.data() + 30 * Hq * D, Hq * D, {rows.data() + 30, 1}, kv, 0, Hq, scale, window);
-    EXPECT_EQ(0, std::memcmp(one.data(), got.data() + 30 * Hq * D, one.size() * sizeof(float)));
+    std::vector<float> one(static_cast<size_t>(Hq * Dv));
+    paged_attention(one.data(), Hq * Dv, q.data() + 30 * Hq * D, Hq * D, {rows.data() + 30, 1}, kv, 0, Hq, scale, window);
+    EXPECT_EQ(0, std::memcmp(one.data(), got.data() + 30 * ldo, one.size() * sizeof(float)));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(GqaAndMla, PagedAttention,
+                         ::testing::Values(std::array<int64_t, 4>{4, 2, 16, 16}, std::array<int64_t, 4>{4, 4, 24, 12},
+                                           std::array<int64_t, 4>{2, 2, 8, 20}));
 
 }  // namespace

@@ -60,20 +60,6 @@ std::vector<std::vector<int32_t>> rows_of(const std::vector<double>& v, int64_t 
 
 Out& get(Outs& o, int64_t prompt, int64_t sample) { return o[std::make_pair(prompt, sample)]; }
 
-void expect_same(const Outs& a, const Outs& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (const auto& [key, o] : a) {
-    auto it = b.find(key);
-    ASSERT_NE(it, b.end()) << what;
-    EXPECT_EQ(o.ids, it->second.ids) << what << ": prompt " << key.first << " sample " << key.second;
-    // Bitwise: the same floats, not merely close ones.
-    ASSERT_EQ(o.logprobs.size(), it->second.logprobs.size());
-    EXPECT_EQ(0, std::memcmp(o.logprobs.data(), it->second.logprobs.data(), o.logprobs.size() * sizeof(float)))
-        << what << ": prompt " << key.first << " sample " << key.second;
-    EXPECT_EQ(o.truncated, it->second.truncated) << what;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Fixtures: greedy decoding equals Hugging Face's, and logprobs equal the trainer's.
 
@@ -159,17 +145,6 @@ Model qwen_like() {
   return m;
 }
 
-std::vector<std::vector<int32_t>> random_prompts(int64_t n, int64_t vocab, uint64_t seed, std::vector<int64_t> lens) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<int32_t>> out;
-  for (int64_t i = 0; i < n; ++i) {
-    std::vector<int32_t> p(static_cast<size_t>(lens[size_t(i) % lens.size()]));
-    for (int32_t& t : p) t = int32_t(rng() % uint64_t(vocab));
-    out.push_back(p);
-  }
-  return out;
-}
-
 // Qwen2-MoE-style: 6 experts top-2 with a gated shared expert on every other layer.
 Model moe_like() {
   Model m;
@@ -182,13 +157,26 @@ Model moe_like() {
   return m;
 }
 
-class Invariance : public ::testing::TestWithParam<bool> {};
+// DeepSeek-V3-style: MLA (Dk != Dv, yarn, interleaved RoPE) and sigmoid-routed MoE with groups.
+Model mla_like() {
+  Model m;
+  m.desc = deepseek_desc();
+  m.weights = random_weights(m.desc, 13);
+  return m;
+}
+
+class Invariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
-  const Model m = GetParam() ? moe_like() : qwen_like();
-  bool has_moe = false;
-  for (const auto& l : m.desc.layers) has_moe = has_moe || l.mlp.kind == sdk::MlpKind::moe;
-  ASSERT_EQ(has_moe, GetParam());
+  const std::string kind = GetParam();
+  const Model m = kind == "mla" ? mla_like() : kind == "moe" ? moe_like() : qwen_like();
+  bool has_moe = false, has_mla = false;
+  for (const auto& l : m.desc.layers) {
+    has_moe = has_moe || l.mlp.kind == sdk::MlpKind::moe;
+    has_mla = has_mla || l.attention.kind == sdk::AttentionKind::mla;
+  }
+  ASSERT_EQ(has_moe, kind != "dense");
+  ASSERT_EQ(has_mla, kind == "mla");
   // Lengths around the block size and a long prompt that needs several prefill chunks.
   const auto prompts = random_prompts(6, m.desc.vocab_size, 3, {5, 16, 17, 1, 40, 9});
   Request r;
@@ -262,8 +250,8 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   EXPECT_NE(get(ref, 100, 0).ids, get(ref, 100, 1).ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseAndMoe, Invariance, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? std::string("moe") : std::string("dense"); });
+INSTANTIATE_TEST_SUITE_P(DenseMoeMla, Invariance, ::testing::Values("dense", "moe", "mla"),
+                         [](const auto& info) { return info.param; });
 
 TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
   const Model m = qwen_like();

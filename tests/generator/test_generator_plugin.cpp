@@ -43,6 +43,8 @@ struct Host {
     sdk::check(rlhost_load_plugin(h, "generator"));
   }
   ~Host() { rlhost_destroy(h); }
+  // The run's configuration, as `rlhost run` would have loaded it.
+  void load_config(const std::string& yaml) { sdk::check(rlhost_load_config_text(h, yaml.data(), yaml.size(), "test")); }
   const rlh_host_api* services() const { return rlhost_services(h); }
   const rlh_generator_api* generator() const {
     const rlh_component_desc* d = nullptr;
@@ -261,6 +263,78 @@ TEST(GeneratorPlugin, DummyLoadThenRefitByViews) {
     EXPECT_EQ(st->code, RLH_E_INVALID_ARGUMENT) << bad << ": " << sdk::status_message(st);
     rlh_status_destroy(st);
   }
+}
+
+// The MoE router's precision through the ABI: native_cfg.moe_router_dtype, else the megatron
+// backend's setting when the run's configuration enables megatron, else float32. Seen on a model
+// whose routers tie to within float32 rounding (generator_test_util.hpp), where the two
+// precisions decode differently.
+TEST(GeneratorPlugin, MoeRouterDtypeFollowsTheBackendOrItsOwnKey) {
+  const gen::test::TiedRouterModel m = gen::test::tied_router_moe();
+  const fs::path dir = fs::temp_directory_path() / ("rlh_gen_tied_router_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << m.config_json;
+  model::save_weights_hf(m.desc, m.weights, dir.string());
+  const auto prompts = gen::test::random_prompts(4, m.desc.vocab_size, 12, {9, 20, 4});
+  // The library's decodes at each precision.
+  auto direct = [&](bool fp64) {
+    gen::Options o;
+    o.moe_router_fp64 = fp64;
+    gen::Generator g(m.desc, o);
+    g.weights().load(m.weights, 0);
+    gen::Request r;
+    r.sampling.temperature = 0;
+    r.max_new_tokens = 16;
+    gen::test::Outs outs;
+    gen::test::run(g, prompts, r, 0, outs);
+    std::vector<std::vector<int32_t>> ids;
+    for (const auto& [k, o] : outs) ids.push_back(o.ids);
+    return ids;
+  };
+  const auto want64 = direct(true), want32 = direct(false);
+  ASSERT_NE(want64, want32) << "the tied routers were meant to decode differently at the two precisions";
+
+  auto decode = [&](const std::string& yaml, const std::string& cfg) {
+    Host host;
+    if (!yaml.empty()) host.load_config(yaml);
+    const rlh_generator_api* api = host.generator();
+    rlh_generator* g = nullptr;
+    sdk::check(api->create(host.services(), dir.c_str(), cfg.data(), cfg.size(), &g), cfg);
+    GotMap out;
+    EXPECT_EQ(generate(api, g, prompts, greedy(16), out), RLH_OK);
+    api->destroy(g);
+    std::vector<std::vector<int32_t>> ids;
+    for (const auto& [k, o] : out) ids.push_back(o.ids);
+    return ids;
+  };
+  const std::string megatron64 = "policy:\n  megatron_cfg:\n    enabled: true\n    moe_router_dtype: fp64\n";
+  EXPECT_EQ(decode("", "{}"), want32) << "no backend configured: float32";
+  EXPECT_EQ(decode("", R"({"moe_router_dtype": "fp64"})"), want64) << "the generator's own key";
+  EXPECT_EQ(decode(megatron64, "{}"), want64) << "following megatron's moe_router_dtype";
+  EXPECT_EQ(decode(megatron64, R"({"native_cfg": {}})"), want64) << "policy.generation passed whole";
+  EXPECT_EQ(decode(megatron64, R"({"native_cfg": {"moe_router_dtype": "fp32"}})"), want32) << "own key wins";
+  EXPECT_EQ(decode("policy:\n  megatron_cfg:\n    enabled: true\n", "{}"), want32) << "megatron's default fp32";
+  EXPECT_EQ(decode("policy:\n  dtensor_cfg:\n    enabled: true\n  megatron_cfg:\n    enabled: false\n"
+                   "    moe_router_dtype: fp64\n",
+                   "{}"),
+            want32)
+      << "megatron not the backend: its setting does not apply";
+
+  // Bad values, in either place, are one-line errors naming the key.
+  for (const auto& [yaml, cfg] : std::vector<std::pair<std::string, std::string>>{
+           {"", R"({"moe_router_dtype": "bf16"})"},
+           {"", R"({"moe_router_dtype": 64})"},
+           {"policy:\n  megatron_cfg:\n    enabled: true\n    moe_router_dtype: fp16\n", "{}"}}) {
+    Host host;
+    if (!yaml.empty()) host.load_config(yaml);
+    rlh_generator* g = nullptr;
+    rlh_status* st = host.generator()->create(host.services(), dir.c_str(), cfg.data(), cfg.size(), &g);
+    ASSERT_NE(st, nullptr) << cfg;
+    EXPECT_EQ(st->code, RLH_E_INVALID_ARGUMENT) << cfg;
+    EXPECT_NE(sdk::status_message(st).find("moe_router_dtype"), std::string::npos) << sdk::status_message(st);
+    rlh_status_destroy(st);
+  }
+  fs::remove_all(dir);
 }
 
 TEST(GeneratorPlugin, StopStringsUseTheTokenizerComponent) {
