@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""PyTorch peers of bench_cuda_engine on the same GPU and shapes (HF transformers Llama):
+   RESULT impl=torch name=<train|forward> mode=<eager|compile> shape=<...> value=<tok/s> unit=tok/s ms=<median>
+
+train:   fp32 master weights, bf16 autocast, SDPA attention, fused AdamW(lr 1e-5, wd 0.01),
+         clip_grad_norm_(1.0), loss = mean token cross-entropy; B4 x T2048 (the issue's setup:
+         "fwd+bwd+AdamW, fp32 master").
+forward: logprobs of the next tokens, bf16 weights, no_grad, B8 x T2048 (log_softmax over the
+         [T, V] logits, then gather: what HF-based RL code does).
+Timing: 2 warm-up steps (torch.compile: its compilation happens there), then the median of the
+timed steps, each synchronised."""
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+p = argparse.ArgumentParser()
+p.add_argument("--shape", default="llama1b")
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--warmup", type=int, default=2)
+p.add_argument("--only", default="")
+p.add_argument("--compile", action="store_true", help="torch.compile the model (train only)")
+args = p.parse_args()
+
+SHAPES = {  # V, C, L, Hq, Hkv, D, F, tied, train_B, fwd_B, T
+    "llama1b": (128256, 2048, 16, 32, 8, 64, 8192, True, 4, 8, 2048),
+    "small": (32000, 1024, 4, 16, 4, 64, 4096, True, 2, 4, 1024),
+}
+V, C, L, Hq, Hkv, D, FF, tied, TB, FB, T = SHAPES[args.shape]
+cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=FF, num_hidden_layers=L,
+                  num_attention_heads=Hq, num_key_value_heads=Hkv, head_dim=D,
+                  max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                  tie_word_embeddings=tied, attn_implementation="sdpa")
+dev = "cuda"
+torch.manual_seed(0)
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def batch(B):
+    return torch.randint(0, V, (B, T), device=dev)
+
+
+def timed(fn, steps, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return median(out)
+
+
+mode = "compile" if args.compile else "eager"
+if not args.only or args.only == "train":
+    with torch.device(dev):  # initialised on the GPU (seconds, not a minute of CPU init)
+        model = LlamaForCausalLM(cfg)  # fp32 master weights
+    model.train()
+    fwd = torch.compile(model) if args.compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
+    ids = batch(TB)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = fwd(input_ids=ids).logits
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, V), ids[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t = timed(step, args.steps, args.warmup)
+    n = TB * T
+    print(f"torch train ({mode}): {t * 1e3:.1f} ms/step, {n / t:.0f} tok/s, peak mem "
+          f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    print(f"RESULT impl=torch name=train mode={mode} shape={args.shape}_B{TB}xT{T} value={n / t:.0f} unit=tok/s ms={t * 1e3:.3f}", flush=True)
+    del model, fwd, opt
+    torch.cuda.empty_cache()
+
+if (not args.only or args.only == "forward") and not args.compile:
+    with torch.device(dev):
+        model = LlamaForCausalLM(cfg).to(dtype=torch.bfloat16).eval()
+    ids = batch(FB)
+
+    @torch.no_grad()
+    def fwd_lp():
+        logits = model(input_ids=ids).logits
+        lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        return lp.gather(-1, ids[:, 1:, None])
+
+    t = timed(fwd_lp, args.steps, args.warmup)
+    n = FB * T
+    print(f"torch forward logprobs (eager): {t * 1e3:.1f} ms, {n / t:.0f} tok/s", flush=True)
+    print(f"RESULT impl=torch name=forward mode=eager shape={args.shape}_B{FB}xT{T} value={n / t:.0f} unit=tok/s ms={t * 1e3:.3f}", flush=True)

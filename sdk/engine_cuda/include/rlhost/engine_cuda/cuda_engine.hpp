@@ -1,0 +1,92 @@
+// rlh_engine_cuda: the engine's GPU path. bf16 compute with fp32 master weights, fp32 gradient
+// accumulation and fp32 AdamW moments, on one CUDA device, through the kernels_cuda launchers
+// (cuBLASLt GEMMs, tensor-core attention, the fused logprob head that never holds [N, V]).
+//
+// Same model semantics and the same batch / output / loss-callback types as rlh::engine::Engine
+// (engine.hpp), so a backend can hold either: a MicroBatch of packed sequences in, per-token
+// outputs in NeMo-RL's alignment out, the algorithm's LossFn in between, then clip + AdamW.
+//
+// Precision: activations, the residual stream and the working copy of the weights are bf16;
+// norms, softmax, logprob statistics and every accumulation are fp32; parameter gradients are
+// accumulated in fp32 by the GEMMs themselves (bf16 operands, fp32 C, beta = 1); AdamW updates
+// the fp32 master weights and refreshes the bf16 copy in one pass.
+//
+// Memory is planned, not allocated per step: parameters, gradients, moments and the bf16 copy
+// are one allocation each; activations are one allocation sized for the largest micro-batch
+// seen (or CudaEngineOptions::max_tokens up front); kernel scratch is one arena that only grows.
+// stats() counts device allocations and host synchronisations, so a benchmark can report both
+// per steady-state step.
+//
+// Not on the GPU yet (refused with std::invalid_argument naming the feature): MoE and MLA
+// layers, sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p)
+// logprobs, logprob_at_ids, activation recompute.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine/engine.hpp"
+
+namespace rlh::engine {
+
+struct CudaEngineOptions {
+  int device = 0;
+  int64_t logprob_chunk_bytes = 0;  // head tile (0 = the kernel's default, 32 MiB)
+  OptimizerOptions optimizer;
+  // Plan activations for micro-batches of up to this many tokens at construction (0 = on the
+  // first micro-batch; a larger one later re-plans, counted in stats()).
+  int64_t max_tokens = 0;
+};
+
+struct CudaEngineStats {
+  int64_t device_allocations = 0;  // cudaMalloc calls so far
+  int64_t device_bytes = 0;        // bytes held now
+  int64_t host_syncs = 0;          // host waits on the stream so far
+};
+
+class CudaEngine {
+ public:
+  // Throws std::invalid_argument for a description this path does not execute (see above) and
+  // std::runtime_error when the device or cuBLASLt is unavailable.
+  CudaEngine(sdk::TransformerDesc desc, CudaEngineOptions options = {});
+  ~CudaEngine();
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const sdk::TransformerDesc& desc() const;
+  std::string device_name() const;
+  size_t num_params() const;
+  int64_t num_elements() const;
+
+  // fp32 weights in desc().params order (e.g. rlh::model::load_weights_f32(...).tensors).
+  void load_parameters(const std::vector<std::vector<float>>& tensors);
+  std::vector<std::vector<float>> save_parameters() const;  // the fp32 master weights
+  std::vector<std::vector<float>> gradients() const;        // the fp32 accumulated gradients
+  void zero_grad();
+
+  // Forward only. Host outputs as Engine::forward (logprob, entropy; logits for tests).
+  Outputs forward(const MicroBatch& mb, const OutputRequest& request);
+
+  // As Engine::train_step: per micro-batch forward, loss callback (on the host, over host
+  // copies of the requested outputs), backward; then the global gradient norm, clipping and
+  // AdamW unless options.apply_optimizer is false. Host waits: one per micro-batch (the
+  // callback needs its outputs) and one for the gradient norm.
+  StepResult train_step(std::span<const MicroBatch> microbatches, const StepOptions& options,
+                        const LossFn& loss_fn);
+
+  int64_t step() const;
+  CudaEngineStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when a CUDA device of compute capability 9.0 is usable here; otherwise false and *why
+// (for test skips and error messages).
+bool cuda_engine_available(std::string* why);
+
+}  // namespace rlh::engine

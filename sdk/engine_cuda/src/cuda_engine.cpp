@@ -1,0 +1,971 @@
+// The CUDA engine: state, memory plan, forward, backward and the optimizer step, one launcher
+// call per line as in the CPU engine (sdk/engine/src/forward.cpp, backward.cpp), whose math and
+// output alignment it follows; the difference is where things live and in which precision
+// (cuda_engine.hpp).
+//
+// Dimension letters: N tokens of the micro-batch, S sequences, C hidden size, V vocabulary,
+// L layers, Hq / Hkv heads, D head dim, F MLP width, Wqkv = (Hq + 2 Hkv) D, R rotary dims.
+#include "rlhost/engine_cuda/cuda_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "device_memory.hpp"
+
+namespace rlh::engine {
+
+namespace kc = rlh::kcuda;
+using sdk::ParamRole;
+using cuda::check;
+using bf16 = uint16_t;  // storage of __nv_bfloat16 (this file never does bf16 arithmetic)
+
+namespace {
+
+[[noreturn]] void unsupported(const std::string& what) {
+  throw std::invalid_argument("cuda engine: " + what + " is not supported on the GPU path yet");
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Storage order: q|k|v and gate|up adjacent (one GEMM each), as the CPU engine.
+constexpr ParamRole kLayerOrder[] = {
+    ParamRole::attn_norm, ParamRole::q,     ParamRole::k,        ParamRole::v,
+    ParamRole::q_bias,    ParamRole::k_bias, ParamRole::v_bias,  ParamRole::q_norm,
+    ParamRole::k_norm,    ParamRole::o,     ParamRole::o_bias,   ParamRole::mlp_norm,
+    ParamRole::gate,      ParamRole::up,    ParamRole::gate_bias, ParamRole::up_bias,
+    ParamRole::down,      ParamRole::down_bias};
+constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::final_norm, ParamRole::lm_head};
+// Roles that follow the previous one without padding (they are read as one matrix).
+bool joins_previous(ParamRole r) {
+  return r == ParamRole::k || r == ParamRole::v || r == ParamRole::up;
+}
+
+struct LayerShape {
+  int64_t Hq, Hkv, D, Wqkv, F;
+  float eps_attn, off_attn, eps_mlp, off_mlp;
+  bool qk_norm, use_rope;
+  int64_t window;
+  float scale;
+};
+
+// Element offsets of one layer's tensors in the flat parameter (and gradient) buffers; -1 absent.
+struct LayerOffsets {
+  int64_t attn_norm = -1, wqkv = -1, bq = -1, bk = -1, bv = -1, q_norm = -1, k_norm = -1,
+          wo = -1, bo = -1, mlp_norm = -1, wgu = -1, bgate = -1, bup = -1, wdown = -1,
+          bdown = -1;
+};
+
+// Activations of one layer (bf16 unless float).
+struct LayerActs {
+  bf16* x = nullptr;       // [N, C] layer input
+  bf16* xn1 = nullptr;     // [N, C]
+  float* rstd1 = nullptr;  // [N]
+  bf16* qkv = nullptr;     // [N, Wqkv]; q, k roped in place unless qk_norm
+  bf16* qk = nullptr;      // [N, (Hq+Hkv) D] normed + roped q|k (qk_norm)
+  float* rstd_q = nullptr; // [Hq, N]
+  float* rstd_k = nullptr; // [Hkv, N]
+  bf16* att = nullptr;     // [N, Hq D]
+  float* lse = nullptr;    // [Hq, N]
+  bf16* h = nullptr;       // [N, C]
+  bf16* xn2 = nullptr;     // [N, C]
+  float* rstd2 = nullptr;  // [N]
+  bf16* gu = nullptr;      // [N, 2F]
+  bf16* a = nullptr;       // [N, F]
+};
+
+// Carves 256-byte aligned pieces out of one block; with a null base it only measures.
+struct Carver {
+  char* base;
+  size_t at = 0;
+  template <class T>
+  T* take(int64_t n) {
+    at = (at + 255) & ~size_t(255);
+    T* p = base ? reinterpret_cast<T*>(base + at) : nullptr;
+    at += size_t(n) * sizeof(T);
+    return p;
+  }
+};
+
+}  // namespace
+
+struct CudaEngine::Impl {
+  sdk::TransformerDesc desc;
+  CudaEngineOptions opt;
+  int64_t C = 0, V = 0, L = 0, R = 0;
+  double rope_scale = 1;
+  bool rope_interleaved = false;
+  std::vector<LayerShape> shapes;
+  int64_t maxW = 0, maxHD = 0, maxF = 0, maxQK = 0, maxH = 0;
+
+  // Parameters
+  std::vector<int64_t> offset;  // per desc param
+  std::vector<LayerOffsets> lo;
+  int64_t off_embed = -1, off_final_norm = -1, off_head = -1;
+  int64_t total = 0;
+
+  cuda::Counters counters;
+  cudaStream_t stream = nullptr;
+  kc::DeviceInfo dev;
+  kc::GemmEngine* gemm_engine = nullptr;
+  std::unique_ptr<cuda::Arena> arena;
+  cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, inv_freq, scalars;
+  bool grads_clear = true;
+  int64_t steps = 0;
+
+  // Activations (one block, carved by plan()).
+  cuda::DeviceBuffer act_block;
+  cuda::PinnedBuffer pinned;
+  int64_t planned_tokens = 0;
+  bool planned_train = false;
+  std::vector<LayerActs> acts;  // L sets (training) or 1 (forward only)
+  std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
+  bf16 *xn = nullptr;           // head: final norm output [N, C]
+  float *rstd = nullptr, *lp = nullptr, *lse = nullptr, *ent = nullptr, *dlp = nullptr,
+        *dent = nullptr;
+  int32_t *ids = nullptr, *pos = nullptr, *target = nullptr, *cu = nullptr;
+  int* err = nullptr;
+  // backward scratch
+  bf16 *dres = nullptr, *dxn = nullptr, *dqkv = nullptr, *dqk = nullptr, *datt = nullptr,
+       *dgu = nullptr, *da = nullptr;
+  // pinned staging: ids, pos, target, cu (int32 [N] x3, [N+1]); lp, ent, dlp, dent (f32 [N] x4)
+  int32_t *h_ids = nullptr, *h_pos = nullptr, *h_target = nullptr, *h_cu = nullptr;
+  float *h_lp = nullptr, *h_ent = nullptr, *h_dlp = nullptr, *h_dent = nullptr, *h_scalar = nullptr;
+
+  Impl(sdk::TransformerDesc d, CudaEngineOptions o);
+  ~Impl();
+  void describe();
+  void carve_params();
+  void plan(int64_t N, bool train);
+  void sync() {
+    check(cudaStreamSynchronize(stream), "stream synchronize");
+    ++counters.syncs;
+  }
+  kc::Workspace& ws() { return arena->rewind(); }
+
+  bf16* w(int64_t off) const { return off < 0 ? nullptr : master_bf16() + off; }
+  bf16* master_bf16() const { return w16.get<bf16>(); }
+  float* g(int64_t off) const { return off < 0 ? nullptr : grads.get<float>() + off; }
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+            const void* B, int64_t ldb, double beta, void* Cp, int64_t ldc, bool c_f32) {
+    kc::GemmArgs a;
+    a.ta = ta;
+    a.tb = tb;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.A = A;
+    a.lda = lda;
+    a.B = B;
+    a.ldb = ldb;
+    a.C = Cp;
+    a.ldc = ldc;
+    a.beta = beta;
+    a.ab = kc::DType::bf16;
+    a.c_dt = c_f32 ? kc::DType::f32 : kc::DType::bf16;
+    kc::gemm(gemm_engine, a, ws(), stream);
+  }
+  void prepare_batch(const MicroBatch& mb);
+  void rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N, bool inverse);
+  void forward(const MicroBatch& mb, const OutputRequest& req, bool train);
+  void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out);
+  void backward(const MicroBatch& mb, const OutputRequest& req);
+  void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);
+  kc::LogprobArgs head_args(const OutputRequest& req, int64_t N) const;
+  double grad_norm();
+  void optimizer_step(const StepOptions& so, double clip);
+  std::vector<std::vector<float>> download(const float* base);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
+    : desc(std::move(d)), opt(o) {
+  describe();  // validates before touching the device
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "no CUDA device");
+  if (opt.device < 0 || opt.device >= count)
+    throw std::runtime_error("cuda engine: device " + std::to_string(opt.device) +
+                             " does not exist (" + std::to_string(count) + " visible)");
+  check(cudaSetDevice(opt.device), "cudaSetDevice");
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, opt.device), "cudaGetDeviceProperties");
+  if (p.major != 9)
+    throw std::runtime_error("cuda engine: built for sm_90a (Hopper); device " +
+                             std::to_string(opt.device) + " is " + p.name);
+  dev.device = opt.device;
+  dev.sm_count = p.multiProcessorCount;
+  dev.cc_major = p.major;
+  dev.cc_minor = p.minor;
+  dev.smem_optin = p.sharedMemPerBlockOptin;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  gemm_engine = kc::gemm_engine_create(dev);
+  arena = std::make_unique<cuda::Arena>(counters, stream);
+  carve_params();
+  if (R > 0) {
+    const std::vector<double> f = sdk::rope_inv_freq(desc.rope, R);
+    std::vector<float> f32(f.begin(), f.end());
+    inv_freq = cuda::DeviceBuffer(counters, f32.size() * sizeof(float));
+    check(cudaMemcpy(inv_freq.get(), f32.data(), f32.size() * sizeof(float),
+                     cudaMemcpyHostToDevice), "inv_freq upload");
+  }
+  scalars = cuda::DeviceBuffer(counters, 256);
+  if (opt.max_tokens > 0) plan(opt.max_tokens, true);
+}
+
+CudaEngine::Impl::~Impl() {
+  if (stream) cudaStreamSynchronize(stream);
+  if (gemm_engine) kc::gemm_engine_destroy(gemm_engine);
+  arena.reset();
+  if (stream) cudaStreamDestroy(stream);
+}
+
+// What this path executes; the same description fields as the CPU engine's model.cpp.
+void CudaEngine::Impl::describe() {
+  C = desc.hidden_size;
+  V = desc.vocab_size;
+  L = desc.num_layers;
+  if (C <= 0 || V <= 0 || L < 0 || int64_t(desc.layers.size()) != L)
+    throw std::invalid_argument("cuda engine: inconsistent model description");
+  if (desc.final_norm.kind != sdk::NormKind::rmsnorm) unsupported("final norm kind");
+  for (const sdk::LayerDesc& ld : desc.layers) {
+    const auto& a = ld.attention;
+    const std::string at = "layer " + std::to_string(ld.index) + ": ";
+    if (a.kind != sdk::AttentionKind::gqa) unsupported(at + "attention kind " + sdk::to_string(a.kind));
+    if (ld.mlp.kind != sdk::MlpKind::dense) unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
+    if (ld.mlp.hidden_act != "silu") unsupported(at + "hidden_act " + ld.mlp.hidden_act);
+    if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
+      unsupported(at + "norm kind");
+    if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0)
+      throw std::invalid_argument("cuda engine: " + at + "bad head counts");
+    LayerShape s;
+    s.Hq = a.num_heads;
+    s.Hkv = a.num_kv_heads;
+    s.D = a.head_dim;
+    s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
+    s.F = ld.mlp.intermediate_size;
+    s.eps_attn = float(ld.attn_norm.eps);
+    s.off_attn = float(ld.attn_norm.weight_offset);
+    s.eps_mlp = float(ld.mlp_norm.eps);
+    s.off_mlp = float(ld.mlp_norm.weight_offset);
+    s.qk_norm = a.qk_norm;
+    s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
+    s.window = a.sliding_window;
+    s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
+    shapes.push_back(s);
+    maxW = std::max(maxW, s.Wqkv);
+    maxHD = std::max(maxHD, s.Hq * s.D);
+    maxF = std::max(maxF, s.F);
+    maxQK = std::max(maxQK, (s.Hq + s.Hkv) * s.D);
+    maxH = std::max(maxH, s.Hq);
+  }
+  if (desc.rope.kind != sdk::RopeKind::none && L > 0) {
+    if (desc.rope.kind == sdk::RopeKind::dynamic || desc.rope.kind == sdk::RopeKind::longrope)
+      unsupported(std::string("RoPE kind ") + sdk::to_string(desc.rope.kind) +
+                  " (its frequencies depend on the sequence length)");
+    R = desc.rope.rotary_dim > 0 ? desc.rope.rotary_dim : shapes[0].D;
+    for (const LayerShape& s : shapes)
+      if (s.use_rope && R > s.D) throw std::invalid_argument("cuda engine: rotary dims exceed head_dim");
+    rope_scale = sdk::rope_attention_scaling(desc.rope);
+    rope_interleaved = desc.rope.layout == sdk::RopeLayout::interleaved;
+  }
+}
+
+// Offsets of every tensor in one flat buffer; groups start 64 elements apart (256-byte aligned
+// in fp32, 128 in bf16, as cuBLASLt and the vector paths want).
+void CudaEngine::Impl::carve_params() {
+  const size_t n = desc.params.size();
+  offset.assign(n, -1);
+  int64_t at = 0;
+  int64_t prev_end = -1;
+  auto place = [&](int64_t layer, ParamRole role) -> int64_t {
+    const sdk::ParamDesc* p = desc.find_param(layer, role);
+    if (!p) {
+      if (joins_previous(role)) prev_end = -1;
+      return -1;
+    }
+    if (!(joins_previous(role) && prev_end == at)) at = (at + 63) / 64 * 64;
+    const size_t i = size_t(p - desc.params.data());
+    offset[i] = at;
+    at += numel(p->shape);
+    prev_end = at;
+    return offset[i];
+  };
+  lo.assign(size_t(L), LayerOffsets{});
+  for (int64_t l = 0; l < L; ++l) {
+    LayerOffsets& o = lo[size_t(l)];
+    const LayerShape& s = shapes[size_t(l)];
+    for (ParamRole r : kLayerOrder) {
+      const int64_t off = place(l, r);
+      switch (r) {
+        case ParamRole::attn_norm: o.attn_norm = off; break;
+        case ParamRole::q: o.wqkv = off; break;
+        case ParamRole::k:
+          if (off != o.wqkv + s.Hq * s.D * C) throw std::logic_error("cuda engine: q/k not adjacent");
+          break;
+        case ParamRole::v:
+          if (off != o.wqkv + (s.Hq + s.Hkv) * s.D * C) throw std::logic_error("cuda engine: k/v not adjacent");
+          break;
+        case ParamRole::q_bias: o.bq = off; break;
+        case ParamRole::k_bias: o.bk = off; break;
+        case ParamRole::v_bias: o.bv = off; break;
+        case ParamRole::q_norm: o.q_norm = off; break;
+        case ParamRole::k_norm: o.k_norm = off; break;
+        case ParamRole::o: o.wo = off; break;
+        case ParamRole::o_bias: o.bo = off; break;
+        case ParamRole::mlp_norm: o.mlp_norm = off; break;
+        case ParamRole::gate: o.wgu = off; break;
+        case ParamRole::up:
+          if (off != o.wgu + s.F * C) throw std::logic_error("cuda engine: gate/up not adjacent");
+          break;
+        case ParamRole::gate_bias: o.bgate = off; break;
+        case ParamRole::up_bias: o.bup = off; break;
+        case ParamRole::down: o.wdown = off; break;
+        case ParamRole::down_bias: o.bdown = off; break;
+        default: break;
+      }
+    }
+    if (o.attn_norm < 0 || o.wqkv < 0 || o.wo < 0 || o.mlp_norm < 0 || o.wgu < 0 || o.wdown < 0 ||
+        (s.qk_norm && (o.q_norm < 0 || o.k_norm < 0)))
+      throw std::invalid_argument("cuda engine: layer " + std::to_string(l) + " misses a parameter");
+  }
+  off_embed = place(-1, ParamRole::embed);
+  off_final_norm = place(-1, ParamRole::final_norm);
+  off_head = desc.tie_word_embeddings ? off_embed : place(-1, ParamRole::lm_head);
+  if (off_embed < 0 || off_final_norm < 0 || off_head < 0)
+    throw std::invalid_argument("cuda engine: the model misses its embedding, final norm or head");
+  for (size_t i = 0; i < n; ++i)
+    if (offset[i] < 0)
+      unsupported("parameter " + desc.params[i].name + " (role " +
+                  sdk::to_string(desc.params[i].role) + ")");
+  total = (at + 63) / 64 * 64;
+  const size_t f32 = size_t(total) * sizeof(float);
+  master = cuda::DeviceBuffer(counters, f32);
+  grads = cuda::DeviceBuffer(counters, f32);
+  adam_m = cuda::DeviceBuffer(counters, f32);
+  adam_v = cuda::DeviceBuffer(counters, f32);
+  w16 = cuda::DeviceBuffer(counters, size_t(total) * sizeof(bf16));
+  for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v})
+    check(cudaMemsetAsync(b->get(), 0, b->size(), stream), "memset");
+  check(cudaMemsetAsync(w16.get(), 0, w16.size(), stream), "memset");
+}
+
+// One activation block for micro-batches of up to N tokens; training keeps every layer's set,
+// forward-only one set and two residual buffers.
+void CudaEngine::Impl::plan(int64_t N, bool train) {
+  if (N <= planned_tokens && (planned_train || !train)) return;
+  N = std::max(N, planned_tokens);
+  train = train || planned_train;
+  auto carve = [&](char* base) {
+    Carver c{base};
+    const int64_t sets = train ? L : 1;
+    acts.assign(size_t(sets), LayerActs{});
+    xs.assign(size_t(train ? L + 1 : 2), nullptr);
+    for (bf16*& x : xs) x = c.take<bf16>(N * C);
+    for (int64_t l = 0; l < sets; ++l) {
+      const LayerShape& s = shapes[size_t(l)];
+      LayerActs& a = acts[size_t(l)];
+      const LayerShape& big = train ? s : shapes[0];
+      // forward-only reuses one set for all layers: size it for the widest layer
+      const int64_t W = train ? big.Wqkv : maxW, HD = train ? big.Hq * big.D : maxHD,
+                    F = train ? big.F : maxF, QK = train ? (big.Hq + big.Hkv) * big.D : maxQK,
+                    H = train ? big.Hq : maxH;
+      a.xn1 = c.take<bf16>(N * C);
+      a.rstd1 = c.take<float>(N);
+      a.qkv = c.take<bf16>(N * W);
+      if (train ? s.qk_norm : true) {
+        a.qk = c.take<bf16>(N * QK);
+        a.rstd_q = c.take<float>(H * N);
+        a.rstd_k = c.take<float>(H * N);
+      }
+      a.att = c.take<bf16>(N * HD);
+      a.lse = c.take<float>(H * N);
+      a.h = c.take<bf16>(N * C);
+      a.xn2 = c.take<bf16>(N * C);
+      a.rstd2 = c.take<float>(N);
+      a.gu = c.take<bf16>(N * 2 * F);
+      a.a = c.take<bf16>(N * F);
+    }
+    xn = c.take<bf16>(N * C);
+    rstd = c.take<float>(N);
+    lp = c.take<float>(N);
+    lse = c.take<float>(N);
+    ent = c.take<float>(N);
+    dlp = c.take<float>(N);
+    dent = c.take<float>(N);
+    ids = c.take<int32_t>(N);
+    pos = c.take<int32_t>(N);
+    target = c.take<int32_t>(N);
+    cu = c.take<int32_t>(N + 1);
+    err = c.take<int>(1);
+    if (train) {
+      dres = c.take<bf16>(N * C);
+      dxn = c.take<bf16>(N * C);
+      dqkv = c.take<bf16>(N * maxW);
+      dqk = c.take<bf16>(N * maxQK);
+      datt = c.take<bf16>(N * maxHD);
+      dgu = c.take<bf16>(N * 2 * maxF);
+      da = c.take<bf16>(N * maxF);
+    } else {
+      dres = dxn = dqkv = dqk = datt = dgu = da = nullptr;
+    }
+    return c.at;
+  };
+  const size_t bytes = carve(nullptr);
+  check(cudaStreamSynchronize(stream), "re-plan");  // the old block may still be in use
+  ++counters.syncs;
+  act_block = cuda::DeviceBuffer();
+  act_block = cuda::DeviceBuffer(counters, bytes);
+  carve(act_block.get<char>());
+  check(cudaMemsetAsync(err, 0, sizeof(int), stream), "memset");
+  // pinned staging: 3 x [N] + [N+1] int32, 4 x [N] float, one scalar pair
+  pinned = cuda::PinnedBuffer(size_t(4 * N + 1) * 4 + size_t(4 * N) * 4 + 64);
+  h_ids = pinned.get<int32_t>();
+  h_pos = h_ids + N;
+  h_target = h_pos + N;
+  h_cu = h_target + N;
+  h_lp = reinterpret_cast<float*>(h_cu + N + 1);
+  h_ent = h_lp + N;
+  h_dlp = h_ent + N;
+  h_dent = h_dlp + N;
+  h_scalar = h_dent + N;
+  planned_tokens = N;
+  planned_train = train;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches and alignment (NeMo-RL's: output t is about token t; kernel row t predicts t+1)
+
+void CudaEngine::Impl::prepare_batch(const MicroBatch& mb) {
+  const int64_t N = mb.num_tokens(), S = mb.num_sequences();
+  if (S < 1 || N == 0 || mb.cu_seqlens[0] != 0 || mb.cu_seqlens[size_t(S)] != N)
+    throw std::invalid_argument(
+        "cuda engine: a micro-batch needs tokens and cu_seqlens running from 0 to their number");
+  for (int64_t s = 0; s < S; ++s) {
+    const int32_t b = mb.cu_seqlens[size_t(s)], e = mb.cu_seqlens[size_t(s) + 1];
+    if (e < b) throw std::invalid_argument("cuda engine: cu_seqlens must not decrease");
+    for (int32_t t = b; t < e; ++t) {
+      const int32_t id = mb.input_ids[size_t(t)];
+      if (id < 0 || id >= V)
+        throw std::invalid_argument("cuda engine: token id " + std::to_string(id) +
+                                    " outside the vocabulary");
+      h_pos[t] = t - b;
+      h_target[t] = t + 1 < e ? mb.input_ids[size_t(t) + 1] : -1;
+    }
+  }
+  std::memcpy(h_ids, mb.input_ids.data(), size_t(N) * 4);
+  std::memcpy(h_cu, mb.cu_seqlens.data(), size_t(S + 1) * 4);
+  // one copy: ids, pos, target, cu are adjacent in both places
+  static_assert(sizeof(int32_t) == 4);
+  check(cudaMemcpyAsync(ids, h_ids, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
+  check(cudaMemcpyAsync(pos, h_pos, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
+  check(cudaMemcpyAsync(target, h_target, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
+  check(cudaMemcpyAsync(cu, h_cu, size_t(S + 1) * 4, cudaMemcpyHostToDevice, stream), "upload");
+}
+
+namespace {
+void shift_out(const float* kernel, float* out, std::span<const int32_t> cu) {
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    if (cu[s + 1] == cu[s]) continue;
+    out[cu[s]] = 0.f;
+    for (int32_t t = cu[s] + 1; t < cu[s + 1]; ++t) out[t] = kernel[t - 1];
+  }
+}
+void shift_in(const float* out, float* kernel, std::span<const int32_t> cu) {
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    if (cu[s + 1] == cu[s]) continue;
+    for (int32_t t = cu[s]; t + 1 < cu[s + 1]; ++t) kernel[t] = out[t + 1];
+    kernel[cu[s + 1] - 1] = 0.f;
+  }
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+void CudaEngine::Impl::rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N, bool inverse) {
+  kc::rope(kc::DType::bf16, x, ld, x, ld, pos, inv_freq.get<float>(), N, H, D, R, rope_scale,
+           rope_interleaved, inverse, stream);
+}
+
+void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out) {
+  const LayerShape& s = shapes[size_t(l)];
+  const LayerOffsets& p = lo[size_t(l)];
+  const int64_t N = mb.num_tokens(), S = mb.num_sequences();
+  const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F;
+  const auto bf = kc::DType::bf16;
+  bf16* q = a.qkv;
+  bf16* k = a.qkv + Hq * D;
+  bf16* v = a.qkv + (Hq + Hkv) * D;
+  int64_t ldqk = Wqkv;
+
+  kc::rmsnorm_fwd(bf, a.xn1, C, {a.rstd1, false}, a.x, C, w(p.attn_norm), N, C, s.eps_attn,
+                  s.off_attn, stream);                                                  // xn1
+  gemm(false, true, N, Wqkv, C, a.xn1, C, w(p.wqkv), C, 0, a.qkv, Wqkv, false);        // qkv
+  if (p.bq >= 0) kc::bias_add_fwd(bf, q, Wqkv, w(p.bq), N, Hq * D, stream);
+  if (p.bk >= 0) kc::bias_add_fwd(bf, k, Wqkv, w(p.bk), N, Hkv * D, stream);
+  if (p.bv >= 0) kc::bias_add_fwd(bf, v, Wqkv, w(p.bv), N, Hkv * D, stream);
+  if (s.qk_norm) {  // per head over D into a.qk, so qkv keeps the norms' inputs
+    const int64_t W2 = (Hq + Hkv) * D;
+    for (int64_t h = 0; h < Hq; ++h)
+      kc::rmsnorm_fwd(bf, a.qk + h * D, W2, {a.rstd_q + h * N, false}, q + h * D, Wqkv,
+                      w(p.q_norm), N, D, s.eps_attn, 0.f, stream);
+    for (int64_t h = 0; h < Hkv; ++h)
+      kc::rmsnorm_fwd(bf, a.qk + (Hq + h) * D, W2, {a.rstd_k + h * N, false}, k + h * D, Wqkv,
+                      w(p.k_norm), N, D, s.eps_attn, 0.f, stream);
+    q = a.qk;
+    k = a.qk + Hq * D;
+    ldqk = W2;
+  }
+  if (s.use_rope) {
+    rope(q, ldqk, Hq, D, N, false);
+    rope(k, ldqk, Hkv, D, N, false);
+  }
+  kc::AttnArgs at;
+  at.t = bf;
+  at.N = N;
+  at.S = S;
+  at.Hq = Hq;
+  at.Hkv = Hkv;
+  at.Dk = at.Dv = D;
+  at.window = s.window;
+  at.scale = s.scale;
+  at.cu = cu;
+  at.q = q;
+  at.ldq = ldqk;
+  at.k = k;
+  at.ldk = ldqk;
+  at.v = v;
+  at.ldv = Wqkv;
+  at.o = a.att;
+  at.ldo = Hq * D;
+  at.lse = {a.lse, false};
+  kc::attention_fwd(at, dev, stream);                                                   // att
+  gemm(false, true, N, C, Hq * D, a.att, Hq * D, w(p.wo), Hq * D, 0, a.h, C, false);    // o
+  if (p.bo >= 0) kc::bias_add_fwd(bf, a.h, C, w(p.bo), N, C, stream);
+  kc::add_fwd(bf, a.h, a.x, a.h, N * C, stream);                                       // h
+  kc::rmsnorm_fwd(bf, a.xn2, C, {a.rstd2, false}, a.h, C, w(p.mlp_norm), N, C, s.eps_mlp,
+                  s.off_mlp, stream);                                                  // xn2
+  gemm(false, true, N, 2 * F, C, a.xn2, C, w(p.wgu), C, 0, a.gu, 2 * F, false);        // gu
+  if (p.bgate >= 0) kc::bias_add_fwd(bf, a.gu, 2 * F, w(p.bgate), N, F, stream);
+  if (p.bup >= 0) kc::bias_add_fwd(bf, a.gu + F, 2 * F, w(p.bup), N, F, stream);
+  kc::swiglu_fwd(bf, a.a, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F, stream);              // a
+  gemm(false, true, N, C, F, a.a, F, w(p.wdown), F, 0, x_out, C, false);               // down
+  if (p.bdown >= 0) kc::bias_add_fwd(bf, x_out, C, w(p.bdown), N, C, stream);
+  kc::add_fwd(bf, x_out, a.h, x_out, N * C, stream);                                   // out
+}
+
+kc::LogprobArgs CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N) const {
+  kc::LogprobArgs h;
+  h.t = kc::DType::bf16;
+  h.N = N;
+  h.C = C;
+  h.V = V;
+  h.K = 1;
+  h.h = xn;
+  h.W = w(off_head);
+  h.target = target;
+  h.temperature = req.temperature;
+  h.chunk_bytes = opt.logprob_chunk_bytes;
+  h.logprob = {lp, false};
+  h.lse = {lse, false};
+  if (req.entropy) h.entropy = {ent, false};
+  h.err = err;
+  return h;
+}
+
+void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool train) {
+  if (req.processed_logprob) unsupported("processed (top-k/top-p) logprobs");
+  if (req.logprob_at_ids) unsupported("logprob_at_ids");
+  if (req.routed_experts || !req.replay_routing_field.empty()) unsupported("MoE routing outputs");
+  if (!(req.temperature > 0)) throw std::invalid_argument("cuda engine: temperature must be > 0");
+  const int64_t N = mb.num_tokens();
+  if (mb.cu_seqlens.empty() || N == 0) throw std::invalid_argument("cuda engine: empty micro-batch");
+  plan(N, train);
+  prepare_batch(mb);
+  // A training plan has a set per layer (a forward-only call uses it as it is); a forward-only
+  // plan has one set and two residual buffers in turn.
+  const bool per_layer = planned_train;
+  kc::embedding_fwd(kc::DType::bf16, xs[0], ids, w(off_embed), N, C, V, err, stream);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerActs& a = acts[per_layer ? size_t(l) : 0];
+    a.x = xs[per_layer ? size_t(l) : size_t(l % 2)];
+    forward_layer(l, mb, a, xs[per_layer ? size_t(l + 1) : size_t((l + 1) % 2)]);
+  }
+  bf16* xL = xs[per_layer ? size_t(L) : size_t(L % 2)];
+  kc::rmsnorm_fwd(kc::DType::bf16, xn, C, {rstd, false}, xL, C, w(off_final_norm), N, C,
+                  float(desc.final_norm.eps), float(desc.final_norm.weight_offset), stream);
+  if (req.logprob || req.entropy)
+    kc::linear_logprob_fwd(gemm_engine, head_args(req, N), ws(), stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward (dres: d loss / d residual stream, from the head down to the embedding)
+
+void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a) {
+  const LayerShape& s = shapes[size_t(l)];
+  const LayerOffsets& p = lo[size_t(l)];
+  const int64_t N = mb.num_tokens(), S = mb.num_sequences();
+  const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F;
+  const auto bf = kc::DType::bf16;
+  auto& ws_ = *arena;
+
+  // MLP: out = h + down(swiglu(gate, up)(mlp_norm(h)))
+  if (p.bdown >= 0) kc::bias_bwd(bf, {g(p.bdown), false}, dres, C, N, C, ws_.rewind(), stream);
+  gemm(false, false, N, F, C, dres, C, w(p.wdown), F, 0, da, F, false);                 // da
+  gemm(true, false, C, F, N, dres, C, a.a, F, 1, g(p.wdown), F, true);                  // dW_down
+  kc::swiglu_bwd(bf, dgu, 2 * F, dgu + F, 2 * F, da, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F,
+                 stream);                                                               // dgu
+  if (p.bgate >= 0) kc::bias_bwd(bf, {g(p.bgate), false}, dgu, 2 * F, N, F, ws_.rewind(), stream);
+  if (p.bup >= 0) kc::bias_bwd(bf, {g(p.bup), false}, dgu + F, 2 * F, N, F, ws_.rewind(), stream);
+  gemm(false, false, N, C, 2 * F, dgu, 2 * F, w(p.wgu), C, 0, dxn, C, false);           // dxn2
+  gemm(true, false, 2 * F, C, N, dgu, 2 * F, a.xn2, C, 1, g(p.wgu), C, true);           // dW_gu
+  kc::rmsnorm_bwd(bf, dres, C, {g(p.mlp_norm), false}, dxn, C, a.h, C, w(p.mlp_norm),
+                  {a.rstd2, false}, N, C, s.off_mlp, true, ws_.rewind(), stream);        // dres = dh
+
+  // Attention: h = x + o_proj(attention(rope(qk_norm(qkv(attn_norm(x))))))
+  if (p.bo >= 0) kc::bias_bwd(bf, {g(p.bo), false}, dres, C, N, C, ws_.rewind(), stream);
+  gemm(false, false, N, Hq * D, C, dres, C, w(p.wo), Hq * D, 0, datt, Hq * D, false);   // datt
+  gemm(true, false, C, Hq * D, N, dres, C, a.att, Hq * D, 1, g(p.wo), Hq * D, true);    // dW_o
+  const int64_t W2 = (Hq + Hkv) * D;
+  // d(q|k) as the attention saw them: in qkv's slots, or in dqk (qk_norm) before the norms
+  bf16* dq = s.qk_norm ? dqk : dqkv;
+  bf16* dk = s.qk_norm ? dqk + Hq * D : dqkv + Hq * D;
+  const int64_t lddqk = s.qk_norm ? W2 : Wqkv;
+  kc::AttnArgs at;
+  at.t = bf;
+  at.N = N;
+  at.S = S;
+  at.Hq = Hq;
+  at.Hkv = Hkv;
+  at.Dk = at.Dv = D;
+  at.window = s.window;
+  at.scale = s.scale;
+  at.cu = cu;
+  at.q = s.qk_norm ? a.qk : a.qkv;
+  at.ldq = s.qk_norm ? W2 : Wqkv;
+  at.k = s.qk_norm ? a.qk + Hq * D : a.qkv + Hq * D;
+  at.ldk = at.ldq;
+  at.v = a.qkv + (Hq + Hkv) * D;
+  at.ldv = Wqkv;
+  at.o = a.att;
+  at.ldo = Hq * D;
+  at.lse = {a.lse, false};
+  at.dout = datt;
+  at.lddo = Hq * D;
+  at.dq = dq;
+  at.lddq = lddqk;
+  at.dk = dk;
+  at.lddk = lddqk;
+  at.dv = dqkv + (Hq + Hkv) * D;
+  at.lddv = Wqkv;
+  kc::attention_bwd(at, dev, ws_.rewind(), stream);                                     // dq dk dv
+  if (s.use_rope) {
+    rope(dq, lddqk, Hq, D, N, true);  // the transposed rotation, in place
+    rope(dk, lddqk, Hkv, D, N, true);
+  }
+  if (s.qk_norm) {  // d(normed) in dqk -> d(projected) in dqkv's q|k slots
+    for (int64_t h = 0; h < Hq; ++h)
+      kc::rmsnorm_bwd(bf, dqkv + h * D, Wqkv, {g(p.q_norm), false}, dqk + h * D, W2,
+                      a.qkv + h * D, Wqkv, w(p.q_norm), {a.rstd_q + h * N, false}, N, D, 0.f,
+                      false, ws_.rewind(), stream);
+    for (int64_t h = 0; h < Hkv; ++h)
+      kc::rmsnorm_bwd(bf, dqkv + (Hq + h) * D, Wqkv, {g(p.k_norm), false}, dqk + (Hq + h) * D, W2,
+                      a.qkv + (Hq + h) * D, Wqkv, w(p.k_norm), {a.rstd_k + h * N, false}, N, D,
+                      0.f, false, ws_.rewind(), stream);
+  }
+  if (p.bq >= 0) kc::bias_bwd(bf, {g(p.bq), false}, dqkv, Wqkv, N, Hq * D, ws_.rewind(), stream);
+  if (p.bk >= 0)
+    kc::bias_bwd(bf, {g(p.bk), false}, dqkv + Hq * D, Wqkv, N, Hkv * D, ws_.rewind(), stream);
+  if (p.bv >= 0)
+    kc::bias_bwd(bf, {g(p.bv), false}, dqkv + (Hq + Hkv) * D, Wqkv, N, Hkv * D, ws_.rewind(),
+                 stream);
+  gemm(false, false, N, C, Wqkv, dqkv, Wqkv, w(p.wqkv), C, 0, dxn, C, false);           // dxn1
+  gemm(true, false, Wqkv, C, N, dqkv, Wqkv, a.xn1, C, 1, g(p.wqkv), C, true);           // dW_qkv
+  kc::rmsnorm_bwd(bf, dres, C, {g(p.attn_norm), false}, dxn, C, a.x, C, w(p.attn_norm),
+                  {a.rstd1, false}, N, C, s.off_attn, true, ws_.rewind(), stream);       // dres = dx
+}
+
+// Output gradients are in dlp / dent (kernel alignment, device).
+void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
+  const int64_t N = mb.num_tokens();
+  kc::LogprobArgs h = head_args(req, N);
+  h.dlogprob = {dlp, false};
+  if (req.entropy) h.dentropy = {dent, false};
+  h.dh = dxn;
+  h.dW = {g(off_head), false};
+  h.accumulate = false;
+  kc::linear_logprob_bwd(gemm_engine, h, ws(), stream);                                // dxn, dW
+  kc::rmsnorm_bwd(kc::DType::bf16, dres, C, {g(off_final_norm), false}, dxn, C, xs[size_t(L)], C,
+                  w(off_final_norm), {rstd, false}, N, C, float(desc.final_norm.weight_offset),
+                  false, ws(), stream);                                                // dres
+  for (int64_t l = L - 1; l >= 0; --l) {
+    LayerActs& a = acts[size_t(l)];
+    a.x = xs[size_t(l)];
+    backward_layer(l, mb, a);
+  }
+  kc::embedding_bwd(kc::DType::bf16, {g(off_embed), false}, ids, dres, N, C, V, err, ws(),
+                    stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+double CudaEngine::Impl::grad_norm() {
+  std::vector<int64_t> n;
+  std::vector<void*> p;
+  for (size_t i = 0; i < desc.params.size(); ++i) {
+    if (!desc.params[i].trainable) continue;
+    if (desc.tie_word_embeddings && desc.params[i].role == ParamRole::lm_head) continue;
+    n.push_back(numel(desc.params[i].shape));
+    p.push_back(grads.get<float>() + offset[i]);
+  }
+  kc::TensorList t;
+  t.n = n.data();
+  t.p = p.data();
+  t.count = n.size();
+  kc::sumsq(t, scalars.get<float>(), ws(), stream);
+  check(cudaMemcpyAsync(h_scalar, scalars.get(), sizeof(float), cudaMemcpyDeviceToHost, stream),
+        "download");
+  sync();
+  return std::sqrt(double(h_scalar[0]));
+}
+
+void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
+  ++steps;
+  const OptimizerOptions& o = opt.optimizer;
+  // Two lists: with and without weight decay (Megatron leaves 1-D tensors out).
+  for (int decay = 0; decay < 2; ++decay) {
+    std::vector<int64_t> n;
+    std::vector<void*> P, G, M, Vv;
+    for (size_t i = 0; i < desc.params.size(); ++i) {
+      const sdk::ParamDesc& pd = desc.params[i];
+      if (!pd.trainable) continue;
+      const bool d = o.decay_1d_params || pd.shape.size() >= 2;
+      if (d != bool(decay)) continue;
+      n.push_back(numel(pd.shape));
+      P.push_back(master.get<float>() + offset[i]);
+      G.push_back(grads.get<float>() + offset[i]);
+      M.push_back(adam_m.get<float>() + offset[i]);
+      Vv.push_back(adam_v.get<float>() + offset[i]);
+    }
+    if (n.empty()) continue;
+    auto list = [&](std::vector<void*>& v) {
+      kc::TensorList t;
+      t.n = n.data();
+      t.p = v.data();
+      t.count = n.size();
+      return t;
+    };
+    kc::AdamWArgs a;
+    a.lr = so.lr;
+    a.beta1 = o.beta1;
+    a.beta2 = o.beta2;
+    a.eps = o.eps;
+    a.weight_decay = decay ? o.weight_decay : 0.0;
+    a.step = steps;
+    a.grad_scale = clip;
+    a.zero_grad = true;  // the pass that reads g clears it for the next step
+    kc::adamw(list(P), list(G), list(M), list(Vv), a, ws(), stream);
+  }
+  cuda::cast_to_bf16(master.get<float>(), w16.get(), total, stream);
+  grads_clear = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CudaEngine
+
+CudaEngine::CudaEngine(sdk::TransformerDesc desc, CudaEngineOptions options)
+    : impl_(std::make_unique<Impl>(std::move(desc), options)) {}
+CudaEngine::~CudaEngine() = default;
+
+const sdk::TransformerDesc& CudaEngine::desc() const { return impl_->desc; }
+size_t CudaEngine::num_params() const { return impl_->desc.params.size(); }
+int64_t CudaEngine::num_elements() const {
+  int64_t n = 0;
+  for (const auto& p : impl_->desc.params) n += numel(p.shape);
+  return n;
+}
+int64_t CudaEngine::step() const { return impl_->steps; }
+CudaEngineStats CudaEngine::stats() const {
+  return {impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs};
+}
+std::string CudaEngine::device_name() const {
+  cudaDeviceProp p{};
+  cudaGetDeviceProperties(&p, impl_->opt.device);
+  return p.name;
+}
+
+void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors) {
+  Impl& m = *impl_;
+  if (tensors.size() != m.desc.params.size())
+    throw std::invalid_argument("cuda engine: load_parameters got " + std::to_string(tensors.size()) +
+                                " tensors for " + std::to_string(m.desc.params.size()) + " parameters");
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (int64_t(tensors[i].size()) != numel(m.desc.params[i].shape))
+      throw std::invalid_argument("cuda engine: parameter " + m.desc.params[i].name + " has " +
+                                  std::to_string(tensors[i].size()) + " values, expected " +
+                                  std::to_string(numel(m.desc.params[i].shape)));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    check(cudaMemcpyAsync(m.master.get<float>() + m.offset[i], tensors[i].data(),
+                          tensors[i].size() * sizeof(float), cudaMemcpyHostToDevice, m.stream),
+          "parameter upload");
+  cuda::cast_to_bf16(m.master.get<float>(), m.w16.get(), m.total, m.stream);
+  m.sync();
+}
+
+std::vector<std::vector<float>> CudaEngine::Impl::download(const float* base) {
+  std::vector<std::vector<float>> out;
+  sync();
+  for (size_t i = 0; i < desc.params.size(); ++i) {
+    std::vector<float> t(size_t(numel(desc.params[i].shape)));
+    check(cudaMemcpy(t.data(), base + offset[i], t.size() * sizeof(float), cudaMemcpyDeviceToHost),
+          "download");
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<std::vector<float>> CudaEngine::save_parameters() const {
+  return impl_->download(impl_->master.get<float>());
+}
+std::vector<std::vector<float>> CudaEngine::gradients() const {
+  return impl_->download(impl_->grads.get<float>());
+}
+void CudaEngine::zero_grad() {
+  check(cudaMemsetAsync(impl_->grads.get(), 0, impl_->grads.size(), impl_->stream), "memset");
+  impl_->grads_clear = true;
+}
+
+Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
+  Impl& m = *impl_;
+  m.forward(mb, req, false);
+  const int64_t N = mb.num_tokens();
+  Outputs out;
+  cuda::DeviceBuffer logits;
+  if (req.logits) {  // [N, V] f32: for tests on small vocabularies
+    logits = cuda::DeviceBuffer(m.counters, size_t(N * m.V) * sizeof(float));
+    m.gemm(false, true, N, m.V, m.C, m.xn, m.C, m.w(m.off_head), m.C, 0, logits.get(), m.V, true);
+  }
+  if (req.logprob)
+    check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+  if (req.entropy)
+    check(cudaMemcpyAsync(m.h_ent, m.ent, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+  if (req.logits) {
+    out.logits.resize(size_t(N * m.V));
+    check(cudaMemcpyAsync(out.logits.data(), logits.get(), logits.size(), cudaMemcpyDeviceToHost,
+                          m.stream), "download");
+  }
+  m.sync();
+  if (req.logprob) {
+    out.logprob.resize(size_t(N));
+    shift_out(m.h_lp, out.logprob.data(), mb.cu_seqlens);
+  }
+  if (req.entropy) {
+    out.entropy.resize(size_t(N));
+    shift_out(m.h_ent, out.entropy.data(), mb.cu_seqlens);
+  }
+  return out;
+}
+
+StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOptions& so,
+                                  const LossFn& loss_fn) {
+  Impl& m = *impl_;
+  const OutputRequest& req = so.outputs;
+  if (!req.logprob && !req.entropy)
+    throw std::invalid_argument("cuda engine: a train step needs logprob or entropy outputs");
+  if (req.logits) throw std::invalid_argument("cuda engine: logits are a forward-only output");
+  if (mbs.empty()) throw std::invalid_argument("cuda engine: a train step needs micro-batches");
+  int64_t biggest = 0;
+  for (const MicroBatch& mb : mbs) biggest = std::max(biggest, mb.num_tokens());
+  m.plan(biggest, true);
+  if (!m.grads_clear) zero_grad();
+  m.grads_clear = false;
+  StepResult r;
+  std::vector<float> lp, ent, dlp, dent;
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    const MicroBatch& mb = mbs[i];
+    const int64_t N = mb.num_tokens();
+    m.forward(mb, req, true);
+    if (req.logprob)
+      check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+    if (req.entropy)
+      check(cudaMemcpyAsync(m.h_ent, m.ent, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+    m.sync();  // the callback runs on the host
+    OutputViews ov;
+    OutputGrads og;
+    if (req.logprob) {
+      lp.assign(size_t(N), 0.f);
+      dlp.assign(size_t(N), 0.f);
+      shift_out(m.h_lp, lp.data(), mb.cu_seqlens);
+      ov.logprob = lp;
+      og.logprob = dlp;
+    }
+    if (req.entropy) {
+      ent.assign(size_t(N), 0.f);
+      dent.assign(size_t(N), 0.f);
+      shift_out(m.h_ent, ent.data(), mb.cu_seqlens);
+      ov.entropy = ent;
+      og.entropy = dent;
+    }
+    LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
+    const LossResult lr = loss_fn(ctx, ov, og);
+    r.loss += lr.loss;
+    for (const auto& metric : lr.metrics) {
+      const std::string& name = metric.first;
+      auto it = std::find_if(r.metrics.begin(), r.metrics.end(),
+                             [&](const auto& kv) { return kv.first == name; });
+      if (it == r.metrics.end())
+        r.metrics.emplace_back(name, metric.second);
+      else
+        it->second += metric.second;
+    }
+    // The previous micro-batch's uploads from these buffers finished before the sync above.
+    if (req.logprob) {
+      shift_in(dlp.data(), m.h_dlp, mb.cu_seqlens);
+      check(cudaMemcpyAsync(m.dlp, m.h_dlp, size_t(N) * 4, cudaMemcpyHostToDevice, m.stream), "upload");
+    } else {
+      check(cudaMemsetAsync(m.dlp, 0, size_t(N) * 4, m.stream), "memset");
+    }
+    if (req.entropy) {
+      shift_in(dent.data(), m.h_dent, mb.cu_seqlens);
+      check(cudaMemcpyAsync(m.dent, m.h_dent, size_t(N) * 4, cudaMemcpyHostToDevice, m.stream), "upload");
+    }
+    m.backward(mb, req);
+    r.tokens += N;
+  }
+  r.grad_norm = m.grad_norm();
+  const double max_norm = m.opt.optimizer.max_grad_norm;
+  r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
+  if (!std::isfinite(r.grad_norm)) {
+    r.skipped = true;  // never apply a non-finite update
+  } else if (so.apply_optimizer) {
+    m.optimizer_step(so, r.clip_coef);
+  }
+  r.step = m.steps;
+  return r;
+}
+
+bool cuda_engine_available(std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    if (why) *why = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+    return false;
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess || p.major != 9) {
+    if (why) *why = std::string("the CUDA engine is built for sm_90a; device 0 is ") + p.name;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace rlh::engine
