@@ -407,12 +407,7 @@ struct CliRun {
 CliRun rlhost(const std::string& args) {
   static int n = 0;
   const fs::path err = fs::temp_directory_path() / ("rlh_gen_err_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  // Under the sanitizer build with LSAN_OPTIONS=use_tls=0 (scripts/test.sh), LeakSanitizer's
-  // built-in *tls_get_addr* suppression matches at exit and it prints a "Suppressions used"
-  // table to stderr; the errors checked here must be one line, so the table (about leaks it
-  // deliberately ignores; real leak reports still print) is turned off for the child.
-  const std::string cmd = "LSAN_OPTIONS=\"${LSAN_OPTIONS:+$LSAN_OPTIONS:}print_suppressions=0\" " +
-                          std::string(RLHOST_EXE) + " generate " + args + " 2>" + err.string();
+  const std::string cmd = std::string(RLHOST_EXE) + " generate " + args + " 2>" + err.string();
   CliRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
