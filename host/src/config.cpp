@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <fstream>
 #include <regex>
@@ -20,6 +21,37 @@ constexpr size_t kMaxNodes = 2'000'000; // guards alias expansion ("billion laug
 constexpr int kMaxDefaultsDepth = 32;   // length of a defaults chain
 
 [[noreturn]] void fail(const std::string& msg) { throw ConfigError(msg); }
+
+// Offset of the first byte that is not well-formed UTF-8 (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF), or npos. Configs are UTF-8 text; a bad byte would
+// otherwise surface far away, as a JSON serialisation error when the config is handed on.
+size_t invalid_utf8_at(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n;
+    uint32_t cp;
+    if ((c >> 5) == 0x6) { n = 1; cp = c & 0x1F; }
+    else if ((c >> 4) == 0xE) { n = 2; cp = c & 0x0F; }
+    else if ((c >> 3) == 0x1E) { n = 3; cp = c & 0x07; }
+    else return i;
+    if (i + n >= s.size()) return i;
+    for (size_t k = 1; k <= n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return i;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+      return i;
+    i += n + 1;
+  }
+  return std::string::npos;
+}
 
 // ------------------------------------------------------------------------------------------
 // YAML -> Json
@@ -61,6 +93,9 @@ struct YamlConverter {
       case YAML::NodeType::Undefined:
         return nullptr;
       case YAML::NodeType::Scalar:
+        // (checked after decoding; yaml-cpp itself refuses escapes of surrogates)
+        if (invalid_utf8_at(n.Scalar()) != std::string::npos)
+          fail(origin + ": line " + std::to_string(n.Mark().line + 1) + ": a value is not valid UTF-8");
         // Tag "!" marks a quoted (non-plain) scalar: always a string.
         if (n.Tag() == "!") return n.Scalar();
         return plain_scalar(n.Scalar());
@@ -75,6 +110,8 @@ struct YamlConverter {
           if (!kv.first.IsScalar())
             fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": mapping keys must be scalars");
           const std::string key = kv.first.Scalar();
+          if (invalid_utf8_at(key) != std::string::npos)
+            fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": a key is not valid UTF-8");
           if (o.contains(key))
             fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": duplicate key '" + key + "'");
           o[key] = convert(kv.second, depth + 1);
@@ -505,6 +542,8 @@ void Config::load_text(const std::string& yaml, const std::string& origin) {
 }
 
 void Config::apply_override(const std::string& text) {
+  if (const size_t bad = invalid_utf8_at(text); bad != std::string::npos)  // not echoed: not text
+    fail("override: byte " + std::to_string(bad + 1) + " is not valid UTF-8");
   const std::string where = "override '" + text + "'";
   std::string t = text;
   enum { kSet, kForce, kAdd, kDelete } mode = kSet;

@@ -209,6 +209,21 @@ TEST_F(ConfigTest, HostileDocumentsAreBounded) {
   expect_error([&] { c.load_text(bomb, "bomb"); }, "alias bomb");
 }
 
+// Configs are UTF-8: a bad byte in a value, a key, an escape or an override is an error at
+// load time naming where (the fuzzer found one surfacing as an uncaught JSON serialisation
+// error inside an interpolation; its input is in tests/fuzz/corpus/config).
+TEST_F(ConfigTest, TextThatIsNotUtf8IsAnError) {
+  Config c;
+  expect_error([&] { c.load_text("a: 1\nb: x\xff\xffy\n", "bad.yaml"); }, "bad.yaml: line 2: a value is not valid UTF-8");
+  expect_error([&] { c.load_text("a:\n  n\xc0\xaf: 32\n", "key.yaml"); }, "key.yaml: line 2: a key is not valid UTF-8");
+  expect_error([&] { c.load_text("a: \"\\uD800\"\n", "esc.yaml"); }, "esc.yaml: line 1, column 11: invalid YAML: invalid unicode");
+  expect_error([&] { c.load_text("g:\n  n\xff\xff\xff\xff: 32\npolicy:\n  x: ul:${g}\n", "interp.yaml"); },
+               "a key is not valid UTF-8");
+  c.load_text("a: {s: \"caf\xc3\xa9 \xf0\x9f\x99\x82\"}\n", "ok.yaml");  // valid multi-byte text
+  EXPECT_EQ(c.resolved()["a"]["s"], "caf\xc3\xa9 \xf0\x9f\x99\x82");
+  expect_error([&] { c.apply_override("a.s=\xe2\x82"); }, "override: byte 5 is not valid UTF-8");
+}
+
 TEST_F(ConfigTest, YamlRoundTrip) {
   Config c;
   c.load_text("a: {b: \"1\", c: 2, d: [x, 'true'], e: null, f: 1.5}\n", "t");
