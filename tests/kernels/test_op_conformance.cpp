@@ -158,6 +158,13 @@ bool run_abi(const sdk::KernelRegistry& reg, const std::string& provider, const 
     if (e.code() == RLH_E_UNIMPLEMENTED) return false;
     throw;
   }
+  if (provider == "kernels_cpu") {  // op_info as docs/ops.md states it
+    const rlh_op_info info = op.info();
+    const bool on_gemm = call.op == "gemm" || call.op == "grouped_gemm" ||
+                         call.op.rfind("linear_logprob", 0) == 0;
+    EXPECT_EQ(info.deterministic, 1) << call.op;
+    EXPECT_EQ(info.batch_invariant, on_gemm ? 0 : 1) << call.op;
+  }
   op.run(ins, outs, {});  // attributes were given at resolution
   return true;
 }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -760,12 +761,18 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
   });
 }
 
-rlh_status* k_op_info(rlh_op*, rlh_op_info* out) {
+rlh_status* k_op_info(rlh_op* op, rlh_op_info* out) {
   return sdk::guard(g_make_status, [&] {
-    // Every op computes each output row from its own input rows with a fixed summation order
-    // (docs/ops.md): batch-invariant and deterministic. Workspace is taken at run time.
+    // Every op is deterministic (fixed summation orders, any thread count). A row's result
+    // depends only on its own input rows except where a float GEMM runs: OpenBLAS picks its
+    // kernel (and so the summation order) by the problem's shape, so adding rows can change a
+    // row's last bits (the generator's linear.hpp exists for that reason). Workspace is taken at
+    // run time.
+    const std::string_view name = op->spec->name;
+    const bool on_gemm = !op->f64 && (name == "gemm" || name == "grouped_gemm" ||
+                                      name.rfind("linear_logprob", 0) == 0);
     rlh_op_info info{};
-    info.batch_invariant = 1;
+    info.batch_invariant = on_gemm ? 0 : 1;
     info.deterministic = 1;
     info.stateful = 0;
     info.workspace_bytes = 0;
