@@ -462,8 +462,7 @@ void CudaEngine::Impl::prepare_batch(const MicroBatch& mb) {
   }
   std::memcpy(h_ids, mb.input_ids.data(), size_t(N) * 4);
   std::memcpy(h_cu, mb.cu_seqlens.data(), size_t(S + 1) * 4);
-  // one copy: ids, pos, target, cu are adjacent in both places
-  static_assert(sizeof(int32_t) == 4);
+  // from pinned staging: asynchronous, ordered before the kernels that read them
   check(cudaMemcpyAsync(ids, h_ids, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
   check(cudaMemcpyAsync(pos, h_pos, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
   check(cudaMemcpyAsync(target, h_target, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
