@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_common.hpp"
 #include "commands.hpp"
 #include "rlhost/generator.h"
 #include "rlhost/host.h"
@@ -44,31 +45,6 @@ namespace {
 
 using sdk::Error;
 using json = nlohmann::json;
-
-std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    if (b == std::string::npos) throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": empty id in '" + text + "'");
-    item = item.substr(b, e - b + 1);
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX)
-      throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": '" + item + "' is not a token id (a non-negative integer)");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": no ids given");
-  return ids;
-}
-
-void append_ids(void* user, const void* data, size_t len) {
-  auto* v = static_cast<std::vector<int32_t>*>(user);
-  const auto* p = static_cast<const int32_t*>(data);
-  v->insert(v->end(), p, p + len / sizeof(int32_t));
-}
 
 // The eos_token_id of a JSON file (an id or a list), if the file and key are there.
 void add_eos_ids(const std::string& path, std::set<int32_t>& out) {
@@ -89,24 +65,15 @@ void add_eos_ids(const std::string& path, std::set<int32_t>& out) {
 }
 
 // Everything the command holds, released in reverse order.
-struct Session {
-  rlhost_t* host = nullptr;
+struct Session : CliHost {
   const rlh_tokenizer_api* tok_api = nullptr;
   rlh_tokenizer* tok = nullptr;
   const rlh_generator_api* gen_api = nullptr;
   rlh_generator* gen = nullptr;
 
-  Session() { sdk::check(rlhost_create(&host)); }
   ~Session() {
     if (gen != nullptr) gen_api->destroy(gen);
     if (tok != nullptr) tok_api->destroy(tok);
-    rlhost_destroy(host);
-  }
-  const rlh_host_api* services() const { return rlhost_services(host); }
-  const rlh_component_desc* find(int32_t kind, const char* name) const {
-    const rlh_component_desc* d = nullptr;
-    sdk::check(services()->find_component(services()->ctx, kind, name, &d));
-    return d;
   }
   std::string decode(const int32_t* ids, size_t n) const {
     std::string text;

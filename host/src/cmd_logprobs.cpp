@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_common.hpp"
 #include "commands.hpp"
 #include "rlhost/backend.h"
 #include "rlhost/host.h"
@@ -36,52 +37,18 @@ namespace {
 
 using sdk::Error;
 
-std::vector<int32_t> parse_id_list(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    if (b == std::string::npos) throw Error(RLH_E_INVALID_ARGUMENT, "--ids: empty id in '" + text + "'");
-    item = item.substr(b, e - b + 1);
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX)
-      throw Error(RLH_E_INVALID_ARGUMENT, "--ids: '" + item + "' is not a token id (a non-negative integer)");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) throw Error(RLH_E_INVALID_ARGUMENT, "--ids: no ids given");
-  return ids;
-}
-
-void append_ids(void* user, const void* data, size_t len) {
-  auto* v = static_cast<std::vector<int32_t>*>(user);
-  const auto* p = static_cast<const int32_t*>(data);
-  v->insert(v->end(), p, p + len / sizeof(int32_t));
-}
-
 // Everything the command holds, released in reverse order (model, backend, tokenizer, host).
-struct Session {
-  rlhost_t* host = nullptr;
+struct Session : CliHost {
   const rlh_tokenizer_api* tok_api = nullptr;
   rlh_tokenizer* tok = nullptr;
   const rlh_backend_api* be_api = nullptr;
   rlh_backend* backend = nullptr;
   rlh_model* model = nullptr;
 
-  Session() { sdk::check(rlhost_create(&host)); }
   ~Session() {
     if (model != nullptr) be_api->unload_model(backend, model);
     if (backend != nullptr) be_api->destroy(backend);
     if (tok != nullptr) tok_api->destroy(tok);
-    rlhost_destroy(host);
-  }
-  const rlh_host_api* services() const { return rlhost_services(host); }
-  const rlh_component_desc* find(int32_t kind, const char* name) const {
-    const rlh_component_desc* d = nullptr;
-    sdk::check(services()->find_component(services()->ctx, kind, name, &d));
-    return d;
   }
 };
 
@@ -133,7 +100,7 @@ int cmd_logprobs(int argc, char** argv) {
 
   std::vector<int32_t> ids;
   if (vm.count("ids")) {
-    ids = parse_id_list(vm["ids"].as<std::string>());
+    ids = parse_ids(vm["ids"].as<std::string>(), "--ids");
   } else {
     sdk::check(rlhost_load_plugin(s.host, "tokenizer_hf"));
     const rlh_component_desc* d = s.find(RLH_KIND_TOKENIZER, nullptr);

@@ -1,6 +1,8 @@
 // Subcommand table and the tokenize command.
 #include "commands.hpp"
 
+#include "cli_common.hpp"
+
 #include <boost/program_options.hpp>
 
 #include <cstring>
@@ -22,42 +24,6 @@ namespace rlh::cli {
 namespace {
 
 using sdk::Error;
-
-// Owns a host for the duration of a command.
-struct HostHandle {
-  rlhost_t* h = nullptr;
-  HostHandle() { sdk::check(rlhost_create(&h)); }
-  ~HostHandle() { rlhost_destroy(h); }
-  // Loads the given plugins, or `fallback` when none were named.
-  void load(const std::vector<std::string>& plugins, const char* fallback) {
-    if (plugins.empty()) sdk::check(rlhost_load_plugin(h, fallback));
-    for (const auto& p : plugins) sdk::check(rlhost_load_plugin(h, p.c_str()));
-  }
-  const rlh_component_desc* find(int32_t kind) {
-    const rlh_host_api* s = rlhost_services(h);
-    const rlh_component_desc* d = nullptr;
-    sdk::check(s->find_component(s->ctx, kind, nullptr, &d));
-    return d;
-  }
-};
-
-std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    if (b == std::string::npos) throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": empty id in '" + text + "'");
-    item = item.substr(b, e - b + 1);
-    char* end = nullptr;
-    long long v = std::strtoll(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || v < 0 || v > INT32_MAX)
-      throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": '" + item + "' is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) throw Error(RLH_E_INVALID_ARGUMENT, std::string(flag) + ": no ids given");
-  return ids;
-}
 
 std::string read_text_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
@@ -96,12 +62,12 @@ int cmd_tokenize(int argc, char** argv) {
   int modes = int(vm.count("text")) + int(vm.count("decode")) + int(vm.count("chat"));
   if (modes != 1) throw Error(RLH_E_INVALID_ARGUMENT, "tokenize: give exactly one of --text, --decode, --chat");
 
-  HostHandle host;
+  CliHost host;
   host.load(vm.count("plugin") ? vm["plugin"].as<std::vector<std::string>>() : std::vector<std::string>{}, "tokenizer_hf");
   const rlh_component_desc* d = host.find(RLH_KIND_TOKENIZER);
   const auto* api = static_cast<const rlh_tokenizer_api*>(d->api);
   rlh_tokenizer* tok = nullptr;
-  sdk::check(api->create(rlhost_services(host.h), vm["tokenizer"].as<std::string>().c_str(), &tok));
+  sdk::check(api->create(host.services(), vm["tokenizer"].as<std::string>().c_str(), &tok));
   struct Guard { const rlh_tokenizer_api* a; rlh_tokenizer* t; ~Guard() { a->destroy(t); } } guard{api, tok};
   const bool json = vm.count("json") > 0;
   const bool special = vm.count("no-special") == 0;
