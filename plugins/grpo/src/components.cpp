@@ -1,6 +1,7 @@
 // Component handles over the ABI tables (see components.hpp).
 #include "components.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -42,6 +43,36 @@ const std::vector<float>* PackedBatch::find(const std::string& name) const {
   for (const Field& f : fields_)
     if (f.name == name) return &f.data;
   return nullptr;
+}
+
+BatchMasks::BatchMasks(const PackedBatch& b) {
+  const std::vector<float>* tm = b.find("token_mask");
+  const std::vector<float>* sm = b.find("sample_mask");
+  if (tm == nullptr || sm == nullptr)
+    throw std::logic_error("BatchMasks: the batch has no token_mask or sample_mask");
+  token_mask.assign(tm->begin(), tm->end());
+  sample_mask.assign(sm->begin(), sm->end());
+  packing = Packing{b.num_tokens(), b.num_seqs(), b.offsets().data()};
+  counts = valid_counts(packing, token_mask.data(), sample_mask.data());
+}
+
+rlh_train_args train_args(PackedBatch& b, const std::vector<rlh_output_spec>& specs,
+                          LossAdapter& loss, const ValidCounts& counts, int64_t mb_tokens,
+                          int64_t mb_seqs, bool eval_only) {
+  rlh_train_args a{};
+  a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
+  a.batch = &b.view();
+  a.specs = specs.data();
+  a.num_outputs = specs.size();
+  a.loss_fn = loss.fn();
+  a.loss_user = loss.user();
+  a.global_num_tokens = static_cast<int64_t>(std::llround(counts.tokens));
+  a.global_num_seqs = static_cast<int64_t>(std::llround(counts.seqs));
+  if (mb_tokens > 0) a.micro_batch_tokens = mb_tokens;
+  else a.micro_batch_seqs = mb_seqs;
+  a.learning_rate = -1;  // the backend's optimizer/scheduler config
+  a.eval_only = eval_only ? 1 : 0;
+  return a;
 }
 
 PackedBatch PackedBatch::slice(int64_t begin, int64_t end) const {

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "rlhost/backend.h"
+#include "rlhost/grpo/loss_adapter.hpp"
+#include "rlhost/grpo/packing.hpp"
 #include "rlhost/dataset.h"
 #include "rlhost/environment.h"
 #include "rlhost/generator.h"
@@ -59,6 +61,22 @@ class PackedBatch {
   std::vector<rlh_named_tensor> views_;
   rlh_batch batch_{};
 };
+
+// A batch's masks as the loss normalisers read them: float64 copies of its token_mask and
+// sample_mask, its packing (borrowing the batch's offsets) and the valid token/sequence counts.
+struct BatchMasks {
+  explicit BatchMasks(const PackedBatch& b);
+  std::vector<double> token_mask, sample_mask;
+  Packing packing;
+  ValidCounts counts;
+};
+
+// One backend train_step over a whole global batch: the loss's outputs and callback, the global
+// counts it normalises by, micro-batches of `mb_tokens` tokens (when > 0) else `mb_seqs`
+// sequences, and the backend's own learning-rate schedule.
+rlh_train_args train_args(PackedBatch& b, const std::vector<rlh_output_spec>& specs,
+                          LossAdapter& loss, const ValidCounts& counts, int64_t mb_tokens,
+                          int64_t mb_seqs, bool eval_only = false);
 
 // A float32 host tensor of one dimension over caller storage.
 struct HostVector {

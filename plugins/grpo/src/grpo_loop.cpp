@@ -386,29 +386,17 @@ struct GrpoLoop::Impl {
     Metrics extrema;
     for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
       PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
-      const std::vector<float>& tm = *chunk.find("token_mask");
-      const std::vector<float>& sm = *chunk.find("sample_mask");
-      std::vector<double> tmd(tm.begin(), tm.end()), smd(sm.begin(), sm.end());
-      Packing p{chunk.num_tokens(), chunk.num_seqs(), chunk.offsets().data()};
-      const ValidCounts counts = valid_counts(p, tmd.data(), smd.data());
+      const BatchMasks masks(chunk);
       if (cfg.loss.positive_example_nll_weight > 0) {
         const std::vector<float>& rw = *chunk.find("rewards");
         std::vector<double> rwd(rw.begin(), rw.end());
-        loss->set_global_positive_tokens(positive_valid_tokens(p, tmd.data(), smd.data(), rwd.data()));
+        loss->set_global_positive_tokens(positive_valid_tokens(
+            masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data()));
       }
       loss->reset_step();
-      rlh_train_args a{};
-      a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
-      a.batch = &chunk.view();
-      a.specs = specs.data();
-      a.num_outputs = specs.size();
-      a.loss_fn = loss->fn();
-      a.loss_user = loss->user();
-      a.global_num_tokens = static_cast<int64_t>(std::llround(counts.tokens));
-      a.global_num_seqs = static_cast<int64_t>(std::llround(counts.seqs));
-      if (cfg.policy.train_mb_tokens > 0) a.micro_batch_tokens = cfg.policy.train_mb_tokens;
-      else a.micro_batch_seqs = cfg.policy.train_micro_batch_size;
-      a.learning_rate = -1;  // the backend's optimizer/scheduler config
+      const rlh_train_args a = train_args(chunk, specs, *loss, masks.counts,
+                                          cfg.policy.train_mb_tokens,
+                                          cfg.policy.train_micro_batch_size);
       Backend::TrainResult r = backend->train_step(policy, a);
       loss_sum += r.loss;
       grad_norm_sum += r.grad_norm;

@@ -171,25 +171,10 @@ struct SftLoop::Impl {
   }
 
   Backend::TrainResult step_on(PackedBatch& b, bool eval_only) {
-    const std::vector<float>& tm = *b.find("token_mask");
-    const std::vector<float>& sm = *b.find("sample_mask");
-    std::vector<double> tmd(tm.begin(), tm.end()), smd(sm.begin(), sm.end());
-    const Packing p{b.num_tokens(), b.num_seqs(), b.offsets().data()};
-    const ValidCounts counts = valid_counts(p, tmd.data(), smd.data());
+    const BatchMasks masks(b);
     const std::vector<rlh_output_spec> specs = loss->output_specs(1.0, 0, 1.0);
-    rlh_train_args a{};
-    a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
-    a.batch = &b.view();
-    a.specs = specs.data();
-    a.num_outputs = specs.size();
-    a.loss_fn = loss->fn();
-    a.loss_user = loss->user();
-    a.global_num_tokens = static_cast<int64_t>(std::llround(counts.tokens));
-    a.global_num_seqs = static_cast<int64_t>(std::llround(counts.seqs));
-    if (cfg.policy.train_mb_tokens > 0) a.micro_batch_tokens = cfg.policy.train_mb_tokens;
-    else a.micro_batch_seqs = cfg.policy.train_micro_batch_size;
-    a.learning_rate = -1;
-    a.eval_only = eval_only ? 1 : 0;
+    const rlh_train_args a = train_args(b, specs, *loss, masks.counts, cfg.policy.train_mb_tokens,
+                                        cfg.policy.train_micro_batch_size, eval_only);
     return backend->train_step(policy, a);
   }
 
