@@ -22,16 +22,12 @@
 #include <nlohmann/json.hpp>
 
 #include "rlhost/backend.h"
+#include "fixture_util.hpp"  // fixtures_root, rel_error
 #include "rlhost/host.h"
 #include "rlhost/model.h"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::test {
-
-inline std::string fixtures_root() {
-  const char* env = std::getenv("RLHOST_FIXTURES");
-  return env && *env ? env : RLH_FIXTURES_DIR;
-}
 
 // A host with plugins loaded from the build tree.
 class Host {

@@ -26,26 +26,12 @@ using namespace rlh::test;
 
 namespace {
 
+// Folder names (the cases join them to the root).
 std::vector<std::string> model_folders() {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fixtures_root(), ec))
-    if (e.is_directory() && fs::exists(e.path() / "config.json") && fs::exists(e.path() / "reference.safetensors"))
-      out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
+  for (const std::string& f : test::model_folders_under(fixtures_root()))
+    out.push_back(fs::path(f).filename().string());
   return out;
-}
-
-template <class A>
-double rel_error(const A& got, const std::vector<double>& ref) {
-  double maxref = 0, maxerr = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double e = std::fabs(double(got[i]) - ref[i]);
-    if (std::isnan(e)) return INFINITY;
-    maxref = std::max(maxref, std::fabs(ref[i]));
-    maxerr = std::max(maxerr, e);
-  }
-  return maxerr / std::max(maxref, 1e-300);
 }
 
 const Host& host() {

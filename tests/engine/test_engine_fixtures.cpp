@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "fixture_util.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/safetensors.hpp"
@@ -31,38 +32,13 @@ using namespace rlh;
 
 namespace {
 
-std::string fixtures_root() {
-  const char* env = std::getenv("RLHOST_FIXTURES");
-  return env && *env ? env : RLH_FIXTURES_DIR;
-}
+using test::fixtures_root;
+using test::rel_error;
 
-// Model folders (full paths): a config.json and a reference.safetensors, under either root.
-std::vector<std::string> folders_under(const std::string& root) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec))
-    if (e.is_directory() && fs::exists(e.path() / "config.json") &&
-        fs::exists(e.path() / "reference.safetensors"))
-      out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
 std::vector<std::string> model_folders() {
-  std::vector<std::string> out = folders_under(fixtures_root());
-  for (const std::string& f : folders_under(RLH_ENGINE_FIXTURES_DIR)) out.push_back(f);
+  std::vector<std::string> out = test::model_folders_under(fixtures_root());
+  for (const std::string& f : test::model_folders_under(RLH_ENGINE_FIXTURES_DIR)) out.push_back(f);
   return out;
-}
-
-template <class A>
-double rel_error(const A& got, const std::vector<double>& ref) {
-  double maxref = 0, maxerr = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double e = std::fabs(double(got[i]) - ref[i]);
-    if (std::isnan(e)) return INFINITY;
-    maxref = std::max(maxref, std::fabs(ref[i]));
-    maxerr = std::max(maxerr, e);
-  }
-  return maxerr / std::max(maxref, 1e-300);
 }
 
 class Fixture : public ::testing::TestWithParam<std::string> {};

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "fixture_util.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
@@ -39,37 +40,14 @@ namespace {
     if (!engine::cuda_engine_available(&why)) GTEST_SKIP() << why; \
   } while (0)
 
-std::string fixtures_root() {
-  const char* env = std::getenv("RLHOST_FIXTURES");
-  return env && *env ? env : RLH_FIXTURES_DIR;
-}
+using test::fixtures_root;
+using test::rel_error;
 
 std::vector<std::string> model_folders() {
-  std::vector<std::string> out;
-  for (const std::string& root : {fixtures_root(), std::string(RLH_ENGINE_FIXTURES_DIR)}) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(root, ec))
-      if (e.is_directory() && fs::exists(e.path() / "config.json") &&
-          fs::exists(e.path() / "reference.safetensors"))
-        out.push_back(e.path().string());
-  }
+  std::vector<std::string> out = test::model_folders_under(fixtures_root());
+  for (const std::string& f : test::model_folders_under(RLH_ENGINE_FIXTURES_DIR)) out.push_back(f);
   std::sort(out.begin(), out.end());
   return out;
-}
-
-template <class A>
-double rel_error(const A& got, const std::vector<double>& ref) {
-  double maxref = 0, maxerr = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double e = std::fabs(double(got[i]) - ref[i]);
-    if (std::isnan(e)) return INFINITY;
-    maxref = std::max(maxref, std::fabs(ref[i]));
-    maxerr = std::max(maxerr, e);
-  }
-  return maxerr / std::max(maxref, 1e-300);
-}
-double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
-  return rel_error(got, std::vector<double>(ref.begin(), ref.end()));
 }
 
 // mean(-logprob) over the predicted tokens, normalised by the step's global count
