@@ -66,6 +66,19 @@ std::vector<MicroBatch> split_microbatches(std::span<const int32_t> ids,
   return out;
 }
 
+void accumulate_metrics(std::vector<std::pair<std::string, double>>& into,
+                        const std::vector<std::pair<std::string, double>>& add) {
+  for (const auto& metric : add) {
+    // (no structured binding: clang 14 cannot capture one in the lambda)
+    const std::string& name = metric.first;
+    auto it = std::find_if(into.begin(), into.end(), [&](const auto& kv) { return kv.first == name; });
+    if (it == into.end())
+      into.emplace_back(name, metric.second);
+    else
+      it->second += metric.second;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Engine
 
@@ -234,16 +247,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
     const LossResult lr = loss_fn(ctx, ov, og);
     r.loss += lr.loss;
-    for (const auto& metric : lr.metrics) {
-      // (no structured binding: clang 14 cannot capture one in the lambda)
-      const std::string& name = metric.first;
-      auto it = std::find_if(r.metrics.begin(), r.metrics.end(),
-                             [&](const auto& kv) { return kv.first == name; });
-      if (it == r.metrics.end())
-        r.metrics.emplace_back(name, metric.second);
-      else
-        it->second += metric.second;
-    }
+    accumulate_metrics(r.metrics, lr.metrics);
     shift_to_kernel(dlp, 1, m.head.dlp, kraw, 1, cu);
     if (K > 0) shift_to_kernel(dids, K, m.head.dlp + 1, kraw, K, cu);
     shift_to_kernel(dent, 1, m.head.dent, 1, 1, cu);

@@ -298,11 +298,4 @@ struct Engine::Impl {
                   T* dprobs, T* dlse, bool grads);
 };
 
-// Output alignment: kernel row t (predicting token t+1) <-> output position t+1; the first
-// position of each sequence is 0. `width` columns are moved, from/to rows ld apart.
-void shift_to_outputs(const float* kernel, int64_t ldk, float* out, int64_t ldo, int64_t width,
-                      std::span<const int32_t> cu);
-void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, int64_t width,
-                     std::span<const int32_t> cu);
-
 }  // namespace rlh::engine

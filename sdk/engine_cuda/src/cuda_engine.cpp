@@ -178,6 +178,7 @@ struct CudaEngine::Impl {
   void backward(const MicroBatch& mb, const OutputRequest& req);
   void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);
   kc::LogprobArgs head_args(const OutputRequest& req, int64_t N) const;
+  kc::AttnArgs attn_args(const LayerShape& s, const LayerActs& a, int64_t N, int64_t S) const;
   double grad_norm();
   void optimizer_step(const StepOptions& so, double clip);
   std::vector<std::vector<float>> download(const float* base);
@@ -469,22 +470,6 @@ void CudaEngine::Impl::prepare_batch(const MicroBatch& mb) {
   check(cudaMemcpyAsync(cu, h_cu, size_t(S + 1) * 4, cudaMemcpyHostToDevice, stream), "upload");
 }
 
-namespace {
-void shift_out(const float* kernel, float* out, std::span<const int32_t> cu) {
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    if (cu[s + 1] == cu[s]) continue;
-    out[cu[s]] = 0.f;
-    for (int32_t t = cu[s] + 1; t < cu[s + 1]; ++t) out[t] = kernel[t - 1];
-  }
-}
-void shift_in(const float* out, float* kernel, std::span<const int32_t> cu) {
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    if (cu[s + 1] == cu[s]) continue;
-    for (int32_t t = cu[s]; t + 1 < cu[s + 1]; ++t) kernel[t] = out[t + 1];
-    kernel[cu[s + 1] - 1] = 0.f;
-  }
-}
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -527,25 +512,7 @@ void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs&
     rope(q, ldqk, Hq, D, N, false);
     rope(k, ldqk, Hkv, D, N, false);
   }
-  kc::AttnArgs at;
-  at.t = bf;
-  at.N = N;
-  at.S = S;
-  at.Hq = Hq;
-  at.Hkv = Hkv;
-  at.Dk = at.Dv = D;
-  at.window = s.window;
-  at.scale = s.scale;
-  at.cu = cu;
-  at.q = q;
-  at.ldq = ldqk;
-  at.k = k;
-  at.ldk = ldqk;
-  at.v = v;
-  at.ldv = Wqkv;
-  at.o = a.att;
-  at.ldo = Hq * D;
-  at.lse = {a.lse, false};
+  const kc::AttnArgs at = attn_args(s, a, N, S);
   kc::attention_fwd(at, dev, stream);                                                   // att
   gemm(false, true, N, C, Hq * D, a.att, Hq * D, w(p.wo), Hq * D, 0, a.h, C, false);    // o
   if (p.bo >= 0) kc::bias_add_fwd(bf, a.h, C, w(p.bo), N, C, stream);
@@ -559,6 +526,32 @@ void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs&
   gemm(false, true, N, C, F, a.a, F, w(p.wdown), F, 0, x_out, C, false);               // down
   if (p.bdown >= 0) kc::bias_add_fwd(bf, x_out, C, w(p.bdown), N, C, stream);
   kc::add_fwd(bf, x_out, a.h, x_out, N * C, stream);                                   // out
+}
+
+// A layer's attention operands as the forward leaves them: q|k roped in qkv, or normed and
+// roped in qk (Qwen3's q/k norms); v in qkv; output and lse in the layer's activations.
+kc::AttnArgs CudaEngine::Impl::attn_args(const LayerShape& s, const LayerActs& a, int64_t N,
+                                         int64_t S) const {
+  kc::AttnArgs at;
+  at.t = kc::DType::bf16;
+  at.N = N;
+  at.S = S;
+  at.Hq = s.Hq;
+  at.Hkv = s.Hkv;
+  at.Dk = at.Dv = s.D;
+  at.window = s.window;
+  at.scale = s.scale;
+  at.cu = cu;
+  at.q = s.qk_norm ? a.qk : a.qkv;
+  at.ldq = s.qk_norm ? (s.Hq + s.Hkv) * s.D : s.Wqkv;
+  at.k = (s.qk_norm ? a.qk : a.qkv) + s.Hq * s.D;
+  at.ldk = at.ldq;
+  at.v = a.qkv + (s.Hq + s.Hkv) * s.D;
+  at.ldv = s.Wqkv;
+  at.o = a.att;
+  at.ldo = s.Hq * s.D;
+  at.lse = {a.lse, false};
+  return at;
 }
 
 kc::LogprobArgs CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N) const {
@@ -638,25 +631,7 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
   bf16* dq = s.qk_norm ? dqk : dqkv;
   bf16* dk = s.qk_norm ? dqk + Hq * D : dqkv + Hq * D;
   const int64_t lddqk = s.qk_norm ? W2 : Wqkv;
-  kc::AttnArgs at;
-  at.t = bf;
-  at.N = N;
-  at.S = S;
-  at.Hq = Hq;
-  at.Hkv = Hkv;
-  at.Dk = at.Dv = D;
-  at.window = s.window;
-  at.scale = s.scale;
-  at.cu = cu;
-  at.q = s.qk_norm ? a.qk : a.qkv;
-  at.ldq = s.qk_norm ? W2 : Wqkv;
-  at.k = s.qk_norm ? a.qk + Hq * D : a.qkv + Hq * D;
-  at.ldk = at.ldq;
-  at.v = a.qkv + (Hq + Hkv) * D;
-  at.ldv = Wqkv;
-  at.o = a.att;
-  at.ldo = Hq * D;
-  at.lse = {a.lse, false};
+  kc::AttnArgs at = attn_args(s, a, N, S);
   at.dout = datt;
   at.lddo = Hq * D;
   at.dq = dq;
@@ -865,11 +840,11 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   m.sync();
   if (req.logprob) {
     out.logprob.resize(size_t(N));
-    shift_out(m.h_lp, out.logprob.data(), mb.cu_seqlens);
+    shift_to_outputs(m.h_lp, 1, out.logprob.data(), 1, 1, mb.cu_seqlens);
   }
   if (req.entropy) {
     out.entropy.resize(size_t(N));
-    shift_out(m.h_ent, out.entropy.data(), mb.cu_seqlens);
+    shift_to_outputs(m.h_ent, 1, out.entropy.data(), 1, 1, mb.cu_seqlens);
   }
   return out;
 }
@@ -903,38 +878,30 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
     if (req.logprob) {
       lp.assign(size_t(N), 0.f);
       dlp.assign(size_t(N), 0.f);
-      shift_out(m.h_lp, lp.data(), mb.cu_seqlens);
+      shift_to_outputs(m.h_lp, 1, lp.data(), 1, 1, mb.cu_seqlens);
       ov.logprob = lp;
       og.logprob = dlp;
     }
     if (req.entropy) {
       ent.assign(size_t(N), 0.f);
       dent.assign(size_t(N), 0.f);
-      shift_out(m.h_ent, ent.data(), mb.cu_seqlens);
+      shift_to_outputs(m.h_ent, 1, ent.data(), 1, 1, mb.cu_seqlens);
       ov.entropy = ent;
       og.entropy = dent;
     }
     LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
     const LossResult lr = loss_fn(ctx, ov, og);
     r.loss += lr.loss;
-    for (const auto& metric : lr.metrics) {
-      const std::string& name = metric.first;
-      auto it = std::find_if(r.metrics.begin(), r.metrics.end(),
-                             [&](const auto& kv) { return kv.first == name; });
-      if (it == r.metrics.end())
-        r.metrics.emplace_back(name, metric.second);
-      else
-        it->second += metric.second;
-    }
+    accumulate_metrics(r.metrics, lr.metrics);
     // The previous micro-batch's uploads from these buffers finished before the sync above.
     if (req.logprob) {
-      shift_in(dlp.data(), m.h_dlp, mb.cu_seqlens);
+      shift_to_kernel(dlp.data(), 1, m.h_dlp, 1, 1, mb.cu_seqlens);
       check(cudaMemcpyAsync(m.dlp, m.h_dlp, size_t(N) * 4, cudaMemcpyHostToDevice, m.stream), "upload");
     } else {
       check(cudaMemsetAsync(m.dlp, 0, size_t(N) * 4, m.stream), "memset");
     }
     if (req.entropy) {
-      shift_in(dent.data(), m.h_dent, mb.cu_seqlens);
+      shift_to_kernel(dent.data(), 1, m.h_dent, 1, 1, mb.cu_seqlens);
       check(cudaMemcpyAsync(m.dent, m.h_dent, size_t(N) * 4, cudaMemcpyHostToDevice, m.stream), "upload");
     }
     m.backward(mb, req);

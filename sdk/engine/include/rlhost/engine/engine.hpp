@@ -239,6 +239,17 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// Pieces every executor of this contract shares (the CPU engine, rlh_engine_cuda):
+// Output alignment: kernel row t (predicting token t+1) <-> output position t+1; the first
+// position of each sequence is 0. `width` columns are moved, from/to rows ld apart.
+void shift_to_outputs(const float* kernel, int64_t ldk, float* out, int64_t ldo, int64_t width,
+                      std::span<const int32_t> cu);
+void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, int64_t width,
+                     std::span<const int32_t> cu);
+// Adds a loss callback's metrics into a step's, by name (a new name is appended).
+void accumulate_metrics(std::vector<std::pair<std::string, double>>& into,
+                        const std::vector<std::pair<std::string, double>>& add);
+
 // Splits packed sequences into micro-batches of at most max_tokens tokens each without splitting
 // a sequence (a longer sequence gets a micro-batch of its own). The results borrow ids.
 std::vector<MicroBatch> split_microbatches(std::span<const int32_t> input_ids,
