@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <string>
 
+#include "rlhost/engine/engine.hpp"  // layer_param_order
 #include "rlhost/generator/model.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/sdk/status.hpp"
@@ -33,23 +34,6 @@ std::string shape_str(const int64_t* s, int nd) {
   return out + "]";
 }
 
-// Storage order of a layer's parameters in the arena: the engine's (sdk/engine/src/model.cpp),
-// q|k|v and gate|up adjacent so each group is one product.
-constexpr ParamRole kLayerOrder[] = {
-    ParamRole::attn_norm, ParamRole::q,        ParamRole::k,         ParamRole::v,
-    ParamRole::q_bias,    ParamRole::k_bias,   ParamRole::v_bias,    ParamRole::q_norm,
-    ParamRole::k_norm,    ParamRole::o,        ParamRole::o_bias,    ParamRole::mlp_norm,
-    ParamRole::gate,      ParamRole::up,       ParamRole::gate_bias, ParamRole::up_bias,
-    ParamRole::down,      ParamRole::down_bias,
-    // MoE, as the engine stores it: the shared expert's gate_proj and up adjacent
-    ParamRole::router,    ParamRole::router_bias, ParamRole::expert_score_bias,
-    ParamRole::expert_gate, ParamRole::expert_up, ParamRole::expert_down,
-    ParamRole::shared_expert_gate_proj, ParamRole::shared_expert_up, ParamRole::shared_expert_down,
-    ParamRole::shared_expert_gate,
-    // MLA
-    ParamRole::q_a, ParamRole::q_a_norm, ParamRole::q_b, ParamRole::kv_a, ParamRole::kv_a_norm,
-    ParamRole::kv_b};
-constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
 
 // Calls fn(engine offset, piece offset, count) for the contiguous runs of piece k of p inside the
 // engine tensor (the inverse of the parameter table's transform; see model_desc.hpp).
@@ -208,8 +192,9 @@ Weights::Weights(const sdk::TransformerDesc& desc) : desc_(desc) {
     at += (numel(p->shape) + 15) / 16 * 16;  // 64-byte aligned starts
   };
   for (int64_t l = 0; l < desc.num_layers; ++l)
-    for (ParamRole r : kLayerOrder) place(l, r);
-  for (ParamRole r : kGlobalOrder) place(-1, r);
+    // the engine's storage order (engine.hpp), so views of a colocated engine line up
+    for (ParamRole r : engine::layer_param_order()) place(l, r);
+  for (ParamRole r : engine::global_param_order()) place(-1, r);
   for (size_t i = 0; i < n; ++i)
     if (arena_off_[i] < 0) {
       arena_off_[i] = at;

@@ -24,8 +24,8 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Order of a layer's parameters in storage: q,k,v adjacent (one [Wqkv, C] matrix) and gate,up
-// adjacent (one [2F, C] matrix).
+// Order of a layer's parameters in storage (engine.hpp): q,k,v adjacent (one [Wqkv, C] matrix)
+// and gate,up adjacent (one [2F, C] matrix).
 constexpr ParamRole kLayerOrder[] = {
     ParamRole::attn_norm, ParamRole::q,        ParamRole::k,         ParamRole::v,
     ParamRole::q_bias,    ParamRole::k_bias,   ParamRole::v_bias,    ParamRole::q_norm,
@@ -43,6 +43,9 @@ constexpr ParamRole kLayerOrder[] = {
 constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
 
 }  // namespace
+
+std::span<const ParamRole> layer_param_order() { return kLayerOrder; }
+std::span<const ParamRole> global_param_order() { return kGlobalOrder; }
 
 Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d)), opt(o) {
   alloc = opt.allocator ? opt.allocator : &own_alloc;

@@ -33,14 +33,6 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Storage order: q|k|v and gate|up adjacent (one GEMM each), as the CPU engine.
-constexpr ParamRole kLayerOrder[] = {
-    ParamRole::attn_norm, ParamRole::q,     ParamRole::k,        ParamRole::v,
-    ParamRole::q_bias,    ParamRole::k_bias, ParamRole::v_bias,  ParamRole::q_norm,
-    ParamRole::k_norm,    ParamRole::o,     ParamRole::o_bias,   ParamRole::mlp_norm,
-    ParamRole::gate,      ParamRole::up,    ParamRole::gate_bias, ParamRole::up_bias,
-    ParamRole::down,      ParamRole::down_bias};
-constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::final_norm, ParamRole::lm_head};
 // Roles that follow the previous one without padding (they are read as one matrix).
 bool joins_previous(ParamRole r) {
   return r == ParamRole::k || r == ParamRole::v || r == ParamRole::up;
@@ -303,7 +295,7 @@ void CudaEngine::Impl::carve_params() {
   for (int64_t l = 0; l < L; ++l) {
     LayerOffsets& o = lo[size_t(l)];
     const LayerShape& s = shapes[size_t(l)];
-    for (ParamRole r : kLayerOrder) {
+    for (ParamRole r : layer_param_order()) {  // the CPU engine's (engine.hpp)
       const int64_t off = place(l, r);
       switch (r) {
         case ParamRole::attn_norm: o.attn_norm = off; break;

@@ -246,6 +246,12 @@ void shift_to_outputs(const float* kernel, int64_t ldk, float* out, int64_t ldo,
                       std::span<const int32_t> cu);
 void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, int64_t width,
                      std::span<const int32_t> cu);
+// Storage order of parameters in the engines' flat buffers: each layer's tensors in
+// layer_param_order() (q|k|v, gate|up and the shared expert's gate_proj|up adjacent, so each
+// group is one GEMM), then the global ones in global_param_order(). The generator lays out its
+// own weights the same way, so its views of a colocated engine's buffers line up.
+std::span<const sdk::ParamRole> layer_param_order();
+std::span<const sdk::ParamRole> global_param_order();
 // Adds a loss callback's metrics into a step's, by name (a new name is appended).
 void accumulate_metrics(std::vector<std::pair<std::string, double>>& into,
                         const std::vector<std::pair<std::string, double>>& add);
