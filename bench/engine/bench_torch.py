@@ -8,6 +8,8 @@ was built with, its measured sgemm GFLOP/s, and one "RESULT ..." line for run.sh
     OPENBLAS_CORETYPE=SkylakeX OMP_NUM_THREADS=2 /usr/bin/python3 bench_torch.py --shape small
 """
 import argparse
+import os
+import sys
 import math
 import statistics
 import time
@@ -15,33 +17,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from torch_llama import RMSNorm, rope_tables, rotate_half  # noqa: E402
+
 SHAPES = {
     # vocab, hidden, layers, heads, kv heads, head dim, ffn, batch, seq
     "tiny": (4096, 256, 4, 8, 4, 32, 768, 16, 128),
     "small": (32000, 768, 12, 12, 4, 64, 2048, 2, 128),
 }
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rope_tables(T, D, theta=10000.0):
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    f = torch.outer(torch.arange(T, dtype=torch.float32), inv)
-    emb = torch.cat([f, f], dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
 
 
 class Layer(torch.nn.Module):

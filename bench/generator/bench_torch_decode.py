@@ -6,6 +6,8 @@ per-layer key/value caches preallocated to the final length. Prints one "RESULT 
     OPENBLAS_CORETYPE=SkylakeX OMP_NUM_THREADS=2 /usr/bin/python3 bench_torch_decode.py --shape small --batch 16
 """
 import argparse
+import os
+import sys
 import math
 import statistics
 import time
@@ -13,26 +15,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from torch_llama import RMSNorm, rotate_half  # noqa: E402
+
 SHAPES = {
     # vocab, hidden, layers, heads, kv heads, head dim, ffn
     "tiny": (4096, 256, 4, 8, 4, 32, 768),
     "small": (32000, 768, 12, 12, 4, 64, 2048),
 }
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
 
 
 class Layer(torch.nn.Module):

@@ -9,6 +9,8 @@ Training step = forward, mean next-token NLL, backward, clip_grad_norm_(1.0), Ad
     OPENBLAS_CORETYPE=SkylakeX OMP_NUM_THREADS=2 /usr/bin/python3 bench_torch.py --threads 2
 """
 import argparse
+import os
+import sys
 import math
 import statistics
 import time
@@ -16,29 +18,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from torch_llama import RMSNorm, rope_tables, rotate_half  # noqa: E402
+
 V, C, L, HQ, HKV, D, E, K, FE, B, T = 4096, 256, 4, 8, 4, 32, 16, 2, 256, 16, 128
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rope_tables(T, D, theta=10000.0):
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    f = torch.outer(torch.arange(T, dtype=torch.float32), inv)
-    emb = torch.cat([f, f], dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
 
 
 class Expert(torch.nn.Module):  # Mixtral's w1 (gate), w3 (up), w2 (down)
