@@ -10,17 +10,8 @@ build=${BUILD_DIR:-$root/build-bench}
 threads=${THREADS:-2}
 steps=${STEPS:-5}
 
-cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_BENCH=ON \
-  -DRLH_BUILD_TESTS=OFF >/dev/null
-ninja -C "$build" -j2 bench_engine >/dev/null
-
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  echo "installing python3-torch (Debian) for the PyTorch peer"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get install -y -qq python3-torch >/dev/null
-fi
-coretype=Haswell
-grep -q avx512f /proc/cpuinfo && coretype=SkylakeX
+source "$root/bench/common/cpu_peer.sh"  # build_bench, python3-torch, $coretype
+build_bench bench_engine
 
 declare -A R
 parse() {  # RESULT line -> R[impl.shape.key]=value

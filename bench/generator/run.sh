@@ -15,17 +15,8 @@ repeats=${REPEATS:-3}
 # processes (docs/generator.md); both peers get the same policy.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
-cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_BENCH=ON \
-  -DRLH_BUILD_TESTS=OFF >/dev/null
-ninja -C "$build" -j2 bench_generator >/dev/null
-
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  echo "installing python3-torch (Debian) for the PyTorch peer"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get install -y -qq python3-torch >/dev/null
-fi
-coretype=Haswell
-grep -q avx512f /proc/cpuinfo && coretype=SkylakeX
+source "$root/bench/common/cpu_peer.sh"  # build_bench, python3-torch, $coretype
+build_bench bench_generator
 
 declare -A R C
 for shape in tiny small; do

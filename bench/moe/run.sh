@@ -15,17 +15,8 @@ threads=${THREADS:-2}
 steps=${STEPS:-5}
 rounds=${ROUNDS:-3}
 
-cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_BENCH=ON \
-  -DRLH_BUILD_TESTS=OFF >/dev/null
-ninja -C "$build" -j2 bench_moe >/dev/null
-
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  echo "installing python3-torch (Debian) for the PyTorch peer"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get install -y -qq python3-torch >/dev/null
-fi
-coretype=Haswell
-grep -q avx512f /proc/cpuinfo && coretype=SkylakeX
+source "$root/bench/common/cpu_peer.sh"  # build_bench, python3-torch, $coretype
+build_bench bench_moe
 
 value() { grep '^RESULT' | tail -1 | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 best() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b > a) ? b : a }'; }
