@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/host.h"
 #include "rlhost/model/llama_family.hpp"
@@ -485,17 +486,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MoeModel,
 // The MoE ops through the C ABI (the kernels_cpu plugin, float32 and float64 router) give the
 // direct results bit for bit.
 TEST(MoeEngine, RegistryOpsEqualDirectCalls) {
-  rlhost_t* host = nullptr;
-  sdk::check(rlhost_create(&host));
-  rlhost_set_log_level(host, RLH_LOG_WARN);
-  sdk::check(rlhost_add_plugin_dir(host, RLH_PLUGIN_DIR));
-  sdk::check(rlhost_load_plugin(host, "kernels_cpu"));
-  const rlh_host_api* svc = rlhost_services(host);
-  const rlh_component_desc* d = nullptr;
-  sdk::check(svc->find_component(svc->ctx, RLH_KIND_KERNELS, "kernels_cpu", &d));
+  test::KernelsCpuThroughAbi abi_host;
   {
-    sdk::KernelRegistry reg;
-    reg.add("kernels_cpu", static_cast<const rlh_kernels_api*>(d->api), svc, sdk::kCPU);
+    sdk::KernelRegistry& reg = abi_host.registry();
     std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(reg);
     const Batch b = make_batch({13, 8}, model("qwen2-moe-tiny").desc.vocab_size);
     const MicroBatch mb = b.mb();
@@ -516,7 +509,6 @@ TEST(MoeEngine, RegistryOpsEqualDirectCalls) {
       EXPECT_EQ(grads(*a), grads(*c));
     }
   }
-  rlhost_destroy(host);
 }
 
 // Peak memory of an MoE train step against the design (docs/engine.md, "Storage"): parameters,

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/host.h"
 #include "rlhost/model/llama_family.hpp"
@@ -35,17 +36,9 @@ void fill(engine::Engine& e) {
 }
 
 TEST(EngineRegistry, PluginThroughTheAbiEqualsDirectCalls) {
-  rlhost_t* host = nullptr;
-  sdk::check(rlhost_create(&host));
-  rlhost_set_log_level(host, RLH_LOG_WARN);
-  sdk::check(rlhost_add_plugin_dir(host, RLH_PLUGIN_DIR));
-  sdk::check(rlhost_load_plugin(host, "kernels_cpu"));
-  const rlh_host_api* svc = rlhost_services(host);
-  const rlh_component_desc* d = nullptr;
-  sdk::check(svc->find_component(svc->ctx, RLH_KIND_KERNELS, "kernels_cpu", &d));
+  test::KernelsCpuThroughAbi abi_host;
   {
-    sdk::KernelRegistry reg;
-    reg.add("kernels_cpu", static_cast<const rlh_kernels_api*>(d->api), svc, sdk::kCPU);
+    sdk::KernelRegistry& reg = abi_host.registry();
     std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(reg);
     EXPECT_EQ(ops->name(), "registry(kernels_cpu)");
 
@@ -98,7 +91,6 @@ TEST(EngineRegistry, PluginThroughTheAbiEqualsDirectCalls) {
     for (size_t i = 0; i < pa.size(); ++i)
       for (size_t j = 0; j < pa[i].size(); ++j) ASSERT_NEAR(pa[i][j], pd[i][j], 1e-6);
   }
-  rlhost_destroy(host);
 }
 
 }  // namespace
