@@ -99,10 +99,8 @@ std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
         (ld.mlp.kind == sdk::MlpKind::dense && ld.mlp.intermediate_size <= 0))
       throw Error(RLH_E_INVALID_ARGUMENT, at + "bad head counts or sizes");
     LayerShape s;
-    s.Hq = a.num_heads;
-    s.Hkv = a.num_kv_heads;
-    s.D = a.head_dim;
-    s.Dv = a.head_dim;
+    static_cast<engine::LayerBasics&>(s) = engine::layer_basics(desc, ld);
+    s.Dv = s.D;
     s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
     if (a.kind == sdk::AttentionKind::mla) {  // the engine's rules (sdk/engine/src/mla.cpp)
       if (a.kv_lora_rank <= 0 || a.qk_rope_head_dim <= 0 || a.qk_nope_head_dim < 0 || a.v_head_dim <= 0 ||
@@ -123,7 +121,6 @@ std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
       s.Dv = a.v_head_dim;
       s.Wqkv = s.Hq * (2 * s.D + s.Dv);
     }
-    s.F = ld.mlp.kind == sdk::MlpKind::dense ? ld.mlp.intermediate_size : 0;
     if (ld.mlp.kind == sdk::MlpKind::moe) {  // the engine's rules (sdk/engine/src/moe.cpp)
       const sdk::MoeDesc& m = ld.mlp.moe;
       if (m.num_experts <= 0 || m.top_k <= 0 || m.top_k > m.num_experts || m.expert_intermediate_size <= 0 ||
@@ -143,14 +140,6 @@ std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
       s.router.n_group = m.n_group;
       s.router.topk_group = m.topk_group;
     }
-    s.eps_attn = float(ld.attn_norm.eps);
-    s.off_attn = float(ld.attn_norm.weight_offset);
-    s.eps_mlp = float(ld.mlp_norm.eps);
-    s.off_mlp = float(ld.mlp_norm.weight_offset);
-    s.qk_norm = a.qk_norm;
-    s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
-    s.window = a.sliding_window;
-    s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
     out.push_back(s);
   }
   return out;

@@ -44,6 +44,24 @@ constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, Para
 
 }  // namespace
 
+LayerBasics layer_basics(const sdk::TransformerDesc& desc, const sdk::LayerDesc& ld) {
+  const sdk::AttentionDesc& a = ld.attention;
+  LayerBasics s;
+  s.Hq = a.num_heads;
+  s.Hkv = a.num_kv_heads;
+  s.D = a.head_dim;
+  s.F = ld.mlp.kind == sdk::MlpKind::dense ? ld.mlp.intermediate_size : 0;
+  s.eps_attn = float(ld.attn_norm.eps);
+  s.off_attn = float(ld.attn_norm.weight_offset);
+  s.eps_mlp = float(ld.mlp_norm.eps);
+  s.off_mlp = float(ld.mlp_norm.weight_offset);
+  s.qk_norm = a.qk_norm;
+  s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
+  s.window = a.sliding_window;
+  s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
+  return s;
+}
+
 std::span<const ParamRole> layer_param_order() { return kLayerOrder; }
 std::span<const ParamRole> global_param_order() { return kGlobalOrder; }
 
@@ -76,19 +94,8 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0)
       throw std::invalid_argument("engine: " + at + "bad head counts");
     LayerShape s;
-    s.Hq = a.num_heads;
-    s.Hkv = a.num_kv_heads;
-    s.D = a.head_dim;
+    static_cast<LayerBasics&>(s) = layer_basics(desc, ld);
     s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
-    s.F = ld.mlp.intermediate_size;
-    s.eps_attn = float(ld.attn_norm.eps);
-    s.off_attn = float(ld.attn_norm.weight_offset);
-    s.eps_mlp = float(ld.mlp_norm.eps);
-    s.off_mlp = float(ld.mlp_norm.weight_offset);
-    s.qk_norm = a.qk_norm;
-    s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
-    s.window = a.sliding_window;
-    s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
     if (a.kind == sdk::AttentionKind::mla) describe_mla_layer(ld, s);  // sets D, Wqkv
     if (ld.mlp.kind == sdk::MlpKind::moe) describe_moe_layer(ld, s);  // sets F = 0
     shapes.push_back(s);

@@ -61,13 +61,8 @@ struct ModelParams {
 };
 
 // Shapes and settings of one layer, read once from the description.
-struct LayerShape {
-  int64_t Hq, Hkv, D, Wqkv, F;
-  float eps_attn, off_attn, eps_mlp, off_mlp;  // norms: eps and weight offset
-  bool qk_norm;
-  bool use_rope;
-  int64_t window;
-  float scale;  // softmax scale
+struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale (engine.hpp)
+  int64_t Wqkv = 0;
   // MoE layer (F = 0: no dense MLP): E experts, top Kx, expert width Fe, shared-expert width Fs
   bool moe = false;
   int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;

@@ -38,12 +38,8 @@ bool joins_previous(ParamRole r) {
   return r == ParamRole::k || r == ParamRole::v || r == ParamRole::up;
 }
 
-struct LayerShape {
-  int64_t Hq, Hkv, D, Wqkv, F;
-  float eps_attn, off_attn, eps_mlp, off_mlp;
-  bool qk_norm, use_rope;
-  int64_t window;
-  float scale;
+struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale (engine.hpp)
+  int64_t Wqkv = 0;
 };
 
 // Element offsets of one layer's tensors in the flat parameter (and gradient) buffers; -1 absent.
@@ -239,19 +235,8 @@ void CudaEngine::Impl::describe() {
     if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0)
       throw std::invalid_argument("cuda engine: " + at + "bad head counts");
     LayerShape s;
-    s.Hq = a.num_heads;
-    s.Hkv = a.num_kv_heads;
-    s.D = a.head_dim;
+    static_cast<LayerBasics&>(s) = layer_basics(desc, ld);
     s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
-    s.F = ld.mlp.intermediate_size;
-    s.eps_attn = float(ld.attn_norm.eps);
-    s.off_attn = float(ld.attn_norm.weight_offset);
-    s.eps_mlp = float(ld.mlp_norm.eps);
-    s.off_mlp = float(ld.mlp_norm.weight_offset);
-    s.qk_norm = a.qk_norm;
-    s.use_rope = a.use_rope && desc.rope.kind != sdk::RopeKind::none;
-    s.window = a.sliding_window;
-    s.scale = float(a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(double(s.D)));
     shapes.push_back(s);
     maxW = std::max(maxW, s.Wqkv);
     maxHD = std::max(maxHD, s.Hq * s.D);

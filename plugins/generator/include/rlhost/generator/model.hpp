@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "rlhost/engine/allocator.hpp"
+#include "rlhost/engine/engine.hpp"  // LayerBasics
 #include "rlhost/engine/ops.hpp"
 #include "rlhost/generator/kv_cache.hpp"
 #include "rlhost/generator/paged_attention.hpp"
@@ -31,14 +32,10 @@
 namespace rlh::gen {
 
 // Shapes and settings of one decoder layer, read once from the description.
-struct LayerShape {
+struct LayerShape : engine::LayerBasics {  // heads, widths, norms, RoPE, window, scale
   // D: the q/k head width; Dv: the value head width (D except in MLA layers); Wqkv = Hq D +
   // Hkv (D + Dv), the width of a row of the q|k|v buffer.
-  int64_t Hq = 0, Hkv = 0, D = 0, Dv = 0, Wqkv = 0, F = 0;
-  float eps_attn = 0, off_attn = 0, eps_mlp = 0, off_mlp = 0;
-  bool qk_norm = false, use_rope = false;
-  int64_t window = 0;
-  float scale = 0;  // softmax scale
+  int64_t Dv = 0, Wqkv = 0;
   // MoE layer (F = 0: no dense MLP): E experts, top Kx, expert width Fe, shared-expert width Fs
   bool moe = false;
   int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;

@@ -252,6 +252,20 @@ void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, 
 // own weights the same way, so its views of a colocated engine's buffers line up.
 std::span<const sdk::ParamRole> layer_param_order();
 std::span<const sdk::ParamRole> global_param_order();
+// What every executor reads alike from a layer's description (each adds its own MoE/MLA
+// fields): query and key-value heads, head width, dense MLP width (0 for an MoE layer), the two
+// norms' eps and weight offset, Qwen3's q/k norms, whether RoPE applies, the sliding window and
+// the softmax scale (the description's, else 1/sqrt(head_dim)). No validation: callers check
+// what they execute first.
+struct LayerBasics {
+  int64_t Hq = 0, Hkv = 0, D = 0, F = 0;
+  float eps_attn = 0, off_attn = 0, eps_mlp = 0, off_mlp = 0;
+  bool qk_norm = false, use_rope = false;
+  int64_t window = 0;
+  float scale = 0;
+};
+LayerBasics layer_basics(const sdk::TransformerDesc& desc, const sdk::LayerDesc& layer);
+
 // Adds a loss callback's metrics into a step's, by name (a new name is appended).
 void accumulate_metrics(std::vector<std::pair<std::string, double>>& into,
                         const std::vector<std::pair<std::string, double>>& add);
