@@ -4,6 +4,7 @@
 // "RESULT key=value ..." line per measurement for run.sh to parse.
 //
 //   bench_cuda_engine [--shape llama1b|small] [--steps N] [--warmup N] [--only train|forward]
+//                     [--recompute none|selective|full]
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), training B4 x T2048, forward logprobs B8 x T2048. small: a quick check of the same code.
@@ -46,7 +47,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "llama1b", only;
+  std::string shape_name = "llama1b", only, recompute = "none";
   int steps = 10, warmup = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -61,8 +62,12 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::atoi(next());
     else if (a == "--warmup") warmup = std::atoi(next());
     else if (a == "--only") only = next();
+    else if (a == "--recompute") recompute = next();
     else {
-      std::fprintf(stderr, "usage: %s [--shape llama1b|small] [--steps N] [--warmup N] [--only train|forward]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--shape llama1b|small] [--steps N] [--warmup N] [--only train|forward] "
+                   "[--recompute none|selective|full]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -71,6 +76,14 @@ int main(int argc, char** argv) {
     if (shape_name == x.name) s = &x;
   if (!s || steps < 1 || warmup < 0) {
     std::fprintf(stderr, "bench_cuda_engine: unknown shape '%s' or bad step counts\n", shape_name.c_str());
+    return 2;
+  }
+  engine::Recompute rc = engine::Recompute::none;
+  if (recompute == "selective") rc = engine::Recompute::selective;
+  else if (recompute == "full") rc = engine::Recompute::full;
+  else if (recompute != "none") {
+    std::fprintf(stderr, "bench_cuda_engine: --recompute expects none, selective or full, got '%s'\n",
+                 recompute.c_str());
     return 2;
   }
   std::string why;
@@ -123,6 +136,7 @@ int main(int argc, char** argv) {
     engine::CudaEngineOptions o;
     o.optimizer.weight_decay = 0.01;
     o.optimizer.max_grad_norm = 1.0;
+    o.recompute = rc;
     engine::CudaEngine e(desc, o);
     std::printf("device: %s, shape %s: %.1f M matmul params\n", e.device_name().c_str(), s->name,
                 matmul_params / 1e6);
@@ -155,16 +169,20 @@ int main(int argc, char** argv) {
     // The step returns once AdamW is queued; the next step's first wait covers it, so the
     // median of the per-step times is the steady-state rate (the last step's tail is small).
     const double t = median(times), tps = double(mb.num_tokens()) / t;
-    std::printf("train: median %.1f ms/step, %.0f tok/s, %.0f TFLOP/s (MFU %.1f%%), loss %.4f, "
-                "%.2f device allocs/step, %.2f host waits/step, %.1f GiB held\n",
-                t * 1e3, tps, tps * train_flops / 1e12, 100 * tps * train_flops / peak, last,
+    std::printf("train (recompute %s): median %.1f ms/step, %.0f tok/s, %.0f TFLOP/s (MFU %.1f%%), "
+                "loss %.4f, %.2f device allocs/step, %.2f host waits/step, %.1f GiB held\n",
+                recompute.c_str(), t * 1e3, tps, tps * train_flops / 1e12, 100 * tps * train_flops / peak, last,
                 double(after.device_allocations - before.device_allocations) / steps,
                 double(after.host_syncs - before.host_syncs) / steps,
                 double(after.device_bytes) / double(1ull << 30));
-    std::printf("RESULT name=train shape=%s_B%ldxT%ld value=%.0f unit=tok/s ms=%.3f mfu=%.4f allocs=%.2f syncs=%.2f\n",
-                s->name, long(s->train_B), long(s->T), tps, t * 1e3, tps * train_flops / peak,
+    // Recompute rows are named apart: PyTorch's peer runs without checkpointing.
+    std::printf("RESULT name=%s shape=%s_B%ldxT%ld value=%.0f unit=tok/s ms=%.3f mfu=%.4f allocs=%.2f "
+                "syncs=%.2f gib=%.2f\n",
+                rc == engine::Recompute::none ? "train" : ("train_recompute_" + recompute).c_str(), s->name,
+                long(s->train_B), long(s->T), tps, t * 1e3, tps * train_flops / peak,
                 double(after.device_allocations - before.device_allocations) / steps,
-                double(after.host_syncs - before.host_syncs) / steps);
+                double(after.host_syncs - before.host_syncs) / steps,
+                double(after.device_bytes) / double(1ull << 30));
   }
   if (only.empty() || only == "forward") {
     engine::CudaEngine e(desc, {});

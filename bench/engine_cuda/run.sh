@@ -18,6 +18,10 @@ json=${RESULT_JSON:-$root/bench/results/h200-$(date +%F)-engine.json}
 tmp=$(mktemp -d)
 echo "== rlhost (engine_cuda) =="
 "$bin" --shape "$shape" --steps "$steps" | tee "$tmp/rlhost.txt"
+# Activation recompute: the same step keeping less (memory in GiB beside the speed).
+for r in selective full; do
+  "$bin" --shape "$shape" --steps "$steps" --only train --recompute "$r" | grep -v "^device:" | tee -a "$tmp/rlhost.txt"
+done
 echo "== PyTorch eager =="
 python3 "$here/bench_torch.py" --shape "$shape" --steps "$steps" 2>&1 | grep -v Warning | tee "$tmp/torch.txt"
 if [ "${COMPILE:-0}" = 1 ]; then
@@ -47,6 +51,7 @@ for r in ours:
                "rlhost_ms": float(r["ms"]), "mfu": float(r["mfu"])}
         for k in ("allocs", "syncs"):
             if k in r: row[k + "_per_step"] = float(r[k])
+        if "gib" in r: row["device_gib"] = float(r["gib"])
         if p:
             row.update({"peer": "torch " + p["mode"], "peer_tok_s": float(p["value"]),
                         "ratio": float(r["value"]) / float(p["value"])})

@@ -272,6 +272,42 @@ TEST(CudaEngine, SteadyStateStepsAllocateNothing) {
               double(after.device_bytes) / (1 << 20));
 }
 
+// Recompute: the same gradients bit for bit (the same kernels on the same inputs), and less
+// activation memory: selective drops the norm and SwiGLU outputs of every layer, full keeps
+// only each layer's input. Planned up front (max_tokens).
+TEST(CudaEngine, RecomputeKeepsGradientsAndSavesMemory) {
+  NEED_GPU();
+  Small s;
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::StepOptions so;
+  so.apply_optimizer = false;
+  so.global_tokens = s.predicted();
+  std::vector<std::vector<std::vector<float>>> grads;
+  std::vector<int64_t> bytes;
+  std::vector<double> loss;
+  for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective, engine::Recompute::full}) {
+    engine::CudaEngineOptions co;
+    co.recompute = r;
+    co.max_tokens = int64_t(s.ids.size());
+    engine::CudaEngine gpu(s.desc, co);
+    gpu.load_parameters(s.weights);
+    loss.push_back(gpu.train_step({&mb, 1}, so, nll).loss);
+    grads.push_back(gpu.gradients());
+    bytes.push_back(gpu.stats().device_bytes);  // weights, plan and kernel scratch
+  }
+  for (size_t k = 1; k < grads.size(); ++k) {
+    EXPECT_EQ(loss[k], loss[0]);
+    for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(grads[k][i] == grads[0][i]) << s.desc.params[i].name;
+  }
+  EXPECT_LT(bytes[1], bytes[0]);
+  EXPECT_LT(bytes[2], bytes[1]);
+  std::printf("recompute none / selective / full: %.2f / %.2f / %.2f MiB on the device for %zu tokens\n",
+              double(bytes[0]) / (1 << 20), double(bytes[1]) / (1 << 20), double(bytes[2]) / (1 << 20),
+              s.ids.size());
+}
+
 // What the GPU path does not execute is refused by name before any device work (runs anywhere).
 TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
   const nlohmann::json moe = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"},

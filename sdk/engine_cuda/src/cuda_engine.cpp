@@ -111,8 +111,12 @@ struct CudaEngine::Impl {
   cuda::PinnedBuffer pinned;
   int64_t planned_tokens = 0;
   bool planned_train = false;
-  std::vector<LayerActs> acts;  // L sets (training) or 1 (forward only)
+  // L sets (training; with selective recompute their norm and SwiGLU outputs share one
+  // scratch) or 1 (forward only, or training with full recompute).
+  std::vector<LayerActs> acts;
+  bool acts_per_layer = false;
   std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
+  bf16* xr = nullptr;           // full recompute: where a recomputed layer's output goes
   bf16 *xn = nullptr;           // head: final norm output [N, C]
   float *rstd = nullptr, *lp = nullptr, *lse = nullptr, *ent = nullptr, *dlp = nullptr,
         *dent = nullptr;
@@ -130,6 +134,11 @@ struct CudaEngine::Impl {
   void describe();
   void carve_params();
   void plan(int64_t N, bool train);
+  void require_trainable(const char* what) const {
+    if (!opt.trainable)
+      throw std::invalid_argument(std::string("cuda engine: ") + what +
+                                  ": the engine was created untrainable (no gradients or optimizer state)");
+  }
   void sync() {
     check(cudaStreamSynchronize(stream), "stream synchronize");
     ++counters.syncs;
@@ -165,6 +174,7 @@ struct CudaEngine::Impl {
   void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out);
   void backward(const MicroBatch& mb, const OutputRequest& req);
   void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);
+  void recompute_selective(int64_t l, const MicroBatch& mb, LayerActs& a);
   kc::LogprobArgs head_args(const OutputRequest& req, int64_t N) const;
   kc::AttnArgs attn_args(const LayerShape& s, const LayerActs& a, int64_t N, int64_t S) const;
   double grad_norm();
@@ -206,7 +216,7 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
                      cudaMemcpyHostToDevice), "inv_freq upload");
   }
   scalars = cuda::DeviceBuffer(counters, 256);
-  if (opt.max_tokens > 0) plan(opt.max_tokens, true);
+  if (opt.max_tokens > 0) plan(opt.max_tokens, opt.trainable);
 }
 
 CudaEngine::Impl::~Impl() {
@@ -326,12 +336,14 @@ void CudaEngine::Impl::carve_params() {
   total = (at + 63) / 64 * 64;
   const size_t f32 = size_t(total) * sizeof(float);
   master = cuda::DeviceBuffer(counters, f32);
-  grads = cuda::DeviceBuffer(counters, f32);
-  adam_m = cuda::DeviceBuffer(counters, f32);
-  adam_v = cuda::DeviceBuffer(counters, f32);
+  if (opt.trainable) {
+    grads = cuda::DeviceBuffer(counters, f32);
+    adam_m = cuda::DeviceBuffer(counters, f32);
+    adam_v = cuda::DeviceBuffer(counters, f32);
+  }
   w16 = cuda::DeviceBuffer(counters, size_t(total) * sizeof(bf16));
   for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v})
-    check(cudaMemsetAsync(b->get(), 0, b->size(), stream), "memset");
+    if (b->size() > 0) check(cudaMemsetAsync(b->get(), 0, b->size(), stream), "memset");
   check(cudaMemsetAsync(w16.get(), 0, w16.size(), stream), "memset");
 }
 
@@ -341,24 +353,29 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   if (N <= planned_tokens && (planned_train || !train)) return;
   N = std::max(N, planned_tokens);
   train = train || planned_train;
+  const bool full = train && opt.recompute == Recompute::full;
+  const bool selective = train && opt.recompute == Recompute::selective;
   auto carve = [&](char* base) {
     Carver c{base};
-    const int64_t sets = train ? L : 1;
+    // Per-layer sets for training without full recompute; otherwise one set for all layers,
+    // sized for the widest.
+    const bool per_layer = train && !full;
+    const int64_t sets = per_layer ? L : 1;
     acts.assign(size_t(sets), LayerActs{});
+    acts_per_layer = per_layer;
     xs.assign(size_t(train ? L + 1 : 2), nullptr);
     for (bf16*& x : xs) x = c.take<bf16>(N * C);
+    xr = full ? c.take<bf16>(N * C) : nullptr;
     for (int64_t l = 0; l < sets; ++l) {
       const LayerShape& s = shapes[size_t(l)];
       LayerActs& a = acts[size_t(l)];
-      const LayerShape& big = train ? s : shapes[0];
-      // forward-only reuses one set for all layers: size it for the widest layer
-      const int64_t W = train ? big.Wqkv : maxW, HD = train ? big.Hq * big.D : maxHD,
-                    F = train ? big.F : maxF, QK = train ? (big.Hq + big.Hkv) * big.D : maxQK,
-                    H = train ? big.Hq : maxH;
-      a.xn1 = c.take<bf16>(N * C);
+      const int64_t W = per_layer ? s.Wqkv : maxW, HD = per_layer ? s.Hq * s.D : maxHD,
+                    F = per_layer ? s.F : maxF, QK = per_layer ? (s.Hq + s.Hkv) * s.D : maxQK,
+                    H = per_layer ? s.Hq : maxH;
+      if (!selective) a.xn1 = c.take<bf16>(N * C);
       a.rstd1 = c.take<float>(N);
       a.qkv = c.take<bf16>(N * W);
-      if (train ? s.qk_norm : true) {
+      if (per_layer ? s.qk_norm : true) {
         a.qk = c.take<bf16>(N * QK);
         a.rstd_q = c.take<float>(H * N);
         a.rstd_k = c.take<float>(H * N);
@@ -366,10 +383,20 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
       a.att = c.take<bf16>(N * HD);
       a.lse = c.take<float>(H * N);
       a.h = c.take<bf16>(N * C);
-      a.xn2 = c.take<bf16>(N * C);
+      if (!selective) a.xn2 = c.take<bf16>(N * C);
       a.rstd2 = c.take<float>(N);
       a.gu = c.take<bf16>(N * 2 * F);
-      a.a = c.take<bf16>(N * F);
+      if (!selective) a.a = c.take<bf16>(N * F);
+    }
+    if (selective) {  // what backward recomputes, one layer at a time
+      bf16* xn1 = c.take<bf16>(N * C);
+      bf16* xn2 = c.take<bf16>(N * C);
+      bf16* act = c.take<bf16>(N * maxF);
+      for (LayerActs& a : acts) {
+        a.xn1 = xn1;
+        a.xn2 = xn2;
+        a.a = act;
+      }
     }
     xn = c.take<bf16>(N * C);
     rstd = c.take<float>(N);
@@ -559,16 +586,16 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   if (mb.cu_seqlens.empty() || N == 0) throw std::invalid_argument("cuda engine: empty micro-batch");
   plan(N, train);
   prepare_batch(mb);
-  // A training plan has a set per layer (a forward-only call uses it as it is); a forward-only
-  // plan has one set and two residual buffers in turn.
-  const bool per_layer = planned_train;
+  // A training plan keeps every layer's input (a forward-only call uses it as it is); a
+  // forward-only plan has two residual buffers in turn.
+  const bool keep_inputs = planned_train;
   kc::embedding_fwd(kc::DType::bf16, xs[0], ids, w(off_embed), N, C, V, err, stream);
   for (int64_t l = 0; l < L; ++l) {
-    LayerActs& a = acts[per_layer ? size_t(l) : 0];
-    a.x = xs[per_layer ? size_t(l) : size_t(l % 2)];
-    forward_layer(l, mb, a, xs[per_layer ? size_t(l + 1) : size_t((l + 1) % 2)]);
+    LayerActs& a = acts[acts_per_layer ? size_t(l) : 0];
+    a.x = xs[keep_inputs ? size_t(l) : size_t(l % 2)];
+    forward_layer(l, mb, a, xs[keep_inputs ? size_t(l + 1) : size_t((l + 1) % 2)]);
   }
-  bf16* xL = xs[per_layer ? size_t(L) : size_t(L % 2)];
+  bf16* xL = xs[keep_inputs ? size_t(L) : size_t(L % 2)];
   kc::rmsnorm_fwd(kc::DType::bf16, xn, C, {rstd, false}, xL, C, w(off_final_norm), N, C,
                   float(desc.final_norm.eps), float(desc.final_norm.weight_offset), stream);
   if (req.logprob || req.entropy)
@@ -644,6 +671,20 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
                   {a.rstd1, false}, N, C, s.off_attn, true, ws_.rewind(), stream);       // dres = dx
 }
 
+// Selective recompute: the two norms' outputs (from the kept layer input and h, with the same
+// statistics) and the SwiGLU product (from the kept gate|up GEMM output).
+void CudaEngine::Impl::recompute_selective(int64_t l, const MicroBatch& mb, LayerActs& a) {
+  const LayerShape& s = shapes[size_t(l)];
+  const LayerOffsets& p = lo[size_t(l)];
+  const int64_t N = mb.num_tokens(), F = s.F;
+  const auto bf = kc::DType::bf16;
+  kc::rmsnorm_fwd(bf, a.xn1, C, {a.rstd1, false}, a.x, C, w(p.attn_norm), N, C, s.eps_attn,
+                  s.off_attn, stream);
+  kc::rmsnorm_fwd(bf, a.xn2, C, {a.rstd2, false}, a.h, C, w(p.mlp_norm), N, C, s.eps_mlp,
+                  s.off_mlp, stream);
+  kc::swiglu_fwd(bf, a.a, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F, stream);
+}
+
 // Output gradients are in dlp / dent (kernel alignment, device).
 void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens();
@@ -658,8 +699,12 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
                   w(off_final_norm), {rstd, false}, N, C, float(desc.final_norm.weight_offset),
                   false, ws(), stream);                                                // dres
   for (int64_t l = L - 1; l >= 0; --l) {
-    LayerActs& a = acts[size_t(l)];
+    LayerActs& a = acts[acts_per_layer ? size_t(l) : 0];
     a.x = xs[size_t(l)];
+    if (opt.recompute == Recompute::full)
+      forward_layer(l, mb, a, xr);  // the layer's activations again, from its kept input
+    else if (opt.recompute == Recompute::selective)
+      recompute_selective(l, mb, a);
     backward_layer(l, mb, a);
   }
   kc::embedding_bwd(kc::DType::bf16, {g(off_embed), false}, ids, dres, N, C, V, err, ws(),
@@ -788,12 +833,49 @@ std::vector<std::vector<float>> CudaEngine::save_parameters() const {
   return impl_->download(impl_->master.get<float>());
 }
 std::vector<std::vector<float>> CudaEngine::gradients() const {
+  impl_->require_trainable("gradients");
   return impl_->download(impl_->grads.get<float>());
 }
 void CudaEngine::zero_grad() {
+  impl_->require_trainable("zero_grad");
   check(cudaMemsetAsync(impl_->grads.get(), 0, impl_->grads.size(), impl_->stream), "memset");
   impl_->grads_clear = true;
 }
+
+CudaEngine::AdamState CudaEngine::adam_state() const {
+  impl_->require_trainable("adam_state");
+  AdamState s;
+  s.step = impl_->steps;
+  s.exp_avg = impl_->download(impl_->adam_m.get<float>());
+  s.exp_avg_sq = impl_->download(impl_->adam_v.get<float>());
+  return s;
+}
+
+void CudaEngine::load_adam_state(const AdamState& s) {
+  Impl& m = *impl_;
+  m.require_trainable("load_adam_state");
+  if (s.step < 0) throw std::invalid_argument("cuda engine: a negative optimizer step");
+  for (const auto* part : {&s.exp_avg, &s.exp_avg_sq}) {
+    if (part->size() != m.desc.params.size())
+      throw std::invalid_argument("cuda engine: optimizer state has " + std::to_string(part->size()) +
+                                  " tensors for " + std::to_string(m.desc.params.size()) + " parameters");
+    for (size_t i = 0; i < part->size(); ++i)
+      if (int64_t((*part)[i].size()) != numel(m.desc.params[i].shape))
+        throw std::invalid_argument("cuda engine: optimizer state of " + m.desc.params[i].name +
+                                    " has the wrong size");
+  }
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const size_t bytes = s.exp_avg[i].size() * sizeof(float);
+    check(cudaMemcpyAsync(m.adam_m.get<float>() + m.offset[i], s.exp_avg[i].data(), bytes,
+                          cudaMemcpyHostToDevice, m.stream), "optimizer state upload");
+    check(cudaMemcpyAsync(m.adam_v.get<float>() + m.offset[i], s.exp_avg_sq[i].data(), bytes,
+                          cudaMemcpyHostToDevice, m.stream), "optimizer state upload");
+  }
+  m.sync();  // the host vectors may go once this returns
+  m.steps = s.step;
+}
+
+void CudaEngine::set_optimizer_options(const OptimizerOptions& o) { impl_->opt.optimizer = o; }
 
 Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   Impl& m = *impl_;
@@ -830,6 +912,7 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
                                   const LossFn& loss_fn) {
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
+  m.require_trainable("train_step");
   if (!req.logprob && !req.entropy)
     throw std::invalid_argument("cuda engine: a train step needs logprob or entropy outputs");
   if (req.logits) throw std::invalid_argument("cuda engine: logits are a forward-only output");
@@ -896,16 +979,20 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
   return r;
 }
 
-bool cuda_engine_available(std::string* why) {
+bool cuda_engine_available(std::string* why, int device) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
     if (why) *why = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
     return false;
   }
+  if (device < 0 || device >= count) {
+    if (why) *why = "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " visible)";
+    return false;
+  }
   cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess || p.major != 9) {
-    if (why) *why = std::string("the CUDA engine is built for sm_90a; device 0 is ") + p.name;
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess || p.major != 9) {
+    if (why) *why = "the CUDA engine is built for sm_90a; device " + std::to_string(device) + " is " + p.name;
     return false;
   }
   return true;

@@ -17,9 +17,17 @@
 // stats() counts device allocations and host synchronisations, so a benchmark can report both
 // per steady-state step.
 //
+// Activation recompute (CudaEngineOptions::recompute) trades compute for the memory of what a
+// training step keeps per layer: `selective` keeps the GEMM and attention outputs and recomputes
+// the norms and the SwiGLU product in backward (Megatron's "layernorm" and activation modules:
+// elementwise work, about a third of a dense layer's activations); `full` keeps only each layer's
+// input and runs the layer's forward again before its backward (one more forward, activations of
+// one layer). Both give the same gradients as none: recomputing is the same kernels on the same
+// inputs.
+//
 // Not on the GPU yet (refused with std::invalid_argument naming the feature): MoE and MLA
 // layers, sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p)
-// logprobs, logprob_at_ids, activation recompute.
+// logprobs, logprob_at_ids.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +40,8 @@
 
 namespace rlh::engine {
 
+enum class Recompute { none, selective, full };
+
 struct CudaEngineOptions {
   int device = 0;
   int64_t logprob_chunk_bytes = 0;  // head tile (0 = the kernel's default, 32 MiB)
@@ -39,6 +49,10 @@ struct CudaEngineOptions {
   // Plan activations for micro-batches of up to this many tokens at construction (0 = on the
   // first micro-batch; a larger one later re-plans, counted in stats()).
   int64_t max_tokens = 0;
+  // false: a frozen model (a reference policy) holds only its fp32 and bf16 weights, no
+  // gradients or AdamW moments, and train_step is refused.
+  bool trainable = true;
+  Recompute recompute = Recompute::none;
 };
 
 struct CudaEngineStats {
@@ -80,13 +94,25 @@ class CudaEngine {
   int64_t step() const;
   CudaEngineStats stats() const;
 
+  // AdamW's state for checkpoints: the step count and fp32 moments per parameter in
+  // desc().params order (all zero before the first step and for untrainable parameters).
+  struct AdamState {
+    int64_t step = 0;
+    std::vector<std::vector<float>> exp_avg, exp_avg_sq;
+  };
+  AdamState adam_state() const;
+  void load_adam_state(const AdamState& state);  // sizes checked against the description
+  // Betas, eps, weight decay and clipping of the steps that follow (a backend's schedule moves
+  // the weight decay; the learning rate comes with each StepOptions).
+  void set_optimizer_options(const OptimizerOptions& options);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
-// True when a CUDA device of compute capability 9.0 is usable here; otherwise false and *why
-// (for test skips and error messages).
-bool cuda_engine_available(std::string* why);
+// True when CUDA device `device` is usable here and of compute capability 9.0; otherwise false
+// and *why (for test skips and error messages).
+bool cuda_engine_available(std::string* why, int device = 0);
 
 }  // namespace rlh::engine
