@@ -27,7 +27,7 @@ constexpr const char* kNoEffect[] = {
     "megatron_cfg.moe_shared_expert_overlap", "megatron_cfg.apply_rope_fusion", "megatron_cfg.bias_activation_fusion",
     "megatron_cfg.gradient_accumulation_fusion", "megatron_cfg.defer_fp32_logits",
     "megatron_cfg.distributed_data_parallel_config", "megatron_cfg.fp8_cfg", "megatron_cfg.env_vars",
-    "megatron_cfg.recompute_granularity", "megatron_cfg.recompute_method", "megatron_cfg.recompute_num_layers",
+    "megatron_cfg.recompute_method", "megatron_cfg.recompute_num_layers",
     "megatron_cfg.recompute_modules", "megatron_cfg.fine_grained_activation_offloading",
     "megatron_cfg.train_iters", "megatron_cfg.force_reconvert_from_hf", "megatron_cfg.track_moe_metrics",
     "megatron_cfg.optimizer.bf16", "megatron_cfg.optimizer.fp16", "megatron_cfg.optimizer.params_dtype",
@@ -68,7 +68,18 @@ backend::BackendConfig read_config(const json& policy) {
     throw Error(RLH_E_INVALID_ARGUMENT,
                 "policy.megatron_cfg.enabled is false: this configuration selects another backend "
                 "(dtensor reads policy.dtensor_cfg)");
+  // NeMo-RL's activation_checkpointing sets Megatron's recompute_granularity to full (every
+  // layer, uniform); recompute_granularity alone picks full or selective (norms and the MLP
+  // activation, on the device path; the CPU engine recomputes whole layers either way).
   cfg.recompute = r.boolean("megatron_cfg.activation_checkpointing", false);
+  const std::string g =
+      r.is_null("megatron_cfg.recompute_granularity") ? "" : r.string("megatron_cfg.recompute_granularity", "");
+  if (!g.empty()) {
+    if (g != "full" && g != "selective")
+      r.fail("megatron_cfg.recompute_granularity", "expected full, selective or null, got \"" + g + "\"");
+    cfg.recompute_selective = !cfg.recompute && g == "selective";
+    cfg.recompute = true;
+  }
   for (const char* k : {"megatron_cfg.tensor_model_parallel_size", "megatron_cfg.pipeline_model_parallel_size",
                         "megatron_cfg.context_parallel_size", "megatron_cfg.expert_model_parallel_size",
                         "megatron_cfg.expert_tensor_parallel_size",

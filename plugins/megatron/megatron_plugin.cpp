@@ -1,18 +1,28 @@
 // The megatron plugin: a BACKEND component over rlh_engine (through rlh_backend_common), read
-// from NeMo-RL's Megatron policy keys. Single-rank today; TP/PP/CP/EP plans and CUDA kernels
-// (kPreferredKernels) come with the GPU and parallel work.
+// from NeMo-RL's Megatron policy keys, with a device path on one Hopper GPU (megatron_cuda.cpp:
+// the CUDA engine and kernels_cuda's fused kernels) where this build has it. Single-rank today;
+// TP/PP/CP/EP plans come with the parallel work.
 #include "megatron_config.hpp"
 #include "rlhost/backend.h"
 #include "rlhost/backend_common/backend.hpp"
 #include "rlhost/sdk/plugin.hpp"
+#if RLH_MEGATRON_CUDA
+#include "megatron_cuda.hpp"
+#endif
 
 namespace {
 
-// Kernel providers megatron asks for before the best-scoring one. Empty while the engine runs on
-// host memory; "kernels_cuda" goes here once it runs on a CUDA device.
+// Kernel providers the CPU engine asks for before the best-scoring one: none (on a GPU the
+// device path runs kernels_cuda itself, linked in).
 const char* const kPreferredKernels[] = {nullptr};
 
-const rlh::backend::BackendFlavor kFlavor = {"megatron", &rlh::megatron::read_config, kPreferredKernels};
+#if RLH_MEGATRON_CUDA
+const rlh::backend::DeviceEngineFactory* const kDevice = rlh::megatron::cuda_device_engines();
+#else
+const rlh::backend::DeviceEngineFactory* const kDevice = nullptr;
+#endif
+
+const rlh::backend::BackendFlavor kFlavor = {"megatron", &rlh::megatron::read_config, kPreferredKernels, kDevice};
 
 rlh_status* create(const rlh_host_api* host, const char* config_json, size_t config_len, rlh_backend** out) {
   return rlh::backend::create_backend(host, config_json, config_len, kFlavor, out);
@@ -24,6 +34,7 @@ const rlh_backend_api kApi = rlh::backend::backend_api(create);
 const char* const kKeys[] = {"policy.megatron_cfg.*",
                              "policy.max_grad_norm",
                              "policy.precision",
+                             "policy.device",
                              "policy.train_micro_batch_size",
                              "policy.logprob_batch_size",
                              "policy.sequence_packing.*",
@@ -32,7 +43,8 @@ const char* const kKeys[] = {"policy.megatron_cfg.*",
 
 const rlh_component_desc kBackend = rlh::sdk::component_desc(
     RLH_KIND_BACKEND, "megatron", "0.1.0", RLH_BACKEND_API_VERSION_MAJOR, RLH_BACKEND_API_VERSION_MINOR, &kApi,
-    "training backend configured like NeMo-RL's Megatron worker (Megatron optimizer/scheduler), single-rank fp32 engine",
+    "training backend configured like NeMo-RL's Megatron worker (Megatron optimizer/scheduler): the fp32 CPU "
+    "engine, or bf16 on one Hopper GPU (policy.device)",
     kKeys);
 
 const rlh_component_desc* const kComponents[] = {&kBackend};
@@ -40,4 +52,4 @@ const rlh_component_desc* const kComponents[] = {&kBackend};
 }  // namespace
 
 RLH_DEFINE_PLUGIN(rlh::sdk::plugin_desc("megatron", "0.1.0", "rlhost", kComponents,
-                                        "Megatron-style training backend (dense Llama family on CPU)"))
+                                        "Megatron-style training backend (CPU fp32; dense Llama on one Hopper GPU in bf16)"))

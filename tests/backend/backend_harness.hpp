@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -29,13 +30,15 @@
 
 namespace rlh::test {
 
-// A host with plugins loaded from the build tree.
+// A host with plugins loaded from the build tree ($RLH_TEST_PLUGIN_DIR instead, where the
+// binaries were carried to another machine, e.g. the GPU one).
 class Host {
  public:
   explicit Host(const std::vector<std::string>& plugins) {
     sdk::check(rlhost_create(&h_));
     rlhost_set_log_level(h_, RLH_LOG_WARN);
-    sdk::check(rlhost_add_plugin_dir(h_, RLH_PLUGIN_DIR));
+    const char* dir = std::getenv("RLH_TEST_PLUGIN_DIR");
+    sdk::check(rlhost_add_plugin_dir(h_, dir != nullptr && *dir ? dir : RLH_PLUGIN_DIR));
     for (const auto& p : plugins) sdk::check(rlhost_load_plugin(h_, p.c_str()), "loading " + p);
   }
   ~Host() { rlhost_destroy(h_); }

@@ -124,9 +124,14 @@ struct CheckedAdapter {
     }
     for (int64_t s2 = 0; s2 < b.num_seqs; ++s2)
       for (int64_t t = b.seq_offsets[s2]; t < b.seq_offsets[s2 + 1]; ++t) {
-        if (t == b.seq_offsets[s2]) EXPECT_EQ(g[t], 0.0f) << "gradient at the first token of a sequence";
-        if (tm[t] == 0 || sm[s2] == 0) EXPECT_EQ(g[t], 0.0f) << "gradient where the mask is 0";
-        else EXPECT_NE(g[t], 0.0f) << "no gradient where the loss counts the token";
+        if (t == b.seq_offsets[s2]) {
+          EXPECT_EQ(g[t], 0.0f) << "gradient at the first token of a sequence";
+        }
+        if (tm[t] == 0 || sm[s2] == 0) {
+          EXPECT_EQ(g[t], 0.0f) << "gradient where the mask is 0";
+        } else {
+          EXPECT_NE(g[t], 0.0f) << "no gradient where the loss counts the token";
+        }
         self->grads.emplace_back(int64_t(tok_index[t]), g[t]);
       }
     return nullptr;

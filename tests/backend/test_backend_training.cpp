@@ -414,7 +414,9 @@ TEST(BackendOutputs, KindsAlignmentAndMicroBatching) {
     for (int64_t t = batch->offsets()[size_t(s)]; t < batch->offsets()[size_t(s) + 1]; ++t) {
       const bool first = t == batch->offsets()[size_t(s)];
       for (size_t k = 0; k < 3; ++k)
-        if (first) EXPECT_EQ(out[k][size_t(t)], 0.0f) << "output " << k << " at a sequence start";
+        if (first) {
+          EXPECT_EQ(out[k][size_t(t)], 0.0f) << "output " << k << " at a sequence start";
+        }
       if (first) continue;
       EXPECT_LT(out[0][size_t(t)], 0.0f);
       EXPECT_GT(out[2][size_t(t)], 0.0f);
@@ -525,6 +527,42 @@ TEST(BackendErrors, ConfigKeys) {
   expect_error(create("megatron", {{"sequence_packing", {{"enabled", true}, {"train_mb_tokens", 8}, {"logprob_mb_tokens", 8}}},
                                    {"dynamic_batching", {{"enabled", true}}}}),
                RLH_E_INVALID_ARGUMENT, "both true");
+  expect_error(create("megatron", {{"device", "tpu"}}), RLH_E_INVALID_ARGUMENT, "policy.device");
+  expect_error(create("dtensor", {{"device", "cuda:x"}}), RLH_E_INVALID_ARGUMENT, "policy.device");
+  expect_error(create("megatron", {{"megatron_cfg", {{"recompute_granularity", "layer"}}}}), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.recompute_granularity");
+}
+
+// policy.device at load_model: an explicit device the model cannot go to is an error naming why;
+// cpu and auto load on any machine (auto takes the GPU only where one is usable, with bfloat16).
+TEST(BackendDevice, ChoiceAndRefusals) {
+  rlh_model* m = nullptr;
+  {
+    Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda"}});
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "runs the CPU engine only");
+  }
+  {
+    Backend be(host(), "megatron", {{"device", "cuda"}});  // float32
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_INVALID_ARGUMENT, "set policy.precision = bfloat16");
+  }
+  {
+    Backend be(host(), "megatron", {{"precision", "bfloat16"}, {"device", "cuda:99"}});
+#if RLH_HAVE_CUDA_ENGINE
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNAVAILABLE, "policy.device = cuda:99");
+#else
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "runs the CPU engine only");
+#endif
+  }
+  auto batch = field_batch();
+  for (const char* device : {"cpu", "auto"}) {
+    json cfg = adam_config("megatron", 1e-3);
+    cfg["precision"] = "bfloat16";
+    cfg["device"] = device;
+    Backend be(host(), "megatron", cfg);
+    rlh_model* p = be.load(llama_tiny(), true);
+    const auto r = be.train(p, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), {});
+    EXPECT_TRUE(r.metrics["updated"].get<bool>()) << device;
+  }
 }
 
 TEST(BackendErrors, ModelsBatchesAndCallbacks) {

@@ -207,7 +207,8 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
     std::vector<MicroBatchData> mbs = make_microbatches(batch, po);
     for (MicroBatchData& d : mbs) {
       if (b->host.cancelled()) throw Error(RLH_E_CANCELLED, "forward cancelled");
-      const engine::Outputs o = m.engine->forward(d.engine_view(), plan.req);
+      const engine::Outputs o =
+          m.device ? m.device->forward(d.engine_view(), plan.req) : m.engine->forward(d.engine_view(), plan.req);
       for (size_t k = 0; k < plan.slots.size(); ++k)
         write_output(args->outputs[k], d, engine_output(o, plan.slots[k]), width(plan, k));
     }
@@ -322,9 +323,13 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       throw Error(RLH_E_INVALID_ARGUMENT, "train_step: result missing or older than the interface's first version");
     if (args->loss_fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "train_step: loss_fn is NULL");
     const bool eval_only = args->eval_only != 0;
-    if (!eval_only && !m.optimizer)
+    if (!eval_only && !m.trainable)
       throw Error(RLH_E_FAILED_PRECONDITION, "train_step: model '" + m.role +
                                                  "' was loaded without RLH_MODEL_TRAINABLE (use eval_only for a loss)");
+    if (m.device && !m.trainable)
+      throw Error(RLH_E_FAILED_PRECONDITION, "train_step: model '" + m.role + "' is frozen on " + m.kernels +
+                                                 ", which keeps no gradients for it (an eval_only loss on the "
+                                                 "device needs RLH_MODEL_TRAINABLE)");
     validate_batch(args->batch, m.desc.vocab_size);
     const rlh_batch& batch = *args->batch;
     const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
@@ -353,18 +358,27 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     so.outputs = plan.req;
     so.apply_optimizer = false;  // the backend's optimizer applies the update (optimizer.hpp)
     LossTrampoline tramp{*args, plan, mbs, {}};
-    const engine::StepResult r =
-        m.engine->train_step(views, so, [&](const engine::LossContext& c, const engine::OutputViews& ov,
-                                            engine::OutputGrads& og) { return tramp(c, ov, og); });
+    const engine::LossFn loss = [&](const engine::LossContext& c, const engine::OutputViews& ov,
+                                    engine::OutputGrads& og) { return tramp(c, ov, og); };
 
+    engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
-    if (m.optimizer) {
-      if (!eval_only && !r.skipped) {
-        info = m.optimizer->step(args->learning_rate, r.clip_coef);
-        updated = true;
-      } else {
-        info = m.optimizer->next(args->learning_rate);
+    if (m.device) {  // the device applies its own update (device_engine.hpp)
+      info = m.next_update(args->learning_rate);
+      so.apply_optimizer = !eval_only;
+      so.lr = info.lr;
+      r = m.device->train_step(views, so, info.weight_decay, loss);
+      updated = so.apply_optimizer && !r.skipped;
+    } else {
+      r = m.engine->train_step(views, so, loss);
+      if (m.optimizer) {
+        if (!eval_only && !r.skipped) {
+          info = m.optimizer->step(args->learning_rate, r.clip_coef);
+          updated = true;
+        } else {
+          info = m.optimizer->next(args->learning_rate);
+        }
       }
     }
     result->loss = r.loss;
@@ -401,9 +415,12 @@ rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weigh
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
     std::vector<float> split;  // a fused engine tensor's HF piece
+    // A device model's weights are copied to the host once, then visited like the CPU engine's.
+    std::vector<std::vector<float>> host;
+    if (m.device) host = m.device->parameters();
     for (size_t i = 0; i < m.desc.params.size(); ++i) {
       const sdk::ParamDesc& p = m.desc.params[i];
-      std::span<float> w = m.engine->param(i);
+      std::span<float> w = m.device ? std::span<float>(host[i]) : m.engine->param(i);
       for (size_t k = 0; k < p.hf_names.size(); ++k) {
         std::vector<int64_t> shape = p.hf_shapes[k], strides(shape.size(), 1);
         for (int d = int(shape.size()) - 2; d >= 0; --d) strides[size_t(d)] = strides[size_t(d) + 1] * shape[size_t(d) + 1];

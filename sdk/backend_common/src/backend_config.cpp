@@ -166,12 +166,17 @@ void require_single_rank(ConfigReader& r, std::string_view path) {
 
 void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {
   cfg.precision = r.string("precision", "float32");
-  if (cfg.precision == "bfloat16" || cfg.precision == "float16" || cfg.precision == "bf16" ||
-      cfg.precision == "fp16") {
-    cfg.notes.push_back("policy.precision = " + cfg.precision +
-                        ": the CPU engine computes and keeps master weights in float32");
-  } else if (cfg.precision != "float32" && cfg.precision != "fp32") {
+  if (cfg.precision != "float32" && cfg.precision != "fp32" && cfg.precision != "bfloat16" &&
+      cfg.precision != "bf16" && cfg.precision != "float16" && cfg.precision != "fp16")
     r.fail("precision", "expected float32, bfloat16 or float16, got \"" + cfg.precision + "\"");
+  // Where models run; whether the flavor has that device is checked when a model loads.
+  cfg.device = r.string("device", "auto");
+  {
+    const std::string& d = cfg.device;
+    const bool indexed = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() < 9 &&
+                         d.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (d != "auto" && d != "cpu" && d != "cuda" && !indexed)
+      r.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + d + "\"");
   }
   // null = no clipping (NeMo-RL); read even without an optimizer, so a bad value shows.
   const double clip = r.is_null("max_grad_norm") ? 0.0 : r.number("max_grad_norm", 1.0);

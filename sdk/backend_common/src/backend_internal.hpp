@@ -40,9 +40,17 @@ struct Model {
   std::string kernels;  // which kernels run it, for logs
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<Optimizer> optimizer;  // trainable models only
-  int64_t loaded_version = 0;            // weights version of a non-trainable model's state
+  // A model on the flavor's device path (policy.device) has this instead of engine/ops/optimizer:
+  // the device engine keeps weights, gradients and optimizer state itself.
+  std::unique_ptr<DeviceEngine> device;
+  int64_t loaded_version = 0;  // weights version of a non-trainable model's state
 
-  int64_t version() const { return optimizer ? optimizer->steps() : loaded_version; }
+  int64_t version() const {
+    if (optimizer) return optimizer->steps();
+    return device && trainable ? device->steps() : loaded_version;
+  }
+  // The schedule's learning rate and weight decay for the next update (lr_override >= 0 wins).
+  Optimizer::StepInfo next_update(double lr_override) const;
 };
 
 struct Backend {

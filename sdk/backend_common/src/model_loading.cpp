@@ -112,6 +112,13 @@ void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m
   m.kernels = m.ops->name() + " (linked)";
 }
 
+Optimizer::StepInfo Model::next_update(double lr_override) const {
+  if (optimizer) return optimizer->next(lr_override);
+  if (!config.optimizer) return {};
+  const Schedule::Point p = config.schedule.at(version(), *config.optimizer);
+  return {lr_override >= 0 ? lr_override : p.lr, p.weight_decay};
+}
+
 std::unique_ptr<Optimizer> make_optimizer(Model& m) {
   std::function<bool(const sdk::ParamDesc&)> frozen;
   if (m.config.moe.freeze_router)  // the engine gives a frozen router no gradient; no decay either
@@ -120,6 +127,65 @@ std::unique_ptr<Optimizer> make_optimizer(Model& m) {
     };
   return std::make_unique<Optimizer>(*m.config.optimizer, m.config.schedule, *m.engine, *m.ops, frozen);
 }
+
+namespace {
+
+// policy.device: puts the model on the flavor's device path and returns true, or returns false
+// for the CPU engine. "auto" falls back to the CPU engine (with a note saying why) where the
+// device path cannot take the model; an explicit device fails instead, naming the reason.
+bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>& weights) {
+  const std::string& d = m.config.device;
+  if (d == "cpu") return false;
+  const bool automatic = d == "auto";
+  const DeviceEngineFactory* f = b.flavor->device_engines;
+  const std::string where = std::string(b.flavor->name) + ": policy.device = " + d;
+  auto decline = [&](rlh_code code, const std::string& why) {
+    if (!automatic) throw Error(code, where + ": " + why);
+    b.host.info(std::string(b.flavor->name) + ": " + m.role + " runs on the CPU engine (" + why + ")");
+    return false;
+  };
+  if (f == nullptr) {
+    if (automatic) return false;
+    throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend runs the CPU engine only (the CUDA path is megatron's)");
+  }
+  if (!m.config.bf16()) {
+    if (automatic) return false;  // float32 training is the CPU engine's
+    throw Error(RLH_E_INVALID_ARGUMENT, where + " computes in bfloat16 with float32 master weights: set "
+                                                "policy.precision = bfloat16 (it is " + m.config.precision + ")");
+  }
+  const std::string target = automatic ? "cuda" : d;
+  std::string why;
+  if (!f->available(target, &why)) return decline(RLH_E_UNAVAILABLE, why);
+  if (m.trainable && m.config.optimizer->kind != OptimizerKind::adamw)
+    return decline(RLH_E_UNIMPLEMENTED, "the device path runs AdamW only, the optimizer is " +
+                                            std::string(to_string(m.config.optimizer->kind)));
+  DeviceEngineOptions o;
+  o.device = target;
+  o.trainable = m.trainable;
+  o.recompute = m.config.recompute;
+  o.recompute_selective = m.config.recompute_selective;
+  if (m.config.optimizer) {
+    const OptimizerConfig& oc = *m.config.optimizer;
+    o.optimizer.beta1 = oc.beta1;
+    o.optimizer.beta2 = oc.beta2;
+    o.optimizer.eps = oc.eps;
+    o.optimizer.weight_decay = oc.weight_decay;
+    o.optimizer.decay_1d_params = oc.decay_1d_params;
+    o.optimizer.max_grad_norm = oc.max_grad_norm;
+  }
+  try {
+    m.device = f->create(m.desc, o);
+  } catch (const std::invalid_argument& e) {
+    return decline(RLH_E_UNIMPLEMENTED, m.desc.architecture + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_UNAVAILABLE, where + ": " + e.what());
+  }
+  m.device->load_parameters(weights);
+  m.kernels = m.device->describe();
+  return true;
+}
+
+}  // namespace
 
 std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   auto m = std::make_unique<Model>();
@@ -163,6 +229,16 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   }
   m->passthrough = weights.unused;
 
+  if (place_on_device(b, *m, weights.tensors)) {
+    b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
+                " (" + std::to_string(m->device->num_elements()) + " parameters, " +
+                (m->trainable ? "adamw optimizer" : std::string("frozen")) + (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
+                ", on " + m->kernels + ")");
+    return m;
+  }
+  if (m->config.precision != "float32" && m->config.precision != "fp32")
+    b.host.info(std::string(b.flavor->name) + ": policy.precision = " + m->config.precision + ": " + m->role +
+                " runs on the CPU engine, which computes and keeps master weights in float32");
   select_kernels(b.host, *b.flavor, *m);
   engine::EngineOptions eo;
   eo.recompute = m->config.recompute;

@@ -46,6 +46,29 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
   if (ec) throw Error(RLH_E_UNAVAILABLE, "cannot rename '" + tmp.string() + "': " + ec.message());
 }
 
+// A device model's AdamW state in the CPU optimizer's layout (Optimizer::state): exp_avg.* then
+// exp_avg_sq.* over the trainable parameters in description order, nothing before the first
+// update. So a state saved on either path loads on the other.
+struct DeviceOptimizerState {
+  DeviceEngine::AdamState adam;
+  std::vector<Optimizer::StateTensor> tensors;
+};
+
+std::vector<size_t> trainable_params(const Model& m) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < m.desc.params.size(); ++i)
+    if (m.desc.params[i].trainable) out.push_back(i);
+  return out;
+}
+
+void view_adam_state(const Model& m, DeviceOptimizerState& s) {
+  s.tensors.clear();
+  if (s.adam.step == 0) return;
+  for (auto [prefix, part] : {std::pair{"exp_avg", &s.adam.exp_avg}, std::pair{"exp_avg_sq", &s.adam.exp_avg_sq}})
+    for (size_t i : trainable_params(m))
+      s.tensors.push_back({std::string(prefix) + "." + m.desc.params[i].name, m.desc.params[i].shape, (*part)[i]});
+}
+
 }  // namespace
 
 void save_state(Model& m, const std::string& dir) {
@@ -58,7 +81,7 @@ void save_state(Model& m, const std::string& dir) {
     model::SaveOptions so;
     so.passthrough = &m.checkpoint;
     so.passthrough_names = m.passthrough;
-    model::save_weights_hf(f32, m.engine->save_parameters(), dir, so);
+    model::save_weights_hf(f32, m.device ? m.device->parameters() : m.engine->save_parameters(), dir, so);
 
     if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
       for (const char* name : kSideFiles)
@@ -71,16 +94,21 @@ void save_state(Model& m, const std::string& dir) {
                   {"role", m.role},
                   {"architecture", m.desc.architecture},
                   {"step", m.version()},
-                  {"optimizer", m.optimizer ? json(to_string(m.optimizer->config().kind)) : json(nullptr)}};
-    if (m.optimizer) {
+                  {"optimizer", m.trainable ? json(to_string(m.config.optimizer->kind)) : json(nullptr)}};
+    if (m.trainable) {
+      DeviceOptimizerState device_state;
+      if (m.device) {
+        device_state.adam = m.device->adam_state();
+        view_adam_state(m, device_state);
+      }
       std::vector<sdk::st::WriteTensor> tensors;
-      for (const Optimizer::StateTensor& t : m.optimizer->state())
+      for (const Optimizer::StateTensor& t : m.device ? device_state.tensors : m.optimizer->state())
         tensors.push_back({t.name, sdk::st::DType::F32, t.shape,
                            std::as_bytes(std::span<const float>(t.data.data(), t.data.size()))});
       sdk::st::write_file((fs::path(dir) / kOptimizerFile).string(), tensors,
                           {{"format", "rlhost-optimizer"},
-                           {"optimizer", to_string(m.optimizer->config().kind)},
-                           {"step", std::to_string(m.optimizer->steps())}});
+                           {"optimizer", to_string(m.config.optimizer->kind)},
+                           {"step", std::to_string(m.version())}});
     }
     write_text_atomically(fs::path(dir) / kStateFile, state.dump(2) + "\n");
   } catch (const Error&) {
@@ -113,7 +141,10 @@ void load_state(Model& m, const std::string& dir) {
     sdk::st::Checkpoint ckpt = sdk::st::Checkpoint::open(dir);
     sdk::TransformerDesc desc = m.desc;  // the file's dtypes are adopted by the copy only
     model::LoadResult w = model::load_weights_f32(desc, ckpt);
-    m.engine->load_parameters(w.tensors);
+    if (m.device)
+      m.device->load_parameters(w.tensors);
+    else
+      m.engine->load_parameters(w.tensors);
     m.checkpoint = std::move(ckpt);
     m.passthrough = std::move(w.unused);
   } catch (const Error&) {
@@ -122,11 +153,11 @@ void load_state(Model& m, const std::string& dir) {
     throw Error(RLH_E_DATA_LOSS, "load_state from '" + dir + "': " + e.what());
   }
 
-  if (!m.optimizer) {
+  if (!m.trainable) {
     m.loaded_version = step;
     return;
   }
-  const std::string kind = to_string(m.optimizer->config().kind);
+  const std::string kind = to_string(m.config.optimizer->kind);
   if (!state.contains("optimizer") || !state["optimizer"].is_string())
     throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + dir + "' has no optimizer state (saved from a frozen model)");
   if (state["optimizer"].get<std::string>() != kind)
@@ -134,6 +165,31 @@ void load_state(Model& m, const std::string& dir) {
                                                " state, the model's optimizer is " + kind);
   try {
     const sdk::st::File f = sdk::st::File::open((fs::path(dir) / kOptimizerFile).string());
+    if (m.device) {
+      // Moments start from zeros (a state saved before the first update has none).
+      DeviceOptimizerState s;
+      for (const sdk::ParamDesc& p : m.desc.params) {
+        int64_t n = 1;
+        for (int64_t d : p.shape) n *= d;
+        s.adam.exp_avg.emplace_back(size_t(n), 0.0f);
+        s.adam.exp_avg_sq.emplace_back(size_t(n), 0.0f);
+      }
+      s.adam.step = f.tensors().empty() ? 0 : 1;  // lists the tensors to read
+      view_adam_state(m, s);
+      if (f.tensors().size() != s.tensors.size())
+        throw Error(RLH_E_DATA_LOSS, f.path() + ": " + std::to_string(f.tensors().size()) +
+                                         " tensors, the model needs " + std::to_string(s.tensors.size()));
+      for (const Optimizer::StateTensor& t : s.tensors) {
+        const sdk::st::TensorInfo& info = f.at(t.name);
+        if (info.shape != t.shape || info.dtype != sdk::st::DType::F32)
+          throw Error(RLH_E_DATA_LOSS, f.path() + ": tensor '" + t.name + "' has the wrong shape or dtype");
+        const std::vector<float> v = f.read_f32(t.name);
+        std::copy(v.begin(), v.end(), t.data.begin());
+      }
+      s.adam.step = step;
+      m.device->load_adam_state(s.adam);
+      return;
+    }
     // A fresh optimizer (no moments yet) restarts from zeros, whatever this one holds.
     m.optimizer = make_optimizer(m);
     if (!f.tensors().empty()) {

@@ -18,6 +18,7 @@
 
 #include "rlhost/backend.h"
 #include "rlhost/backend_common/backend_config.hpp"
+#include "rlhost/backend_common/device_engine.hpp"
 
 namespace rlh::backend {
 
@@ -26,11 +27,12 @@ struct BackendFlavor {
   // The config section (the `policy` subtree, merged with a model's overrides) -> settings.
   // Throws rlh::sdk::Error naming the offending key.
   BackendConfig (*read_config)(const nlohmann::json& policy);
-  // Kernel providers (KERNELS component names) to try, in order, before the best-scoring one;
-  // NULL-terminated, may be NULL. The seam where megatron will ask for kernels_cuda once the
-  // engine runs on a CUDA device; today the engine works on host memory, so every provider is
-  // resolved for the CPU device and one that cannot serve it is skipped with a warning.
+  // Kernel providers (KERNELS component names) to try, in order, before the best-scoring one,
+  // for the CPU engine; NULL-terminated, may be NULL. Every provider is resolved for the CPU
+  // device, and one that cannot serve it is skipped with a warning.
   const char* const* preferred_kernels;
+  // The flavor's device path (device_engine.hpp), chosen by policy.device; NULL: CPU only.
+  const DeviceEngineFactory* device_engines = nullptr;
 };
 
 rlh_status* create_backend(const rlh_host_api* host, const char* config_json, size_t config_len,

@@ -149,12 +149,19 @@ struct BackendConfig {
   Schedule schedule;
   BatchingConfig batching;
   bool recompute = false;  // activation checkpointing
+  // With recompute, the device path's granularity: selective recomputes norms and the MLP
+  // activation only, else whole layers. The CPU engine always recomputes whole layers.
+  bool recompute_selective = false;
   engine::MoeOptions moe;  // router precision/freezing and auxiliary losses of MoE layers
   std::string precision = "float32";
+  // policy.device: "auto" (the flavor's device path when one is usable and precision is
+  // bfloat16, else the CPU engine), "cpu", "cuda" or "cuda:N" (that device or an error).
+  std::string device = "auto";
+  bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   std::vector<std::string> notes;  // one-line remarks logged once (ignored keys, precision)
 };
 
-// Reads the keys both backends share (docs/backends.md): policy.precision, max_grad_norm,
+// Reads the keys both backends share (docs/backends.md): policy.precision, device, max_grad_norm,
 // train_micro_batch_size, logprob_batch_size, sequence_packing.*, dynamic_batching.*.
 void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg);
 

@@ -1,0 +1,81 @@
+// megatron's device path: models on one Hopper GPU through the CUDA engine (bf16 compute, fp32
+// master weights, gradients and AdamW moments, kernels_cuda's fused kernels), behind
+// backend_common's DeviceEngine seam. Built only where kernels_cuda is (CUDA 12+, sm_90a); the
+// CUDA runtime is static and cuBLASLt is loaded at run time, so the plugin still loads on a
+// machine without a GPU and policy.device = auto falls back to the CPU engine there.
+#include "megatron_cuda.hpp"
+
+#include "rlhost/engine_cuda/cuda_engine.hpp"
+
+namespace rlh::megatron {
+
+namespace {
+
+using backend::DeviceEngine;
+using backend::DeviceEngineOptions;
+
+// "cuda" -> 0, "cuda:N" -> N (backend_config validated the form).
+int device_index(const std::string& device) { return device.size() > 5 ? std::stoi(device.substr(5)) : 0; }
+
+class CudaDeviceEngine final : public DeviceEngine {
+ public:
+  CudaDeviceEngine(const sdk::TransformerDesc& desc, const DeviceEngineOptions& o)
+      : index_(device_index(o.device)), base_(o.optimizer), engine_(desc, options(o)) {}
+
+  std::string describe() const override {
+    return "cuda:" + std::to_string(index_) + " (" + engine_.device_name() +
+           ", bf16 compute, fp32 master weights, kernels_cuda)";
+  }
+  int64_t num_elements() const override { return engine_.num_elements(); }
+  engine::Outputs forward(const engine::MicroBatch& mb, const engine::OutputRequest& req) override {
+    return engine_.forward(mb, req);
+  }
+  engine::StepResult train_step(std::span<const engine::MicroBatch> mbs, const engine::StepOptions& so,
+                                double weight_decay, const engine::LossFn& loss_fn) override {
+    engine::OptimizerOptions o = base_;
+    o.weight_decay = weight_decay;  // the schedule's, this step
+    engine_.set_optimizer_options(o);
+    return engine_.train_step(mbs, so, loss_fn);
+  }
+  int64_t steps() const override { return engine_.step(); }
+  std::vector<std::vector<float>> parameters() const override { return engine_.save_parameters(); }
+  void load_parameters(const std::vector<std::vector<float>>& t) override { engine_.load_parameters(t); }
+  AdamState adam_state() const override {
+    engine::CudaEngine::AdamState s = engine_.adam_state();
+    return AdamState{s.step, std::move(s.exp_avg), std::move(s.exp_avg_sq)};
+  }
+  void load_adam_state(const AdamState& s) override {
+    engine_.load_adam_state(engine::CudaEngine::AdamState{s.step, s.exp_avg, s.exp_avg_sq});
+  }
+
+ private:
+  static engine::CudaEngineOptions options(const DeviceEngineOptions& o) {
+    engine::CudaEngineOptions c;
+    c.device = device_index(o.device);
+    c.trainable = o.trainable;
+    c.recompute = !o.recompute            ? engine::Recompute::none
+                  : o.recompute_selective ? engine::Recompute::selective
+                                          : engine::Recompute::full;
+    c.optimizer = o.optimizer;
+    return c;
+  }
+  int index_;
+  engine::OptimizerOptions base_;
+  engine::CudaEngine engine_;
+};
+
+bool available(const std::string& device, std::string* why) {
+  return engine::cuda_engine_available(why, device_index(device));
+}
+
+std::unique_ptr<DeviceEngine> create(const sdk::TransformerDesc& desc, const DeviceEngineOptions& o) {
+  return std::make_unique<CudaDeviceEngine>(desc, o);
+}
+
+const backend::DeviceEngineFactory kFactory = {&available, &create};
+
+}  // namespace
+
+const backend::DeviceEngineFactory* cuda_device_engines() { return &kFactory; }
+
+}  // namespace rlh::megatron

@@ -1,0 +1,67 @@
+// The seam where a backend flavor runs a model on an accelerator instead of the CPU engine.
+//
+// backend_common itself knows no device: a flavor that has a device path (megatron: the CUDA
+// engine, bf16 compute with fp32 master weights, through kernels_cuda's fused kernels) supplies a
+// DeviceEngineFactory in its BackendFlavor. The model then lives on the device whole: weights,
+// gradients and the optimizer (its own fused AdamW, so no host round trip per step), and the
+// backend reaches it only through this interface: batches and output views stay the CPU
+// engine's types, so batching, the loss-callback trampoline, weights in HF naming and training
+// states are shared with the CPU path unchanged.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine/engine.hpp"
+#include "rlhost/sdk/model_desc.hpp"
+
+namespace rlh::backend {
+
+class DeviceEngine {
+ public:
+  virtual ~DeviceEngine() = default;
+  // One line for logs: device, its name, precision.
+  virtual std::string describe() const = 0;
+  virtual int64_t num_elements() const = 0;
+
+  virtual engine::Outputs forward(const engine::MicroBatch& mb, const engine::OutputRequest& req) = 0;
+  // engine::Engine::train_step's contract. With so.apply_optimizer the device's AdamW applies the
+  // update with so.lr and `weight_decay` (the schedule's, for parameters that decay), scaled by
+  // the clip coefficient; a non-finite gradient norm skips it.
+  virtual engine::StepResult train_step(std::span<const engine::MicroBatch> mbs, const engine::StepOptions& so,
+                                        double weight_decay, const engine::LossFn& loss_fn) = 0;
+  virtual int64_t steps() const = 0;  // optimizer updates applied (the weights version)
+
+  // fp32 master weights, desc().params order (host copies).
+  virtual std::vector<std::vector<float>> parameters() const = 0;
+  virtual void load_parameters(const std::vector<std::vector<float>>& tensors) = 0;
+  // AdamW moments per parameter, desc().params order (zeros for untrainable ones).
+  struct AdamState {
+    int64_t step = 0;
+    std::vector<std::vector<float>> exp_avg, exp_avg_sq;
+  };
+  virtual AdamState adam_state() const = 0;
+  virtual void load_adam_state(const AdamState& state) = 0;
+};
+
+struct DeviceEngineOptions {
+  std::string device;  // "cuda" or "cuda:N"
+  bool trainable = false;
+  bool recompute = false;  // activation checkpointing (BackendConfig::recompute)
+  bool recompute_selective = false;
+  engine::OptimizerOptions optimizer;  // betas, eps, clipping, which parameters decay
+};
+
+struct DeviceEngineFactory {
+  // True when this process can run models on `device`; otherwise false and *why.
+  bool (*available)(const std::string& device, std::string* why);
+  // Throws std::invalid_argument naming what the device path does not execute (the model is
+  // then refused or, with policy.device = auto, run on the CPU engine) and std::runtime_error
+  // when the device fails.
+  std::unique_ptr<DeviceEngine> (*create)(const sdk::TransformerDesc& desc, const DeviceEngineOptions& options);
+};
+
+}  // namespace rlh::backend

@@ -1,0 +1,268 @@
+// megatron's device path through the plugins' ABI tables (label gpu): policy.device = cuda with
+// policy.precision = bfloat16 puts a model on the CUDA engine (bf16 compute, fp32 master weights
+// and AdamW on the device). Checked here:
+//   - the dense HF fixtures: forward logprobs and the eval loss in bf16 (<= 1e-2 of the float64
+//     references); MoE/MLA models are refused by name, and policy.device = auto runs them on the
+//     CPU engine instead;
+//   - AdamW steps track the fp32 CPU engine (the backend's schedule, weight decay and clipping);
+//   - save_state -> load_state continues bit for bit on the device, and a state saved on either
+//     path loads on the other (the same files);
+//   - selective and full recompute give bitwise the same steps as none;
+//   - a frozen model on the device: forward only, train_step refused by name.
+// Without a usable Hopper GPU every test skips with the reason.
+#include <filesystem>
+
+#include "backend_harness.hpp"
+#include "rlhost/engine_cuda/cuda_engine.hpp"
+#include "rlhost/sdk/safetensors.hpp"
+
+namespace fs = std::filesystem;
+using namespace rlh;
+using namespace rlh::test;
+using json = nlohmann::json;
+
+namespace {
+
+#define REQUIRE_GPU()                                                     \
+  do {                                                                    \
+    std::string why;                                                      \
+    if (!engine::cuda_engine_available(&why)) GTEST_SKIP() << "no GPU path here: " << why; \
+  } while (0)
+
+const Host& host() {
+  static Host h({"model_llama", "kernels_cpu", "megatron"});
+  return h;
+}
+
+std::string fixture(const std::string& name) { return fixtures_root() + "/" + name; }
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("rlh_backend_cuda_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// megatron with Adam on `device`. eps = 1 makes an update proportional to the gradient (with
+// 1e-8 the first steps are lr * sign(g), which turns bf16 rounding of tiny gradients into whole
+// lr-sized differences), so the device and the CPU engine can be compared.
+json config(const std::string& device, double lr = 1e-3) {
+  return {{"precision", "bfloat16"},
+          {"device", device},
+          {"max_grad_norm", 1.0},
+          {"megatron_cfg",
+           {{"optimizer", {{"lr", lr}, {"weight_decay", 0.1}, {"adam_eps", 1.0}}},
+            {"scheduler", {{"lr_warmup_iters", 2}, {"lr_warmup_init", lr / 10}}}}}};
+}
+
+std::unique_ptr<Batch> batch512() { return random_batch({7, 12, 3, 9, 15, 5, 1, 10}, 512, 11); }
+int64_t predicted(const Batch& b) { return b.num_tokens() - b.num_seqs(); }
+
+using Weights = std::map<std::string, std::vector<float>>;
+
+// Worst over tensors of rel_error(a - base, b - base): how far two updates differ, relative to
+// the update.
+double update_error(const Weights& a, const Weights& b, const Weights& base, std::string* where) {
+  double worst = 0;
+  for (const auto& [name, w0] : base) {
+    std::vector<double> da, db;
+    for (size_t i = 0; i < w0.size(); ++i) {
+      da.push_back(double(a.at(name)[i]) - double(w0[i]));
+      db.push_back(double(b.at(name)[i]) - double(w0[i]));
+    }
+    const double e = rel_error(da, db);
+    if (e > worst) {
+      worst = e;
+      *where = name;
+    }
+  }
+  return worst;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(BackendCuda, DenseFixturesInBf16) {
+  REQUIRE_GPU();
+  int checked = 0;
+  for (const std::string& dir : model_folders_under(fixtures_root())) {
+    const auto ref = sdk::st::File::open(dir + "/reference.safetensors");
+    const int64_t B = ref.at("input_ids").shape[0], T = ref.at("input_ids").shape[1];
+    const std::vector<double> ids64 = ref.read_f64("input_ids");
+    std::vector<int64_t> off;
+    for (int64_t b = 0; b <= B; ++b) off.push_back(b * T);
+    Batch batch(std::vector<int32_t>(ids64.begin(), ids64.end()), off);
+
+    Backend be(host(), "megatron", config("cuda"));
+    rlh_model* m = nullptr;
+    rlh_status* s = be.try_load(dir, true, &m);
+    if (s != nullptr) {  // beyond the device path: refused by name, and auto runs it on the CPU
+      const rlh_code code = s->code;
+      const std::string msg = status_text(s);
+      EXPECT_EQ(code, RLH_E_UNIMPLEMENTED) << msg;
+      EXPECT_NE(msg.find("policy.device = cuda"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("not supported on the GPU path"), std::string::npos) << msg;
+      Backend cpu(host(), "megatron", config("auto"));
+      rlh_model* mc = nullptr;
+      EXPECT_EQ(cpu.try_load(dir, false, &mc), nullptr) << dir << " with policy.device = auto";
+      std::printf("  %s: refused on the GPU (%s); auto loads it on the CPU engine\n",
+                  fs::path(dir).filename().c_str(), msg.c_str());
+      continue;
+    }
+    const std::vector<float> out = be.logprobs(m, batch);
+    std::vector<float> lp;
+    for (int64_t b = 0; b < B; ++b) {
+      EXPECT_EQ(out[size_t(b * T)], 0.0f);
+      for (int64_t t = 1; t < T; ++t) lp.push_back(out[size_t(b * T + t)]);
+    }
+    const double e_lp = rel_error(lp, ref.read_f64("token_logprobs"));
+    Backend::TrainOptions eval;
+    eval.eval_only = true;
+    int64_t v = -1;
+    const Weights w0 = be.weights(m);
+    const auto r = be.train(m, batch, B * (T - 1), B, nll_loss(), eval);
+    const double ref_loss = ref.read_f64("loss")[0];
+    const double e_loss = std::fabs(r.r.loss - ref_loss) / std::fabs(ref_loss);
+    EXPECT_TRUE(be.weights(m, &v) == w0) << "eval_only moved weights";
+    EXPECT_EQ(v, 0);
+    EXPECT_FALSE(r.metrics["updated"].get<bool>());
+    EXPECT_LE(e_lp, 1e-2) << dir;
+    EXPECT_LE(e_loss, 1e-2) << dir;
+    std::printf("  %s on the GPU through megatron: logprobs %.2e, loss %.2e (bf16 vs float64)\n",
+                fs::path(dir).filename().c_str(), e_lp, e_loss);
+    ++checked;
+  }
+  EXPECT_GE(checked, 1) << "no dense fixture under " << fixtures_root();
+}
+
+TEST(BackendCuda, AdamStepsTrackTheCpuEngine) {
+  REQUIRE_GPU();
+  auto batch = batch512();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 3;
+  std::vector<Weights> w;
+  std::vector<std::vector<json>> metrics(2);
+  Weights w0;
+  for (const char* device : {"cuda", "cpu"}) {
+    Backend be(host(), "megatron", config(device));
+    rlh_model* m = be.load(fixture("llama-tiny"), true);
+    if (w0.empty()) w0 = be.weights(m);
+    for (int s = 0; s < 3; ++s)
+      metrics[w.size()].push_back(be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o).metrics);
+    int64_t v = 0;
+    w.push_back(be.weights(m, &v));
+    EXPECT_EQ(v, 3) << device;
+  }
+  for (size_t s = 0; s < 3; ++s) {
+    const json &g = metrics[0][s], &c = metrics[1][s];
+    EXPECT_NEAR(g["loss"].get<double>(), c["loss"].get<double>(), 1e-2 * std::fabs(c["loss"].get<double>()));
+    EXPECT_NEAR(g["grad_norm"].get<double>(), c["grad_norm"].get<double>(), 2e-2 * c["grad_norm"].get<double>());
+    for (const char* k : {"lr", "weight_decay", "step", "num_micro_batches", "updated"}) EXPECT_EQ(g[k], c[k]) << k;
+  }
+  std::string where;
+  const double e = update_error(w[0], w[1], w0, &where);
+  EXPECT_LE(e, 5e-2) << where;
+  std::printf("  3 AdamW steps on the GPU vs the fp32 CPU engine: worst update difference %.2e (%s)\n", e,
+              where.c_str());
+}
+
+TEST(BackendCuda, SaveLoadContinuesBitwiseAndCrossesPaths) {
+  REQUIRE_GPU();
+  auto batch = batch512();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 4;
+  TempDir gpu_state("gpu"), cpu_state("cpu");
+  Weights w_saved, w_a;
+  std::vector<double> losses_a;
+  {
+    Backend be(host(), "megatron", config("cuda"));
+    rlh_model* m = be.load(fixture("llama-tiny"), true);
+    for (int s = 0; s < 2; ++s) be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);
+    w_saved = be.weights(m);
+    sdk::check(be.api()->save_state(be.raw(), m, gpu_state.path.c_str()));
+    for (int s = 0; s < 2; ++s)
+      losses_a.push_back(be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o).r.loss);
+    w_a = be.weights(m);
+  }
+  ASSERT_TRUE(fs::exists(gpu_state.path / "optimizer.safetensors"));
+  {
+    Backend be(host(), "megatron", config("cuda"));
+    rlh_model* m = be.load(fixture("llama-tiny"), true);
+    be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);  // replaced below
+    sdk::check(be.api()->load_state(be.raw(), m, gpu_state.path.c_str()));
+    int64_t v = 0;
+    EXPECT_TRUE(be.weights(m, &v) == w_saved);
+    EXPECT_EQ(v, 2);
+    for (int s = 0; s < 2; ++s)
+      EXPECT_EQ(be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o).r.loss, losses_a[size_t(s)]);
+    EXPECT_TRUE(be.weights(m) == w_a) << "the restored device run differs";
+  }
+  {  // the GPU's state on the CPU engine, then the CPU engine's state on the GPU
+    Backend cpu(host(), "megatron", config("cpu"));
+    rlh_model* m = cpu.load(fixture("llama-tiny"), true);
+    sdk::check(cpu.api()->load_state(cpu.raw(), m, gpu_state.path.c_str()));
+    int64_t v = 0;
+    EXPECT_TRUE(cpu.weights(m, &v) == w_saved) << "fp32 master weights crossed to the CPU unchanged";
+    EXPECT_EQ(v, 2);
+    cpu.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);
+    const Weights w_cpu = cpu.weights(m);
+    sdk::check(cpu.api()->save_state(cpu.raw(), m, cpu_state.path.c_str()));
+    Backend gpu(host(), "megatron", config("cuda"));
+    rlh_model* g = gpu.load(fixture("llama-tiny"), true);
+    sdk::check(gpu.api()->load_state(gpu.raw(), g, cpu_state.path.c_str()));
+    EXPECT_TRUE(gpu.weights(g, &v) == w_cpu);
+    EXPECT_EQ(v, 3);
+    // The next step continues from the restored moments: it tracks the CPU engine's next step.
+    cpu.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);
+    gpu.train(g, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);
+    std::string where;
+    const double e = update_error(gpu.weights(g), cpu.weights(m), w_cpu, &where);
+    EXPECT_LE(e, 5e-2) << where;
+  }
+}
+
+TEST(BackendCuda, RecomputeGivesBitwiseTheSameSteps) {
+  REQUIRE_GPU();
+  auto batch = batch512();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 3;
+  std::vector<Weights> w;
+  std::vector<std::vector<double>> loss;
+  for (const char* granularity : {"none", "selective", "full"}) {
+    json cfg = config("cuda");
+    if (std::string(granularity) != "none") cfg["megatron_cfg"]["recompute_granularity"] = granularity;
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(fixture("qwen3-tiny"), true);  // q/k norms: every recomputed piece
+    loss.emplace_back();
+    for (int s = 0; s < 2; ++s)
+      loss.back().push_back(be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o).r.loss);
+    w.push_back(be.weights(m));
+  }
+  for (size_t k = 1; k < w.size(); ++k) {
+    EXPECT_EQ(loss[k], loss[0]) << "granularity " << k;
+    EXPECT_TRUE(w[k] == w[0]) << "granularity " << k;
+  }
+}
+
+TEST(BackendCuda, FrozenModelOnTheDevice) {
+  REQUIRE_GPU();
+  auto batch = batch512();
+  Backend be(host(), "megatron", config("cuda"));
+  rlh_model* policy = be.load(fixture("llama-tiny"), true);
+  rlh_model* reference = be.load(fixture("llama-tiny"), false, "reference");
+  EXPECT_EQ(be.logprobs(policy, *batch), be.logprobs(reference, *batch));
+  Backend::TrainResult r;
+  Backend::TrainOptions o;
+  expect_error(be.try_train(reference, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o, r),
+               RLH_E_FAILED_PRECONDITION, "without RLH_MODEL_TRAINABLE");
+  o.eval_only = true;
+  expect_error(be.try_train(reference, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o, r),
+               RLH_E_FAILED_PRECONDITION, "frozen on cuda:0");
+  rlh_model* m = nullptr;
+  expect_error(be.try_load(fixture("llama-tiny"), true, &m, "policy", R"({"device": "cuda:99"})"), RLH_E_UNAVAILABLE,
+               "CUDA device 99 does not exist");
+}
+
+}  // namespace
