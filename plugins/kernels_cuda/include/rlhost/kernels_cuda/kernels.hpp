@@ -21,8 +21,9 @@
 
 namespace rlh::kcuda {
 
-enum class DType : int { f32 = 0, bf16 = 1 };
-inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+// f64 is offered by the MoE router only (moe_router_*: the engine's router_fp64).
+enum class DType : int { f32 = 0, bf16 = 1, f64 = 2 };
+inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 8; }
 
 struct Flex {
   void* p = nullptr;
@@ -195,6 +196,83 @@ struct AdamWArgs {
 };
 void adamw(const TensorList& p, const TensorList& g, const TensorList& m, const TensorList& v,
            const AdamWArgs& o, Workspace& ws, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts (moe_router.cu, moe_permute.cu, grouped_gemm.cu): the ops of docs/ops.md
+// "Mixture of experts". Integer operands (experts, row, offsets) are int32 device arrays. Errors
+// only the device can see (an expert outside [0, E), a row that is not a permutation, offsets
+// that are not a partition of the rows, a replayed choice that repeats) raise *err (when err is
+// not null) and leave the offending rows out; RLH_KCUDA_CHECK=1 turns the flag into a status.
+
+// moe_router_fwd / moe_router_bwd, one warp per token row. t is the dtype of logits (fwd) and
+// dlogits (bwd): f32 (fp32 math), bf16 (fp32 math; the other float operands are Flex: f32 or
+// bf16) or f64 (fp64 math, the engine's router_fp64: then every float operand is f64 and the
+// Flex pointers point to doubles). Top-k: descending, ties to the lower expert index.
+struct RouterArgs {
+  DType t = DType::f32;
+  int64_t N = 0, E = 0, K = 0;
+  int scoring = 0;  // 0 softmax, 1 sigmoid
+  bool norm_topk_prob = false;
+  double scaling_factor = 1;
+  bool replay = false;             // fwd: experts are read (given), not chosen
+  int64_t n_group = 1, topk_group = 1;
+  const void* logits = nullptr; int64_t ldl = 0;  // fwd: [N, E], row stride ldl
+  Flex bias;                       // fwd: [E] selection bias (optional)
+  Flex weights;                    // fwd: [N, K] written
+  int32_t* experts = nullptr;      // fwd: [N, K] written (read with replay); bwd: read
+  Flex probs;                      // fwd: [N, E] written; bwd: read
+  Flex lse;                        // fwd: [N] written (optional)
+  Flex dweights, dprobs, dlse;     // bwd: [N, K], [N, E] (optional), [N] (optional; softmax only)
+  void* dlogits = nullptr; int64_t lddl = 0;      // bwd: [N, E] written, row stride lddl
+  int* err = nullptr;
+};
+void moe_router_fwd(const RouterArgs& a, cudaStream_t s);
+void moe_router_bwd(const RouterArgs& a, cudaStream_t s);
+
+// Permutation to expert order: a stable sort of the N*K (token, choice) pairs by expert (cub
+// radix sort), so row[n,k] and offsets [E+1] are exactly kernels_cpu's. No host sync.
+void moe_permute_index(int32_t* row, int32_t* offsets, const int32_t* experts, int64_t N,
+                       int64_t K, int64_t E, int* err, Workspace& ws, cudaStream_t s);
+// xp [N*K, C] (row stride ldxp) = x[n] at row[n,k]; row and offsets as moe_permute_index.
+void moe_permute_fwd(DType t, void* xp, int64_t ldxp, int32_t* row, int32_t* offsets,
+                     const void* x, int64_t ldx, const int32_t* experts, int64_t N, int64_t K,
+                     int64_t C, int64_t E, int* err, Workspace& ws, cudaStream_t s);
+// dx[n] (+)= sum_k dxp[row[n,k]]  (fp32 sums, k in order)
+void moe_permute_bwd(DType t, void* dx, int64_t lddx, const void* dxp, int64_t lddxp,
+                     const int32_t* row, int64_t N, int64_t K, int64_t C, bool accumulate,
+                     int* err, Workspace& ws, cudaStream_t s);
+// y[n] (+)= sum_k weights[n,k] yp[row[n,k]]  (weights f32 or bf16 in a bf16 op)
+void moe_unpermute_fwd(DType t, void* y, int64_t ldy, const void* yp, int64_t ldyp,
+                       const int32_t* row, Flex weights, int64_t N, int64_t K, int64_t C,
+                       bool accumulate, int* err, Workspace& ws, cudaStream_t s);
+// dyp[row[n,k]] = weights[n,k] dy[n];  dweights[n,k] = <dy[n], yp[row[n,k]]> (optional: p null)
+void moe_unpermute_bwd(DType t, void* dyp, int64_t lddyp, Flex dweights, const void* dy,
+                       int64_t lddy, const void* yp, int64_t ldyp, const int32_t* row,
+                       Flex weights, int64_t N, int64_t K, int64_t C, int* err, Workspace& ws,
+                       cudaStream_t s);
+
+// grouped_gemm: offsets [G+1] on the device (never read on the host; the grid is sized for the
+// worst case and each block finds its group). ta = 0: rows r of group g:
+// C[r] = alpha A[r] op(B_g) + beta C[r], A [T,K], B [G,K,N] ([G,N,K] with tb), C [T,N].
+// ta = 1: C_g = alpha A_g^T B_g + beta C_g, A [T,M], B [T,N], C [G,M,N] (tb must be 0).
+// ab f32: true fp32 (CUDA cores). ab bf16: mma.sync tensor cores, fp32 accumulation, when the
+// contiguous extents and leading dimensions are multiples of 8 and the pointers 16-byte
+// aligned; otherwise CUDA cores. C is f32 or bf16 (c_dt) in a bf16 gemm.
+struct GroupedGemmArgs {
+  bool ta = false, tb = false;
+  int64_t G = 0, T = 0;          // groups; rows of A (= offsets[G])
+  int64_t M = 0, N = 0, K = 0;   // ta = 0: K inner, M unused; ta = 1: M x N per group, K unused
+  double alpha = 1, beta = 0;
+  const int32_t* offsets = nullptr;
+  const void* A = nullptr; int64_t lda = 0;
+  const void* B = nullptr; int64_t ldb = 0, stride_b = 0;  // stride_b: group stride (ta = 0)
+  void* C = nullptr; int64_t ldc = 0, stride_c = 0;        // stride_c: group stride (ta = 1)
+  DType ab = DType::f32, c_dt = DType::f32;
+  int* err = nullptr;
+  bool force_simt = false;  // tests: take the CUDA-core path even where tensor cores apply
+};
+const char* grouped_gemm_path(const GroupedGemmArgs& a);  // "mma" or "simt"
+void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s);
 
 // Throws std::runtime_error naming `what` when the last launch failed.
 void check_launch(const char* what);
