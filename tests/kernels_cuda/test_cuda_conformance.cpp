@@ -9,8 +9,11 @@
 // In the bf16 variants the host values fed to a bf16 operand are rounded to bf16 first, so the
 // reference computes the same function on the same inputs. Outputs that are written (not
 // accumulated, not in/out) are poisoned with NaN before each call, so an element left unwritten
-// fails. Unsupported (op, dtype) pairs are listed, not failed; every op the provider lists must
-// have a case. A summary table (worst error per op and variant) is printed at the end.
+// fails. Integer outputs (MoE: chosen experts, permutation rows, group offsets) must equal
+// kernels_cpu's exactly (they are poisoned too, unless read as in/out: routing replay), and the
+// backward call reads the reference's. Unsupported (op, dtype) pairs are listed, not failed;
+// every op the provider lists must have a case. A summary table (worst error per op and
+// variant) is printed at the end.
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -54,6 +57,12 @@ const std::map<std::string, FlexSpec>& flex_table() {
       {"bias_bwd", {{}, {0}}},
       {"linear_logprob_fwd", {{}, {0, 1, 2}}},
       {"linear_logprob_bwd", {{3, 4, 5, 6}, {1}}},
+      // MoE: routing weights, scores, lse, the selection bias and their gradients
+      {"moe_router_fwd", {{1}, {0, 2, 3}}},
+      {"moe_router_bwd", {{0, 1, 3, 4}, {}}},
+      {"moe_unpermute_fwd", {{2}, {}}},
+      {"moe_unpermute_bwd", {{3}, {1}}},
+      {"grouped_gemm", {{}, {0}}},
   };
   return t;
 }
@@ -100,7 +109,17 @@ std::vector<size_t> covered(const TensorLayout& l) {
 
 struct CaseData {
   Bufs<float> in, out, din, dout, saved;
+  std::vector<kcpu::testing::IntOperand> ints;  // integer operands (outputs are written here)
 };
+
+constexpr int32_t kIntPoison = -12345;  // never a valid expert, row or offset
+
+// Integer outputs a call reads before writing (routing replay: the given experts).
+bool ints_read(const AbiCall& call) {
+  for (const auto& a : call.attrs)
+    if (a.name == "replay" && a.i != 0) return true;
+  return false;
+}
 
 std::vector<float>* host_buffer(const OpCase& c, CaseData& d, const AbiOperand& o,
                                 std::vector<float>& scratch) {
@@ -154,9 +173,10 @@ Outcome run_call(const sdk::KernelRegistry& reg, Variant v, const OpCase& c, con
     const auto key = std::make_pair(int(o.kind), o.index);
     rlh_tensor t{};
     if (o.kind == AbiOperand::ints) {
-      const auto& vals = c.ints[size_t(o.index)].values;
+      std::vector<int32_t> vals = d.ints[size_t(o.index)].values;
       auto it = bufs.find(key);
       if (it == bufs.end()) {
+        if (!input && !ints_read(call)) std::fill(vals.begin(), vals.end(), kIntPoison);
         DevBuf b(vals.size(), false);
         cudaMemcpy(b.get(), vals.data(), vals.size() * 4, cudaMemcpyHostToDevice);
         it = bufs.emplace(key, std::move(b)).first;
@@ -213,6 +233,12 @@ Outcome run_call(const sdk::KernelRegistry& reg, Variant v, const OpCase& c, con
   if (e != cudaSuccess) throw std::runtime_error(std::string("device error: ") + cudaGetErrorString(e));
   for (size_t i = 0; i < call.outputs.size(); ++i) {
     const AbiOperand& o = call.outputs[i];
+    if (o.kind == AbiOperand::ints) {
+      std::vector<int32_t>& vals = d.ints[size_t(o.index)].values;
+      cudaMemcpy(vals.data(), bufs.at({int(o.kind), o.index}).get(), vals.size() * 4,
+                 cudaMemcpyDeviceToHost);
+      continue;
+    }
     std::vector<float> scratch;
     std::vector<float>* host = host_buffer(c, d, o, scratch);
     *host = bufs.at({int(o.kind), o.index}).download();
@@ -280,6 +306,9 @@ TEST(CudaConformance, EveryOpEveryDtypeAgainstKernelsCpu) {
       round_bf16_operands(v, c, c.abi_fwd, d);
       Bufs<float> ref = zeros(c.out_sizes);
       c.fwd32(d.in, ref);
+      std::vector<kcpu::testing::IntOperand> ref_ints = c.ints;  // from the rounded inputs
+      if (c.fwd_ints32) c.fwd_ints32(d.in, ref_ints);
+      d.ints = c.ints;
       d.out = zeros(c.out_sizes);
       for (auto [from, to] : c.abi_fwd.init_outputs) d.out[size_t(to)] = d.in[size_t(from)];
       Outcome r = run_call(reg, v, c, c.abi_fwd, d);
@@ -289,12 +318,18 @@ TEST(CudaConformance, EveryOpEveryDtypeAgainstKernelsCpu) {
       }
       ++ran;
       for (const AbiOperand& o : c.abi_fwd.outputs) {
+        if (o.kind == AbiOperand::ints) {  // experts, rows, offsets: exactly
+          EXPECT_EQ(d.ints[size_t(o.index)].values, ref_ints[size_t(o.index)].values)
+              << c.abi_fwd.op << " integer output " << o.index;
+          continue;
+        }
         const double err = rel_error(d.out[size_t(o.index)], ref[size_t(o.index)]);
         record(c.abi_fwd.op, err);
         EXPECT_LE(err, tolerance(v)) << c.abi_fwd.op << " output " << o.index;
       }
       if (c.abi_bwd.op.empty()) continue;
       d.saved = ref;
+      d.ints = ref_ints;  // the backward reads the reference's choice and rows
       d.dout = zeros(c.out_sizes);
       for (size_t o = 0; o < d.dout.size(); ++o)
         if (c.out_loss[o])

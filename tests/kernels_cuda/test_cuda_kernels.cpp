@@ -8,10 +8,15 @@
 //     accumulation, the bias epilogue;
 //   - the logprob head at a 32000-word vocabulary with two targets per token;
 //   - the vectorised (16-byte) paths of rmsnorm, swiglu, embedding and add that the small
-//     conformance shapes do not reach; multi-tensor AdamW with bf16 gradients.
+//     conformance shapes do not reach; multi-tensor AdamW with bf16 gradients;
+//   - MoE: the router at large E (DeepSeek-V3 groups, E = 16384) and in float64 against
+//     kernels_cpu, replay and the error flags, the permutation at the Qwen3-MoE shape (exact
+//     rows and offsets), grouped GEMMs at the Qwen3-MoE shapes with ragged and empty groups on
+//     both paths against float64, and their bitwise repeatability.
 // Errors are max|got - ref| / max|ref| over the compared elements.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -741,6 +746,431 @@ TEST(CudaElementwise, VectorPathsAndMultiTensorAdamW) {
       EXPECT_LE(rel_error(bv[t].download(), Vv[t]), 1e-5) << "tensor " << t;
       for (float x : bg[t].download()) ASSERT_EQ(x, 0.f);
     }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// MoE: router at large E and in float64, permutation at the Qwen3-MoE shape, grouped GEMMs
+// with ragged and empty groups (tensor cores and CUDA cores), error flags.
+
+// A device array of any trivially copyable T.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    if (cudaMalloc(&p_, std::max<size_t>(n * sizeof(T), 16)) != cudaSuccess) throw std::bad_alloc();
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p_); }
+  T* get() const { return static_cast<T*>(p_); }
+  std::vector<T> get_host() const {
+    std::vector<T> v(n_);
+    cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_;
+};
+
+template <class T>
+double rel_err(const std::vector<T>& got, const std::vector<T>& ref) {
+  double mr = 0, me = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(double(got[i]))) return INFINITY;
+    mr = std::max(mr, std::fabs(double(ref[i])));
+    me = std::max(me, std::fabs(double(got[i]) - double(ref[i])));
+  }
+  return me / std::max(mr, 1e-300);
+}
+
+int read_flag(int* flag) {
+  int v = 0;
+  cudaMemcpy(&v, flag, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaMemset(flag, 0, sizeof(int));
+  return v;
+}
+
+// Logits on a grid (distinct values 0.02 apart, shuffled per row): no near-ties, so a float32
+// choice cannot differ from the CPU's by the last bit of an exp.
+template <class T>
+std::vector<T> grid_logits(int64_t N, int64_t E, int64_t ld, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<T> z(size_t(N * ld), T(0));
+  std::vector<int> perm(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = int(e);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t e = 0; e < E; ++e) z[size_t(n * ld + e)] = T(0.02 * (perm[size_t(e)] - E / 2) / std::max<double>(1, E / 256.0));
+  }
+  return z;
+}
+
+template <class T>
+void router_check(const char* label, DType t, int64_t N, int64_t E, int64_t K, int64_t pad,
+                  kcpu::RouterOpts o, bool bias, bool grid, double tol) {
+  SCOPED_TRACE(label);
+  const int64_t ldl = E + pad;
+  std::vector<T> z;
+  if (grid) {
+    z = grid_logits<T>(N, E, ldl, 7);
+  } else {
+    std::mt19937 rng(11);
+    std::normal_distribution<double> N01(0, 1);
+    z.resize(size_t(N * ldl));
+    for (T& x : z) x = T(2 * N01(rng));
+  }
+  std::vector<T> b(static_cast<size_t>(E)), dw(size_t(N * K)), dp(size_t(N * E)), dl(static_cast<size_t>(N));
+  std::mt19937 rng(12);
+  std::normal_distribution<double> N01(0, 1);
+  for (T& x : b) x = T(0.1 * N01(rng));
+  for (T& x : dw) x = T(N01(rng));
+  for (T& x : dp) x = T(N01(rng));
+  for (T& x : dl) x = T(N01(rng));
+  const bool softmax = o.scoring == 0;
+  // Reference.
+  std::vector<T> w(size_t(N * K)), p(size_t(N * E)), lse(static_cast<size_t>(N)), dz(size_t(N * ldl), T(0));
+  std::vector<int32_t> ex(size_t(N * K));
+  kcpu::moe_router_fwd<T>(w.data(), ex.data(), p.data(), lse.data(), z.data(), ldl,
+                          bias ? b.data() : nullptr, N, E, K, o);
+  kcpu::moe_router_bwd<T>(dz.data(), ldl, dw.data(), p.data(), ex.data(), dp.data(),
+                          softmax ? dl.data() : nullptr, N, E, K, o);
+  // Device.
+  Dev<T> dzl(z), db(b), ddw(dw), ddp(dp), ddl(dl), gw(size_t(N * K)), gp(size_t(N * E)),
+      glse(static_cast<size_t>(N)), gdz(std::vector<T>(size_t(N * ldl), T(0)));
+  Dev<int32_t> gex(size_t(N * K)), flag(std::vector<int32_t>{0});
+  RouterArgs a;
+  a.t = t;
+  a.N = N;
+  a.E = E;
+  a.K = K;
+  a.scoring = o.scoring;
+  a.norm_topk_prob = o.norm_topk_prob;
+  a.scaling_factor = o.scaling_factor;
+  a.n_group = o.n_group;
+  a.topk_group = o.topk_group;
+  a.logits = dzl.get();
+  a.ldl = ldl;
+  if (bias) a.bias = Flex{db.get(), false};
+  a.weights = Flex{gw.get(), false};
+  a.experts = gex.get();
+  a.probs = Flex{gp.get(), false};
+  a.lse = Flex{glse.get(), false};
+  a.err = flag.get();
+  moe_router_fwd(a, nullptr);
+  a.dweights = Flex{ddw.get(), false};
+  a.dprobs = Flex{ddp.get(), false};
+  if (softmax) a.dlse = Flex{ddl.get(), false};
+  a.dlogits = gdz.get();
+  a.lddl = ldl;
+  moe_router_bwd(a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(read_flag(flag.get()), 0);
+  EXPECT_EQ(gex.get_host(), ex);
+  EXPECT_LE(rel_err(gw.get_host(), w), tol);
+  EXPECT_LE(rel_err(gp.get_host(), p), tol);
+  EXPECT_LE(rel_err(glse.get_host(), lse), tol);
+  EXPECT_LE(rel_err(gdz.get_host(), dz), tol);
+}
+
+TEST(CudaMoe, RouterLargeExpertCountsAndFloat64AgainstKernelsCpu) {
+  RLH_REQUIRE_CUDA();
+  kcpu::RouterOpts ds;  // DeepSeek-V3: sigmoid, bias, 8 groups of 32, 4 kept, top-8, scaled
+  ds.scoring = 1;
+  ds.norm_topk_prob = true;
+  ds.scaling_factor = 2.5;
+  ds.n_group = 8;
+  ds.topk_group = 4;
+  router_check<double>("f64 DeepSeek-V3 E=256", DType::f64, 300, 256, 8, 3, ds, true, false, 1e-12);
+  kcpu::RouterOpts qw;  // Qwen3-MoE: softmax, renormalised top-8 of 128
+  qw.norm_topk_prob = true;
+  router_check<double>("f64 Qwen3-MoE E=128", DType::f64, 300, 128, 8, 0, qw, false, false, 1e-12);
+  router_check<float>("f32 Qwen3-MoE E=128", DType::f32, 1000, 128, 8, 5, qw, false, true, 1e-5);
+  kcpu::RouterOpts big;  // large E: one warp per block with opted-in shared memory (64 KiB)
+  big.scaling_factor = 1.5;
+  router_check<float>("f32 E=16384", DType::f32, 40, 16384, 64, 0, big, false, true, 1e-5);
+  router_check<double>("f64 E=8192", DType::f64, 40, 8192, 6, 1, qw, false, true, 1e-12);
+}
+
+TEST(CudaMoe, ReplayAndBadExpertsRaiseTheFlag) {
+  RLH_REQUIRE_CUDA();
+  const int64_t N = 4, E = 8, K = 2;
+  Dev<float> z(std::vector<float>(size_t(N * E), 0.5f)), w(size_t(N * K)), p(size_t(N * E));
+  Dev<int32_t> flag(std::vector<int32_t>{0});
+  RouterArgs a;
+  a.N = N;
+  a.E = E;
+  a.K = K;
+  a.replay = true;
+  a.logits = z.get();
+  a.ldl = E;
+  a.weights = Flex{w.get(), false};
+  a.probs = Flex{p.get(), false};
+  a.err = flag.get();
+  {  // a valid replay: weights = p of the given experts (uniform 1/8)
+    Dev<int32_t> ex(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 0});
+    a.experts = ex.get();
+    moe_router_fwd(a, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(read_flag(flag.get()), 0);
+    for (float x : w.get_host()) EXPECT_FLOAT_EQ(x, 0.125f);
+  }
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{1, 1, 0, 1, 0, 1, 0, 1},  // repeat
+                                          std::vector<int32_t>{0, 1, 0, 8, 0, 1, 0, 1}}) {  // range
+    Dev<int32_t> ex(bad);
+    a.experts = ex.get();
+    moe_router_fwd(a, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(read_flag(flag.get()), 1);
+  }
+  {  // permute: an expert outside [0, E)
+    Dev<int32_t> ex(std::vector<int32_t>{0, 1, 2, 9, 3, 4, 5, 6}), row(size_t(N * K)), off(size_t(E + 1));
+    TestWorkspace ws;
+    moe_permute_index(row.get(), off.get(), ex.get(), N, K, E, flag.get(), ws, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(read_flag(flag.get()), 1);
+  }
+  {  // unpermute: row not a permutation
+    Dev<int32_t> row(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 6});
+    Dev<float> yp(std::vector<float>(size_t(N * K * 4), 1.f)), wt(std::vector<float>(size_t(N * K), 1.f)),
+        y(size_t(N * 4));
+    TestWorkspace ws;
+    moe_unpermute_fwd(DType::f32, y.get(), 4, yp.get(), 4, row.get(), Flex{wt.get(), false}, N, K, 4,
+                      false, flag.get(), ws, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(read_flag(flag.get()), 1);
+  }
+}
+
+// Qwen3-MoE's dispatch: 8192 tokens, top-8 of 64 experts (skewed: expert 5 and 40 get none),
+// d 1024 in bf16 (16-byte path). Rows and offsets exactly kernels_cpu's; data movement exact
+// (permute) or within bf16 rounding of fp32 sums; reruns bitwise equal.
+TEST(CudaMoe, PermuteAtQwen3ShapeAgainstKernelsCpu) {
+  RLH_REQUIRE_CUDA();
+  const int64_t N = 8192, K = 8, E = 64, C = 1024;
+  std::mt19937 rng(3);
+  std::vector<int32_t> ex(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<int32_t> pool;
+    for (int32_t e = 0; e < E; ++e)
+      if (e != 5 && e != 40) pool.push_back(e);
+    std::shuffle(pool.begin(), pool.begin() + 20, rng);  // skew: the low experts are popular
+    for (int64_t k = 0; k < K; ++k) ex[size_t(n * K + k)] = pool[size_t(k)];
+  }
+  std::vector<int32_t> row(size_t(N * K)), off(size_t(E + 1));
+  kcpu::moe_permute_index(row.data(), off.data(), ex.data(), N, K, E);
+  const std::vector<float> x = randn(size_t(N * C), 21), yp = randn(size_t(N * K * C), 22),
+                           dy = randn(size_t(N * C), 23), wts = randn(size_t(N * K), 24, 0.3f);
+  DevBuf bx = upload(x, true), byp = upload(yp, true), bdy = upload(dy, true), bxp(size_t(N * K * C), true),
+         bdx(size_t(N * C), true), by(size_t(N * C), true), bdyp(size_t(N * K * C), true),
+         bw = upload(wts, false), bdw(size_t(N * K), false);
+  Dev<int32_t> bex(ex), brow(size_t(N * K)), boff(size_t(E + 1)), flag(std::vector<int32_t>{0});
+  std::vector<uint8_t> first;
+  for (int rep = 0; rep < 2; ++rep) {
+    TestWorkspace ws;
+    moe_permute_fwd(DType::bf16, bxp.get(), C, brow.get(), boff.get(), bx.get(), C, bex.get(), N, K,
+                    C, E, flag.get(), ws, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    if (rep == 0) first = bxp.bytes(); else EXPECT_EQ(first, bxp.bytes());
+  }
+  EXPECT_EQ(brow.get_host(), row);
+  EXPECT_EQ(boff.get_host(), off);
+  EXPECT_EQ(off[6] - off[5], 0);
+  {
+    const std::vector<float> xp = bxp.download();
+    std::vector<float> ref(size_t(N * K * C));
+    kcpu::moe_permute_fwd<float>(ref.data(), C, row.data(), off.data(), x.data(), C, ex.data(), N,
+                                 K, C, E);
+    EXPECT_EQ(xp, ref);
+  }
+  {
+    TestWorkspace ws;
+    moe_permute_bwd(DType::bf16, bdx.get(), C, byp.get(), C, brow.get(), N, K, C, false, flag.get(), ws, nullptr);
+    moe_unpermute_fwd(DType::bf16, by.get(), C, byp.get(), C, brow.get(), Flex{bw.get(), false}, N, K,
+                      C, false, flag.get(), ws, nullptr);
+    moe_unpermute_bwd(DType::bf16, bdyp.get(), C, Flex{bdw.get(), false}, bdy.get(), C, byp.get(), C,
+                      brow.get(), Flex{bw.get(), false}, N, K, C, flag.get(), ws, nullptr);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(read_flag(flag.get()), 0);
+  std::vector<float> dx(size_t(N * C)), y(size_t(N * C)), dyp(size_t(N * K * C)), dw(size_t(N * K));
+  kcpu::moe_permute_bwd<float>(dx.data(), C, yp.data(), C, row.data(), N, K, C, false);
+  kcpu::moe_unpermute_fwd<float>(y.data(), C, yp.data(), C, row.data(), wts.data(), N, K, C, false);
+  kcpu::moe_unpermute_bwd<float>(dyp.data(), C, dw.data(), dy.data(), C, yp.data(), C, row.data(),
+                                 wts.data(), N, K, C);
+  EXPECT_LE(rel_error(bdx.download(), dx), 1e-2);
+  EXPECT_LE(rel_error(by.download(), y), 1e-2);
+  EXPECT_LE(rel_error(bdyp.download(), dyp), 1e-2);
+  EXPECT_LE(rel_error(bdw.download(), dw), 1e-5);  // fp32 dots of the same bf16 values
+}
+
+// Group sizes of a skewed routing: empty groups (first, middle, last), one-row groups, groups
+// that are not multiples of the tile, one large group.
+std::vector<int32_t> ragged_offsets(int64_t G, int64_t T, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<double> share(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) share[size_t(g)] = (g % 7 == 3 || g == 0 || g == G - 1) ? 0 : std::exp(std::normal_distribution<double>(0, 1)(rng));
+  share[1] = 1e-9;  // one row below
+  double tot = 0;
+  for (double v : share) tot += v;
+  std::vector<int32_t> off(size_t(G + 1), 0);
+  int64_t used = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t r = share[size_t(g)] == 0 ? 0 : std::max<int64_t>(1, int64_t(share[size_t(g)] / tot * double(T)));
+    if (g == G - 2) r = T - used;  // the rest (G-1 stays empty)
+    r = std::min(r, T - used);
+    used += r;
+    off[size_t(g + 1)] = int32_t(used);
+  }
+  return off;
+}
+
+struct GGCheck {
+  const char* what;
+  bool ta, tb;
+  int64_t G, T, M, N, K;
+  bool bf16, c_f32, force_simt;
+  double alpha, beta;
+  int64_t samples;  // 0: compare every element
+  double tol;
+  const char* path;  // the implementation expected to run
+};
+
+void grouped_check(const GGCheck& k) {
+  SCOPED_TRACE(k.what);
+  const std::vector<int32_t> off = ragged_offsets(k.G, k.T, 5);
+  const int64_t arows = k.T, acols = k.ta ? k.M : k.K;
+  const int64_t brows = k.ta ? k.T : k.G * (k.tb ? k.N : k.K), bcols = k.ta ? k.N : (k.tb ? k.K : k.N);
+  const int64_t crows = k.ta ? k.G * k.M : k.T;
+  const std::vector<float> A = randn(size_t(arows * acols), 31, 1.f, k.bf16),
+                           B = randn(size_t(brows * bcols), 32, 1.f, k.bf16),
+                           C0 = randn(size_t(crows * k.N), 33, 1.f, k.bf16 && !k.c_f32);
+  DevBuf bA = upload(A, k.bf16), bB = upload(B, k.bf16), bC = upload(C0, k.bf16 && !k.c_f32);
+  Dev<int32_t> boff(off), flag(std::vector<int32_t>{0});
+  GroupedGemmArgs g;
+  g.ta = k.ta;
+  g.tb = k.tb;
+  g.G = k.G;
+  g.T = k.T;
+  g.M = k.M;
+  g.N = k.N;
+  g.K = k.K;
+  g.alpha = k.alpha;
+  g.beta = k.beta;
+  g.offsets = boff.get();
+  g.A = bA.get();
+  g.lda = acols;
+  g.B = bB.get();
+  g.ldb = bcols;
+  g.stride_b = k.ta ? 0 : (k.tb ? k.N : k.K) * k.N;
+  g.C = bC.get();
+  g.ldc = k.N;
+  g.stride_c = k.ta ? k.M * k.N : 0;
+  g.ab = k.bf16 ? DType::bf16 : DType::f32;
+  g.c_dt = k.bf16 && !k.c_f32 ? DType::bf16 : DType::f32;
+  g.err = flag.get();
+  g.force_simt = k.force_simt;
+  EXPECT_STREQ(grouped_gemm_path(g), k.path);
+  grouped_gemm(g, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(read_flag(flag.get()), 0);
+  const std::vector<float> got = bC.download();
+  // Reference in float64 on (sampled) elements of C.
+  auto group_of = [&](int64_t r) {
+    return int64_t(std::upper_bound(off.begin(), off.end(), int32_t(r)) - off.begin()) - 1;
+  };
+  std::vector<int64_t> idx;
+  if (k.samples == 0) {
+    for (int64_t i = 0; i < crows * k.N; ++i) idx.push_back(i);
+  } else {
+    std::mt19937 rng(9);
+    std::uniform_int_distribution<int64_t> U(0, crows * k.N - 1);
+    for (int64_t s = 0; s < k.samples; ++s) idx.push_back(U(rng));
+    for (int64_t g2 = 0; g2 < k.G; ++g2)  // every group's first and last row (or C_g corner)
+      for (int64_t e : {k.ta ? g2 * k.M * k.N : int64_t(off[size_t(g2)]) * k.N,
+                        k.ta ? (g2 + 1) * k.M * k.N - 1 : int64_t(off[size_t(g2 + 1)]) * k.N - 1})
+        if (e >= 0 && e < crows * k.N) idx.push_back(e);
+  }
+  std::vector<float> gv, rv;
+  for (int64_t i : idx) {
+    const int64_t r = i / k.N, j = i % k.N;
+    double acc = 0;
+    if (!k.ta) {
+      const int64_t gg = group_of(r);
+      for (int64_t q = 0; q < k.K; ++q)
+        acc += double(A[size_t(r * k.K + q)]) *
+               double(k.tb ? B[size_t((gg * k.N + j) * k.K + q)] : B[size_t((gg * k.K + q) * k.N + j)]);
+    } else {
+      const int64_t gg = r / k.M, m = r % k.M;
+      for (int64_t t = off[size_t(gg)]; t < off[size_t(gg + 1)]; ++t)
+        acc += double(A[size_t(t * k.M + m)]) * double(B[size_t(t * k.N + j)]);
+    }
+    gv.push_back(got[size_t(i)]);
+    rv.push_back(float(k.alpha * acc + k.beta * double(C0[size_t(i)])));
+  }
+  const double err = rel_error(gv, rv);
+  std::printf("%s: max|err|/max|ref| %.2e over %zu elements\n", k.what, err, idx.size());
+  EXPECT_LE(err, k.tol);
+  // Bitwise repeatable.
+  const std::vector<uint8_t> b1 = bC.bytes();
+  bC.upload(C0);
+  grouped_gemm(g, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(b1, bC.bytes());
+}
+
+TEST(CudaMoe, GroupedGemmRaggedGroupsAgainstFloat64) {
+  RLH_REQUIRE_CUDA();
+  const std::vector<GGCheck> checks = {
+      // Qwen3-MoE (d 1024, 64 experts, expert ffn 512, 8192 tokens x top-8 = 65536 rows)
+      {"gate+up fwd x W^T", false, true, 64, 65536, 0, 1024, 1024, true, false, false, 1, 0, 3000, 1e-2, "mma"},
+      {"down fwd", false, true, 64, 65536, 0, 1024, 512, true, false, false, 1, 0, 3000, 1e-2, "mma"},
+      {"gate+up dX = dY W", false, false, 64, 65536, 0, 1024, 1024, true, false, false, 1, 0, 3000, 1e-2, "mma"},
+      {"gate+up dW += dY^T X (f32)", true, false, 64, 65536, 1024, 1024, 0, true, true, false, 1, 1, 3000, 1e-4, "mma"},
+      {"down dW (bf16 C)", true, false, 64, 65536, 1024, 512, 0, true, false, false, 1, 0, 3000, 1e-2, "mma"},
+      // small and odd: every element, both paths, f32
+      {"small tb mma", false, true, 9, 700, 0, 72, 40, true, false, false, 0.5, 0.25, 0, 1e-2, "mma"},
+      {"small tb simt", false, true, 9, 700, 0, 72, 40, true, false, true, 0.5, 0.25, 0, 1e-2, "simt"},
+      {"small ta mma f32 C", true, false, 9, 700, 48, 136, 0, true, true, false, 1, 0.5, 0, 1e-4, "mma"},
+      {"odd bf16 (simt)", false, false, 7, 333, 0, 13, 21, true, false, false, 1, 0, 0, 1e-2, "simt"},
+      {"f32 tb", false, true, 11, 900, 0, 70, 33, false, false, false, 1, 0.5, 0, 1e-5, "simt"},
+      {"f32 ta", true, false, 11, 900, 37, 45, 0, false, false, false, 0.7, 1, 0, 1e-5, "simt"},
+      {"f32 nn", false, false, 11, 900, 0, 45, 37, false, false, false, 1, 0, 0, 1e-5, "simt"},
+  };
+  for (const GGCheck& k : checks) grouped_check(k);
+}
+
+TEST(CudaMoe, GroupedGemmOffsetsThatDoNotPartitionRaiseTheFlag) {
+  RLH_REQUIRE_CUDA();
+  const int64_t T = 64, K = 16, N = 16;
+  DevBuf A = upload(randn(size_t(T * K), 1), true), B = upload(randn(size_t(2 * K * N), 2), true),
+         C(size_t(T * N), true);
+  for (const std::vector<int32_t>& off : {std::vector<int32_t>{0, 40, 30}, std::vector<int32_t>{0, 10, 50},
+                                          std::vector<int32_t>{4, 10, 64}}) {
+    Dev<int32_t> boff(off), flag(std::vector<int32_t>{0});
+    GroupedGemmArgs g;
+    g.G = 2;
+    g.T = T;
+    g.N = N;
+    g.K = K;
+    g.offsets = boff.get();
+    g.A = A.get();
+    g.lda = K;
+    g.B = B.get();
+    g.ldb = N;
+    g.stride_b = K * N;
+    g.C = C.get();
+    g.ldc = N;
+    g.ab = g.c_dt = DType::bf16;
+    g.err = flag.get();
+    grouped_gemm(g, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(read_flag(flag.get()), 1);
   }
 }
 
