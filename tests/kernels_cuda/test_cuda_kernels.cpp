@@ -1067,7 +1067,7 @@ void grouped_check(const GGCheck& k) {
   g.lda = acols;
   g.B = bB.get();
   g.ldb = bcols;
-  g.stride_b = k.ta ? 0 : (k.tb ? k.N : k.K) * k.N;
+  g.stride_b = k.ta ? 0 : k.K * k.N;  // [G,K,N] or [G,N,K]
   g.C = bC.get();
   g.ldc = k.N;
   g.stride_c = k.ta ? k.M * k.N : 0;
@@ -1122,6 +1122,57 @@ void grouped_check(const GGCheck& k) {
   grouped_gemm(g, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(b1, bC.bytes());
+  if (k.T >= 65536) {  // speed at the Qwen3-MoE shapes (informative): median of 9 runs
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    for (int rep = 0; rep < 12; ++rep) {
+      cudaEventRecord(e0);
+      grouped_gemm(g, nullptr);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float t = 0;
+      cudaEventElapsedTime(&t, e0, e1);
+      if (rep >= 3) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double flops = 2.0 * double(k.T) * double(k.N) * double(k.ta ? k.M : k.K);
+    std::printf("%s: %.3f ms, %.0f TFLOP/s\n", k.what, ms[ms.size() / 2], flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
+    if (!k.ta) {  // the same FLOPs as one dense cuBLASLt GEMM (expert 0's weight for all rows)
+      GemmEngine* eng = gemm_engine_create(device_info());
+      GemmArgs d;
+      d.tb = k.tb;
+      d.M = k.T;
+      d.N = k.N;
+      d.K = k.K;
+      d.A = g.A;
+      d.lda = g.lda;
+      d.B = g.B;
+      d.ldb = g.ldb;
+      d.C = g.C;
+      d.ldc = g.ldc;
+      d.ab = g.ab;
+      d.c_dt = g.c_dt;
+      std::vector<float> dm;
+      for (int rep = 0; rep < 12; ++rep) {
+        TestWorkspace ws;
+        cudaEventRecord(e0);
+        gemm(eng, d, ws, nullptr);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (rep >= 3) dm.push_back(t);
+      }
+      std::sort(dm.begin(), dm.end());
+      std::printf("%s: dense cuBLASLt of the same size %.3f ms, %.0f TFLOP/s\n", k.what,
+                  dm[dm.size() / 2], flops / (dm[dm.size() / 2] * 1e-3) / 1e12);
+      gemm_engine_destroy(eng);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
 }
 
 TEST(CudaMoe, GroupedGemmRaggedGroupsAgainstFloat64) {
