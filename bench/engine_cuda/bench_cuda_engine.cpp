@@ -4,7 +4,7 @@
 // "RESULT key=value ..." line per measurement for run.sh to parse.
 //
 //   bench_cuda_engine [--shape llama1b|small] [--steps N] [--warmup N] [--only train|forward]
-//                     [--recompute none|selective|full]
+//                     [--recompute none|selective|full] [--head-chunk-mib M]
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), training B4 x T2048, forward logprobs B8 x T2048. small: a quick check of the same code.
@@ -49,6 +49,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string shape_name = "llama1b", only, recompute = "none";
   int steps = 10, warmup = 2;
+  int64_t head_chunk_mib = 0;  // the logprob head's logits tile (0 = the kernel's default)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -63,10 +64,11 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::atoi(next());
     else if (a == "--only") only = next();
     else if (a == "--recompute") recompute = next();
+    else if (a == "--head-chunk-mib") head_chunk_mib = std::atoll(next());
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small] [--steps N] [--warmup N] [--only train|forward] "
-                   "[--recompute none|selective|full]\n",
+                   "[--recompute none|selective|full] [--head-chunk-mib M]\n",
                    argv[0]);
       return 2;
     }
@@ -137,6 +139,7 @@ int main(int argc, char** argv) {
     o.optimizer.weight_decay = 0.01;
     o.optimizer.max_grad_norm = 1.0;
     o.recompute = rc;
+    o.logprob_chunk_bytes = head_chunk_mib << 20;
     engine::CudaEngine e(desc, o);
     std::printf("device: %s, shape %s: %.1f M matmul params\n", e.device_name().c_str(), s->name,
                 matmul_params / 1e6);
@@ -185,7 +188,9 @@ int main(int argc, char** argv) {
                 double(after.device_bytes) / double(1ull << 30));
   }
   if (only.empty() || only == "forward") {
-    engine::CudaEngine e(desc, {});
+    engine::CudaEngineOptions o;
+    o.logprob_chunk_bytes = head_chunk_mib << 20;
+    engine::CudaEngine e(desc, o);
     e.load_parameters(w);
     std::vector<int32_t> ids, cu;
     const engine::MicroBatch mb = batch(s->fwd_B, ids, cu);

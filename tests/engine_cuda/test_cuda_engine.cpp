@@ -308,6 +308,36 @@ TEST(CudaEngine, RecomputeKeepsGradientsAndSavesMemory) {
               s.ids.size());
 }
 
+// Keeping the head's logits from forward to backward (the default when they fit) instead of
+// recomputing them: the same step. Bitwise here, where the vocabulary is one tile whose layout
+// is the same in the cache and in the scratch tile, so the two GEMMs are the same call.
+TEST(CudaEngine, HeadLogitsCacheGivesTheSameStep) {
+  NEED_GPU();
+  Small s;
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::StepOptions so;
+  so.apply_optimizer = false;
+  so.global_tokens = s.predicted();
+  so.outputs.entropy = true;
+  std::vector<std::vector<std::vector<float>>> grads;
+  std::vector<double> loss;
+  std::vector<int64_t> bytes;
+  for (int64_t budget : {int64_t(0), int64_t(1) << 30}) {
+    engine::CudaEngineOptions co;
+    co.head_logits_cache_bytes = budget;
+    engine::CudaEngine gpu(s.desc, co);
+    gpu.load_parameters(s.weights);
+    loss.push_back(gpu.train_step({&mb, 1}, so, nll).loss);
+    grads.push_back(gpu.gradients());
+    bytes.push_back(gpu.stats().device_bytes);
+  }
+  EXPECT_EQ(loss[1], loss[0]);
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(grads[1][i] == grads[0][i]) << s.desc.params[i].name;
+  EXPECT_GE(bytes[1], bytes[0] + int64_t(s.ids.size()) * 512 * 4) << "the cache is planned";
+}
+
 // What the GPU path does not execute is refused by name before any device work (runs anywhere).
 TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
   const nlohmann::json moe = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"},

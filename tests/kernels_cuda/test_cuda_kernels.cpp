@@ -693,7 +693,7 @@ TEST(CudaElementwise, VectorPathsAndMultiTensorAdamW) {
     EXPECT_EQ(rel_error(bout.download(), out), 0.0);
     EXPECT_LE(rel_error(bsum.download(), two), 1e-2);
   }
-  {  // adamw over three tensors, bf16 gradients
+  {  // adamw over three tensors, bf16 gradients, the bf16 copy of p refreshed in the same pass
     const std::vector<int64_t> sizes = {1000, 70001, 5};
     kcpu::AdamWOpts o;
     o.lr = 1e-3;
@@ -703,8 +703,8 @@ TEST(CudaElementwise, VectorPathsAndMultiTensorAdamW) {
     o.step = 7;
     o.grad_scale = 0.25;
     std::vector<std::vector<float>> P, G, M, Vv;
-    std::vector<DevBuf> bp, bg, bm, bv;
-    std::vector<void*> pp, pg, pm, pv;
+    std::vector<DevBuf> bp, bg, bm, bv, b16;
+    std::vector<void*> pp, pg, pm, pv, p16;
     std::vector<int64_t> ns;
     for (size_t t = 0; t < sizes.size(); ++t) {
       P.push_back(randn(size_t(sizes[t]), 100 + uint32_t(t), 1.f, false));
@@ -716,6 +716,8 @@ TEST(CudaElementwise, VectorPathsAndMultiTensorAdamW) {
       bg.push_back(upload(G[t], true));
       bm.push_back(upload(M[t], false));
       bv.push_back(upload(Vv[t], false));
+      b16.push_back(upload(std::vector<float>(size_t(sizes[t]), 0.f), true));
+      p16.push_back(b16.back().get());
       pp.push_back(bp.back().get());
       pg.push_back(bg.back().get());
       pm.push_back(bm.back().get());
@@ -725,8 +727,9 @@ TEST(CudaElementwise, VectorPathsAndMultiTensorAdamW) {
     bool bf_true[3] = {true, true, true};
     const TensorList lp{ns.data(), pp.data(), nullptr, ns.size()},
         lg{ns.data(), pg.data(), bf_true, ns.size()}, lm{ns.data(), pm.data(), nullptr, ns.size()},
-        lv{ns.data(), pv.data(), nullptr, ns.size()};
+        lv{ns.data(), pv.data(), nullptr, ns.size()}, l16{ns.data(), p16.data(), bf_true, ns.size()};
     AdamWArgs a;
+    a.p_bf16 = &l16;
     a.lr = o.lr;
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
@@ -745,6 +748,8 @@ TEST(CudaElementwise, VectorPathsAndMultiTensorAdamW) {
       EXPECT_LE(rel_error(bm[t].download(), M[t]), 1e-5) << "tensor " << t;
       EXPECT_LE(rel_error(bv[t].download(), Vv[t]), 1e-5) << "tensor " << t;
       for (float x : bg[t].download()) ASSERT_EQ(x, 0.f);
+      const std::vector<float> p_gpu = bp[t].download(), copy = b16[t].download();
+      for (size_t i = 0; i < copy.size(); ++i) ASSERT_EQ(copy[i], round_bf16(p_gpu[i])) << "tensor " << t << " at " << i;
     }
   }
 }

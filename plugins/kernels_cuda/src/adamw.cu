@@ -11,6 +11,7 @@ namespace {
 struct AdamConst {
   float b1, b2, eps, decay, gs, step_size, inv_sqrt_bc2;
   bool zero;
+  bool copy;  // list 4: p in bf16
 };
 
 __device__ __forceinline__ void adam_one(float& p, float& m, float& v, float g, const AdamConst& k) {
@@ -30,9 +31,11 @@ __global__ void __launch_bounds__(512) adamw_kernel(MtList l, AdamConst k) {
   float* v = static_cast<float*>(l.p[3][t]);
   const bool gbf = l.bf16[1][t];
   void* g = l.p[1][t];
+  bf16* p16 = k.copy ? static_cast<bf16*>(l.p[4][t]) : nullptr;
   // 16-byte accesses when the tensors allow (chunks start at multiples of 4 elements).
   const bool vec = !gbf && ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(m) |
-                             reinterpret_cast<uintptr_t>(v) | reinterpret_cast<uintptr_t>(g)) % 16 == 0);
+                             reinterpret_cast<uintptr_t>(v) | reinterpret_cast<uintptr_t>(g)) % 16 == 0) &&
+                   reinterpret_cast<uintptr_t>(p16) % 8 == 0;
   int64_t i = i0;
   if (vec) {
     const int64_t n4 = (i1 - i0) / 4;
@@ -51,12 +54,18 @@ __global__ void __launch_bounds__(512) adamw_kernel(MtList l, AdamConst k) {
       m4[j] = mm;
       v4[j] = vv;
       if (k.zero) g4[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (p16) {
+        __nv_bfloat162* q = reinterpret_cast<__nv_bfloat162*>(p16 + i0) + 2 * j;
+        q[0] = __floats2bfloat162_rn(pp.x, pp.y);
+        q[1] = __floats2bfloat162_rn(pp.z, pp.w);
+      }
     }
     i = i0 + n4 * 4;
   }
   for (i += threadIdx.x; i < i1; i += blockDim.x) {
     const float graw = gbf ? __bfloat162float(static_cast<bf16*>(g)[i]) : static_cast<float*>(g)[i];
     adam_one(p[i], m[i], v[i], graw, k);
+    if (p16) p16[i] = __float2bfloat16_rn(p[i]);
     if (k.zero) {
       if (gbf)
         static_cast<bf16*>(g)[i] = __float2bfloat16_rn(0.f);
@@ -82,8 +91,9 @@ void adamw(const TensorList& p, const TensorList& g, const TensorList& m, const 
   k.step_size = float(o.lr / bc1);
   k.inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
   k.zero = o.zero_grad;
-  const TensorList lists[4] = {p, g, m, v};
-  mt_for_each(lists, 4, [&](const MtList& l, int64_t blocks) {
+  k.copy = o.p_bf16 != nullptr;
+  const TensorList lists[5] = {p, g, m, v, k.copy ? *o.p_bf16 : p};
+  mt_for_each(lists, k.copy ? 5 : 4, [&](const MtList& l, int64_t blocks) {
     adamw_kernel<<<unsigned(blocks), 512, 0, s>>>(l, k);
   });
   check_launch("adamw");

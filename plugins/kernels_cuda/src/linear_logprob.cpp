@@ -3,8 +3,9 @@
 // fp32 accumulation and output; fp32 GEMM for the f32 op), reduced by an online log-sum-exp
 // across chunks (forward) or turned into the chunk's logits gradient and fed to two more GEMMs
 // (backward: dh accumulated in an fp32 buffer across chunks, dW += dlogits^T h chunk by
-// chunk). The tile is at most chunk_bytes (0 = 32 MiB). Filtering (top_k/top_p) is not
-// offered here (the plugin answers UNIMPLEMENTED for it).
+// chunk). The tile is at most chunk_bytes (0 = 32 MiB). With a logits cache (an engine's
+// training step) the forward's tiles stay in it for the backward. Filtering (top_k/top_p) is
+// not offered here (the plugin answers UNIMPLEMENTED for it).
 #include <algorithm>
 #include <stdexcept>
 
@@ -29,6 +30,8 @@ Tiling tiling(const LogprobArgs& a) {
 
 void check(const LogprobArgs& a) {
   if (a.temperature <= 0) throw std::invalid_argument("linear_logprob: temperature must be > 0");
+  if (a.logits_cache && a.ld_cache < a.V)
+    throw std::invalid_argument("linear_logprob: ld_cache is smaller than the vocabulary");
 }
 
 }  // namespace
@@ -39,7 +42,7 @@ void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
   if (a.V == 0) throw std::invalid_argument("linear_logprob: empty vocabulary");
   const Tiling t = tiling(a);
   const size_t es = dtype_size(a.t);
-  auto* logits = static_cast<float*>(ws.get(size_t(t.rows * t.cols) * 4));
+  auto* tile = a.logits_cache ? nullptr : static_cast<float*>(ws.get(size_t(t.rows * t.cols) * 4));
   auto* st = static_cast<float*>(ws.get(size_t(a.N) * (3 + a.K) * 4));
   float *m = st, *sum = st + a.N, *tz = st + 2 * a.N, *zt = st + 3 * a.N;
   const float inv_temp = float(1.0 / a.temperature);
@@ -47,6 +50,8 @@ void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
     const int64_t rows = std::min(t.rows, a.N - r0);
     for (int64_t v0 = 0; v0 < a.V; v0 += t.cols) {
       const int64_t cols = std::min(t.cols, a.V - v0);
+      float* logits = a.logits_cache ? a.logits_cache + r0 * a.ld_cache + v0 : tile;
+      const int64_t ld = a.logits_cache ? a.ld_cache : cols;
       GemmArgs gm;
       gm.ta = false;
       gm.tb = true;
@@ -58,11 +63,11 @@ void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
       gm.B = static_cast<const char*>(a.W) + size_t(v0 * a.C) * es;
       gm.ldb = a.C;
       gm.C = logits;
-      gm.ldc = cols;
+      gm.ldc = ld;
       gm.ab = a.t;
       gm.c_dt = DType::f32;
       gemm(g, gm, ws, s);
-      logprob_tile_stats(logits, rows, cols, cols, v0, a.target + r0 * a.K, a.K, inv_temp, m + r0,
+      logprob_tile_stats(logits, rows, cols, ld, v0, a.target + r0 * a.K, a.K, inv_temp, m + r0,
                          sum + r0, tz + r0, zt + r0 * a.K, v0 == 0, a.err, a.V, s);
     }
   }
@@ -76,7 +81,7 @@ void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
     throw std::invalid_argument("linear_logprob_bwd: entropy must be given with dentropy");
   const Tiling t = tiling(a);
   const size_t es = dtype_size(a.t);
-  auto* logits = static_cast<float*>(ws.get(size_t(t.rows * t.cols) * 4));
+  auto* tile = a.logits_cache ? nullptr : static_cast<float*>(ws.get(size_t(t.rows * t.cols) * 4));
   void* dlogits = ws.get(size_t(t.rows * t.cols) * es);
   auto* dh_acc = static_cast<float*>(ws.get(size_t(t.rows * a.C) * 4));
   const float inv_temp = float(1.0 / a.temperature);
@@ -91,21 +96,25 @@ void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
     for (int64_t v0 = 0; v0 < a.V; v0 += t.cols) {
       const int64_t cols = std::min(t.cols, a.V - v0);
       const void* Wb = static_cast<const char*>(a.W) + size_t(v0 * a.C) * es;
-      GemmArgs gm;  // logits tile
-      gm.tb = true;
-      gm.M = rows;
-      gm.N = cols;
-      gm.K = a.C;
-      gm.A = hb;
-      gm.lda = a.C;
-      gm.B = Wb;
-      gm.ldb = a.C;
-      gm.C = logits;
-      gm.ldc = cols;
-      gm.ab = a.t;
-      gm.c_dt = DType::f32;
-      gemm(g, gm, ws, s);
-      logprob_tile_grad(a.t, logits, rows, cols, cols, v0, a.target + r0 * a.K, a.K, inv_temp,
+      float* logits = a.logits_cache ? a.logits_cache + r0 * a.ld_cache + v0 : tile;
+      const int64_t ld = a.logits_cache ? a.ld_cache : cols;
+      if (!a.logits_cache) {  // the forward's tile again
+        GemmArgs gm;
+        gm.tb = true;
+        gm.M = rows;
+        gm.N = cols;
+        gm.K = a.C;
+        gm.A = hb;
+        gm.lda = a.C;
+        gm.B = Wb;
+        gm.ldb = a.C;
+        gm.C = logits;
+        gm.ldc = cols;
+        gm.ab = a.t;
+        gm.c_dt = DType::f32;
+        gemm(g, gm, ws, s);
+      }
+      logprob_tile_grad(a.t, logits, rows, cols, ld, v0, a.target + r0 * a.K, a.K, inv_temp,
                         lse_at(a.lse, r0), lse_at(a.dlogprob, r0 * a.K), lse_at(a.entropy, r0),
                         lse_at(a.dentropy, r0), dlogits, cols, s);
       GemmArgs gh;  // dh_acc (+)= dlogits W_chunk

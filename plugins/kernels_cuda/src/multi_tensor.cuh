@@ -17,8 +17,8 @@ struct MtList {
   int count;
   int64_t block_start[kMtMaxTensors + 1];  // first block of each tensor; [count] = total
   int64_t n[kMtMaxTensors];
-  void* p[4][kMtMaxTensors];               // up to four parallel lists (p, g, m, v)
-  unsigned char bf16[4][kMtMaxTensors];
+  void* p[5][kMtMaxTensors];               // up to five parallel lists (p, g, m, v, p in bf16)
+  unsigned char bf16[5][kMtMaxTensors];
   int64_t partial_base;                    // index of this launch's first block in partials
 };
 
@@ -26,6 +26,7 @@ struct MtList {
 // kMtMaxTensors tensors; calls launch(MtList&, blocks) for each.
 template <class Launch>
 void mt_for_each(const TensorList* lists, int nlists, Launch&& launch) {
+  if (nlists < 1 || nlists > 5) throw std::invalid_argument("mt_for_each: 1 to 5 lists");
   const size_t count = lists[0].count;
   size_t t = 0;
   int64_t partial = 0;

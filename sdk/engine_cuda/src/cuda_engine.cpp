@@ -117,6 +117,8 @@ struct CudaEngine::Impl {
   bool acts_per_layer = false;
   std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
   bf16* xr = nullptr;           // full recompute: where a recomputed layer's output goes
+  float* head_cache = nullptr;  // training: the head's fp32 logits [N, ld_head_cache], or null
+  int64_t ld_head_cache = 0;
   bf16 *xn = nullptr;           // head: final norm output [N, C]
   float *rstd = nullptr, *lp = nullptr, *lse = nullptr, *ent = nullptr, *dlp = nullptr,
         *dent = nullptr;
@@ -175,7 +177,7 @@ struct CudaEngine::Impl {
   void backward(const MicroBatch& mb, const OutputRequest& req);
   void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);
   void recompute_selective(int64_t l, const MicroBatch& mb, LayerActs& a);
-  kc::LogprobArgs head_args(const OutputRequest& req, int64_t N) const;
+  kc::LogprobArgs head_args(const OutputRequest& req, int64_t N, bool cache) const;
   kc::AttnArgs attn_args(const LayerShape& s, const LayerActs& a, int64_t N, int64_t S) const;
   double grad_norm();
   void optimizer_step(const StepOptions& so, double clip);
@@ -366,6 +368,11 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     xs.assign(size_t(train ? L + 1 : 2), nullptr);
     for (bf16*& x : xs) x = c.take<bf16>(N * C);
     xr = full ? c.take<bf16>(N * C) : nullptr;
+    // The head's logits from forward to backward, when they fit the budget (rows padded to 16
+    // bytes for the GEMM's C).
+    ld_head_cache = (V + 3) / 4 * 4;
+    const bool keep = train && N * ld_head_cache * 4 <= opt.head_logits_cache_bytes;
+    head_cache = keep ? c.take<float>(N * ld_head_cache) : nullptr;
     for (int64_t l = 0; l < sets; ++l) {
       const LayerShape& s = shapes[size_t(l)];
       LayerActs& a = acts[size_t(l)];
@@ -558,7 +565,7 @@ kc::AttnArgs CudaEngine::Impl::attn_args(const LayerShape& s, const LayerActs& a
   return at;
 }
 
-kc::LogprobArgs CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N) const {
+kc::LogprobArgs CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N, bool cache) const {
   kc::LogprobArgs h;
   h.t = kc::DType::bf16;
   h.N = N;
@@ -569,7 +576,13 @@ kc::LogprobArgs CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N)
   h.W = w(off_head);
   h.target = target;
   h.temperature = req.temperature;
-  h.chunk_bytes = opt.logprob_chunk_bytes;
+  // Wide tiles: the head's GEMMs run at their best from about 512 MiB of fp32 logits per tile
+  // (measured on the H200: +4 % on a 1B training step over 32 MiB).
+  h.chunk_bytes = opt.logprob_chunk_bytes > 0 ? opt.logprob_chunk_bytes : int64_t(512) << 20;
+  if (cache && head_cache != nullptr) {
+    h.logits_cache = head_cache;
+    h.ld_cache = ld_head_cache;
+  }
   h.logprob = {lp, false};
   h.lse = {lse, false};
   if (req.entropy) h.entropy = {ent, false};
@@ -599,7 +612,7 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   kc::rmsnorm_fwd(kc::DType::bf16, xn, C, {rstd, false}, xL, C, w(off_final_norm), N, C,
                   float(desc.final_norm.eps), float(desc.final_norm.weight_offset), stream);
   if (req.logprob || req.entropy)
-    kc::linear_logprob_fwd(gemm_engine, head_args(req, N), ws(), stream);
+    kc::linear_logprob_fwd(gemm_engine, head_args(req, N, train), ws(), stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -688,7 +701,7 @@ void CudaEngine::Impl::recompute_selective(int64_t l, const MicroBatch& mb, Laye
 // Output gradients are in dlp / dent (kernel alignment, device).
 void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens();
-  kc::LogprobArgs h = head_args(req, N);
+  kc::LogprobArgs h = head_args(req, N, true);
   h.dlogprob = {dlp, false};
   if (req.entropy) h.dentropy = {dent, false};
   h.dh = dxn;
@@ -740,7 +753,7 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
   // Two lists: with and without weight decay (Megatron leaves 1-D tensors out).
   for (int decay = 0; decay < 2; ++decay) {
     std::vector<int64_t> n;
-    std::vector<void*> P, G, M, Vv;
+    std::vector<void*> P, G, M, Vv, P16;
     for (size_t i = 0; i < desc.params.size(); ++i) {
       const sdk::ParamDesc& pd = desc.params[i];
       if (!pd.trainable) continue;
@@ -751,6 +764,7 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
       G.push_back(grads.get<float>() + offset[i]);
       M.push_back(adam_m.get<float>() + offset[i]);
       Vv.push_back(adam_v.get<float>() + offset[i]);
+      P16.push_back(master_bf16() + offset[i]);
     }
     if (n.empty()) continue;
     auto list = [&](std::vector<void*>& v) {
@@ -769,9 +783,13 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
     a.step = steps;
     a.grad_scale = clip;
     a.zero_grad = true;  // the pass that reads g clears it for the next step
+    kc::TensorList copy = list(P16);  // the bf16 working copy, refreshed in the same pass
+    const std::unique_ptr<bool[]> is16(new bool[n.size()]);
+    std::fill(is16.get(), is16.get() + n.size(), true);
+    copy.bf16 = is16.get();
+    a.p_bf16 = &copy;
     kc::adamw(list(P), list(G), list(M), list(Vv), a, ws(), stream);
   }
-  cuda::cast_to_bf16(master.get<float>(), w16.get(), total, stream);
   grads_clear = true;
 }
 

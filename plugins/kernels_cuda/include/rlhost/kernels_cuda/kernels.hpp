@@ -167,6 +167,11 @@ struct LogprobArgs {
   Flex dW;
   bool accumulate = false;
   int* err = nullptr;  // set when a target is >= V
+  // Optional fp32 [N, ld_cache] buffer (an engine's training step): the forward leaves every
+  // logits tile there and the backward reads it instead of recomputing it, saving one of the
+  // head's four GEMMs for N x V x 4 bytes. Both passes must get the same buffer, N and tiling.
+  float* logits_cache = nullptr;
+  int64_t ld_cache = 0;  // >= V
 };
 void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cudaStream_t s);
 void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cudaStream_t s);
@@ -193,6 +198,9 @@ struct AdamWArgs {
   int64_t step = 1;
   double grad_scale = 1;
   bool zero_grad = false;
+  // Optional list parallel to p (bf16 tensors): receives the updated p rounded to bf16, the
+  // working copy an engine computes with, in the same pass (no second read of p).
+  const TensorList* p_bf16 = nullptr;
 };
 void adamw(const TensorList& p, const TensorList& g, const TensorList& m, const TensorList& v,
            const AdamWArgs& o, Workspace& ws, cudaStream_t s);

@@ -44,7 +44,11 @@ enum class Recompute { none, selective, full };
 
 struct CudaEngineOptions {
   int device = 0;
-  int64_t logprob_chunk_bytes = 0;  // head tile (0 = the kernel's default, 32 MiB)
+  int64_t logprob_chunk_bytes = 0;  // the head's logits tile (0 = 512 MiB)
+  // A training step keeps the head's fp32 logits of a micro-batch from its forward to its
+  // backward when N x V x 4 bytes fit this budget, instead of recomputing them (one of the
+  // head's four GEMMs); 0 = always recompute.
+  int64_t head_logits_cache_bytes = int64_t(8) << 30;
   OptimizerOptions optimizer;
   // Plan activations for micro-batches of up to this many tokens at construction (0 = on the
   // first micro-batch; a larger one later re-plans, counted in stats()).
