@@ -12,177 +12,25 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "device_memory.hpp"
+#include "cuda_engine_impl.hpp"
 
 namespace rlh::engine {
 
-namespace kc = rlh::kcuda;
 using sdk::ParamRole;
 using cuda::check;
-using bf16 = uint16_t;  // storage of __nv_bfloat16 (this file never does bf16 arithmetic)
+using cuda::numel;
+using cuda::unsupported;
+using bf16 = cuda::bf16;
 
 namespace {
 
-[[noreturn]] void unsupported(const std::string& what) {
-  throw std::invalid_argument("cuda engine: " + what + " is not supported on the GPU path yet");
-}
-
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Roles that follow the previous one without padding (they are read as one matrix).
 bool joins_previous(ParamRole r) {
-  return r == ParamRole::k || r == ParamRole::v || r == ParamRole::up;
+  return r == ParamRole::k || r == ParamRole::v || r == ParamRole::up ||
+         r == ParamRole::shared_expert_up;
 }
 
-struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale (engine.hpp)
-  int64_t Wqkv = 0;
-};
-
-// Element offsets of one layer's tensors in the flat parameter (and gradient) buffers; -1 absent.
-struct LayerOffsets {
-  int64_t attn_norm = -1, wqkv = -1, bq = -1, bk = -1, bv = -1, q_norm = -1, k_norm = -1,
-          wo = -1, bo = -1, mlp_norm = -1, wgu = -1, bgate = -1, bup = -1, wdown = -1,
-          bdown = -1;
-};
-
-// Activations of one layer (bf16 unless float).
-struct LayerActs {
-  bf16* x = nullptr;       // [N, C] layer input
-  bf16* xn1 = nullptr;     // [N, C]
-  float* rstd1 = nullptr;  // [N]
-  bf16* qkv = nullptr;     // [N, Wqkv]; q, k roped in place unless qk_norm
-  bf16* qk = nullptr;      // [N, (Hq+Hkv) D] normed + roped q|k (qk_norm)
-  float* rstd_q = nullptr; // [Hq, N]
-  float* rstd_k = nullptr; // [Hkv, N]
-  bf16* att = nullptr;     // [N, Hq D]
-  float* lse = nullptr;    // [Hq, N]
-  bf16* h = nullptr;       // [N, C]
-  bf16* xn2 = nullptr;     // [N, C]
-  float* rstd2 = nullptr;  // [N]
-  bf16* gu = nullptr;      // [N, 2F]
-  bf16* a = nullptr;       // [N, F]
-};
-
-// Carves 256-byte aligned pieces out of one block; with a null base it only measures.
-struct Carver {
-  char* base;
-  size_t at = 0;
-  template <class T>
-  T* take(int64_t n) {
-    at = (at + 255) & ~size_t(255);
-    T* p = base ? reinterpret_cast<T*>(base + at) : nullptr;
-    at += size_t(n) * sizeof(T);
-    return p;
-  }
-};
-
 }  // namespace
-
-struct CudaEngine::Impl {
-  sdk::TransformerDesc desc;
-  CudaEngineOptions opt;
-  int64_t C = 0, V = 0, L = 0, R = 0;
-  double rope_scale = 1;
-  bool rope_interleaved = false;
-  std::vector<LayerShape> shapes;
-  int64_t maxW = 0, maxHD = 0, maxF = 0, maxQK = 0, maxH = 0;
-
-  // Parameters
-  std::vector<int64_t> offset;  // per desc param
-  std::vector<LayerOffsets> lo;
-  int64_t off_embed = -1, off_final_norm = -1, off_head = -1;
-  int64_t total = 0;
-
-  cuda::Counters counters;
-  cudaStream_t stream = nullptr;
-  kc::DeviceInfo dev;
-  kc::GemmEngine* gemm_engine = nullptr;
-  std::unique_ptr<cuda::Arena> arena;
-  cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, inv_freq, scalars;
-  bool grads_clear = true;
-  int64_t steps = 0;
-
-  // Activations (one block, carved by plan()).
-  cuda::DeviceBuffer act_block;
-  cuda::PinnedBuffer pinned;
-  int64_t planned_tokens = 0;
-  bool planned_train = false;
-  // L sets (training; with selective recompute their norm and SwiGLU outputs share one
-  // scratch) or 1 (forward only, or training with full recompute).
-  std::vector<LayerActs> acts;
-  bool acts_per_layer = false;
-  std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
-  bf16* xr = nullptr;           // full recompute: where a recomputed layer's output goes
-  float* head_cache = nullptr;  // training: the head's fp32 logits [N, ld_head_cache], or null
-  int64_t ld_head_cache = 0;
-  bf16 *xn = nullptr;           // head: final norm output [N, C]
-  float *rstd = nullptr, *lp = nullptr, *lse = nullptr, *ent = nullptr, *dlp = nullptr,
-        *dent = nullptr;
-  int32_t *ids = nullptr, *pos = nullptr, *target = nullptr, *cu = nullptr;
-  int* err = nullptr;
-  // backward scratch
-  bf16 *dres = nullptr, *dxn = nullptr, *dqkv = nullptr, *dqk = nullptr, *datt = nullptr,
-       *dgu = nullptr, *da = nullptr;
-  // pinned staging: ids, pos, target, cu (int32 [N] x3, [N+1]); lp, ent, dlp, dent (f32 [N] x4)
-  int32_t *h_ids = nullptr, *h_pos = nullptr, *h_target = nullptr, *h_cu = nullptr;
-  float *h_lp = nullptr, *h_ent = nullptr, *h_dlp = nullptr, *h_dent = nullptr, *h_scalar = nullptr;
-
-  Impl(sdk::TransformerDesc d, CudaEngineOptions o);
-  ~Impl();
-  void describe();
-  void carve_params();
-  void plan(int64_t N, bool train);
-  void require_trainable(const char* what) const {
-    if (!opt.trainable)
-      throw std::invalid_argument(std::string("cuda engine: ") + what +
-                                  ": the engine was created untrainable (no gradients or optimizer state)");
-  }
-  void sync() {
-    check(cudaStreamSynchronize(stream), "stream synchronize");
-    ++counters.syncs;
-  }
-  kc::Workspace& ws() { return arena->rewind(); }
-
-  bf16* w(int64_t off) const { return off < 0 ? nullptr : master_bf16() + off; }
-  bf16* master_bf16() const { return w16.get<bf16>(); }
-  float* g(int64_t off) const { return off < 0 ? nullptr : grads.get<float>() + off; }
-
-  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
-            const void* B, int64_t ldb, double beta, void* Cp, int64_t ldc, bool c_f32) {
-    kc::GemmArgs a;
-    a.ta = ta;
-    a.tb = tb;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.A = A;
-    a.lda = lda;
-    a.B = B;
-    a.ldb = ldb;
-    a.C = Cp;
-    a.ldc = ldc;
-    a.beta = beta;
-    a.ab = kc::DType::bf16;
-    a.c_dt = c_f32 ? kc::DType::f32 : kc::DType::bf16;
-    kc::gemm(gemm_engine, a, ws(), stream);
-  }
-  void prepare_batch(const MicroBatch& mb);
-  void rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N, bool inverse);
-  void forward(const MicroBatch& mb, const OutputRequest& req, bool train);
-  void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out);
-  void backward(const MicroBatch& mb, const OutputRequest& req);
-  void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);
-  void recompute_selective(int64_t l, const MicroBatch& mb, LayerActs& a);
-  kc::LogprobArgs head_args(const OutputRequest& req, int64_t N, bool cache) const;
-  kc::AttnArgs attn_args(const LayerShape& s, const LayerActs& a, int64_t N, int64_t S) const;
-  double grad_norm();
-  void optimizer_step(const StepOptions& so, double clip);
-  std::vector<std::vector<float>> download(const float* base);
-};
 
 // ---------------------------------------------------------------------------------------------
 // Setup
@@ -240,7 +88,8 @@ void CudaEngine::Impl::describe() {
     const auto& a = ld.attention;
     const std::string at = "layer " + std::to_string(ld.index) + ": ";
     if (a.kind != sdk::AttentionKind::gqa) unsupported(at + "attention kind " + sdk::to_string(a.kind));
-    if (ld.mlp.kind != sdk::MlpKind::dense) unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
+    if (ld.mlp.kind != sdk::MlpKind::dense && ld.mlp.kind != sdk::MlpKind::moe)
+      unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
     if (ld.mlp.hidden_act != "silu") unsupported(at + "hidden_act " + ld.mlp.hidden_act);
     if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
       unsupported(at + "norm kind");
@@ -249,6 +98,7 @@ void CudaEngine::Impl::describe() {
     LayerShape s;
     static_cast<LayerBasics&>(s) = layer_basics(desc, ld);
     s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
+    if (ld.mlp.kind == sdk::MlpKind::moe) describe_moe_layer(ld, s);  // sets F = 0
     shapes.push_back(s);
     maxW = std::max(maxW, s.Wqkv);
     maxHD = std::max(maxHD, s.Hq * s.D);
@@ -272,28 +122,52 @@ void CudaEngine::Impl::describe() {
 // in fp32, 128 in bf16, as cuBLASLt and the vector paths want).
 void CudaEngine::Impl::carve_params() {
   const size_t n = desc.params.size();
-  offset.assign(n, -1);
+  place.assign(n, cuda::ParamPlace{});
   int64_t at = 0;
   int64_t prev_end = -1;
-  auto place = [&](int64_t layer, ParamRole role) -> int64_t {
+  int64_t gu_base = -1;  // the current layer's interleaved expert gate|up
+  auto put = [&](int64_t layer, ParamRole role) -> int64_t {
     const sdk::ParamDesc* p = desc.find_param(layer, role);
     if (!p) {
       if (joins_previous(role)) prev_end = -1;
       return -1;
     }
-    if (!(joins_previous(role) && prev_end == at)) at = (at + 63) / 64 * 64;
     const size_t i = size_t(p - desc.params.data());
-    offset[i] = at;
-    at += numel(p->shape);
+    cuda::ParamPlace& pl = place[i];
+    if (role == ParamRole::expert_gate || role == ParamRole::expert_up) {
+      // [E, Fe, C] each, interleaved per expert: expert e's gate at base + 2 e Fe C, its up
+      // Fe C after it. The gate comes first in layer_param_order() and reserves both.
+      const LayerShape& s = shapes[size_t(layer)];
+      if (p->shape != std::vector<int64_t>{s.E, s.Fe, C})
+        throw std::invalid_argument("cuda engine: parameter " + p->name + " has an unexpected shape");
+      if (role == ParamRole::expert_gate) {
+        at = (at + 63) / 64 * 64;
+        gu_base = at;
+        at += 2 * s.E * s.Fe * C;
+      } else if (gu_base < 0) {
+        throw std::logic_error("cuda engine: expert up without its gate");
+      }
+      pl.off = gu_base + (role == ParamRole::expert_up ? s.Fe * C : 0);
+      pl.pieces = s.E;
+      pl.piece = s.Fe * C;
+      pl.stride = 2 * s.Fe * C;
+      prev_end = -1;
+      return pl.off;
+    }
+    if (!(joins_previous(role) && prev_end == at)) at = (at + 63) / 64 * 64;
+    pl.off = at;
+    pl.piece = numel(p->shape);
+    at += pl.piece;
     prev_end = at;
-    return offset[i];
+    return pl.off;
   };
   lo.assign(size_t(L), LayerOffsets{});
   for (int64_t l = 0; l < L; ++l) {
     LayerOffsets& o = lo[size_t(l)];
     const LayerShape& s = shapes[size_t(l)];
+    gu_base = -1;
     for (ParamRole r : layer_param_order()) {  // the CPU engine's (engine.hpp)
-      const int64_t off = place(l, r);
+      const int64_t off = put(l, r);
       switch (r) {
         case ParamRole::attn_norm: o.attn_norm = off; break;
         case ParamRole::q: o.wqkv = off; break;
@@ -319,20 +193,43 @@ void CudaEngine::Impl::carve_params() {
         case ParamRole::up_bias: o.bup = off; break;
         case ParamRole::down: o.wdown = off; break;
         case ParamRole::down_bias: o.bdown = off; break;
+        case ParamRole::router: o.router = off; break;
+        case ParamRole::router_bias: o.router_b = off; break;
+        case ParamRole::expert_score_bias: o.score_bias = off; break;
+        case ParamRole::expert_gate: o.we_gu = off; break;
+        case ParamRole::expert_up:
+          if (off >= 0 && off != o.we_gu + s.Fe * C)
+            throw std::logic_error("cuda engine: expert gate/up not interleaved");
+          break;
+        case ParamRole::expert_down: o.we_down = off; break;
+        case ParamRole::shared_expert_gate_proj: o.ws_gu = off; break;
+        case ParamRole::shared_expert_up:
+          if (off >= 0 && off != o.ws_gu + s.Fs * C)
+            throw std::logic_error("cuda engine: shared expert gate/up not adjacent");
+          break;
+        case ParamRole::shared_expert_down: o.ws_down = off; break;
+        case ParamRole::shared_expert_gate: o.ws_gate = off; break;
         default: break;
       }
     }
-    if (o.attn_norm < 0 || o.wqkv < 0 || o.wo < 0 || o.mlp_norm < 0 || o.wgu < 0 || o.wdown < 0 ||
-        (s.qk_norm && (o.q_norm < 0 || o.k_norm < 0)))
+    const bool attn_ok = o.attn_norm >= 0 && o.wqkv >= 0 && o.wo >= 0 && o.mlp_norm >= 0 &&
+                         (!s.qk_norm || (o.q_norm >= 0 && o.k_norm >= 0));
+    const bool mlp_ok =
+        s.moe ? o.router >= 0 && o.we_gu >= 0 && o.we_down >= 0 &&
+                    (!s.router_bias || o.router_b >= 0) && (!s.score_bias || o.score_bias >= 0) &&
+                    (s.Fs == 0 || (o.ws_gu >= 0 && o.ws_down >= 0)) &&
+                    (!s.shared_gate || o.ws_gate >= 0)
+              : o.wgu >= 0 && o.wdown >= 0;
+    if (!attn_ok || !mlp_ok)
       throw std::invalid_argument("cuda engine: layer " + std::to_string(l) + " misses a parameter");
   }
-  off_embed = place(-1, ParamRole::embed);
-  off_final_norm = place(-1, ParamRole::final_norm);
-  off_head = desc.tie_word_embeddings ? off_embed : place(-1, ParamRole::lm_head);
+  off_embed = put(-1, ParamRole::embed);
+  off_final_norm = put(-1, ParamRole::final_norm);
+  off_head = desc.tie_word_embeddings ? off_embed : put(-1, ParamRole::lm_head);
   if (off_embed < 0 || off_final_norm < 0 || off_head < 0)
     throw std::invalid_argument("cuda engine: the model misses its embedding, final norm or head");
   for (size_t i = 0; i < n; ++i)
-    if (offset[i] < 0)
+    if (place[i].off < 0)
       unsupported("parameter " + desc.params[i].name + " (role " +
                   sdk::to_string(desc.params[i].role) + ")");
   total = (at + 63) / 64 * 64;
@@ -349,6 +246,47 @@ void CudaEngine::Impl::carve_params() {
   check(cudaMemsetAsync(w16.get(), 0, w16.size(), stream), "memset");
 }
 
+std::vector<CudaEngine::Impl::Range> CudaEngine::Impl::storage_ranges() const {
+  std::vector<Range> out;
+  for (size_t i = 0; i < desc.params.size(); ++i) {
+    const sdk::ParamDesc& p = desc.params[i];
+    if (desc.tie_word_embeddings && p.role == ParamRole::lm_head) continue;
+    if (p.role == ParamRole::expert_up) continue;  // inside its gate's range
+    const cuda::ParamPlace& pl = place[i];
+    if (p.role == ParamRole::expert_gate) {
+      // gate and up alike for the optimizer: both [E, Fe, C] of one layer
+      const sdk::ParamDesc* up = desc.find_param(p.layer, ParamRole::expert_up);
+      if (!up || up->trainable != p.trainable)
+        throw std::logic_error("cuda engine: expert gate and up must both be trainable or not");
+      out.push_back({pl.off, pl.pieces * pl.stride, i});
+      continue;
+    }
+    out.push_back({pl.off, pl.piece, i});
+  }
+  return out;
+}
+
+// One tensor between host memory (desc shape, contiguous) and its place in a flat buffer.
+void CudaEngine::Impl::upload(size_t i, float* base, const float* src) {
+  const cuda::ParamPlace& pl = place[i];
+  const size_t row = size_t(pl.piece) * sizeof(float);
+  if (pl.pieces == 1)
+    check(cudaMemcpyAsync(base + pl.off, src, row, cudaMemcpyHostToDevice, stream), "upload");
+  else
+    check(cudaMemcpy2DAsync(base + pl.off, size_t(pl.stride) * sizeof(float), src, row, row,
+                            size_t(pl.pieces), cudaMemcpyHostToDevice, stream), "upload");
+}
+
+void CudaEngine::Impl::download_one(size_t i, const float* base, float* dst) {
+  const cuda::ParamPlace& pl = place[i];
+  const size_t row = size_t(pl.piece) * sizeof(float);
+  if (pl.pieces == 1)
+    check(cudaMemcpy(dst, base + pl.off, row, cudaMemcpyDeviceToHost), "download");
+  else
+    check(cudaMemcpy2D(dst, row, base + pl.off, size_t(pl.stride) * sizeof(float), row,
+                       size_t(pl.pieces), cudaMemcpyDeviceToHost), "download");
+}
+
 // One activation block for micro-batches of up to N tokens; training keeps every layer's set,
 // forward-only one set and two residual buffers.
 void CudaEngine::Impl::plan(int64_t N, bool train) {
@@ -358,7 +296,7 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   const bool full = train && opt.recompute == Recompute::full;
   const bool selective = train && opt.recompute == Recompute::selective;
   auto carve = [&](char* base) {
-    Carver c{base};
+    cuda::Carver c{base};
     // Per-layer sets for training without full recompute; otherwise one set for all layers,
     // sized for the widest.
     const bool per_layer = train && !full;
@@ -395,6 +333,8 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
       a.gu = c.take<bf16>(N * 2 * F);
       if (!selective) a.a = c.take<bf16>(N * F);
     }
+    // (an MoE layer's F is 0: its gu and a are empty; its MLP block keeps MoeActs instead)
+    carve_moe(c, N, per_layer, train);  // MoE layers' routed activations and scratch
     if (selective) {  // what backward recomputes, one layer at a time
       bf16* xn1 = c.take<bf16>(N * C);
       bf16* xn2 = c.take<bf16>(N * C);
@@ -437,6 +377,10 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   act_block = cuda::DeviceBuffer(counters, bytes);
   carve(act_block.get<char>());
   check(cudaMemsetAsync(err, 0, sizeof(int), stream), "memset");
+  if (moe_layers > 0) {  // the shared expert's gate as a one-expert route: rows n, expert 0
+    cuda::iota_i32(moe_x.srow, N, stream);
+    check(cudaMemsetAsync(moe_x.szero, 0, size_t(N) * 4, stream), "memset");
+  }
   // pinned staging: 3 x [N] + [N+1] int32, 4 x [N] float, one scalar pair
   pinned = cuda::PinnedBuffer(size_t(4 * N + 1) * 4 + size_t(4 * N) * 4 + 64);
   h_ids = pinned.get<int32_t>();
@@ -490,7 +434,8 @@ void CudaEngine::Impl::rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N
            rope_interleaved, inverse, stream);
 }
 
-void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out) {
+void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out,
+                                     bool recompute) {
   const LayerShape& s = shapes[size_t(l)];
   const LayerOffsets& p = lo[size_t(l)];
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
@@ -530,6 +475,10 @@ void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs&
   kc::add_fwd(bf, a.h, a.x, a.h, N * C, stream);                                       // h
   kc::rmsnorm_fwd(bf, a.xn2, C, {a.rstd2, false}, a.h, C, w(p.mlp_norm), N, C, s.eps_mlp,
                   s.off_mlp, stream);                                                  // xn2
+  if (s.moe) {  // mixture of experts (moe_layer.cpp)
+    forward_moe(l, mb, a, x_out, recompute);
+    return;
+  }
   gemm(false, true, N, 2 * F, C, a.xn2, C, w(p.wgu), C, 0, a.gu, 2 * F, false);        // gu
   if (p.bgate >= 0) kc::bias_add_fwd(bf, a.gu, 2 * F, w(p.bgate), N, F, stream);
   if (p.bup >= 0) kc::bias_add_fwd(bf, a.gu + F, 2 * F, w(p.bup), N, F, stream);
@@ -606,7 +555,7 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = acts[acts_per_layer ? size_t(l) : 0];
     a.x = xs[keep_inputs ? size_t(l) : size_t(l % 2)];
-    forward_layer(l, mb, a, xs[keep_inputs ? size_t(l + 1) : size_t((l + 1) % 2)]);
+    forward_layer(l, mb, a, xs[keep_inputs ? size_t(l + 1) : size_t((l + 1) % 2)], false);
   }
   bf16* xL = xs[keep_inputs ? size_t(L) : size_t(L % 2)];
   kc::rmsnorm_fwd(kc::DType::bf16, xn, C, {rstd, false}, xL, C, w(off_final_norm), N, C,
@@ -626,7 +575,10 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
   const auto bf = kc::DType::bf16;
   auto& ws_ = *arena;
 
-  // MLP: out = h + down(swiglu(gate, up)(mlp_norm(h)))
+  // MLP: out = h + down(swiglu(gate, up)(mlp_norm(h))), or the MoE block (moe_layer.cpp)
+  if (s.moe) {
+    backward_moe(l, mb, a);
+  } else {
   if (p.bdown >= 0) kc::bias_bwd(bf, {g(p.bdown), false}, dres, C, N, C, ws_.rewind(), stream);
   gemm(false, false, N, F, C, dres, C, w(p.wdown), F, 0, da, F, false);                 // da
   gemm(true, false, C, F, N, dres, C, a.a, F, 1, g(p.wdown), F, true);                  // dW_down
@@ -638,6 +590,7 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
   gemm(true, false, 2 * F, C, N, dgu, 2 * F, a.xn2, C, 1, g(p.wgu), C, true);           // dW_gu
   kc::rmsnorm_bwd(bf, dres, C, {g(p.mlp_norm), false}, dxn, C, a.h, C, w(p.mlp_norm),
                   {a.rstd2, false}, N, C, s.off_mlp, true, ws_.rewind(), stream);        // dres = dh
+  }
 
   // Attention: h = x + o_proj(attention(rope(qk_norm(qkv(attn_norm(x))))))
   if (p.bo >= 0) kc::bias_bwd(bf, {g(p.bo), false}, dres, C, N, C, ws_.rewind(), stream);
@@ -695,7 +648,7 @@ void CudaEngine::Impl::recompute_selective(int64_t l, const MicroBatch& mb, Laye
                   s.off_attn, stream);
   kc::rmsnorm_fwd(bf, a.xn2, C, {a.rstd2, false}, a.h, C, w(p.mlp_norm), N, C, s.eps_mlp,
                   s.off_mlp, stream);
-  kc::swiglu_fwd(bf, a.a, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F, stream);
+  if (!s.moe) kc::swiglu_fwd(bf, a.a, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F, stream);
 }
 
 // Output gradients are in dlp / dent (kernel alignment, device).
@@ -715,7 +668,7 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
     LayerActs& a = acts[acts_per_layer ? size_t(l) : 0];
     a.x = xs[size_t(l)];
     if (opt.recompute == Recompute::full)
-      forward_layer(l, mb, a, xr);  // the layer's activations again, from its kept input
+      forward_layer(l, mb, a, xr, true);  // the layer's activations again, from its kept input
     else if (opt.recompute == Recompute::selective)
       recompute_selective(l, mb, a);
     backward_layer(l, mb, a);
@@ -730,11 +683,11 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
 double CudaEngine::Impl::grad_norm() {
   std::vector<int64_t> n;
   std::vector<void*> p;
-  for (size_t i = 0; i < desc.params.size(); ++i) {
-    if (!desc.params[i].trainable) continue;
-    if (desc.tie_word_embeddings && desc.params[i].role == ParamRole::lm_head) continue;
-    n.push_back(numel(desc.params[i].shape));
-    p.push_back(grads.get<float>() + offset[i]);
+  for (const Range& r : storage_ranges()) {
+    const sdk::ParamDesc& pd = desc.params[r.param];
+    if (!pd.trainable || router_frozen(pd.role)) continue;  // a frozen router is a buffer
+    n.push_back(r.n);
+    p.push_back(grads.get<float>() + r.off);
   }
   kc::TensorList t;
   t.n = n.data();
@@ -751,20 +704,21 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
   ++steps;
   const OptimizerOptions& o = opt.optimizer;
   // Two lists: with and without weight decay (Megatron leaves 1-D tensors out).
+  const std::vector<Range> ranges = storage_ranges();
   for (int decay = 0; decay < 2; ++decay) {
     std::vector<int64_t> n;
     std::vector<void*> P, G, M, Vv, P16;
-    for (size_t i = 0; i < desc.params.size(); ++i) {
-      const sdk::ParamDesc& pd = desc.params[i];
-      if (!pd.trainable) continue;
+    for (const Range& r : ranges) {
+      const sdk::ParamDesc& pd = desc.params[r.param];
+      if (!pd.trainable || router_frozen(pd.role)) continue;
       const bool d = o.decay_1d_params || pd.shape.size() >= 2;
       if (d != bool(decay)) continue;
-      n.push_back(numel(pd.shape));
-      P.push_back(master.get<float>() + offset[i]);
-      G.push_back(grads.get<float>() + offset[i]);
-      M.push_back(adam_m.get<float>() + offset[i]);
-      Vv.push_back(adam_v.get<float>() + offset[i]);
-      P16.push_back(master_bf16() + offset[i]);
+      n.push_back(r.n);
+      P.push_back(master.get<float>() + r.off);
+      G.push_back(grads.get<float>() + r.off);
+      M.push_back(adam_m.get<float>() + r.off);
+      Vv.push_back(adam_v.get<float>() + r.off);
+      P16.push_back(master_bf16() + r.off);
     }
     if (n.empty()) continue;
     auto list = [&](std::vector<void*>& v) {
@@ -827,10 +781,7 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
       throw std::invalid_argument("cuda engine: parameter " + m.desc.params[i].name + " has " +
                                   std::to_string(tensors[i].size()) + " values, expected " +
                                   std::to_string(numel(m.desc.params[i].shape)));
-  for (size_t i = 0; i < tensors.size(); ++i)
-    check(cudaMemcpyAsync(m.master.get<float>() + m.offset[i], tensors[i].data(),
-                          tensors[i].size() * sizeof(float), cudaMemcpyHostToDevice, m.stream),
-          "parameter upload");
+  for (size_t i = 0; i < tensors.size(); ++i) m.upload(i, m.master.get<float>(), tensors[i].data());
   cuda::cast_to_bf16(m.master.get<float>(), m.w16.get(), m.total, m.stream);
   m.sync();
 }
@@ -840,8 +791,7 @@ std::vector<std::vector<float>> CudaEngine::Impl::download(const float* base) {
   sync();
   for (size_t i = 0; i < desc.params.size(); ++i) {
     std::vector<float> t(size_t(numel(desc.params[i].shape)));
-    check(cudaMemcpy(t.data(), base + offset[i], t.size() * sizeof(float), cudaMemcpyDeviceToHost),
-          "download");
+    download_one(i, base, t.data());
     out.push_back(std::move(t));
   }
   return out;
@@ -883,11 +833,8 @@ void CudaEngine::load_adam_state(const AdamState& s) {
                                     " has the wrong size");
   }
   for (size_t i = 0; i < m.desc.params.size(); ++i) {
-    const size_t bytes = s.exp_avg[i].size() * sizeof(float);
-    check(cudaMemcpyAsync(m.adam_m.get<float>() + m.offset[i], s.exp_avg[i].data(), bytes,
-                          cudaMemcpyHostToDevice, m.stream), "optimizer state upload");
-    check(cudaMemcpyAsync(m.adam_v.get<float>() + m.offset[i], s.exp_avg_sq[i].data(), bytes,
-                          cudaMemcpyHostToDevice, m.stream), "optimizer state upload");
+    m.upload(i, m.adam_m.get<float>(), s.exp_avg[i].data());
+    m.upload(i, m.adam_v.get<float>(), s.exp_avg_sq[i].data());
   }
   m.sync();  // the host vectors may go once this returns
   m.steps = s.step;
@@ -941,6 +888,23 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
   if (!m.grads_clear) zero_grad();
   m.grads_clear = false;
   StepResult r;
+  // MoE auxiliary losses: normalised by the global counts (this step's when not given), as
+  // the CPU engine; their values are summed on the device and read with the gradient norm.
+  int64_t step_tokens = 0, step_seqs = 0;
+  for (const MicroBatch& mb : mbs) {
+    step_tokens += mb.num_tokens();
+    for (int64_t q = 0; q < mb.num_sequences(); ++q)
+      step_seqs += mb.cu_seqlens[size_t(q) + 1] > mb.cu_seqlens[size_t(q)];
+  }
+  m.moe_tokens = double(so.moe_global_tokens > 0 ? so.moe_global_tokens : step_tokens);
+  m.moe_seqs = double(so.moe_global_sequences > 0 ? so.moe_global_sequences : step_seqs);
+  if (m.moe_layers > 0)
+    check(cudaMemsetAsync(m.moe_stats(), 0, 3 * sizeof(double), m.stream), "memset");
+  struct TrainFlag {  // the losses belong to train steps only, whatever leaves this scope
+    bool& f;
+    explicit TrainFlag(bool& b) : f(b) { f = true; }
+    ~TrainFlag() { f = false; }
+  } train_flag(m.moe_train);
   std::vector<float> lp, ent, dlp, dent;
   for (size_t i = 0; i < mbs.size(); ++i) {
     const MicroBatch& mb = mbs[i];
@@ -985,7 +949,19 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
     m.backward(mb, req);
     r.tokens += N;
   }
+  double moe_vals[3] = {0, 0, 0};  // aux, z, max load: downloaded before grad_norm's wait
+  if (m.moe_layers > 0)
+    check(cudaMemcpyAsync(m.h_scalar + 4, m.moe_stats(), sizeof(moe_vals), cudaMemcpyDeviceToHost,
+                          m.stream), "download");
   r.grad_norm = m.grad_norm();
+  if (m.moe_layers > 0) {
+    std::memcpy(moe_vals, m.h_scalar + 4, sizeof(moe_vals));
+    const MoeOptions& mo = m.opt.moe;
+    if (mo.aux_loss_coef != 0 && mo.load_balancing != MoeOptions::LoadBalancing::none)
+      r.metrics.emplace_back("moe/aux_loss", moe_vals[0]);
+    if (mo.z_loss_coef != 0) r.metrics.emplace_back("moe/z_loss", moe_vals[1]);
+    r.metrics.emplace_back("moe/max_expert_load", moe_vals[2]);
+  }
   const double max_norm = m.opt.optimizer.max_grad_norm;
   r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
   if (!std::isfinite(r.grad_norm)) {

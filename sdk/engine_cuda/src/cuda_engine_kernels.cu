@@ -1,7 +1,11 @@
 // The CUDA engine's own kernels: what is not an op of the contract (docs/ops.md).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "device_memory.hpp"
+#include "moe_kernels.hpp"
 
 namespace rlh::engine::cuda {
 namespace {
@@ -31,5 +35,283 @@ void cast_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t s) {
   cast_kernel<<<unsigned(blocks), 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
   check(cudaGetLastError(), "cast_to_bf16");
 }
+
+}  // namespace rlh::engine::cuda
+
+// ---------------------------------------------------------------------------------------------
+// MoE helpers (cuda_engine_impl.hpp): the fp64 router's GEMMs, conversions, the auxiliary
+// losses. None of them is a hot path (router-sized: N x E x C), so they are written for
+// clarity and determinism (fixed summation order, no atomics on floats), not speed.
+namespace rlh::engine::cuda {
+namespace {
+
+__device__ inline double ld(const double* p, int64_t i) { return p[i]; }
+__device__ inline double ld(const float* p, int64_t i) { return double(p[i]); }
+__device__ inline double ld(const __nv_bfloat16* p, int64_t i) {
+  return double(__bfloat162float(p[i]));
+}
+// MODE 0: write (+ bias[n]); MODE 1: accumulate, rounding the fp64 sum to the output's
+// precision first (the CPU engine: out += float(sum)).
+__device__ inline void st(double* p, int64_t i, double v, bool acc) { p[i] = acc ? p[i] + v : v; }
+__device__ inline void st(float* p, int64_t i, double v, bool acc) {
+  p[i] = acc ? p[i] + float(v) : float(v);
+}
+__device__ inline void st(__nv_bfloat16* p, int64_t i, double v, bool acc) {
+  p[i] = __float2bfloat16_rn(acc ? __bfloat162float(p[i]) + float(v) : float(v));
+}
+
+// C[m, n] (=|+=) sum_k A(m, k) B(k, n) in fp64; 32 x 32 tiles, 256 threads (4 outputs each),
+// operands staged through shared memory with the unit-stride index on the thread lanes.
+template <class TA, class TB, class TO>
+__global__ void f64_gemm_kernel(int64_t M, int64_t Nn, int64_t K, const TA* A, int64_t sam,
+                                int64_t sak, const TB* B, int64_t sbk, int64_t sbn, TO* Cp,
+                                int64_t ldc, const float* bias, bool acc) {
+  __shared__ double As[32][33], Bs[32][33];  // As[m][k], Bs[k][n]
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t m0 = int64_t(blockIdx.y) * 32, n0 = int64_t(blockIdx.x) * 32;
+  double s[4] = {0, 0, 0, 0};
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    for (int i = 0; i < 4; ++i) {
+      const int r = ty + 8 * i;
+      if (sak == 1) {  // lanes along k
+        const int64_t m = m0 + r, k = k0 + tx;
+        As[r][tx] = (m < M && k < K) ? ld(A, m * sam + k) : 0.0;
+      } else {         // lanes along m
+        const int64_t m = m0 + tx, k = k0 + r;
+        As[tx][r] = (m < M && k < K) ? ld(A, m * sam + k * sak) : 0.0;
+      }
+      if (sbn == 1) {  // lanes along n
+        const int64_t k = k0 + r, n = n0 + tx;
+        Bs[r][tx] = (k < K && n < Nn) ? ld(B, k * sbk + n) : 0.0;
+      } else {         // lanes along k
+        const int64_t k = k0 + tx, n = n0 + r;
+        Bs[tx][r] = (k < K && n < Nn) ? ld(B, k * sbk + n * sbn) : 0.0;
+      }
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < 32; ++kk) {
+      const double b = Bs[kk][tx];
+      for (int i = 0; i < 4; ++i) s[i] += As[ty + 8 * i][kk] * b;
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int64_t m = m0 + ty + 8 * i, n = n0 + tx;
+    if (m < M && n < Nn) st(Cp, m * ldc + n, s[i] + (bias ? double(bias[n]) : 0.0), acc);
+  }
+}
+
+template <class TA, class TB, class TO>
+void f64_gemm(int64_t M, int64_t Nn, int64_t K, const TA* A, int64_t sam, int64_t sak,
+              const TB* B, int64_t sbk, int64_t sbn, TO* Cp, int64_t ldc, const float* bias,
+              bool acc, cudaStream_t s) {
+  if (M <= 0 || Nn <= 0) return;
+  const dim3 grid(unsigned((Nn + 31) / 32), unsigned((M + 31) / 32));
+  f64_gemm_kernel<<<grid, 256, 0, s>>>(M, Nn, K, A, sam, sak, B, sbk, sbn, Cp, ldc, bias, acc);
+  check(cudaGetLastError(), "f64 router gemm");
+}
+
+template <class S, class D>
+__global__ void convert_kernel(const S* src, D* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = D(src[i]);
+}
+
+unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 132 * 8)); }
+
+__global__ void iota_kernel(int32_t* p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = int32_t(i);
+}
+
+// Column sums of dz [N, E] in fp64 in row order, added to an fp32 bias gradient.
+__global__ void colsum_kernel(const double* dz, float* gb, int64_t N, int64_t E) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= E) return;
+  double acc = 0;
+  for (int64_t n = 0; n < N; ++n) acc += dz[n * E + e];
+  gb[e] += float(acc);
+}
+
+constexpr int kLossThreads = 512;  // a power of two (the tree sums)
+
+__device__ double block_sum(double v, double* part) {
+  part[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double r = part[0];
+  __syncthreads();
+  return r;
+}
+
+// One block: the values of one layer's auxiliary losses for one micro-batch (moe.cpp's
+// moe_losses with grads = false), in a fixed order.
+template <class T>
+__global__ void loss_values_kernel(MoeLossArgs a, const T* probs, const T* lse, double* stats) {
+  extern __shared__ double smem[];
+  double* part = smem;                                     // [blockDim]
+  int* counts = reinterpret_cast<int*>(smem + blockDim.x);  // [E]
+  const int tid = threadIdx.x, bd = blockDim.x;
+  const int64_t E = a.E, K = a.K, N = a.N;
+  double acc = 0;
+  const int64_t segments = a.mode == 1 ? 1 : a.mode == 2 ? a.S : 0;
+  for (int64_t q = 0; q < segments; ++q) {
+    const int64_t b = a.mode == 1 ? 0 : a.cu[q], e_ = a.mode == 1 ? N : a.cu[q + 1];
+    if (e_ <= b) continue;  // the same for every thread
+    const double Ts = double(e_ - b);
+    const double f = a.mode == 1 ? a.aux_coef * double(E) / (double(K) * double(N) * a.tokens)
+                                 : a.aux_coef * double(E) / (double(K) * Ts * Ts * a.seqs);
+    for (int64_t e = tid; e < E; e += bd)
+      counts[e] = a.mode == 1 ? a.offsets[e + 1] - a.offsets[e] : 0;
+    __syncthreads();
+    if (a.mode == 2)
+      for (int64_t i = b * K + tid; i < e_ * K; i += bd) {
+        const int32_t x = a.experts[i];
+        if (x >= 0 && x < E) atomicAdd(&counts[x], 1);  // integers: the order cannot show
+      }
+    __syncthreads();
+    const int64_t cols = E < bd ? E : bd, slices = bd / cols;
+    for (int64_t e0 = 0; e0 < E; e0 += cols) {
+      const int64_t e = e0 + tid % cols, sl = tid / cols;
+      double P = 0;
+      if (sl < slices && e < E)
+        for (int64_t n = b + sl; n < e_; n += slices) P += double(probs[n * E + e]);
+      part[tid] = P;
+      __syncthreads();
+      if (tid < cols && e0 + tid < E) {
+        double tot = 0;
+        for (int64_t s = 0; s < slices; ++s) tot += part[s * cols + tid];
+        acc += f * double(counts[e0 + tid]) * tot;
+      }
+      __syncthreads();
+    }
+  }
+  double z = 0;
+  if (a.z_coef != 0)
+    for (int64_t n = tid; n < N; n += bd) z += double(lse[n]) * double(lse[n]);
+  const double aux_total = block_sum(acc, part);
+  const double z_total = block_sum(z, part);
+  if (tid == 0) {
+    stats[0] += aux_total;
+    stats[1] += a.z_coef / a.tokens * z_total;
+    int32_t mx = 0;
+    for (int64_t e = 0; e < E; ++e) mx = max(mx, a.offsets[e + 1] - a.offsets[e]);
+    stats[2] = fmax(stats[2], double(mx) / double(N * K));
+  }
+}
+
+// aux_loss: d/dp_ne = f c_e for every token (counts from the offsets).
+template <class T>
+__global__ void aux_grad_kernel(MoeLossArgs a, T* dprobs) {
+  const double f = a.aux_coef * double(a.E) / (double(a.K) * double(a.N) * a.tokens);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < a.N * a.E;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = i % a.E;
+    dprobs[i] = T(f * double(a.offsets[e + 1] - a.offsets[e]));
+  }
+}
+
+// seq_aux_loss: one block per sequence, d/dp_ne = f_s c_se for its tokens.
+template <class T>
+__global__ void seq_grad_kernel(MoeLossArgs a, T* dprobs) {
+  extern __shared__ int cnt[];  // [E]
+  const int64_t q = blockIdx.x, b = a.cu[q], e_ = a.cu[q + 1], E = a.E, K = a.K;
+  if (e_ <= b) return;  // the whole block
+  const double Ts = double(e_ - b);
+  const double f = a.aux_coef * double(E) / (double(K) * Ts * Ts * a.seqs);
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int64_t i = b * K + threadIdx.x; i < e_ * K; i += blockDim.x) {
+    const int32_t x = a.experts[i];
+    if (x >= 0 && x < E) atomicAdd(&cnt[x], 1);
+  }
+  __syncthreads();
+  for (int64_t i = b * E + threadIdx.x; i < e_ * E; i += blockDim.x)
+    dprobs[i] = T(f * double(cnt[i % E]));
+}
+
+// z-loss: d/dlse_n = 2 coef / T lse_n.
+template <class T>
+__global__ void z_grad_kernel(MoeLossArgs a, const T* lse, T* dlse) {
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < a.N;
+       n += int64_t(gridDim.x) * blockDim.x)
+    dlse[n] = T(2 * a.z_coef / a.tokens * double(lse[n]));
+}
+
+}  // namespace
+
+void f64_gemm_logits(const bf16* x, int64_t ldx, const float* W, const float* bias, double* z,
+                     int64_t N, int64_t E, int64_t C, cudaStream_t s) {
+  // z(n, e) = sum_c x(n, c) W(e, c): A = x (m = n, k = c), B(k = c, n = e) = W[e C + c]
+  f64_gemm(N, E, C, reinterpret_cast<const __nv_bfloat16*>(x), ldx, int64_t(1), W, int64_t(1), C,
+           z, E, bias, false, s);
+}
+void f64_gemm_dx(const double* dz, const float* W, bf16* dx, int64_t N, int64_t E, int64_t C,
+                 cudaStream_t s) {
+  // dx(n, c) += sum_e dz(n, e) W(e, c)
+  f64_gemm(N, C, E, dz, E, int64_t(1), W, C, int64_t(1), reinterpret_cast<__nv_bfloat16*>(dx), C,
+           nullptr, true, s);
+}
+void f64_gemm_dw(const double* dz, const bf16* x, float* gW, int64_t N, int64_t E, int64_t C,
+                 cudaStream_t s) {
+  // gW(e, c) += sum_n dz(n, e) x(n, c): A(m = e, k = n) = dz[n E + e], B(k = n, c) = x[n C + c]
+  f64_gemm(E, C, N, dz, int64_t(1), E, reinterpret_cast<const __nv_bfloat16*>(x), C, int64_t(1),
+           gW, C, nullptr, true, s);
+}
+void f64_colsum_acc(const double* dz, float* gb, int64_t N, int64_t E, cudaStream_t s) {
+  if (E <= 0) return;
+  colsum_kernel<<<unsigned((E + 127) / 128), 128, 0, s>>>(dz, gb, N, E);
+  check(cudaGetLastError(), "router bias gradient");
+}
+void f64_to_f32(const double* src, float* dst, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  convert_kernel<<<blocks_for(n), 256, 0, s>>>(src, dst, n);
+  check(cudaGetLastError(), "f64_to_f32");
+}
+void f32_to_f64(const float* src, double* dst, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  convert_kernel<<<blocks_for(n), 256, 0, s>>>(src, dst, n);
+  check(cudaGetLastError(), "f32_to_f64");
+}
+void iota_i32(int32_t* p, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  iota_kernel<<<blocks_for(n), 256, 0, s>>>(p, n);
+  check(cudaGetLastError(), "iota");
+}
+
+template <class T>
+void moe_loss_values(const MoeLossArgs& a, const T* probs, const T* lse, double* stats,
+                     cudaStream_t s) {
+  const size_t smem = kLossThreads * sizeof(double) + size_t(a.E) * sizeof(int);
+  if (smem > 48 * 1024) throw std::invalid_argument("cuda engine: too many experts for the MoE loss kernel");
+  loss_values_kernel<T><<<1, kLossThreads, smem, s>>>(a, probs, lse, stats);
+  check(cudaGetLastError(), "moe loss values");
+}
+
+template <class T>
+void moe_loss_grads(const MoeLossArgs& a, const T* lse, T* dprobs, T* dlse, cudaStream_t s) {
+  if (dprobs && a.mode == 1) aux_grad_kernel<T><<<blocks_for(a.N * a.E), 256, 0, s>>>(a, dprobs);
+  if (dprobs && a.mode == 2 && a.S > 0) {
+    // every row belongs to one sequence (cu runs 0 .. N), so every row is written
+    seq_grad_kernel<T><<<unsigned(a.S), 256, size_t(a.E) * sizeof(int), s>>>(a, dprobs);
+  }
+  if (dlse) z_grad_kernel<T><<<blocks_for(a.N), 256, 0, s>>>(a, lse, dlse);
+  check(cudaGetLastError(), "moe loss gradients");
+}
+
+template void moe_loss_values<float>(const MoeLossArgs&, const float*, const float*, double*,
+                                     cudaStream_t);
+template void moe_loss_values<double>(const MoeLossArgs&, const double*, const double*, double*,
+                                      cudaStream_t);
+template void moe_loss_grads<float>(const MoeLossArgs&, const float*, float*, float*,
+                                    cudaStream_t);
+template void moe_loss_grads<double>(const MoeLossArgs&, const double*, double*, double*,
+                                     cudaStream_t);
 
 }  // namespace rlh::engine::cuda

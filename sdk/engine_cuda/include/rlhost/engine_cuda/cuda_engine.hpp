@@ -25,9 +25,16 @@
 // one layer). Both give the same gradients as none: recomputing is the same kernels on the same
 // inputs.
 //
-// Not on the GPU yet (refused with std::invalid_argument naming the feature): MoE and MLA
-// layers, sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p)
-// logprobs, logprob_at_ids.
+// Mixture-of-experts layers (Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE; dense
+// and MoE layers mixed) run as the CPU engine's moe.cpp computes them: router GEMM, fp32 (or
+// fp64, MoeOptions::router_fp64) scores and top-k, expert-sorted rows, grouped GEMMs over
+// each expert's gate|up and down, the weighted combine; the auxiliary losses and their metrics
+// are counted on the device. Offsets stay on the device: no host wait inside a layer.
+//
+// Not on the GPU yet (refused with std::invalid_argument naming the feature): MLA layers,
+// DeepSeek's group-limited routing (n_group > 1), routing record/replay outputs,
+// sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p) logprobs,
+// logprob_at_ids.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +63,12 @@ struct CudaEngineOptions {
   // false: a frozen model (a reference policy) holds only its fp32 and bf16 weights, no
   // gradients or AdamW moments, and train_step is refused.
   bool trainable = true;
+  // Selective recompute leaves an MoE layer's routed activations kept (they are GEMM outputs
+  // and permutations); full recompute re-runs the whole layer, routing included.
   Recompute recompute = Recompute::none;
+  // MoE settings (engine.hpp): freeze_router, router_fp64, load_balancing + aux_loss_coef,
+  // z_loss_coef; StepOptions::moe_global_tokens / moe_global_sequences normalise the losses.
+  MoeOptions moe;
 };
 
 struct CudaEngineStats {

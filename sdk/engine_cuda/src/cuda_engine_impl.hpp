@@ -1,0 +1,325 @@
+// Internal: the CUDA engine's state, shared by cuda_engine.cpp (setup, memory plan, dense
+// layers, head, optimizer) and moe_layer.cpp (mixture-of-experts layers). The helper types live
+// in rlh::engine::cuda, not in an anonymous namespace, because CudaEngine::Impl (external
+// linkage) holds them and two translation units see it; their names differ from the CPU
+// engine's (sdk/engine/src/model.hpp) only by that namespace.
+//
+// Dimension letters: N tokens of the micro-batch, S sequences, C hidden size, V vocabulary,
+// L layers, Hq / Hkv heads, D head dim, F MLP width, Wqkv = (Hq + 2 Hkv) D, R rotary dims;
+// MoE: E experts, K choices per token (top_k), NK = N K routed rows, Fe expert width, Fs
+// shared-expert width.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "device_memory.hpp"
+#include "moe_kernels.hpp"
+#include "rlhost/engine_cuda/cuda_engine.hpp"
+
+namespace rlh::engine {
+
+namespace kc = rlh::kcuda;
+
+namespace cuda {
+
+[[noreturn]] inline void unsupported(const std::string& what) {
+  throw std::invalid_argument("cuda engine: " + what + " is not supported on the GPU path yet");
+}
+
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale (engine.hpp)
+  int64_t Wqkv = 0;
+  // MoE layer (F = 0: no dense MLP)
+  bool moe = false;
+  int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
+  bool shared_gate = false, score_bias = false, router_bias = false;
+  int scoring = 0;  // 0 softmax, 1 sigmoid
+  bool norm_topk_prob = false;
+  double scaling_factor = 1;
+};
+
+// Where one description tensor lives in the flat buffers: `pieces` runs of `piece` elements,
+// `stride` apart, from `off`. One run for every tensor but the routed experts' gate and up,
+// which are interleaved per expert (expert e's gate rows, then its up rows: one [2 Fe, C]
+// matrix per expert, experts 2 Fe C apart) so one grouped GEMM computes gate|up.
+struct ParamPlace {
+  int64_t off = -1, pieces = 1, piece = 0, stride = 0;
+};
+
+// Element offsets of one layer's tensors in the flat parameter (and gradient) buffers; -1 absent.
+struct LayerOffsets {
+  int64_t attn_norm = -1, wqkv = -1, bq = -1, bk = -1, bv = -1, q_norm = -1, k_norm = -1,
+          wo = -1, bo = -1, mlp_norm = -1, wgu = -1, bgate = -1, bup = -1, wdown = -1,
+          bdown = -1;
+  // MoE: router [E, C] (+ bias [E]), selection bias [E] (a buffer), experts' gate|up
+  // [E, 2 Fe, C] (interleaved, see ParamPlace), down [E, C, Fe], shared expert gate_proj|up
+  // [2 Fs, C], down [C, Fs], its sigmoid gate [1, C]
+  int64_t router = -1, router_b = -1, score_bias = -1, we_gu = -1, we_down = -1, ws_gu = -1,
+          ws_down = -1, ws_gate = -1;
+};
+
+// Activations of one layer (bf16 unless float).
+struct LayerActs {
+  bf16* x = nullptr;       // [N, C] layer input
+  bf16* xn1 = nullptr;     // [N, C]
+  float* rstd1 = nullptr;  // [N]
+  bf16* qkv = nullptr;     // [N, Wqkv]; q, k roped in place unless qk_norm
+  bf16* qk = nullptr;      // [N, (Hq+Hkv) D] normed + roped q|k (qk_norm)
+  float* rstd_q = nullptr; // [Hq, N]
+  float* rstd_k = nullptr; // [Hkv, N]
+  bf16* att = nullptr;     // [N, Hq D]
+  float* lse = nullptr;    // [Hq, N]
+  bf16* h = nullptr;       // [N, C]
+  bf16* xn2 = nullptr;     // [N, C]
+  float* rstd2 = nullptr;  // [N]
+  bf16* gu = nullptr;      // [N, 2F]
+  bf16* a = nullptr;       // [N, F]
+};
+
+// What an MoE layer keeps from its forward for its backward (one set per MoE layer in
+// training, one shared set otherwise). The router's scores are fp32 or fp64
+// (MoeOptions::router_fp64): exactly one of probs / probs64 (lse / lse64) is set.
+struct MoeActs {
+  float* probs = nullptr;      // [N, E] router scores
+  double* probs64 = nullptr;
+  float* lse = nullptr;        // [N] logsumexp of the router logits (z-loss)
+  double* lse64 = nullptr;
+  float* w = nullptr;          // [NK] routing weights (fp32 also with the fp64 router)
+  int32_t* experts = nullptr;  // [NK]
+  int32_t* row = nullptr;      // [NK] expert-sorted row of each choice
+  int32_t* offsets = nullptr;  // [E+1] rows of each expert, on the device only
+  bf16* xp = nullptr;          // [NK, C] permuted mlp_norm output
+  bf16* gu = nullptr;          // [NK, 2Fe] gate|up
+  bf16* a = nullptr;           // [NK, Fe] silu(gate) * up
+  bf16* yp = nullptr;          // [NK, C] expert outputs
+  bf16* sgu = nullptr;         // [N, 2Fs] shared expert gate|up
+  bf16* sa = nullptr;          // [N, Fs]
+  bf16* sy = nullptr;          // [N, C] shared expert output
+  float* sgl = nullptr;        // [N] shared gate logit
+  float* sgw = nullptr;        // [N] sigmoid(logit): its weight (and its score)
+};
+
+// Scratch of the MoE layers (one set for all of them, forward and backward).
+struct MoeScratch {
+  float* logits = nullptr;     // [N, E]
+  double* logits64 = nullptr;
+  double* w64 = nullptr;       // [NK] fp64 router's weights before they become fp32
+  double* bias64 = nullptr;    // [E] the selection bias in fp64
+  float* dw = nullptr;         // [NK]
+  double* dw64 = nullptr;
+  bf16* dyp = nullptr;         // [NK, C] (also dxp)
+  bf16* da = nullptr;          // [NK, Fe]
+  bf16* dgu = nullptr;         // [NK, 2Fe]
+  float* dlogits = nullptr;    // [N, E]
+  double* dlogits64 = nullptr;
+  bf16* dlogits16 = nullptr;   // [N, E] the bf16 operand of the router's backward GEMMs
+  float* dprobs = nullptr;     // [N, E]
+  double* dprobs64 = nullptr;
+  float* dlse = nullptr;       // [N]
+  double* dlse64 = nullptr;
+  bf16* dsy = nullptr;         // [N, C]
+  bf16* dsa = nullptr;         // [N, Fs]
+  bf16* dsgu = nullptr;        // [N, 2Fs]
+  float* sprob = nullptr;      // [N] the shared gate's score output (= its weight; unused)
+  float* dsgw = nullptr;       // [N]
+  float* dsgl = nullptr;       // [N]
+  bf16* dsgl16 = nullptr;      // [N]
+  int32_t* srow = nullptr;     // [N] identity: the shared expert as a one-choice route
+  int32_t* szero = nullptr;    // [N] expert 0 of that route
+};
+
+// Carves 256-byte aligned pieces out of one block; with a null base it only measures.
+struct Carver {
+  char* base;
+  size_t at = 0;
+  template <class T>
+  T* take(int64_t n) {
+    at = (at + 255) & ~size_t(255);
+    T* p = base ? reinterpret_cast<T*>(base + at) : nullptr;
+    at += size_t(n) * sizeof(T);
+    return p;
+  }
+};
+
+}  // namespace cuda
+
+struct CudaEngine::Impl {
+  using bf16 = cuda::bf16;
+  using LayerShape = cuda::LayerShape;
+  using LayerOffsets = cuda::LayerOffsets;
+  using LayerActs = cuda::LayerActs;
+
+  sdk::TransformerDesc desc;
+  CudaEngineOptions opt;
+  int64_t C = 0, V = 0, L = 0, R = 0;
+  double rope_scale = 1;
+  bool rope_interleaved = false;
+  std::vector<LayerShape> shapes;
+  int64_t maxW = 0, maxHD = 0, maxF = 0, maxQK = 0, maxH = 0;
+  // MoE: the largest of each dimension over the MoE layers (0 without any)
+  int64_t maxE = 0, maxK = 0, maxFe = 0, maxFs = 0, moe_layers = 0;
+
+  // Parameters
+  std::vector<cuda::ParamPlace> place;  // per desc param
+  std::vector<LayerOffsets> lo;
+  int64_t off_embed = -1, off_final_norm = -1, off_head = -1;
+  int64_t total = 0;
+
+  cuda::Counters counters;
+  cudaStream_t stream = nullptr;
+  kc::DeviceInfo dev;
+  kc::GemmEngine* gemm_engine = nullptr;
+  std::unique_ptr<cuda::Arena> arena;
+  cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, inv_freq, scalars;
+  bool grads_clear = true;
+  int64_t steps = 0;
+
+  // Activations (one block, carved by plan()).
+  cuda::DeviceBuffer act_block;
+  cuda::PinnedBuffer pinned;
+  int64_t planned_tokens = 0;
+  bool planned_train = false;
+  // L sets (training; with selective recompute their norm and SwiGLU outputs share one
+  // scratch) or 1 (forward only, or training with full recompute).
+  std::vector<LayerActs> acts;
+  bool acts_per_layer = false;
+  std::vector<cuda::MoeActs> moe_acts;  // per layer (set for MoE layers) or 1 shared set
+  cuda::MoeScratch moe_x;
+  std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
+  bf16* xr = nullptr;           // full recompute: where a recomputed layer's output goes
+  float* head_cache = nullptr;  // training: the head's fp32 logits [N, ld_head_cache], or null
+  int64_t ld_head_cache = 0;
+  bf16 *xn = nullptr;           // head: final norm output [N, C]
+  float *rstd = nullptr, *lp = nullptr, *lse = nullptr, *ent = nullptr, *dlp = nullptr,
+        *dent = nullptr;
+  int32_t *ids = nullptr, *pos = nullptr, *target = nullptr, *cu = nullptr;
+  int* err = nullptr;
+  // backward scratch
+  bf16 *dres = nullptr, *dxn = nullptr, *dqkv = nullptr, *dqk = nullptr, *datt = nullptr,
+       *dgu = nullptr, *da = nullptr;
+  // pinned staging: ids, pos, target, cu (int32 [N] x3, [N+1]); lp, ent, dlp, dent (f32 [N] x4)
+  int32_t *h_ids = nullptr, *h_pos = nullptr, *h_target = nullptr, *h_cu = nullptr;
+  float *h_lp = nullptr, *h_ent = nullptr, *h_dlp = nullptr, *h_dent = nullptr, *h_scalar = nullptr;
+
+  // MoE auxiliary losses of the current train step (moe_layer.cpp): counted on the device in
+  // moe_stats() (aux, z, max load; read with the gradient norm, so no extra host wait).
+  bool moe_train = false;
+  double moe_tokens = 1, moe_seqs = 1;
+
+  Impl(sdk::TransformerDesc d, CudaEngineOptions o);
+  ~Impl();
+  void describe();
+  void describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s);  // moe_layer.cpp
+  void carve_params();
+  void plan(int64_t N, bool train);
+  // The MoE part of the plan (moe_layer.cpp): measures with a null base, like Carver.
+  void carve_moe(cuda::Carver& c, int64_t N, bool per_layer, bool train);
+  void require_trainable(const char* what) const {
+    if (!opt.trainable)
+      throw std::invalid_argument(std::string("cuda engine: ") + what +
+                                  ": the engine was created untrainable (no gradients or optimizer state)");
+  }
+  void sync() {
+    cuda::check(cudaStreamSynchronize(stream), "stream synchronize");
+    ++counters.syncs;
+  }
+  kc::Workspace& ws() { return arena->rewind(); }
+
+  bf16* w(int64_t off) const { return off < 0 ? nullptr : master_bf16() + off; }
+  bf16* master_bf16() const { return w16.get<bf16>(); }
+  float* mf(int64_t off) const { return off < 0 ? nullptr : master.get<float>() + off; }
+  float* g(int64_t off) const { return off < 0 ? nullptr : grads.get<float>() + off; }
+  double* moe_stats() const { return reinterpret_cast<double*>(scalars.get<char>() + 64); }
+  bool router_frozen(sdk::ParamRole r) const {
+    return opt.moe.freeze_router &&
+           (r == sdk::ParamRole::router || r == sdk::ParamRole::router_bias);
+  }
+  // Storage ranges the optimizer and the gradient norm walk: one per tensor, except the
+  // interleaved expert gate|up, one range for both (param index of the gate).
+  struct Range {
+    int64_t off, n;
+    size_t param;
+  };
+  std::vector<Range> storage_ranges() const;
+  void upload(size_t i, float* base, const float* src);
+  void download_one(size_t i, const float* base, float* dst);
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+            const void* B, int64_t ldb, double beta, void* Cp, int64_t ldc, bool c_f32) {
+    kc::GemmArgs a;
+    a.ta = ta;
+    a.tb = tb;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.A = A;
+    a.lda = lda;
+    a.B = B;
+    a.ldb = ldb;
+    a.C = Cp;
+    a.ldc = ldc;
+    a.beta = beta;
+    a.ab = kc::DType::bf16;
+    a.c_dt = c_f32 ? kc::DType::f32 : kc::DType::bf16;
+    kc::gemm(gemm_engine, a, ws(), stream);
+  }
+  void grouped_gemm(bool ta, bool tb, int64_t G, int64_t T, const int32_t* offsets, int64_t M,
+                    int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
+                    int64_t stride_b, double beta, void* Cp, int64_t ldc, int64_t stride_c,
+                    bool c_f32) {
+    kc::GroupedGemmArgs a;
+    a.ta = ta;
+    a.tb = tb;
+    a.G = G;
+    a.T = T;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.beta = beta;
+    a.offsets = offsets;
+    a.A = A;
+    a.lda = lda;
+    a.B = B;
+    a.ldb = ldb;
+    a.stride_b = stride_b;
+    a.C = Cp;
+    a.ldc = ldc;
+    a.stride_c = stride_c;
+    a.ab = kc::DType::bf16;
+    a.c_dt = c_f32 ? kc::DType::f32 : kc::DType::bf16;
+    a.err = err;
+    kc::grouped_gemm(a, stream);
+  }
+  void prepare_batch(const MicroBatch& mb);
+  void rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N, bool inverse);
+  void forward(const MicroBatch& mb, const OutputRequest& req, bool train);
+  // recompute: a full-recompute rerun inside the backward (its auxiliary losses are not
+  // counted again).
+  void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out, bool recompute);
+  void backward(const MicroBatch& mb, const OutputRequest& req);
+  void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);
+  void recompute_selective(int64_t l, const MicroBatch& mb, LayerActs& a);
+  // moe_layer.cpp: the MLP block of an MoE layer (from xn2 = mlp_norm(h) to out = h + moe),
+  // and its backward (dres = d out on entry, d h on exit, as the dense block).
+  cuda::MoeActs& moe_of(int64_t l) { return moe_acts[acts_per_layer ? size_t(l) : 0]; }
+  void forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out, bool recompute);
+  void backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a);
+  cuda::MoeLossArgs moe_loss_args(int64_t l, const MicroBatch& mb, const cuda::MoeActs& m) const;
+  kc::LogprobArgs head_args(const OutputRequest& req, int64_t N, bool cache) const;
+  kc::AttnArgs attn_args(const LayerShape& s, const LayerActs& a, int64_t N, int64_t S) const;
+  double grad_norm();
+  void optimizer_step(const StepOptions& so, double clip);
+  std::vector<std::vector<float>> download(const float* base);
+};
+
+}  // namespace rlh::engine
