@@ -80,7 +80,7 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   try {
     eng = std::make_unique<engine::CudaEngine>(desc);
   } catch (const std::invalid_argument& e) {
-    GTEST_SKIP() << folder << ": " << e.what();  // MoE, MLA, dynamic RoPE: CPU engine only
+    GTEST_SKIP() << folder << ": " << e.what();  // MLA, dynamic RoPE: CPU engine only
   }
   eng->load_parameters(w.tensors);
 
@@ -110,21 +110,32 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   const double ref_loss = ref.read_f64("loss")[0];
   const double e_loss = std::fabs(sr.loss - ref_loss) / std::fabs(ref_loss);
 
+  // Gradients by HF name: an engine tensor, or one expert's slice of a stacked [E, ...] one
+  // (every expert, the router and the shared expert included; as the CPU engine's test).
   const std::vector<std::vector<float>> grads = eng->gradients();
   double e_grad = 0;
   std::string worst;
-  int checked = 0;
+  int checked = 0, hf_tensors = 0;
   for (size_t i = 0; i < desc.params.size(); ++i) {
     const sdk::ParamDesc& p = desc.params[i];
-    ASSERT_EQ(p.transform, sdk::ParamTransform::none) << p.name;
-    const double e = rel_error(grads[i], ref.read_f64("grad." + p.hf_names[0]));
-    EXPECT_LE(e, 5e-2) << "gradient of " << p.name;
-    if (e > e_grad) {
-      e_grad = e;
-      worst = p.name;
+    const size_t slices = p.hf_names.size();
+    if (p.transform == sdk::ParamTransform::stack) ASSERT_GE(slices, 1u) << p.name;
+    else ASSERT_EQ(p.transform, sdk::ParamTransform::none) << p.name;
+    const size_t per = grads[i].size() / slices;
+    for (size_t j = 0; j < slices; ++j, ++hf_tensors) {
+      const std::string name = p.hf_names[j];
+      const std::vector<float> got(grads[i].begin() + std::ptrdiff_t(j * per),
+                                   grads[i].begin() + std::ptrdiff_t((j + 1) * per));
+      const double e = rel_error(got, ref.read_f64("grad." + name));
+      EXPECT_LE(e, 5e-2) << "gradient of " << name;
+      if (e > e_grad) {
+        e_grad = e;
+        worst = name;
+      }
+      ++checked;
     }
-    ++checked;
   }
+  EXPECT_EQ(checked, hf_tensors);
   std::printf("%-26s bf16 on GPU: logits %.2e  token_logprobs %.2e  loss %.2e  grads(max of %d) %.2e (%s)\n",
               folder.c_str(), e_logits, e_lp, e_loss, checked, e_grad, worst.c_str());
   EXPECT_LE(e_logits, 3e-2);
@@ -340,18 +351,248 @@ TEST(CudaEngine, HeadLogitsCacheGivesTheSameStep) {
   EXPECT_GE(bytes[1] - bytes[0], int64_t(s.ids.size()) * 512 * 4) << "the cache is planned";
 }
 
+// A small random Qwen3-MoE-like model: layer 0 routed (8 experts, top-2, renormalised, expert
+// width 128), layer 1 dense (mlp_only_layers), head_dim 64, untied; the batch of Small.
+struct SmallMoe {
+  sdk::TransformerDesc desc;
+  std::vector<std::vector<float>> weights;
+  std::vector<int32_t> ids, cu;
+  SmallMoe() {
+    const nlohmann::json cfg = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
+                                {"vocab_size", 512}, {"hidden_size", 256},
+                                {"intermediate_size", 512}, {"moe_intermediate_size", 128},
+                                {"num_experts", 8}, {"num_experts_per_tok", 2},
+                                {"norm_topk_prob", true}, {"decoder_sparse_step", 1},
+                                {"mlp_only_layers", {1}}, {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                                {"head_dim", 64}, {"rms_norm_eps", 1e-6},
+                                {"max_position_embeddings", 512}, {"rope_theta", 1000000.0},
+                                {"tie_word_embeddings", false}};
+    desc = model::describe(cfg);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.f, 0.05f);
+    for (const auto& p : desc.params) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      std::vector<float> t(static_cast<size_t>(n));
+      const bool norm = p.shape.size() == 1;
+      // A router 10x wider than the other weights: well-separated scores, so bf16 noise rarely
+      // flips a top-2 choice between the CPU and GPU engines.
+      const float scale = p.role == sdk::ParamRole::router ? 10.f : 1.f;
+      for (float& x : t) x = norm ? 1.f + nd(rng) : scale * nd(rng);
+      weights.push_back(std::move(t));
+    }
+    Small dense;  // the same packed batch
+    ids = dense.ids;
+    cu = dense.cu;
+  }
+  int64_t predicted() const { return int64_t(ids.size()) - int64_t(cu.size() - 1); }
+};
+
+double metric(const engine::StepResult& r, const std::string& name) {
+  for (const auto& [k, v] : r.metrics)
+    if (k == name) return v;
+  ADD_FAILURE() << "no metric " << name;
+  return 0;
+}
+
+// The MoE model's AdamW steps against the CPU engine's fp32 steps (eps = 1 as above), with the
+// auxiliary load-balancing and z losses on (their gradients flow into the router), for the fp32
+// and the fp64 router: grad norms, losses, the loss metrics and every tensor's update.
+TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
+  NEED_GPU();
+  SmallMoe s;
+  ASSERT_TRUE(s.desc.layers[0].mlp.kind == sdk::MlpKind::moe);
+  ASSERT_TRUE(s.desc.layers[1].mlp.kind == sdk::MlpKind::dense);
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::StepOptions so;
+  so.lr = 1e-2;
+  so.global_tokens = s.predicted();
+  for (const bool fp64 : {false, true}) {
+    for (const auto lb : {engine::MoeOptions::LoadBalancing::aux_loss,
+                          engine::MoeOptions::LoadBalancing::seq_aux_loss}) {
+      SCOPED_TRACE(std::string(fp64 ? "fp64" : "fp32") + " router, " +
+                   (lb == engine::MoeOptions::LoadBalancing::aux_loss ? "aux_loss" : "seq_aux_loss"));
+      engine::EngineOptions eo;
+      eo.optimizer.eps = 1.0;
+      eo.moe.router_fp64 = fp64;
+      eo.moe.load_balancing = lb;
+      eo.moe.aux_loss_coef = 0.05;
+      eo.moe.z_loss_coef = 0.01;
+      engine::CudaEngineOptions co;
+      co.optimizer = eo.optimizer;
+      co.moe = eo.moe;
+      engine::Engine cpu(s.desc, eo);
+      cpu.load_parameters(s.weights);
+      engine::CudaEngine gpu(s.desc, co);
+      gpu.load_parameters(s.weights);
+      for (int step = 0; step < 2; ++step) {
+        const auto rc = cpu.train_step({&mb, 1}, so, nll);
+        const auto rg = gpu.train_step({&mb, 1}, so, nll);
+        EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 2e-2 * rc.grad_norm);
+        EXPECT_NEAR(rg.loss, rc.loss, 1e-2 * rc.loss);
+        for (const char* m : {"moe/aux_loss", "moe/z_loss"})
+          EXPECT_NEAR(metric(rg, m), metric(rc, m), 2e-2 * std::fabs(metric(rc, m))) << m;
+        // one flipped choice moves the busiest expert's share by 1 / (N K)
+        EXPECT_NEAR(metric(rg, "moe/max_expert_load"), metric(rc, "moe/max_expert_load"),
+                    1.5 / double(2 * s.ids.size()));
+      }
+      const auto after = gpu.save_parameters();
+      double worst = 0;
+      for (size_t i = 0; i < s.weights.size(); ++i) {
+        std::vector<float> dg(after[i].size()), dc(after[i].size());
+        const auto pc = cpu.param(i);
+        for (size_t j = 0; j < dg.size(); ++j) {
+          dg[j] = after[i][j] - s.weights[i][j];
+          dc[j] = pc[j] - s.weights[i][j];
+        }
+        const double e = rel_error(dg, dc);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, 0.1) << "update of " << s.desc.params[i].name;
+      }
+      std::printf("MoE (%s router): two AdamW steps, worst update error %.3g\n",
+                  fp64 ? "fp64" : "fp32", worst);
+    }
+  }
+}
+
+// freeze_router: the router gets no gradient and no update; everything else still trains.
+TEST(CudaEngineMoe, FrozenRouterStaysPut) {
+  NEED_GPU();
+  SmallMoe s;
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::StepOptions so;
+  so.lr = 1e-2;
+  so.global_tokens = s.predicted();
+  engine::CudaEngineOptions co;
+  co.moe.freeze_router = true;
+  engine::CudaEngine gpu(s.desc, co);
+  gpu.load_parameters(s.weights);
+  so.apply_optimizer = false;
+  gpu.train_step({&mb, 1}, so, nll);
+  const auto g = gpu.gradients();
+  so.apply_optimizer = true;
+  gpu.train_step({&mb, 1}, so, nll);
+  const auto after = gpu.save_parameters();
+  for (size_t i = 0; i < s.weights.size(); ++i) {
+    const bool router = s.desc.params[i].role == sdk::ParamRole::router;
+    if (router) {
+      EXPECT_TRUE(after[i] == s.weights[i]) << "the frozen router moved";
+      EXPECT_TRUE(std::all_of(g[i].begin(), g[i].end(), [](float v) { return v == 0.f; }));
+    } else {
+      EXPECT_FALSE(after[i] == s.weights[i]) << s.desc.params[i].name << " did not train";
+    }
+  }
+}
+
+// The memory plan holds for MoE layers: no device allocation and no extra host wait per step
+// (the expert offsets stay on the device; the loss metrics come with the gradient norm).
+TEST(CudaEngineMoe, SteadyStateStepsAllocateNothing) {
+  NEED_GPU();
+  SmallMoe s;
+  engine::CudaEngineOptions co;
+  co.moe.load_balancing = engine::MoeOptions::LoadBalancing::seq_aux_loss;
+  co.moe.aux_loss_coef = 0.01;
+  co.moe.z_loss_coef = 0.001;
+  engine::CudaEngine gpu(s.desc, co);
+  gpu.load_parameters(s.weights);
+  std::vector<std::vector<int32_t>> cu_storage;
+  const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
+  engine::StepOptions so;
+  so.global_tokens = s.predicted();
+  gpu.train_step(parts, so, nll);
+  const auto before = gpu.stats();
+  for (int i = 0; i < 3; ++i) gpu.train_step(parts, so, nll);
+  const auto after = gpu.stats();
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.host_syncs - before.host_syncs, int64_t(3 * (parts.size() + 1)));
+  engine::OutputRequest req;  // a forward on the training plan allocates nothing either
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  const auto f0 = gpu.stats();
+  gpu.forward(parts[0], req);
+  EXPECT_EQ(gpu.stats().device_allocations, f0.device_allocations);
+}
+
+// Recompute none / selective / full: bitwise the same gradients and loss for the MoE model,
+// with the auxiliary losses on, for both router precisions (full recompute re-runs the routing).
+TEST(CudaEngineMoe, RecomputeKeepsGradientsBitwise) {
+  NEED_GPU();
+  SmallMoe s;
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::StepOptions so;
+  so.apply_optimizer = false;
+  so.global_tokens = s.predicted();
+  for (const bool fp64 : {false, true}) {
+    SCOPED_TRACE(fp64 ? "fp64 router" : "fp32 router");
+    std::vector<std::vector<std::vector<float>>> grads;
+    std::vector<double> loss, aux;
+    for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective,
+                                engine::Recompute::full}) {
+      engine::CudaEngineOptions co;
+      co.recompute = r;
+      co.max_tokens = int64_t(s.ids.size());
+      co.moe.router_fp64 = fp64;
+      co.moe.load_balancing = engine::MoeOptions::LoadBalancing::aux_loss;
+      co.moe.aux_loss_coef = 0.01;
+      co.moe.z_loss_coef = 0.001;
+      engine::CudaEngine gpu(s.desc, co);
+      gpu.load_parameters(s.weights);
+      const auto res = gpu.train_step({&mb, 1}, so, nll);
+      loss.push_back(res.loss);
+      aux.push_back(metric(res, "moe/aux_loss"));
+      grads.push_back(gpu.gradients());
+    }
+    for (size_t k = 1; k < grads.size(); ++k) {
+      EXPECT_EQ(loss[k], loss[0]);
+      EXPECT_EQ(aux[k], aux[0]) << "a recompute counted the auxiliary loss again";
+      for (size_t i = 0; i < grads[0].size(); ++i)
+        EXPECT_TRUE(grads[k][i] == grads[0][i]) << s.desc.params[i].name;
+    }
+  }
+}
+
 // What the GPU path does not execute is refused by name before any device work (runs anywhere).
 TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
-  const nlohmann::json moe = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"},
+  // DeepSeek-V3 (MLA attention, group-limited routing): refused by its attention first.
+  const nlohmann::json mla = {{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"},
                               {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
-                              {"num_hidden_layers", 1}, {"num_attention_heads", 2},
-                              {"num_key_value_heads", 1}, {"num_local_experts", 4},
-                              {"num_experts_per_tok", 2}, {"max_position_embeddings", 64}};
+                              {"moe_intermediate_size", 16}, {"num_hidden_layers", 2},
+                              {"first_k_dense_replace", 1}, {"num_attention_heads", 2},
+                              {"num_key_value_heads", 2}, {"kv_lora_rank", 16}, {"q_lora_rank", 24},
+                              {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 8}, {"v_head_dim", 8},
+                              {"n_routed_experts", 4}, {"n_shared_experts", 1},
+                              {"num_experts_per_tok", 2}, {"n_group", 2}, {"topk_group", 1},
+                              {"norm_topk_prob", true}, {"routed_scaling_factor", 2.5},
+                              {"max_position_embeddings", 64}};
   try {
-    engine::CudaEngine e(model::describe(moe));
-    FAIL() << "an MoE model was accepted";
+    engine::CudaEngine e(model::describe(mla));
+    FAIL() << "an MLA model was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("MLP kind moe"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("attention kind mla"), std::string::npos) << e.what();
+  }
+  // Group-limited routing alone (an MLA model's description with its attention made GQA):
+  // refused by name too.
+  {
+    sdk::TransformerDesc d = model::describe(mla);
+    for (sdk::LayerDesc& ld : d.layers) {
+      ld.attention.kind = sdk::AttentionKind::gqa;
+      ld.attention.head_dim = 16;
+      ld.attention.num_kv_heads = ld.attention.num_heads;
+    }
+    try {
+      engine::CudaEngine e(d);
+      FAIL() << "group-limited routing was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("group-limited routing"), std::string::npos) << e.what();
+    }
   }
   nlohmann::json dyn = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                         {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
