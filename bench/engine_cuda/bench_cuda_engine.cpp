@@ -3,11 +3,14 @@
 // comparison with PyTorch on the same GPU (bench_torch.py; run.sh runs both). Prints one
 // "RESULT key=value ..." line per measurement for run.sh to parse.
 //
-//   bench_cuda_engine [--shape llama1b|small] [--steps N] [--warmup N] [--only train|forward]
+//   bench_cuda_engine [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward]
 //                     [--recompute none|selective|full] [--head-chunk-mib M]
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), training B4 x T2048, forward logprobs B8 x T2048. small: a quick check of the same code.
+// qwen3moe: a Qwen3-MoE shape (vocab 32000, d 1024, 12 layers, 16/4 heads of 64 with q/k norms,
+// 64 experts top-8 of width 512 in every layer, untied), same batches; moesmall: its quick check.
+// MoE FLOPs count the active parameters: the router, and K of the E experts per token.
 // FLOPs per token: 6 * matmul params (the tied head counted once) + causal attention
 // 6 * L * T * H * D (forward 2 * T/2 * H * D * 2, backward twice that); MFU against the H200's
 // dense bf16 989 TFLOP/s.
@@ -32,9 +35,12 @@ struct Shape {
   int64_t V, C, L, Hq, Hkv, D, F;
   bool tied;
   int64_t train_B, fwd_B, T;
+  int64_t E = 0, K = 0, Fe = 0;  // MoE (Qwen3-MoE): experts, top-k, expert width; 0 = dense
 };
 const Shape kShapes[] = {{"llama1b", 128256, 2048, 16, 32, 8, 64, 8192, true, 4, 8, 2048},
-                         {"small", 32000, 1024, 4, 16, 4, 64, 4096, true, 2, 4, 1024}};
+                         {"small", 32000, 1024, 4, 16, 4, 64, 4096, true, 2, 4, 1024},
+                         {"qwen3moe", 32000, 1024, 12, 16, 4, 64, 3072, false, 4, 8, 2048, 64, 8, 512},
+                         {"moesmall", 32000, 512, 2, 8, 4, 64, 1536, false, 2, 4, 1024, 16, 4, 256}};
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -67,7 +73,7 @@ int main(int argc, char** argv) {
     else if (a == "--head-chunk-mib") head_chunk_mib = std::atoll(next());
     else {
       std::fprintf(stderr,
-                   "usage: %s [--shape llama1b|small] [--steps N] [--warmup N] [--only train|forward] "
+                   "usage: %s [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward] "
                    "[--recompute none|selective|full] [--head-chunk-mib M]\n",
                    argv[0]);
       return 2;
@@ -93,13 +99,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_cuda_engine: %s\n", why.c_str());
     return 1;
   }
-  const nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", s->V},
-                              {"hidden_size", s->C}, {"intermediate_size", s->F},
-                              {"num_hidden_layers", s->L}, {"num_attention_heads", s->Hq},
-                              {"num_key_value_heads", s->Hkv}, {"head_dim", s->D},
-                              {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-5},
-                              {"rope_theta", 500000.0}, {"tie_word_embeddings", s->tied},
-                              {"torch_dtype", "bfloat16"}};
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", s->V},
+                        {"hidden_size", s->C}, {"intermediate_size", s->F},
+                        {"num_hidden_layers", s->L}, {"num_attention_heads", s->Hq},
+                        {"num_key_value_heads", s->Hkv}, {"head_dim", s->D},
+                        {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-5},
+                        {"rope_theta", 500000.0}, {"tie_word_embeddings", s->tied},
+                        {"torch_dtype", "bfloat16"}};
+  if (s->E > 0) {  // Qwen3-MoE: every layer routed (decoder_sparse_step 1), q/k norms
+    cfg["architectures"] = {"Qwen3MoeForCausalLM"};
+    cfg["model_type"] = "qwen3_moe";
+    cfg["num_experts"] = s->E;
+    cfg["num_experts_per_tok"] = s->K;
+    cfg["moe_intermediate_size"] = s->Fe;
+    cfg["norm_topk_prob"] = true;
+    cfg["decoder_sparse_step"] = 1;
+    cfg["mlp_only_layers"] = nlohmann::json::array();
+    cfg["rms_norm_eps"] = 1e-6;
+    cfg["rope_theta"] = 1000000.0;
+  }
   const sdk::TransformerDesc desc = model::describe(cfg);
   // Random weights (a fixed LCG; norms at 1), small enough that the logits stay moderate.
   std::vector<std::vector<float>> w;
@@ -108,8 +126,12 @@ int main(int argc, char** argv) {
   for (const auto& p : desc.params) {
     int64_t n = 1;
     for (int64_t d : p.shape) n *= d;
-    // the embedding is a matmul only as the tied head
-    if (p.shape.size() == 2 && (p.role != sdk::ParamRole::embed || s->tied)) matmul_params += n;
+    // the embedding is a matmul only as the tied head; a token passes through K of the E
+    // experts, so routed experts count K / E of their parameters (the active parameters)
+    const bool expert = p.role == sdk::ParamRole::expert_gate || p.role == sdk::ParamRole::expert_up ||
+                        p.role == sdk::ParamRole::expert_down;
+    if (expert) matmul_params += n / s->E * s->K;
+    else if (p.shape.size() == 2 && (p.role != sdk::ParamRole::embed || s->tied)) matmul_params += n;
     std::vector<float> t(static_cast<size_t>(n));
     const bool vec = p.shape.size() == 1;
     for (float& v : t) {
@@ -141,7 +163,7 @@ int main(int argc, char** argv) {
     o.recompute = rc;
     o.logprob_chunk_bytes = head_chunk_mib << 20;
     engine::CudaEngine e(desc, o);
-    std::printf("device: %s, shape %s: %.1f M matmul params\n", e.device_name().c_str(), s->name,
+    std::printf("device: %s, shape %s: %.1f M (active) matmul params\n", e.device_name().c_str(), s->name,
                 matmul_params / 1e6);
     e.load_parameters(w);
     std::vector<int32_t> ids, cu;

@@ -6,6 +6,9 @@
 #                   it links the CUDA runtime statically and loads cuBLASLt at run time, so a
 #                   copy runs on another machine)
 #     SHAPE=llama1b STEPS=10   shape and timed steps
+#     SHAPE=qwen3moe  the Qwen3-MoE shape (64 experts top-8; PyTorch: Qwen3MoeForCausalLM with
+#                   HF's eager experts loop); moesmall is its quick check
+#     TORCH_EXPERTS=grouped_mm  MoE shapes: also time transformers' grouped_mm experts backend
 #     COMPILE=1     also time torch.compile's training step (compilation takes minutes)
 #     RESULT_JSON   output file (default bench/results/h200-YYYY-MM-DD-engine.json)
 set -uo pipefail
@@ -24,6 +27,11 @@ for r in selective full; do
 done
 echo "== PyTorch eager =="
 python3 "$here/bench_torch.py" --shape "$shape" --steps "$steps" 2>&1 | grep -v Warning | tee "$tmp/torch.txt"
+if [ -n "${TORCH_EXPERTS:-}" ]; then
+  echo "== PyTorch eager, experts backend $TORCH_EXPERTS =="
+  python3 "$here/bench_torch.py" --shape "$shape" --steps "$steps" --experts "$TORCH_EXPERTS" 2>&1 |
+    grep -v Warning | tee -a "$tmp/torch.txt"
+fi
 if [ "${COMPILE:-0}" = 1 ]; then
   echo "== PyTorch torch.compile (training) =="
   python3 "$here/bench_torch.py" --shape "$shape" --steps "$steps" --compile --only train 2>&1 |
