@@ -94,9 +94,64 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   mb.input_ids = ids;
   mb.cu_seqlens = cu;
 
+  // MoE fixtures: the GPU replays the reference's routing. Its own bf16 choice differs from
+  // float64 HF's where two router scores are within bf16 noise of each other: measured on the
+  // CPU engine by rounding the fixture weights to bf16 (the GPU's working copy), 2-5 of the
+  // 320-480 (token, layer) expert sets flip in mixtral-tiny, qwen2-moe-tiny,
+  // qwen2-moe-step2-tied-tiny and qwen3-moe-sparse-tiny, and each flip moves logits by up to
+  // 0.34 of their range and one expert's gradient by up to 0.94 (an expert of a tiny model
+  // sees a handful of tokens). router_fp64, or fp32 logits from fp32 router weights, does not
+  // help: the flips come from the router's input, whose bf16 rounding upstream no router
+  // precision undoes. The CPU engine's fp32 choice is HF's (its fixture test: logits within
+  // 1e-5), so the test records it there and replays it here (OutputRequest::
+  // replay_routing_field, Megatron's router replay); the weights still come from this pass's
+  // scores. How many sets the GPU's own routing changes is printed beside the errors.
+  std::vector<int32_t> routes;
+  std::vector<int64_t> route_shape, route_strides;
+  int64_t own_flips = -1;
+  if (eng->routing_width() > 0) {
+    engine::Engine cpu(desc);
+    cpu.load_parameters(w.tensors);
+    engine::OutputRequest rec;
+    rec.routed_experts = true;
+    routes = cpu.forward(mb, rec).routed_experts;
+    const std::vector<int32_t> own = eng->forward(mb, rec).routed_experts;
+    ASSERT_EQ(own.size(), routes.size());
+    const int64_t R = eng->routing_width();
+    own_flips = 0;
+    int64_t col = 0;
+    for (const sdk::LayerDesc& ld : desc.layers) {
+      if (ld.mlp.kind != sdk::MlpKind::moe) continue;
+      const int64_t K = ld.mlp.moe.top_k;
+      for (int64_t n = 0; n < B * T; ++n) {
+        std::vector<int32_t> a(routes.begin() + n * R + col, routes.begin() + n * R + col + K);
+        std::vector<int32_t> b(own.begin() + n * R + col, own.begin() + n * R + col + K);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        own_flips += a != b;
+      }
+      col += K;
+    }
+    route_shape = {B * T, R};
+    route_strides = {R, 1};
+    rlh_named_tensor f{};
+    f.name = "reference_routing";
+    f.tensor.data = routes.data();
+    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+    f.tensor.ndim = 2;
+    f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+    f.tensor.shape = route_shape.data();
+    f.tensor.strides = route_strides.data();
+    mb.fields.push_back(f);
+  }
   engine::OutputRequest req;
   req.logits = true;
+  if (!routes.empty()) {
+    req.replay_routing_field = "reference_routing";
+    req.routed_experts = true;
+  }
   const engine::Outputs out = eng->forward(mb, req);
+  if (!routes.empty()) EXPECT_TRUE(out.routed_experts == routes) << "the replay is the record";
   const double e_logits = rel_error(out.logits, ref.read_f64("logits"));
   std::vector<float> lp;
   for (int64_t b = 0; b < B; ++b)
@@ -106,6 +161,7 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   engine::StepOptions so;
   so.global_tokens = B * (T - 1);
   so.apply_optimizer = false;
+  so.outputs.replay_routing_field = req.replay_routing_field;
   const engine::StepResult sr = eng->train_step({&mb, 1}, so, nll);
   const double ref_loss = ref.read_f64("loss")[0];
   const double e_loss = std::fabs(sr.loss - ref_loss) / std::fabs(ref_loss);
@@ -138,6 +194,9 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   EXPECT_EQ(checked, hf_tensors);
   std::printf("%-26s bf16 on GPU: logits %.2e  token_logprobs %.2e  loss %.2e  grads(max of %d) %.2e (%s)\n",
               folder.c_str(), e_logits, e_lp, e_loss, checked, e_grad, worst.c_str());
+  if (own_flips >= 0)
+    std::printf("%-26s routing replayed from the CPU engine; the GPU's own choice differs in %lld "
+                "(token, MoE layer) expert sets\n", folder.c_str(), (long long)own_flips);
   EXPECT_LE(e_logits, 3e-2);
   EXPECT_LE(e_lp, 1e-2);
   EXPECT_LE(e_loss, 1e-2);
@@ -398,7 +457,10 @@ double metric(const engine::StepResult& r, const std::string& name) {
 
 // The MoE model's AdamW steps against the CPU engine's fp32 steps (eps = 1 as above), with the
 // auxiliary load-balancing and z losses on (their gradients flow into the router), for the fp32
-// and the fp64 router: grad norms, losses, the loss metrics and every tensor's update.
+// and the fp64 router: grad norms, losses, the loss metrics and every tensor's update. Both
+// engines replay the CPU engine's initial routing (a near-tie flipped by bf16 noise would move
+// one expert's update far more than the bounds measure; the fixture test explains), so the
+// weights, the probabilities and every gradient still come from each engine's own pass.
 TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
   NEED_GPU();
   SmallMoe s;
@@ -410,6 +472,26 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
   engine::StepOptions so;
   so.lr = 1e-2;
   so.global_tokens = s.predicted();
+  std::vector<int32_t> routes;
+  {
+    engine::Engine cpu(s.desc);
+    cpu.load_parameters(s.weights);
+    engine::OutputRequest rec;
+    rec.routed_experts = true;
+    routes = cpu.forward(mb, rec).routed_experts;
+  }
+  std::vector<int64_t> shape = {int64_t(s.ids.size()), 2}, strides = {2, 1};  // R = top-2
+  ASSERT_EQ(routes.size(), s.ids.size() * 2);
+  rlh_named_tensor f{};
+  f.name = "routes";
+  f.tensor.data = routes.data();
+  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  f.tensor.ndim = 2;
+  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+  f.tensor.shape = shape.data();
+  f.tensor.strides = strides.data();
+  mb.fields.push_back(f);
+  so.outputs.replay_routing_field = "routes";
   for (const bool fp64 : {false, true}) {
     for (const auto lb : {engine::MoeOptions::LoadBalancing::aux_loss,
                           engine::MoeOptions::LoadBalancing::seq_aux_loss}) {
@@ -435,9 +517,8 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
         EXPECT_NEAR(rg.loss, rc.loss, 1e-2 * rc.loss);
         for (const char* m : {"moe/aux_loss", "moe/z_loss"})
           EXPECT_NEAR(metric(rg, m), metric(rc, m), 2e-2 * std::fabs(metric(rc, m))) << m;
-        // one flipped choice moves the busiest expert's share by 1 / (N K)
-        EXPECT_NEAR(metric(rg, "moe/max_expert_load"), metric(rc, "moe/max_expert_load"),
-                    1.5 / double(2 * s.ids.size()));
+        // the same choice: the same counts
+        EXPECT_EQ(metric(rg, "moe/max_expert_load"), metric(rc, "moe/max_expert_load"));
       }
       const auto after = gpu.save_parameters();
       double worst = 0;
@@ -456,6 +537,47 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
                   fp64 ? "fp64" : "fp32", worst);
     }
   }
+}
+
+// Routing record and replay: the record has the CPU engine's layout ([N, R], experts in
+// [0, E)); replaying it reproduces the forward bit for bit; a bad field is refused by name.
+TEST(CudaEngineMoe, ReplayingTheRecordReproducesTheForward) {
+  NEED_GPU();
+  SmallMoe s;
+  engine::CudaEngine gpu(s.desc);
+  gpu.load_parameters(s.weights);
+  ASSERT_EQ(gpu.routing_width(), 2);
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::OutputRequest rec;
+  rec.routed_experts = true;
+  const engine::Outputs a = gpu.forward(mb, rec);
+  ASSERT_EQ(a.routed_experts.size(), s.ids.size() * 2);
+  for (size_t n = 0; n < s.ids.size(); ++n) {
+    EXPECT_NE(a.routed_experts[2 * n], a.routed_experts[2 * n + 1]);
+    for (int k = 0; k < 2; ++k) EXPECT_TRUE(a.routed_experts[2 * n + k] >= 0 && a.routed_experts[2 * n + k] < 8);
+  }
+  std::vector<int32_t> routes = a.routed_experts;
+  std::vector<int64_t> shape = {int64_t(s.ids.size()), 2}, strides = {2, 1};
+  rlh_named_tensor f{};
+  f.name = "routes";
+  f.tensor.data = routes.data();
+  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  f.tensor.ndim = 2;
+  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+  f.tensor.shape = shape.data();
+  f.tensor.strides = strides.data();
+  mb.fields.push_back(f);
+  engine::OutputRequest rep = rec;
+  rep.replay_routing_field = "routes";
+  const engine::Outputs b = gpu.forward(mb, rep);
+  EXPECT_TRUE(b.logprob == a.logprob);
+  EXPECT_TRUE(b.routed_experts == a.routed_experts);
+  routes[0] = 8;  // outside the experts
+  EXPECT_THROW(gpu.forward(mb, rep), std::invalid_argument);
+  rep.replay_routing_field = "missing";
+  EXPECT_THROW(gpu.forward(mb, rep), std::invalid_argument);
 }
 
 // freeze_router: the router gets no gradient and no update; everything else still trains.

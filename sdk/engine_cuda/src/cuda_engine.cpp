@@ -357,6 +357,7 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     target = c.take<int32_t>(N);
     cu = c.take<int32_t>(N + 1);
     err = c.take<int>(1);
+    route = c.take<int32_t>(N * route_width);
     if (train) {
       dres = c.take<bf16>(N * C);
       dxn = c.take<bf16>(N * C);
@@ -382,7 +383,8 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     check(cudaMemsetAsync(moe_x.szero, 0, size_t(N) * 4, stream), "memset");
   }
   // pinned staging: 3 x [N] + [N+1] int32, 4 x [N] float, one scalar pair
-  pinned = cuda::PinnedBuffer(size_t(4 * N + 1) * 4 + size_t(4 * N) * 4 + 64);
+  pinned = cuda::PinnedBuffer(size_t(4 * N + 1) * 4 + size_t(4 * N) * 4 + 64 +
+                              size_t(N * route_width) * 4);
   h_ids = pinned.get<int32_t>();
   h_pos = h_ids + N;
   h_target = h_pos + N;
@@ -392,6 +394,7 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   h_dlp = h_ent + N;
   h_dent = h_dlp + N;
   h_scalar = h_dent + N;
+  h_route = reinterpret_cast<int32_t*>(h_scalar + 16);  // after the 64 scalar bytes
   planned_tokens = N;
   planned_train = train;
 }
@@ -542,12 +545,12 @@ kc::LogprobArgs CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N,
 void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool train) {
   if (req.processed_logprob) unsupported("processed (top-k/top-p) logprobs");
   if (req.logprob_at_ids) unsupported("logprob_at_ids");
-  if (req.routed_experts || !req.replay_routing_field.empty()) unsupported("MoE routing outputs");
   if (!(req.temperature > 0)) throw std::invalid_argument("cuda engine: temperature must be > 0");
   const int64_t N = mb.num_tokens();
   if (mb.cu_seqlens.empty() || N == 0) throw std::invalid_argument("cuda engine: empty micro-batch");
   plan(N, train);
   prepare_batch(mb);
+  prepare_routing(mb, req);
   // A training plan keeps every layer's input (a forward-only call uses it as it is); a
   // forward-only plan has two residual buffers in turn.
   const bool keep_inputs = planned_train;
@@ -762,6 +765,7 @@ int64_t CudaEngine::num_elements() const {
   return n;
 }
 int64_t CudaEngine::step() const { return impl_->steps; }
+int64_t CudaEngine::routing_width() const { return impl_->route_width; }
 CudaEngineStats CudaEngine::stats() const {
   return {impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs};
 }
@@ -856,6 +860,9 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
     check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
   if (req.entropy)
     check(cudaMemcpyAsync(m.h_ent, m.ent, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+  if (m.record_active)
+    check(cudaMemcpyAsync(m.h_route, m.route, size_t(N * m.route_width) * 4,
+                          cudaMemcpyDeviceToHost, m.stream), "download");
   if (req.logits) {
     out.logits.resize(size_t(N * m.V));
     check(cudaMemcpyAsync(out.logits.data(), logits.get(), logits.size(), cudaMemcpyDeviceToHost,
@@ -869,6 +876,10 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   if (req.entropy) {
     out.entropy.resize(size_t(N));
     shift_to_outputs(m.h_ent, 1, out.entropy.data(), 1, 1, mb.cu_seqlens);
+  }
+  if (req.routed_experts) {
+    out.routing_width = m.route_width;
+    out.routed_experts.assign(m.h_route, m.h_route + N * m.route_width);
   }
   return out;
 }
@@ -914,7 +925,12 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
       check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
     if (req.entropy)
       check(cudaMemcpyAsync(m.h_ent, m.ent, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+    if (m.record_active)  // the routing record comes with the outputs' wait
+      check(cudaMemcpyAsync(m.h_route, m.route, size_t(N * m.route_width) * 4,
+                            cudaMemcpyDeviceToHost, m.stream), "download");
     m.sync();  // the callback runs on the host
+    if (req.routed_experts)
+      r.routed_experts.emplace_back(m.h_route, m.h_route + (m.record_active ? N * m.route_width : 0));
     OutputViews ov;
     OutputGrads og;
     if (req.logprob) {

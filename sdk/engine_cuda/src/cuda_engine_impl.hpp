@@ -44,6 +44,7 @@ struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale 
   int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
   bool shared_gate = false, score_bias = false, router_bias = false;
   int scoring = 0;  // 0 softmax, 1 sigmoid
+  int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
   bool norm_topk_prob = false;
   double scaling_factor = 1;
 };
@@ -168,6 +169,7 @@ struct CudaEngine::Impl {
   int64_t maxW = 0, maxHD = 0, maxF = 0, maxQK = 0, maxH = 0;
   // MoE: the largest of each dimension over the MoE layers (0 without any)
   int64_t maxE = 0, maxK = 0, maxFe = 0, maxFs = 0, moe_layers = 0;
+  int64_t route_width = 0;  // R: the sum of top_k over the MoE layers
 
   // Parameters
   std::vector<cuda::ParamPlace> place;  // per desc param
@@ -215,6 +217,13 @@ struct CudaEngine::Impl {
   // moe_stats() (aux, z, max load; read with the gradient norm, so no extra host wait).
   bool moe_train = false;
   double moe_tokens = 1, moe_seqs = 1;
+  // Routing record / replay (OutputRequest::routed_experts / replay_routing_field): [N, R]
+  // int32 on the device (each MoE layer copies its choices in, or its replayed choices out)
+  // and its pinned staging.
+  int32_t* route = nullptr;
+  int32_t* h_route = nullptr;
+  bool replay_active = false, record_active = false;
+  void prepare_routing(const MicroBatch& mb, const OutputRequest& req);  // moe_layer.cpp
 
   Impl(sdk::TransformerDesc d, CudaEngineOptions o);
   ~Impl();

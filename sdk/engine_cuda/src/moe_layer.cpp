@@ -15,6 +15,7 @@
 //     auxiliary losses are summed on the device (read with the gradient norm): no host wait;
 //   - weight gradients accumulate in fp32 inside the GEMMs (bf16 operands, fp32 C, beta 1).
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -56,6 +57,8 @@ void CudaEngine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& 
   if ((aux || opt.moe.z_loss_coef != 0) && s.scoring != 0)
     throw std::invalid_argument(at + "the load-balancing and z losses are not supported with "
                                 "sigmoid router scores");
+  s.route_col = route_width;
+  route_width += s.Kx;
   maxE = std::max(maxE, s.E);
   maxK = std::max(maxK, s.Kx);
   maxFe = std::max(maxFe, s.Fe);
@@ -147,6 +150,53 @@ void CudaEngine::Impl::carve_moe(cuda::Carver& c, int64_t N, bool per_layer, boo
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Routing record and replay: the CPU engine's layout and checks (moe.cpp prepare_routing). The
+// replay field is checked and narrowed to int32 on the host into pinned staging, then uploaded
+// with the batch; each MoE layer copies its columns into its choices on the device.
+
+void CudaEngine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& req) {
+  const int64_t N = mb.num_tokens();
+  replay_active = false;
+  record_active = req.routed_experts && route_width > 0;
+  if (req.replay_routing_field.empty()) return;
+  const rlh_tensor* f = mb.field(req.replay_routing_field);
+  const std::string name = "cuda engine: routing replay field '" + req.replay_routing_field + "'";
+  if (!f) throw std::invalid_argument(name + " is not in the micro-batch");
+  if (route_width == 0) throw std::invalid_argument(name + ": the model has no MoE layer");
+  int64_t width = 1;
+  for (int i = 1; i < f->ndim; ++i) width *= f->shape[i];
+  if (f->ndim < 2 || f->ndim > 3 || f->shape[0] != N || width != route_width ||
+      f->dtype.code != RLH_DTYPE_INT || (f->dtype.bits != 32 && f->dtype.bits != 64))
+    throw std::invalid_argument(name + " must be int32/int64 [num_tokens, " +
+                                std::to_string(route_width) + "] (or [num_tokens, moe layers, top_k])");
+  int64_t inner = 1;  // contiguous rows
+  for (int i = f->ndim - 1; i >= 1; --i) {
+    if (f->shape[i] > 1 && f->strides[i] != inner) throw std::invalid_argument(name + " must be contiguous");
+    inner *= f->shape[i];
+  }
+  if (N > 1 && f->strides[0] != route_width) throw std::invalid_argument(name + " must be contiguous");
+  const char* base = static_cast<const char*>(f->data) + f->byte_offset;
+  for (const LayerShape& s : shapes) {
+    if (!s.moe) continue;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < s.Kx; ++k) {
+        const int64_t at = n * route_width + s.route_col + k;
+        const int64_t e = f->dtype.bits == 32 ? reinterpret_cast<const int32_t*>(base)[at]
+                                              : reinterpret_cast<const int64_t*>(base)[at];
+        if (e < 0 || e >= s.E)
+          throw std::invalid_argument("cuda engine: replayed expert " + std::to_string(e) +
+                                      " outside the " + std::to_string(s.E) + " experts of a layer");
+        h_route[at] = int32_t(e);
+      }
+  }
+  // from pinned staging, ordered before the layers; the previous user of h_route (a record's
+  // download) finished at the last wait
+  check(cudaMemcpyAsync(route, h_route, size_t(N * route_width) * 4, cudaMemcpyHostToDevice,
+                        stream), "upload");
+  replay_active = true;
+}
+
 cuda::MoeLossArgs CudaEngine::Impl::moe_loss_args(int64_t l, const MicroBatch& mb,
                                                    const cuda::MoeActs& m) const {
   const LayerShape& s = shapes[size_t(l)];
@@ -195,6 +245,12 @@ void CudaEngine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a
   ra.experts = m.experts;
   ra.ldl = E;
   ra.err = err;
+  const size_t kb = size_t(K) * 4, rb = size_t(route_width) * 4;
+  if (replay_active) {  // this layer's columns of the [N, R] record become its choices
+    check(cudaMemcpy2DAsync(m.experts, kb, route + s.route_col, rb, kb, size_t(N),
+                            cudaMemcpyDeviceToDevice, stream), "replay");
+    ra.replay = true;
+  }
   if (!r64) {
     // bf16 operands, fp32 logits (HF's bf16 model runs the router Linear in bf16 and its
     // softmax in fp32); the scores are never rounded before the choice.
@@ -220,6 +276,10 @@ void CudaEngine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a
     kc::moe_router_fwd(ra, stream);
     cuda::f64_to_f32(x.w64, m.w, NK, stream);  // the combine takes fp32 weights (as the CPU's)
   }
+
+  if (record_active && !replay_active && !recompute)  // (a replay's record is the field)
+    check(cudaMemcpy2DAsync(route + s.route_col, rb, m.experts, kb, kb, size_t(N),
+                            cudaMemcpyDeviceToDevice, stream), "routing record");
 
   // Routed experts on expert-sorted rows; offsets stay on the device.
   kc::moe_permute_fwd(bf, m.xp, C, m.row, m.offsets, xn, C, m.experts, N, K, C, E, err, ws(),

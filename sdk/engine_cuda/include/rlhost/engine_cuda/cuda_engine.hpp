@@ -32,8 +32,7 @@
 // are counted on the device. Offsets stay on the device: no host wait inside a layer.
 //
 // Not on the GPU yet (refused with std::invalid_argument naming the feature): MLA layers,
-// DeepSeek's group-limited routing (n_group > 1), routing record/replay outputs,
-// sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p) logprobs,
+// DeepSeek's group-limited routing (n_group > 1), sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p) logprobs,
 // logprob_at_ids.
 #pragma once
 
@@ -109,6 +108,10 @@ class CudaEngine {
 
   int64_t step() const;
   CudaEngineStats stats() const;
+  // MoE: R of the routing record and replay (the sum of top_k over MoE layers; 0 when dense),
+  // as Engine::routing_width(): OutputRequest::routed_experts and replay_routing_field work as
+  // on the CPU engine (the record comes down with the outputs, no extra host wait).
+  int64_t routing_width() const;
 
   // AdamW's state for checkpoints: the step count and fp32 moments per parameter in
   // desc().params order (all zero before the first step and for untrainable parameters).
