@@ -57,6 +57,7 @@ class CudaDeviceEngine final : public DeviceEngine {
                   : o.recompute_selective ? engine::Recompute::selective
                                           : engine::Recompute::full;
     c.optimizer = o.optimizer;
+    c.moe = o.moe;
     return c;
   }
   int index_;

@@ -1,9 +1,11 @@
 // megatron's device path through the plugins' ABI tables (label gpu): policy.device = cuda with
 // policy.precision = bfloat16 puts a model on the CUDA engine (bf16 compute, fp32 master weights
 // and AdamW on the device). Checked here:
-//   - the dense HF fixtures: forward logprobs and the eval loss in bf16 (<= 1e-2 of the float64
-//     references); MoE/MLA models are refused by name, and policy.device = auto runs them on the
-//     CPU engine instead;
+//   - the HF fixtures: forward logprobs and the eval loss in bf16 (<= 1e-2 of the float64
+//     references for dense models; MoE models route in bf16 here, where near-tied router scores
+//     pick other experts for a few tokens, so only their loss is bounded, at 5e-2: the engine's
+//     own test replays the reference routing and holds them to the dense bounds); MLA models are
+//     refused by name, and policy.device = auto runs them on the CPU engine instead;
 //   - AdamW steps track the fp32 CPU engine (the backend's schedule, weight decay and clipping);
 //   - save_state -> load_state continues bit for bit on the device, and a state saved on either
 //     path loads on the other (the same files);
@@ -84,7 +86,7 @@ double update_error(const Weights& a, const Weights& b, const Weights& base, std
 
 // ---------------------------------------------------------------------------------------------
 
-TEST(BackendCuda, DenseFixturesInBf16) {
+TEST(BackendCuda, FixturesInBf16) {
   REQUIRE_GPU();
   int checked = 0;
   for (const std::string& dir : model_folders_under(fixtures_root())) {
@@ -95,6 +97,9 @@ TEST(BackendCuda, DenseFixturesInBf16) {
     for (int64_t b = 0; b <= B; ++b) off.push_back(b * T);
     Batch batch(std::vector<int32_t>(ids64.begin(), ids64.end()), off);
 
+    std::ifstream cfg_in(dir + "/config.json");
+    const nlohmann::json hf = nlohmann::json::parse(cfg_in);
+    const bool moe = hf.contains("num_local_experts") || hf.contains("num_experts") || hf.contains("n_routed_experts");
     Backend be(host(), "megatron", config("cuda"));
     rlh_model* m = nullptr;
     rlh_status* s = be.try_load(dir, true, &m);
@@ -128,10 +133,12 @@ TEST(BackendCuda, DenseFixturesInBf16) {
     EXPECT_TRUE(be.weights(m, &v) == w0) << "eval_only moved weights";
     EXPECT_EQ(v, 0);
     EXPECT_FALSE(r.metrics["updated"].get<bool>());
-    EXPECT_LE(e_lp, 1e-2) << dir;
-    EXPECT_LE(e_loss, 1e-2) << dir;
-    std::printf("  %s on the GPU through megatron: logprobs %.2e, loss %.2e (bf16 vs float64)\n",
-                fs::path(dir).filename().c_str(), e_lp, e_loss);
+    if (!moe) {
+      EXPECT_LE(e_lp, 1e-2) << dir;
+    }
+    EXPECT_LE(e_loss, moe ? 5e-2 : 1e-2) << dir;
+    std::printf("  %s on the GPU through megatron: logprobs %.2e, loss %.2e (bf16 vs float64%s)\n",
+                fs::path(dir).filename().c_str(), e_lp, e_loss, moe ? ", the GPU's own routing" : "");
     ++checked;
   }
   EXPECT_GE(checked, 1) << "no dense fixture under " << fixtures_root();
@@ -244,6 +251,53 @@ TEST(BackendCuda, RecomputeGivesBitwiseTheSameSteps) {
     EXPECT_EQ(loss[k], loss[0]) << "granularity " << k;
     EXPECT_TRUE(w[k] == w[0]) << "granularity " << k;
   }
+}
+
+// An MoE model on the device through megatron's MoE keys: the auxiliary loss reaches the step's
+// metrics, a frozen router stays put, and the state crosses to the CPU engine (the frozen router
+// has no optimizer state on either path).
+TEST(BackendCuda, MoeKeysAndStateOnTheDevice) {
+  REQUIRE_GPU();
+  auto batch = batch512();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 4;
+  json cfg = config("cuda");
+  cfg["megatron_cfg"]["moe_router_load_balancing_type"] = "aux_loss";
+  cfg["megatron_cfg"]["moe_aux_loss_coeff"] = 0.01;
+  cfg["megatron_cfg"]["freeze_moe_router"] = true;
+  TempDir state("moe");
+  Weights w0, w2;
+  {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(fixture("qwen3-moe-tiny"), true);
+    w0 = be.weights(m);
+    for (int s = 0; s < 2; ++s) {
+      const auto r = be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);
+      ASSERT_TRUE(r.metrics.contains("moe/aux_loss")) << r.metrics.dump();
+      EXPECT_GT(r.metrics["moe/aux_loss"].get<double>(), 0.0);
+    }
+    w2 = be.weights(m);
+    sdk::check(be.api()->save_state(be.raw(), m, state.path.c_str()));
+  }
+  int routers = 0, moved = 0;
+  for (const auto& [name, w] : w0) {
+    if (name.find("mlp.gate.weight") != std::string::npos) {
+      ++routers;
+      EXPECT_TRUE(w2.at(name) == w) << name << " moved although frozen";
+    } else if (w2.at(name) != w) {
+      ++moved;
+    }
+  }
+  EXPECT_GT(routers, 0);
+  EXPECT_GT(moved, 0);
+  json cpu_cfg = cfg;
+  cpu_cfg["device"] = "cpu";
+  Backend cpu(host(), "megatron", cpu_cfg);
+  rlh_model* m = cpu.load(fixture("qwen3-moe-tiny"), true);
+  sdk::check(cpu.api()->load_state(cpu.raw(), m, state.path.c_str()));
+  int64_t v = 0;
+  EXPECT_TRUE(cpu.weights(m, &v) == w2);
+  EXPECT_EQ(v, 2);
 }
 
 TEST(BackendCuda, FrozenModelOnTheDevice) {

@@ -76,6 +76,9 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args);
 
 // The optimizer a trainable model gets (its frozen parameters follow the model's config).
 std::unique_ptr<Optimizer> make_optimizer(Model& m);
+// Whether the optimizer leaves `p` alone: untrainable, or a router frozen by the config. Such
+// parameters have no optimizer state, on either path.
+bool without_update(const Model& m, const sdk::ParamDesc& p);
 
 // training_state.cpp
 void save_state(Model& m, const std::string& dir);

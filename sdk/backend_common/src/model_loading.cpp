@@ -119,12 +119,14 @@ Optimizer::StepInfo Model::next_update(double lr_override) const {
   return {lr_override >= 0 ? lr_override : p.lr, p.weight_decay};
 }
 
+bool without_update(const Model& m, const sdk::ParamDesc& p) {
+  // The engines give a frozen router no gradient; no decay either.
+  return !p.trainable || (m.config.moe.freeze_router &&
+                          (p.role == sdk::ParamRole::router || p.role == sdk::ParamRole::router_bias));
+}
+
 std::unique_ptr<Optimizer> make_optimizer(Model& m) {
-  std::function<bool(const sdk::ParamDesc&)> frozen;
-  if (m.config.moe.freeze_router)  // the engine gives a frozen router no gradient; no decay either
-    frozen = [](const sdk::ParamDesc& p) {
-      return p.role == sdk::ParamRole::router || p.role == sdk::ParamRole::router_bias;
-    };
+  const auto frozen = [&m](const sdk::ParamDesc& p) { return without_update(m, p); };
   return std::make_unique<Optimizer>(*m.config.optimizer, m.config.schedule, *m.engine, *m.ops, frozen);
 }
 
@@ -164,6 +166,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   o.trainable = m.trainable;
   o.recompute = m.config.recompute;
   o.recompute_selective = m.config.recompute_selective;
+  o.moe = m.config.moe;
   if (m.config.optimizer) {
     const OptimizerConfig& oc = *m.config.optimizer;
     o.optimizer.beta1 = oc.beta1;

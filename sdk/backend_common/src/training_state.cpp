@@ -57,7 +57,7 @@ struct DeviceOptimizerState {
 std::vector<size_t> trainable_params(const Model& m) {
   std::vector<size_t> out;
   for (size_t i = 0; i < m.desc.params.size(); ++i)
-    if (m.desc.params[i].trainable) out.push_back(i);
+    if (!without_update(m, m.desc.params[i])) out.push_back(i);
   return out;
 }
 

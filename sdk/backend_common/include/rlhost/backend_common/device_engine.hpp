@@ -53,6 +53,7 @@ struct DeviceEngineOptions {
   bool recompute = false;  // activation checkpointing (BackendConfig::recompute)
   bool recompute_selective = false;
   engine::OptimizerOptions optimizer;  // betas, eps, clipping, which parameters decay
+  engine::MoeOptions moe;              // router precision, frozen router, auxiliary losses
 };
 
 struct DeviceEngineFactory {
