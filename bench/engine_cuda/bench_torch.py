@@ -125,5 +125,5 @@ if (not args.only or args.only == "forward") and not args.compile:
 
     t = timed(fwd_lp, args.steps, args.warmup)
     n = FB * T
-    print(f"torch forward logprobs (eager): {t * 1e3:.1f} ms, {n / t:.0f} tok/s", flush=True)
-    print(f"RESULT impl=torch name=forward mode=eager shape={args.shape}_B{FB}xT{T} value={n / t:.0f} unit=tok/s ms={t * 1e3:.3f}", flush=True)
+    print(f"torch forward logprobs ({mode}): {t * 1e3:.1f} ms, {n / t:.0f} tok/s", flush=True)
+    print(f"RESULT impl=torch name=forward mode={mode} shape={args.shape}_B{FB}xT{T} value={n / t:.0f} unit=tok/s ms={t * 1e3:.3f}", flush=True)
