@@ -87,7 +87,8 @@ void CudaEngine::Impl::describe() {
   for (const sdk::LayerDesc& ld : desc.layers) {
     const auto& a = ld.attention;
     const std::string at = "layer " + std::to_string(ld.index) + ": ";
-    if (a.kind != sdk::AttentionKind::gqa) unsupported(at + "attention kind " + sdk::to_string(a.kind));
+    if (a.kind != sdk::AttentionKind::gqa && a.kind != sdk::AttentionKind::mla)
+      unsupported(at + "attention kind " + sdk::to_string(a.kind));
     if (ld.mlp.kind != sdk::MlpKind::dense && ld.mlp.kind != sdk::MlpKind::moe)
       unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
     if (ld.mlp.hidden_act != "silu") unsupported(at + "hidden_act " + ld.mlp.hidden_act);
@@ -98,6 +99,7 @@ void CudaEngine::Impl::describe() {
     LayerShape s;
     static_cast<LayerBasics&>(s) = layer_basics(desc, ld);
     s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
+    if (a.kind == sdk::AttentionKind::mla) describe_mla_layer(ld, s);  // sets D, Wqkv (mla_layer.cpp)
     if (ld.mlp.kind == sdk::MlpKind::moe) describe_moe_layer(ld, s);  // sets F = 0
     shapes.push_back(s);
     maxW = std::max(maxW, s.Wqkv);
@@ -171,11 +173,13 @@ void CudaEngine::Impl::carve_params() {
       switch (r) {
         case ParamRole::attn_norm: o.attn_norm = off; break;
         case ParamRole::q: o.wqkv = off; break;
-        case ParamRole::k:
-          if (off != o.wqkv + s.Hq * s.D * C) throw std::logic_error("cuda engine: q/k not adjacent");
+        case ParamRole::k:  // (an MLA layer has no k and v: its keys and values come from kv_b)
+          if (!s.mla && off != o.wqkv + s.Hq * s.D * C)
+            throw std::logic_error("cuda engine: q/k not adjacent");
           break;
         case ParamRole::v:
-          if (off != o.wqkv + (s.Hq + s.Hkv) * s.D * C) throw std::logic_error("cuda engine: k/v not adjacent");
+          if (!s.mla && off != o.wqkv + (s.Hq + s.Hkv) * s.D * C)
+            throw std::logic_error("cuda engine: k/v not adjacent");
           break;
         case ParamRole::q_bias: o.bq = off; break;
         case ParamRole::k_bias: o.bk = off; break;
@@ -209,11 +213,21 @@ void CudaEngine::Impl::carve_params() {
           break;
         case ParamRole::shared_expert_down: o.ws_down = off; break;
         case ParamRole::shared_expert_gate: o.ws_gate = off; break;
+        case ParamRole::q_a: o.q_a = off; break;
+        case ParamRole::q_a_norm: o.q_a_norm = off; break;
+        case ParamRole::q_b: o.q_b = off; break;
+        case ParamRole::kv_a: o.kv_a = off; break;
+        case ParamRole::kv_a_norm: o.kv_a_norm = off; break;
+        case ParamRole::kv_b: o.kv_b = off; break;
         default: break;
       }
     }
-    const bool attn_ok = o.attn_norm >= 0 && o.wqkv >= 0 && o.wo >= 0 && o.mlp_norm >= 0 &&
-                         (!s.qk_norm || (o.q_norm >= 0 && o.k_norm >= 0));
+    const bool attn_ok =
+        s.mla ? o.attn_norm >= 0 && o.wo >= 0 && o.mlp_norm >= 0 && o.kv_a >= 0 &&
+                    o.kv_a_norm >= 0 && o.kv_b >= 0 &&
+                    (s.rq > 0 ? o.q_a >= 0 && o.q_a_norm >= 0 && o.q_b >= 0 : o.wqkv >= 0)
+              : o.attn_norm >= 0 && o.wqkv >= 0 && o.wo >= 0 && o.mlp_norm >= 0 &&
+                    (!s.qk_norm || (o.q_norm >= 0 && o.k_norm >= 0));
     const bool mlp_ok =
         s.moe ? o.router >= 0 && o.we_gu >= 0 && o.we_down >= 0 &&
                     (!s.router_bias || o.router_b >= 0) && (!s.score_bias || o.score_bias >= 0) &&
@@ -222,6 +236,7 @@ void CudaEngine::Impl::carve_params() {
               : o.wgu >= 0 && o.wdown >= 0;
     if (!attn_ok || !mlp_ok)
       throw std::invalid_argument("cuda engine: layer " + std::to_string(l) + " misses a parameter");
+    if (s.mla) check_mla_params(l);
   }
   off_embed = put(-1, ParamRole::embed);
   off_final_norm = put(-1, ParamRole::final_norm);
@@ -335,6 +350,7 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     }
     // (an MoE layer's F is 0: its gu and a are empty; its MLP block keeps MoeActs instead)
     carve_moe(c, N, per_layer, train);  // MoE layers' routed activations and scratch
+    carve_mla(c, N, per_layer, train);  // MLA layers' latents and scratch
     if (selective) {  // what backward recomputes, one layer at a time
       bf16* xn1 = c.take<bf16>(N * C);
       bf16* xn2 = c.take<bf16>(N * C);
@@ -451,6 +467,9 @@ void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs&
 
   kc::rmsnorm_fwd(bf, a.xn1, C, {a.rstd1, false}, a.x, C, w(p.attn_norm), N, C, s.eps_attn,
                   s.off_attn, stream);                                                  // xn1
+  if (s.mla) {
+    forward_mla(l, mb, a);  // h = x + o(mla(xn1)) (mla_layer.cpp)
+  } else {
   gemm(false, true, N, Wqkv, C, a.xn1, C, w(p.wqkv), C, 0, a.qkv, Wqkv, false);        // qkv
   if (p.bq >= 0) kc::bias_add_fwd(bf, q, Wqkv, w(p.bq), N, Hq * D, stream);
   if (p.bk >= 0) kc::bias_add_fwd(bf, k, Wqkv, w(p.bk), N, Hkv * D, stream);
@@ -476,6 +495,7 @@ void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs&
   gemm(false, true, N, C, Hq * D, a.att, Hq * D, w(p.wo), Hq * D, 0, a.h, C, false);    // o
   if (p.bo >= 0) kc::bias_add_fwd(bf, a.h, C, w(p.bo), N, C, stream);
   kc::add_fwd(bf, a.h, a.x, a.h, N * C, stream);                                       // h
+  }
   kc::rmsnorm_fwd(bf, a.xn2, C, {a.rstd2, false}, a.h, C, w(p.mlp_norm), N, C, s.eps_mlp,
                   s.off_mlp, stream);                                                  // xn2
   if (s.moe) {  // mixture of experts (moe_layer.cpp)
@@ -595,6 +615,10 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
                   {a.rstd2, false}, N, C, s.off_mlp, true, ws_.rewind(), stream);        // dres = dh
   }
 
+  if (s.mla) {  // multi-head latent attention (mla_layer.cpp)
+    backward_mla(l, mb, a);
+    return;
+  }
   // Attention: h = x + o_proj(attention(rope(qk_norm(qkv(attn_norm(x))))))
   if (p.bo >= 0) kc::bias_bwd(bf, {g(p.bo), false}, dres, C, N, C, ws_.rewind(), stream);
   gemm(false, false, N, Hq * D, C, dres, C, w(p.wo), Hq * D, 0, datt, Hq * D, false);   // datt

@@ -7,7 +7,8 @@
 // Dimension letters: N tokens of the micro-batch, S sequences, C hidden size, V vocabulary,
 // L layers, Hq / Hkv heads, D head dim, F MLP width, Wqkv = (Hq + 2 Hkv) D, R rotary dims;
 // MoE: E experts, K choices per token (top_k), NK = N K routed rows, Fe expert width, Fs
-// shared-expert width.
+// shared-expert width. MLA (mla_layer.cpp): rq / rkv the q and kv latent ranks, dn / dr / dv
+// the nope, rope and value head dims (D = dn + dr).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "device_memory.hpp"
+#include "mla_kernels.hpp"
 #include "moe_kernels.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 
@@ -47,6 +49,10 @@ struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale 
   int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
   bool norm_topk_prob = false;
   double scaling_factor = 1;
+  int64_t n_group = 1, topk_group = 1;  // DeepSeek's group-limited routing
+  // MLA layer (D = dn + dr, Hkv = Hq, Wqkv = Hq (2 D + dv): q | k | v as the attention reads them)
+  bool mla = false;
+  int64_t rq = 0, rkv = 0, dn = 0, dr = 0, dv = 0;
 };
 
 // Where one description tensor lives in the flat buffers: `pieces` runs of `piece` elements,
@@ -67,6 +73,9 @@ struct LayerOffsets {
   // [2 Fs, C], down [C, Fs], its sigmoid gate [1, C]
   int64_t router = -1, router_b = -1, score_bias = -1, we_gu = -1, we_down = -1, ws_gu = -1,
           ws_down = -1, ws_gate = -1;
+  // MLA: q_a [rq, C], q_a_norm [rq], q_b [H D, rq] (or q [H D, C] in wqkv without a q latent),
+  // kv_a [rkv + dr, C], kv_a_norm [rkv], kv_b [H (dn + dv), rkv]; o [C, H dv] in wo
+  int64_t q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_a_norm = -1, kv_b = -1;
 };
 
 // Activations of one layer (bf16 unless float).
@@ -108,6 +117,28 @@ struct MoeActs {
   bf16* sy = nullptr;          // [N, C] shared expert output
   float* sgl = nullptr;        // [N] shared gate logit
   float* sgw = nullptr;        // [N] sigmoid(logit): its weight (and its score)
+};
+
+// What an MLA layer keeps from its forward for its backward (one set per MLA layer in training
+// without full recompute, one shared set otherwise). Selective recompute keeps them too: the
+// latents are GEMM outputs and their norms, rq + 2 rkv + dr values a token, small beside q|k|v.
+struct MlaActs {
+  bf16* qa = nullptr;         // [N, rq] q_a(xn1)
+  bf16* qan = nullptr;        // [N, rq] q_a_norm(qa)
+  float* rstd_qa = nullptr;   // [N]
+  bf16* kva = nullptr;        // [N, rkv + dr] kv_a(xn1): latent | k_rope (not rotated)
+  bf16* ckv = nullptr;        // [N, rkv] kv_a_norm(latent)
+  float* rstd_kva = nullptr;  // [N]
+};
+
+// Scratch of the MLA layers (one set for all of them).
+struct MlaScratch {
+  bf16* kv = nullptr;    // [N, H (dn + dv)] kv_b's product (forward), d of it (backward)
+  bf16* krot = nullptr;  // [N, dr] the rotated shared key (forward)
+  bf16* dkva = nullptr;  // [N, rkv + dr] d kva: d latent | d k_rope
+  bf16* dckv = nullptr;  // [N, rkv]
+  bf16* dqan = nullptr;  // [N, rq]
+  bf16* dqa = nullptr;   // [N, rq]
 };
 
 // Scratch of the MoE layers (one set for all of them, forward and backward).
@@ -197,6 +228,10 @@ struct CudaEngine::Impl {
   bool acts_per_layer = false;
   std::vector<cuda::MoeActs> moe_acts;  // per layer (set for MoE layers) or 1 shared set
   cuda::MoeScratch moe_x;
+  std::vector<cuda::MlaActs> mla_acts;  // per layer (set for MLA layers) or 1 shared set
+  cuda::MlaScratch mla_x;
+  // MLA: the largest of each dimension over the MLA layers (0 without any)
+  int64_t mla_layers = 0, maxRq = 0, maxRkv = 0, maxDr = 0, maxKvb = 0;
   std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
   bf16* xr = nullptr;           // full recompute: where a recomputed layer's output goes
   float* head_cache = nullptr;  // training: the head's fp32 logits [N, ld_head_cache], or null
@@ -229,10 +264,14 @@ struct CudaEngine::Impl {
   ~Impl();
   void describe();
   void describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s);  // moe_layer.cpp
+  void describe_mla_layer(const sdk::LayerDesc& ld, LayerShape& s);  // mla_layer.cpp
+  // mla_layer.cpp: the MLA tensors' shapes against the layer's dimensions (after carve_params)
+  void check_mla_params(int64_t l) const;
   void carve_params();
   void plan(int64_t N, bool train);
   // The MoE part of the plan (moe_layer.cpp): measures with a null base, like Carver.
   void carve_moe(cuda::Carver& c, int64_t N, bool per_layer, bool train);
+  void carve_mla(cuda::Carver& c, int64_t N, bool per_layer, bool train);  // mla_layer.cpp
   void require_trainable(const char* what) const {
     if (!opt.trainable)
       throw std::invalid_argument(std::string("cuda engine: ") + what +
@@ -323,6 +362,11 @@ struct CudaEngine::Impl {
   cuda::MoeActs& moe_of(int64_t l) { return moe_acts[acts_per_layer ? size_t(l) : 0]; }
   void forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out, bool recompute);
   void backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a);
+  // mla_layer.cpp: the attention block of an MLA layer (from xn1 = attn_norm(x) to
+  // h = x + o(mla(xn1))) and its backward (dres = d h on entry, d x on exit, as the dense block).
+  cuda::MlaActs& mla_of(int64_t l) { return mla_acts[acts_per_layer ? size_t(l) : 0]; }
+  void forward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
+  void backward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
   cuda::MoeLossArgs moe_loss_args(int64_t l, const MicroBatch& mb, const cuda::MoeActs& m) const;
   kc::LogprobArgs head_args(const OutputRequest& req, int64_t N, bool cache) const;
   kc::AttnArgs attn_args(const LayerShape& s, const LayerActs& a, int64_t N, int64_t S) const;

@@ -35,11 +35,12 @@ void CudaEngine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& 
   if (m.num_experts <= 0 || m.top_k <= 0 || m.top_k > m.num_experts ||
       m.expert_intermediate_size <= 0 || m.shared_expert_intermediate_size < 0)
     throw std::invalid_argument(at + "MoE sizes must satisfy 0 < top_k <= experts, ffn > 0");
-  if (m.top_k > 64) throw std::invalid_argument(at + "top_k above 64 is not supported");
-  // DeepSeek-V3's group-limited routing: the router kernel has it, but the only models using it
-  // also use MLA attention, which this path does not execute; refused by name until both are.
-  if (m.n_group > 1) cuda::unsupported("layer " + std::to_string(ld.index) +
-                                       ": DeepSeek group-limited routing (n_group > 1)");
+  if (m.top_k > 64 || m.n_group > 64)
+    throw std::invalid_argument(at + "top_k and n_group above 64 are not supported");
+  // DeepSeek's group-limited routing (moe_router_fwd: a group scores the sum of its two best
+  // selection scores, the topk_group best groups stay); the CPU engine's checks.
+  if (m.n_group < 1 || m.num_experts % m.n_group || m.topk_group < 1 || m.topk_group > m.n_group)
+    throw std::invalid_argument(at + "n_group must divide the experts, 1 <= topk_group <= n_group");
   s.moe = true;
   s.F = 0;
   s.E = m.num_experts;
@@ -52,6 +53,8 @@ void CudaEngine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& 
   s.scoring = m.scoring == sdk::MoeScoring::sigmoid ? 1 : 0;
   s.norm_topk_prob = m.norm_topk_prob;
   s.scaling_factor = m.routed_scaling_factor;
+  s.n_group = m.n_group;
+  s.topk_group = m.topk_group;
   const bool aux = opt.moe.load_balancing != MoeOptions::LoadBalancing::none &&
                    opt.moe.aux_loss_coef != 0;
   if ((aux || opt.moe.z_loss_coef != 0) && s.scoring != 0)
@@ -242,6 +245,8 @@ void CudaEngine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a
   ra.scoring = s.scoring;
   ra.norm_topk_prob = s.norm_topk_prob;
   ra.scaling_factor = s.scaling_factor;
+  ra.n_group = s.n_group;
+  ra.topk_group = s.topk_group;
   ra.experts = m.experts;
   ra.ldl = E;
   ra.err = err;
@@ -377,6 +382,8 @@ void CudaEngine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& 
   rb.scoring = s.scoring;
   rb.norm_topk_prob = s.norm_topk_prob;
   rb.scaling_factor = s.scaling_factor;
+  rb.n_group = s.n_group;
+  rb.topk_group = s.topk_group;
   rb.experts = m.experts;
   rb.lddl = E;
   rb.err = err;
