@@ -80,7 +80,7 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   try {
     eng = std::make_unique<engine::CudaEngine>(desc);
   } catch (const std::invalid_argument& e) {
-    GTEST_SKIP() << folder << ": " << e.what();  // MLA, dynamic RoPE: CPU engine only
+    GTEST_SKIP() << folder << ": " << e.what();  // dynamic RoPE, longrope: CPU engine only
   }
   eng->load_parameters(w.tensors);
 
@@ -94,7 +94,8 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   mb.input_ids = ids;
   mb.cu_seqlens = cu;
 
-  // MoE fixtures: the GPU replays the reference's routing. Its own bf16 choice differs from
+  // MoE fixtures (deepseek-v3-tiny's group-limited sigmoid routing included): the GPU replays
+  // the reference's routing. Its own bf16 choice differs from
   // float64 HF's where two router scores are within bf16 noise of each other: measured on the
   // CPU engine by rounding the fixture weights to bf16 (the GPU's working copy), 2-5 of the
   // 320-480 (token, layer) expert sets flip in mixtral-tiny, qwen2-moe-tiny,
@@ -151,7 +152,9 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
     req.routed_experts = true;
   }
   const engine::Outputs out = eng->forward(mb, req);
-  if (!routes.empty()) EXPECT_TRUE(out.routed_experts == routes) << "the replay is the record";
+  if (!routes.empty()) {
+    EXPECT_TRUE(out.routed_experts == routes) << "the replay is the record";
+  }
   const double e_logits = rel_error(out.logits, ref.read_f64("logits"));
   std::vector<float> lp;
   for (int64_t b = 0; b < B; ++b)
@@ -175,8 +178,11 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   for (size_t i = 0; i < desc.params.size(); ++i) {
     const sdk::ParamDesc& p = desc.params[i];
     const size_t slices = p.hf_names.size();
-    if (p.transform == sdk::ParamTransform::stack) ASSERT_GE(slices, 1u) << p.name;
-    else ASSERT_EQ(p.transform, sdk::ParamTransform::none) << p.name;
+    if (p.transform == sdk::ParamTransform::stack) {
+      ASSERT_GE(slices, 1u) << p.name;
+    } else {
+      ASSERT_EQ(p.transform, sdk::ParamTransform::none) << p.name;
+    }
     const size_t per = grads[i].size() / slices;
     for (size_t j = 0; j < slices; ++j, ++hf_tensors) {
       const std::string name = p.hf_names[j];
@@ -681,39 +687,188 @@ TEST(CudaEngineMoe, RecomputeKeepsGradientsBitwise) {
   }
 }
 
+// A small random DeepSeek-V3-like model: MLA (4 heads, q latent 64, kv latent 64, nope 32,
+// rope 16 interleaved, v 32: Dk 48 != Dv 32, so the SIMT attention), layer 0 dense
+// (first_k_dense_replace), layer 1 routed: 8 experts top-2 in 4 groups of which 2 are eligible,
+// sigmoid scores with a selection bias, renormalised, scaled by 2.5, one ungated shared expert;
+// hidden 128, untied; the batch of Small.
+nlohmann::json deepseek_config() {
+  return {{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"},
+          {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256},
+          {"moe_intermediate_size", 64}, {"num_hidden_layers", 2}, {"first_k_dense_replace", 1},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 4}, {"q_lora_rank", 64},
+          {"kv_lora_rank", 64}, {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16},
+          {"v_head_dim", 32}, {"rope_interleave", true}, {"n_routed_experts", 8},
+          {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"n_group", 4}, {"topk_group", 2},
+          {"norm_topk_prob", true}, {"routed_scaling_factor", 2.5}, {"rms_norm_eps", 1e-6},
+          {"max_position_embeddings", 512}, {"rope_theta", 10000.0},
+          {"tie_word_embeddings", false}};
+}
+struct SmallDeepSeek {
+  sdk::TransformerDesc desc;
+  std::vector<std::vector<float>> weights;
+  std::vector<int32_t> ids, cu;
+  SmallDeepSeek() {
+    desc = model::describe(deepseek_config());
+    std::mt19937 rng(13);
+    std::normal_distribution<float> nd(0.f, 0.05f);
+    for (const auto& p : desc.params) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      std::vector<float> t(static_cast<size_t>(n));
+      const bool norm = p.shape.size() == 1;  // norms and the selection bias: around 1
+      // a wide router, as SmallMoe's: well-separated scores
+      const float scale = p.role == sdk::ParamRole::router ? 10.f : 1.f;
+      for (float& x : t) x = norm ? 1.f + nd(rng) : scale * nd(rng);
+      weights.push_back(std::move(t));
+    }
+    Small dense;
+    ids = dense.ids;
+    cu = dense.cu;
+  }
+  int64_t predicted() const { return int64_t(ids.size()) - int64_t(cu.size() - 1); }
+};
+
+// The DeepSeek-like model's AdamW steps against the CPU engine's fp32 steps (eps = 1, as the
+// tests above; both engines replay the CPU engine's initial routing, as the MoE test does): grad
+// norms, losses and every tensor's update; and the second step allocates nothing and waits
+// for the device twice (the loss callback, the gradient norm).
+TEST(CudaEngineMla, DeepSeekAdamWStepsFollowTheCpuEngine) {
+  NEED_GPU();
+  SmallDeepSeek s;
+  ASSERT_TRUE(s.desc.layers[0].attention.kind == sdk::AttentionKind::mla);
+  ASSERT_TRUE(s.desc.layers[0].mlp.kind == sdk::MlpKind::dense);
+  ASSERT_TRUE(s.desc.layers[1].mlp.kind == sdk::MlpKind::moe);
+  ASSERT_EQ(s.desc.layers[1].mlp.moe.n_group, 4);
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::StepOptions so;
+  so.lr = 1e-2;
+  so.global_tokens = s.predicted();
+  std::vector<int32_t> routes;
+  {
+    engine::Engine cpu(s.desc);
+    cpu.load_parameters(s.weights);
+    engine::OutputRequest rec;
+    rec.routed_experts = true;
+    routes = cpu.forward(mb, rec).routed_experts;
+  }
+  std::vector<int64_t> shape = {int64_t(s.ids.size()), 2}, strides = {2, 1};
+  ASSERT_EQ(routes.size(), s.ids.size() * 2);
+  rlh_named_tensor f{};
+  f.name = "routes";
+  f.tensor.data = routes.data();
+  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  f.tensor.ndim = 2;
+  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+  f.tensor.shape = shape.data();
+  f.tensor.strides = strides.data();
+  mb.fields.push_back(f);
+  so.outputs.replay_routing_field = "routes";
+  engine::EngineOptions eo;
+  eo.optimizer.eps = 1.0;
+  engine::CudaEngineOptions co;
+  co.optimizer = eo.optimizer;
+  engine::Engine cpu(s.desc, eo);
+  cpu.load_parameters(s.weights);
+  engine::CudaEngine gpu(s.desc, co);
+  gpu.load_parameters(s.weights);
+  engine::CudaEngineStats before{};
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) before = gpu.stats();
+    const auto rc = cpu.train_step({&mb, 1}, so, nll);
+    const auto rg = gpu.train_step({&mb, 1}, so, nll);
+    EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 2e-2 * rc.grad_norm);
+    EXPECT_NEAR(rg.loss, rc.loss, 1e-2 * rc.loss);
+    EXPECT_EQ(rg.step, step + 1);
+  }
+  const auto after_stats = gpu.stats();
+  EXPECT_EQ(after_stats.device_allocations, before.device_allocations);
+  EXPECT_EQ(after_stats.host_syncs - before.host_syncs, 2);
+  const auto after = gpu.save_parameters();
+  double worst = 0;
+  for (size_t i = 0; i < s.weights.size(); ++i) {
+    std::vector<float> dg(after[i].size()), dc(after[i].size());
+    const auto pc = cpu.param(i);
+    for (size_t j = 0; j < dg.size(); ++j) {
+      dg[j] = after[i][j] - s.weights[i][j];
+      dc[j] = pc[j] - s.weights[i][j];
+    }
+    const double e = rel_error(dg, dc);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 0.1) << "update of " << s.desc.params[i].name;
+  }
+  std::printf("DeepSeek-like (MLA, group-limited routing): two AdamW steps, worst update error %.3g\n",
+              worst);
+}
+
+// Recompute none / selective / full on the DeepSeek-like model: bitwise the same gradients and
+// loss (selective keeps the MLA latents and recomputes the norms' and SwiGLU outputs; full
+// re-runs the layer, its routing included), and less memory in that order.
+TEST(CudaEngineMla, RecomputeKeepsGradientsBitwise) {
+  NEED_GPU();
+  SmallDeepSeek s;
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  engine::StepOptions so;
+  so.apply_optimizer = false;
+  so.global_tokens = s.predicted();
+  std::vector<std::vector<std::vector<float>>> grads;
+  std::vector<double> loss;
+  std::vector<int64_t> bytes;
+  for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective,
+                              engine::Recompute::full}) {
+    engine::CudaEngineOptions co;
+    co.recompute = r;
+    co.max_tokens = int64_t(s.ids.size());
+    engine::CudaEngine gpu(s.desc, co);
+    gpu.load_parameters(s.weights);
+    loss.push_back(gpu.train_step({&mb, 1}, so, nll).loss);
+    grads.push_back(gpu.gradients());
+    bytes.push_back(gpu.stats().device_bytes);
+  }
+  for (size_t k = 1; k < grads.size(); ++k) {
+    EXPECT_EQ(loss[k], loss[0]);
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_TRUE(grads[k][i] == grads[0][i]) << s.desc.params[i].name;
+  }
+  // every trained tensor got a gradient (the MLA path reaches all of them)
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    if (!s.desc.params[i].trainable) continue;
+    EXPECT_TRUE(std::any_of(grads[0][i].begin(), grads[0][i].end(), [](float v) { return v != 0.f; }))
+        << s.desc.params[i].name << " has no gradient";
+  }
+  EXPECT_LT(bytes[1], bytes[0]);
+  EXPECT_LT(bytes[2], bytes[1]);
+}
+
 // What the GPU path does not execute is refused by name before any device work (runs anywhere).
 TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
-  // DeepSeek-V3 (MLA attention, group-limited routing): refused by its attention first.
-  const nlohmann::json mla = {{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"},
-                              {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
-                              {"moe_intermediate_size", 16}, {"num_hidden_layers", 2},
-                              {"first_k_dense_replace", 1}, {"num_attention_heads", 2},
-                              {"num_key_value_heads", 2}, {"kv_lora_rank", 16}, {"q_lora_rank", 24},
-                              {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 8}, {"v_head_dim", 8},
-                              {"n_routed_experts", 4}, {"n_shared_experts", 1},
-                              {"num_experts_per_tok", 2}, {"n_group", 2}, {"topk_group", 1},
-                              {"norm_topk_prob", true}, {"routed_scaling_factor", 2.5},
-                              {"max_position_embeddings", 64}};
-  try {
-    engine::CudaEngine e(model::describe(mla));
-    FAIL() << "an MLA model was accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("attention kind mla"), std::string::npos) << e.what();
-  }
-  // Group-limited routing alone (an MLA model's description with its attention made GQA):
-  // refused by name too.
+  // DeepSeek-V3 (MLA, group-limited routing) passes the description checks: without a device it
+  // fails only for want of one (std::runtime_error), never with a refusal.
   {
-    sdk::TransformerDesc d = model::describe(mla);
-    for (sdk::LayerDesc& ld : d.layers) {
-      ld.attention.kind = sdk::AttentionKind::gqa;
-      ld.attention.head_dim = 16;
-      ld.attention.num_kv_heads = ld.attention.num_heads;
-    }
+    std::string why;
+    const bool gpu = engine::cuda_engine_available(&why);
     try {
-      engine::CudaEngine e(d);
-      FAIL() << "group-limited routing was accepted";
+      engine::CudaEngine e(model::describe(deepseek_config()));
+      EXPECT_TRUE(gpu) << "constructed without a device";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("group-limited routing"), std::string::npos) << e.what();
+      FAIL() << "DeepSeek-V3 was refused: " << e.what();
+    } catch (const std::runtime_error& e) {
+      EXPECT_FALSE(gpu) << e.what();
+    }
+  }
+  // Still refused: RoPE whose frequencies depend on the sequence length, on an MLA model too.
+  {
+    nlohmann::json cfg = deepseek_config();
+    cfg["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+    try {
+      engine::CudaEngine e(model::describe(cfg));
+      FAIL() << "dynamic RoPE on an MLA model was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("RoPE kind dynamic"), std::string::npos) << e.what();
     }
   }
   nlohmann::json dyn = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
