@@ -31,8 +31,11 @@
 // each expert's gate|up and down, the weighted combine; the auxiliary losses and their metrics
 // are counted on the device. Offsets stay on the device: no host wait inside a layer.
 //
-// Not on the GPU yet (refused with std::invalid_argument naming the feature): MLA layers,
-// DeepSeek's group-limited routing (n_group > 1), sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p) logprobs,
+// DeepSeek-V3: multi-head latent attention layers (src/mla_layer.cpp, as the CPU engine's
+// mla.cpp) and group-limited routing (n_group / topk_group in the router kernel).
+//
+// Not on the GPU yet (refused with std::invalid_argument naming the feature):
+// sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p) logprobs,
 // logprob_at_ids.
 #pragma once
 
