@@ -121,7 +121,7 @@ struct MoeActs {
 
 // What an MLA layer keeps from its forward for its backward (one set per MLA layer in training
 // without full recompute, one shared set otherwise). Selective recompute keeps them too: the
-// latents are GEMM outputs and their norms, rq + 2 rkv + dr values a token, small beside q|k|v.
+// latents are GEMM outputs and their norms, 2 rq + 2 rkv + dr values a token, small beside q|k|v.
 struct MlaActs {
   bf16* qa = nullptr;         // [N, rq] q_a(xn1)
   bf16* qan = nullptr;        // [N, rq] q_a_norm(qa)
