@@ -413,7 +413,9 @@ TEST(LossAdapter, OutputsAndGradientsAreTokenAligned) {
       EXPECT_EQ(mb.grad(0, t), to_f32(-w)) << "sequence " << k << " position " << j;
       if (j > 0) want_loss -= w * static_cast<double>(lp[t]);
       // The output at token-aligned position j is the case's output-frame entry j-1.
-      if (j > 0) EXPECT_EQ(lp[t], to_f32(c.lp[static_cast<size_t>(p.order[k])][static_cast<size_t>(j - 1)]));
+      if (j > 0) {
+        EXPECT_EQ(lp[t], to_f32(c.lp[static_cast<size_t>(p.order[k])][static_cast<size_t>(j - 1)]));
+      }
     }
   }
   EXPECT_NEAR(mb.loss(), want_loss, 1e-6 * std::abs(want_loss));
