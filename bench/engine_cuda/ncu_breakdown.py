@@ -1,0 +1,25 @@
+#!/usr/bin/env python3
+# Kernel time of one training step by kind, from Nsight Compute's CSV (the device image has ncu, not nsys):
+#   ncu --metrics gpu__time_duration.sum --csv bench_cuda_engine [--shape S] --only train --steps 1 --warmup 0 > step.csv
+#   python3 bench/engine_cuda/ncu_breakdown.py step.csv
+# ncu runs kernels one at a time at base clocks, so the sum exceeds a real step's time; the shares hold.
+import csv, collections, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) == 15 and r[0] != "ID"]
+kinds = [("gg_mma", "grouped GEMM (MoE experts)"), ("attn_fwd", "attention forward"), ("attn_bwd", "attention backward"), ("attn", "attention (dO.O, dQ)"),
+         ("grouped_gemm", "grouped GEMM (MoE experts)"), ("gemm", "GEMM (cuBLASLt)"), ("sm90", "GEMM (cuBLASLt)"),
+         ("cutlass", "GEMM (cuBLASLt)"), ("xmma", "GEMM (cuBLASLt)"), ("nvjet", "GEMM (cuBLASLt)"), ("tile_grad", "head: logits gradient"),
+         ("tile_stats", "head: log-sum-exp"), ("logprob", "head: finish"), ("router", "MoE router"),
+         ("permute", "MoE permute/unpermute"), ("radix", "cub sorts and scans"), ("cub", "cub sorts and scans"),
+         ("adam", "AdamW"), ("sumsq", "gradient norm"), ("sum_partials", "gradient norm"), ("rmsnorm", "RMSNorm"),
+         ("rope", "RoPE"), ("swiglu", "SwiGLU"), ("add", "residual add"), ("embedding", "embedding"), ("combine", "MoE permute/unpermute"),
+         ("cast", "bf16 cast (weights load)"), ("reduce", "column reductions (bias, norm weights)")]
+tot, cnt = collections.defaultdict(float), collections.Counter()
+for r in rows:
+    name = r[4].lower()
+    kind = next((k for key, k in kinds if key in name), "other")
+    tot[kind] += float(r[14].replace(",", "")) / 1e6
+    cnt[kind] += 1
+total = sum(tot.values())
+for k, v in sorted(tot.items(), key=lambda x: -x[1]):
+    print(f"{k:42s} {v:8.2f} ms {100 * v / total:5.1f} %  ({cnt[k]} kernels)")
+print(f"{'sum of kernel times':42s} {total:8.2f} ms")
