@@ -146,14 +146,15 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     b.host.info(std::string(b.flavor->name) + ": " + m.role + " runs on the CPU engine (" + why + ")");
     return false;
   };
-  if (f == nullptr) {
-    if (automatic) return false;
-    throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend runs the CPU engine only (the CUDA path is megatron's)");
-  }
   if (!m.config.bf16()) {
     if (automatic) return false;  // float32 training is the CPU engine's
     throw Error(RLH_E_INVALID_ARGUMENT, where + " computes in bfloat16 with float32 master weights: set "
                                                 "policy.precision = bfloat16 (it is " + m.config.precision + ")");
+  }
+  if (f == nullptr) {
+    if (automatic) return false;
+    throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
+                                             "is megatron's, built where kernels_cuda is)");
   }
   const std::string target = automatic ? "cuda" : d;
   std::string why;
