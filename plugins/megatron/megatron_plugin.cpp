@@ -52,4 +52,4 @@ const rlh_component_desc* const kComponents[] = {&kBackend};
 }  // namespace
 
 RLH_DEFINE_PLUGIN(rlh::sdk::plugin_desc("megatron", "0.1.0", "rlhost", kComponents,
-                                        "Megatron-style training backend (CPU fp32; dense Llama on one Hopper GPU in bf16)"))
+                                        "Megatron-style training backend (CPU fp32; bf16 on one Hopper GPU: dense Llama, MoE, DeepSeek-V3)"))
