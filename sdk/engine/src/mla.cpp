@@ -29,21 +29,9 @@ constexpr float kLatentEps = 1e-6f;
 }
 
 void Engine::Impl::describe_mla_layer(const sdk::LayerDesc& ld, LayerShape& s) {
-  const sdk::AttentionDesc& a = ld.attention;
   const std::string at = "engine: layer " + std::to_string(ld.index) + ": ";
-  if (a.kv_lora_rank <= 0 || a.qk_rope_head_dim <= 0 || a.qk_nope_head_dim < 0 ||
-      a.v_head_dim <= 0 || a.q_lora_rank < 0)
-    throw std::invalid_argument(at + "MLA needs kv_lora_rank, qk_rope_head_dim, v_head_dim > 0");
-  if (a.v_head_dim > a.qk_nope_head_dim + a.qk_rope_head_dim)
-    throw std::invalid_argument(at + "v_head_dim above the q/k head dim is not supported by the engine");
-  if (a.q_bias || a.k_bias || a.v_bias || a.o_bias || a.qk_norm)
-    throw std::invalid_argument(at + "MLA with biases or q/k norms is not supported by the engine");
+  static_cast<MlaBasics&>(s) = mla_basics(ld, at);
   s.mla = true;
-  s.rq = a.q_lora_rank;
-  s.rkv = a.kv_lora_rank;
-  s.dn = a.qk_nope_head_dim;
-  s.dr = a.qk_rope_head_dim;
-  s.dv = a.v_head_dim;
   s.Hkv = s.Hq;
   s.D = s.dn + s.dr;
   s.Wqkv = s.Hq * (2 * s.D + s.dv);

@@ -62,6 +62,49 @@ LayerBasics layer_basics(const sdk::TransformerDesc& desc, const sdk::LayerDesc&
   return s;
 }
 
+MoeBasics moe_basics(const sdk::LayerDesc& ld, const MoeOptions& o, const std::string& at) {
+  const sdk::MoeDesc& m = ld.mlp.moe;
+  if (m.num_experts <= 0 || m.top_k <= 0 || m.top_k > m.num_experts ||
+      m.expert_intermediate_size <= 0 || m.shared_expert_intermediate_size < 0)
+    throw std::invalid_argument(at + "MoE sizes must satisfy 0 < top_k <= experts, ffn > 0");
+  if (m.top_k > 64 || m.n_group > 64)
+    throw std::invalid_argument(at + "top_k and n_group above 64 are not supported by the engine");
+  // DeepSeek's group-limited routing: a group scores the sum of its two best selection scores,
+  // the topk_group best groups stay.
+  if (m.n_group < 1 || m.num_experts % m.n_group || m.topk_group < 1 || m.topk_group > m.n_group)
+    throw std::invalid_argument(at + "n_group must divide the experts, 1 <= topk_group <= n_group");
+  MoeBasics b;
+  b.E = m.num_experts;
+  b.Kx = m.top_k;
+  b.Fe = m.expert_intermediate_size;
+  b.Fs = m.shared_expert_intermediate_size;
+  b.shared_gate = m.shared_expert_gate && b.Fs > 0;
+  b.score_bias = m.e_score_correction_bias;
+  b.router_bias = m.router_bias;
+  b.scoring = m.scoring == sdk::MoeScoring::sigmoid ? 1 : 0;
+  b.norm_topk_prob = m.norm_topk_prob;
+  b.scaling_factor = m.routed_scaling_factor;
+  b.n_group = m.n_group;
+  b.topk_group = m.topk_group;
+  const bool aux = o.load_balancing != MoeOptions::LoadBalancing::none && o.aux_loss_coef != 0;
+  if ((aux || o.z_loss_coef != 0) && b.scoring != 0)
+    throw std::invalid_argument(at + "the load-balancing and z losses are not supported by the "
+                                "engine with sigmoid router scores");
+  return b;
+}
+
+MlaBasics mla_basics(const sdk::LayerDesc& ld, const std::string& at) {
+  const sdk::AttentionDesc& a = ld.attention;
+  if (a.kv_lora_rank <= 0 || a.qk_rope_head_dim <= 0 || a.qk_nope_head_dim < 0 ||
+      a.v_head_dim <= 0 || a.q_lora_rank < 0)
+    throw std::invalid_argument(at + "MLA needs kv_lora_rank, qk_rope_head_dim, v_head_dim > 0");
+  if (a.v_head_dim > a.qk_nope_head_dim + a.qk_rope_head_dim)
+    throw std::invalid_argument(at + "v_head_dim above the q/k head dim is not supported by the engine");
+  if (a.q_bias || a.k_bias || a.v_bias || a.o_bias || a.qk_norm)
+    throw std::invalid_argument(at + "MLA with biases or q/k norms is not supported by the engine");
+  return MlaBasics{a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim};
+}
+
 std::span<const ParamRole> layer_param_order() { return kLayerOrder; }
 std::span<const ParamRole> global_param_order() { return kGlobalOrder; }
 

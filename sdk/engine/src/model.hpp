@@ -61,17 +61,15 @@ struct ModelParams {
 };
 
 // Shapes and settings of one layer, read once from the description.
-struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale (engine.hpp)
+// The layer readings both engines share (engine.hpp): heads, widths, norms, RoPE, window, scale;
+// an MoE layer's sizes and routing; an MLA layer's ranks and head dims.
+struct LayerShape : LayerBasics, MoeBasics, MlaBasics {
   int64_t Wqkv = 0;
-  // MoE layer (F = 0: no dense MLP): E experts, top Kx, expert width Fe, shared-expert width Fs
-  bool moe = false;
-  int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
-  bool shared_gate = false, score_bias = false, router_bias = false;
-  Ops::RouterAttrs router;
+  bool moe = false;        // MoE layer (F = 0: no dense MLP)
+  Ops::RouterAttrs router;  // the MoeBasics routing, as the router op takes it
   int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
   // MLA layer (DeepSeek-V3): D = dn + dr, Hkv = Hq, Wqkv = Hq (2 D + dv): q|k|v in qkv
   bool mla = false;
-  int64_t rq = 0, rkv = 0, dn = 0, dr = 0, dv = 0;
 };
 
 // Saved activations of one MLA layer (mla.cpp): the latents around their norms.

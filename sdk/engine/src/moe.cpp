@@ -47,36 +47,17 @@ void to_double(double* dst, const T* src, int64_t n) {
 // Description
 
 void Engine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s) {
-  const sdk::MoeDesc& m = ld.mlp.moe;
-  const std::string at = "engine: layer " + std::to_string(ld.index) + ": ";
-  if (m.num_experts <= 0 || m.top_k <= 0 || m.top_k > m.num_experts ||
-      m.expert_intermediate_size <= 0 || m.shared_expert_intermediate_size < 0)
-    throw std::invalid_argument(at + "MoE sizes must satisfy 0 < top_k <= experts, ffn > 0");
-  if (m.top_k > 64 || m.n_group > 64)
-    throw std::invalid_argument(at + "top_k and n_group above 64 are not supported by the engine");
-  if (m.n_group < 1 || m.num_experts % m.n_group || m.topk_group < 1 || m.topk_group > m.n_group)
-    throw std::invalid_argument(at + "n_group must divide the experts, 1 <= topk_group <= n_group");
+  static_cast<MoeBasics&>(s) = moe_basics(ld, opt.moe, "engine: layer " + std::to_string(ld.index) + ": ");
   s.moe = true;
   s.F = 0;
-  s.E = m.num_experts;
-  s.Kx = m.top_k;
-  s.Fe = m.expert_intermediate_size;
-  s.Fs = m.shared_expert_intermediate_size;
-  s.shared_gate = m.shared_expert_gate && s.Fs > 0;
-  s.score_bias = m.e_score_correction_bias;
-  s.router_bias = m.router_bias;
-  s.router.scoring = m.scoring == sdk::MoeScoring::sigmoid ? 1 : 0;
-  s.router.norm_topk_prob = m.norm_topk_prob;
-  s.router.scaling_factor = m.routed_scaling_factor;
-  s.router.n_group = m.n_group;
-  s.router.topk_group = m.topk_group;
+  s.router.scoring = s.scoring;
+  s.router.norm_topk_prob = s.norm_topk_prob;
+  s.router.scaling_factor = s.scaling_factor;
+  s.router.n_group = s.n_group;
+  s.router.topk_group = s.topk_group;
   s.route_col = route_width;
   route_width += s.Kx;
   router64 = opt.moe.router_fp64;
-  const bool aux = opt.moe.load_balancing != MoeOptions::LoadBalancing::none && opt.moe.aux_loss_coef != 0;
-  if ((aux || opt.moe.z_loss_coef != 0) && s.router.scoring != 0)
-    throw std::invalid_argument(at + "the load-balancing and z losses are not supported by the "
-                                "engine with sigmoid router scores");
 }
 
 // ---------------------------------------------------------------------------------------------

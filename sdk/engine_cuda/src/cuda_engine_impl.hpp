@@ -39,20 +39,14 @@ inline int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-struct LayerShape : LayerBasics {  // heads, widths, norms, RoPE, window, scale (engine.hpp)
+// The layer readings both engines share (engine.hpp): heads, widths, norms, RoPE, window, scale;
+// an MoE layer's sizes and routing; an MLA layer's ranks and head dims.
+struct LayerShape : LayerBasics, MoeBasics, MlaBasics {
   int64_t Wqkv = 0;
-  // MoE layer (F = 0: no dense MLP)
-  bool moe = false;
-  int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
-  bool shared_gate = false, score_bias = false, router_bias = false;
-  int scoring = 0;  // 0 softmax, 1 sigmoid
+  bool moe = false;        // MoE layer (F = 0: no dense MLP)
   int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
-  bool norm_topk_prob = false;
-  double scaling_factor = 1;
-  int64_t n_group = 1, topk_group = 1;  // DeepSeek's group-limited routing
   // MLA layer (D = dn + dr, Hkv = Hq, Wqkv = Hq (2 D + dv): q | k | v as the attention reads them)
   bool mla = false;
-  int64_t rq = 0, rkv = 0, dn = 0, dr = 0, dv = 0;
 };
 
 // Where one description tensor lives in the flat buffers: `pieces` runs of `piece` elements,

@@ -48,25 +48,13 @@ constexpr float kLatentEps = 1e-6f;  // mla.cpp's
 // Description: the CPU engine's checks (mla.cpp describe_mla_layer).
 
 void CudaEngine::Impl::describe_mla_layer(const sdk::LayerDesc& ld, LayerShape& s) {
-  const sdk::AttentionDesc& a = ld.attention;
   const std::string at = "cuda engine: layer " + std::to_string(ld.index) + ": ";
-  if (a.kv_lora_rank <= 0 || a.qk_rope_head_dim <= 0 || a.qk_nope_head_dim < 0 ||
-      a.v_head_dim <= 0 || a.q_lora_rank < 0)
-    throw std::invalid_argument(at + "MLA needs kv_lora_rank, qk_rope_head_dim, v_head_dim > 0");
-  if (a.v_head_dim > a.qk_nope_head_dim + a.qk_rope_head_dim)
-    throw std::invalid_argument(at + "MLA with v_head_dim above the q/k head dim is not supported");
-  if (a.q_bias || a.k_bias || a.v_bias || a.o_bias || a.qk_norm)
-    throw std::invalid_argument(at + "MLA with biases or q/k norms is not supported");
-  if (a.qk_nope_head_dim + a.qk_rope_head_dim > 256 || a.v_head_dim > 256)
+  static_cast<MlaBasics&>(s) = mla_basics(ld, at);  // the CPU engine's checks
+  // and this path's: the SIMT attention's head dims, RoPE pairs
+  if (s.dn + s.dr > 256 || s.dv > 256)
     throw std::invalid_argument(at + "MLA head dims above 256 are not supported by the attention");
-  if (a.qk_rope_head_dim % 2)
-    throw std::invalid_argument(at + "MLA's qk_rope_head_dim must be even");
+  if (s.dr % 2) throw std::invalid_argument(at + "MLA's qk_rope_head_dim must be even");
   s.mla = true;
-  s.rq = a.q_lora_rank;
-  s.rkv = a.kv_lora_rank;
-  s.dn = a.qk_nope_head_dim;
-  s.dr = a.qk_rope_head_dim;
-  s.dv = a.v_head_dim;
   s.Hkv = s.Hq;
   s.D = s.dn + s.dr;
   s.Wqkv = s.Hq * (2 * s.D + s.dv);

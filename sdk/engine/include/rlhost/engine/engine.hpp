@@ -266,6 +266,25 @@ struct LayerBasics {
 };
 LayerBasics layer_basics(const sdk::TransformerDesc& desc, const sdk::LayerDesc& layer);
 
+// An MoE layer's sizes and routing as both engines execute them (the description's MoeDesc),
+// checked: throws std::invalid_argument starting with `at` ("engine: layer 3: ") for sizes the
+// engines do not support, and for auxiliary losses (per `options`) with sigmoid scores.
+struct MoeBasics {
+  int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;  // experts, top k, expert width, shared-expert width
+  bool shared_gate = false, score_bias = false, router_bias = false;
+  int scoring = 0;  // 0 softmax, 1 sigmoid
+  bool norm_topk_prob = false;
+  double scaling_factor = 1;
+  int64_t n_group = 1, topk_group = 1;  // DeepSeek's group-limited routing
+};
+MoeBasics moe_basics(const sdk::LayerDesc& layer, const MoeOptions& options, const std::string& at);
+
+// An MLA layer's latent ranks and head dims (D = dn + dr), checked likewise.
+struct MlaBasics {
+  int64_t rq = 0, rkv = 0, dn = 0, dr = 0, dv = 0;
+};
+MlaBasics mla_basics(const sdk::LayerDesc& layer, const std::string& at);
+
 // Adds a loss callback's metrics into a step's, by name (a new name is appended).
 void accumulate_metrics(std::vector<std::pair<std::string, double>>& into,
                         const std::vector<std::pair<std::string, double>>& add);
