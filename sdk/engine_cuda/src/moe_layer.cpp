@@ -197,6 +197,26 @@ cuda::MoeLossArgs CudaEngine::Impl::moe_loss_args(int64_t l, const MicroBatch& m
   return a;
 }
 
+namespace {
+
+// A layer's routing as the router kernel takes it, forward and backward alike.
+kc::RouterArgs router_args(const cuda::LayerShape& s, int64_t N, int32_t* experts, int* err) {
+  kc::RouterArgs r;
+  r.N = N;
+  r.E = s.E;
+  r.K = s.Kx;
+  r.scoring = s.scoring;
+  r.norm_topk_prob = s.norm_topk_prob;
+  r.scaling_factor = s.scaling_factor;
+  r.n_group = s.n_group;
+  r.topk_group = s.topk_group;
+  r.experts = experts;
+  r.err = err;
+  return r;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Forward: a.xn2 = mlp_norm(h) is computed (forward_layer); x_out = h + the block.
 
@@ -212,18 +232,8 @@ void CudaEngine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a
   const bool r64 = opt.moe.router_fp64;
 
   // Router: logits, scores, choice, weights.
-  kc::RouterArgs ra;
-  ra.N = N;
-  ra.E = E;
-  ra.K = K;
-  ra.scoring = s.scoring;
-  ra.norm_topk_prob = s.norm_topk_prob;
-  ra.scaling_factor = s.scaling_factor;
-  ra.n_group = s.n_group;
-  ra.topk_group = s.topk_group;
-  ra.experts = m.experts;
+  kc::RouterArgs ra = router_args(s, N, m.experts, err);
   ra.ldl = E;
-  ra.err = err;
   const size_t kb = size_t(K) * 4, rb = size_t(route_width) * 4;
   if (replay_active) {  // this layer's columns of the [N, R] record become its choices
     check(cudaMemcpy2DAsync(m.experts, kb, route + s.route_col, rb, kb, size_t(N),
@@ -349,18 +359,8 @@ void CudaEngine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& 
                    opt.moe.load_balancing != MoeOptions::LoadBalancing::none;
   const bool zl = moe_train && opt.moe.z_loss_coef != 0;
   const cuda::MoeLossArgs la = moe_loss_args(l, mb, m);
-  kc::RouterArgs rb;
-  rb.N = N;
-  rb.E = E;
-  rb.K = K;
-  rb.scoring = s.scoring;
-  rb.norm_topk_prob = s.norm_topk_prob;
-  rb.scaling_factor = s.scaling_factor;
-  rb.n_group = s.n_group;
-  rb.topk_group = s.topk_group;
-  rb.experts = m.experts;
+  kc::RouterArgs rb = router_args(s, N, m.experts, err);
   rb.lddl = E;
-  rb.err = err;
   if (!r64) {
     if (aux || zl)
       cuda::moe_loss_grads<float>(la, m.lse, aux ? x.dprobs : nullptr, zl ? x.dlse : nullptr,
