@@ -252,6 +252,26 @@ struct Small {
   int64_t predicted() const { return int64_t(ids.size()) - int64_t(cu.size() - 1); }
 };
 
+// Each parameter's update on the GPU against the CPU engine's, from the same starting weights:
+// max|dGPU - dCPU| / max|dCPU| at most 0.1 per tensor. Returns the worst.
+double check_updates(const sdk::TransformerDesc& desc, const std::vector<std::vector<float>>& before,
+                     engine::CudaEngine& gpu, engine::Engine& cpu) {
+  const auto after = gpu.save_parameters();
+  double worst = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    std::vector<float> dg(after[i].size()), dc(after[i].size());
+    const auto pc = cpu.param(i);
+    for (size_t j = 0; j < dg.size(); ++j) {
+      dg[j] = after[i][j] - before[i][j];
+      dc[j] = pc[j] - before[i][j];
+    }
+    const double e = rel_error(dg, dc);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 0.1) << "update of " << desc.params[i].name;
+  }
+  return worst;
+}
+
 // Two AdamW steps move the fp32 master weights as the CPU engine's fp32 steps do. With the
 // usual eps, Adam's first updates are lr * sign(g): wherever a gradient is within bf16 noise of
 // zero its sign, and so its update, flips (a max error of 2, seen on the H200). eps = 1 makes
@@ -284,19 +304,7 @@ TEST(CudaEngine, AdamWStepsFollowTheCpuEngine) {
     EXPECT_EQ(rg.step, step + 1);
   }
   EXPECT_NEAR(loss_gpu, loss_cpu, 1e-2 * loss_cpu);
-  const auto after = gpu.save_parameters();
-  double worst = 0;
-  for (size_t i = 0; i < s.weights.size(); ++i) {
-    std::vector<float> dg(after[i].size()), dc(after[i].size());
-    const auto pc = cpu.param(i);
-    for (size_t j = 0; j < dg.size(); ++j) {
-      dg[j] = after[i][j] - s.weights[i][j];
-      dc[j] = pc[j] - s.weights[i][j];
-    }
-    const double e = rel_error(dg, dc);
-    worst = std::max(worst, e);
-    EXPECT_LE(e, 0.1) << "update of " << s.desc.params[i].name;
-  }
+  const double worst = check_updates(s.desc, s.weights, gpu, cpu);
   std::printf("two AdamW steps: worst update error %.3g (max|dGPU - dCPU| / max|dCPU|)\n", worst);
 }
 
@@ -526,19 +534,7 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
         // the same choice: the same counts
         EXPECT_EQ(metric(rg, "moe/max_expert_load"), metric(rc, "moe/max_expert_load"));
       }
-      const auto after = gpu.save_parameters();
-      double worst = 0;
-      for (size_t i = 0; i < s.weights.size(); ++i) {
-        std::vector<float> dg(after[i].size()), dc(after[i].size());
-        const auto pc = cpu.param(i);
-        for (size_t j = 0; j < dg.size(); ++j) {
-          dg[j] = after[i][j] - s.weights[i][j];
-          dc[j] = pc[j] - s.weights[i][j];
-        }
-        const double e = rel_error(dg, dc);
-        worst = std::max(worst, e);
-        EXPECT_LE(e, 0.1) << "update of " << s.desc.params[i].name;
-      }
+      const double worst = check_updates(s.desc, s.weights, gpu, cpu);
       std::printf("MoE (%s router): two AdamW steps, worst update error %.3g\n",
                   fp64 ? "fp64" : "fp32", worst);
     }
@@ -786,19 +782,7 @@ TEST(CudaEngineMla, DeepSeekAdamWStepsFollowTheCpuEngine) {
   const auto after_stats = gpu.stats();
   EXPECT_EQ(after_stats.device_allocations, before.device_allocations);
   EXPECT_EQ(after_stats.host_syncs - before.host_syncs, 2);
-  const auto after = gpu.save_parameters();
-  double worst = 0;
-  for (size_t i = 0; i < s.weights.size(); ++i) {
-    std::vector<float> dg(after[i].size()), dc(after[i].size());
-    const auto pc = cpu.param(i);
-    for (size_t j = 0; j < dg.size(); ++j) {
-      dg[j] = after[i][j] - s.weights[i][j];
-      dc[j] = pc[j] - s.weights[i][j];
-    }
-    const double e = rel_error(dg, dc);
-    worst = std::max(worst, e);
-    EXPECT_LE(e, 0.1) << "update of " << s.desc.params[i].name;
-  }
+  const double worst = check_updates(s.desc, s.weights, gpu, cpu);
   std::printf("DeepSeek-like (MLA, group-limited routing): two AdamW steps, worst update error %.3g\n",
               worst);
 }
