@@ -1,8 +1,8 @@
 // The generator's pieces on their own: Philox known answers and keying; sampling against
 // kernels_cpu's processed logprobs (the trainer's filter) on rows with ties, flat and peaked
 // distributions; the sampled distribution itself; min-p and greedy; stop strings across token
-// boundaries; the KV block pool; the row-invariant product; paged attention against
-// kernels_cpu's attention.
+// boundaries; the KV block pool; the worker pool; the row-invariant product; paged attention
+// against kernels_cpu's attention.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -10,10 +10,15 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <thread>
 
 #include "rlhost/generator/kv_cache.hpp"
 #include "rlhost/generator/linear.hpp"
@@ -21,6 +26,7 @@
 #include "rlhost/generator/rng.hpp"
 #include "rlhost/generator/sampling.hpp"
 #include "rlhost/generator/stop_strings.hpp"
+#include "rlhost/generator/worker_pool.hpp"
 #include "rlhost/kernels_cpu/kernels.hpp"
 
 using namespace rlh::gen;
@@ -307,6 +313,117 @@ TEST(KvCache, BlocksAreBudgetedAndReusedLastInFirstOut) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Worker pool
+
+TEST(WorkerPool, RunsEveryTaskOnceOnEveryThreadCount) {
+  for (int threads : {1, 2, 4}) {
+    WorkerPool pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    // Many short loops back to back (the decode's pattern), with gaps long and short enough for
+    // workers to be found spinning and sleeping.
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(2), int64_t(7), int64_t(64), int64_t(1000)})
+      for (int round = 0; round < 200; ++round) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<int> bad_worker{0};
+        pool.parallel_for(n, [&](int64_t i, int w) {
+          hits[size_t(i)].fetch_add(1);
+          if (w < 0 || w >= threads) bad_worker.fetch_add(1);
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "task " << i << " n " << n;
+        ASSERT_EQ(bad_worker.load(), 0);
+        if (round == 100) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // workers asleep
+      }
+  }
+}
+
+TEST(WorkerPool, UsesItsWorkersAndKeepsTheirIndicesApart) {
+  WorkerPool pool(2);
+  // Tasks that wait for each other can only finish if two threads run them at once.
+  std::atomic<int> arrived{0};
+  std::set<int> workers;
+  std::mutex mu;
+  pool.parallel_for(2, [&](int64_t, int w) {
+    arrived.fetch_add(1);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    std::lock_guard<std::mutex> lock(mu);
+    workers.insert(w);
+  });
+  EXPECT_EQ(arrived.load(), 2);
+  EXPECT_EQ(workers, (std::set<int>{0, 1})) << "two tasks running at once hold two worker indices";
+}
+
+TEST(WorkerPool, RethrowsTheFirstFailureAfterTheOtherTasksRan) {
+  WorkerPool pool(3);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.parallel_for(50, [&](int64_t i, int) {
+    ran.fetch_add(1);
+    if (i == 17) throw std::runtime_error("task 17");
+  }), std::runtime_error);
+  EXPECT_EQ(ran.load(), 50);
+  // The pool is usable afterwards and does not throw the old failure again.
+  std::atomic<int> again{0};
+  pool.parallel_for(10, [&](int64_t, int) { again.fetch_add(1); });
+  EXPECT_EQ(again.load(), 10);
+}
+
+TEST(WorkerPool, NestedAndConcurrentLoopsRunSeriallyWhereTheyAreCalled) {
+  WorkerPool pool(2);
+  std::atomic<int> inner{0};
+  pool.parallel_for(8, [&](int64_t, int w) {
+    // From inside a task: serial, on the same thread, reported as worker 0.
+    const std::thread::id me = std::this_thread::get_id();
+    pool.parallel_for(4, [&](int64_t, int iw) {
+      EXPECT_EQ(iw, 0);
+      EXPECT_EQ(std::this_thread::get_id(), me);
+      inner.fetch_add(1);
+    });
+    (void)w;
+  });
+  EXPECT_EQ(inner.load(), 32);
+  // Two threads calling at once: both complete every task.
+  std::atomic<int> a{0}, b{0};
+  std::thread other([&] {
+    for (int r = 0; r < 300; ++r) pool.parallel_for(16, [&](int64_t, int) { b.fetch_add(1); });
+  });
+  for (int r = 0; r < 300; ++r) pool.parallel_for(16, [&](int64_t, int) { a.fetch_add(1); });
+  other.join();
+  EXPECT_EQ(a.load(), 300 * 16);
+  EXPECT_EQ(b.load(), 300 * 16);
+}
+
+TEST(WorkerPool, ScopeBindsAPoolToTheThreadAndOpenMpStaysSerialInside) {
+  WorkerPool three(3);
+  EXPECT_NE(&WorkerPool::current(), &three);
+  {
+    const WorkerPool::Scope bind(three);
+    EXPECT_EQ(&WorkerPool::current(), &three);
+    WorkerPool two(2);
+    {
+      const WorkerPool::Scope inner(two);
+      EXPECT_EQ(&WorkerPool::current(), &two);
+    }
+    EXPECT_EQ(&WorkerPool::current(), &three);
+  }
+  EXPECT_NE(&WorkerPool::current(), &three);
+  // OpenMP regions opened by a task (kernels_cpu's ops) do not start a team of their own.
+  std::atomic<int> teams_wider_than_one{0};
+  three.parallel_for(6, [&](int64_t, int) {
+#pragma omp parallel
+    {
+      if (omp_get_num_threads() > 1) teams_wider_than_one.fetch_add(1);
+    }
+  });
+  EXPECT_EQ(teams_wider_than_one.load(), 0);
+  const int before = omp_get_max_threads();
+  {
+    const WorkerPool::SerialOpenMp serial;
+    EXPECT_EQ(omp_get_max_threads(), 1);
+  }
+  EXPECT_EQ(omp_get_max_threads(), before);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Row-invariant product
 
 TEST(Linear, MatchesFloat64AndEveryRowIsBatchInvariant) {
@@ -327,9 +444,10 @@ TEST(Linear, MatchesFloat64AndEveryRowIsBatchInvariant) {
       }
       ASSERT_NEAR(y1[size_t(n)], ref, 1e-6 * mag + 1e-6);
     }
-    for (int threads : {1, 2})
+    for (int threads : {1, 2, 3})
       for (int64_t M : {int64_t(2), int64_t(3), int64_t(6), int64_t(16), int64_t(17), Mmax}) {
-        omp_set_num_threads(threads);
+        WorkerPool pool(threads);
+        const WorkerPool::Scope bind(pool);
         std::vector<float> y(static_cast<size_t>(M * (N + 3)), NAN);
         linear(y.data(), N + 3, x.data(), K, W.data(), K, M, N, K);  // padded rows: ldy > N
         if (M > 5) {
@@ -338,7 +456,6 @@ TEST(Linear, MatchesFloat64AndEveryRowIsBatchInvariant) {
         }
         ASSERT_TRUE(std::isnan(y[size_t(N)])) << "wrote past N";
       }
-    omp_set_num_threads(2);
     // Splitting the columns (fused vs separate projections) changes nothing either.
     std::vector<float> ya(static_cast<size_t>(4 * N)), yb(static_cast<size_t>(4 * N));
     linear(ya.data(), N, x.data(), K, W.data(), K, 4, N, K);

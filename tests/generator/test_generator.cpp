@@ -1,7 +1,8 @@
 // The native generator against the Hugging Face fixtures (greedy decoding) and the trainer (the
 // engine's processed logprobs of the generated tokens), and its invariances: the same samples
 // whatever the batch, the order, the split into calls, the scheduler's limits, chunked prefill
-// and preemption. Also refit by views and copies, stops, limits and input errors.
+// and preemption, the thread count. Also refit by views and copies, stops, limits and input
+// errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -206,8 +207,9 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   expect_same(ref, split, "split in two calls");
 
   // Tight limits: 2 slots, 7-token steps (chunked prefill), blocks of 4, and a cache so small
-  // that sequences must be preempted and recomputed.
+  // that sequences must be preempted and recomputed; on one thread.
   Options tight;
+  tight.num_threads = 1;
   tight.max_num_seqs = 2;
   tight.max_num_batched_tokens = 7;
   tight.block_size = 4;
@@ -220,10 +222,11 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   EXPECT_GT(st.preemptions, 0) << "the budget was meant to force preemption";
   EXPECT_LE(st.kv_blocks_peak, 16);
   EXPECT_GT(st.shared_prompt_tokens, 0);
-  expect_same(ref, constrained, "2 slots, 7-token steps, preemption");
+  expect_same(ref, constrained, "2 slots, 7-token steps, preemption, 1 thread");
 
-  // Many slots with a large step budget: everything prefilled at once.
+  // Many slots with a large step budget: everything prefilled at once, on three threads.
   Options wide;
+  wide.num_threads = 3;
   wide.max_num_seqs = 64;
   wide.max_num_batched_tokens = 4096;
   wide.block_size = 32;
@@ -231,7 +234,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   big.weights().load(m.weights, 0);
   Outs at_once;
   run(big, prompts, r, 100, at_once);
-  expect_same(ref, at_once, "all at once");
+  expect_same(ref, at_once, "all at once, 3 threads");
 
   // The keys matter: another seed, step or prompt index gives other samples.
   Outs other_seed, other_index;

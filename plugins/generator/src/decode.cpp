@@ -7,6 +7,7 @@
 
 #include "rlhost/generator/linear.hpp"
 #include "rlhost/generator/model.hpp"
+#include "rlhost/generator/worker_pool.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::gen {
@@ -241,6 +242,9 @@ void DecodeModel::forward(std::span<const int32_t> ids, std::span<const CacheRow
   weights_->require_complete();
   if (bound_serial_ != weights_->serial()) bind_weights();
   reserve(R, S);
+  // The products and attention run on the pool; kernels_cpu's elementwise ops (norms, RoPE,
+  // SwiGLU, adds: a few percent of a step) run serially rather than wake an OpenMP team.
+  const WorkerPool::SerialOpenMp serial_ops;
   for (int64_t r = 0; r < R; ++r) {
     pos_[size_t(r)] = rows[size_t(r)].pos;
     row_own_freq_[size_t(r)] = 0;

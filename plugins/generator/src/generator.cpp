@@ -3,7 +3,6 @@
 // tokens are all in the cache, end the samples that stop — until every sample has ended.
 #include "rlhost/generator/generator.hpp"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <exception>
@@ -26,6 +25,7 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
   if (opt_.max_model_len < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len must be >= 0");
   model_ = std::make_unique<DecodeModel>(std::move(desc), nullptr);
   model_->set_router_fp64(opt_.moe_router_fp64);
+  if (opt_.num_threads > 0) pool_ = std::make_unique<WorkerPool>(opt_.num_threads);
 }
 
 Generator::~Generator() = default;
@@ -78,7 +78,6 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
     throw Error(RLH_E_INVALID_ARGUMENT, std::string("generate: ") + e.what());
   }
   model_->weights().require_complete();
-  if (opt_.num_threads > 0) omp_set_num_threads(opt_.num_threads);
 
   KvCache kv(model_->kv_layout(opt_.block_size), opt_.kv_cache_bytes, kv_alloc_);
   const int64_t cache_tokens = kv.num_blocks() * opt_.block_size;
@@ -109,8 +108,10 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
     }
 
   const int64_t version = model_->weights().version();
-  const int nt = omp_get_max_threads();
-  scratch_.resize(size_t(nt) * size_t(sample_scratch_floats(V)));
+  // The decode's threads (worker_pool.hpp): this generator's own pool when num_threads is set.
+  WorkerPool& pool = pool_ ? *pool_ : WorkerPool::current();
+  const WorkerPool::Scope bind(pool);
+  scratch_.resize(size_t(pool.threads()) * size_t(sample_scratch_floats(V)));
   Stats st;
   std::vector<int32_t> ids;
   std::vector<CacheRow> rows;
@@ -144,20 +145,12 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
 
     // Draws, one row per thread; each depends only on its logits and its key.
     drawn.assign(size_t(S), Sampled{});
-    std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1) if (S > 1)
-    for (int64_t i = 0; i < S; ++i) {
-      try {
-        const Sequence& q = *samplers[size_t(i)];
-        const double u = rq.sampling.greedy() ? 0.0 : uniform01(q.key, q.generated());
-        float* scratch = scratch_.data() + size_t(omp_get_thread_num()) * size_t(sample_scratch_floats(V));
-        drawn[size_t(i)] = sample_row(logits_.data() + i * V, V, rq.sampling, u, scratch);
-      } catch (...) {
-#pragma omp critical(rlh_gen_sample_failure)
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
+    pool.parallel_for(S, [&](int64_t i, int worker) {
+      const Sequence& q = *samplers[size_t(i)];
+      const double u = rq.sampling.greedy() ? 0.0 : uniform01(q.key, q.generated());
+      float* scratch = scratch_.data() + size_t(worker) * size_t(sample_scratch_floats(V));
+      drawn[size_t(i)] = sample_row(logits_.data() + i * V, V, rq.sampling, u, scratch);
+    });
 
     for (int64_t i = 0; i < S; ++i) {
       Sequence* q = samplers[size_t(i)];

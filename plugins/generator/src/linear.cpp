@@ -11,6 +11,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "rlhost/generator/worker_pool.hpp"
 #include "simd.hpp"
 
 namespace rlh::gen {
@@ -152,22 +153,22 @@ void linear(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, 
   if (ldx < K || ldw < K || ldy < N) throw std::invalid_argument("linear: leading dimension smaller than a row");
   if (M == 0 || N == 0) return;
   static const LinearFn fn = simd::dispatch(&linear_avx512, &linear_avx2, &linear_generic);
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  WorkerPool& pool = WorkerPool::current();
+  const int nt = omp_in_parallel() ? 1 : pool.threads();
   const double work = double(M) * double(N) * double(K);
-  // Column blocks (multiples of 8 weight rows) taken dynamically, several per thread, so a
-  // thread that loses its core to another process does not hold the step back.
+  // Column blocks (multiples of 8 weight rows) taken dynamically from the pool, several per
+  // thread, so a thread that loses its core to another process does not hold the step back.
   int64_t nc = std::max<int64_t>(16, (N + 8 * nt - 1) / (8 * nt));
   nc = (nc + 7) / 8 * 8;
   const int64_t chunks = (N + nc - 1) / nc;
-  if (nt <= 1 || chunks <= 1 || work < double(1 << 18)) {
+  if (nt <= 1 || chunks <= 1 || work < double(1 << 16)) {
     fn(y, ldy, x, ldx, W, ldw, M, N, K);
     return;
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(int(std::min<int64_t>(nt, chunks)))
-  for (int64_t c = 0; c < chunks; ++c) {
+  pool.parallel_for(chunks, [&](int64_t c, int) {
     const int64_t n0 = c * nc, n1 = std::min(N, n0 + nc);
     fn(y + n0, ldy, x, ldx, W + n0 * ldw, ldw, M, n1 - n0, K);
-  }
+  });
 }
 
 }  // namespace rlh::gen

@@ -24,6 +24,7 @@
 
 #include "rlhost/generator/linear.hpp"
 #include "rlhost/generator/model.hpp"
+#include "rlhost/generator/worker_pool.hpp"
 
 namespace rlh::gen {
 
@@ -31,8 +32,7 @@ namespace rlh::gen {
 // products of widened floats: a function of row r alone, whatever R or the thread count.
 void DecodeModel::router_logits_f64(double* z, const float* xn, const float* w, int64_t R, int64_t E) {
   const int64_t C = C_;
-#pragma omp parallel for schedule(static) if (R * E * C > (int64_t(1) << 20))
-  for (int64_t r = 0; r < R; ++r) {
+  auto row = [&](int64_t r, int) {
     const float* x = xn + r * C;
     for (int64_t e = 0; e < E; ++e) {
       const float* we = w + e * C;
@@ -43,6 +43,11 @@ void DecodeModel::router_logits_f64(double* z, const float* xn, const float* w, 
       for (int j = 0; c < C; ++c, ++j) acc[j] += double(x[c]) * double(we[c]);
       z[r * E + e] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     }
+  };
+  if (R * E * C > (int64_t(1) << 20)) {
+    WorkerPool::current().parallel_for(R, row);
+  } else {
+    for (int64_t r = 0; r < R; ++r) row(r, 0);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "rlhost/generator/worker_pool.hpp"
 #include "simd.hpp"
 
 namespace rlh::gen {
@@ -134,22 +135,27 @@ void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq,
   int64_t work = 0;
   for (const CacheRow& r : rows) work += std::min<int64_t>(r.pos + 1, window > 0 ? window : r.pos + 1);
   work *= Hq * (D + Dv) / 2;
-  const bool parallel = !omp_in_parallel() && tasks > 1 && work > (1 << 16);
-#pragma omp parallel if (parallel)
-  {
-    std::vector<float> s(per_thread);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < tasks; ++i) {
-      const int64_t r = i / Hkv, h = i % Hkv;
-      const CacheRow& row = rows[size_t(r)];
-      Task t;
-      t.q = q + r * ldq + h * G * D;
-      t.out = out + r * ldo + h * G * Dv;
-      t.blocks = row.blocks;
-      t.hi = row.pos;
-      t.lo = window > 0 ? std::max<int64_t>(0, row.pos - window + 1) : 0;
-      attend(t, kv, layer, h, G, scale, s.data());
-    }
+  WorkerPool& pool = WorkerPool::current();
+  const int threads = !omp_in_parallel() && tasks > 1 && work > (1 << 16) ? pool.threads() : 1;
+  // Scores, one slice per worker; kept by the calling thread from call to call.
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < size_t(threads) * per_thread) scratch.resize(size_t(threads) * per_thread);
+  float* const scores = scratch.data();  // by pointer: in a worker, `scratch` names its own
+  auto task = [&](int64_t i, int worker) {
+    const int64_t r = i / Hkv, h = i % Hkv;
+    const CacheRow& row = rows[size_t(r)];
+    Task t;
+    t.q = q + r * ldq + h * G * D;
+    t.out = out + r * ldo + h * G * Dv;
+    t.blocks = row.blocks;
+    t.hi = row.pos;
+    t.lo = window > 0 ? std::max<int64_t>(0, row.pos - window + 1) : 0;
+    attend(t, kv, layer, h, G, scale, scores + size_t(worker) * per_thread);
+  };
+  if (threads > 1) {
+    pool.parallel_for(tasks, task);
+  } else {
+    for (int64_t i = 0; i < tasks; ++i) task(i, 0);
   }
 }
 

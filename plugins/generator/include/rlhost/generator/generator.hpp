@@ -28,6 +28,7 @@
 #include "rlhost/generator/model.hpp"
 #include "rlhost/generator/sampling.hpp"
 #include "rlhost/generator/stop_strings.hpp"
+#include "rlhost/generator/worker_pool.hpp"
 
 namespace rlh::gen {
 
@@ -40,7 +41,9 @@ struct Options {
   // truncated, like at max_model_len.
   int64_t kv_cache_bytes = int64_t(512) << 20;
   int64_t max_model_len = 0;              // prompt + new tokens; 0 = max_position_embeddings
-  int num_threads = 0;                    // OpenMP threads (0 = leave the setting alone)
+  // Threads of the decode: its own WorkerPool of this many; 0 = the process-wide pool, sized by
+  // OMP_NUM_THREADS like kernels_cpu's OpenMP. The process's OpenMP setting is left alone.
+  int num_threads = 0;
   // MoE router in float64, as the trainer's MoeOptions::router_fp64 (NeMo-RL's
   // moe_router_dtype: fp64): set it as the trainer is set so both route alike.
   bool moe_router_fp64 = false;
@@ -108,6 +111,7 @@ class Generator {
   std::unique_ptr<DecodeModel> model_;
   PoolAllocator kv_alloc_ = PoolAllocator::aligned_heap();
   std::vector<float> logits_, scratch_;
+  std::unique_ptr<WorkerPool> pool_;  // num_threads > 0: the decode's own threads
 };
 
 }  // namespace rlh::gen

@@ -13,7 +13,7 @@
 // Speed: register tiles of 4 rows x 4 weight rows (16 accumulators, 8 loads per 16 FMAs: FMA
 // bound, not load bound) with the weight rows of a tile reused across all input rows while in
 // L1; one row (decoding at batch 1) uses 1 x 8 tiles and is bound by reading W. Work is split
-// over OpenMP threads by blocks of weight rows.
+// over the generator's threads (worker_pool.hpp) by blocks of weight rows.
 #pragma once
 
 #include <cstdint>
