@@ -4,7 +4,12 @@
 // token prompt, and the figure is batch * new / time of the whole generate() call (prefill
 // included, as in the peer), median over --repeats calls. Also the process CPU time of the
 // calls: on a machine shared with other work, tokens per CPU-second (times the thread count) is
-// the figure the load does not distort, as long as idle threads sleep (OMP_WAIT_POLICY=passive).
+// the figure the load does not distort, as long as idle threads sleep.
+//
+// Also the bandwidth roofline of a decoding step: every step reads all the weights, so tokens/s
+// at batch B is at most B * (read bandwidth) / (weight bytes). The read bandwidth is measured
+// here over a buffer the size of the weights (L3-resident for tiny, DRAM for small) with the same
+// threads, and the step rate is printed as a fraction of it.
 //
 //   bench_generator --shape tiny|small [--batch B] [--new N] [--prompt P] [--repeats R]
 //                   [--threads T] [--temperature T]
@@ -38,6 +43,49 @@ struct Shape {
   int64_t V, C, L, Hq, Hkv, D, F;
 };
 const Shape kShapes[] = {{"tiny", 4096, 256, 4, 8, 4, 32, 768}, {"small", 32000, 768, 12, 12, 4, 64, 2048}};
+
+// Sum of n floats (n a multiple of 64) with four independent vector accumulators: a read stream
+// as wide as the CPU allows, so the probe below measures memory, not the adder.
+typedef float v16 __attribute__((vector_size(64)));
+template <int>
+inline __attribute__((always_inline)) float sum_body(const float* p, int64_t n) {
+  v16 a = {}, b = {}, c = {}, d = {};
+  for (int64_t i = 0; i < n; i += 64) {
+    for (int l = 0; l < 4; ++l) __builtin_prefetch(p + i + 1024 + 16 * l);  // 4 KiB ahead
+    v16 x, y, z, u;
+    std::memcpy(&x, p + i, 64);
+    std::memcpy(&y, p + i + 16, 64);
+    std::memcpy(&z, p + i + 32, 64);
+    std::memcpy(&u, p + i + 48, 64);
+    a += x, b += y, c += z, d += u;
+  }
+  const v16 t = (a + b) + (c + d);
+  float r = 0;
+  for (int j = 0; j < 16; ++j) r += t[j];
+  return r;
+}
+__attribute__((target("avx512f"))) float sum_avx512(const float* p, int64_t n) { return sum_body<0>(p, n); }
+__attribute__((target("avx2"))) float sum_avx2(const float* p, int64_t n) { return sum_body<1>(p, n); }
+float sum_generic(const float* p, int64_t n) { return sum_body<2>(p, n); }
+
+// Bytes per second of reading `bytes` of floats, best of 5, split over `threads` like the decode.
+double read_bandwidth(int64_t bytes, int threads) {
+  float (*sum)(const float*, int64_t) = __builtin_cpu_supports("avx512f") ? sum_avx512
+                                        : __builtin_cpu_supports("avx2") ? sum_avx2 : sum_generic;
+  std::vector<float> buf(static_cast<size_t>(bytes / 4), 1.f);
+  gen::WorkerPool pool(threads);
+  const int64_t chunks = int64_t(threads) * 16, per = int64_t(buf.size()) / chunks / 64 * 64;
+  std::vector<float> sums(static_cast<size_t>(chunks));
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(chunks, [&](int64_t c, int) { sums[size_t(c)] = sum(buf.data() + c * per, per); });
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, double(chunks * per) * 4 / secs);
+  }
+  if (sums[0] < 0) std::printf("?");  // keeps the reads
+  return best;
+}
 
 const char* arg(int argc, char** argv, const char* name, const char* def) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -82,8 +130,13 @@ int main(int argc, char** argv) {
     for (float& x : t) x = norm ? 1.f : nd(rng);
     w.push_back(std::move(t));
   }
+  // Bytes a step reads: every parameter but the embedding table, of which it gathers a few rows.
+  int64_t weight_bytes = 0;
+  for (size_t i = 0; i < w.size(); ++i)
+    if (desc.params[i].role != sdk::ParamRole::embed) weight_bytes += int64_t(w[i].size() * sizeof(float));
   gen::Options o;
   o.max_num_seqs = std::max<int64_t>(B, 1);
+  o.num_threads = threads;
   gen::Generator g(desc, o);
   g.weights().load(w, 0);
   w.clear();
@@ -134,7 +187,13 @@ int main(int argc, char** argv) {
               "in %.3f s (median of %d; min %.3f), %.1f tok/s; %.3f CPU-s, %.1f tok per CPU-s x %d threads\n",
               threads, kcpu::cpu_features_string().c_str(), s->name, (long long)B, (long long)N, (long long)P, t,
               repeats, times.front(), tok_s, c, cpu_tok_s, threads);
-  std::printf("RESULT impl=rlhost shape=%s batch=%lld tok_s=%.2f cpu_tok_s=%.2f\n", s->name, (long long)B, tok_s,
-              cpu_tok_s);
+  const double bw = read_bandwidth(weight_bytes, threads), steps_s = tok_s / double(B);
+  std::printf("roofline: %.1f MB of weights (all but the embedding) read per step; a plain vector read of that much "
+              "runs at %.1f GB/s here, so about %.1f steps/s at most; this run makes %.1f steps/s (%.0f%% of it, "
+              "%.1f GB/s of weights)\n",
+              double(weight_bytes) / 1e6, bw / 1e9, bw / double(weight_bytes), steps_s,
+              100.0 * steps_s * double(weight_bytes) / bw, steps_s * double(weight_bytes) / 1e9);
+  std::printf("RESULT impl=rlhost shape=%s batch=%lld tok_s=%.2f cpu_tok_s=%.2f roofline_pct=%.1f\n", s->name,
+              (long long)B, tok_s, cpu_tok_s, 100.0 * steps_s * double(weight_bytes) / bw);
   return 0;
 }

@@ -11,14 +11,15 @@ threads=${THREADS:-2}
 new=${NEW:-64}
 prompt=${PROMPT:-16}
 repeats=${REPEATS:-3}
-# libgomp's default spin-wait starves the working thread on a machine shared with other
-# processes (docs/generator.md); both peers get the same policy.
+# PyTorch's OpenMP runs best passive on this 2-core machine (tiny, batch 1: ~470 tok/s against
+# ~290 with libgomp's default spin); the generator's own pool does not read the variable
+# (docs/generator.md, "Work is split").
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 source "$root/bench/common/cpu_peer.sh"  # build_bench, python3-torch, $coretype
 build_bench bench_generator
 
-declare -A R C
+declare -A R C F
 for shape in tiny small; do
   for batch in 1 16; do
     out=$(OMP_NUM_THREADS=$threads "$build/bench/generator/bench_generator" --shape $shape --batch $batch \
@@ -26,6 +27,7 @@ for shape in tiny small; do
     echo "$out" | grep -v '^RESULT'
     R[rlhost.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .* tok_s=([0-9.]+).*/\1/p')
     C[rlhost.$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*cpu_tok_s=([0-9.]+).*/\1/p')
+    F[$shape.$batch]=$(echo "$out" | sed -nE 's/^RESULT .*roofline_pct=([0-9.]+).*/\1/p')
     out=$(OPENBLAS_CORETYPE=$coretype OMP_NUM_THREADS=$threads /usr/bin/python3 "$root/bench/generator/bench_torch_decode.py" \
           --shape $shape --batch $batch --new "$new" --prompt "$prompt" --repeats "$repeats" --threads "$threads" 2>&1)
     echo "$out" | grep -v '^RESULT'
@@ -36,13 +38,15 @@ done
 
 echo
 echo "== decode tokens/s, greedy, $prompt-token prompts, $new new tokens, $threads threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY (load: $(cut -d' ' -f1-3 /proc/loadavg)) =="
-printf "%-6s %6s %14s %14s %8s   %s\n" shape batch rlhost torch ratio "per CPU-second x threads: rlhost torch ratio"
+printf "%-6s %6s %14s %14s %8s   %s   %s\n" shape batch rlhost torch ratio "per CPU-second x threads: rlhost torch ratio" "weight reads / read probe"
 for shape in tiny small; do
   for batch in 1 16; do
     awk -v s=$shape -v b=$batch -v r="${R[rlhost.$shape.$batch]}" -v t="${R[torch.$shape.$batch]}" \
-        -v cr="${C[rlhost.$shape.$batch]}" -v ct="${C[torch.$shape.$batch]}" \
-      'BEGIN { printf "%-6s %6d %10.1f t/s %10.1f t/s %7.2fx   %10.1f %10.1f %7.2fx\n", s, b, r, t, r / t, cr, ct, cr / ct }'
+        -v cr="${C[rlhost.$shape.$batch]}" -v ct="${C[torch.$shape.$batch]}" -v f="${F[$shape.$batch]}" \
+      'BEGIN { printf "%-6s %6d %10.1f t/s %10.1f t/s %7.2fx   %10.1f %10.1f %7.2fx   %26.0f%%\n", s, b, r, t, r / t, cr, ct, cr / ct, f }'
   done
 done
-echo "(wall-clock tokens/s; then tokens per CPU-second times the thread count, which a busy machine does not distort)"
+echo "(wall-clock tokens/s; then tokens per CPU-second times the thread count, which a busy machine does not distort;"
+echo " then the weight bytes a decoding step reads per second as a share of a plain vector read of as many bytes: near"
+echo " or past 100% the step is bound by memory, and no fp32 decoder that reads every weight each step is faster)"
 echo "goal: >= 5x PyTorch (the issue's peer figures: tiny 142 / 539, small 6.7 / 69 tok/s at batch 1 / 16)"

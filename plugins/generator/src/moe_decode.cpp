@@ -57,14 +57,15 @@ void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
   const int64_t C = C_, E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, RK = R * K;
 
   // Scratch for R rows, carved in order (grown on demand; no state survives the call).
+  // Each piece starts 64-byte aligned (linear.cpp's loads), hence 16 floats of slack per piece.
   const size_t nf = size_t(R * E * 2 + RK + RK * C + RK * 2 * Fe + RK * Fe + RK * C +
-                           (Fs > 0 ? R * 2 * Fs + R * Fs + R * C + 3 * R : 0));
+                           (Fs > 0 ? R * 2 * Fs + R * Fs + R * C + 3 * R : 0)) + 13 * 16;
   const size_t ni = size_t(RK * 2 + E + 1 + 2 * R);
   if (moe_f_.size() < nf) moe_f_.resize(nf);
   if (moe_i_.size() < ni) moe_i_.resize(ni);
   float* fp = moe_f_.data();
   int32_t* ip = moe_i_.data();
-  auto tf = [&](int64_t n) { float* p = fp; fp += n; return p; };
+  auto tf = [&](int64_t n) { float* p = fp; fp += (n + 15) / 16 * 16; return p; };
   auto ti = [&](int64_t n) { int32_t* p = ip; ip += n; return p; };
   float* z = tf(R * E);
   float* probs = tf(R * E);

@@ -110,7 +110,8 @@ class Generator {
   Options opt_;
   std::unique_ptr<DecodeModel> model_;
   PoolAllocator kv_alloc_ = PoolAllocator::aligned_heap();
-  std::vector<float> logits_, scratch_;
+  AlignedFloats logits_;
+  std::vector<float> scratch_;
   std::unique_ptr<WorkerPool> pool_;  // num_threads > 0: the decode's own threads
 };
 
