@@ -326,6 +326,9 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     ld_head_cache = (V + 3) / 4 * 4;
     const bool keep = train && N * ld_head_cache * 4 <= opt.head_logits_cache_bytes;
     head_cache = keep ? c.take<float>(N * ld_head_cache) : nullptr;
+    bool any_qk_norm = false;
+    for (const LayerShape& s : shapes) any_qk_norm = any_qk_norm || s.qk_norm;
+    qk_in = any_qk_norm ? c.take<bf16>(N * maxQK) : nullptr;
     for (int64_t l = 0; l < sets; ++l) {
       const LayerShape& s = shapes[size_t(l)];
       LayerActs& a = acts[size_t(l)];
@@ -463,7 +466,7 @@ void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs&
   bf16* q = a.qkv;
   bf16* k = a.qkv + Hq * D;
   bf16* v = a.qkv + (Hq + Hkv) * D;
-  int64_t ldqk = Wqkv;
+  int64_t ldq = Wqkv, ldk = Wqkv;
 
   kc::rmsnorm_fwd(bf, a.xn1, C, {a.rstd1, false}, a.x, C, w(p.attn_norm), N, C, s.eps_attn,
                   s.off_attn, stream);                                                  // xn1
@@ -474,21 +477,21 @@ void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs&
   if (p.bq >= 0) kc::bias_add_fwd(bf, q, Wqkv, w(p.bq), N, Hq * D, stream);
   if (p.bk >= 0) kc::bias_add_fwd(bf, k, Wqkv, w(p.bk), N, Hkv * D, stream);
   if (p.bv >= 0) kc::bias_add_fwd(bf, v, Wqkv, w(p.bv), N, Hkv * D, stream);
-  if (s.qk_norm) {  // per head over D into a.qk, so qkv keeps the norms' inputs
-    const int64_t W2 = (Hq + Hkv) * D;
-    for (int64_t h = 0; h < Hq; ++h)
-      kc::rmsnorm_fwd(bf, a.qk + h * D, W2, {a.rstd_q + h * N, false}, q + h * D, Wqkv,
-                      w(p.q_norm), N, D, s.eps_attn, 0.f, stream);
-    for (int64_t h = 0; h < Hkv; ++h)
-      kc::rmsnorm_fwd(bf, a.qk + (Hq + h) * D, W2, {a.rstd_k + h * N, false}, k + h * D, Wqkv,
-                      w(p.k_norm), N, D, s.eps_attn, 0.f, stream);
+  if (s.qk_norm) {  // per head over D: each of q, k as N x H rows of D, one launch each
+    pack_qk(s, a.qkv, N);
+    const bf16 *qin = qk_in, *kin = qk_in + N * Hq * D;
     q = a.qk;
-    k = a.qk + Hq * D;
-    ldqk = W2;
+    k = a.qk + N * Hq * D;
+    kc::rmsnorm_fwd(bf, q, D, {a.rstd_q, false}, qin, D, w(p.q_norm), N * Hq, D, s.eps_attn, 0.f,
+                    stream);
+    kc::rmsnorm_fwd(bf, k, D, {a.rstd_k, false}, kin, D, w(p.k_norm), N * Hkv, D, s.eps_attn, 0.f,
+                    stream);
+    ldq = Hq * D;
+    ldk = Hkv * D;
   }
   if (s.use_rope) {
-    rope(q, ldqk, Hq, D, N, false);
-    rope(k, ldqk, Hkv, D, N, false);
+    rope(q, ldq, Hq, D, N, false);
+    rope(k, ldk, Hkv, D, N, false);
   }
   const kc::AttnArgs at = attn_args(s, a, N, S);
   kc::attention_fwd(at, dev, stream);                                                   // att
@@ -526,9 +529,9 @@ kc::AttnArgs CudaEngine::Impl::attn_args(const LayerShape& s, const LayerActs& a
   at.scale = s.scale;
   at.cu = cu;
   at.q = s.qk_norm ? a.qk : a.qkv;
-  at.ldq = s.qk_norm ? (s.Hq + s.Hkv) * s.D : s.Wqkv;
-  at.k = (s.qk_norm ? a.qk : a.qkv) + s.Hq * s.D;
-  at.ldk = at.ldq;
+  at.ldq = s.qk_norm ? s.Hq * s.D : s.Wqkv;
+  at.k = s.qk_norm ? a.qk + N * s.Hq * s.D : a.qkv + s.Hq * s.D;
+  at.ldk = s.qk_norm ? s.Hkv * s.D : s.Wqkv;
   at.v = a.qkv + (s.Hq + s.Hkv) * s.D;
   at.ldv = s.Wqkv;
   at.o = a.att;
@@ -623,34 +626,34 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
   if (p.bo >= 0) kc::bias_bwd(bf, {g(p.bo), false}, dres, C, N, C, ws_.rewind(), stream);
   gemm(false, false, N, Hq * D, C, dres, C, w(p.wo), Hq * D, 0, datt, Hq * D, false);   // datt
   gemm(true, false, C, Hq * D, N, dres, C, a.att, Hq * D, 1, g(p.wo), Hq * D, true);    // dW_o
-  const int64_t W2 = (Hq + Hkv) * D;
-  // d(q|k) as the attention saw them: in qkv's slots, or in dqk (qk_norm) before the norms
+  // d(q|k) as the attention saw them: in qkv's slots, or in dqk's two blocks (qk_norm) before
+  // the norms
   bf16* dq = s.qk_norm ? dqk : dqkv;
-  bf16* dk = s.qk_norm ? dqk + Hq * D : dqkv + Hq * D;
-  const int64_t lddqk = s.qk_norm ? W2 : Wqkv;
+  bf16* dk = s.qk_norm ? dqk + N * Hq * D : dqkv + Hq * D;
+  const int64_t lddq = s.qk_norm ? Hq * D : Wqkv, lddk = s.qk_norm ? Hkv * D : Wqkv;
   kc::AttnArgs at = attn_args(s, a, N, S);
   at.dout = datt;
   at.lddo = Hq * D;
   at.dq = dq;
-  at.lddq = lddqk;
+  at.lddq = lddq;
   at.dk = dk;
-  at.lddk = lddqk;
+  at.lddk = lddk;
   at.dv = dqkv + (Hq + Hkv) * D;
   at.lddv = Wqkv;
   kc::attention_bwd(at, dev, ws_.rewind(), stream);                                     // dq dk dv
   if (s.use_rope) {
-    rope(dq, lddqk, Hq, D, N, true);  // the transposed rotation, in place
-    rope(dk, lddqk, Hkv, D, N, true);
+    rope(dq, lddq, Hq, D, N, true);  // the transposed rotation, in place
+    rope(dk, lddk, Hkv, D, N, true);
   }
-  if (s.qk_norm) {  // d(normed) in dqk -> d(projected) in dqkv's q|k slots
-    for (int64_t h = 0; h < Hq; ++h)
-      kc::rmsnorm_bwd(bf, dqkv + h * D, Wqkv, {g(p.q_norm), false}, dqk + h * D, W2,
-                      a.qkv + h * D, Wqkv, w(p.q_norm), {a.rstd_q + h * N, false}, N, D, 0.f,
-                      false, ws_.rewind(), stream);
-    for (int64_t h = 0; h < Hkv; ++h)
-      kc::rmsnorm_bwd(bf, dqkv + (Hq + h) * D, Wqkv, {g(p.k_norm), false}, dqk + (Hq + h) * D, W2,
-                      a.qkv + (Hq + h) * D, Wqkv, w(p.k_norm), {a.rstd_k + h * N, false}, N, D,
-                      0.f, false, ws_.rewind(), stream);
+  if (s.qk_norm) {  // d(normed) in dqk -> d(projected) in dqkv's q|k slots, through datt (free
+                    // once the attention backward has read it)
+    pack_qk(s, a.qkv, N);  // the norms' inputs (qkv's q|k slots still hold them)
+    kc::rmsnorm_bwd(bf, datt, D, {g(p.q_norm), false}, dq, D, qk_in, D, w(p.q_norm),
+                    {a.rstd_q, false}, N * Hq, D, 0.f, false, ws_.rewind(), stream);
+    copy_cols(dqkv, Wqkv, datt, Hq * D, N, Hq * D);
+    kc::rmsnorm_bwd(bf, datt, D, {g(p.k_norm), false}, dk, D, qk_in + N * Hq * D, D,
+                    w(p.k_norm), {a.rstd_k, false}, N * Hkv, D, 0.f, false, ws_.rewind(), stream);
+    copy_cols(dqkv + Hq * D, Wqkv, datt, Hkv * D, N, Hkv * D);
   }
   if (p.bq >= 0) kc::bias_bwd(bf, {g(p.bq), false}, dqkv, Wqkv, N, Hq * D, ws_.rewind(), stream);
   if (p.bk >= 0)

@@ -78,9 +78,12 @@ struct LayerActs {
   bf16* xn1 = nullptr;     // [N, C]
   float* rstd1 = nullptr;  // [N]
   bf16* qkv = nullptr;     // [N, Wqkv]; q, k roped in place unless qk_norm
-  bf16* qk = nullptr;      // [N, (Hq+Hkv) D] normed + roped q|k (qk_norm)
-  float* rstd_q = nullptr; // [Hq, N]
-  float* rstd_k = nullptr; // [Hkv, N]
+  // Qwen3's q/k norms: q then k as two blocks, [N, Hq D] then [N, Hkv D], so each is N x H rows
+  // of D that one norm launch covers (per-head launches were 13 % of a Qwen3-MoE step). Their
+  // inputs stay in qkv; Impl::qk_in holds a packed copy while a norm runs.
+  bf16* qk = nullptr;      // normed + roped
+  float* rstd_q = nullptr; // [N Hq]
+  float* rstd_k = nullptr; // [N Hkv]
   bf16* att = nullptr;     // [N, Hq D]
   float* lse = nullptr;    // [Hq, N]
   bf16* h = nullptr;       // [N, C]
@@ -228,6 +231,14 @@ struct CudaEngine::Impl {
   int64_t mla_layers = 0, maxRq = 0, maxRkv = 0, maxDr = 0, maxKvb = 0;
   std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
   bf16* xr = nullptr;           // full recompute: where a recomputed layer's output goes
+  // Qwen3's q/k norm inputs packed as N x H rows of D ([N, Hq D] then [N, Hkv D]), for one
+  // layer at a time: copied out of qkv before the forward's norms and again before their
+  // backward, rather than kept per layer (3.6 GiB at the Qwen3-MoE benchmark shape).
+  bf16* qk_in = nullptr;
+  void pack_qk(const LayerShape& s, const bf16* qkv, int64_t N) {
+    copy_cols(qk_in, s.Hq * s.D, qkv, s.Wqkv, N, s.Hq * s.D);
+    copy_cols(qk_in + N * s.Hq * s.D, s.Hkv * s.D, qkv + s.Hq * s.D, s.Wqkv, N, s.Hkv * s.D);
+  }
   float* head_cache = nullptr;  // training: the head's fp32 logits [N, ld_head_cache], or null
   int64_t ld_head_cache = 0;
   bf16 *xn = nullptr;           // head: final norm output [N, C]
@@ -344,6 +355,14 @@ struct CudaEngine::Impl {
   }
   void prepare_batch(const MicroBatch& mb);
   void rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N, bool inverse);
+  // dst[r, 0:cols] = src[r, 0:cols] for r < rows (bf16, leading dimensions in elements): a
+  // strided block copy on the stream.
+  void copy_cols(bf16* dst, int64_t ldd, const bf16* src, int64_t lds, int64_t rows, int64_t cols) {
+    if (rows == 0 || cols == 0) return;
+    cuda::check(cudaMemcpy2DAsync(dst, size_t(ldd) * sizeof(bf16), src, size_t(lds) * sizeof(bf16),
+                            size_t(cols) * sizeof(bf16), size_t(rows), cudaMemcpyDeviceToDevice, stream),
+          "strided copy");
+  }
   void forward(const MicroBatch& mb, const OutputRequest& req, bool train);
   // recompute: a full-recompute rerun inside the backward (its auxiliary losses are not
   // counted again).
