@@ -3,7 +3,6 @@
 // tokens are all in the cache, end the samples that stop — until every sample has ended.
 #include "rlhost/generator/generator.hpp"
 
-
 #include <algorithm>
 #include <exception>
 #include <limits>
