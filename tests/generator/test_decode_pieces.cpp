@@ -471,11 +471,11 @@ TEST(Linear, MatchesFloat64AndEveryRowIsBatchInvariant) {
 
 // GQA with equal widths, and MLA's shape: as many kv heads as query heads, keys wider than
 // values (Dk = nope + rope = 24, Dv = 12).
-class PagedAttention : public ::testing::TestWithParam<std::array<int64_t, 4>> {};  // Hq, Hkv, Dk, Dv
+class PagedAttention : public ::testing::TestWithParam<std::array<int64_t, 5>> {};  // Hq, Hkv, Dk, Dv, block
 
 TEST_P(PagedAttention, MatchesKernelsCpuAttentionThroughScatteredBlocks) {
-  const auto [Hq, Hkv, D, Dv] = GetParam();
-  const int64_t T = 45, bs = 8;
+  const auto [Hq, Hkv, D, Dv, bs] = GetParam();
+  const int64_t T = 45;
   std::mt19937 g(9);
   std::normal_distribution<float> nd;
   std::vector<float> q(static_cast<size_t>(T * Hq * D)), k(static_cast<size_t>(T * Hkv * D)), v(static_cast<size_t>(T * Hkv * Dv));
@@ -516,8 +516,12 @@ TEST_P(PagedAttention, MatchesKernelsCpuAttentionThroughScatteredBlocks) {
   }
 }
 
+// Blocks of 8 take the generic loops; blocks of 16 the register paths (scores of a block in one
+// register; values of widths 16, 32, 64, 128 in 1, 2, 4, 8 registers; other widths generic).
 INSTANTIATE_TEST_SUITE_P(GqaAndMla, PagedAttention,
-                         ::testing::Values(std::array<int64_t, 4>{4, 2, 16, 16}, std::array<int64_t, 4>{4, 4, 24, 12},
-                                           std::array<int64_t, 4>{2, 2, 8, 20}));
+                         ::testing::Values(std::array<int64_t, 5>{4, 2, 16, 16, 8}, std::array<int64_t, 5>{4, 4, 24, 12, 8},
+                                           std::array<int64_t, 5>{2, 2, 8, 20, 8}, std::array<int64_t, 5>{4, 2, 16, 16, 16},
+                                           std::array<int64_t, 5>{4, 4, 24, 12, 16}, std::array<int64_t, 5>{4, 2, 32, 32, 16},
+                                           std::array<int64_t, 5>{2, 1, 64, 64, 16}, std::array<int64_t, 5>{2, 2, 192, 128, 16}));
 
 }  // namespace

@@ -50,6 +50,46 @@ struct Task {
   int64_t lo, hi;   // key positions [lo, hi]
 };
 
+typedef float v16 __attribute__((vector_size(64)));
+RLH_GEN_INLINE v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+RLH_GEN_INLINE void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// The default 16-token blocks: a block's scores for one query head in one register, summed over
+// d in order, as the generic loop below sums them. (Kept in memory between the d steps, as the
+// generic loop keeps them, attention was ~15 % of a tiny-model step at batch 16; with this and
+// weighted_values the tiny model decodes ~20 % faster.)
+RLH_GEN_INLINE void block_scores16(float* sg, const float* q, const float* Kt, int64_t D) {
+  v16 acc = {};
+  for (int64_t d = 0; d < D; ++d) acc += q[d] * load16(Kt + d * 16);
+  store16(sg, acc);
+}
+
+// o[0:16 NV] = sum over live positions c of w[c] * v[c], in position order, times inv: the
+// generic loop's order, with the sums held in NV registers instead of in memory between keys
+// and the block walked by pointer. Values of a block are rows of Dv = 16 NV floats.
+template <int NV>
+RLH_GEN_INLINE void weighted_values(float* o, const float* sg, int64_t first, int64_t c0, int64_t c1,
+                                    const int32_t* blocks, KvCache& kv, int64_t layer, int64_t h,
+                                    int64_t bs, float inv) {
+  v16 acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = v16{};
+  const int64_t Dv = 16 * NV;
+  for (int64_t c = c0; c <= c1;) {
+    const int64_t p = first + c, slot = p % bs, n = std::min(bs - slot, c1 - c + 1);
+    const float* vr = kv.values(blocks[p / bs], layer) + (h * bs + slot) * Dv;
+    for (int64_t i = 0; i < n; ++i, vr += Dv) {
+      const float w = sg[c + i];
+      for (int j = 0; j < NV; ++j) acc[j] += w * load16(vr + 16 * j);
+    }
+    c += n;
+  }
+  for (int j = 0; j < NV; ++j) store16(o + 16 * j, acc[j] * inv);
+}
+
 // Scores, softmax and output of one (row, kv head) task; s holds G * (hi - lo + 1 + bs) floats.
 template <class T>
 RLH_GEN_INLINE void attend_body(const Task& t, KvCache& kv, int64_t layer, int64_t h, int64_t G,
@@ -65,6 +105,10 @@ RLH_GEN_INLINE void attend_body(const Task& t, KvCache& kv, int64_t layer, int64
     for (int64_t g = 0; g < G; ++g) {
       const float* q = t.q + g * D;
       float* sg = s + g * width + (b - b0) * bs;
+      if (bs == 16) {
+        block_scores16(sg, q, Kt, D);
+        continue;
+      }
       for (int64_t c = 0; c < bs; ++c) sg[c] = 0.f;
       for (int64_t d = 0; d < D; ++d) {
         const float qd = q[d];
@@ -90,6 +134,13 @@ RLH_GEN_INLINE void attend_body(const Task& t, KvCache& kv, int64_t layer, int64
     }
     const float inv = 1.f / sum;
     float* o = t.out + g * Dv;
+    switch (Dv % 16 ? 0 : Dv / 16) {  // widths of up to 128 in registers
+      case 1: weighted_values<1>(o, sg, first, c0, c1, t.blocks, kv, layer, h, bs, inv); continue;
+      case 2: weighted_values<2>(o, sg, first, c0, c1, t.blocks, kv, layer, h, bs, inv); continue;
+      case 4: weighted_values<4>(o, sg, first, c0, c1, t.blocks, kv, layer, h, bs, inv); continue;
+      case 8: weighted_values<8>(o, sg, first, c0, c1, t.blocks, kv, layer, h, bs, inv); continue;
+      default: break;
+    }
     for (int64_t d = 0; d < Dv; ++d) o[d] = 0.f;
     for (int64_t c = c0; c <= c1; ++c) {
       const int64_t p = first + c;
