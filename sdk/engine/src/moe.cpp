@@ -207,12 +207,17 @@ void Engine::Impl::plan_moe(int64_t N, bool save_all) {
 
 void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens();
-  replay = nullptr;
   route_record.clear();
   if (req.routed_experts) route_record.assign(size_t(N * route_width), -1);
-  if (req.replay_routing_field.empty()) return;
-  const rlh_tensor* f = mb.field(req.replay_routing_field);
-  const std::string name = "engine: routing replay field '" + req.replay_routing_field + "'";
+  replay = replay_routing_tensor(mb, req.replay_routing_field, route_width, "engine");
+}
+
+const rlh_tensor* replay_routing_tensor(const MicroBatch& mb, const std::string& field, int64_t route_width,
+                                        const std::string& who) {
+  if (field.empty()) return nullptr;
+  const int64_t N = mb.num_tokens();
+  const rlh_tensor* f = mb.field(field);
+  const std::string name = who + ": routing replay field '" + field + "'";
   if (!f) throw std::invalid_argument(name + " is not in the micro-batch");
   if (route_width == 0) throw std::invalid_argument(name + ": the model has no MoE layer");
   int64_t width = 1;
@@ -227,7 +232,17 @@ void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& re
     inner *= f->shape[i];
   }
   if (N > 1 && f->strides[0] != route_width) throw std::invalid_argument(name + " must be contiguous");
-  replay = f;
+  return f;
+}
+
+int32_t replayed_expert(const rlh_tensor& f, int64_t at, int64_t E, const std::string& who) {
+  const char* base = static_cast<const char*>(f.data) + f.byte_offset;
+  const int64_t e = f.dtype.bits == 32 ? reinterpret_cast<const int32_t*>(base)[at]
+                                       : reinterpret_cast<const int64_t*>(base)[at];
+  if (e < 0 || e >= E)
+    throw std::invalid_argument(who + ": replayed expert " + std::to_string(e) + " outside the " +
+                                std::to_string(E) + " experts of a layer");
+  return int32_t(e);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -312,18 +327,10 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, fl
 
   if (replay) {  // this layer's columns of the [N, R] field
     ra.replay = true;
-    const char* base = static_cast<const char*>(replay->data) + replay->byte_offset;
+    const std::string who = "engine: layer " + std::to_string(l);  // messages name the layer
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t at = n * route_width + s.route_col + k;
-        const int64_t e = replay->dtype.bits == 32 ? reinterpret_cast<const int32_t*>(base)[at]
-                                                   : reinterpret_cast<const int64_t*>(base)[at];
-        if (e < 0 || e >= E)
-          throw std::invalid_argument("engine: replayed expert " + std::to_string(e) +
-                                      " outside the " + std::to_string(E) + " experts of layer " +
-                                      std::to_string(l));
-        m.experts[n * K + k] = int32_t(e);
-      }
+      for (int64_t k = 0; k < K; ++k)
+        m.experts[n * K + k] = replayed_expert(*replay, n * route_width + s.route_col + k, E, who);
   }
 
   // Router: logits, scores, choice, weights.

@@ -136,35 +136,14 @@ void CudaEngine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest
   const int64_t N = mb.num_tokens();
   replay_active = false;
   record_active = req.routed_experts && route_width > 0;
-  if (req.replay_routing_field.empty()) return;
-  const rlh_tensor* f = mb.field(req.replay_routing_field);
-  const std::string name = "cuda engine: routing replay field '" + req.replay_routing_field + "'";
-  if (!f) throw std::invalid_argument(name + " is not in the micro-batch");
-  if (route_width == 0) throw std::invalid_argument(name + ": the model has no MoE layer");
-  int64_t width = 1;
-  for (int i = 1; i < f->ndim; ++i) width *= f->shape[i];
-  if (f->ndim < 2 || f->ndim > 3 || f->shape[0] != N || width != route_width ||
-      f->dtype.code != RLH_DTYPE_INT || (f->dtype.bits != 32 && f->dtype.bits != 64))
-    throw std::invalid_argument(name + " must be int32/int64 [num_tokens, " +
-                                std::to_string(route_width) + "] (or [num_tokens, moe layers, top_k])");
-  int64_t inner = 1;  // contiguous rows
-  for (int i = f->ndim - 1; i >= 1; --i) {
-    if (f->shape[i] > 1 && f->strides[i] != inner) throw std::invalid_argument(name + " must be contiguous");
-    inner *= f->shape[i];
-  }
-  if (N > 1 && f->strides[0] != route_width) throw std::invalid_argument(name + " must be contiguous");
-  const char* base = static_cast<const char*>(f->data) + f->byte_offset;
+  const rlh_tensor* f = replay_routing_tensor(mb, req.replay_routing_field, route_width, "cuda engine");
+  if (!f) return;
   for (const LayerShape& s : shapes) {
     if (!s.moe) continue;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < s.Kx; ++k) {
         const int64_t at = n * route_width + s.route_col + k;
-        const int64_t e = f->dtype.bits == 32 ? reinterpret_cast<const int32_t*>(base)[at]
-                                              : reinterpret_cast<const int64_t*>(base)[at];
-        if (e < 0 || e >= s.E)
-          throw std::invalid_argument("cuda engine: replayed expert " + std::to_string(e) +
-                                      " outside the " + std::to_string(s.E) + " experts of a layer");
-        h_route[at] = int32_t(e);
+        h_route[at] = replayed_expert(*f, at, s.E, "cuda engine");
       }
   }
   // from pinned staging, ordered before the layers; the previous user of h_route (a record's

@@ -146,6 +146,13 @@ struct StepOptions {
   int64_t moe_global_sequences = 0;
 };
 
+// The counts a step's MoE auxiliary losses are normalised by, as both engines take them:
+// StepOptions' global counts, or else the step's own tokens and non-empty sequences.
+struct MoeNormCounts {
+  double tokens = 0, sequences = 0;
+};
+MoeNormCounts moe_norm_counts(std::span<const MicroBatch> microbatches, const StepOptions& options);
+
 struct StepResult {
   double loss = 0;
   double grad_norm = 0;  // before clipping
@@ -278,6 +285,15 @@ struct MoeBasics {
   int64_t n_group = 1, topk_group = 1;  // DeepSeek's group-limited routing
 };
 MoeBasics moe_basics(const sdk::LayerDesc& layer, const MoeOptions& options, const std::string& at);
+
+// Routing replay (OutputRequest::replay_routing_field), as both engines read it: the field of
+// `mb` named `field`, checked to be int32/int64 [N, R] (or [N, moe layers, top_k]) and
+// contiguous, R = `route_width`; nullptr when `field` is empty. Throws std::invalid_argument
+// naming `who` ("engine", "cuda engine") and the field.
+const rlh_tensor* replay_routing_tensor(const MicroBatch& mb, const std::string& field,
+                                        int64_t route_width, const std::string& who);
+// Element `at` of such a field as an expert of a layer with E experts (throws outside [0, E)).
+int32_t replayed_expert(const rlh_tensor& f, int64_t at, int64_t E, const std::string& who);
 
 // An MLA layer's latent ranks and head dims (D = dn + dr), checked likewise.
 struct MlaBasics {
