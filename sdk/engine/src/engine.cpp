@@ -175,6 +175,16 @@ Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
   return out;
 }
 
+MoeNormCounts moe_norm_counts(std::span<const MicroBatch> mbs, const StepOptions& so) {
+  int64_t tokens = 0, seqs = 0;
+  for (const MicroBatch& mb : mbs) {
+    tokens += mb.num_tokens();
+    for (int64_t q = 0; q < mb.num_sequences(); ++q) seqs += mb.cu_seqlens[size_t(q) + 1] > mb.cu_seqlens[size_t(q)];
+  }
+  return {double(so.moe_global_tokens > 0 ? so.moe_global_tokens : tokens),
+          double(so.moe_global_sequences > 0 ? so.moe_global_sequences : seqs)};
+}
+
 StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions& so,
                               const LossFn& loss_fn) {
   Impl& m = *impl_;
@@ -187,14 +197,9 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   m.grads_clear = false;
   StepResult r;
   // MoE auxiliary losses: normalised by the global counts (this step's when not given).
-  int64_t step_tokens = 0, step_seqs = 0;
-  for (const MicroBatch& mb : mbs) {
-    step_tokens += mb.num_tokens();
-    for (int64_t q = 0; q < mb.num_sequences(); ++q)
-      step_seqs += mb.cu_seqlens[size_t(q) + 1] > mb.cu_seqlens[size_t(q)];
-  }
-  m.moe_tokens = double(so.moe_global_tokens > 0 ? so.moe_global_tokens : step_tokens);
-  m.moe_seqs = double(so.moe_global_sequences > 0 ? so.moe_global_sequences : step_seqs);
+  const MoeNormCounts moe_counts = moe_norm_counts(mbs, so);
+  m.moe_tokens = moe_counts.tokens;
+  m.moe_seqs = moe_counts.sequences;
   m.moe_aux = m.moe_z = m.moe_max_load = 0;
   struct TrainFlag {  // the losses belong to train steps only, whatever leaves this scope
     bool& f;

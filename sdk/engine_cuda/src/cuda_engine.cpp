@@ -928,14 +928,9 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
   StepResult r;
   // MoE auxiliary losses: normalised by the global counts (this step's when not given), as
   // the CPU engine; their values are summed on the device and read with the gradient norm.
-  int64_t step_tokens = 0, step_seqs = 0;
-  for (const MicroBatch& mb : mbs) {
-    step_tokens += mb.num_tokens();
-    for (int64_t q = 0; q < mb.num_sequences(); ++q)
-      step_seqs += mb.cu_seqlens[size_t(q) + 1] > mb.cu_seqlens[size_t(q)];
-  }
-  m.moe_tokens = double(so.moe_global_tokens > 0 ? so.moe_global_tokens : step_tokens);
-  m.moe_seqs = double(so.moe_global_sequences > 0 ? so.moe_global_sequences : step_seqs);
+  const MoeNormCounts moe_counts = moe_norm_counts(mbs, so);
+  m.moe_tokens = moe_counts.tokens;
+  m.moe_seqs = moe_counts.sequences;
   if (m.moe_layers > 0)
     check(cudaMemsetAsync(m.moe_stats(), 0, 3 * sizeof(double), m.stream), "memset");
   struct TrainFlag {  // the losses belong to train steps only, whatever leaves this scope
