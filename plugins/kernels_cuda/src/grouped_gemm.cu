@@ -40,6 +40,13 @@ struct GG {
 };
 
 __device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t T) { return v < 0 ? 0 : v > T ? T : v; }
+// Group g's rows [lo, hi), clamped to [0, T) and empty when its offsets decrease (check_offsets
+// flags those; the kernels stay in bounds meanwhile).
+__device__ __forceinline__ void group_rows(const GG& p, int64_t g, int64_t* lo, int64_t* hi) {
+  *lo = clamp_row(p.off[g], p.T);
+  *hi = clamp_row(p.off[g + 1], p.T);
+  if (*hi < *lo) *hi = *lo;
+}
 
 // Flags offsets that do not partition [0, T) (block (0,0,0) only).
 __device__ void check_offsets(const GG& p) {
@@ -65,9 +72,7 @@ __device__ bool find_tile(const GG& p, int64_t tile, int64_t* g_out, int64_t* r0
     const int64_t g = base + threadIdx.x;
     int64_t lo = 0, hi = 0, cnt = 0;
     if (g < p.G) {
-      lo = clamp_row(p.off[g], p.T);
-      hi = clamp_row(p.off[g + 1], p.T);
-      if (hi < lo) hi = lo;
+      group_rows(p, g, &lo, &hi);
       cnt = (hi - lo + BM - 1) / BM;
     }
     int64_t v = cnt;  // inclusive scan: warp, then the warps' totals in order
@@ -97,6 +102,23 @@ __device__ bool find_tile(const GG& p, int64_t tile, int64_t* g_out, int64_t* r0
   *r1 = s_found[1];
   *g_out = s_found[2];
   return *r0 >= 0;
+}
+
+// The rows this block works on, for both kernels. ta = 0: tile blockIdx.y of the schedule, rows
+// [m0, rhi) of group g (rlo = m0; false when there is no such tile). ta = 1 (the weight
+// gradient): group blockIdx.z, whose rows [rlo, rhi) are the reduction, output rows from
+// m0 = blockIdx.y * BM.
+template <int BM, bool TA>
+__device__ bool block_rows(const GG& p, int64_t* g, int64_t* m0, int64_t* rlo, int64_t* rhi) {
+  if constexpr (!TA) {
+    if (!find_tile<BM>(p, blockIdx.y, g, m0, rhi)) return false;
+    *rlo = *m0;
+  } else {
+    *g = blockIdx.z;
+    *m0 = int64_t(blockIdx.y) * BM;
+    group_rows(p, *g, rlo, rhi);
+  }
+  return true;
 }
 
 template <class TC>
@@ -136,16 +158,7 @@ __global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
   const int wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps of 64 x 32
   const int64_t n0 = int64_t(blockIdx.x) * BN;
   int64_t m0, rlo, rhi, g = 0;  // ta = 0: rows [m0, rhi); ta = 1: group rows [rlo, rhi)
-  if constexpr (!TA) {
-    if (!find_tile<BM>(p, blockIdx.y, &g, &m0, &rhi)) return;
-    rlo = m0;
-  } else {
-    g = blockIdx.z;
-    m0 = int64_t(blockIdx.y) * BM;
-    rlo = clamp_row(p.off[g], p.T);
-    rhi = clamp_row(p.off[g + 1], p.T);
-    if (rhi < rlo) rhi = rlo;
-  }
+  if (!block_rows<BM, TA>(p, &g, &m0, &rlo, &rhi)) return;
   const bf16* A = static_cast<const bf16*>(p.A);
   const bf16* B = static_cast<const bf16*>(p.B) + (TA ? 0 : g * p.sb);
   const int64_t kdim = TA ? rhi - rlo : p.K;
@@ -288,16 +301,7 @@ __global__ void __launch_bounds__(256) gg_simt_kernel(GG p) {
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // outputs (ty + 16i, tx + 16j)
   const int64_t n0 = int64_t(blockIdx.x) * SBN;
   int64_t m0, rlo, rhi, g = 0;
-  if constexpr (!TA) {
-    if (!find_tile<SBM>(p, blockIdx.y, &g, &m0, &rhi)) return;
-    rlo = m0;
-  } else {
-    g = blockIdx.z;
-    m0 = int64_t(blockIdx.y) * SBM;
-    rlo = clamp_row(p.off[g], p.T);
-    rhi = clamp_row(p.off[g + 1], p.T);
-    if (rhi < rlo) rhi = rlo;
-  }
+  if (!block_rows<SBM, TA>(p, &g, &m0, &rlo, &rhi)) return;
   const TI* A = static_cast<const TI*>(p.A);
   const TI* B = static_cast<const TI*>(p.B) + (TA ? 0 : g * p.sb);
   const int64_t kdim = TA ? rhi - rlo : p.K;
