@@ -469,6 +469,37 @@ double metric(const engine::StepResult& r, const std::string& name) {
   return 0;
 }
 
+// A routing record as the replay field "routes" (int32 [N, R], contiguous) of a micro-batch;
+// the field points into this object, which must stay where it is while the batch is used.
+struct RoutesField {
+  std::vector<int32_t> routes;
+  int64_t shape[2] = {0, 0}, strides[2] = {0, 1};
+  void attach(engine::MicroBatch& mb, int64_t R) {
+    shape[0] = int64_t(routes.size()) / R;
+    shape[1] = R;
+    strides[0] = R;
+    rlh_named_tensor f{};
+    f.name = "routes";
+    f.tensor.data = routes.data();
+    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+    f.tensor.ndim = 2;
+    f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+    f.tensor.shape = shape;
+    f.tensor.strides = strides;
+    mb.fields.push_back(f);
+  }
+};
+
+// The CPU engine's routing of mb (its record, [N, R]).
+std::vector<int32_t> cpu_routing(const sdk::TransformerDesc& desc, const std::vector<std::vector<float>>& weights,
+                                 const engine::MicroBatch& mb) {
+  engine::Engine cpu(desc);
+  cpu.load_parameters(weights);
+  engine::OutputRequest rec;
+  rec.routed_experts = true;
+  return cpu.forward(mb, rec).routed_experts;
+}
+
 // The MoE model's AdamW steps against the CPU engine's fp32 steps (eps = 1 as above), with the
 // auxiliary load-balancing and z losses on (their gradients flow into the router), for the fp32
 // and the fp64 router: grad norms, losses, the loss metrics and every tensor's update. Both
@@ -486,25 +517,10 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
   engine::StepOptions so;
   so.lr = 1e-2;
   so.global_tokens = s.predicted();
-  std::vector<int32_t> routes;
-  {
-    engine::Engine cpu(s.desc);
-    cpu.load_parameters(s.weights);
-    engine::OutputRequest rec;
-    rec.routed_experts = true;
-    routes = cpu.forward(mb, rec).routed_experts;
-  }
-  std::vector<int64_t> shape = {int64_t(s.ids.size()), 2}, strides = {2, 1};  // R = top-2
-  ASSERT_EQ(routes.size(), s.ids.size() * 2);
-  rlh_named_tensor f{};
-  f.name = "routes";
-  f.tensor.data = routes.data();
-  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-  f.tensor.ndim = 2;
-  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
-  f.tensor.shape = shape.data();
-  f.tensor.strides = strides.data();
-  mb.fields.push_back(f);
+  RoutesField routes;
+  routes.routes = cpu_routing(s.desc, s.weights, mb);
+  ASSERT_EQ(routes.routes.size(), s.ids.size() * 2);
+  routes.attach(mb, 2);  // R = top-2
   so.outputs.replay_routing_field = "routes";
   for (const bool fp64 : {false, true}) {
     for (const auto lb : {engine::MoeOptions::LoadBalancing::aux_loss,
@@ -560,23 +576,15 @@ TEST(CudaEngineMoe, ReplayingTheRecordReproducesTheForward) {
     EXPECT_NE(a.routed_experts[2 * n], a.routed_experts[2 * n + 1]);
     for (int k = 0; k < 2; ++k) EXPECT_TRUE(a.routed_experts[2 * n + k] >= 0 && a.routed_experts[2 * n + k] < 8);
   }
-  std::vector<int32_t> routes = a.routed_experts;
-  std::vector<int64_t> shape = {int64_t(s.ids.size()), 2}, strides = {2, 1};
-  rlh_named_tensor f{};
-  f.name = "routes";
-  f.tensor.data = routes.data();
-  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-  f.tensor.ndim = 2;
-  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
-  f.tensor.shape = shape.data();
-  f.tensor.strides = strides.data();
-  mb.fields.push_back(f);
+  RoutesField routes;
+  routes.routes = a.routed_experts;
+  routes.attach(mb, 2);
   engine::OutputRequest rep = rec;
   rep.replay_routing_field = "routes";
   const engine::Outputs b = gpu.forward(mb, rep);
   EXPECT_TRUE(b.logprob == a.logprob);
   EXPECT_TRUE(b.routed_experts == a.routed_experts);
-  routes[0] = 8;  // outside the experts
+  routes.routes[0] = 8;  // outside the experts
   EXPECT_THROW(gpu.forward(mb, rep), std::invalid_argument);
   rep.replay_routing_field = "missing";
   EXPECT_THROW(gpu.forward(mb, rep), std::invalid_argument);
@@ -742,25 +750,10 @@ TEST(CudaEngineMla, DeepSeekAdamWStepsFollowTheCpuEngine) {
   engine::StepOptions so;
   so.lr = 1e-2;
   so.global_tokens = s.predicted();
-  std::vector<int32_t> routes;
-  {
-    engine::Engine cpu(s.desc);
-    cpu.load_parameters(s.weights);
-    engine::OutputRequest rec;
-    rec.routed_experts = true;
-    routes = cpu.forward(mb, rec).routed_experts;
-  }
-  std::vector<int64_t> shape = {int64_t(s.ids.size()), 2}, strides = {2, 1};
-  ASSERT_EQ(routes.size(), s.ids.size() * 2);
-  rlh_named_tensor f{};
-  f.name = "routes";
-  f.tensor.data = routes.data();
-  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-  f.tensor.ndim = 2;
-  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
-  f.tensor.shape = shape.data();
-  f.tensor.strides = strides.data();
-  mb.fields.push_back(f);
+  RoutesField routes;
+  routes.routes = cpu_routing(s.desc, s.weights, mb);
+  ASSERT_EQ(routes.routes.size(), s.ids.size() * 2);
+  routes.attach(mb, 2);
   so.outputs.replay_routing_field = "routes";
   engine::EngineOptions eo;
   eo.optimizer.eps = 1.0;
