@@ -219,6 +219,24 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Fixture);
 
 // A small random Llama (GQA, untied, head_dim 64 so attention takes the tensor-core path) and a
 // packed batch of uneven sequences.
+// Random weights for desc: N(0, 0.05) matrices (the router's scaled by router_scale), vectors
+// (norms, and DeepSeek's selection bias) around 1.
+std::vector<std::vector<float>> random_weights(const sdk::TransformerDesc& desc, std::mt19937& rng,
+                                               float router_scale) {
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  std::vector<std::vector<float>> weights;
+  for (const auto& p : desc.params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    std::vector<float> t(static_cast<size_t>(n));
+    const bool norm = p.shape.size() == 1;
+    const float scale = p.role == sdk::ParamRole::router ? router_scale : 1.f;
+    for (float& x : t) x = norm ? 1.f + nd(rng) : scale * nd(rng);
+    weights.push_back(std::move(t));
+  }
+  return weights;
+}
+
 struct Small {
   sdk::TransformerDesc desc;
   std::vector<std::vector<float>> weights;
@@ -233,15 +251,7 @@ struct Small {
                                 {"tie_word_embeddings", false}};
     desc = model::describe(cfg);
     std::mt19937 rng(7);
-    std::normal_distribution<float> nd(0.f, 0.05f);
-    for (const auto& p : desc.params) {
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
-      std::vector<float> t(static_cast<size_t>(n));
-      const bool norm = p.shape.size() == 1;
-      for (float& x : t) x = norm ? 1.f + nd(rng) : nd(rng);
-      weights.push_back(std::move(t));
-    }
+    weights = random_weights(desc, rng, 1.f);
     std::uniform_int_distribution<int32_t> tok(0, 511);
     cu = {0};
     for (int len : {97, 160, 33, 222}) {
@@ -442,19 +452,10 @@ struct SmallMoe {
                                 {"max_position_embeddings", 512}, {"rope_theta", 1000000.0},
                                 {"tie_word_embeddings", false}};
     desc = model::describe(cfg);
+    // A router 10x wider than the other weights: well-separated scores, so bf16 noise rarely
+    // flips a top-2 choice between the CPU and GPU engines.
     std::mt19937 rng(11);
-    std::normal_distribution<float> nd(0.f, 0.05f);
-    for (const auto& p : desc.params) {
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
-      std::vector<float> t(static_cast<size_t>(n));
-      const bool norm = p.shape.size() == 1;
-      // A router 10x wider than the other weights: well-separated scores, so bf16 noise rarely
-      // flips a top-2 choice between the CPU and GPU engines.
-      const float scale = p.role == sdk::ParamRole::router ? 10.f : 1.f;
-      for (float& x : t) x = norm ? 1.f + nd(rng) : scale * nd(rng);
-      weights.push_back(std::move(t));
-    }
+    weights = random_weights(desc, rng, 10.f);
     Small dense;  // the same packed batch
     ids = dense.ids;
     cu = dense.cu;
@@ -715,17 +716,7 @@ struct SmallDeepSeek {
   SmallDeepSeek() {
     desc = model::describe(deepseek_config());
     std::mt19937 rng(13);
-    std::normal_distribution<float> nd(0.f, 0.05f);
-    for (const auto& p : desc.params) {
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
-      std::vector<float> t(static_cast<size_t>(n));
-      const bool norm = p.shape.size() == 1;  // norms and the selection bias: around 1
-      // a wide router, as SmallMoe's: well-separated scores
-      const float scale = p.role == sdk::ParamRole::router ? 10.f : 1.f;
-      for (float& x : t) x = norm ? 1.f + nd(rng) : scale * nd(rng);
-      weights.push_back(std::move(t));
-    }
+    weights = random_weights(desc, rng, 10.f);  // a wide router, as SmallMoe's
     Small dense;
     ids = dense.ids;
     cu = dense.cu;
