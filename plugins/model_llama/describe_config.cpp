@@ -559,4 +559,13 @@ std::string resolve_model_dir(const std::string& dir_or_hub_id) {
   return sdk::resolve_model_path(dir_or_hub_id).string();
 }
 
+LoadedModel load_model(const std::string& dir_or_hub_id, const sdk::LoadOptions& options) {
+  LoadedModel m;
+  m.dir = resolve_model_dir(dir_or_hub_id);
+  m.desc = describe_model_dir(m.dir);
+  m.checkpoint = sdk::st::Checkpoint::open(m.dir);
+  m.weights = sdk::load_weights_f32(m.desc, m.checkpoint, options);
+  return m;
+}
+
 }  // namespace rlh::model

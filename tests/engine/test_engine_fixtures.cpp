@@ -54,7 +54,7 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
 
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  model::LoadResult w = model::load_weights_f32(desc, ckpt);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
   engine::Engine eng(desc);
   eng.load_parameters(w.tensors);
 

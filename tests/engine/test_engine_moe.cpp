@@ -58,7 +58,7 @@ const Model& model(const std::string& name) {
     const std::string dir = fixture_dir(name);
     Model m;
     m.desc = model::describe_model_dir(dir);
-    m.weights = model::load_weights_f32(m.desc, sdk::st::Checkpoint::open(dir + "/model.safetensors")).tensors;
+    m.weights = sdk::load_weights_f32(m.desc, sdk::st::Checkpoint::open(dir + "/model.safetensors")).tensors;
     it = cache.emplace(name, std::move(m)).first;
   }
   return it->second;

@@ -75,7 +75,7 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   if (!model::is_supported_architecture(arch)) GTEST_SKIP() << folder << ": no table lists " << arch;
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  model::LoadResult w = model::load_weights_f32(desc, ckpt);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
   std::unique_ptr<engine::CudaEngine> eng;
   try {
     eng = std::make_unique<engine::CudaEngine>(desc);

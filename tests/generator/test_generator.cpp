@@ -45,7 +45,7 @@ std::unique_ptr<Generator> fixture_generator(const std::string& dir, sdk::Transf
     return nullptr;
   }
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  model::LoadResult w = model::load_weights_f32(desc, ckpt);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
   g->weights().load(w.tensors, 0);
   if (desc_out) *desc_out = desc;
   if (weights_out) *weights_out = std::move(w.tensors);

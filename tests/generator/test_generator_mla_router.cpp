@@ -174,7 +174,7 @@ TEST(MoeRouterFp64, MatchesTheFp64TrainerOnEveryMoeFixture) {
     sdk::TransformerDesc desc = model::describe_model_dir(dir);
     if (!has_moe(desc)) continue;
     const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-    const model::LoadResult w = model::load_weights_f32(desc, ckpt);
+    const sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
     engine::EngineOptions eo;
     eo.moe.router_fp64 = true;
     engine::Engine eng(desc, eo);

@@ -18,7 +18,8 @@
 #include "rlhost/generator.h"
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model.h"
-#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/tokenizer.h"
@@ -206,7 +207,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     auto g = std::make_unique<NativeGenerator>();
     g->host = rlh::sdk::Host(host);
     try {
-      g->model_dir = rlh::model::resolve_model_dir(model_path);
+      g->model_dir = rlh::sdk::resolve_model_path(model_path).string();
     } catch (const std::runtime_error& e) {
       throw Error(RLH_E_NOT_FOUND, std::string("generator: ") + e.what());
     }
@@ -241,7 +242,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     if (load_format == "auto") {
       try {
         const auto ckpt = rlh::sdk::st::Checkpoint::open(g->model_dir);
-        const rlh::model::LoadResult w = rlh::model::load_weights_f32(desc, ckpt);
+        const rlh::sdk::LoadResult w = rlh::sdk::load_weights_f32(desc, ckpt);
         g->gen->weights().load(w.tensors, 0);
       } catch (const Error&) {
         throw;

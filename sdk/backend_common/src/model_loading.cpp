@@ -7,7 +7,7 @@
 #include "backend_internal.hpp"
 #include "rlhost/kernels.h"
 #include "rlhost/model.h"
-#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
 
 namespace rlh::backend {
@@ -222,10 +222,10 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   const std::string config_text = read_file(m->dir + "/config.json");
   m->desc = describe_model(b.host, m->dir, config_text, args);
 
-  model::LoadResult weights;
+  sdk::LoadResult weights;
   try {
     m->checkpoint = sdk::st::Checkpoint::open(m->dir);
-    weights = model::load_weights_f32(m->desc, m->checkpoint);
+    weights = sdk::load_weights_f32(m->desc, m->checkpoint);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -221,7 +221,7 @@ class Engine {
   int64_t num_elements() const;  // total parameter count
   std::span<float> param(size_t i);
   std::span<float> grad(size_t i);
-  // Copies weights in (e.g. rlh::model::load_weights_f32(...).tensors); sizes must match.
+  // Copies weights in (e.g. rlh::sdk::load_weights_f32(...).tensors); sizes must match.
   void load_parameters(const std::vector<std::vector<float>>& tensors);
   std::vector<std::vector<float>> save_parameters() const;
   void zero_grad();

@@ -93,7 +93,7 @@ class CudaEngine {
   size_t num_params() const;
   int64_t num_elements() const;
 
-  // fp32 weights in desc().params order (e.g. rlh::model::load_weights_f32(...).tensors).
+  // fp32 weights in desc().params order (e.g. rlh::sdk::load_weights_f32(...).tensors).
   void load_parameters(const std::vector<std::vector<float>>& tensors);
   std::vector<std::vector<float>> save_parameters() const;  // the fp32 master weights
   std::vector<std::vector<float>> gradients() const;        // the fp32 accumulated gradients

@@ -11,13 +11,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/model_weights.hpp"
 
-namespace rlh::model {
+namespace rlh::sdk {
 
-using sdk::ParamDesc;
-using sdk::ParamTransform;
-namespace st = sdk::st;
 
 namespace {
 
@@ -87,7 +84,7 @@ void for_each_run(const ParamDesc& p, size_t k,
 
 }  // namespace
 
-LoadResult load_weights_f32(sdk::TransformerDesc& desc, const st::Checkpoint& ckpt, const LoadOptions& options) {
+LoadResult load_weights_f32(TransformerDesc& desc, const st::Checkpoint& ckpt, const LoadOptions& options) {
   LoadResult out;
   std::set<std::string> used;
   out.tensors.reserve(desc.params.size());
@@ -143,16 +140,7 @@ LoadResult load_weights_f32(sdk::TransformerDesc& desc, const st::Checkpoint& ck
   return out;
 }
 
-LoadedModel load_model(const std::string& dir_or_hub_id, const LoadOptions& options) {
-  LoadedModel m;
-  m.dir = resolve_model_dir(dir_or_hub_id);
-  m.desc = describe_model_dir(m.dir);
-  m.checkpoint = st::Checkpoint::open(m.dir);
-  m.weights = load_weights_f32(m.desc, m.checkpoint, options);
-  return m;
-}
-
-std::vector<std::string> save_weights_hf(const sdk::TransformerDesc& desc,
+std::vector<std::string> save_weights_hf(const TransformerDesc& desc,
                                          const std::vector<std::vector<float>>& tensors,
                                          const std::string& dir, const SaveOptions& options) {
   if (tensors.size() != desc.params.size())
@@ -193,4 +181,4 @@ std::vector<std::string> save_weights_hf(const sdk::TransformerDesc& desc,
   return st::write_checkpoint(dir, std::move(out), options.files);
 }
 
-}  // namespace rlh::model
+}  // namespace rlh::sdk
