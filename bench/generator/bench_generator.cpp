@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/kernels_cpu/cpu_features.hpp"
 #include "rlhost/model/llama_family.hpp"
@@ -135,6 +136,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < w.size(); ++i)
     if (desc.params[i].role != sdk::ParamRole::embed) weight_bytes += int64_t(w[i].size() * sizeof(float));
   gen::Options o;
+  o.ops = &test::cpu_ops();  // kernels_cpu through the registry, as the plugin runs it
   o.max_num_seqs = std::max<int64_t>(B, 1);
   o.num_threads = threads;
   gen::Generator g(desc, o);

@@ -141,6 +141,18 @@ rlh_status* host_get_comm(rlh_host_ctx* ctx, const rlh_comm_api** api, rlh_comm*
 
 uint8_t host_is_cancelled(rlh_host_ctx* ctx) { return host_of(ctx).cancelled() ? 1 : 0; }
 
+rlh_status* host_list_components(rlh_host_ctx* ctx, int32_t kind, rlh_write_fn write, void* user) {
+  return sdk::guard(host_make_status, [&] {
+    if (write == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "list_components: write is NULL");
+    if (kind == RLH_KIND_KERNELS) host_of(ctx).autoload_kernel_providers();
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [c, score] : host_of(ctx).ranked_components(kind))
+      out.push_back({{"name", c->desc->name}, {"plugin", c->plugin}, {"score", score}});
+    const std::string text = out.dump();
+    write(user, text.data(), text.size());
+  });
+}
+
 const char* level_name(int32_t level) {
   switch (level) {
     case RLH_LOG_TRACE: return "trace";
@@ -179,7 +191,7 @@ Host::Host() {
   root_context_.host = this;
   root_context_.plugin = "host";
   root_services_ = rlh_host_api{};
-  root_services_.struct_size = RLH_STRUCT_SIZE(rlh_host_api, is_cancelled);
+  root_services_.struct_size = RLH_STRUCT_SIZE(rlh_host_api, list_components);
   root_services_.abi_major = RLH_ABI_VERSION_MAJOR;
   root_services_.abi_minor = RLH_ABI_VERSION_MINOR;
   root_services_.ctx = reinterpret_cast<rlh_host_ctx*>(&root_context_);
@@ -192,6 +204,7 @@ Host::Host() {
   root_services_.find_component = host_find_component;
   root_services_.get_comm = host_get_comm;
   root_services_.is_cancelled = host_is_cancelled;
+  root_services_.list_components = host_list_components;
 }
 
 Host::~Host() {
@@ -306,6 +319,55 @@ void Host::load_plugin(const std::string& name_or_path) {
   plugins_.push_back(std::move(ins.plugin));
 }
 
+// Kernel providers dropped on the plugin path take part without --plugin: the first time a
+// registry lists them, every library there whose components are all KERNELS is registered
+// (others are inspected and left alone). rlhost.autoload_kernels = false turns this off.
+void Host::autoload_kernel_providers() {
+  if (kernels_autoloaded_) return;
+  kernels_autoloaded_ = true;
+  if (resolved_valid_ && resolved_.is_object() && resolved_.contains("rlhost") && resolved_["rlhost"].is_object()) {
+    const Json& r = resolved_["rlhost"];
+    if (r.contains("autoload_kernels") && r["autoload_kernels"].is_boolean() && !r["autoload_kernels"].get<bool>())
+      return;
+  }
+  std::set<std::string> seen;
+  for (const auto& p : plugins_) seen.insert(p->path);
+  for (const auto& [path, err] : failed_) seen.insert(path);
+  std::string added;
+  for (const auto& dir : plugin_dirs_) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".so") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      const std::string canon = fs::weakly_canonical(f, ec).string();
+      if (!seen.insert(canon).second) continue;
+      Inspection ins = inspect_plugin(canon, *this);
+      if (!ins.plugin) continue;  // --list-plugins shows why
+      bool kernels_only = !ins.plugin->components.empty();
+      for (const auto& c : ins.plugin->components) kernels_only = kernels_only && c.desc->kind == RLH_KIND_KERNELS;
+      bool clash = false;
+      for (const auto& p : plugins_) {
+        clash = clash || p->name == ins.plugin->name;
+        for (const auto& oc : p->components)
+          for (const auto& c : ins.plugin->components)
+            clash = clash || (oc.desc->kind == c.desc->kind && std::strcmp(oc.desc->name, c.desc->name) == 0);
+      }
+      if (!kernels_only || clash) {
+        static auto* keep = new std::vector<std::unique_ptr<Plugin>>();  // descriptor strings stay valid
+        keep->push_back(std::move(ins.plugin));
+        continue;
+      }
+      ins.plugin->services.reset(make_services(ins.plugin->name, ins.plugin->context));
+      added += (added.empty() ? "" : ", ") + ins.plugin->name;
+      plugins_.push_back(std::move(ins.plugin));
+    }
+  }
+  if (!added.empty()) log(RLH_LOG_DEBUG, "host", "kernel providers from the plugin path: " + added);
+}
+
 nlohmann::ordered_json Host::list_plugins() {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::set<std::string> seen;
@@ -362,6 +424,31 @@ void Host::ensure_initialized(Plugin& p) {
   p.initialized = true;
 }
 
+int32_t Host::probe_score(const Plugin& p) const {
+  int32_t score = 1;
+  if (RLH_HAS_FIELD(p.desc, rlh_plugin_desc, probe) && p.desc->probe != nullptr) {
+    std::string reason;
+    rlh_status* s = p.desc->probe(p.services.get(), &score, sdk::write_to_string, &reason);
+    if (s != nullptr) { score = 0; rlh_status_destroy(s); }
+  }
+  return score;
+}
+
+std::vector<std::pair<const Component*, int32_t>> Host::ranked_components(int32_t kind) const {
+  std::vector<std::pair<const Component*, int32_t>> out;
+  for (const auto& p : plugins_) {
+    bool any = false;
+    for (const auto& c : p->components) any = any || (c.desc->kind == kind && c.usable_error.empty());
+    if (!any) continue;
+    const int32_t score = probe_score(*p);
+    if (score <= 0) continue;
+    for (const auto& c : p->components)
+      if (c.desc->kind == kind && c.usable_error.empty()) out.emplace_back(&c, score);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
+}
+
 std::vector<const Component*> Host::components(int32_t kind) const {
   std::vector<const Component*> out;
   for (const auto& p : plugins_)
@@ -384,12 +471,7 @@ const Component& Host::find_component(int32_t kind, const std::string& name) {
         if (!name.empty()) throw Error(RLH_E_FAILED_PRECONDITION, c.usable_error);
         continue;
       }
-      int32_t score = 1;
-      if (name.empty() && RLH_HAS_FIELD(p->desc, rlh_plugin_desc, probe) && p->desc->probe != nullptr) {
-        std::string reason;
-        rlh_status* s = p->desc->probe(p->services.get(), &score, sdk::write_to_string, &reason);
-        if (s != nullptr) { score = 0; rlh_status_destroy(s); }
-      }
+      const int32_t score = name.empty() ? probe_score(*p) : 1;
       if (score > best_score) { best_score = score; best = &c; best_plugin = p.get(); }
     }
   }

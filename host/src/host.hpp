@@ -55,6 +55,12 @@ class Host {
   // Registry: finds a component (initialising its plugin). name empty = best of the kind.
   const Component& find_component(int32_t kind, const std::string& name);
   std::vector<const Component*> components(int32_t kind) const;
+  // Usable components of `kind` with their plugin's probe score, best first (0-score plugins
+  // left out; ties keep load order): the list_components service.
+  std::vector<std::pair<const Component*, int32_t>> ranked_components(int32_t kind) const;
+  // Registers every kernel-provider-only plugin on the plugin path (once; list_components of
+  // KERNELS calls it), unless rlhost.autoload_kernels is false.
+  void autoload_kernel_providers();
 
   // Services.
   const rlh_host_api* services() const { return &root_services_; }
@@ -75,6 +81,7 @@ class Host {
  private:
   std::string find_on_path(const std::string& name) const;
   void ensure_initialized(Plugin& p);
+  int32_t probe_score(const Plugin& p) const;
 
   std::vector<std::string> plugin_dirs_;
   std::vector<std::unique_ptr<Plugin>> plugins_;  // load order
@@ -82,6 +89,7 @@ class Host {
   Config config_;
   Json resolved_;
   bool resolved_valid_ = false;
+  bool kernels_autoloaded_ = false;
   std::atomic<bool> cancelled_{false};
   int32_t log_level_ = RLH_LOG_INFO;
   int rank_ = 0;

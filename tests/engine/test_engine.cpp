@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 
@@ -180,7 +181,7 @@ class EngineModels : public ::testing::TestWithParam<int> {
 
 // (2) A packed batch gives the same outputs and gradients as each sequence run alone.
 TEST_P(EngineModels, PackedBatchEqualsSequencesAlone) {
-  Engine e(desc());
+  Engine e(desc(), test::engine_options());
   randomize(e, 11);
   const Batch packed = make_batch({7, 19, 1, 12}, e.desc().vocab_size);
   const int64_t global = int64_t(packed.ids.size());
@@ -218,7 +219,7 @@ TEST_P(EngineModels, PackedBatchEqualsSequencesAlone) {
 
 // Two micro-batches in one step equal one micro-batch holding both (global normalisation).
 TEST_P(EngineModels, MicrobatchSplitDoesNotChangeTheStep) {
-  Engine e(desc());
+  Engine e(desc(), test::engine_options());
   randomize(e, 12);
   const Batch packed = make_batch({9, 4, 16, 3, 8}, e.desc().vocab_size);
   const engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
@@ -252,9 +253,9 @@ TEST_P(EngineModels, MicrobatchSplitDoesNotChangeTheStep) {
 
 // Recompute re-runs the same ops on the same inputs: bitwise the same gradients.
 TEST_P(EngineModels, RecomputeIsExact) {
-  engine::EngineOptions with;
+  engine::EngineOptions with = test::engine_options();
   with.recompute = true;
-  Engine a(desc()), b(desc(), with);
+  Engine a(desc(), test::engine_options()), b(desc(), with);
   randomize(a, 13);
   randomize(b, 13);
   const Batch packed = make_batch({11, 6, 20}, a.desc().vocab_size);
@@ -276,7 +277,7 @@ TEST_P(EngineModels, ThreadCountDoesNotChangeResults) {
   double loss[2];
   for (int t = 0; t < 2; ++t) {
     omp_set_num_threads(t + 1);
-    Engine e(desc());
+    Engine e(desc(), test::engine_options());
     randomize(e, 14);
     loss[t] = e.train_step({&mb, 1}, so, weighted_loss).loss;
     g[t] = all_grads(e);
@@ -295,7 +296,7 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineModels, ::testing::Values(0, 1),
 // Two optimizer steps equal AdamW (torch semantics) applied by hand to the engine's gradients,
 // with global-norm clipping and no weight decay on 1-D tensors (Megatron style).
 TEST(Engine, OptimizerStepIsClippedAdamW) {
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = test::engine_options();
   eo.optimizer.beta1 = 0.9;
   eo.optimizer.beta2 = 0.95;
   eo.optimizer.eps = 1e-8;
@@ -358,7 +359,7 @@ TEST(Engine, OptimizerStepIsClippedAdamW) {
 
 // forward() and the loss callback see the same outputs.
 TEST(Engine, ForwardOutputsEqualWhatTheLossSees) {
-  Engine e(qwen3_desc());
+  Engine e(qwen3_desc(), test::engine_options());
   randomize(e, 31);
   const Batch b = make_batch({12, 5}, 101);
   const MicroBatch mb = b.mb();
@@ -379,7 +380,7 @@ TEST(Engine, ForwardOutputsEqualWhatTheLossSees) {
 // logprob_at_ids (top-k distillation): an id column holding the actual tokens reproduces the
 // logprob output and its gradients; absent ids give 0; packing changes nothing.
 TEST(Engine, LogprobAtIds) {
-  Engine e(qwen3_desc());
+  Engine e(qwen3_desc(), test::engine_options());
   randomize(e, 41);
   const Batch b = make_batch({6, 9}, 101);
   const int64_t N = int64_t(b.ids.size()), K = 3;
@@ -454,11 +455,11 @@ TEST(Engine, LogprobAtIds) {
 TEST(Engine, RefusesWhatItDoesNotExecute) {
   sdk::TransformerDesc d = qwen2_desc();
   d.layers[1].mlp.kind = sdk::MlpKind::moe;
-  EXPECT_THROW(Engine e(d), std::invalid_argument);
+  EXPECT_THROW(Engine e(d, test::engine_options()), std::invalid_argument);
   d = qwen2_desc();
   d.layers[0].mlp.hidden_act = "gelu";
-  EXPECT_THROW(Engine e(d), std::invalid_argument);
-  Engine ok(qwen2_desc());
+  EXPECT_THROW(Engine e(d, test::engine_options()), std::invalid_argument);
+  Engine ok(qwen2_desc(), test::engine_options());
   std::vector<int32_t> ids = {1, 2, 500};
   std::vector<int32_t> cu = {0, 3};
   MicroBatch mb;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fixture_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/safetensors.hpp"
@@ -55,7 +56,7 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
 
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
   sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
-  engine::Engine eng(desc);
+  engine::Engine eng(desc, test::engine_options());
   eng.load_parameters(w.tensors);
 
   const auto ref = sdk::st::File::open(dir + "/reference.safetensors");

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 
@@ -76,7 +77,7 @@ struct Measured {
 constexpr int64_t kHeadTileBytes = int64_t(8) << 20;
 
 Measured run_step(const Shape& s, bool recompute) {
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = test::engine_options();
   eo.recompute = recompute;
   eo.logprob_chunk_bytes = kHeadTileBytes;
   engine::Engine e(llama_desc(s), eo);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fixture_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
@@ -111,7 +112,7 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   std::vector<int64_t> route_shape, route_strides;
   int64_t own_flips = -1;
   if (eng->routing_width() > 0) {
-    engine::Engine cpu(desc);
+    engine::Engine cpu(desc, test::engine_options());
     cpu.load_parameters(w.tensors);
     engine::OutputRequest rec;
     rec.routed_experts = true;
@@ -296,7 +297,7 @@ TEST(CudaEngine, AdamWStepsFollowTheCpuEngine) {
   engine::StepOptions so;
   so.lr = 1e-2;
   so.global_tokens = s.predicted();
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = test::engine_options();
   eo.optimizer.eps = 1.0;
   engine::CudaEngineOptions co;
   co.optimizer = eo.optimizer;
@@ -494,7 +495,7 @@ struct RoutesField {
 // The CPU engine's routing of mb (its record, [N, R]).
 std::vector<int32_t> cpu_routing(const sdk::TransformerDesc& desc, const std::vector<std::vector<float>>& weights,
                                  const engine::MicroBatch& mb) {
-  engine::Engine cpu(desc);
+  engine::Engine cpu(desc, test::engine_options());
   cpu.load_parameters(weights);
   engine::OutputRequest rec;
   rec.routed_experts = true;
@@ -528,7 +529,7 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
                           engine::MoeOptions::LoadBalancing::seq_aux_loss}) {
       SCOPED_TRACE(std::string(fp64 ? "fp64" : "fp32") + " router, " +
                    (lb == engine::MoeOptions::LoadBalancing::aux_loss ? "aux_loss" : "seq_aux_loss"));
-      engine::EngineOptions eo;
+      engine::EngineOptions eo = test::engine_options();
       eo.optimizer.eps = 1.0;
       eo.moe.router_fp64 = fp64;
       eo.moe.load_balancing = lb;
@@ -746,7 +747,7 @@ TEST(CudaEngineMla, DeepSeekAdamWStepsFollowTheCpuEngine) {
   ASSERT_EQ(routes.routes.size(), s.ids.size() * 2);
   routes.attach(mb, 2);
   so.outputs.replay_routing_field = "routes";
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = test::engine_options();
   eo.optimizer.eps = 1.0;
   engine::CudaEngineOptions co;
   co.optimizer = eo.optimizer;

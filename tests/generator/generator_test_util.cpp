@@ -1,6 +1,8 @@
 // Helpers of the generator tests (see generator_test_util.hpp).
 #include "generator_test_util.hpp"
 
+#include "kernels_cpu_abi.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +19,13 @@
 namespace fs = std::filesystem;
 
 namespace rlh::gen::test {
+
+Options gen_options() {
+  Options o;
+  o.ops = &rlh::test::cpu_ops();
+  return o;
+}
+
 
 std::string fixtures_root() {
   const char* env = std::getenv("RLHOST_FIXTURES");

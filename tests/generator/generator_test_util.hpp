@@ -14,6 +14,9 @@
 
 namespace rlh::gen::test {
 
+// Generator options on the reference kernels through the C ABI (tests/common/kernels_cpu_abi.hpp).
+Options gen_options();
+
 // $RLHOST_FIXTURES, else the fixtures folder next to the source tree.
 std::string fixtures_root();
 // Model folders (config.json + reference.safetensors) under it and under the engine's in-tree

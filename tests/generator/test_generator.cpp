@@ -14,6 +14,7 @@
 #include <random>
 
 #include "generator_test_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/sdk/status.hpp"
@@ -38,7 +39,7 @@ std::unique_ptr<Generator> fixture_generator(const std::string& dir, sdk::Transf
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
   std::unique_ptr<Generator> g;
   try {
-    g = std::make_unique<Generator>(desc);
+    g = std::make_unique<Generator>(desc, gen_options());
   } catch (const sdk::Error& e) {
     if (e.code() != RLH_E_UNIMPLEMENTED) throw;
     *skip = arch + ": " + e.what();
@@ -94,7 +95,7 @@ TEST_P(FixtureGreedy, MatchesHuggingFaceAndTrainer) {
   }
   expect_same(together, alone, name + ": batch of 2 vs one by one");
 
-  engine::Engine eng(desc);
+  engine::Engine eng(desc, rlh::test::engine_options());
   eng.load_parameters(weights);
   const Mismatch m = trainer_mismatch(eng, prompts, 0, together, r.sampling);
   std::printf("%s greedy: mean |dlp| %.3g, max %.3g, token_mult_prob_error %.9f over %lld tokens\n",
@@ -187,7 +188,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   r.seed = 1234;
   r.step = 5;
 
-  Generator all(m.desc);
+  Generator all(m.desc, gen_options());
   all.weights().load(m.weights, 0);
   Outs ref;
   const Stats st_ref = run(all, prompts, r, 100, ref);
@@ -208,7 +209,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
 
   // Tight limits: 2 slots, 7-token steps (chunked prefill), blocks of 4, and a cache so small
   // that sequences must be preempted and recomputed; on one thread.
-  Options tight;
+  Options tight = gen_options();
   tight.num_threads = 1;
   tight.max_num_seqs = 2;
   tight.max_num_batched_tokens = 7;
@@ -225,7 +226,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   expect_same(ref, constrained, "2 slots, 7-token steps, preemption, 1 thread");
 
   // Many slots with a large step budget: everything prefilled at once, on three threads.
-  Options wide;
+  Options wide = gen_options();
   wide.num_threads = 3;
   wide.max_num_seqs = 64;
   wide.max_num_batched_tokens = 4096;
@@ -258,9 +259,9 @@ INSTANTIATE_TEST_SUITE_P(DenseMoeMla, Invariance, ::testing::Values("dense", "mo
 
 TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
   const Model m = qwen_like();
-  engine::Engine eng(m.desc);
+  engine::Engine eng(m.desc, rlh::test::engine_options());
   eng.load_parameters(m.weights);
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().load(m.weights, 0);
   const auto prompts = random_prompts(4, m.desc.vocab_size, 9, {3, 12, 30, 7});
   for (const SamplingParams sp : {SamplingParams{1.0, 0, 1.0, 0.0}, SamplingParams{0.7, 50, 1.0, 0.0},
@@ -320,7 +321,7 @@ std::vector<rlh_named_tensor> views_of(engine::Engine& eng, std::vector<std::vec
 
 TEST(Generator, RefitByViewsAndCopies) {
   const Model m = qwen_like();
-  engine::Engine eng(m.desc);
+  engine::Engine eng(m.desc, rlh::test::engine_options());
   eng.load_parameters(m.weights);
   const auto prompts = random_prompts(3, m.desc.vocab_size, 5, {4, 11, 6});
   Request r;
@@ -328,12 +329,12 @@ TEST(Generator, RefitByViewsAndCopies) {
   r.samples_per_prompt = 2;
   r.max_new_tokens = 12;
 
-  Generator loaded(m.desc);
+  Generator loaded(m.desc, gen_options());
   loaded.weights().load(m.weights, 0);
   Outs want;
   run(loaded, prompts, r, 0, want);
 
-  Generator g(m.desc);  // colocated: no weights until refit
+  Generator g(m.desc, gen_options());  // colocated: no weights until refit
   Outs none;
   try {
     run(g, prompts, r, 0, none);
@@ -358,7 +359,7 @@ TEST(Generator, RefitByViewsAndCopies) {
   expect_same(want, got, "views of the trainer's weights");
 
   // A copy (may_alias = 0) does not follow later changes of the source.
-  Generator copy(m.desc);
+  Generator copy(m.desc, gen_options());
   copy.weights().update(1, views, false);
   EXPECT_GT(copy.weights().owned_bytes(), 0);
 
@@ -376,7 +377,7 @@ TEST(Generator, RefitByViewsAndCopies) {
   std::vector<std::vector<float>> scaled = m.weights;
   for (auto& t : scaled)
     for (float& x : t) x *= 1.25f;
-  Generator fresh(m.desc);
+  Generator fresh(m.desc, gen_options());
   fresh.weights().load(scaled, 4);
   Outs want_after;
   run(fresh, prompts, r, 0, want_after);
@@ -429,10 +430,10 @@ TEST(Generator, MoeRefitKeepsEveryExpertAView) {
       ts.push_back(t);
     }
   ASSERT_GT(ts.size(), m.desc.params.size()) << "the model has stacked experts";
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().update(1, ts, true);
   EXPECT_EQ(g.weights().owned_bytes(), 0);
-  Generator want(m.desc);
+  Generator want(m.desc, gen_options());
   want.weights().load(m.weights, 1);
   const auto prompts = random_prompts(3, m.desc.vocab_size, 4, {7, 20, 3});
   Request r;
@@ -447,7 +448,7 @@ TEST(Generator, MoeRefitKeepsEveryExpertAView) {
 
 TEST(Generator, Bf16RefitIsConvertedIntoOwnedMemory) {
   const Model m = qwen_like();
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   std::vector<std::vector<uint16_t>> bf(m.weights.size());
   std::vector<std::vector<float>> rounded(m.weights.size());
   std::vector<rlh_named_tensor> ts;
@@ -477,7 +478,7 @@ TEST(Generator, Bf16RefitIsConvertedIntoOwnedMemory) {
   }
   g.weights().update(2, ts, true);  // bf16 cannot be a view of fp32 weights: converted
   EXPECT_GT(g.weights().owned_bytes(), 0);
-  Generator want(m.desc);
+  Generator want(m.desc, gen_options());
   want.weights().load(rounded, 2);
   const auto prompts = random_prompts(2, m.desc.vocab_size, 8, {6, 9});
   Request r;
@@ -505,7 +506,7 @@ class CharDetok : public Detokenizer {
 
 TEST(Generator, StopTokensStringsAndLimits) {
   const Model m = qwen_like();
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().load(m.weights, 0);
   const auto prompts = random_prompts(3, m.desc.vocab_size, 21, {5, 8, 3});
   Request r;
@@ -565,7 +566,7 @@ TEST(Generator, StopTokensStringsAndLimits) {
   EXPECT_THROW(run(g, prompts, no_detok, 0, ignored), sdk::Error);
 
   // max_model_len ends samples (truncated) before max_new_tokens.
-  Options o;
+  Options o = gen_options();
   o.max_model_len = 12;
   Generator capped(m.desc, o);
   capped.weights().load(m.weights, 0);
@@ -580,7 +581,7 @@ TEST(Generator, StopTokensStringsAndLimits) {
 
 TEST(Generator, RefusesBadRequests) {
   const Model m = qwen_like();
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().load(m.weights, 0);
   auto code_of = [&](Request r, std::vector<std::vector<int32_t>> prompts) {
     Outs o;
@@ -618,7 +619,7 @@ TEST(Generator, RefusesBadRequests) {
   r.detokenizer = &d;
   EXPECT_EQ(code_of(r, {{1}}), RLH_E_INVALID_ARGUMENT);
   // A prompt that leaves no room for a new token.
-  Options o;
+  Options o = gen_options();
   o.max_model_len = 4;
   Generator capped(m.desc, o);
   capped.weights().load(m.weights, 0);
@@ -635,7 +636,7 @@ TEST(Generator, RefusesBadRequests) {
   sdk::TransformerDesc gelu = m.desc;
   gelu.layers[1].mlp.hidden_act = "gelu";
   try {
-    Generator bad(gelu);
+    Generator bad(gelu, gen_options());
     FAIL();
   } catch (const sdk::Error& e) {
     EXPECT_EQ(e.code(), RLH_E_UNIMPLEMENTED);
@@ -646,7 +647,7 @@ TEST(Generator, RefusesBadRequests) {
 
 TEST(Generator, CacheBudgetEndsSamplesAndIsReleased) {
   const Model m = qwen_like();
-  Options o;
+  Options o = gen_options();
   o.block_size = 4;
   Generator probe(m.desc, o);
   o.kv_cache_bytes = probe.model().kv_layout(4).block_bytes() * 5;  // 20 tokens in all

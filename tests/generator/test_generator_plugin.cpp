@@ -16,6 +16,7 @@
 #include <string>
 
 #include "generator_test_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/generator.h"
 #include "rlhost/host.h"
 #include "rlhost/model/llama_family.hpp"
@@ -278,7 +279,7 @@ TEST(GeneratorPlugin, MoeRouterDtypeFollowsTheBackendOrItsOwnKey) {
   const auto prompts = gen::test::random_prompts(4, m.desc.vocab_size, 12, {9, 20, 4});
   // The library's decodes at each precision.
   auto direct = [&](bool fp64) {
-    gen::Options o;
+    gen::Options o = gen::test::gen_options();
     o.moe_router_fp64 = fp64;
     gen::Generator g(m.desc, o);
     g.weights().load(m.weights, 0);

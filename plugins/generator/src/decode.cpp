@@ -20,12 +20,8 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
   V_ = desc_.vocab_size;
   C_ = desc_.hidden_size;
   L_ = desc_.num_layers;
-  if (ops) {
-    ops_ = ops;
-  } else {
-    own_ops_ = engine::make_cpu_ops(alloc_);
-    ops_ = own_ops_.get();
-  }
+  if (!ops) throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given");
+  ops_ = ops;
   // Every parameter the forward reads must exist with the shape it reads it as.
   auto check = [&](int64_t layer, ParamRole role, std::vector<int64_t> shape, bool required) {
     const sdk::ParamDesc* p = desc_.find_param(layer, role);

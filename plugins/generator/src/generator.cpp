@@ -22,7 +22,8 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
     throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_num_batched_tokens must be >= 1");
   if (opt_.kv_cache_bytes < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: kv_cache_bytes must be > 0");
   if (opt_.max_model_len < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len must be >= 0");
-  model_ = std::make_unique<DecodeModel>(std::move(desc), nullptr);
+  if (opt_.ops == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given (Options::ops)");
+  model_ = std::make_unique<DecodeModel>(std::move(desc), opt_.ops);
   model_->set_router_fp64(opt_.moe_router_fp64);
   if (opt_.num_threads > 0) pool_ = std::make_unique<WorkerPool>(opt_.num_threads);
 }

@@ -19,6 +19,7 @@
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model.h"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/kernel_registry.hpp"
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/sdk/safetensors.hpp"
@@ -52,6 +53,9 @@ struct NativeGenerator {
   rlh::sdk::Host host;
   std::string model_dir;
   std::string tokenizer_path, tokenizer_component;
+  // The kernels the decode draws its ops from (destroyed after the generator that uses them).
+  std::unique_ptr<rlh::sdk::KernelRegistry> registry;
+  std::unique_ptr<rlh::engine::Ops> ops;
   std::unique_ptr<gen::Generator> gen;
   std::unique_ptr<AbiDetokenizer> detok;
 
@@ -102,6 +106,16 @@ bool router_dtype_is_fp64(const std::string& v, const std::string& key) {
 // megatron's moe_router_dtype, default fp32, as plugins/megatron reads it), else fp32. The
 // generator must route as the trainer does (docs/generator.md); the dtensor backend routes in
 // float32 only. `source` says where the setting came from, for the log.
+// policy.kernels pins, shared with the trainer's engines (absent: none).
+rlh::sdk::KernelPins kernel_pins(const rlh::sdk::Host& host) {
+  try {
+    return rlh::sdk::kernel_pins_from_json(host.config_json("policy.kernels"));
+  } catch (const Error& e) {
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return {};
+    throw;
+  }
+}
+
 bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* source) {
   if (cfg.contains("moe_router_dtype")) {
     *source = "native_cfg.moe_router_dtype";
@@ -228,6 +242,12 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     o.moe_router_fp64 = router_fp64(g->host, cfg, &router_source);
 
     rlh::sdk::TransformerDesc desc = describe(g->host, g->model_dir, get_str(cfg, "model_component", ""));
+    g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, kernel_pins(g->host), "generator");
+    if (g->registry->providers().empty())
+      throw Error(RLH_E_FAILED_PRECONDITION,
+                  "generator: no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, or put it on the plugin path)");
+    g->ops = rlh::engine::make_registry_ops(*g->registry);
+    o.ops = g->ops.get();
     g->gen = std::make_unique<gen::Generator>(desc, o);
     if (host && host->alloc && host->free_memory) {  // the host counts the KV pool
       gen::PoolAllocator a;
@@ -250,6 +270,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
         throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator: ") + e.what());
       }
     }
+    g->host.info("generator native: kernels " + g->registry->choices_summary());
     g->host.info("generator native: " + desc.architecture + ", " + std::to_string(desc.num_layers) + " layers, vocab " +
                  std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit") +
                  ", MoE router " + (o.moe_router_fp64 ? "fp64" : "fp32") + " (" + router_source + ")");

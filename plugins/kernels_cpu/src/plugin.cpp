@@ -10,7 +10,9 @@
 // allocation service (so the host counts it), else the heap.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -42,9 +44,25 @@ struct OpSpec;
 }  // namespace
 }  // namespace rlh::kcpu
 
+// Scratch blocks a call needed beyond the caller's workspace, kept for the next call of the same
+// size (every training step asks for the same sizes: a 32 MiB head tile is not mapped and
+// page-faulted again on every call). Drawn from the host's allocator, which counts them as live
+// while the instance keeps them.
+struct ScratchBlocks {
+  std::mutex mu;
+  std::vector<std::pair<size_t, void*>> free;  // (bytes, block)
+};
+
 struct rlh_kernels {
   const rlh_host_api* host = nullptr;
   rlh_device device{};
+  ScratchBlocks scratch;
+  ~rlh_kernels() {
+    for (auto& [bytes, p] : scratch.free) {
+      if (host && host->free_memory) host->free_memory(host->ctx, device, p);
+      else std::free(p);
+    }
+  }
 };
 
 struct rlh_op {
@@ -675,6 +693,7 @@ struct CallScratch {
   size_t size = 0, used = 0;
   const rlh_host_api* host = nullptr;
   rlh_device device{};
+  ScratchBlocks* blocks = nullptr;
 
   static void* alloc(void* ctx, size_t bytes) {
     auto* s = static_cast<CallScratch*>(ctx);
@@ -683,6 +702,16 @@ struct CallScratch {
     if (s->base && start + need <= s->size) {
       s->used = start + need;
       return s->base + start;
+    }
+    if (s->blocks) {
+      std::lock_guard<std::mutex> lock(s->blocks->mu);
+      auto& f = s->blocks->free;
+      for (size_t i = 0; i < f.size(); ++i)
+        if (f[i].first == bytes) {
+          void* p = f[i].second;
+          f.erase(f.begin() + long(i));
+          return p;
+        }
     }
     if (s->host && s->host->alloc && s->host->free_memory) {
       void* p = nullptr;
@@ -699,6 +728,11 @@ struct CallScratch {
     auto* s = static_cast<CallScratch*>(ctx);
     char* c = static_cast<char*>(p);
     if (s->base && c >= s->base && c < s->base + s->size) return;  // the arena is the caller's
+    if (s->blocks && s->host && s->host->alloc && s->host->free_memory) {
+      std::lock_guard<std::mutex> lock(s->blocks->mu);
+      s->blocks->free.emplace_back(bytes, p);
+      return;
+    }
     if (s->host && s->host->alloc && s->host->free_memory)
       s->host->free_memory(s->host->ctx, s->device, p);
     else
@@ -794,6 +828,7 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
     cs.size = call->workspace ? call->workspace_bytes : 0;
     cs.host = op->inst ? op->inst->host : nullptr;
     cs.device = op->inst ? op->inst->device : rlh_device{RLH_DEVICE_CPU, 0};
+    cs.blocks = op->inst ? &op->inst->scratch : nullptr;
     Call c{op, call, Scratch{CallScratch::alloc, CallScratch::free, &cs}};
     (op->f64 ? s.run64 : s.run32)(c);
   });
@@ -801,9 +836,18 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
 
 void k_release_op(rlh_op* op) { delete op; }
 
+// kernels_cpu is the contract's reference: registries order it last, check-kernels compares
+// every other provider with it. Its operands are host memory.
+rlh_status* k_provider_info(rlh_kernels*, rlh_write_fn write, void* user) {
+  return sdk::guard(g_make_status, [&] {
+    static const char kInfo[] = "{\"reference\":true,\"memory\":\"host\"}";
+    write(user, kInfo, sizeof(kInfo) - 1);
+  });
+}
+
 const rlh_kernels_api kApi = [] {
   rlh_kernels_api a{};
-  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, state_load);
+  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, workspace_size);
   a.create = k_create;
   a.destroy = k_destroy;
   a.list_ops = k_list_ops;
@@ -813,6 +857,8 @@ const rlh_kernels_api kApi = [] {
   a.release_op = k_release_op;
   a.state_save = nullptr;  // no stateful ops
   a.state_load = nullptr;
+  a.provider_info = k_provider_info;
+  // Host memory: no memory services; scratch is taken at run time (workspace_size NULL).
   return a;
 }();
 

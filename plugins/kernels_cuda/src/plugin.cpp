@@ -947,9 +947,77 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
 
 void k_release_op(rlh_op* op) { delete op; }
 
+// Operands live in the instance's device memory: the memory services let a caller that knows
+// nothing of CUDA (the conformance runner) stage them.
+rlh_status* k_provider_info(rlh_kernels*, rlh_write_fn write, void* user) {
+  return sdk::guard(g_make_status, [&] {
+    static const char kInfo[] = "{\"reference\":false,\"memory\":\"device\"}";
+    write(user, kInfo, sizeof(kInfo) - 1);
+  });
+}
+
+// Runs f with the instance's device current, restoring the caller's after.
+template <class F>
+void on_device(const rlh_kernels* k, F&& f) {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != k->device.device_id) cuda_ck(cudaSetDevice(k->device.device_id), "set device");
+  struct Restore {
+    int prev, dev;
+    ~Restore() { if (prev >= 0 && prev != dev) cudaSetDevice(prev); }
+  } restore{prev, k->device.device_id};
+  f();
+}
+
+rlh_status* k_memory_alloc(rlh_kernels* k, size_t bytes, void** out) {
+  return sdk::guard(g_make_status, [&] {
+    if (out == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "memory_alloc: out is NULL");
+    on_device(k, [&] {
+      const cudaError_t e = cudaMalloc(out, std::max<size_t>(bytes, 1));
+      if (e != cudaSuccess)
+        throw Error(RLH_E_RESOURCE_EXHAUSTED, "kernels_cuda: cudaMalloc of " + std::to_string(bytes) +
+                                                  " bytes: " + cudaGetErrorString(e));
+    });
+  });
+}
+
+void k_memory_free(rlh_kernels* k, void* p) {
+  if (p == nullptr) return;
+  try {
+    on_device(k, [&] { cudaFree(p); });
+  } catch (...) {
+  }
+}
+
+rlh_status* k_memory_copy(rlh_kernels* k, void* dst, const void* src, size_t bytes, int32_t dir,
+                          void* stream) {
+  return sdk::guard(g_make_status, [&] {
+    cudaMemcpyKind kind;
+    switch (dir) {
+      case RLH_COPY_HOST_TO_DEVICE: kind = cudaMemcpyHostToDevice; break;
+      case RLH_COPY_DEVICE_TO_HOST: kind = cudaMemcpyDeviceToHost; break;
+      case RLH_COPY_DEVICE_TO_DEVICE: kind = cudaMemcpyDeviceToDevice; break;
+      default: throw Error(RLH_E_INVALID_ARGUMENT, "memory_copy: unknown direction " + std::to_string(dir));
+    }
+    if (bytes == 0) return;
+    on_device(k, [&] {
+      cuda_ck(cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream)), "memory_copy");
+    });
+  });
+}
+
+rlh_status* k_synchronize(rlh_kernels* k, void* stream) {
+  return sdk::guard(g_make_status, [&] {
+    on_device(k, [&] {
+      cuda_ck(stream ? cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) : cudaDeviceSynchronize(),
+              "synchronize");
+    });
+  });
+}
+
 const rlh_kernels_api kApi = [] {
   rlh_kernels_api a{};
-  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, state_load);
+  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, workspace_size);
   a.create = k_create;
   a.destroy = k_destroy;
   a.list_ops = k_list_ops;
@@ -959,6 +1027,12 @@ const rlh_kernels_api kApi = [] {
   a.release_op = k_release_op;
   a.state_save = nullptr;
   a.state_load = nullptr;
+  a.provider_info = k_provider_info;
+  a.memory_alloc = k_memory_alloc;
+  a.memory_free = k_memory_free;
+  a.memory_copy = k_memory_copy;
+  a.synchronize = k_synchronize;
+  a.workspace_size = nullptr;  // scratch comes from the call's workspace or the instance's pool
   return a;
 }();
 

@@ -80,36 +80,16 @@ sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& di
   }
 }
 
+// The CPU engine's ops: every kernel provider that runs on the CPU (kernels_cpu, the reference,
+// last), op by op, with the pins of policy.kernels.
 void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m) {
-  auto try_provider = [&](const char* name) -> bool {
-    const rlh_component_desc* d = nullptr;
-    const rlh_kernels_api* api = nullptr;
-    try {
-      api = host.find<rlh_kernels_api>(RLH_KIND_KERNELS, name, RLH_STRUCT_SIZE(rlh_kernels_api, release_op), &d);
-    } catch (const Error&) {
-      return false;  // none loaded (or not this one): the next choice
-    }
-    try {
-      auto reg = std::make_unique<sdk::KernelRegistry>();
-      reg->add(d->name, api, host.api(), sdk::kCPU);
-      m.ops = engine::make_registry_ops(*reg);
-      m.registry = std::move(reg);
-      m.kernels = m.ops->name();
-      return true;
-    } catch (const std::exception& e) {
-      host.warn(std::string(flavor.name) + ": kernel provider '" + d->name +
-                "' cannot run the engine's ops on the CPU: " + e.what());
-      return false;
-    }
-  };
-  for (size_t i = 0; flavor.preferred_kernels != nullptr && flavor.preferred_kernels[i] != nullptr; ++i)
-    if (try_provider(flavor.preferred_kernels[i])) return;
-  if (try_provider(nullptr)) return;
-  // The best-scoring provider may be a device one (kernels_cuda on a GPU host): the CPU reference
-  // component next, then the reference linked into this plugin.
-  if (try_provider("kernels_cpu")) return;
-  m.ops = engine::make_cpu_ops(m.alloc);
-  m.kernels = m.ops->name() + " (linked)";
+  m.registry = sdk::make_kernel_registry(host, sdk::kCPU, m.config.kernel_pins, flavor.name);
+  if (m.registry->providers().empty())
+    throw Error(RLH_E_FAILED_PRECONDITION, std::string(flavor.name) +
+                                               ": no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, "
+                                               "or put it on the plugin path)");
+  m.ops = engine::make_registry_ops(*m.registry);
+  m.kernels = m.registry->choices_summary();
 }
 
 Optimizer::StepInfo Model::next_update(double lr_override) const {

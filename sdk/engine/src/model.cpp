@@ -110,12 +110,9 @@ std::span<const ParamRole> global_param_order() { return kGlobalOrder; }
 
 Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d)), opt(o) {
   alloc = opt.allocator ? opt.allocator : &own_alloc;
-  if (opt.ops) {
-    ops = opt.ops;
-  } else {
-    own_ops = make_cpu_ops(*alloc);
-    ops = own_ops.get();
-  }
+  if (!opt.ops)
+    throw std::invalid_argument("engine: no kernels given (EngineOptions::ops: make_registry_ops over a kernel registry)");
+  ops = opt.ops;
   V = desc.vocab_size;
   C = desc.hidden_size;
   L = desc.num_layers;

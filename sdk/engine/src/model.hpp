@@ -191,7 +191,6 @@ struct Engine::Impl {
   EngineOptions opt;
   CountingAllocator own_alloc;
   Allocator* alloc = nullptr;
-  std::unique_ptr<Ops> own_ops;
   Ops* ops = nullptr;
 
   // Sizes

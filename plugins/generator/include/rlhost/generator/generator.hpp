@@ -47,6 +47,8 @@ struct Options {
   // MoE router in float64, as the trainer's MoeOptions::router_fp64 (NeMo-RL's
   // moe_router_dtype: fp64): set it as the trainer is set so both route alike.
   bool moe_router_fp64 = false;
+  // The kernels (required; not owned): engine::make_registry_ops over the CPU's providers.
+  engine::Ops* ops = nullptr;
 };
 
 struct Request {

@@ -143,8 +143,8 @@ struct LayerWeights {
 
 class DecodeModel {
  public:
-  // ops: the shared kernels (nullptr: kernels_cpu directly).
-  explicit DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops = nullptr);
+  // ops: the shared kernels (required; not owned).
+  DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops);
 
   // The MoE router in float64 (the trainer's MoeOptions::router_fp64, NeMo-RL's
   // moe_router_dtype: fp64); float32 by default. No effect on models without MoE layers.
@@ -186,8 +186,6 @@ class DecodeModel {
   sdk::TransformerDesc desc_;
   std::vector<LayerShape> shapes_;
   int64_t V_ = 0, C_ = 0, L_ = 0;
-  engine::CountingAllocator alloc_;
-  std::unique_ptr<engine::Ops> own_ops_;
   engine::Ops* ops_ = nullptr;
   std::unique_ptr<Weights> weights_;
   int64_t bound_serial_ = -1;  // Weights::serial() the pointers below were read at

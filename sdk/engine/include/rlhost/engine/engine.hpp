@@ -189,12 +189,11 @@ struct MoeOptions {
 
 struct EngineOptions {
   bool recompute = false;   // keep only layer inputs; re-run each layer inside the backward
-  int num_threads = 0;      // 0 = leave the OpenMP setting alone
   int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
   OptimizerOptions optimizer;
   MoeOptions moe;
   Allocator* allocator = nullptr;  // nullptr: the engine's own CountingAllocator
-  // nullptr: kernels_cpu directly. Otherwise the engine uses (does not own) these ops.
+  // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
 };
 

@@ -1,0 +1,41 @@
+// Builds an executor's KernelRegistry (kernels.hpp) from the host's kernel providers: every
+// usable KERNELS component, in the host's score order, that creates an instance on the device;
+// providers that declare themselves the reference (provider_info) go last. Static library
+// rlh_kernel_registry.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rlhost/sdk/kernels.hpp"
+#include "rlhost/sdk/plugin.hpp"
+
+namespace rlh::sdk {
+
+// (op or op family, provider) pairs, e.g. {"gemm", "vendor_x"}, {"attention", "kernels_cudnn"}.
+using KernelPins = std::vector<std::pair<std::string, std::string>>;
+
+// The pins of a `policy.kernels` config section (JSON object text): every key but "verify"
+// names an op or op family and its value a provider; "auto", "" or null pins nothing. Throws
+// Error(INVALID_ARGUMENT) naming the key when a value is not a string.
+KernelPins kernel_pins_from_json(const std::string& section_json);
+
+// The registry for `device`. A provider whose create() answers UNIMPLEMENTED or UNAVAILABLE
+// (another device kind, no GPU here) is left out quietly; one that fails otherwise is left out
+// with a warning naming it, unless a pin names it, which is then an error. Pins naming a
+// provider the host does not have are errors naming the key. `who` prefixes log lines
+// ("megatron", "generator").
+std::unique_ptr<KernelRegistry> make_kernel_registry(const Host& host, rlh_device device,
+                                                     const KernelPins& pins,
+                                                     const std::string& who);
+
+// Facts a provider instance states about itself (provider_info; defaults when absent).
+struct ProviderFacts {
+  bool reference = false;
+  bool device_memory = false;
+};
+ProviderFacts provider_facts(const rlh_kernels_api* api, rlh_kernels* instance);
+
+}  // namespace rlh::sdk
