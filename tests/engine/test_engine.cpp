@@ -457,7 +457,7 @@ TEST(Engine, RefusesWhatItDoesNotExecute) {
   d.layers[1].mlp.kind = sdk::MlpKind::moe;
   EXPECT_THROW(Engine e(d, test::engine_options()), std::invalid_argument);
   d = qwen2_desc();
-  d.layers[0].mlp.hidden_act = "gelu";
+  d.layers[0].mlp.hidden_act = "relu";  // no GLU form of it is executed
   EXPECT_THROW(Engine e(d, test::engine_options()), std::invalid_argument);
   Engine ok(qwen2_desc(), test::engine_options());
   std::vector<int32_t> ids = {1, 2, 500};

@@ -836,6 +836,31 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
 
 void k_release_op(rlh_op* op) { delete op; }
 
+// Scratch of the two kinds of op that take any (attention's tiles, the logprob head's logits
+// tiles), so a caller can pass it as the call's workspace and nothing is allocated per call.
+rlh_status* k_workspace_size(rlh_op* op, const rlh_op_call* call, size_t* bytes) {
+  return sdk::guard(g_make_status, [&] {
+    if (bytes == nullptr || call == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "workspace_size: NULL argument");
+    *bytes = 0;
+    const std::string_view name = op->spec->name;
+    const size_t es = op->f64 ? sizeof(double) : sizeof(float);
+    const int threads = num_threads();
+    Call c{op, call, Scratch{}};
+    if (name == "attention_fwd" || name == "attention_bwd") {
+      const bool bwd = name == "attention_bwd";
+      const rlh_tensor& q = c.in(bwd ? 1 : 0);
+      const rlh_tensor& cu = c.in(bwd ? 6 : 3);
+      if (q.ndim != 3 || cu.ndim != 1) return;  // run() refuses such operands
+      *bytes = attention_workspace(bwd, cu.shape[0] - 1, q.shape[0], q.shape[1], es, threads);
+    } else if (name == "linear_logprob_fwd" || name == "linear_logprob_bwd") {
+      const bool bwd = name == "linear_logprob_bwd";
+      if (c.in(0).ndim != 2 || c.in(1).ndim != 2) return;
+      *bytes = linear_logprob_workspace(bwd, c.in(0).shape[0], c.in(1).shape[0], targets_per_token(c.in(2)),
+                                        logprob_opts(c), bwd && c.has_in(6), es, threads);
+    }
+  });
+}
+
 // kernels_cpu is the contract's reference: registries order it last, check-kernels compares
 // every other provider with it. Its operands are host memory.
 rlh_status* k_provider_info(rlh_kernels*, rlh_write_fn write, void* user) {
@@ -858,7 +883,8 @@ const rlh_kernels_api kApi = [] {
   a.state_save = nullptr;  // no stateful ops
   a.state_load = nullptr;
   a.provider_info = k_provider_info;
-  // Host memory: no memory services; scratch is taken at run time (workspace_size NULL).
+  // Host memory: no memory services.
+  a.workspace_size = k_workspace_size;
   return a;
 }();
 

@@ -88,7 +88,7 @@ void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m
     throw Error(RLH_E_FAILED_PRECONDITION, std::string(flavor.name) +
                                                ": no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, "
                                                "or put it on the plugin path)");
-  m.ops = engine::make_registry_ops(*m.registry);
+  m.ops = engine::make_registry_ops(*m.registry, &m.alloc);
   m.kernels = m.registry->choices_summary();
 }
 

@@ -166,7 +166,7 @@ Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
   }
   if (req.logits) {  // [N, V]: for tests on small vocabularies
     out.logits.resize(size_t(N * m.V));
-    m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.P.lm_head, m.C, 0.f,
+    m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.w(m.prog.head), m.C, 0.f,
                 out.logits.data(), m.V);
   }
   return out;

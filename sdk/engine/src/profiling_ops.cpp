@@ -95,6 +95,16 @@ class ProfilingOps final : public Ops {
                   int64_t F) override {
     RLH_TIMED("swiglu_bwd", in_.swiglu_bwd(dg, lddg, du, lddu, dh, lddh, g, ldg, u, ldu, N, F))
   }
+  void geglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
+                 int64_t N, int64_t F, bool t) override {
+    RLH_TIMED("geglu_fwd", in_.geglu_fwd(h, ldh, g, ldg, u, ldu, N, F, t))
+  }
+  void geglu_bwd(float* dg, int64_t lddg, float* du, int64_t lddu, const float* dh, int64_t lddh,
+                 const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t N, int64_t F,
+                 bool t) override {
+    RLH_TIMED("geglu_bwd", in_.geglu_bwd(dg, lddg, du, lddu, dh, lddh, g, ldg, u, ldu, N, F, t))
+  }
+  void scale(float* x, int64_t n, double s) override { RLH_TIMED("scale", in_.scale(x, n, s)) }
   void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
     RLH_TIMED("bias_add_fwd", in_.bias_add_fwd(y, ldy, b, N, M))
   }

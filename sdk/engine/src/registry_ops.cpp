@@ -90,7 +90,8 @@ std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<i
 
 class RegistryOps final : public Ops {
  public:
-  RegistryOps(const sdk::KernelRegistry& reg, const std::string& only) : reg_(reg), only_(only) {
+  RegistryOps(const sdk::KernelRegistry& reg, const std::string& only, Allocator* alloc)
+      : reg_(reg), only_(only), alloc_(alloc) {
     auto get = [&](const char* name, const char* in, const char* out) {
       return resolve(name, in, out);
     };
@@ -177,7 +178,7 @@ class RegistryOps final : public Ops {
                              a.heads(v, N, Hkv, Dv, ldv), a.ints(cu, S + 1)};
     const rlh_tensor out[] = {a.heads(o, N, Hq, Dv, ldo), a.vec(lse, Hq * N)};
     const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
-    att_f_.run(in, out, at);
+    run_ws(att_f_, in, out, at);
   }
   void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv, int64_t lddv,
                      const float* dout, int64_t lddo, const float* q, int64_t ldq, const float* k,
@@ -192,7 +193,7 @@ class RegistryOps final : public Ops {
     const rlh_tensor out[] = {a.heads(dq, N, Hq, Dk, lddq), a.heads(dk, N, Hkv, Dk, lddk),
                               a.heads(dv, N, Hkv, Dv, lddv)};
     const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
-    att_b_.run(in, out, at);
+    run_ws(att_b_, in, out, at);
   }
   void swiglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
                   int64_t N, int64_t F) override {
@@ -208,6 +209,29 @@ class RegistryOps final : public Ops {
     const rlh_tensor in[] = {a.mat(dh, N, F, lddh), a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
     const rlh_tensor o[] = {a.mat(dg, N, F, lddg), a.mat(du, N, F, lddu)};
     swi_b_.run(in, o);
+  }
+  void geglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
+                 int64_t N, int64_t F, bool tanh) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
+    const rlh_tensor o[] = {a.mat(h, N, F, ldh)};
+    const rlh_named_value at[] = {attr_bool("approximate_tanh", tanh)};
+    lazy(geglu_f_, "geglu_fwd", "ff", "f").run(in, o, at);
+  }
+  void geglu_bwd(float* dg, int64_t lddg, float* du, int64_t lddu, const float* dh, int64_t lddh,
+                 const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t N, int64_t F,
+                 bool tanh) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dh, N, F, lddh), a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
+    const rlh_tensor o[] = {a.mat(dg, N, F, lddg), a.mat(du, N, F, lddu)};
+    const rlh_named_value at[] = {attr_bool("approximate_tanh", tanh)};
+    lazy(geglu_b_, "geglu_bwd", "fff", "ff").run(in, o, at);
+  }
+  void scale(float* x, int64_t n, double s) override {
+    Args a;
+    const rlh_tensor o[] = {a.vec(x, n)};
+    const rlh_named_value at[] = {attr_double("scale", s)};
+    lazy(scale_, "scale", "", "v").run({}, o, at);
   }
   void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
     Args a;
@@ -234,7 +258,7 @@ class RegistryOps final : public Ops {
     const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.imat(t, N, K)};
     const rlh_tensor o[] = {a.mat(lp, N, K, K), a.vec(lse, N), a.vec(ent, N)};  // ent may be null
     const auto at = logprob_attrs(la, false);
-    lp_f_.run(in, o, at);
+    run_ws(lp_f_, in, o, at);
   }
   void linear_logprob_bwd(float* dh, float* dW, const float* dlp, const float* dent,
                           const float* h, const float* W, const int32_t* t, const float* lse,
@@ -246,7 +270,7 @@ class RegistryOps final : public Ops {
                              a.vec(dent, N)};
     const rlh_tensor o[] = {a.mat(dh, N, C, C), a.mat(dW, V, C, C)};
     const auto at = logprob_attrs(la, acc);
-    lp_b_.run(in, o, at);
+    run_ws(lp_b_, in, o, at);
   }
   void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& x) override {
     Args a;
@@ -374,6 +398,41 @@ class RegistryOps final : public Ops {
   }
 
  private:
+  // Runs an op that takes scratch with a workspace the provider sized (workspace_size), drawn
+  // from the engine's Allocator when one is given: one block, grown to the largest need and
+  // kept, so a steady state allocates nothing and the engine's memory count includes it.
+  template <size_t NI, size_t NO, size_t NA>
+  void run_ws(const sdk::Op& op, const rlh_tensor (&in)[NI], const rlh_tensor (&out)[NO],
+              const std::array<rlh_named_value, NA>& at) {
+    run_ws(op, std::span<const rlh_tensor>(in), std::span<const rlh_tensor>(out), std::span<const rlh_named_value>(at));
+  }
+  template <size_t NI, size_t NO, size_t NA>
+  void run_ws(const sdk::Op& op, const rlh_tensor (&in)[NI], const rlh_tensor (&out)[NO],
+              const rlh_named_value (&at)[NA]) {
+    run_ws(op, std::span<const rlh_tensor>(in), std::span<const rlh_tensor>(out), std::span<const rlh_named_value>(at));
+  }
+  void run_ws(const sdk::Op& op, std::span<const rlh_tensor> in, std::span<const rlh_tensor> out,
+              std::span<const rlh_named_value> at) {
+    rlh_op_call call{};
+    call.struct_size = RLH_STRUCT_SIZE(rlh_op_call, workspace_bytes);
+    call.inputs = in.data();
+    call.num_inputs = in.size();
+    call.outputs = out.data();
+    call.num_outputs = out.size();
+    call.attrs = at.data();
+    call.num_attrs = at.size();
+    if (alloc_ != nullptr) {
+      const size_t need = op.workspace_size(call);
+      if (need > ws_.size()) {
+        ws_.reset();
+        ws_ = Buffer<char>(*alloc_, need);
+      }
+      call.workspace = need ? ws_.data() : nullptr;
+      call.workspace_bytes = need ? ws_.size() : 0;
+    }
+    op.run(call);
+  }
+
   sdk::Op resolve(const char* name, const char* in, const char* out) const {
     std::vector<std::array<int64_t, 3>> dims;
     dims.reserve(32);  // the descriptors point into it
@@ -408,18 +467,20 @@ class RegistryOps final : public Ops {
 
   const sdk::KernelRegistry& reg_;
   std::string only_;
+  Allocator* alloc_;
+  Buffer<char> ws_;
   sdk::Op gemm_, emb_f_, emb_b_, rms_f_, rms_b_, rope_f_, rope_b_, att_f_, att_b_, swi_f_, swi_b_,
       bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
   std::optional<sdk::Op> router_f_, router_f64_, router_b_, router_b64_, gemm64_, perm_f_, perm_b_,
-      unperm_f_, unperm_b_, ggemm_;
+      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_;
   std::string provider_;
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry,
+std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry, Allocator* workspace,
                                        const std::string& only) {
-  return std::make_unique<RegistryOps>(registry, only);
+  return std::make_unique<RegistryOps>(registry, only, workspace);
 }
 
 }  // namespace rlh::engine

@@ -165,6 +165,13 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlogprob, const T* dentropy, cons
                         int64_t N, int64_t C, int64_t V, int64_t K, const LogprobOpts& opts,
                         bool accumulate, const Scratch& scratch);
 
+// Scratch bytes the calls above take from their Scratch (each piece rounded up to 64 bytes, as a
+// bump allocator over one workspace hands them out), for elements of `esize` bytes and at most
+// `threads` threads: what a caller passes as the op's workspace so nothing is allocated per call.
+size_t attention_workspace(bool backward, int64_t S, int64_t N, int64_t Hq, size_t esize, int threads);
+size_t linear_logprob_workspace(bool backward, int64_t N, int64_t V, int64_t K, const LogprobOpts& o,
+                                bool entropy_grad, size_t esize, int threads);
+
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts (router.cpp, moe_permute.cpp, grouped_gemm.cpp; docs/ops.md)
 //

@@ -67,6 +67,14 @@ class Ops {
   virtual void swiglu_bwd(float* dgate, int64_t lddg, float* dup, int64_t lddu, const float* dh,
                           int64_t lddh, const float* gate, int64_t ldg, const float* up,
                           int64_t ldu, int64_t N, int64_t F) = 0;
+  // GeGLU (Gemma): h = gelu(gate) * up, gelu in its tanh form (`tanh`) or exact (erf).
+  virtual void geglu_fwd(float* h, int64_t ldh, const float* gate, int64_t ldg, const float* up,
+                         int64_t ldu, int64_t N, int64_t F, bool tanh) = 0;
+  virtual void geglu_bwd(float* dgate, int64_t lddg, float* dup, int64_t lddu, const float* dh,
+                         int64_t lddh, const float* gate, int64_t ldg, const float* up,
+                         int64_t ldu, int64_t N, int64_t F, bool tanh) = 0;
+  // x[0:n] *= s
+  virtual void scale(float* x, int64_t n, double s) = 0;
   virtual void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) = 0;
   virtual void bias_bwd(float* db, const float* dy, int64_t lddy, int64_t N, int64_t M) = 0;
   virtual void add_fwd(float* y, const float* a, const float* b, int64_t n) = 0;
@@ -148,10 +156,12 @@ std::string profiling_report(const Ops& ops);
 void profiling_reset(Ops& ops);
 
 // Every op resolved once through a kernel registry of the C ABI (per op, the first provider that
-// answers wins, or the one policy.kernels pins; `only` restricts to one provider). Providers
-// take kernel workspace from the host's allocation service, so the host, not the engine's
-// Allocator, counts it. Throws when an op has no provider. The registry must outlive the Ops.
-std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry,
+// answers wins, or the one policy.kernels pins; `only` restricts to one provider). Kernel
+// workspace: where the provider sizes it (the ABI's workspace_size), one block from `workspace`
+// (the engine's Allocator, which then counts it), grown to the largest need and kept; otherwise,
+// or with `workspace` null, the provider's own (kernels_cpu: the host's allocator). Throws when
+// an op has no provider. The registry (and the allocator) must outlive the Ops.
+std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry, Allocator* workspace = nullptr,
                                        const std::string& only = {});
 
 }  // namespace rlh::engine
