@@ -408,6 +408,50 @@ OpCase swiglu_case() {
   return c;
 }
 
+// geglu in its tanh (Gemma) and exact forms.
+OpCase geglu_case(bool tanh_form) {
+  OpCase c;
+  const int64_t N = 6, F = 23, ldg = F + 3, ldu = F, ldh = F;
+  c.name = std::string("geglu ") + (tanh_form ? "tanh" : "erf") + " N=6 F=23 ldg=26";
+  c.in_sizes = {N * ldg, N * ldu};
+  c.in_grad = {true, true};
+  c.in_scale = {2, 1};
+  c.out_sizes = {N * ldh};
+  c.out_loss = {true};
+  set_fwd(c, [=](const auto& in, auto& out) {
+    using T = elem_t<decltype(in)>;
+    geglu_fwd<T>(out[0].data(), ldh, in[0].data(), ldg, in[1].data(), ldu, N, F, tanh_form);
+  });
+  set_bwd(c, [=](const auto& in, const auto&, const auto& dout, auto& din) {
+    using T = elem_t<decltype(in)>;
+    geglu_bwd<T>(din[0].data(), ldg, din[1].data(), ldu, dout[0].data(), ldh, in[0].data(), ldg,
+                 in[1].data(), ldu, N, F, tanh_form);
+  });
+  c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {  // torch's formulas
+    const double pi = 3.14159265358979323846;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t f = 0; f < F; ++f) {
+        const double g = in[0][n * ldg + f];
+        const double gelu = tanh_form ? 0.5 * g * (1 + std::tanh(std::sqrt(2 / pi) * (g + 0.044715 * g * g * g)))
+                                      : 0.5 * g * (1 + std::erf(g / std::sqrt(2.0)));
+        out[0][n * ldh + f] = gelu * in[1][n * ldu + f];
+      }
+  };
+  const AbiAttr form{"approximate_tanh", false, tanh_form ? 1 : 0, 0};
+  c.abi_fwd = {"geglu_fwd",
+               {op_in(0, strided({N, F}, {ldg, 1})), op_in(1, contiguous({N, F}))},
+               {op_out(0, contiguous({N, F}))},
+               {form},
+               {}};
+  c.abi_bwd = {"geglu_bwd",
+               {op_gout(0, contiguous({N, F})), op_in(0, strided({N, F}, {ldg, 1})),
+                op_in(1, contiguous({N, F}))},
+               {op_gin(0, strided({N, F}, {ldg, 1})), op_gin(1, contiguous({N, F}))},
+               {form},
+               {}};
+  return c;
+}
+
 OpCase bias_case() {
   OpCase c;
   const int64_t N = 6, M = 21, ld = M + 3;
@@ -1056,6 +1100,8 @@ std::vector<OpCase> all_op_cases() {
   v.push_back(attention_case({{0, 300}, 2, 1, 4, 4, 0}));                   // several tiles
   v.push_back(attention_case({{0, 17, 317}, 4, 2, 4, 4, 100}));             // window across tiles
   v.push_back(swiglu_case());
+  v.push_back(geglu_case(true));
+  v.push_back(geglu_case(false));
   v.push_back(bias_case());
   v.push_back(add_case());
   LogprobOpts o;

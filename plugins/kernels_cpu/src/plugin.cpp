@@ -290,6 +290,28 @@ void run_swiglu_bwd(const Call& c) {
 }
 
 template <class T>
+void run_geglu_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], F = c.in(0).shape[1];
+  const int64_t ldg = need_rows(c.in(0), N, F, "geglu_fwd gate");
+  const int64_t ldu = need_rows(c.in(1), N, F, "geglu_fwd up");
+  const int64_t ldh = need_rows(c.out(0), N, F, "geglu_fwd h");
+  geglu_fwd<T>(data<T>(c.out(0)), ldh, data<T>(c.in(0)), ldg, data<T>(c.in(1)), ldu, N, F,
+               c.integer("approximate_tanh", 1) != 0);
+}
+
+template <class T>
+void run_geglu_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
+  const int64_t lddh = need_rows(c.in(0), N, F, "geglu_bwd dh");
+  const int64_t ldg = need_rows(c.in(1), N, F, "geglu_bwd gate");
+  const int64_t ldu = need_rows(c.in(2), N, F, "geglu_bwd up");
+  const int64_t lddg = need_rows(c.out(0), N, F, "geglu_bwd dgate");
+  const int64_t lddu = need_rows(c.out(1), N, F, "geglu_bwd dup");
+  geglu_bwd<T>(data<T>(c.out(0)), lddg, data<T>(c.out(1)), lddu, data<T>(c.in(0)), lddh,
+               data<T>(c.in(1)), ldg, data<T>(c.in(2)), ldu, N, F, c.integer("approximate_tanh", 1) != 0);
+}
+
+template <class T>
 void run_bias_add_fwd(const Call& c) {
   const int64_t N = c.out(0).shape[0], M = c.out(0).shape[1];
   const int64_t ldy = need_rows(c.out(0), N, M, "bias_add_fwd y");
@@ -629,6 +651,8 @@ const OpSpec kOps[] = {
     RLH_OP(attention_bwd, "ffffffi", 7, "fff", 3, "", true),
     RLH_OP(swiglu_fwd, "ff", 2, "f", 1, "swiglu_bwd", true),
     RLH_OP(swiglu_bwd, "fff", 3, "ff", 2, "", true),
+    RLH_OP(geglu_fwd, "ff", 2, "f", 1, "geglu_bwd", true),
+    RLH_OP(geglu_bwd, "fff", 3, "ff", 2, "", true),
     RLH_OP(bias_add_fwd, "f", 1, "f", 1, "bias_bwd", true),
     RLH_OP(bias_bwd, "f", 1, "f", 1, "", true),
     RLH_OP(add_fwd, "ff", 2, "f", 1, "", true),

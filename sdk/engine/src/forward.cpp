@@ -159,8 +159,10 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
   const sdk::LayerProgram& lp = prog.layers[size_t(l)];
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
   for (const sdk::LayerStep& st : lp.steps) {
-    // Inside the backward only what it reads is rebuilt (the output and the last add are not).
-    if (recompute && st.op != sdk::StepOp::moe && !lp.values[size_t(lp.root(st.out.value))].saved) continue;
+    // Inside the backward only what it reads is rebuilt: values it keeps and the statistics it
+    // reads (a post-norm's rstd); the final add and the output itself are not.
+    if (recompute && st.op != sdk::StepOp::moe && st.stat < 0 && !lp.values[size_t(lp.root(st.out.value))].saved)
+      continue;
     const ColsPtr in = st.in.valid() ? at(a, lp, st.in) : ColsPtr{nullptr, 0};
     const ColsPtr out = st.out.valid() ? at(a, lp, st.out) : ColsPtr{nullptr, 0};
     switch (st.op) {

@@ -122,6 +122,16 @@ void swiglu_bwd(T* dgate, int64_t lddg, T* dup, int64_t lddu, const T* dh, int64
                 const T* gate, int64_t ldg, const T* up, int64_t ldu, int64_t N, int64_t F);
 
 // ---------------------------------------------------------------------------------------------
+// geglu: h = gelu(gate) * up, gelu in its tanh form (tanh_form) or exact (erf); layout as swiglu.
+template <class T>
+void geglu_fwd(T* h, int64_t ldh, const T* gate, int64_t ldg, const T* up, int64_t ldu, int64_t N,
+               int64_t F, bool tanh_form);
+template <class T>
+void geglu_bwd(T* dgate, int64_t lddg, T* dup, int64_t lddu, const T* dh, int64_t lddh,
+               const T* gate, int64_t ldg, const T* up, int64_t ldu, int64_t N, int64_t F,
+               bool tanh_form);
+
+// ---------------------------------------------------------------------------------------------
 // bias and residual
 //   bias_add_fwd: y[n,:] += b            y [N,M] (ldy), b [M]
 //   bias_bwd:     db += sum_n dy[n,:]    db [M] accumulated
