@@ -246,12 +246,12 @@ class LayerBuilder {
            {Hq * D, Hkv * D, Hkv * D}, C);
     Cols q = cols(qkv, 0, Hq * D), k = cols(qkv, Hq * D, Hkv * D);
     const Cols v = cols(qkv, (Hq + Hkv) * D, Hkv * D);
-    if (a.qk_norm) {
-      const int qk = value("qk_normed", (Hq + Hkv) * D);
-      head_norm(q, cols(qk, 0, Hq * D), Hq, D, ParamRole::q_norm);
-      head_norm(k, cols(qk, Hq * D, Hkv * D), Hkv, D, ParamRole::k_norm);
-      q = cols(qk, 0, Hq * D);
-      k = cols(qk, Hq * D, Hkv * D);
+    if (a.qk_norm) {  // normed q and k as values of their own: contiguous [N, H D] each
+      const int qn = value("q_normed", Hq * D), kn = value("k_normed", Hkv * D);
+      head_norm(q, cols(qn), Hq, D, ParamRole::q_norm);
+      head_norm(k, cols(kn), Hkv, D, ParamRole::k_norm);
+      q = cols(qn);
+      k = cols(kn);
     }
     if (a.use_rope && table_ >= 0) {
       rope(q, Hq, D);

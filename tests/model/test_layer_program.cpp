@@ -106,8 +106,12 @@ TEST(LayerProgram, Qwen3HeadNormsBeforeRope) {
   EXPECT_EQ(l.steps[2].heads, 4);
   EXPECT_EQ(l.steps[3].heads, 2);
   EXPECT_EQ(l.steps[2].offset, 0.0);
-  // The normed q|k is what attention reads; the projected q|k stays for the norms' backward.
+  // The normed q and k (values of their own) are what attention reads; the projected q|k stays
+  // for the norms' backward.
   EXPECT_EQ(l.steps[6].in.value, l.steps[2].out.value);
+  EXPECT_EQ(l.steps[6].in2.value, l.steps[3].out.value);
+  EXPECT_EQ(l.steps[2].out.col, 0);
+  EXPECT_EQ(l.values[size_t(l.steps[2].out.value)].width, 4 * 8);
   EXPECT_EQ(l.steps[6].in3.value, l.steps[1].out.value);
   every_param_used_once(d, p);
 }

@@ -42,7 +42,8 @@ struct Cols {
 enum class StepOp : uint8_t {
   norm,       // out = rmsnorm(in) * (w + offset); keeps rstd [N]
   head_norm,  // the same over each of `heads` heads of `head_dim` in `in` (q/k norms); keeps
-              // rstd [heads, N]; w is [head_dim], shared by the heads
+              // rstd [heads, N]; w is [head_dim], shared by the heads; `out` is a whole value
+              // (contiguous [N, heads head_dim], so [N heads, head_dim] rows), `in` may be a slice
   linear,     // out = in W^T (+ b): weights fused along output rows (q|k|v, gate|up)
   rope,       // rotate `heads` heads of `head_dim` in `in` in place (RoPE table `table`)
   attention,  // out = causal attention(q = in, k = in2, v = in3) over packed sequences; keeps
