@@ -25,6 +25,7 @@
 
 #include "fixture_util.hpp"
 #include "kernels_cpu_abi.hpp"
+#include "kernels_cuda_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
@@ -79,7 +80,7 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
   std::unique_ptr<engine::CudaEngine> eng;
   try {
-    eng = std::make_unique<engine::CudaEngine>(desc);
+    eng = std::make_unique<engine::CudaEngine>(desc, test::cuda_options());
   } catch (const std::invalid_argument& e) {
     GTEST_SKIP() << folder << ": " << e.what();  // dynamic RoPE, longrope: CPU engine only
   }
@@ -299,7 +300,7 @@ TEST(CudaEngine, AdamWStepsFollowTheCpuEngine) {
   so.global_tokens = s.predicted();
   engine::EngineOptions eo = test::engine_options();
   eo.optimizer.eps = 1.0;
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.optimizer = eo.optimizer;
   engine::Engine cpu(s.desc, eo);
   cpu.load_parameters(s.weights);
@@ -324,7 +325,7 @@ TEST(CudaEngine, AdamWStepsFollowTheCpuEngine) {
 TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {
   NEED_GPU();
   Small s;
-  engine::CudaEngine gpu(s.desc);
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
   engine::StepOptions so;
   so.apply_optimizer = false;
@@ -349,7 +350,7 @@ TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {
 TEST(CudaEngine, SteadyStateStepsAllocateNothing) {
   NEED_GPU();
   Small s;
-  engine::CudaEngine gpu(s.desc);
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
   std::vector<std::vector<int32_t>> cu_storage;
   const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
@@ -383,7 +384,7 @@ TEST(CudaEngine, RecomputeKeepsGradientsAndSavesMemory) {
   std::vector<int64_t> bytes;
   std::vector<double> loss;
   for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective, engine::Recompute::full}) {
-    engine::CudaEngineOptions co;
+    engine::CudaEngineOptions co = test::cuda_options();
     co.recompute = r;
     co.max_tokens = int64_t(s.ids.size());
     engine::CudaEngine gpu(s.desc, co);
@@ -420,7 +421,7 @@ TEST(CudaEngine, HeadLogitsCacheGivesTheSameStep) {
   std::vector<double> loss;
   std::vector<int64_t> bytes;
   for (int64_t budget : {int64_t(0), int64_t(1) << 30}) {
-    engine::CudaEngineOptions co;
+    engine::CudaEngineOptions co = test::cuda_options();
     co.head_logits_cache_bytes = budget;
     co.max_tokens = int64_t(s.ids.size());  // planned at construction, before the kernel arena grows
     engine::CudaEngine gpu(s.desc, co);
@@ -535,7 +536,7 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
       eo.moe.load_balancing = lb;
       eo.moe.aux_loss_coef = 0.05;
       eo.moe.z_loss_coef = 0.01;
-      engine::CudaEngineOptions co;
+      engine::CudaEngineOptions co = test::cuda_options();
       co.optimizer = eo.optimizer;
       co.moe = eo.moe;
       engine::Engine cpu(s.desc, eo);
@@ -564,7 +565,7 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
 TEST(CudaEngineMoe, ReplayingTheRecordReproducesTheForward) {
   NEED_GPU();
   SmallMoe s;
-  engine::CudaEngine gpu(s.desc);
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
   ASSERT_EQ(gpu.routing_width(), 2);
   engine::MicroBatch mb;
@@ -602,7 +603,7 @@ TEST(CudaEngineMoe, FrozenRouterStaysPut) {
   engine::StepOptions so;
   so.lr = 1e-2;
   so.global_tokens = s.predicted();
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.moe.freeze_router = true;
   engine::CudaEngine gpu(s.desc, co);
   gpu.load_parameters(s.weights);
@@ -628,7 +629,7 @@ TEST(CudaEngineMoe, FrozenRouterStaysPut) {
 TEST(CudaEngineMoe, SteadyStateStepsAllocateNothing) {
   NEED_GPU();
   SmallMoe s;
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.moe.load_balancing = engine::MoeOptions::LoadBalancing::seq_aux_loss;
   co.moe.aux_loss_coef = 0.01;
   co.moe.z_loss_coef = 0.001;
@@ -670,7 +671,7 @@ TEST(CudaEngineMoe, RecomputeKeepsGradientsBitwise) {
     std::vector<double> loss, aux;
     for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective,
                                 engine::Recompute::full}) {
-      engine::CudaEngineOptions co;
+      engine::CudaEngineOptions co = test::cuda_options();
       co.recompute = r;
       co.max_tokens = int64_t(s.ids.size());
       co.moe.router_fp64 = fp64;
@@ -749,7 +750,7 @@ TEST(CudaEngineMla, DeepSeekAdamWStepsFollowTheCpuEngine) {
   so.outputs.replay_routing_field = "routes";
   engine::EngineOptions eo = test::engine_options();
   eo.optimizer.eps = 1.0;
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.optimizer = eo.optimizer;
   engine::Engine cpu(s.desc, eo);
   cpu.load_parameters(s.weights);
@@ -789,7 +790,7 @@ TEST(CudaEngineMla, RecomputeKeepsGradientsBitwise) {
   std::vector<int64_t> bytes;
   for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective,
                               engine::Recompute::full}) {
-    engine::CudaEngineOptions co;
+    engine::CudaEngineOptions co = test::cuda_options();
     co.recompute = r;
     co.max_tokens = int64_t(s.ids.size());
     engine::CudaEngine gpu(s.desc, co);
@@ -821,7 +822,7 @@ TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
     std::string why;
     const bool gpu = engine::cuda_engine_available(&why);
     try {
-      engine::CudaEngine e(model::describe(deepseek_config()));
+      engine::CudaEngine e(model::describe(deepseek_config()), test::cuda_options());
       EXPECT_TRUE(gpu) << "constructed without a device";
     } catch (const std::invalid_argument& e) {
       FAIL() << "DeepSeek-V3 was refused: " << e.what();
@@ -834,10 +835,10 @@ TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
     nlohmann::json cfg = deepseek_config();
     cfg["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
     try {
-      engine::CudaEngine e(model::describe(cfg));
+      engine::CudaEngine e(model::describe(cfg), test::cuda_options());
       FAIL() << "dynamic RoPE on an MLA model was accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("RoPE kind dynamic"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("dynamic NTK RoPE"), std::string::npos) << e.what();
     }
   }
   nlohmann::json dyn = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
@@ -846,10 +847,10 @@ TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
                         {"num_key_value_heads", 1}, {"max_position_embeddings", 64},
                         {"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}};
   try {
-    engine::CudaEngine e(model::describe(dyn));
+    engine::CudaEngine e(model::describe(dyn), test::cuda_options());
     FAIL() << "dynamic RoPE was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("RoPE kind dynamic"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dynamic NTK RoPE"), std::string::npos) << e.what();
   }
 }
 

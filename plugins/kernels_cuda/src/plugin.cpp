@@ -323,6 +323,26 @@ void run_swiglu_fwd(const Call& c) {
   swiglu_fwd(c.dt(), ptr(c.out(0)), ldh, ptr(c.in(0)), ldg, ptr(c.in(1)), ldu, N, F, c.stream);
 }
 
+void run_geglu_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], F = c.in(0).shape[1];
+  const int64_t ldg = need_rows(c.in(0), N, F, "geglu_fwd gate");
+  const int64_t ldu = need_rows(c.in(1), N, F, "geglu_fwd up");
+  const int64_t ldh = need_rows(c.out(0), N, F, "geglu_fwd h");
+  geglu_fwd(c.dt(), ptr(c.out(0)), ldh, ptr(c.in(0)), ldg, ptr(c.in(1)), ldu, N, F,
+            c.integer("approximate_tanh", 1) != 0, c.stream);
+}
+
+void run_geglu_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
+  const int64_t lddh = need_rows(c.in(0), N, F, "geglu_bwd dh");
+  const int64_t ldg = need_rows(c.in(1), N, F, "geglu_bwd gate");
+  const int64_t ldu = need_rows(c.in(2), N, F, "geglu_bwd up");
+  const int64_t lddg = need_rows(c.out(0), N, F, "geglu_bwd dgate");
+  const int64_t lddu = need_rows(c.out(1), N, F, "geglu_bwd dup");
+  geglu_bwd(c.dt(), ptr(c.out(0)), lddg, ptr(c.out(1)), lddu, ptr(c.in(0)), lddh, ptr(c.in(1)), ldg,
+            ptr(c.in(2)), ldu, N, F, c.integer("approximate_tanh", 1) != 0, c.stream);
+}
+
 void run_swiglu_bwd(const Call& c) {
   const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
   const int64_t lddh = need_rows(c.in(0), N, F, "swiglu_bwd dh");
@@ -377,6 +397,14 @@ LogprobArgs logprob_common(const Call& c) {
   return a;
 }
 
+// The optional logits cache (an engine's training step): fp32 [N, ld >= V] that the forward
+// fills tile by tile and the backward reads instead of recomputing the logits.
+void logits_cache(const rlh_tensor& t, LogprobArgs& a) {
+  a.ld_cache = need_rows(t, a.N, a.V, "linear_logprob logits_cache");
+  if (t.dtype.code != RLH_DTYPE_FLOAT || t.dtype.bits != 32) bad("linear_logprob logits_cache must be float32");
+  a.logits_cache = ptr<float>(t);
+}
+
 void run_linear_logprob_fwd(const Call& c) {
   LogprobArgs a = logprob_common(c);
   need_vec(c.out(0), a.N * a.K, "linear_logprob_fwd logprob");
@@ -387,6 +415,7 @@ void run_linear_logprob_fwd(const Call& c) {
     need_vec(c.out(2), a.N, "linear_logprob_fwd entropy");
     a.entropy = flex(c.out(2));
   }
+  if (c.has_out(3)) logits_cache(c.out(3), a);
   linear_logprob_fwd(c.op->inst->gemm, a, *c.ws, c.stream);
 }
 
@@ -405,6 +434,7 @@ void run_linear_logprob_bwd(const Call& c) {
   a.dh = ptr(c.out(0));
   a.dW = flex(c.out(1));
   a.accumulate = c.flag("accumulate");
+  if (c.has_in(7)) logits_cache(c.in(7), a);
   linear_logprob_bwd(c.op->inst->gemm, a, *c.ws, c.stream);
 }
 
@@ -432,14 +462,25 @@ ListStore list_of(const rlh_tensor* ts, size_t count, size_t first, size_t step,
   return l;
 }
 
-void run_adamw(const Call& c) {
-  if (c.nout() % 4 != 0) bad("adamw: outputs are p, g, m, v (repeated per tensor)");
-  ListStore p = list_of(c.call->outputs, c.nout(), 0, 4, "adamw p");
-  ListStore g = list_of(c.call->outputs, c.nout(), 1, 4, "adamw g");
-  ListStore m = list_of(c.call->outputs, c.nout(), 2, 4, "adamw m");
-  ListStore v = list_of(c.call->outputs, c.nout(), 3, 4, "adamw v");
+// adamw: outputs p, g, m, v per tensor; adamw_bf16: p, g, m, v, p16 (the bf16 working copy of
+// p, written in the same pass).
+void run_adamw_lists(const Call& c, size_t group) {
+  if (c.nout() % group != 0) bad(group == 4 ? "adamw: outputs are p, g, m, v (repeated per tensor)"
+                                            : "adamw_bf16: outputs are p, g, m, v, p16 (repeated per tensor)");
+  ListStore p = list_of(c.call->outputs, c.nout(), 0, group, "adamw p");
+  ListStore g = list_of(c.call->outputs, c.nout(), 1, group, "adamw g");
+  ListStore m = list_of(c.call->outputs, c.nout(), 2, group, "adamw m");
+  ListStore v = list_of(c.call->outputs, c.nout(), 3, group, "adamw v");
   for (size_t i = 0; i < p.n.size(); ++i)
     if (g.n[i] != p.n[i] || m.n[i] != p.n[i] || v.n[i] != p.n[i]) bad("adamw: p, g, m, v sizes differ");
+  ListStore p16;
+  TensorList p16_list;
+  if (group == 5) {
+    p16 = list_of(c.call->outputs, c.nout(), 4, group, "adamw_bf16 p16");
+    for (size_t i = 0; i < p.n.size(); ++i)
+      if (p16.n[i] != p.n[i] || !p16.bf[i]) bad("adamw_bf16: p16 must be bfloat16 of p's size");
+    p16_list = p16.list();
+  }
   AdamWArgs o;
   o.lr = c.num("lr", o.lr);
   o.beta1 = c.num("beta1", o.beta1);
@@ -449,8 +490,11 @@ void run_adamw(const Call& c) {
   o.step = c.integer("step", 1);
   o.grad_scale = c.num("grad_scale", 1);
   o.zero_grad = c.flag("zero_grad");
+  if (group == 5) o.p_bf16 = &p16_list;
   adamw(p.list(), g.list(), m.list(), v.list(), o, *c.ws, c.stream);
 }
+void run_adamw(const Call& c) { run_adamw_lists(c, 4); }
+void run_adamw_bf16(const Call& c) { run_adamw_lists(c, 5); }
 
 void run_sumsq(const Call& c) {
   ListStore x = list_of(c.call->inputs, c.nin(), 0, 1, "sumsq x");
@@ -685,13 +729,16 @@ const OpSpec kOps[] = {
     {"attention_bwd", "fffffsi", 7, "fff", 3, "", true, false, false, run_attention_bwd, false},
     {"swiglu_fwd", "ff", 2, "f", 1, "swiglu_bwd", true, false, false, run_swiglu_fwd, true},
     {"swiglu_bwd", "fff", 3, "ff", 2, "", true, false, false, run_swiglu_bwd, true},
+    {"geglu_fwd", "ff", 2, "f", 1, "geglu_bwd", true, false, false, run_geglu_fwd, true},
+    {"geglu_bwd", "fff", 3, "ff", 2, "", true, false, false, run_geglu_bwd, true},
     {"bias_add_fwd", "f", 1, "f", 1, "bias_bwd", true, false, false, run_bias_add_fwd, true},
     {"bias_bwd", "f", 1, "s", 1, "", true, false, false, run_bias_bwd, false},
     {"add_fwd", "ff", 2, "f", 1, "", true, false, false, run_add_fwd, true},
-    {"linear_logprob_fwd", "ffi", 3, "sss", 2, "linear_logprob_bwd", true, false, false,
+    {"linear_logprob_fwd", "ffi", 3, "sssk", 2, "linear_logprob_bwd", true, false, false,
      run_linear_logprob_fwd, false},
-    {"linear_logprob_bwd", "ffissss", 4, "fs", 2, "", true, false, false, run_linear_logprob_bwd, false},
+    {"linear_logprob_bwd", "ffissssk", 4, "fs", 2, "", true, false, false, run_linear_logprob_bwd, false},
     {"adamw", "", 0, "kgkk", 4, "", false, false, true, run_adamw, true},
+    {"adamw_bf16", "", 0, "kgkkg", 5, "", false, false, true, run_adamw_bf16, true},
     {"sumsq", "g", 1, "k", 1, "", false, true, false, run_sumsq, false},
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
     {"moe_router_fwd", "fs", 1, "siss", 3, "moe_router_bwd", true, false, false, run_moe_router_fwd, true},

@@ -134,7 +134,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (f == nullptr) {
     if (automatic) return false;
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
-                                             "is megatron's, built where kernels_cuda is)");
+                                             "is megatron's, built where the CUDA toolchain is)");
   }
   const std::string target = automatic ? "cuda" : d;
   std::string why;
@@ -142,8 +142,15 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (m.trainable && m.config.optimizer->kind != OptimizerKind::adamw)
     return decline(RLH_E_UNIMPLEMENTED, "the device path runs AdamW only, the optimizer is " +
                                             std::string(to_string(m.config.optimizer->kind)));
+  // The device's kernels: every provider that runs there, op by op, pins applied.
+  const int index = target.size() > 5 ? std::stoi(target.substr(5)) : 0;  // "cuda" or "cuda:N" (validated)
+  m.registry = sdk::make_kernel_registry(b.host, sdk::cuda_device(index), m.config.kernel_pins, b.flavor->name);
+  if (m.registry->providers().empty())
+    return decline(RLH_E_FAILED_PRECONDITION, "no kernel provider runs on " + target +
+                                                  " (load kernels_cuda: --plugin kernels_cuda, or put it on the plugin path)");
   DeviceEngineOptions o;
   o.device = target;
+  o.kernels = m.registry.get();
   o.trainable = m.trainable;
   o.recompute = m.config.recompute;
   o.recompute_selective = m.config.recompute_selective;
@@ -165,7 +172,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_UNAVAILABLE, where + ": " + e.what());
   }
   m.device->load_parameters(weights);
-  m.kernels = m.device->describe();
+  m.kernels = m.device->describe() + "; kernels: " + m.registry->choices_summary();
   return true;
 }
 

@@ -126,12 +126,18 @@ void attention_bwd_simt(const AttnArgs& a, const DeviceInfo& dev, float* delta, 
 void attention_delta(const AttnArgs& a, float* delta, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
-// swiglu, bias, add, sumsq, scale
+// swiglu, geglu, bias, add, sumsq, scale
 void swiglu_fwd(DType t, void* h, int64_t ldh, const void* gate, int64_t ldg, const void* up,
                 int64_t ldu, int64_t N, int64_t F, cudaStream_t s);
 void swiglu_bwd(DType t, void* dgate, int64_t lddg, void* dup, int64_t lddu, const void* dh,
                 int64_t lddh, const void* gate, int64_t ldg, const void* up, int64_t ldu,
                 int64_t N, int64_t F, cudaStream_t s);
+// geglu: h = gelu(gate) * up, gelu in its tanh form (Gemma's gelu_pytorch_tanh) or exact.
+void geglu_fwd(DType t, void* h, int64_t ldh, const void* gate, int64_t ldg, const void* up,
+               int64_t ldu, int64_t N, int64_t F, bool tanh_form, cudaStream_t s);
+void geglu_bwd(DType t, void* dgate, int64_t lddg, void* dup, int64_t lddu, const void* dh,
+               int64_t lddh, const void* gate, int64_t ldg, const void* up, int64_t ldu,
+               int64_t N, int64_t F, bool tanh_form, cudaStream_t s);
 void bias_add_fwd(DType t, void* y, int64_t ldy, const void* b, int64_t N, int64_t M,
                   cudaStream_t s);
 void bias_bwd(DType t, Flex db, const void* dy, int64_t lddy, int64_t N, int64_t M,
