@@ -10,21 +10,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
 tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_engine test_backend_cuda)
-plugins=(megatron dtensor model_llama kernels_cpu tokenizer_hf generator grpo sft environments)
+plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda tokenizer_hf generator grpo sft environments)
 ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" bench_cuda_engine rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/plugins" "$stage/lib" "$stage/fixtures"
 for t in "${tests[@]}"; do cp "$(find "$B/tests" -name "$t" -type f | head -1)" "$stage/"; done
 cp "$B/bench/engine_cuda/bench_cuda_engine" "$B/bin/rlhost" "$B/bin/rlh_tiny_model" "$stage/"
-cp "$B/plugins/libkernels_cuda.so" "$stage/"  # where the kernels_cuda tests look for it
-for p in "${plugins[@]}"; do cp "$B/plugins/lib$p.so" "$stage/plugins/"; done
+# Every plugin of the build (kernel providers too: the engines find them on the plugin path).
+cp "$B"/plugins/lib*.so "$stage/plugins/"
+ln -s plugins/libkernels_cuda.so "$stage/libkernels_cuda.so"  # where the kernels_cuda tests look for it
 cp -L "$B"/lib/librlhost.so.0.1 "$stage/lib/"
 for l in libyaml-cpp.so.0.7 libboost_program_options.so.1.74.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$l" "$stage/lib/"
 done
-strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"/rlh_tiny_model "$stage"/*.so \
+strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"/rlh_tiny_model \
   "$stage"/plugins/*.so "$stage"/lib/librlhost.so.0.1
+# HF reference fixtures beside the tree (device_gpu.sh links the repo's own in beside them).
 for f in ../shared/fixtures/*/; do
   [ -f "$f/reference.safetensors" ] || continue
   mkdir -p "$stage/fixtures/$(basename "$f")"
