@@ -47,7 +47,12 @@ using test::rel_error;
 
 std::vector<std::string> model_folders() {
   std::vector<std::string> out = test::model_folders_under(fixtures_root());
-  for (const std::string& f : test::model_folders_under(RLH_ENGINE_FIXTURES_DIR)) out.push_back(f);
+  // the repo's own, unless the fixtures root already holds them (a device run links them in)
+  for (const std::string& f : test::model_folders_under(RLH_ENGINE_FIXTURES_DIR))
+    if (std::none_of(out.begin(), out.end(), [&](const std::string& o) {
+          return fs::path(o).filename() == fs::path(f).filename();
+        }))
+      out.push_back(f);
   std::sort(out.begin(), out.end());
   return out;
 }

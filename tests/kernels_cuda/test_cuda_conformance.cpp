@@ -272,6 +272,10 @@ TEST(CudaConformance, EveryOpEveryDtypeAgainstKernelsCpu) {
        pos = listing.find("\"name\":\"", pos + 1)) {
     const size_t b = pos + 8, e = listing.find('"', b);
     const std::string name = listing.substr(b, e - b);
+    // adamw_bf16 (adamw with the bf16 working copy written in the same pass) mixes f32 and
+    // bf16 outputs, which these variants do not express; test_cuda_engine checks it against
+    // the CPU engine's AdamW over three steps.
+    if (name == "adamw_bf16") continue;
     EXPECT_TRUE(covered_ops.count(name)) << "op " << name << " has no conformance case";
   }
 
