@@ -5,6 +5,7 @@
 # PCRE2, utf8proc, libgomp), and the fixture folders. Binaries come from build-cuda
 # (-DRLH_BUILD_BENCH=ON; CUDA runtime static, cuBLASLt loaded at run time), stripped.
 #   scripts/device_pack.sh            build the targets, then pack
+# .devbin is ignored by git: pass carry: [".devbin"] to the device tool.
 # On the device: cd .devbin && tar xzf devbin.tgz && cd .. && scripts/device_gpu.sh all
 set -euo pipefail
 cd "$(dirname "$0")/.."

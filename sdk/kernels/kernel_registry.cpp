@@ -38,7 +38,8 @@ ProviderFacts provider_facts(const rlh_kernels_api* api, rlh_kernels* instance) 
 
 std::unique_ptr<KernelRegistry> make_kernel_registry(const Host& host, rlh_device device,
                                                      const KernelPins& pins,
-                                                     const std::string& who) {
+                                                     const std::string& who,
+                                                     const std::string& instance_config) {
   const rlh_host_api* api = host.api();
   if (api == nullptr || !RLH_HAS_FIELD(api, rlh_host_api, list_components) || api->list_components == nullptr)
     throw Error(RLH_E_ABI_MISMATCH, who + ": the host cannot list kernel providers (it predates ABI 0.2)");
@@ -63,7 +64,7 @@ std::unique_ptr<KernelRegistry> make_kernel_registry(const Host& host, rlh_devic
       continue;
     }
     rlh_kernels* inst = nullptr;
-    rlh_status* s = k->create(api, device, "{}", 2, &inst);
+    rlh_status* s = k->create(api, device, instance_config.data(), instance_config.size(), &inst);
     if (s != nullptr) {
       StatusPtr owned(s);
       const std::string why = status_message(s);

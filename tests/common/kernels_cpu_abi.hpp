@@ -22,7 +22,9 @@ class KernelsCpuThroughAbi {
  public:
   // `extra_plugins`: further plugin names or paths to load before the registry is built, so
   // their providers take part (in the host's score order; kernels_cpu, the reference, last).
-  explicit KernelsCpuThroughAbi(std::initializer_list<const char*> extra_plugins = {}) {
+  // `config`: kernels_cpu's instance config ({"num_threads": N}).
+  explicit KernelsCpuThroughAbi(std::initializer_list<const char*> extra_plugins = {},
+                                const char* config = "{}") {
     sdk::check(rlhost_create(&host_));
     try {
       rlhost_set_log_level(host_, RLH_LOG_WARN);
@@ -34,7 +36,7 @@ class KernelsCpuThroughAbi {
       const rlh_component_desc* d = nullptr;
       sdk::check(svc->find_component(svc->ctx, RLH_KIND_KERNELS, "kernels_cpu", &d));
       reg_.emplace();
-      reg_->add("kernels_cpu", static_cast<const rlh_kernels_api*>(d->api), svc, sdk::kCPU);
+      reg_->add("kernels_cpu", static_cast<const rlh_kernels_api*>(d->api), svc, sdk::kCPU, config);
     } catch (...) {
       reg_.reset();
       rlhost_destroy(host_);

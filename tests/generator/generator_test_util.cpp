@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -20,9 +21,20 @@ namespace fs = std::filesystem;
 
 namespace rlh::gen::test {
 
-Options gen_options() {
+Options gen_options(int num_threads) {
   Options o;
-  o.ops = &rlh::test::cpu_ops();
+  if (num_threads <= 0) {
+    o.ops = &rlh::test::cpu_ops();
+    return o;
+  }
+  // kernels_cpu instances with their own decode threads, one per count, kept for the process
+  static std::map<int, rlh::test::KernelsCpuThroughAbi*> by_threads;
+  rlh::test::KernelsCpuThroughAbi*& k = by_threads[num_threads];
+  if (!k) {
+    const std::string cfg = "{\"num_threads\": " + std::to_string(num_threads) + "}";
+    k = new rlh::test::KernelsCpuThroughAbi({}, cfg.c_str());
+  }
+  o.ops = &k->ops();
   return o;
 }
 

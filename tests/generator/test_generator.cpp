@@ -167,17 +167,32 @@ Model mla_like() {
   return m;
 }
 
+// Gemma-3-style: sandwich norms and q/k norms with (1 + w), GeGLU, scaled embedding, a window on
+// every other layer with its own RoPE table, linear-scaled RoPE on the others,
+// query_pre_attn_scalar, tied: the layer program's features, run by the generator as by the
+// engines.
+Model gemma_like() {
+  Model m;
+  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
+                      R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                          "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 7,
+                          "sliding_window_pattern": 2, "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6})");
+  m.weights = random_weights(m.desc, 14);
+  return m;
+}
+
 class Invariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   const std::string kind = GetParam();
-  const Model m = kind == "mla" ? mla_like() : kind == "moe" ? moe_like() : qwen_like();
+  const Model m = kind == "mla" ? mla_like() : kind == "moe" ? moe_like() : kind == "gemma" ? gemma_like() : qwen_like();
   bool has_moe = false, has_mla = false;
   for (const auto& l : m.desc.layers) {
     has_moe = has_moe || l.mlp.kind == sdk::MlpKind::moe;
     has_mla = has_mla || l.attention.kind == sdk::AttentionKind::mla;
   }
-  ASSERT_EQ(has_moe, kind != "dense");
+  ASSERT_EQ(has_moe, kind == "moe" || kind == "mla");
   ASSERT_EQ(has_mla, kind == "mla");
   // Lengths around the block size and a long prompt that needs several prefill chunks.
   const auto prompts = random_prompts(6, m.desc.vocab_size, 3, {5, 16, 17, 1, 40, 9});
@@ -209,8 +224,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
 
   // Tight limits: 2 slots, 7-token steps (chunked prefill), blocks of 4, and a cache so small
   // that sequences must be preempted and recomputed; on one thread.
-  Options tight = gen_options();
-  tight.num_threads = 1;
+  Options tight = gen_options(1);
   tight.max_num_seqs = 2;
   tight.max_num_batched_tokens = 7;
   tight.block_size = 4;
@@ -226,8 +240,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   expect_same(ref, constrained, "2 slots, 7-token steps, preemption, 1 thread");
 
   // Many slots with a large step budget: everything prefilled at once, on three threads.
-  Options wide = gen_options();
-  wide.num_threads = 3;
+  Options wide = gen_options(3);
   wide.max_num_seqs = 64;
   wide.max_num_batched_tokens = 4096;
   wide.block_size = 32;
@@ -254,11 +267,13 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   EXPECT_NE(get(ref, 100, 0).ids, get(ref, 100, 1).ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseMoeMla, Invariance, ::testing::Values("dense", "moe", "mla"),
+INSTANTIATE_TEST_SUITE_P(Models, Invariance, ::testing::Values("dense", "moe", "mla", "gemma"),
                          [](const auto& info) { return info.param; });
 
-TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
-  const Model m = qwen_like();
+class TrainerMatch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainerMatch, LogprobsMatchTheTrainerUnderEveryFilter) {
+  const Model m = GetParam() == "gemma" ? gemma_like() : qwen_like();
   engine::Engine eng(m.desc, rlh::test::engine_options());
   eng.load_parameters(m.weights);
   Generator g(m.desc, gen_options());
@@ -288,6 +303,9 @@ TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Generator, TrainerMatch, ::testing::Values("qwen", "gemma"),
+                         [](const auto& info) { return info.param; });
 
 // ---------------------------------------------------------------------------------------------
 // Refit: views of the trainer's weights (may_alias) and copies.
@@ -631,17 +649,27 @@ TEST(Generator, RefusesBadRequests) {
     EXPECT_EQ(e.code(), RLH_E_INVALID_ARGUMENT);
     EXPECT_NE(std::string(e.what()).find("max_model_len"), std::string::npos) << e.what();
   }
-  // What the generator does not execute is refused with the reason: here an activation other
-  // than SiLU in one layer.
-  sdk::TransformerDesc gelu = m.desc;
-  gelu.layers[1].mlp.hidden_act = "gelu";
+  // What the generator does not execute is refused with the reason (the layer program's one
+  // answer): here Gemma-2's attention logit soft-capping in one layer.
+  sdk::TransformerDesc capped_attn = m.desc;
+  capped_attn.layers[1].attention.logit_softcapping = 50.0;
   try {
-    Generator bad(gelu, gen_options());
+    Generator bad(capped_attn, gen_options());
     FAIL();
   } catch (const sdk::Error& e) {
     EXPECT_EQ(e.code(), RLH_E_UNIMPLEMENTED);
     EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("gelu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("soft-capping"), std::string::npos) << e.what();
+  }
+  // An activation no executor knows is an inconsistent description.
+  sdk::TransformerDesc relu = m.desc;
+  relu.layers[1].mlp.hidden_act = "relu_cubed";
+  try {
+    Generator bad(relu, gen_options());
+    FAIL();
+  } catch (const sdk::Error& e) {
+    EXPECT_EQ(e.code(), RLH_E_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("relu_cubed"), std::string::npos) << e.what();
   }
 }
 

@@ -237,12 +237,18 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     o.block_size = get_int(cfg, "block_size", o.block_size);
     o.kv_cache_bytes = get_int(cfg, "kv_cache_bytes", o.kv_cache_bytes);
     o.max_model_len = get_int(cfg, "max_model_len", o.max_model_len);
-    o.num_threads = int(get_int(cfg, "num_threads", 0));
+    // The decode's threads are the kernel provider's (kernels_cpu's pool for the batch-invariant
+    // gemm, paged attention and sampling): passed in its instance config.
+    const int64_t num_threads = get_int(cfg, "num_threads", 0);
+    if (num_threads < 0 || num_threads > 4096)
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator config: num_threads must be in [0, 4096] (0: OMP_NUM_THREADS), not " +
+                                              std::to_string(num_threads));
     std::string router_source;
     o.moe_router_fp64 = router_fp64(g->host, cfg, &router_source);
 
     rlh::sdk::TransformerDesc desc = describe(g->host, g->model_dir, get_str(cfg, "model_component", ""));
-    g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, kernel_pins(g->host), "generator");
+    g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, kernel_pins(g->host), "generator",
+                                                 "{\"num_threads\": " + std::to_string(num_threads) + "}");
     if (g->registry->providers().empty())
       throw Error(RLH_E_FAILED_PRECONDITION,
                   "generator: no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, or put it on the plugin path)");

@@ -396,4 +396,13 @@ size_t linear_logprob_workspace(bool backward, int64_t N, int64_t V, int64_t K, 
   return piece(size_t(nb * vc) * esize) + (entropy_grad ? piece(size_t(nb) * esize) : 0);
 }
 
+// The sampler's cut (sample.cpp): the same selection, so a sampled token is one the trainer's
+// processed logprob keeps.
+float sample_filter_threshold(const float* z, int64_t V, int64_t top_k, double top_p, float* tmp) {
+  LogprobOpts o;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  return filter_threshold(z, V, o, tmp);
+}
+
 }  // namespace rlh::kcpu

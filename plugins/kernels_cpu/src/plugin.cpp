@@ -12,17 +12,22 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "decode_ops.hpp"
 #include "rlhost/kernels.h"
 #include "rlhost/kernels_cpu/blas.hpp"
 #include "rlhost/kernels_cpu/kernels.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/plugin.hpp"
+#include "worker_pool.hpp"
 
 namespace rlh::kcpu {
 namespace {
@@ -57,6 +62,10 @@ struct rlh_kernels {
   const rlh_host_api* host = nullptr;
   rlh_device device{};
   ScratchBlocks scratch;
+  // Threads of the decode-sized ops (batch-invariant gemm, paged attention, sampling): the
+  // instance's own pool when created with {"num_threads": N}, else the process-wide one.
+  std::unique_ptr<rlh::kcpu::WorkerPool> own_pool;
+  rlh::kcpu::WorkerPool& pool() { return own_pool ? *own_pool : rlh::kcpu::WorkerPool::current(); }
   ~rlh_kernels() {
     for (auto& [bytes, p] : scratch.free) {
       if (host && host->free_memory) host->free_memory(host->ctx, device, p);
@@ -123,8 +132,23 @@ int64_t numel(const rlh_tensor& t) { return sdk::tensor_numel(t); }
 // ---------------------------------------------------------------------------------------------
 // The ops, one function each (T = float or double).
 
+// gemm with batch_invariant = 1 (docs/ops.md): y = x W^T with each row of y a function of its
+// own row of x alone (gemm_rows.cpp), for decoding; only that form is offered.
+template <class T>
+void run_gemm_rows(const Call& c) {
+  const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
+  if (A.ndim != 2 || B.ndim != 2 || C.ndim != 2 || c.flag("transpose_a") || !c.flag("transpose_b") ||
+      c.num("alpha", 1) != 1 || c.num("beta", 0) != 0)
+    bad("gemm (batch_invariant): kernels_cpu offers only 2-D C = A B^T (transpose_b = 1, alpha 1, beta 0)");
+  const int64_t M = C.shape[0], N = C.shape[1], K = A.shape[1];
+  const int64_t lda = need_rows(A, M, K, "gemm A"), ldb = need_rows(B, N, K, "gemm B");
+  const int64_t ldc = need_rows(C, M, N, "gemm C");
+  gemm_rows(data<T>(C), ldc, data<T>(A), lda, data<T>(B), ldb, M, N, K, c.op->inst->pool());
+}
+
 template <class T>
 void run_gemm(const Call& c) {
+  if (c.flag("batch_invariant")) return run_gemm_rows<T>(c);
   const bool ta = c.flag("transpose_a"), tb = c.flag("transpose_b");
   const T alpha = T(c.num("alpha", 1)), beta = T(c.num("beta", 0));
   const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
@@ -619,10 +643,84 @@ void run_scale(const Call& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Decoding: attention over a paged KV cache and sampling (decode_ops.hpp), float32 only.
+
+// q [R, Hq, Dk], k_cache [B, Hkv, bs, Dk] with keys transposed in a block (strides (any,
+// Dk bs, 1, bs)), v_cache [B, Hkv, bs, Dv] (strides (any, bs Dv, Dv, 1)), block_table int32
+// [R, T], positions int32 [R] -> o [R, Hq, Dv]; scale, window.
+template <class T>
+void run_paged_attention(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor &q = c.in(0), &kc = c.in(1), &vc = c.in(2), &bt = c.in(3), &pos = c.in(4);
+    if (q.ndim != 3 || kc.ndim != 4 || vc.ndim != 4 || bt.ndim != 2)
+      bad("paged_attention: q [R,Hq,Dk], k_cache [B,Hkv,bs,Dk], v_cache [B,Hkv,bs,Dv], block_table [R,T]");
+    PagedAttentionArgs a;
+    a.R = q.shape[0];
+    a.Hq = q.shape[1];
+    a.Dk = q.shape[2];
+    a.Hkv = kc.shape[1];
+    a.bs = kc.shape[2];
+    a.Dv = vc.shape[3];
+    if (kc.shape[3] != a.Dk || vc.shape[0] != kc.shape[0] || vc.shape[1] != a.Hkv || vc.shape[2] != a.bs)
+      bad("paged_attention: the caches' shapes disagree with q and each other");
+    if (kc.strides[1] != a.Dk * a.bs || kc.strides[2] != 1 || kc.strides[3] != a.bs)
+      bad("paged_attention: kernels_cpu reads keys transposed in a block (k_cache strides (any, Dk bs, 1, bs))");
+    if (vc.strides[1] != a.bs * a.Dv || vc.strides[2] != a.Dv || vc.strides[3] != 1)
+      bad("paged_attention: kernels_cpu reads values row by row (v_cache strides (any, bs Dv, Dv, 1))");
+    a.ldq = need_heads(q, a.R, a.Hq, a.Dk, "paged_attention q");
+    a.ldo = need_heads(c.out(0), a.R, a.Hq, a.Dv, "paged_attention o");
+    if (bt.shape[0] != a.R || (bt.shape[1] > 1 && bt.strides[1] != 1)) bad("paged_attention: block_table must be [R, T]");
+    need_vec(pos, a.R, "paged_attention positions");
+    a.q = data<float>(q);
+    a.out = data<float>(c.out(0));
+    a.k = data<float>(kc);
+    a.k_block = kc.strides[0];
+    a.v = data<float>(vc);
+    a.v_block = vc.strides[0];
+    a.blocks = data<int32_t>(bt);
+    a.ld_blocks = bt.strides[0];
+    a.table_width = bt.shape[1];
+    a.pos = data<int32_t>(pos);
+    a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
+    a.window = c.integer("window", 0);
+    if (a.R == 0) return;
+    const int64_t B = kc.shape[0];
+    for (int64_t r = 0; r < a.R; ++r)
+      for (int64_t b = 0; b <= a.pos[r] / std::max<int64_t>(1, a.bs) && b < a.table_width; ++b) {
+        const int32_t id = a.blocks[r * a.ld_blocks + b];
+        if (id < 0 || id >= B) bad("paged_attention: block id " + std::to_string(id) + " outside the cache");
+      }
+    paged_attention(a, c.op->inst->pool());
+  }
+}
+
+// logits [S, V] (rows any distance apart), uniforms float64 [S] -> tokens int32 [S], logprobs [S];
+// temperature (0 = greedy), top_k, top_p, min_p.
+template <class T>
+void run_sample(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor& z = c.in(0);
+    if (z.ndim != 2) bad("sample: logits must be [S, V]");
+    const int64_t S = z.shape[0], V = z.shape[1];
+    const int64_t ld = need_rows(z, S, V, "sample logits");
+    need_vec(c.in(1), S, "sample uniforms");
+    need_vec(c.out(0), S, "sample tokens");
+    need_vec(c.out(1), S, "sample logprobs");
+    SampleParams p;
+    p.temperature = c.num("temperature", 1.0);
+    p.top_k = c.integer("top_k", 0);
+    p.top_p = c.num("top_p", 1.0);
+    p.min_p = c.num("min_p", 0.0);
+    sample(data<float>(z), ld, S, V, data<double>(c.in(1)), p, data<int32_t>(c.out(0)), data<float>(c.out(1)),
+           c.op->inst->pool());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The op table: name, operand counts, which operands are int32 / float32 constants (the rest
 // have the op's float dtype), its backward op, and whether float64 is offered.
 
-enum Kind : char { F = 'f', I = 'i', K = 'k' };  // op dtype, int32, float32 constant
+enum Kind : char { F = 'f', I = 'i', K = 'k', D = 'd' };  // op dtype, int32, float32 / float64 constant
 
 struct OpSpec {
   const char* name;
@@ -668,6 +766,8 @@ const OpSpec kOps[] = {
     RLH_OP(adamw, "", 0, "ffff", 4, "", false),
     RLH_OP(sumsq, "f", 1, "f", 1, "", false),
     RLH_OP(scale, "", 0, "f", 1, "", false),
+    RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
+    RLH_OP(sample, "fd", 2, "ik", 2, "", false),
 };
 #undef RLH_OP
 
@@ -695,7 +795,9 @@ bool check_operands(const OpSpec& s, const rlh_tensor* ins, size_t nin, const rl
     if (kind == I) {
       if (!same(t.dtype, sdk::kI32)) unimpl("index operands must be int32");
     } else if (kind == K) {
-      if (!same(t.dtype, sdk::kF32)) unimpl("inv_freq must be float32");
+      if (!same(t.dtype, sdk::kF32)) unimpl(std::string("operand must be float32, not ") + sdk::dtype_name(t.dtype));
+    } else if (kind == D) {
+      if (!same(t.dtype, sdk::kF64)) unimpl(std::string("operand must be float64, not ") + sdk::dtype_name(t.dtype));
     } else {
       const int d = same(t.dtype, sdk::kF32) ? 0 : same(t.dtype, sdk::kF64) ? 1 : -1;
       if (d < 0) unimpl(std::string("dtype ") + sdk::dtype_name(t.dtype) + " not offered");
@@ -767,16 +869,31 @@ struct CallScratch {
 // ---------------------------------------------------------------------------------------------
 // The KERNELS table
 
-rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char*, size_t,
+rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char* config, size_t config_len,
                      rlh_kernels** out) {
   const sdk::MakeStatusFn make = host ? host->make_status : nullptr;
   return sdk::guard(make, [&] {
     if (device.device_type != RLH_DEVICE_CPU)
       throw Error(RLH_E_UNIMPLEMENTED, "kernels_cpu runs on the CPU only");
     g_make_status = make;
+    // {"num_threads": N}: the decode-sized ops' own pool of N threads (0 or absent: the
+    // process-wide pool, OMP_NUM_THREADS wide). Other keys are other providers' business.
+    int64_t threads = 0;
+    if (config && config_len) {
+      const nlohmann::json j = nlohmann::json::parse(config, config + config_len, nullptr, false);
+      if (!j.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "kernels_cpu: the instance config is not a JSON object");
+      if (j.contains("num_threads")) {
+        if (!j["num_threads"].is_number_integer() || j["num_threads"].get<int64_t>() < 0 ||
+            j["num_threads"].get<int64_t>() > 4096)
+          throw Error(RLH_E_INVALID_ARGUMENT, "kernels_cpu: num_threads must be an integer in [0, 4096], not " +
+                                                  j["num_threads"].dump());
+        threads = j["num_threads"].get<int64_t>();
+      }
+    }
     auto* k = new rlh_kernels;
     k->host = host;
     k->device = device;
+    if (threads > 0) k->own_pool = std::make_unique<WorkerPool>(int(threads));
     *out = k;
     if (host && host->log) {  // loads and verifies OpenBLAS now, so the log says what was chosen
       const std::string msg = "kernels_cpu: " + cpu_features_string() + "; " + blas_info_string();
@@ -815,6 +932,19 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       if (!a.name) continue;
       op->attrs.push_back(Attr{a.name, a.type, a.int64_value, a.double_value});
     }
+    // gemm asked for batch invariance: only x W^T is offered (gemm_rows.cpp); say so at
+    // resolution, so a registry falls through to a provider that offers the rest.
+    if (std::strcmp(s->name, "gemm") == 0) {
+      auto attr = [&](const char* n, double dflt) {
+        for (const Attr& x : op->attrs)
+          if (x.name == n) return x.type == RLH_VALUE_DOUBLE ? x.d : double(x.i);
+        return dflt;
+      };
+      if (attr("batch_invariant", 0) != 0 && (attr("transpose_a", 0) != 0 || attr("transpose_b", 1) == 0)) {
+        delete op;
+        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cpu gemm: batch_invariant is offered for C = A B^T only");
+      }
+    }
     *out = op;
   });
 }
@@ -824,11 +954,13 @@ rlh_status* k_op_info(rlh_op* op, rlh_op_info* out) {
     // Every op is deterministic (fixed summation orders, any thread count). A row's result
     // depends only on its own input rows except where a float GEMM runs: OpenBLAS picks its
     // kernel (and so the summation order) by the problem's shape, so adding rows can change a
-    // row's last bits (the generator's linear.hpp exists for that reason). Workspace is taken at
-    // run time.
+    // row's last bits; gemm with batch_invariant = 1 runs gemm_rows.cpp instead, which is.
+    // Workspace is taken at run time.
     const std::string_view name = op->spec->name;
-    const bool on_gemm = !op->f64 && (name == "gemm" || name == "grouped_gemm" ||
-                                      name.rfind("linear_logprob", 0) == 0);
+    bool rows = false;  // gemm asked for batch invariance (gemm_rows.cpp)
+    for (const Attr& a : op->attrs) rows = rows || (a.name == "batch_invariant" && (a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i)) != 0);
+    const bool on_gemm = !op->f64 && !rows && (name == "gemm" || name == "grouped_gemm" ||
+                                               name.rfind("linear_logprob", 0) == 0);
     rlh_op_info info{};
     info.batch_invariant = on_gemm ? 0 : 1;
     info.deterministic = 1;

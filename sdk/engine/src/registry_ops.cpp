@@ -6,6 +6,7 @@
 // allocation service, which counts it).
 #include <array>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ class Args {
     return make(p, sdk::kF64, {rows, cols}, {ld, 1});
   }
   rlh_tensor vec64(const double* p, int64_t n) { return make(p, sdk::kF64, {n}, {1}); }
+  // [B, H, rows, cols] with the given strides (the paged KV cache)
+  rlh_tensor cache(const float* p, int64_t B, int64_t H, int64_t rows, int64_t cols,
+                   std::array<int64_t, 4> strides) {
+    return make(p, sdk::kF32, {B, H, rows, cols}, {strides[0], strides[1], strides[2], strides[3]});
+  }
   // [G, rows, cols], groups `stride` apart, rows `ld` apart
   rlh_tensor groups(const float* p, int64_t G, int64_t rows, int64_t cols, int64_t ld,
                     int64_t stride) {
@@ -64,23 +70,23 @@ class Args {
   }
   static constexpr size_t kMax = 12;
   struct Slot {
-    std::array<int64_t, 3> shape{}, strides{};
+    std::array<int64_t, 4> shape{}, strides{};
   };
   std::array<Slot, kMax> slots_;
   size_t used_ = 0;
 };
 
 // Placeholder descriptors for resolution: dtype and rank per operand ('f' float32 2-D,
-// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D, 'd' float64 2-D,
-// 'w' float64 1-D).
-std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 3>>& dims) {
+// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D, 'c' float32 4-D, 'd' float64
+// 2-D, 'w' float64 1-D).
+std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 4>>& dims) {
   std::vector<rlh_tensor> v;
   for (const char* k = kinds; *k; ++k) {
-    dims.push_back({1, 1, 1});
+    dims.push_back({1, 1, 1, 1});
     rlh_tensor t{};
     t.device = sdk::kCPU;
     t.dtype = (*k == 'i' || *k == 'j') ? sdk::kI32 : (*k == 'd' || *k == 'w') ? sdk::kF64 : sdk::kF32;
-    t.ndim = *k == 'h' ? 3 : ((*k == 'f' || *k == 'j' || *k == 'd') ? 2 : 1);
+    t.ndim = *k == 'c' ? 4 : *k == 'h' ? 3 : ((*k == 'f' || *k == 'j' || *k == 'd') ? 2 : 1);
     t.shape = dims.back().data();
     t.strides = dims.back().data();
     v.push_back(t);
@@ -232,6 +238,44 @@ class RegistryOps final : public Ops {
     const rlh_tensor o[] = {a.vec(x, n)};
     const rlh_named_value at[] = {attr_double("scale", s)};
     lazy(scale_, "scale", "", "v").run({}, o, at);
+  }
+  void gemm_rows(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw, int64_t M,
+                 int64_t N, int64_t K) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(x, M, K, ldx), a.mat(W, N, K, ldw)};
+    const rlh_tensor o[] = {a.mat(y, M, N, ldy)};
+    const auto at = rows_attrs();
+    lazy(rows_, "gemm", "ff", "f", at).run(in, o, at);
+  }
+  void gemm_rows_f64(double* y, int64_t ldy, const double* x, int64_t ldx, const double* W, int64_t ldw,
+                     int64_t M, int64_t N, int64_t K) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat64(x, M, K, ldx), a.mat64(W, N, K, ldw)};
+    const rlh_tensor o[] = {a.mat64(y, M, N, ldy)};
+    const auto at = rows_attrs();
+    lazy(rows64_, "gemm", "dd", "d", at).run(in, o, at);
+  }
+  void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
+                       const PagedCache& c, const int32_t* blocks, int64_t table_width, const int32_t* pos,
+                       float scale, int64_t window) override {
+    Args a;
+    const int64_t bs = c.block_size;
+    const rlh_tensor in[] = {a.heads(q, R, Hq, c.Dk, ldq),
+                             a.cache(c.k, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
+                             a.cache(c.v, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1}),
+                             a.imat(blocks, R, table_width), a.ints(pos, R)};
+    const rlh_tensor o[] = {a.heads(out, R, Hq, c.Dv, ldo)};
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
+    lazy(paged_, "paged_attention", "hccji", "h").run(in, o, at);
+  }
+  void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
+              const double* u, const SampleAttrs& s) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(logits, S, V, ld), a.vec64(u, S)};
+    const rlh_tensor o[] = {a.ints(tokens, S), a.vec(logprobs, S)};
+    const rlh_named_value at[] = {attr_double("temperature", s.temperature), attr_int("top_k", s.top_k),
+                                  attr_double("top_p", s.top_p), attr_double("min_p", s.min_p)};
+    lazy(sample_, "sample", "fw", "iv").run(in, o, at);
   }
   void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
     Args a;
@@ -433,16 +477,21 @@ class RegistryOps final : public Ops {
     op.run(call);
   }
 
-  sdk::Op resolve(const char* name, const char* in, const char* out) const {
-    std::vector<std::array<int64_t, 3>> dims;
+  sdk::Op resolve(const char* name, const char* in, const char* out,
+                  std::span<const rlh_named_value> attrs = {}) const {
+    std::vector<std::array<int64_t, 4>> dims;
     dims.reserve(32);  // the descriptors point into it
     const std::vector<rlh_tensor> i = placeholders(in, dims), o = placeholders(out, dims);
-    return reg_.resolve(name, sdk::kCPU, i, o, {}, false, only_);
+    return reg_.resolve(name, sdk::kCPU, i, o, attrs, false, only_);
   }
   const sdk::Op& lazy(std::optional<sdk::Op>& slot, const char* name, const char* in,
-                      const char* out) {
-    if (!slot) slot.emplace(resolve(name, in, out));
+                      const char* out, std::span<const rlh_named_value> attrs = {}) {
+    if (!slot) slot.emplace(resolve(name, in, out, attrs));
     return *slot;
+  }
+  // gemm asked for batch invariance at resolution (the registry checks the handle's op_info).
+  static std::array<rlh_named_value, 3> rows_attrs() {
+    return {attr_bool("batch_invariant", true), attr_bool("transpose_a", false), attr_bool("transpose_b", true)};
   }
   static std::array<rlh_named_value, 6> router_attrs(const RouterAttrs& r) {
     return {attr_int("scoring", r.scoring), attr_bool("norm_topk_prob", r.norm_topk_prob),
@@ -472,7 +521,7 @@ class RegistryOps final : public Ops {
   sdk::Op gemm_, emb_f_, emb_b_, rms_f_, rms_b_, rope_f_, rope_b_, att_f_, att_b_, swi_f_, swi_b_,
       bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
   std::optional<sdk::Op> router_f_, router_f64_, router_b_, router_b64_, gemm64_, perm_f_, perm_b_,
-      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_;
+      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_, rows_, rows64_, paged_, sample_;
   std::string provider_;
 };
 

@@ -26,10 +26,13 @@ KernelPins kernel_pins_from_json(const std::string& section_json);
 // (another device kind, no GPU here) is left out quietly; one that fails otherwise is left out
 // with a warning naming it, unless a pin names it, which is then an error. Pins naming a
 // provider the host does not have are errors naming the key. `who` prefixes log lines
-// ("megatron", "generator").
+// ("megatron", "generator"). `instance_config` (a JSON object) is every provider's create()
+// config: keys a provider does not know it ignores (kernels_cpu: {"num_threads": N}, the threads
+// of its decode-sized ops).
 std::unique_ptr<KernelRegistry> make_kernel_registry(const Host& host, rlh_device device,
                                                      const KernelPins& pins,
-                                                     const std::string& who);
+                                                     const std::string& who,
+                                                     const std::string& instance_config = "{}");
 
 // Facts a provider instance states about itself (provider_info; defaults when absent).
 struct ProviderFacts {

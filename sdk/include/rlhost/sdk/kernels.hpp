@@ -350,6 +350,8 @@ class KernelRegistry {
 
   // Resolves `name` on `device` for the given operand descriptors, trying providers in order
   // (only the pinned one when the op is pinned, only `only` when given: conformance checks).
+  // An attribute batch_invariant = 1 is a requirement: a provider's handle counts only when its
+  // op_info says batch_invariant (a provider that ignores the attribute falls through).
   // A provider that fails to resolve with anything but RLH_E_UNIMPLEMENTED is an error naming it
   // and the op; no provider answering is RLH_E_UNIMPLEMENTED listing each one's reason.
   Op resolve(const char* name, rlh_device device, std::span<const rlh_tensor> inputs,
@@ -368,6 +370,17 @@ class KernelRegistry {
       if (!pin.empty() && p.name != pin) continue;
       rlh_op* op = nullptr;
       rlh_status* s = p.api->get_op(p.instance, &d, &op);
+      if (s == nullptr && needs_batch_invariance(attrs)) {
+        rlh_op_info info{};
+        info.struct_size = sizeof(rlh_op_info);
+        rlh_status* is = p.api->op_info(op, &info);
+        if (is != nullptr || !info.batch_invariant) {
+          StatusPtr drop(is);  // (null when op_info answered)
+          p.api->release_op(op);
+          reasons += "; " + p.name + ": not batch-invariant";
+          continue;
+        }
+      }
       if (s == nullptr) {
         choices_.push_back(Choice{name, float_dtype(inputs, outputs), p.name});
         return Op(p.api, op, p.name, name);
@@ -384,6 +397,11 @@ class KernelRegistry {
                                            reasons);
     throw Error(RLH_E_UNIMPLEMENTED, "no kernel provider implements op '" + std::string(name) +
                                          "' for these operands" + reasons);
+  }
+
+  static bool needs_batch_invariance(std::span<const rlh_named_value> attrs) {
+    const rlh_named_value* a = find_attr(attrs.data(), attrs.size(), "batch_invariant");
+    return a != nullptr && (a->type == RLH_VALUE_DOUBLE ? a->double_value != 0 : a->int64_value != 0);
   }
 
   // Every resolution so far, in order (one entry per op and dtype).

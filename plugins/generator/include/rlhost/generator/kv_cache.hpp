@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 namespace rlh::gen {
@@ -89,5 +90,17 @@ class KvCache {
   std::vector<int32_t> refs_;  // references per block (0 = free)
   int64_t peak_used_ = 0;
 };
+
+// A row of a step: one token of one sequence at position `pos`.
+struct CacheRow {
+  const int32_t* blocks = nullptr;  // the sequence's block table
+  int32_t pos = 0;                  // the row's position in its sequence
+};
+
+// Stores the keys k [R, Hkv*Dk] (rows ldk apart) and values v [R, Hkv*Dv] (ldv) of `rows` in
+// layer `layer` (Dk, Dv: the layout's head_dim and value_dim of the layer): copies into the
+// blocks, keys transposed. A step writes all its rows before its attention reads them.
+void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const float* k, int64_t ldk,
+              const float* v, int64_t ldv);
 
 }  // namespace rlh::gen

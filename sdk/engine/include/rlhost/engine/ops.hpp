@@ -141,6 +141,35 @@ class Ops {
   virtual void moe_unpermute_bwd(float* dyp, float* dweights, const float* dy, int64_t lddy,
                                  const float* yp, const int32_t* row, const float* weights,
                                  int64_t N, int64_t K, int64_t C) = 0;
+  // Decoding (the generator). gemm_rows: y[M,N] = x[M,K] W[N,K]^T with every row of y a function
+  // of its own row of x alone, bitwise, whatever M (gemm with batch_invariant = 1; docs/ops.md),
+  // in float32 and float64.
+  virtual void gemm_rows(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
+                         int64_t M, int64_t N, int64_t K) = 0;
+  virtual void gemm_rows_f64(double* y, int64_t ldy, const double* x, int64_t ldx, const double* W,
+                             int64_t ldw, int64_t M, int64_t N, int64_t K) = 0;
+  // paged_attention: o [R, Hq Dv] (ldo) of q [R, Hq Dk] (ldq) over the paged KV cache of one
+  // layer: keys of block b at k_cache + b block_stride, [Hkv][Dk][bs] (transposed), values at
+  // v_cache + b block_stride, [Hkv][bs][Dv]; B blocks; row r's block table at
+  // blocks + r table_width, its position pos[r].
+  struct PagedCache {
+    const float* k = nullptr;
+    const float* v = nullptr;
+    int64_t num_blocks = 0, block_stride = 0, block_size = 0, Hkv = 0, Dk = 0, Dv = 0;
+  };
+  virtual void paged_attention(float* o, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
+                               const PagedCache& cache, const int32_t* blocks, int64_t table_width,
+                               const int32_t* pos, float scale, int64_t window) = 0;
+  // sample: one token per row of logits [S, V] (ld) with the row's uniform u[s] (docs/ops.md).
+  struct SampleAttrs {
+    double temperature = 1.0;  // 0 = greedy
+    int64_t top_k = 0;
+    double top_p = 1.0;
+    double min_p = 0.0;
+  };
+  virtual void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
+                      const double* u, const SampleAttrs& a) = 0;
+
   // kernels.hpp grouped_gemm: row groups (ta = false, B + g stride_b per group) or the weight
   // gradient form (ta = true, C + g stride_c per group)
   virtual void grouped_gemm(bool ta, bool tb, int64_t G, const int32_t* offsets, int64_t M,

@@ -1,31 +1,46 @@
-// Row-invariant y = x W^T (why and how in linear.hpp).
+// The batch-invariant gemm: y = x W^T for the few-row products of decoding (and the prefill
+// chunks between them), written so that every output row depends only on its own input row —
+// bitwise, for any number of rows, any row grouping and any thread count. kernels_cpu's gemm
+// runs it when asked for batch invariance (docs/ops.md, `gemm` with batch_invariant = 1).
+//
+// Why not the OpenBLAS path: its result for one row changes with the number of rows M (gemv for
+// M = 1, small-matrix kernels, different edge tiles): row 0 of an [M, 768] x [768, 1280] product
+// differs between M = 1 and M = 2 on this machine. A generator on top of it would sample a
+// different token when another prompt joins the batch. Here each output element y[m, n] has its
+// own 16-lane accumulator fed k = 0, 16, 32, ... in order and reduced by a fixed tree, whatever
+// tile, chunk or thread computes it, so decoding is batch-invariant and a preempted sequence
+// recomputes exactly the cache it lost.
+//
+// Speed: register tiles of 4 rows x 4 weight rows (16 accumulators, 8 loads per 16 FMAs: FMA
+// bound, not load bound) with the weight rows of a tile reused across all input rows while in
+// L1; one row (decoding at batch 1) uses 1 x 8 tiles and is bound by reading W. Work is split
+// over the instance's threads (worker_pool.hpp) by blocks of weight rows.
 //
 // Written with GCC vector types of 16 floats: one zmm register under AVX-512, a pair of ymm under
 // AVX2, four xmm otherwise. The arithmetic order of an element is the same in every tile shape:
 // lanes accumulate k = l, l+16, l+32, ... (a zero-padded tail last), then the fixed tree of hsum16.
-#include "rlhost/generator/linear.hpp"
-
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
-#include "rlhost/generator/worker_pool.hpp"
+#include "rlhost/kernels_cpu/kernels.hpp"
 #include "simd.hpp"
+#include "worker_pool.hpp"
 
-namespace rlh::gen {
+namespace rlh::kcpu {
 
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
 
-RLH_GEN_INLINE v16 load16(const float* p) {
+RLH_KCPU_INLINE v16 load16(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-RLH_GEN_INLINE v16 load_tail(const float* p, int64_t n) {
+RLH_KCPU_INLINE v16 load_tail(const float* p, int64_t n) {
   v16 v = {};
   std::memcpy(&v, p, size_t(n) * sizeof(float));
   return v;
@@ -36,7 +51,7 @@ RLH_GEN_INLINE v16 load_tail(const float* p, int64_t n) {
 // three shuffles and adds instead of fifteen scalar additions.
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
-RLH_GEN_INLINE float hsum16(v16 v) {
+RLH_KCPU_INLINE float hsum16(v16 v) {
   const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
@@ -50,7 +65,7 @@ RLH_GEN_INLINE float hsum16(v16 v) {
 // caller spreads a tile's rows over the row tiles that reuse the current weights, so requests
 // go out at an even pace instead of overflowing the miss queues in one burst.
 template <int RM, int RN>
-RLH_GEN_INLINE void tile(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
+RLH_KCPU_INLINE void tile(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
                          int64_t ldw, int64_t K, const float* pf = nullptr, int npf = RN) {
   v16 acc[RM][RN];
   for (int m = 0; m < RM; ++m)
@@ -80,7 +95,7 @@ RLH_GEN_INLINE void tile(float* y, int64_t ldy, const float* x, int64_t ldx, con
 
 // Edge tiles by run-time shape (rm, rn <= 4).
 template <int RM>
-RLH_GEN_INLINE void tile_rn(int rn, float* y, int64_t ldy, const float* x, int64_t ldx,
+RLH_KCPU_INLINE void tile_rn(int rn, float* y, int64_t ldy, const float* x, int64_t ldx,
                             const float* W, int64_t ldw, int64_t K, const float* pf, int npf) {
   switch (rn) {
     case 1: tile<RM, 1>(y, ldy, x, ldx, W, ldw, K, pf, npf); break;
@@ -92,7 +107,7 @@ RLH_GEN_INLINE void tile_rn(int rn, float* y, int64_t ldy, const float* x, int64
 
 // All of y[:, 0:N] on the calling thread.
 template <class T>
-RLH_GEN_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
+RLH_KCPU_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
                                 int64_t ldw, int64_t M, int64_t N, int64_t K) {
   if (M == 1) {  // decoding one sequence: a matrix-vector product, bound by reading W
     int64_t n = 0;
@@ -132,11 +147,11 @@ RLH_GEN_INLINE void linear_body(float* y, int64_t ldy, const float* x, int64_t l
 
 using LinearFn = void (*)(float*, int64_t, const float*, int64_t, const float*, int64_t, int64_t,
                           int64_t, int64_t);
-RLH_GEN_TARGET_AVX512 void linear_avx512(float* y, int64_t ldy, const float* x, int64_t ldx,
+RLH_KCPU_TARGET_AVX512 void linear_avx512(float* y, int64_t ldy, const float* x, int64_t ldx,
                                          const float* W, int64_t ldw, int64_t M, int64_t N, int64_t K) {
   linear_body<float>(y, ldy, x, ldx, W, ldw, M, N, K);
 }
-RLH_GEN_TARGET_AVX2 void linear_avx2(float* y, int64_t ldy, const float* x, int64_t ldx,
+RLH_KCPU_TARGET_AVX2 void linear_avx2(float* y, int64_t ldy, const float* x, int64_t ldx,
                                      const float* W, int64_t ldw, int64_t M, int64_t N, int64_t K) {
   linear_body<float>(y, ldy, x, ldx, W, ldw, M, N, K);
 }
@@ -147,13 +162,13 @@ void linear_generic(float* y, int64_t ldy, const float* x, int64_t ldx, const fl
 
 }  // namespace
 
-void linear(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
-            int64_t M, int64_t N, int64_t K) {
-  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("linear: negative dimension");
-  if (ldx < K || ldw < K || ldy < N) throw std::invalid_argument("linear: leading dimension smaller than a row");
+void gemm_rows(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw, int64_t M,
+               int64_t N, int64_t K, WorkerPool& pool) {
+  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm (batch-invariant): negative dimension");
+  if (ldx < K || ldw < K || ldy < N)
+    throw std::invalid_argument("gemm (batch-invariant): leading dimension smaller than a row");
   if (M == 0 || N == 0) return;
-  static const LinearFn fn = simd::dispatch(&linear_avx512, &linear_avx2, &linear_generic);
-  WorkerPool& pool = WorkerPool::current();
+  static const LinearFn fn = dispatch(&linear_avx512, &linear_avx2, &linear_generic);
   const int nt = omp_in_parallel() ? 1 : pool.threads();
   const double work = double(M) * double(N) * double(K);
   // Column blocks (multiples of 8 weight rows) taken dynamically from the pool, several per
@@ -171,4 +186,31 @@ void linear(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, 
   });
 }
 
-}  // namespace rlh::gen
+// float64: each y[m, n] is a sum over k in a fixed order (8 lanes by k mod 8, then a fixed tree)
+// of exact products: a function of row m alone, whatever M or the thread count. (Decoding's
+// float64 MoE router: widened float inputs and weights, so the products are exact.)
+void gemm_rows(double* y, int64_t ldy, const double* x, int64_t ldx, const double* W, int64_t ldw, int64_t M,
+               int64_t N, int64_t K, WorkerPool& pool) {
+  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm (batch-invariant): negative dimension");
+  if (ldx < K || ldw < K || ldy < N)
+    throw std::invalid_argument("gemm (batch-invariant): leading dimension smaller than a row");
+  auto row = [&](int64_t m, int) {
+    const double* xm = x + m * ldx;
+    for (int64_t n = 0; n < N; ++n) {
+      const double* wn = W + n * ldw;
+      double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += xm[k + j] * wn[k + j];
+      for (int j = 0; k < K; ++k, ++j) acc[j] += xm[k] * wn[k];
+      y[m * ldy + n] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    }
+  };
+  if (!omp_in_parallel() && M > 1 && M * N * K > (int64_t(1) << 20)) {
+    pool.parallel_for(M, row);
+  } else {
+    for (int64_t m = 0; m < M; ++m) row(m, 0);
+  }
+}
+
+}  // namespace rlh::kcpu

@@ -1,12 +1,12 @@
 // WorkerPool (why a pool of our own: worker_pool.hpp).
-#include "rlhost/generator/worker_pool.hpp"
+#include "worker_pool.hpp"
 
 #include <omp.h>
 #include <sched.h>
 
 #include <chrono>
 
-namespace rlh::gen {
+namespace rlh::kcpu {
 
 namespace {
 
@@ -152,4 +152,4 @@ void WorkerPool::run(int64_t n, TaskFn fn, void* ctx) {
   }
 }
 
-}  // namespace rlh::gen
+}  // namespace rlh::kcpu

@@ -1,6 +1,7 @@
-// The generator's threads: a pool that runs parallel loops with a short spin before sleeping.
+// kernels_cpu's threads for the decode-sized ops (the batch-invariant gemm, paged attention,
+// sampling): a pool that runs parallel loops with a short spin before sleeping.
 //
-// Why not OpenMP, as kernels_cpu does: a decoding step is ~20 parallel products a few tens of
+// Why not OpenMP, as the other ops: a decoding step is ~20 parallel products a few tens of
 // microseconds each (tiny model, batch 1: ~0.5 ms per token for 17 of them), so the cost of
 // waking the team decides the speed. libgomp offers two policies, read once from the
 // environment when it loads: OMP_WAIT_POLICY=passive sleeps at once (a futex wake per region:
@@ -13,11 +14,12 @@
 // Tasks are claimed one at a time from a shared counter, and the calling thread works too, so a
 // worker that has not woken yet (or lost its core) holds nothing back: the others take its share.
 // Results may depend on which worker runs a task only through the worker index handed to it
-// (scratch buffers); every parallel loop of the generator writes disjoint outputs, so its results
-// are the same bits for any thread count.
+// (scratch buffers); every parallel loop here writes disjoint outputs, so results are the same
+// bits for any thread count.
 //
 // One loop at a time per pool: a call made while the pool is busy on another thread, or from
-// inside a task, runs serially on the calling thread.
+// inside a task, runs serially on the calling thread. An instance created with
+// {"num_threads": N} owns a pool of N; otherwise the process-wide one (current()) serves it.
 #pragma once
 
 #include <atomic>
@@ -28,7 +30,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace rlh::gen {
+namespace rlh::kcpu {
 
 class WorkerPool {
  public:
@@ -49,14 +51,14 @@ class WorkerPool {
     run(n, [](void* ctx, int64_t i, int w) { (*static_cast<Fn*>(ctx))(i, w); }, &fn);
   }
 
-  // The pool the generator's loops use on this thread: the one bound by a Scope, else a
-  // process-wide pool of omp_get_max_threads() threads made on first use.
+  // The pool bound to this thread by a Scope, else a process-wide pool of
+  // omp_get_max_threads() threads made on first use.
   static WorkerPool& current();
 
   // Makes OpenMP regions opened on the calling thread (kernels_cpu's ops) run on that thread
   // alone for the guard's life: an OpenMP team next to the pool would spin against its workers
-  // (libgomp's default wait policy) or pay a futex wake per region (passive). The generator's
-  // forward holds one; pool workers are serial for OpenMP from their start.
+  // (libgomp's default wait policy) or pay a futex wake per region (passive). A decoding
+  // caller holds one; pool workers are serial for OpenMP from their start.
   class SerialOpenMp {
    public:
     SerialOpenMp();
@@ -68,7 +70,7 @@ class WorkerPool {
     int prev_;
   };
 
-  // Binds a pool to the calling thread for the scope's life (Generator::generate binds its own).
+  // Binds a pool to the calling thread for the scope's life (an instance's own pool, per call).
   class Scope {
    public:
     explicit Scope(WorkerPool& p);
@@ -108,4 +110,4 @@ class WorkerPool {
   std::exception_ptr error_;
 };
 
-}  // namespace rlh::gen
+}  // namespace rlh::kcpu
