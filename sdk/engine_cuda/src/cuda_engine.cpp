@@ -453,6 +453,34 @@ double bf16_rounded(double x) {
   return double(r);
 }
 
+// An attention step's operands: q, k, v, o in their values (rows of the value's width apart),
+// lse its statistic.
+cuda::DeviceOps::Attention attention_of(const sdk::LayerStep& st, const cuda::LayerActs& a,
+                                        const sdk::LayerProgram& lp, int64_t N, int64_t S, const int32_t* cu) {
+  const ColsPtr q = cols_of(a, lp, st.in), k = cols_of(a, lp, st.in2), v = cols_of(a, lp, st.in3),
+                o = cols_of(a, lp, st.out);
+  cuda::DeviceOps::Attention at;
+  at.N = N;
+  at.S = S;
+  at.Hq = st.hq;
+  at.Hkv = st.hkv;
+  at.Dk = st.dk;
+  at.Dv = st.dv;
+  at.window = st.window;
+  at.scale = st.scale;
+  at.cu = cu;
+  at.q = q.p;
+  at.ldq = q.ld;
+  at.k = k.p;
+  at.ldk = k.ld;
+  at.v = v.p;
+  at.ldv = v.ld;
+  at.o = o.p;
+  at.ldo = o.ld;
+  at.lse = a.stat[size_t(st.stat)];
+  return at;
+}
+
 }  // namespace
 
 void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const MicroBatch& mb, LayerActs& a,
@@ -505,30 +533,9 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
     case StepOp::rope:
       rope(st.table, in.p, in.ld, in.p, in.ld, st.heads, st.head_dim, N, false);
       break;
-    case StepOp::attention: {
-      const ColsPtr k = cols_of(a, lp, st.in2), v = cols_of(a, lp, st.in3);
-      cuda::DeviceOps::Attention at;
-      at.N = N;
-      at.S = S;
-      at.Hq = st.hq;
-      at.Hkv = st.hkv;
-      at.Dk = st.dk;
-      at.Dv = st.dv;
-      at.window = st.window;
-      at.scale = st.scale;
-      at.cu = cu;
-      at.q = in.p;
-      at.ldq = in.ld;
-      at.k = k.p;
-      at.ldk = k.ld;
-      at.v = v.p;
-      at.ldv = v.ld;
-      at.o = out.p;
-      at.ldo = out.ld;
-      at.lse = a.stat[size_t(st.stat)];
-      ops->attention_fwd(at);
+    case StepOp::attention:
+      ops->attention_fwd(attention_of(st, a, lp, N, S, cu));
       break;
-    }
     case StepOp::glu:
       ops->glu_fwd(st.act, out.p, out.ld, in.p, in.ld, N, st.out.width);
       break;
@@ -682,28 +689,8 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
         break;
       }
       case StepOp::attention: {
-        const ColsPtr q = val(st.in), k = val(st.in2), v = val(st.in3), o = val(st.out);
         const ColsPtr dq = grad(st.in), dk = grad(st.in2), dv = grad(st.in3), dout = grad(st.out);
-        cuda::DeviceOps::Attention at;
-        at.N = N;
-        at.S = S;
-        at.Hq = st.hq;
-        at.Hkv = st.hkv;
-        at.Dk = st.dk;
-        at.Dv = st.dv;
-        at.window = st.window;
-        at.scale = st.scale;
-        at.cu = cu;
-        at.q = q.p;
-        at.ldq = q.ld;
-        at.k = k.p;
-        at.ldk = k.ld;
-        at.v = v.p;
-        at.ldv = v.ld;
-        at.o = o.p;
-        at.ldo = o.ld;
-        at.lse = a.stat[size_t(st.stat)];
-        ops->attention_bwd(at, dout.p, dout.ld, dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld);
+        ops->attention_bwd(attention_of(st, a, lp, N, S, cu), dout.p, dout.ld, dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld);
         break;
       }
       case StepOp::glu: {
