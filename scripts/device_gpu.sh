@@ -18,7 +18,7 @@ export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export RLH_TEST_PLUGIN_DIR=$bin/plugins RLHOST_PLUGIN_PATH=$bin/plugins
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_engine test_backend_cuda; do
+  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda; do
     [ -x "$bin/$t" ] || continue
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |

@@ -191,32 +191,38 @@ TEST_P(PagedAttention, MatchesKernelsCpuAttentionThroughScatteredBlocks) {
   std::vector<int32_t> all;
   for (int i = 0; i < 12; ++i) all.push_back(kv.allocate());
   std::vector<int32_t> table = {all[7], all[2], all[11], all[0], all[5], all[9]};
-  std::vector<CacheRow> rows;
-  for (int64_t t = 0; t < T; ++t) rows.push_back(CacheRow{table.data(), int32_t(t)});
-  // Keys written in two uneven steps, like a chunked prefill.
-  kv_write(kv, 0, {rows.data(), 20}, k.data(), Hkv * D, v.data(), Hkv * Dv);
-  kv_write(kv, 0, {rows.data() + 20, size_t(T - 20)}, k.data() + 20 * Hkv * D, Hkv * D, v.data() + 20 * Hkv * Dv,
-           Hkv * Dv);
+  // The ops read and write the cache as the generator lays it out: block b of layer 0 at
+  // keys(0, 0) + b block_floats; each row's block table [R, T] (here one sequence).
+  rlh::engine::Ops& ops = rlh::test::cpu_ops();
+  rlh::engine::Ops::PagedCache c;
+  c.k = kv.keys(0, 0);
+  c.v = kv.values(0, 0);
+  c.num_blocks = kv.num_blocks();
+  c.block_stride = l.block_floats;
+  c.block_size = bs;
+  c.Hkv = Hkv;
+  c.Dk = D;
+  c.Dv = Dv;
+  std::vector<int32_t> slots;
+  for (int64_t t = 0; t < T; ++t) slots.push_back(int32_t(table[size_t(t / bs)] * bs + t % bs));
+  // Keys written in two uneven steps, like a chunked prefill (kv_cache_write).
+  ops.kv_cache_write(k.data(), Hkv * D, v.data(), Hkv * Dv, 20, slots.data(), c);
+  ops.kv_cache_write(k.data() + 20 * Hkv * D, Hkv * D, v.data() + 20 * Hkv * Dv, Hkv * Dv, T - 20, slots.data() + 20, c);
+  // Transposed keys, row-major values: what the layout promises.
+  for (int64_t t = 0; t < T; t += 7)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int32_t b = table[size_t(t / bs)];
+      ASSERT_EQ(kv.keys(b, 0)[h * D * bs + 3 % D * bs + t % bs], k[size_t(t * Hkv * D + h * D + 3 % D)]);
+      ASSERT_EQ(kv.values(b, 0)[(h * bs + t % bs) * Dv + 1], v[size_t(t * Hkv * Dv + h * Dv + 1)]);
+    }
   for (int64_t window : {int64_t(0), int64_t(10)}) {
     const float scale = 0.25f;
     // Output rows padded past Hq*Dv: nothing may be written there.
     const int64_t ldo = Hq * Dv + 3;
     std::vector<float> want(static_cast<size_t>(T * Hq * Dv)), lse(static_cast<size_t>(Hq * T)), got(static_cast<size_t>(T * ldo), NAN);
     const int32_t cu[2] = {0, int32_t(T)};
-    rlh::engine::Ops& ops = rlh::test::cpu_ops();
     ops.attention_fwd(want.data(), Hq * Dv, lse.data(), q.data(), Hq * D, k.data(), Hkv * D, v.data(), Hkv * Dv,
                       cu, 1, T, Hq, Hkv, D, Dv, scale, window);
-    // The op reads the cache as the generator lays it out: block b of layer 0 at
-    // keys(0, 0) + b block_floats; each row's block table [R, T] (here one sequence).
-    rlh::engine::Ops::PagedCache c;
-    c.k = kv.keys(0, 0);
-    c.v = kv.values(0, 0);
-    c.num_blocks = kv.num_blocks();
-    c.block_stride = l.block_floats;
-    c.block_size = bs;
-    c.Hkv = Hkv;
-    c.Dk = D;
-    c.Dv = Dv;
     const int64_t width = int64_t(table.size());
     std::vector<int32_t> tables, pos;
     for (int64_t t = 0; t < T; ++t) {
