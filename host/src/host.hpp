@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "config_keys.hpp"
 #include "plugins.hpp"
 #include "rlhost/sdk/metrics.hpp"
 #include "rlhost/comm.h"
@@ -44,8 +45,13 @@ class Host {
   nlohmann::ordered_json list_plugins();
 
   Config& config() { return config_; }
-  // Resolves interpolations and checks keys; throws on unknown keys; logs warnings.
+  // Resolves interpolations and checks keys; throws on unknown keys; logs warnings (settings a
+  // run would refuse too).
   Json resolve_config();
+  // resolve_config(), then throws UNIMPLEMENTED naming the first setting that asks for what
+  // rlhost lacks (the check run() makes at start). Returns what was accepted and unused.
+  KeyCheck check_config();
+  const KeyCheck& last_check() const { return last_check_; }
 
   // Runs the algorithm named by rlhost.algorithm (or the only loaded one).
   void run();
@@ -81,6 +87,7 @@ class Host {
   std::map<std::string, std::string> failed_;     // path -> error, from load attempts
   Config config_;
   Json resolved_;
+  KeyCheck last_check_;
   bool resolved_valid_ = false;
   std::atomic<bool> cancelled_{false};
   int32_t log_level_ = RLH_LOG_INFO;

@@ -69,8 +69,17 @@ RLHOST_API rlh_status* rlhost_apply_override(rlhost_t* host, const char* overrid
  * the log. */
 RLHOST_API rlh_status* rlhost_resolve_config(rlhost_t* host, rlh_write_fn write, void* user);
 
-/* Runs the job: resolves the configuration, creates the algorithm component (config key
- * `rlhost.algorithm`, else the only loaded algorithm) and runs it to completion. */
+/* Resolves and checks the configuration as rlhost_run does before it starts. Writes a JSON object
+ * through `write` (when not NULL): {"accepted": ["key=value", ...] (NeMo-RL settings rlhost does
+ * not implement, with values that leave its behaviour unchanged), "unused": [...] (NeMo-RL
+ * sections only plugins that are not loaded read), "refused": [...] (one message per setting that
+ * asks for what rlhost lacks)}. Returns RLH_E_UNIMPLEMENTED naming the first refused setting (the
+ * JSON is written first), RLH_E_INVALID_ARGUMENT for an unknown key. (ABI 0.2) */
+RLHOST_API rlh_status* rlhost_check_config(rlhost_t* host, rlh_write_fn write, void* user);
+
+/* Runs the job: resolves and checks the configuration (rlhost_check_config), creates the
+ * algorithm component (config key `rlhost.algorithm`, else the only loaded algorithm) and runs it
+ * to completion. */
 RLHOST_API rlh_status* rlhost_run(rlhost_t* host);
 /* Asks a running job to stop; thread- and signal-safe. */
 RLHOST_API void rlhost_cancel(rlhost_t* host);
