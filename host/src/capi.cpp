@@ -144,6 +144,11 @@ rlh_status* rlhost_read_metrics(rlhost_t* host, rlh_write_fn write, void* user) 
   });
 }
 
+rlh_status* rlhost_set_metric_callback(rlhost_t* host, rlhost_metric_fn fn, void* user) {
+  if (host == nullptr) return null_host();
+  return call([&] { host->host.set_metric_callback(fn, user); });
+}
+
 const rlh_host_api* rlhost_services(rlhost_t* host) { return host != nullptr ? host->host.services() : nullptr; }
 
 void rlhost_set_log_level(rlhost_t* host, int32_t level) {

@@ -244,6 +244,8 @@ void Host::record_metric(const std::string& name, double value, int64_t step) {
     logger_ = std::make_unique<sdk::MetricsLogger>(*logger_cfg_);
   }
   if (logger_) logger_->log(name, value, step);
+  // The embedder's callback, under the lock (documented: it may only call rlhost_cancel).
+  if (metric_fn_ != nullptr) metric_fn_(metric_user_, name.c_str(), value, step);
 }
 
 std::vector<Metric> Host::metrics() const {

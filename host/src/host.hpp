@@ -68,6 +68,11 @@ class Host {
   void log(int32_t level, const std::string& who, const std::string& msg) const;
   void set_log_level(int32_t level) { log_level_ = level; }
   void record_metric(const std::string& name, double value, int64_t step);
+  void set_metric_callback(rlhost_metric_fn fn, void* user) {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    metric_fn_ = fn;
+    metric_user_ = user;
+  }
   std::vector<Metric> metrics() const;
   const Json& resolved_config() const { return resolved_; }
   bool config_resolved() const { return resolved_valid_; }
@@ -94,6 +99,8 @@ class Host {
   int rank_ = 0;
   mutable std::mutex metrics_mu_;
   std::vector<Metric> metrics_;
+  rlhost_metric_fn metric_fn_ = nullptr;
+  void* metric_user_ = nullptr;
   // Console/JSONL/TensorBoard loggers during run(): configured when the run starts, built at the
   // first metric, so an algorithm's "rlhost/total_steps" (sent first) reaches the progress line.
   std::optional<sdk::MetricsConfig> logger_cfg_;

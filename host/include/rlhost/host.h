@@ -84,6 +84,13 @@ RLHOST_API rlh_status* rlhost_run(rlhost_t* host);
 /* Asks a running job to stop; thread- and signal-safe. */
 RLHOST_API void rlhost_cancel(rlhost_t* host);
 
+/* Called for each metric a running job records (name, value, step), on the thread that records
+ * it, after it is stored. It must not call into the host except rlhost_cancel (which stops the
+ * job). (ABI 0.2) */
+typedef void (*rlhost_metric_fn)(void* user, const char* name, double value, int64_t step);
+/* Sets (or, with fn NULL, clears) the metrics callback. Not while a job runs. (ABI 0.2) */
+RLHOST_API rlh_status* rlhost_set_metric_callback(rlhost_t* host, rlhost_metric_fn fn, void* user);
+
 /* Writes all metrics recorded so far as JSON lines {"name": ..., "value": ..., "step": ...}. */
 RLHOST_API rlh_status* rlhost_read_metrics(rlhost_t* host, rlh_write_fn write, void* user);
 
