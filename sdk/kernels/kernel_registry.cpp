@@ -24,18 +24,6 @@ KernelPins kernel_pins_from_json(const std::string& section_json) {
   return pins;
 }
 
-ProviderFacts provider_facts(const rlh_kernels_api* api, rlh_kernels* instance) {
-  ProviderFacts f;
-  if (!RLH_HAS_FIELD(api, rlh_kernels_api, provider_info) || api->provider_info == nullptr) return f;
-  std::string text;
-  check(api->provider_info(instance, write_to_string, &text), "provider_info");
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "provider_info did not write a JSON object");
-  f.reference = j.value("reference", false);
-  f.device_memory = j.value("memory", std::string("host")) == "device";
-  return f;
-}
-
 std::unique_ptr<KernelRegistry> make_kernel_registry(const Host& host, rlh_device device,
                                                      const KernelPins& pins,
                                                      const std::string& who,

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlhost/sdk/kernel_check.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/plugin.hpp"
 
@@ -33,12 +34,5 @@ std::unique_ptr<KernelRegistry> make_kernel_registry(const Host& host, rlh_devic
                                                      const KernelPins& pins,
                                                      const std::string& who,
                                                      const std::string& instance_config = "{}");
-
-// Facts a provider instance states about itself (provider_info; defaults when absent).
-struct ProviderFacts {
-  bool reference = false;
-  bool device_memory = false;
-};
-ProviderFacts provider_facts(const rlh_kernels_api* api, rlh_kernels* instance);
 
 }  // namespace rlh::sdk
