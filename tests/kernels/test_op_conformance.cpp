@@ -91,4 +91,38 @@ TEST(OpConformance, EveryCpuProviderEveryOpEveryDtype) {
   EXPECT_GT(checked, 0);
 }
 
+// The reference's adamw_bf16 (the runner compares other providers' with it, so it is checked
+// here on its own): p, g, m, v as adamw leaves them, p16 the bf16 of p rounded to nearest even.
+// lr = 0 keeps p, so p can sit exactly on bf16 ties.
+TEST(OpConformance, ReferenceAdamwBf16RoundsTheWorkingCopyToNearestEven) {
+  PluginPathHost h;
+  const sdk::Host host = h.host();
+  auto ref = sdk::ReferenceKernels::find(host);
+  ASSERT_TRUE(ref);
+  const float tie_down = 1.0f + 0x1p-8f;      // halfway between 1 and 1 + 2^-7: to 1 (even)
+  const float tie_up = 1.0f + 3 * 0x1p-8f;    // halfway between 1 + 2^-7 and 1 + 2^-6: up (even)
+  const float above = 1.0f + 0x1p-8f + 0x1p-20f;  // past the tie: up
+  std::vector<float> p = {tie_down, tie_up, above, -tie_up, 3.0e38f, NAN}, g(6, 0.5f), m(6, 0.1f), v(6, 0.2f);
+  std::vector<uint16_t> p16(6, 0);
+  const int64_t n = 6;
+  std::vector<rlh_tensor> outs;
+  std::vector<sdk::Tensor> keep = {sdk::Tensor(p.data(), {n}), sdk::Tensor(g.data(), {n}), sdk::Tensor(m.data(), {n}),
+                                   sdk::Tensor(v.data(), {n}), sdk::Tensor(p16.data(), {n}, sdk::kBF16)};
+  for (const auto& t : keep) outs.push_back(t.raw());
+  const std::vector<rlh_named_value> attrs = {sdk::attr_double("lr", 0.0), sdk::attr_int("step", 1)};
+  sdk::KernelRegistry reg;
+  reg.add_instance(ref->name(), ref->api(), ref->instance());
+  sdk::Op op = reg.resolve("adamw_bf16", sdk::kCPU, {}, outs, attrs, true);
+  op.run({}, outs, {});
+  EXPECT_EQ(p[0], tie_down);  // lr = 0: p is kept
+  EXPECT_EQ(p16[0], 0x3F80);  // 1.0
+  EXPECT_EQ(p16[1], 0x3F82);  // 1 + 2^-6
+  EXPECT_EQ(p16[2], 0x3F81);  // 1 + 2^-7
+  EXPECT_EQ(p16[3], 0xBF82);
+  EXPECT_EQ(p16[4], 0x7F62);  // 3.0e38 = 0x7F61B1E6 -> 0x7F62
+  EXPECT_EQ(p16[5] & 0x7F80, 0x7F80);  // NaN stays NaN
+  EXPECT_NE(p16[5] & 0x7F, 0);
+  EXPECT_NE(m[0], 0.1f);  // the moments moved as adamw moves them
+}
+
 }  // namespace
