@@ -154,7 +154,7 @@ struct Values {
   std::vector<std::vector<int32_t>> ints;
   std::map<Key, double> scales;  // fp8 buffers: the scale their values were rounded with
 
-  std::vector<double>& floats(Src s, int i) {
+  const std::vector<double>& floats(Src s, int i) const {
     switch (s) {
       case Src::input: return in.at(size_t(i));
       case Src::output: return out.at(size_t(i));
@@ -165,6 +165,9 @@ struct Values {
       case Src::ints: break;
     }
     throw std::logic_error("integer buffer read as float");
+  }
+  std::vector<double>& floats(Src s, int i) {
+    return const_cast<std::vector<double>&>(static_cast<const Values*>(this)->floats(s, i));
   }
 };
 
@@ -276,7 +279,9 @@ std::string status_text(rlh_status* s) { return s ? status_message(s) : std::str
 
 Outcome run_call(const Side& side, const Call& call, const Dtypes& dt, const Values& v) {
   Outcome r;
-  r.got = v;
+  r.got.out = v.out;  // where outputs can be: forward outputs, input gradients, integer buffers
+  r.got.din = v.din;
+  r.got.ints = v.ints;
   struct Staged {
     rlh_dtype dtype{};
     std::vector<unsigned char> bytes;  // as uploaded
@@ -296,7 +301,7 @@ Outcome run_call(const Side& side, const Call& call, const Dtypes& dt, const Val
   };
   for (const Operand& o : call.inputs) stage(o, true);
   for (const Operand& o : call.outputs) stage(o, false);
-  Values& m = r.got;
+  const Values& m = v;
   for (auto& [k, s] : bufs) {
     const Src src = Src(k.first);
     if (src == Src::ints) {
@@ -409,9 +414,9 @@ Outcome run_call(const Side& side, const Call& call, const Dtypes& dt, const Val
       }
     const Src src = Src(k.first);
     if (src == Src::ints) {
-      std::memcpy(m.ints.at(size_t(k.second)).data(), back.data(), back.size());
+      std::memcpy(r.got.ints.at(size_t(k.second)).data(), back.data(), back.size());
     } else {
-      std::vector<double>& fv = m.floats(src, k.second);
+      std::vector<double>& fv = r.got.floats(src, k.second);
       decode_values(s.dtype, back.data(), fv.size(), fv.data(), s.scale);
     }
   }
