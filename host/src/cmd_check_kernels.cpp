@@ -145,7 +145,7 @@ int cmd_check_kernels(int argc, char** argv) {
       const std::string n = c.value("name", std::string());
       if (n != ref->name()) names.push_back(n);
     }
-    if (names.empty()) throw Error(RLH_E_NOT_FOUND, "no kernel provider besides the reference on the plugin path");
+    if (names.empty()) throw Error(RLH_E_NOT_FOUND, "no usable kernel provider besides the reference on the plugin path (rlhost --list-plugins says why a plugin cannot run here)");
   }
 
   int checked = 0;
