@@ -106,8 +106,8 @@ class Mem {
   Mem(const Side& s, size_t bytes) : s_(&s) {
     bytes = std::max<size_t>(bytes, 1);
     if (s.device_memory) {
-      if (!RLH_HAS_FIELD(s.api, rlh_kernels_api, memory_copy) || !s.api->memory_alloc || !s.api->memory_copy ||
-          !s.api->memory_free)
+      if (!RLH_HAS_FIELD(s.api, rlh_kernels_api, synchronize) || !s.api->memory_alloc || !s.api->memory_copy ||
+          !s.api->memory_free || !s.api->synchronize)
         throw Error(RLH_E_UNIMPLEMENTED, "provider '" + s.name + "' says its memory is \"device\" but has no memory services");
       check(s.api->memory_alloc(s.inst, bytes, &p_), "memory_alloc of " + s.name);
     } else {
@@ -336,13 +336,15 @@ Outcome run_call(const Side& side, const Call& call, const Dtypes& dt, const Val
     return t;
   };
   std::vector<rlh_tensor> ins, outs, scale_ts;
+  std::vector<float> scale_vals;  // host sources of the scale uploads: alive until the copies end
+  scale_vals.reserve(call.inputs.size());
   for (const Operand& o : call.inputs) {
     const Staged& s = bufs.at(key_of(o));
     ins.push_back(tensor(o, s.dtype, s.mem->get()));
     if (is_fp8(s.dtype)) {  // its dequantisation scale, appended after the inputs
-      const float f = float(s.scale);
+      scale_vals.push_back(float(s.scale));
       scale_mems.push_back(std::make_unique<Mem>(side, 4));
-      scale_mems.back()->upload(&f, 4);
+      scale_mems.back()->upload(&scale_vals.back(), 4);
       static const Operand kScale{Src::constant, 0, contiguous({1}), Role::f32};
       scale_ts.push_back(tensor(kScale, kF32, scale_mems.back()->get()));
     }
@@ -352,6 +354,8 @@ Outcome run_call(const Side& side, const Call& call, const Dtypes& dt, const Val
     const Staged& s = bufs.at(key_of(o));
     outs.push_back(tensor(o, s.dtype, s.mem->get()));
   }
+  // Copies are only queued (memory_copy): their sources must outlive them.
+  if (side.device_memory) check(side.api->synchronize(side.inst, nullptr), "synchronize of " + side.name);
   std::vector<rlh_named_value> attrs;
   for (const Attr& a : call.attrs)
     attrs.push_back(a.is_double ? attr_double(a.name.c_str(), a.d) : attr_int(a.name.c_str(), a.i));
