@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -112,8 +113,10 @@ TEST(KernelCheck, CorrectProviderPassesUnlistedOpsNotOffered) {
     TestProviderHost h(mode);
     ASSERT_NE(h.reference(), nullptr);
     EXPECT_EQ(h.reference()->name(), "kernels_cpu");  // found by provider_info
+    const auto t0 = std::chrono::steady_clock::now();
     const sdk::KernelCheckReport rep = h.check();
-    std::printf("%s\n", rep.table().c_str());
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s(%.0f ms)\n", rep.table().c_str(), ms);
     EXPECT_FALSE(rep.failed());
     const auto* gemm = rep.row("gemm");
     ASSERT_NE(gemm, nullptr);
