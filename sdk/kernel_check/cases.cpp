@@ -81,9 +81,11 @@ void finish_call(const Case& c, Call& call) {
 
 void finish(Case& c) {
   c.in_positive.resize(c.in_sizes.size(), false);
+  c.in_uniform.resize(c.in_sizes.size(), false);
   if (c.in_scale.size() != c.in_sizes.size()) throw std::logic_error("conformance case '" + c.name + "': in_scale");
   finish_call(c, c.fwd);
   finish_call(c, c.bwd);
+  finish_call(c, c.fwd_prefix);
 }
 
 std::vector<Case> all_cases() {
@@ -92,6 +94,7 @@ std::vector<Case> all_cases() {
   add_logprob_cases(v);
   add_moe_cases(v);
   add_optimizer_cases(v);
+  add_decode_cases(v);
   for (Case& c : v) finish(c);
   return v;
 }

@@ -37,7 +37,8 @@ enum class Role : uint8_t {
   flt,        // the op's float dtype (the variant's input or output dtype)
   stat,       // a statistic or parameter gradient: f32 in a "bf16+f32" op (docs/ops.md)
   i32,
-  f32,        // always float32 (RoPE inv_freq)
+  f32,        // always float32 (RoPE inv_freq, sample's logits and logprobs)
+  f64,        // always float64 (sample's uniforms)
   bf16,       // always bfloat16 (adamw_bf16's working copy)
 };
 
@@ -76,11 +77,15 @@ struct Case {
   std::vector<int64_t> in_sizes;   // float inputs, elements
   std::vector<double> in_scale;    // standard deviation of each input's normal draws
   std::vector<bool> in_positive;   // inputs drawn as |x| (variances)
+  std::vector<bool> in_uniform;    // inputs drawn uniform in [0, 1) (sample's u)
   std::vector<int64_t> out_sizes;  // float outputs of the forward, elements
   std::vector<IntBuf> ints;
   std::vector<std::vector<float>> consts;
   bool ints_read = false;  // integer outputs are read before they are written (routing replay)
   Call fwd, bwd;
+  // A batch-invariant op (attribute batch_invariant = 1): the forward again on a prefix of the
+  // rows, same buffers; the rows it writes must equal the full call's bit for bit.
+  Call fwd_prefix;
 };
 
 // Every case, in a fixed order (cases_*.cpp).
@@ -91,6 +96,7 @@ void add_dense_cases(std::vector<Case>& v);     // gemm .. add, cases_dense.cpp
 void add_logprob_cases(std::vector<Case>& v);   // linear_logprob, cases_logprob.cpp
 void add_moe_cases(std::vector<Case>& v);       // router, permute, grouped gemm, cases_moe.cpp
 void add_optimizer_cases(std::vector<Case>& v); // adamw, adamw_bf16, sumsq, scale, cases_moe.cpp
+void add_decode_cases(std::vector<Case>& v);    // kv_cache_write, paged_attention, sample, cases_decode.cpp
 
 // ---- Builders shared by the case files.
 

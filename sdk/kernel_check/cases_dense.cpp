@@ -52,6 +52,28 @@ Case gemm_batched_case() {
   return c;
 }
 
+// gemm with batch_invariant = 1 (a generator's products, C = A B^T): every row of C must depend
+// on its own row of A only, bitwise; the forward again on the first `prefix` rows checks it.
+Case gemm_rows_case(int64_t M, int64_t N, int64_t K, int64_t pad, int64_t prefix) {
+  Case c;
+  const int64_t lda = K + pad;
+  c.name = "gemm batch_invariant C = A B^T M=" + std::to_string(M) + " N=" + std::to_string(N) +
+           " K=" + std::to_string(K) + " lda+" + std::to_string(pad) + " (rows 0.." + std::to_string(prefix - 1) +
+           " again alone)";
+  c.in_sizes = {M * lda, N * K};
+  c.in_scale = {1, 1};
+  c.out_sizes = {M * N};
+  const std::vector<Attr> attrs = {attr_i("transpose_b", 1), attr_i("batch_invariant", 1)};
+  c.fwd = {"gemm", {in(0, strided({M, K}, {lda, 1})), in(1, contiguous({N, K}))}, {out(0, contiguous({M, N}))}, attrs, {}, {}};
+  c.fwd_prefix = {"gemm",
+                  {in(0, strided({prefix, K}, {lda, 1})), in(1, contiguous({N, K}))},
+                  {out(0, strided({prefix, N}, {N, 1}))},
+                  attrs,
+                  {},
+                  {}};
+  return c;
+}
+
 Case embedding_case() {
   Case c;
   const int64_t V = 11, C = 13;
@@ -196,6 +218,8 @@ void add_dense_cases(std::vector<Case>& v) {
   v.push_back(gemm_case(false, true, 70, 45, 300, 1.0, 0.0, 0));  // threaded split, BLAS blocks
   v.push_back(gemm_case(true, false, 40, 96, 130, 1.0, 1.0, 0));
   v.push_back(gemm_batched_case());
+  v.push_back(gemm_rows_case(9, 13, 37, 3, 4));
+  v.push_back(gemm_rows_case(33, 40, 300, 0, 1));  // K past one 16-lane block, a single row alone
   v.push_back(embedding_case());
   v.push_back(rmsnorm_case(5, 37, 0.0, 37, 37));
   v.push_back(rmsnorm_case(6, 40, 1.0, 43, 45));

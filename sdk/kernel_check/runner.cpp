@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -94,6 +95,7 @@ rlh_dtype dtype_of(const Operand& o, bool input, const Dtypes& d) {
   switch (o.role) {
     case Role::i32: return kI32;
     case Role::f32: return kF32;
+    case Role::f64: return kF64;
     case Role::bf16: return kBF16;
     case Role::stat: return d.stat;
     default: return input ? d.in : d.out;
@@ -213,8 +215,16 @@ std::vector<double> normal_values(std::mt19937_64& rng, size_t n, double scale, 
 Values draw_inputs(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Values v;
-  for (size_t i = 0; i < c.in_sizes.size(); ++i)
-    v.in.push_back(normal_values(rng, size_t(c.in_sizes[i]), c.in_scale[i], c.in_positive[i]));
+  for (size_t i = 0; i < c.in_sizes.size(); ++i) {
+    if (c.in_uniform[i]) {
+      std::uniform_real_distribution<double> U01(0.0, 1.0);
+      std::vector<double> u(size_t(c.in_sizes[i]));
+      for (double& x : u) x = U01(rng);
+      v.in.push_back(std::move(u));
+    } else {
+      v.in.push_back(normal_values(rng, size_t(c.in_sizes[i]), c.in_scale[i], c.in_positive[i]));
+    }
+  }
   for (const auto& k : c.consts) v.consts.emplace_back(k.begin(), k.end());
   for (const IntBuf& b : c.ints) v.ints.push_back(b.values);
   return v;
@@ -379,6 +389,23 @@ Outcome run_call(const Side& side, const Call& call, const Dtypes& dt, const Val
     return r;
   }
   const Op op(side.api, raw, side.name, call.op);
+  // batch_invariant = 1 is a requirement (docs/ops.md): a handle whose op_info does not promise
+  // it is a refusal, as the registry treats it.
+  if (KernelRegistry::needs_batch_invariance(attrs)) {
+    rlh_op_info info{};
+    info.struct_size = sizeof(rlh_op_info);
+    if (rlh_status* s = side.api->op_info(raw, &info)) {
+      StatusPtr owned(s);
+      r.state = Outcome::failed;
+      r.message = "op_info failed: " + status_text(s);
+      return r;
+    }
+    if (!info.batch_invariant) {
+      r.state = Outcome::refused;
+      r.message = side.name + " " + call.op + ": batch_invariant = 1 asked, op_info does not promise it";
+      return r;
+    }
+  }
   // Attributes were given at resolution: the contract makes them the call's defaults.
   rlh_op_call oc{};
   oc.struct_size = RLH_STRUCT_SIZE(rlh_op_call, workspace_bytes);
@@ -527,26 +554,29 @@ struct Checker {
     return Dtypes{d, d, d, false};
   }
 
-  // Runs `call` on both sides from `v` (rounded here for both) and compares its outputs.
-  void compare_call(const Case& c, const Call& call, const Dtypes& pd, double var_tol, Values v, CellBuilder& b) {
+  // Runs `call` on both sides from `v` (rounded here for both) and compares its outputs; the
+  // provider's outcome when it ran and passed.
+  std::optional<Outcome> compare_call(const Case& c, const Call& call, const Dtypes& pd, double var_tol, Values& v,
+                                      CellBuilder& b) {
     const Dtypes rd = ref_dtypes(call.op);
     round_for(call, {&pd, &rd}, v);
     Outcome want = run_call(ref, call, rd, v);
     if (want.state != Outcome::ran) {
       ++b.ref_failures;
       if (b.ref_message.empty()) b.ref_message = want.message;
-      return;
+      return std::nullopt;
     }
     Outcome got = run_call(prov, call, pd, v);
     if (got.state == Outcome::refused) {
       if (b.cell.refused_cases++ == 0) b.cell.note = got.message;
-      return;
+      return std::nullopt;
     }
     ++b.cell.calls;
     if (got.state == Outcome::failed) {
       b.fail("case '" + c.name + "': " + got.message);
-      return;
+      return std::nullopt;
     }
+    const bool failed_before = b.failed;
     for (size_t pos = 0; pos < call.outputs.size(); ++pos) {
       const Operand& o = call.outputs[pos];
       const std::string where = "case '" + c.name + "', output " + std::to_string(pos);
@@ -568,6 +598,30 @@ struct Checker {
       const double tol = std::max({dtype_tolerance(dtype_of(o, false, pd)), dtype_tolerance(dtype_of(o, false, rd)), var_tol});
       b.record(d.err, tol, where + (d.what.empty() ? "" : ": " + d.what));
     }
+    if (b.failed && !failed_before) return std::nullopt;
+    return got;
+  }
+
+  // A batch-invariant op: the rows of the prefix call must equal the full call's bit for bit.
+  void check_prefix(const Case& c, const Dtypes& pd, const Values& v, const Outcome& full, CellBuilder& b) {
+    Outcome pre = run_call(prov, c.fwd_prefix, pd, v);
+    const std::string where = "case '" + c.name + "', fewer rows";
+    if (pre.state != Outcome::ran) {
+      b.fail(where + ": " + (pre.state == Outcome::refused ? "refused: " : "") + pre.message);
+      return;
+    }
+    for (size_t pos = 0; pos < c.fwd_prefix.outputs.size(); ++pos) {
+      const Operand& o = c.fwd_prefix.outputs[pos];
+      if (o.src == Src::ints) continue;
+      const auto& a = pre.got.floats(o.src, o.index);
+      const auto& f = full.got.floats(o.src, o.index);
+      for (size_t e : covered(o.layout))
+        if (!(a[e] == f[e] || (std::isnan(a[e]) && std::isnan(f[e])))) {
+          b.fail(where + ", output " + std::to_string(pos) + ": element " + std::to_string(e) +
+                 " differs from the full call's (batch_invariant = 1 promises rows that do not depend on the others)");
+          return;
+        }
+    }
   }
 
   // Every case of `op` in variant `var`.
@@ -583,7 +637,8 @@ struct Checker {
         Values v = draw_inputs(c, rng());
         if (fwd) {
           prepare_outputs(c, c.fwd, v, rng);
-          compare_call(c, c.fwd, pd, var.tolerance, std::move(v), b);
+          const std::optional<Outcome> full = compare_call(c, c.fwd, pd, var.tolerance, v, b);
+          if (full && !c.fwd_prefix.op.empty()) check_prefix(c, pd, v, *full, b);
           continue;
         }
         // The backward reads the reference's forward (saved outputs, integer outputs) of the
@@ -606,7 +661,7 @@ struct Checker {
         v.dout.clear();
         for (int64_t n : c.out_sizes) v.dout.push_back(normal_values(rng, size_t(n), 1.0, false));
         prepare_outputs(c, c.bwd, v, rng);
-        compare_call(c, c.bwd, pd, var.tolerance, std::move(v), b);
+        compare_call(c, c.bwd, pd, var.tolerance, v, b);
       } catch (const std::exception& e) {  // a staging failure (memory services) of either side
         ++b.cell.calls;
         b.fail("case '" + c.name + "': " + e.what());
