@@ -63,7 +63,17 @@ void verify_providers(const Host& host, KernelRegistry& reg, rlh_device device, 
   for (const KernelRegistry::Provider* p : todo) {
     const std::string name = p->name;
     const auto t0 = std::chrono::steady_clock::now();
-    const KernelCheckReport rep = check_kernels(*ref, name, p->api, p->instance, device);
+    KernelCheckReport rep;
+    try {
+      rep = check_kernels(*ref, name, p->api, p->instance, device);
+    } catch (const Error& e) {  // it cannot even be checked (its op list, its provider_info)
+      for (const auto& [key, prov] : pins)
+        if (prov == name)
+          throw Error(e.code(), who + ": pinned kernel provider '" + name + "' cannot be verified: " + e.what());
+      host.warn(who + ": kernel provider '" + name + "' left out: it cannot be verified: " + e.what());
+      reg.restrict_ops(name, {});
+      continue;
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<std::string> keep;
     int left_out = 0;
