@@ -28,6 +28,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|FAILED|Failure|rror" | head -60
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
+  # The same runner as test_cuda_conformance, as a vendor would run it on a provider .so.
+  echo "== rlhost check-kernels --plugin libkernels_cuda.so --device cuda:0 =="
+  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/check_kernels.log" 2>&1
+  ck=$?
+  grep -E "^(op |FAIL|kernels_cuda on)|error" "$out/check_kernels.log" | head -40
+  [ "$ck" = 0 ] || rc=1
 fi
 if [ "$what" = grpo ] || [ "$what" = all ]; then
   # The demo's two stages (scripts/demo.sh) with stage 2's policy on the GPU: megatron,

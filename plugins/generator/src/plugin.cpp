@@ -106,12 +106,12 @@ bool router_dtype_is_fp64(const std::string& v, const std::string& key) {
 // megatron's moe_router_dtype, default fp32, as plugins/megatron reads it), else fp32. The
 // generator must route as the trainer does (docs/generator.md); the dtensor backend routes in
 // float32 only. `source` says where the setting came from, for the log.
-// policy.kernels pins, shared with the trainer's engines (absent: none).
-rlh::sdk::KernelPins kernel_pins(const rlh::sdk::Host& host) {
+// policy.kernels pins and verify, shared with the trainer's engines (absent: no pins, verify).
+std::string kernels_section(const rlh::sdk::Host& host) {
   try {
-    return rlh::sdk::kernel_pins_from_json(host.config_json("policy.kernels"));
+    return host.config_json("policy.kernels");
   } catch (const Error& e) {
-    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return {};
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return "{}";
     throw;
   }
 }
@@ -247,8 +247,10 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     o.moe_router_fp64 = router_fp64(g->host, cfg, &router_source);
 
     rlh::sdk::TransformerDesc desc = describe(g->host, g->model_dir, get_str(cfg, "model_component", ""));
-    g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, kernel_pins(g->host), "generator",
-                                                 "{\"num_threads\": " + std::to_string(num_threads) + "}");
+    const std::string kernels = kernels_section(g->host);
+    g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, rlh::sdk::kernel_pins_from_json(kernels),
+                                                 "generator", "{\"num_threads\": " + std::to_string(num_threads) + "}",
+                                                 rlh::sdk::kernel_verify_from_json(kernels));
     if (g->registry->providers().empty())
       throw Error(RLH_E_FAILED_PRECONDITION,
                   "generator: no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, or put it on the plugin path)");

@@ -180,6 +180,7 @@ void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {
   }
   if (const nlohmann::json* k = r.find("kernels")) {
     cfg.kernel_pins = sdk::kernel_pins_from_json(k->dump());
+    cfg.kernel_verify = sdk::kernel_verify_from_json(k->dump());
     r.mark_subtree("kernels");
   }
   // null = no clipping (NeMo-RL); read even without an optimizer, so a bad value shows.

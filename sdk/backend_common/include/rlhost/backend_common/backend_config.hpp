@@ -161,6 +161,8 @@ struct BackendConfig {
   std::string device = "auto";
   // policy.kernels: op (or op family) -> kernel provider pins for the executors' registries.
   sdk::KernelPins kernel_pins;
+  // policy.kernels.verify: check every provider but the reference before choosing it.
+  bool kernel_verify = true;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   std::vector<std::string> notes;  // one-line remarks logged once (ignored keys, precision)
 };
