@@ -92,6 +92,7 @@ class Graph {
   // config builds) with every config's reason.
   void build_plan(const CudnnLib& lib, cudnnHandle_t handle);
   const Desc& plan() const { return plan_; }
+  size_t num_operations() const { return ops_.size(); }
   int64_t workspace_bytes() const { return workspace_; }
   // Numerical notes of the chosen engine include NONDETERMINISTIC.
   bool nondeterministic() const { return nondeterministic_; }

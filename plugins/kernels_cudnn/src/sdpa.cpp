@@ -239,6 +239,15 @@ void build_backward(SdpaPlan& p, const PlanKey& k, size_t cudnn_version) {
 
 }  // namespace
 
+size_t build_graph_operations(const PlanKey& k, size_t cudnn_version) {
+  SdpaPlan p;
+  if (k.backward)
+    build_backward(p, k, cudnn_version);
+  else
+    build_forward(p, k);
+  return p.g.num_operations();
+}
+
 struct SdpaEngine::Layout {
   size_t offsets = 0, seqlens = 0, stats = 0, softmax_sum = 0, dq_accum = 0, dk_full = 0, dv_full = 0;
   size_t dk_s = 0, dv_s = 0, plan = 0, total = 0;

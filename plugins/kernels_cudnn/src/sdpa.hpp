@@ -54,6 +54,10 @@ struct PlanKey {
 
 struct SdpaPlan;  // sdpa.cpp
 
+// Builds (and finalizes) the operations of one key's graph without a device or a handle; the
+// number of operations. What a machine without a GPU can check of the graphs (tests).
+size_t build_graph_operations(const PlanKey& k, size_t cudnn_version);
+
 // The plans of one provider instance (one device, one cuDNN handle). Thread-safe.
 class SdpaEngine {
  public:
