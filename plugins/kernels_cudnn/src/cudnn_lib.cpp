@@ -129,6 +129,11 @@ const CudnnLib& cudnn_lib() {
         tried += (tried.empty() ? "" : "; ") + path + " (cuDNN " + l.version_string() + ", needs 9.6+ within 9.x)";
         continue;
       }
+      // The frontend refuses bf16 attention on these two: known wrong results.
+      if (l.version == 91000 || l.version == 91001) {
+        tried += (tried.empty() ? "" : "; ") + path + " (cuDNN " + l.version_string() + ": known attention bugs)";
+        continue;
+      }
       lib = l;
       return;
     }
