@@ -50,11 +50,28 @@ int64_t token_bucket(int64_t N) {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Backward gradients of GQA keys/values go through contiguous scratch when the caller's rows are
-// wider than Hkv * D: cuDNN sums the per-query-head gradients in a buffer laid out like the
-// output with rows G times as wide, which for a fused q|k|v row would be G * (Hq + 2 Hkv) * D.
-bool redirect_kv_grads(const AttnCall& c) {
-  return c.Hq != c.Hkv && (c.lddk != c.Hkv * c.D || c.lddv != c.Hkv * c.D);
+// The backward reads each input and writes its gradient through one ragged offset tensor per
+// pair (q/dq, k/dk, v/dv, o/dout), as Transformer Engine binds them; a pair whose row strides
+// differ goes through contiguous copies. So do GQA keys and values whose rows are wider than
+// Hkv * D: cuDNN sums the per-query-head gradients in a buffer laid out like dK with rows G
+// times as wide, which for the engine's fused q|k|v gradient (row (Hq + 2 Hkv) D) would be
+// G times that row.
+enum Pair { kPairQ = 0, kPairK = 1, kPairV = 2, kPairO = 3 };
+struct PairLd {
+  int64_t ld, ldd, packed;  // the caller's strides, and the contiguous one
+};
+PairLd pair_ld(const AttnCall& c, int pair) {
+  switch (pair) {
+    case kPairQ: return {c.ldq, c.lddq, c.Hq * c.D};
+    case kPairK: return {c.ldk, c.lddk, c.Hkv * c.D};
+    case kPairV: return {c.ldv, c.lddv, c.Hkv * c.D};
+    default: return {c.ldo, c.lddo, c.Hq * c.D};
+  }
+}
+bool contiguous_copy(const AttnCall& c, int pair) {
+  const PairLd p = pair_ld(c, pair);
+  if (p.ld != p.ldd) return true;
+  return (pair == kPairK || pair == kPairV) && c.Hq != c.Hkv && p.ld != p.packed;
 }
 
 struct Builder {
@@ -160,9 +177,10 @@ void build_backward(SdpaPlan& p, const PlanKey& k, size_t cudnn_version) {
   Graph& g = p.g;
   Builder b{g, p, k};
   const int64_t G = k.Hq / k.Hkv;
+  // One offsets tensor per input/gradient pair (their row strides are equal: contiguous_copy).
   const TensorRef rq = b.ragged(k.ldq), rk = b.ragged(k.ldk), rv = b.ragged(k.ldv), ro = b.ragged(k.ldo),
-                  rdo = b.ragged(k.lddo), rs = b.ragged(k.Hq), rdq = b.ragged(k.lddq), rdk = b.ragged(k.lddk),
-                  rdv = b.ragged(k.lddv);
+                  rs = b.ragged(k.Hq);
+  const TensorRef &rdo = ro, &rdq = rq, &rdk = rk, &rdv = rv;
   const TensorRef Q = b.heads(kBF16, k.Hq, k.ldq, rq);
   const TensorRef KT = b.heads_t(k.Hkv, k.ldk, rk);
   const TensorRef VT = b.heads_t(k.Hkv, k.ldv, rv);
@@ -250,7 +268,8 @@ size_t build_graph_operations(const PlanKey& k, size_t cudnn_version) {
 
 struct SdpaEngine::Layout {
   size_t offsets = 0, seqlens = 0, stats = 0, softmax_sum = 0, dq_accum = 0, dk_full = 0, dv_full = 0;
-  size_t dk_s = 0, dv_s = 0, plan = 0, total = 0;
+  size_t in_s[4] = {0, 0, 0, 0}, grad_s[4] = {0, 0, 0, 0};  // contiguous copies of a pair
+  size_t plan = 0, total = 0;
   Multipliers mult;
   std::vector<int> index;  // plan offset tensor i -> its multiplier's row
 };
@@ -277,10 +296,10 @@ PlanKey SdpaEngine::key_of(const AttnCall& c, bool backward) const {
   k.Hq = c.Hq, k.Hkv = c.Hkv, k.D = c.D, k.window = c.window > 0 ? c.window : 0;
   k.ldq = c.ldq, k.ldk = c.ldk, k.ldv = c.ldv, k.ldo = c.ldo;
   if (backward) {
-    k.lddo = c.lddo, k.lddq = c.lddq;
-    const bool r = redirect_kv_grads(c);
-    k.lddk = r ? c.Hkv * c.D : c.lddk;
-    k.lddv = r ? c.Hkv * c.D : c.lddv;
+    int64_t* ld[4] = {&k.ldq, &k.ldk, &k.ldv, &k.ldo};
+    for (int pair = 0; pair < 4; ++pair)
+      if (contiguous_copy(c, pair)) *ld[pair] = pair_ld(c, pair).packed;
+    k.lddq = k.ldq, k.lddk = k.ldk, k.lddv = k.ldv, k.lddo = k.ldo;
   }
   return k;
 }
@@ -323,10 +342,12 @@ SdpaEngine::Layout SdpaEngine::layout(const AttnCall& c, const PlanKey& k, const
     L.dq_accum = take(p.dq_accum_bytes);
     if (p.dk_full) L.dk_full = take(p.dk_full_bytes);
     if (p.dv_full) L.dv_full = take(p.dv_full_bytes);
-    if (redirect_kv_grads(c)) {
-      L.dk_s = take(size_t(k.T * k.Hkv * k.D) * 2);
-      L.dv_s = take(size_t(k.T * k.Hkv * k.D) * 2);
-    }
+    for (int pair = 0; pair < 4; ++pair)
+      if (contiguous_copy(c, pair)) {
+        const size_t bytes = size_t(c.N * pair_ld(c, pair).packed) * 2;
+        L.in_s[pair] = take(bytes);
+        L.grad_s[pair] = take(bytes);  // for o: dout's copy
+      }
   }
   L.plan = take(size_t(p.g.workspace_bytes()));
   L.total = off;
@@ -414,20 +435,35 @@ void SdpaEngine::backward(const AttnCall& c, void* workspace, cudaStream_t strea
   ragged_setup(c.cu, c.S, k.B, c.N, k.T, L.mult, offsets, seqlens, stream);
   lse_to_stats(c.lse, stats, c.N, c.Hq, stream);
 
-  const bool redirect = redirect_kv_grads(c);
-  void* dk = redirect ? ws + L.dk_s : c.dk;
-  void* dv = redirect ? ws + L.dv_s : c.dv;
+  // Pairs with unequal strides (or wide GQA key/value rows) through contiguous copies.
+  const void* in[4] = {c.q, c.k, c.v, c.o};
+  void* grad[4] = {c.dq, c.dk, c.dv, const_cast<void*>(c.dout)};
+  auto copy_rows = [&](void* dst, int64_t ldd, const void* src, int64_t lds, int64_t width) {
+    const cudaError_t e = cudaMemcpy2DAsync(dst, size_t(ldd) * 2, src, size_t(lds) * 2, size_t(width) * 2,
+                                            size_t(c.N), cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) throw CudnnError(CUDNN_STATUS_EXECUTION_FAILED, std::string("copying rows: ") + cudaGetErrorString(e));
+  };
+  bool copied[4] = {false, false, false, false};
+  for (int pair = 0; pair < 4; ++pair) {
+    if (!contiguous_copy(c, pair)) continue;
+    copied[pair] = true;
+    const PairLd ld = pair_ld(c, pair);
+    copy_rows(ws + L.in_s[pair], ld.packed, in[pair], ld.ld, ld.packed);
+    in[pair] = ws + L.in_s[pair];
+    if (pair == kPairO) copy_rows(ws + L.grad_s[pair], ld.packed, grad[pair], ld.ldd, ld.packed);  // dout: an input
+    grad[pair] = ws + L.grad_s[pair];
+  }
   const float neg = mask_value(lib_.version), scale = c.scale, window = float(k.window), one = 1.0f;
   Bindings b;
-  b.add(p.q, c.q);
-  b.add(p.k, c.k);
-  b.add(p.v, c.v);
-  b.add(p.o, c.o);
-  b.add(p.d_o, c.dout);
+  b.add(p.q, in[kPairQ]);
+  b.add(p.k, in[kPairK]);
+  b.add(p.v, in[kPairV]);
+  b.add(p.o, in[kPairO]);
+  b.add(p.d_o, grad[kPairO]);
   b.add(p.stats, stats);
-  b.add(p.dq, c.dq);
-  b.add(p.dk, dk);
-  b.add(p.dv, dv);
+  b.add(p.dq, grad[kPairQ]);
+  b.add(p.dk, grad[kPairK]);
+  b.add(p.dv, grad[kPairV]);
   b.add(p.softmax_sum, ws + L.softmax_sum);
   b.add(p.dq_accum, ws + L.dq_accum);
   b.add(p.dk_full, ws + L.dk_full);
@@ -441,15 +477,13 @@ void SdpaEngine::backward(const AttnCall& c, void* workspace, cudaStream_t strea
   for (size_t i = 0; i < p.offsets.size(); ++i) b.add(p.offsets[i].first, offsets + L.index[i] * (k.B + 1));
   cudnn_check(lib_.SetStream(handle_, stream), "setting cuDNN's stream");
   execute_plan(lib_, handle_, p.g.plan(), b.uids, b.ptrs, ws + L.plan);
-  if (redirect) {
-    const size_t row = size_t(c.Hkv * c.D) * 2;
-    for (auto [dst, ld, src] : {std::tuple{c.dk, c.lddk, dk}, std::tuple{c.dv, c.lddv, dv}}) {
-      const cudaError_t e =
-          cudaMemcpy2DAsync(dst, size_t(ld) * 2, src, row, row, size_t(c.N), cudaMemcpyDeviceToDevice, stream);
-      if (e != cudaSuccess)
-        throw CudnnError(CUDNN_STATUS_EXECUTION_FAILED, std::string("copying dk/dv: ") + cudaGetErrorString(e));
+  // Gradients computed into contiguous copies go back to the caller's rows.
+  void* out[3] = {c.dq, c.dk, c.dv};
+  for (int pair = 0; pair < 3; ++pair)
+    if (copied[pair]) {
+      const PairLd ld = pair_ld(c, pair);
+      copy_rows(out[pair], ld.ldd, grad[pair], ld.packed, ld.packed);
     }
-  }
 }
 
 }  // namespace rlh::kcudnn
