@@ -6,6 +6,8 @@
 # are the source tree's tests/fixtures.
 # Logs go to $OUT when set.
 #   scripts/device_gpu.sh [tests|grpo|bench|all]     (all = tests, grpo, bench)
+#   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
+#                                       engines then take attention from kernels_cuda)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$(cd "${BIN:-.devbin}" && pwd)
@@ -18,14 +20,19 @@ mkdir -p "$bin/fixtures"
 for f in tests/fixtures/*/ tests/engine/fixtures/*/; do ln -sfn "$PWD/$f" "$bin/fixtures/$(basename "$f")"; done
 export RLHOST_FIXTURES=$bin/fixtures RLH_KCUDA_PLUGIN=$bin/libkernels_cuda.so
 export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export RLH_TEST_PLUGIN_DIR=$bin/plugins RLHOST_PLUGIN_PATH=$bin/plugins
+plugins=$bin/plugins
+if [ "${CUDNN:-1}" = 0 ]; then plugins=$bin/plugins_nocudnn; fi
+export RLH_TEST_PLUGIN_DIR=$plugins RLHOST_PLUGIN_PATH=$plugins RLH_KCUDNN_PLUGIN=$bin/plugins/libkernels_cudnn.so
+echo "plugin path: $plugins"
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda; do
+  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin \
+           test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda; do
     [ -x "$bin/$t" ] || continue
+    case "$t" in *cudnn*) [ "${CUDNN:-1}" = 0 ] && continue ;; esac
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|FAILED|Failure|rror" | head -60
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|FAILED|Failure|rror|cudnn vs|probe:|refused:|repeatable|cuDNN" | head -80
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
   # The same runner as test_cuda_conformance, as a vendor would run it on a provider .so.
