@@ -779,6 +779,15 @@ KernelCheckReport check_kernels(const ReferenceKernels& reference, const std::st
       }
       row.cells.push_back(cell);
     }
+    // A provider that lists `bf16` but takes its statistics only in float32 (cuDNN's attention:
+    // lse) refuses every bf16 case and passes bf16+f32: it offers the family in that form, and
+    // its bf16 column is "not offered", not "unverified".
+    for (size_t i = 0; i < variants.size() && i < row.cells.size(); ++i) {
+      if (!variants[i].probed || row.cells[i].state != KernelCheckCell::pass) continue;
+      for (size_t j = 0; j < variants.size() && j < row.cells.size(); ++j)
+        if (std::string(variants[j].name) == variants[i].family && row.cells[j].state == KernelCheckCell::refused)
+          row.cells[j].state = KernelCheckCell::not_offered;
+    }
     rep.rows.push_back(std::move(row));
   }
   return rep;

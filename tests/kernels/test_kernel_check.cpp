@@ -124,6 +124,9 @@ TEST(KernelCheck, CorrectProviderPassesUnlistedOpsNotOffered) {
     EXPECT_EQ(gemm->cells[variant_index("f32")].state, sdk::KernelCheckCell::pass);
     EXPECT_GE(gemm->cells[variant_index("f32")].calls, 10);
     EXPECT_EQ(gemm->cells[variant_index("e4m3")].state, sdk::KernelCheckCell::pass);  // scaled fp8
+    // bf16 is listed, but C only in float32: bf16+f32 passes and bf16 counts as not offered (not
+    // as unverified, which the registry would warn about)
+    EXPECT_EQ(gemm->cells[variant_index("bf16+f32")].state, sdk::KernelCheckCell::pass);
     EXPECT_EQ(gemm->cells[variant_index("bf16")].state, sdk::KernelCheckCell::not_offered);
     EXPECT_EQ(gemm->cells[variant_index("e5m2")].state, sdk::KernelCheckCell::not_offered);
     int rows = 0;

@@ -3,7 +3,9 @@
 // OpenBLAS's sgemm on the whole problem, which is what kernels_cpu runs on one thread, so an
 // engine on one thread gives bit for bit the same results with or without it. It also offers an
 // FP8 GEMM (e4m3 A and B, each with its float32 scale appended to the inputs as docs/ops.md
-// says, C float32), so the conformance runner's fp8 path has a provider to check.
+// says, C float32), so the conformance runner's fp8 path has a provider to check, and a bf16
+// GEMM that writes its C only in float32 (it lists bf16 but takes the bf16+f32 form alone, as
+// cuDNN's attention takes its lse only in float32).
 // RLH_TEST_PROVIDER_MODE makes it misbehave for the error tests: "resolve_fails" (get_op fails
 // with INTERNAL), "run_fails" (run fails), "wrong" (its GEMM ignores beta: wrong results where
 // C is accumulated into). "device_memory" makes it say its operands live in "device" memory
@@ -42,7 +44,7 @@ struct rlh_kernels {
 struct rlh_op {
   bool ta = false, tb = false;  // the desc's attributes: defaults a call's attributes override
   double alpha = 1, beta = 0;
-  bool fp8 = false;
+  bool fp8 = false, bf16 = false;
   std::string mode;
   rlh_kernels* k = nullptr;
 };
@@ -68,6 +70,7 @@ bool is_cpu_matrix(const rlh_tensor& t, int32_t code, int bits) {
 }
 bool is_f32_cpu_matrix(const rlh_tensor& t) { return is_cpu_matrix(t, RLH_DTYPE_FLOAT, 32); }
 bool is_e4m3_cpu_matrix(const rlh_tensor& t) { return is_cpu_matrix(t, RLH_DTYPE_FLOAT8_E4M3FN, 8); }
+bool is_bf16_cpu_matrix(const rlh_tensor& t) { return is_cpu_matrix(t, RLH_DTYPE_BFLOAT, 16); }
 bool is_f32_scale(const rlh_tensor& t) {
   return t.dtype.code == RLH_DTYPE_FLOAT && t.dtype.bits == 32 && t.device.device_type == RLH_DEVICE_CPU &&
          rlh::sdk::tensor_numel(t) == 1;
@@ -79,6 +82,19 @@ float e4m3_value(uint8_t b) {
   if (e == 15 && m == 7) return NAN;
   const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);
   return (b & 0x80) ? -v : v;
+}
+
+// A [rows, cols] bf16 matrix (row stride ld) as float32 with the same ld.
+std::vector<float> widen_bf16(const rlh_tensor& t) {
+  const int64_t rows = t.shape[0], cols = t.shape[1], ld = rows > 1 ? t.strides[0] : cols;
+  std::vector<float> out(size_t((rows - 1) * ld + cols), 0.f);
+  const uint16_t* p = rlh::sdk::tensor_data<uint16_t>(t);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint32_t bits = uint32_t(p[r * ld + c]) << 16;
+      std::memcpy(&out[size_t(r * ld + c)], &bits, 4);
+    }
+  return out;
 }
 
 // A [rows, cols] e4m3 matrix (row stride ld) times its scale, as float32 with the same ld.
@@ -108,7 +124,7 @@ void destroy(rlh_kernels* k) {
 }
 
 rlh_status* list_ops(rlh_kernels*, rlh_write_fn write, void* user) {
-  static const char kOps[] = "[{\"name\":\"gemm\",\"dtypes\":[\"f32\",\"e4m3\"],\"backward\":\"gemm\"}]";
+  static const char kOps[] = "[{\"name\":\"gemm\",\"dtypes\":[\"f32\",\"bf16\",\"e4m3\"],\"backward\":\"gemm\"}]";
   write(user, kOps, sizeof(kOps) - 1);
   return nullptr;
 }
@@ -122,12 +138,16 @@ rlh_status* get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     const bool fp8 = d->num_inputs == 4 && d->num_outputs == 1 && is_e4m3_cpu_matrix(d->inputs[0]) &&
                      is_e4m3_cpu_matrix(d->inputs[1]) && is_f32_scale(d->inputs[2]) && is_f32_scale(d->inputs[3]) &&
                      is_f32_cpu_matrix(d->outputs[0]);
-    if (!f32 && !fp8)
-      throw Error(RLH_E_UNIMPLEMENTED, "test provider: 2-D float32, or e4m3 with scales into float32, host gemm only");
+    const bool bf16 = d->num_inputs == 2 && d->num_outputs == 1 && is_bf16_cpu_matrix(d->inputs[0]) &&
+                      is_bf16_cpu_matrix(d->inputs[1]) && is_f32_cpu_matrix(d->outputs[0]);
+    if (!f32 && !fp8 && !bf16)
+      throw Error(RLH_E_UNIMPLEMENTED,
+                  "test provider: 2-D float32, bf16 into float32, or e4m3 with scales into float32, host gemm only");
     if (k->mode == "resolve_fails") throw Error(RLH_E_INTERNAL, "planted failure at resolve");
     auto op = std::make_unique<rlh_op>();
     op->mode = k->mode;
     op->fp8 = fp8;
+    op->bf16 = bf16;
     op->k = k;
     using rlh::sdk::attr_double_or;
     using rlh::sdk::attr_int_or;
@@ -171,6 +191,11 @@ rlh_status* run(rlh_op* op, const rlh_op_call* c) {
     if (op->fp8) {
       a8 = dequantize(A, c->inputs[2]);
       b8 = dequantize(B, c->inputs[3]);
+      a = a8.data();
+      b = b8.data();
+    } else if (op->bf16) {
+      a8 = widen_bf16(A);
+      b8 = widen_bf16(B);
       a = a8.data();
       b = b8.data();
     }
