@@ -36,6 +36,7 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "model_eos.hpp"
 #include "rlhost/generator.h"
 #include "rlhost/host.h"
 #include "rlhost/sdk/status.hpp"
@@ -48,24 +49,6 @@ namespace {
 
 using sdk::Error;
 using json = nlohmann::json;
-
-// The eos_token_id of a JSON file (an id or a list), if the file and key are there.
-void add_eos_ids(const std::string& path, std::set<int32_t>& out) {
-  std::ifstream in(path);
-  if (!in) return;
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, path + ": invalid JSON: " + e.what());
-  }
-  if (!j.is_object() || !j.contains("eos_token_id")) return;
-  const json& e = j["eos_token_id"];
-  if (e.is_number_integer()) out.insert(e.get<int32_t>());
-  if (e.is_array())
-    for (const json& x : e)
-      if (x.is_number_integer()) out.insert(x.get<int32_t>());
-}
 
 // Everything the command holds, released in reverse order.
 struct Session : CliHost {
@@ -228,17 +211,7 @@ int cmd_generate(int argc, char** argv) {
       stop_ids.insert(id);
     }
   if (!vm.count("ignore-eos")) {
-    std::set<int32_t> eos;
-    add_eos_ids(model_path + "/generation_config.json", eos);
-    if (eos.empty()) add_eos_ids(model_path + "/config.json", eos);
-    if (s.tok != nullptr) {
-      std::string info;
-      sdk::check(s.tok_api->info(s.tok, sdk::write_to_string, &info));
-      const json j = json::parse(info);
-      if (j.contains("eos_token_ids") && j["eos_token_ids"].is_array())
-        for (const json& x : j["eos_token_ids"])
-          if (x.is_number_integer()) eos.insert(x.get<int32_t>());
-    }
+    const std::set<int32_t> eos = host::model_eos_ids(model_path, s.tok_api, s.tok);
     stop_ids.insert(eos.begin(), eos.end());
   }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 
 #include "rlhost/host.h"
 #include "rlhost/sdk/checkpoint.hpp"
+#include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace fs = std::filesystem;
@@ -252,6 +254,64 @@ TEST_F(Loop, ResumeContinuesBitwise) {
     ++compared;
   }
   EXPECT_GT(compared, 0u) << "no weights compared under " << a;
+}
+
+// checkpointing.model_save_dtype=bfloat16: step_N/policy's HF weights are the bf16 rounding of
+// the float32 masters, which sit in policy/master_weights/ and are what a resume reads: the run
+// interrupted and resumed ends as the float32-saving run straight through, bit for bit.
+TEST_F(Loop, Bf16ExportResumesFromTheMasters) {
+  require_runtime();
+  const std::vector<std::string> common = {"grpo.num_prompts_per_step=16", "grpo.num_generations_per_prompt=4",
+                                           "grpo.val_at_start=false", "grpo.val_at_end=false",
+                                           "grpo.val_period=0", "checkpointing.save_period=2"};
+  auto with = [&](std::vector<std::string> v, const std::string& ck, int steps) {
+    v.insert(v.end(), common.begin(), common.end());
+    v.push_back("checkpointing.checkpoint_dir=" + (dir / ck).string());
+    v.push_back("grpo.max_num_steps=" + std::to_string(steps));
+    return v;
+  };
+  const std::string bf16 = "++checkpointing.model_save_dtype=bfloat16";
+  auto straight = run(with({}, "straight", 4));
+  run(with({bf16}, "resumed", 2));
+  auto second = run(with({bf16}, "resumed", 4));
+  for (int64_t s : {3, 4}) {
+    EXPECT_EQ(second["train/loss"][s], straight["train/loss"][s]) << "step " << s;
+    EXPECT_EQ(second["train/reward"][s], straight["train/reward"][s]) << "step " << s;
+  }
+  const fs::path a = dir / "straight/step_4/policy", b = dir / "resumed/step_4/policy";
+  ASSERT_TRUE(fs::exists(b / "master_weights/model.safetensors"));
+  EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "master_weights/model.safetensors"))
+      << "the resumed run's masters differ from the straight run's weights";
+  EXPECT_TRUE(read_file(a / "optimizer.safetensors") == read_file(b / "optimizer.safetensors"));
+  EXPECT_EQ(json::parse(read_file(b / "config.json"))["torch_dtype"], "bfloat16");
+  EXPECT_TRUE(rlh::sdk::verify_checkpoint(dir / "resumed/step_4").ok);
+  // The export: bf16, each element the round-to-nearest-even of the master.
+  const auto exported = rlh::sdk::st::File::open((b / "model.safetensors").string());
+  const auto masters = rlh::sdk::st::File::open((a / "model.safetensors").string());
+  size_t bf16_tensors = 0, differ = 0;
+  for (const auto& t : exported.tensors()) {
+    if (t.dtype != rlh::sdk::st::DType::BF16) continue;
+    ++bf16_tensors;
+    const std::vector<float> f = masters.read_f32(t.name);
+    const auto bytes = exported.data(t);
+    ASSERT_EQ(bytes.size(), 2 * f.size()) << t.name;
+    for (size_t i = 0; i < f.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &f[i], 4);
+      const uint16_t want = uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+      uint16_t got;
+      std::memcpy(&got, bytes.data() + 2 * i, 2);
+      differ += got != want;
+    }
+  }
+  EXPECT_EQ(bf16_tensors, masters.tensors().size()) << "every weight of the tiny model is a parameter";
+  EXPECT_EQ(differ, 0u);
+  // A bad value stops the run with the key named.
+  rlhost_t* h = make_host({"++checkpointing.model_save_dtype=float16"}, true);
+  std::string msg;
+  EXPECT_NE(code_of(rlhost_run(h), &msg), RLH_OK);
+  EXPECT_NE(msg.find("checkpointing.model_save_dtype"), std::string::npos) << msg;
+  rlhost_destroy(h);
 }
 
 // NeMo-RL's math recipes (dtensor and megatron) run as shipped on a user's own HF checkpoint and

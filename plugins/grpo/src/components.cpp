@@ -142,12 +142,18 @@ Backend::~Backend() {
   if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
 }
 
-rlh_model* Backend::load_model(const std::string& role, const std::string& path, bool trainable) {
+rlh_model* Backend::load_model(const std::string& role, const std::string& path, bool trainable,
+                               const nlohmann::json& overrides) {
   rlh_model_args args{};
   args.struct_size = RLH_STRUCT_SIZE(rlh_model_args, config_len);
   args.role = role.c_str();
   args.path = path.c_str();
   args.flags = trainable ? RLH_MODEL_TRAINABLE : 0;
+  const std::string text = overrides.is_null() ? std::string() : overrides.dump();
+  if (!text.empty()) {
+    args.config_json = text.c_str();
+    args.config_len = text.size();
+  }
   rlh_model* m = nullptr;
   sdk::check(api_->load_model(self_, &args, &m),
              component_label("backend", name_) + ": loading the " + role + " model from " + path);

@@ -95,7 +95,9 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   const std::string& name() const { return name_; }
-  rlh_model* load_model(const std::string& role, const std::string& path, bool trainable);
+  // `overrides` (an object, or null for none): the per-model config patched over the section.
+  rlh_model* load_model(const std::string& role, const std::string& path, bool trainable,
+                        const nlohmann::json& overrides = nullptr);
   // Writes the requested outputs, [num_tokens] float32 each, into `outputs`.
   void forward(rlh_model* model, PackedBatch& batch, const std::vector<rlh_output_spec>& specs,
                std::vector<std::vector<float>>& outputs, int64_t micro_batch_tokens);

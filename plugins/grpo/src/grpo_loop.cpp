@@ -132,7 +132,7 @@ struct GrpoLoop::Impl {
     env = std::make_unique<Environment>(host, cfg.env_name, cfg.env_config);
 
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
-    policy = backend->load_model("policy", model_dir, true);
+    policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
     if (cfg.needs_reference()) reference = backend->load_model("reference", model_dir, false);
     // The generator gets policy.generation; the native generator reads its own subsection
     // native_cfg from it (and takes the whole object as its settings when that key is absent).

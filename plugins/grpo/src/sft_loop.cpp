@@ -59,6 +59,7 @@ struct SftConfig {
   std::optional<DataSource> validation;
   bool shuffle = true;
   sdk::CheckpointConfig checkpointing;
+  std::string model_save_dtype = "float32";  // checkpointing.model_save_dtype
 
   static SftConfig from_json(const json& whole) {
     SftConfig c;
@@ -91,10 +92,7 @@ struct SftConfig {
     DataSource v = read_data_source(data, "validation", false);
     if (!v.component.empty()) c.validation = v;
     c.checkpointing = sdk::CheckpointConfig::from_json(child(whole, "checkpointing"), "checkpointing");
-    std::string fmt = "safetensors";
-    detail::Section(child(whole, "checkpointing"), "checkpointing").read("model_save_format", fmt);
-    if (fmt != "safetensors")
-      throw ConfigError("checkpointing.model_save_format: only \"safetensors\" (HF) is written, got \"" + fmt + "\"");
+    c.model_save_dtype = read_model_save_dtype(child(whole, "checkpointing"));
     return c;
   }
 };
@@ -238,7 +236,7 @@ struct SftLoop::Impl {
     if (cfg.validation)
       val_data = std::make_unique<Dataset>(host, cfg.validation->component, cfg.validation->config, "data.validation");
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
-    policy = backend->load_model("policy", model_dir, true);
+    policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
     loss = std::make_unique<LossAdapter>(NllConfig{});
     loss->set_make_status(host.make_status());
     const int64_t gbs = cfg.policy.train_global_batch_size;

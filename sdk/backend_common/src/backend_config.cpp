@@ -183,6 +183,11 @@ void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {
     cfg.kernel_verify = sdk::kernel_verify_from_json(k->dump());
     r.mark_subtree("kernels");
   }
+  cfg.save_dtype = r.string("save_dtype", "float32");
+  if (cfg.save_dtype == "fp32") cfg.save_dtype = "float32";
+  if (cfg.save_dtype == "bf16") cfg.save_dtype = "bfloat16";
+  if (cfg.save_dtype != "float32" && cfg.save_dtype != "bfloat16")
+    r.fail("save_dtype", "expected float32 or bfloat16, got \"" + cfg.save_dtype + "\"");
   // null = no clipping (NeMo-RL); read even without an optimizer, so a bad value shows.
   const double clip = r.is_null("max_grad_norm") ? 0.0 : r.number("max_grad_norm", 1.0);
   if (!(clip >= 0)) r.fail("max_grad_norm", "must be >= 0 (or null for none)");

@@ -164,6 +164,11 @@ struct BackendConfig {
   // policy.kernels.verify: check every provider but the reference before choosing it.
   bool kernel_verify = true;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
+  // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights
+  // themselves; "bfloat16": a round-to-nearest-even copy, the float32 masters kept beside it for
+  // load_state). A per-model override the training loops pass from their
+  // checkpointing.model_save_dtype; not a key users set in the policy section.
+  std::string save_dtype = "float32";
   std::vector<std::string> notes;  // one-line remarks logged once (ignored keys, precision)
 };
 
