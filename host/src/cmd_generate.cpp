@@ -35,6 +35,7 @@
 #include "commands.hpp"
 #include "rlhost/generator.h"
 #include "rlhost/host.h"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 #include "rlhost/tokenizer.h"
 
@@ -48,20 +49,24 @@ using json = nlohmann::json;
 
 // The eos_token_id of a JSON file (an id or a list), if the file and key are there.
 void add_eos_ids(const std::string& path, std::set<int32_t>& out) {
-  std::ifstream in(path);
-  if (!in) return;
+  if (!sdk::input_exists(path)) return;
   json j;
   try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, path + ": invalid JSON: " + e.what());
+    j = sdk::read_json_file(path, 64u << 20, "model file");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, e.what());
   }
   if (!j.is_object() || !j.contains("eos_token_id")) return;
+  auto add = [&](const json& x) {
+    if (!x.is_number_integer()) return;
+    if (x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+      throw Error(RLH_E_INVALID_ARGUMENT, path + ": eos_token_id " + x.dump() + " is not a token id");
+    out.insert(static_cast<int32_t>(x.get<int64_t>()));
+  };
   const json& e = j["eos_token_id"];
-  if (e.is_number_integer()) out.insert(e.get<int32_t>());
+  add(e);
   if (e.is_array())
-    for (const json& x : e)
-      if (x.is_number_integer()) out.insert(x.get<int32_t>());
+    for (const json& x : e) add(x);
 }
 
 // Everything the command holds, released in reverse order.
@@ -151,9 +156,10 @@ int cmd_generate(int argc, char** argv) {
   const bool json_out = vm.count("json") > 0;
   std::string gen_config = vm["generator-config"].as<std::string>();
   try {
-    if (!json::parse(gen_config).is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "--generator-config must be a JSON object");
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("--generator-config: invalid JSON: ") + e.what());
+    if (!sdk::parse_json_input(gen_config, "--generator-config").is_object())
+      throw Error(RLH_E_INVALID_ARGUMENT, "--generator-config must be a JSON object");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, e.what());
   }
 
   Session s;
