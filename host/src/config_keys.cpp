@@ -105,8 +105,13 @@ KeyCheck check_keys(const Json& resolved, const std::vector<std::string>& owned_
       if (warned.insert(root).second) result.unused_known.push_back(root);
       continue;
     }
-    // Unknown: suggest the closest key among owned patterns, NeMo-RL keys and the config's
-    // own siblings.
+    // Unknown. Past the first kMaxReported, only counted: a file of 100,000 stray keys would
+    // otherwise cost 100,000 suggestion searches and as many error lines.
+    if (result.errors.size() >= KeyCheck::kMaxReported) {
+      ++result.unreported;
+      continue;
+    }
+    // Suggest the closest key among owned patterns, NeMo-RL keys and the config's own siblings.
     std::vector<std::string> candidates(owned_patterns.begin(), owned_patterns.end());
     for (const char* p : kNemoRlKeys) candidates.emplace_back(p);
     std::string best;

@@ -11,7 +11,9 @@
 namespace rlh::host {
 
 struct KeyCheck {
-  std::vector<std::string> errors;        // unknown keys: one message each
+  static constexpr size_t kMaxReported = 20;
+  std::vector<std::string> errors;        // unknown keys: one message each, the first kMaxReported
+  size_t unreported = 0;                  // unknown keys past those
   std::vector<std::string> unused_known;  // NeMo-RL subtrees nothing loaded uses: one warning each
 };
 

@@ -448,6 +448,8 @@ Json Host::resolve_config() {
   }
   if (!kc.errors.empty()) {
     for (size_t i = 1; i < kc.errors.size(); ++i) log(RLH_LOG_ERROR, "host", kc.errors[i]);
+    if (kc.unreported > 0)
+      log(RLH_LOG_ERROR, "host", "... and " + std::to_string(kc.unreported) + " more unknown config keys");
     throw Error(RLH_E_INVALID_ARGUMENT, kc.errors.front());
   }
   resolved_ = r;
