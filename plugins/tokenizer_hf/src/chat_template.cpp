@@ -20,15 +20,20 @@ std::string ChatTemplate::render(const nlohmann::json& messages, bool add_genera
                                  const nlohmann::json& extra) const {
   if (!messages.is_array()) throw std::runtime_error("chat template: messages must be a JSON array");
   if (!extra.is_null() && !extra.is_object()) throw std::runtime_error("chat template: extra variables must be a JSON object");
+  jinja::Budget budget;
+  budget.lim = limits_;
+  jinja::BudgetScope scope(budget);
   std::unordered_map<std::string, jinja::Value> g;
   // transformers passes tools=None and documents=None when not given.
   g["tools"] = jinja::Value::none();
   g["documents"] = jinja::Value::none();
-  if (defaults_.is_object()) for (auto it = defaults_.begin(); it != defaults_.end(); ++it) g[it.key()] = jinja::from_json(it.value());
-  if (extra.is_object()) for (auto it = extra.begin(); it != extra.end(); ++it) g[it.key()] = jinja::from_json(it.value());
-  g["messages"] = jinja::from_json(messages);
-  g["add_generation_prompt"] = jinja::Value::boolean(add_generation_prompt);
   try {
+    if (defaults_.is_object())
+      for (auto it = defaults_.begin(); it != defaults_.end(); ++it) g[it.key()] = jinja::from_json(it.value());
+    if (extra.is_object())
+      for (auto it = extra.begin(); it != extra.end(); ++it) g[it.key()] = jinja::from_json(it.value());
+    g["messages"] = jinja::from_json(messages);
+    g["add_generation_prompt"] = jinja::Value::boolean(add_generation_prompt);
     return jinja::render_program(*program_, std::move(g));
   } catch (const jinja::Error& e) {
     std::string m = e.what();
