@@ -38,6 +38,10 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// An environment column named "count/..." counts events (responses past the scoring budget):
+// logged as the step's sum, not averaged like a reward (rlhost/environment.h).
+bool is_count(const std::string& name) { return name.rfind("count/", 0) == 0; }
+
 // Validation draws with its own RNG key range, apart from every training step's.
 constexpr int64_t kValidationStepKey = int64_t{1} << 40;
 
@@ -222,7 +226,7 @@ struct GrpoLoop::Impl {
     m["accuracy"] = correct / static_cast<double>(n);
     m["avg_length"] = length / static_cast<double>(n);
     for (const auto& [name, sum] : sums)
-      if (name != "reward") m[name] = sum / static_cast<double>(n);
+      if (name != "reward") m[name] = is_count(name) ? sum : sum / static_cast<double>(n);
     val_history.emplace_back(at_step, m["accuracy"]);
     host.metric(mn::kValidationAccuracy, m["accuracy"], at_step);
     host.metric(mn::kValidationAvgLength, m["avg_length"], at_step);
@@ -313,7 +317,8 @@ struct GrpoLoop::Impl {
       out.loss_multiplier.push_back(multipliers[static_cast<size_t>(b)][static_cast<size_t>(i)]);
       for (size_t k = 0; k < env->reward_names().size(); ++k) sums[env->reward_names()[k]] += resp.rewards[k];
     }
-    for (const auto& [name, sum] : sums) out.reward_means[name] = sum / static_cast<double>(out.responses.size());
+    for (const auto& [name, sum] : sums)
+      out.reward_means[name] = is_count(name) ? sum : sum / static_cast<double>(out.responses.size());
     return out;
   }
 
