@@ -64,7 +64,7 @@ struct Loop : ::testing::Test {
   rlhost_t* make_host(const std::vector<std::string>& overrides, bool with_runtime) {
     rlhost_t* h = nullptr;
     EXPECT_EQ(rlhost_create(&h), nullptr);
-    rlhost_set_log_level(h, RLH_LOG_ERROR);
+    rlhost_set_log_level(h, log_level);
     std::vector<std::string> plugins = {"grpo", "environments", "tokenizer_hf", "model_llama"};
     if (with_runtime) plugins.insert(plugins.end(), {"kernels_cpu", "dtensor", "generator"});
     for (const auto& p : plugins) {
@@ -110,6 +110,7 @@ struct Loop : ::testing::Test {
   }
 
   fs::path dir, model;
+  int32_t log_level = RLH_LOG_ERROR;
 };
 
 TEST_F(Loop, KeyCheckAcceptsTheDemoConfig) {
@@ -252,6 +253,64 @@ TEST_F(Loop, ResumeContinuesBitwise) {
     ++compared;
   }
   EXPECT_GT(compared, 0u) << "no weights compared under " << a;
+}
+
+// Issue 18: a checkpoint whose weights changed after it was saved (same size, so only the CRC in
+// the manifest shows it), or whose training_info.json names another step, is skipped with a
+// warning naming it; the run resumes from the checkpoint before and continues exactly as that
+// checkpoint's run did; the skipped folder is never overwritten, and no damaged state is copied
+// forward into a new checkpoint.
+TEST_F(Loop, DamagedCheckpointsAreSkippedAndNeverOverwritten) {
+  require_runtime();
+  const std::vector<std::string> common = {"grpo.num_prompts_per_step=16", "grpo.num_generations_per_prompt=4",
+                                           "grpo.val_at_start=false", "grpo.val_at_end=false",
+                                           "grpo.val_period=0", "checkpointing.save_period=2"};
+  auto with = [&](const std::string& ck, int steps) {
+    std::vector<std::string> v = common;
+    v.push_back("checkpointing.checkpoint_dir=" + (dir / ck).string());
+    v.push_back("grpo.max_num_steps=" + std::to_string(steps));
+    return v;
+  };
+  auto straight = run(with("weights", 4));
+  fs::copy(dir / "weights", dir / "step", fs::copy_options::recursive);
+  for (const char* damage : {"weights", "step"}) {
+    SCOPED_TRACE(damage);
+    const fs::path ck = dir / damage;
+    ASSERT_TRUE(fs::exists(ck / "step_4"));
+    fs::path victim;
+    if (std::string(damage) == "weights") {
+      for (const auto& e : fs::recursive_directory_iterator(ck / "step_4/policy"))
+        if (e.path().filename() == "model.safetensors") victim = e.path();
+      ASSERT_FALSE(victim.empty());
+      std::string bytes = read_file(victim);
+      bytes[bytes.size() - 3] ^= 0x40;  // a weight's high bits: a different value, the same size
+      std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+    } else {
+      victim = ck / "step_4/training_info.json";
+      std::string text = read_file(victim);
+      const size_t at = text.find("\"step\":4");
+      ASSERT_NE(at, std::string::npos) << text;
+      text[at + 7] = '1';  // "step":1, the same size
+      std::ofstream(victim, std::ios::binary | std::ios::trunc) << text;
+    }
+    const std::string damaged = read_file(victim);
+    log_level = RLH_LOG_INFO;
+    testing::internal::CaptureStderr();
+    auto resumed = run(with(damage, 6));
+    const std::string log = testing::internal::GetCapturedStderr();
+    log_level = RLH_LOG_ERROR;
+    EXPECT_NE(log.find("checkpoint skipped: " + (ck / "step_4").string()), std::string::npos) << log;
+    EXPECT_NE(log.find("resumed from " + (ck / "step_2").string()), std::string::npos) << log;
+    EXPECT_NE(log.find("checkpoint for step 4 not saved: " + (ck / "step_4").string()), std::string::npos) << log;
+    // Steps 3..6 ran again from step 2's state: steps 3 and 4 as the first run had them.
+    EXPECT_FALSE(resumed["train/loss"].count(2));
+    for (int64_t s : {3, 4}) EXPECT_EQ(resumed["train/loss"][s], straight["train/loss"][s]) << "step " << s;
+    EXPECT_TRUE(resumed["train/loss"].count(6));
+    // Nothing lost: the damaged step_4 is as it was; step_6 is a new, valid checkpoint.
+    EXPECT_TRUE(read_file(victim) == damaged);
+    EXPECT_TRUE(rlh::sdk::verify_checkpoint(ck / "step_6").ok) << rlh::sdk::verify_checkpoint(ck / "step_6").error;
+    EXPECT_TRUE(rlh::sdk::verify_checkpoint(ck / "step_2").ok);
+  }
 }
 
 // NeMo-RL's math recipes (dtensor and megatron) run as shipped on a user's own HF checkpoint and

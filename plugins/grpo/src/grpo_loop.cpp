@@ -162,22 +162,21 @@ struct GrpoLoop::Impl {
     }
   }
 
+  // The newest checkpoint that verifies (sizes, CRC32C, step numbers) and loads; a damaged one
+  // is skipped with a warning and the one before it is used (resume_from_checkpoints).
   void resume() {
     if (!ckpt) return;
-    std::vector<std::string> skipped;
-    auto list = ckpt->list(sdk::VerifyLevel::kSizes, &skipped);
-    for (const auto& s : skipped) host.warn("checkpoint skipped: " + s);
-    if (list.empty()) return;
-    const sdk::CheckpointInfo& last = list.back();
-    const json& info = last.training_info;
-    const std::string where = (last.dir / "training_info.json").string();
-    if (!info.contains("step") || !info.contains("data_order"))
-      throw Error(RLH_E_DATA_LOSS, where + ": not a GRPO checkpoint (no step or data_order)");
-    step = info["step"].get<int64_t>();
-    consumed_samples = info.value("consumed_samples", int64_t{0});
-    order->restore(info["data_order"], where);
-    backend->load_state(policy, (last.dir / "policy").string());
-    host.info("resumed from " + last.dir.string() + " (step " + std::to_string(step) + ")");
+    resume_from_checkpoints(host, *ckpt, [&](const sdk::CheckpointInfo& c) {
+      const json& info = c.training_info;
+      const std::string where = (c.dir / "training_info.json").string();
+      if (!info.is_object() || !info.contains("step") || !info.contains("data_order") ||
+          !info["step"].is_number_integer() || !info.value("consumed_samples", json(0)).is_number_integer())
+        throw Error(RLH_E_DATA_LOSS, where + ": not a GRPO checkpoint (no step, data_order or consumed_samples)");
+      order->restore(info["data_order"], where);
+      backend->load_state(policy, (c.dir / "policy").string());
+      step = info["step"].get<int64_t>();  // agrees with the folder's (verify_checkpoint)
+      consumed_samples = info.value("consumed_samples", int64_t{0});
+    });
   }
 
   // Hands the policy's weights to the generator when they changed since the last refit
@@ -528,7 +527,7 @@ struct GrpoLoop::Impl {
         val = validate(step);
         last_val = val;
       }
-      if (ckpt && (ckpt->is_periodic(step) || last)) {
+      if (ckpt && (ckpt->is_periodic(step) || last) && may_save_checkpoint(host, *ckpt, step)) {
         t0 = Clock::now();
         save_checkpoint(step, val.empty() ? last_val : val, metrics);
         timers["checkpointing"] = since(t0);
