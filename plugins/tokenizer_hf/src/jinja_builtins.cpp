@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <optional>
 #include <set>
 
 #include "jinja_eval.hpp"
@@ -672,6 +673,13 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          return Value::str(rv);
        }},
       {"int", [](Context&, Value& v, Args& a) {
+         // Jinja's do_int: int(x), else int(float(x)), else the default. NaN has no int (the
+         // default); an infinity or a float past the 64-bit range is an error (Python raises
+         // OverflowError, or makes an integer this engine cannot hold).
+         const Value* dflt = a.get(0, "default");
+         const Value fallback = dflt ? *dflt : Value::integer(0);
+         auto from_float = [&](double x) { return std::isnan(x) ? fallback : Value::integer(Value::float_to_int(x)); };
+         if (v.kind == Value::Kind::Float) return from_float(v.f);
          if (v.is_number()) return Value::integer(v.as_int());
          if (v.is_string()) {
            std::string s = strip(v.s, nullptr, true, true);
@@ -680,15 +688,19 @@ const std::unordered_map<std::string, FilterFn>& filters() {
              size_t used;
              const long long x = std::stoll(s, &used, static_cast<int>(arg_int(a, 1, "base", 10)));
              if (used == s.size()) return Value::integer(x);
-           } catch (const std::exception&) {}
+           } catch (const std::logic_error&) {}
+           std::optional<double> d;
            try {
              size_t used;
-             const double d = std::stod(s, &used);
-             if (used == s.size()) return Value::integer(Value::float_to_int(d));
-           } catch (const std::exception&) {}
+             const double x = std::stod(s, &used);
+             if (used == s.size()) d = x;
+           } catch (const std::invalid_argument&) {
+           } catch (const std::out_of_range&) {
+             d = s.find('-') == std::string::npos ? HUGE_VAL : -HUGE_VAL;  // "1e999": past every double
+           }
+           if (d) return from_float(*d);
          }
-         const Value* d = a.get(0, "default");
-         return d ? *d : Value::integer(0);
+         return fallback;
        }},
       {"items", [](Context&, Value& v, Args&) {
          if (v.is_undefined()) return Value::array();
@@ -786,9 +798,12 @@ const std::unordered_map<std::string, FilterFn>& filters() {
        }},
       {"round", [](Context&, Value& v, Args& a) {
          if (!v.is_number()) throw Error("round expects a number");
-         // Beyond +-400 digits every double rounds to itself (or to 0); 10^prec would overflow.
-         const int64_t prec = std::clamp<int64_t>(arg_int(a, 0, "precision", 0), -400, 400);
+         // Past 300 digits a double rounds to itself (or to 0), and 10^prec would overflow.
+         const int64_t prec = arg_int(a, 0, "precision", 0);
          const std::string method = arg_str(a, 1, "method", "common");
+         if (method != "common" && method != "ceil" && method != "floor") throw Error("method must be common, ceil or floor");
+         if (prec > 300) return Value::number(v.as_double());
+         if (prec < -300) return Value::number(0.0);
          const double m = std::pow(10.0, static_cast<double>(prec));
          double x = v.as_double() * m;
          if (method == "common") x = std::round(x);

@@ -172,7 +172,15 @@ struct Evaluator {
   // bounds what a loop of copies can cost.
   Value eval(const Expr& e) {
     Nest nest;
-    Value v = eval_node(e);
+    Value v;
+    try {
+      v = eval_node(e);
+    } catch (const Error& err) {
+      // Errors from values and limits get the line of the innermost expression.
+      const std::string m = err.what();
+      if (m.rfind("line ", 0) == 0 || m.rfind("raise_exception:", 0) == 0) throw;
+      fail_at(e.line, m);
+    }
     if (v.is_string()) {
       check_string(v.s.size());
       charge(v.s.size());
@@ -395,7 +403,7 @@ struct Evaluator {
     const size_t n = items.size();
     for (size_t k = 0; k < n; ++k) {
       ctx.tick();
-      charge(8 * sizeof(Value) + item_bytes(k) * 2 + (k ? item_bytes(k - 1) : 0) + item_bytes(k + 1));
+      charge(sizeof(Value) + item_bytes(k) * 2 + (k ? item_bytes(k - 1) : 0) + item_bytes(k + 1));
       Value loop = Value::object();
       auto& L = *loop.obj;
       L.set("index", Value::integer(static_cast<int64_t>(k + 1)));
