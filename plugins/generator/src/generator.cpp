@@ -22,6 +22,15 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
     throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_num_batched_tokens must be >= 1");
   if (opt_.kv_cache_bytes < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: kv_cache_bytes must be > 0");
   if (opt_.max_model_len < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len must be >= 0");
+  // Positions past max_position_embeddings are outside the model's range.
+  if (desc.max_position_embeddings > 0 && opt_.max_model_len > desc.max_position_embeddings)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len " + std::to_string(opt_.max_model_len) +
+                                            " is more than the model's max_position_embeddings (" +
+                                            std::to_string(desc.max_position_embeddings) + ")");
+  // One thread per core is the useful most; far more only exhausts the system's thread limit.
+  if (opt_.num_threads < 0 || opt_.num_threads > kMaxThreads)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: num_threads must be between 0 (OpenMP's count) and " +
+                                            std::to_string(kMaxThreads) + ", got " + std::to_string(opt_.num_threads));
   model_ = std::make_unique<DecodeModel>(std::move(desc), nullptr);
   model_->set_router_fp64(opt_.moe_router_fp64);
   if (opt_.num_threads > 0) pool_ = std::make_unique<WorkerPool>(opt_.num_threads);

@@ -220,7 +220,11 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     o.block_size = get_int(cfg, "block_size", o.block_size);
     o.kv_cache_bytes = get_int(cfg, "kv_cache_bytes", o.kv_cache_bytes);
     o.max_model_len = get_int(cfg, "max_model_len", o.max_model_len);
-    o.num_threads = int(get_int(cfg, "num_threads", 0));
+    const int64_t threads = get_int(cfg, "num_threads", 0);  // range-checked here: int() would wrap
+    if (threads < 0 || threads > gen::kMaxThreads)
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator config: num_threads must be between 0 and " +
+                                              std::to_string(gen::kMaxThreads) + ", got " + std::to_string(threads));
+    o.num_threads = int(threads);
     std::string router_source;
     o.moe_router_fp64 = router_fp64(g->host, cfg, &router_source);
 

@@ -32,6 +32,9 @@
 
 namespace rlh::gen {
 
+// The most decode threads a generator starts (Options::num_threads).
+inline constexpr int kMaxThreads = 1024;
+
 struct Options {
   int64_t max_num_seqs = 64;              // sequences decoding at once (batch slots)
   int64_t max_num_batched_tokens = 512;   // tokens per step: decode rows + prefill chunks
@@ -43,7 +46,7 @@ struct Options {
   int64_t max_model_len = 0;              // prompt + new tokens; 0 = max_position_embeddings
   // Threads of the decode: its own WorkerPool of this many; 0 = the process-wide pool, sized by
   // OMP_NUM_THREADS like kernels_cpu's OpenMP. The process's OpenMP setting is left alone.
-  int num_threads = 0;
+  int num_threads = 0;                    // 0..kMaxThreads
   // MoE router in float64, as the trainer's MoeOptions::router_fp64 (NeMo-RL's
   // moe_router_dtype: fp64): set it as the trainer is set so both route alike.
   bool moe_router_fp64 = false;
