@@ -273,6 +273,12 @@ int cmd_generate(int argc, char** argv) {
   std::map<std::pair<int64_t, int64_t>, Result> results;
   sdk::check(s.gen_api->generate(s.gen, &args, collect, &results));
 
+  for (const auto& [key, r] : results)
+    for (size_t t = 0; t < r.logprobs.size(); ++t)
+      if (!std::isfinite(r.logprobs[t]))
+        throw Error(RLH_E_DATA_LOSS, "prompt " + std::to_string(key.first) + ", sample " + std::to_string(key.second) +
+                                         ": the logprob of new token " + std::to_string(t) +
+                                         " is not finite: the model's activations overflowed");
   const bool many = results.size() > 1;
   for (const auto& [key, r] : results) {
     const std::vector<int32_t>& prompt = prompts[size_t(key.first)];

@@ -441,6 +441,15 @@ std::string Tokenizer::apply_chat_template(const json& messages, bool add_genera
   return out;
 }
 
+void stop_on_nonfinite(double loss, double grad_norm, int64_t step, const std::string& what) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) return;
+  auto text = [](double v) { return std::isnan(v) ? std::string("NaN") : std::to_string(v); };
+  throw Error(RLH_E_ABORTED, what + " " + std::to_string(step) + ": the loss is " + text(loss) + " and the gradient norm " +
+                                 text(grad_norm) +
+                                 "; stopping (a non-finite loss ends the run, as in NeMo-RL; this step is not "
+                                 "checkpointed, resume from the last checkpoint)");
+}
+
 // ---- checkpoints -------------------------------------------------------------------------------
 
 std::optional<sdk::CheckpointInfo> resume_from_checkpoints(const sdk::Host& host, sdk::CheckpointManager& ckpt,

@@ -216,6 +216,11 @@ class Tokenizer {
   int64_t vocab_size_ = 0;
 };
 
+// A non-finite loss or gradient norm stops the loop (NeMo-RL stops on a NaN loss too): throws
+// Error(RLH_E_ABORTED) naming the step. The backend applies no update from a non-finite gradient
+// and nothing of this step is checkpointed, so the last checkpoint is the state to resume from.
+void stop_on_nonfinite(double loss, double grad_norm, int64_t step, const std::string& what);
+
 // Resumes a loop from the newest checkpoint that verifies and loads (CheckpointManager::resume):
 // `load` restores the loop's state from one (throwing Error(RLH_E_DATA_LOSS) for a damaged one).
 // Each skipped checkpoint is one warning naming it. When none loads, the loop starts from step 0

@@ -402,6 +402,7 @@ struct GrpoLoop::Impl {
                                           cfg.policy.train_mb_tokens,
                                           cfg.policy.train_micro_batch_size);
       Backend::TrainResult r = backend->train_step(policy, a);
+      stop_on_nonfinite(r.loss, r.grad_norm, step + 1, "train step");
       loss_sum += r.loss;
       grad_norm_sum += r.grad_norm;
       // Backend metrics at the top level, the loss callback's (already normalised, summed over

@@ -175,7 +175,11 @@ struct SftLoop::Impl {
     const std::vector<rlh_output_spec> specs = loss->output_specs(1.0, 0, 1.0);
     const rlh_train_args a = train_args(b, specs, *loss, masks.counts, cfg.policy.train_mb_tokens,
                                         cfg.policy.train_micro_batch_size, eval_only);
-    return backend->train_step(policy, a);
+    Backend::TrainResult r = backend->train_step(policy, a);
+    // A validation loss has no gradient norm (0); either being non-finite stops the run.
+    stop_on_nonfinite(r.loss, eval_only ? 0.0 : r.grad_norm, eval_only ? step : step + 1,
+                      eval_only ? "validation at step" : "train step");
+    return r;
   }
 
   double validate(int64_t at) {
