@@ -233,7 +233,7 @@ TEST(JsonlDataset, BadConfigIsAnErrorNamingTheKey) {
             "\"OpenMathInstruct-2\"");
   EXPECT_EQ(error_of({{"data_path", f}, {"split", "test"}}), "split: expected 'train', 'validation' or 'all', got \"test\"");
   EXPECT_EQ(error_of({{"train", {{"data_path", f}, {"prompt_file", (t.path / "nope.txt").string()}}}}),
-            "data.train.prompt_file: '" + (t.path / "nope.txt").string() + "': No such file or directory");
+            "data.train.prompt_file: '" + (t.path / "nope.txt").string() + "' does not exist");
 
   const std::string named = t.write("named.txt", "Solve {problem}");
   EXPECT_EQ(error_of({{"data_path", f}, {"prompt_file", named}}),
