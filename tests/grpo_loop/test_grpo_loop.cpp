@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -311,6 +312,62 @@ TEST_F(Loop, DamagedCheckpointsAreSkippedAndNeverOverwritten) {
     EXPECT_TRUE(rlh::sdk::verify_checkpoint(ck / "step_6").ok) << rlh::sdk::verify_checkpoint(ck / "step_6").error;
     EXPECT_TRUE(rlh::sdk::verify_checkpoint(ck / "step_2").ok);
   }
+}
+
+// Issue 18: a model's chat template is code from its repository; one that would trap (SIGFPE) or
+// build gigabytes stops the GRPO run with one line naming the template, before any step.
+TEST_F(Loop, HostileChatTemplateStopsTheRunWithOneLine) {
+  require_runtime();
+  for (const char* tpl : {"{{ (-9223372036854775807 - 1) // -1 }}", "{{ 'x'|center(1000000000000) }}"}) {
+    json cfg = json::parse(read_file(model / "tokenizer_config.json"));
+    cfg["chat_template"] = tpl;
+    std::ofstream(model / "tokenizer_config.json", std::ios::trunc) << cfg.dump();
+    rlhost_t* h = make_host({"policy.tokenizer.chat_template=default", "grpo.max_num_steps=1"}, true);
+    std::string msg;
+    EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_E_INVALID_ARGUMENT) << msg;
+    EXPECT_NE(msg.find("chat template: line 1: "), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    rlhost_destroy(h);
+    EXPECT_FALSE(fs::exists(dir / "ckpt" / "step_1"));
+  }
+}
+
+// Issue 18: a non-finite loss stops training (NeMo-RL stops on a NaN loss too): one line naming the
+// step, a non-zero status, and no checkpoint of that step. Here the model's output layer is
+// finite but so large that the logits overflow.
+TEST_F(Loop, NonFiniteLossStopsTrainingWithoutACheckpoint) {
+  require_runtime();
+  if (!have("sft")) GTEST_SKIP() << "plugin 'sft' is not built";
+  {
+    const fs::path st = model / "model.safetensors";
+    std::string b = read_file(st);
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    const json hdr = json::parse(b.substr(8, n));
+    const auto& off = hdr.at("lm_head.weight").at("data_offsets");
+    const float big = 3e38f;
+    for (uint64_t at = 8 + n + off[0].get<uint64_t>(); at < 8 + n + off[1].get<uint64_t>(); at += 4)
+      std::memcpy(b.data() + at, &big, 4);
+    std::ofstream(st, std::ios::binary | std::ios::trunc) << b;
+  }
+  rlhost_t* h = nullptr;
+  ASSERT_EQ(rlhost_create(&h), nullptr);
+  rlhost_set_log_level(h, RLH_LOG_ERROR);
+  for (const std::string p : {"sft", "dtensor", "environments", "tokenizer_hf", "model_llama", "kernels_cpu"})
+    ASSERT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
+  std::string msg;
+  ASSERT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs/sft_demo_cpu.yaml").c_str()),
+                    &msg), RLH_OK) << msg;
+  const fs::path ck = dir / "nan_ck";
+  for (const std::string& o : {"policy.model_name=" + model.string(), std::string("sft.max_num_steps=3"),
+                              std::string("checkpointing.save_period=1"), "checkpointing.checkpoint_dir=" + ck.string(),
+                              "logger.log_dir=" + (dir / "nan_logs").string(), std::string("++logger.console_enabled=false")})
+    ASSERT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
+  EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_E_ABORTED) << msg;
+  EXPECT_NE(msg.find("train step 1: the loss is NaN"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  rlhost_destroy(h);
+  EXPECT_FALSE(fs::exists(ck / "step_1"));
 }
 
 // NeMo-RL's math recipes (dtensor and megatron) run as shipped on a user's own HF checkpoint and
