@@ -148,6 +148,10 @@ TEST_F(Hostile, ResolverArithmeticIsCheckedNotWrappedOrTrapped) {
   expect_error(with("mul:9223372036854775807,2"), "resolver 'mul' overflows 64-bit integers");   // was -2
   expect_error(with("add:9223372036854775807,1"), "resolver 'add' overflows 64-bit integers");
   expect_error(with("mul:-9223372036854775808,-1"), "overflows");
+  // Float results that are not numbers would reach plugins as JSON null: errors naming the key.
+  expect_error(with("mul:1.0e308,10"), "config key 'data.v' (from " + path("r.yaml") + "): .inf is not a finite number");
+  write_file(path("nan.yaml"), "data:\n  lr: .nan\n");
+  expect_error(run("--print-config --config " + path("nan.yaml")), "config key 'data.lr'");
   const Result ok = with("div:-9223372036854775807,-1");
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("v: 9223372036854775807"), std::string::npos) << ok.out;
