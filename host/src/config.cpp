@@ -3,6 +3,7 @@
 // bound and YAML alias expansion has a node budget.
 #include "config.hpp"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -522,6 +523,10 @@ Json parse_yaml(const std::string& text, const std::string& origin) {
   YAML::Node node;
   try {
     node = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    // (yaml-cpp 0.7 gives this one the message "bad file")
+    fail(origin + ": line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1) +
+         ": invalid YAML: nested deeper than " + std::to_string(e.depth()) + " levels");
   } catch (const YAML::Exception& e) {
     fail(origin + ": line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1) +
          ": invalid YAML: " + e.msg);

@@ -134,6 +134,9 @@ TEST_F(Hostile, HugeAndLargeConfigs) {
   const Result r = run("--print-config --config " + path("big.yaml"));
   EXPECT_EQ(r.code, 0) << last_line(r.err);
   EXPECT_NE(r.out.find("key_79999: value_79999_xxxxxxxxxxxx"), std::string::npos);
+  // Nesting past yaml-cpp's and rlhost's bounds.
+  write_file(path("deep.yaml"), "data:\n  a: " + std::string(100000, '[') + std::string(100000, ']') + "\n");
+  expect_error(run("--print-config --config " + path("deep.yaml")), "invalid YAML: nested deeper than");
   // A scalar of a million digits: typed without std::regex (which recursed per character).
   write_file(path("digits.yaml"), "data:\n  n: " + std::string(1000000, '7') + "\n");
   EXPECT_EQ(run("--print-config --config " + path("digits.yaml")).code, 0);
