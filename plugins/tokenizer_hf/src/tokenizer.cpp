@@ -50,9 +50,10 @@ struct Tokenizer::Impl {
 
 namespace {
 
-// Tokenizer files are at most tens of MB (the largest tokenizer.json on the Hub is ~35 MB);
+// Tokenizer files are at most tens of MB (the largest tokenizer.json on the Hub is ~35 MB), so
+// 256 MiB is far above any; parsed, a JSON file takes several times its size in memory.
 // only regular files are read (a FIFO named tokenizer.json would block forever).
-constexpr uint64_t kMaxTokenizerFileBytes = 1ull << 30;
+constexpr uint64_t kMaxTokenizerFileBytes = 256u << 20;
 
 std::string read_file(const std::filesystem::path& p) {
   return sdk::read_input_file(p.string(), kMaxTokenizerFileBytes, "tokenizer file");
