@@ -11,6 +11,7 @@
 // A \frac / \sqrt argument or an exponent is a {group} or a single atom (\frac12, 2^10, x^y).
 // A run of letters is one variable per letter ("xy" = x*y), except pi, sqrt and the function
 // names, as sympy's parser splits them.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -19,11 +20,21 @@
 namespace rlh::environments::math {
 namespace {
 
+struct Failed {};
+
+// Sets n's height from its kids'; a tree past kMaxTreeHeight is not an expression we parse (a
+// policy's 4 KB answer "xxxx...x" was a 4096-deep chain, which overflowed the stack in eval).
+void set_height(Node& n) {
+  for (const NodePtr& k : n.kids) n.height = std::max(n.height, k->height + 1);
+  if (n.height > kMaxTreeHeight) throw Failed{};
+}
+
 NodePtr make(Node::Kind k, std::vector<NodePtr> kids = {}) {
   charge(1);
   auto n = std::make_shared<Node>();
   n->kind = k;
   n->kids = std::move(kids);
+  set_height(*n);
   return n;
 }
 
@@ -39,6 +50,7 @@ NodePtr make_named(Node::Kind k, std::string name, std::vector<NodePtr> kids = {
   n->kind = k;
   n->name = std::move(name);
   n->kids = std::move(kids);
+  set_height(*n);
   return n;
 }
 
@@ -54,8 +66,6 @@ bool is_greek(std::string_view n) {
     if (n == g) return true;
   return false;
 }
-
-struct Failed {};
 
 class Parser {
  public:

@@ -66,7 +66,13 @@ struct Node {
   Rational number;   // kNumber
   std::string name;  // kVar, kFunc
   std::vector<NodePtr> kids;  // operands; kRoot: {index, radicand}
+  int height = 1;             // 1 + the tallest kid's: the depth of every recursion over the tree
 };
+
+// The tallest tree the parser builds. Loops build left-deep chains ("xxxx" = ((x*x)*x)*x,
+// "1+1+1"), so the parser's own recursion bound does not bound the tree; the evaluators,
+// comparisons and the tree's destructor recurse once per level.
+constexpr int kMaxTreeHeight = 512;
 
 // Parses one expression (no top-level commas). nullopt when it is not one we understand.
 std::optional<NodePtr> parse_expression(std::string_view s);

@@ -146,6 +146,20 @@ TEST(MathAnswer, HostileInputIsNotACrash) {
   EXPECT_FALSE(math_equal("", ""));  // nothing is not an answer
   EXPECT_FALSE(math_equal("\\frac{1}{0}", "\\frac{1}{0}"));  // undefined is equal to nothing
   EXPECT_FALSE(math_equal("\\boxed{", "1"));
+  // Found by fuzz_math_verifier: under the 4 KB parse limit, a run of letters ("xy" = x*y) or
+  // terms was a left-deep tree 4,000 levels tall, and evaluating it overflowed the stack. A tree
+  // taller than 512 levels is not parsed: the answer compares as text.
+  const std::string tall = std::string(3000, 'x') + "1" + std::string(1000, 'x');
+  EXPECT_TRUE(math_equal(tall, tall));
+  EXPECT_FALSE(math_equal(tall, tall + "x"));
+  EXPECT_EQ(describe_answer(tall).rfind("text: ", 0), 0u);
+  std::string sum = "1";
+  for (int i = 0; i < 1500; ++i) sum += "+1";
+  EXPECT_FALSE(math_equal(sum, "1501"));
+  EXPECT_EQ(describe_answer(sum).rfind("text: ", 0), 0u);
+  sum = "1";
+  for (int i = 0; i < 400; ++i) sum += "+1";
+  EXPECT_TRUE(math_equal(sum, "401"));  // still an expression
 }
 
 // Issue 18: a policy's output can be anything. These responses crashed (std::regex recursion)
