@@ -177,6 +177,20 @@ TEST(TemplateLimits, DeepMessagesAreAnErrorNotACrash) {
   EXPECT_NE(r.find("nests more than"), std::string::npos) << r;
 }
 
+TEST(TemplateLimits, ErrorsQuotingTheTemplateStayOneLine) {
+  // Found by fuzz_jinja_filters: a parse error quoted a string token holding newlines.
+  expect_error("{{ ( si' 1e999\n\n\xff\xfe'|int ) }}", "expected ')', got ' 1e999\\n\\n");
+  expect_error("{{ raise_exception('two\nlines\tand\x01') }}", "two\\nlines\\tand\\x01");
+  // A megabyte token is cut, on a character boundary.
+  std::string big;
+  for (int i = 0; i < 300000; ++i) big += "\xc3\xa9";  // é
+  const std::string r = render("{{ (x '" + big + "') }}");
+  ASSERT_EQ(r.rfind("ERROR: chat template: ", 0), 0u) << r.substr(0, 300);
+  EXPECT_LE(r.size(), 1100u);
+  EXPECT_EQ(r.substr(r.size() - 3), "...");
+  EXPECT_EQ(r.substr(r.size() - 5, 2), "\xc3\xa9");
+}
+
 TEST(TemplateLimits, OutputLimit) {
   TemplateLimits lim = small();
   lim.max_output = 1000;

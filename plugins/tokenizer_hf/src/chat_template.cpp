@@ -1,18 +1,53 @@
 // ChatTemplate: parses once, renders messages with transformers' variables (see chat_template.hpp).
 #include "rlhost/tokenizer/chat_template.hpp"
 
+#include <cstdio>
+#include <string_view>
+
 #include "jinja_eval.hpp"
 
 namespace rlh::tok {
+namespace {
+
+// Errors are one line (the CLI's last stderr line names the problem), but they quote the
+// template: a token or a raise_exception text may hold newlines and control characters, and a
+// string literal may be megabytes long. Escape the one, cut the other (on a UTF-8 boundary).
+std::runtime_error error(std::string_view m) {
+  constexpr size_t kMaxBytes = 1024;
+  std::string out = "chat template: ";
+  for (const char c : m) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", u);
+      out += hex;
+    } else {
+      out += c;
+    }
+    if (out.size() > kMaxBytes) {
+      size_t cut = kMaxBytes;
+      while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
+      out.resize(cut);
+      out += "...";
+      break;
+    }
+  }
+  return std::runtime_error(out);
+}
+
+}  // namespace
 
 ChatTemplate::ChatTemplate(std::string source, nlohmann::json defaults)
     : source_(std::move(source)), defaults_(std::move(defaults)) {
   try {
     program_ = jinja::parse(jinja::lex(source_));
   } catch (const jinja::Error& e) {
-    throw std::runtime_error(std::string("chat template: ") + e.what());
+    throw error(e.what());
   } catch (const std::logic_error& e) {  // e.g. a numeric conversion out of range
-    throw std::runtime_error(std::string("chat template: ") + e.what());
+    throw error(e.what());
   }
 }
 
@@ -39,9 +74,9 @@ std::string ChatTemplate::render(const nlohmann::json& messages, bool add_genera
     std::string m = e.what();
     const std::string tag = "raise_exception: ";
     if (m.rfind(tag, 0) == 0) m = m.substr(tag.size());
-    throw std::runtime_error("chat template: " + m);
+    throw error(m);
   } catch (const std::logic_error& e) {
-    throw std::runtime_error(std::string("chat template: ") + e.what());
+    throw error(e.what());
   }
 }
 
