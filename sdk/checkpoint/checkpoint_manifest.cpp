@@ -138,7 +138,8 @@ std::string parse_manifest(std::string_view text, const std::string& label, int6
   } catch (const InputError& e) {
     return e.what();
   }
-  if (!m.is_object() || m.value("format", "") != "rlhost-checkpoint-manifest" || !m.contains("files") ||
+  // (json::value() throws when the key holds another type: every field's type is checked first.)
+  if (!m.is_object() || !m.contains("format") || m["format"] != "rlhost-checkpoint-manifest" || !m.contains("files") ||
       !m["files"].is_array() || !m.contains("step") || !m["step"].is_number_integer())
     return label + ": not an rlhost checkpoint manifest";
   if (!m.contains("version") || m["version"] != 1)

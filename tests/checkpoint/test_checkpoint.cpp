@@ -265,6 +265,11 @@ TEST(CheckpointResume, ManifestsAreUntrustedInput) {
             std::string::npos);
   EXPECT_NE(err(R"({"format": "rlhost-checkpoint-manifest", "version": 2, "step": 3, "files": []})").find("version 2"),
             std::string::npos);
+  // Found by fuzz_checkpoint_manifest: a field of another type threw json's type_error (a duplicate
+  // key's last value wins) instead of returning the error.
+  EXPECT_NE(err(R"({"format": "rlhost-checkpoint-manifest", "version": 1, "step": 3, "format": [], "files": []})")
+                .find("not an rlhost checkpoint manifest"),
+            std::string::npos);
   // A FIFO in place of the manifest is refused, not waited on.
   TempDir tmp;
   fs::create_directories(tmp.path / "step_1");
