@@ -129,11 +129,14 @@ void load_state(Model& m, const std::string& dir) {
   } catch (const sdk::InputError& e) {
     throw Error(RLH_E_DATA_LOSS, e.what());
   }
-  if (!state.is_object() || state.value("format", "") != kFormat || !state.contains("step") ||
+  // (json::value() throws a type_error when the key holds another type: the file is untrusted.)
+  if (!state.is_object() || !state.contains("format") || state["format"] != kFormat || !state.contains("step") ||
       !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0)
     throw Error(RLH_E_DATA_LOSS, state_path.string() + ": not an rlhost backend state (format/step)");
   const int64_t step = state["step"].get<int64_t>();
-  const std::string arch = state.value("architecture", "");
+  const std::string arch = state.contains("architecture") && state["architecture"].is_string()
+                               ? state["architecture"].get<std::string>()
+                               : std::string("(no architecture)");
   if (arch != m.desc.architecture)
     throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + dir + "' holds a " + arch + " state, the model is " +
                                                m.desc.architecture);
