@@ -171,7 +171,10 @@ TEST(TemplateLimits, DeepAndSharedValuesAreBounded) {
 TEST(TemplateLimits, DeepMessagesAreAnErrorNotACrash) {
   json deep = "x";
   for (int i = 0; i < 100000; ++i) deep = json::array({std::move(deep)});
-  const json messages = json::array({{{"role", "user"}, {"content", deep}}});
+  // Moved in, not copied: json's copy recurses once per level (and overflowed this test's stack).
+  json messages = json::array({json::object()});
+  messages[0]["role"] = "user";
+  messages[0]["content"] = std::move(deep);
   const std::string r = render("{{ messages[0].content }}", nullptr, messages);
   EXPECT_EQ(r.rfind("ERROR: chat template: ", 0), 0u) << r.substr(0, 200);
   EXPECT_NE(r.find("nests more than"), std::string::npos) << r;
@@ -179,7 +182,7 @@ TEST(TemplateLimits, DeepMessagesAreAnErrorNotACrash) {
 
 TEST(TemplateLimits, ErrorsQuotingTheTemplateStayOneLine) {
   // Found by fuzz_jinja_filters: a parse error quoted a string token holding newlines.
-  expect_error("{{ ( si' 1e999\n\n\xff\xfe'|int ) }}", "expected ')', got ' 1e999\\n\\n");
+  expect_error("{{ ( si' 1e999\n\n\x01'|int ) }}", "expected ')', got ' 1e999\\n\\n\\x01'");
   expect_error("{{ raise_exception('two\nlines\tand\x01') }}", "two\\nlines\\tand\\x01");
   // A megabyte token is cut, on a character boundary.
   std::string big;
@@ -189,6 +192,21 @@ TEST(TemplateLimits, ErrorsQuotingTheTemplateStayOneLine) {
   EXPECT_LE(r.size(), 1100u);
   EXPECT_EQ(r.substr(r.size() - 3), "...");
   EXPECT_EQ(r.substr(r.size() - 5, 2), "\xc3\xa9");
+}
+
+// Found by fuzz_jinja_filters: repr() of a string ending in a cut UTF-8 sequence read past the
+// string's buffer. A template must be UTF-8 (Python text); values from a caller's JSON may not be.
+TEST(TemplateLimits, InvalidUtf8IsRefusedOrHandledWithinTheString) {
+  expect_error("{{ 'ab\xe6' }}", "not valid UTF-8 (byte 6)");
+  for (const std::string bad : {"ab\xe6", "\xf0\x9f", "\xc3", "x\xff\xfe"}) {
+    const json messages = json::array({{{"role", "user"}, {"content", bad}}});
+    const std::string r = render(
+        "{{ [messages[0].content] }}|{{ messages[0].content|upper|title|trim|wordcount }}|"
+        "{{ messages[0].content.split() }}|{{ messages[0].content|length }}",
+        nullptr, messages);
+    EXPECT_EQ(r.rfind("ERROR", 0), std::string::npos) << r;
+    EXPECT_NE(r.find(bad), std::string::npos) << r;
+  }
 }
 
 TEST(TemplateLimits, OutputLimit) {

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "jinja_eval.hpp"
+#include "unicode.hpp"
 
 namespace rlh::tok {
 namespace {
@@ -42,6 +43,10 @@ std::runtime_error error(std::string_view m) {
 
 ChatTemplate::ChatTemplate(std::string source, nlohmann::json defaults)
     : source_(std::move(source)), defaults_(std::move(defaults)) {
+  // A template is Python text: transformers could not have decoded one that is not UTF-8, and
+  // the engine's string functions walk code points.
+  if (const size_t bad = uni::find_invalid(source_); bad != std::string::npos)
+    throw error("not valid UTF-8 (byte " + std::to_string(bad) + ")");
   try {
     program_ = jinja::parse(jinja::lex(source_));
   } catch (const jinja::Error& e) {
