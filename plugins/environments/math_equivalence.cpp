@@ -197,7 +197,9 @@ MathVerdict score_math_response(std::string_view response, std::string_view grou
   return v;
 }
 
-std::string describe_answer(std::string_view answer) {
+namespace {
+
+std::string describe_parsed(std::string_view answer) {
   const Answer a = parse_answer(answer);
   if (a.kind == Answer::kText) return "text: " + a.text;
   auto item = [&](const NodePtr& n) {
@@ -214,6 +216,19 @@ std::string describe_answer(std::string_view answer) {
   for (size_t i = 0; i < a.items.size(); ++i) out += (i ? ", " : "") + item(a.items[i]);
   out += a.kind == Answer::kSet ? '}' : (a.close ? a.close : ')');
   return out;
+}
+
+}  // namespace
+
+std::string describe_answer(std::string_view answer, const MathCompareOptions& opts) {
+  try {
+    math::WorkBudget budget(opts.max_work, opts.max_seconds);
+    if (answer.size() > opts.max_answer_bytes)
+      throw math::OverBudget{"an answer longer than " + std::to_string(opts.max_answer_bytes) + " bytes"};
+    return describe_parsed(answer);
+  } catch (const math::OverBudget& e) {
+    return "over budget: " + e.what;
+  }
 }
 
 }  // namespace rlh::environments

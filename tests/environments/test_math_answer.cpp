@@ -211,6 +211,9 @@ TEST(MathAnswer, AnExpressionEqualsItselfEvenBeyondExactAndFloatRange) {
 TEST(MathAnswer, OverBudgetScoresAsWrongAndSaysWhy) {
   MathCompareOptions tight;
   tight.max_work = 2000;
+  // describe_answer has the same budget (it had none: the fuzzer's slowest inputs).
+  EXPECT_EQ(describe_answer("(1+x+y+z)^{32}", tight), "over budget: scoring needs more than 2000 work units");
+  EXPECT_EQ(describe_answer("1/2", tight), "exact: 1/2");
   auto v = score_math_response("\\boxed{" + std::string(5000, '1') + "}", std::string(5000, '1'), tight);
   EXPECT_TRUE(v.over_budget);
   EXPECT_FALSE(v.correct);

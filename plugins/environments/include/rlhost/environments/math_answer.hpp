@@ -69,7 +69,8 @@ MathVerdict score_math_response(std::string_view response, std::string_view grou
                                 const MathCompareOptions& opts = {});
 
 // The normalised, parsed form of an answer as text ("exact: 1/2", "tuple (1/2, sqrt(3))",
-// "float: 0.693147", "text: monday"), for logs and tests.
-std::string describe_answer(std::string_view answer);
+// "float: 0.693147", "text: monday"), for logs and tests; within opts' work budget like scoring
+// ("over budget: <why>" past it: (1+x+y+z)^{64} expands to ~48,000 big terms).
+std::string describe_answer(std::string_view answer, const MathCompareOptions& opts = {});
 
 }  // namespace rlh::environments
