@@ -2,27 +2,45 @@
 # What every run on the H200 starts with: the `gpu` tests (ctest -L gpu's binaries), then
 # optionally GRPO with the policy on the GPU and the GPU benchmarks. Runs from binaries built
 # here and carried (BIN, default .devbin, packed by scripts/device_pack.sh: test_*, bench_*,
-# rlhost, plugins/, lib/, fixtures/), since the device image has no gtest, Boost or yaml-cpp.
+# rlhost, plugins/, lib/), since the device image has no gtest, Boost or yaml-cpp; the fixtures
+# are the source tree's tests/fixtures.
 # Logs go to $OUT when set.
 #   scripts/device_gpu.sh [tests|grpo|bench|all]     (all = tests, grpo, bench)
+#   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
+#                                       engines then take attention from kernels_cuda)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$(cd "${BIN:-.devbin}" && pwd)
 out=${OUT:-/tmp}
 what=${1:-tests}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
+# The fixtures travel with the tree: tests/fixtures and the engine's own (tests/engine/fixtures),
+# linked into one folder.
+mkdir -p "$bin/fixtures"
+for f in tests/fixtures/*/ tests/engine/fixtures/*/; do ln -sfn "$PWD/$f" "$bin/fixtures/$(basename "$f")"; done
 export RLHOST_FIXTURES=$bin/fixtures RLH_KCUDA_PLUGIN=$bin/libkernels_cuda.so
 export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export RLH_TEST_PLUGIN_DIR=$bin/plugins RLHOST_PLUGIN_PATH=$bin/plugins
+plugins=$bin/plugins
+if [ "${CUDNN:-1}" = 0 ]; then plugins=$bin/plugins_nocudnn; fi
+export RLH_TEST_PLUGIN_DIR=$plugins RLHOST_PLUGIN_PATH=$plugins RLH_KCUDNN_PLUGIN=$bin/plugins/libkernels_cudnn.so
+echo "plugin path: $plugins"
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_engine test_backend_cuda; do
+  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin \
+           test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda; do
     [ -x "$bin/$t" ] || continue
+    case "$t" in *cudnn*) [ "${CUDNN:-1}" = 0 ] && continue ;; esac
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|FAILED|Failure|rror" | head -60
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|FAILED|Failure|rror|cudnn vs|probe:|refused:|repeatable|cuDNN" | head -80
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
+  # The same runner as test_cuda_conformance, as a vendor would run it on a provider .so.
+  echo "== rlhost check-kernels --plugin libkernels_cuda.so --device cuda:0 =="
+  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/check_kernels.log" 2>&1
+  ck=$?
+  grep -E "^(op |FAIL|kernels_cuda on)|error" "$out/check_kernels.log" | head -40
+  [ "$ck" = 0 ] || rc=1
 fi
 if [ "$what" = grpo ] || [ "$what" = all ]; then
   # The demo's two stages (scripts/demo.sh) with stage 2's policy on the GPU: megatron,

@@ -439,6 +439,24 @@ RLH_PIN_SLOT(rlh_tokenizer_api, info, 6);
 RLH_PIN_FIELD(rlh_tokenizer_api, token_to_id, 56, 8); /* since 0.1 */
 RLH_PIN_SLOT(rlh_tokenizer_api, token_to_id, 7);
 
+/* rlh_kernels_api */
+RLH_PIN_FIELD(rlh_kernels_api, provider_info, 80, 8); /* since 0.2 */
+RLH_PIN_SLOT(rlh_kernels_api, provider_info, 10);
+RLH_PIN_FIELD(rlh_kernels_api, memory_alloc, 88, 8); /* since 0.2 */
+RLH_PIN_SLOT(rlh_kernels_api, memory_alloc, 11);
+RLH_PIN_FIELD(rlh_kernels_api, memory_free, 96, 8); /* since 0.2 */
+RLH_PIN_SLOT(rlh_kernels_api, memory_free, 12);
+RLH_PIN_FIELD(rlh_kernels_api, memory_copy, 104, 8); /* since 0.2 */
+RLH_PIN_SLOT(rlh_kernels_api, memory_copy, 13);
+RLH_PIN_FIELD(rlh_kernels_api, synchronize, 112, 8); /* since 0.2 */
+RLH_PIN_SLOT(rlh_kernels_api, synchronize, 14);
+RLH_PIN_FIELD(rlh_kernels_api, workspace_size, 120, 8); /* since 0.2 */
+RLH_PIN_SLOT(rlh_kernels_api, workspace_size, 15);
+
+/* rlh_host_api */
+RLH_PIN_FIELD(rlh_host_api, list_components, 96, 8); /* since 0.2 */
+RLH_PIN_SLOT(rlh_host_api, list_components, 12);
+
 #endif /* LP64 */
 
 /* Keeps the translation unit non-empty under -pedantic. */

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/kernels_cpu/blas.hpp"
 #include "rlhost/kernels_cpu/cpu_features.hpp"
@@ -102,12 +103,12 @@ int main(int argc, char** argv) {
                         {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
                         {"torch_dtype", "float32"}};
   engine::CountingAllocator alloc;
-  std::unique_ptr<engine::Ops> cpu = engine::make_cpu_ops(alloc);
+  engine::Ops* cpu = &test::cpu_ops();  // kernels_cpu through the registry, as a backend runs it
   std::unique_ptr<engine::Ops> prof = engine::make_profiling_ops(*cpu);
   engine::EngineOptions eo;
   eo.recompute = recompute;
   eo.allocator = &alloc;
-  eo.ops = profile ? prof.get() : cpu.get();
+  eo.ops = profile ? prof.get() : cpu;
   eo.optimizer.weight_decay = 0.01;
   eo.optimizer.max_grad_norm = 1.0;
   engine::Engine e(model::describe(cfg), eo);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels_cuda_abi.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 
@@ -144,6 +145,12 @@ int main(int argc, char** argv) {
   const double train_flops = 6.0 * double(matmul_params) + attn;
   const double fwd_flops = 2.0 * double(matmul_params) + attn / 3.0;
   const double peak = 989e12;
+  // The kernels: every provider on the plugin path that runs on cuda:0, as a backend builds them.
+  if (test::cuda_registry() == nullptr) {
+    std::fprintf(stderr, "bench_cuda_engine: no kernel provider runs on cuda:0 (is kernels_cuda in %s?)\n",
+                 RLH_PLUGIN_DIR);
+    return 1;
+  }
 
   auto batch = [&](int64_t B, std::vector<int32_t>& ids, std::vector<int32_t>& cu) {
     ids.resize(size_t(B * s->T));
@@ -157,7 +164,7 @@ int main(int argc, char** argv) {
   };
 
   if (only.empty() || only == "train") {
-    engine::CudaEngineOptions o;
+    engine::CudaEngineOptions o = test::cuda_options();
     o.optimizer.weight_decay = 0.01;
     o.optimizer.max_grad_norm = 1.0;
     o.recompute = rc;
@@ -210,7 +217,7 @@ int main(int argc, char** argv) {
                 double(after.device_bytes) / double(1ull << 30));
   }
   if (only.empty() || only == "forward") {
-    engine::CudaEngineOptions o;
+    engine::CudaEngineOptions o = test::cuda_options();
     o.logprob_chunk_bytes = head_chunk_mib << 20;
     engine::CudaEngine e(desc, o);
     e.load_parameters(w);
@@ -230,5 +237,6 @@ int main(int argc, char** argv) {
     std::printf("RESULT name=forward shape=%s_B%ldxT%ld value=%.0f unit=tok/s ms=%.3f mfu=%.4f\n",
                 s->name, long(s->fwd_B), long(s->T), tps, t * 1e3, tps * fwd_flops / peak);
   }
+  std::printf("kernels: %s\n", test::cuda_registry()->choices_summary().c_str());
   return 0;
 }

@@ -24,7 +24,7 @@ p.add_argument("--shape", default="llama1b")
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--warmup", type=int, default=2)
 p.add_argument("--only", default="")
-p.add_argument("--compile", action="store_true", help="torch.compile the model (train only)")
+p.add_argument("--compile", action="store_true", help="torch.compile the model with its loss (train only)")
 p.add_argument("--experts", default="eager",
                help="MoE shapes: transformers' experts_implementation (eager = HF's loop)")
 args = p.parse_args()
@@ -91,14 +91,21 @@ if not args.only or args.only == "train":
     with torch.device(dev):  # initialised on the GPU (seconds, not a minute of CPU init)
         model = Model(cfg)  # fp32 master weights
     model.train()
-    fwd = torch.compile(model) if args.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
     ids = batch(TB)
 
-    def step():
+    # The model and its loss in one function: torch.compile then fuses the head's cast, the
+    # log-softmax and the loss into the graph (the strongest compiled peer; compiling the model
+    # alone and computing the loss outside, as this script did before, is ~10% slower).
+    def loss_of(ids):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = fwd(input_ids=ids).logits
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, V), ids[:, 1:].reshape(-1))
+            logits = model(input_ids=ids).logits
+        return F.cross_entropy(logits[:, :-1].float().reshape(-1, V), ids[:, 1:].reshape(-1))
+
+    fwd = torch.compile(loss_of) if args.compile else loss_of
+
+    def step():
+        loss = fwd(ids)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/generator/generator.hpp"
-#include "rlhost/kernels_cpu/cpu_features.hpp"
 #include "rlhost/model/llama_family.hpp"
 
 using namespace rlh;
@@ -73,18 +73,22 @@ double read_bandwidth(int64_t bytes, int threads) {
   float (*sum)(const float*, int64_t) = __builtin_cpu_supports("avx512f") ? sum_avx512
                                         : __builtin_cpu_supports("avx2") ? sum_avx2 : sum_generic;
   std::vector<float> buf(static_cast<size_t>(bytes / 4), 1.f);
-  gen::WorkerPool pool(threads);
   const int64_t chunks = int64_t(threads) * 16, per = int64_t(buf.size()) / chunks / 64 * 64;
   std::vector<float> sums(static_cast<size_t>(chunks));
   double best = 0;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = Clock::now();
-    pool.parallel_for(chunks, [&](int64_t c, int) { sums[size_t(c)] = sum(buf.data() + c * per, per); });
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+    for (int64_t c = 0; c < chunks; ++c) sums[size_t(c)] = sum(buf.data() + c * per, per);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::max(best, double(chunks * per) * 4 / secs);
   }
   if (sums[0] < 0) std::printf("?");  // keeps the reads
   return best;
+}
+
+const char* simd_name() {
+  return __builtin_cpu_supports("avx512f") ? "avx512" : __builtin_cpu_supports("avx2") ? "avx2" : "generic";
 }
 
 const char* arg(int argc, char** argv, const char* name, const char* def) {
@@ -135,8 +139,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < w.size(); ++i)
     if (desc.params[i].role != sdk::ParamRole::embed) weight_bytes += int64_t(w[i].size() * sizeof(float));
   gen::Options o;
+  // kernels_cpu through the registry, as the plugin runs it, with `threads` decode threads
+  const std::string kcfg = "{\"num_threads\": " + std::to_string(threads) + "}";
+  test::KernelsCpuThroughAbi kernels({}, kcfg.c_str());
+  o.ops = &kernels.ops();
   o.max_num_seqs = std::max<int64_t>(B, 1);
-  o.num_threads = threads;
   gen::Generator g(desc, o);
   g.weights().load(w, 0);
   w.clear();
@@ -185,7 +192,7 @@ int main(int argc, char** argv) {
   const double tok_s = double(B * N) / t, cpu_tok_s = double(B * N) / c * threads;
   std::printf("rlhost native generator, %d threads, %s: shape %s batch %lld: %lld new tokens after a %lld-token prompt "
               "in %.3f s (median of %d; min %.3f), %.1f tok/s; %.3f CPU-s, %.1f tok per CPU-s x %d threads\n",
-              threads, kcpu::cpu_features_string().c_str(), s->name, (long long)B, (long long)N, (long long)P, t,
+              threads, simd_name(), s->name, (long long)B, (long long)N, (long long)P, t,
               repeats, times.front(), tok_s, c, cpu_tok_s, threads);
   const double bw = read_bandwidth(weight_bytes, threads), steps_s = tok_s / double(B);
   std::printf("roofline: %.1f MB of weights (all but the embedding) read per step; a plain vector read of that much "

@@ -126,6 +126,7 @@ const Command kCommands[] = {
     {"tokenize", cmd_tokenize},
     {"logprobs", cmd_logprobs},
     {"generate", cmd_generate},
+    {"check-kernels", cmd_check_kernels},
 };
 
 }  // namespace

@@ -143,6 +143,18 @@ rlh_status* host_get_comm(rlh_host_ctx* ctx, const rlh_comm_api** api, rlh_comm*
 
 uint8_t host_is_cancelled(rlh_host_ctx* ctx) { return host_of(ctx).cancelled() ? 1 : 0; }
 
+rlh_status* host_list_components(rlh_host_ctx* ctx, int32_t kind, rlh_write_fn write, void* user) {
+  return sdk::guard(host_make_status, [&] {
+    if (write == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "list_components: write is NULL");
+    if (kind == RLH_KIND_KERNELS) host_of(ctx).autoload_kernel_providers();
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [c, score] : host_of(ctx).ranked_components(kind))
+      out.push_back({{"name", c->desc->name}, {"plugin", c->plugin}, {"score", score}});
+    const std::string text = out.dump();
+    write(user, text.data(), text.size());
+  });
+}
+
 const char* level_name(int32_t level) {
   switch (level) {
     case RLH_LOG_TRACE: return "trace";
@@ -181,7 +193,7 @@ Host::Host() {
   root_context_.host = this;
   root_context_.plugin = "host";
   root_services_ = rlh_host_api{};
-  root_services_.struct_size = RLH_STRUCT_SIZE(rlh_host_api, is_cancelled);
+  root_services_.struct_size = RLH_STRUCT_SIZE(rlh_host_api, list_components);
   root_services_.abi_major = RLH_ABI_VERSION_MAJOR;
   root_services_.abi_minor = RLH_ABI_VERSION_MINOR;
   root_services_.ctx = reinterpret_cast<rlh_host_ctx*>(&root_context_);
@@ -194,6 +206,7 @@ Host::Host() {
   root_services_.find_component = host_find_component;
   root_services_.get_comm = host_get_comm;
   root_services_.is_cancelled = host_is_cancelled;
+  root_services_.list_components = host_list_components;
 }
 
 Host::~Host() {
@@ -246,6 +259,8 @@ void Host::record_metric(const std::string& name, double value, int64_t step) {
     logger_ = std::make_unique<sdk::MetricsLogger>(*logger_cfg_);
   }
   if (logger_) logger_->log(name, value, step);
+  // The embedder's callback, under the lock (documented: it may only call rlhost_cancel).
+  if (metric_fn_ != nullptr) metric_fn_(metric_user_, name.c_str(), value, step);
 }
 
 std::vector<Metric> Host::metrics() const {
@@ -308,6 +323,55 @@ void Host::load_plugin(const std::string& name_or_path) {
   plugins_.push_back(std::move(ins.plugin));
 }
 
+// Kernel providers dropped on the plugin path take part without --plugin: the first time a
+// registry lists them, every library there whose components are all KERNELS is registered
+// (others are inspected and left alone). rlhost.autoload_kernels = false turns this off.
+void Host::autoload_kernel_providers() {
+  if (kernels_autoloaded_) return;
+  kernels_autoloaded_ = true;
+  if (resolved_valid_ && resolved_.is_object() && resolved_.contains("rlhost") && resolved_["rlhost"].is_object()) {
+    const Json& r = resolved_["rlhost"];
+    if (r.contains("autoload_kernels") && r["autoload_kernels"].is_boolean() && !r["autoload_kernels"].get<bool>())
+      return;
+  }
+  std::set<std::string> seen;
+  for (const auto& p : plugins_) seen.insert(p->path);
+  for (const auto& [path, err] : failed_) seen.insert(path);
+  std::string added;
+  for (const auto& dir : plugin_dirs_) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".so") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      const std::string canon = fs::weakly_canonical(f, ec).string();
+      if (!seen.insert(canon).second) continue;
+      Inspection ins = inspect_plugin(canon, *this);
+      if (!ins.plugin) continue;  // --list-plugins shows why
+      bool kernels_only = !ins.plugin->components.empty();
+      for (const auto& c : ins.plugin->components) kernels_only = kernels_only && c.desc->kind == RLH_KIND_KERNELS;
+      bool clash = false;
+      for (const auto& p : plugins_) {
+        clash = clash || p->name == ins.plugin->name;
+        for (const auto& oc : p->components)
+          for (const auto& c : ins.plugin->components)
+            clash = clash || (oc.desc->kind == c.desc->kind && std::strcmp(oc.desc->name, c.desc->name) == 0);
+      }
+      if (!kernels_only || clash) {
+        static auto* keep = new std::vector<std::unique_ptr<Plugin>>();  // descriptor strings stay valid
+        keep->push_back(std::move(ins.plugin));
+        continue;
+      }
+      ins.plugin->services.reset(make_services(ins.plugin->name, ins.plugin->context));
+      added += (added.empty() ? "" : ", ") + ins.plugin->name;
+      plugins_.push_back(std::move(ins.plugin));
+    }
+  }
+  if (!added.empty()) log(RLH_LOG_DEBUG, "host", "kernel providers from the plugin path: " + added);
+}
+
 nlohmann::ordered_json Host::list_plugins() {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::set<std::string> seen;
@@ -364,6 +428,31 @@ void Host::ensure_initialized(Plugin& p) {
   p.initialized = true;
 }
 
+int32_t Host::probe_score(const Plugin& p) const {
+  int32_t score = 1;
+  if (RLH_HAS_FIELD(p.desc, rlh_plugin_desc, probe) && p.desc->probe != nullptr) {
+    std::string reason;
+    rlh_status* s = p.desc->probe(p.services.get(), &score, sdk::write_to_string, &reason);
+    if (s != nullptr) { score = 0; rlh_status_destroy(s); }
+  }
+  return score;
+}
+
+std::vector<std::pair<const Component*, int32_t>> Host::ranked_components(int32_t kind) const {
+  std::vector<std::pair<const Component*, int32_t>> out;
+  for (const auto& p : plugins_) {
+    bool any = false;
+    for (const auto& c : p->components) any = any || (c.desc->kind == kind && c.usable_error.empty());
+    if (!any) continue;
+    const int32_t score = probe_score(*p);
+    if (score <= 0) continue;
+    for (const auto& c : p->components)
+      if (c.desc->kind == kind && c.usable_error.empty()) out.emplace_back(&c, score);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
+}
+
 std::vector<const Component*> Host::components(int32_t kind) const {
   std::vector<const Component*> out;
   for (const auto& p : plugins_)
@@ -386,12 +475,7 @@ const Component& Host::find_component(int32_t kind, const std::string& name) {
         if (!name.empty()) throw Error(RLH_E_FAILED_PRECONDITION, c.usable_error);
         continue;
       }
-      int32_t score = 1;
-      if (name.empty() && RLH_HAS_FIELD(p->desc, rlh_plugin_desc, probe) && p->desc->probe != nullptr) {
-        std::string reason;
-        rlh_status* s = p->desc->probe(p->services.get(), &score, sdk::write_to_string, &reason);
-        if (s != nullptr) { score = 0; rlh_status_destroy(s); }
-      }
+      const int32_t score = name.empty() ? probe_score(*p) : 1;
       if (score > best_score) { best_score = score; best = &c; best_plugin = p.get(); }
     }
   }
@@ -452,25 +536,30 @@ Json Host::resolve_config() {
   // The host's own keys: the loggers it runs (the rest of `logger` stays NeMo-RL's).
   std::vector<std::string> owned = {"logger.log_dir", "logger.console_enabled", "logger.jsonl_enabled",
                                     "logger.tensorboard_enabled", "logger.console_metrics", "logger.tensorboard.*"};
-  for (const auto& p : plugins_)
-    for (const auto& c : p->components)
-      owned.insert(owned.end(), c.config_keys.begin(), c.config_keys.end());
-  KeyCheck kc = check_keys(r, owned, [this](const std::string& k) { return config_.origin_of(k); });
-  if (!kc.unused_known.empty()) {
+  std::vector<std::string> names = {"host"};
+  for (const auto& p : plugins_) {
+    names.push_back(p->name);
+    for (const auto& c : p->components) owned.insert(owned.end(), c.config_keys.begin(), c.config_keys.end());
+  }
+  KeyCheck kc = check_keys(r, owned, names, [this](const std::string& k) { return config_.origin_of(k); });
+  if (!kc.accepted.empty() || !kc.unused.empty()) {
     // One warning for all of them (real NeMo-RL configs carry many settings for vLLM, Ray,
-    // wandb); the full list at debug level.
-    std::vector<std::string> sections;
+    // Megatron-Core); the full list at debug level.
+    std::string msg;
+    if (!kc.accepted.empty())
+      msg = std::to_string(kc.accepted.size()) +
+            " NeMo-RL setting(s) that rlhost does not implement are accepted: their values leave what it "
+            "computes unchanged";
+    if (!kc.unused.empty())
+      msg += std::string(msg.empty() ? "" : "; ") + std::to_string(kc.unused.size()) +
+             " NeMo-RL section(s) are read by plugins that are not loaded";
+    log(RLH_LOG_WARN, "host", msg + " (--log-level debug lists them)");
     std::string list;
-    for (const auto& w : kc.unused_known) {
-      std::string top = w.substr(0, w.find('.'));
-      if (std::find(sections.begin(), sections.end(), top) == sections.end()) sections.push_back(top);
-      list += (list.empty() ? "" : ", ") + w;
-    }
-    std::string secs;
-    for (const auto& s : sections) secs += (secs.empty() ? "" : ", ") + s;
-    log(RLH_LOG_WARN, "host", std::to_string(kc.unused_known.size()) + " NeMo-RL setting(s) under " + secs +
-                                  " are not used by any loaded plugin and are ignored (--log-level debug lists them)");
-    log(RLH_LOG_DEBUG, "host", "unused NeMo-RL settings: " + list);
+    for (const auto& a : kc.accepted) list += (list.empty() ? "" : ", ") + a;
+    if (!list.empty()) log(RLH_LOG_DEBUG, "host", "accepted without effect: " + list);
+    list.clear();
+    for (const auto& u : kc.unused) list += (list.empty() ? "" : ", ") + u;
+    if (!list.empty()) log(RLH_LOG_DEBUG, "host", "not read by a loaded plugin: " + list);
   }
   if (!kc.errors.empty()) {
     for (size_t i = 1; i < kc.errors.size(); ++i) log(RLH_LOG_ERROR, "host", kc.errors[i]);
@@ -478,13 +567,27 @@ Json Host::resolve_config() {
       log(RLH_LOG_ERROR, "host", "... and " + std::to_string(kc.unreported) + " more unknown config keys");
     throw Error(RLH_E_INVALID_ARGUMENT, kc.errors.front());
   }
+  // Settings asking for what rlhost lacks stop a run at start (run(), check_config()); resolving
+  // alone (--print-config) only says so.
+  for (const auto& m : kc.refused) log(RLH_LOG_WARN, "host", "a run refuses this: " + m);
+  last_check_ = kc;
   resolved_ = r;
   resolved_valid_ = true;
   return r;
 }
 
+KeyCheck Host::check_config() {
+  resolve_config();
+  if (!last_check_.refused.empty()) {
+    for (size_t i = 1; i < last_check_.refused.size(); ++i) log(RLH_LOG_ERROR, "host", last_check_.refused[i]);
+    throw Error(RLH_E_UNIMPLEMENTED, last_check_.refused.front());
+  }
+  return last_check_;
+}
+
 void Host::run() {
-  Json cfg = resolve_config();
+  check_config();
+  Json cfg = resolved_;
   std::string algo_name;
   if (cfg.contains("rlhost") && cfg["rlhost"].is_object() && cfg["rlhost"].contains("algorithm")) {
     if (!cfg["rlhost"]["algorithm"].is_string()) throw Error(RLH_E_INVALID_ARGUMENT, "config key 'rlhost.algorithm' must be a string");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "config_keys.hpp"
 #include "plugins.hpp"
 #include "rlhost/sdk/metrics.hpp"
 #include "rlhost/comm.h"
@@ -44,8 +45,13 @@ class Host {
   nlohmann::ordered_json list_plugins();
 
   Config& config() { return config_; }
-  // Resolves interpolations and checks keys; throws on unknown keys; logs warnings.
+  // Resolves interpolations and checks keys; throws on unknown keys; logs warnings (settings a
+  // run would refuse too).
   Json resolve_config();
+  // resolve_config(), then throws UNIMPLEMENTED naming the first setting that asks for what
+  // rlhost lacks (the check run() makes at start). Returns what was accepted and unused.
+  KeyCheck check_config();
+  const KeyCheck& last_check() const { return last_check_; }
 
   // Runs the algorithm named by rlhost.algorithm (or the only loaded one).
   void run();
@@ -55,6 +61,12 @@ class Host {
   // Registry: finds a component (initialising its plugin). name empty = best of the kind.
   const Component& find_component(int32_t kind, const std::string& name);
   std::vector<const Component*> components(int32_t kind) const;
+  // Usable components of `kind` with their plugin's probe score, best first (0-score plugins
+  // left out; ties keep load order): the list_components service.
+  std::vector<std::pair<const Component*, int32_t>> ranked_components(int32_t kind) const;
+  // Registers every kernel-provider-only plugin on the plugin path (once; list_components of
+  // KERNELS calls it), unless rlhost.autoload_kernels is false.
+  void autoload_kernel_providers();
 
   // Services.
   const rlh_host_api* services() const { return &root_services_; }
@@ -62,6 +74,11 @@ class Host {
   void log(int32_t level, const std::string& who, const std::string& msg) const;
   void set_log_level(int32_t level) { log_level_ = level; }
   void record_metric(const std::string& name, double value, int64_t step);
+  void set_metric_callback(rlhost_metric_fn fn, void* user) {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    metric_fn_ = fn;
+    metric_user_ = user;
+  }
   std::vector<Metric> metrics() const;
   const Json& resolved_config() const { return resolved_; }
   bool config_resolved() const { return resolved_valid_; }
@@ -75,18 +92,23 @@ class Host {
  private:
   std::string find_on_path(const std::string& name) const;
   void ensure_initialized(Plugin& p);
+  int32_t probe_score(const Plugin& p) const;
 
   std::vector<std::string> plugin_dirs_;
   std::vector<std::unique_ptr<Plugin>> plugins_;  // load order
   std::map<std::string, std::string> failed_;     // path -> error, from load attempts
   Config config_;
   Json resolved_;
+  KeyCheck last_check_;
   bool resolved_valid_ = false;
+  bool kernels_autoloaded_ = false;
   std::atomic<bool> cancelled_{false};
   int32_t log_level_ = RLH_LOG_INFO;
   int rank_ = 0;
   mutable std::mutex metrics_mu_;
   std::vector<Metric> metrics_;
+  rlhost_metric_fn metric_fn_ = nullptr;
+  void* metric_user_ = nullptr;
   // Console/JSONL/TensorBoard loggers during run(): configured when the run starts, built at the
   // first metric, so an algorithm's "rlhost/total_steps" (sent first) reaches the progress line.
   std::optional<sdk::MetricsConfig> logger_cfg_;

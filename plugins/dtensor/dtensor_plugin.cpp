@@ -8,7 +8,7 @@
 
 namespace {
 
-const rlh::backend::BackendFlavor kFlavor = {"dtensor", &rlh::dtensor::read_config, nullptr};
+const rlh::backend::BackendFlavor kFlavor = {"dtensor", &rlh::dtensor::read_config};
 
 rlh_status* create(const rlh_host_api* host, const char* config_json, size_t config_len, rlh_backend** out) {
   return rlh::backend::create_backend(host, config_json, config_len, kFlavor, out);
@@ -23,6 +23,7 @@ const char* const kKeys[] = {"policy.dtensor_cfg.*",
                              "policy.max_grad_norm",
                              "policy.precision",
                              "policy.device",
+                             "policy.kernels.*",
                              "policy.train_micro_batch_size",
                              "policy.logprob_batch_size",
                              "policy.sequence_packing.*",

@@ -1,8 +1,9 @@
 // megatron's device path: models on one Hopper GPU through the CUDA engine (bf16 compute, fp32
-// master weights, gradients and AdamW moments, kernels_cuda's fused kernels), behind
-// backend_common's DeviceEngine seam. Built only where kernels_cuda is (CUDA 12+, sm_90a); the
-// CUDA runtime is static and cuBLASLt is loaded at run time, so the plugin still loads on a
-// machine without a GPU and policy.device = auto falls back to the CPU engine there.
+// master weights, gradients and AdamW moments), behind backend_common's DeviceEngine seam. Its
+// kernels are the registry's for the device (kernels_cuda, kernels_cudnn, a vendor's), which the
+// backend builds and passes in. Built where the CUDA toolchain is (CUDA 12+, sm_90a); the CUDA
+// runtime is static, so the plugin still loads on a machine without a GPU and policy.device =
+// auto falls back to the CPU engine there.
 #include "megatron_cuda.hpp"
 
 #include "rlhost/engine_cuda/cuda_engine.hpp"
@@ -23,8 +24,7 @@ class CudaDeviceEngine final : public DeviceEngine {
       : index_(device_index(o.device)), base_(o.optimizer), engine_(desc, options(o)) {}
 
   std::string describe() const override {
-    return "cuda:" + std::to_string(index_) + " (" + engine_.device_name() +
-           ", bf16 compute, fp32 master weights, kernels_cuda)";
+    return "cuda:" + std::to_string(index_) + " (" + engine_.device_name() + ", bf16 compute, fp32 master weights)";
   }
   int64_t num_elements() const override { return engine_.num_elements(); }
   engine::Outputs forward(const engine::MicroBatch& mb, const engine::OutputRequest& req) override {
@@ -58,6 +58,7 @@ class CudaDeviceEngine final : public DeviceEngine {
                                           : engine::Recompute::full;
     c.optimizer = o.optimizer;
     c.moe = o.moe;
+    c.kernels = o.kernels;
     return c;
   }
   int index_;

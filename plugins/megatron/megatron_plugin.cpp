@@ -12,17 +12,13 @@
 
 namespace {
 
-// Kernel providers the CPU engine asks for before the best-scoring one: none (on a GPU the
-// device path runs kernels_cuda itself, linked in).
-const char* const kPreferredKernels[] = {nullptr};
-
 #if RLH_MEGATRON_CUDA
 const rlh::backend::DeviceEngineFactory* const kDevice = rlh::megatron::cuda_device_engines();
 #else
 const rlh::backend::DeviceEngineFactory* const kDevice = nullptr;
 #endif
 
-const rlh::backend::BackendFlavor kFlavor = {"megatron", &rlh::megatron::read_config, kPreferredKernels, kDevice};
+const rlh::backend::BackendFlavor kFlavor = {"megatron", &rlh::megatron::read_config, kDevice};
 
 rlh_status* create(const rlh_host_api* host, const char* config_json, size_t config_len, rlh_backend** out) {
   return rlh::backend::create_backend(host, config_json, config_len, kFlavor, out);
@@ -35,6 +31,7 @@ const char* const kKeys[] = {"policy.megatron_cfg.*",
                              "policy.max_grad_norm",
                              "policy.precision",
                              "policy.device",
+                             "policy.kernels.*",
                              "policy.train_micro_batch_size",
                              "policy.logprob_batch_size",
                              "policy.sequence_packing.*",

@@ -68,6 +68,12 @@ constexpr HparamRow kCommon[] = {
     {"qk_nope_head_dim", "qk_nope_head_dim", ""},
     {"v_head_dim", "v_head_dim", ""},
     {"attention_bias", "attention_bias", "false"},
+    // Gemma (read only by rows with `gemma`)
+    {"rope_local_base_freq", "", "10000.0"},
+    {"sliding_pattern", "", "1"},
+    {"query_pre_attn_scalar", "", "null"},
+    {"final_logit_softcapping", "", "null"},
+    {"attn_logit_softcapping", "", "null"},
 };
 
 constexpr HparamRow kLlama[] = {
@@ -155,6 +161,61 @@ constexpr HparamRow kQwen3Moe[] = {
     {"top_k", "num_experts_per_tok", "8"},
     {"moe_intermediate_size", "moe_intermediate_size", "768"},
     {"router_aux_loss_coef", "router_aux_loss_coef", "0.001"},
+};
+
+// Gemma-2 (Gemma2Config) and Gemma-3 text (Gemma3TextConfig): sliding windows on the layers
+// layer_types names (HF fills it from the pattern when absent: every other layer for Gemma-2,
+// five of six for Gemma-3).
+constexpr HparamRow kGemma2[] = {
+    {"vocab_size", "vocab_size", "256000"},
+    {"hidden_size", "hidden_size", "2304"},
+    {"intermediate_size", "intermediate_size", "9216"},
+    {"num_layers", "num_hidden_layers", "26"},
+    {"num_heads", "num_attention_heads", "8"},
+    {"num_kv_heads", "num_key_value_heads", "4"},
+    {"head_dim", "head_dim", "256"},
+    {"hidden_act", "hidden_activation|hidden_act", "\"gelu_pytorch_tanh\""},
+    {"max_position_embeddings", "max_position_embeddings", "8192"},
+    {"pad_token_id", "pad_token_id", "0"},
+    {"eos_token_id", "eos_token_id", "1"},
+    {"bos_token_id", "bos_token_id", "2"},
+    {"tie_word_embeddings", "tie_word_embeddings", "true"},
+    {"q_bias", "attention_bias", "false"},
+    {"k_bias", "attention_bias", "false"},
+    {"v_bias", "attention_bias", "false"},
+    {"o_bias", "attention_bias", "false"},
+    {"sliding_window", "sliding_window", "4096"},
+    {"sliding_pattern", "", "2"},
+    {"query_pre_attn_scalar", "query_pre_attn_scalar", "256"},
+    {"final_logit_softcapping", "final_logit_softcapping", "30.0"},
+    {"attn_logit_softcapping", "attn_logit_softcapping", "50.0"},
+};
+
+constexpr HparamRow kGemma3[] = {
+    {"vocab_size", "vocab_size", "262208"},
+    {"hidden_size", "hidden_size", "2304"},
+    {"intermediate_size", "intermediate_size", "9216"},
+    {"num_layers", "num_hidden_layers", "26"},
+    {"num_heads", "num_attention_heads", "8"},
+    {"num_kv_heads", "num_key_value_heads", "4"},
+    {"head_dim", "head_dim", "256"},
+    {"hidden_act", "hidden_activation|hidden_act", "\"gelu_pytorch_tanh\""},
+    {"max_position_embeddings", "max_position_embeddings", "131072"},
+    {"pad_token_id", "pad_token_id", "0"},
+    {"eos_token_id", "eos_token_id", "1"},
+    {"bos_token_id", "bos_token_id", "2"},
+    {"tie_word_embeddings", "tie_word_embeddings", "true"},
+    {"rope_theta", "rope_theta", "1000000.0"},
+    {"rope_local_base_freq", "rope_local_base_freq", "10000.0"},
+    {"q_bias", "attention_bias", "false"},
+    {"k_bias", "attention_bias", "false"},
+    {"v_bias", "attention_bias", "false"},
+    {"o_bias", "attention_bias", "false"},
+    {"sliding_window", "sliding_window", "4096"},
+    {"sliding_pattern", "sliding_window_pattern", "6"},
+    {"query_pre_attn_scalar", "query_pre_attn_scalar", "256"},
+    {"final_logit_softcapping", "final_logit_softcapping", "null"},
+    {"attn_logit_softcapping", "attn_logit_softcapping", "null"},
 };
 
 constexpr HparamRow kDeepseekV3[] = {
@@ -258,6 +319,20 @@ constexpr WeightNameRow kDeepseekV3Weights[] = {
     {ParamRole::shared_expert_down, "model.layers.{i}.mlp.shared_experts.down_proj.weight"},
 };
 
+// Gemma-2/3: HF's post_attention_layernorm is the norm after attention (a sandwich norm), the
+// pre-MLP norm is pre_feedforward_layernorm.
+constexpr WeightNameRow kGemmaWeights[] = {
+    {ParamRole::embed, "model.embed_tokens.weight"},
+    {ParamRole::final_norm, "model.norm.weight"},
+    {ParamRole::lm_head, "lm_head.weight"},
+    {ParamRole::attn_norm, "model.layers.{i}.input_layernorm.weight"},
+    {ParamRole::post_attn_norm, "model.layers.{i}.post_attention_layernorm.weight"},
+    {ParamRole::mlp_norm, "model.layers.{i}.pre_feedforward_layernorm.weight"},
+    {ParamRole::post_mlp_norm, "model.layers.{i}.post_feedforward_layernorm.weight"},
+    RLH_LLAMA_ATTENTION_WEIGHTS,
+    RLH_LLAMA_DENSE_MLP_WEIGHTS,
+};
+
 #undef RLH_LLAMA_COMMON_WEIGHTS
 #undef RLH_LLAMA_ATTENTION_WEIGHTS
 #undef RLH_LLAMA_DENSE_MLP_WEIGHTS
@@ -274,8 +349,8 @@ constexpr ArchitectureRow make_row(std::string_view arch, std::string_view model
   return r;
 }
 
-const std::array<ArchitectureRow, 8> kRows = [] {
-  std::array<ArchitectureRow, 8> rows{};
+const std::array<ArchitectureRow, 10> kRows = [] {
+  std::array<ArchitectureRow, 10> rows{};
   // Dense family.
   rows[0] = make_row("LlamaForCausalLM", "llama", kLlama, kLlamaWeights);
 
@@ -313,6 +388,20 @@ const std::array<ArchitectureRow, 8> kRows = [] {
   rows[7].moe = MoeRule::first_k_dense;
   rows[7].moe_scoring = sdk::MoeScoring::sigmoid;
   rows[7].expert_score_bias = true;
+
+  rows[8] = make_row("Gemma2ForCausalLM", "gemma2", kGemma2, kGemmaWeights);
+  rows[8].gemma = true;
+  rows[8].sandwich_norms = true;
+  rows[8].sliding = SlidingRule::pattern;
+  rows[8].honours_layer_types = true;
+
+  rows[9] = make_row("Gemma3ForCausalLM", "gemma3_text", kGemma3, kGemmaWeights);
+  rows[9].gemma = true;
+  rows[9].sandwich_norms = true;
+  rows[9].qk_norm = true;
+  rows[9].local_rope = true;
+  rows[9].sliding = SlidingRule::pattern;
+  rows[9].honours_layer_types = true;
   return rows;
 }();
 

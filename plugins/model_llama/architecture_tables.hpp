@@ -25,6 +25,7 @@ enum class SlidingRule {
   all_layers,     // every layer (Mistral, Mixtral, Qwen3-MoE)
   from_layer,     // i >= max_window_layers (Qwen2, Qwen3)
   even_below_max,  // even i (HF: (i + 1) % 2) below max_window_layers (Qwen2-MoE)
+  pattern,         // all but every sliding_pattern-th layer: (i + 1) % pattern != 0 (Gemma-2/3)
 };
 
 // Which layers are MoE.
@@ -56,6 +57,12 @@ struct ArchitectureRow {
   bool moe_norm_topk_always = false;  // Mixtral renormalises its top-k without a config key
   bool shared_expert_gate = false;    // Qwen2-MoE sigmoid gate on the shared expert
   bool expert_score_bias = false;     // DeepSeek-V3 e_score_correction_bias
+  // Gemma: (1 + w) norms everywhere, embedding rows scaled by sqrt(hidden_size), softmax scale
+  // query_pre_attn_scalar^-1/2, soft-capping keys (the description carries them; executors
+  // refuse what they do not run).
+  bool gemma = false;
+  bool sandwich_norms = false;  // Gemma-2/3: post-attention and post-feed-forward norms
+  bool local_rope = false;      // Gemma-3: sliding layers use rope_local_base_freq, default RoPE
 };
 
 // Hyper-parameters every row starts from (HF's PreTrainedConfig-level defaults).

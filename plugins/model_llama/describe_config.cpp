@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -145,15 +146,31 @@ RopeKind rope_kind_from(const std::string& s, const std::string& where) {
 }
 
 // rope_parameters (transformers >= 5) or rope_scaling + rope_theta (legacy), with rope_type or
-// the older "type" key, resolved as HF's standardize_rope_params does.
+// the older "type" key, resolved as HF's standardize_rope_params does. `layer_type` (Gemma-3's
+// "full_attention" / "sliding_attention") picks that entry of per-layer-type rope_parameters;
+// in the legacy layout, `theta` (when given) replaces rope_theta and the scaling is left out
+// (Gemma-3's sliding layers: rope_local_base_freq, default RoPE).
 sdk::RopeDesc parse_rope(const json& cfg, const Hparams& hp, int64_t rope_head_dim,
-                         int64_t max_pos) {
+                         int64_t max_pos, const std::string& layer_type = {},
+                         std::optional<double> theta = std::nullopt) {
   json rp = json::object();
   std::string where = "rope_scaling";
   if (auto it = cfg.find("rope_parameters"); it != cfg.end() && !it->is_null()) {
     if (!it->is_object()) fail("'rope_parameters' must be an object");
     rp = *it;
     where = "rope_parameters";
+    bool per_type = false;
+    for (const auto& [k, v] : rp.items()) per_type = per_type || v.is_object();
+    if (per_type) {
+      if (layer_type.empty()) fail("rope_parameters holds per-layer-type parameters, which this architecture does not use");
+      auto t = rp.find(layer_type);
+      if (t == rp.end() || !t->is_object()) fail("rope_parameters has no '" + layer_type + "' entry");
+      where = "rope_parameters." + layer_type;
+      rp = json(*t);
+      theta.reset();
+    }
+  } else if (theta) {
+    // legacy local layers: default RoPE at the given theta
   } else if (auto it2 = cfg.find("rope_scaling"); it2 != cfg.end() && !it2->is_null()) {
     if (!it2->is_object()) fail("'rope_scaling' must be an object");
     rp = *it2;
@@ -190,7 +207,7 @@ sdk::RopeDesc parse_rope(const json& cfg, const Hparams& hp, int64_t rope_head_d
   if (auto t = num("rope_theta"))
     r.theta = *t;
   else
-    r.theta = hp.real("rope_theta");
+    r.theta = theta ? *theta : hp.real("rope_theta");
   if (!(r.theta > 1.0)) fail("rope_theta must be > 1, got " + std::to_string(r.theta));
 
   double prf = 1.0;
@@ -299,6 +316,7 @@ std::vector<bool> sliding_layers(const json& cfg, const Hparams& hp, const Archi
       row.sliding == SlidingRule::from_layer || row.sliding == SlidingRule::even_below_max
           ? hp.integer("max_window_layers", 0, std::numeric_limits<int64_t>::max())
           : 0;
+  const int64_t pattern = row.sliding == SlidingRule::pattern ? hp.integer("sliding_pattern", 1, kMaxLayers) : 1;
   for (int64_t i = 0; i < n_layers; ++i) {
     bool s = false;
     switch (row.sliding) {
@@ -306,6 +324,7 @@ std::vector<bool> sliding_layers(const json& cfg, const Hparams& hp, const Archi
       case SlidingRule::all_layers: s = true; break;
       case SlidingRule::from_layer: s = i >= max_window_layers; break;
       case SlidingRule::even_below_max: s = (i % 2 == 0) && i < max_window_layers; break;
+      case SlidingRule::pattern: s = (i + 1) % pattern != 0; break;
     }
     out[static_cast<size_t>(i)] = s;
   }
@@ -392,6 +411,20 @@ sdk::TransformerDesc describe(const json& cfg) {
     fail("architecture '" + arch + "' is not supported by model_llama (supported: " + names + ")");
   }
   const Hparams hp(cfg, *row);
+  // A quantized checkpoint (DeepSeek-V3's FP8: F8_E4M3 weights with 128x128 weight_scale_inv
+  // blocks; GPTQ, AWQ, bitsandbytes, ...) is refused by name: its weights mean nothing without
+  // the method's own dequantization, which rlhost does not implement.
+  if (auto q = cfg.find("quantization_config"); q != cfg.end() && !q->is_null()) {
+    std::string method = "unknown";
+    std::string blocks;
+    if (q->is_object()) {
+      if (auto m = q->find("quant_method"); m != q->end() && m->is_string()) method = m->get<std::string>();
+      if (auto b = q->find("weight_block_size"); b != q->end()) blocks = ", weight_block_size " + b->dump();
+    }
+    fail("'quantization_config' (quant_method '" + method + "'" + blocks +
+         ") names a quantized checkpoint; rlhost does not dequantize one (an FP8 checkpoint needs its "
+         "weight_scale_inv blocks applied): use the model's bf16/fp32 checkpoint");
+  }
 
   sdk::TransformerDesc d;
   d.architecture = arch;
@@ -428,7 +461,14 @@ sdk::TransformerDesc describe(const json& cfg) {
       fail("'" + hp.source("torch_dtype") + "' must be a string");
     }
   }
-  d.final_norm = {sdk::NormKind::rmsnorm, d.rms_norm_eps, 0.0};
+  // Gemma's norms multiply by (1 + w); its embedding rows are scaled by sqrt(hidden_size).
+  const double norm_offset = row->gemma ? 1.0 : 0.0;
+  d.final_norm = {sdk::NormKind::rmsnorm, d.rms_norm_eps, norm_offset};
+  if (row->gemma) {
+    d.embedding_scale = std::sqrt(static_cast<double>(d.hidden_size));
+    d.final_logit_softcapping = hp.is_null("final_logit_softcapping") ? 0.0 : hp.real("final_logit_softcapping");
+    if (d.final_logit_softcapping < 0) fail("'final_logit_softcapping' must be positive or null");
+  }
 
   // Attention geometry shared by all layers.
   const int64_t heads = hp.integer("num_heads", 1, kMaxDim);
@@ -450,6 +490,7 @@ sdk::TransformerDesc describe(const json& cfg) {
     attn.v_bias = hp.boolean("v_bias");
     attn.o_bias = hp.boolean("o_bias");
     attn.qk_norm = row->qk_norm;
+    attn.qk_norm_weight_offset = norm_offset;
     rope_head_dim = attn.head_dim;
   } else {
     attn.q_lora_rank = hp.integer_or("q_lora_rank", 0, 0, kMaxDim);
@@ -463,9 +504,20 @@ sdk::TransformerDesc describe(const json& cfg) {
       fail("'attention_bias' = true is not supported for multi-head latent attention");
     rope_head_dim = attn.qk_rope_head_dim;
   }
-  d.rope = parse_rope(cfg, hp, rope_head_dim, d.max_position_embeddings);
+  d.rope = parse_rope(cfg, hp, rope_head_dim, d.max_position_embeddings, row->local_rope ? "full_attention" : "");
+  std::optional<sdk::RopeDesc> local_rope;  // Gemma-3's sliding layers
+  if (row->local_rope)
+    local_rope = parse_rope(cfg, hp, rope_head_dim, d.max_position_embeddings, "sliding_attention",
+                            hp.real("rope_local_base_freq"));
 
   attn.softmax_scale = 1.0 / std::sqrt(static_cast<double>(attn.head_dim));
+  if (row->gemma) {
+    const double scalar = hp.is_null("query_pre_attn_scalar") ? double(attn.head_dim) : hp.real("query_pre_attn_scalar");
+    if (!(scalar > 0)) fail("'query_pre_attn_scalar' must be positive");
+    attn.softmax_scale = 1.0 / std::sqrt(scalar);
+    attn.logit_softcapping = hp.is_null("attn_logit_softcapping") ? 0.0 : hp.real("attn_logit_softcapping");
+    if (attn.logit_softcapping < 0) fail("'attn_logit_softcapping' must be positive or null");
+  }
   if (row->attention == sdk::AttentionKind::mla && d.rope.kind != RopeKind::default_ &&
       d.rope.mscale_all_dim && *d.rope.mscale_all_dim != 0.0) {
     // HF DeepseekV3Attention: scaling *= mscale(factor, mscale_all_dim)^2.
@@ -518,10 +570,15 @@ sdk::TransformerDesc describe(const json& cfg) {
   for (int64_t i = 0; i < d.num_layers; ++i) {
     sdk::LayerDesc L;
     L.index = i;
-    L.attn_norm = {sdk::NormKind::rmsnorm, d.rms_norm_eps, 0.0};
+    L.attn_norm = {sdk::NormKind::rmsnorm, d.rms_norm_eps, norm_offset};
     L.mlp_norm = L.attn_norm;
+    if (row->sandwich_norms) {
+      L.post_attn_norm = L.attn_norm;
+      L.post_mlp_norm = L.attn_norm;
+    }
     L.attention = attn;
     L.attention.sliding_window = sliding[static_cast<size_t>(i)] ? window : 0;
+    if (local_rope && sliding[static_cast<size_t>(i)]) L.rope = local_rope;
     L.mlp = dense;
     if (is_moe[static_cast<size_t>(i)]) {
       L.mlp.kind = sdk::MlpKind::moe;
@@ -555,6 +612,15 @@ sdk::TransformerDesc describe_model_dir(const std::string& model_dir) {
 
 std::string resolve_model_dir(const std::string& dir_or_hub_id) {
   return sdk::resolve_model_path(dir_or_hub_id).string();
+}
+
+LoadedModel load_model(const std::string& dir_or_hub_id, const sdk::LoadOptions& options) {
+  LoadedModel m;
+  m.dir = resolve_model_dir(dir_or_hub_id);
+  m.desc = describe_model_dir(m.dir);
+  m.checkpoint = sdk::st::Checkpoint::open(m.dir);
+  m.weights = sdk::load_weights_f32(m.desc, m.checkpoint, options);
+  return m;
 }
 
 }  // namespace rlh::model

@@ -151,6 +151,7 @@ std::vector<ParamDesc> build_parameter_table(const sdk::TransformerDesc& d, cons
       t.plain(ParamRole::kv_b, i, {a.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank});
       t.plain(ParamRole::o, i, {D, a.num_heads * a.v_head_dim});
     }
+    if (L.post_attn_norm) t.plain(ParamRole::post_attn_norm, i, {D});
     t.plain(ParamRole::mlp_norm, i, {D});
     const auto& m = L.mlp;
     if (m.kind == MlpKind::dense) {
@@ -161,6 +162,7 @@ std::vector<ParamDesc> build_parameter_table(const sdk::TransformerDesc& d, cons
       if (m.bias) t.plain(ParamRole::up_bias, i, {F});
       t.plain(ParamRole::down, i, {D, F});
       if (m.bias) t.plain(ParamRole::down_bias, i, {D});
+      if (L.post_mlp_norm) t.plain(ParamRole::post_mlp_norm, i, {D});
     } else {
       const auto& e = m.moe;
       const int64_t E = e.num_experts, Fm = e.expert_intermediate_size;

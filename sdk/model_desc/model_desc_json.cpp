@@ -57,6 +57,8 @@ constexpr EnumName<ParamRole> kRoles[] = {
     {ParamRole::o_bias, "o_bias"},
     {ParamRole::q_norm, "q_norm"},
     {ParamRole::k_norm, "k_norm"},
+    {ParamRole::post_attn_norm, "post_attn_norm"},
+    {ParamRole::post_mlp_norm, "post_mlp_norm"},
     {ParamRole::gate, "gate"},
     {ParamRole::up, "up"},
     {ParamRole::down, "down"},
@@ -203,6 +205,8 @@ void to_json(json& j, const AttentionDesc& v) {
            {"v_bias", v.v_bias},
            {"o_bias", v.o_bias},
            {"qk_norm", v.qk_norm},
+           {"qk_norm_weight_offset", v.qk_norm_weight_offset},
+           {"logit_softcapping", v.logit_softcapping},
            {"sliding_window", v.sliding_window},
            {"softmax_scale", v.softmax_scale},
            {"use_rope", v.use_rope},
@@ -223,6 +227,8 @@ void from_json(const json& j, AttentionDesc& v) {
   opt(j, "v_bias", v.v_bias);
   opt(j, "o_bias", v.o_bias);
   opt(j, "qk_norm", v.qk_norm);
+  opt(j, "qk_norm_weight_offset", v.qk_norm_weight_offset);
+  opt(j, "logit_softcapping", v.logit_softcapping);
   opt(j, "sliding_window", v.sliding_window);
   req(j, "softmax_scale").get_to(v.softmax_scale);
   opt(j, "use_rope", v.use_rope);
@@ -288,6 +294,9 @@ void to_json(json& j, const LayerDesc& v) {
            {"attention", v.attention},
            {"mlp_norm", v.mlp_norm},
            {"mlp", v.mlp}};
+  if (v.post_attn_norm) j["post_attn_norm"] = *v.post_attn_norm;
+  if (v.post_mlp_norm) j["post_mlp_norm"] = *v.post_mlp_norm;
+  if (v.rope) j["rope"] = *v.rope;
 }
 void from_json(const json& j, LayerDesc& v) {
   v = LayerDesc{};
@@ -296,6 +305,9 @@ void from_json(const json& j, LayerDesc& v) {
   req(j, "attention").get_to(v.attention);
   req(j, "mlp_norm").get_to(v.mlp_norm);
   req(j, "mlp").get_to(v.mlp);
+  if (auto it = j.find("post_attn_norm"); it != j.end() && !it->is_null()) v.post_attn_norm = it->get<NormDesc>();
+  if (auto it = j.find("post_mlp_norm"); it != j.end() && !it->is_null()) v.post_mlp_norm = it->get<NormDesc>();
+  if (auto it = j.find("rope"); it != j.end() && !it->is_null()) v.rope = it->get<RopeDesc>();
 }
 
 void to_json(json& j, const ParamDesc& v) {
@@ -350,6 +362,8 @@ void to_json(json& j, const TransformerDesc& v) {
            {"initializer_range", v.initializer_range},
            {"final_norm", v.final_norm},
            {"rope", v.rope},
+           {"embedding_scale", v.embedding_scale},
+           {"final_logit_softcapping", v.final_logit_softcapping},
            {"layers", v.layers},
            {"params", v.params}};
 }
@@ -383,6 +397,8 @@ void from_json(const json& j, TransformerDesc& v) {
   opt(j, "initializer_range", v.initializer_range);
   req(j, "final_norm").get_to(v.final_norm);
   req(j, "rope").get_to(v.rope);
+  opt(j, "embedding_scale", v.embedding_scale);
+  opt(j, "final_logit_softcapping", v.final_logit_softcapping);
   req(j, "layers").get_to(v.layers);
   req(j, "params").get_to(v.params);
   if (static_cast<int64_t>(v.layers.size()) != v.num_layers)

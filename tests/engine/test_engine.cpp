@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 
@@ -61,6 +62,30 @@ sdk::TransformerDesc qwen3_desc() {
   return model::describe(c);
 }
 
+// Gemma-3 (sandwich norms with (1 + w), q/k norms with (1 + w), GeGLU, scaled embedding, a
+// window on every other layer with its own RoPE, linear-scaled RoPE on the full layer, softmax
+// scale from query_pre_attn_scalar, tied): the features the layer program added for it.
+sdk::TransformerDesc gemma3_desc() {
+  nlohmann::json c = {{"architectures", {"Gemma3ForCausalLM"}},
+                      {"vocab_size", 89},
+                      {"hidden_size", 32},
+                      {"intermediate_size", 56},
+                      {"num_hidden_layers", 3},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 16},
+                      {"max_position_embeddings", 128},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 1000000.0},
+                      {"rope_local_base_freq", 10000.0},
+                      {"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}},
+                      {"sliding_window", 5},
+                      {"sliding_window_pattern", 2},
+                      {"query_pre_attn_scalar", 24},
+                      {"torch_dtype", "float32"}};
+  return model::describe(c);
+}
+
 // Random weights; 1-D tensors (norms, biases) around 1 and 0.
 void randomize(Engine& e, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -69,7 +94,8 @@ void randomize(Engine& e, uint32_t seed) {
     const auto& p = e.desc().params[i];
     const bool is_norm = p.role == sdk::ParamRole::attn_norm || p.role == sdk::ParamRole::mlp_norm ||
                          p.role == sdk::ParamRole::final_norm || p.role == sdk::ParamRole::q_norm ||
-                         p.role == sdk::ParamRole::k_norm;
+                         p.role == sdk::ParamRole::k_norm || p.role == sdk::ParamRole::post_attn_norm ||
+                         p.role == sdk::ParamRole::post_mlp_norm;
     for (float& x : e.param(i)) x = is_norm ? 1.f + 0.2f * N01(rng) : 0.15f * N01(rng);
   }
 }
@@ -175,12 +201,14 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
 
 class EngineModels : public ::testing::TestWithParam<int> {
  protected:
-  sdk::TransformerDesc desc() const { return GetParam() == 0 ? qwen2_desc() : qwen3_desc(); }
+  sdk::TransformerDesc desc() const {
+    return GetParam() == 0 ? qwen2_desc() : GetParam() == 1 ? qwen3_desc() : gemma3_desc();
+  }
 };
 
 // (2) A packed batch gives the same outputs and gradients as each sequence run alone.
 TEST_P(EngineModels, PackedBatchEqualsSequencesAlone) {
-  Engine e(desc());
+  Engine e(desc(), test::engine_options());
   randomize(e, 11);
   const Batch packed = make_batch({7, 19, 1, 12}, e.desc().vocab_size);
   const int64_t global = int64_t(packed.ids.size());
@@ -218,7 +246,7 @@ TEST_P(EngineModels, PackedBatchEqualsSequencesAlone) {
 
 // Two micro-batches in one step equal one micro-batch holding both (global normalisation).
 TEST_P(EngineModels, MicrobatchSplitDoesNotChangeTheStep) {
-  Engine e(desc());
+  Engine e(desc(), test::engine_options());
   randomize(e, 12);
   const Batch packed = make_batch({9, 4, 16, 3, 8}, e.desc().vocab_size);
   const engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
@@ -252,9 +280,9 @@ TEST_P(EngineModels, MicrobatchSplitDoesNotChangeTheStep) {
 
 // Recompute re-runs the same ops on the same inputs: bitwise the same gradients.
 TEST_P(EngineModels, RecomputeIsExact) {
-  engine::EngineOptions with;
+  engine::EngineOptions with = test::engine_options();
   with.recompute = true;
-  Engine a(desc()), b(desc(), with);
+  Engine a(desc(), test::engine_options()), b(desc(), with);
   randomize(a, 13);
   randomize(b, 13);
   const Batch packed = make_batch({11, 6, 20}, a.desc().vocab_size);
@@ -269,14 +297,14 @@ TEST_P(EngineModels, RecomputeIsExact) {
 // The thread count changes nothing (every kernel splits work the same way for any count).
 TEST_P(EngineModels, ThreadCountDoesNotChangeResults) {
   const int saved = omp_get_max_threads();
-  const Batch packed = make_batch({30, 14}, 97);
+  const Batch packed = make_batch({30, 14}, desc().vocab_size);
   const MicroBatch mb = packed.mb();
   const engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
   std::vector<float> g[2];
   double loss[2];
   for (int t = 0; t < 2; ++t) {
     omp_set_num_threads(t + 1);
-    Engine e(desc());
+    Engine e(desc(), test::engine_options());
     randomize(e, 14);
     loss[t] = e.train_step({&mb, 1}, so, weighted_loss).loss;
     g[t] = all_grads(e);
@@ -286,16 +314,70 @@ TEST_P(EngineModels, ThreadCountDoesNotChangeResults) {
   EXPECT_EQ(g[0], g[1]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineModels, ::testing::Values(0, 1),
+// The engine's gradients are those of its own forward: central differences of the loss in
+// float32 on a sample of parameters of every tensor (1e-3 steps; the bound allows float32
+// rounding of the loss, far below what a wrong formula gives).
+TEST_P(EngineModels, GradientsMatchFiniteDifferences) {
+  Engine e(desc(), test::engine_options());
+  randomize(e, 21);
+  const Batch packed = make_batch({9, 14}, e.desc().vocab_size);
+  const MicroBatch mb = packed.mb();
+  engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
+  so.outputs.processed_logprob = false;  // the filtered cut is not differentiable at ties
+  auto loss = [](const engine::LossContext& ctx, const engine::OutputViews& o, engine::OutputGrads& g) {
+    engine::LossResult r;
+    for (size_t t = 0; t < o.logprob.size(); ++t) {
+      const double w = 1.0 + 0.25 * double(t % 3);
+      r.loss -= w * o.logprob[t] / double(ctx.global_tokens);
+      g.logprob[t] = float(-w / double(ctx.global_tokens));
+      r.loss -= 0.05 * o.entropy[t] / double(ctx.global_tokens);
+      g.entropy[t] = float(-0.05 / double(ctx.global_tokens));
+    }
+    return r;
+  };
+  e.train_step({&mb, 1}, so, loss);
+  const std::vector<float> analytic = all_grads(e);
+  auto loss_at = [&]() {
+    engine::Outputs o = e.forward(mb, so.outputs);
+    double l = 0;
+    for (size_t t = 0; t < o.logprob.size(); ++t)
+      l -= ((1.0 + 0.25 * double(t % 3)) * o.logprob[t] + 0.05 * o.entropy[t]) / double(packed.ids.size());
+    return l;
+  };
+  int64_t at = 0, checked = 0;
+  for (size_t i = 0; i < e.num_params(); ++i) {
+    std::span<float> p = e.param(i);
+    for (size_t j : {size_t(0), p.size() / 2, p.size() - 1}) {
+      const float keep = p[j];
+      const float h = 1e-3f * std::max(1.0f, std::fabs(keep));
+      const float hi = keep + h, lo = keep - h;  // the steps as float32 holds them
+      p[j] = hi;
+      const double up = loss_at();
+      p[j] = lo;
+      const double down = loss_at();
+      p[j] = keep;
+      const double fd = (up - down) / (double(hi) - double(lo));
+      const double g = analytic[size_t(at) + j];
+      EXPECT_NEAR(g, fd, 2e-3 * std::max(1.0, std::fabs(fd)) + 1e-4)
+          << e.desc().params[i].name << "[" << j << "]";
+      ++checked;
+    }
+    at += int64_t(p.size());
+  }
+  EXPECT_GT(checked, 30);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineModels, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
-                           return std::string(i.param == 0 ? "qwen2_bias_window_yarn"
-                                                           : "qwen3_qknorm_tied");
+                           return std::string(i.param == 0   ? "qwen2_bias_window_yarn"
+                                              : i.param == 1 ? "qwen3_qknorm_tied"
+                                                             : "gemma3_sandwich_geglu_local_rope");
                          });
 
 // Two optimizer steps equal AdamW (torch semantics) applied by hand to the engine's gradients,
 // with global-norm clipping and no weight decay on 1-D tensors (Megatron style).
 TEST(Engine, OptimizerStepIsClippedAdamW) {
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = test::engine_options();
   eo.optimizer.beta1 = 0.9;
   eo.optimizer.beta2 = 0.95;
   eo.optimizer.eps = 1e-8;
@@ -358,7 +440,7 @@ TEST(Engine, OptimizerStepIsClippedAdamW) {
 
 // forward() and the loss callback see the same outputs.
 TEST(Engine, ForwardOutputsEqualWhatTheLossSees) {
-  Engine e(qwen3_desc());
+  Engine e(qwen3_desc(), test::engine_options());
   randomize(e, 31);
   const Batch b = make_batch({12, 5}, 101);
   const MicroBatch mb = b.mb();
@@ -379,7 +461,7 @@ TEST(Engine, ForwardOutputsEqualWhatTheLossSees) {
 // logprob_at_ids (top-k distillation): an id column holding the actual tokens reproduces the
 // logprob output and its gradients; absent ids give 0; packing changes nothing.
 TEST(Engine, LogprobAtIds) {
-  Engine e(qwen3_desc());
+  Engine e(qwen3_desc(), test::engine_options());
   randomize(e, 41);
   const Batch b = make_batch({6, 9}, 101);
   const int64_t N = int64_t(b.ids.size()), K = 3;
@@ -454,11 +536,11 @@ TEST(Engine, LogprobAtIds) {
 TEST(Engine, RefusesWhatItDoesNotExecute) {
   sdk::TransformerDesc d = qwen2_desc();
   d.layers[1].mlp.kind = sdk::MlpKind::moe;
-  EXPECT_THROW(Engine e(d), std::invalid_argument);
+  EXPECT_THROW(Engine e(d, test::engine_options()), std::invalid_argument);
   d = qwen2_desc();
-  d.layers[0].mlp.hidden_act = "gelu";
-  EXPECT_THROW(Engine e(d), std::invalid_argument);
-  Engine ok(qwen2_desc());
+  d.layers[0].mlp.hidden_act = "relu";  // no GLU form of it is executed
+  EXPECT_THROW(Engine e(d, test::engine_options()), std::invalid_argument);
+  Engine ok(qwen2_desc(), test::engine_options());
   std::vector<int32_t> ids = {1, 2, 500};
   std::vector<int32_t> cu = {0, 3};
   MicroBatch mb;

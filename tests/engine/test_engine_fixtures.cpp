@@ -1,5 +1,5 @@
 // The engine against Hugging Face float64 references: every model folder under the fixtures root
-// ($RLHOST_FIXTURES, default ../shared/fixtures next to the source tree) and under
+// ($RLHOST_FIXTURES, default tests/fixtures in the source tree) and under
 // tests/engine/fixtures (more MoE configurations made with the same tools: Qwen2-MoE with its
 // gated shared expert and dense layers, Qwen3-MoE without renormalisation, Mixtral with a window
 // and MQA) runs in fp32 on CPU and is checked per tensor with error = max|got - ref| / max|ref|:
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fixture_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/safetensors.hpp"
@@ -54,8 +55,8 @@ TEST_P(Fixture, MatchesHuggingFaceReference) {
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
 
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  model::LoadResult w = model::load_weights_f32(desc, ckpt);
-  engine::Engine eng(desc);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
+  engine::Engine eng(desc, test::engine_options());
   eng.load_parameters(w.tensors);
 
   const auto ref = sdk::st::File::open(dir + "/reference.safetensors");

@@ -21,7 +21,9 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
+#include "rlhost/sdk/layer_program.hpp"
 #include "rlhost/model/llama_family.hpp"
 
 using namespace rlh;
@@ -76,7 +78,14 @@ struct Measured {
 constexpr int64_t kHeadTileBytes = int64_t(8) << 20;
 
 Measured run_step(const Shape& s, bool recompute) {
+  // The engine's allocator also serves the kernels' workspace (sized by the provider), so its
+  // peak is everything the step takes.
+  engine::CountingAllocator alloc;
+  static test::KernelsCpuThroughAbi kernels;
+  std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(kernels.registry(), &alloc);
   engine::EngineOptions eo;
+  eo.ops = ops.get();
+  eo.allocator = &alloc;
   eo.recompute = recompute;
   eo.logprob_chunk_bytes = kHeadTileBytes;
   engine::Engine e(llama_desc(s), eo);
@@ -100,7 +109,7 @@ Measured run_step(const Shape& s, bool recompute) {
     return r;
   };
   const engine::StepResult r = e.train_step({&mb, 1}, so, loss);
-  return {e.counting_allocator()->peak_bytes(), r.loss};
+  return {alloc.peak_bytes(), r.loss};
 }
 
 int64_t param_count(const Shape& s) {
@@ -118,8 +127,11 @@ int64_t activation_floats(const Shape& s, bool recompute) {
                         + 2 * N * s.C + N   // residual after attention, mlp_norm output, rstd
                         + 3 * N * s.F;      // gate|up, activation
   const int64_t inputs = (s.L + 1) * N * s.C;  // residual stream at every layer boundary
-  const int64_t head = N * s.C + N + 8 * N;    // final norm + per-token outputs and their grads
-  const int64_t grads = 2 * N * s.C + N * W + N * A + 3 * N * s.F;  // backward scratch
+  const int64_t head = 2 * N * s.C + N + 8 * N;  // final norm, its gradient, per-token outputs and grads
+  // Backward scratch: the layer program's gradient buffers (reused as their values die).
+  int64_t grad_widths = 0;
+  for (int64_t w : sdk::build_program(llama_desc(s)).grad_widths) grad_widths += w;
+  const int64_t grads = N * grad_widths;
   return inputs + (recompute ? layer : s.L * layer) + head + grads + 6 * N /* callback views */ +
          2 * N /* int32 positions, targets */;
 }

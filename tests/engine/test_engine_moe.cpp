@@ -58,7 +58,7 @@ const Model& model(const std::string& name) {
     const std::string dir = fixture_dir(name);
     Model m;
     m.desc = model::describe_model_dir(dir);
-    m.weights = model::load_weights_f32(m.desc, sdk::st::Checkpoint::open(dir + "/model.safetensors")).tensors;
+    m.weights = sdk::load_weights_f32(m.desc, sdk::st::Checkpoint::open(dir + "/model.safetensors")).tensors;
     it = cache.emplace(name, std::move(m)).first;
   }
   return it->second;
@@ -66,6 +66,7 @@ const Model& model(const std::string& name) {
 
 std::unique_ptr<Engine> make(const std::string& name, EngineOptions o = {}) {
   const Model& m = model(name);
+  if (o.ops == nullptr) o.ops = &test::cpu_ops();
   auto e = std::make_unique<Engine>(m.desc, o);
   e->load_parameters(m.weights);
   return e;
@@ -453,9 +454,7 @@ TEST_P(MoeModel, Fp64RouterAgreesAndRunsInFloat64) {
   so.global_tokens = predicted(b);
   so.apply_optimizer = false;
   auto f32 = make(GetParam());
-  engine::CountingAllocator alloc;
-  std::unique_ptr<engine::Ops> cpu = engine::make_cpu_ops(alloc);
-  std::unique_ptr<engine::Ops> prof = engine::make_profiling_ops(*cpu);
+  std::unique_ptr<engine::Ops> prof = engine::make_profiling_ops(test::cpu_ops());
   EngineOptions o;
   o.moe.router_fp64 = true;
   o.ops = prof.get();
@@ -483,34 +482,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MoeModel,
                            return s;
                          });
 
-// The MoE ops through the C ABI (the kernels_cpu plugin, float32 and float64 router) give the
-// direct results bit for bit.
-TEST(MoeEngine, RegistryOpsEqualDirectCalls) {
-  test::KernelsCpuThroughAbi abi_host;
-  {
-    sdk::KernelRegistry& reg = abi_host.registry();
-    std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(reg);
-    const Batch b = make_batch({13, 8}, model("qwen2-moe-tiny").desc.vocab_size);
-    const MicroBatch mb = b.mb();
-    for (bool fp64 : {false, true}) {
-      SCOPED_TRACE(fp64 ? "fp64 router" : "fp32 router");
-      EngineOptions via, direct;
-      via.ops = ops.get();
-      via.moe.router_fp64 = direct.moe.router_fp64 = fp64;
-      via.moe.z_loss_coef = direct.moe.z_loss_coef = 0.01;
-      auto a = make("qwen2-moe-tiny", via), c = make("qwen2-moe-tiny", direct);
-      engine::StepOptions so;
-      so.global_tokens = predicted(b);
-      so.apply_optimizer = false;
-      const engine::StepResult ra = a->train_step({&mb, 1}, so, nll);
-      const engine::StepResult rc = c->train_step({&mb, 1}, so, nll);
-      EXPECT_EQ(ra.loss, rc.loss);
-      EXPECT_EQ(metric(ra, "moe/z_loss"), metric(rc, "moe/z_loss"));
-      EXPECT_EQ(grads(*a), grads(*c));
-    }
-  }
-}
-
 // Peak memory of an MoE train step against the design (docs/engine.md, "Storage"): parameters,
 // gradients, the dense part of each layer without its MLP, the MoE layer's saved set per token
 // K (2C + 3Fe + 1) floats + E + 1 router scores + 2K ints (+ E + 1 offsets per layer), one MoE
@@ -525,7 +496,7 @@ TEST(MoeEngine, PeakMemoryMatchesTheDesign) {
       {"num_experts_per_tok", K}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
       {"rope_theta", 10000.0}, {"tie_word_embeddings", false}, {"torch_dtype", "float32"}};
   constexpr int64_t kTile = int64_t(8) << 20;
-  EngineOptions eo;
+  EngineOptions eo = test::engine_options();
   eo.logprob_chunk_bytes = kTile;
   Engine e(model::describe(cfg), eo);
   uint32_t x = 99;
@@ -573,7 +544,7 @@ TEST(MoeEngine, Refusals) {
   sdk::TransformerDesc d = model("qwen2-moe-tiny").desc;
   for (auto& l : d.layers)
     if (l.mlp.kind == sdk::MlpKind::moe) l.mlp.moe.scoring = sdk::MoeScoring::sigmoid;
-  EngineOptions o;
+  EngineOptions o = test::engine_options();
   o.moe.z_loss_coef = 1e-3;
   try {
     Engine e(d, o);
@@ -581,12 +552,12 @@ TEST(MoeEngine, Refusals) {
   } catch (const std::invalid_argument& ex) {
     EXPECT_NE(std::string(ex.what()).find("sigmoid"), std::string::npos) << ex.what();
   }
-  Engine plain(d);  // sigmoid scores without auxiliary losses run
+  Engine plain(d, test::engine_options());  // sigmoid scores without auxiliary losses run
   EXPECT_GT(plain.routing_width(), 0);
   sdk::TransformerDesc bad = model("qwen2-moe-tiny").desc;
   for (auto& l : bad.layers)
     if (l.mlp.kind == sdk::MlpKind::moe) l.mlp.moe.top_k = l.mlp.moe.num_experts + 1;
-  EXPECT_THROW(Engine e(bad), std::invalid_argument);
+  EXPECT_THROW(Engine e(bad, test::engine_options()), std::invalid_argument);
 }
 
 }  // namespace

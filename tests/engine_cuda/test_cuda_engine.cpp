@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "fixture_util.hpp"
+#include "kernels_cpu_abi.hpp"
+#include "kernels_cuda_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
@@ -45,7 +47,12 @@ using test::rel_error;
 
 std::vector<std::string> model_folders() {
   std::vector<std::string> out = test::model_folders_under(fixtures_root());
-  for (const std::string& f : test::model_folders_under(RLH_ENGINE_FIXTURES_DIR)) out.push_back(f);
+  // the repo's own, unless the fixtures root already holds them (a device run links them in)
+  for (const std::string& f : test::model_folders_under(RLH_ENGINE_FIXTURES_DIR))
+    if (std::none_of(out.begin(), out.end(), [&](const std::string& o) {
+          return fs::path(o).filename() == fs::path(f).filename();
+        }))
+      out.push_back(f);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -75,10 +82,10 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   if (!model::is_supported_architecture(arch)) GTEST_SKIP() << folder << ": no table lists " << arch;
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  model::LoadResult w = model::load_weights_f32(desc, ckpt);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
   std::unique_ptr<engine::CudaEngine> eng;
   try {
-    eng = std::make_unique<engine::CudaEngine>(desc);
+    eng = std::make_unique<engine::CudaEngine>(desc, test::cuda_options());
   } catch (const std::invalid_argument& e) {
     GTEST_SKIP() << folder << ": " << e.what();  // dynamic RoPE, longrope: CPU engine only
   }
@@ -111,7 +118,7 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
   std::vector<int64_t> route_shape, route_strides;
   int64_t own_flips = -1;
   if (eng->routing_width() > 0) {
-    engine::Engine cpu(desc);
+    engine::Engine cpu(desc, test::engine_options());
     cpu.load_parameters(w.tensors);
     engine::OutputRequest rec;
     rec.routed_experts = true;
@@ -189,7 +196,14 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
       const std::vector<float> got(grads[i].begin() + std::ptrdiff_t(j * per),
                                    grads[i].begin() + std::ptrdiff_t((j + 1) * per));
       const double e = rel_error(got, ref.read_f64("grad." + name));
-      EXPECT_LE(e, 5e-2) << "gradient of " << name;
+      // A key bias shifts every key of a head by one vector, which softmax cancels but for what
+      // RoPE's rotation leaves: its gradient is a sum over tokens of dK that nearly cancels, so
+      // max|err| / max|ref| measures bf16 noise against a small remainder (on qwen2-swa-yarn-tiny: at most
+      // 2.7e-2 through kernels_cuda's attention, 5.4e-2 through cuDNN's).
+      const std::string kb = "k_proj.bias";
+      const bool key_bias = name.size() >= kb.size() && name.compare(name.size() - kb.size(), kb.size(), kb) == 0;
+      const double bound = key_bias ? 1e-1 : 5e-2;
+      EXPECT_LE(e, bound) << "gradient of " << name;
       if (e > e_grad) {
         e_grad = e;
         worst = name;
@@ -296,9 +310,9 @@ TEST(CudaEngine, AdamWStepsFollowTheCpuEngine) {
   engine::StepOptions so;
   so.lr = 1e-2;
   so.global_tokens = s.predicted();
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = test::engine_options();
   eo.optimizer.eps = 1.0;
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.optimizer = eo.optimizer;
   engine::Engine cpu(s.desc, eo);
   cpu.load_parameters(s.weights);
@@ -323,7 +337,7 @@ TEST(CudaEngine, AdamWStepsFollowTheCpuEngine) {
 TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {
   NEED_GPU();
   Small s;
-  engine::CudaEngine gpu(s.desc);
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
   engine::StepOptions so;
   so.apply_optimizer = false;
@@ -348,7 +362,7 @@ TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {
 TEST(CudaEngine, SteadyStateStepsAllocateNothing) {
   NEED_GPU();
   Small s;
-  engine::CudaEngine gpu(s.desc);
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
   std::vector<std::vector<int32_t>> cu_storage;
   const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
@@ -382,7 +396,7 @@ TEST(CudaEngine, RecomputeKeepsGradientsAndSavesMemory) {
   std::vector<int64_t> bytes;
   std::vector<double> loss;
   for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective, engine::Recompute::full}) {
-    engine::CudaEngineOptions co;
+    engine::CudaEngineOptions co = test::cuda_options();
     co.recompute = r;
     co.max_tokens = int64_t(s.ids.size());
     engine::CudaEngine gpu(s.desc, co);
@@ -419,7 +433,7 @@ TEST(CudaEngine, HeadLogitsCacheGivesTheSameStep) {
   std::vector<double> loss;
   std::vector<int64_t> bytes;
   for (int64_t budget : {int64_t(0), int64_t(1) << 30}) {
-    engine::CudaEngineOptions co;
+    engine::CudaEngineOptions co = test::cuda_options();
     co.head_logits_cache_bytes = budget;
     co.max_tokens = int64_t(s.ids.size());  // planned at construction, before the kernel arena grows
     engine::CudaEngine gpu(s.desc, co);
@@ -494,7 +508,7 @@ struct RoutesField {
 // The CPU engine's routing of mb (its record, [N, R]).
 std::vector<int32_t> cpu_routing(const sdk::TransformerDesc& desc, const std::vector<std::vector<float>>& weights,
                                  const engine::MicroBatch& mb) {
-  engine::Engine cpu(desc);
+  engine::Engine cpu(desc, test::engine_options());
   cpu.load_parameters(weights);
   engine::OutputRequest rec;
   rec.routed_experts = true;
@@ -528,13 +542,13 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
                           engine::MoeOptions::LoadBalancing::seq_aux_loss}) {
       SCOPED_TRACE(std::string(fp64 ? "fp64" : "fp32") + " router, " +
                    (lb == engine::MoeOptions::LoadBalancing::aux_loss ? "aux_loss" : "seq_aux_loss"));
-      engine::EngineOptions eo;
+      engine::EngineOptions eo = test::engine_options();
       eo.optimizer.eps = 1.0;
       eo.moe.router_fp64 = fp64;
       eo.moe.load_balancing = lb;
       eo.moe.aux_loss_coef = 0.05;
       eo.moe.z_loss_coef = 0.01;
-      engine::CudaEngineOptions co;
+      engine::CudaEngineOptions co = test::cuda_options();
       co.optimizer = eo.optimizer;
       co.moe = eo.moe;
       engine::Engine cpu(s.desc, eo);
@@ -563,7 +577,7 @@ TEST(CudaEngineMoe, AdamWStepsFollowTheCpuEngine) {
 TEST(CudaEngineMoe, ReplayingTheRecordReproducesTheForward) {
   NEED_GPU();
   SmallMoe s;
-  engine::CudaEngine gpu(s.desc);
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
   ASSERT_EQ(gpu.routing_width(), 2);
   engine::MicroBatch mb;
@@ -601,7 +615,7 @@ TEST(CudaEngineMoe, FrozenRouterStaysPut) {
   engine::StepOptions so;
   so.lr = 1e-2;
   so.global_tokens = s.predicted();
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.moe.freeze_router = true;
   engine::CudaEngine gpu(s.desc, co);
   gpu.load_parameters(s.weights);
@@ -627,7 +641,7 @@ TEST(CudaEngineMoe, FrozenRouterStaysPut) {
 TEST(CudaEngineMoe, SteadyStateStepsAllocateNothing) {
   NEED_GPU();
   SmallMoe s;
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.moe.load_balancing = engine::MoeOptions::LoadBalancing::seq_aux_loss;
   co.moe.aux_loss_coef = 0.01;
   co.moe.z_loss_coef = 0.001;
@@ -669,7 +683,7 @@ TEST(CudaEngineMoe, RecomputeKeepsGradientsBitwise) {
     std::vector<double> loss, aux;
     for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective,
                                 engine::Recompute::full}) {
-      engine::CudaEngineOptions co;
+      engine::CudaEngineOptions co = test::cuda_options();
       co.recompute = r;
       co.max_tokens = int64_t(s.ids.size());
       co.moe.router_fp64 = fp64;
@@ -746,9 +760,9 @@ TEST(CudaEngineMla, DeepSeekAdamWStepsFollowTheCpuEngine) {
   ASSERT_EQ(routes.routes.size(), s.ids.size() * 2);
   routes.attach(mb, 2);
   so.outputs.replay_routing_field = "routes";
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = test::engine_options();
   eo.optimizer.eps = 1.0;
-  engine::CudaEngineOptions co;
+  engine::CudaEngineOptions co = test::cuda_options();
   co.optimizer = eo.optimizer;
   engine::Engine cpu(s.desc, eo);
   cpu.load_parameters(s.weights);
@@ -788,7 +802,7 @@ TEST(CudaEngineMla, RecomputeKeepsGradientsBitwise) {
   std::vector<int64_t> bytes;
   for (engine::Recompute r : {engine::Recompute::none, engine::Recompute::selective,
                               engine::Recompute::full}) {
-    engine::CudaEngineOptions co;
+    engine::CudaEngineOptions co = test::cuda_options();
     co.recompute = r;
     co.max_tokens = int64_t(s.ids.size());
     engine::CudaEngine gpu(s.desc, co);
@@ -820,7 +834,7 @@ TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
     std::string why;
     const bool gpu = engine::cuda_engine_available(&why);
     try {
-      engine::CudaEngine e(model::describe(deepseek_config()));
+      engine::CudaEngine e(model::describe(deepseek_config()), test::cuda_options());
       EXPECT_TRUE(gpu) << "constructed without a device";
     } catch (const std::invalid_argument& e) {
       FAIL() << "DeepSeek-V3 was refused: " << e.what();
@@ -833,10 +847,10 @@ TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
     nlohmann::json cfg = deepseek_config();
     cfg["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
     try {
-      engine::CudaEngine e(model::describe(cfg));
+      engine::CudaEngine e(model::describe(cfg), test::cuda_options());
       FAIL() << "dynamic RoPE on an MLA model was accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("RoPE kind dynamic"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("dynamic NTK RoPE"), std::string::npos) << e.what();
     }
   }
   nlohmann::json dyn = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
@@ -845,10 +859,10 @@ TEST(CudaEngine, RefusesWhatItDoesNotExecute) {
                         {"num_key_value_heads", 1}, {"max_position_embeddings", 64},
                         {"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}};
   try {
-    engine::CudaEngine e(model::describe(dyn));
+    engine::CudaEngine e(model::describe(dyn), test::cuda_options());
     FAIL() << "dynamic RoPE was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("RoPE kind dynamic"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dynamic NTK RoPE"), std::string::npos) << e.what();
   }
 }
 

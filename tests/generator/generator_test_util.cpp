@@ -1,9 +1,12 @@
 // Helpers of the generator tests (see generator_test_util.hpp).
 #include "generator_test_util.hpp"
 
+#include "kernels_cpu_abi.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +20,24 @@
 namespace fs = std::filesystem;
 
 namespace rlh::gen::test {
+
+Options gen_options(int num_threads) {
+  Options o;
+  if (num_threads <= 0) {
+    o.ops = &rlh::test::cpu_ops();
+    return o;
+  }
+  // kernels_cpu instances with their own decode threads, one per count, kept for the process
+  static std::map<int, rlh::test::KernelsCpuThroughAbi*> by_threads;
+  rlh::test::KernelsCpuThroughAbi*& k = by_threads[num_threads];
+  if (!k) {
+    const std::string cfg = "{\"num_threads\": " + std::to_string(num_threads) + "}";
+    k = new rlh::test::KernelsCpuThroughAbi({}, cfg.c_str());
+  }
+  o.ops = &k->ops();
+  return o;
+}
+
 
 std::string fixtures_root() {
   const char* env = std::getenv("RLHOST_FIXTURES");

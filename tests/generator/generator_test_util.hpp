@@ -14,6 +14,10 @@
 
 namespace rlh::gen::test {
 
+// Generator options on the reference kernels through the C ABI (tests/common/kernels_cpu_abi.hpp);
+// num_threads > 0: a kernels_cpu instance with that many decode threads.
+Options gen_options(int num_threads = 0);
+
 // $RLHOST_FIXTURES, else the fixtures folder next to the source tree.
 std::string fixtures_root();
 // Model folders (config.json + reference.safetensors) under it and under the engine's in-tree

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "generator_test_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/sdk/status.hpp"
@@ -38,14 +39,14 @@ std::unique_ptr<Generator> fixture_generator(const std::string& dir, sdk::Transf
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
   std::unique_ptr<Generator> g;
   try {
-    g = std::make_unique<Generator>(desc);
+    g = std::make_unique<Generator>(desc, gen_options());
   } catch (const sdk::Error& e) {
     if (e.code() != RLH_E_UNIMPLEMENTED) throw;
     *skip = arch + ": " + e.what();
     return nullptr;
   }
   const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  model::LoadResult w = model::load_weights_f32(desc, ckpt);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
   g->weights().load(w.tensors, 0);
   if (desc_out) *desc_out = desc;
   if (weights_out) *weights_out = std::move(w.tensors);
@@ -94,7 +95,7 @@ TEST_P(FixtureGreedy, MatchesHuggingFaceAndTrainer) {
   }
   expect_same(together, alone, name + ": batch of 2 vs one by one");
 
-  engine::Engine eng(desc);
+  engine::Engine eng(desc, rlh::test::engine_options());
   eng.load_parameters(weights);
   const Mismatch m = trainer_mismatch(eng, prompts, 0, together, r.sampling);
   std::printf("%s greedy: mean |dlp| %.3g, max %.3g, token_mult_prob_error %.9f over %lld tokens\n",
@@ -166,17 +167,32 @@ Model mla_like() {
   return m;
 }
 
+// Gemma-3-style: sandwich norms and q/k norms with (1 + w), GeGLU, scaled embedding, a window on
+// every other layer with its own RoPE table, linear-scaled RoPE on the others,
+// query_pre_attn_scalar, tied: the layer program's features, run by the generator as by the
+// engines.
+Model gemma_like() {
+  Model m;
+  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
+                      R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                          "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 7,
+                          "sliding_window_pattern": 2, "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6})");
+  m.weights = random_weights(m.desc, 14);
+  return m;
+}
+
 class Invariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   const std::string kind = GetParam();
-  const Model m = kind == "mla" ? mla_like() : kind == "moe" ? moe_like() : qwen_like();
+  const Model m = kind == "mla" ? mla_like() : kind == "moe" ? moe_like() : kind == "gemma" ? gemma_like() : qwen_like();
   bool has_moe = false, has_mla = false;
   for (const auto& l : m.desc.layers) {
     has_moe = has_moe || l.mlp.kind == sdk::MlpKind::moe;
     has_mla = has_mla || l.attention.kind == sdk::AttentionKind::mla;
   }
-  ASSERT_EQ(has_moe, kind != "dense");
+  ASSERT_EQ(has_moe, kind == "moe" || kind == "mla");
   ASSERT_EQ(has_mla, kind == "mla");
   // Lengths around the block size and a long prompt that needs several prefill chunks.
   const auto prompts = random_prompts(6, m.desc.vocab_size, 3, {5, 16, 17, 1, 40, 9});
@@ -187,7 +203,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   r.seed = 1234;
   r.step = 5;
 
-  Generator all(m.desc);
+  Generator all(m.desc, gen_options());
   all.weights().load(m.weights, 0);
   Outs ref;
   const Stats st_ref = run(all, prompts, r, 100, ref);
@@ -208,8 +224,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
 
   // Tight limits: 2 slots, 7-token steps (chunked prefill), blocks of 4, and a cache so small
   // that sequences must be preempted and recomputed; on one thread.
-  Options tight;
-  tight.num_threads = 1;
+  Options tight = gen_options(1);
   tight.max_num_seqs = 2;
   tight.max_num_batched_tokens = 7;
   tight.block_size = 4;
@@ -225,8 +240,7 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   expect_same(ref, constrained, "2 slots, 7-token steps, preemption, 1 thread");
 
   // Many slots with a large step budget: everything prefilled at once, on three threads.
-  Options wide;
-  wide.num_threads = 3;
+  Options wide = gen_options(3);
   wide.max_num_seqs = 64;
   wide.max_num_batched_tokens = 4096;
   wide.block_size = 32;
@@ -253,14 +267,16 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   EXPECT_NE(get(ref, 100, 0).ids, get(ref, 100, 1).ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseMoeMla, Invariance, ::testing::Values("dense", "moe", "mla"),
+INSTANTIATE_TEST_SUITE_P(Models, Invariance, ::testing::Values("dense", "moe", "mla", "gemma"),
                          [](const auto& info) { return info.param; });
 
-TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
-  const Model m = qwen_like();
-  engine::Engine eng(m.desc);
+class TrainerMatch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainerMatch, LogprobsMatchTheTrainerUnderEveryFilter) {
+  const Model m = GetParam() == "gemma" ? gemma_like() : qwen_like();
+  engine::Engine eng(m.desc, rlh::test::engine_options());
   eng.load_parameters(m.weights);
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().load(m.weights, 0);
   const auto prompts = random_prompts(4, m.desc.vocab_size, 9, {3, 12, 30, 7});
   for (const SamplingParams sp : {SamplingParams{1.0, 0, 1.0, 0.0}, SamplingParams{0.7, 50, 1.0, 0.0},
@@ -287,6 +303,9 @@ TEST(Generator, LogprobsMatchTheTrainerUnderEveryFilter) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Generator, TrainerMatch, ::testing::Values("qwen", "gemma"),
+                         [](const auto& info) { return info.param; });
 
 // ---------------------------------------------------------------------------------------------
 // Refit: views of the trainer's weights (may_alias) and copies.
@@ -320,7 +339,7 @@ std::vector<rlh_named_tensor> views_of(engine::Engine& eng, std::vector<std::vec
 
 TEST(Generator, RefitByViewsAndCopies) {
   const Model m = qwen_like();
-  engine::Engine eng(m.desc);
+  engine::Engine eng(m.desc, rlh::test::engine_options());
   eng.load_parameters(m.weights);
   const auto prompts = random_prompts(3, m.desc.vocab_size, 5, {4, 11, 6});
   Request r;
@@ -328,12 +347,12 @@ TEST(Generator, RefitByViewsAndCopies) {
   r.samples_per_prompt = 2;
   r.max_new_tokens = 12;
 
-  Generator loaded(m.desc);
+  Generator loaded(m.desc, gen_options());
   loaded.weights().load(m.weights, 0);
   Outs want;
   run(loaded, prompts, r, 0, want);
 
-  Generator g(m.desc);  // colocated: no weights until refit
+  Generator g(m.desc, gen_options());  // colocated: no weights until refit
   Outs none;
   try {
     run(g, prompts, r, 0, none);
@@ -358,7 +377,7 @@ TEST(Generator, RefitByViewsAndCopies) {
   expect_same(want, got, "views of the trainer's weights");
 
   // A copy (may_alias = 0) does not follow later changes of the source.
-  Generator copy(m.desc);
+  Generator copy(m.desc, gen_options());
   copy.weights().update(1, views, false);
   EXPECT_GT(copy.weights().owned_bytes(), 0);
 
@@ -376,7 +395,7 @@ TEST(Generator, RefitByViewsAndCopies) {
   std::vector<std::vector<float>> scaled = m.weights;
   for (auto& t : scaled)
     for (float& x : t) x *= 1.25f;
-  Generator fresh(m.desc);
+  Generator fresh(m.desc, gen_options());
   fresh.weights().load(scaled, 4);
   Outs want_after;
   run(fresh, prompts, r, 0, want_after);
@@ -429,10 +448,10 @@ TEST(Generator, MoeRefitKeepsEveryExpertAView) {
       ts.push_back(t);
     }
   ASSERT_GT(ts.size(), m.desc.params.size()) << "the model has stacked experts";
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().update(1, ts, true);
   EXPECT_EQ(g.weights().owned_bytes(), 0);
-  Generator want(m.desc);
+  Generator want(m.desc, gen_options());
   want.weights().load(m.weights, 1);
   const auto prompts = random_prompts(3, m.desc.vocab_size, 4, {7, 20, 3});
   Request r;
@@ -447,7 +466,7 @@ TEST(Generator, MoeRefitKeepsEveryExpertAView) {
 
 TEST(Generator, Bf16RefitIsConvertedIntoOwnedMemory) {
   const Model m = qwen_like();
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   std::vector<std::vector<uint16_t>> bf(m.weights.size());
   std::vector<std::vector<float>> rounded(m.weights.size());
   std::vector<rlh_named_tensor> ts;
@@ -477,7 +496,7 @@ TEST(Generator, Bf16RefitIsConvertedIntoOwnedMemory) {
   }
   g.weights().update(2, ts, true);  // bf16 cannot be a view of fp32 weights: converted
   EXPECT_GT(g.weights().owned_bytes(), 0);
-  Generator want(m.desc);
+  Generator want(m.desc, gen_options());
   want.weights().load(rounded, 2);
   const auto prompts = random_prompts(2, m.desc.vocab_size, 8, {6, 9});
   Request r;
@@ -505,7 +524,7 @@ class CharDetok : public Detokenizer {
 
 TEST(Generator, StopTokensStringsAndLimits) {
   const Model m = qwen_like();
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().load(m.weights, 0);
   const auto prompts = random_prompts(3, m.desc.vocab_size, 21, {5, 8, 3});
   Request r;
@@ -565,7 +584,7 @@ TEST(Generator, StopTokensStringsAndLimits) {
   EXPECT_THROW(run(g, prompts, no_detok, 0, ignored), sdk::Error);
 
   // max_model_len ends samples (truncated) before max_new_tokens.
-  Options o;
+  Options o = gen_options();
   o.max_model_len = 12;
   Generator capped(m.desc, o);
   capped.weights().load(m.weights, 0);
@@ -580,7 +599,7 @@ TEST(Generator, StopTokensStringsAndLimits) {
 
 TEST(Generator, RefusesBadRequests) {
   const Model m = qwen_like();
-  Generator g(m.desc);
+  Generator g(m.desc, gen_options());
   g.weights().load(m.weights, 0);
   auto code_of = [&](Request r, std::vector<std::vector<int32_t>> prompts) {
     Outs o;
@@ -618,7 +637,7 @@ TEST(Generator, RefusesBadRequests) {
   r.detokenizer = &d;
   EXPECT_EQ(code_of(r, {{1}}), RLH_E_INVALID_ARGUMENT);
   // A prompt that leaves no room for a new token.
-  Options o;
+  Options o = gen_options();
   o.max_model_len = 4;
   Generator capped(m.desc, o);
   capped.weights().load(m.weights, 0);
@@ -630,23 +649,33 @@ TEST(Generator, RefusesBadRequests) {
     EXPECT_EQ(e.code(), RLH_E_INVALID_ARGUMENT);
     EXPECT_NE(std::string(e.what()).find("max_model_len"), std::string::npos) << e.what();
   }
-  // What the generator does not execute is refused with the reason: here an activation other
-  // than SiLU in one layer.
-  sdk::TransformerDesc gelu = m.desc;
-  gelu.layers[1].mlp.hidden_act = "gelu";
+  // What the generator does not execute is refused with the reason (the layer program's one
+  // answer): here Gemma-2's attention logit soft-capping in one layer.
+  sdk::TransformerDesc capped_attn = m.desc;
+  capped_attn.layers[1].attention.logit_softcapping = 50.0;
   try {
-    Generator bad(gelu);
+    Generator bad(capped_attn, gen_options());
     FAIL();
   } catch (const sdk::Error& e) {
     EXPECT_EQ(e.code(), RLH_E_UNIMPLEMENTED);
     EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("gelu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("soft-capping"), std::string::npos) << e.what();
+  }
+  // An activation no executor knows is an inconsistent description.
+  sdk::TransformerDesc relu = m.desc;
+  relu.layers[1].mlp.hidden_act = "relu_cubed";
+  try {
+    Generator bad(relu, gen_options());
+    FAIL();
+  } catch (const sdk::Error& e) {
+    EXPECT_EQ(e.code(), RLH_E_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("relu_cubed"), std::string::npos) << e.what();
   }
 }
 
 TEST(Generator, CacheBudgetEndsSamplesAndIsReleased) {
   const Model m = qwen_like();
-  Options o;
+  Options o = gen_options();
   o.block_size = 4;
   Generator probe(m.desc, o);
   o.kv_cache_bytes = probe.model().kv_layout(4).block_bytes() * 5;  // 20 tokens in all

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generator_test_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
@@ -36,7 +37,7 @@ void expect_rounding(const Mismatch& m, const std::string& what) {
 
 TEST(Mla, CachesExpandedKeysAndValuesOfTheirOwnWidths) {
   const sdk::TransformerDesc d = deepseek_desc();
-  Generator g(d);
+  Generator g(d, gen_options());
   const KvLayout l = g.model().kv_layout(16);
   for (size_t i = 0; i < l.kv_heads.size(); ++i) {
     EXPECT_EQ(l.kv_heads[i], 4) << "one expanded key and value per query head";
@@ -60,9 +61,9 @@ TEST(Mla, LogprobsMatchTheTrainerUnderEveryFilter) {
     ASSERT_EQ(desc.layers[0].attention.kind, sdk::AttentionKind::mla);
     ASSERT_EQ(desc.layers[0].attention.q_lora_rank, extra == "{}" ? 24 : 0);
     const auto weights = random_weights(desc, 31);
-    engine::Engine eng(desc);
+    engine::Engine eng(desc, rlh::test::engine_options());
     eng.load_parameters(weights);
-    Generator g(desc);
+    Generator g(desc, gen_options());
     g.weights().load(weights, 0);
     // Prompts across block boundaries and a long one prefilled in chunks.
     const auto prompts = random_prompts(4, desc.vocab_size, 9, {3, 17, 40, 7});
@@ -88,7 +89,7 @@ TEST(Mla, LogprobsMatchTheTrainerUnderEveryFilter) {
 TEST(Mla, RefitByViewsOfTheTrainersBuffers) {
   const sdk::TransformerDesc desc = deepseek_desc();
   const auto weights = random_weights(desc, 41);
-  engine::Engine eng(desc);
+  engine::Engine eng(desc, rlh::test::engine_options());
   eng.load_parameters(weights);
   // Every HF tensor as a view into the engine's own buffers: stacked experts as slabs of their
   // [E, ...] tensor, every MLA projection and norm whole.
@@ -118,7 +119,7 @@ TEST(Mla, RefitByViewsOfTheTrainersBuffers) {
     }
   }
   EXPECT_EQ(mla_params, 3 * 6);
-  Generator g(desc);
+  Generator g(desc, gen_options());
   g.weights().update(1, views, true);
   EXPECT_EQ(g.weights().owned_bytes(), 0) << "no MLA or MoE weight may be copied";
   for (size_t i = 0; i < desc.params.size(); ++i) EXPECT_EQ(g.weights().param(i), eng.param(i).data()) << desc.params[i].name;
@@ -129,7 +130,7 @@ TEST(Mla, RefitByViewsOfTheTrainersBuffers) {
   r.samples_per_prompt = 2;
   r.max_new_tokens = 12;
   r.seed = 8;
-  Generator loaded(desc);
+  Generator loaded(desc, gen_options());
   loaded.weights().load(weights, 1);
   Outs want, got;
   run(loaded, prompts, r, 0, want);
@@ -144,7 +145,7 @@ TEST(Mla, RefitByViewsOfTheTrainersBuffers) {
   std::vector<std::vector<float>> scaled = weights;
   for (auto& t : scaled)
     for (float& x : t) x *= 1.2f;
-  Generator fresh(desc);
+  Generator fresh(desc, gen_options());
   fresh.weights().load(scaled, 2);
   Outs want2, got2;
   run(fresh, prompts, r, 0, want2);
@@ -174,12 +175,12 @@ TEST(MoeRouterFp64, MatchesTheFp64TrainerOnEveryMoeFixture) {
     sdk::TransformerDesc desc = model::describe_model_dir(dir);
     if (!has_moe(desc)) continue;
     const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-    const model::LoadResult w = model::load_weights_f32(desc, ckpt);
-    engine::EngineOptions eo;
+    const sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
+    engine::EngineOptions eo = rlh::test::engine_options();
     eo.moe.router_fp64 = true;
     engine::Engine eng(desc, eo);
     eng.load_parameters(w.tensors);
-    Options o;
+    Options o = gen_options();
     o.moe_router_fp64 = true;
     Generator g(desc, o);
     g.weights().load(w.tensors, 0);
@@ -207,14 +208,14 @@ TEST(MoeRouterFp64, MatchesTheFp64TrainerOnEveryMoeFixture) {
 
 TEST(MoeRouterFp64, RoutesTiedExpertsAsTheFp64TrainerDoes) {
   const TiedRouterModel m = tied_router_moe();
-  engine::EngineOptions eo;
+  engine::EngineOptions eo = rlh::test::engine_options();
   eo.moe.router_fp64 = true;
-  engine::Engine eng(m.desc, eo), eng32(m.desc);
+  engine::Engine eng(m.desc, eo), eng32(m.desc, rlh::test::engine_options());
   eng.load_parameters(m.weights);
   eng32.load_parameters(m.weights);
-  Options o64;
+  Options o64 = gen_options();
   o64.moe_router_fp64 = true;
-  Generator g64(m.desc, o64), g32(m.desc);
+  Generator g64(m.desc, o64), g32(m.desc, gen_options());
   g64.weights().load(m.weights, 0);
   g32.weights().load(m.weights, 0);
   EXPECT_TRUE(g64.model().router_fp64());

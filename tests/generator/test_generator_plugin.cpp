@@ -16,6 +16,7 @@
 #include <string>
 
 #include "generator_test_util.hpp"
+#include "kernels_cpu_abi.hpp"
 #include "rlhost/generator.h"
 #include "rlhost/host.h"
 #include "rlhost/model/llama_family.hpp"
@@ -148,7 +149,7 @@ fs::path text_model_dir() {
     std::ofstream(d / "config.json") << cfg.dump(2);
     std::ofstream(d / "generation_config.json") << json{{"eos_token_id", {1, 2}}, {"bos_token_id", 0}}.dump();
     const sdk::TransformerDesc desc = model::describe(cfg);
-    model::save_weights_hf(desc, gen::test::random_weights(desc, 77), d.string());
+    sdk::save_weights_hf(desc, gen::test::random_weights(desc, 77), d.string());
     fs::copy_file(fs::path(gen::test::fixtures_root()) / "tokenizer-llama3" / "tokenizer.json", d / "tokenizer.json",
                   fs::copy_options::overwrite_existing);
     const json tc = {{"bos_token", "<|begin_of_text|>"},
@@ -213,7 +214,7 @@ TEST(GeneratorPlugin, DummyLoadThenRefitByViews) {
   // The trainer's buffers: float32 in engine layout, named by HF name.
   sdk::TransformerDesc desc = model::describe_model_dir(dir);
   const auto ckpt = sdk::st::Checkpoint::open(dir);
-  model::LoadResult w = model::load_weights_f32(desc, ckpt);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
   std::vector<rlh_named_tensor> views;
   std::vector<std::vector<int64_t>> shapes;
   shapes.reserve(desc.params.size());
@@ -274,11 +275,11 @@ TEST(GeneratorPlugin, MoeRouterDtypeFollowsTheBackendOrItsOwnKey) {
   const fs::path dir = fs::temp_directory_path() / ("rlh_gen_tied_router_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << m.config_json;
-  model::save_weights_hf(m.desc, m.weights, dir.string());
+  sdk::save_weights_hf(m.desc, m.weights, dir.string());
   const auto prompts = gen::test::random_prompts(4, m.desc.vocab_size, 12, {9, 20, 4});
   // The library's decodes at each precision.
   auto direct = [&](bool fp64) {
-    gen::Options o;
+    gen::Options o = gen::test::gen_options();
     o.moe_router_fp64 = fp64;
     gen::Generator g(m.desc, o);
     g.weights().load(m.weights, 0);

@@ -72,7 +72,7 @@ TEST(WeightsIo, FixturesLoadExactlyAndSaveByteForByte) {
     SCOPED_TRACE(dir.string());
     auto d = model::describe_model_dir(dir.string());
     const Checkpoint c = Checkpoint::open(dir.string());
-    const auto loaded = model::load_weights_f32(d, c);
+    const auto loaded = sdk::load_weights_f32(d, c);
     EXPECT_TRUE(loaded.unused.empty());
     ASSERT_EQ(loaded.tensors.size(), d.params.size());
     for (size_t i = 0; i < d.params.size(); ++i) {
@@ -87,7 +87,7 @@ TEST(WeightsIo, FixturesLoadExactlyAndSaveByteForByte) {
       EXPECT_EQ(offset, loaded.tensors[i].size()) << p.name;
     }
     ScratchDir out;
-    model::save_weights_hf(d, loaded.tensors, out.path().string());
+    sdk::save_weights_hf(d, loaded.tensors, out.path().string());
     EXPECT_TRUE(test::read_file(dir / "model.safetensors") == test::read_file(out / "model.safetensors"));
     ++n;
   }
@@ -106,12 +106,12 @@ TEST(WeightsIo, Bf16AndF16ShardedCheckpointsRoundTrip) {
     for (const auto& p : d.params) ASSERT_EQ(p.dtype, dt);
     const Checkpoint c = Checkpoint::open(in.path().string());
     ASSERT_TRUE(c.sharded());
-    model::LoadOptions strict;
-    strict.dtype_policy = model::DtypePolicy::strict;
-    const auto loaded = model::load_weights_f32(d, c, strict);
-    model::SaveOptions so;
+    sdk::LoadOptions strict;
+    strict.dtype_policy = sdk::DtypePolicy::strict;
+    const auto loaded = sdk::load_weights_f32(d, c, strict);
+    sdk::SaveOptions so;
     so.files = opt;
-    model::save_weights_hf(d, loaded.tensors, out.path().string(), so);
+    sdk::save_weights_hf(d, loaded.tensors, out.path().string(), so);
     const auto files = shard_files(in.path());
     ASSERT_EQ(files, shard_files(out.path()));
     for (const auto& f : files) EXPECT_TRUE(test::read_file(in / f) == test::read_file(out / f)) << f;
@@ -155,11 +155,11 @@ TEST(WeightsIo, DtypePolicy) {
   cfg["dtype"] = "bfloat16";
   const Checkpoint c = Checkpoint::open(src.string());
   auto d = model::describe(cfg);
-  model::LoadOptions strict;
-  strict.dtype_policy = model::DtypePolicy::strict;
-  expect_error([&] { model::load_weights_f32(d, c, strict); },
+  sdk::LoadOptions strict;
+  strict.dtype_policy = sdk::DtypePolicy::strict;
+  expect_error([&] { sdk::load_weights_f32(d, c, strict); },
                {(src / "model.safetensors").string(), "tensor 'model.embed_tokens.weight'", "F32", "BF16"});
-  model::load_weights_f32(d, c);  // adopt
+  sdk::load_weights_f32(d, c);  // adopt
   for (const auto& p : d.params) EXPECT_EQ(p.dtype, DType::F32) << p.name;
 }
 
@@ -187,7 +187,7 @@ TEST(WeightsIo, WrongCheckpointsNameFileAndTensor) {
       ts.erase(std::find_if(ts.begin(), ts.end(), [&](const WriteTensor& t) { return t.name == victim; }));
     });
     auto d = d0;
-    expect_error([&] { model::load_weights_f32(d, Checkpoint::open(tmp.path().string())); },
+    expect_error([&] { sdk::load_weights_f32(d, Checkpoint::open(tmp.path().string())); },
                  {tmp.path().string(), "missing tensor '" + victim + "'", "layer 1"});
   }
   {  // wrong shape (same bytes, other shape)
@@ -197,7 +197,7 @@ TEST(WeightsIo, WrongCheckpointsNameFileAndTensor) {
         if (t.name == victim) t.shape = {2, 16};
     });
     auto d = d0;
-    expect_error([&] { model::load_weights_f32(d, Checkpoint::open(tmp.path().string())); },
+    expect_error([&] { sdk::load_weights_f32(d, Checkpoint::open(tmp.path().string())); },
                  {(tmp / "model.safetensors").string(), "tensor '" + victim + "'", "shape [2,16]", "expects [32]"});
   }
   {  // integer dtype where a weight belongs
@@ -207,7 +207,7 @@ TEST(WeightsIo, WrongCheckpointsNameFileAndTensor) {
         if (t.name == victim) t.dtype = DType::I32;
     });
     auto d = d0;
-    expect_error([&] { model::load_weights_f32(d, Checkpoint::open(tmp.path().string())); },
+    expect_error([&] { sdk::load_weights_f32(d, Checkpoint::open(tmp.path().string())); },
                  {"tensor '" + victim + "'", "I32", "not a float"});
   }
   {  // extra tensor: refused on request, else reported and passed through on save
@@ -216,21 +216,21 @@ TEST(WeightsIo, WrongCheckpointsNameFileAndTensor) {
     rewrite(tmp.path(), [&](auto& ts) { ts.push_back({"model.rotary_emb.inv_freq", DType::F32, {16}, {extra.data(), extra.size()}}); });
     const Checkpoint withx = Checkpoint::open(tmp.path().string());
     auto d = d0;
-    model::LoadOptions no_extra;
+    sdk::LoadOptions no_extra;
     no_extra.allow_unused = false;
-    expect_error([&] { model::load_weights_f32(d, withx, no_extra); },
+    expect_error([&] { sdk::load_weights_f32(d, withx, no_extra); },
                  {"tensor 'model.rotary_emb.inv_freq'", "not a parameter of Qwen3ForCausalLM"});
-    const auto loaded = model::load_weights_f32(d, withx);
+    const auto loaded = sdk::load_weights_f32(d, withx);
     ASSERT_EQ(loaded.unused, std::vector<std::string>{"model.rotary_emb.inv_freq"});
-    model::SaveOptions so;
+    sdk::SaveOptions so;
     so.passthrough = &withx;
     so.passthrough_names = loaded.unused;
-    model::save_weights_hf(d, loaded.tensors, out.path().string(), so);
+    sdk::save_weights_hf(d, loaded.tensors, out.path().string(), so);
     EXPECT_TRUE(test::read_file(tmp / "model.safetensors") == test::read_file(out / "model.safetensors"));
   }
   {  // wrong number of tensors given to save
     ScratchDir out;
-    EXPECT_THROW(model::save_weights_hf(d0, {}, out.path().string()), std::runtime_error);
+    EXPECT_THROW(sdk::save_weights_hf(d0, {}, out.path().string()), std::runtime_error);
   }
 }
 
@@ -279,7 +279,7 @@ TEST(WeightsIo, ConcatTransformLoadsAndSplitsBack) {
     }
   }
   d.params = params;
-  const auto loaded = model::load_weights_f32(d, c);
+  const auto loaded = sdk::load_weights_f32(d, c);
   const auto* fused = d.find_param("model.layers.0.self_attn.qkv_proj.weight");
   ASSERT_NE(fused, nullptr);
   const size_t fi = static_cast<size_t>(fused - d.params.data());
@@ -297,6 +297,6 @@ TEST(WeightsIo, ConcatTransformLoadsAndSplitsBack) {
   EXPECT_EQ(loaded.tensors[gi][static_cast<size_t>(H)], up[0]);                      // row 0, right half
   EXPECT_EQ(loaded.tensors[gi][static_cast<size_t>(2 * H)], gate[static_cast<size_t>(H)]);  // row 1 starts
   ScratchDir out;
-  model::save_weights_hf(d, loaded.tensors, out.path().string());
+  sdk::save_weights_hf(d, loaded.tensors, out.path().string());
   EXPECT_TRUE(test::read_file(src / "model.safetensors") == test::read_file(out / "model.safetensors"));
 }

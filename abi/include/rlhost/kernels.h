@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define RLH_KERNELS_API_VERSION_MAJOR 0
-#define RLH_KERNELS_API_VERSION_MINOR 1
+#define RLH_KERNELS_API_VERSION_MINOR 2
 
 typedef struct rlh_kernels rlh_kernels; /* a provider instance (per device, per engine) */
 typedef struct rlh_op rlh_op;           /* a resolved op */
@@ -56,6 +56,11 @@ typedef struct rlh_op_call {
   void* workspace;    /* scratch provided by the caller, size from workspace_size() */
   size_t workspace_bytes;
 } rlh_op_call;
+
+/* memory_copy directions (KERNELS 0.2). */
+#define RLH_COPY_HOST_TO_DEVICE 1
+#define RLH_COPY_DEVICE_TO_HOST 2
+#define RLH_COPY_DEVICE_TO_DEVICE 3
 
 /* Properties of a resolved op. */
 typedef struct rlh_op_info {
@@ -98,6 +103,34 @@ typedef struct rlh_kernels_api {
   /* (optional) State of a stateful op, for checkpoints: bytes out through `write`, and back. */
   rlh_status* (*state_save)(rlh_op* op, rlh_write_fn write, void* user);
   rlh_status* (*state_load)(rlh_op* op, const void* data, size_t len);
+
+  /* ---- KERNELS 0.2: what a caller needs to drive a provider it knows nothing about (a kernel
+   * registry choosing among providers, the conformance runner staging operands on a device). */
+
+  /* (optional) Facts about the instance as a JSON object, through `write`:
+   *   {"reference": false,   true only for the contract's reference provider (docs/ops.md),
+   *                          which registries order last and the conformance runner checks
+   *                          every other provider against
+   *    "memory": "host"}     where operands live: "host" (CPU memory) or "device" (the memory
+   *                          memory_alloc returns)
+   * NULL: {"reference": false, "memory": "host"}. Thread-safe. */
+  rlh_status* (*provider_info)(rlh_kernels* self, rlh_write_fn write, void* user);
+
+  /* (optional; required when "memory" is "device") Memory of the instance's device: allocate
+   * `bytes` (256-byte aligned), free, copy `bytes` in the direction RLH_COPY_* ordered on
+   * `stream` (NULL = the default stream; returns once queued), and wait for everything queued
+   * on `stream` (NULL = the whole device). Thread-safe. */
+  rlh_status* (*memory_alloc)(rlh_kernels* self, size_t bytes, void** out);
+  void (*memory_free)(rlh_kernels* self, void* ptr);
+  rlh_status* (*memory_copy)(rlh_kernels* self, void* dst, const void* src, size_t bytes,
+                             int32_t direction, void* stream);
+  rlh_status* (*synchronize)(rlh_kernels* self, void* stream);
+
+  /* (optional) Scratch bytes a run with these operands and attributes needs (0: none). A caller
+   * that passes at least that much in rlh_op_call.workspace lets the provider allocate nothing
+   * during the run. The call's stream, workspace and data pointers are not read. NULL: the
+   * provider finds its own scratch. */
+  rlh_status* (*workspace_size)(rlh_op* op, const rlh_op_call* call, size_t* bytes);
 } rlh_kernels_api;
 
 #ifdef __cplusplus

@@ -143,6 +143,15 @@ struct rlh_host_api {
   /* 1 once the user asked to stop (SIGINT/SIGTERM, or rlhost_cancel from an embedder). Long
    * loops poll it and return RLH_E_CANCELLED. */
   uint8_t (*is_cancelled)(rlh_host_ctx* ctx);
+
+  /* ---- ABI 0.2 ---- */
+
+  /* Writes a JSON array of the usable components of `kind` through `write`, best first:
+   * [{"name": "kernels_cuda", "plugin": "kernels_cuda", "score": 8}, ...]. The score is the
+   * plugin's probe (1 without one); components whose plugin scores 0 here, or that failed the
+   * host's checks, are left out; ties keep load order. Listing does not initialise plugins
+   * (find_component does). Lets a caller use every provider of a kind (kernel registries). */
+  rlh_status* (*list_components)(rlh_host_ctx* ctx, int32_t kind, rlh_write_fn write, void* user);
 };
 
 #ifdef __cplusplus

@@ -27,13 +27,9 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
     throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len " + std::to_string(opt_.max_model_len) +
                                             " is more than the model's max_position_embeddings (" +
                                             std::to_string(desc.max_position_embeddings) + ")");
-  // One thread per core is the useful most; far more only exhausts the system's thread limit.
-  if (opt_.num_threads < 0 || opt_.num_threads > kMaxThreads)
-    throw Error(RLH_E_INVALID_ARGUMENT, "generator: num_threads must be between 0 (OpenMP's count) and " +
-                                            std::to_string(kMaxThreads) + ", got " + std::to_string(opt_.num_threads));
-  model_ = std::make_unique<DecodeModel>(std::move(desc), nullptr);
+  if (opt_.ops == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given (Options::ops)");
+  model_ = std::make_unique<DecodeModel>(std::move(desc), opt_.ops);
   model_->set_router_fp64(opt_.moe_router_fp64);
-  if (opt_.num_threads > 0) pool_ = std::make_unique<WorkerPool>(opt_.num_threads);
 }
 
 Generator::~Generator() = default;
@@ -116,16 +112,11 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
     }
 
   const int64_t version = model_->weights().version();
-  // The decode's threads (worker_pool.hpp): this generator's own pool when num_threads is set.
-  WorkerPool& pool = pool_ ? *pool_ : WorkerPool::current();
-  const WorkerPool::Scope bind(pool);
-  scratch_.resize(size_t(pool.threads()) * size_t(sample_scratch_floats(V)));
   Stats st;
   std::vector<int32_t> ids;
   std::vector<CacheRow> rows;
   std::vector<int64_t> sample_rows;
   std::vector<Sequence*> samplers;
-  std::vector<Sampled> drawn;
   while (!sched.done()) {
     if (cancelled && cancelled()) throw Error(RLH_E_CANCELLED, "generate: cancelled");
     const std::vector<StepChunk> plan = sched.schedule();
@@ -151,20 +142,31 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
     st.sampled_tokens += S;
     st.prefill_tokens += int64_t(rows.size()) - S;
 
-    // Draws, one row per thread; each depends only on its logits and its key.
-    drawn.assign(size_t(S), Sampled{});
-    pool.parallel_for(S, [&](int64_t i, int worker) {
-      const Sequence& q = *samplers[size_t(i)];
-      const double u = rq.sampling.greedy() ? 0.0 : uniform01(q.key, q.generated());
-      float* scratch = scratch_.data() + size_t(worker) * size_t(sample_scratch_floats(V));
-      drawn[size_t(i)] = sample_row(logits_.data() + i * V, V, rq.sampling, u, scratch);
-    });
+    // Draws: one uniform per sampling row from its key (rng.hpp), then the registry's sampler;
+    // a row's token depends only on its logits and its key.
+    uniforms_.assign(size_t(S), 0.0);
+    tokens_.assign(size_t(S), -1);
+    token_logprobs_.assign(size_t(S), 0.f);
+    if (!rq.sampling.greedy())
+      for (int64_t i = 0; i < S; ++i) {
+        const Sequence& q = *samplers[size_t(i)];
+        uniforms_[size_t(i)] = uniform01(q.key, q.generated());
+      }
+    if (S > 0) {
+      engine::Ops::SampleAttrs sa;
+      sa.temperature = rq.sampling.temperature;
+      sa.top_k = rq.sampling.top_k > 0 ? rq.sampling.top_k : 0;
+      sa.top_p = rq.sampling.top_p;
+      sa.min_p = rq.sampling.min_p;
+      opt_.ops->sample(tokens_.data(), token_logprobs_.data(), logits_.data(), V, S, V, uniforms_.data(), sa);
+    }
 
     for (int64_t i = 0; i < S; ++i) {
       Sequence* q = samplers[size_t(i)];
-      const int32_t tok = drawn[size_t(i)].token;
+      const int32_t tok = tokens_[size_t(i)];
+      if (tok < 0 || tok >= V) throw Error(RLH_E_INTERNAL, "generate: the sampler returned token " + std::to_string(tok));
       q->tokens.push_back(tok);
-      q->logprobs.push_back(drawn[size_t(i)].logprob);
+      q->logprobs.push_back(token_logprobs_[size_t(i)]);
       const std::span<const int32_t> gen(q->tokens.data() + q->prompt_len, size_t(q->generated()));
       bool stop = std::find(rq.stop_token_ids.begin(), rq.stop_token_ids.end(), tok) != rq.stop_token_ids.end();
       if (!stop && !stops.empty()) stop = stops.matches(gen, *rq.detokenizer);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -83,5 +84,6 @@ void KvCache::release(int32_t block) {
     throw std::logic_error("kv cache: releasing a block that is not in use");
   if (--refs_[size_t(block)] == 0) free_.push_back(block);
 }
+
 
 }  // namespace rlh::gen

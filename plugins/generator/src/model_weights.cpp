@@ -1,5 +1,5 @@
-// What the generator executes of a description (layer_shapes) and where its weights live
-// (Weights: views of a trainer's buffers through refit, or an owned arena).
+// Where the generator's weights live (Weights: views of a trainer's buffers through refit, or an
+// owned arena).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -75,75 +75,6 @@ std::optional<sdk::st::DType> float_dtype(const rlh_dtype& d) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// What is executed
-
-std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc) {
-  if (desc.vocab_size <= 0 || desc.hidden_size <= 0 || desc.num_layers < 1 ||
-      int64_t(desc.layers.size()) != desc.num_layers)
-    throw Error(RLH_E_INVALID_ARGUMENT, "generator: the description has inconsistent sizes");
-  if (desc.final_norm.kind != sdk::NormKind::rmsnorm)
-    throw Error(RLH_E_UNIMPLEMENTED, "generator: final norm kind is not rmsnorm");
-  std::vector<LayerShape> out;
-  for (const sdk::LayerDesc& ld : desc.layers) {
-    const auto& a = ld.attention;
-    const std::string at = "generator: layer " + std::to_string(ld.index) + " of " + desc.architecture + ": ";
-    if (a.kind != sdk::AttentionKind::gqa && a.kind != sdk::AttentionKind::mla)
-      throw Error(RLH_E_UNIMPLEMENTED, at + "attention kind " + sdk::to_string(a.kind));
-    if (ld.mlp.hidden_act != "silu")
-      throw Error(RLH_E_UNIMPLEMENTED, at + "hidden_act " + ld.mlp.hidden_act + " (only silu)");
-    if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
-      throw Error(RLH_E_UNIMPLEMENTED, at + "norm kind (only rmsnorm)");
-    if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0 ||
-        (ld.mlp.kind == sdk::MlpKind::dense && ld.mlp.intermediate_size <= 0))
-      throw Error(RLH_E_INVALID_ARGUMENT, at + "bad head counts or sizes");
-    LayerShape s;
-    static_cast<engine::LayerBasics&>(s) = engine::layer_basics(desc, ld);
-    s.Dv = s.D;
-    s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
-    if (a.kind == sdk::AttentionKind::mla) {  // the engine's rules (sdk/engine/src/mla.cpp)
-      if (a.kv_lora_rank <= 0 || a.qk_rope_head_dim <= 0 || a.qk_nope_head_dim < 0 || a.v_head_dim <= 0 ||
-          a.q_lora_rank < 0)
-        throw Error(RLH_E_INVALID_ARGUMENT, at + "MLA needs kv_lora_rank, qk_rope_head_dim, v_head_dim > 0");
-      if (a.q_bias || a.k_bias || a.v_bias || a.o_bias || a.qk_norm)
-        throw Error(RLH_E_UNIMPLEMENTED, at + "MLA with biases or q/k norms");
-      if (desc.rope.kind != sdk::RopeKind::none && a.use_rope && desc.rope.rotary_dim > 0 &&
-          desc.rope.rotary_dim != a.qk_rope_head_dim)
-        throw Error(RLH_E_INVALID_ARGUMENT, at + "MLA's rotary dims must be qk_rope_head_dim");
-      s.mla = true;
-      s.rq = a.q_lora_rank;
-      s.rkv = a.kv_lora_rank;
-      s.dn = a.qk_nope_head_dim;
-      s.dr = a.qk_rope_head_dim;
-      s.Hkv = s.Hq;  // keys and values expanded per head from the shared latent
-      s.D = s.dn + s.dr;
-      s.Dv = a.v_head_dim;
-      s.Wqkv = s.Hq * (2 * s.D + s.Dv);
-    }
-    if (ld.mlp.kind == sdk::MlpKind::moe) {  // the engine's rules (sdk/engine/src/moe.cpp)
-      const sdk::MoeDesc& m = ld.mlp.moe;
-      if (m.num_experts <= 0 || m.top_k <= 0 || m.top_k > m.num_experts || m.expert_intermediate_size <= 0 ||
-          m.shared_expert_intermediate_size < 0 || m.top_k > 64 || m.n_group < 1 || m.n_group > 64 ||
-          m.num_experts % m.n_group || m.topk_group < 1 || m.topk_group > m.n_group)
-        throw Error(RLH_E_INVALID_ARGUMENT, at + "MoE sizes must satisfy 0 < top_k <= experts (<= 64), ffn > 0, "
-                                                 "n_group dividing the experts, 1 <= topk_group <= n_group");
-      s.moe = true;
-      s.E = m.num_experts;
-      s.Kx = m.top_k;
-      s.Fe = m.expert_intermediate_size;
-      s.Fs = m.shared_expert_intermediate_size;
-      s.shared_gate = m.shared_expert_gate && s.Fs > 0;
-      s.router.scoring = m.scoring == sdk::MoeScoring::sigmoid ? 1 : 0;
-      s.router.norm_topk_prob = m.norm_topk_prob;
-      s.router.scaling_factor = m.routed_scaling_factor;
-      s.router.n_group = m.n_group;
-      s.router.topk_group = m.topk_group;
-    }
-    out.push_back(s);
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Weights

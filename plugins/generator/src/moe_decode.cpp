@@ -1,13 +1,14 @@
-// The MoE block of a step (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3): the engine's forward
-// (sdk/engine/src/moe.cpp), op for op, with its products made row-invariant.
+// The MoE step of the layer program for a decoding step (Mixtral, Qwen2-MoE, Qwen3-MoE,
+// DeepSeek-V3): the engine's forward (sdk/engine/src/moe.cpp), op for op, with its products made
+// batch-invariant.
 //
 //   z    = xn Wr^T (+ b_r)                       router logits [R, E]   (float64: router_fp64)
-//   w, e = top-k of softmax(z) / sigmoid(z)      kernels_cpu moe_router_fwd (per row)
-//   y    = sum_k w_k down_e(silu(gate_e xn) * up_e xn)      over expert-sorted rows
+//   w, e = top-k of softmax(z) / sigmoid(z)      moe_router_fwd (per row)
+//   y    = sum_k w_k down_e(act(gate_e xn) * up_e xn)      over expert-sorted rows
 //        + sigmoid(xn ws^T) shared(xn)            Qwen2-MoE's gated shared expert
 //
-// The engine runs the experts with grouped GEMMs (OpenBLAS), whose result for a row depends on
-// how many rows its expert got; here each expert's rows go through linear.hpp, so a token's
+// The engine runs the experts with grouped GEMMs, whose result for a row depends on how many
+// rows its expert got; here each expert's rows go through the batch-invariant gemm, so a token's
 // output depends only on itself, whichever other tokens share the step and its experts. The
 // router's scores, choice and weights, the permutation and the weighted combine are the engine's
 // ops, per row by construction.
@@ -22,42 +23,22 @@
 #include <algorithm>
 #include <string>
 
-#include "rlhost/generator/linear.hpp"
 #include "rlhost/generator/model.hpp"
-#include "rlhost/generator/worker_pool.hpp"
 
 namespace rlh::gen {
-
-// Each z[r, e] is a sum over k in a fixed order (8 lanes by k mod 8, then a fixed tree) of exact
-// products of widened floats: a function of row r alone, whatever R or the thread count.
-void DecodeModel::router_logits_f64(double* z, const float* xn, const float* w, int64_t R, int64_t E) {
-  const int64_t C = C_;
-  auto row = [&](int64_t r, int) {
-    const float* x = xn + r * C;
-    for (int64_t e = 0; e < E; ++e) {
-      const float* we = w + e * C;
-      double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t c = 0;
-      for (; c + 8 <= C; c += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += double(x[c + j]) * double(we[c + j]);
-      for (int j = 0; c < C; ++c, ++j) acc[j] += double(x[c]) * double(we[c]);
-      z[r * E + e] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    }
-  };
-  if (R * E * C > (int64_t(1) << 20)) {
-    WorkerPool::current().parallel_for(R, row);
-  } else {
-    for (int64_t r = 0; r < R; ++r) row(r, 0);
-  }
-}
 
 void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
   const LayerShape& s = shapes_[size_t(l)];
   const LayerWeights& w = lw_[size_t(l)];
   const int64_t C = C_, E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, RK = R * K;
+  auto glu = [&](const std::string& act, float* h, int64_t ldh, const float* gu_, int64_t ldgu, int64_t n,
+                 int64_t F) {
+    if (act == "silu") ops_->swiglu_fwd(h, ldh, gu_, ldgu, gu_ + F, ldgu, n, F);
+    else ops_->geglu_fwd(h, ldh, gu_, ldgu, gu_ + F, ldgu, n, F, act == "gelu_tanh");
+  };
 
   // Scratch for R rows, carved in order (grown on demand; no state survives the call).
-  // Each piece starts 64-byte aligned (linear.cpp's loads), hence 16 floats of slack per piece.
+  // Each piece starts 64-byte aligned (the vector loads of the gemm), hence 16 floats of slack per piece.
   const size_t nf = size_t(R * E * 2 + RK + RK * C + RK * 2 * Fe + RK * Fe + RK * C +
                            (Fs > 0 ? R * 2 * Fs + R * Fs + R * C + 3 * R : 0)) + 13 * 16;
   const size_t ni = size_t(RK * 2 + E + 1 + 2 * R);
@@ -80,16 +61,21 @@ void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
 
   // Router: logits, scores, choice, weights.
   if (!router_fp64_) {
-    linear(z, E, xn, C, w.router, C, R, E, C);                                            // z [R,E]
+    ops_->gemm_rows(z, E, xn, C, w.router, C, R, E, C);                                            // z [R,E]
     if (w.router_b) ops_->bias_add_fwd(z, E, w.router_b, R, E);
     ops_->moe_router_fwd(wts, experts, probs, nullptr, z, E, w.score_bias, R, E, K, s.router);
   } else {
-    if (moe_d_.size() < size_t(2 * R * E + RK + E)) moe_d_.resize(size_t(2 * R * E + RK + E));
-    double* z64 = moe_d_.data();
-    double* p64 = z64 + R * E;
-    double* w64 = p64 + R * E;
-    double* b64 = w64 + RK;
-    router_logits_f64(z64, xn, w.router, R, E);                                           // z [R,E]
+    double *z64, *p64, *w64, *b64;
+    // Each z[r, e] a k-ordered sum of exact products of widened floats (the batch-invariant
+    // gemm in float64): a function of row r alone.
+    if (moe_d_.size() < size_t(2 * R * E + RK + E + R * C)) moe_d_.resize(size_t(2 * R * E + RK + E + R * C));
+    z64 = moe_d_.data();
+    p64 = z64 + R * E;
+    w64 = p64 + R * E;
+    b64 = w64 + RK;
+    double* x64 = b64 + E;
+    std::copy(xn, xn + R * C, x64);
+    ops_->gemm_rows_f64(z64, E, x64, C, w.router64.data(), C, R, E, C);                    // z [R,E]
     if (w.router_b)
       for (int64_t r = 0; r < R; ++r)
         for (int64_t e = 0; e < E; ++e) z64[r * E + e] += double(w.router_b[e]);
@@ -104,18 +90,18 @@ void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
     if (n == 0) continue;
-    linear(gu + r0 * 2 * Fe, 2 * Fe, xp + r0 * C, C, w.e_gate[size_t(e)], C, n, Fe, C);       // gate
-    linear(gu + r0 * 2 * Fe + Fe, 2 * Fe, xp + r0 * C, C, w.e_up[size_t(e)], C, n, Fe, C);    // up
+    ops_->gemm_rows(gu + r0 * 2 * Fe, 2 * Fe, xp + r0 * C, C, w.e_gate[size_t(e)], C, n, Fe, C);       // gate
+    ops_->gemm_rows(gu + r0 * 2 * Fe + Fe, 2 * Fe, xp + r0 * C, C, w.e_up[size_t(e)], C, n, Fe, C);    // up
   }
-  ops_->swiglu_fwd(a, Fe, gu, 2 * Fe, gu + Fe, 2 * Fe, RK, Fe);                            // a [RK,Fe]
+  glu(s.act, a, Fe, gu, 2 * Fe, RK, Fe);                                                  // a [RK,Fe]
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
     if (n == 0) continue;
-    linear(yp + r0 * C, C, a + r0 * Fe, Fe, w.e_down[size_t(e)], Fe, n, C, Fe);             // yp [RK,C]
+    ops_->gemm_rows(yp + r0 * C, C, a + r0 * Fe, Fe, w.e_down[size_t(e)], Fe, n, C, Fe);             // yp [RK,C]
   }
   ops_->moe_unpermute_fwd(y, C, yp, row, wts, R, K, C, false);                            // y [R,C]
 
-  // Shared expert (a dense SwiGLU on every token) and its sigmoid gate, as the engine adds them.
+  // Shared expert (a dense GLU MLP on every token) and its sigmoid gate, as the engine adds them.
   if (Fs > 0) {
     float* sgu = tf(R * 2 * Fs);
     float* sa = tf(R * Fs);
@@ -126,15 +112,15 @@ void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
     int32_t* srow = ti(R);
     int32_t* szero = ti(R);
     if (w.ws_up == w.ws_gate_proj + Fs * C) {
-      linear(sgu, 2 * Fs, xn, C, w.ws_gate_proj, C, R, 2 * Fs, C);                        // [R,2Fs]
+      ops_->gemm_rows(sgu, 2 * Fs, xn, C, w.ws_gate_proj, C, R, 2 * Fs, C);                        // [R,2Fs]
     } else {
-      linear(sgu, 2 * Fs, xn, C, w.ws_gate_proj, C, R, Fs, C);
-      linear(sgu + Fs, 2 * Fs, xn, C, w.ws_up, C, R, Fs, C);
+      ops_->gemm_rows(sgu, 2 * Fs, xn, C, w.ws_gate_proj, C, R, Fs, C);
+      ops_->gemm_rows(sgu + Fs, 2 * Fs, xn, C, w.ws_up, C, R, Fs, C);
     }
-    ops_->swiglu_fwd(sa, Fs, sgu, 2 * Fs, sgu + Fs, 2 * Fs, R, Fs);                        // [R,Fs]
-    linear(sy, C, sa, Fs, w.ws_down, Fs, R, C, Fs);                                       // sy [R,C]
+    glu(s.act, sa, Fs, sgu, 2 * Fs, R, Fs);                                                // [R,Fs]
+    ops_->gemm_rows(sy, C, sa, Fs, w.ws_down, Fs, R, C, Fs);                                       // sy [R,C]
     if (w.ws_gate) {
-      linear(sgl, 1, xn, C, w.ws_gate, C, R, 1, C);                                       // [R,1]
+      ops_->gemm_rows(sgl, 1, xn, C, w.ws_gate, C, R, 1, C);                                       // [R,1]
       for (int64_t r = 0; r < R; ++r) {
         srow[r] = int32_t(r);
         szero[r] = 0;

@@ -18,8 +18,10 @@
 #include "rlhost/generator.h"
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model.h"
-#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/hf_cache.hpp"
 #include "rlhost/sdk/input_file.hpp"
+#include "rlhost/sdk/kernel_registry.hpp"
+#include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/tokenizer.h"
@@ -52,6 +54,9 @@ struct NativeGenerator {
   rlh::sdk::Host host;
   std::string model_dir;
   std::string tokenizer_path, tokenizer_component;
+  // The kernels the decode draws its ops from (destroyed after the generator that uses them).
+  std::unique_ptr<rlh::sdk::KernelRegistry> registry;
+  std::unique_ptr<rlh::engine::Ops> ops;
   std::unique_ptr<gen::Generator> gen;
   std::unique_ptr<AbiDetokenizer> detok;
 
@@ -102,6 +107,16 @@ bool router_dtype_is_fp64(const std::string& v, const std::string& key) {
 // megatron's moe_router_dtype, default fp32, as plugins/megatron reads it), else fp32. The
 // generator must route as the trainer does (docs/generator.md); the dtensor backend routes in
 // float32 only. `source` says where the setting came from, for the log.
+// policy.kernels pins and verify, shared with the trainer's engines (absent: no pins, verify).
+std::string kernels_section(const rlh::sdk::Host& host) {
+  try {
+    return host.config_json("policy.kernels");
+  } catch (const Error& e) {
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return "{}";
+    throw;
+  }
+}
+
 bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* source) {
   if (cfg.contains("moe_router_dtype")) {
     *source = "native_cfg.moe_router_dtype";
@@ -204,7 +219,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     auto g = std::make_unique<NativeGenerator>();
     g->host = rlh::sdk::Host(host);
     try {
-      g->model_dir = rlh::model::resolve_model_dir(model_path);
+      g->model_dir = rlh::sdk::resolve_model_path(model_path).string();
     } catch (const std::runtime_error& e) {
       throw Error(RLH_E_NOT_FOUND, std::string("generator: ") + e.what());
     }
@@ -220,15 +235,25 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     o.block_size = get_int(cfg, "block_size", o.block_size);
     o.kv_cache_bytes = get_int(cfg, "kv_cache_bytes", o.kv_cache_bytes);
     o.max_model_len = get_int(cfg, "max_model_len", o.max_model_len);
-    const int64_t threads = get_int(cfg, "num_threads", 0);  // range-checked here: int() would wrap
-    if (threads < 0 || threads > gen::kMaxThreads)
-      throw Error(RLH_E_INVALID_ARGUMENT, "generator config: num_threads must be between 0 and " +
-                                              std::to_string(gen::kMaxThreads) + ", got " + std::to_string(threads));
-    o.num_threads = int(threads);
+    // The decode's threads are the kernel provider's (kernels_cpu's pool for the batch-invariant
+    // gemm, paged attention and sampling): passed in its instance config.
+    const int64_t num_threads = get_int(cfg, "num_threads", 0);
+    if (num_threads < 0 || num_threads > 4096)
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator config: num_threads must be in [0, 4096] (0: OMP_NUM_THREADS), not " +
+                                              std::to_string(num_threads));
     std::string router_source;
     o.moe_router_fp64 = router_fp64(g->host, cfg, &router_source);
 
     rlh::sdk::TransformerDesc desc = describe(g->host, g->model_dir, get_str(cfg, "model_component", ""));
+    const std::string kernels = kernels_section(g->host);
+    g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, rlh::sdk::kernel_pins_from_json(kernels),
+                                                 "generator", "{\"num_threads\": " + std::to_string(num_threads) + "}",
+                                                 rlh::sdk::kernel_verify_from_json(kernels));
+    if (g->registry->providers().empty())
+      throw Error(RLH_E_FAILED_PRECONDITION,
+                  "generator: no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, or put it on the plugin path)");
+    g->ops = rlh::engine::make_registry_ops(*g->registry);
+    o.ops = g->ops.get();
     g->gen = std::make_unique<gen::Generator>(desc, o);
     if (host && host->alloc && host->free_memory) {  // the host counts the KV pool
       gen::PoolAllocator a;
@@ -243,7 +268,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     if (load_format == "auto") {
       try {
         const auto ckpt = rlh::sdk::st::Checkpoint::open(g->model_dir);
-        const rlh::model::LoadResult w = rlh::model::load_weights_f32(desc, ckpt);
+        const rlh::sdk::LoadResult w = rlh::sdk::load_weights_f32(desc, ckpt);
         g->gen->weights().load(w.tensors, 0);
       } catch (const Error&) {
         throw;
@@ -251,6 +276,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
         throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator: ") + e.what());
       }
     }
+    g->host.info("generator native: kernels " + g->registry->choices_summary());
     g->host.info("generator native: " + desc.architecture + ", " + std::to_string(desc.num_layers) + " layers, vocab " +
                  std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit") +
                  ", MoE router " + (o.moe_router_fp64 ? "fp64" : "fp32") + " (" + router_source + ")");

@@ -331,4 +331,12 @@ template void attention_bwd<double>(double*, int64_t, double*, int64_t, double*,
                                     int64_t, const double*, int64_t, const double*, int64_t,
                                     const double*, const int32_t*, int64_t, int64_t, int64_t,
                                     int64_t, int64_t, int64_t, double, int64_t, const Scratch&);
+size_t attention_workspace(bool backward, int64_t S, int64_t N, int64_t Hq, size_t esize, int threads) {
+  auto piece = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+  const size_t first = piece(size_t(S + 1) * sizeof(int64_t));
+  if (!backward) return first + piece(size_t(threads) * size_t(kBq * kBk + 2 * kBq) * esize);
+  const int64_t tile = std::max(kBq * kBk, kBkA * kBqA);
+  return piece(size_t(Hq) * size_t(N) * esize) + piece(size_t(threads) * size_t(2 * tile) * esize) + first;
+}
+
 }  // namespace rlh::kcpu

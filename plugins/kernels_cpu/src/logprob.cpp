@@ -381,4 +381,28 @@ template void linear_logprob_bwd<double>(double*, double*, const double*, const 
                                          const double*, const double*, const int32_t*,
                                          const double*, const double*, int64_t, int64_t, int64_t,
                                          int64_t, const LogprobOpts&, bool, const Scratch&);
+size_t linear_logprob_workspace(bool backward, int64_t N, int64_t V, int64_t K, const LogprobOpts& o,
+                                bool entropy_grad, size_t esize, int threads) {
+  auto piece = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+  if (N == 0) return 0;
+  if (filtered(o)) {
+    const int64_t budget = (o.chunk_bytes > 0 ? o.chunk_bytes : kDefaultChunkBytes) / int64_t(esize);
+    const int64_t nb = std::max<int64_t>(1, std::min(N, budget / V));
+    return piece(size_t(nb * V) * esize) + piece(size_t(threads) * size_t(V) * esize);
+  }
+  int64_t nb, vc;
+  tile_shape(N, V, o, esize, &nb, &vc);
+  if (!backward) return piece(size_t(nb * vc) * esize) + piece(size_t(nb * (3 + K)) * esize);
+  return piece(size_t(nb * vc) * esize) + (entropy_grad ? piece(size_t(nb) * esize) : 0);
+}
+
+// The sampler's cut (sample.cpp): the same selection, so a sampled token is one the trainer's
+// processed logprob keeps.
+float sample_filter_threshold(const float* z, int64_t V, int64_t top_k, double top_p, float* tmp) {
+  LogprobOpts o;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  return filter_threshold(z, V, o, tmp);
+}
+
 }  // namespace rlh::kcpu

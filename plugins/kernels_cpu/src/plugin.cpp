@@ -10,17 +10,24 @@
 // allocation service (so the host counts it), else the heap.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "decode_ops.hpp"
 #include "rlhost/kernels.h"
 #include "rlhost/kernels_cpu/blas.hpp"
 #include "rlhost/kernels_cpu/kernels.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/plugin.hpp"
+#include "worker_pool.hpp"
 
 namespace rlh::kcpu {
 namespace {
@@ -42,9 +49,29 @@ struct OpSpec;
 }  // namespace
 }  // namespace rlh::kcpu
 
+// Scratch blocks a call needed beyond the caller's workspace, kept for the next call of the same
+// size (every training step asks for the same sizes: a 32 MiB head tile is not mapped and
+// page-faulted again on every call). Drawn from the host's allocator, which counts them as live
+// while the instance keeps them.
+struct ScratchBlocks {
+  std::mutex mu;
+  std::vector<std::pair<size_t, void*>> free;  // (bytes, block)
+};
+
 struct rlh_kernels {
   const rlh_host_api* host = nullptr;
   rlh_device device{};
+  ScratchBlocks scratch;
+  // Threads of the decode-sized ops (batch-invariant gemm, paged attention, sampling): the
+  // instance's own pool when created with {"num_threads": N}, else the process-wide one.
+  std::unique_ptr<rlh::kcpu::WorkerPool> own_pool;
+  rlh::kcpu::WorkerPool& pool() { return own_pool ? *own_pool : rlh::kcpu::WorkerPool::current(); }
+  ~rlh_kernels() {
+    for (auto& [bytes, p] : scratch.free) {
+      if (host && host->free_memory) host->free_memory(host->ctx, device, p);
+      else std::free(p);
+    }
+  }
 };
 
 struct rlh_op {
@@ -105,8 +132,23 @@ int64_t numel(const rlh_tensor& t) { return sdk::tensor_numel(t); }
 // ---------------------------------------------------------------------------------------------
 // The ops, one function each (T = float or double).
 
+// gemm with batch_invariant = 1 (docs/ops.md): y = x W^T with each row of y a function of its
+// own row of x alone (gemm_rows.cpp), for decoding; only that form is offered.
+template <class T>
+void run_gemm_rows(const Call& c) {
+  const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
+  if (A.ndim != 2 || B.ndim != 2 || C.ndim != 2 || c.flag("transpose_a") || !c.flag("transpose_b") ||
+      c.num("alpha", 1) != 1 || c.num("beta", 0) != 0)
+    bad("gemm (batch_invariant): kernels_cpu offers only 2-D C = A B^T (transpose_b = 1, alpha 1, beta 0)");
+  const int64_t M = C.shape[0], N = C.shape[1], K = A.shape[1];
+  const int64_t lda = need_rows(A, M, K, "gemm A"), ldb = need_rows(B, N, K, "gemm B");
+  const int64_t ldc = need_rows(C, M, N, "gemm C");
+  gemm_rows(data<T>(C), ldc, data<T>(A), lda, data<T>(B), ldb, M, N, K, c.op->inst->pool());
+}
+
 template <class T>
 void run_gemm(const Call& c) {
+  if (c.flag("batch_invariant")) return run_gemm_rows<T>(c);
   const bool ta = c.flag("transpose_a"), tb = c.flag("transpose_b");
   const T alpha = T(c.num("alpha", 1)), beta = T(c.num("beta", 0));
   const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
@@ -269,6 +311,28 @@ void run_swiglu_bwd(const Call& c) {
   const int64_t lddu = need_rows(c.out(1), N, F, "swiglu_bwd dup");
   swiglu_bwd<T>(data<T>(c.out(0)), lddg, data<T>(c.out(1)), lddu, data<T>(c.in(0)), lddh,
                 data<T>(c.in(1)), ldg, data<T>(c.in(2)), ldu, N, F);
+}
+
+template <class T>
+void run_geglu_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], F = c.in(0).shape[1];
+  const int64_t ldg = need_rows(c.in(0), N, F, "geglu_fwd gate");
+  const int64_t ldu = need_rows(c.in(1), N, F, "geglu_fwd up");
+  const int64_t ldh = need_rows(c.out(0), N, F, "geglu_fwd h");
+  geglu_fwd<T>(data<T>(c.out(0)), ldh, data<T>(c.in(0)), ldg, data<T>(c.in(1)), ldu, N, F,
+               c.integer("approximate_tanh", 1) != 0);
+}
+
+template <class T>
+void run_geglu_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
+  const int64_t lddh = need_rows(c.in(0), N, F, "geglu_bwd dh");
+  const int64_t ldg = need_rows(c.in(1), N, F, "geglu_bwd gate");
+  const int64_t ldu = need_rows(c.in(2), N, F, "geglu_bwd up");
+  const int64_t lddg = need_rows(c.out(0), N, F, "geglu_bwd dgate");
+  const int64_t lddu = need_rows(c.out(1), N, F, "geglu_bwd dup");
+  geglu_bwd<T>(data<T>(c.out(0)), lddg, data<T>(c.out(1)), lddu, data<T>(c.in(0)), lddh,
+               data<T>(c.in(1)), ldg, data<T>(c.in(2)), ldu, N, F, c.integer("approximate_tanh", 1) != 0);
 }
 
 template <class T>
@@ -559,6 +623,24 @@ void run_adamw(const Call& c) {
   }
 }
 
+// adamw_bf16: adamw, then p16 = bf16 of the updated p, rounded to nearest even (the working copy
+// a bf16 engine computes with; the reference for providers that fuse the two).
+template <class T>
+void run_adamw_bf16(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    run_adamw<float>(c);
+    const int64_t n = numel(c.out(0));
+    need_vec(c.out(4), n, "adamw_bf16 p16");
+    const float* p = data<float>(c.out(0));
+    uint16_t* p16 = data<uint16_t>(c.out(4));
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &p[i], 4);
+      p16[i] = std::isnan(p[i]) ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    }
+  }
+}
+
 template <class T>
 void run_sumsq(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
@@ -579,10 +661,127 @@ void run_scale(const Call& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Decoding: the KV cache writes, attention over a paged KV cache and sampling (decode_ops.hpp),
+// float32 only.
+
+// Stride i of a 4-D operand in elements (DLPack: NULL strides = compact row-major).
+int64_t stride4(const rlh_tensor& t, int i) {
+  if (t.strides) return t.strides[i];
+  int64_t s = 1;
+  for (int d = 3; d > i; --d) s *= t.shape[d];
+  return s;
+}
+
+// q [R, Hq, Dk], k_cache [B, Hkv, bs, Dk] with keys transposed in a block (strides (any,
+// Dk bs, 1, bs)), v_cache [B, Hkv, bs, Dv] (strides (any, bs Dv, Dv, 1)), block_table int32
+// [R, T], positions int32 [R] -> o [R, Hq, Dv]; scale, window.
+template <class T>
+void run_paged_attention(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor &q = c.in(0), &kc = c.in(1), &vc = c.in(2), &bt = c.in(3), &pos = c.in(4);
+    if (q.ndim != 3 || kc.ndim != 4 || vc.ndim != 4 || bt.ndim != 2)
+      bad("paged_attention: q [R,Hq,Dk], k_cache [B,Hkv,bs,Dk], v_cache [B,Hkv,bs,Dv], block_table [R,T]");
+    PagedAttentionArgs a;
+    a.R = q.shape[0];
+    a.Hq = q.shape[1];
+    a.Dk = q.shape[2];
+    a.Hkv = kc.shape[1];
+    a.bs = kc.shape[2];
+    a.Dv = vc.shape[3];
+    if (kc.shape[3] != a.Dk || vc.shape[0] != kc.shape[0] || vc.shape[1] != a.Hkv || vc.shape[2] != a.bs)
+      bad("paged_attention: the caches' shapes disagree with q and each other");
+    if (stride4(kc, 1) != a.Dk * a.bs || stride4(kc, 2) != 1 || stride4(kc, 3) != a.bs)
+      bad("paged_attention: kernels_cpu reads keys transposed in a block (k_cache strides (any, Dk bs, 1, bs))");
+    if (stride4(vc, 1) != a.bs * a.Dv || stride4(vc, 2) != a.Dv || stride4(vc, 3) != 1)
+      bad("paged_attention: kernels_cpu reads values row by row (v_cache strides (any, bs Dv, Dv, 1))");
+    a.ldq = need_heads(q, a.R, a.Hq, a.Dk, "paged_attention q");
+    a.ldo = need_heads(c.out(0), a.R, a.Hq, a.Dv, "paged_attention o");
+    if (bt.shape[0] != a.R || (bt.shape[1] > 1 && bt.strides && bt.strides[1] != 1))
+      bad("paged_attention: block_table must be [R, T]");
+    need_vec(pos, a.R, "paged_attention positions");
+    a.q = data<float>(q);
+    a.out = data<float>(c.out(0));
+    a.k = data<float>(kc);
+    a.k_block = stride4(kc, 0);
+    a.v = data<float>(vc);
+    a.v_block = stride4(vc, 0);
+    a.blocks = data<int32_t>(bt);
+    a.ld_blocks = bt.strides ? bt.strides[0] : bt.shape[1];
+    a.table_width = bt.shape[1];
+    a.pos = data<int32_t>(pos);
+    a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
+    a.window = c.integer("window", 0);
+    if (a.R == 0) return;
+    const int64_t B = kc.shape[0];
+    for (int64_t r = 0; r < a.R; ++r)
+      for (int64_t b = 0; b <= a.pos[r] / std::max<int64_t>(1, a.bs) && b < a.table_width; ++b) {
+        const int32_t id = a.blocks[r * a.ld_blocks + b];
+        if (id < 0 || id >= B) bad("paged_attention: block id " + std::to_string(id) + " outside the cache");
+      }
+    paged_attention(a, c.op->inst->pool());
+  }
+}
+
+// k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] (block * bs + offset; -1: skip) -> k_cache
+// [B, Hkv, bs, Dk], v_cache [B, Hkv, bs, Dv] (in/out, any strides: kernels_cpu's own layout
+// stores keys transposed within a block, paged_attention.cpp).
+template <class T>
+void run_kv_cache_write(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor &k = c.in(0), &v = c.in(1), &kc = c.out(0), &vc = c.out(1);
+    if (k.ndim != 3 || v.ndim != 3 || kc.ndim != 4 || vc.ndim != 4)
+      bad("kv_cache_write: k, v [R, Hkv, D], caches [B, Hkv, bs, D]");
+    const int64_t R = k.shape[0], H = k.shape[1], Dk = k.shape[2], Dv = v.shape[2];
+    const int64_t ldk = need_heads(k, R, H, Dk, "kv_cache_write k"), ldv = need_heads(v, R, H, Dv, "kv_cache_write v");
+    need_vec(c.in(2), R, "kv_cache_write slots");
+    const int64_t B = kc.shape[0], bs = kc.shape[2];
+    if (kc.shape[1] != H || kc.shape[3] != Dk || vc.shape[0] != B || vc.shape[1] != H || vc.shape[2] != bs ||
+        vc.shape[3] != Dv)
+      bad("kv_cache_write: the caches' shapes disagree with k, v and each other");
+    const int32_t* slots = data<int32_t>(c.in(2));
+    const float *kp = data<float>(k), *vp = data<float>(v);
+    float *kcp = data<float>(kc), *vcp = data<float>(vc);
+    for (int64_t r = 0; r < R; ++r) {
+      if (slots[r] < 0) continue;
+      const int64_t b = slots[r] / bs, off = slots[r] % bs;
+      if (b >= B) bad("kv_cache_write: slot " + std::to_string(slots[r]) + " outside the cache");
+      for (int64_t h = 0; h < H; ++h) {
+        float* kd = kcp + b * stride4(kc, 0) + h * stride4(kc, 1) + off * stride4(kc, 2);
+        for (int64_t d = 0; d < Dk; ++d) kd[d * stride4(kc, 3)] = kp[r * ldk + h * Dk + d];
+        float* vd = vcp + b * stride4(vc, 0) + h * stride4(vc, 1) + off * stride4(vc, 2);
+        for (int64_t d = 0; d < Dv; ++d) vd[d * stride4(vc, 3)] = vp[r * ldv + h * Dv + d];
+      }
+    }
+  }
+}
+
+// logits [S, V] (rows any distance apart), uniforms float64 [S] -> tokens int32 [S], logprobs [S];
+// temperature (0 = greedy), top_k, top_p, min_p.
+template <class T>
+void run_sample(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor& z = c.in(0);
+    if (z.ndim != 2) bad("sample: logits must be [S, V]");
+    const int64_t S = z.shape[0], V = z.shape[1];
+    const int64_t ld = need_rows(z, S, V, "sample logits");
+    need_vec(c.in(1), S, "sample uniforms");
+    need_vec(c.out(0), S, "sample tokens");
+    need_vec(c.out(1), S, "sample logprobs");
+    SampleParams p;
+    p.temperature = c.num("temperature", 1.0);
+    p.top_k = c.integer("top_k", 0);
+    p.top_p = c.num("top_p", 1.0);
+    p.min_p = c.num("min_p", 0.0);
+    sample(data<float>(z), ld, S, V, data<double>(c.in(1)), p, data<int32_t>(c.out(0)), data<float>(c.out(1)),
+           c.op->inst->pool());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The op table: name, operand counts, which operands are int32 / float32 constants (the rest
 // have the op's float dtype), its backward op, and whether float64 is offered.
 
-enum Kind : char { F = 'f', I = 'i', K = 'k' };  // op dtype, int32, float32 constant
+enum Kind : char { F = 'f', I = 'i', K = 'k', D = 'd', B = 'b' };  // op dtype, int32, float32 / float64 constant, bf16
 
 struct OpSpec {
   const char* name;
@@ -611,6 +810,8 @@ const OpSpec kOps[] = {
     RLH_OP(attention_bwd, "ffffffi", 7, "fff", 3, "", true),
     RLH_OP(swiglu_fwd, "ff", 2, "f", 1, "swiglu_bwd", true),
     RLH_OP(swiglu_bwd, "fff", 3, "ff", 2, "", true),
+    RLH_OP(geglu_fwd, "ff", 2, "f", 1, "geglu_bwd", true),
+    RLH_OP(geglu_bwd, "fff", 3, "ff", 2, "", true),
     RLH_OP(bias_add_fwd, "f", 1, "f", 1, "bias_bwd", true),
     RLH_OP(bias_bwd, "f", 1, "f", 1, "", true),
     RLH_OP(add_fwd, "ff", 2, "f", 1, "", true),
@@ -624,8 +825,12 @@ const OpSpec kOps[] = {
     RLH_OP(moe_unpermute_bwd, "ffif", 4, "ff", 1, "", true),
     RLH_OP(grouped_gemm, "ffi", 3, "f", 1, "grouped_gemm", true),
     RLH_OP(adamw, "", 0, "ffff", 4, "", false),
+    RLH_OP(adamw_bf16, "", 0, "ffffb", 5, "", false),
     RLH_OP(sumsq, "f", 1, "f", 1, "", false),
     RLH_OP(scale, "", 0, "f", 1, "", false),
+    RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
+    RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
+    RLH_OP(sample, "fd", 2, "ik", 2, "", false),
 };
 #undef RLH_OP
 
@@ -653,7 +858,11 @@ bool check_operands(const OpSpec& s, const rlh_tensor* ins, size_t nin, const rl
     if (kind == I) {
       if (!same(t.dtype, sdk::kI32)) unimpl("index operands must be int32");
     } else if (kind == K) {
-      if (!same(t.dtype, sdk::kF32)) unimpl("inv_freq must be float32");
+      if (!same(t.dtype, sdk::kF32)) unimpl(std::string("operand must be float32, not ") + sdk::dtype_name(t.dtype));
+    } else if (kind == D) {
+      if (!same(t.dtype, sdk::kF64)) unimpl(std::string("operand must be float64, not ") + sdk::dtype_name(t.dtype));
+    } else if (kind == B) {
+      if (!same(t.dtype, sdk::kBF16)) unimpl("this operand must be bfloat16");
     } else {
       const int d = same(t.dtype, sdk::kF32) ? 0 : same(t.dtype, sdk::kF64) ? 1 : -1;
       if (d < 0) unimpl(std::string("dtype ") + sdk::dtype_name(t.dtype) + " not offered");
@@ -675,6 +884,7 @@ struct CallScratch {
   size_t size = 0, used = 0;
   const rlh_host_api* host = nullptr;
   rlh_device device{};
+  ScratchBlocks* blocks = nullptr;
 
   static void* alloc(void* ctx, size_t bytes) {
     auto* s = static_cast<CallScratch*>(ctx);
@@ -683,6 +893,16 @@ struct CallScratch {
     if (s->base && start + need <= s->size) {
       s->used = start + need;
       return s->base + start;
+    }
+    if (s->blocks) {
+      std::lock_guard<std::mutex> lock(s->blocks->mu);
+      auto& f = s->blocks->free;
+      for (size_t i = 0; i < f.size(); ++i)
+        if (f[i].first == bytes) {
+          void* p = f[i].second;
+          f.erase(f.begin() + long(i));
+          return p;
+        }
     }
     if (s->host && s->host->alloc && s->host->free_memory) {
       void* p = nullptr;
@@ -699,6 +919,11 @@ struct CallScratch {
     auto* s = static_cast<CallScratch*>(ctx);
     char* c = static_cast<char*>(p);
     if (s->base && c >= s->base && c < s->base + s->size) return;  // the arena is the caller's
+    if (s->blocks && s->host && s->host->alloc && s->host->free_memory) {
+      std::lock_guard<std::mutex> lock(s->blocks->mu);
+      s->blocks->free.emplace_back(bytes, p);
+      return;
+    }
     if (s->host && s->host->alloc && s->host->free_memory)
       s->host->free_memory(s->host->ctx, s->device, p);
     else
@@ -709,16 +934,38 @@ struct CallScratch {
 // ---------------------------------------------------------------------------------------------
 // The KERNELS table
 
-rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char*, size_t,
+rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char* config, size_t config_len,
                      rlh_kernels** out) {
   const sdk::MakeStatusFn make = host ? host->make_status : nullptr;
   return sdk::guard(make, [&] {
     if (device.device_type != RLH_DEVICE_CPU)
       throw Error(RLH_E_UNIMPLEMENTED, "kernels_cpu runs on the CPU only");
     g_make_status = make;
+    // {"num_threads": N}: the decode-sized ops' own pool of N threads (0 or absent: the
+    // process-wide pool, OMP_NUM_THREADS wide). Other keys are other providers' business.
+    int64_t threads = 0;
+    if (config && config_len) {
+      const nlohmann::json j = nlohmann::json::parse(config, config + config_len, nullptr, false);
+      if (!j.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "kernels_cpu: the instance config is not a JSON object");
+      if (j.contains("num_threads")) {
+        if (!j["num_threads"].is_number_integer() || j["num_threads"].get<int64_t>() < 0 ||
+            j["num_threads"].get<int64_t>() > 4096)
+          throw Error(RLH_E_INVALID_ARGUMENT, "kernels_cpu: num_threads must be an integer in [0, 4096], not " +
+                                                  j["num_threads"].dump());
+        threads = j["num_threads"].get<int64_t>();
+      }
+    }
+    // The pool first: a thread the system refuses is an error (and nothing is leaked).
+    std::unique_ptr<WorkerPool> pool;
+    try {
+      if (threads > 0) pool = std::make_unique<WorkerPool>(int(threads));
+    } catch (const std::runtime_error& e) {
+      throw Error(RLH_E_RESOURCE_EXHAUSTED, e.what());
+    }
     auto* k = new rlh_kernels;
     k->host = host;
     k->device = device;
+    k->own_pool = std::move(pool);
     *out = k;
     if (host && host->log) {  // loads and verifies OpenBLAS now, so the log says what was chosen
       const std::string msg = "kernels_cpu: " + cpu_features_string() + "; " + blas_info_string();
@@ -757,6 +1004,19 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       if (!a.name) continue;
       op->attrs.push_back(Attr{a.name, a.type, a.int64_value, a.double_value});
     }
+    // gemm asked for batch invariance: only x W^T is offered (gemm_rows.cpp); say so at
+    // resolution, so a registry falls through to a provider that offers the rest.
+    if (std::strcmp(s->name, "gemm") == 0) {
+      auto attr = [&](const char* n, double dflt) {
+        for (const Attr& x : op->attrs)
+          if (x.name == n) return x.type == RLH_VALUE_DOUBLE ? x.d : double(x.i);
+        return dflt;
+      };
+      if (attr("batch_invariant", 0) != 0 && (attr("transpose_a", 0) != 0 || attr("transpose_b", 1) == 0)) {
+        delete op;
+        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cpu gemm: batch_invariant is offered for C = A B^T only");
+      }
+    }
     *out = op;
   });
 }
@@ -766,11 +1026,13 @@ rlh_status* k_op_info(rlh_op* op, rlh_op_info* out) {
     // Every op is deterministic (fixed summation orders, any thread count). A row's result
     // depends only on its own input rows except where a float GEMM runs: OpenBLAS picks its
     // kernel (and so the summation order) by the problem's shape, so adding rows can change a
-    // row's last bits (the generator's linear.hpp exists for that reason). Workspace is taken at
-    // run time.
+    // row's last bits; gemm with batch_invariant = 1 runs gemm_rows.cpp instead, which is.
+    // Workspace is taken at run time.
     const std::string_view name = op->spec->name;
-    const bool on_gemm = !op->f64 && (name == "gemm" || name == "grouped_gemm" ||
-                                      name.rfind("linear_logprob", 0) == 0);
+    bool rows = false;  // gemm asked for batch invariance (gemm_rows.cpp)
+    for (const Attr& a : op->attrs) rows = rows || (a.name == "batch_invariant" && (a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i)) != 0);
+    const bool on_gemm = !op->f64 && !rows && (name == "gemm" || name == "grouped_gemm" ||
+                                               name.rfind("linear_logprob", 0) == 0);
     rlh_op_info info{};
     info.batch_invariant = on_gemm ? 0 : 1;
     info.deterministic = 1;
@@ -794,6 +1056,7 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
     cs.size = call->workspace ? call->workspace_bytes : 0;
     cs.host = op->inst ? op->inst->host : nullptr;
     cs.device = op->inst ? op->inst->device : rlh_device{RLH_DEVICE_CPU, 0};
+    cs.blocks = op->inst ? &op->inst->scratch : nullptr;
     Call c{op, call, Scratch{CallScratch::alloc, CallScratch::free, &cs}};
     (op->f64 ? s.run64 : s.run32)(c);
   });
@@ -801,9 +1064,43 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
 
 void k_release_op(rlh_op* op) { delete op; }
 
+// Scratch of the two kinds of op that take any (attention's tiles, the logprob head's logits
+// tiles), so a caller can pass it as the call's workspace and nothing is allocated per call.
+rlh_status* k_workspace_size(rlh_op* op, const rlh_op_call* call, size_t* bytes) {
+  return sdk::guard(g_make_status, [&] {
+    if (bytes == nullptr || call == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "workspace_size: NULL argument");
+    *bytes = 0;
+    const std::string_view name = op->spec->name;
+    const size_t es = op->f64 ? sizeof(double) : sizeof(float);
+    const int threads = num_threads();
+    Call c{op, call, Scratch{}};
+    if (name == "attention_fwd" || name == "attention_bwd") {
+      const bool bwd = name == "attention_bwd";
+      const rlh_tensor& q = c.in(bwd ? 1 : 0);
+      const rlh_tensor& cu = c.in(bwd ? 6 : 3);
+      if (q.ndim != 3 || cu.ndim != 1) return;  // run() refuses such operands
+      *bytes = attention_workspace(bwd, cu.shape[0] - 1, q.shape[0], q.shape[1], es, threads);
+    } else if (name == "linear_logprob_fwd" || name == "linear_logprob_bwd") {
+      const bool bwd = name == "linear_logprob_bwd";
+      if (c.in(0).ndim != 2 || c.in(1).ndim != 2) return;
+      *bytes = linear_logprob_workspace(bwd, c.in(0).shape[0], c.in(1).shape[0], targets_per_token(c.in(2)),
+                                        logprob_opts(c), bwd && c.has_in(6), es, threads);
+    }
+  });
+}
+
+// kernels_cpu is the contract's reference: registries order it last, check-kernels compares
+// every other provider with it. Its operands are host memory.
+rlh_status* k_provider_info(rlh_kernels*, rlh_write_fn write, void* user) {
+  return sdk::guard(g_make_status, [&] {
+    static const char kInfo[] = "{\"reference\":true,\"memory\":\"host\"}";
+    write(user, kInfo, sizeof(kInfo) - 1);
+  });
+}
+
 const rlh_kernels_api kApi = [] {
   rlh_kernels_api a{};
-  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, state_load);
+  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, workspace_size);
   a.create = k_create;
   a.destroy = k_destroy;
   a.list_ops = k_list_ops;
@@ -813,6 +1110,9 @@ const rlh_kernels_api kApi = [] {
   a.release_op = k_release_op;
   a.state_save = nullptr;  // no stateful ops
   a.state_load = nullptr;
+  a.provider_info = k_provider_info;
+  // Host memory: no memory services.
+  a.workspace_size = k_workspace_size;
   return a;
 }();
 

@@ -323,6 +323,26 @@ void run_swiglu_fwd(const Call& c) {
   swiglu_fwd(c.dt(), ptr(c.out(0)), ldh, ptr(c.in(0)), ldg, ptr(c.in(1)), ldu, N, F, c.stream);
 }
 
+void run_geglu_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], F = c.in(0).shape[1];
+  const int64_t ldg = need_rows(c.in(0), N, F, "geglu_fwd gate");
+  const int64_t ldu = need_rows(c.in(1), N, F, "geglu_fwd up");
+  const int64_t ldh = need_rows(c.out(0), N, F, "geglu_fwd h");
+  geglu_fwd(c.dt(), ptr(c.out(0)), ldh, ptr(c.in(0)), ldg, ptr(c.in(1)), ldu, N, F,
+            c.integer("approximate_tanh", 1) != 0, c.stream);
+}
+
+void run_geglu_bwd(const Call& c) {
+  const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
+  const int64_t lddh = need_rows(c.in(0), N, F, "geglu_bwd dh");
+  const int64_t ldg = need_rows(c.in(1), N, F, "geglu_bwd gate");
+  const int64_t ldu = need_rows(c.in(2), N, F, "geglu_bwd up");
+  const int64_t lddg = need_rows(c.out(0), N, F, "geglu_bwd dgate");
+  const int64_t lddu = need_rows(c.out(1), N, F, "geglu_bwd dup");
+  geglu_bwd(c.dt(), ptr(c.out(0)), lddg, ptr(c.out(1)), lddu, ptr(c.in(0)), lddh, ptr(c.in(1)), ldg,
+            ptr(c.in(2)), ldu, N, F, c.integer("approximate_tanh", 1) != 0, c.stream);
+}
+
 void run_swiglu_bwd(const Call& c) {
   const int64_t N = c.in(1).shape[0], F = c.in(1).shape[1];
   const int64_t lddh = need_rows(c.in(0), N, F, "swiglu_bwd dh");
@@ -377,6 +397,14 @@ LogprobArgs logprob_common(const Call& c) {
   return a;
 }
 
+// The optional logits cache (an engine's training step): fp32 [N, ld >= V] that the forward
+// fills tile by tile and the backward reads instead of recomputing the logits.
+void logits_cache(const rlh_tensor& t, LogprobArgs& a) {
+  a.ld_cache = need_rows(t, a.N, a.V, "linear_logprob logits_cache");
+  if (t.dtype.code != RLH_DTYPE_FLOAT || t.dtype.bits != 32) bad("linear_logprob logits_cache must be float32");
+  a.logits_cache = ptr<float>(t);
+}
+
 void run_linear_logprob_fwd(const Call& c) {
   LogprobArgs a = logprob_common(c);
   need_vec(c.out(0), a.N * a.K, "linear_logprob_fwd logprob");
@@ -387,6 +415,7 @@ void run_linear_logprob_fwd(const Call& c) {
     need_vec(c.out(2), a.N, "linear_logprob_fwd entropy");
     a.entropy = flex(c.out(2));
   }
+  if (c.has_out(3)) logits_cache(c.out(3), a);
   linear_logprob_fwd(c.op->inst->gemm, a, *c.ws, c.stream);
 }
 
@@ -405,6 +434,7 @@ void run_linear_logprob_bwd(const Call& c) {
   a.dh = ptr(c.out(0));
   a.dW = flex(c.out(1));
   a.accumulate = c.flag("accumulate");
+  if (c.has_in(7)) logits_cache(c.in(7), a);
   linear_logprob_bwd(c.op->inst->gemm, a, *c.ws, c.stream);
 }
 
@@ -432,14 +462,25 @@ ListStore list_of(const rlh_tensor* ts, size_t count, size_t first, size_t step,
   return l;
 }
 
-void run_adamw(const Call& c) {
-  if (c.nout() % 4 != 0) bad("adamw: outputs are p, g, m, v (repeated per tensor)");
-  ListStore p = list_of(c.call->outputs, c.nout(), 0, 4, "adamw p");
-  ListStore g = list_of(c.call->outputs, c.nout(), 1, 4, "adamw g");
-  ListStore m = list_of(c.call->outputs, c.nout(), 2, 4, "adamw m");
-  ListStore v = list_of(c.call->outputs, c.nout(), 3, 4, "adamw v");
+// adamw: outputs p, g, m, v per tensor; adamw_bf16: p, g, m, v, p16 (the bf16 working copy of
+// p, written in the same pass).
+void run_adamw_lists(const Call& c, size_t group) {
+  if (c.nout() % group != 0) bad(group == 4 ? "adamw: outputs are p, g, m, v (repeated per tensor)"
+                                            : "adamw_bf16: outputs are p, g, m, v, p16 (repeated per tensor)");
+  ListStore p = list_of(c.call->outputs, c.nout(), 0, group, "adamw p");
+  ListStore g = list_of(c.call->outputs, c.nout(), 1, group, "adamw g");
+  ListStore m = list_of(c.call->outputs, c.nout(), 2, group, "adamw m");
+  ListStore v = list_of(c.call->outputs, c.nout(), 3, group, "adamw v");
   for (size_t i = 0; i < p.n.size(); ++i)
     if (g.n[i] != p.n[i] || m.n[i] != p.n[i] || v.n[i] != p.n[i]) bad("adamw: p, g, m, v sizes differ");
+  ListStore p16;
+  TensorList p16_list;
+  if (group == 5) {
+    p16 = list_of(c.call->outputs, c.nout(), 4, group, "adamw_bf16 p16");
+    for (size_t i = 0; i < p.n.size(); ++i)
+      if (p16.n[i] != p.n[i] || !p16.bf[i]) bad("adamw_bf16: p16 must be bfloat16 of p's size");
+    p16_list = p16.list();
+  }
   AdamWArgs o;
   o.lr = c.num("lr", o.lr);
   o.beta1 = c.num("beta1", o.beta1);
@@ -449,13 +490,115 @@ void run_adamw(const Call& c) {
   o.step = c.integer("step", 1);
   o.grad_scale = c.num("grad_scale", 1);
   o.zero_grad = c.flag("zero_grad");
+  if (group == 5) o.p_bf16 = &p16_list;
   adamw(p.list(), g.list(), m.list(), v.list(), o, *c.ws, c.stream);
 }
+void run_adamw(const Call& c) { run_adamw_lists(c, 4); }
+void run_adamw_bf16(const Call& c) { run_adamw_lists(c, 5); }
 
 void run_sumsq(const Call& c) {
   ListStore x = list_of(c.call->inputs, c.nin(), 0, 1, "sumsq x");
   need_vec(c.out(0), 1, "sumsq out");
   sumsq(x.list(), ptr<float>(c.out(0)), *c.ws, c.stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding (decode.cu): caches [B, Hkv, bs, D] with strides of their own.
+
+// A cache operand's four strides, with its shape checked against (B, Hkv, bs, D).
+void cache_strides(const rlh_tensor& t, int64_t Hkv, int64_t bs, int64_t D, int64_t out[4], const char* what) {
+  if (t.ndim != 4) bad(std::string(what) + " must be [B, Hkv, bs, D]");
+  if (t.shape[1] != Hkv || t.shape[2] != bs || t.shape[3] != D)
+    bad(std::string(what) + ": shape differs from the keys' heads, block size or head dim");
+  for (int i = 0; i < 4; ++i) out[i] = t.strides ? t.strides[i] : 0;
+  if (!t.strides) {  // contiguous
+    out[3] = 1;
+    out[2] = D;
+    out[1] = bs * D;
+    out[0] = Hkv * bs * D;
+  }
+}
+
+// k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] -> k_cache, v_cache (in/out)
+void run_kv_cache_write(const Call& c) {
+  const rlh_tensor &k = c.in(0), &v = c.in(1), &kc = c.out(0), &vc = c.out(1);
+  if (k.ndim != 3 || v.ndim != 3) bad("kv_cache_write: k and v must be [R, Hkv, D]");
+  KvWriteArgs a;
+  a.t = c.dt();
+  a.R = k.shape[0];
+  a.Hkv = k.shape[1];
+  a.Dk = k.shape[2];
+  a.Dv = v.shape[2];
+  a.ldk = need_heads(k, a.R, a.Hkv, a.Dk, "kv_cache_write k");
+  a.ldv = need_heads(v, a.R, a.Hkv, a.Dv, "kv_cache_write v");
+  need_vec(c.in(2), a.R, "kv_cache_write slots");
+  if (kc.ndim != 4) bad("kv_cache_write: k_cache must be [B, Hkv, bs, Dk]");
+  a.bs = kc.shape[2];
+  a.num_blocks = kc.shape[0];
+  cache_strides(kc, a.Hkv, a.bs, a.Dk, a.kc_strides, "kv_cache_write k_cache");
+  cache_strides(vc, a.Hkv, a.bs, a.Dv, a.vc_strides, "kv_cache_write v_cache");
+  if (vc.shape[0] != a.num_blocks) bad("kv_cache_write: the caches hold different numbers of blocks");
+  a.k = ptr(k);
+  a.v = ptr(v);
+  a.slots = ptr<int32_t>(c.in(2));
+  a.k_cache = ptr(kc);
+  a.v_cache = ptr(vc);
+  a.err = c.err();
+  kv_cache_write(a, c.stream);
+}
+
+// q [R, Hq, Dk], k_cache, v_cache, block_table int32 [R, T], positions int32 [R] -> o [R, Hq, Dv]
+void run_paged_attention(const Call& c) {
+  const rlh_tensor &q = c.in(0), &kc = c.in(1), &vc = c.in(2), &bt = c.in(3);
+  if (q.ndim != 3 || kc.ndim != 4 || vc.ndim != 4 || bt.ndim != 2)
+    bad("paged_attention: q [R,Hq,Dk], k_cache [B,Hkv,bs,Dk], v_cache [B,Hkv,bs,Dv], block_table [R,T]");
+  PagedAttnArgs a;
+  a.t = c.dt();
+  a.R = q.shape[0];
+  a.Hq = q.shape[1];
+  a.Dk = q.shape[2];
+  a.Hkv = kc.shape[1];
+  a.bs = kc.shape[2];
+  a.Dv = vc.shape[3];
+  cache_strides(kc, a.Hkv, a.bs, a.Dk, a.kc_strides, "paged_attention k_cache");
+  cache_strides(vc, a.Hkv, a.bs, a.Dv, a.vc_strides, "paged_attention v_cache");
+  a.ldq = need_heads(q, a.R, a.Hq, a.Dk, "paged_attention q");
+  a.ldo = need_heads(c.out(0), a.R, a.Hq, a.Dv, "paged_attention o");
+  if (bt.shape[0] != a.R || (bt.shape[1] > 1 && bt.strides && bt.strides[1] != 1))
+    bad("paged_attention: block_table must be [R, T] with rows contiguous");
+  need_vec(c.in(4), a.R, "paged_attention positions");
+  a.q = ptr(q);
+  a.o = ptr(c.out(0));
+  a.k_cache = ptr(kc);
+  a.v_cache = ptr(vc);
+  a.blocks = ptr<int32_t>(bt);
+  a.ld_blocks = bt.strides ? bt.strides[0] : bt.shape[1];
+  a.pos = ptr<int32_t>(c.in(4));
+  a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
+  a.window = c.integer("window", 0);
+  paged_attention(a, c.stream);
+}
+
+// logits f32 [S, V], u f64 [S] -> tokens int32 [S], logprobs f32 [S]
+void run_sample(const Call& c) {
+  const rlh_tensor& z = c.in(0);
+  if (z.ndim != 2) bad("sample: logits must be [S, V]");
+  SampleArgs a;
+  a.S = z.shape[0];
+  a.V = z.shape[1];
+  a.ld = need_rows(z, a.S, a.V, "sample logits");
+  need_vec(c.in(1), a.S, "sample uniforms");
+  need_vec(c.out(0), a.S, "sample tokens");
+  need_vec(c.out(1), a.S, "sample logprobs");
+  a.logits = ptr<float>(z);
+  a.u = ptr<double>(c.in(1));
+  a.tokens = ptr<int32_t>(c.out(0));
+  a.logprobs = ptr<float>(c.out(1));
+  a.temperature = c.num("temperature", 1.0);
+  a.top_k = c.integer("top_k", 0);
+  a.top_p = c.num("top_p", 1.0);
+  a.min_p = c.num("min_p", 0.0);
+  sample(a, c.stream);
 }
 
 void run_scale(const Call& c) {
@@ -657,7 +800,8 @@ void run_grouped_gemm(const Call& c) {
 
 // ---------------------------------------------------------------------------------------------
 // The op table. Operand kinds: f = the op's dtype (f32 or bf16), i = int32, k = float32,
-// s = statistic / parameter gradient (f32, or bf16 in a bf16 op), g = f32 or bf16 in any op.
+// d = float64, s = statistic / parameter gradient (f32, or bf16 in a bf16 op), g = f32 or bf16
+// in any op.
 
 struct OpSpec {
   const char* name;
@@ -685,15 +829,21 @@ const OpSpec kOps[] = {
     {"attention_bwd", "fffffsi", 7, "fff", 3, "", true, false, false, run_attention_bwd, false},
     {"swiglu_fwd", "ff", 2, "f", 1, "swiglu_bwd", true, false, false, run_swiglu_fwd, true},
     {"swiglu_bwd", "fff", 3, "ff", 2, "", true, false, false, run_swiglu_bwd, true},
+    {"geglu_fwd", "ff", 2, "f", 1, "geglu_bwd", true, false, false, run_geglu_fwd, true},
+    {"geglu_bwd", "fff", 3, "ff", 2, "", true, false, false, run_geglu_bwd, true},
     {"bias_add_fwd", "f", 1, "f", 1, "bias_bwd", true, false, false, run_bias_add_fwd, true},
     {"bias_bwd", "f", 1, "s", 1, "", true, false, false, run_bias_bwd, false},
     {"add_fwd", "ff", 2, "f", 1, "", true, false, false, run_add_fwd, true},
-    {"linear_logprob_fwd", "ffi", 3, "sss", 2, "linear_logprob_bwd", true, false, false,
+    {"linear_logprob_fwd", "ffi", 3, "sssk", 2, "linear_logprob_bwd", true, false, false,
      run_linear_logprob_fwd, false},
-    {"linear_logprob_bwd", "ffissss", 4, "fs", 2, "", true, false, false, run_linear_logprob_bwd, false},
+    {"linear_logprob_bwd", "ffissssk", 4, "fs", 2, "", true, false, false, run_linear_logprob_bwd, false},
     {"adamw", "", 0, "kgkk", 4, "", false, false, true, run_adamw, true},
+    {"adamw_bf16", "", 0, "kgkkg", 5, "", false, false, true, run_adamw_bf16, true},
     {"sumsq", "g", 1, "k", 1, "", false, true, false, run_sumsq, false},
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
+    {"kv_cache_write", "ffi", 3, "ff", 2, "", true, false, false, run_kv_cache_write, true},
+    {"paged_attention", "fffii", 5, "f", 1, "", true, false, false, run_paged_attention, true},
+    {"sample", "kd", 2, "ik", 2, "", false, false, false, run_sample, true},
     {"moe_router_fwd", "fs", 1, "siss", 3, "moe_router_bwd", true, false, false, run_moe_router_fwd, true},
     {"moe_router_bwd", "ssiss", 3, "f", 1, "", true, false, false, run_moe_router_bwd, true},
     {"moe_permute_fwd", "fi", 2, "fii", 3, "moe_permute_bwd", true, false, false, run_moe_permute_fwd, true},
@@ -738,6 +888,9 @@ DType check_operands(const OpSpec& s, const rlh_kernels* inst, const rlh_tensor*
         break;
       case 'k':
         if (!f32) unimpl("this operand must be float32");
+        break;
+      case 'd':
+        if (!same(t.dtype, sdk::kF64)) unimpl("this operand must be float64");
         break;
       case 'g':
         if (!f32 && !bf) unimpl("operands must be float32 or bfloat16");
@@ -947,9 +1100,77 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
 
 void k_release_op(rlh_op* op) { delete op; }
 
+// Operands live in the instance's device memory: the memory services let a caller that knows
+// nothing of CUDA (the conformance runner) stage them.
+rlh_status* k_provider_info(rlh_kernels*, rlh_write_fn write, void* user) {
+  return sdk::guard(g_make_status, [&] {
+    static const char kInfo[] = "{\"reference\":false,\"memory\":\"device\"}";
+    write(user, kInfo, sizeof(kInfo) - 1);
+  });
+}
+
+// Runs f with the instance's device current, restoring the caller's after.
+template <class F>
+void on_device(const rlh_kernels* k, F&& f) {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != k->device.device_id) cuda_ck(cudaSetDevice(k->device.device_id), "set device");
+  struct Restore {
+    int prev, dev;
+    ~Restore() { if (prev >= 0 && prev != dev) cudaSetDevice(prev); }
+  } restore{prev, k->device.device_id};
+  f();
+}
+
+rlh_status* k_memory_alloc(rlh_kernels* k, size_t bytes, void** out) {
+  return sdk::guard(g_make_status, [&] {
+    if (out == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "memory_alloc: out is NULL");
+    on_device(k, [&] {
+      const cudaError_t e = cudaMalloc(out, std::max<size_t>(bytes, 1));
+      if (e != cudaSuccess)
+        throw Error(RLH_E_RESOURCE_EXHAUSTED, "kernels_cuda: cudaMalloc of " + std::to_string(bytes) +
+                                                  " bytes: " + cudaGetErrorString(e));
+    });
+  });
+}
+
+void k_memory_free(rlh_kernels* k, void* p) {
+  if (p == nullptr) return;
+  try {
+    on_device(k, [&] { cudaFree(p); });
+  } catch (...) {
+  }
+}
+
+rlh_status* k_memory_copy(rlh_kernels* k, void* dst, const void* src, size_t bytes, int32_t dir,
+                          void* stream) {
+  return sdk::guard(g_make_status, [&] {
+    cudaMemcpyKind kind;
+    switch (dir) {
+      case RLH_COPY_HOST_TO_DEVICE: kind = cudaMemcpyHostToDevice; break;
+      case RLH_COPY_DEVICE_TO_HOST: kind = cudaMemcpyDeviceToHost; break;
+      case RLH_COPY_DEVICE_TO_DEVICE: kind = cudaMemcpyDeviceToDevice; break;
+      default: throw Error(RLH_E_INVALID_ARGUMENT, "memory_copy: unknown direction " + std::to_string(dir));
+    }
+    if (bytes == 0) return;
+    on_device(k, [&] {
+      cuda_ck(cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream)), "memory_copy");
+    });
+  });
+}
+
+rlh_status* k_synchronize(rlh_kernels* k, void* stream) {
+  return sdk::guard(g_make_status, [&] {
+    on_device(k, [&] {
+      cuda_ck(stream ? cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) : cudaDeviceSynchronize(),
+              "synchronize");
+    });
+  });
+}
+
 const rlh_kernels_api kApi = [] {
   rlh_kernels_api a{};
-  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, state_load);
+  a.struct_size = RLH_STRUCT_SIZE(rlh_kernels_api, workspace_size);
   a.create = k_create;
   a.destroy = k_destroy;
   a.list_ops = k_list_ops;
@@ -959,6 +1180,12 @@ const rlh_kernels_api kApi = [] {
   a.release_op = k_release_op;
   a.state_save = nullptr;
   a.state_load = nullptr;
+  a.provider_info = k_provider_info;
+  a.memory_alloc = k_memory_alloc;
+  a.memory_free = k_memory_free;
+  a.memory_copy = k_memory_copy;
+  a.synchronize = k_synchronize;
+  a.workspace_size = nullptr;  // scratch comes from the call's workspace or the instance's pool
   return a;
 }();
 

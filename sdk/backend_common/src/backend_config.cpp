@@ -188,6 +188,11 @@ void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {
     if (d != "auto" && d != "cpu" && d != "cuda" && !indexed)
       r.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + d + "\"");
   }
+  if (const nlohmann::json* k = r.find("kernels")) {
+    cfg.kernel_pins = sdk::kernel_pins_from_json(k->dump());
+    cfg.kernel_verify = sdk::kernel_verify_from_json(k->dump());
+    r.mark_subtree("kernels");
+  }
   // null = no clipping (NeMo-RL); read even without an optimizer, so a bad value shows.
   const double clip = r.is_null("max_grad_norm") ? 0.0 : r.number("max_grad_norm", 1.0);
   if (!(clip >= 0)) r.fail("max_grad_norm", "must be >= 0 (or null for none)");

@@ -7,7 +7,7 @@
 #include "backend_internal.hpp"
 #include "rlhost/kernels.h"
 #include "rlhost/model.h"
-#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
 #include "rlhost/sdk/input_file.hpp"
 
@@ -83,36 +83,16 @@ sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& di
   }
 }
 
+// The CPU engine's ops: every kernel provider that runs on the CPU (kernels_cpu, the reference,
+// last), op by op, with the pins of policy.kernels.
 void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m) {
-  auto try_provider = [&](const char* name) -> bool {
-    const rlh_component_desc* d = nullptr;
-    const rlh_kernels_api* api = nullptr;
-    try {
-      api = host.find<rlh_kernels_api>(RLH_KIND_KERNELS, name, RLH_STRUCT_SIZE(rlh_kernels_api, release_op), &d);
-    } catch (const Error&) {
-      return false;  // none loaded (or not this one): the next choice
-    }
-    try {
-      auto reg = std::make_unique<sdk::KernelRegistry>();
-      reg->add(d->name, api, host.api(), sdk::kCPU);
-      m.ops = engine::make_registry_ops(*reg);
-      m.registry = std::move(reg);
-      m.kernels = m.ops->name();
-      return true;
-    } catch (const std::exception& e) {
-      host.warn(std::string(flavor.name) + ": kernel provider '" + d->name +
-                "' cannot run the engine's ops on the CPU: " + e.what());
-      return false;
-    }
-  };
-  for (size_t i = 0; flavor.preferred_kernels != nullptr && flavor.preferred_kernels[i] != nullptr; ++i)
-    if (try_provider(flavor.preferred_kernels[i])) return;
-  if (try_provider(nullptr)) return;
-  // The best-scoring provider may be a device one (kernels_cuda on a GPU host): the CPU reference
-  // component next, then the reference linked into this plugin.
-  if (try_provider("kernels_cpu")) return;
-  m.ops = engine::make_cpu_ops(m.alloc);
-  m.kernels = m.ops->name() + " (linked)";
+  m.registry = sdk::make_kernel_registry(host, sdk::kCPU, m.config.kernel_pins, flavor.name, "{}", m.config.kernel_verify);
+  if (m.registry->providers().empty())
+    throw Error(RLH_E_FAILED_PRECONDITION, std::string(flavor.name) +
+                                               ": no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, "
+                                               "or put it on the plugin path)");
+  m.ops = engine::make_registry_ops(*m.registry, &m.alloc);
+  m.kernels = m.registry->choices_summary();
 }
 
 Optimizer::StepInfo Model::next_update(double lr_override) const {
@@ -157,7 +137,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (f == nullptr) {
     if (automatic) return false;
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
-                                             "is megatron's, built where kernels_cuda is)");
+                                             "is megatron's, built where the CUDA toolchain is)");
   }
   const std::string target = automatic ? "cuda" : d;
   std::string why;
@@ -165,8 +145,16 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (m.trainable && m.config.optimizer->kind != OptimizerKind::adamw)
     return decline(RLH_E_UNIMPLEMENTED, "the device path runs AdamW only, the optimizer is " +
                                             std::string(to_string(m.config.optimizer->kind)));
+  // The device's kernels: every provider that runs there, op by op, pins applied.
+  const int index = target.size() > 5 ? std::stoi(target.substr(5)) : 0;  // "cuda" or "cuda:N" (validated)
+  m.registry = sdk::make_kernel_registry(b.host, sdk::cuda_device(index), m.config.kernel_pins, b.flavor->name,
+                                         "{}", m.config.kernel_verify);
+  if (m.registry->providers().empty())
+    return decline(RLH_E_FAILED_PRECONDITION, "no kernel provider runs on " + target +
+                                                  " (load kernels_cuda: --plugin kernels_cuda, or put it on the plugin path)");
   DeviceEngineOptions o;
   o.device = target;
+  o.kernels = m.registry.get();
   o.trainable = m.trainable;
   o.recompute = m.config.recompute;
   o.recompute_selective = m.config.recompute_selective;
@@ -188,7 +176,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_UNAVAILABLE, where + ": " + e.what());
   }
   m.device->load_parameters(weights);
-  m.kernels = m.device->describe();
+  m.kernels = m.device->describe() + "; kernels: " + m.registry->choices_summary();
   return true;
 }
 
@@ -225,10 +213,10 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   const std::string config_text = read_file(m->dir + "/config.json");
   m->desc = describe_model(b.host, m->dir, config_text, args);
 
-  model::LoadResult weights;
+  sdk::LoadResult weights;
   try {
     m->checkpoint = sdk::st::Checkpoint::open(m->dir);
-    weights = model::load_weights_f32(m->desc, m->checkpoint);
+    weights = sdk::load_weights_f32(m->desc, m->checkpoint);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -14,7 +14,7 @@
 
 #include "backend_internal.hpp"
 #include "rlhost/sdk/json_input.hpp"
-#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/model_weights.hpp"
 
 namespace fs = std::filesystem;
 
@@ -79,10 +79,10 @@ void save_state(Model& m, const std::string& dir) {
   try {
     sdk::TransformerDesc f32 = m.desc;
     for (auto& p : f32.params) p.dtype = sdk::st::DType::F32;
-    model::SaveOptions so;
+    sdk::SaveOptions so;
     so.passthrough = &m.checkpoint;
     so.passthrough_names = m.passthrough;
-    model::save_weights_hf(f32, m.device ? m.device->parameters() : m.engine->save_parameters(), dir, so);
+    sdk::save_weights_hf(f32, m.device ? m.device->parameters() : m.engine->save_parameters(), dir, so);
 
     if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
       for (const char* name : kSideFiles)
@@ -144,7 +144,7 @@ void load_state(Model& m, const std::string& dir) {
   try {
     sdk::st::Checkpoint ckpt = sdk::st::Checkpoint::open(dir);
     sdk::TransformerDesc desc = m.desc;  // the file's dtypes are adopted by the copy only
-    model::LoadResult w = model::load_weights_f32(desc, ckpt);
+    sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
     if (m.device)
       m.device->load_parameters(w.tensors);
     else

@@ -2,7 +2,6 @@
 // (micro-batch loop, loss callback, global grad-norm clip, AdamW).
 #include "rlhost/engine/engine.hpp"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -83,9 +82,7 @@ void accumulate_metrics(std::vector<std::pair<std::string, double>>& into,
 // Engine
 
 Engine::Engine(sdk::TransformerDesc desc, EngineOptions options)
-    : impl_(std::make_unique<Impl>(std::move(desc), options)) {
-  if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
-}
+    : impl_(std::make_unique<Impl>(std::move(desc), options)) {}
 Engine::~Engine() = default;
 
 const sdk::TransformerDesc& Engine::desc() const { return impl_->desc; }
@@ -169,7 +166,7 @@ Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
   }
   if (req.logits) {  // [N, V]: for tests on small vocabularies
     out.logits.resize(size_t(N * m.V));
-    m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.P.lm_head, m.C, 0.f,
+    m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.w(m.prog.head), m.C, 0.f,
                 out.logits.data(), m.V);
   }
   return out;

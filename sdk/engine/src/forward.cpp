@@ -1,8 +1,8 @@
-// The forward pass, in execution order, one op per line (llm.c style). Decoder layer, as the
-// description defines it (pre-norm, HF Llama):
-//   h   = x + o_proj(attention(rope(qk_norm(qkv_proj(attn_norm(x))))))
-//   out = h + down(silu(gate(mlp_norm(h))) * up(mlp_norm(h)))
-// then the head: per-token outputs of lm_head(final_norm(x_L)) without materialising logits.
+// The forward pass: the embedding (scaled for Gemma), each layer's program steps in order (one
+// kernel call per step, llm.c style; sdk/layer_program.hpp derives them from the description:
+// for HF Llama h = x + o_proj(attention(rope(qk_norm(qkv_proj(attn_norm(x)))))), out = h +
+// down(act(gate(mlp_norm(h))) * up(mlp_norm(h)))), then the head: per-token outputs of
+// lm_head(final_norm(x_L)) without materialising logits.
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -96,100 +96,133 @@ void shift_to_kernel(const float* out, int64_t ldo, float* kernel, int64_t ldk, 
   }
 }
 
-// RoPE on H heads of x (rows ld apart), in place; the transposed rotation when `backward`.
-// Kinds whose frequencies depend on the sequence length (dynamic NTK, longrope) are applied one
-// sequence at a time with that sequence's own table, so packing never changes a result.
-void Engine::Impl::apply_rope(float* x, int64_t ld, int64_t H, int64_t D, const MicroBatch& mb,
-                              bool backward) {
-  apply_rope_to(x, ld, x, ld, H, D, mb, backward);
-}
-
-// The same from x into y (MLA writes the shared rotated key into every head).
-void Engine::Impl::apply_rope_to(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H,
-                                 int64_t D, const MicroBatch& mb, bool backward) {
+// RoPE table t on H heads of x (rows ld apart) into y; the transposed rotation when
+// `backward`. Kinds whose frequencies depend on the sequence length (dynamic NTK, longrope) are
+// applied one sequence at a time with that sequence's own table, so packing never changes a
+// result.
+void Engine::Impl::apply_rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H,
+                              int64_t D, const MicroBatch& mb, bool backward) {
+  const RopeState& r = ropes[size_t(t)];
   auto run = [&](int64_t b, const float* f, int64_t n) {
     if (backward)
-      ops->rope_bwd(y + b * ldy, ldy, x + b * ldx, ldx, pos + b, f, n, H, D, R, rope_scale,
-                    rope_interleaved);
+      ops->rope_bwd(y + b * ldy, ldy, x + b * ldx, ldx, pos + b, f, n, H, D, r.R, r.scale, r.interleaved);
     else
-      ops->rope_fwd(y + b * ldy, ldy, x + b * ldx, ldx, pos + b, f, n, H, D, R, rope_scale,
-                    rope_interleaved);
+      ops->rope_fwd(y + b * ldy, ldy, x + b * ldx, ldx, pos + b, f, n, H, D, r.R, r.scale, r.interleaved);
   };
-  if (!rope_per_sequence) {
-    run(0, inv_freq.data(), mb.num_tokens());
+  if (!r.per_sequence) {
+    run(0, r.inv_freq.data(), mb.num_tokens());
     return;
   }
-  Buffer<float> f(*alloc, size_t(R / 2));
+  Buffer<float> f(*alloc, size_t(r.R / 2));
   for (int64_t s = 0; s < mb.num_sequences(); ++s) {
     const int32_t b = mb.cu_seqlens[size_t(s)], e = mb.cu_seqlens[size_t(s) + 1];
     if (e == b) continue;
-    const std::vector<double> fs = sdk::rope_inv_freq(desc.rope, R, e - b);
-    for (int64_t i = 0; i < R / 2; ++i) f[size_t(i)] = float(fs[size_t(i)]);
+    const std::vector<double> fs = sdk::rope_inv_freq(r.table->rope, r.R, e - b);
+    for (int64_t i = 0; i < r.R / 2; ++i) f[size_t(i)] = float(fs[size_t(i)]);
     run(b, f.data(), e - b);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// One decoder layer. Writes the layer output into x_out (nullptr: stop after the MLP activation,
-// which is all a recompute inside the backward needs).
+// One decoder layer: the program's steps in order (sdk/layer_program.hpp says what each does).
 
-void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out) {
-  const LayerShape& s = shapes[size_t(l)];
-  const LayerParams& p = P.layers[size_t(l)];
+namespace {
+
+// A column block of a layer value: its first element and its row stride.
+struct ColsPtr {
+  float* p;
+  int64_t ld;
+};
+ColsPtr at(const LayerActs& a, const sdk::LayerProgram& lp, const sdk::Cols& c) {
+  return {a.v[size_t(c.value)] + c.col, lp.values[size_t(c.value)].width};
+}
+
+}  // namespace
+
+void Engine::Impl::glu_fwd(const std::string& act, float* h, int64_t ldh, const float* gu, int64_t ldgu,
+                           int64_t N, int64_t F) {
+  if (act == "silu")
+    ops->swiglu_fwd(h, ldh, gu, ldgu, gu + F, ldgu, N, F);
+  else
+    ops->geglu_fwd(h, ldh, gu, ldgu, gu + F, ldgu, N, F, act == "gelu_tanh");
+}
+
+void Engine::Impl::glu_bwd(const std::string& act, float* dgu, int64_t lddgu, const float* dh, int64_t lddh,
+                           const float* gu, int64_t ldgu, int64_t N, int64_t F) {
+  if (act == "silu")
+    ops->swiglu_bwd(dgu, lddgu, dgu + F, lddgu, dh, lddh, gu, ldgu, gu + F, ldgu, N, F);
+  else
+    ops->geglu_bwd(dgu, lddgu, dgu + F, lddgu, dh, lddh, gu, ldgu, gu + F, ldgu, N, F, act == "gelu_tanh");
+}
+
+void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bool recompute) {
+  const sdk::LayerProgram& lp = prog.layers[size_t(l)];
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
-  const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F;
-  const int32_t* cu = mb.cu_seqlens.data();
-  float* q = a.qkv;                   // [N, Hq*D]  (rows Wqkv apart)
-  float* k = a.qkv + Hq * D;          // [N, Hkv*D]
-  float* v = a.qkv + (Hq + Hkv) * D;  // [N, Hkv*D]
-  int64_t ldqk = Wqkv;
-
-  // attention block
-  if (s.mla) {  // multi-head latent attention (mla.cpp): a.h = x + o_proj(mla(attn_norm(x)))
-    forward_mla(l, mb, a);
-  } else {
-    ops->rmsnorm_fwd(a.xn1, C, a.rstd1, a.x, C, p.attn_norm, N, C, s.eps_attn, s.off_attn);  // xn1 [N,C]
-    ops->gemm(false, true, N, Wqkv, C, 1.f, a.xn1, C, p.wqkv, C, 0.f, a.qkv, Wqkv);           // qkv [N,Wqkv]
-    if (p.bq) ops->bias_add_fwd(q, Wqkv, p.bq, N, Hq * D);
-    if (p.bk) ops->bias_add_fwd(k, Wqkv, p.bk, N, Hkv * D);
-    if (p.bv) ops->bias_add_fwd(v, Wqkv, p.bv, N, Hkv * D);
-    if (s.qk_norm) {  // per head over D; q|k move to a.qk [N, (Hq+Hkv) D] so qkv keeps the inputs
-      const int64_t W2 = (Hq + Hkv) * D;
-      for (int64_t h = 0; h < Hq; ++h)
-        ops->rmsnorm_fwd(a.qk + h * D, W2, a.rstd_q + h * N, q + h * D, Wqkv, p.q_norm, N, D,
-                         s.eps_attn, 0.f);
-      for (int64_t h = 0; h < Hkv; ++h)
-        ops->rmsnorm_fwd(a.qk + (Hq + h) * D, W2, a.rstd_k + h * N, k + h * D, Wqkv, p.k_norm, N,
-                         D, s.eps_attn, 0.f);
-      q = a.qk;
-      k = a.qk + Hq * D;
-      ldqk = W2;
+  for (const sdk::LayerStep& st : lp.steps) {
+    // Inside the backward only what it reads is rebuilt: values it keeps and the statistics it
+    // reads (a post-norm's rstd); the final add and the output itself are not.
+    if (recompute && st.op != sdk::StepOp::moe && st.stat < 0 && !lp.values[size_t(lp.root(st.out.value))].saved)
+      continue;
+    const ColsPtr in = st.in.valid() ? at(a, lp, st.in) : ColsPtr{nullptr, 0};
+    const ColsPtr out = st.out.valid() ? at(a, lp, st.out) : ColsPtr{nullptr, 0};
+    switch (st.op) {
+      case sdk::StepOp::norm:
+        ops->rmsnorm_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, w(st.weights[0]), N, st.in.width,
+                         float(st.eps), float(st.offset));
+        break;
+      case sdk::StepOp::head_norm:  // per head over head_dim; rstd [heads, N]
+        for (int64_t h = 0; h < st.heads; ++h)
+          ops->rmsnorm_fwd(out.p + h * st.head_dim, out.ld, a.stat[size_t(st.stat)] + h * N, in.p + h * st.head_dim,
+                           in.ld, w(st.weights[0]), N, st.head_dim, float(st.eps), float(st.offset));
+        break;
+      case sdk::StepOp::linear: {
+        // Fused weights adjacent in storage run as one GEMM; otherwise one per piece.
+        int64_t row = 0;
+        for (size_t i = 0; i < st.weights.size();) {
+          size_t j = i + 1;
+          int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+          while (j < st.weights.size() && offset[size_t(st.weights[j])] == offset[size_t(st.weights[i])] + rows * st.in.width) {
+            rows += desc.params[size_t(st.weights[j])].shape[0];
+            ++j;
+          }
+          ops->gemm(false, true, N, rows, st.in.width, 1.f, in.p, in.ld, w(st.weights[i]), st.in.width, 0.f,
+                    out.p + row, out.ld);
+          row += rows;
+          i = j;
+        }
+        row = 0;
+        for (size_t i = 0; i < st.weights.size(); ++i) {
+          const int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+          if (st.biases[i] >= 0) ops->bias_add_fwd(out.p + row, out.ld, w(st.biases[i]), N, rows);
+          row += rows;
+        }
+        break;
+      }
+      case sdk::StepOp::rope:
+        apply_rope(st.table, in.p, in.ld, in.p, in.ld, st.heads, st.head_dim, mb, false);
+        break;
+      case sdk::StepOp::attention: {
+        const ColsPtr k = at(a, lp, st.in2), v = at(a, lp, st.in3);
+        ops->attention_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld,
+                           mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk, st.dv, float(st.scale), st.window);
+        break;
+      }
+      case sdk::StepOp::glu:
+        glu_fwd(st.act, out.p, out.ld, in.p, in.ld, N, st.out.width);
+        break;
+      case sdk::StepOp::add: {
+        const ColsPtr b = at(a, lp, st.in2);  // whole values: contiguous N x width
+        ops->add_fwd(out.p, in.p, b.p, N * st.out.width);
+        break;
+      }
+      case sdk::StepOp::moe:
+        forward_moe(l, mb, in.p, out.p, recompute);
+        break;
+      case sdk::StepOp::mla:
+        forward_mla(l, mb, in.p, at(a, lp, st.out2).p, out.p, a.stat[size_t(st.stat)]);
+        break;
     }
-    if (s.use_rope) {
-      apply_rope(q, ldqk, Hq, D, mb, false);  // q, k rotated in place
-      apply_rope(k, ldqk, Hkv, D, mb, false);
-    }
-    ops->attention_fwd(a.att, Hq * D, a.lse, q, ldqk, k, ldqk, v, Wqkv, cu, S, N, Hq, Hkv, D, D,
-                       s.scale, s.window);                                                  // att [N,Hq*D]
-    ops->gemm(false, true, N, C, Hq * D, 1.f, a.att, Hq * D, p.wo, Hq * D, 0.f, a.h, C);      // h [N,C]
-    if (p.bo) ops->bias_add_fwd(a.h, C, p.bo, N, C);
-    ops->add_fwd(a.h, a.x, a.h, N * C);                                                      // h = x + attn
   }
-
-  // MLP block
-  ops->rmsnorm_fwd(a.xn2, C, a.rstd2, a.h, C, p.mlp_norm, N, C, s.eps_mlp, s.off_mlp);      // xn2 [N,C]
-  if (s.moe) {  // mixture of experts (moe.cpp)
-    forward_moe(l, mb, a, x_out);
-    return;
-  }
-  ops->gemm(false, true, N, 2 * F, C, 1.f, a.xn2, C, p.wgu, C, 0.f, a.gu, 2 * F);           // gu [N,2F]
-  if (p.bgate) ops->bias_add_fwd(a.gu, 2 * F, p.bgate, N, F);
-  if (p.bup) ops->bias_add_fwd(a.gu + F, 2 * F, p.bup, N, F);
-  ops->swiglu_fwd(a.a, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F);                              // a [N,F]
-  if (!x_out) return;
-  ops->gemm(false, true, N, C, F, 1.f, a.a, F, p.wdown, F, 0.f, x_out, C);                  // out [N,C]
-  if (p.bdown) ops->bias_add_fwd(x_out, C, p.bdown, N, C);
-  ops->add_fwd(x_out, a.h, x_out, N * C);                                                   // out = h + mlp
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -204,27 +237,27 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   prepare_routing(mb, req);
   const int32_t* ids = mb.input_ids.data();
 
-  ops->embedding_fwd(xs[0], ids, P.embed, N, C, V);  // x0 [N,C]
+  ops->embedding_fwd(xs[0], ids, w(prog.embed), N, C, V);  // x0 [N,C]
+  if (prog.embed_scale != 1) ops->scale(xs[0], N * C, double(float(prog.embed_scale)));  // Gemma
   for (int64_t l = 0; l < L; ++l) {
-    LayerActs& a = acts_of(l);
-    a.x = xs[size_t(l)];
-    forward_layer(l, mb, a, xs[size_t(l) + 1]);
+    LayerActs a = acts_of(l);
+    forward_layer(l, mb, a, false);
   }
-  ops->rmsnorm_fwd(head.xn, C, head.rstd, head.x, C, P.final_norm, N, C,
-                   float(desc.final_norm.eps), float(desc.final_norm.weight_offset));  // xn [N,C]
+  ops->rmsnorm_fwd(head.xn, C, head.rstd, head.x, C, w(prog.final_norm), N, C, float(prog.final_eps),
+                   float(prog.final_offset));  // xn [N,C]
 
   LogprobAttrs raw;
   raw.temperature = req.temperature;
   raw.chunk_bytes = opt.logprob_chunk_bytes;
   if (req.logprob || req.entropy || req.logprob_at_ids)
     ops->linear_logprob_fwd(head.lp, head.lse, req.entropy ? head.ent : nullptr, head.xn,
-                            P.lm_head, target_raw, N, C, V, head.kraw, raw);  // lp [N,kraw]
+                            w(prog.head), target_raw, N, C, V, head.kraw, raw);  // lp [N,kraw]
   if (req.processed_logprob) {
     LogprobAttrs proc = raw;
     proc.top_k = req.top_k;
     proc.top_p = req.top_p;
-    ops->linear_logprob_fwd(head.lp_proc, head.lse_proc, nullptr, head.xn, P.lm_head, target, N,
-                            C, V, 1, proc);                                   // lp_proc [N]
+    ops->linear_logprob_fwd(head.lp_proc, head.lse_proc, nullptr, head.xn, w(prog.head), target,
+                            N, C, V, 1, proc);                                   // lp_proc [N]
   }
 }
 

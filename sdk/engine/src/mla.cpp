@@ -5,9 +5,11 @@
 //   kva    = kv_a(xn)                [N, rkv + dr]       latent | k_rot
 //   kv     = kv_b(kv_a_norm(latent)) [N, H (dn+dv)]     per head: k_nope | v
 //   q_rot  = rope(q[.., dn:]),  k_rot = rope(kva[.., rkv:]), shared by every head
-//   h      = x + o(attention([q_nope | q_rot], [k_nope | k_rot], v))
+//   att    = attention([q_nope | q_rot], [k_nope | k_rot], v)
 //
-// q, k and v live in the layer's qkv buffer (rows Wqkv = H (2 (dn+dr) + dv) apart), heads
+// This is the program's mla step (sdk/layer_program.hpp): xn, the attention norm's output, in;
+// att, what o_proj reads, out; the norm, o_proj and the residual add are the program's own steps.
+// q, k and v live in the step's qkv value (rows Wqkv = H (2 (dn+dr) + dv) apart), heads
 // contiguous, so the attention kernel reads them as any GQA layer's. kv_b's rows are per head
 // k_nope | v, so its product is taken head by head straight into k and v (2H GEMMs) instead of
 // copying; the rotated key is written into every head by the rope op itself.
@@ -28,16 +30,16 @@ namespace {
 constexpr float kLatentEps = 1e-6f;
 }
 
-void Engine::Impl::describe_mla_layer(const sdk::LayerDesc& ld, LayerShape& s) {
+void Engine::Impl::describe_mla_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& step, LayerShape& s) {
   const std::string at = "engine: layer " + std::to_string(ld.index) + ": ";
   static_cast<MlaBasics&>(s) = mla_basics(ld, at);
   s.mla = true;
-  s.Hkv = s.Hq;
-  s.D = s.dn + s.dr;
-  s.Wqkv = s.Hq * (2 * s.D + s.dv);
-  s.qk_norm = false;
-  if (s.use_rope && desc.rope.rotary_dim > 0 && desc.rope.rotary_dim != s.dr)
-    throw std::invalid_argument(at + "MLA's rotary dims must be qk_rope_head_dim");
+  s.H = step.hq;
+  s.D = step.dk;
+  s.Wqkv = step.out2.width;
+  s.window = step.window;
+  s.scale = float(step.scale);
+  s.rope = step.table;
 }
 
 // Saved latents per MLA layer (one set with recompute) and the backward's scratch.
@@ -45,13 +47,14 @@ void Engine::Impl::plan_mla(int64_t N, bool save_all) {
   mla_acts.clear();
   mla_f.reset();
   mla_scratch = MlaScratch{};
-  int64_t mrq = 0, mrkv = 0, mdr = 0, saved = 0, worst = 0;
+  int64_t mrq = 0, mrkv = 0, mdr = 0, mw = 0, saved = 0, worst = 0;
   auto floats = [&](const LayerShape& s) { return 2 * N * s.rq + N + N * (s.rkv + s.dr) + N * s.rkv + N; };
   for (const LayerShape& s : shapes) {
     if (!s.mla) continue;
     mrq = std::max(mrq, s.rq);
     mrkv = std::max(mrkv, s.rkv);
     mdr = std::max(mdr, s.dr);
+    mw = std::max(mw, s.Wqkv);
     saved += floats(s);
     worst = std::max(worst, floats(s));
   }
@@ -60,7 +63,7 @@ void Engine::Impl::plan_mla(int64_t N, bool save_all) {
   big.rq = mrq;
   big.rkv = mrkv;
   big.dr = mdr;
-  const int64_t total = (save_all ? saved : floats(big)) + N * mrq + 2 * N * mrkv + 2 * N * mdr;
+  const int64_t total = (save_all ? saved : floats(big)) + N * mw + N * mrq + 2 * N * mrkv + 2 * N * mdr;
   mla_f = Buffer<float>(*alloc, size_t(total));
   float* at = mla_f.data();
   auto take = [&](int64_t n) {
@@ -85,6 +88,7 @@ void Engine::Impl::plan_mla(int64_t N, bool save_all) {
   } else {
     mla_acts.push_back(carve(big));
   }
+  mla_scratch.dqkv = take(N * mw);
   mla_scratch.dqan = take(N * mrq);
   mla_scratch.dckv = take(N * mrkv);
   mla_scratch.dkvc = take(N * mrkv);
@@ -94,26 +98,26 @@ void Engine::Impl::plan_mla(int64_t N, bool save_all) {
   mla_saved_all = save_all;
 }
 
-// The attention block: a.h = x + o_proj(mla(attn_norm(x))).
-void Engine::Impl::forward_mla(int64_t l, const MicroBatch& mb, LayerActs& a) {
+// The mla step: att [N, H dv] (and q|k|v in qkv, lse [H, N]) from xn.
+void Engine::Impl::forward_mla(int64_t l, const MicroBatch& mb, const float* xn, float* qkv, float* att,
+                               float* lse) {
   const LayerShape& s = shapes[size_t(l)];
-  const LayerParams& p = P.layers[size_t(l)];
+  const LayerParams& p = P[size_t(l)];
   MlaActs& m = mla_of(l);
-  const int64_t N = mb.num_tokens(), S = mb.num_sequences(), H = s.Hq, D = s.D, W = s.Wqkv;
+  const int64_t N = mb.num_tokens(), S = mb.num_sequences(), H = s.H, D = s.D, W = s.Wqkv;
   const int64_t dn = s.dn, dr = s.dr, dv = s.dv, rq = s.rq, rkv = s.rkv;
-  float* q = a.qkv;              // [N, H*D]
-  float* k = a.qkv + H * D;      // [N, H*D]
-  float* v = a.qkv + 2 * H * D;  // [N, H*dv]
+  float* q = qkv;              // [N, H*D]
+  float* k = qkv + H * D;      // [N, H*D]
+  float* v = qkv + 2 * H * D;  // [N, H*dv]
 
-  ops->rmsnorm_fwd(a.xn1, C, a.rstd1, a.x, C, p.attn_norm, N, C, s.eps_attn, s.off_attn);  // xn1 [N,C]
   if (rq > 0) {
-    ops->gemm(false, true, N, rq, C, 1.f, a.xn1, C, p.q_a, C, 0.f, m.qa, rq);              // qa [N,rq]
+    ops->gemm(false, true, N, rq, C, 1.f, xn, C, p.q_a, C, 0.f, m.qa, rq);                  // qa [N,rq]
     ops->rmsnorm_fwd(m.qan, rq, m.rstd_qa, m.qa, rq, p.q_a_norm, N, rq, kLatentEps, 0.f);
     ops->gemm(false, true, N, H * D, rq, 1.f, m.qan, rq, p.q_b, rq, 0.f, q, W);           // q [N,H*D]
   } else {
-    ops->gemm(false, true, N, H * D, C, 1.f, a.xn1, C, p.wqkv, C, 0.f, q, W);
+    ops->gemm(false, true, N, H * D, C, 1.f, xn, C, p.wq, C, 0.f, q, W);
   }
-  ops->gemm(false, true, N, rkv + dr, C, 1.f, a.xn1, C, p.kv_a, C, 0.f, m.kva, rkv + dr);  // kva
+  ops->gemm(false, true, N, rkv + dr, C, 1.f, xn, C, p.kv_a, C, 0.f, m.kva, rkv + dr);      // kva
   ops->rmsnorm_fwd(m.ckv, rkv, m.rstd_kva, m.kva, rkv + dr, p.kv_a_norm, N, rkv, kLatentEps,
                    0.f);                                                              // ckv [N,rkv]
   for (int64_t h = 0; h < H; ++h) {  // kv_b per head, straight into k_nope and v
@@ -121,49 +125,46 @@ void Engine::Impl::forward_mla(int64_t l, const MicroBatch& mb, LayerActs& a) {
     if (dn > 0) ops->gemm(false, true, N, dn, rkv, 1.f, m.ckv, rkv, wk, rkv, 0.f, k + h * D, W);
     ops->gemm(false, true, N, dv, rkv, 1.f, m.ckv, rkv, wk + dn * rkv, rkv, 0.f, v + h * dv, W);
   }
-  if (s.use_rope) {
+  if (s.rope >= 0) {
     for (int64_t h = 0; h < H; ++h) {
-      apply_rope(q + h * D + dn, W, 1, dr, mb, false);                               // q_rot
-      apply_rope_to(k + h * D + dn, W, m.kva + rkv, rkv + dr, 1, dr, mb, false);     // k_rot
+      apply_rope(s.rope, q + h * D + dn, W, q + h * D + dn, W, 1, dr, mb, false);       // q_rot
+      apply_rope(s.rope, k + h * D + dn, W, m.kva + rkv, rkv + dr, 1, dr, mb, false);   // k_rot
     }
   } else {
     for (int64_t h = 0; h < H; ++h)  // the shared key part into every head, unrotated
       for (int64_t n = 0; n < N; ++n)
         for (int64_t i = 0; i < dr; ++i) k[n * W + h * D + dn + i] = m.kva[n * (rkv + dr) + rkv + i];
   }
-  ops->attention_fwd(a.att, H * dv, a.lse, q, W, k, W, v, W, mb.cu_seqlens.data(), S, N, H, H, D,
-                     dv, s.scale, s.window);                                          // att [N,H*dv]
-  ops->gemm(false, true, N, C, H * dv, 1.f, a.att, H * dv, p.wo, H * dv, 0.f, a.h, C);    // h [N,C]
-  ops->add_fwd(a.h, a.x, a.h, N * C);                                                    // h = x + attn
+  ops->attention_fwd(att, H * dv, lse, q, W, k, W, v, W, mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale,
+                     s.window);                                                        // att [N,H*dv]
 }
 
-// grad_acts.dres holds d loss / d h on entry, d loss / d x on exit.
-void Engine::Impl::backward_mla(int64_t l, const MicroBatch& mb, LayerActs& a) {
+// datt = d loss / d att in; dxn = d loss / d xn out (added to it with accumulate).
+void Engine::Impl::backward_mla(int64_t l, const MicroBatch& mb, const float* xn, const float* qkv,
+                                const float* att, const float* lse, const float* datt, float* dxn,
+                                bool accumulate) {
   const LayerShape& s = shapes[size_t(l)];
-  const LayerParams& p = P.layers[size_t(l)];
-  const LayerParams& gp = G.layers[size_t(l)];
+  const LayerParams& p = P[size_t(l)];
+  const LayerParams& gp = G[size_t(l)];
   MlaActs& m = mla_of(l);
   MlaScratch& x = mla_scratch;
-  GradActs& g = grad_acts;
-  const int64_t N = mb.num_tokens(), S = mb.num_sequences(), H = s.Hq, D = s.D, W = s.Wqkv;
+  const int64_t N = mb.num_tokens(), S = mb.num_sequences(), H = s.H, D = s.D, W = s.Wqkv;
   const int64_t dn = s.dn, dr = s.dr, dv = s.dv, rq = s.rq, rkv = s.rkv;
-  const float* q = a.qkv;
-  const float* k = a.qkv + H * D;
-  const float* v = a.qkv + 2 * H * D;
-  float* dq = g.dqkv;
-  float* dk = g.dqkv + H * D;
-  float* dvv = g.dqkv + 2 * H * D;
+  const float* q = qkv;
+  const float* k = qkv + H * D;
+  const float* v = qkv + 2 * H * D;
+  float* dq = x.dqkv;
+  float* dk = x.dqkv + H * D;
+  float* dvv = x.dqkv + 2 * H * D;
 
-  ops->gemm(false, false, N, H * dv, C, 1.f, g.dres, C, p.wo, H * dv, 0.f, g.datt, H * dv);  // datt
-  ops->gemm(true, false, C, H * dv, N, 1.f, g.dres, C, a.att, H * dv, 1.f, gp.wo, H * dv);   // dW_o
-  ops->attention_bwd(dq, W, dk, W, dvv, W, g.datt, H * dv, q, W, k, W, v, W, a.att, H * dv, a.lse,
+  ops->attention_bwd(dq, W, dk, W, dvv, W, datt, H * dv, q, W, k, W, v, W, att, H * dv, lse,
                      mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale, s.window);     // dq, dk, dv
 
   // Rotated parts: q's in place; k's summed over the heads that share it.
   for (int64_t h = 0; h < H; ++h) {
-    if (s.use_rope) {
-      apply_rope(dq + h * D + dn, W, 1, dr, mb, true);
-      apply_rope_to(h == 0 ? x.dkrot : x.tmp, dr, dk + h * D + dn, W, 1, dr, mb, true);
+    if (s.rope >= 0) {
+      apply_rope(s.rope, dq + h * D + dn, W, dq + h * D + dn, W, 1, dr, mb, true);
+      apply_rope(s.rope, h == 0 ? x.dkrot : x.tmp, dr, dk + h * D + dn, W, 1, dr, mb, true);
     } else {
       float* dst = h == 0 ? x.dkrot : x.tmp;
       for (int64_t n = 0; n < N; ++n)
@@ -187,24 +188,22 @@ void Engine::Impl::backward_mla(int64_t l, const MicroBatch& mb, LayerActs& a) {
   ops->rmsnorm_bwd(x.dkvc, rkv, gp.kv_a_norm, x.dckv, rkv, m.kva, rkv + dr, p.kv_a_norm,
                    m.rstd_kva, N, rkv, 0.f, false);                                   // d latent
   // kv_a: its two row blocks (latent, k_rot) from their gradients.
-  ops->gemm(false, false, N, C, rkv, 1.f, x.dkvc, rkv, p.kv_a, C, 0.f, g.dxn, C);         // dxn1
-  ops->gemm(false, false, N, C, dr, 1.f, x.dkrot, dr, p.kv_a + rkv * C, C, 1.f, g.dxn, C);
-  ops->gemm(true, false, rkv, C, N, 1.f, x.dkvc, rkv, a.xn1, C, 1.f, gp.kv_a, C);         // dW_kv_a
-  ops->gemm(true, false, dr, C, N, 1.f, x.dkrot, dr, a.xn1, C, 1.f, gp.kv_a + rkv * C, C);
+  ops->gemm(false, false, N, C, rkv, 1.f, x.dkvc, rkv, p.kv_a, C, accumulate ? 1.f : 0.f, dxn, C);  // dxn
+  ops->gemm(false, false, N, C, dr, 1.f, x.dkrot, dr, p.kv_a + rkv * C, C, 1.f, dxn, C);
+  ops->gemm(true, false, rkv, C, N, 1.f, x.dkvc, rkv, xn, C, 1.f, gp.kv_a, C);         // dW_kv_a
+  ops->gemm(true, false, dr, C, N, 1.f, x.dkrot, dr, xn, C, 1.f, gp.kv_a + rkv * C, C);
   // q path
   if (rq > 0) {
     ops->gemm(false, false, N, rq, H * D, 1.f, dq, W, p.q_b, rq, 0.f, x.dqan, rq);         // dqan
     ops->gemm(true, false, H * D, rq, N, 1.f, dq, W, m.qan, rq, 1.f, gp.q_b, rq);          // dW_q_b
     ops->rmsnorm_bwd(x.dqan, rq, gp.q_a_norm, x.dqan, rq, m.qa, rq, p.q_a_norm, m.rstd_qa, N, rq,
                      0.f, false);                                                     // dqa (in place)
-    ops->gemm(false, false, N, C, rq, 1.f, x.dqan, rq, p.q_a, C, 1.f, g.dxn, C);           // dxn1 +=
-    ops->gemm(true, false, rq, C, N, 1.f, x.dqan, rq, a.xn1, C, 1.f, gp.q_a, C);           // dW_q_a
+    ops->gemm(false, false, N, C, rq, 1.f, x.dqan, rq, p.q_a, C, 1.f, dxn, C);           // dxn1 +=
+    ops->gemm(true, false, rq, C, N, 1.f, x.dqan, rq, xn, C, 1.f, gp.q_a, C);           // dW_q_a
   } else {
-    ops->gemm(false, false, N, C, H * D, 1.f, dq, W, p.wqkv, C, 1.f, g.dxn, C);
-    ops->gemm(true, false, H * D, C, N, 1.f, dq, W, a.xn1, C, 1.f, gp.wqkv, C);
+    ops->gemm(false, false, N, C, H * D, 1.f, dq, W, p.wq, C, 1.f, dxn, C);
+    ops->gemm(true, false, H * D, C, N, 1.f, dq, W, xn, C, 1.f, gp.wq, C);
   }
-  ops->rmsnorm_bwd(g.dres, C, gp.attn_norm, g.dxn, C, a.x, C, p.attn_norm, a.rstd1, N, C,
-                   s.off_attn, true);                                                 // dres = dx
 }
 
 }  // namespace rlh::engine

@@ -29,9 +29,10 @@ int64_t numel(const std::vector<int64_t>& shape) {
 constexpr ParamRole kLayerOrder[] = {
     ParamRole::attn_norm, ParamRole::q,        ParamRole::k,         ParamRole::v,
     ParamRole::q_bias,    ParamRole::k_bias,   ParamRole::v_bias,    ParamRole::q_norm,
-    ParamRole::k_norm,    ParamRole::o,        ParamRole::o_bias,    ParamRole::mlp_norm,
+    ParamRole::k_norm,    ParamRole::o,        ParamRole::o_bias,    ParamRole::post_attn_norm,
+    ParamRole::mlp_norm,
     ParamRole::gate,      ParamRole::up,       ParamRole::gate_bias, ParamRole::up_bias,
-    ParamRole::down,      ParamRole::down_bias,
+    ParamRole::down,      ParamRole::down_bias, ParamRole::post_mlp_norm,
     // MoE: the shared expert's gate_proj and up adjacent (one [2Fs, C] GEMM)
     ParamRole::router,    ParamRole::router_bias, ParamRole::expert_score_bias,
     ParamRole::expert_gate, ParamRole::expert_up, ParamRole::expert_down,
@@ -110,52 +111,45 @@ std::span<const ParamRole> global_param_order() { return kGlobalOrder; }
 
 Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d)), opt(o) {
   alloc = opt.allocator ? opt.allocator : &own_alloc;
-  if (opt.ops) {
-    ops = opt.ops;
-  } else {
-    own_ops = make_cpu_ops(*alloc);
-    ops = own_ops.get();
+  if (!opt.ops)
+    throw std::invalid_argument("engine: no kernels given (EngineOptions::ops: make_registry_ops over a kernel registry)");
+  ops = opt.ops;
+  try {
+    prog = sdk::build_program(desc);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("engine: ") + e.what());
   }
-  V = desc.vocab_size;
-  C = desc.hidden_size;
-  L = desc.num_layers;
-  if (V <= 0 || C <= 0 || L < 0 || int64_t(desc.layers.size()) != L)
-    throw std::invalid_argument("engine: description has inconsistent sizes");
-  if (desc.final_norm.kind != sdk::NormKind::rmsnorm) unsupported("final norm kind");
+  sdk::ExecutorCaps caps;
+  caps.name = "engine";
+  caps.activations = {"silu", "gelu_tanh", "gelu"};
+  caps.moe = caps.mla = true;
+  caps.per_sequence_rope = true;
+  caps.attention_dv_differs = true;
+  if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
+  V = prog.vocab;
+  C = prog.hidden;
+  L = int64_t(prog.layers.size());
 
-  // Layers: what the dense decoder executes.
-  for (const sdk::LayerDesc& ld : desc.layers) {
-    const auto& a = ld.attention;
-    const std::string at = "layer " + std::to_string(ld.index) + ": ";
-    if (a.kind != sdk::AttentionKind::gqa && a.kind != sdk::AttentionKind::mla)
-      unsupported(at + "attention kind " + sdk::to_string(a.kind));
-    if (ld.mlp.kind != sdk::MlpKind::dense && ld.mlp.kind != sdk::MlpKind::moe)
-      unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
-    if (ld.mlp.hidden_act != "silu") unsupported(at + "hidden_act " + ld.mlp.hidden_act);
-    if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
-      unsupported(at + "norm kind");
-    if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0)
-      throw std::invalid_argument("engine: " + at + "bad head counts");
-    LayerShape s;
-    static_cast<LayerBasics&>(s) = layer_basics(desc, ld);
-    s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
-    if (a.kind == sdk::AttentionKind::mla) describe_mla_layer(ld, s);  // sets D, Wqkv
-    if (ld.mlp.kind == sdk::MlpKind::moe) describe_moe_layer(ld, s);  // sets F = 0
-    shapes.push_back(s);
-  }
+  // MoE and MLA layers: their composite steps' readings.
+  shapes.assign(size_t(L), LayerShape{});
+  for (int64_t l = 0; l < L; ++l)
+    for (const sdk::LayerStep& st : prog.layers[size_t(l)].steps) {
+      if (st.op == sdk::StepOp::moe) describe_moe_layer(desc.layers[size_t(l)], st, shapes[size_t(l)]);
+      if (st.op == sdk::StepOp::mla) describe_mla_layer(desc.layers[size_t(l)], st, shapes[size_t(l)]);
+    }
 
-  // RoPE: one inv_freq table unless it depends on the sequence length.
-  if (desc.rope.kind != sdk::RopeKind::none && L > 0) {
-    R = desc.rope.rotary_dim > 0 ? desc.rope.rotary_dim : shapes[0].D;
-    for (const LayerShape& s : shapes)
-      if (s.use_rope && R > s.D) throw std::invalid_argument("engine: rotary dims exceed head_dim");
-    rope_scale = sdk::rope_attention_scaling(desc.rope);
-    rope_interleaved = desc.rope.layout == sdk::RopeLayout::interleaved;
-    rope_per_sequence =
-        desc.rope.kind == sdk::RopeKind::dynamic || desc.rope.kind == sdk::RopeKind::longrope;
-    const std::vector<double> f = sdk::rope_inv_freq(desc.rope, R);
-    inv_freq = Buffer<float>(*alloc, f.size());
-    for (size_t i = 0; i < f.size(); ++i) inv_freq[i] = float(f[i]);
+  // RoPE tables (per-sequence kinds compute theirs per sequence).
+  for (const sdk::RopeTable& t : prog.ropes) {
+    RopeState r;
+    r.table = &t;
+    r.R = t.rotary_dim;
+    r.scale = t.scale;
+    r.interleaved = t.interleaved;
+    r.per_sequence = t.per_sequence;
+    const std::vector<double> f = sdk::rope_inv_freq(t.rope, t.rotary_dim);
+    r.inv_freq = Buffer<float>(*alloc, f.size());
+    for (size_t i = 0; i < f.size(); ++i) r.inv_freq[i] = float(f[i]);
+    ropes.push_back(std::move(r));
   }
   carve_params();
 }
@@ -187,79 +181,40 @@ void Engine::Impl::carve_params() {
   std::memset(params.data(), 0, size_t(total) * sizeof(float));
   std::memset(grads.data(), 0, size_t(total) * sizeof(float));
 
-  // Resolve pointers, checking shapes against the description's sizes.
-  auto resolve = [&](float* base, ModelParams& M) {
-    auto get = [&](int64_t layer, ParamRole role, std::vector<int64_t> shape,
-                   bool required) -> float* {
+  // MoE / MLA pointers (shapes were checked by the program).
+  auto resolve = [&](float* base, std::vector<LayerParams>& M) {
+    auto get = [&](int64_t layer, ParamRole role) -> float* {
       const sdk::ParamDesc* p = desc.find_param(layer, role);
-      if (!p) {
-        if (required)
-          throw std::invalid_argument("engine: missing parameter of role " +
-                                      std::string(sdk::to_string(role)) + " in layer " +
-                                      std::to_string(layer));
-        return nullptr;
-      }
-      if (p->shape != shape) throw std::invalid_argument("engine: parameter " + p->name + " has an unexpected shape");
-      return base + offset[size_t(p - desc.params.data())];
+      return p ? base + offset[size_t(p - desc.params.data())] : nullptr;
     };
-    M.embed = get(-1, ParamRole::embed, {V, C}, true);
-    M.final_norm = get(-1, ParamRole::final_norm, {C}, true);
-    M.lm_head = desc.tie_word_embeddings ? M.embed : get(-1, ParamRole::lm_head, {V, C}, true);
-    M.layers.assign(size_t(L), LayerParams{});
+    M.assign(size_t(L), LayerParams{});
     for (int64_t l = 0; l < L; ++l) {
       const LayerShape& s = shapes[size_t(l)];
-      LayerParams& p = M.layers[size_t(l)];
-      const int64_t qo = s.Hq * s.D, kvo = s.Hkv * s.D;
-      p.attn_norm = get(l, ParamRole::attn_norm, {C}, true);
+      LayerParams& p = M[size_t(l)];
       if (s.mla) {
-        const int64_t qk = s.Hq * s.D;
-        p.q_a = get(l, ParamRole::q_a, {s.rq, C}, s.rq > 0);
-        p.q_a_norm = get(l, ParamRole::q_a_norm, {s.rq}, s.rq > 0);
-        p.q_b = get(l, ParamRole::q_b, {qk, s.rq}, s.rq > 0);
-        p.wqkv = get(l, ParamRole::q, {qk, C}, s.rq == 0);
-        p.kv_a = get(l, ParamRole::kv_a, {s.rkv + s.dr, C}, true);
-        p.kv_a_norm = get(l, ParamRole::kv_a_norm, {s.rkv}, true);
-        p.kv_b = get(l, ParamRole::kv_b, {s.Hq * (s.dn + s.dv), s.rkv}, true);
-        p.wo = get(l, ParamRole::o, {C, s.Hq * s.dv}, true);
-      } else {
-      p.wqkv = get(l, ParamRole::q, {qo, C}, true);
-      float* wk = get(l, ParamRole::k, {kvo, C}, true);
-      float* wv = get(l, ParamRole::v, {kvo, C}, true);
-      if (wk != p.wqkv + qo * C || wv != wk + kvo * C)
-        throw std::logic_error("engine: q/k/v are not adjacent in storage");
-      p.bq = get(l, ParamRole::q_bias, {qo}, false);
-      p.bk = get(l, ParamRole::k_bias, {kvo}, false);
-      p.bv = get(l, ParamRole::v_bias, {kvo}, false);
-      p.q_norm = get(l, ParamRole::q_norm, {s.D}, s.qk_norm);
-      p.k_norm = get(l, ParamRole::k_norm, {s.D}, s.qk_norm);
-      p.wo = get(l, ParamRole::o, {C, qo}, true);
-      p.bo = get(l, ParamRole::o_bias, {C}, false);
+        p.q_a = get(l, ParamRole::q_a);
+        p.q_a_norm = get(l, ParamRole::q_a_norm);
+        p.q_b = get(l, ParamRole::q_b);
+        p.wq = get(l, ParamRole::q);
+        p.kv_a = get(l, ParamRole::kv_a);
+        p.kv_a_norm = get(l, ParamRole::kv_a_norm);
+        p.kv_b = get(l, ParamRole::kv_b);
       }
-      p.mlp_norm = get(l, ParamRole::mlp_norm, {C}, true);
       if (s.moe) {
-        p.router = get(l, ParamRole::router, {s.E, C}, true);
-        p.router_b = get(l, ParamRole::router_bias, {s.E}, s.router_bias);
-        p.score_bias = get(l, ParamRole::expert_score_bias, {s.E}, s.score_bias);
-        p.we_gate = get(l, ParamRole::expert_gate, {s.E, s.Fe, C}, true);
-        p.we_up = get(l, ParamRole::expert_up, {s.E, s.Fe, C}, true);
-        p.we_down = get(l, ParamRole::expert_down, {s.E, C, s.Fe}, true);
+        p.router = get(l, ParamRole::router);
+        p.router_b = get(l, ParamRole::router_bias);
+        p.score_bias = get(l, ParamRole::expert_score_bias);
+        p.we_gate = get(l, ParamRole::expert_gate);
+        p.we_up = get(l, ParamRole::expert_up);
+        p.we_down = get(l, ParamRole::expert_down);
         if (s.Fs > 0) {
-          p.ws_gu = get(l, ParamRole::shared_expert_gate_proj, {s.Fs, C}, true);
-          float* su = get(l, ParamRole::shared_expert_up, {s.Fs, C}, true);
-          if (su != p.ws_gu + s.Fs * C)
+          p.ws_gu = get(l, ParamRole::shared_expert_gate_proj);
+          if (get(l, ParamRole::shared_expert_up) != p.ws_gu + s.Fs * C)
             throw std::logic_error("engine: shared expert gate/up are not adjacent in storage");
-          p.ws_down = get(l, ParamRole::shared_expert_down, {C, s.Fs}, true);
-          p.ws_gate = get(l, ParamRole::shared_expert_gate, {1, C}, s.shared_gate);
+          p.ws_down = get(l, ParamRole::shared_expert_down);
+          p.ws_gate = get(l, ParamRole::shared_expert_gate);
         }
-        continue;
       }
-      p.wgu = get(l, ParamRole::gate, {s.F, C}, true);
-      float* wup = get(l, ParamRole::up, {s.F, C}, true);
-      if (wup != p.wgu + s.F * C) throw std::logic_error("engine: gate/up are not adjacent in storage");
-      p.bgate = get(l, ParamRole::gate_bias, {s.F}, false);
-      p.bup = get(l, ParamRole::up_bias, {s.F}, false);
-      p.wdown = get(l, ParamRole::down, {C, s.F}, true);
-      p.bdown = get(l, ParamRole::down_bias, {C}, false);
     }
   };
   resolve(params.data(), P);
@@ -286,8 +241,9 @@ void Engine::Impl::carve_params() {
   }
 }
 
-// One allocation for a micro-batch of N tokens. save_all: every layer keeps its activations for
-// the backward; otherwise only the layer inputs xs[l] are kept and one layer set is reused.
+// One allocation for a micro-batch of N tokens. save_all: every layer keeps its program values
+// and statistics for the backward; otherwise only the layer inputs xs[l] are kept and one set,
+// as wide as the widest layer's, is reused (the layer is re-run inside the backward).
 void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   // A plan that keeps every layer also serves a forward-only pass: alternating logprob passes
   // and train steps (the RL loop) then never reallocates.
@@ -297,34 +253,27 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
     target_raw = kraw > 1 ? ints.data() + 2 * acts_tokens : target;
     return;
   }
-  int64_t max_wqkv = 0, max_att = 0, max_f = 0;
-  for (const LayerShape& s : shapes) {
-    max_wqkv = std::max(max_wqkv, s.Wqkv);
-    max_att = std::max(max_att, s.Hq * s.D);
-    max_f = std::max(max_f, s.F);
-  }
-  // Sizes in floats; a layer set holds every field of LayerActs but x.
-  auto layer_floats = [&](const LayerShape& s) {
+  // Floats of one layer's own storage: every value that is a storage root, except the layer
+  // input and output (the residual stream xs), and every statistic.
+  auto layer_floats = [&](const sdk::LayerProgram& lp) {
     int64_t f = 0;
-    f += N * C + N;                                                   // xn1, rstd1
-    f += N * s.Wqkv;                                                  // qkv
-    if (s.qk_norm) f += N * (s.Hq + s.Hkv) * s.D + (s.Hq + s.Hkv) * N;  // qk, rstd_q, rstd_k
-    f += N * s.Hq * s.D + s.Hq * N;                                   // att, lse
-    f += N * C + N * C + N;                                           // h, xn2, rstd2
-    f += N * 2 * s.F + N * s.F;                                       // gu, a
+    const int out_root = lp.root(lp.output);
+    for (size_t v = 1; v < lp.values.size(); ++v)
+      if (lp.values[v].storage < 0 && int(v) != out_root) f += N * lp.values[v].width;
+    for (int64_t rows : lp.stat_rows) f += N * rows;
     return f;
   };
   int64_t total_f = (L + 1) * N * C;  // xs
-  if (save_all) {
-    for (const LayerShape& s : shapes) total_f += layer_floats(s);
-  } else {
-    int64_t worst = 0;
-    for (const LayerShape& s : shapes) worst = std::max(worst, layer_floats(s));
-    total_f += worst;
+  int64_t worst = 0;  // the largest layer: the shared block under recompute
+  for (const sdk::LayerProgram& lp : prog.layers) {
+    const int64_t f = layer_floats(lp);
+    if (save_all) total_f += f;
+    worst = std::max(worst, f);
   }
-  total_f += N * C + N;         // head xn, rstd (its x is xs[L])
+  if (!save_all) total_f += worst;
+  for (int64_t w : prog.grad_widths) total_f += N * w;
+  total_f += 2 * N * C + N;         // head xn, dxn, rstd (its x is xs[L])
   total_f += 6 * N + 2 * N * kraw;  // lp, dlp [N,kraw]; lse, ent, lp_proc, lse_proc, dent, dlp_proc
-  total_f += 2 * N * C + N * max_wqkv + N * max_att + 2 * N * max_f + N * max_f;  // GradActs
 
   layer_acts.clear();
   acts.reset();
@@ -339,40 +288,18 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   };
   xs.assign(size_t(L + 1), nullptr);
   for (int64_t l = 0; l <= L; ++l) xs[size_t(l)] = take(N * C);
-  auto carve_layer = [&](const LayerShape& s) {
-    LayerActs a;
-    a.xn1 = take(N * C);
-    a.rstd1 = take(N);
-    a.qkv = take(N * s.Wqkv);
-    if (s.qk_norm) {
-      a.qk = take(N * (s.Hq + s.Hkv) * s.D);
-      a.rstd_q = take(s.Hq * N);
-      a.rstd_k = take(s.Hkv * N);
-    }
-    a.att = take(N * s.Hq * s.D);
-    a.lse = take(s.Hq * N);
-    a.h = take(N * C);
-    a.xn2 = take(N * C);
-    a.rstd2 = take(N);
-    a.gu = take(N * 2 * s.F);
-    a.a = take(N * s.F);
-    return a;
-  };
+  shared_block = nullptr;
   if (save_all) {
-    for (const LayerShape& s : shapes) layer_acts.push_back(carve_layer(s));
+    for (size_t l = 0; l < prog.layers.size(); ++l)
+      layer_acts.push_back(carve_layer(prog.layers[l], take(layer_floats(prog.layers[l])), N));
   } else if (L > 0) {
-    // The largest layer's set, with every optional field present, serves all layers.
-    LayerShape worst = shapes[0];
-    int64_t best = -1;
-    for (const LayerShape& s : shapes)
-      if (layer_floats(s) > best) {
-        best = layer_floats(s);
-        worst = s;
-      }
-    layer_acts.push_back(carve_layer(worst));
+    shared_block = take(worst);  // each layer carves its own view of it when it runs (acts_of)
   }
+  gbuf.clear();
+  for (int64_t w : prog.grad_widths) gbuf.push_back(take(N * w));
   head.x = xs[size_t(L)];
   head.xn = take(N * C);
+  head.dxn = take(N * C);
   head.rstd = take(N);
   head.kraw = kraw;
   head.lp = take(N * kraw);
@@ -383,12 +310,6 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   head.dlp = take(N * kraw);
   head.dent = take(N);
   head.dlp_proc = take(N);
-  grad_acts.dres = take(N * C);
-  grad_acts.dxn = take(N * C);
-  grad_acts.dqkv = take(N * max_wqkv);
-  grad_acts.datt = take(N * max_att);
-  grad_acts.dgu = take(N * 2 * max_f);
-  grad_acts.da = take(N * max_f);
   if (at != acts.data() + total_f) throw std::logic_error("engine: activation plan mismatch");
   pos = ints.data();
   target = ints.data() + N;
@@ -398,6 +319,36 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   acts_saved_all = save_all;
   plan_moe(N, save_all);
   plan_mla(N, save_all);
+}
+
+// Pointers of one layer's values and statistics for N tokens, carved from `block` in the order
+// plan_acts counts them; the layer input and output are bound by acts_of.
+LayerActs Engine::Impl::carve_layer(const sdk::LayerProgram& lp, float* block, int64_t N) const {
+  LayerActs a;
+  a.v.assign(lp.values.size(), nullptr);
+  const int out_root = lp.root(lp.output);
+  float* p = block;
+  for (size_t v = 1; v < lp.values.size(); ++v)
+    if (lp.values[v].storage < 0 && int(v) != out_root) {
+      a.v[v] = p;
+      p += N * lp.values[v].width;
+    }
+  for (int64_t rows : lp.stat_rows) {
+    a.stat.push_back(p);
+    p += N * rows;
+  }
+  return a;
+}
+
+LayerActs Engine::Impl::acts_of(int64_t l) {
+  const sdk::LayerProgram& lp = prog.layers[size_t(l)];
+  LayerActs a = acts_saved_all ? layer_acts[size_t(l)] : carve_layer(lp, shared_block, acts_tokens);
+  const int out_root = lp.root(lp.output);
+  a.v[0] = xs[size_t(l)];
+  a.v[size_t(out_root)] = xs[size_t(l) + 1];
+  for (size_t v = 1; v < lp.values.size(); ++v)
+    if (lp.values[v].storage >= 0) a.v[v] = a.v[size_t(lp.root(int(v)))];
+  return a;
 }
 
 }  // namespace rlh::engine

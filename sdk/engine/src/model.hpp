@@ -1,7 +1,10 @@
-// Internal: the engine's state. Parameter storage (one allocation carved into tensors, in an
-// order that makes q/k/v and gate/up adjacent so each pair runs as one GEMM), activation storage
-// (one allocation per micro-batch size, carved per layer), and the pieces forward.cpp,
-// backward.cpp and engine.cpp share.
+// Internal: the engine's state. The model's layer program (sdk/layer_program.hpp: which ops each
+// layer runs, on which weights and activation columns, and how gradients flow), parameter
+// storage (one allocation carved into tensors, in an order that makes fused weights such as
+// q/k/v and gate/up adjacent so each group runs as one GEMM), activation storage (one allocation
+// per micro-batch size: the program's values per layer, its statistics, its gradient buffers),
+// and the pieces forward.cpp, backward.cpp and engine.cpp share. MoE and MLA layers are composite
+// steps of the program, run by moe.cpp and mla.cpp with storage of their own.
 //
 // Dimension letters (llm.c style): N tokens of the micro-batch, S sequences, C hidden size,
 // V vocabulary, L layers, Hq / Hkv query / key-value heads, D head dim, F MLP width,
@@ -14,26 +17,14 @@
 #include <vector>
 
 #include "rlhost/engine/engine.hpp"
+#include "rlhost/sdk/layer_program.hpp"
 
 namespace rlh::engine {
 
-// Pointers of one decoder layer into the parameter (or gradient) storage; nullptr = absent.
+// Pointers of an MoE or MLA layer's tensors (the composite steps moe.cpp and mla.cpp run) into
+// the parameter (or gradient) storage; nullptr = absent. The program's other steps name their
+// weights by parameter index.
 struct LayerParams {
-  float* attn_norm = nullptr;  // [C]
-  float* wqkv = nullptr;       // [Wqkv, C]: q [Hq*D, C], k [Hkv*D, C], v [Hkv*D, C] adjacent
-  float* bq = nullptr;         // [Hq*D]
-  float* bk = nullptr;         // [Hkv*D]
-  float* bv = nullptr;         // [Hkv*D]
-  float* q_norm = nullptr;     // [D]
-  float* k_norm = nullptr;     // [D]
-  float* wo = nullptr;         // [C, Hq*D]
-  float* bo = nullptr;         // [C]
-  float* mlp_norm = nullptr;   // [C]
-  float* wgu = nullptr;        // [2F, C]: gate [F, C], up [F, C] adjacent
-  float* bgate = nullptr;      // [F]
-  float* bup = nullptr;        // [F]
-  float* wdown = nullptr;      // [C, F]
-  float* bdown = nullptr;      // [C]
   // MoE layers (moe.cpp): router, stacked experts, shared expert (gate_proj|up adjacent)
   float* router = nullptr;      // [E, C]
   float* router_b = nullptr;    // [E]
@@ -44,7 +35,8 @@ struct LayerParams {
   float* ws_gu = nullptr;       // [2Fs, C]: shared gate_proj [Fs, C], up [Fs, C] adjacent
   float* ws_down = nullptr;     // [C, Fs]
   float* ws_gate = nullptr;     // [1, C] Qwen2-MoE sigmoid gate of the shared expert
-  // MLA layers (mla.cpp); a direct q projection (no q_lora_rank) is wqkv, [Hq*(dn+dr), C]
+  // MLA layers (mla.cpp); without q_lora_rank, q [Hq*(dn+dr), C] in wq
+  float* wq = nullptr;
   float* q_a = nullptr;        // [rq, C]
   float* q_a_norm = nullptr;   // [rq]
   float* q_b = nullptr;        // [Hq*(dn+dr), rq]
@@ -53,23 +45,16 @@ struct LayerParams {
   float* kv_b = nullptr;       // [Hq*(dn+dv), rkv]
 };
 
-struct ModelParams {
-  float* embed = nullptr;       // [V, C]
-  float* lm_head = nullptr;     // [V, C] (= embed when tied)
-  float* final_norm = nullptr;  // [C]
-  std::vector<LayerParams> layers;
-};
-
-// Shapes and settings of one layer, read once from the description.
-// The layer readings both engines share (engine.hpp): heads, widths, norms, RoPE, window, scale;
-// an MoE layer's sizes and routing; an MLA layer's ranks and head dims.
-struct LayerShape : LayerBasics, MoeBasics, MlaBasics {
-  int64_t Wqkv = 0;
-  bool moe = false;        // MoE layer (F = 0: no dense MLP)
+// An MoE or MLA layer's sizes, read once from the description (engine.hpp's shared readings).
+struct LayerShape : MoeBasics, MlaBasics {
+  bool moe = false, mla = false;
   Ops::RouterAttrs router;  // the MoeBasics routing, as the router op takes it
-  int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
-  // MLA layer (DeepSeek-V3): D = dn + dr, Hkv = Hq, Wqkv = Hq (2 D + dv): q|k|v in qkv
-  bool mla = false;
+  int64_t route_col = 0;    // first column of this layer's choices in the routing record [N, R]
+  std::string act = "silu"; // the experts' activation
+  // MLA: heads, q/k head dim (dn + dr), the q|k|v width, the attention's scale and window
+  int64_t H = 0, D = 0, Wqkv = 0, window = 0;
+  float scale = 0;
+  int rope = -1;            // RoPE table (-1: none)
 };
 
 // Saved activations of one MLA layer (mla.cpp): the latents around their norms.
@@ -82,6 +67,7 @@ struct MlaActs {
   float* rstd_kva = nullptr;  // [N]
 };
 struct MlaScratch {
+  float* dqkv = nullptr;   // [N, Wqkv] d q|k|v
   float* dqan = nullptr;   // [N, rq]
   float* dckv = nullptr;   // [N, rkv]
   float* dkvc = nullptr;   // [N, rkv]
@@ -140,33 +126,21 @@ struct MoeScratch {
   double* dlse64 = nullptr;    // [N]
 };
 
-// Activations of one layer for N tokens (pointers into the activation storage). `x` is the
-// layer input (residual stream); the layer writes its output into the next layer's x.
+// One layer's activations for N tokens: the program's values (pointers into the activation
+// storage; values sharing storage share the pointer) and its saved statistics (rstd, lse).
 struct LayerActs {
-  float* x = nullptr;      // [N, C]
-  float* xn1 = nullptr;    // [N, C]   attn_norm(x)
-  float* rstd1 = nullptr;  // [N]
-  float* qkv = nullptr;    // [N, Wqkv] q|k|v after bias; q, k roped in place unless qk_norm
-  float* qk = nullptr;     // [N, (Hq+Hkv) D] normed + roped q|k (qk_norm only)
-  float* rstd_q = nullptr; // [Hq, N] (qk_norm only)
-  float* rstd_k = nullptr; // [Hkv, N]
-  float* att = nullptr;    // [N, Hq*D]  attention output
-  float* lse = nullptr;    // [Hq, N]
-  float* h = nullptr;      // [N, C]   x + o_proj(att)
-  float* xn2 = nullptr;    // [N, C]   mlp_norm(h)
-  float* rstd2 = nullptr;  // [N]
-  float* gu = nullptr;     // [N, 2F]  gate|up
-  float* a = nullptr;      // [N, F]   silu(gate) * up
+  std::vector<float*> v;     // per LayerProgram value, N x width
+  std::vector<float*> stat;  // per LayerProgram stat, rows x N
 };
 
-// Gradient scratch shared by all layers in the backward.
-struct GradActs {
-  float* dres = nullptr;   // [N, C] d loss / d residual stream
-  float* dxn = nullptr;    // [N, C]
-  float* dqkv = nullptr;   // [N, Wqkv]
-  float* datt = nullptr;   // [N, Hq*D]
-  float* dgu = nullptr;    // [N, 2F]
-  float* da = nullptr;     // [N, F]
+// A RoPE table of the program, as the rope op takes it.
+struct RopeState {
+  Buffer<float> inv_freq;   // [R/2] (per-sequence kinds compute theirs per sequence)
+  int64_t R = 0;
+  double scale = 1;
+  bool interleaved = false;
+  bool per_sequence = false;
+  const sdk::RopeTable* table = nullptr;
 };
 
 // The head: final norm and the per-token outputs in kernel alignment (row t predicts t+1).
@@ -184,30 +158,29 @@ struct HeadActs {
   float* dlp = nullptr;       // [N, kraw] output gradients in kernel alignment
   float* dent = nullptr;      // [N]
   float* dlp_proc = nullptr;  // [N]
+  float* dxn = nullptr;       // [N, C] d xn (the backward)
 };
 
 struct Engine::Impl {
   sdk::TransformerDesc desc;
+  sdk::ModelProgram prog;  // what the layers compute (sdk/layer_program.hpp)
   EngineOptions opt;
   CountingAllocator own_alloc;
   Allocator* alloc = nullptr;
-  std::unique_ptr<Ops> own_ops;
   Ops* ops = nullptr;
 
   // Sizes
   int64_t V = 0, C = 0, L = 0;
-  std::vector<LayerShape> shapes;
-  int64_t R = 0;          // rotary dims
-  double rope_scale = 1;  // attention scaling on cos/sin
-  bool rope_interleaved = false;
-  bool rope_per_sequence = false;  // dynamic / longrope: inv_freq depends on the sequence length
-  Buffer<float> inv_freq;          // [R/2] for the other kinds
+  std::vector<LayerShape> shapes;  // MoE / MLA readings per layer
+  std::vector<RopeState> ropes;    // per program RoPE table
 
   // Parameter storage: params/grads/m/v are each one allocation; offset[i] locates desc.params[i].
   int64_t total = 0;
   std::vector<int64_t> offset;
   Buffer<float> params, grads, adam_m, adam_v;
-  ModelParams P, G;  // pointers into params and grads
+  std::vector<LayerParams> P, G;  // MoE/MLA pointers into params and grads, per layer
+  float* w(int64_t param) const { return param < 0 ? nullptr : params.data() + offset[size_t(param)]; }
+  float* g(int64_t param) const { return param < 0 ? nullptr : grads.data() + offset[size_t(param)]; }
   int64_t steps = 0;
   // Storage in runs of adjacent tensors that the optimizer treats alike (trainable, decayed), so
   // the norm and AdamW run as a few long calls instead of one per tensor.
@@ -236,7 +209,6 @@ struct Engine::Impl {
   std::vector<MlaActs> mla_acts;
   MlaScratch mla_scratch;
   bool mla_saved_all = false;
-  int64_t moe_tokens_planned = -1;
   bool moe_saved_all = false;
 
   // Activation storage for the current micro-batch size and mode.
@@ -244,9 +216,10 @@ struct Engine::Impl {
   Buffer<int32_t> ints;  // positions [N], targets [N]
   int64_t acts_tokens = -1, acts_kraw = 0;
   bool acts_saved_all = false;
-  std::vector<LayerActs> layer_acts;  // L sets (all saved) or 1 set reused (recompute)
+  std::vector<LayerActs> layer_acts;  // L sets (all saved), or none and the shared block
+  float* shared_block = nullptr;      // recompute: one layer's storage, reused by every layer
   std::vector<float*> xs;             // [L+1] layer inputs, xs[L] = final residual stream
-  GradActs grad_acts;
+  std::vector<float*> gbuf;           // the program's gradient buffers; gbuf[0] = d residual
   HeadActs head;
   int32_t* pos = nullptr;         // [N] position within the sequence
   int32_t* target = nullptr;      // [N] next token (-1 at the end of a sequence)
@@ -259,12 +232,23 @@ struct Engine::Impl {
   void prepare_batch(const MicroBatch& mb, const OutputRequest& req);
 
   // forward.cpp
-  void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out);
+  // Runs layer l's steps; `recompute`: inside the backward, only the steps whose results the
+  // backward reads (no output, no routing record, no auxiliary losses counted again).
+  void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bool recompute);
   void forward(const MicroBatch& mb, const OutputRequest& req, bool save_all);
-  void apply_rope(float* x, int64_t ld, int64_t H, int64_t D, const MicroBatch& mb, bool backward);
-  void apply_rope_to(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D,
-                     const MicroBatch& mb, bool backward);
-  LayerActs& acts_of(int64_t l) { return layer_acts[acts_saved_all ? l : 0]; }
+  // RoPE (table t) on H heads of D columns of x (rows ld apart) into y; the transposed rotation
+  // when `backward`. y may be x.
+  void apply_rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D,
+                  const MicroBatch& mb, bool backward);
+  // Layer l's values and statistics (its own, or views of the shared block under recompute), its
+  // input and output bound to the residual stream xs[l], xs[l+1].
+  LayerActs acts_of(int64_t l);
+  // h = act(gate) * up for gate|up side by side (gu [N, 2F], rows ldgu apart): swiglu for
+  // "silu", geglu for "gelu_tanh" / "gelu"; and its backward into dgu.
+  void glu_fwd(const std::string& act, float* h, int64_t ldh, const float* gu, int64_t ldgu, int64_t N, int64_t F);
+  void glu_bwd(const std::string& act, float* dgu, int64_t lddgu, const float* dh, int64_t lddh, const float* gu,
+               int64_t ldgu, int64_t N, int64_t F);
+  LayerActs carve_layer(const sdk::LayerProgram& lp, float* block, int64_t N) const;
 
   // backward.cpp
   void backward(const MicroBatch& mb, const OutputRequest& req);
@@ -273,19 +257,22 @@ struct Engine::Impl {
   // engine.cpp
   void optimizer_step(const StepOptions& so, double clip_coef);
 
-  // moe.cpp
-  void describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s);
+  // moe.cpp: the moe step, xn [N, C] -> out [N, C]; backward: d out -> d xn (+= with accumulate)
+  void describe_moe_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& step, LayerShape& s);
   void plan_moe(int64_t N, bool save_all);
   void prepare_routing(const MicroBatch& mb, const OutputRequest& req);
   MoeActs& moe_of(int64_t l) { return moe_acts[moe_saved_all ? size_t(l) : 0]; }
-  void forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out);
-  void backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a);
-  // mla.cpp
-  void describe_mla_layer(const sdk::LayerDesc& ld, LayerShape& s);
+  void forward_moe(int64_t l, const MicroBatch& mb, const float* xn, float* out, bool recompute);
+  void backward_moe(int64_t l, const MicroBatch& mb, const float* xn, const float* dout, float* dxn,
+                    bool accumulate);
+  // mla.cpp: the mla step, xn [N, C] -> att [N, H dv] (q|k|v into qkv, lse [H, N]); backward:
+  // d att -> d xn (+= with accumulate)
+  void describe_mla_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& step, LayerShape& s);
   void plan_mla(int64_t N, bool save_all);
   MlaActs& mla_of(int64_t l) { return mla_acts[mla_saved_all ? size_t(l) : 0]; }
-  void forward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
-  void backward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
+  void forward_mla(int64_t l, const MicroBatch& mb, const float* xn, float* qkv, float* att, float* lse);
+  void backward_mla(int64_t l, const MicroBatch& mb, const float* xn, const float* qkv, const float* att,
+                    const float* lse, const float* datt, float* dxn, bool accumulate);
   template <class T>
   void moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m, const T* probs, const T* lse,
                   T* dprobs, T* dlse, bool grads);

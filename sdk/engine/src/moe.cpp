@@ -46,10 +46,10 @@ void to_double(double* dst, const T* src, int64_t n) {
 // ---------------------------------------------------------------------------------------------
 // Description
 
-void Engine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s) {
+void Engine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& step, LayerShape& s) {
   static_cast<MoeBasics&>(s) = moe_basics(ld, opt.moe, "engine: layer " + std::to_string(ld.index) + ": ");
   s.moe = true;
-  s.F = 0;
+  s.act = step.act;
   s.router.scoring = s.scoring;
   s.router.norm_topk_prob = s.norm_topk_prob;
   s.router.scaling_factor = s.scaling_factor;
@@ -198,7 +198,6 @@ void Engine::Impl::plan_moe(int64_t N, bool save_all) {
   }
   if (fp != moe_f.data() + total.f || dp != moe_d.data() + total.d || ip != moe_i.data() + total.i)
     throw std::logic_error("engine: MoE activation plan mismatch");
-  moe_tokens_planned = N;
   moe_saved_all = save_all;
 }
 
@@ -313,16 +312,16 @@ void Engine::Impl::moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward. x_out = nullptr: a recompute inside the backward; everything the backward reads is
-// rebuilt, the combine and the residual are skipped (and no loss is counted twice).
+// Forward: out = the block of xn (the program's add puts it on the residual stream). recompute:
+// inside the backward; everything the backward reads is rebuilt, the combine is skipped (and no
+// routing is recorded or loss counted twice).
 
-void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, float* x_out) {
+void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn, float* out, bool recompute) {
   const LayerShape& s = shapes[size_t(l)];
-  const LayerParams& p = P.layers[size_t(l)];
+  const LayerParams& p = P[size_t(l)];
   MoeActs& m = moe_of(l);
   MoeScratch& x = moe_scratch;
   const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
-  const float* xn = a.xn2;
   Ops::RouterAttrs ra = s.router;
 
   if (replay) {  // this layer's columns of the [N, R] field
@@ -350,7 +349,7 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, fl
                             p.score_bias ? x.b64 : nullptr, N, E, K, ra);
     for (int64_t i = 0; i < NK; ++i) m.w[i] = float(x.w64[i]);
   }
-  if (x_out && !route_record.empty())
+  if (!recompute && !route_record.empty())
     for (int64_t n = 0; n < N; ++n)
       std::memcpy(route_record.data() + n * route_width + s.route_col, m.experts + n * K,
                   size_t(K) * sizeof(int32_t));
@@ -361,14 +360,14 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, fl
                     m.gu, 2 * Fe, 0);                                                 // gate [NK,Fe]
   ops->grouped_gemm(false, true, E, m.offsets, 0, Fe, C, 1.f, m.xp, C, p.we_up, C, Fe * C, 0.f,
                     m.gu + Fe, 2 * Fe, 0);                                            // up [NK,Fe]
-  ops->swiglu_fwd(m.a, Fe, m.gu, 2 * Fe, m.gu + Fe, 2 * Fe, NK, Fe);                  // a [NK,Fe]
+  glu_fwd(s.act, m.a, Fe, m.gu, 2 * Fe, NK, Fe);                                     // a [NK,Fe]
   ops->grouped_gemm(false, true, E, m.offsets, 0, C, Fe, 1.f, m.a, Fe, p.we_down, Fe, C * Fe, 0.f,
                     m.yp, C, 0);                                                      // yp [NK,C]
 
   // Shared expert (a dense SwiGLU MLP on every token), with its sigmoid gate.
   if (Fs > 0) {
     ops->gemm(false, true, N, 2 * Fs, C, 1.f, xn, C, p.ws_gu, C, 0.f, m.sgu, 2 * Fs);  // [N,2Fs]
-    ops->swiglu_fwd(m.sa, Fs, m.sgu, 2 * Fs, m.sgu + Fs, 2 * Fs, N, Fs);               // [N,Fs]
+    glu_fwd(s.act, m.sa, Fs, m.sgu, 2 * Fs, N, Fs);                                   // [N,Fs]
     ops->gemm(false, true, N, C, Fs, 1.f, m.sa, Fs, p.ws_down, Fs, 0.f, m.sy, C);       // sy [N,C]
     if (p.ws_gate) {
       ops->gemm(false, true, N, 1, C, 1.f, xn, C, p.ws_gate, C, 0.f, m.sgl, 1);        // [N,1]
@@ -379,44 +378,40 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, fl
     }
   }
 
-  if (moe_train && x_out) {
+  if (moe_train && !recompute) {
     if (!router64) moe_losses<float>(l, mb, m, m.probs, m.lse, nullptr, nullptr, false);
     else moe_losses<double>(l, mb, m, m.probs64, m.lse64, nullptr, nullptr, false);
   }
-  if (!x_out) return;
-  ops->moe_unpermute_fwd(x_out, C, m.yp, m.row, m.w, N, K, C, false);                 // out [N,C]
+  if (recompute) return;
+  ops->moe_unpermute_fwd(out, C, m.yp, m.row, m.w, N, K, C, false);                   // out [N,C]
   if (Fs > 0) {
-    if (p.ws_gate) ops->moe_unpermute_fwd(x_out, C, m.sy, x.srow, m.sgw, N, 1, C, true);
-    else ops->add_fwd(x_out, x_out, m.sy, N * C);
+    if (p.ws_gate) ops->moe_unpermute_fwd(out, C, m.sy, x.srow, m.sgw, N, 1, C, true);
+    else ops->add_fwd(out, out, m.sy, N * C);
   }
-  ops->add_fwd(x_out, a.h, x_out, N * C);                                             // out = h + moe
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward: grad_acts.dres holds d loss / d (layer output) on entry; on exit the MLP block's
-// contribution is added to it (d loss / d h), as the dense block does.
+// Backward: dout = d loss / d out in, dxn = d loss / d xn out (added to it with accumulate).
 
-void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a) {
+void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn, const float* dout, float* dxn,
+                                bool accumulate) {
   const LayerShape& s = shapes[size_t(l)];
-  const LayerParams& p = P.layers[size_t(l)];
-  const LayerParams& gp = G.layers[size_t(l)];
+  const LayerParams& p = P[size_t(l)];
+  const LayerParams& gp = G[size_t(l)];
   MoeActs& m = moe_of(l);
   MoeScratch& x = moe_scratch;
-  GradActs& g = grad_acts;
   const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
-  const float* xn = a.xn2;
   const bool frozen = opt.moe.freeze_router;
   const int32_t* off = m.offsets;
 
   // Combine: dyp = w dres (scattered to the rows), dw = <dres, yp>.
-  ops->moe_unpermute_bwd(x.dyp, x.dw, g.dres, C, m.yp, m.row, m.w, N, K, C);
+  ops->moe_unpermute_bwd(x.dyp, x.dw, dout, C, m.yp, m.row, m.w, N, K, C);
   // Experts: down, activation, gate|up, each with its weight gradient.
   ops->grouped_gemm(false, false, E, off, 0, Fe, C, 1.f, x.dyp, C, p.we_down, Fe, C * Fe, 0.f,
                     x.da, Fe, 0);                                                     // da [NK,Fe]
   ops->grouped_gemm(true, false, E, off, C, Fe, 0, 1.f, x.dyp, C, m.a, Fe, 0, 1.f, gp.we_down, Fe,
                     C * Fe);                                                          // dW_down
-  ops->swiglu_bwd(x.dgu, 2 * Fe, x.dgu + Fe, 2 * Fe, x.da, Fe, m.gu, 2 * Fe, m.gu + Fe, 2 * Fe, NK,
-                  Fe);                                                                // dgu [NK,2Fe]
+  glu_bwd(s.act, x.dgu, 2 * Fe, x.da, Fe, m.gu, 2 * Fe, NK, Fe);                      // dgu [NK,2Fe]
   ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu, 2 * Fe, m.xp, C, 0, 1.f, gp.we_gate,
                     C, Fe * C);                                                       // dW_gate
   ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu + Fe, 2 * Fe, m.xp, C, 0, 1.f,
@@ -426,7 +421,7 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a) {
                     dxp, C, 0);                                                       // dxp [NK,C]
   ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu + Fe, 2 * Fe, p.we_up, C, Fe * C,
                     1.f, dxp, C, 0);
-  ops->moe_permute_bwd(g.dxn, C, dxp, m.row, N, K, C, false);                         // dxn [N,C]
+  ops->moe_permute_bwd(dxn, C, dxp, m.row, N, K, C, accumulate);                    // dxn [N,C]
 
   // Router: d logits from the weights (and the auxiliary losses), then into xn (always) and
   // into the router weight (unless frozen).
@@ -441,7 +436,7 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a) {
       ops->gemm(true, false, E, C, N, 1.f, x.dlogits, E, xn, C, 1.f, gp.router, C);   // dW_router
       if (gp.router_b) ops->bias_bwd(gp.router_b, x.dlogits, E, N, E);
     }
-    ops->gemm(false, false, N, C, E, 1.f, x.dlogits, E, p.router, C, 1.f, g.dxn, C);  // dxn += dz Wr
+    ops->gemm(false, false, N, C, E, 1.f, x.dlogits, E, p.router, C, 1.f, dxn, C);  // dxn += dz Wr
   } else {
     const bool aux = moe_train && (opt.moe.aux_loss_coef != 0 &&
                                    opt.moe.load_balancing != MoeOptions::LoadBalancing::none);
@@ -453,7 +448,7 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a) {
                             zl ? x.dlse64 : nullptr, N, E, K, s.router);              // dz [N,E]
     to_double(x.wr64, p.router, E * C);
     ops->gemm_f64(false, false, N, C, E, 1.0, x.dlogits64, E, x.wr64, C, 0.0, x.x64, C);  // dz Wr
-    for (int64_t i = 0; i < N * C; ++i) g.dxn[i] += float(x.x64[i]);
+    for (int64_t i = 0; i < N * C; ++i) dxn[i] += float(x.x64[i]);
     if (!frozen) {
       to_double(x.x64, xn, N * C);
       ops->gemm_f64(true, false, E, C, N, 1.0, x.dlogits64, E, x.x64, C, 0.0, x.wr64, C);
@@ -469,25 +464,22 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a) {
 
   // Shared expert and its gate.
   if (Fs > 0) {
-    const float* dsy = g.dres;
+    const float* dsy = dout;
     if (p.ws_gate) {
-      ops->moe_unpermute_bwd(x.dsy, x.dsgw, g.dres, C, m.sy, x.srow, m.sgw, N, 1, C);  // dsy, dgate
+      ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);  // dsy, dgate
       Ops::RouterAttrs ga;
       ga.scoring = 1;
       ops->moe_router_bwd(x.dsgl, x.dsgw, m.sgw, x.szero, nullptr, nullptr, N, 1, 1, ga);  // [N,1]
       ops->gemm(true, false, 1, C, N, 1.f, x.dsgl, 1, xn, C, 1.f, gp.ws_gate, C);       // dW_gate
-      ops->gemm(false, false, N, C, 1, 1.f, x.dsgl, 1, p.ws_gate, C, 1.f, g.dxn, C);    // dxn +=
+      ops->gemm(false, false, N, C, 1, 1.f, x.dsgl, 1, p.ws_gate, C, 1.f, dxn, C);    // dxn +=
       dsy = x.dsy;
     }
     ops->gemm(false, false, N, Fs, C, 1.f, dsy, C, p.ws_down, Fs, 0.f, x.dsa, Fs);      // dsa
     ops->gemm(true, false, C, Fs, N, 1.f, dsy, C, m.sa, Fs, 1.f, gp.ws_down, Fs);       // dW_down
-    ops->swiglu_bwd(x.dsgu, 2 * Fs, x.dsgu + Fs, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, m.sgu + Fs,
-                    2 * Fs, N, Fs);                                                   // dsgu
-    ops->gemm(false, false, N, C, 2 * Fs, 1.f, x.dsgu, 2 * Fs, p.ws_gu, C, 1.f, g.dxn, C);  // dxn +=
+    glu_bwd(s.act, x.dsgu, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, N, Fs);                  // dsgu
+    ops->gemm(false, false, N, C, 2 * Fs, 1.f, x.dsgu, 2 * Fs, p.ws_gu, C, 1.f, dxn, C);  // dxn +=
     ops->gemm(true, false, 2 * Fs, C, N, 1.f, x.dsgu, 2 * Fs, xn, C, 1.f, gp.ws_gu, C);     // dW_gu
   }
-  ops->rmsnorm_bwd(g.dres, C, gp.mlp_norm, g.dxn, C, a.h, C, p.mlp_norm, a.rstd2, N, C, s.off_mlp,
-                   true);                                                             // dres = dh
 }
 
 template void Engine::Impl::moe_losses<float>(int64_t, const MicroBatch&, const MoeActs&,

@@ -95,6 +95,37 @@ class ProfilingOps final : public Ops {
                   int64_t F) override {
     RLH_TIMED("swiglu_bwd", in_.swiglu_bwd(dg, lddg, du, lddu, dh, lddh, g, ldg, u, ldu, N, F))
   }
+  void geglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
+                 int64_t N, int64_t F, bool t) override {
+    RLH_TIMED("geglu_fwd", in_.geglu_fwd(h, ldh, g, ldg, u, ldu, N, F, t))
+  }
+  void geglu_bwd(float* dg, int64_t lddg, float* du, int64_t lddu, const float* dh, int64_t lddh,
+                 const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t N, int64_t F,
+                 bool t) override {
+    RLH_TIMED("geglu_bwd", in_.geglu_bwd(dg, lddg, du, lddu, dh, lddh, g, ldg, u, ldu, N, F, t))
+  }
+  void scale(float* x, int64_t n, double s) override { RLH_TIMED("scale", in_.scale(x, n, s)) }
+  void gemm_rows(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw, int64_t M,
+                 int64_t N, int64_t K) override {
+    RLH_TIMED("gemm_rows", in_.gemm_rows(y, ldy, x, ldx, W, ldw, M, N, K))
+  }
+  void gemm_rows_f64(double* y, int64_t ldy, const double* x, int64_t ldx, const double* W, int64_t ldw,
+                     int64_t M, int64_t N, int64_t K) override {
+    RLH_TIMED("gemm_rows_f64", in_.gemm_rows_f64(y, ldy, x, ldx, W, ldw, M, N, K))
+  }
+  void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t R, const int32_t* slots,
+                      const PagedCache& c) override {
+    RLH_TIMED("kv_cache_write", in_.kv_cache_write(k, ldk, v, ldv, R, slots, c))
+  }
+  void paged_attention(float* o, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
+                       const PagedCache& c, const int32_t* blocks, int64_t tw, const int32_t* pos, float scale,
+                       int64_t window) override {
+    RLH_TIMED("paged_attention", in_.paged_attention(o, ldo, q, ldq, R, Hq, c, blocks, tw, pos, scale, window))
+  }
+  void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
+              const double* u, const SampleAttrs& a) override {
+    RLH_TIMED("sample", in_.sample(tokens, logprobs, logits, ld, S, V, u, a))
+  }
   void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
     RLH_TIMED("bias_add_fwd", in_.bias_add_fwd(y, ldy, b, N, M))
   }

@@ -6,6 +6,7 @@
 // allocation service, which counts it).
 #include <array>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ class Args {
     return make(p, sdk::kF64, {rows, cols}, {ld, 1});
   }
   rlh_tensor vec64(const double* p, int64_t n) { return make(p, sdk::kF64, {n}, {1}); }
+  // [B, H, rows, cols] with the given strides (the paged KV cache)
+  rlh_tensor cache(const float* p, int64_t B, int64_t H, int64_t rows, int64_t cols,
+                   std::array<int64_t, 4> strides) {
+    return make(p, sdk::kF32, {B, H, rows, cols}, {strides[0], strides[1], strides[2], strides[3]});
+  }
   // [G, rows, cols], groups `stride` apart, rows `ld` apart
   rlh_tensor groups(const float* p, int64_t G, int64_t rows, int64_t cols, int64_t ld,
                     int64_t stride) {
@@ -64,23 +70,23 @@ class Args {
   }
   static constexpr size_t kMax = 12;
   struct Slot {
-    std::array<int64_t, 3> shape{}, strides{};
+    std::array<int64_t, 4> shape{}, strides{};
   };
   std::array<Slot, kMax> slots_;
   size_t used_ = 0;
 };
 
 // Placeholder descriptors for resolution: dtype and rank per operand ('f' float32 2-D,
-// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D, 'd' float64 2-D,
-// 'w' float64 1-D).
-std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 3>>& dims) {
+// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D, 'c' float32 4-D, 'd' float64
+// 2-D, 'w' float64 1-D).
+std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 4>>& dims) {
   std::vector<rlh_tensor> v;
   for (const char* k = kinds; *k; ++k) {
-    dims.push_back({1, 1, 1});
+    dims.push_back({1, 1, 1, 1});
     rlh_tensor t{};
     t.device = sdk::kCPU;
     t.dtype = (*k == 'i' || *k == 'j') ? sdk::kI32 : (*k == 'd' || *k == 'w') ? sdk::kF64 : sdk::kF32;
-    t.ndim = *k == 'h' ? 3 : ((*k == 'f' || *k == 'j' || *k == 'd') ? 2 : 1);
+    t.ndim = *k == 'c' ? 4 : *k == 'h' ? 3 : ((*k == 'f' || *k == 'j' || *k == 'd') ? 2 : 1);
     t.shape = dims.back().data();
     t.strides = dims.back().data();
     v.push_back(t);
@@ -90,7 +96,8 @@ std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<i
 
 class RegistryOps final : public Ops {
  public:
-  RegistryOps(const sdk::KernelRegistry& reg, const std::string& only) : reg_(reg), only_(only) {
+  RegistryOps(const sdk::KernelRegistry& reg, const std::string& only, Allocator* alloc)
+      : reg_(reg), only_(only), alloc_(alloc) {
     auto get = [&](const char* name, const char* in, const char* out) {
       return resolve(name, in, out);
     };
@@ -177,7 +184,7 @@ class RegistryOps final : public Ops {
                              a.heads(v, N, Hkv, Dv, ldv), a.ints(cu, S + 1)};
     const rlh_tensor out[] = {a.heads(o, N, Hq, Dv, ldo), a.vec(lse, Hq * N)};
     const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
-    att_f_.run(in, out, at);
+    run_ws(att_f_, in, out, at);
   }
   void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv, int64_t lddv,
                      const float* dout, int64_t lddo, const float* q, int64_t ldq, const float* k,
@@ -192,7 +199,7 @@ class RegistryOps final : public Ops {
     const rlh_tensor out[] = {a.heads(dq, N, Hq, Dk, lddq), a.heads(dk, N, Hkv, Dk, lddk),
                               a.heads(dv, N, Hkv, Dv, lddv)};
     const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
-    att_b_.run(in, out, at);
+    run_ws(att_b_, in, out, at);
   }
   void swiglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
                   int64_t N, int64_t F) override {
@@ -208,6 +215,76 @@ class RegistryOps final : public Ops {
     const rlh_tensor in[] = {a.mat(dh, N, F, lddh), a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
     const rlh_tensor o[] = {a.mat(dg, N, F, lddg), a.mat(du, N, F, lddu)};
     swi_b_.run(in, o);
+  }
+  void geglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
+                 int64_t N, int64_t F, bool tanh) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
+    const rlh_tensor o[] = {a.mat(h, N, F, ldh)};
+    const rlh_named_value at[] = {attr_bool("approximate_tanh", tanh)};
+    lazy(geglu_f_, "geglu_fwd", "ff", "f").run(in, o, at);
+  }
+  void geglu_bwd(float* dg, int64_t lddg, float* du, int64_t lddu, const float* dh, int64_t lddh,
+                 const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t N, int64_t F,
+                 bool tanh) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(dh, N, F, lddh), a.mat(g, N, F, ldg), a.mat(u, N, F, ldu)};
+    const rlh_tensor o[] = {a.mat(dg, N, F, lddg), a.mat(du, N, F, lddu)};
+    const rlh_named_value at[] = {attr_bool("approximate_tanh", tanh)};
+    lazy(geglu_b_, "geglu_bwd", "fff", "ff").run(in, o, at);
+  }
+  void scale(float* x, int64_t n, double s) override {
+    Args a;
+    const rlh_tensor o[] = {a.vec(x, n)};
+    const rlh_named_value at[] = {attr_double("scale", s)};
+    lazy(scale_, "scale", "", "v").run({}, o, at);
+  }
+  void gemm_rows(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw, int64_t M,
+                 int64_t N, int64_t K) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(x, M, K, ldx), a.mat(W, N, K, ldw)};
+    const rlh_tensor o[] = {a.mat(y, M, N, ldy)};
+    const auto at = rows_attrs();
+    lazy(rows_, "gemm", "ff", "f", at).run(in, o, at);
+  }
+  void gemm_rows_f64(double* y, int64_t ldy, const double* x, int64_t ldx, const double* W, int64_t ldw,
+                     int64_t M, int64_t N, int64_t K) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat64(x, M, K, ldx), a.mat64(W, N, K, ldw)};
+    const rlh_tensor o[] = {a.mat64(y, M, N, ldy)};
+    const auto at = rows_attrs();
+    lazy(rows64_, "gemm", "dd", "d", at).run(in, o, at);
+  }
+  void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t R, const int32_t* slots,
+                      const PagedCache& c) override {
+    Args a;
+    const int64_t bs = c.block_size;
+    const rlh_tensor in[] = {a.heads(k, R, c.Hkv, c.Dk, ldk), a.heads(v, R, c.Hkv, c.Dv, ldv), a.ints(slots, R)};
+    const rlh_tensor o[] = {a.cache(c.k, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
+                            a.cache(c.v, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1})};
+    lazy(kvw_, "kv_cache_write", "hhi", "cc").run(in, o);
+  }
+  void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
+                       const PagedCache& c, const int32_t* blocks, int64_t table_width, const int32_t* pos,
+                       float scale, int64_t window) override {
+    Args a;
+    const int64_t bs = c.block_size;
+    const rlh_tensor in[] = {a.heads(q, R, Hq, c.Dk, ldq),
+                             a.cache(c.k, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
+                             a.cache(c.v, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1}),
+                             a.imat(blocks, R, table_width), a.ints(pos, R)};
+    const rlh_tensor o[] = {a.heads(out, R, Hq, c.Dv, ldo)};
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
+    lazy(paged_, "paged_attention", "hccji", "h").run(in, o, at);
+  }
+  void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
+              const double* u, const SampleAttrs& s) override {
+    Args a;
+    const rlh_tensor in[] = {a.mat(logits, S, V, ld), a.vec64(u, S)};
+    const rlh_tensor o[] = {a.ints(tokens, S), a.vec(logprobs, S)};
+    const rlh_named_value at[] = {attr_double("temperature", s.temperature), attr_int("top_k", s.top_k),
+                                  attr_double("top_p", s.top_p), attr_double("min_p", s.min_p)};
+    lazy(sample_, "sample", "fw", "iv").run(in, o, at);
   }
   void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
     Args a;
@@ -234,7 +311,7 @@ class RegistryOps final : public Ops {
     const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.imat(t, N, K)};
     const rlh_tensor o[] = {a.mat(lp, N, K, K), a.vec(lse, N), a.vec(ent, N)};  // ent may be null
     const auto at = logprob_attrs(la, false);
-    lp_f_.run(in, o, at);
+    run_ws(lp_f_, in, o, at);
   }
   void linear_logprob_bwd(float* dh, float* dW, const float* dlp, const float* dent,
                           const float* h, const float* W, const int32_t* t, const float* lse,
@@ -246,7 +323,7 @@ class RegistryOps final : public Ops {
                              a.vec(dent, N)};
     const rlh_tensor o[] = {a.mat(dh, N, C, C), a.mat(dW, V, C, C)};
     const auto at = logprob_attrs(la, acc);
-    lp_b_.run(in, o, at);
+    run_ws(lp_b_, in, o, at);
   }
   void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& x) override {
     Args a;
@@ -374,16 +451,56 @@ class RegistryOps final : public Ops {
   }
 
  private:
-  sdk::Op resolve(const char* name, const char* in, const char* out) const {
-    std::vector<std::array<int64_t, 3>> dims;
+  // Runs an op that takes scratch with a workspace the provider sized (workspace_size), drawn
+  // from the engine's Allocator when one is given: one block, grown to the largest need and
+  // kept, so a steady state allocates nothing and the engine's memory count includes it.
+  template <size_t NI, size_t NO, size_t NA>
+  void run_ws(const sdk::Op& op, const rlh_tensor (&in)[NI], const rlh_tensor (&out)[NO],
+              const std::array<rlh_named_value, NA>& at) {
+    run_ws(op, std::span<const rlh_tensor>(in), std::span<const rlh_tensor>(out), std::span<const rlh_named_value>(at));
+  }
+  template <size_t NI, size_t NO, size_t NA>
+  void run_ws(const sdk::Op& op, const rlh_tensor (&in)[NI], const rlh_tensor (&out)[NO],
+              const rlh_named_value (&at)[NA]) {
+    run_ws(op, std::span<const rlh_tensor>(in), std::span<const rlh_tensor>(out), std::span<const rlh_named_value>(at));
+  }
+  void run_ws(const sdk::Op& op, std::span<const rlh_tensor> in, std::span<const rlh_tensor> out,
+              std::span<const rlh_named_value> at) {
+    rlh_op_call call{};
+    call.struct_size = RLH_STRUCT_SIZE(rlh_op_call, workspace_bytes);
+    call.inputs = in.data();
+    call.num_inputs = in.size();
+    call.outputs = out.data();
+    call.num_outputs = out.size();
+    call.attrs = at.data();
+    call.num_attrs = at.size();
+    if (alloc_ != nullptr) {
+      const size_t need = op.workspace_size(call);
+      if (need > ws_.size()) {
+        ws_.reset();
+        ws_ = Buffer<char>(*alloc_, need);
+      }
+      call.workspace = need ? ws_.data() : nullptr;
+      call.workspace_bytes = need ? ws_.size() : 0;
+    }
+    op.run(call);
+  }
+
+  sdk::Op resolve(const char* name, const char* in, const char* out,
+                  std::span<const rlh_named_value> attrs = {}) const {
+    std::vector<std::array<int64_t, 4>> dims;
     dims.reserve(32);  // the descriptors point into it
     const std::vector<rlh_tensor> i = placeholders(in, dims), o = placeholders(out, dims);
-    return reg_.resolve(name, sdk::kCPU, i, o, {}, false, only_);
+    return reg_.resolve(name, sdk::kCPU, i, o, attrs, false, only_);
   }
   const sdk::Op& lazy(std::optional<sdk::Op>& slot, const char* name, const char* in,
-                      const char* out) {
-    if (!slot) slot.emplace(resolve(name, in, out));
+                      const char* out, std::span<const rlh_named_value> attrs = {}) {
+    if (!slot) slot.emplace(resolve(name, in, out, attrs));
     return *slot;
+  }
+  // gemm asked for batch invariance at resolution (the registry checks the handle's op_info).
+  static std::array<rlh_named_value, 3> rows_attrs() {
+    return {attr_bool("batch_invariant", true), attr_bool("transpose_a", false), attr_bool("transpose_b", true)};
   }
   static std::array<rlh_named_value, 6> router_attrs(const RouterAttrs& r) {
     return {attr_int("scoring", r.scoring), attr_bool("norm_topk_prob", r.norm_topk_prob),
@@ -408,18 +525,20 @@ class RegistryOps final : public Ops {
 
   const sdk::KernelRegistry& reg_;
   std::string only_;
+  Allocator* alloc_;
+  Buffer<char> ws_;
   sdk::Op gemm_, emb_f_, emb_b_, rms_f_, rms_b_, rope_f_, rope_b_, att_f_, att_b_, swi_f_, swi_b_,
       bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
   std::optional<sdk::Op> router_f_, router_f64_, router_b_, router_b64_, gemm64_, perm_f_, perm_b_,
-      unperm_f_, unperm_b_, ggemm_;
+      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_, rows_, rows64_, paged_, sample_, kvw_;
   std::string provider_;
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry,
+std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry, Allocator* workspace,
                                        const std::string& only) {
-  return std::make_unique<RegistryOps>(registry, only);
+  return std::make_unique<RegistryOps>(registry, only, workspace);
 }
 
 }  // namespace rlh::engine

@@ -1,10 +1,11 @@
-// The CUDA engine: state, memory plan, forward, backward and the optimizer step, one launcher
-// call per line as in the CPU engine (sdk/engine/src/forward.cpp, backward.cpp), whose math and
-// output alignment it follows; the difference is where things live and in which precision
-// (cuda_engine.hpp).
+// The CUDA engine: state, memory plan, the layer program's steps forward and backward, the head
+// and the optimizer step, one op call per step as in the CPU engine (sdk/engine/src/forward.cpp,
+// backward.cpp), whose math, program and output alignment it follows; the difference is where
+// things live and in which precision (cuda_engine.hpp). Every op is the registry's
+// (device_ops.hpp).
 //
 // Dimension letters: N tokens of the micro-batch, S sequences, C hidden size, V vocabulary,
-// L layers, Hq / Hkv heads, D head dim, F MLP width, Wqkv = (Hq + 2 Hkv) D, R rotary dims.
+// L layers, Hq / Hkv heads, D head dim, F MLP width, R rotary dims.
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 
 #include <algorithm>
@@ -17,9 +18,9 @@
 namespace rlh::engine {
 
 using sdk::ParamRole;
+using sdk::StepOp;
 using cuda::check;
 using cuda::numel;
-using cuda::unsupported;
 using bf16 = cuda::bf16;
 
 namespace {
@@ -49,21 +50,22 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
   if (p.major != 9)
     throw std::runtime_error("cuda engine: built for sm_90a (Hopper); device " +
                              std::to_string(opt.device) + " is " + p.name);
-  dev.device = opt.device;
-  dev.sm_count = p.multiProcessorCount;
-  dev.cc_major = p.major;
-  dev.cc_minor = p.minor;
-  dev.smem_optin = p.sharedMemPerBlockOptin;
+  if (opt.kernels == nullptr)
+    throw std::invalid_argument("cuda engine: no kernels given (CudaEngineOptions::kernels: a registry for the device)");
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  gemm_engine = kc::gemm_engine_create(dev);
-  arena = std::make_unique<cuda::Arena>(counters, stream);
+  ops = std::make_unique<cuda::DeviceOps>(*opt.kernels, opt.device, stream);
   carve_params();
-  if (R > 0) {
-    const std::vector<double> f = sdk::rope_inv_freq(desc.rope, R);
+  for (const sdk::RopeTable& t : prog.ropes) {
+    const std::vector<double> f = sdk::rope_inv_freq(t.rope, t.rotary_dim);
     std::vector<float> f32(f.begin(), f.end());
-    inv_freq = cuda::DeviceBuffer(counters, f32.size() * sizeof(float));
-    check(cudaMemcpy(inv_freq.get(), f32.data(), f32.size() * sizeof(float),
-                     cudaMemcpyHostToDevice), "inv_freq upload");
+    Rope r;
+    r.inv_freq = cuda::DeviceBuffer(counters, f32.size() * sizeof(float));
+    check(cudaMemcpy(r.inv_freq.get(), f32.data(), f32.size() * sizeof(float), cudaMemcpyHostToDevice),
+          "inv_freq upload");
+    r.R = t.rotary_dim;
+    r.scale = t.scale;
+    r.interleaved = t.interleaved;
+    ropes.push_back(std::move(r));
   }
   scalars = cuda::DeviceBuffer(counters, 256);
   if (opt.max_tokens > 0) plan(opt.max_tokens, opt.trainable);
@@ -71,57 +73,37 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
 
 CudaEngine::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
-  if (gemm_engine) kc::gemm_engine_destroy(gemm_engine);
-  arena.reset();
+  ops.reset();
   if (stream) cudaStreamDestroy(stream);
 }
 
-// What this path executes; the same description fields as the CPU engine's model.cpp.
+// What this path executes: the program's one answer, then the MoE and MLA layers' readings.
 void CudaEngine::Impl::describe() {
-  C = desc.hidden_size;
-  V = desc.vocab_size;
-  L = desc.num_layers;
-  if (C <= 0 || V <= 0 || L < 0 || int64_t(desc.layers.size()) != L)
-    throw std::invalid_argument("cuda engine: inconsistent model description");
-  if (desc.final_norm.kind != sdk::NormKind::rmsnorm) unsupported("final norm kind");
-  for (const sdk::LayerDesc& ld : desc.layers) {
-    const auto& a = ld.attention;
-    const std::string at = "layer " + std::to_string(ld.index) + ": ";
-    if (a.kind != sdk::AttentionKind::gqa && a.kind != sdk::AttentionKind::mla)
-      unsupported(at + "attention kind " + sdk::to_string(a.kind));
-    if (ld.mlp.kind != sdk::MlpKind::dense && ld.mlp.kind != sdk::MlpKind::moe)
-      unsupported(at + "MLP kind " + sdk::to_string(ld.mlp.kind));
-    if (ld.mlp.hidden_act != "silu") unsupported(at + "hidden_act " + ld.mlp.hidden_act);
-    if (ld.attn_norm.kind != sdk::NormKind::rmsnorm || ld.mlp_norm.kind != sdk::NormKind::rmsnorm)
-      unsupported(at + "norm kind");
-    if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads || a.head_dim <= 0)
-      throw std::invalid_argument("cuda engine: " + at + "bad head counts");
-    LayerShape s;
-    static_cast<LayerBasics&>(s) = layer_basics(desc, ld);
-    s.Wqkv = (s.Hq + 2 * s.Hkv) * s.D;
-    if (a.kind == sdk::AttentionKind::mla) describe_mla_layer(ld, s);  // sets D, Wqkv (mla_layer.cpp)
-    if (ld.mlp.kind == sdk::MlpKind::moe) describe_moe_layer(ld, s);  // sets F = 0
-    shapes.push_back(s);
-    maxW = std::max(maxW, s.Wqkv);
-    maxHD = std::max(maxHD, s.Hq * s.D);
-    maxF = std::max(maxF, s.F);
-    maxQK = std::max(maxQK, (s.Hq + s.Hkv) * s.D);
-    maxH = std::max(maxH, s.Hq);
+  try {
+    prog = sdk::build_program(desc);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("cuda engine: ") + e.what());
   }
-  if (desc.rope.kind != sdk::RopeKind::none && L > 0) {
-    if (desc.rope.kind == sdk::RopeKind::dynamic || desc.rope.kind == sdk::RopeKind::longrope)
-      unsupported(std::string("RoPE kind ") + sdk::to_string(desc.rope.kind) +
-                  " (its frequencies depend on the sequence length)");
-    R = desc.rope.rotary_dim > 0 ? desc.rope.rotary_dim : shapes[0].D;
-    for (const LayerShape& s : shapes)
-      if (s.use_rope && R > s.D) throw std::invalid_argument("cuda engine: rotary dims exceed head_dim");
-    rope_scale = sdk::rope_attention_scaling(desc.rope);
-    rope_interleaved = desc.rope.layout == sdk::RopeLayout::interleaved;
-  }
+  sdk::ExecutorCaps caps;
+  caps.name = "cuda engine";
+  caps.activations = {"silu", "gelu_tanh", "gelu"};
+  caps.moe = caps.mla = true;
+  caps.attention_dv_differs = true;  // MLA's attention
+  if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
+  C = prog.hidden;
+  V = prog.vocab;
+  L = int64_t(prog.layers.size());
+  shapes.assign(size_t(L), LayerShape{});
+  for (int64_t l = 0; l < L; ++l)
+    for (const sdk::LayerStep& st : prog.layers[size_t(l)].steps) {
+      if (st.op == StepOp::moe) describe_moe_layer(desc.layers[size_t(l)], st, shapes[size_t(l)]);
+      if (st.op == StepOp::mla) describe_mla_layer(desc.layers[size_t(l)], st, shapes[size_t(l)]);
+    }
 }
 
 // Offsets of every tensor in one flat buffer; groups start 64 elements apart (256-byte aligned
-// in fp32, 128 in bf16, as cuBLASLt and the vector paths want).
+// in fp32, 128 in bf16, as cuBLASLt and the vector paths want), fused groups (q|k|v, gate|up)
+// without a gap so the program's linear steps run them as one GEMM.
 void CudaEngine::Impl::carve_params() {
   const size_t n = desc.params.size();
   place.assign(n, cuda::ParamPlace{});
@@ -140,8 +122,6 @@ void CudaEngine::Impl::carve_params() {
       // [E, Fe, C] each, interleaved per expert: expert e's gate at base + 2 e Fe C, its up
       // Fe C after it. The gate comes first in layer_param_order() and reserves both.
       const LayerShape& s = shapes[size_t(layer)];
-      if (p->shape != std::vector<int64_t>{s.E, s.Fe, C})
-        throw std::invalid_argument("cuda engine: parameter " + p->name + " has an unexpected shape");
       if (role == ParamRole::expert_gate) {
         at = (at + 63) / 64 * 64;
         gu_base = at;
@@ -166,49 +146,19 @@ void CudaEngine::Impl::carve_params() {
   lo.assign(size_t(L), LayerOffsets{});
   for (int64_t l = 0; l < L; ++l) {
     LayerOffsets& o = lo[size_t(l)];
-    const LayerShape& s = shapes[size_t(l)];
     gu_base = -1;
     for (ParamRole r : layer_param_order()) {  // the CPU engine's (engine.hpp)
       const int64_t off = put(l, r);
       switch (r) {
-        case ParamRole::attn_norm: o.attn_norm = off; break;
-        case ParamRole::q: o.wqkv = off; break;
-        case ParamRole::k:  // (an MLA layer has no k and v: its keys and values come from kv_b)
-          if (!s.mla && off != o.wqkv + s.Hq * s.D * C)
-            throw std::logic_error("cuda engine: q/k not adjacent");
-          break;
-        case ParamRole::v:
-          if (!s.mla && off != o.wqkv + (s.Hq + s.Hkv) * s.D * C)
-            throw std::logic_error("cuda engine: k/v not adjacent");
-          break;
-        case ParamRole::q_bias: o.bq = off; break;
-        case ParamRole::k_bias: o.bk = off; break;
-        case ParamRole::v_bias: o.bv = off; break;
-        case ParamRole::q_norm: o.q_norm = off; break;
-        case ParamRole::k_norm: o.k_norm = off; break;
-        case ParamRole::o: o.wo = off; break;
-        case ParamRole::o_bias: o.bo = off; break;
-        case ParamRole::mlp_norm: o.mlp_norm = off; break;
-        case ParamRole::gate: o.wgu = off; break;
-        case ParamRole::up:
-          if (off != o.wgu + s.F * C) throw std::logic_error("cuda engine: gate/up not adjacent");
-          break;
-        case ParamRole::gate_bias: o.bgate = off; break;
-        case ParamRole::up_bias: o.bup = off; break;
-        case ParamRole::down: o.wdown = off; break;
-        case ParamRole::down_bias: o.bdown = off; break;
+        case ParamRole::q: o.wq = off; break;
         case ParamRole::router: o.router = off; break;
         case ParamRole::router_bias: o.router_b = off; break;
         case ParamRole::expert_score_bias: o.score_bias = off; break;
         case ParamRole::expert_gate: o.we_gu = off; break;
-        case ParamRole::expert_up:
-          if (off >= 0 && off != o.we_gu + s.Fe * C)
-            throw std::logic_error("cuda engine: expert gate/up not interleaved");
-          break;
         case ParamRole::expert_down: o.we_down = off; break;
         case ParamRole::shared_expert_gate_proj: o.ws_gu = off; break;
         case ParamRole::shared_expert_up:
-          if (off >= 0 && off != o.ws_gu + s.Fs * C)
+          if (off >= 0 && off != o.ws_gu + shapes[size_t(l)].Fs * C)
             throw std::logic_error("cuda engine: shared expert gate/up not adjacent");
           break;
         case ParamRole::shared_expert_down: o.ws_down = off; break;
@@ -222,31 +172,11 @@ void CudaEngine::Impl::carve_params() {
         default: break;
       }
     }
-    const bool attn_ok =
-        s.mla ? o.attn_norm >= 0 && o.wo >= 0 && o.mlp_norm >= 0 && o.kv_a >= 0 &&
-                    o.kv_a_norm >= 0 && o.kv_b >= 0 &&
-                    (s.rq > 0 ? o.q_a >= 0 && o.q_a_norm >= 0 && o.q_b >= 0 : o.wqkv >= 0)
-              : o.attn_norm >= 0 && o.wqkv >= 0 && o.wo >= 0 && o.mlp_norm >= 0 &&
-                    (!s.qk_norm || (o.q_norm >= 0 && o.k_norm >= 0));
-    const bool mlp_ok =
-        s.moe ? o.router >= 0 && o.we_gu >= 0 && o.we_down >= 0 &&
-                    (!s.router_bias || o.router_b >= 0) && (!s.score_bias || o.score_bias >= 0) &&
-                    (s.Fs == 0 || (o.ws_gu >= 0 && o.ws_down >= 0)) &&
-                    (!s.shared_gate || o.ws_gate >= 0)
-              : o.wgu >= 0 && o.wdown >= 0;
-    if (!attn_ok || !mlp_ok)
-      throw std::invalid_argument("cuda engine: layer " + std::to_string(l) + " misses a parameter");
-    if (s.mla) check_mla_params(l);
   }
-  off_embed = put(-1, ParamRole::embed);
-  off_final_norm = put(-1, ParamRole::final_norm);
-  off_head = desc.tie_word_embeddings ? off_embed : put(-1, ParamRole::lm_head);
-  if (off_embed < 0 || off_final_norm < 0 || off_head < 0)
-    throw std::invalid_argument("cuda engine: the model misses its embedding, final norm or head");
+  for (ParamRole r : global_param_order()) put(-1, r);
   for (size_t i = 0; i < n; ++i)
     if (place[i].off < 0)
-      unsupported("parameter " + desc.params[i].name + " (role " +
-                  sdk::to_string(desc.params[i].role) + ")");
+      cuda::unsupported("parameter " + desc.params[i].name + " (role " + sdk::to_string(desc.params[i].role) + ")");
   total = (at + 63) / 64 * 64;
   const size_t f32 = size_t(total) * sizeof(float);
   master = cuda::DeviceBuffer(counters, f32);
@@ -302,8 +232,65 @@ void CudaEngine::Impl::download_one(size_t i, const float* base, float* dst) {
                        size_t(pl.pieces), cudaMemcpyDeviceToHost), "download");
 }
 
-// One activation block for micro-batches of up to N tokens; training keeps every layer's set,
-// forward-only one set and two residual buffers.
+// ---------------------------------------------------------------------------------------------
+// Memory plan: one activation block for micro-batches of up to N tokens. Training keeps every
+// layer's program values and statistics (selective recompute: all but the recomputable ones,
+// which one layer at a time rebuilds into `rebuilt`; full recompute: only the layer inputs, each
+// layer re-running into the shared set); forward only runs every layer in one shared set with two
+// residual buffers in turn.
+
+namespace {
+
+// Bytes (Carver rounding included) of one layer's storage roots but the residual stream's (its
+// input and output) and of its statistics, in acts_of's order; or, for `rebuilt`, of its
+// recomputable roots alone (selective recompute keeps them apart).
+size_t layer_bytes(const sdk::LayerProgram& lp, int64_t N, bool rebuilt) {
+  cuda::Carver c{nullptr};
+  const int out_root = lp.root(lp.output);
+  for (size_t v = 1; v < lp.values.size(); ++v) {
+    const sdk::LayerValue& x = lp.values[v];
+    if (x.storage >= 0 || int(v) == out_root || (rebuilt && !x.recomputable)) continue;
+    c.take<bf16>(N * x.width);
+  }
+  if (!rebuilt)
+    for (int64_t rows : lp.stat_rows) c.take<float>(N * rows);
+  return c.at;
+}
+
+}  // namespace
+
+cuda::LayerActs CudaEngine::Impl::acts_of(int64_t l) {
+  const sdk::LayerProgram& lp = prog.layers[size_t(l)];
+  const int64_t N = planned_tokens;
+  const bool selective = rebuilt != nullptr;
+  LayerActs a;
+  if (acts_per_layer) {
+    a = acts[size_t(l)];
+  } else {
+    // carve this layer's view of the shared block, as layer_bytes counted it
+    a.v.assign(lp.values.size(), nullptr);
+    cuda::Carver c{shared};
+    const int out_root = lp.root(lp.output);
+    for (size_t v = 1; v < lp.values.size(); ++v)
+      if (lp.values[v].storage < 0 && int(v) != out_root) a.v[v] = c.take<bf16>(N * lp.values[v].width);
+    for (int64_t rows : lp.stat_rows) a.stat.push_back(c.take<float>(N * rows));
+  }
+  if (selective) {  // the recomputable values, rebuilt before each layer's backward
+    cuda::Carver c{rebuilt};
+    const int out_root = lp.root(lp.output);
+    for (size_t v = 1; v < lp.values.size(); ++v)
+      if (lp.values[v].storage < 0 && int(v) != out_root && lp.values[v].recomputable)
+        a.v[v] = c.take<bf16>(N * lp.values[v].width);
+  }
+  const int out_root = lp.root(lp.output);
+  const bool keep_inputs = planned_train;
+  a.v[0] = xs[keep_inputs ? size_t(l) : size_t(l % 2)];
+  a.v[size_t(out_root)] = xs[keep_inputs ? size_t(l + 1) : size_t((l + 1) % 2)];
+  for (size_t v = 1; v < lp.values.size(); ++v)
+    if (lp.values[v].storage >= 0) a.v[v] = a.v[size_t(lp.root(int(v)))];
+  return a;
+}
+
 void CudaEngine::Impl::plan(int64_t N, bool train) {
   if (N <= planned_tokens && (planned_train || !train)) return;
   N = std::max(N, planned_tokens);
@@ -312,58 +299,51 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   const bool selective = train && opt.recompute == Recompute::selective;
   auto carve = [&](char* base) {
     cuda::Carver c{base};
-    // Per-layer sets for training without full recompute; otherwise one set for all layers,
-    // sized for the widest.
     const bool per_layer = train && !full;
-    const int64_t sets = per_layer ? L : 1;
-    acts.assign(size_t(sets), LayerActs{});
     acts_per_layer = per_layer;
+    acts.clear();
     xs.assign(size_t(train ? L + 1 : 2), nullptr);
     for (bf16*& x : xs) x = c.take<bf16>(N * C);
-    xr = full ? c.take<bf16>(N * C) : nullptr;
     // The head's logits from forward to backward, when they fit the budget (rows padded to 16
     // bytes for the GEMM's C).
     ld_head_cache = (V + 3) / 4 * 4;
     const bool keep = train && N * ld_head_cache * 4 <= opt.head_logits_cache_bytes;
     head_cache = keep ? c.take<float>(N * ld_head_cache) : nullptr;
-    bool any_qk_norm = false;
-    for (const LayerShape& s : shapes) any_qk_norm = any_qk_norm || s.qk_norm;
-    qk_in = any_qk_norm ? c.take<bf16>(N * maxQK) : nullptr;
-    for (int64_t l = 0; l < sets; ++l) {
-      const LayerShape& s = shapes[size_t(l)];
-      LayerActs& a = acts[size_t(l)];
-      const int64_t W = per_layer ? s.Wqkv : maxW, HD = per_layer ? s.Hq * s.D : maxHD,
-                    F = per_layer ? s.F : maxF, QK = per_layer ? (s.Hq + s.Hkv) * s.D : maxQK,
-                    H = per_layer ? s.Hq : maxH;
-      if (!selective) a.xn1 = c.take<bf16>(N * C);
-      a.rstd1 = c.take<float>(N);
-      a.qkv = c.take<bf16>(N * W);
-      if (per_layer ? s.qk_norm : true) {
-        a.qk = c.take<bf16>(N * QK);
-        a.rstd_q = c.take<float>(H * N);
-        a.rstd_k = c.take<float>(H * N);
+    // Packing for head norms over slices, as wide as the widest such input.
+    int64_t pack_width = 0;
+    for (const sdk::LayerProgram& lp : prog.layers)
+      for (const sdk::LayerStep& st : lp.steps)
+        if (st.op == StepOp::head_norm) pack_width = std::max(pack_width, st.in.width);
+    pack = pack_width ? c.take<bf16>(N * pack_width) : nullptr;
+    dpack = pack_width && train ? c.take<bf16>(N * pack_width) : nullptr;
+    if (per_layer) {
+      for (const sdk::LayerProgram& lp : prog.layers) {
+        LayerActs a;
+        a.v.assign(lp.values.size(), nullptr);
+        const int out_root = lp.root(lp.output);
+        for (size_t v = 1; v < lp.values.size(); ++v) {
+          const sdk::LayerValue& x = lp.values[v];
+          if (x.storage >= 0 || int(v) == out_root || (selective && x.recomputable)) continue;
+          a.v[v] = c.take<bf16>(N * x.width);
+        }
+        for (int64_t rows : lp.stat_rows) a.stat.push_back(c.take<float>(N * rows));
+        acts.push_back(std::move(a));
       }
-      a.att = c.take<bf16>(N * HD);
-      a.lse = c.take<float>(H * N);
-      a.h = c.take<bf16>(N * C);
-      if (!selective) a.xn2 = c.take<bf16>(N * C);
-      a.rstd2 = c.take<float>(N);
-      a.gu = c.take<bf16>(N * 2 * F);
-      if (!selective) a.a = c.take<bf16>(N * F);
+      shared = nullptr;
+    } else {
+      size_t worst = 0;
+      for (const sdk::LayerProgram& lp : prog.layers) worst = std::max(worst, layer_bytes(lp, N, false));
+      shared = c.take<char>(int64_t(worst));
     }
-    // (an MoE layer's F is 0: its gu and a are empty; its MLP block keeps MoeActs instead)
+    if (selective) {
+      size_t worst = 0;
+      for (const sdk::LayerProgram& lp : prog.layers) worst = std::max(worst, layer_bytes(lp, N, true));
+      rebuilt = c.take<char>(int64_t(worst));
+    } else {
+      rebuilt = nullptr;
+    }
     carve_moe(c, N, per_layer, train);  // MoE layers' routed activations and scratch
     carve_mla(c, N, per_layer, train);  // MLA layers' latents and scratch
-    if (selective) {  // what backward recomputes, one layer at a time
-      bf16* xn1 = c.take<bf16>(N * C);
-      bf16* xn2 = c.take<bf16>(N * C);
-      bf16* act = c.take<bf16>(N * maxF);
-      for (LayerActs& a : acts) {
-        a.xn1 = xn1;
-        a.xn2 = xn2;
-        a.a = act;
-      }
-    }
     xn = c.take<bf16>(N * C);
     rstd = c.take<float>(N);
     lp = c.take<float>(N);
@@ -375,18 +355,13 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     pos = c.take<int32_t>(N);
     target = c.take<int32_t>(N);
     cu = c.take<int32_t>(N + 1);
-    err = c.take<int>(1);
     route = c.take<int32_t>(N * route_width);
+    gbuf.clear();
     if (train) {
-      dres = c.take<bf16>(N * C);
       dxn = c.take<bf16>(N * C);
-      dqkv = c.take<bf16>(N * maxW);
-      dqk = c.take<bf16>(N * maxQK);
-      datt = c.take<bf16>(N * maxHD);
-      dgu = c.take<bf16>(N * 2 * maxF);
-      da = c.take<bf16>(N * maxF);
+      for (int64_t w : prog.grad_widths) gbuf.push_back(c.take<bf16>(N * w));
     } else {
-      dres = dxn = dqkv = dqk = datt = dgu = da = nullptr;
+      dxn = nullptr;
     }
     return c.at;
   };
@@ -395,8 +370,9 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   ++counters.syncs;
   act_block = cuda::DeviceBuffer();
   act_block = cuda::DeviceBuffer(counters, bytes);
+  planned_tokens = N;  // acts_of carves views for this N
+  planned_train = train;
   carve(act_block.get<char>());
-  check(cudaMemsetAsync(err, 0, sizeof(int), stream), "memset");
   if (moe_layers > 0) {  // the shared expert's gate as a one-expert route: rows n, expert 0
     cuda::iota_i32(moe_x.srow, N, stream);
     check(cudaMemsetAsync(moe_x.szero, 0, size_t(N) * 4, stream), "memset");
@@ -414,8 +390,6 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   h_dent = h_dlp + N;
   h_scalar = h_dent + N;
   h_route = reinterpret_cast<int32_t*>(h_scalar + 16);  // after the 64 scalar bytes
-  planned_tokens = N;
-  planned_train = train;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -449,283 +423,324 @@ void CudaEngine::Impl::prepare_batch(const MicroBatch& mb) {
 
 
 // ---------------------------------------------------------------------------------------------
-// Forward
+// Forward: the program's steps (sdk/layer_program.hpp says what each does)
 
-void CudaEngine::Impl::rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N, bool inverse) {
-  kc::rope(kc::DType::bf16, x, ld, x, ld, pos, inv_freq.get<float>(), N, H, D, R, rope_scale,
-           rope_interleaved, inverse, stream);
+void CudaEngine::Impl::rope(int t, bf16* y, int64_t ldy, const bf16* x, int64_t ldx, int64_t H, int64_t D,
+                            int64_t N, bool inverse) {
+  const Rope& r = ropes[size_t(t)];
+  ops->rope(y, ldy, x, ldx, pos, r.inv_freq.get<float>(), N, H, D, r.R, r.scale, r.interleaved, inverse);
 }
 
-void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out,
-                                     bool recompute) {
-  const LayerShape& s = shapes[size_t(l)];
-  const LayerOffsets& p = lo[size_t(l)];
-  const int64_t N = mb.num_tokens(), S = mb.num_sequences();
-  const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F;
-  const auto bf = kc::DType::bf16;
-  bf16* q = a.qkv;
-  bf16* k = a.qkv + Hq * D;
-  bf16* v = a.qkv + (Hq + Hkv) * D;
-  int64_t ldq = Wqkv, ldk = Wqkv;
+namespace {
 
-  kc::rmsnorm_fwd(bf, a.xn1, C, {a.rstd1, false}, a.x, C, w(p.attn_norm), N, C, s.eps_attn,
-                  s.off_attn, stream);                                                  // xn1
-  if (s.mla) {
-    forward_mla(l, mb, a);  // h = x + o(mla(xn1)) (mla_layer.cpp)
-  } else {
-  gemm(false, true, N, Wqkv, C, a.xn1, C, w(p.wqkv), C, 0, a.qkv, Wqkv, false);        // qkv
-  if (p.bq >= 0) kc::bias_add_fwd(bf, q, Wqkv, w(p.bq), N, Hq * D, stream);
-  if (p.bk >= 0) kc::bias_add_fwd(bf, k, Wqkv, w(p.bk), N, Hkv * D, stream);
-  if (p.bv >= 0) kc::bias_add_fwd(bf, v, Wqkv, w(p.bv), N, Hkv * D, stream);
-  if (s.qk_norm) {  // per head over D: each of q, k as N x H rows of D, one launch each
-    pack_qk(s, a.qkv, N);
-    const bf16 *qin = qk_in, *kin = qk_in + N * Hq * D;
-    q = a.qk;
-    k = a.qk + N * Hq * D;
-    kc::rmsnorm_fwd(bf, q, D, {a.rstd_q, false}, qin, D, w(p.q_norm), N * Hq, D, s.eps_attn, 0.f,
-                    stream);
-    kc::rmsnorm_fwd(bf, k, D, {a.rstd_k, false}, kin, D, w(p.k_norm), N * Hkv, D, s.eps_attn, 0.f,
-                    stream);
-    ldq = Hq * D;
-    ldk = Hkv * D;
-  }
-  if (s.use_rope) {
-    rope(q, ldq, Hq, D, N, false);
-    rope(k, ldk, Hkv, D, N, false);
-  }
-  const kc::AttnArgs at = attn_args(s, a, N, S);
-  kc::attention_fwd(at, dev, stream);                                                   // att
-  gemm(false, true, N, C, Hq * D, a.att, Hq * D, w(p.wo), Hq * D, 0, a.h, C, false);    // o
-  if (p.bo >= 0) kc::bias_add_fwd(bf, a.h, C, w(p.bo), N, C, stream);
-  kc::add_fwd(bf, a.h, a.x, a.h, N * C, stream);                                       // h
-  }
-  kc::rmsnorm_fwd(bf, a.xn2, C, {a.rstd2, false}, a.h, C, w(p.mlp_norm), N, C, s.eps_mlp,
-                  s.off_mlp, stream);                                                  // xn2
-  if (s.moe) {  // mixture of experts (moe_layer.cpp)
-    forward_moe(l, mb, a, x_out, recompute);
-    return;
-  }
-  gemm(false, true, N, 2 * F, C, a.xn2, C, w(p.wgu), C, 0, a.gu, 2 * F, false);        // gu
-  if (p.bgate >= 0) kc::bias_add_fwd(bf, a.gu, 2 * F, w(p.bgate), N, F, stream);
-  if (p.bup >= 0) kc::bias_add_fwd(bf, a.gu + F, 2 * F, w(p.bup), N, F, stream);
-  kc::swiglu_fwd(bf, a.a, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F, stream);              // a
-  gemm(false, true, N, C, F, a.a, F, w(p.wdown), F, 0, x_out, C, false);               // down
-  if (p.bdown >= 0) kc::bias_add_fwd(bf, x_out, C, w(p.bdown), N, C, stream);
-  kc::add_fwd(bf, x_out, a.h, x_out, N * C, stream);                                   // out
+struct ColsPtr {
+  bf16* p;
+  int64_t ld;
+};
+ColsPtr cols_of(const cuda::LayerActs& a, const sdk::LayerProgram& lp, const sdk::Cols& c) {
+  return {a.v[size_t(c.value)] + c.col, lp.values[size_t(c.value)].width};
 }
 
-// A layer's attention operands as the forward leaves them: q|k roped in qkv, or normed and
-// roped in qk (Qwen3's q/k norms); v in qkv; output and lse in the layer's activations.
-kc::AttnArgs CudaEngine::Impl::attn_args(const LayerShape& s, const LayerActs& a, int64_t N,
-                                         int64_t S) const {
-  kc::AttnArgs at;
-  at.t = kc::DType::bf16;
+// The bf16 of a scale as HF's bf16 model rounds it (Gemma's embedding normaliser:
+// torch.tensor(sqrt(hidden)).to(bfloat16)), round to nearest even.
+double bf16_rounded(double x) {
+  const float f = float(x);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return double(r);
+}
+
+// An attention step's operands: q, k, v, o in their values (rows of the value's width apart),
+// lse its statistic.
+cuda::DeviceOps::Attention attention_of(const sdk::LayerStep& st, const cuda::LayerActs& a,
+                                        const sdk::LayerProgram& lp, int64_t N, int64_t S, const int32_t* cu) {
+  const ColsPtr q = cols_of(a, lp, st.in), k = cols_of(a, lp, st.in2), v = cols_of(a, lp, st.in3),
+                o = cols_of(a, lp, st.out);
+  cuda::DeviceOps::Attention at;
   at.N = N;
   at.S = S;
-  at.Hq = s.Hq;
-  at.Hkv = s.Hkv;
-  at.Dk = at.Dv = s.D;
-  at.window = s.window;
-  at.scale = s.scale;
+  at.Hq = st.hq;
+  at.Hkv = st.hkv;
+  at.Dk = st.dk;
+  at.Dv = st.dv;
+  at.window = st.window;
+  at.scale = st.scale;
   at.cu = cu;
-  at.q = s.qk_norm ? a.qk : a.qkv;
-  at.ldq = s.qk_norm ? s.Hq * s.D : s.Wqkv;
-  at.k = s.qk_norm ? a.qk + N * s.Hq * s.D : a.qkv + s.Hq * s.D;
-  at.ldk = s.qk_norm ? s.Hkv * s.D : s.Wqkv;
-  at.v = a.qkv + (s.Hq + s.Hkv) * s.D;
-  at.ldv = s.Wqkv;
-  at.o = a.att;
-  at.ldo = s.Hq * s.D;
-  at.lse = {a.lse, false};
+  at.q = q.p;
+  at.ldq = q.ld;
+  at.k = k.p;
+  at.ldk = k.ld;
+  at.v = v.p;
+  at.ldv = v.ld;
+  at.o = o.p;
+  at.ldo = o.ld;
+  at.lse = a.stat[size_t(st.stat)];
   return at;
 }
 
-kc::LogprobArgs CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N, bool cache) const {
-  kc::LogprobArgs h;
-  h.t = kc::DType::bf16;
+}  // namespace
+
+void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const MicroBatch& mb, LayerActs& a,
+                                bool recompute) {
+  const sdk::LayerProgram& lp = prog.layers[size_t(l)];
+  const int64_t N = mb.num_tokens(), S = mb.num_sequences();
+  const ColsPtr in = st.in.valid() ? cols_of(a, lp, st.in) : ColsPtr{nullptr, 0};
+  const ColsPtr out = st.out.valid() ? cols_of(a, lp, st.out) : ColsPtr{nullptr, 0};
+  switch (st.op) {
+    case StepOp::norm:
+      ops->rmsnorm_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, wp(st.weights[0]), N, st.in.width,
+                       st.eps, st.offset);
+      break;
+    case StepOp::head_norm: {
+      // One launch over N x heads rows of head_dim: the output is a whole contiguous value; an
+      // input that is a slice of a wider one (q or k inside q|k|v) is packed first.
+      const bf16* x = in.p;
+      if (in.ld != st.in.width) {
+        copy_cols(pack, st.in.width, in.p, in.ld, N, st.in.width);
+        x = pack;
+      }
+      ops->rmsnorm_fwd(out.p, st.head_dim, a.stat[size_t(st.stat)], x, st.head_dim, wp(st.weights[0]),
+                       N * st.heads, st.head_dim, st.eps, st.offset);
+      break;
+    }
+    case StepOp::linear: {
+      // Fused weights adjacent in storage run as one GEMM; otherwise one per piece.
+      const int64_t K = st.in.width;
+      int64_t row = 0;
+      for (size_t i = 0; i < st.weights.size();) {
+        size_t j = i + 1;
+        int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+        while (j < st.weights.size() &&
+               place[size_t(st.weights[j])].off == place[size_t(st.weights[i])].off + rows * K) {
+          rows += desc.params[size_t(st.weights[j])].shape[0];
+          ++j;
+        }
+        ops->gemm(false, true, N, rows, K, in.p, in.ld, wp(st.weights[i]), K, 0, out.p + row, out.ld, false);
+        row += rows;
+        i = j;
+      }
+      row = 0;
+      for (size_t i = 0; i < st.weights.size(); ++i) {
+        const int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+        if (st.biases[i] >= 0) ops->bias_add(false, out.p + row, out.ld, wp(st.biases[i]), N, rows);
+        row += rows;
+      }
+      break;
+    }
+    case StepOp::rope:
+      rope(st.table, in.p, in.ld, in.p, in.ld, st.heads, st.head_dim, N, false);
+      break;
+    case StepOp::attention:
+      ops->attention_fwd(attention_of(st, a, lp, N, S, cu));
+      break;
+    case StepOp::glu:
+      ops->glu_fwd(st.act, out.p, out.ld, in.p, in.ld, N, st.out.width);
+      break;
+    case StepOp::add: {
+      const ColsPtr b = cols_of(a, lp, st.in2);  // whole values: contiguous N x width
+      ops->add(out.p, in.p, b.p, N * st.out.width);
+      break;
+    }
+    case StepOp::moe:
+      forward_moe(l, mb, in.p, out.p, recompute);
+      break;
+    case StepOp::mla:
+      forward_mla(l, mb, in.p, cols_of(a, lp, st.out2).p, out.p, a.stat[size_t(st.stat)]);
+      break;
+  }
+}
+
+void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bool recompute,
+                                     bool only_cheap) {
+  const sdk::LayerProgram& lp = prog.layers[size_t(l)];
+  for (const sdk::LayerStep& st : lp.steps) {
+    const sdk::LayerValue& out = lp.values[size_t(st.out.value)];
+    if (only_cheap) {  // selective recompute: the norm and activation outputs, with their stats
+      if (out.recomputable) run_step(l, st, mb, a, true);
+      continue;
+    }
+    // Inside the backward only what it reads is rebuilt: values it keeps and the statistics it
+    // reads; the final add and the output itself are not.
+    if (recompute && st.op != StepOp::moe && st.stat < 0 && !lp.values[size_t(lp.root(st.out.value))].saved)
+      continue;
+    run_step(l, st, mb, a, recompute);
+  }
+}
+
+cuda::DeviceOps::Logprob CudaEngine::Impl::head_args(const OutputRequest& req, int64_t N, bool cache) const {
+  cuda::DeviceOps::Logprob h;
   h.N = N;
   h.C = C;
   h.V = V;
-  h.K = 1;
   h.h = xn;
-  h.W = w(off_head);
+  h.W = wp(prog.head);
   h.target = target;
   h.temperature = req.temperature;
   // Wide tiles: the head's GEMMs run at their best from about 512 MiB of fp32 logits per tile
   // (measured on the H200: +4 % on a 1B training step over 32 MiB).
   h.chunk_bytes = opt.logprob_chunk_bytes > 0 ? opt.logprob_chunk_bytes : int64_t(512) << 20;
   if (cache && head_cache != nullptr) {
-    h.logits_cache = head_cache;
+    h.cache = head_cache;
     h.ld_cache = ld_head_cache;
   }
-  h.logprob = {lp, false};
-  h.lse = {lse, false};
-  if (req.entropy) h.entropy = {ent, false};
-  h.err = err;
+  h.logprob = lp;
+  h.lse = lse;
+  h.entropy = req.entropy ? ent : nullptr;
   return h;
 }
 
 void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool train) {
-  if (req.processed_logprob) unsupported("processed (top-k/top-p) logprobs");
-  if (req.logprob_at_ids) unsupported("logprob_at_ids");
+  if (req.processed_logprob) cuda::unsupported("processed (top-k/top-p) logprobs");
+  if (req.logprob_at_ids) cuda::unsupported("logprob_at_ids");
   if (!(req.temperature > 0)) throw std::invalid_argument("cuda engine: temperature must be > 0");
   const int64_t N = mb.num_tokens();
   if (mb.cu_seqlens.empty() || N == 0) throw std::invalid_argument("cuda engine: empty micro-batch");
   plan(N, train);
   prepare_batch(mb);
   prepare_routing(mb, req);
-  // A training plan keeps every layer's input (a forward-only call uses it as it is); a
-  // forward-only plan has two residual buffers in turn.
-  const bool keep_inputs = planned_train;
-  kc::embedding_fwd(kc::DType::bf16, xs[0], ids, w(off_embed), N, C, V, err, stream);
-  for (int64_t l = 0; l < L; ++l) {
-    LayerActs& a = acts[acts_per_layer ? size_t(l) : 0];
-    a.x = xs[keep_inputs ? size_t(l) : size_t(l % 2)];
-    forward_layer(l, mb, a, xs[keep_inputs ? size_t(l + 1) : size_t((l + 1) % 2)], false);
+  ops->embedding_fwd(xs[0], ids, wp(prog.embed), N, C, V);
+  if (prog.embed_scale != 1) {  // Gemma: the embedding rows times sqrt(hidden), as bf16 holds it
+    const double s = bf16_rounded(prog.embed_scale);
+    ops->scale(xs[0], N * C, s);
   }
-  bf16* xL = xs[keep_inputs ? size_t(L) : size_t(L % 2)];
-  kc::rmsnorm_fwd(kc::DType::bf16, xn, C, {rstd, false}, xL, C, w(off_final_norm), N, C,
-                  float(desc.final_norm.eps), float(desc.final_norm.weight_offset), stream);
-  if (req.logprob || req.entropy)
-    kc::linear_logprob_fwd(gemm_engine, head_args(req, N, train), ws(), stream);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerActs a = acts_of(l);
+    forward_layer(l, mb, a, false);
+  }
+  bf16* xL = xs[planned_train ? size_t(L) : size_t(L % 2)];
+  ops->rmsnorm_fwd(xn, C, rstd, xL, C, wp(prog.final_norm), N, C, prog.final_eps, prog.final_offset);
+  if (req.logprob || req.entropy) ops->logprob_fwd(head_args(req, N, train));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward (dres: d loss / d residual stream, from the head down to the embedding)
+// Backward: the program's steps in reverse. gbuf[0] carries d loss / d residual stream from the
+// head down to the embedding; the other gradient buffers are written by the first step that
+// produces them and accumulated by the rest, as the program planned.
 
 void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a) {
-  const LayerShape& s = shapes[size_t(l)];
-  const LayerOffsets& p = lo[size_t(l)];
+  const sdk::LayerProgram& lp = prog.layers[size_t(l)];
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
-  const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, Wqkv = s.Wqkv, F = s.F;
-  const auto bf = kc::DType::bf16;
-  auto& ws_ = *arena;
-
-  // MLP: out = h + down(swiglu(gate, up)(mlp_norm(h))), or the MoE block (moe_layer.cpp)
-  if (s.moe) {
-    backward_moe(l, mb, a);
-  } else {
-  if (p.bdown >= 0) kc::bias_bwd(bf, {g(p.bdown), false}, dres, C, N, C, ws_.rewind(), stream);
-  gemm(false, false, N, F, C, dres, C, w(p.wdown), F, 0, da, F, false);                 // da
-  gemm(true, false, C, F, N, dres, C, a.a, F, 1, g(p.wdown), F, true);                  // dW_down
-  kc::swiglu_bwd(bf, dgu, 2 * F, dgu + F, 2 * F, da, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F,
-                 stream);                                                               // dgu
-  if (p.bgate >= 0) kc::bias_bwd(bf, {g(p.bgate), false}, dgu, 2 * F, N, F, ws_.rewind(), stream);
-  if (p.bup >= 0) kc::bias_bwd(bf, {g(p.bup), false}, dgu + F, 2 * F, N, F, ws_.rewind(), stream);
-  gemm(false, false, N, C, 2 * F, dgu, 2 * F, w(p.wgu), C, 0, dxn, C, false);           // dxn2
-  gemm(true, false, 2 * F, C, N, dgu, 2 * F, a.xn2, C, 1, g(p.wgu), C, true);           // dW_gu
-  kc::rmsnorm_bwd(bf, dres, C, {g(p.mlp_norm), false}, dxn, C, a.h, C, w(p.mlp_norm),
-                  {a.rstd2, false}, N, C, s.off_mlp, true, ws_.rewind(), stream);        // dres = dh
+  auto val = [&](const sdk::Cols& c) { return cols_of(a, lp, c); };
+  auto grad = [&](const sdk::Cols& c) {
+    const sdk::LayerValue& v = lp.values[size_t(c.value)];
+    return ColsPtr{gbuf[size_t(v.grad)] + c.col, v.width};
+  };
+  for (auto it = lp.steps.rbegin(); it != lp.steps.rend(); ++it) {
+    const sdk::LayerStep& st = *it;
+    switch (st.op) {
+      case StepOp::add:
+        break;  // both operands take the output's gradient buffer as it is
+      case StepOp::norm: {
+        const ColsPtr x = val(st.in), dy = grad(st.out), dx = grad(st.in);
+        ops->rmsnorm_bwd(dx.p, dx.ld, gp(st.weights[0]), dy.p, dy.ld, x.p, x.ld, wp(st.weights[0]),
+                         a.stat[size_t(st.stat)], N, st.in.width, st.offset, st.accumulate);
+        break;
+      }
+      case StepOp::head_norm: {
+        // d(normed) is contiguous ([N heads, head_dim] rows); the input slice is packed again and
+        // the input gradient lands in its slice by a strided copy (the program writes it, never
+        // adds: it is the first gradient of those columns).
+        const ColsPtr x = val(st.in), dy = grad(st.out), dx = grad(st.in);
+        if (st.accumulate) throw std::logic_error("cuda engine: a head norm's input gradient must be written");
+        const bool packed = x.ld != st.in.width;
+        if (packed) copy_cols(pack, st.in.width, x.p, x.ld, N, st.in.width);
+        bf16* dst = dx.ld != st.in.width ? dpack : dx.p;
+        ops->rmsnorm_bwd(dst, st.head_dim, gp(st.weights[0]), dy.p, st.head_dim, packed ? pack : x.p, st.head_dim,
+                         wp(st.weights[0]), a.stat[size_t(st.stat)], N * st.heads, st.head_dim, st.offset, false);
+        if (dst == dpack) copy_cols(dx.p, dx.ld, dpack, st.in.width, N, st.in.width);
+        break;
+      }
+      case StepOp::linear: {
+        const ColsPtr x = val(st.in), dy = grad(st.out), dx = grad(st.in);
+        const int64_t K = st.in.width;
+        int64_t row = 0;
+        for (size_t i = 0; i < st.weights.size(); ++i) {
+          const int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+          if (st.biases[i] >= 0) ops->bias_bwd(false, gp(st.biases[i]), dy.p + row, dy.ld, N, rows);
+          row += rows;
+        }
+        // dX (+)= dY W over the fused rows (one GEMM when adjacent), dW += dY^T X per group,
+        // accumulated in fp32 by the GEMM (bf16 operands, fp32 C, beta 1).
+        row = 0;
+        bool first = true;
+        for (size_t i = 0; i < st.weights.size();) {
+          size_t j = i + 1;
+          int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+          while (j < st.weights.size() &&
+                 place[size_t(st.weights[j])].off == place[size_t(st.weights[i])].off + rows * K) {
+            rows += desc.params[size_t(st.weights[j])].shape[0];
+            ++j;
+          }
+          ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K,
+                    (st.accumulate || !first) ? 1 : 0, dx.p, dx.ld, false);
+          ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, 1, gp(st.weights[i]), K, true);
+          first = false;
+          row += rows;
+          i = j;
+        }
+        break;
+      }
+      case StepOp::rope: {
+        const ColsPtr d = grad(st.in);  // the transposed rotation, in place
+        rope(st.table, d.p, d.ld, d.p, d.ld, st.heads, st.head_dim, N, true);
+        break;
+      }
+      case StepOp::attention: {
+        const ColsPtr dq = grad(st.in), dk = grad(st.in2), dv = grad(st.in3), dout = grad(st.out);
+        ops->attention_bwd(attention_of(st, a, lp, N, S, cu), dout.p, dout.ld, dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld);
+        break;
+      }
+      case StepOp::glu: {
+        const ColsPtr gu = val(st.in), dh = grad(st.out), dgu = grad(st.in);
+        ops->glu_bwd(st.act, dgu.p, dgu.ld, dh.p, dh.ld, gu.p, gu.ld, N, st.out.width);
+        break;
+      }
+      case StepOp::moe:
+        backward_moe(l, mb, val(st.in).p, grad(st.out).p, grad(st.in).p, st.accumulate);
+        break;
+      case StepOp::mla:
+        backward_mla(l, mb, val(st.in).p, val(st.out2).p, val(st.out).p, a.stat[size_t(st.stat)], grad(st.out).p,
+                     grad(st.in).p, st.accumulate);
+        break;
+    }
   }
-
-  if (s.mla) {  // multi-head latent attention (mla_layer.cpp)
-    backward_mla(l, mb, a);
-    return;
-  }
-  // Attention: h = x + o_proj(attention(rope(qk_norm(qkv(attn_norm(x))))))
-  if (p.bo >= 0) kc::bias_bwd(bf, {g(p.bo), false}, dres, C, N, C, ws_.rewind(), stream);
-  gemm(false, false, N, Hq * D, C, dres, C, w(p.wo), Hq * D, 0, datt, Hq * D, false);   // datt
-  gemm(true, false, C, Hq * D, N, dres, C, a.att, Hq * D, 1, g(p.wo), Hq * D, true);    // dW_o
-  // d(q|k) as the attention saw them: in qkv's slots, or in dqk's two blocks (qk_norm) before
-  // the norms
-  bf16* dq = s.qk_norm ? dqk : dqkv;
-  bf16* dk = s.qk_norm ? dqk + N * Hq * D : dqkv + Hq * D;
-  const int64_t lddq = s.qk_norm ? Hq * D : Wqkv, lddk = s.qk_norm ? Hkv * D : Wqkv;
-  kc::AttnArgs at = attn_args(s, a, N, S);
-  at.dout = datt;
-  at.lddo = Hq * D;
-  at.dq = dq;
-  at.lddq = lddq;
-  at.dk = dk;
-  at.lddk = lddk;
-  at.dv = dqkv + (Hq + Hkv) * D;
-  at.lddv = Wqkv;
-  kc::attention_bwd(at, dev, ws_.rewind(), stream);                                     // dq dk dv
-  if (s.use_rope) {
-    rope(dq, lddq, Hq, D, N, true);  // the transposed rotation, in place
-    rope(dk, lddk, Hkv, D, N, true);
-  }
-  if (s.qk_norm) {  // d(normed) in dqk -> d(projected) in dqkv's q|k slots, through datt (free
-                    // once the attention backward has read it)
-    pack_qk(s, a.qkv, N);  // the norms' inputs (qkv's q|k slots still hold them)
-    kc::rmsnorm_bwd(bf, datt, D, {g(p.q_norm), false}, dq, D, qk_in, D, w(p.q_norm),
-                    {a.rstd_q, false}, N * Hq, D, 0.f, false, ws_.rewind(), stream);
-    copy_cols(dqkv, Wqkv, datt, Hq * D, N, Hq * D);
-    kc::rmsnorm_bwd(bf, datt, D, {g(p.k_norm), false}, dk, D, qk_in + N * Hq * D, D,
-                    w(p.k_norm), {a.rstd_k, false}, N * Hkv, D, 0.f, false, ws_.rewind(), stream);
-    copy_cols(dqkv + Hq * D, Wqkv, datt, Hkv * D, N, Hkv * D);
-  }
-  if (p.bq >= 0) kc::bias_bwd(bf, {g(p.bq), false}, dqkv, Wqkv, N, Hq * D, ws_.rewind(), stream);
-  if (p.bk >= 0)
-    kc::bias_bwd(bf, {g(p.bk), false}, dqkv + Hq * D, Wqkv, N, Hkv * D, ws_.rewind(), stream);
-  if (p.bv >= 0)
-    kc::bias_bwd(bf, {g(p.bv), false}, dqkv + (Hq + Hkv) * D, Wqkv, N, Hkv * D, ws_.rewind(),
-                 stream);
-  gemm(false, false, N, C, Wqkv, dqkv, Wqkv, w(p.wqkv), C, 0, dxn, C, false);           // dxn1
-  gemm(true, false, Wqkv, C, N, dqkv, Wqkv, a.xn1, C, 1, g(p.wqkv), C, true);           // dW_qkv
-  kc::rmsnorm_bwd(bf, dres, C, {g(p.attn_norm), false}, dxn, C, a.x, C, w(p.attn_norm),
-                  {a.rstd1, false}, N, C, s.off_attn, true, ws_.rewind(), stream);       // dres = dx
-}
-
-// Selective recompute: the two norms' outputs (from the kept layer input and h, with the same
-// statistics) and the SwiGLU product (from the kept gate|up GEMM output).
-void CudaEngine::Impl::recompute_selective(int64_t l, const MicroBatch& mb, LayerActs& a) {
-  const LayerShape& s = shapes[size_t(l)];
-  const LayerOffsets& p = lo[size_t(l)];
-  const int64_t N = mb.num_tokens(), F = s.F;
-  const auto bf = kc::DType::bf16;
-  kc::rmsnorm_fwd(bf, a.xn1, C, {a.rstd1, false}, a.x, C, w(p.attn_norm), N, C, s.eps_attn,
-                  s.off_attn, stream);
-  kc::rmsnorm_fwd(bf, a.xn2, C, {a.rstd2, false}, a.h, C, w(p.mlp_norm), N, C, s.eps_mlp,
-                  s.off_mlp, stream);
-  if (!s.moe) kc::swiglu_fwd(bf, a.a, F, a.gu, 2 * F, a.gu + F, 2 * F, N, F, stream);
 }
 
 // Output gradients are in dlp / dent (kernel alignment, device).
 void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens();
-  kc::LogprobArgs h = head_args(req, N, true);
-  h.dlogprob = {dlp, false};
-  if (req.entropy) h.dentropy = {dent, false};
-  h.dh = dxn;
-  h.dW = {g(off_head), false};
-  h.accumulate = false;
-  kc::linear_logprob_bwd(gemm_engine, h, ws(), stream);                                // dxn, dW
-  kc::rmsnorm_bwd(kc::DType::bf16, dres, C, {g(off_final_norm), false}, dxn, C, xs[size_t(L)], C,
-                  w(off_final_norm), {rstd, false}, N, C, float(desc.final_norm.weight_offset),
-                  false, ws(), stream);                                                // dres
+  bf16* dres = gbuf[0];
+  ops->logprob_bwd(head_args(req, N, true), dlp, req.entropy ? dent : nullptr, dxn, gp(prog.head), false);
+  ops->rmsnorm_bwd(dres, C, gp(prog.final_norm), dxn, C, xs[size_t(L)], C, wp(prog.final_norm), rstd, N, C,
+                   prog.final_offset, false);  // dres = d x_L
   for (int64_t l = L - 1; l >= 0; --l) {
-    LayerActs& a = acts[acts_per_layer ? size_t(l) : 0];
-    a.x = xs[size_t(l)];
+    LayerActs a = acts_of(l);
     if (opt.recompute == Recompute::full)
-      forward_layer(l, mb, a, xr, true);  // the layer's activations again, from its kept input
+      forward_layer(l, mb, a, true);  // the layer's activations again, from its kept input
     else if (opt.recompute == Recompute::selective)
-      recompute_selective(l, mb, a);
+      forward_layer(l, mb, a, true, true);  // its norms and activation products
     backward_layer(l, mb, a);
   }
-  kc::embedding_bwd(kc::DType::bf16, {g(off_embed), false}, ids, dres, N, C, V, err, ws(),
-                    stream);
+  if (prog.embed_scale != 1) ops->scale(dres, N * C, bf16_rounded(prog.embed_scale));
+  ops->embedding_bwd(gp(prog.embed), ids, dres, N, C, V);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
 double CudaEngine::Impl::grad_norm() {
-  std::vector<int64_t> n;
-  std::vector<void*> p;
+  cuda::DeviceList x;
   for (const Range& r : storage_ranges()) {
     const sdk::ParamDesc& pd = desc.params[r.param];
     if (!pd.trainable || router_frozen(pd.role)) continue;  // a frozen router is a buffer
-    n.push_back(r.n);
-    p.push_back(grads.get<float>() + r.off);
+    x.n.push_back(r.n);
+    x.p.push_back(grads.get<float>() + r.off);
   }
-  kc::TensorList t;
-  t.n = n.data();
-  t.p = p.data();
-  t.count = n.size();
-  kc::sumsq(t, scalars.get<float>(), ws(), stream);
-  check(cudaMemcpyAsync(h_scalar, scalars.get(), sizeof(float), cudaMemcpyDeviceToHost, stream),
-        "download");
+  ops->sumsq(x, scalars.get<float>());
+  check(cudaMemcpyAsync(h_scalar, scalars.get(), sizeof(float), cudaMemcpyDeviceToHost, stream), "download");
   sync();
   return std::sqrt(double(h_scalar[0]));
 }
@@ -736,29 +751,21 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
   // Two lists: with and without weight decay (Megatron leaves 1-D tensors out).
   const std::vector<Range> ranges = storage_ranges();
   for (int decay = 0; decay < 2; ++decay) {
-    std::vector<int64_t> n;
-    std::vector<void*> P, G, M, Vv, P16;
+    cuda::DeviceList P, G, M, Vv, P16;
     for (const Range& r : ranges) {
       const sdk::ParamDesc& pd = desc.params[r.param];
       if (!pd.trainable || router_frozen(pd.role)) continue;
       const bool d = o.decay_1d_params || pd.shape.size() >= 2;
       if (d != bool(decay)) continue;
-      n.push_back(r.n);
-      P.push_back(master.get<float>() + r.off);
-      G.push_back(grads.get<float>() + r.off);
-      M.push_back(adam_m.get<float>() + r.off);
-      Vv.push_back(adam_v.get<float>() + r.off);
-      P16.push_back(master_bf16() + r.off);
+      for (cuda::DeviceList* l : {&P, &G, &M, &Vv, &P16}) l->n.push_back(r.n);
+      P.p.push_back(master.get<float>() + r.off);
+      G.p.push_back(grads.get<float>() + r.off);
+      M.p.push_back(adam_m.get<float>() + r.off);
+      Vv.p.push_back(adam_v.get<float>() + r.off);
+      P16.p.push_back(master_bf16() + r.off);
     }
-    if (n.empty()) continue;
-    auto list = [&](std::vector<void*>& v) {
-      kc::TensorList t;
-      t.n = n.data();
-      t.p = v.data();
-      t.count = n.size();
-      return t;
-    };
-    kc::AdamWArgs a;
+    if (P.n.empty()) continue;
+    cuda::DeviceOps::AdamW a;
     a.lr = so.lr;
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
@@ -767,12 +774,7 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
     a.step = steps;
     a.grad_scale = clip;
     a.zero_grad = true;  // the pass that reads g clears it for the next step
-    kc::TensorList copy = list(P16);  // the bf16 working copy, refreshed in the same pass
-    const std::unique_ptr<bool[]> is16(new bool[n.size()]);
-    std::fill(is16.get(), is16.get() + n.size(), true);
-    copy.bf16 = is16.get();
-    a.p_bf16 = &copy;
-    kc::adamw(list(P), list(G), list(M), list(Vv), a, ws(), stream);
+    ops->adamw_bf16(P, G, M, Vv, P16, a);  // the bf16 working copy refreshed in the same pass
   }
   grads_clear = true;
 }
@@ -881,7 +883,7 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   cuda::DeviceBuffer logits;
   if (req.logits) {  // [N, V] f32: for tests on small vocabularies
     logits = cuda::DeviceBuffer(m.counters, size_t(N * m.V) * sizeof(float));
-    m.gemm(false, true, N, m.V, m.C, m.xn, m.C, m.w(m.off_head), m.C, 0, logits.get(), m.V, true);
+    m.ops->gemm(false, true, N, m.V, m.C, m.xn, m.C, m.wp(m.prog.head), m.C, 0, logits.get(), m.V, true);
   }
   if (req.logprob)
     check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");

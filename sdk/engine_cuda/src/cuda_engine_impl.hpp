@@ -1,14 +1,13 @@
-// Internal: the CUDA engine's state, shared by cuda_engine.cpp (setup, memory plan, dense
-// layers, head, optimizer) and moe_layer.cpp (mixture-of-experts layers). The helper types live
-// in rlh::engine::cuda, not in an anonymous namespace, because CudaEngine::Impl (external
-// linkage) holds them and two translation units see it; their names differ from the CPU
-// engine's (sdk/engine/src/model.hpp) only by that namespace.
+// Internal: the CUDA engine's state, shared by cuda_engine.cpp (setup, memory plan, the layer
+// program's steps, head, optimizer) and moe_layer.cpp / mla_layer.cpp (the program's moe and mla
+// steps). The helper types live in rlh::engine::cuda, not in an anonymous namespace, because
+// CudaEngine::Impl (external linkage) holds them and several translation units see it.
 //
 // Dimension letters: N tokens of the micro-batch, S sequences, C hidden size, V vocabulary,
-// L layers, Hq / Hkv heads, D head dim, F MLP width, Wqkv = (Hq + 2 Hkv) D, R rotary dims;
-// MoE: E experts, K choices per token (top_k), NK = N K routed rows, Fe expert width, Fs
-// shared-expert width. MLA (mla_layer.cpp): rq / rkv the q and kv latent ranks, dn / dr / dv
-// the nope, rope and value head dims (D = dn + dr).
+// L layers, Hq / Hkv heads, D head dim, F MLP width, R rotary dims; MoE: E experts, K choices
+// per token (top_k), NK = N K routed rows, Fe expert width, Fs shared-expert width. MLA
+// (mla_layer.cpp): rq / rkv the q and kv latent ranks, dn / dr / dv the nope, rope and value head
+// dims (D = dn + dr), W = H (2 D + dv) the width of the q|k|v it writes.
 #pragma once
 
 #include <algorithm>
@@ -19,13 +18,13 @@
 #include <vector>
 
 #include "device_memory.hpp"
+#include "device_ops.hpp"
 #include "mla_kernels.hpp"
 #include "moe_kernels.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
+#include "rlhost/sdk/layer_program.hpp"
 
 namespace rlh::engine {
-
-namespace kc = rlh::kcuda;
 
 namespace cuda {
 
@@ -39,14 +38,16 @@ inline int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// The layer readings both engines share (engine.hpp): heads, widths, norms, RoPE, window, scale;
-// an MoE layer's sizes and routing; an MLA layer's ranks and head dims.
-struct LayerShape : LayerBasics, MoeBasics, MlaBasics {
-  int64_t Wqkv = 0;
-  bool moe = false;        // MoE layer (F = 0: no dense MLP)
-  int64_t route_col = 0;  // first column of this layer's choices in the routing record [N, R]
-  // MLA layer (D = dn + dr, Hkv = Hq, Wqkv = Hq (2 D + dv): q | k | v as the attention reads them)
-  bool mla = false;
+// An MoE or MLA layer's readings (engine.hpp's shared ones) for the composite steps.
+struct LayerShape : MoeBasics, MlaBasics {
+  bool moe = false, mla = false;
+  int64_t route_col = 0;   // first column of this layer's choices in the routing record [N, R]
+  std::string act = "silu";  // the experts' activation
+  // MLA: heads, q/k head dim (dn + dr), the width of its q|k|v, attention scale and window,
+  // RoPE table (-1: none)
+  int64_t H = 0, D = 0, Wqkv = 0, window = 0;
+  double scale = 0;
+  int rope = -1;
 };
 
 // Where one description tensor lives in the flat buffers: `pieces` runs of `piece` elements,
@@ -57,40 +58,24 @@ struct ParamPlace {
   int64_t off = -1, pieces = 1, piece = 0, stride = 0;
 };
 
-// Element offsets of one layer's tensors in the flat parameter (and gradient) buffers; -1 absent.
+// Element offsets of an MoE or MLA layer's tensors in the flat parameter (and gradient)
+// buffers; -1 absent. (The program's other steps name their weights by parameter index.)
 struct LayerOffsets {
-  int64_t attn_norm = -1, wqkv = -1, bq = -1, bk = -1, bv = -1, q_norm = -1, k_norm = -1,
-          wo = -1, bo = -1, mlp_norm = -1, wgu = -1, bgate = -1, bup = -1, wdown = -1,
-          bdown = -1;
   // MoE: router [E, C] (+ bias [E]), selection bias [E] (a buffer), experts' gate|up
   // [E, 2 Fe, C] (interleaved, see ParamPlace), down [E, C, Fe], shared expert gate_proj|up
   // [2 Fs, C], down [C, Fs], its sigmoid gate [1, C]
   int64_t router = -1, router_b = -1, score_bias = -1, we_gu = -1, we_down = -1, ws_gu = -1,
           ws_down = -1, ws_gate = -1;
-  // MLA: q_a [rq, C], q_a_norm [rq], q_b [H D, rq] (or q [H D, C] in wqkv without a q latent),
-  // kv_a [rkv + dr, C], kv_a_norm [rkv], kv_b [H (dn + dv), rkv]; o [C, H dv] in wo
-  int64_t q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_a_norm = -1, kv_b = -1;
+  // MLA: q_a [rq, C], q_a_norm [rq], q_b [H D, rq] (or q [H D, C] without a q latent),
+  // kv_a [rkv + dr, C], kv_a_norm [rkv], kv_b [H (dn + dv), rkv]
+  int64_t wq = -1, q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_a_norm = -1, kv_b = -1;
 };
 
-// Activations of one layer (bf16 unless float).
+// One layer's activations for N tokens: the program's values (bf16; values sharing storage share
+// the pointer) and its saved statistics (f32 rstd, lse).
 struct LayerActs {
-  bf16* x = nullptr;       // [N, C] layer input
-  bf16* xn1 = nullptr;     // [N, C]
-  float* rstd1 = nullptr;  // [N]
-  bf16* qkv = nullptr;     // [N, Wqkv]; q, k roped in place unless qk_norm
-  // Qwen3's q/k norms: q then k as two blocks, [N, Hq D] then [N, Hkv D], so each is N x H rows
-  // of D that one norm launch covers (per-head launches were 13 % of a Qwen3-MoE step). Their
-  // inputs stay in qkv; Impl::qk_in holds a packed copy while a norm runs.
-  bf16* qk = nullptr;      // normed + roped
-  float* rstd_q = nullptr; // [N Hq]
-  float* rstd_k = nullptr; // [N Hkv]
-  bf16* att = nullptr;     // [N, Hq D]
-  float* lse = nullptr;    // [Hq, N]
-  bf16* h = nullptr;       // [N, C]
-  bf16* xn2 = nullptr;     // [N, C]
-  float* rstd2 = nullptr;  // [N]
-  bf16* gu = nullptr;      // [N, 2F]
-  bf16* a = nullptr;       // [N, F]
+  std::vector<bf16*> v;
+  std::vector<float*> stat;
 };
 
 // What an MoE layer keeps from its forward for its backward (one set per MoE layer in
@@ -130,6 +115,7 @@ struct MlaActs {
 
 // Scratch of the MLA layers (one set for all of them).
 struct MlaScratch {
+  bf16* dqkv = nullptr;  // [N, W] d q|k|v (backward)
   bf16* kv = nullptr;    // [N, H (dn + dv)] kv_b's product (forward), d of it (backward)
   bf16* krot = nullptr;  // [N, dr] the rotated shared key (forward)
   bf16* dkva = nullptr;  // [N, rkv + dr] d kva: d latent | d k_rope
@@ -189,28 +175,31 @@ struct CudaEngine::Impl {
   using LayerActs = cuda::LayerActs;
 
   sdk::TransformerDesc desc;
+  sdk::ModelProgram prog;  // what the layers compute (sdk/layer_program.hpp)
   CudaEngineOptions opt;
-  int64_t C = 0, V = 0, L = 0, R = 0;
-  double rope_scale = 1;
-  bool rope_interleaved = false;
-  std::vector<LayerShape> shapes;
-  int64_t maxW = 0, maxHD = 0, maxF = 0, maxQK = 0, maxH = 0;
+  int64_t C = 0, V = 0, L = 0;
+  std::vector<LayerShape> shapes;  // MoE / MLA readings per layer
   // MoE: the largest of each dimension over the MoE layers (0 without any)
   int64_t maxE = 0, maxK = 0, maxFe = 0, maxFs = 0, moe_layers = 0;
   int64_t route_width = 0;  // R: the sum of top_k over the MoE layers
 
   // Parameters
   std::vector<cuda::ParamPlace> place;  // per desc param
-  std::vector<LayerOffsets> lo;
-  int64_t off_embed = -1, off_final_norm = -1, off_head = -1;
+  std::vector<LayerOffsets> lo;         // MoE / MLA layers' tensors
   int64_t total = 0;
 
   cuda::Counters counters;
   cudaStream_t stream = nullptr;
-  kc::DeviceInfo dev;
-  kc::GemmEngine* gemm_engine = nullptr;
-  std::unique_ptr<cuda::Arena> arena;
-  cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, inv_freq, scalars;
+  std::unique_ptr<cuda::DeviceOps> ops;  // the registry's kernels on this device and stream
+  cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, scalars;
+  // RoPE tables (f32 inv_freq on the device), per program table.
+  struct Rope {
+    cuda::DeviceBuffer inv_freq;
+    int64_t R = 0;
+    double scale = 1;
+    bool interleaved = false;
+  };
+  std::vector<Rope> ropes;
   bool grads_clear = true;
   int64_t steps = 0;
 
@@ -219,36 +208,32 @@ struct CudaEngine::Impl {
   cuda::PinnedBuffer pinned;
   int64_t planned_tokens = 0;
   bool planned_train = false;
-  // L sets (training; with selective recompute their norm and SwiGLU outputs share one
-  // scratch) or 1 (forward only, or training with full recompute).
+  // Per-layer sets (training without full recompute) or none (forward only, full recompute:
+  // every layer carves its view of `shared` when it runs). Selective recompute keeps the
+  // recomputable values (norm and activation outputs) in `rebuilt`, one layer at a time.
   std::vector<LayerActs> acts;
   bool acts_per_layer = false;
+  char* shared = nullptr;
+  char* rebuilt = nullptr;
   std::vector<cuda::MoeActs> moe_acts;  // per layer (set for MoE layers) or 1 shared set
   cuda::MoeScratch moe_x;
   std::vector<cuda::MlaActs> mla_acts;  // per layer (set for MLA layers) or 1 shared set
   cuda::MlaScratch mla_x;
   // MLA: the largest of each dimension over the MLA layers (0 without any)
-  int64_t mla_layers = 0, maxRq = 0, maxRkv = 0, maxDr = 0, maxKvb = 0;
-  std::vector<bf16*> xs;        // residual stream: L+1 (training) or 2 (ping-pong)
-  bf16* xr = nullptr;           // full recompute: where a recomputed layer's output goes
-  // Qwen3's q/k norm inputs packed as N x H rows of D ([N, Hq D] then [N, Hkv D]), for one
-  // layer at a time: copied out of qkv before the forward's norms and again before their
-  // backward, rather than kept per layer (3.6 GiB at the Qwen3-MoE benchmark shape).
-  bf16* qk_in = nullptr;
-  void pack_qk(const LayerShape& s, const bf16* qkv, int64_t N) {
-    copy_cols(qk_in, s.Hq * s.D, qkv, s.Wqkv, N, s.Hq * s.D);
-    copy_cols(qk_in + N * s.Hq * s.D, s.Hkv * s.D, qkv + s.Hq * s.D, s.Wqkv, N, s.Hkv * s.D);
-  }
+  int64_t mla_layers = 0, maxRq = 0, maxRkv = 0, maxDr = 0, maxKvb = 0, maxMlaW = 0;
+  std::vector<bf16*> xs;  // residual stream: L+1 (training) or 2 (forward only, in turn)
+  std::vector<bf16*> gbuf;  // the program's gradient buffers (training); gbuf[0] = d residual
+  // head_norm steps whose input is a slice of a wider value: its rows packed contiguous (the
+  // norm then runs as one launch over N x heads rows), and the input gradient before it is
+  // copied into its slice.
+  bf16* pack = nullptr;
+  bf16* dpack = nullptr;
   float* head_cache = nullptr;  // training: the head's fp32 logits [N, ld_head_cache], or null
   int64_t ld_head_cache = 0;
-  bf16 *xn = nullptr;           // head: final norm output [N, C]
+  bf16 *xn = nullptr, *dxn = nullptr;  // head: final norm output [N, C] and its gradient
   float *rstd = nullptr, *lp = nullptr, *lse = nullptr, *ent = nullptr, *dlp = nullptr,
         *dent = nullptr;
   int32_t *ids = nullptr, *pos = nullptr, *target = nullptr, *cu = nullptr;
-  int* err = nullptr;
-  // backward scratch
-  bf16 *dres = nullptr, *dxn = nullptr, *dqkv = nullptr, *dqk = nullptr, *datt = nullptr,
-       *dgu = nullptr, *da = nullptr;
   // pinned staging: ids, pos, target, cu (int32 [N] x3, [N+1]); lp, ent, dlp, dent (f32 [N] x4)
   int32_t *h_ids = nullptr, *h_pos = nullptr, *h_target = nullptr, *h_cu = nullptr;
   float *h_lp = nullptr, *h_ent = nullptr, *h_dlp = nullptr, *h_dent = nullptr, *h_scalar = nullptr;
@@ -268,15 +253,17 @@ struct CudaEngine::Impl {
   Impl(sdk::TransformerDesc d, CudaEngineOptions o);
   ~Impl();
   void describe();
-  void describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s);  // moe_layer.cpp
-  void describe_mla_layer(const sdk::LayerDesc& ld, LayerShape& s);  // mla_layer.cpp
-  // mla_layer.cpp: the MLA tensors' shapes against the layer's dimensions (after carve_params)
-  void check_mla_params(int64_t l) const;
+  void describe_moe_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& st, LayerShape& s);  // moe_layer.cpp
+  void describe_mla_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& st, LayerShape& s);  // mla_layer.cpp
   void carve_params();
   void plan(int64_t N, bool train);
-  // The MoE part of the plan (moe_layer.cpp): measures with a null base, like Carver.
+  // The MoE / MLA parts of the plan: measure with a null base, like Carver.
   void carve_moe(cuda::Carver& c, int64_t N, bool per_layer, bool train);
   void carve_mla(cuda::Carver& c, int64_t N, bool per_layer, bool train);  // mla_layer.cpp
+  // Layer l's values and statistics for N tokens (its own set, or its view of the shared block;
+  // the recomputable values in `rebuilt` under selective recompute), input and output bound
+  // to the residual stream.
+  LayerActs acts_of(int64_t l);
   void require_trainable(const char* what) const {
     if (!opt.trainable)
       throw std::invalid_argument(std::string("cuda engine: ") + what +
@@ -286,12 +273,15 @@ struct CudaEngine::Impl {
     cuda::check(cudaStreamSynchronize(stream), "stream synchronize");
     ++counters.syncs;
   }
-  kc::Workspace& ws() { return arena->rewind(); }
 
+  // Weights: bf16 working copy (w), fp32 master (mf) and gradient (g) of a flat offset, or of a
+  // description parameter (wp, gp).
   bf16* w(int64_t off) const { return off < 0 ? nullptr : master_bf16() + off; }
   bf16* master_bf16() const { return w16.get<bf16>(); }
   float* mf(int64_t off) const { return off < 0 ? nullptr : master.get<float>() + off; }
   float* g(int64_t off) const { return off < 0 ? nullptr : grads.get<float>() + off; }
+  bf16* wp(int64_t param) const { return param < 0 ? nullptr : w(place[size_t(param)].off); }
+  float* gp(int64_t param) const { return param < 0 ? nullptr : g(place[size_t(param)].off); }
   double* moe_stats() const { return reinterpret_cast<double*>(scalars.get<char>() + 64); }
   bool router_frozen(sdk::ParamRole r) const {
     return opt.moe.freeze_router &&
@@ -307,54 +297,10 @@ struct CudaEngine::Impl {
   void upload(size_t i, float* base, const float* src);
   void download_one(size_t i, const float* base, float* dst);
 
-  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
-            const void* B, int64_t ldb, double beta, void* Cp, int64_t ldc, bool c_f32) {
-    kc::GemmArgs a;
-    a.ta = ta;
-    a.tb = tb;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.A = A;
-    a.lda = lda;
-    a.B = B;
-    a.ldb = ldb;
-    a.C = Cp;
-    a.ldc = ldc;
-    a.beta = beta;
-    a.ab = kc::DType::bf16;
-    a.c_dt = c_f32 ? kc::DType::f32 : kc::DType::bf16;
-    kc::gemm(gemm_engine, a, ws(), stream);
-  }
-  void grouped_gemm(bool ta, bool tb, int64_t G, int64_t T, const int32_t* offsets, int64_t M,
-                    int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
-                    int64_t stride_b, double beta, void* Cp, int64_t ldc, int64_t stride_c,
-                    bool c_f32) {
-    kc::GroupedGemmArgs a;
-    a.ta = ta;
-    a.tb = tb;
-    a.G = G;
-    a.T = T;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.beta = beta;
-    a.offsets = offsets;
-    a.A = A;
-    a.lda = lda;
-    a.B = B;
-    a.ldb = ldb;
-    a.stride_b = stride_b;
-    a.C = Cp;
-    a.ldc = ldc;
-    a.stride_c = stride_c;
-    a.ab = kc::DType::bf16;
-    a.c_dt = c_f32 ? kc::DType::f32 : kc::DType::bf16;
-    a.err = err;
-    kc::grouped_gemm(a, stream);
-  }
   void prepare_batch(const MicroBatch& mb);
-  void rope(bf16* x, int64_t ld, int64_t H, int64_t D, int64_t N, bool inverse);
+  // RoPE table t on H heads of D columns of x into y (y may be x); transposed when inverse.
+  void rope(int t, bf16* y, int64_t ldy, const bf16* x, int64_t ldx, int64_t H, int64_t D, int64_t N,
+            bool inverse);
   // dst[r, 0:cols] = src[r, 0:cols] for r < rows (bf16, leading dimensions in elements): a
   // strided block copy on the stream.
   void copy_cols(bf16* dst, int64_t ldd, const bf16* src, int64_t lds, int64_t rows, int64_t cols) {
@@ -364,25 +310,29 @@ struct CudaEngine::Impl {
           "strided copy");
   }
   void forward(const MicroBatch& mb, const OutputRequest& req, bool train);
-  // recompute: a full-recompute rerun inside the backward (its auxiliary losses are not
-  // counted again).
-  void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out, bool recompute);
+  // The layer's steps in order. `recompute`: inside the backward, rebuild what it reads (no
+  // output, no routing record, auxiliary losses not counted again); `only_cheap`: just the
+  // recomputable steps (selective recompute).
+  void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bool recompute, bool only_cheap = false);
+  void run_step(int64_t l, const sdk::LayerStep& st, const MicroBatch& mb, LayerActs& a, bool recompute);
   void backward(const MicroBatch& mb, const OutputRequest& req);
   void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);
-  void recompute_selective(int64_t l, const MicroBatch& mb, LayerActs& a);
-  // moe_layer.cpp: the MLP block of an MoE layer (from xn2 = mlp_norm(h) to out = h + moe),
-  // and its backward (dres = d out on entry, d h on exit, as the dense block).
+  // moe_layer.cpp: the moe step (xn [N, C] -> out [N, C]) and its backward (d out -> d xn, added
+  // with accumulate).
   cuda::MoeActs& moe_of(int64_t l) { return moe_acts[acts_per_layer ? size_t(l) : 0]; }
-  void forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out, bool recompute);
-  void backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a);
-  // mla_layer.cpp: the attention block of an MLA layer (from xn1 = attn_norm(x) to
-  // h = x + o(mla(xn1))) and its backward (dres = d h on entry, d x on exit, as the dense block).
+  void forward_moe(int64_t l, const MicroBatch& mb, const bf16* xn, bf16* out, bool recompute);
+  void backward_moe(int64_t l, const MicroBatch& mb, const bf16* xn, const bf16* dout, bf16* dxn, bool accumulate);
+  // mla_layer.cpp: the mla step (xn [N, C] -> att [N, H dv], q|k|v into qkv [N, W], lse [H, N])
+  // and its backward (d att -> d xn, added with accumulate).
   cuda::MlaActs& mla_of(int64_t l) { return mla_acts[acts_per_layer ? size_t(l) : 0]; }
-  void forward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
-  void backward_mla(int64_t l, const MicroBatch& mb, LayerActs& a);
+  void forward_mla(int64_t l, const MicroBatch& mb, const bf16* xn, bf16* qkv, bf16* att, float* lse);
+  void backward_mla(int64_t l, const MicroBatch& mb, const bf16* xn, const bf16* qkv, const bf16* att,
+                    const float* lse, const bf16* datt, bf16* dxn, bool accumulate);
+  // The attention op's operands of an MLA layer (q|k|v heads in qkv, att, lse).
+  cuda::DeviceOps::Attention mla_attention(const LayerShape& s, int64_t N, int64_t S, const bf16* qkv,
+                                           const bf16* att, const float* lse) const;
   cuda::MoeLossArgs moe_loss_args(int64_t l, const MicroBatch& mb, const cuda::MoeActs& m) const;
-  kc::LogprobArgs head_args(const OutputRequest& req, int64_t N, bool cache) const;
-  kc::AttnArgs attn_args(const LayerShape& s, const LayerActs& a, int64_t N, int64_t S) const;
+  cuda::DeviceOps::Logprob head_args(const OutputRequest& req, int64_t N, bool cache) const;
   double grad_norm();
   void optimizer_step(const StepOptions& so, double clip);
   std::vector<std::vector<float>> download(const float* base);

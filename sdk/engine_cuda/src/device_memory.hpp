@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "rlhost/kernels_cuda/kernels.hpp"
 
 namespace rlh::engine::cuda {
 
@@ -96,47 +95,6 @@ class PinnedBuffer {
  private:
   void* p_ = nullptr;
   size_t bytes_ = 0;
-};
-
-// Kernel scratch: one block handed out by a bump pointer and rewound before every launcher
-// call (all work is ordered on one stream, so the next call's kernels run after the previous
-// call's). A call that needs more than the block gets extra blocks; the next rewind replaces
-// everything by one block of the high-water size, so a steady state allocates nothing.
-class Arena final : public rlh::kcuda::Workspace {
- public:
-  Arena(Counters& c, cudaStream_t s) : c_(c), s_(s) {}
-  void* get(size_t bytes) override {
-    bytes = (bytes + 255) & ~size_t(255);
-    if (used_ + bytes <= block_.size()) {
-      void* p = block_.get<char>() + used_;
-      used_ += bytes;
-      high_ = std::max(high_, used_);
-      return p;
-    }
-    extra_.emplace_back(c_, bytes);
-    high_ = std::max(high_, used_ + bytes);
-    used_ += bytes;
-    return extra_.back().get();
-  }
-  // Before each call.
-  Arena& rewind() {
-    if (!extra_.empty()) {
-      check(cudaStreamSynchronize(s_), "arena growth");  // queued work may use the old blocks
-      ++c_.syncs;
-      extra_.clear();
-      block_ = DeviceBuffer();
-      block_ = DeviceBuffer(c_, high_ + (high_ >> 3));
-    }
-    used_ = 0;
-    return *this;
-  }
-
- private:
-  Counters& c_;
-  cudaStream_t s_;
-  DeviceBuffer block_;
-  std::vector<DeviceBuffer> extra_;
-  size_t used_ = 0, high_ = 0;
 };
 
 // Kernels of the engine itself (cuda_engine_kernels.cu).

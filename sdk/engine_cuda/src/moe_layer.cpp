@@ -1,12 +1,13 @@
-// Mixture-of-experts layers on the GPU (Mixtral, Qwen2-MoE, Qwen3-MoE): the MLP block of a layer
-// the description marks `moe`, forward and backward, one launcher call per line, op for op the
-// CPU engine's sdk/engine/src/moe.cpp (whose header comment gives the math and the auxiliary
-// losses). Per token, dropless:
+// Mixture-of-experts layers on the GPU (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3): the layer
+// program's moe step (sdk/layer_program.hpp), forward and backward, one op per line, op for op
+// the CPU engine's sdk/engine/src/moe.cpp (whose header comment gives the math and the auxiliary
+// losses). The MLP norm before it and the residual add after it are the program's own steps.
+// Per token, dropless:
 //
 //   z    = xn Wr^T (+ b_r)                 router logits, fp32 (bf16 GEMM operands, fp32 C) or
 //                                          fp64 (router_fp64: bf16 xn, fp32 master Wr)
 //   w, e = top-k of softmax/sigmoid(z)     (+ selection bias), renormalised, scaled
-//   out  = h + sum_k w_k down_e(silu(gate_e xn) * up_e xn) + [sigmoid(xn ws^T)] shared(xn)
+//   out  = sum_k w_k down_e(act(gate_e xn) * up_e xn) + [sigmoid(xn ws^T)] shared(xn)
 //
 // What differs from the CPU engine is where the work lives, not what it computes:
 //   - each expert's gate and up are one [2 Fe, C] matrix (carve_params interleaves them), so
@@ -29,11 +30,11 @@ using cuda::check;
 // ---------------------------------------------------------------------------------------------
 // Description
 
-void CudaEngine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, LayerShape& s) {
+void CudaEngine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& st, LayerShape& s) {
   static_cast<MoeBasics&>(s) =
       moe_basics(ld, opt.moe, "cuda engine: layer " + std::to_string(ld.index) + ": ");
   s.moe = true;
-  s.F = 0;
+  s.act = st.act;
   s.route_col = route_width;
   route_width += s.Kx;
   maxE = std::max(maxE, s.E);
@@ -178,107 +179,88 @@ cuda::MoeLossArgs CudaEngine::Impl::moe_loss_args(int64_t l, const MicroBatch& m
 
 namespace {
 
-// A layer's routing as the router kernel takes it, forward and backward alike.
-kc::RouterArgs router_args(const cuda::LayerShape& s, int64_t N, int32_t* experts, int* err) {
-  kc::RouterArgs r;
+// A layer's routing as the router op takes it, forward and backward alike.
+cuda::DeviceOps::Router router_of(const cuda::LayerShape& s, int64_t N, bool f64, bool replay) {
+  cuda::DeviceOps::Router r;
+  r.f64 = f64;
   r.N = N;
   r.E = s.E;
   r.K = s.Kx;
   r.scoring = s.scoring;
   r.norm_topk_prob = s.norm_topk_prob;
   r.scaling_factor = s.scaling_factor;
+  r.replay = replay;
   r.n_group = s.n_group;
   r.topk_group = s.topk_group;
-  r.experts = experts;
-  r.err = err;
+  return r;
+}
+
+// The shared expert's sigmoid gate as a route with one expert and one choice.
+cuda::DeviceOps::Router shared_gate(int64_t N) {
+  cuda::DeviceOps::Router r;
+  r.N = N;
+  r.E = 1;
+  r.K = 1;
+  r.scoring = 1;
   return r;
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Forward: a.xn2 = mlp_norm(h) is computed (forward_layer); x_out = h + the block.
+// Forward: out [N, C] = the block of xn [N, C]. Inside the backward's recompute only what the
+// backward reads is rebuilt (not out, not the routing record, no auxiliary losses counted).
 
-void CudaEngine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a, bf16* x_out,
-                                   bool recompute) {
+void CudaEngine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const bf16* xn, bf16* out, bool recompute) {
   const LayerShape& s = shapes[size_t(l)];
   const LayerOffsets& p = lo[size_t(l)];
   cuda::MoeActs& m = moe_of(l);
   cuda::MoeScratch& x = moe_x;
   const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
-  const bf16* xn = a.xn2;
-  const auto bf = kc::DType::bf16;
   const bool r64 = opt.moe.router_fp64;
 
   // Router: logits, scores, choice, weights.
-  kc::RouterArgs ra = router_args(s, N, m.experts, err);
-  ra.ldl = E;
   const size_t kb = size_t(K) * 4, rb = size_t(route_width) * 4;
-  if (replay_active) {  // this layer's columns of the [N, R] record become its choices
-    check(cudaMemcpy2DAsync(m.experts, kb, route + s.route_col, rb, kb, size_t(N),
-                            cudaMemcpyDeviceToDevice, stream), "replay");
-    ra.replay = true;
-  }
+  if (replay_active)  // this layer's columns of the [N, R] record become its choices
+    check(cudaMemcpy2DAsync(m.experts, kb, route + s.route_col, rb, kb, size_t(N), cudaMemcpyDeviceToDevice,
+                            stream), "replay");
+  const cuda::DeviceOps::Router ra = router_of(s, N, r64, replay_active);
   if (!r64) {
     // bf16 operands, fp32 logits (HF's bf16 model runs the router Linear in bf16 and its
     // softmax in fp32); the scores are never rounded before the choice.
-    gemm(false, true, N, E, C, xn, C, w(p.router), C, 0, x.logits, E, true);         // z [N,E]
-    if (p.router_b >= 0) kc::bias_add_fwd(kc::DType::f32, x.logits, E, mf(p.router_b), N, E, stream);
-    ra.t = kc::DType::f32;
-    ra.logits = x.logits;
-    ra.bias = {mf(p.score_bias), false};
-    ra.weights = {m.w, false};
-    ra.probs = {m.probs, false};
-    ra.lse = {m.lse, false};
-    kc::moe_router_fwd(ra, stream);
+    ops->gemm(false, true, N, E, C, xn, C, w(p.router), C, 0, x.logits, E, true);                 // z [N,E]
+    if (p.router_b >= 0) ops->bias_add(true, x.logits, E, mf(p.router_b), N, E);
+    ops->router_fwd(ra, x.logits, E, mf(p.score_bias), m.w, m.experts, m.probs, m.lse);
   } else {
     // fp64 from the fp32 master router weight (NeMo-RL's moe_router_dtype fp64)
     cuda::f64_gemm_logits(xn, C, mf(p.router), mf(p.router_b), x.logits64, N, E, C, stream);
     if (p.score_bias >= 0) cuda::f32_to_f64(mf(p.score_bias), x.bias64, E, stream);
-    ra.t = kc::DType::f64;
-    ra.logits = x.logits64;
-    ra.bias = {p.score_bias >= 0 ? x.bias64 : nullptr, false};
-    ra.weights = {x.w64, false};
-    ra.probs = {m.probs64, false};
-    ra.lse = {m.lse64, false};
-    kc::moe_router_fwd(ra, stream);
+    ops->router_fwd(ra, x.logits64, E, p.score_bias >= 0 ? x.bias64 : nullptr, x.w64, m.experts, m.probs64,
+                    m.lse64);
     cuda::f64_to_f32(x.w64, m.w, NK, stream);  // the combine takes fp32 weights (as the CPU's)
   }
 
   if (record_active && !replay_active && !recompute)  // (a replay's record is the field)
-    check(cudaMemcpy2DAsync(route + s.route_col, rb, m.experts, kb, kb, size_t(N),
-                            cudaMemcpyDeviceToDevice, stream), "routing record");
+    check(cudaMemcpy2DAsync(route + s.route_col, rb, m.experts, kb, kb, size_t(N), cudaMemcpyDeviceToDevice,
+                            stream), "routing record");
 
   // Routed experts on expert-sorted rows; offsets stay on the device.
-  kc::moe_permute_fwd(bf, m.xp, C, m.row, m.offsets, xn, C, m.experts, N, K, C, E, err, ws(),
-                      stream);                                                         // xp [NK,C]
-  grouped_gemm(false, true, E, NK, m.offsets, 0, 2 * Fe, C, m.xp, C, w(p.we_gu), C, 2 * Fe * C, 0,
-               m.gu, 2 * Fe, 0, false);                                                // gu [NK,2Fe]
-  kc::swiglu_fwd(bf, m.a, Fe, m.gu, 2 * Fe, m.gu + Fe, 2 * Fe, NK, Fe, stream);        // a [NK,Fe]
-  grouped_gemm(false, true, E, NK, m.offsets, 0, C, Fe, m.a, Fe, w(p.we_down), Fe, C * Fe, 0, m.yp,
-               C, 0, false);                                                           // yp [NK,C]
+  ops->permute_fwd(m.xp, m.row, m.offsets, xn, C, m.experts, N, K, C, E);                      // xp [NK,C]
+  ops->grouped_gemm(false, true, E, NK, m.offsets, 0, 2 * Fe, C, m.xp, C, w(p.we_gu), C, 2 * Fe * C, 0, m.gu,
+                    2 * Fe, 0, false);                                                         // gu [NK,2Fe]
+  ops->glu_fwd(s.act, m.a, Fe, m.gu, 2 * Fe, NK, Fe);                                           // a [NK,Fe]
+  ops->grouped_gemm(false, true, E, NK, m.offsets, 0, C, Fe, m.a, Fe, w(p.we_down), Fe, C * Fe, 0, m.yp, C, 0,
+                    false);                                                                    // yp [NK,C]
 
-  // Shared expert (a dense SwiGLU on every token) and its sigmoid gate, a route with one
+  // Shared expert (a dense GLU MLP on every token) and its sigmoid gate, a route with one
   // expert and one choice: weight = sigmoid(logit), fp32 logit from the bf16 GEMM.
   if (Fs > 0) {
-    gemm(false, true, N, 2 * Fs, C, xn, C, w(p.ws_gu), C, 0, m.sgu, 2 * Fs, false);   // [N,2Fs]
-    kc::swiglu_fwd(bf, m.sa, Fs, m.sgu, 2 * Fs, m.sgu + Fs, 2 * Fs, N, Fs, stream);    // [N,Fs]
-    gemm(false, true, N, C, Fs, m.sa, Fs, w(p.ws_down), Fs, 0, m.sy, C, false);        // sy [N,C]
+    ops->gemm(false, true, N, 2 * Fs, C, xn, C, w(p.ws_gu), C, 0, m.sgu, 2 * Fs, false);        // [N,2Fs]
+    ops->glu_fwd(s.act, m.sa, Fs, m.sgu, 2 * Fs, N, Fs);                                         // [N,Fs]
+    ops->gemm(false, true, N, C, Fs, m.sa, Fs, w(p.ws_down), Fs, 0, m.sy, C, false);             // sy [N,C]
     if (p.ws_gate >= 0) {
-      gemm(false, true, N, 1, C, xn, C, w(p.ws_gate), C, 0, m.sgl, 1, true);           // [N,1]
-      kc::RouterArgs ga;
-      ga.t = kc::DType::f32;
-      ga.N = N;
-      ga.E = 1;
-      ga.K = 1;
-      ga.scoring = 1;
-      ga.logits = m.sgl;
-      ga.ldl = 1;
-      ga.weights = {m.sgw, false};
-      ga.experts = x.szero;  // writes expert 0 again
-      ga.probs = {x.sprob, false};
-      ga.err = err;
-      kc::moe_router_fwd(ga, stream);
+      ops->gemm(false, true, N, 1, C, xn, C, w(p.ws_gate), C, 0, m.sgl, 1, true);                // [N,1]
+      ops->router_fwd(shared_gate(N), m.sgl, 1, nullptr, m.sgw, x.szero, x.sprob, nullptr);
     }
   }
 
@@ -287,50 +269,42 @@ void CudaEngine::Impl::forward_moe(int64_t l, const MicroBatch& mb, LayerActs& a
     if (!r64) cuda::moe_loss_values<float>(la, m.probs, m.lse, moe_stats(), stream);
     else cuda::moe_loss_values<double>(la, m.probs64, m.lse64, moe_stats(), stream);
   }
-  kc::moe_unpermute_fwd(bf, x_out, C, m.yp, C, m.row, {m.w, false}, N, K, C, false, err, ws(),
-                        stream);                                                       // out [N,C]
+  if (recompute) return;
+  ops->unpermute_fwd(out, C, m.yp, m.row, m.w, N, K, C, false);                                  // out [N,C]
   if (Fs > 0) {
-    if (p.ws_gate >= 0)
-      kc::moe_unpermute_fwd(bf, x_out, C, m.sy, C, x.srow, {m.sgw, false}, N, 1, C, true, err,
-                            ws(), stream);
-    else
-      kc::add_fwd(bf, x_out, x_out, m.sy, N * C, stream);
+    if (p.ws_gate >= 0) ops->unpermute_fwd(out, C, m.sy, x.srow, m.sgw, N, 1, C, true);
+    else ops->add(out, out, m.sy, N * C);
   }
-  kc::add_fwd(bf, x_out, a.h, x_out, N * C, stream);                                  // h + moe
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward: dres holds d loss / d (layer output) on entry; on exit the block's contribution is
-// added (d loss / d h), as the dense block does. dxn collects d loss / d xn2.
+// Backward: dout = d loss / d out in; dxn = d loss / d xn out (added to it with accumulate).
 
-void CudaEngine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& a) {
+void CudaEngine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const bf16* xn, const bf16* dout, bf16* dxn,
+                                    bool accumulate) {
   const LayerShape& s = shapes[size_t(l)];
   const LayerOffsets& p = lo[size_t(l)];
   cuda::MoeActs& m = moe_of(l);
   cuda::MoeScratch& x = moe_x;
   const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
-  const bf16* xn = a.xn2;
-  const auto bf = kc::DType::bf16;
   const bool r64 = opt.moe.router_fp64;
   const bool frozen = opt.moe.freeze_router;
   const int32_t* off = m.offsets;
 
-  // Combine: dyp = w dres (scattered to the rows), dw = <dres, yp> (fp32).
-  kc::moe_unpermute_bwd(bf, x.dyp, C, {x.dw, false}, dres, C, m.yp, C, m.row, {m.w, false}, N, K,
-                        C, err, ws(), stream);
+  // Combine: dyp = w dout (scattered to the rows), dw = <dout, yp> (fp32).
+  ops->unpermute_bwd(x.dyp, x.dw, dout, C, m.yp, m.row, m.w, N, K, C);
   // Experts: down, activation, gate|up, each with its weight gradient (fp32, beta 1).
-  grouped_gemm(false, false, E, NK, off, 0, Fe, C, x.dyp, C, w(p.we_down), Fe, C * Fe, 0, x.da,
-               Fe, 0, false);                                                          // da [NK,Fe]
-  grouped_gemm(true, false, E, NK, off, C, Fe, 0, x.dyp, C, m.a, Fe, 0, 1, g(p.we_down), Fe,
-               C * Fe, true);                                                          // dW_down
-  kc::swiglu_bwd(bf, x.dgu, 2 * Fe, x.dgu + Fe, 2 * Fe, x.da, Fe, m.gu, 2 * Fe, m.gu + Fe, 2 * Fe,
-                 NK, Fe, stream);                                                      // dgu
-  grouped_gemm(true, false, E, NK, off, 2 * Fe, C, 0, x.dgu, 2 * Fe, m.xp, C, 0, 1, g(p.we_gu), C,
-               2 * Fe * C, true);                                                      // dW_gu
+  ops->grouped_gemm(false, false, E, NK, off, 0, Fe, C, x.dyp, C, w(p.we_down), Fe, C * Fe, 0, x.da, Fe, 0,
+                    false);                                                                    // da [NK,Fe]
+  ops->grouped_gemm(true, false, E, NK, off, C, Fe, 0, x.dyp, C, m.a, Fe, 0, 1, g(p.we_down), Fe, C * Fe,
+                    true);                                                                     // dW_down
+  ops->glu_bwd(s.act, x.dgu, 2 * Fe, x.da, Fe, m.gu, 2 * Fe, NK, Fe);                          // dgu
+  ops->grouped_gemm(true, false, E, NK, off, 2 * Fe, C, 0, x.dgu, 2 * Fe, m.xp, C, 0, 1, g(p.we_gu), C,
+                    2 * Fe * C, true);                                                         // dW_gu
   bf16* dxp = x.dyp;  // dyp is spent
-  grouped_gemm(false, false, E, NK, off, 0, C, 2 * Fe, x.dgu, 2 * Fe, w(p.we_gu), C, 2 * Fe * C, 0,
-               dxp, C, 0, false);                                                      // dxp [NK,C]
-  kc::moe_permute_bwd(bf, dxn, C, dxp, C, m.row, N, K, C, false, err, ws(), stream);   // dxn [N,C]
+  ops->grouped_gemm(false, false, E, NK, off, 0, C, 2 * Fe, x.dgu, 2 * Fe, w(p.we_gu), C, 2 * Fe * C, 0, dxp,
+                    C, 0, false);                                                              // dxp [NK,C]
+  ops->permute_bwd(dxn, C, dxp, m.row, N, K, C, accumulate);                                   // dxn [N,C]
 
   // Router: d logits from the weights (and the auxiliary losses), then into xn (always) and
   // into the router weight (unless frozen).
@@ -338,78 +312,49 @@ void CudaEngine::Impl::backward_moe(int64_t l, const MicroBatch& mb, LayerActs& 
                    opt.moe.load_balancing != MoeOptions::LoadBalancing::none;
   const bool zl = moe_train && opt.moe.z_loss_coef != 0;
   const cuda::MoeLossArgs la = moe_loss_args(l, mb, m);
-  kc::RouterArgs rb = router_args(s, N, m.experts, err);
-  rb.lddl = E;
+  const cuda::DeviceOps::Router rb = router_of(s, N, r64, false);
   if (!r64) {
     if (aux || zl)
-      cuda::moe_loss_grads<float>(la, m.lse, aux ? x.dprobs : nullptr, zl ? x.dlse : nullptr,
-                                  stream);
-    rb.t = kc::DType::f32;
-    rb.dweights = {x.dw, false};
-    rb.probs = {m.probs, false};
-    rb.dprobs = {aux ? x.dprobs : nullptr, false};
-    rb.dlse = {zl ? x.dlse : nullptr, false};
-    rb.dlogits = x.dlogits;
-    kc::moe_router_bwd(rb, stream);                                                    // dz [N,E]
+      cuda::moe_loss_grads<float>(la, m.lse, aux ? x.dprobs : nullptr, zl ? x.dlse : nullptr, stream);
+    ops->router_bwd(rb, x.dlogits, x.dw, m.probs, m.experts, aux ? x.dprobs : nullptr,
+                    zl ? x.dlse : nullptr);                                                    // dz [N,E]
     cuda::cast_to_bf16(x.dlogits, x.dlogits16, N * E, stream);  // the GEMMs' bf16 operand
     if (!frozen) {
-      gemm(true, false, E, C, N, x.dlogits16, E, xn, C, 1, g(p.router), C, true);     // dW_router
-      if (p.router_b >= 0)
-        kc::bias_bwd(kc::DType::f32, {g(p.router_b), false}, x.dlogits, E, N, E, ws(), stream);
+      ops->gemm(true, false, E, C, N, x.dlogits16, E, xn, C, 1, g(p.router), C, true);         // dW_router
+      if (p.router_b >= 0) ops->bias_bwd(true, g(p.router_b), x.dlogits, E, N, E);
     }
-    gemm(false, false, N, C, E, x.dlogits16, E, w(p.router), C, 1, dxn, C, false);    // dxn += dz Wr
+    ops->gemm(false, false, N, C, E, x.dlogits16, E, w(p.router), C, 1, dxn, C, false);        // dxn += dz Wr
   } else {
     if (aux || zl)
-      cuda::moe_loss_grads<double>(la, m.lse64, aux ? x.dprobs64 : nullptr,
-                                   zl ? x.dlse64 : nullptr, stream);
+      cuda::moe_loss_grads<double>(la, m.lse64, aux ? x.dprobs64 : nullptr, zl ? x.dlse64 : nullptr, stream);
     cuda::f32_to_f64(x.dw, x.dw64, NK, stream);
-    rb.t = kc::DType::f64;
-    rb.dweights = {x.dw64, false};
-    rb.probs = {m.probs64, false};
-    rb.dprobs = {aux ? x.dprobs64 : nullptr, false};
-    rb.dlse = {zl ? x.dlse64 : nullptr, false};
-    rb.dlogits = x.dlogits64;
-    kc::moe_router_bwd(rb, stream);                                                    // dz [N,E]
-    cuda::f64_gemm_dx(x.dlogits64, mf(p.router), dxn, N, E, C, stream);                // dxn += dz Wr
+    ops->router_bwd(rb, x.dlogits64, x.dw64, m.probs64, m.experts, aux ? x.dprobs64 : nullptr,
+                    zl ? x.dlse64 : nullptr);                                                  // dz [N,E]
+    cuda::f64_gemm_dx(x.dlogits64, mf(p.router), dxn, N, E, C, stream);                        // dxn += dz Wr
     if (!frozen) {
-      cuda::f64_gemm_dw(x.dlogits64, xn, g(p.router), N, E, C, stream);               // dW_router
+      cuda::f64_gemm_dw(x.dlogits64, xn, g(p.router), N, E, C, stream);                       // dW_router
       if (p.router_b >= 0) cuda::f64_colsum_acc(x.dlogits64, g(p.router_b), N, E, stream);
     }
   }
 
   // Shared expert and its gate.
   if (Fs > 0) {
-    const bf16* dsy = dres;
+    const bf16* dsy = dout;
     if (p.ws_gate >= 0) {
-      kc::moe_unpermute_bwd(bf, x.dsy, C, {x.dsgw, false}, dres, C, m.sy, C, x.srow,
-                            {m.sgw, false}, N, 1, C, err, ws(), stream);               // dsy, dgate
-      kc::RouterArgs ga;
-      ga.t = kc::DType::f32;
-      ga.N = N;
-      ga.E = 1;
-      ga.K = 1;
-      ga.scoring = 1;
-      ga.dweights = {x.dsgw, false};
-      ga.probs = {m.sgw, false};  // sigmoid scores = the weights with one expert
-      ga.experts = x.szero;
-      ga.dlogits = x.dsgl;
-      ga.lddl = 1;
-      ga.err = err;
-      kc::moe_router_bwd(ga, stream);                                                  // [N,1]
+      ops->unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);                 // dsy, dgate
+      // sigmoid scores = the weights with one expert
+      ops->router_bwd(shared_gate(N), x.dsgl, x.dsgw, m.sgw, x.szero, nullptr, nullptr);        // [N,1]
       cuda::cast_to_bf16(x.dsgl, x.dsgl16, N, stream);
-      gemm(true, false, 1, C, N, x.dsgl16, 1, xn, C, 1, g(p.ws_gate), C, true);        // dW_gate
-      gemm(false, false, N, C, 1, x.dsgl16, 1, w(p.ws_gate), C, 1, dxn, C, false);     // dxn +=
+      ops->gemm(true, false, 1, C, N, x.dsgl16, 1, xn, C, 1, g(p.ws_gate), C, true);             // dW_gate
+      ops->gemm(false, false, N, C, 1, x.dsgl16, 1, w(p.ws_gate), C, 1, dxn, C, false);          // dxn +=
       dsy = x.dsy;
     }
-    gemm(false, false, N, Fs, C, dsy, C, w(p.ws_down), Fs, 0, x.dsa, Fs, false);       // dsa
-    gemm(true, false, C, Fs, N, dsy, C, m.sa, Fs, 1, g(p.ws_down), Fs, true);          // dW_down
-    kc::swiglu_bwd(bf, x.dsgu, 2 * Fs, x.dsgu + Fs, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, m.sgu + Fs,
-                   2 * Fs, N, Fs, stream);                                             // dsgu
-    gemm(false, false, N, C, 2 * Fs, x.dsgu, 2 * Fs, w(p.ws_gu), C, 1, dxn, C, false); // dxn +=
-    gemm(true, false, 2 * Fs, C, N, x.dsgu, 2 * Fs, xn, C, 1, g(p.ws_gu), C, true);    // dW_gu
+    ops->gemm(false, false, N, Fs, C, dsy, C, w(p.ws_down), Fs, 0, x.dsa, Fs, false);            // dsa
+    ops->gemm(true, false, C, Fs, N, dsy, C, m.sa, Fs, 1, g(p.ws_down), Fs, true);               // dW_down
+    ops->glu_bwd(s.act, x.dsgu, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, N, Fs);                        // dsgu
+    ops->gemm(false, false, N, C, 2 * Fs, x.dsgu, 2 * Fs, w(p.ws_gu), C, 1, dxn, C, false);      // dxn +=
+    ops->gemm(true, false, 2 * Fs, C, N, x.dsgu, 2 * Fs, xn, C, 1, g(p.ws_gu), C, true);         // dW_gu
   }
-  kc::rmsnorm_bwd(bf, dres, C, {g(p.mlp_norm), false}, dxn, C, a.h, C, w(p.mlp_norm),
-                  {a.rstd2, false}, N, C, s.off_mlp, true, ws(), stream);              // dres = dh
 }
 
 }  // namespace rlh::engine

@@ -75,7 +75,9 @@ static const rlh_kernels_api k_kernels_api = {RLH_STRUCT_SIZE(rlh_kernels_api, s
                                               NULL,
                                               NULL,
                                               NULL, /* state_save: optional */
-                                              NULL /* state_load: optional */};
+                                              NULL, /* state_load: optional */
+                                              /* KERNELS 0.2 slots, outside struct_size: a 0.1 table */
+                                              NULL, NULL, NULL, NULL, NULL, NULL};
 
 static const rlh_component_desc k_tok = {RLH_STRUCT_SIZE(rlh_component_desc, config_keys),
                                          RLH_KIND_TOKENIZER,

@@ -1,12 +1,14 @@
 // rlhost C++ SDK: tensors views and the kernel registry, for code that runs ops (engines,
 // generators, the conformance test) and code that implements them (providers).
 //
-// A KernelRegistry holds provider instances in preference order (a pinned provider first, then
-// the rest, the CPU reference last). resolve() asks each in turn for an op; the first that does
-// not answer RLH_E_UNIMPLEMENTED wins. Resolution happens once; Op::run is one indirect call.
+// A KernelRegistry holds provider instances in preference order (the CPU reference last) and
+// per-op pins. resolve() asks each in turn for an op; the first that does not answer
+// RLH_E_UNIMPLEMENTED wins. Resolution happens once; Op::run is one indirect call.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <string_view>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -202,16 +204,25 @@ inline double attr_double_or(const rlh_named_value* attrs, size_t n, std::string
 class Op {
  public:
   Op() = default;
-  Op(const rlh_kernels_api* api, rlh_op* op, std::string provider)
-      : api_(api), op_(op), provider_(std::move(provider)) {}
-  Op(Op&& o) noexcept : api_(o.api_), op_(std::exchange(o.op_, nullptr)), provider_(std::move(o.provider_)) {}
+  Op(const rlh_kernels_api* api, rlh_op* op, std::string provider, std::string name = {})
+      : api_(api), op_(op), provider_(std::move(provider)), name_(std::move(name)) {}
+  Op(Op&& o) noexcept
+      : api_(o.api_), op_(std::exchange(o.op_, nullptr)), provider_(std::move(o.provider_)),
+        name_(std::move(o.name_)) {}
   Op& operator=(Op&& o) noexcept {
-    if (this != &o) { reset(); api_ = o.api_; op_ = std::exchange(o.op_, nullptr); provider_ = std::move(o.provider_); }
+    if (this != &o) {
+      reset();
+      api_ = o.api_;
+      op_ = std::exchange(o.op_, nullptr);
+      provider_ = std::move(o.provider_);
+      name_ = std::move(o.name_);
+    }
     return *this;
   }
   ~Op() { reset(); }
   explicit operator bool() const { return op_ != nullptr; }
   const std::string& provider() const { return provider_; }
+  const std::string& name() const { return name_; }
   rlh_op* raw() const { return op_; }
   const rlh_kernels_api* api() const { return api_; }
 
@@ -224,7 +235,18 @@ class Op {
     call.outputs = outputs.data(); call.num_outputs = outputs.size();
     call.attrs = attrs.data(); call.num_attrs = attrs.size();
     call.stream = stream; call.workspace = workspace; call.workspace_bytes = workspace_bytes;
-    check(api_->run(op_, &call));
+    run(call);
+  }
+  // Runs a prepared call; a failure names the provider and the op.
+  void run(const rlh_op_call& call) const {
+    if (rlh_status* s = api_->run(op_, &call)) failed(s, "running");
+  }
+  // Scratch bytes this call needs (0 when the provider does not say: it finds its own).
+  size_t workspace_size(const rlh_op_call& call) const {
+    if (!RLH_HAS_FIELD(api_, rlh_kernels_api, workspace_size) || api_->workspace_size == nullptr) return 0;
+    size_t bytes = 0;
+    if (rlh_status* s = api_->workspace_size(op_, &call, &bytes)) failed(s, "sizing the workspace of");
+    return bytes;
   }
   // Convenience for Tensor lists.
   void run(std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
@@ -238,36 +260,58 @@ class Op {
   rlh_op_info info() const {
     rlh_op_info i{};
     i.struct_size = sizeof(rlh_op_info);
-    check(api_->op_info(op_, &i));
+    if (rlh_status* s = api_->op_info(op_, &i)) failed(s, "reading the properties of");
     return i;
   }
 
  private:
+  [[noreturn]] void failed(rlh_status* s, const char* what) const {
+    StatusPtr owned(s);
+    throw Error(s->code, "kernel provider '" + provider_ + "' failed " + what + " op '" + name_ + "': " +
+                             status_message(s));
+  }
   void reset() { if (op_ != nullptr && api_ != nullptr) api_->release_op(op_); op_ = nullptr; }
   const rlh_kernels_api* api_ = nullptr;
   rlh_op* op_ = nullptr;
-  std::string provider_;
+  std::string provider_, name_;
 };
 
+// The providers an executor draws its ops from, in preference order: every provider that runs
+// on the executor's device, best probe score first, the reference (docs/ops.md; kernels_cpu says
+// so in provider_info) last. resolve() asks each in turn and the first that does not answer
+// RLH_E_UNIMPLEMENTED wins, so a provider may answer only some ops, dtypes or shapes and the
+// rest falls through. A pin (policy.kernels.<op>: <provider>) makes one provider the only one
+// asked for that op. Every resolution is recorded, so the executor can log which provider runs
+// each op. make_kernel_registry (kernel_registry.hpp) builds one from the host's providers.
 class KernelRegistry {
  public:
   struct Provider {
     std::string name;
     const rlh_kernels_api* api = nullptr;
     rlh_kernels* instance = nullptr;
-    bool owned = false;  // destroy the instance with the registry
+    bool owned = false;      // destroy the instance with the registry
+    bool reference = false;  // provider_info says "reference": true
+    bool device_memory = false;  // provider_info says "memory": "device"
+    // Set by conformance verification (make_kernel_registry): the provider is asked only for
+    // these ops (those it lists that did not fail).
+    bool verified = false;
+    std::vector<std::string> verified_ops;
+  };
+  // One resolution: the op, its float dtype ("bf16", ...) and the provider that answered.
+  struct Choice {
+    std::string op, dtype, provider;
   };
 
   KernelRegistry() = default;
   KernelRegistry(const KernelRegistry&) = delete;
   KernelRegistry& operator=(const KernelRegistry&) = delete;
   ~KernelRegistry() {
-    for (auto& p : providers_)
-      if (p.owned && p.api != nullptr && p.instance != nullptr) p.api->destroy(p.instance);
+    for (auto it = providers_.rbegin(); it != providers_.rend(); ++it)
+      if (it->owned && it->api != nullptr && it->instance != nullptr) it->api->destroy(it->instance);
   }
 
-  // Adds a provider at the end of the preference order. When `create_on` is given the registry
-  // creates (and later destroys) an instance for that device.
+  // Adds a provider at the end of the preference order, creating (and later destroying) an
+  // instance for `device`.
   void add(std::string name, const rlh_kernels_api* api, const rlh_host_api* host,
            rlh_device device, std::string_view config_json = "{}") {
     if (api == nullptr || api->struct_size < RLH_STRUCT_SIZE(rlh_kernels_api, release_op))
@@ -275,15 +319,95 @@ class KernelRegistry {
     rlh_kernels* inst = nullptr;
     check(api->create(host, device, config_json.data(), config_json.size(), &inst),
           "creating kernel provider '" + name + "'");
-    providers_.push_back(Provider{std::move(name), api, inst, true});
+    add_provider(make(std::move(name), api, inst, true));
   }
   void add_instance(std::string name, const rlh_kernels_api* api, rlh_kernels* instance) {
-    providers_.push_back(Provider{std::move(name), api, instance, false});
+    add_provider(make(std::move(name), api, instance, false));
+  }
+  void add_provider(Provider p) { providers_.push_back(std::move(p)); }
+  static Provider make(std::string name, const rlh_kernels_api* api, rlh_kernels* instance, bool owned) {
+    Provider p;
+    p.name = std::move(name);
+    p.api = api;
+    p.instance = instance;
+    p.owned = owned;
+    return p;
+  }
+  // Limits `provider` to `ops` (conformance verification leaves failing ops out).
+  void restrict_ops(std::string_view provider, std::vector<std::string> ops) {
+    for (Provider& p : providers_)
+      if (p.name == provider) {
+        p.verified = true;
+        p.verified_ops = std::move(ops);
+      }
   }
   const std::vector<Provider>& providers() const { return providers_; }
+  const Provider* find(std::string_view name) const {
+    for (const Provider& p : providers_)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
 
-  // Resolves `name` on `device` for the given operand descriptors, trying providers in order.
-  // `only` restricts to one provider (pinning / conformance testing).
+  // Pins `provider` for the op named `op`, or for every op of a family: "attention" pins
+  // attention_fwd and attention_bwd ("<family>_..."). The provider must be in the registry.
+  void pin(const std::string& op, const std::string& provider) {
+    if (find(provider) == nullptr) {
+      std::string have;
+      for (const Provider& p : providers_) have += (have.empty() ? "" : ", ") + p.name;
+      throw Error(RLH_E_NOT_FOUND, "policy.kernels." + op + " pins kernel provider '" + provider +
+                                       "', which is not loaded for this device (loaded: " +
+                                       (have.empty() ? "none" : have) + ")");
+    }
+    // The provider must offer the op (or, for a family, an op of it) on this device: refused
+    // here, at setup, rather than at the first call that needs it.
+    const Provider& pr = *find(provider);
+    if (pr.api->list_ops != nullptr) {
+      std::string listing;
+      if (rlh_status* s = pr.api->list_ops(pr.instance, write_to_string, &listing)) {
+        StatusPtr owned(s);
+        throw Error(s->code, "kernel provider '" + provider + "' failed to list its ops: " + status_message(s));
+      }
+      bool offered = false;
+      std::string names;
+      for (const std::string& n : listed_op_names(listing)) {
+        offered = offered || n == op || (n.size() > op.size() && n.compare(0, op.size(), op) == 0 && n[op.size()] == '_');
+        names += (names.empty() ? "" : ", ") + n;
+      }
+      if (!offered)
+        throw Error(RLH_E_INVALID_ARGUMENT, "policy.kernels." + op + " pins kernel provider '" + provider +
+                                                "', which offers no op '" + op + "' (it offers: " +
+                                                (names.empty() ? "none" : names) + ")");
+    }
+    pins_.emplace_back(op, provider);
+  }
+  // The "name" values of a list_ops JSON array (a tolerant scan: no JSON library in this header).
+  static std::vector<std::string> listed_op_names(const std::string& j) {
+    std::vector<std::string> out;
+    for (size_t at = j.find("\"name\""); at != std::string::npos; at = j.find("\"name\"", at + 6)) {
+      size_t i = at + 6;
+      while (i < j.size() && (j[i] == ' ' || j[i] == ':' || j[i] == '\t' || j[i] == '\n')) ++i;
+      if (i >= j.size() || j[i] != '"') continue;
+      const size_t e = j.find('"', i + 1);
+      if (e == std::string::npos) break;
+      out.push_back(j.substr(i + 1, e - i - 1));
+    }
+    return out;
+  }
+  // The provider pinned for `op`, or empty.
+  std::string pinned(std::string_view op) const {
+    std::string found;
+    for (const auto& [key, prov] : pins_)
+      if (op == key || (op.size() > key.size() && op.substr(0, key.size()) == key && op[key.size()] == '_'))
+        found = prov;
+    return found;
+  }
+
+  // Resolves `name` on `device` for the given operand descriptors, trying providers in order
+  // (only the pinned one when the op is pinned, only `only` when given: conformance checks).
+  // An attribute batch_invariant = 1 is a requirement: a provider's handle counts only when its
+  // op_info says batch_invariant (a provider that ignores the attribute falls through).
+  // A provider that fails to resolve with anything but RLH_E_UNIMPLEMENTED is an error naming it
+  // and the op; no provider answering is RLH_E_UNIMPLEMENTED listing each one's reason.
   Op resolve(const char* name, rlh_device device, std::span<const rlh_tensor> inputs,
              std::span<const rlh_tensor> outputs, std::span<const rlh_named_value> attrs = {},
              bool shapes_valid = false, const std::string& only = {}) const {
@@ -294,22 +418,88 @@ class KernelRegistry {
     d.outputs = outputs.data(); d.num_outputs = outputs.size();
     d.shapes_valid = shapes_valid ? 1 : 0;
     d.attrs = attrs.data(); d.num_attrs = attrs.size();
+    const std::string pin = only.empty() ? pinned(name) : only;
     std::string reasons;
     for (const Provider& p : providers_) {
-      if (!only.empty() && p.name != only) continue;
+      if (!pin.empty() && p.name != pin) continue;
+      if (p.verified && std::find(p.verified_ops.begin(), p.verified_ops.end(), name) == p.verified_ops.end()) {
+        reasons += "; " + p.name + ": left out for this op (it failed conformance, or does not list it)";
+        continue;
+      }
       rlh_op* op = nullptr;
       rlh_status* s = p.api->get_op(p.instance, &d, &op);
-      if (s == nullptr) return Op(p.api, op, p.name);
+      if (s == nullptr && needs_batch_invariance(attrs)) {
+        rlh_op_info info{};
+        info.struct_size = sizeof(rlh_op_info);
+        rlh_status* is = p.api->op_info(op, &info);
+        if (is != nullptr || !info.batch_invariant) {
+          StatusPtr drop(is);  // (null when op_info answered)
+          p.api->release_op(op);
+          reasons += "; " + p.name + ": not batch-invariant";
+          continue;
+        }
+      }
+      if (s == nullptr) {
+        choices_.push_back(Choice{name, float_dtype(inputs, outputs), p.name});
+        return Op(p.api, op, p.name, name);
+      }
       StatusPtr owned(s);
-      if (s->code != RLH_E_UNIMPLEMENTED) check(owned.release(), "resolving op '" + std::string(name) + "' in '" + p.name + "'");
+      if (s->code != RLH_E_UNIMPLEMENTED)
+        throw Error(s->code, "kernel provider '" + p.name + "' failed to resolve op '" + name +
+                                 "': " + status_message(s));
       reasons += "; " + p.name + ": " + status_message(s);
     }
+    if (!pin.empty() && only.empty())
+      throw Error(RLH_E_UNIMPLEMENTED, "op '" + std::string(name) + "' is pinned to kernel provider '" +
+                                           pin + "' (policy.kernels), which does not offer it for these operands" +
+                                           reasons);
     throw Error(RLH_E_UNIMPLEMENTED, "no kernel provider implements op '" + std::string(name) +
                                          "' for these operands" + reasons);
   }
 
+  static bool needs_batch_invariance(std::span<const rlh_named_value> attrs) {
+    const rlh_named_value* a = find_attr(attrs.data(), attrs.size(), "batch_invariant");
+    return a != nullptr && (a->type == RLH_VALUE_DOUBLE ? a->double_value != 0 : a->int64_value != 0);
+  }
+
+  // Every resolution so far, in order (one entry per op and dtype).
+  std::vector<Choice> choices() const {
+    std::vector<Choice> out;
+    for (const Choice& c : choices_) {
+      bool seen = false;
+      for (const Choice& o : out) seen = seen || (o.op == c.op && o.dtype == c.dtype && o.provider == c.provider);
+      if (!seen) out.push_back(c);
+    }
+    return out;
+  }
+  // "gemm bf16: kernels_cuda, attention_fwd bf16: kernels_cudnn, ..." grouped by provider:
+  // "kernels_cudnn: attention_fwd, attention_bwd (bf16); kernels_cuda: gemm, ... (bf16)".
+  std::string choices_summary() const {
+    std::vector<std::pair<std::string, std::string>> by;  // provider -> ops
+    for (const Choice& c : choices()) {
+      const std::string item = c.op + (c.dtype.empty() ? "" : " " + c.dtype);
+      bool found = false;
+      for (auto& [prov, ops] : by)
+        if (prov == c.provider) { ops += ", " + item; found = true; }
+      if (!found) by.emplace_back(c.provider, item);
+    }
+    std::string s;
+    for (const auto& [prov, ops] : by) s += (s.empty() ? "" : "; ") + prov + ": " + ops;
+    return s;
+  }
+
  private:
+  static std::string float_dtype(std::span<const rlh_tensor> a, std::span<const rlh_tensor> b) {
+    for (auto span : {a, b})
+      for (const rlh_tensor& t : span)
+        if (t.dtype.code == RLH_DTYPE_FLOAT || t.dtype.code == RLH_DTYPE_BFLOAT ||
+            t.dtype.code == RLH_DTYPE_FLOAT8_E4M3FN || t.dtype.code == RLH_DTYPE_FLOAT8_E5M2)
+          return dtype_name(t.dtype);
+    return {};
+  }
   std::vector<Provider> providers_;
+  std::vector<std::pair<std::string, std::string>> pins_;
+  mutable std::vector<Choice> choices_;
 };
 
 }  // namespace rlh::sdk

@@ -14,9 +14,12 @@
 // Link rlh_model_desc for the JSON functions and the RoPE frequency functions.
 //
 // Decoder, as every backend must compute it for a layer (pre-norm, as in HF Llama):
-//   h   = x + o_proj(attention(attn_norm(x)))
-//   out = h + mlp(mlp_norm(h))
-// and at the end: logits = lm_head(final_norm(out)) (lm_head = embedding when tied).
+//   h   = x + post_attn_norm(o_proj(attention(attn_norm(x))))
+//   out = h + post_mlp_norm(mlp(mlp_norm(h)))
+// (the post norms only where the layer has them: Gemma-2/3's sandwich norms), starting from
+// x_0 = embedding(ids) * embedding_scale, and at the end: logits = lm_head(final_norm(out))
+// (lm_head = embedding when tied). Executors do not read this directly: sdk/layer_program.hpp
+// derives the ops, weights and shapes once from the description.
 #pragma once
 
 #include <cstdint>
@@ -125,9 +128,11 @@ struct AttentionDesc {
   bool k_bias = false;
   bool v_bias = false;
   bool o_bias = false;  // o_proj bias (Llama attention_bias=true sets all four)
-  // Qwen3: RMSNorm with a [head_dim] weight over each head of q and of k, after the projection and
-  // before RoPE, using the model's norm eps.
+  // Qwen3 / Gemma-3: RMSNorm with a [head_dim] weight over each head of q and of k, after the
+  // projection and before RoPE, using the model's norm eps and this weight offset (0 Qwen3,
+  // 1 Gemma's (1 + w)).
   bool qk_norm = false;
+  double qk_norm_weight_offset = 0.0;
   // 0 = full causal attention. W > 0: query i attends keys j with i - W < j <= i (HF sliding
   // window mask: W keys including itself).
   int64_t sliding_window = 0;
@@ -135,6 +140,8 @@ struct AttentionDesc {
   // 1/sqrt(qk_nope+qk_rope) times the yarn mscale^2 as HF DeepseekV3Attention does).
   double softmax_scale = 0.0;
   bool use_rope = true;  // false for NoPE layers (none in the dense Llama family)
+  // Gemma-2: scores become cap * tanh(scores / cap) before the softmax. 0 = off.
+  double logit_softcapping = 0.0;
   // MLA (kind == mla). q_lora_rank 0 = q projected directly (no q_a/q_b).
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 0;
@@ -201,6 +208,14 @@ struct LayerDesc {
   AttentionDesc attention;
   NormDesc mlp_norm;  // post_attention_layernorm (pre-MLP norm, despite HF's name)
   MlpDesc mlp;
+  // Gemma-2/3 sandwich norms on the branch outputs before each residual add (HF
+  // post_attention_layernorm and post_feedforward_layernorm there; mlp_norm is then
+  // pre_feedforward_layernorm). Absent for the Llama family.
+  std::optional<NormDesc> post_attn_norm;
+  std::optional<NormDesc> post_mlp_norm;
+  // This layer's RoPE when it differs from the model's (Gemma-3: sliding layers use
+  // rope_local_base_freq with default RoPE). Absent: TransformerDesc::rope.
+  std::optional<RopeDesc> rope;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -223,6 +238,8 @@ enum class ParamRole {
   o_bias,       // [hidden]
   q_norm,       // [head_dim]
   k_norm,       // [head_dim]
+  post_attn_norm,  // [hidden] Gemma-2/3
+  post_mlp_norm,   // [hidden]
   gate,         // [ffn, hidden]
   up,           // [ffn, hidden]
   down,         // [hidden, ffn]
@@ -290,7 +307,11 @@ struct TransformerDesc {
   st::DType torch_dtype = st::DType::F32;  // config torch_dtype / dtype (checkpoint precision)
   double initializer_range = 0.02;
   NormDesc final_norm;
-  RopeDesc rope;  // shared by every layer whose attention.use_rope is set
+  RopeDesc rope;  // shared by every layer whose attention.use_rope is set (unless LayerDesc::rope)
+  // Gemma: the embedding rows are multiplied by this (sqrt(hidden_size)), in the model's dtype.
+  double embedding_scale = 1.0;
+  // Gemma-2: logits become cap * tanh(logits / cap). 0 = off.
+  double final_logit_softcapping = 0.0;
   std::vector<LayerDesc> layers;
   std::vector<ParamDesc> params;
 

@@ -28,12 +28,8 @@
 #include "rlhost/generator/model.hpp"
 #include "rlhost/generator/sampling.hpp"
 #include "rlhost/generator/stop_strings.hpp"
-#include "rlhost/generator/worker_pool.hpp"
 
 namespace rlh::gen {
-
-// The most decode threads a generator starts (Options::num_threads).
-inline constexpr int kMaxThreads = 1024;
 
 struct Options {
   int64_t max_num_seqs = 64;              // sequences decoding at once (batch slots)
@@ -44,12 +40,11 @@ struct Options {
   // truncated, like at max_model_len.
   int64_t kv_cache_bytes = int64_t(512) << 20;
   int64_t max_model_len = 0;              // prompt + new tokens; 0 = max_position_embeddings
-  // Threads of the decode: its own WorkerPool of this many; 0 = the process-wide pool, sized by
-  // OMP_NUM_THREADS like kernels_cpu's OpenMP. The process's OpenMP setting is left alone.
-  int num_threads = 0;                    // 0..kMaxThreads
   // MoE router in float64, as the trainer's MoeOptions::router_fp64 (NeMo-RL's
   // moe_router_dtype: fp64): set it as the trainer is set so both route alike.
   bool moe_router_fp64 = false;
+  // The kernels (required; not owned): engine::make_registry_ops over the CPU's providers.
+  engine::Ops* ops = nullptr;
 };
 
 struct Request {
@@ -114,8 +109,9 @@ class Generator {
   std::unique_ptr<DecodeModel> model_;
   PoolAllocator kv_alloc_ = PoolAllocator::aligned_heap();
   AlignedFloats logits_;
-  std::vector<float> scratch_;
-  std::unique_ptr<WorkerPool> pool_;  // num_threads > 0: the decode's own threads
+  std::vector<double> uniforms_;  // per sampling row: its draw (rng.hpp)
+  std::vector<int32_t> tokens_;
+  std::vector<float> token_logprobs_;
 };
 
 }  // namespace rlh::gen

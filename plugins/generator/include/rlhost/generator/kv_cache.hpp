@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 namespace rlh::gen {
@@ -88,6 +89,12 @@ class KvCache {
   std::vector<int32_t> free_;  // a stack: the most recently freed block is handed out first
   std::vector<int32_t> refs_;  // references per block (0 = free)
   int64_t peak_used_ = 0;
+};
+
+// A row of a step: one token of one sequence at position `pos`.
+struct CacheRow {
+  const int32_t* blocks = nullptr;  // the sequence's block table
+  int32_t pos = 0;                  // the row's position in its sequence
 };
 
 }  // namespace rlh::gen

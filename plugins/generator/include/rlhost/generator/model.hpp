@@ -2,17 +2,14 @@
 // same one the training engine executes), its weights — views of a colocated trainer's buffers
 // or owned copies — and the forward of one scheduler step over the paged KV cache.
 //
-// The math is the engine's, op for op (sdk/engine/src/forward.cpp): pre-norm decoder layers,
-//   h   = x + o_proj(attention(rope(qk_norm(qkv_proj(attn_norm(x))))))
-//   out = h + down(silu(gate(mlp_norm(h))) * up(mlp_norm(h)))
-// with q/k/v/o and MLP biases, per-head q/k RMSNorm (Qwen3), RoPE of any kind the description
-// names, GQA, per-layer sliding windows, then logits = lm_head(final_norm(x)) (the embedding when
-// tied). MoE MLPs are moe_decode.cpp (sdk/engine/src/moe.cpp's math) and DeepSeek's multi-head
-// latent attention mla_decode.cpp (sdk/engine/src/mla.cpp's): its expanded per-head keys and
-// values go into the paged cache, as attention with Dk != Dv. RMSNorm, RoPE, SwiGLU, bias, add and embedding are kernels_cpu's ops through the
-// engine's Ops interface; the projections are linear.hpp's row-invariant product and attention
-// reads the paged cache (paged_attention.hpp), the two pieces a generator needs that a trainer
-// does not.
+// What a layer computes is the layer program (sdk/layer_program.hpp), the one the engines
+// execute: DecodeModel interprets its steps for the rows of a step. Where the generator differs
+// is only in how two steps run: every linear step is the batch-invariant gemm (a row's result
+// never depends on the other rows, so a sequence decodes the same tokens whoever shares its
+// batch), and attention writes the step's keys and values into the paged cache and attends over
+// it (the kv_cache_write and paged_attention ops). MoE and MLA are composite steps
+// (moe_decode.cpp, mla_decode.cpp: the engine's math). Every op is the kernel registry's, through
+// the engine's Ops interface.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +23,7 @@
 #include "rlhost/engine/engine.hpp"  // LayerBasics
 #include "rlhost/engine/ops.hpp"
 #include "rlhost/generator/kv_cache.hpp"
-#include "rlhost/generator/paged_attention.hpp"
+#include "rlhost/sdk/layer_program.hpp"
 #include "rlhost/sdk/model_desc.hpp"
 #include "rlhost/tensor.h"
 
@@ -46,26 +43,22 @@ struct Aligned64 {
 };
 using AlignedFloats = std::vector<float, Aligned64<float>>;
 
-// Shapes and settings of one decoder layer, read once from the description.
-struct LayerShape : engine::LayerBasics {  // heads, widths, norms, RoPE, window, scale
-  // D: the q/k head width; Dv: the value head width (D except in MLA layers); Wqkv = Hq D +
-  // Hkv (D + Dv), the width of a row of the q|k|v buffer.
-  int64_t Dv = 0, Wqkv = 0;
-  // MoE layer (F = 0: no dense MLP): E experts, top Kx, expert width Fe, shared-expert width Fs
+// What the composite steps and the cache need of one layer, read once from its program.
+struct LayerShape : engine::MoeBasics, engine::MlaBasics {
+  // Attention geometry: kv heads, key and value widths in the cache (MLA: Hq expanded heads,
+  // Dk = dn + dr, Dv = v_head_dim)
+  int64_t Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
+  double scale = 0;   // softmax scale (the description's)
+  int64_t window = 0;
+  // MoE: the experts' activation and the router's attributes
   bool moe = false;
-  int64_t E = 0, Kx = 0, Fe = 0, Fs = 0;
-  bool shared_gate = false;
+  std::string act = "silu";
   engine::Ops::RouterAttrs router;
-  // MLA layer (DeepSeek-V2/V3): q_lora_rank rq (0: q projected directly), kv_lora_rank rkv, and
-  // the nope / rope parts of a q/k head (D = dn + dr); Hkv = Hq, Dv = v_head_dim.
+  // MLA: the width of its q|k|v value and its RoPE table (-1: none)
   bool mla = false;
-  int64_t rq = 0, rkv = 0, dn = 0, dr = 0;
+  int64_t Wqkv = 0;
+  int rope = -1;
 };
-
-// Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the layer and feature when the description needs
-// what this generator does not execute (non-SiLU activations, LayerNorm),
-// RLH_E_INVALID_ARGUMENT for inconsistent sizes.
-std::vector<LayerShape> layer_shapes(const sdk::TransformerDesc& desc);
 
 // Weights by description parameter, engine layout (row-major desc shapes): each one either a
 // view of memory someone else owns (refit with may_alias) or a slice of one owned arena laid out
@@ -123,36 +116,40 @@ class Weights {
   bool complete_ = false;
 };
 
-// Per-layer and global weight pointers of the set in force.
+// Weight pointers of the composite steps of one layer (the set in force).
 struct LayerWeights {
-  const float *attn_norm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
-  const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-  const float *o = nullptr, *bo = nullptr, *mlp_norm = nullptr, *gate = nullptr, *up = nullptr;
-  const float *bgate = nullptr, *bup = nullptr, *down = nullptr, *bdown = nullptr;
-  // MoE: router [E, C] (+ bias, selection bias [E]), stacked experts, shared expert and its gate
+  // MoE: router [E, C] (+ bias, selection bias [E]), shared expert and its gate
   const float *router = nullptr, *router_b = nullptr, *score_bias = nullptr;
   // Expert e's gate / up [Fe, C] and down [C, Fe]: views may lie anywhere (refit by HF name
   // with one tensor per expert), so one pointer each.
   std::vector<const float*> e_gate, e_up, e_down;
   const float *ws_gate_proj = nullptr, *ws_up = nullptr, *ws_down = nullptr, *ws_gate = nullptr;
   // MLA: q_a [rq, C], q_a_norm [rq], q_b [Hq D, rq] (or q [Hq D, C] without rq), kv_a
-  // [rkv + dr, C], kv_a_norm [rkv], kv_b [Hq (dn + Dv), rkv]; o is [C, Hq Dv].
-  const float *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr;
+  // [rkv + dr, C], kv_a_norm [rkv], kv_b [Hq (dn + Dv), rkv]
+  const float *q = nullptr, *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr;
   const float *kv_a = nullptr, *kv_a_norm = nullptr, *kv_b = nullptr;
+  // The float64 router (router_fp64): the router weight widened, refreshed with the set
+  std::vector<double> router64;
 };
 
 class DecodeModel {
  public:
-  // ops: the shared kernels (nullptr: kernels_cpu directly).
-  explicit DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops = nullptr);
+  // ops: the kernels (required; not owned). Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the
+  // layer and feature when the program needs what the generator does not execute,
+  // RLH_E_INVALID_ARGUMENT when the description is inconsistent.
+  DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops);
 
   // The MoE router in float64 (the trainer's MoeOptions::router_fp64, NeMo-RL's
   // moe_router_dtype: fp64); float32 by default. No effect on models without MoE layers.
-  void set_router_fp64(bool on) { router_fp64_ = on; }
+  void set_router_fp64(bool on) {
+    router_fp64_ = on;
+    bound_serial_ = -1;  // widen the router weights at the next bind
+  }
   bool router_fp64() const { return router_fp64_; }
   ~DecodeModel();
 
   const sdk::TransformerDesc& desc() const { return desc_; }
+  const sdk::ModelProgram& program() const { return prog_; }
   const std::vector<LayerShape>& shapes() const { return shapes_; }
   int64_t vocab() const { return V_; }
   Weights& weights() { return *weights_; }
@@ -169,51 +166,58 @@ class DecodeModel {
  private:
   void bind_weights();
   void reserve(int64_t rows, int64_t samples);
-  void apply_rope(float* x, int64_t ld, int64_t H, int64_t D, std::span<const CacheRow> rows) {
-    apply_rope_to(x, ld, x, ld, H, D, rows);
-  }
-  // y = rope(x) on H heads of D dims of every row (y may be x).
-  void apply_rope_to(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D,
-                     std::span<const CacheRow> rows);
+  const float* wp(int64_t param) const { return param < 0 ? nullptr : weights_->param(size_t(param)); }
+  // The rows' RoPE tables (a row past a dynamic table's threshold gets its own) and block tables.
+  void prepare_rows(std::span<const CacheRow> rows);
+  // y = rope(x) with table t on H heads of D dims of every row (y may be x).
+  void rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D, int64_t R);
+  void run_step(int64_t l, const sdk::LayerStep& st, std::vector<float*>& v, std::span<const CacheRow> rows,
+                KvCache& kv);
+  // Writes k, v of the rows into layer l's cache (the kv_cache_write op), then out = attention
+  // of q over it (paged_attention).
+  void attend(int64_t l, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,
+              float* out, int64_t ldo, std::span<const CacheRow> rows, KvCache& kv);
   // moe_decode.cpp: y [R,C] = the MoE block of layer l on xn [R,C] (no residual).
   void moe_block(int64_t l, int64_t R, const float* xn, float* y);
-  // moe_decode.cpp: z [R,E] (float64) = xn [R,C] Wr^T, each element its own k-ordered sum.
-  void router_logits_f64(double* z, const float* xn, const float* w, int64_t R, int64_t E);
-  // mla_decode.cpp: q [R, Hq D], k [R, Hq D], v [R, Hq Dv] of layer l (rows Wqkv apart in the
-  // q|k|v buffer) from xn [R,C], RoPE applied: what attention and the cache read.
-  void mla_qkv(int64_t l, const float* xn, std::span<const CacheRow> rows);
+  // mla_decode.cpp: q [R, Hq D], k [R, Hq D], v [R, Hq Dv] of layer l into qkv (rows Wqkv
+  // apart) from xn [R,C], RoPE applied: what attention and the cache read.
+  void mla_qkv(int64_t l, const float* xn, float* qkv, int64_t R);
 
   sdk::TransformerDesc desc_;
+  sdk::ModelProgram prog_;
   std::vector<LayerShape> shapes_;
   int64_t V_ = 0, C_ = 0, L_ = 0;
-  engine::CountingAllocator alloc_;
-  std::unique_ptr<engine::Ops> own_ops_;
   engine::Ops* ops_ = nullptr;
   std::unique_ptr<Weights> weights_;
   int64_t bound_serial_ = -1;  // Weights::serial() the pointers below were read at
   std::vector<LayerWeights> lw_;
-  const float *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
-
-  // RoPE
-  int64_t R_ = 0;
-  double rope_scale_ = 1;
-  bool rope_interleaved_ = false;
-  int64_t rope_dynamic_from_ = 0;  // > 0: rows at positions >= this need their own table
-  std::vector<float> inv_freq_;    // [R/2], the table for positions below it
-  std::vector<float> row_freq_;    // [rows, R/2] per-row tables of a step (dynamic kinds)
-  std::vector<uint8_t> row_own_freq_;
-  std::vector<int32_t> pos_;
-
-  // Activations of a step (grown on demand), 64-byte aligned like the weights: linear.cpp's
-  // 64-byte loads each straddle two cache lines otherwise (glibc's malloc aligns to 16), which
-  // measured 75-87 GFLOP/s per core instead of 108-112.
-  int64_t cap_rows_ = 0, cap_samples_ = 0;
-  AlignedFloats x_, xn_, qkv_, att_, h_, gu_, a_, hs_;
-  AlignedFloats moe_f_;         // MoE scratch (router logits, weights, expert rows, shared expert)
-  std::vector<int32_t> moe_i_;  // MoE choices, permuted rows, offsets
-  std::vector<double> moe_d_;   // the float64 router's logits, scores and weights
   bool router_fp64_ = false;
-  AlignedFloats mla_f_;         // MLA scratch (q latent, kv latent and its norm, kv_b's output)
+
+  // RoPE tables of the program, and per forward the rows' own tables past a dynamic threshold.
+  struct Rope {
+    std::vector<float> inv_freq;  // [R/2]: the table for positions below dynamic_from
+    int64_t R = 0;
+    double scale = 1;
+    bool interleaved = false;
+    int64_t dynamic_from = 0;         // > 0: rows at positions >= this need their own table
+    std::vector<float> row_freq;      // [rows, R/2]
+    std::vector<uint8_t> row_own;     // [rows]
+  };
+  std::vector<Rope> ropes_;
+
+  // Scratch for up to cap_rows_ rows (grown on demand; no state survives a step).
+  int64_t cap_rows_ = 0, cap_samples_ = 0;
+  AlignedFloats xs_[2];        // the residual stream, layer by layer in turn [R, C]
+  AlignedFloats values_;       // a layer's other values (the worst layer's worth)
+  AlignedFloats hs_, xn_;      // the sampled rows' hidden states and their final norm [S, C]
+  std::vector<int32_t> pos_;   // [R]
+  std::vector<int32_t> table_; // [R, table_width_] each row's block table
+  std::vector<int32_t> slots_; // [R] each row's cache slot (block * block_size + offset)
+  int64_t table_width_ = 0;
+  AlignedFloats mla_f_;                  // MLA scratch
+  AlignedFloats moe_f_;                  // MoE scratch
+  std::vector<double> moe_d_;            // float64 router scratch
+  std::vector<int32_t> moe_i_;
 };
 
 }  // namespace rlh::gen

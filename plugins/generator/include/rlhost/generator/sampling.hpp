@@ -1,5 +1,6 @@
-// Sampling one token from one row of logits, and its processed logprob, as vLLM's V1 sampler
-// and NeMo-RL's trainer define them.
+// The sampling parameters of a request. The draw itself is the kernel registry's `sample` op
+// (docs/ops.md; kernels_cpu: sample.cpp), one token per row of logits with the row's uniform
+// from rng.hpp, as vLLM's V1 sampler and NeMo-RL's trainer define it:
 //
 // temperature > 0 (random sampling), in vLLM's order:
 //   z = logits / temperature                       (float, as the trainer's kernel forms it)
@@ -9,10 +10,9 @@
 //               it (renormalised over what top-k kept) is < top_p; the largest is always kept
 //   the token is drawn from softmax over the kept set by inverse CDF with one uniform u (rng.hpp)
 //   logprob = z[token] - logsumexp(z over the kept set)   ("processed" logprob)
-// The top-k/top-p cut is kernels_cpu's linear_logprob filter (logprob.cpp, filter_threshold)
-// reproduced exactly — same selection, same double-precision mass walk, same tie rule — so the
-// trainer's processed logprob of a sampled token is never -inf; test_sampling holds the two
-// against each other on rows with ties, flat and peaked distributions.
+// kernels_cpu cuts top-k/top-p with the code of its linear_logprob filter (the same selection,
+// double-precision mass walk and tie rule), so the trainer's processed logprob of a sampled
+// token is never -inf; tests/kernels holds the two against each other.
 // min_p has no trainer counterpart in NeMo-RL: with min_p > 0 the logprobs include its cut (as
 // vLLM's processed logprobs do) and a trainer without min_p differs on the tokens it cut.
 //
@@ -36,22 +36,5 @@ struct SamplingParams {
 // Throws std::invalid_argument naming the field: temperature < 0 or not finite, top_k < -1,
 // top_p outside (0, 1], min_p outside [0, 1].
 void validate(const SamplingParams& p);
-
-struct Sampled {
-  int32_t token = -1;
-  float logprob = 0.f;
-};
-
-// Floats of scratch sample_row needs for a vocabulary of V.
-inline int64_t sample_scratch_floats(int64_t V) { return 3 * V; }
-
-// Samples from one row of raw logits [V] with uniform u in [0, 1) (ignored when greedy).
-// `scratch` holds sample_scratch_floats(V) floats. Pure: the result depends only on the inputs.
-Sampled sample_row(const float* logits, int64_t V, const SamplingParams& p, double u,
-                   float* scratch);
-
-// The kept-set threshold of kernels_cpu's filter: tokens with z >= the returned value survive
-// top_k then top_p (-inf when nothing is cut). `tmp` holds V floats. Exposed for tests.
-float filter_threshold(const float* z, int64_t V, int64_t top_k, double top_p, float* tmp);
 
 }  // namespace rlh::gen

@@ -122,6 +122,16 @@ void swiglu_bwd(T* dgate, int64_t lddg, T* dup, int64_t lddu, const T* dh, int64
                 const T* gate, int64_t ldg, const T* up, int64_t ldu, int64_t N, int64_t F);
 
 // ---------------------------------------------------------------------------------------------
+// geglu: h = gelu(gate) * up, gelu in its tanh form (tanh_form) or exact (erf); layout as swiglu.
+template <class T>
+void geglu_fwd(T* h, int64_t ldh, const T* gate, int64_t ldg, const T* up, int64_t ldu, int64_t N,
+               int64_t F, bool tanh_form);
+template <class T>
+void geglu_bwd(T* dgate, int64_t lddg, T* dup, int64_t lddu, const T* dh, int64_t lddh,
+               const T* gate, int64_t ldg, const T* up, int64_t ldu, int64_t N, int64_t F,
+               bool tanh_form);
+
+// ---------------------------------------------------------------------------------------------
 // bias and residual
 //   bias_add_fwd: y[n,:] += b            y [N,M] (ldy), b [M]
 //   bias_bwd:     db += sum_n dy[n,:]    db [M] accumulated
@@ -164,6 +174,13 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlogprob, const T* dentropy, cons
                         const T* W, const int32_t* target, const T* lse, const T* entropy,
                         int64_t N, int64_t C, int64_t V, int64_t K, const LogprobOpts& opts,
                         bool accumulate, const Scratch& scratch);
+
+// Scratch bytes the calls above take from their Scratch (each piece rounded up to 64 bytes, as a
+// bump allocator over one workspace hands them out), for elements of `esize` bytes and at most
+// `threads` threads: what a caller passes as the op's workspace so nothing is allocated per call.
+size_t attention_workspace(bool backward, int64_t S, int64_t N, int64_t Hq, size_t esize, int threads);
+size_t linear_logprob_workspace(bool backward, int64_t N, int64_t V, int64_t K, const LogprobOpts& o,
+                                bool entropy_grad, size_t esize, int threads);
 
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts (router.cpp, moe_permute.cpp, grouped_gemm.cpp; docs/ops.md)

@@ -27,10 +27,6 @@ struct BackendFlavor {
   // The config section (the `policy` subtree, merged with a model's overrides) -> settings.
   // Throws rlh::sdk::Error naming the offending key.
   BackendConfig (*read_config)(const nlohmann::json& policy);
-  // Kernel providers (KERNELS component names) to try, in order, before the best-scoring one,
-  // for the CPU engine; NULL-terminated, may be NULL. Every provider is resolved for the CPU
-  // device, and one that cannot serve it is skipped with a warning.
-  const char* const* preferred_kernels;
   // The flavor's device path (device_engine.hpp), chosen by policy.device; NULL: CPU only.
   const DeviceEngineFactory* device_engines = nullptr;
 };

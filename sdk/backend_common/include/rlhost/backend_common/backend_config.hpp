@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rlhost/sdk/kernel_registry.hpp"
+
 #include "rlhost/engine/engine.hpp"  // engine::MoeOptions
 
 namespace rlh::backend {
@@ -157,12 +159,17 @@ struct BackendConfig {
   // policy.device: "auto" (the flavor's device path when one is usable and precision is
   // bfloat16, else the CPU engine), "cpu", "cuda" or "cuda:N" (that device or an error).
   std::string device = "auto";
+  // policy.kernels: op (or op family) -> kernel provider pins for the executors' registries.
+  sdk::KernelPins kernel_pins;
+  // policy.kernels.verify: check every provider but the reference before choosing it.
+  bool kernel_verify = true;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   std::vector<std::string> notes;  // one-line remarks logged once (ignored keys, precision)
 };
 
-// Reads the keys both backends share (docs/backends.md): policy.precision, device, max_grad_norm,
-// train_micro_batch_size, logprob_batch_size, sequence_packing.*, dynamic_batching.*.
+// Reads the keys both backends share (docs/backends.md): policy.precision, device, kernels.*,
+// max_grad_norm, train_micro_batch_size, logprob_batch_size, sequence_packing.*,
+// dynamic_batching.*.
 void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg);
 
 // Reads NeMo-RL's torch-style policy.scheduler (a dict, or a list of {name, kwargs} ending in

@@ -1,8 +1,8 @@
 // The seam where a backend flavor runs a model on an accelerator instead of the CPU engine.
 //
 // backend_common itself knows no device: a flavor that has a device path (megatron: the CUDA
-// engine, bf16 compute with fp32 master weights, through kernels_cuda's fused kernels) supplies a
-// DeviceEngineFactory in its BackendFlavor. The model then lives on the device whole: weights,
+// engine, bf16 compute with fp32 master weights, through the kernel registry's ops for the device)
+// supplies a DeviceEngineFactory in its BackendFlavor. The model then lives on the device whole: weights,
 // gradients and the optimizer (its own fused AdamW, so no host round trip per step), and the
 // backend reaches it only through this interface: batches and output views stay the CPU
 // engine's types, so batching, the loss-callback trampoline, weights in HF naming and training
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "rlhost/engine/engine.hpp"
+#include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/model_desc.hpp"
 
 namespace rlh::backend {
@@ -54,6 +55,9 @@ struct DeviceEngineOptions {
   bool recompute_selective = false;
   engine::OptimizerOptions optimizer;  // betas, eps, clipping, which parameters decay
   engine::MoeOptions moe;              // router precision, frozen router, auxiliary losses
+  // The kernels for `device`: the registry the backend built from the providers the host holds
+  // (policy.kernels pins applied). Outlives the engine.
+  const sdk::KernelRegistry* kernels = nullptr;
 };
 
 struct DeviceEngineFactory {

@@ -189,12 +189,11 @@ struct MoeOptions {
 
 struct EngineOptions {
   bool recompute = false;   // keep only layer inputs; re-run each layer inside the backward
-  int num_threads = 0;      // 0 = leave the OpenMP setting alone
   int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
   OptimizerOptions optimizer;
   MoeOptions moe;
   Allocator* allocator = nullptr;  // nullptr: the engine's own CountingAllocator
-  // nullptr: kernels_cpu directly. Otherwise the engine uses (does not own) these ops.
+  // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
 };
 
@@ -221,7 +220,7 @@ class Engine {
   int64_t num_elements() const;  // total parameter count
   std::span<float> param(size_t i);
   std::span<float> grad(size_t i);
-  // Copies weights in (e.g. rlh::model::load_weights_f32(...).tensors); sizes must match.
+  // Copies weights in (e.g. rlh::sdk::load_weights_f32(...).tensors); sizes must match.
   void load_parameters(const std::vector<std::vector<float>>& tensors);
   std::vector<std::vector<float>> save_parameters() const;
   void zero_grad();

@@ -1,6 +1,6 @@
-// The kernels the engine runs, as an interface: the engine never calls a provider directly, so
-// the CPU reference (make_cpu_ops), a provider found through the kernel registry of the C ABI
-// (make_registry_ops), or a future CUDA provider are interchangeable.
+// The kernels the CPU engine runs, as a typed interface over host float pointers. The engine
+// never calls a provider directly: make_registry_ops resolves every op once through a kernel
+// registry of the C ABI (the providers that run on the CPU, kernels_cpu the reference last).
 //
 // Semantics, operand shapes and accumulation rules are those of docs/ops.md (the same op names),
 // restricted to float32 host pointers with row strides. Workspace comes from the Allocator given
@@ -67,6 +67,14 @@ class Ops {
   virtual void swiglu_bwd(float* dgate, int64_t lddg, float* dup, int64_t lddu, const float* dh,
                           int64_t lddh, const float* gate, int64_t ldg, const float* up,
                           int64_t ldu, int64_t N, int64_t F) = 0;
+  // GeGLU (Gemma): h = gelu(gate) * up, gelu in its tanh form (`tanh`) or exact (erf).
+  virtual void geglu_fwd(float* h, int64_t ldh, const float* gate, int64_t ldg, const float* up,
+                         int64_t ldu, int64_t N, int64_t F, bool tanh) = 0;
+  virtual void geglu_bwd(float* dgate, int64_t lddg, float* dup, int64_t lddu, const float* dh,
+                         int64_t lddh, const float* gate, int64_t ldg, const float* up,
+                         int64_t ldu, int64_t N, int64_t F, bool tanh) = 0;
+  // x[0:n] *= s
+  virtual void scale(float* x, int64_t n, double s) = 0;
   virtual void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) = 0;
   virtual void bias_bwd(float* db, const float* dy, int64_t lddy, int64_t N, int64_t M) = 0;
   virtual void add_fwd(float* y, const float* a, const float* b, int64_t n) = 0;
@@ -89,9 +97,8 @@ class Ops {
   virtual double sumsq(const float* x, int64_t n) = 0;
 
   // Mixture of experts (docs/ops.md: moe_router_*, moe_permute_*, moe_unpermute_*,
-  // grouped_gemm). Not pure: the defaults run kernels_cpu on the host pointers (this interface
-  // is host memory throughout), so an Ops written before these existed still runs MoE models.
-  // The router also comes in float64 with a float64 gemm (NeMo-RL's moe_router_dtype: fp64).
+  // grouped_gemm). The router also comes in float64 with a float64 gemm (NeMo-RL's
+  // moe_router_dtype: fp64).
   struct RouterAttrs {
     int scoring = 0;  // 0 softmax, 1 sigmoid
     bool norm_topk_prob = false;
@@ -103,47 +110,77 @@ class Ops {
   // probs [N,E], lse [N] (may be null)
   virtual void moe_router_fwd(float* weights, int32_t* experts, float* probs, float* lse,
                               const float* logits, int64_t ldl, const float* bias, int64_t N,
-                              int64_t E, int64_t K, const RouterAttrs& a);
+                              int64_t E, int64_t K, const RouterAttrs& a) = 0;
   virtual void moe_router_fwd_f64(double* weights, int32_t* experts, double* probs, double* lse,
                                   const double* logits, int64_t ldl, const double* bias,
-                                  int64_t N, int64_t E, int64_t K, const RouterAttrs& a);
+                                  int64_t N, int64_t E, int64_t K, const RouterAttrs& a) = 0;
   // dlogits [N,E] (written) from dweights [N,K], probs, experts; dprobs [N,E] and dlse [N] may be
   // null
   virtual void moe_router_bwd(float* dlogits, const float* dweights, const float* probs,
                               const int32_t* experts, const float* dprobs, const float* dlse,
-                              int64_t N, int64_t E, int64_t K, const RouterAttrs& a);
+                              int64_t N, int64_t E, int64_t K, const RouterAttrs& a) = 0;
   virtual void moe_router_bwd_f64(double* dlogits, const double* dweights, const double* probs,
                                   const int32_t* experts, const double* dprobs,
                                   const double* dlse, int64_t N, int64_t E, int64_t K,
-                                  const RouterAttrs& a);
+                                  const RouterAttrs& a) = 0;
   virtual void gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
                         const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
-                        double* C, int64_t ldc);
+                        double* C, int64_t ldc) = 0;
   // x [N,C] (ldx) -> xp [N*K,C] (contiguous), row [N,K], offsets [E+1]
   virtual void moe_permute_fwd(float* xp, int32_t* row, int32_t* offsets, const float* x,
                                int64_t ldx, const int32_t* experts, int64_t N, int64_t K,
-                               int64_t C, int64_t E);
+                               int64_t C, int64_t E) = 0;
   // dx [N,C] (lddx) (+)= sum_k dxp[row[n,k]]
   virtual void moe_permute_bwd(float* dx, int64_t lddx, const float* dxp, const int32_t* row,
-                               int64_t N, int64_t K, int64_t C, bool accumulate);
+                               int64_t N, int64_t K, int64_t C, bool accumulate) = 0;
   // y [N,C] (ldy) (+)= sum_k weights[n,k] yp[row[n,k]]
   virtual void moe_unpermute_fwd(float* y, int64_t ldy, const float* yp, const int32_t* row,
                                  const float* weights, int64_t N, int64_t K, int64_t C,
-                                 bool accumulate);
+                                 bool accumulate) = 0;
   // dyp [N*K,C], dweights [N,K] (may be null) from dy [N,C] (lddy)
   virtual void moe_unpermute_bwd(float* dyp, float* dweights, const float* dy, int64_t lddy,
                                  const float* yp, const int32_t* row, const float* weights,
-                                 int64_t N, int64_t K, int64_t C);
+                                 int64_t N, int64_t K, int64_t C) = 0;
+  // Decoding (the generator). gemm_rows: y[M,N] = x[M,K] W[N,K]^T with every row of y a function
+  // of its own row of x alone, bitwise, whatever M (gemm with batch_invariant = 1; docs/ops.md),
+  // in float32 and float64.
+  virtual void gemm_rows(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
+                         int64_t M, int64_t N, int64_t K) = 0;
+  virtual void gemm_rows_f64(double* y, int64_t ldy, const double* x, int64_t ldx, const double* W,
+                             int64_t ldw, int64_t M, int64_t N, int64_t K) = 0;
+  // paged_attention: o [R, Hq Dv] (ldo) of q [R, Hq Dk] (ldq) over the paged KV cache of one
+  // layer: keys of block b at k_cache + b block_stride, [Hkv][Dk][bs] (transposed), values at
+  // v_cache + b block_stride, [Hkv][bs][Dv]; B blocks; row r's block table at
+  // blocks + r table_width, its position pos[r].
+  struct PagedCache {
+    float* k = nullptr;
+    float* v = nullptr;
+    int64_t num_blocks = 0, block_stride = 0, block_size = 0, Hkv = 0, Dk = 0, Dv = 0;
+  };
+  // kv_cache_write: row r's keys k [R, Hkv Dk] (ldk) and values v [R, Hkv Dv] (ldv) into slot
+  // slots[r] = block * block_size + offset of the cache (-1: skip the row).
+  virtual void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t R,
+                              const int32_t* slots, const PagedCache& cache) = 0;
+  virtual void paged_attention(float* o, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
+                               const PagedCache& cache, const int32_t* blocks, int64_t table_width,
+                               const int32_t* pos, float scale, int64_t window) = 0;
+  // sample: one token per row of logits [S, V] (ld) with the row's uniform u[s] (docs/ops.md).
+  struct SampleAttrs {
+    double temperature = 1.0;  // 0 = greedy
+    int64_t top_k = 0;
+    double top_p = 1.0;
+    double min_p = 0.0;
+  };
+  virtual void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
+                      const double* u, const SampleAttrs& a) = 0;
+
   // kernels.hpp grouped_gemm: row groups (ta = false, B + g stride_b per group) or the weight
   // gradient form (ta = true, C + g stride_c per group)
   virtual void grouped_gemm(bool ta, bool tb, int64_t G, const int32_t* offsets, int64_t M,
                             int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                             const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
-                            int64_t ldc, int64_t stride_c);
+                            int64_t ldc, int64_t stride_c) = 0;
 };
-
-// kernels_cpu called directly (the reference); workspace from `alloc`.
-std::unique_ptr<Ops> make_cpu_ops(Allocator& alloc);
 
 // Wraps `inner`, timing every call by op name (wall clock); profiling_report() prints the table
 // (empty for Ops not made here), profiling_reset() clears it.
@@ -151,11 +188,13 @@ std::unique_ptr<Ops> make_profiling_ops(Ops& inner);
 std::string profiling_report(const Ops& ops);
 void profiling_reset(Ops& ops);
 
-// Every op resolved once through a kernel registry of the C ABI (first provider that answers
-// wins; `only` pins one). Providers take kernel workspace from the host's allocation service
-// (rlh_op_info reports no size yet), so the host, not the engine's Allocator, counts it.
-// Throws when an op has no provider. The registry must outlive the Ops.
-std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry,
+// Every op resolved once through a kernel registry of the C ABI (per op, the first provider that
+// answers wins, or the one policy.kernels pins; `only` restricts to one provider). Kernel
+// workspace: where the provider sizes it (the ABI's workspace_size), one block from `workspace`
+// (the engine's Allocator, which then counts it), grown to the largest need and kept; otherwise,
+// or with `workspace` null, the provider's own (kernels_cpu: the host's allocator). Throws when
+// an op has no provider. The registry (and the allocator) must outlive the Ops.
+std::unique_ptr<Ops> make_registry_ops(const sdk::KernelRegistry& registry, Allocator* workspace = nullptr,
                                        const std::string& only = {});
 
 }  // namespace rlh::engine

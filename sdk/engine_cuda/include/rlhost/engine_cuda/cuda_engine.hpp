@@ -1,6 +1,9 @@
 // rlh_engine_cuda: the engine's GPU path. bf16 compute with fp32 master weights, fp32 gradient
-// accumulation and fp32 AdamW moments, on one CUDA device, through the kernels_cuda launchers
-// (cuBLASLt GEMMs, tensor-core attention, the fused logprob head that never holds [N, V]).
+// accumulation and fp32 AdamW moments, on one CUDA device. It runs the model's layer program
+// (sdk/layer_program.hpp) with ops resolved through the C ABI's kernel registry for its device
+// (kernels_cuda's cuBLASLt GEMMs and fused kernels, kernels_cudnn's attention, a vendor's, op by
+// op); it links no provider. Only glue of its own (casts, strided copies, the MoE losses'
+// reductions, MLA's key assembly) is compiled in.
 //
 // Same model semantics and the same batch / output / loss-callback types as rlh::engine::Engine
 // (engine.hpp), so a backend can hold either: a MicroBatch of packed sequences in, per-token
@@ -34,9 +37,9 @@
 // DeepSeek-V3: multi-head latent attention layers (src/mla_layer.cpp, as the CPU engine's
 // mla.cpp) and group-limited routing (n_group / topk_group in the router kernel).
 //
-// Not on the GPU yet (refused with std::invalid_argument naming the feature):
-// sequence-length-dependent RoPE (dynamic NTK, longrope), processed (top-k/top-p) logprobs,
-// logprob_at_ids.
+// Not on the GPU yet (refused with std::invalid_argument naming the feature, through the
+// program's supports() answer): sequence-length-dependent RoPE (dynamic NTK, longrope),
+// soft-capping (Gemma-2), processed (top-k/top-p) logprobs, logprob_at_ids.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +49,7 @@
 #include <vector>
 
 #include "rlhost/engine/engine.hpp"
+#include "rlhost/sdk/kernels.hpp"
 
 namespace rlh::engine {
 
@@ -53,6 +57,9 @@ enum class Recompute { none, selective, full };
 
 struct CudaEngineOptions {
   int device = 0;
+  // The kernels (required; not owned, must outlive the engine): a registry of providers created
+  // for CUDA device `device` (sdk::make_kernel_registry).
+  const sdk::KernelRegistry* kernels = nullptr;
   int64_t logprob_chunk_bytes = 0;  // the head's logits tile (0 = 512 MiB)
   // A training step keeps the head's fp32 logits of a micro-batch from its forward to its
   // backward when N x V x 4 bytes fit this budget, instead of recomputing them (one of the
@@ -93,7 +100,7 @@ class CudaEngine {
   size_t num_params() const;
   int64_t num_elements() const;
 
-  // fp32 weights in desc().params order (e.g. rlh::model::load_weights_f32(...).tensors).
+  // fp32 weights in desc().params order (e.g. rlh::sdk::load_weights_f32(...).tensors).
   void load_parameters(const std::vector<std::vector<float>>& tensors);
   std::vector<std::vector<float>> save_parameters() const;  // the fp32 master weights
   std::vector<std::vector<float>> gradients() const;        // the fp32 accumulated gradients

@@ -1,0 +1,59 @@
+// Internal: kernels_cpu's decode-sized ops, run on the instance's worker pool (worker_pool.hpp)
+// rather than OpenMP: the batch-invariant gemm (gemm_rows.cpp), paged attention
+// (paged_attention.cpp) and sampling (sample.cpp). Contracts in docs/ops.md.
+#pragma once
+
+#include <cstdint>
+
+namespace rlh::kcpu {
+
+class WorkerPool;
+
+// y[m * ldy + n] = sum_k x[m * ldx + k] * W[n * ldw + k]    (m < M, n < N, k < K)
+// y is written (not accumulated); x, W, y must not overlap. Row m of y depends only on row m of
+// x, bitwise, whatever M and the thread count.
+void gemm_rows(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw, int64_t M,
+               int64_t N, int64_t K, WorkerPool& pool);
+void gemm_rows(double* y, int64_t ldy, const double* x, int64_t ldx, const double* W, int64_t ldw, int64_t M,
+               int64_t N, int64_t K, WorkerPool& pool);
+
+// out [R, Hq Dv] (rows ldo apart) = softmax(scale q k^T) v per row and head over the row's
+// cached keys; q [R, Hq Dk] (ldq). Keys of block b, kv head h: k + b k_block + h Dk bs, [Dk][bs];
+// values: v + b v_block + h bs Dv, [bs][Dv]. Row r's blocks: blocks + r ld_blocks, table_width
+// entries; its position pos[r].
+struct PagedAttentionArgs {
+  float* out = nullptr;
+  int64_t ldo = 0;
+  const float* q = nullptr;
+  int64_t ldq = 0;
+  int64_t R = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0, bs = 0;
+  const float* k = nullptr;
+  int64_t k_block = 0;
+  const float* v = nullptr;
+  int64_t v_block = 0;
+  const int32_t* blocks = nullptr;
+  int64_t ld_blocks = 0, table_width = 0;
+  const int32_t* pos = nullptr;
+  float scale = 1;
+  int64_t window = 0;
+};
+void paged_attention(const PagedAttentionArgs& a, WorkerPool& pool);
+
+// One token per row of logits [S, V] (rows ld apart), as vLLM's V1 sampler and NeMo-RL's
+// trainer define them (docs/ops.md `sample`); u[s] in [0, 1) the row's uniform draw (ignored
+// when greedy). Writes tokens[s] and logprobs[s] (the processed logprob of the token).
+struct SampleParams {
+  double temperature = 1.0;  // 0 = greedy
+  int64_t top_k = 0;         // <= 0 or >= V: off
+  double top_p = 1.0;        // 1 = off
+  double min_p = 0.0;        // 0 = off
+};
+void sample(const float* logits, int64_t ld, int64_t S, int64_t V, const double* u, const SampleParams& p,
+            int32_t* tokens, float* logprobs, WorkerPool& pool);
+
+// The kept-set threshold of linear_logprob's top-k / top-p filter (logprob.cpp) for one row of
+// scaled logits: tokens with z >= the returned value survive (-inf when nothing is cut). `tmp`
+// holds V floats.
+float sample_filter_threshold(const float* z, int64_t V, int64_t top_k, double top_p, float* tmp);
+
+}  // namespace rlh::kcpu

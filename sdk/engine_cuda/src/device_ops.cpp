@@ -1,0 +1,427 @@
+// DeviceOps (device_ops.hpp): the CUDA engine's calls as ABI ops on its device and stream.
+#include "device_ops.hpp"
+
+#include <initializer_list>
+#include <stdexcept>
+
+namespace rlh::engine::cuda {
+
+using sdk::attr_bool;
+using sdk::attr_double;
+using sdk::attr_int;
+
+namespace {
+constexpr rlh_dtype kBF16 = sdk::kBF16;
+constexpr rlh_dtype kF32 = sdk::kF32;
+constexpr rlh_dtype kF64 = sdk::kF64;
+constexpr rlh_dtype kI32 = sdk::kI32;
+}  // namespace
+
+// Descriptors for one call; their shapes and strides stay valid while it lives.
+class DeviceOps::Args {
+ public:
+  explicit Args(rlh_device dev) : dev_(dev) {}
+  // [rows, cols], rows ld apart
+  rlh_tensor mat(const void* p, rlh_dtype dt, int64_t rows, int64_t cols, int64_t ld) {
+    return make(p, dt, {rows, cols}, {ld, 1});
+  }
+  rlh_tensor vec(const void* p, rlh_dtype dt, int64_t n) { return make(p, dt, {n}, {1}); }
+  // [N, H, D] with heads contiguous within a token
+  rlh_tensor heads(const void* p, int64_t N, int64_t H, int64_t D, int64_t ld) {
+    return make(p, kBF16, {N, H, D}, {ld, D, 1});
+  }
+  // [G, rows, cols], groups `stride` apart
+  rlh_tensor groups(const void* p, rlh_dtype dt, int64_t G, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
+    return make(p, dt, {G, rows, cols}, {stride, ld, 1});
+  }
+  rlh_tensor absent(rlh_dtype dt) { return make(nullptr, dt, {0}, {1}); }
+
+ private:
+  rlh_tensor make(const void* p, rlh_dtype dt, std::initializer_list<int64_t> shape,
+                  std::initializer_list<int64_t> strides) {
+    if (used_ == kMax) throw std::logic_error("cuda engine: too many operands in one call");
+    Slot& s = slots_[used_++];
+    std::copy(shape.begin(), shape.end(), s.shape.begin());
+    std::copy(strides.begin(), strides.end(), s.strides.begin());
+    rlh_tensor t{};
+    t.data = const_cast<void*>(p);
+    t.device = dev_;
+    t.ndim = int32_t(shape.size());
+    t.dtype = dt;
+    t.shape = s.shape.data();
+    t.strides = s.strides.data();
+    return t;
+  }
+  static constexpr size_t kMax = 16;
+  struct Slot {
+    std::array<int64_t, 3> shape{}, strides{};
+  };
+  rlh_device dev_;
+  std::array<Slot, kMax> slots_;
+  size_t used_ = 0;
+};
+
+const sdk::Op& DeviceOps::op(const char* key, const char* name, const std::vector<rlh_tensor>& in,
+                             const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
+  auto it = ops_.find(key);
+  if (it != ops_.end()) return it->second;
+  sdk::Op o = reg_.resolve(name, dev_, in, out, attrs, false);
+  return ops_.emplace(key, std::move(o)).first->second;
+}
+
+void DeviceOps::run(const sdk::Op& o, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
+                    std::span<const rlh_named_value> attrs) {
+  o.run(in, out, attrs, stream_);
+}
+
+// Resolves (once per key) and runs an op.
+#define RLH_RUN(KEY, NAME, IN, OUT, ATTRS)                 \
+  do {                                                     \
+    static const char kKey[] = KEY;                        \
+    const std::vector<rlh_tensor> in_ = IN, out_ = OUT;   \
+    const auto& at_ = ATTRS;                               \
+    run(op(kKey, NAME, in_, out_, at_), in_, out_, at_);   \
+  } while (0)
+
+namespace {
+const std::array<rlh_named_value, 0> kNone{};
+}
+
+void DeviceOps::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+                     int64_t ldb, double beta, void* C, int64_t ldc, bool c_f32) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 4> at = {attr_bool("transpose_a", ta), attr_bool("transpose_b", tb),
+                                             attr_double("alpha", 1.0), attr_double("beta", beta)};
+  const rlh_tensor ta_ = ta ? a.mat(A, kBF16, K, M, lda) : a.mat(A, kBF16, M, K, lda);
+  const rlh_tensor tb_ = tb ? a.mat(B, kBF16, N, K, ldb) : a.mat(B, kBF16, K, N, ldb);
+  const rlh_tensor tc = a.mat(C, c_f32 ? kF32 : kBF16, M, N, ldc);
+  if (c_f32)
+    RLH_RUN("gemm/f32", "gemm", (std::vector<rlh_tensor>{ta_, tb_}), (std::vector<rlh_tensor>{tc}), at);
+  else
+    RLH_RUN("gemm/bf16", "gemm", (std::vector<rlh_tensor>{ta_, tb_}), (std::vector<rlh_tensor>{tc}), at);
+}
+
+void DeviceOps::grouped_gemm(bool ta, bool tb, int64_t G, int64_t T, const int32_t* offsets, int64_t M, int64_t N,
+                             int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, int64_t stride_b,
+                             double beta, void* C, int64_t ldc, int64_t stride_c, bool c_f32) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 4> at = {attr_bool("transpose_a", ta), attr_bool("transpose_b", tb),
+                                             attr_double("alpha", 1.0), attr_double("beta", beta)};
+  const rlh_dtype cd = c_f32 ? kF32 : kBF16;
+  std::vector<rlh_tensor> in, out;
+  if (!ta) {
+    in = {a.mat(A, kBF16, T, K, lda),
+          tb ? a.groups(B, kBF16, G, N, K, ldb, stride_b) : a.groups(B, kBF16, G, K, N, ldb, stride_b),
+          a.vec(offsets, kI32, G + 1)};
+    out = {a.mat(C, cd, T, N, ldc)};
+  } else {
+    in = {a.mat(A, kBF16, T, M, lda), a.mat(B, kBF16, T, N, ldb), a.vec(offsets, kI32, G + 1)};
+    out = {a.groups(C, cd, G, M, N, ldc, stride_c)};
+  }
+  if (c_f32)
+    RLH_RUN("grouped_gemm/f32", "grouped_gemm", in, out, at);
+  else
+    RLH_RUN("grouped_gemm/bf16", "grouped_gemm", in, out, at);
+}
+
+void DeviceOps::embedding_fwd(void* out, const int32_t* ids, const void* table, int64_t N, int64_t C, int64_t V) {
+  Args a(dev_);
+  RLH_RUN("embedding_fwd", "embedding_fwd",
+          (std::vector<rlh_tensor>{a.vec(ids, kI32, N), a.mat(table, kBF16, V, C, C)}),
+          (std::vector<rlh_tensor>{a.mat(out, kBF16, N, C, C)}), kNone);
+}
+
+void DeviceOps::embedding_bwd(float* dtable, const int32_t* ids, const void* dout, int64_t N, int64_t C, int64_t V) {
+  Args a(dev_);
+  RLH_RUN("embedding_bwd", "embedding_bwd",
+          (std::vector<rlh_tensor>{a.vec(ids, kI32, N), a.mat(dout, kBF16, N, C, C)}),
+          (std::vector<rlh_tensor>{a.mat(dtable, kF32, V, C, C)}), kNone);
+}
+
+void DeviceOps::rmsnorm_fwd(void* y, int64_t ldy, float* rstd, const void* x, int64_t ldx, const void* w, int64_t N,
+                            int64_t C, double eps, double offset) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("eps", eps), attr_double("weight_offset", offset)};
+  RLH_RUN("rmsnorm_fwd", "rmsnorm_fwd", (std::vector<rlh_tensor>{a.mat(x, kBF16, N, C, ldx), a.vec(w, kBF16, C)}),
+          (std::vector<rlh_tensor>{a.mat(y, kBF16, N, C, ldy), rstd ? a.vec(rstd, kF32, N) : a.absent(kF32)}), at);
+}
+
+void DeviceOps::rmsnorm_bwd(void* dx, int64_t lddx, float* dw, const void* dy, int64_t lddy, const void* x,
+                            int64_t ldx, const void* w, const float* rstd, int64_t N, int64_t C, double offset,
+                            bool accumulate) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("weight_offset", offset), attr_bool("accumulate", accumulate)};
+  RLH_RUN("rmsnorm_bwd", "rmsnorm_bwd",
+          (std::vector<rlh_tensor>{a.mat(dy, kBF16, N, C, lddy), a.mat(x, kBF16, N, C, ldx), a.vec(w, kBF16, C),
+                                   a.vec(rstd, kF32, N)}),
+          (std::vector<rlh_tensor>{a.mat(dx, kBF16, N, C, lddx), dw ? a.vec(dw, kF32, C) : a.absent(kF32)}), at);
+}
+
+void DeviceOps::rope(void* y, int64_t ldy, const void* x, int64_t ldx, const int32_t* pos, const float* inv_freq,
+                     int64_t N, int64_t H, int64_t D, int64_t R, double scale, bool interleaved, bool inverse) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("scale", scale), attr_bool("interleaved", interleaved)};
+  const std::vector<rlh_tensor> in = {a.heads(x, N, H, D, ldx), a.vec(pos, kI32, N), a.vec(inv_freq, kF32, R / 2)};
+  const std::vector<rlh_tensor> out = {a.heads(y, N, H, D, ldy)};
+  if (inverse)
+    RLH_RUN("rope_bwd", "rope_bwd", in, out, at);
+  else
+    RLH_RUN("rope_fwd", "rope_fwd", in, out, at);
+}
+
+void DeviceOps::attention_fwd(const Attention& t) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("scale", t.scale), attr_int("window", t.window)};
+  RLH_RUN("attention_fwd", "attention_fwd",
+          (std::vector<rlh_tensor>{a.heads(t.q, t.N, t.Hq, t.Dk, t.ldq), a.heads(t.k, t.N, t.Hkv, t.Dk, t.ldk),
+                                   a.heads(t.v, t.N, t.Hkv, t.Dv, t.ldv), a.vec(t.cu, kI32, t.S + 1)}),
+          (std::vector<rlh_tensor>{a.heads(t.o, t.N, t.Hq, t.Dv, t.ldo), a.vec(t.lse, kF32, t.Hq * t.N)}), at);
+}
+
+void DeviceOps::attention_bwd(const Attention& t, const void* dout, int64_t lddo, void* dq, int64_t lddq, void* dk,
+                              int64_t lddk, void* dv, int64_t lddv) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("scale", t.scale), attr_int("window", t.window)};
+  RLH_RUN("attention_bwd", "attention_bwd",
+          (std::vector<rlh_tensor>{a.heads(dout, t.N, t.Hq, t.Dv, lddo), a.heads(t.q, t.N, t.Hq, t.Dk, t.ldq),
+                                   a.heads(t.k, t.N, t.Hkv, t.Dk, t.ldk), a.heads(t.v, t.N, t.Hkv, t.Dv, t.ldv),
+                                   a.heads(t.o, t.N, t.Hq, t.Dv, t.ldo), a.vec(t.lse, kF32, t.Hq * t.N),
+                                   a.vec(t.cu, kI32, t.S + 1)}),
+          (std::vector<rlh_tensor>{a.heads(dq, t.N, t.Hq, t.Dk, lddq), a.heads(dk, t.N, t.Hkv, t.Dk, lddk),
+                                   a.heads(dv, t.N, t.Hkv, t.Dv, lddv)}),
+          at);
+}
+
+void DeviceOps::glu_fwd(const std::string& act, void* h, int64_t ldh, const void* gu, int64_t ldgu, int64_t N,
+                        int64_t F) {
+  Args a(dev_);
+  const std::vector<rlh_tensor> in = {a.mat(gu, kBF16, N, F, ldgu), a.mat(static_cast<const uint16_t*>(gu) + F, kBF16, N, F, ldgu)};
+  const std::vector<rlh_tensor> out = {a.mat(h, kBF16, N, F, ldh)};
+  if (act == "silu") {
+    RLH_RUN("swiglu_fwd", "swiglu_fwd", in, out, kNone);
+  } else {
+    const std::array<rlh_named_value, 1> at = {attr_bool("approximate_tanh", act == "gelu_tanh")};
+    RLH_RUN("geglu_fwd", "geglu_fwd", in, out, at);
+  }
+}
+
+void DeviceOps::glu_bwd(const std::string& act, void* dgu, int64_t lddgu, const void* dh, int64_t lddh,
+                        const void* gu, int64_t ldgu, int64_t N, int64_t F) {
+  Args a(dev_);
+  const std::vector<rlh_tensor> in = {a.mat(dh, kBF16, N, F, lddh), a.mat(gu, kBF16, N, F, ldgu),
+                                      a.mat(static_cast<const uint16_t*>(gu) + F, kBF16, N, F, ldgu)};
+  const std::vector<rlh_tensor> out = {a.mat(dgu, kBF16, N, F, lddgu),
+                                       a.mat(static_cast<uint16_t*>(dgu) + F, kBF16, N, F, lddgu)};
+  if (act == "silu") {
+    RLH_RUN("swiglu_bwd", "swiglu_bwd", in, out, kNone);
+  } else {
+    const std::array<rlh_named_value, 1> at = {attr_bool("approximate_tanh", act == "gelu_tanh")};
+    RLH_RUN("geglu_bwd", "geglu_bwd", in, out, at);
+  }
+}
+
+void DeviceOps::bias_add(bool f32, void* y, int64_t ldy, const void* b, int64_t N, int64_t M) {
+  Args a(dev_);
+  const rlh_dtype dt = f32 ? kF32 : kBF16;
+  const std::vector<rlh_tensor> in = {a.vec(b, dt, M)};
+  const std::vector<rlh_tensor> out = {a.mat(y, dt, N, M, ldy)};
+  if (f32)
+    RLH_RUN("bias_add_fwd/f32", "bias_add_fwd", in, out, kNone);
+  else
+    RLH_RUN("bias_add_fwd/bf16", "bias_add_fwd", in, out, kNone);
+}
+
+void DeviceOps::bias_bwd(bool dy_f32, float* db, const void* dy, int64_t lddy, int64_t N, int64_t M) {
+  Args a(dev_);
+  const std::vector<rlh_tensor> in = {a.mat(dy, dy_f32 ? kF32 : kBF16, N, M, lddy)};
+  const std::vector<rlh_tensor> out = {a.vec(db, kF32, M)};
+  if (dy_f32)
+    RLH_RUN("bias_bwd/f32", "bias_bwd", in, out, kNone);
+  else
+    RLH_RUN("bias_bwd/bf16", "bias_bwd", in, out, kNone);
+}
+
+void DeviceOps::add(void* y, const void* x, const void* b, int64_t n) {
+  Args a(dev_);
+  RLH_RUN("add_fwd", "add_fwd", (std::vector<rlh_tensor>{a.vec(x, kBF16, n), a.vec(b, kBF16, n)}),
+          (std::vector<rlh_tensor>{a.vec(y, kBF16, n)}), kNone);
+}
+
+void DeviceOps::scale(void* x, int64_t n, double s) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 1> at = {attr_double("scale", s)};
+  RLH_RUN("scale", "scale", (std::vector<rlh_tensor>{}), (std::vector<rlh_tensor>{a.vec(x, kBF16, n)}), at);
+}
+
+void DeviceOps::logprob_fwd(const Logprob& t) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("temperature", t.temperature),
+                                             attr_int("chunk_bytes", t.chunk_bytes)};
+  std::vector<rlh_tensor> out = {a.vec(t.logprob, kF32, t.N), a.vec(t.lse, kF32, t.N),
+                                 t.entropy ? a.vec(t.entropy, kF32, t.N) : a.absent(kF32)};
+  if (t.cache) out.push_back(a.mat(t.cache, kF32, t.N, t.V, t.ld_cache));
+  const std::vector<rlh_tensor> in = {a.mat(t.h, kBF16, t.N, t.C, t.C), a.mat(t.W, kBF16, t.V, t.C, t.C),
+                                      a.vec(t.target, kI32, t.N)};
+  if (t.cache)
+    RLH_RUN("linear_logprob_fwd/cache", "linear_logprob_fwd", in, out, at);
+  else
+    RLH_RUN("linear_logprob_fwd", "linear_logprob_fwd", in, out, at);
+}
+
+void DeviceOps::logprob_bwd(const Logprob& t, const float* dlogprob, const float* dentropy, void* dh, float* dW,
+                            bool accumulate) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 3> at = {attr_double("temperature", t.temperature),
+                                             attr_int("chunk_bytes", t.chunk_bytes), attr_bool("accumulate", accumulate)};
+  std::vector<rlh_tensor> in = {a.mat(t.h, kBF16, t.N, t.C, t.C),
+                                a.mat(t.W, kBF16, t.V, t.C, t.C),
+                                a.vec(t.target, kI32, t.N),
+                                a.vec(t.lse, kF32, t.N),
+                                a.vec(dlogprob, kF32, t.N),
+                                dentropy ? a.vec(t.entropy, kF32, t.N) : a.absent(kF32),
+                                dentropy ? a.vec(dentropy, kF32, t.N) : a.absent(kF32)};
+  if (t.cache) in.push_back(a.mat(t.cache, kF32, t.N, t.V, t.ld_cache));
+  const std::vector<rlh_tensor> out = {a.mat(dh, kBF16, t.N, t.C, t.C), a.mat(dW, kF32, t.V, t.C, t.C)};
+  if (t.cache)
+    RLH_RUN("linear_logprob_bwd/cache", "linear_logprob_bwd", in, out, at);
+  else
+    RLH_RUN("linear_logprob_bwd", "linear_logprob_bwd", in, out, at);
+}
+
+void DeviceOps::sumsq(const DeviceList& x, float* result) {
+  Args a(dev_);
+  std::vector<rlh_tensor> in;
+  in.reserve(x.n.size());
+  // (Args holds few slots: list descriptors get storage of their own)
+  std::vector<std::array<int64_t, 2>> dims(x.n.size());
+  for (size_t i = 0; i < x.n.size(); ++i) {
+    dims[i] = {x.n[i], 1};
+    rlh_tensor t{};
+    t.data = x.p[i];
+    t.device = dev_;
+    t.ndim = 1;
+    t.dtype = kF32;
+    t.shape = &dims[i][0];
+    t.strides = &dims[i][1];
+    in.push_back(t);
+  }
+  RLH_RUN("sumsq", "sumsq", in, (std::vector<rlh_tensor>{a.vec(result, kF32, 1)}), kNone);
+}
+
+void DeviceOps::adamw_bf16(const DeviceList& p, const DeviceList& g, const DeviceList& m, const DeviceList& v,
+                           const DeviceList& p16, const AdamW& o) {
+  const size_t n = p.n.size();
+  std::vector<rlh_tensor> out;
+  out.reserve(5 * n);
+  std::vector<std::array<int64_t, 2>> dims(n);
+  auto t = [&](void* ptr, rlh_dtype dt, size_t i) {
+    rlh_tensor x{};
+    x.data = ptr;
+    x.device = dev_;
+    x.ndim = 1;
+    x.dtype = dt;
+    x.shape = &dims[i][0];
+    x.strides = &dims[i][1];
+    return x;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    dims[i] = {p.n[i], 1};
+    out.push_back(t(p.p[i], kF32, i));
+    out.push_back(t(g.p[i], kF32, i));
+    out.push_back(t(m.p[i], kF32, i));
+    out.push_back(t(v.p[i], kF32, i));
+    out.push_back(t(p16.p[i], kBF16, i));
+  }
+  const std::array<rlh_named_value, 8> at = {attr_double("lr", o.lr),
+                                             attr_double("beta1", o.beta1),
+                                             attr_double("beta2", o.beta2),
+                                             attr_double("eps", o.eps),
+                                             attr_double("weight_decay", o.weight_decay),
+                                             attr_int("step", o.step),
+                                             attr_double("grad_scale", o.grad_scale),
+                                             attr_bool("zero_grad", o.zero_grad)};
+  RLH_RUN("adamw_bf16", "adamw_bf16", (std::vector<rlh_tensor>{}), out, at);
+}
+
+namespace {
+std::array<rlh_named_value, 6> router_attrs(const DeviceOps::Router& r) {
+  return {attr_int("scoring", r.scoring), attr_bool("norm_topk_prob", r.norm_topk_prob),
+          attr_double("scaling_factor", r.scaling_factor), attr_bool("replay", r.replay),
+          attr_int("n_group", r.n_group), attr_int("topk_group", r.topk_group)};
+}
+}  // namespace
+
+void DeviceOps::router_fwd(const Router& r, const void* logits, int64_t ldl, const void* bias, void* weights,
+                           int32_t* experts, void* probs, void* lse) {
+  Args a(dev_);
+  const rlh_dtype dt = r.f64 ? kF64 : kF32;
+  std::vector<rlh_tensor> in = {a.mat(logits, dt, r.N, r.E, ldl)};
+  if (bias) in.push_back(a.vec(bias, dt, r.E));
+  const std::vector<rlh_tensor> out = {a.mat(weights, dt, r.N, r.K, r.K), a.mat(experts, kI32, r.N, r.K, r.K),
+                                       a.mat(probs, dt, r.N, r.E, r.E), lse ? a.vec(lse, dt, r.N) : a.absent(dt)};
+  const auto at = router_attrs(r);
+  if (r.f64)
+    RLH_RUN("moe_router_fwd/f64", "moe_router_fwd", in, out, at);
+  else
+    RLH_RUN("moe_router_fwd/f32", "moe_router_fwd", in, out, at);
+}
+
+void DeviceOps::router_bwd(const Router& r, void* dlogits, const void* dweights, const void* probs,
+                           const int32_t* experts, const void* dprobs, const void* dlse) {
+  Args a(dev_);
+  const rlh_dtype dt = r.f64 ? kF64 : kF32;
+  const std::vector<rlh_tensor> in = {a.mat(dweights, dt, r.N, r.K, r.K), a.mat(probs, dt, r.N, r.E, r.E),
+                                      a.mat(experts, kI32, r.N, r.K, r.K),
+                                      dprobs ? a.mat(dprobs, dt, r.N, r.E, r.E) : a.absent(dt),
+                                      dlse ? a.vec(dlse, dt, r.N) : a.absent(dt)};
+  const std::vector<rlh_tensor> out = {a.mat(dlogits, dt, r.N, r.E, r.E)};
+  const auto at = router_attrs(r);
+  if (r.f64)
+    RLH_RUN("moe_router_bwd/f64", "moe_router_bwd", in, out, at);
+  else
+    RLH_RUN("moe_router_bwd/f32", "moe_router_bwd", in, out, at);
+}
+
+void DeviceOps::permute_fwd(void* xp, int32_t* row, int32_t* offsets, const void* x, int64_t ldx,
+                            const int32_t* experts, int64_t N, int64_t K, int64_t C, int64_t E) {
+  Args a(dev_);
+  RLH_RUN("moe_permute_fwd", "moe_permute_fwd",
+          (std::vector<rlh_tensor>{a.mat(x, kBF16, N, C, ldx), a.mat(experts, kI32, N, K, K)}),
+          (std::vector<rlh_tensor>{a.mat(xp, kBF16, N * K, C, C), a.mat(row, kI32, N, K, K),
+                                   a.vec(offsets, kI32, E + 1)}),
+          kNone);
+}
+
+void DeviceOps::permute_bwd(void* dx, int64_t lddx, const void* dxp, const int32_t* row, int64_t N, int64_t K,
+                            int64_t C, bool accumulate) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 1> at = {attr_bool("accumulate", accumulate)};
+  RLH_RUN("moe_permute_bwd", "moe_permute_bwd",
+          (std::vector<rlh_tensor>{a.mat(dxp, kBF16, N * K, C, C), a.mat(row, kI32, N, K, K)}),
+          (std::vector<rlh_tensor>{a.mat(dx, kBF16, N, C, lddx)}), at);
+}
+
+void DeviceOps::unpermute_fwd(void* y, int64_t ldy, const void* yp, const int32_t* row, const float* weights,
+                              int64_t N, int64_t K, int64_t C, bool accumulate) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 1> at = {attr_bool("accumulate", accumulate)};
+  RLH_RUN("moe_unpermute_fwd", "moe_unpermute_fwd",
+          (std::vector<rlh_tensor>{a.mat(yp, kBF16, N * K, C, C), a.mat(row, kI32, N, K, K),
+                                   a.mat(weights, kF32, N, K, K)}),
+          (std::vector<rlh_tensor>{a.mat(y, kBF16, N, C, ldy)}), at);
+}
+
+void DeviceOps::unpermute_bwd(void* dyp, float* dweights, const void* dy, int64_t lddy, const void* yp,
+                              const int32_t* row, const float* weights, int64_t N, int64_t K, int64_t C) {
+  Args a(dev_);
+  RLH_RUN("moe_unpermute_bwd", "moe_unpermute_bwd",
+          (std::vector<rlh_tensor>{a.mat(dy, kBF16, N, C, lddy), a.mat(yp, kBF16, N * K, C, C),
+                                   a.mat(row, kI32, N, K, K), a.mat(weights, kF32, N, K, K)}),
+          (std::vector<rlh_tensor>{a.mat(dyp, kBF16, N * K, C, C),
+                                   dweights ? a.mat(dweights, kF32, N, K, K) : a.absent(kF32)}),
+          kNone);
+}
+
+#undef RLH_RUN
+
+}  // namespace rlh::engine::cuda

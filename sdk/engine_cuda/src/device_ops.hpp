@@ -1,0 +1,151 @@
+// The CUDA engine's kernels, reached through the C ABI's kernel registry: a typed facade over
+// resolved op handles for device pointers, one method per kind of call the engine makes. The
+// engine links no provider; whichever providers the registry holds for its device answer
+// (kernels_cuda, kernels_cudnn for attention, a vendor's FP8 GEMMs), op by op.
+//
+// Every method builds DLPack-layout descriptors for its operands (on the engine's device,
+// bf16 activations and weights, f32 statistics and gradients, f64 where the router runs in
+// float64) and runs the op on the engine's stream. An op is resolved the first time a call of
+// its kind (op name and dtypes) is made and kept: later calls cost one indirect call plus the
+// descriptors. Scratch is the provider's (kernels_cuda: a stream-ordered pool that stops growing
+// after the first step), so no call allocates device memory in steady state.
+//
+// Semantics and operand layouts are docs/ops.md's; where the engine needs more than the contract
+// offers it passes optional operands the contract defines (the logprob head's logits cache,
+// adamw_bf16's working copy).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <span>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "rlhost/sdk/kernels.hpp"
+
+namespace rlh::engine::cuda {
+
+// A tensor list of a multi-tensor op: element counts and device pointers.
+struct DeviceList {
+  std::vector<int64_t> n;
+  std::vector<void*> p;
+};
+
+class DeviceOps {
+ public:
+  DeviceOps(const sdk::KernelRegistry& registry, int device, cudaStream_t stream)
+      : reg_(registry), dev_(sdk::cuda_device(device)), stream_(stream) {}
+
+  // C[M,N] = op(A) op(B) + beta C; A, B bf16 row-major; C bf16 or f32 (c_f32).
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+            int64_t ldb, double beta, void* C, int64_t ldc, bool c_f32);
+  // Row groups by device offsets [G+1] over T rows: ta = 0: C[T,N] = A[T,K] op(B_g), B [G, K, N]
+  // ([G, N, K] with tb), groups stride_b apart; ta = 1: C_g [M,N] (+)= A_g^T B_g, C groups
+  // stride_c apart. bf16 A and B; C bf16 or f32.
+  void grouped_gemm(bool ta, bool tb, int64_t G, int64_t T, const int32_t* offsets, int64_t M, int64_t N,
+                    int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, int64_t stride_b,
+                    double beta, void* C, int64_t ldc, int64_t stride_c, bool c_f32);
+  void embedding_fwd(void* out, const int32_t* ids, const void* table, int64_t N, int64_t C, int64_t V);
+  void embedding_bwd(float* dtable, const int32_t* ids, const void* dout, int64_t N, int64_t C, int64_t V);
+  // bf16 x, w, y; f32 rstd [N] (may be null)
+  void rmsnorm_fwd(void* y, int64_t ldy, float* rstd, const void* x, int64_t ldx, const void* w, int64_t N,
+                   int64_t C, double eps, double offset);
+  // dx (+)= (accumulate), dw += (f32; may be null)
+  void rmsnorm_bwd(void* dx, int64_t lddx, float* dw, const void* dy, int64_t lddy, const void* x, int64_t ldx,
+                   const void* w, const float* rstd, int64_t N, int64_t C, double offset, bool accumulate);
+  // H heads of D columns of x (rows ldx apart) into y (y may be x); the transposed rotation when
+  // inverse.
+  void rope(void* y, int64_t ldy, const void* x, int64_t ldx, const int32_t* pos, const float* inv_freq, int64_t N,
+            int64_t H, int64_t D, int64_t R, double scale, bool interleaved, bool inverse);
+  struct Attention {
+    int64_t N = 0, S = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0, window = 0;
+    double scale = 1;
+    const int32_t* cu = nullptr;
+    const void* q = nullptr; int64_t ldq = 0;
+    const void* k = nullptr; int64_t ldk = 0;
+    const void* v = nullptr; int64_t ldv = 0;
+    void* o = nullptr; int64_t ldo = 0;
+    float* lse = nullptr;  // [Hq, N]
+  };
+  void attention_fwd(const Attention& a);
+  void attention_bwd(const Attention& a, const void* dout, int64_t lddo, void* dq, int64_t lddq, void* dk,
+                     int64_t lddk, void* dv, int64_t lddv);
+  // h = act(gate) * up for gate|up side by side in gu [N, 2F] (rows ldgu apart); act "silu",
+  // "gelu_tanh" or "gelu"; and its backward into dgu.
+  void glu_fwd(const std::string& act, void* h, int64_t ldh, const void* gu, int64_t ldgu, int64_t N, int64_t F);
+  void glu_bwd(const std::string& act, void* dgu, int64_t lddgu, const void* dh, int64_t lddh, const void* gu,
+               int64_t ldgu, int64_t N, int64_t F);
+  // y[N, M] += b in y's dtype (bf16, or f32 for the router's logits)
+  void bias_add(bool f32, void* y, int64_t ldy, const void* b, int64_t N, int64_t M);
+  void bias_bwd(bool dy_f32, float* db, const void* dy, int64_t lddy, int64_t N, int64_t M);
+  void add(void* y, const void* a, const void* b, int64_t n);  // bf16
+  void scale(void* x, int64_t n, double s);                    // bf16 x *= s, in place
+  struct Logprob {
+    int64_t N = 0, C = 0, V = 0;
+    const void* h = nullptr;  // bf16 [N, C]
+    const void* W = nullptr;  // bf16 [V, C]
+    const int32_t* target = nullptr;
+    double temperature = 1;
+    int64_t chunk_bytes = 0;
+    float* logprob = nullptr;
+    float* lse = nullptr;
+    float* entropy = nullptr;  // may be null
+    float* cache = nullptr;    // the logits of a training step's forward, [N, ld_cache] f32; may be null
+    int64_t ld_cache = 0;
+  };
+  void logprob_fwd(const Logprob& a);
+  // dh written (or added with accumulate), dW += (f32)
+  void logprob_bwd(const Logprob& a, const float* dlogprob, const float* dentropy, void* dh, float* dW,
+                   bool accumulate);
+  // out[0] = sum of squares of the f32 tensors (one launch)
+  void sumsq(const DeviceList& x, float* out);
+  // AdamW over f32 p, g, m, v with the bf16 working copy p16 refreshed in the same pass.
+  struct AdamW {
+    double lr, beta1, beta2, eps, weight_decay;
+    int64_t step;
+    double grad_scale;
+    bool zero_grad;
+  };
+  void adamw_bf16(const DeviceList& p, const DeviceList& g, const DeviceList& m, const DeviceList& v,
+                  const DeviceList& p16, const AdamW& o);
+  // MoE (docs/ops.md "Mixture of experts"): the router in f32 (f64 = false) or f64.
+  struct Router {
+    bool f64 = false;
+    int64_t N = 0, E = 0, K = 0;
+    int scoring = 0;
+    bool norm_topk_prob = false;
+    double scaling_factor = 1;
+    bool replay = false;
+    int64_t n_group = 1, topk_group = 1;
+  };
+  void router_fwd(const Router& r, const void* logits, int64_t ldl, const void* bias, void* weights,
+                  int32_t* experts, void* probs, void* lse);
+  void router_bwd(const Router& r, void* dlogits, const void* dweights, const void* probs,
+                  const int32_t* experts, const void* dprobs, const void* dlse);
+  void permute_fwd(void* xp, int32_t* row, int32_t* offsets, const void* x, int64_t ldx, const int32_t* experts,
+                   int64_t N, int64_t K, int64_t C, int64_t E);
+  void permute_bwd(void* dx, int64_t lddx, const void* dxp, const int32_t* row, int64_t N, int64_t K, int64_t C,
+                   bool accumulate);
+  void unpermute_fwd(void* y, int64_t ldy, const void* yp, const int32_t* row, const float* weights, int64_t N,
+                     int64_t K, int64_t C, bool accumulate);
+  void unpermute_bwd(void* dyp, float* dweights, const void* dy, int64_t lddy, const void* yp, const int32_t* row,
+                     const float* weights, int64_t N, int64_t K, int64_t C);
+
+ private:
+  // Descriptors of one call (their shapes and strides live here).
+  class Args;
+  const sdk::Op& op(const char* key, const char* name, const std::vector<rlh_tensor>& in,
+                    const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs = {});
+  void run(const sdk::Op& o, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
+           std::span<const rlh_named_value> attrs);
+
+  const sdk::KernelRegistry& reg_;
+  rlh_device dev_;
+  cudaStream_t stream_;
+  std::unordered_map<const void*, sdk::Op> ops_;  // by the call site's key (a string literal)
+};
+
+}  // namespace rlh::engine::cuda
