@@ -39,6 +39,7 @@
 #include "model_eos.hpp"
 #include "rlhost/generator.h"
 #include "rlhost/host.h"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 #include "rlhost/tokenizer.h"
 
@@ -153,9 +154,10 @@ int cmd_generate(int argc, char** argv) {
   const bool json_out = vm.count("json") > 0;
   std::string gen_config = vm["generator-config"].as<std::string>();
   try {
-    if (!json::parse(gen_config).is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "--generator-config must be a JSON object");
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("--generator-config: invalid JSON: ") + e.what());
+    if (!sdk::parse_json_input(gen_config, "--generator-config").is_object())
+      throw Error(RLH_E_INVALID_ARGUMENT, "--generator-config must be a JSON object");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, e.what());
   }
 
   Session s;
@@ -259,6 +261,12 @@ int cmd_generate(int argc, char** argv) {
   std::map<std::pair<int64_t, int64_t>, Result> results;
   sdk::check(s.gen_api->generate(s.gen, &args, collect, &results));
 
+  for (const auto& [key, r] : results)
+    for (size_t t = 0; t < r.logprobs.size(); ++t)
+      if (!std::isfinite(r.logprobs[t]))
+        throw Error(RLH_E_DATA_LOSS, "prompt " + std::to_string(key.first) + ", sample " + std::to_string(key.second) +
+                                         ": the logprob of new token " + std::to_string(t) +
+                                         " is not finite: the model's activations overflowed");
   const bool many = results.size() > 1;
   for (const auto& [key, r] : results) {
     const std::vector<int32_t>& prompt = prompts[size_t(key.first)];

@@ -1,11 +1,12 @@
 #include "model_eos.hpp"
 
+#include <climits>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::host {
@@ -13,22 +14,28 @@ namespace {
 
 using json = nlohmann::json;
 
-// The eos_token_id of a JSON file (an id or a list), if the file and key are there.
-void add_eos_ids(const std::filesystem::path& path, std::set<int32_t>& out) {
-  std::ifstream in(path);
-  if (!in) return;
+// The eos_token_id of a JSON file (an id or a list), if the file and key are there. The file is
+// untrusted input: a regular file of bounded size (sdk/json_input.hpp), ids in int32's range.
+void add_eos_ids(const std::filesystem::path& file, std::set<int32_t>& out) {
+  const std::string path = file.string();
+  if (!sdk::input_exists(path)) return;
   json j;
   try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw sdk::Error(RLH_E_INVALID_ARGUMENT, path.string() + ": invalid JSON: " + e.what());
+    j = sdk::read_json_file(path, 64u << 20, "model file");
+  } catch (const sdk::InputError& e) {
+    throw sdk::Error(RLH_E_INVALID_ARGUMENT, e.what());
   }
   if (!j.is_object() || !j.contains("eos_token_id")) return;
+  auto add = [&](const json& x) {
+    if (!x.is_number_integer()) return;
+    if (x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+      throw sdk::Error(RLH_E_INVALID_ARGUMENT, path + ": eos_token_id " + x.dump() + " is not a token id");
+    out.insert(static_cast<int32_t>(x.get<int64_t>()));
+  };
   const json& e = j["eos_token_id"];
-  if (e.is_number_integer()) out.insert(e.get<int32_t>());
+  add(e);
   if (e.is_array())
-    for (const json& x : e)
-      if (x.is_number_integer()) out.insert(x.get<int32_t>());
+    for (const json& x : e) add(x);
 }
 
 }  // namespace

@@ -699,6 +699,13 @@ TEST(BackendErrors, ModelsBatchesAndCallbacks) {
   EXPECT_EQ(be.try_train(m, *batch, 5, 2, nll_loss(), eval, r), nullptr);
   TempDir empty("empty");
   expect_error(be.api()->load_state(be.raw(), m, empty.path.c_str()), RLH_E_NOT_FOUND, "rlhost_state.json");
+  // The state file is input: fields of another type are errors, not json's type_error.
+  std::ofstream(empty.path / "rlhost_state.json") << R"({"format": ["rlhost-backend-state"], "step": 1})";
+  expect_error(be.api()->load_state(be.raw(), m, empty.path.c_str()), RLH_E_DATA_LOSS, "not an rlhost backend state");
+  std::ofstream(empty.path / "rlhost_state.json", std::ios::trunc)
+      << R"({"format": "rlhost-backend-state", "step": 1, "architecture": 7})";
+  expect_error(be.api()->load_state(be.raw(), m, empty.path.c_str()), RLH_E_FAILED_PRECONDITION,
+               "holds a (no architecture) state");
 }
 
 }  // namespace

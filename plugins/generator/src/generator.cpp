@@ -22,6 +22,11 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
     throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_num_batched_tokens must be >= 1");
   if (opt_.kv_cache_bytes < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: kv_cache_bytes must be > 0");
   if (opt_.max_model_len < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len must be >= 0");
+  // Positions past max_position_embeddings are outside the model's range.
+  if (desc.max_position_embeddings > 0 && opt_.max_model_len > desc.max_position_embeddings)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len " + std::to_string(opt_.max_model_len) +
+                                            " is more than the model's max_position_embeddings (" +
+                                            std::to_string(desc.max_position_embeddings) + ")");
   if (opt_.ops == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given (Options::ops)");
   model_ = std::make_unique<DecodeModel>(std::move(desc), opt_.ops);
   model_->set_router_fp64(opt_.moe_router_fp64);

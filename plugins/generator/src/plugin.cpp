@@ -19,6 +19,7 @@
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model.h"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/kernel_registry.hpp"
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/plugin.hpp"
@@ -139,14 +140,11 @@ bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* sourc
 }
 
 std::string read_file(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw Error(RLH_E_NOT_FOUND, "generator: cannot read '" + path + "'");
-  std::string out;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  std::fclose(f);
-  return out;
+  try {
+    return rlh::sdk::read_input_file(path, 64u << 20, "generator: model file");  // regular files only
+  } catch (const rlh::sdk::InputError& e) {
+    throw Error(RLH_E_NOT_FOUND, e.what());
+  }
 }
 
 // The description of the folder's config.json, from a MODEL component through the host.

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "rlhost/dataset.h"
 #include "rlhost/environment.h"
 #include "rlhost/generator.h"
+#include "rlhost/sdk/checkpoint.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/tokenizer.h"
 
@@ -214,5 +217,21 @@ class Tokenizer {
   std::vector<int32_t> eos_;
   int64_t vocab_size_ = 0;
 };
+
+// A non-finite loss or gradient norm stops the loop (NeMo-RL stops on a NaN loss too): throws
+// Error(RLH_E_ABORTED) naming the step. The backend applies no update from a non-finite gradient
+// and nothing of this step is checkpointed, so the last checkpoint is the state to resume from.
+void stop_on_nonfinite(double loss, double grad_norm, int64_t step, const std::string& what);
+
+// Resumes a loop from the newest checkpoint that verifies and loads (CheckpointManager::resume):
+// `load` restores the loop's state from one (throwing Error(RLH_E_DATA_LOSS) for a damaged one).
+// Each skipped checkpoint is one warning naming it. When none loads, the loop starts from step 0
+// -- unless a load failed part way, which could leave the model half-loaded: then it stops.
+std::optional<sdk::CheckpointInfo> resume_from_checkpoints(const sdk::Host& host, sdk::CheckpointManager& ckpt,
+                                                           const std::function<void(const sdk::CheckpointInfo&)>& load);
+
+// Whether the loop may save checkpoint `step` now; a newer checkpoint kept from before a
+// fallback resume is not overwritten: one warning, and the step is not saved.
+bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ckpt, int64_t step);
 
 }  // namespace rlh::grpo

@@ -955,10 +955,17 @@ rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char* co
         threads = j["num_threads"].get<int64_t>();
       }
     }
+    // The pool first: a thread the system refuses is an error (and nothing is leaked).
+    std::unique_ptr<WorkerPool> pool;
+    try {
+      if (threads > 0) pool = std::make_unique<WorkerPool>(int(threads));
+    } catch (const std::runtime_error& e) {
+      throw Error(RLH_E_RESOURCE_EXHAUSTED, e.what());
+    }
     auto* k = new rlh_kernels;
     k->host = host;
     k->device = device;
-    if (threads > 0) k->own_pool = std::make_unique<WorkerPool>(int(threads));
+    k->own_pool = std::move(pool);
     *out = k;
     if (host && host->log) {  // loads and verifies OpenBLAS now, so the log says what was chosen
       const std::string msg = "kernels_cpu: " + cpu_features_string() + "; " + blas_info_string();

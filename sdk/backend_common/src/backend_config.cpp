@@ -102,7 +102,11 @@ double ConfigReader::number(std::string_view path, double fallback) {
       const std::string s = v->get<std::string>();
       char* end = nullptr;
       const double d = std::strtod(s.c_str(), &end);
-      if (!s.empty() && end == s.c_str() + s.size()) return d;
+      if (!s.empty() && end == s.c_str() + s.size()) {
+        // "nan", "inf" and "1e999" parse; none is a setting a run can honour.
+        if (!std::isfinite(d)) fail(path, "expected a finite number, got " + describe(*v));
+        return d;
+      }
     }
     fail(path, "expected a number, got " + describe(*v));
   }
@@ -113,8 +117,14 @@ int64_t ConfigReader::integer(std::string_view path, int64_t fallback) {
   const json* v = find(path);
   if (v == nullptr) return fallback;
   if (v->is_number_integer()) return v->get<int64_t>();
-  if (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>())))
-    return static_cast<int64_t>(v->get<double>());
+  // A float with an integral value in the 64-bit range (checked before the cast, which would be
+  // undefined past it).
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d >= -9223372036854775808.0 && d < 9223372036854775808.0 &&
+        d == static_cast<double>(static_cast<int64_t>(d)))
+      return static_cast<int64_t>(d);
+  }
   fail(path, "expected an integer, got " + describe(*v));
 }
 

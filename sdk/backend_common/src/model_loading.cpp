@@ -9,6 +9,7 @@
 #include "rlhost/model.h"
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/input_file.hpp"
 
 namespace rlh::backend {
 
@@ -17,12 +18,14 @@ using json = nlohmann::json;
 
 namespace {
 
+// Model side files (config.json): regular files only, at most 64 MiB (issue 18: a FIFO or
+// /dev/zero named config.json must not block or fill memory).
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(RLH_E_NOT_FOUND, "'" + path + "' cannot be read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return sdk::read_input_file(path, 64u << 20, "model file");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_NOT_FOUND, e.what());
+  }
 }
 
 std::string join(const char* const* names) {

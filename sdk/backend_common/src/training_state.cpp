@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "backend_internal.hpp"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/model_weights.hpp"
 
 namespace fs = std::filesystem;
@@ -153,19 +154,22 @@ void save_state(Model& m, const std::string& dir) {
 
 void load_state(Model& m, const std::string& dir) {
   const fs::path state_path = fs::path(dir) / kStateFile;
-  std::ifstream in(state_path);
-  if (!in) throw Error(RLH_E_NOT_FOUND, "load_state: '" + dir + "' has no " + kStateFile + " (not a folder save_state wrote)");
+  if (!sdk::input_exists(state_path.string()))
+    throw Error(RLH_E_NOT_FOUND, "load_state: '" + dir + "' has no " + kStateFile + " (not a folder save_state wrote)");
   json state;
   try {
-    state = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_DATA_LOSS, state_path.string() + ": invalid JSON: " + e.what());
+    state = sdk::read_json_file(state_path.string(), 1u << 20, "backend state");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_DATA_LOSS, e.what());
   }
-  if (!state.is_object() || state.value("format", "") != kFormat || !state.contains("step") ||
+  // (json::value() throws a type_error when the key holds another type: the file is untrusted.)
+  if (!state.is_object() || !state.contains("format") || state["format"] != kFormat || !state.contains("step") ||
       !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0)
     throw Error(RLH_E_DATA_LOSS, state_path.string() + ": not an rlhost backend state (format/step)");
   const int64_t step = state["step"].get<int64_t>();
-  const std::string arch = state.value("architecture", "");
+  const std::string arch = state.contains("architecture") && state["architecture"].is_string()
+                               ? state["architecture"].get<std::string>()
+                               : std::string("(no architecture)");
   if (arch != m.desc.architecture)
     throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + dir + "' holds a " + arch + " state, the model is " +
                                                m.desc.architecture);
@@ -213,6 +217,11 @@ void load_state(Model& m, const std::string& dir) {
                                                " state, the model's optimizer is " + kind);
   try {
     const sdk::st::File f = sdk::st::File::open((fs::path(dir) / kOptimizerFile).string());
+    // The optimizer's step must be the state's: files from two different saves do not resume.
+    for (const auto& [key, value] : f.metadata())
+      if (key == "step" && value != std::to_string(step))
+        throw Error(RLH_E_DATA_LOSS, f.path() + ": optimizer state of step " + value + ", but " + kStateFile +
+                                         " says step " + std::to_string(step));
     if (m.device) {
       // Moments start from zeros (a state saved before the first update has none).
       DeviceOptimizerState s;

@@ -15,7 +15,8 @@ namespace rlh::backend {
 
 // Checks a batch (struct size, offsets, ids in [0, vocab), field shapes and devices); throws
 // rlh::sdk::Error naming what is wrong.
-void validate_batch(const rlh_batch* batch, int64_t vocab_size);
+// max_positions > 0: no sequence may be longer (the model's max_position_embeddings).
+void validate_batch(const rlh_batch* batch, int64_t vocab_size, int64_t max_positions = 0);
 
 // Which sequences (batch indices, in micro-batch order) form each micro-batch.
 struct MicroBatchPlan {
