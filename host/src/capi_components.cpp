@@ -320,6 +320,10 @@ rlh_status* rlhost_logprobs(rlhost_model_t* model, const rlhost_logprobs_args* a
     const IntRows ids = read_ints(args->ids, "ids", 2);
     const std::vector<int64_t> lengths = read_lengths(args->lengths, ids, "lengths", 1);
     if (ids.cols == 0) throw Error(RLH_E_INVALID_ARGUMENT, "ids: no tokens");
+    if (ids.rows == 0) {  // an empty batch: nothing to score
+      *out = make_tensor(kF32, {0, ids.cols});
+      return;
+    }
     // The rows packed back to back, as the backend takes a batch.
     std::vector<int32_t> flat;
     std::vector<int64_t> offsets = {0};
@@ -429,6 +433,10 @@ rlh_status* rlhost_generate(rlhost_generator_t* generator, const rlhost_generate
     const IntRows ids = read_ints(args->prompt_ids, "prompt_ids", 2);
     const std::vector<int64_t> lengths = read_lengths(args->prompt_lengths, ids, "prompt_lengths", 1);
     if (ids.cols == 0) throw Error(RLH_E_INVALID_ARGUMENT, "prompt_ids: empty prompts");
+    if (ids.rows == 0) throw Error(RLH_E_INVALID_ARGUMENT, "prompt_ids: no prompts");
+    if (args->samples_per_prompt > kMaxElements / ids.rows)
+      throw Error(RLH_E_INVALID_ARGUMENT, "samples_per_prompt: " + std::to_string(args->samples_per_prompt) + " x " +
+                                              std::to_string(ids.rows) + " prompts is too many samples");
     std::vector<std::vector<int32_t>> prompts;
     std::vector<int32_t> flat;
     std::vector<int64_t> offsets = {0};

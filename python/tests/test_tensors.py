@@ -4,6 +4,7 @@ Environment as test_rlhost.py, plus RLHOST_BIN (the rlhost executable) to compar
 `rlhost logprobs` and `rlhost generate`. numpy and torch are Debian's (python3-numpy 1.24,
 python3-torch 1.13: legacy "dltensor" capsules only); the tests that need them skip without them."""
 import ctypes
+import gc
 import json
 import os
 import subprocess
@@ -66,6 +67,12 @@ def test_ids_round_trip_through_capsules_and_lists(host, tiny_model):
     assert capsule_name(v) == "dltensor_versioned" and capsule_name(legacy) == "dltensor"
     assert tok.decode(v) == tok.decode(legacy) == tok.decode(values) == "12+3=15"
     assert capsule_name(v) == "used_dltensor_versioned" and capsule_name(legacy) == "used_dltensor"
+    assert ids.tolist() == values
+    # Capsules nobody consumes are freed by their destructor (ours), the Tensor unaffected.
+    for _ in range(3):
+        ids.__dlpack__()
+        ids.__dlpack__(max_version=(1, 2))
+    gc.collect()
     assert ids.tolist() == values
     del v, legacy, ids  # the memory outlives every owner but the last (ASan checks the C side)
 

@@ -183,6 +183,12 @@ TEST_F(Capi, LogprobsOfAPaddedBatch) {
   View three(lens.data(), kI64, {1});
   logprobs(m, &batch.t, &three.t, &st);
   expect_invalid(st, {"lengths", "1 lengths for 2 rows"});
+  View no_rows(padded.data(), kI32, {0, 6});
+  rlh_managed_tensor* empty = logprobs(m, &no_rows.t, nullptr, &st);
+  ok(st);
+  EXPECT_EQ(empty->dl_tensor.shape[0], 0);
+  EXPECT_EQ(empty->dl_tensor.shape[1], 6);
+  empty->deleter(empty);
   View null_data(nullptr, kI64, {3});
   logprobs(m, &null_data.t, nullptr, &st);
   expect_invalid(st, {"ids", "data is NULL"});
@@ -276,6 +282,8 @@ TEST_F(Capi, GenerateBatchAndSamples) {
 
   a.samples_per_prompt = 0;
   expect_invalid(rlhost_generate(g, &a, &out), {"samples_per_prompt"});
+  a.samples_per_prompt = int64_t(1) << 40;
+  expect_invalid(rlhost_generate(g, &a, &out), {"samples_per_prompt", "too many"});
   a.samples_per_prompt = 1;
   lens[0] = 0;
   expect_invalid(rlhost_generate(g, &a, &out), {"prompt_lengths[0] = 0"});
