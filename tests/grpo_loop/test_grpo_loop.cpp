@@ -23,6 +23,7 @@
 
 #include "rlhost/host.h"
 #include "rlhost/sdk/checkpoint.hpp"
+#include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace fs = std::filesystem;
