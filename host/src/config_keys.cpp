@@ -65,7 +65,9 @@ KeyCheck check_keys(const Json& resolved, const std::vector<std::string>& owned_
   std::set<std::string> unused_roots;
   std::set<const SupportRule*> refused_rules;
   auto loaded = [&](const std::string& p) { return std::find(plugins.begin(), plugins.end(), p) != plugins.end(); };
-  for (const auto& [key, v] : keys) {
+  for (const auto& leaf : keys) {
+    const std::string& key = leaf.first;  // (not a structured binding: clang 14 cannot capture one)
+    const Json* v = leaf.second;
     if (matches(key, "rlhost.*")) continue;
     const bool owned =
         std::any_of(owned_patterns.begin(), owned_patterns.end(), [&](const std::string& p) { return matches(key, p); });
