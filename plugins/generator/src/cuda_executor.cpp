@@ -378,6 +378,7 @@ class CudaExecutor final : public StepExecutor {
   int64_t kv_budget(const KvLayout& layout, int64_t) override {
     if (pool_.get()) return int64_t(pool_.size());
     ck(cudaSetDevice(opt_.device), "set device");
+    upload_weights();  // the weights count as in use before the pool takes the rest
     int64_t bytes = opt_.kv_cache_bytes;
     std::string rule = "kv_cache_bytes";
     if (bytes <= 0) {
@@ -385,10 +386,12 @@ class CudaExecutor final : public StepExecutor {
       ck(cudaMemGetInfo(&free_b, &total_b), "memory info");
       const double want = opt_.gpu_memory_utilization * double(total_b);
       const int64_t used = int64_t(total_b - free_b);
-      bytes = int64_t(want) - used;
+      // A margin for what comes later: CUDA graphs, the providers' stream-ordered pools.
+      constexpr int64_t kMargin = int64_t(256) << 20;
+      bytes = int64_t(want) - used - kMargin;
       rule = "gpu_memory_utilization " + std::to_string(opt_.gpu_memory_utilization).substr(0, 4) + " of " +
              mib(int64_t(total_b)) + " leaves " + (bytes > 0 ? mib(bytes) : "nothing") + " after the " + mib(used) +
-             " in use";
+             " in use and a margin of " + mib(kMargin);
     }
     if (bytes < layout.block_bytes())
       throw Error(RLH_E_RESOURCE_EXHAUSTED, "generator (cuda): the KV cache does not fit: " + rule +
