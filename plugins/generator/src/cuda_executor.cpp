@@ -646,6 +646,7 @@ class CudaExecutor final : public StepExecutor {
   void capture(GraphKey key) {
     cudaGraph_t g = nullptr;
     std::string err;
+    ck(cudaStreamSynchronize(stream_), "before a graph capture");  // the op-by-op step just queued
     ck(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");
     try {
       forward(key.rows, key.rows);

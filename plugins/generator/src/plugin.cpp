@@ -355,9 +355,14 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
         if (!cfg["gpu_memory_utilization"].is_number())
           throw Error(RLH_E_INVALID_ARGUMENT, "generator config: 'gpu_memory_utilization' must be a number in (0, 1]");
         co.gpu_memory_utilization = cfg["gpu_memory_utilization"].get<double>();
-      } else if (vllm.is_object() && vllm.contains("gpu_memory_utilization") && vllm["gpu_memory_utilization"].is_number()) {
+      } else if (vllm.is_object() && vllm.contains("gpu_memory_utilization") && !vllm["gpu_memory_utilization"].is_null()) {
+        if (!vllm["gpu_memory_utilization"].is_number())
+          throw Error(RLH_E_INVALID_ARGUMENT, "policy.generation.vllm_cfg.gpu_memory_utilization must be a number in (0, 1]");
         co.gpu_memory_utilization = vllm["gpu_memory_utilization"].get<double>();
       }
+      if (vllm.is_object() && vllm.contains("enforce_eager") && !vllm["enforce_eager"].is_null() &&
+          !vllm["enforce_eager"].is_boolean())
+        throw Error(RLH_E_INVALID_ARGUMENT, "policy.generation.vllm_cfg.enforce_eager must be true or false");
       if (!(co.gpu_memory_utilization > 0 && co.gpu_memory_utilization <= 1))
         throw Error(RLH_E_INVALID_ARGUMENT, "generator config: gpu_memory_utilization must be in (0, 1], not " +
                                                 std::to_string(co.gpu_memory_utilization));
