@@ -28,8 +28,9 @@ Options gen_options(int num_threads) {
     return o;
   }
   // kernels_cpu instances with their own decode threads, one per count, kept for the process
-  static std::map<int, rlh::test::KernelsCpuThroughAbi*> by_threads;
-  rlh::test::KernelsCpuThroughAbi*& k = by_threads[num_threads];
+  // (the map too, so they stay reachable at exit as cpu_ops()'s instance does: no leak report)
+  static auto* by_threads = new std::map<int, rlh::test::KernelsCpuThroughAbi*>();
+  rlh::test::KernelsCpuThroughAbi*& k = (*by_threads)[num_threads];
   if (!k) {
     const std::string cfg = "{\"num_threads\": " + std::to_string(num_threads) + "}";
     k = new rlh::test::KernelsCpuThroughAbi({}, cfg.c_str());
