@@ -9,12 +9,16 @@
 #   scripts/fuzz.sh                      every target, 300 s each
 #   FUZZ_SECONDS=60 scripts/fuzz.sh fuzz_math_verifier fuzz_plugin_file
 #   FUZZ_OUT=/tmp/fuzz scripts/fuzz.sh   where corpora, logs and findings go (default build-fuzz/fuzz-run)
+#   FUZZ_RUNS=1000000 FUZZ_SECONDS=7200 scripts/fuzz.sh
+#                                        each target until it has run FUZZ_RUNS inputs (the issue's
+#                                        goal: 1M each), FUZZ_SECONDS then being only a cap
 #
 # Exit status: 0 when no target found anything, 1 otherwise. The committed corpora are not
 # changed; new inputs the run found stay in the output folder (merge them by hand if wanted).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-300}
+runs=${FUZZ_RUNS:-0}
 out=${FUZZ_OUT:-build-fuzz/fuzz-run}
 
 if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
@@ -57,12 +61,17 @@ for t in "${targets[@]}"; do
   while :; do
     left=$(( seconds - ($(date +%s) - start) ))
     [ "$left" -gt 0 ] || break
+    runs_arg=()
+    if [ "$runs" -gt 0 ]; then
+      [ "$execs" -lt "$runs" ] || break
+      runs_arg=(-runs=$((runs - execs)))
+    fi
     run=$((run + 1))
     log=$work/run$run.log
     set +e
     # (in a subshell, so that a target killed by a signal is reported in its log, not here)
     ("$bin" -max_total_time="$left" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$work/findings/" "${dict_arg[@]}" "$work/corpus") >"$log" 2>&1
+      -artifact_prefix="$work/findings/" "${runs_arg[@]}" "${dict_arg[@]}" "$work/corpus") >"$log" 2>&1
     rc=$?
     set -e
     # Executions: the final stats on a clean exit, else the last status line ("#N ...").
