@@ -5,8 +5,9 @@
 # rlhost, plugins/, lib/), since the device image has no gtest, Boost or yaml-cpp; the fixtures
 # are the source tree's tests/fixtures.
 # Logs go to $OUT when set.
-#   scripts/device_gpu.sh [tests|gentests|grpo|bench|genbench|all]     (all = tests, grpo, bench, genbench)
+#   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|all]  (all = tests, cli, grpo, bench, genbench)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
+#     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -52,6 +53,37 @@ if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
     --ignore-eos --json --device cuda > "$out/generate_cuda.log" 2>&1
   [ $? = 0 ] || rc=1
   cat "$out/generate_cuda.log"
+fi
+if [ "$what" = cli ] || [ "$what" = all ]; then
+  # What a user tries first: the same fixture scored and sampled on the CPU (float32) and on the
+  # GPU (bfloat16), through the CLI and through the Python package (ctypes over host.h).
+  echo "== rlhost logprobs / generate / python on cuda vs cpu =="
+  m=tests/fixtures/llama-tiny
+  ids=5,17,42,7,99,3,250,11
+  for dev in "cpu --precision float32" "cuda --precision bfloat16"; do
+    "$bin/rlhost" logprobs --model $m --ids $ids --json --device $dev > "$out/logprobs_${dev%% *}.json" 2>&1 ||
+      { rc=1; cat "$out/logprobs_${dev%% *}.json"; }
+  done
+  python3 - "$out" <<'PY' || rc=1
+import json, sys
+a = json.load(open(sys.argv[1] + "/logprobs_cpu.json")); b = json.load(open(sys.argv[1] + "/logprobs_cuda.json"))
+d = max(abs(x - y) for x, y in zip(a["token_logprobs"][1:], b["token_logprobs"][1:]))
+print(f"logprobs cpu fp32 loss {a['loss']:.6f}, cuda bf16 loss {b['loss']:.6f}, max |dlp| {d:.3g}")
+sys.exit(0 if d < 5e-2 else 1)
+PY
+  "$bin/rlhost" generate --model $m --prompt-ids 5,17,42 --temperature 0 --max-new-tokens 8 --ignore-eos --json \
+    --device cpu > "$out/generate_cpu.log" 2>&1 || rc=1
+  echo "cpu:  $(head -c 300 "$out/generate_cpu.log")"
+  RLHOST_LIB=$bin/lib/librlhost.so.0.1 PYTHONPATH=python python3 - <<'PY' 2>&1 | tee "$out/python_cuda.log" || rc=1
+import rlhost
+h = rlhost.Host()
+m = h.model("tests/fixtures/llama-tiny", device="cuda", precision="bfloat16")
+lp = m.logprobs([[5, 17, 42, 7, 99, 3, 250, 11]])
+print("python cuda logprobs:", [round(float(x), 4) for x in lp.tolist()[0]])
+g = h.generator("tests/fixtures/llama-tiny", config={"device": "cuda"})
+out = g.generate([[5, 17, 42]], temperature=0.0, max_new_tokens=8, ignore_eos=True)
+print("python cuda generate ids:", out.ids.tolist(), "logprobs:", [round(x, 4) for x in out.logprobs.tolist()[0]])
+PY
 fi
 if [ "$what" = grpo ] || [ "$what" = all ]; then
   # The demo's two stages (scripts/demo.sh) with stage 2's policy on the GPU: megatron,
