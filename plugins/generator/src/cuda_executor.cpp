@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/engine_cuda/device_ops.hpp"
 #include "rlhost/generator/program_runner.hpp"
 #include "rlhost/sdk/kernel_registry.hpp"
@@ -761,23 +762,12 @@ class CudaExecutor final : public StepExecutor {
 }  // namespace
 
 bool cuda_generator_available(std::string* why, int device) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    if (why) *why = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
-    return false;
-  }
-  if (device < 0 || device >= count) {
-    if (why) *why = "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " visible)";
-    return false;
-  }
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, device) != cudaSuccess || p.major != 9) {
-    if (why) *why = "the generator's CUDA path is built for sm_90a; cuda:" + std::to_string(device) + " is " + p.name;
-    return false;
-  }
-  return true;
+  // The same devices as the CUDA engine's (both built for sm_90a); named for the generator.
+  std::string w;
+  if (engine::cuda_engine_available(&w, device)) return true;
+  cudaGetLastError();  // a failed probe leaves no sticky error for later calls
+  if (why) *why = "generator (cuda): " + w;
+  return false;
 }
 
 std::function<std::unique_ptr<StepExecutor>(DecodeModel&)> cuda_executor(CudaExecutorOptions options) {
