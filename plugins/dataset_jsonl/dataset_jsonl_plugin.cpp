@@ -57,11 +57,13 @@ const char* const kKeys[] = {
     "data.validation.prompt_file", "data.validation.system_prompt_file", "data.validation.dataset_name",
     "data.default.input_key", "data.default.output_key", "data.default.prompt_file",
     "data.default.system_prompt_file", "data.default.seed", "data.prompt_file", "data.system_prompt_file",
-    nullptr};
+    "data.default.dataset_name", "data.train.prompt_key", "data.train.chosen_key", "data.train.rejected_key",
+    "data.validation.prompt_key", "data.validation.chosen_key", "data.validation.rejected_key",
+    "data.default.prompt_key", "data.default.chosen_key", "data.default.rejected_key", nullptr};
 
 const rlh_component_desc kJsonl = rlh::sdk::component_desc(
     RLH_KIND_DATASET, "jsonl", "0.1.0", RLH_DATASET_API_VERSION_MAJOR, RLH_DATASET_API_VERSION_MINOR, &kApi,
-    "NeMo-RL ResponseDataset rows from a local JSONL file (input/output keys, prompt files, seeded split)", kKeys);
+    "NeMo-RL ResponseDataset and preference rows from a local JSONL file (keys, prompt files, seeded split)", kKeys);
 const rlh_component_desc* const kComponents[] = {&kJsonl};
 
 }  // namespace

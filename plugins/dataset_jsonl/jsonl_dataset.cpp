@@ -48,9 +48,18 @@ void apply(JsonlSource& s, const json& j, const std::string& origin) {
   if (auto it = j.find("dataset_name"); it != j.end() && !it->is_null()) {
     // NeMo-RL loads local JSONL through its ResponseDataset; any other name is another dataset.
     const std::string n = it->is_string() ? it->get<std::string>() : "";
-    if (n != "ResponseDataset" && n != "jsonl")
-      bad(origin, "dataset_name", "the jsonl dataset reads 'ResponseDataset' (or 'jsonl') with a data_path", *it);
+    if (n == "BinaryPreferenceDataset") s.format = RowFormat::kBinaryPreference;
+    else if (n == "PreferenceDataset") s.format = RowFormat::kPreference;
+    else if (n == "ResponseDataset" || n == "jsonl") s.format = RowFormat::kResponse;
+    else
+      bad(origin, "dataset_name",
+          "the jsonl dataset reads 'ResponseDataset' (or 'jsonl'), 'BinaryPreferenceDataset' or 'PreferenceDataset' "
+          "with a data_path",
+          *it);
   }
+  str("prompt_key", s.prompt_key);
+  str("chosen_key", s.chosen_key);
+  str("rejected_key", s.rejected_key);
   str("data_path", s.data_path);
   str("input_key", s.input_key);
   str("output_key", s.output_key);
@@ -221,12 +230,27 @@ std::string apply_prompt_template(std::string_view t, std::string_view input) {
 
 JsonlDataset::JsonlDataset(const json& config) : cfg_(resolve_config(config)) {
   const JsonlSource& s = cfg_.source;
+  if (s.format != RowFormat::kResponse) {
+    // A preference row is a whole conversation pair: a prompt template or system prompt file
+    // would have to be spliced into message lists, which NeMo-RL's preference datasets do not do.
+    for (const auto* f : {&s.prompt_file, &s.system_prompt_file})
+      if (*f)
+        throw Error(RLH_E_INVALID_ARGUMENT, s.origin + (f == &s.prompt_file ? ".prompt_file" : ".system_prompt_file") +
+                                                ": not used by preference datasets (put the text in the rows; set null)");
+  }
   if (s.prompt_file) {
     prompt_ = read_text_file(*s.prompt_file, s.origin, "prompt_file");
     check_prompt_template(*prompt_, *s.prompt_file);
   }
   if (s.system_prompt_file) system_prompt_ = read_text_file(*s.system_prompt_file, s.origin, "system_prompt_file");
-  rows_ = index_jsonl(s.data_path, s.input_key, s.output_key, s.origin);
+  if (s.format == RowFormat::kResponse) {
+    rows_ = index_jsonl(s.data_path, s.input_key, s.output_key, s.origin);
+  } else {
+    rows_ = index_jsonl(s.data_path, s.origin, [&](const nlohmann::ordered_json& line) {
+      nlohmann::ordered_json out;
+      return preference_row(s, line, out);
+    });
+  }
   if (rows_.empty()) throw Error(RLH_E_INVALID_ARGUMENT, s.data_path + ": no rows (" + s.origin + ".data_path)");
   if (cfg_.holdout) {
     const auto keep = split_rows(rows_.size(), s.split_validation_size, s.seed, cfg_.split == Split::kValidation, s.origin);
@@ -268,6 +292,12 @@ std::string JsonlDataset::row_json(int64_t index) const {
     row = nlohmann::ordered_json::parse(line);
   } catch (const std::exception& e) {
     throw Error(RLH_E_DATA_LOSS, where + "invalid JSON (the file changed since it was indexed?): " + e.what());
+  }
+  if (s.format != RowFormat::kResponse) {
+    nlohmann::ordered_json out;
+    if (std::string e = preference_row(s, row, out); !e.empty())
+      throw Error(RLH_E_DATA_LOSS, where + "row changed since the file was indexed (" + e + ")");
+    return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
   }
   if (!row.is_object() || !row.contains(s.input_key) || !row[s.input_key].is_string() || !row.contains(s.output_key))
     throw Error(RLH_E_DATA_LOSS, where + "row changed since the file was indexed");

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "rlhost/dataset_jsonl/jsonl_dataset.hpp"
@@ -131,8 +132,12 @@ bool blank(const char* p, size_t n) {
 
 }  // namespace
 
-std::vector<LineRef> index_jsonl(const std::string& path, const std::string& input_key,
-                                 const std::string& output_key, const std::string& origin) {
+namespace {
+
+// The line framing shared by both checks: `check(p, n, where)` throws for a bad line.
+using LineFn = std::function<void(const char*, size_t, const std::string&)>;
+
+std::vector<LineRef> index_lines(const std::string& path, const std::string& origin, const LineFn& check_text) {
   sdk::InputFd input;
   try {
     input = sdk::open_input_file(path, 0, origin + ".data_path:");  // regular files only, no size limit
@@ -161,21 +166,7 @@ std::vector<LineRef> index_jsonl(const std::string& path, const std::string& inp
     if (blank(p, n)) return;
     if (n > std::numeric_limits<uint32_t>::max())
       throw Error(RLH_E_OUT_OF_RANGE, path + ":" + std::to_string(line_no) + ": line longer than 4 GiB");
-    LineChecker check(input_key, output_key);
-    const bool ok = json::sax_parse(p, p + n, &check, json::input_format_t::json, true);
-    const std::string where = path + ":" + std::to_string(line_no) + ": ";
-    if (!ok || !check.error().empty())
-      throw Error(RLH_E_INVALID_ARGUMENT, where + (check.error().empty() ? "invalid JSON" : check.error()));
-    if (check.input() == Kind::kAbsent)
-      throw Error(RLH_E_INVALID_ARGUMENT, where + "missing key '" + input_key + "' (" + origin + ".input_key)");
-    if (check.output() == Kind::kAbsent)
-      throw Error(RLH_E_INVALID_ARGUMENT, where + "missing key '" + output_key + "' (" + origin + ".output_key)");
-    if (check.input() != Kind::kString)
-      throw Error(RLH_E_INVALID_ARGUMENT, where + "key '" + input_key + "' (" + origin + ".input_key) must be a string, got " +
-                                              kind_name(check.input()));
-    if (check.output() != Kind::kString && check.output() != Kind::kNumber)
-      throw Error(RLH_E_INVALID_ARGUMENT, where + "key '" + output_key + "' (" + origin +
-                                              ".output_key) must be a string or number, got " + kind_name(check.output()));
+    check_text(p, n, path + ":" + std::to_string(line_no) + ": ");
     rows.push_back({offset, static_cast<uint32_t>(n), line_no});
   };
 
@@ -208,6 +199,45 @@ std::vector<LineRef> index_jsonl(const std::string& path, const std::string& inp
   }
   if (!carry.empty()) check_line(carry.data(), carry.size(), carry_offset);  // no final newline
   return rows;
+}
+
+}  // namespace
+
+std::vector<LineRef> index_jsonl(const std::string& path, const std::string& input_key,
+                                 const std::string& output_key, const std::string& origin) {
+  return index_lines(path, origin, [&](const char* p, size_t n, const std::string& where) {
+    LineChecker check(input_key, output_key);
+    const bool ok = json::sax_parse(p, p + n, &check, json::input_format_t::json, true);
+    if (!ok || !check.error().empty())
+      throw Error(RLH_E_INVALID_ARGUMENT, where + (check.error().empty() ? "invalid JSON" : check.error()));
+    if (check.input() == Kind::kAbsent)
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "missing key '" + input_key + "' (" + origin + ".input_key)");
+    if (check.output() == Kind::kAbsent)
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "missing key '" + output_key + "' (" + origin + ".output_key)");
+    if (check.input() != Kind::kString)
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "key '" + input_key + "' (" + origin + ".input_key) must be a string, got " +
+                                              kind_name(check.input()));
+    if (check.output() != Kind::kString && check.output() != Kind::kNumber)
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "key '" + output_key + "' (" + origin +
+                                              ".output_key) must be a string or number, got " + kind_name(check.output()));
+  });
+}
+
+std::vector<LineRef> index_jsonl(const std::string& path, const std::string& origin,
+                                 const std::function<std::string(const nlohmann::ordered_json&)>& check) {
+  return index_lines(path, origin, [&](const char* p, size_t n, const std::string& where) {
+    // The SAX pass first: it bounds the nesting depth before a tree is built.
+    LineChecker shape("", "");
+    if (!json::sax_parse(p, p + n, &shape, json::input_format_t::json, true) || !shape.error().empty())
+      throw Error(RLH_E_INVALID_ARGUMENT, where + (shape.error().empty() ? "invalid JSON" : shape.error()));
+    nlohmann::ordered_json line;
+    try {
+      line = nlohmann::ordered_json::parse(p, p + n);
+    } catch (const std::exception& e) {
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "invalid JSON: " + e.what());
+    }
+    if (std::string e = check(line); !e.empty()) throw Error(RLH_E_INVALID_ARGUMENT, where + e);
+  });
 }
 
 }  // namespace rlh::dataset_jsonl

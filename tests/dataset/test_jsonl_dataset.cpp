@@ -212,6 +212,69 @@ TEST(JsonlDataset, BadLinesAreOneLineErrorsNamingFileAndLine) {
   EXPECT_EQ(err_for("\n\n"), "data.jsonl: no rows (data.train.data_path)");
 }
 
+// NeMo-RL's preference datasets (DPO, RM): both layouts come out as context + completions with the
+// preferred completion first.
+TEST(JsonlDataset, PreferenceRowsInBothLayouts) {
+  TempDir t;
+  const std::string bin = t.write("pairs.jsonl",
+                                  "{\"q\": \"2+2?\", \"good\": \"4\", \"bad\": \"5\", \"id\": 1}\n"
+                                  "{\"q\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}],"
+                                  " \"good\": \"a\", \"bad\": [{\"role\": \"assistant\", \"content\": \"b\"}]}\n");
+  JsonlDataset d(json{{"train", {{"data_path", bin}, {"prompt_key", "q"}}},
+                      {"default", {{"dataset_name", "BinaryPreferenceDataset"}, {"chosen_key", "good"}, {"rejected_key", "bad"}}}});
+  ASSERT_EQ(d.size(), 2);
+  auto rows = all_rows(d);
+  EXPECT_EQ(rows[0]["id"], 1);
+  EXPECT_EQ(rows[0]["context"], json::parse(R"([{"role":"user","content":"2+2?"}])"));
+  EXPECT_EQ(rows[0]["completions"], json::parse(R"([{"rank":0,"completion":[{"role":"assistant","content":"4"}]},
+                                                    {"rank":1,"completion":[{"role":"assistant","content":"5"}]}])"));
+  EXPECT_EQ(rows[1]["context"].size(), 2u);
+  EXPECT_EQ(rows[1]["completions"][1]["completion"][0]["content"], "b");
+  // PreferenceDataset: the lower rank is chosen, whatever the order in the line.
+  const std::string ranked = t.write("ranked.jsonl",
+                                     "{\"context\": [{\"role\": \"user\", \"content\": \"q\"}], \"completions\": ["
+                                     "{\"rank\": 3, \"completion\": [{\"role\": \"assistant\", \"content\": \"worse\"}]},"
+                                     "{\"rank\": 1, \"completion\": [{\"role\": \"assistant\", \"content\": \"better\"}]}]}\n");
+  JsonlDataset r(json{{"data_path", ranked}, {"dataset_name", "PreferenceDataset"}});
+  const json row = json::parse(r.row_json(0));
+  EXPECT_EQ(row["completions"][0]["completion"][0]["content"], "better");
+  EXPECT_EQ(row["completions"][1]["completion"][0]["content"], "worse");
+}
+
+TEST(JsonlDataset, BadPreferenceRowsAreOneLineErrorsNamingFileAndLine) {
+  TempDir t;
+  auto err_for = [&](const std::string& text, const char* name = "BinaryPreferenceDataset") {
+    const std::string f = t.write("prefs.jsonl", text);
+    std::string e = error_of(json{{"train", {{"data_path", f}, {"dataset_name", name}}}});
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    return e.substr(e.find("prefs.jsonl"));
+  };
+  const std::string ok = "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n";
+  EXPECT_EQ(err_for(ok + "{\"prompt\": \"p\", \"chosen\": \"a\"}\n"),
+            "prefs.jsonl:2: missing key 'rejected' (data.train.rejected_key)");
+  EXPECT_EQ(err_for(ok + ok + "{\"prompt\": \"p\", \"chosen\": 4, \"rejected\": \"b\"}\n"),
+            "prefs.jsonl:3: 'chosen' must be a string or a list of messages, got a number");
+  EXPECT_EQ(err_for("{\"prompt\": [{\"role\": \"user\"}], \"chosen\": \"a\", \"rejected\": \"b\"}\n"),
+            "prefs.jsonl:1: 'prompt'[0].content must be a string");
+  EXPECT_EQ(err_for("{\"prompt\": [], \"chosen\": \"a\", \"rejected\": \"b\"}\n"),
+            "prefs.jsonl:1: 'prompt' is an empty list of messages");
+  EXPECT_EQ(err_for("[1]\n"), "prefs.jsonl:1: the line is an array, not a JSON object (JSONL holds one object per line)");
+  const std::string msg = "[{\"role\": \"assistant\", \"content\": \"x\"}]";
+  EXPECT_EQ(err_for("{\"context\": " + msg + ", \"completions\": [{\"rank\": 0, \"completion\": " + msg +
+                        "}, {\"rank\": 0, \"completion\": " + msg + "}]}\n", "PreferenceDataset"),
+            "prefs.jsonl:1: 'completions' ranks tie (0); a pair needs a preferred completion");
+  EXPECT_EQ(err_for("{\"context\": " + msg + ", \"completions\": [{\"rank\": 0, \"completion\": " + msg + "}]}\n",
+                    "PreferenceDataset"),
+            "prefs.jsonl:1: 'completions' has 1 entries; DPO and RM rows have exactly 2");
+  EXPECT_EQ(err_for("{\"context\": " + msg + ", \"completions\": [{\"rank\": 0}, {\"rank\": 1}]}\n", "PreferenceDataset"),
+            "prefs.jsonl:1: 'completions'[0].completion is missing");
+  EXPECT_EQ(err_for("{\"completions\": []}\n", "PreferenceDataset"),
+            "prefs.jsonl:1: missing key 'context' (a PreferenceDataset row)");
+  const std::string f = t.write("ok.jsonl", ok);
+  EXPECT_EQ(error_of(json{{"data_path", f}, {"dataset_name", "BinaryPreferenceDataset"}, {"prompt_file", f}}),
+            "dataset.prompt_file: not used by preference datasets (put the text in the rows; set null)");
+}
+
 TEST(JsonlDataset, BadConfigIsAnErrorNamingTheKey) {
   TempDir t;
   const std::string f = t.write("d.jsonl", "{\"input\": \"p\", \"output\": \"a\"}\n{\"input\": \"q\", \"output\": \"b\"}\n");
@@ -229,8 +292,8 @@ TEST(JsonlDataset, BadConfigIsAnErrorNamingTheKey) {
   EXPECT_EQ(error_of({{"train", {{"data_path", f}}}, {"split", "validation"}}),
             "data.validation: no validation data (set data.validation.data_path or data.train.split_validation_size)");
   EXPECT_EQ(error_of({{"train", {{"data_path", f}, {"dataset_name", "OpenMathInstruct-2"}}}}),
-            "data.train.dataset_name: the jsonl dataset reads 'ResponseDataset' (or 'jsonl') with a data_path, got "
-            "\"OpenMathInstruct-2\"");
+            "data.train.dataset_name: the jsonl dataset reads 'ResponseDataset' (or 'jsonl'), "
+            "'BinaryPreferenceDataset' or 'PreferenceDataset' with a data_path, got \"OpenMathInstruct-2\"");
   EXPECT_EQ(error_of({{"data_path", f}, {"split", "test"}}), "split: expected 'train', 'validation' or 'all', got \"test\"");
   EXPECT_EQ(error_of({{"train", {{"data_path", f}, {"prompt_file", (t.path / "nope.txt").string()}}}}),
             "data.train.prompt_file: '" + (t.path / "nope.txt").string() + "' does not exist");

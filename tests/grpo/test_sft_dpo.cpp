@@ -191,6 +191,81 @@ TEST(DpoByHand, OnePairWithSummedRewards) {
   EXPECT_EQ(g[4], 0.0);
 }
 
+// One pair (chosen: tokens 1-2, rejected: token 4) with chosen reward rc and rejected reward rr
+// (summed), for the edge cases below. Logprobs are in the output frame (entry t scores token t+1).
+struct OnePair {
+  std::vector<int64_t> off = {0, 3, 5};
+  std::vector<double> lp, ref = {0, 0, 0, 0, 0}, tm = {0, 1, 1, 0, 1}, sm = {1, 1};
+  OnePair(double rc, double rr) : lp{rc / 2, rc / 2, 0, rr, 0} {}
+  DpoInputs inputs() {
+    DpoInputs in;
+    in.packing = Packing{5, 2, off.data()};
+    in.logprobs = lp.data();
+    in.reference_policy_logprobs = ref.data();
+    in.token_mask = tm.data();
+    in.sample_mask = sm.data();
+    in.global_valid_seqs = sm[0] + sm[1];
+    return in;
+  }
+};
+
+// Margins far into either tail: -logsigmoid is evaluated without overflow (x for x << 0, ~0 for
+// x >> 0) and its gradient saturates at -beta or 0, never NaN.
+TEST(DpoEdgeCases, HugeMarginsStayFinite) {
+  DpoConfig cfg;
+  cfg.reference_policy_kl_penalty = 1.0;
+  for (double delta : {2000.0, -2000.0}) {
+    OnePair p(delta / 2, -delta / 2);
+    std::vector<double> g(5);
+    const LossResult r = dpo_loss(cfg, p.inputs(), g.data());
+    const double want = delta > 0 ? 0.0 : -delta;  // -logsigmoid(delta) in double
+    EXPECT_NEAR(r.loss, want / (1 + 1e-8), 1e-9) << delta;
+    const double dl = (delta > 0 ? 0.0 : -1.0) / (1 + 1e-8);
+    EXPECT_NEAR(g[0], dl, 1e-12) << delta;
+    EXPECT_NEAR(g[3], -dl, 1e-12) << delta;
+    for (double x : g) EXPECT_TRUE(std::isfinite(x));
+  }
+}
+
+// Equal rewards: accuracy counts a pair only when chosen is strictly ahead (NeMo-RL's >).
+TEST(DpoEdgeCases, TiesAreNotCorrect) {
+  OnePair p(0.3, 0.3);
+  std::vector<double> g(5);
+  const LossResult r = dpo_loss(DpoConfig{}, p.inputs(), g.data());
+  EXPECT_EQ(*r.metrics.get("accuracy"), 0.0);
+  EXPECT_NEAR(r.loss, std::log(2.0) / (1 + 1e-8), 1e-14);
+}
+
+// A completion with no trained token: its averaged reward divides by max(0, 1), so it is 0, not NaN.
+TEST(DpoEdgeCases, EmptyCompletionWithAveragedLogProbs) {
+  OnePair p(1.0, 0.0);
+  p.tm = {0, 1, 1, 0, 0};
+  DpoConfig cfg;
+  cfg.preference_average_log_probs = true;
+  cfg.sft_loss_weight = 1.0;
+  cfg.sft_average_log_probs = true;
+  std::vector<double> g(5);
+  const LossResult r = dpo_loss(cfg, p.inputs(), g.data());
+  EXPECT_NEAR(*r.metrics.get("rewards_chosen_mean"), 0.5 / (1 + 1e-8), 1e-14);  // (0.5 + 0.5) / 2 tokens
+  EXPECT_EQ(*r.metrics.get("rewards_rejected_mean"), 0.0);
+  EXPECT_EQ(g[3], 0.0);
+  for (double x : g) EXPECT_TRUE(std::isfinite(x));
+}
+
+// Every pair masked out (both too long): loss, metrics and gradient are 0, not 0/0.
+TEST(DpoEdgeCases, AllPairsMaskedGiveZero) {
+  OnePair p(1.0, -1.0);
+  p.sm = {0, 0};
+  DpoConfig cfg;
+  cfg.sft_loss_weight = 0.5;
+  std::vector<double> g(5, 7.0);
+  const LossResult r = dpo_loss(cfg, p.inputs(), g.data());
+  EXPECT_EQ(r.loss, 0.0);
+  EXPECT_EQ(*r.metrics.get("accuracy"), 0.0);
+  EXPECT_EQ(*r.metrics.get("num_valid_samples"), 0.0);
+  for (double x : g) EXPECT_EQ(x, 0.0);
+}
+
 TEST(DpoInputsCheck, OddSequenceCountThrows) {
   std::vector<int64_t> off = {0, 2, 4, 6};
   std::vector<double> z(6, 0.0), sm = {1, 1, 1};

@@ -29,8 +29,9 @@ using rlh::host::SupportRule;
 namespace {
 
 const std::vector<std::string> kRefs = {"v0.3.0", "v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0", "main"};
-const std::vector<std::string> kPlugins = {"dataset_jsonl", "dtensor",   "environments", "generator", "grpo",
-                                           "kernels_cpu",   "megatron", "model_llama",  "sft",       "tokenizer_hf"};
+const std::vector<std::string> kPlugins = {"dataset_jsonl", "dpo",         "dtensor", "environments",
+                                           "generator",     "grpo",        "kernels_cpu", "megatron",
+                                           "model_llama",   "sft",         "tokenizer_hf"};
 
 struct Outcome {
   rlh_code resolve = RLH_OK, check = RLH_OK;
@@ -139,7 +140,7 @@ TEST_F(NemoRlConfigs, SettingsThatChangeBehaviourAreRefusedByName) {
       {"++logger.mlflow_enabled=true", "logger.mlflow_enabled", "true", "MLflow"},
       {"++policy.generation.vllm_cfg.precision=fp8", "policy.generation.vllm_cfg.precision", "fp8", "FP8 rollouts"},
       {"++policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.enabled", "true", "LoRA"},
-      {"++dpo.max_num_steps=3", "dpo.max_num_steps", "3", "DPO"},
+      {"++rm.max_num_steps=3", "rm.max_num_steps", "3", "reward-model training"},
   };
   for (const auto& c : refused) {
     const Outcome o = load(base, {c.override_text});

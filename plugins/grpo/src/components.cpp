@@ -58,10 +58,10 @@ BatchMasks::BatchMasks(const PackedBatch& b) {
 
 rlh_train_args train_args(PackedBatch& b, const std::vector<rlh_output_spec>& specs,
                           LossAdapter& loss, const ValidCounts& counts, int64_t mb_tokens,
-                          int64_t mb_seqs, bool eval_only) {
+                          int64_t mb_seqs, bool eval_only, uint64_t constraints) {
   rlh_train_args a{};
   a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
-  a.batch = &b.view();
+  a.batch = &b.view(constraints);
   a.specs = specs.data();
   a.num_outputs = specs.size();
   a.loss_fn = loss.fn();

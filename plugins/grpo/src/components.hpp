@@ -77,9 +77,12 @@ struct BatchMasks {
 // One backend train_step over a whole global batch: the loss's outputs and callback, the global
 // counts it normalises by, micro-batches of `mb_tokens` tokens (when > 0) else `mb_seqs`
 // sequences, and the backend's own learning-rate schedule.
+// `constraints`: RLH_BATCH_* (DPO adds RLH_BATCH_KEEP_PAIRS so a pair never straddles two
+// micro-batches).
 rlh_train_args train_args(PackedBatch& b, const std::vector<rlh_output_spec>& specs,
                           LossAdapter& loss, const ValidCounts& counts, int64_t mb_tokens,
-                          int64_t mb_seqs, bool eval_only = false);
+                          int64_t mb_seqs, bool eval_only = false,
+                          uint64_t constraints = RLH_BATCH_NEVER_SPLIT_SEQUENCE);
 
 // A float32 host tensor of one dimension over caller storage.
 struct HostVector {

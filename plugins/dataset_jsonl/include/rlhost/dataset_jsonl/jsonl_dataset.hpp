@@ -17,12 +17,25 @@
 //   "system_prompt": the system prompt file's text, when one is given
 // Chat templating is left to the algorithm (through the tokenizer component).
 //
+// Preference rows (DPO, RM): with dataset_name BinaryPreferenceDataset (keys prompt_key,
+// chosen_key, rejected_key; defaults prompt/chosen/rejected; each a string or a message list) or
+// PreferenceDataset ({"context": [messages], "completions": [{rank, completion}] x 2}), a row
+// comes out as the line's own fields plus NeMo-RL's PreferenceDataset form with the preferred
+// completion first:
+//   "context":     [messages]            (a string prompt is one user message)
+//   "completions": [{"rank": 0, "completion": [chosen messages]},
+//                   {"rank": 1, "completion": [rejected messages]}]
+// Every line is checked when the file is indexed (data.jsonl:4: 'chosen' must be a string or a
+// list of messages, got a number).
+//
 // The file is indexed once (line offsets, each line validated with a SAX parse that builds
 // nothing), and rows are read back with pread, so memory is ~16 bytes per row whatever the file
 // size. Every bad input is an error naming file and line or the config key:
 //   data.jsonl:17: invalid JSON: syntax error while parsing object ... at column 9
 //   data.jsonl:4: missing key 'problem' (data.train.input_key)
 #pragma once
+
+#include <functional>
 
 #include <cstdint>
 #include <optional>
@@ -34,12 +47,18 @@
 
 namespace rlh::dataset_jsonl {
 
+enum class RowFormat { kResponse, kBinaryPreference, kPreference };
+
 // One dataset after defaults are applied.
 struct JsonlSource {
+  RowFormat format = RowFormat::kResponse;  // from dataset_name
   std::string origin = "dataset";  // config path for messages: "data.train", "data.validation"
   std::string data_path;
   std::string input_key = "input";   // NeMo-RL ResponseDataset's defaults
   std::string output_key = "output";
+  std::string prompt_key = "prompt";  // BinaryPreferenceDataset's defaults
+  std::string chosen_key = "chosen";
+  std::string rejected_key = "rejected";
   std::optional<std::string> prompt_file;
   std::optional<std::string> system_prompt_file;
   double split_validation_size = 0;  // a fraction in (0, 1), or a row count >= 1
@@ -69,6 +88,13 @@ struct LineRef {
 // `output_key` (a string or number). `origin` names the config section in messages.
 std::vector<LineRef> index_jsonl(const std::string& path, const std::string& input_key,
                                  const std::string& output_key, const std::string& origin);
+// Indexes `path` checking each non-blank line with `check` (the parsed line; returns "" or what
+// is wrong, which becomes "path:line: what").
+std::vector<LineRef> index_jsonl(const std::string& path, const std::string& origin,
+                                 const std::function<std::string(const nlohmann::ordered_json&)>& check);
+
+// A preference line of `s`'s format as the row described above; returns "" or what is wrong.
+std::string preference_row(const JsonlSource& s, const nlohmann::ordered_json& line, nlohmann::ordered_json& out);
 
 // Which of `n` rows are held out: ceil(size * n) rows for a fraction, `size` rows for a count
 // (as HF datasets' train_test_split), chosen by a seeded shuffle. Returns the validation side
