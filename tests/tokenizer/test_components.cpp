@@ -89,6 +89,29 @@ TEST(TokenizerErrors, OneLineMessagesNameFileAndField) {
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), std::runtime_error);
 }
 
+// Found by fuzz_tokenizer_load / fuzz_tokenizer_pipeline: a number past double's range was
+// nlohmann's out_of_range (not a parse_error) and escaped as std::terminate; a type name or key
+// holding a newline made a two-line error. Both are the file's fault, named on one line.
+TEST(TokenizerErrors, FuzzFindingsAreOneLineErrors) {
+  try {
+    Tokenizer::from_json_string("{\"version\": \"1.0\", \"model\": 5e3333}");
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tokenizer.json: invalid JSON: ", 0), 0u) << e.what();
+  }
+  json j = base_tokenizer();
+  j["normalizer"] = {{"type", "Bert\nNormalizer\t\x01"}};
+  EXPECT_EQ(error_of(j), "tokenizer.json: normalizer.type: unknown normalizer type \"Bert\\nNormalizer\\t\\x01\"");
+  j = base_tokenizer();
+  j["pre_tokenizer"] = {{"type", std::string(5000, 'x')}};
+  const std::string long_type = error_of(j);
+  EXPECT_LE(long_type.size(), 1100u);
+  EXPECT_EQ(long_type.substr(long_type.size() - 3), "...");
+  j = base_tokenizer();
+  j["model"]["vocab"]["a\nb"] = -1;
+  EXPECT_EQ(error_of(j).find('\n'), std::string::npos);
+}
+
 TEST(TokenizerErrors, InvalidUtf8InputIsRejected) {
   auto tok = Tokenizer::from_json_string(base_tokenizer().dump());
   EXPECT_THROW(tok.encode(std::string("ab\xff"), false), std::invalid_argument);

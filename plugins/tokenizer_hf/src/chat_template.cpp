@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "jinja_eval.hpp"
+#include "json_util.hpp"
 #include "unicode.hpp"
 
 namespace rlh::tok {
@@ -13,31 +14,7 @@ namespace {
 // Errors are one line (the CLI's last stderr line names the problem), but they quote the
 // template: a token or a raise_exception text may hold newlines and control characters, and a
 // string literal may be megabytes long. Escape the one, cut the other (on a UTF-8 boundary).
-std::runtime_error error(std::string_view m) {
-  constexpr size_t kMaxBytes = 1024;
-  std::string out = "chat template: ";
-  for (const char c : m) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (u < 0x20 || u == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "\\x%02x", u);
-      out += hex;
-    } else {
-      out += c;
-    }
-    if (out.size() > kMaxBytes) {
-      size_t cut = kMaxBytes;
-      while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
-      out.resize(cut);
-      out += "...";
-      break;
-    }
-  }
-  return std::runtime_error(out);
-}
+std::runtime_error error(std::string_view m) { return std::runtime_error(one_line("chat template: " + std::string(m))); }
 
 }  // namespace
 

@@ -14,6 +14,11 @@ namespace rlh::tok {
 
 using json = nlohmann::json;
 
+// `m` as one line of at most about max_bytes: newlines and other control characters escaped
+// (\n, \t, \xNN), the rest cut on a UTF-8 boundary with "...". Error messages quote the
+// file's own text (a type name, a key, a template's token), which may hold any of these.
+std::string one_line(std::string_view m, size_t max_bytes = 1024);
+
 struct JPath {
   std::string file;  // e.g. "tokenizer.json"
   std::string path;  // e.g. "model.merges[17]"
@@ -24,8 +29,8 @@ struct JPath {
   JPath at(size_t index) const { return {file, path + "[" + std::to_string(index) + "]"}; }
 
   [[noreturn]] void fail(std::string_view msg) const {
-    throw std::runtime_error(file + ": " + (path.empty() ? std::string("(root)") : path) + ": " +
-                             std::string(msg));
+    throw std::runtime_error(one_line(file + ": " + (path.empty() ? std::string("(root)") : path) + ": " +
+                                      std::string(msg)));
   }
 };
 
