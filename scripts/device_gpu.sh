@@ -2,7 +2,8 @@
 # What every run on the H200 starts with: the `gpu` tests (ctest -L gpu's binaries), then
 # optionally GRPO with the policy on the GPU and the GPU benchmarks. Runs from binaries built
 # here and carried (BIN, default .devbin, packed by scripts/device_pack.sh: test_*, bench_*,
-# rlhost, plugins/, lib/, fixtures/), since the device image has no gtest, Boost or yaml-cpp.
+# rlhost, plugins/, lib/), since the device image has no gtest, Boost or yaml-cpp; the fixtures
+# are the source tree's tests/fixtures.
 # Logs go to $OUT when set.
 #   scripts/device_gpu.sh [tests|grpo|bench|all]     (all = tests, grpo, bench)
 set -uo pipefail
@@ -11,14 +12,16 @@ bin=$(cd "${BIN:-.devbin}" && pwd)
 out=${OUT:-/tmp}
 what=${1:-tests}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
-# the repo's own fixtures (tests/engine/fixtures) join the packed ones in one folder
-for f in tests/engine/fixtures/*/; do ln -sfn "$PWD/$f" "$bin/fixtures/$(basename "$f")"; done
+# The fixtures travel with the tree: tests/fixtures and the engine's own (tests/engine/fixtures),
+# linked into one folder.
+mkdir -p "$bin/fixtures"
+for f in tests/fixtures/*/ tests/engine/fixtures/*/; do ln -sfn "$PWD/$f" "$bin/fixtures/$(basename "$f")"; done
 export RLHOST_FIXTURES=$bin/fixtures RLH_KCUDA_PLUGIN=$bin/libkernels_cuda.so
 export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export RLH_TEST_PLUGIN_DIR=$bin/plugins RLHOST_PLUGIN_PATH=$bin/plugins
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_engine test_backend_cuda; do
+  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda; do
     [ -x "$bin/$t" ] || continue
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |

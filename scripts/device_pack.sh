@@ -2,20 +2,21 @@
 # Packs what a run on the H200 needs into .devbin/devbin.tgz (carried by the device tool, 64 MiB
 # cap with the source tree): the `gpu` test binaries, the GPU benchmark, rlhost with librlhost
 # and the plugins, the shared libraries the device image lacks (yaml-cpp, Boost.ProgramOptions,
-# PCRE2, utf8proc, libgomp), and the fixture folders. Binaries come from build-cuda
-# (-DRLH_BUILD_BENCH=ON; CUDA runtime static, cuBLASLt loaded at run time), stripped.
+# PCRE2, utf8proc, libgomp). The fixtures travel with the source tree (tests/fixtures).
+# Binaries come from build-cuda (-DRLH_BUILD_BENCH=ON; CUDA runtime static, cuBLASLt loaded at
+# run time), stripped.
 #   scripts/device_pack.sh            build the targets, then pack
 # .devbin is ignored by git: pass carry: [".devbin"] to the device tool.
 # On the device: cd .devbin && tar xzf devbin.tgz && cd .. && scripts/device_gpu.sh all
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
-tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_engine test_backend_cuda)
+tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda)
 plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda tokenizer_hf generator grpo sft environments)
 ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" bench_cuda_engine rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/plugins" "$stage/lib" "$stage/fixtures"
+mkdir -p "$stage/plugins" "$stage/lib"
 for t in "${tests[@]}"; do cp "$(find "$B/tests" -name "$t" -type f | head -1)" "$stage/"; done
 cp "$B/bench/engine_cuda/bench_cuda_engine" "$B/bin/rlhost" "$B/bin/rlh_tiny_model" "$stage/"
 # Every plugin of the build (kernel providers too: the engines find them on the plugin path).
@@ -27,13 +28,6 @@ for l in libyaml-cpp.so.0.7 libboost_program_options.so.1.74.0 libpcre2-8.so.0 l
 done
 strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"/rlh_tiny_model \
   "$stage"/plugins/*.so "$stage"/lib/librlhost.so.0.1
-# HF reference fixtures beside the tree (device_gpu.sh links the repo's own in beside them).
-for f in ../shared/fixtures/*/; do
-  [ -f "$f/reference.safetensors" ] || continue
-  mkdir -p "$stage/fixtures/$(basename "$f")"
-  cp "$f"/config.json "$f"/generation_config.json "$f"/model.safetensors "$f"/reference.safetensors \
-    "$stage/fixtures/$(basename "$f")/" 2>/dev/null || true
-done
 mkdir -p .devbin
 tar czf .devbin/devbin.tgz -C "$stage" .
 ls -la .devbin/devbin.tgz

@@ -5,7 +5,8 @@ set -euo pipefail
 PKGS=(cmake ninja-build ccache g++ clang-14 libclang-rt-14-dev pkg-config
       libboost-dev libboost-program-options-dev libyaml-cpp-dev nlohmann-json3-dev
       libopenblas-dev libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev
-      abigail-tools python3 python3-jinja2 python3-sympy python3-protobuf
+      abigail-tools python3 python3-jinja2 python3-sympy python3-protobuf python3-yaml
+      python3-pytest python3-venv python3-setuptools python3-pip
       libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PKGS[@]}"; do

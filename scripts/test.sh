@@ -18,6 +18,14 @@ cmake --build build -j"$jobs"
 echo "== tests =="
 # `heavy` = the GRPO demo on three seeds (minutes of CPU each): bench/grpo, or ctest -L heavy.
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900 -LE heavy
+# The CPU engine, generator and kernels again with OpenBLAS's AVX2 kernels, which an AVX2-only
+# or older AMD machine gets (results must not depend on the BLAS kernels: docs/ops.md). Only
+# where the CPU has AVX2 and FMA; elsewhere those kernels cannot run.
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  echo "== CPU engine, generator and kernels tests under OPENBLAS_CORETYPE=Haswell =="
+  OPENBLAS_CORETYPE=Haswell ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900 \
+    -L 'engine|generator|kernels' -LE 'heavy|gpu'
+fi
 
 if [ "${1:-}" = "--fast" ]; then exit 0; fi
 

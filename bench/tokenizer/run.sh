@@ -4,7 +4,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${RLH_BENCH_BUILD:-$root/build-bench}
-tok=${1:-${RLHOST_FIXTURES:-$root/../shared/fixtures}/tokenizer-llama3/tokenizer.json}
+tok=${1:-${RLHOST_FIXTURES:-$root/tests/fixtures}/tokenizer-llama3/tokenizer.json}
 cmake -G Ninja -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRLH_BUILD_BENCH=ON -DRLH_BUILD_TESTS=OFF \
   ${RLH_EXCLUDE:+-DRLH_EXCLUDE="$RLH_EXCLUDE"} >/dev/null
 ninja -C "$build" bench_tokenize >/dev/null

@@ -33,6 +33,11 @@ rlh_status* call(Fn&& fn) noexcept {
   }
 }
 
+std::string report_json(const rlh::host::KeyCheck& kc) {
+  nlohmann::json j{{"accepted", kc.accepted}, {"unused", kc.unused}, {"refused", kc.refused}};
+  return j.dump();
+}
+
 rlh_status* null_host() { return rlh::sdk::make_local_status(RLH_E_INVALID_ARGUMENT, "host is NULL"); }
 
 }  // namespace
@@ -99,6 +104,26 @@ rlh_status* rlhost_resolve_config(rlhost_t* host, rlh_write_fn write, void* user
   });
 }
 
+rlh_status* rlhost_check_config(rlhost_t* host, rlh_write_fn write, void* user) {
+  if (host == nullptr) return null_host();
+  return call([&] {
+    try {
+      host->host.check_config();
+    } catch (...) {
+      // Refusals are reported with the report written, so callers see all of them.
+      if (write != nullptr && host->host.config_resolved()) {
+        std::string text = report_json(host->host.last_check());
+        write(user, text.data(), text.size());
+      }
+      throw;
+    }
+    if (write != nullptr) {
+      std::string text = report_json(host->host.last_check());
+      write(user, text.data(), text.size());
+    }
+  });
+}
+
 rlh_status* rlhost_run(rlhost_t* host) {
   if (host == nullptr) return null_host();
   return call([&] { host->host.run(); });
@@ -117,6 +142,11 @@ rlh_status* rlhost_read_metrics(rlhost_t* host, rlh_write_fn write, void* user) 
       if (write != nullptr) write(user, line.data(), line.size());
     }
   });
+}
+
+rlh_status* rlhost_set_metric_callback(rlhost_t* host, rlhost_metric_fn fn, void* user) {
+  if (host == nullptr) return null_host();
+  return call([&] { host->host.set_metric_callback(fn, user); });
 }
 
 const rlh_host_api* rlhost_services(rlhost_t* host) { return host != nullptr ? host->host.services() : nullptr; }

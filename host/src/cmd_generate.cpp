@@ -6,7 +6,10 @@
 //   rlhost generate --model DIR_OR_HUB_ID (--prompt TEXT | --prompt-ids 1,2,3)... [--chat]
 //                   [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
 //                   [--max-new-tokens N] [--stop STR]... [--stop-id ID]... [--ignore-eos]
-//                   [--n N] [--json]
+//                   [--n N] [--device cpu] [--precision float32] [--json]
+//
+// --device and --precision say where and how to sample. The native generator runs on the CPU in
+// float32; --device cuda and other precisions are refused by name until a GPU generator exists.
 //
 // --json prints one line per sample: {"ids": prompt + new tokens, "logprobs": one per id, 0 for
 // the prompt tokens (NeMo-RL's generation_logprobs layout) then the processed logprob of each
@@ -120,6 +123,8 @@ int cmd_generate(int argc, char** argv) {
       ("stop-id", po::value<std::vector<int32_t>>()->composing(), "stop token id (repeatable)")
       ("ignore-eos", "do not stop at the model's EOS token ids")
       ("n", po::value<int64_t>()->default_value(1), "samples per prompt")
+      ("device", po::value<std::string>()->default_value("cpu"), "where to sample: cpu (cuda: no GPU generator yet)")
+      ("precision", po::value<std::string>()->default_value("float32"), "float32 (the native generator's precision)")
       ("json", "print one JSON line per sample: {\"ids\", \"logprobs\", ...}")
       ("tokenizer,t", po::value<std::string>(), "tokenizer.json or folder (default: the model folder)")
       ("generator,g", po::value<std::string>(), "GENERATOR component name (default: the best loaded; 'native')")
@@ -141,6 +146,20 @@ int cmd_generate(int argc, char** argv) {
     return 0;
   }
   if (!vm.count("model")) throw Error(RLH_E_INVALID_ARGUMENT, "--model is required");
+  const std::string device = vm["device"].as<std::string>(), precision = vm["precision"].as<std::string>();
+  if (device.rfind("cuda", 0) == 0)
+    throw Error(RLH_E_UNIMPLEMENTED, "generate --device " + device +
+                                         ": there is no GPU generator yet (the native generator samples on the CPU); "
+                                         "use --device cpu");
+  if (device != "cpu" && device != "auto")
+    throw Error(RLH_E_INVALID_ARGUMENT, "--device '" + device + "': expected cpu (or cuda, once a GPU generator exists)");
+  if (precision != "float32" && precision != "fp32") {
+    if (precision == "bfloat16" || precision == "bf16" || precision == "float16" || precision == "fp16" ||
+        precision == "fp8")
+      throw Error(RLH_E_UNIMPLEMENTED, "generate --precision " + precision +
+                                           ": the native CPU generator samples in float32 only; use --precision float32");
+    throw Error(RLH_E_INVALID_ARGUMENT, "--precision '" + precision + "': expected float32");
+  }
   const bool text_prompts = vm.count("prompt") > 0, id_prompts = vm.count("prompt-ids") > 0;
   if (text_prompts == id_prompts) throw Error(RLH_E_INVALID_ARGUMENT, "give --prompt or --prompt-ids (not both)");
   if (vm.count("chat") && !text_prompts) throw Error(RLH_E_INVALID_ARGUMENT, "--chat renders --prompt text");

@@ -4,7 +4,10 @@
 // its architecture — and computes the outputs; the tokenizer component encodes --text.
 //
 //   rlhost logprobs --model DIR_OR_HUB_ID (--text TEXT | --ids 5,17,42) [--backend NAME]
-//                   [--temperature T] [--json]
+//                   [--device cpu|cuda|cuda:N|auto] [--precision float32|bfloat16] [--temperature T] [--json]
+//
+// --device and --precision are the backend's policy.device and policy.precision: on a GPU the
+// megatron backend's CUDA engine scores in bf16 (the default backend there is megatron).
 //
 // Backend outputs are token-aligned (output t = log p(token t | tokens < t), 0 at t = 0); the
 // printed token_logprobs[t] is log p(ids[t+1] | ids[..t]), i.e. output t+1, as NeMo-RL and HF
@@ -61,7 +64,12 @@ int cmd_logprobs(int argc, char** argv) {
       ("model,m", po::value<std::string>(), "HF model folder, or a hub id in the local HF cache")
       ("text", po::value<std::string>(), "text to score (tokenized with the tokenizer next to the model)")
       ("ids", po::value<std::string>(), "comma-separated token ids to score")
-      ("backend,b", po::value<std::string>()->default_value("dtensor"), "backend plugin: dtensor or megatron")
+      ("backend,b", po::value<std::string>(), "backend plugin: dtensor or megatron (default: dtensor on the CPU, "
+                                                "megatron with --device cuda)")
+      ("device", po::value<std::string>()->default_value("cpu"),
+       "where the model runs: cpu, cuda, cuda:N or auto (the backend's policy.device)")
+      ("precision", po::value<std::string>()->default_value("float32"),
+       "float32 or bfloat16 (the backend's policy.precision; the CPU engine computes in float32)")
       ("temperature", po::value<double>()->default_value(1.0), "divide the logits by T before the softmax")
       ("no-special", "with --text: encode without the tokenizer's special tokens (BOS)")
       ("json", "print {\"ids\", \"token_logprobs\", \"loss\"} as JSON")
@@ -73,7 +81,7 @@ int cmd_logprobs(int argc, char** argv) {
   po::notify(vm);
   if (vm.count("help")) {
     std::cout << "usage: rlhost logprobs --model DIR_OR_HUB_ID (--text TEXT | --ids 5,17,42) [--backend dtensor|megatron]"
-                 " [--temperature T] [--json]\n\n"
+                 " [--device cpu|cuda] [--precision float32|bfloat16] [--temperature T] [--json]\n\n"
                  "Prints log p(ids[t+1] | ids[..t]) for every position and their negated mean (the loss).\n\n"
               << opts;
     return 0;
@@ -85,7 +93,11 @@ int cmd_logprobs(int argc, char** argv) {
   if (!(temperature > 0) || !std::isfinite(temperature))
     throw Error(RLH_E_INVALID_ARGUMENT, "--temperature must be a positive number");
   const std::string model_path = vm["model"].as<std::string>();
-  const std::string backend_name = vm["backend"].as<std::string>();
+  const std::string device = vm["device"].as<std::string>(), precision = vm["precision"].as<std::string>();
+  const std::string backend_name =
+      vm.count("backend") ? vm["backend"].as<std::string>() : (device.rfind("cuda", 0) == 0 ? "megatron" : "dtensor");
+  // The backend's config section: what a job's `policy` section says about the device.
+  const std::string backend_config = nlohmann::json{{"device", device}, {"precision", precision}}.dump();
   const bool json_out = vm.count("json") > 0;
 
   Session s;
@@ -118,7 +130,8 @@ int cmd_logprobs(int argc, char** argv) {
   s.be_api = static_cast<const rlh_backend_api*>(bd->api);
   if (s.be_api == nullptr || s.be_api->struct_size < RLH_STRUCT_SIZE(rlh_backend_api, forward))
     throw Error(RLH_E_ABI_MISMATCH, "backend '" + backend_name + "' has an interface table older than this command needs");
-  sdk::check(s.be_api->create(s.services(), "{}", 2, &s.backend), "backend '" + backend_name + "'");
+  sdk::check(s.be_api->create(s.services(), backend_config.data(), backend_config.size(), &s.backend),
+             "backend '" + backend_name + "'");
   rlh_model_args margs{};
   margs.struct_size = RLH_STRUCT_SIZE(rlh_model_args, config_len);
   margs.role = "policy";
@@ -182,8 +195,8 @@ int cmd_logprobs(int argc, char** argv) {
     std::printf("%8lld %8d  %-20s %12.6f\n", static_cast<long long>(t), ids[size_t(t)], piece.c_str(),
                 token_lp[size_t(t - 1)]);
   }
-  std::printf("mean loss over %lld predicted tokens: %.6f (temperature %g, backend %s)\n",
-              static_cast<long long>(T - 1), loss, temperature, backend_name.c_str());
+  std::printf("mean loss over %lld predicted tokens: %.6f (temperature %g, backend %s, device %s, %s)\n",
+              static_cast<long long>(T - 1), loss, temperature, backend_name.c_str(), device.c_str(), precision.c_str());
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -106,16 +107,36 @@ struct YamlConverter {
       }
       case YAML::NodeType::Map: {
         Json o = Json::object();
+        std::vector<Json> merged;  // values of `<<` merge keys, in order
         for (const auto& kv : n) {
           if (!kv.first.IsScalar())
             fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": mapping keys must be scalars");
           const std::string key = kv.first.Scalar();
+          if (key == "<<" && kv.first.Tag() != "!") {
+            // YAML's merge key (yaml-cpp 0.7 keeps it as a plain key): `<<: *base` or a list of
+            // anchors; the mapping's own keys win, then earlier merged mappings.
+            Json m = convert(kv.second, depth + 1);
+            if (m.is_object()) merged.push_back(std::move(m));
+            else if (m.is_array()) {
+              for (auto& e : m) {
+                if (!e.is_object())
+                  fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": '<<' merges mappings only");
+                merged.push_back(std::move(e));
+              }
+            } else {
+              fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": '<<' merges mappings only");
+            }
+            continue;
+          }
           if (invalid_utf8_at(key) != std::string::npos)
             fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": a key is not valid UTF-8");
           if (o.contains(key))
             fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": duplicate key '" + key + "'");
           o[key] = convert(kv.second, depth + 1);
         }
+        for (const auto& m : merged)
+          for (auto it = m.begin(); it != m.end(); ++it)
+            if (!o.contains(it.key())) o[it.key()] = it.value();
         return o;
       }
     }
@@ -136,11 +157,26 @@ void record_leaves(const Json& j, const std::string& prefix, const std::string& 
 
 // Deep-merges src into dst: maps merge key by key, everything else is replaced.
 // `origins` may be NULL: merging a parent's already-recorded tree keeps the parent's records.
+// NeMo-RL's marker for "replace this mapping, do not merge it": `_override_: true`.
+constexpr const char* kOverrideMarker = "_override_";
+
+bool replaces(const Json& v) {
+  return v.is_object() && v.contains(kOverrideMarker) && v[kOverrideMarker].is_boolean() &&
+         v[kOverrideMarker].get<bool>();
+}
+
+// Removes every `_override_` marker left in a tree (after merging, or in a file without parents).
+void strip_markers(Json& j) {
+  if (!j.is_object()) return;
+  if (j.contains(kOverrideMarker) && j[kOverrideMarker].is_boolean()) j.erase(kOverrideMarker);
+  for (auto it = j.begin(); it != j.end(); ++it) strip_markers(it.value());
+}
+
 void merge_into(Json& dst, const Json& src, const std::string& prefix, const std::string& origin,
                 std::map<std::string, std::string>* origins) {
   for (auto it = src.begin(); it != src.end(); ++it) {
     const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (dst.contains(it.key()) && dst[it.key()].is_object() && it.value().is_object()) {
+    if (dst.contains(it.key()) && dst[it.key()].is_object() && it.value().is_object() && !replaces(it.value())) {
       merge_into(dst[it.key()], it.value(), path, origin, origins);
     } else {
       dst[it.key()] = it.value();
@@ -202,6 +238,7 @@ struct ChainLoader {
       }
     }
     merge_into(merged, self, "", path.string(), &origins);
+    strip_markers(merged);
     stack.pop_back();
     return merged;
   }
@@ -383,10 +420,17 @@ struct Resolver {
     raw.push_back(cur);
     std::vector<Json> args;
     for (const auto& a : raw) {
-      Json v = resolve_string(trim(a), path, depth + 1);
+      const std::string t = trim(a);
+      // A quoted argument is a string as written (OmegaConf's grammar), not a number or null.
+      if (t.size() >= 2 && (t.front() == '\'' || t.front() == '"') && t.back() == t.front()) {
+        args.push_back(resolve_string(t.substr(1, t.size() - 2), path, depth + 1));
+        continue;
+      }
+      Json v = resolve_string(t, path, depth + 1);
       if (v.is_string()) v = plain_scalar(v.get<std::string>());
       args.push_back(v);
     }
+    if (name == "oc.env") return env_resolver(raw, args, path);
     auto num = [&](const Json& v) -> double {
       if (!v.is_number()) fail("config key '" + path + "': resolver '" + name + "' needs numbers, got " + type_name(v));
       return v.get<double>();
@@ -405,11 +449,10 @@ struct Resolver {
       return r;
     }
     if (name == "div") {
+      // NeMo-RL registers `lambda a, b: a / b`: true division, a float even for 8 / 4.
       if (args.size() != 2) fail("config key '" + path + "': resolver 'div' needs two arguments");
       double b = num(args[1]);
       if (b == 0) fail("config key '" + path + "': division by zero in resolver 'div'");
-      if (all_int() && args[0].get<int64_t>() % args[1].get<int64_t>() == 0)
-        return args[0].get<int64_t>() / args[1].get<int64_t>();
       return num(args[0]) / b;
     }
     if (name == "max" || name == "min") {
@@ -421,7 +464,23 @@ struct Resolver {
       }
       return best;
     }
-    fail("config key '" + path + "': unknown resolver '" + name + "' (known: mul, add, div, max, min)");
+    fail("config key '" + path + "': unknown resolver '" + name + "' (known: mul, add, div, max, min, oc.env)");
+  }
+
+  // OmegaConf's oc.env: the variable's value as a string; when it is unset, the default (a string
+  // or null) if one is given, else an error naming the variable.
+  static Json env_resolver(const std::vector<std::string>& raw, const std::vector<Json>& args, const std::string& path) {
+    if (args.empty() || args.size() > 2 || !args[0].is_string() || args[0].get<std::string>().empty())
+      fail("config key '" + path + "': resolver 'oc.env' takes a variable name and an optional default");
+    const std::string var = args[0].get<std::string>();
+    if (const char* v = std::getenv(var.c_str())) return std::string(v);
+    if (args.size() == 1)
+      fail("config key '" + path + "': environment variable '" + var + "' is not set (${oc.env:" + var +
+           "}; set it, or give a default: ${oc.env:" + var + ",default})");
+    if (args[1].is_null()) return nullptr;
+    // An unquoted default is taken as written (OmegaConf would refuse a non-string one).
+    if (args[1].is_string()) return args[1];
+    return trim(raw[1]);
   }
 };
 
@@ -539,6 +598,7 @@ void Config::load_text(const std::string& yaml, const std::string& origin) {
   if (j.contains("defaults")) fail(origin + ": 'defaults' needs a config file (relative paths)");
   tree_ = Json::object();
   merge_into(tree_, j, "", origin, &origins_);
+  strip_markers(tree_);
 }
 
 void Config::apply_override(const std::string& text) {

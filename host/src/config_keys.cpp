@@ -1,67 +1,23 @@
 // Checking every key of a resolved configuration against who owns it.
 //
 // A key is fine when a loaded component owns it (its config_keys), or the host owns it
-// (`rlhost.*`). A key that NeMo-RL knows but nothing loaded here uses gets one warning (so real
-// NeMo-RL configs load: `policy.generation.vllm_cfg`), one per subtree. Any other key is an
-// error naming the key, the file that set it, and the closest known key.
+// (`rlhost.*`). A key NeMo-RL defines (any version of host/data/nemo_rl_keys.tsv) gets rlhost's
+// rule for it (host/data/nemo_rl_support.tsv):
+//   impl    read by the plugins the rule names; when none of them is loaded, it is unused
+//   noop    accepted: it does not change what rlhost computes
+//   off     accepted when off (false, null, 0, empty), else refused
+//   only    accepted for the values listed, else refused
+//   refuse  refused (a section of an algorithm rlhost does not have)
+// Accepted and unused keys are reported in one warning by the host; refusals stop a run at
+// start. Any other key is an error naming the key, the file that set it and the closest known key.
 #include "config_keys.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <set>
 
 namespace rlh::host {
 namespace {
-
-// Keys of NeMo-RL's configurations (examples/configs/*.yaml at v0.7 and the MasterConfig
-// schema). A trailing ".*" covers a whole subtree whose inner keys rlhost does not check.
-const char* const kNemoRlKeys[] = {
-    // grpo
-    "grpo.num_prompts_per_step", "grpo.num_generations_per_prompt", "grpo.max_rollout_turns",
-    "grpo.max_num_epochs", "grpo.max_num_steps", "grpo.normalize_rewards",
-    "grpo.use_leave_one_out_baseline", "grpo.val_period", "grpo.val_at_start", "grpo.val_at_end",
-    "grpo.val_batch_size", "grpo.max_val_samples", "grpo.overlong_filtering",
-    "grpo.use_dynamic_sampling", "grpo.batch_multiplier", "grpo.dynamic_sampling_max_gen_batches",
-    "grpo.reward_shaping.*", "grpo.reward_scaling.*", "grpo.adv_estimator.*", "grpo.async_grpo.*",
-    "grpo.seed", "grpo.skip_reference_policy_logprobs_calculation", "grpo.calculate_advantages_on_gpu",
-    "grpo.seq_logprob_error_threshold", "grpo.invalid_tool_call_advantage",
-    "grpo.malformed_thinking_advantage", "grpo.advantage_clip_low", "grpo.advantage_clip_high",
-    "grpo.use_kl_in_reward",
-    // loss_fn
-    "loss_fn.reference_policy_kl_penalty", "loss_fn.reference_policy_kl_type",
-    "loss_fn.kl_input_clamp_value", "loss_fn.kl_output_clamp_value", "loss_fn.ratio_clip_min",
-    "loss_fn.ratio_clip_max", "loss_fn.ratio_clip_c", "loss_fn.use_on_policy_kl_approximation",
-    "loss_fn.use_importance_sampling_correction", "loss_fn.truncated_importance_sampling_ratio",
-    "loss_fn.truncated_importance_sampling_ratio_min", "loss_fn.truncated_importance_sampling_type",
-    "loss_fn.sequence_level_importance_ratios", "loss_fn.token_level_loss",
-    "loss_fn.disable_ppo_ratio", "loss_fn.force_on_policy_ratio", "loss_fn.use_cispo",
-    "loss_fn.positive_example_nll_weight", "loss_fn.truncated_importance_sampling_ratio_max",
-    // checkpointing
-    "checkpointing.enabled", "checkpointing.checkpoint_dir", "checkpointing.metric_name",
-    "checkpointing.higher_is_better", "checkpointing.keep_top_k", "checkpointing.save_period",
-    "checkpointing.checkpoint_must_save_by", "checkpointing.model_save_format",
-    "checkpointing.save_consolidated", "checkpointing.save_optimizer",
-    // policy
-    "policy.model_name", "policy.tokenizer.*", "policy.train_global_batch_size",
-    "policy.train_micro_batch_size", "policy.generation_batch_size", "policy.logprob_batch_size",
-    "policy.logprob_chunk_size", "policy.max_total_sequence_length", "policy.precision",
-    "policy.max_grad_norm", "policy.make_sequence_length_divisible_by", "policy.optimizer.*",
-    "policy.scheduler.*", "policy.dynamic_batching.*", "policy.sequence_packing.*",
-    "policy.dtensor_cfg.*", "policy.megatron_cfg.*", "policy.hf_config_overrides.*",
-    "policy.reward_model_cfg.*", "policy.offload_optimizer_for_logprob",
-    "policy.generation.backend", "policy.generation.max_new_tokens", "policy.generation.temperature",
-    "policy.generation.top_p", "policy.generation.top_k", "policy.generation.min_p",
-    "policy.generation.val_temperature", "policy.generation.val_top_p", "policy.generation.val_top_k",
-    "policy.generation.stop_token_ids", "policy.generation.stop_strings",
-    "policy.generation.refit_transport", "policy.generation.vllm_cfg.*",
-    "policy.generation.vllm_kwargs.*", "policy.generation.sglang_cfg.*",
-    "policy.generation.colocated.*", "policy.generation.model_name",
-    "policy.generation.mcore_generation_config.*", "policy.refit_buffer_size_gb", "policy.lora_cfg.*",
-    "policy.hf_config_overrides", "policy.value_head.*",
-    // data, env, logger, cluster and the rest
-    "data.*", "env.*", "logger.*", "cluster.*", "reward_penalties.*", "data_plane.*",
-    "on_policy_distillation.*", "distillation.*", "sft.*", "dpo.*", "rm.*", "ppo.*",
-    "teacher.*", "critic.*", "eval.*",
-};
 
 bool matches(const std::string& key, const std::string& pattern) {
   if (pattern.size() >= 2 && pattern.compare(pattern.size() - 2, 2, ".*") == 0) {
@@ -71,54 +27,96 @@ bool matches(const std::string& key, const std::string& pattern) {
   return key == pattern || key.rfind(pattern + ".", 0) == 0;  // a map under an owned key
 }
 
-// The subtree a NeMo-RL pattern names, for one warning per subtree.
-std::string warn_root(const std::string& key, const std::string& pattern) {
-  if (pattern.size() >= 2 && pattern.compare(pattern.size() - 2, 2, ".*") == 0) {
-    // "policy.generation.vllm_cfg.*" warns once for the vllm_cfg subtree; broad section patterns
-    // ("data.*") warn per second-level key.
-    const std::string prefix = pattern.substr(0, pattern.size() - 2);
-    if (std::count(prefix.begin(), prefix.end(), '.') >= 1) return prefix;
-    size_t next = key.find('.', prefix.size() + 1);
-    return next == std::string::npos ? key : key.substr(0, next);
+const Json* node_at(const Json& root, const std::string& dotted) {
+  const Json* cur = &root;
+  size_t start = 0;
+  while (start <= dotted.size()) {
+    const size_t dot = dotted.find('.', start);
+    const std::string part = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(part);
+    if (it == cur->end()) return nullptr;
+    cur = &it.value();
+    if (dot == std::string::npos) break;
+    start = dot + 1;
   }
-  return pattern;
+  return cur;
+}
+
+std::string show(const Json& v) {
+  std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+// The subtree an unused key is reported under: the rule's pattern without "*", cut to at most
+// three segments ("policy.megatron_cfg.optimizer"), so the list stays short.
+std::string report_root(const std::string& key) {
+  size_t dots = 0, i = 0;
+  for (; i < key.size(); ++i)
+    if (key[i] == '.' && ++dots == 3) break;
+  return key.substr(0, i);
 }
 
 }  // namespace
 
 KeyCheck check_keys(const Json& resolved, const std::vector<std::string>& owned_patterns,
-                    const std::function<std::string(const std::string&)>& origin_of) {
+                    const std::vector<std::string>& plugins,
+                    const std::function<std::string(const std::string&)>& origin_of,
+                    const NemoRlTables& tables) {
   KeyCheck result;
   std::vector<std::string> keys;
   collect_keys(resolved, "", keys);
-  std::set<std::string> warned;
+  std::set<std::string> unused_roots;
+  std::set<const SupportRule*> refused_rules;
+  auto loaded = [&](const std::string& p) { return std::find(plugins.begin(), plugins.end(), p) != plugins.end(); };
   for (const auto& key : keys) {
     if (matches(key, "rlhost.*")) continue;
-    bool owned = std::any_of(owned_patterns.begin(), owned_patterns.end(),
-                             [&](const std::string& p) { return matches(key, p); });
-    if (owned) continue;
-    const char* nemo = nullptr;
-    for (const char* p : kNemoRlKeys)
-      if (matches(key, p)) { nemo = p; break; }
-    if (nemo != nullptr) {
-      std::string root = warn_root(key, nemo);
-      if (warned.insert(root).second) result.unused_known.push_back(root);
+    const bool owned =
+        std::any_of(owned_patterns.begin(), owned_patterns.end(), [&](const std::string& p) { return matches(key, p); });
+    if (tables.known(key)) {
+      // A NeMo-RL key is judged by rlhost's rule even when a plugin claims a subtree around it
+      // (megatron owns policy.megatron_cfg.*, which holds fp8_cfg.enabled): the rule table is
+      // the one place that says what rlhost honours.
+      const SupportRule* rule = tables.rule_for(key);
+      const Json* v = node_at(resolved, key);
+      const Json value = v != nullptr ? *v : Json();
+      if (rule == nullptr) {  // the test keeps every NeMo-RL key covered; be safe anyway
+        if (!owned) result.accepted.push_back(key + "=" + show(value));
+        continue;
+      }
+      if (rule->kind == SupportRule::Kind::impl) {
+        if (!owned && !std::any_of(rule->plugins.begin(), rule->plugins.end(), loaded) &&
+            unused_roots.insert(report_root(key)).second)
+          result.unused.push_back(report_root(key));
+        continue;
+      }
+      if (rule->accepts(value)) {
+        result.accepted.push_back(key + "=" + show(value));
+        continue;
+      }
+      if (!refused_rules.insert(rule).second) continue;  // one message per rule
+      std::string msg = "config key '" + key + "' = " + show(value) + " (from " + origin_of(key) + ") needs " +
+                        rule->detail + ", which rlhost does not have";
+      if (rule->kind == SupportRule::Kind::only) msg += " (it accepts " + rule->accepted_text() + ")";
+      else if (rule->kind == SupportRule::Kind::off) msg += " (it accepts false or null)";
+      result.refused.push_back(msg);
       continue;
     }
-    // Unknown: suggest the closest key among owned patterns, NeMo-RL keys and the config's
-    // own siblings.
-    std::vector<std::string> candidates(owned_patterns.begin(), owned_patterns.end());
-    for (const char* p : kNemoRlKeys) candidates.emplace_back(p);
+    if (owned) continue;  // an rlhost key of a loaded plugin (policy.device, ...native_cfg)
+    // Unknown: suggest the closest key among owned patterns and NeMo-RL's keys.
     std::string best;
     size_t best_d = SIZE_MAX;
-    for (auto c : candidates) {
+    auto consider = [&](std::string c) {
       if (c.size() >= 2 && c.compare(c.size() - 2, 2, ".*") == 0) c.resize(c.size() - 2);
       size_t d = edit_distance(key, c);
       if (d < best_d) { best_d = d; best = c; }
-    }
+    };
+    for (const auto& p : owned_patterns) consider(p);
+    for (const auto& k : tables.keys()) consider(k.name);
     std::string msg = "unknown config key '" + key + "' (from " + origin_of(key) + ")";
     if (!best.empty() && best_d <= std::max<size_t>(3, key.size() / 4)) msg += "; did you mean '" + best + "'?";
-    msg += " No loaded plugin owns it and NeMo-RL does not define it.";
+    msg += " No loaded plugin owns it and NeMo-RL (" + tables.refs() + ") does not define it.";
     result.errors.push_back(msg);
   }
   return result;

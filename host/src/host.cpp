@@ -261,6 +261,8 @@ void Host::record_metric(const std::string& name, double value, int64_t step) {
     logger_ = std::make_unique<sdk::MetricsLogger>(*logger_cfg_);
   }
   if (logger_) logger_->log(name, value, step);
+  // The embedder's callback, under the lock (documented: it may only call rlhost_cancel).
+  if (metric_fn_ != nullptr) metric_fn_(metric_user_, name.c_str(), value, step);
 }
 
 std::vector<Metric> Host::metrics() const {
@@ -497,39 +499,58 @@ Json Host::resolve_config() {
   Json r = config_.resolved();
   // The host's own keys: the loggers it runs (the rest of `logger` stays NeMo-RL's).
   std::vector<std::string> owned = {"logger.log_dir", "logger.console_enabled", "logger.jsonl_enabled",
-                                    "logger.tensorboard_enabled", "logger.console_metrics", "logger.tensorboard.*",
-                                    "cluster.num_nodes", "cluster.gpus_per_node"};
-  for (const auto& p : plugins_)
-    for (const auto& c : p->components)
-      owned.insert(owned.end(), c.config_keys.begin(), c.config_keys.end());
-  KeyCheck kc = check_keys(r, owned, [this](const std::string& k) { return config_.origin_of(k); });
-  if (!kc.unused_known.empty()) {
+                                    "logger.tensorboard_enabled", "logger.console_metrics", "logger.tensorboard.*"};
+  std::vector<std::string> names = {"host"};
+  for (const auto& p : plugins_) {
+    names.push_back(p->name);
+    for (const auto& c : p->components) owned.insert(owned.end(), c.config_keys.begin(), c.config_keys.end());
+  }
+  KeyCheck kc = check_keys(r, owned, names, [this](const std::string& k) { return config_.origin_of(k); });
+  if (!kc.accepted.empty() || !kc.unused.empty()) {
     // One warning for all of them (real NeMo-RL configs carry many settings for vLLM, Ray,
-    // wandb); the full list at debug level.
-    std::vector<std::string> sections;
+    // Megatron-Core); the full list at debug level.
+    std::string msg;
+    if (!kc.accepted.empty())
+      msg = std::to_string(kc.accepted.size()) +
+            " NeMo-RL setting(s) that rlhost does not implement are accepted: their values leave what it "
+            "computes unchanged";
+    if (!kc.unused.empty())
+      msg += std::string(msg.empty() ? "" : "; ") + std::to_string(kc.unused.size()) +
+             " NeMo-RL section(s) are read by plugins that are not loaded";
+    log(RLH_LOG_WARN, "host", msg + " (--log-level debug lists them)");
     std::string list;
-    for (const auto& w : kc.unused_known) {
-      std::string top = w.substr(0, w.find('.'));
-      if (std::find(sections.begin(), sections.end(), top) == sections.end()) sections.push_back(top);
-      list += (list.empty() ? "" : ", ") + w;
-    }
-    std::string secs;
-    for (const auto& s : sections) secs += (secs.empty() ? "" : ", ") + s;
-    log(RLH_LOG_WARN, "host", std::to_string(kc.unused_known.size()) + " NeMo-RL setting(s) under " + secs +
-                                  " are not used by any loaded plugin and are ignored (--log-level debug lists them)");
-    log(RLH_LOG_DEBUG, "host", "unused NeMo-RL settings: " + list);
+    for (const auto& a : kc.accepted) list += (list.empty() ? "" : ", ") + a;
+    if (!list.empty()) log(RLH_LOG_DEBUG, "host", "accepted without effect: " + list);
+    list.clear();
+    for (const auto& u : kc.unused) list += (list.empty() ? "" : ", ") + u;
+    if (!list.empty()) log(RLH_LOG_DEBUG, "host", "not read by a loaded plugin: " + list);
   }
   if (!kc.errors.empty()) {
     for (size_t i = 1; i < kc.errors.size(); ++i) log(RLH_LOG_ERROR, "host", kc.errors[i]);
     throw Error(RLH_E_INVALID_ARGUMENT, kc.errors.front());
   }
+  // Settings asking for what rlhost lacks stop a run at start (run(), check_config()); resolving
+  // alone (--print-config) only says so.
+  for (const auto& m : kc.refused) log(RLH_LOG_WARN, "host", "a run refuses this: " + m);
+  last_check_ = kc;
   resolved_ = r;
   resolved_valid_ = true;
   return r;
 }
 
+KeyCheck Host::check_config() {
+  resolve_config();
+  if (!last_check_.refused.empty()) {
+    for (size_t i = 1; i < last_check_.refused.size(); ++i) log(RLH_LOG_ERROR, "host", last_check_.refused[i]);
+    throw Error(RLH_E_UNIMPLEMENTED, last_check_.refused.front());
+  }
+  check_world(resolved_);  // cluster.num_nodes / gpus_per_node against the launcher
+  return last_check_;
+}
+
 void Host::run() {
-  Json cfg = resolve_config();
+  check_config();
+  Json cfg = resolved_;
   start_world(cfg);
   std::string algo_name;
   if (cfg.contains("rlhost") && cfg["rlhost"].is_object() && cfg["rlhost"].contains("algorithm")) {

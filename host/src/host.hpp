@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "config_keys.hpp"
 #include "plugins.hpp"
 #include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/metrics.hpp"
@@ -46,8 +47,13 @@ class Host {
   nlohmann::ordered_json list_plugins();
 
   Config& config() { return config_; }
-  // Resolves interpolations and checks keys; throws on unknown keys; logs warnings.
+  // Resolves interpolations and checks keys; throws on unknown keys; logs warnings (settings a
+  // run would refuse too).
   Json resolve_config();
+  // resolve_config(), then throws UNIMPLEMENTED naming the first setting that asks for what
+  // rlhost lacks (the check run() makes at start). Returns what was accepted and unused.
+  KeyCheck check_config();
+  const KeyCheck& last_check() const { return last_check_; }
 
   // Runs the algorithm named by rlhost.algorithm (or the only loaded one).
   void run();
@@ -72,6 +78,11 @@ class Host {
   void log(int32_t level, const std::string& who, const std::string& msg) const;
   void set_log_level(int32_t level) { log_level_ = level; }
   void record_metric(const std::string& name, double value, int64_t step);
+  void set_metric_callback(rlhost_metric_fn fn, void* user) {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    metric_fn_ = fn;
+    metric_user_ = user;
+  }
   std::vector<Metric> metrics() const;
   const Json& resolved_config() const { return resolved_; }
   bool config_resolved() const { return resolved_valid_; }
@@ -80,6 +91,8 @@ class Host {
   void world_comm(const rlh_comm_api** api, rlh_comm** comm);
   // At the start of a run: the launch and the cluster keys agree, and with more than one rank,
   // every rank has created the world and met at a barrier (world.cpp).
+  // The launch and the cluster keys agree, rlhost.comm_timeout_s is valid (check_config, run).
+  void check_world(const Json& resolved) const;
   void start_world(const Json& resolved);
   // Which launcher started this process, as which rank (sdk/launch_env.hpp).
   const sdk::LaunchEnv& launch() const { return launch_; }
@@ -99,6 +112,7 @@ class Host {
   std::map<std::string, std::string> failed_;     // path -> error, from load attempts
   Config config_;
   Json resolved_;
+  KeyCheck last_check_;
   bool resolved_valid_ = false;
   std::vector<int32_t> autoloaded_kinds_;
   std::atomic<bool> cancelled_{false};
@@ -107,6 +121,8 @@ class Host {
   std::string launch_error_;  // a malformed launcher variable, reported when a run starts
   mutable std::mutex metrics_mu_;
   std::vector<Metric> metrics_;
+  rlhost_metric_fn metric_fn_ = nullptr;
+  void* metric_user_ = nullptr;
   // Console/JSONL/TensorBoard loggers during run(): configured when the run starts, built at the
   // first metric, so an algorithm's "rlhost/total_steps" (sent first) reaches the progress line.
   std::optional<sdk::MetricsConfig> logger_cfg_;

@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
       ("list-plugins", "list every plugin found and loaded, with its components and whether it can run here")
       ("json", "with --list-plugins: print JSON")
       ("print-config", "print the fully resolved configuration as YAML and exit")
+      ("check-config", "check the configuration as a run does at start (JSON report of accepted, unused "
+                       "and refused NeMo-RL settings) and exit; non-zero when a run would refuse it")
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warning or error");
   po::options_description hidden;
   hidden.add_options()("override", po::value<std::vector<std::string>>(), "");
@@ -180,19 +182,29 @@ int main(int argc, char** argv) {
   std::vector<std::string> plugins;
   if (vm.count("plugin")) plugins = vm["plugin"].as<std::vector<std::string>>();
   const bool listing = vm.count("list-plugins") > 0;
+  rlh_status* load_failure = nullptr;  // while listing: the first --plugin that failed to load
   for (const auto& p : plugins) {
     rlh_status* s = rlhost_load_plugin(host, p.c_str());
-    // While listing, a plugin that fails to load is shown with its reason, not fatal.
-    if (s != nullptr && listing) { rlh_status_destroy(s); continue; }
+    // While listing, a plugin that fails to load is shown with its reason; the exit code says so
+    // after the listing, so scripts notice.
+    if (s != nullptr && listing) {
+      if (load_failure == nullptr) load_failure = s;
+      else rlh_status_destroy(s);
+      continue;
+    }
     if ((rc = report(s))) return finish(rc);
   }
 
   if (listing) {
     std::string text;
-    if ((rc = report(rlhost_list_plugins(host, rlh::sdk::write_to_string, &text)))) return finish(rc);
+    if ((rc = report(rlhost_list_plugins(host, rlh::sdk::write_to_string, &text)))) {
+      rlh_status_destroy(load_failure);
+      return finish(rc);
+    }
     if (vm.count("json")) std::cout << text << "\n";
     else print_plugin_table(nlohmann::json::parse(text));
-    return finish(0);
+    std::cout << std::flush;
+    return finish(report(load_failure));
   }
 
   if (!vm.count("config")) {
@@ -203,6 +215,12 @@ int main(int argc, char** argv) {
   for (const auto& o : overrides)
     if ((rc = report(rlhost_apply_override(host, o.c_str())))) return finish(rc);
 
+  if (vm.count("check-config")) {
+    std::string text;
+    rlh_status* s = rlhost_check_config(host, rlh::sdk::write_to_string, &text);
+    if (!text.empty()) std::cout << nlohmann::json::parse(text).dump(2) << "\n";
+    return finish(report(s));
+  }
   if (vm.count("print-config")) {
     std::string text;
     if ((rc = report(rlhost_resolve_config(host, rlh::sdk::write_to_string, &text)))) return finish(rc);

@@ -63,11 +63,15 @@ int64_t comm_timeout_ms(const Json& cfg) {
 
 // ---------------------------------------------------------------------------------------------
 
-void Host::start_world(const Json& cfg) {
+void Host::check_world(const Json& cfg) const {
   if (!launch_error_.empty()) throw Error(RLH_E_INVALID_ARGUMENT, launch_error_);
-  for (const auto& note : launch_.notes) log(RLH_LOG_WARN, "host", note);
   check_cluster(cfg, launch_, [this](const std::string& k) { return config_.origin_of(k); });
   comm_timeout_ms(cfg);  // a bad value is reported here, before any plugin reads it
+}
+
+void Host::start_world(const Json& cfg) {
+  for (const auto& note : launch_.notes) log(RLH_LOG_WARN, "host", note);
+  check_world(cfg);
   if (launch_.size <= 1) return;  // alone: the world is created when a plugin asks for it
   const rlh_comm_api* api = nullptr;
   rlh_comm* world = nullptr;

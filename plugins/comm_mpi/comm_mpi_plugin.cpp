@@ -1,7 +1,7 @@
 // comm_mpi: the COMM component over MPI (Debian's OpenMPI 4.1) for host tensors, with device
 // tensors staged through pinned host memory. Bootstraps from mpirun's environment (or srun
 // --mpi=pmix); a process started alone is a world of one without MPI. Every call has a
-// timeout; docs/parallel.md describes the behaviour on failure.
+// timeout; docs/parallelism.md describes the behaviour on failure.
 #include <mpi.h>
 
 #include "mpi_comm.hpp"

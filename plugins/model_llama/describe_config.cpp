@@ -410,6 +410,20 @@ sdk::TransformerDesc describe(const json& cfg) {
     fail("architecture '" + arch + "' is not supported by model_llama (supported: " + names + ")");
   }
   const Hparams hp(cfg, *row);
+  // A quantized checkpoint (DeepSeek-V3's FP8: F8_E4M3 weights with 128x128 weight_scale_inv
+  // blocks; GPTQ, AWQ, bitsandbytes, ...) is refused by name: its weights mean nothing without
+  // the method's own dequantization, which rlhost does not implement.
+  if (auto q = cfg.find("quantization_config"); q != cfg.end() && !q->is_null()) {
+    std::string method = "unknown";
+    std::string blocks;
+    if (q->is_object()) {
+      if (auto m = q->find("quant_method"); m != q->end() && m->is_string()) method = m->get<std::string>();
+      if (auto b = q->find("weight_block_size"); b != q->end()) blocks = ", weight_block_size " + b->dump();
+    }
+    fail("'quantization_config' (quant_method '" + method + "'" + blocks +
+         ") names a quantized checkpoint; rlhost does not dequantize one (an FP8 checkpoint needs its "
+         "weight_scale_inv blocks applied): use the model's bf16/fp32 checkpoint");
+  }
 
   sdk::TransformerDesc d;
   d.architecture = arch;

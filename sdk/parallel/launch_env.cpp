@@ -99,6 +99,7 @@ LaunchEnv detect_launch(const GetEnv& getenv_fn) {
     check_below("RANK", e.rank, "WORLD_SIZE", e.size);
     if (e.local_size > 0) check_below("LOCAL_RANK", e.local_rank, "LOCAL_WORLD_SIZE", e.local_size);
   }
+  if (e.launcher == Launcher::none) e.num_nodes = 1;  // one process, on this node
   if (e.num_nodes == 0 && e.local_size > 0 && e.size % e.local_size == 0 && e.launcher != Launcher::none)
     e.num_nodes = e.size / e.local_size;
   if (const char* a = r.raw("MASTER_ADDR")) e.master_addr = a;

@@ -1,5 +1,5 @@
 // The HF reference fixtures through the plugins: librlhost loads model_llama, kernels_cpu, dtensor
-// and megatron; for every fixture folder ($RLHOST_FIXTURES, default ../shared/fixtures) whose
+// and megatron; for every fixture folder ($RLHOST_FIXTURES, default tests/fixtures) whose
 // architecture the loaded model component lists, each backend must give, through its ABI table:
 //   forward logprobs (token-aligned, shifted to the reference's layout)  <= 1e-5
 //   the loss of an eval_only train step (NLL over the predicted tokens)  <= 1e-5

@@ -29,10 +29,10 @@ std::string quote(const std::string& s) {
 }
 
 // Runs rlhost with `args` (already quoted shell words), capturing stdout and stderr.
-Result run(const std::string& args) {
+Result run_prefixed(const std::string& prefix, const std::string& args) {
   static int n = 0;
   const fs::path err_file = fs::temp_directory_path() / ("rlh_lp_err_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  const std::string cmd = std::string(RLHOST_EXE) + " " + args + " 2>" + err_file.string();
+  const std::string cmd = prefix + std::string(RLHOST_EXE) + " " + args + " 2>" + err_file.string();
   Result r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -46,6 +46,11 @@ Result run(const std::string& args) {
   fs::remove(err_file);
   return r;
 }
+
+Result run(const std::string& args) { return run_prefixed("", args); }
+
+// As run(), with environment assignments ("A=b ") in front of the command.
+Result run_env(const std::string& env, const std::string& args) { return run_prefixed("env " + env, args); }
 
 void expect_one_line_error(const Result& r, const std::string& needle) {
   EXPECT_NE(r.code, 0) << r.out;
@@ -145,6 +150,60 @@ TEST(LogprobsCliText, TemperatureMatchesTheBackendsForward) {
   const std::vector<float> want = be.logprobs(m, batch, 2.5);
   ASSERT_EQ(lp2.size(), ids.size() - 1);
   for (size_t t = 0; t + 1 < ids.size(); ++t) EXPECT_EQ(float(lp2[t]), want[t + 1]) << t;
+}
+
+// --device and --precision are the backend's policy.device and policy.precision: on the CPU the
+// same scores; a GPU that is not there is a one-line error naming the device.
+TEST(LogprobsCliDevice, DeviceAndPrecisionReachTheBackend) {
+  const std::vector<int32_t> ids = {5, 17, 42, 7, 300, 11};
+  const std::string base = "logprobs --model " + quote(llama_tiny()) + " --json --ids " + id_list(ids);
+  const Result plain = run(base);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  for (const char* b : {"dtensor", "megatron"}) {
+    const Result cpu = run(base + " --backend " + b + " --device cpu --precision float32");
+    ASSERT_EQ(cpu.code, 0) << cpu.err;
+    EXPECT_EQ(json::parse(cpu.out)["token_logprobs"], json::parse(plain.out)["token_logprobs"]) << b;
+  }
+  expect_one_line_error(run(base + " --device tpu"), "tpu");
+  expect_one_line_error(run(base + " --precision int3"), "int3");
+  // dtensor has no device path; megatron (the default with --device cuda) needs a usable GPU.
+  expect_one_line_error(run(base + " --backend dtensor --device cuda"), "cuda");
+  if (!std::getenv("RLH_TEST_HAS_GPU")) expect_one_line_error(run(base + " --device cuda"), "cuda");
+}
+
+// A hub id resolves in the local HF cache ($HF_HUB_CACHE/models--org--name/snapshots/<rev>).
+TEST(LogprobsCliDevice, HubIdFromTheLocalCache) {
+  TempDir cache("hub");
+  const fs::path snap = cache.path / "models--rlhost-test--llama-tiny" / "snapshots" / "0123abcd";
+  fs::create_directories(snap);
+  fs::create_directories(cache.path / "models--rlhost-test--llama-tiny" / "refs");
+  std::ofstream(cache.path / "models--rlhost-test--llama-tiny" / "refs" / "main") << "0123abcd";
+  for (const char* f : {"config.json", "model.safetensors"}) fs::create_symlink(fs::path(llama_tiny()) / f, snap / f);
+  const std::string ids = " --json --ids 5,17,42,7";
+  const std::string env = "HF_HUB_CACHE=" + quote(cache.path.string()) + " ";
+  const Result by_dir = run("logprobs --model " + quote(llama_tiny()) + ids);
+  ASSERT_EQ(by_dir.code, 0) << by_dir.err;
+  // run() prefixes the binary; an environment assignment goes before it through env(1).
+  const Result by_id = run_env(env, "logprobs --model rlhost-test/llama-tiny" + ids);
+  ASSERT_EQ(by_id.code, 0) << by_id.err;
+  EXPECT_EQ(json::parse(by_id.out), json::parse(by_dir.out));
+  const Result gen = run_env(env, "generate --model rlhost-test/llama-tiny --prompt-ids 5,17,42 --temperature 0 "
+                                  "--max-new-tokens 4 --ignore-eos --json");
+  ASSERT_EQ(gen.code, 0) << gen.err;
+  EXPECT_EQ(json::parse(gen.out)["ids"].size(), 7u) << gen.out;
+  expect_one_line_error(run_env(env, "logprobs --model rlhost-test/not-cached" + ids), "rlhost-test/not-cached");
+}
+
+// The GPU generator does not exist yet: generate --device cuda says so in one line, as do
+// precisions the CPU generator does not sample in.
+TEST(GenerateCliDevice, RefusesWhatTheGeneratorLacks) {
+  const std::string base = "generate --model " + quote(llama_tiny()) + " --prompt-ids 5,17 --max-new-tokens 2";
+  expect_one_line_error(run(base + " --device cuda"), "no GPU generator yet");
+  expect_one_line_error(run(base + " --device cuda:1"), "generate --device cuda:1");
+  expect_one_line_error(run(base + " --precision bfloat16"), "samples in float32 only");
+  expect_one_line_error(run(base + " --device tpu"), "--device 'tpu'");
+  const Result ok = run(base + " --device cpu --precision float32 --temperature 0 --ignore-eos --json");
+  EXPECT_EQ(ok.code, 0) << ok.err;
 }
 
 TEST(LogprobsCliErrors, BadInputsAreOneLineNamingThem) {

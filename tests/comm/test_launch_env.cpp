@@ -43,6 +43,7 @@ TEST(LaunchEnv, NoLauncher) {
   EXPECT_EQ(e.rank, 0);
   EXPECT_EQ(e.size, 1);
   EXPECT_FALSE(e.mpi_runtime);
+  EXPECT_EQ(e.num_nodes, 1);
   EXPECT_EQ(e.describe(), "no launcher (one rank)");
 }
 

@@ -1,6 +1,6 @@
 // Helpers the fixture tests share: where the HF reference fixtures are, which folders hold a
 // model, and the error measure every reference comparison uses. Header-only; a test target
-// defines RLH_FIXTURES_DIR (the default root, ../shared/fixtures next to the source tree).
+// defines RLH_FIXTURES_DIR (the default root, tests/fixtures in the source tree).
 #pragma once
 
 #include <algorithm>

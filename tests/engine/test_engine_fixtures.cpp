@@ -1,5 +1,5 @@
 // The engine against Hugging Face float64 references: every model folder under the fixtures root
-// ($RLHOST_FIXTURES, default ../shared/fixtures next to the source tree) and under
+// ($RLHOST_FIXTURES, default tests/fixtures in the source tree) and under
 // tests/engine/fixtures (more MoE configurations made with the same tools: Qwen2-MoE with its
 // gated shared expert and dense layers, Qwen3-MoE without renormalisation, Mixtral with a window
 // and MQA) runs in fp32 on CPU and is checked per tensor with error = max|got - ref| / max|ref|:

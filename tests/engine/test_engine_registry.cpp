@@ -142,13 +142,28 @@ TEST(KernelRegistry, GemmFromTheTestProviderTheRestFallsThroughBitwiseEqual) {
 
 TEST(KernelRegistry, PinnedProviderThatDoesNotOfferTheOpIsRefusedNamingBoth) {
   TwoProviders h;
-  auto reg = sdk::make_kernel_registry(h.host(), sdk::kCPU, {{"attention", "test_gemm_provider"}}, "test");
+  // At setup, from what the provider lists: before any executor resolves anything.
   try {
-    engine::make_registry_ops(*reg);
+    sdk::make_kernel_registry(h.host(), sdk::kCPU, {{"attention", "test_gemm_provider"}}, "test");
     ADD_FAILURE() << "a pin to a provider without attention was accepted";
   } catch (const sdk::Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("attention_fwd"), std::string::npos) << m;
+    EXPECT_NE(m.find("policy.kernels.attention"), std::string::npos) << m;
+    EXPECT_NE(m.find("test_gemm_provider"), std::string::npos) << m;
+    EXPECT_NE(m.find("gemm"), std::string::npos) << m;  // what it does offer
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  // A provider that lists the op but cannot take the executor's operands is refused when the op
+  // resolves, naming both: the gemm-only provider offers float32 gemm, not float64.
+  auto reg = sdk::make_kernel_registry(h.host(), sdk::kCPU, {{"gemm", "test_gemm_provider"}}, "test");
+  auto ops = engine::make_registry_ops(*reg);
+  std::vector<double> a(4, 1.0), b(4, 1.0), c(4, 0.0);
+  try {
+    ops->gemm_f64(false, false, 2, 2, 2, 1.0, a.data(), 2, b.data(), 2, 0.0, c.data(), 2);
+    ADD_FAILURE() << "float64 gemm pinned to a float32-only provider was accepted";
+  } catch (const sdk::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("gemm"), std::string::npos) << m;
     EXPECT_NE(m.find("test_gemm_provider"), std::string::npos) << m;
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }

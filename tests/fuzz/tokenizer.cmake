@@ -11,7 +11,7 @@ if(TARGET rlh_tokenizer)
     LINK rlh_tokenizer
     CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/tokenizer_encode)
   target_compile_definitions(fuzz_tokenizer_encode PRIVATE
-    RLH_FUZZ_FIXTURES="${CMAKE_SOURCE_DIR}/../shared/fixtures"
+    RLH_FUZZ_FIXTURES="${CMAKE_SOURCE_DIR}/tests/fixtures"
     RLH_FUZZ_TOK_DATA="${CMAKE_SOURCE_DIR}/tests/tokenizer/data/hf")
   rlh_add_fuzz_test(fuzz_chat_template
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_chat_template.cpp

@@ -124,10 +124,82 @@ TEST_F(ConfigTest, InterpolationAndResolvers) {
   EXPECT_EQ(r["policy"]["up"], 7);
   EXPECT_EQ(r["math"]["a"], 3);
   EXPECT_DOUBLE_EQ(r["math"]["d"].get<double>(), 2.5);
-  EXPECT_EQ(r["math"]["di"], 2);
+  // NeMo-RL's div is Python's true division: a float even when it divides evenly.
+  EXPECT_TRUE(r["math"]["di"].is_number_float());
+  EXPECT_DOUBLE_EQ(r["math"]["di"].get<double>(), 2.0);
   EXPECT_EQ(r["math"]["mx"], 9);
   EXPECT_EQ(r["math"]["mn"], 3);
   EXPECT_DOUBLE_EQ(r["math"]["f"].get<double>(), 2.0);
+}
+
+// OmegaConf's oc.env, as NeMo-RL's configs use it ("${oc.env:HF_HOME}/data.jsonl").
+TEST_F(ConfigTest, OcEnvResolver) {
+  ::setenv("RLH_CONFIG_TEST_VAR", "/hf", 1);
+  ::unsetenv("RLH_CONFIG_TEST_UNSET");
+  Config c;
+  c.load_text(
+      "path: ${oc.env:RLH_CONFIG_TEST_VAR}/data.jsonl\nwhole: ${oc.env:RLH_CONFIG_TEST_VAR}\n"
+      "dflt: ${oc.env:RLH_CONFIG_TEST_UNSET,/tmp/x}\nquoted: ${oc.env:RLH_CONFIG_TEST_UNSET,'10'}\n"
+      "none: ${oc.env:RLH_CONFIG_TEST_UNSET,null}\nset_wins: ${oc.env:RLH_CONFIG_TEST_VAR,other}\n"
+      "num: ${oc.env:RLH_CONFIG_TEST_UNSET,12}\n",
+      "t");
+  Json r = c.resolved();
+  EXPECT_EQ(r["path"], "/hf/data.jsonl");
+  EXPECT_EQ(r["whole"], "/hf");
+  EXPECT_EQ(r["dflt"], "/tmp/x");
+  EXPECT_EQ(r["quoted"], "10");  // a string, as OmegaConf returns
+  EXPECT_TRUE(r["none"].is_null());
+  EXPECT_EQ(r["set_wins"], "/hf");
+  EXPECT_EQ(r["num"], "12");  // env values and defaults are strings
+  c.load_text("p: ${oc.env:RLH_CONFIG_TEST_UNSET}\n", "t");
+  expect_error([&] { c.resolved(); }, "environment variable 'RLH_CONFIG_TEST_UNSET' is not set");
+  c.load_text("p: ${oc.env:}\n", "t");
+  expect_error([&] { c.resolved(); }, "takes a variable name");
+  ::unsetenv("RLH_CONFIG_TEST_VAR");
+}
+
+// YAML merge keys (`<<: *anchor`, NeMo-RL's distillation configs): own keys win, then the
+// merged mappings in order; nested merges work.
+TEST_F(ConfigTest, YamlMergeKeys) {
+  Config c;
+  c.load_text(
+      "base: &B {a: 1, b: 2, inner: &I {x: 1, y: 2}}\nother: &O {b: 20, c: 30}\n"
+      "one:\n  <<: *B\n  a: 10\n  inner:\n    <<: *I\n    y: 5\n"
+      "two:\n  <<: [*O, *B]\n",
+      "t");
+  Json r = c.resolved();
+  EXPECT_EQ(r["one"]["a"], 10);
+  EXPECT_EQ(r["one"]["b"], 2);
+  EXPECT_EQ(r["one"]["inner"]["x"], 1);
+  EXPECT_EQ(r["one"]["inner"]["y"], 5);
+  EXPECT_FALSE(r["one"].contains("<<"));
+  EXPECT_EQ(r["two"]["b"], 20);  // the first merged mapping wins
+  EXPECT_EQ(r["two"]["a"], 1);
+  EXPECT_EQ(r["two"]["c"], 30);
+  expect_error([&] { c.load_text("a:\n  <<: 3\n", "t"); }, "'<<' merges mappings only");
+  c.load_text("a:\n  \"<<\": 3\n", "t");  // quoted: an ordinary key
+  EXPECT_EQ(c.resolved()["a"]["<<"], 3);
+}
+
+// NeMo-RL's `_override_: true` replaces the parent's mapping instead of merging into it.
+TEST_F(ConfigTest, OverrideMarkerReplacesTheParentsMapping) {
+  write("parent.yaml", "data: {train: {path: a}, validation: {path: b}}\npolicy: {cfg: {x: 1, y: 2}}\n");
+  fs::path top = write("top.yaml",
+                       "defaults: parent.yaml\ndata:\n  _override_: true\n  train: {path: c}\n"
+                       "policy:\n  cfg:\n    _override_: true\n    x: 3\n");
+  Config c;
+  c.load_file(top);
+  Json r = c.resolved();
+  EXPECT_EQ(r["data"], Json::parse(R"({"train": {"path": "c"}})"));
+  EXPECT_EQ(r["policy"]["cfg"], Json::parse(R"({"x": 3})"));
+  // A false marker merges as usual; a marker without a parent is just dropped.
+  write("top2.yaml", "defaults: parent.yaml\ndata:\n  _override_: false\n  train: {path: c}\n");
+  c.load_file(dir_ / "top2.yaml");
+  r = c.resolved();
+  EXPECT_EQ(r["data"]["validation"]["path"], "b");
+  EXPECT_FALSE(r["data"].contains("_override_"));
+  c.load_text("s:\n  _override_: true\n  k: 1\n", "t");
+  EXPECT_EQ(c.resolved()["s"], Json::parse(R"({"k": 1})"));
 }
 
 TEST_F(ConfigTest, InterpolationErrors) {

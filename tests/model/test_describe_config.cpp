@@ -271,6 +271,20 @@ TEST(DescribeConfig, BadValuesNameTheKey) {
   expect_error([&] { model::describe(m); }, {"decoder_sparse_step"});
 }
 
+// DeepSeek-V3's FP8 checkpoint (quantization_config fp8, 128x128 weight_scale_inv blocks) and
+// other quantized ones are refused by name, never loaded as if their weights were plain floats.
+TEST(DescribeConfig, QuantizedCheckpointsAreRefusedByName) {
+  json cfg = base_llama();
+  cfg["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                                {"weight_block_size", {128, 128}}};
+  expect_error([&] { model::describe(cfg); },
+               {"quantization_config", "quant_method 'fp8'", "weight_block_size [128,128]", "weight_scale_inv"});
+  cfg["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+  expect_error([&] { model::describe(cfg); }, {"quantization_config", "quant_method 'gptq'"});
+  cfg["quantization_config"] = nullptr;  // null: not quantized
+  EXPECT_EQ(model::describe(cfg).architecture, "LlamaForCausalLM");
+}
+
 TEST(DescribeConfig, StrictJsonTextAndHugeTables) {
   expect_error([] { model::describe_json_text(R"({"a":1,"a":2})", "cfg.json"); }, {"cfg.json", "duplicate key 'a'"});
   expect_error([] { model::describe_json_text(std::string(200, '[') , "cfg.json"); }, {"cfg.json", "nested"});

@@ -69,11 +69,27 @@ RLHOST_API rlh_status* rlhost_apply_override(rlhost_t* host, const char* overrid
  * the log. */
 RLHOST_API rlh_status* rlhost_resolve_config(rlhost_t* host, rlh_write_fn write, void* user);
 
-/* Runs the job: resolves the configuration, creates the algorithm component (config key
- * `rlhost.algorithm`, else the only loaded algorithm) and runs it to completion. */
+/* Resolves and checks the configuration as rlhost_run does before it starts. Writes a JSON object
+ * through `write` (when not NULL): {"accepted": ["key=value", ...] (NeMo-RL settings rlhost does
+ * not implement, with values that leave its behaviour unchanged), "unused": [...] (NeMo-RL
+ * sections only plugins that are not loaded read), "refused": [...] (one message per setting that
+ * asks for what rlhost lacks)}. Returns RLH_E_UNIMPLEMENTED naming the first refused setting (the
+ * JSON is written first), RLH_E_INVALID_ARGUMENT for an unknown key. (ABI 0.2) */
+RLHOST_API rlh_status* rlhost_check_config(rlhost_t* host, rlh_write_fn write, void* user);
+
+/* Runs the job: resolves and checks the configuration (rlhost_check_config), creates the
+ * algorithm component (config key `rlhost.algorithm`, else the only loaded algorithm) and runs it
+ * to completion. */
 RLHOST_API rlh_status* rlhost_run(rlhost_t* host);
 /* Asks a running job to stop; thread- and signal-safe. */
 RLHOST_API void rlhost_cancel(rlhost_t* host);
+
+/* Called for each metric a running job records (name, value, step), on the thread that records
+ * it, after it is stored. It must not call into the host except rlhost_cancel (which stops the
+ * job). (ABI 0.2) */
+typedef void (*rlhost_metric_fn)(void* user, const char* name, double value, int64_t step);
+/* Sets (or, with fn NULL, clears) the metrics callback. Not while a job runs. (ABI 0.2) */
+RLHOST_API rlh_status* rlhost_set_metric_callback(rlhost_t* host, rlhost_metric_fn fn, void* user);
 
 /* Writes all metrics recorded so far as JSON lines {"name": ..., "value": ..., "step": ...}. */
 RLHOST_API rlh_status* rlhost_read_metrics(rlhost_t* host, rlh_write_fn write, void* user);

@@ -244,7 +244,6 @@ void DecodeModel::rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx
 void DecodeModel::attend(int64_t l, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
                          int64_t ldv, float* out, int64_t ldo, std::span<const CacheRow> rows, KvCache& kv) {
   const LayerShape& s = shapes_[size_t(l)];
-  kv_write(kv, l, rows, k, ldk, v, ldv);  // every row's key first: rows of one sequence see each other
   const KvLayout& L = kv.layout();
   engine::Ops::PagedCache c;
   c.k = kv.keys(0, l);
@@ -255,6 +254,8 @@ void DecodeModel::attend(int64_t l, const float* q, int64_t ldq, const float* k,
   c.Hkv = s.Hkv;
   c.Dk = s.Dk;
   c.Dv = s.Dv;
+  // every row's key first: rows of one sequence see each other
+  ops_->kv_cache_write(k, ldk, v, ldv, int64_t(rows.size()), slots_.data(), c);
   ops_->paged_attention(out, ldo, q, ldq, int64_t(rows.size()), s.Hq, c, table_.data(), table_width_, pos_.data(),
                         float(s.scale), s.window);
 }
@@ -346,9 +347,12 @@ void DecodeModel::forward(std::span<const int32_t> ids, std::span<const CacheRow
   table_width_ = 1;
   for (const CacheRow& r : rows) table_width_ = std::max<int64_t>(table_width_, r.pos / bs + 1);
   table_.assign(size_t(R * table_width_), -1);
-  for (int64_t r = 0; r < R; ++r)
-    std::copy(rows[size_t(r)].blocks, rows[size_t(r)].blocks + rows[size_t(r)].pos / bs + 1,
-              table_.begin() + r * table_width_);
+  slots_.resize(size_t(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const CacheRow& row = rows[size_t(r)];
+    std::copy(row.blocks, row.blocks + row.pos / bs + 1, table_.begin() + r * table_width_);
+    slots_[size_t(r)] = int32_t(int64_t(row.blocks[row.pos / bs]) * bs + row.pos % bs);
+  }
 
   ops_->embedding_fwd(xs_[0].data(), ids.data(), wp(prog_.embed), R, C, V_);  // x [R,C]
   if (prog_.embed_scale != 1) ops_->scale(xs_[0].data(), R * C, double(float(prog_.embed_scale)));

@@ -85,24 +85,5 @@ void KvCache::release(int32_t block) {
   if (--refs_[size_t(block)] == 0) free_.push_back(block);
 }
 
-void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const float* k,
-              int64_t ldk, const float* v, int64_t ldv) {
-  const KvLayout& L = kv.layout();
-  const int64_t Hkv = L.kv_heads[size_t(layer)], D = L.head_dim[size_t(layer)], bs = L.block_size;
-  const int64_t Dv = L.value_dim[size_t(layer)];
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const int32_t block = rows[r].blocks[rows[r].pos / bs];
-    const int64_t slot = rows[r].pos % bs;
-    float* K = kv.keys(block, layer);
-    float* Vb = kv.values(block, layer);
-    const float* kr = k + int64_t(r) * ldk;
-    const float* vr = v + int64_t(r) * ldv;
-    for (int64_t h = 0; h < Hkv; ++h) {
-      float* kt = K + h * D * bs + slot;  // column `slot` of the head's [D][bs]
-      for (int64_t d = 0; d < D; ++d) kt[d * bs] = kr[h * D + d];
-      std::memcpy(Vb + (h * bs + slot) * Dv, vr + h * Dv, size_t(Dv) * sizeof(float));
-    }
-  }
-}
 
 }  // namespace rlh::gen

@@ -238,6 +238,12 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
   if (!data.is_object()) throw ConfigError("data: missing (the prompts to train on)");
   const Section ds(data, "data");
   ds.read("shuffle", c.shuffle);
+  // GRPO prompts end with the chat template's generation prompt, as NeMo-RL's GRPO recipes set it.
+  bool generation_prompt = true;
+  ds.read("add_generation_prompt", generation_prompt);
+  if (!generation_prompt && c.policy.prompt_format == PromptFormat::kChatTemplate)
+    throw ConfigError("data.add_generation_prompt: false is not implemented for GRPO: its prompts end with the "
+                      "chat template's generation prompt (use true)");
   c.max_input_seq_length = c.policy.max_total_sequence_length;
   if (ds.has("max_input_seq_length")) c.max_input_seq_length = positive(ds, "max_input_seq_length", 1);
   c.train_data = read_data_source(data, "train", true);

@@ -80,6 +80,13 @@ struct SftConfig {
     const json& data = child(whole, "data");
     if (!data.is_object()) throw ConfigError("data: missing (the rows to train on)");
     detail::Section(data, "data").read("shuffle", c.shuffle);
+    // An SFT row is the whole conversation, answer included, without a trailing generation
+    // prompt (NeMo-RL's SFT recipes set false).
+    bool generation_prompt = false;
+    detail::Section(data, "data").read("add_generation_prompt", generation_prompt);
+    if (generation_prompt)
+      throw ConfigError("data.add_generation_prompt: true is not implemented for SFT: a row is the whole "
+                        "conversation without a trailing generation prompt (use false)");
     c.train = read_data_source(data, "train", true);
     DataSource v = read_data_source(data, "validation", false);
     if (!v.component.empty()) c.validation = v;

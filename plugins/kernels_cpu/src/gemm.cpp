@@ -169,33 +169,34 @@ void sgemm_packed_generic(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Splitting over threads. The larger output dimension is cut into 2 chunks per thread (at least
-// 32 rows or 64 columns each) that the threads take dynamically: when another process holds a
-// core, the thread that still runs takes more chunks instead of the whole step waiting for the
-// slow half (a static 50/50 split measured 88 vs 121 GFLOP/s with one competing process). Every
-// element of C comes from exactly one single-threaded call with the full K loop, and neither
-// OpenBLAS nor the builtin kernel orders that loop by where the element sits in its chunk, so
-// results do not depend on the chunking (tests check 1 vs 2 threads bit for bit).
+// Splitting over threads. The larger output dimension is cut into chunks (at least 32 rows or 64
+// columns each, at most kChunks of them) that the threads take dynamically: when another process
+// holds a core, the thread that still runs takes more chunks instead of the whole step waiting
+// for the slow half (a static 50/50 split measured 88 vs 121 GFLOP/s with one competing
+// process). Every element of C comes from exactly one single-threaded call with the full K loop.
+// The cut depends on the problem's shape only, never on the thread count, and one thread walks
+// the same chunks: OpenBLAS's kernels sum K in an order that can depend on a call's shape (its
+// Haswell/Zen kernels do; SkylakeX's happen not to), so a thread-dependent cut changed low bits
+// between 1 and 2 threads. With a fixed cut, results do not depend on the thread count on any
+// kernel (tests check 1 vs 2 threads bit for bit, also under OPENBLAS_CORETYPE=Haswell).
+
+constexpr int64_t kChunks = 8;
 
 void sgemm_threaded(detail::SgemmFn fn, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                     float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                     float beta, float* C, int64_t ldc) {
-  const int nt = omp_in_parallel() ? 1 : num_threads();
   const double flops = 2.0 * double(M) * double(N) * double(K);
-  if (nt <= 1 || flops < 2e6) {
-    fn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
   const bool by_rows = M >= N;
   const int64_t extent = by_rows ? M : N, grain = by_rows ? 8 : 16, min_chunk = by_rows ? 32 : 64;
-  int64_t chunk = std::max(min_chunk, (extent + 2 * nt - 1) / (2 * nt));
+  int64_t chunk = std::max(min_chunk, (extent + kChunks - 1) / kChunks);
   chunk = (chunk + grain - 1) / grain * grain;
   const int64_t chunks = (extent + chunk - 1) / chunk;
-  if (chunks <= 1) {
+  if (flops < 2e6 || chunks <= 1) {
     fn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(int(std::min<int64_t>(nt, chunks)))
+  const int nt = omp_in_parallel() ? 1 : num_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(int(std::min<int64_t>(nt, chunks))) if (nt > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * chunk, hi = std::min(extent, lo + chunk);
     if (by_rows)

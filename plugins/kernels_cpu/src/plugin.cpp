@@ -643,7 +643,16 @@ void run_scale(const Call& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decoding: attention over a paged KV cache and sampling (decode_ops.hpp), float32 only.
+// Decoding: the KV cache writes, attention over a paged KV cache and sampling (decode_ops.hpp),
+// float32 only.
+
+// Stride i of a 4-D operand in elements (DLPack: NULL strides = compact row-major).
+int64_t stride4(const rlh_tensor& t, int i) {
+  if (t.strides) return t.strides[i];
+  int64_t s = 1;
+  for (int d = 3; d > i; --d) s *= t.shape[d];
+  return s;
+}
 
 // q [R, Hq, Dk], k_cache [B, Hkv, bs, Dk] with keys transposed in a block (strides (any,
 // Dk bs, 1, bs)), v_cache [B, Hkv, bs, Dv] (strides (any, bs Dv, Dv, 1)), block_table int32
@@ -663,22 +672,23 @@ void run_paged_attention(const Call& c) {
     a.Dv = vc.shape[3];
     if (kc.shape[3] != a.Dk || vc.shape[0] != kc.shape[0] || vc.shape[1] != a.Hkv || vc.shape[2] != a.bs)
       bad("paged_attention: the caches' shapes disagree with q and each other");
-    if (kc.strides[1] != a.Dk * a.bs || kc.strides[2] != 1 || kc.strides[3] != a.bs)
+    if (stride4(kc, 1) != a.Dk * a.bs || stride4(kc, 2) != 1 || stride4(kc, 3) != a.bs)
       bad("paged_attention: kernels_cpu reads keys transposed in a block (k_cache strides (any, Dk bs, 1, bs))");
-    if (vc.strides[1] != a.bs * a.Dv || vc.strides[2] != a.Dv || vc.strides[3] != 1)
+    if (stride4(vc, 1) != a.bs * a.Dv || stride4(vc, 2) != a.Dv || stride4(vc, 3) != 1)
       bad("paged_attention: kernels_cpu reads values row by row (v_cache strides (any, bs Dv, Dv, 1))");
     a.ldq = need_heads(q, a.R, a.Hq, a.Dk, "paged_attention q");
     a.ldo = need_heads(c.out(0), a.R, a.Hq, a.Dv, "paged_attention o");
-    if (bt.shape[0] != a.R || (bt.shape[1] > 1 && bt.strides[1] != 1)) bad("paged_attention: block_table must be [R, T]");
+    if (bt.shape[0] != a.R || (bt.shape[1] > 1 && bt.strides && bt.strides[1] != 1))
+      bad("paged_attention: block_table must be [R, T]");
     need_vec(pos, a.R, "paged_attention positions");
     a.q = data<float>(q);
     a.out = data<float>(c.out(0));
     a.k = data<float>(kc);
-    a.k_block = kc.strides[0];
+    a.k_block = stride4(kc, 0);
     a.v = data<float>(vc);
-    a.v_block = vc.strides[0];
+    a.v_block = stride4(vc, 0);
     a.blocks = data<int32_t>(bt);
-    a.ld_blocks = bt.strides[0];
+    a.ld_blocks = bt.strides ? bt.strides[0] : bt.shape[1];
     a.table_width = bt.shape[1];
     a.pos = data<int32_t>(pos);
     a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
@@ -691,6 +701,39 @@ void run_paged_attention(const Call& c) {
         if (id < 0 || id >= B) bad("paged_attention: block id " + std::to_string(id) + " outside the cache");
       }
     paged_attention(a, c.op->inst->pool());
+  }
+}
+
+// k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] (block * bs + offset; -1: skip) -> k_cache
+// [B, Hkv, bs, Dk], v_cache [B, Hkv, bs, Dv] (in/out, any strides: kernels_cpu's own layout
+// stores keys transposed within a block, paged_attention.cpp).
+template <class T>
+void run_kv_cache_write(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor &k = c.in(0), &v = c.in(1), &kc = c.out(0), &vc = c.out(1);
+    if (k.ndim != 3 || v.ndim != 3 || kc.ndim != 4 || vc.ndim != 4)
+      bad("kv_cache_write: k, v [R, Hkv, D], caches [B, Hkv, bs, D]");
+    const int64_t R = k.shape[0], H = k.shape[1], Dk = k.shape[2], Dv = v.shape[2];
+    const int64_t ldk = need_heads(k, R, H, Dk, "kv_cache_write k"), ldv = need_heads(v, R, H, Dv, "kv_cache_write v");
+    need_vec(c.in(2), R, "kv_cache_write slots");
+    const int64_t B = kc.shape[0], bs = kc.shape[2];
+    if (kc.shape[1] != H || kc.shape[3] != Dk || vc.shape[0] != B || vc.shape[1] != H || vc.shape[2] != bs ||
+        vc.shape[3] != Dv)
+      bad("kv_cache_write: the caches' shapes disagree with k, v and each other");
+    const int32_t* slots = data<int32_t>(c.in(2));
+    const float *kp = data<float>(k), *vp = data<float>(v);
+    float *kcp = data<float>(kc), *vcp = data<float>(vc);
+    for (int64_t r = 0; r < R; ++r) {
+      if (slots[r] < 0) continue;
+      const int64_t b = slots[r] / bs, off = slots[r] % bs;
+      if (b >= B) bad("kv_cache_write: slot " + std::to_string(slots[r]) + " outside the cache");
+      for (int64_t h = 0; h < H; ++h) {
+        float* kd = kcp + b * stride4(kc, 0) + h * stride4(kc, 1) + off * stride4(kc, 2);
+        for (int64_t d = 0; d < Dk; ++d) kd[d * stride4(kc, 3)] = kp[r * ldk + h * Dk + d];
+        float* vd = vcp + b * stride4(vc, 0) + h * stride4(vc, 1) + off * stride4(vc, 2);
+        for (int64_t d = 0; d < Dv; ++d) vd[d * stride4(vc, 3)] = vp[r * ldv + h * Dv + d];
+      }
+    }
   }
 }
 
@@ -766,6 +809,7 @@ const OpSpec kOps[] = {
     RLH_OP(adamw, "", 0, "ffff", 4, "", false),
     RLH_OP(sumsq, "f", 1, "f", 1, "", false),
     RLH_OP(scale, "", 0, "f", 1, "", false),
+    RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
     RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
     RLH_OP(sample, "fd", 2, "ik", 2, "", false),
 };

@@ -502,6 +502,105 @@ void run_sumsq(const Call& c) {
   sumsq(x.list(), ptr<float>(c.out(0)), *c.ws, c.stream);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decoding (decode.cu): caches [B, Hkv, bs, D] with strides of their own.
+
+// A cache operand's four strides, with its shape checked against (B, Hkv, bs, D).
+void cache_strides(const rlh_tensor& t, int64_t Hkv, int64_t bs, int64_t D, int64_t out[4], const char* what) {
+  if (t.ndim != 4) bad(std::string(what) + " must be [B, Hkv, bs, D]");
+  if (t.shape[1] != Hkv || t.shape[2] != bs || t.shape[3] != D)
+    bad(std::string(what) + ": shape differs from the keys' heads, block size or head dim");
+  for (int i = 0; i < 4; ++i) out[i] = t.strides ? t.strides[i] : 0;
+  if (!t.strides) {  // contiguous
+    out[3] = 1;
+    out[2] = D;
+    out[1] = bs * D;
+    out[0] = Hkv * bs * D;
+  }
+}
+
+// k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] -> k_cache, v_cache (in/out)
+void run_kv_cache_write(const Call& c) {
+  const rlh_tensor &k = c.in(0), &v = c.in(1), &kc = c.out(0), &vc = c.out(1);
+  if (k.ndim != 3 || v.ndim != 3) bad("kv_cache_write: k and v must be [R, Hkv, D]");
+  KvWriteArgs a;
+  a.t = c.dt();
+  a.R = k.shape[0];
+  a.Hkv = k.shape[1];
+  a.Dk = k.shape[2];
+  a.Dv = v.shape[2];
+  a.ldk = need_heads(k, a.R, a.Hkv, a.Dk, "kv_cache_write k");
+  a.ldv = need_heads(v, a.R, a.Hkv, a.Dv, "kv_cache_write v");
+  need_vec(c.in(2), a.R, "kv_cache_write slots");
+  if (kc.ndim != 4) bad("kv_cache_write: k_cache must be [B, Hkv, bs, Dk]");
+  a.bs = kc.shape[2];
+  a.num_blocks = kc.shape[0];
+  cache_strides(kc, a.Hkv, a.bs, a.Dk, a.kc_strides, "kv_cache_write k_cache");
+  cache_strides(vc, a.Hkv, a.bs, a.Dv, a.vc_strides, "kv_cache_write v_cache");
+  if (vc.shape[0] != a.num_blocks) bad("kv_cache_write: the caches hold different numbers of blocks");
+  a.k = ptr(k);
+  a.v = ptr(v);
+  a.slots = ptr<int32_t>(c.in(2));
+  a.k_cache = ptr(kc);
+  a.v_cache = ptr(vc);
+  a.err = c.err();
+  kv_cache_write(a, c.stream);
+}
+
+// q [R, Hq, Dk], k_cache, v_cache, block_table int32 [R, T], positions int32 [R] -> o [R, Hq, Dv]
+void run_paged_attention(const Call& c) {
+  const rlh_tensor &q = c.in(0), &kc = c.in(1), &vc = c.in(2), &bt = c.in(3);
+  if (q.ndim != 3 || kc.ndim != 4 || vc.ndim != 4 || bt.ndim != 2)
+    bad("paged_attention: q [R,Hq,Dk], k_cache [B,Hkv,bs,Dk], v_cache [B,Hkv,bs,Dv], block_table [R,T]");
+  PagedAttnArgs a;
+  a.t = c.dt();
+  a.R = q.shape[0];
+  a.Hq = q.shape[1];
+  a.Dk = q.shape[2];
+  a.Hkv = kc.shape[1];
+  a.bs = kc.shape[2];
+  a.Dv = vc.shape[3];
+  cache_strides(kc, a.Hkv, a.bs, a.Dk, a.kc_strides, "paged_attention k_cache");
+  cache_strides(vc, a.Hkv, a.bs, a.Dv, a.vc_strides, "paged_attention v_cache");
+  a.ldq = need_heads(q, a.R, a.Hq, a.Dk, "paged_attention q");
+  a.ldo = need_heads(c.out(0), a.R, a.Hq, a.Dv, "paged_attention o");
+  if (bt.shape[0] != a.R || (bt.shape[1] > 1 && bt.strides && bt.strides[1] != 1))
+    bad("paged_attention: block_table must be [R, T] with rows contiguous");
+  need_vec(c.in(4), a.R, "paged_attention positions");
+  a.q = ptr(q);
+  a.o = ptr(c.out(0));
+  a.k_cache = ptr(kc);
+  a.v_cache = ptr(vc);
+  a.blocks = ptr<int32_t>(bt);
+  a.ld_blocks = bt.strides ? bt.strides[0] : bt.shape[1];
+  a.pos = ptr<int32_t>(c.in(4));
+  a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
+  a.window = c.integer("window", 0);
+  paged_attention(a, c.stream);
+}
+
+// logits f32 [S, V], u f64 [S] -> tokens int32 [S], logprobs f32 [S]
+void run_sample(const Call& c) {
+  const rlh_tensor& z = c.in(0);
+  if (z.ndim != 2) bad("sample: logits must be [S, V]");
+  SampleArgs a;
+  a.S = z.shape[0];
+  a.V = z.shape[1];
+  a.ld = need_rows(z, a.S, a.V, "sample logits");
+  need_vec(c.in(1), a.S, "sample uniforms");
+  need_vec(c.out(0), a.S, "sample tokens");
+  need_vec(c.out(1), a.S, "sample logprobs");
+  a.logits = ptr<float>(z);
+  a.u = ptr<double>(c.in(1));
+  a.tokens = ptr<int32_t>(c.out(0));
+  a.logprobs = ptr<float>(c.out(1));
+  a.temperature = c.num("temperature", 1.0);
+  a.top_k = c.integer("top_k", 0);
+  a.top_p = c.num("top_p", 1.0);
+  a.min_p = c.num("min_p", 0.0);
+  sample(a, c.stream);
+}
+
 void run_scale(const Call& c) {
   ListStore x = list_of(c.call->outputs, c.nout(), 0, 1, "scale x");
   scale(x.list(), float(c.num("scale", 1)), *c.ws, c.stream);
@@ -701,7 +800,8 @@ void run_grouped_gemm(const Call& c) {
 
 // ---------------------------------------------------------------------------------------------
 // The op table. Operand kinds: f = the op's dtype (f32 or bf16), i = int32, k = float32,
-// s = statistic / parameter gradient (f32, or bf16 in a bf16 op), g = f32 or bf16 in any op.
+// d = float64, s = statistic / parameter gradient (f32, or bf16 in a bf16 op), g = f32 or bf16
+// in any op.
 
 struct OpSpec {
   const char* name;
@@ -741,6 +841,9 @@ const OpSpec kOps[] = {
     {"adamw_bf16", "", 0, "kgkkg", 5, "", false, false, true, run_adamw_bf16, true},
     {"sumsq", "g", 1, "k", 1, "", false, true, false, run_sumsq, false},
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
+    {"kv_cache_write", "ffi", 3, "ff", 2, "", true, false, false, run_kv_cache_write, true},
+    {"paged_attention", "fffii", 5, "f", 1, "", true, false, false, run_paged_attention, true},
+    {"sample", "kd", 2, "ik", 2, "", false, false, false, run_sample, true},
     {"moe_router_fwd", "fs", 1, "siss", 3, "moe_router_bwd", true, false, false, run_moe_router_fwd, true},
     {"moe_router_bwd", "ssiss", 3, "f", 1, "", true, false, false, run_moe_router_bwd, true},
     {"moe_permute_fwd", "fi", 2, "fii", 3, "moe_permute_bwd", true, false, false, run_moe_permute_fwd, true},
@@ -785,6 +888,9 @@ DType check_operands(const OpSpec& s, const rlh_kernels* inst, const rlh_tensor*
         break;
       case 'k':
         if (!f32) unimpl("this operand must be float32");
+        break;
+      case 'd':
+        if (!same(t.dtype, sdk::kF64)) unimpl("this operand must be float64");
         break;
       case 'g':
         if (!f32 && !bf) unimpl("operands must be float32 or bfloat16");

@@ -113,6 +113,10 @@ class ProfilingOps final : public Ops {
                      int64_t M, int64_t N, int64_t K) override {
     RLH_TIMED("gemm_rows_f64", in_.gemm_rows_f64(y, ldy, x, ldx, W, ldw, M, N, K))
   }
+  void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t R, const int32_t* slots,
+                      const PagedCache& c) override {
+    RLH_TIMED("kv_cache_write", in_.kv_cache_write(k, ldk, v, ldv, R, slots, c))
+  }
   void paged_attention(float* o, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
                        const PagedCache& c, const int32_t* blocks, int64_t tw, const int32_t* pos, float scale,
                        int64_t window) override {

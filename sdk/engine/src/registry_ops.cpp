@@ -255,6 +255,15 @@ class RegistryOps final : public Ops {
     const auto at = rows_attrs();
     lazy(rows64_, "gemm", "dd", "d", at).run(in, o, at);
   }
+  void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t R, const int32_t* slots,
+                      const PagedCache& c) override {
+    Args a;
+    const int64_t bs = c.block_size;
+    const rlh_tensor in[] = {a.heads(k, R, c.Hkv, c.Dk, ldk), a.heads(v, R, c.Hkv, c.Dv, ldv), a.ints(slots, R)};
+    const rlh_tensor o[] = {a.cache(c.k, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
+                            a.cache(c.v, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1})};
+    lazy(kvw_, "kv_cache_write", "hhi", "cc").run(in, o);
+  }
   void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
                        const PagedCache& c, const int32_t* blocks, int64_t table_width, const int32_t* pos,
                        float scale, int64_t window) override {
@@ -521,7 +530,7 @@ class RegistryOps final : public Ops {
   sdk::Op gemm_, emb_f_, emb_b_, rms_f_, rms_b_, rope_f_, rope_b_, att_f_, att_b_, swi_f_, swi_b_,
       bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
   std::optional<sdk::Op> router_f_, router_f64_, router_b_, router_b64_, gemm64_, perm_f_, perm_b_,
-      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_, rows_, rows64_, paged_, sample_;
+      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_, rows_, rows64_, paged_, sample_, kvw_;
   std::string provider_;
 };
 

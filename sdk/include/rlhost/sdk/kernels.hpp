@@ -337,7 +337,40 @@ class KernelRegistry {
                                        "', which is not loaded for this device (loaded: " +
                                        (have.empty() ? "none" : have) + ")");
     }
+    // The provider must offer the op (or, for a family, an op of it) on this device: refused
+    // here, at setup, rather than at the first call that needs it.
+    const Provider& pr = *find(provider);
+    if (pr.api->list_ops != nullptr) {
+      std::string listing;
+      if (rlh_status* s = pr.api->list_ops(pr.instance, write_to_string, &listing)) {
+        StatusPtr owned(s);
+        throw Error(s->code, "kernel provider '" + provider + "' failed to list its ops: " + status_message(s));
+      }
+      bool offered = false;
+      std::string names;
+      for (const std::string& n : listed_op_names(listing)) {
+        offered = offered || n == op || (n.size() > op.size() && n.compare(0, op.size(), op) == 0 && n[op.size()] == '_');
+        names += (names.empty() ? "" : ", ") + n;
+      }
+      if (!offered)
+        throw Error(RLH_E_INVALID_ARGUMENT, "policy.kernels." + op + " pins kernel provider '" + provider +
+                                                "', which offers no op '" + op + "' (it offers: " +
+                                                (names.empty() ? "none" : names) + ")");
+    }
     pins_.emplace_back(op, provider);
+  }
+  // The "name" values of a list_ops JSON array (a tolerant scan: no JSON library in this header).
+  static std::vector<std::string> listed_op_names(const std::string& j) {
+    std::vector<std::string> out;
+    for (size_t at = j.find("\"name\""); at != std::string::npos; at = j.find("\"name\"", at + 6)) {
+      size_t i = at + 6;
+      while (i < j.size() && (j[i] == ' ' || j[i] == ':' || j[i] == '\t' || j[i] == '\n')) ++i;
+      if (i >= j.size() || j[i] != '"') continue;
+      const size_t e = j.find('"', i + 1);
+      if (e == std::string::npos) break;
+      out.push_back(j.substr(i + 1, e - i - 1));
+    }
+    return out;
   }
   // The provider pinned for `op`, or empty.
   std::string pinned(std::string_view op) const {

@@ -18,7 +18,7 @@
 //   Comm dp = world.split(mine.of(GroupKind::dp));   // color = group index, key = position
 //
 // The engines receive their groups (and the communicators split from them) as arguments;
-// nothing here is global. docs/parallel.md lists the kinds and what each is used for.
+// nothing here is global. docs/parallelism.md lists the kinds and what each is used for.
 #pragma once
 
 #include <array>

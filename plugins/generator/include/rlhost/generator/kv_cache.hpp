@@ -97,10 +97,4 @@ struct CacheRow {
   int32_t pos = 0;                  // the row's position in its sequence
 };
 
-// Stores the keys k [R, Hkv*Dk] (rows ldk apart) and values v [R, Hkv*Dv] (ldv) of `rows` in
-// layer `layer` (Dk, Dv: the layout's head_dim and value_dim of the layer): copies into the
-// blocks, keys transposed. A step writes all its rows before its attention reads them.
-void kv_write(KvCache& kv, int64_t layer, std::span<const CacheRow> rows, const float* k, int64_t ldk,
-              const float* v, int64_t ldv);
-
 }  // namespace rlh::gen

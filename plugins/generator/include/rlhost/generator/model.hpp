@@ -7,9 +7,9 @@
 // is only in how two steps run: every linear step is the batch-invariant gemm (a row's result
 // never depends on the other rows, so a sequence decodes the same tokens whoever shares its
 // batch), and attention writes the step's keys and values into the paged cache and attends over
-// it (the paged_attention op). MoE and MLA are composite steps (moe_decode.cpp, mla_decode.cpp:
-// the engine's math). Every op is the kernel registry's, through the engine's Ops interface;
-// only the cache writes are the generator's own copies.
+// it (the kv_cache_write and paged_attention ops). MoE and MLA are composite steps
+// (moe_decode.cpp, mla_decode.cpp: the engine's math). Every op is the kernel registry's, through
+// the engine's Ops interface.
 #pragma once
 
 #include <cstdint>
@@ -173,7 +173,8 @@ class DecodeModel {
   void rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D, int64_t R);
   void run_step(int64_t l, const sdk::LayerStep& st, std::vector<float*>& v, std::span<const CacheRow> rows,
                 KvCache& kv);
-  // Writes k, v of the rows into layer l's cache, then out = attention of q over it.
+  // Writes k, v of the rows into layer l's cache (the kv_cache_write op), then out = attention
+  // of q over it (paged_attention).
   void attend(int64_t l, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,
               float* out, int64_t ldo, std::span<const CacheRow> rows, KvCache& kv);
   // moe_decode.cpp: y [R,C] = the MoE block of layer l on xn [R,C] (no residual).
@@ -211,6 +212,7 @@ class DecodeModel {
   AlignedFloats hs_, xn_;      // the sampled rows' hidden states and their final norm [S, C]
   std::vector<int32_t> pos_;   // [R]
   std::vector<int32_t> table_; // [R, table_width_] each row's block table
+  std::vector<int32_t> slots_; // [R] each row's cache slot (block * block_size + offset)
   int64_t table_width_ = 0;
   AlignedFloats mla_f_;                  // MLA scratch
   AlignedFloats moe_f_;                  // MoE scratch

@@ -288,6 +288,45 @@ struct GroupedGemmArgs {
 const char* grouped_gemm_path(const GroupedGemmArgs& a);  // "mma" or "simt"
 void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s);
 
+// ---------------------------------------------------------------------------------------------
+// Decoding (decode.cu): the KV cache writes, attention over the paged cache, sampling.
+// Caches are [B, Hkv, bs, D] with any strides (strides[] in elements, dims contiguous or not).
+struct KvWriteArgs {
+  DType t = DType::bf16;
+  int64_t R = 0, Hkv = 0, Dk = 0, Dv = 0, bs = 0, num_blocks = 0;
+  const void* k = nullptr; int64_t ldk = 0;  // [R, Hkv Dk]
+  const void* v = nullptr; int64_t ldv = 0;  // [R, Hkv Dv]
+  const int32_t* slots = nullptr;            // [R]: block * bs + offset, -1 = skip the row
+  void* k_cache = nullptr; int64_t kc_strides[4] = {0, 0, 0, 0};
+  void* v_cache = nullptr; int64_t vc_strides[4] = {0, 0, 0, 0};
+  int* err = nullptr;                        // set when a slot lies outside the cache
+};
+void kv_cache_write(const KvWriteArgs& a, cudaStream_t s);
+
+struct PagedAttnArgs {
+  DType t = DType::bf16;
+  int64_t R = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0, bs = 0, window = 0;
+  float scale = 1;
+  const void* q = nullptr; int64_t ldq = 0;  // [R, Hq Dk]
+  void* o = nullptr; int64_t ldo = 0;        // [R, Hq Dv]
+  const void* k_cache = nullptr; int64_t kc_strides[4] = {0, 0, 0, 0};
+  const void* v_cache = nullptr; int64_t vc_strides[4] = {0, 0, 0, 0};
+  const int32_t* blocks = nullptr; int64_t ld_blocks = 0;  // [R, T] block tables
+  const int32_t* pos = nullptr;                            // [R]
+};
+void paged_attention(const PagedAttnArgs& a, cudaStream_t s);
+
+struct SampleArgs {
+  int64_t S = 0, V = 0, ld = 0;
+  const float* logits = nullptr;  // [S, V]
+  const double* u = nullptr;      // [S]
+  double temperature = 1, top_p = 1, min_p = 0;
+  int64_t top_k = 0;
+  int32_t* tokens = nullptr;      // [S]; -1 for a row with non-finite logits
+  float* logprobs = nullptr;      // [S]
+};
+void sample(const SampleArgs& a, cudaStream_t s);
+
 // Throws std::runtime_error naming `what` when the last launch failed.
 void check_launch(const char* what);
 

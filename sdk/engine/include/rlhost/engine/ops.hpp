@@ -153,10 +153,14 @@ class Ops {
   // v_cache + b block_stride, [Hkv][bs][Dv]; B blocks; row r's block table at
   // blocks + r table_width, its position pos[r].
   struct PagedCache {
-    const float* k = nullptr;
-    const float* v = nullptr;
+    float* k = nullptr;
+    float* v = nullptr;
     int64_t num_blocks = 0, block_stride = 0, block_size = 0, Hkv = 0, Dk = 0, Dv = 0;
   };
+  // kv_cache_write: row r's keys k [R, Hkv Dk] (ldk) and values v [R, Hkv Dv] (ldv) into slot
+  // slots[r] = block * block_size + offset of the cache (-1: skip the row).
+  virtual void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t R,
+                              const int32_t* slots, const PagedCache& cache) = 0;
   virtual void paged_attention(float* o, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
                                const PagedCache& cache, const int32_t* blocks, int64_t table_width,
                                const int32_t* pos, float scale, int64_t window) = 0;

@@ -1,0 +1,302 @@
+// kernels_cuda's decode ops (decode.cu) against kernels_cpu's (the reference): kv_cache_write
+// fills the same strided cache bit for bit; paged_attention over scattered blocks, with and
+// without a window, GQA and MLA's Dk != Dv, in f32 (1e-5) and bf16 (1e-2); sample under every
+// filter on rows with ties, flat and peaked distributions: the same tokens as kernels_cpu (the
+// kept sets are searched differently, so a draw that lands within rounding of a cut may differ:
+// at most 1 in 200), logprobs within 1e-4, non-finite logits give no token. Label gpu.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "decode_ops.hpp"
+#include "rlhost/kernels_cuda/kernels.hpp"
+#include "worker_pool.hpp"
+
+namespace {
+
+namespace kc = rlh::kcuda;
+namespace kp = rlh::kcpu;
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  ~Dev() { cudaFree(p); }
+  void put(const std::vector<T>& h) { cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+  std::vector<__nv_bfloat16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16_rn(x[i]);
+  return y;
+}
+std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
+  return y;
+}
+
+struct Geometry {
+  int64_t Hq, Hkv, Dk, Dv, bs;
+};
+
+class CudaPaged : public ::testing::TestWithParam<Geometry> {};
+
+TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
+  RLH_REQUIRE_CUDA();
+  const Geometry g = GetParam();
+  const int64_t T = 45, B = 12;
+  // kernels_cpu's layout: per block, K [Hkv][Dk][bs] then V [Hkv][bs][Dv]; blocks 64 floats apart
+  // beyond that (a stride of their own).
+  const int64_t kfl = g.Hkv * g.Dk * g.bs, vfl = g.Hkv * g.bs * g.Dv, block = kfl + vfl + 64;
+  const int64_t ks[4] = {block, g.Dk * g.bs, 1, g.bs}, vs[4] = {block, g.bs * g.Dv, g.Dv, 1};
+  std::mt19937 gen(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(static_cast<size_t>(T * g.Hq * g.Dk)), k(static_cast<size_t>(T * g.Hkv * g.Dk)), v(static_cast<size_t>(T * g.Hkv * g.Dv));
+  for (float& x : q) x = nd(gen);
+  for (float& x : k) x = nd(gen);
+  for (float& x : v) x = nd(gen);
+  const std::vector<int32_t> table = {7, 2, 11, 0, 5, 9};
+  std::vector<int32_t> slots, tables, pos;
+  for (int64_t t = 0; t < T; ++t) {
+    slots.push_back(int32_t(table[size_t(t / g.bs)] * g.bs + t % g.bs));
+    tables.insert(tables.end(), table.begin(), table.end());
+    pos.push_back(int32_t(t));
+  }
+  // The reference cache, filled on the host as kernels_cpu's kv_cache_write does.
+  std::vector<float> cache(static_cast<size_t>(B * block), 0.f);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t b = slots[size_t(t)] / g.bs, off = slots[size_t(t)] % g.bs;
+    for (int64_t h = 0; h < g.Hkv; ++h) {
+      for (int64_t d = 0; d < g.Dk; ++d)
+        cache[size_t(b * ks[0] + h * ks[1] + off * ks[2] + d * ks[3])] = k[size_t(t * g.Hkv * g.Dk + h * g.Dk + d)];
+      for (int64_t d = 0; d < g.Dv; ++d)
+        cache[size_t(kfl + b * vs[0] + h * vs[1] + off * vs[2] + d * vs[3])] = v[size_t(t * g.Hkv * g.Dv + h * g.Dv + d)];
+    }
+  }
+  Dev<float> dk(k.size()), dv(v.size()), dcache(cache.size()), dq(q.size()), dout(static_cast<size_t>(T * g.Hq * g.Dv));
+  Dev<int32_t> dslots(slots.size()), dtables(tables.size()), dpos(pos.size());
+  dk.put(k);
+  dv.put(v);
+  dq.put(q);
+  dslots.put(slots);
+  dtables.put(tables);
+  dpos.put(pos);
+  CUDA_OK(cudaMemset(dcache.p, 0, cache.size() * sizeof(float)));
+  kc::KvWriteArgs w;
+  w.t = kc::DType::f32;
+  w.R = T;
+  w.Hkv = g.Hkv;
+  w.Dk = g.Dk;
+  w.Dv = g.Dv;
+  w.bs = g.bs;
+  w.num_blocks = B;
+  w.k = dk.p;
+  w.ldk = g.Hkv * g.Dk;
+  w.v = dv.p;
+  w.ldv = g.Hkv * g.Dv;
+  w.slots = dslots.p;
+  w.k_cache = dcache.p;
+  w.v_cache = dcache.p + kfl;
+  std::memcpy(w.kc_strides, ks, sizeof(ks));
+  std::memcpy(w.vc_strides, vs, sizeof(vs));
+  kc::kv_cache_write(w, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(dcache.get(), cache) << "the GPU's cache writes differ from the layout's";
+
+  kp::WorkerPool pool(2);
+  for (int64_t window : {int64_t(0), int64_t(10)}) {
+    const float scale = 0.25f;
+    std::vector<float> want(static_cast<size_t>(T * g.Hq * g.Dv));
+    kp::PagedAttentionArgs c;
+    c.out = want.data();
+    c.ldo = g.Hq * g.Dv;
+    c.q = q.data();
+    c.ldq = g.Hq * g.Dk;
+    c.R = T;
+    c.Hq = g.Hq;
+    c.Hkv = g.Hkv;
+    c.Dk = g.Dk;
+    c.Dv = g.Dv;
+    c.bs = g.bs;
+    c.k = cache.data();
+    c.k_block = block;
+    c.v = cache.data() + kfl;
+    c.v_block = block;
+    c.blocks = tables.data();
+    c.ld_blocks = int64_t(table.size());
+    c.table_width = int64_t(table.size());
+    c.pos = pos.data();
+    c.scale = scale;
+    c.window = window;
+    kp::paged_attention(c, pool);
+    kc::PagedAttnArgs a;
+    a.t = kc::DType::f32;
+    a.R = T;
+    a.Hq = g.Hq;
+    a.Hkv = g.Hkv;
+    a.Dk = g.Dk;
+    a.Dv = g.Dv;
+    a.bs = g.bs;
+    a.window = window;
+    a.scale = scale;
+    a.q = dq.p;
+    a.ldq = g.Hq * g.Dk;
+    a.o = dout.p;
+    a.ldo = g.Hq * g.Dv;
+    a.k_cache = dcache.p;
+    a.v_cache = dcache.p + kfl;
+    std::memcpy(a.kc_strides, ks, sizeof(ks));
+    std::memcpy(a.vc_strides, vs, sizeof(vs));
+    a.blocks = dtables.p;
+    a.ld_blocks = int64_t(table.size());
+    a.pos = dpos.p;
+    kc::paged_attention(a, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> got = dout.get();
+    double worst = 0, mag = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+      mag = std::max(mag, double(std::fabs(want[i])));
+    }
+    EXPECT_LT(worst / mag, 1e-5) << "f32, window " << window;
+    // bf16: q and the cache rounded, f32 inside; against the f32 reference on the rounded inputs
+    Dev<__nv_bfloat16> bq(q.size()), bcache(cache.size()), bout(got.size());
+    bq.put(to_bf16(q));
+    bcache.put(to_bf16(cache));
+    a.t = kc::DType::bf16;
+    a.q = bq.p;
+    a.o = bout.p;
+    a.k_cache = bcache.p;
+    a.v_cache = bcache.p + kfl;
+    kc::paged_attention(a, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> gb = from_bf16(bout.get());
+    std::vector<float> qr = from_bf16(to_bf16(q)), cr = from_bf16(to_bf16(cache));
+    c.q = qr.data();
+    c.k = cr.data();
+    c.v = cr.data() + kfl;
+    kp::paged_attention(c, pool);
+    worst = 0;
+    for (size_t i = 0; i < gb.size(); ++i) worst = std::max(worst, double(std::fabs(gb[i] - want[i])));
+    EXPECT_LT(worst / mag, 1e-2) << "bf16, window " << window;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GqaAndMla, CudaPaged,
+                         ::testing::Values(Geometry{4, 2, 16, 16, 16}, Geometry{8, 2, 64, 64, 16},
+                                           Geometry{4, 4, 24, 12, 8}, Geometry{2, 1, 128, 128, 16},
+                                           Geometry{2, 2, 192, 128, 16}));
+
+std::vector<std::vector<float>> sample_rows(int64_t V) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<float>> rows;
+  for (int r = 0; r < 6; ++r) {
+    std::vector<float> row(static_cast<size_t>(V));
+    for (float& x : row) x = 2.f * nd(g);
+    rows.push_back(row);
+  }
+  std::vector<float> ties(static_cast<size_t>(V));
+  for (int64_t j = 0; j < V; ++j) ties[size_t(j)] = float(j % 7) * 0.5f;
+  rows.push_back(ties);
+  rows.push_back(std::vector<float>(static_cast<size_t>(V), 0.25f));
+  std::vector<float> peak(static_cast<size_t>(V), -3.f);
+  peak[17] = 9.f;
+  peak[3] = 8.5f;
+  rows.push_back(peak);
+  return rows;
+}
+
+TEST(CudaSample, DrawsWhatKernelsCpuDrawsUnderEveryFilter) {
+  RLH_REQUIRE_CUDA();
+  kp::WorkerPool pool(2);
+  int64_t compared = 0, differ = 0;
+  for (int64_t V : {int64_t(300), int64_t(50000)}) {
+    const auto rows = sample_rows(V);
+    const int64_t R = int64_t(rows.size()), U = 16, S = R * U;
+    std::vector<float> logits;
+    std::vector<double> u;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < U; ++i) {
+        logits.insert(logits.end(), rows[size_t(r)].begin(), rows[size_t(r)].end());
+        u.push_back((double(i) + 0.5) / double(U));
+      }
+    Dev<float> dl(logits.size()), dlp(static_cast<size_t>(S));
+    Dev<double> du(u.size());
+    Dev<int32_t> dt(static_cast<size_t>(S));
+    dl.put(logits);
+    du.put(u);
+    for (double T : {0.0, 1.0, 0.6})
+      for (int64_t k : {int64_t(0), int64_t(1), int64_t(5), int64_t(40)})
+        for (double p : {1.0, 0.9, 0.5})
+          for (double mp : {0.0, 0.05}) {
+            kp::SampleParams sp{T, k, p, mp};
+            std::vector<int32_t> want_t(static_cast<size_t>(S));
+            std::vector<float> want_lp(static_cast<size_t>(S));
+            kp::sample(logits.data(), V, S, V, u.data(), sp, want_t.data(), want_lp.data(), pool);
+            kc::SampleArgs a;
+            a.S = S;
+            a.V = V;
+            a.ld = V;
+            a.logits = dl.p;
+            a.u = du.p;
+            a.temperature = T;
+            a.top_k = k;
+            a.top_p = p;
+            a.min_p = mp;
+            a.tokens = dt.p;
+            a.logprobs = dlp.p;
+            kc::sample(a, nullptr);
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::vector<int32_t> got_t = dt.get();
+            const std::vector<float> got_lp = dlp.get();
+            for (int64_t i = 0; i < S; ++i) {
+              ++compared;
+              if (got_t[size_t(i)] != want_t[size_t(i)]) {
+                ++differ;
+                continue;
+              }
+              ASSERT_NEAR(got_lp[size_t(i)], want_lp[size_t(i)], 1e-4)
+                  << "V " << V << " row " << i / U << " T " << T << " k " << k << " p " << p << " min_p " << mp;
+            }
+          }
+  }
+  std::printf("sample: %lld draws compared, %lld differ\n", (long long)compared, (long long)differ);
+  EXPECT_LE(differ * 200, compared);
+  // Non-finite logits: no token (the generator refuses a -1 with an error naming it).
+  std::vector<float> bad = {0.f, NAN, 1.f};
+  const std::vector<double> uu = {0.5};
+  Dev<float> db(bad.size()), dlp(1);
+  Dev<double> du(1);
+  Dev<int32_t> dt(1);
+  db.put(bad);
+  du.put(uu);
+  kc::SampleArgs a;
+  a.S = 1;
+  a.V = 3;
+  a.ld = 3;
+  a.logits = db.p;
+  a.u = du.p;
+  a.tokens = dt.p;
+  a.logprobs = dlp.p;
+  kc::sample(a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(dt.get()[0], -1);
+}
+
+}  // namespace
