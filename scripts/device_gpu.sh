@@ -19,13 +19,19 @@ for f in tests/fixtures/*/ tests/engine/fixtures/*/; do ln -sfn "$PWD/$f" "$bin/
 export RLHOST_FIXTURES=$bin/fixtures RLH_KCUDA_PLUGIN=$bin/libkernels_cuda.so
 export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export RLH_TEST_PLUGIN_DIR=$bin/plugins RLHOST_PLUGIN_PATH=$bin/plugins
+# comm_nccl opens libnccl.so.2 at run time: the image has it in PyTorch's nvidia-nccl wheel (too
+# large to carry). NVLink multicast stays off (the device's rule).
+nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+[ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir
+export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda; do
+  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda \
+           test_comm_nccl; do
     [ -x "$bin/$t" ] || continue
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|FAILED|Failure|rror" | head -60
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|deadline|FAILED|Failure|rror" | head -60
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
 fi

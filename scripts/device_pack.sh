@@ -11,8 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
-tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda)
-plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda tokenizer_hf generator grpo sft environments)
+tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda
+       test_comm_nccl)
+plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda tokenizer_hf generator grpo sft environments comm_nccl)
 ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" bench_cuda_engine rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
