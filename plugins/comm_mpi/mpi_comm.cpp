@@ -434,7 +434,7 @@ void destroy(rlh_comm* c) {
   unregister_comm(c);
   // After a failure, pending requests may still name these communicators: leave them be (the
   // process is on its way out).
-  if (!failed()) {
+  if (!failed() && !finished()) {
     if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
     if (c->diag != MPI_COMM_NULL) MPI_Comm_free(&c->diag);
   }

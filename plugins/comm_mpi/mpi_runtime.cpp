@@ -173,6 +173,11 @@ void start_mpi(std::chrono::milliseconds timeout) {
 }
 
 bool failed() { return rt().failed; }
+bool finished() {
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lk(r.state);
+  return r.finalize_requested;
+}
 const std::string& failure() { return rt().failure; }
 void set_failed(const std::string& why) {
   Runtime& r = rt();
@@ -188,6 +193,7 @@ void unregister_comm(rlh_comm* c) {
   r.live.erase(std::remove(r.live.begin(), r.live.end(), c), r.live.end());
   if (r.waiting_comm == c) r.waiting_comm = nullptr;
   if (c->diag == MPI_COMM_NULL || r.failed) return;  // after a failure nothing is freed
+  if (finished()) return;  // destroyed after MPI_Finalize (a static owner at exit)
   DiagState& d = c->diag_state;
   if (d.query_req != MPI_REQUEST_NULL) {
     MPI_Cancel(&d.query_req);

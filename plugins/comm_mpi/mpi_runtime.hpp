@@ -45,6 +45,8 @@ void start_mpi(std::chrono::milliseconds timeout);
 // process refuses further calls: the collective left pending cannot be resumed, and a rank that
 // carried on would only wait on peers that have stopped.
 bool failed();
+// MPI is finished (or finishing) for this process: communicators destroyed now make no MPI call.
+bool finished();
 const std::string& failure();
 void set_failed(const std::string& why);
 

@@ -71,7 +71,74 @@ void view_adam_state(const Model& m, DeviceOptimizerState& s) {
 
 }  // namespace
 
+void save_state(Model& m, const std::string& dir);
+
+namespace {
+
+// Data parallel: the state in full (gathers are collective), written by rank 0 in the same
+// files as one rank writes; every rank then learns whether rank 0 succeeded.
+void save_state_dp(Model& m, const std::string& dir) {
+  const bool writer = m.dp->rank() == 0;
+  std::vector<std::vector<float>> params = dp_full_parameters(m, writer);
+  std::vector<std::vector<float>> storage;
+  std::vector<Optimizer::StateTensor> moments = dp_full_optimizer_state(m, writer, storage);
+  int32_t ok[1] = {1};
+  std::string error;
+  rlh_code code = RLH_OK;
+  if (writer) {
+    try {
+      std::error_code ec;
+      if (!fs::is_directory(dir, ec))
+        throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
+      sdk::TransformerDesc f32 = m.desc;
+      for (auto& p : f32.params) p.dtype = sdk::st::DType::F32;
+      sdk::SaveOptions so;
+      so.passthrough = &m.checkpoint;
+      so.passthrough_names = m.passthrough;
+      sdk::save_weights_hf(f32, params, dir, so);
+      params.clear();
+      if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
+        for (const char* name : kSideFiles)
+          if (fs::is_regular_file(fs::path(m.dir) / name, ec))
+            fs::copy_file(fs::path(m.dir) / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+      json state = {{"format", kFormat},
+                    {"format_version", 1},
+                    {"backend", m.owner->flavor->name},
+                    {"role", m.role},
+                    {"architecture", m.desc.architecture},
+                    {"step", m.version()},
+                    {"optimizer", m.trainable ? json(to_string(m.config.optimizer->kind)) : json(nullptr)},
+                    {"saved_by", {{"data_parallel_size", m.dp->size()}}}};
+      if (m.trainable) {
+        std::vector<sdk::st::WriteTensor> tensors;
+        for (const Optimizer::StateTensor& t : moments)
+          tensors.push_back({t.name, sdk::st::DType::F32, t.shape,
+                             std::as_bytes(std::span<const float>(t.data.data(), t.data.size()))});
+        sdk::st::write_file((fs::path(dir) / kOptimizerFile).string(), tensors,
+                            {{"format", "rlhost-optimizer"},
+                             {"optimizer", to_string(m.config.optimizer->kind)},
+                             {"step", std::to_string(m.version())}});
+      }
+      write_text_atomically(fs::path(dir) / kStateFile, state.dump(2) + "\n");
+    } catch (const Error& e) {
+      ok[0] = 0;
+      error = e.what();
+      code = e.code();
+    } catch (const std::exception& e) {
+      ok[0] = 0;
+      error = "save_state into '" + dir + "': " + e.what();
+      code = RLH_E_UNAVAILABLE;
+    }
+  }
+  m.dp->dp.broadcast(std::span<int32_t>(ok, 1), 0);
+  if (writer && !ok[0]) throw Error(code, error);
+  if (!ok[0]) throw Error(RLH_E_ABORTED, "save_state into '" + dir + "': rank 0, which writes the files, failed (its error names why)");
+}
+
+}  // namespace
+
 void save_state(Model& m, const std::string& dir) {
+  if (m.dp != nullptr) return save_state_dp(m, dir);
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
@@ -118,7 +185,28 @@ void save_state(Model& m, const std::string& dir) {
   }
 }
 
+namespace {
+void load_state_here(Model& m, const std::string& dir);
+}  // namespace
+
 void load_state(Model& m, const std::string& dir) {
+  if (m.dp == nullptr) return load_state_here(m, dir);
+  // Every rank reads the files; all stop alike when any cannot.
+  int32_t ok[1] = {1};
+  try {
+    load_state_here(m, dir);
+  } catch (...) {
+    ok[0] = 0;
+    m.dp->dp.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
+    throw;
+  }
+  m.dp->dp.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
+  if (!ok[0]) throw Error(RLH_E_ABORTED, "load_state from '" + dir + "': another rank could not load it (its error names why)");
+}
+
+namespace {
+
+void load_state_here(Model& m, const std::string& dir) {
   const fs::path state_path = fs::path(dir) / kStateFile;
   std::ifstream in(state_path);
   if (!in) throw Error(RLH_E_NOT_FOUND, "load_state: '" + dir + "' has no " + kStateFile + " (not a folder save_state wrote)");
@@ -143,6 +231,8 @@ void load_state(Model& m, const std::string& dir) {
     sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
     if (m.device)
       m.device->load_parameters(w.tensors);
+    else if (m.dp != nullptr)
+      dp_load_parameters(m, w.tensors);  // this rank's shards of the full tensors
     else
       m.engine->load_parameters(w.tensors);
     m.checkpoint = std::move(ckpt);
@@ -190,6 +280,35 @@ void load_state(Model& m, const std::string& dir) {
       m.device->load_adam_state(s.adam);
       return;
     }
+    if (m.dp != nullptr) {
+      // Full moments from the file, per parameter, into this rank's shards: a state saved at
+      // any data-parallel size (or by one rank) loads at this one.
+      std::vector<std::vector<float>> first, second;
+      if (!f.tensors().empty()) {
+        const bool adam = m.config.optimizer->kind == OptimizerKind::adamw;
+        first.resize(m.desc.params.size());
+        if (adam) second.resize(m.desc.params.size());
+        size_t expected = 0;
+        for (size_t i = 0; i < m.desc.params.size(); ++i) {
+          const sdk::ParamDesc& p = m.desc.params[i];
+          if (without_update(m, p)) continue;
+          for (auto [prefix, into] : {std::pair{adam ? "exp_avg" : "momentum_buffer", &first}, std::pair{"exp_avg_sq", &second}}) {
+            if (into->empty()) continue;
+            const std::string name = std::string(prefix) + "." + p.name;
+            const sdk::st::TensorInfo& info = f.at(name);
+            if (info.shape != p.shape || info.dtype != sdk::st::DType::F32)
+              throw Error(RLH_E_DATA_LOSS, f.path() + ": tensor '" + name + "' has the wrong shape or dtype");
+            (*into)[i] = f.read_f32(name);
+            ++expected;
+          }
+        }
+        if (f.tensors().size() != expected)
+          throw Error(RLH_E_DATA_LOSS, f.path() + ": " + std::to_string(f.tensors().size()) + " tensors, the model needs " +
+                                           std::to_string(expected));
+      }
+      dp_load_optimizer(m, first, second, step);
+      return;
+    }
     // A fresh optimizer (no moments yet) restarts from zeros, whatever this one holds.
     m.optimizer = make_optimizer(m);
     if (!f.tensors().empty()) {
@@ -213,5 +332,7 @@ void load_state(Model& m, const std::string& dir) {
     throw Error(RLH_E_DATA_LOSS, "load_state from '" + dir + "': " + e.what());
   }
 }
+
+}  // namespace
 
 }  // namespace rlh::backend

@@ -161,6 +161,14 @@ struct BackendConfig {
   std::string device = "auto";
   // policy.kernels: op (or op family) -> kernel provider pins for the executors' registries.
   sdk::KernelPins kernel_pins;
+  // Data parallelism over the launcher's ranks (data_parallel.hpp): dtensor shards parameters,
+  // gradients and moments (FSDP, dp_replicate_size replicas of it: HSDP); megatron runs the
+  // distributed optimizer (use_distributed_optimizer) or plain all-reduce.
+  struct Parallel {
+    bool fsdp = false;
+    bool distributed_optimizer = false;
+    int64_t dp_replicate = 1;
+  } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   std::vector<std::string> notes;  // one-line remarks logged once (ignored keys, precision)
 };
@@ -174,7 +182,7 @@ void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg);
 // {milestones: [...]}) at `path`.
 TorchSchedule read_torch_schedule(ConfigReader& r, std::string_view path);
 
-// Refuses a parallel size other than 1 (absent/null = 1): the engine is single-rank.
+// Refuses a parallel size other than 1 (absent/null = 1): only data parallelism is implemented.
 void require_single_rank(ConfigReader& r, std::string_view path);
 
 // RFC 7386 merge patch (per-model overrides over the backend's section).
