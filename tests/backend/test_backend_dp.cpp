@@ -214,7 +214,9 @@ TEST_P(DataParallel, MatchesOneRank) {
   Outcome ref;
   {
     Alone alone;
-    Backend be(host(), c.backend.c_str(), sgd_config(c));
+    Case one = c;
+    one.dp_replicate = 1;  // one rank holds one replica
+    Backend be(host(), c.backend.c_str(), sgd_config(one));
     rlh_model* m = be.load(model_path(c.model), true);
     ref = run_sgd_step(be, m, *g, g_tok, g_seq);
   }
@@ -253,7 +255,9 @@ TEST_P(DataParallel, AdamWStepsFollowOneRankAndStateIsSharded) {
   double ref_state = 0;
   {
     Alone alone;
-    Backend be(host(), c.backend.c_str(), adam_config(c, 2e-3));
+    Case one = c;
+    one.dp_replicate = 1;
+    Backend be(host(), c.backend.c_str(), adam_config(one, 2e-3));
     rlh_model* m = be.load(model_path(c.model), true);
     for (int s = 0; s < 3; ++s) {
       const auto r = be.train(m, *g, g_tok, g_seq, nll_loss(), {});

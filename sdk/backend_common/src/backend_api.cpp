@@ -371,11 +371,15 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
+    int64_t comm_bytes = 0;
+    double comm_seconds = 0;
     if (m.dp != nullptr) {  // data parallel: reduced gradients, the sharded update (dp_model.cpp)
       DpStepResult d = dp_train_step(m, views, so, loss, eval_only, args->learning_rate);
       r = std::move(d.r);
       info = d.info;
       updated = d.updated;
+      comm_bytes = d.comm_bytes;
+      comm_seconds = d.comm_seconds;
       tramp.metrics = all_reduce_named(m.dp->dp, tramp.metrics);
     } else if (m.device) {  // the device applies its own update (device_engine.hpp)
       info = m.next_update(args->learning_rate);
@@ -413,7 +417,9 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     // This rank's training state (parameters, gradients, moments, or its shards
                     // of them) and the data-parallel size.
                     {"memory/state_bytes", m.state_alloc.live_bytes()},
-                    {"dp_size", m.dp != nullptr ? m.dp->size() : 1}};
+                    {"dp_size", m.dp != nullptr ? m.dp->size() : 1},
+                    {"dp/comm_bytes", comm_bytes},
+                    {"dp/comm_seconds", comm_seconds}};
     // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
     for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();

@@ -109,6 +109,10 @@ struct DpStepResult {
   engine::StepResult r;
   Optimizer::StepInfo info;
   bool updated = false;
+  // Bytes this rank's collectives of the step moved, as a ring moves them: (S-1)/S of an
+  // all-gather's output or a reduce-scatter's input, 2 (S-1)/S of an all-reduce's tensor.
+  int64_t comm_bytes = 0;
+  double comm_seconds = 0;  // spent inside the step's collectives
 };
 // The step over this rank's micro-batches (possibly none), gradients reduced, the global norm,
 // the sharded update, loss and engine metrics summed over ranks. Collective.

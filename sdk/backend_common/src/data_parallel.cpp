@@ -3,6 +3,7 @@
 #include "rlhost/backend_common/data_parallel.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -181,28 +182,57 @@ void FsdpStore::bind(const ShardLayout& layout) {
   std::memset(grads_.data(), 0, n * sizeof(float));
 }
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+engine::Buffer<float> FsdpStore::take(size_t n) {
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].size() == n) {
+      engine::Buffer<float> b = std::move(pool_[i]);
+      pool_.erase(pool_.begin() + std::ptrdiff_t(i));
+      return b;
+    }
+  return engine::Buffer<float>(work_, n);
+}
+
+void FsdpStore::give_back(engine::Buffer<float> b) {
+  // At most as many as a step holds at once (the global unit, a layer's parameters and its
+  // gradients, and the global unit's gradients).
+  if (pool_.size() < 4) pool_.push_back(std::move(b));
+}
+
 void FsdpStore::gather_into(int64_t unit, float* full) const {
   const ShardSegment& s = layout_->segments()[size_t(unit)];
   FloatView in(params_.data() + s.at, s.block), out(full, s.block * g_.shard.size());
+  const auto t0 = std::chrono::steady_clock::now();
   g_.shard.all_gather(*in, *out);
+  comm_seconds_ += seconds_since(t0);
   bytes_gathered_ += s.block * (g_.shard.size() - 1) * int64_t(sizeof(float));
 }
 
 float* FsdpStore::acquire_params(int64_t unit) {
   const ShardSegment& s = layout_->segments()[size_t(unit)];
-  engine::Buffer<float> full(work_, size_t(s.block * g_.shard.size()));
+  engine::Buffer<float> full = take(size_t(s.block * g_.shard.size()));
   gather_into(unit, full.data());
   float* p = full.data();
   held_params_[unit] = std::move(full);
   return p;
 }
 
-void FsdpStore::release_params(int64_t unit) { held_params_.erase(unit); }
+void FsdpStore::release_params(int64_t unit) {
+  auto it = held_params_.find(unit);
+  if (it == held_params_.end()) return;
+  give_back(std::move(it->second));
+  held_params_.erase(it);
+}
 
 float* FsdpStore::acquire_grads(int64_t unit) {
   const ShardSegment& s = layout_->segments()[size_t(unit)];
   const size_t n = size_t(s.block * g_.shard.size());
-  engine::Buffer<float> full(work_, n);
+  engine::Buffer<float> full = take(n);
   std::memset(full.data(), 0, n * sizeof(float));
   float* p = full.data();
   held_grads_[unit] = std::move(full);
@@ -215,10 +245,13 @@ void FsdpStore::release_grads(int64_t unit) {
   const ShardSegment& s = layout_->segments()[size_t(unit)];
   if (reduced_.size() < size_t(s.block)) reduced_ = engine::Buffer<float>(work_, size_t(s.block));
   FloatView in(it->second.data(), s.block * g_.shard.size()), out(reduced_.data(), s.block);
+  const auto t0 = std::chrono::steady_clock::now();
   g_.shard.reduce_scatter(*in, *out, RLH_REDUCE_SUM);
+  comm_seconds_ += seconds_since(t0);
   bytes_reduced_ += s.block * (g_.shard.size() - 1) * int64_t(sizeof(float));
   float* acc = grads_.data() + s.at;
   for (int64_t k = 0; k < s.block; ++k) acc[k] += reduced_[size_t(k)];
+  give_back(std::move(it->second));
   held_grads_.erase(it);
 }
 
@@ -230,7 +263,9 @@ void FsdpStore::begin_step() {
 void FsdpStore::end_step() {
   if (!g_.replicate || g_.replicate.size() == 1) return;
   FloatView t(grads_.data(), int64_t(grads_.size()));
+  const auto t0 = std::chrono::steady_clock::now();
   g_.replicate.all_reduce(*t, RLH_REDUCE_SUM);
+  comm_seconds_ += seconds_since(t0);
   bytes_reduced_ += 2 * int64_t(grads_.size()) * (g_.replicate.size() - 1) / g_.replicate.size() * int64_t(sizeof(float));
 }
 

@@ -2,6 +2,7 @@
 // setting it up around the engine, the sharded train step, forward, weights and the state in
 // full for checkpoints. Every function here is collective over the backend's groups: all ranks
 // call it in the same order.
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -26,6 +27,11 @@ const sdk::Comm* shard_comm(const Model& m) {
     case Model::Dp::distributed_optimizer: return &m.dp->dp;
     default: return nullptr;  // ddp: every rank holds the whole (reduced) gradient
   }
+}
+
+// Ring traffic of one collective on `bytes` over S ranks (DpStepResult::comm_bytes).
+int64_t ring_bytes(int64_t bytes, int S, bool all_reduce = false) {
+  return S <= 1 ? 0 : (all_reduce ? 2 : 1) * bytes * (S - 1) / S;
 }
 
 }  // namespace
@@ -87,13 +93,23 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   // The MoE auxiliary losses are normalised by the global batch's counts; every rank runs as
   // many micro-batches as the rank with most (FSDP: its gathers and reductions are per
   // micro-batch).
+  const int S = g.size();
+  const int64_t fsdp_bytes0 = m.fsdp ? m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() : 0;
+  const double fsdp_seconds0 = m.fsdp ? m.fsdp->comm_seconds() : 0;
+  // Times a collective of this function into out.comm_seconds.
+  const auto timed = [&out](auto&& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    out.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   const engine::MoeNormCounts local = engine::moe_norm_counts(views, so);
   double counts[2] = {local.tokens, local.sequences};
-  g.dp.all_reduce(std::span<double>(counts, 2), RLH_REDUCE_SUM);
+  timed([&] { g.dp.all_reduce(std::span<double>(counts, 2), RLH_REDUCE_SUM); });
   so.moe_global_tokens = int64_t(counts[0]);
   so.moe_global_sequences = int64_t(counts[1]);
   int64_t most[1] = {int64_t(views.size())};
-  g.dp.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
+  timed([&] { g.dp.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX); });
+  out.comm_bytes += ring_bytes(2 * 8 + 8, S, true);
 
   float* grads = nullptr;
   if (m.dp_mode == Model::Dp::fsdp) {
@@ -115,18 +131,23 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     std::span<float> flat = m.engine->flat_grads();
     if (m.dp_mode == Model::Dp::distributed_optimizer) {
       FloatView in(flat.data(), int64_t(flat.size())), shard(m.grad_shard.data(), int64_t(m.grad_shard.size()));
-      g.dp.reduce_scatter(*in, *shard, RLH_REDUCE_SUM);
+      timed([&] { g.dp.reduce_scatter(*in, *shard, RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
       grads = m.grad_shard.data();
     } else {
       FloatView all(flat.data(), int64_t(flat.size()));
-      g.dp.all_reduce(*all, RLH_REDUCE_SUM);
+      timed([&] { g.dp.all_reduce(*all, RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S, true);
       grads = flat.data();
     }
   }
   // The global gradient norm over the updated parameters: shards' sums of squares summed.
   double ss[1] = {0};
   for (const ShardRun& run : m.shards->runs()) ss[0] += m.ops->sumsq(grads + run.at, run.n);
-  if (const sdk::Comm* c = shard_comm(m)) c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM);
+  if (const sdk::Comm* c = shard_comm(m)) {
+    timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
+    out.comm_bytes += ring_bytes(8, c->size(), true);
+  }
   r.grad_norm = std::sqrt(ss[0]);
   const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
   r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
@@ -141,7 +162,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
         std::span<float> flat = m.engine->flat_params();
         const int64_t block = m.shards->segments()[0].block;
         FloatView mine(flat.data() + int64_t(g.rank()) * block, block), all(flat.data(), int64_t(flat.size()));
-        g.dp.all_gather(*mine, *all);
+        timed([&] { g.dp.all_gather(*mine, *all); });
+        out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
       }
     } else {
       out.info = m.shard_opt->next(lr_override);
@@ -154,6 +176,11 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   r.tokens = int64_t(sums[1]);
   r.metrics = all_reduce_named(g.dp, r.metrics);
   r.step = m.version();
+  out.comm_bytes += ring_bytes(2 * 8, S, true);
+  if (m.fsdp) {
+    out.comm_bytes += m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() - fsdp_bytes0;
+    out.comm_seconds += m.fsdp->comm_seconds() - fsdp_seconds0;
+  }
   return out;
 }
 

@@ -161,9 +161,14 @@ class FsdpStore : public engine::UnitStore {
   // Bytes moved by this rank's collectives since construction (benchmarks).
   int64_t bytes_gathered() const { return bytes_gathered_; }
   int64_t bytes_reduced() const { return bytes_reduced_; }
+  double comm_seconds() const { return comm_seconds_; }  // inside collectives, since construction
 
  private:
   void gather_into(int64_t unit, float* full) const;
+  // Work buffers of a unit's size, kept between uses (a step asks for the same sizes again).
+  engine::Buffer<float> take(size_t n);
+  void give_back(engine::Buffer<float> b);
+  std::vector<engine::Buffer<float>> pool_;
   const DpGroups& g_;
   const ShardLayout* layout_ = nullptr;
   engine::Allocator& state_;
@@ -173,6 +178,7 @@ class FsdpStore : public engine::UnitStore {
   engine::Buffer<float> reduced_;  // one block: a unit's reduce-scatter result
   mutable int64_t bytes_gathered_ = 0;
   int64_t bytes_reduced_ = 0;
+  mutable double comm_seconds_ = 0;
 };
 
 // Sums (or max for names starting "moe/max") named values over the group; names missing on a
