@@ -5,7 +5,10 @@
 # rlhost, plugins/, lib/), since the device image has no gtest, Boost or yaml-cpp; the fixtures
 # are the source tree's tests/fixtures.
 # Logs go to $OUT when set.
-#   scripts/device_gpu.sh [tests|grpo|bench|all]     (all = tests, grpo, bench)
+#   scripts/device_gpu.sh [tests|gentests|grpo|bench|genbench|all]     (all = tests, grpo, bench, genbench)
+#     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
+#   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
+#                                       engines then take attention from kernels_cuda)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$(cd "${BIN:-.devbin}" && pwd)
@@ -18,26 +21,47 @@ mkdir -p "$bin/fixtures"
 for f in tests/fixtures/*/ tests/engine/fixtures/*/; do ln -sfn "$PWD/$f" "$bin/fixtures/$(basename "$f")"; done
 export RLHOST_FIXTURES=$bin/fixtures RLH_KCUDA_PLUGIN=$bin/libkernels_cuda.so
 export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export RLH_TEST_PLUGIN_DIR=$bin/plugins RLHOST_PLUGIN_PATH=$bin/plugins
+plugins=$bin/plugins
+if [ "${CUDNN:-1}" = 0 ]; then plugins=$bin/plugins_nocudnn; fi
+export RLH_TEST_PLUGIN_DIR=$plugins RLHOST_PLUGIN_PATH=$plugins RLH_KCUDNN_PLUGIN=$bin/plugins/libkernels_cudnn.so
+echo "plugin path: $plugins"
 # comm_nccl opens libnccl.so.2 at run time: the image has it in PyTorch's nvidia-nccl wheel (too
 # large to carry). NVLink multicast stays off (the device's rule).
 nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir
 export NCCL_NVLS_ENABLE=0
 rc=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda \
-           test_comm_nccl; do
+if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
+  list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
+        test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda test_generator_cuda test_comm_nccl"
+  [ "$what" = gentests ] && list=test_generator_cuda
+  for t in $list; do
     [ -x "$bin/$t" ] || continue
+    case "$t" in *cudnn*) [ "${CUDNN:-1}" = 0 ] && continue ;; esac
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|deadline|FAILED|Failure|rror" | head -60
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|deadline|FAILED|Failure|rror|cudnn vs|probe:|refused:|repeatable|cuDNN|dlp|graphs|first tokens|equal HF" | head -100
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
+  if [ "$what" != gentests ]; then
+    # The same runner as test_cuda_conformance, as a vendor would run it on a provider .so.
+    echo "== rlhost check-kernels --plugin libkernels_cuda.so --device cuda:0 =="
+    "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/check_kernels.log" 2>&1
+    ck=$?
+    grep -E "^(op |FAIL|kernels_cuda on)|error" "$out/check_kernels.log" | head -40
+    [ "$ck" = 0 ] || rc=1
+  fi
+  # The generator on the GPU through the CLI: greedy on a fixture, in bf16.
+  echo "== rlhost generate --device cuda =="
+  "$bin/rlhost" generate --model tests/fixtures/llama-tiny --prompt-ids 5,17,42 --temperature 0 --max-new-tokens 8 \
+    --ignore-eos --json --device cuda > "$out/generate_cuda.log" 2>&1
+  [ $? = 0 ] || rc=1
+  cat "$out/generate_cuda.log"
 fi
 if [ "$what" = grpo ] || [ "$what" = all ]; then
   # The demo's two stages (scripts/demo.sh) with stage 2's policy on the GPU: megatron,
-  # policy.device=cuda, bf16; the generator stays on the CPU and refits from the device's weights.
+  # policy.device=cuda, bf16; the generator follows policy.device onto the GPU (bf16) and refits
+  # from host copies of the device's weights.
   echo "== GRPO with the policy on the GPU =="
   d=$(mktemp -d)
   "$bin/rlh_tiny_model" "$d/tiny_model" --alphabet "0123456789+-*=" --seed 1 >/dev/null
@@ -54,6 +78,9 @@ if [ "$what" = grpo ] || [ "$what" = all ]; then
     tee "$out/grpo_gpu.log" | grep -v "^\[rlhost\] step [0-9]*/" | tail -8
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   grep "^\[rlhost\] step" "$out/grpo_gpu.log" | tail -2
+fi
+if [ "$what" = genbench ] || [ "$what" = all ]; then
+  RESULT_JSON=$out/generator.json bench/generator_cuda/run.sh "$bin/bench_generator_cuda" 2>&1 | tee "$out/genbench.log" | tail -30
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   RESULT_JSON=$out/engine.json bench/engine_cuda/run.sh "$bin/bench_cuda_engine" 2>&1 | tee "$out/bench.log" | tail -40

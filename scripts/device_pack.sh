@@ -12,16 +12,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
 tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda
-       test_comm_nccl)
-plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda tokenizer_hf generator grpo sft environments comm_nccl)
-ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" bench_cuda_engine rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
+       test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl)
+plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments
+         comm_nccl)
+ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" bench_cuda_engine bench_generator_cuda rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/plugins" "$stage/lib"
 for t in "${tests[@]}"; do cp "$(find "$B/tests" -name "$t" -type f | head -1)" "$stage/"; done
-cp "$B/bench/engine_cuda/bench_cuda_engine" "$B/bin/rlhost" "$B/bin/rlh_tiny_model" "$stage/"
+cp "$B/bench/engine_cuda/bench_cuda_engine" "$B/bench/generator_cuda/bench_generator_cuda" "$B/bin/rlhost" \
+  "$B/bin/rlh_tiny_model" "$stage/"
 # Every plugin of the build (kernel providers too: the engines find them on the plugin path).
 cp "$B"/plugins/lib*.so "$stage/plugins/"
+# The same folder without kernels_cudnn (links): device_gpu.sh's CUDNN=0, the A/B of the bench.
+mkdir -p "$stage/plugins_nocudnn"
+for f in "$stage"/plugins/lib*.so; do
+  [ "$(basename "$f")" = libkernels_cudnn.so ] || ln -s "../plugins/$(basename "$f")" "$stage/plugins_nocudnn/"
+done
 ln -s plugins/libkernels_cuda.so "$stage/libkernels_cuda.so"  # where the kernels_cuda tests look for it
 cp -L "$B"/lib/librlhost.so.0.1 "$stage/lib/"
 for l in libyaml-cpp.so.0.7 libboost_program_options.so.1.74.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do

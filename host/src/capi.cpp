@@ -1,37 +1,12 @@
 // librlhost's exported C API (rlhost/host.h): thin, exception-free wrappers over Host.
 #include <string>
 
-#include "config.hpp"
-#include "host.hpp"
-#include "rlhost/host.h"
-#include "rlhost/sdk/status.hpp"
+#include "capi_internal.hpp"
 
-using rlh::host::ConfigError;
+using rlh::capi::call;
 using rlh::host::Host;
 
-struct rlhost_t {
-  Host host;
-};
-
 namespace {
-
-// Like sdk::guard, plus ConfigError -> INVALID_ARGUMENT, with librlhost-owned statuses.
-template <typename Fn>
-rlh_status* call(Fn&& fn) noexcept {
-  const rlh_host_api* any = nullptr;
-  (void)any;
-  auto make = [](rlh_code c, const char* m, size_t n) -> rlh_status* {
-    return rlh::sdk::make_local_status(c, std::string_view(m, n));
-  };
-  try {
-    fn();
-    return nullptr;
-  } catch (const ConfigError& e) {
-    return make(RLH_E_INVALID_ARGUMENT, e.what(), std::strlen(e.what()));
-  } catch (...) {
-    return rlh::sdk::guard(nullptr, [] { throw; });
-  }
-}
 
 std::string report_json(const rlh::host::KeyCheck& kc) {
   nlohmann::json j{{"accepted", kc.accepted}, {"unused", kc.unused}, {"refused", kc.refused}};

@@ -6,10 +6,11 @@
 //   rlhost generate --model DIR_OR_HUB_ID (--prompt TEXT | --prompt-ids 1,2,3)... [--chat]
 //                   [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
 //                   [--max-new-tokens N] [--stop STR]... [--stop-id ID]... [--ignore-eos]
-//                   [--n N] [--device cpu] [--precision float32] [--json]
+//                   [--n N] [--device cpu|cuda|cuda:N] [--precision float32|bfloat16] [--json]
 //
-// --device and --precision say where and how to sample. The native generator runs on the CPU in
-// float32; --device cuda and other precisions are refused by name until a GPU generator exists.
+// --device and --precision say where and how to sample: the native generator runs on the CPU in
+// float32, or on a CUDA device (Hopper) in bfloat16 with fp32 logits (its "device" config key);
+// another precision on either is refused by name.
 //
 // --json prints one line per sample: {"ids": prompt + new tokens, "logprobs": one per id, 0 for
 // the prompt tokens (NeMo-RL's generation_logprobs layout) then the processed logprob of each
@@ -36,8 +37,10 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "model_eos.hpp"
 #include "rlhost/generator.h"
 #include "rlhost/host.h"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 #include "rlhost/tokenizer.h"
 
@@ -48,24 +51,6 @@ namespace {
 
 using sdk::Error;
 using json = nlohmann::json;
-
-// The eos_token_id of a JSON file (an id or a list), if the file and key are there.
-void add_eos_ids(const std::string& path, std::set<int32_t>& out) {
-  std::ifstream in(path);
-  if (!in) return;
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, path + ": invalid JSON: " + e.what());
-  }
-  if (!j.is_object() || !j.contains("eos_token_id")) return;
-  const json& e = j["eos_token_id"];
-  if (e.is_number_integer()) out.insert(e.get<int32_t>());
-  if (e.is_array())
-    for (const json& x : e)
-      if (x.is_number_integer()) out.insert(x.get<int32_t>());
-}
 
 // Everything the command holds, released in reverse order.
 struct Session : CliHost {
@@ -123,8 +108,8 @@ int cmd_generate(int argc, char** argv) {
       ("stop-id", po::value<std::vector<int32_t>>()->composing(), "stop token id (repeatable)")
       ("ignore-eos", "do not stop at the model's EOS token ids")
       ("n", po::value<int64_t>()->default_value(1), "samples per prompt")
-      ("device", po::value<std::string>()->default_value("cpu"), "where to sample: cpu (cuda: no GPU generator yet)")
-      ("precision", po::value<std::string>()->default_value("float32"), "float32 (the native generator's precision)")
+      ("device", po::value<std::string>()->default_value("cpu"), "where to sample: cpu, cuda or cuda:N")
+      ("precision", po::value<std::string>()->default_value(""), "float32 on the CPU, bfloat16 on a GPU (the default: the device's)")
       ("json", "print one JSON line per sample: {\"ids\", \"logprobs\", ...}")
       ("tokenizer,t", po::value<std::string>(), "tokenizer.json or folder (default: the model folder)")
       ("generator,g", po::value<std::string>(), "GENERATOR component name (default: the best loaded; 'native')")
@@ -146,20 +131,23 @@ int cmd_generate(int argc, char** argv) {
     return 0;
   }
   if (!vm.count("model")) throw Error(RLH_E_INVALID_ARGUMENT, "--model is required");
-  const std::string device = vm["device"].as<std::string>(), precision = vm["precision"].as<std::string>();
-  if (device.rfind("cuda", 0) == 0)
-    throw Error(RLH_E_UNIMPLEMENTED, "generate --device " + device +
-                                         ": there is no GPU generator yet (the native generator samples on the CPU); "
-                                         "use --device cpu");
-  if (device != "cpu" && device != "auto")
-    throw Error(RLH_E_INVALID_ARGUMENT, "--device '" + device + "': expected cpu (or cuda, once a GPU generator exists)");
-  if (precision != "float32" && precision != "fp32") {
-    if (precision == "bfloat16" || precision == "bf16" || precision == "float16" || precision == "fp16" ||
-        precision == "fp8")
-      throw Error(RLH_E_UNIMPLEMENTED, "generate --precision " + precision +
-                                           ": the native CPU generator samples in float32 only; use --precision float32");
-    throw Error(RLH_E_INVALID_ARGUMENT, "--precision '" + precision + "': expected float32");
-  }
+  const std::string device = vm["device"].as<std::string>();
+  const bool on_gpu = device.rfind("cuda", 0) == 0;
+  if (device != "cpu" && device != "auto" && !on_gpu)
+    throw Error(RLH_E_INVALID_ARGUMENT, "--device '" + device + "': expected cpu, cuda or cuda:N");
+  std::string precision = vm["precision"].as<std::string>();
+  if (precision.empty()) precision = on_gpu ? "bfloat16" : "float32";
+  if (precision == "fp32") precision = "float32";
+  if (precision == "bf16") precision = "bfloat16";
+  if (precision != "float32" && precision != "bfloat16" && precision != "float16" && precision != "fp16" &&
+      precision != "fp8")
+    throw Error(RLH_E_INVALID_ARGUMENT, "--precision '" + precision + "': expected float32 or bfloat16");
+  if (!on_gpu && precision != "float32")
+    throw Error(RLH_E_UNIMPLEMENTED, "generate --precision " + precision +
+                                         ": the native generator samples in float32 on the CPU (bfloat16 with --device cuda)");
+  if (on_gpu && precision != "bfloat16")
+    throw Error(RLH_E_UNIMPLEMENTED, "generate --device " + device + " --precision " + precision +
+                                         ": the GPU generator samples in bfloat16 (fp32 logits); use --precision bfloat16");
   const bool text_prompts = vm.count("prompt") > 0, id_prompts = vm.count("prompt-ids") > 0;
   if (text_prompts == id_prompts) throw Error(RLH_E_INVALID_ARGUMENT, "give --prompt or --prompt-ids (not both)");
   if (vm.count("chat") && !text_prompts) throw Error(RLH_E_INVALID_ARGUMENT, "--chat renders --prompt text");
@@ -170,9 +158,10 @@ int cmd_generate(int argc, char** argv) {
   const bool json_out = vm.count("json") > 0;
   std::string gen_config = vm["generator-config"].as<std::string>();
   try {
-    if (!json::parse(gen_config).is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "--generator-config must be a JSON object");
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("--generator-config: invalid JSON: ") + e.what());
+    if (!sdk::parse_json_input(gen_config, "--generator-config").is_object())
+      throw Error(RLH_E_INVALID_ARGUMENT, "--generator-config must be a JSON object");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, e.what());
   }
 
   Session s;
@@ -228,17 +217,7 @@ int cmd_generate(int argc, char** argv) {
       stop_ids.insert(id);
     }
   if (!vm.count("ignore-eos")) {
-    std::set<int32_t> eos;
-    add_eos_ids(model_path + "/generation_config.json", eos);
-    if (eos.empty()) add_eos_ids(model_path + "/config.json", eos);
-    if (s.tok != nullptr) {
-      std::string info;
-      sdk::check(s.tok_api->info(s.tok, sdk::write_to_string, &info));
-      const json j = json::parse(info);
-      if (j.contains("eos_token_ids") && j["eos_token_ids"].is_array())
-        for (const json& x : j["eos_token_ids"])
-          if (x.is_number_integer()) eos.insert(x.get<int32_t>());
-    }
+    const std::set<int32_t> eos = host::model_eos_ids(model_path, s.tok_api, s.tok);
     stop_ids.insert(eos.begin(), eos.end());
   }
 
@@ -247,9 +226,11 @@ int cmd_generate(int argc, char** argv) {
   s.gen_api = static_cast<const rlh_generator_api*>(gd->api);
   if (s.gen_api == nullptr || s.gen_api->struct_size < RLH_STRUCT_SIZE(rlh_generator_api, generate))
     throw Error(RLH_E_ABI_MISMATCH, std::string("generator '") + gd->name + "' has an interface table older than this command needs");
-  if (!tok_path.empty() && vm.count("tokenizer")) {  // stop strings decode with the same tokenizer
+  {
     json c = json::parse(gen_config);
-    if (!c.contains("tokenizer")) c["tokenizer"] = tok_path;
+    if (!tok_path.empty() && vm.count("tokenizer") && !c.contains("tokenizer"))
+      c["tokenizer"] = tok_path;  // stop strings decode with the same tokenizer
+    if (on_gpu && !c.contains("device")) c["device"] = device;
     gen_config = c.dump();
   }
   sdk::check(s.gen_api->create(s.services(), model_path.c_str(), gen_config.data(), gen_config.size(), &s.gen),
@@ -286,6 +267,12 @@ int cmd_generate(int argc, char** argv) {
   std::map<std::pair<int64_t, int64_t>, Result> results;
   sdk::check(s.gen_api->generate(s.gen, &args, collect, &results));
 
+  for (const auto& [key, r] : results)
+    for (size_t t = 0; t < r.logprobs.size(); ++t)
+      if (!std::isfinite(r.logprobs[t]))
+        throw Error(RLH_E_DATA_LOSS, "prompt " + std::to_string(key.first) + ", sample " + std::to_string(key.second) +
+                                         ": the logprob of new token " + std::to_string(t) +
+                                         " is not finite: the model's activations overflowed");
   const bool many = results.size() > 1;
   for (const auto& [key, r] : results) {
     const std::vector<int32_t>& prompt = prompts[size_t(key.first)];

@@ -170,10 +170,16 @@ int cmd_logprobs(int argc, char** argv) {
   fargs.outputs = &out_t;
   sdk::check(s.be_api->forward(s.backend, s.model, &fargs));
 
-  // Shift from the token-aligned output to "entry t predicts ids[t+1]".
+  // Shift from the token-aligned output to "entry t predicts ids[t+1]". A non-finite logprob
+  // (the model overflowed) is an error: printed, it would be a null loss and exit 0.
   std::vector<double> token_lp;
   double sum = 0;
   for (int64_t t = 1; t < T; ++t) {
+    if (!std::isfinite(out[size_t(t)]))
+      throw Error(RLH_E_DATA_LOSS, "the model's logprob of token " + std::to_string(t) + " (id " +
+                                       std::to_string(ids[size_t(t)]) + ") is " +
+                                       (std::isnan(out[size_t(t)]) ? "NaN" : "infinite") +
+                                       ": its activations overflowed; no loss is printed");
     token_lp.push_back(out[size_t(t)]);
     sum -= out[size_t(t)];
   }

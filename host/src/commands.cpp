@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rlhost/host.h"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 #include "rlhost/tokenizer.h"
 
@@ -25,12 +26,15 @@ namespace {
 
 using sdk::Error;
 
+// A messages file is a conversation: 256 MiB is far past any context window.
+constexpr uint64_t kMaxChatFileBytes = 256u << 20;
+
 std::string read_text_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(RLH_E_NOT_FOUND, std::string(what) + " '" + path + "' cannot be read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return sdk::read_input_file(path, kMaxChatFileBytes, what);
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, e.what());
+  }
 }
 
 void collect_ids(void* user, const void* data, size_t len) {
@@ -94,10 +98,10 @@ int cmd_tokenize(int argc, char** argv) {
     const std::string path = vm["chat"].as<std::string>();
     std::string messages = read_text_file(path, "--chat file");
     try {
-      auto parsed = nlohmann::json::parse(messages);
+      const auto parsed = sdk::parse_json_input(messages, "--chat file '" + path + "'");
       if (!parsed.is_array()) throw Error(RLH_E_INVALID_ARGUMENT, "--chat file '" + path + "': expected a JSON list of messages");
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(RLH_E_INVALID_ARGUMENT, "--chat file '" + path + "': invalid JSON: " + e.what());
+    } catch (const sdk::InputError& e) {
+      throw Error(RLH_E_INVALID_ARGUMENT, e.what());
     }
     std::string prompt;
     sdk::check(api->apply_chat_template(tok, messages.data(), messages.size(), vm.count("add-generation-prompt") ? 1 : 0,
@@ -122,6 +126,7 @@ const Command kCommands[] = {
     {"tokenize", cmd_tokenize},
     {"logprobs", cmd_logprobs},
     {"generate", cmd_generate},
+    {"check-kernels", cmd_check_kernels},
 };
 
 }  // namespace

@@ -11,5 +11,6 @@ int run_command(int argc, char** argv);
 // Subcommands defined in their own files (argv[0] is the command name).
 int cmd_logprobs(int argc, char** argv);  // cmd_logprobs.cpp
 int cmd_generate(int argc, char** argv);  // cmd_generate.cpp
+int cmd_check_kernels(int argc, char** argv);  // cmd_check_kernels.cpp
 
 }  // namespace rlh::cli

@@ -3,16 +3,18 @@
 // bound and YAML alias expansion has a node budget.
 #include "config.hpp"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
-#include <regex>
 #include <set>
-#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "rlhost/sdk/input_file.hpp"
 
 namespace rlh::host {
 namespace {
@@ -20,6 +22,14 @@ namespace {
 constexpr int kMaxDepth = 128;          // nesting of YAML maps/lists and of interpolations
 constexpr size_t kMaxNodes = 2'000'000; // guards alias expansion ("billion laughs")
 constexpr int kMaxDefaultsDepth = 32;   // length of a defaults chain
+// A config file is a few KB; 8 MiB parses in about 2 s (yaml-cpp builds ~30 bytes of nodes per
+// byte of text), so anything larger is refused before it is read.
+constexpr uint64_t kMaxFileBytes = 8u << 20;
+// Interpolation can copy a subtree or a string once per reference, so a few lines can stand for
+// an exponential amount of data: the resolved tree is bounded in nodes and in string bytes.
+constexpr size_t kMaxResolvedNodes = 10'000'000;
+constexpr size_t kMaxStringBytes = 16u << 20;      // one interpolated string
+constexpr size_t kMaxResolvedBytes = 256u << 20;   // all interpolated strings together
 
 [[noreturn]] void fail(const std::string& msg) { throw ConfigError(msg); }
 
@@ -59,27 +69,67 @@ size_t invalid_utf8_at(const std::string& s) {
 
 bool is_null_word(const std::string& s) { return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL"; }
 
+// Scanners for YAML 1.2 core scalars, one pass each (std::regex recurses once per character and
+// overflows the stack on a long value).
+size_t skip_digits(const std::string& s, size_t i) {
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+  return i;
+}
+bool is_int_text(const std::string& s) {  // [-+]?[0-9]+
+  const size_t b = (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0;
+  return s.size() > b && skip_digits(s, b) == s.size();
+}
+bool is_hex_text(const std::string& s) {  // 0x[0-9a-fA-F]+
+  if (s.size() < 3 || s[0] != '0' || s[1] != 'x') return false;
+  return std::all_of(s.begin() + 2, s.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
+}
+bool is_float_text(const std::string& s) {  // [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
+  size_t i = (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0;
+  if (i < s.size() && s[i] == '.') {
+    const size_t e = skip_digits(s, i + 1);
+    if (e == i + 1) return false;
+    i = e;
+  } else {
+    const size_t e = skip_digits(s, i);
+    if (e == i) return false;
+    i = e;
+    if (i < s.size() && s[i] == '.') i = skip_digits(s, i + 1);
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    size_t k = i + 1;
+    if (k < s.size() && (s[k] == '-' || s[k] == '+')) ++k;
+    const size_t e = skip_digits(s, k);
+    if (e == k) return false;
+    i = e;
+  }
+  return i == s.size();
+}
+
 Json plain_scalar(const std::string& s) {
   if (is_null_word(s)) return nullptr;
   if (s == "true" || s == "True" || s == "TRUE") return true;
   if (s == "false" || s == "False" || s == "FALSE") return false;
-  static const std::regex int_re(R"([-+]?[0-9]+)");
-  static const std::regex hex_re(R"(0x[0-9a-fA-F]+)");
-  static const std::regex float_re(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
-  if (std::regex_match(s, int_re)) {
+  if (is_int_text(s)) {
     try { return static_cast<int64_t>(std::stoll(s)); } catch (...) { /* too large: float */ }
     try { return std::stod(s); } catch (...) { return s; }
   }
-  if (std::regex_match(s, hex_re)) {
+  if (is_hex_text(s)) {
     try { return static_cast<int64_t>(std::stoll(s, nullptr, 16)); } catch (...) { return s; }
   }
-  if (std::regex_match(s, float_re)) {
+  if (is_float_text(s)) {
     try { return std::stod(s); } catch (...) { return s; }
   }
   if (s == ".inf" || s == ".Inf" || s == "+.inf") return std::numeric_limits<double>::infinity();
   if (s == "-.inf" || s == "-.Inf") return -std::numeric_limits<double>::infinity();
   if (s == ".nan" || s == ".NaN") return std::numeric_limits<double>::quiet_NaN();
   return s;
+}
+
+// Appends a key known to be new. ordered_json's operator[] searches the key list, so building a
+// map of n keys through it costs n^2 (a 3 MB config took 17 s).
+void append_new_key(Json& obj, std::string key, Json value) {
+  auto& items = obj.get_ref<Json::object_t&>();
+  static_cast<Json::object_t::Container&>(items).emplace_back(std::move(key), std::move(value));
 }
 
 struct YamlConverter {
@@ -107,6 +157,7 @@ struct YamlConverter {
       }
       case YAML::NodeType::Map: {
         Json o = Json::object();
+        std::unordered_set<std::string> seen;
         std::vector<Json> merged;  // values of `<<` merge keys, in order
         for (const auto& kv : n) {
           if (!kv.first.IsScalar())
@@ -130,13 +181,14 @@ struct YamlConverter {
           }
           if (invalid_utf8_at(key) != std::string::npos)
             fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": a key is not valid UTF-8");
-          if (o.contains(key))
+          if (!seen.insert(key).second)
             fail(origin + ": line " + std::to_string(kv.first.Mark().line + 1) + ": duplicate key '" + key + "'");
-          o[key] = convert(kv.second, depth + 1);
+          append_new_key(o, key, convert(kv.second, depth + 1));
         }
+        // (`seen`, not o.contains(): an ordered_json lookup is a linear scan)
         for (const auto& m : merged)
           for (auto it = m.begin(); it != m.end(); ++it)
-            if (!o.contains(it.key())) o[it.key()] = it.value();
+            if (seen.insert(it.key()).second) append_new_key(o, it.key(), it.value());
         return o;
       }
     }
@@ -157,6 +209,7 @@ void record_leaves(const Json& j, const std::string& prefix, const std::string& 
 
 // Deep-merges src into dst: maps merge key by key, everything else is replaced.
 // `origins` may be NULL: merging a parent's already-recorded tree keeps the parent's records.
+// (Recursion is bounded: both trees come from parse_yaml, at most kMaxDepth deep.)
 // NeMo-RL's marker for "replace this mapping, do not merge it": `_override_: true`.
 constexpr const char* kOverrideMarker = "_override_";
 
@@ -174,26 +227,35 @@ void strip_markers(Json& j) {
 
 void merge_into(Json& dst, const Json& src, const std::string& prefix, const std::string& origin,
                 std::map<std::string, std::string>* origins) {
+  // Positions of dst's keys, so merging n keys costs n, not n^2 (see append_new_key).
+  auto& items = static_cast<Json::object_t::Container&>(dst.get_ref<Json::object_t&>());
+  std::unordered_map<std::string, size_t> at;
+  at.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) at.emplace(items[i].first, i);
   for (auto it = src.begin(); it != src.end(); ++it) {
     const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (dst.contains(it.key()) && dst[it.key()].is_object() && it.value().is_object() && !replaces(it.value())) {
-      merge_into(dst[it.key()], it.value(), path, origin, origins);
+    const auto found = at.find(it.key());
+    if (found != at.end() && items[found->second].second.is_object() && it.value().is_object() &&
+        !replaces(it.value())) {
+      merge_into(items[found->second].second, it.value(), path, origin, origins);
     } else {
-      dst[it.key()] = it.value();
+      if (found != at.end()) {
+        items[found->second].second = it.value();
+      } else {
+        at.emplace(it.key(), items.size());
+        append_new_key(dst, it.key(), it.value());
+      }
       if (origins != nullptr) record_leaves(it.value(), path, origin, *origins);
     }
   }
 }
 
 std::string read_file(const std::filesystem::path& p) {
-  std::error_code ec;
-  if (!std::filesystem::exists(p, ec)) fail("config file '" + p.string() + "' does not exist");
-  if (std::filesystem::is_directory(p, ec)) fail("config file '" + p.string() + "' is a directory");
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("config file '" + p.string() + "' cannot be read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return sdk::read_input_file(p.string(), kMaxFileBytes, "config file");
+  } catch (const sdk::InputError& e) {
+    fail(e.what());
+  }
 }
 
 struct ChainLoader {
@@ -291,6 +353,19 @@ struct Resolver {
   const Json& root;
   std::vector<std::string> stack;  // keys being resolved, for cycle detection
   size_t steps = 0;
+  size_t nodes = 0;  // values produced (kMaxResolvedNodes)
+  size_t bytes = 0;  // bytes of interpolated strings produced (kMaxResolvedBytes)
+
+  // Counts `n` more bytes of interpolated text that `out` has grown to.
+  void grow(const std::string& out, size_t n, const std::string& path) {
+    bytes += n;
+    if (out.size() > kMaxStringBytes)
+      fail("config key '" + path + "': interpolation makes a string longer than " + std::to_string(kMaxStringBytes) +
+           " bytes");
+    if (bytes > kMaxResolvedBytes)
+      fail("config key '" + path + "': interpolation produces more than " + std::to_string(kMaxResolvedBytes) +
+           " bytes of text");
+  }
 
   static std::string stringify(const Json& v) {
     if (v.is_string()) return v.get<std::string>();
@@ -302,11 +377,13 @@ struct Resolver {
   // Resolves every string in `v` (located at `path`), recursively.
   Json resolve_tree(const Json& v, const std::string& path, int depth) {
     if (depth > kMaxDepth) fail("config: nesting too deep at '" + path + "'");
+    if (++nodes > kMaxResolvedNodes)
+      fail("config: interpolation expands to more than " + std::to_string(kMaxResolvedNodes) + " values at '" + path + "'");
     if (v.is_string()) return resolve_string(v.get<std::string>(), path, depth);
     if (v.is_object()) {
       Json o = Json::object();
       for (auto it = v.begin(); it != v.end(); ++it)
-        o[it.key()] = resolve_tree(it.value(), path.empty() ? it.key() : path + "." + it.key(), depth + 1);
+        append_new_key(o, it.key(), resolve_tree(it.value(), path.empty() ? it.key() : path + "." + it.key(), depth + 1));
       return o;
     }
     if (v.is_array()) {
@@ -337,7 +414,9 @@ struct Resolver {
     for (size_t i = 0; i < s.size();) {
       if (s[i] == '$' && i + 1 < s.size() && s[i + 1] == '{') {
         size_t close = match_close(s, i, path);
-        out += stringify(eval_expr(s.substr(i + 2, close - i - 2), path, depth + 1));
+        const std::string piece = stringify(eval_expr(s.substr(i + 2, close - i - 2), path, depth + 1));
+        out += piece;
+        grow(out, piece.size(), path);
         i = close + 1;
       } else {
         out += s[i++];
@@ -438,10 +517,20 @@ struct Resolver {
     auto all_int = [&]() { return std::all_of(args.begin(), args.end(), [](const Json& v) { return v.is_number_integer(); }); };
     if (args.size() < 2 && name != "max" && name != "min")
       fail("config key '" + path + "': resolver '" + name + "' needs two arguments");
+    // Integers are 64-bit here; Python's are unbounded, so a result outside the range is an
+    // error rather than a wrapped (or, for INT64_MIN / -1, trapping) value.
+    auto overflow = [&]() -> Json {
+      std::string list;
+      for (const auto& a : args) list += (list.empty() ? "" : ", ") + a.dump();
+      fail("config key '" + path + "': resolver '" + name + "' overflows 64-bit integers (" + list + ")");
+    };
     if (name == "mul" || name == "add") {
       if (all_int()) {
         int64_t r = name == "mul" ? 1 : 0;
-        for (const auto& a : args) r = name == "mul" ? r * a.get<int64_t>() : r + a.get<int64_t>();
+        for (const auto& a : args) {
+          const int64_t x = a.get<int64_t>();
+          if (name == "mul" ? __builtin_mul_overflow(r, x, &r) : __builtin_add_overflow(r, x, &r)) return overflow();
+        }
         return r;
       }
       double r = name == "mul" ? 1.0 : 0.0;
@@ -492,6 +581,10 @@ Json parse_yaml(const std::string& text, const std::string& origin) {
   YAML::Node node;
   try {
     node = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    // (yaml-cpp 0.7 gives this one the message "bad file")
+    fail(origin + ": line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1) +
+         ": invalid YAML: nested deeper than " + std::to_string(e.depth()) + " levels");
   } catch (const YAML::Exception& e) {
     fail(origin + ": line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1) +
          ": invalid YAML: " + e.msg);

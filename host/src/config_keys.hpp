@@ -13,7 +13,9 @@
 namespace rlh::host {
 
 struct KeyCheck {
-  std::vector<std::string> errors;    // unknown keys: one message each
+  static constexpr size_t kMaxReported = 20;
+  std::vector<std::string> errors;    // unknown keys: one message each, the first kMaxReported
+  size_t unreported = 0;              // unknown keys past those
   std::vector<std::string> unused;    // NeMo-RL keys rlhost reads, but no loaded plugin does (subtrees)
   std::vector<std::string> accepted;  // NeMo-RL keys rlhost does not implement, accepted ("key=value")
   std::vector<std::string> refused;   // values asking for what rlhost lacks: one message per rule

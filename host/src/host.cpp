@@ -5,6 +5,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <optional>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -495,8 +497,32 @@ const Component& Host::find_component(int32_t kind, const std::string& name) {
   return *best;
 }
 
+namespace {
+
+// The first NaN or infinity in the tree, as "key: .nan". Plugins receive the config as JSON,
+// which has neither (nlohmann writes null), so such a value would silently become null.
+std::optional<std::pair<std::string, std::string>> non_finite(const Json& j, const std::string& path) {
+  if (j.is_number_float() && !std::isfinite(j.get<double>())) {
+    const double d = j.get<double>();
+    return std::make_pair(path, std::string(std::isnan(d) ? ".nan" : d > 0 ? ".inf" : "-.inf"));
+  }
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (auto r = non_finite(it.value(), path.empty() ? it.key() : path + "." + it.key())) return r;
+  if (j.is_array())
+    for (size_t i = 0; i < j.size(); ++i)
+      if (auto r = non_finite(j[i], path + "." + std::to_string(i))) return r;
+  return std::nullopt;
+}
+
+}  // namespace
+
 Json Host::resolve_config() {
   Json r = config_.resolved();
+  if (auto bad = non_finite(r, ""))
+    throw Error(RLH_E_INVALID_ARGUMENT, "config key '" + bad->first + "' (from " + config_.origin_of(bad->first) + "): " +
+                                            bad->second + " is not a finite number (the configuration reaches plugins "
+                                            "as JSON, which has no NaN or infinity)");
   // The host's own keys: the loggers it runs (the rest of `logger` stays NeMo-RL's).
   std::vector<std::string> owned = {"logger.log_dir", "logger.console_enabled", "logger.jsonl_enabled",
                                     "logger.tensorboard_enabled", "logger.console_metrics", "logger.tensorboard.*"};
@@ -527,6 +553,8 @@ Json Host::resolve_config() {
   }
   if (!kc.errors.empty()) {
     for (size_t i = 1; i < kc.errors.size(); ++i) log(RLH_LOG_ERROR, "host", kc.errors[i]);
+    if (kc.unreported > 0)
+      log(RLH_LOG_ERROR, "host", "... and " + std::to_string(kc.unreported) + " more unknown config keys");
     throw Error(RLH_E_INVALID_ARGUMENT, kc.errors.front());
   }
   // Settings asking for what rlhost lacks stop a run at start (run(), check_config()); resolving

@@ -4,7 +4,7 @@
 //   rlhost --plugin megatron --plugin grpo --config my.yaml a.b=v ++c.d=w
 //   rlhost --list-plugins [--json]
 //   rlhost --print-config --config my.yaml [overrides]
-//   rlhost tokenize | logprobs | generate ...   (subcommands, see --help)
+//   rlhost tokenize | logprobs | generate | check-kernels ...   (subcommands, see --help)
 #include <boost/program_options.hpp>
 
 #include <csignal>
@@ -83,7 +83,7 @@ const char* kUsage =
     "usage: rlhost [--plugin NAME|PATH]... [--config FILE] [OVERRIDE]...\n"
     "       rlhost --list-plugins [--json]\n"
     "       rlhost --print-config --config FILE [OVERRIDE]...\n"
-    "       rlhost COMMAND --help   (commands: tokenize, logprobs, generate)\n"
+    "       rlhost COMMAND --help   (commands: tokenize, logprobs, generate, check-kernels)\n"
     "\n"
     "Runs an RL post-training job described by a NeMo-RL style YAML configuration.\n"
     "Overrides: a.b=v sets an existing key, ++a.b=v adds or sets, +a.b=v adds, ~a.b deletes.\n";

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "host.hpp"
+#include "plugin_file.hpp"
 #include "rlhost/rlhost.h"
 #include "rlhost/sdk/status.hpp"
 
@@ -106,6 +107,9 @@ Inspection inspect_plugin(const std::string& path, Host& host) {
   };
   std::error_code fec;
   if (!std::filesystem::exists(path, fec)) return fail(RLH_E_NOT_FOUND, "no such file");
+  // Before anything is mapped: a truncated library would be a SIGBUS on first touch, a FIFO a
+  // hang (plugin_file.hpp).
+  if (std::string bad = check_plugin_file(path); !bad.empty()) return fail(RLH_E_INVALID_ARGUMENT, bad);
 
   auto p = std::make_unique<Plugin>();
   p->path = path;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "rlhost/dataset_jsonl/jsonl_dataset.hpp"
+#include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::dataset_jsonl {
@@ -90,11 +91,11 @@ struct SplitMix64 {
 };
 
 std::string read_text_file(const std::string& path, const std::string& origin, const char* key) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(RLH_E_NOT_FOUND, origin + "." + key + ": '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return sdk::read_input_file(path, 64u << 20, origin + "." + key + ":");  // a prompt, not a corpus
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_NOT_FOUND, e.what());
+  }
 }
 
 }  // namespace
@@ -234,8 +235,11 @@ JsonlDataset::JsonlDataset(const json& config) : cfg_(resolve_config(config)) {
     for (uint32_t i : keep) picked.push_back(rows_[i]);
     rows_ = std::move(picked);
   }
-  fd_ = ::open(s.data_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw Error(RLH_E_NOT_FOUND, s.origin + ".data_path: '" + s.data_path + "': " + std::strerror(errno));
+  try {
+    fd_ = sdk::open_input_file(s.data_path, 0, s.origin + ".data_path:").release();
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_NOT_FOUND, e.what());
+  }
 }
 
 JsonlDataset::~JsonlDataset() {

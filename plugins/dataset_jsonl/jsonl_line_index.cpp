@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "rlhost/dataset_jsonl/jsonl_dataset.hpp"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::dataset_jsonl {
@@ -47,8 +48,7 @@ class LineChecker {
       return true;
     }
     value(Kind::kOther);
-    ++depth_;
-    return true;
+    return deeper();
   }
   bool end_object() {
     --depth_;
@@ -57,8 +57,7 @@ class LineChecker {
   bool start_array(std::size_t) {
     if (depth_ == 0) return top_level_not_object("an array");
     value(Kind::kOther);
-    ++depth_;
-    return true;
+    return deeper();
   }
   bool end_array() {
     --depth_;
@@ -83,6 +82,16 @@ class LineChecker {
     }
     error_ = "invalid JSON: " + what + (column.empty() ? "" : " (" + column + ")");
     return false;
+  }
+
+  // Rows are handed on as JSON text and walked recursively by their readers: nesting is bounded
+  // here, once, like every JSON input (rlhost/sdk/json_input.hpp).
+  bool deeper() {
+    if (++depth_ > sdk::kMaxJsonDepth) {
+      error_ = "nested deeper than " + std::to_string(sdk::kMaxJsonDepth) + " levels";
+      return false;
+    }
+    return true;
   }
 
   const std::string& error() const { return error_; }
@@ -124,13 +133,13 @@ bool blank(const char* p, size_t n) {
 
 std::vector<LineRef> index_jsonl(const std::string& path, const std::string& input_key,
                                  const std::string& output_key, const std::string& origin) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw Error(RLH_E_NOT_FOUND, origin + ".data_path: '" + path + "': " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  sdk::InputFd input;
+  try {
+    input = sdk::open_input_file(path, 0, origin + ".data_path:");  // regular files only, no size limit
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_NOT_FOUND, e.what());
+  }
+  const int fd = input.get();
 
   std::vector<LineRef> rows;
   std::vector<char> buf(4 << 20);

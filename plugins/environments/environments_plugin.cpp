@@ -11,6 +11,7 @@
 #include "rlhost/environment.h"
 #include "rlhost/environments/math_answer.hpp"
 #include "rlhost/environments/synthetic_tasks.hpp"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/plugin.hpp"
 
 namespace {
@@ -33,8 +34,13 @@ json parse_config(const char* text, size_t len, const std::string& origin) {
 
 // ---- environments ----------------------------------------------------------------------------
 
+// Responses scored past their budget are counted in this column: its name starts with "count/",
+// so the GRPO loop logs the step's sum, not a mean (rlhost/environment.h).
+constexpr const char* kBudgetCount = "count/score_budget_exceeded";
+
 struct Environment {
   rlh::sdk::MakeStatusFn make = nullptr;
+  rlh::sdk::Host host;
   std::string name;  // "math" or a task name
   bool is_math = false;
   TaskKind task = TaskKind::kArithmetic;
@@ -58,6 +64,17 @@ struct Environment {
         if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() >= 1)
           throw Error(RLH_E_INVALID_ARGUMENT, origin() + ".relative_tolerance: expected a number in (0, 1), got " + v.dump());
         math.relative_tolerance = v.get<double>();
+      } else if (key == "max_response_bytes" || (is_math && (key == "max_answer_bytes" || key == "max_score_work"))) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 1)
+          throw Error(RLH_E_INVALID_ARGUMENT, origin() + "." + key + ": expected a positive integer, got " + v.dump());
+        const auto n = v.get<uint64_t>();
+        if (key == "max_response_bytes") math.max_response_bytes = n;
+        else if (key == "max_answer_bytes") math.max_answer_bytes = n;
+        else math.max_work = n;
+      } else if (is_math && key == "max_score_seconds") {
+        if (!v.is_number() || !(v.get<double>() >= 0))
+          throw Error(RLH_E_INVALID_ARGUMENT, origin() + ".max_score_seconds: expected a number >= 0 (0: no limit), got " + v.dump());
+        math.max_seconds = v.get<double>();
       } else if (is_math && key == "verifier_type") {
         // NeMo-RL selects math-verify, multiple-choice or DAPO graders by this; only math is here.
         if (!v.is_null() && v != "math")
@@ -67,8 +84,8 @@ struct Environment {
         throw Error(RLH_E_INVALID_ARGUMENT, origin() + "." + key + ": unknown key");
       }
     }
-    produced = is_math ? std::vector<std::string>{"reward", "reward/format"}
-                       : std::vector<std::string>{"reward", "reward/partial", "reward/format"};
+    produced = is_math ? std::vector<std::string>{"reward", "reward/format", kBudgetCount}
+                       : std::vector<std::string>{"reward", "reward/partial", "reward/format", kBudgetCount};
   }
 
   // The expected answer of sample i: metadata[ground_truth_key], else metadata["answer"] (what
@@ -78,9 +95,9 @@ struct Environment {
     json meta = json::object();
     if (s.metadata_json != nullptr && s.metadata_len > 0) {
       try {
-        meta = json::parse(std::string(s.metadata_json, s.metadata_len));
-      } catch (const json::exception& e) {
-        throw Error(RLH_E_INVALID_ARGUMENT, where + ": metadata is not valid JSON: " + e.what());
+        meta = rlh::sdk::parse_json_input(std::string_view(s.metadata_json, s.metadata_len), where + ": metadata");
+      } catch (const rlh::sdk::InputError& e) {
+        throw Error(RLH_E_INVALID_ARGUMENT, e.what());
       }
     }
     if (!meta.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, where + ": metadata is not a JSON object");
@@ -102,20 +119,23 @@ struct Environment {
                                             ".ground_truth_key) or 'answer'");
   }
 
-  // Scores of one sample, in `produced` order.
-  std::vector<double> score_one(const rlh_env_sample& s, size_t i) const {
+  // Scores of one sample, in `produced` order. A response past the scoring budget scores 0 and
+  // counts 1 in kBudgetCount; `why` receives the limit it hit.
+  std::vector<double> score_one(const rlh_env_sample& s, size_t i, std::string* why) const {
     const std::string truth = expected(s, i);
     const std::string_view response(s.response != nullptr ? s.response : "", s.response != nullptr ? s.response_len : 0);
     if (is_math) {
-      // A ground truth given as \boxed{...} (NeMo-RL wraps it so) is unwrapped first.
-      std::string gt = truth;
-      if (gt.find("\\boxed") != std::string::npos) gt = extract_answer(gt).text;
-      const ExtractedAnswer got = extract_answer(response);
-      const bool correct = got.source != AnswerSource::kNone && math_equal(got.text, gt, math);
-      return {correct ? 1.0 : 0.0, got.source == AnswerSource::kBoxed ? 1.0 : 0.0};
+      const MathVerdict v = score_math_response(response, truth, math);
+      if (v.over_budget) *why = v.why;
+      return {v.correct ? 1.0 : 0.0, v.boxed ? 1.0 : 0.0, v.over_budget ? 1.0 : 0.0};
+    }
+    // The synthetic scorers are linear in the response; its length is the whole budget.
+    if (response.size() > math.max_response_bytes) {
+      *why = "a response longer than " + std::to_string(math.max_response_bytes) + " bytes";
+      return {0, 0, 0, 1};
     }
     const TaskScore t = score_task(task, response, truth);
-    return {t.exact, t.partial, t.format};
+    return {t.exact, t.partial, t.format, 0};
   }
 };
 
@@ -128,6 +148,7 @@ rlh_status* env_create(const rlh_host_api* host, const char* config_json, size_t
     env->is_math = IsMath;
     env->task = Kind;
     env->name = IsMath ? "math" : task_name(Kind);
+    env->host = rlh::sdk::Host(host);
     if (out == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, env->origin() + ": create: out is NULL");
     env->configure(parse_config(config_json, config_len, env->origin()));
     *out = reinterpret_cast<rlh_environment*>(env.release());
@@ -162,11 +183,22 @@ rlh_status* env_score(rlh_environment* self, const rlh_env_sample* samples, size
                                                 "' (this environment produces " + json(env->produced).dump() + ")");
       column[r] = k;
     }
+    size_t over = 0;
+    std::string why;
     for (size_t i = 0; i < n; ++i) {
-      const std::vector<double> scores = env->score_one(samples[i], i);
+      std::string w;
+      const std::vector<double> scores = env->score_one(samples[i], i, &w);
+      if (!w.empty()) {
+        ++over;
+        why = w;
+      }
       for (size_t r = 0; r < result->num_rewards; ++r) result->rewards[i * result->num_rewards + r] = scores[column[r]];
       result->done[i] = 1;  // single-turn
     }
+    // The run goes on: the responses scored 0; one warning per batch says how many and why.
+    if (over > 0)
+      env->host.warn(env->origin() + ": " + std::to_string(over) + " of " + std::to_string(n) +
+                     " responses exceeded the scoring budget and scored 0 (" + why + ")");
   });
 }
 

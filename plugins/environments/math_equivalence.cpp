@@ -2,7 +2,6 @@
 // text), then values exactly where possible, else by a relative tolerance.
 #include <cctype>
 #include <cmath>
-#include <regex>
 
 #include "math_internal.hpp"
 #include "rlhost/environments/math_answer.hpp"
@@ -54,8 +53,15 @@ bool outer_brackets_enclose(std::string_view s) {
 // Words ("yes", "Monday", "no solution") compare as text, not as products of letters; pi is a
 // number however it is written.
 bool is_word_answer(const std::string& s) {
-  static const std::regex kWords(R"(^[A-Za-z ]*[A-Za-z]{2,}[A-Za-z ]*$)");
-  if (!std::regex_match(s, kWords)) return false;
+  // ^[A-Za-z ]*[A-Za-z]{2,}[A-Za-z ]*$ scanned by hand: std::regex recurses once per character
+  // and a 30 KB answer of letters overflowed the stack.
+  bool two_letters = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool alpha = std::isalpha(static_cast<unsigned char>(s[i])) != 0;
+    if (!alpha && s[i] != ' ') return false;
+    two_letters |= alpha && i > 0 && std::isalpha(static_cast<unsigned char>(s[i - 1])) != 0;
+  }
+  if (!two_letters) return false;
   std::string folded;
   for (char c : s)
     if (c != ' ') folded.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
@@ -101,6 +107,10 @@ Answer parse_answer(std::string_view raw) {
 }
 
 bool values_equal(const NodePtr& x, bool px, const NodePtr& y, bool py, const MathCompareOptions& opts) {
+  math::charge(1);
+  // The same expression written the same way is the same value, even where neither exact
+  // arithmetic nor floats can hold it (10^{10^{10}}) -- unless it has no value at all (1/0).
+  if (px == py && math::same_tree(x, y)) return math::eval_float(x, 0, px).has_value();
   const auto ex = math::eval_exact(x, px), ey = math::eval_exact(y, py);
   if (ex && ey) return *ex == *ey;
   for (int point = 0; point < 3; ++point) {
@@ -136,7 +146,11 @@ bool answers_equal(const Answer& a, bool pa, const Answer& b, bool pb, const Mat
 
 }  // namespace
 
-bool math_equal(std::string_view candidate, std::string_view ground_truth, const MathCompareOptions& opts) {
+namespace {
+
+bool compare_answers(std::string_view candidate, std::string_view ground_truth, const MathCompareOptions& opts) {
+  if (candidate.size() > opts.max_answer_bytes || ground_truth.size() > opts.max_answer_bytes)
+    throw math::OverBudget{"an answer longer than " + std::to_string(opts.max_answer_bytes) + " bytes"};
   const Answer a = parse_answer(candidate), b = parse_answer(ground_truth);
   // A percent sign on one side only may or may not mean /100 ("25%" vs "0.25" or "25"); on both
   // sides the numbers are compared as written.
@@ -147,7 +161,45 @@ bool math_equal(std::string_view candidate, std::string_view ground_truth, const
   return answers_equal(a, false, b, false, opts);
 }
 
-std::string describe_answer(std::string_view answer) {
+}  // namespace
+
+bool math_equal(std::string_view candidate, std::string_view ground_truth, const MathCompareOptions& opts) {
+  try {
+    math::WorkBudget budget(opts.max_work, opts.max_seconds);
+    return compare_answers(candidate, ground_truth, opts);
+  } catch (const math::OverBudget&) {
+    return false;
+  }
+}
+
+MathVerdict score_math_response(std::string_view response, std::string_view ground_truth,
+                                const MathCompareOptions& opts) {
+  MathVerdict v;
+  try {
+    math::WorkBudget budget(opts.max_work, opts.max_seconds);
+    if (response.size() > opts.max_response_bytes)
+      throw math::OverBudget{"a response longer than " + std::to_string(opts.max_response_bytes) + " bytes"};
+    // A ground truth given as \boxed{...} (NeMo-RL wraps it so) is unwrapped first.
+    std::string truth(ground_truth);
+    if (truth.find("\\boxed") != std::string::npos) truth = extract_answer(truth).text;
+    const ExtractedAnswer got = extract_answer(response);
+    v.boxed = got.source == AnswerSource::kBoxed;
+    v.correct = got.source != AnswerSource::kNone && compare_answers(got.text, truth, opts);
+  } catch (const math::OverBudget& e) {
+    v.correct = v.boxed = false;  // nothing about it counts
+    v.over_budget = true;
+    v.why = e.what;
+  } catch (const std::bad_alloc&) {
+    v.correct = v.boxed = false;
+    v.over_budget = true;
+    v.why = "out of memory";
+  }
+  return v;
+}
+
+namespace {
+
+std::string describe_parsed(std::string_view answer) {
   const Answer a = parse_answer(answer);
   if (a.kind == Answer::kText) return "text: " + a.text;
   auto item = [&](const NodePtr& n) {
@@ -164,6 +216,19 @@ std::string describe_answer(std::string_view answer) {
   for (size_t i = 0; i < a.items.size(); ++i) out += (i ? ", " : "") + item(a.items[i]);
   out += a.kind == Answer::kSet ? '}' : (a.close ? a.close : ')');
   return out;
+}
+
+}  // namespace
+
+std::string describe_answer(std::string_view answer, const MathCompareOptions& opts) {
+  try {
+    math::WorkBudget budget(opts.max_work, opts.max_seconds);
+    if (answer.size() > opts.max_answer_bytes)
+      throw math::OverBudget{"an answer longer than " + std::to_string(opts.max_answer_bytes) + " bytes"};
+    return describe_parsed(answer);
+  } catch (const math::OverBudget& e) {
+    return "over budget: " + e.what;
+  }
 }
 
 }  // namespace rlh::environments

@@ -23,6 +23,17 @@ constexpr long kMaxExponent = 100000;
 
 size_t bits(const BigInt& x) { return x == 0 ? 0 : boost::multiprecision::msb(boost::multiprecision::abs(x)) + 1; }
 
+// Work of a product (or quotient, gcd) of numbers of these sizes, in machine words squared.
+void charge_mul(size_t bits_a, size_t bits_b) { charge((bits_a / 64 + 1) * (bits_b / 64 + 1)); }
+// One term's product or sum beyond its numbers' arithmetic: monomial merge, map insertion and
+// the rationals' allocations take ~0.5 us, where a unit elsewhere is a few ns (a byte scanned,
+// a word multiplied). Charged at 1 unit, (x+y+z+1)^{32} spent 25 ms on 50,000 units, so 50 M
+// units of such terms would have run far past the budget's intent.
+constexpr uint64_t kTermUnits = 128;
+size_t rbits(const Rational& r) {
+  return bits(boost::multiprecision::numerator(r)) + bits(boost::multiprecision::denominator(r));
+}
+
 void check_size(const Rational& r) {
   if (bits(boost::multiprecision::numerator(r)) > kMaxBits || bits(boost::multiprecision::denominator(r)) > kMaxBits)
     throw NotExact{};
@@ -35,6 +46,8 @@ Exact constant(const Rational& r) {
 }
 
 void add_term(std::map<Monomial, Rational>& t, const Monomial& m, const Rational& c) {
+  charge(kTermUnits);
+  charge_mul(rbits(c), rbits(c));  // the sum's gcd normalisation
   Rational& x = t[m];
   x += c;
   check_size(x);
@@ -93,6 +106,8 @@ Exact mul(const Exact& a, const Exact& b) {
   Exact r;
   for (const auto& [ma, ca] : a.terms)
     for (const auto& [mb, cb] : b.terms) {
+      charge(kTermUnits);
+      charge_mul(rbits(ca), rbits(cb));
       Rational c = ca * cb;
       const Monomial m = mul_mono(ma, mb, c);
       add_term(r.terms, m, c);
@@ -120,6 +135,7 @@ Exact negate(Exact a) {
 
 BigInt ipow(const BigInt& b, long n) {
   if (bits(b) * static_cast<size_t>(n) > kMaxBits) throw NotExact{};
+  charge_mul(bits(b) * static_cast<size_t>(n), bits(b) * static_cast<size_t>(n));
   return boost::multiprecision::pow(b, static_cast<unsigned>(n));
 }
 
@@ -168,6 +184,7 @@ Exact pow_int(const Exact& base, long n) {
 // n = s^2 m with m square-free, for n < 2^64: trial division up to the cube root leaves at most
 // two prime factors, which are either equal (a perfect square) or not.
 std::pair<uint64_t, uint64_t> square_free(uint64_t n) {
+  charge(static_cast<uint64_t>(std::cbrt(static_cast<double>(n))) / 2 + 1);  // the trial divisions
   uint64_t s = 1, m = 1;
   for (uint64_t d = 2; static_cast<unsigned __int128>(d) * d * d <= n; d += (d == 2 ? 1 : 2)) {
     int e = 0;
@@ -204,6 +221,7 @@ std::optional<BigInt> exact_root(const BigInt& x, long k) {
   if (x < 2) return x;
   BigInt lo = 1, hi = BigInt(1) << (bits(x) / static_cast<size_t>(k) + 1);
   while (lo <= hi) {
+    charge_mul(bits(x), bits(x));  // mid^k is about x's size
     const BigInt mid = (lo + hi) / 2;
     const BigInt p = boost::multiprecision::pow(mid, static_cast<unsigned>(k));
     if (p == x) return mid;
@@ -241,6 +259,7 @@ Exact pow(const Exact& base, const Exact& exponent) {
 }
 
 Exact eval(const NodePtr& n, bool percent) {
+  charge(1);
   switch (n->kind) {
     case Node::kNumber: return constant(n->number);
     case Node::kVar: {

@@ -11,6 +11,7 @@
 // A \frac / \sqrt argument or an exponent is a {group} or a single atom (\frac12, 2^10, x^y).
 // A run of letters is one variable per letter ("xy" = x*y), except pi, sqrt and the function
 // names, as sympy's parser splits them.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -19,10 +20,21 @@
 namespace rlh::environments::math {
 namespace {
 
+struct Failed {};
+
+// Sets n's height from its kids'; a tree past kMaxTreeHeight is not an expression we parse (a
+// policy's 4 KB answer "xxxx...x" was a 4096-deep chain, which overflowed the stack in eval).
+void set_height(Node& n) {
+  for (const NodePtr& k : n.kids) n.height = std::max(n.height, k->height + 1);
+  if (n.height > kMaxTreeHeight) throw Failed{};
+}
+
 NodePtr make(Node::Kind k, std::vector<NodePtr> kids = {}) {
+  charge(1);
   auto n = std::make_shared<Node>();
   n->kind = k;
   n->kids = std::move(kids);
+  set_height(*n);
   return n;
 }
 
@@ -38,6 +50,7 @@ NodePtr make_named(Node::Kind k, std::string name, std::vector<NodePtr> kids = {
   n->kind = k;
   n->name = std::move(name);
   n->kids = std::move(kids);
+  set_height(*n);
   return n;
 }
 
@@ -53,8 +66,6 @@ bool is_greek(std::string_view n) {
     if (n == g) return true;
   return false;
 }
-
-struct Failed {};
 
 class Parser {
  public:
@@ -198,6 +209,7 @@ class Parser {
     while (i_ < s_.size()) {
       const char c = s_[i_];
       if (std::isdigit(static_cast<unsigned char>(c))) {
+        charge(1 + (i_ - start) / 16);  // the mantissa grows a word per 19 digits: n^2 / 19 in all
         mantissa = mantissa * 10 + (c - '0');
         if (dot) ++frac_digits;
         any = true;
@@ -232,6 +244,7 @@ class Parser {
     }
     exp10 -= frac_digits;
     if (exp10 > 4000 || exp10 < -4000) throw Failed{};
+    charge(static_cast<uint64_t>(std::labs(exp10)) / 16 + 1);  // 10^|exp10|, a few words per 16 digits
     BigInt scale = boost::multiprecision::pow(BigInt(10), static_cast<unsigned>(std::labs(exp10)));
     return make_number(exp10 >= 0 ? Rational(mantissa * scale) : Rational(mantissa, scale));
   }
@@ -322,11 +335,22 @@ std::optional<NodePtr> parse_expression(std::string_view s) {
   // Answers are short; the bound keeps the tree (and the recursive evaluators over it) shallow
   // enough for any stack whatever the input.
   if (s.size() > 4096) return std::nullopt;
+  charge(s.size());
   try {
     return Parser(s).parse();
   } catch (const Failed&) {
     return std::nullopt;
   }
+}
+
+bool same_tree(const NodePtr& a, const NodePtr& b) {
+  charge(1);
+  if (a == b) return true;
+  if (a->kind != b->kind || a->name != b->name || a->kids.size() != b->kids.size()) return false;
+  if (a->kind == Node::kNumber && a->number != b->number) return false;
+  for (size_t i = 0; i < a->kids.size(); ++i)
+    if (!same_tree(a->kids[i], b->kids[i])) return false;
+  return true;
 }
 
 bool contains_percent(const NodePtr& n) {
@@ -337,6 +361,7 @@ bool contains_percent(const NodePtr& n) {
 }
 
 std::optional<long double> eval_float(const NodePtr& n, int point, bool percent) {
+  charge(1);
   auto sub = [&](size_t i) { return eval_float(n->kids[i], point, percent); };
   std::optional<long double> a, b;
   if (!n->kids.empty() && !(a = sub(0))) return std::nullopt;

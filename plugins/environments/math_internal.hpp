@@ -3,6 +3,7 @@
 #pragma once
 
 #include <boost/multiprecision/cpp_int.hpp>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,6 +12,36 @@
 #include <vector>
 
 namespace rlh::environments::math {
+
+// ---- the work budget of one scoring (math_budget.cpp) ---------------------------------------
+
+// A response is the policy's output: whatever it holds, scoring it must end in bounded time and
+// memory. Every step of extraction, normalisation, parsing and evaluation charges units here
+// (about one unit per byte scanned or per machine word of big-number arithmetic); past the
+// limit, or past the wall-clock backstop, OverBudget is thrown and the answer scores as wrong.
+struct OverBudget {
+  std::string what;
+};
+
+class WorkBudget {
+ public:
+  // Installs itself for this thread (nested budgets: the innermost counts).
+  WorkBudget(uint64_t max_units, double max_seconds);
+  ~WorkBudget();
+  WorkBudget(const WorkBudget&) = delete;
+  WorkBudget& operator=(const WorkBudget&) = delete;
+  uint64_t used() const { return used_; }
+
+ private:
+  friend void charge(uint64_t units);
+  uint64_t max_units_, used_ = 0, next_clock_check_;
+  double max_seconds_;
+  int64_t start_ns_;
+  WorkBudget* prev_;
+};
+
+// Charges the budget installed on this thread (none: nothing is counted).
+void charge(uint64_t units);
 
 using Rational = boost::multiprecision::cpp_rational;
 using BigInt = boost::multiprecision::cpp_int;
@@ -35,10 +66,18 @@ struct Node {
   Rational number;   // kNumber
   std::string name;  // kVar, kFunc
   std::vector<NodePtr> kids;  // operands; kRoot: {index, radicand}
+  int height = 1;             // 1 + the tallest kid's: the depth of every recursion over the tree
 };
+
+// The tallest tree the parser builds. Loops build left-deep chains ("xxxx" = ((x*x)*x)*x,
+// "1+1+1"), so the parser's own recursion bound does not bound the tree; the evaluators,
+// comparisons and the tree's destructor recurse once per level.
+constexpr int kMaxTreeHeight = 512;
 
 // Parses one expression (no top-level commas). nullopt when it is not one we understand.
 std::optional<NodePtr> parse_expression(std::string_view s);
+// True when two trees are the same expression, node for node.
+bool same_tree(const NodePtr& a, const NodePtr& b);
 bool contains_percent(const NodePtr& n);
 
 // Float value, variables set from `point` (0, 1, 2: three fixed assignments). `percent`

@@ -1,18 +1,31 @@
 // String-level normalisation of math answers before parsing. Each rule undoes a way the same
 // answer is commonly written differently; tests/environments/sympy_verdicts.py applies the same
 // rules in the same order before handing the result to sympy.
+#include <algorithm>
 #include <cctype>
-#include <regex>
 
 #include "math_internal.hpp"
 
 namespace rlh::environments::math {
 namespace {
 
+// One pass into a new string: replacing in place shifts the tail at every match, n^2 on a
+// response of a thousand '$'.
 void replace_all(std::string& s, std::string_view from, std::string_view to) {
   if (from.empty()) return;
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size()))
-    s.replace(p, from.size(), to);
+  charge(s.size());
+  size_t p = s.find(from);
+  if (p == std::string::npos) return;
+  std::string out;
+  out.reserve(s.size());
+  size_t at = 0;
+  for (; p != std::string::npos; p = s.find(from, at)) {
+    out.append(s, at, p - at);
+    out.append(to);
+    at = p + from.size();
+  }
+  out.append(s, at, std::string::npos);
+  s.swap(out);
 }
 
 std::string trim(std::string_view s) {
@@ -36,18 +49,24 @@ bool is_text_command(std::string_view name) {
          name == "mbox" || name == "mathbf" || name == "mathit";
 }
 
-// End of the {...} group starting at s[open] == '{' (index of its '}'), or npos.
-size_t match_brace(const std::string& s, size_t open) {
-  int depth = 0;
-  for (size_t i = open; i < s.size(); ++i) {
+// For every '{' the index of its matching '}' (npos when unclosed), in one pass: matching each
+// \text{ separately costs n^2 when they are unclosed. A backslash escapes the next character.
+std::vector<size_t> match_braces(const std::string& s) {
+  charge(s.size());
+  std::vector<size_t> close(s.size(), std::string::npos), open;
+  for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '\\') {
       ++i;
       continue;
     }
-    if (s[i] == '{') ++depth;
-    if (s[i] == '}' && --depth == 0) return i;
+    if (s[i] == '{') {
+      open.push_back(i);
+    } else if (s[i] == '}' && !open.empty()) {
+      close[open.back()] = i;
+      open.pop_back();
+    }
   }
-  return std::string::npos;
+  return close;
 }
 
 // \text{...}-style blocks: units after a number ("5\text{ cm}") are dropped; otherwise the block
@@ -58,6 +77,8 @@ std::string resolve_text_blocks(const std::string& s) {
     std::string content;
   };
   std::vector<Block> blocks;
+  if (s.find('\\') == std::string::npos) return s;
+  const std::vector<size_t> match = match_braces(s);
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] != '\\') continue;
     size_t j = i + 1;
@@ -70,7 +91,7 @@ std::string resolve_text_blocks(const std::string& s) {
     size_t k = j;
     while (k < s.size() && s[k] == ' ') ++k;
     if (k >= s.size() || s[k] != '{') continue;
-    const size_t close = match_brace(s, k);
+    const size_t close = match[k];
     if (close == std::string::npos) continue;
     blocks.push_back({i, close + 1, s.substr(k + 1, close - k - 1)});
     i = close;
@@ -92,6 +113,7 @@ std::string resolve_text_blocks(const std::string& s) {
 
 // Drops presentation commands and spacing, renames fraction variants, keeps everything else.
 std::string drop_commands(const std::string& s) {
+  charge(s.size());
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] != '\\') {
@@ -143,14 +165,18 @@ std::string drop_variable_assignment(const std::string& s) {
     }
   if (count != 1) return s;
   const std::string lhs = trim(std::string_view(s).substr(0, eq));
-  static const std::regex kVariable(R"(^([A-Za-z]|\\[A-Za-z]+)$)");
-  if (!std::regex_match(lhs, kVariable)) return s;
+  // ^([A-Za-z]|\\[A-Za-z]+)$, scanned by hand: std::regex recurses per character.
+  auto alpha = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; };
+  const bool variable = (lhs.size() == 1 && alpha(lhs[0])) ||
+                        (lhs.size() >= 2 && lhs[0] == '\\' && std::all_of(lhs.begin() + 1, lhs.end(), alpha));
+  if (!variable) return s;
   return trim(std::string_view(s).substr(eq + 1));
 }
 
 }  // namespace
 
 std::string normalize_latex(std::string_view raw) {
+  charge(raw.size());
   std::string s(raw);
   // Unicode forms of ASCII/LaTeX notation.
   static const std::pair<const char*, const char*> kUnicode[] = {
@@ -182,14 +208,43 @@ std::string normalize_latex(std::string_view raw) {
   s = resolve_text_blocks(s);
   s = drop_commands(s);
   s = trim(s);
-  while (!s.empty() && s.back() == '.') s = trim(std::string_view(s).substr(0, s.size() - 1));
+  // Trailing full stops (and the spaces between them), cut once: one copy per dot is n^2.
+  size_t keep = s.size();
+  while (keep > 0 && (s[keep - 1] == '.' || std::isspace(static_cast<unsigned char>(s[keep - 1])))) --keep;
+  if (keep < s.size()) s = trim(std::string_view(s).substr(0, keep));
   s = drop_variable_assignment(s);
   return s;
 }
 
+namespace {
+
+// ^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$, scanned by hand.
+bool thousands_separated(const std::string& s) {
+  auto digit = [&](size_t i) { return i < s.size() && s[i] >= '0' && s[i] <= '9'; };
+  size_t i = (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0;
+  size_t lead = 0;
+  while (digit(i) && lead < 4) ++i, ++lead;
+  if (lead < 1 || lead > 3) return false;
+  size_t groups = 0;
+  while (i < s.size() && s[i] == ',') {
+    if (!(digit(i + 1) && digit(i + 2) && digit(i + 3))) return false;
+    i += 4;
+    ++groups;
+  }
+  if (groups == 0) return false;
+  if (i < s.size() && s[i] == '.') {
+    if (!digit(i + 1)) return false;
+    ++i;
+    while (digit(i)) ++i;
+  }
+  return i == s.size();
+}
+
+}  // namespace
+
 std::string drop_thousands_separators(const std::string& s) {
-  static const std::regex kThousands(R"(^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$)");
-  if (!std::regex_match(s, kThousands)) return s;
+  charge(s.size());
+  if (!thousands_separated(s)) return s;
   std::string out;
   for (char c : s)
     if (c != ',') out.push_back(c);

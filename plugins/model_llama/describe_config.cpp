@@ -18,6 +18,7 @@
 #include "rlhost/model/llama_family.hpp"
 
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/input_file.hpp"
 
 namespace rlh::model {
 
@@ -599,12 +600,9 @@ sdk::TransformerDesc describe_json_text(std::string_view config_json, const std:
 
 sdk::TransformerDesc describe_model_dir(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("config: cannot open " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  const std::string text = sdk::read_input_file(path, 64u << 20, "model config");  // regular files only
   try {
-    return describe_json_text(ss.str(), path);
+    return describe_json_text(text, path);
   } catch (const std::runtime_error& e) {
     const std::string msg = e.what();
     if (msg.find(path) != std::string::npos) throw;

@@ -4,6 +4,7 @@ import ctypes.util
 import json
 import os
 import threading
+import weakref
 
 # rlh_code values (abi/include/rlhost/core.h); fixed numbers, never renumbered.
 codes = {
@@ -99,8 +100,39 @@ def load_library(path=None):
                 raise Error(f"librlhost has no {name} (ABI older than 0.2?)", ABI_MISMATCH) from None
             f.argtypes = args
             f.restype = res
+        # ABI 0.4: components with DLPack tensors (rlhost.dlpack, rlhost.components). Struct and
+        # tensor pointers pass as void* (byref() or pointer objects); a librlhost without them
+        # still runs jobs, and these calls raise ABI_MISMATCH.
+        vp, out = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        decl04 = {
+            "rlhost_tokenizer_open": ([h, ctypes.c_char_p, out], sp),
+            "rlhost_tokenizer_close": ([vp], None),
+            "rlhost_tokenize": ([vp, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64, out], sp),
+            "rlhost_detokenize": ([vp, vp, ctypes.c_uint64, _WRITE, vp], sp),
+            "rlhost_model_open": ([h, vp, out], sp),
+            "rlhost_model_close": ([vp], None),
+            "rlhost_logprobs": ([vp, vp, out], sp),
+            "rlhost_generator_open": ([h, vp, out], sp),
+            "rlhost_generator_close": ([vp], None),
+            "rlhost_generate": ([vp, vp, vp], sp),
+            "rlhost_tensor_share": ([vp, out], sp),
+            "rlhost_tensor_to_legacy": ([vp, out], sp),
+        }
+        for name, (args, res) in decl04.items():
+            f = getattr(lib, name, None)
+            if f is not None:
+                f.argtypes = args
+                f.restype = res
         _lib = lib
         return lib
+
+
+def require(lib, name):
+    """librlhost's function `name`, or Error(ABI_MISMATCH) when this librlhost predates it."""
+    f = getattr(lib, name, None)
+    if f is None:
+        raise Error(f"librlhost has no {name}: tensors need ABI 0.4 (this one is {abi_version()})", ABI_MISMATCH)
+    return f
 
 
 def abi_version():
@@ -147,12 +179,16 @@ class Host:
         _check(self._lib.rlhost_create(ctypes.byref(self._h)))
         self._callback = None
         self._callback_error = None
+        self._children = weakref.WeakSet()  # open tokenizers, models, generators
         if log_level is not None:
             self.set_log_level(log_level)
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self):
+        """Destroys the host, and with it every tokenizer, model and generator still open."""
         if self._h:
+            for c in list(self._children):
+                c._forget()
             self._lib.rlhost_destroy(self._h)
             self._h = ctypes.c_void_p()
 
@@ -266,6 +302,44 @@ class Host:
         t = _Text()
         _check(self._lib.rlhost_read_metrics(self._handle(), t.fn, None))
         return [json.loads(line) for line in t.text().splitlines() if line]
+
+    # -- components with tensors (ABI 0.4; rlhost.components) -----------------------------
+    def _load_optional(self, names):
+        for n in names:
+            try:
+                self.load_plugin(n)
+            except Error:
+                pass
+
+    def tokenizer(self, path, load_plugins=True):
+        """A Tokenizer for a tokenizer.json, a model folder or a hub id (loads tokenizer_hf)."""
+        from . import components
+        if load_plugins:
+            self.load_plugin("tokenizer_hf")
+        return components.open_tokenizer(self, path)
+
+    def model(self, path, backend=None, device="cpu", precision="float32", config=None, load_plugins=True):
+        """A Model for logprobs, as `rlhost logprobs` loads it: the backend (dtensor, or megatron
+        with a cuda device) gets {"device", "precision"} and `config` (a dict: more of the
+        policy section) as its config section. Loads model_llama, the backend and kernels_cpu."""
+        from . import components
+        name = backend or ("megatron" if str(device).startswith("cuda") else "dtensor")
+        section = {"device": device, "precision": precision}
+        section.update(config or {})
+        if load_plugins:
+            self.load_plugins(["model_llama", name])
+            self._load_optional(["kernels_cpu"])
+        return components.open_model(self, path, name, section)
+
+    def generator(self, path, generator=None, config=None, load_plugins=True):
+        """A Generator, as `rlhost generate` makes it: `generator` names the component (default
+        the best loaded), `config` (a dict) is its section. Loads model_llama, generator and,
+        for the tokenizer's EOS ids and stop strings, tokenizer_hf."""
+        from . import components
+        if load_plugins:
+            self.load_plugins(["model_llama", "generator"])
+            self._load_optional(["tokenizer_hf"])
+        return components.open_generator(self, path, generator, config)
 
     def set_log_level(self, level):
         """trace, debug, info, warning or error (or the RLH_LOG_* number)."""

@@ -22,6 +22,7 @@
 
 #include "checkpoint_io.hpp"
 #include "rlhost/sdk/checkpoint.hpp"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::sdk {
@@ -254,8 +255,58 @@ CheckpointManager::CheckpointManager(CheckpointConfig cfg) : cfg_(std::move(cfg)
 
 bool CheckpointManager::is_periodic(int64_t step) const { return step % cfg_.save_period == 0; }
 
+bool CheckpointManager::may_write(int64_t step, std::string* why) const {
+  if (std::find(protected_.begin(), protected_.end(), step) == protected_.end()) return true;
+  if (why != nullptr)
+    *why = (cfg_.checkpoint_dir / step_name("step_", step)).string() + " is newer than the checkpoint this run resumed from (" +
+           (resumed_step_ >= 0 ? "step_" + std::to_string(resumed_step_) : std::string("none")) +
+           ") and is kept as it is, not overwritten";
+  return false;
+}
+
+std::optional<CheckpointInfo> CheckpointManager::resume(const std::function<void(const CheckpointInfo&)>& load,
+                                                        std::vector<std::string>* skipped, bool* load_failed) {
+  std::vector<std::string> local;
+  std::vector<std::string>& notes = skipped != nullptr ? *skipped : local;
+  // Every step_<N>/ folder there now, whether it verifies or not.
+  std::vector<int64_t> present;
+  std::error_code ec;
+  if (fs::is_directory(cfg_.checkpoint_dir, ec))
+    for (auto it = fs::directory_iterator(cfg_.checkpoint_dir, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec))
+      if (const int64_t n = ckpt::parse_step_name(it->path().filename().string(), "step_"); n >= 0) present.push_back(n);
+  std::optional<CheckpointInfo> loaded;
+  auto candidates = list(VerifyLevel::kSizes, &notes);
+  for (auto c = candidates.rbegin(); c != candidates.rend() && !loaded; ++c) {
+    const VerifyResult v = verify_checkpoint(c->dir, VerifyLevel::kChecksums);
+    if (!v.ok) {
+      notes.push_back(c->dir.string() + ": " + v.error);
+      continue;
+    }
+    try {
+      load(*c);
+      loaded = *c;
+    } catch (const Error& e) {
+      // Damaged content falls back to the checkpoint before; anything else (a checkpoint of
+      // another model or configuration) would fail the same way for every one: it stops.
+      if (e.code() != RLH_E_DATA_LOSS) throw;
+      if (load_failed != nullptr) *load_failed = true;
+      notes.push_back(c->dir.string() + ": " + e.what());
+    } catch (const std::exception& e) {
+      if (load_failed != nullptr) *load_failed = true;
+      notes.push_back(c->dir.string() + ": " + e.what());
+    }
+  }
+  resumed_step_ = loaded ? loaded->step : -1;
+  protected_.clear();
+  for (int64_t n : present)
+    if (n > resumed_step_) protected_.push_back(n);
+  return loaded;
+}
+
 PendingCheckpoint CheckpointManager::begin(int64_t step) {
   if (step < 0) throw Error(RLH_E_INVALID_ARGUMENT, "checkpoint step must be >= 0, got " + std::to_string(step));
+  if (std::string why; !may_write(step, &why)) throw Error(RLH_E_ALREADY_EXISTS, "checkpoint: " + why);
   std::error_code ec;
   fs::create_directories(cfg_.checkpoint_dir, ec);
   if (ec) throw Error(RLH_E_UNAVAILABLE, cfg_.checkpoint_dir.string() + ": cannot create folder: " + ec.message());
@@ -281,11 +332,10 @@ std::vector<CheckpointInfo> CheckpointManager::list(VerifyLevel level, std::vect
     }
     CheckpointInfo info{step, it->path(), nullptr};
     try {
-      std::ifstream in(it->path() / "training_info.json");
-      info.training_info = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      if (skipped != nullptr)
-        skipped->push_back((it->path() / "training_info.json").string() + ": invalid JSON: " + e.what());
+      info.training_info =
+          read_json_file((it->path() / "training_info.json").string(), ckpt::kMaxManifestBytes, "checkpoint file");
+    } catch (const InputError& e) {
+      if (skipped != nullptr) skipped->push_back(e.what());
       continue;
     }
     out.push_back(std::move(info));
@@ -349,6 +399,8 @@ std::vector<int64_t> CheckpointManager::remove_old_checkpoints() const {
   std::vector<int64_t> removed;
   if (!cfg_.keep_top_k && !cfg_.ft_keep_latest_k) return removed;  // NeMo-RL: keep everything
   auto history = list(VerifyLevel::kSizes);
+  // Checkpoints newer than the one resumed from are neither counted nor removed (resume()).
+  std::erase_if(history, [&](const CheckpointInfo& c) { return !may_write(c.step); });
   if (history.empty()) return removed;
   std::map<int64_t, bool> keep;
   keep[history.back().step] = true;  // the latest is always protected

@@ -28,6 +28,12 @@ struct ManifestEntry {
 void write_manifest(const std::filesystem::path& dir, int64_t step,
                     const std::vector<ManifestEntry>& entries);
 
+// "0000abcd".
+std::string hex32(uint32_t v);
+
+// Manifests and training_info.json are read as untrusted input up to this size.
+inline constexpr uint64_t kMaxManifestBytes = 64u << 20;
+
 // A relative path that stays inside its folder ("a/b.bin", not "../x", "/x" or "").
 bool is_safe_relative(std::string_view rel);
 

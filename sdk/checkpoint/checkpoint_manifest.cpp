@@ -12,6 +12,7 @@
 #include "checkpoint_io.hpp"
 #include "rlhost/sdk/checkpoint.hpp"
 #include "rlhost/sdk/crc32c.hpp"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::sdk {
@@ -45,13 +46,13 @@ void write_all(int fd, const fs::path& path, const char* p, size_t n) {
   }
 }
 
+}  // namespace
+
 std::string hex32(uint32_t v) {
   char buf[9];
   std::snprintf(buf, sizeof(buf), "%08x", v);
   return buf;
 }
-
-}  // namespace
 
 uint32_t write_file_synced(const fs::path& path, const void* data, size_t size) {
   Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
@@ -95,7 +96,7 @@ void fsync_dir(const fs::path& dir) {
 void write_manifest(const fs::path& dir, int64_t step, const std::vector<ManifestEntry>& entries) {
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   for (const auto& e : entries)
-    files.push_back({{"path", e.path}, {"size", e.size}, {"crc32c", hex32(e.crc32c)}});
+    files.push_back({{"path", e.path}, {"size", e.size}, {"crc32c", ckpt::hex32(e.crc32c)}});
   nlohmann::ordered_json m;
   m["format"] = "rlhost-checkpoint-manifest";
   m["version"] = 1;
@@ -129,6 +130,39 @@ int64_t parse_step_name(std::string_view name, std::string_view prefix) {
 
 }  // namespace ckpt
 
+std::string parse_manifest(std::string_view text, const std::string& label, int64_t* step,
+                           std::vector<ManifestFile>* files) {
+  nlohmann::json m;
+  try {
+    m = parse_json_input(text, label);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  // (json::value() throws when the key holds another type: every field's type is checked first.)
+  if (!m.is_object() || !m.contains("format") || m["format"] != "rlhost-checkpoint-manifest" || !m.contains("files") ||
+      !m["files"].is_array() || !m.contains("step") || !m["step"].is_number_integer())
+    return label + ": not an rlhost checkpoint manifest";
+  if (!m.contains("version") || m["version"] != 1)
+    return label + ": manifest version " + (m.contains("version") ? m["version"].dump() : std::string("(none)")) +
+           " is not supported (this build reads 1)";
+  if (m["step"].get<int64_t>() < 0) return label + ": step " + m["step"].dump() + " is negative";
+  if (step != nullptr) *step = m["step"].get<int64_t>();
+  for (const auto& e : m["files"]) {
+    auto entry = [&]() { return e.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 200); };
+    if (!e.is_object() || !e.contains("path") || !e["path"].is_string() || !e.contains("size") ||
+        !e["size"].is_number_unsigned() || !e.contains("crc32c") || !e["crc32c"].is_string())
+      return label + ": malformed entry " + entry();
+    const std::string rel = e["path"].get<std::string>();
+    if (!ckpt::is_safe_relative(rel) || rel == kCheckpointManifest) return label + ": unsafe path in entry " + entry();
+    const std::string hex = e["crc32c"].get<std::string>();
+    if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+      return label + ": CRC32C is not 8 hex digits in entry " + entry();
+    if (files != nullptr)
+      files->push_back({rel, e["size"].get<uint64_t>(), static_cast<uint32_t>(std::stoul(hex, nullptr, 16))});
+  }
+  return {};
+}
+
 VerifyResult verify_checkpoint(const fs::path& dir, VerifyLevel level) {
   VerifyResult r;
   auto fail = [&](std::string msg) {
@@ -137,39 +171,29 @@ VerifyResult verify_checkpoint(const fs::path& dir, VerifyLevel level) {
     return r;
   };
   const fs::path manifest_path = dir / kCheckpointManifest;
-  std::ifstream in(manifest_path, std::ios::binary);
-  if (!in) return fail(manifest_path.string() + ": missing (not a complete checkpoint)");
-  nlohmann::json m;
+  std::string text;
   try {
-    m = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    return fail(manifest_path.string() + ": invalid JSON: " + e.what());
+    text = read_input_file(manifest_path.string(), ckpt::kMaxManifestBytes, "checkpoint manifest");
+  } catch (const InputError& e) {
+    struct stat st{};
+    if (::lstat(manifest_path.c_str(), &st) != 0) return fail(manifest_path.string() + ": missing (not a complete checkpoint)");
+    return fail(e.what());
   }
-  if (!m.is_object() || m.value("format", "") != "rlhost-checkpoint-manifest" ||
-      !m.contains("files") || !m["files"].is_array() || !m.contains("step") ||
-      !m["step"].is_number_integer())
-    return fail(manifest_path.string() + ": not an rlhost checkpoint manifest");
-  if (m.value("version", 0) != 1)
-    return fail(manifest_path.string() + ": manifest version " + m["version"].dump() +
-                " is not supported (this build reads 1)");
+  int64_t manifest_step = -1;
+  std::vector<ManifestFile> files;
+  if (std::string err = parse_manifest(text, manifest_path.string(), &manifest_step, &files); !err.empty())
+    return fail(err);
   const int64_t named_step = ckpt::parse_step_name(dir.filename().string(), "step_");
-  if (named_step >= 0 && named_step != m["step"].get<int64_t>())
-    return fail(manifest_path.string() + ": says step " + m["step"].dump() + " but the folder is step_" +
+  if (named_step >= 0 && named_step != manifest_step)
+    return fail(manifest_path.string() + ": says step " + std::to_string(manifest_step) + " but the folder is step_" +
                 std::to_string(named_step));
-  for (const auto& e : m["files"]) {
-    if (!e.is_object() || !e.contains("path") || !e["path"].is_string() || !e.contains("size") ||
-        !e["size"].is_number_unsigned() || !e.contains("crc32c") || !e["crc32c"].is_string())
-      return fail(manifest_path.string() + ": malformed entry " + e.dump());
-    const std::string rel = e["path"].get<std::string>();
-    if (!ckpt::is_safe_relative(rel)) return fail(manifest_path.string() + ": unsafe path '" + rel + "'");
-    const fs::path file = dir / rel;
-    const uint64_t want = e["size"].get<uint64_t>();
+  for (const ManifestFile& e : files) {
+    const fs::path file = dir / e.path;
     struct stat st{};
     if (::lstat(file.c_str(), &st) != 0) return fail(file.string() + ": missing (listed in the manifest)");
     if (!S_ISREG(st.st_mode)) return fail(file.string() + ": not a regular file");
-    if (static_cast<uint64_t>(st.st_size) != want)
-      return fail(file.string() + ": size " + std::to_string(st.st_size) + ", manifest says " +
-                  std::to_string(want));
+    if (static_cast<uint64_t>(st.st_size) != e.size)
+      return fail(file.string() + ": size " + std::to_string(st.st_size) + ", manifest says " + std::to_string(e.size));
     if (level == VerifyLevel::kChecksums) {
       uint64_t size = 0;
       uint32_t crc = 0;
@@ -178,13 +202,30 @@ VerifyResult verify_checkpoint(const fs::path& dir, VerifyLevel level) {
       } catch (const std::exception& ex) {
         return fail(ex.what());
       }
-      char hex[9];
-      std::snprintf(hex, sizeof(hex), "%08x", crc);
-      if (size != want || e["crc32c"].get<std::string>() != hex)
-        return fail(file.string() + ": CRC32C " + hex + ", manifest says " + e["crc32c"].get<std::string>());
+      if (size != e.size || crc != e.crc32c)
+        return fail(file.string() + ": CRC32C " + ckpt::hex32(crc) + ", manifest says " + ckpt::hex32(e.crc32c) +
+                    " (the file changed after it was saved)");
     }
     ++r.files;
-    r.bytes += want;
+    r.bytes += e.size;
+  }
+  // The step the run records must be the folder's: a training_info.json edited to say another
+  // step would make a resume restart there and overwrite every later checkpoint.
+  const fs::path info_path = dir / "training_info.json";
+  struct stat st{};
+  if (::lstat(info_path.c_str(), &st) == 0) {
+    nlohmann::json info;
+    try {
+      info = read_json_file(info_path.string(), ckpt::kMaxManifestBytes, "checkpoint file");
+    } catch (const InputError& e) {
+      return fail(e.what());
+    }
+    if (info.is_object() && info.contains("step")) {
+      const auto& v = info["step"];
+      if (!v.is_number_integer() || v.get<int64_t>() != manifest_step)
+        return fail(info_path.string() + ": says step " + v.dump() + " but the checkpoint is step " +
+                    std::to_string(manifest_step));
+    }
   }
   r.ok = true;
   return r;

@@ -1,6 +1,8 @@
 // Local Hugging Face cache lookup: see rlhost/sdk/hf_cache.hpp.
 #include "rlhost/sdk/hf_cache.hpp"
 
+#include "rlhost/sdk/input_file.hpp"
+
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
@@ -27,9 +29,9 @@ bool looks_like_hub_id(std::string_view s) {
 }
 
 std::string read_ref(const fs::path& p) {
-  std::ifstream f(p);
-  std::string s;
-  std::getline(f, s);
+  // A ref is one commit hash; a FIFO or device in its place is refused, not read forever.
+  std::string s = sdk::read_input_file(p.string(), 4096, "HF cache ref");
+  s = s.substr(0, s.find('\n'));
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;
 }

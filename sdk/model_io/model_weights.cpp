@@ -6,6 +6,7 @@
 // back to the recorded dtypes; float32 -> bf16/f16 rounding is exact for values that came from
 // bf16/f16, so an unchanged model round-trips bit for bit.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -126,6 +127,16 @@ LoadResult load_weights_f32(TransformerDesc& desc, const st::Checkpoint& ckpt, c
       used.insert(hf);
     }
     p.dtype = *found;
+    // A NaN or infinite weight makes every output it touches NaN: logprobs print null, losses
+    // train on nothing, a resume copies it forward. It is an error naming the tensor.
+    for (size_t i = 0; i < buf.size(); ++i)
+      if (!std::isfinite(buf[i])) {
+        std::string names;
+        for (const auto& hf : p.hf_names) names += (names.empty() ? "" : ", ") + hf;
+        throw std::runtime_error("model weights: " + ckpt.path() + ": tensor '" + names + "' holds a non-finite value (" +
+                                 (std::isnan(buf[i]) ? "NaN" : "inf") + ") at element " + std::to_string(i) +
+                                 "; non-finite weights are refused");
+      }
     out.tensors.push_back(std::move(buf));
   }
   for (const auto& name : ckpt.names()) {

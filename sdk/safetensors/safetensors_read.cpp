@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
 namespace rlh::sdk::st {
@@ -133,31 +134,24 @@ struct File::Storage {
 File File::open(const std::string& path) {
   File f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat sb {};
-  if (fstat(fd, &sb) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path, std::string("cannot stat: ") + std::strerror(err));
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
+  // Opened without blocking and checked to be a regular file before anything is mapped: a FIFO
+  // or /dev/zero named model.safetensors is refused instead of hanging or mapping a device.
+  uint64_t file_size = 0;
+  InputFd fd;
+  try {
+    fd = open_input_file(path, 0, "safetensors file", &file_size);
+  } catch (const InputError& e) {
+    throw std::runtime_error(e.what());
   }
   auto storage = std::make_shared<Storage>();
-  const size_t size = static_cast<size_t>(sb.st_size);
+  const size_t size = static_cast<size_t>(file_size);
   if (size > 0) {
-    void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, std::string("cannot mmap: ") + std::strerror(err));
-    }
+    void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    if (m == MAP_FAILED) fail(path, std::string("cannot mmap: ") + std::strerror(errno));
     storage->map = m;
     storage->map_size = size;
   }
-  ::close(fd);  // the mapping stays valid
+  fd.reset();  // the mapping stays valid
   f.storage_ = storage;
   f.parse({static_cast<const std::byte*>(storage->map), size});
   return f;
@@ -313,11 +307,11 @@ std::vector<double> File::read_f64(std::string_view name) const {
 namespace {
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("safetensors: " + path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return read_input_file(path, 256u << 20, "safetensors index");  // regular files only
+  } catch (const InputError& e) {
+    throw std::runtime_error(e.what());
+  }
 }
 
 // A shard name from an index must stay inside the checkpoint folder.

@@ -229,8 +229,24 @@ TEST(ConfigReading, SharedPolicyKeysAndMergePatch) {
   EXPECT_TRUE(cfg.bf16());
   EXPECT_EQ(cfg.device, "auto");
   EXPECT_TRUE(cfg.notes.empty());
+  EXPECT_TRUE(cfg.kernel_verify);  // providers are verified unless policy.kernels.verify says not
   const json patched = merge_patch({{"a", {{"b", 1}, {"c", 2}}}, {"d", 3}}, {{"a", {{"b", 5}, {"c", nullptr}}}});
   EXPECT_EQ(patched, (json{{"a", {{"b", 5}}}, {"d", 3}}));
+}
+
+// policy.kernels: pins per op (or family) and verify (default true; a boolean or an error).
+TEST(ConfigReading, KernelPinsAndVerify) {
+  BackendConfig cfg;
+  json j = {{"kernels", {{"gemm", "vendor_x"}, {"attention", "auto"}, {"verify", false}}}};
+  ConfigReader r(j, "policy");
+  read_shared_policy_keys(r, cfg);
+  ASSERT_EQ(cfg.kernel_pins.size(), 1u);
+  EXPECT_EQ(cfg.kernel_pins[0], (std::pair<std::string, std::string>{"gemm", "vendor_x"}));
+  EXPECT_FALSE(cfg.kernel_verify);
+  BackendConfig bad;
+  json k = {{"kernels", {{"verify", "yes"}}}};
+  ConfigReader rb(k, "policy");
+  expect_error([&] { read_shared_policy_keys(rb, bad); }, RLH_E_INVALID_ARGUMENT, "policy.kernels.verify must be true or false");
 }
 
 }  // namespace

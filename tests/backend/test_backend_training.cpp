@@ -2,7 +2,9 @@
 // micro-batch size or packing, fields reach the loss callback sliced with their tokens, save_state
 // -> load_state continues bit for bit, the schedules and weight-decay rules of each backend, the
 // outputs, weights in HF naming, and every refusal as one line naming its cause.
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "backend_harness.hpp"
@@ -249,6 +251,105 @@ TEST_P(PerBackend, SaveLoadStateContinuesBitwise) {
     // The saved folder is an HF checkpoint too: a frozen model loads it as its weights.
     rlh_model* frozen = be.load(tmp.path.string(), false, "reference");
     EXPECT_TRUE(be.weights(frozen) == w_saved);
+  }
+}
+
+// The bfloat16 of a float32 by round-to-nearest-even, written here from the definition (not the
+// SDK's converter), for finite values.
+uint16_t bf16_rne(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// save_dtype bfloat16 (the per-model override the loops pass from checkpointing.model_save_dtype):
+// model.safetensors holds the bf16 rounding of the float32 masters bit for bit, config.json says
+// bfloat16, the masters sit in master_weights/, and load_state restores them (not the export), so
+// the run continues exactly as the uninterrupted one. A bad value is one line naming the key.
+TEST_P(PerBackend, Bf16ExportKeepsTheMastersForResume) {
+  const std::string name = GetParam();
+  const json cfg = name == "dtensor" ? adam_config(name, 1e-2)
+                                     : json{{"megatron_cfg", {{"optimizer", {{"optimizer", "sgd"}, {"lr", 0.05},
+                                                                             {"sgd_momentum", 0.9}}}}}};
+  const std::string bf16 = R"({"save_dtype": "bfloat16"})";
+  auto batch = field_batch();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 3;
+  TempDir tmp("bf16_state_" + name);
+  std::vector<double> losses_a;
+  std::map<std::string, std::vector<float>> w_a, w_saved;
+  {
+    Backend be(host(), name.c_str(), cfg);
+    rlh_model* m = be.load(llama_tiny(), true, "policy", bf16);
+    for (int s = 0; s < 2; ++s) be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o);
+    w_saved = be.weights(m);
+    sdk::check(be.api()->save_state(be.raw(), m, tmp.path.c_str()));
+    for (int s = 0; s < 2; ++s)
+      losses_a.push_back(be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o).r.loss);
+    w_a = be.weights(m);
+  }
+  // The export: every parameter bf16 and the rounding of its master, bit for bit.
+  const auto exported = sdk::st::Checkpoint::open(tmp.path.string());
+  const auto masters = sdk::st::Checkpoint::open((tmp.path / "master_weights").string());
+  size_t params = 0;
+  for (const std::string& t : exported.names()) {
+    const auto e = exported.at(t), f = masters.at(t);
+    if (!w_saved.count(t)) {  // a passthrough tensor: unchanged in both
+      EXPECT_EQ(e.info->dtype, f.info->dtype) << t;
+      continue;
+    }
+    ++params;
+    ASSERT_EQ(e.info->dtype, sdk::st::DType::BF16) << t;
+    ASSERT_EQ(f.info->dtype, sdk::st::DType::F32) << t;
+    const auto eb = e.file->data(*e.info);
+    const std::vector<float> fv = masters.read_f32(t);
+    ASSERT_EQ(eb.size(), fv.size() * 2) << t;
+    size_t differ = 0;
+    for (size_t i = 0; i < fv.size(); ++i) {
+      uint16_t got;
+      std::memcpy(&got, eb.data() + 2 * i, 2);
+      differ += got != bf16_rne(fv[i]);
+    }
+    EXPECT_EQ(differ, 0u) << t << ": elements not the bf16 rounding of the master";
+  }
+  EXPECT_EQ(params, w_saved.size());
+  const json hf = json::parse(std::ifstream(tmp.path / "config.json"));
+  EXPECT_EQ(hf["torch_dtype"], "bfloat16");
+  const json state = json::parse(std::ifstream(tmp.path / "rlhost_state.json"));
+  EXPECT_EQ(state["master_weights"], "master_weights");
+  EXPECT_EQ(state["weights_dtype"], "bfloat16");
+  {
+    Backend be(host(), name.c_str(), cfg);
+    rlh_model* m = be.load(llama_tiny(), true, "policy", bf16);
+    sdk::check(be.api()->load_state(be.raw(), m, tmp.path.c_str()));
+    EXPECT_TRUE(be.weights(m) == w_saved) << "load_state did not restore the float32 masters";
+    for (int s = 0; s < 2; ++s)
+      EXPECT_EQ(be.train(m, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), o).r.loss,
+                losses_a[size_t(s)]) << "step " << s + 3;
+    EXPECT_TRUE(be.weights(m) == w_a) << "weights after the restored run differ";
+    // The export loads as a model of its own: its weights are the bf16-rounded masters.
+    rlh_model* frozen = be.load(tmp.path.string(), false, "reference");
+    size_t differ = 0;
+    for (const auto& [t, v] : be.weights(frozen))
+      for (size_t i = 0; i < v.size(); ++i) {
+        const uint32_t bits = uint32_t(bf16_rne(w_saved.at(t)[i])) << 16;
+        float want;
+        std::memcpy(&want, &bits, 4);
+        differ += std::memcmp(&want, &v[i], 4) != 0;
+      }
+    EXPECT_EQ(differ, 0u);
+  }
+  // Masters that are not float32 are refused by name instead of resuming from rounded weights.
+  fs::remove_all(tmp.path / "master_weights");
+  fs::create_directories(tmp.path / "master_weights");
+  fs::copy_file(tmp.path / "model.safetensors", tmp.path / "master_weights/model.safetensors");
+  {
+    Backend be(host(), name.c_str(), cfg);
+    rlh_model* m = be.load(llama_tiny(), true, "policy", bf16);
+    expect_error(be.api()->load_state(be.raw(), m, tmp.path.c_str()), RLH_E_DATA_LOSS, "master_weights");
+    rlh_model* bad = nullptr;
+    expect_error(be.try_load(llama_tiny(), true, &bad, "policy", R"({"save_dtype": "float16"})"),
+                 RLH_E_INVALID_ARGUMENT, "policy.save_dtype");
   }
 }
 
@@ -598,6 +699,13 @@ TEST(BackendErrors, ModelsBatchesAndCallbacks) {
   EXPECT_EQ(be.try_train(m, *batch, 5, 2, nll_loss(), eval, r), nullptr);
   TempDir empty("empty");
   expect_error(be.api()->load_state(be.raw(), m, empty.path.c_str()), RLH_E_NOT_FOUND, "rlhost_state.json");
+  // The state file is input: fields of another type are errors, not json's type_error.
+  std::ofstream(empty.path / "rlhost_state.json") << R"({"format": ["rlhost-backend-state"], "step": 1})";
+  expect_error(be.api()->load_state(be.raw(), m, empty.path.c_str()), RLH_E_DATA_LOSS, "not an rlhost backend state");
+  std::ofstream(empty.path / "rlhost_state.json", std::ios::trunc)
+      << R"({"format": "rlhost-backend-state", "step": 1, "architecture": 7})";
+  expect_error(be.api()->load_state(be.raw(), m, empty.path.c_str()), RLH_E_FAILED_PRECONDITION,
+               "holds a (no architecture) state");
 }
 
 }  // namespace

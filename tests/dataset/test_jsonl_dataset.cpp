@@ -216,7 +216,7 @@ TEST(JsonlDataset, BadConfigIsAnErrorNamingTheKey) {
   TempDir t;
   const std::string f = t.write("d.jsonl", "{\"input\": \"p\", \"output\": \"a\"}\n{\"input\": \"q\", \"output\": \"b\"}\n");
   EXPECT_EQ(error_of({{"train", {{"data_path", t.path / "missing.jsonl"}}}}),
-            "data.train.data_path: '" + (t.path / "missing.jsonl").string() + "': No such file or directory");
+            "data.train.data_path: '" + (t.path / "missing.jsonl").string() + "' does not exist");
   EXPECT_EQ(error_of({{"train", {{"input_key", "q"}}}}), "data.train.data_path: missing (the JSONL file to read)");
   EXPECT_EQ(error_of({{"train", {{"data_path", f}, {"input_key", 3}}}}),
             "data.train.input_key: expected a non-empty string, got 3");
@@ -233,7 +233,7 @@ TEST(JsonlDataset, BadConfigIsAnErrorNamingTheKey) {
             "\"OpenMathInstruct-2\"");
   EXPECT_EQ(error_of({{"data_path", f}, {"split", "test"}}), "split: expected 'train', 'validation' or 'all', got \"test\"");
   EXPECT_EQ(error_of({{"train", {{"data_path", f}, {"prompt_file", (t.path / "nope.txt").string()}}}}),
-            "data.train.prompt_file: '" + (t.path / "nope.txt").string() + "': No such file or directory");
+            "data.train.prompt_file: '" + (t.path / "nope.txt").string() + "' does not exist");
 
   const std::string named = t.write("named.txt", "Solve {problem}");
   EXPECT_EQ(error_of({{"data_path", f}, {"prompt_file", named}}),

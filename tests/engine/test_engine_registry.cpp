@@ -4,7 +4,9 @@
 // chosen for it while every other op falls through to kernels_cpu, it shows in the choices, and
 // on one thread (the same sgemm as kernels_cpu's) the engine's results are bit for bit those of
 // kernels_cpu alone. Pins, and providers that fail at resolve or run, give one-line errors
-// naming the provider and the op.
+// naming the provider and the op. Providers are verified before they are chosen
+// (policy.kernels.verify): one whose results are wrong is left out for the op with a warning,
+// and chosen only when verification is off.
 #include <gtest/gtest.h>
 
 #include <omp.h>
@@ -56,9 +58,23 @@ class TwoProviders {
   }
   ~TwoProviders() { rlhost_destroy(h_); }
   sdk::Host host() const { return sdk::Host(rlhost_services(h_)); }
+  // The same services, with warnings and errors logged into `log` (one entry per line).
+  sdk::Host capturing(std::vector<std::string>& log) {
+    captured_ = *rlhost_services(h_);
+    sink() = &log;
+    captured_.log = [](rlh_host_ctx*, int32_t level, const char* msg, size_t len) {
+      if (level >= RLH_LOG_WARN && sink() != nullptr) sink()->emplace_back(msg, len);
+    };
+    return sdk::Host(&captured_);
+  }
 
  private:
+  static std::vector<std::string>*& sink() {
+    static std::vector<std::string>* s = nullptr;
+    return s;
+  }
   rlhost_t* h_ = nullptr;
+  rlh_host_api captured_{};
 };
 
 struct EngineRun {
@@ -183,14 +199,18 @@ TEST(KernelRegistry, PinToAnAbsentProviderNamesTheKey) {
   EXPECT_EQ(sdk::kernel_pins_from_json(R"({"gemm": "auto", "attention": "kernels_cudnn"})").size(), 1u);
 }
 
-// A provider that claims an op and then fails: one line naming it and the op; the host and a
-// registry without it still work.
+// A provider that claims an op and then fails: verified (the default), it is left out for the op
+// at setup with one warning line naming it, the op and the failure, and the engine runs on
+// kernels_cpu; unverified, the failure surfaces where the op is resolved or run, one line
+// naming both; the host and a registry without it still work.
 TEST(KernelRegistry, ProviderFailingAtResolveOrRunIsNamed) {
   for (const char* mode : {"resolve_fails", "run_fails"}) {
     SCOPED_TRACE(mode);
     setenv("RLH_TEST_PROVIDER_MODE", mode, 1);
     TwoProviders h;
-    auto reg = sdk::make_kernel_registry(h.host(), sdk::kCPU, {}, "test");
+    auto reg = sdk::make_kernel_registry(h.host(), sdk::kCPU, {}, "test", "{}", /*verify=*/false);
+    std::vector<std::string> log;
+    auto verified = sdk::make_kernel_registry(h.capturing(log), sdk::kCPU, {}, "test");
     unsetenv("RLH_TEST_PROVIDER_MODE");
     try {
       std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(*reg);
@@ -203,10 +223,72 @@ TEST(KernelRegistry, ProviderFailingAtResolveOrRunIsNamed) {
       EXPECT_NE(m.find("planted failure"), std::string::npos) << m;
       EXPECT_EQ(m.find('\n'), std::string::npos) << m;
     }
+    ASSERT_EQ(log.size(), 1u);
+    EXPECT_NE(log[0].find("test_gemm_provider"), std::string::npos) << log[0];
+    EXPECT_NE(log[0].find("'gemm'"), std::string::npos) << log[0];
+    EXPECT_NE(log[0].find("planted failure"), std::string::npos) << log[0];
+    EXPECT_EQ(log[0].find('\n'), std::string::npos) << log[0];
+    {
+      std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(*verified);
+      EXPECT_NO_THROW(run_engine(*ops));
+      for (const auto& c : verified->choices()) EXPECT_EQ(c.provider, "kernels_cpu") << c.op;
+    }
     auto ok = sdk::make_kernel_registry(h.host(), sdk::kCPU, {{"gemm", "kernels_cpu"}}, "test");
     std::unique_ptr<engine::Ops> ops = engine::make_registry_ops(*ok);
     EXPECT_NO_THROW(run_engine(*ops));
   }
+}
+
+// A provider whose gemm gives wrong results (it ignores beta) is never chosen silently: with
+// verification it is left out for gemm with one warning naming it, the op, the dtype and the
+// worst error, and gemm comes from kernels_cpu; with policy.kernels.verify false it is chosen;
+// a pin to it for gemm is refused at setup, naming both.
+TEST(KernelRegistry, ProviderWithWrongResultsIsLeftOutUnlessVerifyIsOff) {
+  setenv("RLH_TEST_PROVIDER_MODE", "wrong", 1);
+  TwoProviders h;
+  std::vector<std::string> log;
+  auto verified = sdk::make_kernel_registry(h.capturing(log), sdk::kCPU, {}, "test");
+  auto unverified = sdk::make_kernel_registry(h.host(), sdk::kCPU, {}, "test", "{}", /*verify=*/false);
+  std::string pin_error;
+  try {
+    sdk::make_kernel_registry(h.host(), sdk::kCPU, {{"gemm", "test_gemm_provider"}}, "test");
+  } catch (const sdk::Error& e) {
+    pin_error = e.what();
+  }
+  unsetenv("RLH_TEST_PROVIDER_MODE");
+
+  ASSERT_EQ(log.size(), 1u);
+  const std::string& w = log[0];
+  EXPECT_NE(w.find("test_gemm_provider"), std::string::npos) << w;
+  EXPECT_NE(w.find("'gemm'"), std::string::npos) << w;
+  EXPECT_NE(w.find("f32: worst error"), std::string::npos) << w;
+  EXPECT_NE(w.find("beta=0.5"), std::string::npos) << w;  // the case it fails
+  EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+
+  std::vector<float> a(6 * 4, 1.f), b(4 * 5, 1.f), c(6 * 5, 0.f);
+  const sdk::Tensor A(a.data(), {6, 4}), B(b.data(), {4, 5}), C(c.data(), {6, 5});
+  const std::vector<rlh_tensor> ins = {A.raw(), B.raw()}, outs = {C.raw()};
+  EXPECT_EQ(verified->resolve("gemm", sdk::kCPU, ins, outs).provider(), "kernels_cpu");
+  EXPECT_EQ(unverified->resolve("gemm", sdk::kCPU, ins, outs).provider(), "test_gemm_provider");
+
+  EXPECT_NE(pin_error.find("policy.kernels.gemm"), std::string::npos) << pin_error;
+  EXPECT_NE(pin_error.find("test_gemm_provider"), std::string::npos) << pin_error;
+  EXPECT_NE(pin_error.find("fails conformance"), std::string::npos) << pin_error;
+  EXPECT_EQ(pin_error.find('\n'), std::string::npos) << pin_error;
+}
+
+// A correct provider passes verification and is chosen for the ops it lists, with no warning.
+TEST(KernelRegistry, CorrectProviderIsVerifiedQuietly) {
+  TwoProviders h;
+  std::vector<std::string> log;
+  auto reg = sdk::make_kernel_registry(h.capturing(log), sdk::kCPU, {}, "test");
+  EXPECT_TRUE(log.empty()) << log[0];
+  ASSERT_EQ(reg->providers().size(), 2u);
+  EXPECT_TRUE(reg->providers()[0].verified);
+  EXPECT_EQ(reg->providers()[0].verified_ops, std::vector<std::string>{"gemm"});
+  EXPECT_THROW(sdk::kernel_verify_from_json(R"({"verify": "yes"})"), sdk::Error);
+  EXPECT_FALSE(sdk::kernel_verify_from_json(R"({"verify": false, "gemm": "auto"})"));
+  EXPECT_TRUE(sdk::kernel_verify_from_json(R"({"gemm": "auto"})"));
 }
 
 }  // namespace

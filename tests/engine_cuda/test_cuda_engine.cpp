@@ -196,7 +196,14 @@ TEST_P(Fixture, MatchesHuggingFaceReferenceInBf16) {
       const std::vector<float> got(grads[i].begin() + std::ptrdiff_t(j * per),
                                    grads[i].begin() + std::ptrdiff_t((j + 1) * per));
       const double e = rel_error(got, ref.read_f64("grad." + name));
-      EXPECT_LE(e, 5e-2) << "gradient of " << name;
+      // A key bias shifts every key of a head by one vector, which softmax cancels but for what
+      // RoPE's rotation leaves: its gradient is a sum over tokens of dK that nearly cancels, so
+      // max|err| / max|ref| measures bf16 noise against a small remainder (on qwen2-swa-yarn-tiny: at most
+      // 2.7e-2 through kernels_cuda's attention, 5.4e-2 through cuDNN's).
+      const std::string kb = "k_proj.bias";
+      const bool key_bias = name.size() >= kb.size() && name.compare(name.size() - kb.size(), kb.size(), kb) == 0;
+      const double bound = key_bias ? 1e-1 : 5e-2;
+      EXPECT_LE(e, bound) << "gradient of " << name;
       if (e > e_grad) {
         e_grad = e;
         worst = name;

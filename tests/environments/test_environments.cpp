@@ -242,7 +242,7 @@ TEST(EnvironmentsPlugin, DescribesItsComponentsAndKeys) {
   EnvHandle math(p, "math");
   std::string names;
   rlh::sdk::check(math.api->reward_names(math.env, rlh::sdk::write_to_string, &names));
-  EXPECT_EQ(names, R"(["reward","reward/format"])");
+  EXPECT_EQ(names, R"(["reward","reward/format","count/score_budget_exceeded"])");
 }
 
 TEST(EnvironmentsPlugin, MathScoresABatchInTheRequestedRewardOrder) {
@@ -276,7 +276,8 @@ TEST(EnvironmentsPlugin, BadInputsAreOneLineErrors) {
     math.score({{"1", {{"ground_truth", "1"}}}}, {"reward/partial"});
     ADD_FAILURE();
   } catch (const rlh::sdk::Error& e) {
-    EXPECT_STREQ(e.what(), "env.math: unknown reward 'reward/partial' (this environment produces [\"reward\",\"reward/format\"])");
+    EXPECT_STREQ(e.what(), "env.math: unknown reward 'reward/partial' (this environment produces "
+                           "[\"reward\",\"reward/format\",\"count/score_budget_exceeded\"])");
   }
   const auto* api = static_cast<const rlh_environment_api*>(p.find(RLH_KIND_ENVIRONMENT, "math")->api);
   rlh_environment* env = nullptr;
@@ -293,6 +294,32 @@ TEST(EnvironmentsPlugin, BadInputsAreOneLineErrors) {
   const char* reward_name = "reward";
   rlh_env_result result{RLH_STRUCT_SIZE(rlh_env_result, user), 1, &reward_name, &reward, &done, nullptr, nullptr};
   EXPECT_EQ(status_error(arith.api->score(arith.env, &bad, 1, &result)), "env.arithmetic: sample 0: metadata is not a JSON object");
+}
+
+// Issue 18: a response past the scoring budget scores 0, is counted in
+// count/score_budget_exceeded, gets one warning per batch, and the batch's other responses are
+// scored as usual (the run goes on).
+TEST(EnvironmentsPlugin, ResponsesPastTheScoringBudgetScoreZeroAndAreCounted) {
+  Plugin p;
+  EnvHandle math(p, "math", {{"max_score_work", 20000}, {"max_response_bytes", 100000}});
+  const json truth = {{"ground_truth", std::string(3000, '7')}};
+  testing::internal::CaptureStderr();
+  auto r = math.score({{"\\boxed{" + std::string(3000, '7') + "}", truth},  // too much work
+                       {"\\boxed{7}", {{"ground_truth", "7"}}},
+                       {std::string(200000, ' ') + "\\boxed{7}", {{"ground_truth", "7"}}}},  // too long
+                      {"reward", "count/score_budget_exceeded", "reward/format"});
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r, (std::vector<double>{0, 1, 0, 1, 0, 1, 0, 1, 0}));
+  EXPECT_NE(log.find("env.math: 2 of 3 responses exceeded the scoring budget and scored 0"), std::string::npos) << log;
+  EnvHandle copy(p, "copy", {{"max_response_bytes", 10}});
+  r = copy.score({{"abc", {{"answer", "abc"}}}, {std::string(11, 'a'), {{"answer", "abc"}}}},
+                 {"reward", "count/score_budget_exceeded"});
+  EXPECT_EQ(r, (std::vector<double>{1, 0, 0, 1}));
+  const auto* api = static_cast<const rlh_environment_api*>(p.find(RLH_KIND_ENVIRONMENT, "math")->api);
+  rlh_environment* env = nullptr;
+  const std::string bad = R"({"max_score_work": 0})";
+  EXPECT_EQ(status_error(api->create(p.services, bad.data(), bad.size(), &env)),
+            "env.math.max_score_work: expected a positive integer, got 0");
 }
 
 TEST(EnvironmentsPlugin, SyntheticDatasetRowsScoreThroughTheirEnvironments) {

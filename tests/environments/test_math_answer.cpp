@@ -19,6 +19,8 @@ using rlh::environments::AnswerSource;
 using rlh::environments::describe_answer;
 using rlh::environments::extract_answer;
 using rlh::environments::math_equal;
+using rlh::environments::MathCompareOptions;
+using rlh::environments::score_math_response;
 
 namespace {
 
@@ -144,4 +146,90 @@ TEST(MathAnswer, HostileInputIsNotACrash) {
   EXPECT_FALSE(math_equal("", ""));  // nothing is not an answer
   EXPECT_FALSE(math_equal("\\frac{1}{0}", "\\frac{1}{0}"));  // undefined is equal to nothing
   EXPECT_FALSE(math_equal("\\boxed{", "1"));
+  // Found by fuzz_math_verifier: under the 4 KB parse limit, a run of letters ("xy" = x*y) or
+  // terms was a left-deep tree 4,000 levels tall, and evaluating it overflowed the stack. A tree
+  // taller than 512 levels is not parsed: the answer compares as text.
+  const std::string tall = std::string(3000, 'x') + "1" + std::string(1000, 'x');
+  EXPECT_TRUE(math_equal(tall, tall));
+  EXPECT_FALSE(math_equal(tall, tall + "x"));
+  EXPECT_EQ(describe_answer(tall).rfind("text: ", 0), 0u);
+  std::string sum = "1";
+  for (int i = 0; i < 1500; ++i) sum += "+1";
+  EXPECT_FALSE(math_equal(sum, "1501"));
+  EXPECT_EQ(describe_answer(sum).rfind("text: ", 0), 0u);
+  sum = "1";
+  for (int i = 0; i < 400; ++i) sum += "+1";
+  EXPECT_TRUE(math_equal(sum, "401"));  // still an expression
+}
+
+// Issue 18: a policy's output can be anything. These responses crashed (std::regex recursion)
+// or took quadratic time in the verifier; each must now be scored within the default budget --
+// a budget check is how linearity is asserted here without timing anything.
+TEST(MathAnswer, PolicyOutputsThatUsedToCrashOrStallScoreWithinTheBudget) {
+  const std::string letters(30000, 'x');
+  auto v = score_math_response("\\boxed{" + letters + "}", "42");
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_FALSE(v.correct);
+  v = score_math_response("\\boxed{" + letters + "}", letters);  // a word answer equals itself
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_TRUE(v.correct);
+  std::string opens;
+  for (int i = 0; i < 100000; ++i) opens += "\\boxed{";
+  v = score_math_response(opens + " \\boxed{7}", "7");  // the last closed one still counts
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_TRUE(v.correct);
+  v = score_math_response(opens, "7");  // none closed: no answer
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_FALSE(v.correct);
+  std::string answers;
+  for (int i = 0; i < 100000; ++i) answers += "the answer is\n";
+  v = score_math_response(answers + "the answer is 5", "5");
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_TRUE(v.correct);
+  std::string texts;
+  for (int i = 0; i < 20000; ++i) texts += "\\text{";
+  v = score_math_response("\\boxed{" + std::string(40000, '$') + "5" + std::string(20000, '.') + "}", "5");
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_TRUE(v.correct);
+  v = score_math_response("\\boxed{" + texts + "}", "5");
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_FALSE(v.correct);
+  std::string digits(4000, '9');
+  v = score_math_response("\\boxed{" + digits + "}", digits);
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_TRUE(v.correct);
+}
+
+TEST(MathAnswer, AnExpressionEqualsItselfEvenBeyondExactAndFloatRange) {
+  EXPECT_TRUE(math_equal("10^{10^{10}}", "10^{10^{10}}"));  // was scored wrong
+  EXPECT_TRUE(math_equal("9^9^9^9", "9^{9^{9^9}}"));
+  EXPECT_FALSE(math_equal("10^{10^{10}}", "10^{10^{10}}+1"));  // undecidable here: not equal
+  EXPECT_FALSE(math_equal("\\frac{1}{0}", "\\frac{1}{0}"));  // no value at all
+  EXPECT_FALSE(math_equal("\\infty - \\infty", "\\infty - \\infty"));
+}
+
+TEST(MathAnswer, OverBudgetScoresAsWrongAndSaysWhy) {
+  MathCompareOptions tight;
+  tight.max_work = 2000;
+  // describe_answer has the same budget (it had none: the fuzzer's slowest inputs).
+  EXPECT_EQ(describe_answer("(1+x+y+z)^{32}", tight), "over budget: scoring needs more than 2000 work units");
+  EXPECT_EQ(describe_answer("1/2", tight), "exact: 1/2");
+  auto v = score_math_response("\\boxed{" + std::string(5000, '1') + "}", std::string(5000, '1'), tight);
+  EXPECT_TRUE(v.over_budget);
+  EXPECT_FALSE(v.correct);
+  EXPECT_NE(v.why.find("more than 2000 work units"), std::string::npos) << v.why;
+  EXPECT_FALSE(math_equal(std::string(5000, '1'), std::string(5000, '1'), tight));
+  MathCompareOptions small_response;
+  small_response.max_response_bytes = 100;
+  v = score_math_response(std::string(200, ' ') + "\\boxed{1}", "1", small_response);
+  EXPECT_TRUE(v.over_budget);
+  EXPECT_NE(v.why.find("longer than 100 bytes"), std::string::npos) << v.why;
+  MathCompareOptions small_answer;
+  small_answer.max_answer_bytes = 10;
+  v = score_math_response("\\boxed{" + std::string(20, '1') + "}", "1", small_answer);
+  EXPECT_TRUE(v.over_budget);
+  // Within the defaults the same answers are decided.
+  v = score_math_response("\\boxed{" + std::string(5000, '1') + "}", std::string(5000, '1'));
+  EXPECT_FALSE(v.over_budget) << v.why;
+  EXPECT_TRUE(v.correct);
 }

@@ -16,5 +16,18 @@ if(TARGET rlh_tokenizer)
   rlh_add_fuzz_test(fuzz_chat_template
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_chat_template.cpp
     LINK rlh_tokenizer
-    CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/chat_template)
+    CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/chat_template
+    DICT ${CMAKE_CURRENT_SOURCE_DIR}/dict/jinja.dict)
+  # Expressions, filters, tests and methods over edge values.
+  rlh_add_fuzz_test(fuzz_jinja_filters
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_jinja_filters.cpp
+    LINK rlh_tokenizer
+    CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/jinja_filters
+    DICT ${CMAKE_CURRENT_SOURCE_DIR}/dict/jinja.dict)
+  # Normalizer and pre-tokenizer chains from tokenizer.json, then encoding.
+  rlh_add_fuzz_test(fuzz_tokenizer_pipeline
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_tokenizer_pipeline.cpp
+    LINK rlh_tokenizer
+    CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/tokenizer_pipeline
+    DICT ${CMAKE_CURRENT_SOURCE_DIR}/dict/tokenizer_pipeline.dict)
 endif()

@@ -28,8 +28,9 @@ Options gen_options(int num_threads) {
     return o;
   }
   // kernels_cpu instances with their own decode threads, one per count, kept for the process
-  static std::map<int, rlh::test::KernelsCpuThroughAbi*> by_threads;
-  rlh::test::KernelsCpuThroughAbi*& k = by_threads[num_threads];
+  // (the map too is never destroyed, so what it holds stays reachable at exit for LeakSanitizer)
+  static auto* by_threads = new std::map<int, rlh::test::KernelsCpuThroughAbi*>;
+  rlh::test::KernelsCpuThroughAbi*& k = (*by_threads)[num_threads];
   if (!k) {
     const std::string cfg = "{\"num_threads\": " + std::to_string(num_threads) + "}";
     k = new rlh::test::KernelsCpuThroughAbi({}, cfg.c_str());
@@ -160,6 +161,52 @@ TiedRouterModel tied_router_moe() {
     }
   }
   return m;
+}
+
+Model qwen_like() {
+  Model m;
+  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
+                      R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": true,
+                          "use_sliding_window": true, "sliding_window": 9, "max_window_layers": 1,
+                          "tie_word_embeddings": true, "rope_theta": 1000.0})");
+  m.weights = random_weights(m.desc, 11);
+  return m;
+}
+
+Model moe_like() {
+  Model m;
+  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
+                      R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 6,
+                          "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                          "shared_expert_intermediate_size": 80, "decoder_sparse_step": 2, "norm_topk_prob": false,
+                          "mlp_only_layers": [], "rope_theta": 1000.0})");
+  m.weights = random_weights(m.desc, 12);
+  return m;
+}
+
+Model mla_like() {
+  Model m;
+  m.desc = deepseek_desc();
+  m.weights = random_weights(m.desc, 13);
+  return m;
+}
+
+Model gemma_like() {
+  Model m;
+  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
+                      R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                          "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 7,
+                          "sliding_window_pattern": 2, "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6})");
+  m.weights = random_weights(m.desc, 14);
+  return m;
+}
+
+std::string CharDetok::decode(std::span<const int32_t> ids) const {
+  std::string s;
+  for (int32_t t : ids)
+    if (t != 0) s += char('a' + t % 26);
+  return s;
 }
 
 void expect_same(const Outs& a, const Outs& b, const std::string& what) {

@@ -49,6 +49,27 @@ struct TiedRouterModel {
 };
 TiedRouterModel tied_router_moe();
 
+// Random models of the kinds the tests run (deterministic): a Qwen3-like dense model with every
+// dense feature the description can switch on (biases, q/k norms, a window on the upper layers,
+// GQA 4/2, tied); Qwen2-MoE-like (6 experts top-2 with a gated shared expert on every other
+// layer); DeepSeek-V3-like (deepseek_desc: MLA and sigmoid-routed MoE with groups); Gemma-3-like
+// (sandwich and (1 + w) norms, q/k norms, GeGLU, scaled embedding, a window on every other layer
+// with its own RoPE table, linear-scaled RoPE on the others, query_pre_attn_scalar, tied).
+struct Model {
+  sdk::TransformerDesc desc;
+  std::vector<std::vector<float>> weights;
+};
+Model qwen_like();
+Model moe_like();
+Model mla_like();
+Model gemma_like();
+
+// Token t decodes to one letter ('a' + t % 26); token 0 to nothing (a special token).
+class CharDetok : public Detokenizer {
+ public:
+  std::string decode(std::span<const int32_t> ids) const override;
+};
+
 // One finished sample, copied out of the callback.
 struct Out {
   std::vector<int32_t> ids;

@@ -133,7 +133,7 @@ TEST(StopStrings, MatchAcrossTokensAndEmptyTokens) {
 TEST(KvCache, BlocksAreBudgetedAndReusedLastInFirstOut) {
   const KvLayout l = KvLayout::make(16, {2, 4}, {8, 32});
   EXPECT_EQ(l.offset[1], 2 * 2 * 16 * 8);
-  EXPECT_EQ(l.block_floats, 2 * 16 * (2 * 8 + 4 * 32));
+  EXPECT_EQ(l.block_elems, 2 * 16 * (2 * 8 + 4 * 32));
   KvCache kv(l, l.block_bytes() * 3 + 7);
   EXPECT_EQ(kv.num_blocks(), 3);
   const int32_t a = kv.allocate(), b = kv.allocate(), c = kv.allocate();
@@ -160,7 +160,7 @@ TEST(KvCache, BlocksAreBudgetedAndReusedLastInFirstOut) {
   const KvLayout m = KvLayout::make(16, {2, 4}, {8, 24}, {8, 12});
   EXPECT_EQ(m.value_dim, (std::vector<int64_t>{8, 12}));
   EXPECT_EQ(m.offset[1], 2 * 2 * 16 * 8);
-  EXPECT_EQ(m.block_floats, 2 * 16 * (8 + 8) + 4 * 16 * (24 + 12));
+  EXPECT_EQ(m.block_elems, 2 * 16 * (8 + 8) + 4 * 16 * (24 + 12));
   KvCache mk(m, m.block_bytes() * 2);
   const int32_t mb = mk.allocate(), next = mk.allocate();
   EXPECT_EQ(mk.values(mb, 1), mk.keys(mb, 1) + 4 * 16 * 24);
@@ -256,13 +256,13 @@ TEST_P(PagedAttention, MatchesFloat64AttentionThroughScatteredBlocks) {
   for (int i = 0; i < 12; ++i) all.push_back(kv.allocate());
   std::vector<int32_t> table = {all[7], all[2], all[11], all[0], all[5], all[9]};
   // The ops read and write the cache as the generator lays it out: block b of layer 0 at
-  // keys(0, 0) + b block_floats; each row's block table [R, T] (here one sequence).
+  // keys(0, 0) + b block_elems; each row's block table [R, T] (here one sequence).
   rlh::engine::Ops& ops = rlh::test::cpu_ops();
   rlh::engine::Ops::PagedCache c;
   c.k = kv.keys(0, 0);
   c.v = kv.values(0, 0);
   c.num_blocks = kv.num_blocks();
-  c.block_stride = l.block_floats;
+  c.block_stride = l.block_elems;
   c.block_size = bs;
   c.Hkv = Hkv;
   c.Dk = D;

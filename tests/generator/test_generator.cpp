@@ -128,60 +128,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGreedy, ::testing::ValuesIn(fixture_mo
                            return n;
                          });
 
-// ---------------------------------------------------------------------------------------------
-// A random model with every dense feature the description can switch on.
-
-struct Model {
-  sdk::TransformerDesc desc;
-  std::vector<std::vector<float>> weights;
-};
-
-Model qwen_like() {
-  Model m;
-  // Qwen2-style biases + sliding window on the upper layers, Qwen3-style q/k norms, GQA 4/2.
-  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
-                      R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": true,
-                          "use_sliding_window": true, "sliding_window": 9, "max_window_layers": 1,
-                          "tie_word_embeddings": true, "rope_theta": 1000.0})");
-  m.weights = random_weights(m.desc, 11);
-  return m;
-}
-
-// Qwen2-MoE-style: 6 experts top-2 with a gated shared expert on every other layer.
-Model moe_like() {
-  Model m;
-  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
-                      R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 6,
-                          "num_experts_per_tok": 2, "moe_intermediate_size": 48,
-                          "shared_expert_intermediate_size": 80, "decoder_sparse_step": 2, "norm_topk_prob": false,
-                          "mlp_only_layers": [], "rope_theta": 1000.0})");
-  m.weights = random_weights(m.desc, 12);
-  return m;
-}
-
-// DeepSeek-V3-style: MLA (Dk != Dv, yarn, interleaved RoPE) and sigmoid-routed MoE with groups.
-Model mla_like() {
-  Model m;
-  m.desc = deepseek_desc();
-  m.weights = random_weights(m.desc, 13);
-  return m;
-}
-
-// Gemma-3-style: sandwich norms and q/k norms with (1 + w), GeGLU, scaled embedding, a window on
-// every other layer with its own RoPE table, linear-scaled RoPE on the others,
-// query_pre_attn_scalar, tied: the layer program's features, run by the generator as by the
-// engines.
-Model gemma_like() {
-  Model m;
-  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
-                      R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-                          "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 7,
-                          "sliding_window_pattern": 2, "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6})");
-  m.weights = random_weights(m.desc, 14);
-  return m;
-}
-
 class Invariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
@@ -510,17 +456,6 @@ TEST(Generator, Bf16RefitIsConvertedIntoOwnedMemory) {
 
 // ---------------------------------------------------------------------------------------------
 // Stops and limits
-
-class CharDetok : public Detokenizer {
- public:
-  // Token t decodes to one letter; special token 0 decodes to nothing.
-  std::string decode(std::span<const int32_t> ids) const override {
-    std::string s;
-    for (int32_t t : ids)
-      if (t != 0) s += char('a' + t % 26);
-    return s;
-  }
-};
 
 TEST(Generator, StopTokensStringsAndLimits) {
   const Model m = qwen_like();

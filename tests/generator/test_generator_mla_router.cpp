@@ -44,7 +44,7 @@ TEST(Mla, CachesExpandedKeysAndValuesOfTheirOwnWidths) {
     EXPECT_EQ(l.head_dim[i], 16 + 8) << "k_nope | k_rot";
     EXPECT_EQ(l.value_dim[i], 12);
   }
-  EXPECT_EQ(l.block_floats, 3 * 16 * 4 * (24 + 12));
+  EXPECT_EQ(l.block_elems, 3 * 16 * 4 * (24 + 12));
   // The description's softmax scale carries yarn's mscale(factor, mscale_all_dim)^2, and the
   // generator takes it as given.
   const double m = 0.1 * 0.8 * std::log(4.0) + 1.0;

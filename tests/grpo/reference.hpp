@@ -82,13 +82,15 @@ inline RefOut ref_clipped_pg(const ClippedPGConfig& c, const RefBatch& B, const 
   };
 
   // Diagnostics over mask = token_mask[:, 1:] * sample_mask.
-  double mult = 0, gkl = 0, pkl = 0, js = 0;
+  double mult = 0, gkl = 0, pkl = 0, js = 0, abs_err = 0, abs_max = 0;
   for (size_t b = 0; b < nb; ++b) {
     const RefSeq& s = B.seqs[b];
     for (size_t j = 0; j + 1 < s.length(); ++j) {
       const double m = s.token_mask[j + 1] * s.sample_mask;
       const double prev = prev_at(b, j), gen = s.gen[j + 1];
       mult += std::exp(std::abs(gen - prev) * m) * m;
+      abs_err += std::abs(gen - prev) * m;
+      if (m != 0) abs_max = std::max(abs_max, std::abs(gen - prev));
       gkl += ref_kl(c.reference_policy_kl_type, prev - gen) * m;
       pkl += ref_kl(c.reference_policy_kl_type, gen - prev) * m;
       const double lmix = std::log(0.5 * std::exp(prev) + 0.5 * std::exp(gen));
@@ -100,6 +102,8 @@ inline RefOut ref_clipped_pg(const ClippedPGConfig& c, const RefBatch& B, const 
   out.m["gen_kl_error"] = gkl / (B.g_tok + kRefEps);
   out.m["policy_kl_error"] = pkl / (B.g_tok + kRefEps);
   out.m["js_divergence_error"] = js / (B.g_tok + kRefEps);
+  out.m["logprob_abs_error"] = abs_err / (B.g_tok + kRefEps);
+  out.m["logprob_abs_error_max"] = abs_max;
 
   const double tok_norm =
       c.constant_normalizer ? B.g_seq * *c.constant_normalizer : B.g_tok;  // Dr.GRPO option

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -22,6 +23,7 @@
 
 #include "rlhost/host.h"
 #include "rlhost/sdk/checkpoint.hpp"
+#include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace fs = std::filesystem;
@@ -64,7 +66,7 @@ struct Loop : ::testing::Test {
   rlhost_t* make_host(const std::vector<std::string>& overrides, bool with_runtime) {
     rlhost_t* h = nullptr;
     EXPECT_EQ(rlhost_create(&h), nullptr);
-    rlhost_set_log_level(h, RLH_LOG_ERROR);
+    rlhost_set_log_level(h, log_level);
     std::vector<std::string> plugins = {"grpo", "environments", "tokenizer_hf", "model_llama"};
     if (with_runtime) plugins.insert(plugins.end(), {"kernels_cpu", "dtensor", "generator"});
     for (const auto& p : plugins) {
@@ -110,6 +112,7 @@ struct Loop : ::testing::Test {
   }
 
   fs::path dir, model;
+  int32_t log_level = RLH_LOG_ERROR;
 };
 
 TEST_F(Loop, KeyCheckAcceptsTheDemoConfig) {
@@ -252,6 +255,178 @@ TEST_F(Loop, ResumeContinuesBitwise) {
     ++compared;
   }
   EXPECT_GT(compared, 0u) << "no weights compared under " << a;
+}
+
+// checkpointing.model_save_dtype=bfloat16: step_N/policy's HF weights are the bf16 rounding of
+// the float32 masters, which sit in policy/master_weights/ and are what a resume reads: the run
+// interrupted and resumed ends as the float32-saving run straight through, bit for bit.
+TEST_F(Loop, Bf16ExportResumesFromTheMasters) {
+  require_runtime();
+  const std::vector<std::string> common = {"grpo.num_prompts_per_step=16", "grpo.num_generations_per_prompt=4",
+                                           "grpo.val_at_start=false", "grpo.val_at_end=false",
+                                           "grpo.val_period=0", "checkpointing.save_period=2"};
+  auto with = [&](std::vector<std::string> v, const std::string& ck, int steps) {
+    v.insert(v.end(), common.begin(), common.end());
+    v.push_back("checkpointing.checkpoint_dir=" + (dir / ck).string());
+    v.push_back("grpo.max_num_steps=" + std::to_string(steps));
+    return v;
+  };
+  const std::string bf16 = "++checkpointing.model_save_dtype=bfloat16";
+  auto straight = run(with({}, "straight", 4));
+  run(with({bf16}, "resumed", 2));
+  auto second = run(with({bf16}, "resumed", 4));
+  for (int64_t s : {3, 4}) {
+    EXPECT_EQ(second["train/loss"][s], straight["train/loss"][s]) << "step " << s;
+    EXPECT_EQ(second["train/reward"][s], straight["train/reward"][s]) << "step " << s;
+  }
+  const fs::path a = dir / "straight/step_4/policy", b = dir / "resumed/step_4/policy";
+  ASSERT_TRUE(fs::exists(b / "master_weights/model.safetensors"));
+  EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "master_weights/model.safetensors"))
+      << "the resumed run's masters differ from the straight run's weights";
+  EXPECT_TRUE(read_file(a / "optimizer.safetensors") == read_file(b / "optimizer.safetensors"));
+  EXPECT_EQ(json::parse(read_file(b / "config.json"))["torch_dtype"], "bfloat16");
+  EXPECT_TRUE(rlh::sdk::verify_checkpoint(dir / "resumed/step_4").ok);
+  // The export: bf16, each element the round-to-nearest-even of the master.
+  const auto exported = rlh::sdk::st::File::open((b / "model.safetensors").string());
+  const auto masters = rlh::sdk::st::File::open((a / "model.safetensors").string());
+  size_t bf16_tensors = 0, differ = 0;
+  for (const auto& t : exported.tensors()) {
+    if (t.dtype != rlh::sdk::st::DType::BF16) continue;
+    ++bf16_tensors;
+    const std::vector<float> f = masters.read_f32(t.name);
+    const auto bytes = exported.data(t);
+    ASSERT_EQ(bytes.size(), 2 * f.size()) << t.name;
+    for (size_t i = 0; i < f.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &f[i], 4);
+      const uint16_t want = uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+      uint16_t got;
+      std::memcpy(&got, bytes.data() + 2 * i, 2);
+      differ += got != want;
+    }
+  }
+  EXPECT_EQ(bf16_tensors, masters.tensors().size()) << "every weight of the tiny model is a parameter";
+  EXPECT_EQ(differ, 0u);
+  // A bad value stops the run with the key named.
+  rlhost_t* h = make_host({"++checkpointing.model_save_dtype=float16"}, true);
+  std::string msg;
+  EXPECT_NE(code_of(rlhost_run(h), &msg), RLH_OK);
+  EXPECT_NE(msg.find("checkpointing.model_save_dtype"), std::string::npos) << msg;
+  rlhost_destroy(h);
+}
+
+// Issue 18: a checkpoint whose weights changed after it was saved (same size, so only the CRC in
+// the manifest shows it), or whose training_info.json names another step, is skipped with a
+// warning naming it; the run resumes from the checkpoint before and continues exactly as that
+// checkpoint's run did; the skipped folder is never overwritten, and no damaged state is copied
+// forward into a new checkpoint.
+TEST_F(Loop, DamagedCheckpointsAreSkippedAndNeverOverwritten) {
+  require_runtime();
+  const std::vector<std::string> common = {"grpo.num_prompts_per_step=16", "grpo.num_generations_per_prompt=4",
+                                           "grpo.val_at_start=false", "grpo.val_at_end=false",
+                                           "grpo.val_period=0", "checkpointing.save_period=2"};
+  auto with = [&](const std::string& ck, int steps) {
+    std::vector<std::string> v = common;
+    v.push_back("checkpointing.checkpoint_dir=" + (dir / ck).string());
+    v.push_back("grpo.max_num_steps=" + std::to_string(steps));
+    return v;
+  };
+  auto straight = run(with("weights", 4));
+  fs::copy(dir / "weights", dir / "step", fs::copy_options::recursive);
+  for (const char* damage : {"weights", "step"}) {
+    SCOPED_TRACE(damage);
+    const fs::path ck = dir / damage;
+    ASSERT_TRUE(fs::exists(ck / "step_4"));
+    fs::path victim;
+    if (std::string(damage) == "weights") {
+      for (const auto& e : fs::recursive_directory_iterator(ck / "step_4/policy"))
+        if (e.path().filename() == "model.safetensors") victim = e.path();
+      ASSERT_FALSE(victim.empty());
+      std::string bytes = read_file(victim);
+      bytes[bytes.size() - 3] ^= 0x40;  // a weight's high bits: a different value, the same size
+      std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+    } else {
+      victim = ck / "step_4/training_info.json";
+      std::string text = read_file(victim);
+      const size_t at = text.find("\"step\":4");
+      ASSERT_NE(at, std::string::npos) << text;
+      text[at + 7] = '1';  // "step":1, the same size
+      std::ofstream(victim, std::ios::binary | std::ios::trunc) << text;
+    }
+    const std::string damaged = read_file(victim);
+    log_level = RLH_LOG_INFO;
+    testing::internal::CaptureStderr();
+    auto resumed = run(with(damage, 6));
+    const std::string log = testing::internal::GetCapturedStderr();
+    log_level = RLH_LOG_ERROR;
+    EXPECT_NE(log.find("checkpoint skipped: " + (ck / "step_4").string()), std::string::npos) << log;
+    EXPECT_NE(log.find("resumed from " + (ck / "step_2").string()), std::string::npos) << log;
+    EXPECT_NE(log.find("checkpoint for step 4 not saved: " + (ck / "step_4").string()), std::string::npos) << log;
+    // Steps 3..6 ran again from step 2's state: steps 3 and 4 as the first run had them.
+    EXPECT_FALSE(resumed["train/loss"].count(2));
+    for (int64_t s : {3, 4}) EXPECT_EQ(resumed["train/loss"][s], straight["train/loss"][s]) << "step " << s;
+    EXPECT_TRUE(resumed["train/loss"].count(6));
+    // Nothing lost: the damaged step_4 is as it was; step_6 is a new, valid checkpoint.
+    EXPECT_TRUE(read_file(victim) == damaged);
+    EXPECT_TRUE(rlh::sdk::verify_checkpoint(ck / "step_6").ok) << rlh::sdk::verify_checkpoint(ck / "step_6").error;
+    EXPECT_TRUE(rlh::sdk::verify_checkpoint(ck / "step_2").ok);
+  }
+}
+
+// Issue 18: a model's chat template is code from its repository; one that would trap (SIGFPE) or
+// build gigabytes stops the GRPO run with one line naming the template, before any step.
+TEST_F(Loop, HostileChatTemplateStopsTheRunWithOneLine) {
+  require_runtime();
+  for (const char* tpl : {"{{ (-9223372036854775807 - 1) // -1 }}", "{{ 'x'|center(1000000000000) }}"}) {
+    json cfg = json::parse(read_file(model / "tokenizer_config.json"));
+    cfg["chat_template"] = tpl;
+    std::ofstream(model / "tokenizer_config.json", std::ios::trunc) << cfg.dump();
+    rlhost_t* h = make_host({"policy.tokenizer.chat_template=default", "grpo.max_num_steps=1"}, true);
+    std::string msg;
+    EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_E_INVALID_ARGUMENT) << msg;
+    EXPECT_NE(msg.find("chat template: line 1: "), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    rlhost_destroy(h);
+    EXPECT_FALSE(fs::exists(dir / "ckpt" / "step_1"));
+  }
+}
+
+// Issue 18: a non-finite loss stops training (NeMo-RL stops on a NaN loss too): one line naming the
+// step, a non-zero status, and no checkpoint of that step. Here the model's output layer is
+// finite but so large that the logits overflow.
+TEST_F(Loop, NonFiniteLossStopsTrainingWithoutACheckpoint) {
+  require_runtime();
+  if (!have("sft")) GTEST_SKIP() << "plugin 'sft' is not built";
+  {
+    const fs::path st = model / "model.safetensors";
+    std::string b = read_file(st);
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    const json hdr = json::parse(b.substr(8, n));
+    const auto& off = hdr.at("lm_head.weight").at("data_offsets");
+    const float big = 3e38f;
+    for (uint64_t at = 8 + n + off[0].get<uint64_t>(); at < 8 + n + off[1].get<uint64_t>(); at += 4)
+      std::memcpy(b.data() + at, &big, 4);
+    std::ofstream(st, std::ios::binary | std::ios::trunc) << b;
+  }
+  rlhost_t* h = nullptr;
+  ASSERT_EQ(rlhost_create(&h), nullptr);
+  rlhost_set_log_level(h, RLH_LOG_ERROR);
+  for (const std::string p : {"sft", "dtensor", "environments", "tokenizer_hf", "model_llama", "kernels_cpu"})
+    ASSERT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
+  std::string msg;
+  ASSERT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs/sft_demo_cpu.yaml").c_str()),
+                    &msg), RLH_OK) << msg;
+  const fs::path ck = dir / "nan_ck";
+  for (const std::string& o : {"policy.model_name=" + model.string(), std::string("sft.max_num_steps=3"),
+                              std::string("checkpointing.save_period=1"), "checkpointing.checkpoint_dir=" + ck.string(),
+                              "logger.log_dir=" + (dir / "nan_logs").string(), std::string("++logger.console_enabled=false")})
+    ASSERT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
+  EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_E_ABORTED) << msg;
+  EXPECT_NE(msg.find("train step 1: the loss is NaN"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  rlhost_destroy(h);
+  EXPECT_FALSE(fs::exists(ck / "step_1"));
 }
 
 // NeMo-RL's math recipes (dtensor and megatron) run as shipped on a user's own HF checkpoint and

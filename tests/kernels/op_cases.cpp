@@ -16,24 +16,6 @@ namespace {
 template <class B>
 using elem_t = std::decay_t<decltype(std::declval<B>()[0][0])>;
 
-TensorLayout contiguous(std::vector<int64_t> shape) { return TensorLayout{std::move(shape), {}, 0}; }
-TensorLayout strided(std::vector<int64_t> shape, std::vector<int64_t> strides) {
-  return TensorLayout{std::move(shape), std::move(strides), 0};
-}
-AbiOperand op_in(int i, TensorLayout l) { return {AbiOperand::input, i, std::move(l)}; }
-AbiOperand op_out(int i, TensorLayout l) { return {AbiOperand::output, i, std::move(l)}; }
-AbiOperand op_int(int i, std::vector<int64_t> shape) {
-  return {AbiOperand::ints, i, contiguous(std::move(shape))};
-}
-AbiOperand op_const(int i, std::vector<int64_t> shape) {
-  return {AbiOperand::f32_const, i, contiguous(std::move(shape))};
-}
-AbiOperand op_gin(int i, TensorLayout l) { return {AbiOperand::grad_input, i, std::move(l)}; }
-AbiOperand op_gout(int i, TensorLayout l) { return {AbiOperand::grad_output, i, std::move(l)}; }
-AbiOperand op_saved(int i, TensorLayout l) { return {AbiOperand::saved, i, std::move(l)}; }
-AbiAttr attr_i(const char* n, int64_t v) { return AbiAttr{n, false, v, 0}; }
-AbiAttr attr_d(const char* n, double v) { return AbiAttr{n, true, 0, v}; }
-
 // Sets fwd32/fwd64 (and bwd32/bwd64) of a case from one generic lambda each.
 template <class F>
 void set_fwd(OpCase& c, F f) {
@@ -97,13 +79,6 @@ OpCase gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha
       }
   };
   c.fwd_tol = 1e-6;
-  c.abi_fwd.op = "gemm";
-  c.abi_fwd.inputs = {op_in(0, strided({arows, acols}, {lda, 1})),
-                      op_in(1, contiguous({brows, bcols}))};
-  c.abi_fwd.outputs = {op_out(0, contiguous({M, N}))};
-  c.abi_fwd.attrs = {attr_i("transpose_a", ta), attr_i("transpose_b", tb),
-                     attr_d("alpha", alpha), attr_d("beta", beta)};
-  c.abi_fwd.init_outputs = {{2, 0}};
   return c;
 }
 
@@ -131,10 +106,6 @@ OpCase gemm_batched_case() {
           out[0][b * M * N + i * N + j] = acc;
         }
   };
-  c.abi_fwd.op = "gemm";
-  c.abi_fwd.inputs = {op_in(0, contiguous({batch, M, K})), op_in(1, contiguous({batch, N, K}))};
-  c.abi_fwd.outputs = {op_out(0, contiguous({batch, M, N}))};
-  c.abi_fwd.attrs = {attr_i("transpose_b", 1)};
   return c;
 }
 
@@ -165,10 +136,6 @@ OpCase embedding_case() {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < C; ++j) out[0][n * C + j] = in[0][ids[n] * C + j];
   };
-  c.abi_fwd = {"embedding_fwd", {op_int(0, {N}), op_in(0, contiguous({V, C}))},
-               {op_out(0, contiguous({N, C}))}, {}, {}};
-  c.abi_bwd = {"embedding_bwd", {op_int(0, {N}), op_gout(0, contiguous({N, C}))},
-               {op_gin(0, contiguous({V, C}))}, {}, {}};
   return c;
 }
 
@@ -205,17 +172,6 @@ OpCase rmsnorm_case(int64_t N, int64_t C, double w_offset, int64_t ldx, int64_t 
         out[0][n * ldy + j] = in[0][n * ldx + j] * r * (in[1][j] + w_offset);
     }
   };
-  c.abi_fwd = {"rmsnorm_fwd",
-               {op_in(0, strided({N, C}, {ldx, 1})), op_in(1, contiguous({C}))},
-               {op_out(0, strided({N, C}, {ldy, 1})), op_out(1, contiguous({N}))},
-               {attr_d("eps", eps), attr_d("weight_offset", w_offset)},
-               {}};
-  c.abi_bwd = {"rmsnorm_bwd",
-               {op_gout(0, strided({N, C}, {ldy, 1})), op_in(0, strided({N, C}, {ldx, 1})),
-                op_in(1, contiguous({C})), op_saved(1, contiguous({N}))},
-               {op_gin(0, strided({N, C}, {ldx, 1})), op_gin(1, contiguous({C}))},
-               {attr_d("weight_offset", w_offset)},
-               {}};
   return c;
 }
 
@@ -237,7 +193,6 @@ OpCase rope_case(int64_t H, int64_t D, int64_t R, bool interleaved, double scale
   c.out_sizes = {N * ld};
   c.out_loss = {true};
   c.ints = {IntOperand{pos, {N}}};
-  c.f32_consts = {inv_freq};
   set_fwd(c, [=](const auto& in, auto& out) {
     using T = elem_t<decltype(in)>;
     rope_fwd<T>(out[0].data(), ld, in[0].data(), ld, pos.data(), inv_freq.data(), N, H, D, R,
@@ -264,15 +219,6 @@ OpCase rope_case(int64_t H, int64_t D, int64_t R, bool interleaved, double scale
         }
       }
   };
-  const TensorLayout lay = strided({N, H, D}, {ld, D, 1});
-  c.abi_fwd = {"rope_fwd", {op_in(0, lay), op_int(0, {N}), op_const(0, {R / 2})},
-               {op_out(0, lay)},
-               {attr_d("scale", scale), attr_i("interleaved", interleaved)},
-               {}};
-  c.abi_bwd = {"rope_bwd", {op_gout(0, lay), op_int(0, {N}), op_const(0, {R / 2})},
-               {op_gin(0, lay)},
-               {attr_d("scale", scale), attr_i("interleaved", interleaved)},
-               {}};
   return c;
 }
 
@@ -349,20 +295,6 @@ OpCase attention_case(const AttnShape& a) {
         }
       }
   };
-  const TensorLayout lq = strided({N, Hq, Dk}, {ldq, Dk, 1}), lk = strided({N, Hkv, Dk}, {ldk, Dk, 1}),
-                     lv = strided({N, Hkv, Dv}, {ldv, Dv, 1}), lo = strided({N, Hq, Dv}, {ldo, Dv, 1}),
-                     llse = contiguous({Hq, N});
-  c.abi_fwd = {"attention_fwd",
-               {op_in(0, lq), op_in(1, lk), op_in(2, lv), op_int(0, {S + 1})},
-               {op_out(0, lo), op_out(1, llse)},
-               {attr_d("scale", scale), attr_i("window", W)},
-               {}};
-  c.abi_bwd = {"attention_bwd",
-               {op_gout(0, lo), op_in(0, lq), op_in(1, lk), op_in(2, lv), op_saved(0, lo),
-                op_saved(1, llse), op_int(0, {S + 1})},
-               {op_gin(0, lq), op_gin(1, lk), op_gin(2, lv)},
-               {attr_d("scale", scale), attr_i("window", W)},
-               {}};
   return c;
 }
 
@@ -394,17 +326,6 @@ OpCase swiglu_case() {
         out[0][n * ldh + f] = g / (1 + std::exp(-g)) * in[1][n * ldu + f];
       }
   };
-  c.abi_fwd = {"swiglu_fwd",
-               {op_in(0, strided({N, F}, {ldg, 1})), op_in(1, contiguous({N, F}))},
-               {op_out(0, contiguous({N, F}))},
-               {},
-               {}};
-  c.abi_bwd = {"swiglu_bwd",
-               {op_gout(0, contiguous({N, F})), op_in(0, strided({N, F}, {ldg, 1})),
-                op_in(1, contiguous({N, F}))},
-               {op_gin(0, strided({N, F}, {ldg, 1})), op_gin(1, contiguous({N, F}))},
-               {},
-               {}};
   return c;
 }
 
@@ -437,18 +358,6 @@ OpCase geglu_case(bool tanh_form) {
         out[0][n * ldh + f] = gelu * in[1][n * ldu + f];
       }
   };
-  const AbiAttr form{"approximate_tanh", false, tanh_form ? 1 : 0, 0};
-  c.abi_fwd = {"geglu_fwd",
-               {op_in(0, strided({N, F}, {ldg, 1})), op_in(1, contiguous({N, F}))},
-               {op_out(0, contiguous({N, F}))},
-               {form},
-               {}};
-  c.abi_bwd = {"geglu_bwd",
-               {op_gout(0, contiguous({N, F})), op_in(0, strided({N, F}, {ldg, 1})),
-                op_in(1, contiguous({N, F}))},
-               {op_gin(0, strided({N, F}, {ldg, 1})), op_gin(1, contiguous({N, F}))},
-               {form},
-               {}};
   return c;
 }
 
@@ -476,10 +385,6 @@ OpCase bias_case() {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t m = 0; m < M; ++m) out[0][n * ld + m] += in[1][m];
   };
-  c.abi_fwd = {"bias_add_fwd", {op_in(1, contiguous({M}))},
-               {op_out(0, strided({N, M}, {ld, 1}))}, {}, {{0, 0}}};
-  c.abi_bwd = {"bias_bwd", {op_gout(0, strided({N, M}, {ld, 1}))},
-               {op_gin(1, contiguous({M}))}, {}, {}};
   return c;
 }
 
@@ -503,8 +408,6 @@ OpCase add_case() {
   c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
     for (int64_t i = 0; i < n; ++i) out[0][i] = in[0][i] + in[1][i];
   };
-  c.abi_fwd = {"add_fwd", {op_in(0, contiguous({n})), op_in(1, contiguous({n}))},
-               {op_out(0, contiguous({n}))}, {}, {}};
   return c;
 }
 
@@ -608,25 +511,6 @@ OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobO
       }
     }
   };
-  std::vector<AbiAttr> attrs = {attr_d("temperature", o.temperature), attr_i("top_k", o.top_k),
-                                attr_d("top_p", o.top_p), attr_i("chunk_bytes", o.chunk_bytes)};
-  const TensorLayout lp_layout = contiguous(tshape);
-  c.abi_fwd = {"linear_logprob_fwd",
-               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, tshape)},
-               {op_out(0, lp_layout), op_out(1, contiguous({N}))},
-               attrs,
-               {}};
-  if (want_entropy) c.abi_fwd.outputs.push_back(op_out(2, contiguous({N})));
-  c.abi_bwd = {"linear_logprob_bwd",
-               {op_in(0, contiguous({N, C})), op_in(1, contiguous({V, C})), op_int(0, tshape),
-                op_saved(1, contiguous({N})), op_gout(0, lp_layout)},
-               {op_gin(0, contiguous({N, C})), op_gin(1, contiguous({V, C}))},
-               attrs,
-               {}};
-  if (want_entropy) {
-    c.abi_bwd.inputs.push_back(op_saved(2, contiguous({N})));
-    c.abi_bwd.inputs.push_back(op_gout(2, contiguous({N})));
-  }
   c.fwd_tol = 5e-6;
   return c;
 }
@@ -674,14 +558,6 @@ OpCase adamw_case(int64_t n, bool zero_grad) {
   c.fwd64 = oracle;
   c.ref64 = oracle;
   c.fwd_tol = 1e-6;
-  c.abi_fwd.op = "adamw";
-  c.abi_fwd.outputs = {op_out(0, contiguous({n})), op_out(1, contiguous({n})),
-                       op_out(2, contiguous({n})), op_out(3, contiguous({n}))};
-  c.abi_fwd.attrs = {attr_d("lr", o.lr),       attr_d("beta1", o.beta1),
-                     attr_d("beta2", o.beta2), attr_d("eps", o.eps),
-                     attr_d("weight_decay", o.weight_decay), attr_i("step", o.step),
-                     attr_d("grad_scale", o.grad_scale),     attr_i("zero_grad", zero_grad)};
-  c.abi_fwd.init_outputs = {{0, 0}, {1, 1}, {2, 2}, {3, 3}};
   return c;
 }
 
@@ -701,7 +577,6 @@ OpCase sumsq_case() {
     out[0][0] = acc;
   };
   c.fwd64 = c.ref64;
-  c.abi_fwd = {"sumsq", {op_in(0, contiguous({n}))}, {op_out(0, contiguous({1}))}, {}, {}};
   return c;
 }
 
@@ -722,8 +597,6 @@ OpCase scale_case() {
     for (int64_t i = 0; i < n; ++i) out[0][i] = in[0][i] * double(0.37f);
   };
   c.fwd64 = c.ref64;
-  c.abi_fwd = {"scale", {}, {op_out(0, contiguous({n}))}, {attr_d("scale", double(0.37f))},
-               {{0, 0}}};
   return c;
 }
 
@@ -836,22 +709,6 @@ OpCase router_case(const std::string& label, int64_t N, int64_t E, int64_t K, in
     for (int64_t n : out_sizes) tmp.emplace_back(size_t(n), 0.f);
     fwd(in, tmp, ints[0].values);
   };
-  const std::vector<AbiAttr> attrs = {
-      attr_i("scoring", o.scoring),       attr_i("norm_topk_prob", o.norm_topk_prob),
-      attr_d("scaling_factor", o.scaling_factor), attr_i("replay", o.replay),
-      attr_i("n_group", o.n_group),       attr_i("topk_group", o.topk_group)};
-  c.abi_fwd.op = "moe_router_fwd";
-  c.abi_fwd.inputs = {op_in(0, strided({N, E}, {ldl, 1}))};
-  if (with_bias) c.abi_fwd.inputs.push_back(op_in(1, contiguous({E})));
-  c.abi_fwd.outputs = {op_out(0, contiguous({N, K})), op_int(0, {N, K}),
-                       op_out(1, contiguous({N, E})), op_out(2, contiguous({N}))};
-  c.abi_fwd.attrs = attrs;
-  c.abi_bwd.op = "moe_router_bwd";
-  c.abi_bwd.inputs = {op_gout(0, contiguous({N, K})), op_saved(1, contiguous({N, E})),
-                      op_int(0, {N, K}), op_gout(1, contiguous({N, E}))};
-  if (softmax) c.abi_bwd.inputs.push_back(op_gout(2, contiguous({N})));
-  c.abi_bwd.outputs = {op_gin(0, strided({N, E}, {ldl, 1}))};
-  c.abi_bwd.attrs = attrs;
   return c;
 }
 
@@ -919,16 +776,6 @@ OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t pad) {
   c.fwd_ints32 = [=](const Bufs<float>&, std::vector<IntOperand>& ints) {
     moe_permute_index(ints[1].values.data(), ints[2].values.data(), experts.data(), N, K, E);
   };
-  c.abi_fwd = {"moe_permute_fwd",
-               {op_in(0, strided({N, C}, {ldx, 1})), op_int(0, {N, K})},
-               {op_out(0, contiguous({N * K, C})), op_int(1, {N, K}), op_int(2, {E + 1})},
-               {},
-               {}};
-  c.abi_bwd = {"moe_permute_bwd",
-               {op_gout(0, contiguous({N * K, C})), op_int(1, {N, K})},
-               {op_gin(0, strided({N, C}, {ldx, 1}))},
-               {},
-               {}};
   return c;
 }
 
@@ -965,17 +812,6 @@ OpCase unpermute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t pad) {
         for (int64_t j = 0; j < C; ++j)
           out[0][n * ldy + j] += in[1][n * K + k] * in[0][row[n * K + k] * C + j];
   };
-  c.abi_fwd = {"moe_unpermute_fwd",
-               {op_in(0, contiguous({N * K, C})), op_int(0, {N, K}), op_in(1, contiguous({N, K}))},
-               {op_out(0, strided({N, C}, {ldy, 1}))},
-               {attr_i("accumulate", 1)},
-               {{2, 0}}};
-  c.abi_bwd = {"moe_unpermute_bwd",
-               {op_gout(0, strided({N, C}, {ldy, 1})), op_in(0, contiguous({N * K, C})),
-                op_int(0, {N, K}), op_in(1, contiguous({N, K}))},
-               {op_gin(0, contiguous({N * K, C})), op_gin(1, contiguous({N, K}))},
-               {},
-               {}};
   return c;
 }
 
@@ -1032,11 +868,6 @@ OpCase grouped_gemm_case(bool ta, bool tb, std::vector<int32_t> offsets, int64_t
             out[0][r * N + j] = alpha * acc + beta * in[2][r * N + j];
           }
     };
-    c.abi_fwd.inputs = {op_in(0, strided({T, K}, {lda, 1})),
-                        op_in(1, contiguous(tb ? std::vector<int64_t>{G, N, K}
-                                               : std::vector<int64_t>{G, K, N})),
-                        op_int(0, {G + 1})};
-    c.abi_fwd.outputs = {op_out(0, contiguous({T, N}))};
   } else {
     const int64_t lda = M + pad;
     c.in_sizes = {T * lda, T * N, G * M * N};
@@ -1066,14 +897,7 @@ OpCase grouped_gemm_case(bool ta, bool tb, std::vector<int32_t> offsets, int64_t
             out[0][g * M * N + i * N + j] = alpha * acc + beta * in[2][g * M * N + i * N + j];
           }
     };
-    c.abi_fwd.inputs = {op_in(0, strided({T, M}, {lda, 1})), op_in(1, contiguous({T, N})),
-                        op_int(0, {G + 1})};
-    c.abi_fwd.outputs = {op_out(0, contiguous({G, M, N}))};
   }
-  c.abi_fwd.op = "grouped_gemm";
-  c.abi_fwd.attrs = {attr_i("transpose_a", ta), attr_i("transpose_b", tb), attr_d("alpha", alpha),
-                     attr_d("beta", beta)};
-  c.abi_fwd.init_outputs = {{2, 0}};
   return c;
 }
 

@@ -45,7 +45,10 @@ typedef struct rlh_environment_api {
   rlh_status* (*create)(const rlh_host_api* host, const char* config_json, size_t config_len,
                         rlh_environment** out);
   void (*destroy)(rlh_environment* self);
-  /* Writes a JSON array of the reward names this environment produces. */
+  /* Writes a JSON array of the reward names this environment produces. "reward" is the main
+   * one; a name starting with "count/" is not a reward but a 0/1 event per sample (e.g.
+   * "count/score_budget_exceeded": the response exceeded the scoring budget and scored 0), which
+   * algorithms log summed over a step rather than averaged. */
   rlh_status* (*reward_names)(rlh_environment* self, rlh_write_fn write, void* user);
   /* Scores samples [num_samples]. Thread-safe for distinct calls. */
   rlh_status* (*score)(rlh_environment* self, const rlh_env_sample* samples, size_t num_samples,

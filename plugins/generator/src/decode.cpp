@@ -1,14 +1,16 @@
-// The forward of one scheduler step (DecodeModel::forward): the layer program's steps
-// (sdk/layer_program.hpp) for the step's rows, as the engines run them (sdk/engine/src/forward.cpp),
-// with the two generator forms: linear steps on the batch-invariant gemm, attention over the paged
-// KV cache. Then the logits of the rows that sample.
+// The model's program (DecodeModel: what every executor reads of the description once) and the
+// host executor: the layer program's steps (program_runner.hpp) for a step's rows, as the engines
+// run them (sdk/engine/src/forward.cpp), with the two generator forms — linear steps on the
+// batch-invariant gemm, attention over the paged KV cache — then the logits of the rows that
+// sample and the draw.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "rlhost/generator/model.hpp"
+#include "host_executor.hpp"
+#include "rlhost/generator/program_runner.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::gen {
@@ -34,13 +36,12 @@ class SerialOpenMp {
   int prev_;
 };
 
-int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // floats: 64-byte boundaries
-
 }  // namespace
 
-DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(std::move(desc)) {
-  if (!ops) throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given");
-  ops_ = ops;
+// ---------------------------------------------------------------------------------------------
+// DecodeModel
+
+DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
   try {
     prog_ = sdk::build_program(desc_);
   } catch (const std::invalid_argument& e) {
@@ -50,13 +51,17 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
   caps.name = "generator";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
   caps.moe = caps.mla = true;
-  caps.per_sequence_rope = true;  // a row past the threshold gets its own table (prepare_rows)
+  caps.per_sequence_rope = true;  // a row past the threshold gets its own table (the host executor)
   caps.attention_dv_differs = true;
   if (const std::string why = sdk::unsupported(prog_, caps); !why.empty()) throw Error(RLH_E_UNIMPLEMENTED, why);
   V_ = prog_.vocab;
   C_ = prog_.hidden;
   L_ = int64_t(prog_.layers.size());
 
+  auto index = [&](int64_t layer, ParamRole role) -> int64_t {
+    const sdk::ParamDesc* p = desc_.find_param(layer, role);
+    return p ? int64_t(p - desc_.params.data()) : -1;
+  };
   shapes_.assign(size_t(L_), LayerShape{});
   for (int64_t l = 0; l < L_; ++l) {
     const sdk::LayerDesc& ld = desc_.layers[size_t(l)];
@@ -79,6 +84,16 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
         s.router.scaling_factor = s.scaling_factor;
         s.router.n_group = s.n_group;
         s.router.topk_group = s.topk_group;
+        s.p_router = index(l, ParamRole::router);
+        s.p_router_b = index(l, ParamRole::router_bias);
+        s.p_score_bias = index(l, ParamRole::expert_score_bias);
+        s.p_gate = index(l, ParamRole::expert_gate);
+        s.p_up = index(l, ParamRole::expert_up);
+        s.p_down = index(l, ParamRole::expert_down);
+        s.p_ws_gate_proj = index(l, ParamRole::shared_expert_gate_proj);
+        s.p_ws_up = index(l, ParamRole::shared_expert_up);
+        s.p_ws_down = index(l, ParamRole::shared_expert_down);
+        s.p_ws_gate = index(l, ParamRole::shared_expert_gate);
       } else if (st.op == StepOp::mla) {
         static_cast<engine::MlaBasics&>(s) = engine::mla_basics(ld, at);
         s.mla = true;
@@ -89,6 +104,13 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
         s.scale = st.scale;
         s.window = st.window;
         s.rope = st.table;
+        s.p_q = index(l, ParamRole::q);
+        s.p_q_a = index(l, ParamRole::q_a);
+        s.p_q_a_norm = index(l, ParamRole::q_a_norm);
+        s.p_q_b = index(l, ParamRole::q_b);
+        s.p_kv_a = index(l, ParamRole::kv_a);
+        s.p_kv_a_norm = index(l, ParamRole::kv_a_norm);
+        s.p_kv_b = index(l, ParamRole::kv_b);
       }
     }
     if (s.Hkv < 1) throw Error(RLH_E_UNIMPLEMENTED, at + "a layer without attention");
@@ -99,7 +121,7 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
   // engine uses the length of the whole training sequence there; a generator does not know it,
   // so a row at position p uses the table for length p + 1 (HF's per-step rule while decoding).
   for (const sdk::RopeTable& t : prog_.ropes) {
-    Rope r;
+    RopeTable r;
     const std::vector<double> f = sdk::rope_inv_freq(t.rope, t.rotary_dim);
     r.inv_freq.assign(f.begin(), f.end());
     r.R = t.rotary_dim;
@@ -117,276 +139,248 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops) : desc_(st
 
 DecodeModel::~DecodeModel() = default;
 
-KvLayout DecodeModel::kv_layout(int64_t block_size) const {
+KvLayout DecodeModel::kv_layout(int64_t block_size, bool keys_transposed, int64_t elem_bytes) const {
   std::vector<int64_t> heads, dims, vdims;
   for (const LayerShape& s : shapes_) {
     heads.push_back(s.Hkv);
     dims.push_back(s.Dk);
     vdims.push_back(s.Dv);
   }
-  return KvLayout::make(block_size, heads, dims, vdims);
+  return KvLayout::make(block_size, heads, dims, vdims, keys_transposed, elem_bytes);
 }
 
-void DecodeModel::bind_weights() {
-  const Weights& w = *weights_;
-  auto get = [&](int64_t layer, ParamRole role) -> const float* {
-    const sdk::ParamDesc* p = desc_.find_param(layer, role);
-    return p ? w.param(size_t(p - desc_.params.data())) : nullptr;
-  };
-  lw_.assign(size_t(L_), LayerWeights{});
-  for (int64_t l = 0; l < L_; ++l) {
-    const LayerShape& s = shapes_[size_t(l)];
-    LayerWeights& lw = lw_[size_t(l)];
-    if (s.moe) {
-      lw.router = get(l, ParamRole::router);
-      lw.router_b = get(l, ParamRole::router_bias);
-      lw.score_bias = get(l, ParamRole::expert_score_bias);
-      // Experts one by one: a stacked parameter's pieces, or slabs of one [E, ...] tensor.
-      auto experts = [&](ParamRole role, std::vector<const float*>& out) {
-        out.clear();
-        const sdk::ParamDesc* p = desc_.find_param(l, role);
-        if (!p) return;
-        const size_t i = size_t(p - desc_.params.data());
-        const int64_t E = p->shape[0], slab = p->shape[1] * p->shape[2];
-        for (int64_t e = 0; e < E; ++e)
-          out.push_back(p->transform == sdk::ParamTransform::stack && int64_t(p->hf_names.size()) == E
-                            ? w.piece(i, size_t(e))
-                            : w.param(i) + e * slab);
-      };
-      experts(ParamRole::expert_gate, lw.e_gate);
-      experts(ParamRole::expert_up, lw.e_up);
-      experts(ParamRole::expert_down, lw.e_down);
-      lw.ws_gate_proj = get(l, ParamRole::shared_expert_gate_proj);
-      lw.ws_up = get(l, ParamRole::shared_expert_up);
-      lw.ws_down = get(l, ParamRole::shared_expert_down);
-      lw.ws_gate = get(l, ParamRole::shared_expert_gate);
-      if (router_fp64_) lw.router64.assign(lw.router, lw.router + s.E * C_);  // exact widening
-    }
-    if (s.mla) {
-      lw.q = get(l, ParamRole::q);
-      lw.q_a = get(l, ParamRole::q_a);
-      lw.q_a_norm = get(l, ParamRole::q_a_norm);
-      lw.q_b = get(l, ParamRole::q_b);
-      lw.kv_a = get(l, ParamRole::kv_a);
-      lw.kv_a_norm = get(l, ParamRole::kv_a_norm);
-      lw.kv_b = get(l, ParamRole::kv_b);
-    }
+int64_t DecodeModel::values_elems(int64_t rows) const {
+  int64_t worst = 0;
+  for (const sdk::LayerProgram& lp : prog_.layers) {
+    int64_t n = 0;
+    const int out_root = lp.root(lp.output);
+    for (size_t v = 1; v < lp.values.size(); ++v)
+      if (lp.values[v].storage < 0 && int(v) != out_root) n += round16(rows * lp.values[v].width);
+    worst = std::max(worst, n);
+  }
+  return worst;
+}
+
+int64_t DecodeModel::mla_scratch_elems(int64_t rows) const {
+  int64_t n = 0;
+  for (const LayerShape& s : shapes_)
+    if (s.mla) n = std::max(n, ProgramRunner<HostBackend>::mla_elems(s, rows));
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// StepRows
+
+void StepRows::build(std::span<const int32_t> step_ids, std::span<const CacheRow> step_rows,
+                     std::span<const int64_t> samples, int64_t bs, int64_t min_width) {
+  const int64_t R = int64_t(step_ids.size());
+  if (int64_t(step_rows.size()) != R) throw Error(RLH_E_INTERNAL, "generator: rows and ids differ in length");
+  ids.assign(step_ids.begin(), step_ids.end());
+  rows = step_rows;
+  sample_rows.assign(samples.begin(), samples.end());
+  for (int64_t r : sample_rows)
+    if (r < 0 || r >= R) throw Error(RLH_E_INTERNAL, "generator: sample row out of range");
+  // Each row's block table, as wide as the longest row needs.
+  width = std::max<int64_t>(1, min_width);
+  for (const CacheRow& r : step_rows) width = std::max<int64_t>(width, r.pos / bs + 1);
+  table.assign(size_t(R * width), -1);
+  pos.resize(size_t(R));
+  slots.resize(size_t(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const CacheRow& row = step_rows[size_t(r)];
+    std::copy(row.blocks, row.blocks + row.pos / bs + 1, table.begin() + r * width);
+    pos[size_t(r)] = row.pos;
+    slots[size_t(r)] = int32_t(int64_t(row.blocks[row.pos / bs]) * bs + row.pos % bs);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HostBackend
+
+HostBackend::HostBackend(DecodeModel& m, engine::Ops* ops) : m_(m), ops_(ops), C_(m.hidden()), V_(m.vocab()) {
+  if (!ops_) throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given");
+  row_rope_.resize(m.ropes().size());
+}
+
+void HostBackend::bind_weights() {
+  const Weights& w = m_.weights();
+  const sdk::TransformerDesc& desc = m_.desc();
+  lw_.assign(size_t(m_.num_layers()), MoeWeights{});
+  for (int64_t l = 0; l < m_.num_layers(); ++l) {
+    const LayerShape& s = m_.shapes()[size_t(l)];
+    if (!s.moe) continue;
+    MoeWeights& lw = lw_[size_t(l)];
+    lw.router = this->w(s.p_router);
+    lw.router_b = this->w(s.p_router_b);
+    lw.score_bias = this->w(s.p_score_bias);
+    // Experts one by one: a stacked parameter's pieces, or slabs of one [E, ...] tensor.
+    auto experts = [&](int64_t i, std::vector<const float*>& out) {
+      out.clear();
+      if (i < 0) return;
+      const sdk::ParamDesc& p = desc.params[size_t(i)];
+      const int64_t E = p.shape[0], slab = p.shape[1] * p.shape[2];
+      for (int64_t e = 0; e < E; ++e)
+        out.push_back(p.transform == sdk::ParamTransform::stack && int64_t(p.hf_names.size()) == E
+                          ? w.piece(size_t(i), size_t(e))
+                          : w.param(size_t(i)) + e * slab);
+    };
+    experts(s.p_gate, lw.e_gate);
+    experts(s.p_up, lw.e_up);
+    experts(s.p_down, lw.e_down);
+    lw.ws_gate_proj = this->w(s.p_ws_gate_proj);
+    lw.ws_up = this->w(s.p_ws_up);
+    lw.ws_down = this->w(s.p_ws_down);
+    lw.ws_gate = this->w(s.p_ws_gate);
+    if (m_.router_fp64()) lw.router64.assign(lw.router, lw.router + s.E * C_);  // exact widening
   }
   bound_serial_ = w.serial();
+  bound_fp64_ = m_.router_fp64();
 }
 
-void DecodeModel::reserve(int64_t rows, int64_t samples) {
+void HostBackend::reserve(int64_t rows, int64_t samples) {
   if (rows > cap_rows_) {
-    int64_t worst = 0, mla = 0;
-    for (const sdk::LayerProgram& lp : prog_.layers) {
-      int64_t n = 0;
-      const int out_root = lp.root(lp.output);
-      for (size_t v = 1; v < lp.values.size(); ++v)
-        if (lp.values[v].storage < 0 && int(v) != out_root) n += round16(rows * lp.values[v].width);
-      worst = std::max(worst, n);
-    }
-    for (const LayerShape& s : shapes_)  // q latent, kv latent | k_rot, its norm, kv_b's output
-      if (s.mla) mla = std::max(mla, rows * (s.rq + (s.rkv + s.dr) + s.rkv + s.Hq * (s.dn + s.Dv)) + 64);
     for (AlignedFloats& x : xs_) x.resize(size_t(rows * C_));
-    values_.resize(size_t(worst));
-    mla_f_.resize(size_t(mla));
-    pos_.resize(size_t(rows));
-    for (Rope& r : ropes_)
-      if (r.dynamic_from > 0) {
-        r.row_freq.resize(size_t(rows * (r.R / 2)));
-        r.row_own.resize(size_t(rows));
+    values_.resize(size_t(m_.values_elems(rows)));
+    mla_f_.resize(size_t(m_.mla_scratch_elems(rows)));
+    for (size_t t = 0; t < row_rope_.size(); ++t)
+      if (m_.ropes()[t].dynamic_from > 0) {
+        row_rope_[t].freq.resize(size_t(rows * (m_.ropes()[t].R / 2)));
+        row_rope_[t].own.resize(size_t(rows));
       }
     cap_rows_ = rows;
   }
   if (samples > cap_samples_) {
     hs_.resize(size_t(samples * C_));
     xn_.resize(size_t(samples * C_));
+    logits_.resize(size_t(samples * V_));
     cap_samples_ = samples;
   }
 }
 
-void DecodeModel::prepare_rows(std::span<const CacheRow> rows) {
-  const int64_t R = int64_t(rows.size());
-  for (int64_t r = 0; r < R; ++r) pos_[size_t(r)] = rows[size_t(r)].pos;
-  for (size_t t = 0; t < ropes_.size(); ++t) {
-    Rope& rp = ropes_[t];
+void HostBackend::prepare(const StepRows& rows, KvCache& kv) {
+  m_.weights().require_complete();
+  if (bound_serial_ != m_.weights().serial() || bound_fp64_ != m_.router_fp64()) bind_weights();
+  reserve(rows.R(), rows.S());
+  rows_ = &rows;
+  kv_ = &kv;
+  const int64_t R = rows.R();
+  for (size_t t = 0; t < row_rope_.size(); ++t) {
+    const RopeTable& rp = m_.ropes()[t];
     if (rp.dynamic_from == 0) continue;
+    RowRope& own = row_rope_[t];
     for (int64_t r = 0; r < R; ++r) {
-      rp.row_own[size_t(r)] = 0;
-      if (rows[size_t(r)].pos < rp.dynamic_from) continue;
-      const std::vector<double> f =
-          sdk::rope_inv_freq(prog_.ropes[t].rope, rp.R, int64_t(rows[size_t(r)].pos) + 1);
-      std::copy(f.begin(), f.end(), rp.row_freq.begin() + r * (rp.R / 2));
-      rp.row_own[size_t(r)] = 1;
+      own.own[size_t(r)] = 0;
+      if (rows.pos[size_t(r)] < rp.dynamic_from) continue;
+      const std::vector<double> f = sdk::rope_inv_freq(m_.program().ropes[t].rope, rp.R, int64_t(rows.pos[size_t(r)]) + 1);
+      std::copy(f.begin(), f.end(), own.freq.begin() + r * (rp.R / 2));
+      own.own[size_t(r)] = 1;
     }
   }
 }
 
+void HostBackend::embed(float* x, int64_t R) {
+  ops_->embedding_fwd(x, rows_->ids.data(), w(m_.program().embed), R, C_, V_);
+}
+
 // Runs of rows on the shared table in one call; a row with its own table alone.
-void DecodeModel::rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D, int64_t R) {
-  const Rope& rp = ropes_[size_t(t)];
+void HostBackend::rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D, int64_t R) {
+  const RopeTable& rp = m_.ropes()[size_t(t)];
+  const RowRope& own = row_rope_[size_t(t)];
+  const int32_t* pos = rows_->pos.data();
   int64_t r = 0;
   while (r < R) {
-    if (rp.dynamic_from > 0 && rp.row_own[size_t(r)]) {
-      ops_->rope_fwd(y + r * ldy, ldy, x + r * ldx, ldx, pos_.data() + r, rp.row_freq.data() + r * (rp.R / 2), 1, H,
-                     D, rp.R, rp.scale, rp.interleaved);
+    if (rp.dynamic_from > 0 && own.own[size_t(r)]) {
+      ops_->rope_fwd(y + r * ldy, ldy, x + r * ldx, ldx, pos + r, own.freq.data() + r * (rp.R / 2), 1, H, D, rp.R,
+                     rp.scale, rp.interleaved);
       ++r;
       continue;
     }
     int64_t e = r;
-    while (e < R && !(rp.dynamic_from > 0 && rp.row_own[size_t(e)])) ++e;
-    ops_->rope_fwd(y + r * ldy, ldy, x + r * ldx, ldx, pos_.data() + r, rp.inv_freq.data(), e - r, H, D, rp.R,
-                   rp.scale, rp.interleaved);
+    while (e < R && !(rp.dynamic_from > 0 && own.own[size_t(e)])) ++e;
+    ops_->rope_fwd(y + r * ldy, ldy, x + r * ldx, ldx, pos + r, rp.inv_freq.data(), e - r, H, D, rp.R, rp.scale,
+                   rp.interleaved);
     r = e;
   }
 }
 
-void DecodeModel::attend(int64_t l, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
-                         int64_t ldv, float* out, int64_t ldo, std::span<const CacheRow> rows, KvCache& kv) {
-  const LayerShape& s = shapes_[size_t(l)];
-  const KvLayout& L = kv.layout();
+void HostBackend::attend(int64_t l, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                         int64_t ldv, float* out, int64_t ldo, int64_t R) {
+  const LayerShape& s = m_.shapes()[size_t(l)];
+  const KvLayout& L = kv_->layout();
   engine::Ops::PagedCache c;
-  c.k = kv.keys(0, l);
-  c.v = kv.values(0, l);
-  c.num_blocks = kv.num_blocks();
-  c.block_stride = L.block_floats;
+  c.k = kv_->keys(0, l);
+  c.v = kv_->values(0, l);
+  c.num_blocks = kv_->num_blocks();
+  c.block_stride = L.block_elems;
   c.block_size = L.block_size;
   c.Hkv = s.Hkv;
   c.Dk = s.Dk;
   c.Dv = s.Dv;
   // every row's key first: rows of one sequence see each other
-  ops_->kv_cache_write(k, ldk, v, ldv, int64_t(rows.size()), slots_.data(), c);
-  ops_->paged_attention(out, ldo, q, ldq, int64_t(rows.size()), s.Hq, c, table_.data(), table_width_, pos_.data(),
+  ops_->kv_cache_write(k, ldk, v, ldv, R, rows_->slots.data(), c);
+  ops_->paged_attention(out, ldo, q, ldq, R, s.Hq, c, rows_->table.data(), rows_->width, rows_->pos.data(),
                         float(s.scale), s.window);
 }
 
-void DecodeModel::run_step(int64_t l, const sdk::LayerStep& st, std::vector<float*>& v,
-                           std::span<const CacheRow> rows, KvCache& kv) {
-  const sdk::LayerProgram& lp = prog_.layers[size_t(l)];
-  const int64_t R = int64_t(rows.size());
-  auto cols = [&](const sdk::Cols& c) { return v[size_t(c.value)] + c.col; };
-  auto ld = [&](const sdk::Cols& c) { return lp.values[size_t(c.value)].width; };
-  float* in = st.in.valid() ? cols(st.in) : nullptr;
-  float* out = st.out.valid() ? cols(st.out) : nullptr;
-  const int64_t ldi = st.in.valid() ? ld(st.in) : 0, ldo = st.out.valid() ? ld(st.out) : 0;
-  switch (st.op) {
-    case StepOp::norm:
-      ops_->rmsnorm_fwd(out, ldo, nullptr, in, ldi, wp(st.weights[0]), R, st.in.width, float(st.eps),
-                        float(st.offset));
-      break;
-    case StepOp::head_norm:  // per head over head_dim; the output is a whole contiguous value
-      for (int64_t h = 0; h < st.heads; ++h)
-        ops_->rmsnorm_fwd(out + h * st.head_dim, ldo, nullptr, in + h * st.head_dim, ldi, wp(st.weights[0]), R,
-                          st.head_dim, float(st.eps), float(st.offset));
-      break;
-    case StepOp::linear: {
-      // Weights adjacent in memory (q|k|v, gate|up of the owned arena) run as one product.
-      const int64_t K = st.in.width;
-      int64_t row = 0;
-      for (size_t i = 0; i < st.weights.size();) {
-        size_t j = i + 1;
-        int64_t n = desc_.params[size_t(st.weights[i])].shape[0];
-        while (j < st.weights.size() && wp(st.weights[j]) == wp(st.weights[i]) + n * K) {
-          n += desc_.params[size_t(st.weights[j])].shape[0];
-          ++j;
-        }
-        ops_->gemm_rows(out + row, ldo, in, ldi, wp(st.weights[i]), K, R, n, K);
-        row += n;
-        i = j;
-      }
-      row = 0;
-      for (size_t i = 0; i < st.weights.size(); ++i) {
-        const int64_t n = desc_.params[size_t(st.weights[i])].shape[0];
-        if (st.biases[i] >= 0) ops_->bias_add_fwd(out + row, ldo, wp(st.biases[i]), R, n);
-        row += n;
-      }
-      break;
-    }
-    case StepOp::rope:
-      rope(st.table, in, ldi, in, ldi, st.heads, st.head_dim, R);
-      break;
-    case StepOp::attention:
-      attend(l, in, ldi, cols(st.in2), ld(st.in2), cols(st.in3), ld(st.in3), out, ldo, rows, kv);
-      break;
-    case StepOp::glu: {
-      const int64_t F = st.out.width;
-      if (st.act == "silu")
-        ops_->swiglu_fwd(out, ldo, in, ldi, in + F, ldi, R, F);
-      else
-        ops_->geglu_fwd(out, ldo, in, ldi, in + F, ldi, R, F, st.act == "gelu_tanh");
-      break;
-    }
-    case StepOp::add:  // whole values, contiguous [R, width]
-      ops_->add_fwd(out, in, cols(st.in2), R * st.out.width);
-      break;
-    case StepOp::moe:
-      moe_block(l, R, in, out);
-      break;
-    case StepOp::mla: {
-      const LayerShape& s = shapes_[size_t(l)];
-      float* qkv = cols(st.out2);
-      mla_qkv(l, in, qkv, R);
-      attend(l, qkv, s.Wqkv, qkv + s.Hq * s.Dk, s.Wqkv, qkv + 2 * s.Hq * s.Dk, s.Wqkv, out, ldo, rows, kv);
-      break;
-    }
-  }
+void HostBackend::glu(const std::string& act, float* h, int64_t ldh, const float* gu, int64_t ldgu, int64_t R,
+                      int64_t F) {
+  if (act == "silu")
+    ops_->swiglu_fwd(h, ldh, gu, ldgu, gu + F, ldgu, R, F);
+  else
+    ops_->geglu_fwd(h, ldh, gu, ldgu, gu + F, ldgu, R, F, act == "gelu_tanh");
 }
 
-void DecodeModel::forward(std::span<const int32_t> ids, std::span<const CacheRow> rows,
-                          std::span<const int64_t> sample_rows, KvCache& kv, float* logits) {
-  const int64_t R = int64_t(ids.size()), S = int64_t(sample_rows.size()), C = C_;
-  if (int64_t(rows.size()) != R) throw Error(RLH_E_INTERNAL, "generator: rows and ids differ in length");
-  if (R == 0) return;
-  weights_->require_complete();
-  if (bound_serial_ != weights_->serial()) bind_weights();
-  reserve(R, S);
-  const SerialOpenMp serial_ops;
-  prepare_rows(rows);
-  // Each row's block table, as wide as the longest row needs.
-  const int64_t bs = kv.layout().block_size;
-  table_width_ = 1;
-  for (const CacheRow& r : rows) table_width_ = std::max<int64_t>(table_width_, r.pos / bs + 1);
-  table_.assign(size_t(R * table_width_), -1);
-  slots_.resize(size_t(R));
-  for (int64_t r = 0; r < R; ++r) {
-    const CacheRow& row = rows[size_t(r)];
-    std::copy(row.blocks, row.blocks + row.pos / bs + 1, table_.begin() + r * table_width_);
-    slots_[size_t(r)] = int32_t(int64_t(row.blocks[row.pos / bs]) * bs + row.pos % bs);
+void HostBackend::copy2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ldd, src + r * lds, size_t(cols) * sizeof(float));
+}
+
+const float* HostBackend::gather_rows(const float* x, int64_t) {
+  const int64_t S = rows_->S();
+  for (int64_t i = 0; i < S; ++i)
+    std::memcpy(hs_.data() + i * C_, x + rows_->sample_rows[size_t(i)] * C_, size_t(C_) * sizeof(float));
+  return hs_.data();
+}
+
+void HostBackend::logits(const float* xn, const float* W, int64_t S) {
+  ops_->gemm_rows(logits_.data(), V_, xn, C_, W, C_, S, V_, C_);  // [S,V]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host executor
+
+namespace {
+
+class HostExecutor final : public StepExecutor {
+ public:
+  HostExecutor(DecodeModel& m, engine::Ops* ops) : m_(m), ops_(ops), b_(m, ops) {}
+  std::string name() const override { return "host (" + ops_->name() + ")"; }
+  PoolAllocator kv_allocator() override { return {}; }  // the generator's (the host's allocator)
+
+  void step(const StepRows& rows, KvCache& kv, const StepDraws& draws) override {
+    const int64_t R = rows.R(), S = rows.S();
+    if (R == 0) return;
+    b_.prepare(rows, kv);
+    {
+      const SerialOpenMp serial_ops;
+      ProgramRunner<HostBackend> run(m_, b_);
+      const float* x = run.layers(R);
+      run.head(x, R, S);
+    }
+    if (S > 0)
+      ops_->sample(draws.tokens.data(), draws.logprobs.data(), b_.logits(), m_.vocab(), S, m_.vocab(), draws.u.data(),
+                   draws.attrs);
   }
 
-  ops_->embedding_fwd(xs_[0].data(), ids.data(), wp(prog_.embed), R, C, V_);  // x [R,C]
-  if (prog_.embed_scale != 1) ops_->scale(xs_[0].data(), R * C, double(float(prog_.embed_scale)));
-  std::vector<float*> v;
-  for (int64_t l = 0; l < L_; ++l) {
-    const sdk::LayerProgram& lp = prog_.layers[size_t(l)];
-    // The layer's values for R rows: input and output on the residual stream in turn, the
-    // rest carved from one block, values sharing storage sharing the pointer.
-    v.assign(lp.values.size(), nullptr);
-    const int out_root = lp.root(lp.output);
-    float* at = values_.data();
-    for (size_t i = 1; i < lp.values.size(); ++i)
-      if (lp.values[i].storage < 0 && int(i) != out_root) {
-        v[i] = at;
-        at += round16(R * lp.values[i].width);
-      }
-    v[0] = xs_[size_t(l % 2)].data();
-    v[size_t(out_root)] = xs_[size_t((l + 1) % 2)].data();
-    for (size_t i = 1; i < lp.values.size(); ++i)
-      if (lp.values[i].storage >= 0) v[i] = v[size_t(lp.root(int(i)))];
-    for (const sdk::LayerStep& st : lp.steps) run_step(l, st, v, rows, kv);
-  }
-  const float* x = xs_[size_t(L_ % 2)].data();
+ private:
+  DecodeModel& m_;
+  engine::Ops* ops_;
+  HostBackend b_;
+};
 
-  // Head, for the rows that sample only.
-  if (S == 0) return;
-  for (int64_t i = 0; i < S; ++i) {
-    const int64_t r = sample_rows[size_t(i)];
-    if (r < 0 || r >= R) throw Error(RLH_E_INTERNAL, "generator: sample row out of range");
-    std::memcpy(hs_.data() + i * C, x + r * C, size_t(C) * sizeof(float));
-  }
-  ops_->rmsnorm_fwd(xn_.data(), C, nullptr, hs_.data(), C, wp(prog_.final_norm), S, C, float(prog_.final_eps),
-                    float(prog_.final_offset));                                             // xn [S,C]
-  ops_->gemm_rows(logits, V_, xn_.data(), C, wp(prog_.head), C, S, V_, C);                  // logits [S,V]
+}  // namespace
+
+std::unique_ptr<StepExecutor> make_host_executor(DecodeModel& model, engine::Ops* ops) {
+  return std::make_unique<HostExecutor>(model, ops);
 }
 
 }  // namespace rlh::gen

@@ -22,9 +22,16 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
     throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_num_batched_tokens must be >= 1");
   if (opt_.kv_cache_bytes < 1) throw Error(RLH_E_INVALID_ARGUMENT, "generator: kv_cache_bytes must be > 0");
   if (opt_.max_model_len < 0) throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len must be >= 0");
-  if (opt_.ops == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given (Options::ops)");
-  model_ = std::make_unique<DecodeModel>(std::move(desc), opt_.ops);
+  // Positions past max_position_embeddings are outside the model's range.
+  if (desc.max_position_embeddings > 0 && opt_.max_model_len > desc.max_position_embeddings)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: max_model_len " + std::to_string(opt_.max_model_len) +
+                                            " is more than the model's max_position_embeddings (" +
+                                            std::to_string(desc.max_position_embeddings) + ")");
+  if (opt_.ops == nullptr && !opt_.executor)
+    throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given (Options::ops)");
+  model_ = std::make_unique<DecodeModel>(std::move(desc));
   model_->set_router_fp64(opt_.moe_router_fp64);
+  exec_ = opt_.executor ? opt_.executor(*model_) : make_host_executor(*model_, opt_.ops);
 }
 
 Generator::~Generator() = default;
@@ -78,7 +85,9 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
   }
   model_->weights().require_complete();
 
-  KvCache kv(model_->kv_layout(opt_.block_size), opt_.kv_cache_bytes, kv_alloc_);
+  const KvLayout layout = model_->kv_layout(opt_.block_size, exec_->keys_transposed(), exec_->elem_bytes());
+  PoolAllocator alloc = exec_->kv_allocator();
+  KvCache kv(layout, exec_->kv_budget(layout, opt_.kv_cache_bytes), alloc.allocate ? alloc : kv_alloc_);
   const int64_t cache_tokens = kv.num_blocks() * opt_.block_size;
   const int64_t max_len = std::min(max_length(), cache_tokens);
   const int64_t P = int64_t(rq.prompt_offsets.size()) - 1;
@@ -92,6 +101,11 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
                                                                               : " (max_model_len)"));
   }
 
+  exec_->begin_generate(max_len, opt_.block_size);
+  struct End {
+    StepExecutor& e;
+    ~End() { e.end_generate(); }
+  } end_generate{*exec_};
   Scheduler sched(SchedulerOptions{opt_.max_num_seqs, opt_.max_num_batched_tokens}, kv);
   for (int64_t p = 0; p < P; ++p)
     for (int64_t s = 0; s < rq.samples_per_prompt; ++s) {
@@ -130,13 +144,6 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
       }
     }
     const int64_t S = int64_t(samplers.size());
-    logits_.resize(size_t(std::max<int64_t>(S, 1) * V));
-    model_->forward(ids, rows, sample_rows, kv, logits_.data());
-    sched.computed(plan);
-    ++st.steps;
-    st.sampled_tokens += S;
-    st.prefill_tokens += int64_t(rows.size()) - S;
-
     // Draws: one uniform per sampling row from its key (rng.hpp), then the registry's sampler;
     // a row's token depends only on its logits and its key.
     uniforms_.assign(size_t(S), 0.0);
@@ -147,14 +154,20 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
         const Sequence& q = *samplers[size_t(i)];
         uniforms_[size_t(i)] = uniform01(q.key, q.generated());
       }
-    if (S > 0) {
-      engine::Ops::SampleAttrs sa;
-      sa.temperature = rq.sampling.temperature;
-      sa.top_k = rq.sampling.top_k > 0 ? rq.sampling.top_k : 0;
-      sa.top_p = rq.sampling.top_p;
-      sa.min_p = rq.sampling.min_p;
-      opt_.ops->sample(tokens_.data(), token_logprobs_.data(), logits_.data(), V, S, V, uniforms_.data(), sa);
-    }
+    StepDraws draws;
+    draws.u = uniforms_;
+    draws.attrs.temperature = rq.sampling.temperature;
+    draws.attrs.top_k = rq.sampling.top_k > 0 ? rq.sampling.top_k : 0;
+    draws.attrs.top_p = rq.sampling.top_p;
+    draws.attrs.min_p = rq.sampling.min_p;
+    draws.tokens = tokens_;
+    draws.logprobs = token_logprobs_;
+    step_rows_.build(ids, rows, sample_rows, opt_.block_size);
+    exec_->step(step_rows_, kv, draws);
+    sched.computed(plan);
+    ++st.steps;
+    st.sampled_tokens += S;
+    st.prefill_tokens += int64_t(rows.size()) - S;
 
     for (int64_t i = 0; i < S; ++i) {
       Sequence* q = samplers[size_t(i)];

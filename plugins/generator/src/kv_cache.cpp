@@ -11,8 +11,9 @@
 namespace rlh::gen {
 
 KvLayout KvLayout::make(int64_t block_size, std::vector<int64_t> kv_heads, std::vector<int64_t> head_dim,
-                        std::vector<int64_t> value_dim) {
+                        std::vector<int64_t> value_dim, bool keys_transposed, int64_t elem_bytes) {
   if (block_size < 1) throw std::invalid_argument("kv cache: block_size must be >= 1");
+  if (elem_bytes != 2 && elem_bytes != 4) throw std::invalid_argument("kv cache: elements of 2 or 4 bytes");
   if (value_dim.empty()) value_dim = head_dim;
   if (kv_heads.size() != head_dim.size() || value_dim.size() != head_dim.size())
     throw std::invalid_argument("kv cache: one (heads, key dim, value dim) per layer");
@@ -28,8 +29,11 @@ KvLayout KvLayout::make(int64_t block_size, std::vector<int64_t> kv_heads, std::
     l.offset.push_back(at);
     at += l.kv_heads[i] * block_size * (l.head_dim[i] + l.value_dim[i]);
   }
-  // Round blocks up to whole cache lines so no two blocks share one.
-  l.block_floats = (at + 15) / 16 * 16;
+  // Round blocks up to 64 bytes (a host cache line) so no two blocks share one.
+  const int64_t line = 64 / elem_bytes;
+  l.block_elems = (at + line - 1) / line * line;
+  l.keys_transposed = keys_transposed;
+  l.elem_bytes = elem_bytes;
   return l;
 }
 
@@ -46,14 +50,14 @@ PoolAllocator PoolAllocator::aligned_heap() {
 
 KvCache::KvCache(KvLayout layout, int64_t budget_bytes, PoolAllocator alloc)
     : layout_(std::move(layout)), alloc_(std::move(alloc)) {
-  if (layout_.block_floats <= 0) throw std::invalid_argument("kv cache: a model without layers has no cache");
+  if (layout_.block_elems <= 0) throw std::invalid_argument("kv cache: a model without layers has no cache");
   num_blocks_ = budget_bytes / layout_.block_bytes();
   if (num_blocks_ < 1)
     throw std::invalid_argument("kv cache: the budget of " + std::to_string(budget_bytes) +
                                 " bytes holds no block of " + std::to_string(layout_.block_bytes()) + " bytes");
   if (num_blocks_ > INT32_MAX) num_blocks_ = INT32_MAX;
   pool_bytes_ = size_t(num_blocks_) * size_t(layout_.block_bytes());
-  pool_ = static_cast<float*>(alloc_.allocate(pool_bytes_));
+  pool_ = alloc_.allocate(pool_bytes_);
   free_.resize(size_t(num_blocks_));
   refs_.assign(size_t(num_blocks_), 0);
   // Block 0 on top of the stack: low addresses first.

@@ -23,13 +23,13 @@
 #include <algorithm>
 #include <string>
 
-#include "rlhost/generator/model.hpp"
+#include "host_executor.hpp"
 
 namespace rlh::gen {
 
-void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
-  const LayerShape& s = shapes_[size_t(l)];
-  const LayerWeights& w = lw_[size_t(l)];
+void HostBackend::moe(int64_t l, int64_t R, const float* xn, float* y) {
+  const LayerShape& s = m_.shapes()[size_t(l)];
+  const MoeWeights& w = lw_[size_t(l)];
   const int64_t C = C_, E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, RK = R * K;
   auto glu = [&](const std::string& act, float* h, int64_t ldh, const float* gu_, int64_t ldgu, int64_t n,
                  int64_t F) {
@@ -60,7 +60,7 @@ void DecodeModel::moe_block(int64_t l, int64_t R, const float* xn, float* y) {
   int32_t* offsets = ti(E + 1);
 
   // Router: logits, scores, choice, weights.
-  if (!router_fp64_) {
+  if (!m_.router_fp64()) {
     ops_->gemm_rows(z, E, xn, C, w.router, C, R, E, C);                                            // z [R,E]
     if (w.router_b) ops_->bias_add_fwd(z, E, w.router_b, R, E);
     ops_->moe_router_fwd(wts, experts, probs, nullptr, z, E, w.score_bias, R, E, K, s.router);

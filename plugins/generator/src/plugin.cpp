@@ -8,6 +8,9 @@
 //   the trainer's buffers, as views when may_alias is set).
 // Stop strings need text: a TOKENIZER component (config "tokenizer_component", else the best
 // loaded) is created on first use for the folder (or config "tokenizer").
+// The device (config "device"; "auto" follows policy.device): the CPU (float32 over the CPU's
+// kernel registry) or a CUDA device (bf16 over that device's registry: cuda_executor.hpp), in a
+// build with the CUDA toolchain.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -16,9 +19,11 @@
 #include <nlohmann/json.hpp>
 
 #include "rlhost/generator.h"
+#include "rlhost/generator/cuda_executor.hpp"
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model.h"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/kernel_registry.hpp"
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/plugin.hpp"
@@ -79,9 +84,10 @@ NativeGenerator* as_gen(rlh_generator* g) { return reinterpret_cast<NativeGenera
 // ---------------------------------------------------------------------------------------------
 // Config
 
-const char* const kKeys[] = {"max_num_seqs",  "max_num_batched_tokens", "block_size",     "kv_cache_bytes",
-                             "max_model_len", "num_threads",            "load_format",    "model_component",
-                             "tokenizer",     "tokenizer_component",    "moe_router_dtype"};
+const char* const kKeys[] = {"max_num_seqs",     "max_num_batched_tokens", "block_size",     "kv_cache_bytes",
+                             "max_model_len",    "num_threads",            "load_format",    "model_component",
+                             "tokenizer",        "tokenizer_component",    "moe_router_dtype", "device",
+                             "gpu_memory_utilization", "cuda_graphs",      "batch_invariant"};
 
 int64_t get_int(const json& c, const char* key, int64_t def) {
   if (!c.contains(key)) return def;
@@ -106,12 +112,12 @@ bool router_dtype_is_fp64(const std::string& v, const std::string& key) {
 // megatron's moe_router_dtype, default fp32, as plugins/megatron reads it), else fp32. The
 // generator must route as the trainer does (docs/generator.md); the dtensor backend routes in
 // float32 only. `source` says where the setting came from, for the log.
-// policy.kernels pins, shared with the trainer's engines (absent: none).
-rlh::sdk::KernelPins kernel_pins(const rlh::sdk::Host& host) {
+// policy.kernels pins and verify, shared with the trainer's engines (absent: no pins, verify).
+std::string kernels_section(const rlh::sdk::Host& host) {
   try {
-    return rlh::sdk::kernel_pins_from_json(host.config_json("policy.kernels"));
+    return host.config_json("policy.kernels");
   } catch (const Error& e) {
-    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return {};
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return "{}";
     throw;
   }
 }
@@ -138,15 +144,76 @@ bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* sourc
   return router_dtype_is_fp64(v.get<std::string>(), "policy.megatron_cfg.moe_router_dtype");
 }
 
+bool get_bool(const json& c, const char* key, bool def) {
+  if (!c.contains(key)) return def;
+  if (!c[key].is_boolean()) throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + key + "' must be true or false");
+  return c[key].get<bool>();
+}
+
+// A value of the host's configuration (absent: null).
+json host_config(const rlh::sdk::Host& host, const char* key) {
+  try {
+    return json::parse(host.config_json(key));
+  } catch (const Error& e) {
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return json();
+    throw;
+  }
+}
+
+// Where the generator runs: the section's "device", else the policy's (policy.device; "auto"
+// there, or no setting, picks a usable Hopper GPU when the policy computes in bfloat16, as the
+// megatron backend's device path does, else the CPU). Returns -1 for the CPU, else the CUDA
+// device; `source` says why, for the log.
+int pick_device(const rlh::sdk::Host& host, const json& cfg, std::string* source) {
+  std::string d = get_str(cfg, "device", "auto");
+  *source = "native_cfg.device";
+  bool from_policy = false;
+  if (d == "auto") {
+    const json pd = host_config(host, "policy.device");
+    if (pd.is_string() && pd.get<std::string>() != "auto") {
+      d = pd.get<std::string>();
+      *source = "policy.device";
+      from_policy = true;
+    }
+  }
+  const std::string key = from_policy ? "policy.device" : "generator config: device";
+  if (d == "cpu") return -1;
+  if (d == "cuda" || d.rfind("cuda:", 0) == 0) {
+    int dev = 0;
+    if (d.size() > 5) {
+      const std::string n = d.substr(5);
+      if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos)
+        throw Error(RLH_E_INVALID_ARGUMENT, key + ": expected auto, cpu, cuda or cuda:N, got \"" + d + "\"");
+      dev = std::stoi(n);
+    }
+#ifndef RLH_GENERATOR_CUDA
+    throw Error(RLH_E_UNIMPLEMENTED, key + " = " + d + ": this build of the generator has no CUDA path (built without the CUDA toolchain)");
+#else
+    std::string why;
+    if (!rlh::gen::cuda_generator_available(&why, dev)) throw Error(RLH_E_UNAVAILABLE, key + " = " + d + ": " + why);
+    return dev;
+#endif
+  }
+  if (d != "auto") throw Error(RLH_E_INVALID_ARGUMENT, key + ": expected auto, cpu, cuda or cuda:N, got \"" + d + "\"");
+  // auto: the GPU where the policy computes in bfloat16 and one is usable
+  const json prec = host_config(host, "policy.precision");
+  *source = "auto";
+  if (!prec.is_string() || (prec.get<std::string>() != "bfloat16" && prec.get<std::string>() != "bf16")) return -1;
+#ifdef RLH_GENERATOR_CUDA
+  if (rlh::gen::cuda_generator_available(nullptr, 0)) {
+    *source = "auto: policy.precision bfloat16 and a usable GPU";
+    return 0;
+  }
+#endif
+  return -1;
+}
+
 std::string read_file(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw Error(RLH_E_NOT_FOUND, "generator: cannot read '" + path + "'");
-  std::string out;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  std::fclose(f);
-  return out;
+  try {
+    return rlh::sdk::read_input_file(path, 64u << 20, "generator: model file");  // regular files only
+  } catch (const rlh::sdk::InputError& e) {
+    throw Error(RLH_E_NOT_FOUND, e.what());
+  }
 }
 
 // The description of the folder's config.json, from a MODEL component through the host.
@@ -194,6 +261,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     *out = nullptr;
     if (!model_path || !*model_path) throw Error(RLH_E_INVALID_ARGUMENT, "generator create: a model path is required");
     json cfg = json::object();
+    json vllm;  // policy.generation.vllm_cfg, when the whole section was passed
     if (config_json && config_len) {
       try {
         cfg = json::parse(std::string(config_json, config_len));
@@ -201,7 +269,9 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
         throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: invalid JSON: ") + e.what());
       }
       if (!cfg.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "generator config: expected a JSON object");
-      // The whole policy.generation section may be passed: then only its native_cfg is ours.
+      // The whole policy.generation section may be passed: then only its native_cfg is ours
+      // (and vllm_cfg's memory share and enforce_eager are read for the GPU).
+      if (cfg.contains("vllm_cfg")) vllm = cfg["vllm_cfg"];
       if (cfg.contains("native_cfg")) {
         if (!cfg["native_cfg"].is_object())
           throw Error(RLH_E_INVALID_ARGUMENT, "generator config: native_cfg must be an object");
@@ -247,15 +317,66 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     o.moe_router_fp64 = router_fp64(g->host, cfg, &router_source);
 
     rlh::sdk::TransformerDesc desc = describe(g->host, g->model_dir, get_str(cfg, "model_component", ""));
-    g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, kernel_pins(g->host), "generator",
-                                                 "{\"num_threads\": " + std::to_string(num_threads) + "}");
-    if (g->registry->providers().empty())
-      throw Error(RLH_E_FAILED_PRECONDITION,
-                  "generator: no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, or put it on the plugin path)");
-    g->ops = rlh::engine::make_registry_ops(*g->registry);
-    o.ops = g->ops.get();
+    const std::string kernels = kernels_section(g->host);
+    std::string device_source;
+    const int device = pick_device(g->host, cfg, &device_source);
+    const bool batch_invariant = get_bool(cfg, "batch_invariant", device < 0);
+    if (device < 0) {
+      for (const char* k : {"gpu_memory_utilization", "cuda_graphs"})
+        if (cfg.contains(k))
+          throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + k + "' applies to a CUDA device, but the generator runs on the CPU (" + device_source + ")");
+      if (!batch_invariant)
+        throw Error(RLH_E_INVALID_ARGUMENT, "generator config: batch_invariant false: the CPU generator is always batch-invariant");
+      g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, rlh::sdk::kernel_pins_from_json(kernels),
+                                                   "generator", "{\"num_threads\": " + std::to_string(num_threads) + "}",
+                                                   rlh::sdk::kernel_verify_from_json(kernels));
+      if (g->registry->providers().empty())
+        throw Error(RLH_E_FAILED_PRECONDITION,
+                    "generator: no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, or put it on the plugin path)");
+      g->ops = rlh::engine::make_registry_ops(*g->registry);
+      o.ops = g->ops.get();
+    } else {
+#ifdef RLH_GENERATOR_CUDA
+      g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::cuda_device(device),
+                                                   rlh::sdk::kernel_pins_from_json(kernels), "generator", "{}",
+                                                   rlh::sdk::kernel_verify_from_json(kernels));
+      if (g->registry->providers().empty())
+        throw Error(RLH_E_FAILED_PRECONDITION, "generator: no kernel provider runs on cuda:" + std::to_string(device) +
+                                                   " (load kernels_cuda: --plugin kernels_cuda, or put it on the plugin path)");
+      gen::CudaExecutorOptions co;
+      co.kernels = g->registry.get();
+      co.device = device;
+      // vLLM's settings where the section does not say: the share of the GPU's memory the
+      // generator fills (weights, activations, KV cache), and enforce_eager (no CUDA graphs).
+      co.gpu_memory_utilization = 0.9;
+      if (cfg.contains("gpu_memory_utilization")) {
+        if (!cfg["gpu_memory_utilization"].is_number())
+          throw Error(RLH_E_INVALID_ARGUMENT, "generator config: 'gpu_memory_utilization' must be a number in (0, 1]");
+        co.gpu_memory_utilization = cfg["gpu_memory_utilization"].get<double>();
+      } else if (vllm.is_object() && vllm.contains("gpu_memory_utilization") && !vllm["gpu_memory_utilization"].is_null()) {
+        if (!vllm["gpu_memory_utilization"].is_number())
+          throw Error(RLH_E_INVALID_ARGUMENT, "policy.generation.vllm_cfg.gpu_memory_utilization must be a number in (0, 1]");
+        co.gpu_memory_utilization = vllm["gpu_memory_utilization"].get<double>();
+      }
+      if (vllm.is_object() && vllm.contains("enforce_eager") && !vllm["enforce_eager"].is_null() &&
+          !vllm["enforce_eager"].is_boolean())
+        throw Error(RLH_E_INVALID_ARGUMENT, "policy.generation.vllm_cfg.enforce_eager must be true or false");
+      if (!(co.gpu_memory_utilization > 0 && co.gpu_memory_utilization <= 1))
+        throw Error(RLH_E_INVALID_ARGUMENT, "generator config: gpu_memory_utilization must be in (0, 1], not " +
+                                                std::to_string(co.gpu_memory_utilization));
+      co.kv_cache_bytes = cfg.contains("kv_cache_bytes") ? o.kv_cache_bytes : 0;
+      co.cuda_graphs = get_bool(cfg, "cuda_graphs", !(vllm.is_object() && vllm.contains("enforce_eager") &&
+                                                      vllm["enforce_eager"] == json(true)));
+      co.batch_invariant = batch_invariant;
+      co.max_num_seqs = o.max_num_seqs;
+      co.max_num_batched_tokens = o.max_num_batched_tokens;
+      rlh::sdk::Host h = g->host;
+      co.log = [h](const std::string& m) { h.warn(m); };
+      o.executor = gen::cuda_executor(co);
+#endif
+    }
     g->gen = std::make_unique<gen::Generator>(desc, o);
-    if (host && host->alloc && host->free_memory) {  // the host counts the KV pool
+    if (device < 0 && host && host->alloc && host->free_memory) {  // the host counts the KV pool
       gen::PoolAllocator a;
       a.allocate = [host](size_t bytes) {
         void* p = nullptr;
@@ -277,6 +398,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
       }
     }
     g->host.info("generator native: kernels " + g->registry->choices_summary());
+    g->host.info("generator native: runs on " + g->gen->executor().name() + " (" + device_source + ")");
     g->host.info("generator native: " + desc.architecture + ", " + std::to_string(desc.num_layers) + " layers, vocab " +
                  std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit") +
                  ", MoE router " + (o.moe_router_fp64 ? "fp64" : "fp32") + " (" + router_source + ")");
@@ -377,7 +499,8 @@ const char* const kConfigKeys[] = {"policy.generation.native_cfg.*", nullptr};
 
 const rlh_component_desc kComponent = rlh::sdk::component_desc(
     RLH_KIND_GENERATOR, "native", "0.1.0", RLH_GENERATOR_API_VERSION_MAJOR, RLH_GENERATOR_API_VERSION_MINOR, &kApi,
-    "CPU generator: paged KV cache, continuous batching, vLLM/NeMo-RL sampling and processed logprobs", kConfigKeys);
+    "Generator on the CPU or a CUDA device: paged KV cache, continuous batching, vLLM/NeMo-RL sampling and processed logprobs",
+    kConfigKeys);
 
 const rlh_component_desc* const kComponents[] = {&kComponent};
 

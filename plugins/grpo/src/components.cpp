@@ -142,12 +142,18 @@ Backend::~Backend() {
   if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
 }
 
-rlh_model* Backend::load_model(const std::string& role, const std::string& path, bool trainable) {
+rlh_model* Backend::load_model(const std::string& role, const std::string& path, bool trainable,
+                               const nlohmann::json& overrides) {
   rlh_model_args args{};
   args.struct_size = RLH_STRUCT_SIZE(rlh_model_args, config_len);
   args.role = role.c_str();
   args.path = path.c_str();
   args.flags = trainable ? RLH_MODEL_TRAINABLE : 0;
+  const std::string text = overrides.is_null() ? std::string() : overrides.dump();
+  if (!text.empty()) {
+    args.config_json = text.c_str();
+    args.config_len = text.size();
+  }
   rlh_model* m = nullptr;
   sdk::check(api_->load_model(self_, &args, &m),
              component_label("backend", name_) + ": loading the " + role + " model from " + path);
@@ -439,6 +445,44 @@ std::string Tokenizer::apply_chat_template(const json& messages, bool add_genera
                                        nullptr, 0, sdk::write_to_string, &out),
              "chat template");
   return out;
+}
+
+void stop_on_nonfinite(double loss, double grad_norm, int64_t step, const std::string& what) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) return;
+  auto text = [](double v) { return std::isnan(v) ? std::string("NaN") : std::to_string(v); };
+  throw Error(RLH_E_ABORTED, what + " " + std::to_string(step) + ": the loss is " + text(loss) + " and the gradient norm " +
+                                 text(grad_norm) +
+                                 "; stopping (a non-finite loss ends the run, as in NeMo-RL; this step is not "
+                                 "checkpointed, resume from the last checkpoint)");
+}
+
+// ---- checkpoints -------------------------------------------------------------------------------
+
+std::optional<sdk::CheckpointInfo> resume_from_checkpoints(const sdk::Host& host, sdk::CheckpointManager& ckpt,
+                                                           const std::function<void(const sdk::CheckpointInfo&)>& load) {
+  std::vector<std::string> skipped;
+  bool load_failed = false;
+  auto loaded = ckpt.resume(load, &skipped, &load_failed);
+  for (const auto& s : skipped) host.warn("checkpoint skipped: " + s);
+  if (loaded) {
+    host.info("resumed from " + loaded->dir.string() + " (step " + std::to_string(loaded->step) + ")");
+    return loaded;
+  }
+  if (load_failed)
+    throw Error(RLH_E_DATA_LOSS, "no checkpoint in " + ckpt.config().checkpoint_dir.string() +
+                                     " could be resumed, and loading one failed part way (the model may be half "
+                                     "loaded): stopping; move the damaged step_N folders away to start afresh");
+  if (!skipped.empty())
+    host.warn("no checkpoint in " + ckpt.config().checkpoint_dir.string() +
+              " verifies: starting from step 0 (the skipped folders are kept and never overwritten)");
+  return std::nullopt;
+}
+
+bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ckpt, int64_t step) {
+  std::string why;
+  if (ckpt.may_write(step, &why)) return true;
+  host.warn("checkpoint for step " + std::to_string(step) + " not saved: " + why);
+  return false;
 }
 
 }  // namespace rlh::grpo

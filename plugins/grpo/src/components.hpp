@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "rlhost/dataset.h"
 #include "rlhost/environment.h"
 #include "rlhost/generator.h"
+#include "rlhost/sdk/checkpoint.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/tokenizer.h"
 
@@ -95,7 +98,9 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   const std::string& name() const { return name_; }
-  rlh_model* load_model(const std::string& role, const std::string& path, bool trainable);
+  // `overrides` (an object, or null for none): the per-model config patched over the section.
+  rlh_model* load_model(const std::string& role, const std::string& path, bool trainable,
+                        const nlohmann::json& overrides = nullptr);
   // Writes the requested outputs, [num_tokens] float32 each, into `outputs`.
   void forward(rlh_model* model, PackedBatch& batch, const std::vector<rlh_output_spec>& specs,
                std::vector<std::vector<float>>& outputs, int64_t micro_batch_tokens);
@@ -212,5 +217,21 @@ class Tokenizer {
   std::vector<int32_t> eos_;
   int64_t vocab_size_ = 0;
 };
+
+// A non-finite loss or gradient norm stops the loop (NeMo-RL stops on a NaN loss too): throws
+// Error(RLH_E_ABORTED) naming the step. The backend applies no update from a non-finite gradient
+// and nothing of this step is checkpointed, so the last checkpoint is the state to resume from.
+void stop_on_nonfinite(double loss, double grad_norm, int64_t step, const std::string& what);
+
+// Resumes a loop from the newest checkpoint that verifies and loads (CheckpointManager::resume):
+// `load` restores the loop's state from one (throwing Error(RLH_E_DATA_LOSS) for a damaged one).
+// Each skipped checkpoint is one warning naming it. When none loads, the loop starts from step 0
+// -- unless a load failed part way, which could leave the model half-loaded: then it stops.
+std::optional<sdk::CheckpointInfo> resume_from_checkpoints(const sdk::Host& host, sdk::CheckpointManager& ckpt,
+                                                           const std::function<void(const sdk::CheckpointInfo&)>& load);
+
+// Whether the loop may save checkpoint `step` now; a newer checkpoint kept from before a
+// fallback resume is not overwritten: one warning, and the step is not saved.
+bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ckpt, int64_t step);
 
 }  // namespace rlh::grpo

@@ -54,6 +54,8 @@ MismatchDiagnostics mismatch_diagnostics(std::span<const double> prev_lp,
     d.token_mult_prob_error += m * std::exp(std::abs(gen - prev) * m);
     d.gen_kl_error += m * kl_plain(kl_type, gen, prev);     // logr = prev - gen
     d.policy_kl_error += m * kl_plain(kl_type, prev, gen);  // logr = gen - prev
+    d.logprob_abs_error += m * std::abs(gen - prev);
+    d.logprob_abs_error_max = std::max(d.logprob_abs_error_max, std::abs(gen - prev));
     const double lm = log_mixture(prev, gen);
     const double a = prev - lm, b = gen - lm;
     d.js_divergence_error += m * (0.5 * (std::exp(a) - a - 1) + 0.5 * (std::exp(b) - b - 1));
@@ -63,6 +65,7 @@ MismatchDiagnostics mismatch_diagnostics(std::span<const double> prev_lp,
   d.gen_kl_error /= denom;
   d.policy_kl_error /= denom;
   d.js_divergence_error /= denom;
+  d.logprob_abs_error /= denom;
   return d;
 }
 
@@ -81,6 +84,8 @@ void add_mismatch_metrics(Metrics& m, const MismatchDiagnostics& d) {
   m.sum("gen_kl_error", d.gen_kl_error);
   m.sum("policy_kl_error", d.policy_kl_error);
   m.sum("js_divergence_error", d.js_divergence_error);
+  m.sum("logprob_abs_error", d.logprob_abs_error);
+  m.max("logprob_abs_error_max", d.logprob_abs_error_max);
 }
 
 }  // namespace rlh::grpo

@@ -40,6 +40,10 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// An environment column named "count/..." counts events (responses past the scoring budget):
+// logged as the step's sum, not averaged like a reward (rlhost/environment.h).
+bool is_count(const std::string& name) { return name.rfind("count/", 0) == 0; }
+
 // Validation draws with its own RNG key range, apart from every training step's.
 constexpr int64_t kValidationStepKey = int64_t{1} << 40;
 
@@ -161,7 +165,7 @@ struct GrpoLoop::Impl {
     env = std::make_unique<Environment>(host, cfg.env_name, cfg.env_config);
 
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
-    policy = backend->load_model("policy", model_dir, true);
+    policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
     if (cfg.needs_reference()) reference = backend->load_model("reference", model_dir, false);
     // The generator gets policy.generation; the native generator reads its own subsection
     // native_cfg from it (and takes the whole object as its settings when that key is absent).
@@ -210,22 +214,21 @@ struct GrpoLoop::Impl {
                       std::to_string(dp_size) + " (each rank trains on whole prompt groups)");
   }
 
+  // The newest checkpoint that verifies (sizes, CRC32C, step numbers) and loads; a damaged one
+  // is skipped with a warning and the one before it is used (resume_from_checkpoints).
   void resume() {
-    if (!ckpt) return;  // (every rank reads the same folder; none writes here)
-    std::vector<std::string> skipped;
-    auto list = ckpt->list(sdk::VerifyLevel::kSizes, &skipped);
-    for (const auto& s : skipped) host.warn("checkpoint skipped: " + s);
-    if (list.empty()) return;
-    const sdk::CheckpointInfo& last = list.back();
-    const json& info = last.training_info;
-    const std::string where = (last.dir / "training_info.json").string();
-    if (!info.contains("step") || !info.contains("data_order"))
-      throw Error(RLH_E_DATA_LOSS, where + ": not a GRPO checkpoint (no step or data_order)");
-    step = info["step"].get<int64_t>();
-    consumed_samples = info.value("consumed_samples", int64_t{0});
-    order->restore(info["data_order"], where);
-    backend->load_state(policy, (last.dir / "policy").string());
-    host.info("resumed from " + last.dir.string() + " (step " + std::to_string(step) + ")");
+    if (!ckpt) return;  // (every rank reads the same folders; none writes here)
+    resume_from_checkpoints(host, *ckpt, [&](const sdk::CheckpointInfo& c) {
+      const json& info = c.training_info;
+      const std::string where = (c.dir / "training_info.json").string();
+      if (!info.is_object() || !info.contains("step") || !info.contains("data_order") ||
+          !info["step"].is_number_integer() || !info.value("consumed_samples", json(0)).is_number_integer())
+        throw Error(RLH_E_DATA_LOSS, where + ": not a GRPO checkpoint (no step, data_order or consumed_samples)");
+      order->restore(info["data_order"], where);
+      backend->load_state(policy, (c.dir / "policy").string());
+      step = info["step"].get<int64_t>();  // agrees with the folder's (verify_checkpoint)
+      consumed_samples = info.value("consumed_samples", int64_t{0});
+    });
   }
 
   // Hands the policy's weights to the generator when they changed since the last refit
@@ -286,7 +289,7 @@ struct GrpoLoop::Impl {
     m["accuracy"] = correct / static_cast<double>(n);
     m["avg_length"] = length / static_cast<double>(n);
     for (const auto& [name, sum] : sums)
-      if (name != "reward") m[name] = sum / static_cast<double>(n);
+      if (name != "reward") m[name] = is_count(name) ? sum : sum / static_cast<double>(n);
     val_history.emplace_back(at_step, m["accuracy"]);
     host.metric(mn::kValidationAccuracy, m["accuracy"], at_step);
     host.metric(mn::kValidationAvgLength, m["avg_length"], at_step);
@@ -392,7 +395,8 @@ struct GrpoLoop::Impl {
       out.loss_multiplier.push_back(multipliers[static_cast<size_t>(b)][static_cast<size_t>(i)]);
       for (size_t k = 0; k < env->reward_names().size(); ++k) sums[env->reward_names()[k]] += resp.rewards[k];
     }
-    for (const auto& [name, sum] : sums) out.reward_means[name] = sum / static_cast<double>(out.responses.size());
+    for (const auto& [name, sum] : sums)
+      out.reward_means[name] = is_count(name) ? sum : sum / static_cast<double>(out.responses.size());
     return out;
   }
 
@@ -482,6 +486,7 @@ struct GrpoLoop::Impl {
                                           cfg.policy.train_mb_tokens,
                                           cfg.policy.train_micro_batch_size);
       Backend::TrainResult r = backend->train_step(policy, a);
+      stop_on_nonfinite(r.loss, r.grad_norm, step + 1, "train step");
       loss_sum += r.loss;
       grad_norm_sum += r.grad_norm;
       // Backend metrics at the top level, the loss callback's (already normalised, summed over
@@ -654,7 +659,7 @@ struct GrpoLoop::Impl {
         val = validate(step);
         last_val = val;
       }
-      if (ckpt && (ckpt->is_periodic(step) || last)) {
+      if (ckpt && (ckpt->is_periodic(step) || last) && may_save_checkpoint(host, *ckpt, step)) {
         t0 = Clock::now();
         save_checkpoint(step, val.empty() ? last_val : val, metrics);
         timers["checkpointing"] = since(t0);

@@ -270,11 +270,26 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
   // checkpointing
   const json& ck = child(whole, "checkpointing");
   c.checkpointing = sdk::CheckpointConfig::from_json(ck, "checkpointing");
+  c.model_save_dtype = read_model_save_dtype(ck);
+  return c;
+}
+
+std::string read_model_save_dtype(const json& ck) {
+  const Section s(ck, "checkpointing");
   std::string fmt = "safetensors";
-  Section(ck, "checkpointing").read("model_save_format", fmt);
+  s.read("model_save_format", fmt);
   if (fmt != "safetensors")
     throw ConfigError("checkpointing.model_save_format: only \"safetensors\" (HF) is written, got \"" + fmt + "\"");
-  return c;
+  std::optional<std::string> dtype;
+  s.read("model_save_dtype", dtype);
+  if (!dtype) return "float32";
+  if (*dtype != "float32" && *dtype != "bfloat16")
+    throw ConfigError("checkpointing.model_save_dtype: expected float32 or bfloat16, got \"" + *dtype + "\"");
+  return *dtype;
+}
+
+json policy_save_overrides(const std::string& model_save_dtype) {
+  return model_save_dtype == "float32" ? json() : json{{"save_dtype", model_save_dtype}};
 }
 
 // ---- config.yaml -------------------------------------------------------------------------------

@@ -98,6 +98,7 @@ struct GrpoLoopConfig {
 
   // checkpointing
   sdk::CheckpointConfig checkpointing;
+  std::string model_save_dtype = "float32";  // checkpointing.model_save_dtype
 
   nlohmann::json whole;  // the resolved configuration (config.yaml of checkpoints)
 
@@ -112,6 +113,13 @@ struct GrpoLoopConfig {
 // The pieces other algorithms (sft) read the same way.
 PolicyConfig read_policy_config(const nlohmann::json& whole);
 DataSource read_data_source(const nlohmann::json& data, const std::string& split, bool required);
+// checkpointing.model_save_format (NeMo-RL's; only "safetensors", the HF layout, is written) and
+// rlhost's checkpointing.model_save_dtype: the dtype of step_N/policy's HF weights, "float32"
+// (the default: the master weights) or "bfloat16" (the masters kept beside them for resume).
+std::string read_model_save_dtype(const nlohmann::json& checkpointing);
+// The per-model config the policy is loaded with so that its saves write that dtype (the
+// backends' save_dtype override).
+nlohmann::json policy_save_overrides(const std::string& model_save_dtype);
 
 // The resolved configuration as block YAML (config.yaml in checkpoints): every scalar is written
 // in JSON form, which YAML reads back as the same value.

@@ -75,13 +75,17 @@ void PromptOrder::restore(const json& st, const std::string& origin) {
       throw Error(RLH_E_FAILED_PRECONDITION,
                   origin + ": the checkpoint's data order (size, seed, shuffle) " + st.dump() +
                       " differs from this configuration's; resuming would not continue the same run");
-    epoch_ = st.at("epoch").get<int64_t>();
-    position_ = st.at("position").get<int64_t>();
+    // Both read before either is set: a checkpoint that fails here leaves this order as it was
+    // (a resume then falls back to an older checkpoint).
+    const int64_t epoch = st.at("epoch").get<int64_t>();
+    const int64_t position = st.at("position").get<int64_t>();
+    if (epoch < 0 || position < 0 || position > size_)
+      throw Error(RLH_E_DATA_LOSS, origin + ": data position out of range: " + st.dump());
+    epoch_ = epoch;
+    position_ = position;
   } catch (const json::exception& e) {
     throw Error(RLH_E_DATA_LOSS, origin + ": malformed data position: " + e.what());
   }
-  if (epoch_ < 0 || position_ < 0 || position_ > size_)
-    throw Error(RLH_E_DATA_LOSS, origin + ": data position out of range: " + st.dump());
   build_order();
 }
 

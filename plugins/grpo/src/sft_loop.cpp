@@ -60,6 +60,7 @@ struct SftConfig {
   std::optional<DataSource> validation;
   bool shuffle = true;
   sdk::CheckpointConfig checkpointing;
+  std::string model_save_dtype = "float32";  // checkpointing.model_save_dtype
 
   static SftConfig from_json(const json& whole) {
     SftConfig c;
@@ -92,10 +93,7 @@ struct SftConfig {
     DataSource v = read_data_source(data, "validation", false);
     if (!v.component.empty()) c.validation = v;
     c.checkpointing = sdk::CheckpointConfig::from_json(child(whole, "checkpointing"), "checkpointing");
-    std::string fmt = "safetensors";
-    detail::Section(child(whole, "checkpointing"), "checkpointing").read("model_save_format", fmt);
-    if (fmt != "safetensors")
-      throw ConfigError("checkpointing.model_save_format: only \"safetensors\" (HF) is written, got \"" + fmt + "\"");
+    c.model_save_dtype = read_model_save_dtype(child(whole, "checkpointing"));
     return c;
   }
 };
@@ -183,7 +181,11 @@ struct SftLoop::Impl {
     const std::vector<rlh_output_spec> specs = loss->output_specs(1.0, 0, 1.0);
     const rlh_train_args a = train_args(b, specs, *loss, masks.counts, cfg.policy.train_mb_tokens,
                                         cfg.policy.train_micro_batch_size, eval_only);
-    return backend->train_step(policy, a);
+    Backend::TrainResult r = backend->train_step(policy, a);
+    // A validation loss has no gradient norm (0); either being non-finite stops the run.
+    stop_on_nonfinite(r.loss, eval_only ? 0.0 : r.grad_norm, eval_only ? step : step + 1,
+                      eval_only ? "validation at step" : "train step");
+    return r;
   }
 
   double validate(int64_t at) {
@@ -244,7 +246,7 @@ struct SftLoop::Impl {
     if (cfg.validation)
       val_data = std::make_unique<Dataset>(host, cfg.validation->component, cfg.validation->config, "data.validation");
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
-    policy = backend->load_model("policy", model_dir, true);
+    policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
     loss = std::make_unique<LossAdapter>(NllConfig{});
     loss->set_make_status(host.make_status());
     const int64_t gbs = cfg.policy.train_global_batch_size;
@@ -257,15 +259,17 @@ struct SftLoop::Impl {
     if (cfg.checkpointing.enabled) {
       ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
       ckpt->clean_leftovers();
-      if (auto last = ckpt->latest()) {
-        const std::string where = (last->dir / "training_info.json").string();
-        if (!last->training_info.contains("step") || !last->training_info.contains("data_order"))
+      // The newest checkpoint that verifies and loads; damaged ones are skipped with a warning.
+      resume_from_checkpoints(host, *ckpt, [&](const sdk::CheckpointInfo& c) {
+        const std::string where = (c.dir / "training_info.json").string();
+        const json& info = c.training_info;
+        if (!info.is_object() || !info.contains("step") || !info.contains("data_order") ||
+            !info["step"].is_number_integer())
           throw Error(RLH_E_DATA_LOSS, where + ": not an SFT checkpoint (no step or data_order)");
-        step = last->training_info["step"].get<int64_t>();
-        order->restore(last->training_info["data_order"], where);
-        backend->load_state(policy, (last->dir / "policy").string());
-        host.info("resumed from " + last->dir.string() + " (step " + std::to_string(step) + ")");
-      }
+        order->restore(info["data_order"], where);
+        backend->load_state(policy, (c.dir / "policy").string());
+        step = info["step"].get<int64_t>();
+      });
     }
     host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
     std::optional<double> last_val;
@@ -284,7 +288,8 @@ struct SftLoop::Impl {
       const bool last = step == total_steps;
       std::optional<double> val;
       if (val_data && cfg.val_period > 0 && (step % cfg.val_period == 0 || last)) val = last_val = validate(step);
-      if (ckpt && (ckpt->is_periodic(step) || last)) save(step, val ? val : last_val, r.loss);
+      if (ckpt && (ckpt->is_periodic(step) || last) && may_save_checkpoint(host, *ckpt, step))
+        save(step, val ? val : last_val, r.loss);
       host.metric("train/loss", r.loss, step);
       host.metric("train/grad_norm", r.grad_norm, step);
       for (const char* k : {"lr", "num_tokens"})

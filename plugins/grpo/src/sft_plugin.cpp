@@ -40,7 +40,7 @@ const char* const kKeys[] = {
     "sft.val_global_batch_size", "sft.val_at_start", "sft.seed",
     "checkpointing.enabled", "checkpointing.checkpoint_dir", "checkpointing.metric_name",
     "checkpointing.higher_is_better", "checkpointing.keep_top_k", "checkpointing.save_period",
-    "checkpointing.ft_keep_latest_k", "checkpointing.model_save_format",
+    "checkpointing.ft_keep_latest_k", "checkpointing.model_save_format", "checkpointing.model_save_dtype",
     "policy.model_name", "policy.tokenizer.name", "policy.tokenizer.chat_template",
     "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.max_total_sequence_length",
     "policy.dtensor_cfg.enabled", "policy.megatron_cfg.enabled", "policy.sequence_packing.enabled",

@@ -623,6 +623,24 @@ void run_adamw(const Call& c) {
   }
 }
 
+// adamw_bf16: adamw, then p16 = bf16 of the updated p, rounded to nearest even (the working copy
+// a bf16 engine computes with; the reference for providers that fuse the two).
+template <class T>
+void run_adamw_bf16(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    run_adamw<float>(c);
+    const int64_t n = numel(c.out(0));
+    need_vec(c.out(4), n, "adamw_bf16 p16");
+    const float* p = data<float>(c.out(0));
+    uint16_t* p16 = data<uint16_t>(c.out(4));
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &p[i], 4);
+      p16[i] = std::isnan(p[i]) ? uint16_t((u >> 16) | 0x40) : uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    }
+  }
+}
+
 template <class T>
 void run_sumsq(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
@@ -763,7 +781,7 @@ void run_sample(const Call& c) {
 // The op table: name, operand counts, which operands are int32 / float32 constants (the rest
 // have the op's float dtype), its backward op, and whether float64 is offered.
 
-enum Kind : char { F = 'f', I = 'i', K = 'k', D = 'd' };  // op dtype, int32, float32 / float64 constant
+enum Kind : char { F = 'f', I = 'i', K = 'k', D = 'd', B = 'b' };  // op dtype, int32, float32 / float64 constant, bf16
 
 struct OpSpec {
   const char* name;
@@ -807,6 +825,7 @@ const OpSpec kOps[] = {
     RLH_OP(moe_unpermute_bwd, "ffif", 4, "ff", 1, "", true),
     RLH_OP(grouped_gemm, "ffi", 3, "f", 1, "grouped_gemm", true),
     RLH_OP(adamw, "", 0, "ffff", 4, "", false),
+    RLH_OP(adamw_bf16, "", 0, "ffffb", 5, "", false),
     RLH_OP(sumsq, "f", 1, "f", 1, "", false),
     RLH_OP(scale, "", 0, "f", 1, "", false),
     RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
@@ -842,6 +861,8 @@ bool check_operands(const OpSpec& s, const rlh_tensor* ins, size_t nin, const rl
       if (!same(t.dtype, sdk::kF32)) unimpl(std::string("operand must be float32, not ") + sdk::dtype_name(t.dtype));
     } else if (kind == D) {
       if (!same(t.dtype, sdk::kF64)) unimpl(std::string("operand must be float64, not ") + sdk::dtype_name(t.dtype));
+    } else if (kind == B) {
+      if (!same(t.dtype, sdk::kBF16)) unimpl("this operand must be bfloat16");
     } else {
       const int d = same(t.dtype, sdk::kF32) ? 0 : same(t.dtype, sdk::kF64) ? 1 : -1;
       if (d < 0) unimpl(std::string("dtype ") + sdk::dtype_name(t.dtype) + " not offered");
@@ -934,10 +955,17 @@ rlh_status* k_create(const rlh_host_api* host, rlh_device device, const char* co
         threads = j["num_threads"].get<int64_t>();
       }
     }
+    // The pool first: a thread the system refuses is an error (and nothing is leaked).
+    std::unique_ptr<WorkerPool> pool;
+    try {
+      if (threads > 0) pool = std::make_unique<WorkerPool>(int(threads));
+    } catch (const std::runtime_error& e) {
+      throw Error(RLH_E_RESOURCE_EXHAUSTED, e.what());
+    }
     auto* k = new rlh_kernels;
     k->host = host;
     k->device = device;
-    if (threads > 0) k->own_pool = std::make_unique<WorkerPool>(int(threads));
+    k->own_pool = std::move(pool);
     *out = k;
     if (host && host->log) {  // loads and verifies OpenBLAS now, so the log says what was chosen
       const std::string msg = "kernels_cpu: " + cpu_features_string() + "; " + blas_info_string();

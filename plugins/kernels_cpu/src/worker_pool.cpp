@@ -5,6 +5,9 @@
 #include <sched.h>
 
 #include <chrono>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 
 namespace rlh::kcpu {
 
@@ -34,7 +37,19 @@ thread_local bool in_task = false;
 
 WorkerPool::WorkerPool(int threads) {
   if (threads < 1) threads = omp_get_max_threads();
-  for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { worker_main(w); });
+  try {
+    for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { worker_main(w); });
+  } catch (const std::system_error& e) {
+    // The system refused a thread (limits): stop the ones started, then report, instead of
+    // destroying joinable threads (std::terminate).
+    const size_t started = workers_.size() + 1;
+    stop_.store(true);
+    epoch_.fetch_add(1);
+    epoch_.notify_all();
+    for (std::thread& t : workers_) t.join();
+    throw std::runtime_error("kernels_cpu: cannot start decode thread " + std::to_string(started) + " of " +
+                             std::to_string(threads) + ": " + e.what());
+  }
 }
 
 WorkerPool::~WorkerPool() {

@@ -19,6 +19,11 @@
 // stride multiples of 8 elements and 16-byte aligned pointers; otherwise (and for f32, which is
 // true fp32) a CUDA-core kernel with the same scheduling: 64x64 tiles, 4x4 outputs a thread.
 // Every output element has one writer and sums its products in a fixed order: deterministic.
+// The order depends on K, the path (tensor cores or CUDA cores: chosen from the operands' dtypes,
+// inner sizes, leading dimensions and alignment, never from the number of rows) and nothing
+// else, and a row's products read only its own row of A: so each row of C is a function of its
+// row of A alone, bitwise, whatever the number of rows. With no offsets (one group of every row)
+// this is gemm with batch_invariant = 1 (plugin.cpp), the generator's deterministic mode.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -43,6 +48,11 @@ __device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t T) { return v < 
 // Group g's rows [lo, hi), clamped to [0, T) and empty when its offsets decrease (check_offsets
 // flags those; the kernels stay in bounds meanwhile).
 __device__ __forceinline__ void group_rows(const GG& p, int64_t g, int64_t* lo, int64_t* hi) {
+  if (!p.off) {  // one group of every row: a plain GEMM (gemm with batch_invariant = 1)
+    *lo = 0;
+    *hi = p.T;
+    return;
+  }
   *lo = clamp_row(p.off[g], p.T);
   *hi = clamp_row(p.off[g + 1], p.T);
   if (*hi < *lo) *hi = *lo;
@@ -50,7 +60,7 @@ __device__ __forceinline__ void group_rows(const GG& p, int64_t g, int64_t* lo, 
 
 // Flags offsets that do not partition [0, T) (block (0,0,0) only).
 __device__ void check_offsets(const GG& p) {
-  if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || !p.err) return;
+  if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || !p.err || !p.off) return;
   for (int64_t g = threadIdx.x; g <= p.G; g += blockDim.x) {
     const int64_t v = p.off[g];
     const bool bad = (g == 0 && v != 0) || (g == p.G && v != p.T) || (g > 0 && v < p.off[g - 1]);
@@ -407,6 +417,7 @@ const char* grouped_gemm_path(const GroupedGemmArgs& a) { return mma_ok(a) ? "mm
 void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s) {
   auto bad = [](const std::string& m) { throw std::invalid_argument("grouped_gemm: " + m); };
   if (a.G < 1) bad("need at least one group");
+  if (!a.offsets && (a.G != 1 || a.ta)) bad("offsets are required (absent only for one group of rows)");
   if (a.ta && a.tb) bad("transpose_b with transpose_a is not offered");
   if (a.T < 0 || a.M < 0 || a.N < 0 || a.K < 0) bad("negative dimension");
   if (a.T > INT32_MAX) bad("more than 2^31 rows");

@@ -156,7 +156,37 @@ int64_t numel(const rlh_tensor& t) { return sdk::tensor_numel(t); }
 // ---------------------------------------------------------------------------------------------
 // The ops
 
+// gemm with batch_invariant = 1 (docs/ops.md): C = A B^T with every row of C a function of its
+// row of A alone, whatever M (a generator's deterministic mode): grouped_gemm.cu's tiles over one
+// group of rows, whose summation order never depends on the number of rows (cuBLASLt picks its
+// kernel, split-K included, by the problem's shape). Only 2-D C = A B^T, alpha 1, beta 0.
+void run_gemm_rows(const Call& c) {
+  const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
+  if (A.ndim != 2 || B.ndim != 2 || C.ndim != 2 || c.flag("transpose_a") || !c.flag("transpose_b") ||
+      c.num("alpha", 1) != 1 || c.num("beta", 0) != 0 || c.has_in(2))
+    bad("gemm (batch_invariant): kernels_cuda offers only 2-D C = A B^T (transpose_b = 1, alpha 1, beta 0, no bias)");
+  GroupedGemmArgs g;
+  g.ta = false;
+  g.tb = true;
+  g.G = 1;
+  g.T = C.shape[0];
+  g.N = C.shape[1];
+  g.K = A.shape[1];
+  g.lda = need_rows(A, g.T, g.K, "gemm A");
+  g.ldb = need_rows(B, g.N, g.K, "gemm B");
+  g.ldc = need_rows(C, g.T, g.N, "gemm C");
+  g.stride_b = g.N * g.ldb;
+  g.A = ptr(A);
+  g.B = ptr(B);
+  g.C = ptr(C);
+  g.ab = c.dt();
+  g.c_dt = is_bf16(C) ? DType::bf16 : DType::f32;
+  g.err = c.err();
+  grouped_gemm(g, c.stream);
+}
+
 void run_gemm(const Call& c) {
+  if (c.flag("batch_invariant")) return run_gemm_rows(c);
   const bool ta = c.flag("transpose_a"), tb = c.flag("transpose_b");
   const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
   if (A.ndim != B.ndim || A.ndim != C.ndim || (A.ndim != 2 && A.ndim != 3))
@@ -1030,7 +1060,19 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       if (!a.name) continue;
       op->attrs.push_back(Attr{a.name, a.type, a.int64_value, a.double_value});
     }
-    // Answers known at resolution: filtered logprobs, attention head dims.
+    // Answers known at resolution: gemm's batch invariance for C = A B^T only (a registry then
+    // falls through for the rest), filtered logprobs, attention head dims.
+    if (std::strcmp(s->name, "gemm") == 0) {
+      auto attr = [&](const char* n, double dflt) {
+        for (const Attr& x : op->attrs)
+          if (x.name == n) return x.type == RLH_VALUE_DOUBLE ? x.d : double(x.i);
+        return dflt;
+      };
+      if (attr("batch_invariant", 0) != 0 &&
+          (attr("transpose_a", 0) != 0 || attr("transpose_b", 1) == 0 ||
+           (d->shapes_valid && d->num_inputs > 0 && d->inputs[0].ndim != 2)))
+        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda gemm: batch_invariant is offered for 2-D C = A B^T only");
+    }
     if (std::strncmp(s->name, "linear_logprob", 14) == 0) {
       for (const Attr& a : op->attrs) {
         const double v = a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i);
@@ -1055,7 +1097,12 @@ rlh_status* k_op_info(rlh_op* op, rlh_op_info* out) {
     // order), so reruns are bitwise equal. Row-wise ops are batch-invariant; GEMMs (cuBLASLt
     // picks kernels by shape), attention (tiles follow token positions), reductions and the
     // logprob head (its GEMM) are not.
-    info.batch_invariant = op->spec->batch_invariant ? 1 : 0;
+    // gemm asked for batch invariance runs grouped_gemm.cu's fixed-order tiles (run_gemm_rows).
+    bool rows = false;
+    if (std::strcmp(op->spec->name, "gemm") == 0)
+      for (const Attr& a : op->attrs)
+        rows = rows || (a.name == "batch_invariant" && (a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i)) != 0);
+    info.batch_invariant = op->spec->batch_invariant || rows ? 1 : 0;
     info.deterministic = 1;
     info.stateful = 0;
     info.workspace_bytes = 0;

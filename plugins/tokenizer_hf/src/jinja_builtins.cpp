@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <optional>
 #include <set>
 
 #include "jinja_eval.hpp"
@@ -25,6 +26,7 @@ std::string map_cps(std::string_view s, F&& f) {
     p += uni::decode(p, e, c);
     f(c, out);
   }
+  charge(out.size());
   return out;
 }
 
@@ -61,6 +63,7 @@ std::string capitalize(std::string_view s) {
 
 // Python str.strip/lstrip/rstrip with optional character set.
 std::string strip(std::string_view s, const Value* chars, bool left, bool right) {
+  charge(s.size() * (sizeof(char32_t) + 1));
   std::vector<char32_t> cps;
   const char* p = s.data();
   const char* e = p + s.size();
@@ -142,6 +145,8 @@ std::vector<std::string> split_sep(const std::string& s, const std::string& sep,
   return out;
 }
 
+// Each replacement can insert a long string: the result is checked as it grows, so
+// 'a'*1000|replace('a', 'a'*10**6) stops at the string limit instead of allocating a gigabyte.
 std::string replace_all(const std::string& s, const std::string& a, const std::string& b, int64_t count) {
   if (a.empty()) {
     // Python inserts `b` between characters (and at both ends).
@@ -151,7 +156,9 @@ std::string replace_all(const std::string& s, const std::string& a, const std::s
     for (size_t k = 0; k <= chars.size(); ++k) {
       if (count < 0 || done < count) { out += b; ++done; }
       if (k < chars.size()) out += chars[k];
+      check_string(out.size());
     }
+    charge(out.size());
     return out;
   }
   std::string out;
@@ -160,16 +167,23 @@ std::string replace_all(const std::string& s, const std::string& a, const std::s
   while ((count < 0 || done < count) && (f = s.find(a, k)) != std::string::npos) {
     out.append(s, k, f - k);
     out += b;
+    check_string(out.size());
     k = f + a.size();
     ++done;
   }
   out.append(s, k, std::string::npos);
+  charge(out.size());
   return out;
 }
 
 Value str_list(const std::vector<std::string>& v) {
+  check_items(v.size());
   Value r = Value::array();
-  for (const auto& s : v) r.arr->push_back(Value::str(s));
+  r.arr->reserve(v.size());
+  for (const auto& s : v) {
+    charge(sizeof(Value) + s.size());
+    r.arr->push_back(Value::str(s));
+  }
   return r;
 }
 
@@ -191,41 +205,98 @@ std::string arg_str(const Args& a, size_t i, const char* name, const std::string
   return v->to_str();
 }
 
+// The %[flags][width][.precision] of a printf-style conversion, with width and precision bounded
+// by the string limit before anything is formatted (Python pads '%99999999999d' for real).
+struct FormatSpec {
+  std::string flags;
+  long long width = -1, precision = -1;
+};
+
+FormatSpec parse_spec(const std::string& fmt, size_t& k) {
+  FormatSpec f;
+  while (k < fmt.size() && std::string("-+ #0").find(fmt[k]) != std::string::npos) f.flags.push_back(fmt[k++]);
+  auto number = [&](long long& out) {
+    if (k >= fmt.size() || fmt[k] < '0' || fmt[k] > '9') return;
+    out = 0;
+    while (k < fmt.size() && fmt[k] >= '0' && fmt[k] <= '9') {
+      out = out * 10 + (fmt[k++] - '0');
+      check_string(static_cast<size_t>(out));  // also keeps `out` far from overflowing
+    }
+  };
+  number(f.width);
+  if (k < fmt.size() && fmt[k] == '.') {
+    ++k;
+    f.precision = 0;
+    number(f.precision);
+  }
+  return f;
+}
+
+template <class T>
+std::string c_format(const FormatSpec& f, const char* conv, T v) {
+  std::string spec = "%" + f.flags;
+  if (f.width >= 0) spec += "*";
+  if (f.precision >= 0) spec += ".*";
+  spec += conv;
+  const int w = static_cast<int>(f.width >= 0 ? f.width : 0), p = static_cast<int>(f.precision >= 0 ? f.precision : 0);
+  auto call = [&](char* buf, size_t n) {
+    if (f.width >= 0 && f.precision >= 0) return std::snprintf(buf, n, spec.c_str(), w, p, v);
+    if (f.width >= 0) return std::snprintf(buf, n, spec.c_str(), w, v);
+    if (f.precision >= 0) return std::snprintf(buf, n, spec.c_str(), p, v);
+    return std::snprintf(buf, n, spec.c_str(), v);
+  };
+  const int n = call(nullptr, 0);
+  if (n < 0) throw Error("format: cannot format this value");
+  check_string(static_cast<size_t>(n));
+  std::string out(static_cast<size_t>(n) + 1, '\0');
+  call(out.data(), out.size());
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
 // Python printf-style formatting for `"..." % args` and |format.
 std::string percent_format(const std::string& fmt, const std::vector<Value>& args) {
   std::string out;
   size_t ai = 0;
   for (size_t k = 0; k < fmt.size(); ++k) {
+    check_string(out.size());
     if (fmt[k] != '%') {
       out.push_back(fmt[k]);
       continue;
     }
     if (++k >= fmt.size()) throw Error("incomplete format");
-    std::string spec;
-    while (k < fmt.size() && std::string("-+ #0123456789.").find(fmt[k]) != std::string::npos) spec.push_back(fmt[k++]);
+    const FormatSpec spec = parse_spec(fmt, k);
     if (k >= fmt.size()) throw Error("incomplete format");
     const char c = fmt[k];
     if (c == '%') { out.push_back('%'); continue; }
     if (ai >= args.size()) throw Error("not enough arguments for format string");
     const Value& v = args[ai++];
-    char buf[128];
     switch (c) {
-      case 's': out += v.to_str(); break;
-      case 'r': out += v.repr(); break;
+      case 's': case 'r': {
+        std::string t = c == 's' ? v.to_str() : v.repr();
+        if (spec.precision >= 0 && static_cast<size_t>(spec.precision) < t.size()) t.resize(static_cast<size_t>(spec.precision));
+        const size_t len = utf8_length(t);
+        if (spec.width > 0 && static_cast<size_t>(spec.width) > len) {
+          const std::string pad(static_cast<size_t>(spec.width) - len, ' ');
+          t = spec.flags.find('-') != std::string::npos ? t + pad : pad + t;
+        }
+        out += t;
+        break;
+      }
       case 'd': case 'i':
         if (!v.is_number()) throw Error("%d format: a real number is required");
-        std::snprintf(buf, sizeof(buf), ("%" + spec + "lld").c_str(), static_cast<long long>(v.as_int()));
-        out += buf;
+        out += c_format(spec, "lld", static_cast<long long>(v.as_int()));
         break;
       case 'f': case 'e': case 'g':
         if (!v.is_number()) throw Error("%f format: a real number is required");
-        std::snprintf(buf, sizeof(buf), ("%" + spec + c).c_str(), v.as_double());
-        out += buf;
+        out += c_format(spec, c == 'f' ? "f" : c == 'e' ? "e" : "g", v.as_double());
         break;
       default: throw Error(std::string("unsupported format character '") + c + "'");
     }
   }
   if (ai < args.size()) throw Error("not all arguments converted during string formatting");
+  check_string(out.size());
+  charge(out.size());
   return out;
 }
 
@@ -319,8 +390,10 @@ Value str_method(const std::string& self, const std::string& name) {
         if (!v.is_string()) throw Error(std::string("sequence item: expected str instance, ") + v.type_name() + " found");
         if (!first) out += self;
         out += v.s;
+        check_string(out.size());
         first = false;
       }
+      charge(out.size());
       return Value::str(out);
     });
   }
@@ -342,8 +415,10 @@ Value str_method(const std::string& self, const std::string& name) {
         else v = a.get(static_cast<size_t>(-1), field);
         if (!v) throw Error("format: missing argument '" + field + "'");
         out += v->to_str();
+        check_string(out.size());
         k = e;
       }
+      charge(out.size());
       return Value::str(out);
     });
   }
@@ -373,6 +448,7 @@ Value dict_method(const Value& self, const std::string& name) {
   auto obj = self.obj;
   if (name == "items") {
     return bound(name, [obj](Context&, Args&) {
+      charge(obj->items.size() * 3 * sizeof(Value));
       Value r = Value::array();
       for (const auto& [k, v] : obj->items) r.arr->push_back(Value::array({Value::str(k), v}));
       return r;
@@ -380,6 +456,7 @@ Value dict_method(const Value& self, const std::string& name) {
   }
   if (name == "keys") {
     return bound(name, [obj](Context&, Args&) {
+      charge(obj->items.size() * sizeof(Value));
       Value r = Value::array();
       for (const auto& kv : obj->items) r.arr->push_back(Value::str(kv.first));
       return r;
@@ -387,6 +464,7 @@ Value dict_method(const Value& self, const std::string& name) {
   }
   if (name == "values") {
     return bound(name, [obj](Context&, Args&) {
+      charge(obj->items.size() * sizeof(Value));
       Value r = Value::array();
       for (const auto& kv : obj->items) r.arr->push_back(kv.second);
       return r;
@@ -417,6 +495,7 @@ Value list_method(const Value& self, const std::string& name) {
   if (name == "index") {
     return bound(name, [arr](Context&, Args& a) {
       const Value* x = a.get(0, "value");
+      charge(arr->size() * sizeof(Value));
       if (x) for (size_t k = 0; k < arr->size(); ++k) if (equal((*arr)[k], *x)) return Value::integer(static_cast<int64_t>(k));
       throw Error("value is not in list");
     });
@@ -424,6 +503,7 @@ Value list_method(const Value& self, const std::string& name) {
   if (name == "count") {
     return bound(name, [arr](Context&, Args& a) {
       const Value* x = a.get(0, "value");
+      charge(arr->size() * sizeof(Value));
       int64_t n = 0;
       if (x) for (const auto& v : *arr) if (equal(v, *x)) ++n;
       return Value::integer(n);
@@ -504,7 +584,9 @@ const std::unordered_map<std::string, FilterFn>& filters() {
   static const std::unordered_map<std::string, FilterFn> f = {
       {"abs", [](Context&, Value& v, Args&) {
          if (!v.is_number()) throw Error(std::string("bad operand type for abs(): '") + v.type_name() + "'");
-         return v.kind == Value::Kind::Float ? Value::number(std::fabs(v.f)) : Value::integer(std::llabs(v.as_int()));
+         if (v.kind == Value::Kind::Float) return Value::number(std::fabs(v.f));
+         if (v.as_int() == INT64_MIN) throw Error("integer overflow: abs(" + std::to_string(v.i) + ") is outside the 64-bit range");
+         return Value::integer(std::llabs(v.as_int()));
        }},
       {"attr", [](Context&, Value& v, Args& a) { return get_attr(v, arg_str(a, 0, "name", "")); }},
       {"capitalize", [](Context&, Value& v, Args&) { return Value::str(capitalize(v.to_str())); }},
@@ -513,6 +595,7 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          const int64_t w = arg_int(a, 0, "width", 80);
          const int64_t len = static_cast<int64_t>(utf8_length(s));
          if (w <= len) return Value::str(s);
+         check_string(s.size() + static_cast<uint64_t>(w - len));  // before padding is built
          const int64_t total = w - len, left = total / 2 + (total & w & 1);
          return Value::str(std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(total - left), ' '));
        }},
@@ -531,6 +614,7 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          const bool rev = arg_bool(a, 2, "reverse", false);
          std::vector<std::pair<std::string, Value>> items = v.obj->items;
          std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
+           tick();
            const Value kx = by_value ? x.second : Value::str(x.first), ky = by_value ? y.second : Value::str(y.first);
            const int c = compare(sort_key(kx, cs), sort_key(ky, cs));
            return rev ? c > 0 : c < 0;
@@ -564,7 +648,9 @@ const std::unordered_map<std::string, FilterFn>& filters() {
        }},
       {"indent", [](Context&, Value& v, Args& a) {
          const Value* w = a.get(0, "width");
-         const std::string ind = w && w->is_string() ? w->s : std::string(static_cast<size_t>(std::max<int64_t>(0, w ? w->as_int() : 4)), ' ');
+         const int64_t width = w && !w->is_string() ? std::max<int64_t>(0, w->as_int()) : 4;
+         if (!(w && w->is_string())) check_string(static_cast<uint64_t>(width));
+         const std::string ind = w && w->is_string() ? w->s : std::string(static_cast<size_t>(width), ' ');
          const bool first = arg_bool(a, 1, "first", false), blank = arg_bool(a, 2, "blank", false);
          std::string s = v.to_str() + "\n";
          std::vector<std::string> lines;
@@ -574,6 +660,8 @@ const std::unordered_map<std::string, FilterFn>& filters() {
            lines.push_back(s.substr(k, e - k));
            k = e + ((s[e] == '\r' && e + 1 < s.size() && s[e + 1] == '\n') ? 2 : 1);
          }
+         // Every line gets the indent: lines x width can be far more than either.
+         check_string(s.size() + lines.size() * ind.size());
          std::string rv;
          if (blank) {
            for (size_t i = 0; i < lines.size(); ++i) rv += (i ? "\n" + ind : "") + lines[i];
@@ -585,7 +673,14 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          return Value::str(rv);
        }},
       {"int", [](Context&, Value& v, Args& a) {
-         if (v.is_number()) return Value::integer(v.kind == Value::Kind::Float ? static_cast<int64_t>(std::trunc(v.f)) : v.as_int());
+         // Jinja's do_int: int(x), else int(float(x)), else the default. NaN has no int (the
+         // default); an infinity or a float past the 64-bit range is an error (Python raises
+         // OverflowError, or makes an integer this engine cannot hold).
+         const Value* dflt = a.get(0, "default");
+         const Value fallback = dflt ? *dflt : Value::integer(0);
+         auto from_float = [&](double x) { return std::isnan(x) ? fallback : Value::integer(Value::float_to_int(x)); };
+         if (v.kind == Value::Kind::Float) return from_float(v.f);
+         if (v.is_number()) return Value::integer(v.as_int());
          if (v.is_string()) {
            std::string s = strip(v.s, nullptr, true, true);
            s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
@@ -593,15 +688,19 @@ const std::unordered_map<std::string, FilterFn>& filters() {
              size_t used;
              const long long x = std::stoll(s, &used, static_cast<int>(arg_int(a, 1, "base", 10)));
              if (used == s.size()) return Value::integer(x);
-           } catch (const std::exception&) {}
+           } catch (const std::logic_error&) {}
+           std::optional<double> d;
            try {
              size_t used;
-             const double d = std::stod(s, &used);
-             if (used == s.size()) return Value::integer(static_cast<int64_t>(d));
-           } catch (const std::exception&) {}
+             const double x = std::stod(s, &used);
+             if (used == s.size()) d = x;
+           } catch (const std::invalid_argument&) {
+           } catch (const std::out_of_range&) {
+             d = s.find('-') == std::string::npos ? HUGE_VAL : -HUGE_VAL;  // "1e999": past every double
+           }
+           if (d) return from_float(*d);
          }
-         const Value* d = a.get(0, "default");
-         return d ? *d : Value::integer(0);
+         return fallback;
        }},
       {"items", [](Context&, Value& v, Args&) {
          if (v.is_undefined()) return Value::array();
@@ -618,8 +717,10 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          for (const Value& x : iterate(v)) {
            if (!first) out += sep;
            out += (attr ? attr_path(x, attr->to_str()) : x).to_str();
+           check_string(out.size());
            first = false;
          }
+         charge(out.size());
          return Value::str(out);
        }},
       {"last", [](Context&, Value& v, Args&) {
@@ -697,8 +798,12 @@ const std::unordered_map<std::string, FilterFn>& filters() {
        }},
       {"round", [](Context&, Value& v, Args& a) {
          if (!v.is_number()) throw Error("round expects a number");
+         // Past 300 digits a double rounds to itself (or to 0), and 10^prec would overflow.
          const int64_t prec = arg_int(a, 0, "precision", 0);
          const std::string method = arg_str(a, 1, "method", "common");
+         if (method != "common" && method != "ceil" && method != "floor") throw Error("method must be common, ceil or floor");
+         if (prec > 300) return Value::number(v.as_double());
+         if (prec < -300) return Value::number(0.0);
          const double m = std::pow(10.0, static_cast<double>(prec));
          double x = v.as_double() * m;
          if (method == "common") x = std::round(x);
@@ -716,6 +821,7 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          const Value* attr = a.get(2, "attribute");
          auto key = [&](const Value& x) { return sort_key(attr ? attr_path(x, attr->to_str()) : x, cs); };
          std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+           tick();
            const int c = compare(key(x), key(y));
            return rev ? c > 0 : c < 0;
          });
@@ -730,7 +836,12 @@ const std::unordered_map<std::string, FilterFn>& filters() {
            const Value y = attr ? attr_path(x, attr->to_str()) : x;
            if (!y.is_number() || !acc.is_number()) throw Error("sum of non-numbers");
            if (y.kind == Value::Kind::Float || acc.kind == Value::Kind::Float) acc = Value::number(acc.as_double() + y.as_double());
-           else acc = Value::integer(acc.as_int() + y.as_int());
+           else {
+             int64_t r;
+             if (__builtin_add_overflow(acc.as_int(), y.as_int(), &r))
+               throw Error("integer overflow: sum is outside the 64-bit range");
+             acc = Value::integer(r);
+           }
          }
          return acc;
        }},
@@ -757,7 +868,9 @@ const std::unordered_map<std::string, FilterFn>& filters() {
        }},
       {"tojson", [](Context&, Value& v, Args& a) {
          const Value* ind = a.get(0, "indent");
-         const int indent = ind && !ind->is_none() ? static_cast<int>(ind->as_int()) : -1;
+         const int64_t want = ind && !ind->is_none() ? ind->as_int() : -1;
+         if (want > 0) check_string(static_cast<uint64_t>(want));
+         const int indent = want < 0 ? -1 : static_cast<int>(want);
          std::string isep = indent >= 0 ? "," : ", ", ksep = ": ";
          if (const Value* sep = a.get(static_cast<size_t>(-1), "separators"); sep && sep->is_array() && sep->arr->size() == 2) {
            isep = (*sep->arr)[0].to_str();
@@ -774,7 +887,10 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          for (const Value& x : iterate(v)) {
            const Value k = sort_key(attr ? attr_path(x, attr->to_str()) : x, cs);
            bool dup = false;
-           for (const auto& s : seen) if (equal(s, k)) { dup = true; break; }
+           for (const auto& s : seen) {
+             tick();  // n^2 comparisons
+             if (equal(s, k)) { dup = true; break; }
+           }
            if (!dup) { seen.push_back(k); r.arr->push_back(x); }
          }
          return r;
@@ -859,6 +975,7 @@ bool apply_test(Context&, const std::string& name, const Value& v, Args& a) {
   if (name == "divisibleby") {
     const int64_t d = need().as_int();
     if (d == 0) throw Error("integer division or modulo by zero");
+    if (d == -1) return true;  // INT64_MIN % -1 traps in C++
     return v.as_int() % d == 0;
   }
   if (name == "eq" || name == "equalto" || name == "==") return equal(v, need());
@@ -915,11 +1032,16 @@ Value get_item(const Value& obj, const Value& key) {
       if (i < 0 || i >= n) return Value::undefined();
       return (*obj.arr)[static_cast<size_t>(i)];
     }
-    auto cs = utf8_chars(obj.s);
-    const int64_t n = static_cast<int64_t>(cs.size());
+    // The i-th code point, found by walking (no vector of every character per access).
+    const std::string& str = obj.s;
+    const int64_t n = static_cast<int64_t>(utf8_length(str));
+    charge(str.size());
     if (i < 0) i += n;
     if (i < 0 || i >= n) return Value::undefined();
-    return Value::str(cs[static_cast<size_t>(i)]);
+    size_t at = 0;
+    for (int64_t c = 0; c < i; ++c) at += std::min<size_t>(static_cast<size_t>(uni::seq_len(static_cast<unsigned char>(str[at]))), str.size() - at);
+    const size_t len = std::min<size_t>(static_cast<size_t>(uni::seq_len(static_cast<unsigned char>(str[at]))), str.size() - at);
+    return Value::str(str.substr(at, len));
   }
   if (key.is_string()) return get_attr(obj, key.s);
   return Value::undefined();
@@ -946,6 +1068,7 @@ Value slice(const Value& obj, const Value* start, const Value* stop, const Value
     throw Error(std::string("'") + obj.type_name() + "' object is not subscriptable");
   }
   const int64_t n = static_cast<int64_t>(items.size());
+  charge(items.size() * sizeof(Value));
   auto norm = [&](std::optional<int64_t> x, int64_t dflt) {
     if (!x) return dflt;
     int64_t v = *x;
@@ -956,7 +1079,10 @@ Value slice(const Value& obj, const Value* start, const Value* stop, const Value
   const int64_t b = norm(as_opt(start), st > 0 ? 0 : n - 1);
   const int64_t e = norm(as_opt(stop), st > 0 ? n : -1);
   std::vector<Value> out;
-  for (int64_t k = b; st > 0 ? k < e : k > e; k += st) out.push_back(items[static_cast<size_t>(k)]);
+  for (int64_t k = b; st > 0 ? k < e : k > e;) {
+    out.push_back(items[static_cast<size_t>(k)]);
+    if (__builtin_add_overflow(k, st, &k)) break;  // x[5::2**63-1]: the next index is past the end
+  }
   if (is_str) {
     std::string s;
     for (const auto& v : out) s += v.s;
@@ -971,6 +1097,7 @@ bool contains(const Value& c, const Value& item) {
     return c.s.find(item.s) != std::string::npos;
   }
   if (c.is_array()) {
+    charge(c.arr->size() * sizeof(Value));
     for (const auto& v : *c.arr) if (equal(v, item)) return true;
     return false;
   }
@@ -981,8 +1108,15 @@ bool contains(const Value& c, const Value& item) {
 
 std::vector<Value> iterate(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::Array: return *v.arr;
+    case Value::Kind::Array: {
+      // A copy: every item, and each string item's bytes.
+      size_t bytes = v.arr->size() * sizeof(Value);
+      for (const Value& x : *v.arr) bytes += x.s.size();
+      charge(bytes);
+      return *v.arr;
+    }
     case Value::Kind::Object: {
+      charge(v.obj->items.size() * sizeof(Value));
       std::vector<Value> keys;
       for (const auto& kv : v.obj->items) keys.push_back(Value::str(kv.first));
       return keys;
@@ -1013,14 +1147,17 @@ void install_globals(std::unordered_map<std::string, Value>& g) {
     if (a.pos.size() == 3) s = a.pos[2].as_int();
     if (s == 0) throw Error("range() arg 3 must not be zero");
     Value r = Value::array();
-    for (int64_t k = b; s > 0 ? k < e : k > e; k += s) {
-      if (r.arr->size() >= 1'000'000) throw Error("range too large");
+    for (int64_t k = b; s > 0 ? k < e : k > e;) {
+      check_items(r.arr->size() + 1);
+      charge(sizeof(Value));
       r.arr->push_back(Value::integer(k));
+      if (__builtin_add_overflow(k, s, &k)) break;  // the next value is past the 64-bit range: done
     }
     return r;
   });
-  put("namespace", [](Context&, Args& a) {
+  put("namespace", [](Context& ctx, Args& a) {
     Value ns = Value::namespace_object();
+    ctx.namespaces.push_back(ns.obj);  // cleared after the render (jinja_eval.hpp)
     for (const auto& p : a.pos) {
       if (!p.is_object()) throw Error("namespace() positional argument must be a dict");
       for (const auto& [k, v] : p.obj->items) ns.obj->set(k, v);

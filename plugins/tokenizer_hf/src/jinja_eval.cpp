@@ -7,25 +7,58 @@ namespace rlh::tok::jinja {
 
 namespace {
 
-constexpr size_t kMaxSteps = 10'000'000;
-constexpr size_t kMaxOutput = 256u << 20;
-constexpr int kMaxCallDepth = 100;
-
 enum class Flow { Normal, Break, Continue };
 
 [[noreturn]] void fail_at(int line, const std::string& msg) {
   throw Error("line " + std::to_string(line) + ": " + msg);
 }
 
+// Python integers do not overflow; 64-bit ones do, and a wrapped result would be a silently
+// wrong value, so a result outside the range is an error (and INT64_MIN // -1 never traps).
+[[noreturn]] void int_overflow(int line, int64_t x, const std::string& op, int64_t y) {
+  fail_at(line, "integer overflow: " + std::to_string(x) + " " + op + " " + std::to_string(y) +
+                    " is outside the 64-bit range");
+}
+
+int64_t int_pow(int64_t x, int64_t y, int line) {  // y >= 0, by squaring with overflow checks
+  int64_t r = 1, base = x;
+  for (int64_t e = y;;) {
+    if (e & 1) {
+      if (__builtin_mul_overflow(r, base, &r)) int_overflow(line, x, "**", y);
+    }
+    e >>= 1;
+    if (e == 0) break;
+    if (__builtin_mul_overflow(base, base, &base)) {
+      // base^2 overflows; the result does too unless it is 0, 1 or -1 (handled by values).
+      if (x == 0 || x == 1) return x;
+      if (x == -1) return (y & 1) ? -1 : 1;
+      int_overflow(line, x, "**", y);
+    }
+  }
+  return r;
+}
+
 Value arith(const std::string& op, const Value& a, const Value& b, int line) {
   using K = Value::Kind;
-  if (op == "~") return Value::str(a.to_str() + b.to_str());
+  if (op == "~") {
+    std::string l = a.to_str();
+    const std::string r = b.to_str();
+    check_string(l.size() + r.size());
+    charge(l.size() + r.size());
+    return Value::str(std::move(l) + r);
+  }
   if (a.is_undefined() || b.is_undefined()) {
     fail_at(line, "'" + (a.is_undefined() ? a.s : b.s) + "' is undefined");
   }
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value::str(a.s + b.s);
+    if (a.is_string() && b.is_string()) {
+      check_string(a.s.size() + b.s.size());
+      charge(a.s.size() + b.s.size());
+      return Value::str(a.s + b.s);
+    }
     if (a.is_array() && b.is_array()) {
+      check_items(a.arr->size() + b.arr->size());
+      charge((a.arr->size() + b.arr->size()) * sizeof(Value));
       Array r = *a.arr;
       r.insert(r.end(), b.arr->begin(), b.arr->end());
       return Value::array(std::move(r));
@@ -35,17 +68,25 @@ Value arith(const std::string& op, const Value& a, const Value& b, int line) {
     const Value* s = a.is_string() || a.is_array() ? &a : b.is_string() || b.is_array() ? &b : nullptr;
     const Value* n = s == &a ? &b : &a;
     if (s && (n->kind == K::Int || n->kind == K::Bool)) {
-      const int64_t times = n->as_int();
-      if (times > 0 && (s->is_string() ? s->s.size() : s->arr->size()) * static_cast<size_t>(times) > kMaxOutput) {
+      const int64_t times = std::max<int64_t>(0, n->as_int());
+      const size_t unit = s->is_string() ? s->s.size() : s->arr->size();
+      // Checked before anything is built: 'x' * 10**12 must not allocate first.
+      if (unit > 0 && static_cast<uint64_t>(times) > (s->is_string() ? SIZE_MAX : SIZE_MAX / sizeof(Value)) / unit)
         fail_at(line, "repetition result too large");
-      }
+      const size_t total = unit * static_cast<size_t>(times);
       if (s->is_string()) {
+        check_string(total);
+        charge(total);
         std::string r;
-        for (int64_t k = 0; k < times; ++k) r += s->s;
+        r.reserve(total);
+        for (int64_t k = 0; k < times && unit > 0; ++k) r += s->s;
         return Value::str(std::move(r));
       }
+      check_items(total);
+      charge(total * sizeof(Value));
       Array r;
-      for (int64_t k = 0; k < times; ++k) r.insert(r.end(), s->arr->begin(), s->arr->end());
+      r.reserve(total);
+      for (int64_t k = 0; k < times && unit > 0; ++k) r.insert(r.end(), s->arr->begin(), s->arr->end());
       return Value::array(std::move(r));
     }
   }
@@ -66,20 +107,36 @@ Value arith(const std::string& op, const Value& a, const Value& b, int line) {
   }
   if (ints) {
     const int64_t x = a.as_int(), y = b.as_int();
-    if (op == "+") return Value::integer(x + y);
-    if (op == "-") return Value::integer(x - y);
-    if (op == "*") return Value::integer(x * y);
+    int64_t r;
+    if (op == "+") {
+      if (__builtin_add_overflow(x, y, &r)) int_overflow(line, x, op, y);
+      return Value::integer(r);
+    }
+    if (op == "-") {
+      if (__builtin_sub_overflow(x, y, &r)) int_overflow(line, x, op, y);
+      return Value::integer(r);
+    }
+    if (op == "*") {
+      if (__builtin_mul_overflow(x, y, &r)) int_overflow(line, x, op, y);
+      return Value::integer(r);
+    }
     if (op == "//" || op == "%") {
       if (y == 0) fail_at(line, "integer division or modulo by zero");
-      int64_t q = x / y, r = x % y;
-      if (r != 0 && ((r < 0) != (y < 0))) { --q; r += y; }  // Python floors
-      return Value::integer(op == "//" ? q : r);
+      if (y == -1) {  // x // -1 = -x (overflows for INT64_MIN), x % -1 = 0; C++ traps on INT64_MIN
+        if (op == "%") return Value::integer(0);
+        if (x == INT64_MIN) int_overflow(line, x, op, y);
+        return Value::integer(-x);
+      }
+      int64_t q = x / y, m = x % y;
+      if (m != 0 && ((m < 0) != (y < 0))) { --q; m += y; }  // Python floors
+      return Value::integer(op == "//" ? q : m);
     }
     if (op == "**") {
-      if (y < 0) return Value::number(std::pow(static_cast<double>(x), static_cast<double>(y)));
-      int64_t r = 1;
-      for (int64_t k = 0; k < y && k < 64; ++k) r *= x;
-      return Value::integer(r);
+      if (y < 0) {
+        if (x == 0) fail_at(line, "0.0 cannot be raised to a negative power");
+        return Value::number(std::pow(static_cast<double>(x), static_cast<double>(y)));
+      }
+      return Value::integer(int_pow(x, y, line));
     }
   }
   const double x = a.as_double(), y = b.as_double();
@@ -91,7 +148,13 @@ Value arith(const std::string& op, const Value& a, const Value& b, int line) {
     const double q = std::floor(x / y);
     return Value::number(op == "//" ? q : x - q * y);
   }
-  if (op == "**") return Value::number(std::pow(x, y));
+  if (op == "**") {
+    if (x == 0 && y < 0) fail_at(line, "0.0 cannot be raised to a negative power");
+    const double r = std::pow(x, y);
+    // Python raises OverflowError where C returns infinity from finite operands.
+    if (std::isinf(r) && std::isfinite(x) && std::isfinite(y)) fail_at(line, "numerical result out of range");
+    return Value::number(r);
+  }
   fail_at(line, "unknown operator " + op);
 }
 
@@ -105,7 +168,27 @@ struct Evaluator {
     return a;
   }
 
+  // Every value an expression yields is a fresh copy here (strings by value); counting its bytes
+  // bounds what a loop of copies can cost.
   Value eval(const Expr& e) {
+    Nest nest;
+    Value v;
+    try {
+      v = eval_node(e);
+    } catch (const Error& err) {
+      // Errors from values and limits get the line of the innermost expression.
+      const std::string m = err.what();
+      if (m.rfind("line ", 0) == 0 || m.rfind("raise_exception:", 0) == 0) throw;
+      fail_at(e.line, m);
+    }
+    if (v.is_string()) {
+      check_string(v.s.size());
+      charge(v.s.size());
+    }
+    return v;
+  }
+
+  Value eval_node(const Expr& e) {
     switch (e.kind) {
       case EK::Literal: return e.lit;
       case EK::Name: return ctx.lookup(e.name);
@@ -137,7 +220,11 @@ struct Evaluator {
         }
         Args a = eval_args(e, 1);
         ctx.tick();
-        if (++ctx.call_depth > kMaxCallDepth) fail_at(e.line, "call depth exceeded");
+        const Budget* b = current_budget();
+        if (++ctx.call_depth > (b ? b->lim.max_call_depth : 100)) {
+          --ctx.call_depth;
+          fail_at(e.line, "call depth exceeded");
+        }
         struct Restore { int& d; ~Restore() { --d; } } restore{ctx.call_depth};
         try {
           return f.fn->fn(ctx, a);
@@ -173,7 +260,9 @@ struct Evaluator {
         Value v = eval(*e.kids[0]);
         if (!v.is_number()) fail_at(e.line, std::string("bad operand type for unary ") + e.name + ": '" + v.type_name() + "'");
         if (e.name == "+") return v.kind == Value::Kind::Bool ? Value::integer(v.as_int()) : v;
-        return v.kind == Value::Kind::Float ? Value::number(-v.f) : Value::integer(-v.as_int());
+        if (v.kind == Value::Kind::Float) return Value::number(-v.f);
+        if (v.as_int() == INT64_MIN) fail_at(e.line, "integer overflow: -(" + std::to_string(v.i) + ") is outside the 64-bit range");
+        return Value::integer(-v.as_int());
       }
       case EK::Binary: return arith(e.name, eval(*e.kids[0]), eval(*e.kids[1]), e.line);
       case EK::Compare: {
@@ -214,11 +303,13 @@ struct Evaluator {
       case EK::List:
       case EK::Tuple: {
         Value v = Value::array();
+        charge(e.kids.size() * sizeof(Value));
         for (const auto& k : e.kids) v.arr->push_back(eval(*k));
         return v;
       }
       case EK::Dict: {
         Value v = Value::object();
+        charge(e.kids.size() * sizeof(Value));
         for (size_t k = 0; k + 1 < e.kids.size(); k += 2) {
           Value key = eval(*e.kids[k]);
           if (!key.is_string()) fail_at(e.line, "only string dict keys are supported");
@@ -231,11 +322,15 @@ struct Evaluator {
   }
 
   void write(const std::string& s) {
-    if (ctx.out.size() + s.size() > kMaxOutput) throw Error("rendered text exceeds 256 MiB");
+    const Budget* b = current_budget();
+    if (b != nullptr && ctx.out.size() + s.size() > b->lim.max_output)
+      throw Error("rendered text exceeds " + std::to_string(b->lim.max_output) + " bytes");
+    charge(s.size());
     ctx.out += s;
   }
 
   Flow exec(const Body& b) {
+    Nest nest;
     for (const auto& s : b) {
       const Flow f = exec(*s);
       if (f != Flow::Normal) return f;
@@ -284,6 +379,8 @@ struct Evaluator {
     }
     std::vector<Value> items = iterate(it);
     ctx.scopes.emplace_back();
+    // loop.previtem / nextitem / the loop variable copy an item each per iteration.
+    auto item_bytes = [&](size_t k) { return k < items.size() && items[k].is_string() ? items[k].s.size() : 0; };
     struct Pop { Context& c; ~Pop() { c.scopes.pop_back(); } } pop{ctx};
     auto bind = [&](const Value& item) {
       if (s.targets.size() == 1) {
@@ -306,6 +403,7 @@ struct Evaluator {
     const size_t n = items.size();
     for (size_t k = 0; k < n; ++k) {
       ctx.tick();
+      charge(sizeof(Value) + item_bytes(k) * 2 + (k ? item_bytes(k - 1) : 0) + item_bytes(k + 1));
       Value loop = Value::object();
       auto& L = *loop.obj;
       L.set("index", Value::integer(static_cast<int64_t>(k + 1)));
@@ -370,6 +468,7 @@ struct Evaluator {
   }
 
   Flow exec(const Stmt& s) {
+    Nest nest;
     switch (s.kind) {
       case SK::Text: write(s.text); return Flow::Normal;
       case SK::Output: write(eval(*s.expr).to_str()); return Flow::Normal;
@@ -406,12 +505,17 @@ struct Evaluator {
 
 }  // namespace
 
-void Context::tick() {
-  if (++steps > kMaxSteps) throw Error("template runs too long (more than 10 million steps)");
-}
+void Context::tick() { jinja::tick(); }
 
 std::string render_program(const Program& prog, std::unordered_map<std::string, Value> globals) {
   Context ctx;
+  // Break reference cycles through namespaces whichever way the render ends.
+  struct ClearNamespaces {
+    Context& c;
+    ~ClearNamespaces() {
+      for (auto& ns : c.namespaces) ns->items.clear();
+    }
+  } clear{ctx};
   install_globals(globals);
   ctx.scopes.push_back(std::move(globals));
   ctx.scopes.emplace_back();  // top-level {% set %} lives here; macros see only globals

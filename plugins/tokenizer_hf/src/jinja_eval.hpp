@@ -14,7 +14,9 @@ struct Context {
   std::vector<std::unordered_map<std::string, Value>> scopes;  // [0] = globals
   std::string out;
   int call_depth = 0;
-  size_t steps = 0;  // loop iterations + calls, bounded to stop runaway templates
+  // Every namespace() made during the render. Namespaces are the only mutable containers, so
+  // every reference cycle (ns.self = ns) passes through one; clearing them at the end frees it.
+  std::vector<std::shared_ptr<Object>> namespaces;
 
   Value lookup(const std::string& name) const {
     for (size_t k = scopes.size(); k-- > 0;) {
@@ -27,7 +29,8 @@ struct Context {
   void tick();
 };
 
-// Renders a parsed program with the given global variables.
+// Renders a parsed program with the given global variables, under the budget installed on this
+// thread (BudgetScope; without one nothing is bounded).
 std::string render_program(const Program& prog, std::unordered_map<std::string, Value> globals);
 
 Value apply_filter(Context& ctx, const std::string& name, Value operand, Args& args);

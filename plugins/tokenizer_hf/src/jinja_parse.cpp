@@ -60,6 +60,20 @@ struct Parser {
     ~DepthGuard() { --ps.depth; }
   };
 
+  // Left-associative chains (a ~ b ~ c, x.a.b, x|f|g, a if b else c if d...) are built in loops,
+  // not by recursion, but every link is one more level of the tree that the evaluator and the
+  // destructors walk recursively: each link counts against the same depth bound.
+  struct ChainGuard {
+    Parser& ps;
+    int links = 0;
+    explicit ChainGuard(Parser& x) : ps(x) {}
+    void link() {
+      ++links;
+      if (++ps.depth > kMaxDepth) ps.fail("template nested too deeply");
+    }
+    ~ChainGuard() { ps.depth -= links; }
+  };
+
   ExprP node(EK k) {
     auto e = std::make_unique<Expr>();
     e->kind = k;
@@ -73,7 +87,9 @@ struct Parser {
     DepthGuard g(*this);
     ExprP e = or_expr();
     if (!with_cond) return e;
+    ChainGuard chain(*this);
     while (is_name("if")) {
+      chain.link();
       ++p;
       auto c = node(EK::Cond);
       ExprP test = or_expr();
@@ -89,7 +105,9 @@ struct Parser {
 
   ExprP or_expr() {
     ExprP l = and_expr();
+    ChainGuard chain(*this);
     while (is_name("or")) {
+      chain.link();
       ++p;
       auto n = node(EK::Or);
       n->kids.push_back(std::move(l));
@@ -101,7 +119,9 @@ struct Parser {
 
   ExprP and_expr() {
     ExprP l = not_expr();
+    ChainGuard chain(*this);
     while (is_name("and")) {
+      chain.link();
       ++p;
       auto n = node(EK::And);
       n->kids.push_back(std::move(l));
@@ -159,7 +179,9 @@ struct Parser {
 
   ExprP math1() {
     ExprP l = concat();
+    ChainGuard chain(*this);
     while (is_op("+") || is_op("-")) {
+      chain.link();
       std::string op = t[p++].text;
       l = binary(std::move(l), op, concat());
     }
@@ -168,13 +190,19 @@ struct Parser {
 
   ExprP concat() {
     ExprP l = math2();
-    while (accept_op("~")) l = binary(std::move(l), "~", math2());
+    ChainGuard chain(*this);
+    while (accept_op("~")) {
+      chain.link();
+      l = binary(std::move(l), "~", math2());
+    }
     return l;
   }
 
   ExprP math2() {
     ExprP l = power();
+    ChainGuard chain(*this);
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      chain.link();
       std::string op = t[p++].text;
       l = binary(std::move(l), op, power());
     }
@@ -183,7 +211,11 @@ struct Parser {
 
   ExprP power() {
     ExprP l = unary(true);
-    while (accept_op("**")) l = binary(std::move(l), "**", unary(true));
+    ChainGuard chain(*this);
+    while (accept_op("**")) {
+      chain.link();
+      l = binary(std::move(l), "**", unary(true));
+    }
     return l;
   }
 
@@ -222,7 +254,9 @@ struct Parser {
   }
 
   ExprP postfix(ExprP e) {
+    ChainGuard chain(*this);
     for (;;) {
+      if (is_op(".") || is_op("[") || is_op("(")) chain.link();
       if (accept_op(".")) {
         auto n = node(EK::Attr);
         if (cur().type == Tok::Int) n->name = t[p++].text;  // x.0 works like x[0] in Jinja
@@ -260,7 +294,9 @@ struct Parser {
   }
 
   ExprP filter_expr(ExprP e) {
+    ChainGuard chain(*this);
     for (;;) {
+      if (is_op("|") || is_name("is") || is_op("(")) chain.link();
       if (accept_op("|")) {
         e = filter(std::move(e));
       } else if (is_name("is")) {
@@ -550,7 +586,11 @@ struct Parser {
     if (name == "filter") {
       auto s = stmt(SK::FilterBlock);
       s->expr = filter(nullptr);
-      while (accept_op("|")) s->expr = filter(std::move(s->expr));
+      ChainGuard chain(*this);
+      while (accept_op("|")) {
+        chain.link();
+        s->expr = filter(std::move(s->expr));
+      }
       expect_block_end();
       s->body = body({"endfilter"}, &which);
       expect_block_end();

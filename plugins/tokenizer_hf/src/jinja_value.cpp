@@ -10,6 +10,118 @@
 
 namespace rlh::tok::jinja {
 
+// ---------------------------------------------------------------------------------------------
+// Budget
+
+namespace {
+thread_local Budget* t_budget = nullptr;
+
+std::string mib(size_t bytes) {
+  return bytes % (1u << 20) == 0 ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes) + " bytes";
+}
+}  // namespace
+
+Budget* current_budget() { return t_budget; }
+
+BudgetScope::BudgetScope(Budget& b) : prev_(t_budget) { t_budget = &b; }
+BudgetScope::~BudgetScope() { t_budget = prev_; }
+
+void tick() {
+  Budget* b = t_budget;
+  if (b != nullptr && ++b->steps > b->lim.max_steps)
+    throw Error("template runs too long (more than " + std::to_string(b->lim.max_steps) + " steps)");
+}
+
+void charge(size_t bytes) {
+  Budget* b = t_budget;
+  if (b == nullptr) return;
+  b->bytes += bytes;
+  if (b->bytes > b->lim.max_bytes)
+    throw Error("template builds or copies more than " + mib(b->lim.max_bytes) + " of values");
+}
+
+void check_string(size_t bytes) {
+  Budget* b = t_budget;
+  if (b != nullptr && bytes > b->lim.max_string)
+    throw Error("a string of " + std::to_string(bytes) + " bytes is longer than the limit of " + mib(b->lim.max_string));
+}
+
+void check_items(size_t n) {
+  Budget* b = t_budget;
+  if (b != nullptr && n > b->lim.max_items)
+    throw Error("a list of " + std::to_string(n) + " items is longer than the limit of " +
+                std::to_string(b->lim.max_items));
+}
+
+Nest::Nest() : b_(t_budget) {
+  if (b_ != nullptr && ++b_->nesting > b_->lim.max_nesting) {
+    --b_->nesting;
+    throw Error("template nests more than " + std::to_string(b_->lim.max_nesting) +
+                " levels deep (recursion, or a value nested that deeply)");
+  }
+}
+Nest::~Nest() {
+  if (b_ != nullptr) --b_->nesting;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Release without recursion
+
+namespace {
+// Containers whose last reference is being dropped, while an outer release() empties them.
+struct Graveyard {
+  std::vector<std::shared_ptr<Array>> arrs;
+  std::vector<std::shared_ptr<Object>> objs;
+  std::vector<std::shared_ptr<Callable>> fns;
+  bool empty() const { return arrs.empty() && objs.empty() && fns.empty(); }
+};
+thread_local Graveyard* t_graveyard = nullptr;
+}  // namespace
+
+void Value::release() noexcept {
+  if (t_graveyard != nullptr) {
+    // Inside an outer release: hand the containers over and return, so the nested values of a
+    // deep list are freed by the outer loop one level at a time.
+    if (arr) t_graveyard->arrs.push_back(std::move(arr));
+    if (obj) t_graveyard->objs.push_back(std::move(obj));
+    if (fn) t_graveyard->fns.push_back(std::move(fn));
+    return;
+  }
+  Graveyard g;
+  t_graveyard = &g;
+  if (arr) g.arrs.push_back(std::move(arr));
+  if (obj) g.objs.push_back(std::move(obj));
+  if (fn) g.fns.push_back(std::move(fn));
+  while (!g.empty()) {
+    if (!g.arrs.empty()) {
+      std::shared_ptr<Array> a = std::move(g.arrs.back());
+      g.arrs.pop_back();
+      a.reset();  // its items' destructors push their containers into g
+    } else if (!g.objs.empty()) {
+      std::shared_ptr<Object> o = std::move(g.objs.back());
+      g.objs.pop_back();
+      o.reset();
+    } else {
+      std::shared_ptr<Callable> f = std::move(g.fns.back());
+      g.fns.pop_back();
+      f.reset();
+    }
+  }
+  t_graveyard = nullptr;
+}
+
+int64_t Value::float_to_int(double d) {
+  if (std::isnan(d)) throw Error("cannot convert float NaN to integer");
+  if (std::isinf(d)) throw Error("cannot convert float infinity to integer");
+  const double t = std::trunc(d);
+  // 2^63 is exactly representable; every double below it in magnitude converts.
+  if (t >= 9223372036854775808.0 || t < -9223372036854775808.0)
+    throw Error("float " + py_float_repr(d) + " is too large for a 64-bit integer");
+  return static_cast<int64_t>(t);
+}
+
+// ---------------------------------------------------------------------------------------------
+
 const Value* Args::get(size_t i, std::string_view name) const {
   if (i < pos.size()) return &pos[i];
   for (const auto& [k, v] : kw) if (k == name) return &v;
@@ -118,6 +230,43 @@ std::string Value::repr() const {
   }
 }
 
+namespace {
+// str() of a list or dict: items are shared, so a list of a list of ... can denote far more text
+// than it holds; the string is checked as it grows and every item visited is charged.
+void append_container(std::string& out, const Value& v) {
+  Nest nest;
+  charge(sizeof(Value));
+  auto add = [&](std::string_view piece) {
+    out += piece;
+    check_string(out.size());
+    charge(piece.size());
+  };
+  auto item = [&](const Value& x) {
+    if (x.is_array() || x.is_object()) append_container(out, x);
+    else add(x.repr());
+  };
+  if (v.is_array()) {
+    add("[");
+    for (size_t k = 0; k < v.arr->size(); ++k) {
+      if (k) add(", ");
+      item((*v.arr)[k]);
+    }
+    add("]");
+    return;
+  }
+  add(v.obj->is_namespace ? "<Namespace {" : "{");
+  bool first = true;
+  for (const auto& [k, x] : v.obj->items) {
+    if (!first) add(", ");
+    first = false;
+    add(py_str_repr(k));
+    add(": ");
+    item(x);
+  }
+  add(v.obj->is_namespace ? "}>" : "}");
+}
+}  // namespace
+
 std::string Value::to_str() const {
   switch (kind) {
     case Kind::Undefined: return "";
@@ -126,23 +275,11 @@ std::string Value::to_str() const {
     case Kind::Int: return std::to_string(i);
     case Kind::Float: return py_float_repr(f);
     case Kind::String: return s;
-    case Kind::Array: {
-      std::string out = "[";
-      for (size_t k = 0; k < arr->size(); ++k) {
-        if (k) out += ", ";
-        out += (*arr)[k].repr();
-      }
-      return out + "]";
-    }
+    case Kind::Array:
     case Kind::Object: {
-      std::string out = obj->is_namespace ? "<Namespace {" : "{";
-      bool first = true;
-      for (const auto& [k, v] : obj->items) {
-        if (!first) out += ", ";
-        first = false;
-        out += py_str_repr(k) + ": " + v.repr();
-      }
-      return out + (obj->is_namespace ? "}>" : "}");
+      std::string out;
+      append_container(out, *this);
+      return out;
     }
     case Kind::Func: return "<function " + fn->name + ">";
   }
@@ -151,6 +288,13 @@ std::string Value::to_str() const {
 
 bool equal(const Value& a, const Value& b) {
   using K = Value::Kind;
+  if ((a.is_array() && b.is_array()) || (a.is_object() && b.is_object())) {
+    // Python compares containers item by item after an identity check; deep or shared
+    // structures are bounded by the render's nesting and byte budgets.
+    if (a.is_array() ? a.arr == b.arr : a.obj == b.obj) return true;
+    Nest nest;
+    charge(sizeof(Value));
+  }
   if (a.is_number() && b.is_number()) {
     if (a.kind == K::Float || b.kind == K::Float) return a.as_double() == b.as_double();
     return a.as_int() == b.as_int();
@@ -188,6 +332,8 @@ int compare(const Value& a, const Value& b) {
   }
   if (a.kind == K::String && b.kind == K::String) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
   if (a.kind == K::Array && b.kind == K::Array) {
+    Nest nest;
+    charge(sizeof(Value));
     const size_t n = std::min(a.arr->size(), b.arr->size());
     for (size_t k = 0; k < n; ++k) {
       if (!equal((*a.arr)[k], (*b.arr)[k])) return compare((*a.arr)[k], (*b.arr)[k]);
@@ -198,6 +344,7 @@ int compare(const Value& a, const Value& b) {
 }
 
 Value from_json(const nlohmann::json& j) {
+  Nest nest;  // an embedder may hand in any document; readers bound it before (json_input.hpp)
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::none();
     case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -253,10 +400,16 @@ void json_str(std::string& out, std::string_view s) {
 void dump(std::string& out, const Value& v, int indent, int level, const std::string& isep,
           const std::string& ksep, bool sort_keys, int depth) {
   if (depth > 200) throw Error("tojson: value nested too deeply");
+  Nest nest;
+  charge(sizeof(Value));
+  check_string(out.size());
   auto newline = [&](int lvl) {
     if (indent < 0) return;
+    const size_t pad = static_cast<size_t>(indent) * static_cast<size_t>(lvl);
+    check_string(out.size() + pad);
+    charge(pad);
     out.push_back('\n');
-    out.append(static_cast<size_t>(indent * lvl), ' ');
+    out.append(pad, ' ');
   };
   using K = Value::Kind;
   switch (v.kind) {
@@ -312,6 +465,7 @@ std::string to_json(const Value& v, int indent, const std::string& item_sep, con
 }
 
 std::vector<std::string> utf8_chars(std::string_view s) {
+  charge(s.size() * (sizeof(std::string) + 1));
   std::vector<std::string> out;
   size_t k = 0;
   while (k < s.size()) {

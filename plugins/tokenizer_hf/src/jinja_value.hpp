@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "rlhost/tokenizer/chat_template.hpp"  // TemplateLimits
+
 namespace rlh::tok::jinja {
 
 struct Value;
@@ -38,6 +40,44 @@ struct Callable {
   NativeFn fn;
 };
 
+using Limits = TemplateLimits;  // rlhost/tokenizer/chat_template.hpp
+
+// The limits and counters of the render running on this thread. Functions below that build
+// values charge it; outside a render (no budget installed) nothing is counted.
+struct Budget {
+  Limits lim;
+  size_t steps = 0;
+  size_t bytes = 0;
+  int nesting = 0;
+};
+Budget* current_budget();
+// Installs `b` for this thread for the scope's lifetime.
+class BudgetScope {
+ public:
+  explicit BudgetScope(Budget& b);
+  ~BudgetScope();
+  BudgetScope(const BudgetScope&) = delete;
+  BudgetScope& operator=(const BudgetScope&) = delete;
+
+ private:
+  Budget* prev_;
+};
+void tick();                             // one step
+void charge(size_t bytes);               // bytes built or copied
+void check_string(size_t bytes);         // a string about to have this size
+void check_items(size_t n);              // a list about to have this many items
+// Entering one more level of a recursive walk (evaluation, formatting, comparison).
+class Nest {
+ public:
+  Nest();
+  ~Nest();
+  Nest(const Nest&) = delete;
+  Nest& operator=(const Nest&) = delete;
+
+ private:
+  Budget* b_;
+};
+
 struct Value {
   enum class Kind : uint8_t { Undefined, None, Bool, Int, Float, String, Array, Object, Func };
   Kind kind = Kind::Undefined;
@@ -50,6 +90,15 @@ struct Value {
   std::shared_ptr<Callable> fn;  // Func
 
   Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  // Lists, dicts and namespaces can nest as deeply as a template loop makes them; releasing the
+  // last reference to such a value walks it with a work list instead of recursing.
+  ~Value() {
+    if ((arr && arr.use_count() == 1) || (obj && obj.use_count() == 1) || (fn && fn.use_count() == 1)) release();
+  }
   static Value undefined(std::string name = {}) { Value v; v.s = std::move(name); return v; }
   static Value none() { Value v; v.kind = Kind::None; return v; }
   static Value boolean(bool x) { Value v; v.kind = Kind::Bool; v.b = x; return v; }
@@ -70,12 +119,22 @@ struct Value {
   bool is_array() const { return kind == Kind::Array; }
   bool is_object() const { return kind == Kind::Object; }
   double as_double() const { return kind == Kind::Float ? f : kind == Kind::Bool ? (b ? 1 : 0) : static_cast<double>(i); }
-  int64_t as_int() const { return kind == Kind::Bool ? (b ? 1 : 0) : kind == Kind::Float ? static_cast<int64_t>(f) : i; }
+  // Python's int(x): a float is truncated; NaN, infinities and floats outside the 64-bit range
+  // are an Error (Python raises too, or makes a big integer this engine does not have).
+  int64_t as_int() const {
+    if (kind == Kind::Bool) return b ? 1 : 0;
+    if (kind == Kind::Float) return float_to_int(f);
+    return i;
+  }
+  static int64_t float_to_int(double d);
 
   bool truthy() const;
   std::string to_str() const;   // Python str()
   std::string repr() const;     // Python repr()
   const char* type_name() const;
+
+ private:
+  void release() noexcept;
 };
 
 struct Object {

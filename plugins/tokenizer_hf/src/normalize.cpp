@@ -13,6 +13,14 @@ namespace rlh::tok {
 
 namespace {
 
+[[noreturn]] void grew_past(size_t cap) {
+  throw std::runtime_error("tokenizer normalizer: the normalized text grows past " + std::to_string(cap) +
+                           " bytes (16x the input); the tokenizer.json's normalizers multiply the text");
+}
+void check_cap(const std::string& s, size_t cap) {
+  if (s.size() > cap) grew_past(cap);
+}
+
 // Applies f(cp, out) to every code point.
 template <class F>
 std::string map_chars(const std::string& s, F&& f) {
@@ -31,15 +39,18 @@ std::string map_chars(const std::string& s, F&& f) {
 class SequenceNorm final : public Normalizer {
  public:
   std::vector<std::unique_ptr<Normalizer>> items;
-  void normalize(std::string& s, bool& at_origin) const override {
-    for (const auto& n : items) n->normalize(s, at_origin);
+  void normalize(std::string& s, bool& at_origin, size_t cap) const override {
+    for (const auto& n : items) {
+      n->normalize(s, at_origin, cap);
+      check_cap(s, cap);
+    }
   }
 };
 
 class UnicodeNorm final : public Normalizer {
  public:
   explicit UnicodeNorm(int options) : options_(options) {}
-  void normalize(std::string& s, bool&) const override {
+  void normalize(std::string& s, bool&, size_t cap) const override {
     if (s.empty()) return;
     bool ascii = true;
     for (const char c : s) if (static_cast<unsigned char>(c) >= 0x80) { ascii = false; break; }
@@ -59,7 +70,7 @@ class UnicodeNorm final : public Normalizer {
 
 class LowercaseNorm final : public Normalizer {
  public:
-  void normalize(std::string& s, bool&) const override {
+  void normalize(std::string& s, bool&, size_t cap) const override {
     s = map_chars(s, [](char32_t c, std::string& o) { uni::append_lower(o, c); });
   }
 };
@@ -67,7 +78,7 @@ class LowercaseNorm final : public Normalizer {
 class StripNorm final : public Normalizer {
  public:
   StripNorm(bool l, bool r) : left_(l), right_(r) {}
-  void normalize(std::string& s, bool& at_origin) const override {
+  void normalize(std::string& s, bool& at_origin, size_t cap) const override {
     size_t b = 0, e = s.size();
     const char* base = s.data();
     if (left_) {
@@ -98,7 +109,7 @@ class StripNorm final : public Normalizer {
 
 class StripAccentsNorm final : public Normalizer {
  public:
-  void normalize(std::string& s, bool&) const override {
+  void normalize(std::string& s, bool&, size_t cap) const override {
     s = map_chars(s, [](char32_t c, std::string& o) {
       if (!uni::is_combining_mark(c)) uni::append(o, c);
     });
@@ -109,7 +120,7 @@ class ReplaceNorm final : public Normalizer {
  public:
   ReplaceNorm(std::unique_ptr<Regex> re, std::string content)
       : re_(std::move(re)), content_(std::move(content)) {}
-  void normalize(std::string& s, bool& at_origin) const override {
+  void normalize(std::string& s, bool& at_origin, size_t cap) const override {
     std::string out;
     size_t last = 0;
     bool any = false;
@@ -118,6 +129,7 @@ class ReplaceNorm final : public Normalizer {
       if (b == 0 && e > 0 && content_.empty()) at_origin = false;
       out.append(s, last, b - last);
       out += content_;
+      if (out.size() > cap) grew_past(cap);
       last = e;
     });
     if (!any) return;
@@ -133,7 +145,7 @@ class ReplaceNorm final : public Normalizer {
 class PrependNorm final : public Normalizer {
  public:
   explicit PrependNorm(std::string p) : prepend_(std::move(p)) {}
-  void normalize(std::string& s, bool&) const override {
+  void normalize(std::string& s, bool&, size_t cap) const override {
     if (!s.empty()) s.insert(0, prepend_);
   }
 
@@ -143,7 +155,7 @@ class PrependNorm final : public Normalizer {
 
 class ByteLevelNorm final : public Normalizer {
  public:
-  void normalize(std::string& s, bool&) const override {
+  void normalize(std::string& s, bool&, size_t cap) const override {
     std::string out;
     uni::append_byte_level(out, s);
     s.swap(out);
@@ -152,7 +164,7 @@ class ByteLevelNorm final : public Normalizer {
 
 class NmtNorm final : public Normalizer {
  public:
-  void normalize(std::string& s, bool&) const override {
+  void normalize(std::string& s, bool&, size_t cap) const override {
     s = map_chars(s, [](char32_t c, std::string& o) {
       if ((c >= 0x1 && c <= 0x8) || c == 0xB || (c >= 0xE && c <= 0x1F) || c == 0x7F || c == 0x8F ||
           c == 0x9F) {
@@ -169,7 +181,7 @@ class NmtNorm final : public Normalizer {
 class BertNorm final : public Normalizer {
  public:
   bool clean_text = true, chinese = true, strip_accents = true, lowercase = true;
-  void normalize(std::string& s, bool&) const override {
+  void normalize(std::string& s, bool&, size_t cap) const override {
     if (clean_text) {
       s = map_chars(s, [](char32_t c, std::string& o) {
         const bool ctl = !(c == '\t' || c == '\n' || c == '\r') &&
@@ -187,14 +199,14 @@ class BertNorm final : public Normalizer {
     }
     if (strip_accents) {
       bool dummy = true;
-      UnicodeNorm(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE).normalize(s, dummy);
+      UnicodeNorm(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE).normalize(s, dummy, cap);
       s = map_chars(s, [](char32_t c, std::string& o) {
         if (utf8proc_category(static_cast<utf8proc_int32_t>(c)) != UTF8PROC_CATEGORY_MN) uni::append(o, c);
       });
     }
     if (lowercase) {
       bool dummy2 = true;
-      LowercaseNorm().normalize(s, dummy2);
+      LowercaseNorm().normalize(s, dummy2, cap);
     }
   }
 };

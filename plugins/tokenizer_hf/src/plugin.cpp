@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/tokenizer.h"
 #include "rlhost/tokenizer/chat_template.hpp"
@@ -80,9 +81,9 @@ rlh_status* decode(const rlh_tokenizer* self, const int32_t* ids, size_t count, 
 
 nlohmann::json parse_arg(const char* p, size_t len, const char* what) {
   try {
-    return nlohmann::json::parse(std::string_view(p, len));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("apply_chat_template: ") + what + " is not valid JSON: " + e.what());
+    return rlh::sdk::parse_json_input(std::string_view(p, len), std::string("apply_chat_template: ") + what);
+  } catch (const rlh::sdk::InputError& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, e.what());
   }
 }
 

@@ -9,6 +9,13 @@
 
 namespace rlh::tok {
 
+void PieceBudget::spend(size_t n) {
+  if (n > left_)
+    throw std::runtime_error("tokenizer pre-tokenizer: the pre-tokenized text grows past " + std::to_string(cap_) +
+                             " bytes (16x the input); the tokenizer.json's pre-tokenizers multiply the text");
+  left_ -= n;
+}
+
 namespace {
 
 // A run of the input and whether it matched the split pattern.
@@ -103,7 +110,7 @@ class SplitStep final : public PreTokenizeStep {
  public:
   SplitStep(std::unique_ptr<Regex> re, SplitBehavior bh, bool invert)
       : re_(std::move(re)), bh_(bh), invert_(invert) {}
-  void run(std::string_view s, bool at_origin, const PieceSink& next) const override {
+  void run(std::string_view s, bool at_origin, const PieceSink& next, PieceBudget& budget) const override {
     if (bh_ == SplitBehavior::Isolated) {
       // Hot path (Llama-3, Qwen2): every gap and every match is a piece; stream them.
       size_t prev = 0;
@@ -134,9 +141,10 @@ class ByteLevelStep final : public PreTokenizeStep {
  public:
   ByteLevelStep(bool add_prefix_space, bool use_regex) : prefix_(add_prefix_space), regex_(use_regex) {}
   bool defer = false;  // the model applies the byte remap
-  void run(std::string_view s, bool at_origin, const PieceSink& next) const override {
+  void run(std::string_view s, bool at_origin, const PieceSink& next, PieceBudget& budget) const override {
     std::string tmp;
     if (prefix_ && (s.empty() || s[0] != ' ')) {
+      budget.spend(s.size() + 1);
       tmp.reserve(s.size() + 1);
       tmp.push_back(' ');
       tmp.append(s);
@@ -146,6 +154,7 @@ class ByteLevelStep final : public PreTokenizeStep {
       if (defer) {
         next(w, o);
       } else {
+        budget.spend(2 * w.size());  // at most 2 bytes per byte
         std::string mapped;
         uni::append_byte_level(mapped, w);
         next(mapped, o);
@@ -174,7 +183,10 @@ class MetaspaceStep final : public PreTokenizeStep {
  public:
   MetaspaceStep(char32_t rep, Prepend scheme, bool split)
       : rep_(rep), rep_utf8_(uni::to_utf8(rep)), scheme_(scheme), split_(split) {}
-  void run(std::string_view s, bool at_origin, const PieceSink& next) const override {
+  void run(std::string_view s, bool at_origin, const PieceSink& next, PieceBudget& budget) const override {
+    size_t spaces = 0;
+    for (const char c : s) spaces += c == ' ';
+    budget.spend(s.size() + (spaces + 1) * rep_utf8_.size());
     std::string t;
     t.reserve(s.size() + 8);
     for (const char c : s) {
@@ -205,7 +217,7 @@ template <class Pred>
 class CharSplitStep final : public PreTokenizeStep {
  public:
   CharSplitStep(Pred pred, SplitBehavior bh) : pred_(pred), bh_(bh) {}
-  void run(std::string_view s, bool at_origin, const PieceSink& next) const override {
+  void run(std::string_view s, bool at_origin, const PieceSink& next, PieceBudget& budget) const override {
     auto segs = char_segments(s, pred_);
     emit_split(s, segs, bh_, at_origin, next);
   }
@@ -222,7 +234,7 @@ std::unique_ptr<PreTokenizeStep> char_split(Pred p, SplitBehavior bh) {
 // HF Whitespace: the matches of \w+|[^\w\s]+ (Rust's Unicode \w and \s).
 class WhitespaceStep final : public PreTokenizeStep {
  public:
-  void run(std::string_view s, bool at_origin, const PieceSink& next) const override {
+  void run(std::string_view s, bool at_origin, const PieceSink& next, PieceBudget& budget) const override {
     size_t i = 0, start = 0;
     int cls = 0;  // 0 space, 1 word, 2 other
     const char* base = s.data();
@@ -244,7 +256,7 @@ class WhitespaceStep final : public PreTokenizeStep {
 class FixedLengthStep final : public PreTokenizeStep {
  public:
   explicit FixedLengthStep(size_t n) : n_(n) {}
-  void run(std::string_view s, bool at_origin, const PieceSink& next) const override {
+  void run(std::string_view s, bool at_origin, const PieceSink& next, PieceBudget& budget) const override {
     size_t i = 0;
     while (i < s.size()) {
       size_t j = i;
@@ -288,6 +300,7 @@ PreTokenizer::~PreTokenizer() = default;
 
 void PreTokenizer::add(const json& j, const JPath& p, int depth) {
   if (depth > 32) p.fail("pre-tokenizers nested too deeply");
+  if (steps_.size() >= kMaxSteps) p.fail("more than " + std::to_string(kMaxSteps) + " pre-tokenizer steps");
   if (!j.is_object()) p.fail(std::string("expected an object, got ") + json_kind(j));
   const std::string type = need_string(j, "type", p);
   if (type == "Sequence") {
@@ -346,13 +359,14 @@ void PreTokenizer::add(const json& j, const JPath& p, int depth) {
   }
 }
 
-void PreTokenizer::run_from(size_t i, std::string_view s, bool at_origin, const PieceSink& sink) const {
+void PreTokenizer::run_from(size_t i, std::string_view s, bool at_origin, const PieceSink& sink,
+                            PieceBudget& budget) const {
   if (i == steps_.size()) {
     sink(s, at_origin);
     return;
   }
-  auto next = [&](std::string_view piece, bool o) { run_from(i + 1, piece, o, sink); };
-  steps_[i]->run(s, at_origin, PieceSink(next));
+  auto next = [&](std::string_view piece, bool o) { run_from(i + 1, piece, o, sink, budget); };
+  steps_[i]->run(s, at_origin, PieceSink(next), budget);
 }
 
 }  // namespace rlh::tok

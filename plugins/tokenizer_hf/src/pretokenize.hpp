@@ -9,6 +9,7 @@
 // to the BPE model (`model_maps_bytes()`), which caches words by their raw bytes.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -39,10 +40,21 @@ using PieceSink = FnRef<void(std::string_view, bool)>;
 
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
 
+// Bytes the steps of one run may write (ByteLevel's remap, Metaspace's replacement): a chain of
+// such steps multiplies the text, so the total is bounded by 16x the input.
+class PieceBudget {
+ public:
+  explicit PieceBudget(size_t input_bytes) : cap_(16 * input_bytes + 4096), left_(cap_) {}
+  void spend(size_t n);
+
+ private:
+  size_t cap_, left_;
+};
+
 class PreTokenizeStep {
  public:
   virtual ~PreTokenizeStep() = default;
-  virtual void run(std::string_view s, bool at_origin, const PieceSink& next) const = 0;
+  virtual void run(std::string_view s, bool at_origin, const PieceSink& next, PieceBudget& budget) const = 0;
 };
 
 class PreTokenizer {
@@ -50,13 +62,19 @@ class PreTokenizer {
   // Flattens nested Sequences. JSON null gives an empty pipeline (the whole segment is one word).
   PreTokenizer(const json& j, const JPath& p);
   ~PreTokenizer();
-  void run(std::string_view s, bool at_origin, const PieceSink& sink) const { run_from(0, s, at_origin, sink); }
+  void run(std::string_view s, bool at_origin, const PieceSink& sink) const {
+    PieceBudget budget(s.size());
+    run_from(0, s, at_origin, sink, budget);
+  }
+  // Steps after flattening; more is refused at load (each step is a level of recursion per
+  // piece, and real tokenizers have a handful).
+  static constexpr size_t kMaxSteps = 256;
   // True when the final step is ByteLevel and the model must apply the byte remap itself.
   bool model_maps_bytes() const { return model_maps_bytes_; }
 
  private:
   void add(const json& j, const JPath& p, int depth);
-  void run_from(size_t i, std::string_view s, bool at_origin, const PieceSink& sink) const;
+  void run_from(size_t i, std::string_view s, bool at_origin, const PieceSink& sink, PieceBudget& budget) const;
   std::vector<std::unique_ptr<PreTokenizeStep>> steps_;
   bool model_maps_bytes_ = false;
 };

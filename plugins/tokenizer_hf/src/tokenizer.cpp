@@ -18,6 +18,7 @@
 #include "normalize.hpp"
 #include "postprocess.hpp"
 #include "pretokenize.hpp"
+#include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
 #include "rlhost/tokenizer/chat_template.hpp"
 #include "unicode.hpp"
@@ -49,13 +50,13 @@ struct Tokenizer::Impl {
 
 namespace {
 
+// Tokenizer files are at most tens of MB (the largest tokenizer.json on the Hub is ~35 MB), so
+// 256 MiB is far above any; parsed, a JSON file takes several times its size in memory.
+// only regular files are read (a FIFO named tokenizer.json would block forever).
+constexpr uint64_t kMaxTokenizerFileBytes = 256u << 20;
+
 std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw std::runtime_error(p.string() + ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw std::runtime_error(p.string() + ": read error");
-  return ss.str();
+  return sdk::read_input_file(p.string(), kMaxTokenizerFileBytes, "tokenizer file");
 }
 
 }  // namespace
@@ -107,7 +108,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, std::string_view na
       t.match_form = t.content;
       if (t.normalized && impl->normalizer) {
         bool o = true;
-        impl->normalizer->normalize(t.match_form, o);
+        impl->normalizer->normalize(t.match_form, o, normalized_cap(t.match_form.size()));
       }
       auto prev = impl->added_by_id.find(t.id);
       if (prev != impl->added_by_id.end()) {
@@ -240,7 +241,11 @@ void Tokenizer::Impl::encode_segment(std::string_view seg, bool at_origin, std::
   }
   std::string s(seg);
   bool origin = at_origin;
-  normalizer->normalize(s, origin);
+  normalizer->normalize(s, origin, normalized_cap(s.size()));
+  if (s.size() > normalized_cap(seg.size()))
+    throw std::runtime_error("tokenizer normalizer: the normalized text grows past " +
+                             std::to_string(normalized_cap(seg.size())) +
+                             " bytes (16x the input); the tokenizer.json's normalizers multiply the text");
   if (s.empty()) return;
   auto sink = [&](size_t b, size_t e, int32_t id) {
     if (id >= 0) out.push_back(id);

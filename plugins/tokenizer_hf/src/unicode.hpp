@@ -12,11 +12,15 @@
 
 namespace rlh::tok::uni {
 
-// Decodes one code point from valid UTF-8 at p (p < end). Returns its byte length.
+// Decodes one code point from valid UTF-8 at p (p < end). Returns its byte length. Invalid
+// input gives some code point, but never a length past `end`: a sequence the end cuts short is
+// U+FFFD of one byte (callers append p[0, n) and step by n; a Jinja string holding a cut
+// sequence read past its buffer).
 inline int decode(const char* p, const char* end, char32_t& cp) {
   const auto b0 = static_cast<unsigned char>(*p);
   if (b0 < 0x80) { cp = b0; return 1; }
-  const auto cont = [&](int i) { return p + i < end ? static_cast<unsigned char>(p[i]) & 0x3F : 0; };
+  if (end - p < (b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4)) { cp = 0xFFFD; return 1; }
+  const auto cont = [&](int i) { return static_cast<unsigned char>(p[i]) & 0x3F; };
   if (b0 < 0xE0) { cp = (char32_t(b0 & 0x1F) << 6) | cont(1); return 2; }
   if (b0 < 0xF0) { cp = (char32_t(b0 & 0x0F) << 12) | (char32_t(cont(1)) << 6) | cont(2); return 3; }
   cp = (char32_t(b0 & 0x07) << 18) | (char32_t(cont(1)) << 12) | (char32_t(cont(2)) << 6) | cont(3);

@@ -178,7 +178,7 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
     Model& m = check_model(b, model);
     if (args == nullptr || args->struct_size < RLH_STRUCT_SIZE(rlh_forward_args, micro_batch_tokens))
       throw Error(RLH_E_INVALID_ARGUMENT, "forward: args missing or older than the interface's first version");
-    validate_batch(args->batch, m.desc.vocab_size, m.dp != nullptr);
+    validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
     const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
     if (args->outputs == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "forward: outputs is NULL");
@@ -336,7 +336,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       throw Error(RLH_E_FAILED_PRECONDITION, "train_step: model '" + m.role + "' is frozen on " + m.kernels +
                                                  ", which keeps no gradients for it (an eval_only loss on the "
                                                  "device needs RLH_MODEL_TRAINABLE)");
-    validate_batch(args->batch, m.desc.vocab_size, m.dp != nullptr);
+    validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
     const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
 

@@ -102,7 +102,11 @@ double ConfigReader::number(std::string_view path, double fallback) {
       const std::string s = v->get<std::string>();
       char* end = nullptr;
       const double d = std::strtod(s.c_str(), &end);
-      if (!s.empty() && end == s.c_str() + s.size()) return d;
+      if (!s.empty() && end == s.c_str() + s.size()) {
+        // "nan", "inf" and "1e999" parse; none is a setting a run can honour.
+        if (!std::isfinite(d)) fail(path, "expected a finite number, got " + describe(*v));
+        return d;
+      }
     }
     fail(path, "expected a number, got " + describe(*v));
   }
@@ -113,8 +117,14 @@ int64_t ConfigReader::integer(std::string_view path, int64_t fallback) {
   const json* v = find(path);
   if (v == nullptr) return fallback;
   if (v->is_number_integer()) return v->get<int64_t>();
-  if (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>())))
-    return static_cast<int64_t>(v->get<double>());
+  // A float with an integral value in the 64-bit range (checked before the cast, which would be
+  // undefined past it).
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d >= -9223372036854775808.0 && d < 9223372036854775808.0 &&
+        d == static_cast<double>(static_cast<int64_t>(d)))
+      return static_cast<int64_t>(d);
+  }
   fail(path, "expected an integer, got " + describe(*v));
 }
 
@@ -181,8 +191,14 @@ void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {
   }
   if (const nlohmann::json* k = r.find("kernels")) {
     cfg.kernel_pins = sdk::kernel_pins_from_json(k->dump());
+    cfg.kernel_verify = sdk::kernel_verify_from_json(k->dump());
     r.mark_subtree("kernels");
   }
+  cfg.save_dtype = r.string("save_dtype", "float32");
+  if (cfg.save_dtype == "fp32") cfg.save_dtype = "float32";
+  if (cfg.save_dtype == "bf16") cfg.save_dtype = "bfloat16";
+  if (cfg.save_dtype != "float32" && cfg.save_dtype != "bfloat16")
+    r.fail("save_dtype", "expected float32 or bfloat16, got \"" + cfg.save_dtype + "\"");
   // null = no clipping (NeMo-RL); read even without an optimizer, so a bad value shows.
   const double clip = r.is_null("max_grad_norm") ? 0.0 : r.number("max_grad_norm", 1.0);
   if (!(clip >= 0)) r.fail("max_grad_norm", "must be >= 0 (or null for none)");

@@ -44,7 +44,7 @@ size_t element_bytes(const rlh_dtype& d) { return (size_t(d.bits) * d.lanes + 7)
 
 }  // namespace
 
-void validate_batch(const rlh_batch* b, int64_t vocab, bool may_be_empty) {
+void validate_batch(const rlh_batch* b, int64_t vocab, int64_t max_positions, bool may_be_empty) {
   if (b == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "batch is NULL");
   if (b->struct_size < RLH_STRUCT_SIZE(rlh_batch, constraints))
     throw Error(RLH_E_INVALID_ARGUMENT, "rlh_batch: struct_size " + std::to_string(b->struct_size) +
@@ -72,6 +72,14 @@ void validate_batch(const rlh_batch* b, int64_t vocab, bool may_be_empty) {
                                             std::to_string(t - b->seq_offsets[s]) + " of sequence " +
                                             std::to_string(s) + " is outside the vocabulary (size " +
                                             std::to_string(vocab) + ")");
+  // Positions past the model's max_position_embeddings are outside what it was built for (its
+  // RoPE scaling, its trained range): scoring them would print numbers without meaning.
+  if (max_positions > 0)
+    for (int64_t s = 0; s < b->num_seqs; ++s)
+      if (seq_len(*b, s) > max_positions)
+        throw Error(RLH_E_OUT_OF_RANGE, "sequence " + std::to_string(s) + " has " + std::to_string(seq_len(*b, s)) +
+                                            " tokens, more than the model's max_position_embeddings (" +
+                                            std::to_string(max_positions) + ")");
   if ((b->constraints & RLH_BATCH_KEEP_PAIRS) && b->num_seqs % 2 != 0)
     throw Error(RLH_E_INVALID_ARGUMENT, "batch: RLH_BATCH_KEEP_PAIRS needs an even number of sequences, got " +
                                             std::to_string(b->num_seqs));

@@ -9,6 +9,7 @@
 #include "rlhost/model.h"
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/input_file.hpp"
 
 namespace rlh::backend {
 
@@ -17,12 +18,14 @@ using json = nlohmann::json;
 
 namespace {
 
+// Model side files (config.json): regular files only, at most 64 MiB (issue 18: a FIFO or
+// /dev/zero named config.json must not block or fill memory).
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(RLH_E_NOT_FOUND, "'" + path + "' cannot be read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return sdk::read_input_file(path, 64u << 20, "model file");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_NOT_FOUND, e.what());
+  }
 }
 
 std::string join(const char* const* names) {
@@ -83,7 +86,7 @@ sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& di
 // The CPU engine's ops: every kernel provider that runs on the CPU (kernels_cpu, the reference,
 // last), op by op, with the pins of policy.kernels.
 void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m) {
-  m.registry = sdk::make_kernel_registry(host, sdk::kCPU, m.config.kernel_pins, flavor.name);
+  m.registry = sdk::make_kernel_registry(host, sdk::kCPU, m.config.kernel_pins, flavor.name, "{}", m.config.kernel_verify);
   if (m.registry->providers().empty())
     throw Error(RLH_E_FAILED_PRECONDITION, std::string(flavor.name) +
                                                ": no kernel provider runs on the CPU (load kernels_cpu: --plugin kernels_cpu, "
@@ -148,7 +151,8 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
                                             std::string(to_string(m.config.optimizer->kind)));
   // The device's kernels: every provider that runs there, op by op, pins applied.
   const int index = target.size() > 5 ? std::stoi(target.substr(5)) : 0;  // "cuda" or "cuda:N" (validated)
-  m.registry = sdk::make_kernel_registry(b.host, sdk::cuda_device(index), m.config.kernel_pins, b.flavor->name);
+  m.registry = sdk::make_kernel_registry(b.host, sdk::cuda_device(index), m.config.kernel_pins, b.flavor->name,
+                                         "{}", m.config.kernel_verify);
   if (m.registry->providers().empty())
     return decline(RLH_E_FAILED_PRECONDITION, "no kernel provider runs on " + target +
                                                   " (load kernels_cuda: --plugin kernels_cuda, or put it on the plugin path)");

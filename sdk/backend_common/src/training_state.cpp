@@ -1,18 +1,28 @@
 // save_state / load_state: a model's whole training state in one folder.
 //
-//   model.safetensors (or shards + index)  the weights, HF names and shapes, float32: the master
-//                                           weights themselves, so a restored run continues bit
-//                                           for bit (an HF loader casts them to its dtype)
+//   model.safetensors (or shards + index)  the weights, HF names and shapes. float32 (the default):
+//                                           the master weights themselves, so a restored run
+//                                           continues bit for bit (an HF loader casts them to its
+//                                           dtype). With save_dtype bfloat16: a round-to-nearest-
+//                                           even bf16 copy, for users to take elsewhere
+//   master_weights/model.safetensors       with save_dtype bfloat16 only: the float32 master
+//                                           weights, which load_state reads (never the bf16 copy).
+//                                           A subfolder, so HF and vLLM, which read the top
+//                                           folder's *.safetensors, see only the export
 //   config.json, generation_config.json,   copied from the model's folder, so the folder is a
-//   tokenizer files                         loadable HF checkpoint (load_model takes it too)
+//   tokenizer files                         loadable HF checkpoint (load_model takes it too);
+//                                           with bf16 weights config.json's torch_dtype (and dtype,
+//                                           when present) says bfloat16
 //   optimizer.safetensors                  trainable models: torch's state names per engine
 //                                           parameter (exp_avg.*, exp_avg_sq.*, momentum_buffer.*)
-//   rlhost_state.json                      step (= weights version), optimizer kind, backend
+//   rlhost_state.json                      step (= weights version), optimizer kind, backend,
+//                                           where the master weights are
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "backend_internal.hpp"
+#include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/model_weights.hpp"
 
 namespace fs = std::filesystem;
@@ -27,6 +37,7 @@ namespace {
 constexpr const char* kStateFile = "rlhost_state.json";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kFormat = "rlhost-backend-state";
+constexpr const char* kMasterDir = "master_weights";
 
 // Files next to the weights that make the folder an HF checkpoint a tokenizer can use too.
 constexpr const char* kSideFiles[] = {"config.json",          "generation_config.json", "tokenizer.json",
@@ -143,17 +154,38 @@ void save_state(Model& m, const std::string& dir) {
   if (!fs::is_directory(dir, ec))
     throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
   try {
+    const bool bf16 = m.config.save_dtype == "bfloat16";
     sdk::TransformerDesc f32 = m.desc;
     for (auto& p : f32.params) p.dtype = sdk::st::DType::F32;
+    // Tensors that are no parameter pass through as they were found, in both files.
     sdk::SaveOptions so;
     so.passthrough = &m.checkpoint;
     so.passthrough_names = m.passthrough;
-    sdk::save_weights_hf(f32, m.device ? m.device->parameters() : m.engine->save_parameters(), dir, so);
+    const std::vector<std::vector<float>> weights = m.device ? m.device->parameters() : m.engine->save_parameters();
+    if (bf16) {
+      fs::create_directories(fs::path(dir) / kMasterDir);
+      sdk::save_weights_hf(f32, weights, (fs::path(dir) / kMasterDir).string(), so);
+      sdk::TransformerDesc b16 = m.desc;
+      for (auto& p : b16.params) p.dtype = sdk::st::DType::BF16;  // save_weights_hf rounds to nearest even
+      sdk::save_weights_hf(b16, weights, dir, so);
+    } else {
+      sdk::save_weights_hf(f32, weights, dir, so);
+    }
 
     if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
       for (const char* name : kSideFiles)
         if (fs::is_regular_file(fs::path(m.dir) / name, ec))
           fs::copy_file(fs::path(m.dir) / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+    if (bf16) {
+      // HF loads a checkpoint in config.json's dtype (torch_dtype, "dtype" since transformers
+      // 4.56): say what the files hold. Key order is kept (ordered_json).
+      const fs::path cfg_path = fs::path(dir) / "config.json";
+      std::ifstream cin(cfg_path);
+      nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(cin);
+      cfg["torch_dtype"] = "bfloat16";
+      if (cfg.contains("dtype")) cfg["dtype"] = "bfloat16";
+      write_text_atomically(cfg_path, cfg.dump(2) + "\n");
+    }
 
     json state = {{"format", kFormat},
                   {"format_version", 1},
@@ -161,7 +193,9 @@ void save_state(Model& m, const std::string& dir) {
                   {"role", m.role},
                   {"architecture", m.desc.architecture},
                   {"step", m.version()},
-                  {"optimizer", m.trainable ? json(to_string(m.config.optimizer->kind)) : json(nullptr)}};
+                  {"optimizer", m.trainable ? json(to_string(m.config.optimizer->kind)) : json(nullptr)},
+                  {"weights_dtype", m.config.save_dtype}};
+    if (bf16) state["master_weights"] = kMasterDir;
     if (m.trainable) {
       DeviceOptimizerState device_state;
       if (m.device) {
@@ -208,27 +242,45 @@ namespace {
 
 void load_state_here(Model& m, const std::string& dir) {
   const fs::path state_path = fs::path(dir) / kStateFile;
-  std::ifstream in(state_path);
-  if (!in) throw Error(RLH_E_NOT_FOUND, "load_state: '" + dir + "' has no " + kStateFile + " (not a folder save_state wrote)");
+  if (!sdk::input_exists(state_path.string()))
+    throw Error(RLH_E_NOT_FOUND, "load_state: '" + dir + "' has no " + kStateFile + " (not a folder save_state wrote)");
   json state;
   try {
-    state = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_DATA_LOSS, state_path.string() + ": invalid JSON: " + e.what());
+    state = sdk::read_json_file(state_path.string(), 1u << 20, "backend state");
+  } catch (const sdk::InputError& e) {
+    throw Error(RLH_E_DATA_LOSS, e.what());
   }
-  if (!state.is_object() || state.value("format", "") != kFormat || !state.contains("step") ||
+  // (json::value() throws a type_error when the key holds another type: the file is untrusted.)
+  if (!state.is_object() || !state.contains("format") || state["format"] != kFormat || !state.contains("step") ||
       !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0)
     throw Error(RLH_E_DATA_LOSS, state_path.string() + ": not an rlhost backend state (format/step)");
   const int64_t step = state["step"].get<int64_t>();
-  const std::string arch = state.value("architecture", "");
+  const std::string arch = state.contains("architecture") && state["architecture"].is_string()
+                               ? state["architecture"].get<std::string>()
+                               : std::string("(no architecture)");
   if (arch != m.desc.architecture)
     throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + dir + "' holds a " + arch + " state, the model is " +
                                                m.desc.architecture);
 
+  // The float32 masters: the folder itself, or the subfolder named when the HF weights beside
+  // them were written in another dtype. Only the name save_state writes is taken (no path
+  // leaves the folder).
+  fs::path weights_dir = dir;
+  if (state.contains("master_weights")) {
+    if (state["master_weights"] != kMasterDir)
+      throw Error(RLH_E_DATA_LOSS, state_path.string() + ": master_weights must be \"" + kMasterDir + "\", got " +
+                                       state["master_weights"].dump());
+    weights_dir /= kMasterDir;
+  }
   try {
-    sdk::st::Checkpoint ckpt = sdk::st::Checkpoint::open(dir);
+    sdk::st::Checkpoint ckpt = sdk::st::Checkpoint::open(weights_dir.string());
     sdk::TransformerDesc desc = m.desc;  // the file's dtypes are adopted by the copy only
-    sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
+    sdk::LoadOptions lo;
+    if (weights_dir != fs::path(dir)) {  // masters beside an export are float32, nothing else
+      for (auto& p : desc.params) p.dtype = sdk::st::DType::F32;
+      lo.dtype_policy = sdk::DtypePolicy::strict;
+    }
+    sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt, lo);
     if (m.device)
       m.device->load_parameters(w.tensors);
     else if (m.dp != nullptr)
@@ -255,6 +307,11 @@ void load_state_here(Model& m, const std::string& dir) {
                                                " state, the model's optimizer is " + kind);
   try {
     const sdk::st::File f = sdk::st::File::open((fs::path(dir) / kOptimizerFile).string());
+    // The optimizer's step must be the state's: files from two different saves do not resume.
+    for (const auto& [key, value] : f.metadata())
+      if (key == "step" && value != std::to_string(step))
+        throw Error(RLH_E_DATA_LOSS, f.path() + ": optimizer state of step " + value + ", but " + kStateFile +
+                                         " says step " + std::to_string(step));
     if (m.device) {
       // Moments start from zeros (a state saved before the first update has none).
       DeviceOptimizerState s;

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "device_memory.hpp"
-#include "device_ops.hpp"
+#include "rlhost/engine_cuda/device_memory.hpp"
+#include "rlhost/engine_cuda/device_ops.hpp"
 #include "mla_kernels.hpp"
 #include "moe_kernels.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"

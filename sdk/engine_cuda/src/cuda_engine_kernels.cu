@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "device_memory.hpp"
+#include "rlhost/engine_cuda/device_memory.hpp"
 #include "moe_kernels.hpp"
 
 namespace rlh::engine::cuda {

@@ -1,5 +1,5 @@
 // DeviceOps (device_ops.hpp): the CUDA engine's calls as ABI ops on its device and stream.
-#include "device_ops.hpp"
+#include "rlhost/engine_cuda/device_ops.hpp"
 
 #include <initializer_list>
 #include <stdexcept>
@@ -35,6 +35,10 @@ class DeviceOps::Args {
     return make(p, dt, {G, rows, cols}, {stride, ld, 1});
   }
   rlh_tensor absent(rlh_dtype dt) { return make(nullptr, dt, {0}, {1}); }
+  // [B, H, bs, D] paged cache blocks `stride` apart, rows of D contiguous
+  rlh_tensor cache(const void* p, int64_t B, int64_t H, int64_t bs, int64_t D, int64_t stride) {
+    return make(p, kBF16, {B, H, bs, D}, {stride, bs * D, D, 1});
+  }
 
  private:
   rlh_tensor make(const void* p, rlh_dtype dt, std::initializer_list<int64_t> shape,
@@ -54,7 +58,7 @@ class DeviceOps::Args {
   }
   static constexpr size_t kMax = 16;
   struct Slot {
-    std::array<int64_t, 3> shape{}, strides{};
+    std::array<int64_t, 4> shape{}, strides{};
   };
   rlh_device dev_;
   std::array<Slot, kMax> slots_;
@@ -71,7 +75,7 @@ const sdk::Op& DeviceOps::op(const char* key, const char* name, const std::vecto
 
 void DeviceOps::run(const sdk::Op& o, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
                     std::span<const rlh_named_value> attrs) {
-  o.run(in, out, attrs, stream_);
+  o.run(in, out, attrs, stream_, ws_, ws_bytes_);
 }
 
 // Resolves (once per key) and runs an op.
@@ -95,6 +99,15 @@ void DeviceOps::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const vo
   const rlh_tensor ta_ = ta ? a.mat(A, kBF16, K, M, lda) : a.mat(A, kBF16, M, K, lda);
   const rlh_tensor tb_ = tb ? a.mat(B, kBF16, N, K, ldb) : a.mat(B, kBF16, K, N, ldb);
   const rlh_tensor tc = a.mat(C, c_f32 ? kF32 : kBF16, M, N, ldc);
+  if (batch_invariant_) {
+    // A requirement at resolution: the registry takes only a handle that promises it.
+    const std::array<rlh_named_value, 5> bi = {at[0], at[1], at[2], at[3], attr_bool("batch_invariant", true)};
+    if (c_f32)
+      RLH_RUN("gemm/f32/invariant", "gemm", (std::vector<rlh_tensor>{ta_, tb_}), (std::vector<rlh_tensor>{tc}), bi);
+    else
+      RLH_RUN("gemm/bf16/invariant", "gemm", (std::vector<rlh_tensor>{ta_, tb_}), (std::vector<rlh_tensor>{tc}), bi);
+    return;
+  }
   if (c_f32)
     RLH_RUN("gemm/f32", "gemm", (std::vector<rlh_tensor>{ta_, tb_}), (std::vector<rlh_tensor>{tc}), at);
   else
@@ -420,6 +433,39 @@ void DeviceOps::unpermute_bwd(void* dyp, float* dweights, const void* dy, int64_
           (std::vector<rlh_tensor>{a.mat(dyp, kBF16, N * K, C, C),
                                    dweights ? a.mat(dweights, kF32, N, K, K) : a.absent(kF32)}),
           kNone);
+}
+
+void DeviceOps::kv_cache_write(const void* k, int64_t ldk, const void* v, int64_t ldv, int64_t R, const int32_t* slots,
+                               const PagedCache& c) {
+  Args a(dev_);
+  RLH_RUN("kv_cache_write", "kv_cache_write",
+          (std::vector<rlh_tensor>{a.heads(k, R, c.Hkv, c.Dk, ldk), a.heads(v, R, c.Hkv, c.Dv, ldv),
+                                   a.vec(slots, kI32, R)}),
+          (std::vector<rlh_tensor>{a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride),
+                                   a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride)}),
+          kNone);
+}
+
+void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq,
+                                const PagedCache& c, const int32_t* table, int64_t width, const int32_t* pos,
+                                double scale, int64_t window) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("scale", scale), attr_int("window", window)};
+  RLH_RUN("paged_attention", "paged_attention",
+          (std::vector<rlh_tensor>{a.heads(q, R, Hq, c.Dk, ldq),
+                                   a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride),
+                                   a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride),
+                                   a.mat(table, kI32, R, width, width), a.vec(pos, kI32, R)}),
+          (std::vector<rlh_tensor>{a.heads(o, R, Hq, c.Dv, ldo)}), at);
+}
+
+void DeviceOps::sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
+                       const double* u, const Sample& s) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 4> at = {attr_double("temperature", s.temperature), attr_int("top_k", s.top_k),
+                                             attr_double("top_p", s.top_p), attr_double("min_p", s.min_p)};
+  RLH_RUN("sample", "sample", (std::vector<rlh_tensor>{a.mat(logits, kF32, S, V, ld), a.vec(u, kF64, S)}),
+          (std::vector<rlh_tensor>{a.vec(tokens, kI32, S), a.vec(logprobs, kF32, S)}), at);
 }
 
 #undef RLH_RUN

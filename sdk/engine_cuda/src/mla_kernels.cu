@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "device_memory.hpp"
+#include "rlhost/engine_cuda/device_memory.hpp"
 #include "mla_kernels.hpp"
 
 namespace rlh::engine::cuda {

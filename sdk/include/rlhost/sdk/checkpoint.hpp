@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,9 +64,24 @@ struct VerifyResult {
   uint64_t bytes = 0;
 };
 
-// Checks that `dir` holds a manifest and every file it lists, with the listed size (and CRC32C).
+// Checks that `dir` holds a manifest and every file it lists, with the listed size (and CRC32C),
+// and that the step numbers agree: the manifest's, the folder's (step_<N>) and training_info.json's
+// "step" when it has one. The manifest and training_info.json are read as untrusted input
+// (regular files, 64 MiB, JSON nesting bounded).
 VerifyResult verify_checkpoint(const std::filesystem::path& dir,
                                VerifyLevel level = VerifyLevel::kChecksums);
+
+// Parses a manifest's text (named `label` in errors) and checks its structure: format, version,
+// step, and every entry (relative path inside the folder, size, CRC32C as 8 hex digits). Returns
+// the first problem as one line, empty when it is well formed. Entries are appended to `files`
+// when given. (verify_checkpoint's first half; fuzzed on its own.)
+struct ManifestFile {
+  std::string path;
+  uint64_t size = 0;
+  uint32_t crc32c = 0;
+};
+std::string parse_manifest(std::string_view text, const std::string& label, int64_t* step = nullptr,
+                           std::vector<ManifestFile>* files = nullptr);
 
 // A committed checkpoint.
 struct CheckpointInfo {
@@ -142,6 +158,27 @@ class CheckpointManager {
   // when none has it, the latest (NeMo-RL's get_best_checkpoint_path).
   std::optional<CheckpointInfo> best(VerifyLevel level = VerifyLevel::kSizes) const;
 
+  // Resume with fallback. Tries the committed checkpoints from the newest down: each is
+  // verified with checksums and step agreement, then handed to `load`; one that fails either
+  // (load throws rlh::sdk::Error with RLH_E_DATA_LOSS, or any other std::exception) is skipped,
+  // its reason ("<dir>: <problem>") appended to `skipped`, and the one before it is tried. An
+  // Error with another code (a checkpoint of another model or configuration: every one would
+  // fail the same way) propagates. Returns the checkpoint loaded, or nullopt when none could be.
+  //
+  // From then on this manager never writes over or removes a step_<N>/ that existed at resume
+  // time with N above the step loaded (-1 when none): those are newer than the state the run
+  // continues from, so replacing them would lose data (a skipped checkpoint stays for a person
+  // to look at). may_write() says whether a step can be saved; begin() refuses one that cannot.
+  //
+  // `load` must leave the job in the state of the checkpoint it loads or throw; when it throws
+  // after changing the job's state, `*load_failed` is set so the caller can stop instead of
+  // training on from a half-loaded state when no older checkpoint loads either.
+  std::optional<CheckpointInfo> resume(const std::function<void(const CheckpointInfo&)>& load,
+                                       std::vector<std::string>* skipped, bool* load_failed = nullptr);
+  // Whether checkpoint `step` may be written (false for a newer step_<N>/ protected by resume()),
+  // with the reason in *why.
+  bool may_write(int64_t step, std::string* why = nullptr) const;
+
   // Removes leftovers of interrupted writes and deletions: tmp_step_*/ and old_step_*/.
   // Returns how many folders were removed.
   size_t clean_leftovers() const;
@@ -153,6 +190,8 @@ class CheckpointManager {
 
  private:
   CheckpointConfig cfg_;
+  int64_t resumed_step_ = -1;     // the step resume() loaded (-1: none)
+  std::vector<int64_t> protected_;  // step_<N>/ newer than it, present at resume time
 };
 
 }  // namespace rlh::sdk

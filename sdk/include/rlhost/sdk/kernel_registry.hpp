@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlhost/sdk/kernel_check.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/plugin.hpp"
 
@@ -22,6 +23,10 @@ using KernelPins = std::vector<std::pair<std::string, std::string>>;
 // Error(INVALID_ARGUMENT) naming the key when a value is not a string.
 KernelPins kernel_pins_from_json(const std::string& section_json);
 
+// policy.kernels.verify of the same section: true when absent; throws Error(INVALID_ARGUMENT)
+// when it is not a boolean.
+bool kernel_verify_from_json(const std::string& section_json);
+
 // The registry for `device`. A provider whose create() answers UNIMPLEMENTED or UNAVAILABLE
 // (another device kind, no GPU here) is left out quietly; one that fails otherwise is left out
 // with a warning naming it, unless a pin names it, which is then an error. Pins naming a
@@ -29,16 +34,15 @@ KernelPins kernel_pins_from_json(const std::string& section_json);
 // ("megatron", "generator"). `instance_config` (a JSON object) is every provider's create()
 // config: keys a provider does not know it ignores (kernels_cpu: {"num_threads": N}, the threads
 // of its decode-sized ops).
+// With `verify` (policy.kernels.verify, default true) no provider is chosen unchecked: every
+// provider but the reference runs the conformance runner (kernel_check.hpp) on the device first,
+// and an op it fails is left out for it, with one warning line naming the provider, the op, the
+// dtype and the worst error (the op then falls through to the next provider). A pin to a
+// provider for an op it fails is an error; no reference to check against is an error.
 std::unique_ptr<KernelRegistry> make_kernel_registry(const Host& host, rlh_device device,
                                                      const KernelPins& pins,
                                                      const std::string& who,
-                                                     const std::string& instance_config = "{}");
-
-// Facts a provider instance states about itself (provider_info; defaults when absent).
-struct ProviderFacts {
-  bool reference = false;
-  bool device_memory = false;
-};
-ProviderFacts provider_facts(const rlh_kernels_api* api, rlh_kernels* instance);
+                                                     const std::string& instance_config = "{}",
+                                                     bool verify = true);
 
 }  // namespace rlh::sdk

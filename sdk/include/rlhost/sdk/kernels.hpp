@@ -6,6 +6,7 @@
 // RLH_E_UNIMPLEMENTED wins. Resolution happens once; Op::run is one indirect call.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <string_view>
 #include <cstdint>
@@ -291,6 +292,10 @@ class KernelRegistry {
     bool owned = false;      // destroy the instance with the registry
     bool reference = false;  // provider_info says "reference": true
     bool device_memory = false;  // provider_info says "memory": "device"
+    // Set by conformance verification (make_kernel_registry): the provider is asked only for
+    // these ops (those it lists that did not fail).
+    bool verified = false;
+    std::vector<std::string> verified_ops;
   };
   // One resolution: the op, its float dtype ("bf16", ...) and the provider that answered.
   struct Choice {
@@ -314,12 +319,28 @@ class KernelRegistry {
     rlh_kernels* inst = nullptr;
     check(api->create(host, device, config_json.data(), config_json.size(), &inst),
           "creating kernel provider '" + name + "'");
-    providers_.push_back(Provider{std::move(name), api, inst, true, false, false});
+    add_provider(make(std::move(name), api, inst, true));
   }
   void add_instance(std::string name, const rlh_kernels_api* api, rlh_kernels* instance) {
-    providers_.push_back(Provider{std::move(name), api, instance, false, false, false});
+    add_provider(make(std::move(name), api, instance, false));
   }
   void add_provider(Provider p) { providers_.push_back(std::move(p)); }
+  static Provider make(std::string name, const rlh_kernels_api* api, rlh_kernels* instance, bool owned) {
+    Provider p;
+    p.name = std::move(name);
+    p.api = api;
+    p.instance = instance;
+    p.owned = owned;
+    return p;
+  }
+  // Limits `provider` to `ops` (conformance verification leaves failing ops out).
+  void restrict_ops(std::string_view provider, std::vector<std::string> ops) {
+    for (Provider& p : providers_)
+      if (p.name == provider) {
+        p.verified = true;
+        p.verified_ops = std::move(ops);
+      }
+  }
   const std::vector<Provider>& providers() const { return providers_; }
   const Provider* find(std::string_view name) const {
     for (const Provider& p : providers_)
@@ -401,6 +422,10 @@ class KernelRegistry {
     std::string reasons;
     for (const Provider& p : providers_) {
       if (!pin.empty() && p.name != pin) continue;
+      if (p.verified && std::find(p.verified_ops.begin(), p.verified_ops.end(), name) == p.verified_ops.end()) {
+        reasons += "; " + p.name + ": left out for this op (it failed conformance, or does not list it)";
+        continue;
+      }
       rlh_op* op = nullptr;
       rlh_status* s = p.api->get_op(p.instance, &d, &op);
       if (s == nullptr && needs_batch_invariance(attrs)) {

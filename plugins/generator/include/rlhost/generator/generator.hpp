@@ -43,8 +43,11 @@ struct Options {
   // MoE router in float64, as the trainer's MoeOptions::router_fp64 (NeMo-RL's
   // moe_router_dtype: fp64): set it as the trainer is set so both route alike.
   bool moe_router_fp64 = false;
-  // The kernels (required; not owned): engine::make_registry_ops over the CPU's providers.
+  // The kernels of the host executor (not owned): engine::make_registry_ops over the CPU's
+  // providers. Required unless `executor` is given.
   engine::Ops* ops = nullptr;
+  // Another executor (a CUDA device's: make_cuda_executor), made for the generator's model.
+  std::function<std::unique_ptr<StepExecutor>(DecodeModel&)> executor;
 };
 
 struct Request {
@@ -94,8 +97,9 @@ class Generator {
   // The longest sequence (prompt + new tokens) this generator produces (the KV budget may cut
   // it further).
   int64_t max_length() const;
-  // Where the KV pool's memory comes from (default: the heap).
+  // Where the host KV pool's memory comes from (default: the heap; a device executor has its own).
   void set_kv_allocator(PoolAllocator alloc) { kv_alloc_ = std::move(alloc); }
+  StepExecutor& executor() { return *exec_; }
 
   using SampleFn = std::function<void(const Sample&)>;
   // Generates every (prompt, sample) pair and calls `on_sample` as each one finishes. Stops
@@ -107,8 +111,9 @@ class Generator {
  private:
   Options opt_;
   std::unique_ptr<DecodeModel> model_;
+  std::unique_ptr<StepExecutor> exec_;
   PoolAllocator kv_alloc_ = PoolAllocator::aligned_heap();
-  AlignedFloats logits_;
+  StepRows step_rows_;
   std::vector<double> uniforms_;  // per sampling row: its draw (rng.hpp)
   std::vector<int32_t> tokens_;
   std::vector<float> token_logprobs_;

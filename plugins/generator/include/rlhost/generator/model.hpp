@@ -3,13 +3,15 @@
 // or owned copies — and the forward of one scheduler step over the paged KV cache.
 //
 // What a layer computes is the layer program (sdk/layer_program.hpp), the one the engines
-// execute: DecodeModel interprets its steps for the rows of a step. Where the generator differs
-// is only in how two steps run: every linear step is the batch-invariant gemm (a row's result
-// never depends on the other rows, so a sequence decodes the same tokens whoever shares its
-// batch), and attention writes the step's keys and values into the paged cache and attends over
-// it (the kv_cache_write and paged_attention ops). MoE and MLA are composite steps
-// (moe_decode.cpp, mla_decode.cpp: the engine's math). Every op is the kernel registry's, through
-// the engine's Ops interface.
+// execute. DecodeModel holds the program and what the executors read of it once (LayerShape,
+// the RoPE tables); a StepExecutor runs a step: on the host (decode.cpp, float32 over the CPU's
+// kernel registry) or on a CUDA device (cuda_executor.hpp, bf16 over the device's registry).
+// Both interpret the program with the same code (program_runner.hpp) and differ only in where
+// values live and in how a few steps run: linear steps are the batch-invariant gemm on the host
+// (a row's result never depends on the other rows, so a sequence decodes the same tokens
+// whoever shares its batch), attention writes the step's keys and values into the paged cache
+// and attends over it (the kv_cache_write and paged_attention ops), MoE and MLA are composite
+// steps (moe_decode.cpp, mla_decode.cpp: the engine's math). Every op is a kernel registry's.
 #pragma once
 
 #include <cstdint>
@@ -29,36 +31,6 @@
 
 namespace rlh::gen {
 
-// std::vector's storage on 64-byte boundaries (a cache line, one AVX-512 register).
-template <class T>
-struct Aligned64 {
-  using value_type = T;
-  Aligned64() = default;
-  template <class U>
-  Aligned64(const Aligned64<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  template <class U>
-  bool operator==(const Aligned64<U>&) const { return true; }
-};
-using AlignedFloats = std::vector<float, Aligned64<float>>;
-
-// What the composite steps and the cache need of one layer, read once from its program.
-struct LayerShape : engine::MoeBasics, engine::MlaBasics {
-  // Attention geometry: kv heads, key and value widths in the cache (MLA: Hq expanded heads,
-  // Dk = dn + dr, Dv = v_head_dim)
-  int64_t Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
-  double scale = 0;   // softmax scale (the description's)
-  int64_t window = 0;
-  // MoE: the experts' activation and the router's attributes
-  bool moe = false;
-  std::string act = "silu";
-  engine::Ops::RouterAttrs router;
-  // MLA: the width of its q|k|v value and its RoPE table (-1: none)
-  bool mla = false;
-  int64_t Wqkv = 0;
-  int rope = -1;
-};
 
 // Weights by description parameter, engine layout (row-major desc shapes): each one either a
 // view of memory someone else owns (refit with may_alias) or a slice of one owned arena laid out
@@ -92,6 +64,10 @@ class Weights {
   const float* param(size_t i) const { return ptr_[i]; }
   // Piece k of parameter i (a stacked parameter's expert k; for others piece 0 = param(i)).
   const float* piece(size_t i, size_t k) const { return piece_[i][k]; }
+  // The owned arena's layout, which a device copy of the weights repeats (in elements): where
+  // parameter i starts, and the whole size. Adjacent parameters (q|k|v, gate|up) stay adjacent.
+  int64_t arena_offset(size_t i) const { return arena_off_[i]; }
+  int64_t arena_elems() const { return arena_floats_; }
 
  private:
   void ensure_arena();
@@ -116,108 +92,132 @@ class Weights {
   bool complete_ = false;
 };
 
-// Weight pointers of the composite steps of one layer (the set in force).
-struct LayerWeights {
-  // MoE: router [E, C] (+ bias, selection bias [E]), shared expert and its gate
-  const float *router = nullptr, *router_b = nullptr, *score_bias = nullptr;
-  // Expert e's gate / up [Fe, C] and down [C, Fe]: views may lie anywhere (refit by HF name
-  // with one tensor per expert), so one pointer each.
-  std::vector<const float*> e_gate, e_up, e_down;
-  const float *ws_gate_proj = nullptr, *ws_up = nullptr, *ws_down = nullptr, *ws_gate = nullptr;
-  // MLA: q_a [rq, C], q_a_norm [rq], q_b [Hq D, rq] (or q [Hq D, C] without rq), kv_a
-  // [rkv + dr, C], kv_a_norm [rkv], kv_b [Hq (dn + Dv), rkv]
-  const float *q = nullptr, *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr;
-  const float *kv_a = nullptr, *kv_a_norm = nullptr, *kv_b = nullptr;
-  // The float64 router (router_fp64): the router weight widened, refreshed with the set
-  std::vector<double> router64;
+// What the composite steps and the cache need of one layer, read once from its program.
+struct LayerShape : engine::MoeBasics, engine::MlaBasics {
+  // Attention geometry: kv heads, key and value widths in the cache (MLA: Hq expanded heads,
+  // Dk = dn + dr, Dv = v_head_dim)
+  int64_t Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
+  double scale = 0;   // softmax scale (the description's)
+  int64_t window = 0;
+  // MoE: the experts' activation and the router's attributes
+  bool moe = false;
+  std::string act = "silu";
+  engine::Ops::RouterAttrs router;
+  // MLA: the width of its q|k|v value and its RoPE table (-1: none)
+  bool mla = false;
+  int64_t Wqkv = 0;
+  int rope = -1;
+  // Parameter indices (desc.params; -1: absent) of the composite steps: MLA's projections and
+  // latent norms; MoE's router (+ bias, selection bias), experts, shared expert and its gate.
+  int64_t p_q = -1, p_q_a = -1, p_q_a_norm = -1, p_q_b = -1, p_kv_a = -1, p_kv_a_norm = -1, p_kv_b = -1;
+  int64_t p_router = -1, p_router_b = -1, p_score_bias = -1, p_gate = -1, p_up = -1, p_down = -1;
+  int64_t p_ws_gate_proj = -1, p_ws_up = -1, p_ws_down = -1, p_ws_gate = -1;
+};
+
+// One RoPE table of the program, as the executors read it.
+struct RopeTable {
+  std::vector<float> inv_freq;  // [R/2]: the table for positions below dynamic_from
+  int64_t R = 0;
+  double scale = 1;
+  bool interleaved = false;
+  int64_t dynamic_from = 0;  // > 0: rows at positions >= this need their own table (dynamic NTK, longrope)
+};
+
+// The rows of one step, as the scheduler planned them, in the form every executor reads: row r
+// is token ids[r] at position pos[r] of a sequence whose block table is table[r * width ..] and
+// whose keys and values go to cache slot slots[r] (block * block_size + offset). sample_rows: the
+// rows whose logits draw a token, in the order of the draws.
+struct StepRows {
+  std::vector<int32_t> ids, pos, slots, table;
+  int64_t width = 0;                 // block table entries per row (unused ones -1)
+  std::vector<int64_t> sample_rows;  // indices into the rows
+  std::span<const CacheRow> rows;    // the scheduler's rows (the host executor's per-row RoPE)
+  int64_t R() const { return int64_t(ids.size()); }
+  int64_t S() const { return int64_t(sample_rows.size()); }
+  // Fills every field from the scheduler's rows (block tables as wide as the longest row needs,
+  // at least min_width).
+  void build(std::span<const int32_t> ids, std::span<const CacheRow> rows, std::span<const int64_t> sample_rows,
+             int64_t block_size, int64_t min_width = 1);
+};
+
+// The draw of one step: per sampling row its uniform, and the sampling parameters (docs/ops.md
+// "sample"); results per sampling row.
+struct StepDraws {
+  std::span<const double> u;
+  engine::Ops::SampleAttrs attrs;
+  std::span<int32_t> tokens;
+  std::span<float> logprobs;
 };
 
 class DecodeModel {
  public:
-  // ops: the kernels (required; not owned). Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the
-  // layer and feature when the program needs what the generator does not execute,
-  // RLH_E_INVALID_ARGUMENT when the description is inconsistent.
-  DecodeModel(sdk::TransformerDesc desc, engine::Ops* ops);
+  // Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the layer and feature when the program needs
+  // what the generator does not execute, RLH_E_INVALID_ARGUMENT when the description is
+  // inconsistent.
+  explicit DecodeModel(sdk::TransformerDesc desc);
 
   // The MoE router in float64 (the trainer's MoeOptions::router_fp64, NeMo-RL's
   // moe_router_dtype: fp64); float32 by default. No effect on models without MoE layers.
-  void set_router_fp64(bool on) {
-    router_fp64_ = on;
-    bound_serial_ = -1;  // widen the router weights at the next bind
-  }
+  void set_router_fp64(bool on) { router_fp64_ = on; }
   bool router_fp64() const { return router_fp64_; }
   ~DecodeModel();
 
   const sdk::TransformerDesc& desc() const { return desc_; }
   const sdk::ModelProgram& program() const { return prog_; }
   const std::vector<LayerShape>& shapes() const { return shapes_; }
+  const std::vector<RopeTable>& ropes() const { return ropes_; }
   int64_t vocab() const { return V_; }
+  int64_t hidden() const { return C_; }
+  int64_t num_layers() const { return L_; }
   Weights& weights() { return *weights_; }
   const Weights& weights() const { return *weights_; }
-  KvLayout kv_layout(int64_t block_size) const;
-
-  // One step: rows r = 0..R-1 are tokens ids[r] of the sequences rows[r] names (at rows[r].pos),
-  // in any order and grouping; their keys and values go into `kv` (blocks already allocated).
-  // Writes the logits of rows sample_rows[i] into logits + i * vocab(). Requires complete
-  // weights. A row's results depend only on its sequence's tokens, never on the other rows.
-  void forward(std::span<const int32_t> ids, std::span<const CacheRow> rows,
-               std::span<const int64_t> sample_rows, KvCache& kv, float* logits);
+  // The paged cache's layout for this model: keys transposed within a block (the host's
+  // paged_attention) or row-major (a GPU's), elements of elem_bytes.
+  KvLayout kv_layout(int64_t block_size, bool keys_transposed = true, int64_t elem_bytes = 4) const;
+  // Elements of a layer's values for R rows beside the residual stream (the worst layer), each
+  // value starting on a 16-element boundary, and of MLA's scratch.
+  int64_t values_elems(int64_t rows) const;
+  int64_t mla_scratch_elems(int64_t rows) const;
 
  private:
-  void bind_weights();
-  void reserve(int64_t rows, int64_t samples);
-  const float* wp(int64_t param) const { return param < 0 ? nullptr : weights_->param(size_t(param)); }
-  // The rows' RoPE tables (a row past a dynamic table's threshold gets its own) and block tables.
-  void prepare_rows(std::span<const CacheRow> rows);
-  // y = rope(x) with table t on H heads of D dims of every row (y may be x).
-  void rope(int t, float* y, int64_t ldy, const float* x, int64_t ldx, int64_t H, int64_t D, int64_t R);
-  void run_step(int64_t l, const sdk::LayerStep& st, std::vector<float*>& v, std::span<const CacheRow> rows,
-                KvCache& kv);
-  // Writes k, v of the rows into layer l's cache (the kv_cache_write op), then out = attention
-  // of q over it (paged_attention).
-  void attend(int64_t l, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,
-              float* out, int64_t ldo, std::span<const CacheRow> rows, KvCache& kv);
-  // moe_decode.cpp: y [R,C] = the MoE block of layer l on xn [R,C] (no residual).
-  void moe_block(int64_t l, int64_t R, const float* xn, float* y);
-  // mla_decode.cpp: q [R, Hq D], k [R, Hq D], v [R, Hq Dv] of layer l into qkv (rows Wqkv
-  // apart) from xn [R,C], RoPE applied: what attention and the cache read.
-  void mla_qkv(int64_t l, const float* xn, float* qkv, int64_t R);
-
   sdk::TransformerDesc desc_;
   sdk::ModelProgram prog_;
   std::vector<LayerShape> shapes_;
+  std::vector<RopeTable> ropes_;
   int64_t V_ = 0, C_ = 0, L_ = 0;
-  engine::Ops* ops_ = nullptr;
   std::unique_ptr<Weights> weights_;
-  int64_t bound_serial_ = -1;  // Weights::serial() the pointers below were read at
-  std::vector<LayerWeights> lw_;
   bool router_fp64_ = false;
-
-  // RoPE tables of the program, and per forward the rows' own tables past a dynamic threshold.
-  struct Rope {
-    std::vector<float> inv_freq;  // [R/2]: the table for positions below dynamic_from
-    int64_t R = 0;
-    double scale = 1;
-    bool interleaved = false;
-    int64_t dynamic_from = 0;         // > 0: rows at positions >= this need their own table
-    std::vector<float> row_freq;      // [rows, R/2]
-    std::vector<uint8_t> row_own;     // [rows]
-  };
-  std::vector<Rope> ropes_;
-
-  // Scratch for up to cap_rows_ rows (grown on demand; no state survives a step).
-  int64_t cap_rows_ = 0, cap_samples_ = 0;
-  AlignedFloats xs_[2];        // the residual stream, layer by layer in turn [R, C]
-  AlignedFloats values_;       // a layer's other values (the worst layer's worth)
-  AlignedFloats hs_, xn_;      // the sampled rows' hidden states and their final norm [S, C]
-  std::vector<int32_t> pos_;   // [R]
-  std::vector<int32_t> table_; // [R, table_width_] each row's block table
-  std::vector<int32_t> slots_; // [R] each row's cache slot (block * block_size + offset)
-  int64_t table_width_ = 0;
-  AlignedFloats mla_f_;                  // MLA scratch
-  AlignedFloats moe_f_;                  // MoE scratch
-  std::vector<double> moe_d_;            // float64 router scratch
-  std::vector<int32_t> moe_i_;
 };
+
+// Runs the steps of a DecodeModel: the step's forward (logits of its sampling rows) and draws.
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual std::string name() const = 0;
+  // One step: the rows' keys and values go into `kv` (blocks already allocated), then one token
+  // per sampling row is drawn into `draws`. Requires complete weights. A row's results depend
+  // only on its sequence's tokens (on the host bitwise; on a device, as its kernels promise).
+  virtual void step(const StepRows& rows, KvCache& kv, const StepDraws& draws) = 0;
+  // The KV cache of a generate() call: the layout the executor's attention reads (keys
+  // transposed or not, element size), its budget in bytes (configured_bytes unless the executor
+  // has a rule of its own, e.g. a share of the device's memory) and where its pool lives (an
+  // empty allocator: the generator's, on the host).
+  virtual bool keys_transposed() const { return true; }
+  virtual int64_t elem_bytes() const { return 4; }
+  virtual int64_t kv_budget(const KvLayout& layout, int64_t configured_bytes) {
+    (void)layout;
+    return configured_bytes;
+  }
+  virtual PoolAllocator kv_allocator() = 0;
+  // A generate() call begins (its longest sequence in tokens, the cache's block size) or ends.
+  virtual void begin_generate(int64_t max_len, int64_t block_size) {
+    (void)max_len;
+    (void)block_size;
+  }
+  virtual void end_generate() {}
+};
+
+// The host executor: float32 on the CPU's kernels (ops: a registry's, not owned).
+std::unique_ptr<StepExecutor> make_host_executor(DecodeModel& model, engine::Ops* ops);
 
 }  // namespace rlh::gen

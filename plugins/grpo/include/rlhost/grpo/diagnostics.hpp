@@ -22,6 +22,11 @@ struct MismatchDiagnostics {
   double gen_kl_error = 0;
   double policy_kl_error = 0;
   double js_divergence_error = 0;
+  // rlhost: mean |lp_gen - lp_old| over the valid tokens (summable: divided by the global count),
+  // and its largest value (0 when no token is valid): the train/generation parity the generator's
+  // precision is judged by (docs/generator.md).
+  double logprob_abs_error = 0;
+  double logprob_abs_error_max = 0;
 };
 
 MismatchDiagnostics mismatch_diagnostics(std::span<const double> prev_lp,
@@ -32,7 +37,8 @@ MismatchDiagnostics mismatch_diagnostics(std::span<const double> prev_lp,
 double approx_entropy(std::span<const double> lp, std::span<const double> gen_lp,
                       std::span<const double> mask, double global_valid_toks);
 
-// Adds the four mismatch diagnostics to `m` under NeMo-RL's names.
+// Adds the four mismatch diagnostics to `m` under NeMo-RL's names, and rlhost's
+// logprob_abs_error (summed) and logprob_abs_error_max (a maximum).
 void add_mismatch_metrics(Metrics& m, const MismatchDiagnostics& d);
 
 }  // namespace rlh::grpo

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -18,10 +19,28 @@ namespace jinja {
 struct Program;
 }
 
+// What one render may use. A template is code from a model repository: it must not be able to
+// hang the process, exhaust memory or overflow the stack, whatever it does. Exceeding a limit is
+// an error naming it ("chat template: a string of ... bytes is longer than the limit of 64 MiB").
+// The defaults are far above any real chat template (those render in well under a million steps
+// and a few MB); tests and the fuzzer set smaller ones.
+struct TemplateLimits {
+  size_t max_steps = 10'000'000;       // loop iterations, calls, comparisons inside filters
+  size_t max_output = 256u << 20;      // bytes of rendered text
+  size_t max_string = 64u << 20;       // bytes of any one string value
+  size_t max_items = 4u << 20;         // items of any one list the template builds
+  size_t max_bytes = size_t{2} << 30;  // bytes of values built or copied, summed over the render
+  int max_nesting = 600;               // evaluation, formatting and comparison nesting, all together
+  int max_call_depth = 100;            // macro and function calls
+};
+
 class ChatTemplate {
  public:
   // Parses the template; throws std::runtime_error ("chat template: line 3: ...") on bad syntax.
   explicit ChatTemplate(std::string source, nlohmann::json defaults = nlohmann::json::object());
+
+  void set_limits(const TemplateLimits& limits) { limits_ = limits; }
+  const TemplateLimits& limits() const { return limits_; }
 
   // Renders `messages` (a JSON array of {"role", "content", ...}). `extra` holds more variables
   // (tools, documents, custom kwargs); they override the defaults (bos_token, eos_token, ...).
@@ -36,6 +55,7 @@ class ChatTemplate {
   std::string source_;
   nlohmann::json defaults_;
   std::shared_ptr<const jinja::Program> program_;
+  TemplateLimits limits_;
 };
 
 }  // namespace rlh::tok

@@ -161,6 +161,8 @@ struct BackendConfig {
   std::string device = "auto";
   // policy.kernels: op (or op family) -> kernel provider pins for the executors' registries.
   sdk::KernelPins kernel_pins;
+  // policy.kernels.verify: check every provider but the reference before choosing it.
+  bool kernel_verify = true;
   // Data parallelism over the launcher's ranks (data_parallel.hpp): dtensor shards parameters,
   // gradients and moments (FSDP, dp_replicate_size replicas of it: HSDP); megatron runs the
   // distributed optimizer (use_distributed_optimizer) or plain all-reduce.
@@ -170,6 +172,11 @@ struct BackendConfig {
     int64_t dp_replicate = 1;
   } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
+  // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights
+  // themselves; "bfloat16": a round-to-nearest-even copy, the float32 masters kept beside it for
+  // load_state). A per-model override the training loops pass from their
+  // checkpointing.model_save_dtype; not a key users set in the policy section.
+  std::string save_dtype = "float32";
   std::vector<std::string> notes;  // one-line remarks logged once (ignored keys, precision)
 };
 

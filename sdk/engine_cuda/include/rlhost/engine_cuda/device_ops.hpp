@@ -1,6 +1,6 @@
 // The CUDA engine's kernels, reached through the C ABI's kernel registry: a typed facade over
-// resolved op handles for device pointers, one method per kind of call the engine makes. The
-// engine links no provider; whichever providers the registry holds for its device answer
+// resolved op handles for device pointers, one method per kind of call the engine (and the
+// generator's CUDA executor) makes. Neither links a provider; whichever providers the registry holds for its device answer
 // (kernels_cuda, kernels_cudnn for attention, a vendor's FP8 GEMMs), op by op.
 //
 // Every method builds DLPack-layout descriptors for its operands (on the engine's device,
@@ -38,6 +38,17 @@ class DeviceOps {
  public:
   DeviceOps(const sdk::KernelRegistry& registry, int device, cudaStream_t stream)
       : reg_(registry), dev_(sdk::cuda_device(device)), stream_(stream) {}
+
+  // Scratch every call gets as rlh_op_call.workspace (a provider that needs no more than this
+  // takes nothing from its own pool: what a captured CUDA graph needs). Null: the provider's.
+  void set_workspace(void* p, size_t bytes) {
+    ws_ = p;
+    ws_bytes_ = bytes;
+  }
+  // gemm resolved with batch_invariant = 1 (a generator's deterministic mode): every row of C a
+  // function of its row of op(A) alone, whatever M; a provider that does not promise it in
+  // op_info falls through (docs/ops.md).
+  void set_batch_invariant_gemm(bool on) { batch_invariant_ = on; }
 
   // C[M,N] = op(A) op(B) + beta C; A, B bf16 row-major; C bf16 or f32 (c_f32).
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
@@ -134,6 +145,30 @@ class DeviceOps {
   void unpermute_bwd(void* dyp, float* dweights, const void* dy, int64_t lddy, const void* yp, const int32_t* row,
                      const float* weights, int64_t N, int64_t K, int64_t C);
 
+  // Decoding (docs/ops.md kv_cache_write, paged_attention, sample). A layer's paged cache in
+  // bf16: block b's keys at k + b block_stride, [Hkv][bs][Dk] (row-major), values at
+  // v + b block_stride, [Hkv][bs][Dv]; B blocks.
+  struct PagedCache {
+    void* k = nullptr;
+    void* v = nullptr;
+    int64_t num_blocks = 0, block_stride = 0, block_size = 0, Hkv = 0, Dk = 0, Dv = 0;
+  };
+  // Row r's keys k [R, Hkv Dk] (ldk) and values v [R, Hkv Dv] (ldv) into slot slots[r] (-1: skip).
+  void kv_cache_write(const void* k, int64_t ldk, const void* v, int64_t ldv, int64_t R, const int32_t* slots,
+                      const PagedCache& c);
+  // o [R, Hq Dv] (ldo) = attention of q [R, Hq Dk] (ldq) over the cache: row r's blocks at
+  // table + r width, its position pos[r].
+  void paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq, const PagedCache& c,
+                       const int32_t* table, int64_t width, const int32_t* pos, double scale, int64_t window);
+  // One token per row of f32 logits [S, V] (ld) with the row's uniform u[s] (f64).
+  struct Sample {
+    double temperature = 1;
+    int64_t top_k = 0;
+    double top_p = 1, min_p = 0;
+  };
+  void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V, const double* u,
+              const Sample& a);
+
  private:
   // Descriptors of one call (their shapes and strides live here).
   class Args;
@@ -146,6 +181,9 @@ class DeviceOps {
   rlh_device dev_;
   cudaStream_t stream_;
   std::unordered_map<const void*, sdk::Op> ops_;  // by the call site's key (a string literal)
+  void* ws_ = nullptr;
+  size_t ws_bytes_ = 0;
+  bool batch_invariant_ = false;
 };
 
 }  // namespace rlh::engine::cuda

@@ -1,0 +1,243 @@
+// bench_generator_cuda: generation tokens/s of the generator on a CUDA device (cuda_executor.hpp:
+// bf16, paged KV cache, continuous batching, CUDA graphs) at the shapes, with the
+// bandwidth roofline of the same work; run.sh runs it beside Hugging Face generate
+// (bench_hf_generate.py) on the same GPU. Prints one "RESULT key=value ..." line per case.
+//
+//   bench_generator_cuda [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt 128] [--new 256]
+//                        [--repeats 3] [--deterministic] [--no-graphs] [--sample]
+//
+// llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
+// tied), random weights. Cases: batch 1, 64 and 256 prompts of `prompt` random tokens, each
+// `new` new tokens (greedy, no stop: every sample runs to its length); grpo: 64 prompts x 8
+// samples sharing their prompt (GRPO's rollout: temperature 1, so the samples differ).
+// tok/s counts new tokens over the wall time of generate() (prefill included, as HF generate's);
+// the median of `repeats` calls after one warm-up call (which captures the CUDA graphs).
+// The roofline: a decoding step reads every weight once (bf16; the tied head is the embedding)
+// and the keys and values of every position of every running sequence; at the H200's 4.8 TB/s
+// that bounds the step time from below, and 2 FLOPs per weight per token at 989 TFLOP/s from
+// the compute side; tokens/s roofline = batch / max of the two, at the average position.
+#include <cuda_runtime_api.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels_cuda_abi.hpp"
+#include "rlhost/generator/cuda_executor.hpp"
+#include "rlhost/generator/generator.hpp"
+#include "rlhost/model/llama_family.hpp"
+
+using namespace rlh;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t V, C, L, Hq, Hkv, D, F;
+  bool tied;
+};
+const Shape kShapes[] = {{"llama1b", 128256, 2048, 16, 32, 8, 64, 8192, true},
+                         {"small", 32000, 1024, 4, 16, 4, 64, 4096, true}};
+
+struct Case {
+  const char* name;
+  int64_t prompts, samples;
+};
+const Case kCases[] = {{"b1", 1, 1}, {"b64", 64, 1}, {"b256", 256, 1}, {"grpo", 64, 8}};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Random weights, uniform with a normal's spread (std 0.02; norms 1): the speed does not depend on
+// the distribution, and this fills 1.2B floats in a second on the device machine's cores.
+std::vector<std::vector<float>> random_weights(const sdk::TransformerDesc& d) {
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < d.params.size(); ++i) {
+    const sdk::ParamDesc& p = d.params[i];
+    int64_t n = 1;
+    for (int64_t x : p.shape) n *= x;
+    std::vector<float> t(static_cast<size_t>(n));
+    const bool norm = p.role == sdk::ParamRole::attn_norm || p.role == sdk::ParamRole::mlp_norm ||
+                      p.role == sdk::ParamRole::final_norm;
+    const float a = 0.02f * std::sqrt(3.f);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; ++j)
+      t[size_t(j)] = norm ? 1.f : a * (float(splitmix(uint64_t(j) * 1315423911ull + i) >> 40) / float(1 << 24) * 2.f - 1.f);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// Device-to-device copy rate (bytes read + written per second): what the weight reads can reach.
+double copy_bandwidth() {
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaDeviceSynchronize();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 10; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaDeviceSynchronize();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) * 10 / s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape_name = "llama1b", which = "all";
+  int64_t prompt = 128, new_tokens = 256;
+  int repeats = 3;
+  bool deterministic = false, graphs = true, sample = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--shape") shape_name = next();
+    else if (a == "--case") which = next();
+    else if (a == "--prompt") prompt = std::atoll(next());
+    else if (a == "--new") new_tokens = std::atoll(next());
+    else if (a == "--repeats") repeats = std::atoi(next());
+    else if (a == "--deterministic") deterministic = true;
+    else if (a == "--no-graphs") graphs = false;
+    else if (a == "--sample") sample = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt N] [--new N] "
+                   "[--repeats N] [--deterministic] [--no-graphs] [--sample]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  const Shape* s = nullptr;
+  for (const Shape& x : kShapes)
+    if (shape_name == x.name) s = &x;
+  if (!s || prompt < 1 || new_tokens < 1 || repeats < 1) {
+    std::fprintf(stderr, "bench_generator_cuda: unknown shape '%s' or bad sizes\n", shape_name.c_str());
+    return 2;
+  }
+  std::string why;
+  if (!gen::cuda_generator_available(&why)) {
+    std::fprintf(stderr, "bench_generator_cuda: %s\n", why.c_str());
+    return 1;
+  }
+  if (!test::cuda_registry()) {
+    std::fprintf(stderr, "bench_generator_cuda: no kernel provider runs on cuda:0 (RLH_TEST_PLUGIN_DIR?)\n");
+    return 1;
+  }
+  const nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", s->V},
+                              {"hidden_size", s->C}, {"intermediate_size", s->F},
+                              {"num_hidden_layers", s->L}, {"num_attention_heads", s->Hq},
+                              {"num_key_value_heads", s->Hkv}, {"head_dim", s->D},
+                              {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-5},
+                              {"rope_theta", 500000.0}, {"tie_word_embeddings", s->tied},
+                              {"torch_dtype", "bfloat16"}};
+  const sdk::TransformerDesc desc = model::describe(cfg);
+  int64_t weights = 0, embed = s->V * s->C;
+  for (const sdk::ParamDesc& p : desc.params) {
+    int64_t n = 1;
+    for (int64_t x : p.shape) n *= x;
+    weights += n;
+  }
+  const auto t_w = Clock::now();
+  const std::vector<std::vector<float>> w = random_weights(desc);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const double bw_copy = copy_bandwidth();
+  std::printf("device: %s, %lld weights (%.2f GB bf16), random weights in %.1f s; device copy rate %.0f GB/s\n",
+              prop.name, (long long)weights, 2e-9 * double(weights),
+              std::chrono::duration<double>(Clock::now() - t_w).count(), bw_copy * 1e-9);
+
+  for (const Case& c : kCases) {
+    if (which != "all" && which != c.name) continue;
+    const int64_t seqs = c.prompts * c.samples;
+    gen::Options o;
+    o.max_num_seqs = seqs;
+    o.max_num_batched_tokens = std::max<int64_t>(std::min<int64_t>(c.prompts * prompt, 8192), prompt);
+    o.block_size = 16;
+    gen::CudaExecutorOptions co;
+    co.kernels = test::cuda_registry();
+    co.gpu_memory_utilization = 0.9;
+    co.max_num_seqs = o.max_num_seqs;
+    co.max_num_batched_tokens = o.max_num_batched_tokens;
+    co.cuda_graphs = graphs;
+    co.batch_invariant = deterministic;
+    o.executor = gen::cuda_executor(co);
+    gen::Generator g(desc, o);
+    g.weights().load(w, 0);
+
+    std::vector<int32_t> ids;
+    std::vector<int64_t> off = {0};
+    for (int64_t p = 0; p < c.prompts; ++p) {
+      for (int64_t t = 0; t < prompt; ++t) ids.push_back(int32_t(splitmix(uint64_t(p * 7919 + t)) % uint64_t(s->V)));
+      off.push_back(int64_t(ids.size()));
+    }
+    gen::Request r;
+    r.prompt_ids = ids;
+    r.prompt_offsets = off;
+    r.samples_per_prompt = c.samples;
+    r.max_new_tokens = new_tokens;
+    // GRPO samples (temperature 1); the batch cases greedy unless --sample
+    r.sampling.temperature = (c.samples > 1 || sample) ? 1.0 : 0.0;
+    r.seed = 1;
+    std::vector<double> secs;
+    int64_t tokens = 0;
+    gen::Stats st;
+    for (int rep = 0; rep <= repeats; ++rep) {
+      tokens = 0;
+      r.step = rep;
+      const auto t0 = Clock::now();
+      st = g.generate(r, [&](const gen::Sample& x) { tokens += int64_t(x.ids.size()); });
+      const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rep > 0) secs.push_back(sec);  // the first call captures the graphs
+    }
+    const double t = median(secs), tok_s = double(tokens) / t;
+    // Roofline at the average position of the decoding steps.
+    const double pos = double(prompt) + 0.5 * double(new_tokens);
+    const double kv_token = double(s->L) * 2.0 * double(s->Hkv * s->D) * 2.0;  // bytes per cached token
+    // every weight but an untied embedding table (of which a step reads only its rows)
+    const double read = double(s->tied ? weights : weights - embed);
+    const double step_bytes = 2.0 * read + double(seqs) * pos * kv_token;
+    const double t_bw = step_bytes / 4.8e12;
+    const double t_flops = 2.0 * read * double(seqs) / 989e12;
+    const double roof = double(seqs) / std::max(t_bw, t_flops);
+    const gen::CudaExecutorStats xs = gen::cuda_executor_stats(g.executor());
+    std::printf("%-5s %4lld prompts x %lld samples, prompt %lld + %lld new: %8.0f tok/s (%.3f s, %lld tokens, %lld steps, "
+                "%lld prefill rows, %lld prompt tokens shared); roofline %.0f tok/s (%s-bound), %.0f%% of it; KV %.1f GiB; "
+                "graph steps %lld, op-by-op %lld%s%s\n",
+                c.name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens, tok_s, t,
+                (long long)tokens, (long long)st.steps, (long long)st.prefill_tokens, (long long)st.shared_prompt_tokens,
+                roof, t_bw >= t_flops ? "bandwidth" : "compute", 100.0 * tok_s / roof,
+                double(xs.kv_bytes) / double(1 << 30), (long long)xs.graph_steps, (long long)xs.eager_steps,
+                xs.graph_error.empty() ? "" : "; graphs off: ", xs.graph_error.c_str());
+    std::printf("RESULT name=%s shape=%s prompts=%lld samples=%lld prompt=%lld new=%lld tok_s=%.1f sec=%.4f "
+                "roofline_tok_s=%.0f deterministic=%d graphs=%d\n",
+                c.name, s->name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens,
+                tok_s, t, roof, deterministic ? 1 : 0, graphs ? 1 : 0);
+    std::fflush(stdout);
+  }
+  return 0;
+}

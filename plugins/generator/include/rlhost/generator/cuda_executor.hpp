@@ -1,0 +1,73 @@
+// The generator on a CUDA device: the same DecodeModel, scheduler and layer-program interpreter
+// (program_runner.hpp) as on the host, with the step's values in device memory and every op the
+// device's kernel registry's (kernels_cuda, or a vendor's provider) through the CUDA engine's
+// DeviceOps. Built where the CUDA toolchain is (rlh_generator_cuda); this header needs no CUDA.
+//
+// What lives on the device (cuda_executor.cpp says why each):
+//   weights     bf16, one arena laid out as the host's (q|k|v and gate|up adjacent: one product
+//               each), refreshed from the host weights whenever a new set is in force; the
+//               router's and the selection biases also in f32
+//   activations bf16, planned once for max_num_batched_tokens rows
+//   KV cache    bf16 paged blocks, keys row-major, sized by gpu_memory_utilization (or
+//               kv_cache_bytes), allocated at the first generate() and kept
+//   logits      fp32 [sampling rows, V]; the draw is the registry's `sample` op on the device
+// A decoding step (every row one token that samples) runs as a CUDA graph captured for its
+// padded batch bucket; other steps (prefill chunks) run op by op.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "rlhost/generator/model.hpp"
+
+namespace rlh::sdk {
+class KernelRegistry;
+}
+
+namespace rlh::gen {
+
+struct CudaExecutorOptions {
+  const sdk::KernelRegistry* kernels = nullptr;  // a registry for cuda:device (required; not owned)
+  int device = 0;
+  // KV cache: kv_cache_bytes > 0 is the budget; otherwise the pool takes what is left of
+  // gpu_memory_utilization x the device's memory after everything this process (and, colocated,
+  // the trainer) holds when the first generate() starts (vLLM's rule).
+  double gpu_memory_utilization = 0.9;
+  int64_t kv_cache_bytes = 0;
+  // Scratch is planned for these (the generator's Options).
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 512;
+  // Decoding steps as CUDA graphs over padded batch buckets (powers of two up to max_num_seqs).
+  bool cuda_graphs = true;
+  // Deterministic mode: the products resolved with batch_invariant = 1, so a sequence's tokens do
+  // not depend on the others in its step (preemption and batching change nothing, as on the host).
+  bool batch_invariant = false;
+  // Logs one line (the graphs captured, a fallback to op-by-op steps).
+  std::function<void(const std::string&)> log;
+};
+
+// True when the generator can run on cuda:device (a CUDA build, the device visible, Hopper);
+// otherwise false with the reason in *why.
+bool cuda_generator_available(std::string* why, int device = 0);
+
+// The executor factory for Options::executor. Throws sdk::Error when the model needs what the
+// device path does not execute (RoPE whose frequencies depend on the sequence length, the MoE
+// router in float64) or the device is unusable.
+std::function<std::unique_ptr<StepExecutor>(DecodeModel&)> cuda_executor(CudaExecutorOptions options);
+
+// What one CUDA executor has done so far, for tests and the benchmark.
+struct CudaExecutorStats {
+  int64_t graphs_captured = 0;   // buckets captured so far
+  int64_t graph_steps = 0;       // steps run by launching a graph
+  int64_t eager_steps = 0;       // steps run op by op
+  int64_t kv_bytes = 0;          // the pool
+  int64_t weight_bytes = 0;      // the bf16 arena
+  int64_t weight_uploads = 0;    // weight sets copied to the device
+  std::string graph_error;       // why graphs were turned off, if they were
+};
+// The stats of an executor made by cuda_executor() (zeros for any other).
+CudaExecutorStats cuda_executor_stats(const StepExecutor& e);
+
+}  // namespace rlh::gen

@@ -1,0 +1,222 @@
+// The layer program's interpreter for one step of the generator, shared by its executors: the
+// host's (decode.cpp: float32 over the CPU's kernel registry) and a CUDA device's
+// (cuda_executor.cpp: bf16 over the device's registry). What a step computes — the embedding,
+// every step of every layer (sdk/layer_program.hpp) with the values carved as the program lays
+// them out, MLA's q, k and v, the final norm and the head over the sampling rows — is this code
+// once; an executor's backend says only where values live and how each op runs.
+//
+// B, the backend, provides (T: its activation and weight element, float or bf16):
+//   const T* w(int64_t param)                         parameter `param` of desc.params (nullptr if < 0)
+//   T* residual(int i), T* values(), T* mla_scratch(), T* head_scratch()   scratch for the step's rows
+//   void embed(T* x, int64_t R)                        x [R, C] = embedding of the step's ids
+//   void scale(T* x, int64_t n, double s)
+//   void norm(T* y, ldy, const T* x, ldx, const T* w, int64_t R, int64_t C, float eps, float offset)
+//   void linear(T* y, ldy, const T* x, ldx, const T* W, int64_t R, int64_t N, int64_t K)   y = x W^T
+//   void bias_add(T* y, ldy, const T* b, int64_t R, int64_t N)
+//   void rope(int table, T* y, ldy, const T* x, ldx, int64_t H, int64_t D, int64_t R)   at the rows' positions
+//   void attend(int64_t l, const T* q, ldq, const T* k, ldk, const T* v, ldv, T* o, ldo, int64_t R)
+//                                                      the rows' keys and values into the cache, then attention
+//   void glu(const std::string& act, T* h, ldh, const T* gu, ldgu, int64_t R, int64_t F)   gate | up side by side
+//   void add(T* y, const T* a, const T* b, int64_t n)
+//   void copy2d(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t cols)
+//   void moe(int64_t l, int64_t R, const T* xn, T* y)  the MoE block (no residual)
+//   const T* gather_rows(const T* x, int64_t R)        the sampling rows of x [S, C] (x itself when they are all rows in order)
+//   void logits(const T* xn, const T* W, int64_t S)    the head's logits of xn [S, C] (float32, the backend's buffer)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "rlhost/generator/model.hpp"
+
+namespace rlh::gen {
+
+// MLA's latent norms use eps 1e-6, HF's DeepseekV3RMSNorm default (sdk/engine/src/mla.cpp's
+// kLatentEps; the config's rms_norm_eps is not theirs).
+constexpr float kMlaLatentEps = 1e-6f;
+
+inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // 64 bytes of floats, 32 of bf16
+
+template <class B>
+class ProgramRunner {
+ public:
+  using T = typename B::T;
+  ProgramRunner(const DecodeModel& m, B& b) : m_(m), b_(b) {}
+
+  // The embedding and every layer for the step's R rows; returns the last residual stream [R, C].
+  T* layers(int64_t R) {
+    const sdk::ModelProgram& prog = m_.program();
+    const int64_t C = m_.hidden(), L = m_.num_layers();
+    b_.embed(b_.residual(0), R);  // x [R,C]
+    if (prog.embed_scale != 1) b_.scale(b_.residual(0), R * C, double(float(prog.embed_scale)));
+    std::vector<T*> v;
+    for (int64_t l = 0; l < L; ++l) {
+      const sdk::LayerProgram& lp = prog.layers[size_t(l)];
+      // The layer's values for R rows: input and output on the residual stream in turn, the
+      // rest carved from one block, values sharing storage sharing the pointer.
+      v.assign(lp.values.size(), nullptr);
+      const int out_root = lp.root(lp.output);
+      T* at = b_.values();
+      for (size_t i = 1; i < lp.values.size(); ++i)
+        if (lp.values[i].storage < 0 && int(i) != out_root) {
+          v[i] = at;
+          at += round16(R * lp.values[i].width);
+        }
+      v[0] = b_.residual(int(l % 2));
+      v[size_t(out_root)] = b_.residual(int((l + 1) % 2));
+      for (size_t i = 1; i < lp.values.size(); ++i)
+        if (lp.values[i].storage >= 0) v[i] = v[size_t(lp.root(int(i)))];
+      for (const sdk::LayerStep& st : lp.steps) run_step(l, st, v, R);
+    }
+    return b_.residual(int(L % 2));
+  }
+
+  // The head for the sampling rows of x [R, C]: final norm, then the logits into the backend's
+  // buffer.
+  void head(const T* x, int64_t R, int64_t S) {
+    if (S == 0) return;
+    const sdk::ModelProgram& prog = m_.program();
+    const int64_t C = m_.hidden();
+    const T* hs = b_.gather_rows(x, R);  // [S,C]
+    T* xn = b_.head_scratch();
+    b_.norm(xn, C, hs, C, b_.w(prog.final_norm), S, C, float(prog.final_eps), float(prog.final_offset));
+    b_.logits(xn, b_.w(prog.head), S);  // [S,V]
+  }
+
+  // Scratch elements of the MLA step for R rows (its carving in mla_qkv).
+  static int64_t mla_elems(const LayerShape& s, int64_t R) {
+    return round16(R * s.rq) + round16(R * (s.rkv + s.dr)) + round16(R * s.rkv) + round16(R * s.Hq * (s.dn + s.Dv));
+  }
+
+ private:
+  void run_step(int64_t l, const sdk::LayerStep& st, std::vector<T*>& v, int64_t R) {
+    const sdk::LayerProgram& lp = m_.program().layers[size_t(l)];
+    const sdk::TransformerDesc& desc = m_.desc();
+    auto cols = [&](const sdk::Cols& c) { return v[size_t(c.value)] + c.col; };
+    auto ld = [&](const sdk::Cols& c) { return lp.values[size_t(c.value)].width; };
+    T* in = st.in.valid() ? cols(st.in) : nullptr;
+    T* out = st.out.valid() ? cols(st.out) : nullptr;
+    const int64_t ldi = st.in.valid() ? ld(st.in) : 0, ldo = st.out.valid() ? ld(st.out) : 0;
+    switch (st.op) {
+      case sdk::StepOp::norm:
+        b_.norm(out, ldo, in, ldi, b_.w(st.weights[0]), R, st.in.width, float(st.eps), float(st.offset));
+        break;
+      case sdk::StepOp::head_norm:  // per head over head_dim; the output is a whole contiguous value
+        for (int64_t h = 0; h < st.heads; ++h)
+          b_.norm(out + h * st.head_dim, ldo, in + h * st.head_dim, ldi, b_.w(st.weights[0]), R, st.head_dim,
+                  float(st.eps), float(st.offset));
+        break;
+      case sdk::StepOp::linear: {
+        // Weights adjacent in memory (q|k|v, gate|up of the arena) run as one product.
+        const int64_t K = st.in.width;
+        int64_t row = 0;
+        for (size_t i = 0; i < st.weights.size();) {
+          size_t j = i + 1;
+          int64_t n = desc.params[size_t(st.weights[i])].shape[0];
+          while (j < st.weights.size() && b_.w(st.weights[j]) == b_.w(st.weights[i]) + n * K) {
+            n += desc.params[size_t(st.weights[j])].shape[0];
+            ++j;
+          }
+          b_.linear(out + row, ldo, in, ldi, b_.w(st.weights[i]), R, n, K);
+          row += n;
+          i = j;
+        }
+        row = 0;
+        for (size_t i = 0; i < st.weights.size(); ++i) {
+          const int64_t n = desc.params[size_t(st.weights[i])].shape[0];
+          if (st.biases[i] >= 0) b_.bias_add(out + row, ldo, b_.w(st.biases[i]), R, n);
+          row += n;
+        }
+        break;
+      }
+      case sdk::StepOp::rope:
+        b_.rope(st.table, in, ldi, in, ldi, st.heads, st.head_dim, R);
+        break;
+      case sdk::StepOp::attention:
+        b_.attend(l, in, ldi, cols(st.in2), ld(st.in2), cols(st.in3), ld(st.in3), out, ldo, R);
+        break;
+      case sdk::StepOp::glu:
+        b_.glu(st.act, out, ldo, in, ldi, R, st.out.width);
+        break;
+      case sdk::StepOp::add:  // whole values, contiguous [R, width]
+        b_.add(out, in, cols(st.in2), R * st.out.width);
+        break;
+      case sdk::StepOp::moe:
+        b_.moe(l, R, in, out);
+        break;
+      case sdk::StepOp::mla: {
+        const LayerShape& s = m_.shapes()[size_t(l)];
+        T* qkv = cols(st.out2);
+        mla_qkv(l, in, qkv, R);
+        b_.attend(l, qkv, s.Wqkv, qkv + s.Hq * s.Dk, s.Wqkv, qkv + 2 * s.Hq * s.Dk, s.Wqkv, out, ldo, R);
+        break;
+      }
+    }
+  }
+
+  // The q, k and v of a multi-head latent attention layer (DeepSeek-V2/V3) for the step's rows:
+  // the engine's forward (sdk/engine/src/mla.cpp), op for op:
+  //
+  //   q      = q_b(q_a_norm(q_a(xn)))  [R, H (dn+dr)]     (or q_proj(xn) without q_lora_rank)
+  //   kva    = kv_a(xn)                [R, rkv + dr]       latent | k_rot
+  //   kv     = kv_b(kv_a_norm(latent)) [R, H (dn+dv)]     per head: k_nope | v
+  //   q_rot  = rope(q[.., dn:]),  k_rot = rope(kva[.., rkv:]), shared by every head
+  //
+  // The results land where a GQA layer's do, in the q|k|v buffer (rows Wqkv = H (2 (dn+dr) + dv)
+  // apart, heads contiguous), so the layer continues as any other: keys and values go into the
+  // paged cache and attention reads them with Dk = dn + dr, Dv = dv. The cache thus holds the
+  // expanded per-head keys and values, H (dn + dr + dv) elements per token and layer, where the
+  // latent (rkv + dr) would do: caching the latent and absorbing kv_b into q and o (q.k as
+  // (q W_uk).latent) is the memory optimisation left for later; it is the same math in another
+  // rounding order, and costs a product per cached token per step where this reads a cache.
+  //
+  // Differences from the engine that change no value: kv_b is one product over all heads into
+  // scratch, then copied into k_nope and v (the engine takes 2H products straight into them;
+  // each output element of the batch-invariant gemm is the same k-ordered sum whatever the
+  // column split), and the rotated key is formed once per head from the shared unrotated one, as
+  // the engine's rope does. DeepSeek's interleaved RoPE (rope_interleave) rotates pairs
+  // (2i, 2i+1) in place through the rope op, as the engine does; HF de-interleaves first, which
+  // permutes q's and k's rotated dims alike and leaves q.k unchanged.
+  void mla_qkv(int64_t l, const T* xn, T* qkv, int64_t R) {
+    const LayerShape& s = m_.shapes()[size_t(l)];
+    const int64_t C = m_.hidden(), H = s.Hq, D = s.Dk, W = s.Wqkv;
+    const int64_t dn = s.dn, dr = s.dr, dv = s.Dv, rq = s.rq, rkv = s.rkv, wkv = H * (dn + dv);
+    T* q = qkv;        // [R, H*D]
+    T* k = q + H * D;  // [R, H*D]
+    T* v = k + H * D;  // [R, H*dv]
+    // Scratch carved as mla_elems() counts it.
+    T* qa = b_.mla_scratch();               // [R, rq]     q latent, normed in place
+    T* kva = qa + round16(R * rq);          // [R, rkv+dr] kv latent | k_rot (unrotated)
+    T* ckv = kva + round16(R * (rkv + dr)); // [R, rkv]    kv_a_norm(latent)
+    T* kvb = ckv + round16(R * rkv);        // [R, H*(dn+dv)] per head k_nope | v
+
+    if (rq > 0) {
+      b_.linear(qa, rq, xn, C, b_.w(s.p_q_a), R, rq, C);                                     // qa [R,rq]
+      b_.norm(qa, rq, qa, rq, b_.w(s.p_q_a_norm), R, rq, kMlaLatentEps, 0.f);
+      b_.linear(q, W, qa, rq, b_.w(s.p_q_b), R, H * D, rq);                                  // q [R,H*D]
+    } else {
+      b_.linear(q, W, xn, C, b_.w(s.p_q), R, H * D, C);
+    }
+    b_.linear(kva, rkv + dr, xn, C, b_.w(s.p_kv_a), R, rkv + dr, C);                         // kva
+    b_.norm(ckv, rkv, kva, rkv + dr, b_.w(s.p_kv_a_norm), R, rkv, kMlaLatentEps, 0.f);       // ckv
+    b_.linear(kvb, wkv, ckv, rkv, b_.w(s.p_kv_b), R, wkv, rkv);                              // kvb
+    for (int64_t h = 0; h < H; ++h) {
+      b_.copy2d(k + h * D, W, kvb + h * (dn + dv), wkv, R, dn);                             // k_nope
+      b_.copy2d(v + h * dv, W, kvb + h * (dn + dv) + dn, wkv, R, dv);                       // v
+    }
+    if (s.rope >= 0) {
+      for (int64_t h = 0; h < H; ++h) {
+        b_.rope(s.rope, q + h * D + dn, W, q + h * D + dn, W, 1, dr, R);                     // q_rot
+        b_.rope(s.rope, k + h * D + dn, W, kva + rkv, rkv + dr, 1, dr, R);                   // k_rot
+      }
+    } else {
+      for (int64_t h = 0; h < H; ++h)  // the shared key part into every head, unrotated
+        b_.copy2d(k + h * D + dn, W, kva + rkv, rkv + dr, R, dr);
+    }
+  }
+
+  const DecodeModel& m_;
+  B& b_;
+};
+
+}  // namespace rlh::gen

@@ -1,0 +1,792 @@
+// The generator's CUDA executor (cuda_executor.hpp): the layer program (program_runner.hpp) in
+// bf16 on one device, every op the device registry's through DeviceOps, decoding steps replayed
+// as CUDA graphs.
+//
+// Memory is planned once, at construction, for max_num_batched_tokens rows (prefill chunks) and
+// max_num_seqs sampling rows, so no step allocates: the residual stream and one layer's values
+// (bf16), MLA and MoE scratch, the head's f32 logits, the step's inputs (ids, positions, cache
+// slots, block tables, sampling rows, uniforms) and one op workspace. The block tables' width
+// follows the longest sequence of a generate() call (begin_generate). The KV pool is allocated
+// at the first generate() and kept (its addresses are in the captured graphs).
+//
+// Why the pieces are as they are:
+// - Weights are a bf16 copy of the host's Weights in the same arena layout, so the program's
+//   adjacency rule (q|k|v, gate|up as one product) holds on the device unchanged. A new set in
+//   force (a load, a completed refit) is converted and copied before the next step, in place:
+//   the graphs keep their pointers.
+// - One host wait per step: the sampled tokens and logprobs come back (the scheduler needs them
+//   to plan the next step), as in vLLM. Inputs go up with a few asynchronous copies from
+//   page-locked staging.
+// - Decoding steps (every row one token that samples) are the steady state and are a few hundred
+//   small launches each at small batch: they run as a graph per padded batch bucket (powers of
+//   two up to max_num_seqs) and block-table width class (powers of two). A bucket's first step
+//   runs op by op (resolving ops and GEMM plans), then the graph is captured; padding rows read
+//   block 0 at position 0 and write nowhere (slot -1), and their tokens are not drawn. Prefill
+//   steps (chunked prompts, recomputation) run op by op.
+// - The head's logits are f32 from bf16 operands (cuBLASLt writes C in f32); the draw is the
+//   registry's `sample` op with the CPU generator's uniforms (rng.hpp), so the same seeded
+//   counter draws pick the tokens.
+#include "rlhost/generator/cuda_executor.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rlhost/engine_cuda/device_ops.hpp"
+#include "rlhost/generator/program_runner.hpp"
+#include "rlhost/sdk/kernel_registry.hpp"
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::gen {
+
+namespace {
+
+using engine::cuda::DeviceOps;
+using sdk::Error;
+
+struct Bf16 {
+  uint16_t bits;
+};
+static_assert(sizeof(Bf16) == 2, "bf16 element");
+
+void ck(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a sticky launch error where possible
+    throw Error(RLH_E_INTERNAL, "generator (cuda): " + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+std::string mib(int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+
+// float -> bf16, round to nearest even; NaN stays NaN.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// One device allocation, freed on destruction; an allocation that does not fit is a one-line
+// error naming what it was for.
+class DevBuf {
+ public:
+  DevBuf() = default;
+  DevBuf(size_t bytes, const std::string& what) { alloc(bytes, what); }
+  ~DevBuf() { reset(); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void alloc(size_t bytes, const std::string& what) {
+    reset();
+    if (bytes == 0) return;
+    const cudaError_t e = cudaMalloc(&p_, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      p_ = nullptr;
+      throw Error(RLH_E_RESOURCE_EXHAUSTED, "generator (cuda): cannot allocate " + mib(int64_t(bytes)) + " for " +
+                                                what + ": " + cudaGetErrorString(e));
+    }
+    n_ = bytes;
+  }
+  void reset() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  template <class T = void>
+  T* get() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class PinnedBuf {
+ public:
+  PinnedBuf() = default;
+  ~PinnedBuf() { reset(); }
+  PinnedBuf(const PinnedBuf&) = delete;
+  PinnedBuf& operator=(const PinnedBuf&) = delete;
+  void alloc(size_t bytes) {
+    reset();
+    if (bytes) ck(cudaMallocHost(&p_, bytes), "page-locked staging of " + mib(int64_t(bytes)));
+    n_ = bytes;
+  }
+  void reset() {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  template <class T = void>
+  T* get() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Carves one allocation into aligned pieces: a first pass counts, a second hands out pointers.
+class Carver {
+ public:
+  explicit Carver(char* base = nullptr) : base_(base) {}
+  template <class T>
+  T* take(int64_t n) {
+    at_ = (at_ + 255) / 256 * 256;  // every piece 256-byte aligned (vector loads, cuBLASLt)
+    T* p = base_ ? reinterpret_cast<T*>(base_ + at_) : nullptr;
+    at_ += size_t(std::max<int64_t>(n, 0)) * sizeof(T);
+    return p;
+  }
+  size_t size() const { return (at_ + 255) / 256 * 256; }
+
+ private:
+  char* base_;
+  size_t at_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Device buffers of a step, as the backend reads them.
+
+struct StepBuffers {
+  // activations
+  Bf16* xs[2] = {nullptr, nullptr};
+  Bf16* values = nullptr;
+  Bf16* mla = nullptr;
+  Bf16* hs = nullptr;
+  Bf16* xn = nullptr;
+  float* logits = nullptr;
+  // MoE scratch
+  float *z = nullptr, *probs = nullptr, *wts = nullptr, *sgl = nullptr, *sgw = nullptr, *sgp = nullptr;
+  int32_t *experts = nullptr, *row = nullptr, *offsets = nullptr, *srow = nullptr, *szero = nullptr;
+  Bf16 *xp = nullptr, *gu = nullptr, *act = nullptr, *yp = nullptr, *sgu = nullptr, *sa = nullptr, *sy = nullptr;
+  // inputs (fixed addresses: the graphs read them)
+  int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *sample_rows = nullptr, *table = nullptr;
+  double* u = nullptr;
+  int32_t* tokens = nullptr;
+  float* logprobs = nullptr;
+};
+
+// ProgramRunner's backend on the device (its interface: program_runner.hpp).
+class CudaBackend {
+ public:
+  using T = Bf16;
+  CudaBackend(const DecodeModel& m, DeviceOps& ops, cudaStream_t s) : m_(m), ops_(ops), s_(s) {}
+
+  // Where things are; set by the executor.
+  StepBuffers* buf = nullptr;
+  const Bf16* weights = nullptr;
+  std::vector<const float*> w_f32;       // per parameter: its f32 copy (router and selection biases) or null
+  std::vector<const float*> inv_freq;    // per RoPE table, on the device
+  void* kv_pool = nullptr;
+  const KvLayout* kv = nullptr;
+  int64_t kv_blocks = 0;
+  // The step: the block tables' row width, whether the sampling rows are all rows in order
+  // (decoding), and how many rows sample.
+  int64_t width = 1;
+  bool rows_sample_in_order = false;
+  int64_t samples = 0;
+
+  const Bf16* w(int64_t p) const { return p < 0 ? nullptr : weights + m_.weights().arena_offset(size_t(p)); }
+  Bf16* residual(int i) { return buf->xs[i]; }
+  Bf16* values() { return buf->values; }
+  Bf16* mla_scratch() { return buf->mla; }
+  Bf16* head_scratch() { return buf->xn; }
+  void embed(Bf16* x, int64_t R) {
+    ops_.embedding_fwd(x, buf->ids, w(m_.program().embed), R, m_.hidden(), m_.vocab());
+  }
+  void scale(Bf16* x, int64_t n, double s) { ops_.scale(x, n, s); }
+  void norm(Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, const Bf16* wt, int64_t R, int64_t C, float eps,
+            float offset) {
+    ops_.rmsnorm_fwd(y, ldy, nullptr, x, ldx, wt, R, C, eps, offset);
+  }
+  void linear(Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, const Bf16* W, int64_t R, int64_t N, int64_t K) {
+    ops_.gemm(false, true, R, N, K, x, ldx, W, K, 0.0, y, ldy, false);
+  }
+  void bias_add(Bf16* y, int64_t ldy, const Bf16* b, int64_t R, int64_t N) { ops_.bias_add(false, y, ldy, b, R, N); }
+  void rope(int t, Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, int64_t H, int64_t D, int64_t R) {
+    const RopeTable& rp = m_.ropes()[size_t(t)];
+    ops_.rope(y, ldy, x, ldx, buf->pos, inv_freq[size_t(t)], R, H, D, rp.R, rp.scale, rp.interleaved, false);
+  }
+  DeviceOps::PagedCache cache(int64_t l) const {
+    const LayerShape& s = m_.shapes()[size_t(l)];
+    DeviceOps::PagedCache c;
+    Bf16* base = static_cast<Bf16*>(kv_pool) + kv->offset[size_t(l)];
+    c.k = base;
+    c.v = base + s.Hkv * kv->block_size * s.Dk;
+    c.num_blocks = kv_blocks;
+    c.block_stride = kv->block_elems;
+    c.block_size = kv->block_size;
+    c.Hkv = s.Hkv;
+    c.Dk = s.Dk;
+    c.Dv = s.Dv;
+    return c;
+  }
+  void attend(int64_t l, const Bf16* q, int64_t ldq, const Bf16* k, int64_t ldk, const Bf16* v, int64_t ldv, Bf16* o,
+              int64_t ldo, int64_t R) {
+    const LayerShape& s = m_.shapes()[size_t(l)];
+    const DeviceOps::PagedCache c = cache(l);
+    // every row's key first: rows of one sequence see each other
+    ops_.kv_cache_write(k, ldk, v, ldv, R, buf->slots, c);
+    ops_.paged_attention(o, ldo, q, ldq, R, s.Hq, c, buf->table, width, buf->pos, s.scale, s.window);
+  }
+  void glu(const std::string& act, Bf16* h, int64_t ldh, const Bf16* gu, int64_t ldgu, int64_t R, int64_t F) {
+    ops_.glu_fwd(act, h, ldh, gu, ldgu, R, F);
+  }
+  void add(Bf16* y, const Bf16* a, const Bf16* b, int64_t n) { ops_.add(y, a, b, n); }
+  void copy2d(Bf16* dst, int64_t ldd, const Bf16* src, int64_t lds, int64_t rows, int64_t cols) {
+    if (rows == 0 || cols == 0) return;
+    ck(cudaMemcpy2DAsync(dst, size_t(ldd) * 2, src, size_t(lds) * 2, size_t(cols) * 2, size_t(rows),
+                         cudaMemcpyDeviceToDevice, s_),
+       "strided copy");
+  }
+  void moe(int64_t l, int64_t R, const Bf16* xn, Bf16* y);
+  const Bf16* gather_rows(const Bf16* x, int64_t R) {
+    if (rows_sample_in_order) return x;
+    // The sampling rows of x: an embedding lookup with x as the table.
+    ops_.embedding_fwd(buf->hs, buf->sample_rows, x, samples, m_.hidden(), R);
+    return buf->hs;
+  }
+  void logits(const Bf16* xn, const Bf16* W, int64_t S) {
+    const int64_t C = m_.hidden(), V = m_.vocab();
+    ops_.gemm(false, true, S, V, C, xn, C, W, C, 0.0, buf->logits, V, true);  // f32 [S,V]
+  }
+
+ private:
+  const DecodeModel& m_;
+  DeviceOps& ops_;
+  cudaStream_t s_;
+};
+
+// The MoE step: the CUDA engine's forward (sdk/engine_cuda/src/moe_layer.cpp) for the step's
+// rows: router GEMM to f32 logits, moe_router_fwd, moe_permute_fwd, grouped GEMMs over the
+// expert-sorted rows (gate and up into one gate|up buffer, then down), moe_unpermute_fwd; a
+// shared expert as a dense GLU MLP, gated by sigmoid(xn ws^T) as a one-expert route added with
+// accumulate (Qwen2-MoE) or added whole.
+void CudaBackend::moe(int64_t l, int64_t R, const Bf16* xn, Bf16* y) {
+  const LayerShape& s = m_.shapes()[size_t(l)];
+  const int64_t C = m_.hidden(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, RK = R * K;
+  StepBuffers& b = *buf;
+  ops_.gemm(false, true, R, E, C, xn, C, w(s.p_router), C, 0.0, b.z, E, true);  // z [R,E] f32
+  if (s.p_router_b >= 0) ops_.bias_add(true, b.z, E, w_f32[size_t(s.p_router_b)], R, E);
+  DeviceOps::Router r;
+  r.N = R;
+  r.E = E;
+  r.K = K;
+  r.scoring = s.router.scoring;
+  r.norm_topk_prob = s.router.norm_topk_prob;
+  r.scaling_factor = s.router.scaling_factor;
+  r.n_group = s.router.n_group;
+  r.topk_group = s.router.topk_group;
+  ops_.router_fwd(r, b.z, E, s.p_score_bias >= 0 ? w_f32[size_t(s.p_score_bias)] : nullptr, b.wts, b.experts, b.probs,
+                  nullptr);
+  ops_.permute_fwd(b.xp, b.row, b.offsets, xn, C, b.experts, R, K, C, E);                      // xp [RK,C]
+  // gate, then up, of every expert into gu [RK, 2Fe] (expert e's weights [Fe, C] slabs of [E, Fe, C])
+  ops_.grouped_gemm(false, true, E, RK, b.offsets, 0, Fe, C, b.xp, C, w(s.p_gate), C, Fe * C, 0.0, b.gu, 2 * Fe, 0,
+                    false);
+  ops_.grouped_gemm(false, true, E, RK, b.offsets, 0, Fe, C, b.xp, C, w(s.p_up), C, Fe * C, 0.0, b.gu + Fe, 2 * Fe, 0,
+                    false);
+  ops_.glu_fwd(s.act, b.act, Fe, b.gu, 2 * Fe, RK, Fe);                                         // [RK,Fe]
+  ops_.grouped_gemm(false, true, E, RK, b.offsets, 0, C, Fe, b.act, Fe, w(s.p_down), Fe, C * Fe, 0.0, b.yp, C, 0,
+                    false);                                                                      // yp [RK,C]
+  ops_.unpermute_fwd(y, C, b.yp, b.row, b.wts, R, K, C, false);                                 // y [R,C]
+  if (Fs > 0) {
+    const Bf16* gp = w(s.p_ws_gate_proj);
+    const Bf16* up = w(s.p_ws_up);
+    if (up == gp + Fs * C) {
+      ops_.gemm(false, true, R, 2 * Fs, C, xn, C, gp, C, 0.0, b.sgu, 2 * Fs, false);            // [R,2Fs]
+    } else {
+      ops_.gemm(false, true, R, Fs, C, xn, C, gp, C, 0.0, b.sgu, 2 * Fs, false);
+      ops_.gemm(false, true, R, Fs, C, xn, C, up, C, 0.0, b.sgu + Fs, 2 * Fs, false);
+    }
+    ops_.glu_fwd(s.act, b.sa, Fs, b.sgu, 2 * Fs, R, Fs);                                         // [R,Fs]
+    ops_.gemm(false, true, R, C, Fs, b.sa, Fs, w(s.p_ws_down), Fs, 0.0, b.sy, C, false);         // sy [R,C]
+    if (s.p_ws_gate >= 0) {
+      ops_.gemm(false, true, R, 1, C, xn, C, w(s.p_ws_gate), C, 0.0, b.sgl, 1, true);             // [R,1] f32
+      DeviceOps::Router g;
+      g.N = R;
+      g.E = 1;
+      g.K = 1;
+      g.scoring = 1;  // sigmoid, one expert, one choice: weight = sigmoid(logit)
+      ops_.router_fwd(g, b.sgl, 1, nullptr, b.sgw, b.szero, b.sgp, nullptr);
+      ops_.unpermute_fwd(y, C, b.sy, b.srow, b.sgw, R, 1, C, true);                              // y += g sy
+    } else {
+      ops_.add(y, y, b.sy, R * C);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor
+
+struct GraphKey {
+  int64_t rows, width;
+  bool operator<(const GraphKey& o) const { return rows != o.rows ? rows < o.rows : width < o.width; }
+};
+
+class CudaExecutor final : public StepExecutor {
+ public:
+  CudaExecutor(DecodeModel& m, CudaExecutorOptions o) : m_(m), opt_(std::move(o)) {
+    std::string why;
+    if (!cuda_generator_available(&why, opt_.device)) throw Error(RLH_E_UNAVAILABLE, "generator (cuda): " + why);
+    if (!opt_.kernels) throw Error(RLH_E_INVALID_ARGUMENT, "generator (cuda): no kernel registry for the device");
+    if (!(opt_.gpu_memory_utilization > 0 && opt_.gpu_memory_utilization <= 1))
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator (cuda): gpu_memory_utilization must be in (0, 1], not " +
+                                              std::to_string(opt_.gpu_memory_utilization));
+    for (const RopeTable& t : m_.ropes())
+      if (t.dynamic_from > 0)
+        throw Error(RLH_E_UNIMPLEMENTED,
+                    "generator (cuda): RoPE whose frequencies depend on the sequence length (dynamic NTK, longrope) "
+                    "is not executed on the GPU; use the CPU generator");
+    bool moe = false;
+    for (const LayerShape& s : m_.shapes()) moe = moe || s.moe;
+    if (moe && m_.router_fp64())
+      throw Error(RLH_E_UNIMPLEMENTED,
+                  "generator (cuda): moe_router_dtype fp64 is not executed on the GPU yet; use fp32 or the CPU generator");
+    ck(cudaSetDevice(opt_.device), "set device " + std::to_string(opt_.device));
+    ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    ops_ = std::make_unique<DeviceOps>(*opt_.kernels, opt_.device, stream_);
+    ops_->set_batch_invariant_gemm(opt_.batch_invariant);
+    b_ = std::make_unique<CudaBackend>(m_, *ops_, stream_);
+    plan();
+  }
+
+  ~CudaExecutor() override {
+    cudaSetDevice(opt_.device);
+    if (stream_) cudaStreamSynchronize(stream_);
+    drop_graphs();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override {
+    return "cuda:" + std::to_string(opt_.device) + " bf16" + (opt_.batch_invariant ? ", batch-invariant" : "") +
+           (graphs_on_ ? ", CUDA graphs" : "");
+  }
+  bool keys_transposed() const override { return false; }
+  int64_t elem_bytes() const override { return 2; }
+
+  int64_t kv_budget(const KvLayout& layout, int64_t) override {
+    if (pool_.get()) return int64_t(pool_.size());
+    ck(cudaSetDevice(opt_.device), "set device");
+    upload_weights();  // the weights count as in use before the pool takes the rest
+    int64_t bytes = opt_.kv_cache_bytes;
+    std::string rule = "kv_cache_bytes";
+    if (bytes <= 0) {
+      size_t free_b = 0, total_b = 0;
+      ck(cudaMemGetInfo(&free_b, &total_b), "memory info");
+      const double want = opt_.gpu_memory_utilization * double(total_b);
+      const int64_t used = int64_t(total_b - free_b);
+      // A margin for what comes later: CUDA graphs, the providers' stream-ordered pools.
+      constexpr int64_t kMargin = int64_t(256) << 20;
+      bytes = int64_t(want) - used - kMargin;
+      rule = "gpu_memory_utilization " + std::to_string(opt_.gpu_memory_utilization).substr(0, 4) + " of " +
+             mib(int64_t(total_b)) + " leaves " + (bytes > 0 ? mib(bytes) : "nothing") + " after the " + mib(used) +
+             " in use and a margin of " + mib(kMargin);
+    }
+    if (bytes < layout.block_bytes())
+      throw Error(RLH_E_RESOURCE_EXHAUSTED, "generator (cuda): the KV cache does not fit: " + rule +
+                                                ", less than one block of " + std::to_string(layout.block_bytes()) +
+                                                " bytes");
+    const int64_t blocks = std::min<int64_t>(bytes / layout.block_bytes(), INT32_MAX);
+    pool_.alloc(size_t(blocks * layout.block_bytes()), "the KV cache (" + rule + ")");
+    // Padding rows of a captured step read block 0: zeros, not stale garbage that could be NaN.
+    ck(cudaMemsetAsync(pool_.get(), 0, pool_.size(), stream_), "clearing the KV cache");
+    ck(cudaStreamSynchronize(stream_), "clearing the KV cache");
+    stats_.kv_bytes = int64_t(pool_.size());
+    drop_graphs();  // they would read another pool
+    return int64_t(pool_.size());
+  }
+
+  PoolAllocator kv_allocator() override {
+    PoolAllocator a;
+    a.allocate = [this](size_t bytes) -> void* {
+      if (!pool_.get() || bytes > pool_.size())
+        throw Error(RLH_E_INTERNAL, "generator (cuda): the KV cache was not sized before use");
+      return pool_.get();
+    };
+    a.deallocate = [](void*, size_t) {};  // kept for the next call (the graphs hold its address)
+    return a;
+  }
+
+  void begin_generate(int64_t max_len, int64_t block_size) override {
+    ck(cudaSetDevice(opt_.device), "set device");
+    const int64_t need = pow2_at_least((max_len + block_size - 1) / block_size);
+    if (need > table_cap_) plan_inputs(need);
+  }
+
+  void step(const StepRows& rows, KvCache& kv, const StepDraws& d) override {
+    const int64_t R = rows.R(), S = rows.S();
+    if (R == 0) return;
+    ck(cudaSetDevice(opt_.device), "set device");
+    if (R > rmax_ || S > smax_)
+      throw Error(RLH_E_INTERNAL, "generator (cuda): a step of " + std::to_string(R) + " rows / " + std::to_string(S) +
+                                      " samples beyond the plan");
+    if (rows.width > table_cap_) plan_inputs(pow2_at_least(rows.width));
+    if (kv.pool() != pool_.get() || kv.layout().elem_bytes != 2 || kv.layout().keys_transposed)
+      throw Error(RLH_E_INTERNAL, "generator (cuda): the KV cache is not this executor's");
+    upload_weights();
+    b_->kv_pool = pool_.get();
+    b_->kv = &kv.layout();
+    b_->kv_blocks = kv.num_blocks();
+
+    bool decode = S == R;
+    for (int64_t i = 0; decode && i < S; ++i) decode = rows.sample_rows[size_t(i)] == i;
+    const bool graph = decode && graphs_on_;
+    const int64_t Rb = graph ? std::min<int64_t>(pow2_at_least(R), gmax_) : R;
+    const int64_t W = graph ? std::min<int64_t>(pow2_at_least(rows.width), table_cap_) : rows.width;
+    upload_inputs(rows, d, Rb, W);
+    b_->width = W;
+    b_->rows_sample_in_order = decode;
+    b_->samples = graph ? Rb : S;
+
+    if (graph) {
+      auto it = graphs_.find(GraphKey{Rb, W});
+      if (it != graphs_.end()) {
+        ck(cudaGraphLaunch(it->second, stream_), "launching a decode graph");
+        ++stats_.graph_steps;
+      } else {
+        forward(Rb, Rb);  // op by op: resolves the ops and plans (and computes this step)
+        ++stats_.eager_steps;
+        capture(GraphKey{Rb, W});
+      }
+    } else {
+      forward(R, S);
+      ++stats_.eager_steps;
+    }
+    if (S > 0) {
+      DeviceOps::Sample sa;
+      sa.temperature = d.attrs.temperature;
+      sa.top_k = d.attrs.top_k;
+      sa.top_p = d.attrs.top_p;
+      sa.min_p = d.attrs.min_p;
+      ops_->sample(buf_.tokens, buf_.logprobs, buf_.logits, m_.vocab(), S, m_.vocab(), buf_.u, sa);
+      ck(cudaMemcpyAsync(out_.get<int32_t>(), buf_.tokens, size_t(S) * 4, cudaMemcpyDeviceToHost, stream_), "tokens");
+      ck(cudaMemcpyAsync(out_.get<char>() + out_logprobs_, buf_.logprobs, size_t(S) * 4, cudaMemcpyDeviceToHost,
+                         stream_),
+         "logprobs");
+    }
+    ck(cudaStreamSynchronize(stream_), "a decoding step");
+    if (S > 0) {
+      std::memcpy(d.tokens.data(), out_.get<int32_t>(), size_t(S) * 4);
+      std::memcpy(d.logprobs.data(), out_.get<char>() + out_logprobs_, size_t(S) * 4);
+    }
+  }
+
+  const CudaExecutorStats& stats() const { return stats_; }
+
+ private:
+  // Device memory for the rows of a step (everything but the inputs, the weights and the pool).
+  void plan() {
+    const int64_t C = m_.hidden(), V = m_.vocab();
+    smax_ = std::max<int64_t>(1, opt_.max_num_seqs);
+    rmax_ = std::max<int64_t>(opt_.max_num_batched_tokens, smax_);
+    gmax_ = smax_;  // decode steps have one row per running sequence
+    int64_t moe_rk = 0, E = 0, Fe = 0, Fs = 0;
+    for (const LayerShape& s : m_.shapes())
+      if (s.moe) {
+        moe_rk = std::max(moe_rk, rmax_ * s.Kx);
+        E = std::max(E, s.E);
+        Fe = std::max(Fe, s.Fe);
+        Fs = std::max(Fs, s.Fs);
+      }
+    auto carve = [&](Carver& c) {
+      StepBuffers b;
+      b.xs[0] = c.take<Bf16>(rmax_ * C);
+      b.xs[1] = c.take<Bf16>(rmax_ * C);
+      b.values = c.take<Bf16>(m_.values_elems(rmax_));
+      b.mla = c.take<Bf16>(m_.mla_scratch_elems(rmax_));
+      b.hs = c.take<Bf16>(smax_ * C);
+      b.xn = c.take<Bf16>(smax_ * C);
+      b.logits = c.take<float>(smax_ * V);
+      if (moe_rk > 0) {
+        b.z = c.take<float>(rmax_ * E);
+        b.probs = c.take<float>(rmax_ * E);
+        b.wts = c.take<float>(moe_rk);
+        b.experts = c.take<int32_t>(moe_rk);
+        b.row = c.take<int32_t>(moe_rk);
+        b.offsets = c.take<int32_t>(E + 1);
+        b.xp = c.take<Bf16>(moe_rk * C);
+        b.gu = c.take<Bf16>(moe_rk * 2 * Fe);
+        b.act = c.take<Bf16>(moe_rk * Fe);
+        b.yp = c.take<Bf16>(moe_rk * C);
+        if (Fs > 0) {
+          b.sgu = c.take<Bf16>(rmax_ * 2 * Fs);
+          b.sa = c.take<Bf16>(rmax_ * Fs);
+          b.sy = c.take<Bf16>(rmax_ * C);
+          b.sgl = c.take<float>(rmax_);
+          b.sgw = c.take<float>(rmax_);
+          b.sgp = c.take<float>(rmax_);
+          b.srow = c.take<int32_t>(rmax_);
+          b.szero = c.take<int32_t>(rmax_);
+        }
+      }
+      b.tokens = c.take<int32_t>(smax_);
+      b.logprobs = c.take<float>(smax_);
+      return b;
+    };
+    Carver count;
+    carve(count);
+    scratch_.alloc(count.size(), "the generator's activations (" + std::to_string(rmax_) + " rows)");
+    Carver real(scratch_.get<char>());
+    buf_ = carve(real);
+    if (buf_.srow) {  // the shared expert's gate: row r is route r of one expert
+      std::vector<int32_t> iota(static_cast<size_t>(rmax_));
+      for (int64_t r = 0; r < rmax_; ++r) iota[size_t(r)] = int32_t(r);
+      ck(cudaMemcpy(buf_.srow, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice), "upload");
+      ck(cudaMemset(buf_.szero, 0, size_t(rmax_) * 4), "clear");
+    }
+    // The ops' scratch: cuBLASLt asks for up to 32 MiB; the MoE sort for a little.
+    workspace_.alloc(size_t(64) << 20, "the kernels' workspace");
+    ops_->set_workspace(workspace_.get(), workspace_.size());
+    out_logprobs_ = size_t(smax_) * 4;
+    out_.alloc(size_t(smax_) * 8);
+    // RoPE tables (f32 on the device)
+    std::vector<size_t> at;
+    size_t n = 0;
+    for (const RopeTable& t : m_.ropes()) {
+      at.push_back(n);
+      n += (t.inv_freq.size() + 63) / 64 * 64;
+    }
+    rope_.alloc(std::max<size_t>(n, 1) * 4, "RoPE tables");
+    b_->inv_freq.clear();
+    for (size_t t = 0; t < m_.ropes().size(); ++t) {
+      const std::vector<float>& f = m_.ropes()[t].inv_freq;
+      float* p = rope_.get<float>() + at[t];
+      if (!f.empty()) ck(cudaMemcpy(p, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "upload RoPE");
+      b_->inv_freq.push_back(p);
+    }
+    b_->buf = &buf_;
+    graphs_on_ = opt_.cuda_graphs;
+    plan_inputs(1);
+  }
+
+  // The step's inputs, device and staging, for block tables `width` wide.
+  void plan_inputs(int64_t width) {
+    drop_graphs();  // they read the old buffers
+    table_cap_ = width;
+    auto carve = [&](Carver& c) {
+      buf_.ids = c.take<int32_t>(rmax_);
+      buf_.pos = c.take<int32_t>(rmax_);
+      buf_.slots = c.take<int32_t>(rmax_);
+      buf_.sample_rows = c.take<int32_t>(smax_);
+      buf_.u = c.take<double>(smax_);
+      buf_.table = c.take<int32_t>(rmax_ * table_cap_);
+    };
+    Carver count;
+    carve(count);
+    in_.alloc(count.size(), "the step's inputs");
+    stage_.alloc(count.size());
+    Carver real(in_.get<char>());
+    carve(real);
+  }
+
+  template <class T>
+  T* staged(T* dev) {
+    return reinterpret_cast<T*>(stage_.get<char>() + (reinterpret_cast<char*>(dev) - in_.get<char>()));
+  }
+
+  // Packs the step's inputs (padded to Rb rows, tables W wide) and copies them up.
+  void upload_inputs(const StepRows& rows, const StepDraws& d, int64_t Rb, int64_t W) {
+    const int64_t R = rows.R(), S = rows.S();
+    int32_t* ids = staged(buf_.ids);
+    int32_t* pos = staged(buf_.pos);
+    int32_t* slots = staged(buf_.slots);
+    int32_t* table = staged(buf_.table);
+    std::copy(rows.ids.begin(), rows.ids.end(), ids);
+    std::copy(rows.pos.begin(), rows.pos.end(), pos);
+    std::copy(rows.slots.begin(), rows.slots.end(), slots);
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t* src = rows.table.data() + r * rows.width;
+      std::copy(src, src + rows.width, table + r * W);
+      std::fill(table + r * W + rows.width, table + (r + 1) * W, -1);
+    }
+    for (int64_t r = R; r < Rb; ++r) {  // padding: token 0 at position 0 of block 0, written nowhere
+      ids[r] = 0;
+      pos[r] = 0;
+      slots[r] = -1;
+      table[r * W] = 0;
+      std::fill(table + r * W + 1, table + (r + 1) * W, -1);
+    }
+    auto up = [&](void* dev, size_t bytes) {
+      if (bytes)
+        ck(cudaMemcpyAsync(dev, staged(static_cast<char*>(dev)), bytes, cudaMemcpyHostToDevice, stream_),
+           "uploading a step");
+    };
+    up(buf_.ids, size_t(Rb) * 4);
+    up(buf_.pos, size_t(Rb) * 4);
+    up(buf_.slots, size_t(Rb) * 4);
+    up(buf_.table, size_t(Rb * W) * 4);
+    if (S > 0) {
+      int32_t* sr = staged(buf_.sample_rows);
+      for (int64_t i = 0; i < S; ++i) sr[i] = int32_t(rows.sample_rows[size_t(i)]);
+      std::copy(d.u.begin(), d.u.end(), staged(buf_.u));
+      up(buf_.sample_rows, size_t(S) * 4);
+      up(buf_.u, size_t(S) * 8);
+    }
+  }
+
+  void forward(int64_t R, int64_t S) {
+    ProgramRunner<CudaBackend> run(m_, *b_);
+    const Bf16* x = run.layers(R);
+    run.head(x, R, S);
+  }
+
+  // Captures the step just run (R rows, tables W wide) as a graph. A failure turns graphs off
+  // for this executor, with one log line; steps go on op by op.
+  void capture(GraphKey key) {
+    cudaGraph_t g = nullptr;
+    std::string err;
+    ck(cudaStreamSynchronize(stream_), "before a graph capture");  // the op-by-op step just queued
+    ck(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");
+    try {
+      forward(key.rows, key.rows);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+    if (err.empty() && e != cudaSuccess) err = std::string("capture: ") + cudaGetErrorString(e);
+    cudaGraphExec_t exec = nullptr;
+    if (err.empty()) {
+      const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
+      if (ie != cudaSuccess) err = std::string("instantiate: ") + cudaGetErrorString(ie);
+    }
+    if (g) cudaGraphDestroy(g);
+    if (!err.empty()) {
+      cudaGetLastError();
+      graphs_on_ = false;
+      stats_.graph_error = err;
+      if (opt_.log) opt_.log("generator (cuda): decoding steps run op by op, capturing a CUDA graph failed: " + err);
+      return;
+    }
+    graphs_.emplace(key, exec);
+    ++stats_.graphs_captured;
+  }
+
+  void drop_graphs() {
+    for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+  }
+
+  // The host weights in force, as bf16 in the device arena (the router's and selection biases
+  // also as f32), whenever a new set is in force.
+  void upload_weights() {
+    const Weights& w = m_.weights();
+    w.require_complete();
+    if (uploaded_serial_ == w.serial()) return;
+    const sdk::TransformerDesc& desc = m_.desc();
+    if (!warena_.get()) {
+      warena_.alloc(size_t(w.arena_elems()) * 2, "the bf16 weights");
+      stats_.weight_bytes = int64_t(warena_.size());
+      b_->weights = warena_.get<Bf16>();
+      // f32 copies of the biases the router adds in f32
+      size_t n = 0;
+      f32_at_.assign(desc.params.size(), -1);
+      for (size_t i = 0; i < desc.params.size(); ++i)
+        if (desc.params[i].role == sdk::ParamRole::router_bias ||
+            desc.params[i].role == sdk::ParamRole::expert_score_bias) {
+          int64_t numel = 1;
+          for (int64_t d : desc.params[i].shape) numel *= d;
+          f32_at_[i] = int64_t(n);
+          n += size_t(numel + 63) / 64 * 64;
+        }
+      wf32_.alloc(std::max<size_t>(n, 1) * 4, "the router biases");
+      b_->w_f32.assign(desc.params.size(), nullptr);
+      for (size_t i = 0; i < desc.params.size(); ++i)
+        if (f32_at_[i] >= 0) b_->w_f32[i] = wf32_.get<float>() + f32_at_[i];
+    }
+    if (!wstage_.get()) wstage_.alloc(size_t(16) << 20);
+    const size_t chunk = wstage_.size() / 2;  // bf16 elements per copy
+    uint16_t* stage = wstage_.get<uint16_t>();
+    // Converts n floats at src into bf16 at dst (elements of the arena), a chunk at a time.
+    auto put = [&](const float* src, int64_t n, Bf16* dst) {
+      for (int64_t at = 0; at < n; at += int64_t(chunk)) {
+        const int64_t k = std::min<int64_t>(int64_t(chunk), n - at);
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < k; ++j) stage[j] = to_bf16(src[at + j]);
+        ck(cudaMemcpyAsync(dst + at, stage, size_t(k) * 2, cudaMemcpyHostToDevice, stream_), "uploading weights");
+        ck(cudaStreamSynchronize(stream_), "uploading weights");
+      }
+    };
+    for (size_t i = 0; i < desc.params.size(); ++i) {
+      const sdk::ParamDesc& p = desc.params[i];
+      int64_t numel = 1;
+      for (int64_t d : p.shape) numel *= d;
+      Bf16* dst = warena_.get<Bf16>() + w.arena_offset(i);
+      if (const float* whole = w.param(i)) {
+        put(whole, numel, dst);
+        if (f32_at_[i] >= 0)
+          ck(cudaMemcpy(const_cast<float*>(b_->w_f32[i]), whole, size_t(numel) * 4, cudaMemcpyHostToDevice), "uploading a bias");
+        continue;
+      }
+      // stacked pieces (experts) lying apart: slab by slab
+      int64_t slab = 1;
+      for (int64_t d : p.hf_shapes[0]) slab *= d;
+      for (size_t k = 0; k < p.hf_names.size(); ++k) {
+        const float* piece = w.piece(i, k);
+        if (!piece) throw Error(RLH_E_INTERNAL, "generator (cuda): weight " + p.name + " has a missing piece");
+        put(piece, slab, dst + int64_t(k) * slab);
+      }
+    }
+    uploaded_serial_ = w.serial();
+    ++stats_.weight_uploads;
+  }
+
+  DecodeModel& m_;
+  CudaExecutorOptions opt_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<DeviceOps> ops_;
+  std::unique_ptr<CudaBackend> b_;
+  int64_t rmax_ = 0, smax_ = 0, gmax_ = 0, table_cap_ = 0;
+  DevBuf scratch_, workspace_, rope_, in_, pool_, warena_, wf32_;
+  PinnedBuf stage_, out_, wstage_;
+  size_t out_logprobs_ = 0;
+  StepBuffers buf_;
+  std::vector<int64_t> f32_at_;
+  int64_t uploaded_serial_ = -1;
+  bool graphs_on_ = true;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  CudaExecutorStats stats_;
+};
+
+}  // namespace
+
+bool cuda_generator_available(std::string* why, int device) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    if (why) *why = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+    return false;
+  }
+  if (device < 0 || device >= count) {
+    if (why) *why = "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " visible)";
+    return false;
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess || p.major != 9) {
+    if (why) *why = "the generator's CUDA path is built for sm_90a; cuda:" + std::to_string(device) + " is " + p.name;
+    return false;
+  }
+  return true;
+}
+
+std::function<std::unique_ptr<StepExecutor>(DecodeModel&)> cuda_executor(CudaExecutorOptions options) {
+  return [options](DecodeModel& m) -> std::unique_ptr<StepExecutor> { return std::make_unique<CudaExecutor>(m, options); };
+}
+
+CudaExecutorStats cuda_executor_stats(const StepExecutor& e) {
+  if (const auto* c = dynamic_cast<const CudaExecutor*>(&e)) return c->stats();
+  return {};
+}
+
+}  // namespace rlh::gen

@@ -1,0 +1,145 @@
+// Cases of the decode ops (docs/ops.md, "decoding"): kv_cache_write into caches laid out row by
+// row and as kernels_cpu keeps them (keys transposed within a block), paged_attention over
+// kernels_cpu's layout (the reference reads only that one; the contract lets a provider read
+// any strides), with GQA, windows, Dk != Dv and unread block-table entries left at -1, and
+// sample at every filter (temperature, top-k, top-p, min-p, greedy) with float64 uniforms.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <string>
+
+#include "cases.hpp"
+
+namespace rlh::sdk::kcheck {
+namespace {
+
+// A [B, H, bs, D] cache: rows of D (row-major), or keys transposed within a block (strides
+// (H D bs, D bs, 1, bs): kernels_cpu's key layout).
+Layout cache_layout(int64_t B, int64_t H, int64_t bs, int64_t D, bool transposed) {
+  if (transposed) return strided({B, H, bs, D}, {H * D * bs, D * bs, 1, bs});
+  return contiguous({B, H, bs, D});
+}
+
+Case kv_cache_write_case(bool transposed_keys, int64_t pad) {
+  Case c;
+  const int64_t R = 5, H = 2, Dk = 8, Dv = 6, bs = 4, B = 5;
+  const int64_t ldk = H * Dk + pad, ldv = H * Dv + pad;
+  c.name = std::string("kv_cache_write R=5 Hkv=2 Dk=8 Dv=6 bs=4 B=5 ") +
+           (transposed_keys ? "keys transposed" : "row-major") + " ld+" + std::to_string(pad) + " (a skipped row)";
+  c.in_sizes = {R * ldk, R * ldv, B * H * bs * Dk, B * H * bs * Dv};  // k, v, the caches before
+  c.in_scale = {1, 1, 1, 1};
+  c.out_sizes = {B * H * bs * Dk, B * H * bs * Dv};
+  c.ints = {IntBuf{{3, 17, -1, 8, 0}, {R}}};  // block * bs + offset; -1: skipped
+  c.fwd = {"kv_cache_write",
+           {in(0, strided({R, H, Dk}, {ldk, Dk, 1})), in(1, strided({R, H, Dv}, {ldv, Dv, 1})), ints(0, {R})},
+           {out(0, cache_layout(B, H, bs, Dk, transposed_keys)), out(1, cache_layout(B, H, bs, Dv, false))},
+           {},
+           {{2, 0}, {3, 1}},
+           {}};
+  return c;
+}
+
+struct PagedShape {
+  std::vector<int32_t> positions;  // one row per sequence
+  int64_t Hq, Hkv, Dk, Dv, bs, window;
+  int64_t pad = 0;  // extra elements per row of q and o
+};
+
+Case paged_attention_case(const PagedShape& p) {
+  Case c;
+  const int64_t R = int64_t(p.positions.size());
+  int64_t T = 0, used = 0;
+  for (int32_t pos : p.positions) {
+    T = std::max<int64_t>(T, pos / p.bs + 1);
+    used += pos / p.bs + 1;
+  }
+  const int64_t B = used + 3;  // some blocks no row reads
+  // Each row's blocks: distinct ids spread over the cache; entries past its last block: -1.
+  std::vector<int32_t> ids(static_cast<size_t>(B));
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int64_t i = 0; i < B; ++i) std::swap(ids[size_t(i)], ids[size_t((i * 7 + 3) % B)]);
+  std::vector<int32_t> table(size_t(R * T), -1);
+  int64_t next = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t b = 0; b <= p.positions[size_t(r)] / p.bs; ++b) table[size_t(r * T + b)] = ids[size_t(next++)];
+  const int64_t ldq = p.Hq * p.Dk + p.pad, ldo = p.Hq * p.Dv + p.pad;
+  char b[160];
+  std::snprintf(b, sizeof(b), "paged_attention R=%lld Hq=%lld Hkv=%lld Dk=%lld Dv=%lld bs=%lld window=%lld B=%lld pad=%lld",
+                (long long)R, (long long)p.Hq, (long long)p.Hkv, (long long)p.Dk, (long long)p.Dv, (long long)p.bs,
+                (long long)p.window, (long long)B, (long long)p.pad);
+  c.name = b;
+  c.in_sizes = {R * ldq, B * p.Hkv * p.bs * p.Dk, B * p.Hkv * p.bs * p.Dv};
+  c.in_scale = {1.5, 1.5, 1};
+  c.out_sizes = {R * ldo};
+  c.ints = {IntBuf{table, {R, T}}, IntBuf{p.positions, {R}}};
+  c.fwd = {"paged_attention",
+           {in(0, strided({R, p.Hq, p.Dk}, {ldq, p.Dk, 1})), in(1, cache_layout(B, p.Hkv, p.bs, p.Dk, true)),
+            in(2, cache_layout(B, p.Hkv, p.bs, p.Dv, false)), ints(0, {R, T}), ints(1, {R})},
+           {out(0, strided({R, p.Hq, p.Dv}, {ldo, p.Dv, 1}))},
+           {attr_d("scale", 1.0 / std::sqrt(double(p.Dk))), attr_i("window", p.window)},
+           {},
+           {}};
+  return c;
+}
+
+struct SampleOpts {
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0, min_p = 0.0;
+};
+
+Case sample_case(const char* label, int64_t S, int64_t V, int64_t pad, SampleOpts o) {
+  Case c;
+  char b[160];
+  std::snprintf(b, sizeof(b), "sample %s S=%lld V=%lld ld+%lld temperature=%g top_k=%lld top_p=%g min_p=%g", label,
+                (long long)S, (long long)V, (long long)pad, o.temperature, (long long)o.top_k, o.top_p, o.min_p);
+  c.name = b;
+  const int64_t ld = V + pad;
+  c.in_sizes = {S * ld, S};  // logits, uniforms
+  c.in_scale = {2.0, 1.0};
+  c.in_uniform = {false, true};
+  c.out_sizes = {S};  // logprobs; the tokens are ints[0]
+  c.ints = {IntBuf{std::vector<int32_t>(size_t(S), 0), {S}}};
+  Operand logits = in(0, strided({S, V}, {ld, 1})), u = in(1, contiguous({S})), lp = out(0, contiguous({S}));
+  logits.role = Role::f32;  // the contract's dtypes, in every variant
+  u.role = Role::f64;
+  lp.role = Role::f32;
+  c.fwd = {"sample",
+           {logits, u},
+           {ints(0, {S}), lp},
+           {attr_d("temperature", o.temperature), attr_i("top_k", o.top_k), attr_d("top_p", o.top_p),
+            attr_d("min_p", o.min_p)},
+           {},
+           {}};
+  return c;
+}
+
+}  // namespace
+
+void add_decode_cases(std::vector<Case>& v) {
+  v.push_back(kv_cache_write_case(false, 0));
+  v.push_back(kv_cache_write_case(true, 5));
+  v.push_back(paged_attention_case({{0, 5, 13, 17, 9}, 4, 2, 8, 8, 4, 0}));
+  v.push_back(paged_attention_case({{30, 2, 21}, 4, 1, 8, 6, 4, 6, 3}));  // window, MQA, Dv != Dk, strided
+  v.push_back(paged_attention_case({{40, 3, 63}, 8, 2, 64, 64, 16, 0}));  // a model's head dim and block
+  SampleOpts o;
+  v.push_back(sample_case("plain", 6, 50, 0, o));
+  o.temperature = 0.7;
+  o.top_k = 5;
+  v.push_back(sample_case("top_k", 6, 50, 3, o));
+  o = SampleOpts{};
+  o.temperature = 1.3;
+  o.top_p = 0.8;
+  v.push_back(sample_case("top_p", 6, 50, 0, o));
+  o = SampleOpts{};
+  o.min_p = 0.1;
+  o.top_k = 20;
+  o.top_p = 0.95;
+  v.push_back(sample_case("min_p+top_k+top_p", 6, 300, 0, o));
+  o = SampleOpts{};
+  o.temperature = 0;
+  v.push_back(sample_case("greedy", 6, 50, 0, o));
+}
+
+}  // namespace rlh::sdk::kcheck
