@@ -15,11 +15,15 @@
 //     tensors (saved again: the same files) and continues within fp32 tolerance; with
 //     RLH_DP_CHECKPOINT set, the state and its continuation are left there for another run at
 //     another size to load (ctest comm.backend_dp_np2_resume loads what np4 saved).
+//   - with save_dtype bfloat16, rank 0's export is the bf16 rounding of the gathered float32
+//     masters (kept in master_weights/), which load_state restores bitwise;
 //   - refusals: an HSDP replica count that does not divide the world, tensor parallelism.
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "backend_harness.hpp"
@@ -416,6 +420,79 @@ TEST(DataParallelCheckpoints, SavedShardedLoadsAtAnySize) {
       sdk::st::write_file((root / (tag + "_continued.safetensors")).string(), tensors, {});
     }
     if (keep == nullptr && R == 0) fs::remove_all(root);
+  }
+}
+
+// save_dtype bfloat16 at DP = N: rank 0 writes the gathered state as one rank would: the HF
+// export is the bf16 rounding of the float32 masters bit for bit, the masters (master_weights/)
+// are the full weights, and load_state at N restores them and continues bitwise.
+TEST(DataParallelCheckpoints, Bf16ExportKeepsTheGatheredMasters) {
+  const int R = world().rank(), N = world().size();
+  auto bf16_rne = [](float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  };
+  const std::string bf16 = R"({"save_dtype": "bfloat16"})";
+  for (const Case& c : {Case{"dtensor", "llama-tiny", true}, Case{"megatron", "llama-tiny", true}}) {
+    const json cfg = adam_config(c, 5e-3);
+    auto g = global_batch();
+    const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+    auto mine = shard_of(*g, R, N);
+    const fs::path dir = world().broadcast(
+        (fs::temp_directory_path() / ("rlh_dp_bf16_" + std::to_string(::getpid()) + "_" + c.backend)).string());
+    if (R == 0) {
+      fs::remove_all(dir);
+      fs::create_directories(dir);
+    }
+    world().barrier();
+    Weights saved, cont;
+    std::vector<double> cont_loss;
+    {
+      Backend be(host(), c.backend.c_str(), cfg);
+      rlh_model* m = be.load(model_path(c.model), true, "policy", bf16);
+      for (int s = 0; s < 2; ++s) be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
+      saved = be.weights(m);
+      sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state");
+      for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
+      cont = be.weights(m);
+    }
+    if (R == 0) {
+      const auto exported = sdk::st::Checkpoint::open(dir.string());
+      const auto masters = sdk::st::Checkpoint::open((dir / "master_weights").string());
+      size_t params = 0, differ = 0;
+      for (const auto& [name, w] : saved) {
+        ++params;
+        const auto e = exported.at(name);
+        ASSERT_EQ(e.info->dtype, sdk::st::DType::BF16) << c.label() << " " << name;
+        EXPECT_TRUE(masters.read_f32(name) == w) << c.label() << ": master " << name << " is not the gathered weight";
+        const auto eb = e.file->data(*e.info);
+        ASSERT_EQ(eb.size(), w.size() * 2) << name;
+        for (size_t i = 0; i < w.size(); ++i) {
+          uint16_t got;
+          std::memcpy(&got, eb.data() + 2 * i, 2);
+          differ += got != bf16_rne(w[i]);
+        }
+      }
+      EXPECT_GT(params, 0u);
+      EXPECT_EQ(differ, 0u) << c.label() << ": exported elements not the bf16 rounding of the masters";
+      const json state = json::parse(std::ifstream(dir / "rlhost_state.json"));
+      EXPECT_EQ(state["weights_dtype"], "bfloat16") << c.label();
+      EXPECT_EQ(state["master_weights"], "master_weights") << c.label();
+      EXPECT_EQ(state["saved_by"]["data_parallel_size"], N) << c.label();
+      EXPECT_EQ(json::parse(std::ifstream(dir / "config.json"))["torch_dtype"], "bfloat16") << c.label();
+    }
+    {
+      Backend be(host(), c.backend.c_str(), cfg);
+      rlh_model* m = be.load(model_path(c.model), true, "policy", bf16);
+      sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state");
+      EXPECT_TRUE(be.weights(m) == saved) << c.label() << ": load_state did not restore the float32 masters";
+      for (int s = 0; s < 2; ++s)
+        EXPECT_EQ(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]) << c.label();
+      EXPECT_TRUE(be.weights(m) == cont) << c.label() << ": resumed from a bf16 export, not bitwise";
+    }
+    world().barrier();
+    if (R == 0) fs::remove_all(dir);
   }
 }
 

@@ -82,74 +82,14 @@ void view_adam_state(const Model& m, DeviceOptimizerState& s) {
 
 }  // namespace
 
-void save_state(Model& m, const std::string& dir);
-
 namespace {
 
-// Data parallel: the state in full (gathers are collective), written by rank 0 in the same
-// files as one rank writes; every rank then learns whether rank 0 succeeded.
-void save_state_dp(Model& m, const std::string& dir) {
-  const bool writer = m.dp->rank() == 0;
-  std::vector<std::vector<float>> params = dp_full_parameters(m, writer);
-  std::vector<std::vector<float>> storage;
-  std::vector<Optimizer::StateTensor> moments = dp_full_optimizer_state(m, writer, storage);
-  int32_t ok[1] = {1};
-  std::string error;
-  rlh_code code = RLH_OK;
-  if (writer) {
-    try {
-      std::error_code ec;
-      if (!fs::is_directory(dir, ec))
-        throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
-      sdk::TransformerDesc f32 = m.desc;
-      for (auto& p : f32.params) p.dtype = sdk::st::DType::F32;
-      sdk::SaveOptions so;
-      so.passthrough = &m.checkpoint;
-      so.passthrough_names = m.passthrough;
-      sdk::save_weights_hf(f32, params, dir, so);
-      params.clear();
-      if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
-        for (const char* name : kSideFiles)
-          if (fs::is_regular_file(fs::path(m.dir) / name, ec))
-            fs::copy_file(fs::path(m.dir) / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
-      json state = {{"format", kFormat},
-                    {"format_version", 1},
-                    {"backend", m.owner->flavor->name},
-                    {"role", m.role},
-                    {"architecture", m.desc.architecture},
-                    {"step", m.version()},
-                    {"optimizer", m.trainable ? json(to_string(m.config.optimizer->kind)) : json(nullptr)},
-                    {"saved_by", {{"data_parallel_size", m.dp->size()}}}};
-      if (m.trainable) {
-        std::vector<sdk::st::WriteTensor> tensors;
-        for (const Optimizer::StateTensor& t : moments)
-          tensors.push_back({t.name, sdk::st::DType::F32, t.shape,
-                             std::as_bytes(std::span<const float>(t.data.data(), t.data.size()))});
-        sdk::st::write_file((fs::path(dir) / kOptimizerFile).string(), tensors,
-                            {{"format", "rlhost-optimizer"},
-                             {"optimizer", to_string(m.config.optimizer->kind)},
-                             {"step", std::to_string(m.version())}});
-      }
-      write_text_atomically(fs::path(dir) / kStateFile, state.dump(2) + "\n");
-    } catch (const Error& e) {
-      ok[0] = 0;
-      error = e.what();
-      code = e.code();
-    } catch (const std::exception& e) {
-      ok[0] = 0;
-      error = "save_state into '" + dir + "': " + e.what();
-      code = RLH_E_UNAVAILABLE;
-    }
-  }
-  m.dp->dp.broadcast(std::span<int32_t>(ok, 1), 0);
-  if (writer && !ok[0]) throw Error(code, error);
-  if (!ok[0]) throw Error(RLH_E_ABORTED, "save_state into '" + dir + "': rank 0, which writes the files, failed (its error names why)");
-}
-
-}  // namespace
-
-void save_state(Model& m, const std::string& dir) {
-  if (m.dp != nullptr) return save_state_dp(m, dir);
+// The folder's files from a full state: one rank's own, or under data parallelism rank 0's
+// gathered copy, so a state saved at any data-parallel size is the same files. `weights` is
+// released once written (the optimizer's moments that follow may be as large again).
+// `saved_by`: data-parallel runs name their size there.
+void write_state_files(Model& m, const std::string& dir, std::vector<std::vector<float>>& weights,
+                       const std::vector<Optimizer::StateTensor>& moments, const json& saved_by) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
@@ -161,7 +101,6 @@ void save_state(Model& m, const std::string& dir) {
     sdk::SaveOptions so;
     so.passthrough = &m.checkpoint;
     so.passthrough_names = m.passthrough;
-    const std::vector<std::vector<float>> weights = m.device ? m.device->parameters() : m.engine->save_parameters();
     if (bf16) {
       fs::create_directories(fs::path(dir) / kMasterDir);
       sdk::save_weights_hf(f32, weights, (fs::path(dir) / kMasterDir).string(), so);
@@ -171,6 +110,8 @@ void save_state(Model& m, const std::string& dir) {
     } else {
       sdk::save_weights_hf(f32, weights, dir, so);
     }
+    weights.clear();
+    weights.shrink_to_fit();
 
     if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
       for (const char* name : kSideFiles)
@@ -196,14 +137,10 @@ void save_state(Model& m, const std::string& dir) {
                   {"optimizer", m.trainable ? json(to_string(m.config.optimizer->kind)) : json(nullptr)},
                   {"weights_dtype", m.config.save_dtype}};
     if (bf16) state["master_weights"] = kMasterDir;
+    if (!saved_by.is_null()) state["saved_by"] = saved_by;
     if (m.trainable) {
-      DeviceOptimizerState device_state;
-      if (m.device) {
-        device_state.adam = m.device->adam_state();
-        view_adam_state(m, device_state);
-      }
       std::vector<sdk::st::WriteTensor> tensors;
-      for (const Optimizer::StateTensor& t : m.device ? device_state.tensors : m.optimizer->state())
+      for (const Optimizer::StateTensor& t : moments)
         tensors.push_back({t.name, sdk::st::DType::F32, t.shape,
                            std::as_bytes(std::span<const float>(t.data.data(), t.data.size()))});
       sdk::st::write_file((fs::path(dir) / kOptimizerFile).string(), tensors,
@@ -217,6 +154,57 @@ void save_state(Model& m, const std::string& dir) {
   } catch (const std::exception& e) {
     throw Error(RLH_E_UNAVAILABLE, "save_state into '" + dir + "': " + e.what());
   }
+}
+
+// Data parallel: the state in full (gathers are collective), written by rank 0 in the same
+// files as one rank writes; every rank then learns whether rank 0 succeeded.
+void save_state_dp(Model& m, const std::string& dir) {
+  const bool writer = m.dp->rank() == 0;
+  std::vector<std::vector<float>> params = dp_full_parameters(m, writer);
+  std::vector<std::vector<float>> storage;
+  std::vector<Optimizer::StateTensor> moments = dp_full_optimizer_state(m, writer, storage);
+  int32_t ok[1] = {1};
+  std::string error;
+  rlh_code code = RLH_OK;
+  if (writer) {
+    try {
+      write_state_files(m, dir, params, moments, {{"data_parallel_size", m.dp->size()}});
+    } catch (const Error& e) {
+      ok[0] = 0;
+      error = e.what();
+      code = e.code();
+    }
+  }
+  m.dp->dp.broadcast(std::span<int32_t>(ok, 1), 0);
+  if (writer && !ok[0]) throw Error(code, error);
+  if (!ok[0]) throw Error(RLH_E_ABORTED, "save_state into '" + dir + "': rank 0, which writes the files, failed (its error names why)");
+}
+
+}  // namespace
+
+void save_state(Model& m, const std::string& dir) {
+  if (m.dp != nullptr) return save_state_dp(m, dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
+  std::vector<std::vector<float>> weights;
+  DeviceOptimizerState device_state;
+  try {
+    weights = m.device ? m.device->parameters() : m.engine->save_parameters();
+    if (m.trainable && m.device) {
+      device_state.adam = m.device->adam_state();
+      view_adam_state(m, device_state);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_UNAVAILABLE, "save_state into '" + dir + "': " + e.what());
+  }
+  write_state_files(m, dir, weights,
+                    !m.trainable ? std::vector<Optimizer::StateTensor>{}
+                    : m.device   ? device_state.tensors
+                                 : m.optimizer->state(),
+                    json(nullptr));
 }
 
 namespace {
