@@ -26,17 +26,22 @@ plugins=$bin/plugins
 if [ "${CUDNN:-1}" = 0 ]; then plugins=$bin/plugins_nocudnn; fi
 export RLH_TEST_PLUGIN_DIR=$plugins RLHOST_PLUGIN_PATH=$plugins RLH_KCUDNN_PLUGIN=$bin/plugins/libkernels_cudnn.so
 echo "plugin path: $plugins"
+# comm_nccl opens libnccl.so.2 at run time: the image has it in PyTorch's nvidia-nccl wheel (too
+# large to carry). NVLink multicast stays off (the device's rule).
+nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+[ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir
+export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
-        test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda test_generator_cuda"
+        test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda test_generator_cuda test_comm_nccl"
   [ "$what" = gentests ] && list=test_generator_cuda
   for t in $list; do
     [ -x "$bin/$t" ] || continue
     case "$t" in *cudnn*) [ "${CUDNN:-1}" = 0 ] && continue ;; esac
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|FAILED|Failure|rror|cudnn vs|probe:|refused:|repeatable|cuDNN|dlp|graphs|first tokens|equal HF" | head -100
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|deadline|FAILED|Failure|rror|cudnn vs|probe:|refused:|repeatable|cuDNN|dlp|graphs|first tokens|equal HF" | head -100
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
   if [ "$what" != gentests ]; then

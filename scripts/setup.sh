@@ -7,6 +7,7 @@ PKGS=(cmake ninja-build ccache g++ clang-14 libclang-rt-14-dev pkg-config
       libopenblas-dev libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev
       abigail-tools python3 python3-jinja2 python3-sympy python3-protobuf python3-yaml
       python3-pytest python3-venv python3-setuptools python3-pip
+      libopenmpi-dev openmpi-bin
       python3-numpy python3-torch)  # the Python package's DLPack tests hand tensors to both
 missing=()
 for p in "${PKGS[@]}"; do

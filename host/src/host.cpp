@@ -171,9 +171,11 @@ const char* level_name(int32_t level) {
 // ------------------------------------------------------------------------------------------
 
 Host::Host() {
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (rank == nullptr) rank = std::getenv("RANK");
-  if (rank != nullptr) rank_ = std::atoi(rank);
+  try {
+    launch_ = sdk::detect_launch();
+  } catch (const Error& e) {
+    launch_error_ = e.what();
+  }
   if (const char* env = std::getenv("RLHOST_PLUGIN_PATH")) {
     std::string s = env, cur;
     for (char c : s + ":") {
@@ -235,11 +237,13 @@ rlh_host_api* Host::make_services(const std::string& plugin_name, std::unique_pt
 void Host::log(int32_t level, const std::string& who, const std::string& msg) const {
   if (level < log_level_) return;
   std::string line = "[rlhost";
-  if (rank_ != 0 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) line += " rank " + std::to_string(rank_);
+  if (launch_.size > 1) line += " rank " + std::to_string(launch_.rank);
   line += "] ";
   if (!who.empty() && who != "host") line += who + ": ";
   line += std::string(level_name(level)) + ": " + msg + "\n";
-  std::cerr << line << std::flush;
+  // One write per line: the ranks of a job share the terminal.
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
 }
 
 void Host::record_metric(const std::string& name, double value, int64_t step) {
@@ -327,13 +331,17 @@ void Host::load_plugin(const std::string& name_or_path) {
 // registry lists them, every library there whose components are all KERNELS is registered
 // (others are inspected and left alone). rlhost.autoload_kernels = false turns this off.
 void Host::autoload_kernel_providers() {
-  if (kernels_autoloaded_) return;
-  kernels_autoloaded_ = true;
   if (resolved_valid_ && resolved_.is_object() && resolved_.contains("rlhost") && resolved_["rlhost"].is_object()) {
     const Json& r = resolved_["rlhost"];
     if (r.contains("autoload_kernels") && r["autoload_kernels"].is_boolean() && !r["autoload_kernels"].get<bool>())
       return;
   }
+  autoload_components(RLH_KIND_KERNELS);
+}
+
+void Host::autoload_components(int32_t kind) {
+  if (std::find(autoloaded_kinds_.begin(), autoloaded_kinds_.end(), kind) != autoloaded_kinds_.end()) return;
+  autoloaded_kinds_.push_back(kind);
   std::set<std::string> seen;
   for (const auto& p : plugins_) seen.insert(p->path);
   for (const auto& [path, err] : failed_) seen.insert(path);
@@ -350,8 +358,8 @@ void Host::autoload_kernel_providers() {
       if (!seen.insert(canon).second) continue;
       Inspection ins = inspect_plugin(canon, *this);
       if (!ins.plugin) continue;  // --list-plugins shows why
-      bool kernels_only = !ins.plugin->components.empty();
-      for (const auto& c : ins.plugin->components) kernels_only = kernels_only && c.desc->kind == RLH_KIND_KERNELS;
+      bool only_kind = !ins.plugin->components.empty();
+      for (const auto& c : ins.plugin->components) only_kind = only_kind && c.desc->kind == kind;
       bool clash = false;
       for (const auto& p : plugins_) {
         clash = clash || p->name == ins.plugin->name;
@@ -359,7 +367,7 @@ void Host::autoload_kernel_providers() {
           for (const auto& c : ins.plugin->components)
             clash = clash || (oc.desc->kind == c.desc->kind && std::strcmp(oc.desc->name, c.desc->name) == 0);
       }
-      if (!kernels_only || clash) {
+      if (!only_kind || clash) {
         static auto* keep = new std::vector<std::unique_ptr<Plugin>>();  // descriptor strings stay valid
         keep->push_back(std::move(ins.plugin));
         continue;
@@ -369,7 +377,7 @@ void Host::autoload_kernel_providers() {
       plugins_.push_back(std::move(ins.plugin));
     }
   }
-  if (!added.empty()) log(RLH_LOG_DEBUG, "host", "kernel providers from the plugin path: " + added);
+  if (!added.empty()) log(RLH_LOG_DEBUG, "host", std::string(kind_name(kind)) + " plugins from the plugin path: " + added);
 }
 
 nlohmann::ordered_json Host::list_plugins() {
@@ -489,24 +497,6 @@ const Component& Host::find_component(int32_t kind, const std::string& name) {
   return *best;
 }
 
-void Host::world_comm(const rlh_comm_api** api, rlh_comm** comm) {
-  std::lock_guard<std::mutex> lock(comm_mu_);
-  if (world_ == nullptr) {
-    std::string name;
-    if (resolved_.is_object() && resolved_.contains("rlhost") && resolved_["rlhost"].is_object() &&
-        resolved_["rlhost"].contains("comm") && resolved_["rlhost"]["comm"].is_string())
-      name = resolved_["rlhost"]["comm"].get<std::string>();
-    const Component& c = find_component(RLH_KIND_COMM, name);
-    const auto* capi = static_cast<const rlh_comm_api*>(c.desc->api);
-    Plugin* owner = nullptr;
-    for (auto& p : plugins_) if (p->name == c.plugin) owner = p.get();
-    sdk::check(capi->create_world(owner->services.get(), "{}", 2, &world_), std::string("communicator '") + c.desc->name + "'");
-    comm_api_ = capi;
-  }
-  *api = comm_api_;
-  *comm = world_;
-}
-
 namespace {
 
 // The first NaN or infinity in the tree, as "key: .nan". Plugins receive the config as JSON,
@@ -582,12 +572,14 @@ KeyCheck Host::check_config() {
     for (size_t i = 1; i < last_check_.refused.size(); ++i) log(RLH_LOG_ERROR, "host", last_check_.refused[i]);
     throw Error(RLH_E_UNIMPLEMENTED, last_check_.refused.front());
   }
+  check_world(resolved_);  // cluster.num_nodes / gpus_per_node against the launcher
   return last_check_;
 }
 
 void Host::run() {
   check_config();
   Json cfg = resolved_;
+  start_world(cfg);
   std::string algo_name;
   if (cfg.contains("rlhost") && cfg["rlhost"].is_object() && cfg["rlhost"].contains("algorithm")) {
     if (!cfg["rlhost"]["algorithm"].is_string()) throw Error(RLH_E_INVALID_ARGUMENT, "config key 'rlhost.algorithm' must be a string");
@@ -609,6 +601,8 @@ void Host::run() {
     sdk::MetricsConfig mc = sdk::MetricsConfig::from_logger_json(
         cfg.contains("logger") && cfg["logger"].is_object() ? nlohmann::json::parse(cfg["logger"].dump())
                                                             : nlohmann::json::object());
+    // Rank 0 writes the job's metrics (every rank keeps them in memory: rlhost_read_metrics).
+    if (launch_.rank != 0) mc.console = mc.jsonl = mc.tensorboard = false;
     std::lock_guard<std::mutex> lock(metrics_mu_);
     logger_cfg_ = mc;
     logger_.reset();

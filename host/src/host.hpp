@@ -9,11 +9,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config.hpp"
 #include "config_keys.hpp"
 #include "plugins.hpp"
+#include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/metrics.hpp"
 #include "rlhost/comm.h"
 #include "rlhost/host.h"
@@ -67,6 +69,8 @@ class Host {
   // Registers every kernel-provider-only plugin on the plugin path (once; list_components of
   // KERNELS calls it), unless rlhost.autoload_kernels is false.
   void autoload_kernel_providers();
+  // Registers every plugin on the plugin path whose components are all of `kind` (once per kind).
+  void autoload_components(int32_t kind);
 
   // Services.
   const rlh_host_api* services() const { return &root_services_; }
@@ -82,8 +86,16 @@ class Host {
   std::vector<Metric> metrics() const;
   const Json& resolved_config() const { return resolved_; }
   bool config_resolved() const { return resolved_valid_; }
-  // The world communicator, created on first use from the comm component (rlhost.comm or best).
+  // The world communicator, created on first use from the comm component (rlhost.comm, else
+  // the best that can create it); world.cpp.
   void world_comm(const rlh_comm_api** api, rlh_comm** comm);
+  // At the start of a run: the launch and the cluster keys agree, and with more than one rank,
+  // every rank has created the world and met at a barrier (world.cpp).
+  // The launch and the cluster keys agree, rlhost.comm_timeout_s is valid (check_config, run).
+  void check_world(const Json& resolved) const;
+  void start_world(const Json& resolved);
+  // Which launcher started this process, as which rank (sdk/launch_env.hpp).
+  const sdk::LaunchEnv& launch() const { return launch_; }
 
   // Allocation counters (bytes and count per device type), for tests and benchmarks.
   std::atomic<int64_t> cpu_allocations{0};
@@ -91,6 +103,7 @@ class Host {
 
  private:
   std::string find_on_path(const std::string& name) const;
+  std::string probe_reason(const std::string& plugin_name) const;
   void ensure_initialized(Plugin& p);
   int32_t probe_score(const Plugin& p) const;
 
@@ -101,10 +114,11 @@ class Host {
   Json resolved_;
   KeyCheck last_check_;
   bool resolved_valid_ = false;
-  bool kernels_autoloaded_ = false;
+  std::vector<int32_t> autoloaded_kinds_;
   std::atomic<bool> cancelled_{false};
   int32_t log_level_ = RLH_LOG_INFO;
-  int rank_ = 0;
+  sdk::LaunchEnv launch_;
+  std::string launch_error_;  // a malformed launcher variable, reported when a run starts
   mutable std::mutex metrics_mu_;
   std::vector<Metric> metrics_;
   rlhost_metric_fn metric_fn_ = nullptr;
@@ -117,6 +131,8 @@ class Host {
   std::mutex comm_mu_;
   const rlh_comm_api* comm_api_ = nullptr;
   rlh_comm* world_ = nullptr;
+  std::string comm_name_;
+  std::atomic<std::thread::id> creating_world_{};
   PluginContext root_context_;
   rlh_host_api root_services_{};
 };

@@ -9,6 +9,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 
 #include "commands.hpp"
 #include "rlhost/host.h"
+#include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace po = boost::program_options;
@@ -27,13 +29,29 @@ rlhost_t* g_host = nullptr;
 
 void on_signal(int) { rlhost_cancel(g_host); }
 
+// "rlhost", or "rlhost rank 3" when a launcher started several ranks: whose error line it is.
+const std::string& who() {
+  static const std::string w = [] {
+    try {
+      const rlh::sdk::LaunchEnv e = rlh::sdk::detect_launch();
+      if (e.size > 1) return "rlhost rank " + std::to_string(e.rank);
+    } catch (const std::exception&) {  // the host reports a malformed launcher variable itself
+    }
+    return std::string("rlhost");
+  }();
+  return w;
+}
+
 // Prints a status as one line and returns the exit code for it.
 int report(rlh_status* s) {
   if (s == nullptr) return 0;
   std::string msg = rlh::sdk::status_message(s);
   rlh_code code = s->code;
   rlh_status_destroy(s);
-  std::cerr << "rlhost: error: " << msg << "\n";
+  // One write: the lines of several ranks share a terminal and must not interleave.
+  const std::string line = who() + ": error: " + msg + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
   return code == RLH_E_CANCELLED ? 130 : 1;
 }
 
@@ -147,6 +165,13 @@ int main(int argc, char** argv) {
   auto finish = [&](int code) {
     g_host = nullptr;
     rlhost_destroy(host);
+    // A failed run leaves at once: exit handlers may wait on the other ranks (comm_mpi meets
+    // them before MPI_Finalize at a clean exit), and a failed rank must not. Everything the host
+    // writes is flushed by rlhost_destroy; the launcher sees the non-zero exit and stops the job.
+    if (code != 0) {
+      std::fflush(nullptr);
+      std::_Exit(code);
+    }
     return code;
   };
 

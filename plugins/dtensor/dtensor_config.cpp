@@ -15,7 +15,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// NeMo-RL DTensorConfig keys that have no effect on the single-rank CPU engine.
+// NeMo-RL DTensorConfig keys that have no effect on the CPU engine.
 constexpr const char* kNoEffect[] = {
     "dtensor_cfg.cpu_offload",  "dtensor_cfg.sequence_parallel", "dtensor_cfg.custom_parallel_plan",
     "dtensor_cfg._v2",          "dtensor_cfg.clear_cache_every_n_steps", "dtensor_cfg.env_vars",
@@ -86,10 +86,19 @@ backend::BackendConfig read_config(const json& policy) {
                 "(megatron reads policy.megatron_cfg)");
   cfg.recompute = r.boolean("dtensor_cfg.activation_checkpointing", false);
   for (const char* k : {"dtensor_cfg.tensor_parallel_size", "dtensor_cfg.context_parallel_size",
-                        "dtensor_cfg.expert_parallel_size", "dtensor_cfg.dp_replicate_size"})
+                        "dtensor_cfg.expert_parallel_size"})
     backend::require_single_rank(r, k);
+  // FSDP2 over every launched rank (data_parallel.hpp); dp_replicate_size replicas of the
+  // sharding (HSDP), checked against the world when the first model loads.
+  cfg.parallel.fsdp = true;
+  cfg.parallel.dp_replicate = r.integer("dtensor_cfg.dp_replicate_size", 1);
+  if (cfg.parallel.dp_replicate < 1)
+    r.fail("dtensor_cfg.dp_replicate_size", "must be at least 1, got " + std::to_string(cfg.parallel.dp_replicate));
+  // FSDP's CPUOffloadPolicy keeps the sharded states in host memory: where the CPU engine keeps
+  // them anyway. (dtensor has no device path.)
   if (r.boolean("dtensor_cfg.cpu_offload", false))
-    cfg.notes.push_back("policy.dtensor_cfg.cpu_offload has no effect: the engine already keeps everything in host memory");
+    cfg.notes.push_back("policy.dtensor_cfg.cpu_offload: the sharded parameters, gradients and optimizer states are "
+                        "in host memory already (the CPU engine)");
   for (const char* k : kNoEffect) r.mark_subtree(k);
 
   // policy.optimizer: absent = NeMo-RL's default AdamW; null = none (NeMo-RL's megatron configs).

@@ -31,7 +31,7 @@ constexpr const char* kNoEffect[] = {
     "megatron_cfg.recompute_modules", "megatron_cfg.fine_grained_activation_offloading",
     "megatron_cfg.train_iters", "megatron_cfg.force_reconvert_from_hf", "megatron_cfg.track_moe_metrics",
     "megatron_cfg.optimizer.bf16", "megatron_cfg.optimizer.fp16", "megatron_cfg.optimizer.params_dtype",
-    "megatron_cfg.optimizer.use_distributed_optimizer", "megatron_cfg.optimizer.use_precision_aware_optimizer",
+    "megatron_cfg.optimizer.use_precision_aware_optimizer",
     "megatron_cfg.optimizer.optimizer_cpu_offload", "megatron_cfg.optimizer.optimizer_offload_fraction",
     "megatron_cfg.optimizer.main_grads_dtype", "megatron_cfg.optimizer.main_params_dtype",
     "megatron_cfg.optimizer.exp_avg_dtype", "megatron_cfg.optimizer.exp_avg_sq_dtype",
@@ -129,6 +129,10 @@ backend::BackendConfig read_config(const json& policy) {
   if (!(opt.weight_decay >= 0)) r.fail(o + "weight_decay", "must be >= 0");
   if (!(opt.eps > 0)) r.fail(o + "adam_eps", "must be positive");
   cfg.optimizer = opt;
+  // Data parallelism over every launched rank (data_parallel.hpp): Megatron's distributed
+  // optimizer (gradient buffer reduce-scattered, AdamW on this rank's block, weights
+  // all-gathered), else gradients all-reduced. Megatron's default is off.
+  cfg.parallel.distributed_optimizer = r.boolean(o + "use_distributed_optimizer", false);
   backend::read_shared_policy_keys(r, cfg);  // policy.max_grad_norm: clip_grad's fallback
   cfg.optimizer->max_grad_norm =
       r.is_null(o + "clip_grad") ? 0.0 : r.number(o + "clip_grad", cfg.optimizer->max_grad_norm);

@@ -70,11 +70,17 @@ def test_errors_carry_message_and_code():
             h.resolved_config()
         assert "did you mean 'policy.train_global_batch_size'" in e.value.message
         # A NeMo-RL setting rlhost lacks: refused at the start check, named with its value.
-        h.load_config({"cluster": {"num_nodes": 4}})
+        h.load_config({"logger": {"mlflow_enabled": True}})
         with pytest.raises(rlhost.Error) as e:
             h.check_config()
         assert e.value.code == rlhost.UNIMPLEMENTED
-        assert "config key 'cluster.num_nodes' = 4" in e.value.message
+        assert "config key 'logger.mlflow_enabled' = true" in e.value.message
+        # The cluster's size is checked against the launcher's world (here one process).
+        h.load_config({"cluster": {"num_nodes": 4}})
+        with pytest.raises(rlhost.Error) as e:
+            h.check_config()
+        assert e.value.code == rlhost.INVALID_ARGUMENT
+        assert "cluster.num_nodes = 4" in e.value.message and "no launcher (one rank)" in e.value.message
         h.load_config({"cluster": {"num_nodes": 1}, "logger": {"wandb_enabled": False}})
         report = h.check_config()
         assert "logger.wandb_enabled=false" in report["accepted"] and report["refused"] == []

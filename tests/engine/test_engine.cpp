@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -366,6 +368,118 @@ TEST_P(EngineModels, GradientsMatchFiniteDifferences) {
     at += int64_t(p.size());
   }
   EXPECT_GT(checked, 30);
+}
+
+// A UnitStore (sharded parameters, unit_store.hpp) over one local copy: the engine reads every
+// unit through it in the documented order and hands gradients over unit by unit; outputs and
+// gradients equal the engine's own storage (bitwise for one micro-batch).
+class LocalStore : public engine::UnitStore {
+ public:
+  explicit LocalStore(Engine& model) : src(model) {
+    params.assign(model.flat_params().begin(), model.flat_params().end());
+    grads.assign(params.size(), 0.f);
+    for (int64_t u = 0; u < model.num_units(); ++u) ranges.push_back(model.unit_range(u));
+  }
+  float* acquire_params(int64_t u) override {
+    log += "P" + std::to_string(u) + " ";
+    EXPECT_FALSE(held.count(u)) << "unit " << u << " acquired twice";
+    held.insert(u);
+    const auto [b, e] = ranges[size_t(u)];
+    buf[u].assign(params.begin() + b, params.begin() + e);  // a gathered copy, as FSDP's
+    return buf[u].data();
+  }
+  void release_params(int64_t u) override {
+    log += "p" + std::to_string(u) + " ";
+    EXPECT_TRUE(held.erase(u)) << "unit " << u << " released but not held";
+    buf.erase(u);
+  }
+  float* acquire_grads(int64_t u) override {
+    log += "G" + std::to_string(u) + " ";
+    const auto [b, e] = ranges[size_t(u)];
+    gbuf[u].assign(size_t(e - b), 0.f);
+    return gbuf[u].data();
+  }
+  void release_grads(int64_t u) override {
+    log += "g" + std::to_string(u) + " ";
+    const auto [b, e] = ranges[size_t(u)];
+    for (int64_t i = b; i < e; ++i) grads[size_t(i)] += gbuf[u][size_t(i - b)];
+    gbuf.erase(u);
+  }
+  Engine& src;
+  std::vector<float> params, grads;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::map<int64_t, std::vector<float>> buf, gbuf;
+  std::set<int64_t> held;
+  std::string log;
+};
+
+TEST_P(EngineModels, UnitStoreReadsUnitsInOrderAndMatchesOwnStorage) {
+  Engine a(desc(), test::engine_options());
+  randomize(a, 21);
+  LocalStore store(a);
+  engine::EngineOptions with = test::engine_options();
+  with.units = &store;
+  Engine b(desc(), with);
+  const int64_t L = int64_t(a.desc().layers.size());
+  ASSERT_EQ(b.num_units(), L + 1);
+  EXPECT_EQ(b.unit_range(0).first, 0);
+  EXPECT_EQ(b.unit_range(L).second, a.num_elements());
+  EXPECT_THROW(b.param(0), std::logic_error);
+  EXPECT_THROW(b.flat_grads(), std::logic_error);
+
+  const Batch packed = make_batch({9, 4, 16}, a.desc().vocab_size);
+  const MicroBatch mb = packed.mb();
+  engine::StepOptions so = grads_only(int64_t(packed.ids.size()));
+  // Forward only: the same outputs; every unit given back.
+  const engine::Outputs oa = a.forward(mb, so.outputs), ob = b.forward(mb, so.outputs);
+  EXPECT_EQ(oa.logprob, ob.logprob);
+  EXPECT_EQ(oa.entropy, ob.entropy);
+  std::string fwd = "P" + std::to_string(L) + " ";
+  for (int64_t l = 0; l < L; ++l) fwd += "P" + std::to_string(l) + " p" + std::to_string(l) + " ";
+  EXPECT_EQ(store.log, fwd + "p" + std::to_string(L) + " ");
+  EXPECT_TRUE(store.held.empty());
+
+  // One micro-batch: bitwise the same loss and gradients; the order of the contract.
+  store.log.clear();
+  const engine::StepResult ra = a.train_step({&mb, 1}, so, weighted_loss);
+  const engine::StepResult rb = b.train_step({&mb, 1}, so, weighted_loss);
+  EXPECT_EQ(ra.loss, rb.loss);
+  EXPECT_EQ(rb.grad_norm, 0.0);  // the store's owner computes it
+  std::vector<float> ga(a.flat_grads().begin(), a.flat_grads().end());
+  EXPECT_EQ(store.grads, ga);
+  std::string bwd = "G" + std::to_string(L) + " ";
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const std::string n = std::to_string(l);
+    bwd += "P" + n + " G" + n + " g" + n + " p" + n + " ";
+  }
+  bwd += "g" + std::to_string(L) + " p" + std::to_string(L) + " ";
+  EXPECT_EQ(store.log, fwd + bwd);
+  EXPECT_TRUE(store.held.empty());
+
+  // Micro-batches accumulate in the store (within rounding of the engine's in-GEMM sums).
+  std::vector<std::vector<int32_t>> cu_store;
+  const std::vector<MicroBatch> parts = engine::split_microbatches(packed.ids, packed.cu, 16, &cu_store);
+  std::vector<Batch> pb;
+  for (const MicroBatch& p : parts) {
+    Batch x;
+    x.ids.assign(p.input_ids.begin(), p.input_ids.end());
+    x.cu.assign(p.cu_seqlens.begin(), p.cu_seqlens.end());
+    const size_t off = size_t(p.input_ids.data() - packed.ids.data());
+    x.weights.assign(packed.weights.begin() + off, packed.weights.begin() + off + x.ids.size());
+    x.shape = {int64_t(x.ids.size())};
+    pb.push_back(std::move(x));
+  }
+  std::vector<MicroBatch> mbs;
+  for (const Batch& x : pb) mbs.push_back(x.mb());
+  ASSERT_GE(mbs.size(), 2u);
+  std::fill(store.grads.begin(), store.grads.end(), 0.f);
+  a.train_step(mbs, so, weighted_loss);
+  b.train_step(mbs, so, weighted_loss);
+  ga.assign(a.flat_grads().begin(), a.flat_grads().end());
+  EXPECT_LE(rel_error(store.grads, ga), 1e-6);
+  // A store owner applies the update: the engine refuses to.
+  so.apply_optimizer = true;
+  EXPECT_THROW(b.train_step({&mb, 1}, so, weighted_loss), std::invalid_argument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineModels, ::testing::Values(0, 1, 2),

@@ -75,18 +75,21 @@ TEST_F(CliTest, HelpAndVersion) {
 
 TEST_F(CliTest, PrintConfigResolves) {
   Result r = run("--print-config --config " + path("good.yaml") +
-                 " grpo.num_prompts_per_step=8 ++logger.wandb.project=xyz ++cluster.num_nodes=4");
+                 " grpo.num_prompts_per_step=8 ++logger.wandb.project=xyz ++logger.mlflow_enabled=true");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("train_global_batch_size: 16"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("project: xyz"), std::string::npos) << r.out;
   // NeMo-RL keys rlhost accepts without acting on them give one warning line, not an error;
   // one a run would refuse is said too, and printing the config still works.
   EXPECT_NE(r.err.find("NeMo-RL setting(s) that rlhost does not implement are accepted"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("a run refuses this: config key 'cluster.num_nodes' = 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("a run refuses this: config key 'logger.mlflow_enabled' = true"), std::string::npos) << r.err;
   // A run, and --check-config, stop on it at start: one line naming the key, value and what is missing.
-  Result c = run("--check-config --config " + path("good.yaml") + " ++cluster.num_nodes=4");
-  expect_one_line_error(c, "config key 'cluster.num_nodes' = 4 (from command line) needs more than one node");
+  Result c = run("--check-config --config " + path("good.yaml") + " ++logger.mlflow_enabled=true");
+  expect_one_line_error(c, "config key 'logger.mlflow_enabled' = true (from command line) needs MLflow");
   EXPECT_NE(c.out.find("\"refused\""), std::string::npos) << c.out;
+  // The cluster's size is checked against the launcher's world (here none: one process).
+  expect_one_line_error(run("--check-config --config " + path("good.yaml") + " ++cluster.num_nodes=4"),
+                        "cluster.num_nodes = 4 (from command line), but no launcher (one rank) spans 1 node");
   Result ok = run("--check-config --config " + path("good.yaml") + " ++logger.wandb_enabled=false");
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("logger.wandb_enabled=false"), std::string::npos) << ok.out;

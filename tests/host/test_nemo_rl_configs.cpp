@@ -84,6 +84,10 @@ class NemoRlConfigs : public ::testing::Test {
 // The one-line refusal: names the key, its value and what is missing.
 const std::regex kRefusal(R"(^config key '[A-Za-z0-9_.<>-]+' = .+ \(from .+\) needs .+, which rlhost does not have.*$)");
 
+// The cluster keys against the launcher's world: names both.
+const std::regex kClusterMismatch(
+    R"(^cluster\.(num_nodes|num_nodes x cluster\.gpus_per_node|gpus_per_node) = .+ \(from .+\), but .+ (started|spans) .+$)");
+
 TEST_F(NemoRlConfigs, EveryExampleResolvesAndStartsOrIsRefusedByName) {
   std::map<std::string, int> files, start;
   std::map<std::string, int> refused_by;  // key -> configs
@@ -98,6 +102,14 @@ TEST_F(NemoRlConfigs, EveryExampleResolvesAndStartsOrIsRefusedByName) {
       if (o.check == RLH_OK) {
         ++start[ref];
         EXPECT_TRUE(o.report["refused"].empty()) << e.path();
+        continue;
+      }
+      if (o.check == RLH_E_INVALID_ARGUMENT) {
+        // Settings rlhost honours, but for another world than this one process: cluster.num_nodes x
+        // gpus_per_node asks for more ranks than the launcher (here none) started.
+        EXPECT_TRUE(std::regex_match(o.check_msg, kClusterMismatch)) << e.path() << ": " << o.check_msg;
+        EXPECT_TRUE(o.report["refused"].empty()) << e.path();
+        ++refused_by["cluster"];
         continue;
       }
       EXPECT_EQ(o.check, RLH_E_UNIMPLEMENTED) << e.path() << ": " << o.check_msg;
@@ -134,8 +146,6 @@ TEST_F(NemoRlConfigs, SettingsThatChangeBehaviourAreRefusedByName) {
   const std::vector<Case> refused = {
       {"++policy.megatron_cfg.fp8_cfg.enabled=true", "policy.megatron_cfg.fp8_cfg.enabled", "true", "FP8 training"},
       {"++policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled", "false", "non-colocated"},
-      {"++cluster.num_nodes=4", "cluster.num_nodes", "4", "more than one node"},
-      {"++cluster.gpus_per_node=8", "cluster.gpus_per_node", "8", "more than one GPU"},
       {"++logger.wandb_enabled=true", "logger.wandb_enabled", "true", "Weights & Biases"},
       {"++logger.mlflow_enabled=true", "logger.mlflow_enabled", "true", "MLflow"},
       {"++policy.generation.vllm_cfg.precision=fp8", "policy.generation.vllm_cfg.precision", "fp8", "FP8 rollouts"},
@@ -151,8 +161,20 @@ TEST_F(NemoRlConfigs, SettingsThatChangeBehaviourAreRefusedByName) {
         << o.check_msg;
     EXPECT_NE(o.check_msg.find(c.missing), std::string::npos) << o.check_msg;
   }
+  // The cluster's size is honoured: checked against what the launcher started (here one
+  // process on one node), naming both.
+  for (const auto& [ov, what] : std::vector<std::pair<std::string, std::string>>{
+           {"++cluster.num_nodes=4", "cluster.num_nodes x cluster.gpus_per_node = 4 x 1 = 4 (from "},
+           {"++cluster.gpus_per_node=8", "cluster.num_nodes x cluster.gpus_per_node = 1 x 8 = 8 (from "}}) {
+    const Outcome o = load(base, {ov});
+    EXPECT_EQ(o.check, RLH_E_INVALID_ARGUMENT) << ov;
+    EXPECT_TRUE(std::regex_match(o.check_msg, kClusterMismatch)) << o.check_msg;
+    EXPECT_NE(o.check_msg.find(what), std::string::npos) << o.check_msg;
+    EXPECT_NE(o.check_msg.find("no launcher (one rank) started 1 rank"), std::string::npos) << o.check_msg;
+  }
+  EXPECT_EQ(load(base, {"++cluster.num_nodes=1"}).check, RLH_OK);
   for (const char* ok : {"++policy.megatron_cfg.fp8_cfg.enabled=false", "++policy.generation.colocated.enabled=true",
-                         "++cluster.num_nodes=1", "++logger.wandb_enabled=false", "++logger.mlflow_enabled=false"}) {
+                         "++logger.wandb_enabled=false", "++logger.mlflow_enabled=false"}) {
     const Outcome o = load(base, {ok});
     EXPECT_EQ(o.check, RLH_OK) << ok << ": " << o.check_msg;
     // Accepted without effect: named in the report (and the warning).

@@ -19,6 +19,7 @@
 #include "rlhost/grpo/packing.hpp"
 #include "rlhost/sdk/checkpoint.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/launch_env.hpp"
 #include "rollout.hpp"
 
 namespace rlh::grpo {
@@ -306,6 +307,11 @@ struct DpoLoop::Impl {
   }
 
   void run() {
+    // As SFT: the loop hands the whole batch to the backend on every rank (not sharded yet),
+    // and the backend would count it once per rank.
+    if (const int n = sdk::detect_launch().size; n > 1)
+      throw Error(RLH_E_UNIMPLEMENTED, "dpo with " + std::to_string(n) +
+                                           " data-parallel ranks is not implemented (GRPO is); run DPO on one rank");
     try {
       model_dir = sdk::resolve_model_path(cfg.policy.model_name).string();
     } catch (const std::exception& e) {

@@ -20,7 +20,9 @@
 #include "rlhost/grpo/packing.hpp"
 #include "rlhost/grpo/reward_shaping.hpp"
 #include "rlhost/sdk/checkpoint.hpp"
+#include "rlhost/sdk/comm.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/metrics.hpp"
 #include "rollout.hpp"
 
@@ -75,6 +77,25 @@ std::string resolve_model(const std::string& name) {
   }
 }
 
+// Sums `v` element-wise over the group.
+void sum_over(const sdk::Comm& c, std::vector<double>& v) {
+  if (c && c.size() > 1 && !v.empty()) c.all_reduce(std::span<double>(v), RLH_REDUCE_SUM);
+}
+
+// Concatenates rollouts of the same samples-per-prompt (responses stay prompt-major).
+Rollout merge_rollouts(std::vector<Rollout> parts) {
+  Rollout out = std::move(parts.front());
+  for (size_t k = 1; k < parts.size(); ++k) {
+    const int64_t base = static_cast<int64_t>(out.prompts.size());
+    for (Prompt& p : parts[k].prompts) out.prompts.push_back(std::move(p));
+    for (Response& r : parts[k].responses) {
+      r.prompt += base;
+      out.responses.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
 // One training step's samples after generation and filtering.
 struct StepSamples {
   std::vector<const Prompt*> prompts;    // per sample
@@ -104,6 +125,14 @@ struct GrpoLoop::Impl {
   std::unique_ptr<LossAdapter> loss;
   std::unique_ptr<sdk::CheckpointManager> ckpt;
   std::string model_dir;
+
+  // Data parallelism (docs/parallelism.md): every launched rank is a data-parallel rank of the
+  // policy. Each generates, scores and trains on its share of every global batch (whole prompt
+  // groups), and sums what NeMo-RL computes over the whole batch (loss normalisers, metrics)
+  // over `world`. Rank 0 writes checkpoints' files; the backend's collectives keep the rest.
+  sdk::Comm world;
+  int dp_rank = 0, dp_size = 1;
+  int64_t prompts_per_chunk = 0;  // prompts of one train_global_batch_size chunk
 
   int64_t step = 0;  // training steps done
   std::vector<std::pair<int64_t, double>> val_history;  // (step, validation accuracy) this run
@@ -158,14 +187,37 @@ struct GrpoLoop::Impl {
 
     if (cfg.checkpointing.enabled) {
       ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
-      ckpt->clean_leftovers();
+      if (dp_rank == 0) ckpt->clean_leftovers();
+      if (dp_size > 1) world.barrier();  // nobody lists checkpoints while rank 0 cleans
     }
+  }
+
+  // The data-parallel layout of a step, checked before anything loads (every rank alike).
+  void setup_data_parallel() {
+    const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
+    prompts_per_chunk = gbs / G;
+    if (sdk::detect_launch().size <= 1) return;
+    world = sdk::Comm::world(host);
+    dp_size = world.size();
+    dp_rank = world.rank();
+    if (dp_size <= 1) return;
+    const std::string ranks = std::to_string(dp_size) + " data-parallel ranks";
+    if (cfg.dynamic_sampling.use_dynamic_sampling)
+      throw Error(RLH_E_UNIMPLEMENTED, "grpo.use_dynamic_sampling = true with " + ranks +
+                                           ": dynamic sampling across ranks is not implemented (run it on one rank)");
+    // Each rank trains on gbs / N samples of every global batch, whole prompt groups, as
+    // NeMo-RL shards each train_global_batch_size batch over its data-parallel workers.
+    if (gbs % (G * dp_size) != 0)
+      throw Error(RLH_E_INVALID_ARGUMENT,
+                  "policy.train_global_batch_size = " + std::to_string(gbs) + " must be a multiple of "
+                  "grpo.num_generations_per_prompt x data-parallel ranks = " + std::to_string(G) + " x " +
+                      std::to_string(dp_size) + " (each rank trains on whole prompt groups)");
   }
 
   // The newest checkpoint that verifies (sizes, CRC32C, step numbers) and loads; a damaged one
   // is skipped with a warning and the one before it is used (resume_from_checkpoints).
   void resume() {
-    if (!ckpt) return;
+    if (!ckpt) return;  // (every rank reads the same folders; none writes here)
     resume_from_checkpoints(host, *ckpt, [&](const sdk::CheckpointInfo& c) {
       const json& info = c.training_info;
       const std::string where = (c.dir / "training_info.json").string();
@@ -209,10 +261,14 @@ struct GrpoLoop::Impl {
     double correct = 0, length = 0;
     std::map<std::string, double> sums;
     const auto& names = env->reward_names();
-    for (int64_t b = 0; b < n; b += cfg.val_batch_size) {
+    for (const auto& name : names) sums[name] = 0;
+    // Each data-parallel rank validates its contiguous share of the rows (keyed by their global
+    // index, so the samples are those of one rank).
+    const int64_t lo = n * dp_rank / dp_size, hi = n * (dp_rank + 1) / dp_size;
+    for (int64_t b = lo; b < hi; b += cfg.val_batch_size) {
       check_cancel("validation");
       std::vector<int64_t> rows;
-      for (int64_t i = b; i < std::min(n, b + cfg.val_batch_size); ++i) rows.push_back(i);
+      for (int64_t i = b; i < std::min(hi, b + cfg.val_batch_size); ++i) rows.push_back(i);
       Rollout r = run_rollout(*gen, *tok, *env, prompts_for(*val_data, rows), 1, cfg.generation.validation,
                               cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed,
                               kValidationStepKey + at_step, b, nullptr);
@@ -220,6 +276,14 @@ struct GrpoLoop::Impl {
         for (size_t k = 0; k < names.size(); ++k) sums[names[k]] += resp.rewards[k];
         length += static_cast<double>(resp.ids.size());
       }
+    }
+    if (dp_size > 1) {
+      std::vector<double> all = {length};
+      for (const auto& [name, v] : sums) all.push_back(v);
+      sum_over(world, all);
+      length = all[0];
+      size_t k = 1;
+      for (auto& [name, v] : sums) v = all[k++];
     }
     correct = sums["reward"];
     m["accuracy"] = correct / static_cast<double>(n);
@@ -257,9 +321,24 @@ struct GrpoLoop::Impl {
       timers["data_processing"] += since(t0);
       RolloutTimes rt;
       const int64_t batch_index = sampler.num_gen_batches();
-      rollouts.push_back(run_rollout(*gen, *tok, *env, std::move(prompts), G, cfg.generation.train,
-                                     cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed, s,
-                                     batch_index * per_batch, &rt));
+      if (dp_size == 1) {
+        rollouts.push_back(run_rollout(*gen, *tok, *env, std::move(prompts), G, cfg.generation.train,
+                                       cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed, s,
+                                       batch_index * per_batch, &rt));
+      } else {
+        // This rank's share of every train_global_batch_size chunk: prompts [c*pc + r*pc/N,
+        // c*pc + (r+1)*pc/N), generated under their global indices (the same samples as one
+        // rank draws for them).
+        const int64_t pc = prompts_per_chunk;
+        std::vector<Rollout> parts;
+        for (int64_t c0 = 0; c0 < per_batch; c0 += pc) {
+          const int64_t a = c0 + pc * dp_rank / dp_size, b = c0 + pc * (dp_rank + 1) / dp_size;
+          std::vector<Prompt> mine(std::make_move_iterator(prompts.begin() + a), std::make_move_iterator(prompts.begin() + b));
+          parts.push_back(run_rollout(*gen, *tok, *env, std::move(mine), G, cfg.generation.train, cfg.generation,
+                                      cfg.policy.max_total_sequence_length, cfg.seed, s, batch_index * per_batch + a, &rt));
+        }
+        rollouts.push_back(merge_rollouts(std::move(parts)));
+      }
       timers["generation"] += rt.generation;
       timers["reward_calculation"] += rt.reward;
 
@@ -384,21 +463,26 @@ struct GrpoLoop::Impl {
     const double T = cfg.generation.train.temperature > 0 ? cfg.generation.train.temperature : 1.0;
     const std::vector<rlh_output_spec> specs =
         loss->output_specs(T, cfg.generation.train.top_k, cfg.generation.train.top_p);
-    const int64_t gbs = cfg.policy.train_global_batch_size;
+    // At DP > 1 this rank holds gbs / N samples of every global batch, in batch order.
+    const int64_t gbs = cfg.policy.train_global_batch_size / dp_size;
     double loss_sum = 0, grad_norm_sum = 0;
     std::map<std::string, double> summed;
     Metrics extrema;
     for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
       PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
       const BatchMasks masks(chunk);
+      // The loss normalises by the global batch's counts: summed over the ranks' shares.
+      std::vector<double> counts = {masks.counts.tokens, masks.counts.seqs, 0.0};
       if (cfg.loss.positive_example_nll_weight > 0) {
         const std::vector<float>& rw = *chunk.find("rewards");
         std::vector<double> rwd(rw.begin(), rw.end());
-        loss->set_global_positive_tokens(positive_valid_tokens(
-            masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data()));
+        counts[2] = positive_valid_tokens(masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data());
       }
+      sum_over(world, counts);
+      if (cfg.loss.positive_example_nll_weight > 0) loss->set_global_positive_tokens(counts[2]);
+      const ValidCounts global_counts{counts[0], counts[1]};
       loss->reset_step();
-      const rlh_train_args a = train_args(chunk, specs, *loss, masks.counts,
+      const rlh_train_args a = train_args(chunk, specs, *loss, global_counts,
                                           cfg.policy.train_mb_tokens,
                                           cfg.policy.train_micro_batch_size);
       Backend::TrainResult r = backend->train_step(policy, a);
@@ -417,7 +501,7 @@ struct GrpoLoop::Impl {
       };
       absorb(r.metrics);
       if (r.metrics.contains("metrics") && r.metrics["metrics"].is_object()) absorb(r.metrics["metrics"]);
-      extrema.merge(loss->step_extrema());
+      extrema.merge(reduce_extrema(loss->step_extrema()));
     }
     metrics["loss"] = loss_sum;
     metrics["grad_norm"] = grad_norm_sum;
@@ -426,12 +510,39 @@ struct GrpoLoop::Impl {
     for (const Metric& m : extrema.items()) metrics[m.name] = m.value;
   }
 
+  // The loss's min/max metrics over every rank's micro-batches (each rank has some: it trains
+  // on whole prompt groups of every chunk).
+  Metrics reduce_extrema(const Metrics& mine) const {
+    if (dp_size == 1) return mine;
+    std::vector<double> lo, hi;
+    for (const Metric& m : mine.items()) (m.reduce == Reduce::kMin ? lo : hi).push_back(m.value);
+    std::vector<double> n = {double(lo.size()), double(hi.size())}, n_max = n;
+    world.all_reduce(std::span<double>(n_max), RLH_REDUCE_MAX);
+    if (n_max != n)
+      throw Error(RLH_E_INTERNAL, "grpo: the loss's min/max metrics differ between data-parallel ranks");
+    if (!lo.empty()) world.all_reduce(std::span<double>(lo), RLH_REDUCE_MIN);
+    if (!hi.empty()) world.all_reduce(std::span<double>(hi), RLH_REDUCE_MAX);
+    Metrics out;
+    size_t i = 0, j = 0;
+    for (const Metric& m : mine.items()) out.add(m.name, m.reduce == Reduce::kMin ? lo[i++] : hi[j++], m.reduce);
+    return out;
+  }
+
   void save_checkpoint(int64_t s, const std::map<std::string, double>& val,
                        const std::map<std::string, double>& train_metrics) {
-    sdk::PendingCheckpoint pending = ckpt->begin(s);
-    const fs::path policy_dir = pending.dir() / "policy";
-    fs::create_directories(policy_dir);
+    // Rank 0 owns the folder (begin, side files, commit); every rank takes part in the
+    // backend's save_state, which gathers the sharded state and has rank 0 write it.
+    std::optional<sdk::PendingCheckpoint> pending;
+    std::string dir;
+    if (dp_rank == 0) {
+      pending.emplace(ckpt->begin(s));
+      dir = pending->dir().string();
+    }
+    if (dp_size > 1) dir = broadcast_text(dir);
+    const fs::path policy_dir = fs::path(dir) / "policy";
+    if (dp_rank == 0) fs::create_directories(policy_dir);
     backend->save_state(policy, policy_dir.string());
+    if (dp_rank != 0) return;
     // The tokenizer beside the weights, as NeMo-RL saves it (policy/tokenizer).
     const fs::path tok_src = fs::is_directory(cfg.policy.tokenizer_name) ? fs::path(cfg.policy.tokenizer_name)
                                                                         : fs::path(model_dir);
@@ -450,13 +561,24 @@ struct GrpoLoop::Impl {
     for (const auto& [k, v] : val) info["val:" + k] = v;
     if (val.count("accuracy")) info["val_reward"] = val.at("accuracy");
     for (const auto& [k, v] : train_metrics) info["train:" + k] = v;
-    pending.write_training_info(info);
-    pending.write_config_yaml(config_yaml);
-    const fs::path dir = pending.commit();
-    host.info("saved checkpoint " + dir.string());
+    pending->write_training_info(info);
+    pending->write_config_yaml(config_yaml);
+    const fs::path done = pending->commit();
+    host.info("saved checkpoint " + done.string());
+  }
+
+  // Rank 0's text on every rank.
+  std::string broadcast_text(std::string text) const {
+    int64_t n[1] = {static_cast<int64_t>(text.size())};
+    world.broadcast(std::span<int64_t>(n, 1), 0);
+    std::vector<uint8_t> bytes(text.begin(), text.end());
+    bytes.resize(static_cast<size_t>(n[0]));
+    if (n[0] > 0) world.broadcast(std::span<uint8_t>(bytes), 0);
+    return std::string(bytes.begin(), bytes.end());
   }
 
   void run() {
+    setup_data_parallel();
     setup();
     resume();
     host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
@@ -501,22 +623,31 @@ struct GrpoLoop::Impl {
       generator_stale = true;
       timers["policy_training"] = since(t0);
       step = s;
-      consumed_samples += static_cast<int64_t>(ss.responses.size());
 
-      // Rollout statistics, NeMo-RL's names.
+      // Rollout statistics, NeMo-RL's names, over the global batch (every rank's share).
       double gen_tokens = 0, prompt_tokens = 0, total_tokens = 0, truncated = 0;
       for (size_t i = 0; i < ss.responses.size(); ++i) {
         gen_tokens += static_cast<double>(ss.responses[i]->ids.size());
         prompt_tokens += static_cast<double>(ss.prompts[i]->ids.size());
         truncated += ss.responses[i]->truncated ? 1 : 0;
       }
-      total_tokens = gen_tokens + prompt_tokens;
-      const double n = static_cast<double>(ss.responses.size());
       double reward_sum = 0;
       for (double r : ss.reward) reward_sum += r;
-      metrics["reward"] = reward_sum / n;
-      for (const auto& [name, v] : ss.reward_means)
-        if (name != "reward") metrics[name] = v;
+      std::vector<double> sums = {static_cast<double>(ss.responses.size()), gen_tokens, prompt_tokens, truncated, reward_sum};
+      for (const auto& [name, v] : ss.reward_means) sums.push_back(v * static_cast<double>(ss.responses.size()));
+      sum_over(world, sums);
+      const double n = sums[0];
+      gen_tokens = sums[1];
+      prompt_tokens = sums[2];
+      truncated = sums[3];
+      total_tokens = gen_tokens + prompt_tokens;
+      consumed_samples += static_cast<int64_t>(n);
+      metrics["reward"] = sums[4] / n;
+      size_t k = 5;
+      for (const auto& [name, v] : ss.reward_means) {
+        const double global = sums[k++] / n;
+        if (name != "reward") metrics[name] = global;
+      }
       metrics["mean_gen_tokens_per_sample"] = gen_tokens / n;
       metrics["mean_prompt_length"] = prompt_tokens / n;
       metrics["total_num_tokens"] = total_tokens;

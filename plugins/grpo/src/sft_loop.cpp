@@ -18,6 +18,7 @@
 #include "rlhost/grpo/packing.hpp"
 #include "rlhost/sdk/checkpoint.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/launch_env.hpp"
 #include "rollout.hpp"
 
 namespace rlh::grpo {
@@ -225,6 +226,11 @@ struct SftLoop::Impl {
   }
 
   void run() {
+    // The SFT/DPO loop hands the whole batch to the backend on every rank; sharding it is not
+    // done yet, and the backend would count it once per rank.
+    if (const int n = sdk::detect_launch().size; n > 1)
+      throw Error(RLH_E_UNIMPLEMENTED, "sft with " + std::to_string(n) +
+                                           " data-parallel ranks is not implemented (GRPO is); run SFT on one rank");
     try {
       model_dir = sdk::resolve_model_path(cfg.policy.model_name).string();
     } catch (const std::exception& e) {

@@ -178,7 +178,7 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
     Model& m = check_model(b, model);
     if (args == nullptr || args->struct_size < RLH_STRUCT_SIZE(rlh_forward_args, micro_batch_tokens))
       throw Error(RLH_E_INVALID_ARGUMENT, "forward: args missing or older than the interface's first version");
-    validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings);
+    validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
     const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
     if (args->outputs == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "forward: outputs is NULL");
@@ -188,7 +188,7 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
       const bool shape_ok = t.ndim >= 1 && t.shape != nullptr && t.shape[0] == batch.num_tokens &&
                             ((t.ndim == 1 && K == 1) || (t.ndim == 2 && t.shape[1] == K));
       if (t.device.device_type != RLH_DEVICE_CPU || t.dtype.code != RLH_DTYPE_FLOAT || t.dtype.bits != 32 ||
-          !shape_ok || t.data == nullptr)
+          !shape_ok || (t.data == nullptr && batch.num_tokens > 0))
         throw Error(RLH_E_INVALID_ARGUMENT, "forward: output '" + plan.names[k] + "' must be a float32 host tensor [" +
                                                 std::to_string(batch.num_tokens) +
                                                 (K == 1 && plan.slots[k] != Slot::at_ids ? "" : ", " + std::to_string(K)) + "]");
@@ -204,13 +204,19 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
     } else {
       po.max_seqs = bc.logprob_batch_size;
     }
-    std::vector<MicroBatchData> mbs = make_microbatches(batch, po);
-    for (MicroBatchData& d : mbs) {
+    std::vector<MicroBatchData> mbs = batch.num_seqs > 0 ? make_microbatches(batch, po) : std::vector<MicroBatchData>{};
+    const auto run = [&](size_t i) {
+      MicroBatchData& d = mbs[i];
       if (b->host.cancelled()) throw Error(RLH_E_CANCELLED, "forward cancelled");
       const engine::Outputs o =
           m.device ? m.device->forward(d.engine_view(), plan.req) : m.engine->forward(d.engine_view(), plan.req);
       for (size_t k = 0; k < plan.slots.size(); ++k)
         write_output(args->outputs[k], d, engine_output(o, plan.slots[k]), width(plan, k));
+    };
+    if (m.dp != nullptr) {
+      dp_forward(m, mbs.size(), run);  // this rank's shard of the batch; FSDP peers gather together
+    } else {
+      for (size_t i = 0; i < mbs.size(); ++i) run(i);
     }
   });
 }
@@ -330,7 +336,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       throw Error(RLH_E_FAILED_PRECONDITION, "train_step: model '" + m.role + "' is frozen on " + m.kernels +
                                                  ", which keeps no gradients for it (an eval_only loss on the "
                                                  "device needs RLH_MODEL_TRAINABLE)");
-    validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings);
+    validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
     const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
 
@@ -347,7 +353,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     } else {
       po.max_seqs = bc.train_micro_batch_size;
     }
-    std::vector<MicroBatchData> mbs = make_microbatches(batch, po);
+    // At DP > 1 the batch is this rank's shard of the global batch (maybe empty).
+    std::vector<MicroBatchData> mbs = batch.num_seqs > 0 ? make_microbatches(batch, po) : std::vector<MicroBatchData>{};
     std::vector<engine::MicroBatch> views;
     for (const MicroBatchData& d : mbs) views.push_back(d.engine_view());
     if (b->host.cancelled()) throw Error(RLH_E_CANCELLED, "train_step cancelled");
@@ -364,7 +371,17 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
-    if (m.device) {  // the device applies its own update (device_engine.hpp)
+    int64_t comm_bytes = 0;
+    double comm_seconds = 0;
+    if (m.dp != nullptr) {  // data parallel: reduced gradients, the sharded update (dp_model.cpp)
+      DpStepResult d = dp_train_step(m, views, so, loss, eval_only, args->learning_rate);
+      r = std::move(d.r);
+      info = d.info;
+      updated = d.updated;
+      comm_bytes = d.comm_bytes;
+      comm_seconds = d.comm_seconds;
+      tramp.metrics = all_reduce_named(m.dp->dp, tramp.metrics);
+    } else if (m.device) {  // the device applies its own update (device_engine.hpp)
       info = m.next_update(args->learning_rate);
       so.apply_optimizer = !eval_only;
       so.lr = info.lr;
@@ -383,18 +400,26 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     }
     result->loss = r.loss;
     result->grad_norm = r.grad_norm;
-    result->num_micro_batches = int64_t(mbs.size());
+    int64_t num_mbs = int64_t(mbs.size());
+    if (m.dp != nullptr) m.dp->dp.all_reduce(std::span<int64_t>(&num_mbs, 1), RLH_REDUCE_SUM);
+    result->num_micro_batches = num_mbs;
     json metrics = {{"loss", r.loss},
                     {"grad_norm", r.grad_norm},
                     {"clip_coef", r.clip_coef},
                     {"lr", info.lr},
                     {"weight_decay", info.weight_decay},
                     {"step", m.version()},
-                    {"num_micro_batches", mbs.size()},
+                    {"num_micro_batches", num_mbs},
                     {"num_tokens", r.tokens},
                     {"eval_only", eval_only},
                     {"updated", updated},
-                    {"skipped_nonfinite", r.skipped}};
+                    {"skipped_nonfinite", r.skipped},
+                    // This rank's training state (parameters, gradients, moments, or its shards
+                    // of them) and the data-parallel size.
+                    {"memory/state_bytes", m.state_alloc.live_bytes()},
+                    {"dp_size", m.dp != nullptr ? m.dp->size() : 1},
+                    {"dp/comm_bytes", comm_bytes},
+                    {"dp/comm_seconds", comm_seconds}};
     // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
     for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();
@@ -415,12 +440,8 @@ rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weigh
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
     std::vector<float> split;  // a fused engine tensor's HF piece
-    // A device model's weights are copied to the host once, then visited like the CPU engine's.
-    std::vector<std::vector<float>> host;
-    if (m.device) host = m.device->parameters();
-    for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const auto visit = [&](size_t i, std::span<float> w) {
       const sdk::ParamDesc& p = m.desc.params[i];
-      std::span<float> w = m.device ? std::span<float>(host[i]) : m.engine->param(i);
       for (size_t k = 0; k < p.hf_names.size(); ++k) {
         std::vector<int64_t> shape = p.hf_shapes[k], strides(shape.size(), 1);
         for (int d = int(shape.size()) - 2; d >= 0; --d) strides[size_t(d)] = strides[size_t(d) + 1] * shape[size_t(d) + 1];
@@ -454,7 +475,16 @@ rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weigh
           throw Error(s->code, "visit_weights callback at '" + p.hf_names[k] + "': " + sdk::status_message(s));
         }
       }
+    };
+    if (m.dp != nullptr) {  // FSDP gathers unit by unit (collective)
+      dp_visit_parameters(m, visit);
+      return;
     }
+    // A device model's weights are copied to the host once, then visited like the CPU engine's.
+    std::vector<std::vector<float>> host;
+    if (m.device) host = m.device->parameters();
+    for (size_t i = 0; i < m.desc.params.size(); ++i)
+      visit(i, m.device ? std::span<float>(host[i]) : m.engine->param(i));
   });
 }
 

@@ -171,7 +171,8 @@ void require_single_rank(ConfigReader& r, std::string_view path) {
   if (n != 1)
     throw Error(RLH_E_UNIMPLEMENTED,
                 r.full(path) + " = " + std::to_string(n) +
-                    ": this backend runs the single-rank engine; parallel layouts are not implemented yet");
+                    ": only data parallelism (every launched rank a data-parallel rank) is implemented; tensor, "
+                    "context, pipeline and expert parallelism are not");
 }
 
 void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {

@@ -2,7 +2,9 @@
 // implement the table's slots (backend_api.cpp, model_loading.cpp, training_state.cpp).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 
 #include "rlhost/backend_common/backend.hpp"
 #include "rlhost/backend_common/backend_config.hpp"
+#include "rlhost/backend_common/data_parallel.hpp"
 #include "rlhost/backend_common/optimizer.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/sdk/kernels.hpp"
@@ -35,11 +38,22 @@ struct Model {
   // Declaration order is destruction order reversed: the optimizer goes before the engine, the
   // engine before its ops, the ops before the registry and the allocator they draw from.
   engine::CountingAllocator alloc;
+  // The training state (parameters, gradients, optimizer moments; shards of them at DP > 1)
+  // apart from activations and scratch: train_step reports it as memory/state_bytes.
+  engine::CountingAllocator state_alloc;
   std::unique_ptr<sdk::KernelRegistry> registry;
   std::unique_ptr<engine::Ops> ops;
   std::string kernels;  // which kernels run it, for logs
+  // Data parallelism (data_parallel.hpp), with the backend's groups at DP > 1.
+  enum class Dp { none, ddp, distributed_optimizer, fsdp };
+  Dp dp_mode = Dp::none;
+  const DpGroups* dp = nullptr;
+  std::unique_ptr<FsdpStore> fsdp;  // made before the engine, which points at it
   std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<Optimizer> optimizer;  // trainable models only
+  std::unique_ptr<Optimizer> optimizer;  // trainable models only (DP 1)
+  std::unique_ptr<ShardLayout> shards;   // DP > 1: this rank's part of the state
+  std::unique_ptr<ShardOptimizer> shard_opt;  // DP > 1, trainable models
+  engine::Buffer<float> grad_shard;      // distributed optimizer: the reduce-scattered block
   // A model on the flavor's device path (policy.device) has this instead of engine/ops/optimizer:
   // the device engine keeps weights, gradients and optimizer state itself.
   std::unique_ptr<DeviceEngine> device;
@@ -47,6 +61,7 @@ struct Model {
 
   int64_t version() const {
     if (optimizer) return optimizer->steps();
+    if (shard_opt) return shard_opt->steps();
     return device && trainable ? device->steps() : loaded_version;
   }
   // The schedule's learning rate and weight decay for the next update (lr_override >= 0 wins).
@@ -58,6 +73,7 @@ struct Backend {
   sdk::Host host;
   nlohmann::json policy;  // the config section as given to create
   BackendConfig config;
+  std::unique_ptr<DpGroups> dp;  // several launched ranks: made at the first load_model
   std::vector<std::unique_ptr<Model>> models;
 };
 
@@ -83,5 +99,37 @@ bool without_update(const Model& m, const sdk::ParamDesc& p);
 // training_state.cpp
 void save_state(Model& m, const std::string& dir);
 void load_state(Model& m, const std::string& dir);
+
+// dp_model.cpp: a model at DP > 1 (data_parallel.hpp)
+// Before the engine: the mode, the FSDP store, storage padding. After it: the shard layout, the
+// weights into their shards, the shard optimizer.
+void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo);
+void finish_data_parallel(Model& m, const std::vector<std::vector<float>>& weights);
+struct DpStepResult {
+  engine::StepResult r;
+  Optimizer::StepInfo info;
+  bool updated = false;
+  // Bytes this rank's collectives of the step moved, as a ring moves them: (S-1)/S of an
+  // all-gather's output or a reduce-scatter's input, 2 (S-1)/S of an all-reduce's tensor.
+  int64_t comm_bytes = 0;
+  double comm_seconds = 0;  // spent inside the step's collectives
+};
+// The step over this rank's micro-batches (possibly none), gradients reduced, the global norm,
+// the sharded update, loss and engine metrics summed over ranks. Collective.
+DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, engine::StepOptions so,
+                           const engine::LossFn& loss, bool eval_only, double lr_override);
+// Forward over this rank's micro-batches, FSDP ranks keeping their peers' gathers company.
+void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run);
+// Every parameter in full (FSDP gathers unit by unit; collective), handed to `fn` in storage
+// order of units.
+void dp_visit_parameters(Model& m, const std::function<void(size_t, std::span<float>)>& fn);
+// The full parameters and optimizer moments (collective; only `keep` ranks hold the result).
+std::vector<std::vector<float>> dp_full_parameters(Model& m, bool keep);
+std::vector<Optimizer::StateTensor> dp_full_optimizer_state(Model& m, bool keep, std::vector<std::vector<float>>& storage);
+// Loads full tensors into this rank's shards (weights) and moments (`first`/`second` per
+// parameter index, empty when absent).
+void dp_load_parameters(Model& m, const std::vector<std::vector<float>>& weights);
+void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, const std::vector<std::vector<float>>& second,
+                       int64_t steps);
 
 }  // namespace rlh::backend

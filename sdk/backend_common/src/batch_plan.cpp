@@ -44,11 +44,13 @@ size_t element_bytes(const rlh_dtype& d) { return (size_t(d.bits) * d.lanes + 7)
 
 }  // namespace
 
-void validate_batch(const rlh_batch* b, int64_t vocab, int64_t max_positions) {
+void validate_batch(const rlh_batch* b, int64_t vocab, int64_t max_positions, bool may_be_empty) {
   if (b == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "batch is NULL");
   if (b->struct_size < RLH_STRUCT_SIZE(rlh_batch, constraints))
     throw Error(RLH_E_INVALID_ARGUMENT, "rlh_batch: struct_size " + std::to_string(b->struct_size) +
                                             " is smaller than the interface's first version");
+  // A data-parallel rank's shard of a global batch may hold nothing (it still takes part).
+  if (may_be_empty && b->num_seqs == 0 && b->num_tokens == 0) return;
   if (b->num_seqs < 1 || b->num_tokens < 1)
     throw Error(RLH_E_INVALID_ARGUMENT, "batch has " + std::to_string(b->num_seqs) + " sequences and " +
                                             std::to_string(b->num_tokens) + " tokens; both must be positive");

@@ -97,6 +97,7 @@ void select_kernels(const sdk::Host& host, const BackendFlavor& flavor, Model& m
 
 Optimizer::StepInfo Model::next_update(double lr_override) const {
   if (optimizer) return optimizer->next(lr_override);
+  if (shard_opt) return shard_opt->next(lr_override);
   if (!config.optimizer) return {};
   const Schedule::Point p = config.schedule.at(version(), *config.optimizer);
   return {lr_override >= 0 ? lr_override : p.lr, p.weight_decay};
@@ -110,7 +111,7 @@ bool without_update(const Model& m, const sdk::ParamDesc& p) {
 
 std::unique_ptr<Optimizer> make_optimizer(Model& m) {
   const auto frozen = [&m](const sdk::ParamDesc& p) { return without_update(m, p); };
-  return std::make_unique<Optimizer>(*m.config.optimizer, m.config.schedule, *m.engine, *m.ops, frozen);
+  return std::make_unique<Optimizer>(*m.config.optimizer, m.config.schedule, *m.engine, *m.ops, frozen, &m.state_alloc);
 }
 
 namespace {
@@ -139,6 +140,9 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
                                              "is megatron's, built where the CUDA toolchain is)");
   }
+  if (b.dp)  // the device path is one rank's (multi-GPU data parallelism is a later issue)
+    return decline(RLH_E_UNIMPLEMENTED, "the device path runs on one rank; with " + std::to_string(b.dp->size()) +
+                                            " data-parallel ranks the model runs on the CPU engine");
   const std::string target = automatic ? "cuda" : d;
   std::string why;
   if (!f->available(target, &why)) return decline(RLH_E_UNAVAILABLE, why);
@@ -224,6 +228,12 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   }
   m->passthrough = weights.unused;
 
+  // Several launched ranks: the data-parallel groups, once per backend (collective).
+  if (!b.dp && launched_world_size() > 1) b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name);
+  if (!b.dp && m->config.parallel.dp_replicate > 1)
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string(b.flavor->name) + ": policy.dtensor_cfg.dp_replicate_size = " +
+                                            std::to_string(m->config.parallel.dp_replicate) +
+                                            " replicas need as many data-parallel ranks (or a multiple), but one rank was started");
   if (place_on_device(b, *m, weights.tensors)) {
     b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
                 " (" + std::to_string(m->device->num_elements()) + " parameters, " +
@@ -239,7 +249,9 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   eo.recompute = m->config.recompute;
   eo.moe = m->config.moe;
   eo.allocator = &m->alloc;
+  eo.state_allocator = &m->state_alloc;
   eo.ops = m->ops.get();
+  prepare_data_parallel(b, *m, eo);
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
   try {
@@ -247,12 +259,22 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir + "): " + e.what());
   }
-  m->engine->load_parameters(weights.tensors);
+  if (m->dp_mode == Model::Dp::none) {
+    m->engine->load_parameters(weights.tensors);
+    if (m->trainable) m->optimizer = make_optimizer(*m);
+  } else {
+    finish_data_parallel(*m, weights.tensors);
+  }
   weights.tensors.clear();
-  if (m->trainable) m->optimizer = make_optimizer(*m);
 
+  static const char* const kDpModes[] = {"", "gradients all-reduced", "distributed optimizer",
+                                         "FSDP: parameters, gradients and optimizer state sharded"};
+  const std::string dp_note =
+      m->dp ? ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
+                  (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
+            : "";
   b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
-              " (" + std::to_string(m->engine->num_elements()) + " parameters, " +
+              " (" + std::to_string(m->engine->num_elements()) + " parameters" + dp_note + ", " +
               (m->trainable ? std::string(to_string(m->config.optimizer->kind)) + " optimizer" : std::string("frozen")) +
               (m->config.recompute ? ", recompute" : "") + ", kernels " + m->kernels + ")");
   return m;

@@ -17,8 +17,9 @@ int64_t numel(const std::vector<int64_t>& shape) {
 }  // namespace
 
 Optimizer::Optimizer(OptimizerConfig config, Schedule schedule, engine::Engine& engine, engine::Ops& ops,
-                     const std::function<bool(const sdk::ParamDesc&)>& frozen)
-    : config_(config), schedule_(std::move(schedule)), engine_(engine), ops_(ops) {
+                     const std::function<bool(const sdk::ParamDesc&)>& frozen, engine::Allocator* state)
+    : config_(config), schedule_(std::move(schedule)), engine_(engine), ops_(ops),
+      state_(state != nullptr ? state : &engine.allocator()) {
   const auto& params = engine_.desc().params;
   state_offset_.assign(params.size(), -1);
   for (size_t i = 0; i < params.size(); ++i)
@@ -52,11 +53,11 @@ void Optimizer::allocate_state() {
   const bool needs_v = config_.kind == OptimizerKind::adamw;
   const bool needs_m = needs_v || config_.momentum != 0;
   if (needs_m && m_.size() == 0) {
-    m_ = engine::Buffer<float>(engine_.allocator(), size_t(state_size_));
+    m_ = engine::Buffer<float>(*state_, size_t(state_size_));
     std::memset(m_.data(), 0, size_t(state_size_) * sizeof(float));
   }
   if (needs_v && v_.size() == 0) {
-    v_ = engine::Buffer<float>(engine_.allocator(), size_t(state_size_));
+    v_ = engine::Buffer<float>(*state_, size_t(state_size_));
     std::memset(v_.data(), 0, size_t(state_size_) * sizeof(float));
   }
 }

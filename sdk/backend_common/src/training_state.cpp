@@ -82,7 +82,14 @@ void view_adam_state(const Model& m, DeviceOptimizerState& s) {
 
 }  // namespace
 
-void save_state(Model& m, const std::string& dir) {
+namespace {
+
+// The folder's files from a full state: one rank's own, or under data parallelism rank 0's
+// gathered copy, so a state saved at any data-parallel size is the same files. `weights` is
+// released once written (the optimizer's moments that follow may be as large again).
+// `saved_by`: data-parallel runs name their size there.
+void write_state_files(Model& m, const std::string& dir, std::vector<std::vector<float>>& weights,
+                       const std::vector<Optimizer::StateTensor>& moments, const json& saved_by) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
@@ -94,7 +101,6 @@ void save_state(Model& m, const std::string& dir) {
     sdk::SaveOptions so;
     so.passthrough = &m.checkpoint;
     so.passthrough_names = m.passthrough;
-    const std::vector<std::vector<float>> weights = m.device ? m.device->parameters() : m.engine->save_parameters();
     if (bf16) {
       fs::create_directories(fs::path(dir) / kMasterDir);
       sdk::save_weights_hf(f32, weights, (fs::path(dir) / kMasterDir).string(), so);
@@ -104,6 +110,8 @@ void save_state(Model& m, const std::string& dir) {
     } else {
       sdk::save_weights_hf(f32, weights, dir, so);
     }
+    weights.clear();
+    weights.shrink_to_fit();
 
     if (!fs::equivalent(fs::path(m.dir), fs::path(dir), ec))
       for (const char* name : kSideFiles)
@@ -129,14 +137,10 @@ void save_state(Model& m, const std::string& dir) {
                   {"optimizer", m.trainable ? json(to_string(m.config.optimizer->kind)) : json(nullptr)},
                   {"weights_dtype", m.config.save_dtype}};
     if (bf16) state["master_weights"] = kMasterDir;
+    if (!saved_by.is_null()) state["saved_by"] = saved_by;
     if (m.trainable) {
-      DeviceOptimizerState device_state;
-      if (m.device) {
-        device_state.adam = m.device->adam_state();
-        view_adam_state(m, device_state);
-      }
       std::vector<sdk::st::WriteTensor> tensors;
-      for (const Optimizer::StateTensor& t : m.device ? device_state.tensors : m.optimizer->state())
+      for (const Optimizer::StateTensor& t : moments)
         tensors.push_back({t.name, sdk::st::DType::F32, t.shape,
                            std::as_bytes(std::span<const float>(t.data.data(), t.data.size()))});
       sdk::st::write_file((fs::path(dir) / kOptimizerFile).string(), tensors,
@@ -152,7 +156,79 @@ void save_state(Model& m, const std::string& dir) {
   }
 }
 
+// Data parallel: the state in full (gathers are collective), written by rank 0 in the same
+// files as one rank writes; every rank then learns whether rank 0 succeeded.
+void save_state_dp(Model& m, const std::string& dir) {
+  const bool writer = m.dp->rank() == 0;
+  std::vector<std::vector<float>> params = dp_full_parameters(m, writer);
+  std::vector<std::vector<float>> storage;
+  std::vector<Optimizer::StateTensor> moments = dp_full_optimizer_state(m, writer, storage);
+  int32_t ok[1] = {1};
+  std::string error;
+  rlh_code code = RLH_OK;
+  if (writer) {
+    try {
+      write_state_files(m, dir, params, moments, {{"data_parallel_size", m.dp->size()}});
+    } catch (const Error& e) {
+      ok[0] = 0;
+      error = e.what();
+      code = e.code();
+    }
+  }
+  m.dp->dp.broadcast(std::span<int32_t>(ok, 1), 0);
+  if (writer && !ok[0]) throw Error(code, error);
+  if (!ok[0]) throw Error(RLH_E_ABORTED, "save_state into '" + dir + "': rank 0, which writes the files, failed (its error names why)");
+}
+
+}  // namespace
+
+void save_state(Model& m, const std::string& dir) {
+  if (m.dp != nullptr) return save_state_dp(m, dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
+  std::vector<std::vector<float>> weights;
+  DeviceOptimizerState device_state;
+  try {
+    weights = m.device ? m.device->parameters() : m.engine->save_parameters();
+    if (m.trainable && m.device) {
+      device_state.adam = m.device->adam_state();
+      view_adam_state(m, device_state);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_UNAVAILABLE, "save_state into '" + dir + "': " + e.what());
+  }
+  write_state_files(m, dir, weights,
+                    !m.trainable ? std::vector<Optimizer::StateTensor>{}
+                    : m.device   ? device_state.tensors
+                                 : m.optimizer->state(),
+                    json(nullptr));
+}
+
+namespace {
+void load_state_here(Model& m, const std::string& dir);
+}  // namespace
+
 void load_state(Model& m, const std::string& dir) {
+  if (m.dp == nullptr) return load_state_here(m, dir);
+  // Every rank reads the files; all stop alike when any cannot.
+  int32_t ok[1] = {1};
+  try {
+    load_state_here(m, dir);
+  } catch (...) {
+    ok[0] = 0;
+    m.dp->dp.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
+    throw;
+  }
+  m.dp->dp.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
+  if (!ok[0]) throw Error(RLH_E_ABORTED, "load_state from '" + dir + "': another rank could not load it (its error names why)");
+}
+
+namespace {
+
+void load_state_here(Model& m, const std::string& dir) {
   const fs::path state_path = fs::path(dir) / kStateFile;
   if (!sdk::input_exists(state_path.string()))
     throw Error(RLH_E_NOT_FOUND, "load_state: '" + dir + "' has no " + kStateFile + " (not a folder save_state wrote)");
@@ -195,6 +271,8 @@ void load_state(Model& m, const std::string& dir) {
     sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt, lo);
     if (m.device)
       m.device->load_parameters(w.tensors);
+    else if (m.dp != nullptr)
+      dp_load_parameters(m, w.tensors);  // this rank's shards of the full tensors
     else
       m.engine->load_parameters(w.tensors);
     m.checkpoint = std::move(ckpt);
@@ -247,6 +325,35 @@ void load_state(Model& m, const std::string& dir) {
       m.device->load_adam_state(s.adam);
       return;
     }
+    if (m.dp != nullptr) {
+      // Full moments from the file, per parameter, into this rank's shards: a state saved at
+      // any data-parallel size (or by one rank) loads at this one.
+      std::vector<std::vector<float>> first, second;
+      if (!f.tensors().empty()) {
+        const bool adam = m.config.optimizer->kind == OptimizerKind::adamw;
+        first.resize(m.desc.params.size());
+        if (adam) second.resize(m.desc.params.size());
+        size_t expected = 0;
+        for (size_t i = 0; i < m.desc.params.size(); ++i) {
+          const sdk::ParamDesc& p = m.desc.params[i];
+          if (without_update(m, p)) continue;
+          for (auto [prefix, into] : {std::pair{adam ? "exp_avg" : "momentum_buffer", &first}, std::pair{"exp_avg_sq", &second}}) {
+            if (into->empty()) continue;
+            const std::string name = std::string(prefix) + "." + p.name;
+            const sdk::st::TensorInfo& info = f.at(name);
+            if (info.shape != p.shape || info.dtype != sdk::st::DType::F32)
+              throw Error(RLH_E_DATA_LOSS, f.path() + ": tensor '" + name + "' has the wrong shape or dtype");
+            (*into)[i] = f.read_f32(name);
+            ++expected;
+          }
+        }
+        if (f.tensors().size() != expected)
+          throw Error(RLH_E_DATA_LOSS, f.path() + ": " + std::to_string(f.tensors().size()) + " tensors, the model needs " +
+                                           std::to_string(expected));
+      }
+      dp_load_optimizer(m, first, second, step);
+      return;
+    }
     // A fresh optimizer (no moments yet) restarts from zeros, whatever this one holds.
     m.optimizer = make_optimizer(m);
     if (!f.tensors().empty()) {
@@ -270,5 +377,7 @@ void load_state(Model& m, const std::string& dir) {
     throw Error(RLH_E_DATA_LOSS, "load_state from '" + dir + "': " + e.what());
   }
 }
+
+}  // namespace
 
 }  // namespace rlh::backend

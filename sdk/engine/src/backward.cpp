@@ -115,6 +115,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   raw.temperature = req.temperature;
   raw.chunk_bytes = opt.logprob_chunk_bytes;
   bool have_dxn = false;
+  use_grads(L);
   if (req.logprob || req.entropy || req.logprob_at_ids) {
     ops->linear_logprob_bwd(dxn, g(prog.head), head.dlp, req.entropy ? head.dent : nullptr, head.xn, w(prog.head),
                             target_raw, head.lse, req.entropy ? head.ent : nullptr, N, C, V, head.kraw, raw,
@@ -134,11 +135,17 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
 
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs a = acts_of(l);
+    use_params(l);
+    use_grads(l);
     if (!acts_saved_all) forward_layer(l, mb, a, true);  // recompute from the layer input
     backward_layer(l, mb, a);
+    drop_grads(l);  // a UnitStore reduces them away here
+    drop_params(l);
   }
   if (prog.embed_scale != 1) ops->scale(dres, N * C, double(float(prog.embed_scale)));
   ops->embedding_bwd(g(prog.embed), mb.input_ids.data(), dres, N, C, V);
+  drop_grads(L);
+  drop_params(L);
 }
 
 }  // namespace rlh::engine

@@ -103,14 +103,38 @@ int64_t numel(const std::vector<int64_t>& shape) {
 }
 }  // namespace
 
+namespace {
+void own_storage(const UnitStore* store, const char* what) {
+  if (store != nullptr)
+    throw std::logic_error(std::string("engine: ") + what + ": the parameters are held by a UnitStore");
+}
+}  // namespace
+
 std::span<float> Engine::param(size_t i) {
+  own_storage(impl_->store, "param");
   return {impl_->params.data() + impl_->offset.at(i), size_t(numel(impl_->desc.params[i].shape))};
 }
 std::span<float> Engine::grad(size_t i) {
+  own_storage(impl_->store, "grad");
   return {impl_->grads.data() + impl_->offset.at(i), size_t(numel(impl_->desc.params[i].shape))};
+}
+int64_t Engine::param_offset(size_t i) const { return impl_->offset.at(i); }
+int64_t Engine::num_units() const { return impl_->L + 1; }
+std::pair<int64_t, int64_t> Engine::unit_range(int64_t u) const {
+  if (u < 0 || u > impl_->L) throw std::out_of_range("engine: unit " + std::to_string(u));
+  return {impl_->unit_begin[size_t(u)], impl_->unit_begin[size_t(u) + 1]};
+}
+std::span<float> Engine::flat_params() {
+  own_storage(impl_->store, "flat_params");
+  return impl_->params.span();
+}
+std::span<float> Engine::flat_grads() {
+  own_storage(impl_->store, "flat_grads");
+  return impl_->grads.span();
 }
 
 void Engine::load_parameters(const std::vector<std::vector<float>>& tensors) {
+  own_storage(impl_->store, "load_parameters");
   if (tensors.size() != num_params())
     throw std::invalid_argument("engine: load_parameters got " + std::to_string(tensors.size()) +
                                 " tensors for " + std::to_string(num_params()) + " parameters");
@@ -124,6 +148,7 @@ void Engine::load_parameters(const std::vector<std::vector<float>>& tensors) {
 }
 
 std::vector<std::vector<float>> Engine::save_parameters() const {
+  own_storage(impl_->store, "save_parameters");
   std::vector<std::vector<float>> out;
   for (size_t i = 0; i < impl_->desc.params.size(); ++i) {
     const float* p = impl_->params.data() + impl_->offset[i];
@@ -133,12 +158,14 @@ std::vector<std::vector<float>> Engine::save_parameters() const {
 }
 
 void Engine::zero_grad() {
-  std::memset(impl_->grads.data(), 0, size_t(impl_->total) * sizeof(float));
+  own_storage(impl_->store, "zero_grad");
+  std::memset(impl_->grads.data(), 0, impl_->grads.size() * sizeof(float));
   impl_->grads_clear = true;
 }
 
 Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
   Impl& m = *impl_;
+  m.forget_units();  // an earlier call that threw may have left units marked held
   m.forward(mb, req, false);
   const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
   const auto cu = mb.cu_seqlens;
@@ -169,6 +196,7 @@ Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
     m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.w(m.prog.head), m.C, 0.f,
                 out.logits.data(), m.V);
   }
+  m.drop_params(m.L);
   return out;
 }
 
@@ -190,7 +218,10 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     throw std::invalid_argument("engine: a train step needs at least one differentiable output");
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
   if (mbs.empty()) throw std::invalid_argument("engine: a train step needs micro-batches");
-  if (!m.grads_clear) zero_grad();  // after an optimizer step AdamW has cleared them already
+  if (m.store != nullptr && so.apply_optimizer)
+    throw std::invalid_argument("engine: with a UnitStore the update is the store owner's (apply_optimizer = false)");
+  m.forget_units();
+  if (m.store == nullptr && !m.grads_clear) zero_grad();  // after an optimizer step AdamW has cleared them already
   m.grads_clear = false;
   StepResult r;
   // MoE auxiliary losses: normalised by the global counts (this step's when not given).
@@ -266,6 +297,11 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     r.metrics.emplace_back("moe/max_expert_load", m.moe_max_load);
   }
 
+  // With a UnitStore the gradients were handed over unit by unit: their norm is the owner's.
+  if (m.store != nullptr) {
+    r.step = m.steps;
+    return r;
+  }
   // Global gradient norm over trainable parameters, then clip + AdamW in one pass.
   double ss = 0;
   for (const Impl::Run& run : m.runs)
@@ -286,8 +322,8 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
 // Optimizer state is allocated on the first step, so inference-only use never pays for it.
 void Engine::Impl::optimizer_step(const StepOptions& so, double clip_coef) {
   if (adam_m.size() == 0) {
-    adam_m = Buffer<float>(*alloc, size_t(total));
-    adam_v = Buffer<float>(*alloc, size_t(total));
+    adam_m = Buffer<float>(*state_alloc, size_t(total));
+    adam_v = Buffer<float>(*state_alloc, size_t(total));
     std::memset(adam_m.data(), 0, size_t(total) * sizeof(float));
     std::memset(adam_v.data(), 0, size_t(total) * sizeof(float));
   }

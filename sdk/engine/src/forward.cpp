@@ -237,11 +237,14 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   prepare_routing(mb, req);
   const int32_t* ids = mb.input_ids.data();
 
+  use_params(L);  // the global unit stays held until the backward (or Engine::forward) ends
   ops->embedding_fwd(xs[0], ids, w(prog.embed), N, C, V);  // x0 [N,C]
   if (prog.embed_scale != 1) ops->scale(xs[0], N * C, double(float(prog.embed_scale)));  // Gemma
   for (int64_t l = 0; l < L; ++l) {
     LayerActs a = acts_of(l);
+    use_params(l);
     forward_layer(l, mb, a, false);
+    drop_params(l);  // a UnitStore's unit: gathered again for the backward
   }
   ops->rmsnorm_fwd(head.xn, C, head.rstd, head.x, C, w(prog.final_norm), N, C, float(prog.final_eps),
                    float(prog.final_offset));  // xn [N,C]

@@ -111,6 +111,8 @@ std::span<const ParamRole> global_param_order() { return kGlobalOrder; }
 
 Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d)), opt(o) {
   alloc = opt.allocator ? opt.allocator : &own_alloc;
+  state_alloc = opt.state_allocator ? opt.state_allocator : alloc;
+  store = opt.units;
   if (!opt.ops)
     throw std::invalid_argument("engine: no kernels given (EngineOptions::ops: make_registry_ops over a kernel registry)");
   ops = opt.ops;
@@ -154,71 +156,57 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   carve_params();
 }
 
-// Parameters, then gradients of the same layout: one allocation each.
+// Parameters, then gradients of the same layout: one allocation each (none with a UnitStore).
 void Engine::Impl::carve_params() {
   const size_t n = desc.params.size();
   offset.assign(n, -1);
+  unit_of.assign(n, -1);
+  unit_begin.assign(size_t(L) + 2, 0);
   std::vector<bool> placed(n, false);
   int64_t at = 0;
-  auto place = [&](int64_t layer, ParamRole role) {
+  auto place = [&](int64_t layer, ParamRole role, int64_t unit) {
     const sdk::ParamDesc* p = desc.find_param(layer, role);
     if (!p) return;
     const size_t i = size_t(p - desc.params.data());
     offset[i] = at;
+    unit_of[i] = int32_t(unit);
     placed[i] = true;
     at += numel(p->shape);
   };
-  for (int64_t l = 0; l < L; ++l)
-    for (ParamRole r : kLayerOrder) place(l, r);
-  for (ParamRole r : kGlobalOrder) place(-1, r);
+  for (int64_t l = 0; l < L; ++l) {
+    unit_begin[size_t(l)] = at;
+    for (ParamRole r : kLayerOrder) place(l, r, l);
+  }
+  unit_begin[size_t(L)] = at;
+  for (ParamRole r : kGlobalOrder) place(-1, r, L);
+  unit_begin[size_t(L) + 1] = at;
   for (size_t i = 0; i < n; ++i)
     if (!placed[i])
       unsupported("parameter " + desc.params[i].name + " (role " +
                   sdk::to_string(desc.params[i].role) + ")");
   total = at;
-  params = Buffer<float>(*alloc, size_t(total));
-  grads = Buffer<float>(*alloc, size_t(total));
-  std::memset(params.data(), 0, size_t(total) * sizeof(float));
-  std::memset(grads.data(), 0, size_t(total) * sizeof(float));
-
-  // MoE / MLA pointers (shapes were checked by the program).
-  auto resolve = [&](float* base, std::vector<LayerParams>& M) {
-    auto get = [&](int64_t layer, ParamRole role) -> float* {
-      const sdk::ParamDesc* p = desc.find_param(layer, role);
-      return p ? base + offset[size_t(p - desc.params.data())] : nullptr;
-    };
-    M.assign(size_t(L), LayerParams{});
-    for (int64_t l = 0; l < L; ++l) {
-      const LayerShape& s = shapes[size_t(l)];
-      LayerParams& p = M[size_t(l)];
-      if (s.mla) {
-        p.q_a = get(l, ParamRole::q_a);
-        p.q_a_norm = get(l, ParamRole::q_a_norm);
-        p.q_b = get(l, ParamRole::q_b);
-        p.wq = get(l, ParamRole::q);
-        p.kv_a = get(l, ParamRole::kv_a);
-        p.kv_a_norm = get(l, ParamRole::kv_a_norm);
-        p.kv_b = get(l, ParamRole::kv_b);
-      }
-      if (s.moe) {
-        p.router = get(l, ParamRole::router);
-        p.router_b = get(l, ParamRole::router_bias);
-        p.score_bias = get(l, ParamRole::expert_score_bias);
-        p.we_gate = get(l, ParamRole::expert_gate);
-        p.we_up = get(l, ParamRole::expert_up);
-        p.we_down = get(l, ParamRole::expert_down);
-        if (s.Fs > 0) {
-          p.ws_gu = get(l, ParamRole::shared_expert_gate_proj);
-          if (get(l, ParamRole::shared_expert_up) != p.ws_gu + s.Fs * C)
-            throw std::logic_error("engine: shared expert gate/up are not adjacent in storage");
-          p.ws_down = get(l, ParamRole::shared_expert_down);
-          p.ws_gate = get(l, ParamRole::shared_expert_gate);
-        }
-      }
+  pu.assign(size_t(L) + 1, nullptr);
+  gu.assign(size_t(L) + 1, nullptr);
+  p_held.assign(size_t(L) + 1, 0);
+  g_held.assign(size_t(L) + 1, 0);
+  P.assign(size_t(L), LayerParams{});
+  G.assign(size_t(L), LayerParams{});
+  if (store == nullptr) {
+    const int64_t m = std::max<int64_t>(1, opt.pad_storage_to);
+    const size_t padded = size_t((total + m - 1) / m * m);
+    params = Buffer<float>(*state_alloc, padded);
+    grads = Buffer<float>(*state_alloc, padded);
+    std::memset(params.data(), 0, padded * sizeof(float));
+    std::memset(grads.data(), 0, padded * sizeof(float));
+    for (int64_t u = 0; u <= L; ++u) {
+      pu[size_t(u)] = params.data() + unit_begin[size_t(u)];
+      gu[size_t(u)] = grads.data() + unit_begin[size_t(u)];
     }
-  };
-  resolve(params.data(), P);
-  resolve(grads.data(), G);
+    for (int64_t l = 0; l < L; ++l) {
+      P[size_t(l)] = layer_params(l, false);
+      G[size_t(l)] = layer_params(l, true);
+    }
+  }
 
   // Optimizer runs: tensors in storage order, merged while trainable/decay agree.
   std::vector<size_t> order(n);
@@ -239,6 +227,75 @@ void Engine::Impl::carve_params() {
     else
       runs.push_back(Run{b, e, trainable, decay});
   }
+}
+
+// MoE / MLA pointers (shapes were checked by the program).
+LayerParams Engine::Impl::layer_params(int64_t l, bool grads_of) const {
+  auto get = [&](ParamRole role) -> float* {
+    const sdk::ParamDesc* p = desc.find_param(l, role);
+    if (!p) return nullptr;
+    const int64_t i = p - desc.params.data();
+    return grads_of ? g(i) : w(i);
+  };
+  const LayerShape& s = shapes[size_t(l)];
+  LayerParams p;
+  if (s.mla) {
+    p.q_a = get(ParamRole::q_a);
+    p.q_a_norm = get(ParamRole::q_a_norm);
+    p.q_b = get(ParamRole::q_b);
+    p.wq = get(ParamRole::q);
+    p.kv_a = get(ParamRole::kv_a);
+    p.kv_a_norm = get(ParamRole::kv_a_norm);
+    p.kv_b = get(ParamRole::kv_b);
+  }
+  if (s.moe) {
+    p.router = get(ParamRole::router);
+    p.router_b = get(ParamRole::router_bias);
+    p.score_bias = get(ParamRole::expert_score_bias);
+    p.we_gate = get(ParamRole::expert_gate);
+    p.we_up = get(ParamRole::expert_up);
+    p.we_down = get(ParamRole::expert_down);
+    if (s.Fs > 0) {
+      p.ws_gu = get(ParamRole::shared_expert_gate_proj);
+      if (get(ParamRole::shared_expert_up) != p.ws_gu + s.Fs * C)
+        throw std::logic_error("engine: shared expert gate/up are not adjacent in storage");
+      p.ws_down = get(ParamRole::shared_expert_down);
+      p.ws_gate = get(ParamRole::shared_expert_gate);
+    }
+  }
+  return p;
+}
+
+void Engine::Impl::use_params(int64_t u) {
+  if (store == nullptr || p_held[size_t(u)]) return;
+  pu[size_t(u)] = store->acquire_params(u);
+  p_held[size_t(u)] = 1;
+  if (u < L) P[size_t(u)] = layer_params(u, false);
+}
+void Engine::Impl::drop_params(int64_t u) {
+  if (store == nullptr || !p_held[size_t(u)]) return;
+  p_held[size_t(u)] = 0;
+  pu[size_t(u)] = nullptr;
+  store->release_params(u);
+}
+void Engine::Impl::use_grads(int64_t u) {
+  if (store == nullptr || g_held[size_t(u)]) return;
+  gu[size_t(u)] = store->acquire_grads(u);
+  g_held[size_t(u)] = 1;
+  if (u < L) G[size_t(u)] = layer_params(u, true);
+}
+void Engine::Impl::drop_grads(int64_t u) {
+  if (store == nullptr || !g_held[size_t(u)]) return;
+  g_held[size_t(u)] = 0;
+  gu[size_t(u)] = nullptr;
+  store->release_grads(u);
+}
+void Engine::Impl::forget_units() {
+  if (store == nullptr) return;
+  std::fill(p_held.begin(), p_held.end(), 0);
+  std::fill(g_held.begin(), g_held.end(), 0);
+  std::fill(pu.begin(), pu.end(), nullptr);
+  std::fill(gu.begin(), gu.end(), nullptr);
 }
 
 // One allocation for a micro-batch of N tokens. save_all: every layer keeps its program values

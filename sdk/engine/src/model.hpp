@@ -174,13 +174,38 @@ struct Engine::Impl {
   std::vector<LayerShape> shapes;  // MoE / MLA readings per layer
   std::vector<RopeState> ropes;    // per program RoPE table
 
-  // Parameter storage: params/grads/m/v are each one allocation; offset[i] locates desc.params[i].
+  // Parameter storage: params/grads/m/v are each one allocation; offset[i] locates desc.params[i]
+  // in that flat layout. The layout is cut into units (layer l = unit l, the global tensors =
+  // unit L, unit_store.hpp); pu[u] / gu[u] point at unit u's parameters / gradients: into
+  // params / grads, or, with a UnitStore, what the store handed out (nullptr when not held).
+  Allocator* state_alloc = nullptr;
   int64_t total = 0;
   std::vector<int64_t> offset;
+  std::vector<int64_t> unit_begin;  // [L + 2]: unit u spans [unit_begin[u], unit_begin[u + 1])
+  std::vector<int32_t> unit_of;     // per parameter
+  std::vector<float*> pu, gu;
+  UnitStore* store = nullptr;
   Buffer<float> params, grads, adam_m, adam_v;
   std::vector<LayerParams> P, G;  // MoE/MLA pointers into params and grads, per layer
-  float* w(int64_t param) const { return param < 0 ? nullptr : params.data() + offset[size_t(param)]; }
-  float* g(int64_t param) const { return param < 0 ? nullptr : grads.data() + offset[size_t(param)]; }
+  float* w(int64_t param) const {
+    if (param < 0) return nullptr;
+    const int32_t u = unit_of[size_t(param)];
+    return pu[size_t(u)] + (offset[size_t(param)] - unit_begin[size_t(u)]);
+  }
+  float* g(int64_t param) const {
+    if (param < 0) return nullptr;
+    const int32_t u = unit_of[size_t(param)];
+    return gu[size_t(u)] + (offset[size_t(param)] - unit_begin[size_t(u)]);
+  }
+  // Layer l's MoE/MLA pointers into its parameters (or gradients), as w() / g() give them.
+  LayerParams layer_params(int64_t l, bool grads) const;
+  // A unit's parameters / gradients for use (no-ops without a store, or when already held).
+  void use_params(int64_t u);
+  void drop_params(int64_t u);
+  void use_grads(int64_t u);
+  void drop_grads(int64_t u);
+  void forget_units();  // after an exception: nothing is held (the store's owner resets it)
+  std::vector<char> p_held, g_held;
   int64_t steps = 0;
   // Storage in runs of adjacent tensors that the optimizer treats alike (trainable, decayed), so
   // the norm and AdamW run as a few long calls instead of one per tensor.

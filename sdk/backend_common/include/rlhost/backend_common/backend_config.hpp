@@ -163,6 +163,14 @@ struct BackendConfig {
   sdk::KernelPins kernel_pins;
   // policy.kernels.verify: check every provider but the reference before choosing it.
   bool kernel_verify = true;
+  // Data parallelism over the launcher's ranks (data_parallel.hpp): dtensor shards parameters,
+  // gradients and moments (FSDP, dp_replicate_size replicas of it: HSDP); megatron runs the
+  // distributed optimizer (use_distributed_optimizer) or plain all-reduce.
+  struct Parallel {
+    bool fsdp = false;
+    bool distributed_optimizer = false;
+    int64_t dp_replicate = 1;
+  } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights
   // themselves; "bfloat16": a round-to-nearest-even copy, the float32 masters kept beside it for
@@ -181,7 +189,7 @@ void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg);
 // {milestones: [...]}) at `path`.
 TorchSchedule read_torch_schedule(ConfigReader& r, std::string_view path);
 
-// Refuses a parallel size other than 1 (absent/null = 1): the engine is single-rank.
+// Refuses a parallel size other than 1 (absent/null = 1): only data parallelism is implemented.
 void require_single_rank(ConfigReader& r, std::string_view path);
 
 // RFC 7386 merge patch (per-model overrides over the backend's section).

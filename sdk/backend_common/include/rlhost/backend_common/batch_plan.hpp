@@ -16,7 +16,8 @@ namespace rlh::backend {
 // Checks a batch (struct size, offsets, ids in [0, vocab), field shapes and devices); throws
 // rlh::sdk::Error naming what is wrong.
 // max_positions > 0: no sequence may be longer (the model's max_position_embeddings).
-void validate_batch(const rlh_batch* batch, int64_t vocab_size, int64_t max_positions = 0);
+// `may_be_empty`: a batch of no sequences and no tokens is valid (a data-parallel rank's shard).
+void validate_batch(const rlh_batch* batch, int64_t vocab_size, int64_t max_positions = 0, bool may_be_empty = false);
 
 // Which sequences (batch indices, in micro-batch order) form each micro-batch.
 struct MicroBatchPlan {

@@ -26,8 +26,9 @@ class Optimizer {
   // `engine` and `ops` must outlive the optimizer. Moments are allocated at the first step (or
   // when a checkpoint brings them). Parameters the description marks untrainable, and those
   // `frozen` names (a frozen MoE router), are never updated and have no state.
+  // The moments come from `state` (nullptr: the engine's allocator).
   Optimizer(OptimizerConfig config, Schedule schedule, engine::Engine& engine, engine::Ops& ops,
-            const std::function<bool(const sdk::ParamDesc&)>& frozen = {});
+            const std::function<bool(const sdk::ParamDesc&)>& frozen = {}, engine::Allocator* state = nullptr);
 
   struct StepInfo {
     double lr = 0;
@@ -67,6 +68,7 @@ class Optimizer {
   Schedule schedule_;
   engine::Engine& engine_;
   engine::Ops& ops_;
+  engine::Allocator* state_ = nullptr;
   std::vector<Run> runs_;
   std::vector<size_t> trainable_;         // parameter indices with state
   std::vector<int64_t> state_offset_;     // per parameter (trainable ones)

@@ -33,10 +33,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rlhost/engine/allocator.hpp"
 #include "rlhost/engine/ops.hpp"
+#include "rlhost/engine/unit_store.hpp"
 #include "rlhost/sdk/model_desc.hpp"
 #include "rlhost/tensor.h"  // rlh_named_tensor (batch fields)
 
@@ -193,6 +195,17 @@ struct EngineOptions {
   OptimizerOptions optimizer;
   MoeOptions moe;
   Allocator* allocator = nullptr;  // nullptr: the engine's own CountingAllocator
+  // Where parameters, gradients and the engine's AdamW moments live (nullptr: `allocator`), so
+  // an owner can count the training state apart from activations and scratch.
+  Allocator* state_allocator = nullptr;
+  // Sharded parameters (unit_store.hpp; not owned): the engine then holds no parameters or
+  // gradients, reads every unit through the store, and leaves the gradient norm and the update
+  // to the store's owner (train_step reports grad_norm 0 and refuses apply_optimizer).
+  UnitStore* units = nullptr;
+  // The flat parameter and gradient buffers are allocated with room for a multiple of this many
+  // elements (the tail zero), so a data-parallel owner can reduce-scatter and all-gather them in
+  // equal blocks (Megatron's padded gradient buffer). flat_params/flat_grads include the tail.
+  int64_t pad_storage_to = 1;
   // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
 };
@@ -216,8 +229,18 @@ class Engine {
   CountingAllocator* counting_allocator();
 
   // Parameters and gradients in desc().params order, engine layout (row-major desc shapes).
+  // Without a UnitStore only (with one they throw std::logic_error): param, grad,
+  // load_parameters, save_parameters, zero_grad, flat_params, flat_grads.
   size_t num_params() const;
   int64_t num_elements() const;  // total parameter count
+  // The flat storage: parameter i at [param_offset(i), param_offset(i) + its numel); units (see
+  // unit_store.hpp) are the contiguous ranges [unit_range(u).first, unit_range(u).second),
+  // u = 0 .. num_units() - 1 (layers, then the global tensors).
+  int64_t param_offset(size_t i) const;
+  int64_t num_units() const;
+  std::pair<int64_t, int64_t> unit_range(int64_t unit) const;
+  std::span<float> flat_params();
+  std::span<float> flat_grads();
   std::span<float> param(size_t i);
   std::span<float> grad(size_t i);
   // Copies weights in (e.g. rlh::sdk::load_weights_f32(...).tensors); sizes must match.

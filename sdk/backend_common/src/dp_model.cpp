@@ -1,0 +1,305 @@
+// A model of a backend at data-parallel size > 1 (data_parallel.hpp, docs/parallelism.md):
+// setting it up around the engine, the sharded train step, forward, weights and the state in
+// full for checkpoints. Every function here is collective over the backend's groups: all ranks
+// call it in the same order.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "backend_internal.hpp"
+
+namespace rlh::backend {
+
+using sdk::Error;
+
+namespace {
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The group the state is sharded over (and the norm summed over).
+const sdk::Comm* shard_comm(const Model& m) {
+  switch (m.dp_mode) {
+    case Model::Dp::fsdp: return &m.dp->shard;
+    case Model::Dp::distributed_optimizer: return &m.dp->dp;
+    default: return nullptr;  // ddp: every rank holds the whole (reduced) gradient
+  }
+}
+
+// Ring traffic of one collective on `bytes` over S ranks (DpStepResult::comm_bytes).
+int64_t ring_bytes(int64_t bytes, int S, bool all_reduce = false) {
+  return S <= 1 ? 0 : (all_reduce ? 2 : 1) * bytes * (S - 1) / S;
+}
+
+}  // namespace
+
+void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo) {
+  if (!b.dp) return;
+  m.dp = b.dp.get();
+  const BackendConfig::Parallel& p = m.config.parallel;
+  if (p.fsdp) {
+    m.dp_mode = Model::Dp::fsdp;
+    m.fsdp = std::make_unique<FsdpStore>(*m.dp, m.state_alloc, m.alloc);
+    eo.units = m.fsdp.get();
+  } else if (p.distributed_optimizer) {
+    m.dp_mode = Model::Dp::distributed_optimizer;
+    eo.pad_storage_to = m.dp->size();  // equal blocks of the gradient buffer
+  } else {
+    m.dp_mode = Model::Dp::ddp;
+  }
+}
+
+void finish_data_parallel(Model& m, const std::vector<std::vector<float>>& weights) {
+  engine::Engine& e = *m.engine;
+  const auto updated = [&m](size_t i) { return !without_update(m, m.desc.params[i]); };
+  const bool decay_1d = m.config.optimizer ? m.config.optimizer->decay_1d_params : true;
+  switch (m.dp_mode) {
+    case Model::Dp::none: return;
+    case Model::Dp::fsdp: {
+      std::vector<std::pair<int64_t, int64_t>> units;
+      for (int64_t u = 0; u < e.num_units(); ++u) units.push_back(e.unit_range(u));
+      m.shards = std::make_unique<ShardLayout>(e, units, m.dp->shard.rank(), m.dp->shard.size(), updated, decay_1d);
+      m.fsdp->bind(*m.shards);
+      dp_load_parameters(m, weights);
+      break;
+    }
+    case Model::Dp::distributed_optimizer: {
+      e.load_parameters(weights);
+      const int64_t padded = int64_t(e.flat_params().size());
+      m.shards = std::make_unique<ShardLayout>(e, std::vector<std::pair<int64_t, int64_t>>{{0, padded}}, m.dp->rank(),
+                                               m.dp->size(), updated, decay_1d);
+      m.grad_shard = engine::Buffer<float>(m.state_alloc, size_t(m.shards->elements()));
+      std::memset(m.grad_shard.data(), 0, m.grad_shard.size() * sizeof(float));
+      break;
+    }
+    case Model::Dp::ddp:
+      e.load_parameters(weights);
+      m.shards = std::make_unique<ShardLayout>(e, std::vector<std::pair<int64_t, int64_t>>{{0, e.num_elements()}}, 0, 1,
+                                               updated, decay_1d);
+      break;
+  }
+  if (m.trainable)
+    m.shard_opt = std::make_unique<ShardOptimizer>(*m.config.optimizer, m.config.schedule, *m.shards, *m.ops, m.state_alloc);
+}
+
+DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, engine::StepOptions so,
+                           const engine::LossFn& loss, bool eval_only, double lr_override) {
+  const DpGroups& g = *m.dp;
+  DpStepResult out;
+  engine::StepResult& r = out.r;
+  // The MoE auxiliary losses are normalised by the global batch's counts; every rank runs as
+  // many micro-batches as the rank with most (FSDP: its gathers and reductions are per
+  // micro-batch).
+  const int S = g.size();
+  const int64_t fsdp_bytes0 = m.fsdp ? m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() : 0;
+  const double fsdp_seconds0 = m.fsdp ? m.fsdp->comm_seconds() : 0;
+  // Times a collective of this function into out.comm_seconds.
+  const auto timed = [&out](auto&& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    out.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const engine::MoeNormCounts local = engine::moe_norm_counts(views, so);
+  double counts[2] = {local.tokens, local.sequences};
+  timed([&] { g.dp.all_reduce(std::span<double>(counts, 2), RLH_REDUCE_SUM); });
+  so.moe_global_tokens = int64_t(counts[0]);
+  so.moe_global_sequences = int64_t(counts[1]);
+  int64_t most[1] = {int64_t(views.size())};
+  timed([&] { g.dp.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX); });
+  out.comm_bytes += ring_bytes(2 * 8 + 8, S, true);
+
+  float* grads = nullptr;
+  if (m.dp_mode == Model::Dp::fsdp) {
+    m.fsdp->begin_step();
+    try {
+      if (!views.empty()) r = m.engine->train_step(views, so, loss);
+      for (int64_t k = int64_t(views.size()); k < most[0]; ++k) m.fsdp->idle_microbatch();
+    } catch (...) {
+      m.fsdp->reset();
+      throw;
+    }
+    m.fsdp->end_step();
+    grads = m.fsdp->grad_shard();
+  } else {
+    if (!views.empty())
+      r = m.engine->train_step(views, so, loss);
+    else
+      m.engine->zero_grad();
+    std::span<float> flat = m.engine->flat_grads();
+    if (m.dp_mode == Model::Dp::distributed_optimizer) {
+      FloatView in(flat.data(), int64_t(flat.size())), shard(m.grad_shard.data(), int64_t(m.grad_shard.size()));
+      timed([&] { g.dp.reduce_scatter(*in, *shard, RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+      grads = m.grad_shard.data();
+    } else {
+      FloatView all(flat.data(), int64_t(flat.size()));
+      timed([&] { g.dp.all_reduce(*all, RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S, true);
+      grads = flat.data();
+    }
+  }
+  // The global gradient norm over the updated parameters: shards' sums of squares summed.
+  double ss[1] = {0};
+  for (const ShardRun& run : m.shards->runs()) ss[0] += m.ops->sumsq(grads + run.at, run.n);
+  if (const sdk::Comm* c = shard_comm(m)) {
+    timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
+    out.comm_bytes += ring_bytes(8, c->size(), true);
+  }
+  r.grad_norm = std::sqrt(ss[0]);
+  const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
+  r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
+  r.skipped = !std::isfinite(r.grad_norm);
+  if (m.shard_opt) {
+    if (!eval_only && !r.skipped) {
+      float* params = m.dp_mode == Model::Dp::fsdp ? m.fsdp->param_shard() : m.engine->flat_params().data();
+      out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
+      out.updated = true;
+      if (m.dp_mode == Model::Dp::distributed_optimizer) {
+        // The updated blocks back to every rank, in place.
+        std::span<float> flat = m.engine->flat_params();
+        const int64_t block = m.shards->segments()[0].block;
+        FloatView mine(flat.data() + int64_t(g.rank()) * block, block), all(flat.data(), int64_t(flat.size()));
+        timed([&] { g.dp.all_gather(*mine, *all); });
+        out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+      }
+    } else {
+      out.info = m.shard_opt->next(lr_override);
+    }
+  }
+  // Loss, tokens and the engine's metrics of the whole global batch.
+  double sums[2] = {r.loss, double(r.tokens)};
+  g.dp.all_reduce(std::span<double>(sums, 2), RLH_REDUCE_SUM);
+  r.loss = sums[0];
+  r.tokens = int64_t(sums[1]);
+  r.metrics = all_reduce_named(g.dp, r.metrics);
+  r.step = m.version();
+  out.comm_bytes += ring_bytes(2 * 8, S, true);
+  if (m.fsdp) {
+    out.comm_bytes += m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() - fsdp_bytes0;
+    out.comm_seconds += m.fsdp->comm_seconds() - fsdp_seconds0;
+  }
+  return out;
+}
+
+void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run) {
+  if (m.dp_mode != Model::Dp::fsdp) {
+    for (size_t i = 0; i < local_microbatches; ++i) run(i);
+    return;
+  }
+  int64_t most[1] = {int64_t(local_microbatches)};
+  m.dp->dp.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
+  try {
+    for (size_t i = 0; i < local_microbatches; ++i) run(i);
+    for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.fsdp->idle_forward();
+  } catch (...) {
+    m.fsdp->reset();
+    throw;
+  }
+}
+
+void dp_visit_parameters(Model& m, const std::function<void(size_t, std::span<float>)>& fn) {
+  const auto& params = m.desc.params;
+  if (m.dp_mode != Model::Dp::fsdp) {
+    for (size_t i = 0; i < params.size(); ++i) fn(i, m.engine->param(i));
+    return;
+  }
+  // Unit by unit: one unit in full at a time.
+  engine::Engine& e = *m.engine;
+  for (int64_t u = 0; u < e.num_units(); ++u) {
+    std::vector<float> full = m.fsdp->gather_unit(u);
+    const int64_t begin = e.unit_range(u).first, end = e.unit_range(u).second;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int64_t o = e.param_offset(i);
+      if (o < begin || o >= end) continue;
+      fn(i, std::span<float>(full.data() + (o - begin), size_t(numel(params[i].shape))));
+    }
+  }
+}
+
+std::vector<std::vector<float>> dp_full_parameters(Model& m, bool keep) {
+  std::vector<std::vector<float>> out(keep ? m.desc.params.size() : 0);
+  dp_visit_parameters(m, [&](size_t i, std::span<float> w) {
+    if (keep) out[i].assign(w.begin(), w.end());
+  });
+  return out;
+}
+
+namespace {
+
+// A moment in full flat layout from its shards (collective; empty unless `keep`).
+std::vector<float> gather_flat(const Model& m, const float* shard, bool keep) {
+  const sdk::Comm* c = shard_comm(m);
+  const int64_t total = m.engine->num_elements();
+  std::vector<float> flat(keep ? size_t(total) : 0);
+  for (const ShardSegment& s : m.shards->segments()) {
+    const int n = c != nullptr ? c->size() : 1;
+    std::vector<float> full(size_t(s.block * n));
+    if (c != nullptr) {
+      FloatView in(const_cast<float*>(shard) + s.at, s.block), all(full.data(), int64_t(full.size()));
+      c->all_gather(*in, *all);
+    } else {
+      std::memcpy(full.data(), shard + s.at, size_t(s.block) * sizeof(float));
+    }
+    if (keep) {
+      const int64_t len = std::min(s.end, total) - s.begin;
+      if (len > 0) std::memcpy(flat.data() + s.begin, full.data(), size_t(len) * sizeof(float));
+    }
+  }
+  return flat;
+}
+
+}  // namespace
+
+std::vector<Optimizer::StateTensor> dp_full_optimizer_state(Model& m, bool keep, std::vector<std::vector<float>>& storage) {
+  std::vector<Optimizer::StateTensor> out;
+  storage.clear();
+  if (!m.shard_opt || !m.shard_opt->has_state()) return out;
+  const bool adam = m.shard_opt->config().kind == OptimizerKind::adamw;
+  std::vector<std::pair<const char*, const float*>> parts = {{adam ? "exp_avg" : "momentum_buffer", m.shard_opt->first()}};
+  if (adam) parts.emplace_back("exp_avg_sq", m.shard_opt->second());
+  storage.reserve(parts.size());
+  for (const auto& [prefix, shard] : parts) {
+    storage.push_back(gather_flat(m, shard, keep));
+    if (!keep) continue;
+    // The names and order of Optimizer::state(): updated parameters in description order.
+    for (size_t i = 0; i < m.desc.params.size(); ++i) {
+      const sdk::ParamDesc& p = m.desc.params[i];
+      if (without_update(m, p)) continue;
+      out.push_back(Optimizer::StateTensor{std::string(prefix) + "." + p.name, p.shape,
+                                           {storage.back().data() + m.engine->param_offset(i), size_t(numel(p.shape))}});
+    }
+  }
+  return out;
+}
+
+void dp_load_parameters(Model& m, const std::vector<std::vector<float>>& weights) {
+  if (m.dp_mode != Model::Dp::fsdp) {
+    m.engine->load_parameters(weights);
+    return;
+  }
+  if (weights.size() != m.desc.params.size())
+    throw Error(RLH_E_INTERNAL, "dp_load_parameters: " + std::to_string(weights.size()) + " tensors for " +
+                                    std::to_string(m.desc.params.size()) + " parameters");
+  for (size_t i = 0; i < weights.size(); ++i)
+    m.shards->scatter_param(m.engine->param_offset(i), weights[i].data(), int64_t(weights[i].size()), m.fsdp->param_shard());
+}
+
+void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, const std::vector<std::vector<float>>& second,
+                       int64_t steps) {
+  m.shard_opt = std::make_unique<ShardOptimizer>(*m.config.optimizer, m.config.schedule, *m.shards, *m.ops, m.state_alloc);
+  m.shard_opt->set_steps(steps);
+  if (first.empty()) return;  // saved before the first update: moments start from zero
+  m.shard_opt->allocate_state();
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (first[i].empty()) continue;
+    const int64_t o = m.engine->param_offset(i);
+    m.shards->scatter_param(o, first[i].data(), int64_t(first[i].size()), m.shard_opt->first());
+    if (!second.empty() && !second[i].empty() && m.shard_opt->second() != nullptr)
+      m.shards->scatter_param(o, second[i].data(), int64_t(second[i].size()), m.shard_opt->second());
+  }
+}
+
+}  // namespace rlh::backend

@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""GRPO at data-parallel size 2 against one rank, through `rlhost` under mpirun (ctest grpo.dp.*).
+
+The demo's GRPO stage (examples/configs/grpo_demo_cpu.yaml) on a random tiny Llama, 6 steps of 8
+prompts x 8 samples, validation and checkpoints every 3 steps:
+
+  follows_dtensor   dtensor FSDP at DP=2: every step's reward, validation accuracy and token
+                    count equal one rank's, loss and gradient norm within fp32 rounding; the
+                    per-rank training state is half of one rank's (train/memory/state_bytes)
+  follows_megatron  the same with megatron's distributed optimizer
+  resume_at_one     the DP=2 run's step_3 checkpoint resumes on one rank and continues as the
+                    DP=2 run did (steps 4-6)
+  killed_rank       rank 1 is killed mid-run: the job stops non-zero within the timeout and the
+                    last committed checkpoint resumes on one rank
+
+usage: test_grpo_dp.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
+
+MPI_ENV = {
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    "OMPI_MCA_btl": "self,vader",
+    "OMPI_MCA_pml": "ob1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
+for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
+    os.environ.pop(v, None)
+
+failures = []
+
+
+def check(ok, what, output=""):
+    if not ok:
+        failures.append(what)
+        print(f"FAIL: {what}")
+        if output:
+            print("---- output ----\n" + output[-6000:] + "\n----------------")
+
+
+PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "generator", "grpo"]
+
+
+def command(tmp, tag, backend, steps=6, extra=()):
+    cmd = [RLHOST]
+    for p in PLUGINS:
+        cmd += ["--plugin", p]
+    cmd += ["--config", os.path.join(SRC, "examples/configs/grpo_demo_cpu.yaml"),
+            f"policy.model_name={tmp}/tiny", f"grpo.max_num_steps={steps}", "grpo.num_prompts_per_step=8",
+            "grpo.num_generations_per_prompt=8", "grpo.val_period=3", "grpo.max_val_samples=64",
+            "grpo.val_batch_size=64", "checkpointing.save_period=3", "checkpointing.keep_top_k=null",
+            f"checkpointing.checkpoint_dir={tmp}/{tag}/ckpt", f"logger.log_dir={tmp}/{tag}/logs",
+            "++rlhost.comm_timeout_s=10"]
+    if backend == "megatron":
+        cmd += ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
+                "++policy.megatron_cfg.optimizer.lr=1e-3", "++policy.megatron_cfg.optimizer.weight_decay=0",
+                "++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"]
+    return cmd + list(extra)
+
+
+def run(cmd, np=1, timeout=300):
+    full = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np), *cmd] if np > 1 else cmd
+    env = dict(os.environ, **MPI_ENV)
+    t0 = time.monotonic()
+    p = subprocess.run(full, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return p.returncode, p.stdout, time.monotonic() - t0
+
+
+def metrics(tmp, tag):
+    rows = {}
+    with open(os.path.join(tmp, tag, "logs", "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            rows.setdefault(r["step"], {}).update(r)
+    return rows
+
+
+def close(a, b, rel=1e-5, abs_=1e-6):
+    return abs(a - b) <= abs_ + rel * abs(b)
+
+
+def compare(one, two, steps, what):
+    for s in steps:
+        a, b = one.get(s, {}), two.get(s, {})
+        check("train/reward" in a and "train/reward" in b, f"{what}: step {s} has train/reward in both runs")
+        if "train/reward" not in a or "train/reward" not in b:
+            continue
+        for k in ("train/reward", "train/num_tokens", "train/total_num_tokens"):
+            check(a[k] == b[k], f"{what}: step {s} {k} {b[k]} equals one rank's {a[k]}")
+        for k in ("train/loss", "train/grad_norm"):
+            check(close(b[k], a[k]), f"{what}: step {s} {k} {b[k]} is within fp32 rounding of one rank's {a[k]}")
+        if "validation/accuracy" in a:
+            check(a["validation/accuracy"] == b.get("validation/accuracy"),
+                  f"{what}: step {s} validation accuracy {b.get('validation/accuracy')} equals {a['validation/accuracy']}")
+
+
+def setup(tmp):
+    subprocess.run([TINY, f"{tmp}/tiny", "--alphabet", "0123456789+-*=", "--seed", "1"], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def case_follows(tmp, backend):
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "one", backend))
+    check(rc == 0, f"{backend}: one rank runs (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "two", backend), np=2)
+    check(rc == 0, f"{backend}: two ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    check("data parallel over 2 ranks" in out, f"{backend}: the backend reports data parallelism over 2 ranks", out)
+    one, two = metrics(tmp, "one"), metrics(tmp, "two")
+    compare(one, two, range(1, 7), backend)
+    s1, s2 = one[1]["train/memory/state_bytes"], two[1]["train/memory/state_bytes"]
+    if backend == "dtensor":
+        check(abs(s2 / s1 - 0.5) < 0.01, f"dtensor FSDP: per-rank training state {s2:.0f} B is half of one rank's {s1:.0f} B")
+    else:
+        check(abs(s2 / s1 - (2 + 3 / 2) / 4) < 0.01,
+              f"megatron distributed optimizer: per-rank training state {s2:.0f} B is (2 + 3/2)/4 of one rank's {s1:.0f} B")
+    check(two[1]["train/dp_size"] == 2, "the train step reports dp_size 2")
+    print(f"{backend}: DP=2 followed one rank for 6 steps (rewards {[two[s]['train/reward'] for s in range(1, 7)]}); "
+          f"state per rank {s2 / s1:.3f} of one rank's; DP=2 run took {secs:.1f} s")
+
+
+def case_resume_at_one(tmp):
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "two", "dtensor"), np=2)
+    check(rc == 0, f"two ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    # One rank resumes from the DP=2 run's step 3 (later checkpoints removed).
+    os.makedirs(f"{tmp}/one/ckpt")
+    shutil.copytree(f"{tmp}/two/ckpt/step_3", f"{tmp}/one/ckpt/step_3")
+    rc, out, _ = run(command(tmp, "one", "dtensor"))
+    check(rc == 0, f"one rank resumes the DP=2 checkpoint (rc {rc})", out)
+    check("resumed from" in out and "step_3" in out, "the log says it resumed from step_3", out)
+    if rc == 0:
+        compare(metrics(tmp, "two"), metrics(tmp, "one"), range(4, 7), "resumed at one rank")
+
+
+def case_killed_rank(tmp):
+    setup(tmp)
+    cmd = command(tmp, "two", "dtensor", steps=100000)
+    full = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", *cmd]
+    p = subprocess.Popen(full, env=dict(os.environ, **MPI_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    # Wait for a committed checkpoint, then kill rank 1 mid-run.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not os.path.isdir(f"{tmp}/two/ckpt/step_6"):
+        time.sleep(0.05)
+    victim = None
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                exe = f.read().split(b"\0")[0]
+        except OSError:
+            continue
+        if b"OMPI_COMM_WORLD_RANK=1" in env and exe.endswith(b"rlhost") and f"{tmp}/two".encode() in open(
+                f"/proc/{pid}/cmdline", "rb").read():
+            victim = int(pid)
+    check(victim is not None, "found rank 1's process")
+    t0 = time.monotonic()
+    if victim is not None:
+        os.kill(victim, signal.SIGKILL)
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        check(False, "the job stops within 60 s of the kill", out)
+    secs = time.monotonic() - t0
+    check(p.returncode != 0, f"the job exits non-zero (got {p.returncode})", out)
+    check(secs < 30, f"the job stops within the 10 s timeout plus start-up ({secs:.1f} s)", out)
+    # The last committed checkpoint resumes on one rank and trains a step.
+    done = sorted(int(d[5:]) for d in os.listdir(f"{tmp}/two/ckpt") if d.startswith("step_"))
+    check(len(done) > 0, "a committed checkpoint remains", out)
+    if done:
+        last = done[-1]
+        rc, out2, _ = run(command(tmp, "two", "dtensor", steps=last + 1))
+        check(rc == 0, f"one rank resumes step_{last} after the kill and trains a step (rc {rc})", out2)
+        check(f"step_{last}" in out2, f"it resumed from step_{last}", out2)
+        print(f"killed rank 1 after step_6 was saved: the job stopped in {secs:.1f} s (rc {p.returncode}); "
+              f"step_{last} resumed on one rank")
+
+
+CASES = {
+    "follows_dtensor": lambda t: case_follows(t, "dtensor"),
+    "follows_megatron": lambda t: case_follows(t, "megatron"),
+    "resume_at_one": case_resume_at_one,
+    "killed_rank": case_killed_rank,
+}
+
+if __name__ == "__main__":
+    tmp = tempfile.mkdtemp(prefix="rlh_grpo_dp_")
+    try:
+        CASES[CASE](tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        sys.exit(1)
+    print("ok")
