@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Packs what a run on the H200 needs into .devbin/devbin.tgz (carried by the device tool, 64 MiB
-# cap with the source tree): the `gpu` test binaries, the GPU benchmark, rlhost with librlhost
+# Packs what a run on the H200 needs into .devbin/devbin.txz (carried by the device tool, 64 MiB
+# cap with the source tree; xz: a third of gzip's size, which no longer fit beside the tree): the `gpu` test binaries, the GPU benchmark, rlhost with librlhost
 # and the plugins, the shared libraries the device image lacks (yaml-cpp, Boost.ProgramOptions,
 # PCRE2, utf8proc, libgomp). The fixtures travel with the source tree (tests/fixtures).
 # Binaries come from build-cuda (-DRLH_BUILD_BENCH=ON; CUDA runtime static, cuBLASLt loaded at
 # run time), stripped.
 #   scripts/device_pack.sh            build the targets, then pack
 # .devbin is ignored by git: pass carry: [".devbin"] to the device tool.
-# On the device: cd .devbin && tar xzf devbin.tgz && cd .. && scripts/device_gpu.sh all
+# On the device: cd .devbin && tar xJf devbin.txz && cd .. && scripts/device_gpu.sh all
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
@@ -37,5 +37,6 @@ done
 strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"/rlh_tiny_model \
   "$stage"/plugins/*.so "$stage"/lib/librlhost.so.0.1
 mkdir -p .devbin
-tar czf .devbin/devbin.tgz -C "$stage" .
-ls -la .devbin/devbin.tgz
+rm -f .devbin/devbin.tgz
+tar cf - -C "$stage" . | xz -T2 -6 > .devbin/devbin.txz
+ls -la .devbin/devbin.txz

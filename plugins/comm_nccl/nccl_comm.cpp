@@ -466,12 +466,32 @@ rlh_comm* split(rlh_comm* c, int32_t color, int32_t key) {
   out->default_timeout_ms = c->default_timeout_ms;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
-  ncclComm_t nc = nullptr;
-  const ncclResult_t r = n->CommSplit(c->comm, color, key, &nc, &cfg);
+  // A nonblocking split hands the new handle over when NCCL's asynchronous init job ends (an
+  // atomic store through the pointer given), not at return: the pointer is the heap object's
+  // own field, so a late store never lands in a dead stack frame. Until the handle is there only
+  // the deadline and the parent's state can be watched; if the deadline passes first, `out`
+  // stays allocated (the job still owns the pointer) and the process's communicators are marked
+  // failed.
+  out->comm = nullptr;
+  const ncclResult_t r = n->CommSplit(c->comm, color, key, &out->comm, &cfg);
   if (r != ncclSuccess && r != ncclInProgress) fail(k, RLH_E_ABORTED, here(k) + " failed: " + nccl_error(r, c->comm));
-  out->comm = nc;
+  unsigned iter = 0;
+  while (__atomic_load_n(&out->comm, __ATOMIC_ACQUIRE) == nullptr) {
+    ncclResult_t pe = ncclSuccess;
+    n->CommGetAsyncError(c->comm, &pe);
+    if (pe != ncclSuccess && pe != ncclInProgress) {
+      out.release();
+      fail(k, RLH_E_ABORTED, here(k) + " failed: " + nccl_error(pe, c->comm));
+    }
+    if (Clock::now() >= k.deadline) {
+      out.release();
+      fail(k, RLH_E_DEADLINE_EXCEEDED, here(k) + " timed out after " + sdk::comm::seconds_text(c->timeout_ms) +
+                                           " while NCCL set the new group up (a rank did not join; NCCL cannot say which)");
+    }
+    nap(iter++);
+  }
   Call k2{*out, k.what, k.deadline};
-  settle(k2, nc, r == ncclInProgress ? ncclInProgress : ncclSuccess);
+  settle(k2, out->comm, ncclInProgress);
   cuda_check(cudaEventCreateWithFlags(&out->done, cudaEventDisableTiming), "creating an event");
   return out.release();
 }

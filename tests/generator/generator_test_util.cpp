@@ -53,9 +53,16 @@ std::vector<std::string> fixture_models() {
       if (e.is_directory() && fs::exists(e.path() / "config.json") && fs::exists(e.path() / "reference.safetensors"))
         out.push_back(e.path().string());
   }
-  std::sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) {
+  std::stable_sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) {
     return fs::path(a).filename() < fs::path(b).filename();
   });
+  // $RLHOST_FIXTURES may already hold the engine's fixtures (scripts/device_gpu.sh links both
+  // folders into one): a model is listed once, from the first root that has it.
+  out.erase(std::unique(out.begin(), out.end(),
+                        [](const std::string& a, const std::string& b) {
+                          return fs::path(a).filename() == fs::path(b).filename();
+                        }),
+            out.end());
   return out;
 }
 
