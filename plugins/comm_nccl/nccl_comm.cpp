@@ -189,6 +189,8 @@ ncclRedOp_t nccl_op(int32_t op) {
 struct DeviceSide {
   void* ptr = nullptr;
   bool staged = false;
+  void* host = nullptr;  // its pinned block when staged
+  int slot = 0;
 };
 
 void* scratch(rlh_comm& c, int slot, size_t bytes) {
@@ -211,15 +213,44 @@ void check_device(const rlh_comm& c, const View& v, const char* call, const char
                                           ", but the communicator is on cuda:" + std::to_string(c.device));
 }
 
-DeviceSide device_side(rlh_comm& c, const View& v, int slot, bool load, cudaStream_t s) {
-  if (!sdk::comm::host_accessible(v.device)) return {v.data, false};
-  void* d = scratch(c, slot, v.bytes());
-  if (load && v.bytes() > 0) cuda_check(cudaMemcpyAsync(d, v.data, v.bytes(), cudaMemcpyHostToDevice, s), "staging a host tensor");
-  return {d, true};
+// Host tensors travel through page-locked memory both ways. A copy between the device and
+// pageable memory may block the calling thread until the stream reaches it, and behind a
+// collective whose peer died that is forever (seen on two H200s: a rank killed mid-step left
+// its peer stuck in the copy back, past every deadline and past SIGTERM). Copies to and from
+// pinned memory are asynchronous, so the only wait is wait_stream's, bounded by the deadline.
+void* pinned(rlh_comm& c, int slot, size_t bytes) {
+  if (c.pinned_bytes[slot] < bytes) {
+    if (c.pinned[slot] != nullptr) cudaFreeHost(c.pinned[slot]);
+    c.pinned[slot] = nullptr;
+    c.pinned_bytes[slot] = 0;
+    const size_t want = std::max<size_t>(bytes, 1 << 20);
+    cuda_check(cudaMallocHost(&c.pinned[slot], want), "allocating " + std::to_string(want) + " bytes of pinned staging");
+    c.pinned_bytes[slot] = want;
+  }
+  return c.pinned[slot];
 }
 
+DeviceSide device_side(rlh_comm& c, const View& v, int slot, bool load, cudaStream_t s) {
+  if (!sdk::comm::host_accessible(v.device)) return {v.data, false, nullptr, slot};
+  void* d = scratch(c, slot, v.bytes());
+  void* h = pinned(c, slot, v.bytes());
+  // The previous call on this communicator waited for its stream, so the pinned block is free.
+  if (load && v.bytes() > 0) {
+    std::memcpy(h, v.data, v.bytes());
+    cuda_check(cudaMemcpyAsync(d, h, v.bytes(), cudaMemcpyHostToDevice, s), "staging a host tensor");
+  }
+  return {d, true, h, slot};
+}
+
+// Enqueues the copy of a staged result into its pinned block; finish() moves it into the
+// caller's tensor once wait_stream has seen the stream through.
 void store_back(const View& v, const DeviceSide& d, cudaStream_t s) {
-  if (d.staged && v.bytes() > 0) cuda_check(cudaMemcpyAsync(v.data, d.ptr, v.bytes(), cudaMemcpyDeviceToHost, s), "copying back to the host");
+  if (d.staged && v.bytes() > 0)
+    cuda_check(cudaMemcpyAsync(d.host, d.ptr, v.bytes(), cudaMemcpyDeviceToHost, s), "copying back to the host");
+}
+
+void finish(const View& v, const DeviceSide& d) {
+  if (d.staged && v.bytes() > 0) std::memcpy(v.data, d.host, v.bytes());
 }
 
 std::string shape_text(const rlh_tensor* t) {
@@ -520,6 +551,8 @@ void destroy(rlh_comm* c) {
     }
     for (void* s : c->scratch)
       if (s != nullptr) cudaFree(s);
+    for (void* h : c->pinned)
+      if (h != nullptr) cudaFreeHost(h);
     if (c->done != nullptr) cudaEventDestroy(c->done);
   }
   delete c;
@@ -539,6 +572,7 @@ void all_reduce(rlh_comm* c, const rlh_tensor* t, int32_t op, void* stream) {
   settle(k, c->comm, nccl()->AllReduce(d.ptr, d.ptr, static_cast<size_t>(v.numel), nccl_type(v.dtype), nccl_op(op), c->comm, s));
   store_back(v, d, s);
   wait_stream(k, s);
+  finish(v, d);
 }
 
 void all_gather(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, void* stream) {
@@ -558,6 +592,7 @@ void all_gather(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, void* 
   settle(k, c->comm, nccl()->AllGather(din.ptr, dout.ptr, static_cast<size_t>(a.numel), nccl_type(a.dtype), c->comm, s));
   store_back(b, dout, s);
   wait_stream(k, s);
+  finish(b, dout);
 }
 
 void reduce_scatter(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, int32_t op, void* stream) {
@@ -578,6 +613,7 @@ void reduce_scatter(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, in
   settle(k, c->comm, nccl()->ReduceScatter(din.ptr, dout.ptr, static_cast<size_t>(b.numel), nccl_type(b.dtype), nccl_op(op), c->comm, s));
   store_back(b, dout, s);
   wait_stream(k, s);
+  finish(b, dout);
 }
 
 void broadcast(rlh_comm* c, const rlh_tensor* t, int32_t root, void* stream) {
@@ -595,6 +631,7 @@ void broadcast(rlh_comm* c, const rlh_tensor* t, int32_t root, void* stream) {
   settle(k, c->comm, nccl()->Broadcast(d.ptr, d.ptr, static_cast<size_t>(v.numel), nccl_type(v.dtype), root, c->comm, s));
   if (c->rank != root) store_back(v, d, s);
   wait_stream(k, s);
+  if (c->rank != root) finish(v, d);
 }
 
 void send(rlh_comm* c, const rlh_tensor* t, int32_t peer, void* stream) {
@@ -626,6 +663,7 @@ void recv(rlh_comm* c, const rlh_tensor* t, int32_t peer, void* stream) {
   settle(k, c->comm, nccl()->Recv(d.ptr, static_cast<size_t>(v.numel), nccl_type(v.dtype), peer, c->comm, s));
   store_back(v, d, s);
   wait_stream(k, s);
+  finish(v, d);
 }
 
 void all_to_all(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, void* stream) {
@@ -656,6 +694,7 @@ void all_to_all(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, void* 
   settle(k, c->comm, n->GroupEnd());
   store_back(b, dout, s);
   wait_stream(k, s);
+  finish(b, dout);
 }
 
 void barrier(rlh_comm* c) {

@@ -26,6 +26,8 @@ struct rlh_comm {
   cudaEvent_t done = nullptr;  // recorded after each call, polled until it completes
   void* scratch[2] = {nullptr, nullptr};  // device staging of host tensors, grown on demand
   size_t scratch_bytes[2] = {0, 0};
+  void* pinned[2] = {nullptr, nullptr};  // page-locked host staging of the same (see nccl_comm.cpp)
+  size_t pinned_bytes[2] = {0, 0};
   bool aborted = false;
 };
 
