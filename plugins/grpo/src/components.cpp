@@ -3,7 +3,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
+
+#include "rlhost/sdk/hf_cache.hpp"
+#include "rlhost/sdk/launch_env.hpp"
 
 namespace rlh::grpo {
 
@@ -483,6 +487,32 @@ bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ck
   if (ckpt.may_write(step, &why)) return true;
   host.warn("checkpoint for step " + std::to_string(step) + " not saved: " + why);
   return false;
+}
+
+void refuse_data_parallel(const std::string& algorithm) {
+  if (const int n = sdk::detect_launch().size; n > 1)
+    throw sdk::Error(RLH_E_UNIMPLEMENTED, algorithm + " with " + std::to_string(n) +
+                                              " data-parallel ranks is not implemented (GRPO is); run " + algorithm +
+                                              " on one rank");
+}
+
+std::string resolve_policy_dir(const std::string& model_name) {
+  try {
+    return sdk::resolve_model_path(model_name).string();
+  } catch (const std::exception& e) {
+    throw sdk::Error(RLH_E_NOT_FOUND, std::string("policy.model_name: ") + e.what());
+  }
+}
+
+void save_policy_folder(Backend& backend, rlh_model* policy, const std::string& dir, const std::string& tokenizer_name,
+                        const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const fs::path policy_dir(dir);
+  fs::create_directories(policy_dir);
+  backend.save_state(policy, policy_dir.string());
+  const fs::path tok_src = fs::is_directory(tokenizer_name) ? fs::path(tokenizer_name) : fs::path(model_dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
+    if (fs::exists(tok_src / f) && !fs::exists(policy_dir / f)) fs::copy_file(tok_src / f, policy_dir / f);
 }
 
 }  // namespace rlh::grpo

@@ -18,8 +18,6 @@
 #include "rlhost/grpo/loss_adapter.hpp"
 #include "rlhost/grpo/packing.hpp"
 #include "rlhost/sdk/checkpoint.hpp"
-#include "rlhost/sdk/hf_cache.hpp"
-#include "rlhost/sdk/launch_env.hpp"
 #include "rollout.hpp"
 
 namespace rlh::grpo {
@@ -288,13 +286,7 @@ struct DpoLoop::Impl {
 
   void save(int64_t s, const std::optional<std::map<std::string, double>>& val, const std::map<std::string, double>& train) {
     sdk::PendingCheckpoint pending = ckpt->begin(s);
-    const fs::path policy_dir = pending.dir() / "policy";
-    fs::create_directories(policy_dir);
-    backend->save_state(policy, policy_dir.string());
-    const fs::path tok_src = fs::is_directory(cfg.policy.tokenizer_name) ? fs::path(cfg.policy.tokenizer_name)
-                                                                        : fs::path(model_dir);
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
-      if (fs::exists(tok_src / f) && !fs::exists(policy_dir / f)) fs::copy_file(tok_src / f, policy_dir / f);
+    save_policy_folder(*backend, policy, (pending.dir() / "policy").string(), cfg.policy.tokenizer_name, model_dir);
     json info = {{"step", s}, {"total_steps", total_steps}, {"epoch", order->epoch()},
                  {"data_order", order->state()}, {"seed", cfg.seed}};
     // checkpointing.metric_name reads these: "train:loss", "val:validation-default_loss", ...
@@ -307,16 +299,8 @@ struct DpoLoop::Impl {
   }
 
   void run() {
-    // As SFT: the loop hands the whole batch to the backend on every rank (not sharded yet),
-    // and the backend would count it once per rank.
-    if (const int n = sdk::detect_launch().size; n > 1)
-      throw Error(RLH_E_UNIMPLEMENTED, "dpo with " + std::to_string(n) +
-                                           " data-parallel ranks is not implemented (GRPO is); run DPO on one rank");
-    try {
-      model_dir = sdk::resolve_model_path(cfg.policy.model_name).string();
-    } catch (const std::exception& e) {
-      throw Error(RLH_E_NOT_FOUND, std::string("policy.model_name: ") + e.what());
-    }
+    refuse_data_parallel("dpo");
+    model_dir = resolve_policy_dir(cfg.policy.model_name);
     tok = std::make_unique<Tokenizer>(host, cfg.policy.tokenizer_name);
     if (cfg.policy.prompt_format == PromptFormat::kChatTemplate && !tok->has_chat_template()) {
       if (cfg.policy.prompt_format_explicit)
