@@ -116,8 +116,8 @@ class LineChecker {
     return false;
   }
 
-  const std::string& in_key_;
-  const std::string& out_key_;
+  const std::string in_key_;  // copies: index_jsonl passes temporaries
+  const std::string out_key_;
   int depth_ = 0;
   int pending_ = 0;  // bit 0: the value being read is input_key's, bit 1: output_key's
   Kind input_ = Kind::kAbsent, output_ = Kind::kAbsent;
