@@ -17,6 +17,7 @@ usage: test_grpo_dp.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -199,7 +200,26 @@ def case_killed_rank(tmp):
               f"step_{last} resumed on one rank")
 
 
+def case_one_rank_loops(tmp):
+    """SFT and DPO hand the whole batch to the backend on every rank (not sharded yet): under
+    several ranks each refuses at start with one line naming the algorithm, and the job stops."""
+    setup(tmp)
+    base = [RLHOST, "--plugin", "environments", "--plugin", "tokenizer_hf", "--plugin", "model_llama",
+            "--plugin", "kernels_cpu", "--plugin", "dtensor", "--plugin", "dataset_jsonl"]
+    for algo, cfg in (("sft", "sft_demo_cpu.yaml"), ("dpo", "dpo_demo_cpu.yaml")):
+        cmd = base + ["--plugin", algo, "--config", os.path.join(SRC, "examples/configs", cfg),
+                      f"policy.model_name={tmp}/tiny", f"logger.log_dir={tmp}/{algo}/logs",
+                      f"checkpointing.checkpoint_dir={tmp}/{algo}/ckpt"]
+        rc, out, secs = run(cmd, np=2, timeout=120)
+        lines = [l for l in out.splitlines() if re.match(r"rlhost rank \d+: error: ", l)]
+        want = f"{algo} with 2 data-parallel ranks is not implemented (GRPO is); run {algo} on one rank"
+        check(rc != 0, f"{algo} under 2 ranks exits non-zero (rc {rc})", out)
+        check(len(lines) >= 1 and all(want in l for l in lines), f"{algo}: every rank's error is one line naming it", out)
+        print(f"{algo} under 2 ranks: rc {rc} in {secs:.1f} s: {lines[0] if lines else '(no error line)'}")
+
+
 CASES = {
+    "one_rank_loops": case_one_rank_loops,
     "follows_dtensor": lambda t: case_follows(t, "dtensor"),
     "follows_megatron": lambda t: case_follows(t, "megatron"),
     "resume_at_one": case_resume_at_one,
