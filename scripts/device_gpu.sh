@@ -8,6 +8,7 @@
 #   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|all]  (all = tests, cli, grpo, bench, genbench)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
+#     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -90,6 +91,33 @@ g = h.generator("tests/fixtures/llama-tiny", config={"device": "cuda"})
 out = g.generate([[5, 17, 42]], temperature=0.0, max_new_tokens=8, ignore_eos=True)
 print("python cuda generate ids:", out.ids.tolist(), "logprobs:", [round(x, 4) for x in out.logprobs.tolist()[0]])
 PY
+fi
+if [ "$what" = nccl2 ]; then
+  # comm_nccl over two GPUs of one host, launched torchrun-style (the image has no mpirun): the
+  # comm_probe algorithm's checked collectives on the world and tp=2 groups; then rank 1 kills
+  # itself at step 2 and rank 0 must exit non-zero within its 5 s deadline (124/137: it hung).
+  n=$(nvidia-smi -L | wc -l)
+  if [ "$n" -lt 2 ]; then echo "nccl2: needs 2 GPUs, found $n"; rc=1; else
+    probe() {  # config, port, tag
+      local t0 r
+      t0=$(date +%s%N)
+      for r in 0 1; do
+        (RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$2 timeout -k 5 60 "$bin/rlhost" \
+           --plugin "$bin/extra_plugins/libcomm_probe.so" --config "$1" > "$out/$3_rank$r.log" 2>&1
+         echo "rank $r rc $? after $(( ($(date +%s%N) - t0) / 1000000 )) ms" >> "$out/$3_rank$r.log") &
+      done
+      wait
+      for r in 0 1; do grep -v "info: kernels_" "$out/$3_rank$r.log" | tail -n 4; done
+    }
+    echo "== comm_nccl on two GPUs =="
+    probe tests/comm/probe_two_gpus.yaml 29555 nccl2
+    grep -q "rank 0 rc 0 " "$out/nccl2_rank0.log" && grep -q "rank 1 rc 0 " "$out/nccl2_rank1.log" || rc=1
+    echo "== comm_nccl on two GPUs, rank 1 killed at step 2 =="
+    sed 's/comm_timeout_s: 30/comm_timeout_s: 5/; s/^  tp: 2$/  tp: 2\n  kill_rank: 1\n  at_step: 2/' \
+      tests/comm/probe_two_gpus.yaml > "$out/nccl2_kill.yaml"
+    probe "$out/nccl2_kill.yaml" 29556 nccl2_kill
+    grep -Eq "rank 0 rc (0|124|137) " "$out/nccl2_kill_rank0.log" && rc=1
+  fi
 fi
 if [ "$what" = grpo ] || [ "$what" = all ]; then
   # The demo's two stages (scripts/demo.sh) with stage 2's policy on the GPU: megatron,

@@ -15,7 +15,7 @@ tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cud
        test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl)
 plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments
          comm_nccl)
-ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" bench_cuda_engine bench_generator_cuda rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
+ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" comm_probe bench_cuda_engine bench_generator_cuda rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/plugins" "$stage/lib"
@@ -29,13 +29,16 @@ mkdir -p "$stage/plugins_nocudnn"
 for f in "$stage"/plugins/lib*.so; do
   [ "$(basename "$f")" = libkernels_cudnn.so ] || ln -s "../plugins/$(basename "$f")" "$stage/plugins_nocudnn/"
 done
+# The comm_probe test algorithm, for device_gpu.sh nccl2 (comm_nccl over two GPUs).
+mkdir -p "$stage/extra_plugins"
+cp "$B"/test_plugins/libcomm_probe.so "$stage/extra_plugins/"
 ln -s plugins/libkernels_cuda.so "$stage/libkernels_cuda.so"  # where the kernels_cuda tests look for it
 cp -L "$B"/lib/librlhost.so.0.1 "$stage/lib/"
 for l in libyaml-cpp.so.0.7 libboost_program_options.so.1.74.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$l" "$stage/lib/"
 done
 strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"/rlh_tiny_model \
-  "$stage"/plugins/*.so "$stage"/lib/librlhost.so.0.1
+  "$stage"/plugins/*.so "$stage"/extra_plugins/*.so "$stage"/lib/librlhost.so.0.1
 mkdir -p .devbin
 rm -f .devbin/devbin.tgz
 tar cf - -C "$stage" . | xz -T2 -6 > .devbin/devbin.txz
