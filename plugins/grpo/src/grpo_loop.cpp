@@ -687,12 +687,7 @@ struct GrpoLoop::Impl {
 
 GrpoLoop::GrpoLoop(const sdk::Host& host, const std::string& config_text) : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
-  json whole;
-  try {
-    whole = json::parse(config_text);
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("grpo: the configuration is not valid JSON: ") + e.what());
-  }
+  const json whole = parse_loop_config(config_text, "grpo");
   impl_->cfg = GrpoLoopConfig::from_json(whole);
   if (impl_->cfg.loss.use_kl_in_reward)
     throw ConfigError("loss_fn.use_kl_in_reward: the KL penalty in the reward is not implemented; use false");

@@ -7,6 +7,7 @@
 
 #include "json_read.hpp"
 #include "rlhost/grpo/config.hpp"
+#include "rlhost/sdk/status.hpp"
 
 namespace rlh::grpo {
 
@@ -332,6 +333,14 @@ void emit(std::ostringstream& out, const nlohmann::ordered_json& j, int indent) 
 }
 
 }  // namespace
+
+nlohmann::json parse_loop_config(const std::string& config_text, const char* algorithm) {
+  try {
+    return nlohmann::json::parse(config_text);
+  } catch (const nlohmann::json::exception& e) {
+    throw sdk::Error(RLH_E_INVALID_ARGUMENT, std::string(algorithm) + ": the configuration is not valid JSON: " + e.what());
+  }
+}
 
 std::string to_yaml(const nlohmann::ordered_json& j) {
   std::ostringstream out;

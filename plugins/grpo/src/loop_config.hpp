@@ -125,4 +125,7 @@ nlohmann::json policy_save_overrides(const std::string& model_save_dtype);
 // in JSON form, which YAML reads back as the same value.
 std::string to_yaml(const nlohmann::ordered_json& j);
 
+// The host's resolved configuration text as JSON; INVALID_ARGUMENT naming `algorithm` if it is not.
+nlohmann::json parse_loop_config(const std::string& config_text, const char* algorithm);
+
 }  // namespace rlh::grpo

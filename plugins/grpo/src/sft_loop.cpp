@@ -289,12 +289,7 @@ struct SftLoop::Impl {
 
 SftLoop::SftLoop(const sdk::Host& host, const std::string& config_text) : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
-  json whole;
-  try {
-    whole = json::parse(config_text);
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("sft: the configuration is not valid JSON: ") + e.what());
-  }
+  const json whole = parse_loop_config(config_text, "sft");
   impl_->cfg = SftConfig::from_json(whole);
   impl_->config_yaml = to_yaml(nlohmann::ordered_json::parse(config_text));
 }
