@@ -5,7 +5,8 @@
 # rlhost, plugins/, lib/), since the device image has no gtest, Boost or yaml-cpp; the fixtures
 # are the source tree's tests/fixtures.
 # Logs go to $OUT when set.
-#   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|all]  (all = tests, cli, grpo, bench, genbench)
+#   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|genprofile|all]  (all = tests, cli, grpo, bench, genbench)
+#     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
@@ -139,6 +140,21 @@ if [ "$what" = grpo ] || [ "$what" = all ]; then
     tee "$out/grpo_gpu.log" | grep -v "^\[rlhost\] step [0-9]*/" | tail -8
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   grep "^\[rlhost\] step" "$out/grpo_gpu.log" | tail -2
+fi
+if [ "$what" = genprofile ]; then
+  # Where a decoding step's time goes: the generator benchmark alone (no HF peer: a quick look,
+  # not a result), then Nsight Compute's per-kernel durations over a few decoding steps at batch
+  # 1 and 256, op by op (graphs off; the kernels are the same). Clocks left alone (METHOD.md).
+  echo "== bench_generator_cuda (alone) =="
+  "$bin/bench_generator_cuda" --shape llama1b --case all --prompt 128 --new 256 --repeats 2 2>&1 | tee "$out/genbench_alone.log" | grep -v "^RESULT"
+  for c in "b1 600" "b256 1900"; do
+    set -- $c
+    echo "== ncu: $1, ~3 decoding steps =="
+    ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --launch-skip "$2" \
+      --launch-count 700 "$bin/bench_generator_cuda" --shape llama1b --case "$1" --prompt 128 --new 32 --repeats 1 \
+      --no-graphs > "$out/ncu_$1.log" 2>&1
+    grep -E "gpu__time_duration.sum|^  [A-Za-z_]" "$out/ncu_$1.log" | cut -c1-150 | head -80
+  done
 fi
 if [ "$what" = genbench ] || [ "$what" = all ]; then
   RESULT_JSON=$out/generator.json bench/generator_cuda/run.sh "$bin/bench_generator_cuda" 2>&1 | tee "$out/genbench.log" | tail -30

@@ -1,6 +1,9 @@
 // kernels_cuda's decode ops (decode.cu) against kernels_cpu's (the reference): kv_cache_write
 // fills the same strided cache bit for bit; paged_attention over scattered blocks, with and
-// without a window, GQA and MLA's Dk != Dv, in f32 (1e-5) and bf16 (1e-2); sample under every
+// without a window, GQA and MLA's Dk != Dv, contexts of one and of several 128-key partitions
+// (the split kernel and its combine), in kernels_cpu's layout (f32 1e-5, bf16 1e-2) and in the
+// GPU generator's contiguous layout (bf16, the vector loads), and one row alone against the same
+// row in the batch with a wider table, bitwise (batch invariance); sample under every
 // filter on rows with ties, flat and peaked distributions: the same tokens as kernels_cpu (the
 // kept sets are searched differently, so a draw that lands within rounding of a cut may differ:
 // at most 1 in 200), logprobs within 1e-4, non-finite logits give no token. Label gpu.
@@ -8,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -59,7 +63,7 @@ class CudaPaged : public ::testing::TestWithParam<Geometry> {};
 TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
   RLH_REQUIRE_CUDA();
   const Geometry g = GetParam();
-  const int64_t T = 45, B = 12;
+  const int64_t T = 300, nb = (T + g.bs - 1) / g.bs, B = nb + 5;
   // kernels_cpu's layout: per block, K [Hkv][Dk][bs] then V [Hkv][bs][Dv]; blocks 64 floats apart
   // beyond that (a stride of their own).
   const int64_t kfl = g.Hkv * g.Dk * g.bs, vfl = g.Hkv * g.bs * g.Dv, block = kfl + vfl + 64;
@@ -70,7 +74,13 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
   for (float& x : q) x = nd(gen);
   for (float& x : k) x = nd(gen);
   for (float& x : v) x = nd(gen);
-  const std::vector<int32_t> table = {7, 2, 11, 0, 5, 9};
+  // the sequence's blocks, scattered over the cache, and two unused entries past its end
+  std::vector<int32_t> table(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) table[size_t(i)] = int32_t(i);
+  std::shuffle(table.begin(), table.end(), std::mt19937(11));
+  table.resize(size_t(nb));
+  table.push_back(-1);
+  table.push_back(-1);
   std::vector<int32_t> slots, tables, pos;
   for (int64_t t = 0; t < T; ++t) {
     slots.push_back(int32_t(table[size_t(t / g.bs)] * g.bs + t % g.bs));
@@ -118,8 +128,24 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(dcache.get(), cache) << "the GPU's cache writes differ from the layout's";
 
+  // The GPU generator's layout: per block K [Hkv][bs][Dk] then V [Hkv][bs][Dv], head dims contiguous.
+  const int64_t gkfl = g.Hkv * g.bs * g.Dk, gblock = gkfl + g.Hkv * g.bs * g.Dv;
+  const int64_t gks[4] = {gblock, g.bs * g.Dk, g.Dk, 1}, gvs[4] = {gblock, g.bs * g.Dv, g.Dv, 1};
+  std::vector<float> gcache(static_cast<size_t>(B * gblock), 0.f);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t b = slots[size_t(t)] / g.bs, off = slots[size_t(t)] % g.bs;
+    for (int64_t h = 0; h < g.Hkv; ++h) {
+      for (int64_t d = 0; d < g.Dk; ++d)
+        gcache[size_t(b * gks[0] + h * gks[1] + off * gks[2] + d)] = k[size_t(t * g.Hkv * g.Dk + h * g.Dk + d)];
+      for (int64_t d = 0; d < g.Dv; ++d)
+        gcache[size_t(gkfl + b * gvs[0] + h * gvs[1] + off * gvs[2] + d)] = v[size_t(t * g.Hkv * g.Dv + h * g.Dv + d)];
+    }
+  }
+  Dev<__nv_bfloat16> gbcache(gcache.size());
+  gbcache.put(to_bf16(gcache));
+
   kp::WorkerPool pool(2);
-  for (int64_t window : {int64_t(0), int64_t(10)}) {
+  for (int64_t window : {int64_t(0), int64_t(10), int64_t(200)}) {
     const float scale = 0.25f;
     std::vector<float> want(static_cast<size_t>(T * g.Hq * g.Dv));
     kp::PagedAttentionArgs c;
@@ -165,6 +191,10 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
     a.blocks = dtables.p;
     a.ld_blocks = int64_t(table.size());
     a.pos = dpos.p;
+    const int64_t ws_bytes = kc::paged_attention_workspace_bytes(a);
+    ASSERT_GT(ws_bytes, 0) << "contexts of 300 positions take several partitions";
+    Dev<float> ws(size_t(ws_bytes) / sizeof(float));
+    a.partials = ws.p;
     kc::paged_attention(a, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> got = dout.get();
@@ -175,7 +205,7 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
     }
     EXPECT_LT(worst / mag, 1e-5) << "f32, window " << window;
     // bf16: q and the cache rounded, f32 inside; against the f32 reference on the rounded inputs
-    Dev<__nv_bfloat16> bq(q.size()), bcache(cache.size()), bout(got.size());
+    Dev<__nv_bfloat16> bq(q.size()), bcache(cache.size()), bout(got.size()), bout1(static_cast<size_t>(g.Hq * g.Dv));
     bq.put(to_bf16(q));
     bcache.put(to_bf16(cache));
     a.t = kc::DType::bf16;
@@ -191,9 +221,45 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
     c.k = cr.data();
     c.v = cr.data() + kfl;
     kp::paged_attention(c, pool);
-    worst = 0;
-    for (size_t i = 0; i < gb.size(); ++i) worst = std::max(worst, double(std::fabs(gb[i] - want[i])));
-    EXPECT_LT(worst / mag, 1e-2) << "bf16, window " << window;
+    auto rel = [&](const std::vector<float>& x) {
+      double w = 0;
+      for (size_t i = 0; i < x.size(); ++i) w = std::max(w, double(std::fabs(x[i] - want[i])));
+      return w / mag;
+    };
+    EXPECT_LT(rel(gb), 1e-2) << "bf16, window " << window;
+    // bf16 in the generator's layout (16-byte key loads where the dims allow)
+    a.k_cache = gbcache.p;
+    a.v_cache = gbcache.p + gkfl;
+    std::memcpy(a.kc_strides, gks, sizeof(gks));
+    std::memcpy(a.vc_strides, gvs, sizeof(gvs));
+    kc::paged_attention(a, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<__nv_bfloat16> all = bout.get();
+    EXPECT_LT(rel(from_bf16(all)), 1e-2) << "bf16, generator layout, window " << window;
+    // Batch invariance: each checked row alone, with a table 8 entries wider (more partitions),
+    // gives its row of the batch bit for bit.
+    for (int64_t r : {int64_t(0), int64_t(127), int64_t(128), int64_t(200), T - 1}) {
+      std::vector<int32_t> wide(table.begin(), table.end());
+      wide.resize(wide.size() + 8, -1);
+      Dev<int32_t> dwide(wide.size()), dpos1(1);
+      dwide.put(wide);
+      dpos1.put({pos[size_t(r)]});
+      kc::PagedAttnArgs one = a;
+      one.R = 1;
+      one.q = bq.p + r * g.Hq * g.Dk;
+      one.o = bout1.p;
+      one.blocks = dwide.p;
+      one.ld_blocks = int64_t(wide.size());
+      one.table_width = int64_t(wide.size());
+      one.pos = dpos1.p;
+      Dev<float> ws1(size_t(std::max<int64_t>(kc::paged_attention_workspace_bytes(one), 4)) / sizeof(float));
+      one.partials = ws1.p;
+      kc::paged_attention(one, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<__nv_bfloat16> alone = bout1.get();
+      EXPECT_EQ(0, std::memcmp(alone.data(), all.data() + r * g.Hq * g.Dv, alone.size() * sizeof(__nv_bfloat16)))
+          << "row " << r << " alone differs from the batch, window " << window;
+    }
   }
 }
 

@@ -2,8 +2,10 @@
 // generator on a CUDA device needs beside the engine's ops. First versions, written for
 // correctness against kernels_cpu (tests/kernels_cuda) rather than peak speed; what limits them
 // is said at each kernel.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 
 #include "common.cuh"
 
@@ -39,72 +41,245 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// paged_attention: one block per (row, query head), four warps taking the row's positions in
-// turn, each lane a slice of the head dims, an online softmax per warp, the warps combined at the
-// end. Keys and values are read once per query head (GQA heads of one kv head read them again:
-// L2 serves most of it); a kernel that keeps a kv head's G query heads together is the next step.
+// paged_attention, split over the keys (flash-decoding). The keys of a row are cut into
+// partitions of kPaPart = 128 absolute positions (partition z holds positions [128 z, 128 z + 128)
+// within the row's causal / window range); one block of 4 warps computes one (row, kv head,
+// partition), each warp one 32-key tile with a key per lane, and every query head of that kv
+// head at once (up to 8 per block), so a key and value are read once per kv head, not once per
+// query head. Each lane dots its key with the group's queries (kept in shared memory), the warp
+// takes the tile's max and weights, then walks the tile's 32 values with the lanes over the head
+// dims. The warps are combined in warp order, and the partitions by a second kernel in partition
+// order; a launch whose rows all fit one partition writes the output directly.
+//
+// Why this shape: the first kernel (one block per query head, one key per warp step, a chain of
+// dependent loads and shuffles per key) was latency-bound, ~50 µs a layer at batch 1, the
+// largest cost of a decoding step. Here every lane has its own key in flight and a batch-1 step
+// still spreads over Hkv x ceil(context / 128) blocks.
+//
+// Batch invariance: the partitions are fixed in absolute positions and combined in a fixed
+// order, partitions a row does not reach are skipped, and the direct write computes exactly what
+// the combine does for one partition (its weight is expf(0) = 1). So a row's output depends on
+// its position, window and cache only, never on the other rows, the launch's widest table or
+// how rows were chunked (a sequence decoded in a batch equals itself decoded alone, bitwise).
 
-constexpr int kWarps = 4;
-constexpr int kMaxSlices = 8;  // head dims up to 256 (8 per lane)
+constexpr int kPaWarps = 4;
+constexpr int kPaPart = 32 * kPaWarps;  // keys per partition: one 32-key tile per warp
+constexpr int kPaHeads = 8;             // query heads per block (a kv head's group, in pieces of 8)
+constexpr int kPaMaxD = 256;
+constexpr int64_t kPaChunkBytes = int64_t(16) << 20;  // partials of one launch's rows at most
 
-template <class T>
-__global__ void paged_attention_kernel(PagedAttnArgs a) {
-  const int64_t r = blockIdx.x, hq = blockIdx.y;
+// The partials' floats per (row, query head, partition): the unnormalised output, then max and sum.
+__host__ __device__ inline int64_t pa_partial_floats(int64_t Dv) { return Dv + 2; }
+
+inline int64_t pa_partitions(const PagedAttnArgs& a) {
+  const int64_t width = a.table_width > 0 ? a.table_width : a.ld_blocks;
+  return std::max<int64_t>(1, (width * a.bs + kPaPart - 1) / kPaPart);
+}
+
+// Rows per launch so that their partials fit kPaChunkBytes.
+inline int64_t pa_rows_per_launch(const PagedAttnArgs& a, int64_t Z) {
+  const int64_t per_row = a.Hq * Z * pa_partial_floats(a.Dv) * int64_t(sizeof(float));
+  return std::max<int64_t>(1, std::min<int64_t>(a.R, kPaChunkBytes / per_row));
+}
+
+// Loads 8 consecutive bf16 (16-byte aligned) as floats.
+__device__ __forceinline__ void load8_bf16(const bf16* p, float f[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+// Loads NV consecutive bf16 (aligned to their size) as floats.
+template <int NV>
+__device__ __forceinline__ void loadn_bf16(const bf16* p, float f[NV]) {
+  if constexpr (NV == 8) {
+    load8_bf16(p, f);
+  } else if constexpr (NV == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 x = __bfloat1622float2(h[0]), y = __bfloat1622float2(h[1]);
+    f[0] = x.x, f[1] = x.y, f[2] = y.x, f[3] = y.y;
+  } else if constexpr (NV == 2) {
+    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+    f[0] = x.x, f[1] = x.y;
+  } else {
+    f[0] = __bfloat162float(*p);
+  }
+}
+
+// The head dim that lane `lane`'s k-th value slot holds: contiguous per lane with vector loads,
+// interleaved (coalesced scalar loads) otherwise.
+template <int NV, bool VEC>
+__device__ __forceinline__ int pa_dim(int lane, int k) {
+  return VEC ? lane * NV + k : lane + 32 * k;
+}
+
+// grid (rows, Hkv * groups, partitions); rows row0 .. row0 + gridDim.x of the launch.
+template <class T, int NV, bool VEC>
+__global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAttnArgs a, int64_t row0,
+                                                                        int64_t groups, int64_t Z) {
+  const int64_t r = row0 + blockIdx.x, rc = blockIdx.x;
+  const int64_t G = a.Hq / a.Hkv, hk = blockIdx.y / groups, g0 = (blockIdx.y % groups) * kPaHeads;
+  const int gn = int(G - g0 < kPaHeads ? G - g0 : kPaHeads);  // query heads of this block
+  const int64_t hq0 = hk * G + g0;
+  const int64_t z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t G = a.Hq / a.Hkv, hk = hq / G;
   const int64_t pos = a.pos[r];
   const int64_t lo = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
-  const int32_t* table = a.blocks + r * a.ld_blocks;
-  const T* q = static_cast<const T*>(a.q) + r * a.ldq + hq * a.Dk;
-  const int nk = int((a.Dk + 31) / 32), nv = int((a.Dv + 31) / 32);
-  float qv[kMaxSlices], acc[kMaxSlices];
-#pragma unroll
-  for (int j = 0; j < kMaxSlices; ++j) {
-    const int64_t d = lane + 32 * j;
-    qv[j] = (j < nk && d < a.Dk) ? to_f(q[d]) * a.scale : 0.f;
-    acc[j] = 0.f;
+  // this warp's tile: positions [t0, t0 + 32) within [lo, pos]
+  const int64_t t0 = z * kPaPart + int64_t(warp) * 32;
+  const int64_t first = t0 > lo ? t0 : lo, last = t0 + 31 < pos ? t0 + 31 : pos;
+
+  __shared__ __align__(16) float qs[kPaHeads][kPaMaxD];
+  __shared__ float sm[kPaWarps][kPaHeads], sl[kPaWarps][kPaHeads];
+  __shared__ float sacc[kPaWarps][kPaHeads][32 * NV];
+  for (int i = threadIdx.x; i < kPaHeads * a.Dk; i += blockDim.x) {
+    const int g = int(i / a.Dk), d = int(i % a.Dk);
+    qs[g][d] = g < gn ? to_f(static_cast<const T*>(a.q)[r * a.ldq + (hq0 + g) * a.Dk + d]) * a.scale : 0.f;
   }
-  float m = -INFINITY, l = 0.f;
-  for (int64_t p = lo + warp; p <= pos; p += kWarps) {
-    const int64_t blk = table[p / a.bs], off = p % a.bs;
-    const T* kr = static_cast<const T*>(a.k_cache) + blk * a.kc_strides[0] + hk * a.kc_strides[1] + off * a.kc_strides[2];
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxSlices; ++j) {
-      const int64_t d = lane + 32 * j;
-      if (j < nk && d < a.Dk) s += qv[j] * to_f(kr[d * a.kc_strides[3]]);
-    }
-    s = warp_sum(s);
-    const float mn = fmaxf(m, s), corr = __expf(m - mn), e = __expf(s - mn);
-    l = l * corr + e;
-    const T* vr = static_cast<const T*>(a.v_cache) + blk * a.vc_strides[0] + hk * a.vc_strides[1] + off * a.vc_strides[2];
-#pragma unroll
-    for (int j = 0; j < kMaxSlices; ++j) {
-      const int64_t d = lane + 32 * j;
-      if (j < nv && d < a.Dv) acc[j] = acc[j] * corr + e * to_f(vr[d * a.vc_strides[3]]);
-    }
-    m = mn;
-  }
-  // Combine the warps: out = sum_w acc_w exp(m_w - M) / sum_w l_w exp(m_w - M).
-  __shared__ float sm[kWarps], sl[kWarps];
-  __shared__ float sacc[kWarps][32 * kMaxSlices];
-  if (lane == 0) {
-    sm[warp] = m;
-    sl[warp] = l;
-  }
-#pragma unroll
-  for (int j = 0; j < kMaxSlices; ++j) sacc[warp][lane + 32 * j] = acc[j];
   __syncthreads();
+
+  float m[kPaHeads], l[kPaHeads], acc[kPaHeads][NV];
+#pragma unroll
+  for (int g = 0; g < kPaHeads; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) acc[g][k] = 0.f;
+  }
+  if (first <= last) {
+    const int32_t* table = a.blocks + r * a.ld_blocks;
+    const int64_t p = t0 + lane;
+    const bool valid = p >= first && p <= last;
+    int32_t blk = 0, off = 0;
+    if (valid) {
+      blk = table[p / a.bs];
+      off = int32_t(p % a.bs);
+    }
+    // scores of this lane's key against every query head of the group
+    float s[kPaHeads];
+#pragma unroll
+    for (int g = 0; g < kPaHeads; ++g) s[g] = 0.f;
+    if (valid) {
+      const T* kr = static_cast<const T*>(a.k_cache) + blk * a.kc_strides[0] + hk * a.kc_strides[1] +
+                    off * a.kc_strides[2];
+      if constexpr (VEC) {
+        for (int64_t c = 0; c < a.Dk; c += 8) {
+          float kf[8];
+          load8_bf16(reinterpret_cast<const bf16*>(kr) + c, kf);
+#pragma unroll
+          for (int g = 0; g < kPaHeads; ++g) {
+            if (g >= gn) break;
+            const float4 qa = *reinterpret_cast<const float4*>(&qs[g][c]);
+            const float4 qb = *reinterpret_cast<const float4*>(&qs[g][c + 4]);
+            s[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
+                    qb.z * kf[6] + qb.w * kf[7];
+          }
+        }
+      } else {
+        for (int64_t d = 0; d < a.Dk; ++d) {
+          const float kf = to_f(kr[d * a.kc_strides[3]]);
+#pragma unroll
+          for (int g = 0; g < kPaHeads; ++g)
+            if (g < gn) s[g] += qs[g][d] * kf;
+        }
+      }
+    }
+    // the tile's online-softmax update (one tile per warp: m starts at -inf)
+    float w[kPaHeads];
+#pragma unroll
+    for (int g = 0; g < kPaHeads; ++g) {
+      const float sg = valid ? s[g] : -INFINITY;
+      m[g] = warp_max(sg);
+      w[g] = valid ? __expf(sg - m[g]) : 0.f;
+      l[g] = w[g];
+    }
+    // the values: lanes over the head dims, keys of the tile in order
+    const int nk = int(last - t0 + 1);
+    for (int j = int(first - t0); j < nk; ++j) {
+      const int32_t vb = __shfl_sync(0xffffffffu, blk, j), vo = __shfl_sync(0xffffffffu, off, j);
+      const T* vr = static_cast<const T*>(a.v_cache) + vb * a.vc_strides[0] + hk * a.vc_strides[1] +
+                    vo * a.vc_strides[2];
+      float vf[NV];
+      if constexpr (VEC) {
+        loadn_bf16<NV>(reinterpret_cast<const bf16*>(vr) + lane * NV, vf);
+      } else {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+          const int d = pa_dim<NV, VEC>(lane, k);
+          vf[k] = d < a.Dv ? to_f(vr[d * a.vc_strides[3]]) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kPaHeads; ++g) {
+        if (g >= gn) break;
+        const float wj = __shfl_sync(0xffffffffu, w[g], j);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) acc[g][k] += wj * vf[k];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kPaHeads; ++g) l[g] = warp_sum(l[g]);
+  }
+  // the warps, in warp order
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < kPaHeads; ++g) {
+      sm[warp][g] = m[g];
+      sl[warp][g] = l[g];
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kPaHeads; ++g)
+#pragma unroll
+    for (int k = 0; k < NV; ++k) sacc[warp][g][pa_dim<NV, VEC>(lane, k)] = acc[g][k];
+  __syncthreads();
+  const int64_t F = pa_partial_floats(a.Dv);
+  for (int i = threadIdx.x; i < gn * a.Dv; i += blockDim.x) {
+    const int g = int(i / a.Dv), d = int(i % a.Dv);
+    float M = -INFINITY;
+    for (int wi = 0; wi < kPaWarps; ++wi) M = fmaxf(M, sm[wi][g]);
+    float L = 0.f, v = 0.f;
+    if (M != -INFINITY)
+      for (int wi = 0; wi < kPaWarps; ++wi) {
+        if (sm[wi][g] == -INFINITY) continue;  // an empty tile adds nothing, not even a +0
+        const float e = __expf(sm[wi][g] - M);
+        L += sl[wi][g] * e;
+        v += sacc[wi][g][d] * e;
+      }
+    if (Z == 1) {
+      static_cast<T*>(a.o)[r * a.ldo + (hq0 + g) * a.Dv + d] = from_f<T>(v / L);
+    } else {
+      float* part = a.partials + ((rc * a.Hq + hq0 + g) * Z + z) * F;
+      part[d] = v;
+      if (d == 0) {
+        part[a.Dv] = M;
+        part[a.Dv + 1] = L;
+      }
+    }
+  }
+}
+
+// The partitions of each (row, query head), in partition order: grid (rows, Hq).
+template <class T>
+__global__ void paged_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t Z) {
+  const int64_t rc = blockIdx.x, r = row0 + rc, h = blockIdx.y, F = pa_partial_floats(a.Dv);
+  const float* part = a.partials + (rc * a.Hq + h) * Z * F;
   float M = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w]);
+  for (int64_t z = 0; z < Z; ++z) M = fmaxf(M, part[z * F + a.Dv]);
   float L = 0.f;
-  for (int w = 0; w < kWarps; ++w) L += sm[w] == -INFINITY ? 0.f : sl[w] * __expf(sm[w] - M);
-  T* o = static_cast<T*>(a.o) + r * a.ldo + hq * a.Dv;
+  for (int64_t z = 0; z < Z; ++z)
+    if (part[z * F + a.Dv] != -INFINITY) L += part[z * F + a.Dv + 1] * expf(part[z * F + a.Dv] - M);
   for (int64_t d = threadIdx.x; d < a.Dv; d += blockDim.x) {
     float v = 0.f;
-    for (int w = 0; w < kWarps; ++w)
-      if (sm[w] != -INFINITY) v += sacc[w][d] * __expf(sm[w] - M);
-    o[d] = from_f<T>(v / L);
+    for (int64_t z = 0; z < Z; ++z)
+      if (part[z * F + a.Dv] != -INFINITY) v += part[z * F + d] * expf(part[z * F + a.Dv] - M);
+    static_cast<T*>(a.o)[r * a.ldo + h * a.Dv + d] = from_f<T>(v / L);
   }
 }
 
@@ -292,16 +467,59 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
   check_launch("kv_cache_write");
 }
 
+int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a) {
+  const int64_t Z = pa_partitions(a);
+  if (Z == 1 || a.R == 0) return 0;
+  return pa_rows_per_launch(a, Z) * a.Hq * Z * pa_partial_floats(a.Dv) * int64_t(sizeof(float));
+}
+
+namespace {
+
+template <class T, int NV, bool VEC>
+void launch_paged(const PagedAttnArgs& a, int64_t Z, cudaStream_t s) {
+  const int64_t groups = (a.Hq / a.Hkv + kPaHeads - 1) / kPaHeads;
+  const int64_t rows = Z == 1 ? a.R : pa_rows_per_launch(a, Z);
+  for (int64_t r0 = 0; r0 < a.R; r0 += rows) {
+    const int64_t n = std::min(rows, a.R - r0);
+    const dim3 grid(unsigned(n), unsigned(a.Hkv * groups), unsigned(Z));
+    paged_attention_kernel<T, NV, VEC><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+    if (Z > 1) paged_combine_kernel<T><<<dim3(unsigned(n), unsigned(a.Hq)), 128, 0, s>>>(a, r0, Z);
+  }
+}
+
+template <int NV>
+void launch_paged_nv(const PagedAttnArgs& a, int64_t Z, bool vec, cudaStream_t s) {
+  if (a.t == DType::f32)
+    launch_paged<float, NV, false>(a, Z, s);
+  else if (vec)
+    launch_paged<bf16, NV, true>(a, Z, s);
+  else
+    launch_paged<bf16, NV, false>(a, Z, s);
+}
+
+}  // namespace
+
 void paged_attention(const PagedAttnArgs& a, cudaStream_t s) {
-  if (a.Dk > 32 * kMaxSlices || a.Dv > 32 * kMaxSlices)
+  if (a.Dk > kPaMaxD || a.Dv > kPaMaxD)
     throw std::invalid_argument("paged_attention: head dims above 256 are not offered");
   if (a.Hkv < 1 || a.Hq % a.Hkv) throw std::invalid_argument("paged_attention: Hq must be a multiple of Hkv");
   if (a.R == 0) return;
-  const dim3 grid(unsigned(a.R), unsigned(a.Hq));
-  if (a.t == DType::bf16)
-    paged_attention_kernel<bf16><<<grid, 32 * kWarps, 0, s>>>(a);
-  else
-    paged_attention_kernel<float><<<grid, 32 * kWarps, 0, s>>>(a);
+  const int64_t Z = pa_partitions(a);
+  if (Z > 65535) throw std::invalid_argument("paged_attention: block tables wider than 65535 x 128 positions");
+  if (Z > 1 && !a.partials)
+    throw std::invalid_argument("paged_attention: no workspace for the partitions' partials");
+  const int NV = a.Dv <= 32 ? 1 : a.Dv <= 64 ? 2 : a.Dv <= 128 ? 4 : 8;
+  // 16-byte key loads and NV-wide value loads: bf16, head dims contiguous, every row aligned.
+  auto aligned = [](const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0; };
+  bool vec = a.t == DType::bf16 && a.kc_strides[3] == 1 && a.vc_strides[3] == 1 && a.Dk % 8 == 0 &&
+             a.Dv == 32 * NV && aligned(a.k_cache, 16) && aligned(a.v_cache, 2 * NV);
+  for (int i = 0; i < 3 && vec; ++i) vec = a.kc_strides[i] % 8 == 0 && a.vc_strides[i] % NV == 0;
+  switch (NV) {
+    case 1: launch_paged_nv<1>(a, Z, vec, s); break;
+    case 2: launch_paged_nv<2>(a, Z, vec, s); break;
+    case 4: launch_paged_nv<4>(a, Z, vec, s); break;
+    default: launch_paged_nv<8>(a, Z, vec, s); break;
+  }
   check_launch("paged_attention");
 }
 

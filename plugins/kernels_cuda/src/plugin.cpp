@@ -603,9 +603,11 @@ void run_paged_attention(const Call& c) {
   a.v_cache = ptr(vc);
   a.blocks = ptr<int32_t>(bt);
   a.ld_blocks = bt.strides ? bt.strides[0] : bt.shape[1];
+  a.table_width = bt.shape[1];
   a.pos = ptr<int32_t>(c.in(4));
   a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
   a.window = c.integer("window", 0);
+  if (const int64_t bytes = paged_attention_workspace_bytes(a)) a.partials = static_cast<float*>(c.ws->get(size_t(bytes)));
   paged_attention(a, c.stream);
 }
 

@@ -312,8 +312,12 @@ struct PagedAttnArgs {
   const void* k_cache = nullptr; int64_t kc_strides[4] = {0, 0, 0, 0};
   const void* v_cache = nullptr; int64_t vc_strides[4] = {0, 0, 0, 0};
   const int32_t* blocks = nullptr; int64_t ld_blocks = 0;  // [R, T] block tables
+  int64_t table_width = 0;                                 // T (0: ld_blocks)
   const int32_t* pos = nullptr;                            // [R]
+  float* partials = nullptr;  // paged_attention_workspace_bytes(*this) of device scratch, or null when 0
 };
+// Scratch the split-over-keys kernel needs for a call (0 when every row fits one partition).
+int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a);
 void paged_attention(const PagedAttnArgs& a, cudaStream_t s);
 
 struct SampleArgs {
