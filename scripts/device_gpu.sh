@@ -147,7 +147,7 @@ if [ "$what" = genprofile ]; then
   # 1 and 256, op by op (graphs off; the kernels are the same). Clocks left alone (METHOD.md).
   echo "== bench_generator_cuda (alone) =="
   "$bin/bench_generator_cuda" --shape llama1b --case all --prompt 128 --new 256 --repeats 2 2>&1 | tee "$out/genbench_alone.log" | grep -v "^RESULT"
-  for c in "b1 600" "b256 1900"; do
+  for c in "b1 2500" "b256 4500"; do
     set -- $c
     echo "== ncu: $1, ~3 decoding steps =="
     ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --launch-skip "$2" \

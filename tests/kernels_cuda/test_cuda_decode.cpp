@@ -1,6 +1,6 @@
 // kernels_cuda's decode ops (decode.cu) against kernels_cpu's (the reference): kv_cache_write
 // fills the same strided cache bit for bit; paged_attention over scattered blocks, with and
-// without a window, GQA and MLA's Dk != Dv, contexts of one and of several 128-key partitions
+// without a window, GQA and MLA's Dk != Dv, contexts of one and of several 256-key partitions
 // (the split kernel and its combine), in kernels_cpu's layout (f32 1e-5, bf16 1e-2) and in the
 // GPU generator's contiguous layout (bf16, the vector loads), and one row alone against the same
 // row in the batch with a wider table, bitwise (batch invariance); sample under every
@@ -238,7 +238,7 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
     EXPECT_LT(rel(from_bf16(all)), 1e-2) << "bf16, generator layout, window " << window;
     // Batch invariance: each checked row alone, with a table 8 entries wider (more partitions),
     // gives its row of the batch bit for bit.
-    for (int64_t r : {int64_t(0), int64_t(127), int64_t(128), int64_t(200), T - 1}) {
+    for (int64_t r : {int64_t(0), int64_t(127), int64_t(200), int64_t(255), int64_t(256), int64_t(270), T - 1}) {
       std::vector<int32_t> wide(table.begin(), table.end());
       wide.resize(wide.size() + 8, -1);
       Dev<int32_t> dwide(wide.size()), dpos1(1);

@@ -48,19 +48,23 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
 // head at once (up to 8 per block), so a key and value are read once per kv head, not once per
 // query head. Each lane dots its key with the group's queries (kept in shared memory), the warp
 // takes the tile's max and weights, then walks the tile's 32 values with the lanes over the head
-// dims. The warps are combined in warp order, and the partitions by a second kernel in partition
-// order; a launch whose rows all fit one partition writes the output directly.
+// dims, loading them ahead in batches. The warps are combined in warp order. A row whose range
+// lies in one partition writes its output there; longer rows write partials that a second
+// kernel combines in partition order. Blocks of partitions a row does not reach exit at once.
 //
 // Why this shape: the first kernel (one block per query head, one key per warp step, a chain of
-// dependent loads and shuffles per key) was latency-bound, ~50 µs a layer at batch 1, the
+// dependent loads and shuffles per key) was latency-bound, ~50 us a layer at batch 1, the
 // largest cost of a decoding step. Here every lane has its own key in flight and a batch-1 step
-// still spreads over Hkv x ceil(context / 128) blocks.
+// still spreads over Hkv x ceil(context / 128) blocks. Each block is a short chain of dependent
+// loads, so what hides their latency is many blocks at once: registers matter more than work
+// per block. (256-key partitions of 8 warps, loading 16 values ahead, took 126 registers and
+// measured 20% slower at batch 256 on the H200.)
 //
 // Batch invariance: the partitions are fixed in absolute positions and combined in a fixed
-// order, partitions a row does not reach are skipped, and the direct write computes exactly what
-// the combine does for one partition (its weight is expf(0) = 1). So a row's output depends on
-// its position, window and cache only, never on the other rows, the launch's widest table or
-// how rows were chunked (a sequence decoded in a batch equals itself decoded alone, bitwise).
+// order over the row's own partitions, and the direct write computes exactly what the combine
+// does for one partition (its weight is expf(0) = 1). So a row's output depends on its position,
+// window and cache only, never on the other rows, the launch's widest table or how rows were
+// chunked (a sequence decoded in a batch equals itself decoded alone, bitwise).
 
 constexpr int kPaWarps = 4;
 constexpr int kPaPart = 32 * kPaWarps;  // keys per partition: one 32-key tile per warp
@@ -80,6 +84,13 @@ inline int64_t pa_partitions(const PagedAttnArgs& a) {
 inline int64_t pa_rows_per_launch(const PagedAttnArgs& a, int64_t Z) {
   const int64_t per_row = a.Hq * Z * pa_partial_floats(a.Dv) * int64_t(sizeof(float));
   return std::max<int64_t>(1, std::min<int64_t>(a.R, kPaChunkBytes / per_row));
+}
+
+// Whether row r's keys (causal, within its window) lie in one partition.
+__device__ __forceinline__ bool pa_one_partition(const PagedAttnArgs& a, int64_t r) {
+  const int64_t pos = a.pos[r];
+  const int64_t lo = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
+  return lo / kPaPart == pos / kPaPart;
 }
 
 // Loads 8 consecutive bf16 (16-byte aligned) as floats.
@@ -131,6 +142,8 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t pos = a.pos[r];
   const int64_t lo = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
+  // a partition this row does not reach: nothing (the combine reads only the row's own)
+  if (z < lo / kPaPart || z > pos / kPaPart) return;
   // this warp's tile: positions [t0, t0 + 32) within [lo, pos]
   const int64_t t0 = z * kPaPart + int64_t(warp) * 32;
   const int64_t first = t0 > lo ? t0 : lo, last = t0 + 31 < pos ? t0 + 31 : pos;
@@ -138,8 +151,8 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
   __shared__ __align__(16) float qs[kPaHeads][kPaMaxD];
   __shared__ float sm[kPaWarps][kPaHeads], sl[kPaWarps][kPaHeads];
   __shared__ float sacc[kPaWarps][kPaHeads][32 * NV];
-  for (int i = threadIdx.x; i < kPaHeads * a.Dk; i += blockDim.x) {
-    const int g = int(i / a.Dk), d = int(i % a.Dk);
+  for (int i = threadIdx.x; i < kPaHeads * int(a.Dk); i += blockDim.x) {
+    const int g = i / int(a.Dk), d = i % int(a.Dk);
     qs[g][d] = g < gn ? to_f(static_cast<const T*>(a.q)[r * a.ldq + (hq0 + g) * a.Dk + d]) * a.scale : 0.f;
   }
   __syncthreads();
@@ -153,12 +166,11 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
     for (int k = 0; k < NV; ++k) acc[g][k] = 0.f;
   }
   if (first <= last) {
-    const int32_t* table = a.blocks + r * a.ld_blocks;
     const int64_t p = t0 + lane;
     const bool valid = p >= first && p <= last;
     int32_t blk = 0, off = 0;
     if (valid) {
-      blk = table[p / a.bs];
+      blk = a.blocks[r * a.ld_blocks + p / a.bs];
       off = int32_t(p % a.bs);
     }
     // scores of this lane's key against every query head of the group
@@ -169,6 +181,7 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
       const T* kr = static_cast<const T*>(a.k_cache) + blk * a.kc_strides[0] + hk * a.kc_strides[1] +
                     off * a.kc_strides[2];
       if constexpr (VEC) {
+#pragma unroll 4
         for (int64_t c = 0; c < a.Dk; c += 8) {
           float kf[8];
           load8_bf16(reinterpret_cast<const bf16*>(kr) + c, kf);
@@ -199,28 +212,38 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
       w[g] = valid ? __expf(sg - m[g]) : 0.f;
       l[g] = w[g];
     }
-    // the values: lanes over the head dims, keys of the tile in order
+    // the values: lanes over the head dims, keys of the tile in order, UB rows loaded ahead
+    // (their loads in flight together: one at a time left the loop latency-bound)
+    constexpr int UB = NV >= 8 ? 4 : 8;
     const int nk = int(last - t0 + 1);
-    for (int j = int(first - t0); j < nk; ++j) {
-      const int32_t vb = __shfl_sync(0xffffffffu, blk, j), vo = __shfl_sync(0xffffffffu, off, j);
-      const T* vr = static_cast<const T*>(a.v_cache) + vb * a.vc_strides[0] + hk * a.vc_strides[1] +
-                    vo * a.vc_strides[2];
-      float vf[NV];
-      if constexpr (VEC) {
-        loadn_bf16<NV>(reinterpret_cast<const bf16*>(vr) + lane * NV, vf);
-      } else {
+    for (int jb = int(first - t0); jb < nk; jb += UB) {
+      float vf[UB][NV];
 #pragma unroll
-        for (int k = 0; k < NV; ++k) {
-          const int d = pa_dim<NV, VEC>(lane, k);
-          vf[k] = d < a.Dv ? to_f(vr[d * a.vc_strides[3]]) : 0.f;
+      for (int u = 0; u < UB; ++u) {
+        const int j = jb + u < nk ? jb + u : nk - 1;  // past the tile: reload the last row, weight unused
+        const int32_t vb = __shfl_sync(0xffffffffu, blk, j), vo = __shfl_sync(0xffffffffu, off, j);
+        const T* vr = static_cast<const T*>(a.v_cache) + vb * a.vc_strides[0] + hk * a.vc_strides[1] +
+                      vo * a.vc_strides[2];
+        if constexpr (VEC) {
+          loadn_bf16<NV>(reinterpret_cast<const bf16*>(vr) + lane * NV, vf[u]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < NV; ++k) {
+            const int d = pa_dim<NV, VEC>(lane, k);
+            vf[u][k] = d < a.Dv ? to_f(vr[d * a.vc_strides[3]]) : 0.f;
+          }
         }
       }
 #pragma unroll
-      for (int g = 0; g < kPaHeads; ++g) {
-        if (g >= gn) break;
-        const float wj = __shfl_sync(0xffffffffu, w[g], j);
+      for (int u = 0; u < UB; ++u) {
+        if (jb + u >= nk) break;
 #pragma unroll
-        for (int k = 0; k < NV; ++k) acc[g][k] += wj * vf[k];
+        for (int g = 0; g < kPaHeads; ++g) {
+          if (g >= gn) break;
+          const float wj = __shfl_sync(0xffffffffu, w[g], jb + u);
+#pragma unroll
+          for (int k = 0; k < NV; ++k) acc[g][k] += wj * vf[u][k];
+        }
       }
     }
 #pragma unroll
@@ -240,19 +263,21 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
     for (int k = 0; k < NV; ++k) sacc[warp][g][pa_dim<NV, VEC>(lane, k)] = acc[g][k];
   __syncthreads();
   const int64_t F = pa_partial_floats(a.Dv);
-  for (int i = threadIdx.x; i < gn * a.Dv; i += blockDim.x) {
-    const int g = int(i / a.Dv), d = int(i % a.Dv);
+  // one partition: the output itself, no partials (worked out again here rather than kept
+  // live through the kernel: registers decide how many blocks run at once)
+  const bool direct = pa_one_partition(a, r);
+  for (int i = threadIdx.x; i < gn * int(a.Dv); i += blockDim.x) {
+    const int g = i / int(a.Dv), d = i % int(a.Dv);
     float M = -INFINITY;
     for (int wi = 0; wi < kPaWarps; ++wi) M = fmaxf(M, sm[wi][g]);
     float L = 0.f, v = 0.f;
-    if (M != -INFINITY)
-      for (int wi = 0; wi < kPaWarps; ++wi) {
-        if (sm[wi][g] == -INFINITY) continue;  // an empty tile adds nothing, not even a +0
-        const float e = __expf(sm[wi][g] - M);
-        L += sl[wi][g] * e;
-        v += sacc[wi][g][d] * e;
-      }
-    if (Z == 1) {
+    for (int wi = 0; wi < kPaWarps; ++wi) {
+      if (sm[wi][g] == -INFINITY) continue;  // an empty tile adds nothing, not even a +0
+      const float e = __expf(sm[wi][g] - M);
+      L += sl[wi][g] * e;
+      v += sacc[wi][g][d] * e;
+    }
+    if (direct) {
       static_cast<T*>(a.o)[r * a.ldo + (hq0 + g) * a.Dv + d] = from_f<T>(v / L);
     } else {
       float* part = a.partials + ((rc * a.Hq + hq0 + g) * Z + z) * F;
@@ -269,15 +294,19 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
 template <class T>
 __global__ void paged_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t Z) {
   const int64_t rc = blockIdx.x, r = row0 + rc, h = blockIdx.y, F = pa_partial_floats(a.Dv);
+  if (pa_one_partition(a, r)) return;  // written directly by the first kernel
+  const int64_t pos = a.pos[r];
+  const int64_t lo = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
+  const int64_t zlo = lo / kPaPart, zhi = pos / kPaPart;
   const float* part = a.partials + (rc * a.Hq + h) * Z * F;
   float M = -INFINITY;
-  for (int64_t z = 0; z < Z; ++z) M = fmaxf(M, part[z * F + a.Dv]);
+  for (int64_t z = zlo; z <= zhi; ++z) M = fmaxf(M, part[z * F + a.Dv]);
   float L = 0.f;
-  for (int64_t z = 0; z < Z; ++z)
+  for (int64_t z = zlo; z <= zhi; ++z)
     if (part[z * F + a.Dv] != -INFINITY) L += part[z * F + a.Dv + 1] * expf(part[z * F + a.Dv] - M);
   for (int64_t d = threadIdx.x; d < a.Dv; d += blockDim.x) {
     float v = 0.f;
-    for (int64_t z = 0; z < Z; ++z)
+    for (int64_t z = zlo; z <= zhi; ++z)
       if (part[z * F + a.Dv] != -INFINITY) v += part[z * F + d] * expf(part[z * F + a.Dv] - M);
     static_cast<T*>(a.o)[r * a.ldo + h * a.Dv + d] = from_f<T>(v / L);
   }
@@ -288,7 +317,9 @@ __global__ void paged_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t Z) {
 // value with ties kept, then top_p's smallest kept value): each threshold is found by a binary
 // search over the order-preserving 32-bit keys of the floats (32 passes over the row, counts or
 // masses reduced over the block), which needs no sort. The draw walks the kept weights in id
-// order: per-thread contiguous chunks, their sums scanned in thread order.
+// order: per-thread contiguous chunks, their sums scanned in thread order. Loads are float4 and
+// streamed (no early exits) where the row allows: one block per row was latency-bound, about
+// 200 us for a row of 128K logits, a tenth of a batch-1 decoding step.
 
 constexpr int kSampleThreads = 512;
 
@@ -316,23 +347,80 @@ __device__ float block_reduce_max(float v, float* sh) {
   return r;
 }
 
+// A row's z = logits * inv_t, each id once, in id order per thread: strided over the block
+// (coalesced; float4 when the row allows), or over this thread's contiguous chunk [b, e).
+template <class F>
+__device__ __forceinline__ void strided_each(const float* row, int64_t V, bool vec, float inv_t, F&& f) {
+  const int t = threadIdx.x, T = blockDim.x;
+  if (vec) {
+#pragma unroll 4
+    for (int64_t q = t; q < V / 4; q += T) {
+      const float4 x = *reinterpret_cast<const float4*>(row + 4 * q);
+      f(4 * q, x.x * inv_t);
+      f(4 * q + 1, x.y * inv_t);
+      f(4 * q + 2, x.z * inv_t);
+      f(4 * q + 3, x.w * inv_t);
+    }
+  } else {
+    for (int64_t j = t; j < V; j += T) f(j, row[j] * inv_t);
+  }
+}
+template <class F>
+__device__ __forceinline__ void chunk_each(const float* row, int64_t b, int64_t e, bool vec, float inv_t, F&& f) {
+  if (vec) {  // b and e multiples of 4 (the chunk is; V is)
+#pragma unroll 4
+    for (int64_t j = b; j < e; j += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(row + j);
+      f(j, x.x * inv_t);
+      f(j + 1, x.y * inv_t);
+      f(j + 2, x.z * inv_t);
+      f(j + 3, x.w * inv_t);
+    }
+  } else {
+    for (int64_t j = b; j < e; ++j) f(j, row[j] * inv_t);
+  }
+}
+
+// Exclusive prefix sum of one double per thread, in thread order (deterministic).
+__device__ double block_exclusive_scan(double v, double* sh32) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  double x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) sh32[warp] = x;
+  __syncthreads();
+  double before = 0;
+  for (int i = 0; i < warp; ++i) before += sh32[i];
+  (void)nw;
+  return before + x - v;
+}
+
 __global__ void sample_kernel(SampleArgs a) {
   __shared__ double shd[32];
   __shared__ float shf[32];
-  __shared__ double scan[kSampleThreads];
   const int64_t row = blockIdx.x, V = a.V;
   const float* logits = a.logits + row * a.ld;
   const bool greedy = a.temperature == 0.0;
   const float inv_t = greedy ? 1.f : float(1.0 / a.temperature);
   const int t = threadIdx.x, T = blockDim.x;
-  // max of z = logits * inv_t, and whether any is NaN or infinite
+  // float4 loads: V and the row stride multiples of 4, rows 16-byte aligned
+  const bool vec = V % 4 == 0 && a.ld % 4 == 0 && reinterpret_cast<uintptr_t>(a.logits) % 16 == 0;
+  // max of z = logits * inv_t, its lowest id (greedy's token), and whether any is NaN or infinite
   float mx = -INFINITY;
+  int64_t first = V;
   int bad = 0;
-  for (int64_t j = t; j < V; j += T) {
-    const float z = logits[j] * inv_t;
+  strided_each(logits, V, vec, inv_t, [&](int64_t j, float z) {
     bad |= !isfinite(z);
-    mx = fmaxf(mx, z);
-  }
+    if (z > mx) {  // ids come in increasing order per thread: the first of equal maxima stays
+      mx = z;
+      first = j;
+    }
+  });
+  const float my_mx = mx;
   mx = block_reduce_max(mx, shf);
   const double nbad = block_reduce_sum<double>(double(bad), shd);
   if (nbad > 0) {  // broken weights must not sample quietly: no token
@@ -346,11 +434,7 @@ __global__ void sample_kernel(SampleArgs a) {
   float tau = -INFINITY;
   if (!greedy) {
     if (a.min_p > 0) tau = mx + float(log(a.min_p));
-    // z' = z, or -inf below min_p's cut (what top-k / top-p see)
-    auto zc = [&](int64_t j) {
-      const float z = z_of(j);
-      return z < tau ? -INFINITY : z;
-    };
+    // z' = z, or -inf below min_p's cut, is what top-k / top-p see
     uint32_t kcut = 0;  // top-k's threshold key (0: none)
     if (a.top_k > 0 && a.top_k < V) {
       // smallest key c with count(key > c) < k: the k-th largest value (ties kept)
@@ -358,7 +442,7 @@ __global__ void sample_kernel(SampleArgs a) {
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
         double n = 0;
-        for (int64_t j = t; j < V; j += T) n += key_of(zc(j)) > mid ? 1.0 : 0.0;
+        strided_each(logits, V, vec, inv_t, [&](int64_t, float z) { n += key_of(z < tau ? -INFINITY : z) > mid ? 1.0 : 0.0; });
         n = block_reduce_sum<double>(n, shd);
         if (n < double(a.top_k)) hi = mid; else lo = mid + 1;
       }
@@ -368,77 +452,64 @@ __global__ void sample_kernel(SampleArgs a) {
     if (a.top_p < 1.0) {
       // over the top-k set: total mass, then the smallest key c with mass(key > c) < p total
       double total = 0;
-      for (int64_t j = t; j < V; j += T) {
-        const float z = zc(j);
+      strided_each(logits, V, vec, inv_t, [&](int64_t, float z0) {
+        const float z = z0 < tau ? -INFINITY : z0;
         if (key_of(z) >= kcut && z != -INFINITY) total += exp(double(z - mx));
-      }
+      });
       total = block_reduce_sum<double>(total, shd);
       uint32_t lo = 0, hi = 0xffffffffu;
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
         double mass = 0;
-        for (int64_t j = t; j < V; j += T) {
-          const float z = zc(j);
+        strided_each(logits, V, vec, inv_t, [&](int64_t, float z0) {
+          const float z = z0 < tau ? -INFINITY : z0;
           const uint32_t k = key_of(z);
           if (k >= kcut && k > mid && z != -INFINITY) mass += exp(double(z - mx));
-        }
+        });
         mass = block_reduce_sum<double>(mass, shd);
         if (mass < a.top_p * total) hi = mid; else lo = mid + 1;
       }
       tau = fmaxf(tau, value_of(lo));
     }
   }
-  // kept weights, their float sum, the log-sum-exp
-  const int64_t chunk = (V + T - 1) / T, b = t * chunk, e = b + chunk < V ? b + chunk : V;
+  // kept weights, their float sum, the log-sum-exp; thread t's ids are the chunk [b, e)
+  int64_t chunk = (V + T - 1) / T;
+  if (vec) chunk = (chunk + 3) / 4 * 4;
+  const int64_t b = t * chunk < V ? t * chunk : V, e = b + chunk < V ? b + chunk : V;
   float fsum = 0.f;
   double csum = 0;
-  for (int64_t j = b; j < e; ++j) {
-    const float z = z_of(j);
+  chunk_each(logits, b, e, vec, inv_t, [&](int64_t, float z) {
     const float w = z >= tau ? __expf(z - mx) : 0.f;
     fsum += w;
     csum += double(w);
-  }
+  });
   const double total = block_reduce_sum<double>(double(fsum), shd);
   const double lse = double(mx) + log(total);
   int64_t tok = -1;
   if (greedy) {
-    // the lowest id among equal maxima
-    int64_t first = V;
-    for (int64_t j = t; j < V; j += T)
-      if (z_of(j) == mx && j < first) first = j;
-    double f = double(first);
-    // block min through the max of -f
-    const float neg = block_reduce_max(-float(f), shf);
+    // the lowest id among equal maxima (block min through the max of -id)
+    const float neg = block_reduce_max(my_mx == mx ? -float(first) : -float(V), shf);
     tok = int64_t(-neg);
   } else {
     // inverse CDF in id order: exclusive scan of the chunk sums in thread order
-    scan[t] = csum;
-    __syncthreads();
-    if (t == 0) {
-      double acc = 0;
-      for (int i = 0; i < T; ++i) {
-        const double c = scan[i];
-        scan[i] = acc;
-        acc += c;
-      }
-    }
-    __syncthreads();
+    const double before = block_exclusive_scan(csum, shd);
     const double target = a.u[row] * total;
     __shared__ unsigned long long found;  // the drawn id; all ones: none
     if (t == 0) found = ~0ull;
     __syncthreads();
-    double acc = scan[t];
+    double acc = before;
     if (acc <= target && b < e) {
-      for (int64_t j = b; j < e; ++j) {
-        const float z = z_of(j);
+      // this thread's first id where the running sum passes the target (the whole chunk is
+      // walked, without an early exit, so its loads stream); the lowest over threads is drawn
+      int64_t hit = -1;
+      chunk_each(logits, b, e, vec, inv_t, [&](int64_t j, float z) {
         const float w = z >= tau ? __expf(z - mx) : 0.f;
-        if (w <= 0.f) continue;
-        acc += double(w);
-        if (acc > target) {
-          atomicMin(&found, (unsigned long long)j);  // one thread's chunk holds it
-          break;
+        if (w > 0.f) {
+          acc += double(w);
+          if (hit < 0 && acc > target) hit = j;
         }
-      }
+      });
+      if (hit >= 0) atomicMin(&found, (unsigned long long)hit);
     }
     __syncthreads();
     tok = found == ~0ull ? -1 : int64_t(found);

@@ -66,7 +66,19 @@ class ProgramRunner {
       v[size_t(out_root)] = b_.residual(int((l + 1) % 2));
       for (size_t i = 1; i < lp.values.size(); ++i)
         if (lp.values[i].storage >= 0) v[i] = v[size_t(lp.root(int(i)))];
-      for (const sdk::LayerStep& st : lp.steps) run_step(l, st, v, R);
+      for (size_t i = 0; i < lp.steps.size(); ++i) {
+        // q's and k's RoPE on adjacent columns of one value with one table: one call over both
+        // (per head the same math; a launch fewer per layer, which counts at small batch)
+        if (i + 1 < lp.steps.size() && adjacent_ropes(lp.steps[i], lp.steps[i + 1])) {
+          sdk::LayerStep both = lp.steps[i];
+          both.heads += lp.steps[i + 1].heads;
+          both.in.width += lp.steps[i + 1].in.width;
+          run_step(l, both, v, R);
+          ++i;
+          continue;
+        }
+        run_step(l, lp.steps[i], v, R);
+      }
     }
     return b_.residual(int(L % 2));
   }
@@ -89,6 +101,11 @@ class ProgramRunner {
   }
 
  private:
+  static bool adjacent_ropes(const sdk::LayerStep& a, const sdk::LayerStep& b) {
+    return a.op == sdk::StepOp::rope && b.op == sdk::StepOp::rope && a.table == b.table &&
+           a.head_dim == b.head_dim && a.in.value == b.in.value && b.in.col == a.in.col + a.heads * a.head_dim;
+  }
+
   void run_step(int64_t l, const sdk::LayerStep& st, std::vector<T*>& v, int64_t R) {
     const sdk::LayerProgram& lp = m_.program().layers[size_t(l)];
     const sdk::TransformerDesc& desc = m_.desc();
