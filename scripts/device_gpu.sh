@@ -7,6 +7,7 @@
 # Logs go to $OUT when set.
 #   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|genprofile|all]  (all = tests, cli, grpo, bench, genbench)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
+#     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
@@ -155,6 +156,11 @@ if [ "$what" = genprofile ]; then
       --no-graphs > "$out/ncu_$1.log" 2>&1
     grep -E "gpu__time_duration.sum|^  [A-Za-z_]" "$out/ncu_$1.log" | cut -c1-150 | head -80
   done
+fi
+if [ "$what" = grpostep ]; then
+  # The whole 1B GRPO step (policy, reference and generator on this GPU) beside torch_grpo_step.py.
+  OUT=$out/grpostep bench/grpo_cuda/run.sh "$bin" 2>&1 | tee "$out/grpostep.log" | tail -16
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$what" = genbench ] || [ "$what" = all ]; then
   RESULT_JSON=$out/generator.json bench/generator_cuda/run.sh "$bin/bench_generator_cuda" 2>&1 | tee "$out/genbench.log" | tail -30

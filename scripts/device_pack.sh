@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
 tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda
        test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl)
-plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments
+plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments dataset_jsonl
          comm_nccl)
 ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" comm_probe bench_cuda_engine bench_generator_cuda rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)

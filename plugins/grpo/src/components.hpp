@@ -143,7 +143,7 @@ class Generator {
     std::string name;
     rlh_dtype dtype{};
     std::vector<int64_t> shape, strides;
-    std::vector<char> bytes;
+    std::unique_ptr<char[]> bytes;  // not zero-filled: every byte is written by the copy
   };
   void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
 
