@@ -2,8 +2,9 @@
 // rm_demo_cpu.yaml on a random tiny Llama with a fresh value head): a reward model trained on
 // synthetic preferences ranks held-out pairs correctly (>= 90%) and does not with the learning
 // rate near zero, a run interrupted and resumed ends with bitwise the same weights, the
-// checkpoint is an HF LlamaForSequenceClassification folder, bad settings stop the run with one
-// line naming the key, and NeMo-RL's own rm.yaml resolves and passes the key check with the plugin.
+// checkpoint is an HF LlamaForSequenceClassification folder that the reward_model environment scores
+// with, bad settings stop the run with one line naming the key, and NeMo-RL's own rm.yaml resolves
+// and passes the key check with the plugin.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rlhost/environment.h"
 #include "rlhost/host.h"
 #include "rlhost/sdk/status.hpp"
 
@@ -213,6 +215,95 @@ TEST_F(RmLoop, BadPreferenceRowStopsTheRunWithOneLine) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   EXPECT_NE(msg.find("train.jsonl:257: missing key 'rejected' (data.train.rejected_key)"), std::string::npos) << msg;
   EXPECT_FALSE(m.count("train/loss"));
+}
+
+// The reward_model environment (GRPO's env.reward_model) loads a checkpoint the rm run saved and
+// scores prompt + response with it: on the held-out pairs it ranks exactly as the run's own
+// validation did (the same tokens, the same last-token value), and its settings are checked by key.
+TEST_F(RmLoop, RewardModelEnvironmentScoresWithTheTrainedCheckpoint) {
+  if (!have("environments")) GTEST_SKIP() << "plugin 'environments' is not built";
+  Metrics m = run({"checkpointing.save_period=160", "checkpointing.metric_name=null", "checkpointing.keep_top_k=null"});
+  const fs::path rm_dir = dir / "ckpt/step_160/policy";
+  ASSERT_TRUE(fs::exists(rm_dir / "model.safetensors")) << rm_dir;
+  rlhost_t* h = nullptr;
+  ASSERT_EQ(rlhost_create(&h), nullptr);
+  rlhost_set_log_level(h, RLH_LOG_ERROR);
+  for (const std::string p : {"environments", "dtensor", "kernels_cpu", "tokenizer_hf", "model_llama"})
+    ASSERT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
+  const rlh_host_api* services = rlhost_services(h);
+  const rlh_component_desc* d = nullptr;
+  ASSERT_EQ(code_of(services->find_component(services->ctx, RLH_KIND_ENVIRONMENT, "reward_model", &d)), RLH_OK);
+  const auto* api = static_cast<const rlh_environment_api*>(d->api);
+  auto create = [&](const json& cfg, rlh_environment** env, std::string* msg) {
+    const std::string text = cfg.dump();
+    return code_of(api->create(services, text.data(), text.size(), env), msg);
+  };
+  const json cfg = {{"model_name", rm_dir.string()},
+                    {"tokenizer", {{"name", rm_dir.string()}}},
+                    {"batch_size", 16},
+                    {"precision", "float32"},
+                    {"reward_model_cfg", {{"enabled", true}, {"reward_model_type", "bradley_terry"}}},
+                    {"dtensor_cfg", {{"enabled", true}}},
+                    {"processor", "math_hf_data_processor"}};
+  rlh_environment* env = nullptr;
+  std::string msg;
+  ASSERT_EQ(create(cfg, &env, &msg), RLH_OK) << msg;
+  // Every held-out pair, chosen and rejected, in one batch.
+  std::vector<std::string> prompts, responses;
+  std::istringstream rows(read_file(dir / "val.jsonl"));
+  for (std::string line; std::getline(rows, line);) {
+    const json r = json::parse(line);
+    for (const char* k : {"chosen", "rejected"}) {
+      prompts.push_back(r["prompt"].get<std::string>());
+      responses.push_back(r[k].get<std::string>());
+    }
+  }
+  std::vector<rlh_env_sample> samples(prompts.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    samples[i].struct_size = RLH_STRUCT_SIZE(rlh_env_sample, metadata_len);
+    samples[i].prompt = prompts[i].data();
+    samples[i].prompt_len = prompts[i].size();
+    samples[i].response = responses[i].data();
+    samples[i].response_len = responses[i].size();
+  }
+  const char* names[] = {"reward"};
+  std::vector<double> rewards(samples.size(), -1e9);
+  std::vector<uint8_t> done(samples.size(), 0);
+  rlh_env_result res{};
+  res.struct_size = RLH_STRUCT_SIZE(rlh_env_result, user);
+  res.num_rewards = 1;
+  res.reward_names = names;
+  res.rewards = rewards.data();
+  res.done = done.data();
+  ASSERT_EQ(code_of(api->score(env, samples.data(), samples.size(), &res), &msg), RLH_OK) << msg;
+  double right = 0, chosen = 0;
+  for (size_t k = 0; k + 1 < rewards.size(); k += 2) {
+    right += rewards[k] > rewards[k + 1] ? 1 : 0;
+    chosen += rewards[k];
+    EXPECT_EQ(done[k], 1);
+  }
+  const double pairs = double(rewards.size() / 2);
+  EXPECT_EQ(pairs, 64.0);
+  EXPECT_GE(right / pairs, 0.9);
+  EXPECT_NEAR(right / pairs, m["validation-default/accuracy"][160], 1e-6) << "the run's own validation ranking";
+  EXPECT_NEAR(chosen / pairs, m["validation-default/rewards_chosen_mean"][160], 1e-4);
+  api->destroy(env);
+  // Settings it cannot honour, by key.
+  for (const auto& [patch, want] : std::vector<std::pair<json, std::string>>{
+           {{{"model_name", nullptr}}, "env.reward_model.model_name: expected a model folder"},
+           {{{"max_grad_norm", 1.0}}, "env.reward_model.max_grad_norm: expected null"},
+           {{{"reward_model_cfg", {{"enabled", false}}}}, "env.reward_model.reward_model_cfg.enabled: expected true"},
+           {{{"sequence_packing", {{"enabled", true}}}}, "env.reward_model.sequence_packing.enabled: expected false"},
+           {{{"temperature", 0.5}}, "env.reward_model.temperature: unknown key"}}) {
+    json bad = cfg;
+    bad.merge_patch(patch);
+    if (patch.contains("model_name")) bad["model_name"] = nullptr;  // merge_patch would delete it
+    rlh_environment* e = nullptr;
+    EXPECT_EQ(create(bad, &e, &msg), RLH_E_INVALID_ARGUMENT) << patch.dump();
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  rlhost_destroy(h);
 }
 
 // NeMo-RL's own rm.yaml (every version copied into tests/host/nemo_rl_configs) passes the key
