@@ -15,6 +15,7 @@
 #include "kernels_cpu_abi.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/layer_program.hpp"
 
 using namespace rlh;
 using engine::Engine;
@@ -257,6 +258,12 @@ TEST(EngineValueHead, RefusedWithoutAValueHeadAndCheckedForShape) {
   } catch (const std::invalid_argument& ex) {
     EXPECT_NE(std::string(ex.what()).find("score.weight"), std::string::npos) << ex.what();
   }
+  // Executors without the head (the CUDA engine, the generator) refuse the program by name.
+  sdk::ExecutorCaps cuda;
+  cuda.name = "cuda engine";
+  const std::string why = sdk::unsupported(sdk::build_program(value_desc()), cuda);
+  EXPECT_NE(why.find("cuda engine: the value head (score.weight, RLH_OUTPUT_VALUE"), std::string::npos) << why;
+  EXPECT_EQ(sdk::unsupported(sdk::build_program(value_desc(false)), cuda), "");
   sdk::TransformerDesc wide = value_desc();
   wide.params.back().shape = {2, kC};
   wide.params.back().hf_shapes = {{2, kC}};
