@@ -1,5 +1,6 @@
-// The environments plugin: ENVIRONMENT components `math`, `arithmetic`, `sort`, `copy`, `reverse`
-// and DATASET components `synthetic_arithmetic`, `synthetic_sort`, `synthetic_copy`,
+// The environments plugin: ENVIRONMENT components `math`, `arithmetic`, `sort`, `copy`, `reverse`,
+// `reward_model` (reward_model_env.cpp: a trained reward model's score, on the host's backend) and
+// DATASET components `synthetic_arithmetic`, `synthetic_sort`, `synthetic_copy`,
 // `synthetic_reverse` (the synthetic tasks' seeded prompts), over rlh_environments_core.
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "rlhost/environments/synthetic_tasks.hpp"
 #include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/plugin.hpp"
+#include "reward_model_env.hpp"
 
 namespace {
 
@@ -271,6 +273,7 @@ const char* const kArithmeticKeys[] = {"env.arithmetic.*", nullptr};
 const char* const kSortKeys[] = {"env.sort.*", nullptr};
 const char* const kCopyKeys[] = {"env.copy.*", nullptr};
 const char* const kReverseKeys[] = {"env.reverse.*", nullptr};
+const char* const kRewardModelKeys[] = {"env.reward_model.*", nullptr};
 // The synthetic datasets read these keys of NeMo-RL's data.train / data.validation sections
 // (data.train.dataset_name: synthetic_arithmetic, ...).
 #define RLH_SYNTH_KEYS(section) \
@@ -298,6 +301,8 @@ RLH_ENV(kArithmetic, "arithmetic", kArithmeticApi, kArithmeticKeys, "exact integ
 RLH_ENV(kSort, "sort", kSortApi, kSortKeys, "the input characters, sorted");
 RLH_ENV(kCopy, "copy", kCopyApi, kCopyKeys, "the input string, repeated");
 RLH_ENV(kReverse, "reverse", kReverseApi, kReverseKeys, "the input string, reversed");
+RLH_ENV(kRewardModel, "reward_model", rlh::environments::kRewardModelEnvApi, kRewardModelKeys,
+        "a trained reward model's score of prompt + response (its value at the last token)");
 RLH_DATA(kArithmeticDs, "synthetic_arithmetic", kArithmeticData, kArithmeticDataKeys, "seeded arithmetic prompts");
 RLH_DATA(kSortDs, "synthetic_sort", kSortData, kSequenceDataKeys, "seeded sort prompts");
 RLH_DATA(kCopyDs, "synthetic_copy", kCopyData, kSequenceDataKeys, "seeded copy prompts");
@@ -305,10 +310,11 @@ RLH_DATA(kReverseDs, "synthetic_reverse", kReverseData, kSequenceDataKeys, "seed
 #undef RLH_ENV
 #undef RLH_DATA
 
-const rlh_component_desc* const kComponents[] = {&kMath, &kArithmetic, &kSort, &kCopy, &kReverse,
+const rlh_component_desc* const kComponents[] = {&kMath, &kArithmetic, &kSort, &kCopy, &kReverse, &kRewardModel,
                                                  &kArithmeticDs, &kSortDs, &kCopyDs, &kReverseDs};
 
 }  // namespace
 
 RLH_DEFINE_PLUGIN(rlh::sdk::plugin_desc("environments", "0.1.0", "rlhost", kComponents,
-                                        "math answers and synthetic tasks with exact rewards, and their datasets"))
+                                        "math answers and synthetic tasks with exact rewards, their datasets, "
+                                        "and reward-model scores"))

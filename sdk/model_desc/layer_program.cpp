@@ -459,6 +459,12 @@ ModelProgram build_program(const TransformerDesc& desc) {
   p.final_offset = desc.final_norm.weight_offset;
   p.head = desc.tie_word_embeddings ? p.embed : global(ParamRole::lm_head, true);
   p.logit_softcap = desc.final_logit_softcapping;
+  if (const ParamDesc* q = desc.find_param(-1, ParamRole::value_head)) {
+    if (q->shape != std::vector<int64_t>{1, p.hidden})
+      throw std::invalid_argument("parameter " + q->name + " has shape " + shape_str(q->shape) + ", expected " +
+                                  shape_str({1, p.hidden}) + " (a value head has one label)");
+    p.value_head = int64_t(q - desc.params.data());
+  }
   p.grad_widths = {p.hidden};
   for (const LayerDesc& l : desc.layers) {
     const AttentionDesc& a = l.attention;
@@ -480,6 +486,8 @@ ModelProgram build_program(const TransformerDesc& desc) {
 std::string unsupported(const ModelProgram& p, const ExecutorCaps& caps) {
   const std::string who = caps.name + ": ";
   if (p.logit_softcap != 0 && !caps.logit_softcap) return who + "final logit soft-capping is not supported";
+  if (p.value_head >= 0 && !caps.value_head)
+    return who + "the value head (score.weight, RLH_OUTPUT_VALUE: reward models and critics) is not supported";
   for (const RopeTable& t : p.ropes)
     if (t.per_sequence && !caps.per_sequence_rope)
       return who + std::string(t.rope.kind == RopeKind::dynamic ? "dynamic NTK" : "longrope") +

@@ -81,6 +81,7 @@ constexpr EnumName<ParamRole> kRoles[] = {
     {ParamRole::kv_a, "kv_a"},
     {ParamRole::kv_a_norm, "kv_a_norm"},
     {ParamRole::kv_b, "kv_b"},
+    {ParamRole::value_head, "value_head"},
 };
 
 template <class E, size_t N>

@@ -681,7 +681,8 @@ TEST(BackendErrors, ModelsBatchesAndCallbacks) {
   expect_error(be.try_forward(m, bad, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), RLH_E_OUT_OF_RANGE,
                "token id 600 at position 1 of sequence 0");
   auto batch = random_batch({4, 3}, kVocab, 2);
-  expect_error(be.try_forward(m, *batch, {spec(RLH_OUTPUT_VALUE, "v")}, out), RLH_E_UNIMPLEMENTED, "RLH_OUTPUT_VALUE");
+  expect_error(be.try_forward(m, *batch, {spec(RLH_OUTPUT_VALUE, "v")}, out), RLH_E_FAILED_PRECONDITION,
+               "RLH_OUTPUT_VALUE needs a value head");
   expect_error(be.try_forward(m, *batch, {spec(RLH_OUTPUT_LOGPROB_RAW, "a", 1.0), spec(RLH_OUTPUT_ENTROPY, "b", 2.0)}, out),
                RLH_E_UNIMPLEMENTED, "share a temperature");
   Batch odd({1, 2, 3}, {0, 1, 2, 3});

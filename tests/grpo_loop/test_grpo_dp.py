@@ -201,12 +201,12 @@ def case_killed_rank(tmp):
 
 
 def case_one_rank_loops(tmp):
-    """SFT and DPO hand the whole batch to the backend on every rank (not sharded yet): under
+    """SFT, DPO and RM hand the whole batch to the backend on every rank (not sharded yet): under
     several ranks each refuses at start with one line naming the algorithm, and the job stops."""
     setup(tmp)
     base = [RLHOST, "--plugin", "environments", "--plugin", "tokenizer_hf", "--plugin", "model_llama",
             "--plugin", "kernels_cpu", "--plugin", "dtensor", "--plugin", "dataset_jsonl"]
-    for algo, cfg in (("sft", "sft_demo_cpu.yaml"), ("dpo", "dpo_demo_cpu.yaml")):
+    for algo, cfg in (("sft", "sft_demo_cpu.yaml"), ("dpo", "dpo_demo_cpu.yaml"), ("rm", "rm_demo_cpu.yaml")):
         cmd = base + ["--plugin", algo, "--config", os.path.join(SRC, "examples/configs", cfg),
                       f"policy.model_name={tmp}/tiny", f"logger.log_dir={tmp}/{algo}/logs",
                       f"checkpointing.checkpoint_dir={tmp}/{algo}/ckpt"]

@@ -31,7 +31,7 @@ namespace {
 const std::vector<std::string> kRefs = {"v0.3.0", "v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0", "main"};
 const std::vector<std::string> kPlugins = {"dataset_jsonl", "dpo",         "dtensor", "environments",
                                            "generator",     "grpo",        "kernels_cpu", "megatron",
-                                           "model_llama",   "sft",         "tokenizer_hf"};
+                                           "model_llama",   "rm",          "sft",         "tokenizer_hf"};
 
 struct Outcome {
   rlh_code resolve = RLH_OK, check = RLH_OK;
@@ -150,7 +150,7 @@ TEST_F(NemoRlConfigs, SettingsThatChangeBehaviourAreRefusedByName) {
       {"++logger.mlflow_enabled=true", "logger.mlflow_enabled", "true", "MLflow"},
       {"++policy.generation.vllm_cfg.precision=fp8", "policy.generation.vllm_cfg.precision", "fp8", "FP8 rollouts"},
       {"++policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.enabled", "true", "LoRA"},
-      {"++rm.max_num_steps=3", "rm.max_num_steps", "3", "reward-model training"},
+      {"++ppo.max_num_steps=3", "ppo.max_num_steps", "3", "PPO algorithm with a value model"},
   };
   for (const auto& c : refused) {
     const Outcome o = load(base, {c.override_text});

@@ -56,7 +56,11 @@ typedef struct rlh_batch {
 #define RLH_OUTPUT_LOGPROB_RAW 2    /* log p(next token) of the unfiltered softmax(logits / T) */
 #define RLH_OUTPUT_ENTROPY 3        /* entropy of softmax(logits / T) */
 #define RLH_OUTPUT_LOGPROB_AT_IDS 4 /* log p at ids given by a batch field [num_tokens, k] */
-#define RLH_OUTPUT_VALUE 5          /* a scalar head (critic, reward model) */
+#define RLH_OUTPUT_VALUE 5          /* a scalar head (critic, reward model): HF's score.weight */
+                                    /* [1, hidden] on the final-normed hidden state; NOT shifted: */
+                                    /* output t scores tokens 0..t, so a sequence's last output */
+                                    /* scores the whole sequence (HF *ForSequenceClassification). */
+                                    /* Only on a model loaded as a value model. */
 
 typedef struct rlh_output_spec {
   size_t struct_size;

@@ -6,13 +6,13 @@
 
 #include "rlhost/algorithm.h"
 #include "rlhost/sdk/plugin.hpp"
-#include "dpo_loop.hpp"
+#include "preference_loop.hpp"
 
 namespace {
 
 struct Algorithm {
   rlh::sdk::Host host;
-  std::unique_ptr<rlh::grpo::DpoLoop> loop;
+  std::unique_ptr<rlh::grpo::PreferenceLoop> loop;
 };
 
 rlh_status* create(const rlh_host_api* host, const char* config, size_t len, rlh_algorithm** out) {
@@ -21,7 +21,8 @@ rlh_status* create(const rlh_host_api* host, const char* config, size_t len, rlh
       throw rlh::sdk::Error(RLH_E_INVALID_ARGUMENT, "dpo: create: NULL argument");
     auto a = std::make_unique<Algorithm>();
     a->host = rlh::sdk::Host(host);
-    a->loop = std::make_unique<rlh::grpo::DpoLoop>(a->host, std::string(config != nullptr ? config : "", len));
+    a->loop = std::make_unique<rlh::grpo::PreferenceLoop>(a->host, std::string(config != nullptr ? config : "", len),
+                                                         rlh::grpo::PreferenceAlgorithm::dpo);
     *out = reinterpret_cast<rlh_algorithm*>(a.release());
   });
 }

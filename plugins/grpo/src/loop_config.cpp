@@ -54,10 +54,15 @@ SamplingSettings read_sampling(const Section& g, const SamplingSettings& base, c
 
 }  // namespace
 
-PolicyConfig read_policy_config(const json& whole) {
+PolicyConfig read_policy_config(const json& whole, bool reward_model) {
   const json& pj = child(whole, "policy");
   if (!pj.is_object()) throw ConfigError("policy: missing (the model, tokenizer and backend settings)");
   const Section p(pj, "policy");
+  // The backend gives a model loaded with reward_model_cfg.enabled a value head; only the rm
+  // loop trains one (a GRPO, SFT or DPO policy would carry an unused head).
+  if (const json& e = child(child(pj, "reward_model_cfg"), "enabled"); !reward_model && e.is_boolean() && e.get<bool>())
+    throw ConfigError("policy.reward_model_cfg.enabled: true asks for a reward model, but this algorithm trains a "
+                      "language model (--plugin rm trains reward models)");
   PolicyConfig c;
   c.section = pj;
   p.read("model_name", c.model_name);

@@ -111,7 +111,9 @@ struct GrpoLoopConfig {
 };
 
 // The pieces other algorithms (sft) read the same way.
-PolicyConfig read_policy_config(const nlohmann::json& whole);
+// reward_model: the caller trains a reward model (rm); otherwise policy.reward_model_cfg.enabled
+// true is refused by name.
+PolicyConfig read_policy_config(const nlohmann::json& whole, bool reward_model = false);
 DataSource read_data_source(const nlohmann::json& data, const std::string& split, bool required);
 // checkpointing.model_save_format (NeMo-RL's; only "safetensors", the HF layout, is written) and
 // rlhost's checkpointing.model_save_dtype: the dtype of step_N/policy's HF weights, "float32"

@@ -238,6 +238,7 @@ std::vector<rlh_output_spec> LossAdapter::output_specs(double temperature, int32
     s.top_p = kind == RLH_OUTPUT_LOGPROB ? top_p : 1.0;
     return s;
   };
+  if (std::holds_alternative<PreferenceConfig>(cfg_)) return {spec(RLH_OUTPUT_VALUE, opts_.values_output)};
   std::vector<rlh_output_spec> out = {spec(RLH_OUTPUT_LOGPROB, opts_.logprobs_output)};
   const bool filtered = top_k > 0 || top_p < 1.0;
   if (const auto* pg = std::get_if<ClippedPGConfig>(&cfg_);
@@ -261,6 +262,27 @@ void LossAdapter::run(const rlh_microbatch& mb) {
   const Packing& p = view.packing();
   if (p.num_seqs == 0) {  // nothing to learn from: zero loss, the grads stay zero
     write_scalar(mb.loss, 0.0);
+    return;
+  }
+  if (std::holds_alternative<PreferenceConfig>(cfg_)) {
+    const int k_v = view.find_output(opts_.values_output);
+    if (k_v < 0)
+      throw Error(RLH_E_INVALID_ARGUMENT, "the loss needs the output '" + opts_.values_output + "' (RLH_OUTPUT_VALUE)");
+    // Values are not shifted (no output frame): read and written token-aligned as they come.
+    const std::vector<double> v = read_vector(mb.outputs[k_v].tensor, p.num_tokens,
+                                              "output '" + opts_.values_output + "'");
+    const std::vector<double> sm = view.seq_field("sample_mask", true);
+    PreferenceInputs in;
+    in.packing = p;
+    in.values = v.data();
+    in.sample_mask = sm.data();
+    in.global_valid_seqs = static_cast<double>(mb.global_num_seqs);
+    std::vector<double> grad(p.num_tokens, 0.0);
+    const LossResult res = preference_loss(in, grad.data());
+    if (mb.grads == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "rlh_microbatch: null grads");
+    write_vector(mb.grads[k_v], grad, "gradient of '" + opts_.values_output + "'");
+    write_scalar(mb.loss, res.loss);
+    report(mb, res);
     return;
   }
   const int k_lp = view.find_output(opts_.logprobs_output);
@@ -329,7 +351,10 @@ void LossAdapter::run(const rlh_microbatch& mb) {
   }
   view.write_grad(k_lp, grad);
   write_scalar(mb.loss, res.loss);
+  report(mb, res);
+}
 
+void LossAdapter::report(const rlh_microbatch& mb, const LossResult& res) {
   const bool has_metric =
       mb.struct_size >= RLH_STRUCT_SIZE(rlh_microbatch, metric_ctx) && mb.metric != nullptr;
   std::lock_guard<std::mutex> lock(mu_);

@@ -17,7 +17,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Output requests: ABI output specs -> one engine request, and where each spec reads from.
 
-enum class Slot { logprob, processed, entropy, at_ids };
+enum class Slot { logprob, processed, entropy, at_ids, value };
 
 struct OutputPlan {
   engine::OutputRequest req;
@@ -26,7 +26,7 @@ struct OutputPlan {
   int64_t ids_per_token = 0;  // K of the at_ids output
 };
 
-OutputPlan plan_outputs(const rlh_output_spec* specs, size_t n, const rlh_batch& batch) {
+OutputPlan plan_outputs(const rlh_output_spec* specs, size_t n, const rlh_batch& batch, const Model& m) {
   if (n == 0 || specs == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "no outputs requested");
   OutputPlan p;
   p.req.logprob = false;
@@ -96,10 +96,23 @@ OutputPlan plan_outputs(const rlh_output_spec* specs, size_t n, const rlh_batch&
         break;
       }
       case RLH_OUTPUT_VALUE:
-        throw Error(RLH_E_UNIMPLEMENTED, "output '" + name + "': RLH_OUTPUT_VALUE (a scalar head) is not implemented by this backend");
+        // The scalar head exists on models loaded as value models (model_loading.cpp adds
+        // score.weight); a policy loaded as a causal LM has none.
+        if (!has_value_head(m))
+          throw Error(RLH_E_FAILED_PRECONDITION,
+                      "output '" + name + "': RLH_OUTPUT_VALUE needs a value head, and model '" + m.role +
+                          "' has none (its checkpoint has no score.weight; load it with role 'reward_model' or "
+                          "'critic', or set policy.reward_model_cfg.enabled)");
+        p.req.value = true;
+        slot = Slot::value;
+        break;
       default:
         throw Error(RLH_E_INVALID_ARGUMENT, "output '" + name + "': unknown kind " + std::to_string(s.kind));
     }
+    if (slot != Slot::value && m.value_only)
+      throw Error(RLH_E_FAILED_PRECONDITION, "output '" + name + "': model '" + m.role +
+                                                 "' is a value model without a language-model head (its checkpoint "
+                                                 "has score.weight and no lm_head.weight): only RLH_OUTPUT_VALUE");
     p.slots.push_back(slot);
     p.names.push_back(name);
   }
@@ -114,6 +127,7 @@ std::span<const float> engine_output(const engine::Outputs& o, Slot s) {
     case Slot::processed: return o.processed_logprob;
     case Slot::entropy: return o.entropy;
     case Slot::at_ids: return o.logprob_at_ids;
+    case Slot::value: return o.value;
   }
   return {};
 }
@@ -180,7 +194,7 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
       throw Error(RLH_E_INVALID_ARGUMENT, "forward: args missing or older than the interface's first version");
     validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
-    const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
+    const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch, m);
     if (args->outputs == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "forward: outputs is NULL");
     for (size_t k = 0; k < plan.slots.size(); ++k) {
       const rlh_tensor& t = args->outputs[k];
@@ -253,7 +267,7 @@ struct LossTrampoline {
     // the second gets its own gradient buffer, added into the engine's after the call.
     std::vector<std::vector<float>> extra;
     std::vector<std::pair<std::span<float>, size_t>> add_back;  // engine buffer, extra index
-    std::array<bool, 4> taken{};
+    std::array<bool, 5> taken{};
     for (size_t k = 0; k < n; ++k) {
       const int64_t K = width(plan, k);
       std::span<const float> src;
@@ -263,6 +277,7 @@ struct LossTrampoline {
         case Slot::processed: src = ov.processed_logprob; dst = og.processed_logprob; break;
         case Slot::entropy: src = ov.entropy; dst = og.entropy; break;
         case Slot::at_ids: src = ov.logprob_at_ids; dst = og.logprob_at_ids; break;
+        case Slot::value: src = ov.value; dst = og.value; break;
       }
       float* g = dst.data();
       if (taken[size_t(plan.slots[k])]) {
@@ -338,7 +353,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                                                  "device needs RLH_MODEL_TRAINABLE)");
     validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
-    const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch);
+    const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch, m);
 
     const BatchingConfig& bc = m.config.batching;
     PlanOptions po;

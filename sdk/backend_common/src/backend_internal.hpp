@@ -58,6 +58,9 @@ struct Model {
   // the device engine keeps weights, gradients and optimizer state itself.
   std::unique_ptr<DeviceEngine> device;
   int64_t loaded_version = 0;  // weights version of a non-trainable model's state
+  // A value model loaded from an HF *ForSequenceClassification checkpoint without lm_head: it has
+  // no language-model head, so logprob outputs are refused.
+  bool value_only = false;
 
   int64_t version() const {
     if (optimizer) return optimizer->steps();
@@ -76,6 +79,13 @@ struct Backend {
   std::unique_ptr<DpGroups> dp;  // several launched ranks: made at the first load_model
   std::vector<std::unique_ptr<Model>> models;
 };
+
+// The value head's HF tensor (*ForSequenceClassification's `score` with one label).
+inline constexpr const char* kScoreWeight = "score.weight";
+// "LlamaForCausalLM" for "LlamaForSequenceClassification" / "LlamaForTokenClassification"; empty
+// for any other name.
+std::string causal_lm_of(const std::string& architecture);
+bool has_value_head(const Model& m);
 
 inline Backend* as_backend(rlh_backend* b) { return reinterpret_cast<Backend*>(b); }
 inline Model* as_model(rlh_model* m) { return reinterpret_cast<Model*>(m); }

@@ -2,6 +2,7 @@
 // component, so the backend holds no per-architecture code), the weights (through the model
 // core's parameter table), the kernels, the engine and the optimizer.
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "backend_internal.hpp"
@@ -43,6 +44,65 @@ bool lists(const char* const* names, const std::string& arch) {
 
 }  // namespace
 
+std::string causal_lm_of(const std::string& arch) {
+  for (const char* tail : {"ForSequenceClassification", "ForTokenClassification"}) {
+    const std::string t = tail;
+    if (arch.size() > t.size() && arch.compare(arch.size() - t.size(), t.size(), t) == 0)
+      return arch.substr(0, arch.size() - t.size()) + "ForCausalLM";
+  }
+  return {};
+}
+
+bool has_value_head(const Model& m) { return m.desc.find_param(-1, sdk::ParamRole::value_head) != nullptr; }
+
+namespace {
+
+// Whether a model is loaded as a value model (a scalar head on the final-normed hidden state,
+// RLH_OUTPUT_VALUE), and why: its checkpoint has score.weight; its config.json names a
+// *ForSequenceClassification / *ForTokenClassification architecture; it is loaded in the role
+// of a reward model or critic; or its section asks (NeMo-RL's policy.reward_model_cfg.enabled).
+std::string value_head_reason(const rlh_model_args& args, const std::string& role, const json& section,
+                              const std::string& config_text, const sdk::st::Checkpoint& ckpt) {
+  if (ckpt.find(kScoreWeight).info != nullptr) return "its checkpoint has " + std::string(kScoreWeight);
+  const json cfg = json::parse(config_text, nullptr, false);
+  if (cfg.is_object() && cfg.contains("architectures") && cfg["architectures"].is_array() &&
+      !cfg["architectures"].empty() && cfg["architectures"][0].is_string() &&
+      !causal_lm_of(cfg["architectures"][0].get<std::string>()).empty())
+    throw Error(RLH_E_INVALID_ARGUMENT, std::string(args.path) + ": config.json names " +
+                                            cfg["architectures"][0].get<std::string>() + " but the checkpoint has no " +
+                                            kScoreWeight);
+  if (role == "reward_model" || role == "critic") return "it is loaded as the " + role;
+  const json& rm = section.is_object() && section.contains("reward_model_cfg") ? section["reward_model_cfg"] : json();
+  if (rm.is_object() && rm.contains("enabled") && !rm["enabled"].is_null()) {
+    if (!rm["enabled"].is_boolean())
+      throw Error(RLH_E_INVALID_ARGUMENT, "policy.reward_model_cfg.enabled: expected true or false, got " + rm["enabled"].dump());
+    if (rm["enabled"].get<bool>()) {
+      const json& type = rm.contains("reward_model_type") ? rm["reward_model_type"] : json();
+      if (!type.is_null() && type != "bradley_terry")
+        throw Error(RLH_E_UNIMPLEMENTED, "policy.reward_model_cfg.reward_model_type: " + type.dump() +
+                                             " is not supported (only \"bradley_terry\": one scalar per sequence)");
+      return "policy.reward_model_cfg.enabled is true";
+    }
+  }
+  return {};
+}
+
+// The value head's parameter: HF's `score` linear of *ForSequenceClassification with one label,
+// [1, hidden], no bias.
+sdk::ParamDesc value_head_param(const sdk::TransformerDesc& d) {
+  sdk::ParamDesc p;
+  p.name = kScoreWeight;
+  p.shape = {1, d.hidden_size};
+  p.dtype = d.torch_dtype;
+  p.layer = -1;
+  p.role = sdk::ParamRole::value_head;
+  p.hf_names = {kScoreWeight};
+  p.hf_shapes = {p.shape};
+  return p;
+}
+
+}  // namespace
+
 sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& dir, const std::string& config_text,
                                     const rlh_model_args& args) {
   std::string doc;
@@ -69,11 +129,22 @@ sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& di
                                                  (arch.empty() ? std::string("the model") : "architecture '" + arch + "'") +
                                                  " of " + dir + " (load a model plugin such as model_llama): " + e.what());
     }
+    // A value model's checkpoint (HF *ForSequenceClassification / *ForTokenClassification) is
+    // its causal LM's decoder plus score.weight: described as that causal LM, the head added by
+    // load_model.
+    std::string text = config_text;
+    if (const std::string lm = causal_lm_of(arch); !lm.empty() && !lists(api->architectures, arch) &&
+                                                   lists(api->architectures, lm)) {
+      json cfg = json::parse(config_text);
+      cfg["architectures"][0] = lm;
+      text = cfg.dump();
+      arch = lm;
+    }
     if (!arch.empty() && !lists(api->architectures, arch))
       throw Error(RLH_E_UNIMPLEMENTED, "architecture '" + arch + "' of " + dir +
                                            "/config.json is not listed by the loaded model component '" + d->name +
                                            "' (it lists " + join(api->architectures) + ")");
-    sdk::check(api->describe(host.api(), config_text.data(), config_text.size(), sdk::write_to_string, &doc),
+    sdk::check(api->describe(host.api(), text.data(), text.size(), sdk::write_to_string, &doc),
                dir + "/config.json");
   }
   try {
@@ -218,8 +289,26 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   m->desc = describe_model(b.host, m->dir, config_text, args);
 
   sdk::LoadResult weights;
+  std::string value_why;
+  bool fresh_head = false;
   try {
     m->checkpoint = sdk::st::Checkpoint::open(m->dir);
+    value_why = value_head_reason(args, m->role, args.config_json != nullptr && args.config_len > 0
+                                                     ? merge_patch(b.policy, json::parse(std::string(args.config_json, args.config_len)))
+                                                     : b.policy,
+                                  config_text, m->checkpoint);
+    if (!value_why.empty()) {
+      fresh_head = m->checkpoint.find(kScoreWeight).info == nullptr;
+      // An HF value model keeps no lm_head: the decoder's output goes to score alone. Its
+      // engine head then reads the embedding (as if tied) and logprob outputs are refused.
+      if (!m->desc.tie_word_embeddings && m->checkpoint.find("lm_head.weight").info == nullptr &&
+          !fresh_head) {
+        std::erase_if(m->desc.params, [](const sdk::ParamDesc& p) { return p.role == sdk::ParamRole::lm_head; });
+        m->desc.tie_word_embeddings = true;
+        m->value_only = true;
+      }
+      if (!fresh_head) m->desc.params.push_back(value_head_param(m->desc));
+    }
     weights = sdk::load_weights_f32(m->desc, m->checkpoint);
   } catch (const Error&) {
     throw;
@@ -227,6 +316,19 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     throw Error(RLH_E_INVALID_ARGUMENT, std::string("model '") + path + "': " + e.what());
   }
   m->passthrough = weights.unused;
+  if (fresh_head) {
+    // HF's initialisation of a new score head (nn.Linear under _init_weights): normal(0,
+    // initializer_range), here from a fixed seed so that a run is reproducible.
+    m->desc.params.push_back(value_head_param(m->desc));
+    std::mt19937_64 rng(0x5C0BE);
+    std::normal_distribution<double> normal(0.0, m->desc.initializer_range);
+    std::vector<float> w(size_t(m->desc.hidden_size));
+    for (float& x : w) x = float(normal(rng));
+    weights.tensors.push_back(std::move(w));
+  }
+  if (!value_why.empty())
+    b.host.info(std::string(b.flavor->name) + ": " + m->role + " has a value head (" + kScoreWeight + ", " +
+                (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
   if (!b.dp && launched_world_size() > 1) b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name);

@@ -117,6 +117,21 @@ void write_state_files(Model& m, const std::string& dir, std::vector<std::vector
       for (const char* name : kSideFiles)
         if (fs::is_regular_file(fs::path(m.dir) / name, ec))
           fs::copy_file(fs::path(m.dir) / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+    if (has_value_head(m)) {
+      // A value model saves as HF's *ForSequenceClassification with one label (score.weight), so
+      // AutoModelForSequenceClassification loads it; a stored lm_head is an unused tensor there.
+      const fs::path cfg_path = fs::path(dir) / "config.json";
+      std::ifstream cin(cfg_path);
+      nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(cin);
+      std::string lm = m.desc.architecture;
+      if (const std::string tail = "ForCausalLM"; lm.size() > tail.size() && lm.ends_with(tail))
+        lm.resize(lm.size() - tail.size());
+      cfg["architectures"] = {lm + "ForSequenceClassification"};
+      cfg["num_labels"] = 1;
+      cfg["id2label"] = {{"0", "LABEL_0"}};
+      cfg["label2id"] = {{"LABEL_0", 0}};
+      write_text_atomically(cfg_path, cfg.dump(2) + "\n");
+    }
     if (bf16) {
       // HF loads a checkpoint in config.json's dtype (torch_dtype, "dtype" since transformers
       // 4.56): say what the files hold. Key order is kept (ordered_json).

@@ -130,6 +130,12 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
                             head.lse_proc, nullptr, N, C, V, 1, proc, have_dxn);
     have_dxn = true;
   }
+  if (req.value) {
+    // val = xn score^T: d xn += dval score, d score += dval^T xn (accumulated over micro-batches).
+    ops->gemm(false, false, N, C, 1, 1.f, head.dval, 1, w(prog.value_head), C, have_dxn ? 1.f : 0.f, dxn, C);
+    ops->gemm(true, false, 1, C, N, 1.f, head.dval, 1, head.xn, C, 1.f, g(prog.value_head), C);
+    have_dxn = true;
+  }
   ops->rmsnorm_bwd(dres, C, g(prog.final_norm), dxn, C, head.x, C, w(prog.final_norm), head.rstd, N, C,
                    float(prog.final_offset), false);  // dres = d x_L
 

@@ -187,6 +187,7 @@ Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
     out.logprob_at_ids.resize(size_t(N * K));
     shift_to_outputs(m.head.lp + 1, kraw, out.logprob_at_ids.data(), K, K, cu);
   }
+  if (req.value) out.value.assign(m.head.val, m.head.val + N);
   if (req.routed_experts) {
     out.routing_width = m.route_width;
     out.routed_experts = std::move(m.route_record);
@@ -214,7 +215,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
                               const LossFn& loss_fn) {
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
-  if (!req.logprob && !req.processed_logprob && !req.entropy && !req.logprob_at_ids)
+  if (!req.logprob && !req.processed_logprob && !req.entropy && !req.logprob_at_ids && !req.value)
     throw std::invalid_argument("engine: a train step needs at least one differentiable output");
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
   if (mbs.empty()) throw std::invalid_argument("engine: a train step needs micro-batches");
@@ -276,6 +277,11 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
       ov.logprob_at_ids = {ids, size_t(N * K)};
       ov.ids_per_token = K;
       og.logprob_at_ids = {dids, size_t(N * K)};
+    }
+    if (req.value) {  // already in output alignment: the callback reads and writes the head's buffers
+      std::memset(m.head.dval, 0, size_t(N) * sizeof(float));
+      ov.value = {m.head.val, size_t(N)};
+      og.value = {m.head.dval, size_t(N)};
     }
     LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
     const LossResult lr = loss_fn(ctx, ov, og);

@@ -2,7 +2,7 @@
 // kernel call per step, llm.c style; sdk/layer_program.hpp derives them from the description:
 // for HF Llama h = x + o_proj(attention(rope(qk_norm(qkv_proj(attn_norm(x)))))), out = h +
 // down(act(gate(mlp_norm(h))) * up(mlp_norm(h)))), then the head: per-token outputs of
-// lm_head(final_norm(x_L)) without materialising logits.
+// lm_head(final_norm(x_L)) without materialising logits, and the value head's score(final_norm(x_L)).
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -232,6 +232,8 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   const int64_t N = mb.num_tokens();
   if (mb.cu_seqlens.empty() || N == 0)
     throw std::invalid_argument("engine: empty micro-batch");
+  if (req.value && prog.value_head < 0)
+    throw std::invalid_argument("engine: a value output was requested but the model has no value head (score.weight)");
   plan_acts(N, save_all, 1 + ids_per_token(mb, req));
   prepare_batch(mb, req);
   prepare_routing(mb, req);
@@ -248,6 +250,9 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   }
   ops->rmsnorm_fwd(head.xn, C, head.rstd, head.x, C, w(prog.final_norm), N, C, float(prog.final_eps),
                    float(prog.final_offset));  // xn [N,C]
+
+  // The value head: val [N] = xn [N,C] score [1,C]^T, one scalar per position (no shift).
+  if (req.value) ops->gemm(false, true, N, 1, C, 1.f, head.xn, C, w(prog.value_head), C, 0.f, head.val, 1);
 
   LogprobAttrs raw;
   raw.temperature = req.temperature;

@@ -41,7 +41,8 @@ constexpr ParamRole kLayerOrder[] = {
     // MLA
     ParamRole::q_a, ParamRole::q_a_norm, ParamRole::q_b, ParamRole::kv_a, ParamRole::kv_a_norm,
     ParamRole::kv_b};
-constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm};
+constexpr ParamRole kGlobalOrder[] = {ParamRole::embed, ParamRole::lm_head, ParamRole::final_norm,
+                                      ParamRole::value_head};
 
 }  // namespace
 
@@ -127,6 +128,7 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   caps.moe = caps.mla = true;
   caps.per_sequence_rope = true;
   caps.attention_dv_differs = true;
+  caps.value_head = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   V = prog.vocab;
   C = prog.hidden;
@@ -331,6 +333,7 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   for (int64_t w : prog.grad_widths) total_f += N * w;
   total_f += 2 * N * C + N;         // head xn, dxn, rstd (its x is xs[L])
   total_f += 6 * N + 2 * N * kraw;  // lp, dlp [N,kraw]; lse, ent, lp_proc, lse_proc, dent, dlp_proc
+  total_f += 2 * N;                 // val, dval
 
   layer_acts.clear();
   acts.reset();
@@ -367,6 +370,8 @@ void Engine::Impl::plan_acts(int64_t N, bool save_all, int64_t kraw) {
   head.dlp = take(N * kraw);
   head.dent = take(N);
   head.dlp_proc = take(N);
+  head.val = take(N);
+  head.dval = take(N);
   if (at != acts.data() + total_f) throw std::logic_error("engine: activation plan mismatch");
   pos = ints.data();
   target = ints.data() + N;

@@ -159,6 +159,8 @@ struct HeadActs {
   float* dent = nullptr;      // [N]
   float* dlp_proc = nullptr;  // [N]
   float* dxn = nullptr;       // [N, C] d xn (the backward)
+  float* val = nullptr;       // [N] value head (output alignment: unshifted)
+  float* dval = nullptr;      // [N] its gradient
 };
 
 struct Engine::Impl {

@@ -117,6 +117,7 @@ struct ModelProgram {
   double final_eps = 0, final_offset = 0;
   int64_t head = -1;             // lm_head param index (the embedding's when tied)
   double logit_softcap = 0;      // 0: none
+  int64_t value_head = -1;       // score.weight [1, hidden] param index; -1: no value head
   std::vector<RopeTable> ropes;
   std::vector<int64_t> grad_widths;  // per gradient buffer id: the widest value it holds
 };
@@ -133,6 +134,7 @@ struct ExecutorCaps {
   bool per_sequence_rope = false;        // dynamic NTK / longrope tables
   bool attention_softcap = false, logit_softcap = false;
   bool attention_dv_differs = false;     // attention with dv != dk (MLA needs it)
+  bool value_head = false;               // the scalar head (ParamRole::value_head, RLH_OUTPUT_VALUE)
 };
 // Empty when `caps` runs `program`, else one line naming the executor and the first feature it
 // lacks ("cuda engine: layer 3: dynamic RoPE is not supported").

@@ -263,6 +263,10 @@ enum class ParamRole {
   kv_a,       // [kv_lora_rank + rope, hidden] (kv_a_proj_with_mqa)
   kv_a_norm,  // [kv_lora_rank]
   kv_b,       // [heads*(nope+v), kv_lora_rank]
+  // A scalar head on the final-normed hidden state (HF *ForSequenceClassification /
+  // *ForTokenClassification with num_labels 1: `score.weight`). Not in a model plugin's
+  // description: a backend adds it when a model is loaded as a value model (reward model, critic).
+  value_head,  // [1, hidden]
 };
 
 // How the HF tensors become the engine tensor (and, inverted, how saving splits it back).

@@ -1,4 +1,4 @@
-// The ABI's loss callback (rlh_loss_fn, backend.h) for the GRPO family, SFT and DPO, on CPU
+// The ABI's loss callback (rlh_loss_fn, backend.h) for the GRPO family, SFT, DPO and RM, on CPU
 // tensors: reads the named batch fields and requested outputs of an rlh_microbatch, runs the
 // loss of rlh_grpo_core, writes the 0-d loss and d loss / d output into the zeroed gradient
 // tensors, and reports metrics through mb->metric.
@@ -20,6 +20,8 @@
 //   logprobs_unfiltered  RLH_OUTPUT_LOGPROB_RAW, optional: the KL term's input when top-k/top-p
 //                        filtering is on (NeMo-RL's curr_logprobs_unfiltered); if absent the KL
 //                        reads `logprobs`
+//   values               RLH_OUTPUT_VALUE, the reward model's PreferenceLossFn alone: unshifted
+//                        (entry t scores the prefix ending with token t), read as it comes
 // Fields may be float32/float64/bfloat16/float16 or integer/bool masks, shaped [n] or [n, 1];
 // gradients are written as float32, float64 or bfloat16 (the grads' dtype).
 //
@@ -38,6 +40,7 @@
 #include "rlhost/grpo/clipped_pg_loss.hpp"
 #include "rlhost/grpo/dpo_loss.hpp"
 #include "rlhost/grpo/metrics.hpp"
+#include "rlhost/grpo/preference_loss.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::grpo {
@@ -47,11 +50,12 @@ struct NllConfig {};  // SFT's NLLLossFn has no settings
 struct LossAdapterOptions {
   std::string logprobs_output = "logprobs";
   std::string logprobs_unfiltered_output = "logprobs_unfiltered";
+  std::string values_output = "values";  // PreferenceConfig: RLH_OUTPUT_VALUE
 };
 
 class LossAdapter {
  public:
-  using Config = std::variant<ClippedPGConfig, NllConfig, DpoConfig>;
+  using Config = std::variant<ClippedPGConfig, NllConfig, DpoConfig, PreferenceConfig>;
 
   explicit LossAdapter(Config cfg, LossAdapterOptions opts = {});
   LossAdapter(const LossAdapter&) = delete;
@@ -71,7 +75,8 @@ class LossAdapter {
   // The outputs this loss needs from the backend, for rlh_train_args.specs: `logprobs` as
   // RLH_OUTPUT_LOGPROB with the generation's sampling settings, and, for the ClippedPG loss with
   // its KL term on while top-k/top-p filtering is active (top_k > 0 or top_p < 1),
-  // `logprobs_unfiltered` as RLH_OUTPUT_LOGPROB_RAW. The names point into this adapter.
+  // `logprobs_unfiltered` as RLH_OUTPUT_LOGPROB_RAW; for the reward model's PreferenceLossFn,
+  // `values` as RLH_OUTPUT_VALUE alone. The names point into this adapter.
   std::vector<rlh_output_spec> output_specs(double temperature, int32_t top_k, double top_p) const;
 
   // Min/max metrics of the micro-batches run since the last reset_step().
@@ -84,6 +89,8 @@ class LossAdapter {
   const Config& config() const { return cfg_; }
 
  private:
+  void report(const rlh_microbatch& mb, const LossResult& res);  // metrics of one call
+
   Config cfg_;
   LossAdapterOptions opts_;
   sdk::MakeStatusFn make_status_ = nullptr;

@@ -74,6 +74,12 @@ struct OutputRequest {
   bool logprob_at_ids = false;
   std::string ids_field;
   bool logits = false;             // raw logits [N, V], unshifted (position t predicts t+1); tests
+  // The scalar head (a model with a value head, ParamRole::value_head): value[t] =
+  // score . final_norm(x_L)[t], the hidden state after reading tokens 0..t of its sequence. Not
+  // shifted: position t is about the prefix that ends with token t (HF's
+  // *ForTokenClassification), so a sequence's last position scores the whole sequence (HF's
+  // *ForSequenceClassification pools there). Independent of temperature.
+  bool value = false;
   double temperature = 1.0;
   int64_t top_k = 0;   // 0 = off
   double top_p = 1.0;  // 1 = off
@@ -92,7 +98,7 @@ struct OutputRequest {
 // [N] each, logprob_at_ids [N, K] (empty when not requested); logits [N * V];
 // routed_experts [N, R] (MoE, when requested).
 struct Outputs {
-  std::vector<float> logprob, processed_logprob, entropy, logprob_at_ids, logits;
+  std::vector<float> logprob, processed_logprob, entropy, logprob_at_ids, logits, value;
   int64_t ids_per_token = 0;  // K
   std::vector<int32_t> routed_experts;
   int64_t routing_width = 0;  // R
@@ -103,10 +109,11 @@ struct OutputViews {
   std::span<const float> logprob, processed_logprob, entropy;
   std::span<const float> logprob_at_ids;  // [N, K] row-major
   int64_t ids_per_token = 0;
+  std::span<const float> value;  // [N]
 };
 // Where it writes d loss / d output (zeroed by the engine; an output it does not use stays 0).
 struct OutputGrads {
-  std::span<float> logprob, processed_logprob, entropy, logprob_at_ids;
+  std::span<float> logprob, processed_logprob, entropy, logprob_at_ids, value;
 };
 
 struct LossContext {

@@ -1,12 +1,14 @@
-// The DPO loop (see dpo_loop.hpp).
-#include "dpo_loop.hpp"
+// The DPO and RM loops (see preference_loop.hpp).
+#include "preference_loop.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,17 +47,20 @@ int64_t positive(const detail::Section& s, const char* key, int64_t def) {
   return v;
 }
 
-// The metrics DPOLossFn reports, in NeMo-RL's DPOValMetrics order (num_valid_samples is the
-// weight of the validation average, not averaged itself).
-const char* const kLossMetrics[] = {"loss", "sft_loss", "preference_loss", "accuracy", "rewards_chosen_mean",
-                                    "rewards_rejected_mean"};
+// The metrics each loss reports, in NeMo-RL's DPOValMetrics / RMValMetrics order
+// (num_valid_samples is the weight of the validation average, not averaged itself).
+const std::vector<const char*> kDpoMetrics = {"loss", "sft_loss", "preference_loss", "accuracy",
+                                              "rewards_chosen_mean", "rewards_rejected_mean"};
+const std::vector<const char*> kRmMetrics = {"loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean"};
 
-// NeMo-RL's dpo section (DPOConfig, with its defaults) and what the loop reads of the others.
-struct DpoLoopConfig {
+// NeMo-RL's dpo section (DPOConfig) or rm section (RMConfig), with their defaults, and what the
+// loop reads of the others.
+struct PreferenceLoopConfig {
+  PreferenceAlgorithm algorithm = PreferenceAlgorithm::dpo;
   int64_t max_num_epochs = 1;
-  int64_t max_num_steps = 150;
+  int64_t max_num_steps = 150;  // rm: -1 = as many as the epochs hold
   int64_t val_period = 25;
-  int64_t val_batches = 8;  // 0 = the whole validation set
+  int64_t val_batches = 8;  // <= 0 = the whole validation set
   int64_t val_global_batch_size = 8;
   int64_t val_micro_batch_size = 1;
   bool val_at_start = true;
@@ -69,17 +74,34 @@ struct DpoLoopConfig {
   sdk::CheckpointConfig checkpointing;
   std::string model_save_dtype = "float32";
 
-  static DpoLoopConfig from_json(const json& whole) {
-    DpoLoopConfig c;
-    const json& dj = child(whole, "dpo");
-    if (!dj.is_null() && !dj.is_object()) throw ConfigError("dpo: expected a mapping");
-    const detail::Section s(dj, "dpo");
+  static PreferenceLoopConfig from_json(const json& whole, PreferenceAlgorithm algorithm) {
+    PreferenceLoopConfig c;
+    c.algorithm = algorithm;
+    const bool rm = algorithm == PreferenceAlgorithm::rm;
+    const char* const name = rm ? "rm" : "dpo";
+    if (rm) {  // NeMo-RL's RMConfig defaults
+      c.max_num_steps = -1;
+      c.val_period = 16;
+      c.val_batches = -1;
+      c.val_global_batch_size = 32;
+      c.val_at_start = false;
+    }
+    const json& dj = child(whole, name);
+    if (!dj.is_null() && !dj.is_object()) throw ConfigError(std::string(name) + ": expected a mapping");
+    const detail::Section s(dj, name);
     c.max_num_epochs = positive(s, "max_num_epochs", c.max_num_epochs);
-    c.max_num_steps = positive(s, "max_num_steps", c.max_num_steps);
+    if (rm) {
+      s.read("max_num_steps", c.max_num_steps);
+      if (c.max_num_steps != -1 && c.max_num_steps <= 0)
+        throw ConfigError("rm.max_num_steps: expected a positive integer or -1 (no limit but the epochs), got " +
+                          std::to_string(c.max_num_steps));
+      if (c.max_num_steps == -1) c.max_num_steps = std::numeric_limits<int64_t>::max();
+    } else {
+      c.max_num_steps = positive(s, "max_num_steps", c.max_num_steps);
+    }
     s.read("val_period", c.val_period);
-    if (c.val_period < 0) throw ConfigError("dpo.val_period: must be >= 0 (0 = no periodic validation)");
-    s.read("val_batches", c.val_batches);
-    if (c.val_batches < 0) throw ConfigError("dpo.val_batches: must be >= 0 (0 = the whole validation set)");
+    if (c.val_period < 0) throw ConfigError(s.key("val_period") + ": must be >= 0 (0 = no periodic validation)");
+    s.read("val_batches", c.val_batches);  // NeMo-RL: any value <= 0 validates on everything
     c.val_global_batch_size = positive(s, "val_global_batch_size", c.val_global_batch_size);
     c.val_micro_batch_size = positive(s, "val_micro_batch_size", c.val_micro_batch_size);
     s.read("val_at_start", c.val_at_start);
@@ -87,18 +109,30 @@ struct DpoLoopConfig {
     int64_t seed = static_cast<int64_t>(c.seed);
     s.read("seed", seed);
     c.seed = static_cast<uint64_t>(seed);
-    c.loss = DpoConfig::from_json(dj.is_object() ? dj : json::object());
-    auto finite = [](double v, const char* key, bool nonneg) {
-      if (!std::isfinite(v) || (nonneg && v < 0))
-        throw ConfigError(std::string("dpo.") + key + ": expected a finite " + (nonneg ? "non-negative " : "") +
-                          "number, got " + std::to_string(v));
-    };
-    finite(c.loss.reference_policy_kl_penalty, "reference_policy_kl_penalty", false);
-    finite(c.loss.preference_loss_weight, "preference_loss_weight", true);
-    finite(c.loss.sft_loss_weight, "sft_loss_weight", true);
-    c.policy = read_policy_config(whole);
+    if (!rm) {
+      c.loss = DpoConfig::from_json(dj.is_object() ? dj : json::object());
+      auto finite = [](double v, const char* key, bool nonneg) {
+        if (!std::isfinite(v) || (nonneg && v < 0))
+          throw ConfigError(std::string("dpo.") + key + ": expected a finite " + (nonneg ? "non-negative " : "") +
+                            "number, got " + std::to_string(v));
+      };
+      finite(c.loss.reference_policy_kl_penalty, "reference_policy_kl_penalty", false);
+      finite(c.loss.preference_loss_weight, "preference_loss_weight", true);
+      finite(c.loss.sft_loss_weight, "sft_loss_weight", true);
+    }
+    c.policy = read_policy_config(whole, rm);
+    // The policy is a reward model exactly when reward_model_cfg.enabled says so (NeMo-RL's
+    // rm.yaml: "do not change"); the backend reads it and adds the value head.
+    const json& rmc = child(child(whole, "policy"), "reward_model_cfg");
+    const json& enabled = child(rmc, "enabled");
+    if (rm && (!enabled.is_boolean() || !enabled.get<bool>()))
+      throw ConfigError("policy.reward_model_cfg.enabled: " + (enabled.is_null() ? std::string("missing") : enabled.dump()) +
+                        ", but rm trains a reward model (set it true, as NeMo-RL's rm.yaml does)");
+    if (rm && !child(rmc, "reward_model_type").is_null() && child(rmc, "reward_model_type") != "bradley_terry")
+      throw ConfigError("policy.reward_model_cfg.reward_model_type: " + child(rmc, "reward_model_type").dump() +
+                        " is not supported (only \"bradley_terry\")");
     if (c.policy.train_global_batch_size <= 0)
-      throw ConfigError("policy.train_global_batch_size: missing (preference pairs per DPO step)");
+      throw ConfigError("policy.train_global_batch_size: missing (preference pairs per step)");
     const json& data = child(whole, "data");
     if (!data.is_object()) throw ConfigError("data: missing (the preference pairs to train on)");
     detail::Section(data, "data").read("shuffle", c.shuffle);
@@ -107,10 +141,10 @@ struct DpoLoopConfig {
     if (!v.component.empty()) c.validation = v;
     // NeMo-RL validates with no validation set only by failing; here the key asking for it is named.
     if (!c.validation) {
-      if (c.val_period > 0) throw ConfigError("dpo.val_period: " + std::to_string(c.val_period) +
+      if (c.val_period > 0) throw ConfigError(s.key("val_period") + ": " + std::to_string(c.val_period) +
                                               " but data.validation is missing (set 0, or give validation pairs)");
-      if (c.val_at_start) throw ConfigError("dpo.val_at_start: true but data.validation is missing");
-      if (c.val_at_end) throw ConfigError("dpo.val_at_end: true but data.validation is missing");
+      if (c.val_at_start) throw ConfigError(s.key("val_at_start") + ": true but data.validation is missing");
+      if (c.val_at_end) throw ConfigError(s.key("val_at_end") + ": true but data.validation is missing");
     }
     c.checkpointing = sdk::CheckpointConfig::from_json(child(whole, "checkpointing"), "checkpointing");
     c.model_save_dtype = read_model_save_dtype(child(whole, "checkpointing"));
@@ -127,9 +161,9 @@ std::string raw_text(const json& messages) {
 
 }  // namespace
 
-struct DpoLoop::Impl {
+struct PreferenceLoop::Impl {
   sdk::Host host;
-  DpoLoopConfig cfg;
+  PreferenceLoopConfig cfg;
   std::string config_yaml;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Dataset> train_data, val_data;
@@ -142,8 +176,12 @@ struct DpoLoop::Impl {
   std::string model_dir;
   int64_t step = 0, total_steps = 0;
 
+  bool rm() const { return cfg.algorithm == PreferenceAlgorithm::rm; }
+  const char* what() const { return rm() ? "RM" : "DPO"; }
+  const std::vector<const char*>& loss_metrics() const { return rm() ? kRmMetrics : kDpoMetrics; }
+
   void check_cancel() const {
-    if (host.cancelled()) throw Error(RLH_E_CANCELLED, "DPO cancelled after step " + std::to_string(step));
+    if (host.cancelled()) throw Error(RLH_E_CANCELLED, std::string(what()) + " cancelled after step " + std::to_string(step));
   }
 
   // The tokens of context + completion and the length of the context's rendering (not trained).
@@ -221,6 +259,7 @@ struct DpoLoop::Impl {
       at += m.size();
     }
     b.field("sample_mask", PackedBatch::Frame::kSequence) = keep;
+    if (rm()) return b;  // a reward model compares its own scores: no reference
     // Reference logprobs of the frozen starting model (NeMo-RL's get_reference_policy_logprobs).
     rlh_output_spec spec{};
     spec.struct_size = RLH_STRUCT_SIZE(rlh_output_spec, ids_field);
@@ -272,11 +311,11 @@ struct DpoLoop::Impl {
       PackedBatch b = make_batch(*val_data, rows);
       const Backend::TrainResult r = step_on(b, true);
       const double n = metric_of(r, "num_valid_samples");
-      for (const char* m : kLossMetrics) sum[m] += (std::string(m) == "loss" ? r.loss : metric_of(r, m)) * n;
+      for (const char* m : loss_metrics()) sum[m] += (std::string(m) == "loss" ? r.loss : metric_of(r, m)) * n;
       pairs += n;
     }
     std::map<std::string, double> out;
-    for (const char* m : kLossMetrics) out[m] = pairs > 0 ? sum[m] / pairs : 0.0;
+    for (const char* m : loss_metrics()) out[m] = pairs > 0 ? sum[m] / pairs : 0.0;
     out["num_valid_samples"] = pairs;
     if (pairs == 0) host.warn("validation at step " + std::to_string(at) + ": no valid pairs (all too long?)");
     for (const auto& [k, v] : out) host.metric(("validation-default/" + k).c_str(), v, at);
@@ -299,7 +338,7 @@ struct DpoLoop::Impl {
   }
 
   void run() {
-    refuse_data_parallel("dpo");
+    refuse_data_parallel(rm() ? "rm" : "dpo");
     model_dir = resolve_policy_dir(cfg.policy.model_name);
     tok = std::make_unique<Tokenizer>(host, cfg.policy.tokenizer_name);
     if (cfg.policy.prompt_format == PromptFormat::kChatTemplate && !tok->has_chat_template()) {
@@ -313,8 +352,8 @@ struct DpoLoop::Impl {
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
     // The reference is always the starting model, also on resume (NeMo-RL's init_reference_model).
-    reference = backend->load_model("reference", model_dir, false);
-    loss = std::make_unique<LossAdapter>(cfg.loss);
+    if (!rm()) reference = backend->load_model("reference", model_dir, false);
+    loss = rm() ? std::make_unique<LossAdapter>(PreferenceConfig{}) : std::make_unique<LossAdapter>(cfg.loss);
     loss->set_make_status(host.make_status());
     const int64_t gbs = cfg.policy.train_global_batch_size;
     if (gbs > train_data->size())
@@ -331,7 +370,7 @@ struct DpoLoop::Impl {
         const json& info = c.training_info;
         if (!info.is_object() || !info.contains("step") || !info.contains("data_order") ||
             !info["step"].is_number_integer())
-          throw Error(RLH_E_DATA_LOSS, where + ": not a DPO checkpoint (no step or data_order)");
+          throw Error(RLH_E_DATA_LOSS, where + ": not a " + what() + " checkpoint (no step or data_order)");
         order->restore(info["data_order"], where);
         backend->load_state(policy, (c.dir / "policy").string());
         step = info["step"].get<int64_t>();
@@ -355,7 +394,7 @@ struct DpoLoop::Impl {
       ++step;
       const bool last = step == total_steps;
       std::map<std::string, double> train = {{"loss", r.loss}, {"grad_norm", r.grad_norm}};
-      for (const char* m : kLossMetrics)
+      for (const char* m : loss_metrics())
         if (std::string(m) != "loss") train[m] = metric_of(r, m);
       train["num_valid_samples"] = metric_of(r, "num_valid_samples");
       std::optional<std::map<std::string, double>> val;
@@ -366,7 +405,7 @@ struct DpoLoop::Impl {
       for (const char* k : {"lr", "num_tokens"})
         if (r.metrics.contains(k) && r.metrics[k].is_number())
           host.metric((std::string("train/") + k).c_str(), r.metrics[k].get<double>(), step);
-      host.metric("timing/train/reference_logprobs", t_ref, step);
+      if (!rm()) host.metric("timing/train/reference_logprobs", t_ref, step);
       host.metric("timing/train/policy_training", t_train, step);
       host.metric("timing/train/total_step_time", since(t_step), step);
       host.metric("rlhost/step_finished", 0, step);
@@ -374,15 +413,16 @@ struct DpoLoop::Impl {
   }
 };
 
-DpoLoop::DpoLoop(const sdk::Host& host, const std::string& config_text) : impl_(std::make_unique<Impl>()) {
+PreferenceLoop::PreferenceLoop(const sdk::Host& host, const std::string& config_text, PreferenceAlgorithm algorithm)
+    : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
-  const json whole = parse_loop_config(config_text, "dpo");
-  impl_->cfg = DpoLoopConfig::from_json(whole);
+  const json whole = parse_loop_config(config_text, algorithm == PreferenceAlgorithm::rm ? "rm" : "dpo");
+  impl_->cfg = PreferenceLoopConfig::from_json(whole, algorithm);
   impl_->config_yaml = to_yaml(nlohmann::ordered_json::parse(config_text));
 }
 
-DpoLoop::~DpoLoop() = default;
+PreferenceLoop::~PreferenceLoop() = default;
 
-void DpoLoop::run() { impl_->run(); }
+void PreferenceLoop::run() { impl_->run(); }
 
 }  // namespace rlh::grpo

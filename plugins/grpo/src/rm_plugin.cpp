@@ -1,0 +1,64 @@
+// The rm plugin: the ALGORITHM component `rm` (NeMo-RL's rm_train over rlhost components): a
+// Bradley-Terry reward model trained on preference pairs. A plugin of its own built from
+// plugins/grpo, as dpo is: it shares the preference loop with dpo (preference_loop.cpp) and
+// rlh_grpo_core's PreferenceLossFn, and loading `grpo` or `dpo` never brings it along.
+#include <memory>
+#include <string>
+
+#include "rlhost/algorithm.h"
+#include "rlhost/sdk/plugin.hpp"
+#include "preference_loop.hpp"
+
+namespace {
+
+struct Algorithm {
+  rlh::sdk::Host host;
+  std::unique_ptr<rlh::grpo::PreferenceLoop> loop;
+};
+
+rlh_status* create(const rlh_host_api* host, const char* config, size_t len, rlh_algorithm** out) {
+  return rlh::sdk::guard(host != nullptr ? host->make_status : nullptr, [&] {
+    if (host == nullptr || out == nullptr || (config == nullptr && len > 0))
+      throw rlh::sdk::Error(RLH_E_INVALID_ARGUMENT, "rm: create: NULL argument");
+    auto a = std::make_unique<Algorithm>();
+    a->host = rlh::sdk::Host(host);
+    a->loop = std::make_unique<rlh::grpo::PreferenceLoop>(a->host, std::string(config != nullptr ? config : "", len),
+                                                         rlh::grpo::PreferenceAlgorithm::rm);
+    *out = reinterpret_cast<rlh_algorithm*>(a.release());
+  });
+}
+
+void destroy(rlh_algorithm* self) { delete reinterpret_cast<Algorithm*>(self); }
+
+rlh_status* run(rlh_algorithm* self) {
+  auto* a = reinterpret_cast<Algorithm*>(self);
+  return rlh::sdk::guard(a->host.make_status(), [&] { a->loop->run(); });
+}
+
+const rlh_algorithm_api kApi = {RLH_STRUCT_SIZE(rlh_algorithm_api, run), create, destroy, run};
+
+const char* const kKeys[] = {
+    "rm.max_num_epochs", "rm.max_num_steps", "rm.val_period", "rm.val_batches", "rm.val_global_batch_size",
+    "rm.val_micro_batch_size", "rm.val_at_start", "rm.val_at_end", "rm.seed",
+    "policy.reward_model_cfg.enabled", "policy.reward_model_cfg.reward_model_type",
+    "checkpointing.enabled", "checkpointing.checkpoint_dir", "checkpointing.metric_name",
+    "checkpointing.higher_is_better", "checkpointing.keep_top_k", "checkpointing.save_period",
+    "checkpointing.ft_keep_latest_k", "checkpointing.model_save_format", "checkpointing.model_save_dtype",
+    "policy.model_name", "policy.tokenizer.name", "policy.tokenizer.chat_template",
+    "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.max_total_sequence_length",
+    "policy.dtensor_cfg.enabled", "policy.megatron_cfg.enabled", "policy.sequence_packing.enabled",
+    "policy.sequence_packing.train_mb_tokens", "policy.dynamic_batching.enabled",
+    "policy.dynamic_batching.train_mb_tokens", "data.shuffle", nullptr};
+
+const rlh_component_desc kRm = rlh::sdk::component_desc(
+    RLH_KIND_ALGORITHM, "rm", "0.1.0", RLH_ALGORITHM_API_VERSION_MAJOR, RLH_ALGORITHM_API_VERSION_MINOR, &kApi,
+    "reward model (NeMo-RL's rm_train): Bradley-Terry PreferenceLossFn on the value head, validation, step_N "
+    "checkpoints",
+    kKeys);
+
+const rlh_component_desc* const kComponents[] = {&kRm};
+
+}  // namespace
+
+RLH_DEFINE_PLUGIN(rlh::sdk::plugin_desc("rm", "0.1.0", "rlhost", kComponents,
+                                        "Bradley-Terry reward models over rlhost backends"))
