@@ -7,34 +7,15 @@
 #include "rlhost/algorithm.h"
 #include "rlhost/sdk/plugin.hpp"
 #include "preference_loop.hpp"
+#include "loop_algorithm.hpp"
 
 namespace {
 
-struct Algorithm {
-  rlh::sdk::Host host;
-  std::unique_ptr<rlh::grpo::PreferenceLoop> loop;
-};
-
-rlh_status* create(const rlh_host_api* host, const char* config, size_t len, rlh_algorithm** out) {
-  return rlh::sdk::guard(host != nullptr ? host->make_status : nullptr, [&] {
-    if (host == nullptr || out == nullptr || (config == nullptr && len > 0))
-      throw rlh::sdk::Error(RLH_E_INVALID_ARGUMENT, "dpo: create: NULL argument");
-    auto a = std::make_unique<Algorithm>();
-    a->host = rlh::sdk::Host(host);
-    a->loop = std::make_unique<rlh::grpo::PreferenceLoop>(a->host, std::string(config != nullptr ? config : "", len),
-                                                         rlh::grpo::PreferenceAlgorithm::dpo);
-    *out = reinterpret_cast<rlh_algorithm*>(a.release());
-  });
+std::unique_ptr<rlh::grpo::PreferenceLoop> make(const rlh::sdk::Host& host, const std::string& config) {
+  return std::make_unique<rlh::grpo::PreferenceLoop>(host, config, rlh::grpo::PreferenceAlgorithm::dpo);
 }
-
-void destroy(rlh_algorithm* self) { delete reinterpret_cast<Algorithm*>(self); }
-
-rlh_status* run(rlh_algorithm* self) {
-  auto* a = reinterpret_cast<Algorithm*>(self);
-  return rlh::sdk::guard(a->host.make_status(), [&] { a->loop->run(); });
-}
-
-const rlh_algorithm_api kApi = {RLH_STRUCT_SIZE(rlh_algorithm_api, run), create, destroy, run};
+constexpr char kName[] = "dpo";
+const rlh_algorithm_api& kApi = rlh::grpo::LoopAlgorithm<rlh::grpo::PreferenceLoop, make, kName>::api;
 
 const char* const kKeys[] = {
     "dpo.max_num_epochs", "dpo.max_num_steps", "dpo.val_period", "dpo.val_batches", "dpo.val_global_batch_size",

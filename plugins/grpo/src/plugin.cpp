@@ -7,37 +7,17 @@
 #include <string>
 
 #include "grpo_loop.hpp"
+#include "loop_algorithm.hpp"
 #include "rlhost/algorithm.h"
 #include "rlhost/sdk/plugin.hpp"
 
 namespace {
 
-using rlh::grpo::GrpoLoop;
-
-struct Algorithm {
-  rlh::sdk::Host host;
-  std::unique_ptr<GrpoLoop> loop;
-};
-
-rlh_status* create(const rlh_host_api* host, const char* config, size_t len, rlh_algorithm** out) {
-  return rlh::sdk::guard(host != nullptr ? host->make_status : nullptr, [&] {
-    if (host == nullptr || out == nullptr || (config == nullptr && len > 0))
-      throw rlh::sdk::Error(RLH_E_INVALID_ARGUMENT, "grpo: create: NULL argument");
-    auto a = std::make_unique<Algorithm>();
-    a->host = rlh::sdk::Host(host);
-    a->loop = std::make_unique<GrpoLoop>(a->host, std::string(config != nullptr ? config : "", len));
-    *out = reinterpret_cast<rlh_algorithm*>(a.release());
-  });
+std::unique_ptr<rlh::grpo::GrpoLoop> make(const rlh::sdk::Host& host, const std::string& config) {
+  return std::make_unique<rlh::grpo::GrpoLoop>(host, config);
 }
-
-void destroy(rlh_algorithm* self) { delete reinterpret_cast<Algorithm*>(self); }
-
-rlh_status* run(rlh_algorithm* self) {
-  auto* a = reinterpret_cast<Algorithm*>(self);
-  return rlh::sdk::guard(a->host.make_status(), [&] { a->loop->run(); });
-}
-
-const rlh_algorithm_api kApi = {RLH_STRUCT_SIZE(rlh_algorithm_api, run), create, destroy, run};
+constexpr char kName[] = "grpo";
+const rlh_algorithm_api& kApi = rlh::grpo::LoopAlgorithm<rlh::grpo::GrpoLoop, make, kName>::api;
 
 // What the loop reads. The backend, generator, datasets and environments own their own keys
 // (policy.optimizer, policy.dtensor_cfg, data.train.data_path, env.math, ...); some keys below

@@ -8,34 +8,15 @@
 #include "rlhost/algorithm.h"
 #include "rlhost/sdk/plugin.hpp"
 #include "preference_loop.hpp"
+#include "loop_algorithm.hpp"
 
 namespace {
 
-struct Algorithm {
-  rlh::sdk::Host host;
-  std::unique_ptr<rlh::grpo::PreferenceLoop> loop;
-};
-
-rlh_status* create(const rlh_host_api* host, const char* config, size_t len, rlh_algorithm** out) {
-  return rlh::sdk::guard(host != nullptr ? host->make_status : nullptr, [&] {
-    if (host == nullptr || out == nullptr || (config == nullptr && len > 0))
-      throw rlh::sdk::Error(RLH_E_INVALID_ARGUMENT, "rm: create: NULL argument");
-    auto a = std::make_unique<Algorithm>();
-    a->host = rlh::sdk::Host(host);
-    a->loop = std::make_unique<rlh::grpo::PreferenceLoop>(a->host, std::string(config != nullptr ? config : "", len),
-                                                         rlh::grpo::PreferenceAlgorithm::rm);
-    *out = reinterpret_cast<rlh_algorithm*>(a.release());
-  });
+std::unique_ptr<rlh::grpo::PreferenceLoop> make(const rlh::sdk::Host& host, const std::string& config) {
+  return std::make_unique<rlh::grpo::PreferenceLoop>(host, config, rlh::grpo::PreferenceAlgorithm::rm);
 }
-
-void destroy(rlh_algorithm* self) { delete reinterpret_cast<Algorithm*>(self); }
-
-rlh_status* run(rlh_algorithm* self) {
-  auto* a = reinterpret_cast<Algorithm*>(self);
-  return rlh::sdk::guard(a->host.make_status(), [&] { a->loop->run(); });
-}
-
-const rlh_algorithm_api kApi = {RLH_STRUCT_SIZE(rlh_algorithm_api, run), create, destroy, run};
+constexpr char kName[] = "rm";
+const rlh_algorithm_api& kApi = rlh::grpo::LoopAlgorithm<rlh::grpo::PreferenceLoop, make, kName>::api;
 
 const char* const kKeys[] = {
     "rm.max_num_epochs", "rm.max_num_steps", "rm.val_period", "rm.val_batches", "rm.val_global_batch_size",

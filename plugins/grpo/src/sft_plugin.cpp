@@ -7,33 +7,15 @@
 #include "rlhost/algorithm.h"
 #include "rlhost/sdk/plugin.hpp"
 #include "sft_loop.hpp"
+#include "loop_algorithm.hpp"
 
 namespace {
 
-struct Algorithm {
-  rlh::sdk::Host host;
-  std::unique_ptr<rlh::grpo::SftLoop> loop;
-};
-
-rlh_status* create(const rlh_host_api* host, const char* config, size_t len, rlh_algorithm** out) {
-  return rlh::sdk::guard(host != nullptr ? host->make_status : nullptr, [&] {
-    if (host == nullptr || out == nullptr || (config == nullptr && len > 0))
-      throw rlh::sdk::Error(RLH_E_INVALID_ARGUMENT, "sft: create: NULL argument");
-    auto a = std::make_unique<Algorithm>();
-    a->host = rlh::sdk::Host(host);
-    a->loop = std::make_unique<rlh::grpo::SftLoop>(a->host, std::string(config != nullptr ? config : "", len));
-    *out = reinterpret_cast<rlh_algorithm*>(a.release());
-  });
+std::unique_ptr<rlh::grpo::SftLoop> make(const rlh::sdk::Host& host, const std::string& config) {
+  return std::make_unique<rlh::grpo::SftLoop>(host, config);
 }
-
-void destroy(rlh_algorithm* self) { delete reinterpret_cast<Algorithm*>(self); }
-
-rlh_status* run(rlh_algorithm* self) {
-  auto* a = reinterpret_cast<Algorithm*>(self);
-  return rlh::sdk::guard(a->host.make_status(), [&] { a->loop->run(); });
-}
-
-const rlh_algorithm_api kApi = {RLH_STRUCT_SIZE(rlh_algorithm_api, run), create, destroy, run};
+constexpr char kName[] = "sft";
+const rlh_algorithm_api& kApi = rlh::grpo::LoopAlgorithm<rlh::grpo::SftLoop, make, kName>::api;
 
 const char* const kKeys[] = {
     "sft.max_num_epochs", "sft.max_num_steps", "sft.val_period", "sft.val_batches",
