@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "preference_fixture.hpp"
 #include "rlhost/host.h"
 #include "rlhost/sdk/status.hpp"
 
@@ -25,103 +26,10 @@ using json = nlohmann::json;
 
 namespace {
 
-const fs::path kPlugins = RLH_PLUGIN_DIR;
-const fs::path kConfig = fs::path(RLH_SOURCE_DIR) / "examples/configs/dpo_demo_cpu.yaml";
-using Metrics = std::map<std::string, std::map<int64_t, double>>;
+using namespace rlh_test;
 
-bool have(const std::string& plugin) { return fs::exists(kPlugins / ("lib" + plugin + ".so")); }
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-rlh_code code_of(rlh_status* s, std::string* msg = nullptr) {
-  rlh::sdk::StatusPtr p(s);
-  if (msg != nullptr) *msg = rlh::sdk::status_message(s);
-  return s != nullptr ? s->code : RLH_OK;
-}
-
-// `n` pairs "abc=" -> chosen: the first digit, rejected: another digit (a seeded LCG).
-void write_pairs(const fs::path& file, int n, uint64_t seed) {
-  std::ofstream out(file);
-  auto next = [&] {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<int>((seed >> 33) % 10);
-  };
-  for (int i = 0; i < n; ++i) {
-    const int a = next(), b = next(), c = next();
-    int r = next();
-    if (r == a) r = (r + 1 + next() % 9) % 10;
-    out << json{{"prompt", std::to_string(a) + std::to_string(b) + std::to_string(c) + "="},
-                {"chosen", std::to_string(a)},
-                {"rejected", std::to_string(r)}}
-               .dump()
-        << "\n";
-  }
-}
-
-struct DpoLoop : ::testing::Test {
-  void SetUp() override {
-    for (const char* p : {"dpo", "dtensor", "kernels_cpu", "dataset_jsonl", "tokenizer_hf", "model_llama"})
-      if (!have(p)) GTEST_SKIP() << "plugin '" << p << "' is not built (" << kPlugins << ")";
-    dir = fs::temp_directory_path() / ("rlh_dpo_loop_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    model = dir / "tiny_model";
-    const std::string cmd = std::string(RLH_TINY_MODEL) + " " + model.string() +
-                            " --alphabet '0123456789=' --seed 5 --layers 1 --hidden 32 --ffn 64 > /dev/null";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    write_pairs(dir / "train.jsonl", 256, 11);
-    write_pairs(dir / "val.jsonl", 64, 12);
-  }
-  void TearDown() override {
-    if (!dir.empty()) fs::remove_all(dir);
-  }
-
-  rlhost_t* make_host(const std::vector<std::string>& overrides) {
-    rlhost_t* h = nullptr;
-    EXPECT_EQ(rlhost_create(&h), nullptr);
-    rlhost_set_log_level(h, RLH_LOG_ERROR);
-    for (const std::string p : {"dpo", "dtensor", "kernels_cpu", "dataset_jsonl", "tokenizer_hf", "model_llama"}) {
-      std::string msg;
-      EXPECT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str()), &msg), RLH_OK) << p << ": " << msg;
-    }
-    std::string msg;
-    EXPECT_EQ(code_of(rlhost_load_config(h, kConfig.c_str()), &msg), RLH_OK) << msg;
-    std::vector<std::string> all = {"policy.model_name=" + model.string(),
-                                    "data.train.data_path=" + (dir / "train.jsonl").string(),
-                                    "data.validation.data_path=" + (dir / "val.jsonl").string(),
-                                    "checkpointing.checkpoint_dir=" + (dir / "ckpt").string(),
-                                    "logger.log_dir=" + (dir / "logs").string(), "++logger.console_enabled=false"};
-    all.insert(all.end(), overrides.begin(), overrides.end());
-    for (const auto& o : all) EXPECT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
-    return h;
-  }
-
-  Metrics run(const std::vector<std::string>& overrides, rlh_code want = RLH_OK, std::string* error = nullptr) {
-    rlhost_t* h = make_host(overrides);
-    std::string msg;
-    const rlh_code c = code_of(rlhost_run(h), &msg);
-    EXPECT_EQ(c, want) << msg;
-    if (error != nullptr) *error = msg;
-    std::string lines;
-    EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
-    rlhost_destroy(h);
-    Metrics out;
-    std::istringstream in(lines);
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      const json j = json::parse(line);
-      out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-    }
-    return out;
-  }
-
-  fs::path dir, model;
+struct DpoLoop : PreferenceLoopTest {
+  DpoLoop() : PreferenceLoopTest("dpo", "examples/configs/dpo_demo_cpu.yaml", 1) {}
 };
 
 // Held-out pairs: at step 0 the policy is the reference, so every implicit reward is 0 up to the
