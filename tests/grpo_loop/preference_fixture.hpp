@@ -131,6 +131,41 @@ class PreferenceLoopTest : public ::testing::Test {
     return out;
   }
 
+  // Runs 4 steps straight, then 2 and a resume to 4 in another folder (checkpoints every 2
+  // steps), and checks that steps 3-4 log the same loss and accuracy and that step 4's policy
+  // safetensors are bitwise equal. Returns the straight run's step-4 policy folder.
+  fs::path check_resume_is_bitwise() {
+    const std::vector<std::string> common = {algorithm_ + ".val_period=0", algorithm_ + ".val_at_start=false",
+                                             "checkpointing.save_period=2", "checkpointing.metric_name=null",
+                                             "checkpointing.keep_top_k=null"};
+    auto with = [&](const std::string& ck, int steps) {
+      std::vector<std::string> v = common;
+      v.push_back("checkpointing.checkpoint_dir=" + (dir / ck).string());
+      v.push_back(algorithm_ + ".max_num_steps=" + std::to_string(steps));
+      return v;
+    };
+    Metrics straight = run(with("straight", 4));
+    run(with("resumed", 2));
+    EXPECT_TRUE(fs::exists(dir / "resumed/step_2"));
+    Metrics second = run(with("resumed", 4));
+    EXPECT_FALSE(second["train/loss"].count(1));
+    for (int64_t s : {3, 4}) {
+      EXPECT_EQ(second["train/loss"][s], straight["train/loss"][s]) << "step " << s;
+      EXPECT_EQ(second["train/accuracy"][s], straight["train/accuracy"][s]) << "step " << s;
+    }
+    const fs::path a = dir / "straight/step_4/policy", b = dir / "resumed/step_4/policy";
+    size_t compared = 0;
+    for (const auto& e : fs::recursive_directory_iterator(a)) {
+      if (!e.is_regular_file() || e.path().extension() != ".safetensors") continue;
+      const fs::path other = b / fs::relative(e.path(), a);
+      EXPECT_TRUE(fs::exists(other)) << other;
+      EXPECT_TRUE(read_file(e.path()) == read_file(other)) << "differs: " << fs::relative(e.path(), a);
+      ++compared;
+    }
+    EXPECT_GT(compared, 0u);
+    return a;
+  }
+
   fs::path dir, model;
 
  private:
