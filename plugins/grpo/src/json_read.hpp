@@ -117,4 +117,20 @@ class Section {
   std::string name_;
 };
 
+// The member `key` of an object, or null (also when `j` is not an object).
+inline const nlohmann::json& child(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+// An integer key that must be positive (its default when absent).
+inline int64_t positive(const Section& s, const char* key, int64_t def) {
+  int64_t v = def;
+  s.read(key, v);
+  if (v <= 0) throw ConfigError(s.key(key) + ": expected a positive integer, got " + std::to_string(v));
+  return v;
+}
+
 }  // namespace rlh::grpo::detail

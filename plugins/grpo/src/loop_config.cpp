@@ -11,25 +11,14 @@
 
 namespace rlh::grpo {
 
+using detail::child;
+using detail::positive;
+
 using json = nlohmann::json;
 using detail::describe;
 using detail::Section;
 
 namespace {
-
-const json& child(const json& j, const char* key) {
-  static const json kNull;
-  if (!j.is_object()) return kNull;
-  auto it = j.find(key);
-  return it == j.end() ? kNull : *it;
-}
-
-int64_t positive(const Section& s, const char* key, int64_t def) {
-  int64_t v = def;
-  s.read(key, v);
-  if (v <= 0) throw ConfigError(s.key(key) + ": expected a positive integer, got " + std::to_string(v));
-  return v;
-}
 
 SamplingSettings read_sampling(const Section& g, const SamplingSettings& base, const char* prefix) {
   SamplingSettings s = base;

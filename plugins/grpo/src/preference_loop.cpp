@@ -24,6 +24,9 @@
 
 namespace rlh::grpo {
 
+using detail::child;
+using detail::positive;
+
 using json = nlohmann::json;
 using sdk::Error;
 namespace fs = std::filesystem;
@@ -32,20 +35,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-const json& child(const json& j, const char* key) {
-  static const json kNull;
-  if (!j.is_object()) return kNull;
-  auto it = j.find(key);
-  return it == j.end() ? kNull : *it;
-}
-
-int64_t positive(const detail::Section& s, const char* key, int64_t def) {
-  int64_t v = def;
-  s.read(key, v);
-  if (v <= 0) throw ConfigError(s.key(key) + ": expected a positive integer, got " + std::to_string(v));
-  return v;
-}
 
 // The metrics each loss reports, in NeMo-RL's DPOValMetrics / RMValMetrics order
 // (num_valid_samples is the weight of the validation average, not averaged itself).

@@ -21,6 +21,9 @@
 
 namespace rlh::grpo {
 
+using detail::child;
+using detail::positive;
+
 using json = nlohmann::json;
 using sdk::Error;
 namespace fs = std::filesystem;
@@ -29,20 +32,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-const json& child(const json& j, const char* key) {
-  static const json kNull;
-  if (!j.is_object()) return kNull;
-  auto it = j.find(key);
-  return it == j.end() ? kNull : *it;
-}
-
-int64_t positive(const detail::Section& s, const char* key, int64_t def) {
-  int64_t v = def;
-  s.read(key, v);
-  if (v <= 0) throw ConfigError(s.key(key) + ": expected a positive integer, got " + std::to_string(v));
-  return v;
-}
 
 // NeMo-RL's sft section and what the loop reads of the others.
 struct SftConfig {
