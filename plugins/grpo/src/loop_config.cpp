@@ -177,11 +177,7 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
   g.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);
   g.read("skip_reference_policy_logprobs_calculation", c.skip_reference_policy_logprobs);
-  int64_t turns = 1;
-  g.read("max_rollout_turns", turns);
-  if (turns != 1)
-    throw ConfigError("grpo.max_rollout_turns: " + std::to_string(turns) +
-                      " — multi-turn rollouts are not implemented; use 1");
+  c.max_rollout_turns = positive(g, "max_rollout_turns", c.max_rollout_turns);
   bool async = false;
   g.sub("async_grpo").read("enabled", async);
   if (async) throw ConfigError("grpo.async_grpo.enabled: asynchronous GRPO is not implemented; use false");

@@ -79,6 +79,8 @@ struct GrpoLoopConfig {
   bool overlong_filtering = false;
   uint64_t seed = 42;
   bool skip_reference_policy_logprobs = false;
+  // Generation/environment turns per rollout (NeMo-RL's run_multi_turn_rollout); 1 = single turn.
+  int64_t max_rollout_turns = 1;
   AdvantageConfig advantages;
   DynamicSamplingConfig dynamic_sampling;
   RewardScalingConfig reward_scaling;
