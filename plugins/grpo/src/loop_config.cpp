@@ -243,9 +243,6 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
                       "chat template's generation prompt (use true)");
   c.max_input_seq_length = c.policy.max_total_sequence_length;
   if (ds.has("max_input_seq_length")) c.max_input_seq_length = positive(ds, "max_input_seq_length", 1);
-  c.train_data = read_data_source(data, "train", true);
-  DataSource val = read_data_source(data, "validation", false);
-  if (!val.component.empty()) c.validation_data = val;
 
   // env: data.<split>.env_name, data.default.env_name, else the only environment configured.
   std::optional<std::string> env_name;
@@ -263,6 +260,19 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
   c.env_name = *env_name;
   if (env.is_object() && env.contains(c.env_name) && !env[c.env_name].is_null())
     c.env_config = env[c.env_name];
+
+  if (!child(data, "train").is_object() && c.env_name == "sliding_puzzle_game") {
+    // NeMo-RL's sliding-puzzle example has no data.train: its script generates the boards from
+    // env.sliding_puzzle_game.cfg. The environments plugin's dataset of that name does the same.
+    c.train_data.component = c.env_name;
+    c.train_data.config = c.env_config;
+    c.train_data.config["split"] = "train";
+    c.train_data.origin = "data.train";
+  } else {
+    c.train_data = read_data_source(data, "train", true);
+    DataSource val = read_data_source(data, "validation", false);
+    if (!val.component.empty()) c.validation_data = val;
+  }
 
   // checkpointing
   const json& ck = child(whole, "checkpointing");

@@ -1,0 +1,375 @@
+// Multi-turn GRPO (grpo.max_rollout_turns > 1):
+//  - the rollout's bookkeeping on a tiny model with a scripted environment: generated tokens
+//    (mask 1, their logprobs) and observation tokens (mask 0, logprob 0) alternate; each turn's
+//    generated ids are exactly what greedy generation continues the previous ids with (the history
+//    is carried as ids, never re-tokenized); rewards are summed over turns; the sequence is cut at
+//    max_total_sequence_length (observation cut, sample marked truncated);
+//  - a broken environment (NaN reward, done = 7, an observation outside the batch, a 2 MiB
+//    observation) stops the rollout with one line naming it;
+//  - learning: on `reveal` (guess the hidden digit; a wrong guess is answered with it) multi-turn
+//    GRPO learns to copy the observation, single-turn GRPO cannot beat chance. Curves printed.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "components.hpp"
+#include "rlhost/host.h"
+#include "rlhost/sdk/status.hpp"
+#include "rollout.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace rlh::grpo;
+
+const fs::path kPlugins = RLH_PLUGIN_DIR;
+const fs::path kTestPlugins = RLH_TEST_PLUGIN_DIR;
+
+bool have(const std::string& plugin) { return fs::exists(kPlugins / ("lib" + plugin + ".so")); }
+
+rlh_code code_of(rlh_status* s, std::string* msg = nullptr) {
+  rlh::sdk::StatusPtr p(s);
+  if (msg != nullptr) *msg = rlh::sdk::status_message(s);
+  return s != nullptr ? s->code : RLH_OK;
+}
+
+fs::path temp_dir(const std::string& tag) {
+  fs::path d = fs::temp_directory_path() /
+               ("rlh_multi_turn_" + std::to_string(::getpid()) + "_" + tag + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void tiny_model(const fs::path& dir, const std::string& alphabet, int seed) {
+  const std::string cmd = std::string(RLH_TINY_MODEL) + " " + dir.string() + " --alphabet '" + alphabet +
+                          "' --seed " + std::to_string(seed) + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// ---- the rollout itself, on the components the loop uses ---------------------------------------
+
+struct Rollouts : ::testing::Test {
+  void SetUp() override {
+    for (const char* p : {"generator", "model_llama", "tokenizer_hf"})
+      if (!have(p)) GTEST_SKIP() << "plugin '" << p << "' is not built";
+    dir = temp_dir("rollout");
+    tiny_model(dir / "model", "0123456789-=ab", 5);
+    ASSERT_EQ(rlhost_create(&h), nullptr);
+    rlhost_set_log_level(h, RLH_LOG_ERROR + 1);
+    for (const char* p : {"generator", "model_llama", "tokenizer_hf"})
+      ASSERT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + std::string(p) + ".so")).c_str())), RLH_OK) << p;
+    std::string msg;
+    ASSERT_EQ(code_of(rlhost_load_plugin(h, (kTestPlugins / "libscripted_env.so").c_str()), &msg), RLH_OK) << msg;
+    host = rlh::sdk::Host(rlhost_services(h));
+    tok = std::make_unique<Tokenizer>(host, (dir / "model").string());
+    gen = std::make_unique<Generator>(host, "native", (dir / "model").string(), json{{"native_cfg", json::object()}});
+    env = std::make_unique<Environment>(host, "scripted", json::object());
+    gcfg.component = "native";
+    gcfg.max_new_tokens = 3;
+  }
+  void TearDown() override {
+    env.reset();
+    gen.reset();
+    tok.reset();
+    if (h != nullptr) rlhost_destroy(h);
+    if (!dir.empty()) fs::remove_all(dir);
+  }
+
+  std::vector<Prompt> prompts(const std::vector<json>& rows) const {
+    std::vector<Prompt> out;
+    for (size_t i = 0; i < rows.size(); ++i) out.push_back(make_prompt(*tok, PromptFormat::kRaw, rows[i], int64_t(i), 64, "test"));
+    return out;
+  }
+
+  Rollout run(const std::vector<json>& rows, int64_t samples, int64_t max_total, int64_t turns, double temperature) {
+    SamplingSettings s;
+    s.temperature = temperature;
+    return run_multi_turn_rollout(*gen, *tok, *env, prompts(rows), samples, s, gcfg, max_total, turns, 7, 1, 0, nullptr);
+  }
+
+  // Greedy continuation of exactly `ids` (max_new tokens), as the generator draws it.
+  std::vector<int32_t> greedy_after(const std::vector<int32_t>& ids, int64_t max_new) {
+    std::vector<int64_t> offsets = {0, int64_t(ids.size())};
+    std::vector<int32_t> stop = tok->eos_token_ids();
+    rlh_sampling sp{};
+    sp.struct_size = RLH_STRUCT_SIZE(rlh_sampling, num_stop_strings);
+    sp.temperature = 0;
+    sp.top_p = 1;
+    sp.max_new_tokens = max_new;
+    sp.stop_token_ids = stop.data();
+    sp.num_stop_token_ids = stop.size();
+    rlh_generate_args a{};
+    a.struct_size = RLH_STRUCT_SIZE(rlh_generate_args, sampling);
+    a.prompt_ids = ids.data();
+    a.prompt_offsets = offsets.data();
+    a.num_prompts = 1;
+    a.samples_per_prompt = 1;
+    a.sampling = &sp;
+    std::vector<int32_t> out;
+    gen->generate(a, [](void* u, const rlh_sample* s) -> rlh_status* {
+      static_cast<std::vector<int32_t>*>(u)->assign(s->ids, s->ids + s->num_tokens);
+      return nullptr;
+    }, &out);
+    return out;
+  }
+
+  fs::path dir;
+  rlhost_t* h = nullptr;
+  rlh::sdk::Host host;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<Generator> gen;
+  std::unique_ptr<Environment> env;
+  GenerationConfig gcfg;
+};
+
+TEST_F(Rollouts, TurnsAlternateWithExactIdsMasksAndSummedRewards) {
+  // Three turns of up to 3 tokens, observation "ab<turn>" after each, 0.25 per turn.
+  const json row = {{"prompt", "12="}, {"obs", "ab"}, {"numbered", true}, {"reward", 0.25}, {"done_after", 3}};
+  const Rollout r = run({row, row}, 2, 64, 5, 0.0);
+  ASSERT_EQ(r.responses.size(), 4u);
+  for (const Response& resp : r.responses) {
+    const Prompt& p = r.prompts[size_t(resp.prompt)];
+    EXPECT_EQ(resp.turns, 3);  // done_after 3, under the 5-turn limit
+    EXPECT_TRUE(resp.terminated);
+    // (truncated may be set: a turn that stops at max_new_tokens without EOS is, as in NeMo-RL.)
+    EXPECT_LT(int64_t(p.ids.size() + resp.ids.size()), 64);
+    ASSERT_EQ(resp.rewards.size(), 1u);
+    EXPECT_DOUBLE_EQ(resp.rewards[0], 0.75);  // summed over turns
+    ASSERT_EQ(resp.mask.size(), resp.ids.size());
+    ASSERT_EQ(resp.logprobs.size(), resp.ids.size());
+    // Walk the turns: a generated run (mask 1), then the observation's own tokens (mask 0).
+    std::vector<int32_t> seq = p.ids;
+    size_t t = 0;
+    for (int turn = 0; turn < 3; ++turn) {
+      const size_t start = t;
+      while (t < resp.ids.size() && resp.mask[t] == 1) ++t;
+      ASSERT_GT(t, start) << "turn " << turn << " generated nothing";
+      const std::vector<int32_t> generated(resp.ids.begin() + long(start), resp.ids.begin() + long(t));
+      // Greedy from exactly the ids so far gives exactly these tokens: the history went in as ids.
+      EXPECT_EQ(greedy_after(seq, 3), generated) << "turn " << turn;
+      seq.insert(seq.end(), generated.begin(), generated.end());
+      const std::vector<int32_t> obs = tok->encode("ab" + std::to_string(turn), false);
+      ASSERT_LE(t + obs.size(), resp.ids.size());
+      for (size_t k = 0; k < obs.size(); ++k) {
+        EXPECT_EQ(resp.ids[t + k], obs[k]) << "observation token " << k << " of turn " << turn;
+        EXPECT_EQ(resp.mask[t + k], 0);
+        EXPECT_EQ(resp.logprobs[t + k], 0.0f);
+      }
+      seq.insert(seq.end(), obs.begin(), obs.end());
+      t += obs.size();
+    }
+    EXPECT_EQ(t, resp.ids.size());
+    EXPECT_EQ(resp.generated_tokens(), int64_t(std::count(resp.mask.begin(), resp.mask.end(), 1)));
+    for (size_t k = 0; k < resp.ids.size(); ++k)
+      if (resp.mask[k] == 1) EXPECT_LE(resp.logprobs[k], 0.0f);
+  }
+}
+
+TEST_F(Rollouts, TheTurnLimitAndAnEpisodeThatEndsAtOnce) {
+  const json forever = {{"prompt", "3="}, {"obs", "a"}, {"reward", 1.0}};
+  Rollout r = run({forever}, 3, 64, 4, 1.0);
+  for (const Response& resp : r.responses) {
+    EXPECT_EQ(resp.turns, 4);
+    EXPECT_FALSE(resp.terminated);  // stopped by max_rollout_turns
+    EXPECT_DOUBLE_EQ(resp.rewards[0], 4.0);
+  }
+  const json once = {{"prompt", "3="}, {"obs", "a"}, {"reward", 1.0}, {"done_after", 1}};
+  r = run({once}, 2, 64, 4, 1.0);
+  for (const Response& resp : r.responses) {
+    EXPECT_EQ(resp.turns, 1);
+    EXPECT_TRUE(resp.terminated);
+    EXPECT_DOUBLE_EQ(resp.rewards[0], 1.0);
+  }
+}
+
+TEST_F(Rollouts, AnObservationPastTheLengthLimitIsCutAndEndsTheSample) {
+  // Prompt 3 tokens + up to 3 generated + a 40-character observation in a 16-token budget.
+  const json row = {{"prompt", "12="}, {"obs", std::string(40, 'a')}, {"reward", 0.5}};
+  const Rollout r = run({row}, 4, 16, 6, 1.0);
+  for (const Response& resp : r.responses) {
+    const Prompt& p = r.prompts[size_t(resp.prompt)];
+    EXPECT_EQ(int64_t(p.ids.size() + resp.ids.size()), 16) << "the sequence fills the budget exactly";
+    EXPECT_TRUE(resp.truncated);
+    EXPECT_EQ(resp.turns, 1);
+    EXPECT_DOUBLE_EQ(resp.rewards[0], 0.5);  // the turn was scored before the cut
+    EXPECT_EQ(resp.mask.back(), 0);
+  }
+  // A budget that generation alone reaches: the last generation is cut, the sample ends.
+  const json small = {{"prompt", "12="}, {"obs", "a"}, {"reward", 0.5}};
+  const Rollout r2 = run({small}, 4, 5, 6, 1.0);
+  for (const Response& resp : r2.responses)
+    EXPECT_LE(int64_t(r2.prompts[0].ids.size() + resp.ids.size()), 5);
+}
+
+TEST_F(Rollouts, ABrokenEnvironmentStopsWithOneLine) {
+  for (const auto& [bad, want] : std::vector<std::pair<std::string, std::string>>{
+           {"nan", "is not finite"},
+           {"done7", "done is 7"},
+           {"garbage_done", "done is 2"},
+           {"index", "observation for sample"},
+           {"huge", "bytes (the limit is"}}) {
+    const json row = {{"prompt", "1="}, {"obs", "a"}, {"bad", bad}};
+    try {
+      run({row}, 2, 32, 3, 1.0);
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const rlh::sdk::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("environment 'scripted'"), std::string::npos) << bad << ": " << m;
+      EXPECT_NE(m.find(want), std::string::npos) << bad << ": " << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << bad << ": " << m;
+    }
+  }
+}
+
+// ---- learning: multi-turn GRPO against single-turn on `reveal` ----------------------------------
+
+struct Learning : ::testing::Test {
+  void SetUp() override {
+    for (const char* p : {"grpo", "environments", "dataset_jsonl", "tokenizer_hf", "model_llama", "kernels_cpu",
+                          "generator", "dtensor"})
+      if (!have(p)) GTEST_SKIP() << "plugin '" << p << "' is not built";
+    dir = temp_dir("learn");
+    tiny_model(dir / "model", "0123456789=", 11);
+    // The answer is a random digit the prompt says nothing about.
+    uint64_t s = 12345;
+    auto next = [&] {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      return int((s >> 33) % 10);
+    };
+    for (const char* split : {"train", "val"}) {
+      std::ofstream f(dir / (std::string(split) + ".jsonl"));
+      for (int i = 0; i < (std::string(split) == "train" ? 4096 : 128); ++i)
+        f << json{{"input", "="}, {"output", std::to_string(next())}}.dump() << "\n";
+    }
+  }
+  void TearDown() override {
+    if (!dir.empty()) fs::remove_all(dir);
+  }
+
+  // Runs GRPO with `turns`; returns validation accuracy by step.
+  std::map<int64_t, double> run(int64_t turns) {
+    const std::string yaml = R"(
+grpo:
+  num_prompts_per_step: 16
+  num_generations_per_prompt: 8
+  max_rollout_turns: )" + std::to_string(turns) + R"(
+  max_num_epochs: 1
+  max_num_steps: 30
+  normalize_rewards: true
+  use_leave_one_out_baseline: true
+  val_period: 5
+  val_at_start: true
+  val_at_end: true
+  max_val_samples: 128
+  val_batch_size: 128
+  seed: 3
+loss_fn:
+  reference_policy_kl_penalty: 0.0
+  ratio_clip_min: 0.2
+  ratio_clip_max: 0.2
+  token_level_loss: true
+checkpointing:
+  enabled: false
+policy:
+  model_name: ")" + (dir / "model").string() + R"("
+  tokenizer:
+    chat_template: null
+  train_micro_batch_size: 128
+  logprob_batch_size: 128
+  max_total_sequence_length: 8
+  precision: "float32"
+  max_grad_norm: 1.0
+  dtensor_cfg:
+    enabled: true
+  optimizer:
+    name: "torch.optim.AdamW"
+    kwargs:
+      lr: 1.0e-2
+      weight_decay: 0.0
+      betas: [0.9, 0.999]
+      eps: 1.0e-8
+  generation:
+    backend: "native"
+    max_new_tokens: 1
+    temperature: 1.0
+    top_p: 1.0
+    top_k: null
+    val_temperature: 0.0
+    stop_token_ids: null
+    stop_strings: null
+data:
+  shuffle: true
+  train:
+    data_path: ")" + (dir / "train.jsonl").string() + R"("
+  validation:
+    data_path: ")" + (dir / "val.jsonl").string() + R"("
+env:
+  reveal: {}
+logger:
+  log_dir: ")" + (dir / "logs").string() + R"("
+  console_enabled: false
+cluster:
+  gpus_per_node: 0
+  num_nodes: 1
+)";
+    const fs::path file = dir / ("config_" + std::to_string(turns) + ".yaml");
+    std::ofstream(file) << yaml;
+    rlhost_t* h = nullptr;
+    EXPECT_EQ(rlhost_create(&h), nullptr);
+    rlhost_set_log_level(h, RLH_LOG_ERROR);
+    for (const char* p : {"grpo", "environments", "dataset_jsonl", "tokenizer_hf", "model_llama", "kernels_cpu",
+                          "generator", "dtensor"})
+      EXPECT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + std::string(p) + ".so")).c_str())), RLH_OK) << p;
+    std::string msg;
+    EXPECT_EQ(code_of(rlhost_load_config(h, file.c_str()), &msg), RLH_OK) << msg;
+    EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_OK) << msg;
+    std::string lines;
+    EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+    rlhost_destroy(h);
+    std::map<int64_t, double> acc;
+    std::istringstream in(lines);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      const json j = json::parse(line);
+      if (j["name"] == "validation/accuracy") acc[j["step"].get<int64_t>()] = j["value"].get<double>();
+      if (j["name"] == "train/avg_turns_per_sample") turns_seen[j["step"].get<int64_t>()] = j["value"].get<double>();
+    }
+    return acc;
+  }
+
+  fs::path dir;
+  std::map<int64_t, double> turns_seen;
+};
+
+TEST_F(Learning, MultiTurnLearnsWhatSingleTurnCannot) {
+  const std::map<int64_t, double> single = run(1);
+  EXPECT_TRUE(turns_seen.empty()) << "single-turn runs log no turn metrics";
+  const std::map<int64_t, double> multi = run(2);
+  std::printf("validation accuracy (greedy, 128 held-out rows; reward summed over turns)\n  step  single-turn  multi-turn(2)\n");
+  for (const auto& [step, a] : multi)
+    std::printf("  %4lld  %11.3f  %13.3f\n", static_cast<long long>(step), single.count(step) ? single.at(step) : -1.0, a);
+  ASSERT_FALSE(multi.empty());
+  ASSERT_FALSE(single.empty());
+  // The answer is independent of the prompt: one guess is right 1 time in 10, whatever is learnt.
+  for (const auto& [step, a] : single) EXPECT_LE(a, 0.3) << "single-turn at step " << step;
+  // Two turns: a wrong first guess is answered with the digit, which the policy learns to copy.
+  EXPECT_GE(multi.rbegin()->second, 0.9) << "multi-turn did not learn to use the observation";
+  EXPECT_LE(multi.begin()->second, 0.5) << "the untrained policy already copies";
+  ASSERT_FALSE(turns_seen.empty());
+  for (const auto& [step, t] : turns_seen) EXPECT_TRUE(t >= 1.0 && t <= 2.0) << step << ": " << t;
+}
+
+}  // namespace
