@@ -263,14 +263,14 @@ struct Learning : ::testing::Test {
   std::map<int64_t, double> run(int64_t turns) {
     const std::string yaml = R"(
 grpo:
-  num_prompts_per_step: 16
+  num_prompts_per_step: 32
   num_generations_per_prompt: 8
   max_rollout_turns: )" + std::to_string(turns) + R"(
   max_num_epochs: 1
-  max_num_steps: 30
+  max_num_steps: 60
   normalize_rewards: true
   use_leave_one_out_baseline: true
-  val_period: 5
+  val_period: 10
   val_at_start: true
   val_at_end: true
   max_val_samples: 128
@@ -287,8 +287,8 @@ policy:
   model_name: ")" + (dir / "model").string() + R"("
   tokenizer:
     chat_template: null
-  train_micro_batch_size: 128
-  logprob_batch_size: 128
+  train_micro_batch_size: 256
+  logprob_batch_size: 256
   max_total_sequence_length: 8
   precision: "float32"
   max_grad_norm: 1.0
@@ -304,7 +304,7 @@ policy:
   generation:
     backend: "native"
     max_new_tokens: 1
-    temperature: 1.0
+    temperature: 2.0
     top_p: 1.0
     top_k: null
     val_temperature: 0.0
