@@ -156,6 +156,7 @@ struct GrpoLoop::Impl {
       host.info("tokenizer has no chat template: prompts are used as written");
       cfg.policy.prompt_format = PromptFormat::kRaw;
     }
+    if (!cfg.data_note.empty()) host.info(cfg.data_note);
     train_data = std::make_unique<Dataset>(host, cfg.train_data.component, cfg.train_data.config, "data.train");
     if (cfg.validation_data)
       val_data = std::make_unique<Dataset>(host, cfg.validation_data->component, cfg.validation_data->config,

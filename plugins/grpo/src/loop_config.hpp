@@ -96,6 +96,7 @@ struct GrpoLoopConfig {
   bool shuffle = true;
   int64_t max_input_seq_length = 0;  // 0 = max_total_sequence_length
   std::string env_name;
+  std::string data_note;  // said once at start when the data does not come from data.*
   nlohmann::json env_config = nlohmann::json::object();
 
   // checkpointing
