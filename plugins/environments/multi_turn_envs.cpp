@@ -93,6 +93,7 @@ rlh_status* env_score(rlh_environment* self, const rlh_env_sample* samples, size
                                                 "' (this environment produces [\"reward\"])");
     }
     const bool observe = RLH_HAS_FIELD(result, rlh_env_result, user) && result->observation != nullptr;
+    const bool stops = RLH_HAS_FIELD(result, rlh_env_result, stop_strings) && result->stop_strings != nullptr;
     for (size_t i = 0; i < n; ++i) {
       const rlh_env_sample& s = samples[i];
       const std::string where = env->origin() + ": sample " + std::to_string(i);
@@ -114,6 +115,15 @@ rlh_status* env_score(rlh_environment* self, const rlh_env_sample* samples, size
       for (size_t r = 0; r < result->num_rewards; ++r) result->rewards[i * result->num_rewards + r] = t.reward;
       result->done[i] = t.done ? 1 : 0;
       if (observe && !t.observation.empty()) result->observation(result->user, i, t.observation.data(), t.observation.size());
+      if (stops && !t.stop_strings.empty()) {
+        std::vector<const char*> p;
+        std::vector<size_t> len;
+        for (const auto& st : t.stop_strings) {
+          p.push_back(st.data());
+          len.push_back(st.size());
+        }
+        result->stop_strings(result->user, i, p.data(), len.data(), p.size());
+      }
     }
   });
 }

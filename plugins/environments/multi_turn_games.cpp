@@ -228,7 +228,18 @@ std::optional<std::string> parse_action(std::string_view text) {
   return trim(text.substr(start + 8, end - start - 8));
 }
 
+namespace {
+TurnResult puzzle_turn(const json& metadata, std::string_view response, int max_moves);
+}  // namespace
+
 TurnResult sliding_puzzle_turn(const json& metadata, std::string_view response, int max_moves) {
+  TurnResult t = puzzle_turn(metadata, response, max_moves);
+  if (!t.done) t.stop_strings = {"</action>"};  // the next turn ends with its action, as in NeMo-RL
+  return t;
+}
+
+namespace {
+TurnResult puzzle_turn(const json& metadata, std::string_view response, int max_moves) {
   const std::string origin = "env.sliding_puzzle_game";
   if (!metadata.is_object() || !metadata.contains("puzzle"))
     throw Error(RLH_E_INVALID_ARGUMENT, origin + ": metadata has no 'puzzle' (rows come from the sliding_puzzle_game dataset)");
@@ -271,6 +282,7 @@ TurnResult sliding_puzzle_turn(const json& metadata, std::string_view response, 
   t.observation = "<environment>\n" + what + "\n</environment>\n";
   return t;
 }
+}  // namespace
 
 // ---- calculator -------------------------------------------------------------------------------
 
@@ -306,6 +318,7 @@ TurnResult calculator_turn(const json& metadata, std::string_view response, cons
   if (const auto call = find_calc_call(response)) {
     const auto value = calculate(*call);
     t.observation = "<result>" + (value ? *value : std::string("error: not an arithmetic expression")) + "</result>";
+    t.stop_strings = {"</calc>"};  // the next turn stops after its tool call
     return t;
   }
   auto it = metadata.is_object() ? metadata.find(ground_truth_key) : metadata.end();

@@ -82,6 +82,7 @@ TEST(SlidingPuzzle, TurnsReplayTheHistoryAndEndWhenSolvedOrOutOfMoves) {
   // Turn 1: a wrong move (not solved), turn 2 undoes it, turn 3 solves.
   TurnResult t = sliding_puzzle_turn(meta, "I think <action>down</action>", 10);
   EXPECT_FALSE(t.done);
+  EXPECT_EQ(t.stop_strings, std::vector<std::string>{"</action>"});
   EXPECT_EQ(t.reward, 0);
   EXPECT_NE(t.observation.find("Slid tile 1"), std::string::npos) << t.observation;
   t = sliding_puzzle_turn(with_history(meta, {"<action>down</action>"}), "<action>up</action>", 10);
@@ -91,6 +92,7 @@ TEST(SlidingPuzzle, TurnsReplayTheHistoryAndEndWhenSolvedOrOutOfMoves) {
   EXPECT_TRUE(t.done);
   EXPECT_EQ(t.reward, 1);
   EXPECT_NE(t.observation.find("solved"), std::string::npos);
+  EXPECT_TRUE(t.stop_strings.empty());
   // No tags: the board again, no move used; view: no move used either.
   t = sliding_puzzle_turn(meta, "left", 10);
   EXPECT_FALSE(t.done);
@@ -181,6 +183,7 @@ TEST(Calculator, ExactArithmeticAndToolCalls) {
   TurnResult t = calculator_turn(meta, "Let me compute <calc>12*34</calc>", "ground_truth");
   EXPECT_FALSE(t.done);
   EXPECT_EQ(t.observation, "<result>408</result>");
+  EXPECT_EQ(t.stop_strings, std::vector<std::string>{"</calc>"});
   t = calculator_turn(meta, "<calc>12*34", "ground_truth");  // cut by a stop string "</calc>"
   EXPECT_EQ(t.observation, "<result>408</result>");
   t = calculator_turn(meta, "<calc>12*</calc>", "ground_truth");
@@ -229,6 +232,7 @@ struct Loaded {
 
 struct Obs {
   std::vector<std::string> text;
+  std::vector<std::vector<std::string>> stops = std::vector<std::vector<std::string>>(2);
 };
 
 std::string message(rlh_status* s) {
@@ -257,14 +261,27 @@ TEST(MultiTurnPlugin, ObservationsAndDoneThroughTheAbi) {
   uint8_t done[2] = {9, 9};
   Obs obs;
   obs.text.resize(2);
-  rlh_env_result r{RLH_STRUCT_SIZE(rlh_env_result, user), 1, names, rewards, done,
-                   [](void* u, size_t i, const char* t, size_t n) { static_cast<Obs*>(u)->text[i].assign(t, n); }, &obs};
+  rlh_env_result r{RLH_STRUCT_SIZE(rlh_env_result, stop_strings), 1, names, rewards, done,
+                   [](void* u, size_t i, const char* t, size_t n) { static_cast<Obs*>(u)->text[i].assign(t, n); }, &obs,
+                   [](void* u, size_t i, const char* const* s, const size_t* len, size_t count) {
+                     for (size_t k = 0; k < count; ++k) static_cast<Obs*>(u)->stops[i].emplace_back(s[k], len[k]);
+                   }};
   ASSERT_EQ(message(api->score(env, s.data(), 2, &r)), "");
   EXPECT_EQ(done[0], 0);
   EXPECT_EQ(rewards[0], 0);
   EXPECT_NE(obs.text[0].find("Viewing the board"), std::string::npos);
+  EXPECT_EQ(obs.stops[0], std::vector<std::string>{"</action>"});
   EXPECT_EQ(done[1], 1);
   EXPECT_EQ(rewards[1], 1);
+  EXPECT_TRUE(obs.stops[1].empty());
+  // A caller of ENVIRONMENT 0.1 (no stop_strings field) gets the same, without stop strings.
+  obs.stops[0].clear();
+  rlh_env_result old = r;
+  old.struct_size = RLH_STRUCT_SIZE(rlh_env_result, user);
+  old.stop_strings = nullptr;
+  ASSERT_EQ(message(api->score(env, s.data(), 2, &old)), "");
+  EXPECT_TRUE(obs.stops[0].empty());
+  EXPECT_EQ(done[0], 0);
   // Metadata that is not JSON: one line naming the environment and the sample.
   const std::string broken = "{not json";
   s[1].metadata_json = broken.data();

@@ -178,6 +178,43 @@ TEST_F(Rollouts, TurnsAlternateWithExactIdsMasksAndSummedRewards) {
   }
 }
 
+// The environment's stop strings apply from the next turn on, per sample.
+TEST_F(Rollouts, TheEnvironmentsStopStringsEndTheNextTurns) {
+  // A prompt whose second greedy turn has at least 2 tokens, the first a plain character.
+  json row;
+  Rollout plain;
+  size_t turn1 = 0, turn2 = 0;
+  std::string first;
+  for (const char* prompt : {"12=", "3=", "45=", "7-", "a=", "b9", "=", "0-1", "ab=", "99"}) {
+    row = {{"prompt", prompt}, {"obs", "ab"}, {"done_after", 3}};
+    plain = run({row}, 1, 64, 3, 0.0);
+    const Response& p = plain.responses[0];
+    size_t t = 0;
+    while (t < p.ids.size() && p.mask[t] == 1) ++t;
+    turn1 = t;
+    while (t < p.ids.size() && p.mask[t] == 0) ++t;
+    turn2 = t;
+    if (p.ids.size() < turn2 + 2 || p.mask[turn2 + 1] != 1) continue;
+    first = tok->decode(std::vector<int32_t>{p.ids[turn2]}, true);
+    if (first.size() == 1) break;
+    first.clear();
+  }
+  ASSERT_FALSE(first.empty()) << "no prompt with a 2-token second turn";
+  const Response& p0 = plain.responses[0];
+  // With that character as the environment's stop string, turn 1 is unchanged (no stop strings
+  // yet), turn 2 stops right after it, and the sample that gets none is unchanged.
+  json stopping = row;
+  stopping["stop"] = first;
+  const Rollout r = run({stopping, row}, 1, 64, 3, 0.0);
+  const Response& s0 = r.responses[0];
+  ASSERT_GT(s0.ids.size(), turn2);
+  EXPECT_TRUE(std::equal(s0.ids.begin(), s0.ids.begin() + long(turn2), p0.ids.begin()));
+  EXPECT_EQ(s0.mask[turn1], 0);
+  EXPECT_EQ(s0.ids[turn2], p0.ids[turn2]);
+  EXPECT_EQ(s0.mask[turn2 + 1], 0) << "turn 2 did not stop at the environment's stop string";
+  EXPECT_EQ(r.responses[1].ids, p0.ids);
+}
+
 TEST_F(Rollouts, TheTurnLimitAndAnEpisodeThatEndsAtOnce) {
   const json forever = {{"prompt", "3="}, {"obs", "a"}, {"reward", 1.0}};
   Rollout r = run({forever}, 3, 64, 4, 1.0);
@@ -220,8 +257,9 @@ TEST_F(Rollouts, ABrokenEnvironmentStopsWithOneLine) {
            {"done7", "done is 7"},
            {"garbage_done", "done is 2"},
            {"index", "observation for sample"},
-           {"huge", "bytes (the limit is"}}) {
-    const json row = {{"prompt", "1="}, {"obs", "a"}, {"bad", bad}};
+           {"huge", "bytes (the limit is"},
+           {"empty_stop", "stop strings of sample 0: string 0 is NULL, empty"}}) {
+    const json row = {{"prompt", "1="}, {"obs", "a"}, {"bad", bad}, {"stop", "x"}};
     try {
       run({row}, 2, 32, 3, 1.0);
       ADD_FAILURE() << bad << ": no error";

@@ -365,8 +365,38 @@ namespace {
 
 struct ObservationSink {
   std::vector<std::string>* out;
+  std::vector<std::optional<std::vector<std::string>>>* stops;
   std::string error;  // the first bad call (the callback cannot throw across the C boundary)
 };
+
+void on_stop_strings(void* user, size_t index, const char* const* strings, const size_t* lengths, size_t count) {
+  auto* sink = static_cast<ObservationSink*>(user);
+  if (!sink->error.empty()) return;
+  const std::string where = "stop strings of sample " + std::to_string(index);
+  if (index >= sink->stops->size()) {
+    sink->error = where + " of a batch of " + std::to_string(sink->stops->size());
+    return;
+  }
+  if (count > Environment::kMaxStopStrings) {
+    sink->error = where + ": " + std::to_string(count) + " strings (the limit is " +
+                  std::to_string(Environment::kMaxStopStrings) + ")";
+    return;
+  }
+  if (count > 0 && (strings == nullptr || lengths == nullptr)) {
+    sink->error = where + ": strings or lengths is NULL";
+    return;
+  }
+  std::vector<std::string> v;
+  for (size_t k = 0; k < count; ++k) {
+    if (strings[k] == nullptr || lengths[k] == 0 || lengths[k] > Environment::kMaxStopStringBytes) {
+      sink->error = where + ": string " + std::to_string(k) + " is NULL, empty or over " +
+                    std::to_string(Environment::kMaxStopStringBytes) + " bytes";
+      return;
+    }
+    v.emplace_back(strings[k], lengths[k]);
+  }
+  (*sink->stops)[index] = std::move(v);
+}
 
 void on_observation(void* user, size_t index, const char* text, size_t len) {
   auto* sink = static_cast<ObservationSink*>(user);
@@ -393,15 +423,17 @@ void Environment::step(const std::vector<rlh_env_sample>& samples, Step& out) {
   // 2 marks "not written": an environment that leaves done unset is caught below.
   out.done.assign(samples.size(), 2);
   out.observations.assign(samples.size(), std::string());
-  ObservationSink sink{&out.observations, {}};
+  out.stop_strings.assign(samples.size(), std::nullopt);
+  ObservationSink sink{&out.observations, &out.stop_strings, {}};
   rlh_env_result r{};
-  r.struct_size = RLH_STRUCT_SIZE(rlh_env_result, user);
+  r.struct_size = RLH_STRUCT_SIZE(rlh_env_result, stop_strings);
   r.num_rewards = names.size();
   r.reward_names = names.data();
   r.rewards = out.rewards.data();
   r.done = out.done.data();
   r.observation = on_observation;
   r.user = &sink;
+  r.stop_strings = on_stop_strings;
   const std::string label = component_label("environment", name_);
   sdk::check(api_->score(self_, samples.data(), samples.size(), &r), label);
   if (!sink.error.empty()) throw Error(RLH_E_INVALID_ARGUMENT, label + ": " + sink.error);

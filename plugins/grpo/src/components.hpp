@@ -175,7 +175,10 @@ class Environment {
     std::vector<double> rewards;
     std::vector<uint8_t> done;
     std::vector<std::string> observations;
+    // The next turn's stop strings per sample (nullopt: the environment gave none).
+    std::vector<std::optional<std::vector<std::string>>> stop_strings;
   };
+  static constexpr size_t kMaxStopStrings = 64, kMaxStopStringBytes = 1024;
   static constexpr size_t kMaxObservationBytes = size_t{1} << 20;
   void step(const std::vector<rlh_env_sample>& samples, Step& out);
 

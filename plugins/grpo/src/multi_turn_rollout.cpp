@@ -92,6 +92,7 @@ Rollout run_multi_turn_rollout(Generator& gen, const Tokenizer& tok, Environment
   std::vector<std::string> rows(r.prompts.size());
   for (size_t p = 0; p < r.prompts.size(); ++p) rows[p] = r.prompts[p].row.dump();
   std::vector<json> history(n, json::array());
+  std::vector<std::vector<std::string>> extra_stops(n);  // the environment's, for the next turn
   std::vector<size_t> active(n);
   for (size_t i = 0; i < n; ++i) active[i] = i;
   const int64_t first_sample = first_prompt_index * samples;
@@ -101,46 +102,62 @@ Rollout run_multi_turn_rollout(Generator& gen, const Tokenizer& tok, Environment
   };
 
   for (int64_t turn = 0; turn < max_turns && !active.empty(); ++turn) {
-    // ---- generation: each active sample's ids so far are its prompt
-    std::vector<int32_t> ids;
-    std::vector<int64_t> offsets = {0};
-    int64_t room = 0;  // the most any active sample may still add
-    for (size_t i : active) {
-      const Prompt& p = r.prompts[static_cast<size_t>(r.responses[i].prompt)];
-      ids.insert(ids.end(), p.ids.begin(), p.ids.end());
-      ids.insert(ids.end(), r.responses[i].ids.begin(), r.responses[i].ids.end());
-      offsets.push_back(static_cast<int64_t>(ids.size()));
-      room = std::max(room, max_total_sequence_length - length_of(i));
-    }
-    // One request for the turn; samples with less room are cut to theirs afterwards. A prefix of an
-    // autoregressive sample is what a smaller max_new_tokens would have drawn (the RNG is keyed
-    // per token), so the cut samples are exact.
-    rlh_sampling sp{};
-    sp.struct_size = RLH_STRUCT_SIZE(rlh_sampling, num_stop_strings);
-    sp.temperature = sampling.temperature;
-    sp.top_k = sampling.top_k;
-    sp.top_p = sampling.top_p;
-    sp.min_p = sampling.min_p;
-    sp.max_new_tokens = std::min<int64_t>(gcfg.max_new_tokens, room);
-    sp.seed = seed;
-    sp.step = step_key;
-    sp.stop_token_ids = stop_ids.data();
-    sp.num_stop_token_ids = stop_ids.size();
-    sp.stop_strings = stop_strings.data();
-    sp.num_stop_strings = stop_strings.size();
-    rlh_generate_args args{};
-    args.struct_size = RLH_STRUCT_SIZE(rlh_generate_args, sampling);
-    args.prompt_ids = ids.data();
-    args.prompt_offsets = offsets.data();
-    args.num_prompts = static_cast<int64_t>(active.size());
-    args.samples_per_prompt = 1;
-    args.first_prompt_index = turn * kTurnStride + first_sample;
-    args.sampling = &sp;
-
-    auto t0 = std::chrono::steady_clock::now();
+    // ---- generation: each active sample's ids so far are its prompt. Samples are grouped by
+    // their stop strings (the run's plus what the environment gave for this turn), one request
+    // per group; within the turn they are ordered by group, and a sample's RNG key is its place
+    // in that order, so the draw is a pure function of the rollout's inputs.
+    std::stable_sort(active.begin(), active.end(),
+                     [&](size_t x, size_t y) { return extra_stops[x] < extra_stops[y]; });
     std::vector<TurnOut> outs(active.size());
-    TurnCollect c{&outs};
-    gen.generate(args, on_turn_sample, &c);
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t g0 = 0; g0 < active.size();) {
+      size_t g1 = g0 + 1;
+      while (g1 < active.size() && extra_stops[active[g1]] == extra_stops[active[g0]]) ++g1;
+      std::vector<int32_t> ids;
+      std::vector<int64_t> offsets = {0};
+      int64_t room = 0;  // the most any sample of the group may still add
+      for (size_t k = g0; k < g1; ++k) {
+        const size_t i = active[k];
+        const Prompt& p = r.prompts[static_cast<size_t>(r.responses[i].prompt)];
+        ids.insert(ids.end(), p.ids.begin(), p.ids.end());
+        ids.insert(ids.end(), r.responses[i].ids.begin(), r.responses[i].ids.end());
+        offsets.push_back(static_cast<int64_t>(ids.size()));
+        room = std::max(room, max_total_sequence_length - length_of(i));
+      }
+      std::vector<const char*> stops = stop_strings;
+      for (const std::string& e : extra_stops[active[g0]])
+        if (std::find(gcfg.stop_strings.begin(), gcfg.stop_strings.end(), e) == gcfg.stop_strings.end())
+          stops.push_back(e.c_str());
+      // One request for the group; samples with less room are cut to theirs afterwards. A prefix
+      // of an autoregressive sample is what a smaller max_new_tokens would have drawn (the RNG is
+      // keyed per token), so the cut samples are exact.
+      rlh_sampling sp{};
+      sp.struct_size = RLH_STRUCT_SIZE(rlh_sampling, num_stop_strings);
+      sp.temperature = sampling.temperature;
+      sp.top_k = sampling.top_k;
+      sp.top_p = sampling.top_p;
+      sp.min_p = sampling.min_p;
+      sp.max_new_tokens = std::min<int64_t>(gcfg.max_new_tokens, room);
+      sp.seed = seed;
+      sp.step = step_key;
+      sp.stop_token_ids = stop_ids.data();
+      sp.num_stop_token_ids = stop_ids.size();
+      sp.stop_strings = stops.data();
+      sp.num_stop_strings = stops.size();
+      rlh_generate_args args{};
+      args.struct_size = RLH_STRUCT_SIZE(rlh_generate_args, sampling);
+      args.prompt_ids = ids.data();
+      args.prompt_offsets = offsets.data();
+      args.num_prompts = static_cast<int64_t>(g1 - g0);
+      args.samples_per_prompt = 1;
+      args.first_prompt_index = turn * kTurnStride + first_sample + static_cast<int64_t>(g0);
+      args.sampling = &sp;
+      std::vector<TurnOut> group(g1 - g0);
+      TurnCollect c{&group};
+      gen.generate(args, on_turn_sample, &c);
+      for (size_t k = g0; k < g1; ++k) outs[k] = std::move(group[k - g0]);
+      g0 = g1;
+    }
     for (const TurnOut& o : outs)
       if (o.weight_version == INT64_MIN)
         throw Error(RLH_E_INTERNAL, "generator '" + gen.name() + "' did not return every sample");
@@ -209,6 +226,7 @@ Rollout run_multi_turn_rollout(Generator& gen, const Tokenizer& tok, Environment
       resp.text += texts[k];
       resp.text += step.observations[k];
       history[i].push_back({{"response", texts[k]}, {"observation", step.observations[k]}});
+      if (step.stop_strings[k]) extra_stops[i] = *step.stop_strings[k];
       if (step.done[k] != 0)
         resp.terminated = true;
       else if (!stop)

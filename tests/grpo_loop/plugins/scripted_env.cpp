@@ -2,7 +2,8 @@
 // tests: each turn scores `reward`, answers `obs` (with the turn number appended when `numbered`)
 // and ends the episode after `done_after` turns. `bad` makes it misbehave the way a broken
 // environment could: "nan" (a NaN reward), "done7" (done = 7), "index" (an observation for a
-// sample outside the batch), "huge" (a 2 MiB observation), "garbage_done" (done left unwritten).
+// sample outside the batch), "huge" (a 2 MiB observation), "garbage_done" (done left unwritten),
+// "empty_stop" (an empty stop string). `stop`: a stop string for the next turn.
 #include <cmath>
 #include <string>
 
@@ -52,6 +53,12 @@ rlh_status* score(rlh_environment* self, const rlh_env_sample* samples, size_t n
       if (bad == "huge") obs.assign(size_t{2} << 20, '1');
       if (result->observation != nullptr && !obs.empty())
         result->observation(result->user, bad == "index" ? n + 5 : i, obs.data(), obs.size());
+      if (meta.contains("stop") && RLH_HAS_FIELD(result, rlh_env_result, stop_strings) && result->stop_strings != nullptr) {
+        const std::string stop = meta["stop"].get<std::string>();
+        const char* p = stop.c_str();
+        const size_t len = bad == "empty_stop" ? 0 : stop.size();
+        result->stop_strings(result->user, i, &p, &len, 1);
+      }
     }
   });
 }

@@ -36,6 +36,7 @@ struct TurnResult {
   double reward = 0;
   bool done = false;
   std::string observation;
+  std::vector<std::string> stop_strings;  // for the next turn (NeMo-RL's next_stop_strings)
 };
 
 // ---- sliding puzzle ---------------------------------------------------------------------------
