@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -299,6 +300,13 @@ struct Learning : ::testing::Test {
 
   // Runs GRPO with `turns`; returns validation accuracy by step.
   std::map<int64_t, double> run(int64_t turns) {
+    const auto m = run_metrics(turns, {});
+    turns_seen = m.count("train/avg_turns_per_sample") ? m.at("train/avg_turns_per_sample") : std::map<int64_t, double>{};
+    return m.count("validation/accuracy") ? m.at("validation/accuracy") : std::map<int64_t, double>{};
+  }
+
+  // Runs GRPO with `turns` and `overrides`; returns every metric as {name: {step: value}}.
+  std::map<std::string, std::map<int64_t, double>> run_metrics(int64_t turns, const std::vector<std::string>& overrides) {
     const std::string yaml = R"(
 grpo:
   num_prompts_per_step: 32
@@ -373,19 +381,19 @@ cluster:
       EXPECT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + std::string(p) + ".so")).c_str())), RLH_OK) << p;
     std::string msg;
     EXPECT_EQ(code_of(rlhost_load_config(h, file.c_str()), &msg), RLH_OK) << msg;
+    for (const auto& o : overrides) EXPECT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
     EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_OK) << msg;
     std::string lines;
     EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
     rlhost_destroy(h);
-    std::map<int64_t, double> acc;
+    std::map<std::string, std::map<int64_t, double>> out;
     std::istringstream in(lines);
     for (std::string line; std::getline(in, line);) {
       if (line.empty()) continue;
       const json j = json::parse(line);
-      if (j["name"] == "validation/accuracy") acc[j["step"].get<int64_t>()] = j["value"].get<double>();
-      if (j["name"] == "train/avg_turns_per_sample") turns_seen[j["step"].get<int64_t>()] = j["value"].get<double>();
+      out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
     }
-    return acc;
+    return out;
   }
 
   fs::path dir;
@@ -411,6 +419,35 @@ TEST_F(Learning, MultiTurnLearnsWhatSingleTurnCannot) {
 }
 
 }  // namespace
+
+// A multi-turn run interrupted at a checkpoint and resumed ends as the run straight through: the
+// turns' RNG keys depend only on (seed, step, sample, turn, stop-string groups).
+TEST_F(Learning, MultiTurnResumesBitwise) {
+  auto with = [&](const std::string& ck, int steps) {
+    return std::vector<std::string>{"grpo.max_num_steps=" + std::to_string(steps), "grpo.num_prompts_per_step=8",
+                                    "grpo.val_at_start=false", "grpo.val_period=0", "grpo.val_at_end=false",
+                                    "checkpointing.enabled=true", "++checkpointing.save_period=2",
+                                    "++checkpointing.keep_top_k=null", "++checkpointing.metric_name=null",
+                                    "++checkpointing.checkpoint_dir=" + (dir / ck).string()};
+  };
+  auto straight = run_metrics(2, with("straight", 4));
+  run_metrics(2, with("resumed", 2));
+  ASSERT_TRUE(fs::exists(dir / "resumed/step_2"));
+  auto second = run_metrics(2, with("resumed", 4));
+  ASSERT_TRUE(second.count("train/loss"));
+  EXPECT_FALSE(second["train/loss"].count(1)) << "the resumed run started over";
+  for (int64_t s : {3, 4})
+    for (const char* name : {"train/loss", "train/reward", "train/avg_turns_per_sample", "train/mean_env_tokens_per_sample"}) {
+      ASSERT_TRUE(straight[name].count(s) && second[name].count(s)) << name << " at step " << s;
+      EXPECT_EQ(second[name][s], straight[name][s]) << name << " at step " << s;
+    }
+  EXPECT_GT(straight["train/avg_turns_per_sample"][4], 1.0) << "the run was not multi-turn";
+  std::ifstream a(dir / "straight/step_4/policy/model.safetensors", std::ios::binary),
+      b(dir / "resumed/step_4/policy/model.safetensors", std::ios::binary);
+  ASSERT_TRUE(a && b) << "no step_4 weights";
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
+      << "the final weights differ";
+}
 
 // ---- NeMo-RL's grpo_sliding_puzzle.yaml runs ------------------------------------------------------
 
