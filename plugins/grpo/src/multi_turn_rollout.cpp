@@ -226,7 +226,8 @@ Rollout run_multi_turn_rollout(Generator& gen, const Tokenizer& tok, Environment
       resp.text += texts[k];
       resp.text += step.observations[k];
       history[i].push_back({{"response", texts[k]}, {"observation", step.observations[k]}});
-      if (step.stop_strings[k]) extra_stops[i] = *step.stop_strings[k];
+      // NeMo-RL replaces a sample's stop strings with the environment's each turn (none: the run's).
+      extra_stops[i] = step.stop_strings[k].value_or(std::vector<std::string>{});
       if (step.done[k] != 0)
         resp.terminated = true;
       else if (!stop)
