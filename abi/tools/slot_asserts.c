@@ -457,6 +457,10 @@ RLH_PIN_SLOT(rlh_kernels_api, workspace_size, 15);
 RLH_PIN_FIELD(rlh_host_api, list_components, 96, 8); /* since 0.2 */
 RLH_PIN_SLOT(rlh_host_api, list_components, 12);
 
+/* rlh_env_result */
+RLH_PIN_FIELD(rlh_env_result, stop_strings, 56, 8); /* since 0.5 */
+RLH_PIN_SLOT(rlh_env_result, stop_strings, 7);
+
 #endif /* LP64 */
 
 /* Keeps the translation unit non-empty under -pedantic. */

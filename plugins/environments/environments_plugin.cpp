@@ -1,7 +1,8 @@
 // The environments plugin: ENVIRONMENT components `math`, `arithmetic`, `sort`, `copy`, `reverse`,
 // `reward_model` (reward_model_env.cpp: a trained reward model's score, on the host's backend) and
 // DATASET components `synthetic_arithmetic`, `synthetic_sort`, `synthetic_copy`,
-// `synthetic_reverse` (the synthetic tasks' seeded prompts), over rlh_environments_core.
+// `synthetic_reverse` (the synthetic tasks' seeded prompts), over rlh_environments_core; and the
+// multi-turn ones of multi_turn_envs.cpp (`sliding_puzzle_game`, `calculator`, `reveal`).
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "rlhost/dataset.h"
 #include "rlhost/environment.h"
 #include "rlhost/environments/math_answer.hpp"
+#include "multi_turn_components.hpp"
 #include "rlhost/environments/synthetic_tasks.hpp"
 #include "rlhost/sdk/json_input.hpp"
 #include "rlhost/sdk/plugin.hpp"
@@ -311,7 +313,10 @@ RLH_DATA(kReverseDs, "synthetic_reverse", kReverseData, kSequenceDataKeys, "seed
 #undef RLH_DATA
 
 const rlh_component_desc* const kComponents[] = {&kMath, &kArithmetic, &kSort, &kCopy, &kReverse, &kRewardModel,
-                                                 &kArithmeticDs, &kSortDs, &kCopyDs, &kReverseDs};
+                                                 &kArithmeticDs, &kSortDs, &kCopyDs, &kReverseDs,
+                                                 // multi-turn (multi_turn_envs.cpp)
+                                                 &kSlidingPuzzleEnv, &kCalculatorEnv, &kRevealEnv,
+                                                 &kSlidingPuzzleData};
 
 }  // namespace
 

@@ -135,7 +135,7 @@ TEST_F(Loop, BadValuesNameTheKey) {
   // (overrides, key): a retyped value is deleted and added again, past the host's type check.
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"grpo.num_prompts_per_step=0"}, "grpo.num_prompts_per_step"},
-      {{"grpo.max_rollout_turns=3"}, "grpo.max_rollout_turns"},
+      {{"grpo.max_rollout_turns=0"}, "grpo.max_rollout_turns"},
       {{"grpo.val_period=-1"}, "grpo.val_period"},
       {{"~grpo.seed", "++grpo.seed=\"x\""}, "grpo.seed"},
       {{"policy.generation.temperature=-1.0"}, "policy.generation.temperature"},

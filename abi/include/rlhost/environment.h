@@ -1,7 +1,10 @@
 /* rlhost C ABI: environments (RLH_KIND_ENVIRONMENT).
  *
  * Score a batch: responses with their prompts and metadata in; rewards (one or several named
- * rewards per sample) out, and for multi-turn environments an observation and a done flag.
+ * rewards per sample) out, and for multi-turn environments an observation, a done flag and the
+ * next turn's stop strings. In a multi-turn rollout the response is the turn's generated text and
+ * the metadata holds, besides the dataset row, "rlh_history": the earlier turns of the sample as
+ * a list of {"response", "observation"} texts.
  */
 #ifndef RLHOST_ENVIRONMENT_H_
 #define RLHOST_ENVIRONMENT_H_
@@ -13,7 +16,7 @@ extern "C" {
 #endif
 
 #define RLH_ENVIRONMENT_API_VERSION_MAJOR 0
-#define RLH_ENVIRONMENT_API_VERSION_MINOR 1
+#define RLH_ENVIRONMENT_API_VERSION_MINOR 2
 
 typedef struct rlh_environment rlh_environment;
 
@@ -38,6 +41,11 @@ typedef struct rlh_env_result {
   /* (optional) receives the observation text of sample i for multi-turn environments. */
   void (*observation)(void* user, size_t index, const char* text, size_t len);
   void* user;
+  /* (optional, ENVIRONMENT 0.2) receives the stop strings of sample i's next turn (NeMo-RL's
+   * next_stop_strings), used on top of the run's own; `lengths[k]` is strings[k]'s length. A
+   * sample it is not called for keeps the run's own. NULL: the caller runs no further turns. */
+  void (*stop_strings)(void* user, size_t index, const char* const* strings, const size_t* lengths,
+                       size_t count);
 } rlh_env_result;
 
 typedef struct rlh_environment_api {

@@ -372,6 +372,93 @@ void Environment::score(const std::vector<rlh_env_sample>& samples, std::vector<
              component_label("environment", name_));
 }
 
+namespace {
+
+struct ObservationSink {
+  std::vector<std::string>* out;
+  std::vector<std::optional<std::vector<std::string>>>* stops;
+  std::string error;  // the first bad call (the callback cannot throw across the C boundary)
+};
+
+void on_stop_strings(void* user, size_t index, const char* const* strings, const size_t* lengths, size_t count) {
+  auto* sink = static_cast<ObservationSink*>(user);
+  if (!sink->error.empty()) return;
+  const std::string where = "stop strings of sample " + std::to_string(index);
+  if (index >= sink->stops->size()) {
+    sink->error = where + " of a batch of " + std::to_string(sink->stops->size());
+    return;
+  }
+  if (count > Environment::kMaxStopStrings) {
+    sink->error = where + ": " + std::to_string(count) + " strings (the limit is " +
+                  std::to_string(Environment::kMaxStopStrings) + ")";
+    return;
+  }
+  if (count > 0 && (strings == nullptr || lengths == nullptr)) {
+    sink->error = where + ": strings or lengths is NULL";
+    return;
+  }
+  std::vector<std::string> v;
+  for (size_t k = 0; k < count; ++k) {
+    if (strings[k] == nullptr || lengths[k] == 0 || lengths[k] > Environment::kMaxStopStringBytes) {
+      sink->error = where + ": string " + std::to_string(k) + " is NULL, empty or over " +
+                    std::to_string(Environment::kMaxStopStringBytes) + " bytes";
+      return;
+    }
+    v.emplace_back(strings[k], lengths[k]);
+  }
+  (*sink->stops)[index] = std::move(v);
+}
+
+void on_observation(void* user, size_t index, const char* text, size_t len) {
+  auto* sink = static_cast<ObservationSink*>(user);
+  if (!sink->error.empty()) return;
+  if (index >= sink->out->size()) {
+    sink->error = "observation for sample " + std::to_string(index) + " of a batch of " +
+                  std::to_string(sink->out->size());
+  } else if (text == nullptr && len > 0) {
+    sink->error = "observation of sample " + std::to_string(index) + " is NULL with length " + std::to_string(len);
+  } else if (len > Environment::kMaxObservationBytes) {
+    sink->error = "observation of sample " + std::to_string(index) + " is " + std::to_string(len) +
+                  " bytes (the limit is " + std::to_string(Environment::kMaxObservationBytes) + ")";
+  } else {
+    (*sink->out)[index].assign(text == nullptr ? "" : text, len);
+  }
+}
+
+}  // namespace
+
+void Environment::step(const std::vector<rlh_env_sample>& samples, Step& out) {
+  std::vector<const char*> names;
+  for (const auto& n : reward_names_) names.push_back(n.c_str());
+  out.rewards.assign(samples.size() * names.size(), 0.0);
+  // 2 marks "not written": an environment that leaves done unset is caught below.
+  out.done.assign(samples.size(), 2);
+  out.observations.assign(samples.size(), std::string());
+  out.stop_strings.assign(samples.size(), std::nullopt);
+  ObservationSink sink{&out.observations, &out.stop_strings, {}};
+  rlh_env_result r{};
+  r.struct_size = RLH_STRUCT_SIZE(rlh_env_result, stop_strings);
+  r.num_rewards = names.size();
+  r.reward_names = names.data();
+  r.rewards = out.rewards.data();
+  r.done = out.done.data();
+  r.observation = on_observation;
+  r.user = &sink;
+  r.stop_strings = on_stop_strings;
+  const std::string label = component_label("environment", name_);
+  sdk::check(api_->score(self_, samples.data(), samples.size(), &r), label);
+  if (!sink.error.empty()) throw Error(RLH_E_INVALID_ARGUMENT, label + ": " + sink.error);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (out.done[i] > 1)
+      throw Error(RLH_E_INVALID_ARGUMENT, label + ": sample " + std::to_string(i) + ": done is " +
+                                              std::to_string(out.done[i]) + " (expected 0 or 1)");
+    for (size_t k = 0; k < names.size(); ++k)
+      if (!std::isfinite(out.rewards[i * names.size() + k]))
+        throw Error(RLH_E_INVALID_ARGUMENT, label + ": sample " + std::to_string(i) + ": reward '" + names[k] +
+                                                "' is not finite (" + std::to_string(out.rewards[i * names.size() + k]) + ")");
+  }
+}
+
 // ---- Dataset -----------------------------------------------------------------------------------
 
 Dataset::Dataset(const sdk::Host& host, const std::string& name, const json& config,

@@ -167,6 +167,20 @@ class Environment {
   const std::vector<std::string>& reward_names() const { return reward_names_; }
   // rewards[i * reward_names().size() + r].
   void score(const std::vector<rlh_env_sample>& samples, std::vector<double>& rewards);
+  // One turn of a multi-turn rollout: the rewards of score(), and per sample whether its episode
+  // ended (done) and the observation text for the next turn (empty when the environment gives
+  // none). A non-finite reward, a done flag other than 0/1, an observation for a sample outside
+  // the batch or one over kMaxObservationBytes is an error naming the environment and sample.
+  struct Step {
+    std::vector<double> rewards;
+    std::vector<uint8_t> done;
+    std::vector<std::string> observations;
+    // The next turn's stop strings per sample (nullopt: the environment gave none).
+    std::vector<std::optional<std::vector<std::string>>> stop_strings;
+  };
+  static constexpr size_t kMaxStopStrings = 64, kMaxStopStringBytes = 1024;
+  static constexpr size_t kMaxObservationBytes = size_t{1} << 20;
+  void step(const std::vector<rlh_env_sample>& samples, Step& out);
 
  private:
   sdk::Host host_;

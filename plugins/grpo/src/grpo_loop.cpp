@@ -156,6 +156,7 @@ struct GrpoLoop::Impl {
       host.info("tokenizer has no chat template: prompts are used as written");
       cfg.policy.prompt_format = PromptFormat::kRaw;
     }
+    if (!cfg.data_note.empty()) host.info(cfg.data_note);
     train_data = std::make_unique<Dataset>(host, cfg.train_data.component, cfg.train_data.config, "data.train");
     if (cfg.validation_data)
       val_data = std::make_unique<Dataset>(host, cfg.validation_data->component, cfg.validation_data->config,
@@ -269,9 +270,9 @@ struct GrpoLoop::Impl {
       check_cancel("validation");
       std::vector<int64_t> rows;
       for (int64_t i = b; i < std::min(hi, b + cfg.val_batch_size); ++i) rows.push_back(i);
-      Rollout r = run_rollout(*gen, *tok, *env, prompts_for(*val_data, rows), 1, cfg.generation.validation,
-                              cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed,
-                              kValidationStepKey + at_step, b, nullptr);
+      Rollout r = run_multi_turn_rollout(*gen, *tok, *env, prompts_for(*val_data, rows), 1, cfg.generation.validation,
+                                         cfg.generation, cfg.policy.max_total_sequence_length, cfg.max_rollout_turns,
+                                         cfg.seed, kValidationStepKey + at_step, b, nullptr);
       for (const Response& resp : r.responses) {
         for (size_t k = 0; k < names.size(); ++k) sums[names[k]] += resp.rewards[k];
         length += static_cast<double>(resp.ids.size());
@@ -322,9 +323,9 @@ struct GrpoLoop::Impl {
       RolloutTimes rt;
       const int64_t batch_index = sampler.num_gen_batches();
       if (dp_size == 1) {
-        rollouts.push_back(run_rollout(*gen, *tok, *env, std::move(prompts), G, cfg.generation.train,
-                                       cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed, s,
-                                       batch_index * per_batch, &rt));
+        rollouts.push_back(run_multi_turn_rollout(*gen, *tok, *env, std::move(prompts), G, cfg.generation.train,
+                                                  cfg.generation, cfg.policy.max_total_sequence_length,
+                                                  cfg.max_rollout_turns, cfg.seed, s, batch_index * per_batch, &rt));
       } else {
         // This rank's share of every train_global_batch_size chunk: prompts [c*pc + r*pc/N,
         // c*pc + (r+1)*pc/N), generated under their global indices (the same samples as one
@@ -334,8 +335,9 @@ struct GrpoLoop::Impl {
         for (int64_t c0 = 0; c0 < per_batch; c0 += pc) {
           const int64_t a = c0 + pc * dp_rank / dp_size, b = c0 + pc * (dp_rank + 1) / dp_size;
           std::vector<Prompt> mine(std::make_move_iterator(prompts.begin() + a), std::make_move_iterator(prompts.begin() + b));
-          parts.push_back(run_rollout(*gen, *tok, *env, std::move(mine), G, cfg.generation.train, cfg.generation,
-                                      cfg.policy.max_total_sequence_length, cfg.seed, s, batch_index * per_batch + a, &rt));
+          parts.push_back(run_multi_turn_rollout(*gen, *tok, *env, std::move(mine), G, cfg.generation.train,
+                                                 cfg.generation, cfg.policy.max_total_sequence_length,
+                                                 cfg.max_rollout_turns, cfg.seed, s, batch_index * per_batch + a, &rt));
         }
         rollouts.push_back(merge_rollouts(std::move(parts)));
       }
@@ -419,8 +421,9 @@ struct GrpoLoop::Impl {
     for (size_t i = 0; i < ss.responses.size(); ++i) {
       const int64_t start = off[i] + static_cast<int64_t>(ss.prompts[i]->ids.size());
       const Response& r = *ss.responses[i];
+      // Multi-turn: the environment's observation tokens stay in the sequence but out of the loss.
       for (size_t t = 0; t < r.ids.size(); ++t) {
-        token_mask[static_cast<size_t>(start) + t] = 1.0f;
+        token_mask[static_cast<size_t>(start) + t] = r.mask.empty() || r.mask[t] != 0 ? 1.0f : 0.0f;
         gen_lp[static_cast<size_t>(start) + t] = r.logprobs[t];
       }
       for (int64_t t = off[i]; t < off[i + 1]; ++t) adv[static_cast<size_t>(t)] = static_cast<float>(ss.advantage[i]);
@@ -626,8 +629,13 @@ struct GrpoLoop::Impl {
 
       // Rollout statistics, NeMo-RL's names, over the global batch (every rank's share).
       double gen_tokens = 0, prompt_tokens = 0, total_tokens = 0, truncated = 0;
+      double env_tokens = 0, turns = 0, terminated = 0;  // multi-turn (NeMo-RL's rollout metrics)
       for (size_t i = 0; i < ss.responses.size(); ++i) {
-        gen_tokens += static_cast<double>(ss.responses[i]->ids.size());
+        const double generated = static_cast<double>(ss.responses[i]->generated_tokens());
+        gen_tokens += generated;
+        env_tokens += static_cast<double>(ss.responses[i]->ids.size()) - generated;
+        turns += static_cast<double>(ss.responses[i]->turns);
+        terminated += ss.responses[i]->terminated ? 1 : 0;
         prompt_tokens += static_cast<double>(ss.prompts[i]->ids.size());
         truncated += ss.responses[i]->truncated ? 1 : 0;
       }
@@ -635,12 +643,16 @@ struct GrpoLoop::Impl {
       for (double r : ss.reward) reward_sum += r;
       std::vector<double> sums = {static_cast<double>(ss.responses.size()), gen_tokens, prompt_tokens, truncated, reward_sum};
       for (const auto& [name, v] : ss.reward_means) sums.push_back(v * static_cast<double>(ss.responses.size()));
+      sums.insert(sums.end(), {env_tokens, turns, terminated});
       sum_over(world, sums);
       const double n = sums[0];
       gen_tokens = sums[1];
       prompt_tokens = sums[2];
       truncated = sums[3];
-      total_tokens = gen_tokens + prompt_tokens;
+      env_tokens = sums[sums.size() - 3];
+      turns = sums[sums.size() - 2];
+      terminated = sums[sums.size() - 1];
+      total_tokens = gen_tokens + env_tokens + prompt_tokens;
       consumed_samples += static_cast<int64_t>(n);
       metrics["reward"] = sums[4] / n;
       size_t k = 5;
@@ -652,6 +664,11 @@ struct GrpoLoop::Impl {
       metrics["mean_prompt_length"] = prompt_tokens / n;
       metrics["total_num_tokens"] = total_tokens;
       metrics["truncated_fraction"] = truncated / n;
+      if (cfg.max_rollout_turns > 1) {
+        metrics["avg_turns_per_sample"] = turns / n;
+        metrics["natural_termination_rate"] = terminated / n;
+        metrics["mean_env_tokens_per_sample"] = env_tokens / n;
+      }
 
       std::map<std::string, double> val;
       const bool last = step == total_steps;

@@ -171,11 +171,7 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
   g.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);
   g.read("skip_reference_policy_logprobs_calculation", c.skip_reference_policy_logprobs);
-  int64_t turns = 1;
-  g.read("max_rollout_turns", turns);
-  if (turns != 1)
-    throw ConfigError("grpo.max_rollout_turns: " + std::to_string(turns) +
-                      " — multi-turn rollouts are not implemented; use 1");
+  c.max_rollout_turns = positive(g, "max_rollout_turns", c.max_rollout_turns);
   bool async = false;
   g.sub("async_grpo").read("enabled", async);
   if (async) throw ConfigError("grpo.async_grpo.enabled: asynchronous GRPO is not implemented; use false");
@@ -241,26 +237,45 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
                       "chat template's generation prompt (use true)");
   c.max_input_seq_length = c.policy.max_total_sequence_length;
   if (ds.has("max_input_seq_length")) c.max_input_seq_length = positive(ds, "max_input_seq_length", 1);
-  c.train_data = read_data_source(data, "train", true);
-  DataSource val = read_data_source(data, "validation", false);
-  if (!val.component.empty()) c.validation_data = val;
 
   // env: data.<split>.env_name, data.default.env_name, else the only environment configured.
-  std::optional<std::string> env_name;
-  ds.sub("default").read("env_name", env_name);
-  ds.sub("train").read("env_name", env_name);
   const json& env = child(whole, "env");
   if (!env.is_null() && !env.is_object()) throw ConfigError("env: expected a mapping, got " + describe(env));
-  if (!env_name) {
-    if (!env.is_object() || env.size() != 1)
-      throw ConfigError("data.default.env_name: missing, and env has " +
-                        std::to_string(env.is_object() ? env.size() : 0) +
-                        " environments (name the one to use)");
-    env_name = env.begin().key();
+  if (env.is_object() && env.contains("sliding_puzzle_game") && !env["sliding_puzzle_game"].is_null()) {
+    // NeMo-RL's sliding-puzzle example (grpo_sliding_puzzle.yaml, run by run_grpo_sliding_puzzle.py)
+    // adds env.sliding_puzzle_game to the math recipe's defaults; its script plays that game and
+    // generates the boards from env.sliding_puzzle_game.cfg, leaving the inherited data.* dataset
+    // and env_name unread. rlhost does the same with the environments plugin's dataset of that
+    // name; validation boards come from another seed.
+    c.env_name = "sliding_puzzle_game";
+    c.env_config = env["sliding_puzzle_game"];
+    if (!c.env_config.is_object()) throw ConfigError("env.sliding_puzzle_game: expected a mapping, got " + describe(c.env_config));
+    json game = c.env_config.value("cfg", json::object());
+    if (!game.is_object()) throw ConfigError("env.sliding_puzzle_game.cfg: expected a mapping, got " + describe(game));
+    c.train_data = DataSource{"sliding_puzzle_game", json{{"cfg", game}, {"split", "train"}}, "data.train"};
+    if (!game.contains("seed") || game["seed"].is_number_integer())  // else the dataset names it
+      game["seed"] = game.value("seed", int64_t{42}) + 1000003;
+    c.validation_data = DataSource{"sliding_puzzle_game", json{{"cfg", game}, {"split", "validation"}}, "data.validation"};
+    c.data_note = "env.sliding_puzzle_game: NeMo-RL's sliding-puzzle example: the prompts are the game's boards "
+                  "(env.sliding_puzzle_game.cfg), data.* datasets and env_name are not read, as in its script";
+  } else {
+    std::optional<std::string> env_name;
+    ds.sub("default").read("env_name", env_name);
+    ds.sub("train").read("env_name", env_name);
+    if (!env_name) {
+      if (!env.is_object() || env.size() != 1)
+        throw ConfigError("data.default.env_name: missing, and env has " +
+                          std::to_string(env.is_object() ? env.size() : 0) +
+                          " environments (name the one to use)");
+      env_name = env.begin().key();
+    }
+    c.env_name = *env_name;
+    if (env.is_object() && env.contains(c.env_name) && !env[c.env_name].is_null())
+      c.env_config = env[c.env_name];
+    c.train_data = read_data_source(data, "train", true);
+    DataSource val = read_data_source(data, "validation", false);
+    if (!val.component.empty()) c.validation_data = val;
   }
-  c.env_name = *env_name;
-  if (env.is_object() && env.contains(c.env_name) && !env[c.env_name].is_null())
-    c.env_config = env[c.env_name];
 
   // checkpointing
   const json& ck = child(whole, "checkpointing");

@@ -79,6 +79,8 @@ struct GrpoLoopConfig {
   bool overlong_filtering = false;
   uint64_t seed = 42;
   bool skip_reference_policy_logprobs = false;
+  // Generation/environment turns per rollout (NeMo-RL's run_multi_turn_rollout); 1 = single turn.
+  int64_t max_rollout_turns = 1;
   AdvantageConfig advantages;
   DynamicSamplingConfig dynamic_sampling;
   RewardScalingConfig reward_scaling;
@@ -94,6 +96,7 @@ struct GrpoLoopConfig {
   bool shuffle = true;
   int64_t max_input_seq_length = 0;  // 0 = max_total_sequence_length
   std::string env_name;
+  std::string data_note;  // said once at start when the data does not come from data.*
   nlohmann::json env_config = nlohmann::json::object();
 
   // checkpointing

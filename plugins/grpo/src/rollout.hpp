@@ -58,7 +58,14 @@ struct Response {
   bool truncated = false;
   int64_t weight_version = -1;
   std::string text;                  // decoded, special tokens skipped
-  std::vector<double> rewards;       // per environment reward name
+  std::vector<double> rewards;       // per environment reward name (summed over turns)
+  // Multi-turn rollouts: ids holds every turn's generated tokens and the environment's
+  // observation tokens after them, in order; mask[t] is 1 for a generated token (trained) and 0
+  // for an observation token (logprobs[t] = 0, never trained). Empty mask: every token generated.
+  std::vector<uint8_t> mask;
+  int64_t turns = 1;                 // generation turns taken
+  bool terminated = true;            // the environment ended the episode (not the turn limit)
+  int64_t generated_tokens() const;
 };
 
 struct Rollout {
@@ -79,5 +86,21 @@ Rollout run_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
                     std::vector<Prompt> prompts, int64_t samples, const SamplingSettings& sampling,
                     const GenerationConfig& gcfg, int64_t max_total_sequence_length, uint64_t seed,
                     int64_t step_key, int64_t first_prompt_index, RolloutTimes* times);
+
+// Multi-turn rollouts (NeMo-RL's run_multi_turn_rollout): up to `max_turns` rounds of generation
+// for the samples still active, each scored by the environment, which answers with rewards (summed
+// over turns), done flags and observation texts. An observation is tokenized on its own and
+// appended after the turn's generated ids; the next turn's prompt is the previous ids plus the
+// observation ids, never a re-tokenized history, so training sees exactly the sampled tokens.
+// A sample stops when the environment says done, at the turn limit, or when its sequence reaches
+// max_total_sequence_length (its last generation or observation is cut there and it is marked
+// truncated). The environment sees the turn's response text, and in metadata_json the row plus
+// "rlh_history": the previous turns' {"response", "observation"} texts. max_turns = 1 is
+// run_rollout.
+Rollout run_multi_turn_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
+                               std::vector<Prompt> prompts, int64_t samples, const SamplingSettings& sampling,
+                               const GenerationConfig& gcfg, int64_t max_total_sequence_length,
+                               int64_t max_turns, uint64_t seed, int64_t step_key, int64_t first_prompt_index,
+                               RolloutTimes* times);
 
 }  // namespace rlh::grpo
