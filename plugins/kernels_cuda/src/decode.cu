@@ -86,11 +86,15 @@ inline int64_t pa_rows_per_launch(const PagedAttnArgs& a, int64_t Z) {
   return std::max<int64_t>(1, std::min<int64_t>(a.R, kPaChunkBytes / per_row));
 }
 
+// The first key a row at `pos` sees: HF's sliding window keeps p - W + 1 .. p.
+__device__ __forceinline__ int64_t pa_first_key(const PagedAttnArgs& a, int64_t pos) {
+  return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+}
+
 // Whether row r's keys (causal, within its window) lie in one partition.
 __device__ __forceinline__ bool pa_one_partition(const PagedAttnArgs& a, int64_t r) {
   const int64_t pos = a.pos[r];
-  const int64_t lo = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
-  return lo / kPaPart == pos / kPaPart;
+  return pa_first_key(a, pos) / kPaPart == pos / kPaPart;
 }
 
 // Loads 8 consecutive bf16 (16-byte aligned) as floats.
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
   const int64_t z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t pos = a.pos[r];
-  const int64_t lo = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
+  const int64_t lo = pa_first_key(a, pos);
   // a partition this row does not reach: nothing (the combine reads only the row's own)
   if (z < lo / kPaPart || z > pos / kPaPart) return;
   // this warp's tile: positions [t0, t0 + 32) within [lo, pos]
@@ -296,7 +300,7 @@ __global__ void paged_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t Z) {
   const int64_t rc = blockIdx.x, r = row0 + rc, h = blockIdx.y, F = pa_partial_floats(a.Dv);
   if (pa_one_partition(a, r)) return;  // written directly by the first kernel
   const int64_t pos = a.pos[r];
-  const int64_t lo = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
+  const int64_t lo = pa_first_key(a, pos);
   const int64_t zlo = lo / kPaPart, zhi = pos / kPaPart;
   const float* part = a.partials + (rc * a.Hq + h) * Z * F;
   float M = -INFINITY;
@@ -383,7 +387,7 @@ __device__ __forceinline__ void chunk_each(const float* row, int64_t b, int64_t 
 
 // Exclusive prefix sum of one double per thread, in thread order (deterministic).
 __device__ double block_exclusive_scan(double v, double* sh32) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   double x = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -395,7 +399,6 @@ __device__ double block_exclusive_scan(double v, double* sh32) {
   __syncthreads();
   double before = 0;
   for (int i = 0; i < warp; ++i) before += sh32[i];
-  (void)nw;
   return before + x - v;
 }
 
