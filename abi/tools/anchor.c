@@ -22,6 +22,8 @@ RLH_ANCHOR void rlh_anchor_rlh_train_result(struct rlh_train_result* p);
 void rlh_anchor_rlh_train_result(struct rlh_train_result* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_rlh_model_args(struct rlh_model_args* p);
 void rlh_anchor_rlh_model_args(struct rlh_model_args* p) { (void)p; }
+RLH_ANCHOR void rlh_anchor_rlh_visit_args(struct rlh_visit_args* p);
+void rlh_anchor_rlh_visit_args(struct rlh_visit_args* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_rlh_backend_api(struct rlh_backend_api* p);
 void rlh_anchor_rlh_backend_api(struct rlh_backend_api* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_t_rlh_loss_fn(rlh_loss_fn* p);

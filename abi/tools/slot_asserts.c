@@ -461,6 +461,18 @@ RLH_PIN_SLOT(rlh_host_api, list_components, 12);
 RLH_PIN_FIELD(rlh_env_result, stop_strings, 56, 8); /* since 0.5 */
 RLH_PIN_SLOT(rlh_env_result, stop_strings, 7);
 
+/* rlh_visit_args */
+RLH_PIN_FIELD(rlh_visit_args, struct_size, 0, 8); /* since 0.6 */
+RLH_PIN_FIELD(rlh_visit_args, device, 8, 8); /* since 0.6 */
+
+/* rlh_backend_api */
+RLH_PIN_FIELD(rlh_backend_api, visit_weights_on, 80, 8); /* since 0.6 */
+RLH_PIN_SLOT(rlh_backend_api, visit_weights_on, 10);
+
+/* rlh_generator_api */
+RLH_PIN_FIELD(rlh_generator_api, weights_device, 40, 8); /* since 0.6 */
+RLH_PIN_SLOT(rlh_generator_api, weights_device, 5);
+
 #endif /* LP64 */
 
 /* Keeps the translation unit non-empty under -pedantic. */

@@ -40,6 +40,12 @@ class CudaDeviceEngine final : public DeviceEngine {
   int64_t steps() const override { return engine_.step(); }
   std::vector<std::vector<float>> parameters() const override { return engine_.save_parameters(); }
   void load_parameters(const std::vector<std::vector<float>>& t) override { engine_.load_parameters(t); }
+  rlh_device device() const override { return rlh_device{RLH_DEVICE_CUDA, index_}; }
+  std::vector<ParamView> master_views() const override {
+    std::vector<ParamView> out;
+    for (const auto& v : engine_.master_views()) out.push_back({v.data, v.pieces, v.piece, v.stride});
+    return out;
+  }
   AdamState adam_state() const override {
     engine::CudaEngine::AdamState s = engine_.adam_state();
     return AdamState{s.step, std::move(s.exp_avg), std::move(s.exp_avg_sq)};

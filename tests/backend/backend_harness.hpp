@@ -269,6 +269,24 @@ class Backend {
     return out;
   }
 
+  // The same through visit_weights_on (BACKEND 0.2) for a caller that also reads `device`:
+  // each tensor goes to `fn` as the backend gives it (host or device memory).
+  using TensorFn = std::function<void(const std::string& name, const rlh_tensor& t)>;
+  void visit_on(rlh_model* m, const rlh_device& device, const TensorFn& each, int64_t* version = nullptr) {
+    auto fn = [](void* user, const char* name, const rlh_tensor* t) -> rlh_status* {
+      (*static_cast<const TensorFn*>(user))(name, *t);
+      return nullptr;
+    };
+    rlh_visit_args args{};
+    args.struct_size = RLH_STRUCT_SIZE(rlh_visit_args, device);
+    args.device = device;
+    if (!RLH_HAS_FIELD(api_, rlh_backend_api, visit_weights_on) || api_->visit_weights_on == nullptr)
+      throw std::runtime_error("the backend has no visit_weights_on");
+    int64_t v = -1;
+    sdk::check(api_->visit_weights_on(b_, m, &args, fn, const_cast<TensorFn*>(&each), &v), "visit_weights_on");
+    if (version != nullptr) *version = v;
+  }
+
  private:
   const rlh_backend_api* api_;
   rlh_backend* b_ = nullptr;

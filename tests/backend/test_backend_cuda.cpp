@@ -14,6 +14,8 @@
 // Without a usable Hopper GPU every test skips with the reason.
 #include <filesystem>
 
+#include <cuda_runtime_api.h>
+
 #include "backend_harness.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/sdk/safetensors.hpp"
@@ -298,6 +300,54 @@ TEST(BackendCuda, MoeKeysAndStateOnTheDevice) {
   int64_t v = 0;
   EXPECT_TRUE(cpu.weights(m, &v) == w2);
   EXPECT_EQ(v, 2);
+}
+
+// visit_weights_on with the model's own device: views of the fp32 master weights in device
+// memory (nothing copied to the host), bitwise what visit_weights copies out, after a step; the
+// MoE fixture's experts (stacked pieces, gate and up interleaved on the device) included.
+TEST(BackendCuda, VisitWeightsOnGivesDeviceViewsOfTheMasters) {
+  REQUIRE_GPU();
+  auto batch = batch512();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 4;
+  for (const char* name : {"llama-tiny", "qwen3-moe-tiny"}) {
+    SCOPED_TRACE(name);
+    Backend be(host(), "megatron", config("cuda"));
+    rlh_model* m = be.load(fixture(name), true);
+    be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);
+    int64_t v0 = -1;
+    const Weights want = be.weights(m, &v0);
+    Weights got;
+    int64_t v = -2, on_device = 0;
+    be.visit_on(m, rlh_device{RLH_DEVICE_CUDA, 0}, [&](const std::string& n, const rlh_tensor& t) {
+      ASSERT_EQ(t.dtype.code, RLH_DTYPE_FLOAT);
+      ASSERT_EQ(t.dtype.bits, 32);
+      on_device += t.device.device_type == RLH_DEVICE_CUDA;
+      int64_t count = 1;
+      for (int i = 0; i < t.ndim; ++i) count *= t.shape[i];
+      // Row-major here (the engine's pieces are contiguous): one copy.
+      int64_t stride = 1;
+      for (int i = t.ndim - 1; i >= 0; --i) {
+        if (t.shape[i] != 1) {
+          ASSERT_EQ(t.strides[i], stride) << n;
+        }
+        stride *= t.shape[i];
+      }
+      std::vector<float>& h = got[n];
+      h.resize(size_t(count));
+      ASSERT_EQ(cudaMemcpy(h.data(), static_cast<const char*>(t.data) + t.byte_offset, size_t(count) * 4,
+                           cudaMemcpyDeviceToHost), cudaSuccess) << n;
+    }, &v);
+    EXPECT_EQ(v, v0);
+    EXPECT_EQ(on_device, int64_t(want.size()));
+    EXPECT_TRUE(got == want);
+    // Another device's reader gets host views.
+    int64_t on_host = 0;
+    be.visit_on(m, rlh_device{RLH_DEVICE_CUDA, 5}, [&](const std::string&, const rlh_tensor& t) {
+      on_host += t.device.device_type == RLH_DEVICE_CPU;
+    });
+    EXPECT_EQ(on_host, int64_t(want.size()));
+  }
 }
 
 TEST(BackendCuda, FrozenModelOnTheDevice) {

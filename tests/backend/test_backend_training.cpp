@@ -353,6 +353,39 @@ TEST_P(PerBackend, Bf16ExportKeepsTheMastersForResume) {
   }
 }
 
+// visit_weights_on (BACKEND 0.2): a model in host memory is visited as visit_weights visits it,
+// whatever device the caller can also read; bad arguments are one-line errors.
+TEST_P(PerBackend, VisitWeightsOnGivesHostViewsOfAHostModel) {
+  Backend be(host(), GetParam().c_str());
+  rlh_model* m = be.load(llama_tiny(), true);
+  int64_t v0 = -1;
+  const auto want = be.weights(m, &v0);
+  for (const rlh_device d : {rlh_device{RLH_DEVICE_CPU, 0}, rlh_device{RLH_DEVICE_CUDA, 0}}) {
+    std::map<std::string, std::vector<float>> got;
+    int64_t v = -2;
+    be.visit_on(m, d, [&](const std::string& name, const rlh_tensor& t) {
+      EXPECT_EQ(t.device.device_type, RLH_DEVICE_CPU) << name;
+      int64_t n = 1;
+      for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+      const float* p = static_cast<const float*>(t.data);
+      got[name].assign(p, p + n);
+    }, &v);
+    EXPECT_EQ(v, v0);
+    EXPECT_TRUE(got == want) << "device type " << d.device_type;
+  }
+  auto fn = [](void*, const char*, const rlh_tensor*) -> rlh_status* { return nullptr; };
+  rlh_visit_args small{};
+  small.struct_size = sizeof(size_t);
+  for (const rlh_visit_args* a : {static_cast<const rlh_visit_args*>(nullptr), static_cast<const rlh_visit_args*>(&small)}) {
+    rlh_status* s = be.api()->visit_weights_on(be.raw(), m, a, fn, nullptr, nullptr);
+    ASSERT_NE(s, nullptr);
+    const std::string msg = sdk::status_message(s);
+    sdk::StatusPtr owned(s);
+    EXPECT_NE(msg.find("rlh_visit_args"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
 TEST_P(PerBackend, RecomputeGivesTheSameStep) {
   const std::string name = GetParam();
   auto batch = field_batch();

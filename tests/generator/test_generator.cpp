@@ -283,6 +283,146 @@ std::vector<rlh_named_tensor> views_of(engine::Engine& eng, std::vector<std::vec
   return out;
 }
 
+// Refit from "device" memory through a DeviceWeightSink (the CUDA executor's role), checked on
+// the host: a sink that labels host memory as cuda:0 and copies the runs it is given into its own
+// arena in the engine layout. Every layout of a piece is covered: whole tensors, stacked experts
+// (slabs), and a fused parameter's concatenated pieces as strided views of the engine tensor.
+struct HostSink final : DeviceWeightSink {
+  const sdk::TransformerDesc& desc;
+  std::vector<std::vector<float>> arena;  // per parameter, engine layout
+  int flushes = 0, puts = 0;
+  explicit HostSink(const sdk::TransformerDesc& d) : desc(d) {
+    for (const auto& p : d.params) {
+      int64_t n = 1;
+      for (int64_t x : p.shape) n *= x;
+      arena.emplace_back(size_t(n), std::nanf(""));
+    }
+  }
+  rlh_device device() const override { return rlh_device{RLH_DEVICE_CUDA, 0}; }
+  void put(size_t i, const rlh_dtype& dt, const void* data, std::span<const WeightRun> runs) override {
+    EXPECT_EQ(dt.bits, 32);
+    for (const WeightRun& r : runs)
+      std::memcpy(arena[i].data() + r.dst, static_cast<const float*>(data) + r.src, size_t(r.count) * 4);
+    ++puts;
+  }
+  void flush() override { ++flushes; }
+};
+
+TEST(Generator, DeviceRefitPlacesEveryPieceLayout) {
+  for (const std::string kind : {"dense", "moe", "fused"}) {
+    SCOPED_TRACE(kind);
+    Model m = kind == "moe" ? moe_like() : qwen_like();
+    size_t fused = 0;
+    if (kind == "fused") {
+      // The first 2-D parameter as two pieces concatenated along its columns (axis 1), as a
+      // checkpoint with a fused projection would describe it.
+      while (m.desc.params[fused].shape.size() != 2) ++fused;
+      sdk::ParamDesc& p = m.desc.params[fused];
+      const int64_t O = p.shape[0], I = p.shape[1], I1 = I / 3;
+      p.hf_names = {p.hf_names[0] + ".a", p.hf_names[0] + ".b"};
+      p.hf_shapes = {{O, I1}, {O, I - I1}};
+      p.transform = sdk::ParamTransform::concat;
+      p.axis = 1;
+    }
+    Weights w(m.desc);
+    HostSink sink(m.desc);
+    w.set_device_sink(&sink);
+    std::vector<rlh_named_tensor> ts;
+    std::vector<std::vector<int64_t>> strides;
+    strides.reserve(256);
+    for (size_t i = 0; i < m.desc.params.size(); ++i) {
+      const sdk::ParamDesc& p = m.desc.params[i];
+      for (size_t k = 0; k < p.hf_names.size(); ++k) {
+        rlh_named_tensor t{};
+        t.name = p.hf_names[k].c_str();
+        t.tensor.device = rlh_device{RLH_DEVICE_CUDA, 0};
+        t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+        t.tensor.ndim = int32_t(p.hf_shapes[k].size());
+        t.tensor.shape = const_cast<int64_t*>(p.hf_shapes[k].data());
+        int64_t n = 1;
+        for (int64_t x : p.hf_shapes[k]) n *= x;
+        const float* base = m.weights[i].data();
+        if (p.transform == sdk::ParamTransform::stack) {
+          t.tensor.data = const_cast<float*>(base + int64_t(k) * n);
+        } else if (p.transform == sdk::ParamTransform::concat) {
+          // a block of the engine tensor: its row stride, starting at the piece's column
+          strides.push_back({p.shape[1], 1});
+          t.tensor.strides = strides.back().data();
+          t.tensor.data = const_cast<float*>(base + (k == 0 ? 0 : p.hf_shapes[0][1]));
+        } else {
+          t.tensor.data = const_cast<float*>(base);
+        }
+        ts.push_back(t);
+      }
+    }
+    const size_t half = ts.size() / 2;
+    w.update(3, {ts.data(), half}, false);
+    EXPECT_FALSE(w.complete());
+    w.update(3, {ts.data() + half, ts.size() - half}, false);
+    ASSERT_TRUE(w.complete());
+    EXPECT_EQ(w.version(), 3);
+    EXPECT_EQ(sink.flushes, 2);
+    EXPECT_EQ(sink.puts, int(ts.size()));
+    for (size_t i = 0; i < m.desc.params.size(); ++i) {
+      EXPECT_TRUE(w.on_device(i));
+      EXPECT_EQ(w.param(i), nullptr);
+      EXPECT_TRUE(sink.arena[i] == m.weights[i]) << m.desc.params[i].name;
+    }
+    EXPECT_EQ(w.owned_bytes(), 0);  // nothing kept on the host
+  }
+}
+
+TEST(Generator, DeviceRefitRefusals) {
+  const Model m = moe_like();
+  std::vector<rlh_named_tensor> ts;
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const sdk::ParamDesc& p = m.desc.params[i];
+    int64_t n = 1;
+    for (int64_t x : p.hf_shapes[0]) n *= x;
+    for (size_t k = 0; k < p.hf_names.size(); ++k) {
+      rlh_named_tensor t{};
+      t.name = p.hf_names[k].c_str();
+      t.tensor.device = rlh_device{RLH_DEVICE_CUDA, 0};
+      t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+      t.tensor.ndim = int32_t(p.hf_shapes[k].size());
+      t.tensor.shape = const_cast<int64_t*>(p.hf_shapes[k].data());
+      t.tensor.data = const_cast<float*>(m.weights[i].data() + (p.transform == sdk::ParamTransform::stack ? int64_t(k) * n : 0));
+      ts.push_back(t);
+    }
+  }
+  const auto error_of = [](Weights& w, std::span<const rlh_named_tensor> part) -> std::string {
+    try {
+      w.update(1, part, false);
+    } catch (const sdk::Error& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+      return e.what();
+    }
+    return "";
+  };
+  {  // no sink: a host-only generator (the CPU executor)
+    Weights w(m.desc);
+    const std::string e = error_of(w, {ts.data(), 1});
+    EXPECT_NE(e.find("does not read"), std::string::npos) << e;
+  }
+  Weights w(m.desc);
+  HostSink sink(m.desc);
+  w.set_device_sink(&sink);
+  rlh_named_tensor other = ts[0];
+  other.tensor.device.device_id = 3;
+  EXPECT_NE(error_of(w, {&other, 1}).find("does not read"), std::string::npos);
+  // One stacked parameter's experts partly from "device" memory, partly from the host.
+  std::vector<rlh_named_tensor> mixed = ts;
+  for (auto& t : mixed)
+    if (std::string(t.name).find(".experts.1.") != std::string::npos) t.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  const std::string e = error_of(w, mixed);
+  EXPECT_NE(e.find("partly in device memory"), std::string::npos) << e;
+  EXPECT_THROW(w.require_complete(), sdk::Error);
+  // The same set, whole, then completes and is in force.
+  w.update(2, ts, false);
+  EXPECT_TRUE(w.complete());
+  EXPECT_EQ(w.version(), 2);
+}
+
 TEST(Generator, RefitByViewsAndCopies) {
   const Model m = qwen_like();
   engine::Engine eng(m.desc, rlh::test::engine_options());

@@ -31,6 +31,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include <cuda_runtime_api.h>
+
 #include "generator_test_util.hpp"
 #include "kernels_cpu_abi.hpp"
 #include "kernels_cuda_abi.hpp"
@@ -703,6 +705,183 @@ TEST(GpuGenerator, RefitUploadsTheNewWeights) {
   bool changed = false;
   for (const auto& [k, o] : after) changed = changed || o.ids != before.at(k).ids;
   EXPECT_TRUE(changed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refit from device memory (GENERATOR 0.2's weights_device, a colocated trainer's views): the
+// pieces are converted into the arena on the device, and generation is bitwise what the same
+// values refit from host memory give.
+
+// HF piece k of parameter p out of its engine tensor, row-major (stacked: a slab).
+std::vector<float> hf_piece(const sdk::ParamDesc& p, const std::vector<float>& engine, size_t k) {
+  int64_t n = 1;
+  for (int64_t d : p.hf_shapes[k]) n *= d;
+  const int64_t at = p.transform == sdk::ParamTransform::stack ? int64_t(k) * n : 0;
+  return {engine.begin() + at, engine.begin() + at + n};
+}
+
+uint16_t bf16_rne(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+struct DeviceCopy {
+  void* p = nullptr;
+  explicit DeviceCopy(const void* src, size_t bytes) {
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceCopy() { cudaFree(p); }
+  DeviceCopy(const DeviceCopy&) = delete;
+};
+
+// Every HF piece of `w` as tensors in `where` (CPU, or cuda:0 copies kept in `dev`), float32 or
+// bfloat16.
+std::vector<rlh_named_tensor> pieces_as(const Model& m, const std::vector<std::vector<float>>& w, bool bf16,
+                                        bool on_device, std::vector<std::vector<char>>& host,
+                                        std::vector<std::unique_ptr<DeviceCopy>>& dev) {
+  std::vector<rlh_named_tensor> ts;
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const sdk::ParamDesc& p = m.desc.params[i];
+    for (size_t k = 0; k < p.hf_names.size(); ++k) {
+      const std::vector<float> f = hf_piece(p, w[i], k);
+      std::vector<char> bytes(f.size() * (bf16 ? 2 : 4));
+      if (bf16)
+        for (size_t j = 0; j < f.size(); ++j) {
+          const uint16_t b = bf16_rne(f[j]);
+          std::memcpy(bytes.data() + 2 * j, &b, 2);
+        }
+      else
+        std::memcpy(bytes.data(), f.data(), bytes.size());
+      host.push_back(std::move(bytes));
+      rlh_named_tensor t{};
+      t.name = p.hf_names[k].c_str();
+      t.tensor.data = host.back().data();
+      t.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+      if (on_device) {
+        dev.push_back(std::make_unique<DeviceCopy>(host.back().data(), host.back().size()));
+        t.tensor.data = dev.back()->p;
+        t.tensor.device = rlh_device{RLH_DEVICE_CUDA, 0};
+      }
+      t.tensor.ndim = int32_t(p.hf_shapes[k].size());
+      t.tensor.dtype = bf16 ? rlh_dtype{RLH_DTYPE_BFLOAT, 16, 1} : rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+      t.tensor.shape = const_cast<int64_t*>(p.hf_shapes[k].data());
+      ts.push_back(t);
+    }
+  }
+  return ts;
+}
+
+class GpuDeviceRefit : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuDeviceRefit, EqualsTheSameWeightsFromHostMemory) {
+  NEED_GPU();
+  const Model m = model_of(GetParam());
+  std::vector<std::vector<float>> scaled = m.weights;
+  for (auto& t : scaled)
+    for (float& x : t) x *= 1.25f;
+  const auto prompts = random_prompts(3, m.desc.vocab_size, 5, {4, 11, 6});
+  Request r;
+  r.sampling = SamplingParams{0.9, 0, 1.0, 0.0};
+  r.samples_per_prompt = 2;
+  r.max_new_tokens = 12;
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    Generator g(m.desc, gpu(Options{}, true));
+    ASSERT_NE(g.weights().device_sink(), nullptr);
+    EXPECT_EQ(g.weights().device_sink()->device().device_type, RLH_DEVICE_CUDA);
+    g.weights().load(m.weights, 0);
+    Outs before;
+    run(g, prompts, r, 0, before);
+    std::vector<std::vector<char>> host;
+    std::vector<std::unique_ptr<DeviceCopy>> dev;
+    const std::vector<rlh_named_tensor> ts = pieces_as(m, scaled, bf16, true, host, dev);
+    const size_t half = ts.size() / 2;  // two buckets, as a refit may send them
+    g.weights().update(9, {ts.data(), half}, false);
+    g.weights().update(9, {ts.data() + half, ts.size() - half}, false);
+    dev.clear();  // the sources may go once update returns
+    EXPECT_EQ(cuda_executor_stats(g.executor()).device_pieces, int64_t(ts.size()));
+    for (size_t i = 0; i < m.desc.params.size(); ++i) EXPECT_TRUE(g.weights().on_device(i)) << m.desc.params[i].name;
+    Outs after;
+    run(g, prompts, r, 0, after);
+    for (const auto& [k, o] : after) EXPECT_EQ(o.weight_version, 9);
+
+    Generator ref(m.desc, gpu(Options{}, true));
+    std::vector<std::vector<char>> host2;
+    std::vector<std::unique_ptr<DeviceCopy>> none;
+    ref.weights().update(9, pieces_as(m, scaled, bf16, false, host2, none), false);
+    Outs want;
+    run(ref, prompts, r, 0, want);
+    expect_same(want, after, "device refit vs host refit");
+    bool changed = false;
+    for (const auto& [k, o] : after) changed = changed || o.ids != before.at(k).ids;
+    EXPECT_TRUE(changed);
+
+    // A later host refit takes over again (the host copy goes up, the device-fed flags clear).
+    std::vector<std::vector<char>> host3;
+    g.weights().update(10, pieces_as(m, m.weights, false, false, host3, none), false);
+    Outs again;
+    run(g, prompts, r, 0, again);
+    for (size_t i = 0; i < m.desc.params.size(); ++i) EXPECT_FALSE(g.weights().on_device(i));
+    for (const auto& [k, o] : again) EXPECT_EQ(o.ids, before.at(k).ids);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuDeviceRefit, ::testing::Values("dense", "moe", "mla"),
+                         [](const auto& info) { return info.param; });
+
+TEST(GpuGenerator, DeviceRefitRefusesWhatItCannotRead) {
+  NEED_GPU();
+  const Model m = moe_like();
+  Generator g(m.desc, gpu(Options{}, true));
+  std::vector<std::vector<char>> host;
+  std::vector<std::unique_ptr<DeviceCopy>> dev;
+  std::vector<rlh_named_tensor> ts = pieces_as(m, m.weights, false, true, host, dev);
+  const auto error_of = [&](std::span<const rlh_named_tensor> part, int64_t version) -> std::string {
+    try {
+      g.weights().update(version, part, false);
+    } catch (const sdk::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // Another device's memory.
+  rlh_named_tensor other = ts[0];
+  other.tensor.device.device_id = 7;
+  std::string e = error_of({&other, 1}, 1);
+  EXPECT_NE(e.find("does not read"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  // A 2-D piece with padded rows: not row-major within a run.
+  size_t two_d = 0;
+  while (two_d < ts.size() && ts[two_d].tensor.ndim != 2) ++two_d;
+  ASSERT_LT(two_d, ts.size());
+  rlh_named_tensor padded = ts[two_d];
+  int64_t strides[2] = {padded.tensor.shape[1] + 4, 1};
+  padded.tensor.strides = strides;
+  e = error_of({&padded, 1}, 2);
+  EXPECT_NE(e.find("strides"), std::string::npos) << e;
+  // float16 is neither of the arena's sources.
+  rlh_named_tensor f16 = ts[0];
+  f16.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 16, 1};
+  e = error_of({&f16, 1}, 3);
+  EXPECT_NE(e.find("float32 or bfloat16"), std::string::npos) << e;
+  // One stacked parameter's experts half from the device, half from the host: refused when the
+  // set completes, and nothing of it is in force.
+  std::vector<std::vector<char>> host2;
+  std::vector<std::unique_ptr<DeviceCopy>> none;
+  std::vector<rlh_named_tensor> on_host = pieces_as(m, m.weights, false, false, host2, none);
+  std::vector<rlh_named_tensor> mixed = ts;
+  bool flipped = false;
+  for (size_t j = 0; j < mixed.size(); ++j)
+    if (std::string(mixed[j].name).find(".experts.1.") != std::string::npos) {
+      mixed[j] = on_host[j];
+      flipped = true;
+    }
+  ASSERT_TRUE(flipped);
+  e = error_of(mixed, 4);
+  EXPECT_NE(e.find("partly in device memory"), std::string::npos) << e;
+  EXPECT_THROW(g.weights().require_complete(), sdk::Error);
 }
 
 // ---------------------------------------------------------------------------------------------

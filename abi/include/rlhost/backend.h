@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 #define RLH_BACKEND_API_VERSION_MAJOR 0
-#define RLH_BACKEND_API_VERSION_MINOR 1
+#define RLH_BACKEND_API_VERSION_MINOR 2
 
 typedef struct rlh_backend rlh_backend; /* a backend instance */
 typedef struct rlh_model rlh_model;     /* a model held by a backend instance */
@@ -154,6 +154,12 @@ typedef struct rlh_model_args {
  * backend's layout. The view is valid during the callback only. */
 typedef rlh_status* (*rlh_weight_fn)(void* user, const char* hf_name, const rlh_tensor* weight);
 
+/* What a visit_weights_on caller can read (BACKEND 0.2). */
+typedef struct rlh_visit_args {
+  size_t struct_size;
+  rlh_device device; /* besides host memory; {RLH_DEVICE_CPU, 0}: host memory only */
+} rlh_visit_args;
+
 typedef struct rlh_backend_api {
   size_t struct_size;
 
@@ -183,6 +189,17 @@ typedef struct rlh_backend_api {
   rlh_status* (*save_state)(rlh_backend* self, rlh_model* model, const char* dir);
   /* Restores what save_state wrote. */
   rlh_status* (*load_state)(rlh_backend* self, rlh_model* model, const char* dir);
+
+  /* (BACKEND 0.2; optional: check RLH_HAS_FIELD(api, rlh_backend_api, visit_weights_on) and
+   * NULL) visit_weights for a caller that can also read the memory of `args->device`: a model
+   * whose weights live on that device is visited through views of its device buffers (the same
+   * names, shapes and dtype as visit_weights gives; strides may not be row-major), so a colocated
+   * generator refits without a host round trip. The backend's writes to them are complete when
+   * the callback runs; the views are valid during the callback only, and the callback finishes
+   * its reads of one before it returns. Weights that are not on that device come as host views.
+   * `*version` is written before the first callback (a callback may pass it on). */
+  rlh_status* (*visit_weights_on)(rlh_backend* self, rlh_model* model, const rlh_visit_args* args,
+                                  rlh_weight_fn fn, void* user, int64_t* version);
 } rlh_backend_api;
 
 #ifdef __cplusplus

@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 #define RLH_GENERATOR_API_VERSION_MAJOR 0
-#define RLH_GENERATOR_API_VERSION_MINOR 1
+#define RLH_GENERATOR_API_VERSION_MINOR 2
 
 typedef struct rlh_generator rlh_generator;
 
@@ -82,6 +82,12 @@ typedef struct rlh_generator_api {
   /* Generates; calls `fn` once per finished sample. Externally synchronised. */
   rlh_status* (*generate)(rlh_generator* self, const rlh_generate_args* args, rlh_sample_fn fn,
                           void* user);
+  /* (GENERATOR 0.2; optional: check RLH_HAS_FIELD(api, rlh_generator_api, weights_device) and
+   * NULL) The device whose memory update_weights reads besides host memory ({RLH_DEVICE_CPU, 0}:
+   * host memory only). Tensors on it are copied (and converted) device-side before
+   * update_weights returns, so they need to outlive the call only; may_alias applies to host
+   * tensors. A refit caller offers this device to the backend's visit_weights_on. */
+  rlh_status* (*weights_device)(rlh_generator* self, rlh_device* out);
 } rlh_generator_api;
 
 #ifdef __cplusplus

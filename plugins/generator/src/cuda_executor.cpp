@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "rlhost/engine_cuda/convert.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/engine_cuda/device_ops.hpp"
 #include "rlhost/generator/program_runner.hpp"
@@ -335,7 +336,7 @@ struct GraphKey {
   bool operator<(const GraphKey& o) const { return rows != o.rows ? rows < o.rows : width < o.width; }
 };
 
-class CudaExecutor final : public StepExecutor {
+class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
  public:
   CudaExecutor(DecodeModel& m, CudaExecutorOptions o) : m_(m), opt_(std::move(o)) {
     std::string why;
@@ -360,9 +361,11 @@ class CudaExecutor final : public StepExecutor {
     ops_->set_batch_invariant_gemm(opt_.batch_invariant);
     b_ = std::make_unique<CudaBackend>(m_, *ops_, stream_);
     plan();
+    m_.weights().set_device_sink(this);  // a colocated trainer's device views refit in place
   }
 
   ~CudaExecutor() override {
+    if (m_.weights().device_sink() == this) m_.weights().set_device_sink(nullptr);
     cudaSetDevice(opt_.device);
     if (stream_) cudaStreamSynchronize(stream_);
     drop_graphs();
@@ -678,38 +681,93 @@ class CudaExecutor final : public StepExecutor {
     graphs_.clear();
   }
 
+  // The device arena (bf16, the host Weights' layout) and the f32 copies of the biases the
+  // router adds in f32, allocated once: captured graphs keep their addresses.
+  void ensure_weight_arena() {
+    if (warena_.get()) return;
+    const Weights& w = m_.weights();
+    const sdk::TransformerDesc& desc = m_.desc();
+    warena_.alloc(size_t(w.arena_elems()) * 2, "the bf16 weights");
+    stats_.weight_bytes = int64_t(warena_.size());
+    b_->weights = warena_.get<Bf16>();
+    size_t n = 0;
+    f32_at_.assign(desc.params.size(), -1);
+    for (size_t i = 0; i < desc.params.size(); ++i)
+      if (desc.params[i].role == sdk::ParamRole::router_bias ||
+          desc.params[i].role == sdk::ParamRole::expert_score_bias) {
+        int64_t numel = 1;
+        for (int64_t d : desc.params[i].shape) numel *= d;
+        f32_at_[i] = int64_t(n);
+        n += size_t(numel + 63) / 64 * 64;
+      }
+    wf32_.alloc(std::max<size_t>(n, 1) * 4, "the router biases");
+    b_->w_f32.assign(desc.params.size(), nullptr);
+    for (size_t i = 0; i < desc.params.size(); ++i)
+      if (f32_at_[i] >= 0) b_->w_f32[i] = wf32_.get<float>() + f32_at_[i];
+  }
+
+  // DeviceWeightSink: a refit piece in this device's memory, converted into the arena on the
+  // stream (runs with the same source and destination steps go as one 2-D copy).
+  rlh_device device() const override { return rlh_device{RLH_DEVICE_CUDA, opt_.device}; }
+
+  void put(size_t i, const rlh_dtype& dtype, const void* data, std::span<const WeightRun> runs) override {
+    const bool f32 = dtype.code == RLH_DTYPE_FLOAT && dtype.bits == 32 && dtype.lanes == 1;
+    const bool b16 = dtype.code == RLH_DTYPE_BFLOAT && dtype.bits == 16 && dtype.lanes == 1;
+    if (!f32 && !b16)
+      throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: parameter " + m_.desc().params[i].name +
+                                              ": device tensors must be float32 or bfloat16");
+    ck(cudaSetDevice(opt_.device), "set device");
+    ensure_weight_arena();
+    Bf16* dst = warena_.get<Bf16>() + m_.weights().arena_offset(i);
+    for (size_t a = 0; a < runs.size();) {
+      size_t b = a + 1;  // [a, b): runs of one 2-D block
+      const int64_t dd = b < runs.size() ? runs[b].dst - runs[a].dst : 0, ds = b < runs.size() ? runs[b].src - runs[a].src : 0;
+      while (b < runs.size() && runs[b].count == runs[a].count && runs[b].dst - runs[b - 1].dst == dd &&
+             runs[b].src - runs[b - 1].src == ds)
+        ++b;
+      const int64_t rows = int64_t(b - a), cols = runs[a].count, dst_ld = rows > 1 ? dd : cols, src_ld = rows > 1 ? ds : cols;
+      if (f32) {
+        engine::cuda::convert_f32_to_bf16_2d(static_cast<const float*>(data) + runs[a].src, src_ld, dst + runs[a].dst,
+                                             dst_ld, rows, cols, stream_);
+      } else {
+        ck(cudaMemcpy2DAsync(dst + runs[a].dst, size_t(dst_ld) * 2, static_cast<const Bf16*>(data) + runs[a].src,
+                             size_t(src_ld) * 2, size_t(cols) * 2, size_t(rows), cudaMemcpyDeviceToDevice, stream_),
+           "refit from device memory");
+      }
+      a = b;
+    }
+    if (f32_at_[i] >= 0)  // the router's f32 copy too
+      for (const WeightRun& r : runs) {
+        float* to = const_cast<float*>(b_->w_f32[i]) + r.dst;
+        if (f32)
+          ck(cudaMemcpyAsync(to, static_cast<const float*>(data) + r.src, size_t(r.count) * 4, cudaMemcpyDeviceToDevice,
+                             stream_),
+             "refit from device memory");
+        else
+          engine::cuda::convert_bf16_to_f32(static_cast<const Bf16*>(data) + r.src, to, r.count, stream_);
+      }
+    ++stats_.device_pieces;
+  }
+
+  void flush() override {
+    ck(cudaSetDevice(opt_.device), "set device");
+    ck(cudaStreamSynchronize(stream_), "refit from device memory");
+  }
+
   // The host weights in force, as bf16 in the device arena (the router's and selection biases
-  // also as f32), whenever a new set is in force.
+  // also as f32), whenever a new set is in force. Parameters that came in device memory are
+  // there already.
   void upload_weights() {
     const Weights& w = m_.weights();
     w.require_complete();
     if (uploaded_serial_ == w.serial()) return;
     const sdk::TransformerDesc& desc = m_.desc();
-    if (!warena_.get()) {
-      warena_.alloc(size_t(w.arena_elems()) * 2, "the bf16 weights");
-      stats_.weight_bytes = int64_t(warena_.size());
-      b_->weights = warena_.get<Bf16>();
-      // f32 copies of the biases the router adds in f32
-      size_t n = 0;
-      f32_at_.assign(desc.params.size(), -1);
-      for (size_t i = 0; i < desc.params.size(); ++i)
-        if (desc.params[i].role == sdk::ParamRole::router_bias ||
-            desc.params[i].role == sdk::ParamRole::expert_score_bias) {
-          int64_t numel = 1;
-          for (int64_t d : desc.params[i].shape) numel *= d;
-          f32_at_[i] = int64_t(n);
-          n += size_t(numel + 63) / 64 * 64;
-        }
-      wf32_.alloc(std::max<size_t>(n, 1) * 4, "the router biases");
-      b_->w_f32.assign(desc.params.size(), nullptr);
-      for (size_t i = 0; i < desc.params.size(); ++i)
-        if (f32_at_[i] >= 0) b_->w_f32[i] = wf32_.get<float>() + f32_at_[i];
-    }
+    ensure_weight_arena();
     if (!wstage_.get()) wstage_.alloc(size_t(16) << 20);
     const size_t chunk = wstage_.size() / 2;  // bf16 elements per copy
     uint16_t* stage = wstage_.get<uint16_t>();
     // Converts n floats at src into bf16 at dst (elements of the arena), a chunk at a time.
-    auto put = [&](const float* src, int64_t n, Bf16* dst) {
+    auto upload = [&](const float* src, int64_t n, Bf16* dst) {
       for (int64_t at = 0; at < n; at += int64_t(chunk)) {
         const int64_t k = std::min<int64_t>(int64_t(chunk), n - at);
 #pragma omp parallel for schedule(static)
@@ -719,12 +777,13 @@ class CudaExecutor final : public StepExecutor {
       }
     };
     for (size_t i = 0; i < desc.params.size(); ++i) {
+      if (w.on_device(i)) continue;
       const sdk::ParamDesc& p = desc.params[i];
       int64_t numel = 1;
       for (int64_t d : p.shape) numel *= d;
       Bf16* dst = warena_.get<Bf16>() + w.arena_offset(i);
       if (const float* whole = w.param(i)) {
-        put(whole, numel, dst);
+        upload(whole, numel, dst);
         if (f32_at_[i] >= 0)
           ck(cudaMemcpy(const_cast<float*>(b_->w_f32[i]), whole, size_t(numel) * 4, cudaMemcpyHostToDevice), "uploading a bias");
         continue;
@@ -735,7 +794,7 @@ class CudaExecutor final : public StepExecutor {
       for (size_t k = 0; k < p.hf_names.size(); ++k) {
         const float* piece = w.piece(i, k);
         if (!piece) throw Error(RLH_E_INTERNAL, "generator (cuda): weight " + p.name + " has a missing piece");
-        put(piece, slab, dst + int64_t(k) * slab);
+        upload(piece, slab, dst + int64_t(k) * slab);
       }
     }
     uploaded_serial_ = w.serial();

@@ -85,6 +85,8 @@ Weights::Weights(const sdk::TransformerDesc& desc) : desc_(desc) {
   piece_.resize(n);
   alias_.resize(n);
   got_.resize(n);
+  got_on_device_.resize(n);
+  on_device_.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const sdk::ParamDesc& p = desc.params[i];
     if (p.hf_names.empty() || p.hf_names.size() != p.hf_shapes.size())
@@ -92,6 +94,7 @@ Weights::Weights(const sdk::TransformerDesc& desc) : desc_(desc) {
     alias_[i].assign(p.hf_names.size(), nullptr);
     piece_[i].assign(p.hf_names.size(), nullptr);
     got_[i].assign(p.hf_names.size(), 0);
+    got_on_device_[i].assign(p.hf_names.size(), 0);
     pieces_total_ += int64_t(p.hf_names.size());
     for (size_t k = 0; k < p.hf_names.size(); ++k) by_name_.push_back({p.hf_names[k], Piece{i, k}});
   }
@@ -157,6 +160,7 @@ void Weights::load(const std::vector<std::vector<float>>& tensors, int64_t versi
     set_pieces(i, dst);
     std::fill(alias_[i].begin(), alias_[i].end(), nullptr);
     std::fill(got_[i].begin(), got_[i].end(), uint8_t(0));
+    on_device_[i] = 0;
   }
   pending_version_ = -1;
   pending_received_ = 0;
@@ -171,8 +175,16 @@ void Weights::update(int64_t version, std::span<const rlh_named_tensor> weights,
     pending_version_ = version;
     pending_received_ = 0;
     for (auto& g : got_) std::fill(g.begin(), g.end(), uint8_t(0));
+    for (auto& g : got_on_device_) std::fill(g.begin(), g.end(), uint8_t(0));
     for (auto& a : alias_) std::fill(a.begin(), a.end(), nullptr);
   }
+  // Device copies must have read their sources before this returns, also when it throws.
+  struct Flush {
+    DeviceWeightSink* sink = nullptr;
+    ~Flush() {
+      if (sink) try { sink->flush(); } catch (...) {}
+    }
+  } pending_copies;
   for (const rlh_named_tensor& w : weights) {
     if (!w.name) throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: a tensor without a name");
     const std::string name = w.name;
@@ -186,38 +198,70 @@ void Weights::update(int64_t version, std::span<const rlh_named_tensor> weights,
     const std::vector<int64_t>& want = p.hf_shapes[pc.index];
     const rlh_tensor& t = w.tensor;
     const std::string where = "update_weights: '" + name + "': ";
-    if (t.device.device_type != RLH_DEVICE_CPU)
-      throw Error(RLH_E_INVALID_ARGUMENT, where + "not in host memory (device type " +
-                                              std::to_string(t.device.device_type) + ")");
+    const bool on_host = t.device.device_type == RLH_DEVICE_CPU;
+    if (!on_host && (!sink_ || sink_->device().device_type != t.device.device_type ||
+                     sink_->device().device_id != t.device.device_id))
+      throw Error(RLH_E_INVALID_ARGUMENT, where + "in the memory of device type " + std::to_string(t.device.device_type) +
+                                              " id " + std::to_string(t.device.device_id) +
+                                              ", which this generator does not read (send host memory)");
     if (t.ndim != int32_t(want.size()) || !std::equal(want.begin(), want.end(), t.shape))
       throw Error(RLH_E_INVALID_ARGUMENT, where + "shape " + shape_str(t.shape, t.ndim) + ", expected " +
                                               shape_str(want.data(), int(want.size())));
     const std::optional<sdk::st::DType> dt = float_dtype(t.dtype);
     if (!dt) throw Error(RLH_E_INVALID_ARGUMENT, where + "not a float tensor");
-    bool contiguous = true;
-    int64_t stride = 1;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      if (t.shape[d] != 1 && t.strides && t.strides[d] != stride) contiguous = false;
-      stride *= t.shape[d];
-    }
-    if (!contiguous) throw Error(RLH_E_INVALID_ARGUMENT, where + "strided tensors are not supported; send it contiguous");
     const std::byte* data = static_cast<const std::byte*>(t.data) + t.byte_offset;
     if (!data) throw Error(RLH_E_INVALID_ARGUMENT, where + "no data");
-    if (may_alias && *dt == sdk::st::DType::F32) {
-      alias_[pc.param][pc.index] = reinterpret_cast<const float*>(data);  // a view, no copy
-    } else {
-      ensure_arena();
-      float* dst = arena_ + arena_off_[pc.param];
-      const size_t esize = sdk::st::dtype_size(*dt);
+    if (!on_host) {
+      // Runs in the engine tensor, their starts in the source through its strides; each run
+      // must be contiguous there (a row-major piece, or a block of a fused tensor).
+      std::vector<WeightRun> runs;
+      bool ok = true;
       piece_runs(p, pc.index, [&](int64_t d, int64_t s, int64_t n) {
-        sdk::st::convert_to_f32(*dt, data + size_t(s) * esize, size_t(n), dst + d);
+        int64_t off = 0, rest = s, span = 1, run_ok = 1;
+        for (int dim = t.ndim - 1; dim >= 0; --dim) {
+          const int64_t stride = t.strides ? t.strides[dim] : span;
+          off += (rest % t.shape[dim]) * stride;
+          rest /= t.shape[dim];
+          if (span < n && t.shape[dim] != 1 && stride != span) run_ok = 0;
+          span *= t.shape[dim];
+        }
+        ok = ok && run_ok;
+        runs.push_back({d, off, n});
       });
+      if (!ok) throw Error(RLH_E_INVALID_ARGUMENT, where + "device tensor strides that are not row-major within a run");
+      pending_copies.sink = sink_;
+      sink_->put(pc.param, t.dtype, data, runs);
       alias_[pc.param][pc.index] = nullptr;
+      got_on_device_[pc.param][pc.index] = 1;
+    } else {
+      bool contiguous = true;
+      int64_t stride = 1;
+      for (int d = t.ndim - 1; d >= 0; --d) {
+        if (t.shape[d] != 1 && t.strides && t.strides[d] != stride) contiguous = false;
+        stride *= t.shape[d];
+      }
+      if (!contiguous) throw Error(RLH_E_INVALID_ARGUMENT, where + "strided tensors are not supported; send it contiguous");
+      if (may_alias && *dt == sdk::st::DType::F32) {
+        alias_[pc.param][pc.index] = reinterpret_cast<const float*>(data);  // a view, no copy
+      } else {
+        ensure_arena();
+        float* dst = arena_ + arena_off_[pc.param];
+        const size_t esize = sdk::st::dtype_size(*dt);
+        piece_runs(p, pc.index, [&](int64_t d, int64_t s, int64_t n) {
+          sdk::st::convert_to_f32(*dt, data + size_t(s) * esize, size_t(n), dst + d);
+        });
+        alias_[pc.param][pc.index] = nullptr;
+      }
+      got_on_device_[pc.param][pc.index] = 0;
     }
     if (!got_[pc.param][pc.index]) {
       got_[pc.param][pc.index] = 1;
       ++pending_received_;
     }
+  }
+  if (pending_copies.sink) {
+    pending_copies.sink = nullptr;
+    sink_->flush();  // errors reach the caller
   }
   if (pending_received_ == pieces_total_) finalize();
 }
@@ -231,9 +275,24 @@ void Weights::set_pieces(size_t i, const float* whole) {
 }
 
 void Weights::finalize() {
+  // A parameter comes whole in device memory or whole in host memory: the executor keeps one
+  // copy of it, on the device or on the host.
+  for (size_t i = 0; i < desc_.params.size(); ++i) {
+    const auto& g = got_on_device_[i];
+    const size_t on = size_t(std::count(g.begin(), g.end(), uint8_t(1)));
+    if (on != 0 && on != g.size())
+      throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: parameter " + desc_.params[i].name +
+                                              " came partly in device memory and partly in host memory");
+  }
   for (size_t i = 0; i < desc_.params.size(); ++i) {
     const sdk::ParamDesc& p = desc_.params[i];
     const auto& al = alias_[i];
+    on_device_[i] = got_on_device_[i][0];
+    if (on_device_[i]) {
+      ptr_[i] = nullptr;
+      std::fill(piece_[i].begin(), piece_[i].end(), nullptr);
+      continue;
+    }
     // One view of the whole engine tensor when the pieces are views laid out as the engine lays
     // them out (one piece, or stacked slabs back to back).
     bool whole = al[0] != nullptr && p.transform != ParamTransform::concat;

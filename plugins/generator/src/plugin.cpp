@@ -425,6 +425,16 @@ rlh_status* gen_update_weights(rlh_generator* self, const rlh_weight_update* u) 
   });
 }
 
+rlh_status* gen_weights_device(rlh_generator* self, rlh_device* out) {
+  NativeGenerator* g = as_gen(self);
+  return rlh::sdk::guard(g ? g->host.make_status() : nullptr, [&] {
+    if (!g) throw Error(RLH_E_INVALID_ARGUMENT, "weights_device: generator is NULL");
+    if (!out) throw Error(RLH_E_INVALID_ARGUMENT, "weights_device: out is NULL");
+    const rlh::gen::DeviceWeightSink* sink = g->gen->weights().device_sink();
+    *out = sink ? sink->device() : rlh_device{RLH_DEVICE_CPU, 0};
+  });
+}
+
 rlh_status* gen_generate(rlh_generator* self, const rlh_generate_args* a, rlh_sample_fn fn, void* user) {
   NativeGenerator* g = as_gen(self);
   return rlh::sdk::guard(g ? g->host.make_status() : nullptr, [&] {
@@ -493,11 +503,12 @@ rlh_status* gen_generate(rlh_generator* self, const rlh_generate_args* a, rlh_sa
 
 const rlh_generator_api kApi = [] {
   rlh_generator_api api{};
-  api.struct_size = RLH_STRUCT_SIZE(rlh_generator_api, generate);
+  api.struct_size = RLH_STRUCT_SIZE(rlh_generator_api, weights_device);
   api.create = gen_create;
   api.destroy = gen_destroy;
   api.update_weights = gen_update_weights;
   api.generate = gen_generate;
+  api.weights_device = gen_weights_device;
   return api;
 }();
 

@@ -216,6 +216,19 @@ int64_t Backend::visit_weights(rlh_model* model, rlh_weight_fn fn, void* user) {
   return version;
 }
 
+void Backend::visit_weights_on(rlh_model* model, const rlh_device& device, rlh_weight_fn fn, void* user,
+                               int64_t* version) {
+  if (RLH_HAS_FIELD(api_, rlh_backend_api, visit_weights_on) && api_->visit_weights_on != nullptr) {
+    rlh_visit_args args{};
+    args.struct_size = RLH_STRUCT_SIZE(rlh_visit_args, device);
+    args.device = device;
+    sdk::check(api_->visit_weights_on(self_, model, &args, fn, user, version),
+               component_label("backend", name_) + ": visiting weights");
+    return;
+  }
+  sdk::check(api_->visit_weights(self_, model, fn, user, version), component_label("backend", name_) + ": visiting weights");
+}
+
 void Backend::save_state(rlh_model* model, const std::string& dir) {
   sdk::check(api_->save_state(self_, model, dir.c_str()),
              component_label("backend", name_) + ": saving state to " + dir);
@@ -244,12 +257,40 @@ Generator::~Generator() {
 
 namespace {
 
-// Copies every visited weight into the staging area (views are valid during the callback only).
+struct Refit {
+  const rlh_generator_api* api = nullptr;
+  rlh_generator* generator = nullptr;
+  rlh_device device{RLH_DEVICE_CPU, 0};  // what the generator reads besides host memory
+  int64_t version = -1;                  // set by the backend before its first callback
+  int64_t on_device = 0;                 // weights handed over in device memory
+  std::vector<Generator::StagedWeight> staged;
+};
+
+// A weight in the generator's device memory goes straight to it (converted there before
+// update_weights returns, as long as the view is valid); a host one is copied into the staging
+// area (views are valid during the callback only) and goes with the rest after the visit.
 rlh_status* stage_weight(void* user, const char* hf_name, const rlh_tensor* w) {
-  auto* staged = static_cast<std::vector<Generator::StagedWeight>*>(user);
-  if (w->device.device_type != RLH_DEVICE_CPU || w->dtype.lanes != 1 || w->dtype.bits % 8 != 0)
+  auto* refit = static_cast<Refit*>(user);
+  if (w->device.device_type != RLH_DEVICE_CPU) {
+    if (w->device.device_type != refit->device.device_type || w->device.device_id != refit->device.device_id)
+      return sdk::make_local_status(RLH_E_INVALID_ARGUMENT, std::string("refit: weight '") + hf_name +
+                                                                "' is in the memory of a device the generator does not read");
+    rlh_named_tensor t{};
+    t.name = hf_name;
+    t.tensor = *w;
+    rlh_weight_update u{};
+    u.struct_size = RLH_STRUCT_SIZE(rlh_weight_update, reserved0);
+    u.version = refit->version;
+    u.weights = &t;
+    u.num_weights = 1;
+    u.may_alias = 0;
+    ++refit->on_device;
+    return refit->api->update_weights(refit->generator, &u);
+  }
+  std::vector<Generator::StagedWeight>* staged = &refit->staged;
+  if (w->dtype.lanes != 1 || w->dtype.bits % 8 != 0)
     return sdk::make_local_status(RLH_E_UNIMPLEMENTED,
-                                  std::string("refit: weight '") + hf_name + "' is not a host tensor of a scalar dtype");
+                                  std::string("refit: weight '") + hf_name + "' is not a tensor of a scalar dtype");
   Generator::StagedWeight sw;
   sw.name = hf_name;
   sw.dtype = w->dtype;
@@ -294,10 +335,23 @@ void Generator::refit_from(Backend& backend, rlh_model* model) {
   // out of a fused tensor), so the weights are staged into buffers this object owns and keeps
   // unchanged until the next refit; the generator receives them as one version and may keep
   // views of them (may_alias) instead of copying again.
-  std::vector<StagedWeight> staged;
-  const int64_t version = backend.visit_weights(model, stage_weight, &staged);
-  if (staged.empty())
+  // A generator that reads the trainer's device memory gets device views, converted on the
+  // device (a colocated refit without a host round trip); the rest comes staged in host memory.
+  Refit refit;
+  refit.api = api_;
+  refit.generator = self_;
+  if (RLH_HAS_FIELD(api_, rlh_generator_api, weights_device) && api_->weights_device != nullptr)
+    sdk::check(api_->weights_device(self_, &refit.device), "generator '" + name_ + "': weights device");
+  backend.visit_weights_on(model, refit.device, stage_weight, &refit, &refit.version);
+  const int64_t version = refit.version;
+  std::vector<StagedWeight> staged = std::move(refit.staged);
+  if (staged.empty() && refit.on_device == 0)
     throw Error(RLH_E_INTERNAL, "refit: backend '" + backend.name() + "' visited no weights");
+  if (staged.empty()) {  // every weight went over in device memory: that version is in force
+    staged_.clear();
+    version_ = version;
+    return;
+  }
   std::vector<rlh_named_tensor> views(staged.size());
   for (size_t i = 0; i < staged.size(); ++i) {
     StagedWeight& w = staged[i];

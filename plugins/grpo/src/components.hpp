@@ -115,6 +115,10 @@ class Backend {
   TrainResult train_step(rlh_model* model, const rlh_train_args& args);
   // Visits every weight (HF names); returns the weights' version.
   int64_t visit_weights(rlh_model* model, rlh_weight_fn fn, void* user);
+  // visit_weights for a caller that also reads `device`'s memory (BACKEND 0.2's
+  // visit_weights_on); a backend without it visits host views. *version is set before the
+  // first callback.
+  void visit_weights_on(rlh_model* model, const rlh_device& device, rlh_weight_fn fn, void* user, int64_t* version);
   void save_state(rlh_model* model, const std::string& dir);
   void load_state(rlh_model* model, const std::string& dir);
 

@@ -447,21 +447,90 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
   });
 }
 
-rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weight_fn fn, void* user,
-                                  int64_t* version) {
+namespace {
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Row-major strides of a shape.
+std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int d = int(shape.size()) - 2; d >= 0; --d) strides[size_t(d)] = strides[size_t(d) + 1] * shape[size_t(d) + 1];
+  return strides;
+}
+
+void call_weight_fn(rlh_weight_fn fn, void* user, const std::string& name, rlh_tensor& t) {
+  rlh_status* s = fn(user, name.c_str(), &t);
+  if (s != nullptr) {
+    sdk::StatusPtr owned(s);
+    throw Error(s->code, "visit_weights callback at '" + name + "': " + sdk::status_message(s));
+  }
+}
+
+// A device model visited where it lives: views of its fp32 master weights, HF piece by piece
+// (a stacked piece is a slab, or one run of an interleaved tensor; a concatenated one a strided
+// block of the engine tensor), so nothing is copied.
+void visit_device_views(Model& m, rlh_weight_fn fn, void* user) {
+  const rlh_device dev = m.device->device();
+  const std::vector<DeviceEngine::ParamView> views = m.device->master_views();
+  if (views.size() != m.desc.params.size())
+    throw Error(RLH_E_INTERNAL, "visit_weights: the device engine gave " + std::to_string(views.size()) +
+                                    " views for " + std::to_string(m.desc.params.size()) + " parameters");
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const sdk::ParamDesc& p = m.desc.params[i];
+    const DeviceEngine::ParamView& v = views[i];
+    const std::vector<int64_t> engine_strides = row_major(p.shape);
+    for (size_t k = 0; k < p.hf_names.size(); ++k) {
+      std::vector<int64_t> shape = p.hf_shapes[k], strides = row_major(shape);
+      const int64_t n = numel(shape);
+      const float* data = v.data;
+      const bool runs_are_pieces = v.pieces == int64_t(p.hf_names.size()) && v.piece == n;
+      if (p.transform == sdk::ParamTransform::stack && (v.pieces == 1 || runs_are_pieces)) {
+        data = v.data + int64_t(k) * (v.pieces > 1 ? v.stride : n);
+      } else if (p.transform == sdk::ParamTransform::concat && v.pieces == 1) {
+        int64_t before = 0;
+        for (size_t j = 0; j < k; ++j) before += p.hf_shapes[j][size_t(p.axis)];
+        data = v.data + before * engine_strides[size_t(p.axis)];
+        strides = engine_strides;  // a block of the engine tensor along `axis`
+      } else if (p.transform != sdk::ParamTransform::none || v.pieces != 1) {
+        throw Error(RLH_E_INTERNAL, "visit_weights: parameter " + p.name + " has a device layout (" +
+                                        std::to_string(v.pieces) + " runs) its HF pieces cannot be viewed in");
+      }
+      rlh_tensor t{};
+      t.data = const_cast<float*>(data);
+      t.device = dev;
+      t.ndim = int32_t(shape.size());
+      t.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+      t.shape = shape.data();
+      t.strides = strides.data();
+      call_weight_fn(fn, user, p.hf_names[k], t);
+    }
+  }
+}
+
+rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_device& readable,
+                                rlh_weight_fn fn, void* user, int64_t* version) {
   Backend* b = as_backend(self);
   return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
     Model& m = check_model(b, model);
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
+    if (m.device && m.dp == nullptr && readable.device_type != RLH_DEVICE_CPU) {
+      const rlh_device d = m.device->device();
+      if (d.device_type == readable.device_type && d.device_id == readable.device_id) {
+        visit_device_views(m, fn, user);
+        return;
+      }
+    }
     std::vector<float> split;  // a fused engine tensor's HF piece
     const auto visit = [&](size_t i, std::span<float> w) {
       const sdk::ParamDesc& p = m.desc.params[i];
       for (size_t k = 0; k < p.hf_names.size(); ++k) {
-        std::vector<int64_t> shape = p.hf_shapes[k], strides(shape.size(), 1);
-        for (int d = int(shape.size()) - 2; d >= 0; --d) strides[size_t(d)] = strides[size_t(d) + 1] * shape[size_t(d) + 1];
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
+        std::vector<int64_t> shape = p.hf_shapes[k], strides = row_major(shape);
+        const int64_t n = numel(shape);
         float* data = w.data();
         if (p.transform == sdk::ParamTransform::stack) {
           data = w.data() + int64_t(k) * n;  // stacked pieces are contiguous slabs: a view
@@ -484,11 +553,7 @@ rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weigh
         t.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
         t.shape = shape.data();
         t.strides = strides.data();
-        rlh_status* s = fn(user, p.hf_names[k].c_str(), &t);
-        if (s != nullptr) {
-          sdk::StatusPtr owned(s);
-          throw Error(s->code, "visit_weights callback at '" + p.hf_names[k] + "': " + sdk::status_message(s));
-        }
+        call_weight_fn(fn, user, p.hf_names[k], t);
       }
     };
     if (m.dp != nullptr) {  // FSDP gathers unit by unit (collective)
@@ -501,6 +566,24 @@ rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weigh
     for (size_t i = 0; i < m.desc.params.size(); ++i)
       visit(i, m.device ? std::span<float>(host[i]) : m.engine->param(i));
   });
+}
+
+}  // namespace
+
+rlh_status* backend_visit_weights(rlh_backend* self, rlh_model* model, rlh_weight_fn fn, void* user,
+                                  int64_t* version) {
+  return visit_weights_where(self, model, rlh_device{RLH_DEVICE_CPU, 0}, fn, user, version);
+}
+
+rlh_status* backend_visit_weights_on(rlh_backend* self, rlh_model* model, const rlh_visit_args* args,
+                                     rlh_weight_fn fn, void* user, int64_t* version) {
+  if (args == nullptr || args->struct_size < RLH_STRUCT_SIZE(rlh_visit_args, device)) {
+    Backend* b = as_backend(self);
+    return sdk::guard(b ? b->host.make_status() : nullptr, [] {
+      throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights_on: missing or too small rlh_visit_args");
+    });
+  }
+  return visit_weights_where(self, model, args->device, fn, user, version);
 }
 
 rlh_status* backend_save_state(rlh_backend* self, rlh_model* model, const char* dir) {
@@ -548,7 +631,7 @@ rlh_status* create_backend(const rlh_host_api* host, const char* config_json, si
 
 rlh_backend_api backend_api(rlh_status* (*create)(const rlh_host_api*, const char*, size_t, rlh_backend**)) {
   rlh_backend_api api{};
-  api.struct_size = RLH_STRUCT_SIZE(rlh_backend_api, load_state);
+  api.struct_size = RLH_STRUCT_SIZE(rlh_backend_api, visit_weights_on);
   api.create = create;
   api.destroy = backend_destroy;
   api.load_model = backend_load_model;
@@ -556,6 +639,7 @@ rlh_backend_api backend_api(rlh_status* (*create)(const rlh_host_api*, const cha
   api.forward = backend_forward;
   api.train_step = backend_train_step;
   api.visit_weights = backend_visit_weights;
+  api.visit_weights_on = backend_visit_weights_on;
   api.save_state = backend_save_state;
   api.load_state = backend_load_state;
   return api;

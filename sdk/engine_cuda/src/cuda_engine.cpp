@@ -833,6 +833,18 @@ std::vector<std::vector<float>> CudaEngine::Impl::download(const float* base) {
 std::vector<std::vector<float>> CudaEngine::save_parameters() const {
   return impl_->download(impl_->master.get<float>());
 }
+
+std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
+  Impl& m = *impl_;
+  m.sync();
+  std::vector<ParamView> out;
+  out.reserve(m.place.size());
+  for (const cuda::ParamPlace& pl : m.place)
+    out.push_back({m.master.get<float>() + pl.off, pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
+  return out;
+}
+
+int CudaEngine::device_index() const { return impl_->opt.device; }
 std::vector<std::vector<float>> CudaEngine::gradients() const {
   impl_->require_trainable("gradients");
   return impl_->download(impl_->grads.get<float>());

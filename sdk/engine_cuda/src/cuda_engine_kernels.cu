@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "rlhost/engine_cuda/convert.hpp"
 #include "rlhost/engine_cuda/device_memory.hpp"
 #include "moe_kernels.hpp"
 
@@ -27,7 +28,46 @@ __global__ void cast_kernel(const float* __restrict__ src, __nv_bfloat16* __rest
     dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+// One row of a strided 2-D block per blockIdx.y (a refit's piece of a fused tensor, or a whole
+// tensor as one row), grid-strided along it.
+__global__ void convert_2d_kernel(const float* __restrict__ src, int64_t src_ld, __nv_bfloat16* __restrict__ dst,
+                                  int64_t dst_ld, int64_t cols) {
+  const float* s = src + int64_t(blockIdx.y) * src_ld;
+  __nv_bfloat16* d = dst + int64_t(blockIdx.y) * dst_ld;
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x)
+    d[c] = __float2bfloat16_rn(s[c]);
+}
+
+__global__ void widen_kernel(const __nv_bfloat16* __restrict__ src, float* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __bfloat162float(src[i]);
+}
+
 }  // namespace
+
+void convert_f32_to_bf16_2d(const float* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t rows,
+                            int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  if (rows == 1 && src_ld >= cols && dst_ld >= cols && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(dst) % 8 == 0) {
+    cast_to_bf16(src, dst, cols, s);  // the vector path
+    return;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += 65535) {  // gridDim.y's limit
+    const int64_t r = std::min<int64_t>(rows - r0, 65535);
+    const int64_t bx = std::min<int64_t>((cols + 255) / 256, std::max<int64_t>(1, 2048 / r));
+    convert_2d_kernel<<<dim3(unsigned(bx), unsigned(r)), 256, 0, s>>>(
+        src + r0 * src_ld, src_ld, static_cast<__nv_bfloat16*>(dst) + r0 * dst_ld, dst_ld, cols);
+  }
+  check(cudaGetLastError(), "convert_f32_to_bf16_2d");
+}
+
+void convert_bf16_to_f32(const void* src, float* dst, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 132 * 16);
+  widen_kernel<<<unsigned(blocks), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, n);
+  check(cudaGetLastError(), "convert_bf16_to_f32");
+}
 
 void cast_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t s) {
   if (n <= 0) return;

@@ -64,7 +64,8 @@ struct CudaExecutorStats {
   int64_t eager_steps = 0;       // steps run op by op
   int64_t kv_bytes = 0;          // the pool
   int64_t weight_bytes = 0;      // the bf16 arena
-  int64_t weight_uploads = 0;    // weight sets copied to the device
+  int64_t weight_uploads = 0;    // weight sets made current on the device
+  int64_t device_pieces = 0;     // refit pieces that came in device memory (no host copy)
   std::string graph_error;       // why graphs were turned off, if they were
 };
 // The stats of an executor made by cuda_executor() (zeros for any other).

@@ -32,6 +32,26 @@
 namespace rlh::gen {
 
 
+// One contiguous run of a refit piece: `count` elements from element `src` of the source tensor
+// to element `dst` of its parameter's engine tensor.
+struct WeightRun {
+  int64_t dst = 0, src = 0, count = 0;
+};
+
+// A device's memory that update_weights reads (GENERATOR 0.2's weights_device): the CUDA
+// executor converts a piece from there into its device weight arena; that parameter then has no
+// host copy (Weights::on_device).
+class DeviceWeightSink {
+ public:
+  virtual ~DeviceWeightSink() = default;
+  virtual rlh_device device() const = 0;
+  // Piece data of parameter `param` in dtype `dtype` (f32 or bf16; others are refused), placed by
+  // `runs`. The copies may still be running when this returns: see flush().
+  virtual void put(size_t param, const rlh_dtype& dtype, const void* data, std::span<const WeightRun> runs) = 0;
+  // Returns once every copy put so far has read its source (the caller's views may then go).
+  virtual void flush() = 0;
+};
+
 // Weights by description parameter, engine layout (row-major desc shapes): each one either a
 // view of memory someone else owns (refit with may_alias) or a slice of one owned arena laid out
 // like the engine's (q|k|v and gate|up adjacent, so they run as one product each).
@@ -68,6 +88,12 @@ class Weights {
   // parameter i starts, and the whole size. Adjacent parameters (q|k|v, gate|up) stay adjacent.
   int64_t arena_offset(size_t i) const { return arena_off_[i]; }
   int64_t arena_elems() const { return arena_floats_; }
+  // Where update_weights sends device tensors (nullptr: it accepts host memory only). Not owned.
+  void set_device_sink(DeviceWeightSink* sink) { sink_ = sink; }
+  const DeviceWeightSink* device_sink() const { return sink_; }
+  // Parameter i of the version in force came in device memory: the sink's arena holds it and
+  // param()/piece() are nullptr.
+  bool on_device(size_t i) const { return on_device_[i] != 0; }
 
  private:
   void ensure_arena();
@@ -86,6 +112,9 @@ class Weights {
   std::vector<std::pair<std::string, Piece>> by_name_;  // sorted by HF name
   std::vector<std::vector<const float*>> alias_;        // per param, per piece: view or nullptr
   std::vector<std::vector<uint8_t>> got_;               // per param, per piece: received
+  std::vector<std::vector<uint8_t>> got_on_device_;     // per param, per piece: came to the sink
+  std::vector<uint8_t> on_device_;                      // per param, in force
+  DeviceWeightSink* sink_ = nullptr;
   int64_t pieces_total_ = 0;
   int64_t pending_version_ = -1, pending_received_ = 0;
   int64_t version_ = -1, serial_ = 0;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "rlhost/engine/engine.hpp"
+#include "rlhost/tensor.h"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/model_desc.hpp"
 
@@ -38,6 +39,16 @@ class DeviceEngine {
 
   // fp32 master weights, desc().params order (host copies).
   virtual std::vector<std::vector<float>> parameters() const = 0;
+  // The same weights where they live, for a refit that reads device memory (visit_weights_on):
+  // per parameter in desc().params order, `pieces` runs of `piece` fp32 elements `stride` apart
+  // (one run: contiguous), valid until the next train_step or load. The engine's pending writes
+  // are complete when this returns.
+  struct ParamView {
+    const float* data = nullptr;
+    int64_t pieces = 1, piece = 0, stride = 0;
+  };
+  virtual rlh_device device() const = 0;
+  virtual std::vector<ParamView> master_views() const = 0;
   virtual void load_parameters(const std::vector<std::vector<float>>& tensors) = 0;
   // AdamW moments per parameter, desc().params order (zeros for untrainable ones).
   struct AdamState {

@@ -103,6 +103,15 @@ class CudaEngine {
   // fp32 weights in desc().params order (e.g. rlh::sdk::load_weights_f32(...).tensors).
   void load_parameters(const std::vector<std::vector<float>>& tensors);
   std::vector<std::vector<float>> save_parameters() const;  // the fp32 master weights
+  // The fp32 master weights in device memory, desc().params order: `pieces` runs of `piece`
+  // elements `stride` apart (one run: contiguous; MoE experts' gate and up are interleaved).
+  // Valid until the next train_step or load_parameters; the stream is synchronised first.
+  struct ParamView {
+    const float* data = nullptr;
+    int64_t pieces = 1, piece = 0, stride = 0;
+  };
+  std::vector<ParamView> master_views() const;
+  int device_index() const;
   std::vector<std::vector<float>> gradients() const;        // the fp32 accumulated gradients
   void zero_grad();
 
