@@ -9,6 +9,7 @@
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
+#     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
@@ -141,6 +142,32 @@ if [ "$what" = grpo ] || [ "$what" = all ]; then
     tee "$out/grpo_gpu.log" | grep -v "^\[rlhost\] step [0-9]*/" | tail -8
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   grep "^\[rlhost\] step" "$out/grpo_gpu.log" | tail -2
+fi
+if [ "$what" = realrun ]; then
+  # The demo's two stages entirely on the GPU at a >= 100M-parameter shape (hidden 1024, 10
+  # layers, 16 heads / 4 kv heads, ffn 2816: 113M with its 20-token vocabulary): SFT (megatron,
+  # bf16, cuda) on addition and multiplication, then GRPO on subtraction, which SFT never showed.
+  echo "== real run: SFT then GRPO on the GPU at 113M parameters =="
+  d=$(mktemp -d)
+  "$bin/rlh_tiny_model" "$d/model" --alphabet "0123456789+-*=" --seed 1 --hidden 1024 --layers 10 --heads 16 \
+    --kv-heads 4 --ffn 2816 --init-std ${INIT_STD:-0.02} > "$out/realrun_model.log" 2>&1 || rc=1
+  common=(--plugin environments --plugin tokenizer_hf --plugin model_llama --plugin kernels_cpu --plugin megatron)
+  gpu=(policy.dtensor_cfg.enabled=false ++policy.megatron_cfg.enabled=true ++policy.megatron_cfg.optimizer.weight_decay=0
+       policy.precision=bfloat16 ++policy.device=cuda)
+  t0=$(date +%s)
+  "$bin/rlhost" "${common[@]}" --plugin sft --config examples/configs/sft_demo_cpu.yaml policy.model_name="$d/model" \
+    checkpointing.checkpoint_dir="$d/sft" logger.log_dir="$d/sft/logs" "${gpu[@]}" \
+    ++policy.megatron_cfg.optimizer.lr=${SFT_LR:-5e-4} > "$out/realrun_sft.log" 2>&1 || { echo "SFT stage failed"; rc=1; }
+  grep -E "val_loss|validation" "$out/realrun_sft.log" | tail -4
+  echo "SFT took $(( $(date +%s) - t0 )) s"
+  ckpt=$(ls -d "$d"/sft/step_* 2>/dev/null | sort -t_ -k2 -n | tail -1)
+  t0=$(date +%s)
+  "$bin/rlhost" "${common[@]}" --plugin generator --plugin grpo --config examples/configs/grpo_demo_cpu.yaml \
+    policy.model_name="$ckpt/policy" checkpointing.checkpoint_dir="$d/grpo" logger.log_dir="$d/grpo/logs" "${gpu[@]}" \
+    ++policy.megatron_cfg.optimizer.lr=${GRPO_LR:-1e-4} grpo.max_num_steps=${GRPO_STEPS:-300} > "$out/realrun_grpo.log" 2>&1 ||
+    { echo "GRPO stage failed"; rc=1; }
+  grep -E "^\[rlhost\] step|validation accuracy|parameters|error" "$out/realrun_grpo.log" | grep -v "eta --" | tail -16
+  echo "GRPO took $(( $(date +%s) - t0 )) s"
 fi
 if [ "$what" = genprofile ]; then
   # Where a decoding step's time goes: the generator benchmark alone (no HF peer: a quick look,
