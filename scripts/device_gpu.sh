@@ -8,6 +8,7 @@
 #   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|genprofile|fp8|all]  (all = tests, fp8, cli, grpo, bench, genbench)
 #     fp8: examples/vendor_fp8 (built out of tree, packed as vendor/libvendor_fp8.so): its gpu test,
 #          rlhost check-kernels on it, and fp8_cfg.enabled with it loaded
+#     fp8bench: its 8192^3 FP8 GEMM beside torch._scaled_mm (bench/fp8/run.sh)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
@@ -85,6 +86,10 @@ if [ "$what" = fp8 ] || [ "$what" = all ]; then
       ++policy.megatron_cfg.fp8_cfg.enabled=true > /dev/null 2> "$out/fp8_cfg.log"
     echo "plugin [${with:-none}]: exit $? $(grep -E 'error' "$out/fp8_cfg.log" | head -1)"
   done
+fi
+if [ "$what" = fp8bench ]; then
+  bench/fp8/run.sh "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" 2>&1 | tee "$out/fp8bench.log" | tail -8
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then
   # What a user tries first: the same fixture scored and sampled on the CPU (float32) and on the
