@@ -121,6 +121,31 @@ cudaDataType_t fp8_type(Fmt f) { return f == Fmt::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R
 class Plan {
  public:
   Plan(const Lt& t, const GemmArgs& g) : t_(t) {
+    try {
+      build(g);
+    } catch (...) {  // the destructor does not run for a constructor that throws
+      release();
+      throw;
+    }
+  }
+  ~Plan() { release(); }
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  // The first algorithm cuBLASLt's heuristic offers; false when none.
+  bool pick(cublasLtHandle_t h, cublasLtMatmulHeuristicResult_t* r, cublasStatus_t* why) const {
+    int n = 0;
+    *why = t_.Heuristic(h, desc_, la_, lb_, lc_, lc_, pref_, 1, r, &n);
+    return *why == CUBLAS_STATUS_SUCCESS && n > 0;
+  }
+  void run(cublasLtHandle_t h, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t& r, void* ws,
+           cudaStream_t st) const {
+    ck(t_.Matmul(h, desc_, &g.alpha, g.b, la_, g.a, lb_, &g.beta, g.c, lc_, g.c, lc_, &r.algo, ws, kGemmWorkspace, st),
+       "matmul");
+  }
+
+ private:
+  void build(const GemmArgs& g) {
+    const Lt& t = t_;
     ck(t.DescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
     const cublasOperation_t T = CUBLAS_OP_T, N = CUBLAS_OP_N;
     set(CUBLASLT_MATMUL_DESC_TRANSA, &T, sizeof T);
@@ -142,26 +167,16 @@ class Plan {
     const uint64_t ws = kGemmWorkspace;
     ck(t.PrefSet(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace preference");
   }
-  ~Plan() {
+  void release() {
     if (pref_) t_.PrefDestroy(pref_);
     if (lc_) t_.LayoutDestroy(lc_);
     if (lb_) t_.LayoutDestroy(lb_);
     if (la_) t_.LayoutDestroy(la_);
     if (desc_) t_.DescDestroy(desc_);
+    pref_ = nullptr;
+    lc_ = lb_ = la_ = nullptr;
+    desc_ = nullptr;
   }
-  // The first algorithm cuBLASLt's heuristic offers; false when none.
-  bool pick(cublasLtHandle_t h, cublasLtMatmulHeuristicResult_t* r, cublasStatus_t* why) const {
-    int n = 0;
-    *why = t_.Heuristic(h, desc_, la_, lb_, lc_, lc_, pref_, 1, r, &n);
-    return *why == CUBLAS_STATUS_SUCCESS && n > 0;
-  }
-  void run(cublasLtHandle_t h, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t& r, void* ws,
-           cudaStream_t st) const {
-    ck(t_.Matmul(h, desc_, &g.alpha, g.b, la_, g.a, lb_, &g.beta, g.c, lc_, g.c, lc_, &r.algo, ws, kGemmWorkspace, st),
-       "matmul");
-  }
-
- private:
   void set(cublasLtMatmulDescAttributes_t a, const void* v, size_t n) { ck(t_.DescSet(desc_, a, v, n), "attribute"); }
   const Lt& t_;
   cublasLtMatmulDesc_t desc_ = nullptr;

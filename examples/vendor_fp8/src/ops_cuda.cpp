@@ -388,7 +388,8 @@ void k_destroy(rlh_kernels* k) {
 rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
   return rlh::sdk::guard(g_make, [&] {
     const std::string name = d->name ? d->name : "";
-    auto op = std::make_unique<rlh_op>();
+    // Released through k_release_op on every exit but success (it frees a delayed op's history).
+    std::unique_ptr<rlh_op, void (*)(rlh_op*)> op(new rlh_op, k_release_op);
     op->inst = k;
     if (name == "gemm") op->kind = Kind::gemm;
     else if (name == "amax") op->kind = Kind::amax;
