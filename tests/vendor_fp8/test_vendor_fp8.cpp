@@ -72,6 +72,48 @@ const Plugin& plugin() {
 
 std::string msg(const rlh_status* s) { return s ? rlh::sdk::status_message(s) : std::string("ok"); }
 
+// ---- On any machine: what the plugin says about itself, and why it cannot run here.
+
+TEST(VendorFp8Plugin, DescribesItselfListsItsOpsAndClaimsFp8Settings) {
+  const Plugin& p = plugin();
+  ASSERT_NE(p.api, nullptr) << p.error;
+  EXPECT_STREQ(p.desc->name, "vendor_fp8");
+  ASSERT_GE(p.api->struct_size, RLH_STRUCT_SIZE(rlh_kernels_api, workspace_size));
+  const rlh_component_desc* c = p.desc->components[0];
+  ASSERT_TRUE(RLH_HAS_FIELD(c, rlh_component_desc, config_keys));
+  ASSERT_NE(c->config_keys, nullptr);
+  EXPECT_STREQ(c->config_keys[0], "policy.megatron_cfg.fp8_cfg.*");  // how the host knows FP8 is provided
+  EXPECT_EQ(c->config_keys[1], nullptr);
+  std::string listing, info;
+  ASSERT_EQ(StatusPtr(p.api->list_ops(nullptr, rlh::sdk::write_to_string, &listing)), nullptr);
+  for (const char* op : {"{\"name\":\"gemm\",\"dtypes\":[\"e4m3\"]", "{\"name\":\"amax\"", "{\"name\":\"quantize_fp8\""})
+    EXPECT_NE(listing.find(op), std::string::npos) << listing;
+  ASSERT_EQ(StatusPtr(p.api->provider_info(nullptr, rlh::sdk::write_to_string, &info)), nullptr);
+  EXPECT_EQ(info, "{\"reference\":false,\"memory\":\"device\"}");
+  // Host memory is never its device; where the probe says it cannot run, create() says why in
+  // one line (no device, no cuBLASLt, or built without CUDA).
+  rlh_kernels* k = nullptr;
+  StatusPtr cpu(p.api->create(nullptr, rlh::sdk::kCPU, "{}", 2, &k));
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_TRUE(cpu->code == RLH_E_UNIMPLEMENTED || cpu->code == RLH_E_UNAVAILABLE) << msg(cpu.get());
+  int32_t score = -1;
+  std::string reason;
+  ASSERT_EQ(StatusPtr(p.desc->probe(nullptr, &score, rlh::sdk::write_to_string, &reason)), nullptr);
+  std::printf("probe: score %d, %s\n", score, reason.c_str());
+  EXPECT_TRUE(!reason.empty() && reason.find('\n') == std::string::npos) << reason;
+  if (score != 0) {
+    EXPECT_EQ(score, 15);  // above kernels_cuda's 10: asked first, FP8 only
+    return;
+  }
+  StatusPtr gpu(p.api->create(nullptr, rlh::sdk::cuda_device(0), "{}", 2, &k));
+  ASSERT_NE(gpu, nullptr) << "create(cuda:0) succeeded where the probe said: " << reason;
+  const std::string m = msg(gpu.get());
+  std::printf("create(cuda:0): %s\n", m.c_str());
+  EXPECT_TRUE(gpu->code == RLH_E_UNAVAILABLE || gpu->code == RLH_E_UNIMPLEMENTED) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_EQ(m.rfind("vendor_fp8", 0), 0u) << m;
+}
+
 // ---- Device buffers through the plugin's memory services.
 
 class Buf {
