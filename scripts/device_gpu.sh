@@ -5,7 +5,10 @@
 # rlhost, plugins/, lib/), since the device image has no gtest, Boost or yaml-cpp; the fixtures
 # are the source tree's tests/fixtures.
 # Logs go to $OUT when set.
-#   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|genprofile|all]  (all = tests, cli, grpo, bench, genbench)
+#   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|genprofile|fp8|all]  (all = tests, fp8, cli, grpo, bench, genbench)
+#     fp8: examples/vendor_fp8 (built out of tree, packed as vendor/libvendor_fp8.so): its gpu test,
+#          rlhost check-kernels on it, and fp8_cfg.enabled with it loaded
+#     fp8bench: its 8192^3 FP8 GEMM beside torch._scaled_mm (bench/fp8/run.sh)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
@@ -63,6 +66,35 @@ if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
     --ignore-eos --json --device cuda > "$out/generate_cuda.log" 2>&1
   [ $? = 0 ] || rc=1
   cat "$out/generate_cuda.log"
+fi
+if [ "$what" = fp8 ] || [ "$what" = all ]; then
+  # The vendor's FP8 plugin, built against the installed SDK (device_pack.sh): every op against
+  # float64 references and an FP8 linear layer forward and backward (test_vendor_fp8), then the
+  # conformance runner as a vendor runs it, then the FP8 training settings with it loaded.
+  so=$bin/vendor/libvendor_fp8.so
+  echo "== test_vendor_fp8 ($so) =="
+  RLH_VENDOR_FP8_PLUGIN=$so "$bin/test_vendor_fp8" 2>&1 | tee "$out/test_vendor_fp8.log" |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|Failure|rror|Which is|Value of|Expected|actual|trace" | head -80
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "== rlhost check-kernels --plugin libvendor_fp8.so --device cuda:0 =="
+  "$bin/rlhost" check-kernels --plugin "$so" --device cuda:0 > "$out/check_kernels_fp8.log" 2>&1
+  ck=$?
+  grep -E "^(op |FAIL|vendor_fp8 on)|^(gemm|amax|quantize_fp8) |error" "$out/check_kernels_fp8.log" | head -20
+  [ "$ck" = 0 ] || rc=1
+  echo "== fp8_cfg.enabled=true: refused without the plugin, past the host's check with it =="
+  for with in "" "--plugin $so"; do
+    "$bin/rlhost" --plugin megatron $with --check-config --config examples/configs/grpo_math_1B.yaml \
+      ++policy.megatron_cfg.fp8_cfg.enabled=true > /dev/null 2> "$out/fp8_cfg.log"
+    got=$?
+    echo "plugin [${with:-none}]: exit $got $(grep -E 'error' "$out/fp8_cfg.log" | head -1)"
+    # Without the provider: refused (1); with it: past the host's check (0; megatron then refuses
+    # the run itself until its engines run FP8 linears).
+    [ "$got" = "$([ -z "$with" ] && echo 1 || echo 0)" ] || rc=1
+  done
+fi
+if [ "$what" = fp8bench ]; then
+  bench/fp8/run.sh "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" 2>&1 | tee "$out/fp8bench.log" | tail -8
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then
   # What a user tries first: the same fixture scored and sampled on the CPU (float32) and on the

@@ -12,15 +12,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
 tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda
-       test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl)
+       test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl test_vendor_fp8)
 plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments dataset_jsonl
          comm_nccl)
-ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" comm_probe bench_cuda_engine bench_generator_cuda rlhost rlh_tiny_model "${plugins[@]}" >/dev/null
+ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" comm_probe bench_cuda_engine bench_generator_cuda bench_fp8_gemm rlhost rlh_tiny_model \
+  "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/plugins" "$stage/lib"
 for t in "${tests[@]}"; do cp "$(find "$B/tests" -name "$t" -type f | head -1)" "$stage/"; done
-cp "$B/bench/engine_cuda/bench_cuda_engine" "$B/bench/generator_cuda/bench_generator_cuda" "$B/bin/rlhost" \
+cp "$B/bench/engine_cuda/bench_cuda_engine" "$B/bench/generator_cuda/bench_generator_cuda" "$B/bench/fp8/bench_fp8_gemm" "$B/bin/rlhost" \
   "$B/bin/rlh_tiny_model" "$stage/"
 # Every plugin of the build (kernel providers too: the engines find them on the plugin path).
 cp "$B"/plugins/lib*.so "$stage/plugins/"
@@ -33,12 +34,19 @@ done
 mkdir -p "$stage/extra_plugins"
 cp "$B"/test_plugins/libcomm_probe.so "$stage/extra_plugins/"
 ln -s plugins/libkernels_cuda.so "$stage/libkernels_cuda.so"  # where the kernels_cuda tests look for it
+# examples/vendor_fp8, built out of tree against this build's install by its ctest (which installs
+# the build: every target must be built first), for device_gpu.sh fp8. Not on the plugin path:
+# the fp8 stage loads it by path.
+ninja -C "$B" -j"${JOBS:-2}" >/dev/null
+ctest --test-dir "$B" -R '^sdk_vendor_fp8_out_of_tree$' --output-on-failure >/dev/null
+mkdir -p "$stage/vendor"
+cp "$B/tests/vendor_fp8/out_of_tree/example/libvendor_fp8.so" "$stage/vendor/"
 cp -L "$B"/lib/librlhost.so.0.1 "$stage/lib/"
 for l in libyaml-cpp.so.0.7 libboost_program_options.so.1.74.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$l" "$stage/lib/"
 done
 strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"/rlh_tiny_model \
-  "$stage"/plugins/*.so "$stage"/extra_plugins/*.so "$stage"/lib/librlhost.so.0.1
+  "$stage"/plugins/*.so "$stage"/vendor/*.so "$stage"/extra_plugins/*.so "$stage"/lib/librlhost.so.0.1
 mkdir -p .devbin
 rm -f .devbin/devbin.tgz
 tar cf - -C "$stage" . | xz -T2 -6 > .devbin/devbin.txz

@@ -8,6 +8,8 @@
 //   off     accepted when off (false, null, 0, empty), else refused
 //   only    accepted for the values listed, else refused
 //   refuse  refused (a section of an algorithm rlhost does not have)
+//   provider as off, unless a loaded component claims the rule's pattern in its config_keys
+//           (a vendor's FP8 kernels): then the plugins that read the key judge its value
 // Accepted and unused keys are reported in one warning by the host; refusals stop a run at
 // start. Any other key is an error naming the key, the file that set it and the closest known key.
 #include "config_keys.hpp"
@@ -87,6 +89,12 @@ KeyCheck check_keys(const Json& resolved, const std::vector<std::string>& owned_
           result.unused.push_back(report_root(key));
         continue;
       }
+      // A provider rule's feature comes from a plugin: a loaded component that claims the rule's
+      // pattern among its config keys (a vendor's FP8 kernels claim
+      // policy.megatron_cfg.fp8_cfg.*) honours the key, and the backend reading it decides.
+      if (rule->kind == SupportRule::Kind::provider &&
+          std::find(owned_patterns.begin(), owned_patterns.end(), rule->claim) != owned_patterns.end())
+        continue;
       if (rule->accepts(value)) {
         result.accepted.push_back(key + "=" + show(value));
         continue;
@@ -96,6 +104,9 @@ KeyCheck check_keys(const Json& resolved, const std::vector<std::string>& owned_
                         rule->detail + ", which rlhost does not have";
       if (rule->kind == SupportRule::Kind::only) msg += " (it accepts " + rule->accepted_text() + ")";
       else if (rule->kind == SupportRule::Kind::off) msg += " (it accepts false or null)";
+      else if (rule->kind == SupportRule::Kind::provider)
+        msg += " without a provider: no loaded plugin claims " + rule->claim +
+               " (load one with --plugin: kernel providers found on the plugin path are loaded after this check; it accepts false or null without one)";
       result.refused.push_back(msg);
       continue;
     }

@@ -57,6 +57,7 @@ const char* to_string(SupportRule::Kind k) {
     case SupportRule::Kind::off: return "off";
     case SupportRule::Kind::only: return "only";
     case SupportRule::Kind::refuse: return "refuse";
+    case SupportRule::Kind::provider: return "provider";
   }
   return "?";
 }
@@ -75,6 +76,7 @@ bool SupportRule::accepts(const Json& v) const {
     case Kind::noop: return true;
     case Kind::refuse: return false;
     case Kind::off:
+    case Kind::provider:
       return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_array() || v.is_object()) && v.empty());
     case Kind::only:
@@ -84,7 +86,7 @@ bool SupportRule::accepts(const Json& v) const {
 }
 
 std::string SupportRule::accepted_text() const {
-  if (kind == Kind::off) return "false, null, 0 or empty";
+  if (kind == Kind::off || kind == Kind::provider) return "false, null, 0 or empty";
   std::string out;
   for (const auto& a : accepted) out += (out.empty() ? "" : ", ") + (a.is_string() ? a.get<std::string>() : a.dump());
   return out;
@@ -139,6 +141,10 @@ NemoRlTables::NemoRlTables(const std::string& keys_tsv, const std::string& suppo
       r.kind = SupportRule::Kind::off;
     } else if (rule == "refuse") {
       r.kind = SupportRule::Kind::refuse;
+    } else if (rule.rfind("provider ", 0) == 0) {
+      r.kind = SupportRule::Kind::provider;
+      r.claim = trim(rule.substr(9));
+      if (r.claim.empty()) throw ConfigError(where + ": provider needs the config-key pattern a provider claims");
     } else if (rule.rfind("only ", 0) == 0) {
       r.kind = SupportRule::Kind::only;
       for (const auto& v : split(rule.substr(5), '|')) r.accepted.push_back(support_value(v));

@@ -1,7 +1,7 @@
 // NeMo-RL's configuration keys and what rlhost does with each: two data files embedded at build
 // time. host/data/nemo_rl_keys.tsv is generated from NeMo-RL's config definitions and example
 // files (scripts/gen_nemo_rl_keys.py); host/data/nemo_rl_support.tsv is rlhost's own rule per key
-// (impl / noop / off / only / refuse, described at its top).
+// (impl / noop / off / only / refuse / provider, described at its top).
 #pragma once
 
 #include <optional>
@@ -14,18 +14,20 @@
 namespace rlh::host {
 
 struct SupportRule {
-  enum class Kind { impl, noop, off, only, refuse };
+  enum class Kind { impl, noop, off, only, refuse, provider };
   std::string pattern;               // as written: "a.b", "a.*", "data.*.repeat"
   std::vector<std::string> parts;    // its segments, "*" for any one segment
   bool subtree = false;              // ends in ".*": the key and everything under it
   Kind kind = Kind::noop;
   std::vector<Json> accepted;        // only: the values accepted
   std::vector<std::string> plugins;  // impl: who reads it
+  std::string claim;                 // provider: the config-key pattern a provider's component claims
   std::string detail;                // impl: plugins; else what the key asks for
   size_t line = 0;                   // in nemo_rl_support.tsv
 
   bool matches(const std::vector<std::string>& key) const;
-  // For off/only: whether `v` leaves rlhost's behaviour as it is.
+  // For off/only/provider: whether `v` leaves rlhost's behaviour as it is (provider: as off; a
+  // loaded provider that claims `claim` makes any value acceptable, config_keys.cpp checks that).
   bool accepts(const Json& v) const;
   // "1, null", for messages.
   std::string accepted_text() const;

@@ -55,6 +55,10 @@ std::string table(const NemoRlTables& t) {
           what = r->detail;
           break;
         case SupportRule::Kind::refuse: status = "refused"; what = r->detail; break;
+        case SupportRule::Kind::provider:
+          status = "accepted when off, else refused unless a loaded plugin claims " + r->claim;
+          what = r->detail;
+          break;
       }
     }
     out << "| `" << escape(k.name) << (k.kind == "tree" ? ".*" : "") << "` | " << versions(k.refs) << " | "

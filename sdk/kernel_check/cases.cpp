@@ -30,6 +30,7 @@ const std::map<std::string, StatPositions>& stat_table() {
       {"moe_unpermute_fwd", {{2}, {}}},
       {"moe_unpermute_bwd", {{3}, {1}}},
       {"grouped_gemm", {{}, {0}}},
+      {"amax", {{}, {0}}},  // the scale an FP8 recipe derives from it is float32
   };
   return t;
 }

@@ -217,6 +217,10 @@ void add_dense_cases(std::vector<Case>& v) {
   }
   v.push_back(gemm_case(false, true, 70, 45, 300, 1.0, 0.0, 0));  // threaded split, BLAS blocks
   v.push_back(gemm_case(true, false, 40, 96, 130, 1.0, 1.0, 0));
+  // C = A B^T at sizes and row strides in multiples of 16 bytes: the only products an FP8 GEMM
+  // on cuBLASLt takes (both operands K-major), so an FP8 provider has cases it answers.
+  v.push_back(gemm_case(false, true, 32, 48, 64, 1.0, 0.0, 16));
+  v.push_back(gemm_case(false, true, 48, 64, 256, 0.5, 0.5, 0));
   v.push_back(gemm_batched_case());
   v.push_back(gemm_rows_case(9, 13, 37, 3, 4));
   v.push_back(gemm_rows_case(33, 40, 300, 0, 1));  // K past one 16-lane block, a single row alone

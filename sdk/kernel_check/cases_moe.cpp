@@ -1,5 +1,5 @@
 // Cases of the MoE ops (router, permute / unpermute, grouped gemm) and of the optimizer ops
-// (adamw, adamw_bf16, sumsq, scale). The MoE integer outputs (chosen experts, permutation rows,
+// (adamw, adamw_bf16, sumsq, amax, scale). The MoE integer outputs (chosen experts, permutation rows,
 // group offsets) are compared exactly with the reference's, and the backward calls read the
 // reference's.
 #include <cstdio>
@@ -199,6 +199,19 @@ Case sumsq_case() {
   return c;
 }
 
+// amax over a vector with one NaN-free spread of magnitudes, and over a matrix.
+Case amax_case(std::vector<int64_t> shape, double sd) {
+  Case c;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  c.name = "amax n=" + std::to_string(n) + (shape.size() > 1 ? " (matrix)" : "");
+  c.in_sizes = {n};
+  c.in_scale = {sd};
+  c.out_sizes = {1};
+  c.fwd = {"amax", {in(0, contiguous(shape))}, {out(0, contiguous({1}))}, {}, {}, {}};
+  return c;
+}
+
 Case scale_case() {
   Case c;
   const int64_t n = 777;
@@ -249,6 +262,8 @@ void add_optimizer_cases(std::vector<Case>& v) {
   v.push_back(adamw_case(1000, false, true));
   v.push_back(adamw_case(70001, true, true));
   v.push_back(sumsq_case());
+  v.push_back(amax_case({100003}, 3.0));
+  v.push_back(amax_case({37, 130}, 0.01));
   v.push_back(scale_case());
 }
 

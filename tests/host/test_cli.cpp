@@ -95,6 +95,13 @@ TEST_F(CliTest, PrintConfigResolves) {
   EXPECT_NE(ok.out.find("logger.wandb_enabled=false"), std::string::npos) << ok.out;
   expect_one_line_error(run("--check-config --config " + path("good.yaml") + " ++logger.wandb_enabled=true"),
                         "config key 'logger.wandb_enabled' = true (from command line) needs Weights & Biases logging");
+  // FP8 training without an FP8 provider loaded: refused at start, naming what provides it.
+  expect_one_line_error(run("--check-config --config " + path("good.yaml") + " ++policy.megatron_cfg.fp8_cfg.enabled=true"),
+                        "config key 'policy.megatron_cfg.fp8_cfg.enabled' = true (from command line) needs FP8 training");
+  Result fp8 = run("--check-config --config " + path("good.yaml") + " ++policy.megatron_cfg.fp8_cfg.enabled=true");
+  EXPECT_NE(fp8.err.find("no loaded plugin claims policy.megatron_cfg.fp8_cfg.*"), std::string::npos) << fp8.err;
+  Result fp8_off = run("--check-config --config " + path("good.yaml") + " ++policy.megatron_cfg.fp8_cfg.enabled=false");
+  EXPECT_EQ(fp8_off.code, 0) << fp8_off.err;
 }
 
 TEST_F(CliTest, BadInputsAreOneLineErrors) {

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_keys.hpp"
 #include "nemo_rl_keys.hpp"
 #include "rlhost/host.h"
 #include "rlhost/sdk/status.hpp"
@@ -214,6 +215,34 @@ TEST(NemoRlKeys, TheListCoversEveryVersionAndEveryKeyHasARule) {
       EXPECT_TRUE(p == "host" || fs::exists(fs::path(RLH_PLUGIN_DIR) / ("lib" + p + ".so")))
           << "nemo_rl_support.tsv line " << r.line << " names plugin '" << p << "', which this repository does not build";
   }
+}
+
+// policy.megatron_cfg.fp8_cfg.enabled = true needs an FP8 provider: refused at start naming the
+// pattern a provider claims unless a loaded component claims it (examples/vendor_fp8 does);
+// megatron's own claim on policy.megatron_cfg.* is not one. Off is accepted either way.
+TEST(NemoRlKeys, Fp8IsRefusedWithoutAProviderThatClaimsIt) {
+  auto check = [](const rlh::host::Json& enabled, std::vector<std::string> owned) {
+    const rlh::host::Json cfg = {{"policy", {{"megatron_cfg", {{"fp8_cfg", {{"enabled", enabled}, {"fp8", "e4m3"}}}}}}}};
+    return rlh::host::check_keys(cfg, owned, {"host", "megatron"}, [](const std::string&) { return "test.yaml"; });
+  };
+  const auto none = check(true, {"policy.megatron_cfg.*"});
+  ASSERT_EQ(none.refused.size(), 1u);
+  EXPECT_TRUE(std::regex_match(none.refused[0], kRefusal)) << none.refused[0];
+  for (const char* part : {"config key 'policy.megatron_cfg.fp8_cfg.enabled' = true (from test.yaml)", "FP8 training",
+                           "FP8 linear provider", "no loaded plugin claims policy.megatron_cfg.fp8_cfg.*"})
+    EXPECT_NE(none.refused[0].find(part), std::string::npos) << none.refused[0];
+  EXPECT_EQ(none.refused[0].find('\n'), std::string::npos);
+  const auto with = check(true, {"policy.megatron_cfg.*", "policy.megatron_cfg.fp8_cfg.*"});
+  EXPECT_TRUE(with.refused.empty()) << with.refused[0];
+  EXPECT_TRUE(with.errors.empty());
+  for (const auto& owned : {std::vector<std::string>{"policy.megatron_cfg.*"},
+                            std::vector<std::string>{"policy.megatron_cfg.*", "policy.megatron_cfg.fp8_cfg.*"}}) {
+    const auto off = check(false, owned);
+    EXPECT_TRUE(off.refused.empty());
+    EXPECT_TRUE(off.errors.empty());
+  }
+  EXPECT_EQ(NemoRlTables::embedded().rule_for("policy.megatron_cfg.fp8_cfg.enabled")->kind, SupportRule::Kind::provider);
+  EXPECT_THROW(NemoRlTables("# refs: vA\na\tleaf\tvA\ts\n", "a\tprovider \tx\n"), rlh::host::ConfigError);
 }
 
 TEST(NemoRlKeys, RulesPickTheMostSpecificPatternAndJudgeValues) {

@@ -9,6 +9,7 @@
 // Workspace: taken from rlh_op_call.workspace when the caller gives one, else from the host's
 // allocation service (so the host counts it), else the heap.
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -651,6 +652,23 @@ void run_sumsq(const Call& c) {
   }
 }
 
+// max |x| (NaN when x holds a NaN): what an FP8 provider's scales come from, so the conformance
+// runner has a reference for it (docs/ops.md).
+template <class T>
+void run_amax(const Call& c) {
+  const int64_t n = numel(c.in(0));
+  need_vec(c.in(0), n, "amax x");
+  need_vec(c.out(0), 1, "amax out");
+  const T* x = data<T>(c.in(0));
+  T m = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    nan = nan || std::isnan(x[i]);
+    m = std::max(m, std::fabs(x[i]));
+  }
+  *data<T>(c.out(0)) = nan ? std::numeric_limits<T>::quiet_NaN() : m;
+}
+
 template <class T>
 void run_scale(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
@@ -828,6 +846,7 @@ const OpSpec kOps[] = {
     RLH_OP(adamw_bf16, "", 0, "ffffb", 5, "", false),
     RLH_OP(sumsq, "f", 1, "f", 1, "", false),
     RLH_OP(scale, "", 0, "f", 1, "", false),
+    RLH_OP(amax, "f", 1, "f", 1, "", true),
     RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
     RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
     RLH_OP(sample, "fd", 2, "ik", 2, "", false),

@@ -1,0 +1,68 @@
+// FP8 GEMMs on cuBLASLt. libcublasLt is opened with dlopen when the first instance is created,
+// so the plugin loads (and lists its ops, and says why it cannot run) on a machine without the
+// CUDA libraries; only the toolkit's header is needed to build.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fp8_kernels.hpp"
+
+typedef struct cublasLtContext* cublasLtHandle_t;
+
+namespace vfp8 {
+
+// Which scaling a product uses (the gemm op's `scaling` attribute).
+enum class Scaling : int {
+  tensor = 0,       // one float per operand (tensorwise: current or delayed)
+  tiles_blocks = 1, // A 1x128 tiles, B 128x128 blocks (DeepSeek-V3: activations x weights)
+  tiles_tiles = 2,  // A and B 1x128 tiles (the weight gradient: dY^T x X, both along tokens)
+};
+
+// C[M, N] = alpha * (sa . A)[M, K] (sb . B)[N, K]^T + beta * C, row-major, A and B K-major (the
+// only FP8 layout cuBLASLt runs on Hopper: "TN"), scales as fp8_kernels.hpp lays them out.
+struct GemmArgs {
+  int64_t M = 0, N = 0, K = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  Fmt fa = Fmt::e4m3;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  Fmt fb = Fmt::e4m3;
+  const float* sa = nullptr;  // device
+  const float* sb = nullptr;
+  Scaling scaling = Scaling::tensor;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  bool c_bf16 = false;  // else float32
+  float alpha = 1, beta = 0;
+};
+
+// The workspace a product is given (cuBLASLt's recommendation for Hopper).
+constexpr size_t kGemmWorkspace = size_t(32) << 20;
+
+// cuBLASLt itself: "" when loaded, else why not (every path tried). Thread-safe, loads once.
+std::string cublaslt_error();
+std::string cublaslt_path();
+
+class Gemm {
+ public:
+  Gemm();  // throws std::runtime_error (cuBLASLt missing, or no handle)
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // "" when cuBLASLt offers an algorithm for these operands (pointers unused), else why not.
+  std::string unsupported(const GemmArgs& g) const;
+  // Queues the product on `st`; `ws` of kGemmWorkspace bytes (256-byte aligned). Throws
+  // std::runtime_error naming the cuBLASLt status.
+  void run(const GemmArgs& g, void* ws, cudaStream_t st) const;
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+};
+
+}  // namespace vfp8

@@ -1,0 +1,75 @@
+// The plugin's own CUDA kernels (fp8_kernels.cu): amax, quantisation to FP8 with its scales
+// (per tensor, 1x128 tiles, 128x128 blocks) and the delayed-scaling history update. Plain C++
+// declarations, so plugin.cpp needs no CUDA compiler.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define VFP8_HD __host__ __device__
+#else
+#define VFP8_HD
+#endif
+
+namespace vfp8 {
+
+enum class Fmt : int { e4m3 = 0, e5m2 = 1 };
+enum class In : int { f32 = 0, bf16 = 1 };
+
+// Largest finite value of a format: 448 (e4m3fn) and 57344 (e5m2).
+inline float fmt_max(Fmt f) { return f == Fmt::e4m3 ? 448.0f : 57344.0f; }
+
+// How scales are grouped over the quantised matrix [rows, inner] (inner contiguous). Layouts are
+// cuBLASLt's (cublasLt.h, CUBLASLT_MATMUL_MATRIX_SCALE_*):
+//   tensor     one float (scalar)
+//   tile1x128  VEC128_32F: a float per 128 consecutive inner elements of a row,
+//              s[kb * rows + r] (the row index fastest), kb < ceil(inner / 128)
+//   block128   BLK128x128_32F: a float per 128x128 block,
+//              s[rb * kb4 + kb], kb4 = ceil(ceil(inner / 128) / 4) * 4 (padding: 1.0)
+enum class Grouping : int { tensor = 0, tile1x128 = 1, block128 = 2 };
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t scale_count(Grouping g, int64_t rows, int64_t inner) {
+  switch (g) {
+    case Grouping::tensor: return 1;
+    case Grouping::tile1x128: return ceil_div(inner, 128) * rows;
+    case Grouping::block128: return ceil_div(rows, 128) * (ceil_div(ceil_div(inner, 128), 4) * 4);
+  }
+  return 0;
+}
+
+// The source of a quantisation: x [R, C] row-major with row stride ldx; the quantised matrix is
+// x itself (rows = R, inner = C) or, with transpose, x^T (rows = C, inner = R): what the backward
+// products need, since cuBLASLt's FP8 GEMMs read both operands K-major.
+struct Source {
+  const void* x = nullptr;
+  In type = In::f32;
+  int64_t R = 0, C = 0, ldx = 0;
+  bool transpose = false;
+  VFP8_HD int64_t rows() const { return transpose ? C : R; }
+  VFP8_HD int64_t inner() const { return transpose ? R : C; }
+};
+
+// amax = max |x| over the whole source, into a device float (NaN if any element is NaN).
+// `bits` is device scratch of one uint32.
+void amax(const Source& s, float* out, uint32_t* bits, cudaStream_t st);
+
+// Quantises with a scale already on the device (tensor grouping): q = sat(x / scale), q written
+// [rows, inner] with row stride ldq.
+void quantize_with_scale(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, cudaStream_t st);
+
+// Current scaling: scale = amax / fmt_max * 2^margin (1 when amax is 0 or not finite), for the
+// grouping, then q. `amax_out` (tensor grouping only; may be null) receives the amax.
+void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q, int64_t ldq, float* scale,
+                      float* amax_out, uint32_t* bits, cudaStream_t st);
+
+// Delayed scaling (tensor grouping): the scale comes from the amax history of earlier calls
+// (its max, or its most recent entry); the first call, with an empty history, uses its own amax.
+// Then the current amax enters the history. `hist` [len] and `pos_count` [2] live on the device.
+void quantize_delayed(const Source& s, Fmt f, double margin, bool most_recent, float* hist, int32_t len,
+                      int32_t* pos_count, void* q, int64_t ldq, float* scale, float* amax_out, float* cur,
+                      uint32_t* bits, cudaStream_t st);
+
+}  // namespace vfp8

@@ -1,0 +1,818 @@
+// examples/vendor_fp8 on a GPU (label `gpu`; every test skips, naming the probe's reason, where
+// the plugin cannot run). The plugin is the one the out-of-tree ctest built against the installed
+// SDK (RLH_VENDOR_FP8_PLUGIN overrides the path); operands are staged through its own memory
+// services, so this test links no CUDA. References are computed here in double from the very
+// FP8 / bf16 numbers the plugin gets (rlh_kernel_check's formats), so what is left is the
+// plugin's own error:
+//   - gemm: tensorwise e4m3 x e4m3 (f32 and bf16 C, alpha, beta, padded rows, odd M/N), hybrid
+//     e5m2 x e4m3 (gradients) and e4m3 x e5m2, blockwise 1x128 x 128x128 and 1x128 x 1x128;
+//   - amax (f32, bf16, strided rows, NaN, zeros); quantize_fp8 per tensor (current, with
+//     transpose), per 1x128 tile and per 128x128 block (uneven edges, padding scales), delayed
+//     scaling (history max and most recent, the ring, state_save / state_load and bad states);
+//   - an FP8 linear layer forward and backward (x W^T, dY W, dY^T X through quantize + gemm)
+//     against the same layer in float64 from bf16 inputs, within FP8 tolerance;
+//   - what it refuses (so the registry falls through): layouts, dtypes, sizes.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "numeric.hpp"
+#include "rlhost/kernels.h"
+#include "rlhost/sdk/kernels.hpp"
+#include "rlhost/sdk/status.hpp"
+
+namespace {
+
+namespace kc = rlh::sdk::kcheck;
+using rlh::sdk::kBF16;
+using rlh::sdk::kE4M3;
+using rlh::sdk::kE5M2;
+using rlh::sdk::kF32;
+using rlh::sdk::StatusPtr;
+using rlh::sdk::operator==;
+
+std::string plugin_path() {
+  if (const char* p = std::getenv("RLH_VENDOR_FP8_PLUGIN"); p && *p) return p;
+  return RLH_VENDOR_FP8_PLUGIN_PATH;
+}
+
+struct Plugin {
+  void* lib = nullptr;
+  const rlh_plugin_desc* desc = nullptr;
+  const rlh_kernels_api* api = nullptr;
+  std::string error;
+};
+
+const Plugin& plugin() {
+  static const Plugin p = [] {
+    Plugin l;
+    l.lib = dlopen(plugin_path().c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!l.lib) {
+      l.error = std::string("cannot load ") + plugin_path() + ": " + dlerror();
+      return l;
+    }
+    auto entry = reinterpret_cast<rlh_plugin_entry_fn>(dlsym(l.lib, RLH_PLUGIN_ENTRY_SYMBOL));
+    l.desc = entry ? entry(RLH_ABI_VERSION_MAJOR, RLH_ABI_VERSION_MINOR) : nullptr;
+    for (size_t i = 0; l.desc && i < l.desc->num_components; ++i)
+      if (l.desc->components[i]->kind == RLH_KIND_KERNELS)
+        l.api = static_cast<const rlh_kernels_api*>(l.desc->components[i]->api);
+    if (!l.api) l.error = plugin_path() + " has no KERNELS component";
+    return l;
+  }();
+  return p;
+}
+
+std::string msg(const rlh_status* s) { return s ? rlh::sdk::status_message(s) : std::string("ok"); }
+
+// ---- On any machine: what the plugin says about itself, and why it cannot run here.
+
+TEST(VendorFp8Plugin, DescribesItselfListsItsOpsAndClaimsFp8Settings) {
+  const Plugin& p = plugin();
+  ASSERT_NE(p.api, nullptr) << p.error;
+  EXPECT_STREQ(p.desc->name, "vendor_fp8");
+  ASSERT_GE(p.api->struct_size, RLH_STRUCT_SIZE(rlh_kernels_api, workspace_size));
+  const rlh_component_desc* c = p.desc->components[0];
+  ASSERT_TRUE(RLH_HAS_FIELD(c, rlh_component_desc, config_keys));
+  ASSERT_NE(c->config_keys, nullptr);
+  EXPECT_STREQ(c->config_keys[0], "policy.megatron_cfg.fp8_cfg.*");  // how the host knows FP8 is provided
+  EXPECT_EQ(c->config_keys[1], nullptr);
+  std::string listing, info;
+  ASSERT_EQ(StatusPtr(p.api->list_ops(nullptr, rlh::sdk::write_to_string, &listing)), nullptr);
+  for (const char* op : {"{\"name\":\"gemm\",\"dtypes\":[\"e4m3\"]", "{\"name\":\"amax\"", "{\"name\":\"quantize_fp8\""})
+    EXPECT_NE(listing.find(op), std::string::npos) << listing;
+  ASSERT_EQ(StatusPtr(p.api->provider_info(nullptr, rlh::sdk::write_to_string, &info)), nullptr);
+  EXPECT_EQ(info, "{\"reference\":false,\"memory\":\"device\"}");
+  // Host memory is never its device; where the probe says it cannot run, create() says why in
+  // one line (no device, no cuBLASLt, or built without CUDA).
+  rlh_kernels* k = nullptr;
+  StatusPtr cpu(p.api->create(nullptr, rlh::sdk::kCPU, "{}", 2, &k));
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_TRUE(cpu->code == RLH_E_UNIMPLEMENTED || cpu->code == RLH_E_UNAVAILABLE) << msg(cpu.get());
+  int32_t score = -1;
+  std::string reason;
+  ASSERT_EQ(StatusPtr(p.desc->probe(nullptr, &score, rlh::sdk::write_to_string, &reason)), nullptr);
+  std::printf("probe: score %d, %s\n", score, reason.c_str());
+  EXPECT_TRUE(!reason.empty() && reason.find('\n') == std::string::npos) << reason;
+  if (score != 0) {
+    EXPECT_EQ(score, 15);  // above kernels_cuda's 10: asked first, FP8 only
+    return;
+  }
+  StatusPtr gpu(p.api->create(nullptr, rlh::sdk::cuda_device(0), "{}", 2, &k));
+  ASSERT_NE(gpu, nullptr) << "create(cuda:0) succeeded where the probe said: " << reason;
+  const std::string m = msg(gpu.get());
+  std::printf("create(cuda:0): %s\n", m.c_str());
+  EXPECT_TRUE(gpu->code == RLH_E_UNAVAILABLE || gpu->code == RLH_E_UNIMPLEMENTED) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_EQ(m.rfind("vendor_fp8", 0), 0u) << m;
+}
+
+// ---- Device buffers through the plugin's memory services.
+
+class Buf {
+ public:
+  Buf(const rlh_kernels_api* api, rlh_kernels* k, size_t bytes) : api_(api), k_(k), bytes_(bytes) {
+    StatusPtr s(api->memory_alloc(k, std::max<size_t>(bytes, 1), &p_));
+    if (s) throw std::runtime_error(msg(s.get()));
+  }
+  ~Buf() { api_->memory_free(k_, p_); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  void* get() const { return p_; }
+  void put(const void* src, size_t n) {
+    rlh::sdk::check(api_->memory_copy(k_, p_, src, n, RLH_COPY_HOST_TO_DEVICE, nullptr), "upload");
+    rlh::sdk::check(api_->synchronize(k_, nullptr), "synchronize");
+  }
+  std::vector<uint8_t> get_bytes() const {
+    std::vector<uint8_t> v(bytes_);
+    rlh::sdk::check(api_->memory_copy(k_, v.data(), p_, bytes_, RLH_COPY_DEVICE_TO_HOST, nullptr), "download");
+    rlh::sdk::check(api_->synchronize(k_, nullptr), "synchronize");
+    return v;
+  }
+
+ private:
+  const rlh_kernels_api* api_;
+  rlh_kernels* k_;
+  size_t bytes_;
+  void* p_ = nullptr;
+};
+
+// A host matrix of doubles with the dtype and scale its device copy holds (values are already
+// rounded to that dtype: the device and the reference see the same numbers).
+struct Mat {
+  int64_t rows = 0, cols = 0, ld = 0;
+  rlh_dtype dtype = kF32;
+  double scale = 1.0;  // fp8: dequantisation scale
+  std::vector<double> v;  // rows * ld
+  double at(int64_t r, int64_t c) const { return v[size_t(r * ld + c)]; }
+};
+
+std::vector<double> normal(std::mt19937_64& rng, size_t n, double sd) {
+  std::normal_distribution<double> d(0.0, sd);
+  std::vector<double> v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+// A [rows, cols] matrix (row stride ld >= cols) of random values rounded to dtype; fp8 with the
+// tensorwise current scale amax / max_finite (not a power of two: the plugin's recipe).
+Mat random_mat(std::mt19937_64& rng, int64_t rows, int64_t cols, rlh_dtype d, double sd = 1.0, int64_t ld = 0) {
+  Mat m;
+  m.rows = rows;
+  m.cols = cols;
+  m.ld = ld ? ld : cols;
+  m.dtype = d;
+  m.v = normal(rng, size_t(rows * m.ld), sd);
+  if (kc::is_fp8(d)) {
+    double amax = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(m.at(r, c)));
+    m.scale = amax / kc::fp8_format(d).max_finite();
+  }
+  for (double& x : m.v) x = kc::round_to(d, x, m.scale);
+  return m;
+}
+
+std::vector<uint8_t> bytes_of(const Mat& m) {
+  std::vector<uint8_t> b(m.v.size() * rlh::sdk::dtype_bytes(m.dtype));
+  kc::encode_values(m.dtype, m.v.data(), m.v.size(), b.data(), m.scale);
+  return b;
+}
+
+// max |got - ref| / max |ref| over a [rows, cols] region.
+double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(got[i]) != std::isnan(ref[i])) return INFINITY;
+    e = std::max(e, std::fabs(got[i] - ref[i]));
+    r = std::max(r, std::fabs(ref[i]));
+  }
+  return e / std::max(r, 1e-30);
+}
+
+class VendorFp8 : public ::testing::Test {
+ public:  // the helpers below are used by free functions of this file too
+  void SetUp() override {
+    const Plugin& p = plugin();
+    ASSERT_NE(p.api, nullptr) << p.error;
+    api_ = p.api;
+    int32_t score = 0;
+    std::string reason;
+    StatusPtr s(p.desc->probe(nullptr, &score, rlh::sdk::write_to_string, &reason));
+    ASSERT_EQ(s, nullptr) << msg(s.get());
+    if (score == 0) GTEST_SKIP() << "vendor_fp8 cannot run here: " << reason;
+    StatusPtr c(api_->create(nullptr, rlh::sdk::cuda_device(0), "{}", 2, &k_));
+    ASSERT_EQ(c, nullptr) << "the probe said it can run (" << reason << "), create(cuda:0): " << msg(c.get());
+  }
+  void TearDown() override {
+    bufs_.clear();
+    if (k_) api_->destroy(k_);
+  }
+
+  // A device copy of host bytes, owned by the test.
+  void* upload(const std::vector<uint8_t>& b) {
+    bufs_.push_back(std::make_unique<Buf>(api_, k_, b.size()));
+    bufs_.back()->put(b.data(), b.size());
+    return bufs_.back()->get();
+  }
+  Buf& alloc(size_t bytes, uint8_t fill = 0xFF) {  // poisoned (0xFF: NaN in every float format)
+    bufs_.push_back(std::make_unique<Buf>(api_, k_, bytes));
+    std::vector<uint8_t> p(bytes, fill);
+    bufs_.back()->put(p.data(), bytes);
+    return *bufs_.back();
+  }
+  void* upload(const Mat& m) { return upload(bytes_of(m)); }
+  void* upload_f32(const std::vector<float>& v) {
+    std::vector<uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return upload(b);
+  }
+
+  // A device tensor descriptor; the shape/stride arrays live in the fixture.
+  rlh_tensor t(void* data, std::vector<int64_t> shape, rlh_dtype d, std::vector<int64_t> strides = {}) {
+    shapes_.push_back(std::make_unique<std::vector<int64_t>>(std::move(shape)));
+    if (strides.empty()) {
+      strides.assign(shapes_.back()->size(), 1);
+      for (int i = int(strides.size()) - 2; i >= 0; --i) strides[size_t(i)] = strides[size_t(i) + 1] * (*shapes_.back())[size_t(i) + 1];
+    }
+    shapes_.push_back(std::make_unique<std::vector<int64_t>>(std::move(strides)));
+    rlh_tensor x{};
+    x.data = data;
+    x.device = rlh::sdk::cuda_device(0);
+    x.ndim = int32_t(shapes_[shapes_.size() - 2]->size());
+    x.dtype = d;
+    x.shape = shapes_[shapes_.size() - 2]->data();
+    x.strides = shapes_.back()->data();
+    return x;
+  }
+  rlh_tensor mat_t(void* data, const Mat& m) { return t(data, {m.rows, m.cols}, m.dtype, {m.ld, 1}); }
+
+  // Resolves (with shapes) and returns the status; the op in *op.
+  StatusPtr resolve(const char* name, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
+                    const std::vector<rlh_named_value>& attrs, rlh_op** op) {
+    rlh_op_desc d{};
+    d.struct_size = sizeof d;
+    d.name = name;
+    d.device = rlh::sdk::cuda_device(0);
+    d.inputs = in.data();
+    d.num_inputs = in.size();
+    d.outputs = out.data();
+    d.num_outputs = out.size();
+    d.shapes_valid = 1;
+    d.attrs = attrs.data();
+    d.num_attrs = attrs.size();
+    *op = nullptr;
+    return StatusPtr(api_->get_op(k_, &d, op));
+  }
+  StatusPtr run(rlh_op* op, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
+                const std::vector<rlh_named_value>& attrs = {}) {
+    rlh_op_call c{};
+    c.struct_size = sizeof c;
+    c.inputs = in.data();
+    c.num_inputs = in.size();
+    c.outputs = out.data();
+    c.num_outputs = out.size();
+    c.attrs = attrs.data();
+    c.num_attrs = attrs.size();
+    StatusPtr s(api_->run(op, &c));
+    if (!s) s.reset(api_->synchronize(k_, nullptr));
+    return s;
+  }
+  // Resolve, run once, release; the run's status (resolution failures are reported as such).
+  void run_once(const char* name, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
+                const std::vector<rlh_named_value>& attrs) {
+    rlh_op* op = nullptr;
+    StatusPtr r = resolve(name, in, out, attrs, &op);
+    ASSERT_EQ(r, nullptr) << name << " resolve: " << msg(r.get());
+    StatusPtr s = run(op, in, out);
+    api_->release_op(op);
+    ASSERT_EQ(s, nullptr) << name << " run: " << msg(s.get());
+  }
+  rlh_code resolve_code(const char* name, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
+                        const std::vector<rlh_named_value>& attrs, std::string* text = nullptr) {
+    rlh_op* op = nullptr;
+    StatusPtr r = resolve(name, in, out, attrs, &op);
+    api_->release_op(op);
+    if (text) *text = msg(r.get());
+    return r ? r->code : RLH_OK;
+  }
+
+  std::vector<double> read(const Buf& b, rlh_dtype d, size_t n, double scale = 1.0) {
+    const std::vector<uint8_t> raw = b.get_bytes();
+    std::vector<double> v(n);
+    kc::decode_values(d, raw.data(), n, v.data(), scale);
+    return v;
+  }
+  std::vector<float> read_f32(const Buf& b, size_t n) {
+    const std::vector<uint8_t> raw = b.get_bytes();
+    std::vector<float> v(n);
+    std::memcpy(v.data(), raw.data(), n * 4);
+    return v;
+  }
+
+  const rlh_kernels_api* api_ = nullptr;
+  rlh_kernels* k_ = nullptr;
+  std::vector<std::unique_ptr<Buf>> bufs_;
+  std::vector<std::unique_ptr<std::vector<int64_t>>> shapes_;
+};
+
+// C = alpha * A B^T + beta * C0 in double, over the stored (rounded) values.
+std::vector<double> ref_gemm(const Mat& a, const Mat& b, double alpha, double beta, const std::vector<double>& c0) {
+  std::vector<double> c(size_t(a.rows * b.rows));
+  for (int64_t i = 0; i < a.rows; ++i)
+    for (int64_t j = 0; j < b.rows; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < a.cols; ++k) s += a.at(i, k) * b.at(j, k);
+      c[size_t(i * b.rows + j)] = alpha * s + (beta != 0 ? beta * c0[size_t(i * b.rows + j)] : 0.0);
+    }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm, tensorwise
+
+void gemm_case(VendorFp8& f, std::mt19937_64& rng, int64_t M, int64_t N, int64_t K, rlh_dtype da, rlh_dtype db,
+               rlh_dtype dc, double alpha, double beta, int64_t pad, double tol) {
+  SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " " +
+               rlh::sdk::dtype_name(da) + " x " + rlh::sdk::dtype_name(db) + " -> " + rlh::sdk::dtype_name(dc) +
+               " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta) + " pad " + std::to_string(pad));
+  const Mat a = random_mat(rng, M, K, da, 1.0, K + pad), b = random_mat(rng, N, K, db, 0.05, K + pad);
+  std::vector<double> c0 = normal(rng, size_t(M * N), 1.0);
+  for (double& x : c0) x = kc::round_to(dc, x);
+  std::vector<uint8_t> cb(c0.size() * rlh::sdk::dtype_bytes(dc));
+  kc::encode_values(dc, c0.data(), c0.size(), cb.data());
+  Buf& c = f.alloc(cb.size());
+  c.put(cb.data(), cb.size());
+  const std::vector<rlh_tensor> in = {f.mat_t(f.upload(a), a), f.mat_t(f.upload(b), b),
+                                      f.t(f.upload_f32({float(a.scale)}), {1}, kF32),
+                                      f.t(f.upload_f32({float(b.scale)}), {1}, kF32)};
+  const std::vector<rlh_tensor> out = {f.t(c.get(), {M, N}, dc)};
+  f.run_once("gemm", in, out,
+             {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_double("alpha", alpha),
+              rlh::sdk::attr_double("beta", beta)});
+  // The scales the device got are float32: the reference uses the same.
+  Mat ar = a, br = b;
+  for (double& x : ar.v) x = x / a.scale * double(float(a.scale));
+  for (double& x : br.v) x = x / b.scale * double(float(b.scale));
+  const std::vector<double> ref = ref_gemm(ar, br, alpha, beta, c0);
+  const double e = rel_err(f.read(c, dc, ref.size()), ref);
+  EXPECT_LE(e, tol);
+}
+
+TEST_F(VendorFp8, GemmTensorwiseE4m3MatchesFloat64) {
+  std::mt19937_64 rng(1);
+  // Inputs are exact FP8 numbers: the error left is accumulation (float32) and C's rounding.
+  for (rlh_dtype dc : {kF32, kBF16}) {
+    // Hopper's FP8 tensor cores accumulate in reduced precision between promotions to float32.
+    const double tol = dc == kF32 ? 2e-3 : 8e-3;
+    gemm_case(*this, rng, 64, 128, 256, kE4M3, kE4M3, dc, 1.0, 0.0, 0, tol);
+    gemm_case(*this, rng, 256, 512, 1024, kE4M3, kE4M3, dc, 0.5, 0.0, 0, tol);
+    gemm_case(*this, rng, 37, 72, 64, kE4M3, kE4M3, dc, 1.0, 0.5, 32, tol);  // odd M, padded rows, beta
+    gemm_case(*this, rng, 1, 16, 4096, kE4M3, kE4M3, dc, 1.0, 0.0, 0, tol);
+  }
+}
+
+// NeMo-RL's fp8: hybrid: gradients in e5m2 against e4m3 weights (and the reverse order).
+TEST_F(VendorFp8, GemmHybridE5m2WithE4m3) {
+  std::mt19937_64 rng(2);
+  gemm_case(*this, rng, 128, 64, 256, kE5M2, kE4M3, kF32, 1.0, 0.0, 0, 2e-3);
+  gemm_case(*this, rng, 96, 256, 128, kE4M3, kE5M2, kBF16, 1.0, 1.0, 16, 8e-3);
+}
+
+TEST_F(VendorFp8, GemmRefusesWhatItDoesNotAnswer) {
+  std::mt19937_64 rng(3);
+  const Mat a = random_mat(rng, 32, 64, kE4M3), b = random_mat(rng, 48, 64, kE4M3);
+  void* pa = upload(a);
+  void* pb = upload(b);
+  void* s1 = upload_f32({1.0f});
+  Buf& c = alloc(32 * 48 * 4);
+  const rlh_tensor A = mat_t(pa, a), B = mat_t(pb, b), S = t(s1, {1}, kF32), C = t(c.get(), {32, 48}, kF32);
+  const auto tb = rlh::sdk::attr_int("transpose_b", 1);
+  std::string why;
+  EXPECT_EQ(resolve_code("gemm", {A, B, S, S}, {C}, {tb}, &why), RLH_OK) << why;
+  // Layouts cuBLASLt's FP8 GEMM does not take: the registry falls through to kernels_cuda.
+  EXPECT_EQ(resolve_code("gemm", {A, B, S, S}, {C}, {}, &why), RLH_E_UNIMPLEMENTED) << why;
+  EXPECT_NE(why.find("transpose_b = 1"), std::string::npos) << why;
+  EXPECT_EQ(resolve_code("gemm", {A, B, S, S}, {C}, {tb, rlh::sdk::attr_int("transpose_a", 1)}), RLH_E_UNIMPLEMENTED);
+  EXPECT_EQ(resolve_code("gemm", {A, B, S, S}, {C}, {tb, rlh::sdk::attr_int("batch_invariant", 1)}), RLH_E_UNIMPLEMENTED);
+  // K not a multiple of 16.
+  const rlh_tensor A24 = t(pa, {32, 24}, kE4M3, {64, 1}), B24 = t(pb, {48, 24}, kE4M3, {64, 1});
+  EXPECT_EQ(resolve_code("gemm", {A24, B24, S, S}, {C}, {tb}, &why), RLH_E_UNIMPLEMENTED) << why;
+  // Not FP8, or e5m2 x e5m2 (no such cuBLASLt product), or an fp8 C.
+  EXPECT_EQ(resolve_code("gemm", {t(pa, {32, 32}, kBF16), t(pb, {48, 32}, kBF16)}, {C}, {tb}), RLH_E_UNIMPLEMENTED);
+  EXPECT_EQ(resolve_code("gemm", {t(pa, {32, 64}, kE5M2), t(pb, {48, 64}, kE5M2), S, S}, {C}, {tb}, &why),
+            RLH_E_UNIMPLEMENTED) << why;
+  EXPECT_EQ(resolve_code("gemm", {A, B, S, S}, {t(c.get(), {32, 48}, kE4M3)}, {tb}), RLH_E_UNIMPLEMENTED);
+  // Scales missing, or the wrong count for the scaling asked: a caller's error.
+  EXPECT_EQ(resolve_code("gemm", {A, B}, {C}, {tb}), RLH_E_UNIMPLEMENTED);
+  EXPECT_EQ(resolve_code("gemm", {A, B, S, S}, {C}, {tb, rlh::sdk::attr_int("scaling", 1)}, &why),
+            RLH_E_INVALID_ARGUMENT) << why;
+  EXPECT_EQ(resolve_code("gemm", {A, B, S, S}, {C}, {tb, rlh::sdk::attr_int("scaling", 7)}), RLH_E_INVALID_ARGUMENT);
+  // Another op, or host memory.
+  EXPECT_EQ(resolve_code("rmsnorm_fwd", {A}, {C}, {}), RLH_E_UNIMPLEMENTED);
+  rlh_tensor host_a = A;
+  host_a.device = rlh::sdk::kCPU;
+  EXPECT_EQ(resolve_code("gemm", {host_a, B, S, S}, {C}, {tb}), RLH_E_UNIMPLEMENTED);
+  // op_info: not batch-invariant, not stateful, a workspace.
+  rlh_op* op = nullptr;
+  ASSERT_EQ(resolve("gemm", {A, B, S, S}, {C}, {tb}, &op), nullptr);
+  rlh_op_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(StatusPtr(api_->op_info(op, &info)), nullptr);
+  EXPECT_EQ(info.batch_invariant, 0);
+  EXPECT_EQ(info.stateful, 0);
+  EXPECT_GT(info.workspace_bytes, 0u);
+  api_->release_op(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// amax
+
+TEST_F(VendorFp8, AmaxMatchesTheHost) {
+  std::mt19937_64 rng(4);
+  for (rlh_dtype d : {kF32, kBF16})
+    for (auto [rows, cols, ld] : std::vector<std::array<int64_t, 3>>{{1, 1000003, 1000003}, {300, 257, 300}, {1, 1, 1}}) {
+      SCOPED_TRACE(std::string(rlh::sdk::dtype_name(d)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+      Mat x = random_mat(rng, rows, cols, d, 3.0, ld);
+      // Padding between rows holds larger values: amax must not read them.
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = cols; c < ld; ++c) x.v[size_t(r * ld + c)] = kc::round_to(d, 1e6);
+      double want = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) want = std::max(want, std::fabs(x.at(r, c)));
+      Buf& out = alloc(4);
+      const rlh_tensor X = rows == 1 ? t(upload(x), {cols}, d) : mat_t(upload(x), x);
+      run_once("amax", {X}, {t(out.get(), {1}, kF32)}, {});
+      EXPECT_EQ(read_f32(out, 1)[0], float(want));
+    }
+  // A NaN anywhere is a NaN amax (a scale from it would hide the overflow); zeros are 0.
+  for (double special : {double(NAN), 0.0}) {
+    Mat x = random_mat(rng, 1, 4096, kF32);
+    if (std::isnan(special)) x.v[1234] = NAN;
+    else std::fill(x.v.begin(), x.v.end(), 0.0);
+    Buf& out = alloc(4);
+    run_once("amax", {t(upload(x), {4096}, kF32)}, {t(out.get(), {1}, kF32)}, {});
+    const float got = read_f32(out, 1)[0];
+    if (std::isnan(special)) {
+      EXPECT_TRUE(std::isnan(got)) << got;
+    } else {
+      EXPECT_EQ(got, 0.0f);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// quantize_fp8
+
+// The host's quantisation of one group: scale = amax / max (1 when amax is 0), q = x / scale
+// rounded to the format (saturating). Returns the scale.
+float host_scale(double amax, rlh_dtype q) {
+  const float a = float(amax);
+  return a > 0 && std::isfinite(a) ? a / float(kc::fp8_format(q).max_finite()) : 1.0f;
+}
+
+// Compares the device's q bytes with the host's encoding of x / scale: the codes may differ by
+// one step only where float32 division rounds x / scale across a rounding boundary.
+void expect_codes(const std::vector<uint8_t>& got, const std::vector<double>& x, const std::vector<float>& scale_of,
+                  rlh_dtype q, const std::string& what) {
+  const kc::Fp8Format& f = kc::fp8_format(q);
+  size_t off = 0, worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint8_t want = f.encode(double(float(x[i]) / scale_of[i]));
+    if (got[i] != want) {
+      ++off;
+      if (std::abs(int(got[i] & 0x7F) - int(want & 0x7F)) > 1 || (got[i] & 0x80) != (want & 0x80)) ++worst;
+    }
+  }
+  EXPECT_EQ(worst, 0u) << what << ": codes more than one step from the host's";
+  EXPECT_LE(off, x.size() / 1000 + 1) << what << ": " << off << " of " << x.size() << " codes differ by a step";
+}
+
+TEST_F(VendorFp8, QuantizePerTensorCurrentScaling) {
+  std::mt19937_64 rng(5);
+  for (rlh_dtype xd : {kF32, kBF16})
+    for (rlh_dtype qd : {kE4M3, kE5M2})
+      for (int transpose : {0, 1}) {
+        const int64_t R = 200, C = 136, ld = 160;
+        SCOPED_TRACE(std::string(rlh::sdk::dtype_name(xd)) + " -> " + rlh::sdk::dtype_name(qd) + " transpose " +
+                     std::to_string(transpose));
+        const Mat x = random_mat(rng, R, C, xd, 2.0, ld);
+        const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
+        Buf& q = alloc(size_t(rows * inner));
+        Buf& s = alloc(4);
+        Buf& am = alloc(4);
+        run_once("quantize_fp8", {mat_t(upload(x), x)},
+                 {t(q.get(), {rows, inner}, qd), t(s.get(), {1}, kF32), t(am.get(), {1}, kF32)},
+                 {rlh::sdk::attr_int("transpose", transpose)});
+        double amax = 0;
+        std::vector<double> xs;  // in q's order
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < inner; ++j) {
+            const double v = transpose ? x.at(j, i) : x.at(i, j);
+            xs.push_back(v);
+            amax = std::max(amax, std::fabs(v));
+          }
+        const float scale = read_f32(s, 1)[0];
+        EXPECT_EQ(read_f32(am, 1)[0], float(amax));
+        EXPECT_NEAR(scale, host_scale(amax, qd), 1e-6 * scale);
+        expect_codes(q.get_bytes(), xs, std::vector<float>(xs.size(), scale), qd, "tensorwise");
+        // Dequantised, within the format's resolution of x.
+        const std::vector<double> back = read(q, qd, xs.size(), scale);
+        EXPECT_LE(rel_err(back, xs), qd == kE4M3 ? 7e-2 : 1.3e-1);
+      }
+}
+
+// 1x128 tiles (activations) and 128x128 blocks (weights), on sizes that are not multiples of
+// 128, against the host's grouping and cuBLASLt's scale layouts (fp8_kernels.hpp).
+TEST_F(VendorFp8, QuantizeBlockwise) {
+  std::mt19937_64 rng(6);
+  for (int grouping : {1, 2})
+    for (int transpose : {0, 1}) {
+      const int64_t R = 300, C = 200;
+      SCOPED_TRACE("grouping " + std::to_string(grouping) + " transpose " + std::to_string(transpose));
+      Mat x = random_mat(rng, R, C, kBF16, 1.0);
+      // Groups of very different magnitudes: one scale for all would lose the small ones.
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) x.v[size_t(r * C + c)] = kc::round_bf16(x.at(r, c) * std::exp2(double((r + c) % 9)));
+      const int64_t rows = transpose ? C : R, inner = transpose ? R : C, nkb = (inner + 127) / 128,
+                    kb4 = (nkb + 3) / 4 * 4, nrb = (rows + 127) / 128;
+      const int64_t ns = grouping == 1 ? nkb * rows : nrb * kb4;
+      Buf& q = alloc(size_t(rows * inner));
+      Buf& s = alloc(size_t(ns) * 4);
+      run_once("quantize_fp8", {mat_t(upload(x), x)}, {t(q.get(), {rows, inner}, kE4M3), t(s.get(), {ns}, kF32)},
+               {rlh::sdk::attr_int("grouping", grouping), rlh::sdk::attr_int("transpose", transpose)});
+      const std::vector<float> scales = read_f32(s, size_t(ns));
+      std::vector<double> xs;
+      std::vector<float> sc_of;
+      std::vector<double> group_amax(size_t(ns), 0.0);
+      auto index = [&](int64_t i, int64_t j) { return grouping == 1 ? (j / 128) * rows + i : (i / 128) * kb4 + j / 128; };
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < inner; ++j) {
+          const double v = transpose ? x.at(j, i) : x.at(i, j);
+          double& g = group_amax[size_t(index(i, j))];
+          g = std::max(g, std::fabs(v));
+        }
+      for (int64_t g = 0; g < ns; ++g) {
+        const bool padding = grouping == 2 && g % kb4 >= nkb;
+        const float want = padding ? 1.0f : host_scale(group_amax[size_t(g)], kE4M3);
+        ASSERT_NEAR(scales[size_t(g)], want, 1e-6 * want) << "scale " << g << (padding ? " (padding)" : "");
+      }
+      std::vector<double> back;
+      const std::vector<uint8_t> qb = q.get_bytes();
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < inner; ++j) {
+          xs.push_back(transpose ? x.at(j, i) : x.at(i, j));
+          sc_of.push_back(scales[size_t(index(i, j))]);
+          back.push_back(kc::fp8_format(kE4M3).decode(qb[size_t(i * inner + j)]) * sc_of.back());
+        }
+      expect_codes(qb, xs, sc_of, kE4M3, "blockwise");
+      // Each element within e4m3's resolution of its own group's amax.
+      for (size_t e = 0; e < xs.size(); ++e)
+        ASSERT_LE(std::fabs(back[e] - xs[e]), 0.0625 * std::fabs(xs[e]) + std::ldexp(double(sc_of[e]), -9)) << "element " << e;
+    }
+}
+
+// Delayed scaling: the scale comes from earlier calls' amaxes (a ring of amax_history_len), the
+// first call from its own; the history is the op's state and survives state_save / state_load.
+TEST_F(VendorFp8, QuantizeDelayedScalingAndItsState) {
+  std::mt19937_64 rng(7);
+  const int64_t n = 4096;
+  const std::vector<double> mult = {1, 4, 0.5, 16, 1, 1, 2, 0.25};
+  for (int algo : {0, 1}) {
+    SCOPED_TRACE(algo ? "most_recent" : "max");
+    const std::vector<rlh_named_value> attrs = {rlh::sdk::attr_int("recipe", 1), rlh::sdk::attr_int("amax_history_len", 3),
+                                                rlh::sdk::attr_int("amax_compute_algo", algo)};
+    Buf& q = alloc(size_t(n));
+    Buf& s = alloc(4);
+    Buf& am = alloc(4);
+    Buf& xb = alloc(size_t(n) * 4);
+    const std::vector<rlh_tensor> out = {t(q.get(), {n}, kE4M3), t(s.get(), {1}, kF32), t(am.get(), {1}, kF32)};
+    const std::vector<rlh_tensor> in = {t(xb.get(), {n}, kF32)};
+    rlh_op* op = nullptr;
+    ASSERT_EQ(resolve("quantize_fp8", in, out, attrs, &op), nullptr);
+    rlh_op_info info{};
+    info.struct_size = sizeof info;
+    ASSERT_EQ(StatusPtr(api_->op_info(op, &info)), nullptr);
+    EXPECT_EQ(info.stateful, 1);
+    std::vector<double> hist;
+    std::string saved;
+    rlh_op* restored = nullptr;
+    for (size_t step = 0; step < mult.size(); ++step) {
+      Mat x = random_mat(rng, 1, n, kF32, mult[step]);
+      xb.put(bytes_of(x).data(), size_t(n) * 4);
+      double cur = 0;
+      for (double v : x.v) cur = std::max(cur, std::fabs(v));
+      double from = cur;
+      if (!hist.empty()) from = algo ? hist.back() : *std::max_element(hist.begin(), hist.end());
+      // Halfway, the state moves to a fresh handle, which carries on as the first would have.
+      if (step == 4) {
+        ASSERT_EQ(StatusPtr(api_->state_save(op, rlh::sdk::write_to_string, &saved)), nullptr);
+        EXPECT_EQ(saved.size(), 8 + 16 + 3 * 4u);
+        ASSERT_EQ(resolve("quantize_fp8", in, out, attrs, &restored), nullptr);
+        ASSERT_EQ(StatusPtr(api_->state_load(restored, saved.data(), saved.size())), nullptr);
+      }
+      ASSERT_EQ(run(step >= 4 ? restored : op, in, out), nullptr) << "step " << step;
+      const float scale = read_f32(s, 1)[0];
+      EXPECT_NEAR(scale, host_scale(from, kE4M3), 1e-6 * scale) << "step " << step;
+      EXPECT_EQ(read_f32(am, 1)[0], float(cur)) << "step " << step;
+      // Values above the stale scale's range saturate at the format's largest finite value.
+      const std::vector<double> back = read(q, kE4M3, size_t(n), scale);
+      for (size_t i = 0; i < back.size(); ++i)
+        ASSERT_LE(std::fabs(back[i]), 448.0 * scale * (1 + 1e-6)) << "step " << step;
+      hist.push_back(cur);
+      if (hist.size() > 3) hist.erase(hist.begin());
+    }
+    // Bad states are refused by name, and leave the op as it was.
+    std::string bad = saved;
+    bad[0] = 'X';
+    StatusPtr e1(api_->state_load(op, bad.data(), bad.size()));
+    ASSERT_NE(e1, nullptr);
+    EXPECT_EQ(e1->code, RLH_E_INVALID_ARGUMENT);
+    EXPECT_NE(msg(e1.get()).find("not a vendor_fp8 amax history"), std::string::npos) << msg(e1.get());
+    StatusPtr e2(api_->state_load(op, saved.data(), saved.size() - 4));
+    ASSERT_NE(e2, nullptr);
+    EXPECT_EQ(e2->code, RLH_E_INVALID_ARGUMENT);
+    bad = saved;
+    const float negative = -1.0f;
+    std::memcpy(bad.data() + 24, &negative, 4);
+    StatusPtr e3(api_->state_load(op, bad.data(), bad.size()));
+    ASSERT_NE(e3, nullptr);
+    EXPECT_NE(msg(e3.get()).find("not a finite non-negative"), std::string::npos) << msg(e3.get());
+    bad = saved;
+    const int32_t pos = 7;
+    std::memcpy(bad.data() + 12, &pos, 4);
+    StatusPtr e4(api_->state_load(op, bad.data(), bad.size()));
+    ASSERT_NE(e4, nullptr);
+    EXPECT_NE(msg(e4.get()).find("inconsistent"), std::string::npos) << msg(e4.get());
+    // A history of another length.
+    rlh_op* other = nullptr;
+    ASSERT_EQ(resolve("quantize_fp8", in, out,
+                      {rlh::sdk::attr_int("recipe", 1), rlh::sdk::attr_int("amax_history_len", 5)}, &other),
+              nullptr);
+    StatusPtr e5(api_->state_load(other, saved.data(), saved.size()));
+    ASSERT_NE(e5, nullptr);
+    EXPECT_NE(msg(e5.get()).find("has 3 entries, this op 5"), std::string::npos) << msg(e5.get());
+    api_->release_op(other);
+    api_->release_op(restored);
+    api_->release_op(op);
+  }
+  // Delayed scaling is per tensor; out-of-range attributes are errors.
+  Buf& q = alloc(256);
+  Buf& s = alloc(4);
+  Buf& xb = alloc(1024);
+  std::string why;
+  EXPECT_EQ(resolve_code("quantize_fp8", {t(xb.get(), {2, 128}, kF32)}, {t(q.get(), {2, 128}, kE4M3), t(s.get(), {2}, kF32)},
+                         {rlh::sdk::attr_int("recipe", 1), rlh::sdk::attr_int("grouping", 1)}, &why),
+            RLH_E_UNIMPLEMENTED) << why;
+  EXPECT_EQ(resolve_code("quantize_fp8", {t(xb.get(), {256}, kF32)}, {t(q.get(), {256}, kE4M3), t(s.get(), {1}, kF32)},
+                         {rlh::sdk::attr_int("recipe", 1), rlh::sdk::attr_int("amax_history_len", 0)}),
+            RLH_E_INVALID_ARGUMENT);
+  EXPECT_EQ(resolve_code("quantize_fp8", {t(xb.get(), {256}, kF32)}, {t(q.get(), {256}, kBF16), t(s.get(), {1}, kF32)}, {}),
+            RLH_E_UNIMPLEMENTED);
+  EXPECT_EQ(resolve_code("quantize_fp8", {t(xb.get(), {256}, kF32)}, {t(q.get(), {128}, kE4M3), t(s.get(), {1}, kF32)}, {}),
+            RLH_E_INVALID_ARGUMENT);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blockwise products and an FP8 linear layer, quantised by the plugin itself.
+
+// Device FP8 copy of x (bf16 values) by the plugin's quantize_fp8; returns q (as a Mat of the
+// dequantised values the device holds) and the device pointers of q and its scales.
+struct Quantized {
+  Mat deq;
+  void* q = nullptr;
+  void* scale = nullptr;
+  int64_t nscale = 0;
+};
+
+Quantized quantize_on_device(VendorFp8& f, const Mat& x, rlh_dtype qd, int grouping, int transpose) {
+  const int64_t rows = transpose ? x.cols : x.rows, inner = transpose ? x.rows : x.cols;
+  const int64_t nkb = (inner + 127) / 128, kb4 = (nkb + 3) / 4 * 4;
+  Quantized out;
+  out.nscale = grouping == 0 ? 1 : grouping == 1 ? nkb * rows : ((rows + 127) / 128) * kb4;
+  Buf& q = f.alloc(size_t(rows * inner));
+  Buf& s = f.alloc(size_t(out.nscale) * 4);
+  f.run_once("quantize_fp8", {f.mat_t(f.upload(x), x)},
+             {f.t(q.get(), {rows, inner}, qd), f.t(s.get(), {out.nscale}, kF32)},
+             {rlh::sdk::attr_int("grouping", grouping), rlh::sdk::attr_int("transpose", transpose)});
+  const std::vector<uint8_t> qb = q.get_bytes();
+  const std::vector<float> sc = f.read_f32(s, size_t(out.nscale));
+  out.deq.rows = rows;
+  out.deq.cols = out.deq.ld = inner;
+  out.deq.dtype = qd;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < inner; ++j) {
+      const float scale = grouping == 0 ? sc[0] : grouping == 1 ? sc[size_t((j / 128) * rows + i)]
+                                                                 : sc[size_t((i / 128) * kb4 + j / 128)];
+      out.deq.v.push_back(kc::fp8_format(qd).decode(qb[size_t(i * inner + j)]) * double(scale));
+    }
+  out.q = q.get();
+  out.scale = s.get();
+  return out;
+}
+
+// C = A B^T through gemm with the given scaling, C in dtype dc; returns C's values. With
+// `may_refuse`, a refusal at resolution (UNIMPLEMENTED: cuBLASLt has no algorithm, an answer the
+// registry falls through on) returns an empty vector instead of failing.
+std::vector<double> device_gemm(VendorFp8& f, const Quantized& a, const Quantized& b, rlh_dtype da, rlh_dtype db,
+                                int scaling, rlh_dtype dc = kF32, bool may_refuse = false) {
+  const int64_t M = a.deq.rows, N = b.deq.rows, K = a.deq.cols;
+  Buf& c = f.alloc(size_t(M * N) * rlh::sdk::dtype_bytes(dc));
+  const std::vector<rlh_tensor> in = {f.t(a.q, {M, K}, da), f.t(b.q, {N, K}, db), f.t(a.scale, {a.nscale}, kF32),
+                                      f.t(b.scale, {b.nscale}, kF32)};
+  const std::vector<rlh_tensor> out = {f.t(c.get(), {M, N}, dc)};
+  const std::vector<rlh_named_value> attrs = {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", scaling)};
+  if (may_refuse) {
+    std::string why;
+    if (f.resolve_code("gemm", in, out, attrs, &why) == RLH_E_UNIMPLEMENTED) {
+      std::printf("refused (an answer, not a failure): %s\n", why.c_str());
+      return {};
+    }
+  }
+  f.run_once("gemm", in, out, attrs);
+  return f.read(c, dc, size_t(M * N));
+}
+
+// Block-scaled products write bf16 (what DeepSeek-V3's recipe and PyTorch's _scaled_mm do); at
+// sizes in multiples of 128 they must run, at others cuBLASLt may refuse (then the registry
+// falls through), and a float32 C may be refused too.
+TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
+  std::mt19937_64 rng(8);
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{256, 384, 512}, {128, 128, 128}, {200, 136, 320}}) {
+    const bool aligned = M % 128 == 0 && N % 128 == 0 && K % 128 == 0;
+    SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K));
+    Mat x = random_mat(rng, M, K, kBF16, 1.0), w = random_mat(rng, N, K, kBF16, 0.02);
+    // Rows of very different size: what per-tile scales are for.
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < K; ++c) x.v[size_t(r * K + c)] = kc::round_bf16(x.at(r, c) * std::exp2(double(r % 7) - 3));
+    const Quantized qx = quantize_on_device(*this, x, kE4M3, 1, 0), qw = quantize_on_device(*this, w, kE4M3, 2, 0);
+    const std::vector<double> c = device_gemm(*this, qx, qw, kE4M3, kE4M3, 1, kBF16, !aligned);
+    if (!c.empty()) {
+      EXPECT_LE(rel_err(c, ref_gemm(qx.deq, qw.deq, 1, 0, {})), 8e-3) << "1x128 x 128x128";
+      // Against the bf16 product: within FP8 resolution (the contract's e4m3 bound).
+      EXPECT_LE(rel_err(c, ref_gemm(x, w, 1, 0, {})), 1e-1);
+    }
+    const Quantized qw1 = quantize_on_device(*this, w, kE4M3, 1, 0);
+    const std::vector<double> c2 = device_gemm(*this, qx, qw1, kE4M3, kE4M3, 2, kBF16, !aligned);
+    if (!c2.empty()) {
+      EXPECT_LE(rel_err(c2, ref_gemm(qx.deq, qw1.deq, 1, 0, {})), 8e-3) << "1x128 x 1x128";
+    }
+    const std::vector<double> c3 = device_gemm(*this, qx, qw, kE4M3, kE4M3, 1, kF32, true);
+    if (!c3.empty()) {
+      EXPECT_LE(rel_err(c3, ref_gemm(qx.deq, qw.deq, 1, 0, {})), 2e-3) << "1x128 x 128x128, f32 C";
+    }
+  }
+}
+
+// An FP8 linear layer, y = x W^T, forward and backward, the way an engine runs it through the
+// registry: x and W quantised (e4m3), dY quantised (e5m2 for `hybrid`, e4m3 for `e4m3`), each
+// backward product reading K-major copies (quantize_fp8 with transpose). Compared with the same
+// layer in float64 on the bf16 values.
+TEST_F(VendorFp8, Fp8LinearForwardAndBackwardAgreeWithBf16) {
+  std::mt19937_64 rng(9);
+  const int64_t T = 256, In = 512, Out = 384;  // tokens, input and output features
+  const Mat x = random_mat(rng, T, In, kBF16, 1.0), w = random_mat(rng, Out, In, kBF16, 0.04),
+            dy = random_mat(rng, T, Out, kBF16, 1e-3);
+  for (const char* recipe : {"tensorwise", "blockwise"})
+    for (rlh_dtype gd : {kE4M3, kE5M2}) {
+      const bool block = std::string(recipe) == "blockwise";
+      if (block && gd == kE5M2) continue;  // blockwise products take e4m3 only
+      SCOPED_TRACE(std::string(recipe) + ", gradients " + rlh::sdk::dtype_name(gd));
+      const int ga = block ? 1 : 0, gw = block ? 2 : 0;
+      const double tol = gd == kE4M3 ? 1e-1 : 2e-1;
+      // Forward: y = x W^T.
+      const Quantized qx = quantize_on_device(*this, x, kE4M3, ga, 0), qw = quantize_on_device(*this, w, kE4M3, gw, 0);
+      const rlh_dtype dc = block ? kBF16 : kF32;
+      EXPECT_LE(rel_err(device_gemm(*this, qx, qw, kE4M3, kE4M3, block ? 1 : 0, dc), ref_gemm(x, w, 1, 0, {})), tol) << "y";
+      // dX = dY W: A = dY [T, Out], B = W^T [In, Out] (W quantised transposed).
+      const Quantized qdy = quantize_on_device(*this, dy, gd, ga, 0), qwt = quantize_on_device(*this, w, kE4M3, gw, 1);
+      Mat wt;
+      wt.rows = In;
+      wt.cols = wt.ld = Out;
+      for (int64_t i = 0; i < In; ++i)
+        for (int64_t o = 0; o < Out; ++o) wt.v.push_back(w.at(o, i));
+      EXPECT_LE(rel_err(device_gemm(*this, qdy, qwt, gd, kE4M3, block ? 1 : 0, dc), ref_gemm(dy, wt, 1, 0, {})), tol) << "dX";
+      // dW = dY^T X: A = dY^T [Out, T], B = X^T [In, T] (both along tokens: 1x128 x 1x128).
+      const Quantized qdyt = quantize_on_device(*this, dy, gd, ga, 1), qxt = quantize_on_device(*this, x, kE4M3, ga, 1);
+      Mat dyt, xt;
+      dyt.rows = Out;
+      dyt.cols = dyt.ld = T;
+      xt.rows = In;
+      xt.cols = xt.ld = T;
+      for (int64_t o = 0; o < Out; ++o)
+        for (int64_t n = 0; n < T; ++n) dyt.v.push_back(dy.at(n, o));
+      for (int64_t i = 0; i < In; ++i)
+        for (int64_t n = 0; n < T; ++n) xt.v.push_back(x.at(n, i));
+      EXPECT_LE(rel_err(device_gemm(*this, qdyt, qxt, gd, kE4M3, block ? 2 : 0, dc), ref_gemm(dyt, xt, 1, 0, {})), tol)
+          << "dW";
+    }
+}
+
+}  // namespace
