@@ -1,14 +1,11 @@
 // FP8 GEMMs on cuBLASLt (fp8_gemm.hpp): the library through dlopen, one matmul descriptor per
-// call (a few microseconds; a vendor chasing small shapes would cache them per shape), the
-// algorithm chosen by timing per shape.
+// call (a few microseconds; a vendor chasing small shapes would cache them per shape).
 #include "fp8_gemm.hpp"
 
 #include <cublasLt.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
-#include <map>
-#include <tuple>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -140,14 +137,6 @@ class Plan {
     *why = t_.Heuristic(h, desc_, la_, lb_, lc_, lc_, pref_, 1, r, &n);
     return *why == CUBLAS_STATUS_SUCCESS && n > 0;
   }
-  // Up to `most` algorithms in the heuristic's order.
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates(cublasLtHandle_t h, int most) const {
-    std::vector<cublasLtMatmulHeuristicResult_t> r(static_cast<size_t>(most));
-    int n = 0;
-    if (t_.Heuristic(h, desc_, la_, lb_, lc_, lc_, pref_, most, r.data(), &n) != CUBLAS_STATUS_SUCCESS) n = 0;
-    r.resize(size_t(n));
-    return r;
-  }
   void run(cublasLtHandle_t h, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t& r, void* ws,
            cudaStream_t st) const {
     ck(t_.Matmul(h, desc_, &g.alpha, g.b, la_, g.a, lb_, &g.beta, g.c, lc_, g.c, lc_, &r.algo, ws, kGemmWorkspace, st),
@@ -220,58 +209,12 @@ std::string Gemm::unsupported(const GemmArgs& g) const {
   return {};
 }
 
-// The heuristic's first algorithm is not always its fastest (an 8192^3 e4m3 product ran at
-// 0.85x of torch._scaled_mm with it): the first product of a shape with beta = 0, outside
-// stream capture, times the heuristic's first few candidates on the caller's operands (it only
-// rewrites C) and keeps the fastest for that shape.
 void Gemm::run(const GemmArgs& g, void* ws, cudaStream_t st) const {
   const Plan p(need_lt(), g);
-  const ShapeKey key{g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int(g.fa), int(g.fb), int(g.scaling), g.c_bf16};
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = chosen_.find(key); it != chosen_.end()) {
-      p.run(handle_, g, it->second, ws, st);
-      return;
-    }
-  }
   cublasLtMatmulHeuristicResult_t r{};
   cublasStatus_t why = CUBLAS_STATUS_SUCCESS;
   if (!p.pick(handle_, &r, &why)) throw std::runtime_error("cuBLASLt has no algorithm for this FP8 product (" + status_text(why) + ")");
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (g.beta != 0.f || cudaStreamIsCapturing(st, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
-    cudaGetLastError();
-    p.run(handle_, g, r, ws, st);
-    return;
-  }
-  const std::vector<cublasLtMatmulHeuristicResult_t> all = p.candidates(handle_, 8);
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  if (all.size() > 1 && cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
-    float best = 0;
-    for (const auto& c : all) {
-      try {
-        p.run(handle_, g, c, ws, st);  // warm-up
-        cudaEventRecord(e0, st);
-        for (int i = 0; i < 3; ++i) p.run(handle_, g, c, ws, st);
-        cudaEventRecord(e1, st);
-      } catch (const std::exception&) {
-        continue;  // an algorithm that refuses at run time is no candidate
-      }
-      float ms = 0;
-      if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) break;
-      if (best == 0 || ms < best) {
-        best = ms;
-        r = c;
-      }
-    }
-  }
-  if (e0) cudaEventDestroy(e0);
-  if (e1) cudaEventDestroy(e1);
-  cudaGetLastError();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    chosen_.emplace(key, r);
-  }
-  p.run(handle_, g, r, ws, st);  // the product itself, with the chosen algorithm
+  p.run(handle_, g, r, ws, st);
 }
 
 }  // namespace vfp8

@@ -7,14 +7,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
-#include <tuple>
 
 #include "fp8_kernels.hpp"
 
-#include <cublasLt.h>
+typedef struct cublasLtContext* cublasLtHandle_t;
 
 namespace vfp8 {
 
@@ -62,23 +59,10 @@ class Gemm {
   std::string unsupported(const GemmArgs& g) const;
   // Queues the product on `st`; `ws` of kGemmWorkspace bytes (256-byte aligned). Throws
   // std::runtime_error naming the cuBLASLt status.
-  // The first product of a shape (beta = 0, not under stream capture) times cuBLASLt's first few
-  // candidate algorithms on it and keeps the fastest for the shape.
   void run(const GemmArgs& g, void* ws, cudaStream_t st) const;
 
  private:
-  struct ShapeKey {
-    int64_t M, N, K, lda, ldb, ldc;
-    int fa, fb, scaling;
-    bool c_bf16;
-    bool operator<(const ShapeKey& o) const {
-      return std::tie(M, N, K, lda, ldb, ldc, fa, fb, scaling, c_bf16) <
-             std::tie(o.M, o.N, o.K, o.lda, o.ldb, o.ldc, o.fa, o.fb, o.scaling, o.c_bf16);
-    }
-  };
   cublasLtHandle_t handle_ = nullptr;
-  mutable std::mutex mu_;
-  mutable std::map<ShapeKey, cublasLtMatmulHeuristicResult_t> chosen_;
 };
 
 }  // namespace vfp8
