@@ -258,7 +258,7 @@ TEST(EngineValueHead, RefusedWithoutAValueHeadAndCheckedForShape) {
   } catch (const std::invalid_argument& ex) {
     EXPECT_NE(std::string(ex.what()).find("score.weight"), std::string::npos) << ex.what();
   }
-  // Executors without the head (the CUDA engine, the generator) refuse the program by name.
+  // Executors without the head (the generator; the CUDA engine before it had one) refuse the program by name.
   sdk::ExecutorCaps cuda;
   cuda.name = "cuda engine";
   const std::string why = sdk::unsupported(sdk::build_program(value_desc()), cuda);

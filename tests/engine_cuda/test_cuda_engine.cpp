@@ -332,6 +332,82 @@ TEST(CudaEngine, AdamWStepsFollowTheCpuEngine) {
   std::printf("two AdamW steps: worst update error %.3g (max|dGPU - dCPU| / max|dCPU|)\n", worst);
 }
 
+// The value head (a critic's or reward model's score.weight, RLH_OUTPUT_VALUE): its per-position
+// values against the fp32 CPU engine's, and two AdamW steps of a value-only loss (an MSE to
+// fixed targets) and of a loss on both the values and the logprobs, whose updates of every
+// tensor (score.weight, the final norm, the layers, the embedding) follow the CPU engine's.
+TEST(CudaEngine, ValueHeadFollowsTheCpuEngine) {
+  NEED_GPU();
+  Small s;
+  sdk::ParamDesc p;
+  p.name = "score.weight";
+  p.shape = {1, s.desc.hidden_size};
+  p.role = sdk::ParamRole::value_head;
+  p.hf_names = {"score.weight"};
+  p.hf_shapes = {p.shape};
+  s.desc.params.push_back(p);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  std::vector<float> score(size_t(s.desc.hidden_size));
+  for (float& x : score) x = nd(rng);
+  s.weights.push_back(score);
+  engine::MicroBatch mb;
+  mb.input_ids = s.ids;
+  mb.cu_seqlens = s.cu;
+  const size_t N = s.ids.size();
+  std::vector<float> target(N);
+  for (size_t t = 0; t < N; ++t) target[t] = float(t % 7) / 7.f - 0.4f;
+  // 0.5 mean (v - target)^2 over positions (+ the mean NLL when `with_nll`).
+  const auto loss_of = [&](bool with_nll) {
+    return [&, with_nll](const engine::LossContext&, const engine::OutputViews& ov, engine::OutputGrads& og) {
+      engine::LossResult r;
+      for (size_t t = 0; t < N; ++t) {
+        const double d = double(ov.value[t]) - target[t];
+        r.loss += 0.5 * d * d / double(N);
+        og.value[t] = float(d / double(N));
+      }
+      if (with_nll) {
+        const double inv = 1.0 / double(s.predicted());
+        for (size_t t = 0; t < ov.logprob.size(); ++t) {
+          r.loss -= ov.logprob[t] * inv;
+          og.logprob[t] = float(-inv);
+        }
+      }
+      return r;
+    };
+  };
+  for (const bool with_nll : {false, true}) {
+    SCOPED_TRACE(with_nll ? "values and logprobs" : "values only");
+    engine::EngineOptions eo = test::engine_options();
+    eo.optimizer.eps = 1.0;
+    engine::CudaEngineOptions co = test::cuda_options();
+    co.optimizer = eo.optimizer;
+    engine::Engine cpu(s.desc, eo);
+    cpu.load_parameters(s.weights);
+    engine::CudaEngine gpu(s.desc, co);
+    gpu.load_parameters(s.weights);
+    engine::OutputRequest req;
+    req.value = true;
+    req.logprob = with_nll;
+    const engine::Outputs oc = cpu.forward(mb, req), og = gpu.forward(mb, req);
+    ASSERT_EQ(og.value.size(), N);
+    EXPECT_LE(rel_error(og.value, oc.value), 3e-2);
+    engine::StepOptions so;
+    so.lr = 1e-2;
+    so.global_tokens = s.predicted();
+    so.outputs = req;
+    for (int step = 0; step < 2; ++step) {
+      const auto rc = cpu.train_step({&mb, 1}, so, loss_of(with_nll));
+      const auto rg = gpu.train_step({&mb, 1}, so, loss_of(with_nll));
+      EXPECT_NEAR(rg.loss, rc.loss, 2e-2 * std::fabs(rc.loss));
+      EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 3e-2 * rc.grad_norm);
+    }
+    const double worst = check_updates(s.desc, s.weights, gpu, cpu);
+    std::printf("value head (%s): values %.3g, worst update error %.3g\n", with_nll ? "with NLL" : "alone",
+                rel_error(og.value, oc.value), worst);
+  }
+}
+
 // Splitting the batch into micro-batches (gradients accumulate in fp32) gives the gradients of
 // the whole batch up to bf16 rounding of different GEMM shapes.
 TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {

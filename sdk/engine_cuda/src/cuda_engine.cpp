@@ -88,6 +88,7 @@ void CudaEngine::Impl::describe() {
   caps.name = "cuda engine";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
   caps.moe = caps.mla = true;
+  caps.value_head = true;  // a critic's or reward model's score(final_norm(x_L))
   caps.attention_dv_differs = true;  // MLA's attention
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   C = prog.hidden;
@@ -351,6 +352,9 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     ent = c.take<float>(N);
     dlp = c.take<float>(N);
     dent = c.take<float>(N);
+    val = c.take<float>(N);
+    dval = c.take<float>(N);
+    dval16 = c.take<bf16>(N);
     ids = c.take<int32_t>(N);
     pos = c.take<int32_t>(N);
     target = c.take<int32_t>(N);
@@ -377,8 +381,8 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     cuda::iota_i32(moe_x.srow, N, stream);
     check(cudaMemsetAsync(moe_x.szero, 0, size_t(N) * 4, stream), "memset");
   }
-  // pinned staging: 3 x [N] + [N+1] int32, 4 x [N] float, one scalar pair
-  pinned = cuda::PinnedBuffer(size_t(4 * N + 1) * 4 + size_t(4 * N) * 4 + 64 +
+  // pinned staging: 3 x [N] + [N+1] int32, 6 x [N] float, one scalar pair
+  pinned = cuda::PinnedBuffer(size_t(4 * N + 1) * 4 + size_t(6 * N) * 4 + 64 +
                               size_t(N * route_width) * 4);
   h_ids = pinned.get<int32_t>();
   h_pos = h_ids + N;
@@ -388,7 +392,9 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
   h_ent = h_lp + N;
   h_dlp = h_ent + N;
   h_dent = h_dlp + N;
-  h_scalar = h_dent + N;
+  h_val = h_dent + N;
+  h_dval = h_val + N;
+  h_scalar = h_dval + N;
   h_route = reinterpret_cast<int32_t*>(h_scalar + 16);  // after the 64 scalar bytes
 }
 
@@ -613,6 +619,11 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   bf16* xL = xs[planned_train ? size_t(L) : size_t(L % 2)];
   ops->rmsnorm_fwd(xn, C, rstd, xL, C, wp(prog.final_norm), N, C, prog.final_eps, prog.final_offset);
   if (req.logprob || req.entropy) ops->logprob_fwd(head_args(req, N, train));
+  if (req.value) {  // val [N] = xn [N, C] score [1, C]^T: one scalar per position, no shift
+    if (prog.value_head < 0)
+      throw std::invalid_argument("cuda engine: a value output was requested but the model has no value head (score.weight)");
+    ops->gemm(false, true, N, 1, C, xn, C, wp(prog.value_head), C, 0, val, 1, true);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -713,7 +724,13 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
 void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens();
   bf16* dres = gbuf[0];
-  ops->logprob_bwd(head_args(req, N, true), dlp, req.entropy ? dent : nullptr, dxn, gp(prog.head), false);
+  const bool head = req.logprob || req.entropy;
+  if (head) ops->logprob_bwd(head_args(req, N, true), dlp, req.entropy ? dent : nullptr, dxn, gp(prog.head), false);
+  if (req.value) {  // d xn (+)= dval score; d score += dval^T xn (bf16 operands, f32 gradient)
+    cuda::cast_to_bf16(dval, dval16, N, stream);
+    ops->gemm(false, false, N, C, 1, dval16, 1, wp(prog.value_head), C, head ? 1 : 0, dxn, C, false);
+    ops->gemm(true, false, 1, C, N, dval16, 1, xn, C, 1, gp(prog.value_head), C, true);
+  }
   ops->rmsnorm_bwd(dres, C, gp(prog.final_norm), dxn, C, xs[size_t(L)], C, wp(prog.final_norm), rstd, N, C,
                    prog.final_offset, false);  // dres = d x_L
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -901,6 +918,7 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
     check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
   if (req.entropy)
     check(cudaMemcpyAsync(m.h_ent, m.ent, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+  if (req.value) check(cudaMemcpyAsync(m.h_val, m.val, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
   if (m.record_active)
     check(cudaMemcpyAsync(m.h_route, m.route, size_t(N * m.route_width) * 4,
                           cudaMemcpyDeviceToHost, m.stream), "download");
@@ -918,6 +936,7 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
     out.entropy.resize(size_t(N));
     shift_to_outputs(m.h_ent, 1, out.entropy.data(), 1, 1, mb.cu_seqlens);
   }
+  if (req.value) out.value.assign(m.h_val, m.h_val + N);
   if (req.routed_experts) {
     out.routing_width = m.route_width;
     out.routed_experts.assign(m.h_route, m.h_route + N * m.route_width);
@@ -930,8 +949,8 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
   m.require_trainable("train_step");
-  if (!req.logprob && !req.entropy)
-    throw std::invalid_argument("cuda engine: a train step needs logprob or entropy outputs");
+  if (!req.logprob && !req.entropy && !req.value)
+    throw std::invalid_argument("cuda engine: a train step needs logprob, entropy or value outputs");
   if (req.logits) throw std::invalid_argument("cuda engine: logits are a forward-only output");
   if (mbs.empty()) throw std::invalid_argument("cuda engine: a train step needs micro-batches");
   int64_t biggest = 0;
@@ -952,7 +971,7 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
     explicit TrainFlag(bool& b) : f(b) { f = true; }
     ~TrainFlag() { f = false; }
   } train_flag(m.moe_train);
-  std::vector<float> lp, ent, dlp, dent;
+  std::vector<float> lp, ent, dlp, dent, val, dval;
   for (size_t i = 0; i < mbs.size(); ++i) {
     const MicroBatch& mb = mbs[i];
     const int64_t N = mb.num_tokens();
@@ -961,6 +980,8 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
       check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
     if (req.entropy)
       check(cudaMemcpyAsync(m.h_ent, m.ent, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
+    if (req.value)
+      check(cudaMemcpyAsync(m.h_val, m.val, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
     if (m.record_active)  // the routing record comes with the outputs' wait
       check(cudaMemcpyAsync(m.h_route, m.route, size_t(N * m.route_width) * 4,
                             cudaMemcpyDeviceToHost, m.stream), "download");
@@ -983,6 +1004,12 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
       ov.entropy = ent;
       og.entropy = dent;
     }
+    if (req.value) {  // already in output alignment: position t's score
+      val.assign(m.h_val, m.h_val + N);
+      dval.assign(size_t(N), 0.f);
+      ov.value = val;
+      og.value = dval;
+    }
     LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
     const LossResult lr = loss_fn(ctx, ov, og);
     r.loss += lr.loss;
@@ -997,6 +1024,10 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
     if (req.entropy) {
       shift_to_kernel(dent.data(), 1, m.h_dent, 1, 1, mb.cu_seqlens);
       check(cudaMemcpyAsync(m.dent, m.h_dent, size_t(N) * 4, cudaMemcpyHostToDevice, m.stream), "upload");
+    }
+    if (req.value) {
+      std::memcpy(m.h_dval, dval.data(), size_t(N) * 4);
+      check(cudaMemcpyAsync(m.dval, m.h_dval, size_t(N) * 4, cudaMemcpyHostToDevice, m.stream), "upload");
     }
     m.backward(mb, req);
     r.tokens += N;

@@ -233,10 +233,13 @@ struct CudaEngine::Impl {
   bf16 *xn = nullptr, *dxn = nullptr;  // head: final norm output [N, C] and its gradient
   float *rstd = nullptr, *lp = nullptr, *lse = nullptr, *ent = nullptr, *dlp = nullptr,
         *dent = nullptr;
+  float *val = nullptr, *dval = nullptr;  // the value head's output and its gradient [N]
+  bf16* dval16 = nullptr;                 // the gradient as the backward GEMMs' bf16 operand
   int32_t *ids = nullptr, *pos = nullptr, *target = nullptr, *cu = nullptr;
   // pinned staging: ids, pos, target, cu (int32 [N] x3, [N+1]); lp, ent, dlp, dent (f32 [N] x4)
   int32_t *h_ids = nullptr, *h_pos = nullptr, *h_target = nullptr, *h_cu = nullptr;
   float *h_lp = nullptr, *h_ent = nullptr, *h_dlp = nullptr, *h_dent = nullptr, *h_scalar = nullptr;
+  float *h_val = nullptr, *h_dval = nullptr;  // the value head's (f32 [N] x2)
 
   // MoE auxiliary losses of the current train step (moe_layer.cpp): counted on the device in
   // moe_stats() (aux, z, max load; read with the gradient norm, so no extra host wait).
