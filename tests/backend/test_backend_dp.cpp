@@ -17,7 +17,8 @@
 //     another size to load (ctest comm.backend_dp_np2_resume loads what np4 saved).
 //   - with save_dtype bfloat16, rank 0's export is the bf16 rounding of the gathered float32
 //     masters (kept in master_weights/), which load_state restores bitwise;
-//   - refusals: an HSDP replica count that does not divide the world, tensor parallelism.
+//   - refusals: an HSDP replica count that does not divide the world, pipeline parallelism
+//     (tensor parallelism: test_backend_tp.cpp).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -548,9 +549,9 @@ TEST(DataParallelErrors, RefusedByName) {
                  "policy.dtensor_cfg.dp_replicate_size = 2 replicas need");
   }
   rlh_backend* b = nullptr;
-  const std::string cfg = json({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}).dump();
+  const std::string cfg = json({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}).dump();
   expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-               "tensor_model_parallel_size = 2: only data parallelism");
+               "pipeline_model_parallel_size = 2: only data parallelism");
 }
 
 }  // namespace
