@@ -12,7 +12,8 @@
 //     same weights, continues there within fp32 tolerance, and a state saved on one rank loads
 //     back under TP bitwise;
 //   - refusals name the setting: sequence_parallel with TP, an MoE model, a TP size that does not
-//     divide the ranks, TP on one rank, top-k processed logprobs.
+//     divide the ranks, TP on one rank, top-k processed logprobs, a tp group given different
+//     batches.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -401,7 +402,7 @@ TEST(TensorParallelErrors, RefusedByName) {
   load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
              "tensor_model_parallel_size = 2: layer 0: mixture-of-experts layers are not supported");
   load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
-             "tp");
+             "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {
     Alone alone;
     load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
@@ -413,6 +414,15 @@ TEST(TensorParallelErrors, RefusedByName) {
         json({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}}}}).dump();
     expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
                  "sequence_parallel = true with policy.megatron_cfg.tensor_model_parallel_size = 2");
+  }
+  {  // the ranks of a tp group given different batches (a loop sharding over every rank)
+    Backend be(host(), "megatron", {{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}});
+    rlh_model* m = be.load(model_path("llama-tiny"), false);
+    auto g = global_batch();
+    auto mine = shard_of(*g, world().rank(), N);
+    std::vector<std::vector<float>> out;
+    expect_error(be.try_forward(m, *mine, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), RLH_E_INVALID_ARGUMENT,
+                 "forward: the ranks of a tensor-parallel group were given different batches");
   }
   {  // top-k processed logprobs need the whole vocabulary
     Backend be(host(), "megatron", {{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}});

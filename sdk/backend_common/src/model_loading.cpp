@@ -332,8 +332,14 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
   const int64_t tp = m->config.parallel.tp;
-  if (!b.dp && launched_world_size() > 1)
-    b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp);
+  if (!b.dp && launched_world_size() > 1) {
+    try {
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp);
+    } catch (const Error& e) {
+      if (tp <= 1) throw;
+      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) + ": " + e.what());
+    }
+  }
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
     throw Error(RLH_E_INVALID_ARGUMENT,
                 std::string(b.flavor->name) + ": policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
