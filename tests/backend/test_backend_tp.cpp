@@ -7,6 +7,7 @@
 //     gradient (one SGD step at lr 1 without clipping: w - w' = g) within fp32 tolerance, on a
 //     Llama (untied head, GQA) and a Qwen3 (tied embedding, q/k norms), with a loss that reads
 //     logprobs and entropy at temperature 0.7, with packing on and off;
+//   - the tp group's bytes per step equal the analytic count;
 //   - two AdamW steps with clipping follow the reference (DDP and the distributed optimizer);
 //   - a state saved under TP is the one-rank HF layout (full tensors), loads on one rank into the
 //     same weights, continues there within fp32 tolerance, and a state saved on one rank loads
@@ -191,6 +192,23 @@ Backend::LossBody lp_ent_loss() {
   };
 }
 
+// The tensor-parallel group's traffic of one train step, as a ring moves it (2 (T-1)/T of each
+// all-reduced tensor), for these fixtures (hidden 64, 2 layers; kv heads 2 of 16 (llama-tiny) or
+// 32 (qwen3-tiny) dims) and N tokens on this rank, one target per token: per token the embedding,
+// two layer outputs per layer forward and two input gradients per layer backward, d xn of the
+// head ((2 + 4 L) C floats), the head's max and (l, s, z_t) (4 floats); per step the q/k norms'
+// gradients (qwen3), kv heads replicated at T 4 (k and v of all kv heads, per layer), and the
+// two gradient-norm sums (doubles: the engine's and the optimizer's).
+int64_t analytic_tp_bytes(const Case& c, int64_t N) {
+  const int64_t C = 64, L = 2, T = c.tp;
+  const bool qwen = c.model == "qwen3-tiny";
+  const int64_t D = qwen ? 32 : 16, kv = 2;
+  int64_t floats = (2 + 4 * L) * N * C + 4 * N;
+  if (qwen) floats += L * 2 * D;
+  if (T > kv) floats += L * 2 * kv * D * C;
+  return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
+}
+
 struct Outcome {
   std::vector<float> logprobs, entropy;
   double loss = 0, grad_norm = 0;
@@ -251,12 +269,13 @@ TEST_P(TensorParallel, MatchesOneRank) {
   ASSERT_EQ(tp.grads.size(), ref.grads.size()) << c.label() << ": the same HF tensors";
   const double gerr = max_rel_diff(tp.grads, ref.grads);
   EXPECT_LE(gerr, 1e-4) << c.label();
-  EXPECT_GT(tp.metrics["tp/comm_bytes"].get<int64_t>(), 0) << c.label();
+  EXPECT_EQ(tp.metrics["tp/comm_bytes"].get<int64_t>(), analytic_tp_bytes(c, mine->num_tokens())) << c.label();
   if (world().rank() == 0)
     std::cout << "[np " << N << "] " << c.label() << ": loss " << tp.loss << " vs " << ref.loss << ", grad norm "
               << tp.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
               << " (relative to the largest), logprobs within " << lp_err << ", entropy within " << ent_err
-              << ", tp bytes/step " << tp.metrics["tp/comm_bytes"].get<int64_t>() << "\n";
+              << ", tp bytes/step " << tp.metrics["tp/comm_bytes"].get<int64_t>() << " (analytic "
+              << analytic_tp_bytes(c, mine->num_tokens()) << ")\n";
 }
 
 TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
