@@ -28,6 +28,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "mpi_harness.hpp"
 #include "rlhost/comm.h"
 #include "rlhost/sdk/safetensors.hpp"
 
@@ -42,59 +43,10 @@ namespace {
 std::unique_ptr<Host> g_host;
 const Host& host() { return *g_host; }
 
-// The host's world communicator (comm_mpi under mpirun).
-struct World {
-  const rlh_comm_api* api = nullptr;
-  rlh_comm* comm = nullptr;
-  World() {
-    const rlh_host_api* h = host().services();
-    sdk::check(h->get_comm(h->ctx, &api, &comm), "world");
-  }
-  int rank() const { return api->rank(comm); }
-  int size() const { return api->size(comm); }
-  // Rank 0's string on every rank.
-  std::string broadcast(std::string s) const {
-    int64_t n = int64_t(s.size());
-    rlh_tensor t{};
-    int64_t one = 1, stride = 1;
-    t.data = &n;
-    t.device = {RLH_DEVICE_CPU, 0};
-    t.ndim = 1;
-    t.dtype = {RLH_DTYPE_INT, 64, 1};
-    t.shape = &one;
-    t.strides = &stride;
-    sdk::check(api->broadcast(comm, &t, 0, nullptr));
-    s.resize(size_t(n));
-    int64_t len = n;
-    t.data = s.data();
-    t.dtype = {RLH_DTYPE_UINT, 8, 1};
-    t.shape = &len;
-    if (n > 0) sdk::check(api->broadcast(comm, &t, 0, nullptr));
-    return s;
-  }
-  void barrier() const { sdk::check(api->barrier(comm)); }
-};
 const World& world() {
-  static World w;
+  static World w(host());
   return w;
 }
-
-// While alive, this process looks started without a launcher: a backend loading a model then
-// sees one rank (the reference).
-struct Alone {
-  std::string saved;
-  bool had = false;
-  Alone() {
-    if (const char* v = std::getenv("OMPI_COMM_WORLD_SIZE")) {
-      had = true;
-      saved = v;
-    }
-    ::unsetenv("OMPI_COMM_WORLD_SIZE");
-  }
-  ~Alone() {
-    if (had) ::setenv("OMPI_COMM_WORLD_SIZE", saved.c_str(), 1);
-  }
-};
 
 constexpr int32_t kVocab = 512;
 std::string model_path(const std::string& name) { return fixtures_root() + "/" + name; }
@@ -105,18 +57,6 @@ const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
 std::unique_ptr<Batch> global_batch(size_t num_seqs = kLengths.size()) {
   return random_batch(std::vector<int64_t>(kLengths.begin(), kLengths.begin() + int64_t(num_seqs)), kVocab, 23);
 }
-
-std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {
-  const int64_t S = g.num_seqs();
-  const int64_t s0 = S * rank / size, s1 = S * (rank + 1) / size;
-  const auto& off = g.offsets();
-  std::vector<int32_t> ids(g.ids().begin() + off[size_t(s0)], g.ids().begin() + off[size_t(s1)]);
-  std::vector<int64_t> o;
-  for (int64_t s = s0; s <= s1; ++s) o.push_back(off[size_t(s)] - off[size_t(s0)]);
-  if (first_token != nullptr) *first_token = off[size_t(s0)];
-  return std::make_unique<Batch>(std::move(ids), std::move(o));
-}
-
 
 struct Case {
   std::string backend;  // dtensor, megatron

@@ -7,6 +7,7 @@
 //     gradient (one SGD step at lr 1 without clipping: w - w' = g) within fp32 tolerance, on a
 //     Llama (untied head, GQA) and a Qwen3 (tied embedding, q/k norms), with a loss that reads
 //     logprobs and entropy at temperature 0.7, with packing on and off;
+//   - log p at given ids (K per token) equals the reference's;
 //   - the tp group's bytes per step equal the analytic count;
 //   - two AdamW steps with clipping follow the reference (DDP and the distributed optimizer);
 //   - a state saved under TP is the one-rank HF layout (full tensors), loads on one rank into the
@@ -23,7 +24,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
-#include "rlhost/comm.h"
+#include "mpi_harness.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -36,56 +37,10 @@ namespace {
 std::unique_ptr<Host> g_host;
 const Host& host() { return *g_host; }
 
-struct World {
-  const rlh_comm_api* api = nullptr;
-  rlh_comm* comm = nullptr;
-  World() {
-    const rlh_host_api* h = host().services();
-    sdk::check(h->get_comm(h->ctx, &api, &comm), "world");
-  }
-  int rank() const { return api->rank(comm); }
-  int size() const { return api->size(comm); }
-  std::string broadcast(std::string s) const {
-    int64_t n = int64_t(s.size());
-    rlh_tensor t{};
-    int64_t one = 1, stride = 1;
-    t.data = &n;
-    t.device = {RLH_DEVICE_CPU, 0};
-    t.ndim = 1;
-    t.dtype = {RLH_DTYPE_INT, 64, 1};
-    t.shape = &one;
-    t.strides = &stride;
-    sdk::check(api->broadcast(comm, &t, 0, nullptr));
-    s.resize(size_t(n));
-    int64_t len = n;
-    t.data = s.data();
-    t.dtype = {RLH_DTYPE_UINT, 8, 1};
-    t.shape = &len;
-    if (n > 0) sdk::check(api->broadcast(comm, &t, 0, nullptr));
-    return s;
-  }
-  void barrier() const { sdk::check(api->barrier(comm)); }
-};
 const World& world() {
-  static World w;
+  static World w(host());
   return w;
 }
-
-// While alive, this process looks started without a launcher (the one-rank reference).
-struct Alone {
-  std::string saved;
-  bool had = false;
-  Alone() {
-    if (const char* v = std::getenv("OMPI_COMM_WORLD_SIZE")) {
-      had = true;
-      saved = v;
-    }
-    ::unsetenv("OMPI_COMM_WORLD_SIZE");
-  }
-  ~Alone() {
-    if (had) ::setenv("OMPI_COMM_WORLD_SIZE", saved.c_str(), 1);
-  }
-};
 
 constexpr int32_t kVocab = 512;
 std::string model_path(const std::string& name) { return fixtures_root() + "/" + name; }
@@ -93,18 +48,6 @@ std::string model_path(const std::string& name) { return fixtures_root() + "/" +
 const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
 
 std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
-
-// The data-parallel rank's contiguous share of the sequences (tp ranks of one dp rank alike).
-std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {
-  const int64_t S = g.num_seqs();
-  const int64_t s0 = S * rank / size, s1 = S * (rank + 1) / size;
-  const auto& off = g.offsets();
-  std::vector<int32_t> ids(g.ids().begin() + off[size_t(s0)], g.ids().begin() + off[size_t(s1)]);
-  std::vector<int64_t> o;
-  for (int64_t s = s0; s <= s1; ++s) o.push_back(off[size_t(s)] - off[size_t(s0)]);
-  if (first_token != nullptr) *first_token = off[size_t(s0)];
-  return std::make_unique<Batch>(std::move(ids), std::move(o));
-}
 
 struct Case {
   std::string model;
@@ -236,22 +179,38 @@ Outcome run_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
 
+// This rank's place: data-parallel size and rank (the ranks of a tp group are adjacent), the
+// global batch and its counts, and the data-parallel rank's share of it.
+struct Place {
+  int dp = 1, dp_rank = 0;
+  std::unique_ptr<Batch> global, mine;
+  int64_t tokens = 0, seqs = 0, first = 0;
+  explicit Place(const Case& c) {
+    dp = int(world().size() / c.tp);
+    dp_rank = int(world().rank() / c.tp);
+    global = global_batch();
+    tokens = global->num_tokens();
+    seqs = global->num_seqs();
+    mine = shard_of(*global, dp_rank, dp, &first);
+  }
+};
+
 TEST_P(TensorParallel, MatchesOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
-  const int dp = int(N / c.tp), dp_rank = int(world().rank() / c.tp);
-  auto g = global_batch();
-  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  Place p(c);
+  Batch& g = *p.global;
+  const int64_t g_tok = p.tokens, g_seq = p.seqs, first = p.first;
+  const int dp = p.dp;
   Outcome ref;
   {
     Alone alone;
     Backend be(host(), "megatron", sgd_config(c, 1));
     rlh_model* m = be.load(model_path(c.model), true);
-    ref = run_sgd_step(be, m, *g, g_tok, g_seq);
+    ref = run_sgd_step(be, m, g, g_tok, g_seq);
   }
-  int64_t first = 0;
-  auto mine = shard_of(*g, dp_rank, dp, &first);
+  auto& mine = p.mine;
   Backend be(host(), "megatron", sgd_config(c, c.tp));
   rlh_model* m = be.load(model_path(c.model), true);
   const Outcome tp = run_sgd_step(be, m, *mine, g_tok, g_seq);
@@ -282,9 +241,10 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
-  const int dp = int(N / c.tp), dp_rank = int(world().rank() / c.tp);
-  auto g = global_batch();
-  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  Place p(c);
+  Batch& g = *p.global;
+  const int64_t g_tok = p.tokens, g_seq = p.seqs;
+  const int dp = p.dp;
   std::vector<double> ref_loss;
   Weights ref_w;
   double ref_state = 0, state = 0;
@@ -293,13 +253,13 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
     Backend be(host(), "megatron", adam_config(c, 1, 2e-3));
     rlh_model* m = be.load(model_path(c.model), true);
     for (int s = 0; s < 2; ++s) {
-      const auto r = be.train(m, *g, g_tok, g_seq, nll_loss(), {});
+      const auto r = be.train(m, g, g_tok, g_seq, nll_loss(), {});
       ref_loss.push_back(r.r.loss);
       ref_state = r.metrics["memory/state_bytes"].get<double>();
     }
     ref_w = be.weights(m);
   }
-  auto mine = shard_of(*g, dp_rank, dp);
+  auto& mine = p.mine;
   Backend be(host(), "megatron", adam_config(c, c.tp, 2e-3));
   rlh_model* m = be.load(model_path(c.model), true);
   for (int s = 0; s < 2; ++s) {
@@ -325,6 +285,34 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
     std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << worst
               << "; training state per rank " << state / 1024 << " KiB, one rank " << ref_state / 1024 << " KiB (ratio "
               << state / ref_state << ")\n";
+}
+
+// Log p at given ids (top-k distillation's output: K ids per token, some -1) through the
+// vocabulary-parallel head, forward only, on the whole batch.
+TEST_P(TensorParallel, LogprobAtIdsMatchOneRank) {
+  const Case c = GetParam();
+  const int N = world().size();
+  if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
+  auto g = global_batch();
+  constexpr int64_t K = 3;
+  std::vector<int32_t> ids(size_t(g->num_tokens() * K));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 7 == 3 ? -1 : int32_t((i * 131 + 17) % kVocab);
+  g->add("ids", ids, rlh_dtype{RLH_DTYPE_INT, 32, 1}, K);
+  const std::vector<rlh_output_spec> specs = {spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at", 1.3, 0, 1.0, "ids")};
+  std::vector<std::vector<float>> ref, tp;
+  {
+    Alone alone;
+    Backend be(host(), "megatron", sgd_config(c, 1));
+    rlh_model* m = be.load(model_path(c.model), false);
+    sdk::check(be.try_forward(m, *g, specs, ref, 0, {K}), "forward at one rank");
+  }
+  Backend be(host(), "megatron", sgd_config(c, c.tp));
+  rlh_model* m = be.load(model_path(c.model), false);
+  sdk::check(be.try_forward(m, *g, specs, tp, 0, {K}), "forward under tp");
+  ASSERT_EQ(tp[0].size(), ref[0].size());
+  double err = 0;
+  for (size_t i = 0; i < ref[0].size(); ++i) err = std::max(err, std::fabs(double(tp[0][i]) - double(ref[0][i])));
+  EXPECT_LE(err, 2e-5) << c.label();
 }
 
 std::vector<Case> cases() {

@@ -1,0 +1,78 @@
+// What the backend tests run under `mpirun` share: the host's world communicator, a scope in
+// which the process looks started alone (the one-rank reference), and a rank's contiguous share
+// of a global batch's sequences.
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend_harness.hpp"
+#include "rlhost/comm.h"
+
+namespace rlh::test {
+
+// The host's world communicator (comm_mpi under mpirun).
+struct World {
+  const rlh_comm_api* api = nullptr;
+  rlh_comm* comm = nullptr;
+  explicit World(const Host& host) {
+    const rlh_host_api* h = host.services();
+    sdk::check(h->get_comm(h->ctx, &api, &comm), "world");
+  }
+  int rank() const { return api->rank(comm); }
+  int size() const { return api->size(comm); }
+  // Rank 0's string on every rank.
+  std::string broadcast(std::string s) const {
+    int64_t n = int64_t(s.size());
+    rlh_tensor t{};
+    int64_t one = 1, stride = 1;
+    t.data = &n;
+    t.device = {RLH_DEVICE_CPU, 0};
+    t.ndim = 1;
+    t.dtype = {RLH_DTYPE_INT, 64, 1};
+    t.shape = &one;
+    t.strides = &stride;
+    sdk::check(api->broadcast(comm, &t, 0, nullptr));
+    s.resize(size_t(n));
+    int64_t len = n;
+    t.data = s.data();
+    t.dtype = {RLH_DTYPE_UINT, 8, 1};
+    t.shape = &len;
+    if (n > 0) sdk::check(api->broadcast(comm, &t, 0, nullptr));
+    return s;
+  }
+  void barrier() const { sdk::check(api->barrier(comm)); }
+};
+// While alive, this process looks started without a launcher: a backend loading a model then
+// sees one rank (the reference).
+struct Alone {
+  std::string saved;
+  bool had = false;
+  Alone() {
+    if (const char* v = std::getenv("OMPI_COMM_WORLD_SIZE")) {
+      had = true;
+      saved = v;
+    }
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  }
+  ~Alone() {
+    if (had) ::setenv("OMPI_COMM_WORLD_SIZE", saved.c_str(), 1);
+  }
+};
+
+// Sequences [S rank / size, S (rank + 1) / size) of g, as a batch of their own; `first_token`:
+// where they start in g.
+inline std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {
+  const int64_t S = g.num_seqs();
+  const int64_t s0 = S * rank / size, s1 = S * (rank + 1) / size;
+  const auto& off = g.offsets();
+  std::vector<int32_t> ids(g.ids().begin() + off[size_t(s0)], g.ids().begin() + off[size_t(s1)]);
+  std::vector<int64_t> o;
+  for (int64_t s = s0; s <= s1; ++s) o.push_back(off[size_t(s)] - off[size_t(s0)]);
+  if (first_token != nullptr) *first_token = off[size_t(s0)];
+  return std::make_unique<Batch>(std::move(ids), std::move(o));
+}
+
+}  // namespace rlh::test
