@@ -3,7 +3,11 @@
 // of a global batch's sequences.
 #pragma once
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +77,63 @@ inline std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64
   for (int64_t s = s0; s <= s1; ++s) o.push_back(off[size_t(s)] - off[size_t(s0)]);
   if (first_token != nullptr) *first_token = off[size_t(s0)];
   return std::make_unique<Batch>(std::move(ids), std::move(o));
+}
+
+// The test program's host (made in run_mpi_tests, destroyed before it returns: MPI finishes at
+// exit, after it) and its world communicator.
+inline std::unique_ptr<Host> g_mpi_host;
+inline const Host& host() { return *g_mpi_host; }
+inline const World& world() {
+  static World w(host());
+  return w;
+}
+inline std::string model_path(const std::string& name) { return fixtures_root() + "/" + name; }
+
+// gtest's main for an mpirun test: ranks other than 0 print only their failures; the host with
+// `plugins`, then the world, on every rank alike.
+inline int run_mpi_tests(int argc, char** argv, const std::vector<std::string>& plugins) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (r != nullptr && std::atoi(r) != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  g_mpi_host = std::make_unique<Host>(plugins);
+  world();
+  const int rc = RUN_ALL_TESTS();
+  g_mpi_host.reset();
+  return rc;
+}
+
+// A parameterised case's label as a gtest name (non-alphanumerics become '_').
+inline std::string test_name(std::string s) {
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+// Weights by HF name; max |a - b| over every weight relative to max |b|; a - b.
+using Weights = std::map<std::string, std::vector<float>>;
+inline double max_rel_diff(const Weights& a, const Weights& b) {
+  double num = 0, den = 0;
+  for (const auto& [k, v] : b) {
+    const auto& w = a.at(k);
+    EXPECT_EQ(w.size(), v.size()) << k;
+    for (size_t i = 0; i < v.size() && i < w.size(); ++i) {
+      num = std::max(num, std::fabs(double(w[i]) - double(v[i])));
+      den = std::max(den, std::fabs(double(v[i])));
+    }
+  }
+  return num / std::max(den, 1e-30);
+}
+inline Weights minus(const Weights& a, const Weights& b) {
+  Weights d;
+  for (const auto& [k, v] : a) {
+    std::vector<float>& out = d[k];
+    out.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] - b.at(k)[i];
+  }
+  return d;
 }
 
 }  // namespace rlh::test

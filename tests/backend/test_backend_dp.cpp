@@ -39,17 +39,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// Made in main and destroyed before it returns (MPI is finished at exit, after it).
-std::unique_ptr<Host> g_host;
-const Host& host() { return *g_host; }
-
-const World& world() {
-  static World w(host());
-  return w;
-}
-
 constexpr int32_t kVocab = 512;
-std::string model_path(const std::string& name) { return fixtures_root() + "/" + name; }
 
 // The global batch (the same on every rank) and this rank's contiguous share of its sequences.
 const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
@@ -102,30 +92,6 @@ json adam_config(const Case& c, double lr) {
   return cfg;
 }
 
-using Weights = std::map<std::string, std::vector<float>>;
-
-// max |a - b| over every weight, relative to max |b|.
-double max_rel_diff(const Weights& a, const Weights& b) {
-  double num = 0, den = 0;
-  for (const auto& [k, v] : b) {
-    const auto& w = a.at(k);
-    for (size_t i = 0; i < v.size(); ++i) {
-      num = std::max(num, std::fabs(double(w[i]) - double(v[i])));
-      den = std::max(den, std::fabs(double(v[i])));
-    }
-  }
-  return num / std::max(den, 1e-30);
-}
-
-Weights minus(const Weights& a, const Weights& b) {
-  Weights d;
-  for (const auto& [k, v] : a) {
-    std::vector<float>& out = d[k];
-    out.resize(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] - b.at(k)[i];
-  }
-  return d;
-}
 
 // What one side computes: logprobs of its batch, one SGD step's loss, norm, gradients.
 struct Outcome {
@@ -256,12 +222,8 @@ std::vector<Case> cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Dp, DataParallel, ::testing::ValuesIn(cases()), [](const auto& info) {
-  std::string s = info.param.label();
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-});
+INSTANTIATE_TEST_SUITE_P(Dp, DataParallel, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return test_name(info.param.label()); });
 
 // A rank whose share of the batch is empty still takes part in the step (FSDP: the gathers and
 // reductions of as many micro-batches as the busiest rank).
@@ -496,16 +458,4 @@ TEST(DataParallelErrors, RefusedByName) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (r != nullptr && std::atoi(r) != 0) {  // other ranks print only their failures
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  g_host = std::make_unique<Host>(std::vector<std::string>{"model_llama", "kernels_cpu", "dtensor", "megatron", "comm_mpi"});
-  world();  // the world first, on every rank alike
-  const int rc = RUN_ALL_TESTS();
-  g_host.reset();
-  return rc;
-}
+int main(int argc, char** argv) { return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "dtensor", "megatron", "comm_mpi"}); }
