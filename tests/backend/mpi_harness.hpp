@@ -112,6 +112,16 @@ inline std::string test_name(std::string s) {
   return s;
 }
 
+// The batching both mpirun backend tests run: packed micro-batches of 24 tokens, or 2 sequences
+// per train micro-batch and 3 per logprob one.
+inline void set_batching(nlohmann::json& cfg, bool packing) {
+  if (packing)
+    cfg["sequence_packing"] = {{"enabled", true}, {"train_mb_tokens", 24}, {"logprob_mb_tokens", 24},
+                               {"algorithm", "modified_first_fit_decreasing"}};
+  else
+    cfg["train_micro_batch_size"] = 2, cfg["logprob_batch_size"] = 3;
+}
+
 // Weights by HF name; max |a - b| over every weight relative to max |b|; a - b.
 using Weights = std::map<std::string, std::vector<float>>;
 inline double max_rel_diff(const Weights& a, const Weights& b) {

@@ -72,11 +72,7 @@ json sgd_config(const Case& c) {
               {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0}, {"clip_grad", 0.0},
                {"use_distributed_optimizer", c.distributed_optimizer}}}}}};
   }
-  if (c.packing)
-    cfg["sequence_packing"] = {{"enabled", true}, {"train_mb_tokens", 24}, {"logprob_mb_tokens", 24},
-                               {"algorithm", "modified_first_fit_decreasing"}};
-  else
-    cfg["train_micro_batch_size"] = 2, cfg["logprob_batch_size"] = 3;
+  set_batching(cfg, c.packing);
   return cfg;
 }
 

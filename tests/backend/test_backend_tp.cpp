@@ -52,11 +52,7 @@ struct Case {
 
 json base_config(const Case& c, int64_t tp) {
   json cfg = {{"megatron_cfg", {{"tensor_model_parallel_size", tp}}}};
-  if (c.packing)
-    cfg["sequence_packing"] = {{"enabled", true}, {"train_mb_tokens", 24}, {"logprob_mb_tokens", 24},
-                               {"algorithm", "modified_first_fit_decreasing"}};
-  else
-    cfg["train_micro_batch_size"] = 2, cfg["logprob_batch_size"] = 3;
+  set_batching(cfg, c.packing);
   return cfg;
 }
 
