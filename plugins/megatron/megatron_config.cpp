@@ -21,7 +21,7 @@ namespace {
 // aux-loss-free bias update, pipeline layout of a one-stage pipeline.
 constexpr const char* kNoEffect[] = {
     "megatron_cfg.converter_type", "megatron_cfg.empty_unused_memory_level", "megatron_cfg.pipeline_dtype",
-    "megatron_cfg.sequence_parallel", "megatron_cfg.num_layers_in_first_pipeline_stage",
+    "megatron_cfg.num_layers_in_first_pipeline_stage",
     "megatron_cfg.num_layers_in_last_pipeline_stage", "megatron_cfg.moe_router_bias_update_rate",
     "megatron_cfg.moe_permute_fusion", "megatron_cfg.moe_token_dispatcher_type", "megatron_cfg.moe_enable_deepep",
     "megatron_cfg.moe_shared_expert_overlap", "megatron_cfg.apply_rope_fusion", "megatron_cfg.bias_activation_fusion",
@@ -80,7 +80,19 @@ backend::BackendConfig read_config(const json& policy) {
     cfg.recompute_selective = !cfg.recompute && g == "selective";
     cfg.recompute = true;
   }
-  for (const char* k : {"megatron_cfg.tensor_model_parallel_size", "megatron_cfg.pipeline_model_parallel_size",
+  // Tensor parallelism (docs/parallelism.md): the layers split over tp ranks, the world's other
+  // ranks data-parallel. Sequence parallelism on top is not implemented; its results equal
+  // plain tensor parallelism's, so the refusal says how to run.
+  const std::string tp_key = "megatron_cfg.tensor_model_parallel_size";
+  cfg.parallel.tp = r.is_null(tp_key) ? 1 : r.integer(tp_key, 1);
+  if (cfg.parallel.tp < 1) r.fail(tp_key, "must be at least 1, got " + std::to_string(cfg.parallel.tp));
+  const bool sp = r.is_null("megatron_cfg.sequence_parallel") ? false : r.boolean("megatron_cfg.sequence_parallel", false);
+  if (sp && cfg.parallel.tp > 1)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full("megatron_cfg.sequence_parallel") + " = true with " + r.full(tp_key) + " = " +
+                                         std::to_string(cfg.parallel.tp) +
+                                         ": sequence parallelism is not implemented (set it false: tensor parallelism "
+                                         "alone computes the same results)");
+  for (const char* k : {"megatron_cfg.pipeline_model_parallel_size",
                         "megatron_cfg.context_parallel_size", "megatron_cfg.expert_model_parallel_size",
                         "megatron_cfg.expert_tensor_parallel_size",
                         "megatron_cfg.virtual_pipeline_model_parallel_size"})

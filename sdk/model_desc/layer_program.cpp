@@ -485,6 +485,7 @@ ModelProgram build_program(const TransformerDesc& desc) {
 
 std::string unsupported(const ModelProgram& p, const ExecutorCaps& caps) {
   const std::string who = caps.name + ": ";
+  if (p.tp_size > 1 && !caps.tensor_parallel) return who + "tensor parallelism is not supported";
   if (p.logit_softcap != 0 && !caps.logit_softcap) return who + "final logit soft-capping is not supported";
   if (p.value_head >= 0 && !caps.value_head)
     return who + "the value head (score.weight, RLH_OUTPUT_VALUE: reward models and critics) is not supported";

@@ -17,7 +17,8 @@
 //     another size to load (ctest comm.backend_dp_np2_resume loads what np4 saved).
 //   - with save_dtype bfloat16, rank 0's export is the bf16 rounding of the gathered float32
 //     masters (kept in master_weights/), which load_state restores bitwise;
-//   - refusals: an HSDP replica count that does not divide the world, tensor parallelism.
+//   - refusals: an HSDP replica count that does not divide the world, pipeline parallelism
+//     (tensor parallelism: test_backend_tp.cpp).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -27,6 +28,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "mpi_harness.hpp"
 #include "rlhost/comm.h"
 #include "rlhost/sdk/safetensors.hpp"
 
@@ -37,66 +39,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// Made in main and destroyed before it returns (MPI is finished at exit, after it).
-std::unique_ptr<Host> g_host;
-const Host& host() { return *g_host; }
-
-// The host's world communicator (comm_mpi under mpirun).
-struct World {
-  const rlh_comm_api* api = nullptr;
-  rlh_comm* comm = nullptr;
-  World() {
-    const rlh_host_api* h = host().services();
-    sdk::check(h->get_comm(h->ctx, &api, &comm), "world");
-  }
-  int rank() const { return api->rank(comm); }
-  int size() const { return api->size(comm); }
-  // Rank 0's string on every rank.
-  std::string broadcast(std::string s) const {
-    int64_t n = int64_t(s.size());
-    rlh_tensor t{};
-    int64_t one = 1, stride = 1;
-    t.data = &n;
-    t.device = {RLH_DEVICE_CPU, 0};
-    t.ndim = 1;
-    t.dtype = {RLH_DTYPE_INT, 64, 1};
-    t.shape = &one;
-    t.strides = &stride;
-    sdk::check(api->broadcast(comm, &t, 0, nullptr));
-    s.resize(size_t(n));
-    int64_t len = n;
-    t.data = s.data();
-    t.dtype = {RLH_DTYPE_UINT, 8, 1};
-    t.shape = &len;
-    if (n > 0) sdk::check(api->broadcast(comm, &t, 0, nullptr));
-    return s;
-  }
-  void barrier() const { sdk::check(api->barrier(comm)); }
-};
-const World& world() {
-  static World w;
-  return w;
-}
-
-// While alive, this process looks started without a launcher: a backend loading a model then
-// sees one rank (the reference).
-struct Alone {
-  std::string saved;
-  bool had = false;
-  Alone() {
-    if (const char* v = std::getenv("OMPI_COMM_WORLD_SIZE")) {
-      had = true;
-      saved = v;
-    }
-    ::unsetenv("OMPI_COMM_WORLD_SIZE");
-  }
-  ~Alone() {
-    if (had) ::setenv("OMPI_COMM_WORLD_SIZE", saved.c_str(), 1);
-  }
-};
-
 constexpr int32_t kVocab = 512;
-std::string model_path(const std::string& name) { return fixtures_root() + "/" + name; }
 
 // The global batch (the same on every rank) and this rank's contiguous share of its sequences.
 const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
@@ -104,18 +47,6 @@ const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
 std::unique_ptr<Batch> global_batch(size_t num_seqs = kLengths.size()) {
   return random_batch(std::vector<int64_t>(kLengths.begin(), kLengths.begin() + int64_t(num_seqs)), kVocab, 23);
 }
-
-std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {
-  const int64_t S = g.num_seqs();
-  const int64_t s0 = S * rank / size, s1 = S * (rank + 1) / size;
-  const auto& off = g.offsets();
-  std::vector<int32_t> ids(g.ids().begin() + off[size_t(s0)], g.ids().begin() + off[size_t(s1)]);
-  std::vector<int64_t> o;
-  for (int64_t s = s0; s <= s1; ++s) o.push_back(off[size_t(s)] - off[size_t(s0)]);
-  if (first_token != nullptr) *first_token = off[size_t(s0)];
-  return std::make_unique<Batch>(std::move(ids), std::move(o));
-}
-
 
 struct Case {
   std::string backend;  // dtensor, megatron
@@ -141,11 +72,7 @@ json sgd_config(const Case& c) {
               {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0}, {"clip_grad", 0.0},
                {"use_distributed_optimizer", c.distributed_optimizer}}}}}};
   }
-  if (c.packing)
-    cfg["sequence_packing"] = {{"enabled", true}, {"train_mb_tokens", 24}, {"logprob_mb_tokens", 24},
-                               {"algorithm", "modified_first_fit_decreasing"}};
-  else
-    cfg["train_micro_batch_size"] = 2, cfg["logprob_batch_size"] = 3;
+  set_batching(cfg, c.packing);
   return cfg;
 }
 
@@ -161,30 +88,6 @@ json adam_config(const Case& c, double lr) {
   return cfg;
 }
 
-using Weights = std::map<std::string, std::vector<float>>;
-
-// max |a - b| over every weight, relative to max |b|.
-double max_rel_diff(const Weights& a, const Weights& b) {
-  double num = 0, den = 0;
-  for (const auto& [k, v] : b) {
-    const auto& w = a.at(k);
-    for (size_t i = 0; i < v.size(); ++i) {
-      num = std::max(num, std::fabs(double(w[i]) - double(v[i])));
-      den = std::max(den, std::fabs(double(v[i])));
-    }
-  }
-  return num / std::max(den, 1e-30);
-}
-
-Weights minus(const Weights& a, const Weights& b) {
-  Weights d;
-  for (const auto& [k, v] : a) {
-    std::vector<float>& out = d[k];
-    out.resize(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] - b.at(k)[i];
-  }
-  return d;
-}
 
 // What one side computes: logprobs of its batch, one SGD step's loss, norm, gradients.
 struct Outcome {
@@ -315,12 +218,8 @@ std::vector<Case> cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Dp, DataParallel, ::testing::ValuesIn(cases()), [](const auto& info) {
-  std::string s = info.param.label();
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-});
+INSTANTIATE_TEST_SUITE_P(Dp, DataParallel, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return test_name(info.param.label()); });
 
 // A rank whose share of the batch is empty still takes part in the step (FSDP: the gathers and
 // reductions of as many micro-batches as the busiest rank).
@@ -548,23 +447,11 @@ TEST(DataParallelErrors, RefusedByName) {
                  "policy.dtensor_cfg.dp_replicate_size = 2 replicas need");
   }
   rlh_backend* b = nullptr;
-  const std::string cfg = json({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}).dump();
+  const std::string cfg = json({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}).dump();
   expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-               "tensor_model_parallel_size = 2: only data parallelism");
+               "pipeline_model_parallel_size = 2: only data parallelism");
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (r != nullptr && std::atoi(r) != 0) {  // other ranks print only their failures
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  g_host = std::make_unique<Host>(std::vector<std::string>{"model_llama", "kernels_cpu", "dtensor", "megatron", "comm_mpi"});
-  world();  // the world first, on every rank alike
-  const int rc = RUN_ALL_TESTS();
-  g_host.reset();
-  return rc;
-}
+int main(int argc, char** argv) { return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "dtensor", "megatron", "comm_mpi"}); }

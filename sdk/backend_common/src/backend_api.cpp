@@ -194,6 +194,7 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
       throw Error(RLH_E_INVALID_ARGUMENT, "forward: args missing or older than the interface's first version");
     validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
+    tp_check_batch(m, batch, "forward");
     const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch, m);
     if (args->outputs == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "forward: outputs is NULL");
     for (size_t k = 0; k < plan.slots.size(); ++k) {
@@ -353,6 +354,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                                                  "device needs RLH_MODEL_TRAINABLE)");
     validate_batch(args->batch, m.desc.vocab_size, m.desc.max_position_embeddings, m.dp != nullptr);
     const rlh_batch& batch = *args->batch;
+    tp_check_batch(m, batch, "train_step");
     const OutputPlan plan = plan_outputs(args->specs, args->num_outputs, batch, m);
 
     const BatchingConfig& bc = m.config.batching;
@@ -386,8 +388,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
-    int64_t comm_bytes = 0;
-    double comm_seconds = 0;
+    int64_t comm_bytes = 0, tp_bytes = 0;
+    double comm_seconds = 0, tp_seconds = 0;
     if (m.dp != nullptr) {  // data parallel: reduced gradients, the sharded update (dp_model.cpp)
       DpStepResult d = dp_train_step(m, views, so, loss, eval_only, args->learning_rate);
       r = std::move(d.r);
@@ -395,6 +397,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       updated = d.updated;
       comm_bytes = d.comm_bytes;
       comm_seconds = d.comm_seconds;
+      tp_bytes = d.tp_comm_bytes;
+      tp_seconds = d.tp_comm_seconds;
       tramp.metrics = all_reduce_named(m.dp->dp, tramp.metrics);
     } else if (m.device) {  // the device applies its own update (device_engine.hpp)
       info = m.next_update(args->learning_rate);
@@ -434,7 +438,9 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"memory/state_bytes", m.state_alloc.live_bytes()},
                     {"dp_size", m.dp != nullptr ? m.dp->size() : 1},
                     {"dp/comm_bytes", comm_bytes},
-                    {"dp/comm_seconds", comm_seconds}};
+                    {"dp/comm_seconds", comm_seconds},
+                    {"tp/comm_bytes", tp_bytes},
+                    {"tp/comm_seconds", tp_seconds}};
     // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
     for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();

@@ -49,6 +49,12 @@ struct Model {
   Dp dp_mode = Dp::none;
   const DpGroups* dp = nullptr;
   std::unique_ptr<FsdpStore> fsdp;  // made before the engine, which points at it
+  // Tensor parallelism (megatron_cfg.tensor_model_parallel_size > 1; sdk/tensor_parallel.hpp):
+  // every rank's layout of the group (this rank's is tp_layouts[dp->tp_rank()]) and the
+  // engine's group. `desc` stays the whole model's; the engine holds this rank's pieces.
+  std::vector<sdk::TpLayout> tp_layouts;
+  std::unique_ptr<CommTpGroup> tp_comm;
+  const sdk::TpLayout* tp() const { return tp_layouts.empty() ? nullptr : &tp_layouts[size_t(dp->tp_rank())]; }
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<Optimizer> optimizer;  // trainable models only (DP 1)
   std::unique_ptr<ShardLayout> shards;   // DP > 1: this rank's part of the state
@@ -110,7 +116,7 @@ bool without_update(const Model& m, const sdk::ParamDesc& p);
 void save_state(Model& m, const std::string& dir);
 void load_state(Model& m, const std::string& dir);
 
-// dp_model.cpp: a model at DP > 1 (data_parallel.hpp)
+// dp_model.cpp: a model at DP > 1 (data_parallel.hpp), or under tensor parallelism
 // Before the engine: the mode, the FSDP store, storage padding. After it: the shard layout, the
 // weights into their shards, the shard optimizer.
 void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo);
@@ -123,11 +129,17 @@ struct DpStepResult {
   // all-gather's output or a reduce-scatter's input, 2 (S-1)/S of an all-reduce's tensor.
   int64_t comm_bytes = 0;
   double comm_seconds = 0;  // spent inside the step's collectives
+  // The tensor-parallel group's traffic (ring bytes of its all-reduces) and time in the step.
+  int64_t tp_comm_bytes = 0;
+  double tp_comm_seconds = 0;
 };
 // The step over this rank's micro-batches (possibly none), gradients reduced, the global norm,
 // the sharded update, loss and engine metrics summed over ranks. Collective.
 DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, engine::StepOptions so,
                            const engine::LossFn& loss, bool eval_only, double lr_override);
+// Under tensor parallelism: every rank of the tp group holds the same batch, else an error on all
+// of them naming it (collective over the group; nothing without tensor parallelism).
+void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what);
 // Forward over this rank's micro-batches, FSDP ranks keeping their peers' gathers company.
 void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run);
 // Every parameter in full (FSDP gathers unit by unit; collective), handed to `fn` in storage

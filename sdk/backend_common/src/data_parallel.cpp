@@ -36,20 +36,24 @@ FloatView::FloatView(float* p, int64_t count) : n(count) {
 
 int launched_world_size() { return sdk::detect_launch().size; }
 
-std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who) {
+std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
+                                         int64_t tp) {
   sdk::Comm world = sdk::Comm::world(host);
   sdk::ParallelSizes sizes;
   sizes.dp_replicate = dp_replicate;
+  sizes.tp = tp;
   sdk::ParallelComms pc;
   try {
-    pc = sdk::make_parallel_comms(world, sizes,
-                                  {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate});
+    pc = sdk::make_parallel_comms(
+        world, sizes, {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate, sdk::GroupKind::tp});
   } catch (const Error& e) {
     throw Error(e.code(), who + ": " + e.what());
   }
   auto g = std::make_unique<DpGroups>();
   auto take = [&](sdk::GroupKind k) { return std::move(pc.comms[static_cast<int>(k)]); };
   g->dp = take(sdk::GroupKind::dp_cp);
+  g->tp = take(sdk::GroupKind::tp);
+  g->all = world.split(0, world.rank(), "world");
   if (dp_replicate > 1) {
     g->shard = take(sdk::GroupKind::dp_cp_shard);
     g->replicate = take(sdk::GroupKind::dp_cp_replicate);
@@ -356,5 +360,22 @@ std::vector<std::pair<std::string, double>> all_reduce_named(const sdk::Comm& c,
   for (auto& [name, v] : out) v = name.rfind("moe/max", 0) == 0 ? maxes[mi++] : sums[si++];
   return out;
 }
+
+}  // namespace rlh::backend
+
+namespace rlh::backend {
+
+template <typename T>
+void CommTpGroup::reduce(T* data, int64_t n, int32_t op) {
+  if (n == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  c_.all_reduce(std::span<T>(data, size_t(n)), op);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int S = c_.size();
+  bytes_ += 2 * n * int64_t(sizeof(T)) * (S - 1) / S;
+}
+void CommTpGroup::all_reduce_sum(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
+void CommTpGroup::all_reduce_sum(double* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
+void CommTpGroup::all_reduce_max(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_MAX); }
 
 }  // namespace rlh::backend

@@ -34,6 +34,36 @@ int64_t ring_bytes(int64_t bytes, int S, bool all_reduce = false) {
   return S <= 1 ? 0 : (all_reduce ? 2 : 1) * bytes * (S - 1) / S;
 }
 
+// Tensor parallelism: the engine holds this rank's pieces; full tensors are sliced on the way in
+// and gathered from the group's pieces on the way out.
+std::vector<float> tp_local(const Model& m, size_t i, const std::vector<float>& full) {
+  return sdk::tp_slice(*m.tp(), i, full);
+}
+std::vector<std::vector<float>> tp_local_all(const Model& m, const std::vector<std::vector<float>>& full) {
+  if (!m.tp()) return full;
+  if (full.size() != m.desc.params.size())
+    throw Error(RLH_E_INTERNAL, "tensor parallelism: " + std::to_string(full.size()) + " tensors for " +
+                                    std::to_string(m.desc.params.size()) + " parameters");
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < full.size(); ++i) out.push_back(tp_local(m, i, full[i]));
+  return out;
+}
+// Parameter i in full from every tensor-parallel rank's piece (collective over the tp group;
+// a replicated tensor is this rank's own).
+std::vector<float> tp_full(const Model& m, size_t i, std::span<const float> local) {
+  const sdk::TpSplit split = m.tp()->pieces[i].split;
+  if (split == sdk::TpSplit::replicated || split == sdk::TpSplit::replicated_sum)
+    return std::vector<float>(local.begin(), local.end());
+  const int T = m.dp->tp_size();
+  const int64_t n = int64_t(local.size());
+  std::vector<float> all(size_t(n * T)), full(size_t(numel(m.desc.params[i].shape)));
+  FloatView in(const_cast<float*>(local.data()), n), out(all.data(), n * T);
+  m.dp->tp.all_gather(*in, *out);
+  for (int r = 0; r < T; ++r)
+    sdk::tp_place(m.tp_layouts[size_t(r)], i, std::span<const float>(all.data() + int64_t(r) * n, size_t(n)), full);
+  return full;
+}
+
 }  // namespace
 
 void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo) {
@@ -67,7 +97,7 @@ void finish_data_parallel(Model& m, const std::vector<std::vector<float>>& weigh
       break;
     }
     case Model::Dp::distributed_optimizer: {
-      e.load_parameters(weights);
+      e.load_parameters(tp_local_all(m, weights));
       const int64_t padded = int64_t(e.flat_params().size());
       m.shards = std::make_unique<ShardLayout>(e, std::vector<std::pair<int64_t, int64_t>>{{0, padded}}, m.dp->rank(),
                                                m.dp->size(), updated, decay_1d);
@@ -76,7 +106,7 @@ void finish_data_parallel(Model& m, const std::vector<std::vector<float>>& weigh
       break;
     }
     case Model::Dp::ddp:
-      e.load_parameters(weights);
+      e.load_parameters(tp_local_all(m, weights));
       m.shards = std::make_unique<ShardLayout>(e, std::vector<std::pair<int64_t, int64_t>>{{0, e.num_elements()}}, 0, 1,
                                                updated, decay_1d);
       break;
@@ -94,6 +124,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   // many micro-batches as the rank with most (FSDP: its gathers and reductions are per
   // micro-batch).
   const int S = g.size();
+  const int64_t tp_bytes0 = m.tp_comm ? m.tp_comm->bytes() : 0;
+  const double tp_seconds0 = m.tp_comm ? m.tp_comm->seconds() : 0;
   const int64_t fsdp_bytes0 = m.fsdp ? m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() : 0;
   const double fsdp_seconds0 = m.fsdp ? m.fsdp->comm_seconds() : 0;
   // Times a collective of this function into out.comm_seconds.
@@ -142,12 +174,16 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     }
   }
   // The global gradient norm over the updated parameters: shards' sums of squares summed.
+  // Under tensor parallelism each parameter's squares are weighted (replicated tensors count
+  // once over the group) and summed over the tp group too.
   double ss[1] = {0};
-  for (const ShardRun& run : m.shards->runs()) ss[0] += m.ops->sumsq(grads + run.at, run.n);
+  for (const ShardRun& run : m.shards->runs())
+    ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
   if (const sdk::Comm* c = shard_comm(m)) {
     timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
     out.comm_bytes += ring_bytes(8, c->size(), true);
   }
+  if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
   r.grad_norm = std::sqrt(ss[0]);
   const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
   r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
@@ -177,6 +213,10 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   r.metrics = all_reduce_named(g.dp, r.metrics);
   r.step = m.version();
   out.comm_bytes += ring_bytes(2 * 8, S, true);
+  if (m.tp_comm) {  // the layers' and head's all-reduces, the shared gradients, the norm
+    out.tp_comm_bytes = m.tp_comm->bytes() - tp_bytes0;
+    out.tp_comm_seconds = m.tp_comm->seconds() - tp_seconds0;
+  }
   if (m.fsdp) {
     out.comm_bytes += m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() - fsdp_bytes0;
     out.comm_seconds += m.fsdp->comm_seconds() - fsdp_seconds0;
@@ -203,7 +243,14 @@ void dp_forward(Model& m, size_t local_microbatches, const std::function<void(si
 void dp_visit_parameters(Model& m, const std::function<void(size_t, std::span<float>)>& fn) {
   const auto& params = m.desc.params;
   if (m.dp_mode != Model::Dp::fsdp) {
-    for (size_t i = 0; i < params.size(); ++i) fn(i, m.engine->param(i));
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!m.tp()) {
+        fn(i, m.engine->param(i));
+        continue;
+      }
+      std::vector<float> full = tp_full(m, i, m.engine->param(i));
+      fn(i, full);
+    }
     return;
   }
   // Unit by unit: one unit in full at a time.
@@ -261,6 +308,25 @@ std::vector<Optimizer::StateTensor> dp_full_optimizer_state(Model& m, bool keep,
   std::vector<std::pair<const char*, const float*>> parts = {{adam ? "exp_avg" : "momentum_buffer", m.shard_opt->first()}};
   if (adam) parts.emplace_back("exp_avg_sq", m.shard_opt->second());
   storage.reserve(parts.size());
+  if (m.tp()) {
+    // This rank's moments in its local flat layout (every rank), then each parameter's pieces
+    // gathered over the tp group; only `keep` ranks hold the full tensors.
+    for (const auto& [prefix, shard] : parts) {
+      const std::vector<float> flat = gather_flat(m, shard, true);
+      for (size_t i = 0; i < m.desc.params.size(); ++i) {
+        const sdk::ParamDesc& p = m.desc.params[i];
+        if (without_update(m, p)) continue;
+        const int64_t n = numel(m.engine->desc().params[i].shape);
+        std::vector<float> full =
+            tp_full(m, i, std::span<const float>(flat.data() + m.engine->param_offset(i), size_t(n)));
+        if (!keep) continue;
+        storage.push_back(std::move(full));
+        out.push_back(Optimizer::StateTensor{std::string(prefix) + "." + p.name, p.shape,
+                                             {storage.back().data(), storage.back().size()}});
+      }
+    }
+    return out;
+  }
   for (const auto& [prefix, shard] : parts) {
     storage.push_back(gather_flat(m, shard, keep));
     if (!keep) continue;
@@ -277,7 +343,7 @@ std::vector<Optimizer::StateTensor> dp_full_optimizer_state(Model& m, bool keep,
 
 void dp_load_parameters(Model& m, const std::vector<std::vector<float>>& weights) {
   if (m.dp_mode != Model::Dp::fsdp) {
-    m.engine->load_parameters(weights);
+    m.engine->load_parameters(tp_local_all(m, weights));
     return;
   }
   if (weights.size() != m.desc.params.size())
@@ -296,10 +362,38 @@ void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, c
   for (size_t i = 0; i < first.size(); ++i) {
     if (first[i].empty()) continue;
     const int64_t o = m.engine->param_offset(i);
-    m.shards->scatter_param(o, first[i].data(), int64_t(first[i].size()), m.shard_opt->first());
-    if (!second.empty() && !second[i].empty() && m.shard_opt->second() != nullptr)
-      m.shards->scatter_param(o, second[i].data(), int64_t(second[i].size()), m.shard_opt->second());
+    const std::vector<float> f = m.tp() ? tp_local(m, i, first[i]) : first[i];
+    m.shards->scatter_param(o, f.data(), int64_t(f.size()), m.shard_opt->first());
+    if (!second.empty() && !second[i].empty() && m.shard_opt->second() != nullptr) {
+      const std::vector<float> v = m.tp() ? tp_local(m, i, second[i]) : second[i];
+      m.shards->scatter_param(o, v.data(), int64_t(v.size()), m.shard_opt->second());
+    }
   }
+}
+
+}  // namespace rlh::backend
+
+namespace rlh::backend {
+
+void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what) {
+  if (!m.tp()) return;
+  // Token and sequence counts and an FNV-1a hash of ids and offsets: min and max over the group.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  if (batch.num_tokens > 0 && batch.token_ids) mix(batch.token_ids, size_t(batch.num_tokens) * sizeof(int32_t));
+  if (batch.seq_offsets) mix(batch.seq_offsets, size_t(batch.num_seqs + 1) * sizeof(int64_t));
+  int64_t lo[3] = {batch.num_tokens, batch.num_seqs, int64_t(h >> 1)}, hi[3] = {lo[0], lo[1], lo[2]};
+  m.dp->tp.all_reduce(std::span<int64_t>(lo, 3), RLH_REDUCE_MIN);
+  m.dp->tp.all_reduce(std::span<int64_t>(hi, 3), RLH_REDUCE_MAX);
+  if (lo[0] != hi[0] || lo[1] != hi[1] || lo[2] != hi[2])
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                std::string(what) + ": the ranks of a tensor-parallel group were given different batches (tokens " +
+                    std::to_string(lo[0]) + ".." + std::to_string(hi[0]) +
+                    "); under tensor parallelism every rank of a group takes its data-parallel rank's batch (loops that "
+                    "shard over every launched rank do not run under tensor parallelism yet)");
 }
 
 }  // namespace rlh::backend

@@ -331,7 +331,32 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
-  if (!b.dp && launched_world_size() > 1) b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name);
+  const int64_t tp = m->config.parallel.tp;
+  if (!b.dp && launched_world_size() > 1) {
+    try {
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp);
+    } catch (const Error& e) {
+      if (tp <= 1) throw;
+      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) + ": " + e.what());
+    }
+  }
+  if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                std::string(b.flavor->name) + ": policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
+                    " needs a multiple of " + std::to_string(tp) + " launched ranks split that way, but " +
+                    (b.dp ? "this backend's groups have tensor-parallel size " + std::to_string(b.dp->tp_size())
+                          : std::string("one rank was started")));
+  if (tp > 1) {
+    // Every rank's layout (checkpoints gather the pieces of all of them); refused settings
+    // name themselves here, before any weight is placed.
+    try {
+      for (int64_t r = 0; r < tp; ++r)
+        m->tp_layouts.push_back(sdk::make_tp_layout(m->desc, tp, r, "policy.megatron_cfg.tensor_model_parallel_size"));
+    } catch (const std::invalid_argument& e) {
+      throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir + "): " + e.what());
+    }
+    m->tp_comm = std::make_unique<CommTpGroup>(b.dp->tp);
+  }
   if (!b.dp && m->config.parallel.dp_replicate > 1)
     throw Error(RLH_E_INVALID_ARGUMENT, std::string(b.flavor->name) + ": policy.dtensor_cfg.dp_replicate_size = " +
                                             std::to_string(m->config.parallel.dp_replicate) +
@@ -354,6 +379,8 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   eo.state_allocator = &m->state_alloc;
   eo.ops = m->ops.get();
   prepare_data_parallel(b, *m, eo);
+  eo.tp = m->tp();
+  eo.tp_comm = m->tp_comm.get();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
   try {
@@ -372,7 +399,8 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   static const char* const kDpModes[] = {"", "gradients all-reduced", "distributed optimizer",
                                          "FSDP: parameters, gradients and optimizer state sharded"};
   const std::string dp_note =
-      m->dp ? ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
+      m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
+                  ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
             : "";
   b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +

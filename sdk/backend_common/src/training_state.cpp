@@ -174,7 +174,7 @@ void write_state_files(Model& m, const std::string& dir, std::vector<std::vector
 // Data parallel: the state in full (gathers are collective), written by rank 0 in the same
 // files as one rank writes; every rank then learns whether rank 0 succeeded.
 void save_state_dp(Model& m, const std::string& dir) {
-  const bool writer = m.dp->rank() == 0;
+  const bool writer = m.dp->all.rank() == 0;  // world rank 0 (data- and tensor-parallel rank 0)
   std::vector<std::vector<float>> params = dp_full_parameters(m, writer);
   std::vector<std::vector<float>> storage;
   std::vector<Optimizer::StateTensor> moments = dp_full_optimizer_state(m, writer, storage);
@@ -183,14 +183,16 @@ void save_state_dp(Model& m, const std::string& dir) {
   rlh_code code = RLH_OK;
   if (writer) {
     try {
-      write_state_files(m, dir, params, moments, {{"data_parallel_size", m.dp->size()}});
+      json layout = {{"data_parallel_size", m.dp->size()}};
+      if (m.tp()) layout["tensor_model_parallel_size"] = m.dp->tp_size();
+      write_state_files(m, dir, params, moments, layout);
     } catch (const Error& e) {
       ok[0] = 0;
       error = e.what();
       code = e.code();
     }
   }
-  m.dp->dp.broadcast(std::span<int32_t>(ok, 1), 0);
+  m.dp->all.broadcast(std::span<int32_t>(ok, 1), 0);
   if (writer && !ok[0]) throw Error(code, error);
   if (!ok[0]) throw Error(RLH_E_ABORTED, "save_state into '" + dir + "': rank 0, which writes the files, failed (its error names why)");
 }
@@ -234,10 +236,10 @@ void load_state(Model& m, const std::string& dir) {
     load_state_here(m, dir);
   } catch (...) {
     ok[0] = 0;
-    m.dp->dp.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
+    m.dp->all.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
     throw;
   }
-  m.dp->dp.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
+  m.dp->all.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
   if (!ok[0]) throw Error(RLH_E_ABORTED, "load_state from '" + dir + "': another rank could not load it (its error names why)");
 }
 

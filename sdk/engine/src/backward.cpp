@@ -73,6 +73,8 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
           row += rows;
           i = j;
         }
+        // Column-parallel (tensor parallelism): each rank's d input covers its output rows only.
+        if (st.tp_reduce_din) tp_reduce(dx.p, N * st.in.width);
         break;
       }
       case sdk::StepOp::rope: {
@@ -116,13 +118,21 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   raw.chunk_bytes = opt.logprob_chunk_bytes;
   bool have_dxn = false;
   use_grads(L);
-  if (req.logprob || req.entropy || req.logprob_at_ids) {
+  if (tp_on) {
+    // One vocabulary-parallel backward for the raw outputs; the unfiltered processed logprob
+    // is the raw one, so its gradient adds to the next token's.
+    if (req.processed_logprob)
+      for (int64_t t = 0; t < N; ++t) head.dlp[t * head.kraw] += head.dlp_proc[t];
+    tp_head_bwd(dxn, head.dlp, req.entropy ? head.dent : nullptr, target_raw, head.lse, req.entropy ? head.ent : nullptr, N,
+                head.kraw, req.temperature);
+    have_dxn = true;
+  } else if (req.logprob || req.entropy || req.logprob_at_ids) {
     ops->linear_logprob_bwd(dxn, g(prog.head), head.dlp, req.entropy ? head.dent : nullptr, head.xn, w(prog.head),
                             target_raw, head.lse, req.entropy ? head.ent : nullptr, N, C, V, head.kraw, raw,
                             false);
     have_dxn = true;
   }
-  if (req.processed_logprob) {
+  if (req.processed_logprob && !tp_on) {
     LogprobAttrs proc = raw;
     proc.top_k = req.top_k;
     proc.top_p = req.top_p;
@@ -149,7 +159,10 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
     drop_params(l);
   }
   if (prog.embed_scale != 1) ops->scale(dres, N * C, double(float(prog.embed_scale)));
-  ops->embedding_bwd(g(prog.embed), mb.input_ids.data(), dres, N, C, V);
+  if (tp_on)
+    tp_embedding_bwd(mb.input_ids.data(), dres, N);
+  else
+    ops->embedding_bwd(g(prog.embed), mb.input_ids.data(), dres, N, C, V);
   drop_grads(L);
   drop_params(L);
 }

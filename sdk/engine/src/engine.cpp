@@ -157,6 +157,19 @@ std::vector<std::vector<float>> Engine::save_parameters() const {
   return out;
 }
 
+double Engine::grad_sumsq(std::span<const float> g, int64_t flat_begin) const {
+  const Impl& m = *impl_;
+  if (!m.tp_on) return g.empty() ? 0.0 : m.ops->sumsq(g.data(), int64_t(g.size()));
+  // Per parameter overlapping [flat_begin, flat_begin + n), with its weight (padding: none).
+  const int64_t end = flat_begin + int64_t(g.size());
+  double ss = 0;
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const int64_t b = std::max(flat_begin, m.offset[i]), e = std::min(end, m.offset[i] + numel(m.desc.params[i].shape));
+    if (b < e) ss += m.opt.tp->pieces[i].norm_weight * m.ops->sumsq(g.data() + (b - flat_begin), e - b);
+  }
+  return ss;
+}
+
 void Engine::zero_grad() {
   own_storage(impl_->store, "zero_grad");
   std::memset(impl_->grads.data(), 0, impl_->grads.size() * sizeof(float));
@@ -308,10 +321,13 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     r.step = m.steps;
     return r;
   }
+  // Tensor parallelism: the gradients the group shares are summed first.
+  if (m.tp_on) m.tp_sync_grads();
   // Global gradient norm over trainable parameters, then clip + AdamW in one pass.
   double ss = 0;
   for (const Impl::Run& run : m.runs)
-    if (run.trainable) ss += m.ops->sumsq(m.grads.data() + run.begin, run.end - run.begin);
+    if (run.trainable) ss += grad_sumsq({m.grads.data() + run.begin, size_t(run.end - run.begin)}, run.begin);
+  if (m.tp_on) m.opt.tp_comm->all_reduce_sum(&ss, 1);
   r.grad_norm = std::sqrt(ss);
   const double max_norm = m.opt.optimizer.max_grad_norm;
   r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;

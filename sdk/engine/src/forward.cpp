@@ -43,7 +43,7 @@ void Engine::Impl::prepare_batch(const MicroBatch& mb, const OutputRequest& req)
     if (e < b) throw std::invalid_argument("engine: cu_seqlens must not decrease");
     for (int32_t t = b; t < e; ++t) {
       const int32_t id = mb.input_ids[size_t(t)];
-      if (id < 0 || id >= V)
+      if (id < 0 || id >= Vall)
         throw std::invalid_argument("engine: token id " + std::to_string(id) + " outside the vocabulary");
       pos[t] = t - b;
       target[t] = t + 1 < e ? mb.input_ids[size_t(t) + 1] : -1;
@@ -64,7 +64,7 @@ void Engine::Impl::prepare_batch(const MicroBatch& mb, const OutputRequest& req)
       row[0] = target[t];
       for (int64_t k = 0; k < K; ++k) {
         const int64_t id = t + 1 < e ? id_at(t + 1, k) : -1;
-        if (id >= V)
+        if (id >= Vall)
           throw std::invalid_argument("engine: id " + std::to_string(id) + " in field '" +
                                       req.ids_field + "' outside the vocabulary");
         row[1 + k] = int32_t(id < 0 ? -1 : id);
@@ -196,6 +196,9 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
           if (st.biases[i] >= 0) ops->bias_add_fwd(out.p + row, out.ld, w(st.biases[i]), N, rows);
           row += rows;
         }
+        // Row-parallel (tensor parallelism): each rank's output is a partial sum over its
+        // input columns. The output is a whole value, so N x width contiguous.
+        if (st.tp_reduce_out) tp_reduce(out.p, N * st.out.width);
         break;
       }
       case sdk::StepOp::rope:
@@ -234,13 +237,19 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
     throw std::invalid_argument("engine: empty micro-batch");
   if (req.value && prog.value_head < 0)
     throw std::invalid_argument("engine: a value output was requested but the model has no value head (score.weight)");
+  if (tp_on && req.processed_logprob && (req.top_k > 0 || req.top_p < 1))
+    throw std::invalid_argument("engine: processed logprobs with top_k/top_p are not supported under tensor parallelism");
+  if (tp_on && req.logits) throw std::invalid_argument("engine: logits are not an output under tensor parallelism");
   plan_acts(N, save_all, 1 + ids_per_token(mb, req));
   prepare_batch(mb, req);
   prepare_routing(mb, req);
   const int32_t* ids = mb.input_ids.data();
 
   use_params(L);  // the global unit stays held until the backward (or Engine::forward) ends
-  ops->embedding_fwd(xs[0], ids, w(prog.embed), N, C, V);  // x0 [N,C]
+  if (tp_on)
+    tp_embedding_fwd(xs[0], ids, N);  // this rank's rows, summed over the group
+  else
+    ops->embedding_fwd(xs[0], ids, w(prog.embed), N, C, V);  // x0 [N,C]
   if (prog.embed_scale != 1) ops->scale(xs[0], N * C, double(float(prog.embed_scale)));  // Gemma
   for (int64_t l = 0; l < L; ++l) {
     LayerActs a = acts_of(l);
@@ -254,6 +263,15 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   // The value head: val [N] = xn [N,C] score [1,C]^T, one scalar per position (no shift).
   if (req.value) ops->gemm(false, true, N, 1, C, 1.f, head.xn, C, w(prog.value_head), C, 0.f, head.val, 1);
 
+  if (tp_on) {
+    // The vocabulary-parallel head; without a top-k / top-p filter the processed logprob is
+    // the raw one (the head refuses a filter under tensor parallelism).
+    if (req.logprob || req.entropy || req.logprob_at_ids || req.processed_logprob)
+      tp_head_fwd(head.lp, head.lse, req.entropy ? head.ent : nullptr, target_raw, N, head.kraw, req.temperature);
+    if (req.processed_logprob)
+      for (int64_t t = 0; t < N; ++t) head.lp_proc[t] = head.lp[t * head.kraw];
+    return;
+  }
   LogprobAttrs raw;
   raw.temperature = req.temperature;
   raw.chunk_bytes = opt.logprob_chunk_bytes;

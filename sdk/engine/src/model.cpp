@@ -117,8 +117,21 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   if (!opt.ops)
     throw std::invalid_argument("engine: no kernels given (EngineOptions::ops: make_registry_ops over a kernel registry)");
   ops = opt.ops;
+  tp_on = opt.tp != nullptr && opt.tp->size > 1;
+  if (tp_on) {
+    // This rank's part: its description, then its program with the communication marked.
+    if (opt.tp_comm == nullptr) throw std::invalid_argument("engine: tensor parallelism needs its group (tp_comm)");
+    if (store != nullptr) throw std::invalid_argument("engine: tensor parallelism with a UnitStore (FSDP) is not supported");
+    if (desc.params.size() != opt.tp->full.params.size())
+      throw std::invalid_argument("engine: the tensor-parallel layout is of another model");
+    desc = opt.tp->local;
+    Vall = opt.tp->vocab;
+    vlo = opt.tp->vocab_begin;
+    vcount = opt.tp->vocab_count;
+  }
   try {
     prog = sdk::build_program(desc);
+    if (tp_on) sdk::mark_tensor_parallel(prog, *opt.tp);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("engine: ") + e.what());
   }
@@ -129,8 +142,10 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   caps.per_sequence_rope = true;
   caps.attention_dv_differs = true;
   caps.value_head = true;
+  caps.tensor_parallel = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   V = prog.vocab;
+  if (!tp_on) Vall = V, vcount = V;
   C = prog.hidden;
   L = int64_t(prog.layers.size());
 

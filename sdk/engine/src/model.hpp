@@ -171,8 +171,12 @@ struct Engine::Impl {
   Allocator* alloc = nullptr;
   Ops* ops = nullptr;
 
-  // Sizes
+  // Sizes (V: this rank's vocabulary rows under tensor parallelism)
   int64_t V = 0, C = 0, L = 0;
+  // Tensor parallelism (tensor_parallel.hpp; tp_on when the group has several ranks): the
+  // whole vocabulary and this rank's rows of it [vlo, vlo + vcount).
+  bool tp_on = false;
+  int64_t Vall = 0, vlo = 0, vcount = 0;
   std::vector<LayerShape> shapes;  // MoE / MLA readings per layer
   std::vector<RopeState> ropes;    // per program RoPE table
 
@@ -283,6 +287,17 @@ struct Engine::Impl {
 
   // engine.cpp
   void optimizer_step(const StepOptions& so, double clip_coef);
+
+  // tp_head.cpp: the vocabulary-parallel embedding and logprob head, and the gradients the
+  // group shares. The head writes lp [N, K], lse [N] and ent [N] (nullable) for targets [N, K];
+  // its backward adds d xn (whole, reduced) and this rank's d lm_head rows.
+  void tp_embedding_fwd(float* x, const int32_t* ids, int64_t N);
+  void tp_embedding_bwd(const int32_t* ids, const float* dx, int64_t N);
+  void tp_head_fwd(float* lp, float* lse, float* ent, const int32_t* tg, int64_t N, int64_t K, double temperature);
+  void tp_head_bwd(float* dxn, const float* dlp, const float* dent, const int32_t* tg, const float* lse,
+                   const float* ent, int64_t N, int64_t K, double temperature);
+  void tp_sync_grads();
+  void tp_reduce(float* data, int64_t n) { opt.tp_comm->all_reduce_sum(data, n); }
 
   // moe.cpp: the moe step, xn [N, C] -> out [N, C]; backward: d out -> d xn (+= with accumulate)
   void describe_moe_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& step, LayerShape& s);

@@ -74,6 +74,10 @@ struct LayerStep {
   // Saved statistic of this step (norm/head_norm rstd, attention lse): rows per token of the
   // layer's stat `stat` (-1: none).
   int stat = -1;
+  // Tensor parallelism (tensor_parallel.hpp's pass sets them; false in a one-rank program):
+  // all-reduce (sum) this step's output over the group after its forward (a row-parallel
+  // linear), or its input's gradient after its backward (a column-parallel linear).
+  bool tp_reduce_out = false, tp_reduce_din = false;
 };
 
 struct LayerValue {
@@ -120,6 +124,9 @@ struct ModelProgram {
   int64_t value_head = -1;       // score.weight [1, hidden] param index; -1: no value head
   std::vector<RopeTable> ropes;
   std::vector<int64_t> grad_widths;  // per gradient buffer id: the widest value it holds
+  // Tensor parallelism: the group size this (one rank's) program was built and marked for
+  // (tensor_parallel.hpp); 1 for the whole model.
+  int64_t tp_size = 1;
 };
 
 // Derives the program. Throws std::invalid_argument naming the layer and what is inconsistent
@@ -135,6 +142,7 @@ struct ExecutorCaps {
   bool attention_softcap = false, logit_softcap = false;
   bool attention_dv_differs = false;     // attention with dv != dk (MLA needs it)
   bool value_head = false;               // the scalar head (ParamRole::value_head, RLH_OUTPUT_VALUE)
+  bool tensor_parallel = false;          // programs marked by mark_tensor_parallel (tp_size > 1)
 };
 // Empty when `caps` runs `program`, else one line naming the executor and the first feature it
 // lacks ("cuda engine: layer 3: dynamic RoPE is not supported").

@@ -170,6 +170,9 @@ struct BackendConfig {
     bool fsdp = false;
     bool distributed_optimizer = false;
     int64_t dp_replicate = 1;
+    // megatron_cfg.tensor_model_parallel_size: ranks a model's layers are split over
+    // (sdk/tensor_parallel.hpp); the data-parallel ranks are the world / tp.
+    int64_t tp = 1;
   } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights

@@ -46,16 +46,44 @@ struct DpGroups {
   sdk::Comm dp;         // every data-parallel rank: batch shards, loss and metric sums
   sdk::Comm shard;      // the ranks one copy of the state is sharded over (dp without HSDP)
   sdk::Comm replicate;  // HSDP: the replicas of one shard (empty without)
+  // Tensor parallelism (megatron_cfg.tensor_model_parallel_size = tp > 1): the ranks one
+  // model's layers are split over (Megatron's order: tp ranks adjacent), and every rank of the
+  // job (checkpoint writes and agreement). Without tensor parallelism `tp` is a group of one.
+  sdk::Comm tp;
+  sdk::Comm all;
   int size() const { return dp.size(); }
   int rank() const { return dp.rank(); }
+  int tp_size() const { return tp ? tp.size() : 1; }
+  int tp_rank() const { return tp ? tp.rank() : 0; }
 };
 
 // The world's size as the launcher started it (1 without a launcher).
 int launched_world_size();
 
-// Splits the groups for `dp_replicate` replicas from the host's world (collective: every rank
-// calls it in the same order). Throws Error naming the sizes when they do not fit.
-std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who);
+// Splits the groups for `dp_replicate` replicas and `tp` tensor-parallel ranks from the host's
+// world (collective: every rank calls it in the same order). Throws Error naming the sizes when
+// they do not fit.
+std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
+                                         int64_t tp = 1);
+
+// The engine's tensor-parallel group over a communicator, counting what it moves (ring traffic:
+// 2 (T-1)/T of each all-reduced tensor).
+class CommTpGroup : public engine::TpComm {
+ public:
+  explicit CommTpGroup(const sdk::Comm& c) : c_(c) {}
+  void all_reduce_sum(float* data, int64_t n) override;
+  void all_reduce_sum(double* data, int64_t n) override;
+  void all_reduce_max(float* data, int64_t n) override;
+  int64_t bytes() const { return bytes_; }
+  double seconds() const { return seconds_; }
+
+ private:
+  template <typename T>
+  void reduce(T* data, int64_t n, int32_t op);
+  const sdk::Comm& c_;
+  int64_t bytes_ = 0;
+  double seconds_ = 0;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Where a rank's shard lies in the engine's flat storage.

@@ -40,6 +40,7 @@
 #include "rlhost/engine/ops.hpp"
 #include "rlhost/engine/unit_store.hpp"
 #include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/sdk/tensor_parallel.hpp"
 #include "rlhost/tensor.h"  // rlh_named_tensor (batch fields)
 
 namespace rlh::engine {
@@ -196,6 +197,17 @@ struct MoeOptions {
   double z_loss_coef = 0.0;    // [moe_z_loss_coeff] Megatron z_loss_func: coef * mean(lse^2)
 };
 
+// The tensor-parallel group as the engine uses it (the owner implements it over its
+// communicator, so the engine names no communication library). Every rank of the group calls
+// these in the same order; each reduces `n` values in place.
+class TpComm {
+ public:
+  virtual ~TpComm() = default;
+  virtual void all_reduce_sum(float* data, int64_t n) = 0;
+  virtual void all_reduce_sum(double* data, int64_t n) = 0;
+  virtual void all_reduce_max(float* data, int64_t n) = 0;
+};
+
 struct EngineOptions {
   bool recompute = false;   // keep only layer inputs; re-run each layer inside the backward
   int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
@@ -213,6 +225,15 @@ struct EngineOptions {
   // elements (the tail zero), so a data-parallel owner can reduce-scatter and all-gather them in
   // equal blocks (Megatron's padded gradient buffer). flat_params/flat_grads include the tail.
   int64_t pad_storage_to = 1;
+  // Tensor parallelism (sdk/tensor_parallel.hpp; neither owned), with tp->size > 1: the engine
+  // runs this rank's part of the model given to the constructor: desc() is tp->local, and
+  // param/grad/load_parameters/save_parameters/flat_* hold this rank's pieces (tp_slice /
+  // tp_place convert). Layers communicate as the program's marks say; the embedding and the
+  // fused logprob head are vocabulary-parallel; after the micro-batches the gradients the group
+  // shares are summed, and the gradient norm is the whole model's (grad_sumsq). Not with a
+  // UnitStore; logits and top-k/top-p processed logprobs are refused.
+  const sdk::TpLayout* tp = nullptr;
+  TpComm* tp_comm = nullptr;
   // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
 };
@@ -254,6 +275,10 @@ class Engine {
   void load_parameters(const std::vector<std::vector<float>>& tensors);
   std::vector<std::vector<float>> save_parameters() const;
   void zero_grad();
+  // The sum of squares of gradients g, where g[k] is the gradient at flat index flat_begin + k,
+  // each parameter's weighted so that the sum over a tensor-parallel group counts every element
+  // of the whole model's gradient once (TpPiece::norm_weight; 1 without tensor parallelism).
+  double grad_sumsq(std::span<const float> g, int64_t flat_begin) const;
 
   // Forward only (no activations kept for a backward).
   Outputs forward(const MicroBatch& mb, const OutputRequest& request);

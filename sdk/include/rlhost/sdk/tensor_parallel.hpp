@@ -1,0 +1,101 @@
+// Tensor parallelism (Megatron-style) as data and a pass over the layer program (static library
+// rlh_model_desc). docs/parallelism.md, "Tensor parallelism", says how an executor runs it.
+//
+// Why a plan keyed by role: which axis of which tensor is cut is a property of the tensor's
+// role in the decoder (q/k/v and gate/up are column-parallel: their output rows are cut;
+// o and down are row-parallel: their input columns are cut; embedding and lm_head are cut along
+// the vocabulary), not of the model's name. The plan below is that table; `make_tp_layout`
+// applies it to a description and gives this rank's description (local heads, widths, vocabulary
+// rows and parameter shapes), from which `build_program` derives this rank's layer program as
+// usual, and `mark_tensor_parallel` then marks the communication that program needs
+// (torchtitan's way: a separate pass, executors only honour the marks):
+//
+//   column-parallel linear (q|k|v, gate|up)  forward: its input is whole on every rank;
+//                                            backward: d input is a partial sum -> all-reduce
+//   row-parallel linear (o, down)            forward: its output is a partial sum -> all-reduce;
+//                                            backward: d output is whole on every rank
+//
+// Attention needs no communication: each rank owns whole query heads and the key/value heads
+// they read. With fewer key/value heads than ranks (GQA), each kv head is replicated on the
+// ranks whose query heads read it, as Megatron replicates them, and its gradient is the sum of
+// those ranks' (TpSplit::kv_rows). Weights every rank holds whole (the norms) get identical
+// gradients, except the q/k norms: each rank sees only its heads, so their gradients are summed
+// (TpSplit::replicated_sum).
+//
+// Vocabulary: rank r holds rows [r B, min(V, (r + 1) B)) of the embedding and lm_head, B =
+// ceil(V / T) (the last rank's block zero-padded to B rows). The embedding is a masked lookup
+// plus an all-reduce; the fused logprob head combines per-rank max / sum-exp statistics, so the
+// full [N, V] logits never exist on one rank.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rlhost/sdk/layer_program.hpp"
+#include "rlhost/sdk/model_desc.hpp"
+
+namespace rlh::sdk {
+
+enum class TpSplit {
+  replicated,      // whole on every rank, identical gradients (norms)
+  replicated_sum,  // whole on every rank, gradients summed over the group (q/k norms)
+  rows,            // output rows cut in T equal blocks (column-parallel q, gate, up)
+  cols,            // input columns cut in T equal blocks (row-parallel o, down)
+  kv_rows,         // k/v rows by kv head: cut when kv heads >= T, else replicated per head
+  vocab_rows,      // vocabulary rows in blocks of ceil(V / T), the last one padded
+};
+const char* to_string(TpSplit s);
+
+// The sharding plan: every role tensor parallelism runs, and how it is cut. A role not in the
+// plan (MoE experts, MLA projections, biases) is refused by make_tp_layout.
+struct TpRule {
+  ParamRole role;
+  TpSplit split;
+};
+std::span<const TpRule> tp_plan();
+
+// One parameter on one rank: the slice [begin, begin + count) along `axis` of the full tensor,
+// stored in `extent` rows/columns locally (extent > count only for a padded vocabulary block).
+struct TpPiece {
+  TpSplit split = TpSplit::replicated;
+  int axis = 0;
+  int64_t begin = 0, count = 0, extent = 0, full = 0;
+  // Each rank's sum of squares of this gradient times `norm_weight`, summed over the group,
+  // counts every element of the full gradient once (1 for cut tensors, 1/T for replicated
+  // ones, kv heads / T for replicated kv heads).
+  double norm_weight = 1;
+  bool sum_grads = false;  // the group sums this gradient (replicated_sum, replicated kv heads)
+};
+
+struct TpLayout {
+  int64_t size = 1, rank = 0;
+  TransformerDesc full;   // the model as one rank sees it
+  TransformerDesc local;  // this rank's: local heads, widths, vocabulary rows, parameter shapes
+  std::vector<TpPiece> pieces;  // per parameter (desc order)
+  int64_t vocab = 0, vocab_begin = 0, vocab_count = 0, vocab_block = 0;
+};
+
+// Empty when `size` ranks can run `desc` with tensor parallelism, else one line naming the
+// first setting that stops it ("tensor_model_parallel_size = 4 does not divide
+// num_attention_heads = 6"). `key` names the setting in messages.
+std::string tp_unsupported(const TransformerDesc& desc, int64_t size,
+                           const std::string& key = "tensor_model_parallel_size");
+// Throws std::invalid_argument with tp_unsupported's line when it is not empty.
+TpLayout make_tp_layout(const TransformerDesc& desc, int64_t size, int64_t rank,
+                        const std::string& key = "tensor_model_parallel_size");
+
+// This rank's part of parameter i (full tensor in row-major desc shape), in local shape.
+std::vector<float> tp_slice(const TpLayout& layout, size_t i, std::span<const float> full);
+// Writes a rank's part `local` of parameter i (as tp_slice gives it for that rank's layout)
+// into the full tensor.
+void tp_place(const TpLayout& layout, size_t i, std::span<const float> local, std::span<float> full);
+
+// The pass: marks the communication of this rank's program (built from layout.local) —
+// LayerStep::tp_reduce_out on row-parallel linears, tp_reduce_din on column-parallel ones.
+// Throws std::logic_error if a column-parallel linear's input gradient is accumulated (it must
+// be its only reader to be reduced alone).
+void mark_tensor_parallel(ModelProgram& program, const TpLayout& layout);
+
+}  // namespace rlh::sdk

@@ -1,0 +1,103 @@
+// Tensor parallelism's plan and pass (sdk/tensor_parallel.hpp): this rank's description and
+// program, slicing and placing full tensors (a vocabulary that does not divide), refusals.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/tensor_parallel.hpp"
+
+using namespace rlh;
+using nlohmann::json;
+
+namespace {
+
+json llama(int64_t vocab = 67, int64_t kv = 2) {
+  return json{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", vocab}, {"hidden_size", 32},
+              {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+              {"num_key_value_heads", kv}, {"head_dim", 8}, {"max_position_embeddings", 128},
+              {"rms_norm_eps", 1e-6}, {"torch_dtype", "float32"}};
+}
+
+int64_t numel(const std::vector<int64_t>& s) {
+  return std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<int64_t>());
+}
+
+}  // namespace
+
+TEST(TensorParallel, LocalDescriptionAndMarks) {
+  const sdk::TransformerDesc d = model::describe(llama());
+  const sdk::TpLayout L = sdk::make_tp_layout(d, 2, 1);
+  EXPECT_EQ(L.local.layers[0].attention.num_heads, 2);
+  EXPECT_EQ(L.local.layers[0].attention.num_kv_heads, 1);
+  EXPECT_EQ(L.local.layers[0].mlp.intermediate_size, 24);
+  EXPECT_EQ(L.vocab_block, 34);  // ceil(67 / 2)
+  EXPECT_EQ(L.vocab_begin, 34);
+  EXPECT_EQ(L.vocab_count, 33);  // the last block is padded by one row
+  EXPECT_EQ(L.local.find_param(0, sdk::ParamRole::o)->shape, (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(L.local.find_param(0, sdk::ParamRole::k)->shape, (std::vector<int64_t>{8, 32}));
+  sdk::ModelProgram p = sdk::build_program(L.local);
+  sdk::mark_tensor_parallel(p, L);
+  EXPECT_EQ(p.tp_size, 2);
+  int din = 0, out = 0;
+  for (const auto& s : p.layers[0].steps) {
+    din += s.tp_reduce_din;
+    out += s.tp_reduce_out;
+  }
+  EXPECT_EQ(din, 2);  // q|k|v and gate|up
+  EXPECT_EQ(out, 2);  // o and down
+  sdk::ExecutorCaps caps;
+  caps.name = "generator";
+  EXPECT_EQ(sdk::unsupported(p, caps), "generator: tensor parallelism is not supported");
+}
+
+// Every rank's slice placed back gives the full tensor, for every split (kv heads replicated
+// at TP 4 with 2 kv heads; the vocabulary 67 over 4 ranks: blocks of 17, the last one 16).
+TEST(TensorParallel, SlicesPlaceBackToTheFullTensors) {
+  for (int64_t T : {2, 4}) {
+    const sdk::TransformerDesc d = model::describe(llama(67, 2));
+    std::vector<sdk::TpLayout> layouts;
+    for (int64_t r = 0; r < T; ++r) layouts.push_back(sdk::make_tp_layout(d, T, r));
+    for (size_t i = 0; i < d.params.size(); ++i) {
+      std::vector<float> full(size_t(numel(d.params[i].shape)));
+      std::iota(full.begin(), full.end(), 1.f);
+      std::vector<float> back(full.size(), 0.f);
+      for (const auto& L : layouts) {
+        const std::vector<float> piece = sdk::tp_slice(L, i, full);
+        ASSERT_EQ(int64_t(piece.size()), numel(L.local.params[i].shape)) << d.params[i].name;
+        sdk::tp_place(L, i, piece, back);
+      }
+      EXPECT_EQ(back, full) << d.params[i].name << " at tp " << T;
+    }
+    if (T == 4) {
+      const sdk::TpPiece& k = layouts[3].pieces[size_t(d.find_param(0, sdk::ParamRole::k) - d.params.data())];
+      EXPECT_EQ(k.split, sdk::TpSplit::kv_rows);
+      EXPECT_EQ(k.begin, 8);  // rank 3's query heads read kv head 1
+      EXPECT_TRUE(k.sum_grads);
+      EXPECT_DOUBLE_EQ(k.norm_weight, 0.5);
+      EXPECT_EQ(layouts[3].vocab_count, 16);
+    }
+  }
+}
+
+TEST(TensorParallel, RefusesWhatItDoesNotRunByName) {
+  EXPECT_EQ(sdk::tp_unsupported(model::describe(llama()), 1), "");
+  EXPECT_EQ(sdk::tp_unsupported(model::describe(llama()), 3),
+            "tensor_model_parallel_size = 3: layer 0: num_attention_heads = 4 is not a multiple of 3");
+  json c = llama();
+  c["attention_bias"] = true;
+  EXPECT_NE(sdk::tp_unsupported(model::describe(c), 2).find("attention_bias"), std::string::npos);
+  c = llama();
+  c["num_key_value_heads"] = 4;
+  c["num_attention_heads"] = 8;
+  c["head_dim"] = 4;
+  EXPECT_EQ(sdk::tp_unsupported(model::describe(c), 8), "");
+  c["num_key_value_heads"] = 1;
+  EXPECT_EQ(sdk::tp_unsupported(model::describe(c), 8), "");  // MQA: one kv head on every rank
+  EXPECT_THROW(sdk::make_tp_layout(model::describe(llama()), 3, 0), std::invalid_argument);
+}
