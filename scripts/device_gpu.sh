@@ -12,6 +12,7 @@
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
+#     algos: DPO, RM (and PPO where its demo config is) with megatron on the GPU (#19)
 #     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
@@ -200,6 +201,43 @@ if [ "$what" = realrun ]; then
     { echo "GRPO stage failed"; rc=1; }
   grep -E "^\[rlhost\] step|validation accuracy|parameters|error" "$out/realrun_grpo.log" | grep -v "eta --" | tail -16
   echo "GRPO took $(( $(date +%s) - t0 )) s"
+fi
+if [ "$what" = algos ]; then
+  # DPO, RM and PPO (#19) with megatron on the GPU (bf16, policy.device=cuda; DPO's frozen
+  # reference and PPO's critic there too): the CPU demos' tasks, on a random tiny Llama.
+  d=$(mktemp -d)
+  "$bin/rlh_tiny_model" "$d/model" --alphabet "0123456789=" --seed 5 >/dev/null || rc=1
+  python3 - "$d" <<'PY'
+import json, random, sys
+for name, n, seed in (("train", 256, 11), ("val", 64, 12)):
+    r = random.Random(seed)
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
+        for _ in range(n):
+            p = "".join(str(r.randrange(10)) for _ in range(3))
+            other = r.choice([c for c in "0123456789" if c != p[0]])
+            f.write(json.dumps({"prompt": p + "=", "chosen": p[0], "rejected": other}) + "\n")
+PY
+  common=(--plugin megatron --plugin dataset_jsonl --plugin tokenizer_hf --plugin model_llama --plugin kernels_cpu)
+  gpu=(policy.model_name="$d/model" data.train.data_path="$d/train.jsonl" data.validation.data_path="$d/val.jsonl"
+       policy.dtensor_cfg.enabled=false ++policy.megatron_cfg.enabled=true ++policy.megatron_cfg.optimizer.lr=3e-3
+       ++policy.megatron_cfg.optimizer.weight_decay=0 policy.precision=bfloat16 ++policy.device=cuda)
+  for a in dpo rm; do
+    echo "== $a on the GPU =="
+    "$bin/rlhost" "${common[@]}" --plugin $a --config examples/configs/${a}_demo_cpu.yaml "${gpu[@]}" \
+      checkpointing.checkpoint_dir="$d/$a" logger.log_dir="$d/$a/logs" > "$out/algos_$a.log" 2>&1 || { echo "$a failed"; rc=1; }
+    grep -E "error" "$out/algos_$a.log" | cut -c1-260 | tail -3
+    grep -o '"validation-default/accuracy":[0-9.e-]*' "$d/$a/logs/metrics.jsonl" | tr '\n' ' '; echo
+    cp "$d/$a/logs/metrics.jsonl" "$out/algos_${a}_metrics.jsonl" 2>/dev/null
+  done
+  if [ -f examples/configs/ppo_demo_cpu.yaml ]; then
+    echo "== ppo on the GPU =="
+    "$bin/rlh_tiny_model" "$d/ppo_model" --alphabet "0123456789+-*=" --seed 1 >/dev/null
+    "$bin/rlhost" --plugin megatron --plugin generator --plugin environments --plugin tokenizer_hf --plugin model_llama \
+      --plugin kernels_cpu --plugin ppo --config examples/configs/ppo_demo_cpu.yaml policy.model_name="$d/ppo_model" \
+      checkpointing.checkpoint_dir="$d/ppo" logger.log_dir="$d/ppo/logs" policy.precision=bfloat16 ++policy.device=cuda \
+      ${PPO_ARGS:-} > "$out/algos_ppo.log" 2>&1 || { echo "ppo failed"; rc=1; }
+    grep -E "on cuda|accuracy|error" "$out/algos_ppo.log" | grep -v "eta --" | cut -c1-260 | tail -5
+  fi
 fi
 if [ "$what" = genprofile ]; then
   # Where a decoding step's time goes: the generator benchmark alone (no HF peer: a quick look,
