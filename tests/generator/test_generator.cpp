@@ -308,6 +308,39 @@ struct HostSink final : DeviceWeightSink {
   void flush() override { ++flushes; }
 };
 
+// Every HF piece of m's weights as a "cuda:0" float32 tensor over the host arrays (a sink that
+// reads host memory takes them): a stacked piece is its slab, a concatenated one (along columns)
+// a strided block of the engine tensor, with its strides kept in `strides`.
+std::vector<rlh_named_tensor> fake_device_pieces(const Model& m, std::vector<std::vector<int64_t>>& strides) {
+  std::vector<rlh_named_tensor> ts;
+  strides.reserve(256);
+  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+    const sdk::ParamDesc& p = m.desc.params[i];
+    for (size_t k = 0; k < p.hf_names.size(); ++k) {
+      rlh_named_tensor t{};
+      t.name = p.hf_names[k].c_str();
+      t.tensor.device = rlh_device{RLH_DEVICE_CUDA, 0};
+      t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+      t.tensor.ndim = int32_t(p.hf_shapes[k].size());
+      t.tensor.shape = const_cast<int64_t*>(p.hf_shapes[k].data());
+      int64_t n = 1;
+      for (int64_t x : p.hf_shapes[k]) n *= x;
+      const float* base = m.weights[i].data();
+      if (p.transform == sdk::ParamTransform::stack) {
+        t.tensor.data = const_cast<float*>(base + int64_t(k) * n);
+      } else if (p.transform == sdk::ParamTransform::concat) {
+        strides.push_back({p.shape[1], 1});
+        t.tensor.strides = strides.back().data();
+        t.tensor.data = const_cast<float*>(base + (k == 0 ? 0 : p.hf_shapes[0][1]));
+      } else {
+        t.tensor.data = const_cast<float*>(base);
+      }
+      ts.push_back(t);
+    }
+  }
+  return ts;
+}
+
 TEST(Generator, DeviceRefitPlacesEveryPieceLayout) {
   for (const std::string kind : {"dense", "moe", "fused"}) {
     SCOPED_TRACE(kind);
@@ -327,34 +360,8 @@ TEST(Generator, DeviceRefitPlacesEveryPieceLayout) {
     Weights w(m.desc);
     HostSink sink(m.desc);
     w.set_device_sink(&sink);
-    std::vector<rlh_named_tensor> ts;
     std::vector<std::vector<int64_t>> strides;
-    strides.reserve(256);
-    for (size_t i = 0; i < m.desc.params.size(); ++i) {
-      const sdk::ParamDesc& p = m.desc.params[i];
-      for (size_t k = 0; k < p.hf_names.size(); ++k) {
-        rlh_named_tensor t{};
-        t.name = p.hf_names[k].c_str();
-        t.tensor.device = rlh_device{RLH_DEVICE_CUDA, 0};
-        t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
-        t.tensor.ndim = int32_t(p.hf_shapes[k].size());
-        t.tensor.shape = const_cast<int64_t*>(p.hf_shapes[k].data());
-        int64_t n = 1;
-        for (int64_t x : p.hf_shapes[k]) n *= x;
-        const float* base = m.weights[i].data();
-        if (p.transform == sdk::ParamTransform::stack) {
-          t.tensor.data = const_cast<float*>(base + int64_t(k) * n);
-        } else if (p.transform == sdk::ParamTransform::concat) {
-          // a block of the engine tensor: its row stride, starting at the piece's column
-          strides.push_back({p.shape[1], 1});
-          t.tensor.strides = strides.back().data();
-          t.tensor.data = const_cast<float*>(base + (k == 0 ? 0 : p.hf_shapes[0][1]));
-        } else {
-          t.tensor.data = const_cast<float*>(base);
-        }
-        ts.push_back(t);
-      }
-    }
+    const std::vector<rlh_named_tensor> ts = fake_device_pieces(m, strides);
     const size_t half = ts.size() / 2;
     w.update(3, {ts.data(), half}, false);
     EXPECT_FALSE(w.complete());
@@ -374,22 +381,8 @@ TEST(Generator, DeviceRefitPlacesEveryPieceLayout) {
 
 TEST(Generator, DeviceRefitRefusals) {
   const Model m = moe_like();
-  std::vector<rlh_named_tensor> ts;
-  for (size_t i = 0; i < m.desc.params.size(); ++i) {
-    const sdk::ParamDesc& p = m.desc.params[i];
-    int64_t n = 1;
-    for (int64_t x : p.hf_shapes[0]) n *= x;
-    for (size_t k = 0; k < p.hf_names.size(); ++k) {
-      rlh_named_tensor t{};
-      t.name = p.hf_names[k].c_str();
-      t.tensor.device = rlh_device{RLH_DEVICE_CUDA, 0};
-      t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
-      t.tensor.ndim = int32_t(p.hf_shapes[k].size());
-      t.tensor.shape = const_cast<int64_t*>(p.hf_shapes[k].data());
-      t.tensor.data = const_cast<float*>(m.weights[i].data() + (p.transform == sdk::ParamTransform::stack ? int64_t(k) * n : 0));
-      ts.push_back(t);
-    }
-  }
+  std::vector<std::vector<int64_t>> strides;
+  const std::vector<rlh_named_tensor> ts = fake_device_pieces(m, strides);
   const auto error_of = [](Weights& w, std::span<const rlh_named_tensor> part) -> std::string {
     try {
       w.update(1, part, false);
