@@ -243,7 +243,8 @@ TEST_F(Ppo, LearnsWithOneResponsePerPromptWhereGrpoCannot) {
   ASSERT_FALSE(p.empty());
   // GRPO: with one response per prompt every advantage is 0, so the policy never moves.
   for (const auto& [step, a] : g) EXPECT_EQ(a, g.begin()->second) << "grpo moved at step " << step;
-  for (const auto& [step, adv] : grpo["train/advantages/mean"]) EXPECT_EQ(adv, 0.0) << step;
+  ASSERT_EQ(grpo["train/loss"].size(), 60u);
+  for (const auto& [step, loss] : grpo["train/loss"]) EXPECT_EQ(loss, 0.0) << "grpo's loss at step " << step;
   EXPECT_LE(g.begin()->second, 0.3);
   // PPO: the critic's baseline gives the sampled digit a signed advantage.
   EXPECT_LE(p.begin()->second, 0.3) << "the untrained policy already copies";
@@ -293,6 +294,38 @@ TEST_F(Ppo, ResumesBitwiseWithTheCritic) {
   const json cfg = json::parse(read_file(dir / "straight/step_4/value/config.json"));
   EXPECT_NE(cfg.dump().find("ForSequenceClassification"), std::string::npos) << cfg.dump();
   EXPECT_NE(read_file(dir / "straight/step_4/value/model.safetensors").find("score.weight"), std::string::npos);
+}
+
+// policy_training_start_step: the critic trains alone for the first steps (the policy, and so
+// the greedy validation, stay as they were); the KL penalty in the reward loads the reference and
+// puts -coef * KL on every token (the advantages move with the coefficient).
+TEST_F(Ppo, CriticWarmupAndKlInTheReward) {
+  const std::vector<std::string> common = {"ppo.num_prompts_per_step=16", "ppo.val_period=0", "ppo.val_at_start=true",
+                                           "ppo.val_at_end=true"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  Metrics warm = run("ppo", with({"ppo.max_num_steps=3", "ppo.policy_training_start_step=3"}));
+  EXPECT_EQ(warm["validation/accuracy"].at(3), warm["validation/accuracy"].at(0));
+  EXPECT_TRUE(warm["train/loss"].empty()) << "the policy trained during the critic's warm-up";
+  EXPECT_EQ(warm["train/critic/loss"].size(), 3u);
+  Metrics trained = run("ppo", with({"ppo.max_num_steps=3"}));
+  EXPECT_EQ(trained["train/loss"].size(), 3u);
+  EXPECT_NE(trained["validation/accuracy"].at(3), trained["validation/accuracy"].at(0));
+
+  const std::vector<std::string> kl = {"ppo.max_num_steps=2", "++loss_fn.use_kl_in_reward=true",
+                                       "ppo.adv_estimator.normalize_advantages=false"};
+  auto with_coef = [&](const std::string& c) {
+    std::vector<std::string> v = with(kl);
+    v.push_back("loss_fn.reference_policy_kl_penalty=" + c);
+    return v;
+  };
+  Metrics none = run("ppo", with_coef("0.0")), some = run("ppo", with_coef("0.5"));
+  // Step 1: the policy is the reference, KL = 0, the same advantages; step 2: the policy has
+  // moved, so the penalty lowers the mean advantage.
+  EXPECT_EQ(some["train/advantages/mean"].at(1), none["train/advantages/mean"].at(1));
+  EXPECT_LT(some["train/advantages/mean"].at(2), none["train/advantages/mean"].at(2));
 }
 
 TEST_F(Ppo, BadInputsStopWithOneLineNamingThem) {
