@@ -18,35 +18,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "preference_fixture.hpp"
 #include "rlhost/host.h"
 #include "rlhost/sdk/status.hpp"
 
 namespace {
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-using Metrics = std::map<std::string, std::map<int64_t, double>>;
+using namespace rlh_test;  // have, code_of, read_file, read_metrics, Metrics, kPlugins
 
-const fs::path kPlugins = RLH_PLUGIN_DIR;
 const char* const kPluginNames[] = {"ppo",          "grpo",        "environments", "dataset_jsonl", "tokenizer_hf",
                                     "model_llama", "kernels_cpu", "generator",    "dtensor"};
-
 constexpr rlh_code kAnyError = rlh_code(-1);
-
-bool have(const std::string& p) { return fs::exists(kPlugins / ("lib" + p + ".so")); }
-
-rlh_code code_of(rlh_status* s, std::string* msg = nullptr) {
-  rlh::sdk::StatusPtr p(s);
-  if (msg != nullptr) *msg = rlh::sdk::status_message(s);
-  return s != nullptr ? s->code : RLH_OK;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 struct Ppo : ::testing::Test {
   void SetUp() override {
@@ -209,16 +191,8 @@ cluster:
       EXPECT_EQ(c, want) << msg;
     }
     if (error != nullptr) *error = msg;
-    std::string lines;
-    EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+    Metrics out = read_metrics(h);
     rlhost_destroy(h);
-    Metrics out;
-    std::istringstream in(lines);
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      const json j = json::parse(line);
-      out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-    }
     return out;
   }
 

@@ -480,49 +480,27 @@ struct GrpoLoop::Impl {
         loss->output_specs(T, cfg.generation.train.top_k, cfg.generation.train.top_p);
     // At DP > 1 this rank holds gbs / N samples of every global batch, in batch order.
     const int64_t gbs = cfg.policy.train_global_batch_size / dp_size;
-    double loss_sum = 0, grad_norm_sum = 0;
-    std::map<std::string, double> summed;
-    Metrics extrema;
-    for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
-      PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
-      const BatchMasks masks(chunk);
-      // The loss normalises by the global batch's counts: summed over the ranks' shares.
-      std::vector<double> counts = {masks.counts.tokens, masks.counts.seqs, 0.0};
+    // The loss normalises by the global batch's counts: summed over the ranks' shares.
+    auto counts = [&](const PackedBatch& chunk, const BatchMasks& masks) {
+      std::vector<double> c = {masks.counts.tokens, masks.counts.seqs, 0.0};
       if (cfg.loss.positive_example_nll_weight > 0) {
         const std::vector<float>& rw = *chunk.find("rewards");
         std::vector<double> rwd(rw.begin(), rw.end());
-        counts[2] = positive_valid_tokens(masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data());
+        c[2] = positive_valid_tokens(masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data());
       }
-      sum_over(world, counts);
-      if (cfg.loss.positive_example_nll_weight > 0) loss->set_global_positive_tokens(counts[2]);
-      const ValidCounts global_counts{counts[0], counts[1]};
-      loss->reset_step();
-      const rlh_train_args a = train_args(chunk, specs, *loss, global_counts,
-                                          cfg.policy.train_mb_tokens,
-                                          cfg.policy.train_micro_batch_size);
-      Backend::TrainResult r = backend->train_step(policy, a);
-      stop_on_nonfinite(r.loss, r.grad_norm, step + 1, "train step");
-      loss_sum += r.loss;
-      grad_norm_sum += r.grad_norm;
-      // Backend metrics at the top level, the loss callback's (already normalised, summed over
-      // micro-batches) under "metrics". Settings keep their last value; everything else sums
-      // over global batches, as NeMo-RL's grpo_train does.
-      auto absorb = [&](const json& obj) {
-        for (const auto& [k, v] : obj.items()) {
-          if (!v.is_number()) continue;
-          if (k == "lr" || k == "wd" || k == "weight_decay" || k == "step" || k == "clip_coef") summed[k] = v.get<double>();
-          else summed[k] += v.get<double>();
-        }
-      };
-      absorb(r.metrics);
-      if (r.metrics.contains("metrics") && r.metrics["metrics"].is_object()) absorb(r.metrics["metrics"]);
-      extrema.merge(reduce_extrema(loss->step_extrema()));
-    }
-    metrics["loss"] = loss_sum;
-    metrics["grad_norm"] = grad_norm_sum;
-    for (const auto& [k, v] : summed)
-      if (k != "loss" && k != "grad_norm") metrics[k] = v;
-    for (const Metric& m : extrema.items()) metrics[m.name] = m.value;
+      sum_over(world, c);
+      if (cfg.loss.positive_example_nll_weight > 0) loss->set_global_positive_tokens(c[2]);
+      return ValidCounts{c[0], c[1]};
+    };
+    // Settings keep their last value; everything else sums over global batches, as NeMo-RL's
+    // grpo_train does.
+    const ChunkedTrain t = train_in_chunks(*backend, policy, b, gbs, *loss, specs, cfg.policy.train_mb_tokens,
+                                           cfg.policy.train_micro_batch_size, step + 1, "train step", counts,
+                                           [&](const Metrics& m) { return reduce_extrema(m); });
+    metrics["loss"] = t.loss;
+    metrics["grad_norm"] = t.grad_norm;
+    for (const auto& [k, v] : t.summed) metrics[k] = v;
+    for (const Metric& m : t.extrema.items()) metrics[m.name] = m.value;
   }
 
   // The loss's min/max metrics over every rank's micro-batches (each rank has some: it trains

@@ -96,14 +96,8 @@ Critic::Critic(const sdk::Host& host, Backend& backend, const PpoConfig& cfg, co
 }
 
 void Critic::values_and_advantages(PackedBatch& b, int64_t mb_tokens, std::map<std::string, double>& metrics) {
-  rlh_output_spec s{};
-  s.struct_size = RLH_STRUCT_SIZE(rlh_output_spec, ids_field);
-  s.kind = RLH_OUTPUT_VALUE;
-  s.name = "values";
-  s.temperature = 1.0;
-  s.top_p = 1.0;
   std::vector<std::vector<float>> out;
-  backend_.forward(model_, b, {s}, out, mb_tokens);
+  backend_.forward(model_, b, loss_->output_specs(1.0, 0, 1.0), out, mb_tokens);  // RLH_OUTPUT_VALUE
   const Packing p{b.num_tokens(), b.num_seqs(), b.offsets().data()};
   // The head's entry t values the state after token t; V_t (before token t) is entry t-1.
   const std::vector<double> v = to_token_frame(p, std::vector<double>(out[0].begin(), out[0].end()));
@@ -144,33 +138,17 @@ void Critic::values_and_advantages(PackedBatch& b, int64_t mb_tokens, std::map<s
 
 void Critic::train(PackedBatch& b, int64_t step, std::map<std::string, double>& metrics) {
   const std::vector<rlh_output_spec> specs = loss_->output_specs(1.0, 0, 1.0);
-  const int64_t gbs = cfg_.train_global_batch_size;
-  double loss_sum = 0, grad_norm_sum = 0;
-  std::map<std::string, double> summed;
-  Metrics extrema;
-  for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
-    PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
-    const BatchMasks masks(chunk);
-    loss_->reset_step();
-    const rlh_train_args a =
-        train_args(chunk, specs, *loss_, masks.counts, cfg_.train_mb_tokens, cfg_.train_micro_batch_size);
-    const Backend::TrainResult r = backend_.train_step(model_, a);
-    stop_on_nonfinite(r.loss, r.grad_norm, step, "critic train step");
-    loss_sum += r.loss;
-    grad_norm_sum += r.grad_norm;
-    for (const char* k : {"lr", "wd"})
-      if (r.metrics.contains(k) && r.metrics[k].is_number()) summed[k] = r.metrics[k].get<double>();
-    if (r.metrics.contains("metrics") && r.metrics["metrics"].is_object())
-      for (const auto& [k, v] : r.metrics["metrics"].items())
-        if (v.is_number() && k != "loss") summed[k] += v.get<double>();
-    extrema.merge(loss_->step_extrema());
-  }
-  metrics["critic/loss"] = loss_sum;
-  metrics["critic/grad_norm"] = grad_norm_sum;
-  for (const auto& [k, v] : summed) metrics["critic/" + k] = v;
-  for (const Metric& m : extrema.items()) metrics["critic/" + m.name] = m.value;
-  metrics["critic/explained_var"] = explained_variance(summed["returns_mean"], summed["values_mean"],
-                                                       summed["returns_sq_mean"], summed["residual_sq_mean"]);
+  // The critic's global batches are value.train_global_batch_size sequences (one rank).
+  const ChunkedTrain t = train_in_chunks(backend_, model_, b, cfg_.train_global_batch_size, *loss_, specs,
+                                         cfg_.train_mb_tokens, cfg_.train_micro_batch_size, step, "critic train step",
+                                         [](const PackedBatch&, const BatchMasks& m) { return m.counts; });
+  metrics["critic/loss"] = t.loss;
+  metrics["critic/grad_norm"] = t.grad_norm;
+  for (const auto& [k, v] : t.summed) metrics["critic/" + k] = v;
+  for (const Metric& m : t.extrema.items()) metrics["critic/" + m.name] = m.value;
+  auto sum = [&](const char* k) { return t.summed.count(k) ? t.summed.at(k) : 0.0; };
+  metrics["critic/explained_var"] =
+      explained_variance(sum("returns_mean"), sum("values_mean"), sum("returns_sq_mean"), sum("residual_sq_mean"));
 }
 
 void Critic::save(const std::string& dir) {
