@@ -72,7 +72,7 @@ struct Ppo : ::testing::Test {
   num_generations_per_prompt: 1
   max_rollout_turns: 1
   max_num_epochs: 1
-  max_num_steps: 60
+  max_num_steps: 30
   val_period: 10
   val_at_start: true
   val_at_end: true
@@ -217,7 +217,7 @@ TEST_F(Ppo, LearnsWithOneResponsePerPromptWhereGrpoCannot) {
   ASSERT_FALSE(p.empty());
   // GRPO: with one response per prompt every advantage is 0, so the policy never moves.
   for (const auto& [step, a] : g) EXPECT_EQ(a, g.begin()->second) << "grpo moved at step " << step;
-  ASSERT_EQ(grpo["train/loss"].size(), 60u);
+  ASSERT_EQ(grpo["train/loss"].size(), 30u);
   for (const auto& [step, loss] : grpo["train/loss"]) EXPECT_EQ(loss, 0.0) << "grpo's loss at step " << step;
   EXPECT_LE(g.begin()->second, 0.3);
   // PPO: the critic's baseline gives the sampled digit a signed advantage.
@@ -228,10 +228,10 @@ TEST_F(Ppo, LearnsWithOneResponsePerPromptWhereGrpoCannot) {
                         "train/critic/vf_clipfrac", "train/critic/values_mean", "train/critic/returns_mean",
                         "train/critic/values_min", "train/critic/values_max", "train/advantages/mean",
                         "train/advantages/max", "train/advantages/min", "train/loss", "train/reward"})
-    EXPECT_TRUE(ppo.count(k) && ppo[k].count(60)) << k;
+    EXPECT_TRUE(ppo.count(k) && ppo[k].count(30)) << k;
   // The critic fits the returns: its loss falls. (Its explained variance is NeMo-RL's formula,
   // which divides by the returns' variance: near 0 once every response is right.)
-  EXPECT_LT(ppo["train/critic/loss"][60], ppo["train/critic/loss"][1]);
+  EXPECT_LT(ppo["train/critic/loss"][30], ppo["train/critic/loss"][1]);
 }
 
 // 4 steps straight against 2, then a resume to 4: steps 3-4 log the same policy and critic
