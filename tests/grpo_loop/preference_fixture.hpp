@@ -1,4 +1,5 @@
-// The fixture of the preference loops' tests (test_dpo_loop, test_rm_loop): a random tiny Llama,
+// The fixture of the preference loops' tests (test_dpo_loop, test_rm_loop), whose helpers
+// (have, code_of, read_file, read_metrics) test_ppo_loop uses too: a random tiny Llama,
 // synthetic preference pairs ("abc=" -> chosen: the first digit, rejected: another), and a run of
 // the algorithm plugin through librlhost with the real plugins, returning its metrics.
 #pragma once
@@ -41,6 +42,20 @@ inline rlh_code code_of(rlh_status* s, std::string* msg = nullptr) {
   rlh::sdk::StatusPtr p(s);
   if (msg != nullptr) *msg = rlh::sdk::status_message(s);
   return s != nullptr ? s->code : RLH_OK;
+}
+
+// Every metric a finished run logged, as {name: {step: value}}.
+inline Metrics read_metrics(rlhost_t* h) {
+  std::string lines;
+  EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+  Metrics out;
+  std::istringstream in(lines);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const json j = json::parse(line);
+    out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
+  }
+  return out;
 }
 
 // `n` pairs "abc=" -> chosen: the first digit, rejected: another digit (a seeded LCG).
@@ -118,16 +133,8 @@ class PreferenceLoopTest : public ::testing::Test {
     const rlh_code c = code_of(rlhost_run(h), &msg);
     EXPECT_EQ(c, want) << msg;
     if (error != nullptr) *error = msg;
-    std::string lines;
-    EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+    Metrics out = read_metrics(h);
     rlhost_destroy(h);
-    Metrics out;
-    std::istringstream in(lines);
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      const json j = json::parse(line);
-      out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-    }
     return out;
   }
 

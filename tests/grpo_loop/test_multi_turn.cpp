@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "components.hpp"
+#include "preference_fixture.hpp"  // rlh_test::read_metrics
 #include "rlhost/host.h"
 #include "rlhost/sdk/status.hpp"
 #include "rollout.hpp"
@@ -384,16 +385,8 @@ cluster:
     EXPECT_EQ(code_of(rlhost_load_config(h, file.c_str()), &msg), RLH_OK) << msg;
     for (const auto& o : overrides) EXPECT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
     EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_OK) << msg;
-    std::string lines;
-    EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+    auto out = rlh_test::read_metrics(h);
     rlhost_destroy(h);
-    std::map<std::string, std::map<int64_t, double>> out;
-    std::istringstream in(lines);
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      const json j = json::parse(line);
-      out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-    }
     return out;
   }
 

@@ -231,18 +231,11 @@ logger: {log_dir: )" << (dir / "grpo_logs").string() << R"(, console_enabled: fa
   for (const std::string p : {"grpo", "generator", "environments", "dtensor", "kernels_cpu", "dataset_jsonl",
                               "tokenizer_hf", "model_llama"})
     ASSERT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
-  std::string msg, lines;
+  std::string msg;
   ASSERT_EQ(code_of(rlhost_load_config(h, (dir / "grpo_rm.yaml").c_str()), &msg), RLH_OK) << msg;
   ASSERT_EQ(code_of(rlhost_run(h), &msg), RLH_OK) << msg;
-  EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+  Metrics m = read_metrics(h);
   rlhost_destroy(h);
-  Metrics m;
-  std::istringstream in(lines);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const json j = json::parse(line);
-    m[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-  }
   auto& reward = m["validation/accuracy"];  // GRPO's validation score: the mean reward
   ASSERT_TRUE(reward.count(0) && reward.count(32)) << "validation at steps 0 and 32";
   RecordProperty("validation_reward_step_0", std::to_string(reward[0]));

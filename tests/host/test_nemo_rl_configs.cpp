@@ -151,7 +151,7 @@ TEST_F(NemoRlConfigs, SettingsThatChangeBehaviourAreRefusedByName) {
       {"++logger.mlflow_enabled=true", "logger.mlflow_enabled", "true", "MLflow"},
       {"++policy.generation.vllm_cfg.precision=fp8", "policy.generation.vllm_cfg.precision", "fp8", "FP8 rollouts"},
       {"++policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.enabled", "true", "LoRA"},
-      {"++ppo.max_num_steps=3", "ppo.max_num_steps", "3", "PPO algorithm with a value model"},
+      {"++distillation.max_num_steps=3", "distillation.max_num_steps", "3", "distillation algorithm"},
   };
   for (const auto& c : refused) {
     const Outcome o = load(base, {c.override_text});

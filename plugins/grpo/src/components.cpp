@@ -1,6 +1,7 @@
 // Component handles over the ABI tables (see components.hpp).
 #include "components.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -600,6 +601,36 @@ std::string Tokenizer::apply_chat_template(const json& messages, bool add_genera
   sdk::check(api_->apply_chat_template(self_, m.data(), m.size(), add_generation_prompt ? 1 : 0,
                                        nullptr, 0, sdk::write_to_string, &out),
              "chat template");
+  return out;
+}
+
+ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b, int64_t gbs, LossAdapter& loss,
+                             const std::vector<rlh_output_spec>& specs, int64_t mb_tokens, int64_t mb_seqs,
+                             int64_t step, const std::string& what,
+                             const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
+                             const std::function<Metrics(const Metrics&)>& reduce) {
+  ChunkedTrain out;
+  auto absorb = [&](const json& obj) {
+    for (const auto& [k, v] : obj.items()) {
+      if (!v.is_number() || k == "loss" || k == "grad_norm") continue;
+      if (k == "lr" || k == "wd" || k == "weight_decay" || k == "step" || k == "clip_coef") out.summed[k] = v.get<double>();
+      else out.summed[k] += v.get<double>();
+    }
+  };
+  for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
+    PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
+    const BatchMasks masks(chunk);
+    const ValidCounts global = counts(chunk, masks);
+    loss.reset_step();
+    const rlh_train_args a = train_args(chunk, specs, loss, global, mb_tokens, mb_seqs);
+    const Backend::TrainResult r = backend.train_step(model, a);
+    stop_on_nonfinite(r.loss, r.grad_norm, step, what);
+    out.loss += r.loss;
+    out.grad_norm += r.grad_norm;
+    absorb(r.metrics);
+    if (r.metrics.contains("metrics") && r.metrics["metrics"].is_object()) absorb(r.metrics["metrics"]);
+    out.extrema.merge(reduce ? reduce(loss.step_extrema()) : loss.step_extrema());
+  }
   return out;
 }
 

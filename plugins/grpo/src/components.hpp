@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -243,6 +244,24 @@ class Tokenizer {
 // Error(RLH_E_ABORTED) naming the step. The backend applies no update from a non-finite gradient
 // and nothing of this step is checkpointed, so the last checkpoint is the state to resume from.
 void stop_on_nonfinite(double loss, double grad_norm, int64_t step, const std::string& what);
+
+// Optimizer steps of `model` over chunks of `gbs` sequences of `b` (NeMo-RL's global batches),
+// reduced as NeMo-RL's training loops do: loss and grad_norm summed over chunks; the backend's
+// metrics and the loss callback's (under "metrics"), settings (lr, wd, weight_decay, step,
+// clip_coef) keeping their last value and the rest summed; the loss's min/max metrics merged
+// (through `reduce`, e.g. over data-parallel ranks, when given). `counts(chunk, masks)` gives the
+// counts the loss normalises by (the global batch's: data-parallel sums, ...). A non-finite loss
+// stops with `what` and `step` (stop_on_nonfinite).
+struct ChunkedTrain {
+  double loss = 0, grad_norm = 0;
+  std::map<std::string, double> summed;  // every other metric
+  Metrics extrema;
+};
+ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b, int64_t gbs, LossAdapter& loss,
+                             const std::vector<rlh_output_spec>& specs, int64_t mb_tokens, int64_t mb_seqs,
+                             int64_t step, const std::string& what,
+                             const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
+                             const std::function<Metrics(const Metrics&)>& reduce = nullptr);
 
 // Resumes a loop from the newest checkpoint that verifies and loads (CheckpointManager::resume):
 // `load` restores the loop's state from one (throwing Error(RLH_E_DATA_LOSS) for a damaged one).

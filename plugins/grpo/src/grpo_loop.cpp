@@ -13,6 +13,7 @@
 
 #include "components.hpp"
 #include "loop_config.hpp"
+#include "ppo_critic.hpp"
 #include "rlhost/grpo/advantages.hpp"
 #include "rlhost/grpo/config.hpp"
 #include "rlhost/grpo/dynamic_sampling.hpp"
@@ -69,11 +70,11 @@ std::string pick_generator(const sdk::Host& host, const std::string& wanted) {
               "policy.generation.backend: " + msg);
 }
 
-std::string resolve_model(const std::string& name) {
+std::string resolve_model(const std::string& name, const char* key = "policy.model_name") {
   try {
     return sdk::resolve_model_path(name).string();
   } catch (const std::exception& e) {
-    throw Error(RLH_E_NOT_FOUND, std::string("policy.model_name: ") + e.what());
+    throw Error(RLH_E_NOT_FOUND, std::string(key) + ": " + e.what());
   }
 }
 
@@ -125,6 +126,9 @@ struct GrpoLoop::Impl {
   std::unique_ptr<LossAdapter> loss;
   std::unique_ptr<sdk::CheckpointManager> ckpt;
   std::string model_dir;
+  // PPO (built as `ppo`): its settings and the critic, a value model on the same backend.
+  std::optional<PpoConfig> ppo;
+  std::unique_ptr<Critic> critic;
 
   // Data parallelism (docs/parallelism.md): every launched rank is a data-parallel rank of the
   // policy. Each generates, scores and trains on its share of every global batch (whole prompt
@@ -167,7 +171,9 @@ struct GrpoLoop::Impl {
 
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
-    if (cfg.needs_reference()) reference = backend->load_model("reference", model_dir, false);
+    if (ppo) critic = std::make_unique<Critic>(host, *backend, *ppo, resolve_model(ppo->model_name, "value.model_name"));
+    if (cfg.needs_reference() || (ppo && ppo->gae.kl_in_reward()))
+      reference = backend->load_model("reference", model_dir, false);
     // The generator gets policy.generation; the native generator reads its own subsection
     // native_cfg from it (and takes the whole object as its settings when that key is absent).
     json gen_section = cfg.generation.section;
@@ -197,6 +203,7 @@ struct GrpoLoop::Impl {
   void setup_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
     prompts_per_chunk = gbs / G;
+    if (ppo) refuse_data_parallel("ppo");  // the critic's step is not sharded yet
     if (sdk::detect_launch().size <= 1) return;
     world = sdk::Comm::world(host);
     dp_size = world.size();
@@ -227,6 +234,11 @@ struct GrpoLoop::Impl {
         throw Error(RLH_E_DATA_LOSS, where + ": not a GRPO checkpoint (no step, data_order or consumed_samples)");
       order->restore(info["data_order"], where);
       backend->load_state(policy, (c.dir / "policy").string());
+      if (critic) {
+        if (!fs::is_directory(c.dir / "value"))
+          throw Error(RLH_E_DATA_LOSS, (c.dir / "value").string() + ": missing (not a PPO checkpoint: no critic)");
+        critic->load((c.dir / "value").string());
+      }
       step = info["step"].get<int64_t>();  // agrees with the folder's (verify_checkpoint)
       consumed_samples = info.value("consumed_samples", int64_t{0});
     });
@@ -416,7 +428,7 @@ struct GrpoLoop::Impl {
     auto& adv = b.field("advantages", PackedBatch::Frame::kToken);
     auto& sample_mask = b.field("sample_mask", PackedBatch::Frame::kSequence);
     std::vector<float>* rewards = nullptr;
-    if (cfg.loss.positive_example_nll_weight > 0) rewards = &b.field("rewards", PackedBatch::Frame::kSequence);
+    if (cfg.loss.positive_example_nll_weight > 0 || critic) rewards = &b.field("rewards", PackedBatch::Frame::kSequence);
     const auto& off = b.offsets();
     for (size_t i = 0; i < ss.responses.size(); ++i) {
       const int64_t start = off[i] + static_cast<int64_t>(ss.prompts[i]->ids.size());
@@ -468,49 +480,27 @@ struct GrpoLoop::Impl {
         loss->output_specs(T, cfg.generation.train.top_k, cfg.generation.train.top_p);
     // At DP > 1 this rank holds gbs / N samples of every global batch, in batch order.
     const int64_t gbs = cfg.policy.train_global_batch_size / dp_size;
-    double loss_sum = 0, grad_norm_sum = 0;
-    std::map<std::string, double> summed;
-    Metrics extrema;
-    for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
-      PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
-      const BatchMasks masks(chunk);
-      // The loss normalises by the global batch's counts: summed over the ranks' shares.
-      std::vector<double> counts = {masks.counts.tokens, masks.counts.seqs, 0.0};
+    // The loss normalises by the global batch's counts: summed over the ranks' shares.
+    auto counts = [&](const PackedBatch& chunk, const BatchMasks& masks) {
+      std::vector<double> c = {masks.counts.tokens, masks.counts.seqs, 0.0};
       if (cfg.loss.positive_example_nll_weight > 0) {
         const std::vector<float>& rw = *chunk.find("rewards");
         std::vector<double> rwd(rw.begin(), rw.end());
-        counts[2] = positive_valid_tokens(masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data());
+        c[2] = positive_valid_tokens(masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data());
       }
-      sum_over(world, counts);
-      if (cfg.loss.positive_example_nll_weight > 0) loss->set_global_positive_tokens(counts[2]);
-      const ValidCounts global_counts{counts[0], counts[1]};
-      loss->reset_step();
-      const rlh_train_args a = train_args(chunk, specs, *loss, global_counts,
-                                          cfg.policy.train_mb_tokens,
-                                          cfg.policy.train_micro_batch_size);
-      Backend::TrainResult r = backend->train_step(policy, a);
-      stop_on_nonfinite(r.loss, r.grad_norm, step + 1, "train step");
-      loss_sum += r.loss;
-      grad_norm_sum += r.grad_norm;
-      // Backend metrics at the top level, the loss callback's (already normalised, summed over
-      // micro-batches) under "metrics". Settings keep their last value; everything else sums
-      // over global batches, as NeMo-RL's grpo_train does.
-      auto absorb = [&](const json& obj) {
-        for (const auto& [k, v] : obj.items()) {
-          if (!v.is_number()) continue;
-          if (k == "lr" || k == "wd" || k == "weight_decay" || k == "step" || k == "clip_coef") summed[k] = v.get<double>();
-          else summed[k] += v.get<double>();
-        }
-      };
-      absorb(r.metrics);
-      if (r.metrics.contains("metrics") && r.metrics["metrics"].is_object()) absorb(r.metrics["metrics"]);
-      extrema.merge(reduce_extrema(loss->step_extrema()));
-    }
-    metrics["loss"] = loss_sum;
-    metrics["grad_norm"] = grad_norm_sum;
-    for (const auto& [k, v] : summed)
-      if (k != "loss" && k != "grad_norm") metrics[k] = v;
-    for (const Metric& m : extrema.items()) metrics[m.name] = m.value;
+      sum_over(world, c);
+      if (cfg.loss.positive_example_nll_weight > 0) loss->set_global_positive_tokens(c[2]);
+      return ValidCounts{c[0], c[1]};
+    };
+    // Settings keep their last value; everything else sums over global batches, as NeMo-RL's
+    // grpo_train does.
+    const ChunkedTrain t = train_in_chunks(*backend, policy, b, gbs, *loss, specs, cfg.policy.train_mb_tokens,
+                                           cfg.policy.train_micro_batch_size, step + 1, "train step", counts,
+                                           [&](const Metrics& m) { return reduce_extrema(m); });
+    metrics["loss"] = t.loss;
+    metrics["grad_norm"] = t.grad_norm;
+    for (const auto& [k, v] : t.summed) metrics[k] = v;
+    for (const Metric& m : t.extrema.items()) metrics[m.name] = m.value;
   }
 
   // The loss's min/max metrics over every rank's micro-batches (each rank has some: it trains
@@ -545,6 +535,7 @@ struct GrpoLoop::Impl {
     const fs::path policy_dir = fs::path(dir) / "policy";
     if (dp_rank == 0) fs::create_directories(policy_dir);
     backend->save_state(policy, policy_dir.string());
+    if (critic) critic->save((fs::path(dir) / "value").string());  // NeMo-RL's step_N/value
     if (dp_rank != 0) return;
     // The tokenizer beside the weights, as NeMo-RL saves it (policy/tokenizer).
     const fs::path tok_src = fs::is_directory(cfg.policy.tokenizer_name) ? fs::path(cfg.policy.tokenizer_name)
@@ -615,6 +606,11 @@ struct GrpoLoop::Impl {
       t0 = Clock::now();
       logprobs(batch);
       timers["policy_and_reference_logprobs"] = since(t0);
+      if (critic) {  // PPO: the critic's values, then GAE advantages and returns
+        t0 = Clock::now();
+        critic->values_and_advantages(batch, logprob_mb_tokens(), metrics);
+        timers["value_inference"] = since(t0);
+      }
 
       check_cancel("training");
       if (!first_train_step_logged) {
@@ -622,8 +618,24 @@ struct GrpoLoop::Impl {
         timers["startup"] = since(created);
       }
       t0 = Clock::now();
-      train(batch, metrics);
-      generator_stale = true;
+      if (critic) {
+        // NeMo-RL's ppo.py: ppo_epochs passes over the batch, the critic first, then the policy
+        // (from policy_training_start_step on: the steps before warm the critic up alone).
+        // Metrics are the last pass's.
+        const bool train_policy = step >= ppo->policy_training_start_step;
+        double value_time = 0;
+        for (int64_t e = 0; e < ppo->ppo_epochs; ++e) {
+          const auto tv = Clock::now();
+          critic->train(batch, s, metrics);
+          value_time += since(tv);
+          if (train_policy) train(batch, metrics);
+        }
+        timers["value_training"] = value_time;
+        if (train_policy) generator_stale = true;
+      } else {
+        train(batch, metrics);
+        generator_stale = true;
+      }
       timers["policy_training"] = since(t0);
       step = s;
 
@@ -702,12 +714,21 @@ struct GrpoLoop::Impl {
   }
 };
 
-GrpoLoop::GrpoLoop(const sdk::Host& host, const std::string& config_text) : impl_(std::make_unique<Impl>()) {
+GrpoLoop::GrpoLoop(const sdk::Host& host, const std::string& config_text, const std::string& algorithm)
+    : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
-  const json whole = parse_loop_config(config_text, "grpo");
-  impl_->cfg = GrpoLoopConfig::from_json(whole);
-  if (impl_->cfg.loss.use_kl_in_reward)
-    throw ConfigError("loss_fn.use_kl_in_reward: the KL penalty in the reward is not implemented; use false");
+  const json whole = parse_loop_config(config_text, algorithm.c_str());
+  impl_->cfg = GrpoLoopConfig::from_json(whole, algorithm);
+  if (algorithm == "ppo") {
+    GrpoLoopConfig& c = impl_->cfg;
+    impl_->ppo = PpoConfig::from_json(whole, c.policy, c.loss);
+    // NeMo-RL's ppo.py asserts this: skipping the reference leaves no KL to compute.
+    if (c.skip_reference_policy_logprobs && c.loss.reference_policy_kl_penalty != 0)
+      throw ConfigError("ppo.skip_reference_policy_logprobs_calculation: true needs loss_fn.reference_policy_kl_penalty "
+                        "= 0 (there is no reference to take a KL against)");
+  } else if (impl_->cfg.loss.use_kl_in_reward) {
+    throw ConfigError("loss_fn.use_kl_in_reward: the KL penalty in the reward is not implemented for GRPO (PPO has it); use false");
+  }
   impl_->config_yaml = to_yaml(nlohmann::ordered_json::parse(config_text));
 }
 

@@ -23,7 +23,9 @@ namespace rlh::grpo {
 class GrpoLoop {
  public:
   // `config_text`: the whole resolved configuration (JSON). Reads and checks it; creates nothing.
-  GrpoLoop(const sdk::Host& host, const std::string& config_text);
+  // `algorithm`: "grpo", or "ppo" (NeMo-RL's ppo.py: the same loop with a critic and GAE; see
+  // ppo_critic.hpp).
+  GrpoLoop(const sdk::Host& host, const std::string& config_text, const std::string& algorithm = "grpo");
   ~GrpoLoop();
   GrpoLoop(const GrpoLoop&) = delete;
   GrpoLoop& operator=(const GrpoLoop&) = delete;

@@ -148,24 +148,40 @@ DataSource read_data_source(const json& data, const std::string& split, bool req
   return DataSource{};
 }
 
-GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
+static GrpoLoopConfig read_loop_config(const json& whole, const std::string& section);
+
+GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole, const std::string& section) {
+  if (section == "grpo") return read_loop_config(whole, section);
+  // The shared readers name grpo.*; under ppo the same keys live in ppo.*.
+  try {
+    return read_loop_config(whole, section);
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    if (m.rfind("grpo", 0) == 0) m = section + m.substr(4);
+    throw ConfigError(m);
+  }
+}
+
+static GrpoLoopConfig read_loop_config(const json& whole, const std::string& section) {
   if (!whole.is_object()) throw ConfigError("configuration: expected a mapping");
   GrpoLoopConfig c;
   c.whole = whole;
-  const json& gj = child(whole, "grpo");
-  const Section g(gj, "grpo");
+  c.section = section;
+  const bool ppo = section == "ppo";
+  const json& gj = child(whole, section.c_str());
+  const Section g(gj, section);
   c.num_prompts_per_step = positive(g, "num_prompts_per_step", c.num_prompts_per_step);
   c.num_generations_per_prompt = positive(g, "num_generations_per_prompt", c.num_generations_per_prompt);
   c.max_num_epochs = positive(g, "max_num_epochs", c.max_num_epochs);
   c.max_num_steps = positive(g, "max_num_steps", c.max_num_steps);
   g.read("val_period", c.val_period);
-  if (c.val_period < 0) throw ConfigError("grpo.val_period: must be >= 0 (0 = no periodic validation)");
+  if (c.val_period < 0) throw ConfigError(g.key("val_period") + ": must be >= 0 (0 = no periodic validation)");
   g.read("val_at_start", c.val_at_start);
   g.read("val_at_end", c.val_at_end);
   c.val_batch_size = positive(g, "val_batch_size", c.val_batch_size);
   g.read("max_val_samples", c.max_val_samples);
   if (c.max_val_samples && *c.max_val_samples <= 0)
-    throw ConfigError("grpo.max_val_samples: must be positive or null");
+    throw ConfigError(g.key("max_val_samples") + ": must be positive or null");
   g.read("overlong_filtering", c.overlong_filtering);
   int64_t seed = static_cast<int64_t>(c.seed);
   g.read("seed", seed);
@@ -173,15 +189,18 @@ GrpoLoopConfig GrpoLoopConfig::from_json(const json& whole) {
   g.read("skip_reference_policy_logprobs_calculation", c.skip_reference_policy_logprobs);
   c.max_rollout_turns = positive(g, "max_rollout_turns", c.max_rollout_turns);
   bool async = false;
-  g.sub("async_grpo").read("enabled", async);
-  if (async) throw ConfigError("grpo.async_grpo.enabled: asynchronous GRPO is not implemented; use false");
+  g.sub(ppo ? "async_ppo" : "async_grpo").read("enabled", async);
+  if (async) throw ConfigError(g.key(ppo ? "async_ppo.enabled" : "async_grpo.enabled") +
+                               ": asynchronous training is not implemented; use false");
   bool kl_in_reward = false;
   g.read("use_kl_in_reward", kl_in_reward);
   if (kl_in_reward)
     throw ConfigError("grpo.use_kl_in_reward: the KL penalty in the reward is not implemented; use false "
                       "(loss_fn.reference_policy_kl_penalty puts it in the loss)");
-  c.advantages = AdvantageConfig::from_json(gj);
+  if (!ppo) c.advantages = AdvantageConfig::from_json(gj);  // (PPO's are GAE's: PpoConfig)
   c.dynamic_sampling = DynamicSamplingConfig::from_json(gj);
+  if (ppo && c.dynamic_sampling.use_dynamic_sampling)
+    throw ConfigError("ppo.use_dynamic_sampling: dynamic sampling is not implemented for PPO; use false");
   c.reward_scaling = RewardScalingConfig::from_json(child(gj, "reward_scaling"));
   c.reward_shaping = RewardShapingConfig::from_json(child(gj, "reward_shaping"));
   c.loss = ClippedPGConfig::from_json(child(whole, "loss_fn"));

@@ -105,8 +105,12 @@ struct GrpoLoopConfig {
 
   nlohmann::json whole;  // the resolved configuration (config.yaml of checkpoints)
 
+  // The algorithm's own section: "grpo", or "ppo" (NeMo-RL's ppo.yaml has the same loop keys
+  // under ppo.*; its advantages are GAE's, read by PpoConfig, and it has no grpo-only keys).
+  std::string section = "grpo";
+
   // Reads and checks the whole configuration; throws ConfigError naming the key.
-  static GrpoLoopConfig from_json(const nlohmann::json& whole);
+  static GrpoLoopConfig from_json(const nlohmann::json& whole, const std::string& section = "grpo");
   // True when the loss needs reference-policy logprobs and the config does not skip them.
   bool needs_reference() const {
     return loss.needs_reference_logprobs() && !skip_reference_policy_logprobs;

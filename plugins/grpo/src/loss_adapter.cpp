@@ -238,7 +238,8 @@ std::vector<rlh_output_spec> LossAdapter::output_specs(double temperature, int32
     s.top_p = kind == RLH_OUTPUT_LOGPROB ? top_p : 1.0;
     return s;
   };
-  if (std::holds_alternative<PreferenceConfig>(cfg_)) return {spec(RLH_OUTPUT_VALUE, opts_.values_output)};
+  if (std::holds_alternative<PreferenceConfig>(cfg_) || std::holds_alternative<ValueLossConfig>(cfg_))
+    return {spec(RLH_OUTPUT_VALUE, opts_.values_output)};
   std::vector<rlh_output_spec> out = {spec(RLH_OUTPUT_LOGPROB, opts_.logprobs_output)};
   const bool filtered = top_k > 0 || top_p < 1.0;
   if (const auto* pg = std::get_if<ClippedPGConfig>(&cfg_);
@@ -281,6 +282,34 @@ void LossAdapter::run(const rlh_microbatch& mb) {
     const LossResult res = preference_loss(in, grad.data());
     if (mb.grads == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "rlh_microbatch: null grads");
     write_vector(mb.grads[k_v], grad, "gradient of '" + opts_.values_output + "'");
+    write_scalar(mb.loss, res.loss);
+    report(mb, res);
+    return;
+  }
+  if (const auto* vl = std::get_if<ValueLossConfig>(&cfg_)) {
+    const int k_v = view.find_output(opts_.values_output);
+    if (k_v < 0)
+      throw Error(RLH_E_INVALID_ARGUMENT, "the loss needs the output '" + opts_.values_output + "' (RLH_OUTPUT_VALUE)");
+    // The head's entry t values the state after token t; the critic's V_t is the state before
+    // token t: to_token_frame shifts right (entry 0 = 0) and to_output_frame shifts the gradient back.
+    const std::vector<double> v = to_token_frame(
+        p, read_vector(mb.outputs[k_v].tensor, p.num_tokens, "output '" + opts_.values_output + "'"));
+    const std::vector<double> old = view.token_field("values", vl->clipped());
+    const std::vector<double> ret = view.token_field("returns", true);
+    const std::vector<double> tm = view.token_field("token_mask", true);
+    const std::vector<double> sm = view.seq_field("sample_mask", true);
+    ValueLossInputs in;
+    in.packing = p;
+    in.values = v.data();
+    in.old_values = ptr(old);
+    in.returns = ret.data();
+    in.token_mask = tm.data();
+    in.sample_mask = sm.data();
+    in.global_valid_toks = static_cast<double>(mb.global_num_tokens);
+    std::vector<double> grad(p.num_tokens, 0.0);
+    const LossResult res = value_loss(*vl, in, grad.data());
+    if (mb.grads == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "rlh_microbatch: null grads");
+    write_vector(mb.grads[k_v], to_output_frame(p, grad), "gradient of '" + opts_.values_output + "'");
     write_scalar(mb.loss, res.loss);
     report(mb, res);
     return;

@@ -21,7 +21,12 @@
 //                        filtering is on (NeMo-RL's curr_logprobs_unfiltered); if absent the KL
 //                        reads `logprobs`
 //   values               RLH_OUTPUT_VALUE, the reward model's PreferenceLossFn alone: unshifted
-//                        (entry t scores the prefix ending with token t), read as it comes
+//                        (entry t scores the prefix ending with token t), read as it comes;
+//                        for the critic's MseValueLossFn right-shifted within each sequence
+//                        (entry t = the value of the state before token t, 0 at position 0,
+//                        NeMo-RL's right_shift_values), the gradient shifted back
+// The critic's loss reads the batch fields `values` (the values the returns were computed with,
+// token frame, shifted the same way), `returns`, token_mask and sample_mask.
 // Fields may be float32/float64/bfloat16/float16 or integer/bool masks, shaped [n] or [n, 1];
 // gradients are written as float32, float64 or bfloat16 (the grads' dtype).
 //
@@ -41,6 +46,7 @@
 #include "rlhost/grpo/dpo_loss.hpp"
 #include "rlhost/grpo/metrics.hpp"
 #include "rlhost/grpo/preference_loss.hpp"
+#include "rlhost/grpo/value_loss.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::grpo {
@@ -55,7 +61,7 @@ struct LossAdapterOptions {
 
 class LossAdapter {
  public:
-  using Config = std::variant<ClippedPGConfig, NllConfig, DpoConfig, PreferenceConfig>;
+  using Config = std::variant<ClippedPGConfig, NllConfig, DpoConfig, PreferenceConfig, ValueLossConfig>;
 
   explicit LossAdapter(Config cfg, LossAdapterOptions opts = {});
   LossAdapter(const LossAdapter&) = delete;
@@ -76,7 +82,7 @@ class LossAdapter {
   // RLH_OUTPUT_LOGPROB with the generation's sampling settings, and, for the ClippedPG loss with
   // its KL term on while top-k/top-p filtering is active (top_k > 0 or top_p < 1),
   // `logprobs_unfiltered` as RLH_OUTPUT_LOGPROB_RAW; for the reward model's PreferenceLossFn,
-  // `values` as RLH_OUTPUT_VALUE alone. The names point into this adapter.
+  // `values` as RLH_OUTPUT_VALUE alone, and so for the critic's ValueLossConfig. The names point into this adapter.
   std::vector<rlh_output_spec> output_specs(double temperature, int32_t top_k, double top_p) const;
 
   // Min/max metrics of the micro-batches run since the last reset_step().
