@@ -12,7 +12,7 @@
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
-#     algos: DPO, RM (and PPO where its demo config is) with megatron on the GPU (#19)
+#     algos: DPO, RM and PPO (policy and critic) with megatron on the GPU (#19)
 #     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
@@ -229,15 +229,30 @@ PY
     grep -o '"validation-default/accuracy":[0-9.e-]*' "$d/$a/logs/metrics.jsonl" | tr '\n' ' '; echo
     cp "$d/$a/logs/metrics.jsonl" "$out/algos_${a}_metrics.jsonl" 2>/dev/null
   done
-  if [ -f examples/configs/ppo_demo_cpu.yaml ]; then
-    echo "== ppo on the GPU =="
-    "$bin/rlh_tiny_model" "$d/ppo_model" --alphabet "0123456789+-*=" --seed 1 >/dev/null
-    "$bin/rlhost" --plugin megatron --plugin generator --plugin environments --plugin tokenizer_hf --plugin model_llama \
-      --plugin kernels_cpu --plugin ppo --config examples/configs/ppo_demo_cpu.yaml policy.model_name="$d/ppo_model" \
-      checkpointing.checkpoint_dir="$d/ppo" logger.log_dir="$d/ppo/logs" policy.precision=bfloat16 ++policy.device=cuda \
-      ${PPO_ARGS:-} > "$out/algos_ppo.log" 2>&1 || { echo "ppo failed"; rc=1; }
-    grep -E "on cuda|accuracy|error" "$out/algos_ppo.log" | grep -v "eta --" | cut -c1-260 | tail -5
-  fi
+  echo "== ppo on the GPU (policy and critic) =="
+  "$bin/rlh_tiny_model" "$d/ppo_model" --alphabet "0123456789=" --seed 11 >/dev/null
+  python3 - "$d" <<'PY'
+import json, random, sys
+r, seen = random.Random(777), set()
+for name, n in (("ppo_train", 4096), ("ppo_val", 128)):
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
+        while n:
+            p = "".join(str(r.randrange(10)) for _ in range(4))
+            if p in seen: continue
+            seen.add(p); n -= 1
+            f.write(json.dumps({"input": p, "output": p[3]}) + "\n")
+PY
+  "$bin/rlhost" --plugin megatron --plugin generator --plugin environments --plugin dataset_jsonl --plugin tokenizer_hf \
+    --plugin model_llama --plugin kernels_cpu --plugin ppo --config examples/configs/ppo_demo_cpu.yaml \
+    policy.model_name="$d/ppo_model" data.train.data_path="$d/ppo_train.jsonl" data.validation.data_path="$d/ppo_val.jsonl" \
+    logger.log_dir="$d/ppo/logs" policy.dtensor_cfg.enabled=false ++policy.megatron_cfg.enabled=true \
+    ++policy.megatron_cfg.optimizer.lr=1e-3 ++policy.megatron_cfg.optimizer.weight_decay=0 policy.precision=bfloat16 \
+    ++policy.device=cuda ++value.dtensor_cfg.enabled=false ++value.megatron_cfg.enabled=true \
+    ++value.megatron_cfg.optimizer.lr=1e-2 ++value.megatron_cfg.optimizer.weight_decay=0 ++value.precision=bfloat16 \
+    ${PPO_ARGS:-} > "$out/algos_ppo.log" 2>&1 || { echo "ppo failed"; rc=1; }
+  grep -E "error|on cuda" "$out/algos_ppo.log" | cut -c1-260 | tail -4
+  grep -o '"validation/accuracy":[0-9.e-]*' "$d/ppo/logs/metrics.jsonl" | tr '\n' ' '; echo
+  cp "$d/ppo/logs/metrics.jsonl" "$out/algos_ppo_metrics.jsonl" 2>/dev/null
 fi
 if [ "$what" = genprofile ]; then
   # Where a decoding step's time goes: the generator benchmark alone (no HF peer: a quick look,
