@@ -251,7 +251,8 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_UNAVAILABLE, where + ": " + e.what());
   }
   m.device->load_parameters(weights);
-  m.kernels = m.device->describe() + "; kernels: " + m.registry->choices_summary();
+  const std::string chosen = m.registry->choices_summary();  // empty until the engine resolves its ops
+  m.kernels = m.device->describe() + "; kernels: " + (chosen.empty() ? "chosen per op at first use" : chosen);
   return true;
 }
 
