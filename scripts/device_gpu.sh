@@ -12,7 +12,7 @@
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
-#     algos: DPO, RM and PPO (policy and critic) with megatron on the GPU (#19)
+#     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
 #     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
@@ -253,6 +253,24 @@ PY
   grep -E "error|on cuda" "$out/algos_ppo.log" | cut -c1-260 | tail -4
   grep -o '"validation/accuracy":[0-9.e-]*' "$d/ppo/logs/metrics.jsonl" | tr '\n' ' '; echo
   cp "$d/ppo/logs/metrics.jsonl" "$out/algos_ppo_metrics.jsonl" 2>/dev/null
+  echo "== multi-turn GRPO on the GPU (reveal, 2 turns) =="
+  "$bin/rlh_tiny_model" "$d/reveal_model" --alphabet "0123456789=" --seed 11 >/dev/null
+  python3 - "$d" <<'PY'
+import json, random, sys
+r = random.Random(12345)
+for name, n in (("reveal_train", 4096), ("reveal_val", 128)):
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
+        for _ in range(n): f.write(json.dumps({"input": "=", "output": str(r.randrange(10))}) + "\n")
+PY
+  "$bin/rlhost" --plugin megatron --plugin generator --plugin environments --plugin dataset_jsonl --plugin tokenizer_hf \
+    --plugin model_llama --plugin kernels_cpu --plugin grpo --config examples/configs/grpo_multiturn_demo_cpu.yaml \
+    policy.model_name="$d/reveal_model" data.train.data_path="$d/reveal_train.jsonl" \
+    data.validation.data_path="$d/reveal_val.jsonl" logger.log_dir="$d/reveal/logs" policy.dtensor_cfg.enabled=false \
+    ++policy.megatron_cfg.enabled=true ++policy.megatron_cfg.optimizer.lr=1e-2 ++policy.megatron_cfg.optimizer.weight_decay=0 \
+    policy.precision=bfloat16 ++policy.device=cuda > "$out/algos_multiturn.log" 2>&1 || { echo "multi-turn failed"; rc=1; }
+  grep -E "error" "$out/algos_multiturn.log" | cut -c1-260 | tail -3
+  grep -o '"validation/accuracy":[0-9.e-]*' "$d/reveal/logs/metrics.jsonl" | tr '\n' ' '; echo
+  cp "$d/reveal/logs/metrics.jsonl" "$out/algos_multiturn_metrics.jsonl" 2>/dev/null
 fi
 if [ "$what" = genprofile ]; then
   # Where a decoding step's time goes: the generator benchmark alone (no HF peer: a quick look,
