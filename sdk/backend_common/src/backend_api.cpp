@@ -455,12 +455,6 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
 
 namespace {
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Row-major strides of a shape.
 std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
   std::vector<int64_t> strides(shape.size(), 1);

@@ -22,6 +22,13 @@
 
 namespace rlh::backend {
 
+// Elements of a tensor of this shape.
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 struct Backend;
 
 struct Model {

@@ -14,12 +14,6 @@ using sdk::Error;
 
 namespace {
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // The group the state is sharded over (and the norm summed over).
 const sdk::Comm* shard_comm(const Model& m) {
   switch (m.dp_mode) {
