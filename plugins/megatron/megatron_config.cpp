@@ -92,9 +92,22 @@ backend::BackendConfig read_config(const json& policy) {
                                          std::to_string(cfg.parallel.tp) +
                                          ": sequence parallelism is not implemented (set it false: tensor parallelism "
                                          "alone computes the same results)");
-  for (const char* k : {"megatron_cfg.pipeline_model_parallel_size",
-                        "megatron_cfg.context_parallel_size", "megatron_cfg.expert_model_parallel_size",
-                        "megatron_cfg.expert_tensor_parallel_size",
+  // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
+  // carved from the data-parallel ones; the experts are not further split (etp = 1).
+  const std::string ep_key = "megatron_cfg.expert_model_parallel_size", etp_key = "megatron_cfg.expert_tensor_parallel_size";
+  cfg.parallel.ep = r.is_null(ep_key) ? 1 : r.integer(ep_key, 1);
+  if (cfg.parallel.ep < 1) r.fail(ep_key, "must be at least 1, got " + std::to_string(cfg.parallel.ep));
+  const int64_t etp = r.is_null(etp_key) ? 0 : r.integer(etp_key, 1);
+  if (etp > 1)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(etp_key) + " = " + std::to_string(etp) +
+                                         ": expert tensor parallelism is not implemented (set it to 1: each rank "
+                                         "holds whole experts)");
+  if (etp < 0 || (etp == 0 && !r.is_null(etp_key))) r.fail(etp_key, "must be at least 1, got " + std::to_string(etp));
+  if (cfg.parallel.ep > 1 && cfg.parallel.tp > 1)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + r.full(tp_key) +
+                                         " = " + std::to_string(cfg.parallel.tp) +
+                                         ": expert parallelism with tensor parallelism is not implemented");
+  for (const char* k : {"megatron_cfg.pipeline_model_parallel_size", "megatron_cfg.context_parallel_size",
                         "megatron_cfg.virtual_pipeline_model_parallel_size"})
     backend::require_single_rank(r, k);
   for (const char* k : kNoEffect) r.mark_subtree(k);

@@ -361,8 +361,11 @@ class LayerBuilder {
     s.out = cols(out);
     s.act = act;
     const int64_t E = e.num_experts, Fe = e.expert_intermediate_size, Fs = e.shared_expert_intermediate_size;
-    s.weights = {param(ParamRole::router, {E, C}), param(ParamRole::expert_gate, {E, Fe, C}),
-                 param(ParamRole::expert_up, {E, Fe, C}), param(ParamRole::expert_down, {E, C, Fe})};
+    // Under expert parallelism this rank holds a block of El experts (the router still scores E).
+    const int64_t El = e.num_local_experts > 0 ? e.num_local_experts : E;
+    if (El > E || E % El != 0) throw std::invalid_argument(at_ + "num_local_experts must divide num_experts");
+    s.weights = {param(ParamRole::router, {E, C}), param(ParamRole::expert_gate, {El, Fe, C}),
+                 param(ParamRole::expert_up, {El, Fe, C}), param(ParamRole::expert_down, {El, C, Fe})};
     if (e.router_bias) s.weights.push_back(param(ParamRole::router_bias, {E}));
     if (e.e_score_correction_bias) s.weights.push_back(param(ParamRole::expert_score_bias, {E}));
     if (Fs > 0) {
@@ -486,6 +489,7 @@ ModelProgram build_program(const TransformerDesc& desc) {
 std::string unsupported(const ModelProgram& p, const ExecutorCaps& caps) {
   const std::string who = caps.name + ": ";
   if (p.tp_size > 1 && !caps.tensor_parallel) return who + "tensor parallelism is not supported";
+  if (p.ep_size > 1 && !caps.expert_parallel) return who + "expert parallelism is not supported";
   if (p.logit_softcap != 0 && !caps.logit_softcap) return who + "final logit soft-capping is not supported";
   if (p.value_head >= 0 && !caps.value_head)
     return who + "the value head (score.weight, RLH_OUTPUT_VALUE: reward models and critics) is not supported";

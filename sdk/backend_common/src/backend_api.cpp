@@ -388,8 +388,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
-    int64_t comm_bytes = 0, tp_bytes = 0;
-    double comm_seconds = 0, tp_seconds = 0;
+    int64_t comm_bytes = 0, tp_bytes = 0, ep_bytes = 0;
+    double comm_seconds = 0, tp_seconds = 0, ep_seconds = 0;
     if (m.dp != nullptr) {  // data parallel: reduced gradients, the sharded update (dp_model.cpp)
       DpStepResult d = dp_train_step(m, views, so, loss, eval_only, args->learning_rate);
       r = std::move(d.r);
@@ -399,6 +399,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       comm_seconds = d.comm_seconds;
       tp_bytes = d.tp_comm_bytes;
       tp_seconds = d.tp_comm_seconds;
+      ep_bytes = d.ep_comm_bytes;
+      ep_seconds = d.ep_comm_seconds;
       tramp.metrics = all_reduce_named(m.dp->dp, tramp.metrics);
     } else if (m.device) {  // the device applies its own update (device_engine.hpp)
       info = m.next_update(args->learning_rate);
@@ -440,7 +442,9 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"dp/comm_bytes", comm_bytes},
                     {"dp/comm_seconds", comm_seconds},
                     {"tp/comm_bytes", tp_bytes},
-                    {"tp/comm_seconds", tp_seconds}};
+                    {"tp/comm_seconds", tp_seconds},
+                    {"ep/comm_bytes", ep_bytes},
+                    {"ep/comm_seconds", ep_seconds}};
     // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
     for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();

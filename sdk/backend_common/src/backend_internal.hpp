@@ -15,6 +15,7 @@
 #include "rlhost/backend_common/data_parallel.hpp"
 #include "rlhost/backend_common/optimizer.hpp"
 #include "rlhost/engine/engine.hpp"
+#include "rlhost/sdk/expert_parallel.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/model_desc.hpp"
 #include "rlhost/sdk/plugin.hpp"
@@ -62,6 +63,11 @@ struct Model {
   std::vector<sdk::TpLayout> tp_layouts;
   std::unique_ptr<CommTpGroup> tp_comm;
   const sdk::TpLayout* tp() const { return tp_layouts.empty() ? nullptr : &tp_layouts[size_t(dp->tp_rank())]; }
+  // Expert parallelism (megatron_cfg.expert_model_parallel_size > 1; sdk/expert_parallel.hpp):
+  // every ep rank's layout (this rank's is ep_layouts[dp->ep_rank()]) and the engine's group.
+  std::vector<sdk::EpLayout> ep_layouts;
+  std::unique_ptr<CommEpGroup> ep_comm;
+  const sdk::EpLayout* ep() const { return ep_layouts.empty() ? nullptr : &ep_layouts[size_t(dp->ep_rank())]; }
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<Optimizer> optimizer;  // trainable models only (DP 1)
   std::unique_ptr<ShardLayout> shards;   // DP > 1: this rank's part of the state
@@ -139,11 +145,23 @@ struct DpStepResult {
   // The tensor-parallel group's traffic (ring bytes of its all-reduces) and time in the step.
   int64_t tp_comm_bytes = 0;
   double tp_comm_seconds = 0;
+  // The expert-parallel group's traffic (what this rank sent in the all-to-alls) and time.
+  int64_t ep_comm_bytes = 0;
+  double ep_comm_seconds = 0;
 };
 // The step over this rank's micro-batches (possibly none), gradients reduced, the global norm,
 // the sharded update, loss and engine metrics summed over ranks. Collective.
 DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, engine::StepOptions so,
                            const engine::LossFn& loss, bool eval_only, double lr_override);
+// expert_parallel.cpp, under expert parallelism: parameter i's block on this rank from the full
+// tensor (the tensor itself when replicated), and the full tensor from every ep rank's block
+// (collective over the ep group for an expert tensor).
+std::vector<float> ep_local(const Model& m, size_t i, const std::vector<float>& full);
+std::vector<float> ep_full(const Model& m, size_t i, std::span<const float> local);
+// Expert parallelism at load: every rank's layout, the engine's group and options, or one line
+// naming what stops it (collective-free; the groups exist already).
+void prepare_expert_parallel(const Backend& b, Model& m, engine::EngineOptions& eo);
+
 // Under tensor parallelism: every rank of the tp group holds the same batch, else an error on all
 // of them naming it (collective over the group; nothing without tensor parallelism).
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what);

@@ -37,15 +37,18 @@ FloatView::FloatView(float* p, int64_t count) : n(count) {
 int launched_world_size() { return sdk::detect_launch().size; }
 
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp) {
+                                         int64_t tp, int64_t ep) {
   sdk::Comm world = sdk::Comm::world(host);
   sdk::ParallelSizes sizes;
   sizes.dp_replicate = dp_replicate;
   sizes.tp = tp;
+  sizes.ep = ep;
   sdk::ParallelComms pc;
+  std::vector<sdk::GroupKind> kinds = {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
+                                       sdk::GroupKind::tp};
+  if (ep > 1) kinds.insert(kinds.end(), {sdk::GroupKind::ep, sdk::GroupKind::expert_dp});
   try {
-    pc = sdk::make_parallel_comms(
-        world, sizes, {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate, sdk::GroupKind::tp});
+    pc = sdk::make_parallel_comms(world, sizes, kinds);
   } catch (const Error& e) {
     throw Error(e.code(), who + ": " + e.what());
   }
@@ -54,6 +57,10 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   g->dp = take(sdk::GroupKind::dp_cp);
   g->tp = take(sdk::GroupKind::tp);
   g->all = world.split(0, world.rank(), "world");
+  if (ep > 1) {
+    g->ep = take(sdk::GroupKind::ep);
+    g->edp = take(sdk::GroupKind::expert_dp);
+  }
   if (dp_replicate > 1) {
     g->shard = take(sdk::GroupKind::dp_cp_shard);
     g->replicate = take(sdk::GroupKind::dp_cp_replicate);
@@ -68,12 +75,23 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
 
 ShardLayout::ShardLayout(const engine::Engine& e, const std::vector<std::pair<int64_t, int64_t>>& ranges, int rank,
                          int size, const std::function<bool(size_t)>& updated, bool decay_1d_params)
-    : rank_(rank), size_(size) {
-  for (const auto& [b, end] : ranges) {
+    : ShardLayout(e, ranges, std::vector<std::pair<int, int>>(ranges.size(), {rank, size}), updated, decay_1d_params) {}
+
+ShardLayout::ShardLayout(const engine::Engine& e, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                         const std::vector<std::pair<int, int>>& groups, const std::function<bool(size_t)>& updated,
+                         bool decay_1d_params) {
+  if (groups.size() != ranges.size() || ranges.empty())
+    throw std::logic_error("shard layout: one group per range");
+  rank_ = groups[0].first;
+  size_ = groups[0].second;
+  for (size_t j = 0; j < ranges.size(); ++j) {
+    const auto& [b, end] = ranges[j];
     ShardSegment s;
     s.begin = b;
     s.end = end;
-    s.block = (end - b + size - 1) / size;
+    s.rank = groups[j].first;
+    s.size = groups[j].second;
+    s.block = (end - b + s.size - 1) / s.size;
     s.at = elements_;
     elements_ += s.block;
     segments_.push_back(s);
@@ -89,7 +107,7 @@ ShardLayout::ShardLayout(const engine::Engine& e, const std::vector<std::pair<in
     const bool decay = decay_1d_params || params[i].shape.size() > 1;
     // A parameter lies in one segment (units never split a tensor; Megatron's is one segment).
     const ShardSegment& s = segments_[segment_of(o)];
-    const int64_t mine = s.begin + int64_t(rank) * s.block;
+    const int64_t mine = s.begin + int64_t(s.rank) * s.block;
     const int64_t lo = std::max(o, mine), hi = std::min({o + n, mine + s.block, s.end});
     if (lo >= hi) continue;
     const ShardRun r{s.at + (lo - mine), lo, hi - lo, decay};
@@ -109,7 +127,7 @@ size_t ShardLayout::segment_of(int64_t flat) const {
 
 void ShardLayout::scatter_param(int64_t flat, const float* data, int64_t n, float* shard) const {
   const ShardSegment& s = segments_[segment_of(flat)];
-  const int64_t mine = s.begin + int64_t(rank_) * s.block;
+  const int64_t mine = s.begin + int64_t(s.rank) * s.block;
   const int64_t lo = std::max(flat, mine), hi = std::min(flat + n, mine + s.block);
   if (lo < hi) std::memcpy(shard + s.at + (lo - mine), data + (lo - flat), size_t(hi - lo) * sizeof(float));
 }

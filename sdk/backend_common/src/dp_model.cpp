@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "backend_internal.hpp"
 
@@ -13,6 +14,14 @@ namespace rlh::backend {
 using sdk::Error;
 
 namespace {
+
+// The group segment j of the shard layout is sharded over: under expert parallelism the
+// distributed optimizer's second segment holds the experts, sharded over the expert dp group.
+const sdk::Comm* shard_comm(const Model& m);
+const sdk::Comm* segment_comm(const Model& m, size_t j) {
+  if (m.dp_mode == Model::Dp::distributed_optimizer && m.ep() && j == 1) return &m.dp->edp;
+  return shard_comm(m);
+}
 
 // The group the state is sharded over (and the norm summed over).
 const sdk::Comm* shard_comm(const Model& m) {
@@ -30,11 +39,13 @@ int64_t ring_bytes(int64_t bytes, int S, bool all_reduce = false) {
 
 // Tensor parallelism: the engine holds this rank's pieces; full tensors are sliced on the way in
 // and gathered from the group's pieces on the way out.
+// Expert parallelism likewise keeps this rank's block of the experts (expert_parallel.cpp).
 std::vector<float> tp_local(const Model& m, size_t i, const std::vector<float>& full) {
+  if (m.ep()) return ep_local(m, i, full);
   return sdk::tp_slice(*m.tp(), i, full);
 }
 std::vector<std::vector<float>> tp_local_all(const Model& m, const std::vector<std::vector<float>>& full) {
-  if (!m.tp()) return full;
+  if (!m.tp() && !m.ep()) return full;
   if (full.size() != m.desc.params.size())
     throw Error(RLH_E_INTERNAL, "tensor parallelism: " + std::to_string(full.size()) + " tensors for " +
                                     std::to_string(m.desc.params.size()) + " parameters");
@@ -45,6 +56,7 @@ std::vector<std::vector<float>> tp_local_all(const Model& m, const std::vector<s
 // Parameter i in full from every tensor-parallel rank's piece (collective over the tp group;
 // a replicated tensor is this rank's own).
 std::vector<float> tp_full(const Model& m, size_t i, std::span<const float> local) {
+  if (m.ep()) return ep_full(m, i, local);
   const sdk::TpSplit split = m.tp()->pieces[i].split;
   if (split == sdk::TpSplit::replicated || split == sdk::TpSplit::replicated_sum)
     return std::vector<float>(local.begin(), local.end());
@@ -93,8 +105,16 @@ void finish_data_parallel(Model& m, const std::vector<std::vector<float>>& weigh
     case Model::Dp::distributed_optimizer: {
       e.load_parameters(tp_local_all(m, weights));
       const int64_t padded = int64_t(e.flat_params().size());
-      m.shards = std::make_unique<ShardLayout>(e, std::vector<std::pair<int64_t, int64_t>>{{0, padded}}, m.dp->rank(),
-                                               m.dp->size(), updated, decay_1d);
+      if (m.ep()) {  // the dense part over the data-parallel group, the experts over expert dp
+        const int64_t eb = e.expert_range().first;
+        m.shards = std::make_unique<ShardLayout>(
+            e, std::vector<std::pair<int64_t, int64_t>>{{0, eb}, {eb, padded}},
+            std::vector<std::pair<int, int>>{{m.dp->rank(), m.dp->size()}, {m.dp->edp.rank(), m.dp->edp.size()}}, updated,
+            decay_1d);
+      } else {
+        m.shards = std::make_unique<ShardLayout>(e, std::vector<std::pair<int64_t, int64_t>>{{0, padded}}, m.dp->rank(),
+                                                 m.dp->size(), updated, decay_1d);
+      }
       m.grad_shard = engine::Buffer<float>(m.state_alloc, size_t(m.shards->elements()));
       std::memset(m.grad_shard.data(), 0, m.grad_shard.size() * sizeof(float));
       break;
@@ -120,6 +140,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   const int S = g.size();
   const int64_t tp_bytes0 = m.tp_comm ? m.tp_comm->bytes() : 0;
   const double tp_seconds0 = m.tp_comm ? m.tp_comm->seconds() : 0;
+  const int64_t ep_bytes0 = m.ep_comm ? m.ep_comm->bytes() : 0;
+  const double ep_seconds0 = m.ep_comm ? m.ep_comm->seconds() : 0;
   const int64_t fsdp_bytes0 = m.fsdp ? m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() : 0;
   const double fsdp_seconds0 = m.fsdp ? m.fsdp->comm_seconds() : 0;
   // Times a collective of this function into out.comm_seconds.
@@ -154,25 +176,51 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
       r = m.engine->train_step(views, so, loss);
     else
       m.engine->zero_grad();
+    // Expert parallelism: a rank out of micro-batches still runs its experts for its peers' rows.
+    if (m.ep())
+      for (int64_t k = int64_t(views.size()); k < most[0]; ++k) m.engine->ep_idle_microbatch(true);
     std::span<float> flat = m.engine->flat_grads();
     if (m.dp_mode == Model::Dp::distributed_optimizer) {
-      FloatView in(flat.data(), int64_t(flat.size())), shard(m.grad_shard.data(), int64_t(m.grad_shard.size()));
-      timed([&] { g.dp.reduce_scatter(*in, *shard, RLH_REDUCE_SUM); });
-      out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+      // Each segment (the experts apart under expert parallelism) over its group.
+      for (size_t j = 0; j < m.shards->segments().size(); ++j) {
+        const ShardSegment& sg = m.shards->segments()[j];
+        const sdk::Comm& c = *segment_comm(m, j);
+        FloatView in(flat.data() + sg.begin, sg.block * sg.size), shard(m.grad_shard.data() + sg.at, sg.block);
+        timed([&] { c.reduce_scatter(*in, *shard, RLH_REDUCE_SUM); });
+        out.comm_bytes += ring_bytes(sg.block * sg.size * int64_t(sizeof(float)), sg.size);
+      }
       grads = m.grad_shard.data();
     } else {
-      FloatView all(flat.data(), int64_t(flat.size()));
-      timed([&] { g.dp.all_reduce(*all, RLH_REDUCE_SUM); });
-      out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S, true);
+      // Dense gradients over the data-parallel group; under expert parallelism the experts'
+      // over the expert data-parallel group (the ranks holding the same experts).
+      const int64_t eb = m.ep() ? m.engine->expert_range().first : int64_t(flat.size());
+      FloatView dense(flat.data(), eb);
+      timed([&] { g.dp.all_reduce(*dense, RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(eb * int64_t(sizeof(float)), S, true);
+      if (m.ep() && g.edp.size() > 1) {
+        FloatView experts(flat.data() + eb, int64_t(flat.size()) - eb);
+        timed([&] { g.edp.all_reduce(*experts, RLH_REDUCE_SUM); });
+        out.comm_bytes += ring_bytes((int64_t(flat.size()) - eb) * int64_t(sizeof(float)), g.edp.size(), true);
+      }
       grads = flat.data();
     }
   }
   // The global gradient norm over the updated parameters: shards' sums of squares summed.
   // Under tensor parallelism each parameter's squares are weighted (replicated tensors count
   // once over the group) and summed over the tp group too.
-  double ss[1] = {0};
+  double ss[1] = {0}, ss_experts[1] = {0};
+  const int64_t experts_at = m.ep() ? m.engine->expert_range().first : std::numeric_limits<int64_t>::max();
   for (const ShardRun& run : m.shards->runs())
-    ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
+    (run.flat >= experts_at ? ss_experts : ss)[0] +=
+        m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
+  // DDP under expert parallelism: every rank holds the dense gradients whole and its ep rank's
+  // experts whole: those are summed over the ep group. (The distributed optimizer's shards of
+  // both are summed over the data-parallel group, which holds every ep rank.)
+  if (m.ep() && m.dp_mode == Model::Dp::ddp) {
+    timed([&] { g.ep.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
+    out.comm_bytes += ring_bytes(8, g.ep.size(), true);
+  }
+  ss[0] += ss_experts[0];
   if (const sdk::Comm* c = shard_comm(m)) {
     timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
     out.comm_bytes += ring_bytes(8, c->size(), true);
@@ -188,12 +236,16 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
       out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
       out.updated = true;
       if (m.dp_mode == Model::Dp::distributed_optimizer) {
-        // The updated blocks back to every rank, in place.
+        // The updated blocks back to every rank of each segment's group, in place.
         std::span<float> flat = m.engine->flat_params();
-        const int64_t block = m.shards->segments()[0].block;
-        FloatView mine(flat.data() + int64_t(g.rank()) * block, block), all(flat.data(), int64_t(flat.size()));
-        timed([&] { g.dp.all_gather(*mine, *all); });
-        out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+        for (size_t j = 0; j < m.shards->segments().size(); ++j) {
+          const ShardSegment& sg = m.shards->segments()[j];
+          const sdk::Comm& c = *segment_comm(m, j);
+          FloatView mine(flat.data() + sg.begin + int64_t(sg.rank) * sg.block, sg.block),
+              all(flat.data() + sg.begin, sg.block * sg.size);
+          timed([&] { c.all_gather(*mine, *all); });
+          out.comm_bytes += ring_bytes(sg.block * sg.size * int64_t(sizeof(float)), sg.size);
+        }
       }
     } else {
       out.info = m.shard_opt->next(lr_override);
@@ -211,6 +263,10 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     out.tp_comm_bytes = m.tp_comm->bytes() - tp_bytes0;
     out.tp_comm_seconds = m.tp_comm->seconds() - tp_seconds0;
   }
+  if (m.ep_comm) {  // the dispatch and combine exchanges of every MoE layer
+    out.ep_comm_bytes = m.ep_comm->bytes() - ep_bytes0;
+    out.ep_comm_seconds = m.ep_comm->seconds() - ep_seconds0;
+  }
   if (m.fsdp) {
     out.comm_bytes += m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() - fsdp_bytes0;
     out.comm_seconds += m.fsdp->comm_seconds() - fsdp_seconds0;
@@ -219,6 +275,13 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
 }
 
 void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run) {
+  if (m.ep()) {  // the ep group's exchanges meet: a rank out of micro-batches runs its experts
+    int64_t most[1] = {int64_t(local_microbatches)};
+    m.dp->ep.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
+    for (size_t i = 0; i < local_microbatches; ++i) run(i);
+    for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.engine->ep_idle_microbatch(false);
+    return;
+  }
   if (m.dp_mode != Model::Dp::fsdp) {
     for (size_t i = 0; i < local_microbatches; ++i) run(i);
     return;
@@ -238,7 +301,7 @@ void dp_visit_parameters(Model& m, const std::function<void(size_t, std::span<fl
   const auto& params = m.desc.params;
   if (m.dp_mode != Model::Dp::fsdp) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!m.tp()) {
+      if (!m.tp() && !m.ep()) {
         fn(i, m.engine->param(i));
         continue;
       }
@@ -272,10 +335,11 @@ namespace {
 
 // A moment in full flat layout from its shards (collective; empty unless `keep`).
 std::vector<float> gather_flat(const Model& m, const float* shard, bool keep) {
-  const sdk::Comm* c = shard_comm(m);
   const int64_t total = m.engine->num_elements();
   std::vector<float> flat(keep ? size_t(total) : 0);
-  for (const ShardSegment& s : m.shards->segments()) {
+  for (size_t j = 0; j < m.shards->segments().size(); ++j) {
+    const ShardSegment& s = m.shards->segments()[j];
+    const sdk::Comm* c = segment_comm(m, j);
     const int n = c != nullptr ? c->size() : 1;
     std::vector<float> full(size_t(s.block * n));
     if (c != nullptr) {
@@ -302,9 +366,9 @@ std::vector<Optimizer::StateTensor> dp_full_optimizer_state(Model& m, bool keep,
   std::vector<std::pair<const char*, const float*>> parts = {{adam ? "exp_avg" : "momentum_buffer", m.shard_opt->first()}};
   if (adam) parts.emplace_back("exp_avg_sq", m.shard_opt->second());
   storage.reserve(parts.size());
-  if (m.tp()) {
+  if (m.tp() || m.ep()) {
     // This rank's moments in its local flat layout (every rank), then each parameter's pieces
-    // gathered over the tp group; only `keep` ranks hold the full tensors.
+    // gathered over the tp (or ep) group; only `keep` ranks hold the full tensors.
     for (const auto& [prefix, shard] : parts) {
       const std::vector<float> flat = gather_flat(m, shard, true);
       for (size_t i = 0; i < m.desc.params.size(); ++i) {
@@ -356,10 +420,11 @@ void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, c
   for (size_t i = 0; i < first.size(); ++i) {
     if (first[i].empty()) continue;
     const int64_t o = m.engine->param_offset(i);
-    const std::vector<float> f = m.tp() ? tp_local(m, i, first[i]) : first[i];
+    const bool cut = m.tp() || m.ep();
+    const std::vector<float> f = cut ? tp_local(m, i, first[i]) : first[i];
     m.shards->scatter_param(o, f.data(), int64_t(f.size()), m.shard_opt->first());
     if (!second.empty() && !second[i].empty() && m.shard_opt->second() != nullptr) {
-      const std::vector<float> v = m.tp() ? tp_local(m, i, second[i]) : second[i];
+      const std::vector<float> v = cut ? tp_local(m, i, second[i]) : second[i];
       m.shards->scatter_param(o, v.data(), int64_t(v.size()), m.shard_opt->second());
     }
   }

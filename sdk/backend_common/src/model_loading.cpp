@@ -332,13 +332,15 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
-  const int64_t tp = m->config.parallel.tp;
+  const int64_t tp = m->config.parallel.tp, ep = m->config.parallel.ep;
   if (!b.dp && launched_world_size() > 1) {
     try {
-      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp);
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, ep);
     } catch (const Error& e) {
-      if (tp <= 1) throw;
-      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) + ": " + e.what());
+      if (tp <= 1 && ep <= 1) throw;
+      throw Error(e.code(), std::string(tp > 1 ? "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp)
+                                               : "policy.megatron_cfg.expert_model_parallel_size = " + std::to_string(ep)) +
+                                ": " + e.what());
     }
   }
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
@@ -380,6 +382,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   eo.state_allocator = &m->state_alloc;
   eo.ops = m->ops.get();
   prepare_data_parallel(b, *m, eo);
+  prepare_expert_parallel(b, *m, eo);  // after the data-parallel mode: the experts' padding
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
@@ -401,6 +404,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                          "FSDP: parameters, gradients and optimizer state sharded"};
   const std::string dp_note =
       m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
+                  (m->ep() ? ", experts over " + std::to_string(m->dp->ep_size()) + " ranks" : std::string()) +
                   ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
             : "";

@@ -129,9 +129,22 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     vlo = opt.tp->vocab_begin;
     vcount = opt.tp->vocab_count;
   }
+  ep_on = opt.ep != nullptr && opt.ep->size > 1;
+  if (ep_on) {
+    // This rank's block of experts: its description, then its program with the MoE steps marked.
+    if (opt.ep_comm == nullptr) throw std::invalid_argument("engine: expert parallelism needs its group (ep_comm)");
+    if (store != nullptr) throw std::invalid_argument("engine: expert parallelism with a UnitStore (FSDP) is not supported");
+    if (tp_on) throw std::invalid_argument("engine: expert parallelism with tensor parallelism is not supported");
+    if (desc.params.size() != opt.ep->full.params.size())
+      throw std::invalid_argument("engine: the expert-parallel layout is of another model");
+    desc = opt.ep->local;
+    ep_size = opt.ep->size;
+    ep_rank = opt.ep->rank;
+  }
   try {
     prog = sdk::build_program(desc);
     if (tp_on) sdk::mark_tensor_parallel(prog, *opt.tp);
+    if (ep_on) sdk::mark_expert_parallel(prog, *opt.ep);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("engine: ") + e.what());
   }
@@ -143,11 +156,13 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   caps.attention_dv_differs = true;
   caps.value_head = true;
   caps.tensor_parallel = true;
+  caps.expert_parallel = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   V = prog.vocab;
   if (!tp_on) Vall = V, vcount = V;
   C = prog.hidden;
   L = int64_t(prog.layers.size());
+  ep_acts.assign(ep_on ? size_t(std::max<int64_t>(L, 1)) : 0, EpActs{});
 
   // MoE and MLA layers: their composite steps' readings.
   shapes.assign(size_t(L), LayerShape{});
@@ -190,18 +205,35 @@ void Engine::Impl::carve_params() {
     placed[i] = true;
     at += numel(p->shape);
   };
+  // Expert parallelism: the routed experts apart, after everything else (their gradients are
+  // reduced over another group), each region padded for the owner's equal blocks.
+  const auto apart = [&](ParamRole r) {
+    return ep_on && sdk::ep_split_of(r) == sdk::EpSplit::experts;
+  };
+  const auto pad = [](int64_t n, int64_t m) { m = std::max<int64_t>(1, m); return (n + m - 1) / m * m; };
   for (int64_t l = 0; l < L; ++l) {
     unit_begin[size_t(l)] = at;
-    for (ParamRole r : kLayerOrder) place(l, r, l);
+    for (ParamRole r : kLayerOrder)
+      if (!apart(r)) place(l, r, l);
   }
   unit_begin[size_t(L)] = at;
   for (ParamRole r : kGlobalOrder) place(-1, r, L);
   unit_begin[size_t(L) + 1] = at;
+  if (ep_on) {
+    at = pad(at, opt.pad_storage_to);
+    expert_begin = at;
+    for (int64_t l = 0; l < L; ++l)
+      for (ParamRole r : kLayerOrder)
+        if (apart(r)) place(l, r, L);  // (w() and g() reach them through the global unit's base)
+    at = pad(at, opt.pad_experts_to);
+  }
   for (size_t i = 0; i < n; ++i)
     if (!placed[i])
       unsupported("parameter " + desc.params[i].name + " (role " +
                   sdk::to_string(desc.params[i].role) + ")");
   total = at;
+  if (!ep_on) expert_begin = expert_end = total;
+  else expert_end = total;
   pu.assign(size_t(L) + 1, nullptr);
   gu.assign(size_t(L) + 1, nullptr);
   p_held.assign(size_t(L) + 1, 0);

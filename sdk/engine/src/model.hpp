@@ -126,6 +126,23 @@ struct MoeScratch {
   double* dlse64 = nullptr;    // [N]
 };
 
+// Expert parallelism (ep_dispatch.cpp): what one MoE layer's exchange keeps for its backward.
+// Rows arrive "source-major" (rank by rank, each rank's rows by local expert); the experts run
+// "expert-major" (local expert by expert, each expert's rows by source rank). Sizes depend on the
+// routing of every rank of the group, so the storage grows as needed.
+struct EpActs {
+  std::vector<int64_t> send_cnt, recv_cnt;    // [E]: rows per (rank, local expert), sent / received
+  std::vector<int64_t> send_rows, recv_rows;  // [P]: rows per rank, sent / received
+  std::vector<int32_t> perm;                  // [R] expert-major row -> source-major row
+  std::vector<int32_t> loff;                  // [El + 1] expert-major rows of each local expert
+  std::vector<float> xe, gu, a;               // [R, C], [R, 2Fe], [R, Fe]
+  int64_t R = 0;                              // rows received
+};
+struct EpScratch {
+  std::vector<float> rows, out;  // [R, C] source-major rows; [R, C] expert-major results
+  std::vector<int64_t> counts_out, counts_in;  // [P] float counts of an exchange
+};
+
 // One layer's activations for N tokens: the program's values (pointers into the activation
 // storage; values sharing storage share the pointer) and its saved statistics (rstd, lse).
 struct LayerActs {
@@ -241,6 +258,20 @@ struct Engine::Impl {
   MlaScratch mla_scratch;
   bool mla_saved_all = false;
   bool moe_saved_all = false;
+
+  // Expert parallelism (ep_dispatch.cpp; ep_on when the group has several ranks): the group, this
+  // rank's place in it, the flat range of the expert tensors, each MoE layer's exchange state.
+  bool ep_on = false;
+  int64_t ep_size = 1, ep_rank = 0;
+  int64_t expert_begin = 0, expert_end = 0;
+  std::vector<EpActs> ep_acts;  // per layer (or set 0 reused under recompute)
+  EpScratch ep_scratch;
+  EpActs& ep_of(int64_t l) { return ep_acts[opt.recompute ? 0 : size_t(l)]; }
+  // Layer l's routed rows xp [rows, C] (sorted by global expert, offsets [E+1]) to their experts'
+  // ranks, this rank's experts over what it receives, the outputs back into yp [rows, C].
+  void ep_forward(int64_t l, const int32_t* offsets, const float* xp, float* yp);
+  // The backward of that: d yp -> d xp (may be the same buffer), the expert gradients added.
+  void ep_backward(int64_t l, const float* dyp, float* dxp);
 
   // Activation storage for the current micro-batch size and mode.
   Buffer<float> acts;

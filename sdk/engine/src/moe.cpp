@@ -356,13 +356,17 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
 
   // Routed experts on expert-sorted rows.
   ops->moe_permute_fwd(m.xp, m.row, m.offsets, xn, C, m.experts, N, K, C, E);        // xp [NK,C]
-  ops->grouped_gemm(false, true, E, m.offsets, 0, Fe, C, 1.f, m.xp, C, p.we_gate, C, Fe * C, 0.f,
-                    m.gu, 2 * Fe, 0);                                                 // gate [NK,Fe]
-  ops->grouped_gemm(false, true, E, m.offsets, 0, Fe, C, 1.f, m.xp, C, p.we_up, C, Fe * C, 0.f,
-                    m.gu + Fe, 2 * Fe, 0);                                            // up [NK,Fe]
-  glu_fwd(s.act, m.a, Fe, m.gu, 2 * Fe, NK, Fe);                                     // a [NK,Fe]
-  ops->grouped_gemm(false, true, E, m.offsets, 0, C, Fe, 1.f, m.a, Fe, p.we_down, Fe, C * Fe, 0.f,
-                    m.yp, C, 0);                                                      // yp [NK,C]
+  if (ep_on) {
+    ep_forward(l, m.offsets, m.xp, m.yp);  // to the experts' ranks and back (ep_dispatch.cpp)
+  } else {
+    ops->grouped_gemm(false, true, E, m.offsets, 0, Fe, C, 1.f, m.xp, C, p.we_gate, C, Fe * C, 0.f,
+                      m.gu, 2 * Fe, 0);                                                 // gate [NK,Fe]
+    ops->grouped_gemm(false, true, E, m.offsets, 0, Fe, C, 1.f, m.xp, C, p.we_up, C, Fe * C, 0.f,
+                      m.gu + Fe, 2 * Fe, 0);                                            // up [NK,Fe]
+    glu_fwd(s.act, m.a, Fe, m.gu, 2 * Fe, NK, Fe);                                     // a [NK,Fe]
+    ops->grouped_gemm(false, true, E, m.offsets, 0, C, Fe, 1.f, m.a, Fe, p.we_down, Fe, C * Fe, 0.f,
+                      m.yp, C, 0);                                                      // yp [NK,C]
+  }
 
   // Shared expert (a dense SwiGLU MLP on every token), with its sigmoid gate.
   if (Fs > 0) {
@@ -406,21 +410,26 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
 
   // Combine: dyp = w dres (scattered to the rows), dw = <dres, yp>.
   ops->moe_unpermute_bwd(x.dyp, x.dw, dout, C, m.yp, m.row, m.w, N, K, C);
-  // Experts: down, activation, gate|up, each with its weight gradient.
-  ops->grouped_gemm(false, false, E, off, 0, Fe, C, 1.f, x.dyp, C, p.we_down, Fe, C * Fe, 0.f,
-                    x.da, Fe, 0);                                                     // da [NK,Fe]
-  ops->grouped_gemm(true, false, E, off, C, Fe, 0, 1.f, x.dyp, C, m.a, Fe, 0, 1.f, gp.we_down, Fe,
-                    C * Fe);                                                          // dW_down
-  glu_bwd(s.act, x.dgu, 2 * Fe, x.da, Fe, m.gu, 2 * Fe, NK, Fe);                      // dgu [NK,2Fe]
-  ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu, 2 * Fe, m.xp, C, 0, 1.f, gp.we_gate,
-                    C, Fe * C);                                                       // dW_gate
-  ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu + Fe, 2 * Fe, m.xp, C, 0, 1.f,
-                    gp.we_up, C, Fe * C);                                             // dW_up
-  float* dxp = x.dyp;  // dyp is spent
-  ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu, 2 * Fe, p.we_gate, C, Fe * C, 0.f,
-                    dxp, C, 0);                                                       // dxp [NK,C]
-  ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu + Fe, 2 * Fe, p.we_up, C, Fe * C,
-                    1.f, dxp, C, 0);
+  float* dxp = x.dyp;
+  if (ep_on) {
+    ep_backward(l, x.dyp, dxp);  // the experts' ranks compute d xp (ep_dispatch.cpp)
+  } else {
+    // Experts: down, activation, gate|up, each with its weight gradient.
+    ops->grouped_gemm(false, false, E, off, 0, Fe, C, 1.f, x.dyp, C, p.we_down, Fe, C * Fe, 0.f,
+                      x.da, Fe, 0);                                                     // da [NK,Fe]
+    ops->grouped_gemm(true, false, E, off, C, Fe, 0, 1.f, x.dyp, C, m.a, Fe, 0, 1.f, gp.we_down, Fe,
+                      C * Fe);                                                          // dW_down
+    glu_bwd(s.act, x.dgu, 2 * Fe, x.da, Fe, m.gu, 2 * Fe, NK, Fe);                      // dgu [NK,2Fe]
+    ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu, 2 * Fe, m.xp, C, 0, 1.f, gp.we_gate,
+                      C, Fe * C);                                                       // dW_gate
+    ops->grouped_gemm(true, false, E, off, Fe, C, 0, 1.f, x.dgu + Fe, 2 * Fe, m.xp, C, 0, 1.f,
+                      gp.we_up, C, Fe * C);                                             // dW_up
+    // dyp is spent: dxp takes its storage
+    ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu, 2 * Fe, p.we_gate, C, Fe * C, 0.f,
+                      dxp, C, 0);                                                       // dxp [NK,C]
+    ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu + Fe, 2 * Fe, p.we_up, C, Fe * C,
+                      1.f, dxp, C, 0);
+  }
   ops->moe_permute_bwd(dxn, C, dxp, m.row, N, K, C, accumulate);                    // dxn [N,C]
 
   // Router: d logits from the weights (and the auxiliary losses), then into xn (always) and

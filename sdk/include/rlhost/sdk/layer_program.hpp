@@ -78,6 +78,9 @@ struct LayerStep {
   // all-reduce (sum) this step's output over the group after its forward (a row-parallel
   // linear), or its input's gradient after its backward (a column-parallel linear).
   bool tp_reduce_out = false, tp_reduce_din = false;
+  // Expert parallelism (expert_parallel.hpp's pass sets it on MoE steps): the step's routed rows
+  // go to the ranks owning their experts and come back (all-to-all dispatch and combine).
+  bool ep_dispatch = false;
 };
 
 struct LayerValue {
@@ -127,6 +130,9 @@ struct ModelProgram {
   // Tensor parallelism: the group size this (one rank's) program was built and marked for
   // (tensor_parallel.hpp); 1 for the whole model.
   int64_t tp_size = 1;
+  // Expert parallelism: the expert-parallel group size this program was marked for
+  // (expert_parallel.hpp); 1 for the whole model.
+  int64_t ep_size = 1;
 };
 
 // Derives the program. Throws std::invalid_argument naming the layer and what is inconsistent
@@ -143,6 +149,7 @@ struct ExecutorCaps {
   bool attention_dv_differs = false;     // attention with dv != dk (MLA needs it)
   bool value_head = false;               // the scalar head (ParamRole::value_head, RLH_OUTPUT_VALUE)
   bool tensor_parallel = false;          // programs marked by mark_tensor_parallel (tp_size > 1)
+  bool expert_parallel = false;          // programs marked by mark_expert_parallel (ep_size > 1)
 };
 // Empty when `caps` runs `program`, else one line naming the executor and the first feature it
 // lacks ("cuda engine: layer 3: dynamic RoPE is not supported").

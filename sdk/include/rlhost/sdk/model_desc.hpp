@@ -165,6 +165,9 @@ enum class MoeScoring {
 
 struct MoeDesc {
   int64_t num_experts = 0;              // routed experts
+  // Expert parallelism (expert_parallel.hpp): the routed experts this rank holds, a block of
+  // num_experts (0: all of them). Not in the JSON form: a backend sets it on its local copy.
+  int64_t num_local_experts = 0;
   int64_t top_k = 0;                    // experts per token
   int64_t expert_intermediate_size = 0;  // ffn width of one routed expert
   // Renormalise the top-k weights to sum to 1 (Mixtral always; Qwen-MoE/DeepSeek per config).

@@ -51,10 +51,18 @@ struct DpGroups {
   // job (checkpoint writes and agreement). Without tensor parallelism `tp` is a group of one.
   sdk::Comm tp;
   sdk::Comm all;
+  // Expert parallelism (megatron_cfg.expert_model_parallel_size = ep > 1; Megatron's expert
+  // layout, carved from the data-parallel ranks): the ranks one MoE layer's experts are split
+  // over, and the expert data-parallel ranks that hold the same experts (where their gradients
+  // are reduced). Empty without expert parallelism.
+  sdk::Comm ep;
+  sdk::Comm edp;
   int size() const { return dp.size(); }
   int rank() const { return dp.rank(); }
   int tp_size() const { return tp ? tp.size() : 1; }
   int tp_rank() const { return tp ? tp.rank() : 0; }
+  int ep_size() const { return ep ? ep.size() : 1; }
+  int ep_rank() const { return ep ? ep.rank() : 0; }
 };
 
 // The world's size as the launcher started it (1 without a launcher).
@@ -64,7 +72,7 @@ int launched_world_size();
 // world (collective: every rank calls it in the same order). Throws Error naming the sizes when
 // they do not fit.
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp = 1);
+                                         int64_t tp = 1, int64_t ep = 1);
 
 // The engine's tensor-parallel group over a communicator, counting what it moves (ring traffic:
 // 2 (T-1)/T of each all-reduced tensor).
@@ -85,6 +93,24 @@ class CommTpGroup : public engine::TpComm {
   double seconds_ = 0;
 };
 
+// The engine's expert-parallel group over a communicator (expert_parallel.cpp), counting what
+// this rank sends to the others: the counts' all-to-alls and every row it dispatches or combines
+// (the exchanges are pairwise sends of exactly the routed rows: dropless, no padding).
+class CommEpGroup : public engine::EpComm {
+ public:
+  explicit CommEpGroup(const sdk::Comm& c) : c_(c) {}
+  void all_to_all(const int64_t* send, int64_t* recv, int64_t n) override;
+  void all_to_all_v(const float* send, std::span<const int64_t> send_counts, float* recv,
+                    std::span<const int64_t> recv_counts) override;
+  int64_t bytes() const { return bytes_; }
+  double seconds() const { return seconds_; }
+
+ private:
+  const sdk::Comm& c_;
+  int64_t bytes_ = 0;
+  double seconds_ = 0;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Where a rank's shard lies in the engine's flat storage.
 
@@ -93,6 +119,7 @@ class CommTpGroup : public engine::TpComm {
 // [at, at + block) of its shard storage.
 struct ShardSegment {
   int64_t begin = 0, end = 0, block = 0, at = 0;
+  int rank = 0, size = 1;  // this rank's place in the segment's group
 };
 // A piece of this rank's shard the optimizer updates alike (decayed or not).
 struct ShardRun {
@@ -108,6 +135,12 @@ class ShardLayout {
   // `updated(i)`: whether parameter i gets updates (trainable and not a frozen router).
   ShardLayout(const engine::Engine& e, const std::vector<std::pair<int64_t, int64_t>>& ranges, int rank, int size,
               const std::function<bool(size_t)>& updated, bool decay_1d_params);
+  // Each range sharded over its own group ({rank, size} per range): Megatron's distributed
+  // optimizer under expert parallelism shards the dense parameters over the data-parallel group
+  // and the experts over the expert data-parallel group.
+  ShardLayout(const engine::Engine& e, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+              const std::vector<std::pair<int, int>>& groups, const std::function<bool(size_t)>& updated,
+              bool decay_1d_params);
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::vector<ShardSegment>& segments() const { return segments_; }

@@ -39,6 +39,7 @@
 #include "rlhost/engine/allocator.hpp"
 #include "rlhost/engine/ops.hpp"
 #include "rlhost/engine/unit_store.hpp"
+#include "rlhost/sdk/expert_parallel.hpp"
 #include "rlhost/sdk/model_desc.hpp"
 #include "rlhost/sdk/tensor_parallel.hpp"
 #include "rlhost/tensor.h"  // rlh_named_tensor (batch fields)
@@ -208,6 +209,19 @@ class TpComm {
   virtual void all_reduce_max(float* data, int64_t n) = 0;
 };
 
+// The expert-parallel group as the engine uses it (the owner implements it over its
+// communicator). Every rank of the group calls these in the same order.
+class EpComm {
+ public:
+  virtual ~EpComm() = default;
+  // `n` values to every rank: send [size * n] in rank order, recv [size * n] from each.
+  virtual void all_to_all(const int64_t* send, int64_t* recv, int64_t n) = 0;
+  // send_counts[j] floats to rank j (the blocks contiguous in rank order in `send`), and
+  // recv_counts[s] floats from rank s into `recv` likewise. Both sides know the counts.
+  virtual void all_to_all_v(const float* send, std::span<const int64_t> send_counts, float* recv,
+                            std::span<const int64_t> recv_counts) = 0;
+};
+
 struct EngineOptions {
   bool recompute = false;   // keep only layer inputs; re-run each layer inside the backward
   int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
@@ -234,6 +248,15 @@ struct EngineOptions {
   // UnitStore; logits and top-k/top-p processed logprobs are refused.
   const sdk::TpLayout* tp = nullptr;
   TpComm* tp_comm = nullptr;
+  // Expert parallelism (sdk/expert_parallel.hpp; neither owned), with ep->size > 1: the engine
+  // holds this rank's block of every MoE layer's routed experts (desc() is ep->local) and each
+  // MoE step sends its rows to the experts' ranks and back through `ep_comm` (dropless). The
+  // expert tensors are stored apart, after every other parameter (expert_range()), the two
+  // regions each padded to a multiple of pad_storage_to and pad_experts_to, so an owner reduces
+  // them over different groups. Not with a UnitStore nor with tensor parallelism.
+  const sdk::EpLayout* ep = nullptr;
+  EpComm* ep_comm = nullptr;
+  int64_t pad_experts_to = 1;
   // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
 };
@@ -294,6 +317,15 @@ class Engine {
 
   // MoE: R of the routing record and replay (the sum of top_k over MoE layers; 0 when dense).
   int64_t routing_width() const;
+
+  // Expert parallelism: the flat range [first, second) of the expert tensors (and their padding);
+  // empty (both num_elements(), padding included) without expert parallelism.
+  std::pair<int64_t, int64_t> expert_range() const;
+  // Expert parallelism: what a rank with no (further) micro-batch runs so that its peers'
+  // exchanges meet: every MoE layer's experts over the rows the other ranks send it (none of its
+  // own), forward, and with `train` backward too (adding to the expert gradients) in the order a
+  // train step runs them. Collective over the ep group; a no-op without expert parallelism.
+  void ep_idle_microbatch(bool train);
 
  private:
   struct Impl;

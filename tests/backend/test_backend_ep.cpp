@@ -1,0 +1,544 @@
+// Expert parallelism for the megatron backend on CPU ranks, under `mpirun -np N` (ctest: N = 2
+// and 4, one BLAS thread per rank). Megatron's layout: every rank is a data-parallel rank with
+// its own batch shard, and the ep ranks of a group (adjacent) split each MoE layer's experts.
+// Every rank also computes the one-rank reference in-process (a backend or engine that sees one
+// rank).
+//
+//   - EP 2 (np 2: expert dp 1), DP 2 x EP 2 (np 4: ep 2, expert dp 2) and EP 4 (np 4) give the
+//     reference's logprobs, loss, gradient norm, every gradient (one SGD step at lr 1 without
+//     clipping: w - w' = g) and the MoE metrics (aux_loss, z_loss, max_expert_load) within fp32
+//     tolerance, on qwen3-moe-tiny (softmax top-2 of 8; the load-balancing and z losses on) and
+//     deepseek-v3-tiny (MLA, a dense first layer, sigmoid group-limited top-2 of 8, a shared
+//     expert, the float64 router), with packing on and off, DDP and the distributed optimizer;
+//   - two AdamW steps with clipping follow the reference, and each rank keeps 1/ep of the experts;
+//   - a state saved under EP is the one-rank HF layout, loads on one rank into the same weights
+//     bitwise and continues there; one rank's state loads back under EP bitwise and continues
+//     bitwise;
+//   - on the engine: the routing record under EP is the reference's, replaying a routing (the
+//     record, or another one) gives the reference's outputs under that routing, and the ep
+//     group's bytes per step equal the count from the routing (rows sent to and received from
+//     other ranks, the counts' exchange);
+//   - refusals name the setting.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "backend_harness.hpp"
+#include "mpi_harness.hpp"
+#include "rlhost/backend_common/data_parallel.hpp"
+#include "rlhost/engine/engine.hpp"
+#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/comm.hpp"
+#include "rlhost/sdk/expert_parallel.hpp"
+#include "rlhost/sdk/kernels.hpp"
+#include "rlhost/sdk/parallel_groups.hpp"
+#include "rlhost/sdk/safetensors.hpp"
+
+namespace fs = std::filesystem;
+using namespace rlh;
+using namespace rlh::test;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int32_t kVocab = 512;
+const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
+std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
+
+struct Case {
+  std::string model;
+  int64_t ep;
+  bool packing;
+  bool distributed_optimizer;
+  std::string label() const {
+    return model + " ep" + std::to_string(ep) + (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
+  }
+  bool softmax() const { return model == "qwen3-moe-tiny"; }
+};
+
+// The MoE settings: softmax routers train with the load-balancing loss (per micro-batch without
+// packing, where every rank's micro-batches are the reference's; per sequence with packing,
+// where they are not) and the z-loss; the sigmoid router (no such losses) routes in float64.
+json base_config(const Case& c, int64_t ep) {
+  json mc = {{"expert_model_parallel_size", ep}};
+  if (c.softmax()) {
+    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
+    mc["moe_aux_loss_coeff"] = 0.01;
+    mc["moe_z_loss_coeff"] = 0.001;
+  } else {
+    mc["moe_router_dtype"] = "fp64";
+  }
+  json cfg = {{"megatron_cfg", mc}};
+  set_batching(cfg, c.packing);
+  return cfg;
+}
+json sgd_config(const Case& c, int64_t ep) {
+  json cfg = base_config(c, ep);
+  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0},
+                                      {"clip_grad", 0.0}, {"use_distributed_optimizer", c.distributed_optimizer}};
+  return cfg;
+}
+json adam_config(const Case& c, int64_t ep, double lr) {
+  json cfg = base_config(c, ep);
+  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "adam"}, {"lr", lr}, {"weight_decay", 0.01}, {"clip_grad", 1.0},
+                                      {"use_distributed_optimizer", c.distributed_optimizer}};
+  return cfg;
+}
+
+struct Outcome {
+  std::vector<float> logprobs;
+  double loss = 0, grad_norm = 0;
+  Weights grads;
+  json metrics;
+};
+
+Outcome run_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
+  Outcome o;
+  std::vector<std::vector<float>> out;
+  sdk::check(be.try_forward(m, batch, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), "forward");
+  o.logprobs = out[0];
+  const Weights before = be.weights(m);
+  const auto r = be.train(m, batch, g_tok, g_seq, nll_loss(), {});
+  o.loss = r.r.loss;
+  o.grad_norm = r.r.grad_norm;
+  o.metrics = r.metrics;
+  o.grads = minus(before, be.weights(m));
+  return o;
+}
+
+// This rank's share: every rank is data-parallel (Megatron carves ep from the dp ranks).
+struct Place {
+  std::unique_ptr<Batch> global, mine;
+  int64_t tokens = 0, seqs = 0, first = 0;
+  Place() {
+    global = global_batch();
+    tokens = global->num_tokens();
+    seqs = global->num_seqs();
+    mine = shard_of(*global, world().rank(), world().size(), &first);
+  }
+};
+
+class ExpertParallel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExpertParallel, MatchesOneRank) {
+  const Case c = GetParam();
+  const int N = world().size();
+  if (N % c.ep != 0) GTEST_SKIP() << "ep " << c.ep << " on " << N << " ranks";
+  Place p;
+  Outcome ref;
+  {
+    Alone alone;
+    Backend be(host(), "megatron", sgd_config(c, 1));
+    rlh_model* m = be.load(model_path(c.model), true);
+    ref = run_sgd_step(be, m, *p.global, p.tokens, p.seqs);
+  }
+  Backend be(host(), "megatron", sgd_config(c, c.ep));
+  rlh_model* m = be.load(model_path(c.model), true);
+  const Outcome ep = run_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
+  EXPECT_EQ(ep.metrics["dp_size"].get<int>(), N);
+  ASSERT_EQ(int64_t(ep.logprobs.size()), p.mine->num_tokens());
+  double lp_err = 0;
+  for (size_t t = 0; t < ep.logprobs.size(); ++t)
+    lp_err = std::max(lp_err, std::fabs(double(ep.logprobs[t]) - double(ref.logprobs[size_t(p.first) + t])));
+  EXPECT_LE(lp_err, 2e-5) << c.label();
+  EXPECT_NEAR(ep.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
+  EXPECT_NEAR(ep.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
+  ASSERT_EQ(ep.grads.size(), ref.grads.size()) << c.label() << ": the same HF tensors";
+  const double gerr = max_rel_diff(ep.grads, ref.grads);
+  EXPECT_LE(gerr, 1e-4) << c.label();
+  // The MoE metrics: summed (max for the load) over the data-parallel ranks.
+  std::vector<std::string> moe = {"moe/max_expert_load"};
+  if (c.softmax()) moe.insert(moe.end(), {"moe/aux_loss", "moe/z_loss"});
+  for (const std::string& k : moe) {
+    ASSERT_TRUE(ep.metrics.contains(k) && ref.metrics.contains(k)) << k;
+    const double a = ep.metrics[k].get<double>(), b = ref.metrics[k].get<double>();
+    if (k == "moe/max_expert_load" && c.packing) {  // per micro-batch: packing cuts them otherwise
+      EXPECT_GT(a, 0) << k;
+      continue;
+    }
+    EXPECT_NEAR(a, b, 1e-5 * std::fabs(b) + 1e-9) << c.label() << " " << k;
+  }
+  EXPECT_GT(ep.metrics["ep/comm_bytes"].get<int64_t>(), 0) << c.label();
+  if (world().rank() == 0)
+    std::cout << "[np " << N << "] " << c.label() << ": loss " << ep.loss << " vs " << ref.loss << ", grad norm "
+              << ep.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
+              << " (relative to the largest), logprobs within " << lp_err << ", ep bytes/step "
+              << ep.metrics["ep/comm_bytes"].get<int64_t>()
+              << (c.softmax() ? ", aux " + std::to_string(ep.metrics["moe/aux_loss"].get<double>()) + " vs " +
+                                    std::to_string(ref.metrics["moe/aux_loss"].get<double>())
+                              : std::string())
+              << "\n";
+}
+
+TEST_P(ExpertParallel, AdamWStepsFollowOneRank) {
+  const Case c = GetParam();
+  const int N = world().size();
+  if (N % c.ep != 0) GTEST_SKIP() << "ep " << c.ep << " on " << N << " ranks";
+  Place p;
+  std::vector<double> ref_loss;
+  Weights ref_w;
+  double ref_state = 0, state = 0;
+  {
+    Alone alone;
+    Backend be(host(), "megatron", adam_config(c, 1, 2e-3));
+    rlh_model* m = be.load(model_path(c.model), true);
+    for (int s = 0; s < 2; ++s) {
+      const auto r = be.train(m, *p.global, p.tokens, p.seqs, nll_loss(), {});
+      ref_loss.push_back(r.r.loss);
+      ref_state = r.metrics["memory/state_bytes"].get<double>();
+    }
+    ref_w = be.weights(m);
+  }
+  Backend be(host(), "megatron", adam_config(c, c.ep, 2e-3));
+  rlh_model* m = be.load(model_path(c.model), true);
+  for (int s = 0; s < 2; ++s) {
+    const auto r = be.train(m, *p.mine, p.tokens, p.seqs, nll_loss(), {});
+    EXPECT_NEAR(r.r.loss, ref_loss[size_t(s)], 2e-5 * std::fabs(ref_loss[size_t(s)])) << c.label() << " step " << s;
+    state = r.metrics["memory/state_bytes"].get<double>();
+  }
+  // Each rank holds 1/ep of the experts (most of these models) and the rest whole: less than
+  // one rank's, by the experts' share.
+  EXPECT_LT(state, ref_state) << c.label();
+  const Weights w = be.weights(m);
+  double worst = 0;
+  for (const auto& [k, v] : ref_w)
+    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
+  EXPECT_LE(worst, 2 * 2 * 2e-3) << c.label();
+  if (world().rank() == 0)
+    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << worst
+              << "; training state per rank " << state / 1024 << " KiB, one rank " << ref_state / 1024 << " KiB (ratio "
+              << state / ref_state << ")\n";
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (const char* model : {"qwen3-moe-tiny", "deepseek-v3-tiny"}) {
+    v.push_back({model, 2, false, false});
+    v.push_back({model, 2, true, true});
+    v.push_back({model, 4, false, true});  // np 4 only
+    v.push_back({model, 4, true, false});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ep, ExpertParallel, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return test_name(info.param.label()); });
+
+// A state saved under EP is one rank's files (HF layout, every expert); it loads on one rank
+// into the same weights and continues; one rank's state loads back under EP bitwise.
+TEST(ExpertParallelCheckpoints, SavedUnderEpLoadsOnOneRankAndBack) {
+  const int R = world().rank();
+  const Case c{"qwen3-moe-tiny", 2, false, true};
+  const json cfg = adam_config(c, 2, 5e-3), one = adam_config(c, 1, 5e-3);
+  Place p;
+  const int64_t g_tok = p.tokens, g_seq = p.seqs;
+  const fs::path root = world().broadcast((fs::temp_directory_path() / ("rlh_ep_" + std::to_string(::getpid()))).string());
+  const fs::path dir = root / "ep", again = root / "one";
+  if (R == 0) {
+    fs::remove_all(root);
+    fs::create_directories(dir);
+    fs::create_directories(again);
+  }
+  world().barrier();
+  Weights saved, cont;
+  std::vector<double> cont_loss;
+  {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(model_path(c.model), true);
+    be.train(m, *p.mine, g_tok, g_seq, nll_loss(), {});
+    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state under ep");
+    saved = be.weights(m);
+    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *p.mine, g_tok, g_seq, nll_loss(), {}).r.loss);
+    cont = be.weights(m);
+  }
+  {  // the files: the fixture's tensors (one per expert), full shapes
+    const auto f = sdk::st::File::open((dir / "model.safetensors").string());
+    const auto fx = sdk::st::File::open(model_path(c.model) + "/model.safetensors");
+    ASSERT_EQ(f.tensors().size(), fx.tensors().size());
+    for (const auto& t : fx.tensors()) EXPECT_EQ(f.at(t.name).shape, t.shape) << t.name;
+  }
+  {
+    Alone alone;
+    Backend be(host(), "megatron", one);
+    rlh_model* m = be.load(model_path(c.model), true);
+    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
+    EXPECT_TRUE(be.weights(m) == saved) << "loaded on one rank: not the weights saved under ep";
+    if (R == 0) sdk::check(be.api()->save_state(be.raw(), m, again.c_str()), "save_state at one rank");
+    for (int s = 0; s < 2; ++s) {
+      const double loss = be.train(m, *p.global, g_tok, g_seq, nll_loss(), {}).r.loss;
+      EXPECT_NEAR(loss, cont_loss[size_t(s)], 2e-5 * std::fabs(cont_loss[size_t(s)])) << "step " << s;
+    }
+    const Weights w = be.weights(m);
+    double worst = 0;
+    for (const auto& [k, v] : cont)
+      for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
+    EXPECT_LE(worst, 2 * 2 * 5e-3);
+  }
+  world().barrier();
+  {  // one rank's files back under ep: bitwise the same weights, and the same continuation
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(model_path(c.model), true);
+    sdk::check(be.api()->load_state(be.raw(), m, again.c_str()), "load_state under ep");
+    EXPECT_TRUE(be.weights(m) == saved) << "one rank's state loaded under ep: not bitwise";
+    for (int s = 0; s < 2; ++s)
+      EXPECT_EQ(be.train(m, *p.mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]) << "step " << s;
+    EXPECT_TRUE(be.weights(m) == cont) << "resumed under ep: not bitwise";
+  }
+  world().barrier();
+  if (R == 0) fs::remove_all(root);
+}
+
+// A rank with an empty shard (and ranks with different numbers of micro-batches) still runs its
+// experts for the others: the step equals the reference.
+TEST(ExpertParallelShards, UnevenAndEmptyShards) {
+  const int N = world().size(), R = world().rank();
+  const Case c{"qwen3-moe-tiny", 2, false, false};
+  auto g = global_batch();
+  Outcome ref;
+  {
+    Alone alone;
+    Backend be(host(), "megatron", sgd_config(c, 1));
+    rlh_model* m = be.load(model_path(c.model), true);
+    ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+  }
+  // Rank 0 takes every sequence, the others none.
+  auto mine = R == 0 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
+  ASSERT_EQ(mine->num_seqs(), R == 0 ? g->num_seqs() : 0);
+  Backend be(host(), "megatron", sgd_config(c, 2));
+  rlh_model* m = be.load(model_path(c.model), true);
+  const Outcome ep = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+  EXPECT_NEAR(ep.loss, ref.loss, 1e-5 * std::fabs(ref.loss));
+  EXPECT_LE(max_rel_diff(ep.grads, ref.grads), 1e-4) << "np " << N;
+}
+
+TEST(ExpertParallelErrors, RefusedByName) {
+  const int N = world().size();
+  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = nullptr;
+    expect_error(be.try_load(model_path(model), true, &m), code, part);
+  };
+  load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
+             "expert_model_parallel_size = 2: LlamaForCausalLM has no mixture-of-experts layer to split");
+  load_error({{"megatron_cfg", {{"expert_model_parallel_size", N + 1}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
+             "expert_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes:");
+  {
+    Alone alone;
+    load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
+               "expert_model_parallel_size = 2 needs a multiple of 2 launched ranks");
+  }
+  auto create_error = [&](const json& cfg, const std::string& part) {
+    rlh_backend* b = nullptr;
+    const std::string text = cfg.dump();
+    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
+                 part);
+  };
+  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
+               "expert_tensor_parallel_size = 2: expert tensor parallelism is not implemented");
+  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
+               "parallelism with tensor parallelism is not implemented");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine under expert parallelism: routing record and replay, and the bytes of a step.
+
+struct EngineModel {
+  sdk::TransformerDesc desc;
+  std::vector<std::vector<float>> weights;
+};
+const EngineModel& engine_model(const std::string& name) {
+  static std::map<std::string, EngineModel> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    EngineModel m;
+    m.desc = model::describe_model_dir(model_path(name));
+    m.weights = sdk::load_weights_f32(m.desc, sdk::st::Checkpoint::open(model_path(name) + "/model.safetensors")).tensors;
+    it = cache.emplace(name, std::move(m)).first;
+  }
+  return it->second;
+}
+
+// The reference kernels through the host's registry, as a backend takes them.
+// Released with the host, before MPI finishes (the test's main resets the host first).
+std::unique_ptr<sdk::KernelRegistry> g_registry;
+std::unique_ptr<engine::Ops> g_ops;
+engine::Ops& host_ops() {
+  if (!g_ops) {
+    g_registry = sdk::make_kernel_registry(sdk::Host(host().services()), sdk::kCPU, sdk::KernelPins{}, "test", "{}", false);
+    g_ops = engine::make_registry_ops(*g_registry);
+  }
+  return *g_ops;
+}
+
+struct EpEngine {
+  sdk::ParallelComms pc;
+  sdk::EpLayout layout;
+  std::unique_ptr<backend::CommEpGroup> comm;
+  std::unique_ptr<engine::Engine> e;
+  EpEngine(const EngineModel& m, int64_t ep) {
+    sdk::ParallelSizes sizes;
+    sizes.ep = ep;
+    pc = sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes, {sdk::GroupKind::ep});
+    const sdk::Comm& g = pc.of(sdk::GroupKind::ep);
+    layout = sdk::make_ep_layout(m.desc, ep, g.rank());
+    comm = std::make_unique<backend::CommEpGroup>(g);
+    engine::EngineOptions o;
+    o.ops = &host_ops();
+    o.ep = &layout;
+    o.ep_comm = comm.get();
+    e = std::make_unique<engine::Engine>(m.desc, o);
+    std::vector<std::vector<float>> local;
+    for (size_t i = 0; i < m.weights.size(); ++i) local.push_back(sdk::ep_slice(layout, i, m.weights[i]));
+    e->load_parameters(local);
+  }
+};
+
+// The routing record as a micro-batch field.
+struct RoutingField {
+  std::vector<int32_t> data;
+  std::vector<int64_t> shape, strides;
+  rlh_named_tensor field(int64_t n, int64_t r) {
+    shape = {n, r};
+    strides = {r, 1};
+    rlh_named_tensor f{};
+    f.name = "routed";
+    f.tensor.data = data.data();
+    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+    f.tensor.ndim = 2;
+    f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+    f.tensor.shape = shape.data();
+    f.tensor.strides = strides.data();
+    return f;
+  }
+};
+
+TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
+  const int N = world().size(), R = world().rank();
+  for (const int64_t ep : {int64_t(2), int64_t(4)}) {
+    if (N % ep != 0) continue;
+    const EngineModel& md = engine_model("qwen3-moe-tiny");
+    auto g = global_batch();
+    std::vector<int32_t> gcu;
+    for (int64_t o : g->offsets()) gcu.push_back(int32_t(o));
+    engine::MicroBatch gmb;
+    gmb.input_ids = g->ids();
+    gmb.cu_seqlens = gcu;
+    // The reference: one engine with every expert, over the whole batch.
+    engine::EngineOptions ro;
+    ro.ops = &host_ops();
+    engine::Engine ref(md.desc, ro);
+    ref.load_parameters(md.weights);
+    engine::OutputRequest req;
+    req.routed_experts = true;
+    const engine::Outputs full = ref.forward(gmb, req);
+    const int64_t W = full.routing_width;
+    // This rank's shard (its first token in the global batch) under EP.
+    int64_t first = 0;
+    auto mine = shard_of(*g, R, N, &first);
+    std::vector<int32_t> cu;
+    for (int64_t o : mine->offsets()) cu.push_back(int32_t(o));
+    engine::MicroBatch mb;
+    mb.input_ids = mine->ids();
+    mb.cu_seqlens = cu;
+    const int64_t n = mine->num_tokens();
+    EpEngine epe(md, ep);
+    const int64_t b0 = epe.comm->bytes();
+    const engine::Outputs o = epe.e->forward(mb, req);
+    const int64_t fwd_bytes = epe.comm->bytes() - b0;
+    ASSERT_EQ(o.routing_width, W);
+    int mismatched = 0;
+    double lp_err = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t k = 0; k < W; ++k)
+        mismatched += o.routed_experts[size_t(t * W + k)] != full.routed_experts[size_t((first + t) * W + k)];
+      lp_err = std::max(lp_err, std::fabs(double(o.logprob[size_t(t)]) - double(full.logprob[size_t(first + t)])));
+    }
+    EXPECT_EQ(mismatched, 0) << "ep " << ep << ": the routing record is the reference's";
+    EXPECT_LE(lp_err, 2e-5) << "ep " << ep;
+
+    // Bytes of this forward from the routing: per MoE layer, the counts (E / ep int64 to each
+    // other rank of the group), the rows this rank sends to other ranks' experts and the rows
+    // it gets back from its experts for the others (C floats each).
+    const int64_t C = md.desc.hidden_size, E = 8, K = 2, El = E / ep, L = W / K;
+    const int64_t group0 = R / ep * ep, q = R % ep;  // this rank's ep group (adjacent ranks)
+    int64_t out_rows = 0, in_rows = 0;
+    for (int64_t s = 0; s < ep; ++s) {
+      int64_t f = 0;
+      auto sh = shard_of(*g, int(group0 + s), N, &f);
+      for (int64_t t = 0; t < sh->num_tokens(); ++t)
+        for (int64_t k = 0; k < W; ++k) {
+          const int64_t owner = full.routed_experts[size_t((f + t) * W + k)] / El;
+          if (s == q && owner != q) ++out_rows;
+          if (s != q && owner == q) ++in_rows;
+        }
+    }
+    const int64_t counts = L * (ep - 1) * El * 8, rows = (out_rows + in_rows) * C * 4;
+    EXPECT_EQ(fwd_bytes, counts + rows) << "ep " << ep;
+
+    // Replay: the record reproduces the forward; another routing (each choice moved to the next
+    // expert) gives the reference's outputs under that routing.
+    RoutingField rec{std::vector<int32_t>(o.routed_experts.begin(), o.routed_experts.end())};
+    engine::MicroBatch rmb = mb;
+    rmb.fields.push_back(rec.field(n, W));
+    engine::OutputRequest rreq = req;
+    rreq.replay_routing_field = "routed";
+    const engine::Outputs o2 = epe.e->forward(rmb, rreq);
+    EXPECT_EQ(o2.logprob, o.logprob) << "ep " << ep << ": replaying the record";
+    RoutingField other_g{full.routed_experts};
+    for (int32_t& x : other_g.data) x = int32_t((x + 1) % E);
+    RoutingField other_mine{std::vector<int32_t>(other_g.data.begin() + first * W, other_g.data.begin() + (first + n) * W)};
+    engine::MicroBatch gomb = gmb;
+    gomb.fields.push_back(other_g.field(g->num_tokens(), W));
+    const engine::Outputs ref_other = ref.forward(gomb, rreq);
+    engine::MicroBatch omb = mb;
+    omb.fields.push_back(other_mine.field(n, W));
+    const engine::Outputs o3 = epe.e->forward(omb, rreq);
+    double other_err = 0;
+    for (int64_t t = 0; t < n; ++t)
+      other_err = std::max(other_err, std::fabs(double(o3.logprob[size_t(t)]) - double(ref_other.logprob[size_t(first + t)])));
+    EXPECT_LE(other_err, 2e-5) << "ep " << ep << ": replaying another routing";
+    EXPECT_EQ(o3.routed_experts, other_mine.data);
+
+    // A train step under replay: the forward's exchanges plus the backward's two (no counts).
+    engine::StepOptions so;
+    so.global_tokens = g->num_tokens();
+    so.global_sequences = g->num_seqs();
+    so.outputs = rreq;
+    so.outputs.routed_experts = false;
+    so.apply_optimizer = false;
+    const engine::LossFn loss = [&](const engine::LossContext& ctx, const engine::OutputViews& ov,
+                                    engine::OutputGrads& og) {
+      engine::LossResult lr;
+      for (size_t t = 0; t < ov.logprob.size(); ++t) {
+        lr.loss -= ov.logprob[t] / double(ctx.global_tokens);
+        og.logprob[t] = float(-1.0 / double(ctx.global_tokens));
+      }
+      return lr;
+    };
+    const int64_t b1 = epe.comm->bytes();
+    epe.e->train_step(std::span<const engine::MicroBatch>(&rmb, 1), so, loss);
+    EXPECT_EQ(epe.comm->bytes() - b1, counts + 2 * rows) << "ep " << ep << ": a train step's bytes";
+    if (R == 0)
+      std::cout << "[np " << N << "] engine ep " << ep << ": routing record equal, logprobs within " << lp_err
+                << ", replay of another routing within " << other_err << ", ep bytes forward " << fwd_bytes
+                << " / train step " << counts + 2 * rows << " (analytic, rank 0)\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The engine tests' kernels go before the host that holds their provider.
+  struct Release : ::testing::Environment {
+    void TearDown() override {
+      g_ops.reset();
+      g_registry.reset();
+    }
+  };
+  ::testing::AddGlobalTestEnvironment(new Release);
+  return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "megatron", "comm_mpi"});
+}
