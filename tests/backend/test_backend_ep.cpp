@@ -48,13 +48,73 @@ constexpr int32_t kVocab = 512;
 const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
 std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
 
+struct EngineModel {
+  sdk::TransformerDesc desc;
+  std::vector<std::vector<float>> weights;
+};
+const EngineModel& engine_model(const std::string& name) {
+  static std::map<std::string, EngineModel> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    EngineModel m;
+    m.desc = model::describe_model_dir(model_path(name));
+    m.weights = sdk::load_weights_f32(m.desc, sdk::st::Checkpoint::open(model_path(name) + "/model.safetensors")).tensors;
+    it = cache.emplace(name, std::move(m)).first;
+  }
+  return it->second;
+}
+
+// The reference kernels through the host's registry, as a backend takes them.
+// A harness batch as one engine micro-batch (its offsets as int32 in `cu`).
+engine::MicroBatch engine_view(const Batch& b, std::vector<int32_t>& cu) {
+  cu.clear();
+  for (int64_t o : b.offsets()) cu.push_back(int32_t(o));
+  engine::MicroBatch mb;
+  mb.input_ids = b.ids();
+  mb.cu_seqlens = cu;
+  return mb;
+}
+
+// The (token, choice) rows of rank R's ep group (adjacent ranks of N, each with its shard of the
+// global batch g) that cross ranks, from the routing `routed` [tokens, W] of g: those R sends to
+// other ranks' experts, and those the others send to R's experts (El experts per rank).
+std::pair<int64_t, int64_t> crossing_rows(const std::vector<int32_t>& routed, int64_t W, int64_t El, const Batch& g,
+                                          int N, int R, int64_t ep) {
+  const int64_t group0 = R / ep * ep, q = R % ep;
+  int64_t out_rows = 0, in_rows = 0;
+  for (int64_t s = 0; s < ep; ++s) {
+    int64_t f = 0;
+    auto sh = shard_of(g, int(group0 + s), N, &f);
+    for (int64_t t = 0; t < sh->num_tokens(); ++t)
+      for (int64_t k = 0; k < W; ++k) {
+        const int64_t owner = routed[size_t((f + t) * W + k)] / El;
+        if (s == q && owner != q) ++out_rows;
+        if (s != q && owner == q) ++in_rows;
+      }
+  }
+  return {out_rows, in_rows};
+}
+
+// Released with the host, before MPI finishes (the test's main resets the host first).
+std::unique_ptr<sdk::KernelRegistry> g_registry;
+std::unique_ptr<engine::Ops> g_ops;
+engine::Ops& host_ops() {
+  if (!g_ops) {
+    g_registry = sdk::make_kernel_registry(sdk::Host(host().services()), sdk::kCPU, sdk::KernelPins{}, "test", "{}", false);
+    g_ops = engine::make_registry_ops(*g_registry);
+  }
+  return *g_ops;
+}
+
 struct Case {
   std::string model;
   int64_t ep;
   bool packing;
   bool distributed_optimizer;
+  bool recompute = false;
   std::string label() const {
-    return model + " ep" + std::to_string(ep) + (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
+    return model + " ep" + std::to_string(ep) + (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "") +
+           (recompute ? " recompute" : "");
   }
   bool softmax() const { return model == "qwen3-moe-tiny"; }
 };
@@ -71,9 +131,40 @@ json base_config(const Case& c, int64_t ep) {
   } else {
     mc["moe_router_dtype"] = "fp64";
   }
+  if (c.recompute) mc["activation_checkpointing"] = true;
   json cfg = {{"megatron_cfg", mc}};
   set_batching(cfg, c.packing);
   return cfg;
+}
+
+// The ep group's bytes of one train step on rank R of N, counted from the routing of the global
+// batch (the reference engine's, before the step), without packing (every rank's micro-batches
+// are pairs of its sequences): per MoE layer and micro-batch the counts' exchange (E / ep int64
+// to each other rank of the group); per MoE layer the rows this rank dispatches to other ranks'
+// experts and the rows its experts return to the others (C floats each), once in the forward
+// and once in the backward (and once more in the recomputed forward).
+int64_t analytic_ep_bytes(const Case& c, int N, int R) {
+  const EngineModel& md = engine_model(c.model);
+  auto g = global_batch();
+  std::vector<int32_t> cu;
+  const engine::MicroBatch mb = engine_view(*g, cu);
+  engine::EngineOptions ro;
+  ro.ops = &host_ops();
+  ro.moe.router_fp64 = !c.softmax();
+  engine::Engine ref(md.desc, ro);
+  ref.load_parameters(md.weights);
+  engine::OutputRequest req;
+  req.routed_experts = true;
+  const engine::Outputs full = ref.forward(mb, req);
+  const int64_t W = full.routing_width, C = md.desc.hidden_size, ep = c.ep;
+  int64_t L = 0, E = 0;
+  for (const auto& l : md.desc.layers)
+    if (l.mlp.kind == sdk::MlpKind::moe) ++L, E = l.mlp.moe.num_experts;
+  const int64_t El = E / ep;
+  const auto [out_rows, in_rows] = crossing_rows(full.routed_experts, W, El, *g, N, R, ep);
+  const int64_t microbatches = (int64_t(kLengths.size()) / N + 1) / 2;  // the busiest rank's (all alike here)
+  const int64_t passes = c.recompute ? 2 : 1;  // forwards per micro-batch
+  return microbatches * passes * L * (ep - 1) * El * 8 + (passes + 1) * (out_rows + in_rows) * C * 4;
 }
 json sgd_config(const Case& c, int64_t ep) {
   json cfg = base_config(c, ep);
@@ -161,7 +252,9 @@ TEST_P(ExpertParallel, MatchesOneRank) {
     }
     EXPECT_NEAR(a, b, 1e-5 * std::fabs(b) + 1e-9) << c.label() << " " << k;
   }
-  EXPECT_GT(ep.metrics["ep/comm_bytes"].get<int64_t>(), 0) << c.label();
+  const int64_t bytes = ep.metrics["ep/comm_bytes"].get<int64_t>();
+  if (!c.packing) EXPECT_EQ(bytes, analytic_ep_bytes(c, N, world().rank())) << c.label();
+  EXPECT_GT(bytes, 0) << c.label();
   if (world().rank() == 0)
     std::cout << "[np " << N << "] " << c.label() << ": loss " << ep.loss << " vs " << ref.loss << ", grad norm "
               << ep.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
@@ -221,6 +314,8 @@ std::vector<Case> cases() {
     v.push_back({model, 4, false, true});  // np 4 only
     v.push_back({model, 4, true, false});
   }
+  v.push_back({"qwen3-moe-tiny", 2, false, true, true});  // every layer recomputed in the backward
+  v.push_back({"deepseek-v3-tiny", 4, true, false, true});
   return v;
 }
 
@@ -230,104 +325,47 @@ INSTANTIATE_TEST_SUITE_P(Ep, ExpertParallel, ::testing::ValuesIn(cases()),
 // A state saved under EP is one rank's files (HF layout, every expert); it loads on one rank
 // into the same weights and continues; one rank's state loads back under EP bitwise.
 TEST(ExpertParallelCheckpoints, SavedUnderEpLoadsOnOneRankAndBack) {
-  const int R = world().rank();
   const Case c{"qwen3-moe-tiny", 2, false, true};
-  const json cfg = adam_config(c, 2, 5e-3), one = adam_config(c, 1, 5e-3);
   Place p;
-  const int64_t g_tok = p.tokens, g_seq = p.seqs;
-  const fs::path root = world().broadcast((fs::temp_directory_path() / ("rlh_ep_" + std::to_string(::getpid()))).string());
-  const fs::path dir = root / "ep", again = root / "one";
-  if (R == 0) {
-    fs::remove_all(root);
-    fs::create_directories(dir);
-    fs::create_directories(again);
-  }
-  world().barrier();
-  Weights saved, cont;
-  std::vector<double> cont_loss;
-  {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model_path(c.model), true);
-    be.train(m, *p.mine, g_tok, g_seq, nll_loss(), {});
-    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state under ep");
-    saved = be.weights(m);
-    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *p.mine, g_tok, g_seq, nll_loss(), {}).r.loss);
-    cont = be.weights(m);
-  }
-  {  // the files: the fixture's tensors (one per expert), full shapes
-    const auto f = sdk::st::File::open((dir / "model.safetensors").string());
-    const auto fx = sdk::st::File::open(model_path(c.model) + "/model.safetensors");
-    ASSERT_EQ(f.tensors().size(), fx.tensors().size());
-    for (const auto& t : fx.tensors()) EXPECT_EQ(f.at(t.name).shape, t.shape) << t.name;
-  }
-  {
-    Alone alone;
-    Backend be(host(), "megatron", one);
-    rlh_model* m = be.load(model_path(c.model), true);
-    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
-    EXPECT_TRUE(be.weights(m) == saved) << "loaded on one rank: not the weights saved under ep";
-    if (R == 0) sdk::check(be.api()->save_state(be.raw(), m, again.c_str()), "save_state at one rank");
-    for (int s = 0; s < 2; ++s) {
-      const double loss = be.train(m, *p.global, g_tok, g_seq, nll_loss(), {}).r.loss;
-      EXPECT_NEAR(loss, cont_loss[size_t(s)], 2e-5 * std::fabs(cont_loss[size_t(s)])) << "step " << s;
-    }
-    const Weights w = be.weights(m);
-    double worst = 0;
-    for (const auto& [k, v] : cont)
-      for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-    EXPECT_LE(worst, 2 * 2 * 5e-3);
-  }
-  world().barrier();
-  {  // one rank's files back under ep: bitwise the same weights, and the same continuation
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model_path(c.model), true);
-    sdk::check(be.api()->load_state(be.raw(), m, again.c_str()), "load_state under ep");
-    EXPECT_TRUE(be.weights(m) == saved) << "one rank's state loaded under ep: not bitwise";
-    for (int s = 0; s < 2; ++s)
-      EXPECT_EQ(be.train(m, *p.mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]) << "step " << s;
-    EXPECT_TRUE(be.weights(m) == cont) << "resumed under ep: not bitwise";
-  }
-  world().barrier();
-  if (R == 0) fs::remove_all(root);
+  checkpoint_round_trip(model_path(c.model), adam_config(c, 2, 5e-3), adam_config(c, 1, 5e-3), *p.global, *p.mine, 5e-3,
+                        "ep");
 }
 
 // A rank with an empty shard (and ranks with different numbers of micro-batches) still runs its
 // experts for the others: the step equals the reference.
 TEST(ExpertParallelShards, UnevenAndEmptyShards) {
   const int N = world().size(), R = world().rank();
-  const Case c{"qwen3-moe-tiny", 2, false, false};
-  auto g = global_batch();
-  Outcome ref;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", sgd_config(c, 1));
+  for (const bool recompute : {false, true}) {
+    const Case c{"qwen3-moe-tiny", 2, false, false, recompute};
+    auto g = global_batch();
+    Outcome ref;
+    {
+      Alone alone;
+      Backend be(host(), "megatron", sgd_config(c, 1));
+      rlh_model* m = be.load(model_path(c.model), true);
+      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+    }
+    // Rank 0 takes every sequence, the others none.
+    auto mine = R == 0 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
+    ASSERT_EQ(mine->num_seqs(), R == 0 ? g->num_seqs() : 0);
+    Backend be(host(), "megatron", sgd_config(c, 2));
     rlh_model* m = be.load(model_path(c.model), true);
-    ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+    const Outcome ep = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+    EXPECT_NEAR(ep.loss, ref.loss, 1e-5 * std::fabs(ref.loss));
+    EXPECT_LE(max_rel_diff(ep.grads, ref.grads), 1e-4) << "np " << N << " " << c.label();
   }
-  // Rank 0 takes every sequence, the others none.
-  auto mine = R == 0 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
-  ASSERT_EQ(mine->num_seqs(), R == 0 ? g->num_seqs() : 0);
-  Backend be(host(), "megatron", sgd_config(c, 2));
-  rlh_model* m = be.load(model_path(c.model), true);
-  const Outcome ep = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
-  EXPECT_NEAR(ep.loss, ref.loss, 1e-5 * std::fabs(ref.loss));
-  EXPECT_LE(max_rel_diff(ep.grads, ref.grads), 1e-4) << "np " << N;
 }
 
 TEST(ExpertParallelErrors, RefusedByName) {
   const int N = world().size();
-  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = nullptr;
-    expect_error(be.try_load(model_path(model), true, &m), code, part);
-  };
-  load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
+  expect_load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
              "expert_model_parallel_size = 2: LlamaForCausalLM has no mixture-of-experts layer to split");
-  load_error({{"megatron_cfg", {{"expert_model_parallel_size", N + 1}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
+  expect_load_error({{"megatron_cfg", {{"expert_model_parallel_size", N + 1}}}}, "qwen3-moe-tiny",
+                    RLH_E_INVALID_ARGUMENT,
              "expert_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes:");
   {
     Alone alone;
-    load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
+    expect_load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
                "expert_model_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
   auto create_error = [&](const json& cfg, const std::string& part) {
@@ -345,34 +383,6 @@ TEST(ExpertParallelErrors, RefusedByName) {
 
 // ---------------------------------------------------------------------------------------------
 // The engine under expert parallelism: routing record and replay, and the bytes of a step.
-
-struct EngineModel {
-  sdk::TransformerDesc desc;
-  std::vector<std::vector<float>> weights;
-};
-const EngineModel& engine_model(const std::string& name) {
-  static std::map<std::string, EngineModel> cache;
-  auto it = cache.find(name);
-  if (it == cache.end()) {
-    EngineModel m;
-    m.desc = model::describe_model_dir(model_path(name));
-    m.weights = sdk::load_weights_f32(m.desc, sdk::st::Checkpoint::open(model_path(name) + "/model.safetensors")).tensors;
-    it = cache.emplace(name, std::move(m)).first;
-  }
-  return it->second;
-}
-
-// The reference kernels through the host's registry, as a backend takes them.
-// Released with the host, before MPI finishes (the test's main resets the host first).
-std::unique_ptr<sdk::KernelRegistry> g_registry;
-std::unique_ptr<engine::Ops> g_ops;
-engine::Ops& host_ops() {
-  if (!g_ops) {
-    g_registry = sdk::make_kernel_registry(sdk::Host(host().services()), sdk::kCPU, sdk::KernelPins{}, "test", "{}", false);
-    g_ops = engine::make_registry_ops(*g_registry);
-  }
-  return *g_ops;
-}
 
 struct EpEngine {
   sdk::ParallelComms pc;
@@ -423,10 +433,7 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     const EngineModel& md = engine_model("qwen3-moe-tiny");
     auto g = global_batch();
     std::vector<int32_t> gcu;
-    for (int64_t o : g->offsets()) gcu.push_back(int32_t(o));
-    engine::MicroBatch gmb;
-    gmb.input_ids = g->ids();
-    gmb.cu_seqlens = gcu;
+    const engine::MicroBatch gmb = engine_view(*g, gcu);
     // The reference: one engine with every expert, over the whole batch.
     engine::EngineOptions ro;
     ro.ops = &host_ops();
@@ -440,10 +447,7 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     int64_t first = 0;
     auto mine = shard_of(*g, R, N, &first);
     std::vector<int32_t> cu;
-    for (int64_t o : mine->offsets()) cu.push_back(int32_t(o));
-    engine::MicroBatch mb;
-    mb.input_ids = mine->ids();
-    mb.cu_seqlens = cu;
+    const engine::MicroBatch mb = engine_view(*mine, cu);
     const int64_t n = mine->num_tokens();
     EpEngine epe(md, ep);
     const int64_t b0 = epe.comm->bytes();
@@ -464,18 +468,7 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     // other rank of the group), the rows this rank sends to other ranks' experts and the rows
     // it gets back from its experts for the others (C floats each).
     const int64_t C = md.desc.hidden_size, E = 8, K = 2, El = E / ep, L = W / K;
-    const int64_t group0 = R / ep * ep, q = R % ep;  // this rank's ep group (adjacent ranks)
-    int64_t out_rows = 0, in_rows = 0;
-    for (int64_t s = 0; s < ep; ++s) {
-      int64_t f = 0;
-      auto sh = shard_of(*g, int(group0 + s), N, &f);
-      for (int64_t t = 0; t < sh->num_tokens(); ++t)
-        for (int64_t k = 0; k < W; ++k) {
-          const int64_t owner = full.routed_experts[size_t((f + t) * W + k)] / El;
-          if (s == q && owner != q) ++out_rows;
-          if (s != q && owner == q) ++in_rows;
-        }
-    }
+    const auto [out_rows, in_rows] = crossing_rows(full.routed_experts, W, El, *g, N, R, ep);
     const int64_t counts = L * (ep - 1) * El * 8, rows = (out_rows + in_rows) * C * 4;
     EXPECT_EQ(fwd_bytes, counts + rows) << "ep " << ep;
 

@@ -298,80 +298,21 @@ TEST(TensorParallelCheckpoints, SavedUnderTpLoadsOnOneRankAndBack) {
   const int64_t tp = 2;
   const int dp = int(N / tp), dp_rank = int(R / tp);
   const Case c{"llama-tiny", tp, false, true};
-  const json cfg = adam_config(c, tp, 5e-3), one = adam_config(c, 1, 5e-3);
   auto g = global_batch();
-  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
   auto mine = shard_of(*g, dp_rank, dp);
-  const fs::path root = world().broadcast((fs::temp_directory_path() / ("rlh_tp_" + std::to_string(::getpid()))).string());
-  const fs::path dir = root / "tp", again = root / "one";
-  if (R == 0) {
-    fs::remove_all(root);
-    fs::create_directories(dir);
-    fs::create_directories(again);
-  }
-  world().barrier();
-  Weights saved, cont;
-  std::vector<double> cont_loss;
-  {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model_path(c.model), true);
-    be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
-    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state under tp");
-    saved = be.weights(m);
-    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
-    cont = be.weights(m);
-  }
-  {  // the files: the fixture's tensors, full shapes
-    const auto f = sdk::st::File::open((dir / "model.safetensors").string());
-    const auto fx = sdk::st::File::open(model_path(c.model) + "/model.safetensors");
-    ASSERT_EQ(f.tensors().size(), fx.tensors().size());
-    for (const auto& t : fx.tensors()) EXPECT_EQ(f.at(t.name).shape, t.shape) << t.name;
-  }
-  {
-    Alone alone;
-    Backend be(host(), "megatron", one);
-    rlh_model* m = be.load(model_path(c.model), true);
-    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
-    EXPECT_TRUE(be.weights(m) == saved) << "loaded on one rank: not the weights saved under tp";
-    if (R == 0) sdk::check(be.api()->save_state(be.raw(), m, again.c_str()), "save_state at one rank");
-    for (int s = 0; s < 2; ++s) {
-      const double loss = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
-      EXPECT_NEAR(loss, cont_loss[size_t(s)], 2e-5 * std::fabs(cont_loss[size_t(s)])) << "step " << s;
-    }
-    const Weights w = be.weights(m);
-    double worst = 0;
-    for (const auto& [k, v] : cont)
-      for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-    EXPECT_LE(worst, 2 * 2 * 5e-3);
-  }
-  world().barrier();
-  {  // one rank's files back under tp: bitwise the same weights, and the same continuation
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model_path(c.model), true);
-    sdk::check(be.api()->load_state(be.raw(), m, again.c_str()), "load_state under tp");
-    EXPECT_TRUE(be.weights(m) == saved) << "one rank's state loaded under tp: not bitwise";
-    for (int s = 0; s < 2; ++s)
-      EXPECT_EQ(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]) << "step " << s;
-    EXPECT_TRUE(be.weights(m) == cont) << "resumed under tp: not bitwise";
-  }
-  world().barrier();
-  if (R == 0) fs::remove_all(root);
+  checkpoint_round_trip(model_path(c.model), adam_config(c, tp, 5e-3), adam_config(c, 1, 5e-3), *g, *mine, 5e-3, "tp");
 }
 
 TEST(TensorParallelErrors, RefusedByName) {
   const int N = world().size();
-  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = nullptr;
-    expect_error(be.try_load(model_path(model), true, &m), code, part);
-  };
-  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
+  expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
              "tensor_model_parallel_size = 2: layer 0: mixture-of-experts layers are not supported");
-  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+  expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny",
+                    RLH_E_INVALID_ARGUMENT,
              "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {
     Alone alone;
-    load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+    expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "tensor_model_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
   {

@@ -41,6 +41,20 @@ void grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// Scratch for a layer's exchanges (R rows of C received) and the floats each rank sends and
+// receives: the dispatch's pattern (the combine's is the reverse).
+void prepare_exchange(EpScratch& sc, const EpActs& e, int64_t C) {
+  grow(sc.rows, size_t(e.R * C));
+  grow(sc.out, size_t(e.R * C));
+  const size_t P = e.send_rows.size();
+  sc.counts_out.assign(P, 0);
+  sc.counts_in.assign(P, 0);
+  for (size_t j = 0; j < P; ++j) {
+    sc.counts_out[j] = e.send_rows[j] * C;
+    sc.counts_in[j] = e.recv_rows[j] * C;
+  }
+}
+
 }  // namespace
 
 void Engine::Impl::ep_forward(int64_t l, const int32_t* offsets, const float* xp, float* yp) {
@@ -79,14 +93,7 @@ void Engine::Impl::ep_forward(int64_t l, const int32_t* offsets, const float* xp
   }
   // Dispatch.
   EpScratch& sc = ep_scratch;
-  grow(sc.rows, size_t(R * C));
-  grow(sc.out, size_t(R * C));
-  sc.counts_out.assign(size_t(Pn), 0);
-  sc.counts_in.assign(size_t(Pn), 0);
-  for (int64_t j = 0; j < Pn; ++j) {
-    sc.counts_out[size_t(j)] = e.send_rows[size_t(j)] * C;
-    sc.counts_in[size_t(j)] = e.recv_rows[size_t(j)] * C;
-  }
+  prepare_exchange(sc, e, C);
   opt.ep_comm->all_to_all_v(xp, sc.counts_out, sc.rows.data(), sc.counts_in);
   // This rank's experts, as one rank runs them (moe.cpp), over El groups of expert-major rows.
   e.xe.resize(size_t(R * C));
@@ -114,16 +121,9 @@ void Engine::Impl::ep_backward(int64_t l, const float* dyp, float* dxp) {
   const LayerParams& p = P[size_t(l)];
   const LayerParams& gp = G[size_t(l)];
   EpActs& e = ep_of(l);
-  const int64_t Pn = ep_size, El = s.E / Pn, Fe = s.Fe, R = e.R;
+  const int64_t El = s.E / ep_size, Fe = s.Fe, R = e.R;
   EpScratch& sc = ep_scratch;
-  grow(sc.rows, size_t(R * C));
-  grow(sc.out, size_t(R * C));
-  sc.counts_out.assign(size_t(Pn), 0);
-  sc.counts_in.assign(size_t(Pn), 0);
-  for (int64_t j = 0; j < Pn; ++j) {
-    sc.counts_out[size_t(j)] = e.send_rows[size_t(j)] * C;
-    sc.counts_in[size_t(j)] = e.recv_rows[size_t(j)] * C;
-  }
+  prepare_exchange(sc, e, C);
   // d outputs to the experts' ranks (the dispatch's pattern).
   opt.ep_comm->all_to_all_v(dyp, sc.counts_out, sc.rows.data(), sc.counts_in);
   float* dye = sc.out.data();

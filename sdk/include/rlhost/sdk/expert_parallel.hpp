@@ -75,9 +75,9 @@ std::vector<float> ep_slice(const EpLayout& layout, size_t i, std::span<const fl
 // Writes a rank's part `local` of parameter i into the full tensor.
 void ep_place(const EpLayout& layout, size_t i, std::span<const float> local, std::span<float> full);
 
-// The pass: marks this rank's program (built from layout.local): ModelProgram::ep_size and
-// LayerStep::ep_dispatch on every MoE step. Throws std::logic_error on a program of another
-// model (a MoE step whose experts are not this layout's).
+// The pass: marks this rank's program (built from layout.local, whose expert tensors
+// build_program checks against num_local_experts): ModelProgram::ep_size and
+// LayerStep::ep_dispatch on every MoE step.
 void mark_expert_parallel(ModelProgram& program, const EpLayout& layout);
 
 }  // namespace rlh::sdk
