@@ -518,7 +518,8 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
     Model& m = check_model(b, model);
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
-    if (m.device && m.dp == nullptr && readable.device_type != RLH_DEVICE_CPU) {
+    // (A device model holds its whole masters on every data-parallel rank.)
+    if (m.device && readable.device_type != RLH_DEVICE_CPU) {
       const rlh_device d = m.device->device();
       if (d.device_type == readable.device_type && d.device_id == readable.device_id) {
         visit_device_views(m, fn, user);
@@ -556,7 +557,7 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
         call_weight_fn(fn, user, p.hf_names[k], t);
       }
     };
-    if (m.dp != nullptr) {  // FSDP gathers unit by unit (collective)
+    if (m.dp != nullptr && !m.device) {  // FSDP gathers unit by unit (collective)
       dp_visit_parameters(m, visit);
       return;
     }

@@ -90,6 +90,9 @@ struct Backend {
   nlohmann::json policy;  // the config section as given to create
   BackendConfig config;
   std::unique_ptr<DpGroups> dp;  // several launched ranks: made at the first load_model
+  // Several ranks on the device path: the data-parallel group over a communicator for device
+  // memory, made at the first such model (before `models`: they point at it).
+  std::unique_ptr<CommDeviceDp> device_dp;
   std::vector<std::unique_ptr<Model>> models;
 };
 

@@ -138,7 +138,19 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   out.comm_bytes += ring_bytes(2 * 8 + 8, S, true);
 
   float* grads = nullptr;
-  if (m.dp_mode == Model::Dp::fsdp) {
+  if (m.device) {
+    // The device engine sums the gradients over its device group and applies the same update
+    // on every rank (DDP), or its block of it (distributed optimizer; device_engine.hpp).
+    const int64_t bytes0 = m.device->dp_bytes();
+    const double seconds0 = m.device->dp_seconds();
+    out.info = m.next_update(lr_override);
+    so.apply_optimizer = !eval_only;
+    so.lr = out.info.lr;
+    r = m.device->train_step(views, so, out.info.weight_decay, loss);
+    out.updated = so.apply_optimizer && !r.skipped;
+    out.comm_bytes += m.device->dp_bytes() - bytes0;
+    out.comm_seconds += m.device->dp_seconds() - seconds0;
+  } else if (m.dp_mode == Model::Dp::fsdp) {
     m.fsdp->begin_step();
     try {
       if (!views.empty()) r = m.engine->train_step(views, so, loss);
@@ -169,34 +181,36 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   }
   // The global gradient norm over the updated parameters: shards' sums of squares summed.
   // Under tensor parallelism each parameter's squares are weighted (replicated tensors count
-  // once over the group) and summed over the tp group too.
-  double ss[1] = {0};
-  for (const ShardRun& run : m.shards->runs())
-    ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
-  if (const sdk::Comm* c = shard_comm(m)) {
-    timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
-    out.comm_bytes += ring_bytes(8, c->size(), true);
-  }
-  if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
-  r.grad_norm = std::sqrt(ss[0]);
-  const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
-  r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
-  r.skipped = !std::isfinite(r.grad_norm);
-  if (m.shard_opt) {
-    if (!eval_only && !r.skipped) {
-      float* params = m.dp_mode == Model::Dp::fsdp ? m.fsdp->param_shard() : m.engine->flat_params().data();
-      out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
-      out.updated = true;
-      if (m.dp_mode == Model::Dp::distributed_optimizer) {
-        // The updated blocks back to every rank, in place.
-        std::span<float> flat = m.engine->flat_params();
-        const int64_t block = m.shards->segments()[0].block;
-        FloatView mine(flat.data() + int64_t(g.rank()) * block, block), all(flat.data(), int64_t(flat.size()));
-        timed([&] { g.dp.all_gather(*mine, *all); });
-        out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+  // once over the group) and summed over the tp group too. (A device engine did all of this.)
+  if (!m.device) {
+    double ss[1] = {0};
+    for (const ShardRun& run : m.shards->runs())
+      ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
+    if (const sdk::Comm* c = shard_comm(m)) {
+      timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(8, c->size(), true);
+    }
+    if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
+    r.grad_norm = std::sqrt(ss[0]);
+    const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
+    r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
+    r.skipped = !std::isfinite(r.grad_norm);
+    if (m.shard_opt) {
+      if (!eval_only && !r.skipped) {
+        float* params = m.dp_mode == Model::Dp::fsdp ? m.fsdp->param_shard() : m.engine->flat_params().data();
+        out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
+        out.updated = true;
+        if (m.dp_mode == Model::Dp::distributed_optimizer) {
+          // The updated blocks back to every rank, in place.
+          std::span<float> flat = m.engine->flat_params();
+          const int64_t block = m.shards->segments()[0].block;
+          FloatView mine(flat.data() + int64_t(g.rank()) * block, block), all(flat.data(), int64_t(flat.size()));
+          timed([&] { g.dp.all_gather(*mine, *all); });
+          out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+        }
+      } else {
+        out.info = m.shard_opt->next(lr_override);
       }
-    } else {
-      out.info = m.shard_opt->next(lr_override);
     }
   }
   // Loss, tokens and the engine's metrics of the whole global batch.

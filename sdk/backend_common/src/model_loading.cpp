@@ -211,9 +211,14 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
                                              "is megatron's, built where the CUDA toolchain is)");
   }
-  if (b.dp)  // the device path is one rank's (multi-GPU data parallelism is a later issue)
-    return decline(RLH_E_UNIMPLEMENTED, "the device path runs on one rank; with " + std::to_string(b.dp->size()) +
-                                            " data-parallel ranks the model runs on the CPU engine");
+  // Several ranks: data parallelism (DDP or the distributed optimizer) over a device
+  // communicator; the other layouts are the CPU engine's so far.
+  if (b.dp && b.dp->tp_size() > 1)
+    return decline(RLH_E_UNIMPLEMENTED, "tensor parallelism (tensor_model_parallel_size = " +
+                                            std::to_string(b.dp->tp_size()) + ") runs on the CPU engine only");
+  if (b.dp && (m.config.parallel.fsdp || b.dp->replicate))
+    return decline(RLH_E_UNIMPLEMENTED, "FSDP runs on the CPU engine only (the device path shards the optimizer "
+                                        "state with megatron's use_distributed_optimizer)");
   const std::string target = automatic ? "cuda" : d;
   std::string why;
   if (!f->available(target, &why)) return decline(RLH_E_UNAVAILABLE, why);
@@ -242,6 +247,19 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     o.optimizer.weight_decay = oc.weight_decay;
     o.optimizer.decay_1d_params = oc.decay_1d_params;
     o.optimizer.max_grad_norm = oc.max_grad_norm;
+  }
+  if (b.dp) {
+    if (!b.device_dp) {  // collective over the world, like the groups
+      const rlh_device dev = sdk::cuda_device(index);
+      b.device_dp = std::make_unique<CommDeviceDp>(sdk::make_device_comm(b.host, dev, "", b.flavor->name), dev);
+    }
+    if (b.device_dp->size() != b.dp->size())
+      throw Error(RLH_E_INTERNAL, where + ": the device communicator has " + std::to_string(b.device_dp->size()) +
+                                      " ranks, the data-parallel group " + std::to_string(b.dp->size()));
+    o.dp = b.device_dp.get();
+    o.shard_optimizer = m.config.parallel.distributed_optimizer;
+    m.dp = b.dp.get();
+    m.dp_mode = o.shard_optimizer ? Model::Dp::distributed_optimizer : Model::Dp::ddp;
   }
   try {
     m.device = f->create(m.desc, o);
@@ -366,6 +384,10 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
                 " (" + std::to_string(m->device->num_elements()) + " parameters, " +
                 (m->trainable ? "adamw optimizer" : std::string("frozen")) + (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
+                (m->dp ? ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" +
+                             (m->dp_mode == Model::Dp::distributed_optimizer ? "distributed optimizer" : "gradients all-reduced") +
+                             ", on the device)"
+                       : std::string()) +
                 ", on " + m->kernels + ")");
     return m;
   }

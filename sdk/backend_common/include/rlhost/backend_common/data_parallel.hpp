@@ -85,6 +85,24 @@ class CommTpGroup : public engine::TpComm {
   double seconds_ = 0;
 };
 
+// A device engine's data-parallel group (engine::DeviceDpComm) over a communicator whose
+// collectives take tensors on `device` (sdk::make_device_comm: comm_nccl, or comm_mpi staging
+// through the host where ranks share a GPU).
+class CommDeviceDp : public engine::DeviceDpComm {
+ public:
+  CommDeviceDp(sdk::Comm comm, rlh_device device) : c_(std::move(comm)), device_(device) {}
+  int size() const override { return c_.size(); }
+  int rank() const override { return c_.rank(); }
+  void all_reduce_sum(float* data, int64_t n, void* stream) override;
+  void reduce_scatter_sum(const float* in, float* out, int64_t block, void* stream) override;
+  void all_gather(const void* mine, void* all, int64_t block, int element_bytes, void* stream) override;
+  const sdk::Comm& comm() const { return c_; }
+
+ private:
+  sdk::Comm c_;
+  rlh_device device_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Where a rank's shard lies in the engine's flat storage.
 

@@ -208,6 +208,24 @@ class TpComm {
   virtual void all_reduce_max(float* data, int64_t n) = 0;
 };
 
+// Data parallelism of a device engine (CudaEngineOptions::dp): collectives over the data-parallel
+// group on the engine's device memory, ordered on `stream` (they may wait for it: comm_mpi stages through the
+// host). The backend implements it over its communicator (comm_nccl; comm_mpi where several
+// ranks share a GPU), so the engine names no communicator. Every rank of the group makes the
+// same calls in the same order.
+class DeviceDpComm {
+ public:
+  virtual ~DeviceDpComm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual void all_reduce_sum(float* data, int64_t n, void* stream) = 0;
+  // out[0:block] = the sum over ranks of in[rank * block : (rank + 1) * block]
+  virtual void reduce_scatter_sum(const float* in, float* out, int64_t block, void* stream) = 0;
+  // all[r * block : (r + 1) * block] = rank r's `mine` (`mine` may be this rank's block of
+  // `all`); elements of `element_bytes` (4: f32, 2: bf16)
+  virtual void all_gather(const void* mine, void* all, int64_t block, int element_bytes, void* stream) = 0;
+};
+
 struct EngineOptions {
   bool recompute = false;   // keep only layer inputs; re-run each layer inside the backward
   int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
