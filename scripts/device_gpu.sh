@@ -295,7 +295,10 @@ if [ "$what" = mpi ]; then
   for np in 1 2; do
     echo "== GRPO demo on the GPU, $np rank(s) =="
     t0=$(date +%s)
+    # A KV cache of a fixed size per rank: gpu_memory_utilization counts the memory in use on the
+    # whole device, so with ranks sharing the GPU the first generator's pool leaves the next none.
     mpirun -np $np "$bin/rlhost" "${grpo[@]}" checkpointing.checkpoint_dir="$d/np$np" logger.log_dir="$d/np$np/logs" \
+      ++policy.generation.native_cfg.kv_cache_bytes=4294967296 \
       > "$out/mpi_grpo_np$np.log" 2>&1 || { echo "GRPO at $np rank(s) failed"; rc=1; }
     echo "took $(( $(date +%s) - t0 )) s"
     grep -E "data parallel|communicator|error" "$out/mpi_grpo_np$np.log" | cut -c1-300 | head -4

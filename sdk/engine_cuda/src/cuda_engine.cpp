@@ -1003,7 +1003,10 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
   if (mbs.empty() && m.opt.dp == nullptr) throw std::invalid_argument("cuda engine: a train step needs micro-batches");
   int64_t biggest = 0;
   for (const MicroBatch& mb : mbs) biggest = std::max(biggest, mb.num_tokens());
-  if (!mbs.empty()) m.plan(biggest, true);  // a data-parallel rank without data only reduces
+  // A data-parallel rank without data only reduces: it needs no activations, only the pinned
+  // staging a plan carves (the norm comes down through it).
+  if (!mbs.empty()) m.plan(biggest, true);
+  else if (m.planned_tokens == 0) m.plan(1, false);
   if (!m.grads_clear) zero_grad();
   m.grads_clear = false;
   StepResult r;
