@@ -162,8 +162,10 @@ __device__ __forceinline__ int pa_dim(int lane, int k) {
   return VEC ? lane * NV + k : lane + 32 * k;
 }
 
-// grid (rows, Hkv * groups, partitions); rows row0 .. row0 + gridDim.x of the launch.
-template <class T, int NV, bool VEC>
+// grid (rows, Hkv * groups, partitions); rows row0 .. row0 + gridDim.x of the launch. WIDE:
+// value rows loaded ahead in larger batches (small launches: fewer round trips per tile, at
+// more registers, which large launches pay for in occupancy). The sums are the same either way.
+template <class T, int NV, bool VEC, bool WIDE>
 __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAttnArgs a, int64_t row0,
                                                                         int64_t groups, int64_t Z) {
   const int64_t r = row0 + blockIdx.x, rc = blockIdx.x;
@@ -259,9 +261,7 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
     }
     // the values: lanes over the head dims, keys of the tile in order, UB rows loaded ahead
     // (their loads in flight together: one at a time left the loop latency-bound)
-    // (16 rows for head dims up to 64: half the round trips of a tile at the same 32 registers
-    // of values as 8 rows of 128-dim heads)
-    constexpr int UB = NV >= 8 ? 4 : NV >= 4 ? 8 : 16;
+    constexpr int UB = NV >= 8 ? 4 : WIDE && NV <= 2 ? 16 : 8;
     const int nk = int(last - t0 + 1);
     for (int jb = int(first - t0); jb < nk; jb += UB) {
       float vf[UB][NV];
@@ -604,10 +604,15 @@ template <class T, int NV, bool VEC>
 void launch_paged(const PagedAttnArgs& a, int64_t Z, cudaStream_t s) {
   const int64_t groups = (a.Hq / a.Hkv + kPaHeads - 1) / kPaHeads;
   const int64_t rows = Z == 1 ? a.R : pa_rows_per_launch(a, Z);
+  // Blocks beyond about 16 per SM of an H200: the narrow variant (occupancy first).
+  constexpr int64_t kWideBlocks = 2048;
   for (int64_t r0 = 0; r0 < a.R; r0 += rows) {
     const int64_t n = std::min(rows, a.R - r0);
     const dim3 grid(unsigned(n), unsigned(a.Hkv * groups), unsigned(Z));
-    paged_attention_kernel<T, NV, VEC><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+    if (n * a.Hkv * groups * Z <= kWideBlocks)
+      paged_attention_kernel<T, NV, VEC, true><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+    else
+      paged_attention_kernel<T, NV, VEC, false><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
     if (Z > 1) paged_combine_kernel<T><<<dim3(unsigned(n), unsigned(a.Hq)), 128, 0, s>>>(a, r0, Z);
   }
 }
