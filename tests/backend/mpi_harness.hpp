@@ -48,6 +48,19 @@ struct World {
     return s;
   }
   void barrier() const { sdk::check(api->barrier(comm)); }
+  // The largest of every rank's value, on every rank.
+  int64_t max(int64_t v) const {
+    int64_t one = 1, stride = 1;
+    rlh_tensor t{};
+    t.data = &v;
+    t.device = {RLH_DEVICE_CPU, 0};
+    t.ndim = 1;
+    t.dtype = {RLH_DTYPE_INT, 64, 1};
+    t.shape = &one;
+    t.strides = &stride;
+    sdk::check(api->all_reduce(comm, &t, RLH_REDUCE_MAX, nullptr));
+    return v;
+  }
 };
 // While alive, this process looks started without a launcher: a backend loading a model then
 // sees one rank (the reference).

@@ -22,7 +22,7 @@
 
 #include "backend_harness.hpp"
 #include "mpi_harness.hpp"
-#include "rlhost/engine_cuda/cuda_engine.hpp"
+#include "gpu_skip.hpp"
 
 namespace fs = std::filesystem;
 using namespace rlh;
@@ -30,12 +30,6 @@ using namespace rlh::test;
 using json = nlohmann::json;
 
 namespace {
-
-#define REQUIRE_GPU()                                                                    \
-  do {                                                                                   \
-    std::string why;                                                                     \
-    if (!engine::cuda_engine_available(&why)) GTEST_SKIP() << "no GPU path here: " << why; \
-  } while (0)
 
 constexpr int32_t kVocab = 512;
 const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
@@ -68,17 +62,7 @@ bool same_on_every_rank(const Weights& w) {
   }
   const std::string mine = std::to_string(h);
   const std::string first = world().broadcast(mine);
-  int64_t differs = first != mine ? 1 : 0;
-  // Every rank learns whether any differs.
-  rlh_tensor t{};
-  int64_t one = 1, stride = 1;
-  t.data = &differs;
-  t.device = {RLH_DEVICE_CPU, 0};
-  t.ndim = 1;
-  t.dtype = {RLH_DTYPE_INT, 64, 1};
-  t.shape = &one;
-  t.strides = &stride;
-  sdk::check(world().api->all_reduce(world().comm, &t, RLH_REDUCE_MAX, nullptr));
+  const int64_t differs = world().max(first != mine ? 1 : 0);  // every rank learns whether any differs
   return differs == 0;
 }
 
