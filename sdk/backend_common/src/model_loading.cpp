@@ -332,13 +332,14 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
-  const int64_t tp = m->config.parallel.tp;
+  const int64_t tp = m->config.parallel.tp, pp = m->config.parallel.pp;
   if (!b.dp && launched_world_size() > 1) {
     try {
-      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp);
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, pp);
     } catch (const Error& e) {
-      if (tp <= 1) throw;
-      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) + ": " + e.what());
+      if (tp <= 1 && pp <= 1) throw;
+      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
+                                ", pipeline_model_parallel_size = " + std::to_string(pp) + ": " + e.what());
     }
   }
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
@@ -358,6 +359,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     }
     m->tp_comm = std::make_unique<CommTpGroup>(b.dp->tp);
   }
+  if (pp > 1) make_pipeline_stage(b, *m);
   if (!b.dp && m->config.parallel.dp_replicate > 1)
     throw Error(RLH_E_INVALID_ARGUMENT, std::string(b.flavor->name) + ": policy.dtensor_cfg.dp_replicate_size = " +
                                             std::to_string(m->config.parallel.dp_replicate) +
@@ -382,6 +384,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   prepare_data_parallel(b, *m, eo);
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
+  eo.pp = m->pp();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
   try {
@@ -401,6 +404,10 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                          "FSDP: parameters, gradients and optimizer state sharded"};
   const std::string dp_note =
       m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
+                  (m->pp() ? ", pipeline stage " + std::to_string(m->pp()->rank) + " of " + std::to_string(m->pp()->size) +
+                                 " (layers " + std::to_string(m->pp()->layer_begin) + ".." +
+                                 std::to_string(m->pp()->layer_begin + m->pp()->layer_count - 1) + ")"
+                           : std::string()) +
                   ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
             : "";
