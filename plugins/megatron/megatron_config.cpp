@@ -70,7 +70,7 @@ void read_pipeline(ConfigReader& r, backend::BackendConfig& cfg) {
                                          "schedule runs one stage per rank; set it to 1 or null)");
   auto layers = [&](const char* key) -> int64_t {
     const std::string k = std::string("megatron_cfg.") + key;
-    if (r.is_null(k)) return 0;
+    if (!r.has(k) || r.is_null(k)) return 0;
     const int64_t n = r.integer(k, 0);
     if (n < 1) r.fail(k, "must be at least 1 (or null), got " + std::to_string(n));
     return n;

@@ -107,7 +107,8 @@ void make_pipeline_stage(const Backend& b, Model& m) {
   const sdk::PpSplit split{m.config.parallel.pp_first_layers, m.config.parallel.pp_last_layers};
   try {
     m.pp_layout = std::make_unique<sdk::PpLayout>(
-        sdk::make_pp_layout(m.tp() ? m.tp()->local : m.desc, pp, m.dp->pp_rank(), split, key));
+        sdk::make_pp_layout(m.tp_layouts.empty() ? m.desc : m.tp_layouts[size_t(b.dp->tp_rank())].local, pp,
+                            b.dp->pp_rank(), split, key));
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_UNIMPLEMENTED, m.desc.architecture + " (" + m.dir + "): " + e.what());
   }

@@ -187,7 +187,8 @@ struct Engine::Impl {
   float* pp_dx = nullptr;
   sdk::TpLayout tp_stage;
   // pipeline_stage.cpp: checks a stage call's boundary spans and points the buffers at them.
-  void bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy, std::span<float> dx);
+  void bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy, std::span<float> dx,
+                  bool backward);
   // Per parameter, what its squares count in the gradient norm (TpPiece::norm_weight; 0 for the
   // last stage's copy of a tied embedding); empty when every weight is 1.
   std::vector<double> norm_w;

@@ -26,7 +26,7 @@ struct StageReset {
 Outputs Engine::forward_stage(const MicroBatch& mb, const OutputRequest& req, std::span<const float> x_in,
                               std::span<float> x_out) {
   Impl& m = *impl_;
-  m.bind_stage(mb, x_in, {}, {});
+  m.bind_stage(mb, x_in, {}, {}, false);
   StageReset reset{m.pp_x_in, m.pp_dy, m.pp_dx};
   if (m.prog.pp_last) return forward(mb, req);
   const size_t n = size_t(mb.num_tokens() * m.C);
@@ -53,7 +53,7 @@ LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t c
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
   if (req.routed_experts || !req.replay_routing_field.empty())
     throw std::invalid_argument("engine: MoE routing records are not supported under pipeline parallelism");
-  m.bind_stage(mb, x_in, dy, dx);
+  m.bind_stage(mb, x_in, dy, dx, true);
   StageReset reset{m.pp_x_in, m.pp_dy, m.pp_dx};
   m.forward(mb, req, !m.opt.recompute);
   LossResult lr;
@@ -72,7 +72,7 @@ void Engine::end_stage_step() {
 namespace rlh::engine {
 
 void Engine::Impl::bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy,
-                              std::span<float> dx) {
+                              std::span<float> dx, bool backward) {
   if (!pp_on) throw std::logic_error("engine: a *_stage call without pipeline parallelism (EngineOptions::pp)");
   const size_t n = size_t(mb.num_tokens() * C);
   auto need = [&](bool want, size_t got, const char* what) {
@@ -82,8 +82,8 @@ void Engine::Impl::bind_stage(const MicroBatch& mb, std::span<const float> x_in,
                                   " (tokens x hidden)");
   };
   need(!prog.pp_first, x_in.size(), "the input activations");
-  need(!prog.pp_last, dy.size(), "the output gradient");
-  need(!prog.pp_first, dx.size(), "the input gradient");
+  need(backward && !prog.pp_last, dy.size(), "the output gradient");
+  need(backward && !prog.pp_first, dx.size(), "the input gradient");
   pp_x_in = x_in.data();
   pp_dy = dy.data();
   pp_dx = dx.data();
