@@ -463,7 +463,7 @@ static ModelProgram build_program_of_stage(const TransformerDesc& desc, bool fir
   if (desc.final_norm.kind != NormKind::rmsnorm) throw std::invalid_argument("final norm: only RMSNorm is executed");
   p.final_eps = desc.final_norm.eps;
   p.final_offset = desc.final_norm.weight_offset;
-  p.head = desc.tie_word_embeddings ? p.embed : global(ParamRole::lm_head, last);
+  p.head = !last ? -1 : desc.tie_word_embeddings ? p.embed : global(ParamRole::lm_head, true);
   p.logit_softcap = desc.final_logit_softcapping;
   if (const ParamDesc* q = desc.find_param(-1, ParamRole::value_head)) {
     if (q->shape != std::vector<int64_t>{1, p.hidden})

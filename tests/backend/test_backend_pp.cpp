@@ -7,7 +7,8 @@
 //     gradient (one SGD step at lr 1 without clipping: w - w' = g, read back through the
 //     gathered HF weights) within fp32 tolerance, on a Llama (untied head) and a Qwen3 (tied
 //     embedding: the embedding group's gradient sum), with packing on and off, DDP and the
-//     distributed optimizer, the 1F1B schedule over 2 to 4 micro-batches;
+//     distributed optimizer, the 1F1B schedule over 2 to 5 micro-batches; and a Qwen2 of three
+//     layers (biases, sliding window, YaRN) split 2 + 1 by num_layers_in_first_pipeline_stage;
 //   - the pipeline's bytes per step equal the analytic count;
 //   - two AdamW steps with clipping follow the reference;
 //   - a state saved under PP is the one-rank HF layout, loads on one rank into the same weights
@@ -43,8 +44,10 @@ struct Case {
   int64_t tp, pp;
   bool packing;
   bool distributed_optimizer;
+  int64_t first_layers = 1;  // num_layers_in_first_pipeline_stage
   std::string label() const {
     return model + (tp > 1 ? " tp" + std::to_string(tp) : "") + " pp" + std::to_string(pp) +
+           (first_layers != 1 ? " first" + std::to_string(first_layers) : "") +
            (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
   }
 };
@@ -53,7 +56,7 @@ json base_config(const Case& c, bool one_rank) {
   json cfg = {{"megatron_cfg",
                {{"tensor_model_parallel_size", one_rank ? 1 : c.tp},
                 {"pipeline_model_parallel_size", one_rank ? 1 : c.pp},
-                {"num_layers_in_first_pipeline_stage", one_rank || c.pp == 1 ? json(nullptr) : json(1)},
+                {"num_layers_in_first_pipeline_stage", one_rank || c.pp == 1 ? json(nullptr) : json(c.first_layers)},
                 {"virtual_pipeline_model_parallel_size", nullptr}}}};
   set_batching(cfg, c.packing);
   return cfg;
@@ -107,7 +110,7 @@ Backend::LossBody lp_ent_loss() {
 // the stages (2 (2-1)/2 x 8 bytes).
 int64_t analytic_pp_bytes(const Case& c, int64_t N) {
   const int64_t C = 64;
-  const bool tied = c.model == "qwen3-tiny";
+  const bool tied = c.model == "qwen3-tiny";  // llama-tiny and qwen2-swa-yarn-tiny have an lm_head
   return N * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
 }
 
@@ -241,6 +244,9 @@ std::vector<Case> cases() {
     v.push_back({model, 1, 2, true, false});
     v.push_back({model, 2, 2, true, true});  // np 4 only: TP 2 x PP 2
   }
+  // Three layers split 2 + 1 (Megatron's uneven first stage), with q/k/v biases, sliding-window
+  // attention and YaRN RoPE: the stages run whatever layers they hold.
+  v.push_back({"qwen2-swa-yarn-tiny", 1, 2, true, false, 2});
   return v;
 }
 
