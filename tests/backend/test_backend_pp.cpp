@@ -237,6 +237,41 @@ TEST_P(PipelineParallel, AdamWStepsFollowOneRank) {
               << "; training state on rank 0 " << state / 1024 << " KiB, one rank " << ref_state / 1024 << " KiB\n";
 }
 
+// Log p at given ids (K per token, some -1) and top-k processed logprobs, forward only on the
+// whole batch: the last stage's outputs reach every rank.
+TEST_P(PipelineParallel, LogprobAtIdsAndTopKMatchOneRank) {
+  const Case c = GetParam();
+  if (!fits(c)) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
+  auto g = global_batch();
+  constexpr int64_t K = 3;
+  std::vector<int32_t> ids(size_t(g->num_tokens() * K));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 7 == 3 ? -1 : int32_t((i * 131 + 17) % kVocab);
+  g->add("ids", ids, rlh_dtype{RLH_DTYPE_INT, 32, 1}, K);
+  std::vector<rlh_output_spec> specs = {spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at", 1.3, 0, 1.0, "ids")};
+  std::vector<int64_t> widths = {K};
+  if (c.tp == 1) {  // top-k needs the whole vocabulary: refused under tensor parallelism
+    specs.push_back(spec(RLH_OUTPUT_LOGPROB, "topk", 0.9, 5));
+    widths.push_back(1);
+  }
+  std::vector<std::vector<float>> ref, pp;
+  {
+    Alone alone;
+    Backend be(host(), "megatron", sgd_config(c, true));
+    rlh_model* m = be.load(model_path(c.model), false);
+    sdk::check(be.try_forward(m, *g, specs, ref, 0, widths), "forward at one rank");
+  }
+  Backend be(host(), "megatron", sgd_config(c, false));
+  rlh_model* m = be.load(model_path(c.model), false);
+  sdk::check(be.try_forward(m, *g, specs, pp, 0, widths), "forward under pp");
+  ASSERT_EQ(pp.size(), ref.size());
+  for (size_t k = 0; k < ref.size(); ++k) {
+    ASSERT_EQ(pp[k].size(), ref[k].size());
+    double err = 0;
+    for (size_t i = 0; i < ref[k].size(); ++i) err = std::max(err, std::fabs(double(pp[k][i]) - double(ref[k][i])));
+    EXPECT_LE(err, 2e-5) << c.label() << " output " << k;
+  }
+}
+
 std::vector<Case> cases() {
   std::vector<Case> v;
   for (const char* model : {"llama-tiny", "qwen3-tiny"}) {
