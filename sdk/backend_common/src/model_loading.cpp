@@ -338,8 +338,11 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
       b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, pp);
     } catch (const Error& e) {
       if (tp <= 1 && pp <= 1) throw;
-      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
-                                ", pipeline_model_parallel_size = " + std::to_string(pp) + ": " + e.what());
+      // Names the model-parallel sizes that are set.
+      const std::string tp_s = "tensor_model_parallel_size = " + std::to_string(tp);
+      const std::string pp_s = "pipeline_model_parallel_size = " + std::to_string(pp);
+      throw Error(e.code(), "policy.megatron_cfg." + (pp <= 1 ? tp_s : tp <= 1 ? pp_s : tp_s + ", " + pp_s) + ": " +
+                                e.what());
     }
   }
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
