@@ -223,8 +223,9 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
     const auto run = [&](size_t i) {
       MicroBatchData& d = mbs[i];
       if (b->host.cancelled()) throw Error(RLH_E_CANCELLED, "forward cancelled");
-      const engine::Outputs o =
-          m.device ? m.device->forward(d.engine_view(), plan.req) : m.engine->forward(d.engine_view(), plan.req);
+      const engine::Outputs o = m.device ? m.device->forward(d.engine_view(), plan.req)
+                                : m.pp()   ? pp_forward(m, d.engine_view(), plan.req)  // every stage gets the outputs
+                                           : m.engine->forward(d.engine_view(), plan.req);
       for (size_t k = 0; k < plan.slots.size(); ++k)
         write_output(args->outputs[k], d, engine_output(o, plan.slots[k]), width(plan, k));
     };
@@ -388,7 +389,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
-    int64_t comm_bytes = 0, tp_bytes = 0;
+    int64_t comm_bytes = 0, tp_bytes = 0, pp_bytes = 0;
     double comm_seconds = 0, tp_seconds = 0;
     if (m.dp != nullptr) {  // data parallel: reduced gradients, the sharded update (dp_model.cpp)
       DpStepResult d = dp_train_step(m, views, so, loss, eval_only, args->learning_rate);
@@ -399,7 +400,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       comm_seconds = d.comm_seconds;
       tp_bytes = d.tp_comm_bytes;
       tp_seconds = d.tp_comm_seconds;
-      tramp.metrics = all_reduce_named(m.dp->dp, tramp.metrics);
+      pp_bytes = d.pp_comm_bytes;
+      tramp.metrics = all_reduce_named(m.dp->dp, pp_share_named(m, tramp.metrics));  // the last stage's callback
     } else if (m.device) {  // the device applies its own update (device_engine.hpp)
       info = m.next_update(args->learning_rate);
       so.apply_optimizer = !eval_only;
@@ -440,7 +442,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"dp/comm_bytes", comm_bytes},
                     {"dp/comm_seconds", comm_seconds},
                     {"tp/comm_bytes", tp_bytes},
-                    {"tp/comm_seconds", tp_seconds}};
+                    {"tp/comm_seconds", tp_seconds},
+                    {"pp/comm_bytes", pp_bytes}};
     // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
     for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();

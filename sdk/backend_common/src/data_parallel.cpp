@@ -37,15 +37,17 @@ FloatView::FloatView(float* p, int64_t count) : n(count) {
 int launched_world_size() { return sdk::detect_launch().size; }
 
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp) {
+                                         int64_t tp, int64_t pp) {
   sdk::Comm world = sdk::Comm::world(host);
   sdk::ParallelSizes sizes;
   sizes.dp_replicate = dp_replicate;
   sizes.tp = tp;
+  sizes.pp = pp;
   sdk::ParallelComms pc;
   try {
-    pc = sdk::make_parallel_comms(
-        world, sizes, {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate, sdk::GroupKind::tp});
+    pc = sdk::make_parallel_comms(world, sizes,
+                                  {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
+                                   sdk::GroupKind::tp, sdk::GroupKind::pp, sdk::GroupKind::embedding});
   } catch (const Error& e) {
     throw Error(e.code(), who + ": " + e.what());
   }
@@ -53,6 +55,8 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   auto take = [&](sdk::GroupKind k) { return std::move(pc.comms[static_cast<int>(k)]); };
   g->dp = take(sdk::GroupKind::dp_cp);
   g->tp = take(sdk::GroupKind::tp);
+  g->pp = take(sdk::GroupKind::pp);
+  g->embedding = take(sdk::GroupKind::embedding);
   g->all = world.split(0, world.rank(), "world");
   if (dp_replicate > 1) {
     g->shard = take(sdk::GroupKind::dp_cp_shard);

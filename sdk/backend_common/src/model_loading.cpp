@@ -216,6 +216,9 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (b.dp && b.dp->tp_size() > 1)
     return decline(RLH_E_UNIMPLEMENTED, "tensor parallelism (tensor_model_parallel_size = " +
                                             std::to_string(b.dp->tp_size()) + ") runs on the CPU engine only");
+  if (b.dp && b.dp->pp_size() > 1)
+    return decline(RLH_E_UNIMPLEMENTED, "pipeline parallelism (pipeline_model_parallel_size = " +
+                                            std::to_string(b.dp->pp_size()) + ") runs on the CPU engine only");
   if (b.dp && (m.config.parallel.fsdp || b.dp->replicate))
     return decline(RLH_E_UNIMPLEMENTED, "FSDP runs on the CPU engine only (the device path shards the optimizer "
                                         "state with megatron's use_distributed_optimizer)");
@@ -350,13 +353,17 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
-  const int64_t tp = m->config.parallel.tp;
+  const int64_t tp = m->config.parallel.tp, pp = m->config.parallel.pp;
   if (!b.dp && launched_world_size() > 1) {
     try {
-      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp);
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, pp);
     } catch (const Error& e) {
-      if (tp <= 1) throw;
-      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) + ": " + e.what());
+      if (tp <= 1 && pp <= 1) throw;
+      // Names the model-parallel sizes that are set.
+      const std::string tp_s = "tensor_model_parallel_size = " + std::to_string(tp);
+      const std::string pp_s = "pipeline_model_parallel_size = " + std::to_string(pp);
+      throw Error(e.code(), "policy.megatron_cfg." + (pp <= 1 ? tp_s : tp <= 1 ? pp_s : tp_s + ", " + pp_s) + ": " +
+                                e.what());
     }
   }
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
@@ -376,6 +383,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     }
     m->tp_comm = std::make_unique<CommTpGroup>(b.dp->tp);
   }
+  if (pp > 1) make_pipeline_stage(b, *m);
   if (!b.dp && m->config.parallel.dp_replicate > 1)
     throw Error(RLH_E_INVALID_ARGUMENT, std::string(b.flavor->name) + ": policy.dtensor_cfg.dp_replicate_size = " +
                                             std::to_string(m->config.parallel.dp_replicate) +
@@ -404,6 +412,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   prepare_data_parallel(b, *m, eo);
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
+  eo.pp = m->pp();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
   try {
@@ -423,6 +432,10 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                          "FSDP: parameters, gradients and optimizer state sharded"};
   const std::string dp_note =
       m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
+                  (m->pp() ? ", pipeline stage " + std::to_string(m->pp()->rank) + " of " + std::to_string(m->pp()->size) +
+                                 " (layers " + std::to_string(m->pp()->layer_begin) + ".." +
+                                 std::to_string(m->pp()->layer_begin + m->pp()->layer_count - 1) + ")"
+                           : std::string()) +
                   ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
             : "";

@@ -201,6 +201,7 @@ void save_state_dp(Model& m, const std::string& dir) {
     try {
       json layout = {{"data_parallel_size", m.dp->size()}};
       if (m.tp()) layout["tensor_model_parallel_size"] = m.dp->tp_size();
+      if (m.pp()) layout["pipeline_model_parallel_size"] = m.dp->pp_size();
       write_state_files(m, dir, params, moments, layout);
     } catch (const Error& e) {
       ok[0] = 0;

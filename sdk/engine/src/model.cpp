@@ -129,8 +129,30 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     vlo = opt.tp->vocab_begin;
     vcount = opt.tp->vocab_count;
   }
+  pp_on = opt.pp != nullptr && opt.pp->size > 1;
+  if (pp_on) {
+    // This stage's description; under tensor parallelism the pieces follow its parameters.
+    if (store != nullptr) throw std::invalid_argument("engine: pipeline parallelism with a UnitStore (FSDP) is not supported");
+    if (desc.params.size() != opt.pp->local_index.size())
+      throw std::invalid_argument("engine: the pipeline layout is of another model");
+    desc = opt.pp->local;
+    if (tp_on) {
+      tp_stage = *opt.tp;
+      tp_stage.local = desc;
+      tp_stage.pieces.clear();
+      for (int64_t i : opt.pp->full_index) tp_stage.pieces.push_back(opt.tp->pieces.at(size_t(i)));
+      opt.tp = &tp_stage;
+    }
+  }
+  if (tp_on || (pp_on && opt.pp->shares_embedding && !opt.pp->first)) {
+    norm_w.assign(desc.params.size(), 1.0);
+    for (size_t i = 0; i < desc.params.size(); ++i) {
+      if (tp_on) norm_w[i] = opt.tp->pieces[i].norm_weight;
+      if (pp_on && int64_t(i) == opt.pp->embed_local && !opt.pp->first) norm_w[i] = 0;  // the first stage's counts
+    }
+  }
   try {
-    prog = sdk::build_program(desc);
+    prog = pp_on ? sdk::build_stage_program(desc, opt.pp->first, opt.pp->last) : sdk::build_program(desc);
     if (tp_on) sdk::mark_tensor_parallel(prog, *opt.tp);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("engine: ") + e.what());
@@ -143,6 +165,7 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   caps.attention_dv_differs = true;
   caps.value_head = true;
   caps.tensor_parallel = true;
+  caps.pipeline_stage = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   V = prog.vocab;
   if (!tp_on) Vall = V, vcount = V;

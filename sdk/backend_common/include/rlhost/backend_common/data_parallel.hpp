@@ -51,10 +51,18 @@ struct DpGroups {
   // job (checkpoint writes and agreement). Without tensor parallelism `tp` is a group of one.
   sdk::Comm tp;
   sdk::Comm all;
+  // Pipeline parallelism (megatron_cfg.pipeline_model_parallel_size = pp > 1): the stages of one
+  // model replica (Megatron's order: pp varies slowest), and the first and last stage of each
+  // (the embedding group: a tied embedding's gradients; empty on middle stages). Without it
+  // `pp` is a group of one.
+  sdk::Comm pp;
+  sdk::Comm embedding;
   int size() const { return dp.size(); }
   int rank() const { return dp.rank(); }
   int tp_size() const { return tp ? tp.size() : 1; }
   int tp_rank() const { return tp ? tp.rank() : 0; }
+  int pp_size() const { return pp ? pp.size() : 1; }
+  int pp_rank() const { return pp ? pp.rank() : 0; }
 };
 
 // The world's size as the launcher started it (1 without a launcher).
@@ -64,7 +72,7 @@ int launched_world_size();
 // world (collective: every rank calls it in the same order). Throws Error naming the sizes when
 // they do not fit.
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp = 1);
+                                         int64_t tp = 1, int64_t pp = 1);
 
 // The engine's tensor-parallel group over a communicator, counting what it moves (ring traffic:
 // 2 (T-1)/T of each all-reduced tensor).
