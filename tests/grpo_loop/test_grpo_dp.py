@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""GRPO at data-parallel size 2 against one rank, through `rlhost` under mpirun (ctest grpo.dp.*).
+"""GRPO, SFT, DPO and RM at data-parallel size 2 against one rank, through `rlhost` under mpirun
+(ctest grpo.dp.*).
 
 The demo's GRPO stage (examples/configs/grpo_demo_cpu.yaml) on a random tiny Llama, 6 steps of 8
 prompts x 8 samples, validation and checkpoints every 3 steps:
@@ -12,6 +13,14 @@ prompts x 8 samples, validation and checkpoints every 3 steps:
                     DP=2 run did (steps 4-6)
   killed_rank       rank 1 is killed mid-run: the job stops non-zero within the timeout and the
                     last committed checkpoint resumes on one rank
+  loops_dtensor     SFT, DPO and RM (their demo configs, 6 steps) at DP=2 under dtensor FSDP:
+                    token and sample counts equal one rank's, losses, gradient norms, the loss's
+                    metrics and the validation figures within fp32 rounding; rank 0 commits
+                    the checkpoints
+  loops_megatron    the same with megatron's distributed optimizer
+  loops_resume      each loop's DP=2 step_3 resumes on one rank, and one rank's at DP=2, and
+                    continues as the run it came from (steps 4-6)
+  ppo_refused       ppo under 2 ranks stops at start with one line naming it
 
 usage: test_grpo_dp.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
 """
@@ -200,26 +209,156 @@ def case_killed_rank(tmp):
               f"step_{last} resumed on one rank")
 
 
-def case_one_rank_loops(tmp):
-    """SFT, DPO and RM hand the whole batch to the backend on every rank (not sharded yet): under
-    several ranks each refuses at start with one line naming the algorithm, and the job stops."""
+BASE_PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "dataset_jsonl"]
+# Per loop: its demo config, a short run's overrides (6 steps, validation and checkpoints every 3),
+# and the metrics that must equal one rank's (counts) or follow it within fp32 rounding.
+LOOPS = {
+    "sft": ("sft_demo_cpu.yaml",
+            ["sft.max_num_steps=6", "sft.val_period=3", "sft.val_global_batch_size=64",
+             "policy.train_global_batch_size=64", "policy.train_micro_batch_size=16"],
+            ["train/num_tokens", "train/num_unmasked_tokens", "train/num_valid_samples"],
+            ["train/loss", "train/grad_norm", "validation/val_loss"]),
+    "dpo": ("dpo_demo_cpu.yaml",
+            ["dpo.max_num_steps=6", "dpo.val_period=3", "dpo.val_global_batch_size=32", "dpo.val_micro_batch_size=8",
+             "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4"],
+            ["train/num_tokens", "train/num_valid_samples", "validation-default/num_valid_samples"],
+            ["train/loss", "train/grad_norm", "train/accuracy", "train/preference_loss", "train/rewards_chosen_mean",
+             "train/rewards_rejected_mean", "validation-default/loss", "validation-default/accuracy",
+             "validation-default/rewards_chosen_mean", "validation-default/rewards_rejected_mean"]),
+    "rm": ("rm_demo_cpu.yaml",
+           ["rm.max_num_steps=6", "rm.val_period=3", "rm.val_global_batch_size=32", "rm.val_micro_batch_size=8",
+            "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4"],
+           ["train/num_tokens", "train/num_valid_samples", "validation-default/num_valid_samples"],
+           ["train/loss", "train/grad_norm", "train/accuracy", "train/rewards_chosen_mean",
+            "train/rewards_rejected_mean", "validation-default/loss", "validation-default/accuracy",
+            "validation-default/rewards_chosen_mean", "validation-default/rewards_rejected_mean"]),
+}
+
+
+def write_pairs(path, n, seed):
+    """Synthetic preferences (preference_fixture.hpp's): "abc=" prefers "a" to another digit."""
+    mask = (1 << 64) - 1
+
+    def nxt():
+        nonlocal seed
+        seed = (seed * 6364136223846793005 + 1442695040888963407) & mask
+        return (seed >> 33) % 10
+    with open(path, "w") as f:
+        for _ in range(n):
+            a, b, c = nxt(), nxt(), nxt()
+            r = nxt()
+            if r == a:
+                r = (r + 1 + nxt() % 9) % 10
+            f.write(json.dumps({"prompt": f"{a}{b}{c}=", "chosen": str(a), "rejected": str(r)}) + "\n")
+
+
+def loop_command(tmp, algo, tag, backend, extra=()):
+    cfg, overrides, _, _ = LOOPS[algo]
+    cmd = [RLHOST]
+    for p in BASE_PLUGINS + [algo]:
+        cmd += ["--plugin", p]
+    cmd += ["--config", os.path.join(SRC, "examples/configs", cfg), f"policy.model_name={tmp}/tiny",
+            f"logger.log_dir={tmp}/{tag}/logs", f"checkpointing.checkpoint_dir={tmp}/{tag}/ckpt",
+            "checkpointing.save_period=3", "checkpointing.keep_top_k=null", "++rlhost.comm_timeout_s=10", *overrides]
+    if algo != "sft":
+        cmd += [f"data.train.data_path={tmp}/train.jsonl", f"data.validation.data_path={tmp}/val.jsonl"]
+    if backend == "megatron":
+        cmd += ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
+                "++policy.megatron_cfg.optimizer.lr=3e-3", "++policy.megatron_cfg.optimizer.weight_decay=0",
+                "++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"]
+    return cmd + list(extra)
+
+
+def setup_loops(tmp):
     setup(tmp)
-    base = [RLHOST, "--plugin", "environments", "--plugin", "tokenizer_hf", "--plugin", "model_llama",
-            "--plugin", "kernels_cpu", "--plugin", "dtensor", "--plugin", "dataset_jsonl"]
-    for algo, cfg in (("sft", "sft_demo_cpu.yaml"), ("dpo", "dpo_demo_cpu.yaml"), ("rm", "rm_demo_cpu.yaml")):
-        cmd = base + ["--plugin", algo, "--config", os.path.join(SRC, "examples/configs", cfg),
-                      f"policy.model_name={tmp}/tiny", f"logger.log_dir={tmp}/{algo}/logs",
-                      f"checkpointing.checkpoint_dir={tmp}/{algo}/ckpt"]
-        rc, out, secs = run(cmd, np=2, timeout=120)
-        lines = [l for l in out.splitlines() if re.match(r"rlhost rank \d+: error: ", l)]
-        want = f"{algo} with 2 data-parallel ranks is not implemented (GRPO is); run {algo} on one rank"
-        check(rc != 0, f"{algo} under 2 ranks exits non-zero (rc {rc})", out)
-        check(len(lines) >= 1 and all(want in l for l in lines), f"{algo}: every rank's error is one line naming it", out)
-        print(f"{algo} under 2 ranks: rc {rc} in {secs:.1f} s: {lines[0] if lines else '(no error line)'}")
+    write_pairs(f"{tmp}/train.jsonl", 256, 11)
+    write_pairs(f"{tmp}/val.jsonl", 40, 12)  # 40 = a validation batch of 32 and one of 8
+
+
+def compare_loop(algo, one, two, steps, what):
+    _, _, equal, near = LOOPS[algo]
+    seen = 0
+    for s in steps:
+        a, b = one.get(s, {}), two.get(s, {})
+        check("train/loss" in a and "train/loss" in b, f"{what}: step {s} has train/loss in both runs")
+        for k in equal:
+            if k in a:
+                check(a[k] == b.get(k), f"{what}: step {s} {k} {b.get(k)} equals one rank's {a[k]}")
+        for k in near:
+            # DPO's first step has policy = reference: its rewards are rounding noise around 0, and
+            # which side of 0 each lands on (its accuracy) is not a figure to compare.
+            if k in a and not (algo == "dpo" and s == 1 and k == "train/accuracy"):
+                seen += 1
+                check(k in b and close(b[k], a[k]), f"{what}: step {s} {k} {b.get(k)} is within fp32 rounding of one rank's {a[k]}")
+    return seen
+
+
+def case_loops(tmp, backend):
+    """SFT, DPO and RM at DP=2 follow one rank: each rank trains on its share of every global
+    batch with the global counts, validation is split over the ranks and summed."""
+    setup_loops(tmp)
+    for algo in LOOPS:
+        rc, out, _ = run(loop_command(tmp, algo, f"{algo}_one", backend), timeout=200)
+        check(rc == 0, f"{algo} {backend}: one rank runs (rc {rc})", out)
+        rc, out, secs = run(loop_command(tmp, algo, f"{algo}_two", backend), np=2, timeout=200)
+        check(rc == 0, f"{algo} {backend}: two ranks run (rc {rc})", out)
+        if rc != 0:
+            continue
+        check("data parallel over 2 ranks" in out, f"{algo} {backend}: the backend reports 2 data-parallel ranks", out)
+        one, two = metrics(tmp, f"{algo}_one"), metrics(tmp, f"{algo}_two")
+        seen = compare_loop(algo, one, two, range(1, 7), f"{algo} {backend}")
+        check(two[1].get("train/dp_size", 2) == 2, f"{algo} {backend}: the train step reports dp_size 2")
+        ckpts = sorted(os.listdir(f"{tmp}/{algo}_two/ckpt"))
+        check(ckpts == ["step_3", "step_6"], f"{algo} {backend}: rank 0 committed step_3 and step_6 ({ckpts})")
+        val = [k for k in two[6] if k.startswith("validation")]
+        print(f"{algo} {backend}: DP=2 followed one rank for 6 steps ({seen} figures compared; losses "
+              f"{[round(two[s]['train/loss'], 6) for s in range(1, 7)]}; validation {sorted(val)}); DP=2 took {secs:.1f} s")
+
+
+def case_loops_resume(tmp):
+    """A DP=2 checkpoint of each loop resumes on one rank and continues as the DP=2 run did, and
+    one rank's checkpoint resumes at DP=2."""
+    setup_loops(tmp)
+    for algo in LOOPS:
+        rc, out, _ = run(loop_command(tmp, algo, f"{algo}_two", "dtensor"), np=2, timeout=200)
+        check(rc == 0, f"{algo}: two ranks run (rc {rc})", out)
+        rc1, out1, _ = run(loop_command(tmp, algo, f"{algo}_one", "dtensor"), timeout=200)
+        check(rc1 == 0, f"{algo}: one rank runs (rc {rc1})", out1)
+        if rc != 0 or rc1 != 0:
+            continue
+        for src, dst, np in (("two", "at_one", 1), ("one", "at_two", 2)):
+            os.makedirs(f"{tmp}/{algo}_{dst}/ckpt")
+            shutil.copytree(f"{tmp}/{algo}_{src}/ckpt/step_3", f"{tmp}/{algo}_{dst}/ckpt/step_3")
+            rc, out, _ = run(loop_command(tmp, algo, f"{algo}_{dst}", "dtensor"), np=np, timeout=200)
+            check(rc == 0, f"{algo}: the {src}-rank step_3 resumes at {np} rank(s) (rc {rc})", out)
+            check("resumed from" in out and "step_3" in out, f"{algo}: the log says it resumed from step_3", out)
+            if rc == 0:
+                compare_loop(algo, metrics(tmp, f"{algo}_{src}"), metrics(tmp, f"{algo}_{dst}"), range(4, 7),
+                             f"{algo} resumed from {src} rank(s) at {np}")
+        print(f"{algo}: step_3 of DP=2 resumed at one rank, and one rank's at DP=2, each continuing alike")
+
+
+def case_ppo_refused(tmp):
+    """PPO's critic is not sharded: under several ranks it refuses at start with one line."""
+    setup(tmp)
+    cmd = [RLHOST]
+    for p in PLUGINS[:-1] + ["ppo"]:
+        cmd += ["--plugin", p]
+    cmd += ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny",
+            f"logger.log_dir={tmp}/ppo/logs"]
+    rc, out, secs = run(cmd, np=2, timeout=120)
+    lines = [l for l in out.splitlines() if re.match(r"rlhost rank \d+: error: ", l)]
+    want = "ppo with 2 data-parallel ranks is not implemented"
+    check(rc != 0, f"ppo under 2 ranks exits non-zero (rc {rc})", out)
+    check(len(lines) >= 1 and all(want in l for l in lines), "ppo: every rank's error is one line naming it", out)
+    print(f"ppo under 2 ranks: rc {rc} in {secs:.1f} s: {lines[0] if lines else '(no error line)'}")
 
 
 CASES = {
-    "one_rank_loops": case_one_rank_loops,
+    "loops_dtensor": lambda t: case_loops(t, "dtensor"),
+    "loops_megatron": lambda t: case_loops(t, "megatron"),
+    "loops_resume": case_loops_resume,
+    "ppo_refused": case_ppo_refused,
     "follows_dtensor": lambda t: case_follows(t, "dtensor"),
     "follows_megatron": lambda t: case_follows(t, "megatron"),
     "resume_at_one": case_resume_at_one,

@@ -672,13 +672,6 @@ bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ck
   return false;
 }
 
-void refuse_data_parallel(const std::string& algorithm) {
-  if (const int n = sdk::detect_launch().size; n > 1)
-    throw sdk::Error(RLH_E_UNIMPLEMENTED, algorithm + " with " + std::to_string(n) +
-                                              " data-parallel ranks is not implemented (GRPO is); run " + algorithm +
-                                              " on one rank");
-}
-
 std::string resolve_policy_dir(const std::string& model_name) {
   try {
     return sdk::resolve_model_path(model_name).string();
@@ -688,11 +681,12 @@ std::string resolve_policy_dir(const std::string& model_name) {
 }
 
 void save_policy_folder(Backend& backend, rlh_model* policy, const std::string& dir, const std::string& tokenizer_name,
-                        const std::string& model_dir) {
+                        const std::string& model_dir, bool writer) {
   namespace fs = std::filesystem;
   const fs::path policy_dir(dir);
-  fs::create_directories(policy_dir);
+  if (writer) fs::create_directories(policy_dir);
   backend.save_state(policy, policy_dir.string());
+  if (!writer) return;
   const fs::path tok_src = fs::is_directory(tokenizer_name) ? fs::path(tokenizer_name) : fs::path(model_dir);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
     if (fs::exists(tok_src / f) && !fs::exists(policy_dir / f)) fs::copy_file(tok_src / f, policy_dir / f);

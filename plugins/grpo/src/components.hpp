@@ -274,15 +274,13 @@ std::optional<sdk::CheckpointInfo> resume_from_checkpoints(const sdk::Host& host
 // fallback resume is not overwritten: one warning, and the step is not saved.
 bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ckpt, int64_t step);
 
-// What the one-rank supervised loops (sft, dpo) share.
-// They hand the whole batch to the backend on every rank (not sharded yet), so the backend would
-// count it once per rank: several ranks are refused by name.
-void refuse_data_parallel(const std::string& algorithm);
+// What the supervised loops (sft, dpo, rm) share.
 // policy.model_name as a local folder (a hub id through the HF cache); NOT_FOUND names the key.
 std::string resolve_policy_dir(const std::string& model_name);
 // Saves the policy's state into `dir` with the tokenizer files beside it (from tokenizer_name when
-// it is a folder, else from model_dir), so the folder loads as an HF model folder.
+// it is a folder, else from model_dir), so the folder loads as an HF model folder. Collective at
+// several data-parallel ranks (save_state); only the `writer` (rank 0) touches the folder.
 void save_policy_folder(Backend& backend, rlh_model* policy, const std::string& dir, const std::string& tokenizer_name,
-                        const std::string& model_dir);
+                        const std::string& model_dir, bool writer = true);
 
 }  // namespace rlh::grpo

@@ -13,6 +13,7 @@
 
 #include "components.hpp"
 #include "loop_config.hpp"
+#include "loop_ranks.hpp"
 #include "ppo_critic.hpp"
 #include "rlhost/grpo/advantages.hpp"
 #include "rlhost/grpo/config.hpp"
@@ -76,11 +77,6 @@ std::string resolve_model(const std::string& name, const char* key = "policy.mod
   } catch (const std::exception& e) {
     throw Error(RLH_E_NOT_FOUND, std::string(key) + ": " + e.what());
   }
-}
-
-// Sums `v` element-wise over the group.
-void sum_over(const sdk::Comm& c, std::vector<double>& v) {
-  if (c && c.size() > 1 && !v.empty()) c.all_reduce(std::span<double>(v), RLH_REDUCE_SUM);
 }
 
 // Concatenates rollouts of the same samples-per-prompt (responses stay prompt-major).
@@ -203,7 +199,10 @@ struct GrpoLoop::Impl {
   void setup_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
     prompts_per_chunk = gbs / G;
-    if (ppo) refuse_data_parallel("ppo");  // the critic's step is not sharded yet
+    if (const int n = sdk::detect_launch().size; ppo && n > 1)  // the critic's step is not sharded yet
+      throw Error(RLH_E_UNIMPLEMENTED, "ppo with " + std::to_string(n) +
+                                           " data-parallel ranks is not implemented (GRPO, SFT, DPO and RM are); "
+                                           "run ppo on one rank");
     if (sdk::detect_launch().size <= 1) return;
     world = sdk::Comm::world(host);
     dp_size = world.size();
@@ -531,7 +530,7 @@ struct GrpoLoop::Impl {
       pending.emplace(ckpt->begin(s));
       dir = pending->dir().string();
     }
-    if (dp_size > 1) dir = broadcast_text(dir);
+    if (dp_size > 1) dir = broadcast_text(world, dir);
     const fs::path policy_dir = fs::path(dir) / "policy";
     if (dp_rank == 0) fs::create_directories(policy_dir);
     backend->save_state(policy, policy_dir.string());
@@ -559,16 +558,6 @@ struct GrpoLoop::Impl {
     pending->write_config_yaml(config_yaml);
     const fs::path done = pending->commit();
     host.info("saved checkpoint " + done.string());
-  }
-
-  // Rank 0's text on every rank.
-  std::string broadcast_text(std::string text) const {
-    int64_t n[1] = {static_cast<int64_t>(text.size())};
-    world.broadcast(std::span<int64_t>(n, 1), 0);
-    std::vector<uint8_t> bytes(text.begin(), text.end());
-    bytes.resize(static_cast<size_t>(n[0]));
-    if (n[0] > 0) world.broadcast(std::span<uint8_t>(bytes), 0);
-    return std::string(bytes.begin(), bytes.end());
   }
 
   void run() {
