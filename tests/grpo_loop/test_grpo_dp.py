@@ -13,6 +13,8 @@ prompts x 8 samples, validation and checkpoints every 3 steps:
                     DP=2 run did (steps 4-6)
   killed_rank       rank 1 is killed mid-run: the job stops non-zero within the timeout and the
                     last committed checkpoint resumes on one rank
+  balanced_tokens   sequence packing at DP=2: the ranks' tokens are balanced (never above the
+                    plain shards' largest, lower on some step) and the run follows one rank
   loops_dtensor     SFT, DPO and RM (their demo configs, 6 steps) at DP=2 under dtensor FSDP:
                     token and sample counts equal one rank's, losses, gradient norms, the loss's
                     metrics and the validation figures within fp32 rounding; rank 0 commits
@@ -142,6 +144,35 @@ def case_follows(tmp, backend):
     check(two[1]["train/dp_size"] == 2, "the train step reports dp_size 2")
     print(f"{backend}: DP=2 followed one rank for 6 steps (rewards {[two[s]['train/reward'] for s in range(1, 7)]}); "
           f"state per rank {s2 / s1:.3f} of one rank's; DP=2 run took {secs:.1f} s")
+
+
+def case_balanced_tokens(tmp):
+    """Sequence packing at DP=2: the ranks balance their tokens (longest first to the least-loaded
+    rank) and still follow one rank. Responses of up to 12 tokens at temperature 2 from a random
+    model have uneven lengths. Two steps: later, generation at DP=2 draws differently from one rank
+    also without balancing (see the closing note)."""
+    setup(tmp)
+    extra = ["policy.generation.max_new_tokens=12", "++policy.sequence_packing.enabled=true",
+             "++policy.sequence_packing.train_mb_tokens=64", "++policy.sequence_packing.logprob_mb_tokens=64"]
+    rc, out, _ = run(command(tmp, "one", "dtensor", steps=2, extra=extra))
+    check(rc == 0, f"packing: one rank runs (rc {rc})", out)
+    rc, out, _ = run(command(tmp, "two", "dtensor", steps=2, extra=extra), np=2)
+    check(rc == 0, f"packing: two ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    one, two = metrics(tmp, "one"), metrics(tmp, "two")
+    compare(one, two, range(1, 3), "balanced")
+    lowered = 0
+    for s in (1, 2):
+        m = two[s]
+        hi, lo = m["train/dp_tokens_max"], m["train/dp_tokens_min"]
+        phi, plo = m["train/dp_tokens_max_unbalanced"], m["train/dp_tokens_min_unbalanced"]
+        check(hi + lo == m["train/total_num_tokens"] and phi + plo == m["train/total_num_tokens"],
+              f"step {s}: the two ranks' tokens {hi} + {lo} (plain {phi} + {plo}) add up to the batch's")
+        check(hi <= phi, f"step {s}: balancing does not raise the largest rank's tokens ({hi} vs plain {phi})")
+        lowered += hi < phi
+        print(f"step {s}: tokens per rank {lo:.0f}..{hi:.0f} balanced, {plo:.0f}..{phi:.0f} plain")
+    check(lowered > 0, "balancing lowers the largest rank's tokens on some step")
 
 
 def case_resume_at_one(tmp):
@@ -355,6 +386,7 @@ def case_ppo_refused(tmp):
 
 
 CASES = {
+    "balanced_tokens": case_balanced_tokens,
     "loops_dtensor": lambda t: case_loops(t, "dtensor"),
     "loops_megatron": lambda t: case_loops(t, "megatron"),
     "loops_resume": case_loops_resume,

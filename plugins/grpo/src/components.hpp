@@ -46,6 +46,12 @@ class PackedBatch {
 
   // Sequences [begin, end) with every field, as a new batch (a global-batch chunk).
   PackedBatch slice(int64_t begin, int64_t end) const;
+  // Sequences `picks` (batch, sequence) of `parts`, in that order, with every field of the first
+  // part (every part must have the same fields: data-parallel ranks' shares of one batch).
+  static PackedBatch select(const std::vector<const PackedBatch*>& parts,
+                            const std::vector<std::pair<size_t, int64_t>>& picks);
+  // The fields' names and frames, in the order they were added.
+  std::vector<std::pair<std::string, Frame>> field_names() const;
 
   // The C view; valid until the batch changes. `constraints`: RLH_BATCH_*.
   const rlh_batch& view(uint64_t constraints = RLH_BATCH_NEVER_SPLIT_SEQUENCE);
@@ -260,6 +266,13 @@ struct ChunkedTrain {
 ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b, int64_t gbs, LossAdapter& loss,
                              const std::vector<rlh_output_spec>& specs, int64_t mb_tokens, int64_t mb_seqs,
                              int64_t step, const std::string& what,
+                             const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
+                             const std::function<Metrics(const Metrics&)>& reduce = nullptr);
+// The same over chunks of any sizes: sequences [bounds[k], bounds[k + 1]) (token balancing gives
+// a rank a different number of sequences per global batch).
+ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b, const std::vector<int64_t>& bounds,
+                             LossAdapter& loss, const std::vector<rlh_output_spec>& specs, int64_t mb_tokens,
+                             int64_t mb_seqs, int64_t step, const std::string& what,
                              const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
                              const std::function<Metrics(const Metrics&)>& reduce = nullptr);
 

@@ -27,6 +27,7 @@
 #include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/metrics.hpp"
 #include "rollout.hpp"
+#include "token_balance.hpp"
 
 namespace rlh::grpo {
 
@@ -493,9 +494,21 @@ struct GrpoLoop::Impl {
     };
     // Settings keep their last value; everything else sums over global batches, as NeMo-RL's
     // grpo_train does.
-    const ChunkedTrain t = train_in_chunks(*backend, policy, b, gbs, *loss, specs, cfg.policy.train_mb_tokens,
-                                           cfg.policy.train_micro_batch_size, step + 1, "train step", counts,
-                                           [&](const Metrics& m) { return reduce_extrema(m); });
+    auto extrema = [&](const Metrics& m) { return reduce_extrema(m); };
+    ChunkedTrain t;
+    if (dp_size > 1 && cfg.policy.train_mb_tokens > 0) {
+      // Sequence packing or dynamic batching: the ranks' tokens are balanced (token_balance.hpp).
+      BalancedBatch bb = balance_tokens(world, b, gbs);
+      t = train_in_chunks(*backend, policy, bb.batch, bb.bounds, *loss, specs, cfg.policy.train_mb_tokens,
+                          cfg.policy.train_micro_batch_size, step + 1, "train step", counts, extrema);
+      metrics["dp_tokens_max"] = static_cast<double>(bb.max_tokens);
+      metrics["dp_tokens_min"] = static_cast<double>(bb.min_tokens);
+      metrics["dp_tokens_max_unbalanced"] = static_cast<double>(bb.plain_max_tokens);
+      metrics["dp_tokens_min_unbalanced"] = static_cast<double>(bb.plain_min_tokens);
+    } else {
+      t = train_in_chunks(*backend, policy, b, gbs, *loss, specs, cfg.policy.train_mb_tokens,
+                          cfg.policy.train_micro_batch_size, step + 1, "train step", counts, extrema);
+    }
     metrics["loss"] = t.loss;
     metrics["grad_norm"] = t.grad_norm;
     for (const auto& [k, v] : t.summed) metrics[k] = v;
