@@ -1,6 +1,8 @@
 // The data-parallel ranks of a training loop (see loop_ranks.hpp).
 #include "loop_ranks.hpp"
 
+#include <filesystem>
+
 #include "rlhost/sdk/launch_env.hpp"
 
 namespace rlh::grpo {
@@ -43,6 +45,17 @@ std::string broadcast_text(const sdk::Comm& c, const std::string& text) {
 }
 
 std::string LoopRanks::broadcast_text(const std::string& text) const { return grpo::broadcast_text(world, text); }
+
+std::optional<sdk::PendingCheckpoint> begin_policy_checkpoint(const LoopRanks& ranks, sdk::CheckpointManager& ckpt,
+                                                              int64_t step, Backend& backend, rlh_model* policy,
+                                                              const std::string& tokenizer_name,
+                                                              const std::string& model_dir) {
+  std::optional<sdk::PendingCheckpoint> owned;
+  if (ranks.writer()) owned.emplace(ckpt.begin(step));
+  const std::filesystem::path dir = ranks.broadcast_text(owned ? owned->dir().string() : std::string());
+  save_policy_folder(backend, policy, (dir / "policy").string(), tokenizer_name, model_dir, ranks.writer());
+  return owned;
+}
 
 void LoopRanks::barrier() const {
   if (size > 1) world.barrier();

@@ -7,10 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "components.hpp"
 #include "rlhost/grpo/packing.hpp"
+#include "rlhost/sdk/checkpoint.hpp"
 #include "rlhost/sdk/comm.hpp"
 #include "rlhost/sdk/plugin.hpp"
 
@@ -37,6 +40,14 @@ struct LoopRanks {
   std::string broadcast_text(const std::string& text) const;
   void barrier() const;
 };
+
+// Step `step`'s checkpoint with the policy folder saved in it (save_policy_folder): rank 0 owns
+// the folder and gets the pending checkpoint back to add its files and commit; every rank takes
+// part in the backend's save_state and the others get nullopt.
+std::optional<sdk::PendingCheckpoint> begin_policy_checkpoint(const LoopRanks& ranks, sdk::CheckpointManager& ckpt,
+                                                              int64_t step, Backend& backend, rlh_model* policy,
+                                                              const std::string& tokenizer_name,
+                                                              const std::string& model_dir);
 
 // Sums `v` element-wise over the group (a no-op for an empty or one-rank group).
 void sum_over(const sdk::Comm& c, std::vector<double>& v);

@@ -320,11 +320,8 @@ struct PreferenceLoop::Impl {
 
   void save(int64_t s, const std::optional<std::map<std::string, double>>& val, const std::map<std::string, double>& train) {
     // Rank 0 owns the folder; every rank takes part in the backend's save_state.
-    std::optional<sdk::PendingCheckpoint> owned;
-    if (ranks.writer()) owned.emplace(ckpt->begin(s));
-    const fs::path dir = ranks.broadcast_text(owned ? owned->dir().string() : std::string());
-    save_policy_folder(*backend, policy, (dir / "policy").string(), cfg.policy.tokenizer_name, model_dir,
-                       ranks.writer());
+    std::optional<sdk::PendingCheckpoint> owned =
+        begin_policy_checkpoint(ranks, *ckpt, s, *backend, policy, cfg.policy.tokenizer_name, model_dir);
     if (!owned) return;
     sdk::PendingCheckpoint& pending = *owned;
     json info = {{"step", s}, {"total_steps", total_steps}, {"epoch", order->epoch()},
