@@ -168,7 +168,10 @@ struct GrpoLoop::Impl {
 
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
-    if (ppo) critic = std::make_unique<Critic>(host, *backend, *ppo, resolve_model(ppo->model_name, "value.model_name"));
+    if (ppo) {
+      critic = std::make_unique<Critic>(host, *backend, *ppo, resolve_model(ppo->model_name, "value.model_name"));
+      critic->set_data_parallel(world, dp_rank, dp_size);
+    }
     if (cfg.needs_reference() || (ppo && ppo->gae.kl_in_reward()))
       reference = backend->load_model("reference", model_dir, false);
     // The generator gets policy.generation; the native generator reads its own subsection
@@ -200,10 +203,6 @@ struct GrpoLoop::Impl {
   void setup_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
     prompts_per_chunk = gbs / G;
-    if (const int n = sdk::detect_launch().size; ppo && n > 1)  // the critic's step is not sharded yet
-      throw Error(RLH_E_UNIMPLEMENTED, "ppo with " + std::to_string(n) +
-                                           " data-parallel ranks is not implemented (GRPO, SFT, DPO and RM are); "
-                                           "run ppo on one rank");
     if (sdk::detect_launch().size <= 1) return;
     world = sdk::Comm::world(host);
     dp_size = world.size();
@@ -215,6 +214,12 @@ struct GrpoLoop::Impl {
                                            ": dynamic sampling across ranks is not implemented (run it on one rank)");
     // Each rank trains on gbs / N samples of every global batch, whole prompt groups, as
     // NeMo-RL shards each train_global_batch_size batch over its data-parallel workers.
+    // PPO's critic trains on the same shards: its global batches must be the policy's.
+    if (ppo && ppo->train_global_batch_size != gbs)
+      throw Error(RLH_E_INVALID_ARGUMENT,
+                  "value.train_global_batch_size = " + std::to_string(ppo->train_global_batch_size) +
+                      " must equal policy.train_global_batch_size = " + std::to_string(gbs) + " with " + ranks +
+                      " (the critic trains on the policy's shards)");
     if (gbs % (G * dp_size) != 0)
       throw Error(RLH_E_INVALID_ARGUMENT,
                   "policy.train_global_batch_size = " + std::to_string(gbs) + " must be a multiple of "
@@ -628,7 +633,7 @@ struct GrpoLoop::Impl {
         double value_time = 0;
         for (int64_t e = 0; e < ppo->ppo_epochs; ++e) {
           const auto tv = Clock::now();
-          critic->train(batch, s, metrics);
+          critic->train(batch, s, metrics, [&](const Metrics& m) { return reduce_extrema(m); });
           value_time += since(tv);
           if (train_policy) train(batch, metrics);
         }
