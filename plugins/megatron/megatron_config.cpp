@@ -92,8 +92,11 @@ backend::BackendConfig read_config(const json& policy) {
                                          std::to_string(cfg.parallel.tp) +
                                          ": sequence parallelism is not implemented (set it false: tensor parallelism "
                                          "alone computes the same results)");
-  for (const char* k : {"megatron_cfg.pipeline_model_parallel_size",
-                        "megatron_cfg.context_parallel_size", "megatron_cfg.expert_model_parallel_size",
+  // Context parallelism (docs/parallelism.md): every sequence split over cp ranks, zigzag.
+  const std::string cp_key = "megatron_cfg.context_parallel_size";
+  cfg.parallel.cp = r.is_null(cp_key) ? 1 : r.integer(cp_key, 1);
+  if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
+  for (const char* k : {"megatron_cfg.pipeline_model_parallel_size", "megatron_cfg.expert_model_parallel_size",
                         "megatron_cfg.expert_tensor_parallel_size",
                         "megatron_cfg.virtual_pipeline_model_parallel_size"})
     backend::require_single_rank(r, k);

@@ -12,6 +12,7 @@
 
 #include "rlhost/backend_common/backend.hpp"
 #include "rlhost/backend_common/backend_config.hpp"
+#include "rlhost/backend_common/context_parallel.hpp"
 #include "rlhost/backend_common/data_parallel.hpp"
 #include "rlhost/backend_common/optimizer.hpp"
 #include "rlhost/engine/engine.hpp"
@@ -62,6 +63,8 @@ struct Model {
   std::vector<sdk::TpLayout> tp_layouts;
   std::unique_ptr<CommTpGroup> tp_comm;
   const sdk::TpLayout* tp() const { return tp_layouts.empty() ? nullptr : &tp_layouts[size_t(dp->tp_rank())]; }
+  // Context parallelism (megatron_cfg.context_parallel_size > 1): the engine's group.
+  std::unique_ptr<CommCpGroup> cp_comm;
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<Optimizer> optimizer;  // trainable models only (DP 1)
   std::unique_ptr<ShardLayout> shards;   // DP > 1: this rank's part of the state
@@ -139,13 +142,20 @@ struct DpStepResult {
   // The tensor-parallel group's traffic (ring bytes of its all-reduces) and time in the step.
   int64_t tp_comm_bytes = 0;
   double tp_comm_seconds = 0;
+  // The context-parallel group's traffic (its all-gathers and reduce-scatters) and time.
+  int64_t cp_comm_bytes = 0;
+  double cp_comm_seconds = 0;
 };
 // The step over this rank's micro-batches (possibly none), gradients reduced, the global norm,
 // the sharded update, loss and engine metrics summed over ranks. Collective.
 DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, engine::StepOptions so,
                            const engine::LossFn& loss, bool eval_only, double lr_override);
-// Under tensor parallelism: every rank of the tp group holds the same batch, else an error on all
-// of them naming it (collective over the group; nothing without tensor parallelism).
+// Context parallelism at load (context_parallel.cpp): checks the groups fit the size, keeps the
+// model on the CPU engine (the device path has none) and makes the engine's group. Nothing at
+// cp = 1.
+void check_context_parallel(Backend& b, Model& m);
+// Under tensor or context parallelism: every rank of the tp (and cp) group holds the same batch,
+// else an error on all of them naming it (collective over the groups; nothing without either).
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what);
 // Forward over this rank's micro-batches, FSDP ranks keeping their peers' gathers company.
 void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run);

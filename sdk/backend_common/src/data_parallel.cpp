@@ -37,15 +37,18 @@ FloatView::FloatView(float* p, int64_t count) : n(count) {
 int launched_world_size() { return sdk::detect_launch().size; }
 
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp) {
+                                         int64_t tp, int64_t cp) {
   sdk::Comm world = sdk::Comm::world(host);
   sdk::ParallelSizes sizes;
   sizes.dp_replicate = dp_replicate;
   sizes.tp = tp;
+  sizes.cp = cp;
   sdk::ParallelComms pc;
+  std::vector<sdk::GroupKind> kinds = {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
+                                       sdk::GroupKind::tp};
+  if (cp > 1) kinds.insert(kinds.end(), {sdk::GroupKind::cp, sdk::GroupKind::dp});
   try {
-    pc = sdk::make_parallel_comms(
-        world, sizes, {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate, sdk::GroupKind::tp});
+    pc = sdk::make_parallel_comms(world, sizes, kinds);
   } catch (const Error& e) {
     throw Error(e.code(), who + ": " + e.what());
   }
@@ -54,6 +57,10 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   g->dp = take(sdk::GroupKind::dp_cp);
   g->tp = take(sdk::GroupKind::tp);
   g->all = world.split(0, world.rank(), "world");
+  if (cp > 1) {
+    g->cp = take(sdk::GroupKind::cp);
+    g->dp_only = take(sdk::GroupKind::dp);
+  }
   if (dp_replicate > 1) {
     g->shard = take(sdk::GroupKind::dp_cp_shard);
     g->replicate = take(sdk::GroupKind::dp_cp_replicate);

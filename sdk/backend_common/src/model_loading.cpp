@@ -332,15 +332,17 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
-  const int64_t tp = m->config.parallel.tp;
+  const int64_t tp = m->config.parallel.tp, cp = m->config.parallel.cp;
   if (!b.dp && launched_world_size() > 1) {
     try {
-      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp);
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, cp);
     } catch (const Error& e) {
-      if (tp <= 1) throw;
-      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) + ": " + e.what());
+      if (tp <= 1 && cp <= 1) throw;
+      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
+                                ", context_parallel_size = " + std::to_string(cp) + ": " + e.what());
     }
   }
+  check_context_parallel(b, *m);
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
     throw Error(RLH_E_INVALID_ARGUMENT,
                 std::string(b.flavor->name) + ": policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
@@ -382,6 +384,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   prepare_data_parallel(b, *m, eo);
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
+  eo.cp_comm = m->cp_comm.get();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
   try {
@@ -401,6 +404,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                          "FSDP: parameters, gradients and optimizer state sharded"};
   const std::string dp_note =
       m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
+                  (m->cp_comm ? ", context parallel over " + std::to_string(m->dp->cp_size()) + " ranks" : std::string()) +
                   ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
             : "";

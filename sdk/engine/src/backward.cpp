@@ -85,9 +85,13 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
       case sdk::StepOp::attention: {
         const ColsPtr q = val(st.in), k = val(st.in2), v = val(st.in3), o = val(st.out);
         const ColsPtr dq = grad(st.in), dk = grad(st.in2), dv = grad(st.in3), dout = grad(st.out);
-        ops->attention_bwd(dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld, dout.p, dout.ld, q.p, q.ld, k.p, k.ld, v.p, v.ld,
-                           o.p, o.ld, a.stat[size_t(st.stat)], mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk,
-                           st.dv, float(st.scale), st.window);
+        if (cp_on)
+          cp_attention_bwd(st, dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld, dout.p, dout.ld, q.p, q.ld, k.p, k.ld, v.p, v.ld,
+                           o.p, o.ld, a.stat[size_t(st.stat)]);
+        else
+          ops->attention_bwd(dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld, dout.p, dout.ld, q.p, q.ld, k.p, k.ld, v.p, v.ld,
+                             o.p, o.ld, a.stat[size_t(st.stat)], mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk,
+                             st.dv, float(st.scale), st.window);
         break;
       }
       case sdk::StepOp::glu: {

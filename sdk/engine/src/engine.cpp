@@ -176,31 +176,36 @@ void Engine::zero_grad() {
   impl_->grads_clear = true;
 }
 
-Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
+Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   Impl& m = *impl_;
   m.forget_units();  // an earlier call that threw may have left units marked held
+  const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;  // this rank's share under CP
   m.forward(mb, req, false);
-  const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
-  const auto cu = mb.cu_seqlens;
+  const int64_t N = whole.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
+  const auto cu = whole.cu_seqlens;
   Outputs out;
+  std::vector<float> rows;
   if (req.logprob) {
     out.logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp, kraw, out.logprob.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.lp, N, rows), kraw, out.logprob.data(), 1, 1, cu);
   }
   if (req.entropy) {
     out.entropy.resize(size_t(N));
-    shift_to_outputs(m.head.ent, 1, out.entropy.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.ent, N, rows), 1, out.entropy.data(), 1, 1, cu);
   }
   if (req.processed_logprob) {
     out.processed_logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp_proc, 1, out.processed_logprob.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.lp_proc, N, rows), 1, out.processed_logprob.data(), 1, 1, cu);
   }
   if (req.logprob_at_ids) {
     out.ids_per_token = K;
     out.logprob_at_ids.resize(size_t(N * K));
     shift_to_outputs(m.head.lp + 1, kraw, out.logprob_at_ids.data(), K, K, cu);
   }
-  if (req.value) out.value.assign(m.head.val, m.head.val + N);
+  if (req.value) {
+    const float* val = m.cp_whole_rows(m.head.val, N, rows);
+    out.value.assign(val, val + N);
+  }
   if (req.routed_experts) {
     out.routing_width = m.route_width;
     out.routed_experts = std::move(m.route_record);
@@ -248,12 +253,17 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     explicit TrainFlag(bool& b) : f(b) { f = true; }
     ~TrainFlag() { f = false; }
   } train_flag(m.moe_train);
+  if (m.cp_on && so.apply_optimizer)
+    throw std::invalid_argument("engine: under context parallelism the gradients are partial sums; the owner reduces "
+                                "them over the group and applies the update (apply_optimizer = false)");
+  std::vector<float> cp_rows[4], cp_val, cp_dval;  // context parallelism: the whole micro-batch's head rows
   for (size_t i = 0; i < mbs.size(); ++i) {
-    const MicroBatch& mb = mbs[i];
+    const MicroBatch& whole = mbs[i];
+    const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;
     m.forward(mb, req, !m.opt.recompute);
     if (req.routed_experts) r.routed_experts.push_back(m.route_record);
-    const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
-    const auto cu = mb.cu_seqlens;
+    const int64_t N = whole.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
+    const auto cu = whole.cu_seqlens;
 
     // Outputs and their gradients in output alignment, for the callback: logprob, entropy,
     // processed logprob [N] each, logprob_at_ids [N, K]; then the same again for gradients.
@@ -271,17 +281,17 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     OutputViews ov;
     OutputGrads og;
     if (req.logprob) {
-      shift_to_outputs(m.head.lp, kraw, lp, 1, 1, cu);
+      shift_to_outputs(m.cp_whole_rows(m.head.lp, N, cp_rows[0]), kraw, lp, 1, 1, cu);
       ov.logprob = {lp, size_t(N)};
       og.logprob = {dlp, size_t(N)};
     }
     if (req.entropy) {
-      shift_to_outputs(m.head.ent, 1, ent, 1, 1, cu);
+      shift_to_outputs(m.cp_whole_rows(m.head.ent, N, cp_rows[1]), 1, ent, 1, 1, cu);
       ov.entropy = {ent, size_t(N)};
       og.entropy = {dent, size_t(N)};
     }
     if (req.processed_logprob) {
-      shift_to_outputs(m.head.lp_proc, 1, proc, 1, 1, cu);
+      shift_to_outputs(m.cp_whole_rows(m.head.lp_proc, N, cp_rows[2]), 1, proc, 1, 1, cu);
       ov.processed_logprob = {proc, size_t(N)};
       og.processed_logprob = {dproc, size_t(N)};
     }
@@ -291,19 +301,35 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
       ov.ids_per_token = K;
       og.logprob_at_ids = {dids, size_t(N * K)};
     }
-    if (req.value) {  // already in output alignment: the callback reads and writes the head's buffers
+    if (req.value && m.cp_on) {  // output alignment; the whole micro-batch's rows
+      cp_dval.assign(size_t(N), 0.f);
+      ov.value = {m.cp_whole_rows(m.head.val, N, cp_val), size_t(N)};
+      og.value = {cp_dval.data(), size_t(N)};
+    } else if (req.value) {  // already in output alignment: the callback reads and writes the head's buffers
       std::memset(m.head.dval, 0, size_t(N) * sizeof(float));
       ov.value = {m.head.val, size_t(N)};
       og.value = {m.head.dval, size_t(N)};
     }
-    LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
+    LossContext ctx{&whole, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
     const LossResult lr = loss_fn(ctx, ov, og);
     r.loss += lr.loss;
     accumulate_metrics(r.metrics, lr.metrics);
-    shift_to_kernel(dlp, 1, m.head.dlp, kraw, 1, cu);
-    if (K > 0) shift_to_kernel(dids, K, m.head.dlp + 1, kraw, K, cu);
-    shift_to_kernel(dent, 1, m.head.dent, 1, 1, cu);
-    shift_to_kernel(dproc, 1, m.head.dlp_proc, 1, 1, cu);
+    if (m.cp_on) {
+      // The whole micro-batch's output gradients; this rank backpropagates its own rows.
+      std::vector<float>& k = cp_rows[3];
+      k.resize(size_t(N));
+      const std::pair<const float*, float*> grads[] = {{dlp, m.head.dlp}, {dent, m.head.dent}, {dproc, m.head.dlp_proc}};
+      for (const auto& [d, head_rows] : grads) {
+        shift_to_kernel(d, 1, k.data(), 1, 1, cu);
+        m.cp_take_rows(k.data(), 1, head_rows, 1);
+      }
+      if (req.value) m.cp_take_rows(cp_dval.data(), 1, m.head.dval, 1);
+    } else {
+      shift_to_kernel(dlp, 1, m.head.dlp, kraw, 1, cu);
+      if (K > 0) shift_to_kernel(dids, K, m.head.dlp + 1, kraw, K, cu);
+      shift_to_kernel(dent, 1, m.head.dent, 1, 1, cu);
+      shift_to_kernel(dproc, 1, m.head.dlp_proc, 1, 1, cu);
+    }
     m.backward(mb, req);
     r.tokens += N;
   }

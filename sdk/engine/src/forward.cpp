@@ -206,8 +206,11 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         break;
       case sdk::StepOp::attention: {
         const ColsPtr k = at(a, lp, st.in2), v = at(a, lp, st.in3);
-        ops->attention_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld,
-                           mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk, st.dv, float(st.scale), st.window);
+        if (cp_on)  // this rank's queries over the group's keys (cp_attention.cpp)
+          cp_attention_fwd(st, out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld);
+        else
+          ops->attention_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld,
+                             mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk, st.dv, float(st.scale), st.window);
         break;
       }
       case sdk::StepOp::glu:
@@ -240,8 +243,12 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   if (tp_on && req.processed_logprob && (req.top_k > 0 || req.top_p < 1))
     throw std::invalid_argument("engine: processed logprobs with top_k/top_p are not supported under tensor parallelism");
   if (tp_on && req.logits) throw std::invalid_argument("engine: logits are not an output under tensor parallelism");
+  if (cp_on && (req.logits || req.logprob_at_ids || req.routed_experts || !req.replay_routing_field.empty()))
+    throw std::invalid_argument(
+        "engine: logits, logprob_at_ids and routing records are not outputs under context parallelism");
   plan_acts(N, save_all, 1 + ids_per_token(mb, req));
   prepare_batch(mb, req);
+  if (cp_on) cp_positions();  // global positions and targets (mb is this rank's share, cp_prepare)
   prepare_routing(mb, req);
   const int32_t* ids = mb.input_ids.data();
 

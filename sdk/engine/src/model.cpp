@@ -135,11 +135,19 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("engine: ") + e.what());
   }
+  cp_on = opt.cp_comm != nullptr && opt.cp_comm->size() > 1;
+  if (cp_on) {
+    cp = opt.cp_comm->size();
+    cp_rank = opt.cp_comm->rank();
+    if (store != nullptr) throw std::invalid_argument("engine: context parallelism with a UnitStore (FSDP) is not supported");
+  }
   sdk::ExecutorCaps caps;
-  caps.name = "engine";
+  caps.name = cp_on ? "engine under context parallelism" : "engine";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
-  caps.moe = caps.mla = true;
-  caps.per_sequence_rope = true;
+  // Context parallelism runs dense attention layers only (cp_attention.cpp); a per-sequence RoPE
+  // table depends on the whole sequence's length, which the split hides.
+  caps.moe = caps.mla = !cp_on;
+  caps.per_sequence_rope = !cp_on;
   caps.attention_dv_differs = true;
   caps.value_head = true;
   caps.tensor_parallel = true;

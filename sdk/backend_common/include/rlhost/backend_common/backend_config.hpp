@@ -173,6 +173,9 @@ struct BackendConfig {
     // megatron_cfg.tensor_model_parallel_size: ranks a model's layers are split over
     // (sdk/tensor_parallel.hpp); the data-parallel ranks are the world / tp.
     int64_t tp = 1;
+    // megatron_cfg.context_parallel_size: ranks every sequence is split over (context_parallel.hpp);
+    // the data-parallel ranks are the world / (tp cp).
+    int64_t cp = 1;
   } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights
