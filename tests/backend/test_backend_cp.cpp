@@ -1,6 +1,7 @@
-// Context parallelism for the megatron backend on CPU ranks, under `mpirun -np N` (ctest: N = 2
-// and 4, one BLAS thread per rank). Every rank also computes the one-rank reference in-process
-// (a backend that loads its model with the launcher's variables hidden, so it sees one rank).
+// Context and sequence parallelism for the megatron backend on CPU ranks, under `mpirun -np N`
+// (ctest: N = 2 and 4, one BLAS thread per rank). Every rank also computes the one-rank reference
+// in-process (a backend that loads its model with the launcher's variables hidden, so it sees one
+// rank).
 //
 //   - CP 2 (np 2), CP 2 x TP 2, CP 2 x DP 2 and CP 4 (np 4) give the reference's logprobs,
 //     entropy, loss, gradient norm and every gradient (one SGD step at lr 1 without clipping:
@@ -8,7 +9,9 @@
 //     q/k norms) and a Qwen2 with sliding windows on two of its three layers, q/k/v biases and
 //     YaRN RoPE, with a loss that reads logprobs and entropy at temperature 0.7, packing on and
 //     off, DDP and the distributed optimizer;
-//   - the cp group's bytes per step equal the analytic count;
+//   - sequence parallelism (TP 2 + SP at np 2; TP 2 x DP 2 + SP, TP 2 x CP 2 + SP and TP 4 + SP at
+//     np 4) gives the same, so the same as tensor parallelism without it;
+//   - the cp group's and the tp group's bytes per step equal the analytic counts;
 //   - two AdamW steps with clipping follow the reference;
 //   - refusals name the setting: a CP size that does not divide the ranks, CP on one rank, an
 //     MoE model, CP with policy.device = cuda, logits and logprob_at_ids under CP, a cp group
@@ -34,15 +37,18 @@ struct Case {
   int64_t tp, cp;
   bool packing;
   bool distributed_optimizer;
+  bool sp = false;  // sequence_parallel
   std::string label() const {
-    return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (distributed_optimizer ? " distopt" : " ddp") +
-           (packing ? " packed" : "");
+    return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (sp ? " sp" : "") +
+           (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
   }
 };
 
 json base_config(const Case& c, bool one_rank) {
   json cfg = {{"megatron_cfg",
-               {{"tensor_model_parallel_size", one_rank ? 1 : c.tp}, {"context_parallel_size", one_rank ? 1 : c.cp}}}};
+               {{"tensor_model_parallel_size", one_rank ? 1 : c.tp},
+                {"context_parallel_size", one_rank ? 1 : c.cp},
+                {"sequence_parallel", !one_rank && c.sp}}}};
   set_batching(cfg, c.packing);
   return cfg;
 }
@@ -92,15 +98,41 @@ Backend::LossBody lp_ent_loss() {
 // the rank's kv heads) are all-gathered in the forward and again in the backward, and their
 // gradients reduce-scattered; the head's outputs (logprob and entropy: one float per row each)
 // are all-gathered once: 4 (cp-1) R [3 L 2 kv D + 2] bytes.
-int64_t analytic_cp_bytes(const Case& c, const Batch& mine) {
-  const bool qwen3 = c.model == "qwen3-tiny", qwen2 = c.model == "qwen2-swa-yarn-tiny";
-  const int64_t L = qwen2 ? 3 : 2, D = qwen3 ? 32 : 16, kv = 2 / c.tp;
+//
+// Rows: without context parallelism a sequence is one chunk (cp = 1 below); under sequence
+// parallelism every chunk is a multiple of tp rows (NeMo-RL pads each sequence to a multiple of
+// 2 cp tp, of tp without cp).
+int64_t rows_of(const Case& c, const Batch& mine) {
+  const int64_t pieces = c.cp > 1 ? 2 * c.cp : 1, q = c.sp ? c.tp : 1;
   int64_t R = 0;
   for (int64_t s = 0; s < mine.num_seqs(); ++s) {
     const int64_t n = mine.offsets()[size_t(s) + 1] - mine.offsets()[size_t(s)];
-    R += 2 * ((n + 2 * c.cp - 1) / (2 * c.cp));
+    R += pieces / c.cp * ((n + pieces * q - 1) / (pieces * q) * q);
   }
-  return 4 * (c.cp - 1) * R * (3 * L * 2 * kv * D + 2);
+  return R;
+}
+int64_t fixture_layers(const Case& c) { return c.model == "qwen2-swa-yarn-tiny" ? 3 : 2; }
+int64_t fixture_head_dim(const Case& c) { return c.model == "qwen3-tiny" ? 32 : 16; }
+int64_t analytic_cp_bytes(const Case& c, const Batch& mine) {
+  const int64_t L = fixture_layers(c), D = fixture_head_dim(c), kv = std::max<int64_t>(2 / c.tp, 1);
+  return 4 * (c.cp - 1) * rows_of(c, mine) * (3 * L * 2 * kv * D + 2);
+}
+
+// The tp group's traffic of one train step (test_backend_tp.cpp's count, over this rank's R
+// rows): 2 (T-1)/T x 4 bytes x [(2 + 4 L) R C + 4 R + shared gradients] + the two gradient-norm
+// sums. Under sequence parallelism each all-reduce of [R, C] is a reduce-scatter or an
+// all-gather of (T-1)/T of it, two of them for each all-reduce they replace (the embedding and
+// the row-parallel outputs scattered, the column-parallel inputs and the head's gathered,
+// and back in the backward): the same bytes; and the norms' gradients ((2 L + 1) C) are
+// shared.
+int64_t analytic_tp_bytes(const Case& c, const Batch& mine) {
+  const int64_t C = 64, L = fixture_layers(c), T = c.tp, D = fixture_head_dim(c), kv = 2, R = rows_of(c, mine);
+  if (T == 1) return 0;
+  int64_t floats = (2 + 4 * L) * R * C + 4 * R;
+  if (c.model == "qwen3-tiny") floats += L * 2 * D;
+  if (T > kv) floats += L * 2 * kv * D * C;
+  if (c.sp) floats += (2 * L + 1) * C;
+  return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
 }
 
 struct Outcome {
@@ -163,7 +195,7 @@ TEST_P(ContextParallel, MatchesOneRank) {
   Backend be(host(), "megatron", sgd_config(c, false));
   rlh_model* m = be.load(model_path(c.model), true);
   const Outcome cp = run_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
-  EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
+  if (c.cp > 1) EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
   ASSERT_EQ(int64_t(cp.logprobs.size()), p.mine->num_tokens());
   double lp_err = 0, ent_err = 0;
   for (size_t t = 0; t < cp.logprobs.size(); ++t) {
@@ -177,13 +209,16 @@ TEST_P(ContextParallel, MatchesOneRank) {
   ASSERT_EQ(cp.grads.size(), ref.grads.size()) << c.label();
   const double gerr = max_rel_diff(cp.grads, ref.grads);
   EXPECT_LE(gerr, 1e-4) << c.label();
-  const int64_t bytes = cp.metrics["cp/comm_bytes"].get<int64_t>(), analytic = analytic_cp_bytes(c, *p.mine);
+  const int64_t bytes = cp.metrics.value("cp/comm_bytes", int64_t(0)), analytic = analytic_cp_bytes(c, *p.mine);
   EXPECT_EQ(bytes, analytic) << c.label();
+  const int64_t tp_bytes = cp.metrics["tp/comm_bytes"].get<int64_t>(), tp_analytic = analytic_tp_bytes(c, *p.mine);
+  EXPECT_EQ(tp_bytes, tp_analytic) << c.label();
   if (world().rank() == 0)
     std::cout << "[np " << world().size() << "] " << c.label() << ": loss " << cp.loss << " vs " << ref.loss
               << ", grad norm " << cp.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
               << " (relative to the largest), logprobs within " << lp_err << ", entropy within " << ent_err
-              << ", cp bytes/step " << bytes << " (analytic " << analytic << ")\n";
+              << ", cp bytes/step " << bytes << " (analytic " << analytic << "), tp bytes/step " << tp_bytes
+              << " (analytic " << tp_analytic << ")\n";
 }
 
 TEST_P(ContextParallel, AdamWStepsFollowOneRank) {
@@ -226,6 +261,11 @@ std::vector<Case> cases() {
       {"llama-tiny", 2, 2, true, true},            // np 4: CP 2 x TP 2
       {"qwen3-tiny", 2, 2, false, false},
       {"llama-tiny", 1, 4, false, true},           // np 4: CP 4
+      {"llama-tiny", 2, 1, true, true, true},      // np 2: TP 2 + SP; np 4: TP 2 x DP 2 + SP
+      {"qwen3-tiny", 2, 1, false, false, true},
+      {"llama-tiny", 2, 2, true, false, true},     // np 4: TP 2 x CP 2 + SP
+      {"qwen3-tiny", 2, 2, false, true, true},
+      {"llama-tiny", 4, 1, false, true, true},     // np 4: TP 4 + SP (kv heads replicated)
   };
 }
 
@@ -275,7 +315,8 @@ TEST(ContextParallelErrors, RefusedByName) {
     std::vector<int32_t> ids(size_t(g->num_tokens() * K), 1);
     g->add("ids", ids, rlh_dtype{RLH_DTYPE_INT, 32, 1}, K);
     expect_error(be.try_forward(m, *g, {spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at", 1.0, 0, 1.0, "ids")}, out, 0, {K}),
-                 RLH_E_INVALID_ARGUMENT, "logprob_at_ids and routing records are not outputs under context parallelism");
+                 RLH_E_INVALID_ARGUMENT,
+                 "logprob_at_ids and routing records are not outputs under context or sequence parallelism");
   }
 }
 

@@ -384,5 +384,21 @@ void CommTpGroup::reduce(T* data, int64_t n, int32_t op) {
 void CommTpGroup::all_reduce_sum(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
 void CommTpGroup::all_reduce_sum(double* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
 void CommTpGroup::all_reduce_max(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_MAX); }
+void CommTpGroup::all_gather(const float* in, int64_t n, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int S = c_.size();
+  FloatView mine(const_cast<float*>(in), n), all(out, n * S);
+  c_.all_gather(*mine, *all);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
+}
+void CommTpGroup::reduce_scatter_sum(const float* in, int64_t n, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int S = c_.size();
+  FloatView all(const_cast<float*>(in), n * S), mine(out, n);
+  c_.reduce_scatter(*all, *mine, RLH_REDUCE_SUM);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
+}
 
 }  // namespace rlh::backend

@@ -338,8 +338,10 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
       b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, cp);
     } catch (const Error& e) {
       if (tp <= 1 && cp <= 1) throw;
-      throw Error(e.code(), "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
-                                ", context_parallel_size = " + std::to_string(cp) + ": " + e.what());
+      std::string keys;  // the sizes set, by name
+      if (tp > 1) keys = "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp);
+      if (cp > 1) keys += (keys.empty() ? "" : ", ") + std::string("policy.megatron_cfg.context_parallel_size = ") + std::to_string(cp);
+      throw Error(e.code(), keys + ": " + e.what());
     }
   }
   check_context_parallel(b, *m);
@@ -385,6 +387,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
   eo.cp_comm = m->cp_comm.get();
+  eo.sequence_parallel = m->config.parallel.sequence_parallel;
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
   try {
@@ -405,6 +408,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   const std::string dp_note =
       m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
                   (m->cp_comm ? ", context parallel over " + std::to_string(m->dp->cp_size()) + " ranks" : std::string()) +
+                  (m->tp() && m->config.parallel.sequence_parallel ? ", sequence parallel" : "") +
                   ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
             : "";

@@ -27,14 +27,18 @@ const MicroBatch& Engine::Impl::cp_prepare(const MicroBatch& mb) {
   if (S < 1 || mb.cu_seqlens[0] != 0 || mb.cu_seqlens[size_t(S)] != N || N == 0)
     throw std::invalid_argument("engine: a micro-batch needs tokens and cu_seqlens running from 0 to their number");
   CpPlan& p = cpp;
-  const int64_t two = 2 * cp;
-  // Rows per sequence on every rank: 2 c.
+  // Each sequence in `two` chunks of c: 2 cp zigzag chunks, or (sequence parallelism without
+  // context parallelism: the same plan at cp 1, no communication) one chunk. c is a multiple of
+  // T under sequence parallelism, so every rank's rows cut in T blocks: NeMo-RL's padding of
+  // each sequence to a multiple of 2 cp tp (of tp without cp).
+  const int64_t two = cp > 1 ? 2 * cp : 1;
+  const int64_t q = sp_on ? opt.tp->size : 1;
   std::vector<int64_t> chunk(static_cast<size_t>(S)), off(static_cast<size_t>(S) + 1, 0);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n = mb.cu_seqlens[size_t(s) + 1] - mb.cu_seqlens[size_t(s)];
     if (n < 0) throw std::invalid_argument("engine: cu_seqlens must not decrease");
-    chunk[size_t(s)] = (n + two - 1) / two;
-    off[size_t(s) + 1] = off[size_t(s)] + 2 * chunk[size_t(s)];
+    chunk[size_t(s)] = (n + two * q - 1) / (two * q) * q;
+    off[size_t(s) + 1] = off[size_t(s)] + two / cp * chunk[size_t(s)];
   }
   p.nloc = off[size_t(S)];
   p.ids.assign(size_t(p.nloc), 0);
@@ -52,7 +56,7 @@ const MicroBatch& Engine::Impl::cp_prepare(const MicroBatch& mb) {
     // Global position g of the padded sequence: chunk j = g / c lives on rank j (j < cp) or
     // 2cp-1-j, at row off + (0 or c) + g % c of that rank.
     for (int64_t g = 0; g < two * c; ++g) {
-      const int64_t j = g / c, r = j < cp ? j : two - 1 - j;
+      const int64_t j = g / c, r = cp == 1 ? 0 : j < cp ? j : two - 1 - j;
       const int64_t row = off[size_t(s)] + (j < cp ? 0 : c) + g % c;
       p.key_row[size_t(p.key_begin[size_t(s)] + g)] = int32_t(r * p.nloc + row);
       if (g < n) p.src[size_t(r * p.nloc + row)] = int32_t(b + g);
@@ -79,7 +83,10 @@ void Engine::Impl::cp_gather_rows(const float* local, int64_t ld, int64_t width,
   const int64_t n = cpp.nloc;
   Buffer<float> mine(*alloc, size_t(n * width)), all(*alloc, size_t(cp * n * width));
   for (int64_t i = 0; i < n; ++i) std::memcpy(mine.data() + i * width, local + i * ld, size_t(width) * sizeof(float));
-  opt.cp_comm->all_gather(mine.data(), n * width, all.data());
+  if (cp_on)
+    opt.cp_comm->all_gather(mine.data(), n * width, all.data());
+  else
+    std::memcpy(all.data(), mine.data(), size_t(n * width) * sizeof(float));
   std::fill(full, full + N * width, 0.f);
   for (int64_t r = 0; r < cp * n; ++r)
     if (const int32_t t = cpp.src[size_t(r)]; t >= 0)
@@ -97,7 +104,7 @@ void Engine::Impl::cp_take_rows(const float* full, int64_t width, float* local, 
 }
 
 const float* Engine::Impl::cp_whole_rows(const float* rows, int64_t N, std::vector<float>& store) {
-  if (!cp_on) return rows;
+  if (!cp_on && !sp_on) return rows;
   store.resize(size_t(N));
   cp_gather_rows(rows, 1, 1, store.data(), N);
   return store.data();

@@ -179,7 +179,9 @@ void Engine::zero_grad() {
 Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   Impl& m = *impl_;
   m.forget_units();  // an earlier call that threw may have left units marked held
-  const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;  // this rank's share under CP
+  // This rank's share under CP; every sequence padded to a multiple of T under sequence
+  // parallelism (cp_prepare at cp 1).
+  const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
   m.forward(mb, req, false);
   const int64_t N = whole.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
   const auto cu = whole.cu_seqlens;
@@ -259,7 +261,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   std::vector<float> cp_rows[4], cp_val, cp_dval;  // context parallelism: the whole micro-batch's head rows
   for (size_t i = 0; i < mbs.size(); ++i) {
     const MicroBatch& whole = mbs[i];
-    const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;
+    const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
     m.forward(mb, req, !m.opt.recompute);
     if (req.routed_experts) r.routed_experts.push_back(m.route_record);
     const int64_t N = whole.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
@@ -301,7 +303,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
       ov.ids_per_token = K;
       og.logprob_at_ids = {dids, size_t(N * K)};
     }
-    if (req.value && m.cp_on) {  // output alignment; the whole micro-batch's rows
+    if (req.value && (m.cp_on || m.sp_on)) {  // output alignment; the whole micro-batch's rows
       cp_dval.assign(size_t(N), 0.f);
       ov.value = {m.cp_whole_rows(m.head.val, N, cp_val), size_t(N)};
       og.value = {cp_dval.data(), size_t(N)};
@@ -314,7 +316,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     const LossResult lr = loss_fn(ctx, ov, og);
     r.loss += lr.loss;
     accumulate_metrics(r.metrics, lr.metrics);
-    if (m.cp_on) {
+    if (m.cp_on || m.sp_on) {
       // The whole micro-batch's output gradients; this rank backpropagates its own rows.
       std::vector<float>& k = cp_rows[3];
       k.resize(size_t(N));

@@ -302,6 +302,20 @@ struct Engine::Impl {
   // engine.cpp
   void optimizer_step(const StepOptions& so, double clip_coef);
 
+  // sequence_parallel.cpp: sequence parallelism (sp_on: EngineOptions::sequence_parallel under
+  // tensor parallelism). This micro-batch's rows are cut in T blocks; this rank's residual-stream
+  // steps run on rows [sp_begin, sp_begin + sp_rows).
+  bool sp_on = false;
+  int64_t sp_rows = 0, sp_begin = 0;
+  void sp_plan(int64_t N);
+  // p [N, width] contiguous: every rank's block into all rows (in place); the rows summed over the
+  // group into this rank's block (in place; other rows are left as they were).
+  void sp_gather(float* p, int64_t width);
+  void sp_scatter(float* p, int64_t width);
+  // Row pointer of this rank's block of a [N, ld] value.
+  template <class T>
+  T* sp_own(T* p, int64_t ld) const { return sp_on ? p + sp_begin * ld : p; }
+
   // cp_attention.cpp: context parallelism (cp_on when the group has several ranks)
   bool cp_on = false;
   int64_t cp = 1, cp_rank = 0;

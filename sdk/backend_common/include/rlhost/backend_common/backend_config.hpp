@@ -176,6 +176,8 @@ struct BackendConfig {
     // megatron_cfg.context_parallel_size: ranks every sequence is split over (context_parallel.hpp);
     // the data-parallel ranks are the world / (tp cp).
     int64_t cp = 1;
+    // megatron_cfg.sequence_parallel with tp > 1 (engine.hpp's EngineOptions::sequence_parallel).
+    bool sequence_parallel = false;
   } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights

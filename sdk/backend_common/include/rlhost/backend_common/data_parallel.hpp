@@ -75,13 +75,16 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
                                          int64_t tp = 1, int64_t cp = 1);
 
 // The engine's tensor-parallel group over a communicator, counting what it moves (ring traffic:
-// 2 (T-1)/T of each all-reduced tensor).
+// 2 (T-1)/T of each all-reduced tensor; (T-1)/T of an all-gather's output and a reduce-scatter's
+// input, sequence parallelism's).
 class CommTpGroup : public engine::TpComm {
  public:
   explicit CommTpGroup(const sdk::Comm& c) : c_(c) {}
   void all_reduce_sum(float* data, int64_t n) override;
   void all_reduce_sum(double* data, int64_t n) override;
   void all_reduce_max(float* data, int64_t n) override;
+  void all_gather(const float* in, int64_t n, float* out) override;
+  void reduce_scatter_sum(const float* in, int64_t n, float* out) override;
   int64_t bytes() const { return bytes_; }
   double seconds() const { return seconds_; }
 

@@ -206,6 +206,10 @@ class TpComm {
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
   virtual void all_reduce_sum(double* data, int64_t n) = 0;
   virtual void all_reduce_max(float* data, int64_t n) = 0;
+  // Sequence parallelism: `in` [n] of every rank into `out` [size n], rank blocks in rank order;
+  // `in` [size n] summed over the group, this rank's block of n into `out`.
+  virtual void all_gather(const float* in, int64_t n, float* out) = 0;
+  virtual void reduce_scatter_sum(const float* in, int64_t n, float* out) = 0;
 };
 
 // The context-parallel group as the engine uses it (src/cp_attention.cpp): every rank of the
@@ -247,6 +251,13 @@ struct EngineOptions {
   // UnitStore; logits and top-k/top-p processed logprobs are refused.
   const sdk::TpLayout* tp = nullptr;
   TpComm* tp_comm = nullptr;
+  // Megatron's sequence parallelism on top of `tp` (src/sequence_parallel.cpp): the residual
+  // stream, its norms and adds run on this rank's 1/T of the rows; the input of a
+  // column-parallel linear (and of the head) is all-gathered over the group, the output of a
+  // row-parallel one (and of the embedding) reduce-scattered, instead of all-reduced. A
+  // micro-batch is padded to a multiple of T rows (a trailing sequence, or each sequence under
+  // context parallelism). The results are plain tensor parallelism's.
+  bool sequence_parallel = false;
   // Context parallelism (not owned; cp_comm->size() > 1): every rank of the group is given the
   // same micro-batches and computes its zigzag share of every sequence's tokens (the sequence
   // padded to a multiple of 2 cp and cut into 2 cp chunks; rank r runs chunks r and 2cp-1-r),
