@@ -58,45 +58,17 @@ json base_config(const Case& c, int64_t tp) {
 
 json sgd_config(const Case& c, int64_t tp) {
   json cfg = base_config(c, tp);
-  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0},
-                                      {"clip_grad", 0.0}, {"use_distributed_optimizer", c.distributed_optimizer}};
+  cfg["megatron_cfg"]["optimizer"] = sgd_optimizer(c.distributed_optimizer);
   return cfg;
 }
 
 json adam_config(const Case& c, int64_t tp, double lr) {
   json cfg = base_config(c, tp);
-  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "adam"}, {"lr", lr}, {"weight_decay", 0.01}, {"clip_grad", 1.0},
-                                      {"use_distributed_optimizer", c.distributed_optimizer}};
+  cfg["megatron_cfg"]["optimizer"] = adam_optimizer(lr, c.distributed_optimizer);
   return cfg;
 }
 
-
-constexpr double kTemperature = 0.7;
-
-// The processed logprob (no filter: the raw one) and the entropy at temperature 0.7: NLL minus
-// 0.1 x mean entropy, so both the logprob and the entropy head's gradients are exercised.
-Backend::TrainOptions lp_ent_options() {
-  Backend::TrainOptions o;
-  o.specs = {spec(RLH_OUTPUT_LOGPROB, "lp", kTemperature), spec(RLH_OUTPUT_ENTROPY, "ent", kTemperature)};
-  return o;
-}
-Backend::LossBody lp_ent_loss() {
-  return [](const rlh_microbatch& mb) {
-    float *g = nullptr, *ge = nullptr;
-    const float* lp = output(mb, "lp", &g);
-    const float* ent = output(mb, "ent", &ge);
-    const rlh_batch& b = *mb.batch;
-    const double n = double(mb.global_num_tokens);
-    double loss = 0;
-    for (int64_t s = 0; s < b.num_seqs; ++s)
-      for (int64_t t = b.seq_offsets[s] + 1; t < b.seq_offsets[s + 1]; ++t) {
-        loss += (-lp[t] - 0.1 * ent[t]) / n;
-        g[t] = float(-1.0 / n);
-        ge[t] = float(-0.1 / n);
-      }
-    return loss;
-  };
-}
+constexpr double kTemperature = kModelParallelTemperature;
 
 // The tensor-parallel group's traffic of one train step, as a ring moves it (2 (T-1)/T of each
 // all-reduced tensor), for these fixtures (hidden 64, 2 layers; kv heads 2 of 16 (llama-tiny) or
@@ -115,30 +87,7 @@ int64_t analytic_tp_bytes(const Case& c, int64_t N) {
   return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
 }
 
-struct Outcome {
-  std::vector<float> logprobs, entropy;
-  double loss = 0, grad_norm = 0;
-  Weights grads;
-  json metrics;
-};
-
-Outcome run_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
-  Outcome o;
-  std::vector<std::vector<float>> out;
-  sdk::check(be.try_forward(m, batch,
-                            {spec(RLH_OUTPUT_LOGPROB_RAW, "lp", kTemperature), spec(RLH_OUTPUT_ENTROPY, "ent", kTemperature)},
-                            out),
-             "forward");
-  o.logprobs = out[0];
-  o.entropy = out[1];
-  const Weights before = be.weights(m);
-  const auto r = be.train(m, batch, g_tok, g_seq, lp_ent_loss(), lp_ent_options());
-  o.loss = r.r.loss;
-  o.grad_norm = r.r.grad_norm;
-  o.metrics = r.metrics;
-  o.grads = minus(before, be.weights(m));
-  return o;
-}
+using Outcome = SgdOutcome;
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
 
@@ -171,12 +120,12 @@ TEST_P(TensorParallel, MatchesOneRank) {
     Alone alone;
     Backend be(host(), "megatron", sgd_config(c, 1));
     rlh_model* m = be.load(model_path(c.model), true);
-    ref = run_sgd_step(be, m, g, g_tok, g_seq);
+    ref = run_lp_ent_sgd_step(be, m, g, g_tok, g_seq);
   }
   auto& mine = p.mine;
   Backend be(host(), "megatron", sgd_config(c, c.tp));
   rlh_model* m = be.load(model_path(c.model), true);
-  const Outcome tp = run_sgd_step(be, m, *mine, g_tok, g_seq);
+  const Outcome tp = run_lp_ent_sgd_step(be, m, *mine, g_tok, g_seq);
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), dp);
   ASSERT_EQ(int64_t(tp.logprobs.size()), mine->num_tokens());
   double lp_err = 0, ent_err = 0;

@@ -1,31 +1,5 @@
-// The engine's context-parallel group over the backend's communicator (context_parallel.hpp).
+// Context parallelism's load-time checks (context_parallel.hpp: the engine's group).
 #include "rlhost/backend_common/context_parallel.hpp"
-
-#include <chrono>
-
-#include "rlhost/backend_common/data_parallel.hpp"  // FloatView
-
-namespace rlh::backend {
-
-void CommCpGroup::all_gather(const float* in, int64_t n, float* out) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int S = c_.size();
-  FloatView mine(const_cast<float*>(in), n), all(out, n * S);
-  c_.all_gather(*mine, *all);
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
-}
-
-void CommCpGroup::reduce_scatter_sum(const float* in, int64_t n, float* out) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int S = c_.size();
-  FloatView all(const_cast<float*>(in), n * S), mine(out, n);
-  c_.reduce_scatter(*all, *mine, RLH_REDUCE_SUM);
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
-}
-
-}  // namespace rlh::backend
 
 #include "backend_internal.hpp"
 
