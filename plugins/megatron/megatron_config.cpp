@@ -18,11 +18,10 @@ namespace {
 
 // NeMo-RL megatron_cfg keys (and subtrees) with no effect on the single-rank fp32 CPU engine:
 // fusions, precision and memory switches of Megatron-Core, MoE token dispatch and the
-// aux-loss-free bias update, pipeline layout of a one-stage pipeline.
+// aux-loss-free bias update.
 constexpr const char* kNoEffect[] = {
     "megatron_cfg.converter_type", "megatron_cfg.empty_unused_memory_level", "megatron_cfg.pipeline_dtype",
-    "megatron_cfg.num_layers_in_first_pipeline_stage",
-    "megatron_cfg.num_layers_in_last_pipeline_stage", "megatron_cfg.moe_router_bias_update_rate",
+    "megatron_cfg.moe_router_bias_update_rate",
     "megatron_cfg.moe_permute_fusion", "megatron_cfg.moe_token_dispatcher_type", "megatron_cfg.moe_enable_deepep",
     "megatron_cfg.moe_shared_expert_overlap", "megatron_cfg.apply_rope_fusion", "megatron_cfg.bias_activation_fusion",
     "megatron_cfg.gradient_accumulation_fusion", "megatron_cfg.defer_fp32_logits",
@@ -53,6 +52,31 @@ MegatronSchedule::WdIncrement wd_style(ConfigReader& r, const std::string& path)
   if (s == "linear") return MegatronSchedule::WdIncrement::linear;
   if (s == "cosine") return MegatronSchedule::WdIncrement::cosine;
   r.fail(path, "expected constant, linear or cosine, got \"" + s + "\"");
+}
+
+// Pipeline parallelism (docs/parallelism.md): the layers split over pp stages with the 1F1B
+// schedule; the first/last stage counts as Megatron reads them. Interleaved virtual stages are
+// not implemented and refused by name.
+void read_pipeline(ConfigReader& r, backend::BackendConfig& cfg) {
+  const std::string pp_key = "megatron_cfg.pipeline_model_parallel_size";
+  cfg.parallel.pp = r.is_null(pp_key) ? 1 : r.integer(pp_key, 1);
+  if (cfg.parallel.pp < 1) r.fail(pp_key, "must be at least 1, got " + std::to_string(cfg.parallel.pp));
+  const std::string vpp_key = "megatron_cfg.virtual_pipeline_model_parallel_size";
+  const int64_t vpp = r.is_null(vpp_key) ? 1 : r.integer(vpp_key, 1);
+  if (vpp < 1) r.fail(vpp_key, "must be at least 1, got " + std::to_string(vpp));
+  if (vpp > 1)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(vpp_key) + " = " + std::to_string(vpp) +
+                                         ": interleaved virtual pipeline stages are not implemented (the 1F1B "
+                                         "schedule runs one stage per rank; set it to 1 or null)");
+  auto layers = [&](const char* key) -> int64_t {
+    const std::string k = std::string("megatron_cfg.") + key;
+    if (!r.has(k) || r.is_null(k)) return 0;
+    const int64_t n = r.integer(k, 0);
+    if (n < 1) r.fail(k, "must be at least 1 (or null), got " + std::to_string(n));
+    return n;
+  };
+  cfg.parallel.pp_first_layers = layers("num_layers_in_first_pipeline_stage");
+  cfg.parallel.pp_last_layers = layers("num_layers_in_last_pipeline_stage");
 }
 
 }  // namespace
@@ -92,9 +116,18 @@ backend::BackendConfig read_config(const json& policy) {
   const std::string cp_key = "megatron_cfg.context_parallel_size";
   cfg.parallel.cp = r.is_null(cp_key) ? 1 : r.integer(cp_key, 1);
   if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
-  for (const char* k : {"megatron_cfg.pipeline_model_parallel_size", "megatron_cfg.expert_model_parallel_size",
-                        "megatron_cfg.expert_tensor_parallel_size",
-                        "megatron_cfg.virtual_pipeline_model_parallel_size"})
+  read_pipeline(r, cfg);
+  // A pipeline stage passes every token's activations (tokens x hidden) to the next; context and
+  // sequence parallelism leave each rank only some of the rows, which the stage calls do not carry.
+  if (cfg.parallel.pp > 1 && (cfg.parallel.cp > 1 || cfg.parallel.sequence_parallel)) {
+    const std::string what = cfg.parallel.cp > 1 ? r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp)
+                                                 : r.full("megatron_cfg.sequence_parallel") + " = true";
+    throw Error(RLH_E_UNIMPLEMENTED, what + " with " + r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
+                                         std::to_string(cfg.parallel.pp) +
+                                         ": context and sequence parallelism are not implemented together with "
+                                         "pipeline parallelism (use one of them)");
+  }
+  for (const char* k : {"megatron_cfg.expert_model_parallel_size", "megatron_cfg.expert_tensor_parallel_size"})
     backend::require_single_rank(r, k);
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded

@@ -48,6 +48,19 @@ struct World {
     return s;
   }
   void barrier() const { sdk::check(api->barrier(comm)); }
+  // The largest of every rank's value, on every rank.
+  int64_t max(int64_t v) const {
+    int64_t one = 1, stride = 1;
+    rlh_tensor t{};
+    t.data = &v;
+    t.device = {RLH_DEVICE_CPU, 0};
+    t.ndim = 1;
+    t.dtype = {RLH_DTYPE_INT, 64, 1};
+    t.shape = &one;
+    t.strides = &stride;
+    sdk::check(api->all_reduce(comm, &t, RLH_REDUCE_MAX, nullptr));
+    return v;
+  }
 };
 // While alive, this process looks started without a launcher: a backend loading a model then
 // sees one rank (the reference).
@@ -144,75 +157,6 @@ inline Weights minus(const Weights& a, const Weights& b) {
     for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] - b.at(k)[i];
   }
   return d;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The step the model-parallel tests (tensor, context, sequence) compare with one rank's.
-
-// megatron_cfg.optimizer for one SGD step at lr 1 without clipping (w - w' = g), and for AdamW
-// with clipping.
-inline nlohmann::json sgd_optimizer(bool distributed_optimizer) {
-  return {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0},
-          {"clip_grad", 0.0}, {"use_distributed_optimizer", distributed_optimizer}};
-}
-inline nlohmann::json adam_optimizer(double lr, bool distributed_optimizer) {
-  return {{"optimizer", "adam"}, {"lr", lr}, {"weight_decay", 0.01}, {"clip_grad", 1.0},
-          {"use_distributed_optimizer", distributed_optimizer}};
-}
-
-inline constexpr double kModelParallelTemperature = 0.7;
-
-// The processed logprob (no filter: the raw one) and the entropy at temperature 0.7: NLL minus
-// 0.1 x mean entropy, so both the logprob and the entropy head's gradients are exercised.
-inline Backend::TrainOptions lp_ent_options() {
-  Backend::TrainOptions o;
-  o.specs = {spec(RLH_OUTPUT_LOGPROB, "lp", kModelParallelTemperature),
-             spec(RLH_OUTPUT_ENTROPY, "ent", kModelParallelTemperature)};
-  return o;
-}
-inline Backend::LossBody lp_ent_loss() {
-  return [](const rlh_microbatch& mb) {
-    float *g = nullptr, *ge = nullptr;
-    const float* lp = output(mb, "lp", &g);
-    const float* ent = output(mb, "ent", &ge);
-    const rlh_batch& b = *mb.batch;
-    const double n = double(mb.global_num_tokens);
-    double loss = 0;
-    for (int64_t s = 0; s < b.num_seqs; ++s)
-      for (int64_t t = b.seq_offsets[s] + 1; t < b.seq_offsets[s + 1]; ++t) {
-        loss += (-lp[t] - 0.1 * ent[t]) / n;
-        g[t] = float(-1.0 / n);
-        ge[t] = float(-0.1 / n);
-      }
-    return loss;
-  };
-}
-
-// Forward logprobs and entropy, then one SGD step at lr 1 with lp_ent_loss: its loss, gradient
-// norm, metrics and gradients (w - w', through the gathered HF weights).
-struct SgdOutcome {
-  std::vector<float> logprobs, entropy;
-  double loss = 0, grad_norm = 0;
-  Weights grads;
-  nlohmann::json metrics;
-};
-inline SgdOutcome run_lp_ent_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
-  SgdOutcome o;
-  std::vector<std::vector<float>> out;
-  sdk::check(be.try_forward(m, batch,
-                            {spec(RLH_OUTPUT_LOGPROB_RAW, "lp", kModelParallelTemperature),
-                             spec(RLH_OUTPUT_ENTROPY, "ent", kModelParallelTemperature)},
-                            out),
-             "forward");
-  o.logprobs = out[0];
-  o.entropy = out[1];
-  const Weights before = be.weights(m);
-  const auto r = be.train(m, batch, g_tok, g_seq, lp_ent_loss(), lp_ent_options());
-  o.loss = r.r.loss;
-  o.grad_norm = r.r.grad_norm;
-  o.metrics = r.metrics;
-  o.grads = minus(before, be.weights(m));
-  return o;
 }
 
 }  // namespace rlh::test

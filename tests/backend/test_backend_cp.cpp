@@ -20,6 +20,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
 
 using namespace rlh;
@@ -52,15 +53,9 @@ json base_config(const Case& c, bool one_rank) {
   set_batching(cfg, c.packing);
   return cfg;
 }
-json sgd_config(const Case& c, bool one_rank) {
-  json cfg = base_config(c, one_rank);
-  cfg["megatron_cfg"]["optimizer"] = sgd_optimizer(c.distributed_optimizer);
-  return cfg;
-}
+json sgd_config(const Case& c, bool one_rank) { return with_sgd(base_config(c, one_rank), c.distributed_optimizer); }
 json adam_config(const Case& c, bool one_rank, double lr) {
-  json cfg = base_config(c, one_rank);
-  cfg["megatron_cfg"]["optimizer"] = adam_optimizer(lr, c.distributed_optimizer);
-  return cfg;
+  return with_adam(base_config(c, one_rank), lr, c.distributed_optimizer);
 }
 
 // The cp group's traffic of one train step, as a ring moves it ((S-1)/S of each all-gather's
@@ -132,16 +127,16 @@ TEST_P(ContextParallel, MatchesOneRank) {
   const Case c = GetParam();
   if (!runs_here(c)) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
   Place p(c);
-  SgdOutcome ref;
+  Outcome ref;
   {
     Alone alone;
     Backend be(host(), "megatron", sgd_config(c, true));
     rlh_model* m = be.load(model_path(c.model), true);
-    ref = run_lp_ent_sgd_step(be, m, *p.global, p.tokens, p.seqs);
+    ref = run_sgd_step(be, m, *p.global, p.tokens, p.seqs);
   }
   Backend be(host(), "megatron", sgd_config(c, false));
   rlh_model* m = be.load(model_path(c.model), true);
-  const SgdOutcome cp = run_lp_ent_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
+  const Outcome cp = run_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
   if (c.cp > 1) EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
   ASSERT_EQ(int64_t(cp.logprobs.size()), p.mine->num_tokens());
   double lp_err = 0, ent_err = 0;
@@ -235,12 +230,25 @@ TEST(ContextParallelErrors, RefusedByName) {
     json cfg = cp2;
     cfg["device"] = "cuda";
     load_error(cfg, "llama-tiny", RLH_E_UNIMPLEMENTED,
-               "context_parallel_size = 2 with policy.device = cuda: context parallelism runs on the CPU engine only");
+               "policy.device = cuda: context parallelism (context_parallel_size = 2) runs on the CPU engine only");
   }
   {
     Alone alone;
     load_error(cp2, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "context_parallel_size = 2 needs a multiple of 2 launched ranks");
+  }
+  {  // with pipeline parallelism: neither splitting the rows nor the stage calls carry the other
+    auto create_error = [](const json& mcfg, const std::string& part) {
+      rlh_backend* b = nullptr;
+      const std::string cfg = json({{"megatron_cfg", mcfg}}).dump();
+      expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b),
+                   RLH_E_UNIMPLEMENTED, part);
+    };
+    create_error({{"context_parallel_size", 2}, {"pipeline_model_parallel_size", 2}},
+                 "policy.megatron_cfg.context_parallel_size = 2 with policy.megatron_cfg.pipeline_model_parallel_size = 2: "
+                 "context and sequence parallelism are not implemented together with pipeline parallelism");
+    create_error({{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}, {"pipeline_model_parallel_size", 2}},
+                 "policy.megatron_cfg.sequence_parallel = true with policy.megatron_cfg.pipeline_model_parallel_size = 2");
   }
   {
     rlh_backend* b = nullptr;

@@ -24,6 +24,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
@@ -56,19 +57,10 @@ json base_config(const Case& c, int64_t tp) {
   return cfg;
 }
 
-json sgd_config(const Case& c, int64_t tp) {
-  json cfg = base_config(c, tp);
-  cfg["megatron_cfg"]["optimizer"] = sgd_optimizer(c.distributed_optimizer);
-  return cfg;
-}
-
+json sgd_config(const Case& c, int64_t tp) { return with_sgd(base_config(c, tp), c.distributed_optimizer); }
 json adam_config(const Case& c, int64_t tp, double lr) {
-  json cfg = base_config(c, tp);
-  cfg["megatron_cfg"]["optimizer"] = adam_optimizer(lr, c.distributed_optimizer);
-  return cfg;
+  return with_adam(base_config(c, tp), lr, c.distributed_optimizer);
 }
-
-constexpr double kTemperature = kModelParallelTemperature;
 
 // The tensor-parallel group's traffic of one train step, as a ring moves it (2 (T-1)/T of each
 // all-reduced tensor), for these fixtures (hidden 64, 2 layers; kv heads 2 of 16 (llama-tiny) or
@@ -86,8 +78,6 @@ int64_t analytic_tp_bytes(const Case& c, int64_t N) {
   if (T > kv) floats += L * 2 * kv * D * C;
   return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
 }
-
-using Outcome = SgdOutcome;
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
 
@@ -112,39 +102,17 @@ TEST_P(TensorParallel, MatchesOneRank) {
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
   Place p(c);
-  Batch& g = *p.global;
-  const int64_t g_tok = p.tokens, g_seq = p.seqs, first = p.first;
   const int dp = p.dp;
-  Outcome ref;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", sgd_config(c, 1));
-    rlh_model* m = be.load(model_path(c.model), true);
-    ref = run_lp_ent_sgd_step(be, m, g, g_tok, g_seq);
-  }
   auto& mine = p.mine;
-  Backend be(host(), "megatron", sgd_config(c, c.tp));
-  rlh_model* m = be.load(model_path(c.model), true);
-  const Outcome tp = run_lp_ent_sgd_step(be, m, *mine, g_tok, g_seq);
+  const SgdComparison r = compare_sgd_step(c.model, sgd_config(c, 1), sgd_config(c, c.tp), *p.global, *mine, p.first,
+                                           c.label());
+  const Outcome& tp = r.got;
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), dp);
-  ASSERT_EQ(int64_t(tp.logprobs.size()), mine->num_tokens());
-  double lp_err = 0, ent_err = 0;
-  for (size_t t = 0; t < tp.logprobs.size(); ++t) {
-    lp_err = std::max(lp_err, std::fabs(double(tp.logprobs[t]) - double(ref.logprobs[size_t(first) + t])));
-    ent_err = std::max(ent_err, std::fabs(double(tp.entropy[t]) - double(ref.entropy[size_t(first) + t])));
-  }
-  EXPECT_LE(lp_err, 2e-5) << c.label();
-  EXPECT_LE(ent_err, 2e-5) << c.label();
-  EXPECT_NEAR(tp.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
-  EXPECT_NEAR(tp.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
-  ASSERT_EQ(tp.grads.size(), ref.grads.size()) << c.label() << ": the same HF tensors";
-  const double gerr = max_rel_diff(tp.grads, ref.grads);
-  EXPECT_LE(gerr, 1e-4) << c.label();
   EXPECT_EQ(tp.metrics["tp/comm_bytes"].get<int64_t>(), analytic_tp_bytes(c, mine->num_tokens())) << c.label();
   if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": loss " << tp.loss << " vs " << ref.loss << ", grad norm "
-              << tp.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
-              << " (relative to the largest), logprobs within " << lp_err << ", entropy within " << ent_err
+    std::cout << "[np " << N << "] " << c.label() << ": loss " << tp.loss << " vs " << r.ref.loss << ", grad norm "
+              << tp.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
+              << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
               << ", tp bytes/step " << tp.metrics["tp/comm_bytes"].get<int64_t>() << " (analytic "
               << analytic_tp_bytes(c, mine->num_tokens()) << ")\n";
 }
@@ -154,31 +122,10 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
   Place p(c);
-  Batch& g = *p.global;
-  const int64_t g_tok = p.tokens, g_seq = p.seqs;
   const int dp = p.dp;
-  std::vector<double> ref_loss;
-  Weights ref_w;
-  double ref_state = 0, state = 0;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", adam_config(c, 1, 2e-3));
-    rlh_model* m = be.load(model_path(c.model), true);
-    for (int s = 0; s < 2; ++s) {
-      const auto r = be.train(m, g, g_tok, g_seq, nll_loss(), {});
-      ref_loss.push_back(r.r.loss);
-      ref_state = r.metrics["memory/state_bytes"].get<double>();
-    }
-    ref_w = be.weights(m);
-  }
-  auto& mine = p.mine;
-  Backend be(host(), "megatron", adam_config(c, c.tp, 2e-3));
-  rlh_model* m = be.load(model_path(c.model), true);
-  for (int s = 0; s < 2; ++s) {
-    const auto r = be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
-    EXPECT_NEAR(r.r.loss, ref_loss[size_t(s)], 2e-5 * std::fabs(ref_loss[size_t(s)])) << c.label() << " step " << s;
-    state = r.metrics["memory/state_bytes"].get<double>();
-  }
+  const AdamComparison r =
+      compare_adamw_steps(c.model, adam_config(c, 1, 2e-3), adam_config(c, c.tp, 2e-3), *p.global, *p.mine, c.label());
+  const double state = r.state, ref_state = r.ref_state;
   // Each rank holds its part of the model: 1/tp, plus the norms whole and, at tp 4, each of the
   // two kv heads on two ranks (under 4% of these models more). Copies of it as data parallelism
   // keeps them (4 with DDP; 2 + 3/dp with the distributed optimizer: weights, gradients, the
@@ -186,15 +133,8 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   const double copies = c.distributed_optimizer ? 2.0 + 3.0 / dp : 4.0;
   EXPECT_LE(state, ref_state / 4 * copies * (1.0 / double(c.tp) + 0.04)) << c.label();
   EXPECT_GE(state, ref_state / 4 * copies / double(c.tp)) << c.label();
-  // AdamW divides by sqrt(v): where a gradient is ~0 its rounding decides the step's sign, so
-  // weights agree to a few lr, not to fp32 (as for data parallelism).
-  const Weights w = be.weights(m);
-  double worst = 0;
-  for (const auto& [k, v] : ref_w)
-    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-  EXPECT_LE(worst, 2 * 2 * 2e-3) << c.label();
   if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << worst
+    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << r.worst
               << "; training state per rank " << state / 1024 << " KiB, one rank " << ref_state / 1024 << " KiB (ratio "
               << state / ref_state << ")\n";
 }
@@ -206,25 +146,7 @@ TEST_P(TensorParallel, LogprobAtIdsMatchOneRank) {
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
   auto g = global_batch();
-  constexpr int64_t K = 3;
-  std::vector<int32_t> ids(size_t(g->num_tokens() * K));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 7 == 3 ? -1 : int32_t((i * 131 + 17) % kVocab);
-  g->add("ids", ids, rlh_dtype{RLH_DTYPE_INT, 32, 1}, K);
-  const std::vector<rlh_output_spec> specs = {spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at", 1.3, 0, 1.0, "ids")};
-  std::vector<std::vector<float>> ref, tp;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", sgd_config(c, 1));
-    rlh_model* m = be.load(model_path(c.model), false);
-    sdk::check(be.try_forward(m, *g, specs, ref, 0, {K}), "forward at one rank");
-  }
-  Backend be(host(), "megatron", sgd_config(c, c.tp));
-  rlh_model* m = be.load(model_path(c.model), false);
-  sdk::check(be.try_forward(m, *g, specs, tp, 0, {K}), "forward under tp");
-  ASSERT_EQ(tp[0].size(), ref[0].size());
-  double err = 0;
-  for (size_t i = 0; i < ref[0].size(); ++i) err = std::max(err, std::fabs(double(tp[0][i]) - double(ref[0][i])));
-  EXPECT_LE(err, 2e-5) << c.label();
+  EXPECT_LE(at_ids_differences(c.model, sgd_config(c, 1), sgd_config(c, c.tp), *g, kVocab)[0], 2e-5) << c.label();
 }
 
 std::vector<Case> cases() {
@@ -245,66 +167,9 @@ INSTANTIATE_TEST_SUITE_P(Tp, TensorParallel, ::testing::ValuesIn(cases()),
 TEST(TensorParallelCheckpoints, SavedUnderTpLoadsOnOneRankAndBack) {
   const int N = world().size(), R = world().rank();
   const int64_t tp = 2;
-  const int dp = int(N / tp), dp_rank = int(R / tp);
   const Case c{"llama-tiny", tp, false, true};
-  const json cfg = adam_config(c, tp, 5e-3), one = adam_config(c, 1, 5e-3);
-  auto g = global_batch();
-  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
-  auto mine = shard_of(*g, dp_rank, dp);
-  const fs::path root = world().broadcast((fs::temp_directory_path() / ("rlh_tp_" + std::to_string(::getpid()))).string());
-  const fs::path dir = root / "tp", again = root / "one";
-  if (R == 0) {
-    fs::remove_all(root);
-    fs::create_directories(dir);
-    fs::create_directories(again);
-  }
-  world().barrier();
-  Weights saved, cont;
-  std::vector<double> cont_loss;
-  {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model_path(c.model), true);
-    be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
-    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state under tp");
-    saved = be.weights(m);
-    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
-    cont = be.weights(m);
-  }
-  {  // the files: the fixture's tensors, full shapes
-    const auto f = sdk::st::File::open((dir / "model.safetensors").string());
-    const auto fx = sdk::st::File::open(model_path(c.model) + "/model.safetensors");
-    ASSERT_EQ(f.tensors().size(), fx.tensors().size());
-    for (const auto& t : fx.tensors()) EXPECT_EQ(f.at(t.name).shape, t.shape) << t.name;
-  }
-  {
-    Alone alone;
-    Backend be(host(), "megatron", one);
-    rlh_model* m = be.load(model_path(c.model), true);
-    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
-    EXPECT_TRUE(be.weights(m) == saved) << "loaded on one rank: not the weights saved under tp";
-    if (R == 0) sdk::check(be.api()->save_state(be.raw(), m, again.c_str()), "save_state at one rank");
-    for (int s = 0; s < 2; ++s) {
-      const double loss = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
-      EXPECT_NEAR(loss, cont_loss[size_t(s)], 2e-5 * std::fabs(cont_loss[size_t(s)])) << "step " << s;
-    }
-    const Weights w = be.weights(m);
-    double worst = 0;
-    for (const auto& [k, v] : cont)
-      for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-    EXPECT_LE(worst, 2 * 2 * 5e-3);
-  }
-  world().barrier();
-  {  // one rank's files back under tp: bitwise the same weights, and the same continuation
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model_path(c.model), true);
-    sdk::check(be.api()->load_state(be.raw(), m, again.c_str()), "load_state under tp");
-    EXPECT_TRUE(be.weights(m) == saved) << "one rank's state loaded under tp: not bitwise";
-    for (int s = 0; s < 2; ++s)
-      EXPECT_EQ(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]) << "step " << s;
-    EXPECT_TRUE(be.weights(m) == cont) << "resumed under tp: not bitwise";
-  }
-  world().barrier();
-  if (R == 0) fs::remove_all(root);
+  checkpoint_round_trip(c.model, adam_config(c, tp, 5e-3), adam_config(c, 1, 5e-3), int(N / tp), int(R / tp), "tp",
+                        global_batch());
 }
 
 TEST(TensorParallelErrors, RefusedByName) {

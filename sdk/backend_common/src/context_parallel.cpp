@@ -15,13 +15,7 @@ void check_context_parallel(Backend& b, Model& m) {
                          std::to_string(cp * m.config.parallel.tp) + " launched ranks (tensor x context parallel), but " +
                          (b.dp ? "this backend's groups have context-parallel size " + std::to_string(b.dp->cp_size())
                                : std::string("one rank was started")));
-  // The CUDA engine has no context parallelism: an explicit device is refused, auto stays on the
-  // CPU engine.
-  const std::string& d = m.config.device;
-  if (d != "cpu" && d != "auto")
-    throw sdk::Error(RLH_E_UNIMPLEMENTED, std::string(b.flavor->name) + ": " + key + " with policy.device = " + d +
-                                              ": context parallelism runs on the CPU engine only (set policy.device = cpu)");
-  if (d == "auto") m.config.device = "cpu";
+  // The device path has none: place_on_device refuses an explicit device; auto stays on the CPU engine.
   m.cp_comm = std::make_unique<CommCpGroup>(b.dp->cp);
 }
 

@@ -33,13 +33,19 @@ int64_t ring_bytes(int64_t bytes, int S, bool all_reduce = false) {
 std::vector<float> tp_local(const Model& m, size_t i, const std::vector<float>& full) {
   return sdk::tp_slice(*m.tp(), i, full);
 }
+// This rank's tensors (in engine order) from the whole model's: tensor-parallel slices, and
+// under pipeline parallelism only the stage's.
 std::vector<std::vector<float>> tp_local_all(const Model& m, const std::vector<std::vector<float>>& full) {
-  if (!m.tp()) return full;
+  if (!m.tp() && !m.pp()) return full;
   if (full.size() != m.desc.params.size())
-    throw Error(RLH_E_INTERNAL, "tensor parallelism: " + std::to_string(full.size()) + " tensors for " +
+    throw Error(RLH_E_INTERNAL, "model parallelism: " + std::to_string(full.size()) + " tensors for " +
                                     std::to_string(m.desc.params.size()) + " parameters");
   std::vector<std::vector<float>> out;
-  for (size_t i = 0; i < full.size(); ++i) out.push_back(tp_local(m, i, full[i]));
+  if (!m.pp()) {
+    for (size_t i = 0; i < full.size(); ++i) out.push_back(tp_local(m, i, full[i]));
+    return out;
+  }
+  for (int64_t i : m.pp()->full_index) out.push_back(m.tp() ? tp_local(m, size_t(i), full[size_t(i)]) : full[size_t(i)]);
   return out;
 }
 // Parameter i in full from every tensor-parallel rank's piece (collective over the tp group;
@@ -58,7 +64,29 @@ std::vector<float> tp_full(const Model& m, size_t i, std::span<const float> loca
   return full;
 }
 
+// Whole-model parameter i in full on every rank, from this rank's view `local(j)` of its engine
+// parameter j: the tensor-parallel pieces gathered, and under pipeline parallelism broadcast
+// from the stage that owns it (collective over the tp and pp groups).
+std::vector<float> full_param(const Model& m, size_t i, const std::function<std::span<const float>(size_t)>& local) {
+  auto mine = [&](size_t j) {
+    const std::span<const float> l = local(j);
+    return m.tp() ? tp_full(m, i, l) : std::vector<float>(l.begin(), l.end());
+  };
+  if (!m.pp()) return mine(i);
+  const int owner = int(m.pp()->owner[i]);
+  std::vector<float> full = m.dp->pp_rank() == owner ? mine(size_t(m.pp()->local_index[i]))
+                                                     : std::vector<float>(size_t(numel(m.desc.params[i].shape)));
+  FloatView v(full.data(), int64_t(full.size()));
+  m.dp->pp.broadcast(*v, owner);
+  return full;
+}
+
 }  // namespace
+
+int64_t local_param(const Model& m, size_t i) { return m.pp() ? m.pp()->local_index.at(i) : int64_t(i); }
+const sdk::ParamDesc& model_param(const Model& m, size_t j) {
+  return m.desc.params.at(m.pp() ? size_t(m.pp()->full_index.at(j)) : j);
+}
 
 void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo) {
   if (!b.dp) return;
@@ -78,7 +106,7 @@ void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo) {
 
 void finish_data_parallel(Model& m, const std::vector<std::vector<float>>& weights) {
   engine::Engine& e = *m.engine;
-  const auto updated = [&m](size_t i) { return !without_update(m, m.desc.params[i]); };
+  const auto updated = [&m](size_t i) { return !without_update(m, model_param(m, i)); };
   const bool decay_1d = m.config.optimizer ? m.config.optimizer->decay_1d_params : true;
   switch (m.dp_mode) {
     case Model::Dp::none: return;
@@ -121,6 +149,7 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   const int64_t cp_bytes0 = m.cp_comm ? m.cp_comm->bytes() : 0;
   const double cp_seconds0 = m.cp_comm ? m.cp_comm->seconds() : 0;
   const int64_t tp_bytes0 = m.tp_comm ? m.tp_comm->bytes() : 0;
+  const int64_t pp_bytes0 = m.pp_bytes;
   const double tp_seconds0 = m.tp_comm ? m.tp_comm->seconds() : 0;
   const int64_t fsdp_bytes0 = m.fsdp ? m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() : 0;
   const double fsdp_seconds0 = m.fsdp ? m.fsdp->comm_seconds() : 0;
@@ -140,7 +169,19 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   out.comm_bytes += ring_bytes(2 * 8 + 8, S, true);
 
   float* grads = nullptr;
-  if (m.dp_mode == Model::Dp::fsdp) {
+  if (m.device) {
+    // The device engine sums the gradients over its device group and applies the same update
+    // on every rank (DDP), or its block of it (distributed optimizer; device_engine.hpp).
+    const int64_t bytes0 = m.device->dp_bytes();
+    const double seconds0 = m.device->dp_seconds();
+    out.info = m.next_update(lr_override);
+    so.apply_optimizer = !eval_only;
+    so.lr = out.info.lr;
+    r = m.device->train_step(views, so, out.info.weight_decay, loss);
+    out.updated = so.apply_optimizer && !r.skipped;
+    out.comm_bytes += m.device->dp_bytes() - bytes0;
+    out.comm_seconds += m.device->dp_seconds() - seconds0;
+  } else if (m.dp_mode == Model::Dp::fsdp) {
     m.fsdp->begin_step();
     try {
       if (!views.empty()) r = m.engine->train_step(views, so, loss);
@@ -152,7 +193,9 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     m.fsdp->end_step();
     grads = m.fsdp->grad_shard();
   } else {
-    if (!views.empty())
+    if (m.pp())
+      r = pp_train_step(m, views, so, loss);  // the 1F1B schedule over the stages (pp_model.cpp)
+    else if (!views.empty())
       r = m.engine->train_step(views, so, loss);
     else
       m.engine->zero_grad();
@@ -171,34 +214,40 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   }
   // The global gradient norm over the updated parameters: shards' sums of squares summed.
   // Under tensor parallelism each parameter's squares are weighted (replicated tensors count
-  // once over the group) and summed over the tp group too.
-  double ss[1] = {0};
-  for (const ShardRun& run : m.shards->runs())
-    ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
-  if (const sdk::Comm* c = shard_comm(m)) {
-    timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
-    out.comm_bytes += ring_bytes(8, c->size(), true);
-  }
-  if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
-  r.grad_norm = std::sqrt(ss[0]);
-  const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
-  r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
-  r.skipped = !std::isfinite(r.grad_norm);
-  if (m.shard_opt) {
-    if (!eval_only && !r.skipped) {
-      float* params = m.dp_mode == Model::Dp::fsdp ? m.fsdp->param_shard() : m.engine->flat_params().data();
-      out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
-      out.updated = true;
-      if (m.dp_mode == Model::Dp::distributed_optimizer) {
-        // The updated blocks back to every rank, in place.
-        std::span<float> flat = m.engine->flat_params();
-        const int64_t block = m.shards->segments()[0].block;
-        FloatView mine(flat.data() + int64_t(g.rank()) * block, block), all(flat.data(), int64_t(flat.size()));
-        timed([&] { g.dp.all_gather(*mine, *all); });
-        out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+  // once over the group) and summed over the tp group too. (A device engine did all of this.)
+  if (!m.device) {
+    double ss[1] = {0};
+    for (const ShardRun& run : m.shards->runs())
+      ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
+    if (const sdk::Comm* c = shard_comm(m)) {
+      timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(8, c->size(), true);
+    }
+    if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
+    if (m.pp()) {  // each stage's parameters (a tied embedding counted on the first stage only)
+      timed([&] { m.dp->pp.all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
+      m.pp_bytes += ring_bytes(8, m.dp->pp_size(), true);
+    }
+    r.grad_norm = std::sqrt(ss[0]);
+    const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
+    r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
+    r.skipped = !std::isfinite(r.grad_norm);
+    if (m.shard_opt) {
+      if (!eval_only && !r.skipped) {
+        float* params = m.dp_mode == Model::Dp::fsdp ? m.fsdp->param_shard() : m.engine->flat_params().data();
+        out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
+        out.updated = true;
+        if (m.dp_mode == Model::Dp::distributed_optimizer) {
+          // The updated blocks back to every rank, in place.
+          std::span<float> flat = m.engine->flat_params();
+          const int64_t block = m.shards->segments()[0].block;
+          FloatView mine(flat.data() + int64_t(g.rank()) * block, block), all(flat.data(), int64_t(flat.size()));
+          timed([&] { g.dp.all_gather(*mine, *all); });
+          out.comm_bytes += ring_bytes(int64_t(flat.size() * sizeof(float)), S);
+        }
+      } else {
+        out.info = m.shard_opt->next(lr_override);
       }
-    } else {
-      out.info = m.shard_opt->next(lr_override);
     }
   }
   // Loss, tokens and the engine's metrics of the whole global batch (over the data-parallel
@@ -218,6 +267,7 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     out.tp_comm_bytes = m.tp_comm->bytes() - tp_bytes0;
     out.tp_comm_seconds = m.tp_comm->seconds() - tp_seconds0;
   }
+  out.pp_comm_bytes = m.pp_bytes - pp_bytes0;
   if (m.fsdp) {
     out.comm_bytes += m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() - fsdp_bytes0;
     out.comm_seconds += m.fsdp->comm_seconds() - fsdp_seconds0;
@@ -245,11 +295,11 @@ void dp_visit_parameters(Model& m, const std::function<void(size_t, std::span<fl
   const auto& params = m.desc.params;
   if (m.dp_mode != Model::Dp::fsdp) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!m.tp()) {
+      if (!m.tp() && !m.pp()) {
         fn(i, m.engine->param(i));
         continue;
       }
-      std::vector<float> full = tp_full(m, i, m.engine->param(i));
+      std::vector<float> full = full_param(m, i, [&](size_t j) { return std::span<const float>(m.engine->param(j)); });
       fn(i, full);
     }
     return;
@@ -309,17 +359,19 @@ std::vector<Optimizer::StateTensor> dp_full_optimizer_state(Model& m, bool keep,
   std::vector<std::pair<const char*, const float*>> parts = {{adam ? "exp_avg" : "momentum_buffer", m.shard_opt->first()}};
   if (adam) parts.emplace_back("exp_avg_sq", m.shard_opt->second());
   storage.reserve(parts.size());
-  if (m.tp()) {
+  if (m.tp() || m.pp()) {
     // This rank's moments in its local flat layout (every rank), then each parameter's pieces
-    // gathered over the tp group; only `keep` ranks hold the full tensors.
+    // gathered over the tp group (and from its pipeline stage); only `keep` ranks hold the
+    // full tensors.
     for (const auto& [prefix, shard] : parts) {
       const std::vector<float> flat = gather_flat(m, shard, true);
       for (size_t i = 0; i < m.desc.params.size(); ++i) {
         const sdk::ParamDesc& p = m.desc.params[i];
         if (without_update(m, p)) continue;
-        const int64_t n = numel(m.engine->desc().params[i].shape);
-        std::vector<float> full =
-            tp_full(m, i, std::span<const float>(flat.data() + m.engine->param_offset(i), size_t(n)));
+        std::vector<float> full = full_param(m, i, [&](size_t j) {
+          const int64_t n = numel(m.engine->desc().params[j].shape);
+          return std::span<const float>(flat.data() + m.engine->param_offset(j), size_t(n));
+        });
         if (!keep) continue;
         storage.push_back(std::move(full));
         out.push_back(Optimizer::StateTensor{std::string(prefix) + "." + p.name, p.shape,
@@ -361,8 +413,8 @@ void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, c
   if (first.empty()) return;  // saved before the first update: moments start from zero
   m.shard_opt->allocate_state();
   for (size_t i = 0; i < first.size(); ++i) {
-    if (first[i].empty()) continue;
-    const int64_t o = m.engine->param_offset(i);
+    if (first[i].empty() || local_param(m, i) < 0) continue;  // another pipeline stage's
+    const int64_t o = m.engine->param_offset(size_t(local_param(m, i)));
     const std::vector<float> f = m.tp() ? tp_local(m, i, first[i]) : first[i];
     m.shards->scatter_param(o, f.data(), int64_t(f.size()), m.shard_opt->first());
     if (!second.empty() && !second[i].empty() && m.shard_opt->second() != nullptr) {
@@ -381,8 +433,11 @@ void same_batch_over(const sdk::Comm& group, const char* kind, const rlh_batch& 
 }  // namespace
 
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what) {
+  // Over the cp group, the tp group, then the pp group (a pipeline's stages run the same
+  // micro-batches); every rank takes the same branches, so the collectives meet.
   if (m.dp != nullptr && m.dp->cp_size() > 1) same_batch_over(m.dp->cp, "context", batch, what);
   if (m.tp()) same_batch_over(m.dp->tp, "tensor", batch, what);
+  if (m.pp()) same_batch_over(m.dp->pp, "pipeline", batch, what);
 }
 
 namespace {

@@ -129,13 +129,38 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     vlo = opt.tp->vocab_begin;
     vcount = opt.tp->vocab_count;
   }
+  pp_on = opt.pp != nullptr && opt.pp->size > 1;
+  if (pp_on) {
+    // This stage's description; under tensor parallelism the pieces follow its parameters.
+    if (store != nullptr) throw std::invalid_argument("engine: pipeline parallelism with a UnitStore (FSDP) is not supported");
+    if (desc.params.size() != opt.pp->local_index.size())
+      throw std::invalid_argument("engine: the pipeline layout is of another model");
+    desc = opt.pp->local;
+    if (tp_on) {
+      tp_stage = *opt.tp;
+      tp_stage.local = desc;
+      tp_stage.pieces.clear();
+      for (int64_t i : opt.pp->full_index) tp_stage.pieces.push_back(opt.tp->pieces.at(size_t(i)));
+      opt.tp = &tp_stage;
+    }
+  }
+  if (tp_on || (pp_on && opt.pp->shares_embedding && !opt.pp->first)) {
+    norm_w.assign(desc.params.size(), 1.0);
+    for (size_t i = 0; i < desc.params.size(); ++i) {
+      if (tp_on) norm_w[i] = opt.tp->pieces[i].norm_weight;
+      if (pp_on && int64_t(i) == opt.pp->embed_local && !opt.pp->first) norm_w[i] = 0;  // the first stage's counts
+    }
+  }
   try {
-    prog = sdk::build_program(desc);
+    prog = pp_on ? sdk::build_stage_program(desc, opt.pp->first, opt.pp->last) : sdk::build_program(desc);
     if (tp_on) sdk::mark_tensor_parallel(prog, *opt.tp);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("engine: ") + e.what());
   }
   cp_on = opt.cp_comm != nullptr && opt.cp_comm->size() > 1;
+  // A stage's boundary carries every token's rows (pipeline_stage.cpp); a split leaves this rank some.
+  if (pp_on && (cp_on || (tp_on && opt.sequence_parallel)))
+    throw std::invalid_argument("engine: pipeline parallelism with context or sequence parallelism is not supported");
   if (cp_on) {
     cp = opt.cp_comm->size();
     cp_rank = opt.cp_comm->rank();
@@ -151,6 +176,7 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   caps.attention_dv_differs = true;
   caps.value_head = true;
   caps.tensor_parallel = true;
+  caps.pipeline_stage = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   sp_on = tp_on && opt.sequence_parallel;
   if (sp_on)  // the gathers and scatters run on whole values (sequence_parallel.cpp)

@@ -191,6 +191,21 @@ struct Engine::Impl {
   // whole vocabulary and this rank's rows of it [vlo, vlo + vcount).
   bool tp_on = false;
   int64_t Vall = 0, vlo = 0, vcount = 0;
+  // Pipeline parallelism (pipeline_parallel.hpp; pp_on when there are several stages): the
+  // stage's boundary buffers for the current call ([N, C]; null on the first / last stage),
+  // and under tensor parallelism the tp layout re-indexed to the stage's parameters (opt.tp
+  // then points at it).
+  bool pp_on = false;
+  const float* pp_x_in = nullptr;
+  const float* pp_dy = nullptr;
+  float* pp_dx = nullptr;
+  sdk::TpLayout tp_stage;
+  // pipeline_stage.cpp: checks a stage call's boundary spans and points the buffers at them.
+  void bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy, std::span<float> dx,
+                  bool backward);
+  // Per parameter, what its squares count in the gradient norm (TpPiece::norm_weight; 0 for the
+  // last stage's copy of a tied embedding); empty when every weight is 1.
+  std::vector<double> norm_w;
   std::vector<LayerShape> shapes;  // MoE / MLA readings per layer
   std::vector<RopeState> ropes;    // per program RoPE table
 
@@ -301,6 +316,9 @@ struct Engine::Impl {
 
   // engine.cpp
   void optimizer_step(const StepOptions& so, double clip_coef);
+  // The loss callback on the head's outputs of micro-batch `index` (after forward), its output
+  // gradients placed for the backward. `whole` is the caller's micro-batch (not cp_prepare's copy).
+  LossResult call_loss(const MicroBatch& whole, int64_t index, int64_t count, const StepOptions& so, const LossFn& loss_fn);
 
   // sequence_parallel.cpp: sequence parallelism (sp_on: EngineOptions::sequence_parallel under
   // tensor parallelism). This micro-batch's rows are cut in T blocks; this rank's residual-stream

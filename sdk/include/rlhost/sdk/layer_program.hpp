@@ -127,6 +127,10 @@ struct ModelProgram {
   // Tensor parallelism: the group size this (one rank's) program was built and marked for
   // (tensor_parallel.hpp); 1 for the whole model.
   int64_t tp_size = 1;
+  // Pipeline parallelism (pipeline_parallel.hpp's build_stage_program): whether this program
+  // starts with the embedding (else the previous stage's activations come in) and ends with the
+  // final norm and the head (else its output goes to the next stage). Both true for a whole model.
+  bool pp_first = true, pp_last = true;
 };
 
 // Derives the program. Throws std::invalid_argument naming the layer and what is inconsistent
@@ -143,6 +147,7 @@ struct ExecutorCaps {
   bool attention_dv_differs = false;     // attention with dv != dk (MLA needs it)
   bool value_head = false;               // the scalar head (ParamRole::value_head, RLH_OUTPUT_VALUE)
   bool tensor_parallel = false;          // programs marked by mark_tensor_parallel (tp_size > 1)
+  bool pipeline_stage = false;           // a pipeline stage's program (pp_first / pp_last false)
 };
 // Empty when `caps` runs `program`, else one line naming the executor and the first feature it
 // lacks ("cuda engine: layer 3: dynamic RoPE is not supported").

@@ -178,6 +178,10 @@ struct BackendConfig {
     int64_t cp = 1;
     // megatron_cfg.sequence_parallel with tp > 1 (engine.hpp's EngineOptions::sequence_parallel).
     bool sequence_parallel = false;
+    // megatron_cfg.pipeline_model_parallel_size: stages a model's layers are split over
+    // (sdk/pipeline_parallel.hpp), with num_layers_in_{first,last}_pipeline_stage (0: not set).
+    int64_t pp = 1;
+    int64_t pp_first_layers = 0, pp_last_layers = 0;
   } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights

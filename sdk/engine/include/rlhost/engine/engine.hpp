@@ -40,6 +40,7 @@
 #include "rlhost/engine/ops.hpp"
 #include "rlhost/engine/unit_store.hpp"
 #include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/sdk/pipeline_parallel.hpp"
 #include "rlhost/sdk/tensor_parallel.hpp"
 #include "rlhost/tensor.h"  // rlh_named_tensor (batch fields)
 
@@ -225,6 +226,24 @@ class CpComm {
   virtual void reduce_scatter_sum(const float* in, int64_t n, float* out) = 0;
 };
 
+// Data parallelism of a device engine (CudaEngineOptions::dp): collectives over the data-parallel
+// group on the engine's device memory, ordered on `stream` (they may wait for it: comm_mpi stages through the
+// host). The backend implements it over its communicator (comm_nccl; comm_mpi where several
+// ranks share a GPU), so the engine names no communicator. Every rank of the group makes the
+// same calls in the same order.
+class DeviceDpComm {
+ public:
+  virtual ~DeviceDpComm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual void all_reduce_sum(float* data, int64_t n, void* stream) = 0;
+  // out[0:block] = the sum over ranks of in[rank * block : (rank + 1) * block]
+  virtual void reduce_scatter_sum(const float* in, float* out, int64_t block, void* stream) = 0;
+  // all[r * block : (r + 1) * block] = rank r's `mine` (`mine` may be this rank's block of
+  // `all`); elements of `element_bytes` (4: f32, 2: bf16)
+  virtual void all_gather(const void* mine, void* all, int64_t block, int element_bytes, void* stream) = 0;
+};
+
 struct EngineOptions {
   bool recompute = false;   // keep only layer inputs; re-run each layer inside the backward
   int64_t logprob_chunk_bytes = 0;  // head tile size (0 = kernel default, 32 MiB)
@@ -268,6 +287,12 @@ struct EngineOptions {
   // Megatron's dp_cp group). Composes with `tp`; dense models only (MoE, MLA and per-sequence
   // RoPE kinds are refused at construction; logits, logprob_at_ids and routing at run time).
   CpComm* cp_comm = nullptr;
+  // Pipeline parallelism (sdk/pipeline_parallel.hpp; not owned), with pp->size > 1: the engine
+  // runs one stage of the model given to the constructor (with tensor parallelism: of tp->local):
+  // desc() is pp->local, param/grad/... hold the stage's tensors. It is driven by the *_stage
+  // calls below (the owner moves activations between stages and runs the schedule); forward and
+  // train_step refuse. Not with a UnitStore, nor with context or sequence parallelism.
+  const sdk::PpLayout* pp = nullptr;
   // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
 };
@@ -325,6 +350,27 @@ class Engine {
                         const LossFn& loss_fn);
 
   int64_t step() const;
+
+  // Pipeline parallelism (EngineOptions::pp): one stage's part of forward and train_step.
+  // Activations crossing a stage boundary are [N, C] row-major (C the hidden size).
+  // forward_stage: forward only. `x_in` is the previous stage's output (empty on the first
+  // stage). A stage that is not the last writes its output to `x_out` and returns no outputs;
+  // the last returns the outputs forward() would.
+  Outputs forward_stage(const MicroBatch& mb, const OutputRequest& request, std::span<const float> x_in,
+                        std::span<float> x_out);
+  // A train step on a stage: begin_stage_step (gradients zeroed), then per micro-batch
+  // backward_stage, then end_stage_step (the tensor-parallel group's shared gradients summed).
+  // The gradient norm and the update are the owner's, as with apply_optimizer = false.
+  void begin_stage_step();
+  // One micro-batch: its forward from `x_in` (empty on the first stage) with activations kept
+  // (or layer inputs only, with recompute), then its backward: on the last stage from the loss
+  // callback (called with index / count / the step's counts, as train_step calls it; its result
+  // is returned), elsewhere from `dy` = d loss / d output. A stage that is not the first writes
+  // d loss / d input to `dx`.
+  LossResult backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& options,
+                            const LossFn& loss_fn, std::span<const float> x_in, std::span<const float> dy,
+                            std::span<float> dx);
+  void end_stage_step();
 
   // MoE: R of the routing record and replay (the sum of top_k over MoE layers; 0 when dense).
   int64_t routing_width() const;
