@@ -105,20 +105,29 @@ backend::BackendConfig read_config(const json& policy) {
     cfg.recompute = true;
   }
   // Tensor parallelism (docs/parallelism.md): the layers split over tp ranks, the world's other
-  // ranks data-parallel. Sequence parallelism on top is not implemented; its results equal
-  // plain tensor parallelism's, so the refusal says how to run.
+  // ranks data-parallel; sequence parallelism on top (Megatron's: without tensor parallelism it
+  // has no effect, as there).
   const std::string tp_key = "megatron_cfg.tensor_model_parallel_size";
   cfg.parallel.tp = r.is_null(tp_key) ? 1 : r.integer(tp_key, 1);
   if (cfg.parallel.tp < 1) r.fail(tp_key, "must be at least 1, got " + std::to_string(cfg.parallel.tp));
   const bool sp = r.is_null("megatron_cfg.sequence_parallel") ? false : r.boolean("megatron_cfg.sequence_parallel", false);
-  if (sp && cfg.parallel.tp > 1)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full("megatron_cfg.sequence_parallel") + " = true with " + r.full(tp_key) + " = " +
-                                         std::to_string(cfg.parallel.tp) +
-                                         ": sequence parallelism is not implemented (set it false: tensor parallelism "
-                                         "alone computes the same results)");
+  cfg.parallel.sequence_parallel = sp && cfg.parallel.tp > 1;
+  // Context parallelism (docs/parallelism.md): every sequence split over cp ranks, zigzag.
+  const std::string cp_key = "megatron_cfg.context_parallel_size";
+  cfg.parallel.cp = r.is_null(cp_key) ? 1 : r.integer(cp_key, 1);
+  if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
   read_pipeline(r, cfg);
-  for (const char* k : {"megatron_cfg.context_parallel_size", "megatron_cfg.expert_model_parallel_size",
-                        "megatron_cfg.expert_tensor_parallel_size"})
+  // A pipeline stage passes every token's activations (tokens x hidden) to the next; context and
+  // sequence parallelism leave each rank only some of the rows, which the stage calls do not carry.
+  if (cfg.parallel.pp > 1 && (cfg.parallel.cp > 1 || cfg.parallel.sequence_parallel)) {
+    const std::string what = cfg.parallel.cp > 1 ? r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp)
+                                                 : r.full("megatron_cfg.sequence_parallel") + " = true";
+    throw Error(RLH_E_UNIMPLEMENTED, what + " with " + r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
+                                         std::to_string(cfg.parallel.pp) +
+                                         ": context and sequence parallelism are not implemented together with "
+                                         "pipeline parallelism (use one of them)");
+  }
+  for (const char* k : {"megatron_cfg.expert_model_parallel_size", "megatron_cfg.expert_tensor_parallel_size"})
     backend::require_single_rank(r, k);
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded

@@ -13,7 +13,7 @@
 //   - a state saved under TP is the one-rank HF layout (full tensors), loads on one rank into the
 //     same weights, continues there within fp32 tolerance, and a state saved on one rank loads
 //     back under TP bitwise;
-//   - refusals name the setting: sequence_parallel with TP, an MoE model, a TP size that does not
+//   - refusals name the setting: an MoE model, a TP size that does not
 //     divide the ranks, TP on one rank, top-k processed logprobs, a tp group given different
 //     batches.
 #include <unistd.h>
@@ -187,13 +187,6 @@ TEST(TensorParallelErrors, RefusedByName) {
     Alone alone;
     load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "tensor_model_parallel_size = 2 needs a multiple of 2 launched ranks");
-  }
-  {
-    rlh_backend* b = nullptr;
-    const std::string cfg =
-        json({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}}}}).dump();
-    expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-                 "sequence_parallel = true with policy.megatron_cfg.tensor_model_parallel_size = 2");
   }
   {  // the ranks of a tp group given different batches (a loop sharding over every rank)
     Backend be(host(), "megatron", {{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}});

@@ -389,8 +389,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
-    int64_t comm_bytes = 0, tp_bytes = 0, pp_bytes = 0;
-    double comm_seconds = 0, tp_seconds = 0;
+    int64_t comm_bytes = 0, tp_bytes = 0, cp_bytes = 0, pp_bytes = 0;
+    double comm_seconds = 0, tp_seconds = 0, cp_seconds = 0;
     if (m.dp != nullptr) {  // data parallel: reduced gradients, the sharded update (dp_model.cpp)
       DpStepResult d = dp_train_step(m, views, so, loss, eval_only, args->learning_rate);
       r = std::move(d.r);
@@ -400,8 +400,12 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       comm_seconds = d.comm_seconds;
       tp_bytes = d.tp_comm_bytes;
       tp_seconds = d.tp_comm_seconds;
+      cp_bytes = d.cp_comm_bytes;
+      cp_seconds = d.cp_comm_seconds;
       pp_bytes = d.pp_comm_bytes;
-      tramp.metrics = all_reduce_named(m.dp->dp, pp_share_named(m, tramp.metrics));  // the last stage's callback
+      // The last stage's callback metrics (pipeline), summed over the data-parallel ranks
+      // without cp (every rank of a cp group computes the same ones).
+      tramp.metrics = all_reduce_named(m.dp->sums(), pp_share_named(m, tramp.metrics));
     } else if (m.device) {  // the device applies its own update (device_engine.hpp)
       info = m.next_update(args->learning_rate);
       so.apply_optimizer = !eval_only;
@@ -422,7 +426,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     result->loss = r.loss;
     result->grad_norm = r.grad_norm;
     int64_t num_mbs = int64_t(mbs.size());
-    if (m.dp != nullptr) m.dp->dp.all_reduce(std::span<int64_t>(&num_mbs, 1), RLH_REDUCE_SUM);
+    if (m.dp != nullptr) m.dp->sums().all_reduce(std::span<int64_t>(&num_mbs, 1), RLH_REDUCE_SUM);
     result->num_micro_batches = num_mbs;
     json metrics = {{"loss", r.loss},
                     {"grad_norm", r.grad_norm},
@@ -444,6 +448,11 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"tp/comm_bytes", tp_bytes},
                     {"tp/comm_seconds", tp_seconds},
                     {"pp/comm_bytes", pp_bytes}};
+    if (m.cp_comm) {  // context parallelism: its group's size and traffic
+      metrics["cp_size"] = m.dp->cp_size();
+      metrics["cp/comm_bytes"] = cp_bytes;
+      metrics["cp/comm_seconds"] = cp_seconds;
+    }
     // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
     for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();

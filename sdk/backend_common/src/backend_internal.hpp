@@ -12,6 +12,7 @@
 
 #include "rlhost/backend_common/backend.hpp"
 #include "rlhost/backend_common/backend_config.hpp"
+#include "rlhost/backend_common/context_parallel.hpp"
 #include "rlhost/backend_common/data_parallel.hpp"
 #include "rlhost/backend_common/optimizer.hpp"
 #include "rlhost/engine/engine.hpp"
@@ -63,6 +64,8 @@ struct Model {
   std::vector<sdk::TpLayout> tp_layouts;
   std::unique_ptr<CommTpGroup> tp_comm;
   const sdk::TpLayout* tp() const { return tp_layouts.empty() ? nullptr : &tp_layouts[size_t(dp->tp_rank())]; }
+  // Context parallelism (megatron_cfg.context_parallel_size > 1): the engine's group.
+  std::unique_ptr<CommCpGroup> cp_comm;
   // Pipeline parallelism (megatron_cfg.pipeline_model_parallel_size > 1;
   // sdk/pipeline_parallel.hpp): this rank's stage of `desc` (of tp()->local under tensor
   // parallelism); the engine holds the stage's tensors. pp_model.cpp runs the schedule.
@@ -150,6 +153,9 @@ struct DpStepResult {
   // The tensor-parallel group's traffic (ring bytes of its all-reduces) and time in the step.
   int64_t tp_comm_bytes = 0;
   double tp_comm_seconds = 0;
+  // The context-parallel group's traffic (its all-gathers and reduce-scatters) and time.
+  int64_t cp_comm_bytes = 0;
+  double cp_comm_seconds = 0;
   // Pipeline parallelism: bytes sent to neighbour stages, the embedding group's and the norm's
   // ring traffic (Model::pp_bytes over the step).
   int64_t pp_comm_bytes = 0;
@@ -174,8 +180,11 @@ std::vector<std::pair<std::string, double>> pp_share_named(const Model& m,
 // the whole-model parameter of engine parameter j.
 int64_t local_param(const Model& m, size_t i);
 const sdk::ParamDesc& model_param(const Model& m, size_t j);
-// Under tensor parallelism: every rank of the tp group holds the same batch, else an error on all
-// of them naming it (collective over the group; nothing without tensor parallelism).
+// Context parallelism at load (context_parallel.cpp): checks the groups fit the size and makes
+// the engine's group (place_on_device keeps the model on the CPU engine). Nothing at cp = 1.
+void check_context_parallel(Backend& b, Model& m);
+// Under tensor or context parallelism: every rank of the tp (and cp) group holds the same batch,
+// else an error on all of them naming it (collective over the groups; nothing without either).
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what);
 // Forward over this rank's micro-batches, FSDP ranks keeping their peers' gathers company.
 void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run);

@@ -37,17 +37,19 @@ FloatView::FloatView(float* p, int64_t count) : n(count) {
 int launched_world_size() { return sdk::detect_launch().size; }
 
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp, int64_t pp) {
+                                         int64_t tp, int64_t cp, int64_t pp) {
   sdk::Comm world = sdk::Comm::world(host);
   sdk::ParallelSizes sizes;
   sizes.dp_replicate = dp_replicate;
   sizes.tp = tp;
+  sizes.cp = cp;
   sizes.pp = pp;
   sdk::ParallelComms pc;
+  std::vector<sdk::GroupKind> kinds = {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
+                                       sdk::GroupKind::tp, sdk::GroupKind::pp, sdk::GroupKind::embedding};
+  if (cp > 1) kinds.insert(kinds.end(), {sdk::GroupKind::cp, sdk::GroupKind::dp});
   try {
-    pc = sdk::make_parallel_comms(world, sizes,
-                                  {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
-                                   sdk::GroupKind::tp, sdk::GroupKind::pp, sdk::GroupKind::embedding});
+    pc = sdk::make_parallel_comms(world, sizes, kinds);
   } catch (const Error& e) {
     throw Error(e.code(), who + ": " + e.what());
   }
@@ -58,6 +60,10 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   g->pp = take(sdk::GroupKind::pp);
   g->embedding = take(sdk::GroupKind::embedding);
   g->all = world.split(0, world.rank(), "world");
+  if (cp > 1) {
+    g->cp = take(sdk::GroupKind::cp);
+    g->dp_only = take(sdk::GroupKind::dp);
+  }
   if (dp_replicate > 1) {
     g->shard = take(sdk::GroupKind::dp_cp_shard);
     g->replicate = take(sdk::GroupKind::dp_cp_replicate);
@@ -419,5 +425,21 @@ void CommTpGroup::reduce(T* data, int64_t n, int32_t op) {
 void CommTpGroup::all_reduce_sum(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
 void CommTpGroup::all_reduce_sum(double* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
 void CommTpGroup::all_reduce_max(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_MAX); }
+void CommTpGroup::all_gather(const float* in, int64_t n, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int S = c_.size();
+  FloatView mine(const_cast<float*>(in), n), all(out, n * S);
+  c_.all_gather(*mine, *all);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
+}
+void CommTpGroup::reduce_scatter_sum(const float* in, int64_t n, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int S = c_.size();
+  FloatView all(const_cast<float*>(in), n * S), mine(out, n);
+  c_.reduce_scatter(*all, *mine, RLH_REDUCE_SUM);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
+}
 
 }  // namespace rlh::backend

@@ -146,6 +146,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   // many micro-batches as the rank with most (FSDP: its gathers and reductions are per
   // micro-batch).
   const int S = g.size();
+  const int64_t cp_bytes0 = m.cp_comm ? m.cp_comm->bytes() : 0;
+  const double cp_seconds0 = m.cp_comm ? m.cp_comm->seconds() : 0;
   const int64_t tp_bytes0 = m.tp_comm ? m.tp_comm->bytes() : 0;
   const int64_t pp_bytes0 = m.pp_bytes;
   const double tp_seconds0 = m.tp_comm ? m.tp_comm->seconds() : 0;
@@ -248,14 +250,19 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
       }
     }
   }
-  // Loss, tokens and the engine's metrics of the whole global batch.
+  // Loss, tokens and the engine's metrics of the whole global batch (over the data-parallel
+  // ranks without context parallelism's: a cp group's ranks computed the same loss).
   double sums[2] = {r.loss, double(r.tokens)};
-  g.dp.all_reduce(std::span<double>(sums, 2), RLH_REDUCE_SUM);
+  g.sums().all_reduce(std::span<double>(sums, 2), RLH_REDUCE_SUM);
   r.loss = sums[0];
   r.tokens = int64_t(sums[1]);
-  r.metrics = all_reduce_named(g.dp, r.metrics);
+  r.metrics = all_reduce_named(g.sums(), r.metrics);
   r.step = m.version();
-  out.comm_bytes += ring_bytes(2 * 8, S, true);
+  out.comm_bytes += ring_bytes(2 * 8, g.sums().size(), true);
+  if (m.cp_comm) {
+    out.cp_comm_bytes = m.cp_comm->bytes() - cp_bytes0;
+    out.cp_comm_seconds = m.cp_comm->seconds() - cp_seconds0;
+  }
   if (m.tp_comm) {  // the layers' and head's all-reduces, the shared gradients, the norm
     out.tp_comm_bytes = m.tp_comm->bytes() - tp_bytes0;
     out.tp_comm_seconds = m.tp_comm->seconds() - tp_seconds0;
@@ -421,8 +428,20 @@ void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, c
 
 namespace rlh::backend {
 
+namespace {
+void same_batch_over(const sdk::Comm& group, const char* kind, const rlh_batch& batch, const char* what);
+}  // namespace
+
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what) {
-  if (!m.tp() && !m.pp()) return;
+  // Over the cp group, the tp group, then the pp group (a pipeline's stages run the same
+  // micro-batches); every rank takes the same branches, so the collectives meet.
+  if (m.dp != nullptr && m.dp->cp_size() > 1) same_batch_over(m.dp->cp, "context", batch, what);
+  if (m.tp()) same_batch_over(m.dp->tp, "tensor", batch, what);
+  if (m.pp()) same_batch_over(m.dp->pp, "pipeline", batch, what);
+}
+
+namespace {
+void same_batch_over(const sdk::Comm& group, const char* kind, const rlh_batch& batch, const char* what) {
   // Token and sequence counts and an FNV-1a hash of ids and offsets: min and max over the group.
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](const void* p, size_t n) {
@@ -431,21 +450,17 @@ void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what) {
   };
   if (batch.num_tokens > 0 && batch.token_ids) mix(batch.token_ids, size_t(batch.num_tokens) * sizeof(int32_t));
   if (batch.seq_offsets) mix(batch.seq_offsets, size_t(batch.num_seqs + 1) * sizeof(int64_t));
-  // Over the tp group, then the pp group (a pipeline's stages run the same micro-batches).
-  for (const bool tensor : {true, false}) {
-    if (tensor ? !m.tp() : !m.pp()) continue;
-    const sdk::Comm& c = tensor ? m.dp->tp : m.dp->pp;
-    const std::string kind = tensor ? "tensor" : "pipeline";
-    int64_t lo[3] = {batch.num_tokens, batch.num_seqs, int64_t(h >> 1)}, hi[3] = {lo[0], lo[1], lo[2]};
-    c.all_reduce(std::span<int64_t>(lo, 3), RLH_REDUCE_MIN);
-    c.all_reduce(std::span<int64_t>(hi, 3), RLH_REDUCE_MAX);
-    if (lo[0] != hi[0] || lo[1] != hi[1] || lo[2] != hi[2])
-      throw Error(RLH_E_INVALID_ARGUMENT,
-                  std::string(what) + ": the ranks of a " + kind + "-parallel group were given different batches (tokens " +
-                      std::to_string(lo[0]) + ".." + std::to_string(hi[0]) + "); under " + kind +
-                      " parallelism every rank of a group takes its data-parallel rank's batch (loops that "
-                      "shard over every launched rank do not run under " + kind + " parallelism yet)");
-  }
+  int64_t lo[3] = {batch.num_tokens, batch.num_seqs, int64_t(h >> 1)}, hi[3] = {lo[0], lo[1], lo[2]};
+  group.all_reduce(std::span<int64_t>(lo, 3), RLH_REDUCE_MIN);
+  group.all_reduce(std::span<int64_t>(hi, 3), RLH_REDUCE_MAX);
+  const std::string k(kind);
+  if (lo[0] != hi[0] || lo[1] != hi[1] || lo[2] != hi[2])
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                std::string(what) + ": the ranks of a " + k + "-parallel group were given different batches (tokens " +
+                    std::to_string(lo[0]) + ".." + std::to_string(hi[0]) + "); under " + k +
+                    " parallelism every rank of a group takes its data-parallel rank's batch (loops that "
+                    "shard over every launched rank do not run under " + k + " parallelism yet)");
 }
+}  // namespace
 
 }  // namespace rlh::backend

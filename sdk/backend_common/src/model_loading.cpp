@@ -201,6 +201,11 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     b.host.info(std::string(b.flavor->name) + ": " + m.role + " runs on the CPU engine (" + why + ")");
     return false;
   };
+  // Context parallelism has no device path (the CUDA engine splits no sequence): named first,
+  // whatever the precision or the build.
+  if (b.dp && b.dp->cp_size() > 1)
+    return decline(RLH_E_UNIMPLEMENTED, "context parallelism (context_parallel_size = " +
+                                            std::to_string(b.dp->cp_size()) + ") runs on the CPU engine only");
   if (!m.config.bf16()) {
     if (automatic) return false;  // float32 training is the CPU engine's
     throw Error(RLH_E_INVALID_ARGUMENT, where + " computes in bfloat16 with float32 master weights: set "
@@ -353,19 +358,20 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
-  const int64_t tp = m->config.parallel.tp, pp = m->config.parallel.pp;
+  const int64_t tp = m->config.parallel.tp, cp = m->config.parallel.cp, pp = m->config.parallel.pp;
   if (!b.dp && launched_world_size() > 1) {
     try {
-      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, pp);
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, cp, pp);
     } catch (const Error& e) {
-      if (tp <= 1 && pp <= 1) throw;
-      // Names the model-parallel sizes that are set.
-      const std::string tp_s = "tensor_model_parallel_size = " + std::to_string(tp);
-      const std::string pp_s = "pipeline_model_parallel_size = " + std::to_string(pp);
-      throw Error(e.code(), "policy.megatron_cfg." + (pp <= 1 ? tp_s : tp <= 1 ? pp_s : tp_s + ", " + pp_s) + ": " +
-                                e.what());
+      if (tp <= 1 && cp <= 1 && pp <= 1) throw;
+      std::string keys;  // the model-parallel sizes that are set, by name
+      for (const auto& [name, n] : {std::pair<const char*, int64_t>{"tensor_model_parallel_size", tp},
+                                    {"context_parallel_size", cp}, {"pipeline_model_parallel_size", pp}})
+        if (n > 1) keys += (keys.empty() ? "" : ", ") + std::string(name) + " = " + std::to_string(n);
+      throw Error(e.code(), "policy.megatron_cfg." + keys + ": " + e.what());
     }
   }
+  check_context_parallel(b, *m);
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
     throw Error(RLH_E_INVALID_ARGUMENT,
                 std::string(b.flavor->name) + ": policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
@@ -412,6 +418,8 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   prepare_data_parallel(b, *m, eo);
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
+  eo.cp_comm = m->cp_comm.get();
+  eo.sequence_parallel = m->config.parallel.sequence_parallel;
   eo.pp = m->pp();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
@@ -432,6 +440,8 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                          "FSDP: parameters, gradients and optimizer state sharded"};
   const std::string dp_note =
       m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
+                  (m->cp_comm ? ", context parallel over " + std::to_string(m->dp->cp_size()) + " ranks" : std::string()) +
+                  (m->tp() && m->config.parallel.sequence_parallel ? ", sequence parallel" : "") +
                   (m->pp() ? ", pipeline stage " + std::to_string(m->pp()->rank) + " of " + std::to_string(m->pp()->size) +
                                  " (layers " + std::to_string(m->pp()->layer_begin) + ".." +
                                  std::to_string(m->pp()->layer_begin + m->pp()->layer_count - 1) + ")"

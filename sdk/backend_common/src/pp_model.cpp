@@ -248,7 +248,7 @@ std::vector<std::pair<std::string, double>> pp_share_named(const Model& m,
   int64_t len[2] = {int64_t(text.size()), int64_t(mine.size())};
   pp.broadcast(std::span<int64_t>(len, 2), root);
   std::vector<uint8_t> bytes(static_cast<size_t>(len[0]));
-  if (!bytes.empty()) std::memcpy(bytes.data(), text.data(), std::min(text.size(), bytes.size()));
+  if (!bytes.empty()) std::memcpy(bytes.data(), text.data(), std::min(text.size(), bytes.size()));  // no names: null data
   if (len[0] > 0) pp.broadcast(std::span<uint8_t>(bytes), root);
   std::vector<double> values(static_cast<size_t>(len[1]));
   for (size_t i = 0; i < mine.size() && i < values.size(); ++i) values[i] = mine[i].second;

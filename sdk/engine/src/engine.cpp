@@ -177,33 +177,40 @@ void Engine::zero_grad() {
   impl_->grads_clear = true;
 }
 
-Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
+Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   Impl& m = *impl_;
   if (!m.prog.pp_last || (!m.prog.pp_first && m.pp_x_in == nullptr))
     throw std::logic_error("engine: a pipeline stage runs through forward_stage");
   m.forget_units();  // an earlier call that threw may have left units marked held
+  // This rank's share under CP; every sequence padded to a multiple of T under sequence
+  // parallelism (cp_prepare at cp 1).
+  const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
   m.forward(mb, req, false);
-  const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
-  const auto cu = mb.cu_seqlens;
+  const int64_t N = whole.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
+  const auto cu = whole.cu_seqlens;
   Outputs out;
+  std::vector<float> rows;
   if (req.logprob) {
     out.logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp, kraw, out.logprob.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.lp, N, rows), kraw, out.logprob.data(), 1, 1, cu);
   }
   if (req.entropy) {
     out.entropy.resize(size_t(N));
-    shift_to_outputs(m.head.ent, 1, out.entropy.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.ent, N, rows), 1, out.entropy.data(), 1, 1, cu);
   }
   if (req.processed_logprob) {
     out.processed_logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp_proc, 1, out.processed_logprob.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.lp_proc, N, rows), 1, out.processed_logprob.data(), 1, 1, cu);
   }
   if (req.logprob_at_ids) {
     out.ids_per_token = K;
     out.logprob_at_ids.resize(size_t(N * K));
     shift_to_outputs(m.head.lp + 1, kraw, out.logprob_at_ids.data(), K, K, cu);
   }
-  if (req.value) out.value.assign(m.head.val, m.head.val + N);
+  if (req.value) {
+    const float* val = m.cp_whole_rows(m.head.val, N, rows);
+    out.value.assign(val, val + N);
+  }
   if (req.routed_experts) {
     out.routing_width = m.route_width;
     out.routed_experts = std::move(m.route_record);
@@ -252,11 +259,15 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     explicit TrainFlag(bool& b) : f(b) { f = true; }
     ~TrainFlag() { f = false; }
   } train_flag(m.moe_train);
+  if (m.cp_on && so.apply_optimizer)
+    throw std::invalid_argument("engine: under context parallelism the gradients are partial sums; the owner reduces "
+                                "them over the group and applies the update (apply_optimizer = false)");
   for (size_t i = 0; i < mbs.size(); ++i) {
-    const MicroBatch& mb = mbs[i];
+    const MicroBatch& whole = mbs[i];
+    const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
     m.forward(mb, req, !m.opt.recompute);
     if (req.routed_experts) r.routed_experts.push_back(m.route_record);
-    const LossResult lr = m.call_loss(mb, int64_t(i), int64_t(mbs.size()), so, loss_fn);
+    const LossResult lr = m.call_loss(whole, int64_t(i), int64_t(mbs.size()), so, loss_fn);
     r.loss += lr.loss;
     accumulate_metrics(r.metrics, lr.metrics);
     m.backward(mb, req);
@@ -295,11 +306,17 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   return r;
 }
 
-LossResult Engine::Impl::call_loss(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& so,
+// `whole` is the micro-batch as the caller gave it. Under context or sequence parallelism the
+// head's buffers hold this rank's rows of its prepared (padded, split) copy: the outputs are
+// gathered into the whole micro-batch's token order for the callback, and this rank takes back
+// the gradients of its own rows.
+LossResult Engine::Impl::call_loss(const MicroBatch& whole, int64_t index, int64_t count, const StepOptions& so,
                                    const LossFn& loss_fn) {
   const OutputRequest& req = so.outputs;
-  const int64_t N = mb.num_tokens(), kraw = head.kraw, K = kraw - 1;
-  const auto cu = mb.cu_seqlens;
+  const int64_t N = whole.num_tokens(), kraw = head.kraw, K = kraw - 1;
+  const auto cu = whole.cu_seqlens;
+  const bool split = cp_on || sp_on;
+  std::vector<float> rows[4], val, dval;  // split: the whole micro-batch's head rows
 
   // Outputs and their gradients in output alignment, for the callback: logprob, entropy,
   // processed logprob [N] each, logprob_at_ids [N, K]; then the same again for gradients.
@@ -317,17 +334,17 @@ LossResult Engine::Impl::call_loss(const MicroBatch& mb, int64_t index, int64_t 
   OutputViews ov;
   OutputGrads og;
   if (req.logprob) {
-    shift_to_outputs(head.lp, kraw, lp, 1, 1, cu);
+    shift_to_outputs(cp_whole_rows(head.lp, N, rows[0]), kraw, lp, 1, 1, cu);
     ov.logprob = {lp, size_t(N)};
     og.logprob = {dlp, size_t(N)};
   }
   if (req.entropy) {
-    shift_to_outputs(head.ent, 1, ent, 1, 1, cu);
+    shift_to_outputs(cp_whole_rows(head.ent, N, rows[1]), 1, ent, 1, 1, cu);
     ov.entropy = {ent, size_t(N)};
     og.entropy = {dent, size_t(N)};
   }
   if (req.processed_logprob) {
-    shift_to_outputs(head.lp_proc, 1, proc, 1, 1, cu);
+    shift_to_outputs(cp_whole_rows(head.lp_proc, N, rows[2]), 1, proc, 1, 1, cu);
     ov.processed_logprob = {proc, size_t(N)};
     og.processed_logprob = {dproc, size_t(N)};
   }
@@ -337,17 +354,33 @@ LossResult Engine::Impl::call_loss(const MicroBatch& mb, int64_t index, int64_t 
     ov.ids_per_token = K;
     og.logprob_at_ids = {dids, size_t(N * K)};
   }
-  if (req.value) {  // already in output alignment: the callback reads and writes the head's buffers
+  if (req.value && split) {  // output alignment; the whole micro-batch's rows
+    dval.assign(size_t(N), 0.f);
+    ov.value = {cp_whole_rows(head.val, N, val), size_t(N)};
+    og.value = {dval.data(), size_t(N)};
+  } else if (req.value) {  // already in output alignment: the callback reads and writes the head's buffers
     std::memset(head.dval, 0, size_t(N) * sizeof(float));
     ov.value = {head.val, size_t(N)};
     og.value = {head.dval, size_t(N)};
   }
-  LossContext ctx{&mb, index, count, so.global_tokens, so.global_sequences};
+  LossContext ctx{&whole, index, count, so.global_tokens, so.global_sequences};
   LossResult lr = loss_fn(ctx, ov, og);
-  shift_to_kernel(dlp, 1, head.dlp, kraw, 1, cu);
-  if (K > 0) shift_to_kernel(dids, K, head.dlp + 1, kraw, K, cu);
-  shift_to_kernel(dent, 1, head.dent, 1, 1, cu);
-  shift_to_kernel(dproc, 1, head.dlp_proc, 1, 1, cu);
+  if (split) {
+    // The whole micro-batch's output gradients; this rank backpropagates its own rows.
+    std::vector<float>& k = rows[3];
+    k.resize(size_t(N));
+    const std::pair<const float*, float*> grads[] = {{dlp, head.dlp}, {dent, head.dent}, {dproc, head.dlp_proc}};
+    for (const auto& [d, head_rows] : grads) {
+      shift_to_kernel(d, 1, k.data(), 1, 1, cu);
+      cp_take_rows(k.data(), 1, head_rows, 1);
+    }
+    if (req.value) cp_take_rows(dval.data(), 1, head.dval, 1);
+  } else {
+    shift_to_kernel(dlp, 1, head.dlp, kraw, 1, cu);
+    if (K > 0) shift_to_kernel(dids, K, head.dlp + 1, kraw, K, cu);
+    shift_to_kernel(dent, 1, head.dent, 1, 1, cu);
+    shift_to_kernel(dproc, 1, head.dlp_proc, 1, 1, cu);
+  }
   return lr;
 }
 

@@ -173,6 +173,11 @@ struct BackendConfig {
     // megatron_cfg.tensor_model_parallel_size: ranks a model's layers are split over
     // (sdk/tensor_parallel.hpp); the data-parallel ranks are the world / tp.
     int64_t tp = 1;
+    // megatron_cfg.context_parallel_size: ranks every sequence is split over (context_parallel.hpp);
+    // the data-parallel ranks are the world / (tp cp).
+    int64_t cp = 1;
+    // megatron_cfg.sequence_parallel with tp > 1 (engine.hpp's EngineOptions::sequence_parallel).
+    bool sequence_parallel = false;
     // megatron_cfg.pipeline_model_parallel_size: stages a model's layers are split over
     // (sdk/pipeline_parallel.hpp), with num_layers_in_{first,last}_pipeline_stage (0: not set).
     int64_t pp = 1;

@@ -51,6 +51,14 @@ struct DpGroups {
   // job (checkpoint writes and agreement). Without tensor parallelism `tp` is a group of one.
   sdk::Comm tp;
   sdk::Comm all;
+  // Context parallelism (megatron_cfg.context_parallel_size = cp > 1; context_parallel.hpp): the
+  // ranks that split every sequence (tp ranks fastest, then cp), and the data-parallel ranks
+  // without them, over which losses, token counts and metrics are summed (every rank of a cp
+  // group computes the same loss). Gradients and the distributed optimizer stay on `dp` (dp_cp).
+  sdk::Comm cp;
+  sdk::Comm dp_only;
+  int cp_size() const { return cp ? cp.size() : 1; }
+  const sdk::Comm& sums() const { return cp_size() > 1 ? dp_only : dp; }
   // Pipeline parallelism (megatron_cfg.pipeline_model_parallel_size = pp > 1): the stages of one
   // model replica (Megatron's order: pp varies slowest), and the first and last stage of each
   // (the embedding group: a tied embedding's gradients; empty on middle stages). Without it
@@ -72,16 +80,19 @@ int launched_world_size();
 // world (collective: every rank calls it in the same order). Throws Error naming the sizes when
 // they do not fit.
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp = 1, int64_t pp = 1);
+                                         int64_t tp = 1, int64_t cp = 1, int64_t pp = 1);
 
 // The engine's tensor-parallel group over a communicator, counting what it moves (ring traffic:
-// 2 (T-1)/T of each all-reduced tensor).
+// 2 (T-1)/T of each all-reduced tensor; (T-1)/T of an all-gather's output and a reduce-scatter's
+// input, sequence parallelism's).
 class CommTpGroup : public engine::TpComm {
  public:
   explicit CommTpGroup(const sdk::Comm& c) : c_(c) {}
   void all_reduce_sum(float* data, int64_t n) override;
   void all_reduce_sum(double* data, int64_t n) override;
   void all_reduce_max(float* data, int64_t n) override;
+  void all_gather(const float* in, int64_t n, float* out) override;
+  void reduce_scatter_sum(const float* in, int64_t n, float* out) override;
   int64_t bytes() const { return bytes_; }
   double seconds() const { return seconds_; }
 

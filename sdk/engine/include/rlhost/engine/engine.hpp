@@ -207,6 +207,23 @@ class TpComm {
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
   virtual void all_reduce_sum(double* data, int64_t n) = 0;
   virtual void all_reduce_max(float* data, int64_t n) = 0;
+  // Sequence parallelism: `in` [n] of every rank into `out` [size n], rank blocks in rank order;
+  // `in` [size n] summed over the group, this rank's block of n into `out`.
+  virtual void all_gather(const float* in, int64_t n, float* out) = 0;
+  virtual void reduce_scatter_sum(const float* in, int64_t n, float* out) = 0;
+};
+
+// The context-parallel group as the engine uses it (src/cp_attention.cpp): every rank of the
+// group calls these in the same order with the same n. all_gather: `in` [n] of every rank into
+// `out` [size() n], rank blocks in rank order; reduce_scatter_sum: `in` [size() n] summed over
+// the group, this rank's block of n into `out`.
+class CpComm {
+ public:
+  virtual ~CpComm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual void all_gather(const float* in, int64_t n, float* out) = 0;
+  virtual void reduce_scatter_sum(const float* in, int64_t n, float* out) = 0;
 };
 
 // Data parallelism of a device engine (CudaEngineOptions::dp): collectives over the data-parallel
@@ -253,11 +270,28 @@ struct EngineOptions {
   // UnitStore; logits and top-k/top-p processed logprobs are refused.
   const sdk::TpLayout* tp = nullptr;
   TpComm* tp_comm = nullptr;
+  // Megatron's sequence parallelism on top of `tp` (src/sequence_parallel.cpp): the residual
+  // stream, its norms and adds run on this rank's 1/T of the rows; the input of a
+  // column-parallel linear (and of the head) is all-gathered over the group, the output of a
+  // row-parallel one (and of the embedding) reduce-scattered, instead of all-reduced. A
+  // micro-batch is padded to a multiple of T rows (a trailing sequence, or each sequence under
+  // context parallelism). The results are plain tensor parallelism's.
+  bool sequence_parallel = false;
+  // Context parallelism (not owned; cp_comm->size() > 1): every rank of the group is given the
+  // same micro-batches and computes its zigzag share of every sequence's tokens (the sequence
+  // padded to a multiple of 2 cp and cut into 2 cp chunks; rank r runs chunks r and 2cp-1-r),
+  // RoPE and the causal mask on global positions, attention over the group's all-gathered keys
+  // and values. Outputs are all-gathered, so forward and the loss callback see the whole
+  // micro-batch as one rank does; each rank backpropagates its own tokens, so the dense
+  // gradients are partial sums the owner reduces over the group (with the data-parallel ranks:
+  // Megatron's dp_cp group). Composes with `tp`; dense models only (MoE, MLA and per-sequence
+  // RoPE kinds are refused at construction; logits, logprob_at_ids and routing at run time).
+  CpComm* cp_comm = nullptr;
   // Pipeline parallelism (sdk/pipeline_parallel.hpp; not owned), with pp->size > 1: the engine
   // runs one stage of the model given to the constructor (with tensor parallelism: of tp->local):
   // desc() is pp->local, param/grad/... hold the stage's tensors. It is driven by the *_stage
   // calls below (the owner moves activations between stages and runs the schedule); forward and
-  // train_step refuse. Not with a UnitStore.
+  // train_step refuse. Not with a UnitStore, nor with context or sequence parallelism.
   const sdk::PpLayout* pp = nullptr;
   // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
