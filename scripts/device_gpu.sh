@@ -15,6 +15,7 @@
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
 #     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
+#     mpi: several ranks on this GPU over comm_mpi (OpenMPI carried): DP on the CUDA engine, GRPO at DP=2
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
@@ -271,6 +272,39 @@ PY
   grep -E "error" "$out/algos_multiturn.log" | cut -c1-260 | tail -3
   grep -o '"validation/accuracy":[0-9.e-]*' "$d/reveal/logs/metrics.jsonl" | tr '\n' ' '; echo
   cp "$d/reveal/logs/metrics.jsonl" "$out/algos_multiturn_metrics.jsonl" 2>/dev/null
+fi
+if [ "$what" = mpi ]; then
+  # Several ranks on this one GPU (#17): OpenMPI carried in $bin/openmpi (scripts/pack_openmpi.sh),
+  # comm_mpi staging the device collectives through the host (NCCL refuses two ranks on one GPU).
+  # test_backend_cuda_dp (DDP and the distributed optimizer on the CUDA engine against one rank,
+  # checkpoints), then GRPO's demo with megatron, the policy and the generator on the GPU at DP=2
+  # beside one rank.
+  source "$bin/openmpi/env.sh"
+  echo "== mpirun -np 2 test_backend_cuda_dp =="
+  mpirun -np 2 "$bin/test_backend_cuda_dp" 2>&1 | tee "$out/test_backend_cuda_dp.log" |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |device dp|Failure|rror|Which is|Expected|actual" | head -60
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  d=$(mktemp -d)
+  "$bin/rlh_tiny_model" "$d/tiny" --alphabet "0123456789+-*=" --seed 1 >/dev/null || rc=1
+  grpo=(--plugin environments --plugin tokenizer_hf --plugin model_llama --plugin kernels_cpu --plugin megatron
+        --plugin generator --plugin grpo --config examples/configs/grpo_demo_cpu.yaml policy.model_name="$d/tiny"
+        grpo.max_num_steps=${MPI_STEPS:-30} grpo.val_period=10 policy.dtensor_cfg.enabled=false
+        ++policy.megatron_cfg.enabled=true ++policy.megatron_cfg.optimizer.lr=1e-3
+        ++policy.megatron_cfg.optimizer.weight_decay=0 ++policy.megatron_cfg.optimizer.use_distributed_optimizer=true
+        policy.precision=bfloat16 ++policy.device=cuda ++rlhost.comm_timeout_s=60)
+  for np in 1 2; do
+    echo "== GRPO demo on the GPU, $np rank(s) =="
+    t0=$(date +%s)
+    # A KV cache of a fixed size per rank: gpu_memory_utilization counts the memory in use on the
+    # whole device, so with ranks sharing the GPU the first generator's pool leaves the next none.
+    mpirun -np $np "$bin/rlhost" "${grpo[@]}" checkpointing.checkpoint_dir="$d/np$np" logger.log_dir="$d/np$np/logs" \
+      ++policy.generation.native_cfg.kv_cache_bytes=4294967296 \
+      > "$out/mpi_grpo_np$np.log" 2>&1 || { echo "GRPO at $np rank(s) failed"; rc=1; }
+    echo "took $(( $(date +%s) - t0 )) s"
+    grep -E "data parallel|communicator|error" "$out/mpi_grpo_np$np.log" | cut -c1-300 | head -4
+    grep -o '"validation/accuracy":[0-9.e-]*' "$d/np$np/logs/metrics.jsonl" | tr '\n' ' '; echo
+    cp "$d/np$np/logs/metrics.jsonl" "$out/mpi_grpo_np${np}_metrics.jsonl" 2>/dev/null
+  done
 fi
 if [ "$what" = genprofile ]; then
   # Where a decoding step's time goes: the generator benchmark alone (no HF peer: a quick look,

@@ -12,9 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
 tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda
-       test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl test_vendor_fp8)
+       test_backend_cuda_dp test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl test_vendor_fp8)
 plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments dataset_jsonl
-         comm_nccl)
+         comm_nccl comm_mpi)
 ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" comm_probe bench_cuda_engine bench_generator_cuda bench_fp8_gemm rlhost rlh_tiny_model \
   "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
@@ -42,6 +42,8 @@ ctest --test-dir "$B" -R '^sdk_vendor_fp8_out_of_tree$' --output-on-failure >/de
 mkdir -p "$stage/vendor"
 cp "$B/tests/vendor_fp8/out_of_tree/example/libvendor_fp8.so" "$stage/vendor/"
 cp -L "$B"/lib/librlhost.so.0.1 "$stage/lib/"
+# OpenMPI, relocatable (the image has none): device_gpu.sh mpi runs several ranks on the GPU.
+scripts/pack_openmpi.sh "$stage/openmpi" >/dev/null
 for l in libyaml-cpp.so.0.7 libboost_program_options.so.1.74.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$l" "$stage/lib/"
 done

@@ -18,11 +18,10 @@ namespace {
 
 // NeMo-RL megatron_cfg keys (and subtrees) with no effect on the single-rank fp32 CPU engine:
 // fusions, precision and memory switches of Megatron-Core, MoE token dispatch and the
-// aux-loss-free bias update, pipeline layout of a one-stage pipeline.
+// aux-loss-free bias update.
 constexpr const char* kNoEffect[] = {
     "megatron_cfg.converter_type", "megatron_cfg.empty_unused_memory_level", "megatron_cfg.pipeline_dtype",
-    "megatron_cfg.num_layers_in_first_pipeline_stage",
-    "megatron_cfg.num_layers_in_last_pipeline_stage", "megatron_cfg.moe_router_bias_update_rate",
+    "megatron_cfg.moe_router_bias_update_rate",
     "megatron_cfg.moe_permute_fusion", "megatron_cfg.moe_token_dispatcher_type", "megatron_cfg.moe_enable_deepep",
     "megatron_cfg.moe_shared_expert_overlap", "megatron_cfg.apply_rope_fusion", "megatron_cfg.bias_activation_fusion",
     "megatron_cfg.gradient_accumulation_fusion", "megatron_cfg.defer_fp32_logits",
@@ -55,6 +54,31 @@ MegatronSchedule::WdIncrement wd_style(ConfigReader& r, const std::string& path)
   r.fail(path, "expected constant, linear or cosine, got \"" + s + "\"");
 }
 
+// Pipeline parallelism (docs/parallelism.md): the layers split over pp stages with the 1F1B
+// schedule; the first/last stage counts as Megatron reads them. Interleaved virtual stages are
+// not implemented and refused by name.
+void read_pipeline(ConfigReader& r, backend::BackendConfig& cfg) {
+  const std::string pp_key = "megatron_cfg.pipeline_model_parallel_size";
+  cfg.parallel.pp = r.is_null(pp_key) ? 1 : r.integer(pp_key, 1);
+  if (cfg.parallel.pp < 1) r.fail(pp_key, "must be at least 1, got " + std::to_string(cfg.parallel.pp));
+  const std::string vpp_key = "megatron_cfg.virtual_pipeline_model_parallel_size";
+  const int64_t vpp = r.is_null(vpp_key) ? 1 : r.integer(vpp_key, 1);
+  if (vpp < 1) r.fail(vpp_key, "must be at least 1, got " + std::to_string(vpp));
+  if (vpp > 1)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(vpp_key) + " = " + std::to_string(vpp) +
+                                         ": interleaved virtual pipeline stages are not implemented (the 1F1B "
+                                         "schedule runs one stage per rank; set it to 1 or null)");
+  auto layers = [&](const char* key) -> int64_t {
+    const std::string k = std::string("megatron_cfg.") + key;
+    if (!r.has(k) || r.is_null(k)) return 0;
+    const int64_t n = r.integer(k, 0);
+    if (n < 1) r.fail(k, "must be at least 1 (or null), got " + std::to_string(n));
+    return n;
+  };
+  cfg.parallel.pp_first_layers = layers("num_layers_in_first_pipeline_stage");
+  cfg.parallel.pp_last_layers = layers("num_layers_in_last_pipeline_stage");
+}
+
 }  // namespace
 
 backend::BackendConfig read_config(const json& policy) {
@@ -81,17 +105,28 @@ backend::BackendConfig read_config(const json& policy) {
     cfg.recompute = true;
   }
   // Tensor parallelism (docs/parallelism.md): the layers split over tp ranks, the world's other
-  // ranks data-parallel. Sequence parallelism on top is not implemented; its results equal
-  // plain tensor parallelism's, so the refusal says how to run.
+  // ranks data-parallel; sequence parallelism on top (Megatron's: without tensor parallelism it
+  // has no effect, as there).
   const std::string tp_key = "megatron_cfg.tensor_model_parallel_size";
   cfg.parallel.tp = r.is_null(tp_key) ? 1 : r.integer(tp_key, 1);
   if (cfg.parallel.tp < 1) r.fail(tp_key, "must be at least 1, got " + std::to_string(cfg.parallel.tp));
   const bool sp = r.is_null("megatron_cfg.sequence_parallel") ? false : r.boolean("megatron_cfg.sequence_parallel", false);
-  if (sp && cfg.parallel.tp > 1)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full("megatron_cfg.sequence_parallel") + " = true with " + r.full(tp_key) + " = " +
-                                         std::to_string(cfg.parallel.tp) +
-                                         ": sequence parallelism is not implemented (set it false: tensor parallelism "
-                                         "alone computes the same results)");
+  cfg.parallel.sequence_parallel = sp && cfg.parallel.tp > 1;
+  // Context parallelism (docs/parallelism.md): every sequence split over cp ranks, zigzag.
+  const std::string cp_key = "megatron_cfg.context_parallel_size";
+  cfg.parallel.cp = r.is_null(cp_key) ? 1 : r.integer(cp_key, 1);
+  if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
+  read_pipeline(r, cfg);
+  // A pipeline stage passes every token's activations (tokens x hidden) to the next; context and
+  // sequence parallelism leave each rank only some of the rows, which the stage calls do not carry.
+  if (cfg.parallel.pp > 1 && (cfg.parallel.cp > 1 || cfg.parallel.sequence_parallel)) {
+    const std::string what = cfg.parallel.cp > 1 ? r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp)
+                                                 : r.full("megatron_cfg.sequence_parallel") + " = true";
+    throw Error(RLH_E_UNIMPLEMENTED, what + " with " + r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
+                                         std::to_string(cfg.parallel.pp) +
+                                         ": context and sequence parallelism are not implemented together with "
+                                         "pipeline parallelism (use one of them)");
+  }
   // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
   // carved from the data-parallel ones; the experts are not further split (etp = 1).
   const std::string ep_key = "megatron_cfg.expert_model_parallel_size", etp_key = "megatron_cfg.expert_tensor_parallel_size";
@@ -107,9 +142,16 @@ backend::BackendConfig read_config(const json& policy) {
     throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + r.full(tp_key) +
                                          " = " + std::to_string(cfg.parallel.tp) +
                                          ": expert parallelism with tensor parallelism is not implemented");
-  for (const char* k : {"megatron_cfg.pipeline_model_parallel_size", "megatron_cfg.context_parallel_size",
-                        "megatron_cfg.virtual_pipeline_model_parallel_size"})
-    backend::require_single_rank(r, k);
+  // Neither pipeline nor context parallelism is tested with expert parallelism (nor implemented:
+  // the engine's MoE dispatch under a stage's program or a cp split); refused by name.
+  if (cfg.parallel.ep > 1 && (cfg.parallel.pp > 1 || cfg.parallel.cp > 1)) {
+    const std::string other = cfg.parallel.pp > 1
+                                  ? r.full("megatron_cfg.pipeline_model_parallel_size") + " = " + std::to_string(cfg.parallel.pp)
+                                  : r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp);
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + other +
+                                         ": expert parallelism is not implemented together with pipeline or context "
+                                         "parallelism (use one of them)");
+  }
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded
   // plugin provides FP8 linears (it claims policy.megatron_cfg.fp8_cfg.*: examples/vendor_fp8).

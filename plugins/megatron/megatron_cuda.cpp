@@ -53,6 +53,8 @@ class CudaDeviceEngine final : public DeviceEngine {
   void load_adam_state(const AdamState& s) override {
     engine_.load_adam_state(engine::CudaEngine::AdamState{s.step, s.exp_avg, s.exp_avg_sq});
   }
+  int64_t dp_bytes() const override { return engine_.stats().dp_bytes; }
+  double dp_seconds() const override { return engine_.stats().dp_seconds; }
 
  private:
   static engine::CudaEngineOptions options(const DeviceEngineOptions& o) {
@@ -65,6 +67,8 @@ class CudaDeviceEngine final : public DeviceEngine {
     c.optimizer = o.optimizer;
     c.moe = o.moe;
     c.kernels = o.kernels;
+    c.dp = o.dp;
+    c.shard_optimizer = o.shard_optimizer;
     return c;
   }
   int index_;

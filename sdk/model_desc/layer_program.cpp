@@ -1,6 +1,7 @@
 // The layer program (layer_program.hpp): the description read once into steps, values, RoPE
 // tables and the gradient plan every executor follows.
 #include "rlhost/sdk/layer_program.hpp"
+#include "rlhost/sdk/pipeline_parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -435,8 +436,13 @@ int rope_table(std::vector<RopeTable>& tables, const RopeDesc& r, int64_t rotary
 
 }  // namespace
 
-ModelProgram build_program(const TransformerDesc& desc) {
+// first / last: a pipeline stage's program (pipeline_parallel.hpp): the embedding is read only
+// where it is used (the first stage, and the last one's tied head), the final norm and the head
+// only on the last stage.
+static ModelProgram build_program_of_stage(const TransformerDesc& desc, bool first, bool last) {
   ModelProgram p;
+  p.pp_first = first;
+  p.pp_last = last;
   p.vocab = desc.vocab_size;
   p.hidden = desc.hidden_size;
   if (p.vocab <= 0 || p.hidden <= 0 || desc.num_layers < 0 || int64_t(desc.layers.size()) != desc.num_layers)
@@ -454,13 +460,13 @@ ModelProgram build_program(const TransformerDesc& desc) {
                                   shape_str(want));
     return int64_t(q - desc.params.data());
   };
-  p.embed = global(ParamRole::embed, true);
+  p.embed = global(ParamRole::embed, first || (last && desc.tie_word_embeddings));
   p.embed_scale = desc.embedding_scale > 0 ? desc.embedding_scale : 1.0;
-  p.final_norm = global(ParamRole::final_norm, true);
+  p.final_norm = global(ParamRole::final_norm, last);
   if (desc.final_norm.kind != NormKind::rmsnorm) throw std::invalid_argument("final norm: only RMSNorm is executed");
   p.final_eps = desc.final_norm.eps;
   p.final_offset = desc.final_norm.weight_offset;
-  p.head = desc.tie_word_embeddings ? p.embed : global(ParamRole::lm_head, true);
+  p.head = !last ? -1 : desc.tie_word_embeddings ? p.embed : global(ParamRole::lm_head, true);
   p.logit_softcap = desc.final_logit_softcapping;
   if (const ParamDesc* q = desc.find_param(-1, ParamRole::value_head)) {
     if (q->shape != std::vector<int64_t>{1, p.hidden})
@@ -486,8 +492,14 @@ ModelProgram build_program(const TransformerDesc& desc) {
   return p;
 }
 
+ModelProgram build_program(const TransformerDesc& desc) { return build_program_of_stage(desc, true, true); }
+ModelProgram build_stage_program(const TransformerDesc& desc, bool first, bool last) {
+  return build_program_of_stage(desc, first, last);
+}
+
 std::string unsupported(const ModelProgram& p, const ExecutorCaps& caps) {
   const std::string who = caps.name + ": ";
+  if ((!p.pp_first || !p.pp_last) && !caps.pipeline_stage) return who + "pipeline parallelism is not supported";
   if (p.tp_size > 1 && !caps.tensor_parallel) return who + "tensor parallelism is not supported";
   if (p.ep_size > 1 && !caps.expert_parallel) return who + "expert parallelism is not supported";
   if (p.logit_softcap != 0 && !caps.logit_softcap) return who + "final logit soft-capping is not supported";

@@ -12,13 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
-#include <filesystem>
-
 #include "backend_harness.hpp"
 #include "rlhost/comm.h"
-#include "rlhost/sdk/safetensors.hpp"
 
 namespace rlh::test {
 
@@ -53,6 +48,19 @@ struct World {
     return s;
   }
   void barrier() const { sdk::check(api->barrier(comm)); }
+  // The largest of every rank's value, on every rank.
+  int64_t max(int64_t v) const {
+    int64_t one = 1, stride = 1;
+    rlh_tensor t{};
+    t.data = &v;
+    t.device = {RLH_DEVICE_CPU, 0};
+    t.ndim = 1;
+    t.dtype = {RLH_DTYPE_INT, 64, 1};
+    t.shape = &one;
+    t.strides = &stride;
+    sdk::check(api->all_reduce(comm, &t, RLH_REDUCE_MAX, nullptr));
+    return v;
+  }
 };
 // While alive, this process looks started without a launcher: a backend loading a model then
 // sees one rank (the reference).
@@ -149,81 +157,6 @@ inline Weights minus(const Weights& a, const Weights& b) {
     for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] - b.at(k)[i];
   }
   return d;
-}
-
-// Loading `model` (a fixture's name) on a megatron backend with `cfg` fails with `code` and one
-// line containing `part`.
-inline void expect_load_error(const nlohmann::json& cfg, const std::string& model, rlh_code code, const std::string& part) {
-  Backend be(host(), "megatron", cfg);
-  rlh_model* m = nullptr;
-  expect_error(be.try_load(model_path(model), true, &m), code, part);
-}
-
-// Checkpoints across a parallel layout (megatron config `cfg`, this rank's shard `mine` of the
-// global batch `g`) and one rank (`one`): a state saved under the layout is one rank's files
-// (the fixture's tensors with full shapes); it loads on one rank into the same weights bitwise
-// and continues there within fp32 tolerance (AdamW at `lr`); one rank's state loads back under
-// the layout bitwise and continues bitwise. `tag` names the temporary folder.
-inline void checkpoint_round_trip(const std::string& model, const nlohmann::json& cfg, const nlohmann::json& one, Batch& g,
-                                  Batch& mine, double lr, const std::string& tag) {
-  namespace fs = std::filesystem;
-  const int R = world().rank();
-  const int64_t g_tok = g.num_tokens(), g_seq = g.num_seqs();
-  const fs::path root =
-      world().broadcast((fs::temp_directory_path() / ("rlh_" + tag + "_" + std::to_string(::getpid()))).string());
-  const fs::path dir = root / tag, again = root / "one";
-  if (R == 0) {
-    fs::remove_all(root);
-    fs::create_directories(dir);
-    fs::create_directories(again);
-  }
-  world().barrier();
-  Weights saved, cont;
-  std::vector<double> cont_loss;
-  {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model, true);
-    be.train(m, mine, g_tok, g_seq, nll_loss(), {});
-    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state under " + tag);
-    saved = be.weights(m);
-    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, mine, g_tok, g_seq, nll_loss(), {}).r.loss);
-    cont = be.weights(m);
-  }
-  {  // the files: the fixture's tensors, full shapes
-    const auto f = sdk::st::File::open((dir / "model.safetensors").string());
-    const auto fx = sdk::st::File::open(model + "/model.safetensors");
-    EXPECT_EQ(f.tensors().size(), fx.tensors().size());
-    for (const auto& t : fx.tensors()) EXPECT_EQ(f.at(t.name).shape, t.shape) << t.name;
-  }
-  {
-    Alone alone;
-    Backend be(host(), "megatron", one);
-    rlh_model* m = be.load(model, true);
-    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
-    EXPECT_TRUE(be.weights(m) == saved) << "loaded on one rank: not the weights saved under " << tag;
-    if (R == 0) sdk::check(be.api()->save_state(be.raw(), m, again.c_str()), "save_state at one rank");
-    for (int s = 0; s < 2; ++s) {
-      const double loss = be.train(m, g, g_tok, g_seq, nll_loss(), {}).r.loss;
-      EXPECT_NEAR(loss, cont_loss[size_t(s)], 2e-5 * std::fabs(cont_loss[size_t(s)])) << "step " << s;
-    }
-    const Weights w = be.weights(m);
-    double worst = 0;
-    for (const auto& [k, v] : cont)
-      for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-    EXPECT_LE(worst, 2 * 2 * lr);
-  }
-  world().barrier();
-  {  // one rank's files back under the layout: bitwise the same weights, and the same continuation
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = be.load(model, true);
-    sdk::check(be.api()->load_state(be.raw(), m, again.c_str()), "load_state under " + tag);
-    EXPECT_TRUE(be.weights(m) == saved) << "one rank's state loaded under " << tag << ": not bitwise";
-    for (int s = 0; s < 2; ++s)
-      EXPECT_EQ(be.train(m, mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]) << "step " << s;
-    EXPECT_TRUE(be.weights(m) == cont) << "resumed under " << tag << ": not bitwise";
-  }
-  world().barrier();
-  if (R == 0) fs::remove_all(root);
 }
 
 }  // namespace rlh::test

@@ -17,7 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend_harness.hpp"
-#include "rlhost/engine_cuda/cuda_engine.hpp"
+#include "gpu_skip.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -26,12 +26,6 @@ using namespace rlh::test;
 using json = nlohmann::json;
 
 namespace {
-
-#define REQUIRE_GPU()                                                     \
-  do {                                                                    \
-    std::string why;                                                      \
-    if (!engine::cuda_engine_available(&why)) GTEST_SKIP() << "no GPU path here: " << why; \
-  } while (0)
 
 const Host& host() {
   static Host h({"model_llama", "kernels_cpu", "megatron"});

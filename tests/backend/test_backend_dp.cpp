@@ -447,9 +447,9 @@ TEST(DataParallelErrors, RefusedByName) {
                  "policy.dtensor_cfg.dp_replicate_size = 2 replicas need");
   }
   rlh_backend* b = nullptr;
-  const std::string cfg = json({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}).dump();
+  const std::string cfg = json({{"megatron_cfg", {{"virtual_pipeline_model_parallel_size", 2}}}}).dump();
   expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-               "pipeline_model_parallel_size = 2: only data parallelism");
+               "virtual_pipeline_model_parallel_size = 2: interleaved virtual pipeline stages are not implemented");
 }
 
 }  // namespace

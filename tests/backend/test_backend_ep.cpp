@@ -27,6 +27,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
 #include "rlhost/backend_common/data_parallel.hpp"
 #include "rlhost/engine/engine.hpp"
@@ -179,15 +180,23 @@ json adam_config(const Case& c, int64_t ep, double lr) {
   return cfg;
 }
 
-struct Outcome {
+// Loading `model` (a fixture's name) on a megatron backend with `cfg` fails with `code` and one
+// line containing `part`.
+void expect_load_error(const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
+  Backend be(host(), "megatron", cfg);
+  rlh_model* m = nullptr;
+  expect_error(be.try_load(model_path(model), true, &m), code, part);
+}
+
+struct EpOutcome {
   std::vector<float> logprobs;
   double loss = 0, grad_norm = 0;
   Weights grads;
   json metrics;
 };
 
-Outcome run_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
-  Outcome o;
+EpOutcome ep_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
+  EpOutcome o;
   std::vector<std::vector<float>> out;
   sdk::check(be.try_forward(m, batch, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), "forward");
   o.logprobs = out[0];
@@ -219,16 +228,16 @@ TEST_P(ExpertParallel, MatchesOneRank) {
   const int N = world().size();
   if (N % c.ep != 0) GTEST_SKIP() << "ep " << c.ep << " on " << N << " ranks";
   Place p;
-  Outcome ref;
+  EpOutcome ref;
   {
     Alone alone;
     Backend be(host(), "megatron", sgd_config(c, 1));
     rlh_model* m = be.load(model_path(c.model), true);
-    ref = run_sgd_step(be, m, *p.global, p.tokens, p.seqs);
+    ref = ep_sgd_step(be, m, *p.global, p.tokens, p.seqs);
   }
   Backend be(host(), "megatron", sgd_config(c, c.ep));
   rlh_model* m = be.load(model_path(c.model), true);
-  const Outcome ep = run_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
+  const EpOutcome ep = ep_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
   EXPECT_EQ(ep.metrics["dp_size"].get<int>(), N);
   ASSERT_EQ(int64_t(ep.logprobs.size()), p.mine->num_tokens());
   double lp_err = 0;
@@ -326,9 +335,8 @@ INSTANTIATE_TEST_SUITE_P(Ep, ExpertParallel, ::testing::ValuesIn(cases()),
 // into the same weights and continues; one rank's state loads back under EP bitwise.
 TEST(ExpertParallelCheckpoints, SavedUnderEpLoadsOnOneRankAndBack) {
   const Case c{"qwen3-moe-tiny", 2, false, true};
-  Place p;
-  checkpoint_round_trip(model_path(c.model), adam_config(c, 2, 5e-3), adam_config(c, 1, 5e-3), *p.global, *p.mine, 5e-3,
-                        "ep");
+  checkpoint_round_trip(c.model, adam_config(c, 2, 5e-3), adam_config(c, 1, 5e-3), world().size(), world().rank(), "ep",
+                        global_batch());
 }
 
 // A rank with an empty shard (and ranks with different numbers of micro-batches) still runs its
@@ -338,19 +346,19 @@ TEST(ExpertParallelShards, UnevenAndEmptyShards) {
   for (const bool recompute : {false, true}) {
     const Case c{"qwen3-moe-tiny", 2, false, false, recompute};
     auto g = global_batch();
-    Outcome ref;
+    EpOutcome ref;
     {
       Alone alone;
       Backend be(host(), "megatron", sgd_config(c, 1));
       rlh_model* m = be.load(model_path(c.model), true);
-      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+      ref = ep_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
     }
     // Rank 0 takes every sequence, the others none.
     auto mine = R == 0 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
     ASSERT_EQ(mine->num_seqs(), R == 0 ? g->num_seqs() : 0);
     Backend be(host(), "megatron", sgd_config(c, 2));
     rlh_model* m = be.load(model_path(c.model), true);
-    const Outcome ep = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+    const EpOutcome ep = ep_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
     EXPECT_NEAR(ep.loss, ref.loss, 1e-5 * std::fabs(ref.loss));
     EXPECT_LE(max_rel_diff(ep.grads, ref.grads), 1e-4) << "np " << N << " " << c.label();
   }
@@ -379,6 +387,19 @@ TEST(ExpertParallelErrors, RefusedByName) {
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
                "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
                "parallelism with tensor parallelism is not implemented");
+  // Neither pipeline nor context parallelism is implemented together with expert parallelism.
+  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.pipeline_model_parallel_size = 2: expert "
+               "parallelism is not implemented together with pipeline or context parallelism");
+  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"context_parallel_size", 2}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.context_parallel_size = 2: expert "
+               "parallelism is not implemented together with pipeline or context parallelism");
+  // The device path has no expert parallelism: refused by name (whatever the build).
+  if (N % 2 == 0) {
+    json cfg = {{"megatron_cfg", {{"expert_model_parallel_size", 2}}}, {"device", "cuda"}};
+    expect_load_error(cfg, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
+                      "policy.device = cuda: expert parallelism (expert_model_parallel_size = 2) runs on the CPU engine only");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

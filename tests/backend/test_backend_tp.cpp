@@ -13,7 +13,7 @@
 //   - a state saved under TP is the one-rank HF layout (full tensors), loads on one rank into the
 //     same weights, continues there within fp32 tolerance, and a state saved on one rank loads
 //     back under TP bitwise;
-//   - refusals name the setting: sequence_parallel with TP, an MoE model, a TP size that does not
+//   - refusals name the setting: an MoE model, a TP size that does not
 //     divide the ranks, TP on one rank, top-k processed logprobs, a tp group given different
 //     batches.
 #include <unistd.h>
@@ -24,6 +24,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
@@ -56,46 +57,9 @@ json base_config(const Case& c, int64_t tp) {
   return cfg;
 }
 
-json sgd_config(const Case& c, int64_t tp) {
-  json cfg = base_config(c, tp);
-  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0},
-                                      {"clip_grad", 0.0}, {"use_distributed_optimizer", c.distributed_optimizer}};
-  return cfg;
-}
-
+json sgd_config(const Case& c, int64_t tp) { return with_sgd(base_config(c, tp), c.distributed_optimizer); }
 json adam_config(const Case& c, int64_t tp, double lr) {
-  json cfg = base_config(c, tp);
-  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "adam"}, {"lr", lr}, {"weight_decay", 0.01}, {"clip_grad", 1.0},
-                                      {"use_distributed_optimizer", c.distributed_optimizer}};
-  return cfg;
-}
-
-
-constexpr double kTemperature = 0.7;
-
-// The processed logprob (no filter: the raw one) and the entropy at temperature 0.7: NLL minus
-// 0.1 x mean entropy, so both the logprob and the entropy head's gradients are exercised.
-Backend::TrainOptions lp_ent_options() {
-  Backend::TrainOptions o;
-  o.specs = {spec(RLH_OUTPUT_LOGPROB, "lp", kTemperature), spec(RLH_OUTPUT_ENTROPY, "ent", kTemperature)};
-  return o;
-}
-Backend::LossBody lp_ent_loss() {
-  return [](const rlh_microbatch& mb) {
-    float *g = nullptr, *ge = nullptr;
-    const float* lp = output(mb, "lp", &g);
-    const float* ent = output(mb, "ent", &ge);
-    const rlh_batch& b = *mb.batch;
-    const double n = double(mb.global_num_tokens);
-    double loss = 0;
-    for (int64_t s = 0; s < b.num_seqs; ++s)
-      for (int64_t t = b.seq_offsets[s] + 1; t < b.seq_offsets[s + 1]; ++t) {
-        loss += (-lp[t] - 0.1 * ent[t]) / n;
-        g[t] = float(-1.0 / n);
-        ge[t] = float(-0.1 / n);
-      }
-    return loss;
-  };
+  return with_adam(base_config(c, tp), lr, c.distributed_optimizer);
 }
 
 // The tensor-parallel group's traffic of one train step, as a ring moves it (2 (T-1)/T of each
@@ -113,31 +77,6 @@ int64_t analytic_tp_bytes(const Case& c, int64_t N) {
   if (qwen) floats += L * 2 * D;
   if (T > kv) floats += L * 2 * kv * D * C;
   return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
-}
-
-struct Outcome {
-  std::vector<float> logprobs, entropy;
-  double loss = 0, grad_norm = 0;
-  Weights grads;
-  json metrics;
-};
-
-Outcome run_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
-  Outcome o;
-  std::vector<std::vector<float>> out;
-  sdk::check(be.try_forward(m, batch,
-                            {spec(RLH_OUTPUT_LOGPROB_RAW, "lp", kTemperature), spec(RLH_OUTPUT_ENTROPY, "ent", kTemperature)},
-                            out),
-             "forward");
-  o.logprobs = out[0];
-  o.entropy = out[1];
-  const Weights before = be.weights(m);
-  const auto r = be.train(m, batch, g_tok, g_seq, lp_ent_loss(), lp_ent_options());
-  o.loss = r.r.loss;
-  o.grad_norm = r.r.grad_norm;
-  o.metrics = r.metrics;
-  o.grads = minus(before, be.weights(m));
-  return o;
 }
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
@@ -163,39 +102,17 @@ TEST_P(TensorParallel, MatchesOneRank) {
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
   Place p(c);
-  Batch& g = *p.global;
-  const int64_t g_tok = p.tokens, g_seq = p.seqs, first = p.first;
   const int dp = p.dp;
-  Outcome ref;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", sgd_config(c, 1));
-    rlh_model* m = be.load(model_path(c.model), true);
-    ref = run_sgd_step(be, m, g, g_tok, g_seq);
-  }
   auto& mine = p.mine;
-  Backend be(host(), "megatron", sgd_config(c, c.tp));
-  rlh_model* m = be.load(model_path(c.model), true);
-  const Outcome tp = run_sgd_step(be, m, *mine, g_tok, g_seq);
+  const SgdComparison r = compare_sgd_step(c.model, sgd_config(c, 1), sgd_config(c, c.tp), *p.global, *mine, p.first,
+                                           c.label());
+  const Outcome& tp = r.got;
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), dp);
-  ASSERT_EQ(int64_t(tp.logprobs.size()), mine->num_tokens());
-  double lp_err = 0, ent_err = 0;
-  for (size_t t = 0; t < tp.logprobs.size(); ++t) {
-    lp_err = std::max(lp_err, std::fabs(double(tp.logprobs[t]) - double(ref.logprobs[size_t(first) + t])));
-    ent_err = std::max(ent_err, std::fabs(double(tp.entropy[t]) - double(ref.entropy[size_t(first) + t])));
-  }
-  EXPECT_LE(lp_err, 2e-5) << c.label();
-  EXPECT_LE(ent_err, 2e-5) << c.label();
-  EXPECT_NEAR(tp.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
-  EXPECT_NEAR(tp.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
-  ASSERT_EQ(tp.grads.size(), ref.grads.size()) << c.label() << ": the same HF tensors";
-  const double gerr = max_rel_diff(tp.grads, ref.grads);
-  EXPECT_LE(gerr, 1e-4) << c.label();
   EXPECT_EQ(tp.metrics["tp/comm_bytes"].get<int64_t>(), analytic_tp_bytes(c, mine->num_tokens())) << c.label();
   if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": loss " << tp.loss << " vs " << ref.loss << ", grad norm "
-              << tp.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
-              << " (relative to the largest), logprobs within " << lp_err << ", entropy within " << ent_err
+    std::cout << "[np " << N << "] " << c.label() << ": loss " << tp.loss << " vs " << r.ref.loss << ", grad norm "
+              << tp.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
+              << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
               << ", tp bytes/step " << tp.metrics["tp/comm_bytes"].get<int64_t>() << " (analytic "
               << analytic_tp_bytes(c, mine->num_tokens()) << ")\n";
 }
@@ -205,31 +122,10 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
   Place p(c);
-  Batch& g = *p.global;
-  const int64_t g_tok = p.tokens, g_seq = p.seqs;
   const int dp = p.dp;
-  std::vector<double> ref_loss;
-  Weights ref_w;
-  double ref_state = 0, state = 0;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", adam_config(c, 1, 2e-3));
-    rlh_model* m = be.load(model_path(c.model), true);
-    for (int s = 0; s < 2; ++s) {
-      const auto r = be.train(m, g, g_tok, g_seq, nll_loss(), {});
-      ref_loss.push_back(r.r.loss);
-      ref_state = r.metrics["memory/state_bytes"].get<double>();
-    }
-    ref_w = be.weights(m);
-  }
-  auto& mine = p.mine;
-  Backend be(host(), "megatron", adam_config(c, c.tp, 2e-3));
-  rlh_model* m = be.load(model_path(c.model), true);
-  for (int s = 0; s < 2; ++s) {
-    const auto r = be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
-    EXPECT_NEAR(r.r.loss, ref_loss[size_t(s)], 2e-5 * std::fabs(ref_loss[size_t(s)])) << c.label() << " step " << s;
-    state = r.metrics["memory/state_bytes"].get<double>();
-  }
+  const AdamComparison r =
+      compare_adamw_steps(c.model, adam_config(c, 1, 2e-3), adam_config(c, c.tp, 2e-3), *p.global, *p.mine, c.label());
+  const double state = r.state, ref_state = r.ref_state;
   // Each rank holds its part of the model: 1/tp, plus the norms whole and, at tp 4, each of the
   // two kv heads on two ranks (under 4% of these models more). Copies of it as data parallelism
   // keeps them (4 with DDP; 2 + 3/dp with the distributed optimizer: weights, gradients, the
@@ -237,15 +133,8 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   const double copies = c.distributed_optimizer ? 2.0 + 3.0 / dp : 4.0;
   EXPECT_LE(state, ref_state / 4 * copies * (1.0 / double(c.tp) + 0.04)) << c.label();
   EXPECT_GE(state, ref_state / 4 * copies / double(c.tp)) << c.label();
-  // AdamW divides by sqrt(v): where a gradient is ~0 its rounding decides the step's sign, so
-  // weights agree to a few lr, not to fp32 (as for data parallelism).
-  const Weights w = be.weights(m);
-  double worst = 0;
-  for (const auto& [k, v] : ref_w)
-    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-  EXPECT_LE(worst, 2 * 2 * 2e-3) << c.label();
   if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << worst
+    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << r.worst
               << "; training state per rank " << state / 1024 << " KiB, one rank " << ref_state / 1024 << " KiB (ratio "
               << state / ref_state << ")\n";
 }
@@ -257,25 +146,7 @@ TEST_P(TensorParallel, LogprobAtIdsMatchOneRank) {
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
   auto g = global_batch();
-  constexpr int64_t K = 3;
-  std::vector<int32_t> ids(size_t(g->num_tokens() * K));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 7 == 3 ? -1 : int32_t((i * 131 + 17) % kVocab);
-  g->add("ids", ids, rlh_dtype{RLH_DTYPE_INT, 32, 1}, K);
-  const std::vector<rlh_output_spec> specs = {spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at", 1.3, 0, 1.0, "ids")};
-  std::vector<std::vector<float>> ref, tp;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", sgd_config(c, 1));
-    rlh_model* m = be.load(model_path(c.model), false);
-    sdk::check(be.try_forward(m, *g, specs, ref, 0, {K}), "forward at one rank");
-  }
-  Backend be(host(), "megatron", sgd_config(c, c.tp));
-  rlh_model* m = be.load(model_path(c.model), false);
-  sdk::check(be.try_forward(m, *g, specs, tp, 0, {K}), "forward under tp");
-  ASSERT_EQ(tp[0].size(), ref[0].size());
-  double err = 0;
-  for (size_t i = 0; i < ref[0].size(); ++i) err = std::max(err, std::fabs(double(tp[0][i]) - double(ref[0][i])));
-  EXPECT_LE(err, 2e-5) << c.label();
+  EXPECT_LE(at_ids_differences(c.model, sgd_config(c, 1), sgd_config(c, c.tp), *g, kVocab)[0], 2e-5) << c.label();
 }
 
 std::vector<Case> cases() {
@@ -296,31 +167,26 @@ INSTANTIATE_TEST_SUITE_P(Tp, TensorParallel, ::testing::ValuesIn(cases()),
 TEST(TensorParallelCheckpoints, SavedUnderTpLoadsOnOneRankAndBack) {
   const int N = world().size(), R = world().rank();
   const int64_t tp = 2;
-  const int dp = int(N / tp), dp_rank = int(R / tp);
   const Case c{"llama-tiny", tp, false, true};
-  auto g = global_batch();
-  auto mine = shard_of(*g, dp_rank, dp);
-  checkpoint_round_trip(model_path(c.model), adam_config(c, tp, 5e-3), adam_config(c, 1, 5e-3), *g, *mine, 5e-3, "tp");
+  checkpoint_round_trip(c.model, adam_config(c, tp, 5e-3), adam_config(c, 1, 5e-3), int(N / tp), int(R / tp), "tp",
+                        global_batch());
 }
 
 TEST(TensorParallelErrors, RefusedByName) {
   const int N = world().size();
-  expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
+  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = nullptr;
+    expect_error(be.try_load(model_path(model), true, &m), code, part);
+  };
+  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
              "tensor_model_parallel_size = 2: layer 0: mixture-of-experts layers are not supported");
-  expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny",
-                    RLH_E_INVALID_ARGUMENT,
+  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
              "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {
     Alone alone;
-    expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+    load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "tensor_model_parallel_size = 2 needs a multiple of 2 launched ranks");
-  }
-  {
-    rlh_backend* b = nullptr;
-    const std::string cfg =
-        json({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}}}}).dump();
-    expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-                 "sequence_parallel = true with policy.megatron_cfg.tensor_model_parallel_size = 2");
   }
   {  // the ranks of a tp group given different batches (a loop sharding over every rank)
     Backend be(host(), "megatron", {{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}});

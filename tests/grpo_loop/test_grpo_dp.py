@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""GRPO at data-parallel size 2 against one rank, through `rlhost` under mpirun (ctest grpo.dp.*).
+"""GRPO, PPO, SFT, DPO and RM at data-parallel size 2 against one rank, through `rlhost` under mpirun
+(ctest grpo.dp.*).
 
 The demo's GRPO stage (examples/configs/grpo_demo_cpu.yaml) on a random tiny Llama, 6 steps of 8
 prompts x 8 samples, validation and checkpoints every 3 steps:
@@ -12,6 +13,18 @@ prompts x 8 samples, validation and checkpoints every 3 steps:
                     DP=2 run did (steps 4-6)
   killed_rank       rank 1 is killed mid-run: the job stops non-zero within the timeout and the
                     last committed checkpoint resumes on one rank
+  balanced_tokens   sequence packing at DP=2: the ranks' tokens are balanced (never above the
+                    plain shards' largest, lower on some step) and the run follows one rank
+  loops_dtensor     SFT, DPO and RM (their demo configs, 6 steps) at DP=2 under dtensor FSDP:
+                    token and sample counts equal one rank's, losses, gradient norms, the loss's
+                    metrics and the validation figures within fp32 rounding; rank 0 commits
+                    the checkpoints
+  loops_megatron    the same with megatron's distributed optimizer
+  loops_resume      each loop's DP=2 step_3 resumes on one rank, and one rank's at DP=2, and
+                    continues as the run it came from (steps 4-6)
+  ppo_follows       PPO at DP=2 follows one rank (the critic sharded like the policy, GAE's
+                    whitening over the gathered batch); a value batch size other than the
+                    policy's is refused with one line
 
 usage: test_grpo_dp.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
 """
@@ -135,6 +148,35 @@ def case_follows(tmp, backend):
           f"state per rank {s2 / s1:.3f} of one rank's; DP=2 run took {secs:.1f} s")
 
 
+def case_balanced_tokens(tmp):
+    """Sequence packing at DP=2: the ranks balance their tokens (longest first to the least-loaded
+    rank) and still follow one rank. Responses of up to 12 tokens at temperature 2 from a random
+    model have uneven lengths. Two steps: later, generation at DP=2 draws differently from one rank
+    also without balancing (see the closing note)."""
+    setup(tmp)
+    extra = ["policy.generation.max_new_tokens=12", "++policy.sequence_packing.enabled=true",
+             "++policy.sequence_packing.train_mb_tokens=64", "++policy.sequence_packing.logprob_mb_tokens=64"]
+    rc, out, _ = run(command(tmp, "one", "dtensor", steps=2, extra=extra))
+    check(rc == 0, f"packing: one rank runs (rc {rc})", out)
+    rc, out, _ = run(command(tmp, "two", "dtensor", steps=2, extra=extra), np=2)
+    check(rc == 0, f"packing: two ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    one, two = metrics(tmp, "one"), metrics(tmp, "two")
+    compare(one, two, range(1, 3), "balanced")
+    lowered = 0
+    for s in (1, 2):
+        m = two[s]
+        hi, lo = m["train/dp_tokens_max"], m["train/dp_tokens_min"]
+        phi, plo = m["train/dp_tokens_max_unbalanced"], m["train/dp_tokens_min_unbalanced"]
+        check(hi + lo == m["train/total_num_tokens"] and phi + plo == m["train/total_num_tokens"],
+              f"step {s}: the two ranks' tokens {hi} + {lo} (plain {phi} + {plo}) add up to the batch's")
+        check(hi <= phi, f"step {s}: balancing does not raise the largest rank's tokens ({hi} vs plain {phi})")
+        lowered += hi < phi
+        print(f"step {s}: tokens per rank {lo:.0f}..{hi:.0f} balanced, {plo:.0f}..{phi:.0f} plain")
+    check(lowered > 0, "balancing lowers the largest rank's tokens on some step")
+
+
 def case_resume_at_one(tmp):
     setup(tmp)
     rc, out, _ = run(command(tmp, "two", "dtensor"), np=2)
@@ -200,26 +242,191 @@ def case_killed_rank(tmp):
               f"step_{last} resumed on one rank")
 
 
-def case_one_rank_loops(tmp):
-    """SFT, DPO and RM hand the whole batch to the backend on every rank (not sharded yet): under
-    several ranks each refuses at start with one line naming the algorithm, and the job stops."""
+BASE_PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "dataset_jsonl"]
+# Per loop: its demo config, a short run's overrides (6 steps, validation and checkpoints every 3),
+# and the metrics that must equal one rank's (counts) or follow it within fp32 rounding.
+LOOPS = {
+    "sft": ("sft_demo_cpu.yaml",
+            ["sft.max_num_steps=6", "sft.val_period=3", "sft.val_global_batch_size=64",
+             "policy.train_global_batch_size=64", "policy.train_micro_batch_size=16"],
+            ["train/num_tokens", "train/num_unmasked_tokens", "train/num_valid_samples"],
+            ["train/loss", "train/grad_norm", "validation/val_loss"]),
+    "dpo": ("dpo_demo_cpu.yaml",
+            ["dpo.max_num_steps=6", "dpo.val_period=3", "dpo.val_global_batch_size=32", "dpo.val_micro_batch_size=8",
+             "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4"],
+            ["train/num_tokens", "train/num_valid_samples", "validation-default/num_valid_samples"],
+            ["train/loss", "train/grad_norm", "train/accuracy", "train/preference_loss", "train/rewards_chosen_mean",
+             "train/rewards_rejected_mean", "validation-default/loss", "validation-default/accuracy",
+             "validation-default/rewards_chosen_mean", "validation-default/rewards_rejected_mean"]),
+    "rm": ("rm_demo_cpu.yaml",
+           ["rm.max_num_steps=6", "rm.val_period=3", "rm.val_global_batch_size=32", "rm.val_micro_batch_size=8",
+            "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4"],
+           ["train/num_tokens", "train/num_valid_samples", "validation-default/num_valid_samples"],
+           ["train/loss", "train/grad_norm", "train/accuracy", "train/rewards_chosen_mean",
+            "train/rewards_rejected_mean", "validation-default/loss", "validation-default/accuracy",
+            "validation-default/rewards_chosen_mean", "validation-default/rewards_rejected_mean"]),
+}
+
+
+def write_pairs(path, n, seed):
+    """Synthetic preferences (preference_fixture.hpp's): "abc=" prefers "a" to another digit."""
+    mask = (1 << 64) - 1
+
+    def nxt():
+        nonlocal seed
+        seed = (seed * 6364136223846793005 + 1442695040888963407) & mask
+        return (seed >> 33) % 10
+    with open(path, "w") as f:
+        for _ in range(n):
+            a, b, c = nxt(), nxt(), nxt()
+            r = nxt()
+            if r == a:
+                r = (r + 1 + nxt() % 9) % 10
+            f.write(json.dumps({"prompt": f"{a}{b}{c}=", "chosen": str(a), "rejected": str(r)}) + "\n")
+
+
+def loop_command(tmp, algo, tag, backend, extra=()):
+    cfg, overrides, _, _ = LOOPS[algo]
+    cmd = [RLHOST]
+    for p in BASE_PLUGINS + [algo]:
+        cmd += ["--plugin", p]
+    cmd += ["--config", os.path.join(SRC, "examples/configs", cfg), f"policy.model_name={tmp}/tiny",
+            f"logger.log_dir={tmp}/{tag}/logs", f"checkpointing.checkpoint_dir={tmp}/{tag}/ckpt",
+            "checkpointing.save_period=3", "checkpointing.keep_top_k=null", "++rlhost.comm_timeout_s=10", *overrides]
+    if algo != "sft":
+        cmd += [f"data.train.data_path={tmp}/train.jsonl", f"data.validation.data_path={tmp}/val.jsonl"]
+    if backend == "megatron":
+        cmd += ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
+                "++policy.megatron_cfg.optimizer.lr=3e-3", "++policy.megatron_cfg.optimizer.weight_decay=0",
+                "++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"]
+    return cmd + list(extra)
+
+
+def setup_loops(tmp):
     setup(tmp)
-    base = [RLHOST, "--plugin", "environments", "--plugin", "tokenizer_hf", "--plugin", "model_llama",
-            "--plugin", "kernels_cpu", "--plugin", "dtensor", "--plugin", "dataset_jsonl"]
-    for algo, cfg in (("sft", "sft_demo_cpu.yaml"), ("dpo", "dpo_demo_cpu.yaml"), ("rm", "rm_demo_cpu.yaml")):
-        cmd = base + ["--plugin", algo, "--config", os.path.join(SRC, "examples/configs", cfg),
-                      f"policy.model_name={tmp}/tiny", f"logger.log_dir={tmp}/{algo}/logs",
-                      f"checkpointing.checkpoint_dir={tmp}/{algo}/ckpt"]
-        rc, out, secs = run(cmd, np=2, timeout=120)
-        lines = [l for l in out.splitlines() if re.match(r"rlhost rank \d+: error: ", l)]
-        want = f"{algo} with 2 data-parallel ranks is not implemented (GRPO is); run {algo} on one rank"
-        check(rc != 0, f"{algo} under 2 ranks exits non-zero (rc {rc})", out)
-        check(len(lines) >= 1 and all(want in l for l in lines), f"{algo}: every rank's error is one line naming it", out)
-        print(f"{algo} under 2 ranks: rc {rc} in {secs:.1f} s: {lines[0] if lines else '(no error line)'}")
+    write_pairs(f"{tmp}/train.jsonl", 256, 11)
+    write_pairs(f"{tmp}/val.jsonl", 40, 12)  # 40 = a validation batch of 32 and one of 8
+
+
+def compare_loop(algo, one, two, steps, what):
+    _, _, equal, near = LOOPS[algo]
+    seen = 0
+    for s in steps:
+        a, b = one.get(s, {}), two.get(s, {})
+        check("train/loss" in a and "train/loss" in b, f"{what}: step {s} has train/loss in both runs")
+        for k in equal:
+            if k in a:
+                check(a[k] == b.get(k), f"{what}: step {s} {k} {b.get(k)} equals one rank's {a[k]}")
+        for k in near:
+            # DPO's first step has policy = reference: its rewards are rounding noise around 0, and
+            # which side of 0 each lands on (its accuracy) is not a figure to compare.
+            if k in a and not (algo == "dpo" and s == 1 and k == "train/accuracy"):
+                seen += 1
+                check(k in b and close(b[k], a[k]), f"{what}: step {s} {k} {b.get(k)} is within fp32 rounding of one rank's {a[k]}")
+    return seen
+
+
+def case_loops(tmp, backend):
+    """SFT, DPO and RM at DP=2 follow one rank: each rank trains on its share of every global
+    batch with the global counts, validation is split over the ranks and summed."""
+    setup_loops(tmp)
+    for algo in LOOPS:
+        rc, out, _ = run(loop_command(tmp, algo, f"{algo}_one", backend), timeout=200)
+        check(rc == 0, f"{algo} {backend}: one rank runs (rc {rc})", out)
+        rc, out, secs = run(loop_command(tmp, algo, f"{algo}_two", backend), np=2, timeout=200)
+        check(rc == 0, f"{algo} {backend}: two ranks run (rc {rc})", out)
+        if rc != 0:
+            continue
+        check("data parallel over 2 ranks" in out, f"{algo} {backend}: the backend reports 2 data-parallel ranks", out)
+        one, two = metrics(tmp, f"{algo}_one"), metrics(tmp, f"{algo}_two")
+        seen = compare_loop(algo, one, two, range(1, 7), f"{algo} {backend}")
+        check(two[1].get("train/dp_size", 2) == 2, f"{algo} {backend}: the train step reports dp_size 2")
+        ckpts = sorted(os.listdir(f"{tmp}/{algo}_two/ckpt"))
+        check(ckpts == ["step_3", "step_6"], f"{algo} {backend}: rank 0 committed step_3 and step_6 ({ckpts})")
+        val = [k for k in two[6] if k.startswith("validation")]
+        print(f"{algo} {backend}: DP=2 followed one rank for 6 steps ({seen} figures compared; losses "
+              f"{[round(two[s]['train/loss'], 6) for s in range(1, 7)]}; validation {sorted(val)}); DP=2 took {secs:.1f} s")
+
+
+def case_loops_resume(tmp):
+    """A DP=2 checkpoint of each loop resumes on one rank and continues as the DP=2 run did, and
+    one rank's checkpoint resumes at DP=2."""
+    setup_loops(tmp)
+    for algo in LOOPS:
+        rc, out, _ = run(loop_command(tmp, algo, f"{algo}_two", "dtensor"), np=2, timeout=200)
+        check(rc == 0, f"{algo}: two ranks run (rc {rc})", out)
+        rc1, out1, _ = run(loop_command(tmp, algo, f"{algo}_one", "dtensor"), timeout=200)
+        check(rc1 == 0, f"{algo}: one rank runs (rc {rc1})", out1)
+        if rc != 0 or rc1 != 0:
+            continue
+        for src, dst, np in (("two", "at_one", 1), ("one", "at_two", 2)):
+            os.makedirs(f"{tmp}/{algo}_{dst}/ckpt")
+            shutil.copytree(f"{tmp}/{algo}_{src}/ckpt/step_3", f"{tmp}/{algo}_{dst}/ckpt/step_3")
+            rc, out, _ = run(loop_command(tmp, algo, f"{algo}_{dst}", "dtensor"), np=np, timeout=200)
+            check(rc == 0, f"{algo}: the {src}-rank step_3 resumes at {np} rank(s) (rc {rc})", out)
+            check("resumed from" in out and "step_3" in out, f"{algo}: the log says it resumed from step_3", out)
+            if rc == 0:
+                compare_loop(algo, metrics(tmp, f"{algo}_{src}"), metrics(tmp, f"{algo}_{dst}"), range(4, 7),
+                             f"{algo} resumed from {src} rank(s) at {np}")
+        print(f"{algo}: step_3 of DP=2 resumed at one rank, and one rank's at DP=2, each continuing alike")
+
+
+def case_ppo_follows(tmp):
+    """PPO at DP=2 (its demo task, 4 steps of 64 prompts x 1 sample): the critic's values of each
+    rank's share, GAE over the gathered batch (its advantage whitening is global), the critic
+    trained on the shares with the global counts: the policy's figures follow one rank within
+    fp32 rounding, the critic's within 1e-3 (AdamW at the critic's lr 1e-2 magnifies rounding in
+    near-zero gradients); both DP=2 checkpoints hold value/. A value batch size other than the
+    policy's is refused at DP=2 with one line."""
+    setup(tmp)
+    import random
+    rnd = random.Random(3)
+    for name, n in (("ptrain", 512), ("pval", 64)):
+        with open(f"{tmp}/{name}.jsonl", "w") as f:
+            for _ in range(n):
+                d = "".join(str(rnd.randrange(10)) for _ in range(4))
+                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+
+    def ppo(tag, extra=()):
+        cmd = [RLHOST]
+        for p in PLUGINS[:-1] + ["dataset_jsonl", "ppo"]:
+            cmd += ["--plugin", p]
+        return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny",
+                      "ppo.max_num_steps=4", "ppo.val_period=2", f"data.train.data_path={tmp}/ptrain.jsonl",
+                      f"data.validation.data_path={tmp}/pval.jsonl", f"logger.log_dir={tmp}/{tag}/logs",
+                      "checkpointing.enabled=true", f"++checkpointing.checkpoint_dir={tmp}/{tag}/ckpt",
+                      "++checkpointing.save_period=2", "++rlhost.comm_timeout_s=10", *extra]
+    rc, out, _ = run(ppo("one"))
+    check(rc == 0, f"ppo: one rank runs (rc {rc})", out)
+    rc, out, secs = run(ppo("two"), np=2)
+    check(rc == 0, f"ppo: two ranks run (rc {rc})", out)
+    if rc == 0:
+        one, two = metrics(tmp, "one"), metrics(tmp, "two")
+        n = 0
+        for s in range(0, 5):
+            for k, a in one.get(s, {}).items():
+                if (k.startswith(("timing", "rlhost")) or "memory" in k or "comm" in k or "dp_size" in k
+                        or "num_micro_batches" in k or k == "step"):
+                    continue
+                b = two.get(s, {}).get(k)
+                rel = 1e-3 if k.startswith("train/critic/") else 1e-5
+                n += 1
+                check(b is not None and close(b, a, rel=rel), f"ppo: step {s} {k} {b} follows one rank's {a}")
+        for st in ("step_2", "step_4"):
+            check(os.path.isdir(f"{tmp}/two/ckpt/{st}/value"), f"ppo: DP=2 {st} holds the critic (value/)")
+        print(f"ppo: DP=2 followed one rank for 4 steps ({n} figures); DP=2 took {secs:.1f} s")
+    rc, out, _ = run(ppo("bad", ["++value.train_global_batch_size=32"]), np=2, timeout=120)
+    lines = [l for l in out.splitlines() if re.match(r"rlhost rank \d+: error: ", l)]
+    check(rc != 0 and len(lines) >= 1 and all("value.train_global_batch_size = 32 must equal" in l for l in lines),
+          "ppo: a value batch size other than the policy's is one line at DP=2", out)
 
 
 CASES = {
-    "one_rank_loops": case_one_rank_loops,
+    "balanced_tokens": case_balanced_tokens,
+    "loops_dtensor": lambda t: case_loops(t, "dtensor"),
+    "loops_megatron": lambda t: case_loops(t, "megatron"),
+    "loops_resume": case_loops_resume,
+    "ppo_follows": case_ppo_follows,
     "follows_dtensor": lambda t: case_follows(t, "dtensor"),
     "follows_megatron": lambda t: case_follows(t, "megatron"),
     "resume_at_one": case_resume_at_one,

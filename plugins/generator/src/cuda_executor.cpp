@@ -400,7 +400,8 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     if (bytes < layout.block_bytes())
       throw Error(RLH_E_RESOURCE_EXHAUSTED, "generator (cuda): the KV cache does not fit: " + rule +
                                                 ", less than one block of " + std::to_string(layout.block_bytes()) +
-                                                " bytes");
+                                                " bytes (the memory in use counts every process on the device: where "
+                                                "ranks share a GPU, give each a kv_cache_bytes)");
     const int64_t blocks = std::min<int64_t>(bytes / layout.block_bytes(), INT32_MAX);
     pool_.alloc(size_t(blocks * layout.block_bytes()), "the KV cache (" + rule + ")");
     // Padding rows of a captured step read block 0: zeros, not stale garbage that could be NaN.

@@ -95,6 +95,36 @@ PackedBatch PackedBatch::slice(int64_t begin, int64_t end) const {
   return out;
 }
 
+PackedBatch PackedBatch::select(const std::vector<const PackedBatch*>& parts,
+                                const std::vector<std::pair<size_t, int64_t>>& picks) {
+  PackedBatch out;
+  for (const auto& [p, i] : picks) {
+    const PackedBatch& b = *parts[p];
+    out.tokens_.insert(out.tokens_.end(), b.tokens_.begin() + b.offsets_[i], b.tokens_.begin() + b.offsets_[i + 1]);
+    out.offsets_.push_back(static_cast<int64_t>(out.tokens_.size()));
+  }
+  if (parts.empty()) return out;
+  for (const Field& f : parts.front()->fields_) {
+    Field g{f.name, f.frame, {}};
+    for (const auto& [p, i] : picks) {
+      const std::vector<float>* src = parts[p]->find(f.name);
+      if (src == nullptr) throw std::logic_error("PackedBatch::select: a part lacks field " + f.name);
+      if (f.frame == Frame::kToken)
+        g.data.insert(g.data.end(), src->begin() + parts[p]->offsets_[i], src->begin() + parts[p]->offsets_[i + 1]);
+      else
+        g.data.push_back((*src)[static_cast<size_t>(i)]);
+    }
+    out.fields_.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, PackedBatch::Frame>> PackedBatch::field_names() const {
+  std::vector<std::pair<std::string, Frame>> out;
+  for (const Field& f : fields_) out.emplace_back(f.name, f.frame);
+  return out;
+}
+
 const rlh_batch& PackedBatch::view(uint64_t constraints) {
   views_.clear();
   for (Field& f : fields_) {
@@ -609,6 +639,17 @@ ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b,
                              int64_t step, const std::string& what,
                              const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
                              const std::function<Metrics(const Metrics&)>& reduce) {
+  std::vector<int64_t> bounds;
+  for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) bounds.push_back(begin);
+  bounds.push_back(b.num_seqs());
+  return train_in_chunks(backend, model, b, bounds, loss, specs, mb_tokens, mb_seqs, step, what, counts, reduce);
+}
+
+ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b, const std::vector<int64_t>& bounds,
+                             LossAdapter& loss, const std::vector<rlh_output_spec>& specs, int64_t mb_tokens,
+                             int64_t mb_seqs, int64_t step, const std::string& what,
+                             const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
+                             const std::function<Metrics(const Metrics&)>& reduce) {
   ChunkedTrain out;
   auto absorb = [&](const json& obj) {
     for (const auto& [k, v] : obj.items()) {
@@ -617,8 +658,8 @@ ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b,
       else out.summed[k] += v.get<double>();
     }
   };
-  for (int64_t begin = 0; begin < b.num_seqs(); begin += gbs) {
-    PackedBatch chunk = b.slice(begin, std::min(b.num_seqs(), begin + gbs));
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    PackedBatch chunk = b.slice(bounds[k], bounds[k + 1]);
     const BatchMasks masks(chunk);
     const ValidCounts global = counts(chunk, masks);
     loss.reset_step();
@@ -672,13 +713,6 @@ bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ck
   return false;
 }
 
-void refuse_data_parallel(const std::string& algorithm) {
-  if (const int n = sdk::detect_launch().size; n > 1)
-    throw sdk::Error(RLH_E_UNIMPLEMENTED, algorithm + " with " + std::to_string(n) +
-                                              " data-parallel ranks is not implemented (GRPO is); run " + algorithm +
-                                              " on one rank");
-}
-
 std::string resolve_policy_dir(const std::string& model_name) {
   try {
     return sdk::resolve_model_path(model_name).string();
@@ -688,11 +722,12 @@ std::string resolve_policy_dir(const std::string& model_name) {
 }
 
 void save_policy_folder(Backend& backend, rlh_model* policy, const std::string& dir, const std::string& tokenizer_name,
-                        const std::string& model_dir) {
+                        const std::string& model_dir, bool writer) {
   namespace fs = std::filesystem;
   const fs::path policy_dir(dir);
-  fs::create_directories(policy_dir);
+  if (writer) fs::create_directories(policy_dir);
   backend.save_state(policy, policy_dir.string());
+  if (!writer) return;
   const fs::path tok_src = fs::is_directory(tokenizer_name) ? fs::path(tokenizer_name) : fs::path(model_dir);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
     if (fs::exists(tok_src / f) && !fs::exists(policy_dir / f)) fs::copy_file(tok_src / f, policy_dir / f);

@@ -46,6 +46,12 @@ class PackedBatch {
 
   // Sequences [begin, end) with every field, as a new batch (a global-batch chunk).
   PackedBatch slice(int64_t begin, int64_t end) const;
+  // Sequences `picks` (batch, sequence) of `parts`, in that order, with every field of the first
+  // part (every part must have the same fields: data-parallel ranks' shares of one batch).
+  static PackedBatch select(const std::vector<const PackedBatch*>& parts,
+                            const std::vector<std::pair<size_t, int64_t>>& picks);
+  // The fields' names and frames, in the order they were added.
+  std::vector<std::pair<std::string, Frame>> field_names() const;
 
   // The C view; valid until the batch changes. `constraints`: RLH_BATCH_*.
   const rlh_batch& view(uint64_t constraints = RLH_BATCH_NEVER_SPLIT_SEQUENCE);
@@ -262,6 +268,13 @@ ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b,
                              int64_t step, const std::string& what,
                              const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
                              const std::function<Metrics(const Metrics&)>& reduce = nullptr);
+// The same over chunks of any sizes: sequences [bounds[k], bounds[k + 1]) (token balancing gives
+// a rank a different number of sequences per global batch).
+ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b, const std::vector<int64_t>& bounds,
+                             LossAdapter& loss, const std::vector<rlh_output_spec>& specs, int64_t mb_tokens,
+                             int64_t mb_seqs, int64_t step, const std::string& what,
+                             const std::function<ValidCounts(const PackedBatch&, const BatchMasks&)>& counts,
+                             const std::function<Metrics(const Metrics&)>& reduce = nullptr);
 
 // Resumes a loop from the newest checkpoint that verifies and loads (CheckpointManager::resume):
 // `load` restores the loop's state from one (throwing Error(RLH_E_DATA_LOSS) for a damaged one).
@@ -274,15 +287,13 @@ std::optional<sdk::CheckpointInfo> resume_from_checkpoints(const sdk::Host& host
 // fallback resume is not overwritten: one warning, and the step is not saved.
 bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ckpt, int64_t step);
 
-// What the one-rank supervised loops (sft, dpo) share.
-// They hand the whole batch to the backend on every rank (not sharded yet), so the backend would
-// count it once per rank: several ranks are refused by name.
-void refuse_data_parallel(const std::string& algorithm);
+// What the supervised loops (sft, dpo, rm) share.
 // policy.model_name as a local folder (a hub id through the HF cache); NOT_FOUND names the key.
 std::string resolve_policy_dir(const std::string& model_name);
 // Saves the policy's state into `dir` with the tokenizer files beside it (from tokenizer_name when
-// it is a folder, else from model_dir), so the folder loads as an HF model folder.
+// it is a folder, else from model_dir), so the folder loads as an HF model folder. Collective at
+// several data-parallel ranks (save_state); only the `writer` (rank 0) touches the folder.
 void save_policy_folder(Backend& backend, rlh_model* policy, const std::string& dir, const std::string& tokenizer_name,
-                        const std::string& model_dir);
+                        const std::string& model_dir, bool writer = true);
 
 }  // namespace rlh::grpo

@@ -13,6 +13,7 @@
 
 #include "components.hpp"
 #include "loop_config.hpp"
+#include "loop_ranks.hpp"
 #include "ppo_critic.hpp"
 #include "rlhost/grpo/advantages.hpp"
 #include "rlhost/grpo/config.hpp"
@@ -26,6 +27,7 @@
 #include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/metrics.hpp"
 #include "rollout.hpp"
+#include "token_balance.hpp"
 
 namespace rlh::grpo {
 
@@ -76,11 +78,6 @@ std::string resolve_model(const std::string& name, const char* key = "policy.mod
   } catch (const std::exception& e) {
     throw Error(RLH_E_NOT_FOUND, std::string(key) + ": " + e.what());
   }
-}
-
-// Sums `v` element-wise over the group.
-void sum_over(const sdk::Comm& c, std::vector<double>& v) {
-  if (c && c.size() > 1 && !v.empty()) c.all_reduce(std::span<double>(v), RLH_REDUCE_SUM);
 }
 
 // Concatenates rollouts of the same samples-per-prompt (responses stay prompt-major).
@@ -171,7 +168,10 @@ struct GrpoLoop::Impl {
 
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
-    if (ppo) critic = std::make_unique<Critic>(host, *backend, *ppo, resolve_model(ppo->model_name, "value.model_name"));
+    if (ppo) {
+      critic = std::make_unique<Critic>(host, *backend, *ppo, resolve_model(ppo->model_name, "value.model_name"));
+      critic->set_data_parallel(world, dp_rank, dp_size);
+    }
     if (cfg.needs_reference() || (ppo && ppo->gae.kl_in_reward()))
       reference = backend->load_model("reference", model_dir, false);
     // The generator gets policy.generation; the native generator reads its own subsection
@@ -203,7 +203,6 @@ struct GrpoLoop::Impl {
   void setup_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
     prompts_per_chunk = gbs / G;
-    if (ppo) refuse_data_parallel("ppo");  // the critic's step is not sharded yet
     if (sdk::detect_launch().size <= 1) return;
     world = sdk::Comm::world(host);
     dp_size = world.size();
@@ -215,6 +214,12 @@ struct GrpoLoop::Impl {
                                            ": dynamic sampling across ranks is not implemented (run it on one rank)");
     // Each rank trains on gbs / N samples of every global batch, whole prompt groups, as
     // NeMo-RL shards each train_global_batch_size batch over its data-parallel workers.
+    // PPO's critic trains on the same shards: its global batches must be the policy's.
+    if (ppo && ppo->train_global_batch_size != gbs)
+      throw Error(RLH_E_INVALID_ARGUMENT,
+                  "value.train_global_batch_size = " + std::to_string(ppo->train_global_batch_size) +
+                      " must equal policy.train_global_batch_size = " + std::to_string(gbs) + " with " + ranks +
+                      " (the critic trains on the policy's shards)");
     if (gbs % (G * dp_size) != 0)
       throw Error(RLH_E_INVALID_ARGUMENT,
                   "policy.train_global_batch_size = " + std::to_string(gbs) + " must be a multiple of "
@@ -494,9 +499,21 @@ struct GrpoLoop::Impl {
     };
     // Settings keep their last value; everything else sums over global batches, as NeMo-RL's
     // grpo_train does.
-    const ChunkedTrain t = train_in_chunks(*backend, policy, b, gbs, *loss, specs, cfg.policy.train_mb_tokens,
-                                           cfg.policy.train_micro_batch_size, step + 1, "train step", counts,
-                                           [&](const Metrics& m) { return reduce_extrema(m); });
+    auto extrema = [&](const Metrics& m) { return reduce_extrema(m); };
+    ChunkedTrain t;
+    if (dp_size > 1 && cfg.policy.train_mb_tokens > 0) {
+      // Sequence packing or dynamic batching: the ranks' tokens are balanced (token_balance.hpp).
+      BalancedBatch bb = balance_tokens(world, b, gbs);
+      t = train_in_chunks(*backend, policy, bb.batch, bb.bounds, *loss, specs, cfg.policy.train_mb_tokens,
+                          cfg.policy.train_micro_batch_size, step + 1, "train step", counts, extrema);
+      metrics["dp_tokens_max"] = static_cast<double>(bb.max_tokens);
+      metrics["dp_tokens_min"] = static_cast<double>(bb.min_tokens);
+      metrics["dp_tokens_max_unbalanced"] = static_cast<double>(bb.plain_max_tokens);
+      metrics["dp_tokens_min_unbalanced"] = static_cast<double>(bb.plain_min_tokens);
+    } else {
+      t = train_in_chunks(*backend, policy, b, gbs, *loss, specs, cfg.policy.train_mb_tokens,
+                          cfg.policy.train_micro_batch_size, step + 1, "train step", counts, extrema);
+    }
     metrics["loss"] = t.loss;
     metrics["grad_norm"] = t.grad_norm;
     for (const auto& [k, v] : t.summed) metrics[k] = v;
@@ -531,7 +548,7 @@ struct GrpoLoop::Impl {
       pending.emplace(ckpt->begin(s));
       dir = pending->dir().string();
     }
-    if (dp_size > 1) dir = broadcast_text(dir);
+    if (dp_size > 1) dir = broadcast_text(world, dir);
     const fs::path policy_dir = fs::path(dir) / "policy";
     if (dp_rank == 0) fs::create_directories(policy_dir);
     backend->save_state(policy, policy_dir.string());
@@ -559,16 +576,6 @@ struct GrpoLoop::Impl {
     pending->write_config_yaml(config_yaml);
     const fs::path done = pending->commit();
     host.info("saved checkpoint " + done.string());
-  }
-
-  // Rank 0's text on every rank.
-  std::string broadcast_text(std::string text) const {
-    int64_t n[1] = {static_cast<int64_t>(text.size())};
-    world.broadcast(std::span<int64_t>(n, 1), 0);
-    std::vector<uint8_t> bytes(text.begin(), text.end());
-    bytes.resize(static_cast<size_t>(n[0]));
-    if (n[0] > 0) world.broadcast(std::span<uint8_t>(bytes), 0);
-    return std::string(bytes.begin(), bytes.end());
   }
 
   void run() {
@@ -626,7 +633,7 @@ struct GrpoLoop::Impl {
         double value_time = 0;
         for (int64_t e = 0; e < ppo->ppo_epochs; ++e) {
           const auto tv = Clock::now();
-          critic->train(batch, s, metrics);
+          critic->train(batch, s, metrics, [&](const Metrics& m) { return reduce_extrema(m); });
           value_time += since(tv);
           if (train_policy) train(batch, metrics);
         }

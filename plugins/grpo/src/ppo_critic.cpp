@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "json_read.hpp"
 #include "loop_config.hpp"
 #include "rlhost/grpo/packing.hpp"
+#include "token_balance.hpp"
 
 namespace rlh::grpo {
 
@@ -95,6 +97,12 @@ Critic::Critic(const sdk::Host& host, Backend& backend, const PpoConfig& cfg, co
   loss_->set_make_status(host_.make_status());
 }
 
+void Critic::set_data_parallel(const sdk::Comm& world, int rank, int size) {
+  world_ = &world;
+  rank_ = rank;
+  size_ = size;
+}
+
 void Critic::values_and_advantages(PackedBatch& b, int64_t mb_tokens, std::map<std::string, double>& metrics) {
   std::vector<std::vector<float>> out;
   backend_.forward(model_, b, loss_->output_specs(1.0, 0, 1.0), out, mb_tokens);  // RLH_OUTPUT_VALUE
@@ -103,21 +111,48 @@ void Critic::values_and_advantages(PackedBatch& b, int64_t mb_tokens, std::map<s
   const std::vector<double> v = to_token_frame(p, std::vector<double>(out[0].begin(), out[0].end()));
   std::vector<float>& vf = b.field("values", PackedBatch::Frame::kToken);
   for (size_t t = 0; t < v.size(); ++t) vf[t] = static_cast<float>(v[t]);
+  // GAE over the global batch: its advantage normalisation is a mean and variance over every
+  // rank's tokens, so under data parallelism the shares are all-gathered (token_balance.hpp's
+  // bytes) and this rank keeps its own tokens of the result.
+  std::optional<PackedBatch> gathered;
+  int64_t first_token = 0;
+  if (size_ > 1) {
+    std::vector<PackedBatch> parts;
+    const std::vector<std::vector<uint8_t>> all = all_gather_bytes(*world_, serialize_batch(b));
+    for (int r = 0; r < size_; ++r) {
+      parts.push_back(deserialize_batch(all[static_cast<size_t>(r)], "rank " + std::to_string(r)));
+      if (r < rank_) first_token += parts.back().num_tokens();
+    }
+    std::vector<const PackedBatch*> views;
+    std::vector<std::pair<size_t, int64_t>> picks;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      views.push_back(&parts[r]);
+      for (int64_t i = 0; i < parts[r].num_seqs(); ++i) picks.emplace_back(r, i);
+    }
+    gathered = PackedBatch::select(views, picks);
+  }
+  const PackedBatch& whole = gathered ? *gathered : b;
   // GAE reads what the loss will read (the float32 fields).
   auto doubles = [&](const char* name) -> std::vector<double> {
-    const std::vector<float>* f = b.find(name);
+    const std::vector<float>* f = whole.find(name);
     return f != nullptr ? std::vector<double>(f->begin(), f->end()) : std::vector<double>();
   };
-  const std::vector<double> values = doubles("values"), mask = doubles("token_mask"), rewards = doubles("rewards"),
+  const std::vector<double> values = doubles("values"), all_mask = doubles("token_mask"), rewards = doubles("rewards"),
                             lp = doubles("prev_logprobs"), ref = doubles("reference_policy_logprobs");
   GaeInputs in;
-  in.packing = p;
+  in.packing = Packing{whole.num_tokens(), whole.num_seqs(), whole.offsets().data()};
   in.rewards = rewards.data();
   in.values = values.data();
-  in.token_mask = mask.data();
+  in.token_mask = all_mask.data();
   in.logprobs = lp.empty() ? nullptr : lp.data();
   in.reference_logprobs = ref.empty() ? nullptr : ref.data();
-  const GaeResult r = gae(cfg_.gae, in);
+  GaeResult r = gae(cfg_.gae, in);
+  if (gathered) {  // this rank's tokens
+    const auto lo = r.advantages.begin() + first_token, hi = lo + b.num_tokens();
+    r.advantages = std::vector<double>(lo, hi);
+    r.returns = std::vector<double>(r.returns.begin() + first_token, r.returns.begin() + first_token + b.num_tokens());
+  }
+  const std::vector<float>& mask = *b.find("token_mask");
   std::vector<float>& adv = b.field("advantages", PackedBatch::Frame::kToken);
   std::vector<float>& ret = b.field("returns", PackedBatch::Frame::kToken);
   double sum = 0, n = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
@@ -131,17 +166,32 @@ void Critic::values_and_advantages(PackedBatch& b, int64_t mb_tokens, std::map<s
       hi = std::max(hi, double(adv[t]));
     }
   }
+  if (size_ > 1) {  // over the global batch
+    double s[2] = {sum, n}, l[1] = {lo}, h[1] = {hi};
+    world_->all_reduce(std::span<double>(s, 2), RLH_REDUCE_SUM);
+    world_->all_reduce(std::span<double>(l, 1), RLH_REDUCE_MIN);
+    world_->all_reduce(std::span<double>(h, 1), RLH_REDUCE_MAX);
+    sum = s[0], n = s[1], lo = l[0], hi = h[0];
+  }
   metrics["advantages/mean"] = n > 0 ? sum / n : 0.0;
   metrics["advantages/max"] = n > 0 ? hi : 0.0;
   metrics["advantages/min"] = n > 0 ? lo : 0.0;
 }
 
-void Critic::train(PackedBatch& b, int64_t step, std::map<std::string, double>& metrics) {
+void Critic::train(PackedBatch& b, int64_t step, std::map<std::string, double>& metrics,
+                   const std::function<Metrics(const Metrics&)>& reduce) {
   const std::vector<rlh_output_spec> specs = loss_->output_specs(1.0, 0, 1.0);
-  // The critic's global batches are value.train_global_batch_size sequences (one rank).
-  const ChunkedTrain t = train_in_chunks(backend_, model_, b, cfg_.train_global_batch_size, *loss_, specs,
-                                         cfg_.train_mb_tokens, cfg_.train_micro_batch_size, step, "critic train step",
-                                         [](const PackedBatch&, const BatchMasks& m) { return m.counts; });
+  // The critic's global batches are value.train_global_batch_size sequences, this rank's share
+  // of each (the loop checks the size divides), normalised by the global batch's counts.
+  const ChunkedTrain t = train_in_chunks(
+      backend_, model_, b, cfg_.train_global_batch_size / size_, *loss_, specs, cfg_.train_mb_tokens,
+      cfg_.train_micro_batch_size, step, "critic train step",
+      [&](const PackedBatch&, const BatchMasks& m) {
+        std::vector<double> c = {m.counts.tokens, m.counts.seqs};
+        if (size_ > 1) world_->all_reduce(std::span<double>(c), RLH_REDUCE_SUM);
+        return ValidCounts{c[0], c[1]};
+      },
+      reduce);
   metrics["critic/loss"] = t.loss;
   metrics["critic/grad_norm"] = t.grad_norm;
   for (const auto& [k, v] : t.summed) metrics["critic/" + k] = v;
@@ -152,7 +202,7 @@ void Critic::train(PackedBatch& b, int64_t step, std::map<std::string, double>& 
 }
 
 void Critic::save(const std::string& dir) {
-  fs::create_directories(dir);
+  if (rank_ == 0) fs::create_directories(dir);
   backend_.save_state(model_, dir);
 }
 

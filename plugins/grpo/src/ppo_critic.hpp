@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "components.hpp"
+#include "rlhost/sdk/comm.hpp"
 #include "rlhost/grpo/gae.hpp"
 #include "rlhost/grpo/loss_adapter.hpp"
 #include "rlhost/grpo/value_loss.hpp"
@@ -43,14 +44,21 @@ class Critic {
  public:
   Critic(const sdk::Host& host, Backend& backend, const PpoConfig& cfg, const std::string& model_dir);
 
+  // Data parallelism (docs/parallelism.md): this rank holds its share of every global batch (the
+  // policy's shards, value.train_global_batch_size / size sequences of each); the value loss is
+  // normalised by the global counts and the metrics are reduced over `world` (kept by reference).
+  void set_data_parallel(const sdk::Comm& world, int rank, int size);
+
   // The critic's values of `b` (field "values", token frame, right-shifted like NeMo-RL's), then
   // GAE over rewards (field "rewards" per sequence) into "advantages" and "returns". `metrics`
   // gets advantages/mean, /max, /min over the masked-in tokens.
   void values_and_advantages(PackedBatch& b, int64_t mb_tokens, std::map<std::string, double>& metrics);
   // One pass of critic training over `b` (train_global_batch_size chunks); writes NeMo-RL's
-  // critic/* metrics.
-  void train(PackedBatch& b, int64_t step, std::map<std::string, double>& metrics);
+  // critic/* metrics. `reduce` merges the loss's min/max metrics over the ranks.
+  void train(PackedBatch& b, int64_t step, std::map<std::string, double>& metrics,
+             const std::function<Metrics(const Metrics&)>& reduce = nullptr);
 
+  // Collective under data parallelism; rank 0 writes.
   void save(const std::string& dir);
   void load(const std::string& dir);
   const PpoConfig& config() const { return cfg_; }
@@ -61,6 +69,8 @@ class Critic {
   PpoConfig cfg_;
   rlh_model* model_ = nullptr;
   std::unique_ptr<LossAdapter> loss_;
+  const sdk::Comm* world_ = nullptr;  // the loop's; it outlives the critic
+  int rank_ = 0, size_ = 1;
 };
 
 }  // namespace rlh::grpo

@@ -15,6 +15,7 @@
 #include "components.hpp"
 #include "json_read.hpp"
 #include "loop_config.hpp"
+#include "loop_ranks.hpp"
 #include "rlhost/grpo/config.hpp"
 #include "rlhost/grpo/dpo_loss.hpp"
 #include "rlhost/grpo/loss_adapter.hpp"
@@ -164,6 +165,8 @@ struct PreferenceLoop::Impl {
   std::unique_ptr<sdk::CheckpointManager> ckpt;
   std::string model_dir;
   int64_t step = 0, total_steps = 0;
+  // Every launched rank trains on its share of each global batch, whole pairs (loop_ranks.hpp).
+  LoopRanks ranks;
 
   bool rm() const { return cfg.algorithm == PreferenceAlgorithm::rm; }
   const char* what() const { return rm() ? "RM" : "DPO"; }
@@ -270,7 +273,10 @@ struct PreferenceLoop::Impl {
     const std::vector<rlh_output_spec> specs = loss->output_specs(1.0, 0, 1.0);
     // Micro-batches count sequences: a pair is two (NeMo-RL's mbs * 2).
     const int64_t mb_pairs = eval_only ? cfg.val_micro_batch_size : cfg.policy.train_micro_batch_size;
-    const rlh_train_args a = train_args(b, specs, *loss, masks.counts, cfg.policy.train_mb_tokens, 2 * mb_pairs,
+    // `b` is this rank's share: the loss normalises by the global batch's counts (the backend
+    // sums the loss and the loss's metrics over the ranks).
+    const ValidCounts global = ranks.sum(masks.counts);
+    const rlh_train_args a = train_args(b, specs, *loss, global, cfg.policy.train_mb_tokens, 2 * mb_pairs,
                                         eval_only, RLH_BATCH_NEVER_SPLIT_SEQUENCE | RLH_BATCH_KEEP_PAIRS);
     Backend::TrainResult r = backend->train_step(policy, a);
     stop_on_nonfinite(r.loss, eval_only ? 0.0 : r.grad_norm, eval_only ? step : step + 1,
@@ -297,7 +303,7 @@ struct PreferenceLoop::Impl {
       check_cancel();
       std::vector<int64_t> rows;
       for (int64_t i = k * bs; i < std::min(val_data->size(), (k + 1) * bs); ++i) rows.push_back(i);
-      PackedBatch b = make_batch(*val_data, rows);
+      PackedBatch b = make_batch(*val_data, ranks.share(rows));  // this rank's pairs of the batch
       const Backend::TrainResult r = step_on(b, true);
       const double n = metric_of(r, "num_valid_samples");
       for (const char* m : loss_metrics()) sum[m] += (std::string(m) == "loss" ? r.loss : metric_of(r, m)) * n;
@@ -313,8 +319,11 @@ struct PreferenceLoop::Impl {
   }
 
   void save(int64_t s, const std::optional<std::map<std::string, double>>& val, const std::map<std::string, double>& train) {
-    sdk::PendingCheckpoint pending = ckpt->begin(s);
-    save_policy_folder(*backend, policy, (pending.dir() / "policy").string(), cfg.policy.tokenizer_name, model_dir);
+    // Rank 0 owns the folder; every rank takes part in the backend's save_state.
+    std::optional<sdk::PendingCheckpoint> owned =
+        begin_policy_checkpoint(ranks, *ckpt, s, *backend, policy, cfg.policy.tokenizer_name, model_dir);
+    if (!owned) return;
+    sdk::PendingCheckpoint& pending = *owned;
     json info = {{"step", s}, {"total_steps", total_steps}, {"epoch", order->epoch()},
                  {"data_order", order->state()}, {"seed", cfg.seed}};
     // checkpointing.metric_name reads these: "train:loss", "val:validation-default_loss", ...
@@ -327,7 +336,7 @@ struct PreferenceLoop::Impl {
   }
 
   void run() {
-    refuse_data_parallel(rm() ? "rm" : "dpo");
+    ranks = LoopRanks::of_launch(host);
     model_dir = resolve_policy_dir(cfg.policy.model_name);
     tok = std::make_unique<Tokenizer>(host, cfg.policy.tokenizer_name);
     if (cfg.policy.prompt_format == PromptFormat::kChatTemplate && !tok->has_chat_template()) {
@@ -353,7 +362,8 @@ struct PreferenceLoop::Impl {
     total_steps = std::min(cfg.max_num_steps, cfg.max_num_epochs * (train_data->size() / gbs));
     if (cfg.checkpointing.enabled) {
       ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
-      ckpt->clean_leftovers();
+      if (ranks.writer()) ckpt->clean_leftovers();
+      ranks.barrier();  // nobody lists checkpoints while rank 0 cleans
       resume_from_checkpoints(host, *ckpt, [&](const sdk::CheckpointInfo& c) {
         const std::string where = (c.dir / "training_info.json").string();
         const json& info = c.training_info;
@@ -375,7 +385,8 @@ struct PreferenceLoop::Impl {
       check_cancel();
       const auto t_step = Clock::now();
       auto t0 = Clock::now();
-      PackedBatch b = make_batch(*train_data, order->next(gbs));
+      // Every rank draws the same global batch (the seeded order) and trains on its share.
+      PackedBatch b = make_batch(*train_data, ranks.share(order->next(gbs)));
       const double t_ref = since(t0);
       t0 = Clock::now();
       const Backend::TrainResult r = step_on(b, false);

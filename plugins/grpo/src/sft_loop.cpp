@@ -13,6 +13,7 @@
 #include "components.hpp"
 #include "json_read.hpp"
 #include "loop_config.hpp"
+#include "loop_ranks.hpp"
 #include "rlhost/grpo/config.hpp"
 #include "rlhost/grpo/loss_adapter.hpp"
 #include "rlhost/grpo/packing.hpp"
@@ -100,6 +101,8 @@ struct SftLoop::Impl {
   std::unique_ptr<sdk::CheckpointManager> ckpt;
   std::string model_dir;
   int64_t step = 0, total_steps = 0;
+  // Every launched rank trains on its share of each global batch (loop_ranks.hpp).
+  LoopRanks ranks;
 
   void check_cancel() const {
     if (host.cancelled()) throw Error(RLH_E_CANCELLED, "SFT cancelled after step " + std::to_string(step));
@@ -166,7 +169,9 @@ struct SftLoop::Impl {
   Backend::TrainResult step_on(PackedBatch& b, bool eval_only) {
     const BatchMasks masks(b);
     const std::vector<rlh_output_spec> specs = loss->output_specs(1.0, 0, 1.0);
-    const rlh_train_args a = train_args(b, specs, *loss, masks.counts, cfg.policy.train_mb_tokens,
+    // `b` is this rank's share: the loss normalises by the global batch's counts.
+    const ValidCounts global = ranks.sum(masks.counts);
+    const rlh_train_args a = train_args(b, specs, *loss, global, cfg.policy.train_mb_tokens,
                                         cfg.policy.train_micro_batch_size, eval_only);
     Backend::TrainResult r = backend->train_step(policy, a);
     // A validation loss has no gradient norm (0); either being non-finite stops the run.
@@ -185,7 +190,8 @@ struct SftLoop::Impl {
       check_cancel();
       std::vector<int64_t> rows;
       for (int64_t i = k * bs; i < std::min(val_data->size(), (k + 1) * bs); ++i) rows.push_back(i);
-      PackedBatch b = make_batch(*val_data, rows);
+      // Each rank evaluates its share of the batch; the backend sums the loss over the ranks.
+      PackedBatch b = make_batch(*val_data, ranks.share(rows));
       sum += step_on(b, true).loss;
     }
     const double val_loss = sum / static_cast<double>(batches);  // NeMo-RL: mean over val batches
@@ -195,8 +201,11 @@ struct SftLoop::Impl {
   }
 
   void save(int64_t s, std::optional<double> val_loss, double train_loss) {
-    sdk::PendingCheckpoint pending = ckpt->begin(s);
-    save_policy_folder(*backend, policy, (pending.dir() / "policy").string(), cfg.policy.tokenizer_name, model_dir);
+    // Rank 0 owns the folder; every rank takes part in the backend's save_state.
+    std::optional<sdk::PendingCheckpoint> owned =
+        begin_policy_checkpoint(ranks, *ckpt, s, *backend, policy, cfg.policy.tokenizer_name, model_dir);
+    if (!owned) return;
+    sdk::PendingCheckpoint& pending = *owned;
     json info = {{"step", s}, {"total_steps", total_steps}, {"epoch", order->epoch()},
                  {"data_order", order->state()}, {"seed", cfg.seed}, {"train:loss", train_loss}};
     if (val_loss) info["val:val_loss"] = *val_loss;
@@ -206,7 +215,7 @@ struct SftLoop::Impl {
   }
 
   void run() {
-    refuse_data_parallel("sft");
+    ranks = LoopRanks::of_launch(host);
     model_dir = resolve_policy_dir(cfg.policy.model_name);
     tok = std::make_unique<Tokenizer>(host, cfg.policy.tokenizer_name);
     if (cfg.policy.prompt_format == PromptFormat::kChatTemplate && !tok->has_chat_template()) {
@@ -230,7 +239,8 @@ struct SftLoop::Impl {
     total_steps = std::min(cfg.max_num_steps, cfg.max_num_epochs * (train_data->size() / gbs));
     if (cfg.checkpointing.enabled) {
       ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
-      ckpt->clean_leftovers();
+      if (ranks.writer()) ckpt->clean_leftovers();
+      ranks.barrier();  // nobody lists checkpoints while rank 0 cleans
       // The newest checkpoint that verifies and loads; damaged ones are skipped with a warning.
       resume_from_checkpoints(host, *ckpt, [&](const sdk::CheckpointInfo& c) {
         const std::string where = (c.dir / "training_info.json").string();
@@ -252,7 +262,8 @@ struct SftLoop::Impl {
     while (step < total_steps) {
       check_cancel();
       const auto t_step = Clock::now();
-      PackedBatch b = make_batch(*train_data, order->next(gbs));
+      // Every rank draws the same global batch (the seeded order) and trains on its share.
+      PackedBatch b = make_batch(*train_data, ranks.share(order->next(gbs)));
       auto t0 = Clock::now();
       const Backend::TrainResult r = step_on(b, false);
       const double t_train = since(t0);

@@ -40,6 +40,34 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
   }
 }
 
+// The same for bf16 rows whose head dims are contiguous and 16-byte aligned: 8 values a thread,
+// with 32-bit index math (the scalar kernel's 64-bit divisions per value made a write of one
+// row's 1024 values take ~6 us, a tenth of a batch-1 layer).
+__global__ void kv_write_vec_kernel(KvWriteArgs a) {
+  const int64_t r = blockIdx.x;
+  const int32_t slot = a.slots[r];
+  if (slot < 0) return;
+  const int64_t b = slot / a.bs, off = slot % a.bs;
+  if (b >= a.num_blocks) {
+    if (threadIdx.x == 0 && a.err) atomicExch(a.err, 1);
+    return;
+  }
+  const int dk8 = int(a.Dk / 8), dv8 = int(a.Dv / 8), nk = int(a.Hkv) * dk8, nv = int(a.Hkv) * dv8;
+  const bf16* k = static_cast<const bf16*>(a.k) + r * a.ldk;
+  const bf16* v = static_cast<const bf16*>(a.v) + r * a.ldv;
+  bf16* kc = static_cast<bf16*>(a.k_cache) + b * a.kc_strides[0] + off * a.kc_strides[2];
+  bf16* vc = static_cast<bf16*>(a.v_cache) + b * a.vc_strides[0] + off * a.vc_strides[2];
+  for (int i = threadIdx.x; i < nk + nv; i += blockDim.x) {
+    if (i < nk) {
+      const int h = i / dk8, d = (i - h * dk8) * 8;
+      *reinterpret_cast<uint4*>(kc + h * a.kc_strides[1] + d) = *reinterpret_cast<const uint4*>(k + h * a.Dk + d);
+    } else {
+      const int j = i - nk, h = j / dv8, d = (j - h * dv8) * 8;
+      *reinterpret_cast<uint4*>(vc + h * a.vc_strides[1] + d) = *reinterpret_cast<const uint4*>(v + h * a.Dv + d);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // paged_attention, split over the keys (flash-decoding). The keys of a row are cut into
 // partitions of kPaPart = 128 absolute positions (partition z holds positions [128 z, 128 z + 128)
@@ -134,8 +162,10 @@ __device__ __forceinline__ int pa_dim(int lane, int k) {
   return VEC ? lane * NV + k : lane + 32 * k;
 }
 
-// grid (rows, Hkv * groups, partitions); rows row0 .. row0 + gridDim.x of the launch.
-template <class T, int NV, bool VEC>
+// grid (rows, Hkv * groups, partitions); rows row0 .. row0 + gridDim.x of the launch. WIDE:
+// value rows loaded ahead in larger batches (small launches: fewer round trips per tile, at
+// more registers, which large launches pay for in occupancy). The sums are the same either way.
+template <class T, int NV, bool VEC, bool WIDE>
 __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAttnArgs a, int64_t row0,
                                                                         int64_t groups, int64_t Z) {
   const int64_t r = row0 + blockIdx.x, rc = blockIdx.x;
@@ -155,9 +185,22 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
   __shared__ __align__(16) float qs[kPaHeads][kPaMaxD];
   __shared__ float sm[kPaWarps][kPaHeads], sl[kPaWarps][kPaHeads];
   __shared__ float sacc[kPaWarps][kPaHeads][32 * NV];
-  for (int i = threadIdx.x; i < kPaHeads * int(a.Dk); i += blockDim.x) {
-    const int g = i / int(a.Dk), d = i % int(a.Dk);
-    qs[g][d] = g < gn ? to_f(static_cast<const T*>(a.q)[r * a.ldq + (hq0 + g) * a.Dk + d]) * a.scale : 0.f;
+  if (VEC && a.ldq % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
+    // 8 values a thread: the group's queries in one round of loads (a value at a time was
+    // four dependent round trips per block at batch 1)
+    const int d8 = int(a.Dk) / 8;
+    for (int i = threadIdx.x; i < kPaHeads * d8; i += blockDim.x) {
+      const int g = i / d8, d = (i - g * d8) * 8;
+      float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (g < gn) load8_bf16(reinterpret_cast<const bf16*>(a.q) + r * a.ldq + (hq0 + g) * a.Dk + d, f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) qs[g][d + k] = g < gn ? f[k] * a.scale : 0.f;
+    }
+  } else {
+    for (int i = threadIdx.x; i < kPaHeads * int(a.Dk); i += blockDim.x) {
+      const int g = i / int(a.Dk), d = i % int(a.Dk);
+      qs[g][d] = g < gn ? to_f(static_cast<const T*>(a.q)[r * a.ldq + (hq0 + g) * a.Dk + d]) * a.scale : 0.f;
+    }
   }
   __syncthreads();
 
@@ -218,7 +261,7 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
     }
     // the values: lanes over the head dims, keys of the tile in order, UB rows loaded ahead
     // (their loads in flight together: one at a time left the loop latency-bound)
-    constexpr int UB = NV >= 8 ? 4 : 8;
+    constexpr int UB = NV >= 8 ? 4 : WIDE && NV <= 2 ? 16 : 8;
     const int nk = int(last - t0 + 1);
     for (int jb = int(first - t0); jb < nk; jb += UB) {
       float vf[UB][NV];
@@ -294,7 +337,13 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
   }
 }
 
-// The partitions of each (row, query head), in partition order: grid (rows, Hq).
+// The partitions of each (row, query head), in partition order: grid (rows, Hq). The
+// partitions' maxima and sums are read once into shared memory, kPaCombineZ at a time, by as many
+// threads (a thread walking them alone was three chains of dependent loads, ~15 us a layer at
+// batch 256); the sums then run in partition order exactly as before, so the output is bitwise
+// the same.
+constexpr int kPaCombineZ = 128;
+
 template <class T>
 __global__ void paged_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t Z) {
   const int64_t rc = blockIdx.x, r = row0 + rc, h = blockIdx.y, F = pa_partial_floats(a.Dv);
@@ -303,16 +352,47 @@ __global__ void paged_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t Z) {
   const int64_t lo = pa_first_key(a, pos);
   const int64_t zlo = lo / kPaPart, zhi = pos / kPaPart;
   const float* part = a.partials + (rc * a.Hq + h) * Z * F;
+  __shared__ float sm[kPaCombineZ], sl[kPaCombineZ], se[kPaCombineZ];
+  __shared__ float sL;
+  // the maximum over the row's partitions
   float M = -INFINITY;
-  for (int64_t z = zlo; z <= zhi; ++z) M = fmaxf(M, part[z * F + a.Dv]);
+  for (int64_t z0 = zlo; z0 <= zhi; z0 += kPaCombineZ) {
+    const int64_t n = zhi - z0 + 1 < kPaCombineZ ? zhi - z0 + 1 : kPaCombineZ;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sm[i] = part[(z0 + i) * F + a.Dv];
+    __syncthreads();
+    for (int64_t i = 0; i < n; ++i) M = fmaxf(M, sm[i]);
+    __syncthreads();
+  }
   float L = 0.f;
-  for (int64_t z = zlo; z <= zhi; ++z)
-    if (part[z * F + a.Dv] != -INFINITY) L += part[z * F + a.Dv + 1] * expf(part[z * F + a.Dv] - M);
-  for (int64_t d = threadIdx.x; d < a.Dv; d += blockDim.x) {
-    float v = 0.f;
-    for (int64_t z = zlo; z <= zhi; ++z)
-      if (part[z * F + a.Dv] != -INFINITY) v += part[z * F + d] * expf(part[z * F + a.Dv] - M);
-    static_cast<T*>(a.o)[r * a.ldo + h * a.Dv + d] = from_f<T>(v / L);
+  float v[2] = {0.f, 0.f};  // head dims threadIdx.x and threadIdx.x + blockDim.x (Dv <= 256)
+  for (int64_t z0 = zlo; z0 <= zhi; z0 += kPaCombineZ) {
+    const int64_t n = zhi - z0 + 1 < kPaCombineZ ? zhi - z0 + 1 : kPaCombineZ;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float m = part[(z0 + i) * F + a.Dv];
+      sm[i] = m;
+      sl[i] = part[(z0 + i) * F + a.Dv + 1];
+      se[i] = m != -INFINITY ? expf(m - M) : 0.f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int64_t i = 0; i < n; ++i)
+        if (sm[i] != -INFINITY) L += sl[i] * se[i];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t d = threadIdx.x + int64_t(k) * blockDim.x;
+      if (d >= a.Dv) continue;
+      for (int64_t i = 0; i < n; ++i)
+        if (sm[i] != -INFINITY) v[k] += part[(z0 + i) * F + d] * se[i];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) sL = L;
+  __syncthreads();
+  L = sL;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int64_t d = threadIdx.x + int64_t(k) * blockDim.x;
+    if (d < a.Dv) static_cast<T*>(a.o)[r * a.ldo + h * a.Dv + d] = from_f<T>(v[k] / L);
   }
 }
 
@@ -534,7 +614,15 @@ __global__ void sample_kernel(SampleArgs a) {
 
 void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
   if (a.R == 0) return;
-  if (a.t == DType::bf16)
+  auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = a.t == DType::bf16 && a.Dk % 8 == 0 && a.Dv % 8 == 0 && a.ldk % 8 == 0 && a.ldv % 8 == 0 &&
+                   a.kc_strides[3] == 1 && a.vc_strides[3] == 1 && a16(a.k) && a16(a.v) && a16(a.k_cache) &&
+                   a16(a.v_cache) && a.kc_strides[0] % 8 == 0 && a.kc_strides[1] % 8 == 0 &&
+                   a.kc_strides[2] % 8 == 0 && a.vc_strides[0] % 8 == 0 && a.vc_strides[1] % 8 == 0 &&
+                   a.vc_strides[2] % 8 == 0 && a.Hkv * (a.Dk + a.Dv) / 8 < (int64_t(1) << 30);
+  if (vec)
+    kv_write_vec_kernel<<<unsigned(a.R), 128, 0, s>>>(a);
+  else if (a.t == DType::bf16)
     kv_write_kernel<bf16><<<unsigned(a.R), 128, 0, s>>>(a);
   else
     kv_write_kernel<float><<<unsigned(a.R), 128, 0, s>>>(a);
@@ -553,10 +641,15 @@ template <class T, int NV, bool VEC>
 void launch_paged(const PagedAttnArgs& a, int64_t Z, cudaStream_t s) {
   const int64_t groups = (a.Hq / a.Hkv + kPaHeads - 1) / kPaHeads;
   const int64_t rows = Z == 1 ? a.R : pa_rows_per_launch(a, Z);
+  // Blocks beyond about 16 per SM of an H200: the narrow variant (occupancy first).
+  constexpr int64_t kWideBlocks = 2048;
   for (int64_t r0 = 0; r0 < a.R; r0 += rows) {
     const int64_t n = std::min(rows, a.R - r0);
     const dim3 grid(unsigned(n), unsigned(a.Hkv * groups), unsigned(Z));
-    paged_attention_kernel<T, NV, VEC><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+    if (n * a.Hkv * groups * Z <= kWideBlocks)
+      paged_attention_kernel<T, NV, VEC, true><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+    else
+      paged_attention_kernel<T, NV, VEC, false><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
     if (Z > 1) paged_combine_kernel<T><<<dim3(unsigned(n), unsigned(a.Hq)), 128, 0, s>>>(a, r0, Z);
   }
 }

@@ -167,6 +167,7 @@ void gemm(GemmEngine* e, const GemmArgs& a, Workspace& ws, cudaStream_t s) {
     gemm_fallback(z, s);
     return;
   }
+  if (gemv_rows(a, s)) return;  // a decoding step's few rows (gemv.cu)
   if (e && !std::getenv("RLH_KCUDA_GEMM_FALLBACK") && e->run(a, ws, s)) return;
   gemm_fallback(a, s);
 }

@@ -223,8 +223,9 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
     const auto run = [&](size_t i) {
       MicroBatchData& d = mbs[i];
       if (b->host.cancelled()) throw Error(RLH_E_CANCELLED, "forward cancelled");
-      const engine::Outputs o =
-          m.device ? m.device->forward(d.engine_view(), plan.req) : m.engine->forward(d.engine_view(), plan.req);
+      const engine::Outputs o = m.device ? m.device->forward(d.engine_view(), plan.req)
+                                : m.pp()   ? pp_forward(m, d.engine_view(), plan.req)  // every stage gets the outputs
+                                           : m.engine->forward(d.engine_view(), plan.req);
       for (size_t k = 0; k < plan.slots.size(); ++k)
         write_output(args->outputs[k], d, engine_output(o, plan.slots[k]), width(plan, k));
     };
@@ -388,8 +389,8 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     engine::StepResult r;
     Optimizer::StepInfo info;
     bool updated = false;
-    int64_t comm_bytes = 0, tp_bytes = 0, ep_bytes = 0;
-    double comm_seconds = 0, tp_seconds = 0, ep_seconds = 0;
+    int64_t comm_bytes = 0, tp_bytes = 0, cp_bytes = 0, pp_bytes = 0, ep_bytes = 0;
+    double comm_seconds = 0, tp_seconds = 0, cp_seconds = 0, ep_seconds = 0;
     if (m.dp != nullptr) {  // data parallel: reduced gradients, the sharded update (dp_model.cpp)
       DpStepResult d = dp_train_step(m, views, so, loss, eval_only, args->learning_rate);
       r = std::move(d.r);
@@ -401,7 +402,12 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       tp_seconds = d.tp_comm_seconds;
       ep_bytes = d.ep_comm_bytes;
       ep_seconds = d.ep_comm_seconds;
-      tramp.metrics = all_reduce_named(m.dp->dp, tramp.metrics);
+      cp_bytes = d.cp_comm_bytes;
+      cp_seconds = d.cp_comm_seconds;
+      pp_bytes = d.pp_comm_bytes;
+      // The last stage's callback metrics (pipeline), summed over the data-parallel ranks
+      // without cp (every rank of a cp group computes the same ones).
+      tramp.metrics = all_reduce_named(m.dp->sums(), pp_share_named(m, tramp.metrics));
     } else if (m.device) {  // the device applies its own update (device_engine.hpp)
       info = m.next_update(args->learning_rate);
       so.apply_optimizer = !eval_only;
@@ -422,7 +428,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     result->loss = r.loss;
     result->grad_norm = r.grad_norm;
     int64_t num_mbs = int64_t(mbs.size());
-    if (m.dp != nullptr) m.dp->dp.all_reduce(std::span<int64_t>(&num_mbs, 1), RLH_REDUCE_SUM);
+    if (m.dp != nullptr) m.dp->sums().all_reduce(std::span<int64_t>(&num_mbs, 1), RLH_REDUCE_SUM);
     result->num_micro_batches = num_mbs;
     json metrics = {{"loss", r.loss},
                     {"grad_norm", r.grad_norm},
@@ -444,7 +450,13 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"tp/comm_bytes", tp_bytes},
                     {"tp/comm_seconds", tp_seconds},
                     {"ep/comm_bytes", ep_bytes},
-                    {"ep/comm_seconds", ep_seconds}};
+                    {"ep/comm_seconds", ep_seconds},
+                    {"pp/comm_bytes", pp_bytes}};
+    if (m.cp_comm) {  // context parallelism: its group's size and traffic
+      metrics["cp_size"] = m.dp->cp_size();
+      metrics["cp/comm_bytes"] = cp_bytes;
+      metrics["cp/comm_seconds"] = cp_seconds;
+    }
     // The engine's own metrics (MoE auxiliary losses and expert load), beside the backend's.
     for (const auto& [name, value] : r.metrics) metrics[name] = value;
     json loss_metrics = json::object();
@@ -522,7 +534,8 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
     Model& m = check_model(b, model);
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
-    if (m.device && m.dp == nullptr && readable.device_type != RLH_DEVICE_CPU) {
+    // (A device model holds its whole masters on every data-parallel rank.)
+    if (m.device && readable.device_type != RLH_DEVICE_CPU) {
       const rlh_device d = m.device->device();
       if (d.device_type == readable.device_type && d.device_id == readable.device_id) {
         visit_device_views(m, fn, user);
@@ -560,7 +573,7 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
         call_weight_fn(fn, user, p.hf_names[k], t);
       }
     };
-    if (m.dp != nullptr) {  // FSDP gathers unit by unit (collective)
+    if (m.dp != nullptr && !m.device) {  // FSDP gathers unit by unit (collective)
       dp_visit_parameters(m, visit);
       return;
     }

@@ -171,8 +171,9 @@ void require_single_rank(ConfigReader& r, std::string_view path) {
   if (n != 1)
     throw Error(RLH_E_UNIMPLEMENTED,
                 r.full(path) + " = " + std::to_string(n) +
-                    ": only data parallelism (every launched rank a data-parallel rank) and megatron's tensor "
-                    "parallelism are implemented; context, pipeline and expert parallelism are not");
+                    ": only data parallelism (every launched rank a data-parallel rank) and megatron's tensor, "
+                    "context and pipeline parallelism are implemented; expert parallelism, and dtensor's tensor "
+                    "and context parallelism, are not");
 }
 
 void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {

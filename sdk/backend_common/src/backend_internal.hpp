@@ -12,12 +12,14 @@
 
 #include "rlhost/backend_common/backend.hpp"
 #include "rlhost/backend_common/backend_config.hpp"
+#include "rlhost/backend_common/context_parallel.hpp"
 #include "rlhost/backend_common/data_parallel.hpp"
 #include "rlhost/backend_common/optimizer.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/sdk/expert_parallel.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/sdk/pipeline_parallel.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
@@ -68,6 +70,15 @@ struct Model {
   std::vector<sdk::EpLayout> ep_layouts;
   std::unique_ptr<CommEpGroup> ep_comm;
   const sdk::EpLayout* ep() const { return ep_layouts.empty() ? nullptr : &ep_layouts[size_t(dp->ep_rank())]; }
+  // Context parallelism (megatron_cfg.context_parallel_size > 1): the engine's group.
+  std::unique_ptr<CommCpGroup> cp_comm;
+  // Pipeline parallelism (megatron_cfg.pipeline_model_parallel_size > 1;
+  // sdk/pipeline_parallel.hpp): this rank's stage of `desc` (of tp()->local under tensor
+  // parallelism); the engine holds the stage's tensors. pp_model.cpp runs the schedule.
+  std::unique_ptr<sdk::PpLayout> pp_layout;
+  const sdk::PpLayout* pp() const { return pp_layout.get(); }
+  // Bytes this rank sent to its neighbour stages, and the embedding group's traffic, so far.
+  int64_t pp_bytes = 0;
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<Optimizer> optimizer;  // trainable models only (DP 1)
   std::unique_ptr<ShardLayout> shards;   // DP > 1: this rank's part of the state
@@ -96,6 +107,9 @@ struct Backend {
   nlohmann::json policy;  // the config section as given to create
   BackendConfig config;
   std::unique_ptr<DpGroups> dp;  // several launched ranks: made at the first load_model
+  // Several ranks on the device path: the data-parallel group over a communicator for device
+  // memory, made at the first such model (before `models`: they point at it).
+  std::unique_ptr<CommDeviceDp> device_dp;
   std::vector<std::unique_ptr<Model>> models;
 };
 
@@ -148,6 +162,12 @@ struct DpStepResult {
   // The expert-parallel group's traffic (what this rank sent in the all-to-alls) and time.
   int64_t ep_comm_bytes = 0;
   double ep_comm_seconds = 0;
+  // The context-parallel group's traffic (its all-gathers and reduce-scatters) and time.
+  int64_t cp_comm_bytes = 0;
+  double cp_comm_seconds = 0;
+  // Pipeline parallelism: bytes sent to neighbour stages, the embedding group's and the norm's
+  // ring traffic (Model::pp_bytes over the step).
+  int64_t pp_comm_bytes = 0;
 };
 // The step over this rank's micro-batches (possibly none), gradients reduced, the global norm,
 // the sharded update, loss and engine metrics summed over ranks. Collective.
@@ -161,9 +181,27 @@ std::vector<float> ep_full(const Model& m, size_t i, std::span<const float> loca
 // Expert parallelism at load: every rank's layout, the engine's group and options, or one line
 // naming what stops it (collective-free; the groups exist already).
 void prepare_expert_parallel(const Backend& b, Model& m, engine::EngineOptions& eo);
-
-// Under tensor parallelism: every rank of the tp group holds the same batch, else an error on all
-// of them naming it (collective over the group; nothing without tensor parallelism).
+// pp_model.cpp: pipeline parallelism (docs/parallelism.md). pp_forward: one micro-batch's
+// forward through the stages (every stage calls it), its outputs on every stage. pp_train_step:
+// this rank's micro-batches through the 1F1B schedule, gradients accumulated in the engine
+// (the tied embedding's summed over the embedding group), the loss and engine metrics of the
+// last stage on every stage. pp_share_named: the last stage's named values on every stage.
+// At load: this rank's stage (the layers split as the config says), refusing what does not fit.
+void make_pipeline_stage(const Backend& b, Model& m);
+engine::Outputs pp_forward(Model& m, const engine::MicroBatch& mb, const engine::OutputRequest& req);
+engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, const engine::StepOptions& so,
+                                 const engine::LossFn& loss);
+std::vector<std::pair<std::string, double>> pp_share_named(const Model& m,
+                                                           const std::vector<std::pair<std::string, double>>& mine);
+// The local (engine) index of whole-model parameter i, -1 when this stage does not hold it; and
+// the whole-model parameter of engine parameter j.
+int64_t local_param(const Model& m, size_t i);
+const sdk::ParamDesc& model_param(const Model& m, size_t j);
+// Context parallelism at load (context_parallel.cpp): checks the groups fit the size and makes
+// the engine's group (place_on_device keeps the model on the CPU engine). Nothing at cp = 1.
+void check_context_parallel(Backend& b, Model& m);
+// Under tensor or context parallelism: every rank of the tp (and cp) group holds the same batch,
+// else an error on all of them naming it (collective over the groups; nothing without either).
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what);
 // Forward over this rank's micro-batches, FSDP ranks keeping their peers' gathers company.
 void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run);

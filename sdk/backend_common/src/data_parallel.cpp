@@ -37,15 +37,18 @@ FloatView::FloatView(float* p, int64_t count) : n(count) {
 int launched_world_size() { return sdk::detect_launch().size; }
 
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp, int64_t ep) {
+                                         int64_t tp, int64_t cp, int64_t pp, int64_t ep) {
   sdk::Comm world = sdk::Comm::world(host);
   sdk::ParallelSizes sizes;
   sizes.dp_replicate = dp_replicate;
   sizes.tp = tp;
+  sizes.cp = cp;
+  sizes.pp = pp;
   sizes.ep = ep;
   sdk::ParallelComms pc;
   std::vector<sdk::GroupKind> kinds = {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
-                                       sdk::GroupKind::tp};
+                                       sdk::GroupKind::tp, sdk::GroupKind::pp, sdk::GroupKind::embedding};
+  if (cp > 1) kinds.insert(kinds.end(), {sdk::GroupKind::cp, sdk::GroupKind::dp});
   if (ep > 1) kinds.insert(kinds.end(), {sdk::GroupKind::ep, sdk::GroupKind::expert_dp});
   try {
     pc = sdk::make_parallel_comms(world, sizes, kinds);
@@ -56,10 +59,16 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   auto take = [&](sdk::GroupKind k) { return std::move(pc.comms[static_cast<int>(k)]); };
   g->dp = take(sdk::GroupKind::dp_cp);
   g->tp = take(sdk::GroupKind::tp);
+  g->pp = take(sdk::GroupKind::pp);
+  g->embedding = take(sdk::GroupKind::embedding);
   g->all = world.split(0, world.rank(), "world");
   if (ep > 1) {
     g->ep = take(sdk::GroupKind::ep);
     g->edp = take(sdk::GroupKind::expert_dp);
+  }
+  if (cp > 1) {
+    g->cp = take(sdk::GroupKind::cp);
+    g->dp_only = take(sdk::GroupKind::dp);
   }
   if (dp_replicate > 1) {
     g->shard = take(sdk::GroupKind::dp_cp_shard);
@@ -68,6 +77,44 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
     g->shard = g->dp.split(0, g->dp.rank(), "dp shard");
   }
   return g;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CommDeviceDp
+
+namespace {
+// A contiguous 1-d tensor of n elements on `device` (float32, or bf16 moved as its bits).
+struct DeviceView {
+  int64_t n;
+  int64_t one = 1;
+  rlh_tensor t{};
+  DeviceView(const void* p, int64_t count, rlh_device device, int element_bytes) : n(count) {
+    t.data = const_cast<void*>(p);
+    t.device = device;
+    t.ndim = 1;
+    t.dtype = element_bytes == 2 ? rlh_dtype{RLH_DTYPE_BFLOAT, 16, 1} : rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+    t.shape = &n;
+    t.strides = &one;
+  }
+  DeviceView(const DeviceView&) = delete;
+};
+}  // namespace
+
+void CommDeviceDp::all_reduce_sum(float* data, int64_t n, void* stream) {
+  DeviceView v(data, n, device_, 4);
+  c_.all_reduce(v.t, RLH_REDUCE_SUM, stream);
+}
+
+void CommDeviceDp::reduce_scatter_sum(const float* in, float* out, int64_t block, void* stream) {
+  DeviceView a(in, block * c_.size(), device_, 4), b(out, block, device_, 4);
+  c_.reduce_scatter(a.t, b.t, RLH_REDUCE_SUM, stream);
+}
+
+void CommDeviceDp::all_gather(const void* mine, void* all, int64_t block, int element_bytes, void* stream) {
+  if (element_bytes != 2 && element_bytes != 4)
+    throw Error(RLH_E_INTERNAL, "data-parallel all_gather of " + std::to_string(element_bytes) + "-byte elements");
+  DeviceView a(mine, block, device_, element_bytes), b(all, block * c_.size(), device_, element_bytes);
+  c_.all_gather(a.t, b.t, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -395,5 +442,21 @@ void CommTpGroup::reduce(T* data, int64_t n, int32_t op) {
 void CommTpGroup::all_reduce_sum(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
 void CommTpGroup::all_reduce_sum(double* data, int64_t n) { reduce(data, n, RLH_REDUCE_SUM); }
 void CommTpGroup::all_reduce_max(float* data, int64_t n) { reduce(data, n, RLH_REDUCE_MAX); }
+void CommTpGroup::all_gather(const float* in, int64_t n, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int S = c_.size();
+  FloatView mine(const_cast<float*>(in), n), all(out, n * S);
+  c_.all_gather(*mine, *all);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
+}
+void CommTpGroup::reduce_scatter_sum(const float* in, int64_t n, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int S = c_.size();
+  FloatView all(const_cast<float*>(in), n * S), mine(out, n);
+  c_.reduce_scatter(*all, *mine, RLH_REDUCE_SUM);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_ += n * S * int64_t(sizeof(float)) * (S - 1) / S;
+}
 
 }  // namespace rlh::backend

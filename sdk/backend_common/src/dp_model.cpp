@@ -44,13 +44,19 @@ std::vector<float> tp_local(const Model& m, size_t i, const std::vector<float>& 
   if (m.ep()) return ep_local(m, i, full);
   return sdk::tp_slice(*m.tp(), i, full);
 }
+// This rank's tensors (in engine order) from the whole model's: tensor-parallel slices, and
+// under pipeline parallelism only the stage's.
 std::vector<std::vector<float>> tp_local_all(const Model& m, const std::vector<std::vector<float>>& full) {
-  if (!m.tp() && !m.ep()) return full;
+  if (!m.tp() && !m.ep() && !m.pp()) return full;
   if (full.size() != m.desc.params.size())
-    throw Error(RLH_E_INTERNAL, "tensor parallelism: " + std::to_string(full.size()) + " tensors for " +
+    throw Error(RLH_E_INTERNAL, "model parallelism: " + std::to_string(full.size()) + " tensors for " +
                                     std::to_string(m.desc.params.size()) + " parameters");
   std::vector<std::vector<float>> out;
-  for (size_t i = 0; i < full.size(); ++i) out.push_back(tp_local(m, i, full[i]));
+  if (!m.pp()) {
+    for (size_t i = 0; i < full.size(); ++i) out.push_back(tp_local(m, i, full[i]));
+    return out;
+  }
+  for (int64_t i : m.pp()->full_index) out.push_back(m.tp() ? tp_local(m, size_t(i), full[size_t(i)]) : full[size_t(i)]);
   return out;
 }
 // Parameter i in full from every tensor-parallel rank's piece (collective over the tp group;
@@ -70,7 +76,29 @@ std::vector<float> tp_full(const Model& m, size_t i, std::span<const float> loca
   return full;
 }
 
+// Whole-model parameter i in full on every rank, from this rank's view `local(j)` of its engine
+// parameter j: the tensor-parallel pieces gathered, and under pipeline parallelism broadcast
+// from the stage that owns it (collective over the tp and pp groups).
+std::vector<float> full_param(const Model& m, size_t i, const std::function<std::span<const float>(size_t)>& local) {
+  auto mine = [&](size_t j) {
+    const std::span<const float> l = local(j);
+    return m.tp() || m.ep() ? tp_full(m, i, l) : std::vector<float>(l.begin(), l.end());
+  };
+  if (!m.pp()) return mine(i);
+  const int owner = int(m.pp()->owner[i]);
+  std::vector<float> full = m.dp->pp_rank() == owner ? mine(size_t(m.pp()->local_index[i]))
+                                                     : std::vector<float>(size_t(numel(m.desc.params[i].shape)));
+  FloatView v(full.data(), int64_t(full.size()));
+  m.dp->pp.broadcast(*v, owner);
+  return full;
+}
+
 }  // namespace
+
+int64_t local_param(const Model& m, size_t i) { return m.pp() ? m.pp()->local_index.at(i) : int64_t(i); }
+const sdk::ParamDesc& model_param(const Model& m, size_t j) {
+  return m.desc.params.at(m.pp() ? size_t(m.pp()->full_index.at(j)) : j);
+}
 
 void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo) {
   if (!b.dp) return;
@@ -90,7 +118,7 @@ void prepare_data_parallel(Backend& b, Model& m, engine::EngineOptions& eo) {
 
 void finish_data_parallel(Model& m, const std::vector<std::vector<float>>& weights) {
   engine::Engine& e = *m.engine;
-  const auto updated = [&m](size_t i) { return !without_update(m, m.desc.params[i]); };
+  const auto updated = [&m](size_t i) { return !without_update(m, model_param(m, i)); };
   const bool decay_1d = m.config.optimizer ? m.config.optimizer->decay_1d_params : true;
   switch (m.dp_mode) {
     case Model::Dp::none: return;
@@ -138,7 +166,10 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   // many micro-batches as the rank with most (FSDP: its gathers and reductions are per
   // micro-batch).
   const int S = g.size();
+  const int64_t cp_bytes0 = m.cp_comm ? m.cp_comm->bytes() : 0;
+  const double cp_seconds0 = m.cp_comm ? m.cp_comm->seconds() : 0;
   const int64_t tp_bytes0 = m.tp_comm ? m.tp_comm->bytes() : 0;
+  const int64_t pp_bytes0 = m.pp_bytes;
   const double tp_seconds0 = m.tp_comm ? m.tp_comm->seconds() : 0;
   const int64_t ep_bytes0 = m.ep_comm ? m.ep_comm->bytes() : 0;
   const double ep_seconds0 = m.ep_comm ? m.ep_comm->seconds() : 0;
@@ -160,7 +191,19 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   out.comm_bytes += ring_bytes(2 * 8 + 8, S, true);
 
   float* grads = nullptr;
-  if (m.dp_mode == Model::Dp::fsdp) {
+  if (m.device) {
+    // The device engine sums the gradients over its device group and applies the same update
+    // on every rank (DDP), or its block of it (distributed optimizer; device_engine.hpp).
+    const int64_t bytes0 = m.device->dp_bytes();
+    const double seconds0 = m.device->dp_seconds();
+    out.info = m.next_update(lr_override);
+    so.apply_optimizer = !eval_only;
+    so.lr = out.info.lr;
+    r = m.device->train_step(views, so, out.info.weight_decay, loss);
+    out.updated = so.apply_optimizer && !r.skipped;
+    out.comm_bytes += m.device->dp_bytes() - bytes0;
+    out.comm_seconds += m.device->dp_seconds() - seconds0;
+  } else if (m.dp_mode == Model::Dp::fsdp) {
     m.fsdp->begin_step();
     try {
       if (!views.empty()) r = m.engine->train_step(views, so, loss);
@@ -172,7 +215,9 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     m.fsdp->end_step();
     grads = m.fsdp->grad_shard();
   } else {
-    if (!views.empty())
+    if (m.pp())
+      r = pp_train_step(m, views, so, loss);  // the 1F1B schedule over the stages (pp_model.cpp)
+    else if (!views.empty())
       r = m.engine->train_step(views, so, loss);
     else
       m.engine->zero_grad();
@@ -207,58 +252,69 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   }
   // The global gradient norm over the updated parameters: shards' sums of squares summed.
   // Under tensor parallelism each parameter's squares are weighted (replicated tensors count
-  // once over the group) and summed over the tp group too.
-  double ss[1] = {0}, ss_experts[1] = {0};
-  const int64_t experts_at = m.ep() ? m.engine->expert_range().first : std::numeric_limits<int64_t>::max();
-  for (const ShardRun& run : m.shards->runs())
-    (run.flat >= experts_at ? ss_experts : ss)[0] +=
-        m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
-  // DDP under expert parallelism: every rank holds the dense gradients whole and its ep rank's
-  // experts whole: those are summed over the ep group. (The distributed optimizer's shards of
-  // both are summed over the data-parallel group, which holds every ep rank.)
-  if (m.ep() && m.dp_mode == Model::Dp::ddp) {
-    timed([&] { g.ep.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
-    out.comm_bytes += ring_bytes(8, g.ep.size(), true);
-  }
-  ss[0] += ss_experts[0];
-  if (const sdk::Comm* c = shard_comm(m)) {
-    timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
-    out.comm_bytes += ring_bytes(8, c->size(), true);
-  }
-  if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
-  r.grad_norm = std::sqrt(ss[0]);
-  const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
-  r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
-  r.skipped = !std::isfinite(r.grad_norm);
-  if (m.shard_opt) {
-    if (!eval_only && !r.skipped) {
-      float* params = m.dp_mode == Model::Dp::fsdp ? m.fsdp->param_shard() : m.engine->flat_params().data();
-      out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
-      out.updated = true;
-      if (m.dp_mode == Model::Dp::distributed_optimizer) {
-        // The updated blocks back to every rank of each segment's group, in place.
-        std::span<float> flat = m.engine->flat_params();
-        for (size_t j = 0; j < m.shards->segments().size(); ++j) {
-          const ShardSegment& sg = m.shards->segments()[j];
-          const sdk::Comm& c = *segment_comm(m, j);
-          FloatView mine(flat.data() + sg.begin + int64_t(sg.rank) * sg.block, sg.block),
-              all(flat.data() + sg.begin, sg.block * sg.size);
-          timed([&] { c.all_gather(*mine, *all); });
-          out.comm_bytes += ring_bytes(sg.block * sg.size * int64_t(sizeof(float)), sg.size);
+  // once over the group) and summed over the tp group too. (A device engine did all of this.)
+  if (!m.device) {
+    double ss[1] = {0}, ss_experts[1] = {0};
+    const int64_t experts_at = m.ep() ? m.engine->expert_range().first : std::numeric_limits<int64_t>::max();
+    for (const ShardRun& run : m.shards->runs())
+      (run.flat >= experts_at ? ss_experts : ss)[0] +=
+          m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
+    // DDP under expert parallelism: every rank holds the dense gradients whole and its ep rank's
+    // experts whole: those are summed over the ep group. (The distributed optimizer's shards of
+    // both are summed over the data-parallel group, which holds every ep rank.)
+    if (m.ep() && m.dp_mode == Model::Dp::ddp) {
+      timed([&] { g.ep.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(8, g.ep.size(), true);
+    }
+    ss[0] += ss_experts[0];
+    if (const sdk::Comm* c = shard_comm(m)) {
+      timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(8, c->size(), true);
+    }
+    if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
+    if (m.pp()) {  // each stage's parameters (a tied embedding counted on the first stage only)
+      timed([&] { m.dp->pp.all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
+      m.pp_bytes += ring_bytes(8, m.dp->pp_size(), true);
+    }
+    r.grad_norm = std::sqrt(ss[0]);
+    const double max_norm = m.config.optimizer ? m.config.optimizer->max_grad_norm : 0.0;
+    r.clip_coef = max_norm > 0 ? std::min(1.0, max_norm / (r.grad_norm + 1e-6)) : 1.0;
+    r.skipped = !std::isfinite(r.grad_norm);
+    if (m.shard_opt) {
+      if (!eval_only && !r.skipped) {
+        float* params = m.dp_mode == Model::Dp::fsdp ? m.fsdp->param_shard() : m.engine->flat_params().data();
+        out.info = m.shard_opt->step(lr_override, r.clip_coef, params, m.dp_mode != Model::Dp::fsdp, grads);
+        out.updated = true;
+        if (m.dp_mode == Model::Dp::distributed_optimizer) {
+          // The updated blocks back to every rank of each segment's group, in place.
+          std::span<float> flat = m.engine->flat_params();
+          for (size_t j = 0; j < m.shards->segments().size(); ++j) {
+            const ShardSegment& sg = m.shards->segments()[j];
+            const sdk::Comm& c = *segment_comm(m, j);
+            FloatView mine(flat.data() + sg.begin + int64_t(sg.rank) * sg.block, sg.block),
+                all(flat.data() + sg.begin, sg.block * sg.size);
+            timed([&] { c.all_gather(*mine, *all); });
+            out.comm_bytes += ring_bytes(sg.block * sg.size * int64_t(sizeof(float)), sg.size);
+          }
         }
+      } else {
+        out.info = m.shard_opt->next(lr_override);
       }
-    } else {
-      out.info = m.shard_opt->next(lr_override);
     }
   }
-  // Loss, tokens and the engine's metrics of the whole global batch.
+  // Loss, tokens and the engine's metrics of the whole global batch (over the data-parallel
+  // ranks without context parallelism's: a cp group's ranks computed the same loss).
   double sums[2] = {r.loss, double(r.tokens)};
-  g.dp.all_reduce(std::span<double>(sums, 2), RLH_REDUCE_SUM);
+  g.sums().all_reduce(std::span<double>(sums, 2), RLH_REDUCE_SUM);
   r.loss = sums[0];
   r.tokens = int64_t(sums[1]);
-  r.metrics = all_reduce_named(g.dp, r.metrics);
+  r.metrics = all_reduce_named(g.sums(), r.metrics);
   r.step = m.version();
-  out.comm_bytes += ring_bytes(2 * 8, S, true);
+  out.comm_bytes += ring_bytes(2 * 8, g.sums().size(), true);
+  if (m.cp_comm) {
+    out.cp_comm_bytes = m.cp_comm->bytes() - cp_bytes0;
+    out.cp_comm_seconds = m.cp_comm->seconds() - cp_seconds0;
+  }
   if (m.tp_comm) {  // the layers' and head's all-reduces, the shared gradients, the norm
     out.tp_comm_bytes = m.tp_comm->bytes() - tp_bytes0;
     out.tp_comm_seconds = m.tp_comm->seconds() - tp_seconds0;
@@ -267,6 +323,7 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     out.ep_comm_bytes = m.ep_comm->bytes() - ep_bytes0;
     out.ep_comm_seconds = m.ep_comm->seconds() - ep_seconds0;
   }
+  out.pp_comm_bytes = m.pp_bytes - pp_bytes0;
   if (m.fsdp) {
     out.comm_bytes += m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() - fsdp_bytes0;
     out.comm_seconds += m.fsdp->comm_seconds() - fsdp_seconds0;
@@ -301,11 +358,11 @@ void dp_visit_parameters(Model& m, const std::function<void(size_t, std::span<fl
   const auto& params = m.desc.params;
   if (m.dp_mode != Model::Dp::fsdp) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!m.tp() && !m.ep()) {
+      if (!m.tp() && !m.ep() && !m.pp()) {
         fn(i, m.engine->param(i));
         continue;
       }
-      std::vector<float> full = tp_full(m, i, m.engine->param(i));
+      std::vector<float> full = full_param(m, i, [&](size_t j) { return std::span<const float>(m.engine->param(j)); });
       fn(i, full);
     }
     return;
@@ -366,17 +423,19 @@ std::vector<Optimizer::StateTensor> dp_full_optimizer_state(Model& m, bool keep,
   std::vector<std::pair<const char*, const float*>> parts = {{adam ? "exp_avg" : "momentum_buffer", m.shard_opt->first()}};
   if (adam) parts.emplace_back("exp_avg_sq", m.shard_opt->second());
   storage.reserve(parts.size());
-  if (m.tp() || m.ep()) {
+  if (m.tp() || m.ep() || m.pp()) {
     // This rank's moments in its local flat layout (every rank), then each parameter's pieces
-    // gathered over the tp (or ep) group; only `keep` ranks hold the full tensors.
+    // gathered over the tp (or ep) group (and from its pipeline stage); only `keep` ranks hold the
+    // full tensors.
     for (const auto& [prefix, shard] : parts) {
       const std::vector<float> flat = gather_flat(m, shard, true);
       for (size_t i = 0; i < m.desc.params.size(); ++i) {
         const sdk::ParamDesc& p = m.desc.params[i];
         if (without_update(m, p)) continue;
-        const int64_t n = numel(m.engine->desc().params[i].shape);
-        std::vector<float> full =
-            tp_full(m, i, std::span<const float>(flat.data() + m.engine->param_offset(i), size_t(n)));
+        std::vector<float> full = full_param(m, i, [&](size_t j) {
+          const int64_t n = numel(m.engine->desc().params[j].shape);
+          return std::span<const float>(flat.data() + m.engine->param_offset(j), size_t(n));
+        });
         if (!keep) continue;
         storage.push_back(std::move(full));
         out.push_back(Optimizer::StateTensor{std::string(prefix) + "." + p.name, p.shape,
@@ -418,8 +477,8 @@ void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, c
   if (first.empty()) return;  // saved before the first update: moments start from zero
   m.shard_opt->allocate_state();
   for (size_t i = 0; i < first.size(); ++i) {
-    if (first[i].empty()) continue;
-    const int64_t o = m.engine->param_offset(i);
+    if (first[i].empty() || local_param(m, i) < 0) continue;  // another pipeline stage's
+    const int64_t o = m.engine->param_offset(size_t(local_param(m, i)));
     const bool cut = m.tp() || m.ep();
     const std::vector<float> f = cut ? tp_local(m, i, first[i]) : first[i];
     m.shards->scatter_param(o, f.data(), int64_t(f.size()), m.shard_opt->first());
@@ -434,8 +493,20 @@ void dp_load_optimizer(Model& m, const std::vector<std::vector<float>>& first, c
 
 namespace rlh::backend {
 
+namespace {
+void same_batch_over(const sdk::Comm& group, const char* kind, const rlh_batch& batch, const char* what);
+}  // namespace
+
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what) {
-  if (!m.tp()) return;
+  // Over the cp group, the tp group, then the pp group (a pipeline's stages run the same
+  // micro-batches); every rank takes the same branches, so the collectives meet.
+  if (m.dp != nullptr && m.dp->cp_size() > 1) same_batch_over(m.dp->cp, "context", batch, what);
+  if (m.tp()) same_batch_over(m.dp->tp, "tensor", batch, what);
+  if (m.pp()) same_batch_over(m.dp->pp, "pipeline", batch, what);
+}
+
+namespace {
+void same_batch_over(const sdk::Comm& group, const char* kind, const rlh_batch& batch, const char* what) {
   // Token and sequence counts and an FNV-1a hash of ids and offsets: min and max over the group.
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](const void* p, size_t n) {
@@ -445,14 +516,16 @@ void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what) {
   if (batch.num_tokens > 0 && batch.token_ids) mix(batch.token_ids, size_t(batch.num_tokens) * sizeof(int32_t));
   if (batch.seq_offsets) mix(batch.seq_offsets, size_t(batch.num_seqs + 1) * sizeof(int64_t));
   int64_t lo[3] = {batch.num_tokens, batch.num_seqs, int64_t(h >> 1)}, hi[3] = {lo[0], lo[1], lo[2]};
-  m.dp->tp.all_reduce(std::span<int64_t>(lo, 3), RLH_REDUCE_MIN);
-  m.dp->tp.all_reduce(std::span<int64_t>(hi, 3), RLH_REDUCE_MAX);
+  group.all_reduce(std::span<int64_t>(lo, 3), RLH_REDUCE_MIN);
+  group.all_reduce(std::span<int64_t>(hi, 3), RLH_REDUCE_MAX);
+  const std::string k(kind);
   if (lo[0] != hi[0] || lo[1] != hi[1] || lo[2] != hi[2])
     throw Error(RLH_E_INVALID_ARGUMENT,
-                std::string(what) + ": the ranks of a tensor-parallel group were given different batches (tokens " +
-                    std::to_string(lo[0]) + ".." + std::to_string(hi[0]) +
-                    "); under tensor parallelism every rank of a group takes its data-parallel rank's batch (loops that "
-                    "shard over every launched rank do not run under tensor parallelism yet)");
+                std::string(what) + ": the ranks of a " + k + "-parallel group were given different batches (tokens " +
+                    std::to_string(lo[0]) + ".." + std::to_string(hi[0]) + "); under " + k +
+                    " parallelism every rank of a group takes its data-parallel rank's batch (loops that "
+                    "shard over every launched rank do not run under " + k + " parallelism yet)");
 }
+}  // namespace
 
 }  // namespace rlh::backend

@@ -201,6 +201,15 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     b.host.info(std::string(b.flavor->name) + ": " + m.role + " runs on the CPU engine (" + why + ")");
     return false;
   };
+  // Context parallelism has no device path (the CUDA engine splits no sequence): named first,
+  // whatever the precision or the build.
+  if (b.dp && b.dp->cp_size() > 1)
+    return decline(RLH_E_UNIMPLEMENTED, "context parallelism (context_parallel_size = " +
+                                            std::to_string(b.dp->cp_size()) + ") runs on the CPU engine only");
+  // Nor has expert parallelism (the CUDA engine dispatches no experts to other ranks).
+  if (b.dp && b.dp->ep_size() > 1)
+    return decline(RLH_E_UNIMPLEMENTED, "expert parallelism (expert_model_parallel_size = " +
+                                            std::to_string(b.dp->ep_size()) + ") runs on the CPU engine only");
   if (!m.config.bf16()) {
     if (automatic) return false;  // float32 training is the CPU engine's
     throw Error(RLH_E_INVALID_ARGUMENT, where + " computes in bfloat16 with float32 master weights: set "
@@ -211,9 +220,17 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
                                              "is megatron's, built where the CUDA toolchain is)");
   }
-  if (b.dp)  // the device path is one rank's (multi-GPU data parallelism is a later issue)
-    return decline(RLH_E_UNIMPLEMENTED, "the device path runs on one rank; with " + std::to_string(b.dp->size()) +
-                                            " data-parallel ranks the model runs on the CPU engine");
+  // Several ranks: data parallelism (DDP or the distributed optimizer) over a device
+  // communicator; the other layouts are the CPU engine's so far.
+  if (b.dp && b.dp->tp_size() > 1)
+    return decline(RLH_E_UNIMPLEMENTED, "tensor parallelism (tensor_model_parallel_size = " +
+                                            std::to_string(b.dp->tp_size()) + ") runs on the CPU engine only");
+  if (b.dp && b.dp->pp_size() > 1)
+    return decline(RLH_E_UNIMPLEMENTED, "pipeline parallelism (pipeline_model_parallel_size = " +
+                                            std::to_string(b.dp->pp_size()) + ") runs on the CPU engine only");
+  if (b.dp && (m.config.parallel.fsdp || b.dp->replicate))
+    return decline(RLH_E_UNIMPLEMENTED, "FSDP runs on the CPU engine only (the device path shards the optimizer "
+                                        "state with megatron's use_distributed_optimizer)");
   const std::string target = automatic ? "cuda" : d;
   std::string why;
   if (!f->available(target, &why)) return decline(RLH_E_UNAVAILABLE, why);
@@ -242,6 +259,19 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     o.optimizer.weight_decay = oc.weight_decay;
     o.optimizer.decay_1d_params = oc.decay_1d_params;
     o.optimizer.max_grad_norm = oc.max_grad_norm;
+  }
+  if (b.dp) {
+    if (!b.device_dp) {  // collective over the world, like the groups
+      const rlh_device dev = sdk::cuda_device(index);
+      b.device_dp = std::make_unique<CommDeviceDp>(sdk::make_device_comm(b.host, dev, "", b.flavor->name), dev);
+    }
+    if (b.device_dp->size() != b.dp->size())
+      throw Error(RLH_E_INTERNAL, where + ": the device communicator has " + std::to_string(b.device_dp->size()) +
+                                      " ranks, the data-parallel group " + std::to_string(b.dp->size()));
+    o.dp = b.device_dp.get();
+    o.shard_optimizer = m.config.parallel.distributed_optimizer;
+    m.dp = b.dp.get();
+    m.dp_mode = o.shard_optimizer ? Model::Dp::distributed_optimizer : Model::Dp::ddp;
   }
   try {
     m.device = f->create(m.desc, o);
@@ -332,17 +362,22 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 (fresh_head ? "newly initialised" : "from the checkpoint") + ") because " + value_why);
 
   // Several launched ranks: the data-parallel groups, once per backend (collective).
-  const int64_t tp = m->config.parallel.tp, ep = m->config.parallel.ep;
+  const int64_t tp = m->config.parallel.tp, cp = m->config.parallel.cp, pp = m->config.parallel.pp,
+                ep = m->config.parallel.ep;
   if (!b.dp && launched_world_size() > 1) {
     try {
-      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, ep);
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, cp, pp, ep);
     } catch (const Error& e) {
-      if (tp <= 1 && ep <= 1) throw;
-      throw Error(e.code(), std::string(tp > 1 ? "policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp)
-                                               : "policy.megatron_cfg.expert_model_parallel_size = " + std::to_string(ep)) +
-                                ": " + e.what());
+      if (tp <= 1 && cp <= 1 && pp <= 1 && ep <= 1) throw;
+      std::string keys;  // the model-parallel sizes that are set, by name
+      for (const auto& [name, n] : {std::pair<const char*, int64_t>{"tensor_model_parallel_size", tp},
+                                    {"context_parallel_size", cp}, {"pipeline_model_parallel_size", pp},
+                                    {"expert_model_parallel_size", ep}})
+        if (n > 1) keys += (keys.empty() ? "" : ", ") + std::string(name) + " = " + std::to_string(n);
+      throw Error(e.code(), "policy.megatron_cfg." + keys + ": " + e.what());
     }
   }
+  check_context_parallel(b, *m);
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
     throw Error(RLH_E_INVALID_ARGUMENT,
                 std::string(b.flavor->name) + ": policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +
@@ -360,6 +395,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     }
     m->tp_comm = std::make_unique<CommTpGroup>(b.dp->tp);
   }
+  if (pp > 1) make_pipeline_stage(b, *m);
   if (!b.dp && m->config.parallel.dp_replicate > 1)
     throw Error(RLH_E_INVALID_ARGUMENT, std::string(b.flavor->name) + ": policy.dtensor_cfg.dp_replicate_size = " +
                                             std::to_string(m->config.parallel.dp_replicate) +
@@ -368,6 +404,10 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
                 " (" + std::to_string(m->device->num_elements()) + " parameters, " +
                 (m->trainable ? "adamw optimizer" : std::string("frozen")) + (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
+                (m->dp ? ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" +
+                             (m->dp_mode == Model::Dp::distributed_optimizer ? "distributed optimizer" : "gradients all-reduced") +
+                             ", on the device)"
+                       : std::string()) +
                 ", on " + m->kernels + ")");
     return m;
   }
@@ -385,6 +425,9 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   prepare_expert_parallel(b, *m, eo);  // after the data-parallel mode: the experts' padding
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
+  eo.cp_comm = m->cp_comm.get();
+  eo.sequence_parallel = m->config.parallel.sequence_parallel;
+  eo.pp = m->pp();
   // The engine computes the clip coefficient; the optimizer applies it (optimizer.hpp).
   eo.optimizer.max_grad_norm = m->config.optimizer ? m->config.optimizer->max_grad_norm : 0.0;
   try {
@@ -405,6 +448,12 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   const std::string dp_note =
       m->dp ? (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks" : std::string()) +
                   (m->ep() ? ", experts over " + std::to_string(m->dp->ep_size()) + " ranks" : std::string()) +
+                  (m->cp_comm ? ", context parallel over " + std::to_string(m->dp->cp_size()) + " ranks" : std::string()) +
+                  (m->tp() && m->config.parallel.sequence_parallel ? ", sequence parallel" : "") +
+                  (m->pp() ? ", pipeline stage " + std::to_string(m->pp()->rank) + " of " + std::to_string(m->pp()->size) +
+                                 " (layers " + std::to_string(m->pp()->layer_begin) + ".." +
+                                 std::to_string(m->pp()->layer_begin + m->pp()->layer_count - 1) + ")"
+                           : std::string()) +
                   ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"
             : "";

@@ -175,9 +175,25 @@ void write_state_files(Model& m, const std::string& dir, std::vector<std::vector
 // files as one rank writes; every rank then learns whether rank 0 succeeded.
 void save_state_dp(Model& m, const std::string& dir) {
   const bool writer = m.dp->all.rank() == 0;  // world rank 0 (data- and tensor-parallel rank 0)
-  std::vector<std::vector<float>> params = dp_full_parameters(m, writer);
+  std::vector<std::vector<float>> params;
   std::vector<std::vector<float>> storage;
-  std::vector<Optimizer::StateTensor> moments = dp_full_optimizer_state(m, writer, storage);
+  std::vector<Optimizer::StateTensor> moments;
+  DeviceOptimizerState device_state;
+  if (m.device) {
+    // Every rank holds the whole masters; a sharded optimizer's moments are gathered
+    // (collective: every rank asks).
+    if (writer) params = m.device->parameters();
+    if (m.trainable) {
+      device_state.adam = m.device->adam_state();
+      if (writer) {
+        view_adam_state(m, device_state);
+        moments = device_state.tensors;
+      }
+    }
+  } else {
+    params = dp_full_parameters(m, writer);
+    moments = dp_full_optimizer_state(m, writer, storage);
+  }
   int32_t ok[1] = {1};
   std::string error;
   rlh_code code = RLH_OK;
@@ -186,6 +202,7 @@ void save_state_dp(Model& m, const std::string& dir) {
       json layout = {{"data_parallel_size", m.dp->size()}};
       if (m.tp()) layout["tensor_model_parallel_size"] = m.dp->tp_size();
       if (m.ep()) layout["expert_model_parallel_size"] = m.dp->ep_size();
+      if (m.pp()) layout["pipeline_model_parallel_size"] = m.dp->pp_size();
       write_state_files(m, dir, params, moments, layout);
     } catch (const Error& e) {
       ok[0] = 0;

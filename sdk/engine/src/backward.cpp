@@ -6,6 +6,8 @@
 // the embedding: the residual adds pass it on unchanged.
 #include "model.hpp"
 
+#include <cstring>
+
 namespace rlh::engine {
 
 namespace {
@@ -21,6 +23,7 @@ struct ColsPtr {
 void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a) {
   const sdk::LayerProgram& lp = prog.layers[size_t(l)];
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
+  const int64_t R = sp_on ? sp_rows : N;  // rows of the residual regions on this rank
   auto val = [&](const sdk::Cols& c) {
     return ColsPtr{a.v[size_t(c.value)] + c.col, lp.values[size_t(c.value)].width};
   };
@@ -35,8 +38,9 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
         break;  // both operands take the output's gradient buffer as it is
       case sdk::StepOp::norm: {
         const ColsPtr x = val(st.in), dy = grad(st.out), dx = grad(st.in);
-        ops->rmsnorm_bwd(dx.p, dx.ld, g(st.weights[0]), dy.p, dy.ld, x.p, x.ld, w(st.weights[0]),
-                         a.stat[size_t(st.stat)], N, st.in.width, float(st.offset), st.accumulate);
+        ops->rmsnorm_bwd(sp_own(dx.p, dx.ld), dx.ld, g(st.weights[0]), sp_own(dy.p, dy.ld), dy.ld, sp_own(x.p, x.ld), x.ld,
+                         w(st.weights[0]), sp_own(a.stat[size_t(st.stat)], 1), R, st.in.width, float(st.offset),
+                         st.accumulate);
         break;
       }
       case sdk::StepOp::head_norm: {
@@ -50,6 +54,8 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
       case sdk::StepOp::linear: {
         const ColsPtr x = val(st.in), dy = grad(st.out), dx = grad(st.in);
         const int64_t K = st.in.width;
+        // Sequence parallelism: a row-parallel linear's output gradient from every rank's rows.
+        if (sp_on && st.tp_reduce_out) sp_gather(dy.p, st.out.width);
         int64_t row = 0;
         for (size_t i = 0; i < st.weights.size(); ++i) {
           const int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
@@ -74,7 +80,12 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
           i = j;
         }
         // Column-parallel (tensor parallelism): each rank's d input covers its output rows only.
-        if (st.tp_reduce_din) tp_reduce(dx.p, N * st.in.width);
+        if (st.tp_reduce_din) {
+          if (sp_on)
+            sp_scatter(dx.p, st.in.width);
+          else
+            tp_reduce(dx.p, N * st.in.width);
+        }
         break;
       }
       case sdk::StepOp::rope: {
@@ -85,9 +96,13 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
       case sdk::StepOp::attention: {
         const ColsPtr q = val(st.in), k = val(st.in2), v = val(st.in3), o = val(st.out);
         const ColsPtr dq = grad(st.in), dk = grad(st.in2), dv = grad(st.in3), dout = grad(st.out);
-        ops->attention_bwd(dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld, dout.p, dout.ld, q.p, q.ld, k.p, k.ld, v.p, v.ld,
-                           o.p, o.ld, a.stat[size_t(st.stat)], mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk,
-                           st.dv, float(st.scale), st.window);
+        if (cp_on)
+          cp_attention_bwd(st, dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld, dout.p, dout.ld, q.p, q.ld, k.p, k.ld, v.p, v.ld,
+                           o.p, o.ld, a.stat[size_t(st.stat)]);
+        else
+          ops->attention_bwd(dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld, dout.p, dout.ld, q.p, q.ld, k.p, k.ld, v.p, v.ld,
+                             o.p, o.ld, a.stat[size_t(st.stat)], mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk,
+                             st.dv, float(st.scale), st.window);
         break;
       }
       case sdk::StepOp::glu: {
@@ -118,7 +133,9 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   raw.chunk_bytes = opt.logprob_chunk_bytes;
   bool have_dxn = false;
   use_grads(L);
-  if (tp_on) {
+  if (!prog.pp_last) {
+    std::memcpy(dres, pp_dy, size_t(N * C) * sizeof(float));  // from the next pipeline stage
+  } else if (tp_on) {
     // One vocabulary-parallel backward for the raw outputs; the unfiltered processed logprob
     // is the raw one, so its gradient adds to the next token's.
     if (req.processed_logprob)
@@ -132,7 +149,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
                             false);
     have_dxn = true;
   }
-  if (req.processed_logprob && !tp_on) {
+  if (req.processed_logprob && !tp_on && prog.pp_last) {
     LogprobAttrs proc = raw;
     proc.top_k = req.top_k;
     proc.top_p = req.top_p;
@@ -140,14 +157,16 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
                             head.lse_proc, nullptr, N, C, V, 1, proc, have_dxn);
     have_dxn = true;
   }
-  if (req.value) {
+  if (req.value && prog.pp_last) {
     // val = xn score^T: d xn += dval score, d score += dval^T xn (accumulated over micro-batches).
     ops->gemm(false, false, N, C, 1, 1.f, head.dval, 1, w(prog.value_head), C, have_dxn ? 1.f : 0.f, dxn, C);
     ops->gemm(true, false, 1, C, N, 1.f, head.dval, 1, head.xn, C, 1.f, g(prog.value_head), C);
     have_dxn = true;
   }
-  ops->rmsnorm_bwd(dres, C, g(prog.final_norm), dxn, C, head.x, C, w(prog.final_norm), head.rstd, N, C,
-                   float(prog.final_offset), false);  // dres = d x_L
+  if (prog.pp_last)
+    ops->rmsnorm_bwd(sp_own(dres, C), C, g(prog.final_norm), sp_own(dxn, C), C, sp_own(head.x, C), C,
+                     w(prog.final_norm), sp_own(head.rstd, 1), sp_on ? sp_rows : N, C, float(prog.final_offset),
+                     false);  // dres = d x_L
 
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs a = acts_of(l);
@@ -158,11 +177,16 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
     drop_grads(l);  // a UnitStore reduces them away here
     drop_params(l);
   }
-  if (prog.embed_scale != 1) ops->scale(dres, N * C, double(float(prog.embed_scale)));
-  if (tp_on)
-    tp_embedding_bwd(mb.input_ids.data(), dres, N);
-  else
-    ops->embedding_bwd(g(prog.embed), mb.input_ids.data(), dres, N, C, V);
+  if (!prog.pp_first) {
+    std::memcpy(pp_dx, dres, size_t(N * C) * sizeof(float));  // to the previous pipeline stage
+  } else {
+    if (prog.embed_scale != 1) ops->scale(dres, N * C, double(float(prog.embed_scale)));
+    if (sp_on) sp_gather(dres, C);  // the lookup's gradient for every row
+    if (tp_on)
+      tp_embedding_bwd(mb.input_ids.data(), dres, N);
+    else
+      ops->embedding_bwd(g(prog.embed), mb.input_ids.data(), dres, N, C, V);
+  }
   drop_grads(L);
   drop_params(L);
 }

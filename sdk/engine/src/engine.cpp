@@ -159,13 +159,14 @@ std::vector<std::vector<float>> Engine::save_parameters() const {
 
 double Engine::grad_sumsq(std::span<const float> g, int64_t flat_begin) const {
   const Impl& m = *impl_;
-  if (!m.tp_on) return g.empty() ? 0.0 : m.ops->sumsq(g.data(), int64_t(g.size()));
-  // Per parameter overlapping [flat_begin, flat_begin + n), with its weight (padding: none).
+  if (m.norm_w.empty()) return g.empty() ? 0.0 : m.ops->sumsq(g.data(), int64_t(g.size()));
+  // Per parameter overlapping [flat_begin, flat_begin + n), with its weight (padding: none;
+  // tensor parallelism's replicated tensors, a pipeline's second copy of a tied embedding).
   const int64_t end = flat_begin + int64_t(g.size());
   double ss = 0;
   for (size_t i = 0; i < m.desc.params.size(); ++i) {
     const int64_t b = std::max(flat_begin, m.offset[i]), e = std::min(end, m.offset[i] + numel(m.desc.params[i].shape));
-    if (b < e) ss += m.opt.tp->pieces[i].norm_weight * m.ops->sumsq(g.data() + (b - flat_begin), e - b);
+    if (b < e && m.norm_w[i] != 0) ss += m.norm_w[i] * m.ops->sumsq(g.data() + (b - flat_begin), e - b);
   }
   return ss;
 }
@@ -176,31 +177,40 @@ void Engine::zero_grad() {
   impl_->grads_clear = true;
 }
 
-Outputs Engine::forward(const MicroBatch& mb, const OutputRequest& req) {
+Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   Impl& m = *impl_;
+  if (!m.prog.pp_last || (!m.prog.pp_first && m.pp_x_in == nullptr))
+    throw std::logic_error("engine: a pipeline stage runs through forward_stage");
   m.forget_units();  // an earlier call that threw may have left units marked held
+  // This rank's share under CP; every sequence padded to a multiple of T under sequence
+  // parallelism (cp_prepare at cp 1).
+  const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
   m.forward(mb, req, false);
-  const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
-  const auto cu = mb.cu_seqlens;
+  const int64_t N = whole.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
+  const auto cu = whole.cu_seqlens;
   Outputs out;
+  std::vector<float> rows;
   if (req.logprob) {
     out.logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp, kraw, out.logprob.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.lp, N, rows), kraw, out.logprob.data(), 1, 1, cu);
   }
   if (req.entropy) {
     out.entropy.resize(size_t(N));
-    shift_to_outputs(m.head.ent, 1, out.entropy.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.ent, N, rows), 1, out.entropy.data(), 1, 1, cu);
   }
   if (req.processed_logprob) {
     out.processed_logprob.resize(size_t(N));
-    shift_to_outputs(m.head.lp_proc, 1, out.processed_logprob.data(), 1, 1, cu);
+    shift_to_outputs(m.cp_whole_rows(m.head.lp_proc, N, rows), 1, out.processed_logprob.data(), 1, 1, cu);
   }
   if (req.logprob_at_ids) {
     out.ids_per_token = K;
     out.logprob_at_ids.resize(size_t(N * K));
     shift_to_outputs(m.head.lp + 1, kraw, out.logprob_at_ids.data(), K, K, cu);
   }
-  if (req.value) out.value.assign(m.head.val, m.head.val + N);
+  if (req.value) {
+    const float* val = m.cp_whole_rows(m.head.val, N, rows);
+    out.value.assign(val, val + N);
+  }
   if (req.routed_experts) {
     out.routing_width = m.route_width;
     out.routed_experts = std::move(m.route_record);
@@ -232,6 +242,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     throw std::invalid_argument("engine: a train step needs at least one differentiable output");
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
   if (mbs.empty()) throw std::invalid_argument("engine: a train step needs micro-batches");
+  if (m.pp_on) throw std::logic_error("engine: a pipeline stage trains through backward_stage");
   if (m.store != nullptr && so.apply_optimizer)
     throw std::invalid_argument("engine: with a UnitStore the update is the store owner's (apply_optimizer = false)");
   m.forget_units();
@@ -248,64 +259,19 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     explicit TrainFlag(bool& b) : f(b) { f = true; }
     ~TrainFlag() { f = false; }
   } train_flag(m.moe_train);
+  if (m.cp_on && so.apply_optimizer)
+    throw std::invalid_argument("engine: under context parallelism the gradients are partial sums; the owner reduces "
+                                "them over the group and applies the update (apply_optimizer = false)");
   for (size_t i = 0; i < mbs.size(); ++i) {
-    const MicroBatch& mb = mbs[i];
+    const MicroBatch& whole = mbs[i];
+    const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
     m.forward(mb, req, !m.opt.recompute);
     if (req.routed_experts) r.routed_experts.push_back(m.route_record);
-    const int64_t N = mb.num_tokens(), kraw = m.head.kraw, K = kraw - 1;
-    const auto cu = mb.cu_seqlens;
-
-    // Outputs and their gradients in output alignment, for the callback: logprob, entropy,
-    // processed logprob [N] each, logprob_at_ids [N, K]; then the same again for gradients.
-    const int64_t per = 3 * N + N * K;
-    Buffer<float> views(*m.alloc, size_t(2 * per));
-    std::memset(views.data(), 0, size_t(2 * per) * sizeof(float));
-    float* lp = views.data();
-    float* ent = lp + N;
-    float* proc = ent + N;
-    float* ids = proc + N;
-    float* dlp = views.data() + per;
-    float* dent = dlp + N;
-    float* dproc = dent + N;
-    float* dids = dproc + N;
-    OutputViews ov;
-    OutputGrads og;
-    if (req.logprob) {
-      shift_to_outputs(m.head.lp, kraw, lp, 1, 1, cu);
-      ov.logprob = {lp, size_t(N)};
-      og.logprob = {dlp, size_t(N)};
-    }
-    if (req.entropy) {
-      shift_to_outputs(m.head.ent, 1, ent, 1, 1, cu);
-      ov.entropy = {ent, size_t(N)};
-      og.entropy = {dent, size_t(N)};
-    }
-    if (req.processed_logprob) {
-      shift_to_outputs(m.head.lp_proc, 1, proc, 1, 1, cu);
-      ov.processed_logprob = {proc, size_t(N)};
-      og.processed_logprob = {dproc, size_t(N)};
-    }
-    if (req.logprob_at_ids) {
-      shift_to_outputs(m.head.lp + 1, kraw, ids, K, K, cu);
-      ov.logprob_at_ids = {ids, size_t(N * K)};
-      ov.ids_per_token = K;
-      og.logprob_at_ids = {dids, size_t(N * K)};
-    }
-    if (req.value) {  // already in output alignment: the callback reads and writes the head's buffers
-      std::memset(m.head.dval, 0, size_t(N) * sizeof(float));
-      ov.value = {m.head.val, size_t(N)};
-      og.value = {m.head.dval, size_t(N)};
-    }
-    LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
-    const LossResult lr = loss_fn(ctx, ov, og);
+    const LossResult lr = m.call_loss(whole, int64_t(i), int64_t(mbs.size()), so, loss_fn);
     r.loss += lr.loss;
     accumulate_metrics(r.metrics, lr.metrics);
-    shift_to_kernel(dlp, 1, m.head.dlp, kraw, 1, cu);
-    if (K > 0) shift_to_kernel(dids, K, m.head.dlp + 1, kraw, K, cu);
-    shift_to_kernel(dent, 1, m.head.dent, 1, 1, cu);
-    shift_to_kernel(dproc, 1, m.head.dlp_proc, 1, 1, cu);
     m.backward(mb, req);
-    r.tokens += N;
+    r.tokens += mb.num_tokens();
   }
 
   if (m.route_width > 0) {
@@ -338,6 +304,84 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
   }
   r.step = m.steps;
   return r;
+}
+
+// `whole` is the micro-batch as the caller gave it. Under context or sequence parallelism the
+// head's buffers hold this rank's rows of its prepared (padded, split) copy: the outputs are
+// gathered into the whole micro-batch's token order for the callback, and this rank takes back
+// the gradients of its own rows.
+LossResult Engine::Impl::call_loss(const MicroBatch& whole, int64_t index, int64_t count, const StepOptions& so,
+                                   const LossFn& loss_fn) {
+  const OutputRequest& req = so.outputs;
+  const int64_t N = whole.num_tokens(), kraw = head.kraw, K = kraw - 1;
+  const auto cu = whole.cu_seqlens;
+  const bool split = cp_on || sp_on;
+  std::vector<float> rows[4], val, dval;  // split: the whole micro-batch's head rows
+
+  // Outputs and their gradients in output alignment, for the callback: logprob, entropy,
+  // processed logprob [N] each, logprob_at_ids [N, K]; then the same again for gradients.
+  const int64_t per = 3 * N + N * K;
+  Buffer<float> views(*alloc, size_t(2 * per));
+  std::memset(views.data(), 0, size_t(2 * per) * sizeof(float));
+  float* lp = views.data();
+  float* ent = lp + N;
+  float* proc = ent + N;
+  float* ids = proc + N;
+  float* dlp = views.data() + per;
+  float* dent = dlp + N;
+  float* dproc = dent + N;
+  float* dids = dproc + N;
+  OutputViews ov;
+  OutputGrads og;
+  if (req.logprob) {
+    shift_to_outputs(cp_whole_rows(head.lp, N, rows[0]), kraw, lp, 1, 1, cu);
+    ov.logprob = {lp, size_t(N)};
+    og.logprob = {dlp, size_t(N)};
+  }
+  if (req.entropy) {
+    shift_to_outputs(cp_whole_rows(head.ent, N, rows[1]), 1, ent, 1, 1, cu);
+    ov.entropy = {ent, size_t(N)};
+    og.entropy = {dent, size_t(N)};
+  }
+  if (req.processed_logprob) {
+    shift_to_outputs(cp_whole_rows(head.lp_proc, N, rows[2]), 1, proc, 1, 1, cu);
+    ov.processed_logprob = {proc, size_t(N)};
+    og.processed_logprob = {dproc, size_t(N)};
+  }
+  if (req.logprob_at_ids) {
+    shift_to_outputs(head.lp + 1, kraw, ids, K, K, cu);
+    ov.logprob_at_ids = {ids, size_t(N * K)};
+    ov.ids_per_token = K;
+    og.logprob_at_ids = {dids, size_t(N * K)};
+  }
+  if (req.value && split) {  // output alignment; the whole micro-batch's rows
+    dval.assign(size_t(N), 0.f);
+    ov.value = {cp_whole_rows(head.val, N, val), size_t(N)};
+    og.value = {dval.data(), size_t(N)};
+  } else if (req.value) {  // already in output alignment: the callback reads and writes the head's buffers
+    std::memset(head.dval, 0, size_t(N) * sizeof(float));
+    ov.value = {head.val, size_t(N)};
+    og.value = {head.dval, size_t(N)};
+  }
+  LossContext ctx{&whole, index, count, so.global_tokens, so.global_sequences};
+  LossResult lr = loss_fn(ctx, ov, og);
+  if (split) {
+    // The whole micro-batch's output gradients; this rank backpropagates its own rows.
+    std::vector<float>& k = rows[3];
+    k.resize(size_t(N));
+    const std::pair<const float*, float*> grads[] = {{dlp, head.dlp}, {dent, head.dent}, {dproc, head.dlp_proc}};
+    for (const auto& [d, head_rows] : grads) {
+      shift_to_kernel(d, 1, k.data(), 1, 1, cu);
+      cp_take_rows(k.data(), 1, head_rows, 1);
+    }
+    if (req.value) cp_take_rows(dval.data(), 1, head.dval, 1);
+  } else {
+    shift_to_kernel(dlp, 1, head.dlp, kraw, 1, cu);
+    if (K > 0) shift_to_kernel(dids, K, head.dlp + 1, kraw, K, cu);
+    shift_to_kernel(dent, 1, head.dent, 1, 1, cu);
+    shift_to_kernel(dproc, 1, head.dlp_proc, 1, 1, cu);
+  }
+  return lr;
 }
 
 // AdamW over every trainable tensor (fp32 master weights are the parameters themselves).

@@ -158,6 +158,7 @@ void Engine::Impl::glu_bwd(const std::string& act, float* dgu, int64_t lddgu, co
 void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bool recompute) {
   const sdk::LayerProgram& lp = prog.layers[size_t(l)];
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
+  const int64_t R = sp_on ? sp_rows : N;  // rows of the residual regions (norms, adds) on this rank
   for (const sdk::LayerStep& st : lp.steps) {
     // Inside the backward only what it reads is rebuilt: values it keeps and the statistics it
     // reads (a post-norm's rstd); the final add and the output itself are not.
@@ -167,8 +168,8 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
     const ColsPtr out = st.out.valid() ? at(a, lp, st.out) : ColsPtr{nullptr, 0};
     switch (st.op) {
       case sdk::StepOp::norm:
-        ops->rmsnorm_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, w(st.weights[0]), N, st.in.width,
-                         float(st.eps), float(st.offset));
+        ops->rmsnorm_fwd(sp_own(out.p, out.ld), out.ld, sp_own(a.stat[size_t(st.stat)], 1), sp_own(in.p, in.ld), in.ld,
+                         w(st.weights[0]), R, st.in.width, float(st.eps), float(st.offset));
         break;
       case sdk::StepOp::head_norm:  // per head over head_dim; rstd [heads, N]
         for (int64_t h = 0; h < st.heads; ++h)
@@ -176,6 +177,8 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
                            in.ld, w(st.weights[0]), N, st.head_dim, float(st.eps), float(st.offset));
         break;
       case sdk::StepOp::linear: {
+        // Sequence parallelism: a column-parallel linear reads every rank's rows.
+        if (sp_on && st.tp_reduce_din) sp_gather(in.p, st.in.width);
         // Fused weights adjacent in storage run as one GEMM; otherwise one per piece.
         int64_t row = 0;
         for (size_t i = 0; i < st.weights.size();) {
@@ -198,7 +201,12 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         }
         // Row-parallel (tensor parallelism): each rank's output is a partial sum over its
         // input columns. The output is a whole value, so N x width contiguous.
-        if (st.tp_reduce_out) tp_reduce(out.p, N * st.out.width);
+        if (st.tp_reduce_out) {
+          if (sp_on)
+            sp_scatter(out.p, st.out.width);  // this rank's rows of the sum
+          else
+            tp_reduce(out.p, N * st.out.width);
+        }
         break;
       }
       case sdk::StepOp::rope:
@@ -206,8 +214,11 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         break;
       case sdk::StepOp::attention: {
         const ColsPtr k = at(a, lp, st.in2), v = at(a, lp, st.in3);
-        ops->attention_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld,
-                           mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk, st.dv, float(st.scale), st.window);
+        if (cp_on)  // this rank's queries over the group's keys (cp_attention.cpp)
+          cp_attention_fwd(st, out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld);
+        else
+          ops->attention_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld,
+                             mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk, st.dv, float(st.scale), st.window);
         break;
       }
       case sdk::StepOp::glu:
@@ -215,7 +226,8 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         break;
       case sdk::StepOp::add: {
         const ColsPtr b = at(a, lp, st.in2);  // whole values: contiguous N x width
-        ops->add_fwd(out.p, in.p, b.p, N * st.out.width);
+        const int64_t W = st.out.width;
+        ops->add_fwd(sp_own(out.p, W), sp_own(in.p, W), sp_own(b.p, W), R * W);
         break;
       }
       case sdk::StepOp::moe:
@@ -235,30 +247,42 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   const int64_t N = mb.num_tokens();
   if (mb.cu_seqlens.empty() || N == 0)
     throw std::invalid_argument("engine: empty micro-batch");
-  if (req.value && prog.value_head < 0)
+  if (req.value && prog.pp_last && prog.value_head < 0)
     throw std::invalid_argument("engine: a value output was requested but the model has no value head (score.weight)");
   if (tp_on && req.processed_logprob && (req.top_k > 0 || req.top_p < 1))
     throw std::invalid_argument("engine: processed logprobs with top_k/top_p are not supported under tensor parallelism");
   if (tp_on && req.logits) throw std::invalid_argument("engine: logits are not an output under tensor parallelism");
+  if ((cp_on || sp_on) && (req.logits || req.logprob_at_ids || req.routed_experts || !req.replay_routing_field.empty()))
+    throw std::invalid_argument(
+        "engine: logits, logprob_at_ids and routing records are not outputs under context or sequence parallelism");
   plan_acts(N, save_all, 1 + ids_per_token(mb, req));
   prepare_batch(mb, req);
+  // Global positions and targets (mb is this rank's share, or padded, by cp_prepare).
+  if (cp_on || sp_on) cp_positions();
+  if (sp_on) sp_plan(N);
   prepare_routing(mb, req);
   const int32_t* ids = mb.input_ids.data();
 
   use_params(L);  // the global unit stays held until the backward (or Engine::forward) ends
-  if (tp_on)
-    tp_embedding_fwd(xs[0], ids, N);  // this rank's rows, summed over the group
-  else
-    ops->embedding_fwd(xs[0], ids, w(prog.embed), N, C, V);  // x0 [N,C]
-  if (prog.embed_scale != 1) ops->scale(xs[0], N * C, double(float(prog.embed_scale)));  // Gemma
+  if (!prog.pp_first) {
+    std::memcpy(xs[0], pp_x_in, size_t(N * C) * sizeof(float));  // the previous stage's output
+  } else {
+    if (tp_on)
+      tp_embedding_fwd(xs[0], ids, N);  // this rank's rows, summed over the group
+    else
+      ops->embedding_fwd(xs[0], ids, w(prog.embed), N, C, V);  // x0 [N,C]
+    if (prog.embed_scale != 1) ops->scale(xs[0], N * C, double(float(prog.embed_scale)));  // Gemma
+  }
   for (int64_t l = 0; l < L; ++l) {
     LayerActs a = acts_of(l);
     use_params(l);
     forward_layer(l, mb, a, false);
     drop_params(l);  // a UnitStore's unit: gathered again for the backward
   }
-  ops->rmsnorm_fwd(head.xn, C, head.rstd, head.x, C, w(prog.final_norm), N, C, float(prog.final_eps),
-                   float(prog.final_offset));  // xn [N,C]
+  if (!prog.pp_last) return;  // xs[L] goes to the next pipeline stage
+  ops->rmsnorm_fwd(sp_own(head.xn, C), C, sp_own(head.rstd, 1), sp_own(head.x, C), C, w(prog.final_norm),
+                   sp_on ? sp_rows : N, C, float(prog.final_eps), float(prog.final_offset));  // xn [N,C]
+  if (sp_on) sp_gather(head.xn, C);  // the vocabulary-parallel head reads every row
 
   // The value head: val [N] = xn [N,C] score [1,C]^T, one scalar per position (no shift).
   if (req.value) ops->gemm(false, true, N, 1, C, 1.f, head.xn, C, w(prog.value_head), C, 0.f, head.val, 1);

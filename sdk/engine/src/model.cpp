@@ -141,23 +141,68 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     ep_size = opt.ep->size;
     ep_rank = opt.ep->rank;
   }
+  pp_on = opt.pp != nullptr && opt.pp->size > 1;
+  if (pp_on) {
+    // This stage's description; under tensor parallelism the pieces follow its parameters.
+    if (ep_on) throw std::invalid_argument("engine: pipeline parallelism with expert parallelism is not supported");
+    if (store != nullptr) throw std::invalid_argument("engine: pipeline parallelism with a UnitStore (FSDP) is not supported");
+    if (desc.params.size() != opt.pp->local_index.size())
+      throw std::invalid_argument("engine: the pipeline layout is of another model");
+    desc = opt.pp->local;
+    if (tp_on) {
+      tp_stage = *opt.tp;
+      tp_stage.local = desc;
+      tp_stage.pieces.clear();
+      for (int64_t i : opt.pp->full_index) tp_stage.pieces.push_back(opt.tp->pieces.at(size_t(i)));
+      opt.tp = &tp_stage;
+    }
+  }
+  if (tp_on || (pp_on && opt.pp->shares_embedding && !opt.pp->first)) {
+    norm_w.assign(desc.params.size(), 1.0);
+    for (size_t i = 0; i < desc.params.size(); ++i) {
+      if (tp_on) norm_w[i] = opt.tp->pieces[i].norm_weight;
+      if (pp_on && int64_t(i) == opt.pp->embed_local && !opt.pp->first) norm_w[i] = 0;  // the first stage's counts
+    }
+  }
   try {
-    prog = sdk::build_program(desc);
+    prog = pp_on ? sdk::build_stage_program(desc, opt.pp->first, opt.pp->last) : sdk::build_program(desc);
     if (tp_on) sdk::mark_tensor_parallel(prog, *opt.tp);
     if (ep_on) sdk::mark_expert_parallel(prog, *opt.ep);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("engine: ") + e.what());
   }
+  cp_on = opt.cp_comm != nullptr && opt.cp_comm->size() > 1;
+  // A stage's boundary carries every token's rows (pipeline_stage.cpp); a split leaves this rank some.
+  if (pp_on && (cp_on || (tp_on && opt.sequence_parallel)))
+    throw std::invalid_argument("engine: pipeline parallelism with context or sequence parallelism is not supported");
+  if (cp_on) {
+    cp = opt.cp_comm->size();
+    cp_rank = opt.cp_comm->rank();
+    if (store != nullptr) throw std::invalid_argument("engine: context parallelism with a UnitStore (FSDP) is not supported");
+  }
   sdk::ExecutorCaps caps;
-  caps.name = "engine";
+  caps.name = cp_on ? "engine under context parallelism" : "engine";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
-  caps.moe = caps.mla = true;
-  caps.per_sequence_rope = true;
+  // Context parallelism runs dense attention layers only (cp_attention.cpp); a per-sequence RoPE
+  // table depends on the whole sequence's length, which the split hides.
+  caps.moe = caps.mla = !cp_on;
+  caps.per_sequence_rope = !cp_on && !(tp_on && opt.sequence_parallel);  // padding would change its length
   caps.attention_dv_differs = true;
   caps.value_head = true;
   caps.tensor_parallel = true;
   caps.expert_parallel = true;
+  caps.pipeline_stage = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
+  sp_on = tp_on && opt.sequence_parallel;
+  if (sp_on)  // the gathers and scatters run on whole values (sequence_parallel.cpp)
+    for (const sdk::LayerProgram& lp : prog.layers)
+      for (const sdk::LayerStep& st : lp.steps) {
+        const bool in_whole = st.in.col == 0 && lp.values[size_t(st.in.value)].width == st.in.width;
+        const bool out_whole = st.out.col == 0 && lp.values[size_t(st.out.value)].width == st.out.width;
+        if ((st.tp_reduce_din && (!in_whole || st.accumulate)) || (st.tp_reduce_out && !out_whole))
+          throw std::invalid_argument("engine: layer " + std::to_string(lp.index) +
+                                      ": this layer's linears are not supported under sequence parallelism");
+      }
   V = prog.vocab;
   if (!tp_on) Vall = V, vcount = V;
   C = prog.hidden;

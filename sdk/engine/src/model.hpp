@@ -180,6 +180,20 @@ struct HeadActs {
   float* dval = nullptr;      // [N] its gradient
 };
 
+// Context parallelism (cp_attention.cpp): one micro-batch's zigzag split over the group. Every
+// rank has the same number of rows (nloc), so gathered row r * nloc + i is rank r's row i.
+struct CpPlan {
+  int64_t nloc = 0;
+  std::vector<int32_t> ids, cu;   // this rank's micro-batch: token ids (0 at padding), [S+1]
+  std::vector<int32_t> pos;       // [nloc] position in the sequence (global)
+  std::vector<int32_t> target;    // [nloc] the next token (-1 at the last and at padding)
+  std::vector<int32_t> seq;       // [nloc] the row's sequence
+  std::vector<int32_t> src;       // [cp nloc] gathered row -> token of the whole micro-batch (-1: padding)
+  std::vector<int32_t> key_row;   // per sequence, its padded positions -> gathered row
+  std::vector<int64_t> key_begin; // [S+1] into key_row
+  MicroBatch mb;                  // views of ids and cu
+};
+
 struct Engine::Impl {
   sdk::TransformerDesc desc;
   sdk::ModelProgram prog;  // what the layers compute (sdk/layer_program.hpp)
@@ -194,6 +208,21 @@ struct Engine::Impl {
   // whole vocabulary and this rank's rows of it [vlo, vlo + vcount).
   bool tp_on = false;
   int64_t Vall = 0, vlo = 0, vcount = 0;
+  // Pipeline parallelism (pipeline_parallel.hpp; pp_on when there are several stages): the
+  // stage's boundary buffers for the current call ([N, C]; null on the first / last stage),
+  // and under tensor parallelism the tp layout re-indexed to the stage's parameters (opt.tp
+  // then points at it).
+  bool pp_on = false;
+  const float* pp_x_in = nullptr;
+  const float* pp_dy = nullptr;
+  float* pp_dx = nullptr;
+  sdk::TpLayout tp_stage;
+  // pipeline_stage.cpp: checks a stage call's boundary spans and points the buffers at them.
+  void bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy, std::span<float> dx,
+                  bool backward);
+  // Per parameter, what its squares count in the gradient norm (TpPiece::norm_weight; 0 for the
+  // last stage's copy of a tied embedding); empty when every weight is 1.
+  std::vector<double> norm_w;
   std::vector<LayerShape> shapes;  // MoE / MLA readings per layer
   std::vector<RopeState> ropes;    // per program RoPE table
 
@@ -318,6 +347,47 @@ struct Engine::Impl {
 
   // engine.cpp
   void optimizer_step(const StepOptions& so, double clip_coef);
+  // The loss callback on the head's outputs of micro-batch `index` (after forward), its output
+  // gradients placed for the backward. `whole` is the caller's micro-batch (not cp_prepare's copy).
+  LossResult call_loss(const MicroBatch& whole, int64_t index, int64_t count, const StepOptions& so, const LossFn& loss_fn);
+
+  // sequence_parallel.cpp: sequence parallelism (sp_on: EngineOptions::sequence_parallel under
+  // tensor parallelism). This micro-batch's rows are cut in T blocks; this rank's residual-stream
+  // steps run on rows [sp_begin, sp_begin + sp_rows).
+  bool sp_on = false;
+  int64_t sp_rows = 0, sp_begin = 0;
+  void sp_plan(int64_t N);
+  // p [N, width] contiguous: every rank's block into all rows (in place); the rows summed over the
+  // group into this rank's block (in place; other rows are left as they were).
+  void sp_gather(float* p, int64_t width);
+  void sp_scatter(float* p, int64_t width);
+  // Row pointer of this rank's block of a [N, ld] value.
+  template <class T>
+  T* sp_own(T* p, int64_t ld) const { return sp_on ? p + sp_begin * ld : p; }
+
+  // cp_attention.cpp: context parallelism (cp_on when the group has several ranks)
+  bool cp_on = false;
+  int64_t cp = 1, cp_rank = 0;
+  CpPlan cpp;
+  // Builds this rank's share of `mb` (cpp) and returns its micro-batch.
+  const MicroBatch& cp_prepare(const MicroBatch& mb);
+  // After prepare_batch: positions and targets of the global sequences.
+  void cp_positions();
+  // Rows [nloc, width] (ld apart) of every rank into the whole micro-batch's [N, width] (padding dropped),
+  // and back: this rank's rows of [N, width] (zero at padding).
+  void cp_gather_rows(const float* local, int64_t ld, int64_t width, float* full, int64_t N);
+  void cp_take_rows(const float* full, int64_t width, float* local, int64_t ld);
+  // One kernel-aligned head output of one target per row as rows of the whole micro-batch: `rows`
+  // itself, or under context parallelism every rank's rows gathered into `store`.
+  const float* cp_whole_rows(const float* rows, int64_t N, std::vector<float>& store);
+  void cp_attention_fwd(const sdk::LayerStep& st, float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
+                        const float* k, int64_t ldk, const float* v, int64_t ldv);
+  void cp_attention_bwd(const sdk::LayerStep& st, float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
+                        int64_t lddv, const float* dout, int64_t lddo, const float* q, int64_t ldq, const float* k,
+                        int64_t ldk, const float* v, int64_t ldv, const float* o, int64_t ldo, const float* lse);
+  // k and v of every rank, [cp nloc, width] each, contiguous.
+  void cp_gather_kv(const float* k, int64_t ldk, int64_t wk, const float* v, int64_t ldv, int64_t wv,
+                    Buffer<float>& kall, Buffer<float>& vall);
 
   // tp_head.cpp: the vocabulary-parallel embedding and logprob head, and the gradients the
   // group shares. The head writes lp [N, K], lse [N] and ent [N] (nullable) for targets [N, K];

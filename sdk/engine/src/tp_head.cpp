@@ -31,7 +31,10 @@ void Engine::Impl::tp_embedding_fwd(float* x, const int32_t* ids, int64_t N) {
     else
       std::memset(x + t * C, 0, size_t(C) * sizeof(float));
   }
-  tp_reduce(x, N * C);
+  if (sp_on)
+    sp_scatter(x, C);  // sequence parallelism: this rank's rows of the sum
+  else
+    tp_reduce(x, N * C);
 }
 
 void Engine::Impl::tp_embedding_bwd(const int32_t* ids, const float* dx, int64_t N) {
@@ -141,7 +144,10 @@ void Engine::Impl::tp_head_bwd(float* dxn, const float* dlp, const float* dent, 
       ops->gemm(true, false, vcount, C, rows, 1.f, tile.data(), vcount, xn + n0 * C, C, 1.f, dW, C);
     }
   }
-  tp_reduce(dxn, N * C);
+  if (sp_on)
+    sp_scatter(dxn, C);
+  else
+    tp_reduce(dxn, N * C);
 }
 
 // After a step's micro-batches: the q/k norms' gradients (each rank saw its heads only) are
@@ -151,11 +157,13 @@ void Engine::Impl::tp_sync_grads() {
   const sdk::TpLayout& T = *opt.tp;
   for (size_t i = 0; i < desc.params.size(); ++i) {
     const sdk::TpPiece& pc = T.pieces[i];
-    if (!pc.sum_grads) continue;
+    // Sequence parallelism: a norm's gradient comes from this rank's rows only.
+    const bool sp_norm = sp_on && pc.split == sdk::TpSplit::replicated;
+    if (!pc.sum_grads && !sp_norm) continue;
     const std::vector<int64_t>& shape = desc.params[i].shape;
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    if (pc.split == sdk::TpSplit::replicated_sum) {
+    if (pc.split == sdk::TpSplit::replicated_sum || sp_norm) {
       tp_reduce(g(int64_t(i)), n);
       continue;
     }

@@ -179,14 +179,34 @@ void CudaEngine::Impl::carve_params() {
     if (place[i].off < 0)
       cuda::unsupported("parameter " + desc.params[i].name + " (role " + sdk::to_string(desc.params[i].role) + ")");
   total = (at + 63) / 64 * 64;
-  const size_t f32 = size_t(total) * sizeof(float);
+  // The sharded optimizer cuts the flat storage into dp_size equal blocks (64-element aligned,
+  // the last ones padded with zeros): the collectives move whole blocks.
+  int64_t padded = total;
+  if (opt.dp != nullptr) {
+    dp_size = opt.dp->size();
+    dp_rank = opt.dp->rank();
+    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
+      throw std::invalid_argument("cuda engine: data-parallel rank " + std::to_string(dp_rank) + " of " +
+                                  std::to_string(dp_size));
+  }
+  if (sharded() && opt.trainable) {
+    block = ((total + dp_size - 1) / dp_size + 63) / 64 * 64;
+    shard_lo = block * dp_rank;
+    padded = block * dp_size;
+  }
+  const size_t f32 = size_t(padded) * sizeof(float);
   master = cuda::DeviceBuffer(counters, f32);
   if (opt.trainable) {
     grads = cuda::DeviceBuffer(counters, f32);
-    adam_m = cuda::DeviceBuffer(counters, f32);
-    adam_v = cuda::DeviceBuffer(counters, f32);
+    const size_t moments = sharded() ? size_t(block) * sizeof(float) : f32;
+    adam_m = cuda::DeviceBuffer(counters, moments);
+    adam_v = cuda::DeviceBuffer(counters, moments);
+    if (sharded()) {
+      gshard = cuda::DeviceBuffer(counters, moments);
+      check(cudaMemsetAsync(gshard.get(), 0, gshard.size(), stream), "memset");
+    }
   }
-  w16 = cuda::DeviceBuffer(counters, size_t(total) * sizeof(bf16));
+  w16 = cuda::DeviceBuffer(counters, size_t(padded) * sizeof(bf16));
   for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v})
     if (b->size() > 0) check(cudaMemsetAsync(b->get(), 0, b->size(), stream), "memset");
   check(cudaMemsetAsync(w16.get(), 0, w16.size(), stream), "memset");
@@ -750,13 +770,18 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
 
 double CudaEngine::Impl::grad_norm() {
   cuda::DeviceList x;
-  for (const Range& r : storage_ranges()) {
-    const sdk::ParamDesc& pd = desc.params[r.param];
-    if (!pd.trainable || router_frozen(pd.role)) continue;  // a frozen router is a buffer
-    x.n.push_back(r.n);
-    x.p.push_back(grads.get<float>() + r.off);
+  const float* g0 = sharded() ? gshard.get<float>() : grads.get<float>();
+  for (const Piece& p : optimizer_pieces()) {
+    x.n.push_back(p.n);
+    x.p.push_back(const_cast<float*>(g0) + p.local);
   }
-  ops->sumsq(x, scalars.get<float>());
+  if (x.n.empty()) {  // a sharded rank whose block holds no updated parameter
+    check(cudaMemsetAsync(scalars.get(), 0, sizeof(float), stream), "memset");
+  } else {
+    ops->sumsq(x, scalars.get<float>());
+  }
+  // Sharded: every rank's sum of squares, summed (one float, before the one wait).
+  if (sharded()) dp_timed(2 * 4 * (dp_size - 1) / dp_size, [&] { opt.dp->all_reduce_sum(scalars.get<float>(), 1, stream); });
   check(cudaMemcpyAsync(h_scalar, scalars.get(), sizeof(float), cudaMemcpyDeviceToHost, stream), "download");
   sync();
   return std::sqrt(double(h_scalar[0]));
@@ -765,21 +790,21 @@ double CudaEngine::Impl::grad_norm() {
 void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
   ++steps;
   const OptimizerOptions& o = opt.optimizer;
+  const bool shard = sharded();
   // Two lists: with and without weight decay (Megatron leaves 1-D tensors out).
-  const std::vector<Range> ranges = storage_ranges();
+  const std::vector<Piece> pieces = optimizer_pieces();
   for (int decay = 0; decay < 2; ++decay) {
     cuda::DeviceList P, G, M, Vv, P16;
-    for (const Range& r : ranges) {
-      const sdk::ParamDesc& pd = desc.params[r.param];
-      if (!pd.trainable || router_frozen(pd.role)) continue;
+    for (const Piece& p : pieces) {
+      const sdk::ParamDesc& pd = desc.params[p.param];
       const bool d = o.decay_1d_params || pd.shape.size() >= 2;
       if (d != bool(decay)) continue;
-      for (cuda::DeviceList* l : {&P, &G, &M, &Vv, &P16}) l->n.push_back(r.n);
-      P.p.push_back(master.get<float>() + r.off);
-      G.p.push_back(grads.get<float>() + r.off);
-      M.p.push_back(adam_m.get<float>() + r.off);
-      Vv.p.push_back(adam_v.get<float>() + r.off);
-      P16.p.push_back(master_bf16() + r.off);
+      for (cuda::DeviceList* l : {&P, &G, &M, &Vv, &P16}) l->n.push_back(p.n);
+      P.p.push_back(master.get<float>() + p.flat);
+      G.p.push_back((shard ? gshard.get<float>() : grads.get<float>()) + p.local);
+      M.p.push_back(adam_m.get<float>() + p.local);
+      Vv.p.push_back(adam_v.get<float>() + p.local);
+      P16.p.push_back(master_bf16() + p.flat);
     }
     if (P.n.empty()) continue;
     cuda::DeviceOps::AdamW a;
@@ -793,6 +818,7 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
     a.zero_grad = true;  // the pass that reads g clears it for the next step
     ops->adamw_bf16(P, G, M, Vv, P16, a);  // the bf16 working copy refreshed in the same pass
   }
+  if (shard) gather_weights();
   grads_clear = true;
 }
 
@@ -813,7 +839,8 @@ int64_t CudaEngine::num_elements() const {
 int64_t CudaEngine::step() const { return impl_->steps; }
 int64_t CudaEngine::routing_width() const { return impl_->route_width; }
 CudaEngineStats CudaEngine::stats() const {
-  return {impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs};
+  return {impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs, impl_->dp_bytes,
+          impl_->dp_seconds};
 }
 std::string CudaEngine::device_name() const {
   cudaDeviceProp p{};
@@ -875,9 +902,20 @@ void CudaEngine::zero_grad() {
 CudaEngine::AdamState CudaEngine::adam_state() const {
   impl_->require_trainable("adam_state");
   AdamState s;
-  s.step = impl_->steps;
-  s.exp_avg = impl_->download(impl_->adam_m.get<float>());
-  s.exp_avg_sq = impl_->download(impl_->adam_v.get<float>());
+  Impl& m = *impl_;
+  s.step = m.steps;
+  if (!m.sharded()) {
+    s.exp_avg = m.download(m.adam_m.get<float>());
+    s.exp_avg_sq = m.download(m.adam_v.get<float>());
+    return s;
+  }
+  // Every rank's block, gathered into the (clear) gradient buffer, then downloaded from there.
+  m.gather_moment(m.adam_m);
+  s.exp_avg = m.download(m.grads.get<float>());
+  m.gather_moment(m.adam_v);
+  s.exp_avg_sq = m.download(m.grads.get<float>());
+  check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+  m.sync();
   return s;
 }
 
@@ -894,9 +932,19 @@ void CudaEngine::load_adam_state(const AdamState& s) {
         throw std::invalid_argument("cuda engine: optimizer state of " + m.desc.params[i].name +
                                     " has the wrong size");
   }
-  for (size_t i = 0; i < m.desc.params.size(); ++i) {
-    m.upload(i, m.adam_m.get<float>(), s.exp_avg[i].data());
-    m.upload(i, m.adam_v.get<float>(), s.exp_avg_sq[i].data());
+  if (!m.sharded()) {
+    for (size_t i = 0; i < m.desc.params.size(); ++i) {
+      m.upload(i, m.adam_m.get<float>(), s.exp_avg[i].data());
+      m.upload(i, m.adam_v.get<float>(), s.exp_avg_sq[i].data());
+    }
+  } else {  // the full layout in the (clear) gradient buffer, this rank's block kept
+    for (auto [part, shard] : {std::pair{&s.exp_avg, &m.adam_m}, std::pair{&s.exp_avg_sq, &m.adam_v}}) {
+      m.sync();
+      check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+      for (size_t i = 0; i < m.desc.params.size(); ++i) m.upload(i, m.grads.get<float>(), (*part)[i].data());
+      m.scatter_moment(*shard);
+    }
+    check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
   }
   m.sync();  // the host vectors may go once this returns
   m.steps = s.step;
@@ -952,10 +1000,13 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
   if (!req.logprob && !req.entropy && !req.value)
     throw std::invalid_argument("cuda engine: a train step needs logprob, entropy or value outputs");
   if (req.logits) throw std::invalid_argument("cuda engine: logits are a forward-only output");
-  if (mbs.empty()) throw std::invalid_argument("cuda engine: a train step needs micro-batches");
+  if (mbs.empty() && m.opt.dp == nullptr) throw std::invalid_argument("cuda engine: a train step needs micro-batches");
   int64_t biggest = 0;
   for (const MicroBatch& mb : mbs) biggest = std::max(biggest, mb.num_tokens());
-  m.plan(biggest, true);
+  // A data-parallel rank without data only reduces: it needs no activations, only the pinned
+  // staging a plan carves (the norm comes down through it).
+  if (!mbs.empty()) m.plan(biggest, true);
+  else if (m.planned_tokens == 0) m.plan(1, false);
   if (!m.grads_clear) zero_grad();
   m.grads_clear = false;
   StepResult r;
@@ -1032,6 +1083,7 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
     m.backward(mb, req);
     r.tokens += N;
   }
+  if (m.opt.dp != nullptr) m.sync_gradients();
   double moe_vals[3] = {0, 0, 0};  // aux, z, max load: downloaded before grad_norm's wait
   if (m.moe_layers > 0)
     check(cudaMemcpyAsync(m.h_scalar + 4, m.moe_stats(), sizeof(moe_vals), cudaMemcpyDeviceToHost,

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -202,6 +203,39 @@ struct CudaEngine::Impl {
   std::vector<Rope> ropes;
   bool grads_clear = true;
   int64_t steps = 0;
+
+  // Data parallelism (data_parallel.cpp; CudaEngineOptions::dp). With the sharded optimizer the
+  // flat buffers are padded to S blocks of `block` elements; this rank's block is
+  // [shard_lo, shard_lo + block) and adam_m / adam_v / gshard hold only it.
+  int dp_size = 1, dp_rank = 0;
+  int64_t block = 0, shard_lo = 0;
+  cuda::DeviceBuffer gshard;  // this rank's block of the summed gradients
+  int64_t dp_bytes = 0;
+  double dp_seconds = 0;
+  bool sharded() const { return opt.dp != nullptr && opt.shard_optimizer; }
+  // This rank's pieces of the storage ranges (sharded: clipped to its block; `local` is the
+  // offset in the block's buffers; otherwise every range, local = off).
+  struct Piece {
+    int64_t flat, local, n;
+    size_t param;
+  };
+  std::vector<Piece> optimizer_pieces() const;
+  // After the backward: the gradients summed over the group (DDP: in place; sharded: this
+  // rank's block into gshard, the full buffer cleared).
+  void sync_gradients();
+  // After the sharded update: every rank's block of the masters and their bf16 copy.
+  void gather_weights();
+  // Sharded moments <-> full flat layout, through the (clear) gradient buffer.
+  void gather_moment(const cuda::DeviceBuffer& shard);
+  void scatter_moment(cuda::DeviceBuffer& shard);
+  // Runs a collective, counting its bytes (ring traffic per rank) and time into stats().
+  template <class F>
+  void dp_timed(int64_t bytes, F&& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    dp_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    dp_bytes += bytes;
+  }
 
   // Activations (one block, carved by plan()).
   cuda::DeviceBuffer act_block;

@@ -133,6 +133,10 @@ struct ModelProgram {
   // Expert parallelism: the expert-parallel group size this program was marked for
   // (expert_parallel.hpp); 1 for the whole model.
   int64_t ep_size = 1;
+  // Pipeline parallelism (pipeline_parallel.hpp's build_stage_program): whether this program
+  // starts with the embedding (else the previous stage's activations come in) and ends with the
+  // final norm and the head (else its output goes to the next stage). Both true for a whole model.
+  bool pp_first = true, pp_last = true;
 };
 
 // Derives the program. Throws std::invalid_argument naming the layer and what is inconsistent
@@ -150,6 +154,7 @@ struct ExecutorCaps {
   bool value_head = false;               // the scalar head (ParamRole::value_head, RLH_OUTPUT_VALUE)
   bool tensor_parallel = false;          // programs marked by mark_tensor_parallel (tp_size > 1)
   bool expert_parallel = false;          // programs marked by mark_expert_parallel (ep_size > 1)
+  bool pipeline_stage = false;           // a pipeline stage's program (pp_first / pp_last false)
 };
 // Empty when `caps` runs `program`, else one line naming the executor and the first feature it
 // lacks ("cuda engine: layer 3: dynamic RoPE is not supported").

@@ -176,6 +176,15 @@ struct BackendConfig {
     // megatron_cfg.expert_model_parallel_size: ranks each MoE layer's routed experts are split
     // over (sdk/expert_parallel.hpp), carved from the data-parallel ranks.
     int64_t ep = 1;
+    // megatron_cfg.context_parallel_size: ranks every sequence is split over (context_parallel.hpp);
+    // the data-parallel ranks are the world / (tp cp).
+    int64_t cp = 1;
+    // megatron_cfg.sequence_parallel with tp > 1 (engine.hpp's EngineOptions::sequence_parallel).
+    bool sequence_parallel = false;
+    // megatron_cfg.pipeline_model_parallel_size: stages a model's layers are split over
+    // (sdk/pipeline_parallel.hpp), with num_layers_in_{first,last}_pipeline_stage (0: not set).
+    int64_t pp = 1;
+    int64_t pp_first_layers = 0, pp_last_layers = 0;
   } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights

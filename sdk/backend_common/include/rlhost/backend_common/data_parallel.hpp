@@ -57,12 +57,28 @@ struct DpGroups {
   // are reduced). Empty without expert parallelism.
   sdk::Comm ep;
   sdk::Comm edp;
+  // Context parallelism (megatron_cfg.context_parallel_size = cp > 1; context_parallel.hpp): the
+  // ranks that split every sequence (tp ranks fastest, then cp), and the data-parallel ranks
+  // without them, over which losses, token counts and metrics are summed (every rank of a cp
+  // group computes the same loss). Gradients and the distributed optimizer stay on `dp` (dp_cp).
+  sdk::Comm cp;
+  sdk::Comm dp_only;
+  int cp_size() const { return cp ? cp.size() : 1; }
+  const sdk::Comm& sums() const { return cp_size() > 1 ? dp_only : dp; }
+  // Pipeline parallelism (megatron_cfg.pipeline_model_parallel_size = pp > 1): the stages of one
+  // model replica (Megatron's order: pp varies slowest), and the first and last stage of each
+  // (the embedding group: a tied embedding's gradients; empty on middle stages). Without it
+  // `pp` is a group of one.
+  sdk::Comm pp;
+  sdk::Comm embedding;
   int size() const { return dp.size(); }
   int rank() const { return dp.rank(); }
   int tp_size() const { return tp ? tp.size() : 1; }
   int tp_rank() const { return tp ? tp.rank() : 0; }
   int ep_size() const { return ep ? ep.size() : 1; }
   int ep_rank() const { return ep ? ep.rank() : 0; }
+  int pp_size() const { return pp ? pp.size() : 1; }
+  int pp_rank() const { return pp ? pp.rank() : 0; }
 };
 
 // The world's size as the launcher started it (1 without a launcher).
@@ -72,16 +88,19 @@ int launched_world_size();
 // world (collective: every rank calls it in the same order). Throws Error naming the sizes when
 // they do not fit.
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp = 1, int64_t ep = 1);
+                                         int64_t tp = 1, int64_t cp = 1, int64_t pp = 1, int64_t ep = 1);
 
 // The engine's tensor-parallel group over a communicator, counting what it moves (ring traffic:
-// 2 (T-1)/T of each all-reduced tensor).
+// 2 (T-1)/T of each all-reduced tensor; (T-1)/T of an all-gather's output and a reduce-scatter's
+// input, sequence parallelism's).
 class CommTpGroup : public engine::TpComm {
  public:
   explicit CommTpGroup(const sdk::Comm& c) : c_(c) {}
   void all_reduce_sum(float* data, int64_t n) override;
   void all_reduce_sum(double* data, int64_t n) override;
   void all_reduce_max(float* data, int64_t n) override;
+  void all_gather(const float* in, int64_t n, float* out) override;
+  void reduce_scatter_sum(const float* in, int64_t n, float* out) override;
   int64_t bytes() const { return bytes_; }
   double seconds() const { return seconds_; }
 
@@ -109,6 +128,24 @@ class CommEpGroup : public engine::EpComm {
   const sdk::Comm& c_;
   int64_t bytes_ = 0;
   double seconds_ = 0;
+};
+
+// A device engine's data-parallel group (engine::DeviceDpComm) over a communicator whose
+// collectives take tensors on `device` (sdk::make_device_comm: comm_nccl, or comm_mpi staging
+// through the host where ranks share a GPU).
+class CommDeviceDp : public engine::DeviceDpComm {
+ public:
+  CommDeviceDp(sdk::Comm comm, rlh_device device) : c_(std::move(comm)), device_(device) {}
+  int size() const override { return c_.size(); }
+  int rank() const override { return c_.rank(); }
+  void all_reduce_sum(float* data, int64_t n, void* stream) override;
+  void reduce_scatter_sum(const float* in, float* out, int64_t block, void* stream) override;
+  void all_gather(const void* mine, void* all, int64_t block, int element_bytes, void* stream) override;
+  const sdk::Comm& comm() const { return c_; }
+
+ private:
+  sdk::Comm c_;
+  rlh_device device_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -55,8 +55,13 @@ class DeviceEngine {
     int64_t step = 0;
     std::vector<std::vector<float>> exp_avg, exp_avg_sq;
   };
+  // With a sharded optimizer (DeviceEngineOptions::shard_optimizer) adam_state() is collective
+  // over the data-parallel group and load_adam_state() keeps this rank's block.
   virtual AdamState adam_state() const = 0;
   virtual void load_adam_state(const AdamState& state) = 0;
+  // Data-parallel traffic so far (ring bytes sent per rank) and time in it.
+  virtual int64_t dp_bytes() const { return 0; }
+  virtual double dp_seconds() const { return 0; }
 };
 
 struct DeviceEngineOptions {
@@ -69,6 +74,10 @@ struct DeviceEngineOptions {
   // The kernels for `device`: the registry the backend built from the providers the host holds
   // (policy.kernels pins applied). Outlives the engine.
   const sdk::KernelRegistry* kernels = nullptr;
+  // Data parallelism (not owned; null: one rank): the gradients are summed over the group on
+  // the device; shard_optimizer: Megatron's distributed optimizer (engine.hpp's DeviceDpComm).
+  engine::DeviceDpComm* dp = nullptr;
+  bool shard_optimizer = false;
 };
 
 struct DeviceEngineFactory {

@@ -41,6 +41,7 @@
 #include "rlhost/engine/unit_store.hpp"
 #include "rlhost/sdk/expert_parallel.hpp"
 #include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/sdk/pipeline_parallel.hpp"
 #include "rlhost/sdk/tensor_parallel.hpp"
 #include "rlhost/tensor.h"  // rlh_named_tensor (batch fields)
 
@@ -207,6 +208,41 @@ class TpComm {
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
   virtual void all_reduce_sum(double* data, int64_t n) = 0;
   virtual void all_reduce_max(float* data, int64_t n) = 0;
+  // Sequence parallelism: `in` [n] of every rank into `out` [size n], rank blocks in rank order;
+  // `in` [size n] summed over the group, this rank's block of n into `out`.
+  virtual void all_gather(const float* in, int64_t n, float* out) = 0;
+  virtual void reduce_scatter_sum(const float* in, int64_t n, float* out) = 0;
+};
+
+// The context-parallel group as the engine uses it (src/cp_attention.cpp): every rank of the
+// group calls these in the same order with the same n. all_gather: `in` [n] of every rank into
+// `out` [size() n], rank blocks in rank order; reduce_scatter_sum: `in` [size() n] summed over
+// the group, this rank's block of n into `out`.
+class CpComm {
+ public:
+  virtual ~CpComm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual void all_gather(const float* in, int64_t n, float* out) = 0;
+  virtual void reduce_scatter_sum(const float* in, int64_t n, float* out) = 0;
+};
+
+// Data parallelism of a device engine (CudaEngineOptions::dp): collectives over the data-parallel
+// group on the engine's device memory, ordered on `stream` (they may wait for it: comm_mpi stages through the
+// host). The backend implements it over its communicator (comm_nccl; comm_mpi where several
+// ranks share a GPU), so the engine names no communicator. Every rank of the group makes the
+// same calls in the same order.
+class DeviceDpComm {
+ public:
+  virtual ~DeviceDpComm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual void all_reduce_sum(float* data, int64_t n, void* stream) = 0;
+  // out[0:block] = the sum over ranks of in[rank * block : (rank + 1) * block]
+  virtual void reduce_scatter_sum(const float* in, float* out, int64_t block, void* stream) = 0;
+  // all[r * block : (r + 1) * block] = rank r's `mine` (`mine` may be this rank's block of
+  // `all`); elements of `element_bytes` (4: f32, 2: bf16)
+  virtual void all_gather(const void* mine, void* all, int64_t block, int element_bytes, void* stream) = 0;
 };
 
 // The expert-parallel group as the engine uses it (the owner implements it over its
@@ -257,6 +293,29 @@ struct EngineOptions {
   const sdk::EpLayout* ep = nullptr;
   EpComm* ep_comm = nullptr;
   int64_t pad_experts_to = 1;
+  // Megatron's sequence parallelism on top of `tp` (src/sequence_parallel.cpp): the residual
+  // stream, its norms and adds run on this rank's 1/T of the rows; the input of a
+  // column-parallel linear (and of the head) is all-gathered over the group, the output of a
+  // row-parallel one (and of the embedding) reduce-scattered, instead of all-reduced. A
+  // micro-batch is padded to a multiple of T rows (a trailing sequence, or each sequence under
+  // context parallelism). The results are plain tensor parallelism's.
+  bool sequence_parallel = false;
+  // Context parallelism (not owned; cp_comm->size() > 1): every rank of the group is given the
+  // same micro-batches and computes its zigzag share of every sequence's tokens (the sequence
+  // padded to a multiple of 2 cp and cut into 2 cp chunks; rank r runs chunks r and 2cp-1-r),
+  // RoPE and the causal mask on global positions, attention over the group's all-gathered keys
+  // and values. Outputs are all-gathered, so forward and the loss callback see the whole
+  // micro-batch as one rank does; each rank backpropagates its own tokens, so the dense
+  // gradients are partial sums the owner reduces over the group (with the data-parallel ranks:
+  // Megatron's dp_cp group). Composes with `tp`; dense models only (MoE, MLA and per-sequence
+  // RoPE kinds are refused at construction; logits, logprob_at_ids and routing at run time).
+  CpComm* cp_comm = nullptr;
+  // Pipeline parallelism (sdk/pipeline_parallel.hpp; not owned), with pp->size > 1: the engine
+  // runs one stage of the model given to the constructor (with tensor parallelism: of tp->local):
+  // desc() is pp->local, param/grad/... hold the stage's tensors. It is driven by the *_stage
+  // calls below (the owner moves activations between stages and runs the schedule); forward and
+  // train_step refuse. Not with a UnitStore, nor with context or sequence parallelism.
+  const sdk::PpLayout* pp = nullptr;
   // The kernels (required; not owned): make_registry_ops over a kernel registry.
   Ops* ops = nullptr;
 };
@@ -314,6 +373,27 @@ class Engine {
                         const LossFn& loss_fn);
 
   int64_t step() const;
+
+  // Pipeline parallelism (EngineOptions::pp): one stage's part of forward and train_step.
+  // Activations crossing a stage boundary are [N, C] row-major (C the hidden size).
+  // forward_stage: forward only. `x_in` is the previous stage's output (empty on the first
+  // stage). A stage that is not the last writes its output to `x_out` and returns no outputs;
+  // the last returns the outputs forward() would.
+  Outputs forward_stage(const MicroBatch& mb, const OutputRequest& request, std::span<const float> x_in,
+                        std::span<float> x_out);
+  // A train step on a stage: begin_stage_step (gradients zeroed), then per micro-batch
+  // backward_stage, then end_stage_step (the tensor-parallel group's shared gradients summed).
+  // The gradient norm and the update are the owner's, as with apply_optimizer = false.
+  void begin_stage_step();
+  // One micro-batch: its forward from `x_in` (empty on the first stage) with activations kept
+  // (or layer inputs only, with recompute), then its backward: on the last stage from the loss
+  // callback (called with index / count / the step's counts, as train_step calls it; its result
+  // is returned), elsewhere from `dy` = d loss / d output. A stage that is not the first writes
+  // d loss / d input to `dx`.
+  LossResult backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& options,
+                            const LossFn& loss_fn, std::span<const float> x_in, std::span<const float> dy,
+                            std::span<float> dx);
+  void end_stage_step();
 
   // MoE: R of the routing record and replay (the sum of top_k over MoE layers; 0 when dense).
   int64_t routing_width() const;

@@ -55,6 +55,7 @@ namespace rlh::engine {
 
 enum class Recompute { none, selective, full };
 
+
 struct CudaEngineOptions {
   int device = 0;
   // The kernels (required; not owned, must outlive the engine): a registry of providers created
@@ -78,12 +79,25 @@ struct CudaEngineOptions {
   // MoE settings (engine.hpp): freeze_router, router_fp64, load_balancing + aux_loss_coef,
   // z_loss_coef; StepOptions::moe_global_tokens / moe_global_sequences normalise the losses.
   MoeOptions moe;
+  // Data parallelism (not owned; null: one rank). Every rank holds the whole model. After the
+  // backward the gradients are summed over the group (the loss callback normalises by the
+  // global batch, StepOptions::global_tokens), so every rank applies the same update:
+  //  - shard_optimizer false (DDP): one all-reduce of the gradients;
+  //  - shard_optimizer true (Megatron's distributed optimizer): a reduce-scatter into this
+  //    rank's block of the flat storage, the gradient norm from every rank's block, AdamW on
+  //    this rank's block with moments kept for it alone (8/S bytes a parameter, not 8), then
+  //    an all-gather of the updated fp32 masters and their bf16 copy.
+  // A rank with no micro-batch still takes part (train_step accepts none then).
+  DeviceDpComm* dp = nullptr;
+  bool shard_optimizer = false;
 };
 
 struct CudaEngineStats {
   int64_t device_allocations = 0;  // cudaMalloc calls so far
   int64_t device_bytes = 0;        // bytes held now
   int64_t host_syncs = 0;          // host waits on the stream so far
+  int64_t dp_bytes = 0;            // data-parallel traffic so far (ring bytes, as sent per rank)
+  double dp_seconds = 0;           // time in data-parallel collectives so far
 };
 
 class CudaEngine {
@@ -134,6 +148,8 @@ class CudaEngine {
 
   // AdamW's state for checkpoints: the step count and fp32 moments per parameter in
   // desc().params order (all zero before the first step and for untrainable parameters).
+  // With a sharded optimizer adam_state() gathers the blocks (collective over the group) and
+  // load_adam_state() keeps this rank's block of the full moments it is given.
   struct AdamState {
     int64_t step = 0;
     std::vector<std::vector<float>> exp_avg, exp_avg_sq;

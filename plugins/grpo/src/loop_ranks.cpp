@@ -1,0 +1,64 @@
+// The data-parallel ranks of a training loop (see loop_ranks.hpp).
+#include "loop_ranks.hpp"
+
+#include <filesystem>
+
+#include "rlhost/sdk/launch_env.hpp"
+
+namespace rlh::grpo {
+
+LoopRanks LoopRanks::of_launch(const sdk::Host& host) {
+  LoopRanks r;
+  // Without a launcher there is no world communicator to ask (one rank).
+  if (sdk::detect_launch().size <= 1) return r;
+  r.world = sdk::Comm::world(host);
+  r.size = r.world.size();
+  r.rank = r.world.rank();
+  return r;
+}
+
+std::vector<int64_t> LoopRanks::share(const std::vector<int64_t>& rows) const {
+  const auto n = static_cast<int64_t>(rows.size());
+  return {rows.begin() + begin_of(n), rows.begin() + end_of(n)};
+}
+
+void sum_over(const sdk::Comm& c, std::vector<double>& v) {
+  if (c && c.size() > 1 && !v.empty()) c.all_reduce(std::span<double>(v), RLH_REDUCE_SUM);
+}
+
+void LoopRanks::sum(std::vector<double>& v) const { sum_over(world, v); }
+
+ValidCounts LoopRanks::sum(const ValidCounts& mine) const {
+  std::vector<double> c = {mine.tokens, mine.seqs};
+  sum(c);
+  return {c[0], c[1]};
+}
+
+std::string broadcast_text(const sdk::Comm& c, const std::string& text) {
+  if (!c || c.size() <= 1) return text;
+  int64_t n[1] = {static_cast<int64_t>(text.size())};
+  c.broadcast(std::span<int64_t>(n, 1), 0);
+  std::vector<uint8_t> bytes(text.begin(), text.end());
+  bytes.resize(static_cast<size_t>(n[0]));
+  if (n[0] > 0) c.broadcast(std::span<uint8_t>(bytes), 0);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::string LoopRanks::broadcast_text(const std::string& text) const { return grpo::broadcast_text(world, text); }
+
+std::optional<sdk::PendingCheckpoint> begin_policy_checkpoint(const LoopRanks& ranks, sdk::CheckpointManager& ckpt,
+                                                              int64_t step, Backend& backend, rlh_model* policy,
+                                                              const std::string& tokenizer_name,
+                                                              const std::string& model_dir) {
+  std::optional<sdk::PendingCheckpoint> owned;
+  if (ranks.writer()) owned.emplace(ckpt.begin(step));
+  const std::filesystem::path dir = ranks.broadcast_text(owned ? owned->dir().string() : std::string());
+  save_policy_folder(backend, policy, (dir / "policy").string(), tokenizer_name, model_dir, ranks.writer());
+  return owned;
+}
+
+void LoopRanks::barrier() const {
+  if (size > 1) world.barrier();
+}
+
+}  // namespace rlh::grpo

@@ -1,0 +1,97 @@
+// gemm's few-row form, C[r, :] = A[r, :] B^T for up to kGemvRows rows of bf16 A (a decoding
+// step at batch 1-4 against a weight B [N, K]): a warp a column of C, its lanes walking B's row
+// 16 bytes at a time with several loads in flight, the rows of A read alongside (they stay in
+// L1), fp32 sums, one warp reduction. cuBLASLt's kernels for these shapes are tiles of 8+ rows
+// over few blocks (7 us for a 2048 x 2048 weight that streams in 2.5 us at the H200's bandwidth);
+// here every SM streams its share. Not batch-invariant (a row's sums differ from the tiled
+// kernels'), so gemm with batch_invariant = 1 never comes here.
+#include "common.cuh"
+
+namespace rlh::kcuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kAhead = 4;  // 16-byte chunks of B each lane has in flight
+
+__device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b) {
+  const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
+    acc = fmaf(u.x, v.x, acc);
+    acc = fmaf(u.y, v.y, acc);
+  }
+}
+
+template <int R, class TC>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (n >= g.N) return;
+  const uint4* b = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.B) + n * g.ldb);
+  const int64_t chunks = g.K / 8;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kAhead) {
+    uint4 bv[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u)
+      if (c0 + 32 * u < chunks) bv[u] = __ldcs(b + c0 + 32 * u);  // streamed: read once
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      if (c0 + 32 * u >= chunks) break;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4 av = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.A) + r * g.lda)[c0 + 32 * u];
+        fma8(acc[r], av, bv[u]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[r];
+      if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
+                                                : static_cast<const float*>(g.bias)[n];
+      static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
+    }
+  }
+}
+
+template <int R>
+void launch(const GemmArgs& g, cudaStream_t s) {
+  const unsigned grid = unsigned((g.N + kWarps - 1) / kWarps);
+  if (g.c_dt == DType::bf16)
+    gemv_kernel<R, bf16><<<grid, kWarps * 32, 0, s>>>(g);
+  else
+    gemv_kernel<R, float><<<grid, kWarps * 32, 0, s>>>(g);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool gemv_rows(const GemmArgs& g, cudaStream_t s) {
+  // Weights up to 64 MiB: larger ones (a vocabulary head, a fused gate|up) already stream near
+  // the bandwidth on cuBLASLt's tiles.
+  constexpr int64_t kMaxWeight = int64_t(32) << 20;
+  if (g.M < 1 || g.M > kGemvRows || g.batch != 1 || g.ta || !g.tb || g.ab != DType::bf16 || g.alpha != 1 ||
+      g.beta != 0 || g.K % 8 != 0 || g.lda % 8 != 0 || g.ldb % 8 != 0 || !aligned16(g.A) || !aligned16(g.B) ||
+      g.N * g.K > kMaxWeight)
+    return false;
+  switch (g.M) {
+    case 1: launch<1>(g, s); break;
+    case 2: launch<2>(g, s); break;
+    case 3: launch<3>(g, s); break;
+    default: launch<4>(g, s); break;
+  }
+  check_launch("gemm (few rows)");
+  return true;
+}
+
+}  // namespace rlh::kcuda

@@ -1,0 +1,266 @@
+// Pipeline parallelism in the backend (docs/parallelism.md, "Pipeline parallelism"): the 1F1B
+// schedule over the stages of one model replica, forward-only passes, and the results of the
+// last stage (loss, metrics, outputs) on every stage. The engine runs one stage
+// (engine.hpp's *_stage calls); activations and their gradients move here, by send/recv on the
+// pp group.
+//
+// The schedule as data. Every stage runs Megatron's non-interleaved 1F1B order: w = min(P-1-s,
+// M) forwards (warm-up), then one forward and one backward alternately, then the remaining
+// backwards (cool-down). On the last stage a micro-batch's forward, loss callback and backward
+// are one call. A stage that is not the last keeps only its input activations of the
+// micro-batches in flight (at most P - s of them) and runs the forward again inside the
+// backward (backward_stage): Megatron's full recompute at stage granularity, which keeps the
+// engine's one activation plan per call.
+//
+// Sends and receives are blocking (sdk::Comm), so the order of every p2p call must be one that
+// cannot deadlock. Every rank therefore derives the same timeline: ticks in which each stage
+// runs its next operation once the operation it depends on ran at an earlier tick (the previous
+// stage's forward of that micro-batch, the next stage's backward). After each tick the messages
+// that tick produced move in four phases — forward messages from even stages, from odd stages,
+// then backward messages from even stages, from odd ones. In a phase every rank takes part in at
+// most one message, with a neighbour that takes part in the same one, so every send meets its
+// receive.
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "backend_internal.hpp"
+
+namespace rlh::backend {
+
+using sdk::Error;
+
+namespace {
+
+struct PpOp {
+  bool forward = true;  // forward only (not the last stage), else the micro-batch's backward
+  int64_t mb = 0;
+};
+
+// Each stage's operations in 1F1B order.
+std::vector<std::vector<PpOp>> one_f_one_b(int64_t P, int64_t M) {
+  std::vector<std::vector<PpOp>> ops(static_cast<size_t>(P));
+  for (int64_t s = 0; s < P; ++s) {
+    std::vector<PpOp>& o = ops[size_t(s)];
+    if (s == P - 1) {
+      for (int64_t i = 0; i < M; ++i) o.push_back({false, i});
+      continue;
+    }
+    const int64_t w = std::min(P - 1 - s, M);
+    int64_t f = 0, b = 0;
+    for (; f < w; ++f) o.push_back({true, f});
+    while (f < M) {
+      o.push_back({true, f++});
+      o.push_back({false, b++});
+    }
+    while (b < M) o.push_back({false, b++});
+  }
+  return ops;
+}
+
+// The tick at which each stage runs each of its operations: tick[s][k] for ops[s][k].
+std::vector<std::vector<int64_t>> timeline(const std::vector<std::vector<PpOp>>& ops, int64_t M) {
+  const int64_t P = int64_t(ops.size());
+  std::vector<std::vector<int64_t>> tick(static_cast<size_t>(P));
+  // When each stage's forward / backward of each micro-batch ran (-1: not yet).
+  std::vector<std::vector<int64_t>> fwd(static_cast<size_t>(P), std::vector<int64_t>(static_cast<size_t>(M), -1)), bwd = fwd;
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  for (int64_t t = 0;; ++t) {
+    bool left = false, ran = false;
+    for (int64_t s = 0; s < P; ++s) {
+      if (next[size_t(s)] >= ops[size_t(s)].size()) continue;
+      left = true;
+      const PpOp& op = ops[size_t(s)][next[size_t(s)]];
+      // The forward (or, on the last stage, the whole micro-batch) needs the previous stage's
+      // forward; a backward elsewhere needs the next stage's backward.
+      bool ready = true;
+      if (op.forward || s == P - 1) ready = s == 0 || (fwd[size_t(s - 1)][size_t(op.mb)] >= 0 && fwd[size_t(s - 1)][size_t(op.mb)] < t);
+      if (!op.forward && s < P - 1) ready = bwd[size_t(s + 1)][size_t(op.mb)] >= 0 && bwd[size_t(s + 1)][size_t(op.mb)] < t;
+      if (!ready) continue;
+      (op.forward ? fwd : bwd)[size_t(s)][size_t(op.mb)] = t;
+      if (s == P - 1) fwd[size_t(s)][size_t(op.mb)] = t;
+      tick[size_t(s)].push_back(t);
+      ++next[size_t(s)];
+      ran = true;
+    }
+    if (!left) break;
+    if (!ran) throw Error(RLH_E_INTERNAL, "pipeline schedule: no stage can run at tick " + std::to_string(t));
+  }
+  return tick;
+}
+
+int64_t ring_bytes(int64_t bytes, int S) { return S <= 1 ? 0 : 2 * bytes * (S - 1) / S; }
+
+}  // namespace
+
+void make_pipeline_stage(const Backend& b, Model& m) {
+  const std::string key = "policy.megatron_cfg.pipeline_model_parallel_size";
+  const int64_t pp = m.config.parallel.pp;
+  if (!b.dp || b.dp->pp_size() != pp)
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                std::string(b.flavor->name) + ": " + key + " = " + std::to_string(pp) + " needs a multiple of " +
+                    std::to_string(pp) + " launched ranks split that way, but " +
+                    (b.dp ? "this backend's groups have pipeline size " + std::to_string(b.dp->pp_size())
+                          : std::string("one rank was started")));
+  if (m.config.parallel.fsdp)
+    throw Error(RLH_E_UNIMPLEMENTED, key + " = " + std::to_string(pp) + ": pipeline parallelism with FSDP is not implemented");
+  const sdk::PpSplit split{m.config.parallel.pp_first_layers, m.config.parallel.pp_last_layers};
+  try {
+    m.pp_layout = std::make_unique<sdk::PpLayout>(
+        sdk::make_pp_layout(m.tp_layouts.empty() ? m.desc : m.tp_layouts[size_t(b.dp->tp_rank())].local, pp,
+                            b.dp->pp_rank(), split, key));
+  } catch (const std::invalid_argument& e) {
+    throw Error(RLH_E_UNIMPLEMENTED, m.desc.architecture + " (" + m.dir + "): " + e.what());
+  }
+}
+
+engine::Outputs pp_forward(Model& m, const engine::MicroBatch& mb, const engine::OutputRequest& req) {
+  const sdk::PpLayout& L = *m.pp();
+  const sdk::Comm& pp = m.dp->pp;
+  const int s = m.dp->pp_rank();
+  const int64_t n = mb.num_tokens() * m.engine->desc().hidden_size;
+  std::vector<float> x_in(L.first ? 0 : size_t(n)), x_out(L.last ? 0 : size_t(n));
+  if (!L.first) {
+    FloatView v(x_in.data(), n);
+    pp.recv(*v, s - 1);
+  }
+  engine::Outputs o = m.engine->forward_stage(mb, req, x_in, x_out);
+  if (!L.last) {
+    FloatView v(x_out.data(), n);
+    pp.send(*v, s + 1);
+    m.pp_bytes += n * int64_t(sizeof(float));
+  }
+  // The last stage's outputs on every stage: their sizes, then each one requested.
+  std::vector<float>* outs[] = {&o.logprob, &o.processed_logprob, &o.entropy, &o.logprob_at_ids, &o.logits, &o.value};
+  int64_t sizes[7] = {0, 0, 0, 0, 0, 0, o.ids_per_token};
+  for (size_t k = 0; k < 6; ++k) sizes[k] = int64_t(outs[k]->size());
+  const int root = int(L.size - 1);
+  pp.broadcast(std::span<int64_t>(sizes, 7), root);
+  o.ids_per_token = sizes[6];
+  for (size_t k = 0; k < 6; ++k) {
+    if (sizes[k] == 0) continue;
+    outs[k]->resize(size_t(sizes[k]));
+    FloatView v(outs[k]->data(), sizes[k]);
+    pp.broadcast(*v, root);
+  }
+  return o;
+}
+
+engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, const engine::StepOptions& so,
+                                 const engine::LossFn& loss) {
+  const sdk::PpLayout& L = *m.pp();
+  const sdk::Comm& pp = m.dp->pp;
+  const int64_t P = L.size, s = m.dp->pp_rank(), M = int64_t(views.size());
+  const int64_t C = m.engine->desc().hidden_size;
+  const std::vector<std::vector<PpOp>> ops = one_f_one_b(P, M);
+  const std::vector<std::vector<int64_t>> ticks = timeline(ops, M);
+  // Per tick, the messages: (from stage, forward?, micro-batch).
+  struct Msg {
+    int64_t from;
+    bool forward;
+    int64_t mb;
+  };
+  std::map<int64_t, std::vector<Msg>> sent;
+  for (int64_t q = 0; q < P; ++q)
+    for (size_t k = 0; k < ops[size_t(q)].size(); ++k) {
+      const PpOp& op = ops[size_t(q)][k];
+      if (op.forward) sent[ticks[size_t(q)][k]].push_back({q, true, op.mb});
+      if (!op.forward && q > 0) sent[ticks[size_t(q)][k]].push_back({q, false, op.mb});
+    }
+
+  engine::StepResult r;
+  m.engine->begin_stage_step();
+  // Received inputs and output gradients, and this stage's outputs and input gradients waiting
+  // to be sent, by micro-batch (dropped once used).
+  std::map<int64_t, std::vector<float>> x_in, dy, x_out, dx;
+  const auto tokens = [&](int64_t i) { return views[size_t(i)].num_tokens() * C; };
+  size_t k = 0;
+  int64_t last_tick = -1;
+  for (const auto& [t, msgs] : sent) last_tick = std::max(last_tick, t);
+  if (!ticks[size_t(s)].empty()) last_tick = std::max(last_tick, ticks[size_t(s)].back());
+  for (int64_t t = 0; t <= last_tick; ++t) {
+    if (k < ops[size_t(s)].size() && ticks[size_t(s)][k] == t) {
+      const PpOp& op = ops[size_t(s)][k++];
+      const engine::MicroBatch& mb = views[size_t(op.mb)];
+      const std::span<const float> in = L.first ? std::span<const float>() : std::span<const float>(x_in.at(op.mb));
+      if (op.forward) {
+        std::vector<float>& out = x_out[op.mb];
+        out.resize(size_t(tokens(op.mb)));
+        m.engine->forward_stage(mb, so.outputs, in, out);
+      } else {
+        std::vector<float> din(L.first ? 0 : size_t(tokens(op.mb)));
+        const std::span<const float> g = L.last ? std::span<const float>() : std::span<const float>(dy.at(op.mb));
+        const engine::LossResult lr = m.engine->backward_stage(mb, op.mb, M, so, loss, in, g, din);
+        r.loss += lr.loss;
+        engine::accumulate_metrics(r.metrics, lr.metrics);
+        r.tokens += mb.num_tokens();
+        x_in.erase(op.mb);
+        dy.erase(op.mb);
+        if (!L.first) dx[op.mb] = std::move(din);
+      }
+    }
+    auto it = sent.find(t);
+    if (it == sent.end()) continue;
+    for (const bool forward : {true, false})
+      for (const int parity : {0, 1})
+        for (const Msg& msg : it->second) {
+          if (msg.forward != forward || msg.from % 2 != parity) continue;
+          const int64_t to = forward ? msg.from + 1 : msg.from - 1;
+          const int64_t n = tokens(msg.mb);
+          if (msg.from == s) {
+            std::map<int64_t, std::vector<float>>& box = forward ? x_out : dx;
+            FloatView v(box.at(msg.mb).data(), n);
+            pp.send(*v, int(to));
+            m.pp_bytes += n * int64_t(sizeof(float));
+            box.erase(msg.mb);
+          } else if (to == s) {
+            std::vector<float>& into = (forward ? x_in : dy)[msg.mb];
+            into.resize(size_t(n));
+            FloatView v(into.data(), n);
+            pp.recv(*v, int(msg.from));
+          }
+        }
+  }
+  m.engine->end_stage_step();
+  // A tied embedding: the first stage's embedding and the last stage's head are one weight;
+  // each copy gets the sum of both gradients (Megatron's embedding group).
+  if (L.shares_embedding) {
+    std::span<float> g = m.engine->grad(size_t(L.embed_local));
+    FloatView v(g.data(), int64_t(g.size()));
+    m.dp->embedding.all_reduce(*v, RLH_REDUCE_SUM);
+    m.pp_bytes += ring_bytes(int64_t(g.size() * sizeof(float)), m.dp->embedding.size());
+  }
+  // The loss and the engine's metrics are the last stage's.
+  double total[1] = {r.loss};
+  pp.broadcast(std::span<double>(total, 1), int(P - 1));
+  r.loss = total[0];
+  r.metrics = pp_share_named(m, r.metrics);
+  return r;
+}
+
+std::vector<std::pair<std::string, double>> pp_share_named(const Model& m,
+                                                           const std::vector<std::pair<std::string, double>>& mine) {
+  if (!m.pp()) return mine;
+  const sdk::Comm& pp = m.dp->pp;
+  const int root = pp.size() - 1;
+  std::string text;
+  for (const auto& [name, v] : mine) text += name + "\n";
+  int64_t len[2] = {int64_t(text.size()), int64_t(mine.size())};
+  pp.broadcast(std::span<int64_t>(len, 2), root);
+  std::vector<uint8_t> bytes(static_cast<size_t>(len[0]));
+  if (!bytes.empty()) std::memcpy(bytes.data(), text.data(), std::min(text.size(), bytes.size()));  // no names: null data
+  if (len[0] > 0) pp.broadcast(std::span<uint8_t>(bytes), root);
+  std::vector<double> values(static_cast<size_t>(len[1]));
+  for (size_t i = 0; i < mine.size() && i < values.size(); ++i) values[i] = mine[i].second;
+  if (len[1] > 0) pp.broadcast(std::span<double>(values), root);
+  std::vector<std::pair<std::string, double>> out;
+  size_t at = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const size_t end = size_t(std::find(bytes.begin() + long(at), bytes.end(), uint8_t('\n')) - bytes.begin());
+    out.emplace_back(std::string(bytes.begin() + long(at), bytes.begin() + long(end)), values[i]);
+    at = end + 1;
+  }
+  return out;
+}
+
+}  // namespace rlh::backend

@@ -1,0 +1,92 @@
+// Pipeline parallelism on one stage (engine.hpp's *_stage calls, sdk/pipeline_parallel.hpp):
+// the stage's program starts from the previous stage's activations instead of the embedding
+// and ends at its last layer instead of the head; these calls carry those activations and their
+// gradients in and out. The schedule (which micro-batch runs when, and the sends and receives
+// between stages) is the owner's.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "model.hpp"
+
+namespace rlh::engine {
+
+namespace {
+
+// Null the stage's boundary pointers when a call leaves, whatever leaves its scope.
+struct StageReset {
+  const float*& x_in;
+  const float*& dy;
+  float*& dx;
+  ~StageReset() { x_in = dy = nullptr, dx = nullptr; }
+};
+
+}  // namespace
+
+Outputs Engine::forward_stage(const MicroBatch& mb, const OutputRequest& req, std::span<const float> x_in,
+                              std::span<float> x_out) {
+  Impl& m = *impl_;
+  m.bind_stage(mb, x_in, {}, {}, false);
+  StageReset reset{m.pp_x_in, m.pp_dy, m.pp_dx};
+  if (m.prog.pp_last) return forward(mb, req);
+  const size_t n = size_t(mb.num_tokens() * m.C);
+  if (x_out.size() != n)
+    throw std::invalid_argument("engine: pipeline stage " + std::to_string(m.opt.pp->rank) + ": the output has " +
+                                std::to_string(x_out.size()) + " values, expected " + std::to_string(n));
+  m.forward(mb, req, false);
+  std::memcpy(x_out.data(), m.xs[size_t(m.L)], n * sizeof(float));
+  return {};
+}
+
+void Engine::begin_stage_step() {
+  Impl& m = *impl_;
+  if (!m.pp_on) throw std::logic_error("engine: begin_stage_step without pipeline parallelism");
+  if (!m.grads_clear) zero_grad();
+  m.grads_clear = false;
+}
+
+LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& so,
+                                  const LossFn& loss_fn, std::span<const float> x_in, std::span<const float> dy,
+                                  std::span<float> dx) {
+  Impl& m = *impl_;
+  const OutputRequest& req = so.outputs;
+  if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
+  if (req.routed_experts || !req.replay_routing_field.empty())
+    throw std::invalid_argument("engine: MoE routing records are not supported under pipeline parallelism");
+  m.bind_stage(mb, x_in, dy, dx, true);
+  StageReset reset{m.pp_x_in, m.pp_dy, m.pp_dx};
+  m.forward(mb, req, !m.opt.recompute);
+  LossResult lr;
+  if (m.prog.pp_last) lr = m.call_loss(mb, index, count, so, loss_fn);
+  m.backward(mb, req);
+  return lr;
+}
+
+void Engine::end_stage_step() {
+  Impl& m = *impl_;
+  if (m.tp_on) m.tp_sync_grads();  // the gradients the tensor-parallel group shares
+}
+
+}  // namespace rlh::engine
+
+namespace rlh::engine {
+
+void Engine::Impl::bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy,
+                              std::span<float> dx, bool backward) {
+  if (!pp_on) throw std::logic_error("engine: a *_stage call without pipeline parallelism (EngineOptions::pp)");
+  const size_t n = size_t(mb.num_tokens() * C);
+  auto need = [&](bool want, size_t got, const char* what) {
+    if (want && got != n)
+      throw std::invalid_argument(std::string("engine: pipeline stage ") + std::to_string(opt.pp->rank) + ": " + what +
+                                  " has " + std::to_string(got) + " values, expected " + std::to_string(n) +
+                                  " (tokens x hidden)");
+  };
+  need(!prog.pp_first, x_in.size(), "the input activations");
+  need(backward && !prog.pp_last, dy.size(), "the output gradient");
+  need(backward && !prog.pp_first, dx.size(), "the input gradient");
+  pp_x_in = x_in.data();
+  pp_dy = dy.data();
+  pp_dx = dx.data();
+}
+
+}  // namespace rlh::engine

@@ -1,0 +1,69 @@
+// Pipeline parallelism (Megatron-style) as data and a pass over the layer program (static
+// library rlh_model_desc). docs/parallelism.md, "Pipeline parallelism", says how the backend
+// schedules it.
+//
+// Why a layout and not a branch in the engine: which layers a stage holds, and which global
+// tensors, is a property of the split, not of the model. `make_pp_layout` applies the split to
+// a description and gives the stage's own description: its decoder layers (renumbered from 0),
+// the embedding on the first stage, the final norm and the head on the last (and the embedding
+// there too when the head is tied to it: Megatron's shared embedding, whose two copies get the
+// embedding group's summed gradient). `build_stage_program` derives that stage's layer program:
+// the program says where the stage's input comes from (the embedding, or the previous stage's
+// activations) and where its output goes (the head and the loss, or the next stage). Executors
+// that run stage programs say so (ExecutorCaps::pipeline_stage); the others refuse them.
+//
+// Layers per stage (Megatron's rules): without first/last counts, L layers split evenly over
+// P stages (P must divide L). With num_layers_in_first_pipeline_stage = a and/or
+// num_layers_in_last_pipeline_stage = b, those stages take a (b) layers and the other stages
+// split the rest evenly. A split that does not come out even is refused, naming the keys.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rlhost/sdk/layer_program.hpp"
+#include "rlhost/sdk/model_desc.hpp"
+
+namespace rlh::sdk {
+
+struct PpSplit {
+  int64_t first = 0, last = 0;  // num_layers_in_{first,last}_pipeline_stage (0: not set)
+};
+
+// Layers of each stage, stage 0 first. Throws std::invalid_argument naming `key` (the
+// pipeline size's setting) and the counts when the layers do not split.
+std::vector<int64_t> pp_stage_layers(int64_t num_layers, int64_t stages, const PpSplit& split,
+                                     const std::string& key = "pipeline_model_parallel_size");
+
+struct PpLayout {
+  int64_t size = 1, rank = 0;
+  bool first = true, last = true;
+  int64_t layer_begin = 0, layer_count = 0;  // this stage's decoder layers [begin, begin + count)
+  std::vector<int64_t> stage_layers;         // layers of every stage
+  TransformerDesc local;                     // this stage's description
+  std::vector<int64_t> full_index;   // per local parameter: its index in the whole description
+  std::vector<int64_t> local_index;  // per whole-model parameter: its local index, -1 if not here
+  std::vector<int64_t> owner;        // per whole-model parameter: the stage that owns it (saves it)
+  // Tied embedding on a pipeline of several stages: this stage holds a copy (the first stage's
+  // embedding, the last stage's head); the embedding group sums the two gradients. The last
+  // stage's copy is not the owner: it counts 0 in the gradient norm.
+  bool shares_embedding = false;
+  int64_t embed_local = -1;  // local index of the embedding (or tied head), -1 if not here
+};
+
+// Empty when a pipeline of `size` stages can run `desc`, else one line naming the first thing
+// that stops it (MoE and MLA layers, a value head; layers that do not split).
+std::string pp_unsupported(const TransformerDesc& desc, int64_t size, const PpSplit& split,
+                           const std::string& key = "pipeline_model_parallel_size");
+// Throws std::invalid_argument with pp_unsupported's line when it is not empty.
+PpLayout make_pp_layout(const TransformerDesc& desc, int64_t size, int64_t rank, const PpSplit& split,
+                        const std::string& key = "pipeline_model_parallel_size");
+
+// The layer program of a stage's description (layout.local): as build_program, except that a
+// stage that is not the first takes its input from the previous stage (no embedding), and one
+// that is not the last hands its output on (no final norm, no head). ModelProgram::pp_first and
+// pp_last say which.
+ModelProgram build_stage_program(const TransformerDesc& local, bool first, bool last);
+
+}  // namespace rlh::sdk

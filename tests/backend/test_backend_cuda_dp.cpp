@@ -1,0 +1,245 @@
+// megatron's device path under data parallelism, under `mpirun -np N` (labels gpu, comm). Every
+// rank runs its model on the CUDA engine; the gradients are summed over a device communicator
+// (comm_nccl with one GPU a rank, comm_mpi staging through the host where ranks share a GPU,
+// as ctest's np2 on one H200 does). Each rank holds the same global batch and trains on its
+// shard; the one-rank reference is computed in-process (the launcher's variables hidden).
+// Checked:
+//   - DDP and the distributed optimizer follow the one-rank device run over three AdamW steps
+//     (bf16 compute: the micro-batches differ, so within bf16 tolerance, not bitwise);
+//   - without clipping the distributed optimizer (reduce-scatter, AdamW on a block, all-gather)
+//     gives bitwise DDP's weights, and every rank holds bitwise the same weights;
+//   - a rank whose shard of the batch is empty takes part;
+//   - a distributed-optimizer state saved at DP = N (moments gathered) resumes bitwise at
+//     DP = N (each rank keeps its block), and loads on one rank;
+//   - tensor parallelism on the device is refused by name.
+// Without a usable Hopper GPU every test skips with the reason.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "backend_harness.hpp"
+#include "mpi_harness.hpp"
+#include "gpu_skip.hpp"
+
+namespace fs = std::filesystem;
+using namespace rlh;
+using namespace rlh::test;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int32_t kVocab = 512;
+const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
+
+std::unique_ptr<Batch> global_batch(size_t num_seqs = kLengths.size()) {
+  return random_batch(std::vector<int64_t>(kLengths.begin(), kLengths.begin() + int64_t(num_seqs)), kVocab, 23);
+}
+
+// bf16 on the GPU with Adam. eps = 1 makes an update proportional to the gradient (with 1e-8
+// the first steps are lr * sign(g), which turns bf16 rounding of tiny gradients into whole
+// lr-sized differences), so runs over different micro-batches can be compared.
+json config(bool distributed_optimizer, double clip = 1.0) {
+  json cfg = {{"precision", "bfloat16"},
+              {"device", "cuda"},
+              {"max_grad_norm", clip},
+              {"megatron_cfg",
+               {{"optimizer",
+                 {{"lr", 1e-3}, {"weight_decay", 0.1}, {"adam_eps", 1.0}, {"clip_grad", clip},
+                  {"use_distributed_optimizer", distributed_optimizer}}}}}};
+  set_batching(cfg, true);
+  return cfg;
+}
+
+// Every rank's weights equal rank 0's, bit for bit (a hash, min and max over the world).
+bool same_on_every_rank(const Weights& w) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [k, v] : w) {
+    const auto* b = reinterpret_cast<const unsigned char*>(v.data());
+    for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  const std::string mine = std::to_string(h);
+  const std::string first = world().broadcast(mine);
+  const int64_t differs = world().max(first != mine ? 1 : 0);  // every rank learns whether any differs
+  return differs == 0;
+}
+
+// Worst over tensors of the update's relative error: |(a - base) - (b - base)| / max |b - base|.
+double update_error(const Weights& a, const Weights& b, const Weights& base) {
+  double worst = 0;
+  for (const auto& [name, w0] : base) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < w0.size(); ++i) {
+      num = std::max(num, std::fabs(double(a.at(name)[i]) - double(b.at(name)[i])));
+      den = std::max(den, std::fabs(double(b.at(name)[i]) - double(w0[i])));
+    }
+    if (den > 0) worst = std::max(worst, num / den);
+  }
+  return worst;
+}
+
+struct RunResult {
+  std::vector<double> loss;
+  Weights before, after;
+  json metrics;
+};
+
+RunResult train_steps(const json& cfg, const std::string& model, Batch& batch, int64_t g_tok, int64_t g_seq, int steps) {
+  RunResult out;
+  Backend be(host(), "megatron", cfg);
+  rlh_model* m = be.load(model_path(model), true);
+  out.before = be.weights(m);
+  for (int s = 0; s < steps; ++s) {
+    const auto r = be.train(m, batch, g_tok, g_seq, nll_loss(), {});
+    out.loss.push_back(r.r.loss);
+    out.metrics = r.metrics;
+  }
+  out.after = be.weights(m);
+  return out;
+}
+
+struct Case {
+  std::string model;
+  bool distributed_optimizer;
+  std::string label() const { return model + (distributed_optimizer ? " distopt" : " ddp"); }
+};
+
+class DeviceDataParallel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeviceDataParallel, FollowsOneRank) {
+  REQUIRE_GPU();
+  const Case c = GetParam();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch();
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  RunResult ref;
+  {
+    Alone alone;
+    ref = train_steps(config(c.distributed_optimizer), c.model, *g, g_tok, g_seq, 3);
+  }
+  auto mine = shard_of(*g, R, N);
+  const RunResult dp = train_steps(config(c.distributed_optimizer), c.model, *mine, g_tok, g_seq, 3);
+  EXPECT_EQ(dp.metrics["dp_size"].get<int>(), N);
+  EXPECT_EQ(dp.metrics["num_tokens"].get<int64_t>(), g_tok);
+  EXPECT_GT(dp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
+  double loss_err = 0;
+  for (size_t s = 0; s < ref.loss.size(); ++s)
+    loss_err = std::max(loss_err, std::fabs(dp.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]));
+  EXPECT_LE(loss_err, 2e-3) << c.label();
+  const double uerr = update_error(dp.after, ref.after, ref.before);
+  EXPECT_LE(uerr, 5e-2) << c.label();
+  EXPECT_TRUE(same_on_every_rank(dp.after)) << c.label() << ": the ranks' weights differ";
+  if (R == 0)
+    std::cout << "[device dp " << N << "] " << c.label() << ": losses within " << loss_err
+              << " (relative), 3 AdamW updates within " << uerr << " of one rank's, dp/comm_bytes "
+              << dp.metrics["dp/comm_bytes"] << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, DeviceDataParallel,
+                         ::testing::Values(Case{"llama-tiny", false}, Case{"llama-tiny", true},
+                                           Case{"qwen3-moe-tiny", false}, Case{"qwen3-moe-tiny", true}),
+                         [](const auto& info) { return test_name(info.param.label()); });
+
+TEST(DeviceDataParallelExact, DistributedOptimizerIsDdpBitwise) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch();
+  auto mine = shard_of(*g, R, N);
+  for (const char* model : {"llama-tiny", "qwen3-moe-tiny"}) {
+    // No clipping: the norm (summed over blocks or over the whole) then plays no part.
+    const RunResult ddp = train_steps(config(false, 0.0), model, *mine, g->num_tokens(), g->num_seqs(), 3);
+    const RunResult dist = train_steps(config(true, 0.0), model, *mine, g->num_tokens(), g->num_seqs(), 3);
+    EXPECT_TRUE(dist.after == ddp.after) << model << ": the distributed optimizer's weights are not DDP's";
+    EXPECT_EQ(dist.loss, ddp.loss) << model;
+    EXPECT_TRUE(same_on_every_rank(dist.after)) << model;
+  }
+}
+
+TEST(DeviceDataParallelEdges, EmptyShardTakesPart) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch(size_t(N - 1));  // one rank gets no sequence
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  RunResult ref;
+  {
+    Alone alone;
+    ref = train_steps(config(true), "llama-tiny", *g, g_tok, g_seq, 2);
+  }
+  auto mine = shard_of(*g, R, N);
+  const RunResult dp = train_steps(config(true), "llama-tiny", *mine, g_tok, g_seq, 2);
+  for (size_t s = 0; s < ref.loss.size(); ++s) EXPECT_NEAR(dp.loss[s], ref.loss[s], 2e-3 * std::fabs(ref.loss[s]));
+  EXPECT_LE(update_error(dp.after, ref.after, ref.before), 5e-2);
+}
+
+TEST(DeviceDataParallelCheckpoints, ShardedStateResumesBitwise) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch();
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  auto mine = shard_of(*g, R, N);
+  const fs::path dir = world().broadcast((fs::temp_directory_path() / ("rlh_cuda_dp_" + std::to_string(::getpid()))).string());
+  if (R == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world().barrier();
+  const json cfg = config(true);
+  Weights cont;
+  std::vector<double> cont_loss;
+  {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    for (int s = 0; s < 2; ++s) be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
+    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state");
+    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
+    cont = be.weights(m);
+  }
+  {  // the same size: every rank takes its block of the gathered moments back
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state");
+    for (int s = 0; s < 2; ++s) EXPECT_EQ(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]);
+    EXPECT_TRUE(be.weights(m) == cont) << "resumed at the same size, not bitwise";
+  }
+  {  // one rank continues from it on the whole batch
+    Alone alone;
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
+    int64_t v = 0;
+    be.weights(m, &v);
+    EXPECT_EQ(v, 2);
+    const double loss = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
+    EXPECT_NEAR(loss, cont_loss[0], 2e-3 * std::fabs(cont_loss[0]));
+  }
+  world().barrier();
+  if (R == 0) fs::remove_all(dir);
+}
+
+TEST(DeviceDataParallelErrors, TensorParallelIsRefusedByName) {
+  REQUIRE_GPU();
+  const int N = world().size();
+  json cfg = config(false);
+  cfg["megatron_cfg"]["tensor_model_parallel_size"] = N;
+  Backend be(host(), "megatron", cfg);
+  rlh_model* m = nullptr;
+  expect_error(be.try_load(model_path("llama-tiny"), true, &m), RLH_E_UNIMPLEMENTED,
+               "tensor parallelism (tensor_model_parallel_size = " + std::to_string(N) + ") runs on the CPU engine only");
+}
+
+}  // namespace
+
+// comm_nccl where it was built (it serves ranks with a GPU each; comm_mpi the rest).
+std::vector<std::string> plugins() {
+  std::vector<std::string> p = {"model_llama", "kernels_cpu", "megatron", "comm_mpi"};
+#ifdef RLH_HAVE_COMM_NCCL
+  p.push_back("comm_nccl");
+#endif
+  return p;
+}
+
+int main(int argc, char** argv) {
+  return run_mpi_tests(argc, argv, plugins());
+}

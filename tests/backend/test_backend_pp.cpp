@@ -1,0 +1,218 @@
+// Pipeline parallelism for the megatron backend on CPU ranks, under `mpirun -np N` (ctest: N = 2
+// and 4, one BLAS thread per rank). Every rank also computes the one-rank reference in-process
+// (a backend that loads its model with the launcher's variables hidden, so it sees one rank).
+//
+//   - PP 2 (np 2), PP 2 x DP 2 and TP 2 x PP 2 (np 4) give the reference's logprobs, entropy
+//     (forward only: the last stage's outputs on every rank), loss, gradient norm and every
+//     gradient (one SGD step at lr 1 without clipping: w - w' = g, read back through the
+//     gathered HF weights) within fp32 tolerance, on a Llama (untied head) and a Qwen3 (tied
+//     embedding: the embedding group's gradient sum), with packing on and off, DDP and the
+//     distributed optimizer, the 1F1B schedule over 2 to 5 micro-batches; and a Qwen2 of three
+//     layers (biases, sliding window, YaRN) split 2 + 1 by num_layers_in_first_pipeline_stage;
+//   - the pipeline's bytes per step equal the analytic count;
+//   - two AdamW steps with clipping follow the reference;
+//   - a state saved under PP is the one-rank HF layout, loads on one rank into the same weights
+//     and continues there; one rank's state loads back under PP bitwise;
+//   - refusals name the setting: virtual stages, PP on one rank, layers that do not split,
+//     an MoE model.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "backend_harness.hpp"
+#include "model_parallel_checks.hpp"
+#include "mpi_harness.hpp"
+#include "rlhost/sdk/safetensors.hpp"
+
+namespace fs = std::filesystem;
+using namespace rlh;
+using namespace rlh::test;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int32_t kVocab = 512;
+
+const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
+
+std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
+
+struct Case {
+  std::string model;
+  int64_t tp, pp;
+  bool packing;
+  bool distributed_optimizer;
+  int64_t first_layers = 1;  // num_layers_in_first_pipeline_stage
+  std::string label() const {
+    return model + (tp > 1 ? " tp" + std::to_string(tp) : "") + " pp" + std::to_string(pp) +
+           (first_layers != 1 ? " first" + std::to_string(first_layers) : "") +
+           (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
+  }
+};
+
+json base_config(const Case& c, bool one_rank) {
+  json cfg = {{"megatron_cfg",
+               {{"tensor_model_parallel_size", one_rank ? 1 : c.tp},
+                {"pipeline_model_parallel_size", one_rank ? 1 : c.pp},
+                {"num_layers_in_first_pipeline_stage", one_rank || c.pp == 1 ? json(nullptr) : json(c.first_layers)},
+                {"virtual_pipeline_model_parallel_size", nullptr}}}};
+  set_batching(cfg, c.packing);
+  return cfg;
+}
+
+json sgd_config(const Case& c, bool one_rank) { return with_sgd(base_config(c, one_rank), c.distributed_optimizer); }
+json adam_config(const Case& c, bool one_rank, double lr) {
+  return with_adam(base_config(c, one_rank), lr, c.distributed_optimizer);
+}
+
+// The pipeline's traffic of one train step on this rank (pp/comm_bytes), for these fixtures
+// (hidden 64, vocabulary 512) and N tokens on the rank: a two-stage pipeline sends each
+// micro-batch's activations forward (stage 0) or their gradient back (stage 1), N x C floats in
+// all; a tied embedding's gradient (its V/T vocabulary rows) is all-reduced over the embedding
+// group of the two stages (ring: 2 (2-1)/2 of it); the gradient norm's sum is all-reduced over
+// the stages (2 (2-1)/2 x 8 bytes).
+int64_t analytic_pp_bytes(const Case& c, int64_t N) {
+  const int64_t C = 64;
+  const bool tied = c.model == "qwen3-tiny";  // llama-tiny and qwen2-swa-yarn-tiny have an lm_head
+  return N * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
+}
+
+class PipelineParallel : public ::testing::TestWithParam<Case> {};
+
+// This rank's place in Megatron's order (tp fastest, then dp, pp slowest): its data-parallel
+// rank's share of the global batch.
+struct Place {
+  int dp = 1, dp_rank = 0;
+  std::unique_ptr<Batch> global, mine;
+  int64_t tokens = 0, seqs = 0, first = 0;
+  explicit Place(const Case& c) {
+    dp = int(world().size() / (c.tp * c.pp));
+    dp_rank = int(world().rank() / c.tp) % dp;
+    global = global_batch();
+    tokens = global->num_tokens();
+    seqs = global->num_seqs();
+    mine = shard_of(*global, dp_rank, dp, &first);
+  }
+};
+
+bool fits(const Case& c) { return world().size() % (c.tp * c.pp) == 0; }
+
+TEST_P(PipelineParallel, MatchesOneRank) {
+  const Case c = GetParam();
+  const int N = world().size();
+  if (!fits(c)) GTEST_SKIP() << c.label() << " on " << N << " ranks";
+  Place p(c);
+  const SgdComparison r = compare_sgd_step(c.model, sgd_config(c, true), sgd_config(c, false), *p.global, *p.mine,
+                                           p.first, c.label());
+  const Outcome& pp = r.got;
+  EXPECT_EQ(pp.metrics["dp_size"].get<int>(), p.dp);
+  // The loss callback's metrics reach every stage (the loss itself is checked above).
+  EXPECT_TRUE(pp.metrics.contains("metrics")) << c.label();
+  const int64_t bytes = pp.metrics["pp/comm_bytes"].get<int64_t>();
+  EXPECT_EQ(bytes, analytic_pp_bytes(c, p.mine->num_tokens())) << c.label();
+  if (world().rank() == 0)
+    std::cout << "[np " << N << "] " << c.label() << ": loss " << pp.loss << " vs " << r.ref.loss << ", grad norm "
+              << pp.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
+              << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
+              << ", pp bytes/step " << bytes << " (analytic " << analytic_pp_bytes(c, p.mine->num_tokens()) << ")\n";
+}
+
+TEST_P(PipelineParallel, AdamWStepsFollowOneRank) {
+  const Case c = GetParam();
+  const int N = world().size();
+  if (!fits(c)) GTEST_SKIP() << c.label() << " on " << N << " ranks";
+  Place p(c);
+  const AdamComparison r =
+      compare_adamw_steps(c.model, adam_config(c, true, 2e-3), adam_config(c, false, 2e-3), *p.global, *p.mine, c.label());
+  // Each stage holds its layers and its global tensors only: less than one rank's model.
+  EXPECT_LT(r.state, r.ref_state) << c.label();
+  if (world().rank() == 0)
+    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << r.worst
+              << "; training state on rank 0 " << r.state / 1024 << " KiB, one rank " << r.ref_state / 1024 << " KiB\n";
+}
+
+// Log p at given ids (K per token, some -1) and top-k processed logprobs, forward only on the
+// whole batch: the last stage's outputs reach every rank.
+TEST_P(PipelineParallel, LogprobAtIdsAndTopKMatchOneRank) {
+  const Case c = GetParam();
+  if (!fits(c)) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
+  auto g = global_batch();
+  std::vector<rlh_output_spec> more;
+  if (c.tp == 1) more.push_back(spec(RLH_OUTPUT_LOGPROB, "topk", 1.3, 5));  // needs the whole vocabulary: not with TP
+  for (const double err : at_ids_differences(c.model, sgd_config(c, true), sgd_config(c, false), *g, kVocab, more))
+    EXPECT_LE(err, 2e-5) << c.label();
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (const char* model : {"llama-tiny", "qwen3-tiny"}) {
+    v.push_back({model, 1, 2, false, true});
+    v.push_back({model, 1, 2, true, false});
+    v.push_back({model, 2, 2, true, true});  // np 4 only: TP 2 x PP 2
+  }
+  // Three layers split 2 + 1 (Megatron's uneven first stage), with q/k/v biases, sliding-window
+  // attention and YaRN RoPE: the stages run whatever layers they hold.
+  v.push_back({"qwen2-swa-yarn-tiny", 1, 2, true, false, 2});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Pp, PipelineParallel, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return test_name(info.param.label()); });
+
+// A state saved under PP is one rank's files (HF layout, every tensor); it loads on one rank into
+// the same weights and continues; one rank's state loads back under PP bitwise.
+TEST(PipelineParallelCheckpoints, SavedUnderPpLoadsOnOneRankAndBack) {
+  const int N = world().size(), R = world().rank();
+  const Case c{"qwen3-tiny", 1, 2, false, true};
+  const int dp = int(N / c.pp);
+  checkpoint_round_trip(c.model, adam_config(c, false, 5e-3), adam_config(c, true, 5e-3), dp, R % dp, "pp",
+                        global_batch());
+}
+
+TEST(PipelineParallelErrors, RefusedByName) {
+  const int N = world().size();
+  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = nullptr;
+    expect_error(be.try_load(model_path(model), true, &m), code, part);
+  };
+  load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
+             "pipeline_model_parallel_size = 2: mixture-of-experts layers under pipeline parallelism are not implemented");
+  load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}, {"num_layers_in_first_pipeline_stage", 2}}}},
+             "llama-tiny", RLH_E_UNIMPLEMENTED,
+             "pipeline_model_parallel_size = 2: the layers do not split over the stages (2 layers, "
+             "num_layers_in_first_pipeline_stage = 2: 0 left for 1 stages)");
+  if (N == 4)
+    load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 4}}}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
+               "pipeline_model_parallel_size = 4: the layers do not split over the stages (2 layers: 2 left for 4 stages)");
+  load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+             "pipeline_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
+  {
+    Alone alone;
+    load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+               "pipeline_model_parallel_size = 2 needs a multiple of 2 launched ranks");
+  }
+  {
+    rlh_backend* b = nullptr;
+    const std::string cfg =
+        json({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}, {"virtual_pipeline_model_parallel_size", 2}}}}).dump();
+    expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
+                 "virtual_pipeline_model_parallel_size = 2: interleaved virtual pipeline stages are not implemented");
+  }
+  {  // the stages of a pipeline given different batches (a loop sharding over every rank)
+    Backend be(host(), "megatron", {{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}});
+    rlh_model* m = be.load(model_path("llama-tiny"), false);
+    auto g = global_batch();
+    auto mine = shard_of(*g, world().rank(), N);
+    std::vector<std::vector<float>> out;
+    expect_error(be.try_forward(m, *mine, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), RLH_E_INVALID_ARGUMENT,
+                 "forward: the ranks of a pipeline-parallel group were given different batches");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "megatron", "comm_mpi"}); }

@@ -1,0 +1,106 @@
+// Pipeline parallelism's split and a stage's description and program (sdk/pipeline_parallel.hpp):
+// Megatron's layer counts with first/last stages, owners of every tensor, the tied embedding's
+// copy, stage programs, refusals.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/pipeline_parallel.hpp"
+
+using namespace rlh;
+using nlohmann::json;
+
+namespace {
+
+json llama(int64_t layers, bool tied) {
+  return json{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 67}, {"hidden_size", 32},
+              {"intermediate_size", 48}, {"num_hidden_layers", layers}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"head_dim", 8}, {"max_position_embeddings", 128},
+              {"rms_norm_eps", 1e-6}, {"torch_dtype", "float32"}, {"tie_word_embeddings", tied}};
+}
+
+std::string what(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(PipelineParallel, StageLayers) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(sdk::pp_stage_layers(8, 4, {}), (V{2, 2, 2, 2}));
+  EXPECT_EQ(sdk::pp_stage_layers(9, 4, {3, 0}), (V{3, 2, 2, 2}));
+  EXPECT_EQ(sdk::pp_stage_layers(7, 4, {0, 1}), (V{2, 2, 2, 1}));
+  EXPECT_EQ(sdk::pp_stage_layers(6, 3, {1, 1}), (V{1, 4, 1}));
+  EXPECT_EQ(sdk::pp_stage_layers(5, 2, {2, 3}), (V{2, 3}));
+  EXPECT_EQ(sdk::pp_stage_layers(5, 1, {2, 0}), (V{5}));  // one stage: every layer
+  EXPECT_EQ(what([] { sdk::pp_stage_layers(6, 4, {}); }),
+            "pipeline_model_parallel_size = 4: the layers do not split over the stages (6 layers: 6 left for 4 stages)");
+  EXPECT_EQ(what([] { sdk::pp_stage_layers(4, 2, {2, 1}); }),
+            "pipeline_model_parallel_size = 2: the layers do not split over the stages (4 layers, "
+            "num_layers_in_first_pipeline_stage = 2, num_layers_in_last_pipeline_stage = 1: 1 left over)");
+  EXPECT_EQ(what([] { sdk::pp_stage_layers(3, 3, {2, 0}); }),
+            "pipeline_model_parallel_size = 3: the layers do not split over the stages (3 layers, "
+            "num_layers_in_first_pipeline_stage = 2: 1 left for 2 stages)");
+}
+
+TEST(PipelineParallel, StageDescriptionsOwnersAndPrograms) {
+  for (const bool tied : {false, true}) {
+    const sdk::TransformerDesc d = model::describe(llama(5, tied));
+    std::vector<int> held(d.params.size(), 0);
+    for (int64_t s = 0; s < 3; ++s) {
+      const sdk::PpLayout L = sdk::make_pp_layout(d, 3, s, {1, 0});  // layers 1 + 2 + 2
+      EXPECT_EQ(L.layer_begin, s == 0 ? 0 : 1 + 2 * (s - 1));
+      EXPECT_EQ(L.local.num_layers, s == 0 ? 1 : 2);
+      for (size_t j = 0; j < L.local.params.size(); ++j) {
+        const sdk::ParamDesc& p = L.local.params[j];
+        const sdk::ParamDesc& full = d.params[size_t(L.full_index[j])];
+        EXPECT_EQ(p.name, full.name);
+        if (p.layer >= 0) EXPECT_EQ(p.layer + L.layer_begin, full.layer);
+        EXPECT_EQ(L.local_index[size_t(L.full_index[j])], int64_t(j));
+        if (L.owner[size_t(L.full_index[j])] == s) ++held[size_t(L.full_index[j])];
+      }
+      // The embedding on the first stage (and the last stage's tied head), the final norm and
+      // the head on the last.
+      EXPECT_EQ(L.local.find_param(-1, sdk::ParamRole::embed) != nullptr, s == 0 || (tied && s == 2));
+      EXPECT_EQ(L.local.find_param(-1, sdk::ParamRole::final_norm) != nullptr, s == 2);
+      EXPECT_EQ(L.local.find_param(-1, sdk::ParamRole::lm_head) != nullptr, !tied && s == 2);
+      EXPECT_EQ(L.shares_embedding, tied && s != 1);
+      const sdk::ModelProgram prog = sdk::build_stage_program(L.local, L.first, L.last);
+      EXPECT_EQ(prog.pp_first, s == 0);
+      EXPECT_EQ(prog.pp_last, s == 2);
+      EXPECT_EQ(prog.layers.size(), size_t(L.local.num_layers));
+      EXPECT_EQ(prog.embed >= 0, s == 0 || (tied && s == 2));
+      EXPECT_EQ(prog.head >= 0, s == 2);
+      sdk::ExecutorCaps caps;
+      caps.name = "x";
+      EXPECT_EQ(sdk::unsupported(prog, caps), "x: pipeline parallelism is not supported");  // a stage program
+      caps.pipeline_stage = true;
+      EXPECT_EQ(sdk::unsupported(prog, caps), "");
+    }
+    for (size_t i = 0; i < held.size(); ++i) EXPECT_EQ(held[i], 1) << d.params[i].name << ": exactly one owner";
+  }
+}
+
+TEST(PipelineParallel, Refusals) {
+  json moe = llama(2, false);
+  moe["architectures"] = {"MixtralForCausalLM"};
+  moe["num_local_experts"] = 4;
+  moe["num_experts_per_tok"] = 2;
+  const sdk::TransformerDesc m = model::describe(moe);
+  EXPECT_NE(sdk::pp_unsupported(m, 2, {}).find("mixture-of-experts layers under pipeline parallelism are not implemented"),
+            std::string::npos);
+  EXPECT_EQ(sdk::pp_unsupported(m, 1, {}), "");  // one stage: nothing to split
+  EXPECT_NE(what([] { sdk::make_pp_layout(model::describe(llama(3, false)), 2, 0, {}); }).find("do not split"),
+            std::string::npos);
+}
