@@ -79,6 +79,13 @@ struct Alone {
   }
 };
 
+// The data-parallel tests' global batch (the same on every rank): the first `num_seqs` of 12
+// sequences of uneven lengths over a vocabulary of 512.
+inline const std::vector<int64_t> kDpLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
+inline std::unique_ptr<Batch> dp_global_batch(size_t num_seqs = kDpLengths.size()) {
+  return random_batch(std::vector<int64_t>(kDpLengths.begin(), kDpLengths.begin() + int64_t(num_seqs)), 512, 23);
+}
+
 // Sequences [S rank / size, S (rank + 1) / size) of g, as a batch of their own; `first_token`:
 // where they start in g.
 inline std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {

@@ -39,14 +39,7 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr int32_t kVocab = 512;
-
-// The global batch (the same on every rank) and this rank's contiguous share of its sequences.
-const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12, 8, 5, 15, 7};
-
-std::unique_ptr<Batch> global_batch(size_t num_seqs = kLengths.size()) {
-  return random_batch(std::vector<int64_t>(kLengths.begin(), kLengths.begin() + int64_t(num_seqs)), kVocab, 23);
-}
+std::unique_ptr<Batch> global_batch(size_t num_seqs = kDpLengths.size()) { return dp_global_batch(num_seqs); }
 
 struct Case {
   std::string backend;  // dtensor, megatron
