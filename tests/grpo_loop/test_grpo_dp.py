@@ -420,8 +420,34 @@ def case_ppo_follows(tmp):
     check(rc != 0 and len(lines) >= 1 and all("value.train_global_batch_size = 32 must equal" in l for l in lines),
           "ppo: a value batch size other than the policy's is one line at DP=2", out)
 
+def case_dynamic_sampling(tmp):
+    """DAPO dynamic sampling at DP=2: the ranks generate halves of each generation batch, gather it
+    whole, filter and select as one rank does and train on their shares, so the run follows one
+    rank: the same generation batches, discarded samples, rewards and losses."""
+    setup(tmp)
+    extra = ["++grpo.use_dynamic_sampling=true", "++grpo.batch_multiplier=1.5",
+             "++grpo.dynamic_sampling_max_gen_batches=20", "grpo.num_prompts_per_step=4",
+             "policy.train_global_batch_size=16", "checkpointing.enabled=false"]
+    rc, out, _ = run(command(tmp, "one", "megatron", steps=3, extra=extra))
+    check(rc == 0, f"dynamic sampling: one rank runs (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "two", "megatron", steps=3, extra=extra), np=2)
+    check(rc == 0, f"dynamic sampling: two ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    check("data parallel over 2 ranks" in out, "dynamic sampling: the backend reports data parallelism over 2 ranks", out)
+    one, two = metrics(tmp, "one"), metrics(tmp, "two")
+    compare(one, two, range(1, 4), "dynamic sampling")
+    for s in range(1, 4):
+        for k in ("train/dynamic_sampling_num_gen_batches", "train/dynamic_sampling_num_discarded_valid_samples",
+                  "train/num_valid_samples"):
+            check(k in one.get(s, {}) and one[s][k] == two.get(s, {}).get(k),
+                  f"dynamic sampling: step {s} {k} {two.get(s, {}).get(k)} equals one rank's {one.get(s, {}).get(k)}")
+    print(f"dynamic sampling: DP=2 followed one rank for 3 steps (generation batches "
+          f"{[two[s]['train/dynamic_sampling_num_gen_batches'] for s in range(1, 4)]}); DP=2 took {secs:.1f} s")
+
 
 CASES = {
+    "dynamic_sampling": case_dynamic_sampling,
     "balanced_tokens": case_balanced_tokens,
     "loops_dtensor": lambda t: case_loops(t, "dtensor"),
     "loops_megatron": lambda t: case_loops(t, "megatron"),

@@ -3,6 +3,7 @@
 // the ranks all-gather (label grpo). The collective part runs under mpirun in
 // grpo.dp.balanced_tokens.
 #include "token_balance.hpp"
+#include "rollout_wire.hpp"
 
 #include <gtest/gtest.h>
 
@@ -81,6 +82,77 @@ TEST(TokenBalance, BatchBytesRoundTripAndSelect) {
       EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
     }
   }
+}
+
+// A rollout as bytes (dynamic sampling at several ranks gathers whole generation batches): every
+// field comes back, merged parts shift the prompt indices, and damaged bytes are one error.
+TEST(RolloutWire, RoundTripMergeAndDamage) {
+  Rollout r;
+  r.samples_per_prompt = 2;
+  for (int p = 0; p < 2; ++p) {
+    Prompt q;
+    q.row_index = 10 + p;
+    q.row = nlohmann::json{{"problem", "1+" + std::to_string(p)}, {"expected_answer", p + 1}};
+    q.text = "1+" + std::to_string(p) + "=";
+    q.ids = {1, 2, 3 + p};
+    q.too_long = p == 1;
+    r.prompts.push_back(q);
+    for (int k = 0; k < 2; ++k) {
+      Response s;
+      s.prompt = p;
+      s.ids = {7, 8 + k};
+      s.logprobs = {-0.5f, -1.25f * static_cast<float>(k + 1)};
+      s.truncated = k == 1;
+      s.weight_version = k == 0 ? -1 : 3;
+      s.text = "x" + std::to_string(k);
+      s.rewards = {1.0 * k, 0.5};
+      s.mask = {1, static_cast<uint8_t>(k)};
+      s.turns = 1 + k;
+      s.terminated = k == 0;
+      r.responses.push_back(s);
+    }
+  }
+  const std::vector<uint8_t> bytes = serialize_rollout(r);
+  const Rollout c = deserialize_rollout(bytes, "rank 1");
+  ASSERT_EQ(c.prompts.size(), 2u);
+  ASSERT_EQ(c.responses.size(), 4u);
+  EXPECT_EQ(c.samples_per_prompt, 2);
+  for (size_t p = 0; p < 2; ++p) {
+    EXPECT_EQ(c.prompts[p].row_index, r.prompts[p].row_index);
+    EXPECT_EQ(c.prompts[p].row, r.prompts[p].row);
+    EXPECT_EQ(c.prompts[p].text, r.prompts[p].text);
+    EXPECT_EQ(c.prompts[p].ids, r.prompts[p].ids);
+    EXPECT_EQ(c.prompts[p].too_long, r.prompts[p].too_long);
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    const Response &a = r.responses[i], &b = c.responses[i];
+    EXPECT_EQ(b.prompt, a.prompt);
+    EXPECT_EQ(b.ids, a.ids);
+    EXPECT_EQ(b.logprobs, a.logprobs);
+    EXPECT_EQ(b.truncated, a.truncated);
+    EXPECT_EQ(b.weight_version, a.weight_version);
+    EXPECT_EQ(b.text, a.text);
+    EXPECT_EQ(b.rewards, a.rewards);
+    EXPECT_EQ(b.mask, a.mask);
+    EXPECT_EQ(b.turns, a.turns);
+    EXPECT_EQ(b.terminated, a.terminated);
+  }
+  std::vector<Rollout> parts = {r, c};
+  const Rollout m = merge_rollouts(std::move(parts));
+  ASSERT_EQ(m.responses.size(), 8u);
+  EXPECT_EQ(m.responses[5].prompt, 2);  // the second part's first prompt follows the first part's two
+  EXPECT_EQ(m.prompts[3].row_index, 11);
+  for (size_t cut : {size_t{0}, size_t{7}, bytes.size() / 2, bytes.size() - 1}) {
+    try {
+      deserialize_rollout(std::span<const uint8_t>(bytes.data(), cut), "rank 1");
+      ADD_FAILURE() << "truncated at " << cut << " was accepted";
+    } catch (const sdk::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    }
+  }
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  EXPECT_THROW(deserialize_rollout(longer, "rank 1"), sdk::Error);
 }
 
 }  // namespace

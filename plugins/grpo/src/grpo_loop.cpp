@@ -27,6 +27,7 @@
 #include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/metrics.hpp"
 #include "rollout.hpp"
+#include "rollout_wire.hpp"
 #include "token_balance.hpp"
 
 namespace rlh::grpo {
@@ -78,20 +79,6 @@ std::string resolve_model(const std::string& name, const char* key = "policy.mod
   } catch (const std::exception& e) {
     throw Error(RLH_E_NOT_FOUND, std::string(key) + ": " + e.what());
   }
-}
-
-// Concatenates rollouts of the same samples-per-prompt (responses stay prompt-major).
-Rollout merge_rollouts(std::vector<Rollout> parts) {
-  Rollout out = std::move(parts.front());
-  for (size_t k = 1; k < parts.size(); ++k) {
-    const int64_t base = static_cast<int64_t>(out.prompts.size());
-    for (Prompt& p : parts[k].prompts) out.prompts.push_back(std::move(p));
-    for (Response& r : parts[k].responses) {
-      r.prompt += base;
-      out.responses.push_back(std::move(r));
-    }
-  }
-  return out;
 }
 
 // One training step's samples after generation and filtering.
@@ -209,9 +196,6 @@ struct GrpoLoop::Impl {
     dp_rank = world.rank();
     if (dp_size <= 1) return;
     const std::string ranks = std::to_string(dp_size) + " data-parallel ranks";
-    if (cfg.dynamic_sampling.use_dynamic_sampling)
-      throw Error(RLH_E_UNIMPLEMENTED, "grpo.use_dynamic_sampling = true with " + ranks +
-                                           ": dynamic sampling across ranks is not implemented (run it on one rank)");
     // Each rank trains on gbs / N samples of every global batch, whole prompt groups, as
     // NeMo-RL shards each train_global_batch_size batch over its data-parallel workers.
     // PPO's critic trains on the same shards: its global batches must be the policy's.
@@ -339,7 +323,23 @@ struct GrpoLoop::Impl {
       timers["data_processing"] += since(t0);
       RolloutTimes rt;
       const int64_t batch_index = sampler.num_gen_batches();
-      if (dp_size == 1) {
+      if (dp_size > 1 && cfg.dynamic_sampling.use_dynamic_sampling) {
+        // Dynamic sampling keeps the first groups whose rewards vary, in prompt order over the
+        // whole batch, so a rank cannot filter its own share alone. The ranks generate
+        // contiguous shares of the batch (under their global indices) and all gather the whole
+        // batch; every rank then filters and selects as one rank does and trains on its share of
+        // the selection (sharded below).
+        const int64_t a = per_batch * dp_rank / dp_size, b = per_batch * (dp_rank + 1) / dp_size;
+        Rollout mine;
+        mine.samples_per_prompt = G;
+        if (b > a) {
+          std::vector<Prompt> part(std::make_move_iterator(prompts.begin() + a), std::make_move_iterator(prompts.begin() + b));
+          mine = run_multi_turn_rollout(*gen, *tok, *env, std::move(part), G, cfg.generation.train, cfg.generation,
+                                        cfg.policy.max_total_sequence_length, cfg.max_rollout_turns, cfg.seed, s,
+                                        batch_index * per_batch + a, &rt);
+        }
+        rollouts.push_back(all_gather_rollout(world, mine));
+      } else if (dp_size == 1) {
         rollouts.push_back(run_multi_turn_rollout(*gen, *tok, *env, std::move(prompts), G, cfg.generation.train,
                                                   cfg.generation, cfg.policy.max_total_sequence_length,
                                                   cfg.max_rollout_turns, cfg.seed, s, batch_index * per_batch, &rt));
@@ -404,7 +404,20 @@ struct GrpoLoop::Impl {
 
     StepSamples out;
     std::map<std::string, double> sums;
-    for (const auto& [b, i] : sampler.selection()) {
+    std::vector<std::pair<int64_t, int64_t>> selected = sampler.selection();
+    if (dp_size > 1 && cfg.dynamic_sampling.use_dynamic_sampling) {
+      // Every rank holds the one-rank selection: keep this rank's share of each
+      // train_global_batch_size chunk (whole prompt groups: gbs is a multiple of G x ranks), the
+      // shares the loop trains on without dynamic sampling.
+      const auto gbs = static_cast<size_t>(cfg.policy.train_global_batch_size);
+      std::vector<std::pair<int64_t, int64_t>> share;
+      for (size_t c0 = 0; c0 < selected.size(); c0 += gbs)
+        for (size_t k = c0 + gbs * static_cast<size_t>(dp_rank) / static_cast<size_t>(dp_size);
+             k < c0 + gbs * static_cast<size_t>(dp_rank + 1) / static_cast<size_t>(dp_size) && k < selected.size(); ++k)
+          share.push_back(selected[k]);
+      selected = std::move(share);
+    }
+    for (const auto& [b, i] : selected) {
       const Rollout& r = rollouts[static_cast<size_t>(b)];
       const Response& resp = r.responses[static_cast<size_t>(i)];
       out.responses.push_back(&resp);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "byte_wire.hpp"
 #include "rlhost/sdk/plugin.hpp"
 
 namespace rlh::grpo {
@@ -49,38 +50,9 @@ RankAssignment assign_balanced(std::span<const int64_t> lengths, std::span<const
 
 // ---- the batch as bytes: int64 header, offsets, tokens, then per field: name, frame, data ----
 
-namespace {
-
-struct Writer {
-  std::vector<uint8_t> out;
-  void raw(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
-  }
-  void i64(int64_t v) { raw(&v, sizeof v); }
-};
-
-struct Reader {
-  std::span<const uint8_t> in;
-  const std::string& from;
-  size_t at = 0;
-  void raw(void* p, size_t n) {
-    if (n > in.size() - at) throw sdk::Error(RLH_E_INTERNAL, "token balancing: " + from + "'s batch bytes are truncated");
-    std::memcpy(p, in.data() + at, n);
-    at += n;
-  }
-  int64_t i64() {
-    int64_t v = 0;
-    raw(&v, sizeof v);
-    if (v < 0) throw sdk::Error(RLH_E_INTERNAL, "token balancing: " + from + "'s batch bytes are malformed");
-    return v;
-  }
-};
-
-}  // namespace
 
 std::vector<uint8_t> serialize_batch(const PackedBatch& b) {
-  Writer w;
+  ByteWriter w;
   const auto fields = b.field_names();
   w.i64(b.num_seqs());
   w.i64(b.num_tokens());
@@ -99,13 +71,10 @@ std::vector<uint8_t> serialize_batch(const PackedBatch& b) {
 }
 
 PackedBatch deserialize_batch(std::span<const uint8_t> bytes, const std::string& from) {
-  Reader r{bytes, from};
+  ByteReader r{bytes, "token balancing: " + from + "'s batch"};
   const int64_t seqs = r.i64(), tokens = r.i64(), nfields = r.i64();
   // Each count is bounded by the bytes left before anything is allocated for it.
-  auto fits = [&](int64_t n, size_t each) {
-    if (static_cast<uint64_t>(n) > (bytes.size() - r.at) / each)
-      throw sdk::Error(RLH_E_INTERNAL, "token balancing: " + from + "'s batch bytes are truncated");
-  };
+  auto fits = [&](int64_t n, size_t each) { r.fits(n, each); };
   fits(seqs + 1, sizeof(int64_t));
   std::vector<int64_t> offsets(static_cast<size_t>(seqs + 1));
   r.raw(offsets.data(), offsets.size() * sizeof(int64_t));
