@@ -1,19 +1,36 @@
-// bench_parallel: data-parallel training steps on CPU ranks under mpirun, through the backend
-// plugins' ABI (the path rlhost runs): step time, tokens per second, per-rank training state and
-// the bytes each rank's collectives move per step against the analytic count. run.sh runs it at
-// 1, 2 and 4 ranks for dtensor FSDP and megatron's distributed optimizer and prints the scaling.
+// bench_parallel: training steps on CPU ranks under mpirun, through the backend plugins' ABI
+// (the path rlhost runs): step time, tokens per second, per-rank training state and the bytes
+// each rank's collectives move per step against the analytic count. run.sh runs it at 1, 2 and 4
+// ranks for dtensor FSDP, megatron's distributed optimizer and megatron's model-parallel layouts
+// (TP, TP + SP, PP, CP and their products with DP) and prints the scaling.
 //
 //   mpirun -np N bench_parallel --model DIR --backend dtensor|megatron [--seqs 16] [--len 128]
 //                                [--mb-seqs 4] [--steps 5] [--warmup 1] [--ddp]
+//                                [--tp T] [--pp P] [--cp C] [--sp]        (megatron)
 //
-// The global batch is --seqs sequences of --len tokens; each rank trains on its share (seqs / N)
-// in micro-batches of --mb-seqs sequences. Prints, on rank 0, one line:
-//   RESULT backend=.. mode=.. ranks=N step_s=.. tok_s=.. state_bytes=.. comm_bytes=.. analytic_bytes=..
+// The global batch is --seqs sequences of --len tokens; each data-parallel rank (N / (T P C) of
+// them, Megatron's order tp-cp-dp-pp) trains on its share in micro-batches of --mb-seqs
+// sequences, and every rank of its tp x cp x pp block gets that share. Prints, on rank 0, one line:
+//   RESULT backend=.. mode=.. ranks=N tp=T pp=P cp=C sp=0|1 step_s=.. tok_s=.. state_bytes=..
+//          comm_bytes=.. analytic_bytes=.. mp_bytes=.. mp_analytic=..
 // Analytic traffic per rank per step, ring collectives over S ranks, P parameters of 4 bytes, M
 // micro-batches per rank: FSDP 3 (S-1)/S 4P per micro-batch (two all-gathers and one
 // reduce-scatter of every unit: gathered for the forward, again for the backward); the
 // distributed optimizer 2 (S-1)/S 4P (reduce-scatter of the gradients, all-gather of the
-// weights); DDP 2 (S-1)/S 4P (one all-reduce).
+// weights); DDP 2 (S-1)/S 4P (one all-reduce). These are printed for the data-parallel-only runs.
+// The model-parallel group's bytes (mp_bytes: tp/, pp/ or cp/comm_bytes) are compared with the
+// counts that tests/backend/test_backend_{tp,pp,cp}.cpp check exactly on their fixtures, here for
+// a Llama with an untied head, no q/k norms, hidden C, L layers, kv heads of D dims, and R rows
+// (tokens) on the rank:
+//   TP  2 (T-1)/T 4 [(2 + 4L) R C + 4 R (+ 2 L kv D C when T > kv, + (2L+1) C under SP)] + 2 (T-1)/T 16
+//       (the embedding, two layer outputs forward and two input gradients backward per layer, the
+//       head's input gradient, the head's max and (l, s, z_t); replicated kv heads; the norms'
+//       gradients under SP; the two gradient-norm sums);
+//   PP  R C 4 + 8 at two stages (activations forward or their gradient back; the norm's sum);
+//   CP  4 (C-1) R' [3 L 2 kv' D + 1], R' = sum_s 2 ceil(n_s / 2C) (zigzag rows), kv' = kv / T
+//       (k and v all-gathered forward and backward and reduce-scattered; the head's one output,
+//       the logprob: the tests' loss reads the entropy too, a second float per row).
+// Products of layouts print their group's bytes without an analytic count ("-").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,12 +56,13 @@ namespace {
 struct Args {
   std::string model, backend = "dtensor";
   int64_t seqs = 16, len = 128, mb_seqs = 4, steps = 5, warmup = 1;
-  bool ddp = false;
+  int64_t tp = 1, pp = 1, cp = 1;
+  bool ddp = false, sp = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "bench_parallel: %s\nusage: bench_parallel --model DIR --backend dtensor|megatron [--seqs N] "
-                       "[--len N] [--mb-seqs N] [--steps N] [--warmup N] [--ddp]\n", why.c_str());
+                       "[--len N] [--mb-seqs N] [--steps N] [--warmup N] [--ddp] [--tp T] [--pp P] [--cp C] [--sp]\n", why.c_str());
   std::exit(2);
 }
 
@@ -71,11 +89,17 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = num();
     else if (k == "--warmup") a.warmup = num();
     else if (k == "--ddp") a.ddp = true;
+    else if (k == "--tp") a.tp = num();
+    else if (k == "--pp") a.pp = num();
+    else if (k == "--cp") a.cp = num();
+    else if (k == "--sp") a.sp = true;
     else usage("unknown argument " + k);
   }
   if (a.model.empty()) usage("--model is required");
   if (a.backend != "dtensor" && a.backend != "megatron") usage("--backend is dtensor or megatron");
-  if (a.seqs < 1 || a.len < 2 || a.mb_seqs < 1 || a.steps < 1) usage("sizes must be positive");
+  if (a.seqs < 1 || a.len < 2 || a.mb_seqs < 1 || a.steps < 1 || a.tp < 1 || a.pp < 1 || a.cp < 1)
+    usage("sizes must be positive");
+  if (a.backend != "megatron" && (a.tp > 1 || a.pp > 1 || a.cp > 1 || a.sp)) usage("--tp, --pp, --cp and --sp are megatron's");
   return a;
 }
 
@@ -113,7 +137,12 @@ int main(int argc, char** argv) {
   if (a.backend == "dtensor") {
     cfg = {{"optimizer", {{"name", "torch.optim.AdamW"}, {"kwargs", {{"lr", 1e-4}}}}}};
   } else {
-    cfg = {{"megatron_cfg", {{"optimizer", {{"lr", 1e-4}, {"use_distributed_optimizer", !a.ddp}}}}}};
+    cfg = {{"megatron_cfg",
+            {{"optimizer", {{"lr", 1e-4}, {"use_distributed_optimizer", !a.ddp}}},
+             {"tensor_model_parallel_size", a.tp},
+             {"pipeline_model_parallel_size", a.pp},
+             {"context_parallel_size", a.cp},
+             {"sequence_parallel", a.sp}}}};
   }
   cfg["train_micro_batch_size"] = a.mb_seqs;
   const rlh_component_desc* d = nullptr;
@@ -143,8 +172,14 @@ int main(int argc, char** argv) {
   const json mc = json::parse(cfg_in);
   const int32_t vocab = mc.value("vocab_size", 32);
 
-  // This rank's share of the global batch.
-  const int64_t s0 = a.seqs * R / N, s1 = a.seqs * (R + 1) / N;
+  // This rank's data-parallel share of the global batch (Megatron's order: tp fastest, then cp,
+  // then dp, pp slowest; every rank of a tp x cp x pp block takes its data-parallel rank's share).
+  const int64_t block = a.tp * a.cp, dp = N / (block * a.pp), dp_rank = (R / block) % std::max<int64_t>(dp, 1);
+  if (dp < 1 || dp * block * a.pp != N) {
+    if (R == 0) std::fprintf(stderr, "bench_parallel: %d ranks are not a multiple of tp x cp x pp\n", N);
+    return 2;
+  }
+  const int64_t s0 = a.seqs * dp_rank / dp, s1 = a.seqs * (dp_rank + 1) / dp;
   std::mt19937 rng(7);
   std::vector<int32_t> ids;
   std::vector<int64_t> off = {0};
@@ -193,27 +228,59 @@ int main(int argc, char** argv) {
   }
   std::sort(times.begin(), times.end());
   const double step_s = times[times.size() / 2];
-  const int S = N;  // every rank shards (FSDP shard group = DP group without HSDP)
+  const int64_t S = dp;  // the data-parallel group (every rank shards without HSDP)
   const int64_t M = (s1 - s0 + a.mb_seqs - 1) / a.mb_seqs;
   const double P4 = 4.0 * double(params);
-  double analytic = 0;
+  const bool model_parallel = a.tp > 1 || a.pp > 1 || a.cp > 1;
+  double analytic = -1;
   std::string mode;
   if (a.backend == "dtensor") {
     mode = "fsdp";
-    analytic = 3.0 * (S - 1) / S * P4 * double(M);
-  } else if (!a.ddp) {
-    mode = "distributed_optimizer";
-    analytic = 2.0 * (S - 1) / S * P4;
+    analytic = 3.0 * double(S - 1) / double(S) * P4 * double(M);
   } else {
-    mode = "ddp";
-    analytic = 2.0 * (S - 1) / S * P4;
+    mode = a.ddp ? "ddp" : "distributed_optimizer";
+    if (!model_parallel) analytic = 2.0 * double(S - 1) / double(S) * P4;
+  }
+  // The model-parallel group's bytes and their count (see the top of this file).
+  const int64_t C = mc.value("hidden_size", int64_t{0}), L = mc.value("num_hidden_layers", int64_t{0});
+  const int64_t heads = mc.value("num_attention_heads", int64_t{1});
+  const int64_t kv = mc.value("num_key_value_heads", heads), D = mc.value("head_dim", C / heads);
+  const int64_t rows = (s1 - s0) * a.len;
+  std::string layout = "dp";
+  double mp_bytes = 0, mp_analytic = -1;
+  const int layouts = (a.tp > 1) + (a.pp > 1) + (a.cp > 1);
+  if (a.tp > 1) {
+    layout = a.sp ? "tp+sp" : "tp";
+    mp_bytes = last.value("tp/comm_bytes", 0.0);
+    if (layouts == 1) {
+      const int64_t T = a.tp;
+      int64_t floats = (2 + 4 * L) * rows * C + 4 * rows;
+      if (T > kv) floats += L * 2 * kv * D * C;
+      if (a.sp) floats += (2 * L + 1) * C;
+      mp_analytic = double(2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T));
+    }
+  }
+  if (a.pp > 1) {
+    layout = layouts == 1 ? "pp" : layout + "xpp";
+    mp_bytes = layouts == 1 ? last.value("pp/comm_bytes", 0.0) : mp_bytes;
+    if (layouts == 1 && a.pp == 2) mp_analytic = double(rows * C * 4 + 8);
+  }
+  if (a.cp > 1) {
+    layout = layouts == 1 ? "cp" : layout + "xcp";
+    mp_bytes = layouts == 1 ? last.value("cp/comm_bytes", 0.0) : mp_bytes;
+    if (layouts == 1) {
+      const int64_t pieces = 2 * a.cp, rows_cp = (s1 - s0) * (pieces / a.cp) * ((a.len + pieces - 1) / pieces);
+      mp_analytic = double(4 * (a.cp - 1) * rows_cp * (3 * L * 2 * std::max<int64_t>(kv / a.tp, 1) * D + 1));
+    }
   }
   if (R == 0)
-    std::printf("RESULT backend=%s mode=%s ranks=%d params=%lld micro_batches=%lld step_s=%.4f tok_s=%.1f "
-                "state_bytes=%.0f comm_bytes=%.0f analytic_bytes=%.0f comm_over_param_bytes=%.3f comm_s=%.4f\n",
-                a.backend.c_str(), mode.c_str(), N, (long long)params, (long long)M, step_s,
-                double(a.seqs * a.len) / step_s, last.value("memory/state_bytes", 0.0), last.value("dp/comm_bytes", 0.0),
-                analytic, last.value("dp/comm_bytes", 0.0) / P4, last.value("dp/comm_seconds", 0.0));
+    std::printf("RESULT backend=%s mode=%s layout=%s ranks=%d tp=%lld pp=%lld cp=%lld sp=%d params=%lld "
+                "micro_batches=%lld step_s=%.4f tok_s=%.1f state_bytes=%.0f comm_bytes=%.0f analytic_bytes=%.0f "
+                "comm_over_param_bytes=%.3f comm_s=%.4f mp_bytes=%.0f mp_analytic=%.0f\n",
+                a.backend.c_str(), mode.c_str(), layout.c_str(), N, (long long)a.tp, (long long)a.pp, (long long)a.cp,
+                a.sp ? 1 : 0, (long long)params, (long long)M, step_s, double(a.seqs * a.len) / step_s,
+                last.value("memory/state_bytes", 0.0), last.value("dp/comm_bytes", 0.0), analytic,
+                last.value("dp/comm_bytes", 0.0) / P4, last.value("dp/comm_seconds", 0.0), mp_bytes, mp_analytic);
   api->destroy(be);
   rlhost_destroy(h);
   return 0;
