@@ -43,7 +43,8 @@ Case kv_cache_write_case(bool transposed_keys, int64_t pad) {
 struct PagedShape {
   std::vector<int32_t> positions;  // one row per sequence
   int64_t Hq, Hkv, Dk, Dv, bs, window;
-  int64_t pad = 0;  // extra elements per row of q and o
+  int64_t pad = 0;     // extra elements per row of q and o
+  double softcap = 0;  // Gemma-2's attn_logit_softcapping (the attribute only when set)
 };
 
 Case paged_attention_case(const PagedShape& p) {
@@ -68,7 +69,7 @@ Case paged_attention_case(const PagedShape& p) {
   std::snprintf(b, sizeof(b), "paged_attention R=%lld Hq=%lld Hkv=%lld Dk=%lld Dv=%lld bs=%lld window=%lld B=%lld pad=%lld",
                 (long long)R, (long long)p.Hq, (long long)p.Hkv, (long long)p.Dk, (long long)p.Dv, (long long)p.bs,
                 (long long)p.window, (long long)B, (long long)p.pad);
-  c.name = b;
+  c.name = std::string(b) + (p.softcap > 0 ? " softcap=" + std::to_string(p.softcap) : "");
   c.in_sizes = {R * ldq, B * p.Hkv * p.bs * p.Dk, B * p.Hkv * p.bs * p.Dv};
   c.in_scale = {1.5, 1.5, 1};
   c.out_sizes = {R * ldo};
@@ -80,6 +81,7 @@ Case paged_attention_case(const PagedShape& p) {
            {attr_d("scale", 1.0 / std::sqrt(double(p.Dk))), attr_i("window", p.window)},
            {},
            {}};
+  if (p.softcap > 0) c.fwd.attrs.push_back(attr_d("softcap", p.softcap));
   return c;
 }
 
@@ -87,6 +89,7 @@ struct SampleOpts {
   double temperature = 1.0;
   int64_t top_k = 0;
   double top_p = 1.0, min_p = 0.0;
+  double softcap = 0;  // Gemma-2's final_logit_softcapping (the attribute only when set)
 };
 
 Case sample_case(const char* label, int64_t S, int64_t V, int64_t pad, SampleOpts o) {
@@ -94,7 +97,7 @@ Case sample_case(const char* label, int64_t S, int64_t V, int64_t pad, SampleOpt
   char b[160];
   std::snprintf(b, sizeof(b), "sample %s S=%lld V=%lld ld+%lld temperature=%g top_k=%lld top_p=%g min_p=%g", label,
                 (long long)S, (long long)V, (long long)pad, o.temperature, (long long)o.top_k, o.top_p, o.min_p);
-  c.name = b;
+  c.name = std::string(b) + (o.softcap > 0 ? " softcap=" + std::to_string(o.softcap) : "");
   const int64_t ld = V + pad;
   c.in_sizes = {S * ld, S};  // logits, uniforms
   c.in_scale = {2.0, 1.0};
@@ -112,6 +115,7 @@ Case sample_case(const char* label, int64_t S, int64_t V, int64_t pad, SampleOpt
             attr_d("min_p", o.min_p)},
            {},
            {}};
+  if (o.softcap > 0) c.fwd.attrs.push_back(attr_d("softcap", o.softcap));
   return c;
 }
 
@@ -123,6 +127,7 @@ void add_decode_cases(std::vector<Case>& v) {
   v.push_back(paged_attention_case({{0, 5, 13, 17, 9}, 4, 2, 8, 8, 4, 0}));
   v.push_back(paged_attention_case({{30, 2, 21}, 4, 1, 8, 6, 4, 6, 3}));  // window, MQA, Dv != Dk, strided
   v.push_back(paged_attention_case({{40, 3, 63}, 8, 2, 64, 64, 16, 0}));  // a model's head dim and block
+  v.push_back(paged_attention_case({{30, 2, 21}, 4, 2, 8, 8, 4, 6, 0, 1.5}));  // soft-capped (Gemma-2), window
   SampleOpts o;
   v.push_back(sample_case("plain", 6, 50, 0, o));
   o.temperature = 0.7;
@@ -140,6 +145,11 @@ void add_decode_cases(std::vector<Case>& v) {
   o = SampleOpts{};
   o.temperature = 0;
   v.push_back(sample_case("greedy", 6, 50, 0, o));
+  o = SampleOpts{};
+  o.temperature = 0.8;
+  o.top_k = 10;
+  o.softcap = 1.5;  // Gemma-2's final soft-cap, before the temperature
+  v.push_back(sample_case("softcap", 6, 50, 0, o));
 }
 
 }  // namespace rlh::sdk::kcheck

@@ -136,7 +136,8 @@ Case rope_case(int64_t H, int64_t D, int64_t R, bool interleaved, double scale, 
 struct AttnShape {
   std::vector<int32_t> cu;
   int64_t Hq, Hkv, Dk, Dv, window;
-  int64_t pad = 0;  // extra elements per token row of q/k/v/o (as when read out of fused qkv)
+  int64_t pad = 0;     // extra elements per token row of q/k/v/o (as when read out of fused qkv)
+  double softcap = 0;  // Gemma-2's attn_logit_softcapping (the attribute only when set)
 };
 
 Case attention_case(const AttnShape& a) {
@@ -147,7 +148,8 @@ Case attention_case(const AttnShape& a) {
   const double scale = 1.0 / std::sqrt(double(Dk));
   c.name = "attention S=" + std::to_string(S) + " N=" + std::to_string(N) + " Hq=" + std::to_string(Hq) +
            " Hkv=" + std::to_string(Hkv) + " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) +
-           " window=" + std::to_string(W) + " pad=" + std::to_string(a.pad);
+           " window=" + std::to_string(W) + " pad=" + std::to_string(a.pad) +
+           (a.softcap > 0 ? " softcap=" + num(a.softcap) : "");
   c.in_sizes = {N * ldq, N * ldk, N * ldv};
   c.in_scale = {1.5, 1.5, 1};
   c.out_sizes = {N * ldo, Hq * N};
@@ -155,7 +157,8 @@ Case attention_case(const AttnShape& a) {
   const Layout lq = strided({N, Hq, Dk}, {ldq, Dk, 1}), lk = strided({N, Hkv, Dk}, {ldk, Dk, 1}),
                lv = strided({N, Hkv, Dv}, {ldv, Dv, 1}), lo = strided({N, Hq, Dv}, {ldo, Dv, 1}),
                llse = contiguous({Hq, N});
-  const std::vector<Attr> attrs = {attr_d("scale", scale), attr_i("window", W)};
+  std::vector<Attr> attrs = {attr_d("scale", scale), attr_i("window", W)};
+  if (a.softcap > 0) attrs.push_back(attr_d("softcap", a.softcap));
   c.fwd = {"attention_fwd", {in(0, lq), in(1, lk), in(2, lv), ints(0, {S + 1})}, {out(0, lo), out(1, llse)}, attrs, {}, {}};
   c.bwd = {"attention_bwd",
            {gout(0, lo), in(0, lq), in(1, lk), in(2, lv), saved(0, lo), saved(1, llse), ints(0, {S + 1})},
@@ -235,6 +238,7 @@ void add_dense_cases(std::vector<Case>& v) {
   v.push_back(attention_case({{0, 40, 67}, 2, 2, 8, 8, 7, 5}));     // window, strided
   v.push_back(attention_case({{0, 300}, 2, 1, 4, 4, 0}));           // several key tiles
   v.push_back(attention_case({{0, 17, 317}, 4, 2, 4, 4, 100}));     // window across tiles
+  v.push_back(attention_case({{0, 40, 67}, 2, 2, 8, 8, 7, 5, 1.5}));  // soft-capped (Gemma-2), window, strided
   // the head dims models use (and tensor-core attention providers accept), q/k/v out of fused qkv
   v.push_back(attention_case({{0, 50, 51, 130}, 4, 2, 64, 64, 0, 64}));
   v.push_back(attention_case({{0, 70, 97}, 2, 1, 128, 128, 33}));

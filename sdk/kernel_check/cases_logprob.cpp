@@ -15,6 +15,7 @@ struct Opts {
   int64_t top_k = 0;
   double top_p = 1.0;
   int64_t chunk_bytes = 0;
+  double softcap = 0;  // Gemma-2's final_logit_softcapping (the attribute only when set)
 };
 
 Case logprob_case(const char* label, int64_t N, int64_t C, int64_t V, Opts o, bool want_entropy,
@@ -24,7 +25,8 @@ Case logprob_case(const char* label, int64_t N, int64_t C, int64_t V, Opts o, bo
   std::snprintf(b, sizeof(b), " N=%lld C=%lld V=%lld K=%lld temperature=%g top_k=%lld top_p=%g chunk_bytes=%lld",
                 (long long)N, (long long)C, (long long)V, (long long)K, o.temperature, (long long)o.top_k,
                 o.top_p, (long long)o.chunk_bytes);
-  c.name = std::string("linear_logprob ") + label + b + (want_entropy ? " entropy" : "");
+  c.name = std::string("linear_logprob ") + label + b + (want_entropy ? " entropy" : "") +
+           (o.softcap > 0 ? " softcap=" + std::to_string(o.softcap) : "");
   // K targets per token: the first like a next token, the rest like distillation ids, with a
   // repeat (gradients add) and absent ones (-1: logprob 0, no gradient).
   std::vector<int32_t> target(size_t(N * K));
@@ -42,8 +44,9 @@ Case logprob_case(const char* label, int64_t N, int64_t C, int64_t V, Opts o, bo
   c.in_scale = {1, 1};
   c.out_sizes = {N * K, N, N};  // logprob [N,K], lse, entropy
   c.ints = {IntBuf{target, tshape}};
-  const std::vector<Attr> attrs = {attr_d("temperature", o.temperature), attr_i("top_k", o.top_k),
-                                   attr_d("top_p", o.top_p), attr_i("chunk_bytes", o.chunk_bytes)};
+  std::vector<Attr> attrs = {attr_d("temperature", o.temperature), attr_i("top_k", o.top_k),
+                             attr_d("top_p", o.top_p), attr_i("chunk_bytes", o.chunk_bytes)};
+  if (o.softcap > 0) attrs.push_back(attr_d("softcap", o.softcap));
   c.fwd = {"linear_logprob_fwd",
            {in(0, contiguous({N, C})), in(1, contiguous({V, C})), ints(0, tshape)},
            {out(0, contiguous(tshape)), out(1, contiguous({N}))},
@@ -77,6 +80,11 @@ void add_logprob_cases(std::vector<Case>& v) {
   o.chunk_bytes = 1200;  // one token per block and several vocabulary chunks
   v.push_back(logprob_case("blocked", 9, 12, 600, o, true));
   v.push_back(logprob_case("at ids", 9, 12, 600, o, true, 4));  // top-k distillation targets
+  o = Opts{};
+  o.softcap = 1.5;  // Gemma-2's final soft-cap, small enough to bend the logits
+  o.temperature = 0.8;
+  o.chunk_bytes = 256;
+  v.push_back(logprob_case("softcap", 9, 12, 50, o, true));
   o = Opts{};
   o.temperature = 0.9;
   o.top_k = 7;

@@ -89,6 +89,28 @@ sdk::TransformerDesc gemma3_desc() {
   return model::describe(c);
 }
 
+// Gemma-2 (Gemma-3's layout without q/k norms, with soft-capped attention scores and final
+// logits; caps small enough here that tanh bends the random model's scores).
+sdk::TransformerDesc gemma2_desc() {
+  nlohmann::json c = {{"architectures", {"Gemma2ForCausalLM"}},
+                      {"vocab_size", 89},
+                      {"hidden_size", 32},
+                      {"intermediate_size", 56},
+                      {"num_hidden_layers", 3},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 16},
+                      {"max_position_embeddings", 128},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 10000.0},
+                      {"sliding_window", 5},
+                      {"query_pre_attn_scalar", 16},
+                      {"attn_logit_softcapping", 0.5},
+                      {"final_logit_softcapping", 1.5},
+                      {"torch_dtype", "float32"}};
+  return model::describe(c);
+}
+
 // Random weights; 1-D tensors (norms, biases) around 1 and 0.
 void randomize(Engine& e, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -205,7 +227,7 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
 class EngineModels : public ::testing::TestWithParam<int> {
  protected:
   sdk::TransformerDesc desc() const {
-    return GetParam() == 0 ? qwen2_desc() : GetParam() == 1 ? qwen3_desc() : gemma3_desc();
+    return GetParam() == 0 ? qwen2_desc() : GetParam() == 1 ? qwen3_desc() : GetParam() == 2 ? gemma3_desc() : gemma2_desc();
   }
 };
 
@@ -482,12 +504,52 @@ TEST_P(EngineModels, UnitStoreReadsUnitsInOrderAndMatchesOwnStorage) {
   EXPECT_THROW(b.train_step({&mb, 1}, so, weighted_loss), std::invalid_argument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineModels, ::testing::Values(0, 1, 2),
+INSTANTIATE_TEST_SUITE_P(Models, EngineModels, ::testing::Values(0, 1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::string(i.param == 0   ? "qwen2_bias_window_yarn"
                                               : i.param == 1 ? "qwen3_qknorm_tied"
-                                                             : "gemma3_sandwich_geglu_local_rope");
+                                              : i.param == 2 ? "gemma3_sandwich_geglu_local_rope"
+                                                             : "gemma2_softcapped");
                          });
+
+// Gemma-2's soft-caps act (finite differences above check their gradients): the logits are
+// within the final cap, the logprob is the log-softmax of those capped logits, and turning either
+// cap off changes the outputs.
+TEST(Engine, Gemma2SoftCapsBoundTheLogitsAndChangeTheOutputs) {
+  const sdk::TransformerDesc capped = gemma2_desc();
+  ASSERT_EQ(capped.final_logit_softcapping, 1.5);
+  sdk::TransformerDesc no_final = capped, no_attn = capped;
+  no_final.final_logit_softcapping = 0;
+  for (auto& l : no_attn.layers) l.attention.logit_softcapping = 0;
+  const Batch b = make_batch({14, 9}, capped.vocab_size);
+  const MicroBatch mb = b.mb();
+  engine::OutputRequest req;
+  req.logits = true;
+  req.temperature = 0.8;
+  auto run = [&](const sdk::TransformerDesc& d) {
+    Engine e(d, test::engine_options());
+    randomize(e, 5);
+    for (size_t i = 0; i < e.num_params(); ++i)  // larger weights: scores and logits past the caps
+      for (float& x : e.param(i)) x *= 3.f;
+    return e.forward(mb, req);
+  };
+  const engine::Outputs o = run(capped);
+  const int64_t V = capped.vocab_size, N = int64_t(b.ids.size());
+  float most = 0;
+  for (float z : o.logits) most = std::max(most, std::fabs(z));
+  EXPECT_LE(most, 1.5f);
+  EXPECT_GT(most, 1.0f) << "the logits never reach the cap's bend: the test shows nothing";
+  for (int64_t t = 0; t + 1 < N; ++t) {
+    if (t + 1 == b.cu[1]) continue;  // the first sequence's last token predicts nothing
+    double mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(o.logits[size_t(t * V + v)]) / 0.8);
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(o.logits[size_t(t * V + v)]) / 0.8 - mx);
+    const double want = double(o.logits[size_t(t * V + b.ids[size_t(t + 1)])]) / 0.8 - mx - std::log(sum);
+    EXPECT_NEAR(o.logprob[size_t(t + 1)], want, 2e-5) << "token " << t + 1;
+  }
+  EXPECT_GT(rel_error(run(no_final).logprob, o.logprob), 1e-3) << "the final cap is not applied";
+  EXPECT_GT(rel_error(run(no_attn).logprob, o.logprob), 1e-3) << "the attention cap is not applied";
+}
 
 // Two optimizer steps equal AdamW (torch semantics) applied by hand to the engine's gradients,
 // with global-norm clipping and no weight decay on 1-D tensors (Megatron style).

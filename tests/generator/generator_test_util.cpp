@@ -209,6 +209,18 @@ Model gemma_like() {
   return m;
 }
 
+// Gemma-2: Gemma-3's layout without q/k norms, with soft-capped attention scores and logits;
+// caps small enough that tanh bends this random model's scores and logits.
+Model gemma2_like() {
+  Model m;
+  m.desc = llama_desc(384, 64, 3, 4, 2, 16, 96,
+                      R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                          "rope_theta": 10000.0, "sliding_window": 7, "query_pre_attn_scalar": 16,
+                          "attn_logit_softcapping": 1.0, "final_logit_softcapping": 2.0, "rms_norm_eps": 1e-6})");
+  m.weights = random_weights(m.desc, 15);
+  return m;
+}
+
 std::string CharDetok::decode(std::span<const int32_t> ids) const {
   std::string s;
   for (int32_t t : ids)

@@ -63,6 +63,7 @@ Model qwen_like();
 Model moe_like();
 Model mla_like();
 Model gemma_like();
+Model gemma2_like();
 
 // Token t decodes to one letter ('a' + t % 26); token 0 to nothing (a special token).
 class CharDetok : public Detokenizer {

@@ -195,7 +195,8 @@ struct AttentionRef {
 };
 
 AttentionRef attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                           int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, double scale, int64_t window) {
+                           int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, double scale, int64_t window,
+                           double softcap = 0) {
   const double u = std::ldexp(1.0, -24);
   auto gamma = [u](double n) { return n * u / (1 - n * u); };
   AttentionRef r;
@@ -216,6 +217,10 @@ AttentionRef attention_ref(const std::vector<float>& q, const std::vector<float>
         }
         s[size_t(j)] = scale * dot;
         e[size_t(j)] = gamma(double(D + 1)) * scale * mag;
+        if (softcap > 0) {  // Gemma-2: tanh's slope is at most 1; its float rounding adds a few ulps of the cap
+          s[size_t(j)] = softcap * std::tanh(s[size_t(j)] / softcap);
+          e[size_t(j)] += 4 * u * softcap;
+        }
         mx = std::max(mx, s[size_t(j)]);
       }
       const double emax = *std::max_element(e.begin(), e.end());
@@ -279,12 +284,12 @@ TEST_P(PagedAttention, MatchesFloat64AttentionThroughScatteredBlocks) {
       ASSERT_EQ(kv.keys(b, 0)[h * D * bs + 3 % D * bs + t % bs], k[size_t(t * Hkv * D + h * D + 3 % D)]);
       ASSERT_EQ(kv.values(b, 0)[(h * bs + t % bs) * Dv + 1], v[size_t(t * Hkv * Dv + h * Dv + 1)]);
     }
-  for (int64_t window : {int64_t(0), int64_t(10)}) {
+  for (const auto& [window, softcap] : {std::pair<int64_t, float>{0, 0.f}, {10, 0.f}, {0, 2.5f}, {10, 1.5f}}) {
     const float scale = 0.25f;
     // Output rows padded past Hq*Dv: nothing may be written there.
     const int64_t ldo = Hq * Dv + 3;
     std::vector<float> got(static_cast<size_t>(T * ldo), NAN);
-    const AttentionRef want = attention_ref(q, k, v, T, Hq, Hkv, D, Dv, scale, window);
+    const AttentionRef want = attention_ref(q, k, v, T, Hq, Hkv, D, Dv, scale, window, softcap);
     const int64_t width = int64_t(table.size());
     std::vector<int32_t> tables, pos;
     for (int64_t t = 0; t < T; ++t) {
@@ -292,23 +297,25 @@ TEST_P(PagedAttention, MatchesFloat64AttentionThroughScatteredBlocks) {
       pos.push_back(int32_t(t));
     }
     ops.paged_attention(got.data(), ldo, q.data(), Hq * D, T, Hq, c, tables.data(), width, pos.data(), scale,
-                        window);
+                        window, softcap);
     double worst = 0;  // the largest error as a share of its bound, printed for the record
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t i = 0; i < Hq * Dv; ++i) {
         const size_t at = size_t(t * Hq * Dv + i);
         const double err = std::fabs(double(got[size_t(t * ldo + i)]) - want.out[at]);
-        ASSERT_LE(err, want.bound[at]) << "window " << window << " row " << t << " at " << i << ": got "
+        ASSERT_LE(err, want.bound[at]) << "window " << window << " softcap " << softcap << " row " << t << " at " << i << ": got "
                                        << got[size_t(t * ldo + i)] << ", float64 " << want.out[at];
         worst = std::max(worst, err / want.bound[at]);
       }
       ASSERT_TRUE(std::isnan(got[size_t(t * ldo + Hq * Dv)])) << "wrote past Hq*Dv";
     }
-    RecordProperty("window" + std::to_string(window) + "_error_share_of_bound", std::to_string(worst));
+    RecordProperty("window" + std::to_string(window) + "_softcap" + std::to_string(int(softcap * 10)) +
+                       "_error_share_of_bound",
+                   std::to_string(worst));
     // One row alone gives the same bits as inside the batch.
     std::vector<float> one(static_cast<size_t>(Hq * Dv));
     ops.paged_attention(one.data(), Hq * Dv, q.data() + 30 * Hq * D, Hq * D, 1, Hq, c, tables.data() + 30 * width,
-                        width, pos.data() + 30, scale, window);
+                        width, pos.data() + 30, scale, window, softcap);
     EXPECT_EQ(0, std::memcmp(one.data(), got.data() + 30 * ldo, one.size() * sizeof(float)));
   }
 }

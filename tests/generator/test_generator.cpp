@@ -132,7 +132,11 @@ class Invariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   const std::string kind = GetParam();
-  const Model m = kind == "mla" ? mla_like() : kind == "moe" ? moe_like() : kind == "gemma" ? gemma_like() : qwen_like();
+  const Model m = kind == "mla"      ? mla_like()
+                  : kind == "moe"    ? moe_like()
+                  : kind == "gemma"  ? gemma_like()
+                  : kind == "gemma2" ? gemma2_like()
+                                     : qwen_like();
   bool has_moe = false, has_mla = false;
   for (const auto& l : m.desc.layers) {
     has_moe = has_moe || l.mlp.kind == sdk::MlpKind::moe;
@@ -213,13 +217,13 @@ TEST_P(Invariance, SamplesDoNotDependOnBatchOrderSplitOrScheduling) {
   EXPECT_NE(get(ref, 100, 0).ids, get(ref, 100, 1).ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Invariance, ::testing::Values("dense", "moe", "mla", "gemma"),
+INSTANTIATE_TEST_SUITE_P(Models, Invariance, ::testing::Values("dense", "moe", "mla", "gemma", "gemma2"),
                          [](const auto& info) { return info.param; });
 
 class TrainerMatch : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TrainerMatch, LogprobsMatchTheTrainerUnderEveryFilter) {
-  const Model m = GetParam() == "gemma" ? gemma_like() : qwen_like();
+  const Model m = GetParam() == "gemma" ? gemma_like() : GetParam() == "gemma2" ? gemma2_like() : qwen_like();
   engine::Engine eng(m.desc, rlh::test::engine_options());
   eng.load_parameters(m.weights);
   Generator g(m.desc, gen_options());
@@ -250,7 +254,7 @@ TEST_P(TrainerMatch, LogprobsMatchTheTrainerUnderEveryFilter) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Generator, TrainerMatch, ::testing::Values("qwen", "gemma"),
+INSTANTIATE_TEST_SUITE_P(Generator, TrainerMatch, ::testing::Values("qwen", "gemma", "gemma2"),
                          [](const auto& info) { return info.param; });
 
 // ---------------------------------------------------------------------------------------------
@@ -718,16 +722,22 @@ TEST(Generator, RefusesBadRequests) {
     EXPECT_NE(std::string(e.what()).find("max_model_len"), std::string::npos) << e.what();
   }
   // What the generator does not execute is refused with the reason (the layer program's one
-  // answer): here Gemma-2's attention logit soft-capping in one layer.
-  sdk::TransformerDesc capped_attn = m.desc;
-  capped_attn.layers[1].attention.logit_softcapping = 50.0;
+  // answer): here a reward model's value head (score.weight), which has no tokens to sample.
+  sdk::TransformerDesc scored = m.desc;
+  sdk::ParamDesc score;
+  score.name = "score.weight";
+  score.shape = {1, scored.hidden_size};
+  score.layer = -1;
+  score.role = sdk::ParamRole::value_head;
+  score.hf_names = {score.name};
+  score.hf_shapes = {score.shape};
+  scored.params.push_back(score);
   try {
-    Generator bad(capped_attn, gen_options());
+    Generator bad(scored, gen_options());
     FAIL();
   } catch (const sdk::Error& e) {
     EXPECT_EQ(e.code(), RLH_E_UNIMPLEMENTED);
-    EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("soft-capping"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("value head"), std::string::npos) << e.what();
   }
   // An activation no executor knows is an inconsistent description.
   sdk::TransformerDesc relu = m.desc;

@@ -229,6 +229,7 @@ struct AttnShape {
   std::vector<int32_t> cu;
   int64_t Hq, Hkv, Dk, Dv, window;
   int64_t pad = 0;  // extra elements per token row of q/k/v/o (as when read out of fused qkv)
+  double softcap = 0;  // Gemma-2's attn_logit_softcapping
 };
 
 OpCase attention_case(const AttnShape& a) {
@@ -242,7 +243,9 @@ OpCase attention_case(const AttnShape& a) {
   c.name = "attention S=" + std::to_string(S) + " N=" + std::to_string(N) +
            " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
            " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) +
-           " window=" + std::to_string(W) + " pad=" + std::to_string(a.pad);
+           " window=" + std::to_string(W) + " pad=" + std::to_string(a.pad) +
+           (a.softcap > 0 ? " softcap=" + std::to_string(a.softcap) : "");
+  const double cap = a.softcap;
   c.in_sizes = {N * ldq, N * ldk, N * ldv};
   c.in_grad = {true, true, true};
   c.in_scale = {1.5, 1.5, 1};
@@ -253,14 +256,14 @@ OpCase attention_case(const AttnShape& a) {
     using T = elem_t<decltype(in)>;
     attention_fwd<T>(out[0].data(), ldo, out[1].data(), in[0].data(), ldq, in[1].data(), ldk,
                      in[2].data(), ldv, cu.data(), S, N, Hq, Hkv, Dk, Dv, T(scale), W,
-                     scratch_default());
+                     scratch_default(), T(cap));
   });
   set_bwd(c, [=](const auto& in, const auto& out, const auto& dout, auto& din) {
     using T = elem_t<decltype(in)>;
     attention_bwd<T>(din[0].data(), ldq, din[1].data(), ldk, din[2].data(), ldv, dout[0].data(),
                      ldo, in[0].data(), ldq, in[1].data(), ldk, in[2].data(), ldv, out[0].data(),
                      ldo, out[1].data(), cu.data(), S, N, Hq, Hkv, Dk, Dv, T(scale), W,
-                     scratch_default());
+                     scratch_default(), T(cap));
   });
   // Oracle: the full masked score row per query, softmax, weighted sum.
   c.ref64 = [=](const Bufs<double>& in, Bufs<double>& out) {
@@ -275,7 +278,7 @@ OpCase attention_case(const AttnShape& a) {
             double dot = 0;
             for (int64_t d = 0; d < Dk; ++d)
               dot += in[0][i * ldq + h * Dk + d] * in[1][j * ldk + g * Dk + d];
-            p[j] = dot * scale;
+            p[j] = cap > 0 ? cap * std::tanh(dot * scale / cap) : dot * scale;
             mx = std::max(mx, p[j]);
           }
           double sum = 0;
@@ -452,7 +455,7 @@ OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobO
            " C=" + std::to_string(C) + " V=" + std::to_string(V) + " K=" + std::to_string(K) +
            " temperature=" + std::to_string(o.temperature) + " top_k=" + std::to_string(o.top_k) +
            " top_p=" + std::to_string(o.top_p) + " chunk_bytes=" + std::to_string(o.chunk_bytes) +
-           (want_entropy ? " entropy" : "");
+           (o.softcap > 0 ? " softcap=" + std::to_string(o.softcap) : "") + (want_entropy ? " entropy" : "");
   // K targets per token (the first like a next token, the rest like distillation ids, with a
   // repeat and some absent ones).
   std::vector<int32_t> target(N * K);
@@ -491,7 +494,7 @@ OpCase logprob_case(const char* label, int64_t N, int64_t C, int64_t V, LogprobO
       for (int64_t v = 0; v < V; ++v) {
         double acc = 0;
         for (int64_t k = 0; k < C; ++k) acc += in[0][n * C + k] * in[1][v * C + k];
-        z[v] = acc / o.temperature;
+        z[v] = (o.softcap > 0 ? o.softcap * std::tanh(acc / o.softcap) : acc) / o.temperature;
       }
       filter_literal(z, o.top_k, o.top_p);
       double mx = -INFINITY;
@@ -923,6 +926,8 @@ std::vector<OpCase> all_op_cases() {
   v.push_back(attention_case({{0, 40, 67}, 2, 2, 8, 8, 7, 5}));             // window, strided
   v.push_back(attention_case({{0, 300}, 2, 1, 4, 4, 0}));                   // several tiles
   v.push_back(attention_case({{0, 17, 317}, 4, 2, 4, 4, 100}));             // window across tiles
+  v.push_back(attention_case({{0, 40, 67}, 2, 2, 8, 8, 7, 5, 1.5}));        // soft-capped, window, strided
+  v.push_back(attention_case({{0, 300}, 2, 1, 4, 4, 0, 0, 2.0}));           // soft-capped, several tiles
   v.push_back(swiglu_case());
   v.push_back(geglu_case(true));
   v.push_back(geglu_case(false));
@@ -950,6 +955,14 @@ std::vector<OpCase> all_op_cases() {
   o.chunk_bytes = 1024;
   v.push_back(logprob_case("top_k+top_p", 9, 12, 50, o, true));
   v.push_back(logprob_case("top_k+top_p at ids", 9, 12, 50, o, true, 3));
+  o = LogprobOpts{};
+  o.softcap = 1.5;  // Gemma-2's final soft-cap (small, so tanh bends the logits)
+  v.push_back(logprob_case("softcap", 9, 12, 50, o, true));
+  o.temperature = 0.8;
+  o.chunk_bytes = 256;
+  v.push_back(logprob_case("softcap chunked", 9, 12, 50, o, true));
+  o.top_k = 7;
+  v.push_back(logprob_case("softcap top_k", 9, 12, 50, o, true));
   o = LogprobOpts{};
   o.temperature = 4.0;  // flat: the top-p cut lies beyond the first slices of candidates
   o.top_p = 0.95;

@@ -78,7 +78,7 @@ TEST(Sampling, KeepsExactlyWhatTheTrainerKeepsAndAgreesOnLogprobs) {
   std::vector<int32_t> all(static_cast<size_t>(N * V));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t v = 0; v < V; ++v) all[size_t(n * V + v)] = int32_t(v);
-    int checked = 0;
+  int checked = 0;
   for (double T : {1.0, 0.6, 1.7})
     for (int64_t k : {int64_t(0), int64_t(1), int64_t(5), int64_t(40), V - 1, V})
       for (double p : {1.0, 0.9, 0.5, 0.999}) {
@@ -118,6 +118,53 @@ TEST(Sampling, KeepsExactlyWhatTheTrainerKeepsAndAgreesOnLogprobs) {
         }
       }
   EXPECT_GT(checked, 10000);
+}
+
+// Gemma-2's final soft-cap: the sampler caps the logits as the trainer's head does (before the
+// temperature and the filters), so it keeps what the trainer keeps, with the same logprobs.
+TEST(Sampling, SoftCappedLogitsAgreeWithTheTrainersHead) {
+  const int64_t V = 300;
+  const auto rows = test_rows(V);
+  const int64_t N = int64_t(rows.size());
+  std::vector<float> h(static_cast<size_t>(N * N), 0.f), W(static_cast<size_t>(V * N));
+  for (int64_t n = 0; n < N; ++n) {
+    h[size_t(n * N + n)] = 1.f;
+    for (int64_t v = 0; v < V; ++v) W[size_t(v * N + n)] = rows[size_t(n)][size_t(v)];
+  }
+  std::vector<int32_t> all(static_cast<size_t>(N * V));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < V; ++v) all[size_t(n * V + v)] = int32_t(v);
+  int checked = 0;
+  for (double cap : {1.5, 30.0})
+    for (double T : {1.0, 0.7})
+      for (int64_t k : {int64_t(0), int64_t(5)})
+        for (double p : {1.0, 0.9}) {
+          kcpu::LogprobOpts o;
+          o.temperature = T;
+          o.top_k = k;
+          o.top_p = p;
+          o.softcap = cap;
+          std::vector<float> lp(static_cast<size_t>(N * V)), lse(static_cast<size_t>(N));
+          kcpu::linear_logprob_fwd<float>(lp.data(), lse.data(), nullptr, h.data(), W.data(), all.data(), N, N, V, V,
+                                          o, kcpu::scratch_default());
+          kcpu::SampleParams sp{T, k, p, 0.0};
+          sp.softcap = cap;
+          for (int64_t n = 0; n < N; ++n)
+            for (int i = 0; i < 32; ++i) {
+              const double u = (i + 0.5) / 32;
+              const Sampled s = sample_row(rows[size_t(n)].data(), V, sp, u);
+              const float want = lp[size_t(n * V + s.token)];
+              ASSERT_TRUE(std::isfinite(want)) << "sampled a token the trainer filters out (cap " << cap << ")";
+              ASSERT_NEAR(s.logprob, want, 2e-5f) << "row " << n << " cap " << cap << " T=" << T << " k=" << k;
+              ++checked;
+            }
+        }
+  EXPECT_GT(checked, 3000);
+  // A cap changes the distribution (it is not ignored): a peaked row flattens.
+  kcpu::SampleParams plain{1.0, 0, 1.0, 0.0}, capped = plain;
+  capped.softcap = 1.0;
+  const auto& peak = rows.back();
+  EXPECT_GT(sample_row(peak.data(), V, plain, 0.5).logprob, sample_row(peak.data(), V, capped, 0.5).logprob + 1.f);
 }
 
 TEST(Sampling, DrawsFollowTheFilteredDistribution) {

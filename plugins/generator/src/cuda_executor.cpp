@@ -350,8 +350,15 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
         throw Error(RLH_E_UNIMPLEMENTED,
                     "generator (cuda): RoPE whose frequencies depend on the sequence length (dynamic NTK, longrope) "
                     "is not executed on the GPU; use the CPU generator");
-    bool moe = false;
-    for (const LayerShape& s : m_.shapes()) moe = moe || s.moe;
+    bool moe = false, capped = m_.program().logit_softcap != 0;
+    for (const LayerShape& s : m_.shapes()) {
+      moe = moe || s.moe;
+      capped = capped || s.softcap != 0;
+    }
+    if (capped)
+      throw Error(RLH_E_UNIMPLEMENTED,
+                  "generator (cuda): soft-capped attention or logits (Gemma-2's attn_logit_softcapping, "
+                  "final_logit_softcapping) are not executed on the GPU; use the CPU generator");
     if (moe && m_.router_fp64())
       throw Error(RLH_E_UNIMPLEMENTED,
                   "generator (cuda): moe_router_dtype fp64 is not executed on the GPU yet; use fp32 or the CPU generator");

@@ -51,6 +51,9 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
   caps.name = "generator";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
   caps.moe = caps.mla = true;
+  // Soft-capping (Gemma-2): the host executor's registry ops cap; the CUDA executor refuses a
+  // capped model when it is built.
+  caps.attention_softcap = caps.logit_softcap = true;
   caps.per_sequence_rope = true;  // a row past the threshold gets its own table (the host executor)
   caps.attention_dv_differs = true;
   if (const std::string why = sdk::unsupported(prog_, caps); !why.empty()) throw Error(RLH_E_UNIMPLEMENTED, why);
@@ -75,6 +78,7 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
         s.Dv = st.dv;
         s.scale = st.scale;
         s.window = st.window;
+        s.softcap = st.softcap;
       } else if (st.op == StepOp::moe) {
         static_cast<engine::MoeBasics&>(s) = engine::moe_basics(ld, engine::MoeOptions{}, at);
         s.moe = true;
@@ -103,6 +107,7 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
         s.Wqkv = st.out2.width;
         s.scale = st.scale;
         s.window = st.window;
+        s.softcap = st.softcap;
         s.rope = st.table;
         s.p_q = index(l, ParamRole::q);
         s.p_q_a = index(l, ParamRole::q_a);
@@ -319,7 +324,7 @@ void HostBackend::attend(int64_t l, const float* q, int64_t ldq, const float* k,
   // every row's key first: rows of one sequence see each other
   ops_->kv_cache_write(k, ldk, v, ldv, R, rows_->slots.data(), c);
   ops_->paged_attention(out, ldo, q, ldq, R, s.Hq, c, rows_->table.data(), rows_->width, rows_->pos.data(),
-                        float(s.scale), s.window);
+                        float(s.scale), s.window, float(s.softcap));
 }
 
 void HostBackend::glu(const std::string& act, float* h, int64_t ldh, const float* gu, int64_t ldgu, int64_t R,

@@ -160,6 +160,7 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
     draws.attrs.top_k = rq.sampling.top_k > 0 ? rq.sampling.top_k : 0;
     draws.attrs.top_p = rq.sampling.top_p;
     draws.attrs.min_p = rq.sampling.min_p;
+    draws.attrs.softcap = model_->program().logit_softcap;  // Gemma-2: the logits are capped first
     draws.tokens = tokens_;
     draws.logprobs = token_logprobs_;
     step_rows_.build(ids, rows, sample_rows, opt_.block_size);

@@ -16,6 +16,10 @@
 //     (of every query head in the group) that see them;
 //   pass B, per (sequence, query head, block of queries): dQ.
 // Pass B recomputes S and dP once more (7 tile matmuls instead of 5), the price of that.
+//
+// Soft-capping (Gemma-2): S = c tanh(scale Q K^T / c) before the mask. The backward multiplies
+// dS by the cap's derivative 1 / cosh^2(s / c), kept per tile from the recomputed scores (a third
+// tile per thread) before they become probabilities.
 #include <omp.h>
 
 #include <algorithm>
@@ -43,12 +47,26 @@ inline int64_t query_hi(int64_t j, int64_t W, int64_t L) {
   return W > 0 ? std::min(L - 1, j + W - 1) : L - 1;
 }
 
-// S = scale * Q K^T for queries i0.. (bq rows) and keys j0.. (bk), then -inf where a key is
-// not visible. Tiles entirely inside the visible band skip the masking loop.
+// S = scale * Q K^T for queries i0.. (bq rows) and keys j0.. (bk), soft-capped when cap > 0,
+// then -inf where a key is not visible. Tiles entirely inside the visible band skip the masking
+// loop.
+// With F (the backward), F gets the cap's derivative 1 / cosh^2(s / cap) (0 where masked),
+// from the uncapped score: 1 - tanh^2 would cancel in float where tanh is near 1.
 template <class T>
 void scores_tile(T* S, int64_t ldS, const T* q, int64_t ldq, const T* k, int64_t ldk, int64_t bq,
-                 int64_t bk, int64_t Dk, T scale, int64_t i0, int64_t j0, int64_t W) {
+                 int64_t bk, int64_t Dk, T scale, int64_t i0, int64_t j0, int64_t W, T cap,
+                 T* F = nullptr) {
   gemm<T>(false, true, bq, bk, Dk, scale, q, ldq, k, ldk, T(0), S, ldS);
+  if (cap > 0)
+    for (int64_t r = 0; r < bq; ++r)
+      for (int64_t c = 0; c < bk; ++c) {
+        const T u = S[r * ldS + c] / cap;
+        S[r * ldS + c] = cap * std::tanh(u);
+        if (F) {
+          const T ch = std::cosh(u);
+          F[r * ldS + c] = T(1) / (ch * ch);
+        }
+      }
   const bool causal_ok = j0 + bk - 1 <= i0;
   const bool window_ok = W <= 0 || j0 >= key_lo(i0 + bq - 1, W);
   if (causal_ok && window_ok) return;
@@ -57,7 +75,10 @@ void scores_tile(T* S, int64_t ldS, const T* q, int64_t ldq, const T* k, int64_t
     const int64_t lo = key_lo(i, W) - j0, hi = i - j0;  // visible columns [lo, hi]
     T* s = S + r * ldS;
     for (int64_t c = 0; c < bk; ++c)
-      if (c < lo || c > hi) s[c] = -INFINITY;
+      if (c < lo || c > hi) {
+        s[c] = -INFINITY;
+        if (F) F[r * ldS + c] = 0;
+      }
   }
 }
 
@@ -102,6 +123,13 @@ RLH_KCPU_INLINE void probs_rows(T* S, int64_t ldS, int64_t bq, int64_t bk, const
 #pragma omp simd
     for (int64_t c = 0; c < bk; ++c) s[c] = exp_t(s[c] - z);
   }
+}
+
+// dS *= F (the gradient through the cap).
+template <class T>
+void times_rows(T* dS, const T* F, int64_t ld, int64_t bq, int64_t bk) {
+  for (int64_t r = 0; r < bq; ++r)
+    for (int64_t c = 0; c < bk; ++c) dS[r * ld + c] *= F[r * ld + c];
 }
 
 // dP <- P * (dP - Delta_r): the score gradient dS.
@@ -179,7 +207,7 @@ template <class T>
 void attention_fwd(T* o, int64_t ldo, T* lse, const T* q, int64_t ldq, const T* k, int64_t ldk,
                    const T* v, int64_t ldv, const int32_t* cu, int64_t S, int64_t N, int64_t Hq,
                    int64_t Hkv, int64_t Dk, int64_t Dv, T scale, int64_t W,
-                   const Scratch& scratch) {
+                   const Scratch& scratch, T cap) {
   check_layout(cu, S, N, Hq, Hkv);
   const int64_t group = Hq / Hkv;
   ScratchArray<int64_t> first(scratch, S + 1);
@@ -210,7 +238,7 @@ void attention_fwd(T* o, int64_t ldo, T* lse, const T* q, int64_t ldq, const T* 
       const int64_t bk = std::min(kBk, jhi + 1 - j0);
       const T* K = k + (base + j0) * ldk + g * Dk;
       const T* Vt = v + (base + j0) * ldv + g * Dv;
-      scores_tile<T>(Sbuf, kBk, Q, ldq, K, ldk, bq, bk, Dk, scale, i0, j0, W);
+      scores_tile<T>(Sbuf, kBk, Q, ldq, K, ldk, bq, bk, Dk, scale, i0, j0, W, cap);
       softmax_update<T>(Sbuf, kBk, bq, bk, m, l, O, ldo, Dv);
       gemm<T>(false, false, bq, Dv, bk, T(1), Sbuf, kBk, Vt, ldv, T(1), O, ldo);
     }
@@ -227,7 +255,7 @@ void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv
                    int64_t lddo, const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
                    int64_t ldv, const T* o, int64_t ldo, const T* lse, const int32_t* cu,
                    int64_t S, int64_t N, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv, T scale,
-                   int64_t W, const Scratch& scratch) {
+                   int64_t W, const Scratch& scratch, T cap) {
   check_layout(cu, S, N, Hq, Hkv);
   const int64_t group = Hq / Hkv;
   const int nt = attention_threads(cu, S, Hq, Dk, Dv);
@@ -245,7 +273,7 @@ void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv
     }
 
   const int64_t tile = std::max(kBq * kBk, kBkA * kBqA);
-  const int64_t per_thread = 2 * tile;  // P, dP
+  const int64_t per_thread = (cap > 0 ? 3 : 2) * tile;  // P, dP (and the cap's derivative F)
   ScratchArray<T> ws(scratch, size_t(nt) * per_thread);
   ScratchArray<int64_t> first(scratch, S + 1);
 
@@ -260,6 +288,7 @@ void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv
     const int64_t j0 = (b - first[s]) * kBkA, bk = std::min(kBkA, L - j0);
     T* P = ws.data() + omp_get_thread_num() * per_thread;
     T* dP = P + tile;
+    T* F = dP + tile;  // used only when cap > 0
     T* dK = dk + (base + j0) * lddk + g * Dk;
     T* dV = dv + (base + j0) * lddv + g * Dv;
     for (int64_t r = 0; r < bk; ++r) {
@@ -274,11 +303,12 @@ void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv
         const int64_t bq = std::min(kBqA, ihi + 1 - i0);
         const T* Q = q + (base + i0) * ldq + h * Dk;
         const T* dO = dout + (base + i0) * lddo + h * Dv;
-        scores_tile<T>(P, kBkA, Q, ldq, K, ldk, bq, bk, Dk, scale, i0, j0, W);
+        scores_tile<T>(P, kBkA, Q, ldq, K, ldk, bq, bk, Dk, scale, i0, j0, W, cap, cap > 0 ? F : nullptr);
         probs<T>(P, kBkA, bq, bk, lse + h * N + base + i0);
         gemm<T>(true, false, bk, Dv, bq, T(1), P, kBkA, dO, lddo, T(1), dV, lddv);
         gemm<T>(false, true, bq, bk, Dv, T(1), dO, lddo, Vt, ldv, T(0), dP, kBkA);
         dscores_rows<T>(dP, P, kBkA, bq, bk, delta.data() + h * N + base + i0);
+        if (cap > 0) times_rows<T>(dP, F, kBkA, bq, bk);
         gemm<T>(true, false, bk, Dk, bq, scale, dP, kBkA, Q, ldq, T(1), dK, lddk);
       }
     }
@@ -295,6 +325,7 @@ void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv
     const int64_t g = h / group;
     T* P = ws.data() + omp_get_thread_num() * per_thread;
     T* dP = P + tile;
+    T* F = dP + tile;  // used only when cap > 0
     T* dQ = dq + (base + i0) * lddq + h * Dk;
     for (int64_t r = 0; r < bq; ++r) std::fill(dQ + r * lddq, dQ + r * lddq + Dk, T(0));
     const T* Q = q + (base + i0) * ldq + h * Dk;
@@ -304,10 +335,11 @@ void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv
       const int64_t bk = std::min(kBk, jhi + 1 - j0);
       const T* K = k + (base + j0) * ldk + g * Dk;
       const T* Vt = v + (base + j0) * ldv + g * Dv;
-      scores_tile<T>(P, kBk, Q, ldq, K, ldk, bq, bk, Dk, scale, i0, j0, W);
+      scores_tile<T>(P, kBk, Q, ldq, K, ldk, bq, bk, Dk, scale, i0, j0, W, cap, cap > 0 ? F : nullptr);
       probs<T>(P, kBk, bq, bk, lse + h * N + base + i0);
       gemm<T>(false, true, bq, bk, Dv, T(1), dO, lddo, Vt, ldv, T(0), dP, kBk);
       dscores_rows<T>(dP, P, kBk, bq, bk, delta.data() + h * N + base + i0);
+      if (cap > 0) times_rows<T>(dP, F, kBk, bq, bk);
       gemm<T>(false, false, bq, Dk, bk, scale, dP, kBk, K, ldk, T(1), dQ, lddq);
     }
   }
@@ -316,27 +348,29 @@ void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv
 template void attention_fwd<float>(float*, int64_t, float*, const float*, int64_t, const float*,
                                    int64_t, const float*, int64_t, const int32_t*, int64_t, int64_t,
                                    int64_t, int64_t, int64_t, int64_t, float, int64_t,
-                                   const Scratch&);
+                                   const Scratch&, float);
 template void attention_fwd<double>(double*, int64_t, double*, const double*, int64_t,
                                     const double*, int64_t, const double*, int64_t,
                                     const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                    int64_t, double, int64_t, const Scratch&);
+                                    int64_t, double, int64_t, const Scratch&, double);
 template void attention_bwd<float>(float*, int64_t, float*, int64_t, float*, int64_t, const float*,
                                    int64_t, const float*, int64_t, const float*, int64_t,
                                    const float*, int64_t, const float*, int64_t, const float*,
                                    const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                   int64_t, float, int64_t, const Scratch&);
+                                   int64_t, float, int64_t, const Scratch&, float);
 template void attention_bwd<double>(double*, int64_t, double*, int64_t, double*, int64_t,
                                     const double*, int64_t, const double*, int64_t, const double*,
                                     int64_t, const double*, int64_t, const double*, int64_t,
                                     const double*, const int32_t*, int64_t, int64_t, int64_t,
-                                    int64_t, int64_t, int64_t, double, int64_t, const Scratch&);
-size_t attention_workspace(bool backward, int64_t S, int64_t N, int64_t Hq, size_t esize, int threads) {
+                                    int64_t, int64_t, int64_t, double, int64_t, const Scratch&, double);
+size_t attention_workspace(bool backward, int64_t S, int64_t N, int64_t Hq, size_t esize, int threads,
+                           bool softcap) {
   auto piece = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
   const size_t first = piece(size_t(S + 1) * sizeof(int64_t));
   if (!backward) return first + piece(size_t(threads) * size_t(kBq * kBk + 2 * kBq) * esize);
   const int64_t tile = std::max(kBq * kBk, kBkA * kBqA);
-  return piece(size_t(Hq) * size_t(N) * esize) + piece(size_t(threads) * size_t(2 * tile) * esize) + first;
+  return piece(size_t(Hq) * size_t(N) * esize) + piece(size_t(threads) * size_t((softcap ? 3 : 2) * tile) * esize) +
+         first;
 }
 
 }  // namespace rlh::kcpu

@@ -36,6 +36,7 @@ struct PagedAttentionArgs {
   const int32_t* pos = nullptr;
   float scale = 1;
   int64_t window = 0;
+  float softcap = 0;  // > 0: scores become softcap tanh(score / softcap) (Gemma-2)
 };
 void paged_attention(const PagedAttentionArgs& a, WorkerPool& pool);
 
@@ -47,6 +48,7 @@ struct SampleParams {
   int64_t top_k = 0;         // <= 0 or >= V: off
   double top_p = 1.0;        // 1 = off
   double min_p = 0.0;        // 0 = off
+  double softcap = 0.0;      // > 0: logits become softcap tanh(logits / softcap) first (Gemma-2)
 };
 void sample(const float* logits, int64_t ld, int64_t S, int64_t V, const double* u, const SampleParams& p,
             int32_t* tokens, float* logprobs, WorkerPool& pool);

@@ -19,6 +19,10 @@
 // threshold tau per row: top-k keeps z >= (k-th largest z); top-p then keeps, in descending
 // order, tokens while the probability mass before them is < top_p (tau = the last kept value;
 // ties at the cut are all kept). Filtered tokens are -inf: zero probability and zero gradient.
+//
+// Soft-capping (Gemma-2): a tile's logits are computed unscaled and capped in place,
+// z = c tanh(logits / c) / temperature (cap_tile); the backward keeps the cap's derivative
+// 1 / cosh^2 in a second tile and multiplies dlogits by it.
 #include <omp.h>
 
 #include <algorithm>
@@ -42,6 +46,8 @@ void check_opts(const LogprobOpts& o, int64_t V) {
   if (!(o.temperature > 0)) throw std::invalid_argument("linear_logprob: temperature must be > 0");
   if (o.top_k < 0) throw std::invalid_argument("linear_logprob: top_k must be >= 0");
   if (!(o.top_p > 0 && o.top_p <= 1)) throw std::invalid_argument("linear_logprob: top_p in (0,1]");
+  if (!(o.softcap >= 0) || !std::isfinite(o.softcap))
+    throw std::invalid_argument("linear_logprob: softcap must be a finite number >= 0");
   if (V <= 0) throw std::invalid_argument("linear_logprob: empty vocabulary");
 }
 
@@ -137,6 +143,28 @@ void for_rows(int64_t n, int64_t work, const std::function<void(int64_t, int64_t
   for (int64_t b = 0; b < blocks; ++b) fn(b * rows, std::min(n, (b + 1) * rows));
 }
 
+// z <- c tanh(z / c) * inv_temp over n contiguous logits (rows x cols tiles), and the cap's
+// derivative 1 / cosh^2(z / c) into F when F is given. The gemm before it ran with alpha 1.
+template <class T>
+void cap_tile(T* z, int64_t rows, int64_t cols, T c, T inv_temp, T* F) {
+  for_rows(rows, rows * cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
+      const T u = z[i] / c;
+      z[i] = c * std::tanh(u) * inv_temp;
+      if (F) {  // 1 / cosh^2, not 1 - tanh^2: that cancels in float where tanh is near 1
+        const T ch = std::cosh(u);
+        F[i] = T(1) / (ch * ch);
+      }
+    }
+  });
+}
+template <class T>
+void times_tile(T* g, const T* F, int64_t rows, int64_t cols) {
+  for_rows(rows, rows * cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * cols; i < r1 * cols; ++i) g[i] *= F[i];
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Filtered path helpers
 
@@ -204,10 +232,11 @@ void fwd_filtered(T* logprob, T* lse, T* entropy, const T* h, const T* W, const 
   const int nt = num_threads();
   ScratchArray<T> buf(scratch, size_t(nb) * V);
   ScratchArray<T> tmp(scratch, size_t(nt) * V);
-  const T inv_temp = T(1.0 / o.temperature);
+  const T inv_temp = T(1.0 / o.temperature), cap = T(o.softcap);
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t rows = std::min(nb, N - n0);
-    gemm<T>(false, true, rows, V, C, inv_temp, h + n0 * C, C, W, C, T(0), buf.data(), V);
+    gemm<T>(false, true, rows, V, C, cap > 0 ? T(1) : inv_temp, h + n0 * C, C, W, C, T(0), buf.data(), V);
+    if (cap > 0) cap_tile<T>(buf.data(), rows, V, cap, inv_temp, nullptr);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; ++r) {
       const T* z = buf.data() + r * V;
@@ -235,10 +264,12 @@ void bwd_filtered(T* dh, T* dW, const T* dlp, const T* dH, const T* h, const T* 
   const int nt = num_threads();
   ScratchArray<T> buf(scratch, size_t(nb) * V);
   ScratchArray<T> tmp(scratch, size_t(nt) * V);
-  const T inv_temp = T(1.0 / o.temperature);
+  const T inv_temp = T(1.0 / o.temperature), cap = T(o.softcap);
+  ScratchArray<T> F(scratch, cap > 0 ? size_t(nb) * V : 0);
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t rows = std::min(nb, N - n0);
-    gemm<T>(false, true, rows, V, C, inv_temp, h + n0 * C, C, W, C, T(0), buf.data(), V);
+    gemm<T>(false, true, rows, V, C, cap > 0 ? T(1) : inv_temp, h + n0 * C, C, W, C, T(0), buf.data(), V);
+    if (cap > 0) cap_tile<T>(buf.data(), rows, V, cap, inv_temp, F.data());
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; ++r) {
       T* z = buf.data() + r * V;
@@ -262,6 +293,7 @@ void bwd_filtered(T* dh, T* dW, const T* dlp, const T* dH, const T* h, const T* 
       for (int64_t k = 0; k < K; ++k)
         if (kept[size_t(k)]) z[target[n * K + k]] += dlp[n * K + k] * inv_temp;
     }
+    if (cap > 0) times_tile<T>(buf.data(), F.data(), rows, V);
     gemm<T>(false, false, rows, C, V, T(1), buf.data(), V, W, C, accumulate ? T(1) : T(0),
             dh + n0 * C, C);
     gemm<T>(true, false, V, C, rows, T(1), buf.data(), V, h + n0 * C, C, T(1), dW, C);
@@ -289,7 +321,7 @@ void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
   tile_shape(N, V, o, sizeof(T), &nb, &vc);
   ScratchArray<T> buf(scratch, size_t(nb) * vc);
   ScratchArray<T> stats(scratch, size_t(nb) * (3 + K));  // m, l, s1 [nb]; zt [nb, K]
-  const T inv_temp = T(1.0 / o.temperature);
+  const T inv_temp = T(1.0 / o.temperature), cap = T(o.softcap);
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t rows = std::min(nb, N - n0);
     T* m = stats.data();
@@ -303,8 +335,9 @@ void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
     const int32_t* tg = target + n0 * K;
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t cols = std::min(vc, V - v0);
-      gemm<T>(false, true, rows, cols, C, inv_temp, h + n0 * C, C, W + v0 * C, C, T(0),
+      gemm<T>(false, true, rows, cols, C, cap > 0 ? T(1) : inv_temp, h + n0 * C, C, W + v0 * C, C, T(0),
               buf.data(), cols);
+      if (cap > 0) cap_tile<T>(buf.data(), rows, cols, cap, inv_temp, nullptr);
       for_rows(rows, rows * cols, [&](int64_t r0, int64_t r1) {
         if constexpr (std::is_same_v<T, float>)
           stats_f_select()(buf.data(), cols, r0, r1, cols, v0, tg, K, m, l, s1, zt);
@@ -338,7 +371,8 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlp, const T* dH, const T* h, con
   tile_shape(N, V, o, sizeof(T), &nb, &vc);
   ScratchArray<T> buf(scratch, size_t(nb) * vc);
   ScratchArray<T> ez(scratch, dH ? size_t(nb) : 0);
-  const T inv_temp = T(1.0 / o.temperature);
+  const T inv_temp = T(1.0 / o.temperature), cap = T(o.softcap);
+  ScratchArray<T> F(scratch, cap > 0 ? size_t(nb) * vc : 0);
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t rows = std::min(nb, N - n0);
     if (dH)
@@ -348,8 +382,9 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlp, const T* dH, const T* h, con
     const T* dH_b = dH ? dH + n0 : nullptr;
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t cols = std::min(vc, V - v0);
-      gemm<T>(false, true, rows, cols, C, inv_temp, h + n0 * C, C, W + v0 * C, C, T(0),
+      gemm<T>(false, true, rows, cols, C, cap > 0 ? T(1) : inv_temp, h + n0 * C, C, W + v0 * C, C, T(0),
               buf.data(), cols);
+      if (cap > 0) cap_tile<T>(buf.data(), rows, cols, cap, inv_temp, F.data());
       for_rows(rows, rows * cols, [&](int64_t r0, int64_t r1) {
         if constexpr (std::is_same_v<T, float>)
           grad_f_select()(buf.data(), cols, r0, r1, cols, v0, tg, K, lse + n0, ez.data(), dlp_b,
@@ -358,6 +393,7 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlp, const T* dH, const T* h, con
           grad_rows<T>(buf.data(), cols, r0, r1, cols, v0, tg, K, lse + n0, ez.data(), dlp_b,
                        dH_b, inv_temp);
       });
+      if (cap > 0) times_tile<T>(buf.data(), F.data(), rows, cols);
       const T beta = (v0 == 0 && !accumulate) ? T(0) : T(1);
       gemm<T>(false, false, rows, C, cols, T(1), buf.data(), cols, W + v0 * C, C, beta,
               dh + n0 * C, C);
@@ -388,12 +424,14 @@ size_t linear_logprob_workspace(bool backward, int64_t N, int64_t V, int64_t K, 
   if (filtered(o)) {
     const int64_t budget = (o.chunk_bytes > 0 ? o.chunk_bytes : kDefaultChunkBytes) / int64_t(esize);
     const int64_t nb = std::max<int64_t>(1, std::min(N, budget / V));
-    return piece(size_t(nb * V) * esize) + piece(size_t(threads) * size_t(V) * esize);
+    const size_t cap = backward && o.softcap > 0 ? piece(size_t(nb * V) * esize) : 0;  // the cap's derivative
+    return piece(size_t(nb * V) * esize) + piece(size_t(threads) * size_t(V) * esize) + cap;
   }
   int64_t nb, vc;
   tile_shape(N, V, o, esize, &nb, &vc);
   if (!backward) return piece(size_t(nb * vc) * esize) + piece(size_t(nb * (3 + K)) * esize);
-  return piece(size_t(nb * vc) * esize) + (entropy_grad ? piece(size_t(nb) * esize) : 0);
+  return piece(size_t(nb * vc) * esize) + (entropy_grad ? piece(size_t(nb) * esize) : 0) +
+         (o.softcap > 0 ? piece(size_t(nb * vc) * esize) : 0);
 }
 
 // The sampler's cut (sample.cpp): the same selection, so a sampled token is one the trainer's

@@ -108,10 +108,11 @@ RLH_KCPU_INLINE void attend_body(const Task& t, const PagedAttentionArgs& a, int
   for (int64_t g = 0; g < G; ++g) {
     float* sg = s + g * width;
     float mx = -INFINITY;
-    for (int64_t c = c0; c <= c1; ++c) {
-      sg[c] *= scale;
-      mx = std::max(mx, sg[c]);
-    }
+    if (a.softcap > 0)  // the training kernel's order: scale, then the cap (attention.cpp)
+      for (int64_t c = c0; c <= c1; ++c) sg[c] = a.softcap * std::tanh(sg[c] * scale / a.softcap);
+    else
+      for (int64_t c = c0; c <= c1; ++c) sg[c] *= scale;
+    for (int64_t c = c0; c <= c1; ++c) mx = std::max(mx, sg[c]);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t c = c0; c <= c1; ++c) {

@@ -259,6 +259,14 @@ AttnDims attn_dims(const rlh_tensor& q, const rlh_tensor& k, const rlh_tensor& v
   return {q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], numel(cu) - 1};
 }
 
+// Soft-capping (Gemma-2): the "softcap" attribute, 0 = none; a negative or non-finite one is an
+// error.
+double softcap_of(const Call& c) {
+  const double cap = c.num("softcap", 0);
+  if (!(cap >= 0) || !std::isfinite(cap)) bad("softcap must be a finite number >= 0, got " + std::to_string(cap));
+  return cap;
+}
+
 template <class T>
 void run_attention_fwd(const Call& c) {
   const AttnDims d = attn_dims(c.in(0), c.in(1), c.in(2), c.in(3));
@@ -270,7 +278,7 @@ void run_attention_fwd(const Call& c) {
   attention_fwd<T>(data<T>(c.out(0)), ldo, data<T>(c.out(1)), data<T>(c.in(0)), ldq,
                    data<T>(c.in(1)), ldk, data<T>(c.in(2)), ldv, data<int32_t>(c.in(3)), d.S, d.N,
                    d.Hq, d.Hkv, d.Dk, d.Dv, T(c.num("scale", 1.0 / std::sqrt(double(d.Dk)))),
-                   c.integer("window", 0), c.scratch);
+                   c.integer("window", 0), c.scratch, T(softcap_of(c)));
 }
 
 template <class T>
@@ -290,7 +298,7 @@ void run_attention_bwd(const Call& c) {
                    data<T>(c.in(3)), ldv, data<T>(c.in(4)), ldo, data<T>(c.in(5)),
                    data<int32_t>(c.in(6)), d.S, d.N, d.Hq, d.Hkv, d.Dk, d.Dv,
                    T(c.num("scale", 1.0 / std::sqrt(double(d.Dk)))), c.integer("window", 0),
-                   c.scratch);
+                   c.scratch, T(softcap_of(c)));
 }
 
 template <class T>
@@ -367,6 +375,7 @@ LogprobOpts logprob_opts(const Call& c) {
   o.top_k = c.integer("top_k", 0);
   o.top_p = c.num("top_p", 1);
   o.chunk_bytes = c.integer("chunk_bytes", 0);
+  o.softcap = softcap_of(c);
   return o;
 }
 
@@ -729,6 +738,7 @@ void run_paged_attention(const Call& c) {
     a.pos = data<int32_t>(pos);
     a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
     a.window = c.integer("window", 0);
+    a.softcap = float(softcap_of(c));
     if (a.R == 0) return;
     const int64_t B = kc.shape[0];
     for (int64_t r = 0; r < a.R; ++r)
@@ -790,6 +800,7 @@ void run_sample(const Call& c) {
     p.top_k = c.integer("top_k", 0);
     p.top_p = c.num("top_p", 1.0);
     p.min_p = c.num("min_p", 0.0);
+    p.softcap = c.num("softcap", 0.0);
     sample(data<float>(z), ld, S, V, data<double>(c.in(1)), p, data<int32_t>(c.out(0)), data<float>(c.out(1)),
            c.op->inst->pool());
   }
@@ -1098,7 +1109,7 @@ rlh_status* k_workspace_size(rlh_op* op, const rlh_op_call* call, size_t* bytes)
       const rlh_tensor& q = c.in(bwd ? 1 : 0);
       const rlh_tensor& cu = c.in(bwd ? 6 : 3);
       if (q.ndim != 3 || cu.ndim != 1) return;  // run() refuses such operands
-      *bytes = attention_workspace(bwd, cu.shape[0] - 1, q.shape[0], q.shape[1], es, threads);
+      *bytes = attention_workspace(bwd, cu.shape[0] - 1, q.shape[0], q.shape[1], es, threads, c.num("softcap", 0) > 0);
     } else if (name == "linear_logprob_fwd" || name == "linear_logprob_bwd") {
       const bool bwd = name == "linear_logprob_bwd";
       if (c.in(0).ndim != 2 || c.in(1).ndim != 2) return;

@@ -93,7 +93,16 @@ Sampled sample_row(const float* logits, int64_t V, const SampleParams& p, double
   const bool greedy = p.temperature == 0.0;
   // The trainer's kernel forms z = (h W^T) * (1/T) with 1/T rounded to float; so do we.
   const float inv_t = greedy ? 1.f : float(1.0 / p.temperature);
-  const float mx = scale_max(z, logits, V, inv_t);
+  const float* raw = logits;
+  if (p.softcap > 0) {  // Gemma-2's final soft-cap, before the temperature (linear_logprob's order)
+    const float c = float(p.softcap);
+    for (int64_t j = 0; j < V; ++j) {
+      if (!std::isfinite(logits[j])) throw std::runtime_error("sampling: logits are not finite");
+      z[j] = c * std::tanh(logits[j] / c);
+    }
+    raw = z;
+  }
+  const float mx = scale_max(z, raw, V, inv_t);
   if (!std::isfinite(mx)) throw std::runtime_error("sampling: logits are not finite (max " + std::to_string(mx) + ")");
 
   float tau = -INFINITY;
@@ -132,6 +141,8 @@ Sampled sample_row(const float* logits, int64_t V, const SampleParams& p, double
 
 void sample(const float* logits, int64_t ld, int64_t S, int64_t V, const double* u, const SampleParams& p,
             int32_t* tokens, float* logprobs, WorkerPool& pool) {
+  if (!(p.softcap >= 0) || !std::isfinite(p.softcap))
+    throw std::invalid_argument("sample: softcap must be a finite number >= 0, got " + std::to_string(p.softcap));
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
     throw std::invalid_argument("sample: temperature must be a finite number >= 0 (0 = greedy), got " +
                                 std::to_string(p.temperature));

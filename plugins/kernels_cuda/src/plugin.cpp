@@ -1062,6 +1062,12 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       if (!a.name) continue;
       op->attrs.push_back(Attr{a.name, a.type, a.int64_value, a.double_value});
     }
+    // Soft-capping (Gemma-2's "softcap" on attention, paged_attention, linear_logprob and
+    // sample) is not implemented here: refused, so a registry falls through to a provider that
+    // caps, and an engine that needs it declines the model.
+    for (const Attr& a : op->attrs)
+      if (a.name == "softcap" && (a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i)) != 0)
+        throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda ") + s->name + ": softcap (soft-capping) is not offered");
     // Answers known at resolution: gemm's batch invariance for C = A B^T only (a registry then
     // falls through for the rest), filtered logprobs, attention head dims.
     if (std::strcmp(s->name, "gemm") == 0) {

@@ -319,6 +319,10 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       op->has_window = true;
       op->window = a->type == RLH_VALUE_DOUBLE ? int64_t(a->double_value) : a->int64_value;
     }
+    // Soft-capped scores (Gemma-2) are not built into the graph: refused, so a registry falls through.
+    if (const rlh_named_value* a = sdk::find_attr(d->attrs, d->num_attrs, "softcap");
+        a && (a->type == RLH_VALUE_DOUBLE ? a->double_value : double(a->int64_value)) != 0)
+      throw Error(RLH_E_UNIMPLEMENTED, "kernels_cudnn " + name + ": softcap (soft-capping) is not offered");
     // Bitwise reproducible gradients asked for: cuDNN's backward accumulates dQ with atomics.
     if (bwd && sdk::attr_int_or(d->attrs, d->num_attrs, "deterministic", 0) != 0)
       throw Error(RLH_E_UNIMPLEMENTED, "kernels_cudnn attention_bwd: not deterministic (dQ is accumulated with "

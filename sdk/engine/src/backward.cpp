@@ -102,7 +102,7 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
         else
           ops->attention_bwd(dq.p, dq.ld, dk.p, dk.ld, dv.p, dv.ld, dout.p, dout.ld, q.p, q.ld, k.p, k.ld, v.p, v.ld,
                              o.p, o.ld, a.stat[size_t(st.stat)], mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk,
-                             st.dv, float(st.scale), st.window);
+                             st.dv, float(st.scale), st.window, float(st.softcap));
         break;
       }
       case sdk::StepOp::glu: {
@@ -131,6 +131,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   LogprobAttrs raw;
   raw.temperature = req.temperature;
   raw.chunk_bytes = opt.logprob_chunk_bytes;
+  raw.softcap = prog.logit_softcap;
   bool have_dxn = false;
   use_grads(L);
   if (!prog.pp_last) {

@@ -219,6 +219,8 @@ Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
     out.logits.resize(size_t(N * m.V));
     m.ops->gemm(false, true, N, m.V, m.C, 1.f, m.head.xn, m.C, m.w(m.prog.head), m.C, 0.f,
                 out.logits.data(), m.V);
+    if (const double c = m.prog.logit_softcap; c > 0)  // Gemma-2: the logits HF returns are capped
+      for (float& z : out.logits) z = float(c * std::tanh(double(z) / c));
   }
   m.drop_params(m.L);
   return out;

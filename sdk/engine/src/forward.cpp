@@ -218,7 +218,8 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
           cp_attention_fwd(st, out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld);
         else
           ops->attention_fwd(out.p, out.ld, a.stat[size_t(st.stat)], in.p, in.ld, k.p, k.ld, v.p, v.ld,
-                             mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk, st.dv, float(st.scale), st.window);
+                             mb.cu_seqlens.data(), S, N, st.hq, st.hkv, st.dk, st.dv, float(st.scale), st.window,
+                             float(st.softcap));
         break;
       }
       case sdk::StepOp::glu:
@@ -299,6 +300,7 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   LogprobAttrs raw;
   raw.temperature = req.temperature;
   raw.chunk_bytes = opt.logprob_chunk_bytes;
+  raw.softcap = prog.logit_softcap;  // Gemma-2: capped before the temperature
   if (req.logprob || req.entropy || req.logprob_at_ids)
     ops->linear_logprob_fwd(head.lp, head.lse, req.entropy ? head.ent : nullptr, head.xn,
                             w(prog.head), target_raw, N, C, V, head.kraw, raw);  // lp [N,kraw]

@@ -38,6 +38,7 @@ void Engine::Impl::describe_mla_layer(const sdk::LayerDesc& ld, const sdk::Layer
   s.D = step.dk;
   s.Wqkv = step.out2.width;
   s.window = step.window;
+  s.softcap = float(step.softcap);
   s.scale = float(step.scale);
   s.rope = step.table;
 }
@@ -136,7 +137,7 @@ void Engine::Impl::forward_mla(int64_t l, const MicroBatch& mb, const float* xn,
         for (int64_t i = 0; i < dr; ++i) k[n * W + h * D + dn + i] = m.kva[n * (rkv + dr) + rkv + i];
   }
   ops->attention_fwd(att, H * dv, lse, q, W, k, W, v, W, mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale,
-                     s.window);                                                        // att [N,H*dv]
+                     s.window, s.softcap);                                             // att [N,H*dv]
 }
 
 // datt = d loss / d att in; dxn = d loss / d xn out (added to it with accumulate).
@@ -158,7 +159,7 @@ void Engine::Impl::backward_mla(int64_t l, const MicroBatch& mb, const float* xn
   float* dvv = x.dqkv + 2 * H * D;
 
   ops->attention_bwd(dq, W, dk, W, dvv, W, datt, H * dv, q, W, k, W, v, W, att, H * dv, lse,
-                     mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale, s.window);     // dq, dk, dv
+                     mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale, s.window, s.softcap);  // dq, dk, dv
 
   // Rotated parts: q's in place; k's summed over the heads that share it.
   for (int64_t h = 0; h < H; ++h) {

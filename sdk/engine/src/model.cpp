@@ -186,6 +186,10 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   // Context parallelism runs dense attention layers only (cp_attention.cpp); a per-sequence RoPE
   // table depends on the whole sequence's length, which the split hides.
   caps.moe = caps.mla = !cp_on;
+  // Soft-capping (Gemma-2) runs in the registry's attention and head ops; the attention under
+  // context parallelism is the engine's own loops, and tp_unsupported refuses it under TP.
+  caps.attention_softcap = !cp_on;
+  caps.logit_softcap = true;
   caps.per_sequence_rope = !cp_on && !(tp_on && opt.sequence_parallel);  // padding would change its length
   caps.attention_dv_differs = true;
   caps.value_head = true;

@@ -53,7 +53,7 @@ struct LayerShape : MoeBasics, MlaBasics {
   std::string act = "silu"; // the experts' activation
   // MLA: heads, q/k head dim (dn + dr), the q|k|v width, the attention's scale and window
   int64_t H = 0, D = 0, Wqkv = 0, window = 0;
-  float scale = 0;
+  float scale = 0, softcap = 0;
   int rope = -1;            // RoPE table (-1: none)
 };
 

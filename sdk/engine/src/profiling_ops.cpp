@@ -73,18 +73,19 @@ class ProfilingOps final : public Ops {
   void attention_fwd(float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
                      const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* cu,
                      int64_t S, int64_t N, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv,
-                     float scale, int64_t window) override {
+                     float scale, int64_t window, float softcap) override {
     RLH_TIMED("attention_fwd", in_.attention_fwd(o, ldo, lse, q, ldq, k, ldk, v, ldv, cu, S, N, Hq,
-                                                 Hkv, Dk, Dv, scale, window))
+                                                 Hkv, Dk, Dv, scale, window, softcap))
   }
   void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv, int64_t lddv,
                      const float* dout, int64_t lddo, const float* q, int64_t ldq, const float* k,
                      int64_t ldk, const float* v, int64_t ldv, const float* o, int64_t ldo,
                      const float* lse, const int32_t* cu, int64_t S, int64_t N, int64_t Hq,
-                     int64_t Hkv, int64_t Dk, int64_t Dv, float scale, int64_t window) override {
+                     int64_t Hkv, int64_t Dk, int64_t Dv, float scale, int64_t window,
+                     float softcap) override {
     RLH_TIMED("attention_bwd",
               in_.attention_bwd(dq, lddq, dk, lddk, dv, lddv, dout, lddo, q, ldq, k, ldk, v, ldv,
-                                o, ldo, lse, cu, S, N, Hq, Hkv, Dk, Dv, scale, window))
+                                o, ldo, lse, cu, S, N, Hq, Hkv, Dk, Dv, scale, window, softcap))
   }
   void swiglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
                   int64_t N, int64_t F) override {
@@ -119,8 +120,9 @@ class ProfilingOps final : public Ops {
   }
   void paged_attention(float* o, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
                        const PagedCache& c, const int32_t* blocks, int64_t tw, const int32_t* pos, float scale,
-                       int64_t window) override {
-    RLH_TIMED("paged_attention", in_.paged_attention(o, ldo, q, ldq, R, Hq, c, blocks, tw, pos, scale, window))
+                       int64_t window, float softcap) override {
+    RLH_TIMED("paged_attention",
+              in_.paged_attention(o, ldo, q, ldq, R, Hq, c, blocks, tw, pos, scale, window, softcap))
   }
   void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
               const double* u, const SampleAttrs& a) override {

@@ -178,19 +178,24 @@ class RegistryOps final : public Ops {
   void attention_fwd(float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
                      const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* cu,
                      int64_t S, int64_t N, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv,
-                     float scale, int64_t window) override {
+                     float scale, int64_t window, float softcap) override {
     Args a;
     const rlh_tensor in[] = {a.heads(q, N, Hq, Dk, ldq), a.heads(k, N, Hkv, Dk, ldk),
                              a.heads(v, N, Hkv, Dv, ldv), a.ints(cu, S + 1)};
     const rlh_tensor out[] = {a.heads(o, N, Hq, Dv, ldo), a.vec(lse, Hq * N)};
-    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
-    run_ws(att_f_, in, out, at);
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window),
+                                  attr_double("softcap", softcap)};
+    if (softcap > 0)
+      run_ws(lazy(att_cap_f_, "attention_fwd", "hhhi", "hv", cap_attr(softcap)), in, out, at);
+    else
+      run_ws(att_f_, in, out, std::span(at, 2));
   }
   void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv, int64_t lddv,
                      const float* dout, int64_t lddo, const float* q, int64_t ldq, const float* k,
                      int64_t ldk, const float* v, int64_t ldv, const float* o, int64_t ldo,
                      const float* lse, const int32_t* cu, int64_t S, int64_t N, int64_t Hq,
-                     int64_t Hkv, int64_t Dk, int64_t Dv, float scale, int64_t window) override {
+                     int64_t Hkv, int64_t Dk, int64_t Dv, float scale, int64_t window,
+                     float softcap) override {
     Args a;
     const rlh_tensor in[] = {a.heads(dout, N, Hq, Dv, lddo), a.heads(q, N, Hq, Dk, ldq),
                              a.heads(k, N, Hkv, Dk, ldk),     a.heads(v, N, Hkv, Dv, ldv),
@@ -198,8 +203,12 @@ class RegistryOps final : public Ops {
                              a.ints(cu, S + 1)};
     const rlh_tensor out[] = {a.heads(dq, N, Hq, Dk, lddq), a.heads(dk, N, Hkv, Dk, lddk),
                               a.heads(dv, N, Hkv, Dv, lddv)};
-    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
-    run_ws(att_b_, in, out, at);
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window),
+                                  attr_double("softcap", softcap)};
+    if (softcap > 0)
+      run_ws(lazy(att_cap_b_, "attention_bwd", "hhhhhvi", "hhh", cap_attr(softcap)), in, out, at);
+    else
+      run_ws(att_b_, in, out, std::span(at, 2));
   }
   void swiglu_fwd(float* h, int64_t ldh, const float* g, int64_t ldg, const float* u, int64_t ldu,
                   int64_t N, int64_t F) override {
@@ -266,7 +275,7 @@ class RegistryOps final : public Ops {
   }
   void paged_attention(float* out, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
                        const PagedCache& c, const int32_t* blocks, int64_t table_width, const int32_t* pos,
-                       float scale, int64_t window) override {
+                       float scale, int64_t window, float softcap) override {
     Args a;
     const int64_t bs = c.block_size;
     const rlh_tensor in[] = {a.heads(q, R, Hq, c.Dk, ldq),
@@ -274,8 +283,12 @@ class RegistryOps final : public Ops {
                              a.cache(c.v, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1}),
                              a.imat(blocks, R, table_width), a.ints(pos, R)};
     const rlh_tensor o[] = {a.heads(out, R, Hq, c.Dv, ldo)};
-    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window)};
-    lazy(paged_, "paged_attention", "hccji", "h").run(in, o, at);
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window),
+                                  attr_double("softcap", softcap)};
+    if (softcap > 0)
+      lazy(paged_cap_, "paged_attention", "hccji", "h", cap_attr(softcap)).run(in, o, at);
+    else
+      lazy(paged_, "paged_attention", "hccji", "h").run(in, o, std::span(at, 2));
   }
   void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
               const double* u, const SampleAttrs& s) override {
@@ -283,8 +296,12 @@ class RegistryOps final : public Ops {
     const rlh_tensor in[] = {a.mat(logits, S, V, ld), a.vec64(u, S)};
     const rlh_tensor o[] = {a.ints(tokens, S), a.vec(logprobs, S)};
     const rlh_named_value at[] = {attr_double("temperature", s.temperature), attr_int("top_k", s.top_k),
-                                  attr_double("top_p", s.top_p), attr_double("min_p", s.min_p)};
-    lazy(sample_, "sample", "fw", "iv").run(in, o, at);
+                                  attr_double("top_p", s.top_p), attr_double("min_p", s.min_p),
+                                  attr_double("softcap", s.softcap)};
+    if (s.softcap > 0)
+      lazy(sample_cap_, "sample", "fw", "iv", cap_attr(s.softcap)).run(in, o, at);
+    else
+      lazy(sample_, "sample", "fw", "iv").run(in, o, std::span(at, 4));
   }
   void bias_add_fwd(float* y, int64_t ldy, const float* b, int64_t N, int64_t M) override {
     Args a;
@@ -311,7 +328,10 @@ class RegistryOps final : public Ops {
     const rlh_tensor in[] = {a.mat(h, N, C, C), a.mat(W, V, C, C), a.imat(t, N, K)};
     const rlh_tensor o[] = {a.mat(lp, N, K, K), a.vec(lse, N), a.vec(ent, N)};  // ent may be null
     const auto at = logprob_attrs(la, false);
-    run_ws(lp_f_, in, o, at);
+    if (la.softcap > 0)
+      run_ws(lazy(lp_cap_f_, "linear_logprob_fwd", "ffj", "fvv", cap_attr(la.softcap)), in, o, at);
+    else
+      run_ws(lp_f_, in, o, std::span(at.data(), at.size() - 1));
   }
   void linear_logprob_bwd(float* dh, float* dW, const float* dlp, const float* dent,
                           const float* h, const float* W, const int32_t* t, const float* lse,
@@ -323,7 +343,10 @@ class RegistryOps final : public Ops {
                              a.vec(dent, N)};
     const rlh_tensor o[] = {a.mat(dh, N, C, C), a.mat(dW, V, C, C)};
     const auto at = logprob_attrs(la, acc);
-    run_ws(lp_b_, in, o, at);
+    if (la.softcap > 0)
+      run_ws(lazy(lp_cap_b_, "linear_logprob_bwd", "ffjvfvv", "ff", cap_attr(la.softcap)), in, o, at);
+    else
+      run_ws(lp_b_, in, o, std::span(at.data(), at.size() - 1));
   }
   void adamw(float* p, float* g, float* m, float* v, int64_t n, const AdamW& x) override {
     Args a;
@@ -517,11 +540,15 @@ class RegistryOps final : public Ops {
     const rlh_named_value at[] = {attr_double("scale", scale), attr_bool("interleaved", il)};
     op.run(in, o, at);
   }
-  static std::array<rlh_named_value, 5> logprob_attrs(const LogprobAttrs& la, bool acc) {
+  // The soft-cap last, so a call without one passes the others alone.
+  static std::array<rlh_named_value, 6> logprob_attrs(const LogprobAttrs& la, bool acc) {
     return {attr_double("temperature", la.temperature), attr_int("top_k", la.top_k),
-            attr_double("top_p", la.top_p), attr_int("chunk_bytes", la.chunk_bytes),
-            attr_bool("accumulate", acc)};
+            attr_double("top_p", la.top_p),           attr_int("chunk_bytes", la.chunk_bytes),
+            attr_bool("accumulate", acc),             attr_double("softcap", la.softcap)};
   }
+  // Soft-capped ops are resolved with the attribute (Gemma-2), so a provider that does not cap
+  // refuses them there and the next one answers; a model without caps never asks for them.
+  static std::array<rlh_named_value, 1> cap_attr(double softcap) { return {attr_double("softcap", softcap)}; }
 
   const sdk::KernelRegistry& reg_;
   std::string only_;
@@ -530,7 +557,8 @@ class RegistryOps final : public Ops {
   sdk::Op gemm_, emb_f_, emb_b_, rms_f_, rms_b_, rope_f_, rope_b_, att_f_, att_b_, swi_f_, swi_b_,
       bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
   std::optional<sdk::Op> router_f_, router_f64_, router_b_, router_b64_, gemm64_, perm_f_, perm_b_,
-      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_, rows_, rows64_, paged_, sample_, kvw_;
+      unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_, rows_, rows64_, paged_, sample_, kvw_,
+      att_cap_f_, att_cap_b_, lp_cap_f_, lp_cap_b_, paged_cap_, sample_cap_;
   std::string provider_;
 };
 

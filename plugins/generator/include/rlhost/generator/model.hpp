@@ -128,6 +128,7 @@ struct LayerShape : engine::MoeBasics, engine::MlaBasics {
   int64_t Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
   double scale = 0;   // softmax scale (the description's)
   int64_t window = 0;
+  double softcap = 0;  // Gemma-2's attn_logit_softcapping (0: none)
   // MoE: the experts' activation and the router's attributes
   bool moe = false;
   std::string act = "silu";

@@ -96,6 +96,8 @@ void rope_bwd(T* dx, int64_t lddx, const T* dy, int64_t lddy, const int32_t* pos
 //   query head h reads kv head h / (Hq/Hkv).
 //   window W > 0: query i sees keys j with i-W < j <= i (HF sliding window); 0 = no window.
 //   lse [Hq,N]: log-sum-exp of each score row (saved for backward).
+//   softcap c > 0 (Gemma-2's attn_logit_softcapping): each score s = scale q.k becomes
+//   c tanh(s / c) before the mask and the softmax; 0 = none.
 // Flash-style: keys are visited in tiles with an online softmax, so no [N,N] buffer exists; the
 // backward recomputes the scores from lse. Workspace comes from `scratch`.
 // bwd writes dq, dk, dv (same layouts as q, k, v).
@@ -103,13 +105,13 @@ template <class T>
 void attention_fwd(T* o, int64_t ldo, T* lse, const T* q, int64_t ldq, const T* k, int64_t ldk,
                    const T* v, int64_t ldv, const int32_t* cu_seqlens, int64_t S, int64_t N,
                    int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv, T scale, int64_t window,
-                   const Scratch& scratch);
+                   const Scratch& scratch, T softcap = T(0));
 template <class T>
 void attention_bwd(T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv, int64_t lddv, const T* dout,
                    int64_t lddo, const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
                    int64_t ldv, const T* o, int64_t ldo, const T* lse, const int32_t* cu_seqlens,
                    int64_t S, int64_t N, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv, T scale,
-                   int64_t window, const Scratch& scratch);
+                   int64_t window, const Scratch& scratch, T softcap = T(0));
 
 // ---------------------------------------------------------------------------------------------
 // swiglu: h = silu(gate) * up, silu(g) = g / (1 + exp(-g))
@@ -159,11 +161,14 @@ void add_fwd(T* y, const T* a, const T* b, int64_t n);
 // Logits exist only one chunk at a time: chunks of vocabulary rows (an online logsumexp across
 // chunks) when no filter is set, chunks of tokens (whole rows, sorted) when one is. The chunk
 // is at most `chunk_bytes` (0 = 32 MiB) from `scratch`.
+// softcap c > 0 (Gemma-2's final_logit_softcapping): logits become c tanh(logits / c) before
+// the temperature, filtering and softmax; 0 = none.
 struct LogprobOpts {
   double temperature = 1.0;
   int64_t top_k = 0;    // 0 = off
   double top_p = 1.0;   // 1 = off
   int64_t chunk_bytes = 0;
+  double softcap = 0;   // 0 = off
 };
 template <class T>
 void linear_logprob_fwd(T* logprob, T* lse, T* entropy, const T* h, const T* W,
@@ -178,7 +183,8 @@ void linear_logprob_bwd(T* dh, T* dW, const T* dlogprob, const T* dentropy, cons
 // Scratch bytes the calls above take from their Scratch (each piece rounded up to 64 bytes, as a
 // bump allocator over one workspace hands them out), for elements of `esize` bytes and at most
 // `threads` threads: what a caller passes as the op's workspace so nothing is allocated per call.
-size_t attention_workspace(bool backward, int64_t S, int64_t N, int64_t Hq, size_t esize, int threads);
+size_t attention_workspace(bool backward, int64_t S, int64_t N, int64_t Hq, size_t esize, int threads,
+                           bool softcap = false);
 size_t linear_logprob_workspace(bool backward, int64_t N, int64_t V, int64_t K, const LogprobOpts& o,
                                 bool entropy_grad, size_t esize, int threads);
 

@@ -76,7 +76,8 @@ struct OutputRequest {
   // scaled, unfiltered) is wanted; ids < 0 give 0. Output [N, K].
   bool logprob_at_ids = false;
   std::string ids_field;
-  bool logits = false;             // raw logits [N, V], unshifted (position t predicts t+1); tests
+  bool logits = false;             // logits [N, V] before the temperature, unshifted (position t
+                                   // predicts t+1; final-soft-capped as HF returns Gemma-2's); tests
   // The scalar head (a model with a value head, ParamRole::value_head): value[t] =
   // score . final_norm(x_L)[t], the hidden state after reading tokens 0..t of its sequence. Not
   // shifted: position t is about the prefix that ends with token t (HF's

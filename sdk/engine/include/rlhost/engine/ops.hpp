@@ -24,6 +24,7 @@ struct LogprobAttrs {
   int64_t top_k = 0;   // 0 = off
   double top_p = 1.0;  // 1 = off
   int64_t chunk_bytes = 0;
+  double softcap = 0;  // Gemma-2's final_logit_softcapping; 0 = off
 };
 
 class Ops {
@@ -50,18 +51,19 @@ class Ops {
   virtual void rope_bwd(float* dx, int64_t lddx, const float* dy, int64_t lddy,
                         const int32_t* pos, const float* inv_freq, int64_t N, int64_t H,
                         int64_t D, int64_t R, double scale, bool interleaved) = 0;
+  // softcap > 0 (Gemma-2's attn_logit_softcapping): scores become softcap tanh(score / softcap).
   virtual void attention_fwd(float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
                              const float* k, int64_t ldk, const float* v, int64_t ldv,
                              const int32_t* cu_seqlens, int64_t S, int64_t N, int64_t Hq,
                              int64_t Hkv, int64_t Dk, int64_t Dv, float scale,
-                             int64_t window) = 0;
+                             int64_t window, float softcap) = 0;
   virtual void attention_bwd(float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
                              int64_t lddv, const float* dout, int64_t lddo, const float* q,
                              int64_t ldq, const float* k, int64_t ldk, const float* v,
                              int64_t ldv, const float* o, int64_t ldo, const float* lse,
                              const int32_t* cu_seqlens, int64_t S, int64_t N, int64_t Hq,
                              int64_t Hkv, int64_t Dk, int64_t Dv, float scale,
-                             int64_t window) = 0;
+                             int64_t window, float softcap) = 0;
   virtual void swiglu_fwd(float* h, int64_t ldh, const float* gate, int64_t ldg, const float* up,
                           int64_t ldu, int64_t N, int64_t F) = 0;
   virtual void swiglu_bwd(float* dgate, int64_t lddg, float* dup, int64_t lddu, const float* dh,
@@ -163,13 +165,14 @@ class Ops {
                               const int32_t* slots, const PagedCache& cache) = 0;
   virtual void paged_attention(float* o, int64_t ldo, const float* q, int64_t ldq, int64_t R, int64_t Hq,
                                const PagedCache& cache, const int32_t* blocks, int64_t table_width,
-                               const int32_t* pos, float scale, int64_t window) = 0;
+                               const int32_t* pos, float scale, int64_t window, float softcap) = 0;
   // sample: one token per row of logits [S, V] (ld) with the row's uniform u[s] (docs/ops.md).
   struct SampleAttrs {
     double temperature = 1.0;  // 0 = greedy
     int64_t top_k = 0;
     double top_p = 1.0;
     double min_p = 0.0;
+    double softcap = 0.0;  // Gemma-2's final_logit_softcapping; 0 = off
   };
   virtual void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
                       const double* u, const SampleAttrs& a) = 0;
