@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -128,6 +129,9 @@ class Backend {
   void visit_weights_on(rlh_model* model, const rlh_device& device, rlh_weight_fn fn, void* user, int64_t* version);
   void save_state(rlh_model* model, const std::string& dir);
   void load_state(rlh_model* model, const std::string& dir);
+  // `model`'s data-parallel (rank, size) over the launched ranks (BACKEND 0.3's data_parallel);
+  // nullopt for a backend without the slot (every launched rank is then data-parallel).
+  std::optional<std::pair<int, int>> data_parallel(rlh_model* model);
 
  private:
   sdk::Host host_;

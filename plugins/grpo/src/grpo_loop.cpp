@@ -127,12 +127,14 @@ struct GrpoLoop::Impl {
   std::optional<PpoConfig> ppo;
   std::unique_ptr<Critic> critic;
 
-  // Data parallelism (docs/parallelism.md): every launched rank is a data-parallel rank of the
-  // policy. Each generates, scores and trains on its share of every global batch (whole prompt
-  // groups), and sums what NeMo-RL computes over the whole batch (loss normalisers, metrics)
-  // over `world`. Rank 0 writes checkpoints' files; the backend's collectives keep the rest.
-  sdk::Comm world;
-  int dp_rank = 0, dp_size = 1;
+  // Data parallelism (docs/parallelism.md): each data-parallel rank of the policy (every launched
+  // rank, or under tensor/context/pipeline parallelism each model-parallel group, as the backend
+  // names it: loop_ranks.hpp) generates, scores and trains on its share of every global batch
+  // (whole prompt groups), and sums what NeMo-RL computes over the whole batch (loss
+  // normalisers, metrics) over the data-parallel ranks. World rank 0 writes checkpoints' files;
+  // the backend's collectives keep the rest.
+  LoopRanks ranks;
+  int dp_rank = 0, dp_size = 1;  // ranks.rank, ranks.size
   int64_t prompts_per_chunk = 0;  // prompts of one train_global_batch_size chunk
 
   int64_t step = 0;  // training steps done
@@ -168,9 +170,10 @@ struct GrpoLoop::Impl {
 
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
+    check_data_parallel();
     if (ppo) {
       critic = std::make_unique<Critic>(host, *backend, *ppo, resolve_model(ppo->model_name, "value.model_name"));
-      critic->set_data_parallel(world, dp_rank, dp_size);
+      critic->set_data_parallel(ranks.sums(), dp_rank, dp_size);
     }
     if (cfg.needs_reference() || (ppo && ppo->gae.kl_in_reward()))
       reference = backend->load_model("reference", model_dir, false);
@@ -194,19 +197,23 @@ struct GrpoLoop::Impl {
 
     if (cfg.checkpointing.enabled) {
       ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
-      if (dp_rank == 0) ckpt->clean_leftovers();
-      if (dp_size > 1) world.barrier();  // nobody lists checkpoints while rank 0 cleans
+      if (ranks.writer()) ckpt->clean_leftovers();
+      ranks.barrier();  // nobody lists checkpoints while rank 0 cleans
     }
   }
 
-  // The data-parallel layout of a step, checked before anything loads (every rank alike).
+  // The launched ranks, before anything loads (every rank alike).
   void setup_data_parallel() {
+    prompts_per_chunk = cfg.policy.train_global_batch_size / cfg.num_generations_per_prompt;
+    ranks = LoopRanks::of_launch(host);
+  }
+
+  // The data-parallel layout of a step, from the backend once the policy is loaded.
+  void check_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
-    prompts_per_chunk = gbs / G;
-    if (sdk::detect_launch().size <= 1) return;
-    world = sdk::Comm::world(host);
-    dp_size = world.size();
-    dp_rank = world.rank();
+    ranks.follow_backend(*backend, policy);
+    dp_size = ranks.size;
+    dp_rank = ranks.rank;
     if (dp_size <= 1) return;
     const std::string ranks = std::to_string(dp_size) + " data-parallel ranks";
     if (cfg.dynamic_sampling.use_dynamic_sampling)
@@ -298,7 +305,7 @@ struct GrpoLoop::Impl {
     if (dp_size > 1) {
       std::vector<double> all = {length};
       for (const auto& [name, v] : sums) all.push_back(v);
-      sum_over(world, all);
+      ranks.sum(all);
       length = all[0];
       size_t k = 1;
       for (auto& [name, v] : sums) v = all[k++];
@@ -493,7 +500,7 @@ struct GrpoLoop::Impl {
         std::vector<double> rwd(rw.begin(), rw.end());
         c[2] = positive_valid_tokens(masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data());
       }
-      sum_over(world, c);
+      ranks.sum(c);
       if (cfg.loss.positive_example_nll_weight > 0) loss->set_global_positive_tokens(c[2]);
       return ValidCounts{c[0], c[1]};
     };
@@ -503,7 +510,7 @@ struct GrpoLoop::Impl {
     ChunkedTrain t;
     if (dp_size > 1 && cfg.policy.train_mb_tokens > 0) {
       // Sequence packing or dynamic batching: the ranks' tokens are balanced (token_balance.hpp).
-      BalancedBatch bb = balance_tokens(world, b, gbs);
+      BalancedBatch bb = balance_tokens(ranks.sums(), b, gbs);
       t = train_in_chunks(*backend, policy, bb.batch, bb.bounds, *loss, specs, cfg.policy.train_mb_tokens,
                           cfg.policy.train_micro_batch_size, step + 1, "train step", counts, extrema);
       metrics["dp_tokens_max"] = static_cast<double>(bb.max_tokens);
@@ -527,11 +534,11 @@ struct GrpoLoop::Impl {
     std::vector<double> lo, hi;
     for (const Metric& m : mine.items()) (m.reduce == Reduce::kMin ? lo : hi).push_back(m.value);
     std::vector<double> n = {double(lo.size()), double(hi.size())}, n_max = n;
-    world.all_reduce(std::span<double>(n_max), RLH_REDUCE_MAX);
+    ranks.sums().all_reduce(std::span<double>(n_max), RLH_REDUCE_MAX);
     if (n_max != n)
       throw Error(RLH_E_INTERNAL, "grpo: the loss's min/max metrics differ between data-parallel ranks");
-    if (!lo.empty()) world.all_reduce(std::span<double>(lo), RLH_REDUCE_MIN);
-    if (!hi.empty()) world.all_reduce(std::span<double>(hi), RLH_REDUCE_MAX);
+    if (!lo.empty()) ranks.sums().all_reduce(std::span<double>(lo), RLH_REDUCE_MIN);
+    if (!hi.empty()) ranks.sums().all_reduce(std::span<double>(hi), RLH_REDUCE_MAX);
     Metrics out;
     size_t i = 0, j = 0;
     for (const Metric& m : mine.items()) out.add(m.name, m.reduce == Reduce::kMin ? lo[i++] : hi[j++], m.reduce);
@@ -544,16 +551,16 @@ struct GrpoLoop::Impl {
     // backend's save_state, which gathers the sharded state and has rank 0 write it.
     std::optional<sdk::PendingCheckpoint> pending;
     std::string dir;
-    if (dp_rank == 0) {
+    if (ranks.writer()) {
       pending.emplace(ckpt->begin(s));
       dir = pending->dir().string();
     }
-    if (dp_size > 1) dir = broadcast_text(world, dir);
+    dir = ranks.broadcast_text(dir);
     const fs::path policy_dir = fs::path(dir) / "policy";
-    if (dp_rank == 0) fs::create_directories(policy_dir);
+    if (ranks.writer()) fs::create_directories(policy_dir);
     backend->save_state(policy, policy_dir.string());
     if (critic) critic->save((fs::path(dir) / "value").string());  // NeMo-RL's step_N/value
-    if (dp_rank != 0) return;
+    if (!ranks.writer()) return;
     // The tokenizer beside the weights, as NeMo-RL saves it (policy/tokenizer).
     const fs::path tok_src = fs::is_directory(cfg.policy.tokenizer_name) ? fs::path(cfg.policy.tokenizer_name)
                                                                         : fs::path(model_dir);
@@ -663,7 +670,7 @@ struct GrpoLoop::Impl {
       std::vector<double> sums = {static_cast<double>(ss.responses.size()), gen_tokens, prompt_tokens, truncated, reward_sum};
       for (const auto& [name, v] : ss.reward_means) sums.push_back(v * static_cast<double>(ss.responses.size()));
       sums.insert(sums.end(), {env_tokens, turns, terminated});
-      sum_over(world, sums);
+      ranks.sum(sums);
       const double n = sums[0];
       gen_tokens = sums[1];
       prompt_tokens = sums[2];
