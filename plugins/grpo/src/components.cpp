@@ -421,6 +421,11 @@ void Generator::refit_from(Backend& backend, rlh_model* model) {
 }
 
 void Generator::generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
+  if (split_) return split_(*this, args, fn, user);
+  generate_here(args, fn, user);
+}
+
+void Generator::generate_here(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
   sdk::check(api_->generate(self_, &args, fn, user), component_label("generator", name_));
 }
 

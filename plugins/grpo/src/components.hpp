@@ -160,7 +160,13 @@ class Generator {
     std::vector<int64_t> shape, strides;
     std::unique_ptr<char[]> bytes;  // not zero-filled: every byte is written by the copy
   };
+  // Generates, calling `fn` once per sample; through the split when one is set.
   void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
+  // The generator's own generate on this rank.
+  void generate_here(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
+  // How generate calls are shared with other ranks (group_generation.hpp); none by default.
+  using Split = std::function<void(Generator&, const rlh_generate_args&, rlh_sample_fn, void*)>;
+  void set_split(Split split) { split_ = std::move(split); }
 
  private:
   sdk::Host host_;
@@ -169,6 +175,7 @@ class Generator {
   rlh_generator* self_ = nullptr;
   int64_t version_ = -1;
   std::vector<StagedWeight> staged_;
+  Split split_;
 };
 
 class Environment {

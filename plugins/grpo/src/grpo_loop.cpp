@@ -13,6 +13,7 @@
 
 #include "components.hpp"
 #include "loop_config.hpp"
+#include "group_generation.hpp"
 #include "loop_ranks.hpp"
 #include "ppo_critic.hpp"
 #include "rlhost/grpo/advantages.hpp"
@@ -182,6 +183,7 @@ struct GrpoLoop::Impl {
     json gen_section = cfg.generation.section;
     if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
     gen = std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir, gen_section);
+    split_generation_over(host, *gen, ranks.group);  // tp/cp/pp ranks share the generation of their share
 
     loss = std::make_unique<LossAdapter>(cfg.loss);
     loss->set_make_status(host.make_status());
@@ -211,7 +213,7 @@ struct GrpoLoop::Impl {
   // The data-parallel layout of a step, from the backend once the policy is loaded.
   void check_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
-    ranks.follow_backend(*backend, policy);
+    ranks.follow_backend(host, *backend, policy);
     dp_size = ranks.size;
     dp_rank = ranks.rank;
     if (dp_size <= 1) return;

@@ -19,7 +19,7 @@ LoopRanks LoopRanks::of_launch(const sdk::Host& host) {
   return r;
 }
 
-void LoopRanks::follow_backend(Backend& backend, rlh_model* model) {
+void LoopRanks::follow_backend(const sdk::Host& host, Backend& backend, rlh_model* model) {
   if (world_size <= 1) return;
   const std::optional<std::pair<int, int>> layout = backend.data_parallel(model);
   if (!layout) return;  // a backend before BACKEND 0.3: every rank is data-parallel
@@ -40,6 +40,9 @@ void LoopRanks::follow_backend(Backend& backend, rlh_model* model) {
                                     std::to_string(dp.size()) + " (groups of " + std::to_string(group.size()) + ")");
   rank = r;
   size = n;
+  if (group.size() > 1 && writer())
+    host.info(std::to_string(n) + " data-parallel rank" + (n == 1 ? "" : "s") + ", model-parallel groups of " +
+              std::to_string(group.size()) + " (from backend " + backend.name() + "): each group trains on one share");
 }
 
 std::vector<int64_t> LoopRanks::share(const std::vector<int64_t>& rows) const {

@@ -37,7 +37,7 @@ struct LoopRanks {
   static LoopRanks of_launch(const sdk::Host& host);
   // Takes `model`'s data-parallel layout from the backend (collective over the world: call it on
   // every rank, after the model loaded). A backend without data_parallel keeps the world's.
-  void follow_backend(Backend& backend, rlh_model* model);
+  void follow_backend(const sdk::Host& host, Backend& backend, rlh_model* model);
   // Where sums over the data-parallel ranks go (the world without model parallelism).
   const sdk::Comm& sums() const { return dp ? dp : world; }
   // Ranks per model-parallel group (1 without model parallelism).
