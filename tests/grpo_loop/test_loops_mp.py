@@ -12,7 +12,12 @@ rounding. Short runs on the demo's random tiny Llama (2 layers, 4 heads, 2 kv he
                     at TP 2 (np 2); grpo.seed 5 gives every step some reward, so no loss is 0
   grpo_pp2          the same at PP 2 (np 2)
   grpo_cp2          the same at CP 2 (np 2)
-  loops_tp2_pp2     SFT at TP 2 and DPO at PP 2 (np 2; 3 steps each, validation at step 2)
+  loops             SFT at TP 2, DPO at PP 2 and RM at CP 2 (np 2; 3 steps each, validation at
+                    step 2)
+  grpo_tp2_dp2_np4  GRPO at TP 2 x DP 2 (np 4) with sequence packing and responses of up to 6
+                    tokens follows the DP 2 run (np 2): two data-parallel groups of two ranks,
+                    token balancing over the data-parallel ranks
+  ppo_cp2           PPO (the critic a value head on the same backend) at CP 2 (np 2), 3 steps
   reshard_np4       a GRPO checkpoint saved under TP 2 x PP 2 (np 4) resumes at DP 4 and on one
                     rank, and one rank's resumes under TP 2 x PP 2, each continuing as the run it
                     came from (label np4)
@@ -59,6 +64,8 @@ LAYOUTS = {
     "tp2": ["++policy.megatron_cfg.tensor_model_parallel_size=2"],
     "pp2": ["++policy.megatron_cfg.pipeline_model_parallel_size=2"],
     "cp2": ["++policy.megatron_cfg.context_parallel_size=2"],
+    "tp2dp2": ["++policy.megatron_cfg.tensor_model_parallel_size=2",
+               "++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"],
     "tp2pp2": ["++policy.megatron_cfg.tensor_model_parallel_size=2",
                "++policy.megatron_cfg.pipeline_model_parallel_size=2"],
     "dp": ["++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"],
@@ -127,23 +134,35 @@ def compare(one, other, steps, what, equal=GRPO_EQUAL, near=GRPO_NEAR):
     return live
 
 
-def case_grpo(tmp, layout):
+PACKING = ["grpo.seed=6", "policy.generation.max_new_tokens=6", "++policy.sequence_packing.enabled=true",
+           "++policy.sequence_packing.train_mb_tokens=64", "++policy.sequence_packing.logprob_mb_tokens=64"]
+
+
+def case_grpo(tmp, layout, np=2, dp=1, extra=()):
+    """GRPO under `layout` on `np` ranks follows the equivalent data-parallel-only run: one rank,
+    or with `dp` data-parallel ranks the DP-only run on `dp` ranks (whose advantages group equal
+    prompts within a rank's share, as the model-parallel run's do)."""
     setup(tmp)
-    rc, out = run(grpo_command(tmp, "one", "one"))
-    check(rc == 0, f"grpo: one rank runs (rc {rc})", out)
-    rc, out = run(grpo_command(tmp, layout, layout), np=2)
-    check(rc == 0, f"grpo {layout}: two ranks run (rc {rc})", out)
+    rc, out = run(grpo_command(tmp, "one", "dp" if dp > 1 else "one") + list(extra), np=dp)
+    check(rc == 0, f"grpo: the DP-only run on {dp} rank(s) runs (rc {rc})", out)
+    rc, out = run(grpo_command(tmp, layout, layout) + list(extra), np=np)
+    check(rc == 0, f"grpo {layout}: {np} ranks run (rc {rc})", out)
     if rc != 0:
         return
-    check("1 data-parallel rank" in out and "model-parallel groups of 2" in out,
-          f"grpo {layout}: the loop reports 1 data-parallel rank, model-parallel groups of 2", out)
+    check(f"{dp} data-parallel rank{'s' if dp > 1 else ''}, model-parallel groups of 2" in out,
+          f"grpo {layout}: the loop reports {dp} data-parallel rank(s), model-parallel groups of 2", out)
     check("split every generate call" in out, f"grpo {layout}: the group's ranks split generation", out)
     one, other = metrics(tmp, "one"), metrics(tmp, layout)
     live = compare(one, other, range(1, 4), f"grpo {layout}")
+    if dp > 1:  # the data-parallel ranks' tokens (balanced) add up to the batch's, counted once
+        for s in range(1, 4):
+            m = other.get(s, {})
+            check(m.get("train/dp_tokens_max", 0) + m.get("train/dp_tokens_min", 0) == m.get("train/total_num_tokens"),
+                  f"grpo {layout}: step {s} the two data-parallel ranks' tokens add up to the batch's", json.dumps(m))
     check(live == 3, f"grpo {layout}: every step has a nonzero loss to compare ({live})")
     check(sorted(os.listdir(f"{tmp}/{layout}/ckpt")) == ["step_2", "step_3"],
           f"grpo {layout}: world rank 0 committed step_2 and the last step_3")
-    print(f"grpo {layout}: followed one rank for 3 steps (losses {[other[s]['train/loss'] for s in range(1, 4)]}, "
+    print(f"grpo {layout}: followed the DP-only run for 3 steps (losses {[other[s]['train/loss'] for s in range(1, 4)]}, "
           f"rewards {[other[s]['train/reward'] for s in range(1, 4)]})")
 
 
@@ -177,6 +196,12 @@ LOOPS = {
             ("train/loss", "train/grad_norm", "train/preference_loss", "train/rewards_chosen_mean",
              "train/rewards_rejected_mean", "validation-default/loss", "validation-default/rewards_chosen_mean",
              "validation-default/rewards_rejected_mean")),
+    "rm": ("rm_demo_cpu.yaml",
+           ["rm.max_num_steps=3", "rm.val_period=2", "rm.val_global_batch_size=32", "rm.val_micro_batch_size=8",
+            "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4"],
+           ("train/num_tokens", "train/num_valid_samples", "validation-default/num_valid_samples"),
+           ("train/loss", "train/grad_norm", "train/accuracy", "train/rewards_chosen_mean",
+            "train/rewards_rejected_mean", "validation-default/loss", "validation-default/accuracy")),
 }
 
 
@@ -195,11 +220,11 @@ def loop_command(tmp, algo, tag, layout):
 
 
 def case_loops(tmp):
-    """SFT at TP 2 and DPO at PP 2 follow one rank."""
+    """SFT at TP 2, DPO at PP 2 and RM (a value head) at CP 2 follow one rank."""
     setup(tmp)
     write_pairs(f"{tmp}/train.jsonl", 128, 11)
     write_pairs(f"{tmp}/val.jsonl", 40, 12)
-    for algo, layout in (("sft", "tp2"), ("dpo", "pp2")):
+    for algo, layout in (("sft", "tp2"), ("dpo", "pp2"), ("rm", "cp2")):
         _, _, equal, near = LOOPS[algo]
         rc, out = run(loop_command(tmp, algo, f"{algo}_one", "one"))
         check(rc == 0, f"{algo}: one rank runs (rc {rc})", out)
@@ -216,6 +241,51 @@ def case_loops(tmp):
               f"{algo} {layout}: world rank 0 committed step_2 and the last step_3")
         print(f"{algo} {layout}: followed one rank for 3 steps (losses "
               f"{[round(other[s]['train/loss'], 6) for s in range(1, 4)]})")
+
+
+def case_ppo_cp2(tmp):
+    """PPO (policy and critic, a value head, on one backend) at CP 2 follows one rank: 3 steps of
+    its demo task, every logged figure within 1e-5 relative (the critic's within 1e-3, as at
+    DP 2: AdamW at the critic's lr magnifies rounding in near-zero gradients)."""
+    setup(tmp)
+    import random
+    rnd = random.Random(3)
+    for name, n in (("ptrain", 256), ("pval", 32)):
+        with open(f"{tmp}/{name}.jsonl", "w") as f:
+            for _ in range(n):
+                d = "".join(str(rnd.randrange(10)) for _ in range(4))
+                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+
+    def ppo(tag, layout):
+        cmd = [RLHOST]
+        for p in ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "megatron", "generator",
+                  "dataset_jsonl", "ppo"]:
+            cmd += ["--plugin", p]
+        return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"),
+                      f"policy.model_name={tmp}/tiny", "ppo.max_num_steps=3", "ppo.val_period=2",
+                      f"data.train.data_path={tmp}/ptrain.jsonl", f"data.validation.data_path={tmp}/pval.jsonl",
+                      f"logger.log_dir={tmp}/{tag}/logs", "checkpointing.enabled=false", "++rlhost.comm_timeout_s=20",
+                      *MEGATRON, *LAYOUTS[layout]]
+    rc, out = run(ppo("one", "one"))
+    check(rc == 0, f"ppo: one rank runs (rc {rc})", out)
+    rc, out = run(ppo("cp2", "cp2"), np=2)
+    check(rc == 0, f"ppo cp2: two ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    one, two = metrics(tmp, "one"), metrics(tmp, "cp2")
+    n = 0
+    for s in range(0, 4):
+        for k, a in one.get(s, {}).items():
+            if (k.startswith(("timing", "rlhost")) or "memory" in k or "comm" in k or "dp_size" in k
+                    or "cp_size" in k or "num_micro_batches" in k or k == "step"):
+                continue
+            b = two.get(s, {}).get(k)
+            n += 1
+            rel = 1e-3 if k.startswith("train/critic/") else 1e-5
+            check(b is not None and close(b, a, rel=rel), f"ppo cp2: step {s} {k} {b} follows one rank's {a}")
+    check(n > 50 and any(k.startswith("train/critic/") for k in one.get(1, {})),
+          f"ppo cp2: the policy's and the critic's figures were compared ({n})")
+    print(f"ppo cp2: followed one rank for 3 steps ({n} figures)")
 
 
 def case_reshard(tmp):
@@ -249,7 +319,9 @@ CASES = {
     "grpo_tp2": lambda t: case_grpo(t, "tp2"),
     "grpo_pp2": lambda t: case_grpo(t, "pp2"),
     "grpo_cp2": lambda t: case_grpo(t, "cp2"),
-    "loops_tp2_pp2": case_loops,
+    "grpo_tp2_dp2_np4": lambda t: case_grpo(t, "tp2dp2", np=4, dp=2, extra=PACKING),
+    "loops": case_loops,
+    "ppo_cp2": case_ppo_cp2,
     "reshard_np4": case_reshard,
 }
 
