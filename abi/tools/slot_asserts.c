@@ -473,6 +473,10 @@ RLH_PIN_SLOT(rlh_backend_api, visit_weights_on, 10);
 RLH_PIN_FIELD(rlh_generator_api, weights_device, 40, 8); /* since 0.6 */
 RLH_PIN_SLOT(rlh_generator_api, weights_device, 5);
 
+/* rlh_backend_api */
+RLH_PIN_FIELD(rlh_backend_api, data_parallel, 88, 8); /* since 0.7 */
+RLH_PIN_SLOT(rlh_backend_api, data_parallel, 11);
+
 #endif /* LP64 */
 
 /* Keeps the translation unit non-empty under -pedantic. */

@@ -386,6 +386,29 @@ TEST_P(PerBackend, VisitWeightsOnGivesHostViewsOfAHostModel) {
   }
 }
 
+// data_parallel (BACKEND 0.3): one rank is data-parallel rank 0 of 1; NULL outputs and another
+// instance's model are one-line errors. (The layouts under TP/PP/CP are grpo.mp.*'s.)
+TEST_P(PerBackend, DataParallelOnOneRankIsRankZeroOfOne) {
+  Backend be(host(), GetParam().c_str());
+  ASSERT_TRUE(RLH_HAS_FIELD(be.api(), rlh_backend_api, data_parallel) && be.api()->data_parallel != nullptr);
+  rlh_model* m = be.load(llama_tiny(), false);
+  int32_t rank = -1, size = -1;
+  sdk::check(be.api()->data_parallel(be.raw(), m, &rank, &size), "data_parallel");
+  EXPECT_EQ(rank, 0);
+  EXPECT_EQ(size, 1);
+  Backend other(host(), GetParam().c_str());
+  rlh_model* theirs = other.load(llama_tiny(), false);
+  for (int k = 0; k < 2; ++k) {
+    rlh_status* s = k == 0 ? be.api()->data_parallel(be.raw(), m, nullptr, &size)
+                           : be.api()->data_parallel(be.raw(), theirs, &rank, &size);
+    ASSERT_NE(s, nullptr) << k;
+    const std::string msg = sdk::status_message(s);
+    sdk::StatusPtr owned(s);
+    EXPECT_NE(msg.find(k == 0 ? "data_parallel" : "does not belong"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
 TEST_P(PerBackend, RecomputeGivesTheSameStep) {
   const std::string name = GetParam();
   auto batch = field_batch();

@@ -445,8 +445,26 @@ def case_dynamic_sampling(tmp):
     print(f"dynamic sampling: DP=2 followed one rank for 3 steps (generation batches "
           f"{[two[s]['train/dynamic_sampling_num_gen_batches'] for s in range(1, 4)]}); DP=2 took {secs:.1f} s")
 
+def case_duplicate_prompts(tmp):
+    """Advantages group the samples of equal prompts over the whole step's batch, as one rank and
+    NeMo-RL do: with grpo.seed 5 the demo's step 2 draws one prompt twice, and the two draws land
+    on different ranks' shares; DP=2 still follows one rank (it did not when each rank grouped its
+    own share: step 2's loss was 0.0431 against 0.0576)."""
+    setup(tmp)
+    extra = ["grpo.seed=5", "policy.generation.max_new_tokens=6", "checkpointing.enabled=false"]
+    rc, out, _ = run(command(tmp, "one", "megatron", steps=3, extra=extra))
+    check(rc == 0, f"duplicate prompts: one rank runs (rc {rc})", out)
+    rc, out, _ = run(command(tmp, "two", "megatron", steps=3, extra=extra), np=2)
+    check(rc == 0, f"duplicate prompts: two ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    one, two = metrics(tmp, "one"), metrics(tmp, "two")
+    compare(one, two, range(1, 4), "duplicate prompts")
+    print(f"duplicate prompts: DP=2 followed one rank for 3 steps (losses {[two[s]['train/loss'] for s in range(1, 4)]})")
+
 
 CASES = {
+    "duplicate_prompts": case_duplicate_prompts,
     "dynamic_sampling": case_dynamic_sampling,
     "balanced_tokens": case_balanced_tokens,
     "loops_dtensor": lambda t: case_loops(t, "dtensor"),

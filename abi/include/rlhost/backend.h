@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 #define RLH_BACKEND_API_VERSION_MAJOR 0
-#define RLH_BACKEND_API_VERSION_MINOR 2
+#define RLH_BACKEND_API_VERSION_MINOR 3
 
 typedef struct rlh_backend rlh_backend; /* a backend instance */
 typedef struct rlh_model rlh_model;     /* a model held by a backend instance */
@@ -200,6 +200,14 @@ typedef struct rlh_backend_api {
    * `*version` is written before the first callback (a callback may pass it on). */
   rlh_status* (*visit_weights_on)(rlh_backend* self, rlh_model* model, const rlh_visit_args* args,
                                   rlh_weight_fn fn, void* user, int64_t* version);
+
+  /* (BACKEND 0.3; optional: check RLH_HAS_FIELD(api, rlh_backend_api, data_parallel) and NULL)
+   * The data-parallel layout of `model` over the launched ranks: this rank's data-parallel
+   * `*rank` in [0, *size). The ranks of one model-parallel group (the tensor-, context- and
+   * pipeline-parallel ranks of one model replica) share a data-parallel rank, and each must be
+   * given that rank's batch shard in forward and train_step; expert-parallel ranks are
+   * data-parallel ranks. Without the slot every launched rank is a data-parallel rank. */
+  rlh_status* (*data_parallel)(rlh_backend* self, rlh_model* model, int32_t* rank, int32_t* size);
 } rlh_backend_api;
 
 #ifdef __cplusplus

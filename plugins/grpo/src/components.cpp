@@ -260,6 +260,17 @@ void Backend::visit_weights_on(rlh_model* model, const rlh_device& device, rlh_w
   sdk::check(api_->visit_weights(self_, model, fn, user, version), component_label("backend", name_) + ": visiting weights");
 }
 
+std::optional<std::pair<int, int>> Backend::data_parallel(rlh_model* model) {
+  if (!RLH_HAS_FIELD(api_, rlh_backend_api, data_parallel) || api_->data_parallel == nullptr) return std::nullopt;
+  int32_t rank = -1, size = -1;
+  sdk::check(api_->data_parallel(self_, model, &rank, &size),
+             component_label("backend", name_) + ": asking the data-parallel layout");
+  if (size < 1 || rank < 0 || rank >= size)
+    throw Error(RLH_E_INTERNAL, component_label("backend", name_) + ": data_parallel gave rank " +
+                                    std::to_string(rank) + " of " + std::to_string(size));
+  return std::make_pair(int(rank), int(size));
+}
+
 void Backend::save_state(rlh_model* model, const std::string& dir) {
   sdk::check(api_->save_state(self_, model, dir.c_str()),
              component_label("backend", name_) + ": saving state to " + dir);
@@ -410,6 +421,11 @@ void Generator::refit_from(Backend& backend, rlh_model* model) {
 }
 
 void Generator::generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
+  if (split_) return split_(*this, args, fn, user);
+  generate_here(args, fn, user);
+}
+
+void Generator::generate_here(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
   sdk::check(api_->generate(self_, &args, fn, user), component_label("generator", name_));
 }
 

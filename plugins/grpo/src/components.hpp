@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -128,6 +129,9 @@ class Backend {
   void visit_weights_on(rlh_model* model, const rlh_device& device, rlh_weight_fn fn, void* user, int64_t* version);
   void save_state(rlh_model* model, const std::string& dir);
   void load_state(rlh_model* model, const std::string& dir);
+  // `model`'s data-parallel (rank, size) over the launched ranks (BACKEND 0.3's data_parallel);
+  // nullopt for a backend without the slot (every launched rank is then data-parallel).
+  std::optional<std::pair<int, int>> data_parallel(rlh_model* model);
 
  private:
   sdk::Host host_;
@@ -156,7 +160,13 @@ class Generator {
     std::vector<int64_t> shape, strides;
     std::unique_ptr<char[]> bytes;  // not zero-filled: every byte is written by the copy
   };
+  // Generates, calling `fn` once per sample; through the split when one is set.
   void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
+  // The generator's own generate on this rank.
+  void generate_here(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
+  // How generate calls are shared with other ranks (group_generation.hpp); none by default.
+  using Split = std::function<void(Generator&, const rlh_generate_args&, rlh_sample_fn, void*)>;
+  void set_split(Split split) { split_ = std::move(split); }
 
  private:
   sdk::Host host_;
@@ -165,6 +175,7 @@ class Generator {
   rlh_generator* self_ = nullptr;
   int64_t version_ = -1;
   std::vector<StagedWeight> staged_;
+  Split split_;
 };
 
 class Environment {

@@ -13,6 +13,7 @@
 
 #include "components.hpp"
 #include "loop_config.hpp"
+#include "group_generation.hpp"
 #include "loop_ranks.hpp"
 #include "ppo_critic.hpp"
 #include "rlhost/grpo/advantages.hpp"
@@ -114,13 +115,14 @@ struct GrpoLoop::Impl {
   std::optional<PpoConfig> ppo;
   std::unique_ptr<Critic> critic;
 
-  // Data parallelism (docs/parallelism.md): every launched rank is a data-parallel rank of the
-  // policy. Each generates, scores and trains on its share of every global batch (whole prompt
-  // groups), and sums what NeMo-RL computes over the whole batch (loss normalisers, metrics)
-  // over `world`. Rank 0 writes checkpoints' files; the backend's collectives keep the rest.
-  sdk::Comm world;
-  int dp_rank = 0, dp_size = 1;
-  int64_t prompts_per_chunk = 0;  // prompts of one train_global_batch_size chunk
+  // Data parallelism (docs/parallelism.md): each data-parallel rank of the policy (every launched
+  // rank, or under tensor/context/pipeline parallelism each model-parallel group, as the backend
+  // names it: loop_ranks.hpp) generates, scores and trains on its share of every global batch
+  // (whole prompt groups), and sums what NeMo-RL computes over the whole batch (loss
+  // normalisers, metrics) over the data-parallel ranks. World rank 0 writes checkpoints' files;
+  // the backend's collectives keep the rest.
+  LoopRanks ranks;
+  int dp_rank = 0, dp_size = 1;  // ranks.rank, ranks.size
 
   int64_t step = 0;  // training steps done
   std::vector<std::pair<int64_t, double>> val_history;  // (step, validation accuracy) this run
@@ -155,9 +157,10 @@ struct GrpoLoop::Impl {
 
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
+    check_data_parallel();
     if (ppo) {
       critic = std::make_unique<Critic>(host, *backend, *ppo, resolve_model(ppo->model_name, "value.model_name"));
-      critic->set_data_parallel(world, dp_rank, dp_size);
+      critic->set_data_parallel(ranks.sums(), dp_rank, dp_size);
     }
     if (cfg.needs_reference() || (ppo && ppo->gae.kl_in_reward()))
       reference = backend->load_model("reference", model_dir, false);
@@ -166,6 +169,7 @@ struct GrpoLoop::Impl {
     json gen_section = cfg.generation.section;
     if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
     gen = std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir, gen_section);
+    split_generation_over(host, *gen, ranks.group);  // tp/cp/pp ranks share the generation of their share
 
     loss = std::make_unique<LossAdapter>(cfg.loss);
     loss->set_make_status(host.make_status());
@@ -181,28 +185,31 @@ struct GrpoLoop::Impl {
 
     if (cfg.checkpointing.enabled) {
       ckpt = std::make_unique<sdk::CheckpointManager>(cfg.checkpointing);
-      if (dp_rank == 0) ckpt->clean_leftovers();
-      if (dp_size > 1) world.barrier();  // nobody lists checkpoints while rank 0 cleans
+      if (ranks.writer()) ckpt->clean_leftovers();
+      ranks.barrier();  // nobody lists checkpoints while rank 0 cleans
     }
   }
 
-  // The data-parallel layout of a step, checked before anything loads (every rank alike).
+  // The launched ranks, before anything loads (every rank alike).
   void setup_data_parallel() {
+    ranks = LoopRanks::of_launch(host);
+  }
+
+  // The data-parallel layout of a step, from the backend once the policy is loaded.
+  void check_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
-    prompts_per_chunk = gbs / G;
-    if (sdk::detect_launch().size <= 1) return;
-    world = sdk::Comm::world(host);
-    dp_size = world.size();
-    dp_rank = world.rank();
+    ranks.follow_backend(host, *backend, policy);
+    dp_size = ranks.size;
+    dp_rank = ranks.rank;
     if (dp_size <= 1) return;
-    const std::string ranks = std::to_string(dp_size) + " data-parallel ranks";
+    const std::string n_ranks = std::to_string(dp_size) + " data-parallel ranks";
     // Each rank trains on gbs / N samples of every global batch, whole prompt groups, as
     // NeMo-RL shards each train_global_batch_size batch over its data-parallel workers.
     // PPO's critic trains on the same shards: its global batches must be the policy's.
     if (ppo && ppo->train_global_batch_size != gbs)
       throw Error(RLH_E_INVALID_ARGUMENT,
                   "value.train_global_batch_size = " + std::to_string(ppo->train_global_batch_size) +
-                      " must equal policy.train_global_batch_size = " + std::to_string(gbs) + " with " + ranks +
+                      " must equal policy.train_global_batch_size = " + std::to_string(gbs) + " with " + n_ranks +
                       " (the critic trains on the policy's shards)");
     if (gbs % (G * dp_size) != 0)
       throw Error(RLH_E_INVALID_ARGUMENT,
@@ -282,7 +289,7 @@ struct GrpoLoop::Impl {
     if (dp_size > 1) {
       std::vector<double> all = {length};
       for (const auto& [name, v] : sums) all.push_back(v);
-      sum_over(world, all);
+      ranks.sum(all);
       length = all[0];
       size_t k = 1;
       for (auto& [name, v] : sums) v = all[k++];
@@ -323,12 +330,14 @@ struct GrpoLoop::Impl {
       timers["data_processing"] += since(t0);
       RolloutTimes rt;
       const int64_t batch_index = sampler.num_gen_batches();
-      if (dp_size > 1 && cfg.dynamic_sampling.use_dynamic_sampling) {
-        // Dynamic sampling keeps the first groups whose rewards vary, in prompt order over the
-        // whole batch, so a rank cannot filter its own share alone. The ranks generate
-        // contiguous shares of the batch (under their global indices) and all gather the whole
-        // batch; every rank then filters and selects as one rank does and trains on its share of
-        // the selection (sharded below).
+      if (dp_size > 1) {
+        // What GRPO computes over a step's batch needs the whole batch: its per-prompt baselines
+        // group the samples of equal prompts (a prompt drawn twice in one step is one group, as
+        // NeMo-RL groups over the batch), and dynamic sampling keeps the first groups whose
+        // rewards vary, in prompt order. The data-parallel ranks generate contiguous shares of
+        // the batch (under their global indices: the samples one rank draws) and all-gather it
+        // whole; every rank then scores, groups and selects as one rank does and trains on its
+        // share of the selection (below).
         const int64_t a = per_batch * dp_rank / dp_size, b = per_batch * (dp_rank + 1) / dp_size;
         Rollout mine;
         mine.samples_per_prompt = G;
@@ -338,25 +347,11 @@ struct GrpoLoop::Impl {
                                         cfg.policy.max_total_sequence_length, cfg.max_rollout_turns, cfg.seed, s,
                                         batch_index * per_batch + a, &rt);
         }
-        rollouts.push_back(all_gather_rollout(world, mine));
-      } else if (dp_size == 1) {
+        rollouts.push_back(all_gather_rollout(ranks.sums(), mine));
+      } else {
         rollouts.push_back(run_multi_turn_rollout(*gen, *tok, *env, std::move(prompts), G, cfg.generation.train,
                                                   cfg.generation, cfg.policy.max_total_sequence_length,
                                                   cfg.max_rollout_turns, cfg.seed, s, batch_index * per_batch, &rt));
-      } else {
-        // This rank's share of every train_global_batch_size chunk: prompts [c*pc + r*pc/N,
-        // c*pc + (r+1)*pc/N), generated under their global indices (the same samples as one
-        // rank draws for them).
-        const int64_t pc = prompts_per_chunk;
-        std::vector<Rollout> parts;
-        for (int64_t c0 = 0; c0 < per_batch; c0 += pc) {
-          const int64_t a = c0 + pc * dp_rank / dp_size, b = c0 + pc * (dp_rank + 1) / dp_size;
-          std::vector<Prompt> mine(std::make_move_iterator(prompts.begin() + a), std::make_move_iterator(prompts.begin() + b));
-          parts.push_back(run_multi_turn_rollout(*gen, *tok, *env, std::move(mine), G, cfg.generation.train,
-                                                 cfg.generation, cfg.policy.max_total_sequence_length,
-                                                 cfg.max_rollout_turns, cfg.seed, s, batch_index * per_batch + a, &rt));
-        }
-        rollouts.push_back(merge_rollouts(std::move(parts)));
       }
       timers["generation"] += rt.generation;
       timers["reward_calculation"] += rt.reward;
@@ -405,10 +400,10 @@ struct GrpoLoop::Impl {
     StepSamples out;
     std::map<std::string, double> sums;
     std::vector<std::pair<int64_t, int64_t>> selected = sampler.selection();
-    if (dp_size > 1 && cfg.dynamic_sampling.use_dynamic_sampling) {
+    if (dp_size > 1) {
       // Every rank holds the one-rank selection: keep this rank's share of each
-      // train_global_batch_size chunk (whole prompt groups: gbs is a multiple of G x ranks), the
-      // shares the loop trains on without dynamic sampling.
+      // train_global_batch_size chunk (whole prompt groups: gbs is a multiple of G x ranks), as
+      // NeMo-RL shards each global batch over its data-parallel workers.
       const auto gbs = static_cast<size_t>(cfg.policy.train_global_batch_size);
       std::vector<std::pair<int64_t, int64_t>> share;
       for (size_t c0 = 0; c0 < selected.size(); c0 += gbs)
@@ -506,7 +501,7 @@ struct GrpoLoop::Impl {
         std::vector<double> rwd(rw.begin(), rw.end());
         c[2] = positive_valid_tokens(masks.packing, masks.token_mask.data(), masks.sample_mask.data(), rwd.data());
       }
-      sum_over(world, c);
+      ranks.sum(c);
       if (cfg.loss.positive_example_nll_weight > 0) loss->set_global_positive_tokens(c[2]);
       return ValidCounts{c[0], c[1]};
     };
@@ -516,7 +511,7 @@ struct GrpoLoop::Impl {
     ChunkedTrain t;
     if (dp_size > 1 && cfg.policy.train_mb_tokens > 0) {
       // Sequence packing or dynamic batching: the ranks' tokens are balanced (token_balance.hpp).
-      BalancedBatch bb = balance_tokens(world, b, gbs);
+      BalancedBatch bb = balance_tokens(ranks.sums(), b, gbs);
       t = train_in_chunks(*backend, policy, bb.batch, bb.bounds, *loss, specs, cfg.policy.train_mb_tokens,
                           cfg.policy.train_micro_batch_size, step + 1, "train step", counts, extrema);
       metrics["dp_tokens_max"] = static_cast<double>(bb.max_tokens);
@@ -540,11 +535,11 @@ struct GrpoLoop::Impl {
     std::vector<double> lo, hi;
     for (const Metric& m : mine.items()) (m.reduce == Reduce::kMin ? lo : hi).push_back(m.value);
     std::vector<double> n = {double(lo.size()), double(hi.size())}, n_max = n;
-    world.all_reduce(std::span<double>(n_max), RLH_REDUCE_MAX);
+    ranks.sums().all_reduce(std::span<double>(n_max), RLH_REDUCE_MAX);
     if (n_max != n)
       throw Error(RLH_E_INTERNAL, "grpo: the loss's min/max metrics differ between data-parallel ranks");
-    if (!lo.empty()) world.all_reduce(std::span<double>(lo), RLH_REDUCE_MIN);
-    if (!hi.empty()) world.all_reduce(std::span<double>(hi), RLH_REDUCE_MAX);
+    if (!lo.empty()) ranks.sums().all_reduce(std::span<double>(lo), RLH_REDUCE_MIN);
+    if (!hi.empty()) ranks.sums().all_reduce(std::span<double>(hi), RLH_REDUCE_MAX);
     Metrics out;
     size_t i = 0, j = 0;
     for (const Metric& m : mine.items()) out.add(m.name, m.reduce == Reduce::kMin ? lo[i++] : hi[j++], m.reduce);
@@ -557,16 +552,16 @@ struct GrpoLoop::Impl {
     // backend's save_state, which gathers the sharded state and has rank 0 write it.
     std::optional<sdk::PendingCheckpoint> pending;
     std::string dir;
-    if (dp_rank == 0) {
+    if (ranks.writer()) {
       pending.emplace(ckpt->begin(s));
       dir = pending->dir().string();
     }
-    if (dp_size > 1) dir = broadcast_text(world, dir);
+    dir = ranks.broadcast_text(dir);
     const fs::path policy_dir = fs::path(dir) / "policy";
-    if (dp_rank == 0) fs::create_directories(policy_dir);
+    if (ranks.writer()) fs::create_directories(policy_dir);
     backend->save_state(policy, policy_dir.string());
     if (critic) critic->save((fs::path(dir) / "value").string());  // NeMo-RL's step_N/value
-    if (dp_rank != 0) return;
+    if (!ranks.writer()) return;
     // The tokenizer beside the weights, as NeMo-RL saves it (policy/tokenizer).
     const fs::path tok_src = fs::is_directory(cfg.policy.tokenizer_name) ? fs::path(cfg.policy.tokenizer_name)
                                                                         : fs::path(model_dir);
@@ -676,7 +671,7 @@ struct GrpoLoop::Impl {
       std::vector<double> sums = {static_cast<double>(ss.responses.size()), gen_tokens, prompt_tokens, truncated, reward_sum};
       for (const auto& [name, v] : ss.reward_means) sums.push_back(v * static_cast<double>(ss.responses.size()));
       sums.insert(sums.end(), {env_tokens, turns, terminated});
-      sum_over(world, sums);
+      ranks.sum(sums);
       const double n = sums[0];
       gen_tokens = sums[1];
       prompt_tokens = sums[2];

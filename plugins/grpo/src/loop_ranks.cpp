@@ -7,14 +7,42 @@
 
 namespace rlh::grpo {
 
+using sdk::Error;
+
 LoopRanks LoopRanks::of_launch(const sdk::Host& host) {
   LoopRanks r;
   // Without a launcher there is no world communicator to ask (one rank).
   if (sdk::detect_launch().size <= 1) return r;
   r.world = sdk::Comm::world(host);
-  r.size = r.world.size();
-  r.rank = r.world.rank();
+  r.size = r.world_size = r.world.size();
+  r.rank = r.world_rank = r.world.rank();
   return r;
+}
+
+void LoopRanks::follow_backend(const sdk::Host& host, Backend& backend, rlh_model* model) {
+  if (world_size <= 1) return;
+  const std::optional<std::pair<int, int>> layout = backend.data_parallel(model);
+  if (!layout) return;  // a backend before BACKEND 0.3: every rank is data-parallel
+  const auto [r, n] = *layout;
+  if (world_size % n != 0)
+    throw Error(RLH_E_INTERNAL, "backend " + backend.name() + ": " + std::to_string(n) +
+                                    " data-parallel ranks do not divide the " + std::to_string(world_size) +
+                                    " launched ranks");
+  // The ranks sharing this data-parallel rank form its model-parallel group; the ranks at the
+  // same place of every group are the data-parallel ranks this one sums with. Ordered by world
+  // rank, which is the backends' order (Megatron's: dp varies slower than tp and cp, faster than pp).
+  group = world.split(r, world_rank, "loop model-parallel group");
+  dp = world.split(group.rank(), world_rank, "loop data-parallel group");
+  if (group.size() != world_size / n || dp.size() != n || dp.rank() != r)
+    throw Error(RLH_E_INTERNAL, "backend " + backend.name() + ": world rank " + std::to_string(world_rank) +
+                                    " is data-parallel rank " + std::to_string(r) + " of " + std::to_string(n) +
+                                    ", but the loop's groups put it at " + std::to_string(dp.rank()) + " of " +
+                                    std::to_string(dp.size()) + " (groups of " + std::to_string(group.size()) + ")");
+  rank = r;
+  size = n;
+  if (group.size() > 1 && writer())
+    host.info(std::to_string(n) + " data-parallel rank" + (n == 1 ? "" : "s") + ", model-parallel groups of " +
+              std::to_string(group.size()) + " (from backend " + backend.name() + "): each group trains on one share");
 }
 
 std::vector<int64_t> LoopRanks::share(const std::vector<int64_t>& rows) const {
@@ -26,7 +54,7 @@ void sum_over(const sdk::Comm& c, std::vector<double>& v) {
   if (c && c.size() > 1 && !v.empty()) c.all_reduce(std::span<double>(v), RLH_REDUCE_SUM);
 }
 
-void LoopRanks::sum(std::vector<double>& v) const { sum_over(world, v); }
+void LoopRanks::sum(std::vector<double>& v) const { sum_over(sums(), v); }
 
 ValidCounts LoopRanks::sum(const ValidCounts& mine) const {
   std::vector<double> c = {mine.tokens, mine.seqs};
@@ -58,7 +86,7 @@ std::optional<sdk::PendingCheckpoint> begin_policy_checkpoint(const LoopRanks& r
 }
 
 void LoopRanks::barrier() const {
-  if (size > 1) world.barrier();
+  if (world_size > 1) world.barrier();
 }
 
 }  // namespace rlh::grpo

@@ -1,9 +1,13 @@
-// The data-parallel ranks of a training loop (docs/parallelism.md). Every launched rank is a
-// data-parallel rank of the policy; each takes its contiguous share of every global batch, as
-// NeMo-RL shards each global batch over its data-parallel workers, and passes the backend the
-// global batch's counts so the loss is normalised as on one rank. What the loop itself sums over
-// the batch (validation rows, rollout statistics) is summed over `world`. Rank 0 owns the
-// checkpoint folders; the backend's save_state is collective.
+// The data-parallel ranks of a training loop (docs/parallelism.md). Each data-parallel rank takes
+// its contiguous share of every global batch, as NeMo-RL shards each global batch over its
+// data-parallel workers, and passes the backend the global batch's counts so the loss is
+// normalised as on one rank. Without model parallelism every launched rank is a data-parallel
+// rank. Under the backend's tensor, context or pipeline parallelism the backend names the layout
+// (BACKEND 0.3's data_parallel): the ranks of one model-parallel group share a data-parallel rank
+// and train on the same share (the backend's collectives need every rank of the group in the
+// step), and what the loop sums over the batch (loss normalisers, validation rows, rollout
+// statistics) is summed over the data-parallel ranks only (`sums()`), so no share counts twice.
+// World rank 0 owns the checkpoint folders; the backend's save_state is collective.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +25,24 @@ namespace rlh::grpo {
 
 struct LoopRanks {
   sdk::Comm world;  // the host's world; empty when one rank was launched
+  int world_rank = 0, world_size = 1;
+  // This rank's data-parallel rank and size (the world's without model parallelism).
   int rank = 0, size = 1;
+  // After follow_backend: the ranks of this rank's model-parallel group (those sharing its
+  // data-parallel rank, in world order) and the data-parallel ranks at its position in the
+  // group. Empty at one rank or when the backend does not name its layout.
+  sdk::Comm group, dp;
 
-  // The launch's world (one rank without a launcher).
+  // The launch's world, every rank data-parallel (one rank without a launcher).
   static LoopRanks of_launch(const sdk::Host& host);
-  bool writer() const { return rank == 0; }
+  // Takes `model`'s data-parallel layout from the backend (collective over the world: call it on
+  // every rank, after the model loaded). A backend without data_parallel keeps the world's.
+  void follow_backend(const sdk::Host& host, Backend& backend, rlh_model* model);
+  // Where sums over the data-parallel ranks go (the world without model parallelism).
+  const sdk::Comm& sums() const { return dp ? dp : world; }
+  // Ranks per model-parallel group (1 without model parallelism).
+  int group_size() const { return world_size / size; }
+  bool writer() const { return world_rank == 0; }
 
   // This rank's contiguous share of `n` items: [n r / N, n (r + 1) / N).
   int64_t begin_of(int64_t n) const { return n * rank / size; }
@@ -33,12 +50,12 @@ struct LoopRanks {
   // This rank's share of `rows` (in order).
   std::vector<int64_t> share(const std::vector<int64_t>& rows) const;
 
-  // Element-wise sums over the ranks (nothing to do at one rank).
+  // Element-wise sums over the data-parallel ranks (nothing to do at one).
   void sum(std::vector<double>& v) const;
   ValidCounts sum(const ValidCounts& mine) const;
-  // Rank 0's text on every rank.
+  // World rank 0's text on every rank.
   std::string broadcast_text(const std::string& text) const;
-  void barrier() const;
+  void barrier() const;  // over the world
 };
 
 // Step `step`'s checkpoint with the policy folder saved in it (save_policy_folder): rank 0 owns

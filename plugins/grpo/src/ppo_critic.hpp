@@ -46,7 +46,8 @@ class Critic {
 
   // Data parallelism (docs/parallelism.md): this rank holds its share of every global batch (the
   // policy's shards, value.train_global_batch_size / size sequences of each); the value loss is
-  // normalised by the global counts and the metrics are reduced over `world` (kept by reference).
+  // normalised by the global counts and the metrics are reduced over `world`, the data-parallel
+  // ranks (the loop's LoopRanks::sums(), kept by reference).
   void set_data_parallel(const sdk::Comm& world, int rank, int size);
 
   // The critic's values of `b` (field "values", token frame, right-shifted like NeMo-RL's), then

@@ -165,7 +165,7 @@ struct PreferenceLoop::Impl {
   std::unique_ptr<sdk::CheckpointManager> ckpt;
   std::string model_dir;
   int64_t step = 0, total_steps = 0;
-  // Every launched rank trains on its share of each global batch, whole pairs (loop_ranks.hpp).
+  // Every data-parallel rank trains on its share of each global batch, whole pairs (loop_ranks.hpp).
   LoopRanks ranks;
 
   bool rm() const { return cfg.algorithm == PreferenceAlgorithm::rm; }
@@ -349,6 +349,7 @@ struct PreferenceLoop::Impl {
       val_data = std::make_unique<Dataset>(host, cfg.validation->component, cfg.validation->config, "data.validation");
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
+    ranks.follow_backend(host, *backend, policy);  // tp/cp/pp groups share a data-parallel rank
     // The reference is always the starting model, also on resume (NeMo-RL's init_reference_model).
     if (!rm()) reference = backend->load_model("reference", model_dir, false);
     loss = rm() ? std::make_unique<LossAdapter>(PreferenceConfig{}) : std::make_unique<LossAdapter>(cfg.loss);

@@ -101,7 +101,7 @@ struct SftLoop::Impl {
   std::unique_ptr<sdk::CheckpointManager> ckpt;
   std::string model_dir;
   int64_t step = 0, total_steps = 0;
-  // Every launched rank trains on its share of each global batch (loop_ranks.hpp).
+  // Every data-parallel rank trains on its share of each global batch (loop_ranks.hpp).
   LoopRanks ranks;
 
   void check_cancel() const {
@@ -228,6 +228,7 @@ struct SftLoop::Impl {
       val_data = std::make_unique<Dataset>(host, cfg.validation->component, cfg.validation->config, "data.validation");
     backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
+    ranks.follow_backend(host, *backend, policy);  // tp/cp/pp groups share a data-parallel rank
     loss = std::make_unique<LossAdapter>(NllConfig{});
     loss->set_make_status(host.make_status());
     const int64_t gbs = cfg.policy.train_global_batch_size;

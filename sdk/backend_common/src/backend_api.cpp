@@ -603,6 +603,22 @@ rlh_status* backend_visit_weights_on(rlh_backend* self, rlh_model* model, const 
   return visit_weights_where(self, model, args->device, fn, user, version);
 }
 
+// The loops' data-parallel layout (BACKEND 0.3): the group losses and metrics are summed over
+// (Megatron's dp, without the cp ranks), so a tp/cp/pp group's ranks share one rank.
+rlh_status* backend_data_parallel(rlh_backend* self, rlh_model* model, int32_t* rank, int32_t* size) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    check_model(b, model);
+    if (rank == nullptr || size == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "data_parallel: rank or size is NULL");
+    *rank = 0;
+    *size = 1;
+    if (!b->dp) return;  // one launched rank
+    const sdk::Comm& c = b->dp->sums();
+    *rank = c.rank();
+    *size = c.size();
+  });
+}
+
 rlh_status* backend_save_state(rlh_backend* self, rlh_model* model, const char* dir) {
   Backend* b = as_backend(self);
   return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
@@ -648,7 +664,7 @@ rlh_status* create_backend(const rlh_host_api* host, const char* config_json, si
 
 rlh_backend_api backend_api(rlh_status* (*create)(const rlh_host_api*, const char*, size_t, rlh_backend**)) {
   rlh_backend_api api{};
-  api.struct_size = RLH_STRUCT_SIZE(rlh_backend_api, visit_weights_on);
+  api.struct_size = RLH_STRUCT_SIZE(rlh_backend_api, data_parallel);
   api.create = create;
   api.destroy = backend_destroy;
   api.load_model = backend_load_model;
@@ -659,6 +675,7 @@ rlh_backend_api backend_api(rlh_status* (*create)(const rlh_host_api*, const cha
   api.visit_weights_on = backend_visit_weights_on;
   api.save_state = backend_save_state;
   api.load_state = backend_load_state;
+  api.data_parallel = backend_data_parallel;
   return api;
 }
 

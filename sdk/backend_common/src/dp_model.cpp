@@ -523,8 +523,8 @@ void same_batch_over(const sdk::Comm& group, const char* kind, const rlh_batch& 
     throw Error(RLH_E_INVALID_ARGUMENT,
                 std::string(what) + ": the ranks of a " + k + "-parallel group were given different batches (tokens " +
                     std::to_string(lo[0]) + ".." + std::to_string(hi[0]) + "); under " + k +
-                    " parallelism every rank of a group takes its data-parallel rank's batch (loops that "
-                    "shard over every launched rank do not run under " + k + " parallelism yet)");
+                    " parallelism every rank of a group takes its data-parallel rank's batch (the caller shards "
+                    "over the data-parallel ranks the backend's data_parallel names)");
 }
 }  // namespace
 

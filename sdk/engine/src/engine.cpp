@@ -273,7 +273,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     r.loss += lr.loss;
     accumulate_metrics(r.metrics, lr.metrics);
     m.backward(mb, req);
-    r.tokens += mb.num_tokens();
+    r.tokens += whole.num_tokens();  // the micro-batch's tokens, not this rank's cp/sp rows
   }
 
   if (m.route_width > 0) {

@@ -1,0 +1,149 @@
+// Generation split over a model-parallel group (see group_generation.hpp).
+#include "group_generation.hpp"
+
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "token_balance.hpp"
+
+namespace rlh::grpo {
+
+using sdk::Error;
+
+namespace {
+
+// A part's samples as bytes: a status byte (1 ok, 0 failed + the message), then per sample its
+// indices (prompt index within the whole call), lengths, flags and arrays.
+struct Writer {
+  std::vector<uint8_t> out;
+  void raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  }
+  void i64(int64_t v) { raw(&v, sizeof v); }
+};
+
+struct Reader {
+  const std::vector<uint8_t>& in;
+  size_t at = 0;
+  void raw(void* p, size_t n) {
+    if (n > in.size() - at) throw Error(RLH_E_INTERNAL, "generation over the model-parallel group: a part is cut short");
+    std::memcpy(p, in.data() + at, n);
+    at += n;
+  }
+  int64_t i64() {
+    int64_t v = 0;
+    raw(&v, sizeof v);
+    return v;
+  }
+};
+
+struct Collect {
+  Writer w;
+  int64_t count = 0;
+  int64_t offset = 0;  // this part's first prompt within the call
+};
+
+rlh_status* collect_sample(void* user, const rlh_sample* s) {
+  auto* c = static_cast<Collect*>(user);
+  c->w.i64(s->prompt_index + c->offset);
+  c->w.i64(s->sample_index);
+  c->w.i64(s->num_tokens);
+  c->w.i64(s->truncated);
+  c->w.i64(s->weight_version);
+  c->w.raw(s->ids, static_cast<size_t>(s->num_tokens) * sizeof(int32_t));
+  c->w.raw(s->logprobs, static_cast<size_t>(s->num_tokens) * sizeof(float));
+  ++c->count;
+  return nullptr;
+}
+
+}  // namespace
+
+void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_generate_args& args, rlh_sample_fn fn,
+                         void* user) {
+  const int64_t g = group.size(), r = group.rank(), n = args.num_prompts;
+  const int64_t a = n * r / g, b = n * (r + 1) / g;
+  Collect c;
+  c.offset = a;
+  std::vector<uint8_t> mine;
+  try {
+    if (b > a) {
+      // This rank's prompts [a, b), their offsets rebased, under their indices in the call.
+      std::vector<int64_t> offsets(static_cast<size_t>(b - a + 1));
+      for (int64_t i = a; i <= b; ++i) offsets[size_t(i - a)] = args.prompt_offsets[i] - args.prompt_offsets[a];
+      rlh_generate_args part = args;
+      part.prompt_ids = args.prompt_ids + args.prompt_offsets[a];
+      part.prompt_offsets = offsets.data();
+      part.num_prompts = b - a;
+      part.first_prompt_index = args.first_prompt_index + a;
+      gen.generate_here(part, collect_sample, &c);
+    }
+    Writer head;
+    const uint8_t ok = 1;
+    head.raw(&ok, 1);
+    head.i64(c.count);
+    mine = std::move(head.out);
+    mine.insert(mine.end(), c.w.out.begin(), c.w.out.end());
+  } catch (const std::exception& e) {
+    // The others are waiting in the gather below: tell them (code and message), so every rank
+    // fails alike instead of at the gather's deadline.
+    Writer fail;
+    const uint8_t ok = 0;
+    fail.raw(&ok, 1);
+    const auto* err = dynamic_cast<const Error*>(&e);
+    fail.i64(err != nullptr ? static_cast<int64_t>(err->code()) : static_cast<int64_t>(RLH_E_INTERNAL));
+    const std::string what = e.what();
+    fail.raw(what.data(), what.size());
+    mine = std::move(fail.out);
+  }
+  const std::vector<std::vector<uint8_t>> parts = all_gather_bytes(group, mine);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (!parts[p].empty() && parts[p][0] == 1) continue;
+    if (parts[p].size() < 1 + sizeof(int64_t))
+      throw Error(RLH_E_INTERNAL, "generation on rank " + std::to_string(p) + " of the model-parallel group: no answer");
+    Reader rd{parts[p], 1};
+    const auto code = static_cast<rlh_code>(rd.i64());
+    const std::string what(parts[p].begin() + 1 + sizeof(int64_t), parts[p].end());
+    // This rank's own error as it was; another's with its place in the group.
+    throw Error(code, int64_t(p) == r ? what : "rank " + std::to_string(p) + " of the model-parallel group: " + what);
+  }
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  for (const std::vector<uint8_t>& part : parts) {
+    Reader rd{part, 1};
+    const int64_t count = rd.i64();
+    for (int64_t k = 0; k < count; ++k) {
+      rlh_sample s{};
+      s.struct_size = RLH_STRUCT_SIZE(rlh_sample, weight_version);
+      s.prompt_index = rd.i64();
+      s.sample_index = rd.i64();
+      s.num_tokens = rd.i64();
+      s.truncated = static_cast<uint8_t>(rd.i64());
+      s.weight_version = rd.i64();
+      if (s.num_tokens < 0 || static_cast<size_t>(s.num_tokens) > part.size())
+        throw Error(RLH_E_INTERNAL, "generation over the model-parallel group: a sample's length is corrupt");
+      ids.resize(static_cast<size_t>(s.num_tokens));
+      logprobs.resize(static_cast<size_t>(s.num_tokens));
+      rd.raw(ids.data(), ids.size() * sizeof(int32_t));
+      rd.raw(logprobs.data(), logprobs.size() * sizeof(float));
+      s.ids = ids.data();
+      s.logprobs = logprobs.data();
+      sdk::check(fn(user, &s), "generator '" + gen.name() + "'");
+    }
+  }
+}
+
+void split_generation_over(const sdk::Host& host, Generator& gen, const sdk::Comm& group) {
+  if (!group || group.size() <= 1) return;
+  if (group.rank() == 0)
+    host.info("generation: the " + std::to_string(group.size()) + " ranks of each model-parallel group split every "
+              "generate call's prompts and all-gather the samples");
+  const sdk::Comm* g = &group;
+  gen.set_split([g](Generator& self, const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
+    generate_over_group(*g, self, args, fn, user);
+  });
+}
+
+}  // namespace rlh::grpo
