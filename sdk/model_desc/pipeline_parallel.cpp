@@ -42,13 +42,6 @@ std::vector<int64_t> pp_stage_layers(int64_t L, int64_t P, const PpSplit& split,
 std::string pp_unsupported(const TransformerDesc& desc, int64_t size, const PpSplit& split, const std::string& key) {
   if (size <= 1) return {};
   const std::string at = key + " = " + std::to_string(size) + ": ";
-  for (const LayerDesc& l : desc.layers) {
-    if (l.mlp.kind == MlpKind::moe)
-      return at + "mixture-of-experts layers under pipeline parallelism are not implemented (their routing record "
-                  "and auxiliary losses span the stages)";
-    if (l.attention.kind == AttentionKind::mla)
-      return at + "multi-head latent attention under pipeline parallelism is not implemented";
-  }
   for (const ParamDesc& p : desc.params)
     if (p.role == ParamRole::value_head)
       return at + "a value head (score.weight) under pipeline parallelism is not implemented";
@@ -89,6 +82,12 @@ PpLayout make_pp_layout(const TransformerDesc& desc, int64_t size, int64_t rank,
   loc.params.clear();
   loc.layers.assign(desc.layers.begin() + L.layer_begin, desc.layers.begin() + end);
   for (size_t k = 0; k < loc.layers.size(); ++k) loc.layers[k].index = int64_t(k);
+  for (int64_t l = 0; l < desc.num_layers; ++l) {
+    const LayerDesc& ld = desc.layers[size_t(l)];
+    if (ld.mlp.kind != MlpKind::moe) continue;
+    if (l < L.layer_begin) L.route_begin += ld.mlp.moe.top_k;
+    L.route_total += ld.mlp.moe.top_k;
+  }
   loc.num_layers = L.layer_count;
   for (size_t i = 0; i < desc.params.size(); ++i) {
     const ParamDesc& p = desc.params[i];

@@ -1,6 +1,6 @@
 // Pipeline parallelism's split and a stage's description and program (sdk/pipeline_parallel.hpp):
 // Megatron's layer counts with first/last stages, owners of every tensor, the tied embedding's
-// copy, stage programs, refusals.
+// copy, stage programs, the MoE routing record's columns per stage, refusals.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -92,15 +92,25 @@ TEST(PipelineParallel, StageDescriptionsOwnersAndPrograms) {
   }
 }
 
-TEST(PipelineParallel, Refusals) {
-  json moe = llama(2, false);
+// MoE layers split like any other; each stage records and replays its own columns of the whole
+// routing record (top_k per MoE layer, in layer order).
+TEST(PipelineParallel, MoeRoutingColumns) {
+  json moe = llama(4, false);
   moe["architectures"] = {"MixtralForCausalLM"};
   moe["num_local_experts"] = 4;
   moe["num_experts_per_tok"] = 2;
   const sdk::TransformerDesc m = model::describe(moe);
-  EXPECT_NE(sdk::pp_unsupported(m, 2, {}).find("mixture-of-experts layers under pipeline parallelism are not implemented"),
-            std::string::npos);
-  EXPECT_EQ(sdk::pp_unsupported(m, 1, {}), "");  // one stage: nothing to split
+  EXPECT_EQ(sdk::pp_unsupported(m, 2, {}), "");
+  const int64_t begin[3] = {0, 2, 6};  // layers 1 + 2 + 1
+  for (int64_t s = 0; s < 3; ++s) {
+    const sdk::PpLayout L = sdk::make_pp_layout(m, 3, s, {1, 1});
+    EXPECT_EQ(L.route_total, 8);
+    EXPECT_EQ(L.route_begin, begin[s]) << "stage " << s;
+  }
+  EXPECT_EQ(sdk::make_pp_layout(model::describe(llama(2, false)), 2, 1, {}).route_total, 0);  // dense
+}
+
+TEST(PipelineParallel, Refusals) {
   EXPECT_NE(what([] { sdk::make_pp_layout(model::describe(llama(3, false)), 2, 0, {}); }).find("do not split"),
             std::string::npos);
 }

@@ -169,7 +169,7 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
     }
 
   engine::StepResult r;
-  m.engine->begin_stage_step();
+  m.engine->begin_stage_step(views, so);
   // Received inputs and output gradients, and this stage's outputs and input gradients waiting
   // to be sent, by micro-batch (dropped once used).
   std::map<int64_t, std::vector<float>> x_in, dy, x_out, dx;
@@ -230,11 +230,22 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
     m.dp->embedding.all_reduce(*v, RLH_REDUCE_SUM);
     m.pp_bytes += ring_bytes(int64_t(g.size() * sizeof(float)), m.dp->embedding.size());
   }
-  // The loss and the engine's metrics are the last stage's.
+  // The loss and the loss callback's metrics are the last stage's.
   double total[1] = {r.loss};
   pp.broadcast(std::span<double>(total, 1), int(P - 1));
   r.loss = total[0];
   r.metrics = pp_share_named(m, r.metrics);
+  // MoE: each stage added its layers' auxiliary losses to its gradients; their values (summed
+  // over layers on one rank) are summed over the stages, the busiest expert's share is the
+  // largest of any stage's. Every stage takes part, a stage without MoE layers with zeros.
+  if (std::any_of(m.desc.layers.begin(), m.desc.layers.end(),
+                  [](const sdk::LayerDesc& l) { return l.mlp.kind == sdk::MlpKind::moe; })) {
+    const engine::Engine::MoeValues v = m.engine->stage_moe_values();
+    double sums[2] = {v.aux, v.z}, most[1] = {v.max_load};
+    pp.all_reduce(std::span<double>(sums, 2), RLH_REDUCE_SUM);
+    pp.all_reduce(std::span<double>(most, 1), RLH_REDUCE_MAX);
+    for (auto& kv : engine::moe_step_metrics(m.config.moe, sums[0], sums[1], most[0])) r.metrics.push_back(std::move(kv));
+  }
   return r;
 }
 

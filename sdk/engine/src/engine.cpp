@@ -224,6 +224,16 @@ Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   return out;
 }
 
+std::vector<std::pair<std::string, double>> moe_step_metrics(const MoeOptions& mo, double aux, double z,
+                                                             double max_load) {
+  std::vector<std::pair<std::string, double>> out;
+  if (mo.aux_loss_coef != 0 && mo.load_balancing != MoeOptions::LoadBalancing::none)
+    out.emplace_back("moe/aux_loss", aux);
+  if (mo.z_loss_coef != 0) out.emplace_back("moe/z_loss", z);
+  out.emplace_back("moe/max_expert_load", max_load);
+  return out;
+}
+
 MoeNormCounts moe_norm_counts(std::span<const MicroBatch> mbs, const StepOptions& so) {
   int64_t tokens = 0, seqs = 0;
   for (const MicroBatch& mb : mbs) {
@@ -274,13 +284,8 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     r.tokens += mb.num_tokens();
   }
 
-  if (m.route_width > 0) {
-    const MoeOptions& mo = m.opt.moe;
-    if (mo.aux_loss_coef != 0 && mo.load_balancing != MoeOptions::LoadBalancing::none)
-      r.metrics.emplace_back("moe/aux_loss", m.moe_aux);
-    if (mo.z_loss_coef != 0) r.metrics.emplace_back("moe/z_loss", m.moe_z);
-    r.metrics.emplace_back("moe/max_expert_load", m.moe_max_load);
-  }
+  if (m.route_width > 0)
+    for (auto& kv : moe_step_metrics(m.opt.moe, m.moe_aux, m.moe_z, m.moe_max_load)) r.metrics.push_back(std::move(kv));
 
   // With a UnitStore the gradients were handed over unit by unit: their norm is the owner's.
   if (m.store != nullptr) {

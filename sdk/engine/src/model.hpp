@@ -274,6 +274,7 @@ struct Engine::Impl {
   bool router64 = false;
   std::vector<int32_t> route_record;  // [N, R] when requested
   const rlh_tensor* replay = nullptr;  // [N, R] field, when replaying
+  int64_t replay_width = 0, replay_begin = 0;  // its R and this stage's first column (PP: pp->route_*)
   bool moe_train = false;             // inside train_step: add the auxiliary losses
   double moe_tokens = 0, moe_seqs = 0;  // their normalisers
   double moe_aux = 0, moe_z = 0, moe_max_load = 0;  // this step's values

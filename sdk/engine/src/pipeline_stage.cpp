@@ -35,14 +35,29 @@ Outputs Engine::forward_stage(const MicroBatch& mb, const OutputRequest& req, st
                                 std::to_string(x_out.size()) + " values, expected " + std::to_string(n));
   m.forward(mb, req, false);
   std::memcpy(x_out.data(), m.xs[size_t(m.L)], n * sizeof(float));
-  return {};
+  Outputs out;
+  if (req.routed_experts) {  // this stage's columns (engine.hpp)
+    out.routing_width = m.route_width;
+    out.routed_experts = std::move(m.route_record);
+  }
+  return out;
 }
 
-void Engine::begin_stage_step() {
+void Engine::begin_stage_step(std::span<const MicroBatch> mbs, const StepOptions& so) {
   Impl& m = *impl_;
   if (!m.pp_on) throw std::logic_error("engine: begin_stage_step without pipeline parallelism");
   if (!m.grads_clear) zero_grad();
   m.grads_clear = false;
+  // The auxiliary losses' normalisers are the whole step's, as train_step sets them.
+  const MoeNormCounts counts = moe_norm_counts(mbs, so);
+  m.moe_tokens = counts.tokens;
+  m.moe_seqs = counts.sequences;
+  m.moe_aux = m.moe_z = m.moe_max_load = 0;
+}
+
+Engine::MoeValues Engine::stage_moe_values() const {
+  const Impl& m = *impl_;
+  return {m.moe_aux, m.moe_z, m.moe_max_load};
 }
 
 LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& so,
@@ -51,10 +66,17 @@ LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t c
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
-  if (req.routed_experts || !req.replay_routing_field.empty())
-    throw std::invalid_argument("engine: MoE routing records are not supported under pipeline parallelism");
+  if (req.routed_experts)
+    throw std::invalid_argument("engine: under pipeline parallelism the routing record is a forward_stage output");
   m.bind_stage(mb, x_in, dy, dx, true);
   StageReset reset{m.pp_x_in, m.pp_dy, m.pp_dx};
+  // The auxiliary losses belong to this forward (each micro-batch's one on every stage: a
+  // forward_stage of the same micro-batch before it counts none).
+  struct TrainFlag {
+    bool& f;
+    explicit TrainFlag(bool& b) : f(b) { f = true; }
+    ~TrainFlag() { f = false; }
+  } train_flag(m.moe_train);
   m.forward(mb, req, !m.opt.recompute);
   LossResult lr;
   if (m.prog.pp_last) lr = m.call_loss(mb, index, count, so, loss_fn);

@@ -50,10 +50,15 @@ struct PpLayout {
   // stage's copy is not the owner: it counts 0 in the gradient norm.
   bool shares_embedding = false;
   int64_t embed_local = -1;  // local index of the embedding (or tied head), -1 if not here
+  // MoE routing record and replay ([N, R], R = the sum of top_k over the MoE layers in layer
+  // order): the whole model's R, and the first column of this stage's layers. A stage records
+  // and replays its own columns [route_begin, route_begin + its R).
+  int64_t route_total = 0, route_begin = 0;
 };
 
 // Empty when a pipeline of `size` stages can run `desc`, else one line naming the first thing
-// that stops it (MoE and MLA layers, a value head; layers that do not split).
+// that stops it (a value head; layers that do not split). MoE and MLA layers are layer-local:
+// the routing record's columns and the auxiliary losses' values are the stages' to combine.
 std::string pp_unsupported(const TransformerDesc& desc, int64_t size, const PpSplit& split,
                            const std::string& key = "pipeline_model_parallel_size");
 // Throws std::invalid_argument with pp_unsupported's line when it is not empty.
