@@ -42,9 +42,6 @@ std::vector<int64_t> pp_stage_layers(int64_t L, int64_t P, const PpSplit& split,
 std::string pp_unsupported(const TransformerDesc& desc, int64_t size, const PpSplit& split, const std::string& key) {
   if (size <= 1) return {};
   const std::string at = key + " = " + std::to_string(size) + ": ";
-  for (const ParamDesc& p : desc.params)
-    if (p.role == ParamRole::value_head)
-      return at + "a value head (score.weight) under pipeline parallelism is not implemented";
   try {
     pp_stage_layers(desc.num_layers, size, split, key);
   } catch (const std::invalid_argument& e) {
@@ -99,7 +96,7 @@ PpLayout make_pp_layout(const TransformerDesc& desc, int64_t size, int64_t rank,
       L.owner[i] = 0;
       here = L.first || (L.last && tied);
     } else {
-      L.owner[i] = size - 1;  // final norm, lm_head
+      L.owner[i] = size - 1;  // final norm, lm_head, a value head (score.weight)
       here = L.last;
     }
     if (!here) continue;

@@ -16,6 +16,7 @@
 //   - MoE under PP 2 (np 2): Qwen3-MoE with the load-balancing and z losses (their values and
 //     gradients from both stages), DeepSeek-V3 (MLA, sigmoid routing in float64) split 2 + 1:
 //     outputs, gradients, two AdamW steps and the MoE metrics are one rank's;
+//   - a reward model's value head (the last stage's) gives one rank's values and gradients;
 //   - refusals name the setting: virtual stages, PP on one rank, layers that do not split.
 #include <unistd.h>
 
@@ -200,6 +201,69 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Pp, PipelineParallel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return test_name(info.param.label()); });
+
+// A value head (a reward model's score.weight, initialised from the fixed seed) is the last
+// stage's: its values reach every stage, and one SGD step of a squared error on them gives one
+// rank's loss and gradients (4 micro-batches through the 1F1B schedule).
+TEST(PipelineParallelValueHead, RewardModelMatchesOneRank) {
+  if (world().size() != 2) GTEST_SKIP() << "np 2 only";
+  const Case c{"llama-tiny", 1, 2, false, false};
+  auto g = global_batch();
+  Backend::TrainOptions o;
+  o.specs = {spec(RLH_OUTPUT_VALUE, "v")};
+  o.micro_batch_seqs = 2;
+  const Backend::LossBody loss = [](const rlh_microbatch& mb) {
+    float* gv = nullptr;
+    const float* v = output(mb, "v", &gv);
+    const double n = double(mb.global_num_tokens);
+    double l = 0;
+    for (int64_t t = 0; t < mb.batch->seq_offsets[mb.batch->num_seqs]; ++t) {
+      const double d = double(v[t]) - 0.25 * double(t % 5);
+      l += d * d / n;
+      gv[t] = float(2 * d / n);
+    }
+    return l;
+  };
+  struct Run {
+    std::vector<float> values;
+    double loss = 0, grad_norm = 0;
+    Weights grads;
+  };
+  const auto run = [&](const json& cfg) {
+    Run r;
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(model_path(c.model), true, "reward_model");
+    std::vector<std::vector<float>> out;
+    sdk::check(be.try_forward(m, *g, {spec(RLH_OUTPUT_VALUE, "v")}, out), "forward values");
+    r.values = out[0];
+    const Weights before = be.weights(m);
+    const auto t = be.train(m, *g, g->num_tokens(), g->num_seqs(), loss, o);
+    r.loss = t.r.loss;
+    r.grad_norm = t.r.grad_norm;
+    r.grads = minus(before, be.weights(m));
+    return r;
+  };
+  Run ref;
+  {
+    Alone alone;
+    ref = run(sgd_config(c, true));
+  }
+  const Run got = run(sgd_config(c, false));
+  ASSERT_EQ(got.values.size(), ref.values.size());
+  double v_err = 0;
+  for (size_t t = 0; t < ref.values.size(); ++t) v_err = std::max(v_err, std::fabs(double(got.values[t]) - ref.values[t]));
+  EXPECT_LE(v_err, 2e-5);
+  EXPECT_GT(ref.loss, 0);
+  EXPECT_NEAR(got.loss, ref.loss, 1e-5 * ref.loss);
+  EXPECT_NEAR(got.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm);
+  ASSERT_TRUE(ref.grads.count("score.weight") && got.grads.count("score.weight"));
+  ASSERT_EQ(got.grads.size(), ref.grads.size());
+  const double g_err = max_rel_diff(got.grads, ref.grads);
+  EXPECT_LE(g_err, 1e-4);
+  if (world().rank() == 0)
+    std::cout << "[np 2] reward model pp2: values within " << v_err << ", loss " << got.loss << " vs " << ref.loss
+              << ", gradients within " << g_err << " (relative to the largest)\n";
+}
 
 // A state saved under PP is one rank's files (HF layout, every tensor); it loads on one rank into
 // the same weights and continues; one rank's state loads back under PP bitwise.

@@ -57,8 +57,9 @@ struct PpLayout {
 };
 
 // Empty when a pipeline of `size` stages can run `desc`, else one line naming the first thing
-// that stops it (a value head; layers that do not split). MoE and MLA layers are layer-local:
-// the routing record's columns and the auxiliary losses' values are the stages' to combine.
+// that stops it (layers that do not split). MoE and MLA layers are layer-local (the routing
+// record's columns and the auxiliary losses' values are the stages' to combine); a value head
+// is the last stage's, next to the final norm.
 std::string pp_unsupported(const TransformerDesc& desc, int64_t size, const PpSplit& split,
                            const std::string& key = "pipeline_model_parallel_size");
 // Throws std::invalid_argument with pp_unsupported's line when it is not empty.
