@@ -179,7 +179,7 @@ void Engine::zero_grad() {
 
 Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   Impl& m = *impl_;
-  if (!m.prog.pp_last || (!m.prog.pp_first && m.pp_x_in == nullptr))
+  if (!m.run_head || (!m.run_embed && m.pp_x_in == nullptr))
     throw std::logic_error("engine: a pipeline stage runs through forward_stage");
   m.forget_units();  // an earlier call that threw may have left units marked held
   // This rank's share under CP; every sequence padded to a multiple of T under sequence

@@ -386,8 +386,11 @@ class Engine {
   // forward_stage: forward only. `x_in` is the previous stage's output (empty on the first
   // stage). A stage that is not the last writes its output to `x_out` and returns no outputs;
   // the last returns the outputs forward() would.
+  // `chunk`: which of the stage's model chunks runs (interleaved virtual stages,
+  // PpLayout::chunks; 0 without them): its layers, from the embedding if it is the first chunk
+  // of stage 0, to the head if it is the last of the last stage.
   Outputs forward_stage(const MicroBatch& mb, const OutputRequest& request, std::span<const float> x_in,
-                        std::span<float> x_out);
+                        std::span<float> x_out, int64_t chunk = 0);
   // A train step on a stage: begin_stage_step (gradients zeroed; the step's micro-batches and
   // options give the MoE auxiliary losses' normalisers, as train_step takes them), then per
   // micro-batch backward_stage, then end_stage_step (the tensor-parallel group's shared
@@ -407,7 +410,7 @@ class Engine {
   // d loss / d input to `dx`.
   LossResult backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& options,
                             const LossFn& loss_fn, std::span<const float> x_in, std::span<const float> dy,
-                            std::span<float> dx);
+                            std::span<float> dx, int64_t chunk = 0);
   void end_stage_step();
   struct MoeValues {
     double aux = 0, z = 0, max_load = 0;  // StepResult's moe/aux_loss, moe/z_loss, moe/max_expert_load
