@@ -1,25 +1,27 @@
 // Pipeline parallelism in the backend (docs/parallelism.md, "Pipeline parallelism"): the 1F1B
-// schedule over the stages of one model replica, forward-only passes, and the results of the
-// last stage (loss, metrics, outputs) on every stage. The engine runs one stage
-// (engine.hpp's *_stage calls); activations and their gradients move here, by send/recv on the
-// pp group.
+// schedule over the stages of one model replica (interleaved over model chunks with virtual
+// stages), forward-only passes, and the results of the last stage (loss, metrics, outputs) on
+// every stage. The engine runs one stage, or one model chunk of it (engine.hpp's *_stage
+// calls); activations and their gradients move here, by send/recv on the pp group.
 //
 // The schedule as data. Every stage runs Megatron's non-interleaved 1F1B order: w = min(P-1-s,
 // M) forwards (warm-up), then one forward and one backward alternately, then the remaining
-// backwards (cool-down). On the last stage a micro-batch's forward, loss callback and backward
-// are one call. A stage that is not the last keeps only its input activations of the
-// micro-batches in flight (at most P - s of them) and runs the forward again inside the
-// backward (backward_stage): Megatron's full recompute at stage granularity, which keeps the
-// engine's one activation plan per call.
+// backwards (cool-down); with V virtual stages Megatron's interleaved order (pp_schedule). On
+// the last (virtual) stage a micro-batch's forward, loss callback and backward are one call. A
+// stage that is not the last keeps only its input activations of the micro-batches in flight
+// and runs the forward again inside the backward (backward_stage): Megatron's full recompute at
+// stage granularity, which keeps the engine's one activation plan per call.
 //
 // Sends and receives are blocking (sdk::Comm), so the order of every p2p call must be one that
 // cannot deadlock. Every rank therefore derives the same timeline: ticks in which each stage
 // runs its next operation once the operation it depends on ran at an earlier tick (the previous
-// stage's forward of that micro-batch, the next stage's backward). After each tick the messages
-// that tick produced move in four phases — forward messages from even stages, from odd stages,
-// then backward messages from even stages, from odd ones. In a phase every rank takes part in at
-// most one message, with a neighbour that takes part in the same one, so every send meets its
-// receive.
+// virtual stage's forward of that micro-batch, the next one's backward). After each tick every
+// rank walks the messages that tick produced in one order — forward messages from even ranks,
+// from odd ranks, then backward messages from even ranks, from odd ones — and sends or receives
+// those it takes part in. The first message not yet done always has both its ranks at it, so
+// every send meets its receive.
+// MoE: each stage adds its layers' auxiliary losses to its gradients; the values behind the
+// moe/* metrics are summed (the busiest expert's share: maximised) over the stages.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -142,6 +144,14 @@ void make_pipeline_stage(const Backend& b, Model& m) {
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_UNIMPLEMENTED, m.desc.architecture + " (" + m.dir + "): " + e.what());
   }
+}
+
+std::string pp_layers_note(const sdk::PpLayout& L) {
+  std::string out = "layers ";
+  for (size_t c = 0; c < L.chunks.size(); ++c)
+    out += (c ? ", " : "") + std::to_string(L.chunks[c].global_begin) + ".." +
+           std::to_string(L.chunks[c].global_begin + L.chunks[c].count - 1);
+  return out;
 }
 
 engine::Outputs pp_forward(Model& m, const engine::MicroBatch& mb, const engine::OutputRequest& req) {
