@@ -332,7 +332,7 @@ TEST_P(MoeModel, PipelineStagesRecordAndReplayTheirColumns) {
     EngineOptions so = o;
     so.ops = &test::cpu_ops();
     so.pp = &layouts[size_t(s)];
-    auto e = std::make_unique<Engine>(layouts[size_t(s)].local, so);
+    auto e = std::make_unique<Engine>(m.desc, so);  // the engine takes the stage from so.pp
     std::vector<std::vector<float>> w;
     for (int64_t i : layouts[size_t(s)].full_index) w.push_back(m.weights[size_t(i)]);
     e->load_parameters(w);
