@@ -158,8 +158,6 @@ struct StepOptions {
   int64_t moe_global_sequences = 0;
 };
 
-// The counts a step's MoE auxiliary losses are normalised by, as both engines take them:
-// StepOptions' global counts, or else the step's own tokens and non-empty sequences.
 // StepResult's MoE metrics (a model with MoE layers) from a step's values, in train_step's
 // order; present as the options say. A pipeline's owner gives the values summed (aux, z) or
 // maximised (max_load) over the stages.
@@ -167,6 +165,8 @@ struct MoeOptions;
 std::vector<std::pair<std::string, double>> moe_step_metrics(const MoeOptions& options, double aux, double z,
                                                              double max_load);
 
+// The counts a step's MoE auxiliary losses are normalised by, as both engines take them:
+// StepOptions' global counts, or else the step's own tokens and non-empty sequences.
 struct MoeNormCounts {
   double tokens = 0, sequences = 0;
 };
