@@ -111,6 +111,20 @@ engine::LossResult no_loss(const engine::LossContext&, const engine::OutputViews
   return {};
 }
 
+// A 2-D int32 micro-batch field over `data` (the vectors must outlive it).
+rlh_named_tensor int32_field(const char* name, std::vector<int32_t>& data, std::vector<int64_t>& shape,
+                             std::vector<int64_t>& strides) {
+  rlh_named_tensor f{};
+  f.name = name;
+  f.tensor.data = data.data();
+  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  f.tensor.ndim = 2;
+  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+  f.tensor.shape = shape.data();
+  f.tensor.strides = strides.data();
+  return f;
+}
+
 int64_t predicted(const Batch& b) { return int64_t(b.ids.size()) - int64_t(b.cu.size()) + 1; }
 
 double metric(const engine::StepResult& r, const std::string& name) {
@@ -232,17 +246,7 @@ TEST_P(MoeModel, RoutingRecordAndReplay) {
 
   // Replay of the record: the same outputs, bit for bit, and the same record.
   std::vector<int64_t> shape = {N, R}, strides = {R, 1};
-  auto field = [&](std::vector<int32_t>& data) {
-    rlh_named_tensor f{};
-    f.name = "routed_experts";
-    f.tensor.data = data.data();
-    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-    f.tensor.ndim = 2;
-    f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
-    f.tensor.shape = shape.data();
-    f.tensor.strides = strides.data();
-    return f;
-  };
+  auto field = [&](std::vector<int32_t>& data) { return int32_field("routed_experts", data, shape, strides); };
   std::vector<int32_t> rec = o.routed_experts;
   MicroBatch rmb = mb;
   rmb.fields.push_back(field(rec));
@@ -374,16 +378,8 @@ TEST_P(MoeModel, PipelineStagesRecordAndReplayTheirColumns) {
     col += l.mlp.moe.top_k;
   }
   std::vector<int64_t> shape = {N, R}, strides = {R, 1};
-  rlh_named_tensor f{};
-  f.name = "routes";
-  f.tensor.data = other.data();
-  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-  f.tensor.ndim = 2;
-  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
-  f.tensor.shape = shape.data();
-  f.tensor.strides = strides.data();
   MicroBatch rmb = mb;
-  rmb.fields.push_back(f);
+  rmb.fields.push_back(int32_field("routes", other, shape, strides));
   engine::OutputRequest rreq = req;
   rreq.replay_routing_field = "routes";
   const engine::Outputs ref_other = whole->forward(rmb, rreq);
