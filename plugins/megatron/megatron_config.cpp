@@ -55,8 +55,9 @@ MegatronSchedule::WdIncrement wd_style(ConfigReader& r, const std::string& path)
 }
 
 // Pipeline parallelism (docs/parallelism.md): the layers split over pp stages with the 1F1B
-// schedule; the first/last stage counts as Megatron reads them. Interleaved virtual stages are
-// not implemented and refused by name.
+// schedule; the first/last stage counts as Megatron reads them; interleaved virtual stages
+// (model chunks per rank; the layer split and the micro-batch count are checked where they are
+// known: at load and at each train step).
 void read_pipeline(ConfigReader& r, backend::BackendConfig& cfg) {
   const std::string pp_key = "megatron_cfg.pipeline_model_parallel_size";
   cfg.parallel.pp = r.is_null(pp_key) ? 1 : r.integer(pp_key, 1);
@@ -64,10 +65,10 @@ void read_pipeline(ConfigReader& r, backend::BackendConfig& cfg) {
   const std::string vpp_key = "megatron_cfg.virtual_pipeline_model_parallel_size";
   const int64_t vpp = r.is_null(vpp_key) ? 1 : r.integer(vpp_key, 1);
   if (vpp < 1) r.fail(vpp_key, "must be at least 1, got " + std::to_string(vpp));
-  if (vpp > 1)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full(vpp_key) + " = " + std::to_string(vpp) +
-                                         ": interleaved virtual pipeline stages are not implemented (the 1F1B "
-                                         "schedule runs one stage per rank; set it to 1 or null)");
+  if (vpp > 1 && cfg.parallel.pp < 2)
+    r.fail(vpp_key, "set to " + std::to_string(vpp) + " needs megatron_cfg.pipeline_model_parallel_size > 1, got " +
+                        std::to_string(cfg.parallel.pp));
+  cfg.parallel.vpp = vpp;
   auto layers = [&](const char* key) -> int64_t {
     const std::string k = std::string("megatron_cfg.") + key;
     if (!r.has(k) || r.is_null(k)) return 0;

@@ -10,6 +10,24 @@ namespace rlh::sdk {
 namespace {
 const std::string kFirst = "num_layers_in_first_pipeline_stage";
 const std::string kLast = "num_layers_in_last_pipeline_stage";
+const std::string kVirtual = "virtual_pipeline_model_parallel_size";
+
+// Layers of each virtual stage (P x V of them, v = c P + s): Megatron's even split.
+std::vector<int64_t> virtual_stage_layers(int64_t L, int64_t P, const PpSplit& split, const std::string& key) {
+  const int64_t V = split.virtual_size;
+  // The virtual key next to the pipeline's (policy.megatron_cfg.virtual_...).
+  const size_t cut = key.rfind("pipeline_model_parallel_size");
+  const std::string vkey = (cut == std::string::npos ? std::string() : key.substr(0, cut)) + kVirtual;
+  const std::string at = vkey + " = " + std::to_string(V) + ": ";
+  if (V < 1) throw std::invalid_argument(vkey + " must be at least 1, got " + std::to_string(V));
+  if (V > 1 && P < 2) throw std::invalid_argument(at + "needs " + key + " > 1, got " + std::to_string(P));
+  if (split.first > 0 || split.last > 0)
+    throw std::invalid_argument(at + kFirst + " / " + kLast + " with interleaved virtual stages are not implemented");
+  if (L % (P * V) != 0)
+    throw std::invalid_argument(at + "the " + std::to_string(L) + " layers do not split into " + key + " x " + vkey +
+                                " = " + std::to_string(P * V) + " model chunks");
+  return std::vector<int64_t>(size_t(P * V), L / (P * V));
+}
 }  // namespace
 
 std::vector<int64_t> pp_stage_layers(int64_t L, int64_t P, const PpSplit& split, const std::string& key) {
@@ -40,20 +58,11 @@ std::vector<int64_t> pp_stage_layers(int64_t L, int64_t P, const PpSplit& split,
 }
 
 std::string pp_unsupported(const TransformerDesc& desc, int64_t size, const PpSplit& split, const std::string& key) {
-  if (size <= 1) return {};
+  if (size <= 1 && split.virtual_size == 1) return {};
   const std::string at = key + " = " + std::to_string(size) + ": ";
-  for (const LayerDesc& l : desc.layers) {
-    if (l.mlp.kind == MlpKind::moe)
-      return at + "mixture-of-experts layers under pipeline parallelism are not implemented (their routing record "
-                  "and auxiliary losses span the stages)";
-    if (l.attention.kind == AttentionKind::mla)
-      return at + "multi-head latent attention under pipeline parallelism is not implemented";
-  }
-  for (const ParamDesc& p : desc.params)
-    if (p.role == ParamRole::value_head)
-      return at + "a value head (score.weight) under pipeline parallelism is not implemented";
   try {
-    pp_stage_layers(desc.num_layers, size, split, key);
+    if (split.virtual_size != 1) virtual_stage_layers(desc.num_layers, size, split, key);
+    else pp_stage_layers(desc.num_layers, size, split, key);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -70,42 +79,70 @@ PpLayout make_pp_layout(const TransformerDesc& desc, int64_t size, int64_t rank,
   L.rank = rank;
   L.first = rank == 0;
   L.last = rank == size - 1;
-  L.stage_layers = pp_stage_layers(desc.num_layers, size, split, key);
-  for (int64_t s = 0; s < rank; ++s) L.layer_begin += L.stage_layers[size_t(s)];
-  L.layer_count = L.stage_layers[size_t(rank)];
-  const int64_t end = L.layer_begin + L.layer_count;
-  const bool tied = desc.tie_word_embeddings;
-  L.shares_embedding = tied && size > 1 && (L.first || L.last);
-
-  // Owners: a layer's tensors belong to its stage; the embedding to the first, the final norm
-  // and the head to the last.
-  std::vector<int64_t> stage_of_layer(size_t(desc.num_layers), 0);
-  for (int64_t s = 0, l = 0; s < size; ++s)
-    for (int64_t k = 0; k < L.stage_layers[size_t(s)]; ++k) stage_of_layer[size_t(l++)] = s;
-  L.owner.assign(desc.params.size(), 0);
-  L.local_index.assign(desc.params.size(), -1);
+  const int64_t V = split.virtual_size;
+  L.virtual_size = V;
+  // Per virtual stage its layers; virtual stage v is chunk v / size of rank v % size.
+  const std::vector<int64_t> vlayers =
+      V > 1 ? virtual_stage_layers(desc.num_layers, size, split, key) : pp_stage_layers(desc.num_layers, size, split, key);
+  L.stage_layers.assign(size_t(size), 0);
+  std::vector<int64_t> stage_of_layer(size_t(desc.num_layers), 0), local_layer(size_t(desc.num_layers), -1);
   TransformerDesc& loc = L.local;
   loc = desc;
   loc.params.clear();
-  loc.layers.assign(desc.layers.begin() + L.layer_begin, desc.layers.begin() + end);
-  for (size_t k = 0; k < loc.layers.size(); ++k) loc.layers[k].index = int64_t(k);
+  loc.layers.clear();
+  for (int64_t v = 0, l = 0; v < size * V; ++v) {
+    const int64_t s = v % size;
+    L.stage_layers[size_t(s)] += vlayers[size_t(v)];
+    if (s == rank) {
+      PpLayout::Chunk c;
+      c.local_begin = int64_t(loc.layers.size());
+      c.count = vlayers[size_t(v)];
+      c.global_begin = l;
+      c.embed = v == 0;
+      c.head = v == size * V - 1;
+      L.chunks.push_back(c);
+    }
+    for (int64_t k = 0; k < vlayers[size_t(v)]; ++k, ++l) {
+      stage_of_layer[size_t(l)] = s;
+      if (s != rank) continue;
+      local_layer[size_t(l)] = int64_t(loc.layers.size());
+      loc.layers.push_back(desc.layers[size_t(l)]);
+      loc.layers.back().index = local_layer[size_t(l)];
+    }
+  }
+  L.layer_begin = L.chunks.front().global_begin;
+  L.layer_count = int64_t(loc.layers.size());
   loc.num_layers = L.layer_count;
+  const bool tied = desc.tie_word_embeddings;
+  L.shares_embedding = tied && size > 1 && (L.first || L.last);
+  // MoE routing columns (V = 1: this stage's layers are one run).
+  for (int64_t l = 0; l < desc.num_layers; ++l) {
+    const LayerDesc& ld = desc.layers[size_t(l)];
+    if (ld.mlp.kind != MlpKind::moe) continue;
+    if (l < L.layer_begin) L.route_begin += ld.mlp.moe.top_k;
+    L.route_total += ld.mlp.moe.top_k;
+  }
+
+  // Owners: a layer's tensors belong to its stage; the embedding to the first, the final norm
+  // and the head to the last.
+  L.owner.assign(desc.params.size(), 0);
+  L.local_index.assign(desc.params.size(), -1);
   for (size_t i = 0; i < desc.params.size(); ++i) {
     const ParamDesc& p = desc.params[i];
     bool here = false;
     if (p.layer >= 0) {
       L.owner[i] = stage_of_layer.at(size_t(p.layer));
-      here = p.layer >= L.layer_begin && p.layer < end;
+      here = local_layer.at(size_t(p.layer)) >= 0;
     } else if (p.role == ParamRole::embed) {
       L.owner[i] = 0;
       here = L.first || (L.last && tied);
     } else {
-      L.owner[i] = size - 1;  // final norm, lm_head
+      L.owner[i] = size - 1;  // final norm, lm_head, a value head (score.weight)
       here = L.last;
     }
     if (!here) continue;
     ParamDesc q = p;
-    if (q.layer >= 0) q.layer -= L.layer_begin;
+    if (q.layer >= 0) q.layer = local_layer[size_t(p.layer)];
     L.local_index[i] = int64_t(loc.params.size());
     L.full_index.push_back(int64_t(i));
     if (p.role == ParamRole::embed) L.embed_local = int64_t(loc.params.size());

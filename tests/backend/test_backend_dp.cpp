@@ -441,8 +441,8 @@ TEST(DataParallelErrors, RefusedByName) {
   }
   rlh_backend* b = nullptr;
   const std::string cfg = json({{"megatron_cfg", {{"virtual_pipeline_model_parallel_size", 2}}}}).dump();
-  expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-               "virtual_pipeline_model_parallel_size = 2: interleaved virtual pipeline stages are not implemented");
+  expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_INVALID_ARGUMENT,
+               "virtual_pipeline_model_parallel_size: set to 2 needs megatron_cfg.pipeline_model_parallel_size > 1");
 }
 
 }  // namespace

@@ -13,13 +13,21 @@
 //   - two AdamW steps with clipping follow the reference;
 //   - a state saved under PP is the one-rank HF layout, loads on one rank into the same weights
 //     and continues there; one rank's state loads back under PP bitwise;
-//   - refusals name the setting: virtual stages, PP on one rank, layers that do not split,
-//     an MoE model.
+//   - MoE under PP 2 (np 2): Qwen3-MoE with the load-balancing and z losses (their values and
+//     gradients from both stages), DeepSeek-V3 (MLA, sigmoid routing in float64) split 2 + 1:
+//     outputs, gradients, two AdamW steps and the MoE metrics are one rank's;
+//   - a reward model's value head (the last stage's) gives one rank's values and gradients;
+//   - interleaved virtual stages (PP 2 x VPP 2 on a four-layer Llama written by the test; with
+//     DP 2 at np 4) give the reference's outputs, gradients and AdamW steps, and the pipeline's
+//     bytes per step equal the analytic count;
+//   - refusals name the setting: PP on one rank, layers that do not split, virtual stages
+//     without PP, with first/last counts, over layers or micro-batches that do not divide.
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "backend_harness.hpp"
@@ -46,8 +54,10 @@ struct Case {
   bool packing;
   bool distributed_optimizer;
   int64_t first_layers = 1;  // num_layers_in_first_pipeline_stage
+  int64_t vpp = 1;           // virtual_pipeline_model_parallel_size
   std::string label() const {
-    return model + (tp > 1 ? " tp" + std::to_string(tp) : "") + " pp" + std::to_string(pp) +
+    return model + (tp > 1 ? " tp" + std::to_string(tp) : "") + " pp" +
+           std::to_string(pp) + (vpp > 1 ? " vpp" + std::to_string(vpp) : "") +
            (first_layers != 1 ? " first" + std::to_string(first_layers) : "") +
            (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
   }
@@ -57,11 +67,25 @@ json base_config(const Case& c, bool one_rank) {
   json cfg = {{"megatron_cfg",
                {{"tensor_model_parallel_size", one_rank ? 1 : c.tp},
                 {"pipeline_model_parallel_size", one_rank ? 1 : c.pp},
-                {"num_layers_in_first_pipeline_stage", one_rank || c.pp == 1 ? json(nullptr) : json(c.first_layers)},
-                {"virtual_pipeline_model_parallel_size", nullptr}}}};
+                {"num_layers_in_first_pipeline_stage",
+                 one_rank || c.pp == 1 || c.vpp > 1 ? json(nullptr) : json(c.first_layers)},
+                {"virtual_pipeline_model_parallel_size", one_rank || c.vpp == 1 ? json(nullptr) : json(c.vpp)}}}};
+  // MoE: the softmax router (Qwen3-MoE) trains with the load-balancing loss (per micro-batch,
+  // or per sequence with packing) and the z-loss, whose gradients each stage adds to its own
+  // layers and whose values the stages sum; DeepSeek-V3's sigmoid router (no such losses;
+  // MLA attention) routes in float64.
+  if (c.model == "qwen3-moe-tiny") {
+    cfg["megatron_cfg"]["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
+    cfg["megatron_cfg"]["moe_aux_loss_coeff"] = 0.01;
+    cfg["megatron_cfg"]["moe_z_loss_coeff"] = 0.001;
+  } else if (c.model == "deepseek-v3-tiny") {
+    cfg["megatron_cfg"]["moe_router_dtype"] = "fp64";
+  }
   set_batching(cfg, c.packing);
   return cfg;
 }
+
+bool is_moe(const Case& c) { return c.model == "qwen3-moe-tiny" || c.model == "deepseek-v3-tiny"; }
 
 json sgd_config(const Case& c, bool one_rank) { return with_sgd(base_config(c, one_rank), c.distributed_optimizer); }
 json adam_config(const Case& c, bool one_rank, double lr) {
@@ -73,12 +97,65 @@ json adam_config(const Case& c, bool one_rank, double lr) {
 // micro-batch's activations forward (stage 0) or their gradient back (stage 1), N x C floats in
 // all; a tied embedding's gradient (its V/T vocabulary rows) is all-reduced over the embedding
 // group of the two stages (ring: 2 (2-1)/2 of it); the gradient norm's sum is all-reduced over
-// the stages (2 (2-1)/2 x 8 bytes).
-int64_t analytic_pp_bytes(const Case& c, int64_t N) {
+// the stages (2 (2-1)/2 x 8 bytes). With V virtual stages per rank, rank s sends the
+// activations of its chunks but the very last (V, or V - 1 on the last rank) and the
+// gradients of its chunks but the very first (V, or V - 1 on rank 0): 2 V - 1 of N x C floats
+// on each rank of two.
+int64_t analytic_pp_bytes(const Case& c, int64_t N, int64_t stage) {
   const int64_t C = 64;
   const bool tied = c.model == "qwen3-tiny";  // llama-tiny and qwen2-swa-yarn-tiny have an lm_head
-  return N * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
+  const int64_t sends = (c.vpp - (stage == c.pp - 1)) + (c.vpp - (stage == 0));
+  return sends * N * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
 }
+
+// A Llama of four layers for the virtual stages (the fixtures have at most three): llama-tiny's
+// two layers, then both again scaled by 0.9 (so that no two layers are alike); written by rank 0
+// into a temporary directory, removed at exit.
+const std::string& four_layer_llama() {
+  static const std::string dir = [] {
+    const fs::path d = world().broadcast((fs::temp_directory_path() / ("rlh_pp_llama4_" + std::to_string(::getpid()))).string());
+    if (world().rank() == 0) {
+      fs::remove_all(d);
+      fs::create_directories(d);
+      const auto src = sdk::st::Checkpoint::open(model_path("llama-tiny"));
+      std::vector<std::vector<float>> keep;
+      std::vector<std::pair<std::string, std::vector<int64_t>>> named;
+      for (const std::string& n : src.names()) {
+        const std::vector<int64_t> shape = src.at(n).info->shape;
+        keep.push_back(src.read_f32(n));
+        named.emplace_back(n, shape);
+        const std::string pre = "model.layers.";
+        if (n.rfind(pre, 0) == 0) {
+          const size_t dot = n.find('.', pre.size());
+          const int layer = std::stoi(n.substr(pre.size(), dot - pre.size()));
+          std::vector<float> again = keep.back();
+          for (float& x : again) x *= 0.9f;
+          keep.push_back(std::move(again));
+          named.emplace_back(pre + std::to_string(layer + 2) + n.substr(dot), shape);
+        }
+      }
+      std::vector<sdk::st::WriteTensor> tensors;
+      for (size_t i = 0; i < keep.size(); ++i)
+        tensors.push_back({named[i].first, sdk::st::DType::F32, named[i].second,
+                           std::as_bytes(std::span<const float>(keep[i].data(), keep[i].size()))});
+      sdk::st::write_checkpoint(d.string(), tensors);
+      json cfg = json::parse(std::ifstream(model_path("llama-tiny") + "/config.json"));
+      cfg["num_hidden_layers"] = 4;
+      std::ofstream(d / "config.json") << cfg.dump(2);
+      static struct Cleanup {
+        std::string dir;
+        ~Cleanup() { fs::remove_all(dir); }
+      } cleanup;
+      cleanup.dir = d.string();
+    }
+    world().barrier();
+    return d.string();
+  }();
+  return dir;
+}
+
+// The model a case loads: a fixture, or "llama-4-layers" (four_layer_llama).
+std::string model_of(const Case& c) { return c.model == "llama-4-layers" ? four_layer_llama() : c.model; }
 
 class PipelineParallel : public ::testing::TestWithParam<Case> {};
 
@@ -98,26 +175,44 @@ struct Place {
   }
 };
 
-bool fits(const Case& c) { return world().size() % (c.tp * c.pp) == 0; }
+// The MoE cases run at np 2 only (CI time): under data parallelism the ranks' micro-batches are
+// not the reference's, so the busiest expert's share would not compare.
+bool fits(const Case& c) { return world().size() % (c.tp * c.pp) == 0 && (!is_moe(c) || world().size() == c.tp * c.pp); }
 
 TEST_P(PipelineParallel, MatchesOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (!fits(c)) GTEST_SKIP() << c.label() << " on " << N << " ranks";
   Place p(c);
-  const SgdComparison r = compare_sgd_step(c.model, sgd_config(c, true), sgd_config(c, false), *p.global, *p.mine,
+  const SgdComparison r = compare_sgd_step(model_of(c), sgd_config(c, true), sgd_config(c, false), *p.global, *p.mine,
                                            p.first, c.label());
   const Outcome& pp = r.got;
   EXPECT_EQ(pp.metrics["dp_size"].get<int>(), p.dp);
   // The loss callback's metrics reach every stage (the loss itself is checked above).
   EXPECT_TRUE(pp.metrics.contains("metrics")) << c.label();
   const int64_t bytes = pp.metrics["pp/comm_bytes"].get<int64_t>();
-  EXPECT_EQ(bytes, analytic_pp_bytes(c, p.mine->num_tokens())) << c.label();
+  const int64_t stage = world().rank() / (c.tp * p.dp);  // Megatron's order: pp slowest
+  EXPECT_EQ(bytes, analytic_pp_bytes(c, p.mine->num_tokens(), stage)) << c.label();
+  // MoE: the auxiliary losses and the busiest expert's share, from the stages' layers together,
+  // are one rank's (the same micro-batches: summed in another order).
+  std::string moe_line;
+  if (is_moe(c)) {
+    std::vector<std::string> keys = {"moe/max_expert_load"};
+    if (c.model == "qwen3-moe-tiny") keys.insert(keys.end(), {"moe/aux_loss", "moe/z_loss"});
+    for (const std::string& k : keys) {
+      ASSERT_TRUE(pp.metrics.contains(k) && r.ref.metrics.contains(k)) << c.label() << ": " << k;
+      const double a = pp.metrics[k].get<double>(), b = r.ref.metrics[k].get<double>();
+      EXPECT_GT(b, 0) << c.label() << ": " << k;
+      EXPECT_NEAR(a, b, 1e-6 * std::fabs(b)) << c.label() << ": " << k;
+      moe_line += ", " + k + " " + std::to_string(a) + " vs " + std::to_string(b);
+    }
+  }
   if (world().rank() == 0)
     std::cout << "[np " << N << "] " << c.label() << ": loss " << pp.loss << " vs " << r.ref.loss << ", grad norm "
               << pp.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
               << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
-              << ", pp bytes/step " << bytes << " (analytic " << analytic_pp_bytes(c, p.mine->num_tokens()) << ")\n";
+              << ", pp bytes/step " << bytes << " (analytic " << analytic_pp_bytes(c, p.mine->num_tokens(), stage) << ")"
+              << moe_line << "\n";
 }
 
 TEST_P(PipelineParallel, AdamWStepsFollowOneRank) {
@@ -126,7 +221,7 @@ TEST_P(PipelineParallel, AdamWStepsFollowOneRank) {
   if (!fits(c)) GTEST_SKIP() << c.label() << " on " << N << " ranks";
   Place p(c);
   const AdamComparison r =
-      compare_adamw_steps(c.model, adam_config(c, true, 2e-3), adam_config(c, false, 2e-3), *p.global, *p.mine, c.label());
+      compare_adamw_steps(model_of(c), adam_config(c, true, 2e-3), adam_config(c, false, 2e-3), *p.global, *p.mine, c.label());
   // Each stage holds its layers and its global tensors only: less than one rank's model.
   EXPECT_LT(r.state, r.ref_state) << c.label();
   if (world().rank() == 0)
@@ -142,7 +237,7 @@ TEST_P(PipelineParallel, LogprobAtIdsAndTopKMatchOneRank) {
   auto g = global_batch();
   std::vector<rlh_output_spec> more;
   if (c.tp == 1) more.push_back(spec(RLH_OUTPUT_LOGPROB, "topk", 1.3, 5));  // needs the whole vocabulary: not with TP
-  for (const double err : at_ids_differences(c.model, sgd_config(c, true), sgd_config(c, false), *g, kVocab, more))
+  for (const double err : at_ids_differences(model_of(c), sgd_config(c, true), sgd_config(c, false), *g, kVocab, more))
     EXPECT_LE(err, 2e-5) << c.label();
 }
 
@@ -156,11 +251,85 @@ std::vector<Case> cases() {
   // Three layers split 2 + 1 (Megatron's uneven first stage), with q/k/v biases, sliding-window
   // attention and YaRN RoPE: the stages run whatever layers they hold.
   v.push_back({"qwen2-swa-yarn-tiny", 1, 2, true, false, 2});
+  // MoE under PP: Qwen3-MoE's two MoE layers one per stage, with the auxiliary losses; and
+  // DeepSeek-V3 (MLA attention, a dense first layer, sigmoid group-limited routing, shared
+  // experts) split 2 + 1, so both stages hold an MoE layer. np 2 only (as PP 2 x DP 2 at np 4
+  // is the dense cases' business).
+  v.push_back({"qwen3-moe-tiny", 1, 2, false, false});
+  v.push_back({"qwen3-moe-tiny", 1, 2, true, true});
+  v.push_back({"deepseek-v3-tiny", 1, 2, true, false, 2});
+  // Interleaved virtual stages: four layers in four chunks, two per rank (rank 0 layers 0 and 2,
+  // rank 1 layers 1 and 3), four micro-batches through Megatron's interleaved order; at np 4
+  // also with DP 2 (two micro-batches per replica).
+  v.push_back({"llama-4-layers", 1, 2, false, true, 1, 2});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Pp, PipelineParallel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return test_name(info.param.label()); });
+
+// A value head (a reward model's score.weight, initialised from the fixed seed) is the last
+// stage's: its values reach every stage, and one SGD step of a squared error on them gives one
+// rank's loss and gradients (4 micro-batches through the 1F1B schedule).
+TEST(PipelineParallelValueHead, RewardModelMatchesOneRank) {
+  if (world().size() != 2) GTEST_SKIP() << "np 2 only";
+  const Case c{"llama-tiny", 1, 2, false, false};
+  auto g = global_batch();
+  Backend::TrainOptions o;
+  o.specs = {spec(RLH_OUTPUT_VALUE, "v")};
+  o.micro_batch_seqs = 2;
+  const Backend::LossBody loss = [](const rlh_microbatch& mb) {
+    float* gv = nullptr;
+    const float* v = output(mb, "v", &gv);
+    const double n = double(mb.global_num_tokens);
+    double l = 0;
+    for (int64_t t = 0; t < mb.batch->seq_offsets[mb.batch->num_seqs]; ++t) {
+      const double d = double(v[t]) - 0.25 * double(t % 5);
+      l += d * d / n;
+      gv[t] = float(2 * d / n);
+    }
+    return l;
+  };
+  struct Run {
+    std::vector<float> values;
+    double loss = 0, grad_norm = 0;
+    Weights grads;
+  };
+  const auto run = [&](const json& cfg) {
+    Run r;
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(model_path(c.model), true, "reward_model");
+    std::vector<std::vector<float>> out;
+    sdk::check(be.try_forward(m, *g, {spec(RLH_OUTPUT_VALUE, "v")}, out), "forward values");
+    r.values = out[0];
+    const Weights before = be.weights(m);
+    const auto t = be.train(m, *g, g->num_tokens(), g->num_seqs(), loss, o);
+    r.loss = t.r.loss;
+    r.grad_norm = t.r.grad_norm;
+    r.grads = minus(before, be.weights(m));
+    return r;
+  };
+  Run ref;
+  {
+    Alone alone;
+    ref = run(sgd_config(c, true));
+  }
+  const Run got = run(sgd_config(c, false));
+  ASSERT_EQ(got.values.size(), ref.values.size());
+  double v_err = 0;
+  for (size_t t = 0; t < ref.values.size(); ++t) v_err = std::max(v_err, std::fabs(double(got.values[t]) - ref.values[t]));
+  EXPECT_LE(v_err, 2e-5);
+  EXPECT_GT(ref.loss, 0);
+  EXPECT_NEAR(got.loss, ref.loss, 1e-5 * ref.loss);
+  EXPECT_NEAR(got.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm);
+  ASSERT_TRUE(ref.grads.count("score.weight") && got.grads.count("score.weight"));
+  ASSERT_EQ(got.grads.size(), ref.grads.size());
+  const double g_err = max_rel_diff(got.grads, ref.grads);
+  EXPECT_LE(g_err, 1e-4);
+  if (world().rank() == 0)
+    std::cout << "[np 2] reward model pp2: values within " << v_err << ", loss " << got.loss << " vs " << ref.loss
+              << ", gradients within " << g_err << " (relative to the largest)\n";
+}
 
 // A state saved under PP is one rank's files (HF layout, every tensor); it loads on one rank into
 // the same weights and continues; one rank's state loads back under PP bitwise.
@@ -179,8 +348,6 @@ TEST(PipelineParallelErrors, RefusedByName) {
     rlh_model* m = nullptr;
     expect_error(be.try_load(model_path(model), true, &m), code, part);
   };
-  load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
-             "pipeline_model_parallel_size = 2: mixture-of-experts layers under pipeline parallelism are not implemented");
   load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}, {"num_layers_in_first_pipeline_stage", 2}}}},
              "llama-tiny", RLH_E_UNIMPLEMENTED,
              "pipeline_model_parallel_size = 2: the layers do not split over the stages (2 layers, "
@@ -197,10 +364,33 @@ TEST(PipelineParallelErrors, RefusedByName) {
   }
   {
     rlh_backend* b = nullptr;
-    const std::string cfg =
-        json({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}, {"virtual_pipeline_model_parallel_size", 2}}}}).dump();
-    expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-                 "virtual_pipeline_model_parallel_size = 2: interleaved virtual pipeline stages are not implemented");
+    const std::string cfg = json({{"megatron_cfg", {{"virtual_pipeline_model_parallel_size", 2}}}}).dump();
+    expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_INVALID_ARGUMENT,
+                 "virtual_pipeline_model_parallel_size: set to 2 needs megatron_cfg.pipeline_model_parallel_size > 1, got 1");
+  }
+  // Megatron's rules for virtual stages: the layers split evenly into P x V chunks (no
+  // first/last counts), the micro-batches a multiple of P.
+  const json vpp = {{"pipeline_model_parallel_size", 2}, {"virtual_pipeline_model_parallel_size", 2}};
+  load_error({{"megatron_cfg", vpp}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
+             "policy.megatron_cfg.virtual_pipeline_model_parallel_size = 2: the 2 layers do not split into "
+             "policy.megatron_cfg.pipeline_model_parallel_size x policy.megatron_cfg.virtual_pipeline_model_parallel_size "
+             "= 4 model chunks");
+  {
+    json mc = vpp;
+    mc["num_layers_in_first_pipeline_stage"] = 2;
+    load_error({{"megatron_cfg", mc}}, four_layer_llama(), RLH_E_UNIMPLEMENTED,
+               "virtual_pipeline_model_parallel_size = 2: num_layers_in_first_pipeline_stage / "
+               "num_layers_in_last_pipeline_stage with interleaved virtual stages are not implemented");
+  }
+  if (N == 2) {
+    json cfg = {{"megatron_cfg", vpp}, {"train_micro_batch_size", 3}};  // 8 sequences: 3 micro-batches
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = be.load(four_layer_llama(), true);
+    auto g = global_batch();
+    Backend::TrainResult res;
+    expect_error(be.try_train(m, *g, g->num_tokens(), g->num_seqs(), nll_loss(), {}, res), RLH_E_INVALID_ARGUMENT,
+                 "virtual_pipeline_model_parallel_size = 2: the interleaved schedule needs a number of micro-batches "
+                 "divisible by policy.megatron_cfg.pipeline_model_parallel_size = 2, got 3 micro-batches");
   }
   {  // the stages of a pipeline given different batches (a loop sharding over every rank)
     Backend be(host(), "megatron", {{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}});

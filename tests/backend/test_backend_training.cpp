@@ -675,8 +675,9 @@ TEST(BackendErrors, ConfigKeys) {
                RLH_E_INVALID_ARGUMENT, "OneCycleLR");
   expect_error(create("dtensor", {{"sequence_packing", {{"enabled", true}}}}), RLH_E_INVALID_ARGUMENT,
                "policy.sequence_packing.train_mb_tokens");
-  expect_error(create("megatron", {{"megatron_cfg", {{"virtual_pipeline_model_parallel_size", 4}}}}), RLH_E_UNIMPLEMENTED,
-               "policy.megatron_cfg.virtual_pipeline_model_parallel_size = 4");
+  expect_error(create("megatron", {{"megatron_cfg", {{"virtual_pipeline_model_parallel_size", 4}}}}), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.virtual_pipeline_model_parallel_size: set to 4 needs "
+               "megatron_cfg.pipeline_model_parallel_size > 1");
   expect_error(create("megatron", {{"megatron_cfg", {{"num_layers_in_first_pipeline_stage", 0}}}}), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.num_layers_in_first_pipeline_stage");
   expect_error(create("megatron", {{"megatron_cfg", {{"optimizer", {{"optimizer", "lion"}}}}}}), RLH_E_INVALID_ARGUMENT,

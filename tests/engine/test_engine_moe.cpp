@@ -3,7 +3,7 @@
 // group-limited routing) of the shared fixtures. Packing, micro-batching, recompute and thread
 // count do not change results; the routing record and replay; the auxiliary losses' gradients
 // against finite differences of their reported values; the frozen router; the float64 router;
-// the kernels through the C ABI; refusals. (Agreement with Hugging Face is
+// the kernels through the C ABI; pipeline stages' routing columns, replay and losses; refusals. (Agreement with Hugging Face is
 // test_engine_fixtures.)
 #include <gtest/gtest.h>
 
@@ -21,6 +21,7 @@
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/host.h"
 #include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/pipeline_parallel.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 
@@ -108,6 +109,20 @@ engine::LossResult nll(const engine::LossContext& c, const engine::OutputViews& 
 engine::LossResult no_loss(const engine::LossContext&, const engine::OutputViews&,
                            engine::OutputGrads&) {
   return {};
+}
+
+// A 2-D int32 micro-batch field over `data` (the vectors must outlive it).
+rlh_named_tensor int32_field(const char* name, std::vector<int32_t>& data, std::vector<int64_t>& shape,
+                             std::vector<int64_t>& strides) {
+  rlh_named_tensor f{};
+  f.name = name;
+  f.tensor.data = data.data();
+  f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+  f.tensor.ndim = 2;
+  f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
+  f.tensor.shape = shape.data();
+  f.tensor.strides = strides.data();
+  return f;
 }
 
 int64_t predicted(const Batch& b) { return int64_t(b.ids.size()) - int64_t(b.cu.size()) + 1; }
@@ -231,17 +246,7 @@ TEST_P(MoeModel, RoutingRecordAndReplay) {
 
   // Replay of the record: the same outputs, bit for bit, and the same record.
   std::vector<int64_t> shape = {N, R}, strides = {R, 1};
-  auto field = [&](std::vector<int32_t>& data) {
-    rlh_named_tensor f{};
-    f.name = "routed_experts";
-    f.tensor.data = data.data();
-    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-    f.tensor.ndim = 2;
-    f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
-    f.tensor.shape = shape.data();
-    f.tensor.strides = strides.data();
-    return f;
-  };
+  auto field = [&](std::vector<int32_t>& data) { return int32_field("routed_experts", data, shape, strides); };
   std::vector<int32_t> rec = o.routed_experts;
   MicroBatch rmb = mb;
   rmb.fields.push_back(field(rec));
@@ -293,6 +298,130 @@ TEST_P(MoeModel, RoutingRecordAndReplay) {
   MicroBatch bad2 = mb;
   bad2.fields.push_back(field(out_of_range));
   EXPECT_THROW(e->forward(bad2, rreq), std::invalid_argument);
+}
+
+// Pipeline stages (sdk/pipeline_parallel.hpp) in one process, the boundary activations handed
+// over by hand: stage records are the whole model's record cut at route_begin; replaying the
+// whole model's [N, R] record on the stages (each reads its columns) gives one engine's outputs
+// under that routing, and the train step's gradients with the auxiliary losses (load balancing,
+// z-loss), their values summed over the stages, are one engine's.
+TEST_P(MoeModel, PipelineStagesRecordAndReplayTheirColumns) {
+  const Model& m = model(GetParam());
+  // Stage 1 starts at the last MoE layer, so both stages hold MoE layers.
+  int64_t first = -1, moe_layers = 0;
+  sdk::MoeScoring scoring = sdk::MoeScoring::softmax;
+  for (const auto& l : m.desc.layers)
+    if (l.mlp.kind == sdk::MlpKind::moe) first = l.index, scoring = l.mlp.moe.scoring, ++moe_layers;
+  ASSERT_GE(moe_layers, 2);
+  EngineOptions o;
+  o.moe.load_balancing = MoeOptions::LoadBalancing::seq_aux_loss;
+  o.moe.aux_loss_coef = 0.01;
+  o.moe.z_loss_coef = 0.001;
+  const bool losses = scoring == sdk::MoeScoring::softmax;
+  if (!losses) o.moe = MoeOptions{};  // sigmoid scores: no auxiliary losses
+  auto whole = make(GetParam(), o);
+  const Batch b = make_batch({11, 20}, m.desc.vocab_size);
+  const MicroBatch mb = b.mb();
+  const int64_t N = int64_t(b.ids.size()), R = whole->routing_width(), C = m.desc.hidden_size;
+  engine::OutputRequest req;
+  req.routed_experts = true;
+  const engine::Outputs ref = whole->forward(mb, req);
+
+  std::vector<sdk::PpLayout> layouts;
+  std::vector<std::unique_ptr<Engine>> stages;
+  for (int64_t s = 0; s < 2; ++s) {
+    layouts.push_back(sdk::make_pp_layout(m.desc, 2, s, {first, 0}));
+  }
+  for (int64_t s = 0; s < 2; ++s) {
+    EngineOptions so = o;
+    so.ops = &test::cpu_ops();
+    so.pp = &layouts[size_t(s)];
+    auto e = std::make_unique<Engine>(m.desc, so);  // the engine takes the stage from so.pp
+    std::vector<std::vector<float>> w;
+    for (int64_t i : layouts[size_t(s)].full_index) w.push_back(m.weights[size_t(i)]);
+    e->load_parameters(w);
+    EXPECT_EQ(layouts[size_t(s)].route_total, R);
+    stages.push_back(std::move(e));
+  }
+  // Both stages' records, put side by side at route_begin, are the whole model's.
+  const auto run = [&](const MicroBatch& in, const engine::OutputRequest& r) {
+    std::vector<float> x(size_t(N * C));
+    const engine::Outputs o0 = stages[0]->forward_stage(in, r, {}, x);
+    engine::Outputs o1 = stages[1]->forward_stage(in, r, x, {});
+    if (r.routed_experts) {
+      std::vector<int32_t> rec(size_t(N * R), -1);
+      const engine::Outputs* parts[2] = {&o0, &o1};
+      for (int s = 0; s < 2; ++s) {
+        const int64_t w = parts[s]->routing_width, at = layouts[size_t(s)].route_begin;
+        EXPECT_EQ(w, stages[size_t(s)]->routing_width());
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < w; ++k) rec[size_t(n * R + at + k)] = parts[s]->routed_experts[size_t(n * w + k)];
+      }
+      o1.routed_experts = rec;
+    }
+    return o1;
+  };
+  const engine::Outputs got = run(mb, req);
+  EXPECT_EQ(got.logprob, ref.logprob);
+  EXPECT_EQ(got.routed_experts, ref.routed_experts);
+
+  // Replay another routing of the whole model (each choice moved to the next expert).
+  std::vector<int32_t> other = ref.routed_experts;
+  int64_t col = 0;
+  for (const auto& l : m.desc.layers) {
+    if (l.mlp.kind != sdk::MlpKind::moe) continue;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < l.mlp.moe.top_k; ++k) {
+        int32_t& x = other[size_t(n * R + col + k)];
+        x = int32_t((x + 1) % l.mlp.moe.num_experts);
+      }
+    col += l.mlp.moe.top_k;
+  }
+  std::vector<int64_t> shape = {N, R}, strides = {R, 1};
+  MicroBatch rmb = mb;
+  rmb.fields.push_back(int32_field("routes", other, shape, strides));
+  engine::OutputRequest rreq = req;
+  rreq.replay_routing_field = "routes";
+  const engine::Outputs ref_other = whole->forward(rmb, rreq);
+  const engine::Outputs got_other = run(rmb, rreq);
+  EXPECT_NE(ref_other.logprob, ref.logprob);
+  EXPECT_EQ(got_other.logprob, ref_other.logprob);
+  EXPECT_EQ(got_other.routed_experts, other);
+
+  // A train step under the replayed routing: the stages' gradients are the whole engine's.
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.apply_optimizer = false;
+  so.outputs.replay_routing_field = "routes";
+  const engine::StepResult sr = whole->train_step({&rmb, 1}, so, nll);
+  const std::vector<std::vector<float>> g_ref = grads(*whole);
+  std::vector<float> x(size_t(N * C)), dx(size_t(N * C));
+  for (auto& e : stages) e->begin_stage_step({&rmb, 1}, so);
+  stages[0]->forward_stage(rmb, so.outputs, {}, x);
+  const engine::LossResult lr = stages[1]->backward_stage(rmb, 0, 1, so, nll, x, {}, dx);
+  stages[0]->backward_stage(rmb, 0, 1, so, nll, {}, dx, {});
+  for (auto& e : stages) e->end_stage_step();
+  EXPECT_NEAR(lr.loss, sr.loss, 1e-6 * std::fabs(sr.loss));
+  // A tied embedding's two copies (stage 0's lookup, stage 1's head) each hold a part: their sum.
+  std::vector<float> embed_sum;
+  for (int64_t s = 0; s < 2; ++s) {
+    const std::vector<std::vector<float>> g = grads(*stages[size_t(s)]);
+    for (size_t j = 0; j < g.size(); ++j) {
+      const size_t i = size_t(layouts[size_t(s)].full_index[j]);
+      if (layouts[size_t(s)].shares_embedding && int64_t(j) == layouts[size_t(s)].embed_local) {
+        if (embed_sum.empty()) embed_sum.assign(g[j].size(), 0.f);
+        for (size_t k = 0; k < g[j].size(); ++k) embed_sum[k] += g[j][k];
+        if (s == 1) EXPECT_LE(rel(embed_sum, g_ref[i]), 1e-5) << m.desc.params[i].name << " (tied: both copies)";
+        continue;
+      }
+      EXPECT_LE(rel(g[j], g_ref[i]), 1e-5) << m.desc.params[i].name;
+    }
+  }
+  // The auxiliary losses' values, summed over the stages; the busiest expert's share, the largest.
+  const Engine::MoeValues v0 = stages[0]->stage_moe_values(), v1 = stages[1]->stage_moe_values();
+  const auto metrics = engine::moe_step_metrics(o.moe, v0.aux + v1.aux, v0.z + v1.z, std::max(v0.max_load, v1.max_load));
+  ASSERT_EQ(metrics.size(), losses ? 3u : 1u);
+  for (const auto& [k, v] : metrics) EXPECT_NEAR(v, metric(sr, k), 1e-9 * std::fabs(metric(sr, k)) + 1e-12) << k;
 }
 
 // The auxiliary losses alone (the callback's loss is 0): the engine's gradient g against the

@@ -1,6 +1,7 @@
 // Pipeline parallelism's split and a stage's description and program (sdk/pipeline_parallel.hpp):
 // Megatron's layer counts with first/last stages, owners of every tensor, the tied embedding's
-// copy, stage programs, refusals.
+// copy, stage programs, the MoE routing record's columns per stage, interleaved virtual
+// stages' chunks, refusals.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -92,15 +93,73 @@ TEST(PipelineParallel, StageDescriptionsOwnersAndPrograms) {
   }
 }
 
-TEST(PipelineParallel, Refusals) {
-  json moe = llama(2, false);
+// MoE layers split like any other; each stage records and replays its own columns of the whole
+// routing record (top_k per MoE layer, in layer order).
+TEST(PipelineParallel, MoeRoutingColumns) {
+  json moe = llama(4, false);
   moe["architectures"] = {"MixtralForCausalLM"};
   moe["num_local_experts"] = 4;
   moe["num_experts_per_tok"] = 2;
   const sdk::TransformerDesc m = model::describe(moe);
-  EXPECT_NE(sdk::pp_unsupported(m, 2, {}).find("mixture-of-experts layers under pipeline parallelism are not implemented"),
+  EXPECT_EQ(sdk::pp_unsupported(m, 2, {}), "");
+  const int64_t begin[3] = {0, 2, 6};  // layers 1 + 2 + 1
+  for (int64_t s = 0; s < 3; ++s) {
+    const sdk::PpLayout L = sdk::make_pp_layout(m, 3, s, {1, 1});
+    EXPECT_EQ(L.route_total, 8);
+    EXPECT_EQ(L.route_begin, begin[s]) << "stage " << s;
+  }
+  EXPECT_EQ(sdk::make_pp_layout(model::describe(llama(2, false)), 2, 1, {}).route_total, 0);  // dense
+}
+
+// Interleaved virtual stages: 8 layers in P x V = 4 chunks of 2; virtual stage v = c P + s, so
+// rank 0 holds layers 0-1 and 4-5, rank 1 layers 2-3 and 6-7; the embedding goes with the first
+// chunk of rank 0, the head with the last chunk of the last rank.
+TEST(PipelineParallel, VirtualStageChunks) {
+  for (const bool tied : {false, true}) {
+    const sdk::TransformerDesc d = model::describe(llama(8, tied));
+    std::vector<int> held(d.params.size(), 0);
+    for (int64_t s = 0; s < 2; ++s) {
+      sdk::PpSplit split;
+      split.virtual_size = 2;
+      const sdk::PpLayout L = sdk::make_pp_layout(d, 2, s, split);
+      ASSERT_EQ(L.chunks.size(), 2u);
+      EXPECT_EQ(L.local.num_layers, 4);
+      EXPECT_EQ(L.stage_layers, (std::vector<int64_t>{4, 4}));
+      for (int64_t c = 0; c < 2; ++c) {
+        const sdk::PpLayout::Chunk& k = L.chunks[size_t(c)];
+        EXPECT_EQ(k.local_begin, 2 * c);
+        EXPECT_EQ(k.count, 2);
+        EXPECT_EQ(k.global_begin, 2 * (2 * c + s));
+        EXPECT_EQ(k.embed, s == 0 && c == 0);
+        EXPECT_EQ(k.head, s == 1 && c == 1);
+      }
+      for (size_t j = 0; j < L.local.params.size(); ++j) {
+        const sdk::ParamDesc& full = d.params[size_t(L.full_index[j])];
+        if (full.layer >= 0) {  // local layer l is global layer 2 (2 (l / 2) + s) + l % 2
+          const int64_t l = L.local.params[j].layer;
+          EXPECT_EQ(full.layer, 2 * (2 * (l / 2) + s) + l % 2) << full.name;
+        }
+        if (L.owner[size_t(L.full_index[j])] == s) ++held[size_t(L.full_index[j])];
+      }
+      EXPECT_EQ(L.local.find_param(-1, sdk::ParamRole::embed) != nullptr, s == 0 || tied);
+      EXPECT_EQ(L.local.find_param(-1, sdk::ParamRole::final_norm) != nullptr, s == 1);
+    }
+    for (size_t i = 0; i < held.size(); ++i) EXPECT_EQ(held[i], 1) << d.params[i].name << ": exactly one owner";
+  }
+  sdk::PpSplit v3;
+  v3.virtual_size = 3;
+  EXPECT_NE(sdk::pp_unsupported(model::describe(llama(8, false)), 2, v3).find(
+                "virtual_pipeline_model_parallel_size = 3: the 8 layers do not split into pipeline_model_parallel_size x "
+                "virtual_pipeline_model_parallel_size = 6 model chunks"),
             std::string::npos);
-  EXPECT_EQ(sdk::pp_unsupported(m, 1, {}), "");  // one stage: nothing to split
+  sdk::PpSplit first;
+  first.virtual_size = 2;
+  first.first = 2;
+  EXPECT_NE(sdk::pp_unsupported(model::describe(llama(8, false)), 2, first).find("with interleaved virtual stages"),
+            std::string::npos);
+}
+
+TEST(PipelineParallel, Refusals) {
   EXPECT_NE(what([] { sdk::make_pp_layout(model::describe(llama(3, false)), 2, 0, {}); }).find("do not split"),
             std::string::npos);
 }

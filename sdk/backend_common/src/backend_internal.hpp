@@ -188,6 +188,8 @@ void prepare_expert_parallel(const Backend& b, Model& m, engine::EngineOptions& 
 // last stage on every stage. pp_share_named: the last stage's named values on every stage.
 // At load: this rank's stage (the layers split as the config says), refusing what does not fit.
 void make_pipeline_stage(const Backend& b, Model& m);
+// The stage's layers for the load message: "layers 0..1" (one run per model chunk).
+std::string pp_layers_note(const sdk::PpLayout& L);
 engine::Outputs pp_forward(Model& m, const engine::MicroBatch& mb, const engine::OutputRequest& req);
 engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, const engine::StepOptions& so,
                                  const engine::LossFn& loss);

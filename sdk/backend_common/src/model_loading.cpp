@@ -451,8 +451,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                   (m->cp_comm ? ", context parallel over " + std::to_string(m->dp->cp_size()) + " ranks" : std::string()) +
                   (m->tp() && m->config.parallel.sequence_parallel ? ", sequence parallel" : "") +
                   (m->pp() ? ", pipeline stage " + std::to_string(m->pp()->rank) + " of " + std::to_string(m->pp()->size) +
-                                 " (layers " + std::to_string(m->pp()->layer_begin) + ".." +
-                                 std::to_string(m->pp()->layer_begin + m->pp()->layer_count - 1) + ")"
+                                 " (" + pp_layers_note(*m->pp()) + ")"
                            : std::string()) +
                   ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" + kDpModes[int(m->dp_mode)] +
                   (m->dp_mode == Model::Dp::fsdp && m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : "") + ")"

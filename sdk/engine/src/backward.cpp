@@ -134,7 +134,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   raw.softcap = prog.logit_softcap;
   bool have_dxn = false;
   use_grads(L);
-  if (!prog.pp_last) {
+  if (!run_head) {
     std::memcpy(dres, pp_dy, size_t(N * C) * sizeof(float));  // from the next pipeline stage
   } else if (tp_on) {
     // One vocabulary-parallel backward for the raw outputs; the unfiltered processed logprob
@@ -150,7 +150,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
                             false);
     have_dxn = true;
   }
-  if (req.processed_logprob && !tp_on && prog.pp_last) {
+  if (req.processed_logprob && !tp_on && run_head) {
     LogprobAttrs proc = raw;
     proc.top_k = req.top_k;
     proc.top_p = req.top_p;
@@ -158,18 +158,18 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
                             head.lse_proc, nullptr, N, C, V, 1, proc, have_dxn);
     have_dxn = true;
   }
-  if (req.value && prog.pp_last) {
+  if (req.value && run_head) {
     // val = xn score^T: d xn += dval score, d score += dval^T xn (accumulated over micro-batches).
     ops->gemm(false, false, N, C, 1, 1.f, head.dval, 1, w(prog.value_head), C, have_dxn ? 1.f : 0.f, dxn, C);
     ops->gemm(true, false, 1, C, N, 1.f, head.dval, 1, head.xn, C, 1.f, g(prog.value_head), C);
     have_dxn = true;
   }
-  if (prog.pp_last)
+  if (run_head)
     ops->rmsnorm_bwd(sp_own(dres, C), C, g(prog.final_norm), sp_own(dxn, C), C, sp_own(head.x, C), C,
                      w(prog.final_norm), sp_own(head.rstd, 1), sp_on ? sp_rows : N, C, float(prog.final_offset),
                      false);  // dres = d x_L
 
-  for (int64_t l = L - 1; l >= 0; --l) {
+  for (int64_t l = run_hi - 1; l >= run_lo; --l) {
     LayerActs a = acts_of(l);
     use_params(l);
     use_grads(l);
@@ -178,7 +178,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
     drop_grads(l);  // a UnitStore reduces them away here
     drop_params(l);
   }
-  if (!prog.pp_first) {
+  if (!run_embed) {
     std::memcpy(pp_dx, dres, size_t(N * C) * sizeof(float));  // to the previous pipeline stage
   } else {
     if (prog.embed_scale != 1) ops->scale(dres, N * C, double(float(prog.embed_scale)));

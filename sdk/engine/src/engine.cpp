@@ -179,7 +179,7 @@ void Engine::zero_grad() {
 
 Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   Impl& m = *impl_;
-  if (!m.prog.pp_last || (!m.prog.pp_first && m.pp_x_in == nullptr))
+  if (!m.run_head || (!m.run_embed && m.pp_x_in == nullptr))
     throw std::logic_error("engine: a pipeline stage runs through forward_stage");
   m.forget_units();  // an earlier call that threw may have left units marked held
   // This rank's share under CP; every sequence padded to a multiple of T under sequence
@@ -223,6 +223,16 @@ Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
       for (float& z : out.logits) z = float(c * std::tanh(double(z) / c));
   }
   m.drop_params(m.L);
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> moe_step_metrics(const MoeOptions& mo, double aux, double z,
+                                                             double max_load) {
+  std::vector<std::pair<std::string, double>> out;
+  if (mo.aux_loss_coef != 0 && mo.load_balancing != MoeOptions::LoadBalancing::none)
+    out.emplace_back("moe/aux_loss", aux);
+  if (mo.z_loss_coef != 0) out.emplace_back("moe/z_loss", z);
+  out.emplace_back("moe/max_expert_load", max_load);
   return out;
 }
 
@@ -276,13 +286,8 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     r.tokens += whole.num_tokens();  // the micro-batch's tokens, not this rank's cp/sp rows
   }
 
-  if (m.route_width > 0) {
-    const MoeOptions& mo = m.opt.moe;
-    if (mo.aux_loss_coef != 0 && mo.load_balancing != MoeOptions::LoadBalancing::none)
-      r.metrics.emplace_back("moe/aux_loss", m.moe_aux);
-    if (mo.z_loss_coef != 0) r.metrics.emplace_back("moe/z_loss", m.moe_z);
-    r.metrics.emplace_back("moe/max_expert_load", m.moe_max_load);
-  }
+  if (m.route_width > 0)
+    for (auto& kv : moe_step_metrics(m.opt.moe, m.moe_aux, m.moe_z, m.moe_max_load)) r.metrics.push_back(std::move(kv));
 
   // With a UnitStore the gradients were handed over unit by unit: their norm is the owner's.
   if (m.store != nullptr) {

@@ -248,7 +248,7 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   const int64_t N = mb.num_tokens();
   if (mb.cu_seqlens.empty() || N == 0)
     throw std::invalid_argument("engine: empty micro-batch");
-  if (req.value && prog.pp_last && prog.value_head < 0)
+  if (req.value && run_head && prog.value_head < 0)
     throw std::invalid_argument("engine: a value output was requested but the model has no value head (score.weight)");
   if (tp_on && req.processed_logprob && (req.top_k > 0 || req.top_p < 1))
     throw std::invalid_argument("engine: processed logprobs with top_k/top_p are not supported under tensor parallelism");
@@ -265,8 +265,8 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   const int32_t* ids = mb.input_ids.data();
 
   use_params(L);  // the global unit stays held until the backward (or Engine::forward) ends
-  if (!prog.pp_first) {
-    std::memcpy(xs[0], pp_x_in, size_t(N * C) * sizeof(float));  // the previous stage's output
+  if (!run_embed) {
+    std::memcpy(xs[size_t(run_lo)], pp_x_in, size_t(N * C) * sizeof(float));  // the previous stage's output
   } else {
     if (tp_on)
       tp_embedding_fwd(xs[0], ids, N);  // this rank's rows, summed over the group
@@ -274,13 +274,13 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
       ops->embedding_fwd(xs[0], ids, w(prog.embed), N, C, V);  // x0 [N,C]
     if (prog.embed_scale != 1) ops->scale(xs[0], N * C, double(float(prog.embed_scale)));  // Gemma
   }
-  for (int64_t l = 0; l < L; ++l) {
+  for (int64_t l = run_lo; l < run_hi; ++l) {
     LayerActs a = acts_of(l);
     use_params(l);
     forward_layer(l, mb, a, false);
     drop_params(l);  // a UnitStore's unit: gathered again for the backward
   }
-  if (!prog.pp_last) return;  // xs[L] goes to the next pipeline stage
+  if (!run_head) return;  // xs[run_hi] goes to the next pipeline stage
   ops->rmsnorm_fwd(sp_own(head.xn, C), C, sp_own(head.rstd, 1), sp_own(head.x, C), C, w(prog.final_norm),
                    sp_on ? sp_rows : N, C, float(prog.final_eps), float(prog.final_offset));  // xn [N,C]
   if (sp_on) sp_gather(head.xn, C);  // the vocabulary-parallel head reads every row

@@ -211,6 +211,7 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   if (!tp_on) Vall = V, vcount = V;
   C = prog.hidden;
   L = int64_t(prog.layers.size());
+  run_whole();
   ep_acts.assign(ep_on ? size_t(std::max<int64_t>(L, 1)) : 0, EpActs{});
 
   // MoE and MLA layers: their composite steps' readings.

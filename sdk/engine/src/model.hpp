@@ -219,7 +219,13 @@ struct Engine::Impl {
   sdk::TpLayout tp_stage;
   // pipeline_stage.cpp: checks a stage call's boundary spans and points the buffers at them.
   void bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy, std::span<float> dx,
-                  bool backward);
+                  bool backward, int64_t chunk = 0);
+  // The layers a forward / backward runs, [run_lo, run_hi), whether it starts from the embedding
+  // and ends at the head: all of them (the program's ends) except in a stage call on one model
+  // chunk of interleaved virtual stages (PpLayout::chunks).
+  int64_t run_lo = 0, run_hi = 0;
+  bool run_embed = true, run_head = true;
+  void run_whole() { run_lo = 0, run_hi = L, run_embed = prog.pp_first, run_head = prog.pp_last; }
   // Per parameter, what its squares count in the gradient norm (TpPiece::norm_weight; 0 for the
   // last stage's copy of a tied embedding); empty when every weight is 1.
   std::vector<double> norm_w;
@@ -274,6 +280,7 @@ struct Engine::Impl {
   bool router64 = false;
   std::vector<int32_t> route_record;  // [N, R] when requested
   const rlh_tensor* replay = nullptr;  // [N, R] field, when replaying
+  int64_t replay_width = 0, replay_begin = 0;  // its R and this stage's first column (PP: pp->route_*)
   bool moe_train = false;             // inside train_step: add the auxiliary losses
   double moe_tokens = 0, moe_seqs = 0;  // their normalisers
   double moe_aux = 0, moe_z = 0, moe_max_load = 0;  // this step's values

@@ -208,7 +208,10 @@ void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& re
   const int64_t N = mb.num_tokens();
   route_record.clear();
   if (req.routed_experts) route_record.assign(size_t(N * route_width), -1);
-  replay = replay_routing_tensor(mb, req.replay_routing_field, route_width, "engine");
+  // Under PP the field is the whole model's record; this stage's layers read their columns.
+  replay_width = pp_on ? opt.pp->route_total : route_width;
+  replay_begin = pp_on ? opt.pp->route_begin : 0;
+  replay = replay_routing_tensor(mb, req.replay_routing_field, replay_width, "engine");
 }
 
 const rlh_tensor* replay_routing_tensor(const MicroBatch& mb, const std::string& field, int64_t route_width,
@@ -329,7 +332,7 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
     const std::string who = "engine: layer " + std::to_string(l);  // messages name the layer
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k)
-        m.experts[n * K + k] = replayed_expert(*replay, n * route_width + s.route_col + k, E, who);
+        m.experts[n * K + k] = replayed_expert(*replay, n * replay_width + replay_begin + s.route_col + k, E, who);
   }
 
   // Router: logits, scores, choice, weights.

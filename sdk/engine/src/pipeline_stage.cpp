@@ -13,51 +13,85 @@ namespace rlh::engine {
 
 namespace {
 
-// Null the stage's boundary pointers when a call leaves, whatever leaves its scope.
+// Null the stage's boundary pointers and run every layer again when a call leaves, whatever
+// leaves its scope.
+template <class Impl>
 struct StageReset {
-  const float*& x_in;
-  const float*& dy;
-  float*& dx;
-  ~StageReset() { x_in = dy = nullptr, dx = nullptr; }
+  Impl& m;
+  ~StageReset() {
+    m.pp_x_in = m.pp_dy = nullptr, m.pp_dx = nullptr;
+    m.run_whole();
+  }
 };
+
+// The routing record and replay are one run of columns per stage (PpLayout::route_begin).
+void check_chunk_routing(const sdk::PpLayout& L, const OutputRequest& req) {
+  if (L.chunks.size() > 1 && (req.routed_experts || !req.replay_routing_field.empty()))
+    throw std::invalid_argument(
+        "engine: MoE routing records and replay under interleaved virtual pipeline stages are not supported");
+}
 
 }  // namespace
 
 Outputs Engine::forward_stage(const MicroBatch& mb, const OutputRequest& req, std::span<const float> x_in,
-                              std::span<float> x_out) {
+                              std::span<float> x_out, int64_t chunk) {
   Impl& m = *impl_;
-  m.bind_stage(mb, x_in, {}, {}, false);
-  StageReset reset{m.pp_x_in, m.pp_dy, m.pp_dx};
-  if (m.prog.pp_last) return forward(mb, req);
+  StageReset<Impl> reset{m};
+  m.bind_stage(mb, x_in, {}, {}, false, chunk);
+  check_chunk_routing(*m.opt.pp, req);
+  if (m.run_head) return forward(mb, req);
   const size_t n = size_t(mb.num_tokens() * m.C);
   if (x_out.size() != n)
     throw std::invalid_argument("engine: pipeline stage " + std::to_string(m.opt.pp->rank) + ": the output has " +
                                 std::to_string(x_out.size()) + " values, expected " + std::to_string(n));
   m.forward(mb, req, false);
-  std::memcpy(x_out.data(), m.xs[size_t(m.L)], n * sizeof(float));
-  return {};
+  std::memcpy(x_out.data(), m.xs[size_t(m.run_hi)], n * sizeof(float));
+  Outputs out;
+  if (req.routed_experts) {  // this stage's columns (engine.hpp)
+    out.routing_width = m.route_width;
+    out.routed_experts = std::move(m.route_record);
+  }
+  return out;
 }
 
-void Engine::begin_stage_step() {
+void Engine::begin_stage_step(std::span<const MicroBatch> mbs, const StepOptions& so) {
   Impl& m = *impl_;
   if (!m.pp_on) throw std::logic_error("engine: begin_stage_step without pipeline parallelism");
   if (!m.grads_clear) zero_grad();
   m.grads_clear = false;
+  // The auxiliary losses' normalisers are the whole step's, as train_step sets them.
+  const MoeNormCounts counts = moe_norm_counts(mbs, so);
+  m.moe_tokens = counts.tokens;
+  m.moe_seqs = counts.sequences;
+  m.moe_aux = m.moe_z = m.moe_max_load = 0;
+}
+
+Engine::MoeValues Engine::stage_moe_values() const {
+  const Impl& m = *impl_;
+  return {m.moe_aux, m.moe_z, m.moe_max_load};
 }
 
 LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& so,
                                   const LossFn& loss_fn, std::span<const float> x_in, std::span<const float> dy,
-                                  std::span<float> dx) {
+                                  std::span<float> dx, int64_t chunk) {
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
   if (req.logits) throw std::invalid_argument("engine: logits are a forward-only output");
-  if (req.routed_experts || !req.replay_routing_field.empty())
-    throw std::invalid_argument("engine: MoE routing records are not supported under pipeline parallelism");
-  m.bind_stage(mb, x_in, dy, dx, true);
-  StageReset reset{m.pp_x_in, m.pp_dy, m.pp_dx};
+  if (req.routed_experts)
+    throw std::invalid_argument("engine: under pipeline parallelism the routing record is a forward_stage output");
+  StageReset<Impl> reset{m};
+  m.bind_stage(mb, x_in, dy, dx, true, chunk);
+  check_chunk_routing(*m.opt.pp, req);
+  // The auxiliary losses belong to this forward (each micro-batch's one on every stage: a
+  // forward_stage of the same micro-batch before it counts none).
+  struct TrainFlag {
+    bool& f;
+    explicit TrainFlag(bool& b) : f(b) { f = true; }
+    ~TrainFlag() { f = false; }
+  } train_flag(m.moe_train);
   m.forward(mb, req, !m.opt.recompute);
   LossResult lr;
-  if (m.prog.pp_last) lr = m.call_loss(mb, index, count, so, loss_fn);
+  if (m.run_head) lr = m.call_loss(mb, index, count, so, loss_fn);
   m.backward(mb, req);
   return lr;
 }
@@ -72,8 +106,17 @@ void Engine::end_stage_step() {
 namespace rlh::engine {
 
 void Engine::Impl::bind_stage(const MicroBatch& mb, std::span<const float> x_in, std::span<const float> dy,
-                              std::span<float> dx, bool backward) {
+                              std::span<float> dx, bool backward, int64_t chunk) {
   if (!pp_on) throw std::logic_error("engine: a *_stage call without pipeline parallelism (EngineOptions::pp)");
+  if (chunk < 0 || chunk >= int64_t(opt.pp->chunks.size()))
+    throw std::invalid_argument("engine: pipeline stage " + std::to_string(opt.pp->rank) + ": model chunk " +
+                                std::to_string(chunk) + " of " + std::to_string(opt.pp->chunks.size()));
+  const sdk::PpLayout::Chunk& c = opt.pp->chunks[size_t(chunk)];
+  run_lo = c.local_begin;
+  run_hi = c.local_begin + c.count;
+  run_embed = c.embed;
+  run_head = c.head;
+
   const size_t n = size_t(mb.num_tokens() * C);
   auto need = [&](bool want, size_t got, const char* what) {
     if (want && got != n)
@@ -81,9 +124,9 @@ void Engine::Impl::bind_stage(const MicroBatch& mb, std::span<const float> x_in,
                                   " has " + std::to_string(got) + " values, expected " + std::to_string(n) +
                                   " (tokens x hidden)");
   };
-  need(!prog.pp_first, x_in.size(), "the input activations");
-  need(backward && !prog.pp_last, dy.size(), "the output gradient");
-  need(backward && !prog.pp_first, dx.size(), "the input gradient");
+  need(!run_embed, x_in.size(), "the input activations");
+  need(backward && !run_head, dy.size(), "the output gradient");
+  need(backward && !run_embed, dx.size(), "the input gradient");
   pp_x_in = x_in.data();
   pp_dy = dy.data();
   pp_dx = dx.data();

@@ -29,6 +29,10 @@ namespace rlh::sdk {
 
 struct PpSplit {
   int64_t first = 0, last = 0;  // num_layers_in_{first,last}_pipeline_stage (0: not set)
+  // virtual_pipeline_model_parallel_size: model chunks per rank (Megatron's interleaved
+  // schedule). With V > 1 the layers split evenly into P x V chunks; virtual stage v = c P + s
+  // (chunk c of rank s) holds the v-th run of layers. First/last counts are not combined with it.
+  int64_t virtual_size = 1;
 };
 
 // Layers of each stage, stage 0 first. Throws std::invalid_argument naming `key` (the
@@ -39,7 +43,17 @@ std::vector<int64_t> pp_stage_layers(int64_t num_layers, int64_t stages, const P
 struct PpLayout {
   int64_t size = 1, rank = 0;
   bool first = true, last = true;
-  int64_t layer_begin = 0, layer_count = 0;  // this stage's decoder layers [begin, begin + count)
+  int64_t layer_begin = 0, layer_count = 0;  // this stage's decoder layers [begin, begin + count) (V = 1)
+  // Interleaved virtual stages: this rank's model chunks, chunk c being virtual stage c x size +
+  // rank. Each is a run of the local description's layers; the first chunk of stage 0 starts
+  // from the embedding, the last chunk of the last stage ends at the head. One chunk when V = 1.
+  struct Chunk {
+    int64_t local_begin = 0, count = 0;  // layers [local_begin, local_begin + count) of `local`
+    int64_t global_begin = 0;            // the first one's index in the whole model
+    bool embed = false, head = false;
+  };
+  int64_t virtual_size = 1;
+  std::vector<Chunk> chunks;
   std::vector<int64_t> stage_layers;         // layers of every stage
   TransformerDesc local;                     // this stage's description
   std::vector<int64_t> full_index;   // per local parameter: its index in the whole description
@@ -50,10 +64,16 @@ struct PpLayout {
   // stage's copy is not the owner: it counts 0 in the gradient norm.
   bool shares_embedding = false;
   int64_t embed_local = -1;  // local index of the embedding (or tied head), -1 if not here
+  // MoE routing record and replay ([N, R], R = the sum of top_k over the MoE layers in layer
+  // order): the whole model's R, and the first column of this stage's layers. A stage records
+  // and replays its own columns [route_begin, route_begin + its R).
+  int64_t route_total = 0, route_begin = 0;
 };
 
 // Empty when a pipeline of `size` stages can run `desc`, else one line naming the first thing
-// that stops it (MoE and MLA layers, a value head; layers that do not split).
+// that stops it (layers that do not split). MoE and MLA layers are layer-local (the routing
+// record's columns and the auxiliary losses' values are the stages' to combine); a value head
+// is the last stage's, next to the final norm.
 std::string pp_unsupported(const TransformerDesc& desc, int64_t size, const PpSplit& split,
                            const std::string& key = "pipeline_model_parallel_size");
 // Throws std::invalid_argument with pp_unsupported's line when it is not empty.

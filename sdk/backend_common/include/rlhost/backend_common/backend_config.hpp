@@ -185,6 +185,9 @@ struct BackendConfig {
     // (sdk/pipeline_parallel.hpp), with num_layers_in_{first,last}_pipeline_stage (0: not set).
     int64_t pp = 1;
     int64_t pp_first_layers = 0, pp_last_layers = 0;
+    // megatron_cfg.virtual_pipeline_model_parallel_size: model chunks per pipeline rank
+    // (Megatron's interleaved 1F1B schedule, pp_model.cpp); 1 = one chunk.
+    int64_t vpp = 1;
   } parallel;
   bool bf16() const { return precision == "bfloat16" || precision == "bf16"; }
   // save_dtype: the dtype of the HF weights save_state writes ("float32": the master weights

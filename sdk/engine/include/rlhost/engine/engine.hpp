@@ -159,6 +159,13 @@ struct StepOptions {
   int64_t moe_global_sequences = 0;
 };
 
+// StepResult's MoE metrics (a model with MoE layers) from a step's values, in train_step's
+// order; present as the options say. A pipeline's owner gives the values summed (aux, z) or
+// maximised (max_load) over the stages.
+struct MoeOptions;
+std::vector<std::pair<std::string, double>> moe_step_metrics(const MoeOptions& options, double aux, double z,
+                                                             double max_load);
+
 // The counts a step's MoE auxiliary losses are normalised by, as both engines take them:
 // StepOptions' global counts, or else the step's own tokens and non-empty sequences.
 struct MoeNormCounts {
@@ -380,12 +387,23 @@ class Engine {
   // forward_stage: forward only. `x_in` is the previous stage's output (empty on the first
   // stage). A stage that is not the last writes its output to `x_out` and returns no outputs;
   // the last returns the outputs forward() would.
+  // `chunk`: which of the stage's model chunks runs (interleaved virtual stages,
+  // PpLayout::chunks; 0 without them): its layers, from the embedding if it is the first chunk
+  // of stage 0, to the head if it is the last of the last stage.
   Outputs forward_stage(const MicroBatch& mb, const OutputRequest& request, std::span<const float> x_in,
-                        std::span<float> x_out);
-  // A train step on a stage: begin_stage_step (gradients zeroed), then per micro-batch
-  // backward_stage, then end_stage_step (the tensor-parallel group's shared gradients summed).
-  // The gradient norm and the update are the owner's, as with apply_optimizer = false.
-  void begin_stage_step();
+                        std::span<float> x_out, int64_t chunk = 0);
+  // A train step on a stage: begin_stage_step (gradients zeroed; the step's micro-batches and
+  // options give the MoE auxiliary losses' normalisers, as train_step takes them), then per
+  // micro-batch backward_stage, then end_stage_step (the tensor-parallel group's shared
+  // gradients summed). The gradient norm and the update are the owner's, as with
+  // apply_optimizer = false.
+  // MoE under PP: the routing replay field is the whole model's [N, R] (R = pp->route_total);
+  // each stage reads its own columns. A stage's routing record (forward_stage with
+  // routed_experts, on every stage) holds its columns only: routing_width() of them, the first
+  // at pp->route_begin of the whole record. The auxiliary losses of a stage's layers are added
+  // to its own gradients; their values are stage_moe_values() after the step's backward_stage
+  // calls, for the owner to sum over the stages (moe_step_metrics).
+  void begin_stage_step(std::span<const MicroBatch> microbatches, const StepOptions& options);
   // One micro-batch: its forward from `x_in` (empty on the first stage) with activations kept
   // (or layer inputs only, with recompute), then its backward: on the last stage from the loss
   // callback (called with index / count / the step's counts, as train_step calls it; its result
@@ -393,8 +411,12 @@ class Engine {
   // d loss / d input to `dx`.
   LossResult backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& options,
                             const LossFn& loss_fn, std::span<const float> x_in, std::span<const float> dy,
-                            std::span<float> dx);
+                            std::span<float> dx, int64_t chunk = 0);
   void end_stage_step();
+  struct MoeValues {
+    double aux = 0, z = 0, max_load = 0;  // StepResult's moe/aux_loss, moe/z_loss, moe/max_expert_load
+  };
+  MoeValues stage_moe_values() const;
 
   // MoE: R of the routing record and replay (the sum of top_k over MoE layers; 0 when dense).
   int64_t routing_width() const;
