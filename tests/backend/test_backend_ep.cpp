@@ -383,7 +383,8 @@ TEST(ExpertParallelErrors, RefusedByName) {
                  part);
   };
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
-               "expert_tensor_parallel_size = 2: expert tensor parallelism is not implemented");
+               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
+               "tensor parallelism other than the tensor-parallel size is not implemented");
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
                "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
                "parallelism with tensor parallelism is not implemented");

@@ -51,8 +51,20 @@ struct Case {
   }
 };
 
+// MoE models train with the expert tensor parallelism the key defaults to (etp = tp) and, as the
+// expert-parallel test does, the softmax router (qwen3-moe) with the load-balancing loss (per
+// micro-batch without packing, per sequence with it) and the z-loss; the sigmoid router
+// (deepseek-v3) in float64.
 json base_config(const Case& c, int64_t tp) {
-  json cfg = {{"megatron_cfg", {{"tensor_model_parallel_size", tp}}}};
+  json mc = {{"tensor_model_parallel_size", tp}};
+  if (c.model == "qwen3-moe-tiny") {
+    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
+    mc["moe_aux_loss_coeff"] = 0.01;
+    mc["moe_z_loss_coeff"] = 0.001;
+  } else if (c.model == "deepseek-v3-tiny") {
+    mc["moe_router_dtype"] = "fp64";
+  }
+  json cfg = {{"megatron_cfg", mc}};
   set_batching(cfg, c.packing);
   return cfg;
 }
@@ -63,19 +75,30 @@ json adam_config(const Case& c, int64_t tp, double lr) {
 }
 
 // The tensor-parallel group's traffic of one train step, as a ring moves it (2 (T-1)/T of each
-// all-reduced tensor), for these fixtures (hidden 64, 2 layers; kv heads 2 of 16 (llama-tiny) or
-// 32 (qwen3-tiny) dims) and N tokens on this rank, one target per token: per token the embedding,
-// two layer outputs per layer forward and two input gradients per layer backward, d xn of the
-// head ((2 + 4 L) C floats), the head's max and (l, s, z_t) (4 floats); per step the q/k norms'
-// gradients (qwen3), kv heads replicated at T 4 (k and v of all kv heads, per layer), and the
-// two gradient-norm sums (doubles: the engine's and the optimizer's).
+// all-reduced tensor), for these fixtures (hidden 64) and N tokens on this rank, one target per
+// token: per token the embedding, two layer outputs per layer forward (o; down or the MoE block
+// after its combine) and two input gradients per layer backward (q|k|v or the MLA block; gate|up
+// or the MoE block), d xn of the head ((2 + 4 L) C floats), the head's max and (l, s, z_t) (4
+// floats), and per MoE layer the routing weights' gradient (top_k floats); per step the
+// gradients the group shares: the q/k norms (qwen3, qwen3-moe), kv heads replicated at T above
+// the kv heads (k and v of all kv heads, and their biases: qwen2), the MLA latent projections
+// and their norms (deepseek-v3: q_a, q_a_norm, kv_a, kv_a_norm); and the two gradient-norm sums
+// (doubles: the engine's and the optimizer's).
 int64_t analytic_tp_bytes(const Case& c, int64_t N) {
-  const int64_t C = 64, L = 2, T = c.tp;
-  const bool qwen = c.model == "qwen3-tiny";
-  const int64_t D = qwen ? 32 : 16, kv = 2;
-  int64_t floats = (2 + 4 * L) * N * C + 4 * N;
-  if (qwen) floats += L * 2 * D;
-  if (T > kv) floats += L * 2 * kv * D * C;
+  const int64_t C = 64, T = c.tp, kv = 2;
+  const std::string& m = c.model;
+  const int64_t L = m == "qwen2-swa-yarn-tiny" || m == "deepseek-v3-tiny" ? 3 : 2;
+  const int64_t moe_layers = m == "qwen3-moe-tiny" ? 2 : m == "deepseek-v3-tiny" ? 2 : 0, top_k = 2;
+  const bool qk_norm = m == "qwen3-tiny" || m == "qwen3-moe-tiny", kv_bias = m == "qwen2-swa-yarn-tiny";
+  const int64_t D = qk_norm ? 32 : 16;
+  int64_t floats = (2 + 4 * L) * N * C + 4 * N + moe_layers * top_k * N;
+  if (qk_norm) floats += L * 2 * D;
+  if (m == "deepseek-v3-tiny") {
+    const int64_t rq = 48, rkv = 32, dr = 8;
+    floats += L * (rq * C + rq + (rkv + dr) * C + rkv);
+  } else if (T > kv) {
+    floats += L * 2 * kv * D * (C + (kv_bias ? 1 : 0));
+  }
   return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
 }
 
@@ -109,6 +132,13 @@ TEST_P(TensorParallel, MatchesOneRank) {
   const Outcome& tp = r.got;
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), dp);
   EXPECT_EQ(tp.metrics["tp/comm_bytes"].get<int64_t>(), analytic_tp_bytes(c, mine->num_tokens())) << c.label();
+  if (c.model == "qwen3-moe-tiny")  // the auxiliary losses: every rank of a tp group routes alike
+    for (const char* k : {"moe/aux_loss", "moe/z_loss"}) {
+      ASSERT_TRUE(tp.metrics.contains(k) && r.ref.metrics.contains(k)) << k;
+      const double a = tp.metrics[k].get<double>(), b = r.ref.metrics[k].get<double>();
+      EXPECT_GT(b, 0) << k;
+      EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << c.label() << " " << k;
+    }
   if (world().rank() == 0)
     std::cout << "[np " << N << "] " << c.label() << ": loss " << tp.loss << " vs " << r.ref.loss << ", grad norm "
               << tp.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
@@ -156,6 +186,13 @@ std::vector<Case> cases() {
     v.push_back({model, 2, true, false});
     v.push_back({model, 4, true, true});  // np 4 only: kv heads replicated
   }
+  // q/k/v biases, sliding windows and YaRN; MoE with q/k norms; MLA with MoE (sigmoid router,
+  // shared expert) after a dense layer. One TP 4 case (kv heads and their biases replicated,
+  // one head and 12 expert rows per rank).
+  v.push_back({"qwen2-swa-yarn-tiny", 2, true, false});
+  v.push_back({"qwen3-moe-tiny", 2, false, true});
+  v.push_back({"deepseek-v3-tiny", 2, true, false});
+  v.push_back({"qwen2-swa-yarn-tiny", 4, false, true});
   return v;
 }
 
@@ -179,8 +216,22 @@ TEST(TensorParallelErrors, RefusedByName) {
     rlh_model* m = nullptr;
     expect_error(be.try_load(model_path(model), true, &m), code, part);
   };
-  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
-             "tensor_model_parallel_size = 2: layer 0: mixture-of-experts layers are not supported");
+  // MoE under TP splits the experts over the tp group: another expert_tensor_parallel_size is
+  // refused by name (at load, for an MoE model; at create when it is neither 1 nor tp).
+  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
+             "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
+             "expert_tensor_parallel_size = 1 with tensor_model_parallel_size = 2: the experts are split over the "
+             "tensor-parallel group only");
+  {
+    rlh_backend* b = nullptr;
+    const std::string text =
+        json{{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 4}}}}.dump();
+    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
+                 "expert_tensor_parallel_size = 4 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
+                 "tensor parallelism other than the tensor-parallel size is not implemented");
+  }
+  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}}}}, "qwen3-moe-tiny",
+             RLH_E_UNIMPLEMENTED, "mixture-of-experts and MLA layers are not supported under sequence parallelism");
   load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
              "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {

@@ -45,18 +45,20 @@ enum class TpSplit {
   cols,            // input columns cut in T equal blocks (row-parallel o, down)
   kv_rows,         // k/v rows by kv head: cut when kv heads >= T, else replicated per head
   vocab_rows,      // vocabulary rows in blocks of ceil(V / T), the last one padded
+  expert_rows,     // stacked experts [E, F, C]: each expert's rows (axis 1) in T blocks (gate, up)
+  expert_cols,     // stacked experts [E, C, F]: each expert's columns (axis 2) in T blocks (down)
 };
 const char* to_string(TpSplit s);
 
 // The sharding plan: every role tensor parallelism runs, and how it is cut. A role not in the
-// plan (MoE experts, MLA projections, biases) is refused by make_tp_layout.
+// plan (value heads) is refused by make_tp_layout.
 struct TpRule {
   ParamRole role;
   TpSplit split;
 };
 std::span<const TpRule> tp_plan();
 
-// One parameter on one rank: the slice [begin, begin + count) along `axis` of the full tensor,
+// One parameter on one rank: the slice [begin, begin + count) along `axis` (0, 1 or 2) of the full tensor,
 // stored in `extent` rows/columns locally (extent > count only for a padded vocabulary block).
 struct TpPiece {
   TpSplit split = TpSplit::replicated;
