@@ -107,7 +107,10 @@ inline const World& world() {
   static World w(host());
   return w;
 }
-inline std::string model_path(const std::string& name) { return fixtures_root() + "/" + name; }
+// A fixture by name, or a model folder by absolute path (one a test wrote).
+inline std::string model_path(const std::string& name) {
+  return !name.empty() && name[0] == '/' ? name : fixtures_root() + "/" + name;
+}
 
 // gtest's main for an mpirun test: ranks other than 0 print only their failures; the host with
 // `plugins`, then the world, on every rank alike.

@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <random>
 
 #include "backend_harness.hpp"
 #include "model_parallel_checks.hpp"
@@ -41,6 +43,68 @@ const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
 
 std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
 
+// llama-tiny with every bias (attention_bias and mlp_bias: q/k/v/o and gate/up/down), random,
+// written once per process into a scratch folder (no fixture has o or MLP biases): the
+// row-parallel biases must be added once, after the sum.
+class BiasedLlama {
+ public:
+  BiasedLlama() : dir_(fs::temp_directory_path() / ("rlh-tp-biased-llama-" + std::to_string(getpid()))) {
+    const fs::path src = model_path("llama-tiny");
+    fs::create_directories(dir_);
+    json cfg = json::parse(std::ifstream(src / "config.json"));
+    cfg["attention_bias"] = true;
+    cfg["mlp_bias"] = true;
+    std::ofstream(dir_ / "config.json") << cfg.dump(2);
+    const sdk::st::File f = sdk::st::File::open((src / "model.safetensors").string());
+    std::vector<std::pair<std::string, std::vector<int64_t>>> names;
+    for (const auto& t : f.tensors()) names.emplace_back(t.name, t.shape);
+    const int64_t inter = cfg["intermediate_size"].get<int64_t>(), C = cfg["hidden_size"].get<int64_t>();
+    const int64_t D = cfg["head_dim"].get<int64_t>(), H = cfg["num_attention_heads"].get<int64_t>(),
+                  kv = cfg["num_key_value_heads"].get<int64_t>();
+    for (int64_t l = 0; l < cfg["num_hidden_layers"].get<int64_t>(); ++l) {
+      const std::string at = "model.layers." + std::to_string(l) + ".";
+      for (const auto& [n, rows] : std::vector<std::pair<std::string, int64_t>>{
+               {"self_attn.q_proj", H * D}, {"self_attn.k_proj", kv * D}, {"self_attn.v_proj", kv * D},
+               {"self_attn.o_proj", C}, {"mlp.gate_proj", inter}, {"mlp.up_proj", inter}, {"mlp.down_proj", C}})
+        names.emplace_back(at + n + ".bias", std::vector<int64_t>{rows});
+    }
+    std::vector<std::vector<float>> data;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.f, 0.1f);
+    for (const auto& [n, shape] : names) {
+      if (f.find(n) != nullptr) {
+        data.push_back(f.read_f32(n));
+      } else {
+        data.emplace_back(size_t(shape[0]));
+        for (float& x : data.back()) x = normal(rng);
+      }
+    }
+    std::vector<sdk::st::WriteTensor> ts;
+    for (size_t i = 0; i < names.size(); ++i)
+      ts.push_back({names[i].first, sdk::st::DType::F32, names[i].second, std::as_bytes(std::span(data[i]))});
+    sdk::st::write_file((dir_ / "model.safetensors").string(), ts);
+  }
+  ~BiasedLlama() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string path() const { return dir_.string(); }
+
+ private:
+  fs::path dir_;
+};
+
+// A case's model folder: a fixture, tests/engine/fixtures' qwen2-moe-tiny (shared expert with its
+// sigmoid gate, q/k/v biases, a dense layer among MoE ones) or the biased llama.
+std::string where(const std::string& model) {
+  if (model == "llama-biased") {
+    static BiasedLlama biased;
+    return biased.path();
+  }
+  if (model == "qwen2-moe-tiny") return std::string(RLH_ENGINE_FIXTURES_DIR) + "/qwen2-moe-tiny";
+  return model;
+}
+
 struct Case {
   std::string model;
   int64_t tp;
@@ -57,7 +121,7 @@ struct Case {
 // (deepseek-v3) in float64.
 json base_config(const Case& c, int64_t tp) {
   json mc = {{"tensor_model_parallel_size", tp}};
-  if (c.model == "qwen3-moe-tiny") {
+  if (c.model == "qwen3-moe-tiny" || c.model == "qwen2-moe-tiny") {
     mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
     mc["moe_aux_loss_coeff"] = 0.01;
     mc["moe_z_loss_coeff"] = 0.001;
@@ -79,7 +143,8 @@ json adam_config(const Case& c, int64_t tp, double lr) {
 // token: per token the embedding, two layer outputs per layer forward (o; down or the MoE block
 // after its combine) and two input gradients per layer backward (q|k|v or the MLA block; gate|up
 // or the MoE block), d xn of the head ((2 + 4 L) C floats), the head's max and (l, s, z_t) (4
-// floats), and per MoE layer the routing weights' gradient (top_k floats); per step the
+// floats), and per MoE layer the routing weights' gradient (top_k floats; one more for the shared
+// expert's gate: qwen2-moe); per step the
 // gradients the group shares: the q/k norms (qwen3, qwen3-moe), kv heads replicated at T above
 // the kv heads (k and v of all kv heads, and their biases: qwen2), the MLA latent projections
 // and their norms (deepseek-v3: q_a, q_a_norm, kv_a, kv_a_norm); and the two gradient-norm sums
@@ -87,11 +152,13 @@ json adam_config(const Case& c, int64_t tp, double lr) {
 int64_t analytic_tp_bytes(const Case& c, int64_t N) {
   const int64_t C = 64, T = c.tp, kv = 2;
   const std::string& m = c.model;
-  const int64_t L = m == "qwen2-swa-yarn-tiny" || m == "deepseek-v3-tiny" ? 3 : 2;
-  const int64_t moe_layers = m == "qwen3-moe-tiny" ? 2 : m == "deepseek-v3-tiny" ? 2 : 0, top_k = 2;
-  const bool qk_norm = m == "qwen3-tiny" || m == "qwen3-moe-tiny", kv_bias = m == "qwen2-swa-yarn-tiny";
+  const int64_t L = m == "qwen2-swa-yarn-tiny" || m == "deepseek-v3-tiny" ? 3 : m == "qwen2-moe-tiny" ? 4 : 2;
+  const int64_t moe_layers = m == "qwen3-moe-tiny" || m == "deepseek-v3-tiny" ? 2 : m == "qwen2-moe-tiny" ? 3 : 0;
+  const int64_t top_k = 2, shared_gate = m == "qwen2-moe-tiny" ? 1 : 0;
+  const bool qk_norm = m == "qwen3-tiny" || m == "qwen3-moe-tiny";
+  const bool kv_bias = m == "qwen2-swa-yarn-tiny" || m == "qwen2-moe-tiny" || m == "llama-biased";
   const int64_t D = qk_norm ? 32 : 16;
-  int64_t floats = (2 + 4 * L) * N * C + 4 * N + moe_layers * top_k * N;
+  int64_t floats = (2 + 4 * L) * N * C + 4 * N + moe_layers * (top_k + shared_gate) * N;
   if (qk_norm) floats += L * 2 * D;
   if (m == "deepseek-v3-tiny") {
     const int64_t rq = 48, rkv = 32, dr = 8;
@@ -127,12 +194,12 @@ TEST_P(TensorParallel, MatchesOneRank) {
   Place p(c);
   const int dp = p.dp;
   auto& mine = p.mine;
-  const SgdComparison r = compare_sgd_step(c.model, sgd_config(c, 1), sgd_config(c, c.tp), *p.global, *mine, p.first,
+  const SgdComparison r = compare_sgd_step(where(c.model), sgd_config(c, 1), sgd_config(c, c.tp), *p.global, *mine, p.first,
                                            c.label());
   const Outcome& tp = r.got;
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), dp);
   EXPECT_EQ(tp.metrics["tp/comm_bytes"].get<int64_t>(), analytic_tp_bytes(c, mine->num_tokens())) << c.label();
-  if (c.model == "qwen3-moe-tiny")  // the auxiliary losses: every rank of a tp group routes alike
+  if (c.model == "qwen3-moe-tiny" || c.model == "qwen2-moe-tiny")  // the auxiliary losses: every rank of a tp group routes alike
     for (const char* k : {"moe/aux_loss", "moe/z_loss"}) {
       ASSERT_TRUE(tp.metrics.contains(k) && r.ref.metrics.contains(k)) << k;
       const double a = tp.metrics[k].get<double>(), b = r.ref.metrics[k].get<double>();
@@ -154,7 +221,7 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   Place p(c);
   const int dp = p.dp;
   const AdamComparison r =
-      compare_adamw_steps(c.model, adam_config(c, 1, 2e-3), adam_config(c, c.tp, 2e-3), *p.global, *p.mine, c.label());
+      compare_adamw_steps(where(c.model), adam_config(c, 1, 2e-3), adam_config(c, c.tp, 2e-3), *p.global, *p.mine, c.label());
   const double state = r.state, ref_state = r.ref_state;
   // Each rank holds its part of the model: 1/tp, plus the norms whole and, at tp 4, each of the
   // two kv heads on two ranks (under 4% of these models more). Copies of it as data parallelism
@@ -176,7 +243,7 @@ TEST_P(TensorParallel, LogprobAtIdsMatchOneRank) {
   const int N = world().size();
   if (N % c.tp != 0) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
   auto g = global_batch();
-  EXPECT_LE(at_ids_differences(c.model, sgd_config(c, 1), sgd_config(c, c.tp), *g, kVocab)[0], 2e-5) << c.label();
+  EXPECT_LE(at_ids_differences(where(c.model), sgd_config(c, 1), sgd_config(c, c.tp), *g, kVocab)[0], 2e-5) << c.label();
 }
 
 std::vector<Case> cases() {
@@ -193,6 +260,9 @@ std::vector<Case> cases() {
   v.push_back({"qwen3-moe-tiny", 2, false, true});
   v.push_back({"deepseek-v3-tiny", 2, true, false});
   v.push_back({"qwen2-swa-yarn-tiny", 4, false, true});
+  // Every bias, o and down's added once after the sum; a shared expert with its sigmoid gate.
+  v.push_back({"llama-biased", 2, false, false});
+  v.push_back({"qwen2-moe-tiny", 2, true, true});
   return v;
 }
 
