@@ -94,14 +94,18 @@ class BiasedLlama {
   fs::path dir_;
 };
 
-// A case's model folder: a fixture, tests/engine/fixtures' qwen2-moe-tiny (shared expert with its
-// sigmoid gate, q/k/v biases, a dense layer among MoE ones) or the biased llama.
+// A case's model folder: a fixture, one of tests/engine/fixtures (qwen2-moe-tiny: a shared expert
+// with its sigmoid gate, q/k/v biases, a dense layer among MoE ones; gemma3-tiny: tied, scaled
+// embedding, sandwich norms, (1 + w) q/k norms, GeGLU, sliding windows with their own RoPE;
+// mixtral-window-mqa-tiny: one kv head (on every rank), windows, top-3 of 4 experts) or the
+// biased llama.
 std::string where(const std::string& model) {
   if (model == "llama-biased") {
     static BiasedLlama biased;
     return biased.path();
   }
-  if (model == "qwen2-moe-tiny") return std::string(RLH_ENGINE_FIXTURES_DIR) + "/qwen2-moe-tiny";
+  if (model == "qwen2-moe-tiny" || model == "gemma3-tiny" || model == "mixtral-window-mqa-tiny")
+    return std::string(RLH_ENGINE_FIXTURES_DIR) + "/" + model;
   return model;
 }
 
@@ -121,7 +125,7 @@ struct Case {
 // (deepseek-v3) in float64.
 json base_config(const Case& c, int64_t tp) {
   json mc = {{"tensor_model_parallel_size", tp}};
-  if (c.model == "qwen3-moe-tiny" || c.model == "qwen2-moe-tiny") {
+  if (c.model == "qwen3-moe-tiny" || c.model == "qwen2-moe-tiny" || c.model == "mixtral-window-mqa-tiny") {
     mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
     mc["moe_aux_loss_coeff"] = 0.01;
     mc["moe_z_loss_coeff"] = 0.001;
@@ -150,14 +154,20 @@ json adam_config(const Case& c, int64_t tp, double lr) {
 // and their norms (deepseek-v3: q_a, q_a_norm, kv_a, kv_a_norm); and the two gradient-norm sums
 // (doubles: the engine's and the optimizer's).
 int64_t analytic_tp_bytes(const Case& c, int64_t N) {
-  const int64_t C = 64, T = c.tp, kv = 2;
+  const int64_t C = 64, T = c.tp;
   const std::string& m = c.model;
-  const int64_t L = m == "qwen2-swa-yarn-tiny" || m == "deepseek-v3-tiny" ? 3 : m == "qwen2-moe-tiny" ? 4 : 2;
-  const int64_t moe_layers = m == "qwen3-moe-tiny" || m == "deepseek-v3-tiny" ? 2 : m == "qwen2-moe-tiny" ? 3 : 0;
-  const int64_t top_k = 2, shared_gate = m == "qwen2-moe-tiny" ? 1 : 0;
-  const bool qk_norm = m == "qwen3-tiny" || m == "qwen3-moe-tiny";
+  const bool mixtral = m == "mixtral-window-mqa-tiny";
+  const int64_t kv = mixtral ? 1 : 2;
+  const int64_t L = m == "qwen2-swa-yarn-tiny" || m == "deepseek-v3-tiny" ? 3
+                    : m == "qwen2-moe-tiny" || m == "gemma3-tiny"         ? 4
+                                                                          : 2;
+  const int64_t moe_layers = m == "qwen3-moe-tiny" || m == "deepseek-v3-tiny" || mixtral ? 2
+                             : m == "qwen2-moe-tiny"                                    ? 3
+                                                                                        : 0;
+  const int64_t top_k = mixtral ? 3 : 2, shared_gate = m == "qwen2-moe-tiny" ? 1 : 0;
+  const bool qk_norm = m == "qwen3-tiny" || m == "qwen3-moe-tiny" || m == "gemma3-tiny";
   const bool kv_bias = m == "qwen2-swa-yarn-tiny" || m == "qwen2-moe-tiny" || m == "llama-biased";
-  const int64_t D = qk_norm ? 32 : 16;
+  const int64_t D = m == "qwen3-tiny" || m == "qwen3-moe-tiny" ? 32 : 16;
   int64_t floats = (2 + 4 * L) * N * C + 4 * N + moe_layers * (top_k + shared_gate) * N;
   if (qk_norm) floats += L * 2 * D;
   if (m == "deepseek-v3-tiny") {
@@ -263,6 +273,8 @@ std::vector<Case> cases() {
   // Every bias, o and down's added once after the sum; a shared expert with its sigmoid gate.
   v.push_back({"llama-biased", 2, false, false});
   v.push_back({"qwen2-moe-tiny", 2, true, true});
+  v.push_back({"gemma3-tiny", 2, false, true});
+  v.push_back({"mixtral-window-mqa-tiny", 2, true, false});
   return v;
 }
 
