@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,9 +27,14 @@
 #include <random>
 
 #include "backend_harness.hpp"
+#include "engine_under_mpi.hpp"
 #include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
+#include "rlhost/backend_common/data_parallel.hpp"
+#include "rlhost/sdk/comm.hpp"
+#include "rlhost/sdk/parallel_groups.hpp"
 #include "rlhost/sdk/safetensors.hpp"
+#include "rlhost/sdk/tensor_parallel.hpp"
 
 namespace fs = std::filesystem;
 using namespace rlh;
@@ -303,6 +309,65 @@ TEST(TensorParallelCheckpoints, ExpertsAndLatentsSavedUnderTpLoadOnOneRankAndBac
                         global_batch());
 }
 
+// The engine under tensor parallelism (TP = the world: 2 or 4) on an MoE model: every rank of the
+// group routes alike, so its routing record is one rank's; replaying it reproduces the outputs
+// bitwise, and replaying another routing gives one rank's outputs under that routing.
+TEST(TensorParallelEngine, RoutingRecordAndReplay) {
+  const int64_t tp = world().size();
+  const EngineModel& md = engine_model("qwen3-moe-tiny");
+  auto g = global_batch();
+  std::vector<int32_t> cu;
+  const engine::MicroBatch mb = engine_view(*g, cu);
+  engine::EngineOptions ro;
+  ro.ops = &host_ops();
+  engine::Engine ref(md.desc, ro);
+  ref.load_parameters(md.weights);
+  engine::OutputRequest req;
+  req.routed_experts = true;
+  const engine::Outputs full = ref.forward(mb, req);
+  const int64_t W = full.routing_width, n = g->num_tokens(), E = 8;
+
+  sdk::ParallelSizes sizes;
+  sizes.tp = tp;
+  const sdk::ParallelComms pc =
+      sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes, {sdk::GroupKind::tp});
+  const sdk::Comm& group = pc.of(sdk::GroupKind::tp);
+  const sdk::TpLayout layout = sdk::make_tp_layout(md.desc, tp, group.rank());
+  backend::CommTpGroup comm(group);
+  engine::EngineOptions o;
+  o.ops = &host_ops();
+  o.tp = &layout;
+  o.tp_comm = &comm;
+  engine::Engine e(md.desc, o);
+  std::vector<std::vector<float>> local;
+  for (size_t i = 0; i < md.weights.size(); ++i) local.push_back(sdk::tp_slice(layout, i, md.weights[i]));
+  e.load_parameters(local);
+  auto lp_err = [&](const engine::Outputs& a, const engine::Outputs& b) {
+    double err = 0;
+    for (int64_t t = 0; t < n; ++t) err = std::max(err, std::fabs(double(a.logprob[size_t(t)]) - double(b.logprob[size_t(t)])));
+    return err;
+  };
+  const engine::Outputs out = e.forward(mb, req);
+  ASSERT_EQ(out.routing_width, W);
+  EXPECT_EQ(out.routed_experts, full.routed_experts) << "tp " << tp << ": the routing record is one rank's";
+  EXPECT_LE(lp_err(out, full), 2e-5) << "tp " << tp;
+
+  RoutingField rec{std::vector<int32_t>(out.routed_experts.begin(), out.routed_experts.end())};
+  engine::MicroBatch rmb = mb;
+  rmb.fields.push_back(rec.field(n, W));
+  engine::OutputRequest rreq = req;
+  rreq.replay_routing_field = "routed";
+  EXPECT_EQ(e.forward(rmb, rreq).logprob, out.logprob) << "tp " << tp << ": replaying the record";
+  RoutingField other{full.routed_experts};
+  for (int32_t& x : other.data) x = int32_t((x + 1) % E);
+  engine::MicroBatch omb = mb;
+  omb.fields.push_back(other.field(n, W));
+  const engine::Outputs ref_other = ref.forward(omb, rreq), got_other = e.forward(omb, rreq);
+  EXPECT_LE(lp_err(got_other, ref_other), 2e-5) << "tp " << tp << ": replaying another routing";
+  EXPECT_EQ(got_other.routed_experts, other.data);
+  EXPECT_GT(lp_err(got_other, out), 1e-3) << "the other routing changes the outputs";
+}
+
 TEST(TensorParallelErrors, RefusedByName) {
   const int N = world().size();
   auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
@@ -354,4 +419,7 @@ TEST(TensorParallelErrors, RefusedByName) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "megatron", "comm_mpi"}); }
+int main(int argc, char** argv) {
+  release_kernels_before_the_host();  // the engine test's
+  return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "megatron", "comm_mpi"});
+}

@@ -30,6 +30,25 @@ int64_t numel(const std::vector<int64_t>& s) {
   return std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<int64_t>());
 }
 
+// Every rank's layout of `d` at T, checking that every parameter's slices of all ranks place
+// back to the full tensor (and have the local shape).
+std::vector<sdk::TpLayout> expect_slices_place_back(const sdk::TransformerDesc& d, int64_t T, const std::string& what) {
+  std::vector<sdk::TpLayout> layouts;
+  for (int64_t r = 0; r < T; ++r) layouts.push_back(sdk::make_tp_layout(d, T, r));
+  for (size_t i = 0; i < d.params.size(); ++i) {
+    std::vector<float> full(size_t(numel(d.params[i].shape)));
+    std::iota(full.begin(), full.end(), 1.f);
+    std::vector<float> back(full.size(), 0.f);
+    for (const auto& L : layouts) {
+      const std::vector<float> piece = sdk::tp_slice(L, i, full);
+      EXPECT_EQ(int64_t(piece.size()), numel(L.local.params[i].shape)) << what << ": " << d.params[i].name;
+      sdk::tp_place(L, i, piece, back);
+    }
+    EXPECT_EQ(back, full) << what << ": " << d.params[i].name << " at tp " << T;
+  }
+  return layouts;
+}
+
 }  // namespace
 
 TEST(TensorParallel, LocalDescriptionAndMarks) {
@@ -63,19 +82,7 @@ TEST(TensorParallel, LocalDescriptionAndMarks) {
 TEST(TensorParallel, SlicesPlaceBackToTheFullTensors) {
   for (int64_t T : {2, 4}) {
     const sdk::TransformerDesc d = model::describe(llama(67, 2));
-    std::vector<sdk::TpLayout> layouts;
-    for (int64_t r = 0; r < T; ++r) layouts.push_back(sdk::make_tp_layout(d, T, r));
-    for (size_t i = 0; i < d.params.size(); ++i) {
-      std::vector<float> full(size_t(numel(d.params[i].shape)));
-      std::iota(full.begin(), full.end(), 1.f);
-      std::vector<float> back(full.size(), 0.f);
-      for (const auto& L : layouts) {
-        const std::vector<float> piece = sdk::tp_slice(L, i, full);
-        ASSERT_EQ(int64_t(piece.size()), numel(L.local.params[i].shape)) << d.params[i].name;
-        sdk::tp_place(L, i, piece, back);
-      }
-      EXPECT_EQ(back, full) << d.params[i].name << " at tp " << T;
-    }
+    const std::vector<sdk::TpLayout> layouts = expect_slices_place_back(d, T, "llama");
     if (T == 4) {
       const sdk::TpPiece& k = layouts[3].pieces[size_t(d.find_param(0, sdk::ParamRole::k) - d.params.data())];
       EXPECT_EQ(k.split, sdk::TpSplit::kv_rows);
@@ -95,15 +102,7 @@ TEST(TensorParallel, EveryFixtureSlicesPlacesAndMarks) {
     const sdk::TransformerDesc d = model::describe(json::parse(test::read_file(dir / "config.json")));
     for (int64_t T : {2, 4}) {
       if (!sdk::tp_unsupported(d, T).empty()) continue;
-      std::vector<sdk::TpLayout> layouts;
-      for (int64_t r = 0; r < T; ++r) layouts.push_back(sdk::make_tp_layout(d, T, r));
-      for (size_t i = 0; i < d.params.size(); ++i) {
-        std::vector<float> full(size_t(numel(d.params[i].shape)));
-        std::iota(full.begin(), full.end(), 1.f);
-        std::vector<float> back(full.size(), 0.f);
-        for (const auto& L : layouts) sdk::tp_place(L, i, sdk::tp_slice(L, i, full), back);
-        EXPECT_EQ(back, full) << dir.filename() << ": " << d.params[i].name << " at tp " << T;
-      }
+      const std::vector<sdk::TpLayout> layouts = expect_slices_place_back(d, T, dir.filename().string());
       sdk::ModelProgram p = sdk::build_program(layouts[1].local);
       sdk::mark_tensor_parallel(p, layouts[1]);
       for (const auto& lp : p.layers)
