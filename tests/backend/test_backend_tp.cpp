@@ -6,15 +6,18 @@
 //     each) and TP 2 x DP 2 give the reference's logprobs, entropy, loss, gradient norm and every
 //     gradient (one SGD step at lr 1 without clipping: w - w' = g) within fp32 tolerance, on a
 //     Llama (untied head, GQA) and a Qwen3 (tied embedding, q/k norms), with a loss that reads
-//     logprobs and entropy at temperature 0.7, with packing on and off;
+//     logprobs and entropy at temperature 0.7, with packing on and off; and at TP = 2 on models
+//     with q/k/v, o and MLP biases, sliding windows, MoE (experts split over the group: etp =
+//     tp; the auxiliary losses as the reference's), MLA, one kv head, Gemma-3's norms (see cases());
+//   - the engine's routing record and replay under TP are one rank's;
 //   - log p at given ids (K per token) equals the reference's;
 //   - the tp group's bytes per step equal the analytic count;
 //   - two AdamW steps with clipping follow the reference (DDP and the distributed optimizer);
 //   - a state saved under TP is the one-rank HF layout (full tensors), loads on one rank into the
 //     same weights, continues there within fp32 tolerance, and a state saved on one rank loads
 //     back under TP bitwise;
-//   - refusals name the setting: an MoE model, a TP size that does not
-//     divide the ranks, TP on one rank, top-k processed logprobs, a tp group given different
+//   - refusals name the setting: expert_tensor_parallel_size other than tp, MoE with sequence
+//     parallelism, a TP size that does not divide the ranks, TP on one rank, top-k processed logprobs, a tp group given different
 //     batches.
 #include <unistd.h>
 
