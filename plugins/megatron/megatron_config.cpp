@@ -129,16 +129,21 @@ backend::BackendConfig read_config(const json& policy) {
                                          "pipeline parallelism (use one of them)");
   }
   // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
-  // carved from the data-parallel ones; the experts are not further split (etp = 1).
+  // carved from the data-parallel ones. Expert tensor parallelism: each expert split over the
+  // tensor-parallel group (etp = tp; Megatron's default when the key is null); another etp is
+  // refused where it matters, at load of an MoE model under tp (a dense model has no experts).
   const std::string ep_key = "megatron_cfg.expert_model_parallel_size", etp_key = "megatron_cfg.expert_tensor_parallel_size";
   cfg.parallel.ep = r.is_null(ep_key) ? 1 : r.integer(ep_key, 1);
   if (cfg.parallel.ep < 1) r.fail(ep_key, "must be at least 1, got " + std::to_string(cfg.parallel.ep));
-  const int64_t etp = r.is_null(etp_key) ? 0 : r.integer(etp_key, 1);
-  if (etp > 1)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full(etp_key) + " = " + std::to_string(etp) +
-                                         ": expert tensor parallelism is not implemented (set it to 1: each rank "
-                                         "holds whole experts)");
-  if (etp < 0 || (etp == 0 && !r.is_null(etp_key))) r.fail(etp_key, "must be at least 1, got " + std::to_string(etp));
+  const bool etp_given = r.has(etp_key) && !r.is_null(etp_key);
+  const int64_t etp = etp_given ? r.integer(etp_key, 1) : 0;
+  if (etp > 1 && etp != cfg.parallel.tp)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(etp_key) + " = " + std::to_string(etp) + " with " + r.full(tp_key) + " = " +
+                                         std::to_string(cfg.parallel.tp) +
+                                         ": expert tensor parallelism other than the tensor-parallel size is not "
+                                         "implemented (set it to " + std::to_string(cfg.parallel.tp) + " or null)");
+  if (etp < 0 || (etp == 0 && etp_given)) r.fail(etp_key, "must be at least 1, got " + std::to_string(etp));
+  cfg.parallel.etp = etp == 0 ? cfg.parallel.tp : etp;
   if (cfg.parallel.ep > 1 && cfg.parallel.tp > 1)
     throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + r.full(tp_key) +
                                          " = " + std::to_string(cfg.parallel.tp) +

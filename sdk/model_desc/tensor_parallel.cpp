@@ -17,15 +17,23 @@ const char* to_string(TpSplit s) {
     case TpSplit::cols: return "cols";
     case TpSplit::kv_rows: return "kv_rows";
     case TpSplit::vocab_rows: return "vocab_rows";
+    case TpSplit::expert_rows: return "expert_rows";
+    case TpSplit::expert_cols: return "expert_cols";
   }
   return "?";
 }
 
 namespace {
 
-// Megatron's layout of a dense decoder: ColumnParallelLinear for linear_qkv and linear_fc1,
+// Megatron's layout of a decoder: ColumnParallelLinear for linear_qkv and linear_fc1,
 // RowParallelLinear for linear_proj and linear_fc2, VocabParallelEmbedding, and a
-// vocabulary-parallel output layer; norms replicated.
+// vocabulary-parallel output layer; norms replicated. A column-parallel linear's bias is cut with
+// its rows; a row-parallel one's is whole and added once, after the sum (Megatron's
+// RowParallelLinear adds it after the all-reduce). MoE (expert_tensor_parallel_size = T): every
+// routed expert's gate/up cut by rows and its down by columns, the shared expert likewise, the
+// router (and its biases, the shared expert's sigmoid gate) replicated: every rank routes alike.
+// MLA: q_b / kv_b (or q without q_lora_rank) cut by heads, the latent projections and their
+// norms replicated with their gradients summed (each rank backpropagates its heads only).
 constexpr TpRule kPlan[] = {
     {ParamRole::embed, TpSplit::vocab_rows},
     {ParamRole::lm_head, TpSplit::vocab_rows},
@@ -38,11 +46,34 @@ constexpr TpRule kPlan[] = {
     {ParamRole::k, TpSplit::kv_rows},
     {ParamRole::v, TpSplit::kv_rows},
     {ParamRole::o, TpSplit::cols},
+    {ParamRole::q_bias, TpSplit::rows},
+    {ParamRole::k_bias, TpSplit::kv_rows},
+    {ParamRole::v_bias, TpSplit::kv_rows},
+    {ParamRole::o_bias, TpSplit::replicated},
     {ParamRole::q_norm, TpSplit::replicated_sum},
     {ParamRole::k_norm, TpSplit::replicated_sum},
     {ParamRole::gate, TpSplit::rows},
     {ParamRole::up, TpSplit::rows},
     {ParamRole::down, TpSplit::cols},
+    {ParamRole::gate_bias, TpSplit::rows},
+    {ParamRole::up_bias, TpSplit::rows},
+    {ParamRole::down_bias, TpSplit::replicated},
+    {ParamRole::router, TpSplit::replicated},
+    {ParamRole::router_bias, TpSplit::replicated},
+    {ParamRole::expert_score_bias, TpSplit::replicated},
+    {ParamRole::expert_gate, TpSplit::expert_rows},
+    {ParamRole::expert_up, TpSplit::expert_rows},
+    {ParamRole::expert_down, TpSplit::expert_cols},
+    {ParamRole::shared_expert_gate_proj, TpSplit::rows},
+    {ParamRole::shared_expert_up, TpSplit::rows},
+    {ParamRole::shared_expert_down, TpSplit::cols},
+    {ParamRole::shared_expert_gate, TpSplit::replicated},
+    {ParamRole::q_a, TpSplit::replicated_sum},
+    {ParamRole::q_a_norm, TpSplit::replicated_sum},
+    {ParamRole::q_b, TpSplit::rows},
+    {ParamRole::kv_a, TpSplit::replicated_sum},
+    {ParamRole::kv_a_norm, TpSplit::replicated_sum},
+    {ParamRole::kv_b, TpSplit::rows},
 };
 
 const TpRule* rule_of(ParamRole role) {
@@ -67,30 +98,32 @@ std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::strin
   if (T == 1) return {};
   if (d.final_logit_softcapping != 0)
     return at + "final_logit_softcapping is not supported under tensor parallelism";
+  auto multiple = [&](const std::string& in, const char* what, int64_t n) {
+    return n % T == 0 ? std::string() : in + what + " = " + std::to_string(n) + " is not a multiple of " + std::to_string(T);
+  };
   for (const LayerDesc& l : d.layers) {
     const std::string in = at + "layer " + std::to_string(l.index) + ": ";
     const AttentionDesc& a = l.attention;
-    if (a.kind == AttentionKind::mla)
-      return in + "multi-head latent attention (MLA) is not supported under tensor parallelism";
-    if (l.mlp.kind == MlpKind::moe)
-      return in + "mixture-of-experts layers are not supported under tensor parallelism";
-    if (a.q_bias || a.k_bias || a.v_bias || a.o_bias)
-      return in + "attention biases (attention_bias) are not supported under tensor parallelism";
-    if (l.mlp.bias) return in + "MLP biases (mlp_bias) are not supported under tensor parallelism";
-    if (a.sliding_window > 0)
-      return in + "sliding_window attention is not supported under tensor parallelism";
     if (a.logit_softcapping != 0)
       return in + "attn_logit_softcapping is not supported under tensor parallelism";
-    if (a.num_heads % T != 0)
-      return in + "num_attention_heads = " + std::to_string(a.num_heads) + " is not a multiple of " +
-             std::to_string(T);
-    const int64_t kv = a.num_kv_heads;
-    if (kv <= 0 || (kv >= T ? kv % T != 0 : T % kv != 0))
-      return in + "num_key_value_heads = " + std::to_string(kv) + " neither divides nor is a multiple of " +
-             std::to_string(T);
-    if (l.mlp.intermediate_size % T != 0)
-      return in + "intermediate_size = " + std::to_string(l.mlp.intermediate_size) + " is not a multiple of " +
-             std::to_string(T);
+    if (std::string why = multiple(in, "num_attention_heads", a.num_heads); !why.empty()) return why;
+    if (a.kind == AttentionKind::gqa) {
+      const int64_t kv = a.num_kv_heads;
+      if (kv <= 0 || (kv >= T ? kv % T != 0 : T % kv != 0))
+        return in + "num_key_value_heads = " + std::to_string(kv) + " neither divides nor is a multiple of " +
+               std::to_string(T);
+    }
+    if (l.mlp.kind == MlpKind::moe) {
+      const MoeDesc& e = l.mlp.moe;
+      if (e.num_local_experts > 0 && e.num_local_experts != e.num_experts)
+        return in + "expert parallelism is not supported with tensor parallelism";
+      if (std::string why = multiple(in, "moe_intermediate_size", e.expert_intermediate_size); !why.empty()) return why;
+      if (std::string why = multiple(in, "shared expert intermediate size", e.shared_expert_intermediate_size);
+          !why.empty())
+        return why;
+    } else if (std::string why = multiple(in, "intermediate_size", l.mlp.intermediate_size); !why.empty()) {
+      return why;
+    }
   }
   for (const ParamDesc& p : d.params)
     if (rule_of(p.role) == nullptr)
@@ -116,7 +149,12 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
     AttentionDesc& a = l.attention;
     a.num_heads /= T;
     a.num_kv_heads = a.num_kv_heads >= T ? a.num_kv_heads / T : 1;
-    l.mlp.intermediate_size /= T;
+    if (l.mlp.kind == MlpKind::moe) {
+      l.mlp.moe.expert_intermediate_size /= T;
+      l.mlp.moe.shared_expert_intermediate_size /= T;
+    } else {
+      l.mlp.intermediate_size /= T;
+    }
   }
   const double inv_t = 1.0 / double(T);
   for (size_t i = 0; i < d.params.size(); ++i) {
@@ -139,14 +177,18 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
         pc.begin = r * pc.count;
         break;
       case TpSplit::cols:
-        pc.axis = 1;
-        pc.full = p.shape[1];
+      case TpSplit::expert_rows:
+      case TpSplit::expert_cols:
+        pc.axis = pc.split == TpSplit::cols ? 1 : pc.split == TpSplit::expert_rows ? 1 : 2;
+        pc.full = p.shape[size_t(pc.axis)];
         pc.count = pc.extent = pc.full / T;
         pc.begin = r * pc.count;
         break;
       case TpSplit::kv_rows: {
         const LayerDesc& l = d.layers[size_t(p.layer)];
         const int64_t kv = l.attention.num_kv_heads, D = l.attention.head_dim;
+        if (kv <= 0 || pc.full != kv * D)
+          throw std::invalid_argument(L.full.params[i].name + ": k/v rows are not kv heads x head_dim");
         if (kv >= T) {
           pc.count = pc.extent = pc.full / T;
           pc.begin = r * pc.count;
@@ -170,20 +212,34 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
   return L;
 }
 
+namespace {
+
+// A tensor as [outer, full, inner] around the cut axis: the piece is [outer, count, inner] of it,
+// stored [outer, extent, inner] (extent > count: a padded vocabulary block, zero rows).
+struct Around {
+  int64_t outer = 1, inner = 1;
+};
+Around around(const std::vector<int64_t>& shape, int axis) {
+  Around a;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (int(d) < axis) a.outer *= shape[d];
+    if (int(d) > axis) a.inner *= shape[d];
+  }
+  return a;
+}
+
+}  // namespace
+
 std::vector<float> tp_slice(const TpLayout& L, size_t i, std::span<const float> full) {
   const TpPiece& pc = L.pieces.at(i);
   const std::vector<int64_t>& fs = L.full.params[i].shape;
   if (int64_t(full.size()) != numel(fs))
     throw std::invalid_argument("tp_slice: parameter " + L.full.params[i].name + " has the wrong number of elements");
   std::vector<float> out(size_t(numel(L.local.params[i].shape)), 0.f);
-  const int64_t inner = fs.size() > 1 ? numel(std::vector<int64_t>(fs.begin() + 1, fs.end())) : 1;
-  if (pc.axis == 0) {
-    std::memcpy(out.data(), full.data() + pc.begin * inner, size_t(pc.count * inner) * sizeof(float));
-  } else {  // [rows, full] -> [rows, extent]
-    const int64_t rows = fs[0];
-    for (int64_t q = 0; q < rows; ++q)
-      std::memcpy(out.data() + q * pc.extent, full.data() + q * pc.full + pc.begin, size_t(pc.count) * sizeof(float));
-  }
+  const Around a = around(fs, pc.axis);
+  for (int64_t o = 0; o < a.outer; ++o)
+    std::memcpy(out.data() + o * pc.extent * a.inner, full.data() + (o * pc.full + pc.begin) * a.inner,
+                size_t(pc.count * a.inner) * sizeof(float));
   return out;
 }
 
@@ -192,14 +248,10 @@ void tp_place(const TpLayout& L, size_t i, std::span<const float> local, std::sp
   const std::vector<int64_t>& fs = L.full.params[i].shape;
   if (int64_t(full.size()) != numel(fs) || int64_t(local.size()) != numel(L.local.params[i].shape))
     throw std::invalid_argument("tp_place: parameter " + L.full.params[i].name + " has the wrong number of elements");
-  const int64_t inner = fs.size() > 1 ? numel(std::vector<int64_t>(fs.begin() + 1, fs.end())) : 1;
-  if (pc.axis == 0) {
-    std::memcpy(full.data() + pc.begin * inner, local.data(), size_t(pc.count * inner) * sizeof(float));
-  } else {
-    const int64_t rows = fs[0];
-    for (int64_t q = 0; q < rows; ++q)
-      std::memcpy(full.data() + q * pc.full + pc.begin, local.data() + q * pc.extent, size_t(pc.count) * sizeof(float));
-  }
+  const Around a = around(fs, pc.axis);
+  for (int64_t o = 0; o < a.outer; ++o)
+    std::memcpy(full.data() + (o * pc.full + pc.begin) * a.inner, local.data() + o * pc.extent * a.inner,
+                size_t(pc.count * a.inner) * sizeof(float));
 }
 
 void mark_tensor_parallel(ModelProgram& prog, const TpLayout& L) {
@@ -207,20 +259,33 @@ void mark_tensor_parallel(ModelProgram& prog, const TpLayout& L) {
   if (L.size == 1) return;
   for (LayerProgram& lp : prog.layers)
     for (LayerStep& st : lp.steps) {
+      const std::string at = "tensor parallelism: layer " + std::to_string(lp.index) + ": ";
+      if (st.op == StepOp::moe) {
+        // The block is row-parallel at its output (the experts' partial sums, reduced once after
+        // the combine) and column-parallel at its input; the engine's MoE block reduces inside
+        // (the routing weights' gradient before the router's, d input before the router adds
+        // its whole part), so the step carries both marks for executors to check.
+        st.tp_reduce_out = st.tp_reduce_din = true;
+        if (st.accumulate) throw std::logic_error(at + "an MoE block's input gradient is shared");
+        continue;
+      }
+      if (st.op == StepOp::mla) {
+        // Every part of d input (q_a or q, kv_a) is a partial sum over this rank's heads.
+        if (st.accumulate) throw std::logic_error(at + "an MLA block's input gradient is shared");
+        st.tp_reduce_din = true;
+        continue;
+      }
       if (st.op != StepOp::linear || st.weights.empty()) continue;
       const ParamRole role = L.local.params[size_t(st.weights[0])].role;
       if (role == ParamRole::q || role == ParamRole::gate) {
         // d input is a partial sum over ranks; reduced right after this step's backward, which
         // must therefore write it alone.
-        if (st.accumulate)
-          throw std::logic_error("tensor parallelism: layer " + std::to_string(lp.index) +
-                                 ": a column-parallel linear's input gradient is shared");
+        if (st.accumulate) throw std::logic_error(at + "a column-parallel linear's input gradient is shared");
         st.tp_reduce_din = true;
       } else if (role == ParamRole::o || role == ParamRole::down) {
-        st.tp_reduce_out = true;
+        st.tp_reduce_out = true;  // executors add the bias after the sum (once)
       } else {
-        throw std::logic_error("tensor parallelism: layer " + std::to_string(lp.index) + ": a linear of role " +
-                               to_string(role) + " has no parallel form");
+        throw std::logic_error(at + "a linear of role " + std::string(to_string(role)) + " has no parallel form");
       }
     }
 }

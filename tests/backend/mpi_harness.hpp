@@ -107,7 +107,7 @@ inline const World& world() {
   static World w(host());
   return w;
 }
-// A fixture by name, or a model written by the test (an absolute path).
+// A fixture by name, or a model folder by absolute path (one a test wrote).
 inline std::string model_path(const std::string& name) {
   return !name.empty() && name[0] == '/' ? name : fixtures_root() + "/" + name;
 }

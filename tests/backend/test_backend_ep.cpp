@@ -27,6 +27,7 @@
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "engine_under_mpi.hpp"
 #include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
 #include "rlhost/backend_common/data_parallel.hpp"
@@ -49,33 +50,6 @@ constexpr int32_t kVocab = 512;
 const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
 std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
 
-struct EngineModel {
-  sdk::TransformerDesc desc;
-  std::vector<std::vector<float>> weights;
-};
-const EngineModel& engine_model(const std::string& name) {
-  static std::map<std::string, EngineModel> cache;
-  auto it = cache.find(name);
-  if (it == cache.end()) {
-    EngineModel m;
-    m.desc = model::describe_model_dir(model_path(name));
-    m.weights = sdk::load_weights_f32(m.desc, sdk::st::Checkpoint::open(model_path(name) + "/model.safetensors")).tensors;
-    it = cache.emplace(name, std::move(m)).first;
-  }
-  return it->second;
-}
-
-// The reference kernels through the host's registry, as a backend takes them.
-// A harness batch as one engine micro-batch (its offsets as int32 in `cu`).
-engine::MicroBatch engine_view(const Batch& b, std::vector<int32_t>& cu) {
-  cu.clear();
-  for (int64_t o : b.offsets()) cu.push_back(int32_t(o));
-  engine::MicroBatch mb;
-  mb.input_ids = b.ids();
-  mb.cu_seqlens = cu;
-  return mb;
-}
-
 // The (token, choice) rows of rank R's ep group (adjacent ranks of N, each with its shard of the
 // global batch g) that cross ranks, from the routing `routed` [tokens, W] of g: those R sends to
 // other ranks' experts, and those the others send to R's experts (El experts per rank).
@@ -94,17 +68,6 @@ std::pair<int64_t, int64_t> crossing_rows(const std::vector<int32_t>& routed, in
       }
   }
   return {out_rows, in_rows};
-}
-
-// Released with the host, before MPI finishes (the test's main resets the host first).
-std::unique_ptr<sdk::KernelRegistry> g_registry;
-std::unique_ptr<engine::Ops> g_ops;
-engine::Ops& host_ops() {
-  if (!g_ops) {
-    g_registry = sdk::make_kernel_registry(sdk::Host(host().services()), sdk::kCPU, sdk::KernelPins{}, "test", "{}", false);
-    g_ops = engine::make_registry_ops(*g_registry);
-  }
-  return *g_ops;
 }
 
 struct Case {
@@ -383,7 +346,8 @@ TEST(ExpertParallelErrors, RefusedByName) {
                  part);
   };
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
-               "expert_tensor_parallel_size = 2: expert tensor parallelism is not implemented");
+               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
+               "tensor parallelism other than the tensor-parallel size is not implemented");
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
                "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
                "parallelism with tensor parallelism is not implemented");
@@ -425,25 +389,6 @@ struct EpEngine {
     std::vector<std::vector<float>> local;
     for (size_t i = 0; i < m.weights.size(); ++i) local.push_back(sdk::ep_slice(layout, i, m.weights[i]));
     e->load_parameters(local);
-  }
-};
-
-// The routing record as a micro-batch field.
-struct RoutingField {
-  std::vector<int32_t> data;
-  std::vector<int64_t> shape, strides;
-  rlh_named_tensor field(int64_t n, int64_t r) {
-    shape = {n, r};
-    strides = {r, 1};
-    rlh_named_tensor f{};
-    f.name = "routed";
-    f.tensor.data = data.data();
-    f.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-    f.tensor.ndim = 2;
-    f.tensor.dtype = rlh_dtype{RLH_DTYPE_INT, 32, 1};
-    f.tensor.shape = shape.data();
-    f.tensor.strides = strides.data();
-    return f;
   }
 };
 
@@ -546,13 +491,6 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The engine tests' kernels go before the host that holds their provider.
-  struct Release : ::testing::Environment {
-    void TearDown() override {
-      g_ops.reset();
-      g_registry.reset();
-    }
-  };
-  ::testing::AddGlobalTestEnvironment(new Release);
+  release_kernels_before_the_host();  // the engine tests'
   return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "megatron", "comm_mpi"});
 }

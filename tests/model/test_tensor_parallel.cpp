@@ -1,5 +1,6 @@
 // Tensor parallelism's plan and pass (sdk/tensor_parallel.hpp): this rank's description and
-// program, slicing and placing full tensors (a vocabulary that does not divide), refusals.
+// program, slicing and placing full tensors (a vocabulary that does not divide; every fixture:
+// biases, MoE experts, MLA), marks, refusals.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model_test_util.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/tensor_parallel.hpp"
 
@@ -26,6 +28,25 @@ json llama(int64_t vocab = 67, int64_t kv = 2) {
 
 int64_t numel(const std::vector<int64_t>& s) {
   return std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<int64_t>());
+}
+
+// Every rank's layout of `d` at T, checking that every parameter's slices of all ranks place
+// back to the full tensor (and have the local shape).
+std::vector<sdk::TpLayout> expect_slices_place_back(const sdk::TransformerDesc& d, int64_t T, const std::string& what) {
+  std::vector<sdk::TpLayout> layouts;
+  for (int64_t r = 0; r < T; ++r) layouts.push_back(sdk::make_tp_layout(d, T, r));
+  for (size_t i = 0; i < d.params.size(); ++i) {
+    std::vector<float> full(size_t(numel(d.params[i].shape)));
+    std::iota(full.begin(), full.end(), 1.f);
+    std::vector<float> back(full.size(), 0.f);
+    for (const auto& L : layouts) {
+      const std::vector<float> piece = sdk::tp_slice(L, i, full);
+      EXPECT_EQ(int64_t(piece.size()), numel(L.local.params[i].shape)) << what << ": " << d.params[i].name;
+      sdk::tp_place(L, i, piece, back);
+    }
+    EXPECT_EQ(back, full) << what << ": " << d.params[i].name << " at tp " << T;
+  }
+  return layouts;
 }
 
 }  // namespace
@@ -61,19 +82,7 @@ TEST(TensorParallel, LocalDescriptionAndMarks) {
 TEST(TensorParallel, SlicesPlaceBackToTheFullTensors) {
   for (int64_t T : {2, 4}) {
     const sdk::TransformerDesc d = model::describe(llama(67, 2));
-    std::vector<sdk::TpLayout> layouts;
-    for (int64_t r = 0; r < T; ++r) layouts.push_back(sdk::make_tp_layout(d, T, r));
-    for (size_t i = 0; i < d.params.size(); ++i) {
-      std::vector<float> full(size_t(numel(d.params[i].shape)));
-      std::iota(full.begin(), full.end(), 1.f);
-      std::vector<float> back(full.size(), 0.f);
-      for (const auto& L : layouts) {
-        const std::vector<float> piece = sdk::tp_slice(L, i, full);
-        ASSERT_EQ(int64_t(piece.size()), numel(L.local.params[i].shape)) << d.params[i].name;
-        sdk::tp_place(L, i, piece, back);
-      }
-      EXPECT_EQ(back, full) << d.params[i].name << " at tp " << T;
-    }
+    const std::vector<sdk::TpLayout> layouts = expect_slices_place_back(d, T, "llama");
     if (T == 4) {
       const sdk::TpPiece& k = layouts[3].pieces[size_t(d.find_param(0, sdk::ParamRole::k) - d.params.data())];
       EXPECT_EQ(k.split, sdk::TpSplit::kv_rows);
@@ -85,13 +94,84 @@ TEST(TensorParallel, SlicesPlaceBackToTheFullTensors) {
   }
 }
 
+// Every fixture (dense, biases, MoE with stacked experts and a shared expert, MLA) at T 2 and 4:
+// every rank's slices place back to the full tensors, and the local program builds and marks.
+TEST(TensorParallel, EveryFixtureSlicesPlacesAndMarks) {
+  int moe = 0, mla = 0;
+  for (const auto& dir : test::model_fixture_dirs()) {
+    const sdk::TransformerDesc d = model::describe(json::parse(test::read_file(dir / "config.json")));
+    for (int64_t T : {2, 4}) {
+      if (!sdk::tp_unsupported(d, T).empty()) continue;
+      const std::vector<sdk::TpLayout> layouts = expect_slices_place_back(d, T, dir.filename().string());
+      sdk::ModelProgram p = sdk::build_program(layouts[1].local);
+      sdk::mark_tensor_parallel(p, layouts[1]);
+      for (const auto& lp : p.layers)
+        for (const auto& st : lp.steps) {
+          if (st.op == sdk::StepOp::moe) {
+            ++moe;
+            EXPECT_TRUE(st.tp_reduce_out && st.tp_reduce_din);
+          }
+          if (st.op == sdk::StepOp::mla) {
+            ++mla;
+            EXPECT_TRUE(st.tp_reduce_din && !st.tp_reduce_out);
+          }
+        }
+    }
+  }
+  EXPECT_GT(moe, 0);
+  EXPECT_GT(mla, 0);
+}
+
+// The MoE plan: each expert's rows (gate, up: axis 1) and columns (down: axis 2), the shared
+// expert as a dense MLP, the router whole; MLA: q_b / kv_b by heads, the latents summed.
+TEST(TensorParallel, ExpertAndLatentSplits) {
+  const sdk::TransformerDesc d =
+      model::describe(json::parse(test::read_file(test::fixtures_dir() / "deepseek-v3-tiny" / "config.json")));
+  const sdk::TpLayout L = sdk::make_tp_layout(d, 2, 1);
+  auto piece = [&](int64_t layer, sdk::ParamRole role) {
+    return L.pieces[size_t(d.find_param(layer, role) - d.params.data())];
+  };
+  auto shape = [&](int64_t layer, sdk::ParamRole role) { return L.local.find_param(layer, role)->shape; };
+  EXPECT_EQ(piece(1, sdk::ParamRole::expert_gate).split, sdk::TpSplit::expert_rows);
+  EXPECT_EQ(piece(1, sdk::ParamRole::expert_gate).begin, 16);
+  EXPECT_EQ(shape(1, sdk::ParamRole::expert_gate), (std::vector<int64_t>{8, 16, 64}));
+  EXPECT_EQ(shape(1, sdk::ParamRole::expert_down), (std::vector<int64_t>{8, 64, 16}));
+  EXPECT_EQ(shape(1, sdk::ParamRole::shared_expert_down), (std::vector<int64_t>{64, 16}));
+  EXPECT_EQ(shape(1, sdk::ParamRole::router), (std::vector<int64_t>{8, 64}));
+  EXPECT_EQ(piece(1, sdk::ParamRole::router).split, sdk::TpSplit::replicated);
+  EXPECT_EQ(shape(0, sdk::ParamRole::kv_b), (std::vector<int64_t>{2 * 32, 32}));  // 2 heads of nope 16 + v 16
+  EXPECT_EQ(shape(0, sdk::ParamRole::q_b), (std::vector<int64_t>{2 * 24, 48}));
+  EXPECT_TRUE(piece(0, sdk::ParamRole::kv_a).sum_grads);
+  EXPECT_TRUE(piece(0, sdk::ParamRole::q_a_norm).sum_grads);
+  EXPECT_EQ(L.local.layers[1].mlp.moe.expert_intermediate_size, 16);
+}
+
 TEST(TensorParallel, RefusesWhatItDoesNotRunByName) {
   EXPECT_EQ(sdk::tp_unsupported(model::describe(llama()), 1), "");
   EXPECT_EQ(sdk::tp_unsupported(model::describe(llama()), 3),
             "tensor_model_parallel_size = 3: layer 0: num_attention_heads = 4 is not a multiple of 3");
   json c = llama();
   c["attention_bias"] = true;
-  EXPECT_NE(sdk::tp_unsupported(model::describe(c), 2).find("attention_bias"), std::string::npos);
+  c["mlp_bias"] = true;
+  EXPECT_EQ(sdk::tp_unsupported(model::describe(c), 2), "");  // q/k/v/gate/up biases cut, o/down whole
+  {
+    const sdk::TransformerDesc d = model::describe(c);
+    const sdk::TpLayout L = sdk::make_tp_layout(d, 2, 0);
+    EXPECT_EQ(L.local.find_param(0, sdk::ParamRole::q_bias)->shape, (std::vector<int64_t>{16}));
+    EXPECT_EQ(L.local.find_param(0, sdk::ParamRole::o_bias)->shape, (std::vector<int64_t>{32}));
+    EXPECT_EQ(L.local.find_param(0, sdk::ParamRole::up_bias)->shape, (std::vector<int64_t>{24}));
+    EXPECT_EQ(L.local.find_param(0, sdk::ParamRole::down_bias)->shape, (std::vector<int64_t>{32}));
+  }
+  c = llama();
+  c["intermediate_size"] = 50;
+  EXPECT_EQ(sdk::tp_unsupported(model::describe(c), 4),
+            "tensor_model_parallel_size = 4: layer 0: intermediate_size = 50 is not a multiple of 4");
+  {
+    json m = json::parse(test::read_file(test::fixtures_dir() / "qwen3-moe-tiny" / "config.json"));
+    m["moe_intermediate_size"] = 50;
+    EXPECT_EQ(sdk::tp_unsupported(model::describe(m), 4),
+              "tensor_model_parallel_size = 4: layer 0: moe_intermediate_size = 50 is not a multiple of 4");
+  }
   c = llama();
   c["num_key_value_heads"] = 4;
   c["num_attention_heads"] = 8;

@@ -387,6 +387,14 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   if (tp > 1) {
     // Every rank's layout (checkpoints gather the pieces of all of them); refused settings
     // name themselves here, before any weight is placed.
+    const int64_t etp = m->config.parallel.etp;
+    for (const sdk::LayerDesc& l : m->desc.layers)
+      if (l.mlp.kind == sdk::MlpKind::moe && etp != tp)
+        throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir +
+                                             "): policy.megatron_cfg.expert_tensor_parallel_size = " + std::to_string(etp) +
+                                             " with tensor_model_parallel_size = " + std::to_string(tp) +
+                                             ": the experts are split over the tensor-parallel group only (set it to " +
+                                             std::to_string(tp) + " or null)");
     try {
       for (int64_t r = 0; r < tp; ++r)
         m->tp_layouts.push_back(sdk::make_tp_layout(m->desc, tp, r, "policy.megatron_cfg.tensor_model_parallel_size"));

@@ -59,7 +59,14 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
         int64_t row = 0;
         for (size_t i = 0; i < st.weights.size(); ++i) {
           const int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
-          if (st.biases[i] >= 0) ops->bias_bwd(g(st.biases[i]), dy.p + row, dy.ld, N, rows);
+          if (st.biases[i] >= 0) {
+            // Sequence parallelism: a row-parallel bias's gradient from this rank's rows, summed
+            // over the group with the norms' (tp_sync_grads).
+            if (sp_on && st.tp_reduce_out)
+              ops->bias_bwd(g(st.biases[i]), sp_own(dy.p, dy.ld) + row, dy.ld, R, rows);
+            else
+              ops->bias_bwd(g(st.biases[i]), dy.p + row, dy.ld, N, rows);
+          }
           row += rows;
         }
         // dX (+)= dY W over the fused rows (one GEMM when adjacent), dW += dY^T X per group.
@@ -116,6 +123,7 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
       case sdk::StepOp::mla:
         backward_mla(l, mb, val(st.in).p, val(st.out2).p, val(st.out).p, a.stat[size_t(st.stat)],
                      grad(st.out).p, grad(st.in).p, st.accumulate);
+        if (st.tp_reduce_din) tp_reduce(grad(st.in).p, N * st.in.width);  // this rank's heads' part
         break;
     }
   }

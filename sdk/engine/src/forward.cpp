@@ -193,19 +193,25 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
           row += rows;
           i = j;
         }
-        row = 0;
-        for (size_t i = 0; i < st.weights.size(); ++i) {
-          const int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
-          if (st.biases[i] >= 0) ops->bias_add_fwd(out.p + row, out.ld, w(st.biases[i]), N, rows);
-          row += rows;
-        }
         // Row-parallel (tensor parallelism): each rank's output is a partial sum over its
-        // input columns. The output is a whole value, so N x width contiguous.
+        // input columns. The output is a whole value, so N x width contiguous. Its bias (whole
+        // on every rank) is added after the sum, so once.
         if (st.tp_reduce_out) {
           if (sp_on)
             sp_scatter(out.p, st.out.width);  // this rank's rows of the sum
           else
             tp_reduce(out.p, N * st.out.width);
+        }
+        row = 0;
+        for (size_t i = 0; i < st.weights.size(); ++i) {
+          const int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+          if (st.biases[i] >= 0) {
+            if (sp_on && st.tp_reduce_out)  // only this rank's rows of the sum are kept
+              ops->bias_add_fwd(sp_own(out.p, out.ld) + row, out.ld, w(st.biases[i]), R, rows);
+            else
+              ops->bias_add_fwd(out.p + row, out.ld, w(st.biases[i]), N, rows);
+          }
+          row += rows;
         }
         break;
       }

@@ -201,6 +201,9 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   if (sp_on)  // the gathers and scatters run on whole values (sequence_parallel.cpp)
     for (const sdk::LayerProgram& lp : prog.layers)
       for (const sdk::LayerStep& st : lp.steps) {
+        if (st.op == sdk::StepOp::moe || st.op == sdk::StepOp::mla)
+          throw std::invalid_argument("engine: layer " + std::to_string(lp.index) +
+                                      ": mixture-of-experts and MLA layers are not supported under sequence parallelism");
         const bool in_whole = st.in.col == 0 && lp.values[size_t(st.in.value)].width == st.in.width;
         const bool out_whole = st.out.col == 0 && lp.values[size_t(st.out.value)].width == st.out.width;
         if ((st.tp_reduce_din && (!in_whole || st.accumulate)) || (st.tp_reduce_out && !out_whole))

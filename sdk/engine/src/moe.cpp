@@ -395,6 +395,10 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
     if (p.ws_gate) ops->moe_unpermute_fwd(out, C, m.sy, x.srow, m.sgw, N, 1, C, true);
     else ops->add_fwd(out, out, m.sy, N * C);
   }
+  // Tensor parallelism: each rank's experts (and shared expert) hold 1/T of their width, so out
+  // is a partial sum, reduced once after the combine (the routing weights are the same on every
+  // rank: the router and its input are whole).
+  if (tp_on) tp_reduce(out, N * C);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -434,6 +438,28 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
                       1.f, dxp, C, 0);
   }
   ops->moe_permute_bwd(dxn, C, dxp, m.row, N, K, C, accumulate);                    // dxn [N,C]
+
+  // The shared expert's MLP: d input into dxn, its weight gradients.
+  auto shared_mlp_bwd = [&](const float* dsy) {
+    ops->gemm(false, false, N, Fs, C, 1.f, dsy, C, p.ws_down, Fs, 0.f, x.dsa, Fs);      // dsa
+    ops->gemm(true, false, C, Fs, N, 1.f, dsy, C, m.sa, Fs, 1.f, gp.ws_down, Fs);       // dW_down
+    glu_bwd(s.act, x.dsgu, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, N, Fs);                  // dsgu
+    ops->gemm(false, false, N, C, 2 * Fs, 1.f, x.dsgu, 2 * Fs, p.ws_gu, C, 1.f, dxn, C);  // dxn +=
+    ops->gemm(true, false, 2 * Fs, C, N, 1.f, x.dsgu, 2 * Fs, xn, C, 1.f, gp.ws_gu, C);     // dW_gu
+  };
+  // Tensor parallelism: the experts' and the shared expert's parts of dxn are partial sums (their
+  // gate|up are column-parallel), and so are the routing weights' gradients dw = <dout, yp> and
+  // the shared gate's (yp and sy are partial): all three are summed over the group here, before
+  // the router and the shared gate, which every rank holds whole, add their parts once.
+  if (tp_on) {
+    if (Fs > 0) {
+      if (p.ws_gate) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);
+      shared_mlp_bwd(p.ws_gate ? x.dsy : dout);
+    }
+    tp_reduce(dxn, N * C);
+    tp_reduce(x.dw, NK);
+    if (Fs > 0 && p.ws_gate) tp_reduce(x.dsgw, N);
+  }
 
   // Router: d logits from the weights (and the auxiliary losses), then into xn (always) and
   // into the router weight (unless frozen).
@@ -478,7 +504,7 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
   if (Fs > 0) {
     const float* dsy = dout;
     if (p.ws_gate) {
-      ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);  // dsy, dgate
+      if (!tp_on) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);  // dsy, dgate
       Ops::RouterAttrs ga;
       ga.scoring = 1;
       ops->moe_router_bwd(x.dsgl, x.dsgw, m.sgw, x.szero, nullptr, nullptr, N, 1, 1, ga);  // [N,1]
@@ -486,11 +512,7 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
       ops->gemm(false, false, N, C, 1, 1.f, x.dsgl, 1, p.ws_gate, C, 1.f, dxn, C);    // dxn +=
       dsy = x.dsy;
     }
-    ops->gemm(false, false, N, Fs, C, 1.f, dsy, C, p.ws_down, Fs, 0.f, x.dsa, Fs);      // dsa
-    ops->gemm(true, false, C, Fs, N, 1.f, dsy, C, m.sa, Fs, 1.f, gp.ws_down, Fs);       // dW_down
-    glu_bwd(s.act, x.dsgu, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, N, Fs);                  // dsgu
-    ops->gemm(false, false, N, C, 2 * Fs, 1.f, x.dsgu, 2 * Fs, p.ws_gu, C, 1.f, dxn, C);  // dxn +=
-    ops->gemm(true, false, 2 * Fs, C, N, 1.f, x.dsgu, 2 * Fs, xn, C, 1.f, gp.ws_gu, C);     // dW_gu
+    if (!tp_on) shared_mlp_bwd(dsy);
   }
 }
 

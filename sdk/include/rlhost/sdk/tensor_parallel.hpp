@@ -12,15 +12,20 @@
 //
 //   column-parallel linear (q|k|v, gate|up)  forward: its input is whole on every rank;
 //                                            backward: d input is a partial sum -> all-reduce
-//   row-parallel linear (o, down)            forward: its output is a partial sum -> all-reduce;
+//   row-parallel linear (o, down)            forward: its output is a partial sum -> all-reduce,
+//                                            then its bias (whole on every rank) added once;
 //                                            backward: d output is whole on every rank
+//   MoE block (experts cut by their width)   both: reduces inside (the output after the combine;
+//                                            the routing weights' gradient and d input before
+//                                            the router, which every rank holds whole, adds its part)
+//   MLA block (heads cut)                    backward: d input is a partial sum -> all-reduce
 //
 // Attention needs no communication: each rank owns whole query heads and the key/value heads
 // they read. With fewer key/value heads than ranks (GQA), each kv head is replicated on the
 // ranks whose query heads read it, as Megatron replicates them, and its gradient is the sum of
 // those ranks' (TpSplit::kv_rows). Weights every rank holds whole (the norms) get identical
-// gradients, except the q/k norms: each rank sees only its heads, so their gradients are summed
-// (TpSplit::replicated_sum).
+// gradients, except the q/k norms and MLA's latent projections and norms: each rank sees (or
+// backpropagates) only its heads, so their gradients are summed (TpSplit::replicated_sum).
 //
 // Vocabulary: rank r holds rows [r B, min(V, (r + 1) B)) of the embedding and lm_head, B =
 // ceil(V / T) (the last rank's block zero-padded to B rows). The embedding is a masked lookup
@@ -45,18 +50,20 @@ enum class TpSplit {
   cols,            // input columns cut in T equal blocks (row-parallel o, down)
   kv_rows,         // k/v rows by kv head: cut when kv heads >= T, else replicated per head
   vocab_rows,      // vocabulary rows in blocks of ceil(V / T), the last one padded
+  expert_rows,     // stacked experts [E, F, C]: each expert's rows (axis 1) in T blocks (gate, up)
+  expert_cols,     // stacked experts [E, C, F]: each expert's columns (axis 2) in T blocks (down)
 };
 const char* to_string(TpSplit s);
 
 // The sharding plan: every role tensor parallelism runs, and how it is cut. A role not in the
-// plan (MoE experts, MLA projections, biases) is refused by make_tp_layout.
+// plan (value heads) is refused by make_tp_layout.
 struct TpRule {
   ParamRole role;
   TpSplit split;
 };
 std::span<const TpRule> tp_plan();
 
-// One parameter on one rank: the slice [begin, begin + count) along `axis` of the full tensor,
+// One parameter on one rank: the slice [begin, begin + count) along `axis` (0, 1 or 2) of the full tensor,
 // stored in `extent` rows/columns locally (extent > count only for a padded vocabulary block).
 struct TpPiece {
   TpSplit split = TpSplit::replicated;

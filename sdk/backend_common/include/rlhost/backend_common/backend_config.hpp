@@ -176,6 +176,9 @@ struct BackendConfig {
     // megatron_cfg.expert_model_parallel_size: ranks each MoE layer's routed experts are split
     // over (sdk/expert_parallel.hpp), carved from the data-parallel ranks.
     int64_t ep = 1;
+    // megatron_cfg.expert_tensor_parallel_size (null: tp, Megatron's default): under tensor
+    // parallelism an MoE model's experts are split over the tp group, so only etp = tp runs one.
+    int64_t etp = 1;
     // megatron_cfg.context_parallel_size: ranks every sequence is split over (context_parallel.hpp);
     // the data-parallel ranks are the world / (tp cp).
     int64_t cp = 1;
