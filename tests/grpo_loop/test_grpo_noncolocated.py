@@ -15,6 +15,8 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   later steps train on rollouts one weight version old, and validation accuracy
                   rises on the demo task
   killed_generator  the generator rank is killed mid-run: the job stops non-zero within the timeout
+  trainer_hangs   the trainer freezes (SIGSTOP) mid-run: its generator rank stops at the comm
+                  timeout with one line and the job ends non-zero
   trainer_stops   the trainer is told to stop (SIGTERM) mid-run: both ranks exit non-zero within the
                   timeout, the generator rank with an error line of its own
 
@@ -284,7 +286,18 @@ def case_trainer_stops(tmp):
     print(f"SIGTERM to the trainer: both ranks stopped in {secs:.1f} s (rc {rc})")
 
 
+def case_trainer_hangs(tmp):
+    """The trainer freezes (SIGSTOP) mid-run: its generator rank, waiting for the next request,
+    stops at the communicator's timeout (10 s here) with one line, and the launcher ends the job."""
+    out, secs, rc = case_stop(tmp, 0, signal.SIGSTOP, "hung")
+    check(any("rlhost rank 1: error:" in l and "timed out" in l for l in out.splitlines()),
+          "the generator rank stops with a timeout line of its own", out)
+    check(secs >= 5, f"it waited for the timeout rather than stopping at once ({secs:.1f} s)", out)
+    print(f"SIGSTOP to the trainer: the generator rank timed out and the job stopped in {secs:.1f} s (rc {rc})")
+
+
 CASES = {
+    "trainer_hangs": case_trainer_hangs,
     "follows": lambda t: case_follows(t, 1),
     "follows_dp2": lambda t: case_follows(t, 2),
     "bad_layout": case_bad_layout,
