@@ -146,7 +146,6 @@ TEST_F(NemoRlConfigs, SettingsThatChangeBehaviourAreRefusedByName) {
   };
   const std::vector<Case> refused = {
       {"++policy.megatron_cfg.fp8_cfg.enabled=true", "policy.megatron_cfg.fp8_cfg.enabled", "true", "FP8 training"},
-      {"++policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled", "false", "non-colocated"},
       {"++logger.wandb_enabled=true", "logger.wandb_enabled", "true", "Weights & Biases"},
       {"++logger.mlflow_enabled=true", "logger.mlflow_enabled", "true", "MLflow"},
       {"++policy.generation.vllm_cfg.precision=fp8", "policy.generation.vllm_cfg.precision", "fp8", "FP8 rollouts"},

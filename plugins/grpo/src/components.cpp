@@ -293,6 +293,9 @@ Generator::Generator(const sdk::Host& host, const std::string& name, const std::
              component_label("generator", name));
 }
 
+Generator::Generator(std::string name, std::unique_ptr<GeneratorLink> link)
+    : name_(std::move(name)), link_(std::move(link)) {}
+
 Generator::~Generator() {
   if (api_ != nullptr && self_ != nullptr) api_->destroy(self_);
 }
@@ -372,7 +375,25 @@ rlh_status* stage_weight(void* user, const char* hf_name, const rlh_tensor* w) {
 
 }  // namespace
 
+size_t Generator::StagedWeight::num_bytes() const {
+  size_t n = dtype.bits / 8;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+std::vector<Generator::StagedWeight> Generator::stage_on_host(Backend& backend, rlh_model* model, int64_t* version) {
+  Refit refit;  // no generator: every weight is staged in host memory
+  backend.visit_weights_on(model, refit.device, stage_weight, &refit, &refit.version);
+  if (refit.staged.empty()) throw Error(RLH_E_INTERNAL, "refit: backend '" + backend.name() + "' visited no weights");
+  *version = refit.version;
+  return std::move(refit.staged);
+}
+
 void Generator::refit_from(Backend& backend, rlh_model* model) {
+  if (link_) {
+    version_ = link_->refit_from(backend, model);
+    return;
+  }
   // The backend's views live only during its callback (some are temporaries: q/k/v pieces cut
   // out of a fused tensor), so the weights are staged into buffers this object owns and keeps
   // unchanged until the next refit; the generator receives them as one version and may keep
@@ -394,6 +415,10 @@ void Generator::refit_from(Backend& backend, rlh_model* model) {
     version_ = version;
     return;
   }
+  install(std::move(staged), version);
+}
+
+void Generator::install(std::vector<StagedWeight> staged, int64_t version) {
   std::vector<rlh_named_tensor> views(staged.size());
   for (size_t i = 0; i < staged.size(); ++i) {
     StagedWeight& w = staged[i];
@@ -426,6 +451,10 @@ void Generator::generate(const rlh_generate_args& args, rlh_sample_fn fn, void* 
 }
 
 void Generator::generate_here(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
+  if (link_) {  // non-colocated: the paired generator rank generates (generator_link.cpp)
+    link_->generate(args, fn, user);
+    return;
+  }
   sdk::check(api_->generate(self_, &args, fn, user), component_label("generator", name_));
 }
 

@@ -140,16 +140,31 @@ class Backend {
   rlh_backend* self_ = nullptr;
 };
 
+class Generator;
+
+// A generator in other processes (non-colocated generation, generation_ranks.hpp): a Generator
+// made with one sends its requests and refits there instead of to a component of its own.
+class GeneratorLink {
+ public:
+  virtual ~GeneratorLink() = default;
+  virtual void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) = 0;
+  // Hands the weights over; returns the version now in force there.
+  virtual int64_t refit_from(Backend& backend, rlh_model* model) = 0;
+};
+
 class Generator {
  public:
   Generator(const sdk::Host& host, const std::string& name, const std::string& model_path,
             const nlohmann::json& config);
+  // A generator of other processes, reached through `link`.
+  Generator(std::string name, std::unique_ptr<GeneratorLink> link);
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
 
   const std::string& name() const { return name_; }
   int64_t version() const { return version_; }
+  GeneratorLink* link() const { return link_.get(); }
   // Installs every weight of `backend`'s model as one version, in one update whose buffers this
   // object owns until the next refit, so the generator may keep views of them (may_alias).
   void refit_from(Backend& backend, rlh_model* model);
@@ -159,7 +174,12 @@ class Generator {
     rlh_dtype dtype{};
     std::vector<int64_t> shape, strides;
     std::unique_ptr<char[]> bytes;  // not zero-filled: every byte is written by the copy
+    size_t num_bytes() const;
   };
+  // Every weight of `backend`'s model copied into host buffers (row-major), and its version.
+  static std::vector<StagedWeight> stage_on_host(Backend& backend, rlh_model* model, int64_t* version);
+  // Installs staged weights (strides are set here) as `version`; kept until the next refit.
+  void install(std::vector<StagedWeight> staged, int64_t version);
   // Generates, calling `fn` once per sample; through the split when one is set.
   void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user);
   // The generator's own generate on this rank.
@@ -176,6 +196,7 @@ class Generator {
   int64_t version_ = -1;
   std::vector<StagedWeight> staged_;
   Split split_;
+  std::unique_ptr<GeneratorLink> link_;
 };
 
 class Environment {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "components.hpp"
+#include "generation_ranks.hpp"
 #include "loop_config.hpp"
 #include "group_generation.hpp"
 #include "loop_ranks.hpp"
@@ -99,6 +100,10 @@ struct GrpoLoop::Impl {
   GrpoLoopConfig cfg;
   std::string config_yaml;
   Clock::time_point created = Clock::now();
+  // Non-colocated generation (generation_ranks.hpp): the launch split into trainer and generator
+  // ranks; null when colocated. Declared before the components that use its communicators.
+  std::unique_ptr<GenerationRanks> placement;
+  const sdk::Host& trainer_host() const { return placement ? placement->trainer_host() : host; }
 
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Dataset> train_data, val_data;
@@ -130,6 +135,7 @@ struct GrpoLoop::Impl {
   int64_t consumed_samples = 0;
   bool first_train_step_logged = false;
   bool generator_stale = true;
+  std::map<std::string, double> refit_metrics;  // the last refit's, logged with the next step
 
   void check_cancel(const char* where) const {
     if (host.cancelled())
@@ -155,7 +161,7 @@ struct GrpoLoop::Impl {
       host.warn("grpo.val_period: no validation data (data.validation), so no validation runs");
     env = std::make_unique<Environment>(host, cfg.env_name, cfg.env_config);
 
-    backend = std::make_unique<Backend>(host, cfg.policy.backend, cfg.policy.section);
+    backend = std::make_unique<Backend>(trainer_host(), cfg.policy.backend, cfg.policy.section);
     policy = backend->load_model("policy", model_dir, true, policy_save_overrides(cfg.model_save_dtype));
     check_data_parallel();
     if (ppo) {
@@ -164,11 +170,8 @@ struct GrpoLoop::Impl {
     }
     if (cfg.needs_reference() || (ppo && ppo->gae.kl_in_reward()))
       reference = backend->load_model("reference", model_dir, false);
-    // The generator gets policy.generation; the native generator reads its own subsection
-    // native_cfg from it (and takes the whole object as its settings when that key is absent).
-    json gen_section = cfg.generation.section;
-    if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
-    gen = std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir, gen_section);
+    gen = placement ? placement->remote_generator(cfg.generation.component + " on the generator ranks")
+                    : make_generator();
     split_generation_over(host, *gen, ranks.group);  // tp/cp/pp ranks share the generation of their share
 
     loss = std::make_unique<LossAdapter>(cfg.loss);
@@ -190,17 +193,33 @@ struct GrpoLoop::Impl {
     }
   }
 
-  // The launched ranks, before anything loads (every rank alike).
+  // The generator gets policy.generation; the native generator reads its own subsection
+  // native_cfg from it (and takes the whole object as its settings when that key is absent).
+  std::unique_ptr<Generator> make_generator() const {
+    json gen_section = cfg.generation.section;
+    if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
+    return std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir, gen_section);
+  }
+
+  // The launched ranks that train (without the generator ranks of a non-colocated run), before
+  // anything loads (every rank alike).
   void setup_data_parallel() {
-    ranks = LoopRanks::of_launch(host);
+    ranks = LoopRanks::of_launch(trainer_host());
   }
 
   // The data-parallel layout of a step, from the backend once the policy is loaded.
   void check_data_parallel() {
     const int64_t G = cfg.num_generations_per_prompt, gbs = cfg.policy.train_global_batch_size;
-    ranks.follow_backend(host, *backend, policy);
+    ranks.follow_backend(trainer_host(), *backend, policy);
     dp_size = ranks.size;
     dp_rank = ranks.rank;
+    // Generator ranks of their own pair with trainer ranks one to one (generation_ranks.hpp);
+    // a model-parallel group's split of its generation is not carried over that pairing.
+    if (placement && ranks.group_size() > 1)
+      throw Error(RLH_E_UNIMPLEMENTED,
+                  "policy.generation.colocated.enabled = false with tensor, pipeline or context parallelism "
+                  "(model-parallel groups of " + std::to_string(ranks.group_size()) +
+                      " ranks): non-colocated generation is implemented for data-parallel trainers only");
     if (dp_size <= 1) return;
     const std::string n_ranks = std::to_string(dp_size) + " data-parallel ranks";
     // Each rank trains on gbs / N samples of every global batch, whole prompt groups, as
@@ -247,6 +266,10 @@ struct GrpoLoop::Impl {
     const auto t0 = Clock::now();
     gen->refit_from(*backend, policy);
     generator_stale = false;
+    if (placement && dp_rank == 0) {  // the broadcast to the generator ranks (NeMo-RL's refit)
+      refit_metrics["refit_bytes"] = placement->last_refit_bytes();
+      refit_metrics["refit_broadcast_seconds"] = placement->last_refit_seconds();
+    }
     return since(t0);
   }
 
@@ -427,6 +450,33 @@ struct GrpoLoop::Impl {
     return out;
   }
 
+  // Asynchronous GRPO: sends step `s`'s generation requests ahead, exactly those collect(s) will
+  // make (the same prompts, shares and RNG keys; the data order itself moves in collect).
+  void announce_rollouts(int64_t s) {
+    PromptOrder peek = *order;
+    const int64_t per_batch = cfg.dynamic_sampling.prompts_per_generation_batch();
+    const std::vector<Prompt> prompts = prompts_for(*train_data, peek.next(per_batch));
+    std::vector<std::unique_ptr<GenerateRequest>> requests;
+    auto request = [&](int64_t a, int64_t b) {
+      const std::vector<Prompt> mine(prompts.begin() + a, prompts.begin() + b);
+      requests.push_back(make_generate_request(*tok, mine, cfg.num_generations_per_prompt, cfg.generation.train,
+                                               cfg.generation, cfg.policy.max_total_sequence_length, cfg.seed, s, a));
+    };
+    // collect's share: the whole batch on one rank, else this data-parallel rank's contiguous
+    // part (none when the batch has fewer prompts than ranks; collect then generates nothing).
+    const int64_t a = per_batch * dp_rank / dp_size, b = per_batch * (dp_rank + 1) / dp_size;
+    if (b > a) request(a, b);
+    placement->announce(std::move(requests));
+  }
+
+  // How many weight versions the step's oldest sample is behind the generator's weights now
+  // (0 on policy; 1 step's worth for 1-step-off asynchronous GRPO).
+  double weight_lag(const StepSamples& ss) const {
+    int64_t oldest = gen->version();
+    for (const Response* r : ss.responses) oldest = std::min(oldest, r->weight_version);
+    return static_cast<double>(gen->version() - oldest);
+  }
+
   // The training batch: prompt + response per sample, with NeMo-RL's fields.
   PackedBatch build_batch(const StepSamples& ss) const {
     PackedBatch b;
@@ -587,6 +637,25 @@ struct GrpoLoop::Impl {
   }
 
   void run() {
+    if (!cfg.generation.colocated) {
+      placement = GenerationRanks::create(host, cfg.generation.generator_ranks, cfg.generation.resources_text);
+      if (placement->is_generator()) {  // this rank only generates, for its trainer rank
+        model_dir = resolve_model(cfg.policy.model_name);
+        std::unique_ptr<Generator> mine = make_generator();
+        placement->serve(*mine);
+        return;
+      }
+    }
+    try {
+      train_all();
+    } catch (...) {
+      if (placement) placement->abandon();  // its generator rank stops too
+      throw;
+    }
+    if (placement) placement->finish();
+  }
+
+  void train_all() {
     setup_data_parallel();
     setup();
     resume();
@@ -613,6 +682,13 @@ struct GrpoLoop::Impl {
 
       std::vector<Rollout> rollouts;
       StepSamples ss = collect(s, rollouts, timers, metrics);
+      if (cfg.async_grpo && s < total_steps) {
+        // 1-step-off: the next step's rollouts are drawn on the generator ranks with the weights
+        // in force now, while this step trains.
+        announce_rollouts(s + 1);
+      }
+      for (const auto& [k, v] : refit_metrics) metrics[k] = v;
+      if (cfg.async_grpo) metrics["generation_weight_lag"] = weight_lag(ss);
 
       check_cancel("logprobs");
       auto t0 = Clock::now();

@@ -189,9 +189,29 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
   g.read("skip_reference_policy_logprobs_calculation", c.skip_reference_policy_logprobs);
   c.max_rollout_turns = positive(g, "max_rollout_turns", c.max_rollout_turns);
   bool async = false;
-  g.sub(ppo ? "async_ppo" : "async_grpo").read("enabled", async);
-  if (async) throw ConfigError(g.key(ppo ? "async_ppo.enabled" : "async_grpo.enabled") +
-                               ": asynchronous training is not implemented; use false");
+  const Section ag = g.sub(ppo ? "async_ppo" : "async_grpo");
+  ag.read("enabled", async);
+  if (async && ppo) throw ConfigError(g.key("async_ppo.enabled") + ": asynchronous PPO is not implemented; use false");
+  if (async) {
+    // NeMo-RL's async GRPO; rlhost does the 1-step-off case (generation_ranks.hpp).
+    std::optional<int64_t> age;
+    ag.read("max_trajectory_age_steps", age);
+    if (age && *age != 1)
+      throw ConfigError(ag.key("max_trajectory_age_steps") + " = " + std::to_string(*age) +
+                        ": rlhost's asynchronous GRPO trains on rollouts exactly one step old (use 1)");
+    bool in_flight = false;
+    if (const json* v = ag.find("in_flight_weight_updates"); v != nullptr && !v->is_null())
+      ag.read("in_flight_weight_updates", in_flight);
+    if (in_flight)
+      throw ConfigError(ag.key("in_flight_weight_updates") +
+                        ": true is not implemented (weights change between generation requests, never during one); use false");
+    std::optional<int64_t> failures;
+    ag.read("max_generation_failures", failures);
+    if (failures && *failures != 0)
+      throw ConfigError(ag.key("max_generation_failures") + " = " + std::to_string(*failures) +
+                        ": retrying failed generations is not implemented (the first failure stops the run); use 0 or null");
+    c.async_grpo = true;
+  }
   bool kl_in_reward = false;
   g.read("use_kl_in_reward", kl_in_reward);
   if (kl_in_reward)
@@ -223,6 +243,25 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
   c.generation.component = backend.value_or("vllm");
   c.generation.max_new_tokens = c.policy.max_total_sequence_length;
   if (gen.has("max_new_tokens")) c.generation.max_new_tokens = positive(gen, "max_new_tokens", 1);
+  {
+    const Section co = gen.sub("colocated");
+    if (const json* e = co.find("enabled"); e != nullptr && !e->is_null()) co.read("enabled", c.generation.colocated);
+    if (!c.generation.colocated) {
+      if (ppo)
+        throw ConfigError("policy.generation.colocated.enabled: false is not implemented for PPO (its critic); use true");
+      const Section res = co.sub("resources");
+      std::optional<int64_t> gpus, nodes;
+      res.read("gpus_per_node", gpus);
+      res.read("num_nodes", nodes);
+      if (!gpus || *gpus <= 0)
+        throw ConfigError(res.key("gpus_per_node") +
+                          ": must be a positive number of generator ranks when policy.generation.colocated.enabled is false");
+      if (nodes && *nodes <= 0) throw ConfigError(res.key("num_nodes") + ": must be positive or null");
+      c.generation.generator_ranks = *gpus * nodes.value_or(1);
+      c.generation.resources_text = "policy.generation.colocated.resources: gpus_per_node x num_nodes = " +
+                                    std::to_string(*gpus) + " x " + std::to_string(nodes.value_or(1));
+    }
+  }
   c.generation.train = read_sampling(gen, SamplingSettings{}, "");
   c.generation.validation = read_sampling(gen, c.generation.train, "val_");
   c.generation.validation.min_p = c.generation.train.min_p;
@@ -241,6 +280,22 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
         throw ConfigError("policy.generation.stop_strings: expected non-empty strings, got " + describe(v));
       c.generation.stop_strings.push_back(v.get<std::string>());
     }
+  }
+
+  if (c.async_grpo) {
+    // What 1-step-off training needs (NeMo-RL asks for the same): generator ranks of its own,
+    // and the importance-sampling correction for rollouts drawn with older weights.
+    if (c.generation.colocated)
+      throw ConfigError("grpo.async_grpo.enabled: true needs policy.generation.colocated.enabled: false "
+                        "(generation on ranks of its own, docs/parallelism.md)");
+    if (!c.loss.use_importance_sampling_correction)
+      throw ConfigError("grpo.async_grpo.enabled: true needs loss_fn.use_importance_sampling_correction: true "
+                        "(the rollouts come from weights one step old)");
+    if (c.dynamic_sampling.use_dynamic_sampling)
+      throw ConfigError("grpo.use_dynamic_sampling: true with grpo.async_grpo.enabled is not implemented; use false");
+    if (c.max_rollout_turns > 1)
+      throw ConfigError("grpo.max_rollout_turns = " + std::to_string(c.max_rollout_turns) +
+                        " with grpo.async_grpo.enabled is not implemented (single-turn rollouts only)");
   }
 
   // data

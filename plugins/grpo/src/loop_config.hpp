@@ -34,6 +34,11 @@ struct GenerationConfig {
   std::vector<int32_t> stop_token_ids;  // beyond the tokenizer's EOS ids
   std::vector<std::string> stop_strings;
   nlohmann::json section;    // policy.generation, handed to the generator
+  // policy.generation.colocated: false runs the generator on ranks of its own
+  // (generation_ranks.hpp): resources.gpus_per_node x resources.num_nodes of them.
+  bool colocated = true;
+  int64_t generator_ranks = 0;
+  std::string resources_text;  // names the resources in the layout's errors
 };
 
 // How prompts become token ids.
@@ -81,6 +86,9 @@ struct GrpoLoopConfig {
   bool skip_reference_policy_logprobs = false;
   // Generation/environment turns per rollout (NeMo-RL's run_multi_turn_rollout); 1 = single turn.
   int64_t max_rollout_turns = 1;
+  // grpo.async_grpo.enabled: the next step's rollouts are generated while this step trains, with
+  // weights one step old (max_trajectory_age_steps = 1), on non-colocated generator ranks.
+  bool async_grpo = false;
   AdvantageConfig advantages;
   DynamicSamplingConfig dynamic_sampling;
   RewardScalingConfig reward_scaling;

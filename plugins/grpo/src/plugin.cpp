@@ -32,7 +32,10 @@ const char* const kKeys[] = {
     "grpo.use_dynamic_sampling", "grpo.batch_multiplier", "grpo.dynamic_sampling_max_gen_batches",
     "grpo.reward_shaping.*", "grpo.reward_scaling.*", "grpo.adv_estimator.name",
     "grpo.adv_estimator.normalize_rewards", "grpo.adv_estimator.use_leave_one_out_baseline",
-    "grpo.async_grpo.enabled", "grpo.seed", "grpo.skip_reference_policy_logprobs_calculation",
+    "grpo.async_grpo.enabled", "grpo.async_grpo.max_trajectory_age_steps", "grpo.async_grpo.in_flight_weight_updates",
+    "grpo.async_grpo.max_generation_failures", "policy.generation.colocated.enabled",
+    "policy.generation.colocated.resources.gpus_per_node", "policy.generation.colocated.resources.num_nodes",
+    "grpo.seed", "grpo.skip_reference_policy_logprobs_calculation",
     "grpo.advantage_clip_low", "grpo.advantage_clip_high", "grpo.use_kl_in_reward",
     RLH_GRPO_LOOP_SHARED_KEYS
     nullptr};

@@ -149,22 +149,17 @@ rlh_status* on_sample(void* user, const rlh_sample* s) {
 
 }  // namespace
 
-Rollout run_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
-                    std::vector<Prompt> prompts, int64_t samples, const SamplingSettings& sampling,
-                    const GenerationConfig& gcfg, int64_t max_total_sequence_length, uint64_t seed,
-                    int64_t step_key, int64_t first_prompt_index, RolloutTimes* times) {
-  Rollout r;
-  r.prompts = std::move(prompts);
-  r.samples_per_prompt = samples;
-  r.responses.resize(r.prompts.size() * static_cast<size_t>(samples));
-  for (auto& resp : r.responses) resp.weight_version = INT64_MIN;
-
-  std::vector<int32_t> ids;
-  std::vector<int64_t> offsets = {0};
+std::unique_ptr<GenerateRequest> make_generate_request(const Tokenizer& tok, const std::vector<Prompt>& prompts,
+                                                       int64_t samples, const SamplingSettings& sampling,
+                                                       const GenerationConfig& gcfg,
+                                                       int64_t max_total_sequence_length, uint64_t seed,
+                                                       int64_t step_key, int64_t first_prompt_index) {
+  auto q = std::make_unique<GenerateRequest>();
+  q->offsets = {0};
   int64_t longest = 0;
-  for (const Prompt& p : r.prompts) {
-    ids.insert(ids.end(), p.ids.begin(), p.ids.end());
-    offsets.push_back(static_cast<int64_t>(ids.size()));
+  for (const Prompt& p : prompts) {
+    q->ids.insert(q->ids.end(), p.ids.begin(), p.ids.end());
+    q->offsets.push_back(static_cast<int64_t>(q->ids.size()));
     longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
   }
   // vLLM caps each request at max_model_len; one cap for the batch keeps every sequence inside
@@ -176,13 +171,13 @@ Rollout run_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
                     " leaves no room to generate after a prompt of " + std::to_string(longest) +
                     " tokens (lower data.max_input_seq_length)");
 
-  std::vector<int32_t> stop_ids = tok.eos_token_ids();
+  q->stop_ids = tok.eos_token_ids();
   for (int32_t id : gcfg.stop_token_ids)
-    if (std::find(stop_ids.begin(), stop_ids.end(), id) == stop_ids.end()) stop_ids.push_back(id);
-  std::vector<const char*> stop_strings;
-  for (const auto& s : gcfg.stop_strings) stop_strings.push_back(s.c_str());
+    if (std::find(q->stop_ids.begin(), q->stop_ids.end(), id) == q->stop_ids.end()) q->stop_ids.push_back(id);
+  q->stop_strings = gcfg.stop_strings;
+  for (const auto& s : q->stop_strings) q->stop_ptrs.push_back(s.c_str());
 
-  rlh_sampling sp{};
+  rlh_sampling& sp = q->sampling;
   sp.struct_size = RLH_STRUCT_SIZE(rlh_sampling, num_stop_strings);
   sp.temperature = sampling.temperature;
   sp.top_k = sampling.top_k;
@@ -191,19 +186,34 @@ Rollout run_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
   sp.max_new_tokens = max_new;
   sp.seed = seed;
   sp.step = step_key;
-  sp.stop_token_ids = stop_ids.data();
-  sp.num_stop_token_ids = stop_ids.size();
-  sp.stop_strings = stop_strings.data();
-  sp.num_stop_strings = stop_strings.size();
+  sp.stop_token_ids = q->stop_ids.data();
+  sp.num_stop_token_ids = q->stop_ids.size();
+  sp.stop_strings = q->stop_ptrs.data();
+  sp.num_stop_strings = q->stop_ptrs.size();
 
-  rlh_generate_args args{};
+  rlh_generate_args& args = q->args;
   args.struct_size = RLH_STRUCT_SIZE(rlh_generate_args, sampling);
-  args.prompt_ids = ids.data();
-  args.prompt_offsets = offsets.data();
-  args.num_prompts = static_cast<int64_t>(r.prompts.size());
+  args.prompt_ids = q->ids.data();
+  args.prompt_offsets = q->offsets.data();
+  args.num_prompts = static_cast<int64_t>(prompts.size());
   args.samples_per_prompt = samples;
   args.first_prompt_index = first_prompt_index;
-  args.sampling = &sp;
+  args.sampling = &q->sampling;
+  return q;
+}
+
+Rollout run_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
+                    std::vector<Prompt> prompts, int64_t samples, const SamplingSettings& sampling,
+                    const GenerationConfig& gcfg, int64_t max_total_sequence_length, uint64_t seed,
+                    int64_t step_key, int64_t first_prompt_index, RolloutTimes* times) {
+  Rollout r;
+  r.prompts = std::move(prompts);
+  r.samples_per_prompt = samples;
+  r.responses.resize(r.prompts.size() * static_cast<size_t>(samples));
+  for (auto& resp : r.responses) resp.weight_version = INT64_MIN;
+  const std::unique_ptr<GenerateRequest> q = make_generate_request(
+      tok, r.prompts, samples, sampling, gcfg, max_total_sequence_length, seed, step_key, first_prompt_index);
+  const rlh_generate_args& args = q->args;
 
   auto t0 = std::chrono::steady_clock::now();
   Collect c{&r, samples};

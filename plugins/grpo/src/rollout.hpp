@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,27 @@ struct RolloutTimes {
   double generation = 0;
   double reward = 0;
 };
+
+// The generator request of run_rollout for `prompts` (it owns every buffer `args` points into;
+// not movable, hence held by pointer). Asynchronous GRPO sends the next step's requests ahead
+// with it (generation_ranks.hpp).
+struct GenerateRequest {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> stop_ids;
+  std::vector<std::string> stop_strings;
+  std::vector<const char*> stop_ptrs;
+  rlh_sampling sampling{};
+  rlh_generate_args args{};
+  GenerateRequest() = default;
+  GenerateRequest(const GenerateRequest&) = delete;
+  GenerateRequest& operator=(const GenerateRequest&) = delete;
+};
+std::unique_ptr<GenerateRequest> make_generate_request(const Tokenizer& tok, const std::vector<Prompt>& prompts,
+                                                       int64_t samples, const SamplingSettings& sampling,
+                                                       const GenerationConfig& gcfg,
+                                                       int64_t max_total_sequence_length, uint64_t seed,
+                                                       int64_t step_key, int64_t first_prompt_index);
 
 // Generates `samples` responses per prompt and scores them. `step_key` and `first_prompt_index`
 // key the generator's counter-based sampling RNG, so a step's samples are a pure function of

@@ -1,0 +1,463 @@
+// Non-colocated generation and asynchronous GRPO's rollouts sent ahead (see generation_ranks.hpp).
+#include "generation_ranks.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "loop_ranks.hpp"
+#include "rlhost/sdk/status.hpp"
+
+namespace rlh::grpo {
+
+using json = nlohmann::json;
+using sdk::Error;
+
+namespace {
+
+// What a trainer sends its generator rank (the first word of a header).
+enum Command : int64_t { kGenerate = 1, kRefit = 2, kStopDone = 3, kStopFailed = 4 };
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- the host a trainer's components see -------------------------------------------------------
+
+// A copy of the host's service table whose world communicator is the trainers' group; every other
+// slot forwards to the host's (its ctx names this object, the first member).
+struct TrainerHostApi {
+  rlh_host_api api{};
+  const rlh_host_api* inner = nullptr;
+  const rlh_comm_api* comm_api = nullptr;
+  rlh_comm* comm = nullptr;
+};
+
+TrainerHostApi* of(rlh_host_ctx* c) { return reinterpret_cast<TrainerHostApi*>(c); }
+
+void th_log(rlh_host_ctx* c, int32_t level, const char* msg, size_t len) {
+  of(c)->inner->log(of(c)->inner->ctx, level, msg, len);
+}
+rlh_status* th_alloc(rlh_host_ctx* c, rlh_device d, size_t bytes, size_t alignment, void** out) {
+  return of(c)->inner->alloc(of(c)->inner->ctx, d, bytes, alignment, out);
+}
+void th_free(rlh_host_ctx* c, rlh_device d, void* p) { of(c)->inner->free_memory(of(c)->inner->ctx, d, p); }
+rlh_status* th_config_get(rlh_host_ctx* c, const char* path, rlh_write_fn write, void* user) {
+  return of(c)->inner->config_get(of(c)->inner->ctx, path, write, user);
+}
+void th_metric(rlh_host_ctx* c, const char* name, double value, int64_t step) {
+  of(c)->inner->metric(of(c)->inner->ctx, name, value, step);
+}
+rlh_status* th_find(rlh_host_ctx* c, int32_t kind, const char* name, const rlh_component_desc** out) {
+  return of(c)->inner->find_component(of(c)->inner->ctx, kind, name, out);
+}
+rlh_status* th_get_comm(rlh_host_ctx* c, const rlh_comm_api** api, rlh_comm** comm) {
+  *api = of(c)->comm_api;
+  *comm = of(c)->comm;
+  return nullptr;
+}
+uint8_t th_cancelled(rlh_host_ctx* c) { return of(c)->inner->is_cancelled(of(c)->inner->ctx); }
+rlh_status* th_list(rlh_host_ctx* c, int32_t kind, rlh_write_fn write, void* user) {
+  return of(c)->inner->list_components(of(c)->inner->ctx, kind, write, user);
+}
+
+void make_trainer_api(TrainerHostApi& t, const rlh_host_api* inner, const sdk::Comm& trainers) {
+  t.inner = inner;
+  t.comm_api = trainers.api();
+  t.comm = trainers.get();
+  t.api = *inner;  // struct_size, ABI version, make_status (no ctx)
+  t.api.ctx = reinterpret_cast<rlh_host_ctx*>(&t);
+  if (inner->log) t.api.log = th_log;
+  if (inner->alloc) t.api.alloc = th_alloc;
+  if (inner->free_memory) t.api.free_memory = th_free;
+  if (inner->config_get) t.api.config_get = th_config_get;
+  if (inner->metric) t.api.metric = th_metric;
+  if (inner->find_component) t.api.find_component = th_find;
+  t.api.get_comm = th_get_comm;
+  if (inner->is_cancelled) t.api.is_cancelled = th_cancelled;
+  if (RLH_HAS_FIELD(inner, rlh_host_api, list_components) && inner->list_components) t.api.list_components = th_list;
+}
+
+// ---- messages --------------------------------------------------------------------------------
+
+template <typename T>
+rlh_tensor view(T* p, const int64_t& n) {
+  return sdk::host_tensor(p, sdk::dtype_of<T>(), std::span<const int64_t>(&n, 1));
+}
+
+// A header (command or status, byte count) and its bytes, to `peer` of the pair.
+void send_message(const sdk::Comm& c, int peer, int64_t word, const std::vector<uint8_t>& bytes) {
+  int64_t header[2] = {word, static_cast<int64_t>(bytes.size())};
+  const int64_t two = 2;
+  c.send(view(header, two), peer);
+  const int64_t n = header[1];
+  if (n > 0) c.send(view(const_cast<uint8_t*>(bytes.data()), n), peer);
+}
+
+int64_t receive_message(const sdk::Comm& c, int peer, std::vector<uint8_t>& bytes) {
+  int64_t header[2] = {0, 0};
+  const int64_t two = 2;
+  c.recv(view(header, two), peer);
+  if (header[1] < 0 || header[1] > (int64_t{1} << 40))
+    throw Error(RLH_E_DATA_LOSS, "generation ranks: a message of " + std::to_string(header[1]) + " bytes");
+  bytes.resize(static_cast<size_t>(header[1]));
+  const int64_t n = header[1];
+  if (n > 0) c.recv(view(bytes.data(), n), peer);
+  return header[0];
+}
+
+// A generate request as bytes (CBOR): what the generator rank needs to make the same call.
+std::vector<uint8_t> encode_request(const rlh_generate_args& a) {
+  const rlh_sampling& s = *a.sampling;
+  json j;
+  j["ids"] = std::vector<int32_t>(a.prompt_ids, a.prompt_ids + a.prompt_offsets[a.num_prompts]);
+  j["offsets"] = std::vector<int64_t>(a.prompt_offsets, a.prompt_offsets + a.num_prompts + 1);
+  j["samples"] = a.samples_per_prompt;
+  j["first"] = a.first_prompt_index;
+  j["temperature"] = s.temperature;
+  j["top_k"] = s.top_k;
+  j["top_p"] = s.top_p;
+  j["min_p"] = s.min_p;
+  j["max_new_tokens"] = s.max_new_tokens;
+  j["seed"] = s.seed;
+  j["step"] = s.step;
+  j["stop_ids"] = std::vector<int32_t>(s.stop_token_ids, s.stop_token_ids + s.num_stop_token_ids);
+  std::vector<std::string> stops;
+  for (size_t i = 0; i < s.num_stop_strings; ++i) stops.emplace_back(s.stop_strings[i]);
+  j["stop_strings"] = stops;
+  return json::to_cbor(j);
+}
+
+// The samples of one request (CBOR), in the order the generator delivered them.
+struct SampleSink {
+  json prompt = json::array(), sample = json::array(), ids = json::array(), logprobs = json::array(),
+       truncated = json::array(), version = json::array();
+};
+
+rlh_status* sink_sample(void* user, const rlh_sample* s) {
+  auto* k = static_cast<SampleSink*>(user);
+  k->prompt.push_back(s->prompt_index);
+  k->sample.push_back(s->sample_index);
+  k->ids.push_back(std::vector<int32_t>(s->ids, s->ids + s->num_tokens));
+  k->logprobs.push_back(std::vector<float>(s->logprobs, s->logprobs + s->num_tokens));
+  k->truncated.push_back(s->truncated != 0);
+  k->version.push_back(s->weight_version);
+  return nullptr;
+}
+
+// Hands the samples of `bytes` to the loop's callback as the generator would.
+void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, int peer_rank) {
+  json j;
+  try {
+    j = json::from_cbor(bytes);
+  } catch (const json::exception& e) {
+    throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(peer_rank) + ": unreadable samples: " + e.what());
+  }
+  const size_t n = j.at("prompt").size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<int32_t> ids = j["ids"][i].get<std::vector<int32_t>>();
+    const std::vector<float> lp = j["logprobs"][i].get<std::vector<float>>();
+    if (ids.size() != lp.size())
+      throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(peer_rank) + ": a sample's tokens and logprobs differ in length");
+    rlh_sample s{};
+    s.struct_size = RLH_STRUCT_SIZE(rlh_sample, weight_version);
+    s.prompt_index = j["prompt"][i].get<int64_t>();
+    s.sample_index = j["sample"][i].get<int64_t>();
+    s.ids = ids.data();
+    s.logprobs = lp.data();
+    s.num_tokens = static_cast<int64_t>(ids.size());
+    s.truncated = j["truncated"][i].get<bool>() ? 1 : 0;
+    s.weight_version = j["version"][i].get<int64_t>();
+    sdk::check(fn(user, &s), "generator rank " + std::to_string(peer_rank));
+  }
+}
+
+std::string dtype_text(const rlh_dtype& d) {
+  return std::to_string(d.code) + "," + std::to_string(d.bits) + "," + std::to_string(d.lanes);
+}
+
+// Broadcasts the weights' bytes from rank 0 of `c` into every rank's buffers, packed into
+// pieces of at most kPiece bytes: one collective per piece rather than per weight (each costs a
+// round of the group), and counts that fit MPI's int.
+void broadcast_weights(const sdk::Comm& c, std::vector<Generator::StagedWeight>& ws) {
+  constexpr size_t kPiece = size_t{1} << 30;
+  const bool root = c.rank() == 0;
+  std::vector<uint8_t> buf;
+  size_t i = 0;
+  while (i < ws.size()) {
+    const size_t n = ws[i].num_bytes();
+    if (n >= kPiece) {  // alone, in pieces, straight from (into) its own buffer
+      auto* p = reinterpret_cast<uint8_t*>(ws[i].bytes.get());
+      for (size_t off = 0; off < n; off += kPiece) {
+        const int64_t m = static_cast<int64_t>(std::min(kPiece, n - off));
+        c.broadcast(view(p + off, m), 0);
+      }
+      ++i;
+      continue;
+    }
+    size_t j = i, total = 0;
+    while (j < ws.size() && ws[j].num_bytes() < kPiece && total + ws[j].num_bytes() <= kPiece) total += ws[j++].num_bytes();
+    buf.resize(total);
+    size_t off = 0;
+    if (root)
+      for (size_t k = i; k < j; off += ws[k].num_bytes(), ++k) std::memcpy(buf.data() + off, ws[k].bytes.get(), ws[k].num_bytes());
+    const int64_t m = static_cast<int64_t>(total);
+    if (m > 0) c.broadcast(view(buf.data(), m), 0);
+    off = 0;
+    if (!root)
+      for (size_t k = i; k < j; off += ws[k].num_bytes(), ++k) std::memcpy(ws[k].bytes.get(), buf.data() + off, ws[k].num_bytes());
+    i = j;
+  }
+}
+
+}  // namespace
+
+// ---- the pair's state --------------------------------------------------------------------------
+
+struct GenerationRanks::Impl {
+  sdk::Host host;
+  sdk::Comm world;     // the host's (borrowed)
+  sdk::Comm trainers;  // the trainer ranks (generator ranks: the generator ranks)
+  sdk::Comm pair;      // rank 0: the trainer, rank 1: its generator rank
+  sdk::Comm refit;     // trainer 0 and every generator rank (rank 0: trainer 0); others: unused
+  TrainerHostApi trainer_api;
+  int world_rank = 0, peer_world_rank = 0;
+  bool in_refit = false;  // this rank is in the refit group
+  bool stopped = false;
+  double refit_bytes = 0, refit_seconds = 0;
+
+  // Requests sent ahead, oldest first, with their results once received.
+  struct Pending {
+    std::vector<uint8_t> request, result;
+    bool received = false;
+  };
+  std::deque<Pending> pending;
+
+  std::string peer_name() const { return "generator rank " + std::to_string(peer_world_rank); }
+
+  std::vector<uint8_t> receive_result() {
+    std::vector<uint8_t> bytes;
+    const int64_t status = receive_message(pair, 1, bytes);
+    if (status != 0)
+      throw Error(static_cast<rlh_code>(status), peer_name() + ": " + std::string(bytes.begin(), bytes.end()));
+    return bytes;
+  }
+
+  // Receives every outstanding result (kept for the calls they were sent for).
+  void drain() {
+    for (Pending& p : pending)
+      if (!p.received) {
+        p.result = receive_result();
+        p.received = true;
+      }
+  }
+};
+
+class RemoteLink : public GeneratorLink {
+ public:
+  explicit RemoteLink(GenerationRanks::Impl& r) : r_(r) {}
+
+  void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) override {
+    std::vector<uint8_t> req = encode_request(args);
+    if (!r_.pending.empty() && r_.pending.front().request == req) {
+      GenerationRanks::Impl::Pending p = std::move(r_.pending.front());
+      r_.pending.pop_front();
+      if (!p.received) p.result = r_.receive_result();
+      deliver(p.result, fn, user, r_.peer_world_rank);
+      return;
+    }
+    r_.drain();  // results sent ahead come first on the pair
+    send_message(r_.pair, 1, kGenerate, req);
+    deliver(r_.receive_result(), fn, user, r_.peer_world_rank);
+  }
+
+  int64_t refit_from(Backend& backend, rlh_model* model) override {
+    r_.drain();
+    int64_t version = -1;
+    std::vector<Generator::StagedWeight> staged = Generator::stage_on_host(backend, model, &version);
+    send_message(r_.pair, 1, kRefit, {});
+    if (!r_.in_refit) return version;  // trainer ranks other than 0: trainer 0 sends the weights
+    // Trainer 0: the names, dtypes and shapes, then each weight, to every generator rank.
+    const auto t0 = std::chrono::steady_clock::now();
+    json meta = {{"version", version}, {"weights", json::array()}};
+    double bytes = 0;
+    for (const auto& w : staged) {
+      meta["weights"].push_back({{"name", w.name}, {"dtype", dtype_text(w.dtype)}, {"shape", w.shape}});
+      bytes += static_cast<double>(w.num_bytes());
+    }
+    broadcast_text(r_.refit, meta.dump());
+    broadcast_weights(r_.refit, staged);
+    r_.refit_bytes = bytes;
+    r_.refit_seconds = since(t0);
+    return version;
+  }
+
+ private:
+  GenerationRanks::Impl& r_;
+};
+
+std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, int64_t generator_ranks,
+                                                         const std::string& resources_text) {
+  std::unique_ptr<GenerationRanks> g(new GenerationRanks());
+  g->impl_ = std::make_unique<Impl>();
+  Impl& r = *g->impl_;
+  r.host = host;
+  r.world = sdk::Comm::world(host);
+  const int W = r.world.size();
+  if (generator_ranks * 2 != W)
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                resources_text + " = " + std::to_string(generator_ranks) + " generator ranks, but " + std::to_string(W) +
+                    " ranks were launched: non-colocated generation gives each trainer rank one generator rank of its "
+                    "own, so launch " + std::to_string(2 * generator_ranks) + " ranks (the last " +
+                    std::to_string(generator_ranks) + " generate)");
+  const int T = W - static_cast<int>(generator_ranks);
+  g->trainers_ = T;
+  r.world_rank = r.world.rank();
+  g->generator_ = r.world_rank >= T;
+  const int pair_index = g->generator_ ? r.world_rank - T : r.world_rank;
+  r.peer_world_rank = g->generator_ ? pair_index : pair_index + T;
+  // Collective over the world, in this order on every rank.
+  r.trainers = r.world.split(g->generator_ ? 1 : 0, r.world_rank, g->generator_ ? "generator ranks" : "trainer ranks");
+  r.pair = r.world.split(pair_index, g->generator_ ? 1 : 0, "generation pair " + std::to_string(pair_index));
+  r.in_refit = g->generator_ || r.world_rank == 0;
+  r.refit = r.world.split(r.in_refit ? 0 : 1, r.world_rank, "refit");
+  if (!g->generator_) {
+    make_trainer_api(r.trainer_api, host.api(), r.trainers);
+    g->trainer_host_ = sdk::Host(&r.trainer_api.api);
+  } else {
+    g->trainer_host_ = host;
+  }
+  return g;
+}
+
+GenerationRanks::~GenerationRanks() = default;
+
+std::unique_ptr<Generator> GenerationRanks::remote_generator(const std::string& name) {
+  return std::make_unique<Generator>(name, std::make_unique<RemoteLink>(*impl_));
+}
+
+void GenerationRanks::announce(std::vector<std::unique_ptr<GenerateRequest>> requests) {
+  Impl& r = *impl_;
+  if (!r.pending.empty())
+    throw Error(RLH_E_INTERNAL, "async GRPO: the rollouts sent ahead for the previous step were not all used");
+  for (const auto& q : requests) {
+    Impl::Pending p;
+    p.request = encode_request(q->args);
+    send_message(r.pair, 1, kGenerate, p.request);
+    r.pending.push_back(std::move(p));
+  }
+}
+
+double GenerationRanks::last_refit_bytes() const { return impl_->refit_bytes; }
+double GenerationRanks::last_refit_seconds() const { return impl_->refit_seconds; }
+
+void GenerationRanks::finish() {
+  Impl& r = *impl_;
+  if (generator_ || r.stopped) return;
+  r.drain();
+  r.pending.clear();
+  send_message(r.pair, 1, kStopDone, {});
+  r.stopped = true;
+}
+
+void GenerationRanks::abandon() noexcept {
+  Impl& r = *impl_;
+  if (generator_ || r.stopped) return;
+  r.stopped = true;
+  try {
+    const std::string why = "its trainer (rank " + std::to_string(r.world_rank) + ") stopped with an error";
+    send_message(r.pair, 1, kStopFailed, std::vector<uint8_t>(why.begin(), why.end()));
+  } catch (...) {
+    // The pair may be what failed; the generator rank then stops on its timeout.
+  }
+}
+
+void GenerationRanks::serve(Generator& gen) {
+  Impl& r = *impl_;
+  const std::string trainer = "trainer rank " + std::to_string(r.peer_world_rank);
+  std::vector<uint8_t> bytes;
+  for (;;) {
+    const int64_t cmd = receive_message(r.pair, 0, bytes);
+    if (cmd == kStopDone) return;
+    if (cmd == kStopFailed)
+      throw Error(RLH_E_ABORTED, "generator rank " + std::to_string(r.world_rank) + ": " +
+                                     std::string(bytes.begin(), bytes.end()));
+    if (cmd == kRefit) {
+      // Trainer 0's weights, broadcast to every generator rank.
+      const json meta = json::parse(broadcast_text(r.refit, std::string()));
+      std::vector<Generator::StagedWeight> staged;
+      for (const json& m : meta.at("weights")) {
+        Generator::StagedWeight w;
+        w.name = m.at("name").get<std::string>();
+        w.shape = m.at("shape").get<std::vector<int64_t>>();
+        const std::string d = m.at("dtype").get<std::string>();
+        unsigned code = 0, bits = 0, lanes = 0;
+        if (std::sscanf(d.c_str(), "%u,%u,%u", &code, &bits, &lanes) != 3)
+          throw Error(RLH_E_DATA_LOSS, "refit: weight '" + w.name + "' has dtype '" + d + "'");
+        w.dtype = rlh_dtype{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), static_cast<uint16_t>(lanes)};
+        w.bytes.reset(new char[w.num_bytes()]);
+        staged.push_back(std::move(w));
+      }
+      broadcast_weights(r.refit, staged);
+      gen.install(std::move(staged), meta.at("version").get<int64_t>());
+      continue;
+    }
+    if (cmd != kGenerate)
+      throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": unknown message " +
+                                       std::to_string(cmd) + " from " + trainer);
+    // A failed generation goes back to the trainer as its status; this rank keeps serving (the
+    // trainer stops it).
+    std::vector<uint8_t> reply;
+    int64_t status = 0;
+    try {
+      const json j = json::from_cbor(bytes);
+      const std::vector<int32_t> ids = j.at("ids").get<std::vector<int32_t>>();
+      const std::vector<int64_t> offsets = j.at("offsets").get<std::vector<int64_t>>();
+      const std::vector<int32_t> stop_ids = j.at("stop_ids").get<std::vector<int32_t>>();
+      const std::vector<std::string> stops = j.at("stop_strings").get<std::vector<std::string>>();
+      std::vector<const char*> stop_ptrs;
+      for (const auto& s : stops) stop_ptrs.push_back(s.c_str());
+      rlh_sampling sp{};
+      sp.struct_size = RLH_STRUCT_SIZE(rlh_sampling, num_stop_strings);
+      sp.temperature = j.at("temperature").get<double>();
+      sp.top_k = j.at("top_k").get<int32_t>();
+      sp.top_p = j.at("top_p").get<double>();
+      sp.min_p = j.at("min_p").get<double>();
+      sp.max_new_tokens = j.at("max_new_tokens").get<int64_t>();
+      sp.seed = j.at("seed").get<uint64_t>();
+      sp.step = j.at("step").get<int64_t>();
+      sp.stop_token_ids = stop_ids.data();
+      sp.num_stop_token_ids = stop_ids.size();
+      sp.stop_strings = stop_ptrs.data();
+      sp.num_stop_strings = stop_ptrs.size();
+      rlh_generate_args a{};
+      a.struct_size = RLH_STRUCT_SIZE(rlh_generate_args, sampling);
+      a.prompt_ids = ids.data();
+      a.prompt_offsets = offsets.data();
+      a.num_prompts = static_cast<int64_t>(offsets.size()) - 1;
+      a.samples_per_prompt = j.at("samples").get<int64_t>();
+      a.first_prompt_index = j.at("first").get<int64_t>();
+      a.sampling = &sp;
+      if (a.num_prompts < 0 || offsets.back() != static_cast<int64_t>(ids.size()))
+        throw Error(RLH_E_DATA_LOSS, "a request whose prompt offsets do not match its tokens");
+      SampleSink sink;
+      gen.generate(a, sink_sample, &sink);
+      reply = json::to_cbor(json{{"prompt", sink.prompt}, {"sample", sink.sample}, {"ids", sink.ids},
+                                 {"logprobs", sink.logprobs}, {"truncated", sink.truncated}, {"version", sink.version}});
+    } catch (const Error& e) {
+      status = e.code();
+      const std::string m = e.what();
+      reply.assign(m.begin(), m.end());
+    } catch (const std::exception& e) {
+      status = RLH_E_INTERNAL;
+      const std::string m = e.what();
+      reply.assign(m.begin(), m.end());
+    }
+    send_message(r.pair, 0, status, reply);
+  }
+}
+
+}  // namespace rlh::grpo

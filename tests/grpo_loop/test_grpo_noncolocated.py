@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Non-colocated generation and asynchronous GRPO through `rlhost` under mpirun (ctest grpo.nc.*).
+
+The demo's GRPO stage (examples/configs/grpo_demo_cpu.yaml) on a random tiny Llama, 8 prompts x 8
+samples; with policy.generation.colocated.enabled=false the last resources.gpus_per_node ranks
+generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp):
+
+  follows         1 trainer + 1 generator rank follow one colocated rank for 6 steps (rewards,
+                  token counts and validation accuracy equal, loss and gradient norm within fp32
+                  rounding); every refit's bytes are the policy's fp32 weights
+  follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks
+  bad_layout      a world that does not split into as many trainer ranks as generator ranks, and
+                  the async settings rlhost cannot honour, are refused with one line naming them
+  async_learns    async GRPO (1-step-off) from a short SFT stage: step 1 is the synchronous run's,
+                  later steps train on rollouts one weight version old, and validation accuracy
+                  rises on the demo task
+  killed_generator  the generator rank is killed mid-run: the job stops non-zero within the timeout
+  trainer_hangs   the trainer freezes (SIGSTOP) mid-run: its generator rank stops at the comm
+                  timeout with one line and the job ends non-zero
+  trainer_stops   the trainer is told to stop (SIGTERM) mid-run: both ranks exit non-zero within the
+                  timeout, the generator rank with an error line of its own
+
+usage: test_grpo_noncolocated.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
+
+MPI_ENV = {
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    "OMPI_MCA_btl": "self,vader",
+    "OMPI_MCA_pml": "ob1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
+for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
+    os.environ.pop(v, None)
+
+failures = []
+
+
+def check(ok, what, output=""):
+    if not ok:
+        failures.append(what)
+        print(f"FAIL: {what}")
+        if output:
+            print("---- output ----\n" + output[-6000:] + "\n----------------")
+
+
+PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "generator", "grpo"]
+NONCOLOCATED = ["++policy.generation.colocated.enabled=false"]
+ASYNC = ["++grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+
+
+def generators(n):
+    return NONCOLOCATED + [f"++policy.generation.colocated.resources.gpus_per_node={n}"]
+
+
+def command(tmp, tag, steps=6, extra=(), model=None):
+    cmd = [RLHOST]
+    for p in PLUGINS:
+        cmd += ["--plugin", p]
+    cmd += ["--config", os.path.join(SRC, "examples/configs/grpo_demo_cpu.yaml"),
+            f"policy.model_name={model or tmp + '/tiny'}", f"grpo.max_num_steps={steps}", "grpo.num_prompts_per_step=8",
+            "grpo.num_generations_per_prompt=8", "grpo.val_period=3", "grpo.max_val_samples=64",
+            "grpo.val_batch_size=64", "checkpointing.save_period=3", "checkpointing.keep_top_k=null",
+            f"checkpointing.checkpoint_dir={tmp}/{tag}/ckpt", f"logger.log_dir={tmp}/{tag}/logs",
+            "++rlhost.comm_timeout_s=10"]
+    return cmd + list(extra)
+
+
+def launch(cmd, np):
+    return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np), *cmd] if np > 1 else cmd
+
+
+def run(cmd, np=1, timeout=240):
+    env = dict(os.environ, **MPI_ENV)
+    t0 = time.monotonic()
+    p = subprocess.run(launch(cmd, np), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout, time.monotonic() - t0
+
+
+def metrics(tmp, tag):
+    rows = {}
+    with open(os.path.join(tmp, tag, "logs", "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            rows.setdefault(r["step"], {}).update(r)
+    return rows
+
+
+def close(a, b, rel=1e-5, abs_=1e-6):
+    return abs(a - b) <= abs_ + rel * abs(b)
+
+
+def compare(one, two, steps, what):
+    for s in steps:
+        a, b = one.get(s, {}), two.get(s, {})
+        check("train/reward" in a and "train/reward" in b, f"{what}: step {s} has train/reward in both runs")
+        if "train/reward" not in a or "train/reward" not in b:
+            continue
+        for k in ("train/reward", "train/num_tokens", "train/total_num_tokens"):
+            check(a[k] == b[k], f"{what}: step {s} {k} {b[k]} equals the colocated run's {a[k]}")
+        for k in ("train/loss", "train/grad_norm"):
+            check(close(b[k], a[k]), f"{what}: step {s} {k} {b[k]} is within fp32 rounding of the colocated {a[k]}")
+        if "validation/accuracy" in a:
+            check(a["validation/accuracy"] == b.get("validation/accuracy"),
+                  f"{what}: step {s} validation accuracy {b.get('validation/accuracy')} equals {a['validation/accuracy']}")
+
+
+def setup(tmp):
+    subprocess.run([TINY, f"{tmp}/tiny", "--alphabet", "0123456789+-*=", "--seed", "1"], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def params_bytes(tmp):
+    """The tiny model's weights in fp32 bytes, from its safetensors header."""
+    total = 0
+    for f in os.listdir(f"{tmp}/tiny"):
+        if f.endswith(".safetensors"):
+            with open(f"{tmp}/tiny/{f}", "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n))
+            for k, v in header.items():
+                if k != "__metadata__":
+                    count = 1
+                    for d in v["shape"]:
+                        count *= d
+                    total += 4 * count
+    return total
+
+
+def case_follows(tmp, trainers):
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "colocated"), np=trainers)
+    check(rc == 0, f"{trainers} colocated rank(s) run (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "nc", extra=generators(trainers)), np=2 * trainers)
+    check(rc == 0, f"{trainers} trainer + {trainers} generator ranks run (rc {rc})", out)
+    if rc != 0:
+        return
+    one, two = metrics(tmp, "colocated"), metrics(tmp, "nc")
+    compare(one, two, range(1, 7), f"non-colocated x{trainers}")
+    want = params_bytes(tmp)
+    for s in range(1, 7):
+        got = two[s].get("train/refit_bytes")
+        check(got == want, f"step {s}: the refit broadcast {got} bytes, the policy's fp32 weights ({want})")
+        check(two[s].get("train/refit_broadcast_seconds", -1) >= 0, f"step {s}: the refit's seconds are logged")
+    check(f"data parallel over {trainers} ranks" in out, f"the backend trains on {trainers} rank(s), not the generators", out)
+    print(f"{trainers}+{trainers} ranks followed {trainers} colocated for 6 steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, 7)]}); refit {want} B in "
+          f"{[round(two[s]['train/refit_broadcast_seconds'], 4) for s in range(1, 7)]} s; run took {secs:.1f} s")
+
+
+def one_error_line(out, text, what):
+    lines = [l for l in out.splitlines() if "error:" in l]
+    check(any(text in l for l in lines), f"{what}: an error line says '{text}'", out)
+    # One line per rank: the message itself never spans lines.
+    check(all(l.count("error:") == 1 for l in lines), f"{what}: each error is one line", out)
+
+
+def case_bad_layout(tmp):
+    setup(tmp)
+    for np, gen, text in [
+            (3, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks, but 3 ranks were launched"),
+            (2, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 2 ranks were launched"),
+            (1, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks, but 1 ranks were launched")]:
+        rc, out, secs = run(command(tmp, f"bad{np}{gen}", extra=generators(gen)), np=np, timeout=60)
+        check(rc != 0, f"{np} ranks with {gen} generator rank(s) are refused (rc {rc})", out)
+        one_error_line(out, text, f"{np} ranks, {gen} generators")
+        check(secs < 30, f"the refusal comes at start ({secs:.1f} s)", out)
+    rc, out, _ = run(command(tmp, "nores", extra=NONCOLOCATED), timeout=60)
+    check(rc != 0, "non-colocated without resources is refused", out)
+    one_error_line(out, "policy.generation.colocated.resources.gpus_per_node", "no resources")
+    refused = [
+        (ASYNC, "grpo.async_grpo.enabled: true needs policy.generation.colocated.enabled: false"),
+        (ASYNC + generators(1) + ["++grpo.async_grpo.max_trajectory_age_steps=2"], "grpo.async_grpo.max_trajectory_age_steps = 2"),
+        (ASYNC + generators(1) + ["++grpo.async_grpo.in_flight_weight_updates=true"], "grpo.async_grpo.in_flight_weight_updates"),
+        (ASYNC + generators(1) + ["++grpo.async_grpo.max_generation_failures=3"], "grpo.async_grpo.max_generation_failures = 3"),
+        (["++grpo.async_grpo.enabled=true"] + generators(1), "needs loss_fn.use_importance_sampling_correction: true"),
+        (ASYNC + generators(1) + ["grpo.max_rollout_turns=2"], "grpo.max_rollout_turns = 2 with grpo.async_grpo.enabled"),
+    ]
+    for extra, text in refused:
+        rc, out, _ = run(command(tmp, "refused", extra=extra), timeout=60)
+        check(rc != 0, f"{' '.join(extra)} is refused (rc {rc})", out)
+        one_error_line(out, text, " ".join(extra))
+    print("bad layouts and unsupported async settings are refused with one line each")
+
+
+def case_async_learns(tmp):
+    setup(tmp)
+    # A short SFT stage, as the demo's (scripts/demo.sh), so that GRPO has rewards to follow.
+    sft = [RLHOST, "--plugin", "dtensor", "--plugin", "environments", "--plugin", "tokenizer_hf", "--plugin",
+           "model_llama", "--plugin", "kernels_cpu", "--plugin", "sft", "--config",
+           os.path.join(SRC, "examples/configs/sft_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny", "sft.seed=1",
+           "sft.max_num_steps=60", f"checkpointing.checkpoint_dir={tmp}/sft", f"logger.log_dir={tmp}/sft/logs"]
+    rc, out, _ = run(sft)
+    check(rc == 0, f"the SFT stage runs (rc {rc})", out)
+    if rc != 0:
+        return
+    model = f"{tmp}/sft/step_60/policy"
+    demo = ["grpo.num_prompts_per_step=32", "grpo.num_generations_per_prompt=16", "grpo.val_period=20",
+            "grpo.max_val_samples=256", "grpo.val_batch_size=256", "checkpointing.enabled=false", "++rlhost.comm_timeout_s=30"]
+    rc, out, secs = run(command(tmp, "async", steps=40, model=model, extra=demo + generators(1) + ASYNC), np=2)
+    check(rc == 0, f"async GRPO runs (rc {rc})", out)
+    rc2, out2, _ = run(command(tmp, "sync", steps=1, model=model,
+                               extra=demo + generators(1) + ["loss_fn.use_importance_sampling_correction=true"]), np=2)
+    check(rc2 == 0, f"the synchronous non-colocated run runs (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    a, s = metrics(tmp, "async"), metrics(tmp, "sync")
+    check(a[1]["train/reward"] == s[1]["train/reward"] and close(a[1]["train/loss"], s[1]["train/loss"]),
+          f"step 1 (nothing to overlap yet) is the synchronous run's: reward {a[1]['train/reward']} vs {s[1]['train/reward']}")
+    check(a[1]["train/generation_weight_lag"] == 0, "step 1 trains on rollouts of the current weights")
+    lags = [a[k]["train/generation_weight_lag"] for k in range(2, 41)]
+    check(all(l == 1 for l in lags), f"steps 2-40 train on rollouts exactly one weight version old: {sorted(set(lags))}")
+    v0, v1 = a[0]["validation/accuracy"], a[40]["validation/accuracy"]
+    check(v1 >= v0 + 0.15, f"validation accuracy rises from {v0:.3f} to {v1:.3f} (by at least 0.15)")
+    curve = [round(a[k]["validation/accuracy"], 3) for k in (0, 20, 40)]
+    print(f"async GRPO: validation accuracy {curve} at steps 0/20/40; rewards "
+          f"{[round(a[k]['train/reward'], 3) for k in (1, 10, 20, 30, 40)]}; {secs:.1f} s")
+
+
+def rank_pid(tmp, tag, rank):
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if (f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and cmdline.split(b"\0")[0].endswith(b"rlhost")
+                and f"{tmp}/{tag}".encode() in cmdline):
+            return int(pid)
+    return None
+
+
+def case_stop(tmp, victim_rank, sig, tag):
+    setup(tmp)
+    full = launch(command(tmp, tag, steps=100000, extra=generators(1)), 2)
+    p = subprocess.Popen(full, env=dict(os.environ, **MPI_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not os.path.isdir(f"{tmp}/{tag}/ckpt/step_6") and p.poll() is None:
+        time.sleep(0.05)
+    victim = rank_pid(tmp, tag, victim_rank)
+    check(victim is not None, f"found rank {victim_rank}'s process")
+    t0 = time.monotonic()
+    if victim is not None:
+        os.kill(victim, sig)
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        check(False, "the job stops within 60 s", out)
+    secs = time.monotonic() - t0
+    check(p.returncode != 0, f"the job exits non-zero (got {p.returncode})", out)
+    check(secs < 30, f"the job stops within the 10 s timeout plus start-up ({secs:.1f} s)", out)
+    return out, secs, p.returncode
+
+
+def case_killed_generator(tmp):
+    _, secs, rc = case_stop(tmp, 1, signal.SIGKILL, "killed")
+    print(f"killed the generator rank after step_6 was saved: the job stopped in {secs:.1f} s (rc {rc})")
+
+
+def case_trainer_stops(tmp):
+    out, secs, rc = case_stop(tmp, 0, signal.SIGTERM, "stopped")
+    # The generator rank stops with its own error line: told by its trainer ("its trainer (rank 0)
+    # stopped with an error"), or cancelled by the launcher when the trainer exits first.
+    check("rlhost rank 1: error:" in out, "the generator rank stops with an error line of its own", out)
+    print(f"SIGTERM to the trainer: both ranks stopped in {secs:.1f} s (rc {rc})")
+
+
+def case_trainer_hangs(tmp):
+    """The trainer freezes (SIGSTOP) mid-run: its generator rank, waiting for the next request,
+    stops at the communicator's timeout (10 s here) with one line, and the launcher ends the job."""
+    out, secs, rc = case_stop(tmp, 0, signal.SIGSTOP, "hung")
+    check(any("rlhost rank 1: error:" in l and "timed out" in l for l in out.splitlines()),
+          "the generator rank stops with a timeout line of its own", out)
+    check(secs >= 5, f"it waited for the timeout rather than stopping at once ({secs:.1f} s)", out)
+    print(f"SIGSTOP to the trainer: the generator rank timed out and the job stopped in {secs:.1f} s (rc {rc})")
+
+
+CASES = {
+    "trainer_hangs": case_trainer_hangs,
+    "follows": lambda t: case_follows(t, 1),
+    "follows_dp2": lambda t: case_follows(t, 2),
+    "bad_layout": case_bad_layout,
+    "async_learns": case_async_learns,
+    "killed_generator": case_killed_generator,
+    "trainer_stops": case_trainer_stops,
+}
+
+with tempfile.TemporaryDirectory() as tmp:
+    CASES[CASE](tmp)
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("ok")
