@@ -27,35 +27,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
 
-MPI_ENV = {
-    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-    "OMPI_MCA_btl": "self,vader",
-    "OMPI_MCA_pml": "ob1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-}
-for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-          "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
-    os.environ.pop(v, None)
-
-failures = []
-
-
-def check(ok, what, output=""):
-    if not ok:
-        failures.append(what)
-        print(f"FAIL: {what}")
-        if output:
-            print("---- output ----\n" + output[-6000:] + "\n----------------")
-
+from loop_runs import MPI_ENV, check, close, main, metrics  # noqa: E402
 
 PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "generator", "grpo"]
 NONCOLOCATED = ["++policy.generation.colocated.enabled=false"]
@@ -89,19 +65,6 @@ def run(cmd, np=1, timeout=240):
     p = subprocess.run(launch(cmd, np), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=timeout)
     return p.returncode, p.stdout, time.monotonic() - t0
-
-
-def metrics(tmp, tag):
-    rows = {}
-    with open(os.path.join(tmp, tag, "logs", "metrics.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            rows.setdefault(r["step"], {}).update(r)
-    return rows
-
-
-def close(a, b, rel=1e-5, abs_=1e-6):
-    return abs(a - b) <= abs_ + rel * abs(b)
 
 
 def compare(one, two, steps, what):
@@ -306,9 +269,5 @@ CASES = {
     "trainer_stops": case_trainer_stops,
 }
 
-with tempfile.TemporaryDirectory() as tmp:
-    CASES[CASE](tmp)
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("ok")
+if __name__ == "__main__":
+    main(CASES, CASE, "rlh_grpo_nc_")

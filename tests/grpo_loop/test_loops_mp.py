@@ -29,34 +29,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
 
-MPI_ENV = {
-    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-    "OMPI_MCA_btl": "self,vader",
-    "OMPI_MCA_pml": "ob1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-}
-for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-          "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
-    os.environ.pop(v, None)
-
-failures = []
-
-
-def check(ok, what, output=""):
-    if not ok:
-        failures.append(what)
-        print(f"FAIL: {what}")
-        if output:
-            print("---- output ----\n" + output[-6000:] + "\n----------------")
-
+from loop_runs import MPI_ENV, check, close, main, metrics  # noqa: E402
 
 MEGATRON = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
             "++policy.megatron_cfg.optimizer.weight_decay=0"]
@@ -91,19 +67,6 @@ def run(cmd, np=1, timeout=240):
     p = subprocess.run(full, env=dict(os.environ, **MPI_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=timeout)
     return p.returncode, p.stdout
-
-
-def metrics(tmp, tag):
-    rows = {}
-    with open(os.path.join(tmp, tag, "logs", "metrics.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            rows.setdefault(r["step"], {}).update(r)
-    return rows
-
-
-def close(a, b, rel=1e-5, abs_=1e-6):
-    return abs(a - b) <= abs_ + rel * abs(b)
 
 
 def setup(tmp):
@@ -326,12 +289,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    tmp = tempfile.mkdtemp(prefix="rlh_loops_mp_")
-    try:
-        CASES[CASE](tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("ok")
+    main(CASES, CASE, "rlh_loops_mp_")

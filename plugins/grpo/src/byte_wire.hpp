@@ -49,6 +49,11 @@ struct ByteReader {
     if (v < 0) fail("malformed");
     return v;
   }
+  int64_t s64() {  // a signed value (e.g. a weight version of -1)
+    int64_t v = 0;
+    raw(&v, sizeof v);
+    return v;
+  }
   double f64() {
     double v = 0;
     raw(&v, sizeof v);

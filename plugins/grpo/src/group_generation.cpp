@@ -1,11 +1,11 @@
 // Generation split over a model-parallel group (see group_generation.hpp).
 #include "group_generation.hpp"
 
-#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "byte_wire.hpp"
 #include "token_balance.hpp"
 
 namespace rlh::grpo {
@@ -14,34 +14,10 @@ using sdk::Error;
 
 namespace {
 
-// A part's samples as bytes: a status byte (1 ok, 0 failed + the message), then per sample its
-// indices (prompt index within the whole call), lengths, flags and arrays.
-struct Writer {
-  std::vector<uint8_t> out;
-  void raw(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
-  }
-  void i64(int64_t v) { raw(&v, sizeof v); }
-};
-
-struct Reader {
-  const std::vector<uint8_t>& in;
-  size_t at = 0;
-  void raw(void* p, size_t n) {
-    if (n > in.size() - at) throw Error(RLH_E_INTERNAL, "generation over the model-parallel group: a part is cut short");
-    std::memcpy(p, in.data() + at, n);
-    at += n;
-  }
-  int64_t i64() {
-    int64_t v = 0;
-    raw(&v, sizeof v);
-    return v;
-  }
-};
-
+// A part's samples as bytes (byte_wire.hpp): a status byte (1 ok, 0 failed + the message), then
+// per sample its indices (prompt index within the whole call), lengths, flags and arrays.
 struct Collect {
-  Writer w;
+  ByteWriter w;
   int64_t count = 0;
   int64_t offset = 0;  // this part's first prompt within the call
 };
@@ -80,7 +56,7 @@ void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_gener
       part.first_prompt_index = args.first_prompt_index + a;
       gen.generate_here(part, collect_sample, &c);
     }
-    Writer head;
+    ByteWriter head;
     const uint8_t ok = 1;
     head.raw(&ok, 1);
     head.i64(c.count);
@@ -89,7 +65,7 @@ void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_gener
   } catch (const std::exception& e) {
     // The others are waiting in the gather below: tell them (code and message), so every rank
     // fails alike instead of at the gather's deadline.
-    Writer fail;
+    ByteWriter fail;
     const uint8_t ok = 0;
     fail.raw(&ok, 1);
     const auto* err = dynamic_cast<const Error*>(&e);
@@ -103,8 +79,8 @@ void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_gener
     if (!parts[p].empty() && parts[p][0] == 1) continue;
     if (parts[p].size() < 1 + sizeof(int64_t))
       throw Error(RLH_E_INTERNAL, "generation on rank " + std::to_string(p) + " of the model-parallel group: no answer");
-    Reader rd{parts[p], 1};
-    const auto code = static_cast<rlh_code>(rd.i64());
+    ByteReader rd{parts[p], "generation over the model-parallel group: rank " + std::to_string(p) + "'s part", 1};
+    const auto code = static_cast<rlh_code>(rd.s64());
     const std::string what(parts[p].begin() + 1 + sizeof(int64_t), parts[p].end());
     // This rank's own error as it was; another's with its place in the group.
     throw Error(code, int64_t(p) == r ? what : "rank " + std::to_string(p) + " of the model-parallel group: " + what);
@@ -112,7 +88,7 @@ void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_gener
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
   for (const std::vector<uint8_t>& part : parts) {
-    Reader rd{part, 1};
+    ByteReader rd{part, "generation over the model-parallel group: a part", 1};
     const int64_t count = rd.i64();
     for (int64_t k = 0; k < count; ++k) {
       rlh_sample s{};
@@ -121,7 +97,7 @@ void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_gener
       s.sample_index = rd.i64();
       s.num_tokens = rd.i64();
       s.truncated = static_cast<uint8_t>(rd.i64());
-      s.weight_version = rd.i64();
+      s.weight_version = rd.s64();
       if (s.num_tokens < 0 || static_cast<size_t>(s.num_tokens) > part.size())
         throw Error(RLH_E_INTERNAL, "generation over the model-parallel group: a sample's length is corrupt");
       ids.resize(static_cast<size_t>(s.num_tokens));
