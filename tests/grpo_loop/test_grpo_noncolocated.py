@@ -33,7 +33,7 @@ CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
 
 from loop_runs import MPI_ENV, check, close, main, metrics  # noqa: E402
 
-PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "generator", "grpo"]
+PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "generator", "grpo"]
 NONCOLOCATED = ["++policy.generation.colocated.enabled=false"]
 ASYNC = ["++grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
 
@@ -142,6 +142,13 @@ def case_bad_layout(tmp):
         check(rc != 0, f"{np} ranks with {gen} generator rank(s) are refused (rc {rc})", out)
         one_error_line(out, text, f"{np} ranks, {gen} generators")
         check(secs < 30, f"the refusal comes at start ({secs:.1f} s)", out)
+    # Model-parallel trainers: their groups split generation, which the one-to-one pairing with
+    # generator ranks does not carry (2 trainers at TP 2 + 2 generator ranks).
+    tp2 = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
+           "++policy.megatron_cfg.tensor_model_parallel_size=2"]
+    rc, out, secs = run(command(tmp, "tp2", extra=tp2 + generators(2)), np=4, timeout=60)
+    check(rc != 0, f"non-colocated generation with TP 2 trainers is refused (rc {rc})", out)
+    one_error_line(out, "non-colocated generation is implemented for data-parallel trainers only", "TP 2 trainers")
     rc, out, _ = run(command(tmp, "nores", extra=NONCOLOCATED), timeout=60)
     check(rc != 0, "non-colocated without resources is refused", out)
     one_error_line(out, "policy.generation.colocated.resources.gpus_per_node", "no resources")
