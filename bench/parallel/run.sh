@@ -19,7 +19,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$B/bin/rlh_tiny_model" "$tmp/model" --hidden "${HIDDEN:-256}" --layers "${LAYERS:-4}" --heads 4 --kv-heads "${KV_HEADS:-2}" \
   --ffn "${FFN:-704}" --alphabet "0123456789abcdefghijklmnopqrstuvwxyz+-*=" --max-positions 512 >/dev/null
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(nproc --all) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 bench() {  # ranks backend [flags...]
   local np=$1 backend=$2
   shift 2
