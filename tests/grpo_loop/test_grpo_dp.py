@@ -34,12 +34,9 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
-CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
-
-from loop_runs import MPI_ENV, check, close, main, metrics  # noqa: E402
+from loop_runs import MPI_ENV, MPIRUN, RLHOST, SRC, check, close, compare, main, metrics, run, setup  # noqa: E402
 
 PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "generator", "grpo"]
 
@@ -59,34 +56,6 @@ def command(tmp, tag, backend, steps=6, extra=()):
                 "++policy.megatron_cfg.optimizer.lr=1e-3", "++policy.megatron_cfg.optimizer.weight_decay=0",
                 "++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"]
     return cmd + list(extra)
-
-
-def run(cmd, np=1, timeout=300):
-    full = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np), *cmd] if np > 1 else cmd
-    env = dict(os.environ, **MPI_ENV)
-    t0 = time.monotonic()
-    p = subprocess.run(full, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    return p.returncode, p.stdout, time.monotonic() - t0
-
-
-def compare(one, two, steps, what):
-    for s in steps:
-        a, b = one.get(s, {}), two.get(s, {})
-        check("train/reward" in a and "train/reward" in b, f"{what}: step {s} has train/reward in both runs")
-        if "train/reward" not in a or "train/reward" not in b:
-            continue
-        for k in ("train/reward", "train/num_tokens", "train/total_num_tokens"):
-            check(a[k] == b[k], f"{what}: step {s} {k} {b[k]} equals one rank's {a[k]}")
-        for k in ("train/loss", "train/grad_norm"):
-            check(close(b[k], a[k]), f"{what}: step {s} {k} {b[k]} is within fp32 rounding of one rank's {a[k]}")
-        if "validation/accuracy" in a:
-            check(a["validation/accuracy"] == b.get("validation/accuracy"),
-                  f"{what}: step {s} validation accuracy {b.get('validation/accuracy')} equals {a['validation/accuracy']}")
-
-
-def setup(tmp):
-    subprocess.run([TINY, f"{tmp}/tiny", "--alphabet", "0123456789+-*=", "--seed", "1"], check=True,
-                   stdout=subprocess.DEVNULL)
 
 
 def case_follows(tmp, backend):
@@ -441,4 +410,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    main(CASES, CASE, "rlh_grpo_dp_")
+    main(CASES, "rlh_grpo_dp_")

@@ -26,12 +26,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
-CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
-
-from loop_runs import MPI_ENV, check, close, main, metrics  # noqa: E402
+from loop_runs import MPI_ENV, RLHOST, SRC, check, close, compare, launch, main, metrics, run, setup  # noqa: E402
 
 PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "generator", "grpo"]
 NONCOLOCATED = ["++policy.generation.colocated.enabled=false"]
@@ -53,38 +50,6 @@ def command(tmp, tag, steps=6, extra=(), model=None):
             f"checkpointing.checkpoint_dir={tmp}/{tag}/ckpt", f"logger.log_dir={tmp}/{tag}/logs",
             "++rlhost.comm_timeout_s=10"]
     return cmd + list(extra)
-
-
-def launch(cmd, np):
-    return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np), *cmd] if np > 1 else cmd
-
-
-def run(cmd, np=1, timeout=240):
-    env = dict(os.environ, **MPI_ENV)
-    t0 = time.monotonic()
-    p = subprocess.run(launch(cmd, np), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout, time.monotonic() - t0
-
-
-def compare(one, two, steps, what):
-    for s in steps:
-        a, b = one.get(s, {}), two.get(s, {})
-        check("train/reward" in a and "train/reward" in b, f"{what}: step {s} has train/reward in both runs")
-        if "train/reward" not in a or "train/reward" not in b:
-            continue
-        for k in ("train/reward", "train/num_tokens", "train/total_num_tokens"):
-            check(a[k] == b[k], f"{what}: step {s} {k} {b[k]} equals the colocated run's {a[k]}")
-        for k in ("train/loss", "train/grad_norm"):
-            check(close(b[k], a[k]), f"{what}: step {s} {k} {b[k]} is within fp32 rounding of the colocated {a[k]}")
-        if "validation/accuracy" in a:
-            check(a["validation/accuracy"] == b.get("validation/accuracy"),
-                  f"{what}: step {s} validation accuracy {b.get('validation/accuracy')} equals {a['validation/accuracy']}")
-
-
-def setup(tmp):
-    subprocess.run([TINY, f"{tmp}/tiny", "--alphabet", "0123456789+-*=", "--seed", "1"], check=True,
-                   stdout=subprocess.DEVNULL)
 
 
 def params_bytes(tmp):
@@ -113,7 +78,7 @@ def case_follows(tmp, trainers):
     if rc != 0:
         return
     one, two = metrics(tmp, "colocated"), metrics(tmp, "nc")
-    compare(one, two, range(1, 7), f"non-colocated x{trainers}")
+    compare(one, two, range(1, 7), f"non-colocated x{trainers}", "the colocated run's")
     want = params_bytes(tmp)
     for s in range(1, 7):
         got = two[s].get("train/refit_bytes")
@@ -277,4 +242,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    main(CASES, CASE, "rlh_grpo_nc_")
+    main(CASES, "rlh_grpo_nc_")

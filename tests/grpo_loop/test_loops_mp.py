@@ -27,12 +27,8 @@ usage: test_loops_mp.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
 import json
 import os
 import shutil
-import subprocess
-import sys
 
-CASE, RLHOST, TINY, MPIRUN, SRC = sys.argv[1:6]
-
-from loop_runs import MPI_ENV, check, close, main, metrics  # noqa: E402
+from loop_runs import RLHOST, SRC, check, close, main, metrics, run, setup  # noqa: E402
 
 MEGATRON = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
             "++policy.megatron_cfg.optimizer.weight_decay=0"]
@@ -60,18 +56,6 @@ def grpo_command(tmp, tag, layout, steps=3):
                   f"checkpointing.checkpoint_dir={tmp}/{tag}/ckpt", f"logger.log_dir={tmp}/{tag}/logs",
                   "++rlhost.comm_timeout_s=20", *MEGATRON, "++policy.megatron_cfg.optimizer.lr=1e-3",
                   *LAYOUTS[layout]]
-
-
-def run(cmd, np=1, timeout=240):
-    full = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np), *cmd] if np > 1 else cmd
-    p = subprocess.run(full, env=dict(os.environ, **MPI_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=timeout)
-    return p.returncode, p.stdout
-
-
-def setup(tmp):
-    subprocess.run([TINY, f"{tmp}/tiny", "--alphabet", "0123456789+-*=", "--seed", "1"], check=True,
-                   stdout=subprocess.DEVNULL)
 
 
 GRPO_EQUAL = ("train/reward", "train/num_tokens", "train/total_num_tokens", "validation/accuracy",
@@ -106,9 +90,9 @@ def case_grpo(tmp, layout, np=2, dp=1, extra=()):
     follows one rank: the data-parallel ranks gather each step's batch, so advantages group equal
     prompts over the whole batch as one rank does."""
     setup(tmp)
-    rc, out = run(grpo_command(tmp, "one", "one") + list(extra), np=1)
+    rc, out, _ = run(grpo_command(tmp, "one", "one") + list(extra), np=1)
     check(rc == 0, f"grpo: one rank runs (rc {rc})", out)
-    rc, out = run(grpo_command(tmp, layout, layout) + list(extra), np=np)
+    rc, out, _ = run(grpo_command(tmp, layout, layout) + list(extra), np=np)
     check(rc == 0, f"grpo {layout}: {np} ranks run (rc {rc})", out)
     if rc != 0:
         return
@@ -189,9 +173,9 @@ def case_loops(tmp):
     write_pairs(f"{tmp}/val.jsonl", 40, 12)
     for algo, layout in (("sft", "tp2"), ("dpo", "pp2"), ("rm", "cp2")):
         _, _, equal, near = LOOPS[algo]
-        rc, out = run(loop_command(tmp, algo, f"{algo}_one", "one"))
+        rc, out, _ = run(loop_command(tmp, algo, f"{algo}_one", "one"))
         check(rc == 0, f"{algo}: one rank runs (rc {rc})", out)
-        rc, out = run(loop_command(tmp, algo, f"{algo}_{layout}", layout), np=2)
+        rc, out, _ = run(loop_command(tmp, algo, f"{algo}_{layout}", layout), np=2)
         check(rc == 0, f"{algo} {layout}: two ranks run (rc {rc})", out)
         if rc != 0:
             continue
@@ -229,9 +213,9 @@ def case_ppo_cp2(tmp):
                       f"data.train.data_path={tmp}/ptrain.jsonl", f"data.validation.data_path={tmp}/pval.jsonl",
                       f"logger.log_dir={tmp}/{tag}/logs", "checkpointing.enabled=false", "++rlhost.comm_timeout_s=20",
                       *MEGATRON, *LAYOUTS[layout]]
-    rc, out = run(ppo("one", "one"))
+    rc, out, _ = run(ppo("one", "one"))
     check(rc == 0, f"ppo: one rank runs (rc {rc})", out)
-    rc, out = run(ppo("cp2", "cp2"), np=2)
+    rc, out, _ = run(ppo("cp2", "cp2"), np=2)
     check(rc == 0, f"ppo cp2: two ranks run (rc {rc})", out)
     if rc != 0:
         return
@@ -255,9 +239,9 @@ def case_reshard(tmp):
     """Checkpoints reshard between layouts: TP 2 x PP 2's step_2 continues at DP 4 and on one
     rank as the TP 2 x PP 2 run did; one rank's step_2 continues under TP 2 x PP 2 as one rank did."""
     setup(tmp)
-    rc, out = run(grpo_command(tmp, "tp2pp2", "tp2pp2"), np=4)
+    rc, out, _ = run(grpo_command(tmp, "tp2pp2", "tp2pp2"), np=4)
     check(rc == 0, f"TP 2 x PP 2 runs (rc {rc})", out)
-    rc1, out1 = run(grpo_command(tmp, "one", "one"))
+    rc1, out1, _ = run(grpo_command(tmp, "one", "one"))
     check(rc1 == 0, f"one rank runs (rc {rc1})", out1)
     if rc != 0 or rc1 != 0:
         return
@@ -267,7 +251,7 @@ def case_reshard(tmp):
                                  ("one", "at_tp2pp2", "tp2pp2", 4)):
         os.makedirs(f"{tmp}/{dst}/ckpt")
         shutil.copytree(f"{tmp}/{src}/ckpt/step_2", f"{tmp}/{dst}/ckpt/step_2")
-        rc, out = run(grpo_command(tmp, dst, layout), np=np)
+        rc, out, _ = run(grpo_command(tmp, dst, layout), np=np)
         check(rc == 0, f"{src}'s step_2 resumes as {dst} (rc {rc})", out)
         check("resumed from" in out and "step_2" in out, f"{dst}: the log says it resumed from step_2", out)
         if rc == 0:
@@ -289,4 +273,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    main(CASES, CASE, "rlh_loops_mp_")
+    main(CASES, "rlh_loops_mp_")
