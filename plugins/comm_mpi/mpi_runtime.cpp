@@ -30,6 +30,10 @@ struct Runtime {
   bool init_started = false, init_done = false, init_timed_out = false;
   int init_rc = MPI_SUCCESS, provided = 0;
   bool finalize_requested = false, do_finalize = false, finalized = false;
+  // Joined at a clean exit: a thread still ending while the process exits races with exit-time
+  // tools (LeakSanitizer's stop-the-world crashed on it). Left detached where MPI_Init never
+  // returned (the job fails and leaves by _Exit).
+  std::thread thread;
   MPI_Comm exit_comm = MPI_COMM_NULL;  // for the bounded barrier before MPI_Finalize
   int64_t exit_timeout_ms = 120000;
   bool failed = false;
@@ -80,7 +84,9 @@ void finish_at_exit() {
   r.finalize_requested = true;
   r.do_finalize = clean;
   r.cv.notify_all();
-  if (clean) r.cv.wait_for(lk, std::chrono::milliseconds(r.exit_timeout_ms), [&] { return r.finalized; });
+  const bool ended = r.cv.wait_for(lk, std::chrono::milliseconds(clean ? r.exit_timeout_ms : 10000), [&] { return r.finalized; });
+  lk.unlock();
+  if (ended && r.thread.joinable()) r.thread.join();
 }
 
 }  // namespace
@@ -130,7 +136,7 @@ void start_mpi(std::chrono::milliseconds timeout) {
   if (r.finalize_requested) throw Error(RLH_E_FAILED_PRECONDITION, "comm_mpi: MPI was already finished in this process");
   if (!r.init_started) {
     r.init_started = true;
-    std::thread([] {
+    r.thread = std::thread([] {
       Runtime& r = rt();
       int provided = 0;
       const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
@@ -147,7 +153,7 @@ void start_mpi(std::chrono::milliseconds timeout) {
       }
       r.finalized = true;
       r.cv.notify_all();
-    }).detach();
+    });
   }
   if (!r.cv.wait_for(lk, timeout, [&] { return r.init_done; })) {
     r.init_timed_out = true;
