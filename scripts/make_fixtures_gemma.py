@@ -10,7 +10,13 @@ gemma3-tiny: Gemma3ForCausalLM (text), 4 layers with layer_types sliding/full al
 8 over 40-token sequences), a RoPE table per layer type (global: theta 1e6 with linear scaling x2;
 local: theta 1e4), query_pre_attn_scalar 24 (not head_dim), q/k norms, sandwich norms, (1 + w)
 RMSNorm weights randomised around 0, GeGLU (gelu_pytorch_tanh), sqrt(hidden) embedding scale,
-tied head. No soft-capping (Gemma-3 has none; rlhost does not execute it).
+tied head. No soft-capping (Gemma-3 has none).
+
+gemma2-tiny: Gemma2ForCausalLM, the same shape with Gemma-2's soft-capping made strong enough to
+bend a tiny random model's values (attn_logit_softcapping 1.0 on scores of about 0.5,
+final_logit_softcapping 1.5 on logits of about 0.6), sliding/full layers alternating (window 8),
+query_pre_attn_scalar 24, sandwich norms, GeGLU, embedding scale, tied head, one RoPE table
+(theta 1e4).
 """
 import os
 import sys
@@ -19,7 +25,7 @@ import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
 out_root = sys.argv[1]
 torch.manual_seed(0)
@@ -45,6 +51,15 @@ def specs():
         cfg = Gemma3TextConfig(**base, rope_theta=1000000.0, rope_local_base_freq=10000.0,
                                rope_scaling={"rope_type": "linear", "factor": 2.0})
     yield "gemma3-tiny", Gemma3ForCausalLM, cfg
+
+    g2 = dict(base, attn_logit_softcapping=1.0, final_logit_softcapping=1.5)
+    try:
+        cfg2 = Gemma2Config(**g2)
+    except (TypeError, ValueError) as e:  # a transformers without layer_types: the same pattern by default
+        print("Gemma2Config without layer_types:", e, flush=True)
+        g2.pop("layer_types")
+        cfg2 = Gemma2Config(**g2)
+    yield "gemma2-tiny", Gemma2ForCausalLM, cfg2
 
 
 def randomize_norms(model):

@@ -242,6 +242,9 @@ void add_dense_cases(std::vector<Case>& v) {
   // the head dims models use (and tensor-core attention providers accept), q/k/v out of fused qkv
   v.push_back(attention_case({{0, 50, 51, 130}, 4, 2, 64, 64, 0, 64}));
   v.push_back(attention_case({{0, 70, 97}, 2, 1, 128, 128, 33}));
+  // soft-capped at a head dim tensor-core kernels take uncapped, and at Gemma's 256
+  v.push_back(attention_case({{0, 50, 51, 130}, 4, 2, 64, 64, 0, 64, 1.5}));
+  v.push_back(attention_case({{0, 33, 70}, 2, 1, 256, 256, 16, 0, 1.5}));
   v.push_back(glu_case("swiglu", "swiglu", 7, 19, 21, {}));
   v.push_back(glu_case("geglu", "geglu tanh", 6, 23, 26, {attr_i("approximate_tanh", 1)}));
   v.push_back(glu_case("geglu", "geglu erf", 6, 23, 26, {attr_i("approximate_tanh", 0)}));

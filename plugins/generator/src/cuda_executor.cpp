@@ -240,7 +240,7 @@ class CudaBackend {
     const DeviceOps::PagedCache c = cache(l);
     // every row's key first: rows of one sequence see each other
     ops_.kv_cache_write(k, ldk, v, ldv, R, buf->slots, c);
-    ops_.paged_attention(o, ldo, q, ldq, R, s.Hq, c, buf->table, width, buf->pos, s.scale, s.window);
+    ops_.paged_attention(o, ldo, q, ldq, R, s.Hq, c, buf->table, width, buf->pos, s.scale, s.window, s.softcap);
   }
   void glu(const std::string& act, Bf16* h, int64_t ldh, const Bf16* gu, int64_t ldgu, int64_t R, int64_t F) {
     ops_.glu_fwd(act, h, ldh, gu, ldgu, R, F);
@@ -350,15 +350,8 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
         throw Error(RLH_E_UNIMPLEMENTED,
                     "generator (cuda): RoPE whose frequencies depend on the sequence length (dynamic NTK, longrope) "
                     "is not executed on the GPU; use the CPU generator");
-    bool moe = false, capped = m_.program().logit_softcap != 0;
-    for (const LayerShape& s : m_.shapes()) {
-      moe = moe || s.moe;
-      capped = capped || s.softcap != 0;
-    }
-    if (capped)
-      throw Error(RLH_E_UNIMPLEMENTED,
-                  "generator (cuda): soft-capped attention or logits (Gemma-2's attn_logit_softcapping, "
-                  "final_logit_softcapping) are not executed on the GPU; use the CPU generator");
+    bool moe = false;
+    for (const LayerShape& s : m_.shapes()) moe = moe || s.moe;
     if (moe && m_.router_fp64())
       throw Error(RLH_E_UNIMPLEMENTED,
                   "generator (cuda): moe_router_dtype fp64 is not executed on the GPU yet; use fp32 or the CPU generator");
@@ -481,6 +474,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       sa.top_k = d.attrs.top_k;
       sa.top_p = d.attrs.top_p;
       sa.min_p = d.attrs.min_p;
+      sa.softcap = d.attrs.softcap;  // Gemma-2's final cap (the program's)
       ops_->sample(buf_.tokens, buf_.logprobs, buf_.logits, m_.vocab(), S, m_.vocab(), buf_.u, sa);
       ck(cudaMemcpyAsync(out_.get<int32_t>(), buf_.tokens, size_t(S) * 4, cudaMemcpyDeviceToHost, stream_), "tokens");
       ck(cudaMemcpyAsync(out_.get<char>() + out_logprobs_, buf_.logprobs, size_t(S) * 4, cudaMemcpyDeviceToHost,

@@ -51,8 +51,7 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
   caps.name = "generator";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
   caps.moe = caps.mla = true;
-  // Soft-capping (Gemma-2): the host executor's registry ops cap; the CUDA executor refuses a
-  // capped model when it is built.
+  // Soft-capping (Gemma-2): both executors pass it to the registry's paged_attention and sample.
   caps.attention_softcap = caps.logit_softcap = true;
   caps.per_sequence_rope = true;  // a row past the threshold gets its own table (the host executor)
   caps.attention_dv_differs = true;

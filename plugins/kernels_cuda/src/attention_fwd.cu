@@ -237,7 +237,7 @@ bool al16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 }  // namespace
 
 bool attention_mma_ok(const AttnArgs& a, bool backward) {
-  if (a.t != DType::bf16 || a.Dk != a.Dv || (a.Dk != 64 && a.Dk != 128)) return false;
+  if (a.t != DType::bf16 || a.Dk != a.Dv || (a.Dk != 64 && a.Dk != 128) || a.softcap != 0) return false;
   const bool base = al16(a.q) && al16(a.k) && al16(a.v) && a.ldq % 8 == 0 && a.ldk % 8 == 0 &&
                     a.ldv % 8 == 0 && a.ldo % 2 == 0 && reinterpret_cast<uintptr_t>(a.o) % 4 == 0;
   if (!base) return false;

@@ -3,6 +3,8 @@
 // bf16 head dims the tensor-core kernels do not cover. Also the dispatch between the paths and
 // the Delta = rowsum(dO * O) pre-pass of the backward.
 //
+// Soft-capping (softcap > 0, Gemma-2) runs here only: the tensor-core kernels do not cap.
+//
 // Forward: a block holds 16 queries (4 per warp) of one head; keys are staged 32 at a time in
 // shared memory; lane j scores key j of the tile; online softmax per row.
 // Backward, two passes so every output row has one writer (deterministic, as kernels_cpu):
@@ -23,7 +25,7 @@ template <class T>
 __global__ void __launch_bounds__(128)
 attn_fwd_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv, T* o,
               int64_t ldo, Flex lse, const int32_t* cu, int64_t S, int64_t N, int Hq, int Hkv,
-              int Dk, int Dv, float scale, int64_t W) {
+              int Dk, int Dv, float scale, int64_t W, float cap) {
   extern __shared__ float sm[];
   float* Ks = sm;                      // [FK][Dk+1]
   float* Vs = Ks + FK * (Dk + 1);      // [FK][Dv+1]
@@ -71,6 +73,7 @@ attn_fwd_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int6
         const float* qr = Qs + r * Dk;
         const float* kr = Ks + lane * (Dk + 1);
         for (int d = 0; d < Dk; ++d) s += qr[d] * kr[d];
+        s = soft_cap(s, cap);  // the scaled score, capped before the softmax (HF's order)
       }
       const float mt = warp_max(s);
       const float mn = fmaxf(m[j], mt);
@@ -115,7 +118,7 @@ __global__ void __launch_bounds__(32)
 attn_bwd_dkdv_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
                    const T* dout, int64_t lddo, Flex lse, const float* delta, T* dk,
                    int64_t lddk, T* dv, int64_t lddv, const int32_t* cu, int64_t S, int64_t N,
-                   int Hq, int Hkv, int Dk, int Dv, float scale, int64_t W) {
+                   int Hq, int Hkv, int Dk, int Dv, float scale, int64_t W, float cap) {
   extern __shared__ float sm[];
   float* Kr = sm;                        // [BK][Dk+1]
   float* Vr = Kr + BK * (Dk + 1);        // [BK][Dv+1]
@@ -174,8 +177,8 @@ attn_bwd_dkdv_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
         float s = 0.f, dp = 0.f;
         for (int d = 0; d < Dk; ++d) s += qr[d] * myK[d];
         for (int d = 0; d < Dv; ++d) dp += dor[d] * myV[d];
-        const float p = expf(s * scale - rowv[rr * 3 + 0]);
-        const float ds = p * (dp - rowv[rr * 3 + 1]) * scale;
+        const float p = expf(soft_cap(s * scale, cap) - rowv[rr * 3 + 0]);
+        const float ds = p * (dp - rowv[rr * 3 + 1]) * scale * soft_cap_grad(s * scale, cap);
         for (int d = 0; d < Dv; ++d) mydV[d] += p * dor[d];
         for (int d = 0; d < Dk; ++d) mydK[d] += ds * qr[d];
       }
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(32)
 attn_bwd_dq_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
                  const T* dout, int64_t lddo, Flex lse, const float* delta, T* dq, int64_t lddq,
                  const int32_t* cu, int64_t S, int64_t N, int Hq, int Hkv, int Dk, int Dv,
-                 float scale, int64_t W) {
+                 float scale, int64_t W, float cap) {
   extern __shared__ float sm[];
   float* Qr = sm;                      // [BK][Dk+1]
   float* dOr = Qr + BK * (Dk + 1);     // [BK][Dv+1]
@@ -246,8 +249,8 @@ attn_bwd_dq_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, i
       float s = 0.f, dp = 0.f;
       for (int d = 0; d < Dk; ++d) s += myQ[d] * kr[d];
       for (int d = 0; d < Dv; ++d) dp += mydO[d] * vr[d];
-      const float p = expf(s * scale - my_lse);
-      const float ds = p * (dp - my_delta) * scale;
+      const float p = expf(soft_cap(s * scale, cap) - my_lse);
+      const float ds = p * (dp - my_delta) * scale * soft_cap_grad(s * scale, cap);
       for (int d = 0; d < Dk; ++d) mydQ[d] += ds * kr[d];
     }
   }
@@ -288,7 +291,7 @@ void fwd_simt_t(const AttnArgs& a, cudaStream_t s) {
   attn_fwd_simt<T><<<grid, 128, smem, s>>>(
       static_cast<const T*>(a.q), a.ldq, static_cast<const T*>(a.k), a.ldk,
       static_cast<const T*>(a.v), a.ldv, static_cast<T*>(a.o), a.ldo, a.lse, a.cu, a.S, a.N,
-      int(a.Hq), int(a.Hkv), Dk, Dv, a.scale, a.window);
+      int(a.Hq), int(a.Hkv), Dk, Dv, a.scale, a.window, a.softcap);
 }
 
 template <class T>
@@ -301,7 +304,7 @@ void bwd_simt_t(const AttnArgs& a, const float* delta, cudaStream_t s) {
       static_cast<const T*>(a.q), a.ldq, static_cast<const T*>(a.k), a.ldk,
       static_cast<const T*>(a.v), a.ldv, static_cast<const T*>(a.dout), a.lddo, a.lse, delta,
       static_cast<T*>(a.dk), a.lddk, static_cast<T*>(a.dv), a.lddv, a.cu, a.S, a.N, int(a.Hq),
-      int(a.Hkv), Dk, Dv, a.scale, a.window);
+      int(a.Hkv), Dk, Dv, a.scale, a.window, a.softcap);
   check_launch("attention_bwd (dk/dv)");
   const size_t smem2 = sizeof(float) * (2 * BK * (Dk + 1) + BK * (Dv + 1) + BK * (Dk + Dv));
   set_smem(attn_bwd_dq_simt<T>, smem2);
@@ -310,7 +313,7 @@ void bwd_simt_t(const AttnArgs& a, const float* delta, cudaStream_t s) {
       static_cast<const T*>(a.q), a.ldq, static_cast<const T*>(a.k), a.ldk,
       static_cast<const T*>(a.v), a.ldv, static_cast<const T*>(a.dout), a.lddo, a.lse, delta,
       static_cast<T*>(a.dq), a.lddq, a.cu, a.S, a.N, int(a.Hq), int(a.Hkv), Dk, Dv, a.scale,
-      a.window);
+      a.window, a.softcap);
 }
 
 void check_dims(const AttnArgs& a) {
@@ -319,6 +322,7 @@ void check_dims(const AttnArgs& a) {
   if (a.Dk <= 0 || a.Dv <= 0 || a.Dk > kMaxD || a.Dv > kMaxD)
     throw std::invalid_argument("attention: head dims must be in 1..256");
   if (a.S < 1) throw std::invalid_argument("attention: cu_seqlens needs at least 2 entries");
+  if (!(a.softcap >= 0) || !std::isfinite(a.softcap)) throw std::invalid_argument("attention: softcap must be a finite number >= 0");
   if (a.Hq > 65535 || a.Hkv > 65535) throw std::invalid_argument("attention: too many heads");
 }
 

@@ -63,6 +63,16 @@ __device__ __forceinline__ T block_sum(T v, T* shared32) {
   return r;
 }
 
+// Gemma-2's soft-capping, c tanh(x / c) (c = 0: x itself, so an uncapped call is bitwise
+// unchanged), and its derivative 1 / cosh^2(x / c) from the uncapped x: 1 - tanh^2 cancels in
+// fp32 where tanh is near 1 (kernels_cpu does the same). cosh overflows to inf: derivative 0.
+__device__ __forceinline__ float soft_cap(float x, float c) { return c > 0.f ? c * tanhf(x / c) : x; }
+__device__ __forceinline__ float soft_cap_grad(float x, float c) {
+  if (!(c > 0.f)) return 1.f;
+  const float ch = coshf(x / c);
+  return 1.f / (ch * ch);
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 }  // namespace rlh::kcuda

@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
     float w[kPaHeads];
 #pragma unroll
     for (int g = 0; g < kPaHeads; ++g) {
-      const float sg = valid ? s[g] : -INFINITY;
+      const float sg = valid ? soft_cap(s[g], a.softcap) : -INFINITY;  // Gemma-2's cap (0: none)
       m[g] = warp_max(sg);
       w[g] = valid ? __expf(sg - m[g]) : 0.f;
       l[g] = w[g];
@@ -431,37 +431,38 @@ __device__ float block_reduce_max(float v, float* sh) {
   return r;
 }
 
-// A row's z = logits * inv_t, each id once, in id order per thread: strided over the block
+// A row's z = logits * inv_t (the logits capped first when cap > 0), each id once, in id order per thread: strided over the block
 // (coalesced; float4 when the row allows), or over this thread's contiguous chunk [b, e).
 template <class F>
-__device__ __forceinline__ void strided_each(const float* row, int64_t V, bool vec, float inv_t, F&& f) {
+__device__ __forceinline__ void strided_each(const float* row, int64_t V, bool vec, float inv_t, float cap, F&& f) {
   const int t = threadIdx.x, T = blockDim.x;
   if (vec) {
 #pragma unroll 4
     for (int64_t q = t; q < V / 4; q += T) {
       const float4 x = *reinterpret_cast<const float4*>(row + 4 * q);
-      f(4 * q, x.x * inv_t);
-      f(4 * q + 1, x.y * inv_t);
-      f(4 * q + 2, x.z * inv_t);
-      f(4 * q + 3, x.w * inv_t);
+      f(4 * q, soft_cap(x.x, cap) * inv_t);
+      f(4 * q + 1, soft_cap(x.y, cap) * inv_t);
+      f(4 * q + 2, soft_cap(x.z, cap) * inv_t);
+      f(4 * q + 3, soft_cap(x.w, cap) * inv_t);
     }
   } else {
-    for (int64_t j = t; j < V; j += T) f(j, row[j] * inv_t);
+    for (int64_t j = t; j < V; j += T) f(j, soft_cap(row[j], cap) * inv_t);
   }
 }
 template <class F>
-__device__ __forceinline__ void chunk_each(const float* row, int64_t b, int64_t e, bool vec, float inv_t, F&& f) {
+__device__ __forceinline__ void chunk_each(const float* row, int64_t b, int64_t e, bool vec, float inv_t, float cap,
+                                           F&& f) {
   if (vec) {  // b and e multiples of 4 (the chunk is; V is)
 #pragma unroll 4
     for (int64_t j = b; j < e; j += 4) {
       const float4 x = *reinterpret_cast<const float4*>(row + j);
-      f(j, x.x * inv_t);
-      f(j + 1, x.y * inv_t);
-      f(j + 2, x.z * inv_t);
-      f(j + 3, x.w * inv_t);
+      f(j, soft_cap(x.x, cap) * inv_t);
+      f(j + 1, soft_cap(x.y, cap) * inv_t);
+      f(j + 2, soft_cap(x.z, cap) * inv_t);
+      f(j + 3, soft_cap(x.w, cap) * inv_t);
     }
   } else {
-    for (int64_t j = b; j < e; ++j) f(j, row[j] * inv_t);
+    for (int64_t j = b; j < e; ++j) f(j, soft_cap(row[j], cap) * inv_t);
   }
 }
 
@@ -489,6 +490,7 @@ __global__ void sample_kernel(SampleArgs a) {
   const float* logits = a.logits + row * a.ld;
   const bool greedy = a.temperature == 0.0;
   const float inv_t = greedy ? 1.f : float(1.0 / a.temperature);
+  const float cap = a.softcap;
   const int t = threadIdx.x, T = blockDim.x;
   // float4 loads: V and the row stride multiples of 4, rows 16-byte aligned
   const bool vec = V % 4 == 0 && a.ld % 4 == 0 && reinterpret_cast<uintptr_t>(a.logits) % 16 == 0;
@@ -496,7 +498,7 @@ __global__ void sample_kernel(SampleArgs a) {
   float mx = -INFINITY;
   int64_t first = V;
   int bad = 0;
-  strided_each(logits, V, vec, inv_t, [&](int64_t j, float z) {
+  strided_each(logits, V, vec, inv_t, cap, [&](int64_t j, float z) {
     bad |= !isfinite(z);
     if (z > mx) {  // ids come in increasing order per thread: the first of equal maxima stays
       mx = z;
@@ -513,7 +515,7 @@ __global__ void sample_kernel(SampleArgs a) {
     }
     return;
   }
-  auto z_of = [&](int64_t j) { return logits[j] * inv_t; };
+  auto z_of = [&](int64_t j) { return soft_cap(logits[j], cap) * inv_t; };
   float tau = -INFINITY;
   if (!greedy) {
     if (a.min_p > 0) tau = mx + float(log(a.min_p));
@@ -525,7 +527,7 @@ __global__ void sample_kernel(SampleArgs a) {
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
         double n = 0;
-        strided_each(logits, V, vec, inv_t, [&](int64_t, float z) { n += key_of(z < tau ? -INFINITY : z) > mid ? 1.0 : 0.0; });
+        strided_each(logits, V, vec, inv_t, cap, [&](int64_t, float z) { n += key_of(z < tau ? -INFINITY : z) > mid ? 1.0 : 0.0; });
         n = block_reduce_sum<double>(n, shd);
         if (n < double(a.top_k)) hi = mid; else lo = mid + 1;
       }
@@ -535,7 +537,7 @@ __global__ void sample_kernel(SampleArgs a) {
     if (a.top_p < 1.0) {
       // over the top-k set: total mass, then the smallest key c with mass(key > c) < p total
       double total = 0;
-      strided_each(logits, V, vec, inv_t, [&](int64_t, float z0) {
+      strided_each(logits, V, vec, inv_t, cap, [&](int64_t, float z0) {
         const float z = z0 < tau ? -INFINITY : z0;
         if (key_of(z) >= kcut && z != -INFINITY) total += exp(double(z - mx));
       });
@@ -544,7 +546,7 @@ __global__ void sample_kernel(SampleArgs a) {
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
         double mass = 0;
-        strided_each(logits, V, vec, inv_t, [&](int64_t, float z0) {
+        strided_each(logits, V, vec, inv_t, cap, [&](int64_t, float z0) {
           const float z = z0 < tau ? -INFINITY : z0;
           const uint32_t k = key_of(z);
           if (k >= kcut && k > mid && z != -INFINITY) mass += exp(double(z - mx));
@@ -561,7 +563,7 @@ __global__ void sample_kernel(SampleArgs a) {
   const int64_t b = t * chunk < V ? t * chunk : V, e = b + chunk < V ? b + chunk : V;
   float fsum = 0.f;
   double csum = 0;
-  chunk_each(logits, b, e, vec, inv_t, [&](int64_t, float z) {
+  chunk_each(logits, b, e, vec, inv_t, cap, [&](int64_t, float z) {
     const float w = z >= tau ? __expf(z - mx) : 0.f;
     fsum += w;
     csum += double(w);
@@ -585,7 +587,7 @@ __global__ void sample_kernel(SampleArgs a) {
       // this thread's first id where the running sum passes the target (the whole chunk is
       // walked, without an early exit, so its loads stream); the lowest over threads is drawn
       int64_t hit = -1;
-      chunk_each(logits, b, e, vec, inv_t, [&](int64_t j, float z) {
+      chunk_each(logits, b, e, vec, inv_t, cap, [&](int64_t j, float z) {
         const float w = z >= tau ? __expf(z - mx) : 0.f;
         if (w > 0.f) {
           acc += double(w);
@@ -670,6 +672,8 @@ void paged_attention(const PagedAttnArgs& a, cudaStream_t s) {
   if (a.Dk > kPaMaxD || a.Dv > kPaMaxD)
     throw std::invalid_argument("paged_attention: head dims above 256 are not offered");
   if (a.Hkv < 1 || a.Hq % a.Hkv) throw std::invalid_argument("paged_attention: Hq must be a multiple of Hkv");
+  if (!(a.softcap >= 0) || !std::isfinite(a.softcap))
+    throw std::invalid_argument("paged_attention: softcap must be a finite number >= 0");
   if (a.R == 0) return;
   const int64_t Z = pa_partitions(a);
   if (Z > 65535) throw std::invalid_argument("paged_attention: block tables wider than 65535 x 128 positions");
@@ -696,6 +700,7 @@ void sample(const SampleArgs& a, cudaStream_t s) {
     throw std::invalid_argument("sample: temperature must be a finite number >= 0");
   if (!(a.top_p > 0 && a.top_p <= 1)) throw std::invalid_argument("sample: top_p must be in (0, 1]");
   if (!(a.min_p >= 0 && a.min_p <= 1)) throw std::invalid_argument("sample: min_p must be in [0, 1]");
+  if (!(a.softcap >= 0) || !std::isfinite(a.softcap)) throw std::invalid_argument("sample: softcap must be a finite number >= 0");
   sample_kernel<<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
   check_launch("sample");
 }

@@ -5,8 +5,11 @@
 // (backward: dh accumulated in an fp32 buffer across chunks, dW += dlogits^T h chunk by
 // chunk). The tile is at most chunk_bytes (0 = 32 MiB). With a logits cache (an engine's
 // training step) the forward's tiles stay in it for the backward. Filtering (top_k/top_p) is
-// not offered here (the plugin answers UNIMPLEMENTED for it).
+// not offered here (the plugin answers UNIMPLEMENTED for it). Soft-capping (Gemma-2) is applied
+// by the tile kernels to the uncapped GEMM tile (which the cache holds), so the backward's
+// 1 / cosh^2 is taken of the uncapped logit.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "rlhost/kernels_cuda/kernels.hpp"
@@ -30,6 +33,8 @@ Tiling tiling(const LogprobArgs& a) {
 
 void check(const LogprobArgs& a) {
   if (a.temperature <= 0) throw std::invalid_argument("linear_logprob: temperature must be > 0");
+  if (!(a.softcap >= 0) || !std::isfinite(a.softcap))
+    throw std::invalid_argument("linear_logprob: softcap must be a finite number >= 0");
   if (a.logits_cache && a.ld_cache < a.V)
     throw std::invalid_argument("linear_logprob: ld_cache is smaller than the vocabulary");
 }
@@ -67,7 +72,7 @@ void linear_logprob_fwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
       gm.ab = a.t;
       gm.c_dt = DType::f32;
       gemm(g, gm, ws, s);
-      logprob_tile_stats(logits, rows, cols, ld, v0, a.target + r0 * a.K, a.K, inv_temp, m + r0,
+      logprob_tile_stats(logits, rows, cols, ld, v0, a.target + r0 * a.K, a.K, inv_temp, a.softcap, m + r0,
                          sum + r0, tz + r0, zt + r0 * a.K, v0 == 0, a.err, a.V, s);
     }
   }
@@ -114,7 +119,7 @@ void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
         gm.c_dt = DType::f32;
         gemm(g, gm, ws, s);
       }
-      logprob_tile_grad(a.t, logits, rows, cols, ld, v0, a.target + r0 * a.K, a.K, inv_temp,
+      logprob_tile_grad(a.t, logits, rows, cols, ld, v0, a.target + r0 * a.K, a.K, inv_temp, a.softcap,
                         lse_at(a.lse, r0), lse_at(a.dlogprob, r0 * a.K), lse_at(a.entropy, r0),
                         lse_at(a.dentropy, r0), dlogits, cols, s);
       GemmArgs gh;  // dh_acc (+)= dlogits W_chunk

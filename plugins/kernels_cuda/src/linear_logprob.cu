@@ -35,8 +35,8 @@ __device__ __forceinline__ void push(Stat& st, float z) {
 template <bool VEC>
 __global__ void __launch_bounds__(256)
 tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
-                  const int32_t* target, int64_t K, float inv_temp, float* m, float* sum, float* tz,
-                  float* zt, bool first, int* err, int64_t V) {
+                  const int32_t* target, int64_t K, float inv_temp, float cap, float* m, float* sum,
+                  float* tz, float* zt, bool first, int* err, int64_t V) {
   const int64_t r = blockIdx.x;
   const float* row = logits + r * ld;
   Stat st{-INFINITY, 0.f, 0.f};
@@ -44,13 +44,13 @@ tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
     const float4* r4 = reinterpret_cast<const float4*>(row);
     for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) {
       const float4 x = r4[j];
-      push(st, x.x * inv_temp);
-      push(st, x.y * inv_temp);
-      push(st, x.z * inv_temp);
-      push(st, x.w * inv_temp);
+      push(st, soft_cap(x.x, cap) * inv_temp);
+      push(st, soft_cap(x.y, cap) * inv_temp);
+      push(st, soft_cap(x.z, cap) * inv_temp);
+      push(st, soft_cap(x.w, cap) * inv_temp);
     }
   } else {
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) push(st, row[j] * inv_temp);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) push(st, soft_cap(row[j], cap) * inv_temp);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -74,7 +74,7 @@ tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
     const int32_t t = target[r * K + k];
     if (first) zt[r * K + k] = 0.f;
     if (t >= V && err) atomicExch(err, 1);
-    if (t >= v0 && t < v0 + cols) zt[r * K + k] = row[t - v0] * inv_temp;
+    if (t >= v0 && t < v0 + cols) zt[r * K + k] = soft_cap(row[t - v0], cap) * inv_temp;
   }
 }
 
@@ -92,11 +92,13 @@ __global__ void finish_kernel(const float* m, const float* sum, const float* tz,
 }
 
 // dz_j = sum_k dlp_k (1[j = t_k] - p_j) - dent p_j (z_j - E[z]); targets < 0 take no part.
+// The tile holds the uncapped logits x (softcap c > 0: z = c tanh(x / c) / temperature, and
+// dx = dz / temperature / cosh^2(x / c)).
 template <class T>
 __global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols, int64_t ld,
                                  int64_t v0, const int32_t* target, int64_t K, float inv_temp,
-                                 Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, T* dlogits,
-                                 int64_t ldd) {
+                                 float cap, Flex lse, Flex dlogprob, Flex entropy, Flex dentropy,
+                                 T* dlogits, int64_t ldd) {
   const int64_t r = blockIdx.y;
   const float l = ld_flex(lse, r);
   float dlp = 0.f;  // sum of the gradients of the row's present targets
@@ -108,14 +110,14 @@ __global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols
   T* drow = dlogits + r * ldd;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
        j += int64_t(gridDim.x) * blockDim.x) {
-    const float z = row[j] * inv_temp;
+    const float z = soft_cap(row[j], cap) * inv_temp;
     const float p = __expf(z - l);
     float dz = -dlp * p;
     if (dlogprob.p)
       for (int64_t k = 0; k < K; ++k)
         if (v0 + j == target[r * K + k]) dz += ld_flex(dlogprob, r * K + k);
     if (dent != 0.f) dz -= dent * p * (z - ez);
-    drow[j] = from_f<T>(dz * inv_temp);
+    drow[j] = from_f<T>(dz * inv_temp * soft_cap_grad(row[j], cap));
   }
 }
 
@@ -143,7 +145,8 @@ __device__ __forceinline__ void store4<bf16>(bf16* p, float a, float b, float c,
 template <class T>
 __global__ void __launch_bounds__(256)
 tile_grad_vec_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0, const int32_t* target, int64_t K,
-                     float inv_temp, Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, T* dlogits, int64_t ldd) {
+                     float inv_temp, float cap, Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, T* dlogits,
+                     int64_t ldd) {
   const int64_t r = blockIdx.y;
   __shared__ int64_t tcol[kMaxK];  // target column in this tile (-1: none)
   __shared__ float tgrad[kMaxK];
@@ -174,13 +177,13 @@ tile_grad_vec_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0, 
     const float in[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float z = in[e] * inv_temp;
+      const float z = soft_cap(in[e], cap) * inv_temp;
       const float p = __expf(z - l);
       float dz = -dlp * p;
       for (int64_t k = 0; k < K; ++k)
         if (tcol[k] == 4 * q + e) dz += tgrad[k];
       if (dent != 0.f) dz -= dent * p * (z - ez);
-      out[e] = dz * inv_temp;
+      out[e] = dz * inv_temp * soft_cap_grad(in[e], cap);
     }
     store4<T>(drow + 4 * q, out[0], out[1], out[2], out[3]);
   }
@@ -189,16 +192,17 @@ tile_grad_vec_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0, 
 }  // namespace
 
 void logprob_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t ld, int64_t v0,
-                        const int32_t* target, int64_t K, float inv_temp, float* m, float* sum,
-                        float* tz, float* zt, bool first, int* err, int64_t V, cudaStream_t s) {
+                        const int32_t* target, int64_t K, float inv_temp, float cap, float* m,
+                        float* sum, float* tz, float* zt, bool first, int* err, int64_t V,
+                        cudaStream_t s) {
   if (rows == 0) return;
   const bool vec = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
   if (vec)
     tile_stats_kernel<true><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp,
-                                                           m, sum, tz, zt, first, err, V);
+                                                           cap, m, sum, tz, zt, first, err, V);
   else
     tile_stats_kernel<false><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp,
-                                                            m, sum, tz, zt, first, err, V);
+                                                            cap, m, sum, tz, zt, first, err, V);
   check_launch("linear_logprob (stats)");
 }
 
@@ -212,8 +216,8 @@ void logprob_finish(const float* m, const float* sum, const float* tz, const flo
 }
 
 void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols, int64_t ld,
-                       int64_t v0, const int32_t* target, int64_t K, float inv_temp, Flex lse,
-                       Flex dlogprob, Flex entropy, Flex dentropy, void* dlogits, int64_t ldd,
+                       int64_t v0, const int32_t* target, int64_t K, float inv_temp, float cap,
+                       Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, void* dlogits, int64_t ldd,
                        cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   const size_t out_align = t == DType::f32 ? 16 : 8;
@@ -221,22 +225,22 @@ void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols,
       reinterpret_cast<uintptr_t>(dlogits) % out_align == 0) {
     dim3 grid(unsigned(std::min<int64_t>((cols / 4 + 255) / 256, 32)), unsigned(rows));
     if (t == DType::f32)
-      tile_grad_vec_kernel<<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, lse, dlogprob, entropy,
-                                                dentropy, static_cast<float*>(dlogits), ldd);
+      tile_grad_vec_kernel<<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,
+                                                entropy, dentropy, static_cast<float*>(dlogits), ldd);
     else
-      tile_grad_vec_kernel<<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, lse, dlogprob, entropy,
-                                                dentropy, static_cast<bf16*>(dlogits), ldd);
+      tile_grad_vec_kernel<<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,
+                                                entropy, dentropy, static_cast<bf16*>(dlogits), ldd);
     check_launch("linear_logprob (grad)");
     return;
   }
   dim3 grid(unsigned(std::min<int64_t>((cols + 255) / 256, 64)), unsigned(rows));
   if (t == DType::f32)
-    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, lse,
-                                          dlogprob, entropy, dentropy,
+    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, cap,
+                                          lse, dlogprob, entropy, dentropy,
                                           static_cast<float*>(dlogits), ldd);
   else
-    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, lse,
-                                          dlogprob, entropy, dentropy,
+    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, cap,
+                                          lse, dlogprob, entropy, dentropy,
                                           static_cast<bf16*>(dlogits), ldd);
   check_launch("linear_logprob (grad)");
 }

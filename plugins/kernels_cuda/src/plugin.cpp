@@ -309,6 +309,7 @@ AttnArgs attn_common(const Call& c, const rlh_tensor& q, const rlh_tensor& k, co
   a.cu = ptr<int32_t>(cu);
   a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
   a.window = c.integer("window", 0);
+  a.softcap = float(c.num("softcap", 0));
   a.force_simt = c.flag("force_simt");
   a.ldq = need_heads(q, a.N, a.Hq, a.Dk, "attention q");
   a.ldk = need_heads(k, a.N, a.Hkv, a.Dk, "attention k");
@@ -422,6 +423,7 @@ LogprobArgs logprob_common(const Call& c) {
   a.W = ptr(c.in(1));
   a.target = ptr<int32_t>(c.in(2));
   a.temperature = c.num("temperature", 1);
+  a.softcap = float(c.num("softcap", 0));
   a.chunk_bytes = c.integer("chunk_bytes", 0);
   a.err = c.err();
   return a;
@@ -607,6 +609,7 @@ void run_paged_attention(const Call& c) {
   a.pos = ptr<int32_t>(c.in(4));
   a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
   a.window = c.integer("window", 0);
+  a.softcap = float(c.num("softcap", 0));
   if (const int64_t bytes = paged_attention_workspace_bytes(a)) a.partials = static_cast<float*>(c.ws->get(size_t(bytes)));
   paged_attention(a, c.stream);
 }
@@ -630,6 +633,7 @@ void run_sample(const Call& c) {
   a.top_k = c.integer("top_k", 0);
   a.top_p = c.num("top_p", 1.0);
   a.min_p = c.num("min_p", 0.0);
+  a.softcap = float(c.num("softcap", 0.0));
   sample(a, c.stream);
 }
 
@@ -1062,12 +1066,15 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       if (!a.name) continue;
       op->attrs.push_back(Attr{a.name, a.type, a.int64_value, a.double_value});
     }
-    // Soft-capping (Gemma-2's "softcap" on attention, paged_attention, linear_logprob and
-    // sample) is not implemented here: refused, so a registry falls through to a provider that
-    // caps, and an engine that needs it declines the model.
+    // Soft-capping (Gemma-2's "softcap") is offered by attention (on the CUDA-core kernels: the
+    // tensor-core ones do not cap), paged_attention, linear_logprob and sample; a value that is
+    // not a finite number >= 0 is refused here, before a step.
     for (const Attr& a : op->attrs)
-      if (a.name == "softcap" && (a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i)) != 0)
-        throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda ") + s->name + ": softcap (soft-capping) is not offered");
+      if (a.name == "softcap") {
+        const double c = a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i);
+        if (!(c >= 0) || !std::isfinite(c))
+          throw Error(RLH_E_INVALID_ARGUMENT, std::string("kernels_cuda ") + s->name + ": softcap must be a finite number >= 0");
+      }
     // Answers known at resolution: gemm's batch invariance for C = A B^T only (a registry then
     // falls through for the rest), filtered logprobs, attention head dims.
     if (std::strcmp(s->name, "gemm") == 0) {

@@ -90,6 +90,8 @@ void CudaEngine::Impl::describe() {
   caps.moe = caps.mla = true;
   caps.value_head = true;  // a critic's or reward model's score(final_norm(x_L))
   caps.attention_dv_differs = true;  // MLA's attention
+  // Gemma-2's soft-capping: the registry's attention and head ops take it as an attribute.
+  caps.attention_softcap = caps.logit_softcap = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   C = prog.hidden;
   V = prog.vocab;
@@ -494,6 +496,7 @@ cuda::DeviceOps::Attention attention_of(const sdk::LayerStep& st, const cuda::La
   at.Dv = st.dv;
   at.window = st.window;
   at.scale = st.scale;
+  at.softcap = st.softcap;
   at.cu = cu;
   at.q = q.p;
   at.ldq = q.ld;
@@ -605,6 +608,7 @@ cuda::DeviceOps::Logprob CudaEngine::Impl::head_args(const OutputRequest& req, i
   h.W = wp(prog.head);
   h.target = target;
   h.temperature = req.temperature;
+  h.softcap = prog.logit_softcap;
   // Wide tiles: the head's GEMMs run at their best from about 512 MiB of fp32 logits per tile
   // (measured on the H200: +4 % on a 1B training step over 32 MiB).
   h.chunk_bytes = opt.logprob_chunk_bytes > 0 ? opt.logprob_chunk_bytes : int64_t(512) << 20;
@@ -985,6 +989,10 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
     shift_to_outputs(m.h_ent, 1, out.entropy.data(), 1, 1, mb.cu_seqlens);
   }
   if (req.value) out.value.assign(m.h_val, m.h_val + N);
+  if (req.logits && m.prog.logit_softcap != 0) {  // the final cap, as the CPU engine's logits have it
+    const double c = m.prog.logit_softcap;
+    for (float& z : out.logits) z = float(c * std::tanh(double(z) / c));
+  }
   if (req.routed_experts) {
     out.routing_width = m.route_width;
     out.routed_experts.assign(m.h_route, m.h_route + N * m.route_width);

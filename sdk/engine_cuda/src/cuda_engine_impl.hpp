@@ -47,7 +47,7 @@ struct LayerShape : MoeBasics, MlaBasics {
   // MLA: heads, q/k head dim (dn + dr), the width of its q|k|v, attention scale and window,
   // RoPE table (-1: none)
   int64_t H = 0, D = 0, Wqkv = 0, window = 0;
-  double scale = 0;
+  double scale = 0, softcap = 0;
   int rope = -1;
 };
 

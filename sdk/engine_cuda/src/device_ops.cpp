@@ -184,25 +184,38 @@ void DeviceOps::rope(void* y, int64_t ldy, const void* x, int64_t ldx, const int
 
 void DeviceOps::attention_fwd(const Attention& t) {
   Args a(dev_);
-  const std::array<rlh_named_value, 2> at = {attr_double("scale", t.scale), attr_int("window", t.window)};
-  RLH_RUN("attention_fwd", "attention_fwd",
-          (std::vector<rlh_tensor>{a.heads(t.q, t.N, t.Hq, t.Dk, t.ldq), a.heads(t.k, t.N, t.Hkv, t.Dk, t.ldk),
-                                   a.heads(t.v, t.N, t.Hkv, t.Dv, t.ldv), a.vec(t.cu, kI32, t.S + 1)}),
-          (std::vector<rlh_tensor>{a.heads(t.o, t.N, t.Hq, t.Dv, t.ldo), a.vec(t.lse, kF32, t.Hq * t.N)}), at);
+  const std::vector<rlh_tensor> in = {a.heads(t.q, t.N, t.Hq, t.Dk, t.ldq), a.heads(t.k, t.N, t.Hkv, t.Dk, t.ldk),
+                                      a.heads(t.v, t.N, t.Hkv, t.Dv, t.ldv), a.vec(t.cu, kI32, t.S + 1)};
+  const std::vector<rlh_tensor> out = {a.heads(t.o, t.N, t.Hq, t.Dv, t.ldo), a.vec(t.lse, kF32, t.Hq * t.N)};
+  // Capped attention (Gemma-2) is an op of its own: resolved with the attribute, so a provider
+  // that does not cap (cuDNN here) is passed over for it alone.
+  if (t.softcap != 0) {
+    const std::array<rlh_named_value, 3> at = {attr_double("scale", t.scale), attr_int("window", t.window),
+                                               attr_double("softcap", t.softcap)};
+    RLH_RUN("attention_fwd/capped", "attention_fwd", in, out, at);
+  } else {
+    const std::array<rlh_named_value, 2> at = {attr_double("scale", t.scale), attr_int("window", t.window)};
+    RLH_RUN("attention_fwd", "attention_fwd", in, out, at);
+  }
 }
 
 void DeviceOps::attention_bwd(const Attention& t, const void* dout, int64_t lddo, void* dq, int64_t lddq, void* dk,
                               int64_t lddk, void* dv, int64_t lddv) {
   Args a(dev_);
-  const std::array<rlh_named_value, 2> at = {attr_double("scale", t.scale), attr_int("window", t.window)};
-  RLH_RUN("attention_bwd", "attention_bwd",
-          (std::vector<rlh_tensor>{a.heads(dout, t.N, t.Hq, t.Dv, lddo), a.heads(t.q, t.N, t.Hq, t.Dk, t.ldq),
-                                   a.heads(t.k, t.N, t.Hkv, t.Dk, t.ldk), a.heads(t.v, t.N, t.Hkv, t.Dv, t.ldv),
-                                   a.heads(t.o, t.N, t.Hq, t.Dv, t.ldo), a.vec(t.lse, kF32, t.Hq * t.N),
-                                   a.vec(t.cu, kI32, t.S + 1)}),
-          (std::vector<rlh_tensor>{a.heads(dq, t.N, t.Hq, t.Dk, lddq), a.heads(dk, t.N, t.Hkv, t.Dk, lddk),
-                                   a.heads(dv, t.N, t.Hkv, t.Dv, lddv)}),
-          at);
+  const std::vector<rlh_tensor> in = {a.heads(dout, t.N, t.Hq, t.Dv, lddo), a.heads(t.q, t.N, t.Hq, t.Dk, t.ldq),
+                                      a.heads(t.k, t.N, t.Hkv, t.Dk, t.ldk), a.heads(t.v, t.N, t.Hkv, t.Dv, t.ldv),
+                                      a.heads(t.o, t.N, t.Hq, t.Dv, t.ldo), a.vec(t.lse, kF32, t.Hq * t.N),
+                                      a.vec(t.cu, kI32, t.S + 1)};
+  const std::vector<rlh_tensor> out = {a.heads(dq, t.N, t.Hq, t.Dk, lddq), a.heads(dk, t.N, t.Hkv, t.Dk, lddk),
+                                       a.heads(dv, t.N, t.Hkv, t.Dv, lddv)};
+  if (t.softcap != 0) {
+    const std::array<rlh_named_value, 3> at = {attr_double("scale", t.scale), attr_int("window", t.window),
+                                               attr_double("softcap", t.softcap)};
+    RLH_RUN("attention_bwd/capped", "attention_bwd", in, out, at);
+  } else {
+    const std::array<rlh_named_value, 2> at = {attr_double("scale", t.scale), attr_int("window", t.window)};
+    RLH_RUN("attention_bwd", "attention_bwd", in, out, at);
+  }
 }
 
 void DeviceOps::glu_fwd(const std::string& act, void* h, int64_t ldh, const void* gu, int64_t ldgu, int64_t N,
@@ -268,24 +281,31 @@ void DeviceOps::scale(void* x, int64_t n, double s) {
 
 void DeviceOps::logprob_fwd(const Logprob& t) {
   Args a(dev_);
-  const std::array<rlh_named_value, 2> at = {attr_double("temperature", t.temperature),
-                                             attr_int("chunk_bytes", t.chunk_bytes)};
+  const std::array<rlh_named_value, 3> at = {attr_double("temperature", t.temperature),
+                                             attr_int("chunk_bytes", t.chunk_bytes), attr_double("softcap", t.softcap)};
   std::vector<rlh_tensor> out = {a.vec(t.logprob, kF32, t.N), a.vec(t.lse, kF32, t.N),
                                  t.entropy ? a.vec(t.entropy, kF32, t.N) : a.absent(kF32)};
   if (t.cache) out.push_back(a.mat(t.cache, kF32, t.N, t.V, t.ld_cache));
   const std::vector<rlh_tensor> in = {a.mat(t.h, kBF16, t.N, t.C, t.C), a.mat(t.W, kBF16, t.V, t.C, t.C),
                                       a.vec(t.target, kI32, t.N)};
-  if (t.cache)
-    RLH_RUN("linear_logprob_fwd/cache", "linear_logprob_fwd", in, out, at);
+  // The attribute list without softcap where it is 0: an uncapped head resolves as before.
+  const std::span<const rlh_named_value> ats(at.data(), t.softcap != 0 ? 3 : 2);
+  if (t.cache && t.softcap != 0)
+    RLH_RUN("linear_logprob_fwd/cache/capped", "linear_logprob_fwd", in, out, ats);
+  else if (t.cache)
+    RLH_RUN("linear_logprob_fwd/cache", "linear_logprob_fwd", in, out, ats);
+  else if (t.softcap != 0)
+    RLH_RUN("linear_logprob_fwd/capped", "linear_logprob_fwd", in, out, ats);
   else
-    RLH_RUN("linear_logprob_fwd", "linear_logprob_fwd", in, out, at);
+    RLH_RUN("linear_logprob_fwd", "linear_logprob_fwd", in, out, ats);
 }
 
 void DeviceOps::logprob_bwd(const Logprob& t, const float* dlogprob, const float* dentropy, void* dh, float* dW,
                             bool accumulate) {
   Args a(dev_);
-  const std::array<rlh_named_value, 3> at = {attr_double("temperature", t.temperature),
-                                             attr_int("chunk_bytes", t.chunk_bytes), attr_bool("accumulate", accumulate)};
+  const std::array<rlh_named_value, 4> at = {attr_double("temperature", t.temperature),
+                                             attr_int("chunk_bytes", t.chunk_bytes), attr_bool("accumulate", accumulate),
+                                             attr_double("softcap", t.softcap)};
   std::vector<rlh_tensor> in = {a.mat(t.h, kBF16, t.N, t.C, t.C),
                                 a.mat(t.W, kBF16, t.V, t.C, t.C),
                                 a.vec(t.target, kI32, t.N),
@@ -295,10 +315,15 @@ void DeviceOps::logprob_bwd(const Logprob& t, const float* dlogprob, const float
                                 dentropy ? a.vec(dentropy, kF32, t.N) : a.absent(kF32)};
   if (t.cache) in.push_back(a.mat(t.cache, kF32, t.N, t.V, t.ld_cache));
   const std::vector<rlh_tensor> out = {a.mat(dh, kBF16, t.N, t.C, t.C), a.mat(dW, kF32, t.V, t.C, t.C)};
-  if (t.cache)
-    RLH_RUN("linear_logprob_bwd/cache", "linear_logprob_bwd", in, out, at);
+  const std::span<const rlh_named_value> ats(at.data(), t.softcap != 0 ? 4 : 3);
+  if (t.cache && t.softcap != 0)
+    RLH_RUN("linear_logprob_bwd/cache/capped", "linear_logprob_bwd", in, out, ats);
+  else if (t.cache)
+    RLH_RUN("linear_logprob_bwd/cache", "linear_logprob_bwd", in, out, ats);
+  else if (t.softcap != 0)
+    RLH_RUN("linear_logprob_bwd/capped", "linear_logprob_bwd", in, out, ats);
   else
-    RLH_RUN("linear_logprob_bwd", "linear_logprob_bwd", in, out, at);
+    RLH_RUN("linear_logprob_bwd", "linear_logprob_bwd", in, out, ats);
 }
 
 void DeviceOps::sumsq(const DeviceList& x, float* result) {
@@ -448,24 +473,33 @@ void DeviceOps::kv_cache_write(const void* k, int64_t ldk, const void* v, int64_
 
 void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq,
                                 const PagedCache& c, const int32_t* table, int64_t width, const int32_t* pos,
-                                double scale, int64_t window) {
+                                double scale, int64_t window, double softcap) {
   Args a(dev_);
-  const std::array<rlh_named_value, 2> at = {attr_double("scale", scale), attr_int("window", window)};
-  RLH_RUN("paged_attention", "paged_attention",
-          (std::vector<rlh_tensor>{a.heads(q, R, Hq, c.Dk, ldq),
-                                   a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride),
-                                   a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride),
-                                   a.mat(table, kI32, R, width, width), a.vec(pos, kI32, R)}),
-          (std::vector<rlh_tensor>{a.heads(o, R, Hq, c.Dv, ldo)}), at);
+  const std::array<rlh_named_value, 3> at = {attr_double("scale", scale), attr_int("window", window),
+                                             attr_double("softcap", softcap)};
+  const std::vector<rlh_tensor> in = {a.heads(q, R, Hq, c.Dk, ldq),
+                                      a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride),
+                                      a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride),
+                                      a.mat(table, kI32, R, width, width), a.vec(pos, kI32, R)};
+  const std::vector<rlh_tensor> out = {a.heads(o, R, Hq, c.Dv, ldo)};
+  if (softcap != 0)
+    RLH_RUN("paged_attention/capped", "paged_attention", in, out, at);
+  else
+    RLH_RUN("paged_attention", "paged_attention", in, out, std::span<const rlh_named_value>(at.data(), 2));
 }
 
 void DeviceOps::sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
                        const double* u, const Sample& s) {
   Args a(dev_);
-  const std::array<rlh_named_value, 4> at = {attr_double("temperature", s.temperature), attr_int("top_k", s.top_k),
-                                             attr_double("top_p", s.top_p), attr_double("min_p", s.min_p)};
-  RLH_RUN("sample", "sample", (std::vector<rlh_tensor>{a.mat(logits, kF32, S, V, ld), a.vec(u, kF64, S)}),
-          (std::vector<rlh_tensor>{a.vec(tokens, kI32, S), a.vec(logprobs, kF32, S)}), at);
+  const std::array<rlh_named_value, 5> at = {attr_double("temperature", s.temperature), attr_int("top_k", s.top_k),
+                                             attr_double("top_p", s.top_p), attr_double("min_p", s.min_p),
+                                             attr_double("softcap", s.softcap)};
+  const std::vector<rlh_tensor> in = {a.mat(logits, kF32, S, V, ld), a.vec(u, kF64, S)};
+  const std::vector<rlh_tensor> out = {a.vec(tokens, kI32, S), a.vec(logprobs, kF32, S)};
+  if (s.softcap != 0)
+    RLH_RUN("sample/capped", "sample", in, out, at);
+  else
+    RLH_RUN("sample", "sample", in, out, std::span<const rlh_named_value>(at.data(), 4));
 }
 
 #undef RLH_RUN

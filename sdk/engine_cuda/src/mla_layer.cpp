@@ -59,6 +59,7 @@ void CudaEngine::Impl::describe_mla_layer(const sdk::LayerDesc& ld, const sdk::L
   s.Wqkv = st.out2.width;
   s.window = st.window;
   s.scale = st.scale;  // the description's (DeepSeek's yarn mscale^2 folded in)
+  s.softcap = st.softcap;
   s.rope = st.table;
   const int64_t l = ld.index, H = s.H;
   auto shape_is = [&](sdk::ParamRole r, std::vector<int64_t> want) {
@@ -179,6 +180,7 @@ cuda::DeviceOps::Attention CudaEngine::Impl::mla_attention(const LayerShape& s, 
   at.Dv = s.dv;
   at.window = s.window;
   at.scale = s.scale;
+  at.softcap = s.softcap;
   at.cu = cu;
   at.q = qkv;
   at.k = qkv + s.H * s.D;

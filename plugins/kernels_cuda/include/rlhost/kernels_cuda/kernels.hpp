@@ -104,6 +104,7 @@ struct AttnArgs {
   DType t = DType::bf16;
   int64_t N = 0, S = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0, window = 0;
   float scale = 1;
+  float softcap = 0;  // > 0: scores s become softcap tanh(s / softcap) (Gemma-2); the generic path runs it
   const int32_t* cu = nullptr;
   const void* q = nullptr; int64_t ldq = 0;
   const void* k = nullptr; int64_t ldk = 0;
@@ -169,6 +170,7 @@ struct LogprobArgs {
   const void* W = nullptr;
   const int32_t* target = nullptr;
   double temperature = 1;
+  float softcap = 0;        // > 0: z = softcap tanh(logit / softcap) / temperature (Gemma-2's final cap)
   int64_t chunk_bytes = 0;  // 0 = 32 MiB
   // fwd outputs (entropy optional)
   Flex logprob, lse, entropy;
@@ -190,15 +192,15 @@ void linear_logprob_bwd(GemmEngine* g, const LogprobArgs& a, Workspace& ws, cuda
 // merged into the running (m, s, t, zt) state, and the gradient of a tile.
 // target/zt/logprob/dlogprob hold K entries per row.
 void logprob_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t ld,
-                        int64_t v0, const int32_t* target, int64_t K, float inv_temp, float* m,
-                        float* sum, float* tz, float* zt, bool first, int* err, int64_t V,
+                        int64_t v0, const int32_t* target, int64_t K, float inv_temp, float softcap,
+                        float* m, float* sum, float* tz, float* zt, bool first, int* err, int64_t V,
                         cudaStream_t s);
 void logprob_finish(const float* m, const float* sum, const float* tz, const float* zt,
                     const int32_t* target, int64_t N, int64_t K, Flex logprob, Flex lse,
                     Flex entropy, cudaStream_t s);
 void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols, int64_t ld,
-                       int64_t v0, const int32_t* target, int64_t K, float inv_temp, Flex lse,
-                       Flex dlogprob, Flex entropy, Flex dentropy, void* dlogits, int64_t ldd,
+                       int64_t v0, const int32_t* target, int64_t K, float inv_temp, float softcap,
+                       Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, void* dlogits, int64_t ldd,
                        cudaStream_t s);
 void store_rows(DType t, void* dst, const float* src, int64_t n, bool accumulate, cudaStream_t s);
 
@@ -312,6 +314,7 @@ struct PagedAttnArgs {
   DType t = DType::bf16;
   int64_t R = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0, bs = 0, window = 0;
   float scale = 1;
+  float softcap = 0;  // as AttnArgs::softcap
   const void* q = nullptr; int64_t ldq = 0;  // [R, Hq Dk]
   void* o = nullptr; int64_t ldo = 0;        // [R, Hq Dv]
   const void* k_cache = nullptr; int64_t kc_strides[4] = {0, 0, 0, 0};
@@ -330,6 +333,7 @@ struct SampleArgs {
   const float* logits = nullptr;  // [S, V]
   const double* u = nullptr;      // [S]
   double temperature = 1, top_p = 1, min_p = 0;
+  float softcap = 0;              // > 0: the logits are first capped (softcap tanh(x / softcap))
   int64_t top_k = 0;
   int32_t* tokens = nullptr;      // [S]; -1 for a row with non-finite logits
   float* logprobs = nullptr;      // [S]

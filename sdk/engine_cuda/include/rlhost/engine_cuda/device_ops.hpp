@@ -74,6 +74,7 @@ class DeviceOps {
   struct Attention {
     int64_t N = 0, S = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0, window = 0;
     double scale = 1;
+    double softcap = 0;  // Gemma-2's attn_logit_softcapping (0: none)
     const int32_t* cu = nullptr;
     const void* q = nullptr; int64_t ldq = 0;
     const void* k = nullptr; int64_t ldk = 0;
@@ -100,6 +101,7 @@ class DeviceOps {
     const void* W = nullptr;  // bf16 [V, C]
     const int32_t* target = nullptr;
     double temperature = 1;
+    double softcap = 0;  // Gemma-2's final_logit_softcapping (0: none)
     int64_t chunk_bytes = 0;
     float* logprob = nullptr;
     float* lse = nullptr;
@@ -159,12 +161,14 @@ class DeviceOps {
   // o [R, Hq Dv] (ldo) = attention of q [R, Hq Dk] (ldq) over the cache: row r's blocks at
   // table + r width, its position pos[r].
   void paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq, const PagedCache& c,
-                       const int32_t* table, int64_t width, const int32_t* pos, double scale, int64_t window);
+                       const int32_t* table, int64_t width, const int32_t* pos, double scale, int64_t window,
+                       double softcap = 0);
   // One token per row of f32 logits [S, V] (ld) with the row's uniform u[s] (f64).
   struct Sample {
     double temperature = 1;
     int64_t top_k = 0;
     double top_p = 1, min_p = 0;
+    double softcap = 0;  // the logits capped first (Gemma-2's final_logit_softcapping)
   };
   void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V, const double* u,
               const Sample& a);
