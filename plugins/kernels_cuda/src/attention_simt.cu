@@ -21,7 +21,7 @@ namespace {
 constexpr int kMaxD = 256;
 constexpr int FQ = 16, FK = 32;  // forward: queries per block, keys per tile
 
-template <class T>
+template <class T, bool CAP>
 __global__ void __launch_bounds__(128)
 attn_fwd_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv, T* o,
               int64_t ldo, Flex lse, const int32_t* cu, int64_t S, int64_t N, int Hq, int Hkv,
@@ -73,7 +73,7 @@ attn_fwd_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int6
         const float* qr = Qs + r * Dk;
         const float* kr = Ks + lane * (Dk + 1);
         for (int d = 0; d < Dk; ++d) s += qr[d] * kr[d];
-        s = soft_cap(s, cap);  // the scaled score, capped before the softmax (HF's order)
+        s = soft_cap_if<CAP>(s, cap);  // the scaled score, capped before the softmax (HF's order)
       }
       const float mt = warp_max(s);
       const float mn = fmaxf(m[j], mt);
@@ -113,7 +113,7 @@ attn_fwd_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int6
 constexpr int BK = 32;  // backward: keys (dK/dV) or queries (dQ) per block, a thread each
 constexpr int QC = 16;  // dK/dV: queries staged per step
 
-template <class T>
+template <class T, bool CAP>
 __global__ void __launch_bounds__(32)
 attn_bwd_dkdv_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
                    const T* dout, int64_t lddo, Flex lse, const float* delta, T* dk,
@@ -177,8 +177,8 @@ attn_bwd_dkdv_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
         float s = 0.f, dp = 0.f;
         for (int d = 0; d < Dk; ++d) s += qr[d] * myK[d];
         for (int d = 0; d < Dv; ++d) dp += dor[d] * myV[d];
-        const float p = expf(soft_cap(s * scale, cap) - rowv[rr * 3 + 0]);
-        const float ds = p * (dp - rowv[rr * 3 + 1]) * scale * soft_cap_grad(s * scale, cap);
+        const float p = expf(soft_cap_if<CAP>(s * scale, cap) - rowv[rr * 3 + 0]);
+        const float ds = p * (dp - rowv[rr * 3 + 1]) * scale * soft_cap_grad_if<CAP>(s * scale, cap);
         for (int d = 0; d < Dv; ++d) mydV[d] += p * dor[d];
         for (int d = 0; d < Dk; ++d) mydK[d] += ds * qr[d];
       }
@@ -195,7 +195,7 @@ attn_bwd_dkdv_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
   }
 }
 
-template <class T>
+template <class T, bool CAP>
 __global__ void __launch_bounds__(32)
 attn_bwd_dq_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
                  const T* dout, int64_t lddo, Flex lse, const float* delta, T* dq, int64_t lddq,
@@ -249,8 +249,8 @@ attn_bwd_dq_simt(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, i
       float s = 0.f, dp = 0.f;
       for (int d = 0; d < Dk; ++d) s += myQ[d] * kr[d];
       for (int d = 0; d < Dv; ++d) dp += mydO[d] * vr[d];
-      const float p = expf(soft_cap(s * scale, cap) - my_lse);
-      const float ds = p * (dp - my_delta) * scale * soft_cap_grad(s * scale, cap);
+      const float p = expf(soft_cap_if<CAP>(s * scale, cap) - my_lse);
+      const float ds = p * (dp - my_delta) * scale * soft_cap_grad_if<CAP>(s * scale, cap);
       for (int d = 0; d < Dk; ++d) mydQ[d] += ds * kr[d];
     }
   }
@@ -282,34 +282,34 @@ void set_smem(K kernel, size_t bytes) {
   }
 }
 
-template <class T>
+template <class T, bool CAP>
 void fwd_simt_t(const AttnArgs& a, cudaStream_t s) {
   const int Dk = int(a.Dk), Dv = int(a.Dv);
   const size_t smem = sizeof(float) * (FK * (Dk + 1) + FK * (Dv + 1) + FQ * Dk);
-  set_smem(attn_fwd_simt<T>, smem);
+  set_smem(attn_fwd_simt<T, CAP>, smem);
   dim3 grid(ceil_div(a.N, FQ), unsigned(a.Hq));
-  attn_fwd_simt<T><<<grid, 128, smem, s>>>(
+  attn_fwd_simt<T, CAP><<<grid, 128, smem, s>>>(
       static_cast<const T*>(a.q), a.ldq, static_cast<const T*>(a.k), a.ldk,
       static_cast<const T*>(a.v), a.ldv, static_cast<T*>(a.o), a.ldo, a.lse, a.cu, a.S, a.N,
       int(a.Hq), int(a.Hkv), Dk, Dv, a.scale, a.window, a.softcap);
 }
 
-template <class T>
+template <class T, bool CAP>
 void bwd_simt_t(const AttnArgs& a, const float* delta, cudaStream_t s) {
   const int Dk = int(a.Dk), Dv = int(a.Dv);
   const size_t smem1 = sizeof(float) * (2 * BK * (Dk + 1) + 2 * BK * (Dv + 1) + QC * (Dk + Dv) + QC * 3);
-  set_smem(attn_bwd_dkdv_simt<T>, smem1);
+  set_smem(attn_bwd_dkdv_simt<T, CAP>, smem1);
   dim3 g1(ceil_div(a.N, BK), unsigned(a.Hkv));
-  attn_bwd_dkdv_simt<T><<<g1, 32, smem1, s>>>(
+  attn_bwd_dkdv_simt<T, CAP><<<g1, 32, smem1, s>>>(
       static_cast<const T*>(a.q), a.ldq, static_cast<const T*>(a.k), a.ldk,
       static_cast<const T*>(a.v), a.ldv, static_cast<const T*>(a.dout), a.lddo, a.lse, delta,
       static_cast<T*>(a.dk), a.lddk, static_cast<T*>(a.dv), a.lddv, a.cu, a.S, a.N, int(a.Hq),
       int(a.Hkv), Dk, Dv, a.scale, a.window, a.softcap);
   check_launch("attention_bwd (dk/dv)");
   const size_t smem2 = sizeof(float) * (2 * BK * (Dk + 1) + BK * (Dv + 1) + BK * (Dk + Dv));
-  set_smem(attn_bwd_dq_simt<T>, smem2);
+  set_smem(attn_bwd_dq_simt<T, CAP>, smem2);
   dim3 g2(ceil_div(a.N, BK), unsigned(a.Hq));
-  attn_bwd_dq_simt<T><<<g2, 32, smem2, s>>>(
+  attn_bwd_dq_simt<T, CAP><<<g2, 32, smem2, s>>>(
       static_cast<const T*>(a.q), a.ldq, static_cast<const T*>(a.k), a.ldk,
       static_cast<const T*>(a.v), a.ldv, static_cast<const T*>(a.dout), a.lddo, a.lse, delta,
       static_cast<T*>(a.dq), a.lddq, a.cu, a.S, a.N, int(a.Hq), int(a.Hkv), Dk, Dv, a.scale,
@@ -329,12 +329,16 @@ void check_dims(const AttnArgs& a) {
 }  // namespace
 
 void attention_fwd_simt(const AttnArgs& a, const DeviceInfo&, cudaStream_t s) {
-  if (a.t == DType::f32) fwd_simt_t<float>(a, s); else fwd_simt_t<bf16>(a, s);
+  const bool cap = a.softcap > 0;  // compiled in only where asked
+  if (a.t == DType::f32) cap ? fwd_simt_t<float, true>(a, s) : fwd_simt_t<float, false>(a, s);
+  else cap ? fwd_simt_t<bf16, true>(a, s) : fwd_simt_t<bf16, false>(a, s);
   check_launch("attention_fwd (simt)");
 }
 
 void attention_bwd_simt(const AttnArgs& a, const DeviceInfo&, float* delta, cudaStream_t s) {
-  if (a.t == DType::f32) bwd_simt_t<float>(a, delta, s); else bwd_simt_t<bf16>(a, delta, s);
+  const bool cap = a.softcap > 0;
+  if (a.t == DType::f32) cap ? bwd_simt_t<float, true>(a, delta, s) : bwd_simt_t<float, false>(a, delta, s);
+  else cap ? bwd_simt_t<bf16, true>(a, delta, s) : bwd_simt_t<bf16, false>(a, delta, s);
   check_launch("attention_bwd (simt)");
 }
 

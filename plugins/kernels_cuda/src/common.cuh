@@ -73,6 +73,19 @@ __device__ __forceinline__ float soft_cap_grad(float x, float c) {
   return 1.f / (ch * ch);
 }
 
+// The same with the cap compiled in only where a launch asks for it (CAP), so the uncapped
+// kernels keep their registers and speed.
+template <bool CAP>
+__device__ __forceinline__ float soft_cap_if(float x, float c) {
+  if constexpr (CAP) return soft_cap(x, c);
+  else return x;
+}
+template <bool CAP>
+__device__ __forceinline__ float soft_cap_grad_if(float x, float c) {
+  if constexpr (CAP) return soft_cap_grad(x, c);
+  else return 1.f;
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 }  // namespace rlh::kcuda

@@ -165,7 +165,9 @@ __device__ __forceinline__ int pa_dim(int lane, int k) {
 // grid (rows, Hkv * groups, partitions); rows row0 .. row0 + gridDim.x of the launch. WIDE:
 // value rows loaded ahead in larger batches (small launches: fewer round trips per tile, at
 // more registers, which large launches pay for in occupancy). The sums are the same either way.
-template <class T, int NV, bool VEC, bool WIDE>
+// CAP: Gemma-2's soft-capping compiled in only where asked (an uncapped launch keeps its
+// registers and its speed).
+template <class T, int NV, bool VEC, bool WIDE, bool CAP>
 __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAttnArgs a, int64_t row0,
                                                                         int64_t groups, int64_t Z) {
   const int64_t r = row0 + blockIdx.x, rc = blockIdx.x;
@@ -254,7 +256,7 @@ __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAtt
     float w[kPaHeads];
 #pragma unroll
     for (int g = 0; g < kPaHeads; ++g) {
-      const float sg = valid ? soft_cap(s[g], a.softcap) : -INFINITY;  // Gemma-2's cap (0: none)
+      const float sg = valid ? soft_cap_if<CAP>(s[g], a.softcap) : -INFINITY;
       m[g] = warp_max(sg);
       w[g] = valid ? __expf(sg - m[g]) : 0.f;
       l[g] = w[g];
@@ -431,38 +433,39 @@ __device__ float block_reduce_max(float v, float* sh) {
   return r;
 }
 
-// A row's z = logits * inv_t (the logits capped first when cap > 0), each id once, in id order per thread: strided over the block
+// A row's z = logits * inv_t (the logits capped first with CAP: the threshold searches' 32
+// passes would otherwise pay tanh on every one), each id once, in id order per thread: strided over the block
 // (coalesced; float4 when the row allows), or over this thread's contiguous chunk [b, e).
-template <class F>
+template <bool CAP, class F>
 __device__ __forceinline__ void strided_each(const float* row, int64_t V, bool vec, float inv_t, float cap, F&& f) {
   const int t = threadIdx.x, T = blockDim.x;
   if (vec) {
 #pragma unroll 4
     for (int64_t q = t; q < V / 4; q += T) {
       const float4 x = *reinterpret_cast<const float4*>(row + 4 * q);
-      f(4 * q, soft_cap(x.x, cap) * inv_t);
-      f(4 * q + 1, soft_cap(x.y, cap) * inv_t);
-      f(4 * q + 2, soft_cap(x.z, cap) * inv_t);
-      f(4 * q + 3, soft_cap(x.w, cap) * inv_t);
+      f(4 * q, soft_cap_if<CAP>(x.x, cap) * inv_t);
+      f(4 * q + 1, soft_cap_if<CAP>(x.y, cap) * inv_t);
+      f(4 * q + 2, soft_cap_if<CAP>(x.z, cap) * inv_t);
+      f(4 * q + 3, soft_cap_if<CAP>(x.w, cap) * inv_t);
     }
   } else {
-    for (int64_t j = t; j < V; j += T) f(j, soft_cap(row[j], cap) * inv_t);
+    for (int64_t j = t; j < V; j += T) f(j, soft_cap_if<CAP>(row[j], cap) * inv_t);
   }
 }
-template <class F>
+template <bool CAP, class F>
 __device__ __forceinline__ void chunk_each(const float* row, int64_t b, int64_t e, bool vec, float inv_t, float cap,
                                            F&& f) {
   if (vec) {  // b and e multiples of 4 (the chunk is; V is)
 #pragma unroll 4
     for (int64_t j = b; j < e; j += 4) {
       const float4 x = *reinterpret_cast<const float4*>(row + j);
-      f(j, soft_cap(x.x, cap) * inv_t);
-      f(j + 1, soft_cap(x.y, cap) * inv_t);
-      f(j + 2, soft_cap(x.z, cap) * inv_t);
-      f(j + 3, soft_cap(x.w, cap) * inv_t);
+      f(j, soft_cap_if<CAP>(x.x, cap) * inv_t);
+      f(j + 1, soft_cap_if<CAP>(x.y, cap) * inv_t);
+      f(j + 2, soft_cap_if<CAP>(x.z, cap) * inv_t);
+      f(j + 3, soft_cap_if<CAP>(x.w, cap) * inv_t);
     }
   } else {
-    for (int64_t j = b; j < e; ++j) f(j, soft_cap(row[j], cap) * inv_t);
+    for (int64_t j = b; j < e; ++j) f(j, soft_cap_if<CAP>(row[j], cap) * inv_t);
   }
 }
 
@@ -483,6 +486,7 @@ __device__ double block_exclusive_scan(double v, double* sh32) {
   return before + x - v;
 }
 
+template <bool CAP>
 __global__ void sample_kernel(SampleArgs a) {
   __shared__ double shd[32];
   __shared__ float shf[32];
@@ -498,7 +502,7 @@ __global__ void sample_kernel(SampleArgs a) {
   float mx = -INFINITY;
   int64_t first = V;
   int bad = 0;
-  strided_each(logits, V, vec, inv_t, cap, [&](int64_t j, float z) {
+  strided_each<CAP>(logits, V, vec, inv_t, cap, [&](int64_t j, float z) {
     bad |= !isfinite(z);
     if (z > mx) {  // ids come in increasing order per thread: the first of equal maxima stays
       mx = z;
@@ -515,7 +519,7 @@ __global__ void sample_kernel(SampleArgs a) {
     }
     return;
   }
-  auto z_of = [&](int64_t j) { return soft_cap(logits[j], cap) * inv_t; };
+  auto z_of = [&](int64_t j) { return soft_cap_if<CAP>(logits[j], cap) * inv_t; };
   float tau = -INFINITY;
   if (!greedy) {
     if (a.min_p > 0) tau = mx + float(log(a.min_p));
@@ -527,7 +531,7 @@ __global__ void sample_kernel(SampleArgs a) {
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
         double n = 0;
-        strided_each(logits, V, vec, inv_t, cap, [&](int64_t, float z) { n += key_of(z < tau ? -INFINITY : z) > mid ? 1.0 : 0.0; });
+        strided_each<CAP>(logits, V, vec, inv_t, cap, [&](int64_t, float z) { n += key_of(z < tau ? -INFINITY : z) > mid ? 1.0 : 0.0; });
         n = block_reduce_sum<double>(n, shd);
         if (n < double(a.top_k)) hi = mid; else lo = mid + 1;
       }
@@ -537,7 +541,7 @@ __global__ void sample_kernel(SampleArgs a) {
     if (a.top_p < 1.0) {
       // over the top-k set: total mass, then the smallest key c with mass(key > c) < p total
       double total = 0;
-      strided_each(logits, V, vec, inv_t, cap, [&](int64_t, float z0) {
+      strided_each<CAP>(logits, V, vec, inv_t, cap, [&](int64_t, float z0) {
         const float z = z0 < tau ? -INFINITY : z0;
         if (key_of(z) >= kcut && z != -INFINITY) total += exp(double(z - mx));
       });
@@ -546,7 +550,7 @@ __global__ void sample_kernel(SampleArgs a) {
       while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
         double mass = 0;
-        strided_each(logits, V, vec, inv_t, cap, [&](int64_t, float z0) {
+        strided_each<CAP>(logits, V, vec, inv_t, cap, [&](int64_t, float z0) {
           const float z = z0 < tau ? -INFINITY : z0;
           const uint32_t k = key_of(z);
           if (k >= kcut && k > mid && z != -INFINITY) mass += exp(double(z - mx));
@@ -563,7 +567,7 @@ __global__ void sample_kernel(SampleArgs a) {
   const int64_t b = t * chunk < V ? t * chunk : V, e = b + chunk < V ? b + chunk : V;
   float fsum = 0.f;
   double csum = 0;
-  chunk_each(logits, b, e, vec, inv_t, cap, [&](int64_t, float z) {
+  chunk_each<CAP>(logits, b, e, vec, inv_t, cap, [&](int64_t, float z) {
     const float w = z >= tau ? __expf(z - mx) : 0.f;
     fsum += w;
     csum += double(w);
@@ -587,7 +591,7 @@ __global__ void sample_kernel(SampleArgs a) {
       // this thread's first id where the running sum passes the target (the whole chunk is
       // walked, without an early exit, so its loads stream); the lowest over threads is drawn
       int64_t hit = -1;
-      chunk_each(logits, b, e, vec, inv_t, cap, [&](int64_t j, float z) {
+      chunk_each<CAP>(logits, b, e, vec, inv_t, cap, [&](int64_t j, float z) {
         const float w = z >= tau ? __expf(z - mx) : 0.f;
         if (w > 0.f) {
           acc += double(w);
@@ -639,7 +643,7 @@ int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a) {
 
 namespace {
 
-template <class T, int NV, bool VEC>
+template <class T, int NV, bool VEC, bool CAP>
 void launch_paged(const PagedAttnArgs& a, int64_t Z, cudaStream_t s) {
   const int64_t groups = (a.Hq / a.Hkv + kPaHeads - 1) / kPaHeads;
   const int64_t rows = Z == 1 ? a.R : pa_rows_per_launch(a, Z);
@@ -649,21 +653,28 @@ void launch_paged(const PagedAttnArgs& a, int64_t Z, cudaStream_t s) {
     const int64_t n = std::min(rows, a.R - r0);
     const dim3 grid(unsigned(n), unsigned(a.Hkv * groups), unsigned(Z));
     if (n * a.Hkv * groups * Z <= kWideBlocks)
-      paged_attention_kernel<T, NV, VEC, true><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+      paged_attention_kernel<T, NV, VEC, true, CAP><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
     else
-      paged_attention_kernel<T, NV, VEC, false><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+      paged_attention_kernel<T, NV, VEC, false, CAP><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
     if (Z > 1) paged_combine_kernel<T><<<dim3(unsigned(n), unsigned(a.Hq)), 128, 0, s>>>(a, r0, Z);
   }
 }
 
-template <int NV>
+template <int NV, bool CAP>
 void launch_paged_nv(const PagedAttnArgs& a, int64_t Z, bool vec, cudaStream_t s) {
   if (a.t == DType::f32)
-    launch_paged<float, NV, false>(a, Z, s);
+    launch_paged<float, NV, false, CAP>(a, Z, s);
   else if (vec)
-    launch_paged<bf16, NV, true>(a, Z, s);
+    launch_paged<bf16, NV, true, CAP>(a, Z, s);
   else
-    launch_paged<bf16, NV, false>(a, Z, s);
+    launch_paged<bf16, NV, false, CAP>(a, Z, s);
+}
+template <int NV>
+void launch_paged_nv(const PagedAttnArgs& a, int64_t Z, bool vec, cudaStream_t s) {
+  if (a.softcap > 0)
+    launch_paged_nv<NV, true>(a, Z, vec, s);
+  else
+    launch_paged_nv<NV, false>(a, Z, vec, s);
 }
 
 }  // namespace
@@ -701,7 +712,10 @@ void sample(const SampleArgs& a, cudaStream_t s) {
   if (!(a.top_p > 0 && a.top_p <= 1)) throw std::invalid_argument("sample: top_p must be in (0, 1]");
   if (!(a.min_p >= 0 && a.min_p <= 1)) throw std::invalid_argument("sample: min_p must be in [0, 1]");
   if (!(a.softcap >= 0) || !std::isfinite(a.softcap)) throw std::invalid_argument("sample: softcap must be a finite number >= 0");
-  sample_kernel<<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
+  if (a.softcap > 0)
+    sample_kernel<true><<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
+  else
+    sample_kernel<false><<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
   check_launch("sample");
 }
 

@@ -32,7 +32,7 @@ __device__ __forceinline__ void push(Stat& st, float z) {
   }
 }
 
-template <bool VEC>
+template <bool VEC, bool CAP>
 __global__ void __launch_bounds__(256)
 tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
                   const int32_t* target, int64_t K, float inv_temp, float cap, float* m, float* sum,
@@ -44,13 +44,13 @@ tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
     const float4* r4 = reinterpret_cast<const float4*>(row);
     for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) {
       const float4 x = r4[j];
-      push(st, soft_cap(x.x, cap) * inv_temp);
-      push(st, soft_cap(x.y, cap) * inv_temp);
-      push(st, soft_cap(x.z, cap) * inv_temp);
-      push(st, soft_cap(x.w, cap) * inv_temp);
+      push(st, soft_cap_if<CAP>(x.x, cap) * inv_temp);
+      push(st, soft_cap_if<CAP>(x.y, cap) * inv_temp);
+      push(st, soft_cap_if<CAP>(x.z, cap) * inv_temp);
+      push(st, soft_cap_if<CAP>(x.w, cap) * inv_temp);
     }
   } else {
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) push(st, soft_cap(row[j], cap) * inv_temp);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) push(st, soft_cap_if<CAP>(row[j], cap) * inv_temp);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -74,7 +74,7 @@ tile_stats_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0,
     const int32_t t = target[r * K + k];
     if (first) zt[r * K + k] = 0.f;
     if (t >= V && err) atomicExch(err, 1);
-    if (t >= v0 && t < v0 + cols) zt[r * K + k] = soft_cap(row[t - v0], cap) * inv_temp;
+    if (t >= v0 && t < v0 + cols) zt[r * K + k] = soft_cap_if<CAP>(row[t - v0], cap) * inv_temp;
   }
 }
 
@@ -94,7 +94,7 @@ __global__ void finish_kernel(const float* m, const float* sum, const float* tz,
 // dz_j = sum_k dlp_k (1[j = t_k] - p_j) - dent p_j (z_j - E[z]); targets < 0 take no part.
 // The tile holds the uncapped logits x (softcap c > 0: z = c tanh(x / c) / temperature, and
 // dx = dz / temperature / cosh^2(x / c)).
-template <class T>
+template <class T, bool CAP>
 __global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols, int64_t ld,
                                  int64_t v0, const int32_t* target, int64_t K, float inv_temp,
                                  float cap, Flex lse, Flex dlogprob, Flex entropy, Flex dentropy,
@@ -110,14 +110,14 @@ __global__ void tile_grad_kernel(const float* logits, int64_t rows, int64_t cols
   T* drow = dlogits + r * ldd;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
        j += int64_t(gridDim.x) * blockDim.x) {
-    const float z = soft_cap(row[j], cap) * inv_temp;
+    const float z = soft_cap_if<CAP>(row[j], cap) * inv_temp;
     const float p = __expf(z - l);
     float dz = -dlp * p;
     if (dlogprob.p)
       for (int64_t k = 0; k < K; ++k)
         if (v0 + j == target[r * K + k]) dz += ld_flex(dlogprob, r * K + k);
     if (dent != 0.f) dz -= dent * p * (z - ez);
-    drow[j] = from_f<T>(dz * inv_temp * soft_cap_grad(row[j], cap));
+    drow[j] = from_f<T>(dz * inv_temp * soft_cap_grad_if<CAP>(row[j], cap));
   }
 }
 
@@ -142,7 +142,7 @@ __device__ __forceinline__ void store4<bf16>(bf16* p, float a, float b, float c,
   *reinterpret_cast<uint2*>(p) = v;
 }
 
-template <class T>
+template <class T, bool CAP>
 __global__ void __launch_bounds__(256)
 tile_grad_vec_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0, const int32_t* target, int64_t K,
                      float inv_temp, float cap, Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, T* dlogits,
@@ -177,16 +177,50 @@ tile_grad_vec_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0, 
     const float in[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float z = soft_cap(in[e], cap) * inv_temp;
+      const float z = soft_cap_if<CAP>(in[e], cap) * inv_temp;
       const float p = __expf(z - l);
       float dz = -dlp * p;
       for (int64_t k = 0; k < K; ++k)
         if (tcol[k] == 4 * q + e) dz += tgrad[k];
       if (dent != 0.f) dz -= dent * p * (z - ez);
-      out[e] = dz * inv_temp * soft_cap_grad(in[e], cap);
+      out[e] = dz * inv_temp * soft_cap_grad_if<CAP>(in[e], cap);
     }
     store4<T>(drow + 4 * q, out[0], out[1], out[2], out[3]);
   }
+}
+
+}  // namespace
+
+namespace {
+
+template <bool CAP>
+void launch_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t ld, int64_t v0,
+                       const int32_t* target, int64_t K, float inv_temp, float cap, float* m, float* sum,
+                       float* tz, float* zt, bool first, int* err, int64_t V, cudaStream_t s) {
+  const bool vec = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  if (vec)
+    tile_stats_kernel<true, CAP><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, m,
+                                                                sum, tz, zt, first, err, V);
+  else
+    tile_stats_kernel<false, CAP><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, m,
+                                                                 sum, tz, zt, first, err, V);
+}
+
+template <class T, bool CAP>
+void launch_tile_grad(const float* logits, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const int32_t* target,
+                      int64_t K, float inv_temp, float cap, Flex lse, Flex dlogprob, Flex entropy, Flex dentropy,
+                      T* dlogits, int64_t ldd, cudaStream_t s) {
+  const size_t out_align = sizeof(T) == 4 ? 16 : 8;
+  if (K <= kMaxK && cols % 4 == 0 && ld % 4 == 0 && ldd % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(dlogits) % out_align == 0) {
+    dim3 grid(unsigned(std::min<int64_t>((cols / 4 + 255) / 256, 32)), unsigned(rows));
+    tile_grad_vec_kernel<T, CAP><<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,
+                                                      entropy, dentropy, dlogits, ldd);
+    return;
+  }
+  dim3 grid(unsigned(std::min<int64_t>((cols + 255) / 256, 64)), unsigned(rows));
+  tile_grad_kernel<T, CAP><<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,
+                                                entropy, dentropy, dlogits, ldd);
 }
 
 }  // namespace
@@ -196,13 +230,10 @@ void logprob_tile_stats(const float* logits, int64_t rows, int64_t cols, int64_t
                         float* sum, float* tz, float* zt, bool first, int* err, int64_t V,
                         cudaStream_t s) {
   if (rows == 0) return;
-  const bool vec = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-  if (vec)
-    tile_stats_kernel<true><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp,
-                                                           cap, m, sum, tz, zt, first, err, V);
+  if (cap > 0)
+    launch_tile_stats<true>(logits, rows, cols, ld, v0, target, K, inv_temp, cap, m, sum, tz, zt, first, err, V, s);
   else
-    tile_stats_kernel<false><<<unsigned(rows), 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp,
-                                                            cap, m, sum, tz, zt, first, err, V);
+    launch_tile_stats<false>(logits, rows, cols, ld, v0, target, K, inv_temp, cap, m, sum, tz, zt, first, err, V, s);
   check_launch("linear_logprob (stats)");
 }
 
@@ -220,28 +251,20 @@ void logprob_tile_grad(DType t, const float* logits, int64_t rows, int64_t cols,
                        Flex lse, Flex dlogprob, Flex entropy, Flex dentropy, void* dlogits, int64_t ldd,
                        cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
-  const size_t out_align = t == DType::f32 ? 16 : 8;
-  if (K <= kMaxK && cols % 4 == 0 && ld % 4 == 0 && ldd % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(dlogits) % out_align == 0) {
-    dim3 grid(unsigned(std::min<int64_t>((cols / 4 + 255) / 256, 32)), unsigned(rows));
-    if (t == DType::f32)
-      tile_grad_vec_kernel<<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,
-                                                entropy, dentropy, static_cast<float*>(dlogits), ldd);
-    else
-      tile_grad_vec_kernel<<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,
-                                                entropy, dentropy, static_cast<bf16*>(dlogits), ldd);
-    check_launch("linear_logprob (grad)");
-    return;
-  }
-  dim3 grid(unsigned(std::min<int64_t>((cols + 255) / 256, 64)), unsigned(rows));
-  if (t == DType::f32)
-    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, cap,
-                                          lse, dlogprob, entropy, dentropy,
-                                          static_cast<float*>(dlogits), ldd);
+  auto* d32 = static_cast<float*>(dlogits);
+  auto* d16 = static_cast<bf16*>(dlogits);
+  if (t == DType::f32 && cap > 0)
+    launch_tile_grad<float, true>(logits, rows, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob, entropy,
+                                  dentropy, d32, ldd, s);
+  else if (t == DType::f32)
+    launch_tile_grad<float, false>(logits, rows, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob, entropy,
+                                   dentropy, d32, ldd, s);
+  else if (cap > 0)
+    launch_tile_grad<bf16, true>(logits, rows, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob, entropy,
+                                 dentropy, d16, ldd, s);
   else
-    tile_grad_kernel<<<grid, 256, 0, s>>>(logits, rows, cols, ld, v0, target, K, inv_temp, cap,
-                                          lse, dlogprob, entropy, dentropy,
-                                          static_cast<bf16*>(dlogits), ldd);
+    launch_tile_grad<bf16, false>(logits, rows, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob, entropy,
+                                  dentropy, d16, ldd, s);
   check_launch("linear_logprob (grad)");
 }
 
