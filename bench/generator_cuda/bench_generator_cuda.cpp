@@ -206,13 +206,21 @@ int main(int argc, char** argv) {
     std::vector<double> secs;
     int64_t tokens = 0;
     gen::Stats st;
+    double in_step = 0, waiting = 0, timed = 0;  // the timed calls' executor and wait seconds, their wall
     for (int rep = 0; rep <= repeats; ++rep) {
       tokens = 0;
       r.step = rep;
+      const gen::CudaExecutorStats before = gen::cuda_executor_stats(g.executor());
       const auto t0 = Clock::now();
       st = g.generate(r, [&](const gen::Sample& x) { tokens += int64_t(x.ids.size()); });
       const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (rep > 0) secs.push_back(sec);  // the first call captures the graphs
+      if (rep > 0) {  // the first call captures the graphs
+        secs.push_back(sec);
+        const gen::CudaExecutorStats after = gen::cuda_executor_stats(g.executor());
+        in_step += after.step_seconds - before.step_seconds;
+        waiting += after.wait_seconds - before.wait_seconds;
+        timed += sec;
+      }
     }
     const double t = median(secs), tok_s = double(tokens) / t;
     // Roofline at the average position of the decoding steps.
@@ -233,6 +241,12 @@ int main(int argc, char** argv) {
                 roof, t_bw >= t_flops ? "bandwidth" : "compute", 100.0 * tok_s / roof,
                 double(xs.kv_bytes) / double(1 << 30), (long long)xs.graph_steps, (long long)xs.eager_steps,
                 xs.graph_error.empty() ? "" : "; graphs off: ", xs.graph_error.c_str());
+    // Where the wall time goes (the timed calls): the generator's host work between steps (the
+    // device idles), the executor's host work within a step (inputs, launches), the wait for the
+    // device at a step's end.
+    if (timed > 0)
+      std::printf("      host between steps %.0f%%, executor launching %.0f%%, waiting for the device %.0f%% of the wall time\n",
+                  100.0 * (timed - in_step) / timed, 100.0 * (in_step - waiting) / timed, 100.0 * waiting / timed);
     std::printf("RESULT name=%s shape=%s prompts=%lld samples=%lld prompt=%lld new=%lld tok_s=%.1f sec=%.4f "
                 "roofline_tok_s=%.0f deterministic=%d graphs=%d\n",
                 c.name, s->name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens,

@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <string>
@@ -432,6 +433,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   void step(const StepRows& rows, KvCache& kv, const StepDraws& d) override {
     const int64_t R = rows.R(), S = rows.S();
     if (R == 0) return;
+    const auto t_step = std::chrono::steady_clock::now();
     ck(cudaSetDevice(opt_.device), "set device");
     if (R > rmax_ || S > smax_)
       throw Error(RLH_E_INTERNAL, "generator (cuda): a step of " + std::to_string(R) + " rows / " + std::to_string(S) +
@@ -481,11 +483,15 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
                          stream_),
          "logprobs");
     }
+    const auto t_wait = std::chrono::steady_clock::now();
     ck(cudaStreamSynchronize(stream_), "a decoding step");
     if (S > 0) {
       std::memcpy(d.tokens.data(), out_.get<int32_t>(), size_t(S) * 4);
       std::memcpy(d.logprobs.data(), out_.get<char>() + out_logprobs_, size_t(S) * 4);
     }
+    const auto t_end = std::chrono::steady_clock::now();
+    stats_.wait_seconds += std::chrono::duration<double>(t_end - t_wait).count();
+    stats_.step_seconds += std::chrono::duration<double>(t_end - t_step).count();
   }
 
   const CudaExecutorStats& stats() const { return stats_; }

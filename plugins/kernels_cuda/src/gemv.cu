@@ -12,7 +12,10 @@ namespace rlh::kcuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kAhead = 4;  // 16-byte chunks of B each lane has in flight
+// 16-byte chunks of B each lane has in flight: 8 (4 KiB a warp) covers a K = 2048 row in one
+// round, so a 2048-wide weight is one dependent load per warp instead of two; each lane still
+// sums its chunks in increasing order, so the results are those of fewer chunks in flight.
+constexpr int kAhead = 8;
 
 __device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b) {
   const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);

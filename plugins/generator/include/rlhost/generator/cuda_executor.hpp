@@ -66,6 +66,10 @@ struct CudaExecutorStats {
   int64_t weight_bytes = 0;      // the bf16 arena
   int64_t weight_uploads = 0;    // weight sets made current on the device
   int64_t device_pieces = 0;     // refit pieces that came in device memory (no host copy)
+  // Host wall time inside step() (inputs, launches, the wait, the results) and, of it, the wait
+  // for the device at the step's end: wall time outside step() is the generator's own host work
+  // (scheduling, draws, stop checks), during which the device idles.
+  double step_seconds = 0, wait_seconds = 0;
   std::string graph_error;       // why graphs were turned off, if they were
 };
 // The stats of an executor made by cuda_executor() (zeros for any other).
