@@ -291,6 +291,10 @@ std::vector<Case> cases() {
       {"deepseek-v3-tiny", 2, 2, true, true},
       {"qwen3-moe-tiny", 1, 4, true, true},        // np 4: CP 4
       {"deepseek-v3-tiny", 1, 4, false, false},
+      {"qwen3-moe-tiny", 2, 1, true, false, true},     // np 2: TP 2 + SP; np 4: TP 2 x DP 2 + SP
+      {"deepseek-v3-tiny", 2, 1, false, true, true},
+      {"qwen3-moe-tiny", 2, 2, false, true, true},     // np 4: TP 2 x CP 2 + SP
+      {"deepseek-v3-tiny", 2, 2, true, false, true},
   };
 }
 

@@ -238,9 +238,11 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         break;
       }
       case sdk::StepOp::moe:
+        if (sp_on) sp_gather(in.p, st.in.width);  // the router and the experts read every row
         forward_moe(l, mb, in.p, out.p, recompute);
         break;
       case sdk::StepOp::mla:
+        if (sp_on) sp_gather(in.p, st.in.width);  // the latent projections read every row
         forward_mla(l, mb, in.p, at(a, lp, st.out2).p, out.p, a.stat[size_t(st.stat)]);
         break;
     }

@@ -200,12 +200,12 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   caps.pipeline_stage = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   sp_on = tp_on && opt.sequence_parallel;
+  sp_whole_rows.assign(desc.params.size(), false);
   if (sp_on)  // the gathers and scatters run on whole values (sequence_parallel.cpp)
     for (const sdk::LayerProgram& lp : prog.layers)
       for (const sdk::LayerStep& st : lp.steps) {
         if (st.op == sdk::StepOp::moe || st.op == sdk::StepOp::mla)
-          throw std::invalid_argument("engine: layer " + std::to_string(lp.index) +
-                                      ": mixture-of-experts and MLA layers are not supported under sequence parallelism");
+          for (const int64_t i : st.weights) sp_whole_rows[size_t(i)] = true;
         const bool in_whole = st.in.col == 0 && lp.values[size_t(st.in.value)].width == st.in.width;
         const bool out_whole = st.out.col == 0 && lp.values[size_t(st.out.value)].width == st.out.width;
         if ((st.tp_reduce_din && (!in_whole || st.accumulate)) || (st.tp_reduce_out && !out_whole))

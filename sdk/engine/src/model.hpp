@@ -370,6 +370,9 @@ struct Engine::Impl {
   // steps run on rows [sp_begin, sp_begin + sp_rows).
   bool sp_on = false;
   int64_t sp_rows = 0, sp_begin = 0;
+  // Per parameter: read by an MoE or MLA step, which runs on every row (its input gathered), so a
+  // replicated one's gradient is whole on every rank, not a partial sum over the rows.
+  std::vector<bool> sp_whole_rows;
   void sp_plan(int64_t N);
   // p [N, width] contiguous: every rank's block into all rows (in place); the rows summed over the
   // group into this rank's block (in place; other rows are left as they were).

@@ -26,6 +26,8 @@
 // Under context parallelism each rank routes its zigzag share of every sequence: the counts are
 // summed over the group (padding rows left out), N and T_s are the whole micro-batch's and
 // sequence's, so each rank's gradients and loss values are its tokens' part of one rank's.
+// Under sequence parallelism the block reads every row (gathered before it) and leaves this
+// rank's rows of its output (reduce-scattered after the combine); its d input likewise.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -214,8 +216,9 @@ void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& re
   // Under PP the field is the whole model's record; this stage's layers read their columns.
   replay_width = pp_on ? opt.pp->route_total : route_width;
   replay_begin = pp_on ? opt.pp->route_begin : 0;
-  // Under context parallelism the field is the whole micro-batch's, read through cpp.token.
-  replay = replay_routing_tensor(cp_on ? *cpp.whole : mb, req.replay_routing_field, replay_width, "engine");
+  // Under context (or sequence) parallelism the field is the whole micro-batch's, read through
+  // cpp.token.
+  replay = replay_routing_tensor(cp_on || sp_on ? *cpp.whole : mb, req.replay_routing_field, replay_width, "engine");
 }
 
 const rlh_tensor* replay_routing_tensor(const MicroBatch& mb, const std::string& field, int64_t route_width,
@@ -267,11 +270,14 @@ void Engine::Impl::moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m,
   // (summed over the group in the forward, kept for the backward), and N, T_s the whole
   // micro-batch's and sequence's tokens. So every rank's gradients are its tokens' share of one
   // rank's, and the values (partial sums over its tokens) add up to one rank's.
-  const int32_t* token = cp_on ? cpp.token.data() : nullptr;
+  // Sequence parallelism pads each sequence likewise (cp_prepare at cp 1), every rank routing
+  // every row alike: the same masks, no sum.
+  const bool split = cp_on || sp_on;
+  const int32_t* token = split ? cpp.token.data() : nullptr;
   auto real = [&](int64_t n) { return token == nullptr || token[n] >= 0; };
-  const double Nmb = cp_on ? double(cpp.whole_n()) : double(N);
+  const double Nmb = split ? double(cpp.whole_n()) : double(N);
   auto seq_tokens = [&](int64_t q) {
-    return cp_on ? cpp.seq_len[size_t(q)] : int64_t(mb.cu_seqlens[size_t(q) + 1] - mb.cu_seqlens[size_t(q)]);
+    return split ? cpp.seq_len[size_t(q)] : int64_t(mb.cu_seqlens[size_t(q) + 1] - mb.cu_seqlens[size_t(q)]);
   };
   // c [E], or [S, E] per sequence: the (token, choice) pairs sent to each expert.
   std::vector<double>& c = moe_counts[size_t(l)];
@@ -363,7 +369,7 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
     ra.replay = true;
     const std::string who = "engine: layer " + std::to_string(l);  // messages name the layer
     for (int64_t n = 0; n < N; ++n) {
-      const int64_t t = cp_on ? cpp.token[size_t(n)] : n;  // the row's token in the field
+      const int64_t t = cp_on || sp_on ? cpp.token[size_t(n)] : n;  // the row's token in the field
       for (int64_t k = 0; k < K; ++k)  // a padding row (t < 0) takes experts 0..K-1: its output is never read
         m.experts[n * K + k] =
             t < 0 ? int32_t(k % E) : replayed_expert(*replay, t * replay_width + replay_begin + s.route_col + k, E, who);
@@ -433,7 +439,13 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   // Tensor parallelism: each rank's experts (and shared expert) hold 1/T of their width, so out
   // is a partial sum, reduced once after the combine (the routing weights are the same on every
   // rank: the router and its input are whole).
-  if (tp_on) tp_reduce(out, N * C);
+  // Sequence parallelism: this rank's rows of the sum (the residual stream's block).
+  if (tp_on) {
+    if (sp_on)
+      sp_scatter(out, C);
+    else
+      tp_reduce(out, N * C);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -491,7 +503,12 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
       if (p.ws_gate) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);
       shared_mlp_bwd(p.ws_gate ? x.dsy : dout);
     }
-    tp_reduce(dxn, N * C);
+    // Sequence parallelism: this rank's rows of d xn (the router's part, whole on every rank, is
+    // added to every row below; the next step reads this rank's rows only).
+    if (sp_on)
+      sp_scatter(dxn, C);
+    else
+      tp_reduce(dxn, N * C);
     tp_reduce(x.dw, NK);
     if (Fs > 0 && p.ws_gate) tp_reduce(x.dsgw, N);
   }

@@ -308,7 +308,9 @@ struct EngineOptions {
   // column-parallel linear (and of the head) is all-gathered over the group, the output of a
   // row-parallel one (and of the embedding) reduce-scattered, instead of all-reduced. A
   // micro-batch is padded to a multiple of T rows (a trailing sequence, or each sequence under
-  // context parallelism). The results are plain tensor parallelism's.
+  // context parallelism). MoE and MLA blocks gather their input and scatter their output (MoE)
+  // and d input; padding rows stay out of the routing counts. The results are plain tensor
+  // parallelism's.
   bool sequence_parallel = false;
   // Context parallelism (not owned; cp_comm->size() > 1): every rank of the group is given the
   // same micro-batches and computes its zigzag share of every sequence's tokens (the sequence
