@@ -13,8 +13,8 @@
 //     per micro-batch without packing or per sequence with it, and the z-loss) and on an MLA one
 //     (deepseek-v3-tiny: MLA attention, a dense first layer, the float64 sigmoid router with
 //     grouped top-k and a selection bias, a shared expert), at CP 2,
-//     CP 2 x DP 2, CP 2 x TP 2 and CP 4, with the auxiliary losses (and, without packing, the
-//     busiest expert's load) as the reference's;
+//     CP 2 x DP 2, CP 2 x TP 2 and CP 4 (and at CP 2 with activation checkpointing), with the
+//     auxiliary losses (and, without packing, the busiest expert's load) as the reference's;
 //   - sequence parallelism (TP 2 + SP at np 2; TP 2 x DP 2 + SP, TP 2 x CP 2 + SP and TP 4 + SP at
 //     np 4) gives the same, so the same as tensor parallelism without it;
 //   - the cp group's and the tp group's bytes per step equal the analytic counts;
@@ -48,10 +48,11 @@ struct Case {
   int64_t tp, cp;
   bool packing;
   bool distributed_optimizer;
-  bool sp = false;  // sequence_parallel
+  bool sp = false;         // sequence_parallel
+  bool recompute = false;  // activation_checkpointing (reference and layout)
   std::string label() const {
     return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (sp ? " sp" : "") +
-           (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
+           (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "") + (recompute ? " recompute" : "");
   }
 };
 
@@ -74,6 +75,7 @@ json base_config(const Case& c, bool one_rank) {
   } else if (c.model == "deepseek-v3-tiny") {
     mc["moe_router_dtype"] = "fp64";
   }
+  if (c.recompute) mc["activation_checkpointing"] = true;
   set_batching(cfg, c.packing);
   return cfg;
 }
@@ -91,7 +93,9 @@ json adam_config(const Case& c, bool one_rank, double lr) {
 // reduce-scattered; the head's outputs (logprob and entropy: one float per row each) are
 // all-gathered once: 4 (cp-1) R [3 L (wk + wv) + 2] bytes. An MoE model adds, per MoE layer and
 // micro-batch, its routing counts (E doubles, or E per sequence with seq_aux_loss) and, once a
-// step, the two auxiliary losses' values (2 doubles), all-reduced.
+// step, the two auxiliary losses' values (2 doubles), all-reduced. Activation checkpointing
+// gathers k and v once more in each recomputed forward (4 L instead of 3 L); the recomputed MoE
+// blocks reuse the forward's counts.
 //
 // Rows: without context parallelism a sequence is one chunk (cp = 1 below); under sequence
 // parallelism every chunk is a multiple of tp rows (NeMo-RL pads each sequence to a multiple of
@@ -117,7 +121,8 @@ int64_t kv_width(const Case& c) {
 }
 // `microbatches`: this rank's in the step.
 int64_t analytic_cp_bytes(const Case& c, const Batch& mine, int64_t microbatches) {
-  int64_t bytes = 4 * (c.cp - 1) * rows_of(c, mine) * (3 * fixture_layers(c) * kv_width(c) + 2);
+  const int64_t passes = c.recompute ? 4 : 3;
+  int64_t bytes = 4 * (c.cp - 1) * rows_of(c, mine) * (passes * fixture_layers(c) * kv_width(c) + 2);
   if (is_moe(c)) {
     const int64_t moe_layers = 2, E = 8;
     const bool per_sequence = has_aux_losses(c) && c.packing;  // seq_aux_loss
@@ -295,6 +300,8 @@ std::vector<Case> cases() {
       {"deepseek-v3-tiny", 2, 1, false, true, true},
       {"qwen3-moe-tiny", 2, 2, false, true, true},     // np 4: TP 2 x CP 2 + SP
       {"deepseek-v3-tiny", 2, 2, true, false, true},
+      {"qwen3-moe-tiny", 1, 2, false, false, false, true},  // activation checkpointing
+      {"deepseek-v3-tiny", 1, 2, true, true, false, true},
   };
 }
 
