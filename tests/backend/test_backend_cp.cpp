@@ -9,19 +9,29 @@
 //     q/k norms) and a Qwen2 with sliding windows on two of its three layers, q/k/v biases and
 //     YaRN RoPE, with a loss that reads logprobs and entropy at temperature 0.7, packing on and
 //     off, DDP and the distributed optimizer;
+//   - the same on an MoE model (qwen3-moe-tiny: softmax top-2 of 8 with the load-balancing loss,
+//     per micro-batch without packing or per sequence with it, and the z-loss) and on an MLA one
+//     (deepseek-v3-tiny: MLA attention, a dense first layer, the float64 sigmoid router with
+//     grouped top-k and a selection bias, a shared expert), at CP 2,
+//     CP 2 x DP 2, CP 2 x TP 2 and CP 4 (and at CP 2 with activation checkpointing), with the
+//     auxiliary losses (and, without packing, the busiest expert's load) as the reference's;
 //   - sequence parallelism (TP 2 + SP at np 2; TP 2 x DP 2 + SP, TP 2 x CP 2 + SP and TP 4 + SP at
 //     np 4) gives the same, so the same as tensor parallelism without it;
 //   - the cp group's and the tp group's bytes per step equal the analytic counts;
 //   - two AdamW steps with clipping follow the reference;
-//   - refusals name the setting: a CP size that does not divide the ranks, CP on one rank, an
-//     MoE model, CP with policy.device = cuda, logits and logprob_at_ids under CP, a cp group
-//     given different batches.
+//   - on the engine under CP: the routing record is the one-rank engine's in the caller's token
+//     order, replaying another routing gives the one-rank engine's outputs under it;
+//   - refusals name the setting: a CP size that does not divide the ranks, CP on one rank, CP with
+//     policy.device = cuda, logits and logprob_at_ids under CP, a cp group given different
+//     batches.
 #include <cstdlib>
 #include <iostream>
 
 #include "backend_harness.hpp"
+#include "engine_under_mpi.hpp"
 #include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
+#include "rlhost/backend_common/context_parallel.hpp"
 
 using namespace rlh;
 using namespace rlh::test;
@@ -38,18 +48,34 @@ struct Case {
   int64_t tp, cp;
   bool packing;
   bool distributed_optimizer;
-  bool sp = false;  // sequence_parallel
+  bool sp = false;         // sequence_parallel
+  bool recompute = false;  // activation_checkpointing (reference and layout)
   std::string label() const {
     return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (sp ? " sp" : "") +
-           (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "");
+           (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "") + (recompute ? " recompute" : "");
   }
 };
 
+bool is_moe(const Case& c) { return c.model == "qwen3-moe-tiny" || c.model == "deepseek-v3-tiny"; }
+
+// The softmax router (qwen3-moe) trains with the load-balancing loss (per micro-batch without
+// packing, per sequence with it) and the z-loss, as the tensor- and expert-parallel tests do; the
+// sigmoid router (deepseek-v3, which the engine's auxiliary losses do not take) in float64.
+bool has_aux_losses(const Case& c) { return c.model == "qwen3-moe-tiny"; }
 json base_config(const Case& c, bool one_rank) {
   json cfg = {{"megatron_cfg",
                {{"tensor_model_parallel_size", one_rank ? 1 : c.tp},
                 {"context_parallel_size", one_rank ? 1 : c.cp},
                 {"sequence_parallel", !one_rank && c.sp}}}};
+  json& mc = cfg["megatron_cfg"];
+  if (has_aux_losses(c)) {
+    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
+    mc["moe_aux_loss_coeff"] = 0.01;
+    mc["moe_z_loss_coeff"] = 0.001;
+  } else if (c.model == "deepseek-v3-tiny") {
+    mc["moe_router_dtype"] = "fp64";
+  }
+  if (c.recompute) mc["activation_checkpointing"] = true;
   set_batching(cfg, c.packing);
   return cfg;
 }
@@ -59,12 +85,17 @@ json adam_config(const Case& c, bool one_rank, double lr) {
 }
 
 // The cp group's traffic of one train step, as a ring moves it ((S-1)/S of each all-gather's
-// output and each reduce-scatter's input), for a rank whose sequences have lengths n_s. Each
-// sequence is padded to a multiple of 2 cp, so a rank holds R = sum_s 2 ceil(n_s / 2cp) rows,
-// however the sequences are cut into micro-batches. Per layer its k and v ([R, kv D] each, kv
-// the rank's kv heads) are all-gathered in the forward and again in the backward, and their
-// gradients reduce-scattered; the head's outputs (logprob and entropy: one float per row each)
-// are all-gathered once: 4 (cp-1) R [3 L 2 kv D + 2] bytes.
+// output and each reduce-scatter's input, 2 (S-1)/S of each all-reduce), for a rank whose
+// sequences have lengths n_s. Each sequence is padded to a multiple of 2 cp, so a rank holds
+// R = sum_s 2 ceil(n_s / 2cp) rows, however the sequences are cut into micro-batches. Per layer
+// its k and v ([R, wk] and [R, wv]: the rank's kv heads times their dims; MLA's per head after
+// kv_b) are all-gathered in the forward and again in the backward, and their gradients
+// reduce-scattered; the head's outputs (logprob and entropy: one float per row each) are
+// all-gathered once: 4 (cp-1) R [3 L (wk + wv) + 2] bytes. An MoE model adds, per MoE layer and
+// micro-batch, its routing counts (E doubles, or E per sequence with seq_aux_loss) and, once a
+// step, the two auxiliary losses' values (2 doubles), all-reduced. Activation checkpointing
+// gathers k and v once more in each recomputed forward (4 L instead of 3 L); the recomputed MoE
+// blocks reuse the forward's counts.
 //
 // Rows: without context parallelism a sequence is one chunk (cp = 1 below); under sequence
 // parallelism every chunk is a multiple of tp rows (NeMo-RL pads each sequence to a multiple of
@@ -78,11 +109,38 @@ int64_t rows_of(const Case& c, const Batch& mine) {
   }
   return R;
 }
-int64_t fixture_layers(const Case& c) { return c.model == "qwen2-swa-yarn-tiny" ? 3 : 2; }
-int64_t fixture_head_dim(const Case& c) { return c.model == "qwen3-tiny" ? 32 : 16; }
-int64_t analytic_cp_bytes(const Case& c, const Batch& mine) {
-  const int64_t L = fixture_layers(c), D = fixture_head_dim(c), kv = std::max<int64_t>(2 / c.tp, 1);
-  return 4 * (c.cp - 1) * rows_of(c, mine) * (3 * L * 2 * kv * D + 2);
+int64_t fixture_layers(const Case& c) {
+  return c.model == "qwen2-swa-yarn-tiny" || c.model == "deepseek-v3-tiny" ? 3 : 2;
+}
+int64_t fixture_head_dim(const Case& c) { return c.model == "qwen3-tiny" || c.model == "qwen3-moe-tiny" ? 32 : 16; }
+// k and v floats per row and layer on a rank: 2 kv heads (whole on each rank at tp 2), or
+// deepseek-v3's 4 MLA heads of k (16 + 8) and v (16) split over tp.
+int64_t kv_width(const Case& c) {
+  if (c.model == "deepseek-v3-tiny") return 4 / c.tp * (24 + 16);
+  return 2 * std::max<int64_t>(2 / c.tp, 1) * fixture_head_dim(c);
+}
+// `microbatches`: this rank's in the step.
+int64_t analytic_cp_bytes(const Case& c, const Batch& mine, int64_t microbatches) {
+  const int64_t passes = c.recompute ? 4 : 3;
+  int64_t bytes = 4 * (c.cp - 1) * rows_of(c, mine) * (passes * fixture_layers(c) * kv_width(c) + 2);
+  if (is_moe(c)) {
+    const int64_t moe_layers = 2, E = 8;
+    const bool per_sequence = has_aux_losses(c) && c.packing;  // seq_aux_loss
+    const int64_t doubles = moe_layers * E * (per_sequence ? mine.num_seqs() : microbatches) + 2;
+    bytes += 2 * doubles * 8 * (c.cp - 1) / c.cp;
+  }
+  return bytes;
+}
+
+// How many micro-batches a rank cuts its share into: one rank's plan of the same share and
+// batching settings (one SGD step on it, alone).
+int64_t microbatches_of(const Case& c, Batch& mine) {
+  Alone alone;
+  Backend be(host(), "megatron", sgd_config(c, true));
+  rlh_model* m = be.load(model_path(c.model), true);
+  return be.train(m, mine, mine.num_tokens(), mine.num_seqs(), lp_ent_loss(), lp_ent_options())
+      .metrics["num_micro_batches"]
+      .get<int64_t>();
 }
 
 // The tp group's traffic of one train step (test_backend_tp.cpp's count, over this rank's R
@@ -92,12 +150,20 @@ int64_t analytic_cp_bytes(const Case& c, const Batch& mine) {
 // the row-parallel outputs scattered, the column-parallel inputs and the head's gathered,
 // and back in the backward): the same bytes; and the norms' gradients ((2 L + 1) C) are
 // shared.
+// MoE and MLA models add test_backend_tp.cpp's terms: per MoE layer the routing weights'
+// gradient (top_k floats a row), and deepseek-v3's shared latent projections and their norms.
 int64_t analytic_tp_bytes(const Case& c, const Batch& mine) {
   const int64_t C = 64, L = fixture_layers(c), T = c.tp, D = fixture_head_dim(c), kv = 2, R = rows_of(c, mine);
   if (T == 1) return 0;
   int64_t floats = (2 + 4 * L) * R * C + 4 * R;
-  if (c.model == "qwen3-tiny") floats += L * 2 * D;
-  if (T > kv) floats += L * 2 * kv * D * C;
+  if (is_moe(c)) floats += 2 * 2 * R;  // 2 MoE layers, top 2
+  if (c.model == "qwen3-tiny" || c.model == "qwen3-moe-tiny") floats += L * 2 * D;
+  if (c.model == "deepseek-v3-tiny") {
+    const int64_t rq = 48, rkv = 32, dr = 8;
+    floats += L * (rq * C + rq + (rkv + dr) * C + rkv);
+  } else if (T > kv) {
+    floats += L * 2 * kv * D * C;
+  }
   if (c.sp) floats += (2 * L + 1) * C;
   return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
 }
@@ -137,7 +203,9 @@ TEST_P(ContextParallel, MatchesOneRank) {
   Backend be(host(), "megatron", sgd_config(c, false));
   rlh_model* m = be.load(model_path(c.model), true);
   const Outcome cp = run_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
-  if (c.cp > 1) EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
+  if (c.cp > 1) {
+    EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
+  }
   ASSERT_EQ(int64_t(cp.logprobs.size()), p.mine->num_tokens());
   double lp_err = 0, ent_err = 0;
   for (size_t t = 0; t < cp.logprobs.size(); ++t) {
@@ -151,10 +219,22 @@ TEST_P(ContextParallel, MatchesOneRank) {
   ASSERT_EQ(cp.grads.size(), ref.grads.size()) << c.label();
   const double gerr = max_rel_diff(cp.grads, ref.grads);
   EXPECT_LE(gerr, 1e-4) << c.label();
-  const int64_t bytes = cp.metrics.value("cp/comm_bytes", int64_t(0)), analytic = analytic_cp_bytes(c, *p.mine);
+  const int64_t bytes = cp.metrics.value("cp/comm_bytes", int64_t(0));
+  const int64_t analytic = analytic_cp_bytes(c, *p.mine, is_moe(c) ? microbatches_of(c, *p.mine) : 0);
   EXPECT_EQ(bytes, analytic) << c.label();
   const int64_t tp_bytes = cp.metrics["tp/comm_bytes"].get<int64_t>(), tp_analytic = analytic_tp_bytes(c, *p.mine);
   EXPECT_EQ(tp_bytes, tp_analytic) << c.label();
+  if (is_moe(c)) {  // every rank's tokens' share, summed over the group: one rank's values
+    std::vector<std::string> keys;
+    if (has_aux_losses(c)) keys = {"moe/aux_loss", "moe/z_loss"};
+    if (!c.packing) keys.push_back("moe/max_expert_load");  // a per-micro-batch maximum: packing cuts them otherwise
+    for (const std::string& k : keys) {
+      ASSERT_TRUE(cp.metrics.contains(k) && ref.metrics.contains(k)) << k;
+      const double a = cp.metrics[k].get<double>(), b = ref.metrics[k].get<double>();
+      EXPECT_GT(b, 0) << k;
+      EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << c.label() << " " << k;
+    }
+  }
   if (world().rank() == 0)
     std::cout << "[np " << world().size() << "] " << c.label() << ": loss " << cp.loss << " vs " << ref.loss
               << ", grad norm " << cp.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
@@ -208,6 +288,20 @@ std::vector<Case> cases() {
       {"llama-tiny", 2, 2, true, false, true},     // np 4: TP 2 x CP 2 + SP
       {"qwen3-tiny", 2, 2, false, true, true},
       {"llama-tiny", 4, 1, false, true, true},     // np 4: TP 4 + SP (kv heads replicated)
+      {"qwen3-moe-tiny", 1, 2, true, false},       // MoE: np 2: CP 2; np 4: CP 2 x DP 2
+      {"qwen3-moe-tiny", 1, 2, false, true},
+      {"deepseek-v3-tiny", 1, 2, true, true},      // MLA, float64 router, shared expert
+      {"deepseek-v3-tiny", 1, 2, false, false},
+      {"qwen3-moe-tiny", 2, 2, false, false},      // np 4: CP 2 x TP 2
+      {"deepseek-v3-tiny", 2, 2, true, true},
+      {"qwen3-moe-tiny", 1, 4, true, true},        // np 4: CP 4
+      {"deepseek-v3-tiny", 1, 4, false, false},
+      {"qwen3-moe-tiny", 2, 1, true, false, true},     // np 2: TP 2 + SP; np 4: TP 2 x DP 2 + SP
+      {"deepseek-v3-tiny", 2, 1, false, true, true},
+      {"qwen3-moe-tiny", 2, 2, false, true, true},     // np 4: TP 2 x CP 2 + SP
+      {"deepseek-v3-tiny", 2, 2, true, false, true},
+      {"qwen3-moe-tiny", 1, 2, false, false, false, true},  // activation checkpointing
+      {"deepseek-v3-tiny", 1, 2, true, true, false, true},
   };
 }
 
@@ -222,8 +316,6 @@ TEST(ContextParallelErrors, RefusedByName) {
     rlh_model* m = nullptr;
     expect_error(be.try_load(model_path(model), true, &m), code, part);
   };
-  load_error(cp2, "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
-             "engine under context parallelism: layer 0: mixture-of-experts layers are not supported");
   load_error({{"megatron_cfg", {{"context_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
              "context_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {
@@ -271,12 +363,96 @@ TEST(ContextParallelErrors, RefusedByName) {
     g->add("ids", ids, rlh_dtype{RLH_DTYPE_INT, 32, 1}, K);
     expect_error(be.try_forward(m, *g, {spec(RLH_OUTPUT_LOGPROB_AT_IDS, "at", 1.0, 0, 1.0, "ids")}, out, 0, {K}),
                  RLH_E_INVALID_ARGUMENT,
-                 "logprob_at_ids and routing records are not outputs under context or sequence parallelism");
+                 "logits and logprob_at_ids are not outputs under context or sequence parallelism");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine under context parallelism: routing records are per token, so each rank records its
+// zigzag rows and forward gathers them into the caller's token order; a replay field is the
+// whole micro-batch's, each rank reading its rows' tokens.
+
+TEST(ContextParallelEngine, RoutingRecordAndReplay) {
+  const int N = world().size();
+  for (const int64_t cp : {int64_t(2), int64_t(4)}) {
+    if (N % cp != 0) continue;
+    const EngineModel& md = engine_model("qwen3-moe-tiny");
+    auto g = global_batch();
+    std::vector<int32_t> gcu;
+    const engine::MicroBatch gmb = engine_view(*g, gcu);
+    engine::EngineOptions ro;
+    ro.ops = &host_ops();
+    engine::Engine ref(md.desc, ro);
+    ref.load_parameters(md.weights);
+    engine::OutputRequest req;
+    req.routed_experts = true;
+    const engine::Outputs full = ref.forward(gmb, req);
+    const int64_t W = full.routing_width, T = g->num_tokens(), E = 8;
+
+    sdk::ParallelSizes sizes;
+    sizes.cp = cp;
+    const sdk::ParallelComms pc =
+        sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes, {sdk::GroupKind::cp});
+    backend::CommCpGroup comm(pc.of(sdk::GroupKind::cp));
+    engine::EngineOptions o;
+    o.ops = &host_ops();
+    o.cp_comm = &comm;
+    engine::Engine e(md.desc, o);
+    e.load_parameters(md.weights);
+    auto lp_err = [&](const engine::Outputs& a, const engine::Outputs& b) {
+      double err = 0;
+      EXPECT_EQ(a.logprob.size(), b.logprob.size());
+      for (size_t t = 0; t < a.logprob.size() && t < b.logprob.size(); ++t)
+        err = std::max(err, std::fabs(double(a.logprob[t]) - double(b.logprob[t])));
+      return err;
+    };
+    const engine::Outputs got = e.forward(gmb, req);
+    EXPECT_EQ(got.routing_width, W);
+    EXPECT_EQ(got.routed_experts, full.routed_experts) << "cp " << cp << ": the routing record is the reference's";
+    const double err = lp_err(got, full);
+    EXPECT_LE(err, 2e-5) << "cp " << cp;
+
+    // Another routing (each choice moved to the next expert) replayed: the reference's outputs
+    // under it, and the record of a train step is that routing.
+    RoutingField other;
+    other.data = full.routed_experts;
+    for (int32_t& x : other.data) x = int32_t((x + 1) % E);
+    engine::MicroBatch omb = gmb;
+    omb.fields.push_back(other.field(T, W));
+    engine::OutputRequest rreq = req;
+    rreq.replay_routing_field = "routed";
+    const engine::Outputs ref_other = ref.forward(omb, rreq);
+    const engine::Outputs got_other = e.forward(omb, rreq);
+    const double other_err = lp_err(got_other, ref_other);
+    EXPECT_LE(other_err, 2e-5) << "cp " << cp << ": replaying another routing";
+    EXPECT_GT(lp_err(ref_other, full), 1e-4) << "the other routing changes the outputs";
+    EXPECT_EQ(got_other.routed_experts, other.data) << "cp " << cp;
+    engine::StepOptions so;
+    so.global_tokens = T;
+    so.global_sequences = g->num_seqs();
+    so.outputs = rreq;
+    so.apply_optimizer = false;
+    const engine::LossFn loss = [&](const engine::LossContext& ctx, const engine::OutputViews& ov,
+                                    engine::OutputGrads& og) {
+      engine::LossResult lr;
+      for (size_t t = 0; t < ov.logprob.size(); ++t) {
+        lr.loss -= ov.logprob[t] / double(ctx.global_tokens);
+        og.logprob[t] = float(-1.0 / double(ctx.global_tokens));
+      }
+      return lr;
+    };
+    const engine::StepResult r = e.train_step(std::span<const engine::MicroBatch>(&omb, 1), so, loss);
+    ASSERT_EQ(r.routed_experts.size(), size_t(1));
+    EXPECT_EQ(r.routed_experts[0], other.data) << "cp " << cp << ": a train step's record";
+    if (world().rank() == 0)
+      std::cout << "[np " << N << "] engine cp " << cp << ": routing record equal, logprobs within " << err
+                << ", replay of another routing within " << other_err << "\n";
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  release_kernels_before_the_host();  // the engine test's
   return run_mpi_tests(argc, argv, {"model_llama", "kernels_cpu", "megatron", "dtensor", "comm_mpi"});
 }

@@ -16,9 +16,9 @@
 //   - a state saved under TP is the one-rank HF layout (full tensors), loads on one rank into the
 //     same weights, continues there within fp32 tolerance, and a state saved on one rank loads
 //     back under TP bitwise;
-//   - refusals name the setting: expert_tensor_parallel_size other than tp, MoE with sequence
-//     parallelism, a TP size that does not divide the ranks, TP on one rank, top-k processed logprobs, a tp group given different
-//     batches.
+//   - refusals name the setting: expert_tensor_parallel_size other than tp, a TP size that does
+//     not divide the ranks, TP on one rank, top-k processed logprobs, a tp group given different
+//     batches (MoE and MLA under sequence parallelism: test_backend_cp.cpp).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -392,8 +392,6 @@ TEST(TensorParallelErrors, RefusedByName) {
                  "expert_tensor_parallel_size = 4 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
                  "tensor parallelism other than the tensor-parallel size is not implemented");
   }
-  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}}}}, "qwen3-moe-tiny",
-             RLH_E_UNIMPLEMENTED, "mixture-of-experts and MLA layers are not supported under sequence parallelism");
   load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
              "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {

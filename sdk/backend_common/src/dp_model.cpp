@@ -181,14 +181,15 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     call();
     out.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  // The counts over the data-parallel ranks only: a cp group's ranks hold the same batch.
   const engine::MoeNormCounts local = engine::moe_norm_counts(views, so);
   double counts[2] = {local.tokens, local.sequences};
-  timed([&] { g.dp.all_reduce(std::span<double>(counts, 2), RLH_REDUCE_SUM); });
+  timed([&] { g.sums().all_reduce(std::span<double>(counts, 2), RLH_REDUCE_SUM); });
   so.moe_global_tokens = int64_t(counts[0]);
   so.moe_global_sequences = int64_t(counts[1]);
   int64_t most[1] = {int64_t(views.size())};
   timed([&] { g.dp.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX); });
-  out.comm_bytes += ring_bytes(2 * 8 + 8, S, true);
+  out.comm_bytes += ring_bytes(2 * 8, g.sums().size(), true) + ring_bytes(8, S, true);
 
   float* grads = nullptr;
   if (m.device) {

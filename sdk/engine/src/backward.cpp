@@ -118,12 +118,18 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
         break;
       }
       case sdk::StepOp::moe:
+        if (sp_on) sp_gather(grad(st.out).p, st.out.width);  // d out of every row (its own rows on each rank)
         backward_moe(l, mb, val(st.in).p, grad(st.out).p, grad(st.in).p, st.accumulate);
         break;
       case sdk::StepOp::mla:
         backward_mla(l, mb, val(st.in).p, val(st.out2).p, val(st.out).p, a.stat[size_t(st.stat)],
                      grad(st.out).p, grad(st.in).p, st.accumulate);
-        if (st.tp_reduce_din) tp_reduce(grad(st.in).p, N * st.in.width);  // this rank's heads' part
+        if (st.tp_reduce_din) {  // this rank's heads' part
+          if (sp_on)
+            sp_scatter(grad(st.in).p, st.in.width);
+          else
+            tp_reduce(grad(st.in).p, N * st.in.width);
+        }
         break;
     }
   }

@@ -50,7 +50,11 @@ const MicroBatch& Engine::Impl::cp_prepare(const MicroBatch& mb) {
   p.key_begin.assign(size_t(S) + 1, 0);
   for (int64_t s = 0; s < S; ++s) p.key_begin[size_t(s) + 1] = p.key_begin[size_t(s)] + two * chunk[size_t(s)];
   p.key_row.assign(size_t(p.key_begin[size_t(S)]), 0);
+  p.token.assign(size_t(p.nloc), -1);
+  p.seq_len.assign(size_t(S), 0);
+  p.whole = &mb;
   for (int64_t s = 0; s < S; ++s) {
+    p.seq_len[size_t(s)] = mb.cu_seqlens[size_t(s) + 1] - mb.cu_seqlens[size_t(s)];
     p.cu[size_t(s) + 1] = int32_t(off[size_t(s) + 1]);
     const int64_t b = mb.cu_seqlens[size_t(s)], n = mb.cu_seqlens[size_t(s) + 1] - b, c = chunk[size_t(s)];
     // Global position g of the padded sequence: chunk j = g / c lives on rank j (j < cp) or
@@ -63,6 +67,7 @@ const MicroBatch& Engine::Impl::cp_prepare(const MicroBatch& mb) {
       if (r != cp_rank) continue;
       p.pos[size_t(row)] = int32_t(g);
       p.seq[size_t(row)] = int32_t(s);
+      if (g < n) p.token[size_t(row)] = int32_t(b + g);
       if (g < n) p.ids[size_t(row)] = mb.input_ids[size_t(b + g)];
       if (g + 1 < n) p.target[size_t(row)] = mb.input_ids[size_t(b + g + 1)];
     }
@@ -108,6 +113,15 @@ const float* Engine::Impl::cp_whole_rows(const float* rows, int64_t N, std::vect
   store.resize(size_t(N));
   cp_gather_rows(rows, 1, 1, store.data(), N);
   return store.data();
+}
+
+std::vector<int32_t> Engine::Impl::whole_route_record(int64_t N) {
+  if (!cp_on && !sp_on) return std::move(route_record);
+  // Expert indices are small integers, exact in float: gathered through the rows' path.
+  const int64_t W = route_width;
+  std::vector<float> mine(route_record.begin(), route_record.end()), full(size_t(N * W));
+  cp_gather_rows(mine.data(), W, W, full.data(), N);
+  return std::vector<int32_t>(full.begin(), full.end());
 }
 
 void Engine::Impl::cp_gather_kv(const float* k, int64_t ldk, int64_t wk, const float* v, int64_t ldv, int64_t wv,

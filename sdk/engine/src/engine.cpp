@@ -213,7 +213,7 @@ Outputs Engine::forward(const MicroBatch& whole, const OutputRequest& req) {
   }
   if (req.routed_experts) {
     out.routing_width = m.route_width;
-    out.routed_experts = std::move(m.route_record);
+    out.routed_experts = m.whole_route_record(N);
   }
   if (req.logits) {  // [N, V]: for tests on small vocabularies
     out.logits.resize(size_t(N * m.V));
@@ -278,7 +278,7 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     const MicroBatch& whole = mbs[i];
     const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
     m.forward(mb, req, !m.opt.recompute);
-    if (req.routed_experts) r.routed_experts.push_back(m.route_record);
+    if (req.routed_experts) r.routed_experts.push_back(m.whole_route_record(whole.num_tokens()));
     const LossResult lr = m.call_loss(whole, int64_t(i), int64_t(mbs.size()), so, loss_fn);
     r.loss += lr.loss;
     accumulate_metrics(r.metrics, lr.metrics);
@@ -286,6 +286,14 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
     r.tokens += whole.num_tokens();  // the micro-batch's tokens, not this rank's cp/sp rows
   }
 
+  // Context parallelism: each rank's auxiliary losses are its tokens' part; every rank of the
+  // group reports the sum, as it reports the group's loss (the backend sums over dp only).
+  if (m.cp_on && m.route_width > 0) {
+    double v[2] = {m.moe_aux, m.moe_z};
+    m.opt.cp_comm->all_reduce_sum(v, 2);
+    m.moe_aux = v[0];
+    m.moe_z = v[1];
+  }
   if (m.route_width > 0)
     for (auto& kv : moe_step_metrics(m.opt.moe, m.moe_aux, m.moe_z, m.moe_max_load)) r.metrics.push_back(std::move(kv));
 

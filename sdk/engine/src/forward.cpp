@@ -238,9 +238,11 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         break;
       }
       case sdk::StepOp::moe:
+        if (sp_on) sp_gather(in.p, st.in.width);  // the router and the experts read every row
         forward_moe(l, mb, in.p, out.p, recompute);
         break;
       case sdk::StepOp::mla:
+        if (sp_on) sp_gather(in.p, st.in.width);  // the latent projections read every row
         forward_mla(l, mb, in.p, at(a, lp, st.out2).p, out.p, a.stat[size_t(st.stat)]);
         break;
     }
@@ -259,9 +261,8 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
   if (tp_on && req.processed_logprob && (req.top_k > 0 || req.top_p < 1))
     throw std::invalid_argument("engine: processed logprobs with top_k/top_p are not supported under tensor parallelism");
   if (tp_on && req.logits) throw std::invalid_argument("engine: logits are not an output under tensor parallelism");
-  if ((cp_on || sp_on) && (req.logits || req.logprob_at_ids || req.routed_experts || !req.replay_routing_field.empty()))
-    throw std::invalid_argument(
-        "engine: logits, logprob_at_ids and routing records are not outputs under context or sequence parallelism");
+  if ((cp_on || sp_on) && (req.logits || req.logprob_at_ids))
+    throw std::invalid_argument("engine: logits and logprob_at_ids are not outputs under context or sequence parallelism");
   plan_acts(N, save_all, 1 + ids_per_token(mb, req));
   prepare_batch(mb, req);
   // Global positions and targets (mb is this rank's share, or padded, by cp_prepare).

@@ -18,6 +18,9 @@
 // HF de-interleaves first and rotates halves, which permutes the rotated dims of q and k alike and
 // so gives the same q.k. The latent norms use eps 1e-6: HF builds them as DeepseekV3RMSNorm(dim)
 // with its default eps, not the config's rms_norm_eps (the description carries no eps for them).
+//
+// Context parallelism: everything but the attention is per token; the attention's k and v
+// (after kv_b, so per head) go through the same all-gather and reduce-scatter as a dense layer's.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -28,7 +31,21 @@ namespace rlh::engine {
 
 namespace {
 constexpr float kLatentEps = 1e-6f;
+
+// The attention of an MLA layer as an attention step (H heads of q|k dims D and value dim dv,
+// k and v per head), for context parallelism's attention over the group (cp_attention.cpp).
+sdk::LayerStep attention_step(const LayerShape& s) {
+  sdk::LayerStep st;
+  st.op = sdk::StepOp::attention;
+  st.hq = st.hkv = s.H;
+  st.dk = s.D;
+  st.dv = s.dv;
+  st.scale = s.scale;
+  st.window = s.window;
+  st.softcap = s.softcap;
+  return st;
 }
+}  // namespace
 
 void Engine::Impl::describe_mla_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& step, LayerShape& s) {
   const std::string at = "engine: layer " + std::to_string(ld.index) + ": ";
@@ -136,8 +153,11 @@ void Engine::Impl::forward_mla(int64_t l, const MicroBatch& mb, const float* xn,
       for (int64_t n = 0; n < N; ++n)
         for (int64_t i = 0; i < dr; ++i) k[n * W + h * D + dn + i] = m.kva[n * (rkv + dr) + rkv + i];
   }
-  ops->attention_fwd(att, H * dv, lse, q, W, k, W, v, W, mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale,
-                     s.window, s.softcap);                                             // att [N,H*dv]
+  if (cp_on)  // this rank's queries over the group's keys and values
+    cp_attention_fwd(attention_step(s), att, H * dv, lse, q, W, k, W, v, W);
+  else
+    ops->attention_fwd(att, H * dv, lse, q, W, k, W, v, W, mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale,
+                       s.window, s.softcap);                                           // att [N,H*dv]
 }
 
 // datt = d loss / d att in; dxn = d loss / d xn out (added to it with accumulate).
@@ -158,8 +178,11 @@ void Engine::Impl::backward_mla(int64_t l, const MicroBatch& mb, const float* xn
   float* dk = x.dqkv + H * D;
   float* dvv = x.dqkv + 2 * H * D;
 
-  ops->attention_bwd(dq, W, dk, W, dvv, W, datt, H * dv, q, W, k, W, v, W, att, H * dv, lse,
-                     mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale, s.window, s.softcap);  // dq, dk, dv
+  if (cp_on)  // d k and d v of every rank's queries, reduce-scattered onto this rank's rows
+    cp_attention_bwd(attention_step(s), dq, W, dk, W, dvv, W, datt, H * dv, q, W, k, W, v, W, att, H * dv, lse);
+  else
+    ops->attention_bwd(dq, W, dk, W, dvv, W, datt, H * dv, q, W, k, W, v, W, att, H * dv, lse,
+                       mb.cu_seqlens.data(), S, N, H, H, D, dv, s.scale, s.window, s.softcap);  // dq, dk, dv
 
   // Rotated parts: q's in place; k's summed over the heads that share it.
   for (int64_t h = 0; h < H; ++h) {

@@ -179,13 +179,15 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     cp = opt.cp_comm->size();
     cp_rank = opt.cp_comm->rank();
     if (store != nullptr) throw std::invalid_argument("engine: context parallelism with a UnitStore (FSDP) is not supported");
+    if (ep_on) throw std::invalid_argument("engine: expert parallelism with context parallelism is not supported");
   }
   sdk::ExecutorCaps caps;
   caps.name = cp_on ? "engine under context parallelism" : "engine";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
-  // Context parallelism runs dense attention layers only (cp_attention.cpp); a per-sequence RoPE
-  // table depends on the whole sequence's length, which the split hides.
-  caps.moe = caps.mla = !cp_on;
+  // Under context parallelism MoE layers route each rank's tokens (their counts summed over the
+  // group, moe.cpp) and MLA attends through cp_attention.cpp; a per-sequence RoPE table depends
+  // on the whole sequence's length, which the split hides.
+  caps.moe = caps.mla = true;
   // Soft-capping (Gemma-2) runs in the registry's attention and head ops; the attention under
   // context parallelism is the engine's own loops, and tp_unsupported refuses it under TP.
   caps.attention_softcap = !cp_on;
@@ -198,12 +200,12 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   caps.pipeline_stage = true;
   if (const std::string why = sdk::unsupported(prog, caps); !why.empty()) throw std::invalid_argument(why);
   sp_on = tp_on && opt.sequence_parallel;
+  sp_whole_rows.assign(desc.params.size(), false);
   if (sp_on)  // the gathers and scatters run on whole values (sequence_parallel.cpp)
     for (const sdk::LayerProgram& lp : prog.layers)
       for (const sdk::LayerStep& st : lp.steps) {
         if (st.op == sdk::StepOp::moe || st.op == sdk::StepOp::mla)
-          throw std::invalid_argument("engine: layer " + std::to_string(lp.index) +
-                                      ": mixture-of-experts and MLA layers are not supported under sequence parallelism");
+          for (const int64_t i : st.weights) sp_whole_rows[size_t(i)] = true;
         const bool in_whole = st.in.col == 0 && lp.values[size_t(st.in.value)].width == st.in.width;
         const bool out_whole = st.out.col == 0 && lp.values[size_t(st.out.value)].width == st.out.width;
         if ((st.tp_reduce_din && (!in_whole || st.accumulate)) || (st.tp_reduce_out && !out_whole))
@@ -216,6 +218,7 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   L = int64_t(prog.layers.size());
   run_whole();
   ep_acts.assign(ep_on ? size_t(std::max<int64_t>(L, 1)) : 0, EpActs{});
+  moe_counts.assign(size_t(std::max<int64_t>(L, 1)), {});
 
   // MoE and MLA layers: their composite steps' readings.
   shapes.assign(size_t(L), LayerShape{});

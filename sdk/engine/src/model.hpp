@@ -191,7 +191,11 @@ struct CpPlan {
   std::vector<int32_t> src;       // [cp nloc] gathered row -> token of the whole micro-batch (-1: padding)
   std::vector<int32_t> key_row;   // per sequence, its padded positions -> gathered row
   std::vector<int64_t> key_begin; // [S+1] into key_row
+  std::vector<int32_t> token;     // [nloc] this rank's row -> token of the whole micro-batch (-1: padding)
+  std::vector<int64_t> seq_len;   // [S] each sequence's tokens (unpadded)
+  const MicroBatch* whole = nullptr;  // the caller's micro-batch (its routing replay field)
   MicroBatch mb;                  // views of ids and cu
+  int64_t whole_n() const { return whole != nullptr ? whole->num_tokens() : 0; }
 };
 
 struct Engine::Impl {
@@ -284,6 +288,9 @@ struct Engine::Impl {
   bool moe_train = false;             // inside train_step: add the auxiliary losses
   double moe_tokens = 0, moe_seqs = 0;  // their normalisers
   double moe_aux = 0, moe_z = 0, moe_max_load = 0;  // this step's values
+  // Under context parallelism: per MoE layer, the current micro-batch's routing counts ([E], or
+  // [S, E] for seq_aux_loss) summed over the group in the forward, read again by the backward.
+  std::vector<std::vector<double>> moe_counts;
   Buffer<float> moe_f;
   Buffer<double> moe_d;
   Buffer<int32_t> moe_i;
@@ -363,6 +370,9 @@ struct Engine::Impl {
   // steps run on rows [sp_begin, sp_begin + sp_rows).
   bool sp_on = false;
   int64_t sp_rows = 0, sp_begin = 0;
+  // Per parameter: read by an MoE or MLA step, which runs on every row (its input gathered), so a
+  // replicated one's gradient is whole on every rank, not a partial sum over the rows.
+  std::vector<bool> sp_whole_rows;
   void sp_plan(int64_t N);
   // p [N, width] contiguous: every rank's block into all rows (in place); the rows summed over the
   // group into this rank's block (in place; other rows are left as they were).
@@ -387,6 +397,8 @@ struct Engine::Impl {
   // One kernel-aligned head output of one target per row as rows of the whole micro-batch: `rows`
   // itself, or under context parallelism every rank's rows gathered into `store`.
   const float* cp_whole_rows(const float* rows, int64_t N, std::vector<float>& store);
+  // The routing record of this forward ([rows, route_width]) in the whole micro-batch's token order.
+  std::vector<int32_t> whole_route_record(int64_t N);
   void cp_attention_fwd(const sdk::LayerStep& st, float* o, int64_t ldo, float* lse, const float* q, int64_t ldq,
                         const float* k, int64_t ldk, const float* v, int64_t ldv);
   void cp_attention_bwd(const sdk::LayerStep& st, float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,

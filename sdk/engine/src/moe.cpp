@@ -23,6 +23,11 @@
 //                 averaged over the S sequences: coef E / (K T_s^2 S) sum_e c_se sum_{n in s} p_ne
 //   z-loss        Megatron z_loss_func (ST-MoE):  coef / T sum_n logsumexp(z_n)^2
 // The counts are constants (the top-k has no gradient), so d/dp_ne = the factor times c_e.
+// Under context parallelism each rank routes its zigzag share of every sequence: the counts are
+// summed over the group (padding rows left out), N and T_s are the whole micro-batch's and
+// sequence's, so each rank's gradients and loss values are its tokens' part of one rank's.
+// Under sequence parallelism the block reads every row (gathered before it) and leaves this
+// rank's rows of its output (reduce-scattered after the combine); its d input likewise.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -211,7 +216,9 @@ void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& re
   // Under PP the field is the whole model's record; this stage's layers read their columns.
   replay_width = pp_on ? opt.pp->route_total : route_width;
   replay_begin = pp_on ? opt.pp->route_begin : 0;
-  replay = replay_routing_tensor(mb, req.replay_routing_field, replay_width, "engine");
+  // Under context (or sequence) parallelism the field is the whole micro-batch's, read through
+  // cpp.token.
+  replay = replay_routing_tensor(cp_on || sp_on ? *cpp.whole : mb, req.replay_routing_field, replay_width, "engine");
 }
 
 const rlh_tensor* replay_routing_tensor(const MicroBatch& mb, const std::string& field, int64_t route_width,
@@ -254,63 +261,94 @@ template <class T>
 void Engine::Impl::moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m, const T* probs,
                               const T* lse, T* dprobs, T* dlse, bool grads) {
   const LayerShape& s = shapes[size_t(l)];
-  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx;
+  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, S = mb.num_sequences();
   const MoeOptions& o = opt.moe;
   const double Tg = moe_tokens, Sg = moe_seqs;
+  const bool per_seq = o.load_balancing == MoeOptions::LoadBalancing::seq_aux_loss;
+  // Context parallelism: mb is this rank's zigzag share of the micro-batch. Its padding rows are
+  // routed but neither counted nor given a gradient; the counts are the whole micro-batch's
+  // (summed over the group in the forward, kept for the backward), and N, T_s the whole
+  // micro-batch's and sequence's tokens. So every rank's gradients are its tokens' share of one
+  // rank's, and the values (partial sums over its tokens) add up to one rank's.
+  // Sequence parallelism pads each sequence likewise (cp_prepare at cp 1), every rank routing
+  // every row alike: the same masks, no sum.
+  const bool split = cp_on || sp_on;
+  const int32_t* token = split ? cpp.token.data() : nullptr;
+  auto real = [&](int64_t n) { return token == nullptr || token[n] >= 0; };
+  const double Nmb = split ? double(cpp.whole_n()) : double(N);
+  auto seq_tokens = [&](int64_t q) {
+    return split ? cpp.seq_len[size_t(q)] : int64_t(mb.cu_seqlens[size_t(q) + 1] - mb.cu_seqlens[size_t(q)]);
+  };
+  // c [E], or [S, E] per sequence: the (token, choice) pairs sent to each expert.
+  std::vector<double>& c = moe_counts[size_t(l)];
+  if (!cp_on || !grads) {
+    c.assign(size_t(per_seq ? S * E : E), 0.0);
+    for (int64_t q = 0; q < S; ++q)
+      for (int64_t n = mb.cu_seqlens[size_t(q)]; n < mb.cu_seqlens[size_t(q) + 1]; ++n)
+        if (real(n))
+          for (int64_t k = 0; k < K; ++k) c[size_t((per_seq ? q * E : 0) + m.experts[n * K + k])] += 1;
+    if (cp_on) opt.cp_comm->all_reduce_sum(c.data(), int64_t(c.size()));
+  }
   if (dprobs) std::fill(dprobs, dprobs + N * E, T(0));
   if (o.aux_loss_coef != 0 && o.load_balancing == MoeOptions::LoadBalancing::aux_loss &&
       (!grads || dprobs)) {
-    const double f = o.aux_loss_coef * double(E) / (double(K) * double(N) * Tg);
+    const double f = o.aux_loss_coef * double(E) / (double(K) * Nmb * Tg);
     double loss = 0;
     for (int64_t e = 0; e < E; ++e) {
-      const double c = double(m.offsets[e + 1] - m.offsets[e]);
+      const double ce = c[size_t(e)];
       if (grads) {
-        for (int64_t n = 0; n < N; ++n) dprobs[n * E + e] = T(f * c);
+        for (int64_t n = 0; n < N; ++n)
+          if (real(n)) dprobs[n * E + e] = T(f * ce);
       } else {
         double P = 0;
-        for (int64_t n = 0; n < N; ++n) P += double(probs[n * E + e]);
-        loss += f * c * P;
+        for (int64_t n = 0; n < N; ++n)
+          if (real(n)) P += double(probs[n * E + e]);
+        loss += f * ce * P;
       }
     }
     if (!grads) moe_aux += loss;
   }
-  if (o.aux_loss_coef != 0 && o.load_balancing == MoeOptions::LoadBalancing::seq_aux_loss &&
-      (!grads || dprobs)) {
-    std::vector<double> c(static_cast<size_t>(E)), P(static_cast<size_t>(E));
+  if (o.aux_loss_coef != 0 && per_seq && (!grads || dprobs)) {
+    std::vector<double> P(static_cast<size_t>(E));
     double loss = 0;
-    for (int64_t q = 0; q < mb.num_sequences(); ++q) {
+    for (int64_t q = 0; q < S; ++q) {
       const int64_t b = mb.cu_seqlens[size_t(q)], e_ = mb.cu_seqlens[size_t(q) + 1];
-      if (e_ == b) continue;
-      const double Ts = double(e_ - b);
+      if (seq_tokens(q) == 0) continue;
+      const double Ts = double(seq_tokens(q));
       const double f = o.aux_loss_coef * double(E) / (double(K) * Ts * Ts * Sg);
-      std::fill(c.begin(), c.end(), 0.0);
+      const double* cq = c.data() + q * E;
       std::fill(P.begin(), P.end(), 0.0);
-      for (int64_t n = b; n < e_; ++n)
-        for (int64_t k = 0; k < K; ++k) c[size_t(m.experts[n * K + k])] += 1;
       if (grads) {
         for (int64_t n = b; n < e_; ++n)
-          for (int64_t e = 0; e < E; ++e) dprobs[n * E + e] = T(f * c[size_t(e)]);
+          if (real(n))
+            for (int64_t e = 0; e < E; ++e) dprobs[n * E + e] = T(f * cq[e]);
       } else {
         for (int64_t n = b; n < e_; ++n)
-          for (int64_t e = 0; e < E; ++e) P[size_t(e)] += double(probs[n * E + e]);
-        for (int64_t e = 0; e < E; ++e) loss += f * c[size_t(e)] * P[size_t(e)];
+          if (real(n))
+            for (int64_t e = 0; e < E; ++e) P[size_t(e)] += double(probs[n * E + e]);
+        for (int64_t e = 0; e < E; ++e) loss += f * cq[e] * P[size_t(e)];
       }
     }
     if (!grads) moe_aux += loss;
   }
   if (o.z_loss_coef != 0 && (!grads || dlse)) {
     if (grads) {
-      for (int64_t n = 0; n < N; ++n) dlse[n] = T(2 * o.z_loss_coef / Tg * double(lse[n]));
+      for (int64_t n = 0; n < N; ++n) dlse[n] = real(n) ? T(2 * o.z_loss_coef / Tg * double(lse[n])) : T(0);
     } else {
       double z = 0;
-      for (int64_t n = 0; n < N; ++n) z += double(lse[n]) * double(lse[n]);
+      for (int64_t n = 0; n < N; ++n)
+        if (real(n)) z += double(lse[n]) * double(lse[n]);
       moe_z += o.z_loss_coef / Tg * z;
     }
   }
   if (!grads) {  // the busiest expert's share of this layer's routed tokens
-    int64_t mx = 0;
-    for (int64_t e = 0; e < E; ++e) mx = std::max<int64_t>(mx, m.offsets[e + 1] - m.offsets[e]);
-    moe_max_load = std::max(moe_max_load, double(mx) / double(N * K));
+    double mx = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      double ce = 0;
+      for (int64_t q = 0; q < (per_seq ? S : 1); ++q) ce += c[size_t(q * E + e)];
+      mx = std::max(mx, ce);
+    }
+    moe_max_load = std::max(moe_max_load, mx / (Nmb * double(K)));
   }
 }
 
@@ -330,9 +368,12 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   if (replay) {  // this layer's columns of the [N, R] field
     ra.replay = true;
     const std::string who = "engine: layer " + std::to_string(l);  // messages name the layer
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k)
-        m.experts[n * K + k] = replayed_expert(*replay, n * replay_width + replay_begin + s.route_col + k, E, who);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t t = cp_on || sp_on ? cpp.token[size_t(n)] : n;  // the row's token in the field
+      for (int64_t k = 0; k < K; ++k)  // a padding row (t < 0) takes experts 0..K-1: its output is never read
+        m.experts[n * K + k] =
+            t < 0 ? int32_t(k % E) : replayed_expert(*replay, t * replay_width + replay_begin + s.route_col + k, E, who);
+    }
   }
 
   // Router: logits, scores, choice, weights.
@@ -398,7 +439,13 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   // Tensor parallelism: each rank's experts (and shared expert) hold 1/T of their width, so out
   // is a partial sum, reduced once after the combine (the routing weights are the same on every
   // rank: the router and its input are whole).
-  if (tp_on) tp_reduce(out, N * C);
+  // Sequence parallelism: this rank's rows of the sum (the residual stream's block).
+  if (tp_on) {
+    if (sp_on)
+      sp_scatter(out, C);
+    else
+      tp_reduce(out, N * C);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -456,7 +503,12 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
       if (p.ws_gate) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);
       shared_mlp_bwd(p.ws_gate ? x.dsy : dout);
     }
-    tp_reduce(dxn, N * C);
+    // Sequence parallelism: this rank's rows of d xn (the router's part, whole on every rank, is
+    // added to every row below; the next step reads this rank's rows only).
+    if (sp_on)
+      sp_scatter(dxn, C);
+    else
+      tp_reduce(dxn, N * C);
     tp_reduce(x.dw, NK);
     if (Fs > 0 && p.ws_gate) tp_reduce(x.dsgw, N);
   }

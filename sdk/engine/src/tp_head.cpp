@@ -157,8 +157,9 @@ void Engine::Impl::tp_sync_grads() {
   const sdk::TpLayout& T = *opt.tp;
   for (size_t i = 0; i < desc.params.size(); ++i) {
     const sdk::TpPiece& pc = T.pieces[i];
-    // Sequence parallelism: a norm's gradient comes from this rank's rows only.
-    const bool sp_norm = sp_on && pc.split == sdk::TpSplit::replicated;
+    // Sequence parallelism: a norm's (or a row-parallel bias's) gradient comes from this rank's
+    // rows only; an MoE router's or MLA projection's from every row, as under plain TP.
+    const bool sp_norm = sp_on && pc.split == sdk::TpSplit::replicated && !sp_whole_rows[i];
     if (!pc.sum_grads && !sp_norm) continue;
     const std::vector<int64_t>& shape = desc.params[i].shape;
     int64_t n = 1;

@@ -233,6 +233,8 @@ class CpComm {
   virtual int rank() const = 0;
   virtual void all_gather(const float* in, int64_t n, float* out) = 0;
   virtual void reduce_scatter_sum(const float* in, int64_t n, float* out) = 0;
+  // MoE layers: the routing counts and the auxiliary losses' values, summed in place.
+  virtual void all_reduce_sum(double* data, int64_t n) = 0;
 };
 
 // Data parallelism of a device engine (CudaEngineOptions::dp): collectives over the data-parallel
@@ -306,7 +308,9 @@ struct EngineOptions {
   // column-parallel linear (and of the head) is all-gathered over the group, the output of a
   // row-parallel one (and of the embedding) reduce-scattered, instead of all-reduced. A
   // micro-batch is padded to a multiple of T rows (a trailing sequence, or each sequence under
-  // context parallelism). The results are plain tensor parallelism's.
+  // context parallelism). MoE and MLA blocks gather their input and scatter their output (MoE)
+  // and d input; padding rows stay out of the routing counts. The results are plain tensor
+  // parallelism's.
   bool sequence_parallel = false;
   // Context parallelism (not owned; cp_comm->size() > 1): every rank of the group is given the
   // same micro-batches and computes its zigzag share of every sequence's tokens (the sequence
@@ -315,8 +319,11 @@ struct EngineOptions {
   // and values. Outputs are all-gathered, so forward and the loss callback see the whole
   // micro-batch as one rank does; each rank backpropagates its own tokens, so the dense
   // gradients are partial sums the owner reduces over the group (with the data-parallel ranks:
-  // Megatron's dp_cp group). Composes with `tp`; dense models only (MoE, MLA and per-sequence
-  // RoPE kinds are refused at construction; logits, logprob_at_ids and routing at run time).
+  // Megatron's dp_cp group). Composes with `tp`. MoE layers route each rank's own tokens; their
+  // load-balancing counts are summed over the group, so the auxiliary losses, z-loss and
+  // moe/max_expert_load are one rank's; routing records and replay follow the zigzag order. MLA
+  // attends over the group's gathered k and v like any attention. Per-sequence RoPE kinds are
+  // refused at construction, logits and logprob_at_ids at run time.
   CpComm* cp_comm = nullptr;
   // Pipeline parallelism (sdk/pipeline_parallel.hpp; not owned), with pp->size > 1: the engine
   // runs one stage of the model given to the constructor (with tensor parallelism: of tp->local):
