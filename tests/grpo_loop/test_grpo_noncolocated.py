@@ -15,6 +15,10 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   rollouts one version old
   follows_mp_np4  PP 2 trainers + 2 generator ranks (np 4: one per trainer rank, the group's
                   generation split between them) follow the colocated PP 2 run; CP 2 + 1 likewise
+  follows_tp2dp2_np6  TP 2 x DP 2 trainers + 2 generator ranks (np 6: one per data-parallel group,
+                  fed by the group's first rank) follow the colocated TP 2 x DP 2 run (np 4)
+  ppo_follows     PPO with 1 trainer + 1 generator rank follows one colocated rank (the critic
+                  trains on the trainer rank; only generation moves)
   bad_layout      worlds the generator ranks do not fit (no trainer left, trainers not a multiple
                   of the generator ranks, data-parallel groups without a generator rank each), and
                   the async settings rlhost cannot honour, are refused with one line naming them
@@ -101,29 +105,32 @@ MEGATRON = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=t
             "++policy.megatron_cfg.optimizer.weight_decay=0"]
 MP_LAYOUTS = {
     "tp2": ["++policy.megatron_cfg.tensor_model_parallel_size=2"],
+    "tp2dp2": ["++policy.megatron_cfg.tensor_model_parallel_size=2",
+               "++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"],
     "pp2": ["++policy.megatron_cfg.pipeline_model_parallel_size=2"],
     "cp2": ["++policy.megatron_cfg.context_parallel_size=2"],
 }
 
 
-def follows_mp(tmp, layout, gens, steps=3, extra=(), reference=None):
-    """Megatron `layout` (2 trainer ranks) with `gens` generator ranks follows the colocated run of
-    the same layout for `steps` steps (`reference`: a colocated run's tag already made), and every
-    refit broadcasts the policy's fp32 weights. Returns the non-colocated run's metrics."""
-    mp = MEGATRON + MP_LAYOUTS[layout] + list(extra)
-    if reference is None:
-        reference = f"colocated_{layout}"
-        rc, out, _ = run(command(tmp, reference, steps=steps, extra=mp), np=2)
-        check(rc == 0, f"colocated {layout} runs (rc {rc})", out)
-        if rc != 0:
-            return None
+def follows_mp(tmp, layout, gens, steps=3, trainers=2, dp=1):
+    """Megatron `layout` on `trainers` ranks (`dp` data-parallel groups) with `gens` generator ranks
+    follows the colocated run of the same layout for `steps` steps, and every refit broadcasts the
+    policy's fp32 weights. Returns the non-colocated run's metrics."""
+    mp = MEGATRON + MP_LAYOUTS[layout]
+    reference = f"colocated_{layout}"
+    rc, out, _ = run(command(tmp, reference, steps=steps, extra=mp), np=trainers)
+    check(rc == 0, f"colocated {layout} runs (rc {rc})", out)
+    if rc != 0:
+        return None
     tag = f"nc_{layout}_{gens}"
-    rc, out, secs = run(command(tmp, tag, steps=steps, extra=mp + generators(gens)), np=2 + gens)
+    rc, out, secs = run(command(tmp, tag, steps=steps, extra=mp + generators(gens)), np=trainers + gens)
     check(rc == 0, f"{layout} trainers + {gens} generator rank(s) run (rc {rc})", out)
     if rc != 0:
         return None
-    check("1 data-parallel rank, model-parallel groups of 2" in out, f"{layout}: the trainers form one group of 2", out)
-    check(f"into {gens} part" in out, f"{layout}: the group splits its generation into {gens} part(s)", out)
+    groups = f"{dp} data-parallel rank{'s' if dp > 1 else ''}, model-parallel groups of {trainers // dp}"
+    check(groups in out, f"{layout}: the trainers form {groups}", out)
+    parts = gens // dp  # generator ranks per data-parallel group
+    check(f"into {parts} part" in out, f"{layout}: each group splits its generation into {parts} part(s)", out)
     one, two = metrics(tmp, reference), metrics(tmp, tag)
     compare(one, two, range(1, steps + 1), f"{layout} + {gens} generator rank(s)", f"the colocated {layout} run's")
     want = params_bytes(tmp)
@@ -156,6 +163,53 @@ def case_follows_mp_np4(tmp):
     setup(tmp)
     follows_mp(tmp, "pp2", 2)
     follows_mp(tmp, "cp2", 1)
+
+
+def case_follows_tp2dp2_np6(tmp):
+    setup(tmp)
+    follows_mp(tmp, "tp2dp2", 2, trainers=4, dp=2)
+
+
+def case_ppo_follows(tmp):
+    """PPO (its demo task, 3 steps of 64 prompts x 1 sample) with 1 trainer + 1 generator rank: the
+    policy's and the critic's figures follow one colocated rank within fp32 rounding."""
+    setup(tmp)
+    import random
+    rnd = random.Random(3)
+    for name, n in (("ptrain", 256), ("pval", 32)):
+        with open(f"{tmp}/{name}.jsonl", "w") as f:
+            for _ in range(n):
+                d = "".join(str(rnd.randrange(10)) for _ in range(4))
+                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+
+    def ppo(tag, extra=()):
+        cmd = [RLHOST]
+        for p in PLUGINS[:-1] + ["dataset_jsonl", "ppo"]:
+            cmd += ["--plugin", p]
+        return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny",
+                      "ppo.max_num_steps=3", "ppo.val_period=3", f"data.train.data_path={tmp}/ptrain.jsonl",
+                      f"data.validation.data_path={tmp}/pval.jsonl", f"logger.log_dir={tmp}/{tag}/logs",
+                      "checkpointing.enabled=false", "++rlhost.comm_timeout_s=10", *extra]
+    rc, out, _ = run(ppo("colocated"))
+    check(rc == 0, f"ppo: one colocated rank runs (rc {rc})", out)
+    rc2, out2, secs = run(ppo("nc", generators(1)), np=2)
+    check(rc2 == 0, f"ppo: 1 trainer + 1 generator rank run (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    one, two = metrics(tmp, "colocated"), metrics(tmp, "nc")
+    n = 0
+    for s in range(0, 4):
+        for k, a in one.get(s, {}).items():
+            if (k.startswith(("timing", "rlhost")) or "memory" in k or "seconds" in k or "refit" in k
+                    or k == "step"):
+                continue
+            b = two.get(s, {}).get(k)
+            n += 1
+            check(b is not None and close(b, a), f"ppo: step {s} {k} {b} follows the colocated run's {a}")
+    check(n > 50 and any(k.startswith("train/critic/") for k in one.get(1, {})),
+          f"ppo: the policy's and the critic's figures are compared ({n})")
+    check(two.get(1, {}).get("train/refit_bytes", 0) > 0, "ppo: the refit to the generator rank is logged")
+    print(f"ppo: 1 trainer + 1 generator rank followed one colocated rank for 3 steps ({n} figures); {secs:.1f} s")
 
 
 def one_error_line(out, text, what):
@@ -302,6 +356,8 @@ CASES = {
     "follows_dp2": lambda t: case_follows(t, 2),
     "follows_tp2": case_follows_tp2,
     "follows_mp_np4": case_follows_mp_np4,
+    "follows_tp2dp2_np6": case_follows_tp2dp2_np6,
+    "ppo_follows": case_ppo_follows,
     "bad_layout": case_bad_layout,
     "async_learns": case_async_learns,
     "killed_generator": case_killed_generator,
