@@ -9,6 +9,8 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   token counts and validation accuracy equal, loss and gradient norm within fp32
                   rounding); every refit's bytes are the policy's fp32 weights
   follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks
+  follows_1to2    1 trainer + 2 generator ranks (np 3: the trainer splits each call between them)
+                  follow one colocated rank for 3 steps, synchronously and with async GRPO
   follows_tp2     megatron TP 2 trainers + 1 generator rank (np 3) follow the colocated TP 2 run
                   for 3 steps (the group's first rank feeds the generator rank); async GRPO on the
                   same ranks: step 1 draws the synchronous run's samples, steps 2-3 train on
@@ -142,6 +144,29 @@ def follows_mp(tmp, layout, gens, steps=3, trainers=2, dp=1):
     return two
 
 
+def case_follows_1to2(tmp):
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "colocated", steps=3))
+    check(rc == 0, f"one colocated rank runs (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "nc", steps=3, extra=generators(2)), np=3)
+    check(rc == 0, f"1 trainer + 2 generator ranks run (rc {rc})", out)
+    rc2, out2, _ = run(command(tmp, "async", steps=3, extra=generators(2) + ASYNC), np=3)
+    check(rc2 == 0, f"async GRPO on 1 trainer + 2 generator ranks runs (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    check("each trainer rank splits its calls over 2" in out, "the trainer splits its calls over its 2 generator ranks", out)
+    one, two, a = metrics(tmp, "colocated"), metrics(tmp, "nc"), metrics(tmp, "async")
+    compare(one, two, range(1, 4), "1 trainer + 2 generator ranks", "the colocated run's")
+    want = params_bytes(tmp)
+    check(all(two[s].get("train/refit_bytes") == want for s in range(1, 4)),
+          f"every refit broadcasts the policy's {want} bytes to both generator ranks")
+    check(a[1]["train/reward"] == one[1]["train/reward"], "async: step 1 draws the colocated run's samples")
+    lags = [a[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
+    check(lags == [0, 1, 1], f"async: steps 2-3 train on rollouts one version old (lags {lags})")
+    print(f"1 trainer + 2 generator ranks followed one colocated rank for 3 steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, 4)]}); async lags {lags}; {secs:.1f} s")
+
+
 def case_follows_tp2(tmp):
     setup(tmp)
     sync = follows_mp(tmp, "tp2", 1)
@@ -223,10 +248,10 @@ def case_bad_layout(tmp):
     setup(tmp)
     for np, gen, text in [
             (3, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks for 2 trainer ranks in 2 data-parallel "
-                   "groups of 1 rank: each group needs the same number of generator ranks, dividing its ranks "
-                   "(generator ranks that fit: 2)"),
-            (3, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 3 ranks were launched: the 1 trainer "
-                   "ranks must be a multiple of the 2 generator ranks"),
+                   "groups of 1 rank: each group needs the same number of generator ranks, dividing its ranks or a "
+                   "multiple of them (generator ranks that fit: a multiple of 2)"),
+            (5, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 5 ranks were launched: the 3 trainer "
+                   "ranks and the 2 generator ranks must divide one another"),
             (2, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 2 ranks were launched: at least one"),
             (1, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks, but 1 ranks were launched")]:
         rc, out, secs = run(command(tmp, f"bad{np}{gen}", extra=generators(gen)), np=np, timeout=60)
@@ -354,6 +379,7 @@ CASES = {
     "trainer_hangs": case_trainer_hangs,
     "follows": lambda t: case_follows(t, 1),
     "follows_dp2": lambda t: case_follows(t, 2),
+    "follows_1to2": case_follows_1to2,
     "follows_tp2": case_follows_tp2,
     "follows_mp_np4": case_follows_mp_np4,
     "follows_tp2dp2_np6": case_follows_tp2dp2_np6,

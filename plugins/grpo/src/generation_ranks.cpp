@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "group_generation.hpp"
 #include "loop_ranks.hpp"
 #include "rlhost/sdk/status.hpp"
 
@@ -150,7 +151,8 @@ rlh_status* sink_sample(void* user, const rlh_sample* s) {
 }
 
 // Hands the samples of `bytes` to the loop's callback as the generator would.
-void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, int peer_rank) {
+// `offset`: the part's first prompt within the call it was cut from.
+void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, int peer_rank, int64_t offset) {
   json j;
   try {
     j = json::from_cbor(bytes);
@@ -165,7 +167,7 @@ void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, in
       throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(peer_rank) + ": a sample's tokens and logprobs differ in length");
     rlh_sample s{};
     s.struct_size = RLH_STRUCT_SIZE(rlh_sample, weight_version);
-    s.prompt_index = j["prompt"][i].get<int64_t>();
+    s.prompt_index = j["prompt"][i].get<int64_t>() + offset;
     s.sample_index = j["sample"][i].get<int64_t>();
     s.ids = ids.data();
     s.logprobs = lp.data();
@@ -227,37 +229,72 @@ struct GenerationRanks::Impl {
   TrainerHostApi trainer_api;
   int world_rank = 0, num_trainers = 0, num_generators = 0;
   std::string resources_text;  // names the generator ranks in errors
-  // A client's generator rank, a generator rank's client (world ranks); -1: none (yet).
-  int peer_world_rank = -1;
+  // A client's generator ranks (world ranks, in the order its calls' parts go to them; empty: not
+  // a client), a generator rank's client (-1: not named yet).
+  std::vector<int> peers;
+  int client = -1;
   bool attached = false;  // trainer rank 0 told the generator ranks their clients
   bool in_refit = false;  // this rank is in the refit group
   bool stopped = false;
   double refit_bytes = 0, refit_seconds = 0;
 
-  // Requests sent ahead, oldest first, with their results once received.
-  struct Pending {
-    std::vector<uint8_t> request, result;
+  // One call's part on one generator rank: sent, and its samples once received.
+  struct Part {
+    int peer = -1;
+    int64_t offset = 0;  // its first prompt within the call
+    std::vector<uint8_t> result;
     bool received = false;
+  };
+  // Requests sent ahead, oldest first (the whole call's bytes, to match the call that takes them).
+  struct Pending {
+    std::vector<uint8_t> request;
+    std::vector<Part> parts;
   };
   std::deque<Pending> pending;
 
-  std::string peer_name() const { return "generator rank " + std::to_string(peer_world_rank); }
-
-  std::vector<uint8_t> receive_result() {
+  std::vector<uint8_t> receive_result(int peer) {
     std::vector<uint8_t> bytes;
-    const int64_t status = receive_message(link, peer_world_rank, bytes);
+    const int64_t status = receive_message(link, peer, bytes);
     if (status != 0)
-      throw Error(static_cast<rlh_code>(status), peer_name() + ": " + std::string(bytes.begin(), bytes.end()));
+      throw Error(static_cast<rlh_code>(status),
+                  "generator rank " + std::to_string(peer) + ": " + std::string(bytes.begin(), bytes.end()));
     return bytes;
+  }
+
+  // Sends a call to this client's generator ranks: contiguous parts of its prompts, one per rank
+  // (under their indices in the call, so the samples are those one generator draws); the first
+  // rank gets the call even when it has no prompts.
+  std::vector<Part> send_parts(const rlh_generate_args& args) {
+    if (peers.empty())
+      throw Error(RLH_E_INTERNAL, "trainer rank " + std::to_string(world_rank) +
+                                      " generates, but has no generator rank (not the first rank of a generation part)");
+    const int n = static_cast<int>(peers.size());
+    std::vector<Part> parts;
+    for (int i = 0; i < n; ++i) {
+      rlh_generate_args piece = args;
+      std::vector<int64_t> offsets;
+      const GroupPart p = part_of_call(args, n, i, n, &piece, &offsets);
+      if (p.end == p.begin && i > 0) continue;
+      send_message(link, peers[size_t(i)], kGenerate, encode_request(piece));
+      Part part;
+      part.peer = peers[size_t(i)];
+      part.offset = p.end > p.begin ? p.begin : 0;
+      parts.push_back(std::move(part));
+    }
+    return parts;
+  }
+
+  void receive_parts(std::vector<Part>& parts) {
+    for (Part& p : parts)
+      if (!p.received) {
+        p.result = receive_result(p.peer);
+        p.received = true;
+      }
   }
 
   // Receives every outstanding result (kept for the calls they were sent for).
   void drain() {
-    for (Pending& p : pending)
-      if (!p.received) {
-        p.result = receive_result();
-        p.received = true;
-      }
+    for (Pending& p : pending) receive_parts(p.parts);
   }
 };
 
@@ -266,26 +303,23 @@ class RemoteLink : public GeneratorLink {
   explicit RemoteLink(GenerationRanks::Impl& r) : r_(r) {}
 
   void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) override {
-    if (r_.peer_world_rank < 0)
-      throw Error(RLH_E_INTERNAL, "trainer rank " + std::to_string(r_.world_rank) +
-                                      " generates, but has no generator rank (not the first rank of a generation part)");
     std::vector<uint8_t> req = encode_request(args);
+    std::vector<GenerationRanks::Impl::Part> parts;
     if (!r_.pending.empty() && r_.pending.front().request == req) {
-      GenerationRanks::Impl::Pending p = std::move(r_.pending.front());
+      parts = std::move(r_.pending.front().parts);
       r_.pending.pop_front();
-      if (!p.received) p.result = r_.receive_result();
-      deliver(p.result, fn, user, r_.peer_world_rank);
-      return;
+    } else {
+      r_.drain();  // results sent ahead come first on the link
+      parts = r_.send_parts(args);
     }
-    r_.drain();  // results sent ahead come first on the link
-    send_message(r_.link, r_.peer_world_rank, kGenerate, req);
-    deliver(r_.receive_result(), fn, user, r_.peer_world_rank);
+    r_.receive_parts(parts);
+    for (const auto& p : parts) deliver(p.result, fn, user, p.peer, p.offset);
   }
 
   int64_t refit_from(Backend& backend, rlh_model* model) override {
     r_.drain();
-    // A client's generator rank joins trainer 0's broadcast below.
-    if (r_.peer_world_rank >= 0) send_message(r_.link, r_.peer_world_rank, kRefit, {});
+    // A client's generator ranks join trainer 0's broadcast below.
+    for (int peer : r_.peers) send_message(r_.link, peer, kRefit, {});
     int64_t version = -1;
     if (!r_.in_refit) {
       // Trainer ranks other than 0 take part in the visit (collective under FSDP and model
@@ -327,12 +361,12 @@ std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, 
     throw Error(RLH_E_INVALID_ARGUMENT, sizes + ": at least one rank must train (the last " +
                                             std::to_string(generator_ranks) + " generate)");
   const int T = W - static_cast<int>(generator_ranks);
-  // Every data-parallel group gets the same number of generator ranks, each fed by as many
-  // trainer ranks (attach): the generator ranks divide the trainer ranks, whatever the layout.
-  if (T % generator_ranks != 0)
+  // Every data-parallel group gets the same number of generator ranks, fed by a run of its ranks
+  // or feeding each rank several (attach): whatever the layout, one count divides the other.
+  if (T % generator_ranks != 0 && generator_ranks % T != 0)
     throw Error(RLH_E_INVALID_ARGUMENT,
-                sizes + ": the " + std::to_string(T) + " trainer ranks must be a multiple of the " +
-                    std::to_string(generator_ranks) + " generator ranks (launch " + std::to_string(2 * generator_ranks) +
+                sizes + ": the " + std::to_string(T) + " trainer ranks and the " + std::to_string(generator_ranks) +
+                    " generator ranks must divide one another (launch " + std::to_string(2 * generator_ranks) +
                     " ranks for one generator rank per trainer rank)");
   g->trainers_ = T;
   r.num_trainers = T;
@@ -356,55 +390,59 @@ std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, 
 
 GenerationRanks::~GenerationRanks() = default;
 
-bool GenerationRanks::is_client() const { return !generator_ && impl_->peer_world_rank >= 0; }
+bool GenerationRanks::is_client() const { return !generator_ && !impl_->peers.empty(); }
 
 void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
   Impl& r = *impl_;
   const int M = r.num_generators, T = r.num_trainers, D = ranks.size, g = ranks.group_size();
-  // M = D x k with k dividing g: each data-parallel group's calls split into k parts.
+  // k = M / D generator ranks per data-parallel group: k dividing g (every g / k ranks of the
+  // group share one), or a multiple of g (each rank of the group has k / g of its own).
   const int k = M % D == 0 ? M / D : 0;
-  if (k == 0 || g % k != 0) {
+  if (k == 0 || (g % k != 0 && k % g != 0)) {
     std::string fits;
-    for (int j = 1; j <= g; ++j)
-      if (g % j == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(D * j);
+    for (int j = 1; j < g; ++j)
+      if (g % j == 0) fits += std::to_string(D * j) + ", ";
     throw Error(RLH_E_UNIMPLEMENTED,
-                r.resources_text + " = " + std::to_string(M) + " generator ranks for " +
-                    std::to_string(T) + " trainer ranks in " + std::to_string(D) + " data-parallel group" +
-                    (D == 1 ? "" : "s") + " of " + std::to_string(g) + " rank" + (g == 1 ? "" : "s") +
-                    ": each group needs the same number of generator ranks, dividing its ranks (generator ranks "
-                    "that fit: " + fits + ")");
+                r.resources_text + " = " + std::to_string(M) + " generator ranks for " + std::to_string(T) +
+                    " trainer ranks in " + std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " +
+                    std::to_string(g) + " rank" + (g == 1 ? "" : "s") +
+                    ": each group needs the same number of generator ranks, dividing its ranks or a multiple of them "
+                    "(generator ranks that fit: " + fits + "a multiple of " + std::to_string(T) + ")");
   }
-  parts_ = k;
-  const int stride = g / k;
+  const int share = k <= g ? g / k : 1;  // trainer ranks per client (a group's run of them)
+  const int per = k <= g ? 1 : k / g;    // generator ranks per client
+  parts_ = k <= g ? k : g;
   const int place = ranks.group ? ranks.group.rank() : 0;
-  const int64_t client = place % stride == 0 ? int64_t(ranks.rank) * k + place / stride : -1;
-  // Every trainer rank's client number (-1: none), in trainer order.
-  std::vector<int64_t> all(static_cast<size_t>(T), -1);
+  // This rank's first generator rank (its number among the generator ranks), or -1.
+  const int64_t first = place % share == 0 ? int64_t(ranks.rank) * k + int64_t(place / share) * per : -1;
+  std::vector<int64_t> all(static_cast<size_t>(T), -1);  // every trainer rank's, in trainer order
   if (T > 1) {
     const int64_t one = 1, n = T;
-    r.trainers.all_gather(view(const_cast<int64_t*>(&client), one), view(all.data(), n));
+    r.trainers.all_gather(view(const_cast<int64_t*>(&first), one), view(all.data(), n));
   } else {
-    all[0] = client;
+    all[0] = first;
   }
-  std::vector<int> client_rank(static_cast<size_t>(M), -1);
+  std::vector<int> client_of(static_cast<size_t>(M), -1);
   for (int t = 0; t < T; ++t)
-    if (all[size_t(t)] >= 0 && all[size_t(t)] < M) client_rank[size_t(all[size_t(t)])] = t;
+    for (int64_t c = all[size_t(t)]; c >= 0 && c < all[size_t(t)] + per && c < M; ++c) client_of[size_t(c)] = t;
   for (int c = 0; c < M; ++c)
-    if (client_rank[size_t(c)] < 0)
+    if (client_of[size_t(c)] < 0)
       throw Error(RLH_E_INTERNAL, "non-colocated generation: no trainer rank feeds generator rank " + std::to_string(T + c));
-  if (client >= 0) r.peer_world_rank = T + static_cast<int>(client);
+  if (first >= 0)
+    for (int i = 0; i < per; ++i) r.peers.push_back(T + static_cast<int>(first) + i);
   if (r.world_rank == 0) {
     for (int c = 0; c < M; ++c) {
-      const int64_t who = client_rank[size_t(c)];
+      const int64_t who = client_of[size_t(c)];
       std::vector<uint8_t> bytes(sizeof who);
       std::memcpy(bytes.data(), &who, sizeof who);
       send_message(r.link, T + c, kLayout, bytes);
     }
-    if (k < g || M < T)
+    if (M != T)
       host.info("non-colocated generation: " + std::to_string(M) + " generator rank" + (M == 1 ? "" : "s") + " for " +
                 std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " + std::to_string(g) +
-                " trainer ranks; every " + std::to_string(stride) + " rank" + (stride == 1 ? "" : "s") +
-                " of a group share one");
+                " trainer rank" + (g == 1 ? "" : "s") + ": " +
+                (share > 1 ? "every " + std::to_string(share) + " ranks of a group share one"
+                           : "each trainer rank splits its calls over " + std::to_string(per)));
   }
   r.attached = true;
 }
@@ -417,13 +455,10 @@ void GenerationRanks::announce(const std::vector<const rlh_generate_args*>& requ
   Impl& r = *impl_;
   if (!r.pending.empty())
     throw Error(RLH_E_INTERNAL, "async GRPO: the rollouts sent ahead for the previous step were not all used");
-  if (!requests.empty() && r.peer_world_rank < 0)
-    throw Error(RLH_E_INTERNAL, "async GRPO: trainer rank " + std::to_string(r.world_rank) +
-                                    " sends requests ahead, but has no generator rank");
   for (const rlh_generate_args* q : requests) {
     Impl::Pending p;
     p.request = encode_request(*q);
-    send_message(r.link, r.peer_world_rank, kGenerate, p.request);
+    p.parts = r.send_parts(*q);
     r.pending.push_back(std::move(p));
   }
 }
@@ -438,7 +473,7 @@ void GenerationRanks::finish() {
   r.pending.clear();
   r.stopped = true;
   if (r.attached) {
-    if (r.peer_world_rank >= 0) send_message(r.link, r.peer_world_rank, kStopDone, {});
+    for (int peer : r.peers) send_message(r.link, peer, kStopDone, {});
   } else if (r.world_rank == 0) {  // the generator ranks still wait for trainer 0's layout
     for (int c = 0; c < r.num_generators; ++c) send_message(r.link, r.num_trainers + c, kStopDone, {});
   }
@@ -452,7 +487,7 @@ void GenerationRanks::abandon() noexcept {
     const std::string why = "its trainer (rank " + std::to_string(r.world_rank) + ") stopped with an error";
     const std::vector<uint8_t> bytes(why.begin(), why.end());
     if (r.attached) {
-      if (r.peer_world_rank >= 0) send_message(r.link, r.peer_world_rank, kStopFailed, bytes);
+      for (int peer : r.peers) send_message(r.link, peer, kStopFailed, bytes);
     } else if (r.world_rank == 0) {  // before attach every generator rank waits for trainer 0
       for (int c = 0; c < r.num_generators; ++c) send_message(r.link, r.num_trainers + c, kStopFailed, bytes);
     }
@@ -465,10 +500,10 @@ void GenerationRanks::serve(Generator& gen) {
   Impl& r = *impl_;
   std::vector<uint8_t> bytes;
   // Trainer rank 0 names this rank's client once the trainers' layout is known (attach).
-  r.peer_world_rank = 0;
+  r.client = 0;
   std::string trainer = "trainer rank 0";
   for (;;) {
-    const int64_t cmd = receive_message(r.link, r.peer_world_rank, bytes);
+    const int64_t cmd = receive_message(r.link, r.client, bytes);
     if (cmd == kStopDone) return;
     if (cmd == kStopFailed)
       throw Error(RLH_E_ABORTED, "generator rank " + std::to_string(r.world_rank) + ": " +
@@ -479,7 +514,7 @@ void GenerationRanks::serve(Generator& gen) {
       if (who < 0 || who >= r.num_trainers)
         throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": trainer rank 0 named client " +
                                          std::to_string(who) + " of " + std::to_string(r.num_trainers) + " trainer ranks");
-      r.peer_world_rank = static_cast<int>(who);
+      r.client = static_cast<int>(who);
       r.attached = true;
       trainer = "trainer rank " + std::to_string(who);
       continue;
@@ -558,7 +593,7 @@ void GenerationRanks::serve(Generator& gen) {
       const std::string m = e.what();
       reply.assign(m.begin(), m.end());
     }
-    send_message(r.link, r.peer_world_rank, status, reply);
+    send_message(r.link, r.client, status, reply);
   }
 }
 

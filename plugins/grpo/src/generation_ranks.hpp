@@ -6,21 +6,25 @@
 // policy.generation.colocated.resources generate, the ranks before them train (so world rank 0,
 // which writes metrics and checkpoints, is a trainer). Once the backend names the trainers'
 // layout (D data-parallel groups of g ranks: g = 1 without tensor, context or pipeline
-// parallelism), each data-parallel group gets k = M / D generator ranks of its own, k dividing g:
-// the group's generate calls split into k parts (group_generation.hpp), and the first rank of
-// every g / k of the group (its "client") sends part j to its generator rank and the group
-// all-gathers the samples. Generator rank T + c serves client c, clients numbered by data-parallel
-// rank, then by place in the group. So M = T pairs every trainer rank with a generator rank of its
-// own (the group's split as colocated), M = D gives each model-parallel group one generator rank
-// (fed by the group's first rank), and a layout with M not D x k (k dividing g) is refused with
-// one line naming M, T, D and g. M must divide T, which is checked at the split already.
+// parallelism), each data-parallel group gets k = M / D generator ranks of its own:
+//   k dividing g: the group's generate calls split into k parts (group_generation.hpp); the first
+//     rank of every g / k of the group (a "client") sends its part to its generator rank, and the
+//     group all-gathers the samples. k = g pairs every trainer rank with a generator rank (the
+//     group's split as colocated); k = 1 gives the group one generator rank, fed by its first rank.
+//   k a multiple of g: every rank of the group is a client with k / g generator ranks, and splits
+//     each of its calls (its part of the group's) into contiguous parts, one per generator rank,
+//     sent before any is received, so they generate at once.
+// Generator ranks are numbered by data-parallel rank, then place in the group. Parts keep their
+// prompts' indices in the call, so the samples are those one generator draws. Any other M is
+// refused with one line naming M, T, D and g (T and M not dividing one another already at the
+// split, before the model loads).
 //
 // Trainer ranks build the backend on a host whose world communicator is the trainers' group (the
 // backend's data-parallel groups never include a generator rank). Trainer rank 0 tells every
 // generator rank which trainer rank is its client (attach, after the model loaded); a generator
 // rank then hears only from its client. The trainers' generator is a GeneratorLink:
 //   generate (clients only): the request (prompt ids, sampling settings, RNG keys) goes to the
-//     client's generator rank, which runs its own generator component and sends the samples back
+//     client's generator rank(s), which run their own generator component and send the samples back
 //     (tokens, logprobs, truncation, weight version); the trainer scores them as a colocated one
 //     does. Sampling is keyed by (seed, step, prompt, sample), so the samples are the colocated
 //     run's.
@@ -34,7 +38,7 @@
 //     before while the trainers train (1-step-off); the next generate call with the same request
 //     takes the results. Any other request or a refit first receives what is outstanding, so the
 //     order stays the client's order.
-// A client ends its generator rank with a stop message when it finishes, or fails (trainer rank 0
+// A client ends its generator ranks with a stop message when it finishes, or fails (trainer rank 0
 // stops every generator rank when it fails before attach); a generator rank waits for its
 // client's next message under the communicator's timeout (rlhost.comm_timeout_s), so it exits
 // non-zero when its client is gone.
@@ -74,12 +78,12 @@ class GenerationRanks {
   // to which generator rank. Collective over the trainer ranks; refuses a layout the generator
   // ranks do not fit (the same line on every trainer rank).
   void attach(const sdk::Host& host, const LoopRanks& ranks);
-  // How many parts a model-parallel group's generate calls split into (its generator ranks).
+  // How many parts a model-parallel group's generate calls split into (its clients).
   int parts_per_group() const { return parts_; }
   // This trainer rank sends requests to a generator rank of its own.
   bool is_client() const;
 
-  // A trainer's generator: a link to its generator rank (a non-client trainer only refits).
+  // A trainer's generator: a link to its generator ranks (a non-client trainer only refits).
   std::unique_ptr<Generator> remote_generator(const std::string& name);
   // Asynchronous GRPO: sends `requests` ahead (in the order the loop will make them; a client's
   // parts, none elsewhere).
@@ -87,7 +91,7 @@ class GenerationRanks {
   // The last refit's broadcast (trainer rank 0; 0 elsewhere).
   double last_refit_bytes() const;
   double last_refit_seconds() const;
-  // A trainer's end: a client tells its generator rank to stop, cleanly or after a failure (best effort).
+  // A trainer's end: a client tells its generator ranks to stop, cleanly or after a failure (best effort).
   void finish();
   void abandon() noexcept;
 
