@@ -9,7 +9,20 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   token counts and validation accuracy equal, loss and gradient norm within fp32
                   rounding); every refit's bytes are the policy's fp32 weights
   follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks
-  bad_layout      a world that does not split into as many trainer ranks as generator ranks, and
+  follows_1to2    1 trainer + 2 generator ranks (np 3: the trainer splits each call between them)
+                  follow one colocated rank for 3 steps, synchronously and with async GRPO
+  follows_tp2     megatron TP 2 trainers + 1 generator rank (np 3) follow the colocated TP 2 run
+                  for 3 steps (the group's first rank feeds the generator rank); async GRPO on the
+                  same ranks: step 1 draws the synchronous run's samples, steps 2-3 train on
+                  rollouts one version old
+  follows_mp_np4  PP 2 trainers + 2 generator ranks (np 4: one per trainer rank, the group's
+                  generation split between them) follow the colocated PP 2 run; CP 2 + 1 likewise
+  follows_tp2dp2_np6  TP 2 x DP 2 trainers + 2 generator ranks (np 6: one per data-parallel group,
+                  fed by the group's first rank) follow the colocated TP 2 x DP 2 run (np 4)
+  ppo_follows     PPO with 1 trainer + 1 generator rank follows one colocated rank (the critic
+                  trains on the trainer rank; only generation moves)
+  bad_layout      worlds the generator ranks do not fit (no trainer left, trainers not a multiple
+                  of the generator ranks, data-parallel groups without a generator rank each), and
                   the async settings rlhost cannot honour, are refused with one line naming them
   async_learns    async GRPO (1-step-off) from a short SFT stage: step 1 is the synchronous run's,
                   later steps train on rollouts one weight version old, and validation accuracy
@@ -90,6 +103,140 @@ def case_follows(tmp, trainers):
           f"{[round(two[s]['train/refit_broadcast_seconds'], 4) for s in range(1, 7)]} s; run took {secs:.1f} s")
 
 
+MEGATRON = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
+            "++policy.megatron_cfg.optimizer.weight_decay=0"]
+MP_LAYOUTS = {
+    "tp2": ["++policy.megatron_cfg.tensor_model_parallel_size=2"],
+    "tp2dp2": ["++policy.megatron_cfg.tensor_model_parallel_size=2",
+               "++policy.megatron_cfg.optimizer.use_distributed_optimizer=true"],
+    "pp2": ["++policy.megatron_cfg.pipeline_model_parallel_size=2"],
+    "cp2": ["++policy.megatron_cfg.context_parallel_size=2"],
+}
+
+
+def follows_mp(tmp, layout, gens, steps=3, trainers=2, dp=1):
+    """Megatron `layout` on `trainers` ranks (`dp` data-parallel groups) with `gens` generator ranks
+    follows the colocated run of the same layout for `steps` steps, and every refit broadcasts the
+    policy's fp32 weights. Returns the non-colocated run's metrics."""
+    mp = MEGATRON + MP_LAYOUTS[layout]
+    reference = f"colocated_{layout}"
+    rc, out, _ = run(command(tmp, reference, steps=steps, extra=mp), np=trainers)
+    check(rc == 0, f"colocated {layout} runs (rc {rc})", out)
+    if rc != 0:
+        return None
+    tag = f"nc_{layout}_{gens}"
+    rc, out, secs = run(command(tmp, tag, steps=steps, extra=mp + generators(gens)), np=trainers + gens)
+    check(rc == 0, f"{layout} trainers + {gens} generator rank(s) run (rc {rc})", out)
+    if rc != 0:
+        return None
+    groups = f"{dp} data-parallel rank{'s' if dp > 1 else ''}, model-parallel groups of {trainers // dp}"
+    check(groups in out, f"{layout}: the trainers form {groups}", out)
+    parts = gens // dp  # generator ranks per data-parallel group
+    check(f"into {parts} part" in out, f"{layout}: each group splits its generation into {parts} part(s)", out)
+    one, two = metrics(tmp, reference), metrics(tmp, tag)
+    compare(one, two, range(1, steps + 1), f"{layout} + {gens} generator rank(s)", f"the colocated {layout} run's")
+    want = params_bytes(tmp)
+    for s in range(1, steps + 1):
+        got = two.get(s, {}).get("train/refit_bytes")
+        check(got == want, f"{layout}: step {s}: the refit broadcast {got} bytes, the policy's fp32 weights ({want})")
+    print(f"{layout} trainers + {gens} generator rank(s) followed the colocated run for {steps} steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, steps + 1)]}); refit {want} B; {secs:.1f} s")
+    return two
+
+
+def case_follows_1to2(tmp):
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "colocated", steps=3))
+    check(rc == 0, f"one colocated rank runs (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "nc", steps=3, extra=generators(2)), np=3)
+    check(rc == 0, f"1 trainer + 2 generator ranks run (rc {rc})", out)
+    rc2, out2, _ = run(command(tmp, "async", steps=3, extra=generators(2) + ASYNC), np=3)
+    check(rc2 == 0, f"async GRPO on 1 trainer + 2 generator ranks runs (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    check("each trainer rank splits its calls over 2" in out, "the trainer splits its calls over its 2 generator ranks", out)
+    one, two, a = metrics(tmp, "colocated"), metrics(tmp, "nc"), metrics(tmp, "async")
+    compare(one, two, range(1, 4), "1 trainer + 2 generator ranks", "the colocated run's")
+    want = params_bytes(tmp)
+    check(all(two[s].get("train/refit_bytes") == want for s in range(1, 4)),
+          f"every refit broadcasts the policy's {want} bytes to both generator ranks")
+    check(a[1]["train/reward"] == one[1]["train/reward"], "async: step 1 draws the colocated run's samples")
+    lags = [a[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
+    check(lags == [0, 1, 1], f"async: steps 2-3 train on rollouts one version old (lags {lags})")
+    print(f"1 trainer + 2 generator ranks followed one colocated rank for 3 steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, 4)]}); async lags {lags}; {secs:.1f} s")
+
+
+def case_follows_tp2(tmp):
+    setup(tmp)
+    sync = follows_mp(tmp, "tp2", 1)
+    # Async GRPO under TP 2: the group's first rank sends the next step's requests ahead.
+    rc, out, _ = run(command(tmp, "async_tp2", steps=3, extra=MEGATRON + MP_LAYOUTS["tp2"] + generators(1) + ASYNC), np=3)
+    check(rc == 0, f"async GRPO with TP 2 trainers runs (rc {rc})", out)
+    if rc != 0 or sync is None:
+        return
+    a = metrics(tmp, "async_tp2")
+    check(a[1]["train/reward"] == sync[1]["train/reward"],
+          f"async TP 2: step 1 draws the synchronous run's samples (reward {a[1]['train/reward']} vs {sync[1]['train/reward']})")
+    lags = [a[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
+    check(lags == [0, 1, 1], f"async TP 2: steps 2-3 train on rollouts one version old (lags {lags})")
+    print(f"async GRPO with TP 2 trainers + 1 generator rank: lags {lags}, rewards "
+          f"{[a[k]['train/reward'] for k in (1, 2, 3)]}")
+
+
+def case_follows_mp_np4(tmp):
+    setup(tmp)
+    follows_mp(tmp, "pp2", 2)
+    follows_mp(tmp, "cp2", 1)
+
+
+def case_follows_tp2dp2_np6(tmp):
+    setup(tmp)
+    follows_mp(tmp, "tp2dp2", 2, trainers=4, dp=2)
+
+
+def case_ppo_follows(tmp):
+    """PPO (its demo task, 3 steps of 64 prompts x 1 sample) with 1 trainer + 1 generator rank: the
+    policy's and the critic's figures follow one colocated rank within fp32 rounding."""
+    setup(tmp)
+    import random
+    rnd = random.Random(3)
+    for name, n in (("ptrain", 256), ("pval", 32)):
+        with open(f"{tmp}/{name}.jsonl", "w") as f:
+            for _ in range(n):
+                d = "".join(str(rnd.randrange(10)) for _ in range(4))
+                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+
+    def ppo(tag, extra=()):
+        cmd = [RLHOST]
+        for p in PLUGINS[:-1] + ["dataset_jsonl", "ppo"]:
+            cmd += ["--plugin", p]
+        return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny",
+                      "ppo.max_num_steps=3", "ppo.val_period=3", f"data.train.data_path={tmp}/ptrain.jsonl",
+                      f"data.validation.data_path={tmp}/pval.jsonl", f"logger.log_dir={tmp}/{tag}/logs",
+                      "checkpointing.enabled=false", "++rlhost.comm_timeout_s=10", *extra]
+    rc, out, _ = run(ppo("colocated"))
+    check(rc == 0, f"ppo: one colocated rank runs (rc {rc})", out)
+    rc2, out2, secs = run(ppo("nc", generators(1)), np=2)
+    check(rc2 == 0, f"ppo: 1 trainer + 1 generator rank run (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    one, two = metrics(tmp, "colocated"), metrics(tmp, "nc")
+    n = 0
+    for s in range(0, 4):
+        for k, a in one.get(s, {}).items():
+            if (k.startswith(("timing", "rlhost")) or "memory" in k or "seconds" in k or "refit" in k
+                    or k == "step"):
+                continue
+            b = two.get(s, {}).get(k)
+            n += 1
+            check(b is not None and close(b, a), f"ppo: step {s} {k} {b} follows the colocated run's {a}")
+    check(n > 50 and any(k.startswith("train/critic/") for k in one.get(1, {})),
+          f"ppo: the policy's and the critic's figures are compared ({n})")
+    check(two.get(1, {}).get("train/refit_bytes", 0) > 0, "ppo: the refit to the generator rank is logged")
+    print(f"ppo: 1 trainer + 1 generator rank followed one colocated rank for 3 steps ({n} figures); {secs:.1f} s")
+
+
 def one_error_line(out, text, what):
     lines = [l for l in out.splitlines() if "error:" in l]
     check(any(text in l for l in lines), f"{what}: an error line says '{text}'", out)
@@ -100,20 +247,17 @@ def one_error_line(out, text, what):
 def case_bad_layout(tmp):
     setup(tmp)
     for np, gen, text in [
-            (3, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks, but 3 ranks were launched"),
-            (2, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 2 ranks were launched"),
+            (3, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks for 2 trainer ranks in 2 data-parallel "
+                   "groups of 1 rank: each group needs the same number of generator ranks, dividing its ranks or a "
+                   "multiple of them (generator ranks that fit: a multiple of 2)"),
+            (5, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 5 ranks were launched: the 3 trainer "
+                   "ranks and the 2 generator ranks must divide one another"),
+            (2, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 2 ranks were launched: at least one"),
             (1, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks, but 1 ranks were launched")]:
         rc, out, secs = run(command(tmp, f"bad{np}{gen}", extra=generators(gen)), np=np, timeout=60)
         check(rc != 0, f"{np} ranks with {gen} generator rank(s) are refused (rc {rc})", out)
         one_error_line(out, text, f"{np} ranks, {gen} generators")
         check(secs < 30, f"the refusal comes at start ({secs:.1f} s)", out)
-    # Model-parallel trainers: their groups split generation, which the one-to-one pairing with
-    # generator ranks does not carry (2 trainers at TP 2 + 2 generator ranks).
-    tp2 = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
-           "++policy.megatron_cfg.tensor_model_parallel_size=2"]
-    rc, out, secs = run(command(tmp, "tp2", extra=tp2 + generators(2)), np=4, timeout=60)
-    check(rc != 0, f"non-colocated generation with TP 2 trainers is refused (rc {rc})", out)
-    one_error_line(out, "non-colocated generation is implemented for data-parallel trainers only", "TP 2 trainers")
     rc, out, _ = run(command(tmp, "nores", extra=NONCOLOCATED), timeout=60)
     check(rc != 0, "non-colocated without resources is refused", out)
     one_error_line(out, "policy.generation.colocated.resources.gpus_per_node", "no resources")
@@ -235,6 +379,11 @@ CASES = {
     "trainer_hangs": case_trainer_hangs,
     "follows": lambda t: case_follows(t, 1),
     "follows_dp2": lambda t: case_follows(t, 2),
+    "follows_1to2": case_follows_1to2,
+    "follows_tp2": case_follows_tp2,
+    "follows_mp_np4": case_follows_mp_np4,
+    "follows_tp2dp2_np6": case_follows_tp2dp2_np6,
+    "ppo_follows": case_ppo_follows,
     "bad_layout": case_bad_layout,
     "async_learns": case_async_learns,
     "killed_generator": case_killed_generator,

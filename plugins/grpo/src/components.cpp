@@ -451,7 +451,7 @@ void Generator::generate(const rlh_generate_args& args, rlh_sample_fn fn, void* 
 }
 
 void Generator::generate_here(const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
-  if (link_) {  // non-colocated: the paired generator rank generates (generator_link.cpp)
+  if (link_) {  // non-colocated: the generator ranks generate (generation_ranks.cpp)
     link_->generate(args, fn, user);
     return;
   }

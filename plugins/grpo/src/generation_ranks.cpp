@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "group_generation.hpp"
 #include "loop_ranks.hpp"
 #include "rlhost/sdk/status.hpp"
 
@@ -19,7 +20,8 @@ using sdk::Error;
 namespace {
 
 // What a trainer sends its generator rank (the first word of a header).
-enum Command : int64_t { kGenerate = 1, kRefit = 2, kStopDone = 3, kStopFailed = 4 };
+// kLayout (trainer rank 0, once): the world rank of the generator rank's client.
+enum Command : int64_t { kGenerate = 1, kRefit = 2, kStopDone = 3, kStopFailed = 4, kLayout = 5 };
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -88,7 +90,7 @@ rlh_tensor view(T* p, const int64_t& n) {
   return sdk::host_tensor(p, sdk::dtype_of<T>(), std::span<const int64_t>(&n, 1));
 }
 
-// A header (command or status, byte count) and its bytes, to `peer` of the pair.
+// A header (command or status, byte count) and its bytes, to `peer` of the link.
 void send_message(const sdk::Comm& c, int peer, int64_t word, const std::vector<uint8_t>& bytes) {
   int64_t header[2] = {word, static_cast<int64_t>(bytes.size())};
   const int64_t two = 2;
@@ -149,7 +151,8 @@ rlh_status* sink_sample(void* user, const rlh_sample* s) {
 }
 
 // Hands the samples of `bytes` to the loop's callback as the generator would.
-void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, int peer_rank) {
+// `offset`: the part's first prompt within the call it was cut from.
+void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, int peer_rank, int64_t offset) {
   json j;
   try {
     j = json::from_cbor(bytes);
@@ -164,7 +167,7 @@ void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, in
       throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(peer_rank) + ": a sample's tokens and logprobs differ in length");
     rlh_sample s{};
     s.struct_size = RLH_STRUCT_SIZE(rlh_sample, weight_version);
-    s.prompt_index = j["prompt"][i].get<int64_t>();
+    s.prompt_index = j["prompt"][i].get<int64_t>() + offset;
     s.sample_index = j["sample"][i].get<int64_t>();
     s.ids = ids.data();
     s.logprobs = lp.data();
@@ -215,44 +218,83 @@ void broadcast_weights(const sdk::Comm& c, std::vector<Generator::StagedWeight>&
 
 }  // namespace
 
-// ---- the pair's state --------------------------------------------------------------------------
+// ---- the link's state --------------------------------------------------------------------------
 
 struct GenerationRanks::Impl {
   sdk::Host host;
   sdk::Comm world;     // the host's (borrowed)
   sdk::Comm trainers;  // the trainer ranks (generator ranks: the generator ranks)
-  sdk::Comm pair;      // rank 0: the trainer, rank 1: its generator rank
+  sdk::Comm link;      // every rank, in world order: clients and generator ranks, point to point
   sdk::Comm refit;     // trainer 0 and every generator rank (rank 0: trainer 0); others: unused
   TrainerHostApi trainer_api;
-  int world_rank = 0, peer_world_rank = 0;
+  int world_rank = 0, num_trainers = 0, num_generators = 0;
+  std::string resources_text;  // names the generator ranks in errors
+  // A client's generator ranks (world ranks, in the order its calls' parts go to them; empty: not
+  // a client), a generator rank's client (-1: not named yet).
+  std::vector<int> peers;
+  int client = -1;
+  bool attached = false;  // trainer rank 0 told the generator ranks their clients
   bool in_refit = false;  // this rank is in the refit group
   bool stopped = false;
   double refit_bytes = 0, refit_seconds = 0;
 
-  // Requests sent ahead, oldest first, with their results once received.
-  struct Pending {
-    std::vector<uint8_t> request, result;
+  // One call's part on one generator rank: sent, and its samples once received.
+  struct Part {
+    int peer = -1;
+    int64_t offset = 0;  // its first prompt within the call
+    std::vector<uint8_t> result;
     bool received = false;
+  };
+  // Requests sent ahead, oldest first (the whole call's bytes, to match the call that takes them).
+  struct Pending {
+    std::vector<uint8_t> request;
+    std::vector<Part> parts;
   };
   std::deque<Pending> pending;
 
-  std::string peer_name() const { return "generator rank " + std::to_string(peer_world_rank); }
-
-  std::vector<uint8_t> receive_result() {
+  std::vector<uint8_t> receive_result(int peer) {
     std::vector<uint8_t> bytes;
-    const int64_t status = receive_message(pair, 1, bytes);
+    const int64_t status = receive_message(link, peer, bytes);
     if (status != 0)
-      throw Error(static_cast<rlh_code>(status), peer_name() + ": " + std::string(bytes.begin(), bytes.end()));
+      throw Error(static_cast<rlh_code>(status),
+                  "generator rank " + std::to_string(peer) + ": " + std::string(bytes.begin(), bytes.end()));
     return bytes;
+  }
+
+  // Sends a call to this client's generator ranks: contiguous parts of its prompts, one per rank
+  // (under their indices in the call, so the samples are those one generator draws); the first
+  // rank gets the call even when it has no prompts.
+  std::vector<Part> send_parts(const rlh_generate_args& args) {
+    if (peers.empty())
+      throw Error(RLH_E_INTERNAL, "trainer rank " + std::to_string(world_rank) +
+                                      " generates, but has no generator rank (not the first rank of a generation part)");
+    const int n = static_cast<int>(peers.size());
+    std::vector<Part> parts;
+    for (int i = 0; i < n; ++i) {
+      rlh_generate_args piece = args;
+      std::vector<int64_t> offsets;
+      const GroupPart p = part_of_call(args, n, i, n, &piece, &offsets);
+      if (p.end == p.begin && i > 0) continue;
+      send_message(link, peers[size_t(i)], kGenerate, encode_request(piece));
+      Part part;
+      part.peer = peers[size_t(i)];
+      part.offset = p.end > p.begin ? p.begin : 0;
+      parts.push_back(std::move(part));
+    }
+    return parts;
+  }
+
+  void receive_parts(std::vector<Part>& parts) {
+    for (Part& p : parts)
+      if (!p.received) {
+        p.result = receive_result(p.peer);
+        p.received = true;
+      }
   }
 
   // Receives every outstanding result (kept for the calls they were sent for).
   void drain() {
-    for (Pending& p : pending)
-      if (!p.received) {
-        p.result = receive_result();
-        p.received = true;
-      }
+    for (Pending& p : pending) receive_parts(p.parts);
   }
 };
 
@@ -262,26 +304,32 @@ class RemoteLink : public GeneratorLink {
 
   void generate(const rlh_generate_args& args, rlh_sample_fn fn, void* user) override {
     std::vector<uint8_t> req = encode_request(args);
+    std::vector<GenerationRanks::Impl::Part> parts;
     if (!r_.pending.empty() && r_.pending.front().request == req) {
-      GenerationRanks::Impl::Pending p = std::move(r_.pending.front());
+      parts = std::move(r_.pending.front().parts);
       r_.pending.pop_front();
-      if (!p.received) p.result = r_.receive_result();
-      deliver(p.result, fn, user, r_.peer_world_rank);
-      return;
+    } else {
+      r_.drain();  // results sent ahead come first on the link
+      parts = r_.send_parts(args);
     }
-    r_.drain();  // results sent ahead come first on the pair
-    send_message(r_.pair, 1, kGenerate, req);
-    deliver(r_.receive_result(), fn, user, r_.peer_world_rank);
+    r_.receive_parts(parts);
+    for (const auto& p : parts) deliver(p.result, fn, user, p.peer, p.offset);
   }
 
   int64_t refit_from(Backend& backend, rlh_model* model) override {
     r_.drain();
+    // A client's generator ranks join trainer 0's broadcast below.
+    for (int peer : r_.peers) send_message(r_.link, peer, kRefit, {});
     int64_t version = -1;
+    if (!r_.in_refit) {
+      // Trainer ranks other than 0 take part in the visit (collective under FSDP and model
+      // parallelism: their pieces go into each whole weight) and keep nothing.
+      return backend.visit_weights(model, [](void*, const char*, const rlh_tensor*) -> rlh_status* { return nullptr; },
+                                   nullptr);
+    }
     std::vector<Generator::StagedWeight> staged = Generator::stage_on_host(backend, model, &version);
-    send_message(r_.pair, 1, kRefit, {});
-    if (!r_.in_refit) return version;  // trainer ranks other than 0: trainer 0 sends the weights
-    // Trainer 0: the names, dtypes and shapes, then each weight, to every generator rank.
     const auto t0 = std::chrono::steady_clock::now();
+    // Trainer 0: the names, dtypes and shapes, then each weight, to every generator rank.
     json meta = {{"version", version}, {"weights", json::array()}};
     double bytes = 0;
     for (const auto& w : staged) {
@@ -307,21 +355,28 @@ std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, 
   r.host = host;
   r.world = sdk::Comm::world(host);
   const int W = r.world.size();
-  if (generator_ranks * 2 != W)
-    throw Error(RLH_E_INVALID_ARGUMENT,
-                resources_text + " = " + std::to_string(generator_ranks) + " generator ranks, but " + std::to_string(W) +
-                    " ranks were launched: non-colocated generation gives each trainer rank one generator rank of its "
-                    "own, so launch " + std::to_string(2 * generator_ranks) + " ranks (the last " +
-                    std::to_string(generator_ranks) + " generate)");
+  const std::string sizes = resources_text + " = " + std::to_string(generator_ranks) + " generator ranks, but " +
+                            std::to_string(W) + " ranks were launched";
+  if (generator_ranks >= W)
+    throw Error(RLH_E_INVALID_ARGUMENT, sizes + ": at least one rank must train (the last " +
+                                            std::to_string(generator_ranks) + " generate)");
   const int T = W - static_cast<int>(generator_ranks);
+  // Every data-parallel group gets the same number of generator ranks, fed by a run of its ranks
+  // or feeding each rank several (attach): whatever the layout, one count divides the other.
+  if (T % generator_ranks != 0 && generator_ranks % T != 0)
+    throw Error(RLH_E_INVALID_ARGUMENT,
+                sizes + ": the " + std::to_string(T) + " trainer ranks and the " + std::to_string(generator_ranks) +
+                    " generator ranks must divide one another (launch " + std::to_string(2 * generator_ranks) +
+                    " ranks for one generator rank per trainer rank)");
   g->trainers_ = T;
+  r.num_trainers = T;
+  r.num_generators = static_cast<int>(generator_ranks);
+  r.resources_text = resources_text;
   r.world_rank = r.world.rank();
   g->generator_ = r.world_rank >= T;
-  const int pair_index = g->generator_ ? r.world_rank - T : r.world_rank;
-  r.peer_world_rank = g->generator_ ? pair_index : pair_index + T;
   // Collective over the world, in this order on every rank.
   r.trainers = r.world.split(g->generator_ ? 1 : 0, r.world_rank, g->generator_ ? "generator ranks" : "trainer ranks");
-  r.pair = r.world.split(pair_index, g->generator_ ? 1 : 0, "generation pair " + std::to_string(pair_index));
+  r.link = r.world.split(0, r.world_rank, "generation link");
   r.in_refit = g->generator_ || r.world_rank == 0;
   r.refit = r.world.split(r.in_refit ? 0 : 1, r.world_rank, "refit");
   if (!g->generator_) {
@@ -335,18 +390,75 @@ std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, 
 
 GenerationRanks::~GenerationRanks() = default;
 
+bool GenerationRanks::is_client() const { return !generator_ && !impl_->peers.empty(); }
+
+void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
+  Impl& r = *impl_;
+  const int M = r.num_generators, T = r.num_trainers, D = ranks.size, g = ranks.group_size();
+  // k = M / D generator ranks per data-parallel group: k dividing g (every g / k ranks of the
+  // group share one), or a multiple of g (each rank of the group has k / g of its own).
+  const int k = M % D == 0 ? M / D : 0;
+  if (k == 0 || (g % k != 0 && k % g != 0)) {
+    std::string fits;
+    for (int j = 1; j < g; ++j)
+      if (g % j == 0) fits += std::to_string(D * j) + ", ";
+    throw Error(RLH_E_UNIMPLEMENTED,
+                r.resources_text + " = " + std::to_string(M) + " generator ranks for " + std::to_string(T) +
+                    " trainer ranks in " + std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " +
+                    std::to_string(g) + " rank" + (g == 1 ? "" : "s") +
+                    ": each group needs the same number of generator ranks, dividing its ranks or a multiple of them "
+                    "(generator ranks that fit: " + fits + "a multiple of " + std::to_string(T) + ")");
+  }
+  const int share = k <= g ? g / k : 1;  // trainer ranks per client (a group's run of them)
+  const int per = k <= g ? 1 : k / g;    // generator ranks per client
+  parts_ = k <= g ? k : g;
+  const int place = ranks.group ? ranks.group.rank() : 0;
+  // This rank's first generator rank (its number among the generator ranks), or -1.
+  const int64_t first = place % share == 0 ? int64_t(ranks.rank) * k + int64_t(place / share) * per : -1;
+  std::vector<int64_t> all(static_cast<size_t>(T), -1);  // every trainer rank's, in trainer order
+  if (T > 1) {
+    const int64_t one = 1, n = T;
+    r.trainers.all_gather(view(const_cast<int64_t*>(&first), one), view(all.data(), n));
+  } else {
+    all[0] = first;
+  }
+  std::vector<int> client_of(static_cast<size_t>(M), -1);
+  for (int t = 0; t < T; ++t)
+    for (int64_t c = all[size_t(t)]; c >= 0 && c < all[size_t(t)] + per && c < M; ++c) client_of[size_t(c)] = t;
+  for (int c = 0; c < M; ++c)
+    if (client_of[size_t(c)] < 0)
+      throw Error(RLH_E_INTERNAL, "non-colocated generation: no trainer rank feeds generator rank " + std::to_string(T + c));
+  if (first >= 0)
+    for (int i = 0; i < per; ++i) r.peers.push_back(T + static_cast<int>(first) + i);
+  if (r.world_rank == 0) {
+    for (int c = 0; c < M; ++c) {
+      const int64_t who = client_of[size_t(c)];
+      std::vector<uint8_t> bytes(sizeof who);
+      std::memcpy(bytes.data(), &who, sizeof who);
+      send_message(r.link, T + c, kLayout, bytes);
+    }
+    if (M != T)
+      host.info("non-colocated generation: " + std::to_string(M) + " generator rank" + (M == 1 ? "" : "s") + " for " +
+                std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " + std::to_string(g) +
+                " trainer rank" + (g == 1 ? "" : "s") + ": " +
+                (share > 1 ? "every " + std::to_string(share) + " ranks of a group share one"
+                           : "each trainer rank splits its calls over " + std::to_string(per)));
+  }
+  r.attached = true;
+}
+
 std::unique_ptr<Generator> GenerationRanks::remote_generator(const std::string& name) {
   return std::make_unique<Generator>(name, std::make_unique<RemoteLink>(*impl_));
 }
 
-void GenerationRanks::announce(std::vector<std::unique_ptr<GenerateRequest>> requests) {
+void GenerationRanks::announce(const std::vector<const rlh_generate_args*>& requests) {
   Impl& r = *impl_;
   if (!r.pending.empty())
     throw Error(RLH_E_INTERNAL, "async GRPO: the rollouts sent ahead for the previous step were not all used");
-  for (const auto& q : requests) {
+  for (const rlh_generate_args* q : requests) {
     Impl::Pending p;
-    p.request = encode_request(q->args);
-    send_message(r.pair, 1, kGenerate, p.request);
+    p.request = encode_request(*q);
+    p.parts = r.send_parts(*q);
     r.pending.push_back(std::move(p));
   }
 }
@@ -359,8 +471,12 @@ void GenerationRanks::finish() {
   if (generator_ || r.stopped) return;
   r.drain();
   r.pending.clear();
-  send_message(r.pair, 1, kStopDone, {});
   r.stopped = true;
+  if (r.attached) {
+    for (int peer : r.peers) send_message(r.link, peer, kStopDone, {});
+  } else if (r.world_rank == 0) {  // the generator ranks still wait for trainer 0's layout
+    for (int c = 0; c < r.num_generators; ++c) send_message(r.link, r.num_trainers + c, kStopDone, {});
+  }
 }
 
 void GenerationRanks::abandon() noexcept {
@@ -369,22 +485,43 @@ void GenerationRanks::abandon() noexcept {
   r.stopped = true;
   try {
     const std::string why = "its trainer (rank " + std::to_string(r.world_rank) + ") stopped with an error";
-    send_message(r.pair, 1, kStopFailed, std::vector<uint8_t>(why.begin(), why.end()));
+    const std::vector<uint8_t> bytes(why.begin(), why.end());
+    if (r.attached) {
+      for (int peer : r.peers) send_message(r.link, peer, kStopFailed, bytes);
+    } else if (r.world_rank == 0) {  // before attach every generator rank waits for trainer 0
+      for (int c = 0; c < r.num_generators; ++c) send_message(r.link, r.num_trainers + c, kStopFailed, bytes);
+    }
   } catch (...) {
-    // The pair may be what failed; the generator rank then stops on its timeout.
+    // The link may be what failed; the generator rank then stops on its timeout.
   }
 }
 
 void GenerationRanks::serve(Generator& gen) {
   Impl& r = *impl_;
-  const std::string trainer = "trainer rank " + std::to_string(r.peer_world_rank);
   std::vector<uint8_t> bytes;
+  // Trainer rank 0 names this rank's client once the trainers' layout is known (attach).
+  r.client = 0;
+  std::string trainer = "trainer rank 0";
   for (;;) {
-    const int64_t cmd = receive_message(r.pair, 0, bytes);
+    const int64_t cmd = receive_message(r.link, r.client, bytes);
     if (cmd == kStopDone) return;
     if (cmd == kStopFailed)
       throw Error(RLH_E_ABORTED, "generator rank " + std::to_string(r.world_rank) + ": " +
                                      std::string(bytes.begin(), bytes.end()));
+    if (cmd == kLayout && !r.attached) {
+      int64_t who = -1;
+      if (bytes.size() == sizeof who) std::memcpy(&who, bytes.data(), sizeof who);
+      if (who < 0 || who >= r.num_trainers)
+        throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": trainer rank 0 named client " +
+                                         std::to_string(who) + " of " + std::to_string(r.num_trainers) + " trainer ranks");
+      r.client = static_cast<int>(who);
+      r.attached = true;
+      trainer = "trainer rank " + std::to_string(who);
+      continue;
+    }
+    if (!r.attached)
+      throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": message " + std::to_string(cmd) +
+                                       " from trainer rank 0 before it named this rank's client");
     if (cmd == kRefit) {
       // Trainer 0's weights, broadcast to every generator rank.
       const json meta = json::parse(broadcast_text(r.refit, std::string()));
@@ -456,7 +593,7 @@ void GenerationRanks::serve(Generator& gen) {
       const std::string m = e.what();
       reply.assign(m.begin(), m.end());
     }
-    send_message(r.pair, 0, status, reply);
+    send_message(r.link, r.client, status, reply);
   }
 }
 

@@ -2,29 +2,46 @@
 // rollouts asynchronous GRPO sends ahead (grpo.async_grpo), over the host's communicator.
 //
 // Layout: the launched world (cluster.num_nodes x cluster.gpus_per_node ranks under mpirun) splits
-// into trainer ranks and generator ranks; the LAST gpus_per_node x num_nodes ranks of
+// into T trainer ranks and M generator ranks; the LAST gpus_per_node x num_nodes ranks of
 // policy.generation.colocated.resources generate, the ranks before them train (so world rank 0,
-// which writes metrics and checkpoints, is a trainer). Each trainer rank has one generator rank of
-// its own (trainer t and generator T + t form a pair), so the generator ranks must be half the
-// world; any other layout is refused at start with one line naming both sizes.
+// which writes metrics and checkpoints, is a trainer). Once the backend names the trainers'
+// layout (D data-parallel groups of g ranks: g = 1 without tensor, context or pipeline
+// parallelism), each data-parallel group gets k = M / D generator ranks of its own:
+//   k dividing g: the group's generate calls split into k parts (group_generation.hpp); the first
+//     rank of every g / k of the group (a "client") sends its part to its generator rank, and the
+//     group all-gathers the samples. k = g pairs every trainer rank with a generator rank (the
+//     group's split as colocated); k = 1 gives the group one generator rank, fed by its first rank.
+//   k a multiple of g: every rank of the group is a client with k / g generator ranks, and splits
+//     each of its calls (its part of the group's) into contiguous parts, one per generator rank,
+//     sent before any is received, so they generate at once.
+// Generator ranks are numbered by data-parallel rank, then place in the group. Parts keep their
+// prompts' indices in the call, so the samples are those one generator draws. Any other M is
+// refused with one line naming M, T, D and g (T and M not dividing one another already at the
+// split, before the model loads).
 //
 // Trainer ranks build the backend on a host whose world communicator is the trainers' group (the
-// backend's data-parallel groups never include a generator rank). Their generator is a
-// GeneratorLink to the pair's generator rank:
-//   generate: the request (prompt ids, sampling settings, RNG keys) goes to the generator rank,
-//     which runs its own generator component and sends the samples back (tokens, logprobs,
-//     truncation, weight version); the trainer scores them as a colocated one does. Sampling is
-//     keyed by (seed, step, prompt, sample), so the samples are the colocated run's.
-//   refit: every trainer visits the policy's weights (the visit is collective under FSDP); trainer
-//     rank 0 broadcasts them, full weights, to every generator rank in one group (trainer 0 and
-//     the generator ranks). Bytes and seconds are kept for the step's metrics.
-//   announce (asynchronous GRPO): the next step's requests are sent before this step trains, so
-//     the generator ranks draw them with the weights of the step before while the trainers train
-//     (1-step-off); the next generate call with the same request takes the results. Any other
-//     request or a refit first receives what is outstanding, so the order stays the pair's order.
-// The trainer ends its generator rank with a stop message when it finishes, or fails; a
-// generator rank waits for its trainer's next message under the communicator's timeout
-// (rlhost.comm_timeout_s), so it exits non-zero when its trainer is gone.
+// backend's data-parallel groups never include a generator rank). Trainer rank 0 tells every
+// generator rank which trainer rank is its client (attach, after the model loaded); a generator
+// rank then hears only from its client. The trainers' generator is a GeneratorLink:
+//   generate (clients only): the request (prompt ids, sampling settings, RNG keys) goes to the
+//     client's generator rank(s), which run their own generator component and send the samples back
+//     (tokens, logprobs, truncation, weight version); the trainer scores them as a colocated one
+//     does. Sampling is keyed by (seed, step, prompt, sample), so the samples are the colocated
+//     run's.
+//   refit: every trainer visits the policy's weights (collective under FSDP, and under tensor or
+//     pipeline parallelism, where the visit gathers each weight whole from the ranks' pieces:
+//     every rank contributes what it holds); trainer rank 0 broadcasts them, full weights, to
+//     every generator rank in one group (trainer 0 and the generator ranks). The other trainers
+//     only take part in the visit. Bytes and seconds are kept for the step's metrics.
+//   announce (asynchronous GRPO): the next step's requests (a client's part of them) are sent
+//     before this step trains, so the generator ranks draw them with the weights of the step
+//     before while the trainers train (1-step-off); the next generate call with the same request
+//     takes the results. Any other request or a refit first receives what is outstanding, so the
+//     order stays the client's order.
+// A client ends its generator ranks with a stop message when it finishes, or fails (trainer rank 0
+// stops every generator rank when it fails before attach); a generator rank waits for its
+// client's next message under the communicator's timeout (rlhost.comm_timeout_s), so it exits
+// non-zero when its client is gone.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +51,7 @@
 #include <vector>
 
 #include "components.hpp"
+#include "loop_ranks.hpp"
 #include "rlhost/sdk/comm.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rollout.hpp"
@@ -56,18 +74,28 @@ class GenerationRanks {
   // world communicator.
   const sdk::Host& trainer_host() const { return trainer_host_; }
 
-  // A trainer's generator: a link to its generator rank.
+  // A trainer's layout from the backend (`ranks` after follow_backend): which trainer ranks send
+  // to which generator rank. Collective over the trainer ranks; refuses a layout the generator
+  // ranks do not fit (the same line on every trainer rank).
+  void attach(const sdk::Host& host, const LoopRanks& ranks);
+  // How many parts a model-parallel group's generate calls split into (its clients).
+  int parts_per_group() const { return parts_; }
+  // This trainer rank sends requests to a generator rank of its own.
+  bool is_client() const;
+
+  // A trainer's generator: a link to its generator ranks (a non-client trainer only refits).
   std::unique_ptr<Generator> remote_generator(const std::string& name);
-  // Asynchronous GRPO: sends `requests` ahead (in the order the loop will make them).
-  void announce(std::vector<std::unique_ptr<GenerateRequest>> requests);
+  // Asynchronous GRPO: sends `requests` ahead (in the order the loop will make them; a client's
+  // parts, none elsewhere).
+  void announce(const std::vector<const rlh_generate_args*>& requests);
   // The last refit's broadcast (trainer rank 0; 0 elsewhere).
   double last_refit_bytes() const;
   double last_refit_seconds() const;
-  // A trainer's end: tells its generator rank to stop, cleanly or after a failure (best effort).
+  // A trainer's end: a client tells its generator ranks to stop, cleanly or after a failure (best effort).
   void finish();
   void abandon() noexcept;
 
-  // A generator rank's life: serves its trainer's requests with `gen` until told to stop.
+  // A generator rank's life: serves its client's requests with `gen` until told to stop.
   // Returns when the trainer finished; throws when it failed or went silent.
   void serve(Generator& gen);
 
@@ -78,6 +106,7 @@ class GenerationRanks {
   std::unique_ptr<Impl> impl_;
   bool generator_ = false;
   int trainers_ = 0;
+  int parts_ = 1;
   sdk::Host trainer_host_;
 };
 

@@ -37,25 +37,39 @@ rlh_status* collect_sample(void* user, const rlh_sample* s) {
 
 }  // namespace
 
-void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_generate_args& args, rlh_sample_fn fn,
-                         void* user) {
-  const int64_t g = group.size(), r = group.rank(), n = args.num_prompts;
-  const int64_t a = n * r / g, b = n * (r + 1) / g;
+GroupPart part_of_call(const rlh_generate_args& args, int size, int rank, int parts, rlh_generate_args* out,
+                       std::vector<int64_t>* offsets) {
+  GroupPart p;
+  const int stride = size / parts;
+  if (rank % stride != 0) return p;  // not the first rank of its part's run: generates nothing
+  const int64_t j = rank / stride, n = args.num_prompts;
+  p.begin = n * j / parts;
+  p.end = n * (j + 1) / parts;
+  if (out != nullptr && p.end > p.begin) {
+    // The prompts [begin, end), their offsets rebased, under their indices in the call.
+    offsets->resize(static_cast<size_t>(p.end - p.begin + 1));
+    for (int64_t i = p.begin; i <= p.end; ++i)
+      (*offsets)[size_t(i - p.begin)] = args.prompt_offsets[i] - args.prompt_offsets[p.begin];
+    *out = args;
+    out->prompt_ids = args.prompt_ids + args.prompt_offsets[p.begin];
+    out->prompt_offsets = offsets->data();
+    out->num_prompts = p.end - p.begin;
+    out->first_prompt_index = args.first_prompt_index + p.begin;
+  }
+  return p;
+}
+
+void generate_over_group(const sdk::Comm& group, int parts, Generator& gen, const rlh_generate_args& args,
+                         rlh_sample_fn fn, void* user) {
+  const int64_t r = group.rank();
   Collect c;
-  c.offset = a;
   std::vector<uint8_t> mine;
   try {
-    if (b > a) {
-      // This rank's prompts [a, b), their offsets rebased, under their indices in the call.
-      std::vector<int64_t> offsets(static_cast<size_t>(b - a + 1));
-      for (int64_t i = a; i <= b; ++i) offsets[size_t(i - a)] = args.prompt_offsets[i] - args.prompt_offsets[a];
-      rlh_generate_args part = args;
-      part.prompt_ids = args.prompt_ids + args.prompt_offsets[a];
-      part.prompt_offsets = offsets.data();
-      part.num_prompts = b - a;
-      part.first_prompt_index = args.first_prompt_index + a;
-      gen.generate_here(part, collect_sample, &c);
-    }
+    rlh_generate_args part{};
+    std::vector<int64_t> offsets;
+    const GroupPart p = part_of_call(args, group.size(), group.rank(), parts, &part, &offsets);
+    c.offset = p.begin;
+    if (p.end > p.begin) gen.generate_here(part, collect_sample, &c);
     ByteWriter head;
     const uint8_t ok = 1;
     head.raw(&ok, 1);
@@ -74,20 +88,20 @@ void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_gener
     fail.raw(what.data(), what.size());
     mine = std::move(fail.out);
   }
-  const std::vector<std::vector<uint8_t>> parts = all_gather_bytes(group, mine);
-  for (size_t p = 0; p < parts.size(); ++p) {
-    if (!parts[p].empty() && parts[p][0] == 1) continue;
-    if (parts[p].size() < 1 + sizeof(int64_t))
+  const std::vector<std::vector<uint8_t>> gathered = all_gather_bytes(group, mine);
+  for (size_t p = 0; p < gathered.size(); ++p) {
+    if (!gathered[p].empty() && gathered[p][0] == 1) continue;
+    if (gathered[p].size() < 1 + sizeof(int64_t))
       throw Error(RLH_E_INTERNAL, "generation on rank " + std::to_string(p) + " of the model-parallel group: no answer");
-    ByteReader rd{parts[p], "generation over the model-parallel group: rank " + std::to_string(p) + "'s part", 1};
+    ByteReader rd{gathered[p], "generation over the model-parallel group: rank " + std::to_string(p) + "'s part", 1};
     const auto code = static_cast<rlh_code>(rd.s64());
-    const std::string what(parts[p].begin() + 1 + sizeof(int64_t), parts[p].end());
+    const std::string what(gathered[p].begin() + 1 + sizeof(int64_t), gathered[p].end());
     // This rank's own error as it was; another's with its place in the group.
     throw Error(code, int64_t(p) == r ? what : "rank " + std::to_string(p) + " of the model-parallel group: " + what);
   }
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
-  for (const std::vector<uint8_t>& part : parts) {
+  for (const std::vector<uint8_t>& part : gathered) {
     ByteReader rd{part, "generation over the model-parallel group: a part", 1};
     const int64_t count = rd.i64();
     for (int64_t k = 0; k < count; ++k) {
@@ -111,14 +125,19 @@ void generate_over_group(const sdk::Comm& group, Generator& gen, const rlh_gener
   }
 }
 
-void split_generation_over(const sdk::Host& host, Generator& gen, const sdk::Comm& group) {
+void split_generation_over(const sdk::Host& host, Generator& gen, const sdk::Comm& group, int parts) {
   if (!group || group.size() <= 1) return;
+  if (parts == 0) parts = group.size();
+  if (parts < 1 || group.size() % parts != 0)
+    throw Error(RLH_E_INTERNAL, "generation over the model-parallel group: " + std::to_string(parts) +
+                                    " parts do not divide its " + std::to_string(group.size()) + " ranks");
   if (group.rank() == 0)
     host.info("generation: the " + std::to_string(group.size()) + " ranks of each model-parallel group split every "
-              "generate call's prompts and all-gather the samples");
+              "generate call's prompts into " + std::to_string(parts) + " part" + (parts == 1 ? "" : "s") +
+              " and all-gather the samples");
   const sdk::Comm* g = &group;
-  gen.set_split([g](Generator& self, const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
-    generate_over_group(*g, self, args, fn, user);
+  gen.set_split([g, parts](Generator& self, const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
+    generate_over_group(*g, parts, self, args, fn, user);
   });
 }
 

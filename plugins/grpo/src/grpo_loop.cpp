@@ -172,7 +172,9 @@ struct GrpoLoop::Impl {
       reference = backend->load_model("reference", model_dir, false);
     gen = placement ? placement->remote_generator(cfg.generation.component + " on the generator ranks")
                     : make_generator();
-    split_generation_over(host, *gen, ranks.group);  // tp/cp/pp ranks share the generation of their share
+    // tp/cp/pp ranks share the generation of their share: one part per rank, or per generator rank
+    // of the group when generation runs on ranks of its own.
+    split_generation_over(host, *gen, ranks.group, placement ? placement->parts_per_group() : 0);
 
     loss = std::make_unique<LossAdapter>(cfg.loss);
     loss->set_make_status(host.make_status());
@@ -213,13 +215,8 @@ struct GrpoLoop::Impl {
     ranks.follow_backend(trainer_host(), *backend, policy);
     dp_size = ranks.size;
     dp_rank = ranks.rank;
-    // Generator ranks of their own pair with trainer ranks one to one (generation_ranks.hpp);
-    // a model-parallel group's split of its generation is not carried over that pairing.
-    if (placement && ranks.group_size() > 1)
-      throw Error(RLH_E_UNIMPLEMENTED,
-                  "policy.generation.colocated.enabled = false with tensor, pipeline or context parallelism "
-                  "(model-parallel groups of " + std::to_string(ranks.group_size()) +
-                      " ranks): non-colocated generation is implemented for data-parallel trainers only");
+    // Generator ranks of their own: which trainer ranks feed which (generation_ranks.hpp).
+    if (placement) placement->attach(trainer_host(), ranks);
     if (dp_size <= 1) return;
     const std::string n_ranks = std::to_string(dp_size) + " data-parallel ranks";
     // Each rank trains on gbs / N samples of every global batch, whole prompt groups, as
@@ -266,7 +263,7 @@ struct GrpoLoop::Impl {
     const auto t0 = Clock::now();
     gen->refit_from(*backend, policy);
     generator_stale = false;
-    if (placement && dp_rank == 0) {  // the broadcast to the generator ranks (NeMo-RL's refit)
+    if (placement && ranks.writer()) {  // trainer 0's broadcast to the generator ranks (NeMo-RL's refit)
       refit_metrics["refit_bytes"] = placement->last_refit_bytes();
       refit_metrics["refit_broadcast_seconds"] = placement->last_refit_seconds();
     }
@@ -466,7 +463,21 @@ struct GrpoLoop::Impl {
     // part (none when the batch has fewer prompts than ranks; collect then generates nothing).
     const int64_t a = per_batch * dp_rank / dp_size, b = per_batch * (dp_rank + 1) / dp_size;
     if (b > a) request(a, b);
-    placement->announce(std::move(requests));
+    // Under model parallelism the group splits each call (split_generation_over): this rank's
+    // part, or nothing where another rank of the group feeds the generator ranks.
+    std::vector<const rlh_generate_args*> ahead;
+    rlh_generate_args part{};
+    std::vector<int64_t> offsets;
+    if (!requests.empty()) {  // (one request: the share's)
+      const rlh_generate_args& whole = requests.front()->args;
+      if (!ranks.group || ranks.group.size() <= 1)
+        ahead.push_back(&whole);
+      else if (const GroupPart p = part_of_call(whole, ranks.group.size(), ranks.group.rank(),
+                                                placement->parts_per_group(), &part, &offsets);
+               p.end > p.begin)
+        ahead.push_back(&part);
+    }
+    placement->announce(ahead);
   }
 
   // How many weight versions the step's oldest sample is behind the generator's weights now

@@ -247,8 +247,7 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
     const Section co = gen.sub("colocated");
     if (const json* e = co.find("enabled"); e != nullptr && !e->is_null()) co.read("enabled", c.generation.colocated);
     if (!c.generation.colocated) {
-      if (ppo)
-        throw ConfigError("policy.generation.colocated.enabled: false is not implemented for PPO (its critic); use true");
+      // (PPO too: its critic trains with the policy on the trainer ranks; only generation moves.)
       const Section res = co.sub("resources");
       std::optional<int64_t> gpus, nodes;
       res.read("gpus_per_node", gpus);

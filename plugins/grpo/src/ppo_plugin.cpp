@@ -28,7 +28,8 @@ const char* const kKeys[] = {
     "ppo.max_val_samples", "ppo.overlong_filtering", "ppo.use_dynamic_sampling", "ppo.batch_multiplier",
     "ppo.dynamic_sampling_max_gen_batches", "ppo.reward_shaping.*", "ppo.reward_scaling.*", "ppo.adv_estimator.*",
     "ppo.async_ppo.enabled", "ppo.seed", "ppo.skip_reference_policy_logprobs_calculation", "ppo.ppo_epochs",
-    "ppo.policy_training_start_step", "policy.generation.colocated.enabled",  // (refused when false)
+    "ppo.policy_training_start_step", "policy.generation.colocated.enabled",
+    "policy.generation.colocated.resources.gpus_per_node", "policy.generation.colocated.resources.num_nodes",
     // the critic
     "value.model_name", "value.tokenizer.name", "value.train_global_batch_size", "value.train_micro_batch_size",
     "value.max_total_sequence_length", "value.reward_model_cfg.enabled", "value.reward_model_cfg.reward_model_type",
