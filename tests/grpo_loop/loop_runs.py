@@ -58,6 +58,30 @@ def setup(tmp):
                    stdout=subprocess.DEVNULL)
 
 
+def ppo_setup(tmp, n_train, n_val):
+    """setup(), and PPO's demo task: the last of four random digits, n_train / n_val rows at
+    tmp/ptrain.jsonl and tmp/pval.jsonl."""
+    setup(tmp)
+    import random
+    rnd = random.Random(3)
+    for name, n in (("ptrain", n_train), ("pval", n_val)):
+        with open(f"{tmp}/{name}.jsonl", "w") as f:
+            for _ in range(n):
+                d = "".join(str(rnd.randrange(10)) for _ in range(4))
+                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+
+
+def ppo_command(tmp, tag, plugins, *settings):
+    """rlhost with these plugins (and dataset_jsonl, ppo) on examples/configs/ppo_demo_cpu.yaml over
+    ppo_setup's data, logging to tmp/tag/logs, then the settings."""
+    cmd = [RLHOST]
+    for p in list(plugins) + ["dataset_jsonl", "ppo"]:
+        cmd += ["--plugin", p]
+    return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny",
+                  f"data.train.data_path={tmp}/ptrain.jsonl", f"data.validation.data_path={tmp}/pval.jsonl",
+                  f"logger.log_dir={tmp}/{tag}/logs", *settings]
+
+
 def metrics(tmp, tag):
     """The run's metrics.jsonl as {step: {name: value}}."""
     rows = {}

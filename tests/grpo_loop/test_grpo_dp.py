@@ -36,7 +36,7 @@ import signal
 import subprocess
 import time
 
-from loop_runs import MPI_ENV, MPIRUN, RLHOST, SRC, check, close, compare, main, metrics, run, setup  # noqa: E402
+from loop_runs import MPIRUN, MPI_ENV, RLHOST, SRC, check, close, compare, main, metrics, ppo_command, ppo_setup, run, setup  # noqa: E402
 
 PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "generator", "grpo"]
 
@@ -310,24 +310,12 @@ def case_ppo_follows(tmp):
     fp32 rounding, the critic's within 1e-3 (AdamW at the critic's lr 1e-2 magnifies rounding in
     near-zero gradients); both DP=2 checkpoints hold value/. A value batch size other than the
     policy's is refused at DP=2 with one line."""
-    setup(tmp)
-    import random
-    rnd = random.Random(3)
-    for name, n in (("ptrain", 512), ("pval", 64)):
-        with open(f"{tmp}/{name}.jsonl", "w") as f:
-            for _ in range(n):
-                d = "".join(str(rnd.randrange(10)) for _ in range(4))
-                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+    ppo_setup(tmp, 512, 64)
 
     def ppo(tag, extra=()):
-        cmd = [RLHOST]
-        for p in PLUGINS[:-1] + ["dataset_jsonl", "ppo"]:
-            cmd += ["--plugin", p]
-        return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny",
-                      "ppo.max_num_steps=4", "ppo.val_period=2", f"data.train.data_path={tmp}/ptrain.jsonl",
-                      f"data.validation.data_path={tmp}/pval.jsonl", f"logger.log_dir={tmp}/{tag}/logs",
-                      "checkpointing.enabled=true", f"++checkpointing.checkpoint_dir={tmp}/{tag}/ckpt",
-                      "++checkpointing.save_period=2", "++rlhost.comm_timeout_s=10", *extra]
+        return ppo_command(tmp, tag, PLUGINS[:-1], "ppo.max_num_steps=4", "ppo.val_period=2",
+                           "checkpointing.enabled=true", f"++checkpointing.checkpoint_dir={tmp}/{tag}/ckpt",
+                           "++checkpointing.save_period=2", "++rlhost.comm_timeout_s=10", *extra)
     rc, out, _ = run(ppo("one"))
     check(rc == 0, f"ppo: one rank runs (rc {rc})", out)
     rc, out, secs = run(ppo("two"), np=2)

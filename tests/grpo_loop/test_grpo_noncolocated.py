@@ -41,7 +41,7 @@ import signal
 import subprocess
 import time
 
-from loop_runs import MPI_ENV, RLHOST, SRC, check, close, compare, launch, main, metrics, run, setup  # noqa: E402
+from loop_runs import MPI_ENV, RLHOST, SRC, check, close, compare, launch, main, metrics, ppo_command, ppo_setup, run, setup  # noqa: E402
 
 PLUGINS = ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "dtensor", "megatron", "generator", "grpo"]
 NONCOLOCATED = ["++policy.generation.colocated.enabled=false"]
@@ -198,23 +198,11 @@ def case_follows_tp2dp2_np6(tmp):
 def case_ppo_follows(tmp):
     """PPO (its demo task, 3 steps of 64 prompts x 1 sample) with 1 trainer + 1 generator rank: the
     policy's and the critic's figures follow one colocated rank within fp32 rounding."""
-    setup(tmp)
-    import random
-    rnd = random.Random(3)
-    for name, n in (("ptrain", 256), ("pval", 32)):
-        with open(f"{tmp}/{name}.jsonl", "w") as f:
-            for _ in range(n):
-                d = "".join(str(rnd.randrange(10)) for _ in range(4))
-                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+    ppo_setup(tmp, 256, 32)
 
     def ppo(tag, extra=()):
-        cmd = [RLHOST]
-        for p in PLUGINS[:-1] + ["dataset_jsonl", "ppo"]:
-            cmd += ["--plugin", p]
-        return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"), f"policy.model_name={tmp}/tiny",
-                      "ppo.max_num_steps=3", "ppo.val_period=3", f"data.train.data_path={tmp}/ptrain.jsonl",
-                      f"data.validation.data_path={tmp}/pval.jsonl", f"logger.log_dir={tmp}/{tag}/logs",
-                      "checkpointing.enabled=false", "++rlhost.comm_timeout_s=10", *extra]
+        return ppo_command(tmp, tag, PLUGINS[:-1], "ppo.max_num_steps=3", "ppo.val_period=3",
+                           "checkpointing.enabled=false", "++rlhost.comm_timeout_s=10", *extra)
     rc, out, _ = run(ppo("colocated"))
     check(rc == 0, f"ppo: one colocated rank runs (rc {rc})", out)
     rc2, out2, secs = run(ppo("nc", generators(1)), np=2)

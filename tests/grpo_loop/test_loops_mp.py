@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 
-from loop_runs import RLHOST, SRC, check, close, main, metrics, run, setup  # noqa: E402
+from loop_runs import RLHOST, SRC, check, close, main, metrics, ppo_command, ppo_setup, run, setup  # noqa: E402
 
 MEGATRON = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
             "++policy.megatron_cfg.optimizer.weight_decay=0"]
@@ -194,25 +194,12 @@ def case_ppo_cp2(tmp):
     """PPO (policy and critic, a value head, on one backend) at CP 2 follows one rank: 3 steps of
     its demo task, every logged figure within 1e-5 relative (the critic's within 1e-3, as at
     DP 2: AdamW at the critic's lr magnifies rounding in near-zero gradients)."""
-    setup(tmp)
-    import random
-    rnd = random.Random(3)
-    for name, n in (("ptrain", 256), ("pval", 32)):
-        with open(f"{tmp}/{name}.jsonl", "w") as f:
-            for _ in range(n):
-                d = "".join(str(rnd.randrange(10)) for _ in range(4))
-                f.write(json.dumps({"input": d, "output": d[-1]}) + "\n")
+    ppo_setup(tmp, 256, 32)
 
     def ppo(tag, layout):
-        cmd = [RLHOST]
-        for p in ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "megatron", "generator",
-                  "dataset_jsonl", "ppo"]:
-            cmd += ["--plugin", p]
-        return cmd + ["--config", os.path.join(SRC, "examples/configs/ppo_demo_cpu.yaml"),
-                      f"policy.model_name={tmp}/tiny", "ppo.max_num_steps=3", "ppo.val_period=2",
-                      f"data.train.data_path={tmp}/ptrain.jsonl", f"data.validation.data_path={tmp}/pval.jsonl",
-                      f"logger.log_dir={tmp}/{tag}/logs", "checkpointing.enabled=false", "++rlhost.comm_timeout_s=20",
-                      *MEGATRON, *LAYOUTS[layout]]
+        return ppo_command(tmp, tag, ["environments", "tokenizer_hf", "model_llama", "kernels_cpu", "megatron", "generator"],
+                           "ppo.max_num_steps=3", "ppo.val_period=2", "checkpointing.enabled=false",
+                           "++rlhost.comm_timeout_s=20", *MEGATRON, *LAYOUTS[layout])
     rc, out, _ = run(ppo("one", "one"))
     check(rc == 0, f"ppo: one rank runs (rc {rc})", out)
     rc, out, _ = run(ppo("cp2", "cp2"), np=2)
