@@ -34,14 +34,15 @@ cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DRLH_SANITIZE=ON -DRLH_CUDA=OFF -DRLH_BUILD_TESTS=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 echo "== tests under ASan+UBSan =="
-# `heavy` (the three-seed GRPO demo) is left out here too, and so are the four-rank runs (`np4`:
-# the two-rank runs' code with more ranks) and the runs that train to show learning (`learns`);
+# `heavy` (the three-seed GRPO demo) is left out here too, and so are the three- and four-rank
+# runs (`np3`, `np4`: the two-rank runs' code with more ranks) and the runs that train to show
+# learning (`learns`);
 # the normal build above runs them.
 # print_suppressions=0: a matched suppression must not print its table on stderr, where the CLI
 # tests check one-line errors.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=print_suppressions=0
-ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE 'heavy|np4|learns'
+ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE 'heavy|np3|np4|learns'
 
 echo "== fuzzing (clang-14 libFuzzer + ASan+UBSan) =="
 cmake -G Ninja -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
