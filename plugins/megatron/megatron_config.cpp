@@ -148,16 +148,15 @@ backend::BackendConfig read_config(const json& policy) {
     throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + r.full(tp_key) +
                                          " = " + std::to_string(cfg.parallel.tp) +
                                          ": expert parallelism with tensor parallelism is not implemented");
-  // Neither pipeline nor context parallelism is tested with expert parallelism (nor implemented:
-  // the engine's MoE dispatch under a stage's program or a cp split); refused by name.
-  if (cfg.parallel.ep > 1 && (cfg.parallel.pp > 1 || cfg.parallel.cp > 1)) {
-    const std::string other = cfg.parallel.pp > 1
-                                  ? r.full("megatron_cfg.pipeline_model_parallel_size") + " = " + std::to_string(cfg.parallel.pp)
-                                  : r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp);
-    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + other +
-                                         ": expert parallelism is not implemented together with pipeline or context "
+  // Pipeline parallelism is not implemented with expert parallelism (a stage's program refuses
+  // MoE layers); refused by name. Context parallelism is (Megatron's expert layout carves the ep
+  // group from the cp x dp ranks; each rank dispatches its own zigzag rows).
+  if (cfg.parallel.ep > 1 && cfg.parallel.pp > 1)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " +
+                                         r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
+                                         std::to_string(cfg.parallel.pp) +
+                                         ": expert parallelism is not implemented together with pipeline "
                                          "parallelism (use one of them)");
-  }
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded
   // plugin provides FP8 linears (it claims policy.megatron_cfg.fp8_cfg.*: examples/vendor_fp8).

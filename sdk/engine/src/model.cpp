@@ -179,7 +179,6 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     cp = opt.cp_comm->size();
     cp_rank = opt.cp_comm->rank();
     if (store != nullptr) throw std::invalid_argument("engine: context parallelism with a UnitStore (FSDP) is not supported");
-    if (ep_on) throw std::invalid_argument("engine: expert parallelism with context parallelism is not supported");
   }
   sdk::ExecutorCaps caps;
   caps.name = cp_on ? "engine under context parallelism" : "engine";
