@@ -118,16 +118,15 @@ backend::BackendConfig read_config(const json& policy) {
   cfg.parallel.cp = r.is_null(cp_key) ? 1 : r.integer(cp_key, 1);
   if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
   read_pipeline(r, cfg);
-  // A pipeline stage passes every token's activations (tokens x hidden) to the next; context and
-  // sequence parallelism leave each rank only some of the rows, which the stage calls do not carry.
-  if (cfg.parallel.pp > 1 && (cfg.parallel.cp > 1 || cfg.parallel.sequence_parallel)) {
-    const std::string what = cfg.parallel.cp > 1 ? r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp)
-                                                 : r.full("megatron_cfg.sequence_parallel") + " = true";
-    throw Error(RLH_E_UNIMPLEMENTED, what + " with " + r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
+  // A pipeline stage passes each rank's rows of the context-parallel split to the same cp rank
+  // of the next stage (Engine::stage_rows); sequence parallelism's further split over the tp
+  // group is not carried.
+  if (cfg.parallel.pp > 1 && cfg.parallel.sequence_parallel)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full("megatron_cfg.sequence_parallel") + " = true with " +
+                                         r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
                                          std::to_string(cfg.parallel.pp) +
-                                         ": context and sequence parallelism are not implemented together with "
-                                         "pipeline parallelism (use one of them)");
-  }
+                                         ": sequence parallelism is not implemented together with pipeline "
+                                         "parallelism (use one of them)");
   // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
   // carved from the data-parallel ones. Expert tensor parallelism: each expert split over the
   // tensor-parallel group (etp = tp; Megatron's default when the key is null); another etp is

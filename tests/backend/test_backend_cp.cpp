@@ -51,8 +51,10 @@ struct Case {
   bool sp = false;         // sequence_parallel
   bool recompute = false;  // activation_checkpointing (reference and layout)
   int64_t ep = 1;          // expert_model_parallel_size (carved from the cp x dp ranks)
+  int64_t pp = 1;          // pipeline_model_parallel_size (stages of the layers split evenly)
   std::string label() const {
     return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (ep > 1 ? " ep" + std::to_string(ep) : "") +
+           (pp > 1 ? " pp" + std::to_string(pp) : "") +
            (sp ? " sp" : "") +
            (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "") + (recompute ? " recompute" : "");
   }
@@ -71,6 +73,7 @@ json base_config(const Case& c, bool one_rank) {
                 {"sequence_parallel", !one_rank && c.sp}}}};
   json& mc = cfg["megatron_cfg"];
   if (!one_rank && c.ep > 1) mc["expert_model_parallel_size"] = c.ep;
+  if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
   if (has_aux_losses(c)) {
     mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
     mc["moe_aux_loss_coeff"] = 0.01;
@@ -123,11 +126,17 @@ int64_t kv_width(const Case& c) {
   return 2 * std::max<int64_t>(2 / c.tp, 1) * fixture_head_dim(c);
 }
 // `microbatches`: this rank's in the step.
+// Under pipeline parallelism (layers split evenly over the stages) a stage gathers its own
+// layers' k and v, the last stage the head's outputs, and the MoE counts of its MoE layers; a
+// stage before the last runs each micro-batch's forward twice (forward_stage, whose output goes
+// to the next stage, and backward_stage's, whose activations its backward reads): one more
+// gather of k and v.
 int64_t analytic_cp_bytes(const Case& c, const Batch& mine, int64_t microbatches) {
-  const int64_t passes = c.recompute ? 4 : 3;
-  int64_t bytes = 4 * (c.cp - 1) * rows_of(c, mine) * (passes * fixture_layers(c) * kv_width(c) + 2);
+  const int64_t stage = world().rank() / (world().size() / c.pp), last = stage == c.pp - 1 ? 1 : 0;
+  const int64_t passes = (c.recompute ? 4 : 3) + (c.pp > 1 && !last ? 1 : 0), layers = fixture_layers(c) / c.pp;
+  int64_t bytes = 4 * (c.cp - 1) * rows_of(c, mine) * (passes * layers * kv_width(c) + 2 * last);
   if (is_moe(c)) {
-    const int64_t moe_layers = 2, E = 8;
+    const int64_t moe_layers = 2 / c.pp, E = 8;
     const bool per_sequence = has_aux_losses(c) && c.packing;  // seq_aux_loss
     const int64_t doubles = moe_layers * E * (per_sequence ? mine.num_seqs() : microbatches) + 2;
     bytes += 2 * doubles * 8 * (c.cp - 1) / c.cp;
@@ -179,8 +188,8 @@ struct Place {
   int64_t tokens = 0, seqs = 0, first = 0;
   explicit Place(const Case& c) {
     const int block = int(c.tp * c.cp);
-    dp = world().size() / block;
-    dp_rank = world().rank() / block;
+    dp = world().size() / block / int(c.pp);
+    dp_rank = world().rank() / block % dp;
     global = global_batch();
     tokens = global->num_tokens();
     seqs = global->num_seqs();
@@ -188,7 +197,9 @@ struct Place {
   }
 };
 
-bool runs_here(const Case& c) { return world().size() % (c.tp * c.cp) == 0 && world().size() / c.tp % c.ep == 0; }
+bool runs_here(const Case& c) {
+  return world().size() % (c.tp * c.cp * c.pp) == 0 && world().size() / c.tp % c.ep == 0;
+}
 
 class ContextParallel : public ::testing::TestWithParam<Case> {};
 
@@ -319,6 +330,12 @@ std::vector<Case> cases() {
       {"deepseek-v3-tiny", 1, 2, false, true, false, false, 4},
       {"qwen3-moe-tiny", 1, 2, true, false, false, false, 4},
       {"qwen3-moe-tiny", 1, 2, false, true, false, true, 2},  // with activation checkpointing
+      // Pipeline stages over cp groups (np 4: CP 2 x PP 2): each boundary carries the rank's rows.
+      {"llama-tiny", 1, 2, false, true, false, false, 1, 2},
+      {"qwen3-tiny", 1, 2, true, false, false, false, 1, 2},   // tied embedding over the stages
+      {"qwen3-moe-tiny", 1, 2, true, true, false, false, 1, 2},
+      {"qwen3-moe-tiny", 1, 2, false, false, false, false, 1, 2},
+      {"llama-tiny", 1, 2, false, false, false, true, 1, 2},  // with activation checkpointing
   };
 }
 
@@ -346,18 +363,16 @@ TEST(ContextParallelErrors, RefusedByName) {
     load_error(cp2, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "context_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
-  {  // with pipeline parallelism: neither splitting the rows nor the stage calls carry the other
+  {  // sequence parallelism with pipeline parallelism: the stage calls do not carry its split
     auto create_error = [](const json& mcfg, const std::string& part) {
       rlh_backend* b = nullptr;
       const std::string cfg = json({{"megatron_cfg", mcfg}}).dump();
       expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b),
                    RLH_E_UNIMPLEMENTED, part);
     };
-    create_error({{"context_parallel_size", 2}, {"pipeline_model_parallel_size", 2}},
-                 "policy.megatron_cfg.context_parallel_size = 2 with policy.megatron_cfg.pipeline_model_parallel_size = 2: "
-                 "context and sequence parallelism are not implemented together with pipeline parallelism");
     create_error({{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}, {"pipeline_model_parallel_size", 2}},
-                 "policy.megatron_cfg.sequence_parallel = true with policy.megatron_cfg.pipeline_model_parallel_size = 2");
+                 "policy.megatron_cfg.sequence_parallel = true with policy.megatron_cfg.pipeline_model_parallel_size = 2: "
+                 "sequence parallelism is not implemented together with pipeline parallelism");
   }
   {
     rlh_backend* b = nullptr;
