@@ -15,6 +15,10 @@
 //     grouped top-k and a selection bias, a shared expert), at CP 2,
 //     CP 2 x DP 2, CP 2 x TP 2 and CP 4 (and at CP 2 with activation checkpointing), with the
 //     auxiliary losses (and, without packing, the busiest expert's load) as the reference's;
+//   - expert parallelism over the cp x dp ranks (CP 2 x EP 2 at np 2; CP 2 x DP 2 x EP 2 and
+//     CP 2 x EP 4 at np 4; an ep group with an idle cp group), pipeline stages over cp groups
+//     (CP 2 x PP 2 at np 4, with the pp bytes; TP 2 x CP 2 x PP 2 at np 8, run by hand) on
+//     dense, tied and MoE models give the same;
 //   - sequence parallelism (TP 2 + SP at np 2; TP 2 x DP 2 + SP, TP 2 x CP 2 + SP and TP 4 + SP at
 //     np 4) gives the same, so the same as tensor parallelism without it;
 //   - the cp group's and the tp group's bytes per step equal the analytic counts;
@@ -362,6 +366,39 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cp, ContextParallel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return test_name(info.param.label()); });
+
+// CP 2 x DP 2 x EP 4 (np 4): one cp group takes every sequence, the other none; the idle
+// group's ranks still run their experts for the busy ranks' rows (forward and backward, with and
+// without recompute), and the step equals the reference.
+TEST(ContextParallelExperts, EmptyShardOfAnEpGroup) {
+  const int N = world().size(), R = world().rank();
+  if (N != 4) GTEST_SKIP() << "CP 2 x DP 2 x EP 4 needs 4 ranks, got " << N;
+  for (const bool recompute : {false, true}) {
+    Case c{"qwen3-moe-tiny", 1, 2, false, false};
+    c.ep = 4;
+    c.recompute = recompute;
+    auto g = global_batch();
+    Outcome ref;
+    {
+      Alone alone;
+      Backend be(host(), "megatron", sgd_config(c, true));
+      rlh_model* m = be.load(model_path(c.model), true);
+      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+    }
+    auto mine = R < 2 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);  // ranks 0, 1: one cp group
+    ASSERT_EQ(mine->num_seqs(), R < 2 ? g->num_seqs() : 0);
+    Backend be(host(), "megatron", sgd_config(c, false));
+    rlh_model* m = be.load(model_path(c.model), true);
+    const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+    EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
+    EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
+    EXPECT_LE(max_rel_diff(o.grads, ref.grads), 1e-4) << c.label();
+    EXPECT_NEAR(o.metrics["moe/aux_loss"].get<double>(), ref.metrics["moe/aux_loss"].get<double>(),
+                1e-5 * ref.metrics["moe/aux_loss"].get<double>())
+        << c.label();
+    if (R >= 2) EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle rank exchanges for its peers";
+  }
+}
 
 TEST(ContextParallelErrors, RefusedByName) {
   const int N = world().size();
