@@ -118,16 +118,15 @@ backend::BackendConfig read_config(const json& policy) {
   cfg.parallel.cp = r.is_null(cp_key) ? 1 : r.integer(cp_key, 1);
   if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
   read_pipeline(r, cfg);
-  // A pipeline stage passes every token's activations (tokens x hidden) to the next; context and
-  // sequence parallelism leave each rank only some of the rows, which the stage calls do not carry.
-  if (cfg.parallel.pp > 1 && (cfg.parallel.cp > 1 || cfg.parallel.sequence_parallel)) {
-    const std::string what = cfg.parallel.cp > 1 ? r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp)
-                                                 : r.full("megatron_cfg.sequence_parallel") + " = true";
-    throw Error(RLH_E_UNIMPLEMENTED, what + " with " + r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
+  // A pipeline stage passes each rank's rows of the context-parallel split to the same cp rank
+  // of the next stage (Engine::stage_rows); sequence parallelism's further split over the tp
+  // group is not carried.
+  if (cfg.parallel.pp > 1 && cfg.parallel.sequence_parallel)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full("megatron_cfg.sequence_parallel") + " = true with " +
+                                         r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
                                          std::to_string(cfg.parallel.pp) +
-                                         ": context and sequence parallelism are not implemented together with "
-                                         "pipeline parallelism (use one of them)");
-  }
+                                         ": sequence parallelism is not implemented together with pipeline "
+                                         "parallelism (use one of them)");
   // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
   // carved from the data-parallel ones. Expert tensor parallelism: each expert split over the
   // tensor-parallel group (etp = tp; Megatron's default when the key is null); another etp is
@@ -148,16 +147,15 @@ backend::BackendConfig read_config(const json& policy) {
     throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + r.full(tp_key) +
                                          " = " + std::to_string(cfg.parallel.tp) +
                                          ": expert parallelism with tensor parallelism is not implemented");
-  // Neither pipeline nor context parallelism is tested with expert parallelism (nor implemented:
-  // the engine's MoE dispatch under a stage's program or a cp split); refused by name.
-  if (cfg.parallel.ep > 1 && (cfg.parallel.pp > 1 || cfg.parallel.cp > 1)) {
-    const std::string other = cfg.parallel.pp > 1
-                                  ? r.full("megatron_cfg.pipeline_model_parallel_size") + " = " + std::to_string(cfg.parallel.pp)
-                                  : r.full(cp_key) + " = " + std::to_string(cfg.parallel.cp);
-    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + other +
-                                         ": expert parallelism is not implemented together with pipeline or context "
+  // Pipeline parallelism is not implemented with expert parallelism (a stage's program refuses
+  // MoE layers); refused by name. Context parallelism is (Megatron's expert layout carves the ep
+  // group from the cp x dp ranks; each rank dispatches its own zigzag rows).
+  if (cfg.parallel.ep > 1 && cfg.parallel.pp > 1)
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " +
+                                         r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
+                                         std::to_string(cfg.parallel.pp) +
+                                         ": expert parallelism is not implemented together with pipeline "
                                          "parallelism (use one of them)");
-  }
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded
   // plugin provides FP8 linears (it claims policy.megatron_cfg.fp8_cfg.*: examples/vendor_fp8).

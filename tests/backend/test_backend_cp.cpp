@@ -15,6 +15,10 @@
 //     grouped top-k and a selection bias, a shared expert), at CP 2,
 //     CP 2 x DP 2, CP 2 x TP 2 and CP 4 (and at CP 2 with activation checkpointing), with the
 //     auxiliary losses (and, without packing, the busiest expert's load) as the reference's;
+//   - expert parallelism over the cp x dp ranks (CP 2 x EP 2 at np 2; CP 2 x DP 2 x EP 2 and
+//     CP 2 x EP 4 at np 4; an ep group with an idle cp group), pipeline stages over cp groups
+//     (CP 2 x PP 2 at np 4, with the pp bytes; TP 2 x CP 2 x PP 2 at np 8, run by hand) on
+//     dense, tied and MoE models give the same;
 //   - sequence parallelism (TP 2 + SP at np 2; TP 2 x DP 2 + SP, TP 2 x CP 2 + SP and TP 4 + SP at
 //     np 4) gives the same, so the same as tensor parallelism without it;
 //   - the cp group's and the tp group's bytes per step equal the analytic counts;
@@ -50,8 +54,12 @@ struct Case {
   bool distributed_optimizer;
   bool sp = false;         // sequence_parallel
   bool recompute = false;  // activation_checkpointing (reference and layout)
+  int64_t ep = 1;          // expert_model_parallel_size (carved from the cp x dp ranks)
+  int64_t pp = 1;          // pipeline_model_parallel_size (stages of the layers split evenly)
   std::string label() const {
-    return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (sp ? " sp" : "") +
+    return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (ep > 1 ? " ep" + std::to_string(ep) : "") +
+           (pp > 1 ? " pp" + std::to_string(pp) : "") +
+           (sp ? " sp" : "") +
            (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "") + (recompute ? " recompute" : "");
   }
 };
@@ -68,6 +76,8 @@ json base_config(const Case& c, bool one_rank) {
                 {"context_parallel_size", one_rank ? 1 : c.cp},
                 {"sequence_parallel", !one_rank && c.sp}}}};
   json& mc = cfg["megatron_cfg"];
+  if (!one_rank && c.ep > 1) mc["expert_model_parallel_size"] = c.ep;
+  if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
   if (has_aux_losses(c)) {
     mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
     mc["moe_aux_loss_coeff"] = 0.01;
@@ -120,16 +130,33 @@ int64_t kv_width(const Case& c) {
   return 2 * std::max<int64_t>(2 / c.tp, 1) * fixture_head_dim(c);
 }
 // `microbatches`: this rank's in the step.
+// Under pipeline parallelism (layers split evenly over the stages) a stage gathers its own
+// layers' k and v, the last stage the head's outputs, and the MoE counts of its MoE layers; a
+// stage before the last runs each micro-batch's forward twice (forward_stage, whose output goes
+// to the next stage, and backward_stage's, whose activations its backward reads): one more
+// gather of k and v.
 int64_t analytic_cp_bytes(const Case& c, const Batch& mine, int64_t microbatches) {
-  const int64_t passes = c.recompute ? 4 : 3;
-  int64_t bytes = 4 * (c.cp - 1) * rows_of(c, mine) * (passes * fixture_layers(c) * kv_width(c) + 2);
+  const int64_t stage = world().rank() / (world().size() / c.pp), last = stage == c.pp - 1 ? 1 : 0;
+  const int64_t passes = (c.recompute ? 4 : 3) + (c.pp > 1 && !last ? 1 : 0), layers = fixture_layers(c) / c.pp;
+  int64_t bytes = 4 * (c.cp - 1) * rows_of(c, mine) * (passes * layers * kv_width(c) + 2 * last);
   if (is_moe(c)) {
-    const int64_t moe_layers = 2, E = 8;
+    const int64_t moe_layers = 2 / c.pp, E = 8;
     const bool per_sequence = has_aux_losses(c) && c.packing;  // seq_aux_loss
     const int64_t doubles = moe_layers * E * (per_sequence ? mine.num_seqs() : microbatches) + 2;
     bytes += 2 * doubles * 8 * (c.cp - 1) / c.cp;
   }
   return bytes;
+}
+
+// The pipeline's bytes of one train step on a rank of a two-stage pipeline
+// (test_backend_pp.cpp's count over this rank's rows of the cp split): each micro-batch's rows
+// x C floats sent once (stage 0 its activations, stage 1 their gradients), a tied embedding's
+// gradient all-reduced over the two stages' embedding group (ring: 2 (2-1)/2 of its V/T rows),
+// and the gradient norm's sum over the stages (8 bytes).
+int64_t analytic_pp_bytes(const Case& c, const Batch& mine) {
+  const int64_t C = 64;
+  const bool tied = c.model == "qwen3-tiny";
+  return rows_of(c, mine) * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
 }
 
 // How many micro-batches a rank cuts its share into: one rank's plan of the same share and
@@ -176,8 +203,8 @@ struct Place {
   int64_t tokens = 0, seqs = 0, first = 0;
   explicit Place(const Case& c) {
     const int block = int(c.tp * c.cp);
-    dp = world().size() / block;
-    dp_rank = world().rank() / block;
+    dp = world().size() / block / int(c.pp);
+    dp_rank = world().rank() / block % dp;
     global = global_batch();
     tokens = global->num_tokens();
     seqs = global->num_seqs();
@@ -185,7 +212,9 @@ struct Place {
   }
 };
 
-bool runs_here(const Case& c) { return world().size() % (c.tp * c.cp) == 0; }
+bool runs_here(const Case& c) {
+  return world().size() % (c.tp * c.cp * c.pp) == 0 && world().size() / c.tp % c.ep == 0;
+}
 
 class ContextParallel : public ::testing::TestWithParam<Case> {};
 
@@ -206,6 +235,11 @@ TEST_P(ContextParallel, MatchesOneRank) {
   if (c.cp > 1) {
     EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
   }
+  // Under expert parallelism every row (padding included) of this rank crosses to its experts'
+  // ranks: some bytes, whose count depends on the padding rows' routing (not counted here).
+  if (c.ep > 1) {
+    EXPECT_GT(cp.metrics.value("ep/comm_bytes", int64_t(0)), 0) << c.label();
+  }
   ASSERT_EQ(int64_t(cp.logprobs.size()), p.mine->num_tokens());
   double lp_err = 0, ent_err = 0;
   for (size_t t = 0; t < cp.logprobs.size(); ++t) {
@@ -222,8 +256,14 @@ TEST_P(ContextParallel, MatchesOneRank) {
   const int64_t bytes = cp.metrics.value("cp/comm_bytes", int64_t(0));
   const int64_t analytic = analytic_cp_bytes(c, *p.mine, is_moe(c) ? microbatches_of(c, *p.mine) : 0);
   EXPECT_EQ(bytes, analytic) << c.label();
+  // (The tp count above is one model's, not a stage's: not compared under pipeline parallelism,
+  // as test_backend_pp.cpp does not.)
   const int64_t tp_bytes = cp.metrics["tp/comm_bytes"].get<int64_t>(), tp_analytic = analytic_tp_bytes(c, *p.mine);
-  EXPECT_EQ(tp_bytes, tp_analytic) << c.label();
+  if (c.pp == 1) EXPECT_EQ(tp_bytes, tp_analytic) << c.label();
+  if (c.pp > 1) {
+    const int64_t pp_bytes = cp.metrics["pp/comm_bytes"].get<int64_t>();
+    EXPECT_EQ(pp_bytes, analytic_pp_bytes(c, *p.mine)) << c.label();
+  }
   if (is_moe(c)) {  // every rank's tokens' share, summed over the group: one rank's values
     std::vector<std::string> keys;
     if (has_aux_losses(c)) keys = {"moe/aux_loss", "moe/z_loss"};
@@ -240,7 +280,9 @@ TEST_P(ContextParallel, MatchesOneRank) {
               << ", grad norm " << cp.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
               << " (relative to the largest), logprobs within " << lp_err << ", entropy within " << ent_err
               << ", cp bytes/step " << bytes << " (analytic " << analytic << "), tp bytes/step " << tp_bytes
-              << " (analytic " << tp_analytic << ")\n";
+              << " (analytic " << tp_analytic << ")"
+              << (c.pp > 1 ? ", pp bytes/step " + std::to_string(cp.metrics["pp/comm_bytes"].get<int64_t>()) : "")
+              << "\n";
 }
 
 TEST_P(ContextParallel, AdamWStepsFollowOneRank) {
@@ -302,11 +344,61 @@ std::vector<Case> cases() {
       {"deepseek-v3-tiny", 2, 2, true, false, true},
       {"qwen3-moe-tiny", 1, 2, false, false, false, true},  // activation checkpointing
       {"deepseek-v3-tiny", 1, 2, true, true, false, true},
+      // Expert parallelism over the cp x dp ranks (Megatron's expert layout: ep fastest over the
+      // non-tp ranks): np 2: CP 2 x EP 2 (the ep group is the cp group); np 4: CP 2 x DP 2 x EP 2,
+      // and EP 4 spanning both cp and dp ranks.
+      {"qwen3-moe-tiny", 1, 2, false, false, false, false, 2},
+      {"qwen3-moe-tiny", 1, 2, true, true, false, false, 2},
+      {"deepseek-v3-tiny", 1, 2, true, false, false, false, 2},
+      {"deepseek-v3-tiny", 1, 2, false, true, false, false, 4},
+      {"qwen3-moe-tiny", 1, 2, true, false, false, false, 4},
+      {"qwen3-moe-tiny", 1, 2, false, true, false, true, 2},  // with activation checkpointing
+      // Pipeline stages over cp groups (np 4: CP 2 x PP 2): each boundary carries the rank's rows.
+      {"llama-tiny", 1, 2, false, true, false, false, 1, 2},
+      {"qwen3-tiny", 1, 2, true, false, false, false, 1, 2},   // tied embedding over the stages
+      {"qwen3-moe-tiny", 1, 2, true, true, false, false, 1, 2},
+      {"qwen3-moe-tiny", 1, 2, false, false, false, false, 1, 2},
+      {"llama-tiny", 1, 2, false, false, false, true, 1, 2},  // with activation checkpointing
+      {"llama-tiny", 2, 2, true, true, false, false, 1, 2},   // np 8 (by hand): TP 2 x CP 2 x PP 2
+      {"qwen3-moe-tiny", 2, 2, false, false, false, false, 1, 2},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Cp, ContextParallel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return test_name(info.param.label()); });
+
+// CP 2 x DP 2 x EP 4 (np 4): one cp group takes every sequence, the other none; the idle
+// group's ranks still run their experts for the busy ranks' rows (forward and backward, with and
+// without recompute), and the step equals the reference.
+TEST(ContextParallelExperts, EmptyShardOfAnEpGroup) {
+  const int N = world().size(), R = world().rank();
+  if (N != 4) GTEST_SKIP() << "CP 2 x DP 2 x EP 4 needs 4 ranks, got " << N;
+  for (const bool recompute : {false, true}) {
+    Case c{"qwen3-moe-tiny", 1, 2, false, false};
+    c.ep = 4;
+    c.recompute = recompute;
+    auto g = global_batch();
+    Outcome ref;
+    {
+      Alone alone;
+      Backend be(host(), "megatron", sgd_config(c, true));
+      rlh_model* m = be.load(model_path(c.model), true);
+      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+    }
+    auto mine = R < 2 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);  // ranks 0, 1: one cp group
+    ASSERT_EQ(mine->num_seqs(), R < 2 ? g->num_seqs() : 0);
+    Backend be(host(), "megatron", sgd_config(c, false));
+    rlh_model* m = be.load(model_path(c.model), true);
+    const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+    EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
+    EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
+    EXPECT_LE(max_rel_diff(o.grads, ref.grads), 1e-4) << c.label();
+    EXPECT_NEAR(o.metrics["moe/aux_loss"].get<double>(), ref.metrics["moe/aux_loss"].get<double>(),
+                1e-5 * ref.metrics["moe/aux_loss"].get<double>())
+        << c.label();
+    if (R >= 2) EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle rank exchanges for its peers";
+  }
+}
 
 TEST(ContextParallelErrors, RefusedByName) {
   const int N = world().size();
@@ -329,18 +421,16 @@ TEST(ContextParallelErrors, RefusedByName) {
     load_error(cp2, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "context_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
-  {  // with pipeline parallelism: neither splitting the rows nor the stage calls carry the other
+  {  // sequence parallelism with pipeline parallelism: the stage calls do not carry its split
     auto create_error = [](const json& mcfg, const std::string& part) {
       rlh_backend* b = nullptr;
       const std::string cfg = json({{"megatron_cfg", mcfg}}).dump();
       expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b),
                    RLH_E_UNIMPLEMENTED, part);
     };
-    create_error({{"context_parallel_size", 2}, {"pipeline_model_parallel_size", 2}},
-                 "policy.megatron_cfg.context_parallel_size = 2 with policy.megatron_cfg.pipeline_model_parallel_size = 2: "
-                 "context and sequence parallelism are not implemented together with pipeline parallelism");
     create_error({{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}, {"pipeline_model_parallel_size", 2}},
-                 "policy.megatron_cfg.sequence_parallel = true with policy.megatron_cfg.pipeline_model_parallel_size = 2");
+                 "policy.megatron_cfg.sequence_parallel = true with policy.megatron_cfg.pipeline_model_parallel_size = 2: "
+                 "sequence parallelism is not implemented together with pipeline parallelism");
   }
   {
     rlh_backend* b = nullptr;

@@ -172,8 +172,8 @@ void require_single_rank(ConfigReader& r, std::string_view path) {
     throw Error(RLH_E_UNIMPLEMENTED,
                 r.full(path) + " = " + std::to_string(n) +
                     ": only data parallelism (every launched rank a data-parallel rank) and megatron's tensor, "
-                    "context and pipeline parallelism are implemented; expert parallelism, and dtensor's tensor "
-                    "and context parallelism, are not");
+                    "context, pipeline and expert parallelism are implemented; dtensor's tensor, context and "
+                    "expert parallelism are not");
 }
 
 void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {

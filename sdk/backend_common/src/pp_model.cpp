@@ -158,7 +158,7 @@ engine::Outputs pp_forward(Model& m, const engine::MicroBatch& mb, const engine:
   const sdk::PpLayout& L = *m.pp();
   const sdk::Comm& pp = m.dp->pp;
   const int64_t P = L.size, S = P * L.virtual_size, s = m.dp->pp_rank();
-  const int64_t n = mb.num_tokens() * m.engine->desc().hidden_size;
+  const int64_t n = m.engine->stage_rows(mb) * m.engine->desc().hidden_size;  // this rank's rows under CP
   // The micro-batch through the virtual stages in turn (one per rank without virtual stages):
   // virtual stage v is chunk v / P of rank v mod P; each hands its output to the next.
   engine::Outputs o;
@@ -238,7 +238,8 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
   // to be sent, by (micro-batch, chunk) (dropped once used).
   std::map<int64_t, std::vector<float>> x_in, dy, x_out, dx;
   const auto key = [&](int64_t mb, int64_t chunk) { return mb * V + chunk; };
-  const auto tokens = [&](int64_t i) { return views[size_t(i)].num_tokens() * C; };
+  // A boundary's values: this rank's rows (its share of the cp split) x C.
+  const auto tokens = [&](int64_t i) { return m.engine->stage_rows(views[size_t(i)]) * C; };
   size_t k = 0;
   int64_t last_tick = -1;
   for (const auto& [t, msgs] : sent) last_tick = std::max(last_tick, t);

@@ -33,13 +33,25 @@ void check_chunk_routing(const sdk::PpLayout& L, const OutputRequest& req) {
 
 }  // namespace
 
-Outputs Engine::forward_stage(const MicroBatch& mb, const OutputRequest& req, std::span<const float> x_in,
+int64_t Engine::stage_rows(const MicroBatch& mb) const {
+  const Impl& m = *impl_;
+  if (!m.cp_on) return mb.num_tokens();
+  int64_t rows = 0;  // cp_prepare's count: 2 chunks of ceil(n / 2cp) rows per sequence
+  for (int64_t s = 0; s < mb.num_sequences(); ++s)
+    rows += 2 * ((mb.cu_seqlens[size_t(s) + 1] - mb.cu_seqlens[size_t(s)] + 2 * m.cp - 1) / (2 * m.cp));
+  return rows;
+}
+
+Outputs Engine::forward_stage(const MicroBatch& whole, const OutputRequest& req, std::span<const float> x_in,
                               std::span<float> x_out, int64_t chunk) {
   Impl& m = *impl_;
   StageReset<Impl> reset{m};
+  // Under context parallelism the boundary holds this rank's rows of the split (forward() on the
+  // last stage prepares the same split again and gathers the outputs).
+  const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;
   m.bind_stage(mb, x_in, {}, {}, false, chunk);
   check_chunk_routing(*m.opt.pp, req);
-  if (m.run_head) return forward(mb, req);
+  if (m.run_head) return forward(whole, req);
   const size_t n = size_t(mb.num_tokens() * m.C);
   if (x_out.size() != n)
     throw std::invalid_argument("engine: pipeline stage " + std::to_string(m.opt.pp->rank) + ": the output has " +
@@ -71,7 +83,7 @@ Engine::MoeValues Engine::stage_moe_values() const {
   return {m.moe_aux, m.moe_z, m.moe_max_load};
 }
 
-LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t count, const StepOptions& so,
+LossResult Engine::backward_stage(const MicroBatch& whole, int64_t index, int64_t count, const StepOptions& so,
                                   const LossFn& loss_fn, std::span<const float> x_in, std::span<const float> dy,
                                   std::span<float> dx, int64_t chunk) {
   Impl& m = *impl_;
@@ -80,6 +92,7 @@ LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t c
   if (req.routed_experts)
     throw std::invalid_argument("engine: under pipeline parallelism the routing record is a forward_stage output");
   StageReset<Impl> reset{m};
+  const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;  // this rank's rows (stage_rows)
   m.bind_stage(mb, x_in, dy, dx, true, chunk);
   check_chunk_routing(*m.opt.pp, req);
   // The auxiliary losses belong to this forward (each micro-batch's one on every stage: a
@@ -91,7 +104,7 @@ LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t c
   } train_flag(m.moe_train);
   m.forward(mb, req, !m.opt.recompute);
   LossResult lr;
-  if (m.run_head) lr = m.call_loss(mb, index, count, so, loss_fn);
+  if (m.run_head) lr = m.call_loss(whole, index, count, so, loss_fn);  // the whole micro-batch's outputs
   m.backward(mb, req);
   return lr;
 }
@@ -99,6 +112,14 @@ LossResult Engine::backward_stage(const MicroBatch& mb, int64_t index, int64_t c
 void Engine::end_stage_step() {
   Impl& m = *impl_;
   if (m.tp_on) m.tp_sync_grads();  // the gradients the tensor-parallel group shares
+  // Context parallelism: the stage's auxiliary losses are its rows' part; summed over the group
+  // as train_step sums them.
+  if (m.cp_on && m.route_width > 0) {
+    double v[2] = {m.moe_aux, m.moe_z};
+    m.opt.cp_comm->all_reduce_sum(v, 2);
+    m.moe_aux = v[0];
+    m.moe_z = v[1];
+  }
 }
 
 }  // namespace rlh::engine
@@ -122,7 +143,7 @@ void Engine::Impl::bind_stage(const MicroBatch& mb, std::span<const float> x_in,
     if (want && got != n)
       throw std::invalid_argument(std::string("engine: pipeline stage ") + std::to_string(opt.pp->rank) + ": " + what +
                                   " has " + std::to_string(got) + " values, expected " + std::to_string(n) +
-                                  " (tokens x hidden)");
+                                  " (stage rows x hidden)");
   };
   need(!run_embed, x_in.size(), "the input activations");
   need(backward && !run_head, dy.size(), "the output gradient");

@@ -399,6 +399,11 @@ class Engine {
   // of stage 0, to the head if it is the last of the last stage.
   Outputs forward_stage(const MicroBatch& mb, const OutputRequest& request, std::span<const float> x_in,
                         std::span<float> x_out, int64_t chunk = 0);
+  // The rows of a stage boundary for `mb` (x_in, x_out, dy and dx hold stage_rows(mb) x C
+  // values): mb.num_tokens(), or under context parallelism this rank's rows of the zigzag split
+  // (each sequence padded to a multiple of 2 cp, 2 of its 2 cp chunks), which the same cp rank
+  // of the next stage holds.
+  int64_t stage_rows(const MicroBatch& mb) const;
   // A train step on a stage: begin_stage_step (gradients zeroed; the step's micro-batches and
   // options give the MoE auxiliary losses' normalisers, as train_step takes them), then per
   // micro-batch backward_stage, then end_stage_step (the tensor-parallel group's shared
