@@ -78,11 +78,13 @@ void DeviceOps::run(const sdk::Op& o, const std::vector<rlh_tensor>& in, const s
   o.run(in, out, attrs, stream_, ws_, ws_bytes_);
 }
 
-// Resolves (once per key) and runs an op.
+// Resolves (once per key) and runs an op. The operand lists bind by reference: a temporary
+// lives to the end of the call, a named list is not copied.
 #define RLH_RUN(KEY, NAME, IN, OUT, ATTRS)                 \
   do {                                                     \
     static const char kKey[] = KEY;                        \
-    const std::vector<rlh_tensor> in_ = IN, out_ = OUT;   \
+    const std::vector<rlh_tensor>& in_ = IN;              \
+    const std::vector<rlh_tensor>& out_ = OUT;            \
     const auto& at_ = ATTRS;                               \
     run(op(kKey, NAME, in_, out_, at_), in_, out_, at_);   \
   } while (0)
