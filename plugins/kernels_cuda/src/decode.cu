@@ -636,13 +636,15 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
   check_launch("kv_cache_write");
 }
 
-// RLH_KCUDA_PAGED_SIMT=1 keeps every call on the SIMT kernel (to measure one beside the other).
+// The tensor-core kernel is opt-in (RLH_KCUDA_PAGED_MMA=1) until it has been run on a GPU: it was
+// written and compiled in a session without one (docs/kernels_cuda.md). The SIMT kernel stays
+// the default meanwhile.
 static bool use_mma(const PagedAttnArgs& a) {
-  static const bool simt_only = [] {
-    const char* e = std::getenv("RLH_KCUDA_PAGED_SIMT");
+  static const bool on = [] {
+    const char* e = std::getenv("RLH_KCUDA_PAGED_MMA");
     return e != nullptr && *e != '\0' && *e != '0';
   }();
-  return !simt_only && paged_attention_mma_ok(a);
+  return on && paged_attention_mma_ok(a);
 }
 
 int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a) {
