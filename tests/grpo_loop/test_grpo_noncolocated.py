@@ -11,6 +11,7 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks
   follows_1to2    1 trainer + 2 generator ranks (np 3: the trainer splits each call between them)
                   follow one colocated rank for 3 steps, synchronously and with async GRPO
+                  (max_trajectory_age_steps 1: lags 0, 1, 1; and 2: lags 0, 1, 2)
   follows_tp2     megatron TP 2 trainers + 1 generator rank (np 3) follow the colocated TP 2 run
                   for 3 steps (the group's first rank feeds the generator rank); async GRPO on the
                   same ranks: step 1 draws the synchronous run's samples, steps 2-3 train on
@@ -163,6 +164,18 @@ def case_follows_1to2(tmp):
     check(a[1]["train/reward"] == one[1]["train/reward"], "async: step 1 draws the colocated run's samples")
     lags = [a[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
     check(lags == [0, 1, 1], f"async: steps 2-3 train on rollouts one version old (lags {lags})")
+    # max_trajectory_age_steps = 2: step 1 sends steps 2 and 3 ahead, both drawn with the first
+    # weights; step 2 sends step 4's. Step 2 then draws what the 1-step-off run drew.
+    rc3, out3, _ = run(command(tmp, "async2", steps=3, extra=generators(2) + ASYNC +
+                               ["++grpo.async_grpo.max_trajectory_age_steps=2"]), np=3)
+    check(rc3 == 0, f"async GRPO with max_trajectory_age_steps = 2 runs (rc {rc3})", out3)
+    if rc3 == 0:
+        a2 = metrics(tmp, "async2")
+        lags2 = [a2[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
+        check(lags2 == [0, 1, 2], f"age 2: step 3 trains on rollouts two versions old (lags {lags2})")
+        check(a2[1]["train/reward"] == a[1]["train/reward"] and a2[2]["train/reward"] == a[2]["train/reward"],
+              "age 2: steps 1-2 draw the 1-step-off run's samples")
+        print(f"async GRPO, max_trajectory_age_steps 2: lags {lags2}")
     print(f"1 trainer + 2 generator ranks followed one colocated rank for 3 steps (rewards "
           f"{[two[s]['train/reward'] for s in range(1, 4)]}); async lags {lags}; {secs:.1f} s")
 
@@ -251,7 +264,8 @@ def case_bad_layout(tmp):
     one_error_line(out, "policy.generation.colocated.resources.gpus_per_node", "no resources")
     refused = [
         (ASYNC, "grpo.async_grpo.enabled: true needs policy.generation.colocated.enabled: false"),
-        (ASYNC + generators(1) + ["++grpo.async_grpo.max_trajectory_age_steps=2"], "grpo.async_grpo.max_trajectory_age_steps = 2"),
+        (ASYNC + generators(1) + ["++grpo.async_grpo.max_trajectory_age_steps=0"],
+         "grpo.async_grpo.max_trajectory_age_steps = 0: must be at least 1"),
         (ASYNC + generators(1) + ["++grpo.async_grpo.in_flight_weight_updates=true"], "grpo.async_grpo.in_flight_weight_updates"),
         (ASYNC + generators(1) + ["++grpo.async_grpo.max_generation_failures=3"], "grpo.async_grpo.max_generation_failures = 3"),
         (["++grpo.async_grpo.enabled=true"] + generators(1), "needs loss_fn.use_importance_sampling_correction: true"),

@@ -193,12 +193,13 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
   ag.read("enabled", async);
   if (async && ppo) throw ConfigError(g.key("async_ppo.enabled") + ": asynchronous PPO is not implemented; use false");
   if (async) {
-    // NeMo-RL's async GRPO; rlhost does the 1-step-off case (generation_ranks.hpp).
+    // NeMo-RL's async GRPO: requests k steps ahead (generation_ranks.hpp), so no rollout is
+    // older than k weight versions.
     std::optional<int64_t> age;
     ag.read("max_trajectory_age_steps", age);
-    if (age && *age != 1)
-      throw ConfigError(ag.key("max_trajectory_age_steps") + " = " + std::to_string(*age) +
-                        ": rlhost's asynchronous GRPO trains on rollouts exactly one step old (use 1)");
+    if (age && *age < 1)
+      throw ConfigError(ag.key("max_trajectory_age_steps") + " = " + std::to_string(*age) + ": must be at least 1");
+    if (age) c.async_age = *age;
     bool in_flight = false;
     if (const json* v = ag.find("in_flight_weight_updates"); v != nullptr && !v->is_null())
       ag.read("in_flight_weight_updates", in_flight);
@@ -289,7 +290,7 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
                         "(generation on ranks of its own, docs/parallelism.md)");
     if (!c.loss.use_importance_sampling_correction)
       throw ConfigError("grpo.async_grpo.enabled: true needs loss_fn.use_importance_sampling_correction: true "
-                        "(the rollouts come from weights one step old)");
+                        "(the rollouts come from older weights)");
     if (c.dynamic_sampling.use_dynamic_sampling)
       throw ConfigError("grpo.use_dynamic_sampling: true with grpo.async_grpo.enabled is not implemented; use false");
     if (c.max_rollout_turns > 1)
