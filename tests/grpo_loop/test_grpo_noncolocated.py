@@ -21,7 +21,8 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   follows_tp2dp2_np6  TP 2 x DP 2 trainers + 2 generator ranks (np 6: one per data-parallel group,
                   fed by the group's first rank) follow the colocated TP 2 x DP 2 run (np 4)
   ppo_follows     PPO with 1 trainer + 1 generator rank follows one colocated rank (the critic
-                  trains on the trainer rank; only generation moves)
+                  trains on the trainer rank; only generation moves); asynchronous PPO on them
+                  trains steps 2-3 one version behind
   bad_layout      worlds the generator ranks do not fit (no trainer left, trainers not a multiple
                   of the generator ranks, data-parallel groups without a generator rank each), and
                   the async settings rlhost cannot honour, are refused with one line naming them
@@ -235,6 +236,28 @@ def case_ppo_follows(tmp):
     check(n > 50 and any(k.startswith("train/critic/") for k in one.get(1, {})),
           f"ppo: the policy's and the critic's figures are compared ({n})")
     check(two.get(1, {}).get("train/refit_bytes", 0) > 0, "ppo: the refit to the generator rank is logged")
+    # Asynchronous PPO (ppo.async_ppo): step 1 on-policy, as the synchronous run; steps 2-3 on
+    # rollouts one step old, the critic training beside the policy as before. The lag counts
+    # weight versions: ppo_demo_cpu.yaml's ppo_epochs = 4 policy updates a step.
+    rc3, out3, _ = run(ppo("async", generators(1) + ["++ppo.async_ppo.enabled=true",
+                                                     "++loss_fn.use_importance_sampling_correction=true"]), np=2)
+    check(rc3 == 0, f"ppo: asynchronous PPO runs (rc {rc3})", out3)
+    if rc3 == 0:
+        a = metrics(tmp, "async")
+        lags = [a[s].get("train/generation_weight_lag") for s in (1, 2, 3)]
+        check(lags == [0, 4, 4], f"ppo: async steps 2-3 train on rollouts one step (4 policy updates) old (lags {lags})")
+        check(close(a[1]["train/reward"], one[1]["train/reward"]), "ppo: async step 1 draws the synchronous run's samples")
+        check(any(k.startswith("train/critic/") for k in a.get(3, {})), "ppo: async: the critic trains")
+        print(f"ppo: asynchronous, lags {lags}")
+    async_ppo = generators(1) + ["++ppo.async_ppo.enabled=true", "++loss_fn.use_importance_sampling_correction=true"]
+    for extra, text in [(["++ppo.async_ppo.warmup_generation_lead_steps=2"], "ppo.async_ppo.warmup_generation_lead_steps = 2"),
+                        (["++ppo.async_ppo.drop_incomplete_targets_on_restore=false"],
+                         "ppo.async_ppo.drop_incomplete_targets_on_restore: false is not implemented"),
+                        (["policy.generation.colocated.enabled=true"],
+                         "ppo.async_ppo.enabled: true needs policy.generation.colocated.enabled: false")]:
+        rc, out, _ = run(ppo("refused", async_ppo + extra), np=2, timeout=60)
+        check(rc != 0, f"ppo: {extra} is refused (rc {rc})", out)
+        one_error_line(out, text, f"ppo {extra}")
     print(f"ppo: 1 trainer + 1 generator rank followed one colocated rank for 3 steps ({n} figures); {secs:.1f} s")
 
 
