@@ -125,4 +125,66 @@ TEST(OpConformance, ReferenceAdamwBf16RoundsTheWorkingCopyToNearestEven) {
   EXPECT_NE(m[0], 0.1f);  // the moments moved as adamw moves them
 }
 
+// The reference's paged_attention reads its own cache layout (keys transposed in a block) in
+// place and copies any other first, e.g. the row-major keys of a device provider that the
+// conformance runner hands it: every layout gives bitwise the same output.
+TEST(OpConformance, ReferencePagedAttentionReadsAnyCacheLayout) {
+  PluginPathHost h;
+  const sdk::Host host = h.host();
+  auto ref = sdk::ReferenceKernels::find(host);
+  ASSERT_TRUE(ref);
+  sdk::KernelRegistry reg;
+  reg.add_instance(ref->name(), ref->api(), ref->instance());
+  const int64_t B = 6, H = 2, bs = 4, D = 8, Hq = 4, R = 3, T = 4;
+  std::vector<float> q(size_t(R * Hq * D)), k(size_t(B * H * bs * D)), v(size_t(B * H * bs * D));
+  uint32_t x = 12345;
+  auto rnd = [&] { x = x * 1664525u + 1013904223u; return float(int(x >> 9) % 2001 - 1000) / 1000.f; };
+  for (auto* buf : {&q, &k, &v})
+    for (float& f : *buf) f = rnd();
+  std::vector<int32_t> table = {5, 0, -1, -1, 2, 4, -1, -1, 1, 3, 0, 5}, pos = {3, 6, 13};
+  // The same values in three layouts: row-major [B][H][bs][D]; keys transposed in a block
+  // [B][H][D][bs] (kernels_cpu's); values slot-major [B][bs][H][D].
+  std::vector<float> kt(k.size()), vs(v.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hh = 0; hh < H; ++hh)
+      for (int64_t p = 0; p < bs; ++p)
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t rm = size_t(((b * H + hh) * bs + p) * D + d);
+          kt[size_t(((b * H + hh) * D + d) * bs + p)] = k[rm];
+          vs[size_t(((b * bs + p) * H + hh) * D + d)] = v[rm];
+        }
+  struct Layout {
+    int64_t shape[4], strides[4];
+  };
+  const Layout row_major{{B, H, bs, D}, {H * bs * D, bs * D, D, 1}};
+  const Layout keys_t{{B, H, bs, D}, {H * D * bs, D * bs, 1, bs}};
+  const Layout slot_major{{B, H, bs, D}, {bs * H * D, D, H * D, 1}};
+  auto cache = [](float* p, const Layout& l) {
+    rlh_tensor t{};
+    t.data = p;
+    t.device = sdk::kCPU;
+    t.dtype = sdk::kF32;
+    t.ndim = 4;
+    t.shape = const_cast<int64_t*>(l.shape);
+    t.strides = const_cast<int64_t*>(l.strides);
+    return t;
+  };
+  const std::vector<rlh_named_value> attrs = {sdk::attr_double("scale", 0.35), sdk::attr_int("window", 0)};
+  auto run = [&](float* kp, const Layout& kl, float* vp, const Layout& vl) {
+    std::vector<float> o(size_t(R * Hq * D), -7.f);
+    const sdk::Tensor tq(q.data(), {R, Hq, D}), tb(table.data(), {R, T}, sdk::kI32), tp(pos.data(), {R}, sdk::kI32),
+        to(o.data(), {R, Hq, D});
+    const std::vector<rlh_tensor> in = {tq.raw(), cache(kp, kl), cache(vp, vl), tb.raw(), tp.raw()};
+    const std::vector<rlh_tensor> out = {to.raw()};
+    sdk::Op op = reg.resolve("paged_attention", sdk::kCPU, in, out, attrs, true);
+    op.run(in, out, attrs);
+    return o;
+  };
+  const std::vector<float> native = run(kt.data(), keys_t, v.data(), row_major);
+  EXPECT_EQ(run(k.data(), row_major, v.data(), row_major), native);
+  EXPECT_EQ(run(kt.data(), keys_t, vs.data(), slot_major), native);
+  EXPECT_EQ(run(k.data(), row_major, vs.data(), slot_major), native);
+  EXPECT_NE(native[0], -7.f);
+}
+
 }  // namespace

@@ -725,26 +725,24 @@ void run_paged_attention(const Call& c) {
     const float* kbase = data<float>(kc);
     const float* vbase = data<float>(vc);
     int64_t k_block = stride4(kc, 0), v_block = stride4(vc, 0);
-    if (stride4(kc, 1) != a.Dk * a.bs || stride4(kc, 2) != 1 || stride4(kc, 3) != a.bs) {
-      kcopy.resize(size_t(B * a.Hkv * a.Dk * a.bs));
+    // Copies cache t [B, Hkv, bs, D] into `into` with element (b, h, p, d) at b Hkv D bs + `at`.
+    auto relayout = [&](const rlh_tensor& t, int64_t D, std::vector<float>& into, auto at) {
+      into.resize(size_t(B * a.Hkv * a.bs * D));
+      const float* src = data<float>(t);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < a.Hkv; ++h)
           for (int64_t p = 0; p < a.bs; ++p)
-            for (int64_t d = 0; d < a.Dk; ++d)
-              kcopy[size_t(((b * a.Hkv + h) * a.Dk + d) * a.bs + p)] =
-                  kbase[b * stride4(kc, 0) + h * stride4(kc, 1) + p * stride4(kc, 2) + d * stride4(kc, 3)];
-      kbase = kcopy.data();
+            for (int64_t d = 0; d < D; ++d)
+              into[size_t(b * a.Hkv * D * a.bs + at(h, p, d))] =
+                  src[b * stride4(t, 0) + h * stride4(t, 1) + p * stride4(t, 2) + d * stride4(t, 3)];
+      return into.data();
+    };
+    if (stride4(kc, 1) != a.Dk * a.bs || stride4(kc, 2) != 1 || stride4(kc, 3) != a.bs) {
+      kbase = relayout(kc, a.Dk, kcopy, [&](int64_t h, int64_t p, int64_t d) { return (h * a.Dk + d) * a.bs + p; });
       k_block = a.Hkv * a.Dk * a.bs;
     }
     if (stride4(vc, 1) != a.bs * a.Dv || stride4(vc, 2) != a.Dv || stride4(vc, 3) != 1) {
-      vcopy.resize(size_t(B * a.Hkv * a.bs * a.Dv));
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < a.Hkv; ++h)
-          for (int64_t p = 0; p < a.bs; ++p)
-            for (int64_t d = 0; d < a.Dv; ++d)
-              vcopy[size_t(((b * a.Hkv + h) * a.bs + p) * a.Dv + d)] =
-                  vbase[b * stride4(vc, 0) + h * stride4(vc, 1) + p * stride4(vc, 2) + d * stride4(vc, 3)];
-      vbase = vcopy.data();
+      vbase = relayout(vc, a.Dv, vcopy, [&](int64_t h, int64_t p, int64_t d) { return (h * a.bs + p) * a.Dv + d; });
       v_block = a.Hkv * a.bs * a.Dv;
     }
     a.ldq = need_heads(q, a.R, a.Hq, a.Dk, "paged_attention q");
