@@ -77,6 +77,7 @@ json base_config(const Case& c, bool one_rank) {
                 {"sequence_parallel", !one_rank && c.sp}}}};
   json& mc = cfg["megatron_cfg"];
   if (!one_rank && c.ep > 1) mc["expert_model_parallel_size"] = c.ep;
+  if (!one_rank && c.ep > 1 && c.tp > 1) mc["expert_tensor_parallel_size"] = 1;  // Megatron's MoE setting
   if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
   if (has_aux_losses(c)) {
     mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
@@ -179,11 +180,29 @@ int64_t microbatches_of(const Case& c, Batch& mine) {
 // shared.
 // MoE and MLA models add test_backend_tp.cpp's terms: per MoE layer the routing weights'
 // gradient (top_k floats a row), and deepseek-v3's shared latent projections and their norms.
-int64_t analytic_tp_bytes(const Case& c, const Batch& mine) {
+//
+// Expert parallelism with tensor parallelism (etp 1, under SP): each MoE block routes this
+// rank's rows only, so an MoE layer without a shared expert (qwen3-moe) neither gathers its
+// input nor scatters its output (one all-reduce's worth less in the forward and the backward),
+// a shared expert (deepseek-v3) keeps both; the routing weights' gradient is whole (not summed),
+// the router's gradient (E x C per MoE layer) is; and the routing counts (as the cp count's
+// doubles) and the two loss values are summed over the group. Activation checkpointing adds the
+// recomputed forward's reductions: an attention block's gather and scatter (its output is
+// rebuilt), a dense MLP's or an MoE block's gather only (the layer's last output is not rebuilt;
+// the recomputed MoE block stops before its combine).
+int64_t analytic_tp_bytes(const Case& c, const Batch& mine, int64_t microbatches) {
   const int64_t C = 64, L = fixture_layers(c), T = c.tp, D = fixture_head_dim(c), kv = 2, R = rows_of(c, mine);
   if (T == 1) return 0;
-  int64_t floats = (2 + 4 * L) * R * C + 4 * R;
-  if (is_moe(c)) floats += 2 * 2 * R;  // 2 MoE layers, top 2
+  const bool own = c.ep > 1, shared = c.model == "deepseek-v3-tiny";
+  const int64_t moe_layers = is_moe(c) ? 2 : 0, E = 8;
+  const int64_t own_moe = own && !shared ? moe_layers : 0;  // MoE layers that neither gather nor scatter
+  int64_t floats = (2 + 4 * L - 2 * own_moe) * R * C + 4 * R;
+  if (c.recompute) {  // an attention's gather and scatter; a dense MLP's or an MoE block's gather
+    const int64_t gathering_moe = moe_layers - own_moe;
+    floats += (2 * L + (L - moe_layers) + gathering_moe) * R * C / 2;
+  }
+  if (is_moe(c) && !own) floats += 2 * 2 * R;  // 2 MoE layers, top 2
+  if (own) floats += moe_layers * E * C;
   if (c.model == "qwen3-tiny" || c.model == "qwen3-moe-tiny") floats += L * 2 * D;
   if (c.model == "deepseek-v3-tiny") {
     const int64_t rq = 48, rkv = 32, dr = 8;
@@ -192,7 +211,12 @@ int64_t analytic_tp_bytes(const Case& c, const Batch& mine) {
     floats += L * 2 * kv * D * C;
   }
   if (c.sp) floats += (2 * L + 1) * C;
-  return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
+  int64_t doubles = 0;
+  if (own) {
+    const bool per_sequence = has_aux_losses(c) && c.packing;  // seq_aux_loss
+    doubles = moe_layers * E * (per_sequence ? mine.num_seqs() : microbatches) + 2;
+  }
+  return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T) + 2 * doubles * 8 * (T - 1) / T;
 }
 
 // This rank's place: world rank = tp rank + tp (cp rank + cp dp rank) (Megatron's order); every
@@ -212,8 +236,10 @@ struct Place {
   }
 };
 
+// Megatron's expert layout: etp x ep x edp x pp (etp = 1 with expert parallelism, else tp).
 bool runs_here(const Case& c) {
-  return world().size() % (c.tp * c.cp * c.pp) == 0 && world().size() / c.tp % c.ep == 0;
+  const int64_t etp = c.ep > 1 ? 1 : c.tp;
+  return world().size() % (c.tp * c.cp * c.pp) == 0 && world().size() / (etp * c.pp) % c.ep == 0;
 }
 
 class ContextParallel : public ::testing::TestWithParam<Case> {};
@@ -254,11 +280,12 @@ TEST_P(ContextParallel, MatchesOneRank) {
   const double gerr = max_rel_diff(cp.grads, ref.grads);
   EXPECT_LE(gerr, 1e-4) << c.label();
   const int64_t bytes = cp.metrics.value("cp/comm_bytes", int64_t(0));
-  const int64_t analytic = analytic_cp_bytes(c, *p.mine, is_moe(c) ? microbatches_of(c, *p.mine) : 0);
+  const int64_t microbatches = is_moe(c) ? microbatches_of(c, *p.mine) : 0;
+  const int64_t analytic = analytic_cp_bytes(c, *p.mine, microbatches);
   EXPECT_EQ(bytes, analytic) << c.label();
   // (The tp count above is one model's, not a stage's: not compared under pipeline parallelism,
   // as test_backend_pp.cpp does not.)
-  const int64_t tp_bytes = cp.metrics["tp/comm_bytes"].get<int64_t>(), tp_analytic = analytic_tp_bytes(c, *p.mine);
+  const int64_t tp_bytes = cp.metrics["tp/comm_bytes"].get<int64_t>(), tp_analytic = analytic_tp_bytes(c, *p.mine, microbatches);
   if (c.pp == 1) EXPECT_EQ(tp_bytes, tp_analytic) << c.label();
   if (c.pp > 1) {
     const int64_t pp_bytes = cp.metrics["pp/comm_bytes"].get<int64_t>();
@@ -353,6 +380,15 @@ std::vector<Case> cases() {
       {"deepseek-v3-tiny", 1, 2, false, true, false, false, 4},
       {"qwen3-moe-tiny", 1, 2, true, false, false, false, 4},
       {"qwen3-moe-tiny", 1, 2, false, true, false, true, 2},  // with activation checkpointing
+      // Expert parallelism with tensor parallelism (expert_tensor_parallel_size 1, sequence
+      // parallelism: each tp rank dispatches its own rows; the ep group carved from the tp x cp x
+      // dp ranks): np 2: TP 2 x EP 2 (the ep group is the tp group); np 4: TP 2 x DP 2 x EP 2
+      // (expert dp 2), TP 2 x DP 2 x EP 4 and TP 2 x CP 2 x EP 2.
+      {"qwen3-moe-tiny", 2, 1, false, false, true, false, 2},
+      {"deepseek-v3-tiny", 2, 1, true, true, true, false, 2},
+      {"qwen3-moe-tiny", 2, 1, true, true, true, true, 4},
+      {"deepseek-v3-tiny", 2, 1, false, false, true, true, 4},
+      {"qwen3-moe-tiny", 2, 2, false, true, true, false, 2},
       // Pipeline stages over cp groups (np 4: CP 2 x PP 2): each boundary carries the rank's rows.
       {"llama-tiny", 1, 2, false, true, false, false, 1, 2},
       {"qwen3-tiny", 1, 2, true, false, false, false, 1, 2},   // tied embedding over the stages

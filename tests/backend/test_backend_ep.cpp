@@ -339,18 +339,29 @@ TEST(ExpertParallelErrors, RefusedByName) {
     expect_load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
                "expert_model_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
-  auto create_error = [&](const json& cfg, const std::string& part) {
+  auto create_error = [&](const json& cfg, const std::string& part, rlh_code code = RLH_E_UNIMPLEMENTED) {
     rlh_backend* b = nullptr;
     const std::string text = cfg.dump();
-    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
-                 part);
+    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), code, part);
   };
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
                "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
                "tensor parallelism other than the tensor-parallel size is not implemented");
+  // With tensor parallelism only Megatron-Core's expert_tensor_parallel_size = 1 (the experts whole
+  // on their ep rank), under sequence parallelism, which Megatron-Core requires there
+  // (test_backend_cp.cpp runs it).
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
-               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
-               "parallelism with tensor parallelism is not implemented");
+               "expert_tensor_parallel_size = null (the tensor-parallel size) with "
+               "policy.megatron_cfg.expert_model_parallel_size = 2 and policy.megatron_cfg.tensor_model_parallel_size = "
+               "2: expert tensor parallelism together with expert parallelism is not implemented");
+  create_error({{"megatron_cfg",
+                 {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
+               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.expert_model_parallel_size = 2");
+  create_error({{"megatron_cfg",
+                 {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
+               "policy.megatron_cfg.sequence_parallel = true",
+               RLH_E_INVALID_ARGUMENT);
   // Pipeline parallelism is not implemented together with expert parallelism (context
   // parallelism is: test_backend_cp.cpp).
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}}}},

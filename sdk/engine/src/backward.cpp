@@ -118,7 +118,8 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
         break;
       }
       case sdk::StepOp::moe:
-        if (sp_on) sp_gather(grad(st.out).p, st.out.width);  // d out of every row (its own rows on each rank)
+        if (sp_on && moe_reads_every_row(l))  // d out of every row (its own rows on each rank)
+          sp_gather(grad(st.out).p, st.out.width);
         backward_moe(l, mb, val(st.in).p, grad(st.out).p, grad(st.in).p, st.accumulate);
         break;
       case sdk::StepOp::mla:

@@ -238,7 +238,8 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         break;
       }
       case sdk::StepOp::moe:
-        if (sp_on) sp_gather(in.p, st.in.width);  // the router and the experts read every row
+        // The router and the experts read every row (under moe_own_rows only a shared expert).
+        if (sp_on && moe_reads_every_row(l)) sp_gather(in.p, st.in.width);
         forward_moe(l, mb, in.p, out.p, recompute);
         break;
       case sdk::StepOp::mla:

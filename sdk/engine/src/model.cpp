@@ -134,7 +134,19 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     // This rank's block of experts: its description, then its program with the MoE steps marked.
     if (opt.ep_comm == nullptr) throw std::invalid_argument("engine: expert parallelism needs its group (ep_comm)");
     if (store != nullptr) throw std::invalid_argument("engine: expert parallelism with a UnitStore (FSDP) is not supported");
-    if (tp_on) throw std::invalid_argument("engine: expert parallelism with tensor parallelism is not supported");
+    // With tensor parallelism only Megatron's expert_tensor_parallel_size = 1 under sequence
+    // parallelism: the experts whole on their ep rank, each tp rank routing its own rows.
+    if (tp_on) {
+      for (size_t i = 0; i < opt.tp->pieces.size(); ++i)
+        if (sdk::ep_split_of(opt.tp->full.params[i].role) == sdk::EpSplit::experts &&
+            opt.tp->pieces[i].split != sdk::TpSplit::experts_whole)
+          throw std::invalid_argument("engine: expert parallelism with tensor parallelism needs the experts whole on "
+                                      "each rank (expert_tensor_parallel_size = 1)");
+      if (!opt.sequence_parallel)
+        throw std::invalid_argument("engine: expert parallelism with tensor parallelism needs sequence parallelism "
+                                    "(each tensor-parallel rank dispatches its own rows)");
+      moe_own_rows = true;
+    }
     if (desc.params.size() != opt.ep->full.params.size())
       throw std::invalid_argument("engine: the expert-parallel layout is of another model");
     desc = opt.ep->local;
@@ -205,7 +217,12 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     for (const sdk::LayerProgram& lp : prog.layers)
       for (const sdk::LayerStep& st : lp.steps) {
         if (st.op == sdk::StepOp::moe || st.op == sdk::StepOp::mla)
-          for (const int64_t i : st.weights) sp_whole_rows[size_t(i)] = true;
+          for (const int64_t i : st.weights) {
+            // The router of a block that routes this rank's rows only has a partial gradient.
+            const sdk::ParamRole r = desc.params[size_t(i)].role;
+            sp_whole_rows[size_t(i)] =
+                !(moe_own_rows && (r == sdk::ParamRole::router || r == sdk::ParamRole::router_bias));
+          }
         const bool in_whole = st.in.col == 0 && lp.values[size_t(st.in.value)].width == st.in.width;
         const bool out_whole = st.out.col == 0 && lp.values[size_t(st.out.value)].width == st.out.width;
         if ((st.tp_reduce_din && (!in_whole || st.accumulate)) || (st.tp_reduce_out && !out_whole))

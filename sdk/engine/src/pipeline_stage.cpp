@@ -114,9 +114,10 @@ void Engine::end_stage_step() {
   if (m.tp_on) m.tp_sync_grads();  // the gradients the tensor-parallel group shares
   // Context parallelism: the stage's auxiliary losses are its rows' part; summed over the group
   // as train_step sums them.
-  if (m.cp_on && m.route_width > 0) {
+  if ((m.cp_on || m.moe_own_rows) && m.route_width > 0) {
     double v[2] = {m.moe_aux, m.moe_z};
-    m.opt.cp_comm->all_reduce_sum(v, 2);
+    if (m.cp_on) m.opt.cp_comm->all_reduce_sum(v, 2);
+    if (m.moe_own_rows) m.opt.tp_comm->all_reduce_sum(v, 2);
     m.moe_aux = v[0];
     m.moe_z = v[1];
   }
