@@ -65,6 +65,9 @@ struct Case {
 };
 
 bool is_moe(const Case& c) { return c.model == "qwen3-moe-tiny" || c.model == "deepseek-v3-tiny"; }
+int64_t fixture_layers(const Case& c) {
+  return c.model == "qwen2-swa-yarn-tiny" || c.model == "deepseek-v3-tiny" ? 3 : 2;
+}
 
 // The softmax router (qwen3-moe) trains with the load-balancing loss (per micro-batch without
 // packing, per sequence with it) and the z-loss, as the tensor- and expert-parallel tests do; the
@@ -79,6 +82,7 @@ json base_config(const Case& c, bool one_rank) {
   if (!one_rank && c.ep > 1) mc["expert_model_parallel_size"] = c.ep;
   if (!one_rank && c.ep > 1 && c.tp > 1) mc["expert_tensor_parallel_size"] = 1;  // Megatron's MoE setting
   if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
+  if (!one_rank && c.pp == 2 && fixture_layers(c) == 3) mc["num_layers_in_first_pipeline_stage"] = 2;  // 2 + 1
   if (has_aux_losses(c)) {
     mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
     mc["moe_aux_loss_coeff"] = 0.01;
@@ -119,9 +123,6 @@ int64_t rows_of(const Case& c, const Batch& mine) {
     R += pieces / c.cp * ((n + pieces * q - 1) / (pieces * q) * q);
   }
   return R;
-}
-int64_t fixture_layers(const Case& c) {
-  return c.model == "qwen2-swa-yarn-tiny" || c.model == "deepseek-v3-tiny" ? 3 : 2;
 }
 int64_t fixture_head_dim(const Case& c) { return c.model == "qwen3-tiny" || c.model == "qwen3-moe-tiny" ? 32 : 16; }
 // k and v floats per row and layer on a rank: 2 kv heads (whole on each rank at tp 2), or
@@ -395,6 +396,11 @@ std::vector<Case> cases() {
       {"qwen3-moe-tiny", 1, 2, true, true, false, false, 1, 2},
       {"qwen3-moe-tiny", 1, 2, false, false, false, false, 1, 2},
       {"llama-tiny", 1, 2, false, false, false, true, 1, 2},  // with activation checkpointing
+      // Expert parallelism within each stage (np 4: PP 2 x DP 2 x EP 2, the ep group a stage's two
+      // replicas; deepseek-v3's three layers split 2 + 1).
+      {"qwen3-moe-tiny", 1, 1, false, false, false, false, 2, 2},
+      {"qwen3-moe-tiny", 1, 1, true, true, false, true, 2, 2},
+      {"deepseek-v3-tiny", 1, 1, true, false, false, false, 2, 2},
       {"llama-tiny", 2, 2, true, true, false, false, 1, 2},   // np 8 (by hand): TP 2 x CP 2 x PP 2
       {"qwen3-moe-tiny", 2, 2, false, false, false, false, 1, 2},
   };
@@ -433,6 +439,43 @@ TEST(ContextParallelExperts, EmptyShardOfAnEpGroup) {
                 1e-5 * ref.metrics["moe/aux_loss"].get<double>())
         << c.label();
     if (R >= 2) EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle rank exchanges for its peers";
+  }
+}
+
+// PP 2 x DP 2 x EP 2 (np 4): one replica (ranks 0 and 2, data-parallel rank 0) takes every
+// sequence, the other none; the idle replica's stages run idle micro-batches inside the 1F1B
+// schedule (their experts for the busy replica's rows), and the step equals the reference.
+TEST(PipelineExperts, EmptyShardOfAReplica) {
+  const int N = world().size(), R = world().rank();
+  if (N != 4) GTEST_SKIP() << "PP 2 x DP 2 x EP 2 needs 4 ranks, got " << N;
+  for (const bool recompute : {false, true}) {
+    Case c{"qwen3-moe-tiny", 1, 1, false, false};
+    c.ep = 2;
+    c.pp = 2;
+    c.recompute = recompute;
+    auto g = global_batch();
+    Outcome ref;
+    {
+      Alone alone;
+      Backend be(host(), "megatron", sgd_config(c, true));
+      rlh_model* m = be.load(model_path(c.model), true);
+      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+    }
+    const bool busy = R % 2 == 0;
+    auto mine = busy ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
+    ASSERT_EQ(mine->num_seqs(), busy ? g->num_seqs() : 0);
+    Backend be(host(), "megatron", sgd_config(c, false));
+    rlh_model* m = be.load(model_path(c.model), true);
+    const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+    EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
+    EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
+    EXPECT_LE(max_rel_diff(o.grads, ref.grads), 1e-4) << c.label();
+    EXPECT_NEAR(o.metrics["moe/aux_loss"].get<double>(), ref.metrics["moe/aux_loss"].get<double>(),
+                1e-5 * ref.metrics["moe/aux_loss"].get<double>())
+        << c.label();
+    if (!busy) {
+      EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle replica exchanges for its peers";
+    }
   }
 }
 

@@ -362,11 +362,14 @@ TEST(ExpertParallelErrors, RefusedByName) {
                "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
                "policy.megatron_cfg.sequence_parallel = true",
                RLH_E_INVALID_ARGUMENT);
-  // Pipeline parallelism is not implemented together with expert parallelism (context
-  // parallelism is: test_backend_cp.cpp).
-  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}}}},
-               "expert_model_parallel_size = 2 with policy.megatron_cfg.pipeline_model_parallel_size = 2: expert "
-               "parallelism is not implemented together with pipeline parallelism");
+  // Pipeline parallelism runs with expert parallelism (test_backend_cp.cpp), interleaved virtual
+  // stages do not.
+  create_error({{"megatron_cfg",
+                 {{"expert_model_parallel_size", 2},
+                  {"pipeline_model_parallel_size", 2},
+                  {"virtual_pipeline_model_parallel_size", 2}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.virtual_pipeline_model_parallel_size = 2: "
+               "expert parallelism is not implemented together with interleaved virtual pipeline stages");
   // The device path has no expert parallelism: refused by name (whatever the build).
   if (N % 2 == 0) {
     json cfg = {{"megatron_cfg", {{"expert_model_parallel_size", 2}}}, {"device", "cuda"}};

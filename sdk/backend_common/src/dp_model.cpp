@@ -2,6 +2,7 @@
 // setting it up around the engine, the sharded train step, forward, weights and the state in
 // full for checkpoints. Every function here is collective over the backend's groups: all ranks
 // call it in the same order.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -58,7 +59,8 @@ std::vector<std::vector<float>> tp_local_all(const Model& m, const std::vector<s
     for (size_t i = 0; i < full.size(); ++i) out.push_back(tp_local(m, i, full[i]));
     return out;
   }
-  for (int64_t i : m.pp()->full_index) out.push_back(m.tp() ? tp_local(m, size_t(i), full[size_t(i)]) : full[size_t(i)]);
+  for (int64_t i : m.pp()->full_index)
+    out.push_back(m.tp() || m.ep() ? tp_local(m, size_t(i), full[size_t(i)]) : full[size_t(i)]);
   return out;
 }
 // Parameter i in full from every tensor-parallel rank's piece (collective over the tp group;
@@ -229,8 +231,9 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
       r = m.engine->train_step(views, so, loss);
     else
       m.engine->zero_grad();
-    // Expert parallelism: a rank out of micro-batches still runs its experts for its peers' rows.
-    if (m.ep())
+    // Expert parallelism: a rank out of micro-batches still runs its experts for its peers' rows
+    // (under pipeline parallelism inside the schedule).
+    if (m.ep() && !m.pp())
       for (int64_t k = int64_t(views.size()); k < most[0]; ++k) m.engine->ep_idle_microbatch(true);
     std::span<float> flat = m.engine->flat_grads();
     if (m.dp_mode == Model::Dp::distributed_optimizer) {
@@ -264,9 +267,14 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   if (!m.device) {
     double ss[1] = {0}, ss_experts[1] = {0};
     const int64_t experts_at = m.ep() ? m.engine->expert_range().first : std::numeric_limits<int64_t>::max();
-    for (const ShardRun& run : m.shards->runs())
-      (run.flat >= experts_at ? ss_experts : ss)[0] +=
-          m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
+    // (A run may reach from the dense part into the experts: a stage's embedding is next to them.)
+    for (const ShardRun& run : m.shards->runs()) {
+      const int64_t dense = std::clamp<int64_t>(experts_at - run.flat, 0, run.n);
+      if (dense > 0) ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(dense)), run.flat);
+      if (dense < run.n)
+        ss_experts[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at + dense, size_t(run.n - dense)),
+                                              run.flat + dense);
+    }
     // DDP under expert parallelism: every rank holds the dense gradients whole and its ep rank's
     // experts whole: those are summed over the ep group. (The distributed optimizer's shards of
     // both are summed over the data-parallel group, which holds every ep rank.)

@@ -407,7 +407,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     }
     m->tp_comm = std::make_unique<CommTpGroup>(b.dp->tp);
   }
-  if (pp > 1) make_pipeline_stage(b, *m);
+  if (pp > 1 && ep <= 1) make_pipeline_stage(b, *m);  // (with EP below: its stage is cut from the ep layout's)
   if (!b.dp && m->config.parallel.dp_replicate > 1)
     throw Error(RLH_E_INVALID_ARGUMENT, std::string(b.flavor->name) + ": policy.dtensor_cfg.dp_replicate_size = " +
                                             std::to_string(m->config.parallel.dp_replicate) +
@@ -435,6 +435,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   eo.ops = m->ops.get();
   prepare_data_parallel(b, *m, eo);
   prepare_expert_parallel(b, *m, eo);  // after the data-parallel mode: the experts' padding
+  if (pp > 1 && ep > 1) make_pipeline_stage(b, *m);
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
   eo.cp_comm = m->cp_comm.get();

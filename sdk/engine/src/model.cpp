@@ -156,7 +156,6 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   pp_on = opt.pp != nullptr && opt.pp->size > 1;
   if (pp_on) {
     // This stage's description; under tensor parallelism the pieces follow its parameters.
-    if (ep_on) throw std::invalid_argument("engine: pipeline parallelism with expert parallelism is not supported");
     if (store != nullptr) throw std::invalid_argument("engine: pipeline parallelism with a UnitStore (FSDP) is not supported");
     if (desc.params.size() != opt.pp->local_index.size())
       throw std::invalid_argument("engine: the pipeline layout is of another model");
