@@ -119,14 +119,8 @@ backend::BackendConfig read_config(const json& policy) {
   if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
   read_pipeline(r, cfg);
   // A pipeline stage passes each rank's rows of the context-parallel split to the same cp rank
-  // of the next stage (Engine::stage_rows); sequence parallelism's further split over the tp
-  // group is not carried.
-  if (cfg.parallel.pp > 1 && cfg.parallel.sequence_parallel)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full("megatron_cfg.sequence_parallel") + " = true with " +
-                                         r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
-                                         std::to_string(cfg.parallel.pp) +
-                                         ": sequence parallelism is not implemented together with pipeline "
-                                         "parallelism (use one of them)");
+  // of the next stage (Engine::stage_rows), under sequence parallelism its block of them to the
+  // same tp rank.
   // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
   // carved from the data-parallel ones. Expert tensor parallelism: each expert split over the
   // tensor-parallel group (etp = tp; Megatron's default when the key is null); another etp is

@@ -155,10 +155,11 @@ int64_t analytic_cp_bytes(const Case& c, const Batch& mine, int64_t microbatches
 // x C floats sent once (stage 0 its activations, stage 1 their gradients), a tied embedding's
 // gradient all-reduced over the two stages' embedding group (ring: 2 (2-1)/2 of its V/T rows),
 // and the gradient norm's sum over the stages (8 bytes).
+// Under sequence parallelism a boundary carries this rank's block of the rows: 1/T of them.
 int64_t analytic_pp_bytes(const Case& c, const Batch& mine) {
   const int64_t C = 64;
   const bool tied = c.model == "qwen3-tiny";
-  return rows_of(c, mine) * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
+  return rows_of(c, mine) / (c.sp ? c.tp : 1) * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
 }
 
 // How many micro-batches a rank cuts its share into: one rank's plan of the same share and
@@ -401,6 +402,13 @@ std::vector<Case> cases() {
       {"qwen3-moe-tiny", 1, 1, false, false, false, false, 2, 2},
       {"qwen3-moe-tiny", 1, 1, true, true, false, true, 2, 2},
       {"deepseek-v3-tiny", 1, 1, true, false, false, false, 2, 2},
+      // Sequence parallelism over the stages (np 4: TP 2 x PP 2 + SP): each boundary carries the
+      // rank's block of the rows; with MoE layers, and with expert parallelism (the ep group a
+      // stage's tp group).
+      {"llama-tiny", 2, 1, true, true, true, false, 1, 2},
+      {"qwen3-tiny", 2, 1, false, false, true, false, 1, 2},  // tied embedding over the stages
+      {"qwen3-moe-tiny", 2, 1, true, false, true, true, 1, 2},
+      {"qwen3-moe-tiny", 2, 1, false, true, true, false, 2, 2},
       {"llama-tiny", 2, 2, true, true, false, false, 1, 2},   // np 8 (by hand): TP 2 x CP 2 x PP 2
       {"qwen3-moe-tiny", 2, 2, false, false, false, false, 1, 2},
   };
@@ -499,17 +507,6 @@ TEST(ContextParallelErrors, RefusedByName) {
     Alone alone;
     load_error(cp2, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "context_parallel_size = 2 needs a multiple of 2 launched ranks");
-  }
-  {  // sequence parallelism with pipeline parallelism: the stage calls do not carry its split
-    auto create_error = [](const json& mcfg, const std::string& part) {
-      rlh_backend* b = nullptr;
-      const std::string cfg = json({{"megatron_cfg", mcfg}}).dump();
-      expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b),
-                   RLH_E_UNIMPLEMENTED, part);
-    };
-    create_error({{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}, {"pipeline_model_parallel_size", 2}},
-                 "policy.megatron_cfg.sequence_parallel = true with policy.megatron_cfg.pipeline_model_parallel_size = 2: "
-                 "sequence parallelism is not implemented together with pipeline parallelism");
   }
   {
     rlh_backend* b = nullptr;

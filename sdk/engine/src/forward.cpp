@@ -274,7 +274,8 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
 
   use_params(L);  // the global unit stays held until the backward (or Engine::forward) ends
   if (!run_embed) {
-    std::memcpy(xs[size_t(run_lo)], pp_x_in, size_t(N * C) * sizeof(float));  // the previous stage's output
+    // the previous stage's output (this rank's block of rows under sequence parallelism)
+    std::memcpy(sp_own(xs[size_t(run_lo)], C), pp_x_in, size_t((sp_on ? sp_rows : N) * C) * sizeof(float));
   } else {
     if (tp_on)
       tp_embedding_fwd(xs[0], ids, N);  // this rank's rows, summed over the group

@@ -183,10 +183,8 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     throw std::invalid_argument(std::string("engine: ") + e.what());
   }
   cp_on = opt.cp_comm != nullptr && opt.cp_comm->size() > 1;
-  // A stage's boundary carries this rank's rows of the cp split (stage_rows); sequence
-  // parallelism's further split of them over the tp group is not carried.
-  if (pp_on && tp_on && opt.sequence_parallel)
-    throw std::invalid_argument("engine: pipeline parallelism with sequence parallelism is not supported");
+  // A stage's boundary carries this rank's rows of the cp split (stage_rows), under sequence
+  // parallelism its block of them.
   if (cp_on) {
     cp = opt.cp_comm->size();
     cp_rank = opt.cp_comm->rank();
