@@ -20,7 +20,12 @@
 //     (CP 2 x PP 2 at np 4, with the pp bytes; TP 2 x CP 2 x PP 2 at np 8, run by hand) on
 //     dense, tied and MoE models give the same;
 //   - sequence parallelism (TP 2 + SP at np 2; TP 2 x DP 2 + SP, TP 2 x CP 2 + SP and TP 4 + SP at
-//     np 4) gives the same, so the same as tensor parallelism without it;
+//     np 4) gives the same, so the same as tensor parallelism without it; over pipeline stages too
+//     (TP 2 x PP 2 + SP at np 4: each boundary carries the rank's block of rows);
+//   - expert parallelism with tensor parallelism (expert_tensor_parallel_size 1 under SP: TP 2 x
+//     EP 2 at np 2; TP 2 x DP 2 x EP 2 / 4, TP 2 x CP 2 x EP 2 and TP 2 x EP 2 x PP 2 at np 4) and
+//     within pipeline stages (PP 2 x DP 2 x EP 2 at np 4, also with one replica idle) gives the
+//     same, with the tp bytes of the MoE blocks that route their own rows;
 //   - the cp group's and the tp group's bytes per step equal the analytic counts;
 //   - two AdamW steps with clipping follow the reference;
 //   - on the engine under CP: the routing record is the one-rank engine's in the caller's token
