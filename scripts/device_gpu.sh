@@ -10,6 +10,7 @@
 #          rlhost check-kernels on it, and fp8_cfg.enabled with it loaded
 #     fp8bench: its 8192^3 FP8 GEMM beside torch._scaled_mm (bench/fp8/run.sh)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
+#     pagedmma: paged_attention's tensor-core kernel (RLH_KCUDA_PAGED_MMA=1): tests, check-kernels, bench A/B
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
@@ -319,6 +320,26 @@ if [ "$what" = genprofile ]; then
       --launch-count 700 "$bin/bench_generator_cuda" --shape llama1b --case "$1" --prompt 128 --new 32 --repeats 1 \
       --no-graphs > "$out/ncu_$1.log" 2>&1
     grep -E "gpu__time_duration.sum|^  [A-Za-z_]" "$out/ncu_$1.log" | cut -c1-150 | head -80
+  done
+fi
+if [ "$what" = pagedmma ]; then
+  # paged_attention's tensor-core kernel (opt-in, RLH_KCUDA_PAGED_MMA=1, until this stage has
+  # passed): the decode tests, the generator's GPU tests and check-kernels with it on, then the
+  # generator benchmark with the SIMT kernel and with it, in the same run.
+  for t in test_cuda_decode test_generator_cuda; do
+    echo "== $t (RLH_KCUDA_PAGED_MMA=1) =="
+    RLH_KCUDA_PAGED_MMA=1 "$bin/$t" --gtest_brief=1 > "$out/mma_$t.log" 2>&1 || rc=1
+    grep -E "^\[  (PASSED|FAILED) |Failure|dlp" "$out/mma_$t.log" | head -30
+  done
+  echo "== rlhost check-kernels --op paged_attention (RLH_KCUDA_PAGED_MMA=1) =="
+  RLH_KCUDA_PAGED_MMA=1 "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 \
+    --op paged_attention > "$out/mma_check_kernels.log" 2>&1 || rc=1
+  grep -E "^(op |FAIL|paged)|error" "$out/mma_check_kernels.log" | head -20
+  for m in 0 1; do
+    echo "== bench_generator_cuda, RLH_KCUDA_PAGED_MMA=$m =="
+    RLH_KCUDA_PAGED_MMA=$m "$bin/bench_generator_cuda" --shape llama1b --case all --prompt 128 --new 256 --repeats 2 \
+      > "$out/mma_bench_$m.log" 2>&1 || rc=1
+    grep -E "^RESULT|rror" "$out/mma_bench_$m.log"
   done
 fi
 if [ "$what" = grpostep ]; then

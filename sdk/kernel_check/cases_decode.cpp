@@ -1,7 +1,7 @@
 // Cases of the decode ops (docs/ops.md, "decoding"): kv_cache_write into caches laid out row by
 // row and as kernels_cpu keeps them (keys transposed within a block), paged_attention over
-// kernels_cpu's layout (the reference reads only that one; the contract lets a provider read
-// any strides), with GQA, windows, Dk != Dv and unread block-table entries left at -1, and
+// kernels_cpu's layout and over row-major keys (a GPU's; kernels_cpu copies them into its own),
+// with GQA, windows, Dk != Dv and unread block-table entries left at -1, and
 // sample at every filter (temperature, top-k, top-p, min-p, greedy) with float64 uniforms.
 #include <algorithm>
 #include <cmath>
@@ -45,6 +45,8 @@ struct PagedShape {
   int64_t Hq, Hkv, Dk, Dv, bs, window;
   int64_t pad = 0;     // extra elements per row of q and o
   double softcap = 0;  // Gemma-2's attn_logit_softcapping (the attribute only when set)
+  bool row_major_keys = false;   // keys as a GPU keeps them: rows of Dk (kernels_cuda's tensor-core path)
+  bool batch_invariant = false;  // the attribute (every row one partition on kernels_cuda)
 };
 
 Case paged_attention_case(const PagedShape& p) {
@@ -69,20 +71,29 @@ Case paged_attention_case(const PagedShape& p) {
   std::snprintf(b, sizeof(b), "paged_attention R=%lld Hq=%lld Hkv=%lld Dk=%lld Dv=%lld bs=%lld window=%lld B=%lld pad=%lld",
                 (long long)R, (long long)p.Hq, (long long)p.Hkv, (long long)p.Dk, (long long)p.Dv, (long long)p.bs,
                 (long long)p.window, (long long)B, (long long)p.pad);
-  c.name = std::string(b) + (p.softcap > 0 ? " softcap=" + std::to_string(p.softcap) : "");
+  c.name = std::string(b) + (p.softcap > 0 ? " softcap=" + std::to_string(p.softcap) : "") +
+           (p.row_major_keys ? " keys row-major" : "") + (p.batch_invariant ? " batch_invariant" : "");
   c.in_sizes = {R * ldq, B * p.Hkv * p.bs * p.Dk, B * p.Hkv * p.bs * p.Dv};
   c.in_scale = {1.5, 1.5, 1};
   c.out_sizes = {R * ldo};
   c.ints = {IntBuf{table, {R, T}}, IntBuf{p.positions, {R}}};
   c.fwd = {"paged_attention",
-           {in(0, strided({R, p.Hq, p.Dk}, {ldq, p.Dk, 1})), in(1, cache_layout(B, p.Hkv, p.bs, p.Dk, true)),
+           {in(0, strided({R, p.Hq, p.Dk}, {ldq, p.Dk, 1})), in(1, cache_layout(B, p.Hkv, p.bs, p.Dk, !p.row_major_keys)),
             in(2, cache_layout(B, p.Hkv, p.bs, p.Dv, false)), ints(0, {R, T}), ints(1, {R})},
            {out(0, strided({R, p.Hq, p.Dv}, {ldo, p.Dv, 1}))},
            {attr_d("scale", 1.0 / std::sqrt(double(p.Dk))), attr_i("window", p.window)},
            {},
            {}};
   if (p.softcap > 0) c.fwd.attrs.push_back(attr_d("softcap", p.softcap));
+  if (p.batch_invariant) c.fwd.attrs.push_back(attr_i("batch_invariant", 1));
   return c;
+}
+
+// Positions 0 .. n-1 spread over [0, top]: rows of one tile, of many, on tile edges (63, 64).
+std::vector<int32_t> spread_positions(int n, int32_t top) {
+  std::vector<int32_t> p = {0, 63, 64, 127, top};
+  for (int i = int(p.size()); i < n; ++i) p.push_back(int32_t((int64_t(i) * 7919) % (top + 1)));
+  return p;
 }
 
 struct SampleOpts {
@@ -128,6 +139,25 @@ void add_decode_cases(std::vector<Case>& v) {
   v.push_back(paged_attention_case({{30, 2, 21}, 4, 1, 8, 6, 4, 6, 3}));  // window, MQA, Dv != Dk, strided
   v.push_back(paged_attention_case({{40, 3, 63}, 8, 2, 64, 64, 16, 0}));  // a model's head dim and block
   v.push_back(paged_attention_case({{30, 2, 21}, 4, 2, 8, 8, 4, 6, 0, 1.5}));  // soft-capped (Gemma-2), window
+  // Row-major keys at head dims 64 and 128 (kernels_cuda's tensor-core kernel): Llama-3's groups
+  // of 4, groups of 16 and 32 (two m-tiles), a window, padded rows; few rows (split over the
+  // keys, partials combined) and many (one partition a row); and the batch-invariant form.
+  {
+    PagedShape p{spread_positions(5, 700), 32, 8, 64, 64, 16, 0};
+    p.row_major_keys = true;
+    v.push_back(paged_attention_case(p));
+    p.batch_invariant = true;
+    v.push_back(paged_attention_case(p));
+    PagedShape w{spread_positions(40, 300), 16, 1, 128, 128, 16, 100, 8};
+    w.row_major_keys = true;
+    v.push_back(paged_attention_case(w));
+    PagedShape m{spread_positions(3, 200), 32, 1, 64, 64, 32, 0};
+    m.row_major_keys = true;
+    v.push_back(paged_attention_case(m));
+    PagedShape b{spread_positions(300, 260), 8, 2, 64, 64, 16, 0};
+    b.row_major_keys = true;
+    v.push_back(paged_attention_case(b));
+  }
   SampleOpts o;
   v.push_back(sample_case("plain", 6, 50, 0, o));
   o.temperature = 0.7;

@@ -97,16 +97,12 @@ std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::strin
   const std::string at = key + " = " + std::to_string(T) + ": ";
   if (T < 1) return at + "must be at least 1";
   if (T == 1) return {};
-  if (d.final_logit_softcapping != 0)
-    return at + "final_logit_softcapping is not supported under tensor parallelism";
   auto multiple = [&](const std::string& in, const char* what, int64_t n) {
     return n % T == 0 ? std::string() : in + what + " = " + std::to_string(n) + " is not a multiple of " + std::to_string(T);
   };
   for (const LayerDesc& l : d.layers) {
     const std::string in = at + "layer " + std::to_string(l.index) + ": ";
     const AttentionDesc& a = l.attention;
-    if (a.logit_softcapping != 0)
-      return in + "attn_logit_softcapping is not supported under tensor parallelism";
     if (std::string why = multiple(in, "num_attention_heads", a.num_heads); !why.empty()) return why;
     if (a.kind == AttentionKind::gqa) {
       const int64_t kv = a.num_kv_heads;

@@ -69,8 +69,15 @@ struct Case {
   }
 };
 
+// A fixture's folder: tests/fixtures, or tests/engine/fixtures for gemma2-tiny (Gemma-2's
+// soft-capping of the attention scores and of the logits, windows, tied).
+std::string fixture(const std::string& model) {
+  return model == "gemma2-tiny" ? std::string(RLH_ENGINE_FIXTURES_DIR) + "/" + model : model_path(model);
+}
+
 bool is_moe(const Case& c) { return c.model == "qwen3-moe-tiny" || c.model == "deepseek-v3-tiny"; }
 int64_t fixture_layers(const Case& c) {
+  if (c.model == "gemma2-tiny") return 4;
   return c.model == "qwen2-swa-yarn-tiny" || c.model == "deepseek-v3-tiny" ? 3 : 2;
 }
 
@@ -172,7 +179,7 @@ int64_t analytic_pp_bytes(const Case& c, const Batch& mine) {
 int64_t microbatches_of(const Case& c, Batch& mine) {
   Alone alone;
   Backend be(host(), "megatron", sgd_config(c, true));
-  rlh_model* m = be.load(model_path(c.model), true);
+  rlh_model* m = be.load(fixture(c.model), true);
   return be.train(m, mine, mine.num_tokens(), mine.num_seqs(), lp_ent_loss(), lp_ent_options())
       .metrics["num_micro_batches"]
       .get<int64_t>();
@@ -259,11 +266,11 @@ TEST_P(ContextParallel, MatchesOneRank) {
   {
     Alone alone;
     Backend be(host(), "megatron", sgd_config(c, true));
-    rlh_model* m = be.load(model_path(c.model), true);
+    rlh_model* m = be.load(fixture(c.model), true);
     ref = run_sgd_step(be, m, *p.global, p.tokens, p.seqs);
   }
   Backend be(host(), "megatron", sgd_config(c, false));
-  rlh_model* m = be.load(model_path(c.model), true);
+  rlh_model* m = be.load(fixture(c.model), true);
   const Outcome cp = run_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
   if (c.cp > 1) {
     EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
@@ -328,12 +335,12 @@ TEST_P(ContextParallel, AdamWStepsFollowOneRank) {
   {
     Alone alone;
     Backend be(host(), "megatron", adam_config(c, true, 2e-3));
-    rlh_model* m = be.load(model_path(c.model), true);
+    rlh_model* m = be.load(fixture(c.model), true);
     for (int s = 0; s < 2; ++s) ref_loss.push_back(be.train(m, *p.global, p.tokens, p.seqs, nll_loss(), {}).r.loss);
     ref_w = be.weights(m);
   }
   Backend be(host(), "megatron", adam_config(c, false, 2e-3));
-  rlh_model* m = be.load(model_path(c.model), true);
+  rlh_model* m = be.load(fixture(c.model), true);
   for (int s = 0; s < 2; ++s) {
     const auto r = be.train(m, *p.mine, p.tokens, p.seqs, nll_loss(), {});
     EXPECT_NEAR(r.r.loss, ref_loss[size_t(s)], 2e-5 * std::fabs(ref_loss[size_t(s)])) << c.label() << " step " << s;
@@ -356,6 +363,8 @@ std::vector<Case> cases() {
       {"qwen3-tiny", 1, 2, true, false},
       {"qwen3-tiny", 1, 2, false, true},
       {"qwen2-swa-yarn-tiny", 1, 2, true, false},  // sliding windows, biases, YaRN
+      {"gemma2-tiny", 1, 2, true, false},          // soft-capped scores and logits, windows
+      {"gemma2-tiny", 2, 2, false, true},          // np 4: CP 2 x TP 2
       {"llama-tiny", 2, 2, true, true},            // np 4: CP 2 x TP 2
       {"qwen3-tiny", 2, 2, false, false},
       {"llama-tiny", 1, 4, false, true},           // np 4: CP 4
@@ -437,13 +446,13 @@ TEST(ContextParallelExperts, EmptyShardOfAnEpGroup) {
     {
       Alone alone;
       Backend be(host(), "megatron", sgd_config(c, true));
-      rlh_model* m = be.load(model_path(c.model), true);
+      rlh_model* m = be.load(fixture(c.model), true);
       ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
     }
     auto mine = R < 2 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);  // ranks 0, 1: one cp group
     ASSERT_EQ(mine->num_seqs(), R < 2 ? g->num_seqs() : 0);
     Backend be(host(), "megatron", sgd_config(c, false));
-    rlh_model* m = be.load(model_path(c.model), true);
+    rlh_model* m = be.load(fixture(c.model), true);
     const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
     EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
     EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();

@@ -107,13 +107,13 @@ class BiasedLlama {
 // with its sigmoid gate, q/k/v biases, a dense layer among MoE ones; gemma3-tiny: tied, scaled
 // embedding, sandwich norms, (1 + w) q/k norms, GeGLU, sliding windows with their own RoPE;
 // mixtral-window-mqa-tiny: one kv head (on every rank), windows, top-3 of 4 experts) or the
-// biased llama.
+// biased llama; gemma2-tiny: attention and final logit soft-capping, windows, tied.
 std::string where(const std::string& model) {
   if (model == "llama-biased") {
     static BiasedLlama biased;
     return biased.path();
   }
-  if (model == "qwen2-moe-tiny" || model == "gemma3-tiny" || model == "mixtral-window-mqa-tiny")
+  if (model == "qwen2-moe-tiny" || model == "gemma3-tiny" || model == "gemma2-tiny" || model == "mixtral-window-mqa-tiny")
     return std::string(RLH_ENGINE_FIXTURES_DIR) + "/" + model;
   return model;
 }
@@ -169,7 +169,7 @@ int64_t analytic_tp_bytes(const Case& c, int64_t N) {
   const bool mixtral = m == "mixtral-window-mqa-tiny";
   const int64_t kv = mixtral ? 1 : 2;
   const int64_t L = m == "qwen2-swa-yarn-tiny" || m == "deepseek-v3-tiny" ? 3
-                    : m == "qwen2-moe-tiny" || m == "gemma3-tiny"         ? 4
+                    : m == "qwen2-moe-tiny" || m == "gemma3-tiny" || m == "gemma2-tiny" ? 4
                                                                           : 2;
   const int64_t moe_layers = m == "qwen3-moe-tiny" || m == "deepseek-v3-tiny" || mixtral ? 2
                              : m == "qwen2-moe-tiny"                                    ? 3
@@ -285,6 +285,9 @@ std::vector<Case> cases() {
   v.push_back({"qwen2-moe-tiny", 2, true, true, false});
   v.push_back({"gemma3-tiny", 2, false, true, false});
   v.push_back({"mixtral-window-mqa-tiny", 2, true, false, false});
+  // Gemma-2's soft-capping of the attention scores and of the logits (the vocabulary-parallel
+  // head caps each rank's tile), with its windows, packed.
+  v.push_back({"gemma2-tiny", 2, true, false, false});
   return v;
 }
 

@@ -11,6 +11,7 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks
   follows_1to2    1 trainer + 2 generator ranks (np 3: the trainer splits each call between them)
                   follow one colocated rank for 3 steps, synchronously and with async GRPO
+                  (max_trajectory_age_steps 1: lags 0, 1, 1; and 2: lags 0, 1, 2)
   follows_tp2     megatron TP 2 trainers + 1 generator rank (np 3) follow the colocated TP 2 run
                   for 3 steps (the group's first rank feeds the generator rank); async GRPO on the
                   same ranks: step 1 draws the synchronous run's samples, steps 2-3 train on
@@ -20,7 +21,8 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   follows_tp2dp2_np6  TP 2 x DP 2 trainers + 2 generator ranks (np 6: one per data-parallel group,
                   fed by the group's first rank) follow the colocated TP 2 x DP 2 run (np 4)
   ppo_follows     PPO with 1 trainer + 1 generator rank follows one colocated rank (the critic
-                  trains on the trainer rank; only generation moves)
+                  trains on the trainer rank; only generation moves); asynchronous PPO on them
+                  trains steps 2-3 one version behind
   bad_layout      worlds the generator ranks do not fit (no trainer left, trainers not a multiple
                   of the generator ranks, data-parallel groups without a generator rank each), and
                   the async settings rlhost cannot honour, are refused with one line naming them
@@ -163,6 +165,18 @@ def case_follows_1to2(tmp):
     check(a[1]["train/reward"] == one[1]["train/reward"], "async: step 1 draws the colocated run's samples")
     lags = [a[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
     check(lags == [0, 1, 1], f"async: steps 2-3 train on rollouts one version old (lags {lags})")
+    # max_trajectory_age_steps = 2: step 1 sends steps 2 and 3 ahead, both drawn with the first
+    # weights; step 2 sends step 4's. Step 2 then draws what the 1-step-off run drew.
+    rc3, out3, _ = run(command(tmp, "async2", steps=3, extra=generators(2) + ASYNC +
+                               ["++grpo.async_grpo.max_trajectory_age_steps=2"]), np=3)
+    check(rc3 == 0, f"async GRPO with max_trajectory_age_steps = 2 runs (rc {rc3})", out3)
+    if rc3 == 0:
+        a2 = metrics(tmp, "async2")
+        lags2 = [a2[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
+        check(lags2 == [0, 1, 2], f"age 2: step 3 trains on rollouts two versions old (lags {lags2})")
+        check(a2[1]["train/reward"] == a[1]["train/reward"] and a2[2]["train/reward"] == a[2]["train/reward"],
+              "age 2: steps 1-2 draw the 1-step-off run's samples")
+        print(f"async GRPO, max_trajectory_age_steps 2: lags {lags2}")
     print(f"1 trainer + 2 generator ranks followed one colocated rank for 3 steps (rewards "
           f"{[two[s]['train/reward'] for s in range(1, 4)]}); async lags {lags}; {secs:.1f} s")
 
@@ -222,6 +236,28 @@ def case_ppo_follows(tmp):
     check(n > 50 and any(k.startswith("train/critic/") for k in one.get(1, {})),
           f"ppo: the policy's and the critic's figures are compared ({n})")
     check(two.get(1, {}).get("train/refit_bytes", 0) > 0, "ppo: the refit to the generator rank is logged")
+    # Asynchronous PPO (ppo.async_ppo): step 1 on-policy, as the synchronous run; steps 2-3 on
+    # rollouts one step old, the critic training beside the policy as before. The lag counts
+    # weight versions: ppo_demo_cpu.yaml's ppo_epochs = 4 policy updates a step.
+    rc3, out3, _ = run(ppo("async", generators(1) + ["++ppo.async_ppo.enabled=true",
+                                                     "++loss_fn.use_importance_sampling_correction=true"]), np=2)
+    check(rc3 == 0, f"ppo: asynchronous PPO runs (rc {rc3})", out3)
+    if rc3 == 0:
+        a = metrics(tmp, "async")
+        lags = [a[s].get("train/generation_weight_lag") for s in (1, 2, 3)]
+        check(lags == [0, 4, 4], f"ppo: async steps 2-3 train on rollouts one step (4 policy updates) old (lags {lags})")
+        check(close(a[1]["train/reward"], one[1]["train/reward"]), "ppo: async step 1 draws the synchronous run's samples")
+        check(any(k.startswith("train/critic/") for k in a.get(3, {})), "ppo: async: the critic trains")
+        print(f"ppo: asynchronous, lags {lags}")
+    async_ppo = generators(1) + ["++ppo.async_ppo.enabled=true", "++loss_fn.use_importance_sampling_correction=true"]
+    for extra, text in [(["++ppo.async_ppo.warmup_generation_lead_steps=2"], "ppo.async_ppo.warmup_generation_lead_steps = 2"),
+                        (["++ppo.async_ppo.drop_incomplete_targets_on_restore=false"],
+                         "ppo.async_ppo.drop_incomplete_targets_on_restore: false is not implemented"),
+                        (["policy.generation.colocated.enabled=true"],
+                         "ppo.async_ppo.enabled: true needs policy.generation.colocated.enabled: false")]:
+        rc, out, _ = run(ppo("refused", async_ppo + extra), np=2, timeout=60)
+        check(rc != 0, f"ppo: {extra} is refused (rc {rc})", out)
+        one_error_line(out, text, f"ppo {extra}")
     print(f"ppo: 1 trainer + 1 generator rank followed one colocated rank for 3 steps ({n} figures); {secs:.1f} s")
 
 
@@ -251,7 +287,8 @@ def case_bad_layout(tmp):
     one_error_line(out, "policy.generation.colocated.resources.gpus_per_node", "no resources")
     refused = [
         (ASYNC, "grpo.async_grpo.enabled: true needs policy.generation.colocated.enabled: false"),
-        (ASYNC + generators(1) + ["++grpo.async_grpo.max_trajectory_age_steps=2"], "grpo.async_grpo.max_trajectory_age_steps = 2"),
+        (ASYNC + generators(1) + ["++grpo.async_grpo.max_trajectory_age_steps=0"],
+         "grpo.async_grpo.max_trajectory_age_steps = 0: must be at least 1"),
         (ASYNC + generators(1) + ["++grpo.async_grpo.in_flight_weight_updates=true"], "grpo.async_grpo.in_flight_weight_updates"),
         (ASYNC + generators(1) + ["++grpo.async_grpo.max_generation_failures=3"], "grpo.async_grpo.max_generation_failures = 3"),
         (["++grpo.async_grpo.enabled=true"] + generators(1), "needs loss_fn.use_importance_sampling_correction: true"),

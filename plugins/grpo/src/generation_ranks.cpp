@@ -453,8 +453,8 @@ std::unique_ptr<Generator> GenerationRanks::remote_generator(const std::string& 
 
 void GenerationRanks::announce(const std::vector<const rlh_generate_args*>& requests) {
   Impl& r = *impl_;
-  if (!r.pending.empty())
-    throw Error(RLH_E_INTERNAL, "async GRPO: the rollouts sent ahead for the previous step were not all used");
+  // Requests of later steps queue behind those already sent (max_trajectory_age_steps > 1); a
+  // generate call takes the front one when it matches.
   for (const rlh_generate_args* q : requests) {
     Impl::Pending p;
     p.request = encode_request(*q);

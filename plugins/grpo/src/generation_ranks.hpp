@@ -33,11 +33,12 @@
 //     every rank contributes what it holds); trainer rank 0 broadcasts them, full weights, to
 //     every generator rank in one group (trainer 0 and the generator ranks). The other trainers
 //     only take part in the visit. Bytes and seconds are kept for the step's metrics.
-//   announce (asynchronous GRPO): the next step's requests (a client's part of them) are sent
-//     before this step trains, so the generator ranks draw them with the weights of the step
-//     before while the trainers train (1-step-off); the next generate call with the same request
-//     takes the results. Any other request or a refit first receives what is outstanding, so the
-//     order stays the client's order.
+//   announce (asynchronous GRPO): the next steps' requests (a client's part of them) are sent
+//     before this step trains, max_trajectory_age_steps = k steps ahead, so the generator ranks
+//     draw them with the weights in force when they reach them while the trainers train (step s
+//     trains on rollouts k versions old once k steps have passed); the next generate call with
+//     the front request takes its results. Any other request or a refit first receives what is
+//     outstanding, so the order stays the client's order.
 // A client ends its generator ranks with a stop message when it finishes, or fails (trainer rank 0
 // stops every generator rank when it fails before attach); a generator rank waits for its
 // client's next message under the communicator's timeout (rlhost.comm_timeout_s), so it exits

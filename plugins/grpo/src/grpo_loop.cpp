@@ -130,6 +130,7 @@ struct GrpoLoop::Impl {
   int dp_rank = 0, dp_size = 1;  // ranks.rank, ranks.size
 
   int64_t step = 0;  // training steps done
+  int64_t announced = 0;  // asynchronous GRPO: the last step whose requests were sent ahead
   std::vector<std::pair<int64_t, double>> val_history;  // (step, validation accuracy) this run
   int64_t total_steps = 0;
   int64_t consumed_samples = 0;
@@ -448,10 +449,12 @@ struct GrpoLoop::Impl {
   }
 
   // Asynchronous GRPO: sends step `s`'s generation requests ahead, exactly those collect(s) will
-  // make (the same prompts, shares and RNG keys; the data order itself moves in collect).
-  void announce_rollouts(int64_t s) {
+  // make (the same prompts, shares and RNG keys; the data order itself moves in collect),
+  // `batches` batches past the order's place now.
+  void announce_rollouts(int64_t s, int64_t batches) {
     PromptOrder peek = *order;
     const int64_t per_batch = cfg.dynamic_sampling.prompts_per_generation_batch();
+    for (int64_t i = 1; i < batches; ++i) peek.next(per_batch);
     const std::vector<Prompt> prompts = prompts_for(*train_data, peek.next(per_batch));
     std::vector<std::unique_ptr<GenerateRequest>> requests;
     auto request = [&](int64_t a, int64_t b) {
@@ -481,7 +484,7 @@ struct GrpoLoop::Impl {
   }
 
   // How many weight versions the step's oldest sample is behind the generator's weights now
-  // (0 on policy; 1 step's worth for 1-step-off asynchronous GRPO).
+  // (0 on policy; up to max_trajectory_age_steps under asynchronous GRPO).
   double weight_lag(const StepSamples& ss) const {
     int64_t oldest = gen->version();
     for (const Response* r : ss.responses) oldest = std::min(oldest, r->weight_version);
@@ -693,10 +696,13 @@ struct GrpoLoop::Impl {
 
       std::vector<Rollout> rollouts;
       StepSamples ss = collect(s, rollouts, timers, metrics);
-      if (cfg.async_grpo && s < total_steps) {
-        // 1-step-off: the next step's rollouts are drawn on the generator ranks with the weights
-        // in force now, while this step trains.
-        announce_rollouts(s + 1);
+      if (cfg.async_grpo) {
+        // The next max_trajectory_age_steps steps' rollouts are requested by now (the first step
+        // of a run asks for all of them, later ones for the newest): the generator ranks draw
+        // each with the weights in force when they reach it, while the trainers train.
+        const int64_t last = std::min(total_steps, s + cfg.async_age);
+        for (int64_t t = std::max(announced + 1, s + 1); t <= last; ++t) announce_rollouts(t, t - s);
+        announced = std::max(announced, last);
       }
       for (const auto& [k, v] : refit_metrics) metrics[k] = v;
       if (cfg.async_grpo) metrics["generation_weight_lag"] = weight_lag(ss);

@@ -191,14 +191,15 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
   bool async = false;
   const Section ag = g.sub(ppo ? "async_ppo" : "async_grpo");
   ag.read("enabled", async);
-  if (async && ppo) throw ConfigError(g.key("async_ppo.enabled") + ": asynchronous PPO is not implemented; use false");
   if (async) {
-    // NeMo-RL's async GRPO; rlhost does the 1-step-off case (generation_ranks.hpp).
+    // NeMo-RL's async GRPO (and PPO, whose critic trains beside the policy on the trainer
+    // ranks): requests k steps ahead (generation_ranks.hpp), so no rollout is older than k
+    // weight versions.
     std::optional<int64_t> age;
     ag.read("max_trajectory_age_steps", age);
-    if (age && *age != 1)
-      throw ConfigError(ag.key("max_trajectory_age_steps") + " = " + std::to_string(*age) +
-                        ": rlhost's asynchronous GRPO trains on rollouts exactly one step old (use 1)");
+    if (age && *age < 1)
+      throw ConfigError(ag.key("max_trajectory_age_steps") + " = " + std::to_string(*age) + ": must be at least 1");
+    if (age) c.async_age = *age;
     bool in_flight = false;
     if (const json* v = ag.find("in_flight_weight_updates"); v != nullptr && !v->is_null())
       ag.read("in_flight_weight_updates", in_flight);
@@ -210,6 +211,22 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
     if (failures && *failures != 0)
       throw ConfigError(ag.key("max_generation_failures") + " = " + std::to_string(*failures) +
                         ": retrying failed generations is not implemented (the first failure stops the run); use 0 or null");
+    if (ppo) {
+      // NeMo-RL main's async_ppo keys beside GRPO's: nothing is in flight across a restore here
+      // (a resumed run's first step is on-policy), so incomplete targets are always dropped; a
+      // generation lead during warm-up is not offered.
+      bool drop = true;
+      if (const json* v = ag.find("drop_incomplete_targets_on_restore"); v != nullptr && !v->is_null())
+        ag.read("drop_incomplete_targets_on_restore", drop);
+      if (!drop)
+        throw ConfigError(ag.key("drop_incomplete_targets_on_restore") +
+                          ": false is not implemented (a restored run keeps no rollouts in flight); use true or null");
+      std::optional<int64_t> lead;
+      ag.read("warmup_generation_lead_steps", lead);
+      if (lead && *lead != 0)
+        throw ConfigError(ag.key("warmup_generation_lead_steps") + " = " + std::to_string(*lead) +
+                          ": a generation lead during warm-up is not implemented; use 0 or null");
+    }
     c.async_grpo = true;
   }
   bool kl_in_reward = false;
@@ -282,19 +299,20 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
   }
 
   if (c.async_grpo) {
-    // What 1-step-off training needs (NeMo-RL asks for the same): generator ranks of its own,
-    // and the importance-sampling correction for rollouts drawn with older weights.
+    // What training on older rollouts needs (NeMo-RL asks for the same): generator ranks of its
+    // own, and the importance-sampling correction for rollouts drawn with older weights.
+    const std::string on = ppo ? "ppo.async_ppo.enabled" : "grpo.async_grpo.enabled";
     if (c.generation.colocated)
-      throw ConfigError("grpo.async_grpo.enabled: true needs policy.generation.colocated.enabled: false "
+      throw ConfigError(on + ": true needs policy.generation.colocated.enabled: false "
                         "(generation on ranks of its own, docs/parallelism.md)");
     if (!c.loss.use_importance_sampling_correction)
-      throw ConfigError("grpo.async_grpo.enabled: true needs loss_fn.use_importance_sampling_correction: true "
-                        "(the rollouts come from weights one step old)");
+      throw ConfigError(on + ": true needs loss_fn.use_importance_sampling_correction: true "
+                        "(the rollouts come from older weights)");
     if (c.dynamic_sampling.use_dynamic_sampling)
-      throw ConfigError("grpo.use_dynamic_sampling: true with grpo.async_grpo.enabled is not implemented; use false");
+      throw ConfigError(section + ".use_dynamic_sampling: true with " + on + " is not implemented; use false");
     if (c.max_rollout_turns > 1)
-      throw ConfigError("grpo.max_rollout_turns = " + std::to_string(c.max_rollout_turns) +
-                        " with grpo.async_grpo.enabled is not implemented (single-turn rollouts only)");
+      throw ConfigError(section + ".max_rollout_turns = " + std::to_string(c.max_rollout_turns) + " with " + on +
+                        " is not implemented (single-turn rollouts only)");
   }
 
   // data

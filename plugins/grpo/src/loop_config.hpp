@@ -86,9 +86,11 @@ struct GrpoLoopConfig {
   bool skip_reference_policy_logprobs = false;
   // Generation/environment turns per rollout (NeMo-RL's run_multi_turn_rollout); 1 = single turn.
   int64_t max_rollout_turns = 1;
-  // grpo.async_grpo.enabled: the next step's rollouts are generated while this step trains, with
-  // weights one step old (max_trajectory_age_steps = 1), on non-colocated generator ranks.
+  // grpo.async_grpo.enabled: the next steps' rollouts are generated while this step trains, on
+  // non-colocated generator ranks: max_trajectory_age_steps = k keeps k steps' requests ahead,
+  // so a step trains on rollouts drawn with weights k versions old (fewer in the first k steps).
   bool async_grpo = false;
+  int64_t async_age = 1;
   AdvantageConfig advantages;
   DynamicSamplingConfig dynamic_sampling;
   RewardScalingConfig reward_scaling;

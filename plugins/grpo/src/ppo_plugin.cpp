@@ -27,7 +27,9 @@ const char* const kKeys[] = {
     "ppo.max_num_steps", "ppo.val_period", "ppo.val_at_start", "ppo.val_at_end", "ppo.val_batch_size",
     "ppo.max_val_samples", "ppo.overlong_filtering", "ppo.use_dynamic_sampling", "ppo.batch_multiplier",
     "ppo.dynamic_sampling_max_gen_batches", "ppo.reward_shaping.*", "ppo.reward_scaling.*", "ppo.adv_estimator.*",
-    "ppo.async_ppo.enabled", "ppo.seed", "ppo.skip_reference_policy_logprobs_calculation", "ppo.ppo_epochs",
+    "ppo.async_ppo.enabled", "ppo.async_ppo.max_trajectory_age_steps", "ppo.async_ppo.in_flight_weight_updates",
+    "ppo.async_ppo.max_generation_failures", "ppo.async_ppo.drop_incomplete_targets_on_restore",
+    "ppo.async_ppo.warmup_generation_lead_steps", "ppo.seed", "ppo.skip_reference_policy_logprobs_calculation", "ppo.ppo_epochs",
     "ppo.policy_training_start_step", "policy.generation.colocated.enabled",
     "policy.generation.colocated.resources.gpus_per_node", "policy.generation.colocated.resources.num_nodes",
     // the critic

@@ -22,12 +22,6 @@ __device__ __forceinline__ int64_t clamp_rel(int64_t x, int64_t hi) {
   return x < -1 ? -1 : (x > hi ? hi : x);
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 constexpr float kLog2e = 1.4426950408889634f;
 
 // dK/dV: BKV keys per block over WARPS warps (KT = BKV / (16 WARPS) key m-tiles per warp, which

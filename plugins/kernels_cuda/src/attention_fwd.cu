@@ -18,12 +18,6 @@ __device__ __forceinline__ int64_t clamp_rel(int64_t x, int64_t hi) {
   return x < -1 ? -1 : (x > hi ? hi : x);
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Tile configurations: BQ queries per block over WARPS warps (MT = BQ / (16 WARPS) m-tiles of
 // 16 rows per warp, which share each K/V fragment read from shared memory), BK keys per tile.
 template <int D, int BQ, int BK, int WARPS>

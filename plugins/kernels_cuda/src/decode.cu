@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common.cuh"
 
@@ -635,7 +636,19 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
   check_launch("kv_cache_write");
 }
 
+// The tensor-core kernel is opt-in (RLH_KCUDA_PAGED_MMA=1) until it has been run on a GPU: it was
+// written and compiled in a session without one (docs/kernels_cuda.md). The SIMT kernel stays
+// the default meanwhile.
+static bool use_mma(const PagedAttnArgs& a) {
+  static const bool on = [] {
+    const char* e = std::getenv("RLH_KCUDA_PAGED_MMA");
+    return e != nullptr && *e != '\0' && *e != '0';
+  }();
+  return on && paged_attention_mma_ok(a);
+}
+
 int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a) {
+  if (use_mma(a)) return paged_attention_mma_workspace_bytes(a);
   const int64_t Z = pa_partitions(a);
   if (Z == 1 || a.R == 0) return 0;
   return pa_rows_per_launch(a, Z) * a.Hq * Z * pa_partial_floats(a.Dv) * int64_t(sizeof(float));
@@ -686,6 +699,7 @@ void paged_attention(const PagedAttnArgs& a, cudaStream_t s) {
   if (!(a.softcap >= 0) || !std::isfinite(a.softcap))
     throw std::invalid_argument("paged_attention: softcap must be a finite number >= 0");
   if (a.R == 0) return;
+  if (use_mma(a)) return paged_attention_mma(a, s);
   const int64_t Z = pa_partitions(a);
   if (Z > 65535) throw std::invalid_argument("paged_attention: block tables wider than 65535 x 128 positions");
   if (Z > 1 && !a.partials)

@@ -610,6 +610,7 @@ void run_paged_attention(const Call& c) {
   a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.Dk))));
   a.window = c.integer("window", 0);
   a.softcap = float(c.num("softcap", 0));
+  a.batch_invariant = c.flag("batch_invariant");
   if (const int64_t bytes = paged_attention_workspace_bytes(a)) a.partials = static_cast<float*>(c.ws->get(size_t(bytes)));
   paged_attention(a, c.stream);
 }
@@ -878,7 +879,7 @@ const OpSpec kOps[] = {
     {"sumsq", "g", 1, "k", 1, "", false, true, false, run_sumsq, false},
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
     {"kv_cache_write", "ffi", 3, "ff", 2, "", true, false, false, run_kv_cache_write, true},
-    {"paged_attention", "fffii", 5, "f", 1, "", true, false, false, run_paged_attention, true},
+    {"paged_attention", "fffii", 5, "f", 1, "", true, false, false, run_paged_attention, false},
     {"sample", "kd", 2, "ik", 2, "", false, false, false, run_sample, true},
     {"moe_router_fwd", "fs", 1, "siss", 3, "moe_router_bwd", true, false, false, run_moe_router_fwd, true},
     {"moe_router_bwd", "ssiss", 3, "f", 1, "", true, false, false, run_moe_router_bwd, true},
@@ -1112,9 +1113,10 @@ rlh_status* k_op_info(rlh_op* op, rlh_op_info* out) {
     // order), so reruns are bitwise equal. Row-wise ops are batch-invariant; GEMMs (cuBLASLt
     // picks kernels by shape), attention (tiles follow token positions), reductions and the
     // logprob head (its GEMM) are not.
-    // gemm asked for batch invariance runs grouped_gemm.cu's fixed-order tiles (run_gemm_rows).
+    // gemm asked for batch invariance runs grouped_gemm.cu's fixed-order tiles (run_gemm_rows);
+    // paged_attention asked for it keeps every row in one partition (paged_attention_mma.cu).
     bool rows = false;
-    if (std::strcmp(op->spec->name, "gemm") == 0)
+    if (std::strcmp(op->spec->name, "gemm") == 0 || std::strcmp(op->spec->name, "paged_attention") == 0)
       for (const Attr& a : op->attrs)
         rows = rows || (a.name == "batch_invariant" && (a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i)) != 0);
     info.batch_invariant = op->spec->batch_invariant || rows ? 1 : 0;

@@ -7,7 +7,8 @@
 // so no real token ever attends to it; its rows get no output gradient. RoPE and the mask use
 // the global position in the sequence.
 //
-// Attention all-gathers k and v (not a ring: simpler, and on CPU ranks the same bytes move);
+// Attention all-gathers k and v (not a ring: simpler, and on CPU ranks the same bytes move),
+// with Gemma-2's soft-capping of the scores as the attention op has it (scale, then the cap);
 // the backward gathers them again, computes d q of its own rows and partial d k / d v of every
 // row, and reduce-scatters those to their owners. The products are plain loops here, not a
 // kernel-registry op: the attention op's contract (docs/ops.md) has one sequence layout for
@@ -148,7 +149,7 @@ void Engine::Impl::cp_attention_fwd(const sdk::LayerStep& st, float* o, int64_t 
   const int64_t wk = Hkv * Dk, wv = Hkv * Dv;
   Buffer<float> kall, vall;
   cp_gather_kv(k, ldk, wk, v, ldv, wv, kall, vall);
-  const float scale = float(st.scale);
+  const float scale = float(st.scale), cap = float(st.softcap);
   std::vector<float> s;
   std::vector<double> acc(static_cast<size_t>(Dv));
   for (int64_t i = 0; i < n; ++i) {
@@ -163,7 +164,7 @@ void Engine::Impl::cp_attention_fwd(const sdk::LayerStep& st, float* o, int64_t 
         const float* kj = kall.data() + int64_t(rows[j]) * wk + kvh * Dk;
         float dot = 0;
         for (int64_t d = 0; d < Dk; ++d) dot += qi[d] * kj[d];
-        s[size_t(j)] = dot * scale;
+        s[size_t(j)] = cap > 0 ? cap * std::tanh(dot * scale / cap) : dot * scale;  // the op's order: scale, cap
         mx = std::max(mx, s[size_t(j)]);
       }
       double sum = 0;
@@ -194,7 +195,7 @@ void Engine::Impl::cp_attention_bwd(const sdk::LayerStep& st, float* dq, int64_t
   Buffer<float> dkall(*alloc, size_t(cp * n * wk)), dvall(*alloc, size_t(cp * n * wv));
   std::memset(dkall.data(), 0, dkall.size() * sizeof(float));
   std::memset(dvall.data(), 0, dvall.size() * sizeof(float));
-  const float scale = float(st.scale);
+  const float scale = float(st.scale), cap = float(st.softcap);
   std::vector<double> dqi(static_cast<size_t>(Dk));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = cpp.pos[size_t(i)], j0 = first_key(p, st.window);
@@ -214,10 +215,12 @@ void Engine::Impl::cp_attention_bwd(const sdk::LayerStep& st, float* dq, int64_t
         const float* vj = vall.data() + row * wv + kvh * Dv;
         float dot = 0;
         for (int64_t d = 0; d < Dk; ++d) dot += qi[d] * kj[d];
-        const double P = std::exp(double(dot * scale) - l);
+        // Soft-capped: s = c tanh(u), u = scale dot / c, so d s / d dot = scale (1 - tanh(u)^2).
+        const float u = cap > 0 ? std::tanh(dot * scale / cap) : 0.f;
+        const double P = std::exp(double(cap > 0 ? cap * u : dot * scale) - l);
         double dP = 0;
         for (int64_t d = 0; d < Dv; ++d) dP += double(doi[d]) * vj[d];
-        const double dS = P * (dP - delta) * scale;
+        const double dS = P * (dP - delta) * scale * (cap > 0 ? 1.0 - double(u) * u : 1.0);
         float* dvj = dvall.data() + row * wv + kvh * Dv;
         for (int64_t d = 0; d < Dv; ++d) dvj[d] += float(P * doi[d]);
         float* dkj = dkall.data() + row * wk + kvh * Dk;

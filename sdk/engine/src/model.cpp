@@ -197,9 +197,10 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   // group, moe.cpp) and MLA attends through cp_attention.cpp; a per-sequence RoPE table depends
   // on the whole sequence's length, which the split hides.
   caps.moe = caps.mla = true;
-  // Soft-capping (Gemma-2) runs in the registry's attention and head ops; the attention under
-  // context parallelism is the engine's own loops, and tp_unsupported refuses it under TP.
-  caps.attention_softcap = !cp_on;
+  // Soft-capping (Gemma-2) runs in the registry's attention and head ops, in the loops of the
+  // attention under context parallelism (cp_attention.cpp) and in the vocabulary-parallel head
+  // (tp_head.cpp).
+  caps.attention_softcap = true;
   caps.logit_softcap = true;
   caps.per_sequence_rope = !cp_on && !(tp_on && opt.sequence_parallel);  // padding would change its length
   caps.attention_dv_differs = true;

@@ -11,7 +11,8 @@
 // The backward recomputes each tile and writes this rank's part of d logits exactly as one
 // rank would (p_j = e^(z_j - lse) with the whole vocabulary's lse):
 //   dz_j = (1[j = t] dlp - p_j sum(dlp) - dH p_j (z_j - (lse - H))) / temperature,
-// giving this rank's d lm_head rows and a partial d xn, summed over the group.
+// giving this rank's d lm_head rows and a partial d xn, summed over the group. Gemma-2's final
+// soft-capping z = c tanh(x / c) / temperature is elementwise, so each rank caps its own tile.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -50,6 +51,11 @@ void Engine::Impl::tp_embedding_bwd(const int32_t* ids, const float* dx, int64_t
 
 namespace {
 
+// Gemma-2's final soft-capping of a tile of products x: z = c tanh(x / c) / temperature.
+void soft_cap_tile(float* z, int64_t n, float cap, float inv_t) {
+  for (int64_t i = 0; i < n; ++i) z[i] = cap * std::tanh(z[i] / cap) * inv_t;
+}
+
 // Rows per tile of the [rows, vcount] logits, within the head's tile budget.
 int64_t tile_rows(int64_t bytes, int64_t vcount, int64_t N) {
   const int64_t budget = bytes > 0 ? bytes : (int64_t(32) << 20);
@@ -60,7 +66,7 @@ int64_t tile_rows(int64_t bytes, int64_t vcount, int64_t N) {
 
 void Engine::Impl::tp_head_fwd(float* lp, float* lse, float* ent, const int32_t* tg, int64_t N, int64_t K,
                                double temperature) {
-  const float inv_t = float(1.0 / temperature);
+  const float inv_t = float(1.0 / temperature), cap = float(prog.logit_softcap);
   const float* W = w(prog.head);
   const float* xn = head.xn;
   const int64_t R = tile_rows(opt.logprob_chunk_bytes, vcount, N);
@@ -72,7 +78,10 @@ void Engine::Impl::tp_head_fwd(float* lp, float* lse, float* ent, const int32_t*
   std::memset(sums.data(), 0, sums.size() * sizeof(float));
   for (int64_t n0 = 0; n0 < N; n0 += R) {
     const int64_t rows = std::min(R, N - n0);
-    if (vcount > 0) ops->gemm(false, true, rows, vcount, C, inv_t, xn + n0 * C, C, W, C, 0.f, tile.data(), vcount);
+    if (vcount > 0) {
+      ops->gemm(false, true, rows, vcount, C, cap > 0 ? 1.f : inv_t, xn + n0 * C, C, W, C, 0.f, tile.data(), vcount);
+      if (cap > 0) soft_cap_tile(tile.data(), rows * vcount, cap, inv_t);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = n0 + r;
       const float* z = tile.data() + r * vcount;
@@ -112,7 +121,7 @@ void Engine::Impl::tp_head_fwd(float* lp, float* lse, float* ent, const int32_t*
 
 void Engine::Impl::tp_head_bwd(float* dxn, const float* dlp, const float* dent, const int32_t* tg, const float* lse,
                                const float* ent, int64_t N, int64_t K, double temperature) {
-  const float inv_t = float(1.0 / temperature);
+  const float inv_t = float(1.0 / temperature), cap = float(prog.logit_softcap);
   const float* W = w(prog.head);
   float* dW = g(prog.head);
   const float* xn = head.xn;
@@ -121,9 +130,10 @@ void Engine::Impl::tp_head_bwd(float* dxn, const float* dlp, const float* dent, 
   } else {
     const int64_t R = tile_rows(opt.logprob_chunk_bytes, vcount, N);
     Buffer<float> tile(*alloc, size_t(R * vcount));
+    std::vector<float> ft(static_cast<size_t>(K));  // d z / d (h W^T) at the row's targets
     for (int64_t n0 = 0; n0 < N; n0 += R) {
       const int64_t rows = std::min(R, N - n0);
-      ops->gemm(false, true, rows, vcount, C, inv_t, xn + n0 * C, C, W, C, 0.f, tile.data(), vcount);
+      ops->gemm(false, true, rows, vcount, C, cap > 0 ? 1.f : inv_t, xn + n0 * C, C, W, C, 0.f, tile.data(), vcount);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t n = n0 + r;
         float* z = tile.data() + r * vcount;
@@ -131,13 +141,27 @@ void Engine::Impl::tp_head_bwd(float* dxn, const float* dlp, const float* dent, 
         for (int64_t k = 0; k < K; ++k)
           if (tg[n * K + k] >= 0) a += dlp[n * K + k];
         const float b = dent ? dent[n] : 0.f, zl = lse[n], e = dent ? lse[n] - ent[n] : 0.f;
+        // Soft-capped (Gemma-2): z = c tanh(x / c) / temperature of the product x, so the
+        // gradient of x is that of z times (1 - tanh(x / c)^2) / temperature.
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t t = int64_t(tg[n * K + k]) - vlo;
+          if (tg[n * K + k] < 0 || t < 0 || t >= vcount) continue;
+          const float u = cap > 0 ? std::tanh(z[t] / cap) : 0.f;
+          ft[size_t(k)] = cap > 0 ? (1.f - u * u) * inv_t : inv_t;
+        }
         for (int64_t j = 0; j < vcount; ++j) {
-          const float p = std::exp(z[j] - zl);
-          z[j] = (-a * p - b * p * (z[j] - e)) * inv_t;
+          float zc = z[j], f = inv_t;
+          if (cap > 0) {
+            const float u = std::tanh(z[j] / cap);
+            zc = cap * u * inv_t;
+            f = (1.f - u * u) * inv_t;
+          }
+          const float p = std::exp(zc - zl);
+          z[j] = (-a * p - b * p * (zc - e)) * f;
         }
         for (int64_t k = 0; k < K; ++k) {
           const int64_t t = int64_t(tg[n * K + k]) - vlo;
-          if (tg[n * K + k] >= 0 && t >= 0 && t < vcount) z[t] += dlp[n * K + k] * inv_t;
+          if (tg[n * K + k] >= 0 && t >= 0 && t < vcount) z[t] += dlp[n * K + k] * ft[size_t(k)];
         }
       }
       ops->gemm(false, false, rows, C, vcount, 1.f, tile.data(), vcount, W, C, 0.f, dxn + n0 * C, C);

@@ -484,6 +484,15 @@ void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq
                                       a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride),
                                       a.mat(table, kI32, R, width, width), a.vec(pos, kI32, R)};
   const std::vector<rlh_tensor> out = {a.heads(o, R, Hq, c.Dv, ldo)};
+  if (batch_invariant_) {
+    // As gemm's: a requirement at resolution (kernels_cuda then keeps each row in one partition).
+    const std::array<rlh_named_value, 4> bi = {at[0], at[1], at[2], attr_bool("batch_invariant", true)};
+    if (softcap != 0)
+      RLH_RUN("paged_attention/capped/invariant", "paged_attention", in, out, bi);
+    else
+      RLH_RUN("paged_attention/invariant", "paged_attention", in, out, (std::array<rlh_named_value, 3>{at[0], at[1], bi[3]}));
+    return;
+  }
   if (softcap != 0)
     RLH_RUN("paged_attention/capped", "paged_attention", in, out, at);
   else

@@ -323,10 +323,15 @@ struct PagedAttnArgs {
   int64_t table_width = 0;                                 // T (0: ld_blocks)
   const int32_t* pos = nullptr;                            // [R]
   float* partials = nullptr;  // paged_attention_workspace_bytes(*this) of device scratch, or null when 0
+  bool batch_invariant = false;  // every row's output independent of the launch (docs/ops.md)
 };
-// Scratch the split-over-keys kernel needs for a call (0 when every row fits one partition).
+// Scratch the split-over-keys kernels need for a call (0 when every row fits one partition).
 int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a);
 void paged_attention(const PagedAttnArgs& a, cudaStream_t s);
+// The tensor-core kernel (paged_attention_mma.cu), which paged_attention runs where it applies.
+bool paged_attention_mma_ok(const PagedAttnArgs& a);
+int64_t paged_attention_mma_workspace_bytes(const PagedAttnArgs& a);
+void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s);
 
 struct SampleArgs {
   int64_t S = 0, V = 0, ld = 0;

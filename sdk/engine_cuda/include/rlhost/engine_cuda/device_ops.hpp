@@ -45,9 +45,10 @@ class DeviceOps {
     ws_ = p;
     ws_bytes_ = bytes;
   }
-  // gemm resolved with batch_invariant = 1 (a generator's deterministic mode): every row of C a
-  // function of its row of op(A) alone, whatever M; a provider that does not promise it in
-  // op_info falls through (docs/ops.md).
+  // gemm and paged_attention resolved with batch_invariant = 1 (a generator's deterministic
+  // mode): every row of C a function of its row of op(A) alone, whatever M, and every row's
+  // attention of its own position and cache; a provider that does not promise it in op_info
+  // falls through (docs/ops.md).
   void set_batch_invariant_gemm(bool on) { batch_invariant_ = on; }
 
   // C[M,N] = op(A) op(B) + beta C; A, B bf16 row-major; C bf16 or f32 (c_f32).

@@ -1,0 +1,310 @@
+// paged_attention on tensor cores (docs/ops.md; the SIMT kernel in decode.cu takes every case this
+// one does not): bf16, Dk = Dv = 64 or 128, no soft-capping, caches whose rows of D values are
+// contiguous and 16-byte aligned (the generator's [block][kv head][slot][D]).
+//
+// One warp per (row, kv head, partition): the query heads of the kv head's group are the 16 rows
+// of an mma m-tile (Llama-3's 4 heads fill a quarter of it: the kernel is bound by the cache's
+// bytes, not by the tensor cores, so the idle rows cost nothing that matters), and the keys go by
+// in tiles of 64 positions through double-buffered shared memory (cp.async), as in the training
+// forward (attention_fwd.cu): S = Q K^T and O += P V on mma.sync m16n8k16 with fp32 accumulators,
+// the online softmax in fp32 with exp2 and the scale folded in, P rounded to bf16 for the second
+// product. Per row and tile this is the training kernel's arithmetic: same fragments, same
+// order, same roundings.
+//
+// Why: the SIMT kernel gives each lane a key and walks the values with the lanes over the head
+// dims. At batch 256 it took ~93 us a layer of Llama-3.2-1B against ~32 us to read the layer's
+// cache, about 30% of a decoding step; its loads are 4 bytes a lane and its chains long.
+//
+// Partitions (flash-decoding): a row's tiles are cut into partitions of PT tiles, aligned to
+// multiples of PT; a row whose tiles lie in one partition writes its output directly, longer
+// rows write partials (the unnormalised output, the maximum in natural-log units and the sum)
+// that a second kernel combines in partition order. PT is chosen per launch so that small
+// batches still fill the GPU (batch 1: one tile a warp) and large ones skip the combine (batch
+// 256: one partition). A row's output then depends on the launch, so the op promises batch
+// invariance only when asked (attribute batch_invariant = 1): then every row is one partition,
+// whatever the launch, and its output depends on its own position, window and cache alone.
+#include <algorithm>
+#include <cstdint>
+
+#include "mma.cuh"
+
+namespace rlh::kcuda {
+
+using namespace mma;
+
+namespace {
+
+constexpr int kBK = 64;                                // keys per tile (attention_fwd's BK)
+constexpr int64_t kChunkBytes = int64_t(16) << 20;     // partials of one launch's rows at most
+constexpr int64_t kTargetWarps = 2048;                 // enough warps to fill an H200 a few times
+
+__host__ __device__ inline int64_t partial_floats(int64_t Dv) { return Dv + 2; }
+
+// The first key a row at `pos` sees: HF's sliding window keeps p - W + 1 .. p.
+__device__ __forceinline__ int64_t first_key(const PagedAttnArgs& a, int64_t pos) {
+  return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+}
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return size_t(16 * D + 4 * kBK * D) * sizeof(bf16);  // Q [16][D], K and V [2][64][D]
+}
+
+// Positions [64 j, 64 j + 64) of kv head hk into swizzled [64][D] tiles; positions outside
+// [lo, hi] are zero-filled (their scores are masked).
+template <int D>
+__device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttnArgs& a, const int32_t* table,
+                                             int64_t hk, int64_t j, int64_t lo, int64_t hi) {
+  constexpr int CH = D / 8;            // 16-byte chunks a row
+  constexpr int STEP = 32 / CH;        // rows a pass of the warp covers
+  const int lane = threadIdx.x & 31, c = (lane % CH) * 8;
+  const bf16* kc = static_cast<const bf16*>(a.k_cache);
+  const bf16* vc = static_cast<const bf16*>(a.v_cache);
+#pragma unroll 4
+  for (int r0 = 0; r0 < kBK; r0 += STEP) {
+    const int r = r0 + lane / CH;
+    const int64_t p = j * kBK + r;
+    const bool ok = p >= lo && p <= hi;
+    const bf16* kp = kc;
+    const bf16* vp = vc;
+    if (ok) {
+      const int64_t blk = table[p / a.bs], off = p % a.bs;
+      kp += blk * a.kc_strides[0] + hk * a.kc_strides[1] + off * a.kc_strides[2] + c;
+      vp += blk * a.vc_strides[0] + hk * a.vc_strides[1] + off * a.vc_strides[2] + c;
+    }
+    cp_async16(Kt + swz<D>(r, c), kp, ok);
+    cp_async16(Vt + swz<D>(r, c), vp, ok);
+  }
+}
+
+// grid (rows, Hkv * mtiles, Z), one warp: rows row0 .. row0 + gridDim.x of the launch.
+template <int D>
+__global__ void __launch_bounds__(32) paged_mma_kernel(PagedAttnArgs a, int64_t row0, int64_t mtiles, int64_t PT,
+                                                       int64_t Z) {
+  constexpr int KS = D / 16, NT = kBK / 8, DT = D / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Ks = Qs + 16 * D;
+  bf16* Vs = Ks + 2 * kBK * D;
+  const int64_t rc = blockIdx.x, r = row0 + rc;
+  const int64_t G = a.Hq / a.Hkv, hk = blockIdx.y / mtiles, g0 = (blockIdx.y % mtiles) * 16;
+  const int gn = int(G - g0 < 16 ? G - g0 : 16);
+  const int64_t hq0 = hk * G + g0;
+  const int lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
+  const int64_t pos = a.pos[r], lo = first_key(a, pos);
+  const int64_t tlo = lo / kBK, thi = pos / kBK;  // the row's tiles
+  const int64_t z = blockIdx.z;
+  const int64_t j0 = tlo > z * PT ? tlo : z * PT, j1 = thi < z * PT + PT - 1 ? thi : z * PT + PT - 1;
+  if (j0 > j1) return;  // a partition this row does not reach (the combine reads only its own)
+  const int32_t* table = a.blocks + r * a.ld_blocks;
+
+  load_tile<16, D, 32>(Qs, static_cast<const bf16*>(a.q) + r * a.ldq + hq0 * D, D, 0, gn);
+  cp_commit();
+  load_kv_tile<D>(Ks, Vs, a, table, hk, j0, lo, pos);
+  cp_commit();
+  cp_wait<1>();
+  __syncthreads();
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) frag_a<D>(qf[kk], Qs, 0, kk * 16);
+
+  const float sl2 = a.scale * 1.4426950408889634f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float acc[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  const int ntiles = int(j1 - j0 + 1);
+  for (int it = 0; it < ntiles; ++it) {
+    const int64_t j = j0 + it;
+    if (it + 1 < ntiles) {
+      const int nb = (it + 1) & 1;
+      load_kv_tile<D>(Ks + nb * kBK * D, Vs + nb * kBK * D, a, table, hk, j + 1, lo, pos);
+    }
+    cp_commit();
+    cp_wait<1>();
+    __syncthreads();
+    const bf16* Kb = Ks + (it & 1) * kBK * D;
+    const bf16* Vb = Vs + (it & 1) * kBK * D;
+
+    float s[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t b[4];
+        frag_b_nk<D>(b, Kb, np * 16, kk * 16);
+        mma16816(s[2 * np], qf[kk], b[0], b[1]);
+        mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+      }
+    // Every head of the group has the row's position: key j kBK + c is valid iff lo <= . <= pos.
+    if (j * kBK < lo || j * kBK + kBK - 1 > pos) {
+      const int64_t lo_c = lo - j * kBK, hi_c = pos - j * kBK;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * 8 + t4 * 2 + e;
+          if (c < lo_c || c > hi_c) s[nt][e] = s[nt][2 + e] = -INFINITY;
+        }
+    }
+    // Online softmax per row (half hf holds elements 2 hf, 2 hf + 1), as attention_fwd.
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[hf], mx);
+      const float ms = mn == -INFINITY ? 0.f : mn * sl2;
+      const float al = fast_exp2(m[hf] * sl2 - ms);
+      m[hf] = mn;
+      float ps = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[nt][2 * hf] = fast_exp2(s[nt][2 * hf] * sl2 - ms);
+        s[nt][2 * hf + 1] = fast_exp2(s[nt][2 * hf + 1] * sl2 - ms);
+        ps += s[nt][2 * hf] + s[nt][2 * hf + 1];
+      }
+      l[hf] = l[hf] * al + ps;
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        acc[i][2 * hf] *= al;
+        acc[i][2 * hf + 1] *= al;
+      }
+    }
+    // O += P V
+#pragma unroll
+    for (int jj = 0; jj < kBK / 16; ++jj) {
+      uint32_t pa[4];
+      pa[0] = pack_bf16(s[2 * jj][0], s[2 * jj][1]);
+      pa[1] = pack_bf16(s[2 * jj][2], s[2 * jj][3]);
+      pa[2] = pack_bf16(s[2 * jj + 1][0], s[2 * jj + 1][1]);
+      pa[3] = pack_bf16(s[2 * jj + 1][2], s[2 * jj + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t b[4];
+        frag_b_kn<D>(b, Vb, jj * 16, dp * 16);
+        mma16816(acc[2 * dp], pa, b[0], b[1]);
+        mma16816(acc[2 * dp + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite this buffer
+  }
+  cp_wait<0>();
+
+  const bool direct = tlo / PT == thi / PT;
+  const int64_t F = partial_floats(D);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lr = l[hf];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int g = gid + 8 * hf;
+    if (g >= gn) continue;
+    if (direct) {
+      const float inv = lr > 0.f ? 1.f / lr : 0.f;
+      bf16* orow = static_cast<bf16*>(a.o) + r * a.ldo + (hq0 + g) * D;
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + t4 * 2) =
+            __floats2bfloat162_rn(acc[i][2 * hf] * inv, acc[i][2 * hf + 1] * inv);
+    } else {
+      float* part = a.partials + ((rc * a.Hq + hq0 + g) * Z + z) * F;
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<float2*>(part + i * 8 + t4 * 2) = make_float2(acc[i][2 * hf], acc[i][2 * hf + 1]);
+      if (t4 == 0) {
+        part[D] = m[hf] * a.scale;  // exp2((s - m) sl2) = exp((s - m) scale): natural-log units
+        part[D + 1] = lr;
+      }
+    }
+  }
+}
+
+// The partitions of each (row, query head), in partition order: grid (rows, Hq), Dv threads.
+__global__ void paged_mma_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t PT, int64_t Z) {
+  const int64_t rc = blockIdx.x, r = row0 + rc, h = blockIdx.y, Dv = a.Dv, F = partial_floats(Dv);
+  const int64_t pos = a.pos[r];
+  const int64_t zlo = first_key(a, pos) / kBK / PT, zhi = pos / kBK / PT;
+  if (zlo == zhi) return;  // written directly
+  const float* part = a.partials + (rc * a.Hq + h) * Z * F;
+  float M = -INFINITY;
+  for (int64_t z = zlo; z <= zhi; ++z) M = fmaxf(M, part[z * F + Dv]);
+  const int64_t d = threadIdx.x;
+  float L = 0.f, v = 0.f;
+  for (int64_t z = zlo; z <= zhi; ++z) {
+    const float e = __expf(part[z * F + Dv] - M);
+    L += part[z * F + Dv + 1] * e;
+    v += part[z * F + d] * e;
+  }
+  static_cast<bf16*>(a.o)[r * a.ldo + h * Dv + d] = __float2bfloat16_rn(v / L);
+}
+
+// Tiles of the launch's widest block table.
+int64_t table_tiles(const PagedAttnArgs& a) {
+  const int64_t width = a.table_width > 0 ? a.table_width : a.ld_blocks;
+  return std::max<int64_t>(1, (width * a.bs + kBK - 1) / kBK);
+}
+
+int64_t mtiles_of(const PagedAttnArgs& a) { return (a.Hq / a.Hkv + 15) / 16; }
+
+// Rows per launch whose partials at Z partitions fit `bytes`.
+int64_t rows_fitting(const PagedAttnArgs& a, int64_t Z, int64_t bytes) {
+  const int64_t per_row = a.Hq * Z * partial_floats(a.Dv) * int64_t(sizeof(float));
+  return std::max<int64_t>(1, std::min<int64_t>(a.R, bytes / per_row));
+}
+
+template <int D>
+void launch(const PagedAttnArgs& a, cudaStream_t s) {
+  const int64_t tiles = table_tiles(a), mt = mtiles_of(a);
+  const int64_t units = a.R * a.Hkv * mt;
+  const int64_t PT = a.batch_invariant ? tiles
+                                       : std::clamp<int64_t>((units * tiles + kTargetWarps - 1) / kTargetWarps, 1, tiles);
+  const int64_t Z = (tiles + PT - 1) / PT;
+  if (Z > 65535) throw std::invalid_argument("paged_attention: block tables too wide for the tensor-core kernel");
+  if (Z > 1 && !a.partials) throw std::invalid_argument("paged_attention: no workspace for the partitions' partials");
+  const int64_t rows = Z == 1 ? a.R : rows_fitting(a, Z, paged_attention_mma_workspace_bytes(a));
+  auto kernel = paged_mma_kernel<D>;
+  constexpr size_t smem = smem_bytes<D>();
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+    throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
+  for (int64_t r0 = 0; r0 < a.R; r0 += rows) {
+    const int64_t n = std::min(rows, a.R - r0);
+    kernel<<<dim3(unsigned(n), unsigned(a.Hkv * mt), unsigned(Z)), 32, smem, s>>>(a, r0, mt, PT, Z);
+    if (Z > 1) paged_mma_combine_kernel<<<dim3(unsigned(n), unsigned(a.Hq)), unsigned(D), 0, s>>>(a, r0, PT, Z);
+  }
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+bool paged_attention_mma_ok(const PagedAttnArgs& a) {
+  if (a.t != DType::bf16 || a.Dk != a.Dv || (a.Dk != 64 && a.Dk != 128) || a.softcap != 0) return false;
+  if (a.kc_strides[3] != 1 || a.vc_strides[3] != 1 || !aligned(a.k_cache, 16) || !aligned(a.v_cache, 16))
+    return false;
+  for (int i = 0; i < 3; ++i)
+    if (a.kc_strides[i] % 8 != 0 || a.vc_strides[i] % 8 != 0) return false;
+  return aligned(a.q, 16) && a.ldq % 8 == 0 && aligned(a.o, 4) && a.ldo % 2 == 0;
+}
+
+int64_t paged_attention_mma_workspace_bytes(const PagedAttnArgs& a) {
+  const int64_t Z = table_tiles(a);  // the most partitions a launch can choose (one tile each)
+  if (Z == 1 || a.R == 0 || a.batch_invariant) return 0;
+  return rows_fitting(a, Z, kChunkBytes) * a.Hq * Z * partial_floats(a.Dv) * int64_t(sizeof(float));
+}
+
+void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s) {
+  if (a.R == 0) return;
+  if (a.Dk == 64)
+    launch<64>(a, s);
+  else
+    launch<128>(a, s);
+  check_launch("paged_attention (mma)");
+}
+
+}  // namespace rlh::kcuda
