@@ -423,6 +423,7 @@ std::vector<Case> cases() {
       {"qwen3-tiny", 2, 1, false, false, true, false, 1, 2},  // tied embedding over the stages
       {"qwen3-moe-tiny", 2, 1, true, false, true, true, 1, 2},
       {"qwen3-moe-tiny", 2, 1, false, true, true, false, 2, 2},
+      {"qwen3-moe-tiny", 2, 2, true, true, true, false, 2, 2},  // np 8 (by hand): TP 2 x CP 2 x EP 2 x PP 2 + SP
       {"llama-tiny", 2, 2, true, true, false, false, 1, 2},   // np 8 (by hand): TP 2 x CP 2 x PP 2
       {"qwen3-moe-tiny", 2, 2, false, false, false, false, 1, 2},
   };
