@@ -505,8 +505,9 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
 
 // The engine under expert parallelism with tensor parallelism (np 2: the tp group is the ep
 // group, expert_tensor_parallel_size 1): with sequence parallelism and the experts whole on each
-// rank its forward is the one-rank engine's; without either it is refused by name, and so are the
-// routing record and replay (each tp rank routes only its rows).
+// rank its forward is the one-rank engine's, and so are its routing record (each tp rank records
+// its rows, gathered over the group) and a replayed routing's outputs; without either it is refused
+// by name.
 TEST(ExpertParallelEngine, WithTensorParallelism) {
   if (world().size() != 2) GTEST_SKIP() << "TP 2 x EP 2 on 2 ranks, got " << world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
@@ -569,17 +570,28 @@ TEST(ExpertParallelEngine, WithTensorParallelism) {
   for (size_t t = 0; t < o.logprob.size(); ++t) lp_err = std::max(lp_err, std::fabs(double(o.logprob[t]) - double(full.logprob[t])));
   EXPECT_LE(lp_err, 2e-5);
   EXPECT_GT(ep_comm.bytes(), 0);
+  // The routing record (each rank records its rows, gathered over the group) is the reference's;
+  // replaying another routing gives the reference's outputs under that routing.
   engine::OutputRequest rec = req;
   rec.routed_experts = true;
-  try {
-    e.forward(mb, rec);
-    ADD_FAILURE() << "a routing record under EP x TP";
-  } catch (const std::invalid_argument& x) {
-    EXPECT_NE(std::string(x.what()).find("the routing record and routing replay under expert parallelism with tensor "
-                                         "parallelism are not implemented"),
-              std::string::npos)
-        << x.what();
+  const engine::Outputs ref_rec = ref.forward(mb, rec);
+  const engine::Outputs got = e.forward(mb, rec);
+  ASSERT_EQ(got.routing_width, ref_rec.routing_width);
+  EXPECT_EQ(got.routed_experts, ref_rec.routed_experts) << "the routing record under TP 2 x EP 2";
+  RoutingField other{ref_rec.routed_experts};
+  for (int32_t& x : other.data) x = int32_t((x + 3) % 8);
+  engine::MicroBatch omb = mb;
+  omb.fields.push_back(other.field(g->num_tokens(), ref_rec.routing_width));
+  engine::OutputRequest rreq = req;
+  rreq.replay_routing_field = "routed";
+  const engine::Outputs ref_other = ref.forward(omb, rreq), o_other = e.forward(omb, rreq);
+  double replay_err = 0, moved = 0;
+  for (size_t t = 0; t < o_other.logprob.size(); ++t) {
+    replay_err = std::max(replay_err, std::fabs(double(o_other.logprob[t]) - double(ref_other.logprob[t])));
+    moved = std::max(moved, std::fabs(double(ref_other.logprob[t]) - double(full.logprob[t])));
   }
+  EXPECT_LE(replay_err, 2e-5) << "replaying another routing under TP 2 x EP 2";
+  EXPECT_GT(moved, 1e-3) << "the other routing changes the outputs";
 }
 
 int main(int argc, char** argv) {

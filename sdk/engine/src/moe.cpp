@@ -217,9 +217,11 @@ void Engine::Impl::plan_moe(int64_t N, bool save_all) {
 void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens();
   route_record.clear();
-  if (moe_own_rows && (req.routed_experts || !req.replay_routing_field.empty()))
-    throw std::invalid_argument("engine: the routing record and routing replay under expert parallelism with tensor "
-                                "parallelism are not implemented");
+  // Under expert parallelism with tensor parallelism each rank records its block of rows and
+  // whole_route_record gathers them; a pipeline stage's record is its own rows' (forward_stage).
+  if (moe_own_rows && pp_on && req.routed_experts)
+    throw std::invalid_argument("engine: the routing record of a pipeline stage under expert parallelism with tensor "
+                                "parallelism is not implemented");
   if (req.routed_experts) route_record.assign(size_t(N * route_width), -1);
   // Under PP the field is the whole model's record; this stage's layers read their columns.
   replay_width = pp_on ? opt.pp->route_total : route_width;
@@ -414,7 +416,7 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   }
   if (!recompute && !route_record.empty())
     for (int64_t n = 0; n < N; ++n)
-      std::memcpy(route_record.data() + n * route_width + s.route_col, m.experts + n * K,
+      std::memcpy(route_record.data() + (r0 + n) * route_width + s.route_col, m.experts + n * K,
                   size_t(K) * sizeof(int32_t));
 
   // Routed experts on expert-sorted rows.
