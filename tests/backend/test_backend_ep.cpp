@@ -18,7 +18,11 @@
 //     record, or another one) gives the reference's outputs under that routing, and the ep
 //     group's bytes per step equal the count from the routing (rows sent to and received from
 //     other ranks, the counts' exchange);
-//   - refusals name the setting.
+//   - on the engine under TP 2 x EP 2 (np 2, expert_tensor_parallel_size 1 with sequence
+//     parallelism): the forward, the routing record and a replayed routing's outputs are the
+//     reference's (the backend's EP x TP layouts are test_backend_cp.cpp's);
+//   - refusals name the setting (with TP: etp other than 1, no sequence parallelism; with PP:
+//     interleaved virtual stages).
 #include <unistd.h>
 
 #include <cstdlib>
