@@ -502,6 +502,26 @@ TEST(PipelineExperts, EmptyShardOfAReplica) {
   }
 }
 
+// A state saved under TP 2 x EP 2 (np 2; x DP 2 at np 4) and under PP 2 x DP 2 x EP 2 (np 4) is
+// one rank's files (HF layout, every expert whole); it loads on one rank into the same weights and
+// continues there, and one rank's state loads back under the layout bitwise and continues bitwise.
+TEST(ExpertParallelMixedCheckpoints, LoadOnOneRankAndBack) {
+  Case tpep{"qwen3-moe-tiny", 2, 1, false, true, true};
+  tpep.ep = 2;
+  Case ppep{"qwen3-moe-tiny", 1, 1, false, true};
+  ppep.ep = 2;
+  ppep.pp = 2;
+  int ran = 0;
+  for (const Case& c : {tpep, ppep}) {
+    if (!runs_here(c)) continue;
+    const Place p(c);
+    checkpoint_round_trip(c.model, adam_config(c, false, 5e-3), adam_config(c, true, 5e-3), p.dp, p.dp_rank,
+                          c.tp > 1 ? "tpep" : "ppep", global_batch());
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no mixed EP layout on " << world().size() << " ranks";
+}
+
 TEST(ContextParallelErrors, RefusedByName) {
   const int N = world().size();
   const json cp2 = {{"megatron_cfg", {{"context_parallel_size", 2}}}};
