@@ -138,17 +138,11 @@ backend::BackendConfig read_config(const json& policy) {
   if (etp < 0 || (etp == 0 && etp_given)) r.fail(etp_key, "must be at least 1, got " + std::to_string(etp));
   cfg.parallel.etp = etp == 0 ? cfg.parallel.tp : etp;
   // Expert parallelism with tensor parallelism: Megatron-Core's expert_tensor_parallel_size = 1
-  // (each expert whole on one rank of an ep group carved from the tp x cp x dp ranks). Megatron-
-  // Core requires sequence parallelism there (each tp rank dispatches its own tokens), and so
-  // does this: without it every tp rank would dispatch the same rows.
+  // (each expert whole on one rank of an ep group carved from the tp x cp x dp ranks, every tp
+  // rank dispatching its own tokens) or = tp (each expert cut over the tp group as without EP,
+  // the ep group carved from the ranks of one tp rank). Megatron-Core requires sequence
+  // parallelism with both, and so does this.
   if (cfg.parallel.ep > 1 && cfg.parallel.tp > 1) {
-    if (cfg.parallel.etp != 1)
-      throw Error(RLH_E_UNIMPLEMENTED,
-                  r.full(etp_key) + " = " + (etp_given ? std::to_string(etp) : std::string("null (the tensor-parallel size)")) +
-                      " with " + r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " and " + r.full(tp_key) + " = " +
-                      std::to_string(cfg.parallel.tp) +
-                      ": expert tensor parallelism together with expert parallelism is not implemented (set " +
-                      r.full(etp_key) + " to 1: each expert whole on its ep rank)");
     if (!cfg.parallel.sequence_parallel)
       throw Error(RLH_E_INVALID_ARGUMENT, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " +
                                               r.full(tp_key) + " = " + std::to_string(cfg.parallel.tp) + " needs " +

@@ -61,8 +61,10 @@ struct Case {
   bool recompute = false;  // activation_checkpointing (reference and layout)
   int64_t ep = 1;          // expert_model_parallel_size (carved from the cp x dp ranks)
   int64_t pp = 1;          // pipeline_model_parallel_size (stages of the layers split evenly)
+  int64_t etp = 1;         // expert_tensor_parallel_size with ep and tp: 1 or tp
   std::string label() const {
     return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (ep > 1 ? " ep" + std::to_string(ep) : "") +
+           (etp > 1 ? " etp" + std::to_string(etp) : "") +
            (pp > 1 ? " pp" + std::to_string(pp) : "") +
            (sp ? " sp" : "") +
            (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "") + (recompute ? " recompute" : "");
@@ -92,7 +94,7 @@ json base_config(const Case& c, bool one_rank) {
                 {"sequence_parallel", !one_rank && c.sp}}}};
   json& mc = cfg["megatron_cfg"];
   if (!one_rank && c.ep > 1) mc["expert_model_parallel_size"] = c.ep;
-  if (!one_rank && c.ep > 1 && c.tp > 1) mc["expert_tensor_parallel_size"] = 1;  // Megatron's MoE setting
+  if (!one_rank && c.ep > 1 && c.tp > 1) mc["expert_tensor_parallel_size"] = c.etp;
   if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
   if (!one_rank && c.pp == 2 && fixture_layers(c) == 3) mc["num_layers_in_first_pipeline_stage"] = 2;  // 2 + 1
   if (has_aux_losses(c)) {
@@ -207,7 +209,7 @@ int64_t microbatches_of(const Case& c, Batch& mine) {
 int64_t analytic_tp_bytes(const Case& c, const Batch& mine, int64_t microbatches) {
   const int64_t C = 64, L = fixture_layers(c), T = c.tp, D = fixture_head_dim(c), kv = 2, R = rows_of(c, mine);
   if (T == 1) return 0;
-  const bool own = c.ep > 1, shared = c.model == "deepseek-v3-tiny";
+  const bool own = c.ep > 1 && c.etp == 1, shared = c.model == "deepseek-v3-tiny";
   const int64_t moe_layers = is_moe(c) ? 2 : 0, E = 8;
   const int64_t own_moe = own && !shared ? moe_layers : 0;  // MoE layers that neither gather nor scatter
   int64_t floats = (2 + 4 * L - 2 * own_moe) * R * C + 4 * R;
@@ -250,9 +252,9 @@ struct Place {
   }
 };
 
-// Megatron's expert layout: etp x ep x edp x pp (etp = 1 with expert parallelism, else tp).
+// Megatron's expert layout: etp x ep x edp x pp (etp: the case's with expert parallelism, else tp).
 bool runs_here(const Case& c) {
-  const int64_t etp = c.ep > 1 ? 1 : c.tp;
+  const int64_t etp = c.ep > 1 ? c.etp : c.tp;
   return world().size() % (c.tp * c.cp * c.pp) == 0 && world().size() / (etp * c.pp) % c.ep == 0;
 }
 
@@ -405,6 +407,10 @@ std::vector<Case> cases() {
       {"qwen3-moe-tiny", 2, 1, true, true, true, true, 4},
       {"deepseek-v3-tiny", 2, 1, false, false, true, true, 4},
       {"qwen3-moe-tiny", 2, 2, false, true, true, false, 2},
+      // ... and with expert_tensor_parallel_size = tp (np 4: TP 2 x DP 2 x EP 2, the experts cut over
+      // the tp group, the ep group the ranks of one tp rank).
+      {"qwen3-moe-tiny", 2, 1, false, true, true, false, 2, 1, 2},
+      {"deepseek-v3-tiny", 2, 1, true, false, true, true, 2, 1, 2},
       // Pipeline stages over cp groups (np 4: CP 2 x PP 2): each boundary carries the rank's rows.
       {"llama-tiny", 1, 2, false, true, false, false, 1, 2},
       {"qwen3-tiny", 1, 2, true, false, false, false, 1, 2},   // tied embedding over the stages

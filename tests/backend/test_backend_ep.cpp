@@ -21,8 +21,8 @@
 //   - on the engine under TP 2 x EP 2 (np 2, expert_tensor_parallel_size 1 with sequence
 //     parallelism): the forward, the routing record and a replayed routing's outputs are the
 //     reference's (the backend's EP x TP layouts are test_backend_cp.cpp's);
-//   - refusals name the setting (with TP: etp other than 1, no sequence parallelism; with PP:
-//     interleaved virtual stages).
+//   - refusals name the setting (with TP: etp other than 1 or tp, no sequence parallelism; with
+//     PP: interleaved virtual stages).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -352,16 +352,19 @@ TEST(ExpertParallelErrors, RefusedByName) {
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
                "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
                "tensor parallelism other than the tensor-parallel size is not implemented");
-  // With tensor parallelism only Megatron-Core's expert_tensor_parallel_size = 1 (the experts whole
-  // on their ep rank), under sequence parallelism, which Megatron-Core requires there
-  // (test_backend_cp.cpp runs it).
-  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
-               "expert_tensor_parallel_size = null (the tensor-parallel size) with "
-               "policy.megatron_cfg.expert_model_parallel_size = 2 and policy.megatron_cfg.tensor_model_parallel_size = "
-               "2: expert tensor parallelism together with expert parallelism is not implemented");
+  // With tensor parallelism expert_tensor_parallel_size 1 or the tp size (null), under sequence
+  // parallelism, which Megatron-Core requires there (test_backend_cp.cpp runs them).
   create_error({{"megatron_cfg",
-                 {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
-               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.expert_model_parallel_size = 2");
+                 {{"expert_model_parallel_size", 2},
+                  {"tensor_model_parallel_size", 4},
+                  {"expert_tensor_parallel_size", 2},
+                  {"sequence_parallel", true}}}},
+               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 4: expert "
+               "tensor parallelism other than the tensor-parallel size is not implemented");
+  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
+               "policy.megatron_cfg.sequence_parallel = true",
+               RLH_E_INVALID_ARGUMENT);
   create_error({{"megatron_cfg",
                  {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
                "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
@@ -510,8 +513,8 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
 // The engine under expert parallelism with tensor parallelism (np 2: the tp group is the ep
 // group, expert_tensor_parallel_size 1): with sequence parallelism and the experts whole on each
 // rank its forward is the one-rank engine's, and so are its routing record (each tp rank records
-// its rows, gathered over the group) and a replayed routing's outputs; without either it is refused
-// by name.
+// its rows, gathered over the group) and a replayed routing's outputs; without sequence
+// parallelism it is refused by name.
 TEST(ExpertParallelEngine, WithTensorParallelism) {
   if (world().size() != 2) GTEST_SKIP() << "TP 2 x EP 2 on 2 ranks, got " << world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
@@ -536,7 +539,6 @@ TEST(ExpertParallelEngine, WithTensorParallelism) {
   backend::CommTpGroup tp_comm(tpg);
   backend::CommEpGroup ep_comm(epg);
   const sdk::TpLayout whole = sdk::make_tp_layout(md.desc, 2, tpg.rank(), "tp", true);
-  const sdk::TpLayout cut = sdk::make_tp_layout(md.desc, 2, tpg.rank());
   const sdk::EpLayout ep = sdk::make_ep_layout(whole.local, 2, epg.rank());
   auto options = [&](const sdk::TpLayout& tp, bool sp) {
     engine::EngineOptions o;
@@ -552,15 +554,7 @@ TEST(ExpertParallelEngine, WithTensorParallelism) {
     engine::Engine e(md.desc, options(whole, false));
     ADD_FAILURE() << "built without sequence parallelism";
   } catch (const std::invalid_argument& x) {
-    EXPECT_NE(std::string(x.what()).find("expert parallelism with tensor parallelism needs sequence parallelism"),
-              std::string::npos)
-        << x.what();
-  }
-  try {
-    engine::Engine e(md.desc, options(cut, true));
-    ADD_FAILURE() << "built with the experts cut over the tp group";
-  } catch (const std::invalid_argument& x) {
-    EXPECT_NE(std::string(x.what()).find("needs the experts whole on each rank (expert_tensor_parallel_size = 1)"),
+    EXPECT_NE(std::string(x.what()).find("needs sequence parallelism (each tensor-parallel rank dispatches its own rows)"),
               std::string::npos)
         << x.what();
   }

@@ -278,10 +278,12 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     // DDP under expert parallelism: every rank holds the dense gradients whole and its ep rank's
     // experts whole: those are summed over the ep group. (The distributed optimizer's shards of
     // both are summed over the data-parallel group, which holds every ep rank.)
-    // Under tensor parallelism too (expert_tensor_parallel_size 1) the ep group holds tp ranks,
-    // which the data-parallel group does not: the experts (whole, norm weight 1) are summed over
-    // expert dp (the distributed optimizer's shards) and ep apart, the dense part as under TP.
-    const bool experts_apart = m.ep() && m.tp();
+    // Under tensor parallelism with the experts whole on their ep rank (expert_tensor_parallel_size
+    // 1) the ep group holds tp ranks, which the data-parallel group does not: the experts (norm
+    // weight 1) are summed over expert dp (the distributed optimizer's shards) and ep apart, the
+    // dense part as under TP. (With etp = tp the ep group is within the data-parallel ranks of one
+    // tp rank and the experts' tp pieces are summed over tp with the rest.)
+    const bool experts_apart = m.ep() && m.tp() && m.config.parallel.etp == 1;
     if (experts_apart && m.dp_mode == Model::Dp::distributed_optimizer) {
       timed([&] { g.edp.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
       out.comm_bytes += ring_bytes(8, g.edp.size(), true);

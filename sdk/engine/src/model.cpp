@@ -134,18 +134,18 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     // This rank's block of experts: its description, then its program with the MoE steps marked.
     if (opt.ep_comm == nullptr) throw std::invalid_argument("engine: expert parallelism needs its group (ep_comm)");
     if (store != nullptr) throw std::invalid_argument("engine: expert parallelism with a UnitStore (FSDP) is not supported");
-    // With tensor parallelism only Megatron's expert_tensor_parallel_size = 1 under sequence
-    // parallelism: the experts whole on their ep rank, each tp rank routing its own rows.
+    // With tensor parallelism and the experts whole on their ep rank (Megatron's
+    // expert_tensor_parallel_size = 1), under sequence parallelism: each tp rank routes its own
+    // rows. With the experts cut over the tp group (etp = tp) the MoE block is tensor
+    // parallelism's, its rows dispatched over an ep group of ranks of one tp rank.
     if (tp_on) {
+      bool whole = false;
       for (size_t i = 0; i < opt.tp->pieces.size(); ++i)
-        if (sdk::ep_split_of(opt.tp->full.params[i].role) == sdk::EpSplit::experts &&
-            opt.tp->pieces[i].split != sdk::TpSplit::experts_whole)
-          throw std::invalid_argument("engine: expert parallelism with tensor parallelism needs the experts whole on "
-                                      "each rank (expert_tensor_parallel_size = 1)");
-      if (!opt.sequence_parallel)
-        throw std::invalid_argument("engine: expert parallelism with tensor parallelism needs sequence parallelism "
-                                    "(each tensor-parallel rank dispatches its own rows)");
-      moe_own_rows = true;
+        whole = whole || opt.tp->pieces[i].split == sdk::TpSplit::experts_whole;
+      if (whole && !opt.sequence_parallel)
+        throw std::invalid_argument("engine: expert parallelism with tensor parallelism and the experts whole on each "
+                                    "rank needs sequence parallelism (each tensor-parallel rank dispatches its own rows)");
+      moe_own_rows = whole;
     }
     if (desc.params.size() != opt.ep->full.params.size())
       throw std::invalid_argument("engine: the expert-parallel layout is of another model");
