@@ -119,14 +119,8 @@ backend::BackendConfig read_config(const json& policy) {
   if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
   read_pipeline(r, cfg);
   // A pipeline stage passes each rank's rows of the context-parallel split to the same cp rank
-  // of the next stage (Engine::stage_rows); sequence parallelism's further split over the tp
-  // group is not carried.
-  if (cfg.parallel.pp > 1 && cfg.parallel.sequence_parallel)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full("megatron_cfg.sequence_parallel") + " = true with " +
-                                         r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
-                                         std::to_string(cfg.parallel.pp) +
-                                         ": sequence parallelism is not implemented together with pipeline "
-                                         "parallelism (use one of them)");
+  // of the next stage (Engine::stage_rows), under sequence parallelism its block of them to the
+  // same tp rank.
   // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
   // carved from the data-parallel ones. Expert tensor parallelism: each expert split over the
   // tensor-parallel group (etp = tp; Megatron's default when the key is null); another etp is
@@ -143,19 +137,28 @@ backend::BackendConfig read_config(const json& policy) {
                                          "implemented (set it to " + std::to_string(cfg.parallel.tp) + " or null)");
   if (etp < 0 || (etp == 0 && etp_given)) r.fail(etp_key, "must be at least 1, got " + std::to_string(etp));
   cfg.parallel.etp = etp == 0 ? cfg.parallel.tp : etp;
-  if (cfg.parallel.ep > 1 && cfg.parallel.tp > 1)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " + r.full(tp_key) +
-                                         " = " + std::to_string(cfg.parallel.tp) +
-                                         ": expert parallelism with tensor parallelism is not implemented");
-  // Pipeline parallelism is not implemented with expert parallelism (a stage's program refuses
-  // MoE layers); refused by name. Context parallelism is (Megatron's expert layout carves the ep
-  // group from the cp x dp ranks; each rank dispatches its own zigzag rows).
-  if (cfg.parallel.ep > 1 && cfg.parallel.pp > 1)
+  // Expert parallelism with tensor parallelism: Megatron-Core's expert_tensor_parallel_size = 1
+  // (each expert whole on one rank of an ep group carved from the tp x cp x dp ranks, every tp
+  // rank dispatching its own tokens) or = tp (each expert cut over the tp group as without EP,
+  // the ep group carved from the ranks of one tp rank). Megatron-Core requires sequence
+  // parallelism with both, and so does this.
+  if (cfg.parallel.ep > 1 && cfg.parallel.tp > 1) {
+    if (!cfg.parallel.sequence_parallel)
+      throw Error(RLH_E_INVALID_ARGUMENT, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " +
+                                              r.full(tp_key) + " = " + std::to_string(cfg.parallel.tp) + " needs " +
+                                              r.full("megatron_cfg.sequence_parallel") +
+                                              " = true (Megatron-Core requires sequence parallelism when using expert "
+                                              "and tensor parallelism)");
+  }
+  // Pipeline parallelism with expert parallelism: an ep group within each stage (Megatron's expert
+  // layout varies pp slowest). Interleaved virtual stages are not run with it: a replica with
+  // fewer micro-batches than its ep group's busiest runs idle ones, whole stages at a time.
+  if (cfg.parallel.ep > 1 && cfg.parallel.vpp > 1)
     throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " +
-                                         r.full("megatron_cfg.pipeline_model_parallel_size") + " = " +
-                                         std::to_string(cfg.parallel.pp) +
-                                         ": expert parallelism is not implemented together with pipeline "
-                                         "parallelism (use one of them)");
+                                         r.full("megatron_cfg.virtual_pipeline_model_parallel_size") + " = " +
+                                         std::to_string(cfg.parallel.vpp) +
+                                         ": expert parallelism is not implemented together with interleaved "
+                                         "virtual pipeline stages");
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded
   // plugin provides FP8 linears (it claims policy.megatron_cfg.fp8_cfg.*: examples/vendor_fp8).

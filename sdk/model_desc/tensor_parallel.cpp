@@ -19,6 +19,7 @@ const char* to_string(TpSplit s) {
     case TpSplit::vocab_rows: return "vocab_rows";
     case TpSplit::expert_rows: return "expert_rows";
     case TpSplit::expert_cols: return "expert_cols";
+    case TpSplit::experts_whole: return "experts_whole";
   }
   return "?";
 }
@@ -92,7 +93,7 @@ int64_t numel(const std::vector<int64_t>& s) {
 
 std::span<const TpRule> tp_plan() { return kPlan; }
 
-std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::string& key) {
+std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::string& key, bool experts_whole) {
   const std::string at = key + " = " + std::to_string(T) + ": ";
   if (T < 1) return at + "must be at least 1";
   if (T == 1) return {};
@@ -113,7 +114,8 @@ std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::strin
       const MoeDesc& e = l.mlp.moe;
       if (e.num_local_experts > 0 && e.num_local_experts != e.num_experts)
         return in + "expert parallelism is not supported with tensor parallelism";
-      if (std::string why = multiple(in, "moe_intermediate_size", e.expert_intermediate_size); !why.empty()) return why;
+      if (!experts_whole)
+        if (std::string why = multiple(in, "moe_intermediate_size", e.expert_intermediate_size); !why.empty()) return why;
       if (std::string why = multiple(in, "shared expert intermediate size", e.shared_expert_intermediate_size);
           !why.empty())
         return why;
@@ -128,8 +130,8 @@ std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::strin
   return {};
 }
 
-TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const std::string& key) {
-  if (const std::string why = tp_unsupported(d, T, key); !why.empty()) throw std::invalid_argument(why);
+TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const std::string& key, bool experts_whole) {
+  if (const std::string why = tp_unsupported(d, T, key, experts_whole); !why.empty()) throw std::invalid_argument(why);
   if (r < 0 || r >= T) throw std::invalid_argument("tensor-parallel rank " + std::to_string(r) + " outside 0.." + std::to_string(T - 1));
   TpLayout L;
   L.size = T;
@@ -146,7 +148,7 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
     a.num_heads /= T;
     a.num_kv_heads = a.num_kv_heads >= T ? a.num_kv_heads / T : 1;
     if (l.mlp.kind == MlpKind::moe) {
-      l.mlp.moe.expert_intermediate_size /= T;
+      if (!experts_whole) l.mlp.moe.expert_intermediate_size /= T;
       l.mlp.moe.shared_expert_intermediate_size /= T;
     } else {
       l.mlp.intermediate_size /= T;
@@ -157,6 +159,8 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
     const ParamDesc& p = d.params[i];
     TpPiece pc;
     pc.split = rule_of(p.role)->split;
+    if (experts_whole && (pc.split == TpSplit::expert_rows || pc.split == TpSplit::expert_cols))
+      pc.split = TpSplit::experts_whole;
     pc.full = p.shape[0];
     pc.begin = 0;
     pc.count = pc.extent = pc.full;
@@ -167,6 +171,8 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
       case TpSplit::replicated_sum:
         pc.norm_weight = inv_t;
         pc.sum_grads = true;
+        break;
+      case TpSplit::experts_whole:  // counted by their owner (the backend sums them over ep)
         break;
       case TpSplit::rows:
         pc.count = pc.extent = pc.full / T;

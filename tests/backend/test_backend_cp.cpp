@@ -20,7 +20,12 @@
 //     (CP 2 x PP 2 at np 4, with the pp bytes; TP 2 x CP 2 x PP 2 at np 8, run by hand) on
 //     dense, tied and MoE models give the same;
 //   - sequence parallelism (TP 2 + SP at np 2; TP 2 x DP 2 + SP, TP 2 x CP 2 + SP and TP 4 + SP at
-//     np 4) gives the same, so the same as tensor parallelism without it;
+//     np 4) gives the same, so the same as tensor parallelism without it; over pipeline stages too
+//     (TP 2 x PP 2 + SP at np 4: each boundary carries the rank's block of rows);
+//   - expert parallelism with tensor parallelism (expert_tensor_parallel_size 1 under SP: TP 2 x
+//     EP 2 at np 2; TP 2 x DP 2 x EP 2 / 4, TP 2 x CP 2 x EP 2 and TP 2 x EP 2 x PP 2 at np 4) and
+//     within pipeline stages (PP 2 x DP 2 x EP 2 at np 4, also with one replica idle) gives the
+//     same, with the tp bytes of the MoE blocks that route their own rows;
 //   - the cp group's and the tp group's bytes per step equal the analytic counts;
 //   - two AdamW steps with clipping follow the reference;
 //   - on the engine under CP: the routing record is the one-rank engine's in the caller's token
@@ -56,8 +61,10 @@ struct Case {
   bool recompute = false;  // activation_checkpointing (reference and layout)
   int64_t ep = 1;          // expert_model_parallel_size (carved from the cp x dp ranks)
   int64_t pp = 1;          // pipeline_model_parallel_size (stages of the layers split evenly)
+  int64_t etp = 1;         // expert_tensor_parallel_size with ep and tp: 1 or tp
   std::string label() const {
     return model + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) + (ep > 1 ? " ep" + std::to_string(ep) : "") +
+           (etp > 1 ? " etp" + std::to_string(etp) : "") +
            (pp > 1 ? " pp" + std::to_string(pp) : "") +
            (sp ? " sp" : "") +
            (distributed_optimizer ? " distopt" : " ddp") + (packing ? " packed" : "") + (recompute ? " recompute" : "");
@@ -71,6 +78,10 @@ std::string fixture(const std::string& model) {
 }
 
 bool is_moe(const Case& c) { return c.model == "qwen3-moe-tiny" || c.model == "deepseek-v3-tiny"; }
+int64_t fixture_layers(const Case& c) {
+  if (c.model == "gemma2-tiny") return 4;
+  return c.model == "qwen2-swa-yarn-tiny" || c.model == "deepseek-v3-tiny" ? 3 : 2;
+}
 
 // The softmax router (qwen3-moe) trains with the load-balancing loss (per micro-batch without
 // packing, per sequence with it) and the z-loss, as the tensor- and expert-parallel tests do; the
@@ -83,7 +94,9 @@ json base_config(const Case& c, bool one_rank) {
                 {"sequence_parallel", !one_rank && c.sp}}}};
   json& mc = cfg["megatron_cfg"];
   if (!one_rank && c.ep > 1) mc["expert_model_parallel_size"] = c.ep;
+  if (!one_rank && c.ep > 1 && c.tp > 1) mc["expert_tensor_parallel_size"] = c.etp;
   if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
+  if (!one_rank && c.pp == 2 && fixture_layers(c) == 3) mc["num_layers_in_first_pipeline_stage"] = 2;  // 2 + 1
   if (has_aux_losses(c)) {
     mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
     mc["moe_aux_loss_coeff"] = 0.01;
@@ -125,10 +138,6 @@ int64_t rows_of(const Case& c, const Batch& mine) {
   }
   return R;
 }
-int64_t fixture_layers(const Case& c) {
-  if (c.model == "gemma2-tiny") return 4;
-  return c.model == "qwen2-swa-yarn-tiny" || c.model == "deepseek-v3-tiny" ? 3 : 2;
-}
 int64_t fixture_head_dim(const Case& c) { return c.model == "qwen3-tiny" || c.model == "qwen3-moe-tiny" ? 32 : 16; }
 // k and v floats per row and layer on a rank: 2 kv heads (whole on each rank at tp 2), or
 // deepseek-v3's 4 MLA heads of k (16 + 8) and v (16) split over tp.
@@ -160,10 +169,11 @@ int64_t analytic_cp_bytes(const Case& c, const Batch& mine, int64_t microbatches
 // x C floats sent once (stage 0 its activations, stage 1 their gradients), a tied embedding's
 // gradient all-reduced over the two stages' embedding group (ring: 2 (2-1)/2 of its V/T rows),
 // and the gradient norm's sum over the stages (8 bytes).
+// Under sequence parallelism a boundary carries this rank's block of the rows: 1/T of them.
 int64_t analytic_pp_bytes(const Case& c, const Batch& mine) {
   const int64_t C = 64;
   const bool tied = c.model == "qwen3-tiny";
-  return rows_of(c, mine) * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
+  return rows_of(c, mine) / (c.sp ? c.tp : 1) * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
 }
 
 // How many micro-batches a rank cuts its share into: one rank's plan of the same share and
@@ -186,11 +196,29 @@ int64_t microbatches_of(const Case& c, Batch& mine) {
 // shared.
 // MoE and MLA models add test_backend_tp.cpp's terms: per MoE layer the routing weights'
 // gradient (top_k floats a row), and deepseek-v3's shared latent projections and their norms.
-int64_t analytic_tp_bytes(const Case& c, const Batch& mine) {
+//
+// Expert parallelism with tensor parallelism (etp 1, under SP): each MoE block routes this
+// rank's rows only, so an MoE layer without a shared expert (qwen3-moe) neither gathers its
+// input nor scatters its output (one all-reduce's worth less in the forward and the backward),
+// a shared expert (deepseek-v3) keeps both; the routing weights' gradient is whole (not summed),
+// the router's gradient (E x C per MoE layer) is; and the routing counts (as the cp count's
+// doubles) and the two loss values are summed over the group. Activation checkpointing adds the
+// recomputed forward's reductions: an attention block's gather and scatter (its output is
+// rebuilt), a dense MLP's or an MoE block's gather only (the layer's last output is not rebuilt;
+// the recomputed MoE block stops before its combine).
+int64_t analytic_tp_bytes(const Case& c, const Batch& mine, int64_t microbatches) {
   const int64_t C = 64, L = fixture_layers(c), T = c.tp, D = fixture_head_dim(c), kv = 2, R = rows_of(c, mine);
   if (T == 1) return 0;
-  int64_t floats = (2 + 4 * L) * R * C + 4 * R;
-  if (is_moe(c)) floats += 2 * 2 * R;  // 2 MoE layers, top 2
+  const bool own = c.ep > 1 && c.etp == 1, shared = c.model == "deepseek-v3-tiny";
+  const int64_t moe_layers = is_moe(c) ? 2 : 0, E = 8;
+  const int64_t own_moe = own && !shared ? moe_layers : 0;  // MoE layers that neither gather nor scatter
+  int64_t floats = (2 + 4 * L - 2 * own_moe) * R * C + 4 * R;
+  if (c.recompute) {  // an attention's gather and scatter; a dense MLP's or an MoE block's gather
+    const int64_t gathering_moe = moe_layers - own_moe;
+    floats += (2 * L + (L - moe_layers) + gathering_moe) * R * C / 2;
+  }
+  if (is_moe(c) && !own) floats += 2 * 2 * R;  // 2 MoE layers, top 2
+  if (own) floats += moe_layers * E * C;
   if (c.model == "qwen3-tiny" || c.model == "qwen3-moe-tiny") floats += L * 2 * D;
   if (c.model == "deepseek-v3-tiny") {
     const int64_t rq = 48, rkv = 32, dr = 8;
@@ -199,7 +227,12 @@ int64_t analytic_tp_bytes(const Case& c, const Batch& mine) {
     floats += L * 2 * kv * D * C;
   }
   if (c.sp) floats += (2 * L + 1) * C;
-  return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T);
+  int64_t doubles = 0;
+  if (own) {
+    const bool per_sequence = has_aux_losses(c) && c.packing;  // seq_aux_loss
+    doubles = moe_layers * E * (per_sequence ? mine.num_seqs() : microbatches) + 2;
+  }
+  return 2 * floats * 4 * (T - 1) / T + 2 * (2 * 8 * (T - 1) / T) + 2 * doubles * 8 * (T - 1) / T;
 }
 
 // This rank's place: world rank = tp rank + tp (cp rank + cp dp rank) (Megatron's order); every
@@ -219,8 +252,10 @@ struct Place {
   }
 };
 
+// Megatron's expert layout: etp x ep x edp x pp (etp: the case's with expert parallelism, else tp).
 bool runs_here(const Case& c) {
-  return world().size() % (c.tp * c.cp * c.pp) == 0 && world().size() / c.tp % c.ep == 0;
+  const int64_t etp = c.ep > 1 ? c.etp : c.tp;
+  return world().size() % (c.tp * c.cp * c.pp) == 0 && world().size() / (etp * c.pp) % c.ep == 0;
 }
 
 class ContextParallel : public ::testing::TestWithParam<Case> {};
@@ -261,11 +296,12 @@ TEST_P(ContextParallel, MatchesOneRank) {
   const double gerr = max_rel_diff(cp.grads, ref.grads);
   EXPECT_LE(gerr, 1e-4) << c.label();
   const int64_t bytes = cp.metrics.value("cp/comm_bytes", int64_t(0));
-  const int64_t analytic = analytic_cp_bytes(c, *p.mine, is_moe(c) ? microbatches_of(c, *p.mine) : 0);
+  const int64_t microbatches = is_moe(c) ? microbatches_of(c, *p.mine) : 0;
+  const int64_t analytic = analytic_cp_bytes(c, *p.mine, microbatches);
   EXPECT_EQ(bytes, analytic) << c.label();
   // (The tp count above is one model's, not a stage's: not compared under pipeline parallelism,
   // as test_backend_pp.cpp does not.)
-  const int64_t tp_bytes = cp.metrics["tp/comm_bytes"].get<int64_t>(), tp_analytic = analytic_tp_bytes(c, *p.mine);
+  const int64_t tp_bytes = cp.metrics["tp/comm_bytes"].get<int64_t>(), tp_analytic = analytic_tp_bytes(c, *p.mine, microbatches);
   if (c.pp == 1) EXPECT_EQ(tp_bytes, tp_analytic) << c.label();
   if (c.pp > 1) {
     const int64_t pp_bytes = cp.metrics["pp/comm_bytes"].get<int64_t>();
@@ -362,12 +398,38 @@ std::vector<Case> cases() {
       {"deepseek-v3-tiny", 1, 2, false, true, false, false, 4},
       {"qwen3-moe-tiny", 1, 2, true, false, false, false, 4},
       {"qwen3-moe-tiny", 1, 2, false, true, false, true, 2},  // with activation checkpointing
+      // Expert parallelism with tensor parallelism (expert_tensor_parallel_size 1, sequence
+      // parallelism: each tp rank dispatches its own rows; the ep group carved from the tp x cp x
+      // dp ranks): np 2: TP 2 x EP 2 (the ep group is the tp group); np 4: TP 2 x DP 2 x EP 2
+      // (expert dp 2), TP 2 x DP 2 x EP 4 and TP 2 x CP 2 x EP 2.
+      {"qwen3-moe-tiny", 2, 1, false, false, true, false, 2},
+      {"deepseek-v3-tiny", 2, 1, true, true, true, false, 2},
+      {"qwen3-moe-tiny", 2, 1, true, true, true, true, 4},
+      {"deepseek-v3-tiny", 2, 1, false, false, true, true, 4},
+      {"qwen3-moe-tiny", 2, 2, false, true, true, false, 2},
+      // ... and with expert_tensor_parallel_size = tp (np 4: TP 2 x DP 2 x EP 2, the experts cut over
+      // the tp group, the ep group the ranks of one tp rank).
+      {"qwen3-moe-tiny", 2, 1, false, true, true, false, 2, 1, 2},
+      {"deepseek-v3-tiny", 2, 1, true, false, true, true, 2, 1, 2},
       // Pipeline stages over cp groups (np 4: CP 2 x PP 2): each boundary carries the rank's rows.
       {"llama-tiny", 1, 2, false, true, false, false, 1, 2},
       {"qwen3-tiny", 1, 2, true, false, false, false, 1, 2},   // tied embedding over the stages
       {"qwen3-moe-tiny", 1, 2, true, true, false, false, 1, 2},
       {"qwen3-moe-tiny", 1, 2, false, false, false, false, 1, 2},
       {"llama-tiny", 1, 2, false, false, false, true, 1, 2},  // with activation checkpointing
+      // Expert parallelism within each stage (np 4: PP 2 x DP 2 x EP 2, the ep group a stage's two
+      // replicas; deepseek-v3's three layers split 2 + 1).
+      {"qwen3-moe-tiny", 1, 1, false, false, false, false, 2, 2},
+      {"qwen3-moe-tiny", 1, 1, true, true, false, true, 2, 2},
+      {"deepseek-v3-tiny", 1, 1, true, false, false, false, 2, 2},
+      // Sequence parallelism over the stages (np 4: TP 2 x PP 2 + SP): each boundary carries the
+      // rank's block of the rows; with MoE layers, and with expert parallelism (the ep group a
+      // stage's tp group).
+      {"llama-tiny", 2, 1, true, true, true, false, 1, 2},
+      {"qwen3-tiny", 2, 1, false, false, true, false, 1, 2},  // tied embedding over the stages
+      {"qwen3-moe-tiny", 2, 1, true, false, true, true, 1, 2},
+      {"qwen3-moe-tiny", 2, 1, false, true, true, false, 2, 2},
+      {"qwen3-moe-tiny", 2, 2, true, true, true, false, 2, 2},  // np 8 (by hand): TP 2 x CP 2 x EP 2 x PP 2 + SP
       {"llama-tiny", 2, 2, true, true, false, false, 1, 2},   // np 8 (by hand): TP 2 x CP 2 x PP 2
       {"qwen3-moe-tiny", 2, 2, false, false, false, false, 1, 2},
   };
@@ -409,6 +471,63 @@ TEST(ContextParallelExperts, EmptyShardOfAnEpGroup) {
   }
 }
 
+// PP 2 x DP 2 x EP 2 (np 4): one replica (ranks 0 and 2, data-parallel rank 0) takes every
+// sequence, the other none; the idle replica's stages run idle micro-batches inside the 1F1B
+// schedule (their experts for the busy replica's rows), and the step equals the reference.
+TEST(PipelineExperts, EmptyShardOfAReplica) {
+  const int N = world().size(), R = world().rank();
+  if (N != 4) GTEST_SKIP() << "PP 2 x DP 2 x EP 2 needs 4 ranks, got " << N;
+  for (const bool recompute : {false, true}) {
+    Case c{"qwen3-moe-tiny", 1, 1, false, false};
+    c.ep = 2;
+    c.pp = 2;
+    c.recompute = recompute;
+    auto g = global_batch();
+    Outcome ref;
+    {
+      Alone alone;
+      Backend be(host(), "megatron", sgd_config(c, true));
+      rlh_model* m = be.load(model_path(c.model), true);
+      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
+    }
+    const bool busy = R % 2 == 0;
+    auto mine = busy ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
+    ASSERT_EQ(mine->num_seqs(), busy ? g->num_seqs() : 0);
+    Backend be(host(), "megatron", sgd_config(c, false));
+    rlh_model* m = be.load(model_path(c.model), true);
+    const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+    EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
+    EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
+    EXPECT_LE(max_rel_diff(o.grads, ref.grads), 1e-4) << c.label();
+    EXPECT_NEAR(o.metrics["moe/aux_loss"].get<double>(), ref.metrics["moe/aux_loss"].get<double>(),
+                1e-5 * ref.metrics["moe/aux_loss"].get<double>())
+        << c.label();
+    if (!busy) {
+      EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle replica exchanges for its peers";
+    }
+  }
+}
+
+// A state saved under TP 2 x EP 2 (np 2; x DP 2 at np 4) and under PP 2 x DP 2 x EP 2 (np 4) is
+// one rank's files (HF layout, every expert whole); it loads on one rank into the same weights and
+// continues there, and one rank's state loads back under the layout bitwise and continues bitwise.
+TEST(ExpertParallelMixedCheckpoints, LoadOnOneRankAndBack) {
+  Case tpep{"qwen3-moe-tiny", 2, 1, false, true, true};
+  tpep.ep = 2;
+  Case ppep{"qwen3-moe-tiny", 1, 1, false, true};
+  ppep.ep = 2;
+  ppep.pp = 2;
+  int ran = 0;
+  for (const Case& c : {tpep, ppep}) {
+    if (!runs_here(c)) continue;
+    const Place p(c);
+    checkpoint_round_trip(c.model, adam_config(c, false, 5e-3), adam_config(c, true, 5e-3), p.dp, p.dp_rank,
+                          c.tp > 1 ? "tpep" : "ppep", global_batch());
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no mixed EP layout on " << world().size() << " ranks";
+}
+
 TEST(ContextParallelErrors, RefusedByName) {
   const int N = world().size();
   const json cp2 = {{"megatron_cfg", {{"context_parallel_size", 2}}}};
@@ -429,17 +548,6 @@ TEST(ContextParallelErrors, RefusedByName) {
     Alone alone;
     load_error(cp2, "llama-tiny", RLH_E_INVALID_ARGUMENT,
                "context_parallel_size = 2 needs a multiple of 2 launched ranks");
-  }
-  {  // sequence parallelism with pipeline parallelism: the stage calls do not carry its split
-    auto create_error = [](const json& mcfg, const std::string& part) {
-      rlh_backend* b = nullptr;
-      const std::string cfg = json({{"megatron_cfg", mcfg}}).dump();
-      expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b),
-                   RLH_E_UNIMPLEMENTED, part);
-    };
-    create_error({{"tensor_model_parallel_size", 2}, {"sequence_parallel", true}, {"pipeline_model_parallel_size", 2}},
-                 "policy.megatron_cfg.sequence_parallel = true with policy.megatron_cfg.pipeline_model_parallel_size = 2: "
-                 "sequence parallelism is not implemented together with pipeline parallelism");
   }
   {
     rlh_backend* b = nullptr;

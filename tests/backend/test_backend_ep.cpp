@@ -18,7 +18,11 @@
 //     record, or another one) gives the reference's outputs under that routing, and the ep
 //     group's bytes per step equal the count from the routing (rows sent to and received from
 //     other ranks, the counts' exchange);
-//   - refusals name the setting.
+//   - on the engine under TP 2 x EP 2 (np 2, expert_tensor_parallel_size 1 with sequence
+//     parallelism): the forward, the routing record and a replayed routing's outputs are the
+//     reference's (the backend's EP x TP layouts are test_backend_cp.cpp's);
+//   - refusals name the setting (with TP: etp other than 1 or tp, no sequence parallelism; with
+//     PP: interleaved virtual stages).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -38,6 +42,7 @@
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/parallel_groups.hpp"
 #include "rlhost/sdk/safetensors.hpp"
+#include "rlhost/sdk/tensor_parallel.hpp"
 
 namespace fs = std::filesystem;
 using namespace rlh;
@@ -339,23 +344,40 @@ TEST(ExpertParallelErrors, RefusedByName) {
     expect_load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
                "expert_model_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
-  auto create_error = [&](const json& cfg, const std::string& part) {
+  auto create_error = [&](const json& cfg, const std::string& part, rlh_code code = RLH_E_UNIMPLEMENTED) {
     rlh_backend* b = nullptr;
     const std::string text = cfg.dump();
-    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
-                 part);
+    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), code, part);
   };
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
                "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
                "tensor parallelism other than the tensor-parallel size is not implemented");
+  // With tensor parallelism expert_tensor_parallel_size 1 or the tp size (null), under sequence
+  // parallelism, which Megatron-Core requires there (test_backend_cp.cpp runs them).
+  create_error({{"megatron_cfg",
+                 {{"expert_model_parallel_size", 2},
+                  {"tensor_model_parallel_size", 4},
+                  {"expert_tensor_parallel_size", 2},
+                  {"sequence_parallel", true}}}},
+               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 4: expert "
+               "tensor parallelism other than the tensor-parallel size is not implemented");
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
-               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
-               "parallelism with tensor parallelism is not implemented");
-  // Pipeline parallelism is not implemented together with expert parallelism (context
-  // parallelism is: test_backend_cp.cpp).
-  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}}}},
-               "expert_model_parallel_size = 2 with policy.megatron_cfg.pipeline_model_parallel_size = 2: expert "
-               "parallelism is not implemented together with pipeline parallelism");
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
+               "policy.megatron_cfg.sequence_parallel = true",
+               RLH_E_INVALID_ARGUMENT);
+  create_error({{"megatron_cfg",
+                 {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
+               "policy.megatron_cfg.sequence_parallel = true",
+               RLH_E_INVALID_ARGUMENT);
+  // Pipeline parallelism runs with expert parallelism (test_backend_cp.cpp), interleaved virtual
+  // stages do not.
+  create_error({{"megatron_cfg",
+                 {{"expert_model_parallel_size", 2},
+                  {"pipeline_model_parallel_size", 2},
+                  {"virtual_pipeline_model_parallel_size", 2}}}},
+               "expert_model_parallel_size = 2 with policy.megatron_cfg.virtual_pipeline_model_parallel_size = 2: "
+               "expert parallelism is not implemented together with interleaved virtual pipeline stages");
   // The device path has no expert parallelism: refused by name (whatever the build).
   if (N % 2 == 0) {
     json cfg = {{"megatron_cfg", {{"expert_model_parallel_size", 2}}}, {"device", "cuda"}};
@@ -487,6 +509,88 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
 }
 
 }  // namespace
+
+// The engine under expert parallelism with tensor parallelism (np 2: the tp group is the ep
+// group, expert_tensor_parallel_size 1): with sequence parallelism and the experts whole on each
+// rank its forward is the one-rank engine's, and so are its routing record (each tp rank records
+// its rows, gathered over the group) and a replayed routing's outputs; without sequence
+// parallelism it is refused by name.
+TEST(ExpertParallelEngine, WithTensorParallelism) {
+  if (world().size() != 2) GTEST_SKIP() << "TP 2 x EP 2 on 2 ranks, got " << world().size();
+  const EngineModel& md = engine_model("qwen3-moe-tiny");
+  auto g = global_batch();
+  std::vector<int32_t> cu;
+  const engine::MicroBatch mb = engine_view(*g, cu);
+  engine::EngineOptions ro;
+  ro.ops = &host_ops();
+  engine::Engine ref(md.desc, ro);
+  ref.load_parameters(md.weights);
+  const engine::OutputRequest req;
+  const engine::Outputs full = ref.forward(mb, req);
+
+  sdk::ParallelSizes sizes;
+  sizes.tp = 2;
+  sizes.ep = 2;
+  sizes.etp = 1;
+  sdk::ParallelComms pc = sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes,
+                                                   {sdk::GroupKind::tp, sdk::GroupKind::ep});
+  const sdk::Comm& tpg = pc.of(sdk::GroupKind::tp);
+  const sdk::Comm& epg = pc.of(sdk::GroupKind::ep);
+  backend::CommTpGroup tp_comm(tpg);
+  backend::CommEpGroup ep_comm(epg);
+  const sdk::TpLayout whole = sdk::make_tp_layout(md.desc, 2, tpg.rank(), "tp", true);
+  const sdk::EpLayout ep = sdk::make_ep_layout(whole.local, 2, epg.rank());
+  auto options = [&](const sdk::TpLayout& tp, bool sp) {
+    engine::EngineOptions o;
+    o.ops = &host_ops();
+    o.tp = &tp;
+    o.tp_comm = &tp_comm;
+    o.ep = &ep;
+    o.ep_comm = &ep_comm;
+    o.sequence_parallel = sp;
+    return o;
+  };
+  try {
+    engine::Engine e(md.desc, options(whole, false));
+    ADD_FAILURE() << "built without sequence parallelism";
+  } catch (const std::invalid_argument& x) {
+    EXPECT_NE(std::string(x.what()).find("needs sequence parallelism (each tensor-parallel rank dispatches its own rows)"),
+              std::string::npos)
+        << x.what();
+  }
+  engine::Engine e(md.desc, options(whole, true));
+  std::vector<std::vector<float>> local;
+  for (size_t i = 0; i < md.weights.size(); ++i) local.push_back(sdk::ep_slice(ep, i, sdk::tp_slice(whole, i, md.weights[i])));
+  e.load_parameters(local);
+  const engine::Outputs o = e.forward(mb, req);
+  ASSERT_EQ(o.logprob.size(), full.logprob.size());
+  double lp_err = 0;
+  for (size_t t = 0; t < o.logprob.size(); ++t) lp_err = std::max(lp_err, std::fabs(double(o.logprob[t]) - double(full.logprob[t])));
+  EXPECT_LE(lp_err, 2e-5);
+  EXPECT_GT(ep_comm.bytes(), 0);
+  // The routing record (each rank records its rows, gathered over the group) is the reference's;
+  // replaying another routing gives the reference's outputs under that routing.
+  engine::OutputRequest rec = req;
+  rec.routed_experts = true;
+  const engine::Outputs ref_rec = ref.forward(mb, rec);
+  const engine::Outputs got = e.forward(mb, rec);
+  ASSERT_EQ(got.routing_width, ref_rec.routing_width);
+  EXPECT_EQ(got.routed_experts, ref_rec.routed_experts) << "the routing record under TP 2 x EP 2";
+  RoutingField other{ref_rec.routed_experts};
+  for (int32_t& x : other.data) x = int32_t((x + 3) % 8);
+  engine::MicroBatch omb = mb;
+  omb.fields.push_back(other.field(g->num_tokens(), ref_rec.routing_width));
+  engine::OutputRequest rreq = req;
+  rreq.replay_routing_field = "routed";
+  const engine::Outputs ref_other = ref.forward(omb, rreq), o_other = e.forward(omb, rreq);
+  double replay_err = 0, moved = 0;
+  for (size_t t = 0; t < o_other.logprob.size(); ++t) {
+    replay_err = std::max(replay_err, std::fabs(double(o_other.logprob[t]) - double(ref_other.logprob[t])));
+    moved = std::max(moved, std::fabs(double(ref_other.logprob[t]) - double(full.logprob[t])));
+  }
+  EXPECT_LE(replay_err, 2e-5) << "replaying another routing under TP 2 x EP 2";
+  EXPECT_GT(moved, 1e-3) << "the other routing changes the outputs";
+}
 
 int main(int argc, char** argv) {
   release_kernels_before_the_host();  // the engine tests'

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rlhost/model/llama_family.hpp"
+#include "rlhost/sdk/expert_parallel.hpp"
 #include "rlhost/sdk/pipeline_parallel.hpp"
 
 using namespace rlh;
@@ -109,6 +110,32 @@ TEST(PipelineParallel, MoeRoutingColumns) {
     EXPECT_EQ(L.route_begin, begin[s]) << "stage " << s;
   }
   EXPECT_EQ(sdk::make_pp_layout(model::describe(llama(2, false)), 2, 1, {}).route_total, 0);  // dense
+}
+
+// Expert parallelism within a stage: the stage is cut from the ep layout's description, so it
+// holds its layers' block of experts (and the stage's full_index maps back to the ep layout's
+// parameters, whose pieces say which are experts).
+TEST(PipelineParallel, StagesOfAnExpertParallelDescription) {
+  json moe = llama(4, false);
+  moe["architectures"] = {"MixtralForCausalLM"};
+  moe["num_local_experts"] = 4;
+  moe["num_experts_per_tok"] = 2;
+  const sdk::TransformerDesc m = model::describe(moe);
+  const sdk::EpLayout E = sdk::make_ep_layout(m, 2, 1);
+  const sdk::PpLayout L = sdk::make_pp_layout(E.local, 2, 1, {});
+  ASSERT_EQ(L.local.layers.size(), 2u);
+  for (const sdk::LayerDesc& l : L.local.layers) EXPECT_EQ(l.mlp.moe.num_local_experts, 2);
+  int64_t experts = 0;
+  for (size_t j = 0; j < L.local.params.size(); ++j) {
+    const size_t i = size_t(L.full_index[j]);
+    EXPECT_EQ(L.local.params[j].shape, E.local.params[i].shape);
+    if (E.is_expert(i)) {
+      ++experts;
+      EXPECT_EQ(L.local.params[j].shape[0], 2) << L.local.params[j].name;
+      EXPECT_GE(L.local.params[j].layer, 0);
+    }
+  }
+  EXPECT_EQ(experts, 2 * 3);  // gate, up, down of each of the stage's two layers
 }
 
 // Interleaved virtual stages: 8 layers in P x V = 4 chunks of 2; virtual stage v = c P + s, so

@@ -146,6 +146,34 @@ TEST(TensorParallel, ExpertAndLatentSplits) {
   EXPECT_EQ(L.local.layers[1].mlp.moe.expert_intermediate_size, 16);
 }
 
+// expert_tensor_parallel_size = 1 (with expert parallelism): the routed experts stay whole on every
+// tp rank (their own split, norm weight 1, never summed), the shared expert is cut as a dense MLP,
+// and a width T does not divide is no longer refused for the experts.
+TEST(TensorParallel, ExpertsWholeUnderExpertParallelism) {
+  const sdk::TransformerDesc d =
+      model::describe(json::parse(test::read_file(test::fixtures_dir() / "deepseek-v3-tiny" / "config.json")));
+  const sdk::TpLayout L = sdk::make_tp_layout(d, 2, 1, "tensor_model_parallel_size", true);
+  auto piece = [&](int64_t layer, sdk::ParamRole role) {
+    return L.pieces[size_t(d.find_param(layer, role) - d.params.data())];
+  };
+  auto shape = [&](int64_t layer, sdk::ParamRole role) { return L.local.find_param(layer, role)->shape; };
+  for (const sdk::ParamRole r : {sdk::ParamRole::expert_gate, sdk::ParamRole::expert_up, sdk::ParamRole::expert_down}) {
+    EXPECT_EQ(piece(1, r).split, sdk::TpSplit::experts_whole);
+    EXPECT_EQ(piece(1, r).norm_weight, 1.0);
+    EXPECT_FALSE(piece(1, r).sum_grads);
+    EXPECT_EQ(shape(1, r), d.find_param(1, r)->shape);
+  }
+  EXPECT_EQ(L.local.layers[1].mlp.moe.expert_intermediate_size, 32);
+  EXPECT_EQ(shape(1, sdk::ParamRole::shared_expert_down), (std::vector<int64_t>{64, 16}));
+  const std::vector<float> full(size_t(8 * 32 * 64), 1.5f);
+  EXPECT_EQ(sdk::tp_slice(L, size_t(d.find_param(1, sdk::ParamRole::expert_gate) - d.params.data()), full), full);
+  sdk::TransformerDesc odd = d;
+  for (sdk::LayerDesc& l : odd.layers)
+    if (l.mlp.kind == sdk::MlpKind::moe) l.mlp.moe.expert_intermediate_size = 33;
+  EXPECT_EQ(sdk::tp_unsupported(odd, 2, "tensor_model_parallel_size", true), "");
+  EXPECT_NE(sdk::tp_unsupported(odd, 2), "");
+}
+
 TEST(TensorParallel, RefusesWhatItDoesNotRunByName) {
   EXPECT_EQ(sdk::tp_unsupported(model::describe(llama()), 1), "");
   EXPECT_EQ(sdk::tp_unsupported(model::describe(llama()), 3),

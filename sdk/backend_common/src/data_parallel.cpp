@@ -37,7 +37,7 @@ FloatView::FloatView(float* p, int64_t count) : n(count) {
 int launched_world_size() { return sdk::detect_launch().size; }
 
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp, int64_t cp, int64_t pp, int64_t ep) {
+                                         int64_t tp, int64_t cp, int64_t pp, int64_t ep, int64_t etp) {
   sdk::Comm world = sdk::Comm::world(host);
   sdk::ParallelSizes sizes;
   sizes.dp_replicate = dp_replicate;
@@ -45,6 +45,7 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   sizes.cp = cp;
   sizes.pp = pp;
   sizes.ep = ep;
+  sizes.etp = etp;
   sdk::ParallelComms pc;
   std::vector<sdk::GroupKind> kinds = {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
                                        sdk::GroupKind::tp, sdk::GroupKind::pp, sdk::GroupKind::embedding};

@@ -2,6 +2,7 @@
 // setting it up around the engine, the sharded train step, forward, weights and the state in
 // full for checkpoints. Every function here is collective over the backend's groups: all ranks
 // call it in the same order.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -40,9 +41,11 @@ int64_t ring_bytes(int64_t bytes, int S, bool all_reduce = false) {
 // Tensor parallelism: the engine holds this rank's pieces; full tensors are sliced on the way in
 // and gathered from the group's pieces on the way out.
 // Expert parallelism likewise keeps this rank's block of the experts (expert_parallel.cpp).
+// Under both (expert_tensor_parallel_size 1) the tensor-parallel slice, then the ep block of it.
 std::vector<float> tp_local(const Model& m, size_t i, const std::vector<float>& full) {
-  if (m.ep()) return ep_local(m, i, full);
-  return sdk::tp_slice(*m.tp(), i, full);
+  if (!m.tp()) return ep_local(m, i, full);
+  std::vector<float> t = sdk::tp_slice(*m.tp(), i, full);
+  return m.ep() ? ep_local(m, i, t) : t;
 }
 // This rank's tensors (in engine order) from the whole model's: tensor-parallel slices, and
 // under pipeline parallelism only the stage's.
@@ -56,15 +59,21 @@ std::vector<std::vector<float>> tp_local_all(const Model& m, const std::vector<s
     for (size_t i = 0; i < full.size(); ++i) out.push_back(tp_local(m, i, full[i]));
     return out;
   }
-  for (int64_t i : m.pp()->full_index) out.push_back(m.tp() ? tp_local(m, size_t(i), full[size_t(i)]) : full[size_t(i)]);
+  for (int64_t i : m.pp()->full_index)
+    out.push_back(m.tp() || m.ep() ? tp_local(m, size_t(i), full[size_t(i)]) : full[size_t(i)]);
   return out;
 }
 // Parameter i in full from every tensor-parallel rank's piece (collective over the tp group;
 // a replicated tensor is this rank's own).
 std::vector<float> tp_full(const Model& m, size_t i, std::span<const float> local) {
-  if (m.ep()) return ep_full(m, i, local);
+  std::vector<float> experts;  // under both: the ep blocks gathered first (a tp piece that is whole)
+  if (m.ep()) {
+    experts = ep_full(m, i, local);
+    if (!m.tp()) return experts;
+    local = experts;
+  }
   const sdk::TpSplit split = m.tp()->pieces[i].split;
-  if (split == sdk::TpSplit::replicated || split == sdk::TpSplit::replicated_sum)
+  if (split == sdk::TpSplit::replicated || split == sdk::TpSplit::replicated_sum || split == sdk::TpSplit::experts_whole)
     return std::vector<float>(local.begin(), local.end());
   const int T = m.dp->tp_size();
   const int64_t n = int64_t(local.size());
@@ -222,8 +231,9 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
       r = m.engine->train_step(views, so, loss);
     else
       m.engine->zero_grad();
-    // Expert parallelism: a rank out of micro-batches still runs its experts for its peers' rows.
-    if (m.ep())
+    // Expert parallelism: a rank out of micro-batches still runs its experts for its peers' rows
+    // (under pipeline parallelism inside the schedule).
+    if (m.ep() && !m.pp())
       for (int64_t k = int64_t(views.size()); k < most[0]; ++k) m.engine->ep_idle_microbatch(true);
     std::span<float> flat = m.engine->flat_grads();
     if (m.dp_mode == Model::Dp::distributed_optimizer) {
@@ -257,22 +267,38 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   if (!m.device) {
     double ss[1] = {0}, ss_experts[1] = {0};
     const int64_t experts_at = m.ep() ? m.engine->expert_range().first : std::numeric_limits<int64_t>::max();
-    for (const ShardRun& run : m.shards->runs())
-      (run.flat >= experts_at ? ss_experts : ss)[0] +=
-          m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(run.n)), run.flat);
+    // (A run may reach from the dense part into the experts: a stage's embedding is next to them.)
+    for (const ShardRun& run : m.shards->runs()) {
+      const int64_t dense = std::clamp<int64_t>(experts_at - run.flat, 0, run.n);
+      if (dense > 0) ss[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at, size_t(dense)), run.flat);
+      if (dense < run.n)
+        ss_experts[0] += m.engine->grad_sumsq(std::span<const float>(grads + run.at + dense, size_t(run.n - dense)),
+                                              run.flat + dense);
+    }
     // DDP under expert parallelism: every rank holds the dense gradients whole and its ep rank's
     // experts whole: those are summed over the ep group. (The distributed optimizer's shards of
     // both are summed over the data-parallel group, which holds every ep rank.)
-    if (m.ep() && m.dp_mode == Model::Dp::ddp) {
+    // Under tensor parallelism with the experts whole on their ep rank (expert_tensor_parallel_size
+    // 1) the ep group holds tp ranks, which the data-parallel group does not: the experts (norm
+    // weight 1) are summed over expert dp (the distributed optimizer's shards) and ep apart, the
+    // dense part as under TP. (With etp = tp the ep group is within the data-parallel ranks of one
+    // tp rank and the experts' tp pieces are summed over tp with the rest.)
+    const bool experts_apart = m.ep() && m.tp() && m.config.parallel.etp == 1;
+    if (experts_apart && m.dp_mode == Model::Dp::distributed_optimizer) {
+      timed([&] { g.edp.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(8, g.edp.size(), true);
+    }
+    if (m.ep() && (m.dp_mode == Model::Dp::ddp || experts_apart)) {
       timed([&] { g.ep.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
       out.comm_bytes += ring_bytes(8, g.ep.size(), true);
     }
-    ss[0] += ss_experts[0];
+    if (!experts_apart) ss[0] += ss_experts[0];
     if (const sdk::Comm* c = shard_comm(m)) {
       timed([&] { c->all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
       out.comm_bytes += ring_bytes(8, c->size(), true);
     }
     if (m.tp()) timed([&] { m.tp_comm->all_reduce_sum(ss, 1); });
+    if (experts_apart) ss[0] += ss_experts[0];
     if (m.pp()) {  // each stage's parameters (a tied embedding counted on the first stage only)
       timed([&] { m.dp->pp.all_reduce(std::span<double>(ss, 1), RLH_REDUCE_SUM); });
       m.pp_bytes += ring_bytes(8, m.dp->pp_size(), true);

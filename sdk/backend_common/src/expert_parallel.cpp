@@ -99,8 +99,11 @@ void prepare_expert_parallel(const Backend& b, Model& m, engine::EngineOptions& 
     throw Error(RLH_E_UNIMPLEMENTED, key + " with FSDP is not implemented (megatron's DDP or distributed optimizer run it)");
   // Every rank's layout (checkpoints gather the blocks of all of them); refused settings name
   // themselves here, before any weight is placed.
+  // Under tensor parallelism (etp = 1) the experts are cut from this rank's tensor-parallel
+  // description, in which they are whole; its other tensors are this rank's tp pieces.
+  const sdk::TransformerDesc& desc = m.tp() ? m.tp()->local : m.desc;
   try {
-    for (int64_t r = 0; r < ep; ++r) m.ep_layouts.push_back(sdk::make_ep_layout(m.desc, ep, r, key));
+    for (int64_t r = 0; r < ep; ++r) m.ep_layouts.push_back(sdk::make_ep_layout(desc, ep, r, key));
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_UNIMPLEMENTED, m.desc.architecture + " (" + m.dir + "): " + e.what());
   }
@@ -123,7 +126,7 @@ std::vector<float> ep_full(const Model& m, size_t i, std::span<const float> loca
   std::vector<float> full(size_t(n * P));
   FloatView in(const_cast<float*>(local.data()), n), out(full.data(), n * P);
   m.dp->ep.all_gather(*in, *out);
-  if (int64_t(full.size()) != numel(m.desc.params[i].shape))
+  if (int64_t(full.size()) != numel(m.ep()->full.params[i].shape))
     throw Error(RLH_E_INTERNAL, "expert parallelism: " + m.desc.params[i].name + " gathered to the wrong size");
   return full;
 }

@@ -366,7 +366,8 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 ep = m->config.parallel.ep;
   if (!b.dp && launched_world_size() > 1) {
     try {
-      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, cp, pp, ep);
+      b.dp = make_dp_groups(b.host, m->config.parallel.dp_replicate, b.flavor->name, tp, cp, pp, ep,
+                            ep > 1 ? m->config.parallel.etp : 0);
     } catch (const Error& e) {
       if (tp <= 1 && cp <= 1 && pp <= 1 && ep <= 1) throw;
       std::string keys;  // the model-parallel sizes that are set, by name
@@ -387,9 +388,11 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   if (tp > 1) {
     // Every rank's layout (checkpoints gather the pieces of all of them); refused settings
     // name themselves here, before any weight is placed.
+    // With expert parallelism the experts are whole on their ep rank (etp = 1, the config's rule).
     const int64_t etp = m->config.parallel.etp;
+    const bool experts_whole = ep > 1 && etp == 1;
     for (const sdk::LayerDesc& l : m->desc.layers)
-      if (l.mlp.kind == sdk::MlpKind::moe && etp != tp)
+      if (l.mlp.kind == sdk::MlpKind::moe && etp != tp && !experts_whole)
         throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir +
                                              "): policy.megatron_cfg.expert_tensor_parallel_size = " + std::to_string(etp) +
                                              " with tensor_model_parallel_size = " + std::to_string(tp) +
@@ -397,13 +400,14 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                              std::to_string(tp) + " or null)");
     try {
       for (int64_t r = 0; r < tp; ++r)
-        m->tp_layouts.push_back(sdk::make_tp_layout(m->desc, tp, r, "policy.megatron_cfg.tensor_model_parallel_size"));
+        m->tp_layouts.push_back(
+            sdk::make_tp_layout(m->desc, tp, r, "policy.megatron_cfg.tensor_model_parallel_size", experts_whole));
     } catch (const std::invalid_argument& e) {
       throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir + "): " + e.what());
     }
     m->tp_comm = std::make_unique<CommTpGroup>(b.dp->tp);
   }
-  if (pp > 1) make_pipeline_stage(b, *m);
+  if (pp > 1 && ep <= 1) make_pipeline_stage(b, *m);  // (with EP below: its stage is cut from the ep layout's)
   if (!b.dp && m->config.parallel.dp_replicate > 1)
     throw Error(RLH_E_INVALID_ARGUMENT, std::string(b.flavor->name) + ": policy.dtensor_cfg.dp_replicate_size = " +
                                             std::to_string(m->config.parallel.dp_replicate) +
@@ -431,6 +435,7 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   eo.ops = m->ops.get();
   prepare_data_parallel(b, *m, eo);
   prepare_expert_parallel(b, *m, eo);  // after the data-parallel mode: the experts' padding
+  if (pp > 1 && ep > 1) make_pipeline_stage(b, *m);
   eo.tp = m->tp();
   eo.tp_comm = m->tp_comm.get();
   eo.cp_comm = m->cp_comm.get();

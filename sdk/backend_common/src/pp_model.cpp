@@ -137,10 +137,12 @@ void make_pipeline_stage(const Backend& b, Model& m) {
   if (m.config.parallel.fsdp)
     throw Error(RLH_E_UNIMPLEMENTED, key + " = " + std::to_string(pp) + ": pipeline parallelism with FSDP is not implemented");
   const sdk::PpSplit split{m.config.parallel.pp_first_layers, m.config.parallel.pp_last_layers, m.config.parallel.vpp};
+  // The stage is cut from this rank's description: its tensor-parallel pieces, and under expert
+  // parallelism its block of the experts (an ep group holds ranks of one stage).
+  const sdk::TransformerDesc& desc =
+      m.ep() ? m.ep()->local : m.tp_layouts.empty() ? m.desc : m.tp_layouts[size_t(b.dp->tp_rank())].local;
   try {
-    m.pp_layout = std::make_unique<sdk::PpLayout>(
-        sdk::make_pp_layout(m.tp_layouts.empty() ? m.desc : m.tp_layouts[size_t(b.dp->tp_rank())].local, pp,
-                            b.dp->pp_rank(), split, key));
+    m.pp_layout = std::make_unique<sdk::PpLayout>(sdk::make_pp_layout(desc, pp, b.dp->pp_rank(), split, key));
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_UNIMPLEMENTED, m.desc.architecture + " (" + m.dir + "): " + e.what());
   }
@@ -202,6 +204,14 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
   const sdk::Comm& pp = m.dp->pp;
   const int64_t P = L.size, V = L.virtual_size, s = m.dp->pp_rank(), M = int64_t(views.size());
   const int64_t C = m.engine->desc().hidden_size;
+  // Expert parallelism: the stage's ep group (ranks of other replicas) exchanges rows in every
+  // MoE layer, so every replica of the group runs the schedule of its busiest one, Mx
+  // micro-batches: a micro-batch past its own M is an idle one (its experts run for the others'
+  // rows, the exchanges of a forward_stage or backward_stage call, no message between stages:
+  // the replica's stages skip it alike).
+  int64_t most[1] = {M};
+  if (m.ep()) m.dp->ep.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
+  const int64_t Mx = most[0];
   // Megatron's interleaving rule. Every rank learns whether any replica breaks it (its stage's
   // data-parallel group holds one rank of every replica), so all of them stop together.
   int64_t bad[1] = {V > 1 && M % P != 0 ? M : 0};
@@ -212,8 +222,8 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
                     ": the interleaved schedule needs a number of micro-batches divisible by "
                     "policy.megatron_cfg.pipeline_model_parallel_size = " +
                     std::to_string(P) + ", got " + std::to_string(bad[0]) + " micro-batches");
-  const std::vector<std::vector<PpOp>> ops = pp_schedule(P, V, M);
-  const std::vector<std::vector<int64_t>> ticks = timeline(ops, V, M);
+  const std::vector<std::vector<PpOp>> ops = pp_schedule(P, V, Mx);
+  const std::vector<std::vector<int64_t>> ticks = timeline(ops, V, Mx);
   // Per tick, the messages: (from virtual stage, forward?, micro-batch). Every rank walks each
   // tick's messages in the same order (forward ones first, then by the sender's parity) and
   // takes part in those it sends or receives: the first message not yet done always has both
@@ -228,6 +238,7 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
     for (size_t k = 0; k < ops[size_t(q)].size(); ++k) {
       const PpOp& op = ops[size_t(q)][k];
       const int64_t v = op.chunk * P + q;
+      if (op.mb >= M) continue;  // an idle micro-batch moves nothing
       if (op.forward) sent[ticks[size_t(q)][k]].push_back({v, true, op.mb});
       if (!op.forward && v > 0) sent[ticks[size_t(q)][k]].push_back({v, false, op.mb});
     }
@@ -245,8 +256,13 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
   for (const auto& [t, msgs] : sent) last_tick = std::max(last_tick, t);
   if (!ticks[size_t(s)].empty()) last_tick = std::max(last_tick, ticks[size_t(s)].back());
   for (int64_t t = 0; t <= last_tick; ++t) {
-    if (k < ops[size_t(s)].size() && ticks[size_t(s)][k] == t) {
-      const PpOp& op = ops[size_t(s)][k++];
+    const PpOp* run = k < ops[size_t(s)].size() && ticks[size_t(s)][k] == t ? &ops[size_t(s)][k++] : nullptr;
+    if (run != nullptr && run->mb >= M) {  // an idle micro-batch (expert parallelism, above)
+      m.engine->ep_idle_microbatch(!run->forward);
+      run = nullptr;
+    }
+    if (run != nullptr) {
+      const PpOp& op = *run;
       const engine::MicroBatch& mb = views[size_t(op.mb)];
       const sdk::PpLayout::Chunk& chunk = L.chunks[size_t(op.chunk)];
       const int64_t at = key(op.mb, op.chunk);

@@ -118,7 +118,8 @@ void Engine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a)
         break;
       }
       case sdk::StepOp::moe:
-        if (sp_on) sp_gather(grad(st.out).p, st.out.width);  // d out of every row (its own rows on each rank)
+        if (sp_on && moe_reads_every_row(l))  // d out of every row (its own rows on each rank)
+          sp_gather(grad(st.out).p, st.out.width);
         backward_moe(l, mb, val(st.in).p, grad(st.out).p, grad(st.in).p, st.accumulate);
         break;
       case sdk::StepOp::mla:
@@ -149,7 +150,8 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
   bool have_dxn = false;
   use_grads(L);
   if (!run_head) {
-    std::memcpy(dres, pp_dy, size_t(N * C) * sizeof(float));  // from the next pipeline stage
+    // from the next pipeline stage (this rank's block of rows under sequence parallelism)
+    std::memcpy(sp_own(dres, C), pp_dy, size_t((sp_on ? sp_rows : N) * C) * sizeof(float));
   } else if (tp_on) {
     // One vocabulary-parallel backward for the raw outputs; the unfiltered processed logprob
     // is the raw one, so its gradient adds to the next token's.
@@ -193,7 +195,7 @@ void Engine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) {
     drop_params(l);
   }
   if (!run_embed) {
-    std::memcpy(pp_dx, dres, size_t(N * C) * sizeof(float));  // to the previous pipeline stage
+    std::memcpy(pp_dx, sp_own(dres, C), size_t((sp_on ? sp_rows : N) * C) * sizeof(float));  // to the previous stage
   } else {
     if (prog.embed_scale != 1) ops->scale(dres, N * C, double(float(prog.embed_scale)));
     if (sp_on) sp_gather(dres, C);  // the lookup's gradient for every row

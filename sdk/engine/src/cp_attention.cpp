@@ -120,6 +120,12 @@ std::vector<int32_t> Engine::Impl::whole_route_record(int64_t N) {
   if (!cp_on && !sp_on) return std::move(route_record);
   // Expert indices are small integers, exact in float: gathered through the rows' path.
   const int64_t W = route_width;
+  if (moe_own_rows) {  // each tp rank routed its block of rows: every block to every rank first
+    std::vector<float> block(size_t(sp_rows * W)), rows(route_record.size());
+    for (size_t i = 0; i < block.size(); ++i) block[i] = float(route_record[size_t(sp_begin * W) + i]);
+    opt.tp_comm->all_gather(block.data(), sp_rows * W, rows.data());
+    for (size_t i = 0; i < rows.size(); ++i) route_record[i] = int32_t(rows[i]);
+  }
   std::vector<float> mine(route_record.begin(), route_record.end()), full(size_t(N * W));
   cp_gather_rows(mine.data(), W, W, full.data(), N);
   return std::vector<int32_t>(full.begin(), full.end());

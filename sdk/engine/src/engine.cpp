@@ -288,9 +288,11 @@ StepResult Engine::train_step(std::span<const MicroBatch> mbs, const StepOptions
 
   // Context parallelism: each rank's auxiliary losses are its tokens' part; every rank of the
   // group reports the sum, as it reports the group's loss (the backend sums over dp only).
-  if (m.cp_on && m.route_width > 0) {
+  // Likewise each tensor-parallel rank's rows under expert parallelism with tensor parallelism.
+  if ((m.cp_on || m.moe_own_rows) && m.route_width > 0) {
     double v[2] = {m.moe_aux, m.moe_z};
-    m.opt.cp_comm->all_reduce_sum(v, 2);
+    if (m.cp_on) m.opt.cp_comm->all_reduce_sum(v, 2);
+    if (m.moe_own_rows) m.opt.tp_comm->all_reduce_sum(v, 2);
     m.moe_aux = v[0];
     m.moe_z = v[1];
   }

@@ -238,7 +238,8 @@ void Engine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, 
         break;
       }
       case sdk::StepOp::moe:
-        if (sp_on) sp_gather(in.p, st.in.width);  // the router and the experts read every row
+        // The router and the experts read every row (under moe_own_rows only a shared expert).
+        if (sp_on && moe_reads_every_row(l)) sp_gather(in.p, st.in.width);
         forward_moe(l, mb, in.p, out.p, recompute);
         break;
       case sdk::StepOp::mla:
@@ -273,7 +274,8 @@ void Engine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool 
 
   use_params(L);  // the global unit stays held until the backward (or Engine::forward) ends
   if (!run_embed) {
-    std::memcpy(xs[size_t(run_lo)], pp_x_in, size_t(N * C) * sizeof(float));  // the previous stage's output
+    // the previous stage's output (this rank's block of rows under sequence parallelism)
+    std::memcpy(sp_own(xs[size_t(run_lo)], C), pp_x_in, size_t((sp_on ? sp_rows : N) * C) * sizeof(float));
   } else {
     if (tp_on)
       tp_embedding_fwd(xs[0], ids, N);  // this rank's rows, summed over the group

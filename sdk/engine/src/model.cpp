@@ -134,7 +134,19 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     // This rank's block of experts: its description, then its program with the MoE steps marked.
     if (opt.ep_comm == nullptr) throw std::invalid_argument("engine: expert parallelism needs its group (ep_comm)");
     if (store != nullptr) throw std::invalid_argument("engine: expert parallelism with a UnitStore (FSDP) is not supported");
-    if (tp_on) throw std::invalid_argument("engine: expert parallelism with tensor parallelism is not supported");
+    // With tensor parallelism and the experts whole on their ep rank (Megatron's
+    // expert_tensor_parallel_size = 1), under sequence parallelism: each tp rank routes its own
+    // rows. With the experts cut over the tp group (etp = tp) the MoE block is tensor
+    // parallelism's, its rows dispatched over an ep group of ranks of one tp rank.
+    if (tp_on) {
+      bool whole = false;
+      for (size_t i = 0; i < opt.tp->pieces.size(); ++i)
+        whole = whole || opt.tp->pieces[i].split == sdk::TpSplit::experts_whole;
+      if (whole && !opt.sequence_parallel)
+        throw std::invalid_argument("engine: expert parallelism with tensor parallelism and the experts whole on each "
+                                    "rank needs sequence parallelism (each tensor-parallel rank dispatches its own rows)");
+      moe_own_rows = whole;
+    }
     if (desc.params.size() != opt.ep->full.params.size())
       throw std::invalid_argument("engine: the expert-parallel layout is of another model");
     desc = opt.ep->local;
@@ -144,7 +156,6 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
   pp_on = opt.pp != nullptr && opt.pp->size > 1;
   if (pp_on) {
     // This stage's description; under tensor parallelism the pieces follow its parameters.
-    if (ep_on) throw std::invalid_argument("engine: pipeline parallelism with expert parallelism is not supported");
     if (store != nullptr) throw std::invalid_argument("engine: pipeline parallelism with a UnitStore (FSDP) is not supported");
     if (desc.params.size() != opt.pp->local_index.size())
       throw std::invalid_argument("engine: the pipeline layout is of another model");
@@ -172,10 +183,8 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     throw std::invalid_argument(std::string("engine: ") + e.what());
   }
   cp_on = opt.cp_comm != nullptr && opt.cp_comm->size() > 1;
-  // A stage's boundary carries this rank's rows of the cp split (stage_rows); sequence
-  // parallelism's further split of them over the tp group is not carried.
-  if (pp_on && tp_on && opt.sequence_parallel)
-    throw std::invalid_argument("engine: pipeline parallelism with sequence parallelism is not supported");
+  // A stage's boundary carries this rank's rows of the cp split (stage_rows), under sequence
+  // parallelism its block of them.
   if (cp_on) {
     cp = opt.cp_comm->size();
     cp_rank = opt.cp_comm->rank();
@@ -206,7 +215,12 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     for (const sdk::LayerProgram& lp : prog.layers)
       for (const sdk::LayerStep& st : lp.steps) {
         if (st.op == sdk::StepOp::moe || st.op == sdk::StepOp::mla)
-          for (const int64_t i : st.weights) sp_whole_rows[size_t(i)] = true;
+          for (const int64_t i : st.weights) {
+            // The router of a block that routes this rank's rows only has a partial gradient.
+            const sdk::ParamRole r = desc.params[size_t(i)].role;
+            sp_whole_rows[size_t(i)] =
+                !(moe_own_rows && (r == sdk::ParamRole::router || r == sdk::ParamRole::router_bias));
+          }
         const bool in_whole = st.in.col == 0 && lp.values[size_t(st.in.value)].width == st.in.width;
         const bool out_whole = st.out.col == 0 && lp.values[size_t(st.out.value)].width == st.out.width;
         if ((st.tp_reduce_din && (!in_whole || st.accumulate)) || (st.tp_reduce_out && !out_whole))

@@ -374,6 +374,17 @@ struct Engine::Impl {
   // replicated one's gradient is whole on every rank, not a partial sum over the rows.
   std::vector<bool> sp_whole_rows;
   void sp_plan(int64_t N);
+  // Expert parallelism with tensor parallelism (Megatron's expert_tensor_parallel_size = 1,
+  // under sequence parallelism, which Megatron requires there): each MoE block routes and
+  // dispatches this rank's rows only (every tp rank holds distinct tokens; the experts are whole
+  // on their ep rank), so its router's gradients are partial sums over the group and its
+  // routing counts and loss values are summed over it. Only a shared expert (cut over the group
+  // as a dense MLP) reads every row: the block's input is gathered for it alone.
+  bool moe_own_rows = false;
+  // Rows [moe_r0, moe_r0 + moe_n) of the micro-batch that the MoE block in flight routes.
+  int64_t moe_r0 = 0, moe_n = 0;
+  // Whether MoE layer l reads every row (its input all-gathered under sequence parallelism).
+  bool moe_reads_every_row(int64_t l) const { return !moe_own_rows || shapes[size_t(l)].Fs > 0; }
   // p [N, width] contiguous: every rank's block into all rows (in place); the rows summed over the
   // group into this rank's block (in place; other rows are left as they were).
   void sp_gather(float* p, int64_t width);

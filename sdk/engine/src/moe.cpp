@@ -28,6 +28,11 @@
 // sequence's, so each rank's gradients and loss values are its tokens' part of one rank's.
 // Under sequence parallelism the block reads every row (gathered before it) and leaves this
 // rank's rows of its output (reduce-scattered after the combine); its d input likewise.
+// Under expert parallelism with tensor parallelism (moe_own_rows, model.hpp) the router, the
+// dispatch and the combine run on this rank's rows [moe_r0, moe_r0 + moe_n) only, the counts
+// and loss values summed over the tp group as over a cp group; a shared expert alone reads every
+// row (cut over the group like a dense MLP: its partial output reduce-scattered, then the routed
+// rows added).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -212,6 +217,11 @@ void Engine::Impl::plan_moe(int64_t N, bool save_all) {
 void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& req) {
   const int64_t N = mb.num_tokens();
   route_record.clear();
+  // Under expert parallelism with tensor parallelism each rank records its block of rows and
+  // whole_route_record gathers them; a pipeline stage's record is its own rows' (forward_stage).
+  if (moe_own_rows && pp_on && req.routed_experts)
+    throw std::invalid_argument("engine: the routing record of a pipeline stage under expert parallelism with tensor "
+                                "parallelism is not implemented");
   if (req.routed_experts) route_record.assign(size_t(N * route_width), -1);
   // Under PP the field is the whole model's record; this stage's layers read their columns.
   replay_width = pp_on ? opt.pp->route_total : route_width;
@@ -261,7 +271,8 @@ template <class T>
 void Engine::Impl::moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m, const T* probs,
                               const T* lse, T* dprobs, T* dlse, bool grads) {
   const LayerShape& s = shapes[size_t(l)];
-  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, S = mb.num_sequences();
+  // This block's rows [r0, r0 + N) of the micro-batch (all of them but under moe_own_rows).
+  const int64_t r0 = moe_r0, N = moe_n, E = s.E, K = s.Kx, S = mb.num_sequences();
   const MoeOptions& o = opt.moe;
   const double Tg = moe_tokens, Sg = moe_seqs;
   const bool per_seq = o.load_balancing == MoeOptions::LoadBalancing::seq_aux_loss;
@@ -274,20 +285,24 @@ void Engine::Impl::moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m,
   // every row alike: the same masks, no sum.
   const bool split = cp_on || sp_on;
   const int32_t* token = split ? cpp.token.data() : nullptr;
-  auto real = [&](int64_t n) { return token == nullptr || token[n] >= 0; };
+  auto real = [&](int64_t n) { return token == nullptr || token[r0 + n] >= 0; };  // n: a row of the block
+  // A sequence's rows of the block.
+  auto first_row = [&](int64_t q) { return std::max<int64_t>(mb.cu_seqlens[size_t(q)], r0) - r0; };
+  auto end_row = [&](int64_t q) { return std::min<int64_t>(mb.cu_seqlens[size_t(q) + 1], r0 + N) - r0; };
   const double Nmb = split ? double(cpp.whole_n()) : double(N);
   auto seq_tokens = [&](int64_t q) {
     return split ? cpp.seq_len[size_t(q)] : int64_t(mb.cu_seqlens[size_t(q) + 1] - mb.cu_seqlens[size_t(q)]);
   };
   // c [E], or [S, E] per sequence: the (token, choice) pairs sent to each expert.
   std::vector<double>& c = moe_counts[size_t(l)];
-  if (!cp_on || !grads) {
+  if (!(cp_on || moe_own_rows) || !grads) {
     c.assign(size_t(per_seq ? S * E : E), 0.0);
     for (int64_t q = 0; q < S; ++q)
-      for (int64_t n = mb.cu_seqlens[size_t(q)]; n < mb.cu_seqlens[size_t(q) + 1]; ++n)
+      for (int64_t n = first_row(q); n < end_row(q); ++n)
         if (real(n))
           for (int64_t k = 0; k < K; ++k) c[size_t((per_seq ? q * E : 0) + m.experts[n * K + k])] += 1;
     if (cp_on) opt.cp_comm->all_reduce_sum(c.data(), int64_t(c.size()));
+    if (moe_own_rows) opt.tp_comm->all_reduce_sum(c.data(), int64_t(c.size()));
   }
   if (dprobs) std::fill(dprobs, dprobs + N * E, T(0));
   if (o.aux_loss_coef != 0 && o.load_balancing == MoeOptions::LoadBalancing::aux_loss &&
@@ -312,7 +327,7 @@ void Engine::Impl::moe_losses(int64_t l, const MicroBatch& mb, const MoeActs& m,
     std::vector<double> P(static_cast<size_t>(E));
     double loss = 0;
     for (int64_t q = 0; q < S; ++q) {
-      const int64_t b = mb.cu_seqlens[size_t(q)], e_ = mb.cu_seqlens[size_t(q) + 1];
+      const int64_t b = first_row(q), e_ = end_row(q);
       if (seq_tokens(q) == 0) continue;
       const double Ts = double(seq_tokens(q));
       const double f = o.aux_loss_coef * double(E) / (double(K) * Ts * Ts * Sg);
@@ -362,14 +377,20 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   const LayerParams& p = P[size_t(l)];
   MoeActs& m = moe_of(l);
   MoeScratch& x = moe_scratch;
-  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
+  // N: the rows routed here (this rank's block under moe_own_rows), Nall: the micro-batch's rows
+  // (a shared expert's), xr: the routed rows of xn.
+  const int64_t Nall = mb.num_tokens(), r0 = moe_own_rows ? sp_begin : 0, N = moe_own_rows ? sp_rows : Nall;
+  const int64_t E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
+  const float* xr = xn + r0 * C;
+  moe_r0 = r0;
+  moe_n = N;
   Ops::RouterAttrs ra = s.router;
 
   if (replay) {  // this layer's columns of the [N, R] field
     ra.replay = true;
     const std::string who = "engine: layer " + std::to_string(l);  // messages name the layer
     for (int64_t n = 0; n < N; ++n) {
-      const int64_t t = cp_on || sp_on ? cpp.token[size_t(n)] : n;  // the row's token in the field
+      const int64_t t = cp_on || sp_on ? cpp.token[size_t(r0 + n)] : n;  // the row's token in the field
       for (int64_t k = 0; k < K; ++k)  // a padding row (t < 0) takes experts 0..K-1: its output is never read
         m.experts[n * K + k] =
             t < 0 ? int32_t(k % E) : replayed_expert(*replay, t * replay_width + replay_begin + s.route_col + k, E, who);
@@ -378,11 +399,11 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
 
   // Router: logits, scores, choice, weights.
   if (!router64) {
-    ops->gemm(false, true, N, E, C, 1.f, xn, C, p.router, C, 0.f, x.logits, E);        // z [N,E]
+    ops->gemm(false, true, N, E, C, 1.f, xr, C, p.router, C, 0.f, x.logits, E);        // z [N,E]
     if (p.router_b) ops->bias_add_fwd(x.logits, E, p.router_b, N, E);
     ops->moe_router_fwd(m.w, m.experts, m.probs, m.lse, x.logits, E, p.score_bias, N, E, K, ra);
   } else {
-    to_double(x.x64, xn, N * C);
+    to_double(x.x64, xr, N * C);
     to_double(x.wr64, p.router, E * C);
     ops->gemm_f64(false, true, N, E, C, 1.0, x.x64, C, x.wr64, C, 0.0, x.logits64, E);  // z [N,E]
     if (p.router_b)
@@ -395,11 +416,11 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   }
   if (!recompute && !route_record.empty())
     for (int64_t n = 0; n < N; ++n)
-      std::memcpy(route_record.data() + n * route_width + s.route_col, m.experts + n * K,
+      std::memcpy(route_record.data() + (r0 + n) * route_width + s.route_col, m.experts + n * K,
                   size_t(K) * sizeof(int32_t));
 
   // Routed experts on expert-sorted rows.
-  ops->moe_permute_fwd(m.xp, m.row, m.offsets, xn, C, m.experts, N, K, C, E);        // xp [NK,C]
+  ops->moe_permute_fwd(m.xp, m.row, m.offsets, xr, C, m.experts, N, K, C, E);        // xp [NK,C]
   if (ep_on) {
     ep_forward(l, m.offsets, m.xp, m.yp);  // to the experts' ranks and back (ep_dispatch.cpp)
   } else {
@@ -413,16 +434,16 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   }
 
   // Shared expert (a dense SwiGLU MLP on every token), with its sigmoid gate.
-  if (Fs > 0) {
-    ops->gemm(false, true, N, 2 * Fs, C, 1.f, xn, C, p.ws_gu, C, 0.f, m.sgu, 2 * Fs);  // [N,2Fs]
-    glu_fwd(s.act, m.sa, Fs, m.sgu, 2 * Fs, N, Fs);                                   // [N,Fs]
-    ops->gemm(false, true, N, C, Fs, 1.f, m.sa, Fs, p.ws_down, Fs, 0.f, m.sy, C);       // sy [N,C]
+  if (Fs > 0) {  // (every row: Nall)
+    ops->gemm(false, true, Nall, 2 * Fs, C, 1.f, xn, C, p.ws_gu, C, 0.f, m.sgu, 2 * Fs);  // [N,2Fs]
+    glu_fwd(s.act, m.sa, Fs, m.sgu, 2 * Fs, Nall, Fs);                                   // [N,Fs]
+    ops->gemm(false, true, Nall, C, Fs, 1.f, m.sa, Fs, p.ws_down, Fs, 0.f, m.sy, C);       // sy [N,C]
     if (p.ws_gate) {
-      ops->gemm(false, true, N, 1, C, 1.f, xn, C, p.ws_gate, C, 0.f, m.sgl, 1);        // [N,1]
+      ops->gemm(false, true, Nall, 1, C, 1.f, xn, C, p.ws_gate, C, 0.f, m.sgl, 1);        // [N,1]
       Ops::RouterAttrs g;
       g.scoring = 1;  // sigmoid, one expert, one choice: weight = sigmoid(logit)
       // (its probs, equal to the weights here, land in the dsgw scratch: unused)
-      ops->moe_router_fwd(m.sgw, x.szero, x.dsgw, nullptr, m.sgl, 1, nullptr, N, 1, 1, g);
+      ops->moe_router_fwd(m.sgw, x.szero, x.dsgw, nullptr, m.sgl, 1, nullptr, Nall, 1, 1, g);
     }
   }
 
@@ -431,6 +452,17 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
     else moe_losses<double>(l, mb, m, m.probs64, m.lse64, nullptr, nullptr, false);
   }
   if (recompute) return;
+  if (moe_own_rows) {
+    // This rank's rows: the shared expert's partial sums over the group reduce-scattered into
+    // them, then the routed experts' combine (whole: the experts are whole on their ep rank).
+    if (Fs > 0) {
+      if (p.ws_gate) ops->moe_unpermute_fwd(out, C, m.sy, x.srow, m.sgw, Nall, 1, C, false);
+      else std::memcpy(out, m.sy, size_t(Nall * C) * sizeof(float));
+      sp_scatter(out, C);
+    }
+    ops->moe_unpermute_fwd(out + r0 * C, C, m.yp, m.row, m.w, N, K, C, Fs > 0);
+    return;
+  }
   ops->moe_unpermute_fwd(out, C, m.yp, m.row, m.w, N, K, C, false);                   // out [N,C]
   if (Fs > 0) {
     if (p.ws_gate) ops->moe_unpermute_fwd(out, C, m.sy, x.srow, m.sgw, N, 1, C, true);
@@ -458,12 +490,38 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
   const LayerParams& gp = G[size_t(l)];
   MoeActs& m = moe_of(l);
   MoeScratch& x = moe_scratch;
-  const int64_t N = mb.num_tokens(), E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
+  // As in forward_moe: N routed rows from r0 (dr, dxr, xr their rows of dout, dxn, xn), Nall
+  // every row.
+  const int64_t Nall = mb.num_tokens(), r0 = moe_own_rows ? sp_begin : 0, N = moe_own_rows ? sp_rows : Nall;
+  const int64_t E = s.E, K = s.Kx, Fe = s.Fe, Fs = s.Fs, NK = N * K;
   const bool frozen = opt.moe.freeze_router;
   const int32_t* off = m.offsets;
+  const float* xr = xn + r0 * C;
+  float* dxr = dxn + r0 * C;
+  moe_r0 = r0;
+  moe_n = N;
+
+  // The shared expert's MLP: d input into dxn, its weight gradients (every row).
+  auto shared_mlp_bwd = [&](const float* dsy) {
+    ops->gemm(false, false, Nall, Fs, C, 1.f, dsy, C, p.ws_down, Fs, 0.f, x.dsa, Fs);      // dsa
+    ops->gemm(true, false, C, Fs, Nall, 1.f, dsy, C, m.sa, Fs, 1.f, gp.ws_down, Fs);       // dW_down
+    glu_bwd(s.act, x.dsgu, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, Nall, Fs);                  // dsgu
+    ops->gemm(false, false, Nall, C, 2 * Fs, 1.f, x.dsgu, 2 * Fs, p.ws_gu, C, 1.f, dxn, C);  // dxn +=
+    ops->gemm(true, false, 2 * Fs, C, Nall, 1.f, x.dsgu, 2 * Fs, xn, C, 1.f, gp.ws_gu, C);     // dW_gu
+  };
+  if (moe_own_rows && Fs > 0) {
+    // The shared expert first, on every row (d out gathered): its part of d xn is a partial sum
+    // over the group, reduce-scattered into this rank's rows, to which the routed part adds.
+    if (accumulate) throw std::logic_error("engine: an MoE block's input gradient is shared");
+    std::memset(dxn, 0, size_t(Nall * C) * sizeof(float));
+    if (p.ws_gate) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, Nall, 1, C);
+    shared_mlp_bwd(p.ws_gate ? x.dsy : dout);
+    sp_scatter(dxn, C);
+    if (p.ws_gate) tp_reduce(x.dsgw, Nall);
+  }
 
   // Combine: dyp = w dres (scattered to the rows), dw = <dres, yp>.
-  ops->moe_unpermute_bwd(x.dyp, x.dw, dout, C, m.yp, m.row, m.w, N, K, C);
+  ops->moe_unpermute_bwd(x.dyp, x.dw, dout + r0 * C, C, m.yp, m.row, m.w, N, K, C);
   float* dxp = x.dyp;
   if (ep_on) {
     ep_backward(l, x.dyp, dxp);  // the experts' ranks compute d xp (ep_dispatch.cpp)
@@ -484,21 +542,13 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
     ops->grouped_gemm(false, false, E, off, 0, C, Fe, 1.f, x.dgu + Fe, 2 * Fe, p.we_up, C, Fe * C,
                       1.f, dxp, C, 0);
   }
-  ops->moe_permute_bwd(dxn, C, dxp, m.row, N, K, C, accumulate);                    // dxn [N,C]
+  ops->moe_permute_bwd(dxr, C, dxp, m.row, N, K, C, accumulate || (moe_own_rows && Fs > 0));  // dxn [N,C]
 
-  // The shared expert's MLP: d input into dxn, its weight gradients.
-  auto shared_mlp_bwd = [&](const float* dsy) {
-    ops->gemm(false, false, N, Fs, C, 1.f, dsy, C, p.ws_down, Fs, 0.f, x.dsa, Fs);      // dsa
-    ops->gemm(true, false, C, Fs, N, 1.f, dsy, C, m.sa, Fs, 1.f, gp.ws_down, Fs);       // dW_down
-    glu_bwd(s.act, x.dsgu, 2 * Fs, x.dsa, Fs, m.sgu, 2 * Fs, N, Fs);                  // dsgu
-    ops->gemm(false, false, N, C, 2 * Fs, 1.f, x.dsgu, 2 * Fs, p.ws_gu, C, 1.f, dxn, C);  // dxn +=
-    ops->gemm(true, false, 2 * Fs, C, N, 1.f, x.dsgu, 2 * Fs, xn, C, 1.f, gp.ws_gu, C);     // dW_gu
-  };
   // Tensor parallelism: the experts' and the shared expert's parts of dxn are partial sums (their
   // gate|up are column-parallel), and so are the routing weights' gradients dw = <dout, yp> and
   // the shared gate's (yp and sy are partial): all three are summed over the group here, before
   // the router and the shared gate, which every rank holds whole, add their parts once.
-  if (tp_on) {
+  if (tp_on && !moe_own_rows) {
     if (Fs > 0) {
       if (p.ws_gate) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);
       shared_mlp_bwd(p.ws_gate ? x.dsy : dout);
@@ -523,10 +573,10 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
     ops->moe_router_bwd(x.dlogits, x.dw, m.probs, m.experts, aux ? x.dprobs : nullptr,
                         zl ? x.dlse : nullptr, N, E, K, s.router);                    // dz [N,E]
     if (!frozen) {
-      ops->gemm(true, false, E, C, N, 1.f, x.dlogits, E, xn, C, 1.f, gp.router, C);   // dW_router
+      ops->gemm(true, false, E, C, N, 1.f, x.dlogits, E, xr, C, 1.f, gp.router, C);   // dW_router
       if (gp.router_b) ops->bias_bwd(gp.router_b, x.dlogits, E, N, E);
     }
-    ops->gemm(false, false, N, C, E, 1.f, x.dlogits, E, p.router, C, 1.f, dxn, C);  // dxn += dz Wr
+    ops->gemm(false, false, N, C, E, 1.f, x.dlogits, E, p.router, C, 1.f, dxr, C);  // dxn += dz Wr
   } else {
     const bool aux = moe_train && (opt.moe.aux_loss_coef != 0 &&
                                    opt.moe.load_balancing != MoeOptions::LoadBalancing::none);
@@ -538,9 +588,9 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
                             zl ? x.dlse64 : nullptr, N, E, K, s.router);              // dz [N,E]
     to_double(x.wr64, p.router, E * C);
     ops->gemm_f64(false, false, N, C, E, 1.0, x.dlogits64, E, x.wr64, C, 0.0, x.x64, C);  // dz Wr
-    for (int64_t i = 0; i < N * C; ++i) dxn[i] += float(x.x64[i]);
+    for (int64_t i = 0; i < N * C; ++i) dxr[i] += float(x.x64[i]);
     if (!frozen) {
-      to_double(x.x64, xn, N * C);
+      to_double(x.x64, xr, N * C);
       ops->gemm_f64(true, false, E, C, N, 1.0, x.dlogits64, E, x.x64, C, 0.0, x.wr64, C);
       for (int64_t i = 0; i < E * C; ++i) gp.router[i] += float(x.wr64[i]);      // dW_router
       if (gp.router_b)
@@ -552,16 +602,17 @@ void Engine::Impl::backward_moe(int64_t l, const MicroBatch& mb, const float* xn
     }
   }
 
-  // Shared expert and its gate.
+  // Shared expert and its gate (every row; under moe_own_rows the gate's part of d xn, whole,
+  // goes to this rank's rows only).
   if (Fs > 0) {
     const float* dsy = dout;
     if (p.ws_gate) {
-      if (!tp_on) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, N, 1, C);  // dsy, dgate
+      if (!tp_on) ops->moe_unpermute_bwd(x.dsy, x.dsgw, dout, C, m.sy, x.srow, m.sgw, Nall, 1, C);  // dsy, dgate
       Ops::RouterAttrs ga;
       ga.scoring = 1;
-      ops->moe_router_bwd(x.dsgl, x.dsgw, m.sgw, x.szero, nullptr, nullptr, N, 1, 1, ga);  // [N,1]
-      ops->gemm(true, false, 1, C, N, 1.f, x.dsgl, 1, xn, C, 1.f, gp.ws_gate, C);       // dW_gate
-      ops->gemm(false, false, N, C, 1, 1.f, x.dsgl, 1, p.ws_gate, C, 1.f, dxn, C);    // dxn +=
+      ops->moe_router_bwd(x.dsgl, x.dsgw, m.sgw, x.szero, nullptr, nullptr, Nall, 1, 1, ga);  // [N,1]
+      ops->gemm(true, false, 1, C, Nall, 1.f, x.dsgl, 1, xn, C, 1.f, gp.ws_gate, C);       // dW_gate
+      ops->gemm(false, false, N, C, 1, 1.f, x.dsgl + r0, 1, p.ws_gate, C, 1.f, dxr, C);    // dxn +=
       dsy = x.dsy;
     }
     if (!tp_on) shared_mlp_bwd(dsy);

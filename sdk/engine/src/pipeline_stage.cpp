@@ -35,11 +35,16 @@ void check_chunk_routing(const sdk::PpLayout& L, const OutputRequest& req) {
 
 int64_t Engine::stage_rows(const MicroBatch& mb) const {
   const Impl& m = *impl_;
-  if (!m.cp_on) return mb.num_tokens();
-  int64_t rows = 0;  // cp_prepare's count: 2 chunks of ceil(n / 2cp) rows per sequence
-  for (int64_t s = 0; s < mb.num_sequences(); ++s)
-    rows += 2 * ((mb.cu_seqlens[size_t(s) + 1] - mb.cu_seqlens[size_t(s)] + 2 * m.cp - 1) / (2 * m.cp));
-  return rows;
+  if (!m.cp_on && !m.sp_on) return mb.num_tokens();
+  // cp_prepare's count: per sequence 2 chunks of ceil(n / 2cp) rows (one chunk of n without CP),
+  // each padded to a multiple of T under sequence parallelism, whose rank keeps 1/T of them.
+  const int64_t pieces = m.cp_on ? 2 * m.cp : 1, q = m.sp_on ? m.opt.tp->size : 1;
+  int64_t rows = 0;
+  for (int64_t s = 0; s < mb.num_sequences(); ++s) {
+    const int64_t n = mb.cu_seqlens[size_t(s) + 1] - mb.cu_seqlens[size_t(s)];
+    rows += (m.cp_on ? 2 : 1) * ((n + pieces * q - 1) / (pieces * q) * q);
+  }
+  return rows / q;
 }
 
 Outputs Engine::forward_stage(const MicroBatch& whole, const OutputRequest& req, std::span<const float> x_in,
@@ -47,17 +52,19 @@ Outputs Engine::forward_stage(const MicroBatch& whole, const OutputRequest& req,
   Impl& m = *impl_;
   StageReset<Impl> reset{m};
   // Under context parallelism the boundary holds this rank's rows of the split (forward() on the
-  // last stage prepares the same split again and gathers the outputs).
-  const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;
+  // last stage prepares the same split again and gathers the outputs); under sequence
+  // parallelism this rank's block of them.
+  const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
   m.bind_stage(mb, x_in, {}, {}, false, chunk);
   check_chunk_routing(*m.opt.pp, req);
   if (m.run_head) return forward(whole, req);
-  const size_t n = size_t(mb.num_tokens() * m.C);
+  const int64_t rows = m.sp_on ? mb.num_tokens() / m.opt.tp->size : mb.num_tokens();
+  const size_t n = size_t(rows * m.C);
   if (x_out.size() != n)
     throw std::invalid_argument("engine: pipeline stage " + std::to_string(m.opt.pp->rank) + ": the output has " +
                                 std::to_string(x_out.size()) + " values, expected " + std::to_string(n));
   m.forward(mb, req, false);
-  std::memcpy(x_out.data(), m.xs[size_t(m.run_hi)], n * sizeof(float));
+  std::memcpy(x_out.data(), m.sp_own(m.xs[size_t(m.run_hi)], m.C), n * sizeof(float));
   Outputs out;
   if (req.routed_experts) {  // this stage's columns (engine.hpp)
     out.routing_width = m.route_width;
@@ -92,7 +99,7 @@ LossResult Engine::backward_stage(const MicroBatch& whole, int64_t index, int64_
   if (req.routed_experts)
     throw std::invalid_argument("engine: under pipeline parallelism the routing record is a forward_stage output");
   StageReset<Impl> reset{m};
-  const MicroBatch& mb = m.cp_on ? m.cp_prepare(whole) : whole;  // this rank's rows (stage_rows)
+  const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;  // this rank's rows (stage_rows)
   m.bind_stage(mb, x_in, dy, dx, true, chunk);
   check_chunk_routing(*m.opt.pp, req);
   // The auxiliary losses belong to this forward (each micro-batch's one on every stage: a
@@ -114,9 +121,10 @@ void Engine::end_stage_step() {
   if (m.tp_on) m.tp_sync_grads();  // the gradients the tensor-parallel group shares
   // Context parallelism: the stage's auxiliary losses are its rows' part; summed over the group
   // as train_step sums them.
-  if (m.cp_on && m.route_width > 0) {
+  if ((m.cp_on || m.moe_own_rows) && m.route_width > 0) {
     double v[2] = {m.moe_aux, m.moe_z};
-    m.opt.cp_comm->all_reduce_sum(v, 2);
+    if (m.cp_on) m.opt.cp_comm->all_reduce_sum(v, 2);
+    if (m.moe_own_rows) m.opt.tp_comm->all_reduce_sum(v, 2);
     m.moe_aux = v[0];
     m.moe_z = v[1];
   }
@@ -138,7 +146,7 @@ void Engine::Impl::bind_stage(const MicroBatch& mb, std::span<const float> x_in,
   run_embed = c.embed;
   run_head = c.head;
 
-  const size_t n = size_t(mb.num_tokens() * C);
+  const size_t n = size_t((sp_on ? mb.num_tokens() / opt.tp->size : mb.num_tokens()) * C);  // stage_rows x C
   auto need = [&](bool want, size_t got, const char* what) {
     if (want && got != n)
       throw std::invalid_argument(std::string("engine: pipeline stage ") + std::to_string(opt.pp->rank) + ": " + what +

@@ -52,6 +52,9 @@ enum class TpSplit {
   vocab_rows,      // vocabulary rows in blocks of ceil(V / T), the last one padded
   expert_rows,     // stacked experts [E, F, C]: each expert's rows (axis 1) in T blocks (gate, up)
   expert_cols,     // stacked experts [E, C, F]: each expert's columns (axis 2) in T blocks (down)
+  experts_whole,   // stacked experts not cut over the group (expert_tensor_parallel_size = 1 under
+                   // expert parallelism: each rank of the ep group, tp ranks included, holds other
+                   // experts whole; norm weight 1, the gradients are the experts' owner's)
 };
 const char* to_string(TpSplit s);
 
@@ -87,11 +90,13 @@ struct TpLayout {
 // Empty when `size` ranks can run `desc` with tensor parallelism, else one line naming the
 // first setting that stops it ("tensor_model_parallel_size = 4 does not divide
 // num_attention_heads = 6"). `key` names the setting in messages.
+// `experts_whole`: Megatron's expert_tensor_parallel_size = 1 (with expert parallelism): the
+// routed experts stay whole (TpSplit::experts_whole); the shared expert is cut as a dense MLP.
 std::string tp_unsupported(const TransformerDesc& desc, int64_t size,
-                           const std::string& key = "tensor_model_parallel_size");
+                           const std::string& key = "tensor_model_parallel_size", bool experts_whole = false);
 // Throws std::invalid_argument with tp_unsupported's line when it is not empty.
 TpLayout make_tp_layout(const TransformerDesc& desc, int64_t size, int64_t rank,
-                        const std::string& key = "tensor_model_parallel_size");
+                        const std::string& key = "tensor_model_parallel_size", bool experts_whole = false);
 
 // This rank's part of parameter i (full tensor in row-major desc shape), in local shape.
 std::vector<float> tp_slice(const TpLayout& layout, size_t i, std::span<const float> full);

@@ -52,7 +52,7 @@ struct DpGroups {
   sdk::Comm tp;
   sdk::Comm all;
   // Expert parallelism (megatron_cfg.expert_model_parallel_size = ep > 1; Megatron's expert
-  // layout, carved from the data-parallel ranks): the ranks one MoE layer's experts are split
+  // layout, carved from the tp x cp x dp ranks of a stage): the ranks one MoE layer's experts are split
   // over, and the expert data-parallel ranks that hold the same experts (where their gradients
   // are reduced). Empty without expert parallelism.
   sdk::Comm ep;
@@ -87,8 +87,10 @@ int launched_world_size();
 // Splits the groups for `dp_replicate` replicas and `tp` tensor-parallel ranks from the host's
 // world (collective: every rank calls it in the same order). Throws Error naming the sizes when
 // they do not fit.
+// `etp`: the expert tensor-parallel size of Megatron's expert layout (0: tp).
 std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_replicate, const std::string& who,
-                                         int64_t tp = 1, int64_t cp = 1, int64_t pp = 1, int64_t ep = 1);
+                                         int64_t tp = 1, int64_t cp = 1, int64_t pp = 1, int64_t ep = 1,
+                                         int64_t etp = 0);
 
 // The engine's tensor-parallel group over a communicator, counting what it moves (ring traffic:
 // 2 (T-1)/T of each all-reduced tensor; (T-1)/T of an all-gather's output and a reduce-scatter's
