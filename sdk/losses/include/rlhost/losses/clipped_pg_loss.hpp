@@ -11,13 +11,11 @@
 
 #include <optional>
 
-#include <nlohmann/json_fwd.hpp>
+#include "rlhost/losses/kl.hpp"
+#include "rlhost/losses/metrics.hpp"
+#include "rlhost/losses/packing.hpp"
 
-#include "rlhost/grpo/kl.hpp"
-#include "rlhost/grpo/metrics.hpp"
-#include "rlhost/grpo/packing.hpp"
-
-namespace rlh::grpo {
+namespace rlh::losses {
 
 enum class TruncatedIsType { kTis, kIcePop, kSeqMaskTis };
 const char* truncated_is_name(TruncatedIsType t);  // "tis" | "icepop" | "seq-mask-tis"
@@ -48,8 +46,6 @@ struct ClippedPGConfig {
   // instead of global_valid_toks. Requires token_level_loss. null = off (NeMo-RL behaviour).
   std::optional<double> constant_normalizer;
 
-  // Reads a loss_fn section (absent keys keep the defaults above) and validates it.
-  static ClippedPGConfig from_json(const nlohmann::json& loss_fn);
   // NeMo-RL's assertions, as ConfigError.
   void validate() const;
   // The coefficient of the KL term in the loss (0 with use_kl_in_reward, as NeMo-RL sets it).
@@ -98,4 +94,4 @@ double positive_valid_tokens(const Packing& p, const double* token_mask, const d
 LossResult clipped_pg_loss(const ClippedPGConfig& cfg, const ClippedPGInputs& in,
                            double* grad_logprobs, double* grad_logprobs_unfiltered = nullptr);
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

@@ -1,4 +1,4 @@
-// Configuration errors of the GRPO-family math.
+// Configuration errors of the RL losses (and of the grpo plugin's configs, which reuse them).
 //
 // Every config struct here is read from NeMo-RL's section (loss_fn, dpo, grpo, ...) as JSON, with
 // NeMo-RL's defaults for absent keys. Keys this library does not know are left alone (NeMo-RL's
@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 // An invalid configuration; what() is one line. A std::invalid_argument, so the SDK's guard()
 // turns it into RLH_E_INVALID_ARGUMENT.
@@ -20,4 +20,4 @@ class ConfigError : public std::invalid_argument {
   explicit ConfigError(const std::string& msg) : std::invalid_argument(msg) {}
 };
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

@@ -12,10 +12,10 @@
 
 #include <span>
 
-#include "rlhost/grpo/kl.hpp"
-#include "rlhost/grpo/metrics.hpp"
+#include "rlhost/losses/kl.hpp"
+#include "rlhost/losses/metrics.hpp"
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 struct MismatchDiagnostics {
   double token_mult_prob_error = 0;
@@ -41,4 +41,4 @@ double approx_entropy(std::span<const double> lp, std::span<const double> gen_lp
 // logprob_abs_error (summed) and logprob_abs_error_max (a maximum).
 void add_mismatch_metrics(Metrics& m, const MismatchDiagnostics& d);
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 enum class KlType { kK1, kK2, kK3 };
 
@@ -38,4 +38,4 @@ struct KlToken {
 KlToken kl_token(KlType t, double lp, double lp_ref, std::optional<double> input_clamp,
                  std::optional<double> output_clamp, double w, double dw_dlp);
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

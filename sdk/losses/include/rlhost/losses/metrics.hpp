@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 enum class Reduce : uint8_t { kSum, kMin, kMax };
 
@@ -42,4 +42,4 @@ class Metrics {
   std::vector<Metric> items_;
 };
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

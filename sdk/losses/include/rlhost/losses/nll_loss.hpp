@@ -1,11 +1,11 @@
 // NeMo-RL's NLLLossFn (SFT): loss = -sum lp * token_mask[t+1] * sample_mask / global_valid_toks.
 #pragma once
 
-#include "rlhost/grpo/metrics.hpp"
-#include "rlhost/grpo/packing.hpp"
-#include "rlhost/grpo/clipped_pg_loss.hpp"  // LossResult
+#include "rlhost/losses/metrics.hpp"
+#include "rlhost/losses/packing.hpp"
+#include "rlhost/losses/clipped_pg_loss.hpp"  // LossResult
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 struct NllInputs {
   Packing packing;
@@ -24,4 +24,4 @@ std::vector<double> per_sample_nll(const LossFrame& f, const std::vector<double>
                                    const std::vector<double>& mask, bool average,
                                    std::vector<double>* d_scale = nullptr);
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

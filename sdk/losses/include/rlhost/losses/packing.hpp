@@ -24,7 +24,7 @@
 #include <span>
 #include <vector>
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 // The layout of a packed (micro-)batch. Borrowed pointers.
 struct Packing {
@@ -79,4 +79,4 @@ ValidCounts valid_counts(const Packing& p, const double* token_mask, const doubl
 // expands per-sample advantages over the sequence dimension.
 std::vector<double> broadcast_to_tokens(const Packing& p, std::span<const double> per_seq);
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses
