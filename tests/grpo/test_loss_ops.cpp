@@ -82,8 +82,11 @@ struct Result {
   std::map<std::string, double> metrics;  // sums, then extrema
 };
 
-Result host_loss(LossAdapter::Config cfg, Batch& b) {
+// The grpo callback on the batch; with `op_host`, through its device-loss path (the kernel op,
+// resolved through that host's providers) on these host tensors.
+Result host_loss(LossAdapter::Config cfg, Batch& b, const sdk::Host* op_host = nullptr) {
   LossAdapter a(std::move(cfg));
+  if (op_host != nullptr) a.enable_device_loss(*op_host, "{}", true);
   std::vector<std::string> names;
   std::vector<sdk::Tensor> views;
   views.reserve(16);
@@ -253,6 +256,11 @@ TEST_F(LossOps, ClippedPgReferenceOpEqualsHostCallback) {
     expect_same(host, op, names);
     // The host callback reports nothing the table lacks.
     for (const auto& [name, v] : host.metrics) EXPECT_TRUE(op.metrics.count(name)) << name;
+    // The callback's device-loss path (the op on the micro-batch's tensors) gives the same.
+    const sdk::Host h = ph_.host();
+    Result via_op = host_loss(pc.cfg, b, &h);
+    for (auto& [name, v] : via_op.metrics) via_op.metrics[name] = float(v);
+    expect_same(host, via_op, names);
   }
 }
 
