@@ -1074,7 +1074,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
     d_lp = base;
     d_dlp = d_lp + std::max<int64_t>(biggest, 1);
     d_loss = d_dlp + std::max<int64_t>(biggest, 1);
-    d_slots = d_loss + 64;  // 256-byte aligned
+    d_slots = d_loss + 64;  // the loss scalar has 256 bytes of its own
     d_inputs = d_slots + n_slots;
     float* h_in = m.loss_pinned.get<float>();
     h_slots = h_in + n_in;
