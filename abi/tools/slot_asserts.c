@@ -477,6 +477,13 @@ RLH_PIN_SLOT(rlh_generator_api, weights_device, 5);
 RLH_PIN_FIELD(rlh_backend_api, data_parallel, 88, 8); /* since 0.7 */
 RLH_PIN_SLOT(rlh_backend_api, data_parallel, 11);
 
+/* rlh_microbatch */
+RLH_PIN_FIELD(rlh_microbatch, metric_tensor, 96, 8); /* since 0.8 */
+RLH_PIN_SLOT(rlh_microbatch, metric_tensor, 12);
+
+/* rlh_train_args */
+RLH_PIN_FIELD(rlh_train_args, loss_on_device, 96, 1); /* since 0.8 */
+
 #endif /* LP64 */
 
 /* Keeps the translation unit non-empty under -pedantic. */

@@ -37,6 +37,21 @@ class CudaDeviceEngine final : public DeviceEngine {
     engine_.set_optimizer_options(o);
     return engine_.train_step(mbs, so, loss_fn);
   }
+  bool device_loss() const override { return true; }
+  engine::StepResult train_step_device_loss(std::span<const engine::MicroBatch> mbs, const engine::StepOptions& so,
+                                            double weight_decay, const DeviceLoss& loss) override {
+    engine::OptimizerOptions o = base_;
+    o.weight_decay = weight_decay;
+    engine_.set_optimizer_options(o);
+    engine::CudaEngine::DeviceLoss d;
+    d.inputs = loss.inputs;
+    d.slots = loss.slots;
+    d.kept = loss.kept;
+    d.run = [&loss](const engine::LossContext& c, const engine::CudaEngine::DeviceLossViews& v) {
+      loss.run(c, DeviceLossViews{v.logprob, v.dlogprob, v.loss, v.cu_seqlens, v.inputs, v.stream, v.keep});
+    };
+    return engine_.train_step(mbs, so, d);
+  }
   int64_t steps() const override { return engine_.step(); }
   std::vector<std::vector<float>> parameters() const override { return engine_.save_parameters(); }
   void load_parameters(const std::vector<std::vector<float>>& t) override { engine_.load_parameters(t); }

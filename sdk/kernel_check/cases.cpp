@@ -96,6 +96,7 @@ std::vector<Case> all_cases() {
   add_moe_cases(v);
   add_optimizer_cases(v);
   add_decode_cases(v);
+  add_loss_cases(v);
   for (Case& c : v) finish(c);
   return v;
 }

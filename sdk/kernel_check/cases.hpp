@@ -96,6 +96,7 @@ void add_dense_cases(std::vector<Case>& v);     // gemm .. add, cases_dense.cpp
 void add_logprob_cases(std::vector<Case>& v);   // linear_logprob, cases_logprob.cpp
 void add_moe_cases(std::vector<Case>& v);       // router, permute, grouped gemm, cases_moe.cpp
 void add_optimizer_cases(std::vector<Case>& v); // adamw, adamw_bf16, sumsq, amax, scale, cases_moe.cpp
+void add_loss_cases(std::vector<Case>& v);      // clipped_pg_loss, nll_loss, cases_loss.cpp
 void add_decode_cases(std::vector<Case>& v);    // kv_cache_write, paged_attention, sample, cases_decode.cpp
 
 // ---- Builders shared by the case files.

@@ -209,6 +209,11 @@ class Backend {
     bool eval_only = false;
     std::vector<rlh_output_spec> specs = {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")};
     uint64_t constraints = 0;
+    // An rlh_loss_fn of the caller's in place of the LossBody (e.g. the grpo LossAdapter), and
+    // rlh_train_args.loss_on_device for it.
+    rlh_loss_fn raw_fn = nullptr;
+    void* raw_user = nullptr;
+    bool loss_on_device = false;
   };
   struct TrainResult {
     rlh_train_result r{};
@@ -217,7 +222,8 @@ class Backend {
   rlh_status* try_train(rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq, const LossBody& body,
                         const TrainOptions& o, TrainResult& res) {
     rlh_train_args a{};
-    a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
+    a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, loss_on_device);
+    a.loss_on_device = o.loss_on_device ? 1 : 0;
     a.batch = batch.raw(o.constraints);
     a.specs = o.specs.data();
     a.num_outputs = o.specs.size();
@@ -231,6 +237,10 @@ class Backend {
       }
     };
     a.loss_user = const_cast<LossBody*>(&body);
+    if (o.raw_fn != nullptr) {
+      a.loss_fn = o.raw_fn;
+      a.loss_user = o.raw_user;
+    }
     a.global_num_tokens = g_tok;
     a.global_num_seqs = g_seq;
     a.micro_batch_seqs = o.micro_batch_seqs;

@@ -12,6 +12,8 @@
 // fp32 stays under 1e-4).
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -434,7 +436,8 @@ TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {
 }
 
 // The memory plan: after the first step, steps allocate nothing on the device and wait for it
-// once per micro-batch (the host loss callback) plus once for the gradient norm.
+// once per micro-batch (the host loss callback) plus once for the gradient norm (a loss on the
+// device waits once: DeviceLossMatchesTheHostLossWithOneWait).
 TEST(CudaEngine, SteadyStateStepsAllocateNothing) {
   NEED_GPU();
   Small s;
@@ -454,6 +457,89 @@ TEST(CudaEngine, SteadyStateStepsAllocateNothing) {
               (long long)(after.device_allocations - before.device_allocations) / 3,
               (long long)(after.host_syncs - before.host_syncs) / 3, parts.size(),
               double(after.device_bytes) / (1 << 20));
+}
+
+// The loss on the device (train_step's DeviceLoss): kernels_cuda's nll_loss through the
+// registry, on the engine's token-aligned logprobs, in place of the host callback. It gives the
+// host loss within 1e-6 relative and its gradients, and a step then waits for the host once (the
+// gradient norm's wait, which brings the kept losses along) and allocates nothing in the steady
+// state; the host-callback steps above wait once per micro-batch more.
+TEST(CudaEngine, DeviceLossMatchesTheHostLossWithOneWait) {
+  NEED_GPU();
+  Small s;
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
+  gpu.load_parameters(s.weights);
+  std::vector<std::vector<int32_t>> cu_storage;
+  const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
+  ASSERT_GE(parts.size(), 2u);
+  engine::StepOptions so;
+  so.apply_optimizer = false;
+  so.global_tokens = s.predicted();
+  const auto rh = gpu.train_step(parts, so, nll);
+  const auto gh = gpu.gradients();
+  gpu.zero_grad();
+
+  // Inputs: per micro-batch, its token mask [N] then its sample mask [S] (all ones: nll's loss).
+  std::vector<float> inputs;
+  std::vector<int64_t> at;
+  for (const engine::MicroBatch& mb : parts) {
+    at.push_back(int64_t(inputs.size()));
+    inputs.insert(inputs.end(), size_t(mb.num_tokens() + mb.num_sequences()), 1.f);
+  }
+  const sdk::KernelRegistry& reg = *test::cuda_registry();
+  auto vec = [](const void* p, int64_t* n, rlh_dtype dt) {
+    static int64_t unit = 1;
+    rlh_tensor t{};
+    t.data = const_cast<void*>(p);
+    t.device = sdk::cuda_device(0);
+    t.ndim = 1;
+    t.dtype = dt;
+    t.shape = n;
+    t.strides = &unit;
+    return t;
+  };
+  int64_t zero = 0;
+  const std::vector<rlh_tensor> d_in = {vec(nullptr, &zero, sdk::kF32), vec(nullptr, &zero, sdk::kF32),
+                                        vec(nullptr, &zero, sdk::kF32), vec(nullptr, &zero, sdk::kI32)};
+  const std::vector<rlh_tensor> d_out(3, vec(nullptr, &zero, sdk::kF32));
+  const rlh_named_value g_tok = sdk::attr_double("global_valid_toks", double(so.global_tokens));
+  const sdk::Op op = reg.resolve("nll_loss", sdk::cuda_device(0), d_in, d_out, {&g_tok, 1});
+  void* d_metrics = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_metrics, 3 * sizeof(float)), cudaSuccess);
+  std::vector<float> kept;
+  engine::CudaEngine::DeviceLoss dl;
+  dl.inputs = inputs;
+  dl.slots = int64_t(parts.size());
+  dl.kept = &kept;
+  dl.run = [&](const engine::LossContext& c, const engine::CudaEngine::DeviceLossViews& v) {
+    int64_t N = c.microbatch->num_tokens(), S = c.microbatch->num_sequences(), S1 = S + 1, one = 1, three = 3;
+    const float* tm = v.inputs + at[size_t(c.index)];
+    const std::vector<rlh_tensor> in = {vec(v.logprob, &N, sdk::kF32), vec(tm, &N, sdk::kF32),
+                                        vec(tm + N, &S, sdk::kF32), vec(v.cu_seqlens, &S1, sdk::kI32)};
+    const std::vector<rlh_tensor> out = {vec(v.loss, &one, sdk::kF32), vec(v.dlogprob, &N, sdk::kF32),
+                                         vec(d_metrics, &three, sdk::kF32)};
+    op.run(in, out, {&g_tok, 1}, v.stream);
+    v.keep(v.loss, c.index);
+  };
+  gpu.train_step(parts, so, dl);
+  double loss = 0;
+  for (float x : kept) loss += x;
+  EXPECT_NEAR(loss, rh.loss, 1e-6 * std::fabs(rh.loss));
+  const auto gd = gpu.gradients();
+  for (size_t i = 0; i < gh.size(); ++i) EXPECT_LE(rel_error(gd[i], gh[i]), 1e-5) << s.desc.params[i].name;
+
+  // Steady state with the optimizer: one host wait per step, no device allocation.
+  so.apply_optimizer = true;
+  gpu.train_step(parts, so, dl);
+  const auto before = gpu.stats();
+  for (int i = 0; i < 3; ++i) gpu.train_step(parts, so, dl);
+  const auto after = gpu.stats();
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.host_syncs - before.host_syncs, 3);
+  std::printf("device loss: |loss - host| / host = %.2e; %lld host waits per step of %zu micro-batches\n",
+              std::fabs(loss - rh.loss) / std::fabs(rh.loss), (long long)(after.host_syncs - before.host_syncs) / 3,
+              parts.size());
+  cudaFree(d_metrics);
 }
 
 // Recompute: the same gradients bit for bit (the same kernels on the same inputs), and less

@@ -27,8 +27,8 @@ std::string error_of(Fn&& fn) {
 
 TEST(ClippedPGConfig, DefaultsAreNeMoRls) {
   for (const ClippedPGConfig& c :
-       {ClippedPGConfig{}, ClippedPGConfig::from_json(json::object()),
-        ClippedPGConfig::from_json(json())}) {
+       {ClippedPGConfig{}, clipped_pg_config_from_json(json::object()),
+        clipped_pg_config_from_json(json())}) {
     EXPECT_FALSE(c.disable_ppo_ratio);
     EXPECT_TRUE(c.token_level_loss);
     EXPECT_FALSE(c.sequence_level_importance_ratios);
@@ -64,13 +64,13 @@ TEST(ClippedPGConfig, ReadsTheGrpoMath1BSection) {
     "token_level_loss": true, "force_on_policy_ratio": false, "use_kl_in_reward": false,
     "use_cispo": false, "disable_ppo_ratio": false, "positive_example_nll_weight": 0.0,
     "some_future_key": [1, 2]})");
-  const ClippedPGConfig c = ClippedPGConfig::from_json(j);
+  const ClippedPGConfig c = clipped_pg_config_from_json(j);
   EXPECT_EQ(c.ratio_clip_max, 0.28);
   EXPECT_EQ(c.truncated_importance_sampling_type, TruncatedIsType::kIcePop);
   EXPECT_EQ(c.truncated_importance_sampling_ratio, 5.0);  // an integer is a number
   EXPECT_EQ(c.truncated_importance_sampling_ratio_min, 0.5);
   EXPECT_TRUE(c.use_importance_sampling_correction);
-  const ClippedPGConfig nulls = ClippedPGConfig::from_json(
+  const ClippedPGConfig nulls = clipped_pg_config_from_json(
       json{{"kl_input_clamp_value", nullptr}, {"kl_output_clamp_value", nullptr},
            {"reference_policy_kl_type", "k1"}, {"constant_normalizer", 4096}});
   EXPECT_FALSE(nulls.kl_input_clamp_value);
@@ -80,22 +80,22 @@ TEST(ClippedPGConfig, ReadsTheGrpoMath1BSection) {
 }
 
 TEST(ClippedPGConfig, WrongTypesNameTheKey) {
-  EXPECT_EQ(error_of([] { ClippedPGConfig::from_json(json{{"ratio_clip_min", "0.2"}}); }),
+  EXPECT_EQ(error_of([] { clipped_pg_config_from_json(json{{"ratio_clip_min", "0.2"}}); }),
             "loss_fn.ratio_clip_min: expected a number, got string \"0.2\"");
-  EXPECT_EQ(error_of([] { ClippedPGConfig::from_json(json{{"token_level_loss", 1}}); }),
+  EXPECT_EQ(error_of([] { clipped_pg_config_from_json(json{{"token_level_loss", 1}}); }),
             "loss_fn.token_level_loss: expected true or false, got number 1");
-  EXPECT_EQ(error_of([] { ClippedPGConfig::from_json(json{{"ratio_clip_max", nullptr}}); }),
+  EXPECT_EQ(error_of([] { clipped_pg_config_from_json(json{{"ratio_clip_max", nullptr}}); }),
             "loss_fn.ratio_clip_max: expected a number, got null");
-  EXPECT_EQ(error_of([] { ClippedPGConfig::from_json(json{{"reference_policy_kl_type", "k4"}}); }),
+  EXPECT_EQ(error_of([] { clipped_pg_config_from_json(json{{"reference_policy_kl_type", "k4"}}); }),
             "loss_fn.reference_policy_kl_type: expected \"k1\", \"k2\" or \"k3\", got \"k4\"");
   EXPECT_EQ(error_of([] {
-              ClippedPGConfig::from_json(json{{"use_importance_sampling_correction", true},
+              clipped_pg_config_from_json(json{{"use_importance_sampling_correction", true},
                                               {"truncated_importance_sampling_type", "clip"},
                                               {"truncated_importance_sampling_ratio", 2}});
             }),
             "loss_fn.truncated_importance_sampling_type: must be 'tis', 'icepop', or "
             "'seq-mask-tis', got 'clip'");
-  EXPECT_EQ(error_of([] { ClippedPGConfig::from_json(json::array()); }),
+  EXPECT_EQ(error_of([] { clipped_pg_config_from_json(json::array()); }),
             "loss_fn: expected a mapping, got array []");
 }
 
@@ -153,7 +153,7 @@ TEST(ClippedPGConfig, NeMoRlAssertionsAreOneLineErrors) {
       {"dr_grpo_nonpositive", json{{"constant_normalizer", 0}}, "constant_normalizer must be positive"},
   };
   for (const BadCombo& c : cases) {
-    const std::string msg = error_of([&] { ClippedPGConfig::from_json(c.cfg); });
+    const std::string msg = error_of([&] { clipped_pg_config_from_json(c.cfg); });
     EXPECT_NE(msg.find(c.message_part), std::string::npos) << c.name << ": " << msg;
     EXPECT_EQ(msg.rfind("loss_fn: ", 0), 0u) << c.name << ": " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << c.name;

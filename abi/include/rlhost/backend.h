@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 #define RLH_BACKEND_API_VERSION_MAJOR 0
-#define RLH_BACKEND_API_VERSION_MINOR 3
+#define RLH_BACKEND_API_VERSION_MINOR 4
 
 typedef struct rlh_backend rlh_backend; /* a backend instance */
 typedef struct rlh_model rlh_model;     /* a model held by a backend instance */
@@ -104,7 +104,22 @@ typedef struct rlh_microbatch {
    * ranks, so callers pass already-normalised contributions. */
   void (*metric)(void* metric_ctx, const char* name, double value);
   void* metric_ctx;
+  /* (BACKEND 0.4; check RLH_HAS_FIELD and NULL) Reports a metric of this micro-batch as a 0-d
+   * float32 tensor on the backend's device, written stream-ordered on `stream` before the
+   * callback returns (the backend reads it after the callback, stream-ordered, never before).
+   * The backend combines the values over micro-batches and ranks on the device by `reduce`
+   * (RLH_METRIC_SUM: already-normalised contributions; RLH_METRIC_MIN / _MAX: extrema) and
+   * reads them once, at the end of the step, with the loss and the gradient norm. Given to a
+   * callback that asked for device tensors (rlh_train_args.loss_on_device); the same name must
+   * come with the same `reduce` in every micro-batch. */
+  void (*metric_tensor)(void* metric_ctx, const char* name, const rlh_tensor* value,
+                        int32_t reduce);
 } rlh_microbatch;
+
+/* How rlh_microbatch.metric_tensor combines a metric over micro-batches and ranks. */
+#define RLH_METRIC_SUM 0
+#define RLH_METRIC_MIN 1
+#define RLH_METRIC_MAX 2
 
 typedef rlh_status* (*rlh_loss_fn)(void* user, const rlh_microbatch* mb);
 
@@ -123,6 +138,15 @@ typedef struct rlh_train_args {
   double learning_rate;       /* for this step (the algorithm owns the schedule); <0 = config */
   uint8_t eval_only;          /* 1: run loss and metrics, no gradient step */
   uint8_t reserved0[7];
+  /* (BACKEND 0.4) 1: loss_fn reads the outputs and the batch's float fields as tensors on the
+   * backend's device and writes loss and grads there, stream-ordered on rlh_microbatch.stream
+   * without synchronising, and reports its metrics through metric_tensor; the backend then
+   * needs no host wait per micro-batch (batch->token_ids and seq_offsets stay host memory, and
+   * the micro-batch's seq_offsets are also given as the int32 device field "cu_seqlens"
+   * [num_seqs + 1], the form kernel ops take sequence offsets in).
+   * A backend that cannot keep the loss on its device (a CPU backend) passes host tensors as
+   * with 0. 0 (the default, and every caller of BACKEND 0.3 or older): host tensors. */
+  uint8_t loss_on_device;
 } rlh_train_args;
 
 /* Result of a train step. Metrics (loss, grad_norm, MoE aux losses, ...) are written as a JSON

@@ -61,11 +61,36 @@ BatchMasks::BatchMasks(const PackedBatch& b) {
   counts = valid_counts(packing, token_mask.data(), sample_mask.data());
 }
 
+void enable_device_loss(LossAdapter& loss, const sdk::Host& host, const std::vector<rlh_output_spec>& specs) {
+  std::string device = "auto";
+  try {
+    device = nlohmann::json::parse(host.config_json("policy.device")).get<std::string>();
+  } catch (const std::exception&) {
+    // absent or not a string: backend_config refuses a bad one; "auto" tries the GPU
+  }
+  if (device == "cpu") return;
+  const int index = device.rfind("cuda:", 0) == 0 ? std::stoi(device.substr(5)) : 0;
+  std::string kernels = "{}";
+  try {
+    kernels = host.config_json("policy.kernels");
+  } catch (const sdk::Error&) {
+    // no pins
+  }
+  loss.enable_device_loss(host, kernels);
+  std::string why;
+  if (loss.device_loss_supported(rlh_device{RLH_DEVICE_CUDA, index}, specs, &why))
+    host.info("loss on the device: the policy's train steps run the loss as a kernel op on cuda:" +
+              std::to_string(index) + " when the backend trains there");
+  else
+    host.info("loss on the host (the device loss is off: " + why + ")");
+}
+
 rlh_train_args train_args(PackedBatch& b, const std::vector<rlh_output_spec>& specs,
                           LossAdapter& loss, const ValidCounts& counts, int64_t mb_tokens,
                           int64_t mb_seqs, bool eval_only, uint64_t constraints) {
   rlh_train_args a{};
-  a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, reserved0);
+  a.struct_size = RLH_STRUCT_SIZE(rlh_train_args, loss_on_device);
+  a.loss_on_device = loss.wants_device_tensors() ? 1 : 0;  // a CPU backend gives host tensors anyway
   a.batch = &b.view(constraints);
   a.specs = specs.data();
   a.num_outputs = specs.size();
@@ -699,6 +724,12 @@ ChunkedTrain train_in_chunks(Backend& backend, rlh_model* model, PackedBatch& b,
   auto absorb = [&](const json& obj) {
     for (const auto& [k, v] : obj.items()) {
       if (!v.is_number() || k == "loss" || k == "grad_norm") continue;
+      // Extrema a device loss reported through metric_tensor (the backend combined them over
+      // micro-batches): combined over chunks as extrema, not summed.
+      if (const Reduce red = LossAdapter::reduce_of(k); red != Reduce::kSum) {
+        out.extrema.add(k, v.get<double>(), red);
+        continue;
+      }
       if (k == "lr" || k == "wd" || k == "weight_decay" || k == "step" || k == "clip_coef") out.summed[k] = v.get<double>();
       else out.summed[k] += v.get<double>();
     }

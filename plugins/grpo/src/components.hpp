@@ -87,6 +87,10 @@ struct BatchMasks {
 // sequences, and the backend's own learning-rate schedule.
 // `constraints`: RLH_BATCH_* (DPO adds RLH_BATCH_KEEP_PAIRS so a pair never straddles two
 // micro-batches).
+// Lets `loss` take device tensors (rlh_train_args.loss_on_device) when policy.device is not cpu
+// and a kernel provider on that CUDA device computes it for `specs`; logs which loss runs.
+void enable_device_loss(LossAdapter& loss, const sdk::Host& host, const std::vector<rlh_output_spec>& specs);
+
 rlh_train_args train_args(PackedBatch& b, const std::vector<rlh_output_spec>& specs,
                           LossAdapter& loss, const ValidCounts& counts, int64_t mb_tokens,
                           int64_t mb_seqs, bool eval_only = false,

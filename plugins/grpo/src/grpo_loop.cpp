@@ -179,6 +179,10 @@ struct GrpoLoop::Impl {
 
     loss = std::make_unique<LossAdapter>(cfg.loss);
     loss->set_make_status(host.make_status());
+    {
+      const double T = cfg.generation.train.temperature > 0 ? cfg.generation.train.temperature : 1.0;
+      enable_device_loss(*loss, host, loss->output_specs(T, cfg.generation.train.top_k, cfg.generation.train.top_p));
+    }
 
     const int64_t per_batch = cfg.dynamic_sampling.prompts_per_generation_batch();
     order = std::make_unique<PromptOrder>(train_data->size(), cfg.seed, cfg.shuffle);

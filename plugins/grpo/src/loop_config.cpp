@@ -240,7 +240,7 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
     throw ConfigError("ppo.use_dynamic_sampling: dynamic sampling is not implemented for PPO; use false");
   c.reward_scaling = RewardScalingConfig::from_json(child(gj, "reward_scaling"));
   c.reward_shaping = RewardShapingConfig::from_json(child(gj, "reward_shaping"));
-  c.loss = ClippedPGConfig::from_json(child(whole, "loss_fn"));
+  c.loss = clipped_pg_config_from_json(child(whole, "loss_fn"));
 
   c.policy = read_policy_config(whole);
   if (c.policy.train_global_batch_size == 0)

@@ -7,7 +7,9 @@
 #include <string_view>
 #include <vector>
 
+#include "rlhost/grpo/device_loss.hpp"
 #include "rlhost/grpo/nll_loss.hpp"
+#include "rlhost/losses/loss_ops.hpp"
 #include "rlhost/grpo/packing.hpp"
 
 namespace rlh::grpo {
@@ -216,6 +218,53 @@ LossAdapter::LossAdapter(Config cfg, LossAdapterOptions opts)
   if (const auto* pg = std::get_if<ClippedPGConfig>(&cfg_)) pg->validate();
 }
 
+LossAdapter::~LossAdapter() = default;
+
+void LossAdapter::enable_device_loss(sdk::Host host, std::string kernels_json, bool on_host_too) {
+  std::lock_guard<std::mutex> lock(mu_);
+  device_host_ = host;
+  kernels_json_ = std::move(kernels_json);
+  device_enabled_ = true;
+  op_on_host_ = on_host_too;
+  device_ok_ = false;
+  device_ops_.clear();
+}
+
+DeviceLoss* LossAdapter::device_loss_for(const rlh_device& device, std::string* why) {
+  // Callers hold mu_.
+  for (const auto& d : device_ops_)
+    if (d->device().device_type == device.device_type && d->device().device_id == device.device_id) return d.get();
+  const ClippedPGConfig* pg = std::get_if<ClippedPGConfig>(&cfg_);
+  if (pg == nullptr && !std::holds_alternative<NllConfig>(cfg_)) {
+    if (why) *why = "only the ClippedPG and NLL losses run as kernel ops";
+    return nullptr;
+  }
+  std::unique_ptr<DeviceLoss> d = DeviceLoss::resolve(device_host_, kernels_json_, pg, device, why);
+  if (!d) return nullptr;
+  device_ops_.push_back(std::move(d));
+  return device_ops_.back().get();
+}
+
+bool LossAdapter::device_loss_supported(rlh_device device, const std::vector<rlh_output_spec>& specs, std::string* why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!device_enabled_) {
+    if (why) *why = "the device loss is not enabled";
+    return false;
+  }
+  if (specs.size() != 1 || specs[0].kind != RLH_OUTPUT_LOGPROB) {
+    if (why) *why = "the loss reads more than the logprob output (top-k/top-p filtering with the KL term)";
+    return false;
+  }
+  device_ok_ = device_loss_for(device, why) != nullptr;
+  return device_ok_;
+}
+
+Reduce LossAdapter::reduce_of(std::string_view name) {
+  for (const losses::OpMetric& m : losses::kClippedPgMetrics)
+    if (name == m.name) return m.reduce;
+  return Reduce::kSum;
+}
+
 rlh_status* LossAdapter::callback(void* user, const rlh_microbatch* mb) {
   auto* self = static_cast<LossAdapter*>(user);
   const sdk::MakeStatusFn make = self != nullptr ? self->make_status_ : nullptr;
@@ -318,6 +367,24 @@ void LossAdapter::run(const rlh_microbatch& mb) {
   if (k_lp < 0)
     throw Error(RLH_E_INVALID_ARGUMENT,
                 "the loss needs the output '" + opts_.logprobs_output + "' (RLH_OUTPUT_LOGPROB)");
+  const rlh_device where = mb.outputs[k_lp].tensor.device;
+  if (device_enabled_ && (!host_accessible(where) || op_on_host_)) {
+    // The loss as a kernel op where the tensors are (device_loss.hpp).
+    if (view.find_output(opts_.logprobs_unfiltered_output) >= 0)
+      throw Error(RLH_E_UNIMPLEMENTED, "the device loss reads the logprob output alone (no '" +
+                                           opts_.logprobs_unfiltered_output + "')");
+    std::string why;
+    DeviceLoss* op = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      op = device_loss_for(where, &why);
+    }
+    if (op == nullptr) throw Error(RLH_E_UNIMPLEMENTED, "the loss on device type " + std::to_string(where.device_type) + ": " + why);
+    LossResult res;
+    res.metrics = op->run(std::get_if<ClippedPGConfig>(&cfg_), mb, k_lp, global_positive_toks_);
+    report(mb, res);
+    return;
+  }
   const std::vector<double> lp = view.output(k_lp);
   const double g_tok = static_cast<double>(mb.global_num_tokens);
   const double g_seq = static_cast<double>(mb.global_num_seqs);

@@ -231,6 +231,7 @@ struct SftLoop::Impl {
     ranks.follow_backend(host, *backend, policy);  // tp/cp/pp groups share a data-parallel rank
     loss = std::make_unique<LossAdapter>(NllConfig{});
     loss->set_make_status(host.make_status());
+    enable_device_loss(*loss, host, loss->output_specs(1.0, 0, 1.0));
     const int64_t gbs = cfg.policy.train_global_batch_size;
     if (gbs > train_data->size())
       throw Error(RLH_E_INVALID_ARGUMENT, "policy.train_global_batch_size: " + std::to_string(gbs) +

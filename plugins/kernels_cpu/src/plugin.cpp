@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -26,6 +27,10 @@
 #include "rlhost/kernels.h"
 #include "rlhost/kernels_cpu/blas.hpp"
 #include "rlhost/kernels_cpu/kernels.hpp"
+#include "rlhost/losses/clipped_pg_loss.hpp"
+#include "rlhost/losses/loss_ops.hpp"
+#include "rlhost/losses/nll_loss.hpp"
+#include "rlhost/losses/packing.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "worker_pool.hpp"
@@ -688,6 +693,117 @@ void run_scale(const Call& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Losses: NeMo-RL's ClippedPGLossFn and NLLLossFn (docs/ops.md), computed by the SDK's loss
+// library (rlhost/losses), the same code as the grpo plugin's host loss callback. Operands are
+// token-aligned; the library works in its output frame (packing.hpp), so logprobs move there
+// and the gradient back.
+
+struct LossFrameIo {
+  std::vector<int64_t> offsets;  // [S+1]
+  losses::Packing packing;
+};
+
+LossFrameIo loss_packing(const rlh_tensor& cu, int64_t N, const char* op) {
+  const int64_t S1 = numel(cu);
+  if (S1 < 1) bad(std::string(op) + ": cu_seqlens must have S+1 >= 1 entries");
+  need_vec(cu, S1, (std::string(op) + " cu_seqlens").c_str());
+  LossFrameIo io;
+  const int32_t* p = data<int32_t>(cu);
+  io.offsets.assign(p, p + S1);
+  io.packing.num_tokens = N;
+  io.packing.num_seqs = S1 - 1;
+  io.packing.seq_offsets = io.offsets.data();
+  try {
+    losses::validate(io.packing);
+  } catch (const std::invalid_argument& e) {
+    bad(std::string(op) + ": cu_seqlens: " + e.what());
+  }
+  return io;
+}
+
+template <class T>
+std::vector<double> loss_operand(const rlh_tensor& t, int64_t n, const std::string& what) {
+  need_vec(t, n, what.c_str());
+  const T* x = data<T>(t);
+  return std::vector<double>(x, x + n);
+}
+
+template <class T>
+void write_loss_outputs(const Call& c, const losses::Packing& p, const losses::LossResult& r,
+                        const std::vector<double>& grad_out_frame,
+                        std::span<const losses::OpMetric> names, const char* op) {
+  need_vec(c.out(0), 1, (std::string(op) + " loss").c_str());
+  *data<T>(c.out(0)) = T(r.loss);
+  const std::vector<double> g = losses::to_token_frame(p, grad_out_frame);
+  need_vec(c.out(1), p.num_tokens, (std::string(op) + " dlogprobs").c_str());
+  T* d = data<T>(c.out(1));
+  for (int64_t i = 0; i < p.num_tokens; ++i) d[i] = T(g[size_t(i)]);
+  if (!c.has_out(2)) return;
+  need_vec(c.out(2), int64_t(names.size()), (std::string(op) + " metrics").c_str());
+  T* m = data<T>(c.out(2));
+  for (size_t i = 0; i < names.size(); ++i) m[i] = T(r.metrics.get(names[i].name).value_or(0.0));
+}
+
+template <class T>
+void run_clipped_pg_loss(const Call& c) {
+  const char* op = "clipped_pg_loss";
+  const int64_t N = numel(c.in(0));
+  const LossFrameIo io = loss_packing(c.in(5), N, op);
+  const int64_t S = io.packing.num_seqs;
+  losses::LossCounts counts;
+  const losses::ClippedPGConfig cfg = losses::clipped_pg_config_from_attrs(
+      [&](const char* n, double d) { return c.num(n, d); }, &counts);
+  const std::vector<double> lp = losses::to_output_frame(io.packing, loss_operand<T>(c.in(0), N, "clipped_pg_loss logprobs"));
+  const std::vector<double> adv = loss_operand<T>(c.in(1), N, "clipped_pg_loss advantages");
+  const std::vector<double> gen = loss_operand<T>(c.in(2), N, "clipped_pg_loss generation_logprobs");
+  const std::vector<double> tm = loss_operand<T>(c.in(3), N, "clipped_pg_loss token_mask");
+  const std::vector<double> sm = loss_operand<T>(c.in(4), S, "clipped_pg_loss sample_mask");
+  std::vector<double> prev, ref, rewards;
+  if (c.has_in(6)) prev = loss_operand<T>(c.in(6), N, "clipped_pg_loss prev_logprobs");
+  if (c.has_in(7)) ref = loss_operand<T>(c.in(7), N, "clipped_pg_loss reference_policy_logprobs");
+  if (c.has_in(8)) rewards = loss_operand<T>(c.in(8), S, "clipped_pg_loss rewards");
+  if (cfg.needs_prev_logprobs() && prev.empty()) bad("clipped_pg_loss: prev_logprobs (input 6) is required unless force_on_policy_ratio");
+  if (cfg.needs_reference_logprobs() && ref.empty()) bad("clipped_pg_loss: reference_policy_logprobs (input 7) is required when kl_penalty != 0");
+  losses::ClippedPGInputs in;
+  in.packing = io.packing;
+  in.logprobs = lp.data();
+  in.advantages = adv.data();
+  in.generation_logprobs = gen.data();
+  in.token_mask = tm.data();
+  in.sample_mask = sm.data();
+  in.prev_logprobs = prev.empty() ? nullptr : prev.data();
+  in.reference_policy_logprobs = ref.empty() ? nullptr : ref.data();
+  in.rewards = cfg.positive_example_nll_weight > 0 && !rewards.empty() ? rewards.data() : nullptr;
+  in.global_valid_toks = counts.valid_toks;
+  in.global_valid_seqs = counts.valid_seqs;
+  in.global_positive_toks = counts.positive_toks;
+  std::vector<double> grad(size_t(N), 0.0);
+  const losses::LossResult r = losses::clipped_pg_loss(cfg, in, grad.data());
+  write_loss_outputs<T>(c, io.packing, r, grad, losses::kClippedPgMetrics, op);
+}
+
+template <class T>
+void run_nll_loss(const Call& c) {
+  const char* op = "nll_loss";
+  const int64_t N = numel(c.in(0));
+  const LossFrameIo io = loss_packing(c.in(3), N, op);
+  const losses::LossCounts counts =
+      losses::nll_counts_from_attrs([&](const char* n, double d) { return c.num(n, d); });
+  const std::vector<double> lp = losses::to_output_frame(io.packing, loss_operand<T>(c.in(0), N, "nll_loss logprobs"));
+  const std::vector<double> tm = loss_operand<T>(c.in(1), N, "nll_loss token_mask");
+  const std::vector<double> sm = loss_operand<T>(c.in(2), io.packing.num_seqs, "nll_loss sample_mask");
+  losses::NllInputs in;
+  in.packing = io.packing;
+  in.logprobs = lp.data();
+  in.token_mask = tm.data();
+  in.sample_mask = sm.data();
+  in.global_valid_toks = counts.valid_toks;
+  std::vector<double> grad(size_t(N), 0.0);
+  const losses::LossResult r = losses::nll_loss(in, grad.data());
+  write_loss_outputs<T>(c, io.packing, r, grad, losses::kNllMetrics, op);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Decoding: the KV cache writes, attention over a paged KV cache and sampling (decode_ops.hpp),
 // float32 only.
 
@@ -884,6 +1000,8 @@ const OpSpec kOps[] = {
     RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
     RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
     RLH_OP(sample, "fd", 2, "ik", 2, "", false),
+    RLH_OP(clipped_pg_loss, "fffffifff", 6, "fff", 2, "", true),
+    RLH_OP(nll_loss, "fffi", 4, "fff", 2, "", true),
 };
 #undef RLH_OP
 

@@ -27,6 +27,8 @@
 
 #include "rlhost/kernels.h"
 #include "rlhost/kernels_cuda/kernels.hpp"
+#include "losses.hpp"
+#include "rlhost/losses/loss_ops.hpp"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/plugin.hpp"
 
@@ -528,6 +530,87 @@ void run_adamw_lists(const Call& c, size_t group) {
 void run_adamw(const Call& c) { run_adamw_lists(c, 4); }
 void run_adamw_bf16(const Call& c) { run_adamw_lists(c, 5); }
 
+// clipped_pg_loss / nll_loss (losses.cu): fp32 operands, token-aligned (docs/ops.md). The
+// attributes are read by the SDK's loss library, as kernels_cpu reads them, so both agree on
+// their meaning and defaults; options losses.cu does not implement are refused at resolution
+// (loss_op_refusal), so the caller keeps its host loss.
+losses::ClippedPGConfig loss_config(const Call& c, losses::LossCounts* n) {
+  return losses::clipped_pg_config_from_attrs([&](const char* k, double d) { return c.num(k, d); }, n);
+}
+
+void run_clipped_pg_loss(const Call& c) {
+  const int64_t N = sdk::tensor_numel(c.in(0)), S = sdk::tensor_numel(c.in(4));
+  for (int i : {0, 1, 2, 3}) need_vec(c.in(size_t(i)), N, "clipped_pg_loss per-token input");
+  need_vec(c.in(4), S, "clipped_pg_loss sample_mask");
+  need_vec(c.in(5), S + 1, "clipped_pg_loss cu_seqlens");
+  need_vec(c.out(0), 1, "clipped_pg_loss loss");
+  need_vec(c.out(1), N, "clipped_pg_loss dlogprobs");
+  if (c.has_out(2)) need_vec(c.out(2), int64_t(losses::kClippedPgMetricCount), "clipped_pg_loss metrics");
+  losses::LossCounts n;
+  const losses::ClippedPGConfig cfg = loss_config(c, &n);
+  ClippedPgArgs a;
+  a.lp = ptr<float>(c.in(0));
+  a.adv = ptr<float>(c.in(1));
+  a.gen = ptr<float>(c.in(2));
+  a.tm = ptr<float>(c.in(3));
+  a.sm = ptr<float>(c.in(4));
+  a.cu = ptr<int32_t>(c.in(5));
+  if (c.has_in(6)) {
+    need_vec(c.in(6), N, "clipped_pg_loss prev_logprobs");
+    a.prev = ptr<float>(c.in(6));
+  }
+  if (c.has_in(7)) {
+    need_vec(c.in(7), N, "clipped_pg_loss reference_policy_logprobs");
+    a.ref = ptr<float>(c.in(7));
+  }
+  a.N = N;
+  a.S = S;
+  a.g_tok = n.valid_toks;
+  a.g_seq = n.valid_seqs;
+  a.token_level = cfg.token_level_loss;
+  a.mode = cfg.force_on_policy_ratio ? 2 : cfg.disable_ppo_ratio ? 3 : 0;
+  a.ratio_clip_min = cfg.ratio_clip_min;
+  a.ratio_clip_max = cfg.ratio_clip_max;
+  a.clip_c = cfg.ratio_clip_c.value_or(0.0);
+  a.beta = cfg.kl_coefficient();
+  a.kl_type = int(cfg.reference_policy_kl_type) + 1;
+  a.kl_in = cfg.kl_input_clamp_value.value_or(0.0);
+  a.kl_out = cfg.kl_output_clamp_value.value_or(0.0);
+  a.on_policy_kl = cfg.use_on_policy_kl_approximation;
+  a.use_is = cfg.use_importance_sampling_correction;
+  if (cfg.truncated_importance_sampling_type) {
+    a.tis_type = *cfg.truncated_importance_sampling_type == losses::TruncatedIsType::kTis      ? 1
+                 : *cfg.truncated_importance_sampling_type == losses::TruncatedIsType::kIcePop ? 2
+                                                                                               : 3;
+    a.tis_hi = *cfg.truncated_importance_sampling_ratio;
+    a.tis_lo = cfg.truncated_importance_sampling_ratio_min.value_or(0.0);
+  }
+  a.cispo = cfg.use_cispo;
+  a.constant_normalizer = cfg.constant_normalizer.value_or(0.0);
+  clipped_pg_loss(a, ptr<float>(c.out(0)), ptr<float>(c.out(1)), c.has_out(2) ? ptr<float>(c.out(2)) : nullptr,
+                  c.stream);
+}
+
+void run_nll_loss(const Call& c) {
+  const int64_t N = sdk::tensor_numel(c.in(0)), S = sdk::tensor_numel(c.in(2));
+  need_vec(c.in(0), N, "nll_loss logprobs");
+  need_vec(c.in(1), N, "nll_loss token_mask");
+  need_vec(c.in(3), S + 1, "nll_loss cu_seqlens");
+  need_vec(c.out(0), 1, "nll_loss loss");
+  need_vec(c.out(1), N, "nll_loss dlogprobs");
+  if (c.has_out(2)) need_vec(c.out(2), int64_t(losses::kNllMetricCount), "nll_loss metrics");
+  const losses::LossCounts n = losses::nll_counts_from_attrs([&](const char* k, double d) { return c.num(k, d); });
+  nll_loss(ptr<float>(c.in(0)), ptr<float>(c.in(1)), ptr<float>(c.in(2)), ptr<int32_t>(c.in(3)), N, S, n.valid_toks,
+           ptr<float>(c.out(0)), ptr<float>(c.out(1)), c.has_out(2) ? ptr<float>(c.out(2)) : nullptr, c.stream);
+}
+
+// Why losses.cu cannot compute clipped_pg_loss for these attributes (empty: it can).
+std::string loss_op_refusal(const losses::ClippedPGConfig& cfg) {
+  if (cfg.sequence_level_importance_ratios) return "sequence_level_importance_ratios (GSPO) is not offered";
+  if (cfg.positive_example_nll_weight > 0) return "positive_example_nll_weight (VAPO) is not offered";
+  return {};
+}
+
 void run_sumsq(const Call& c) {
   ListStore x = list_of(c.call->inputs, c.nin(), 0, 1, "sumsq x");
   need_vec(c.out(0), 1, "sumsq out");
@@ -888,6 +971,8 @@ const OpSpec kOps[] = {
     {"moe_unpermute_fwd", "fis", 3, "f", 1, "moe_unpermute_bwd", true, false, false, run_moe_unpermute_fwd, true},
     {"moe_unpermute_bwd", "ffis", 4, "fs", 1, "", true, false, false, run_moe_unpermute_bwd, true},
     {"grouped_gemm", "ffi", 3, "s", 1, "grouped_gemm", true, false, false, run_grouped_gemm, false},
+    {"clipped_pg_loss", "kkkkkikkk", 6, "kkk", 2, "", false, false, false, run_clipped_pg_loss, false},
+    {"nll_loss", "kkki", 4, "kkk", 2, "", false, false, false, run_nll_loss, false},
 };
 
 const OpSpec* find_op(const char* name) {
@@ -1095,6 +1180,19 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
         if ((a.name == "top_k" && v > 0) || (a.name == "top_p" && v < 1))
           throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda linear_logprob: top_k/top_p filtering is not offered");
       }
+    }
+    if (std::strcmp(s->name, "clipped_pg_loss") == 0) {
+      // The config is checked now (a bad one is INVALID_ARGUMENT naming the loss_fn key) and an
+      // option losses.cu lacks is an answer, so the caller keeps its host loss.
+      std::vector<rlh_named_value> attrs(d->attrs, d->attrs + d->num_attrs);
+      const losses::ClippedPGConfig cfg = losses::clipped_pg_config_from_attrs(
+          [&](const char* k, double dflt) {
+            const rlh_named_value* a = sdk::find_attr(attrs.data(), attrs.size(), k);
+            return a == nullptr ? dflt : a->type == RLH_VALUE_DOUBLE ? a->double_value : double(a->int64_value);
+          },
+          nullptr);
+      const std::string why = loss_op_refusal(cfg);
+      if (!why.empty()) throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda clipped_pg_loss: " + why);
     }
     if (d->shapes_valid && std::strncmp(s->name, "attention", 9) == 0) {
       const rlh_tensor& q = d->inputs[std::strcmp(s->name, "attention_bwd") == 0 ? 1 : 0];

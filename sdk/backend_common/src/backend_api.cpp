@@ -1,5 +1,6 @@
 // The rlh_backend_api slots: create/destroy, models, forward, train_step (with the loss-callback
 // trampoline), visit_weights, save/load of the training state.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -335,6 +336,200 @@ struct LossTrampoline {
   }
 };
 
+// The loss on the device (rlh_train_args.loss_on_device, BACKEND 0.4) around the algorithm's
+// rlh_loss_fn: the callback gets device views of the logprob output, its gradient and the loss,
+// the micro-batch's numeric [n] and [n, 1] fields as float32 device tensors (converted and
+// uploaded once per step) beside the int32 device field "cu_seqlens", and reports metrics
+// through metric_tensor into the step's slots. Loss and metrics come down once, with the
+// gradient norm, and are combined here in micro-batch order (sum, min or max per metric).
+struct DeviceLossTrampoline {
+  static constexpr int64_t kMetricsPerMicroBatch = 64;
+  const rlh_train_args& args;
+  const OutputPlan& plan;
+  std::vector<MicroBatchData>& mbs;
+  rlh_device device;
+  std::vector<float> inputs;  // every micro-batch's fields, float32, back to back
+  struct FieldAt {
+    std::string name;
+    int64_t offset = 0, n = 0;
+  };
+  std::vector<std::vector<FieldAt>> fields;           // per micro-batch
+  std::vector<std::pair<std::string, int32_t>> names;  // metric id -> name, reduce
+  std::vector<std::vector<char>> reported;            // [micro-batch][metric id]
+  std::vector<std::pair<std::string, double>> host_metrics;  // plain metric() calls, summed
+  std::vector<float> kept;
+  std::string error;  // the first bad metric_tensor call (the slot returns nothing)
+
+  DeviceLossTrampoline(const rlh_train_args& a, const OutputPlan& p, std::vector<MicroBatchData>& m, rlh_device d)
+      : args(a), plan(p), mbs(m), device(d) {
+    fields.resize(mbs.size());
+    reported.resize(mbs.size());
+    for (size_t i = 0; i < mbs.size(); ++i) {
+      const rlh_batch& b = mbs[i].abi_batch();
+      for (size_t f = 0; f < b.num_fields; ++f) {
+        const rlh_tensor& t = b.fields[f].tensor;
+        if (b.fields[f].name == nullptr || t.dtype.lanes != 1) continue;
+        const bool vec = t.ndim == 1 || (t.ndim == 2 && t.shape[1] == 1);
+        if (!vec || (t.shape[0] != b.num_tokens && t.shape[0] != b.num_seqs)) continue;
+        const int64_t n = t.shape[0];
+        FieldAt at{b.fields[f].name, int64_t(inputs.size()), n};
+        if (!append_f32(t, n)) continue;
+        fields[i].push_back(std::move(at));
+      }
+    }
+  }
+  int64_t slots() const { return int64_t(mbs.size()) * (1 + kMetricsPerMicroBatch); }
+
+  // Appends field `t` (contiguous, as MicroBatchData copies it) as float32; false for a dtype
+  // no loss reads as a number.
+  bool append_f32(const rlh_tensor& t, int64_t n) {
+    const char* p = static_cast<const char*>(t.data) + t.byte_offset;
+    const int code = t.dtype.code, bits = t.dtype.bits;
+    auto each = [&](auto read) {
+      for (int64_t i = 0; i < n; ++i) inputs.push_back(read(i));
+      return true;
+    };
+    auto load = [&](auto v, int64_t i) {
+      std::memcpy(&v, p + i * int64_t(sizeof(v)), sizeof(v));
+      return v;
+    };
+    if (code == RLH_DTYPE_FLOAT && bits == 32) return each([&](int64_t i) { return load(float(0), i); });
+    if (code == RLH_DTYPE_FLOAT && bits == 64) return each([&](int64_t i) { return float(load(double(0), i)); });
+    if (code == RLH_DTYPE_BFLOAT && bits == 16)
+      return each([&](int64_t i) {
+        const uint32_t u = uint32_t(load(uint16_t(0), i)) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+      });
+    if (code == RLH_DTYPE_INT && bits == 32) return each([&](int64_t i) { return float(load(int32_t(0), i)); });
+    if (code == RLH_DTYPE_INT && bits == 64) return each([&](int64_t i) { return float(load(int64_t(0), i)); });
+    if ((code == RLH_DTYPE_UINT || code == RLH_DTYPE_BOOL) && bits == 8)
+      return each([&](int64_t i) {
+        const uint8_t v = load(uint8_t(0), i);
+        return code == RLH_DTYPE_BOOL ? float(v != 0) : float(v);
+      });
+    return false;
+  }
+
+  struct Call {
+    DeviceLossTrampoline* self;
+    int64_t mb;
+    const DeviceEngine::DeviceLossViews* views;
+  };
+  static void metric(void* ctx, const char* name, double value) {
+    if (name != nullptr) LossTrampoline::metric(&static_cast<Call*>(ctx)->self->host_metrics, name, value);
+  }
+  static void metric_tensor(void* ctx, const char* name, const rlh_tensor* value, int32_t reduce) {
+    Call& c = *static_cast<Call*>(ctx);
+    DeviceLossTrampoline& t = *c.self;
+    auto fail = [&](const std::string& why) {
+      if (t.error.empty()) t.error = "metric_tensor('" + std::string(name ? name : "(null)") + "'): " + why;
+    };
+    if (name == nullptr || value == nullptr) return fail("null name or value");
+    if (reduce != RLH_METRIC_SUM && reduce != RLH_METRIC_MIN && reduce != RLH_METRIC_MAX)
+      return fail("reduce " + std::to_string(reduce) + " is not RLH_METRIC_SUM, _MIN or _MAX");
+    int64_t numel = 1;
+    for (int d = 0; d < value->ndim; ++d) numel *= value->shape[d];
+    if (numel != 1 || value->dtype.code != RLH_DTYPE_FLOAT || value->dtype.bits != 32 || value->dtype.lanes != 1)
+      return fail("expected a 0-d float32 tensor");
+    if (value->device.device_type != t.device.device_type || value->device.device_id != t.device.device_id)
+      return fail("the tensor is not on the backend's device");
+    size_t id = 0;
+    while (id < t.names.size() && t.names[id].first != name) ++id;
+    if (id == t.names.size()) {
+      if (int64_t(id) >= kMetricsPerMicroBatch)
+        return fail("more than " + std::to_string(kMetricsPerMicroBatch) + " metrics in a step");
+      t.names.emplace_back(name, reduce);
+    } else if (t.names[id].second != reduce) {
+      return fail("reported with another reduce than before");
+    }
+    std::vector<char>& seen = t.reported[size_t(c.mb)];
+    if (seen.size() <= id) seen.resize(id + 1, 0);
+    if (seen[id]) return fail("reported twice for one micro-batch");
+    seen[id] = 1;
+    c.views->keep(reinterpret_cast<const float*>(static_cast<const char*>(value->data) + value->byte_offset),
+                  c.mb * (1 + kMetricsPerMicroBatch) + 1 + int64_t(id));
+  }
+
+  void run(const engine::LossContext& ctx, const DeviceEngine::DeviceLossViews& v) {
+    MicroBatchData& d = mbs[size_t(ctx.index)];
+    const rlh_batch& host = d.abi_batch();
+    const int64_t N = host.num_tokens, S = host.num_seqs;
+    auto view = [&](const void* p, const int64_t* shape, int ndim, rlh_dtype dt) {
+      rlh_tensor t{};
+      t.data = const_cast<void*>(p);
+      t.device = device;
+      t.ndim = ndim;
+      t.dtype = dt;
+      t.shape = const_cast<int64_t*>(shape);
+      return t;
+    };
+    const std::vector<FieldAt>& fa = fields[size_t(ctx.index)];
+    std::vector<int64_t> shapes(fa.size() + 2);
+    std::vector<rlh_named_tensor> named;
+    for (size_t k = 0; k < fa.size(); ++k) {
+      shapes[k] = fa[k].n;
+      named.push_back({fa[k].name.c_str(), view(v.inputs + fa[k].offset, &shapes[k], 1, rlh_dtype{RLH_DTYPE_FLOAT, 32, 1})});
+    }
+    shapes[fa.size()] = S + 1;
+    named.push_back({"cu_seqlens", view(v.cu_seqlens, &shapes[fa.size()], 1, rlh_dtype{RLH_DTYPE_INT, 32, 1})});
+    shapes[fa.size() + 1] = N;
+    rlh_batch b = host;
+    b.fields = named.data();
+    b.num_fields = named.size();
+    const rlh_dtype f32{RLH_DTYPE_FLOAT, 32, 1};
+    rlh_named_tensor out{plan.names[0].c_str(), view(v.logprob, &shapes[fa.size() + 1], 1, f32)};
+    rlh_tensor grad = view(v.dlogprob, &shapes[fa.size() + 1], 1, f32);
+    rlh_tensor loss = view(v.loss, nullptr, 0, f32);
+    Call call{this, ctx.index, &v};
+    rlh_microbatch mb{};
+    mb.struct_size = RLH_STRUCT_SIZE(rlh_microbatch, metric_tensor);
+    mb.batch = &b;
+    mb.outputs = &out;
+    mb.num_outputs = 1;
+    mb.grads = &grad;
+    mb.loss = &loss;
+    mb.global_num_tokens = args.global_num_tokens;
+    mb.global_num_seqs = args.global_num_seqs;
+    mb.index = ctx.index;
+    mb.stream = v.stream;
+    mb.metric = &DeviceLossTrampoline::metric;
+    mb.metric_ctx = &call;
+    mb.metric_tensor = &DeviceLossTrampoline::metric_tensor;
+    rlh_status* s = args.loss_fn(args.loss_user, &mb);
+    if (s != nullptr) {
+      sdk::StatusPtr owned(s);
+      throw Error(s->code, "loss callback (micro-batch " + std::to_string(ctx.index) + "): " + sdk::status_message(s));
+    }
+    if (!error.empty()) throw Error(RLH_E_INVALID_ARGUMENT, "loss callback (micro-batch " + std::to_string(ctx.index) + "): " + error);
+    v.keep(v.loss, ctx.index * (1 + kMetricsPerMicroBatch));
+  }
+
+  // After the step: the loss summed over micro-batches, and the metrics combined.
+  double loss() const {
+    double l = 0;
+    for (size_t i = 0; i < mbs.size(); ++i) l += kept.at(i * size_t(1 + kMetricsPerMicroBatch));
+    return l;
+  }
+  std::vector<std::pair<std::string, double>> metrics() const {
+    std::vector<std::pair<std::string, double>> out = host_metrics;
+    for (size_t id = 0; id < names.size(); ++id) {
+      const int32_t red = names[id].second;
+      bool any = false;
+      double acc = 0;
+      for (size_t i = 0; i < mbs.size(); ++i) {
+        if (reported[i].size() <= id || !reported[i][id]) continue;
+        const double x = kept.at(i * size_t(1 + kMetricsPerMicroBatch) + 1 + id);
+        acc = !any ? x : red == RLH_METRIC_SUM ? acc + x : red == RLH_METRIC_MIN ? std::min(acc, x) : std::max(acc, x);
+        any = true;
+      }
+      if (any) out.emplace_back(names[id].first, acc);
+    }
+    return out;
+  }
+};
+
 rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_train_args* args,
                                rlh_train_result* result) {
   Backend* b = as_backend(self);
@@ -383,6 +578,12 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
     so.outputs = plan.req;
     so.apply_optimizer = false;  // the backend's optimizer applies the update (optimizer.hpp)
     LossTrampoline tramp{*args, plan, mbs, {}};
+    // The loss on the device when the caller asks and this model can: one device, no data
+    // parallelism (its reductions of loss and metrics are the host's), the logprob output alone.
+    const bool device_loss = RLH_HAS_FIELD(args, rlh_train_args, loss_on_device) && args->loss_on_device != 0 &&
+                             m.device && m.dp == nullptr && m.device->device_loss() && plan.slots.size() == 1 &&
+                             plan.slots[0] == Slot::logprob && !plan.req.routed_experts &&
+                             plan.req.replay_routing_field.empty();
     const engine::LossFn loss = [&](const engine::LossContext& c, const engine::OutputViews& ov,
                                     engine::OutputGrads& og) { return tramp(c, ov, og); };
 
@@ -412,7 +613,19 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
       info = m.next_update(args->learning_rate);
       so.apply_optimizer = !eval_only;
       so.lr = info.lr;
-      r = m.device->train_step(views, so, info.weight_decay, loss);
+      if (device_loss) {
+        DeviceLossTrampoline dt(*args, plan, mbs, m.device->device());
+        DeviceEngine::DeviceLoss dl;
+        dl.inputs = dt.inputs;
+        dl.slots = dt.slots();
+        dl.kept = &dt.kept;
+        dl.run = [&dt](const engine::LossContext& c, const DeviceEngine::DeviceLossViews& v) { dt.run(c, v); };
+        r = m.device->train_step_device_loss(views, so, info.weight_decay, dl);
+        r.loss = dt.loss();
+        tramp.metrics = dt.metrics();
+      } else {
+        r = m.device->train_step(views, so, info.weight_decay, loss);
+      }
       updated = so.apply_optimizer && !r.skipped;
     } else {
       r = m.engine->train_step(views, so, loss);

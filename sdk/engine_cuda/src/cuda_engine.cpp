@@ -428,6 +428,12 @@ void CudaEngine::Impl::prepare_batch(const MicroBatch& mb) {
   if (S < 1 || N == 0 || mb.cu_seqlens[0] != 0 || mb.cu_seqlens[size_t(S)] != N)
     throw std::invalid_argument(
         "cuda engine: a micro-batch needs tokens and cu_seqlens running from 0 to their number");
+  // A step without host waits between micro-batches stages each one apart (batch_stage):
+  // reusing the shared staging could overwrite what an earlier upload has not read yet.
+  int32_t* s_ids = batch_stage ? batch_stage : h_ids;
+  int32_t* s_pos = batch_stage ? batch_stage + N : h_pos;
+  int32_t* s_target = batch_stage ? batch_stage + 2 * N : h_target;
+  int32_t* s_cu = batch_stage ? batch_stage + 3 * N : h_cu;
   for (int64_t s = 0; s < S; ++s) {
     const int32_t b = mb.cu_seqlens[size_t(s)], e = mb.cu_seqlens[size_t(s) + 1];
     if (e < b) throw std::invalid_argument("cuda engine: cu_seqlens must not decrease");
@@ -436,17 +442,17 @@ void CudaEngine::Impl::prepare_batch(const MicroBatch& mb) {
       if (id < 0 || id >= V)
         throw std::invalid_argument("cuda engine: token id " + std::to_string(id) +
                                     " outside the vocabulary");
-      h_pos[t] = t - b;
-      h_target[t] = t + 1 < e ? mb.input_ids[size_t(t) + 1] : -1;
+      s_pos[t] = t - b;
+      s_target[t] = t + 1 < e ? mb.input_ids[size_t(t) + 1] : -1;
     }
   }
-  std::memcpy(h_ids, mb.input_ids.data(), size_t(N) * 4);
-  std::memcpy(h_cu, mb.cu_seqlens.data(), size_t(S + 1) * 4);
+  std::memcpy(s_ids, mb.input_ids.data(), size_t(N) * 4);
+  std::memcpy(s_cu, mb.cu_seqlens.data(), size_t(S + 1) * 4);
   // from pinned staging: asynchronous, ordered before the kernels that read them
-  check(cudaMemcpyAsync(ids, h_ids, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
-  check(cudaMemcpyAsync(pos, h_pos, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
-  check(cudaMemcpyAsync(target, h_target, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
-  check(cudaMemcpyAsync(cu, h_cu, size_t(S + 1) * 4, cudaMemcpyHostToDevice, stream), "upload");
+  check(cudaMemcpyAsync(ids, s_ids, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
+  check(cudaMemcpyAsync(pos, s_pos, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
+  check(cudaMemcpyAsync(target, s_target, size_t(N) * 4, cudaMemcpyHostToDevice, stream), "upload");
+  check(cudaMemcpyAsync(cu, s_cu, size_t(S + 1) * 4, cudaMemcpyHostToDevice, stream), "upload");
 }
 
 
@@ -1002,6 +1008,20 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
 
 StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOptions& so,
                                   const LossFn& loss_fn) {
+  return step(mbs, so, &loss_fn, nullptr);
+}
+
+StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOptions& so, const DeviceLoss& loss) {
+  const OutputRequest& req = so.outputs;
+  if (!req.logprob || req.entropy || req.value || req.processed_logprob || req.logprob_at_ids)
+    throw std::invalid_argument("cuda engine: a loss on the device reads the logprob output alone");
+  if (!loss.run) throw std::invalid_argument("cuda engine: a device loss without a function");
+  if (loss.slots < 0) throw std::invalid_argument("cuda engine: a device loss with a negative slot count");
+  return step(mbs, so, nullptr, &loss);
+}
+
+StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& so, const LossFn* host_loss,
+                            const DeviceLoss* dev) {
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
   m.require_trainable("train_step");
@@ -1031,10 +1051,74 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
     ~TrainFlag() { f = false; }
   } train_flag(m.moe_train);
   std::vector<float> lp, ent, dlp, dent, val, dval;
+  // A loss on the device: one block for the token-aligned logprob and gradient, the loss
+  // scalar, the kept slots and the inputs (uploaded now, once, from pinned staging).
+  float *d_lp = nullptr, *d_dlp = nullptr, *d_loss = nullptr, *d_slots = nullptr, *d_inputs = nullptr;
+  float* h_slots = nullptr;
+  int32_t* batch_stage = nullptr;
+  struct StageReset {  // forward() and friends stage in the shared buffers again after the step
+    int32_t*& p;
+    ~StageReset() { p = nullptr; }
+  } stage_reset{m.batch_stage};
+  if (dev != nullptr) {
+    if (req.routed_experts || !req.replay_routing_field.empty())
+      throw std::invalid_argument("cuda engine: a loss on the device does not take the MoE routing record or replay");
+    const size_t n_in = dev->inputs.size(), n_slots = size_t(dev->slots);
+    const size_t floats = 2 * size_t(std::max<int64_t>(biggest, 1)) + 64 + n_slots + n_in;
+    size_t stage = 0;  // every micro-batch's ids, positions, targets and offsets (int32)
+    for (const MicroBatch& mb : mbs) stage += size_t(3 * mb.num_tokens() + mb.num_sequences() + 1);
+    const size_t pinned_bytes = (n_in + n_slots + stage) * 4;
+    if (m.loss_block.size() < floats * 4) m.loss_block = cuda::DeviceBuffer(m.counters, floats * 4);
+    if (m.loss_pinned.size() < pinned_bytes) m.loss_pinned = cuda::PinnedBuffer(pinned_bytes);
+    float* base = m.loss_block.get<float>();
+    d_lp = base;
+    d_dlp = d_lp + std::max<int64_t>(biggest, 1);
+    d_loss = d_dlp + std::max<int64_t>(biggest, 1);
+    d_slots = d_loss + 64;  // the loss scalar has 256 bytes of its own
+    d_inputs = d_slots + n_slots;
+    float* h_in = m.loss_pinned.get<float>();
+    h_slots = h_in + n_in;
+    batch_stage = reinterpret_cast<int32_t*>(h_slots + n_slots);
+    if (n_in > 0) {
+      // The previous step's upload from this staging finished before its gradient-norm wait.
+      std::memcpy(h_in, dev->inputs.data(), n_in * 4);
+      check(cudaMemcpyAsync(d_inputs, h_in, n_in * 4, cudaMemcpyHostToDevice, m.stream), "upload");
+    }
+    if (n_slots > 0) check(cudaMemsetAsync(d_slots, 0, n_slots * 4, m.stream), "memset");
+  }
   for (size_t i = 0; i < mbs.size(); ++i) {
     const MicroBatch& mb = mbs[i];
     const int64_t N = mb.num_tokens();
+    m.batch_stage = batch_stage;
     m.forward(mb, req, true);
+    if (batch_stage != nullptr) batch_stage += 3 * N + mb.num_sequences() + 1;
+    if (dev != nullptr) {
+      // The loss runs on the device: outputs token-aligned there, its gradient shifted back.
+      const int64_t S = int64_t(mb.cu_seqlens.size()) - 1;
+      cuda::shift_to_outputs_device(m.lp, d_lp, m.cu, S, N, m.stream);
+      check(cudaMemsetAsync(d_dlp, 0, size_t(N) * 4, m.stream), "memset");
+      check(cudaMemsetAsync(d_loss, 0, 4, m.stream), "memset");
+      DeviceLossViews v;
+      v.logprob = d_lp;
+      v.dlogprob = d_dlp;
+      v.loss = d_loss;
+      v.cu_seqlens = m.cu;
+      v.inputs = d_inputs;
+      v.stream = m.stream;
+      const int64_t slots = dev->slots;
+      v.keep = [&m, d_slots, slots](const float* value, int64_t slot) {
+        if (slot < 0 || slot >= slots)
+          throw std::out_of_range("cuda engine: device loss slot " + std::to_string(slot) + " outside [0, " +
+                                  std::to_string(slots) + ")");
+        check(cudaMemcpyAsync(d_slots + slot, value, 4, cudaMemcpyDeviceToDevice, m.stream), "keep");
+      };
+      const LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
+      dev->run(ctx, v);
+      cuda::shift_to_kernel_device(d_dlp, m.dlp, m.cu, S, N, m.stream);
+      m.backward(mb, req);
+      r.tokens += N;
+      continue;
+    }
     if (req.logprob)
       check(cudaMemcpyAsync(m.h_lp, m.lp, size_t(N) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
     if (req.entropy)
@@ -1070,7 +1154,7 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
       og.value = dval;
     }
     LossContext ctx{&mb, int64_t(i), int64_t(mbs.size()), so.global_tokens, so.global_sequences};
-    const LossResult lr = loss_fn(ctx, ov, og);
+    const LossResult lr = (*host_loss)(ctx, ov, og);
     r.loss += lr.loss;
     accumulate_metrics(r.metrics, lr.metrics);
     // The previous micro-batch's uploads from these buffers finished before the sync above.
@@ -1096,7 +1180,10 @@ StepResult CudaEngine::train_step(std::span<const MicroBatch> mbs, const StepOpt
   if (m.moe_layers > 0)
     check(cudaMemcpyAsync(m.h_scalar + 4, m.moe_stats(), sizeof(moe_vals), cudaMemcpyDeviceToHost,
                           m.stream), "download");
+  if (dev != nullptr && dev->slots > 0)  // the device loss's scalars come down with the norm
+    check(cudaMemcpyAsync(h_slots, d_slots, size_t(dev->slots) * 4, cudaMemcpyDeviceToHost, m.stream), "download");
   r.grad_norm = m.grad_norm();
+  if (dev != nullptr && dev->kept != nullptr) dev->kept->assign(h_slots, h_slots + dev->slots);
   if (m.moe_layers > 0) {
     std::memcpy(moe_vals, m.h_scalar + 4, sizeof(moe_vals));
     const MoeOptions& mo = m.opt.moe;

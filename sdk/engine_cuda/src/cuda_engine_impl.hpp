@@ -285,6 +285,12 @@ struct CudaEngine::Impl {
   int32_t* route = nullptr;
   int32_t* h_route = nullptr;
   bool replay_active = false, record_active = false;
+  // A loss on the device (train_step's DeviceLoss): token-aligned logprob and gradient [N] each,
+  // the loss scalar, the kept slots and the step's uploaded inputs, in one block grown only
+  // when a step needs more (so the steady state allocates nothing), and their pinned staging.
+  cuda::DeviceBuffer loss_block;
+  cuda::PinnedBuffer loss_pinned;
+  int32_t* batch_stage = nullptr;  // set: prepare_batch stages this micro-batch here (loss_pinned)
   void prepare_routing(const MicroBatch& mb, const OutputRequest& req);  // moe_layer.cpp
 
   Impl(sdk::TransformerDesc d, CudaEngineOptions o);

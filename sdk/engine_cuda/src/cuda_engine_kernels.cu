@@ -43,6 +43,28 @@ __global__ void widen_kernel(const __nv_bfloat16* __restrict__ src, float* __res
     dst[i] = __bfloat162float(src[i]);
 }
 
+
+// The sequence of token t in a packing (cu [S+1], cu[S] == N): the last s with cu[s] <= t.
+__device__ __forceinline__ int64_t seq_of(const int32_t* cu, int64_t S, int64_t t) {
+  int64_t lo = 0, hi = S;  // cu[lo] <= t < cu[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (cu[mid] <= t) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// Kernel order (entry t predicts token t + 1) -> token-aligned outputs (entry t is about token
+// t; 0 at a sequence's first token): shift_to_outputs on the device.
+__global__ void shift_to_outputs_kernel(const float* k, float* out, const int32_t* cu, int64_t S, int64_t N) {
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < N; t += int64_t(gridDim.x) * blockDim.x)
+    out[t] = t == cu[seq_of(cu, S, t)] ? 0.f : k[t - 1];
+}
+// Token-aligned gradients -> kernel order (0 at a sequence's last token): shift_to_kernel.
+__global__ void shift_to_kernel_kernel(const float* out, float* k, const int32_t* cu, int64_t S, int64_t N) {
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < N; t += int64_t(gridDim.x) * blockDim.x)
+    k[t] = t + 1 < cu[seq_of(cu, S, t) + 1] ? out[t + 1] : 0.f;
+}
 }  // namespace
 
 void convert_f32_to_bf16_2d(const float* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t rows,
@@ -318,6 +340,18 @@ void f32_to_f64(const float* src, double* dst, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   convert_kernel<<<blocks_for(n), 256, 0, s>>>(src, dst, n);
   check(cudaGetLastError(), "f32_to_f64");
+}
+void shift_to_outputs_device(const float* kernel, float* out, const int32_t* cu, int64_t S, int64_t N,
+                             cudaStream_t s) {
+  if (N <= 0) return;
+  shift_to_outputs_kernel<<<blocks_for(N), 256, 0, s>>>(kernel, out, cu, S, N);
+  check(cudaGetLastError(), "shift to outputs");
+}
+void shift_to_kernel_device(const float* out, float* kernel, const int32_t* cu, int64_t S, int64_t N,
+                            cudaStream_t s) {
+  if (N <= 0) return;
+  shift_to_kernel_kernel<<<blocks_for(N), 256, 0, s>>>(out, kernel, cu, S, N);
+  check(cudaGetLastError(), "shift to kernel");
 }
 void iota_i32(int32_t* p, int64_t n, cudaStream_t s) {
   if (n <= 0) return;

@@ -24,6 +24,12 @@ void f64_gemm_dw(const double* dz, const bf16* x, float* gW, int64_t N, int64_t 
                  cudaStream_t s);
 void f64_colsum_acc(const double* dz, float* gb, int64_t N, int64_t E, cudaStream_t s);
 void f64_to_f32(const double* src, float* dst, int64_t n, cudaStream_t s);
+// shift_to_outputs / shift_to_kernel (engine.hpp) of one [N] float column on the device, for a
+// loss that runs there (cu: the micro-batch's int32 [S+1] offsets on the device).
+void shift_to_outputs_device(const float* kernel, float* out, const int32_t* cu, int64_t S, int64_t N,
+                             cudaStream_t s);
+void shift_to_kernel_device(const float* out, float* kernel, const int32_t* cu, int64_t S, int64_t N,
+                            cudaStream_t s);
 void f32_to_f64(const float* src, double* dst, int64_t n, cudaStream_t s);
 void iota_i32(int32_t* p, int64_t n, cudaStream_t s);
 

@@ -36,6 +36,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string_view>
 #include <mutex>
 #include <string>
 #include <variant>
@@ -47,9 +49,12 @@
 #include "rlhost/grpo/metrics.hpp"
 #include "rlhost/grpo/preference_loss.hpp"
 #include "rlhost/grpo/value_loss.hpp"
+#include "rlhost/sdk/plugin.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::grpo {
+
+class DeviceLoss;  // device_loss.hpp
 
 struct NllConfig {};  // SFT's NLLLossFn has no settings
 
@@ -64,6 +69,7 @@ class LossAdapter {
   using Config = std::variant<ClippedPGConfig, NllConfig, DpoConfig, PreferenceConfig, ValueLossConfig>;
 
   explicit LossAdapter(Config cfg, LossAdapterOptions opts = {});
+  ~LossAdapter();
   LossAdapter(const LossAdapter&) = delete;
   LossAdapter& operator=(const LossAdapter&) = delete;
 
@@ -85,6 +91,22 @@ class LossAdapter {
   // `values` as RLH_OUTPUT_VALUE alone, and so for the critic's ValueLossConfig. The names point into this adapter.
   std::vector<rlh_output_spec> output_specs(double temperature, int32_t top_k, double top_p) const;
 
+  // The loss on the backend's device (device_loss.hpp): once enabled, a micro-batch whose
+  // logprob output lives in device memory runs the kernel op `clipped_pg_loss` / `nll_loss`
+  // there, resolved through `host`'s kernel providers (`kernels_json`: policy.kernels), and
+  // reports its metrics through metric_tensor. `on_host_too` runs the op on host tensors as well
+  // (tests: the op path against the host path). ClippedPG and NLL only.
+  void enable_device_loss(sdk::Host host, std::string kernels_json, bool on_host_too = false);
+  // Whether a backend may hand this loss device tensors of `device`'s kind
+  // (rlh_train_args.loss_on_device): the op resolves there for this config and the outputs are
+  // `specs` (the logprob output alone). False with *why otherwise (the host loss then runs).
+  bool device_loss_supported(rlh_device device, const std::vector<rlh_output_spec>& specs, std::string* why);
+  // device_loss_supported answered yes: train steps set rlh_train_args.loss_on_device.
+  bool wants_device_tensors() const { return device_ok_; }
+  // How a metric the backend reports in its JSON combines over chunks of a step: kMin/kMax for
+  // the extrema a device loss reports through metric_tensor, kSum otherwise.
+  static Reduce reduce_of(std::string_view name);
+
   // Min/max metrics of the micro-batches run since the last reset_step().
   Metrics step_extrema() const;
   void reset_step();
@@ -97,8 +119,14 @@ class LossAdapter {
  private:
   void report(const rlh_microbatch& mb, const LossResult& res);  // metrics of one call
 
+  DeviceLoss* device_loss_for(const rlh_device& device, std::string* why);
+
   Config cfg_;
   LossAdapterOptions opts_;
+  sdk::Host device_host_;
+  std::string kernels_json_ = "{}";
+  bool device_enabled_ = false, op_on_host_ = false, device_ok_ = false;
+  std::vector<std::unique_ptr<DeviceLoss>> device_ops_;  // one per device
   sdk::MakeStatusFn make_status_ = nullptr;
   double global_positive_toks_ = 0;
   mutable std::mutex mu_;

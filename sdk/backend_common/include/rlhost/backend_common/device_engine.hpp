@@ -10,8 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,35 @@ class DeviceEngine {
   virtual engine::StepResult train_step(std::span<const engine::MicroBatch> mbs, const engine::StepOptions& so,
                                         double weight_decay, const engine::LossFn& loss_fn) = 0;
   virtual int64_t steps() const = 0;  // optimizer updates applied (the weights version)
+
+  // A loss that runs on the device (rlh_train_args.loss_on_device): per micro-batch it reads
+  // the logprob output token-aligned in device memory and writes its gradient and loss there,
+  // stream-ordered on `stream`, never synchronising. `inputs` is uploaded once, at the step's
+  // start; `keep(value, slot)` copies a device scalar into one of the step's `slots`, which
+  // come down with the gradient norm (the step's one host wait) into *kept.
+  struct DeviceLossViews {
+    const float* logprob = nullptr;  // [N]
+    float* dlogprob = nullptr;       // [N], zeroed
+    float* loss = nullptr;           // float32 scalar, zeroed
+    const int32_t* cu_seqlens = nullptr;  // [S+1]
+    const float* inputs = nullptr;
+    void* stream = nullptr;
+    std::function<void(const float* value, int64_t slot)> keep;
+  };
+  struct DeviceLoss {
+    std::span<const float> inputs;
+    int64_t slots = 0;
+    std::function<void(const engine::LossContext&, const DeviceLossViews&)> run;
+    std::vector<float>* kept = nullptr;
+  };
+  // Whether train_step_device_loss is offered (the request must read the logprob output alone).
+  virtual bool device_loss() const { return false; }
+  virtual engine::StepResult train_step_device_loss(std::span<const engine::MicroBatch> mbs,
+                                                    const engine::StepOptions& so, double weight_decay,
+                                                    const DeviceLoss& loss) {
+    (void)mbs, (void)so, (void)weight_decay, (void)loss;
+    throw std::logic_error("this device engine has no loss on the device");
+  }
 
   // fp32 master weights, desc().params order (host copies).
   virtual std::vector<std::vector<float>> parameters() const = 0;

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -139,6 +140,32 @@ class CudaEngine {
   StepResult train_step(std::span<const MicroBatch> microbatches, const StepOptions& options,
                         const LossFn& loss_fn);
 
+  // What a loss on the device sees of one micro-batch: device memory, valid during the call,
+  // written stream-ordered on `stream` (the call never synchronises).
+  struct DeviceLossViews {
+    const float* logprob = nullptr;  // [N] token-aligned (0 at each sequence's first token)
+    float* dlogprob = nullptr;       // [N] d loss / d logprob, token-aligned, zeroed
+    float* loss = nullptr;           // this micro-batch's loss (a float32 scalar, zeroed)
+    const int32_t* cu_seqlens = nullptr;  // [S+1]
+    const float* inputs = nullptr;   // DeviceLoss::inputs, uploaded at the step's start
+    void* stream = nullptr;          // the engine's cudaStream_t
+    // Copies the device scalar at `value` into slot `slot` of the step (stream-ordered, so the
+    // caller may reuse `value` afterwards); the slots come down with the gradient norm.
+    std::function<void(const float* value, int64_t slot)> keep;
+  };
+  struct DeviceLoss {
+    std::span<const float> inputs;  // host floats the loss reads, uploaded once (pinned, async)
+    int64_t slots = 0;              // scalars kept per step
+    std::function<void(const LossContext&, const DeviceLossViews&)> run;
+    std::vector<float>* kept = nullptr;  // receives the slots' values after the step
+  };
+  // train_step with the loss on the device: the logprob output only (OutputRequest::logprob;
+  // entropy, value and logprob_at_ids need the host LossFn). Host waits: one per step (the
+  // gradient norm's, which brings the kept slots along). StepResult::loss and metrics are left
+  // to the caller, which reads them from the slots.
+  StepResult train_step(std::span<const MicroBatch> microbatches, const StepOptions& options,
+                        const DeviceLoss& loss);
+
   int64_t step() const;
   CudaEngineStats stats() const;
   // MoE: R of the routing record and replay (the sum of top_k over MoE layers; 0 when dense),
@@ -161,6 +188,8 @@ class CudaEngine {
   void set_optimizer_options(const OptimizerOptions& options);
 
  private:
+  StepResult step(std::span<const MicroBatch> microbatches, const StepOptions& options, const LossFn* host_loss,
+                  const DeviceLoss* device_loss);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

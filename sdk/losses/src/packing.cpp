@@ -1,10 +1,10 @@
 // Packed layouts and the token-frame / output-frame alignment (see packing.hpp).
-#include "rlhost/grpo/packing.hpp"
+#include "rlhost/losses/packing.hpp"
 
 #include <stdexcept>
 #include <string>
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 void validate(const Packing& p) {
   if (p.num_tokens < 0 || p.num_seqs < 0)
@@ -105,4 +105,4 @@ std::vector<double> broadcast_to_tokens(const Packing& p, std::span<const double
   return out;
 }
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

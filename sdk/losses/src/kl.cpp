@@ -1,12 +1,12 @@
 // Per-token KL estimators and their gradients (see kl.hpp).
-#include "rlhost/grpo/kl.hpp"
+#include "rlhost/losses/kl.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "rlhost/grpo/config.hpp"
+#include "rlhost/losses/config_error.hpp"
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 KlType parse_kl_type(std::string_view s, std::string_view key) {
   if (s == "k1") return KlType::kK1;
@@ -75,4 +75,4 @@ KlToken kl_token(KlType t, double lp, double lp_ref, std::optional<double> input
   return out;
 }
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

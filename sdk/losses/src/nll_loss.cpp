@@ -1,10 +1,10 @@
 // NeMo-RL's NLLLossFn (see nll_loss.hpp).
-#include "rlhost/grpo/nll_loss.hpp"
+#include "rlhost/losses/nll_loss.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 namespace {
 constexpr double kEps = 1e-8;
@@ -59,4 +59,4 @@ std::vector<double> per_sample_nll(const LossFrame& f, const std::vector<double>
   return out;
 }
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses

@@ -1,10 +1,10 @@
 // Mismatch diagnostics and metric bookkeeping (see diagnostics.hpp, metrics.hpp).
-#include "rlhost/grpo/diagnostics.hpp"
+#include "rlhost/losses/diagnostics.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-namespace rlh::grpo {
+namespace rlh::losses {
 
 namespace {
 constexpr double kEps = 1e-8;  // NeMo-RL's masked_mean adds it to the denominator
@@ -88,4 +88,4 @@ void add_mismatch_metrics(Metrics& m, const MismatchDiagnostics& d) {
   m.max("logprob_abs_error_max", d.logprob_abs_error_max);
 }
 
-}  // namespace rlh::grpo
+}  // namespace rlh::losses
