@@ -2,6 +2,7 @@
 #include "components.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +63,10 @@ BatchMasks::BatchMasks(const PackedBatch& b) {
 }
 
 void enable_device_loss(LossAdapter& loss, const sdk::Host& host, const std::vector<rlh_output_spec>& specs) {
+  // Opt-in (RLH_DEVICE_LOSS=1) until the device path has run on a GPU: it was written and tested
+  // on CPUs in a session that got none (docs/grpo-loss.md). The host loss stays the default.
+  const char* opt_in = std::getenv("RLH_DEVICE_LOSS");
+  if (opt_in == nullptr || *opt_in == '\0' || *opt_in == '0') return;
   std::string device = "auto";
   try {
     device = nlohmann::json::parse(host.config_json("policy.device")).get<std::string>();
