@@ -452,6 +452,10 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     }
     g->host.info("generator native: kernels " + g->registry->choices_summary());
     g->host.info("generator native: runs on " + g->gen->executor().name() + " (" + device_source + ")");
+    if (g->tp)
+      g->host.info("generator native: tensor parallel over " + std::to_string(g->tp->size()) + " ranks (this one " +
+                   std::to_string(g->tp->rank()) + "): " + std::to_string(g->gen->model().desc().layers[0].attention.num_heads) +
+                   " query heads and " + std::to_string(g->gen->model().vocab_rows()) + " vocabulary rows here");
     g->host.info("generator native: " + desc.architecture + ", " + std::to_string(desc.num_layers) + " layers, vocab " +
                  std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit") +
                  ", MoE router " + (o.moe_router_fp64 ? "fp64" : "fp32") + " (" + router_source + ")");
