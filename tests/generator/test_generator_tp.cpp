@@ -190,6 +190,41 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGenerator,
 // A refit hands over whole weights by HF name (views of the trainer's buffers; an MoE model's
 // experts one tensor each, lying apart): each rank keeps its pieces, and the next generate draws
 // with them.
+struct HfViews {
+  std::vector<rlh_named_tensor> views;
+  std::vector<std::vector<float>> apart;  // experts, each in a buffer of its own
+  HfViews(sdk::TransformerDesc& desc, const std::vector<std::vector<float>>& tensors) {
+    for (size_t i = 0; i < desc.params.size(); ++i) {
+      sdk::ParamDesc& p = desc.params[i];
+      EXPECT_NE(p.transform, sdk::ParamTransform::concat) << p.name << ": the test hands over whole or stacked tensors";
+      for (size_t k = 0; k < p.hf_names.size(); ++k) {
+        std::vector<int64_t>& shape = p.transform == sdk::ParamTransform::stack ? p.hf_shapes[k] : p.shape;
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        apart.emplace_back(tensors[i].begin() + int64_t(k) * n, tensors[i].begin() + int64_t(k + 1) * n);
+        rlh_named_tensor t{};
+        t.name = p.hf_names[k].c_str();
+        t.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
+        t.tensor.ndim = int32_t(shape.size());
+        t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+        t.tensor.shape = shape.data();
+        views.push_back(t);
+      }
+    }
+    for (size_t v = 0; v < views.size(); ++v) views[v].tensor.data = apart[v].data();
+  }
+};
+
+void refit(rlh_generator* g, int64_t version, std::vector<rlh_named_tensor>& views) {
+  rlh_weight_update u{};
+  u.struct_size = RLH_STRUCT_SIZE(rlh_weight_update, may_alias);
+  u.version = version;
+  u.weights = views.data();
+  u.num_weights = views.size();
+  u.may_alias = 1;
+  sdk::check(g_host->generator()->update_weights(g, &u), "update_weights");
+}
+
 class TensorParallelGeneratorRefit : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TensorParallelGeneratorRefit, WholeWeightsSlicedPerRank) {
@@ -203,34 +238,10 @@ TEST_P(TensorParallelGeneratorRefit, WholeWeightsSlicedPerRank) {
   // Version 7: the fixture's weights, halved (so the generator must not keep its earlier set).
   for (auto& t : w.tensors)
     for (float& x : t) x *= 0.5f;
-  std::vector<rlh_named_tensor> views;
-  std::vector<std::vector<float>> apart;  // experts, each in a buffer of its own
-  for (size_t i = 0; i < desc.params.size(); ++i) {
-    sdk::ParamDesc& p = desc.params[i];
-    ASSERT_NE(p.transform, sdk::ParamTransform::concat) << p.name << ": the test hands over whole or stacked tensors";
-    for (size_t k = 0; k < p.hf_names.size(); ++k) {
-      std::vector<int64_t>& shape = p.transform == sdk::ParamTransform::stack ? p.hf_shapes[k] : p.shape;
-      int64_t n = 1;
-      for (int64_t d : shape) n *= d;
-      apart.emplace_back(w.tensors[i].begin() + int64_t(k) * n, w.tensors[i].begin() + int64_t(k + 1) * n);
-      rlh_named_tensor t{};
-      t.name = p.hf_names[k].c_str();
-      t.tensor.device = rlh_device{RLH_DEVICE_CPU, 0};
-      t.tensor.ndim = int32_t(shape.size());
-      t.tensor.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
-      t.tensor.shape = shape.data();
-      views.push_back(t);
-    }
-  }
-  for (size_t v = 0; v < views.size(); ++v) views[v].tensor.data = apart[v].data();
-  rlh_weight_update u{};
-  u.struct_size = RLH_STRUCT_SIZE(rlh_weight_update, may_alias);
-  u.version = 7;
-  u.weights = views.data();
-  u.num_weights = views.size();
-  u.may_alias = 1;
-  sdk::check(api->update_weights(two, &u));
-  sdk::check(api->update_weights(one, &u));
+  HfViews hf(desc, w.tensors);
+  std::vector<rlh_named_tensor>& views = hf.views;
+  refit(two, 7, views);
+  refit(one, 7, views);
   const GotMap a = generate(api, two, prompts(), sampled(10), 2), b = generate(api, one, prompts(), sampled(10), 2);
   expect_same(a, b, GetParam() + " refit");
   EXPECT_EQ(a.begin()->second.version, 7);
@@ -245,6 +256,51 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGeneratorRefit, ::testing::Valu
                              if (c == '-') c = '_';
                            return s;
                          });
+
+// A vocabulary the group does not divide: 513 rows in blocks of 257, the last rank's padded with a
+// zero row that the gathered logits drop (llama-tiny's shapes, random weights by refit).
+TEST(TensorParallelGeneratorVocabulary, PaddedLastBlock) {
+  const std::string dir = gen::test::fixtures_root() + "/llama-tiny";
+  const fs::path odd = fs::temp_directory_path() / ("rlh_tp_odd_vocab_" + std::to_string(::getpid()));
+  fs::create_directories(odd);
+  std::ifstream in(dir + "/config.json");
+  json c = json::parse(in);
+  c["vocab_size"] = 513;
+  std::ofstream(odd / "config.json") << c.dump();
+  const rlh_generator_api* api = g_host->generator();
+  rlh_generator* one = create(odd.string(), config(1, true));
+  rlh_generator* two = create(odd.string(), config(2, true));
+  sdk::TransformerDesc desc = model::describe_model_dir(odd.string());
+  std::vector<std::vector<float>> tensors;
+  uint32_t state = 12345;
+  for (const sdk::ParamDesc& p : desc.params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    std::vector<float> t(static_cast<size_t>(n), 0.f);
+    const bool norm = p.shape.size() == 1;
+    for (float& x : t) {
+      state = state * 1664525u + 1013904223u;
+      const float r = float(state >> 8) / float(1u << 24) - 0.5f;
+      x = norm ? 1.f + 0.1f * r : 0.4f * r;
+    }
+    tensors.push_back(std::move(t));
+  }
+  HfViews hf(desc, tensors);
+  refit(one, 1, hf.views);
+  refit(two, 1, hf.views);
+  std::vector<std::vector<int32_t>> ps = prompts();
+  ps.push_back({512, 511, 256, 257, 0});  // ids in the padded block's rank, at its edges
+  const GotMap a = generate(api, two, ps, sampled(10), 3), b = generate(api, one, ps, sampled(10), 3);
+  expect_same(a, b, "vocabulary 513");
+  expect_same(generate(api, two, ps, greedy(10), 1), generate(api, one, ps, greedy(10), 1), "vocabulary 513 greedy");
+  bool high = false;  // draws reach the second rank's block
+  for (const auto& [k, got] : a)
+    for (int32_t t : got.ids) high = high || t >= 257;
+  EXPECT_TRUE(high);
+  api->destroy(two);
+  api->destroy(one);
+  fs::remove_all(odd);
+}
 
 // What a group cannot run is one line naming the key and the sizes.
 TEST(TensorParallelGeneratorErrors, RefusedByName) {

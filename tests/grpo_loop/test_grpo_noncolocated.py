@@ -204,8 +204,17 @@ def case_follows_gen_tp2(tmp):
     want = params_bytes(tmp)
     check(all(two[s].get("train/refit_bytes") == want for s in range(1, 4)),
           f"every refit broadcasts the policy's whole {want} bytes (each generator rank slices its pieces)")
+    # Async GRPO: the requests sent ahead reach the leader, which shares them with its group.
+    rc, out, _ = run(command(tmp, "async_gen_tp2", steps=3, extra=generators(2) + GEN_TP2 + ASYNC), np=3)
+    check(rc == 0, f"async GRPO with a TP 2 generator runs (rc {rc})", out)
+    if rc != 0:
+        return
+    a = metrics(tmp, "async_gen_tp2")
+    check(a[1]["train/reward"] == one[1]["train/reward"], "async TP 2 generator: step 1 draws the colocated run's samples")
+    lags = [a[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
+    check(lags == [0, 1, 1], f"async TP 2 generator: steps 2-3 train on rollouts one version old (lags {lags})")
     print(f"1 trainer + a TP 2 generator (2 ranks) followed one colocated rank for 3 steps (rewards "
-          f"{[two[s]['train/reward'] for s in range(1, 4)]}); {secs:.1f} s")
+          f"{[two[s]['train/reward'] for s in range(1, 4)]}), async lags {lags}; {secs:.1f} s")
 
 
 def case_follows_tp2(tmp):

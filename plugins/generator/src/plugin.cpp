@@ -541,7 +541,14 @@ rlh_status* gen_generate(rlh_generator* self, const rlh_generate_args* a, rlh_sa
             throw Error(st->code, "generate: the sample callback failed: " + rlh::sdk::status_message(st));
           }
         },
-        [&] { return g->host.cancelled(); });
+        [&] {
+          if (!g->tp) return g->host.cancelled();
+          // A tensor-parallel group stops together: any rank's cancellation, agreed once a step
+          // (the steps' collectives would wait forever for a rank that left alone).
+          float any = g->host.cancelled() ? 1.f : 0.f;
+          g->tp->all_reduce_sum(&any, 1);
+          return any > 0;
+        });
     g->host.log(RLH_LOG_DEBUG, "generator native: " + std::to_string(st.steps) + " steps, " +
                                    std::to_string(st.sampled_tokens) + " tokens sampled, " +
                                    std::to_string(st.prefill_tokens) + " prefilled, " +
