@@ -257,15 +257,26 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGeneratorRefit, ::testing::Valu
                            return s;
                          });
 
-// A vocabulary the group does not divide: 513 rows in blocks of 257, the last rank's padded with a
-// zero row that the gathered logits drop (llama-tiny's shapes, random weights by refit).
-TEST(TensorParallelGeneratorVocabulary, PaddedLastBlock) {
+// Shapes the fixtures do not have, on llama-tiny's config with one change and random weights by
+// refit: a vocabulary the group does not divide (513 rows in blocks of 257, the last rank's padded
+// with a zero row that the gathered logits drop), and one kv head for the group's two ranks (each
+// rank's query heads read it: replicated, as the trainer's plan does).
+struct Variant {
+  const char* name;
+  const char* key;
+  int64_t value;
+};
+
+class TensorParallelGeneratorShapes : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(TensorParallelGeneratorShapes, EqualOneRank) {
+  const Variant v = GetParam();
   const std::string dir = gen::test::fixtures_root() + "/llama-tiny";
-  const fs::path odd = fs::temp_directory_path() / ("rlh_tp_odd_vocab_" + std::to_string(::getpid()));
+  const fs::path odd = fs::temp_directory_path() / ("rlh_tp_" + std::string(v.name) + "_" + std::to_string(::getpid()));
   fs::create_directories(odd);
   std::ifstream in(dir + "/config.json");
   json c = json::parse(in);
-  c["vocab_size"] = 513;
+  c[v.key] = v.value;
   std::ofstream(odd / "config.json") << c.dump();
   const rlh_generator_api* api = g_host->generator();
   rlh_generator* one = create(odd.string(), config(1, true));
@@ -288,19 +299,25 @@ TEST(TensorParallelGeneratorVocabulary, PaddedLastBlock) {
   HfViews hf(desc, tensors);
   refit(one, 1, hf.views);
   refit(two, 1, hf.views);
+  const int64_t V = desc.vocab_size, B = (V + 1) / 2;
   std::vector<std::vector<int32_t>> ps = prompts();
-  ps.push_back({512, 511, 256, 257, 0});  // ids in the padded block's rank, at its edges
+  ps.push_back({int32_t(V - 1), int32_t(V - 2), int32_t(B - 1), int32_t(B), 0});  // ids at the blocks' edges
   const GotMap a = generate(api, two, ps, sampled(10), 3), b = generate(api, one, ps, sampled(10), 3);
-  expect_same(a, b, "vocabulary 513");
-  expect_same(generate(api, two, ps, greedy(10), 1), generate(api, one, ps, greedy(10), 1), "vocabulary 513 greedy");
+  expect_same(a, b, std::string(v.name) + " sampled");
+  expect_same(generate(api, two, ps, greedy(10), 1), generate(api, one, ps, greedy(10), 1), std::string(v.name) + " greedy");
   bool high = false;  // draws reach the second rank's block
   for (const auto& [k, got] : a)
-    for (int32_t t : got.ids) high = high || t >= 257;
+    for (int32_t t : got.ids) high = high || t >= B;
   EXPECT_TRUE(high);
   api->destroy(two);
   api->destroy(one);
   fs::remove_all(odd);
 }
+
+INSTANTIATE_TEST_SUITE_P(LlamaTiny, TensorParallelGeneratorShapes,
+                         ::testing::Values(Variant{"vocab_513", "vocab_size", 513},
+                                           Variant{"one_kv_head", "num_key_value_heads", 1}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // What a group cannot run is one line naming the key and the sizes.
 TEST(TensorParallelGeneratorErrors, RefusedByName) {
