@@ -12,6 +12,10 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   follows_1to2    1 trainer + 2 generator ranks (np 3: the trainer splits each call between them)
                   follow one colocated rank for 3 steps, synchronously and with async GRPO
                   (max_trajectory_age_steps 1: lags 0, 1, 1; and 2: lags 0, 1, 2)
+  follows_gen_tp2 1 trainer + 2 generator ranks forming one tensor-parallel generator
+                  (policy.generation.vllm_cfg.tensor_parallel_size 2, np 3: each rank holds half
+                  the heads, the trainer talks to the group's first rank) follow one colocated rank
+                  for 3 steps
   follows_tp2     megatron TP 2 trainers + 1 generator rank (np 3) follow the colocated TP 2 run
                   for 3 steps (the group's first rank feeds the generator rank); async GRPO on the
                   same ranks: step 1 draws the synchronous run's samples, steps 2-3 train on
@@ -181,6 +185,38 @@ def case_follows_1to2(tmp):
           f"{[two[s]['train/reward'] for s in range(1, 4)]}); async lags {lags}; {secs:.1f} s")
 
 
+GEN_TP2 = ["++policy.generation.vllm_cfg.tensor_parallel_size=2"]
+
+
+def case_follows_gen_tp2(tmp):
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "colocated", steps=3))
+    check(rc == 0, f"one colocated rank runs (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "nc_gen_tp2", steps=3, extra=generators(2) + GEN_TP2), np=3)
+    check(rc == 0, f"1 trainer + one TP 2 generator on 2 ranks runs (rc {rc})", out)
+    if rc != 0:
+        return
+    check("each trainer rank splits its calls" not in out, "the trainer does not split its calls: one generator", out)
+    check("generator native: tensor parallel over 2 ranks (this one 1)" in out,
+          "both generator ranks run one TP 2 generator", out)
+    one, two = metrics(tmp, "colocated"), metrics(tmp, "nc_gen_tp2")
+    compare(one, two, range(1, 4), "1 trainer + a TP 2 generator", "the colocated run's")
+    want = params_bytes(tmp)
+    check(all(two[s].get("train/refit_bytes") == want for s in range(1, 4)),
+          f"every refit broadcasts the policy's whole {want} bytes (each generator rank slices its pieces)")
+    # Async GRPO: the requests sent ahead reach the leader, which shares them with its group.
+    rc, out, _ = run(command(tmp, "async_gen_tp2", steps=3, extra=generators(2) + GEN_TP2 + ASYNC), np=3)
+    check(rc == 0, f"async GRPO with a TP 2 generator runs (rc {rc})", out)
+    if rc != 0:
+        return
+    a = metrics(tmp, "async_gen_tp2")
+    check(a[1]["train/reward"] == one[1]["train/reward"], "async TP 2 generator: step 1 draws the colocated run's samples")
+    lags = [a[k]["train/generation_weight_lag"] for k in (1, 2, 3)]
+    check(lags == [0, 1, 1], f"async TP 2 generator: steps 2-3 train on rollouts one version old (lags {lags})")
+    print(f"1 trainer + a TP 2 generator (2 ranks) followed one colocated rank for 3 steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, 4)]}), async lags {lags}; {secs:.1f} s")
+
+
 def case_follows_tp2(tmp):
     setup(tmp)
     sync = follows_mp(tmp, "tp2", 1)
@@ -293,6 +329,8 @@ def case_bad_layout(tmp):
         (ASYNC + generators(1) + ["++grpo.async_grpo.max_generation_failures=3"], "grpo.async_grpo.max_generation_failures = 3"),
         (["++grpo.async_grpo.enabled=true"] + generators(1), "needs loss_fn.use_importance_sampling_correction: true"),
         (ASYNC + generators(1) + ["grpo.max_rollout_turns=2"], "grpo.max_rollout_turns = 2 with grpo.async_grpo.enabled"),
+        (GEN_TP2, "policy.generation.vllm_cfg.tensor_parallel_size = 2 needs policy.generation.colocated.enabled: false"),
+        (GEN_TP2 + generators(1), "policy.generation.vllm_cfg.tensor_parallel_size = 2 does not divide the 1 generator ranks"),
     ]
     for extra, text in refused:
         rc, out, _ = run(command(tmp, "refused", extra=extra), timeout=60)
@@ -405,6 +443,7 @@ CASES = {
     "follows": lambda t: case_follows(t, 1),
     "follows_dp2": lambda t: case_follows(t, 2),
     "follows_1to2": case_follows_1to2,
+    "follows_gen_tp2": case_follows_gen_tp2,
     "follows_tp2": case_follows_tp2,
     "follows_mp_np4": case_follows_mp_np4,
     "follows_tp2dp2_np6": case_follows_tp2dp2_np6,

@@ -41,13 +41,41 @@ class SerialOpenMp {
 // ---------------------------------------------------------------------------------------------
 // DecodeModel
 
-DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
+// The setting a tensor-parallel generator's refusals name.
+constexpr const char* kTpKey = "policy.generation.vllm_cfg.tensor_parallel_size";
+
+DecodeModel::DecodeModel(sdk::TransformerDesc desc, TpGroup* tp) : desc_(std::move(desc)), tp_(tp) {
+  if (tp_on()) {
+    // This rank's part of the trainer's tensor-parallel layout: the same plan, so the same
+    // refusals (heads or widths the group does not divide, roles without a rule).
+    full_desc_ = desc_;
+    try {
+      tp_layout_ = sdk::make_tp_layout(full_desc_, tp_->size(), tp_->rank(), kTpKey);
+    } catch (const std::invalid_argument& e) {
+      throw Error(RLH_E_UNIMPLEMENTED, std::string("generator: ") + e.what());
+    }
+    desc_ = tp_layout_.local;
+    // The layout cuts engine shapes only; this rank's weights are loaded whole (sync_weights), and
+    // a stacked parameter's pieces (its experts) are found by their HF shapes: cut them alike.
+    for (sdk::ParamDesc& p : desc_.params) {
+      if (p.transform == sdk::ParamTransform::stack)
+        for (auto& hs : p.hf_shapes) hs.assign(p.shape.begin() + 1, p.shape.end());
+      else if (p.transform == sdk::ParamTransform::none && p.hf_shapes.size() == 1)
+        p.hf_shapes[0] = p.shape;
+    }
+  }
   try {
     prog_ = sdk::build_program(desc_);
+    if (tp_on()) sdk::mark_tensor_parallel(prog_, tp_layout_);
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator: ") + e.what());
+  } catch (const std::logic_error& e) {
+    throw Error(RLH_E_UNIMPLEMENTED, std::string("generator: ") + e.what());
   }
   sdk::ExecutorCaps caps;
+  // The host executor honours the marks: an all-reduce after each row-parallel linear and MoE
+  // block, the vocabulary-parallel embedding and head (decode.cpp's HostBackend).
+  caps.tensor_parallel = tp_on();
   caps.name = "generator";
   caps.activations = {"silu", "gelu_tanh", "gelu"};
   caps.moe = caps.mla = true;
@@ -56,7 +84,8 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
   caps.per_sequence_rope = true;  // a row past the threshold gets its own table (the host executor)
   caps.attention_dv_differs = true;
   if (const std::string why = sdk::unsupported(prog_, caps); !why.empty()) throw Error(RLH_E_UNIMPLEMENTED, why);
-  V_ = prog_.vocab;
+  Vrows_ = prog_.vocab;
+  V_ = tp_on() ? tp_layout_.vocab : prog_.vocab;
   C_ = prog_.hidden;
   L_ = int64_t(prog_.layers.size());
 
@@ -120,6 +149,7 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
     if (s.Hkv < 1) throw Error(RLH_E_UNIMPLEMENTED, at + "a layer without attention");
   }
   weights_ = std::make_unique<Weights>(desc_);
+  if (tp_on()) full_weights_ = std::make_unique<Weights>(full_desc_);
 
   // RoPE: the program's tables. Dynamic NTK and longrope change a table beyond a length: the
   // engine uses the length of the whole training sequence there; a generator does not know it,
@@ -142,6 +172,35 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc) : desc_(std::move(desc)) {
 }
 
 DecodeModel::~DecodeModel() = default;
+
+void DecodeModel::sync_weights() {
+  if (!full_weights_) return;
+  const Weights& in = *full_weights_;
+  in.require_complete();
+  if (synced_serial_ == in.serial()) return;
+  std::vector<std::vector<float>> mine(full_desc_.params.size());
+  std::vector<float> whole;
+  for (size_t i = 0; i < full_desc_.params.size(); ++i) {
+    const sdk::ParamDesc& p = full_desc_.params[i];
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    std::span<const float> full;
+    if (const float* w = in.param(i)) {
+      full = {w, size_t(n)};
+    } else {  // a stacked parameter whose pieces (one per expert) are views lying apart
+      const size_t k = p.hf_names.size();
+      if (k == 0 || n % int64_t(k) != 0)
+        throw Error(RLH_E_INTERNAL, "generator: parameter " + p.name + " has no whole tensor to slice");
+      const int64_t slab = n / int64_t(k);
+      whole.resize(size_t(n));
+      for (size_t e = 0; e < k; ++e) std::memcpy(whole.data() + int64_t(e) * slab, in.piece(i, e), size_t(slab) * sizeof(float));
+      full = whole;
+    }
+    mine[i] = sdk::tp_slice(tp_layout_, i, full);
+  }
+  weights_->load(mine, in.version());
+  synced_serial_ = in.serial();
+}
 
 KvLayout DecodeModel::kv_layout(int64_t block_size, bool keys_transposed, int64_t elem_bytes) const {
   std::vector<int64_t> heads, dims, vdims;
@@ -257,6 +316,10 @@ void HostBackend::reserve(int64_t rows, int64_t samples) {
     hs_.resize(size_t(samples * C_));
     xn_.resize(size_t(samples * C_));
     logits_.resize(size_t(samples * V_));
+    if (TpGroup* tp = m_.tp()) {
+      tile_.resize(size_t(samples * m_.vocab_rows()));
+      gathered_.resize(size_t(tp->size() * samples * m_.vocab_rows()));
+    }
     cap_samples_ = samples;
   }
 }
@@ -283,7 +346,29 @@ void HostBackend::prepare(const StepRows& rows, KvCache& kv) {
 }
 
 void HostBackend::embed(float* x, int64_t R) {
-  ops_->embedding_fwd(x, rows_->ids.data(), w(m_.program().embed), R, C_, V_);
+  TpGroup* tp = m_.tp();
+  if (!tp) {
+    ops_->embedding_fwd(x, rows_->ids.data(), w(m_.program().embed), R, C_, V_);
+    return;
+  }
+  // Vocabulary-parallel: each rank looks up the ids in its rows, zeros elsewhere, and the group
+  // sums (one rank's row plus zeros: the whole model's row, exactly).
+  const sdk::TpLayout& L = m_.tp_layout();
+  const float* W = w(m_.program().embed);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t id = int64_t(rows_->ids[size_t(r)]) - L.vocab_begin;
+    if (id >= 0 && id < L.vocab_count)
+      std::memcpy(x + r * C_, W + id * C_, size_t(C_) * sizeof(float));
+    else
+      std::memset(x + r * C_, 0, size_t(C_) * sizeof(float));
+  }
+  tp->all_reduce_sum(x, R * C_);
+}
+
+void HostBackend::tp_reduce(float* y, int64_t n) {
+  TpGroup* tp = m_.tp();
+  if (!tp) throw Error(RLH_E_INTERNAL, "generator: a tensor-parallel step without a group");
+  tp->all_reduce_sum(y, n);
 }
 
 // Runs of rows on the shared table in one call; a row with its own table alone.
@@ -346,7 +431,24 @@ const float* HostBackend::gather_rows(const float* x, int64_t) {
 }
 
 void HostBackend::logits(const float* xn, const float* W, int64_t S) {
-  ops_->gemm_rows(logits_.data(), V_, xn, C_, W, C_, S, V_, C_);  // [S,V]
+  TpGroup* tp = m_.tp();
+  if (!tp) {
+    ops_->gemm_rows(logits_.data(), V_, xn, C_, W, C_, S, V_, C_);  // [S,V]
+    return;
+  }
+  // Vocabulary-parallel head: this rank's tile [S, B] of its B rows, then every rank's tile,
+  // all-gathered, laid side by side into the whole [S, V] (the padding rows dropped), so every
+  // rank of the group draws from the same logits with the same uniforms. Each logit is the same
+  // k-ordered sum as on one rank (the batch-invariant gemm), so the draws are one rank's.
+  const int64_t B = m_.vocab_rows(), G = tp->size();
+  ops_->gemm_rows(tile_.data(), B, xn, C_, W, C_, S, B, C_);
+  tp->all_gather(tile_.data(), S * B, gathered_.data());
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t lo = std::min(V_, g * B), count = std::min(V_, (g + 1) * B) - lo;
+    if (count <= 0) continue;
+    const float* from = gathered_.data() + g * S * B;
+    for (int64_t s = 0; s < S; ++s) std::memcpy(logits_.data() + s * V_ + lo, from + s * B, size_t(count) * sizeof(float));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -29,7 +29,10 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
                                             std::to_string(desc.max_position_embeddings) + ")");
   if (opt_.ops == nullptr && !opt_.executor)
     throw Error(RLH_E_INVALID_ARGUMENT, "generator: no kernels given (Options::ops)");
-  model_ = std::make_unique<DecodeModel>(std::move(desc));
+  if (opt_.tp && opt_.tp->size() > 1 && opt_.executor)
+    throw Error(RLH_E_UNIMPLEMENTED, "generator: policy.generation.vllm_cfg.tensor_parallel_size = " +
+                                         std::to_string(opt_.tp->size()) + " runs on the host executor only (the CPU)");
+  model_ = std::make_unique<DecodeModel>(std::move(desc), opt_.tp);
   model_->set_router_fp64(opt_.moe_router_fp64);
   exec_ = opt_.executor ? opt_.executor(*model_) : make_host_executor(*model_, opt_.ops);
 }
@@ -83,7 +86,8 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_INVALID_ARGUMENT, std::string("generate: ") + e.what());
   }
-  model_->weights().require_complete();
+  model_->input_weights().require_complete();
+  model_->sync_weights();  // tensor parallelism: this rank's pieces of a new set
 
   const KvLayout layout = model_->kv_layout(opt_.block_size, exec_->keys_transposed(), exec_->elem_bytes());
   PoolAllocator alloc = exec_->kv_allocator();

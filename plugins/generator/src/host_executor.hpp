@@ -55,6 +55,8 @@ class HostBackend {
   float* mla_scratch() { return mla_f_.data(); }
   float* head_scratch() { return xn_.data(); }
   void embed(float* x, int64_t R);
+  // Tensor parallelism: the group's sum of a row-parallel step's partial output, in place.
+  void tp_reduce(float* y, int64_t n);
   void scale(float* x, int64_t n, double s) { ops_->scale(x, n, s); }
   void norm(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, int64_t R, int64_t C, float eps,
             float offset) {
@@ -100,6 +102,7 @@ class HostBackend {
   AlignedFloats values_;       // a layer's other values (the worst layer's worth)
   AlignedFloats hs_, xn_;      // the sampled rows' hidden states and their final norm [S, C]
   AlignedFloats logits_;       // [S, V]
+  AlignedFloats tile_, gathered_;  // tensor parallelism: this rank's [S, B] logits, every rank's
   AlignedFloats mla_f_;        // MLA scratch
   AlignedFloats moe_f_;        // MoE scratch
   std::vector<double> moe_d_;  // float64 router scratch

@@ -22,6 +22,7 @@
 #include "rlhost/generator/cuda_executor.hpp"
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model.h"
+#include "rlhost/sdk/comm.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
 #include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/kernel_registry.hpp"
@@ -54,14 +55,44 @@ class AbiDetokenizer final : public gen::Detokenizer {
   rlh_tokenizer* tok_;
 };
 
+// A tensor-parallel generator's group over the host's communicator (comm_mpi on CPU ranks).
+class CommTpGroup final : public gen::TpGroup {
+ public:
+  explicit CommTpGroup(rlh::sdk::Comm c) : c_(std::move(c)) {}
+  int size() const override { return c_.size(); }
+  int rank() const override { return c_.rank(); }
+  void all_reduce_sum(float* data, int64_t n) override {
+    c_.all_reduce(rlh::sdk::host_tensor(data, rlh::sdk::dtype_of<float>(), std::span<const int64_t>(&n, 1)), RLH_REDUCE_SUM);
+  }
+  void all_gather(const float* in, int64_t n, float* out) override {
+    const int64_t all = n * c_.size();
+    c_.all_gather(rlh::sdk::host_tensor(const_cast<float*>(in), rlh::sdk::dtype_of<float>(), std::span<const int64_t>(&n, 1)),
+                  rlh::sdk::host_tensor(out, rlh::sdk::dtype_of<float>(), std::span<const int64_t>(&all, 1)));
+  }
+
+ private:
+  rlh::sdk::Comm c_;
+};
+
+// policy.generation.vllm_cfg.tensor_parallel_size (absent or null: 1).
+int64_t tensor_parallel_size(const json& vllm) {
+  if (!vllm.is_object() || !vllm.contains("tensor_parallel_size") || vllm["tensor_parallel_size"].is_null()) return 1;
+  const json& v = vllm["tensor_parallel_size"];
+  if (!v.is_number_integer() || v.get<int64_t>() < 1)
+    throw Error(RLH_E_INVALID_ARGUMENT, "policy.generation.vllm_cfg.tensor_parallel_size must be an integer >= 1, not " + v.dump());
+  return v.get<int64_t>();
+}
+
 struct NativeGenerator {
   rlh::sdk::Host host;
+  // Tensor parallelism: this rank's group (G consecutive ranks of the host's world).
+  std::unique_ptr<CommTpGroup> tp;
   std::string model_dir;
   std::string tokenizer_path, tokenizer_component;
   // The kernels the decode draws its ops from (destroyed after the generator that uses them).
   std::unique_ptr<rlh::sdk::KernelRegistry> registry;
   std::unique_ptr<rlh::engine::Ops> ops;
-  std::unique_ptr<gen::Generator> gen;
+  std::unique_ptr<gen::Generator> gen;  // after tp (the generator uses the group)
   std::unique_ptr<AbiDetokenizer> detok;
 
   const gen::Detokenizer& detokenizer() {
@@ -381,6 +412,22 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
       o.executor = gen::cuda_executor(co);
 #endif
     }
+    // Tensor parallelism: the host's world (the generator ranks, under non-colocated generation)
+    // in groups of G consecutive ranks, each one generator; every rank of a group makes the
+    // same calls (generation_ranks.cpp shares each request with its group).
+    if (const int64_t tp = tensor_parallel_size(vllm); tp > 1) {
+      const std::string key = "policy.generation.vllm_cfg.tensor_parallel_size = " + std::to_string(tp);
+      if (device >= 0)
+        throw Error(RLH_E_UNIMPLEMENTED, key + ": tensor-parallel generation runs on the CPU generator only (device " +
+                                             device_source + " picked a CUDA device)");
+      rlh::sdk::Comm world = rlh::sdk::Comm::world(g->host);
+      const int W = world.size(), rank = world.rank();
+      if (W % tp != 0)
+        throw Error(RLH_E_INVALID_ARGUMENT, key + " does not divide the " + std::to_string(W) + " generator ranks");
+      g->tp = std::make_unique<CommTpGroup>(
+          world.split(int(rank / tp), rank, "generator tensor-parallel group " + std::to_string(rank / tp)));
+      o.tp = g->tp.get();
+    }
     g->gen = std::make_unique<gen::Generator>(desc, o);
     if (device < 0 && host && host->alloc && host->free_memory) {  // the host counts the KV pool
       gen::PoolAllocator a;
@@ -405,6 +452,10 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     }
     g->host.info("generator native: kernels " + g->registry->choices_summary());
     g->host.info("generator native: runs on " + g->gen->executor().name() + " (" + device_source + ")");
+    if (g->tp)
+      g->host.info("generator native: tensor parallel over " + std::to_string(g->tp->size()) + " ranks (this one " +
+                   std::to_string(g->tp->rank()) + "): " + std::to_string(g->gen->model().desc().layers[0].attention.num_heads) +
+                   " query heads and " + std::to_string(g->gen->model().vocab_rows()) + " vocabulary rows here");
     g->host.info("generator native: " + desc.architecture + ", " + std::to_string(desc.num_layers) + " layers, vocab " +
                  std::to_string(desc.vocab_size) + ", weights " + (load_format == "auto" ? "from " + g->model_dir : "by refit") +
                  ", MoE router " + (o.moe_router_fp64 ? "fp64" : "fp32") + " (" + router_source + ")");
@@ -490,7 +541,14 @@ rlh_status* gen_generate(rlh_generator* self, const rlh_generate_args* a, rlh_sa
             throw Error(st->code, "generate: the sample callback failed: " + rlh::sdk::status_message(st));
           }
         },
-        [&] { return g->host.cancelled(); });
+        [&] {
+          if (!g->tp) return g->host.cancelled();
+          // A tensor-parallel group stops together: any rank's cancellation, agreed once a step
+          // (the steps' collectives would wait forever for a rank that left alone).
+          float any = g->host.cancelled() ? 1.f : 0.f;
+          g->tp->all_reduce_sum(&any, 1);
+          return any > 0;
+        });
     g->host.log(RLH_LOG_DEBUG, "generator native: " + std::to_string(st.steps) + " steps, " +
                                    std::to_string(st.sampled_tokens) + " tokens sampled, " +
                                    std::to_string(st.prefill_tokens) + " prefilled, " +

@@ -178,6 +178,17 @@ void deliver(const std::vector<uint8_t>& bytes, rlh_sample_fn fn, void* user, in
   }
 }
 
+// The group's rank 0's message (command and bytes) on every rank of `c`; returns the command.
+int64_t share_message(const sdk::Comm& c, int64_t cmd, std::vector<uint8_t>& bytes) {
+  int64_t header[2] = {cmd, static_cast<int64_t>(bytes.size())};
+  const int64_t two = 2;
+  c.broadcast(view(header, two), 0);
+  bytes.resize(static_cast<size_t>(header[1]));
+  const int64_t n = header[1];
+  if (n > 0) c.broadcast(view(bytes.data(), n), 0);
+  return header[0];
+}
+
 std::string dtype_text(const rlh_dtype& d) {
   return std::to_string(d.code) + "," + std::to_string(d.bits) + "," + std::to_string(d.lanes);
 }
@@ -226,8 +237,15 @@ struct GenerationRanks::Impl {
   sdk::Comm trainers;  // the trainer ranks (generator ranks: the generator ranks)
   sdk::Comm link;      // every rank, in world order: clients and generator ranks, point to point
   sdk::Comm refit;     // trainer 0 and every generator rank (rank 0: trainer 0); others: unused
+  // Tensor-parallel generators (tp > 1): a generator rank's group of tp consecutive generator
+  // ranks, one generator; its first rank (the "leader") hears from the client and shares.
+  sdk::Comm share;
   TrainerHostApi trainer_api;
   int world_rank = 0, num_trainers = 0, num_generators = 0;
+  int tp = 1;  // generator ranks per generator (policy.generation.vllm_cfg.tensor_parallel_size)
+  // World rank of the leader of generator c (c in [0, num_generators / tp)).
+  int leader(int c) const { return num_trainers + c * tp; }
+  int num_units() const { return num_generators / tp; }
   std::string resources_text;  // names the generator ranks in errors
   // A client's generator ranks (world ranks, in the order its calls' parts go to them; empty: not
   // a client), a generator rank's client (-1: not named yet).
@@ -348,7 +366,7 @@ class RemoteLink : public GeneratorLink {
 };
 
 std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, int64_t generator_ranks,
-                                                         const std::string& resources_text) {
+                                                         const std::string& resources_text, int64_t tensor_parallel_size) {
   std::unique_ptr<GenerationRanks> g(new GenerationRanks());
   g->impl_ = std::make_unique<Impl>();
   Impl& r = *g->impl_;
@@ -361,16 +379,25 @@ std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, 
     throw Error(RLH_E_INVALID_ARGUMENT, sizes + ": at least one rank must train (the last " +
                                             std::to_string(generator_ranks) + " generate)");
   const int T = W - static_cast<int>(generator_ranks);
-  // Every data-parallel group gets the same number of generator ranks, fed by a run of its ranks
-  // or feeding each rank several (attach): whatever the layout, one count divides the other.
-  if (T % generator_ranks != 0 && generator_ranks % T != 0)
+  const int64_t tp = tensor_parallel_size;
+  if (tp < 1 || generator_ranks % tp != 0)
+    throw Error(RLH_E_INVALID_ARGUMENT, "policy.generation.vllm_cfg.tensor_parallel_size = " + std::to_string(tp) +
+                                            " does not divide the " + std::to_string(generator_ranks) + " generator ranks (" +
+                                            resources_text + ")");
+  // Every data-parallel group gets the same number of generators, fed by a run of its ranks or
+  // feeding each rank several (attach): whatever the layout, one count divides the other.
+  const int64_t units = generator_ranks / tp;
+  if (T % units != 0 && units % T != 0)
     throw Error(RLH_E_INVALID_ARGUMENT,
-                sizes + ": the " + std::to_string(T) + " trainer ranks and the " + std::to_string(generator_ranks) +
-                    " generator ranks must divide one another (launch " + std::to_string(2 * generator_ranks) +
-                    " ranks for one generator rank per trainer rank)");
+                sizes + ": the " + std::to_string(T) + " trainer ranks and the " +
+                    (tp > 1 ? std::to_string(units) + " tensor-parallel generators (" + std::to_string(tp) + " ranks each)"
+                            : std::to_string(generator_ranks) + " generator ranks") +
+                    " must divide one another (launch " + std::to_string(T + T * tp) +
+                    " ranks for one generator per trainer rank)");
   g->trainers_ = T;
   r.num_trainers = T;
   r.num_generators = static_cast<int>(generator_ranks);
+  r.tp = static_cast<int>(tp);
   r.resources_text = resources_text;
   r.world_rank = r.world.rank();
   g->generator_ = r.world_rank >= T;
@@ -379,11 +406,13 @@ std::unique_ptr<GenerationRanks> GenerationRanks::create(const sdk::Host& host, 
   r.link = r.world.split(0, r.world_rank, "generation link");
   r.in_refit = g->generator_ || r.world_rank == 0;
   r.refit = r.world.split(r.in_refit ? 0 : 1, r.world_rank, "refit");
-  if (!g->generator_) {
-    make_trainer_api(r.trainer_api, host.api(), r.trainers);
-    g->trainer_host_ = sdk::Host(&r.trainer_api.api);
-  } else {
-    g->trainer_host_ = host;
+  // Either side's components see its own group as the world: the trainers' backend, the generator
+  // ranks' generator (which splits its tensor-parallel groups from it).
+  make_trainer_api(r.trainer_api, host.api(), r.trainers);
+  g->trainer_host_ = sdk::Host(&r.trainer_api.api);
+  if (g->generator_ && r.tp > 1) {
+    const int i = r.world_rank - T;  // collective over the generator ranks
+    r.share = r.trainers.split(i / r.tp, i, "tensor-parallel generator " + std::to_string(i / r.tp));
   }
   return g;
 }
@@ -394,7 +423,8 @@ bool GenerationRanks::is_client() const { return !generator_ && !impl_->peers.em
 
 void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
   Impl& r = *impl_;
-  const int M = r.num_generators, T = r.num_trainers, D = ranks.size, g = ranks.group_size();
+  // M: generators (groups of tp generator ranks under tensor parallelism), each served by its leader.
+  const int M = r.num_units(), T = r.num_trainers, D = ranks.size, g = ranks.group_size();
   // k = M / D generator ranks per data-parallel group: k dividing g (every g / k ranks of the
   // group share one), or a multiple of g (each rank of the group has k / g of its own).
   const int k = M % D == 0 ? M / D : 0;
@@ -403,7 +433,8 @@ void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
     for (int j = 1; j < g; ++j)
       if (g % j == 0) fits += std::to_string(D * j) + ", ";
     throw Error(RLH_E_UNIMPLEMENTED,
-                r.resources_text + " = " + std::to_string(M) + " generator ranks for " + std::to_string(T) +
+                r.resources_text + " = " + std::to_string(M) + (r.tp > 1 ? " tensor-parallel generators" : " generator ranks") +
+                    " for " + std::to_string(T) +
                     " trainer ranks in " + std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " +
                     std::to_string(g) + " rank" + (g == 1 ? "" : "s") +
                     ": each group needs the same number of generator ranks, dividing its ranks or a multiple of them "
@@ -427,15 +458,15 @@ void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
     for (int64_t c = all[size_t(t)]; c >= 0 && c < all[size_t(t)] + per && c < M; ++c) client_of[size_t(c)] = t;
   for (int c = 0; c < M; ++c)
     if (client_of[size_t(c)] < 0)
-      throw Error(RLH_E_INTERNAL, "non-colocated generation: no trainer rank feeds generator rank " + std::to_string(T + c));
+      throw Error(RLH_E_INTERNAL, "non-colocated generation: no trainer rank feeds generator rank " + std::to_string(r.leader(c)));
   if (first >= 0)
-    for (int i = 0; i < per; ++i) r.peers.push_back(T + static_cast<int>(first) + i);
+    for (int i = 0; i < per; ++i) r.peers.push_back(r.leader(static_cast<int>(first) + i));
   if (r.world_rank == 0) {
     for (int c = 0; c < M; ++c) {
       const int64_t who = client_of[size_t(c)];
       std::vector<uint8_t> bytes(sizeof who);
       std::memcpy(bytes.data(), &who, sizeof who);
-      send_message(r.link, T + c, kLayout, bytes);
+      send_message(r.link, r.leader(c), kLayout, bytes);
     }
     if (M != T)
       host.info("non-colocated generation: " + std::to_string(M) + " generator rank" + (M == 1 ? "" : "s") + " for " +
@@ -475,7 +506,7 @@ void GenerationRanks::finish() {
   if (r.attached) {
     for (int peer : r.peers) send_message(r.link, peer, kStopDone, {});
   } else if (r.world_rank == 0) {  // the generator ranks still wait for trainer 0's layout
-    for (int c = 0; c < r.num_generators; ++c) send_message(r.link, r.num_trainers + c, kStopDone, {});
+    for (int c = 0; c < r.num_units(); ++c) send_message(r.link, r.leader(c), kStopDone, {});
   }
 }
 
@@ -489,7 +520,7 @@ void GenerationRanks::abandon() noexcept {
     if (r.attached) {
       for (int peer : r.peers) send_message(r.link, peer, kStopFailed, bytes);
     } else if (r.world_rank == 0) {  // before attach every generator rank waits for trainer 0
-      for (int c = 0; c < r.num_generators; ++c) send_message(r.link, r.num_trainers + c, kStopFailed, bytes);
+      for (int c = 0; c < r.num_units(); ++c) send_message(r.link, r.leader(c), kStopFailed, bytes);
     }
   } catch (...) {
     // The link may be what failed; the generator rank then stops on its timeout.
@@ -502,8 +533,12 @@ void GenerationRanks::serve(Generator& gen) {
   // Trainer rank 0 names this rank's client once the trainers' layout is known (attach).
   r.client = 0;
   std::string trainer = "trainer rank 0";
+  // A tensor-parallel generator's leader receives and shares each message with its group, which
+  // acts on it alike (the generator's steps are collective over the group); the leader replies.
+  const bool leader = !r.share || r.share.rank() == 0;
   for (;;) {
-    const int64_t cmd = receive_message(r.link, r.client, bytes);
+    int64_t cmd = leader ? receive_message(r.link, r.client, bytes) : 0;
+    if (r.share) cmd = share_message(r.share, cmd, bytes);
     if (cmd == kStopDone) return;
     if (cmd == kStopFailed)
       throw Error(RLH_E_ABORTED, "generator rank " + std::to_string(r.world_rank) + ": " +
@@ -593,7 +628,7 @@ void GenerationRanks::serve(Generator& gen) {
       const std::string m = e.what();
       reply.assign(m.begin(), m.end());
     }
-    send_message(r.link, r.client, status, reply);
+    if (leader) send_message(r.link, r.client, status, reply);
   }
 }
 

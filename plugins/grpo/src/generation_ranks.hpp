@@ -19,6 +19,14 @@
 // refused with one line naming M, T, D and g (T and M not dividing one another already at the
 // split, before the model loads).
 //
+// Tensor-parallel generators (policy.generation.vllm_cfg.tensor_parallel_size = G > 1): the M
+// generator ranks form M / G generators of G consecutive ranks, and everything above counts
+// generators instead of generator ranks. A client talks to its generator's first rank (its
+// leader); the leader shares each message it receives (layout, request, refit, stop) with its
+// group before acting on it, so every rank of the group acts on the client's messages in the
+// client's order, runs the same generate calls (collective inside the generator) and joins the
+// refit broadcast; the leader alone replies.
+//
 // Trainer ranks build the backend on a host whose world communicator is the trainers' group (the
 // backend's data-parallel groups never include a generator rank). Trainer rank 0 tells every
 // generator rank which trainer rank is its client (attach, after the model loaded); a generator
@@ -62,17 +70,18 @@ namespace rlh::grpo {
 class GenerationRanks {
  public:
   // Splits the launch's world (collective over every rank). `generator_ranks`: the resources'
-  // gpus_per_node x num_nodes; `resources_text` names them in errors.
+  // gpus_per_node x num_nodes; `resources_text` names them in errors; `tensor_parallel_size`:
+  // generator ranks per generator (policy.generation.vllm_cfg.tensor_parallel_size).
   static std::unique_ptr<GenerationRanks> create(const sdk::Host& host, int64_t generator_ranks,
-                                                 const std::string& resources_text);
+                                                 const std::string& resources_text, int64_t tensor_parallel_size = 1);
   ~GenerationRanks();
   GenerationRanks(const GenerationRanks&) = delete;
   GenerationRanks& operator=(const GenerationRanks&) = delete;
 
   bool is_generator() const { return generator_; }
   int trainers() const { return trainers_; }
-  // The host the trainer's components see: the host's services with the trainers' group as its
-  // world communicator.
+  // The host this rank's components see: the host's services with the trainers' group (on a
+  // generator rank: the generator ranks' group) as its world communicator.
   const sdk::Host& trainer_host() const { return trainer_host_; }
 
   // A trainer's layout from the backend (`ranks` after follow_backend): which trainer ranks send

@@ -205,7 +205,10 @@ struct GrpoLoop::Impl {
   std::unique_ptr<Generator> make_generator() const {
     json gen_section = cfg.generation.section;
     if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
-    return std::make_unique<Generator>(host, pick_generator(host, cfg.generation.component), model_dir, gen_section);
+    // trainer_host(): on a generator rank, the generator ranks' group is its world (a
+    // tensor-parallel generator's groups are split from it).
+    return std::make_unique<Generator>(trainer_host(), pick_generator(host, cfg.generation.component), model_dir,
+                                       gen_section);
   }
 
   // The launched ranks that train (without the generator ranks of a non-colocated run), before
@@ -656,7 +659,8 @@ struct GrpoLoop::Impl {
 
   void run() {
     if (!cfg.generation.colocated) {
-      placement = GenerationRanks::create(host, cfg.generation.generator_ranks, cfg.generation.resources_text);
+      placement = GenerationRanks::create(host, cfg.generation.generator_ranks, cfg.generation.resources_text,
+                                          cfg.generation.tensor_parallel_size);
       if (placement->is_generator()) {  // this rank only generates, for its trainer rank
         model_dir = resolve_model(cfg.policy.model_name);
         std::unique_ptr<Generator> mine = make_generator();

@@ -278,6 +278,20 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
                                     std::to_string(*gpus) + " x " + std::to_string(nodes.value_or(1));
     }
   }
+  if (const json* tp = gen.sub("vllm_cfg").find("tensor_parallel_size"); tp != nullptr && !tp->is_null()) {
+    if (!tp->is_number_integer() || tp->get<int64_t>() < 1)
+      throw ConfigError("policy.generation.vllm_cfg.tensor_parallel_size: expected an integer >= 1, got " + describe(*tp));
+    c.generation.tensor_parallel_size = tp->get<int64_t>();
+    const std::string key = "policy.generation.vllm_cfg.tensor_parallel_size = " + std::to_string(c.generation.tensor_parallel_size);
+    // Colocated, every trainer rank runs its own generator on its own share of a call: a group
+    // of them cannot make the same calls (docs/parallelism.md).
+    if (c.generation.tensor_parallel_size > 1 && c.generation.colocated)
+      throw ConfigError(key + " needs policy.generation.colocated.enabled: false (tensor-parallel generators run on "
+                              "generator ranks of their own; colocated generation runs one generator per trainer rank)");
+    if (c.generation.generator_ranks % c.generation.tensor_parallel_size != 0)
+      throw ConfigError(key + " does not divide the " + std::to_string(c.generation.generator_ranks) + " generator ranks (" +
+                        c.generation.resources_text + ")");
+  }
   c.generation.train = read_sampling(gen, SamplingSettings{}, "");
   c.generation.validation = read_sampling(gen, c.generation.train, "val_");
   c.generation.validation.min_p = c.generation.train.min_p;

@@ -39,6 +39,9 @@ struct GenerationConfig {
   bool colocated = true;
   int64_t generator_ranks = 0;
   std::string resources_text;  // names the resources in the layout's errors
+  // policy.generation.vllm_cfg.tensor_parallel_size: the generator ranks form groups of this many
+  // consecutive ranks, each one tensor-parallel generator (non-colocated generation only).
+  int64_t tensor_parallel_size = 1;
 };
 
 // How prompts become token ids.

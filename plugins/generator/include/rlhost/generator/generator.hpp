@@ -48,6 +48,10 @@ struct Options {
   engine::Ops* ops = nullptr;
   // Another executor (a CUDA device's: make_cuda_executor), made for the generator's model.
   std::function<std::unique_ptr<StepExecutor>(DecodeModel&)> executor;
+  // Tensor parallelism (not owned; nullptr or one rank: none): the group this generator is
+  // spread over. Every rank of it makes the same calls; each holds its heads, widths and
+  // vocabulary rows (DecodeModel), and all draw the same tokens. The host executor only.
+  TpGroup* tp = nullptr;
 };
 
 struct Request {
@@ -91,7 +95,9 @@ class Generator {
 
   const sdk::TransformerDesc& desc() const { return model_->desc(); }
   const Options& options() const { return opt_; }
-  Weights& weights() { return model_->weights(); }
+  // Where whole weights are loaded and refit (under tensor parallelism the whole set, sliced
+  // into this rank's pieces when a generate call begins).
+  Weights& weights() { return model_->input_weights(); }
   DecodeModel& model() { return *model_; }
 
   // The longest sequence (prompt + new tokens) this generator produces (the KV budget may cut

@@ -27,6 +27,7 @@
 #include "rlhost/generator/kv_cache.hpp"
 #include "rlhost/sdk/layer_program.hpp"
 #include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/sdk/tensor_parallel.hpp"
 #include "rlhost/tensor.h"
 
 namespace rlh::gen {
@@ -36,6 +37,21 @@ namespace rlh::gen {
 // to element `dst` of its parameter's engine tensor.
 struct WeightRun {
   int64_t dst = 0, src = 0, count = 0;
+};
+
+// The group of ranks one tensor-parallel generator is spread over (vLLM's tensor_parallel_size,
+// Megatron's layout: sdk/tensor_parallel.hpp), as the host executor needs it. Every rank of the
+// group runs the same generate calls and the same steps; the collectives below are its only
+// communication. The plugin gives one over the host's communicator (comm_mpi).
+class TpGroup {
+ public:
+  virtual ~TpGroup() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // Elementwise sum over the group, in place.
+  virtual void all_reduce_sum(float* data, int64_t n) = 0;
+  // Every rank's n floats of `in`, in rank order, into out [size * n].
+  virtual void all_gather(const float* in, int64_t n, float* out) = 0;
 };
 
 // A device's memory that update_weights reads (GENERATOR 0.2's weights_device): the CUDA
@@ -184,7 +200,13 @@ class DecodeModel {
   // Throws sdk::Error(RLH_E_UNIMPLEMENTED) naming the layer and feature when the program needs
   // what the generator does not execute, RLH_E_INVALID_ARGUMENT when the description is
   // inconsistent.
-  explicit DecodeModel(sdk::TransformerDesc desc);
+  //
+  // With a group `tp` of more than one rank (not owned) the model is this rank's part of the
+  // tensor-parallel layout (sdk::make_tp_layout): desc() and weights() are the rank's (its heads,
+  // widths and vocabulary rows; the program marked by mark_tensor_parallel), while whole
+  // weights arrive in input_weights() (the full description's) and sync_weights() slices them.
+  // A layout the group cannot run is refused naming policy.generation.vllm_cfg.tensor_parallel_size.
+  explicit DecodeModel(sdk::TransformerDesc desc, TpGroup* tp = nullptr);
 
   // The MoE router in float64 (the trainer's MoeOptions::router_fp64, NeMo-RL's
   // moe_router_dtype: fp64); float32 by default. No effect on models without MoE layers.
@@ -192,15 +214,33 @@ class DecodeModel {
   bool router_fp64() const { return router_fp64_; }
   ~DecodeModel();
 
+  // This rank's description (the whole model's without tensor parallelism).
   const sdk::TransformerDesc& desc() const { return desc_; }
+  // The whole model's description (what refits and checkpoints name).
+  const sdk::TransformerDesc& full_desc() const { return tp_on() ? full_desc_ : desc_; }
   const sdk::ModelProgram& program() const { return prog_; }
+  // Tensor parallelism: the group (nullptr without) and this rank's layout.
+  TpGroup* tp() const { return tp_on() ? tp_ : nullptr; }
+  bool tp_on() const { return tp_ != nullptr && tp_->size() > 1; }
+  const sdk::TpLayout& tp_layout() const { return tp_layout_; }
   const std::vector<LayerShape>& shapes() const { return shapes_; }
   const std::vector<RopeTable>& ropes() const { return ropes_; }
+  // The whole vocabulary (every rank draws over it), and the rows of it this rank's embedding and
+  // head hold (vocab() without tensor parallelism; a padded block of it with).
   int64_t vocab() const { return V_; }
+  int64_t vocab_rows() const { return Vrows_; }
   int64_t hidden() const { return C_; }
   int64_t num_layers() const { return L_; }
+  // The weights the executors read (this rank's under tensor parallelism).
   Weights& weights() { return *weights_; }
   const Weights& weights() const { return *weights_; }
+  // Where whole weights are loaded and refit: weights() itself, or under tensor parallelism the
+  // whole model's set, sliced into weights() by sync_weights() once it is complete.
+  Weights& input_weights() { return full_weights_ ? *full_weights_ : *weights_; }
+  const Weights& input_weights() const { return full_weights_ ? *full_weights_ : *weights_; }
+  // Under tensor parallelism: this rank's pieces of a whole set that changed since the last call
+  // (tp_slice), installed as owned weights of the same version. Requires a complete input set.
+  void sync_weights();
   // The paged cache's layout for this model: keys transposed within a block (the host's
   // paged_attention) or row-major (a GPU's), elements of elem_bytes.
   KvLayout kv_layout(int64_t block_size, bool keys_transposed = true, int64_t elem_bytes = 4) const;
@@ -214,8 +254,13 @@ class DecodeModel {
   sdk::ModelProgram prog_;
   std::vector<LayerShape> shapes_;
   std::vector<RopeTable> ropes_;
-  int64_t V_ = 0, C_ = 0, L_ = 0;
+  int64_t V_ = 0, Vrows_ = 0, C_ = 0, L_ = 0;
   std::unique_ptr<Weights> weights_;
+  TpGroup* tp_ = nullptr;
+  sdk::TpLayout tp_layout_;
+  sdk::TransformerDesc full_desc_;         // under tensor parallelism
+  std::unique_ptr<Weights> full_weights_;  // under tensor parallelism: what refits fill
+  int64_t synced_serial_ = -1;             // full_weights_'s serial() sliced last
   bool router_fp64_ = false;
 };
 

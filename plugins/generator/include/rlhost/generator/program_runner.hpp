@@ -20,10 +20,12 @@
 //   void add(T* y, const T* a, const T* b, int64_t n)
 //   void copy2d(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t cols)
 //   void moe(int64_t l, int64_t R, const T* xn, T* y)  the MoE block (no residual)
+//   void tp_reduce(T* y, int64_t n)                    (tensor parallelism only) the group's sum of y, in place
 //   const T* gather_rows(const T* x, int64_t R)        the sampling rows of x [S, C] (x itself when they are all rows in order)
 //   void logits(const T* xn, const T* W, int64_t S)    the head's logits of xn [S, C] (float32, the backend's buffer)
 #pragma once
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -138,6 +140,10 @@ class ProgramRunner {
           row += n;
           i = j;
         }
+        // Row-parallel (tensor parallelism): a partial sum over this rank's input columns, summed
+        // over the group before the bias (whole on every rank) is added once. The output is a
+        // whole value: R x width contiguous.
+        if (st.tp_reduce_out) reduce(out, R * st.out.width);
         row = 0;
         for (size_t i = 0; i < st.weights.size(); ++i) {
           const int64_t n = desc.params[size_t(st.weights[i])].shape[0];
@@ -160,6 +166,7 @@ class ProgramRunner {
         break;
       case sdk::StepOp::moe:
         b_.moe(l, R, in, out);
+        if (st.tp_reduce_out) reduce(out, R * st.out.width);  // the experts' partial sums, after the combine
         break;
       case sdk::StepOp::mla: {
         const LayerShape& s = m_.shapes()[size_t(l)];
@@ -169,6 +176,15 @@ class ProgramRunner {
         break;
       }
     }
+  }
+
+  // A tensor-parallel step's sum over the group: only backends that run tensor parallelism
+  // have it (DecodeModel marks programs only for those).
+  void reduce(T* y, int64_t n) {
+    if constexpr (requires { b_.tp_reduce(y, n); })
+      b_.tp_reduce(y, n);
+    else
+      throw std::logic_error("generator: this executor does not run tensor-parallel programs");
   }
 
   // The q, k and v of a multi-head latent attention layer (DeepSeek-V2/V3) for the step's rows:
