@@ -44,7 +44,8 @@ export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
-        test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda test_generator_cuda test_comm_nccl"
+        test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda test_backend_cuda_loss test_generator_cuda
+        test_comm_nccl"
   [ "$what" = gentests ] && list=test_generator_cuda
   [ -n "${TESTS:-}" ] && list=$TESTS  # e.g. TESTS="test_comm_nccl test_generator_cuda": only these
   for t in $list; do
