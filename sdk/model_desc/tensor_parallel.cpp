@@ -232,6 +232,16 @@ Around around(const std::vector<int64_t>& shape, int axis) {
 
 }  // namespace
 
+void tp_embedding_lookup(const TpLayout& L, float* x, const int32_t* ids, int64_t R, const float* W, int64_t C) {
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t id = int64_t(ids[r]) - L.vocab_begin;
+    if (id >= 0 && id < L.vocab_count)
+      std::memcpy(x + r * C, W + id * C, size_t(C) * sizeof(float));
+    else
+      std::memset(x + r * C, 0, size_t(C) * sizeof(float));
+  }
+}
+
 std::vector<float> tp_slice(const TpLayout& L, size_t i, std::span<const float> full) {
   const TpPiece& pc = L.pieces.at(i);
   const std::vector<int64_t>& fs = L.full.params[i].shape;

@@ -353,15 +353,7 @@ void HostBackend::embed(float* x, int64_t R) {
   }
   // Vocabulary-parallel: each rank looks up the ids in its rows, zeros elsewhere, and the group
   // sums (one rank's row plus zeros: the whole model's row, exactly).
-  const sdk::TpLayout& L = m_.tp_layout();
-  const float* W = w(m_.program().embed);
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t id = int64_t(rows_->ids[size_t(r)]) - L.vocab_begin;
-    if (id >= 0 && id < L.vocab_count)
-      std::memcpy(x + r * C_, W + id * C_, size_t(C_) * sizeof(float));
-    else
-      std::memset(x + r * C_, 0, size_t(C_) * sizeof(float));
-  }
+  sdk::tp_embedding_lookup(m_.tp_layout(), x, rows_->ids.data(), R, w(m_.program().embed), C_);
   tp->all_reduce_sum(x, R * C_);
 }
 

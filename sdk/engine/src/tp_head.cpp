@@ -24,14 +24,7 @@
 namespace rlh::engine {
 
 void Engine::Impl::tp_embedding_fwd(float* x, const int32_t* ids, int64_t N) {
-  const float* W = w(prog.embed);
-  for (int64_t t = 0; t < N; ++t) {
-    const int64_t id = int64_t(ids[t]) - vlo;
-    if (id >= 0 && id < vcount)
-      std::memcpy(x + t * C, W + id * C, size_t(C) * sizeof(float));
-    else
-      std::memset(x + t * C, 0, size_t(C) * sizeof(float));
-  }
+  sdk::tp_embedding_lookup(*opt.tp, x, ids, N, w(prog.embed), C);
   if (sp_on)
     sp_scatter(x, C);  // sequence parallelism: this rank's rows of the sum
   else

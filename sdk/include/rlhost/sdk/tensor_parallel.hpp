@@ -104,6 +104,11 @@ std::vector<float> tp_slice(const TpLayout& layout, size_t i, std::span<const fl
 // into the full tensor.
 void tp_place(const TpLayout& layout, size_t i, std::span<const float> local, std::span<float> full);
 
+// The vocabulary-parallel embedding's local half: row r of x [R, C] is this rank's embedding row
+// of ids[r] (rows [vocab_begin, vocab_begin + vocab_count) of the vocabulary, W holding them), or
+// zeros for an id another rank holds; summing x over the group gives one rank's lookup exactly.
+void tp_embedding_lookup(const TpLayout& layout, float* x, const int32_t* ids, int64_t R, const float* W, int64_t C);
+
 // The pass: marks the communication of this rank's program (built from layout.local) —
 // LayerStep::tp_reduce_out on row-parallel linears, tp_reduce_din on column-parallel ones.
 // Throws std::logic_error if a column-parallel linear's input gradient is accumulated (it must
