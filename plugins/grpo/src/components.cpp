@@ -2,8 +2,8 @@
 #include "components.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>

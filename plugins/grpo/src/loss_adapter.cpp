@@ -9,8 +9,8 @@
 
 #include "rlhost/grpo/device_loss.hpp"
 #include "rlhost/grpo/nll_loss.hpp"
-#include "rlhost/losses/loss_ops.hpp"
 #include "rlhost/grpo/packing.hpp"
+#include "rlhost/losses/loss_ops.hpp"
 
 namespace rlh::grpo {
 
