@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs what a run on the H200 needs into .devbin/devbin.txz (carried by the device tool, 64 MiB
-# cap with the source tree; xz: a third of gzip's size, which no longer fit beside the tree): the `gpu` test binaries, the GPU benchmark, rlhost with librlhost
+# cap with the source tree; xz -9, whose large dictionary takes the CUDA fatbins to about 9 MiB where
+# -6 gave 16.6 MiB and no longer fit beside the tree): the `gpu` test binaries, the GPU benchmark, rlhost with librlhost
 # and the plugins, the shared libraries the device image lacks (yaml-cpp, Boost.ProgramOptions,
 # PCRE2, utf8proc, libgomp). The fixtures travel with the source tree (tests/fixtures).
 # Binaries come from build-cuda (-DRLH_BUILD_BENCH=ON; CUDA runtime static, cuBLASLt loaded at
@@ -59,5 +60,5 @@ if [ "${SLIM:-0}" = 1 ]; then
 fi
 mkdir -p .devbin
 rm -f .devbin/devbin.tgz
-tar cf - -C "$stage" . | xz -T2 -6 > .devbin/devbin.txz
+tar cf - -C "$stage" . | xz -T2 -9 > .devbin/devbin.txz
 ls -la .devbin/devbin.txz
