@@ -484,6 +484,10 @@ RLH_PIN_SLOT(rlh_microbatch, metric_tensor, 12);
 /* rlh_train_args */
 RLH_PIN_FIELD(rlh_train_args, loss_on_device, 96, 1); /* since 0.8 */
 
+/* rlh_comm_api */
+RLH_PIN_FIELD(rlh_comm_api, recv_any, 120, 8); /* since 0.9 */
+RLH_PIN_SLOT(rlh_comm_api, recv_any, 15);
+
 #endif /* LP64 */
 
 /* Keeps the translation unit non-empty under -pedantic. */

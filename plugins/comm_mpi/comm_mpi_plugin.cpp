@@ -65,6 +65,9 @@ rlh_status* c_send(rlh_comm* c, const rlh_tensor* t, int32_t peer, void* stream)
 rlh_status* c_recv(rlh_comm* c, const rlh_tensor* t, int32_t peer, void* stream) {
   return guard(make_of(c), [&] { recv(c, t, peer, stream); });
 }
+rlh_status* c_recv_any(rlh_comm* c, const rlh_tensor* t, int32_t* peer, void* stream) {
+  return guard(make_of(c), [&] { recv_any(c, t, peer, stream); });
+}
 rlh_status* c_all_to_all(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, void* stream) {
   return guard(make_of(c), [&] { all_to_all(c, in, out, stream); });
 }
@@ -79,7 +82,7 @@ void c_set_timeout_ms(rlh_comm* c, int64_t ms) {
 }
 
 const rlh_comm_api kApi = {
-    RLH_STRUCT_SIZE(rlh_comm_api, set_timeout_ms),
+    RLH_STRUCT_SIZE(rlh_comm_api, recv_any),
     c_create_world,
     c_destroy,
     c_rank,
@@ -94,6 +97,7 @@ const rlh_comm_api kApi = {
     c_all_to_all,
     c_barrier,
     c_set_timeout_ms,
+    c_recv_any,
 };
 
 // Runs under mpirun or srun --mpi=pmix (score 3: the world's communicator), or alone (score 2:

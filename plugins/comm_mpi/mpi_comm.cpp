@@ -139,19 +139,41 @@ std::string diagnose(const Call& k) {
   return out;
 }
 
-// Drives `reqs` to completion before the call's deadline. Without `diagnose_timeout` (the
-// group's twin does not exist yet) a timeout is reported without asking the peers.
-void wait(Call& k, MPI_Request* reqs, int n, MPI_Status* statuses = nullptr, bool diagnose_timeout = true) {
+// Marks this rank as waiting in `k` (for the answers to peers' queries) while it lives.
+struct Waiting {
+  rlh_comm& c;
+  explicit Waiting(Call& k) : c(k.c) {
+    c.current = k.op;
+    set_waiting(&c, k.op);
+  }
+  ~Waiting() {
+    c.current = Op::none;
+    set_waiting(nullptr, Op::none);
+  }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+};
+
+// Between two polls of a wait: answers peers' queries, stops on cancellation, and past the
+// deadline asks the peers where they are and fails naming them (without `diagnose_timeout`, when
+// the group's twin does not exist yet, it fails without asking).
+void between_polls(Call& k, unsigned& iter, bool diagnose_timeout) {
   rlh_comm& c = k.c;
-  c.current = k.op;
-  set_waiting(&c, k.op);
-  struct Reset {
-    rlh_comm& c;
-    ~Reset() {
-      c.current = Op::none;
-      set_waiting(nullptr, Op::none);
-    }
-  } reset{c};
+  serve_queries();
+  if (cancelled(c))
+    fail(k, RLH_E_CANCELLED, here(k) + " stopped: the job was cancelled (SIGINT or SIGTERM; launchers send SIGTERM to every "
+                                       "rank when one of them fails)");
+  if (Clock::now() >= k.deadline) {
+    const std::string who = diagnose_timeout ? diagnose(k) : "a rank did not arrive";
+    fail(k, RLH_E_DEADLINE_EXCEEDED, here(k) + " timed out after " + sdk::comm::seconds_text(c.timeout_ms) + " (call #" +
+                                         std::to_string(c.calls) + " on the group): " + who);
+  }
+  nap(iter++);
+}
+
+// Drives `reqs` to completion before the call's deadline.
+void wait(Call& k, MPI_Request* reqs, int n, MPI_Status* statuses = nullptr, bool diagnose_timeout = true) {
+  Waiting waiting(k);
   std::vector<MPI_Status> local(static_cast<size_t>(n));
   MPI_Status* st = statuses != nullptr ? statuses : local.data();
   unsigned iter = 0;
@@ -166,16 +188,23 @@ void wait(Call& k, MPI_Request* reqs, int n, MPI_Status* statuses = nullptr, boo
       fail(k, RLH_E_ABORTED, here(k) + " failed: " + mpi_error_text(detail));
     }
     if (flag) return;
-    serve_queries();
-    if (cancelled(c))
-      fail(k, RLH_E_CANCELLED, here(k) + " stopped: the job was cancelled (SIGINT or SIGTERM; launchers send SIGTERM to every "
-                                         "rank when one of them fails)");
-    if (Clock::now() >= k.deadline) {
-      const std::string who = diagnose_timeout ? diagnose(k) : "a rank did not arrive";
-      fail(k, RLH_E_DEADLINE_EXCEEDED, here(k) + " timed out after " + sdk::comm::seconds_text(c.timeout_ms) + " (call #" +
-                                           std::to_string(c.calls) + " on the group): " + who);
-    }
-    nap(iter++);
+    between_polls(k, iter, diagnose_timeout);
+  }
+}
+
+// Waits until a data message from any rank of the group is there, before the call's deadline,
+// and takes it off the matching queue (MPI_Improbe): only this caller can receive it then, and a
+// timeout leaves no receive posted that could take a later message.
+MPI_Message probe_any(Call& k, MPI_Status* st) {
+  Waiting waiting(k);
+  unsigned iter = 0;
+  while (true) {
+    int flag = 0;
+    MPI_Message msg = MPI_MESSAGE_NULL;
+    const int rc = MPI_Improbe(MPI_ANY_SOURCE, kTagData, k.c.comm, &flag, &msg, st);
+    if (rc != MPI_SUCCESS) fail(k, RLH_E_ABORTED, here(k) + " failed: " + mpi_error_text(rc));
+    if (flag) return msg;
+    between_polls(k, iter, true);
   }
 }
 
@@ -601,6 +630,45 @@ void recv(rlh_comm* c, const rlh_tensor* t, int32_t peer, void* stream) {
     throw Error(RLH_E_INVALID_ARGUMENT, here(k) + ": the peer sent " + std::to_string(got) + " elements, this rank expected " +
                                             std::to_string(v.numel));
   store_back(v, h, stream, "recv");
+}
+
+void recv_any(rlh_comm* c, const rlh_tensor* t, int32_t* peer, void* stream) {
+  const View v = sdk::comm::view_of(t, "comm_mpi: recv_any", "tensor");
+  check_device(v, "recv_any", "tensor");
+  if (c == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "comm_mpi: recv_any: communicator is NULL");
+  if (peer == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "comm_mpi: recv_any: peer is NULL");
+  *peer = -1;
+  if (c->size < 2)
+    throw Error(RLH_E_INVALID_ARGUMENT, "comm_mpi: recv_any: group " + describe_group(*c) + " has no other rank to receive from");
+  check_count(v.numel, "recv_any");
+  std::lock_guard<std::mutex> lk(mpi_lock());
+  Call k = begin(c, Op::recv_any, "recv_any (" + v.describe() + " from any rank)");
+  MPI_Status st;
+  MPI_Message msg = probe_any(k, &st);
+  const int from = st.MPI_SOURCE;
+  const std::string sender = "world rank " + std::to_string(c->world_ranks[static_cast<size_t>(from)]);
+  int got = 0;
+  MPI_Get_count(&st, mpi_type(v.dtype), &got);
+  if (got != static_cast<int>(v.numel)) {
+    // Taken all the same (into scratch), so the sender's next message is the next one matched.
+    int bytes = 0;
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    std::vector<char> scratch(static_cast<size_t>(std::max(bytes, 1)));
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int rc = MPI_Imrecv(scratch.data(), bytes, MPI_BYTE, &msg, &req);
+    if (rc != MPI_SUCCESS) fail(k, RLH_E_ABORTED, here(k) + " failed to start: " + mpi_error_text(rc));
+    wait(k, &req, 1);
+    throw Error(RLH_E_INVALID_ARGUMENT, here(k) + ": " + sender + " sent " +
+                                            (got == MPI_UNDEFINED ? std::to_string(bytes) + " bytes" : std::to_string(got) + " elements") +
+                                            ", this rank expected " + std::to_string(v.numel));
+  }
+  const HostSide h = host_side(v, 0, false, stream, "recv_any");
+  MPI_Request req = MPI_REQUEST_NULL;
+  const int rc = MPI_Imrecv(h.ptr, static_cast<int>(v.numel), mpi_type(v.dtype), &msg, &req);
+  if (rc != MPI_SUCCESS) fail(k, RLH_E_ABORTED, here(k) + " failed to start: " + mpi_error_text(rc));
+  wait(k, &req, 1);
+  store_back(v, h, stream, "recv_any");
+  *peer = from;
 }
 
 void all_to_all(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, void* stream) {

@@ -43,6 +43,8 @@ void reduce_scatter(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, in
 void broadcast(rlh_comm* c, const rlh_tensor* t, int32_t root, void* stream);
 void send(rlh_comm* c, const rlh_tensor* t, int32_t peer, void* stream);
 void recv(rlh_comm* c, const rlh_tensor* t, int32_t peer, void* stream);
+// The next message from any other rank of the group (COMM 0.2); *peer: its sender's group rank.
+void recv_any(rlh_comm* c, const rlh_tensor* t, int32_t* peer, void* stream);
 void all_to_all(rlh_comm* c, const rlh_tensor* in, const rlh_tensor* out, void* stream);
 void barrier(rlh_comm* c);
 

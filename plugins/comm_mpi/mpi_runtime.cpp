@@ -104,6 +104,7 @@ const char* op_name(Op op) {
     case Op::barrier: return "barrier";
     case Op::split: return "split";
     case Op::exit: return "the end-of-job barrier";
+    case Op::recv_any: return "recv_any";
   }
   return "?";
 }

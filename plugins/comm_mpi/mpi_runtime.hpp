@@ -22,7 +22,9 @@ namespace rlh::comm_mpi {
 using Clock = std::chrono::steady_clock;
 
 // What a rank is doing, for the answers to queries (and the failure messages).
-enum class Op : int64_t { none = -1, all_reduce, all_gather, reduce_scatter, broadcast, send, recv, all_to_all, barrier, split, exit };
+enum class Op : int64_t {
+  none = -1, all_reduce, all_gather, reduce_scatter, broadcast, send, recv, all_to_all, barrier, split, exit, recv_any
+};
 const char* op_name(Op op);
 
 // The lock every MPI call of the plugin holds (MPI is initialised MPI_THREAD_SERIALIZED).

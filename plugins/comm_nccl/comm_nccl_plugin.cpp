@@ -68,11 +68,22 @@ rlh_status* c_barrier(rlh_comm* c) {
   return guard(make_of(c), [&] { barrier(c); });
 }
 void c_set_timeout_ms(rlh_comm* c, int64_t ms) { set_timeout(c, ms); }
+// COMM 0.2's receive from any source: NCCL matches every receive to a named peer, and a probe
+// over the host bootstrap would have to order itself against NCCL's own stream, so comm_nccl
+// says so; a rank that serves several clients uses the host's world communicator (comm_mpi).
+rlh_status* c_recv_any(rlh_comm* c, const rlh_tensor*, int32_t* peer, void*) {
+  return guard(make_of(c), [&] {
+    if (peer != nullptr) *peer = -1;
+    throw rlh::sdk::Error(RLH_E_UNIMPLEMENTED,
+                          "comm_nccl: recv_any: NCCL has no receive from any source (ncclRecv names its peer); receive from "
+                          "a named peer with recv, or use comm_mpi for messages from whichever rank sends first");
+  });
+}
 
 const rlh_comm_api kApi = {
-    RLH_STRUCT_SIZE(rlh_comm_api, set_timeout_ms),
+    RLH_STRUCT_SIZE(rlh_comm_api, recv_any),
     c_create_world, c_destroy, c_rank, c_size, c_split, c_all_reduce, c_all_gather, c_reduce_scatter,
-    c_broadcast, c_send, c_recv, c_all_to_all, c_barrier, c_set_timeout_ms,
+    c_broadcast, c_send, c_recv, c_all_to_all, c_barrier, c_set_timeout_ms, c_recv_any,
 };
 
 // Score 4 where NCCL and a GPU are (ahead of comm_mpi for device communicators; the host's world

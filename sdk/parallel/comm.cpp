@@ -81,6 +81,17 @@ void Comm::reduce_scatter(const rlh_tensor& in, const rlh_tensor& out, int32_t o
 void Comm::broadcast(const rlh_tensor& t, int root, void* stream) const { check(api_->broadcast(comm_, &t, root, stream)); }
 void Comm::send(const rlh_tensor& t, int peer, void* stream) const { check(api_->send(comm_, &t, peer, stream)); }
 void Comm::recv(const rlh_tensor& t, int peer, void* stream) const { check(api_->recv(comm_, &t, peer, stream)); }
+bool Comm::has_recv_any() const {
+  return api_ != nullptr && RLH_HAS_FIELD(api_, rlh_comm_api, recv_any) && api_->recv_any != nullptr;
+}
+int Comm::recv_any(const rlh_tensor& t, void* stream) const {
+  if (!has_recv_any())
+    throw Error(RLH_E_UNIMPLEMENTED, name_ + " group: its communicator component predates COMM 0.2 and cannot receive from any "
+                                             "rank (no recv_any)");
+  int32_t peer = -1;
+  check(api_->recv_any(comm_, &t, &peer, stream));
+  return peer;
+}
 void Comm::all_to_all(const rlh_tensor& in, const rlh_tensor& out, void* stream) const {
   check(api_->all_to_all(comm_, &in, &out, stream));
 }

@@ -149,6 +149,72 @@ TEST(CommMpi, SendRecvRing) {
   }
 }
 
+// COMM 0.2's recv_any: rank 0 serves every other rank, each sending whenever it likes. Every
+// message arrives once, each sender's in its order, and a message of the wrong count is taken and
+// named without disturbing the next one.
+TEST(CommMpi, RecvAnyFromEverySender) {
+  const int R = g_world.rank(), N = g_world.size();
+  ASSERT_TRUE(RLH_HAS_FIELD(&A(), rlh_comm_api, recv_any) && A().recv_any != nullptr);
+  const DT& i64 = all_dtypes()[4];
+  ASSERT_EQ(std::string(i64.name), "int64");
+  Tensor t(i64, {3});
+  int32_t peer = 7;
+  if (N == 1) {
+    const std::string s = outcome(A().recv_any(W(), t.p(), &peer, nullptr));
+    EXPECT_NE(s.find("INVALID_ARGUMENT: comm_mpi: recv_any: group 'world' (1 rank) has no other rank to receive from"),
+              std::string::npos)
+        << s;
+    EXPECT_EQ(peer, -1);
+    return;
+  }
+  constexpr int kEach = 3;
+  if (R != 0) {
+    for (int i = 0; i < kEach; ++i) {
+      for (size_t j = 0; j < 3; ++j) t.set(j, R * 100 + i * 10 + static_cast<int>(j));
+      ASSERT_EQ(outcome(A().send(W(), t.p(), 0, nullptr)), "");
+    }
+    Tensor wrong(i64, {5});
+    ASSERT_EQ(outcome(A().send(W(), wrong.p(), 0, nullptr)), "");
+    t.set(0, -R);
+    ASSERT_EQ(outcome(A().send(W(), t.p(), 0, nullptr)), "");
+  } else {
+    std::vector<int> next(static_cast<size_t>(N), 0);  // each sender's next message number
+    for (int m = 0; m < kEach * (N - 1); ++m) {
+      peer = -1;
+      ASSERT_EQ(outcome(A().recv_any(W(), t.p(), &peer, nullptr)), "");
+      ASSERT_TRUE(peer >= 1 && peer < N) << peer;
+      const int i = next[static_cast<size_t>(peer)]++;
+      ASSERT_LT(i, kEach) << "rank " << peer << " sent more than " << kEach;
+      for (size_t j = 0; j < 3; ++j) ASSERT_EQ(t.at(j), peer * 100 + i * 10 + static_cast<int>(j)) << "from " << peer;
+    }
+    // Each sender's 5-element message: refused by count, naming the sender; its next one intact.
+    std::vector<int> refused(static_cast<size_t>(N), 0), last(static_cast<size_t>(N), 0);
+    for (int m = 0; m < 2 * (N - 1); ++m) {
+      peer = -1;
+      const std::string s = outcome(A().recv_any(W(), t.p(), &peer, nullptr));
+      if (s.empty()) {
+        ASSERT_TRUE(peer >= 1 && peer < N);
+        EXPECT_EQ(refused[static_cast<size_t>(peer)], 1) << "rank " << peer << "'s last message overtook its wrong one";
+        EXPECT_EQ(t.at(0), -peer);
+        last[static_cast<size_t>(peer)]++;
+      } else {
+        EXPECT_NE(s.find("INVALID_ARGUMENT: comm_mpi: recv_any (int64 x 3 from any rank) on group 'world'"), std::string::npos) << s;
+        EXPECT_NE(s.find(" sent 5 elements, this rank expected 3"), std::string::npos) << s;
+        const size_t at = s.find(": world rank ");
+        ASSERT_NE(at, std::string::npos) << s;
+        refused[static_cast<size_t>(std::atoi(s.c_str() + at + 13))]++;
+      }
+    }
+    for (int p = 1; p < N; ++p) {
+      EXPECT_EQ(refused[static_cast<size_t>(p)], 1) << p;
+      EXPECT_EQ(last[static_cast<size_t>(p)], 1) << p;
+    }
+    EXPECT_NE(outcome(A().recv_any(W(), t.p(), nullptr, nullptr)).find("recv_any: peer is NULL"), std::string::npos);
+  }
+  // Nothing is left pending: the world is in step.
+  EXPECT_EQ(outcome(A().barrier(W())), "");
+}
+
 TEST(CommMpi, AllToAllEveryDtype) {
   const int R = g_world.rank(), N = g_world.size();
   for (const DT& d : all_dtypes()) {

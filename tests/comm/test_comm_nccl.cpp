@@ -199,6 +199,12 @@ TEST(CommNccl, ArgumentErrorsNameWhatIsWrong) {
   elsewhere.device = {RLH_DEVICE_CUDA, count};  // a GPU the communicator is not on
   s = outcome(A().all_reduce(W(), &elsewhere, RLH_REDUCE_SUM, nullptr));
   EXPECT_NE(s.find("but the communicator is on cuda:0"), std::string::npos) << s;
+  // COMM 0.2's recv_any: the slot is there and says NCCL has no receive from any source.
+  ASSERT_TRUE(RLH_HAS_FIELD(&A(), rlh_comm_api, recv_any) && A().recv_any != nullptr);
+  int32_t peer = 5;
+  s = outcome(A().recv_any(W(), din.p(), &peer, nullptr));
+  EXPECT_NE(s.find("UNIMPLEMENTED: comm_nccl: recv_any: NCCL has no receive from any source"), std::string::npos) << s;
+  EXPECT_EQ(peer, -1);
 }
 
 // Last: a deadline passed aborts the communicator and poisons the process's communicators. One

@@ -17,6 +17,12 @@ on N ranks and checks what the ranks print, how they exit and how long it takes:
                   start naming both
   bad_env         RANK/WORLD_SIZE malformed: one line naming the variable (no mpirun)
   env_without_mpi a torchrun-style env of 2 ranks on CPU: no communicator can run, one line
+  recv_any_healthy  3 ranks: rank 0 takes each step's messages of ranks 1 and 2 with recv_any
+                  (COMM 0.2), whichever comes first; every rank finishes
+  recv_any_sleeping_sender  rank 1 sleeps 60 s before sending: rank 0, which took rank 2's
+                  message, fails within the 2 s timeout in recv_any with one line naming rank 1
+  recv_any_killed_sender  rank 2 is killed before sending, under --enable-recovery: rank 0 finds
+                  out at the deadline, names rank 2 in one line and exits non-zero
 
 usage: test_failures.py CASE RLHOST COMM_PROBE_PLUGIN MPIRUN
 """
@@ -55,7 +61,7 @@ def check(ok, what, output=""):
             print("---- output ----\n" + output + "\n----------------")
 
 
-def write_config(tmp, timeout_s=2.0, probe=None, cluster=None):
+def write_config(tmp, timeout_s=2.0, probe=None, cluster=None, tp=2):
     probe = probe or {}
     lines = [
         "rlhost:",
@@ -63,7 +69,7 @@ def write_config(tmp, timeout_s=2.0, probe=None, cluster=None):
         f"  comm_timeout_s: {timeout_s}",
         "comm_probe:",
         "  steps: 4",
-        "  tp: 2",
+        f"  tp: {tp}",
     ]
     lines += [f"  {k}: {v}" for k, v in probe.items()]
     lines += ["logger:", f"  log_dir: {tmp}/logs", "  console_enabled: false"]
@@ -197,6 +203,38 @@ def case_env_without_mpi(tmp):
     check(time.monotonic() - t0 < 20, "at once", p.stdout)
     lines = error_lines(p.stdout)
     check(len(lines) == 1 and "communicator" in lines[0] and "comm_mpi" in lines[0], "one line saying why", p.stdout)
+
+
+def case_recv_any_healthy(tmp):
+    cfg = write_config(tmp, 20, probe={"recv_any": "true"}, tp=1)
+    rc, out, _ = mpirun(3, rlhost_cmd(cfg))
+    check(rc == 0, f"3 ranks with recv_any exit 0 (got {rc})", out)
+    for r in range(3):
+        check(f"comm_probe: rank {r} of 3 finished 4 steps" in out, f"rank {r} finished", out)
+
+
+def case_recv_any_sleeping_sender(tmp):
+    cfg = write_config(tmp, 2, probe={"recv_any": "true", "sleep_rank": 1, "sleep_s": 60, "at_step": 1}, tp=1)
+    rc, out, secs = mpirun(3, rlhost_cmd(cfg))
+    check(rc != 0, "the job exits non-zero", out)
+    check(secs < 20, f"the job ends within the timeout, not after the sleep ({secs:.1f} s)", out)
+    lines = rank_line(out, 0)
+    check(len(lines) == 1, f"rank 0 prints exactly one error line (got {len(lines)})", out)
+    if lines:
+        check("recv_any (int64 x 2 from any rank)" in lines[0] and "timed out after 2 s" in lines[0]
+              and "rank 1 did not answer" in lines[0], f"rank 0's line names recv_any, the timeout and rank 1: {lines[0]}", out)
+
+
+def case_recv_any_killed_sender(tmp):
+    cfg = write_config(tmp, 2, probe={"recv_any": "true", "kill_rank": 2, "at_step": 1}, tp=1)
+    wrapped = ["sh", "-c", '"$@"; echo "exit code of rank $OMPI_COMM_WORLD_RANK: $?"', "sh", *rlhost_cmd(cfg)]
+    rc, out, secs = mpirun(3, wrapped, extra=["--enable-recovery"])
+    check(secs < 20, f"the survivors end within the timeout ({secs:.1f} s)", out)
+    lines = rank_line(out, 0)
+    check(len(lines) == 1 and "recv_any" in lines[0] and "rank 2 did not answer" in lines[0] and "timed out after 2 s" in lines[0],
+          "rank 0 names rank 2 in one recv_any line", out)
+    m = re.search(r"exit code of rank 0: (\d+)", out)
+    check(m is not None and m.group(1) != "0", "rank 0 exits non-zero", out)
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

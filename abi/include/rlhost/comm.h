@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 #define RLH_COMM_API_VERSION_MAJOR 0
-#define RLH_COMM_API_VERSION_MINOR 1
+#define RLH_COMM_API_VERSION_MINOR 2
 
 #define RLH_REDUCE_SUM 0
 #define RLH_REDUCE_MAX 1
@@ -51,6 +51,17 @@ struct rlh_comm_api {
   rlh_status* (*barrier)(rlh_comm* self);
   /* Sets the timeout for subsequent calls (milliseconds, 0 = default). */
   void (*set_timeout_ms)(rlh_comm* self, int64_t timeout_ms);
+  /* (COMM 0.2; check RLH_HAS_FIELD and NULL) Receives the next message another rank of the group
+   * sent this rank with `send`, from whichever rank it comes first, into `tensor`, and writes the
+   * sender's rank in the group to *peer. Messages of one sender arrive in the order it sent them;
+   * a message is taken whole, by one call, so two threads never split one. The message must have
+   * tensor's dtype and element count, as with recv: one of another count is taken and reported as
+   * INVALID_ARGUMENT naming both. Bounded by the timeout like every call (no message in time:
+   * DEADLINE_EXCEEDED, naming the ranks that did not answer). For a rank that serves several
+   * clients whose calls are not collective (a generator rank shared by data-parallel trainers).
+   * A component that cannot receive from any source returns RLH_E_UNIMPLEMENTED (comm_nccl:
+   * NCCL has no such receive). */
+  rlh_status* (*recv_any)(rlh_comm* self, const rlh_tensor* tensor, int32_t* peer, void* stream);
 };
 
 #ifdef __cplusplus

@@ -4,6 +4,8 @@
 //   sleep_rank / sleep_s   sleeps before the step's collective (a stuck rank)
 //   kill_rank              kills itself with SIGKILL (a dead rank)
 //   fail_rank              returns an error (a rank that stops with its own message)
+// With `comm_probe.recv_any: true` every step starts with each rank but 0 sending rank 0 a message,
+// which rank 0 takes with recv_any (COMM 0.2) in whatever order they come.
 // Run by rlhost under mpirun (tests/comm/run_failure_tests.sh).
 #include <csignal>
 #include <memory>
@@ -26,6 +28,7 @@ struct Probe {
   int64_t steps = 3, at_step = 1, tp = 1;
   int64_t sleep_rank = -1, kill_rank = -1, fail_rank = -1;
   double sleep_s = 0;
+  bool recv_any = false;
 };
 
 rlh_status* create(const rlh_host_api* host, const char* cfg, size_t len, rlh_algorithm** out) {
@@ -42,6 +45,7 @@ rlh_status* create(const rlh_host_api* host, const char* cfg, size_t len, rlh_al
       a->sleep_s = p.value("sleep_s", a->sleep_s);
       a->kill_rank = p.value("kill_rank", a->kill_rank);
       a->fail_rank = p.value("fail_rank", a->fail_rank);
+      a->recv_any = p.value("recv_any", a->recv_any);
     }
     *out = reinterpret_cast<rlh_algorithm*>(a.release());
   });
@@ -69,6 +73,23 @@ rlh_status* run(rlh_algorithm* self) {
         if (rank == a->sleep_rank) std::this_thread::sleep_for(std::chrono::duration<double>(a->sleep_s));
         if (rank == a->kill_rank) ::raise(SIGKILL);
         if (rank == a->fail_rank) throw Error(RLH_E_ABORTED, "comm_probe: rank " + std::to_string(rank) + " was told to fail");
+      }
+      if (a->recv_any && size > 1) {
+        // Rank 0 serves every other rank, whichever sends first: each exactly once a step.
+        std::vector<int64_t> m{rank, step};
+        const int64_t two = 2;
+        const rlh_tensor t = rlh::sdk::host_tensor(m.data(), rlh::sdk::dtype_of<int64_t>(), std::span<const int64_t>(&two, 1));
+        if (rank != 0) {
+          world.send(t, 0);
+        } else {
+          std::vector<int> seen(static_cast<size_t>(size), 0);
+          for (int i = 1; i < size; ++i) {
+            const int from = world.recv_any(t);
+            expect(from > 0 && from < size && m[0] == from && m[1] == step && seen[static_cast<size_t>(from)]++ == 0,
+                   "recv_any: message (" + std::to_string(m[0]) + ", " + std::to_string(m[1]) + ") from rank " +
+                       std::to_string(from) + " at step " + std::to_string(step));
+          }
+        }
       }
       std::vector<double> v(1024, static_cast<double>(rank + step));
       world.all_reduce(std::span<double>(v), RLH_REDUCE_SUM);

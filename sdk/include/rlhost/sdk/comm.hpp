@@ -67,6 +67,12 @@ class Comm {
   void broadcast(const rlh_tensor& t, int root, void* stream = nullptr) const;
   void send(const rlh_tensor& t, int peer, void* stream = nullptr) const;
   void recv(const rlh_tensor& t, int peer, void* stream = nullptr) const;
+  // The next message any other rank of the group sent this rank (COMM 0.2's recv_any): returns
+  // its sender's rank in the group. Throws Error(UNIMPLEMENTED) naming the component when it has
+  // no such receive (a COMM 0.1 component, or comm_nccl).
+  int recv_any(const rlh_tensor& t, void* stream = nullptr) const;
+  // Whether the component offers recv_any (it may still answer UNIMPLEMENTED: comm_nccl does).
+  bool has_recv_any() const;
   void all_to_all(const rlh_tensor& in, const rlh_tensor& out, void* stream = nullptr) const;
   void barrier() const;
   // The timeout of later calls on this group (0: the communicator's default).
