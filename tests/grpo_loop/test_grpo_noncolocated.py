@@ -9,6 +9,11 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   token counts and validation accuracy equal, loss and gradient norm within fp32
                   rounding); every refit's bytes are the policy's fp32 weights
   follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks
+  follows_dp2_shared  2 data-parallel trainer ranks sharing 1 generator rank (np 3; validation shares
+                  of 16 and 17 rows, so the two make different numbers of calls) follow 2 colocated
+                  ranks for 3 steps, and async GRPO on them (lags 0, 1, 1)
+  follows_dp4_shared_np6  4 data-parallel trainer ranks sharing 2 generator ranks (np 6, two each)
+                  likewise against 4 colocated ranks
   follows_1to2    1 trainer + 2 generator ranks (np 3: the trainer splits each call between them)
                   follow one colocated rank for 3 steps, synchronously and with async GRPO
                   (max_trajectory_age_steps 1: lags 0, 1, 1; and 2: lags 0, 1, 2)
@@ -27,8 +32,8 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   ppo_follows     PPO with 1 trainer + 1 generator rank follows one colocated rank (the critic
                   trains on the trainer rank; only generation moves); asynchronous PPO on them
                   trains steps 2-3 one version behind
-  bad_layout      worlds the generator ranks do not fit (no trainer left, trainers not a multiple
-                  of the generator ranks, data-parallel groups without a generator rank each), and
+  bad_layout      worlds the generator ranks do not fit (no trainer left, trainer and generator
+                  counts that do not divide one another), and
                   the async settings rlhost cannot honour, are refused with one line naming them
   async_learns    async GRPO (1-step-off) from a short SFT stage: step 1 is the synchronous run's,
                   later steps train on rollouts one weight version old, and validation accuracy
@@ -188,6 +193,41 @@ def case_follows_1to2(tmp):
 GEN_TP2 = ["++policy.generation.vllm_cfg.tensor_parallel_size=2"]
 
 
+# Validation shares of unequal length (33 rows over 2 ranks: 16 and 17, in batches of 16), so the
+# ranks sharing a generator rank make different numbers of generate calls.
+UNEVEN_VAL = ["grpo.max_val_samples=33", "grpo.val_batch_size=16"]
+
+
+def shared(tmp, trainers, gens, steps=3):
+    """`trainers` data-parallel trainer ranks sharing `gens` generator ranks follow as many colocated
+    ranks for `steps` steps, synchronously and with async GRPO (lags 0, 1, 1)."""
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "colocated", steps=steps, extra=UNEVEN_VAL), np=trainers)
+    check(rc == 0, f"{trainers} colocated ranks run (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "nc", steps=steps, extra=UNEVEN_VAL + generators(gens)), np=trainers + gens)
+    check(rc == 0, f"{trainers} trainer + {gens} generator rank(s) run (rc {rc})", out)
+    rc2, out2, secs2 = run(command(tmp, "async", steps=steps, extra=UNEVEN_VAL + generators(gens) + ASYNC), np=trainers + gens)
+    check(rc2 == 0, f"async GRPO on {trainers} trainer + {gens} generator rank(s) runs (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    per = trainers // gens
+    check(f"every {per} groups share one, fed by their first ranks" in out,
+          f"every {per} data-parallel trainer ranks share a generator rank", out)
+    one, two, a = metrics(tmp, "colocated"), metrics(tmp, "nc"), metrics(tmp, "async")
+    compare(one, two, range(1, steps + 1), f"{trainers} trainer + {gens} generator rank(s)", f"the {trainers} colocated ranks'")
+    check("validation/accuracy" in one.get(0, {}) and one[0]["validation/accuracy"] == two.get(0, {}).get("validation/accuracy"),
+          "the validation at the start (unequal shares) equals the colocated run's", str(two.get(0)))
+    want = params_bytes(tmp)
+    check(all(two[s].get("train/refit_bytes") == want for s in range(1, steps + 1)),
+          f"every refit broadcasts the policy's {want} bytes")
+    check(a[1]["train/reward"] == one[1]["train/reward"], "async: step 1 draws the colocated run's samples")
+    lags = [a[k]["train/generation_weight_lag"] for k in range(1, steps + 1)]
+    check(lags == [0] + [1] * (steps - 1), f"async: later steps train on rollouts one version old (lags {lags})")
+    print(f"{trainers} data-parallel trainers sharing {gens} generator rank(s) followed {trainers} colocated ranks for "
+          f"{steps} steps (rewards {[two[s]['train/reward'] for s in range(1, steps + 1)]}; {secs:.1f} s); async lags "
+          f"{lags} ({secs2:.1f} s)")
+
+
 def case_follows_gen_tp2(tmp):
     setup(tmp)
     rc, out, _ = run(command(tmp, "colocated", steps=3))
@@ -307,9 +347,6 @@ def one_error_line(out, text, what):
 def case_bad_layout(tmp):
     setup(tmp)
     for np, gen, text in [
-            (3, 1, "gpus_per_node x num_nodes = 1 x 1 = 1 generator ranks for 2 trainer ranks in 2 data-parallel "
-                   "groups of 1 rank: each group needs the same number of generator ranks, dividing its ranks or a "
-                   "multiple of them (generator ranks that fit: a multiple of 2)"),
             (5, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 5 ranks were launched: the 3 trainer "
                    "ranks and the 2 generator ranks must divide one another"),
             (2, 2, "gpus_per_node x num_nodes = 2 x 1 = 2 generator ranks, but 2 ranks were launched: at least one"),
@@ -443,6 +480,8 @@ CASES = {
     "follows": lambda t: case_follows(t, 1),
     "follows_dp2": lambda t: case_follows(t, 2),
     "follows_1to2": case_follows_1to2,
+    "follows_dp2_shared": lambda t: shared(t, 2, 1),
+    "follows_dp4_shared_np6": lambda t: shared(t, 4, 2),
     "follows_gen_tp2": case_follows_gen_tp2,
     "follows_tp2": case_follows_tp2,
     "follows_mp_np4": case_follows_mp_np4,

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -20,8 +21,10 @@ using sdk::Error;
 namespace {
 
 // What a trainer sends its generator rank (the first word of a header).
-// kLayout (trainer rank 0, once): the world rank of the generator rank's client.
-enum Command : int64_t { kGenerate = 1, kRefit = 2, kStopDone = 3, kStopFailed = 4, kLayout = 5 };
+// kLayout (trainer rank 0, once): the trainer ranks of the generator rank's clients.
+// kFetch: the client waits for its oldest request's samples (the generator rank sends samples only
+// to a client that waits for them, so a reply never blocks it while another client waits).
+enum Command : int64_t { kGenerate = 1, kRefit = 2, kStopDone = 3, kStopFailed = 4, kLayout = 5, kFetch = 6 };
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -90,24 +93,33 @@ rlh_tensor view(T* p, const int64_t& n) {
   return sdk::host_tensor(p, sdk::dtype_of<T>(), std::span<const int64_t>(&n, 1));
 }
 
-// A header (command or status, byte count) and its bytes, to `peer` of the link.
-void send_message(const sdk::Comm& c, int peer, int64_t word, const std::vector<uint8_t>& bytes) {
-  int64_t header[2] = {word, static_cast<int64_t>(bytes.size())};
-  const int64_t two = 2;
-  c.send(view(header, two), peer);
+// A header (command or status, byte count, weight version) and its bytes, to `peer` of the link.
+// The version of a generate request is the client's last refit's: a generator rank serves it with
+// those weights (several clients' requests and refits reach it in no fixed order).
+constexpr int64_t kHeaderWords = 3;
+
+void send_message(const sdk::Comm& c, int peer, int64_t word, const std::vector<uint8_t>& bytes, int64_t version = -1) {
+  int64_t header[kHeaderWords] = {word, static_cast<int64_t>(bytes.size()), version};
+  c.send(view(header, kHeaderWords), peer);
   const int64_t n = header[1];
   if (n > 0) c.send(view(const_cast<uint8_t*>(bytes.data()), n), peer);
 }
 
-int64_t receive_message(const sdk::Comm& c, int peer, std::vector<uint8_t>& bytes) {
-  int64_t header[2] = {0, 0};
-  const int64_t two = 2;
-  c.recv(view(header, two), peer);
+// A message from `peer`, or (peer < 0) from whichever rank sends first (COMM 0.2's recv_any); its
+// bytes follow from the same rank. Returns the first word; *from and *version when asked.
+int64_t receive_message(const sdk::Comm& c, int peer, std::vector<uint8_t>& bytes, int* from = nullptr,
+                        int64_t* version = nullptr) {
+  int64_t header[kHeaderWords] = {0, 0, -1};
+  if (peer >= 0) c.recv(view(header, kHeaderWords), peer);
+  else peer = c.recv_any(view(header, kHeaderWords));
   if (header[1] < 0 || header[1] > (int64_t{1} << 40))
-    throw Error(RLH_E_DATA_LOSS, "generation ranks: a message of " + std::to_string(header[1]) + " bytes");
+    throw Error(RLH_E_DATA_LOSS, "generation ranks: a message of " + std::to_string(header[1]) + " bytes from rank " +
+                                     std::to_string(peer));
   bytes.resize(static_cast<size_t>(header[1]));
   const int64_t n = header[1];
   if (n > 0) c.recv(view(bytes.data(), n), peer);
+  if (from != nullptr) *from = peer;
+  if (version != nullptr) *version = header[2];
   return header[0];
 }
 
@@ -248,9 +260,10 @@ struct GenerationRanks::Impl {
   int num_units() const { return num_generators / tp; }
   std::string resources_text;  // names the generator ranks in errors
   // A client's generator ranks (world ranks, in the order its calls' parts go to them; empty: not
-  // a client), a generator rank's client (-1: not named yet).
+  // a client), a generator rank's clients (trainer ranks; several when data-parallel groups share it).
   std::vector<int> peers;
-  int client = -1;
+  std::vector<int> clients;
+  int64_t version = -1;  // a trainer's last refit's weight version (its requests name it)
   bool attached = false;  // trainer rank 0 told the generator ranks their clients
   bool in_refit = false;  // this rank is in the refit group
   bool stopped = false;
@@ -272,6 +285,7 @@ struct GenerationRanks::Impl {
 
   std::vector<uint8_t> receive_result(int peer) {
     std::vector<uint8_t> bytes;
+    send_message(link, peer, kFetch, {});  // this rank now waits for the samples
     const int64_t status = receive_message(link, peer, bytes);
     if (status != 0)
       throw Error(static_cast<rlh_code>(status),
@@ -293,7 +307,7 @@ struct GenerationRanks::Impl {
       std::vector<int64_t> offsets;
       const GroupPart p = part_of_call(args, n, i, n, &piece, &offsets);
       if (p.end == p.begin && i > 0) continue;
-      send_message(link, peers[size_t(i)], kGenerate, encode_request(piece));
+      send_message(link, peers[size_t(i)], kGenerate, encode_request(piece), version);
       Part part;
       part.peer = peers[size_t(i)];
       part.offset = p.end > p.begin ? p.begin : 0;
@@ -315,6 +329,163 @@ struct GenerationRanks::Impl {
     for (Pending& p : pending) receive_parts(p.parts);
   }
 };
+
+namespace {
+
+// A generator rank's (leader's) view of its clients: their messages not yet acted on, each
+// client's in its order, and the next thing to do. Across clients it does whatever can be done
+// now: serve a request (its samples kept until the client fetches them), answer a fetch, note a
+// stop. A refit waits until every client still running has asked for it: a client asks after its
+// last request for the old weights (its messages keep their order), so those are served first and
+// none for the new weights before. Only when nothing can be done does it wait for a message, from
+// whichever client sends first (the link's recv_any; its own recv with one client). Samples go
+// only to a client that fetches them, so a reply never blocks this rank while a client trains and
+// another one waits.
+class ClientQueues {
+ public:
+  struct Action {
+    int64_t cmd = 0;  // kGenerate, kRefit, kStopDone or kStopFailed
+    std::vector<uint8_t> bytes;
+    int client = -1;  // kGenerate: whose request (an index into clients)
+  };
+
+  explicit ClientQueues(GenerationRanks::Impl& r) : r_(r) {}
+
+  // The weight version now installed: a request naming another one is answered with an error.
+  int64_t installed = -1;
+
+  Action next() {
+    for (;;) {
+      if (!r_.attached) {
+        // Trainer rank 0 names this rank's clients once the trainers' layout is known (attach).
+        Message m = receive(0);
+        if (m.cmd == kLayout) {
+          name_clients(m.bytes);
+          continue;
+        }
+        if (m.cmd == kStopDone || m.cmd == kStopFailed) return Action{m.cmd, std::move(m.bytes), -1};
+        throw Error(RLH_E_DATA_LOSS, who() + ": message " + std::to_string(m.cmd) +
+                                         " from trainer rank 0 before it named this rank's clients");
+      }
+      if (std::optional<Action> a = act()) return std::move(*a);
+      bool all_done = true, all_refit = true;
+      for (const Client& c : clients_) {
+        if (c.done) continue;
+        all_done = false;
+        if (c.queue.empty() || c.queue.front().cmd != kRefit) all_refit = false;
+      }
+      if (all_done) return Action{kStopDone, {}, -1};
+      if (all_refit) {
+        for (Client& c : clients_)
+          if (!c.done) c.queue.pop_front();
+        return Action{kRefit, {}, -1};
+      }
+      int from = -1;
+      Message m = receive(clients_.size() == 1 ? r_.clients[0] : -1, &from);
+      const auto it = std::find(r_.clients.begin(), r_.clients.end(), from);
+      if (it == r_.clients.end())
+        throw Error(RLH_E_DATA_LOSS, who() + ": message " + std::to_string(m.cmd) + " from rank " + std::to_string(from) +
+                                         ", which is not one of its clients");
+      Client& c = clients_[static_cast<size_t>(it - r_.clients.begin())];
+      if (c.done)
+        throw Error(RLH_E_DATA_LOSS, who() + ": message " + std::to_string(m.cmd) + " from trainer rank " + std::to_string(from) +
+                                         " after it stopped");
+      c.queue.push_back(std::move(m));
+    }
+  }
+
+  // The samples of a request `next` returned (status 0), or its failure, kept for the fetch.
+  void reply(int client, int64_t status, std::vector<uint8_t> bytes) {
+    clients_[static_cast<size_t>(client)].replies.push_back(Message{status, -1, std::move(bytes)});
+  }
+
+ private:
+  struct Message {
+    int64_t cmd = 0, version = -1;
+    std::vector<uint8_t> bytes;
+  };
+  struct Client {
+    std::deque<Message> queue;    // received, not yet acted on
+    std::deque<Message> replies;  // served, not yet fetched (status, bytes)
+    bool done = false;
+  };
+
+  std::string who() const { return "generator rank " + std::to_string(r_.world_rank); }
+
+  Message receive(int peer, int* from = nullptr) {
+    Message m;
+    m.cmd = receive_message(r_.link, peer, m.bytes, from, &m.version);
+    return m;
+  }
+
+  void name_clients(const std::vector<uint8_t>& bytes) {
+    std::vector<int64_t> who_(bytes.size() / sizeof(int64_t));
+    if (!bytes.empty() && bytes.size() == who_.size() * sizeof(int64_t)) std::memcpy(who_.data(), bytes.data(), bytes.size());
+    if (who_.empty()) throw Error(RLH_E_DATA_LOSS, who() + ": trainer rank 0 named no client");
+    for (int64_t t : who_) {
+      if (t < 0 || t >= r_.num_trainers)
+        throw Error(RLH_E_DATA_LOSS, who() + ": trainer rank 0 named client " + std::to_string(t) + " of " +
+                                         std::to_string(r_.num_trainers) + " trainer ranks");
+      r_.clients.push_back(static_cast<int>(t));
+    }
+    clients_.assign(r_.clients.size(), Client{});
+    r_.attached = true;
+  }
+
+  // Acts on the clients' first messages until one is a request to serve (returned) or none can be
+  // acted on alone; clients waiting for samples (a fetch queued) first.
+  std::optional<Action> act() {
+    for (bool progressed = true; progressed;) {
+      progressed = false;
+      std::vector<size_t> order;
+      for (int pass = 0; pass < 2; ++pass)
+        for (size_t i = 0; i < clients_.size(); ++i) {
+          const auto& q = clients_[i].queue;
+          const bool waiting = std::any_of(q.begin(), q.end(), [](const Message& m) { return m.cmd == kFetch; });
+          if (!q.empty() && waiting == (pass == 0)) order.push_back(i);
+        }
+      for (size_t i : order) {
+        Client& c = clients_[i];
+        Message& m = c.queue.front();
+        const std::string trainer = "trainer rank " + std::to_string(r_.clients[i]);
+        if (m.cmd == kRefit) continue;  // waits for the others (next)
+        if (m.cmd == kStopFailed) return Action{kStopFailed, std::move(m.bytes), static_cast<int>(i)};
+        if (m.cmd == kGenerate && m.version != installed) {
+          const std::string e = "a request for the weights of version " + std::to_string(m.version) + " reached " + who() +
+                                ", which holds version " + std::to_string(installed);
+          reply(static_cast<int>(i), RLH_E_INTERNAL, std::vector<uint8_t>(e.begin(), e.end()));
+          c.queue.pop_front();
+          progressed = true;
+          break;
+        }
+        if (m.cmd == kGenerate) {
+          Action a{kGenerate, std::move(m.bytes), static_cast<int>(i)};
+          c.queue.pop_front();
+          return a;
+        }
+        if (m.cmd == kFetch) {
+          if (c.replies.empty())
+            throw Error(RLH_E_DATA_LOSS, who() + ": " + trainer + " fetched samples of no request");
+          send_message(r_.link, r_.clients[i], c.replies.front().cmd, c.replies.front().bytes);
+          c.replies.pop_front();
+        } else if (m.cmd == kStopDone) {
+          c.done = true;
+        } else {
+          throw Error(RLH_E_DATA_LOSS, who() + ": unknown message " + std::to_string(m.cmd) + " from " + trainer);
+        }
+        c.queue.pop_front();
+        progressed = true;
+        break;
+      }
+    }
+    return std::nullopt;
+  }
+
+  GenerationRanks::Impl& r_;
+  std::vector<Client> clients_;
+};
+
+}  // namespace
 
 class RemoteLink : public GeneratorLink {
  public:
@@ -342,8 +513,9 @@ class RemoteLink : public GeneratorLink {
     if (!r_.in_refit) {
       // Trainer ranks other than 0 take part in the visit (collective under FSDP and model
       // parallelism: their pieces go into each whole weight) and keep nothing.
-      return backend.visit_weights(model, [](void*, const char*, const rlh_tensor*) -> rlh_status* { return nullptr; },
-                                   nullptr);
+      r_.version = backend.visit_weights(model, [](void*, const char*, const rlh_tensor*) -> rlh_status* { return nullptr; },
+                                         nullptr);
+      return r_.version;
     }
     std::vector<Generator::StagedWeight> staged = Generator::stage_on_host(backend, model, &version);
     const auto t0 = std::chrono::steady_clock::now();
@@ -358,6 +530,7 @@ class RemoteLink : public GeneratorLink {
     broadcast_weights(r_.refit, staged);
     r_.refit_bytes = bytes;
     r_.refit_seconds = since(t0);
+    r_.version = version;
     return version;
   }
 
@@ -426,26 +599,40 @@ void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
   // M: generators (groups of tp generator ranks under tensor parallelism), each served by its leader.
   const int M = r.num_units(), T = r.num_trainers, D = ranks.size, g = ranks.group_size();
   // k = M / D generator ranks per data-parallel group: k dividing g (every g / k ranks of the
-  // group share one), or a multiple of g (each rank of the group has k / g of its own).
+  // group share one), or a multiple of g (each rank of the group has k / g of its own). Fewer
+  // generators than groups: every D / M groups share one, each fed by its first rank.
   const int k = M % D == 0 ? M / D : 0;
-  if (k == 0 || (g % k != 0 && k % g != 0)) {
+  const int groups_per = k == 0 && D % M == 0 ? D / M : 1;  // data-parallel groups per generator
+  const std::string layout = r.resources_text + " = " + std::to_string(M) +
+                             (r.tp > 1 ? " tensor-parallel generators" : " generator ranks") + " for " + std::to_string(T) +
+                             " trainer ranks in " + std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " +
+                             std::to_string(g) + " rank" + (g == 1 ? "" : "s");
+  if (groups_per == 1 && (k == 0 || (g % k != 0 && k % g != 0))) {
     std::string fits;
+    for (int j = 1; j < D; ++j)
+      if (D % j == 0) fits += std::to_string(j) + ", ";
     for (int j = 1; j < g; ++j)
       if (g % j == 0) fits += std::to_string(D * j) + ", ";
     throw Error(RLH_E_UNIMPLEMENTED,
-                r.resources_text + " = " + std::to_string(M) + (r.tp > 1 ? " tensor-parallel generators" : " generator ranks") +
-                    " for " + std::to_string(T) +
-                    " trainer ranks in " + std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " +
-                    std::to_string(g) + " rank" + (g == 1 ? "" : "s") +
-                    ": each group needs the same number of generator ranks, dividing its ranks or a multiple of them "
-                    "(generator ranks that fit: " + fits + "a multiple of " + std::to_string(T) + ")");
+                layout + ": each group needs the same number of generator ranks, dividing its ranks or a multiple of them, "
+                         "or the groups an equal share of one (generator ranks that fit: " + fits + "a multiple of " +
+                    std::to_string(T) + ")");
   }
-  const int share = k <= g ? g / k : 1;  // trainer ranks per client (a group's run of them)
-  const int per = k <= g ? 1 : k / g;    // generator ranks per client
-  parts_ = k <= g ? k : g;
+  // Groups sharing a generator rank send whenever their calls come (validation shares, empty
+  // shares and multi-turn rounds differ between them): it must receive from whichever asks first.
+  if (groups_per > 1 && !r.link.has_recv_any())
+    throw Error(RLH_E_UNIMPLEMENTED, layout + ": " + std::to_string(groups_per) +
+                                         " data-parallel groups would share each generator rank, which needs a communicator "
+                                         "that receives from any rank (COMM 0.2 recv_any); the world communicator's component "
+                                         "has none (rlhost.comm; comm_mpi has it)");
+  const int share = k == 0 ? g : k <= g ? g / k : 1;  // trainer ranks per client (a group's run of them)
+  const int per = k <= g ? 1 : k / g;                 // generator ranks per client
+  parts_ = k == 0 ? 1 : k <= g ? k : g;
   const int place = ranks.group ? ranks.group.rank() : 0;
   // This rank's first generator rank (its number among the generator ranks), or -1.
-  const int64_t first = place % share == 0 ? int64_t(ranks.rank) * k + int64_t(place / share) * per : -1;
+  int64_t first = -1;
+  if (place % share == 0)
+    first = k == 0 ? int64_t(ranks.rank) / groups_per : int64_t(ranks.rank) * k + int64_t(place / share) * per;
   std::vector<int64_t> all(static_cast<size_t>(T), -1);  // every trainer rank's, in trainer order
   if (T > 1) {
     const int64_t one = 1, n = T;
@@ -453,27 +640,28 @@ void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
   } else {
     all[0] = first;
   }
-  std::vector<int> client_of(static_cast<size_t>(M), -1);
+  std::vector<std::vector<int64_t>> clients_of(static_cast<size_t>(M));
   for (int t = 0; t < T; ++t)
-    for (int64_t c = all[size_t(t)]; c >= 0 && c < all[size_t(t)] + per && c < M; ++c) client_of[size_t(c)] = t;
+    for (int64_t c = all[size_t(t)]; c >= 0 && c < all[size_t(t)] + per && c < M; ++c) clients_of[size_t(c)].push_back(t);
   for (int c = 0; c < M; ++c)
-    if (client_of[size_t(c)] < 0)
+    if (clients_of[size_t(c)].empty())
       throw Error(RLH_E_INTERNAL, "non-colocated generation: no trainer rank feeds generator rank " + std::to_string(r.leader(c)));
   if (first >= 0)
     for (int i = 0; i < per; ++i) r.peers.push_back(r.leader(static_cast<int>(first) + i));
   if (r.world_rank == 0) {
     for (int c = 0; c < M; ++c) {
-      const int64_t who = client_of[size_t(c)];
-      std::vector<uint8_t> bytes(sizeof who);
-      std::memcpy(bytes.data(), &who, sizeof who);
+      const std::vector<int64_t>& who = clients_of[size_t(c)];
+      std::vector<uint8_t> bytes(who.size() * sizeof(int64_t));
+      std::memcpy(bytes.data(), who.data(), bytes.size());
       send_message(r.link, r.leader(c), kLayout, bytes);
     }
     if (M != T)
       host.info("non-colocated generation: " + std::to_string(M) + " generator rank" + (M == 1 ? "" : "s") + " for " +
                 std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " + std::to_string(g) +
                 " trainer rank" + (g == 1 ? "" : "s") + ": " +
-                (share > 1 ? "every " + std::to_string(share) + " ranks of a group share one"
-                           : "each trainer rank splits its calls over " + std::to_string(per)));
+                (groups_per > 1 ? "every " + std::to_string(groups_per) + " groups share one, fed by their first ranks"
+                 : share > 1    ? "every " + std::to_string(share) + " ranks of a group share one"
+                                : "each trainer rank splits its calls over " + std::to_string(per)));
   }
   r.attached = true;
 }
@@ -529,34 +717,21 @@ void GenerationRanks::abandon() noexcept {
 
 void GenerationRanks::serve(Generator& gen) {
   Impl& r = *impl_;
-  std::vector<uint8_t> bytes;
-  // Trainer rank 0 names this rank's client once the trainers' layout is known (attach).
-  r.client = 0;
-  std::string trainer = "trainer rank 0";
-  // A tensor-parallel generator's leader receives and shares each message with its group, which
-  // acts on it alike (the generator's steps are collective over the group); the leader replies.
+  ClientQueues queues(r);
+  // A tensor-parallel generator's leader hears from the clients and shares each action with its
+  // group, which acts on it alike (the generator's steps are collective over the group); the
+  // leader alone answers the clients.
   const bool leader = !r.share || r.share.rank() == 0;
   for (;;) {
-    int64_t cmd = leader ? receive_message(r.link, r.client, bytes) : 0;
+    ClientQueues::Action action;
+    if (leader) action = queues.next();
+    int64_t cmd = action.cmd;
+    std::vector<uint8_t>& bytes = action.bytes;
     if (r.share) cmd = share_message(r.share, cmd, bytes);
     if (cmd == kStopDone) return;
     if (cmd == kStopFailed)
       throw Error(RLH_E_ABORTED, "generator rank " + std::to_string(r.world_rank) + ": " +
                                      std::string(bytes.begin(), bytes.end()));
-    if (cmd == kLayout && !r.attached) {
-      int64_t who = -1;
-      if (bytes.size() == sizeof who) std::memcpy(&who, bytes.data(), sizeof who);
-      if (who < 0 || who >= r.num_trainers)
-        throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": trainer rank 0 named client " +
-                                         std::to_string(who) + " of " + std::to_string(r.num_trainers) + " trainer ranks");
-      r.client = static_cast<int>(who);
-      r.attached = true;
-      trainer = "trainer rank " + std::to_string(who);
-      continue;
-    }
-    if (!r.attached)
-      throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": message " + std::to_string(cmd) +
-                                       " from trainer rank 0 before it named this rank's client");
     if (cmd == kRefit) {
       // Trainer 0's weights, broadcast to every generator rank.
       const json meta = json::parse(broadcast_text(r.refit, std::string()));
@@ -574,12 +749,12 @@ void GenerationRanks::serve(Generator& gen) {
         staged.push_back(std::move(w));
       }
       broadcast_weights(r.refit, staged);
-      gen.install(std::move(staged), meta.at("version").get<int64_t>());
+      queues.installed = meta.at("version").get<int64_t>();
+      gen.install(std::move(staged), queues.installed);
       continue;
     }
     if (cmd != kGenerate)
-      throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": unknown message " +
-                                       std::to_string(cmd) + " from " + trainer);
+      throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": unknown action " + std::to_string(cmd));
     // A failed generation goes back to the trainer as its status; this rank keeps serving (the
     // trainer stops it).
     std::vector<uint8_t> reply;
@@ -628,7 +803,7 @@ void GenerationRanks::serve(Generator& gen) {
       const std::string m = e.what();
       reply.assign(m.begin(), m.end());
     }
-    if (leader) send_message(r.link, r.client, status, reply);
+    if (leader) queues.reply(action.client, status, std::move(reply));
   }
 }
 
