@@ -43,6 +43,9 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   timeout with one line and the job ends non-zero
   trainer_stops   the trainer is told to stop (SIGTERM) mid-run: both ranks exit non-zero within the
                   timeout, the generator rank with an error line of its own
+  shared_stops    2 data-parallel trainers sharing 1 generator rank (np 3): a killed client (rank 1),
+                  a killed generator rank, and a frozen client (SIGSTOP) each stop the job non-zero
+                  within the timeout
 
 usage: test_grpo_noncolocated.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
 """
@@ -427,9 +430,9 @@ def rank_pid(tmp, tag, rank):
     return None
 
 
-def case_stop(tmp, victim_rank, sig, tag):
+def case_stop(tmp, victim_rank, sig, tag, trainers=1):
     setup(tmp)
-    full = launch(command(tmp, tag, steps=100000, extra=generators(1)), 2)
+    full = launch(command(tmp, tag, steps=100000, extra=generators(1)), trainers + 1)
     p = subprocess.Popen(full, env=dict(os.environ, **MPI_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
     deadline = time.monotonic() + 120
@@ -475,6 +478,20 @@ def case_trainer_hangs(tmp):
     print(f"SIGSTOP to the trainer: the generator rank timed out and the job stopped in {secs:.1f} s (rc {rc})")
 
 
+def case_shared_stops(tmp):
+    """2 data-parallel trainer ranks sharing 1 generator rank (np 3): killing a client that is not
+    trainer rank 0, or the shared generator rank, stops the job non-zero within the timeout, and a
+    frozen client makes the others stop at the timeout with one line each."""
+    for victim, sig, tag in [(1, signal.SIGKILL, "client"), (2, signal.SIGKILL, "generator"), (1, signal.SIGSTOP, "frozen")]:
+        os.makedirs(os.path.join(tmp, tag), exist_ok=True)
+        out, secs, rc = case_stop(os.path.join(tmp, tag), victim, sig, tag, trainers=2)
+        if sig == signal.SIGSTOP:
+            lines = [l for l in out.splitlines() if "error:" in l]
+            check(any("timed out" in l for l in lines), "a rank stops at the timeout", out)
+            check(all(l.count("error:") == 1 for l in lines), "each error is one line", out)
+        print(f"shared generator rank, {signal.Signals(sig).name} to rank {victim}: the job stopped in {secs:.1f} s (rc {rc})")
+
+
 CASES = {
     "trainer_hangs": case_trainer_hangs,
     "follows": lambda t: case_follows(t, 1),
@@ -491,6 +508,7 @@ CASES = {
     "async_learns": case_async_learns,
     "killed_generator": case_killed_generator,
     "trainer_stops": case_trainer_stops,
+    "shared_stops": case_shared_stops,
 }
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@
 //   k a multiple of g: every rank of the group is a client with k / g generator ranks, and splits
 //     each of its calls (its part of the group's) into contiguous parts, one per generator rank,
 //     sent before any is received, so they generate at once.
+//   M < D with D a multiple of M: every D / M groups share one generator rank, each group fed by
+//     its first rank (as k = 1). The clients' calls are not collective (validation shares, empty
+//     shares and multi-turn rounds differ between them), so the generator rank receives from
+//     whichever client sends first (COMM 0.2's recv_any; refused with one line without it).
 // Generator ranks are numbered by data-parallel rank, then place in the group. Parts keep their
 // prompts' indices in the call, so the samples are those one generator draws. Any other M is
 // refused with one line naming M, T, D and g (T and M not dividing one another already at the
@@ -29,13 +33,19 @@
 //
 // Trainer ranks build the backend on a host whose world communicator is the trainers' group (the
 // backend's data-parallel groups never include a generator rank). Trainer rank 0 tells every
-// generator rank which trainer rank is its client (attach, after the model loaded); a generator
-// rank then hears only from its client. The trainers' generator is a GeneratorLink:
-//   generate (clients only): the request (prompt ids, sampling settings, RNG keys) goes to the
-//     client's generator rank(s), which run their own generator component and send the samples back
-//     (tokens, logprobs, truncation, weight version); the trainer scores them as a colocated one
-//     does. Sampling is keyed by (seed, step, prompt, sample), so the samples are the colocated
-//     run's.
+// generator rank which trainer ranks are its clients (attach, after the model loaded); a generator
+// rank then hears only from its clients. The trainers' generator is a GeneratorLink:
+//   generate (clients only): the request (prompt ids, sampling settings, RNG keys; the header names
+//     the weight version of the client's last refit) goes to the client's generator rank(s), which
+//     run their own generator component; when the client waits for the samples it sends a fetch,
+//     and the generator rank sends them back (tokens, logprobs, truncation, weight version) only
+//     then, so it never blocks on a client that trains while another one waits. The trainer scores
+//     them as a colocated one does. Sampling is keyed by (seed, step, prompt, sample), so the
+//     samples are the colocated run's whatever order a shared generator rank serves its clients in.
+//   A generator rank acts on each client's messages in that client's order; across clients it does
+//     what can be done now (serve a request, answer a fetch) and waits for a refit until every
+//     running client asked for it, so each request is served with the weights of the version its
+//     header names (checked; the colocated run's order).
 //   refit: every trainer visits the policy's weights (collective under FSDP, and under tensor or
 //     pipeline parallelism, where the visit gathers each weight whole from the ranks' pieces:
 //     every rank contributes what it holds); trainer rank 0 broadcasts them, full weights, to
@@ -48,9 +58,9 @@
 //     the front request takes its results. Any other request or a refit first receives what is
 //     outstanding, so the order stays the client's order.
 // A client ends its generator ranks with a stop message when it finishes, or fails (trainer rank 0
-// stops every generator rank when it fails before attach); a generator rank waits for its
-// client's next message under the communicator's timeout (rlhost.comm_timeout_s), so it exits
-// non-zero when its client is gone.
+// stops every generator rank when it fails before attach); a generator rank returns once every
+// client finished, stops at the first that failed, and waits for its clients' next message under
+// the communicator's timeout (rlhost.comm_timeout_s), so it exits non-zero when they are gone.
 #pragma once
 
 #include <cstdint>
@@ -105,7 +115,7 @@ class GenerationRanks {
   void finish();
   void abandon() noexcept;
 
-  // A generator rank's life: serves its client's requests with `gen` until told to stop.
+  // A generator rank's life: serves its clients' requests with `gen` until told to stop.
   // Returns when the trainer finished; throws when it failed or went silent.
   void serve(Generator& gen);
 
