@@ -14,6 +14,11 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   ranks for 3 steps, and async GRPO on them (lags 0, 1, 1)
   follows_dp4_shared_np6  4 data-parallel trainer ranks sharing 2 generator ranks (np 6, two each)
                   likewise against 4 colocated ranks
+  multiturn_shared  multi-turn GRPO (the reveal task: only wrong first guesses take a second turn,
+                  so the ranks' rounds differ) with 2 trainers sharing 1 generator rank (np 3)
+                  follows 2 colocated ranks for 3 steps
+  shared_mp_np4   2 data-parallel trainers sharing one TP 2 generator (np 4), and megatron TP 2 x DP 2
+                  trainers sharing 1 generator rank (np 5), follow their colocated runs
   follows_1to2    1 trainer + 2 generator ranks (np 3: the trainer splits each call between them)
                   follow one colocated rank for 3 steps, synchronously and with async GRPO
                   (max_trajectory_age_steps 1: lags 0, 1, 1; and 2: lags 0, 1, 2)
@@ -51,6 +56,7 @@ usage: test_grpo_noncolocated.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
 """
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -145,7 +151,7 @@ def follows_mp(tmp, layout, gens, steps=3, trainers=2, dp=1):
         return None
     groups = f"{dp} data-parallel rank{'s' if dp > 1 else ''}, model-parallel groups of {trainers // dp}"
     check(groups in out, f"{layout}: the trainers form {groups}", out)
-    parts = gens // dp  # generator ranks per data-parallel group
+    parts = max(1, gens // dp)  # generator ranks per data-parallel group (1: groups share one)
     check(f"into {parts} part" in out, f"{layout}: each group splits its generation into {parts} part(s)", out)
     one, two = metrics(tmp, reference), metrics(tmp, tag)
     compare(one, two, range(1, steps + 1), f"{layout} + {gens} generator rank(s)", f"the colocated {layout} run's")
@@ -231,6 +237,43 @@ def shared(tmp, trainers, gens, steps=3):
           f"{lags} ({secs2:.1f} s)")
 
 
+def case_multiturn_shared(tmp):
+    """Multi-turn GRPO (the reveal task: a wrong first guess is answered with the digit, so only
+    some samples take a second turn, a different number on each rank) with 2 data-parallel trainer
+    ranks sharing 1 generator rank follows 2 colocated ranks for 3 steps."""
+    setup(tmp)
+    rng = random.Random(5)
+    for name, n in (("train", 64), ("val", 24)):
+        with open(f"{tmp}/{name}.jsonl", "w") as f:
+            for _ in range(n):
+                f.write(json.dumps({"input": "=", "output": str(rng.randrange(10))}) + "\n")
+
+    def mt(tag, extra=()):
+        cmd = [RLHOST]
+        for p in PLUGINS + ["dataset_jsonl"]:
+            cmd += ["--plugin", p]
+        return cmd + ["--config", os.path.join(SRC, "examples/configs/grpo_multiturn_demo_cpu.yaml"),
+                      f"policy.model_name={tmp}/tiny", "grpo.max_num_steps=3", "grpo.num_prompts_per_step=8",
+                      "grpo.num_generations_per_prompt=8", "grpo.val_period=3", "grpo.max_val_samples=17",
+                      "grpo.val_batch_size=8", "++policy.train_global_batch_size=64", f"data.train.data_path={tmp}/train.jsonl",
+                      f"data.validation.data_path={tmp}/val.jsonl", f"logger.log_dir={tmp}/{tag}/logs",
+                      "++rlhost.comm_timeout_s=10", *extra]
+    rc, out, _ = run(mt("colocated"), np=2)
+    check(rc == 0, f"multi-turn: 2 colocated ranks run (rc {rc})", out)
+    rc2, out2, secs = run(mt("nc", generators(1)), np=3)
+    check(rc2 == 0, f"multi-turn: 2 trainer ranks sharing 1 generator rank run (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    one, two = metrics(tmp, "colocated"), metrics(tmp, "nc")
+    compare(one, two, range(1, 4), "multi-turn, 2 trainers + 1 generator rank", "the 2 colocated ranks'")
+    turns = [two.get(s, {}).get("train/avg_turns_per_sample", 0) for s in range(1, 4)]
+    check(all(1 < t < 2 for t in turns), f"multi-turn: some samples take a second turn, not all ({turns})")
+    check("validation/accuracy" in one.get(0, {}) and one[0]["validation/accuracy"] == two.get(0, {}).get("validation/accuracy"),
+          "multi-turn: the validation at the start equals the colocated run's", str(two.get(0)))
+    print(f"multi-turn GRPO, 2 trainers sharing 1 generator rank followed 2 colocated ranks for 3 steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, 4)]}, turns per sample {turns}); {secs:.1f} s")
+
+
 def case_follows_gen_tp2(tmp):
     setup(tmp)
     rc, out, _ = run(command(tmp, "colocated", steps=3))
@@ -286,6 +329,24 @@ def case_follows_mp_np4(tmp):
 def case_follows_tp2dp2_np6(tmp):
     setup(tmp)
     follows_mp(tmp, "tp2dp2", 2, trainers=4, dp=2)
+
+
+def case_shared_mp_np4(tmp):
+    """Shared generators with model parallelism on either side: 2 data-parallel trainers sharing one
+    TP 2 generator (np 4) follow 2 colocated ranks; megatron TP 2 x DP 2 trainers sharing 1 generator
+    rank (np 5: each group's first rank is a client) follow the colocated TP 2 x DP 2 run."""
+    setup(tmp)
+    rc, out, _ = run(command(tmp, "colocated", steps=3), np=2)
+    check(rc == 0, f"2 colocated ranks run (rc {rc})", out)
+    rc2, out2, secs = run(command(tmp, "nc_gen_tp2", steps=3, extra=generators(2) + GEN_TP2), np=4)
+    check(rc2 == 0, f"2 trainers sharing one TP 2 generator run (rc {rc2})", out2)
+    if rc == 0 and rc2 == 0:
+        check("every 2 groups share one" in out2, "the 2 trainer ranks share the TP 2 generator", out2)
+        compare(metrics(tmp, "colocated"), metrics(tmp, "nc_gen_tp2"), range(1, 4), "2 trainers + a TP 2 generator",
+                "the 2 colocated ranks'")
+        print(f"2 data-parallel trainers sharing one TP 2 generator followed 2 colocated ranks for 3 steps; {secs:.1f} s")
+    two = follows_mp(tmp, "tp2dp2", 1, trainers=4, dp=2)
+    check(two is not None, "TP 2 x DP 2 trainers sharing 1 generator rank follow the colocated run")
 
 
 def case_ppo_follows(tmp):
@@ -499,6 +560,8 @@ CASES = {
     "follows_1to2": case_follows_1to2,
     "follows_dp2_shared": lambda t: shared(t, 2, 1),
     "follows_dp4_shared_np6": lambda t: shared(t, 4, 2),
+    "multiturn_shared": case_multiturn_shared,
+    "shared_mp_np4": case_shared_mp_np4,
     "follows_gen_tp2": case_follows_gen_tp2,
     "follows_tp2": case_follows_tp2,
     "follows_mp_np4": case_follows_mp_np4,
