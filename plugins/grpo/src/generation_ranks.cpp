@@ -419,10 +419,11 @@ class ClientQueues {
   }
 
   void name_clients(const std::vector<uint8_t>& bytes) {
-    std::vector<int64_t> who_(bytes.size() / sizeof(int64_t));
-    if (!bytes.empty() && bytes.size() == who_.size() * sizeof(int64_t)) std::memcpy(who_.data(), bytes.data(), bytes.size());
-    if (who_.empty()) throw Error(RLH_E_DATA_LOSS, who() + ": trainer rank 0 named no client");
-    for (int64_t t : who_) {
+    std::vector<int64_t> named(bytes.size() / sizeof(int64_t));
+    if (named.empty() || bytes.size() != named.size() * sizeof(int64_t))
+      throw Error(RLH_E_DATA_LOSS, who() + ": trainer rank 0 named its clients in " + std::to_string(bytes.size()) + " bytes");
+    std::memcpy(named.data(), bytes.data(), bytes.size());
+    for (int64_t t : named) {
       if (t < 0 || t >= r_.num_trainers)
         throw Error(RLH_E_DATA_LOSS, who() + ": trainer rank 0 named client " + std::to_string(t) + " of " +
                                          std::to_string(r_.num_trainers) + " trainer ranks");
@@ -447,7 +448,6 @@ class ClientQueues {
       for (size_t i : order) {
         Client& c = clients_[i];
         Message& m = c.queue.front();
-        const std::string trainer = "trainer rank " + std::to_string(r_.clients[i]);
         if (m.cmd == kRefit) continue;  // waits for the others (next)
         if (m.cmd == kStopFailed) return Action{kStopFailed, std::move(m.bytes), static_cast<int>(i)};
         if (m.cmd == kGenerate && m.version != installed) {
@@ -465,13 +465,15 @@ class ClientQueues {
         }
         if (m.cmd == kFetch) {
           if (c.replies.empty())
-            throw Error(RLH_E_DATA_LOSS, who() + ": " + trainer + " fetched samples of no request");
+            throw Error(RLH_E_DATA_LOSS, who() + ": trainer rank " + std::to_string(r_.clients[i]) +
+                                             " fetched samples of no request");
           send_message(r_.link, r_.clients[i], c.replies.front().cmd, c.replies.front().bytes);
           c.replies.pop_front();
         } else if (m.cmd == kStopDone) {
           c.done = true;
         } else {
-          throw Error(RLH_E_DATA_LOSS, who() + ": unknown message " + std::to_string(m.cmd) + " from " + trainer);
+          throw Error(RLH_E_DATA_LOSS, who() + ": unknown message " + std::to_string(m.cmd) + " from trainer rank " +
+                                           std::to_string(r_.clients[i]));
         }
         c.queue.pop_front();
         progressed = true;
