@@ -81,6 +81,7 @@ class CudaDeviceEngine final : public DeviceEngine {
                                           : engine::Recompute::full;
     c.optimizer = o.optimizer;
     c.moe = o.moe;
+    c.fp8 = o.fp8;
     c.kernels = o.kernels;
     c.dp = o.dp;
     c.shard_optimizer = o.shard_optimizer;

@@ -251,6 +251,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   o.recompute = m.config.recompute;
   o.recompute_selective = m.config.recompute_selective;
   o.moe = m.config.moe;
+  o.fp8 = m.config.fp8;
   if (m.config.optimizer) {
     const OptimizerConfig& oc = *m.config.optimizer;
     o.optimizer.beta1 = oc.beta1;
@@ -415,7 +416,11 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   if (place_on_device(b, *m, weights.tensors)) {
     b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
                 " (" + std::to_string(m->device->num_elements()) + " parameters, " +
-                (m->trainable ? "adamw optimizer" : std::string("frozen")) + (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
+                (m->trainable ? "adamw optimizer" : std::string("frozen")) +
+                (m->config.fp8.enabled ? std::string(", FP8 linears (") + (m->config.fp8.blockwise ? "blockwise" : "tensorwise") +
+                                             (m->config.fp8.hybrid ? ", hybrid)" : ", e4m3)")
+                                       : std::string()) +
+                (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
                 (m->dp ? ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" +
                              (m->dp_mode == Model::Dp::distributed_optimizer ? "distributed optimizer" : "gradients all-reduced") +
                              ", on the device)"
@@ -423,6 +428,13 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                 ", on " + m->kernels + ")");
     return m;
   }
+  // FP8 is the CUDA engine's (through a device kernel provider): a model placed on the CPU
+  // engine would train in float32 under an FP8 setting, so it is refused instead.
+  if (m->config.fp8.enabled)
+    throw Error(RLH_E_UNIMPLEMENTED, std::string(b.flavor->name) + ": policy.megatron_cfg.fp8_cfg.enabled = true: FP8 "
+                                         "linears run on the CUDA engine only (policy.device = cuda, policy.precision = "
+                                         "bfloat16, one rank per GPU without model parallelism); " + m->role +
+                                         " would run on the CPU engine (policy.device = " + m->config.device + ")");
   if (m->config.precision != "float32" && m->config.precision != "fp32")
     b.host.info(std::string(b.flavor->name) + ": policy.precision = " + m->config.precision + ": " + m->role +
                 " runs on the CPU engine, which computes and keeps master weights in float32");

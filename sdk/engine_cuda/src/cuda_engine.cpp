@@ -55,6 +55,7 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ops = std::make_unique<cuda::DeviceOps>(*opt.kernels, opt.device, stream);
   carve_params();
+  if (opt.fp8.enabled) fp8 = std::make_unique<cuda::Fp8Linears>(*ops, counters, opt.fp8, L);
   for (const sdk::RopeTable& t : prog.ropes) {
     const std::vector<double> f = sdk::rope_inv_freq(t.rope, t.rotary_dim);
     std::vector<float> f32(f.begin(), f.end());
@@ -73,6 +74,7 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
 
 CudaEngine::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
+  fp8.reset();
   ops.reset();
   if (stream) cudaStreamDestroy(stream);
 }
@@ -542,8 +544,11 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
       break;
     }
     case StepOp::linear: {
-      // Fused weights adjacent in storage run as one GEMM; otherwise one per piece.
+      // Fused weights adjacent in storage run as one GEMM; otherwise one per piece. An FP8
+      // layer quantises the input once for all its groups.
       const int64_t K = st.in.width;
+      const bool f8_layer = fp8 && fp8->layer_in_fp8(l);
+      const bool f8 = f8_layer && fp8->input(in.p, in.ld, N, K);
       int64_t row = 0;
       for (size_t i = 0; i < st.weights.size();) {
         size_t j = i + 1;
@@ -553,7 +558,12 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
           rows += desc.params[size_t(st.weights[j])].shape[0];
           ++j;
         }
-        ops->gemm(false, true, N, rows, K, in.p, in.ld, wp(st.weights[i]), K, 0, out.p + row, out.ld, false);
+        if (f8 && fp8->fits_group(rows, out.ld)) {
+          fp8->forward(wp(st.weights[i]), rows, out.p + row, out.ld);
+        } else {
+          if (f8_layer) fp8->count_bf16();
+          ops->gemm(false, true, N, rows, K, in.p, in.ld, wp(st.weights[i]), K, 0, out.p + row, out.ld, false);
+        }
         row += rows;
         i = j;
       }
@@ -705,6 +715,10 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
         }
         // dX (+)= dY W over the fused rows (one GEMM when adjacent), dW += dY^T X per group,
         // accumulated in fp32 by the GEMM (bf16 operands, fp32 C, beta 1).
+        // An FP8 layer runs each product in FP8 where its shape fits (X^T quantised once for
+        // the step's weight gradients), in bf16 otherwise.
+        const bool f8 = fp8 && fp8->layer_in_fp8(l);
+        const bool f8_dw = f8 && fp8->input_t(x.p, x.ld, N, K);
         row = 0;
         bool first = true;
         for (size_t i = 0; i < st.weights.size();) {
@@ -715,9 +729,15 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
             rows += desc.params[size_t(st.weights[j])].shape[0];
             ++j;
           }
-          ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K,
-                    (st.accumulate || !first) ? 1 : 0, dx.p, dx.ld, false);
-          ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, 1, gp(st.weights[i]), K, true);
+          const double beta = (st.accumulate || !first) ? 1 : 0;
+          if (!(f8 && fp8->backward_dx(dy.p + row, dy.ld, N, rows, K, wp(st.weights[i]), beta, dx.p, dx.ld))) {
+            if (f8) fp8->count_bf16();
+            ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K, beta, dx.p, dx.ld, false);
+          }
+          if (!(f8_dw && fp8->backward_dw(dy.p + row, dy.ld, N, rows, K, gp(st.weights[i])))) {
+            if (f8) fp8->count_bf16();
+            ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, 1, gp(st.weights[i]), K, true);
+          }
           first = false;
           row += rows;
           i = j;
@@ -849,8 +869,13 @@ int64_t CudaEngine::num_elements() const {
 int64_t CudaEngine::step() const { return impl_->steps; }
 int64_t CudaEngine::routing_width() const { return impl_->route_width; }
 CudaEngineStats CudaEngine::stats() const {
-  return {impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs, impl_->dp_bytes,
-          impl_->dp_seconds};
+  CudaEngineStats s{impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs, impl_->dp_bytes,
+                    impl_->dp_seconds};
+  if (impl_->fp8) {
+    s.fp8_gemms = impl_->fp8->stats().fp8_gemms;
+    s.fp8_layer_bf16_gemms = impl_->fp8->stats().bf16_gemms;
+  }
+  return s;
 }
 std::string CudaEngine::device_name() const {
   cudaDeviceProp p{};
@@ -964,6 +989,7 @@ void CudaEngine::set_optimizer_options(const OptimizerOptions& o) { impl_->opt.o
 
 Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   Impl& m = *impl_;
+  if (m.fp8) m.fp8->new_call();  // the weights may have changed since the last call
   m.forward(mb, req, false);
   const int64_t N = mb.num_tokens();
   Outputs out;
@@ -1025,6 +1051,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
   m.require_trainable("train_step");
+  if (m.fp8) m.fp8->new_call();
   if (!req.logprob && !req.entropy && !req.value)
     throw std::invalid_argument("cuda engine: a train step needs logprob, entropy or value outputs");
   if (req.logits) throw std::invalid_argument("cuda engine: logits are a forward-only output");

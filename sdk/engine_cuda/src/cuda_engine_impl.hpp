@@ -20,6 +20,7 @@
 
 #include "rlhost/engine_cuda/device_memory.hpp"
 #include "rlhost/engine_cuda/device_ops.hpp"
+#include "fp8_linear.hpp"
 #include "mla_kernels.hpp"
 #include "moe_kernels.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
@@ -192,6 +193,7 @@ struct CudaEngine::Impl {
   cuda::Counters counters;
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::DeviceOps> ops;  // the registry's kernels on this device and stream
+  std::unique_ptr<cuda::Fp8Linears> fp8;  // CudaEngineOptions::fp8 (null: every linear in bf16)
   cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, scalars;
   // RoPE tables (f32 inv_freq on the device), per program table.
   struct Rope {

@@ -102,6 +102,7 @@ struct DeviceEngineOptions {
   bool recompute_selective = false;
   engine::OptimizerOptions optimizer;  // betas, eps, clipping, which parameters decay
   engine::MoeOptions moe;              // router precision, frozen router, auxiliary losses
+  engine::Fp8Options fp8;              // FP8 linears (BackendConfig::fp8)
   // The kernels for `device`: the registry the backend built from the providers the host holds
   // (policy.kernels pins applied). Outlives the engine.
   const sdk::KernelRegistry* kernels = nullptr;

@@ -91,6 +91,10 @@ struct CudaEngineOptions {
   // A rank with no micro-batch still takes part (train_step accepts none then).
   DeviceDpComm* dp = nullptr;
   bool shard_optimizer = false;
+  // FP8 linears (engine.hpp's Fp8Options; src/fp8_linear.hpp): the dense layers' linear steps
+  // through the registry's FP8 provider. Construction fails, naming it, when no provider on the
+  // device runs the recipe's products.
+  Fp8Options fp8;
 };
 
 struct CudaEngineStats {
@@ -99,6 +103,9 @@ struct CudaEngineStats {
   int64_t host_syncs = 0;          // host waits on the stream so far
   int64_t dp_bytes = 0;            // data-parallel traffic so far (ring bytes, as sent per rank)
   double dp_seconds = 0;           // time in data-parallel collectives so far
+  // FP8 (CudaEngineOptions::fp8): the products of the FP8 layers' linears so far, by how they
+  // ran (bf16 where a shape does not fit FP8).
+  int64_t fp8_gemms = 0, fp8_layer_bf16_gemms = 0;
 };
 
 class CudaEngine {
