@@ -187,6 +187,8 @@ backend::BackendConfig read_config(const json& policy) {
     if (!r.is_null("megatron_cfg.fp8_cfg.fp8_param") && r.boolean("megatron_cfg.fp8_cfg.fp8_param", false))
       r.fail("megatron_cfg.fp8_cfg.fp8_param", "true is not supported: the CUDA engine keeps bf16 weights and "
                                                "quantises them once per step; set it to false");
+    // TransformerEngine's cache clearing: the engine's FP8 weight copies are remade every call.
+    r.mark_subtree("megatron_cfg.fp8_cfg.force_clear_fp8_caches");
     for (const char* k : {"num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"}) {
       const std::string key = std::string("megatron_cfg.fp8_cfg.") + k;
       if (r.is_null(key)) continue;
@@ -197,7 +199,8 @@ backend::BackendConfig read_config(const json& policy) {
     const std::vector<std::string> unknown = r.unread("megatron_cfg.fp8_cfg");
     if (!unknown.empty())
       throw Error(RLH_E_INVALID_ARGUMENT, unknown.front() + ": not an fp8_cfg key rlhost runs (it reads enabled, fp8, "
-                                          "fp8_recipe, fp8_param, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16)");
+                                          "fp8_recipe, fp8_param, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, "
+                                          "force_clear_fp8_caches)");
   }
   r.mark_subtree("megatron_cfg.fp8_cfg");
 
