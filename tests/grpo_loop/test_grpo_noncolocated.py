@@ -16,6 +16,10 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   (policy.generation.vllm_cfg.tensor_parallel_size 2, np 3: each rank holds half
                   the heads, the trainer talks to the group's first rank) follow one colocated rank
                   for 3 steps
+  colocated_gen_tp2  colocated generation by a tensor-parallel generator over each TP 2 trainer
+                  group (np 2, generator tensor_parallel_size 2) follows the same trainers with one
+                  whole generator a rank for 3 steps; DP 2 trainers with a TP 2 generator (its
+                  ranks on different data) are refused with one line
   follows_tp2     megatron TP 2 trainers + 1 generator rank (np 3) follow the colocated TP 2 run
                   for 3 steps (the group's first rank feeds the generator rank); async GRPO on the
                   same ranks: step 1 draws the synchronous run's samples, steps 2-3 train on
@@ -215,6 +219,34 @@ def case_follows_gen_tp2(tmp):
     check(lags == [0, 1, 1], f"async TP 2 generator: steps 2-3 train on rollouts one version old (lags {lags})")
     print(f"1 trainer + a TP 2 generator (2 ranks) followed one colocated rank for 3 steps (rewards "
           f"{[two[s]['train/reward'] for s in range(1, 4)]}), async lags {lags}; {secs:.1f} s")
+
+
+def case_colocated_gen_tp2(tmp):
+    setup(tmp)
+    mp = MEGATRON + MP_LAYOUTS["tp2"]
+    rc, out, _ = run(command(tmp, "colocated_tp2", steps=3, extra=mp), np=2)
+    check(rc == 0, f"colocated TP 2 runs (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "colocated_tp2_gen_tp2", steps=3, extra=mp + GEN_TP2), np=2)
+    check(rc == 0, f"colocated TP 2 with a TP 2 generator runs (rc {rc})", out)
+    if rc != 0:
+        return
+    check("generator native: tensor parallel over 2 ranks (this one 1)" in out, "the two ranks run one TP 2 generator", out)
+    check("into 1 part and all-gather the samples (each part by a tensor-parallel generator over 2 ranks)" in out,
+          "the group makes each call once, on its TP 2 generator", out)
+    one, two = metrics(tmp, "colocated_tp2"), metrics(tmp, "colocated_tp2_gen_tp2")
+    compare(one, two, range(1, 4), "colocated TP 2 with a TP 2 generator", "one generator a rank")
+    # The generator's own logprobs against the trainer's recomputation: a group mixing two calls'
+    # activations would sample from wrong logits.
+    errs = [two[s].get("train/logprob_abs_error_max", 1.0) for s in range(1, 4)]
+    check(all(e < 1e-5 for e in errs), f"the TP 2 generator's logprobs equal the trainer's (max |error| {errs})")
+    # Ranks on different data cannot form one generator: refused before anything generates.
+    rc, out, _ = run(command(tmp, "colocated_dp2_gen_tp2", steps=1, extra=GEN_TP2), np=2, timeout=60)
+    check(rc != 0, f"DP 2 trainers with a colocated TP 2 generator are refused (rc {rc})", out)
+    one_error_line(out, "policy.generation.vllm_cfg.tensor_parallel_size = 2 with colocated generation: ranks 0..1 "
+                        "would form one generator, but rank 1 trains on data-parallel share 1",
+                   "DP 2 with a colocated TP 2 generator")
+    print(f"colocated TP 2 trainers with a TP 2 generator followed one generator a rank for 3 steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, 4)]}); {secs:.1f} s")
 
 
 def case_follows_tp2(tmp):
@@ -444,6 +476,7 @@ CASES = {
     "follows_dp2": lambda t: case_follows(t, 2),
     "follows_1to2": case_follows_1to2,
     "follows_gen_tp2": case_follows_gen_tp2,
+    "colocated_gen_tp2": case_colocated_gen_tp2,
     "follows_tp2": case_follows_tp2,
     "follows_mp_np4": case_follows_mp_np4,
     "follows_tp2dp2_np6": case_follows_tp2dp2_np6,
