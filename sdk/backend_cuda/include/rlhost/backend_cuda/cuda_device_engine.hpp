@@ -1,11 +1,12 @@
-// megatron's device path (megatron_cuda.cpp): the CUDA engine behind backend_common's
-// DeviceEngine seam; nullptr where this build has no CUDA engine.
+// The training backends' device path (megatron and dtensor, policy.device = cuda): the CUDA
+// engine behind backend_common's DeviceEngine seam. Built where the CUDA engine is; a plugin
+// built without it passes no factory.
 #pragma once
 
 #include "rlhost/backend_common/device_engine.hpp"
 
-namespace rlh::megatron {
+namespace rlh::backend {
 
-const backend::DeviceEngineFactory* cuda_device_engines();
+const DeviceEngineFactory* cuda_device_engines();
 
-}  // namespace rlh::megatron
+}  // namespace rlh::backend
