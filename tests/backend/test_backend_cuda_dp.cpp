@@ -23,7 +23,7 @@
 //     visit_weights_on of the gathered masters between steps, and on DeepSeek-V3 (whose router
 //     reads its selection bias from the masters: under FSDP from a refreshed side copy);
 //   - an empty shard takes part; a sharded state resumes bitwise at N and loads at one rank
-//     with bitwise the weights it saved.
+//     with bitwise the weights it saved, and a one-rank state loads at N likewise.
 // Without a usable Hopper GPU every test skips with the reason.
 #include <unistd.h>
 
@@ -360,7 +360,7 @@ TEST(DeviceFsdpEdges, EmptyShardTakesPart) {
   EXPECT_TRUE(same_on_every_rank(dp.after));
 }
 
-TEST(DeviceFsdpCheckpoints, ShardedStateResumesBitwiseAndLoadsAtOneRank) {
+TEST(DeviceFsdpCheckpoints, ShardedStateResumesBitwiseAndMovesBetweenSizes) {
   REQUIRE_GPU();
   const int R = world().rank(), N = world().size();
   auto g = global_batch();
@@ -403,6 +403,32 @@ TEST(DeviceFsdpCheckpoints, ShardedStateResumesBitwiseAndLoadsAtOneRank) {
     EXPECT_EQ(v, 2);
     const double loss = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
     EXPECT_NEAR(loss, cont_loss[0], 2e-3 * std::fabs(cont_loss[0]));
+  }
+  // The other way: one rank (each rank alone, into a folder of its own) saves after two steps on
+  // the whole batch; the DP = N model loads rank 0's, holds bitwise its weights and follows its
+  // next step.
+  const fs::path one_dir = dir / ("one_" + std::to_string(R));
+  Weights one_saved;
+  double one_next = 0;
+  {
+    Alone alone;
+    fs::create_directories(one_dir);
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    for (int s = 0; s < 2; ++s) be.train(m, *g, g_tok, g_seq, nll_loss(), {});
+    one_saved = be.weights(m);
+    sdk::check(be.api()->save_state(be.raw(), m, one_dir.c_str()), "save_state at one rank");
+    one_next = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
+  }
+  world().barrier();
+  {
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    const fs::path from = dir / "one_0";
+    sdk::check(be.api()->load_state(be.raw(), m, from.c_str()), "load_state of a one-rank state at DP = N");
+    EXPECT_TRUE(be.weights(m) == one_saved) << "a one-rank state loaded at DP = " << N << ", not bitwise";
+    const double loss = be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss;
+    EXPECT_NEAR(loss, one_next, 2e-3 * std::fabs(one_next));
   }
   world().barrier();
   if (R == 0) fs::remove_all(dir);
