@@ -15,7 +15,8 @@
 // dtensor's FSDP on the device (the fp32 masters, both moments and the gradient block as this
 // rank's 1/N block; only the bf16 copy gathered):
 //   - it follows the one-rank device run over three AdamW steps (dense and MoE), as the
-//     distributed optimizer does, and HSDP (dp_replicate_size = N: shards of one rank) too;
+//     distributed optimizer does, and HSDP too (dp_replicate_size = N: shards of one rank; and
+//     2 replicas of N/2-rank shards where N is a multiple of 4, skipped at np 2);
 //   - memory/state_bytes per rank is 1/N of the one-rank run's masters and moments (16/N bytes
 //     a parameter against 12: the gradient block is state too);
 //   - without clipping or weight decay it gives bitwise megatron's distributed optimizer's
@@ -246,8 +247,10 @@ TEST(DeviceDataParallelCheckpoints, ShardedStateResumesBitwise) {
 
 struct FsdpCase {
   std::string model;
-  bool hsdp;  // dp_replicate_size = N: N replicas of a one-rank shard
-  std::string label() const { return model + (hsdp ? " hsdp" : " fsdp"); }
+  int replicate;  // dp_replicate_size: 1 FSDP, 0 N (replicas of one-rank shards), 2 (from 4 ranks)
+  std::string label() const {
+    return model + (replicate == 1 ? " fsdp" : replicate == 0 ? " hsdp" : " hsdp" + std::to_string(replicate));
+  }
 };
 
 class DeviceFsdp : public ::testing::TestWithParam<FsdpCase> {};
@@ -256,6 +259,9 @@ TEST_P(DeviceFsdp, FollowsOneRankWithItsBlockOfTheState) {
   REQUIRE_GPU();
   const FsdpCase c = GetParam();
   const int R = world().rank(), N = world().size();
+  const int replicas = c.replicate == 0 ? N : c.replicate;
+  if (N % replicas != 0 || (c.replicate > 1 && N / replicas < 2))
+    GTEST_SKIP() << c.label() << " needs a multiple of " << 2 * replicas << " ranks (mpirun -np 4)";
   auto g = global_batch();
   const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
   RunResult ref;
@@ -264,7 +270,7 @@ TEST_P(DeviceFsdp, FollowsOneRankWithItsBlockOfTheState) {
     ref = train_steps(fsdp_config(), c.model, *g, g_tok, g_seq, 3, "dtensor");
   }
   auto mine = shard_of(*g, R, N);
-  const RunResult dp = train_steps(fsdp_config(1.0, 0.1, c.hsdp ? N : 1), c.model, *mine, g_tok, g_seq, 3, "dtensor");
+  const RunResult dp = train_steps(fsdp_config(1.0, 0.1, replicas), c.model, *mine, g_tok, g_seq, 3, "dtensor");
   EXPECT_EQ(dp.metrics["dp_size"].get<int>(), N);
   EXPECT_EQ(dp.metrics["num_tokens"].get<int64_t>(), g_tok);
   EXPECT_GT(dp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
@@ -279,7 +285,7 @@ TEST_P(DeviceFsdp, FollowsOneRankWithItsBlockOfTheState) {
   // S ranks its block of those and of the summed gradients (16 / S), padding aside.
   const double one = ref.metrics["memory/state_bytes"].get<double>();
   const double mine_bytes = dp.metrics["memory/state_bytes"].get<double>();
-  const int S = c.hsdp ? 1 : N;
+  const int S = N / replicas;
   EXPECT_GT(one, 0);
   EXPECT_NEAR(mine_bytes, one * 16.0 / 12.0 / S, 0.01 * one) << c.label();
   if (R == 0)
@@ -290,8 +296,8 @@ TEST_P(DeviceFsdp, FollowsOneRankWithItsBlockOfTheState) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, DeviceFsdp,
-                         ::testing::Values(FsdpCase{"llama-tiny", false}, FsdpCase{"qwen3-moe-tiny", false},
-                                           FsdpCase{"llama-tiny", true}),
+                         ::testing::Values(FsdpCase{"llama-tiny", 1}, FsdpCase{"qwen3-moe-tiny", 1},
+                                           FsdpCase{"llama-tiny", 0}, FsdpCase{"qwen3-moe-tiny", 2}),
                          [](const auto& info) { return test_name(info.param.label()); });
 
 // Weights of a visit_weights_on with the model's own device, copied to the host. A view may be a
