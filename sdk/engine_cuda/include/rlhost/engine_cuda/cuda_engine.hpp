@@ -94,8 +94,8 @@ struct CudaEngineOptions {
   // FSDP (dtensor; needs shard_optimizer): the fp32 master weights too live only as this
   // rank's block, beside its blocks of the moments and of the summed gradients (16/S bytes a
   // parameter); the update runs on the block and only the bf16 copy is all-gathered. The bf16
-  // weights stay whole and resident between steps (FSDP2's reshard_after_forward=False: a
-  // colocated refit reads them in place), and the fp32 gradient buffer stays whole too (the
+  // weights stay whole and resident between steps (FSDP2's reshard_after_forward=False: the
+  // forward gathers nothing), and the fp32 gradient buffer stays whole too (the
   // backward's GEMMs accumulate into one flat buffer, reduce-scattered once after the last
   // micro-batch): 2 + 4 bytes a parameter on every rank. Whole fp32 masters are gathered on
   // demand (save_parameters, master_views: collective over `dp`). The few fp32 tensors the MoE
