@@ -735,9 +735,33 @@ TEST(BackendDevice, ChoiceAndRefusals) {
     expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED,
                  "fp8_cfg.enabled = true: FP8 linears run on the CUDA engine only");
   }
-  {
+  {  // dtensor's device path is the CUDA engine too (FSDP on the device under several ranks)
+#if RLH_HAVE_CUDA_ENGINE
+    Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda:99"}});
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNAVAILABLE, "dtensor: policy.device = cuda:99");
+#else
     Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda"}});
     expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "has no device path");
+#endif
+  }
+  {  // FSDP's CPU offload: the device path keeps its state in device memory, refused by name
+    Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda"},
+                                   {"dtensor_cfg", {{"cpu_offload", true}}}});
+#if RLH_HAVE_CUDA_ENGINE
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "policy.dtensor_cfg.cpu_offload = true");
+#else
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "has no device path");
+#endif
+  }
+  {  // with policy.device = auto it runs on the CPU engine, where the state is in host memory
+    json cfg = adam_config("dtensor", 1e-3);
+    cfg["precision"] = "bfloat16";
+    cfg["dtensor_cfg"] = {{"cpu_offload", true}};
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* p = be.load(llama_tiny(), true);
+    auto batch = field_batch();
+    const auto r = be.train(p, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), {});
+    EXPECT_TRUE(r.metrics["updated"].get<bool>());
   }
   {
     Backend be(host(), "megatron", {{"device", "cuda"}});  // float32

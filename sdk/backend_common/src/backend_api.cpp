@@ -656,7 +656,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"skipped_nonfinite", r.skipped},
                     // This rank's training state (parameters, gradients, moments, or its shards
                     // of them) and the data-parallel size.
-                    {"memory/state_bytes", m.state_alloc.live_bytes()},
+                    {"memory/state_bytes", m.device ? m.device->state_bytes() : m.state_alloc.live_bytes()},
                     {"dp_size", m.dp != nullptr ? m.dp->size() : 1},
                     {"dp/comm_bytes", comm_bytes},
                     {"dp/comm_seconds", comm_seconds},
@@ -747,7 +747,8 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
     Model& m = check_model(b, model);
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
-    // (A device model holds its whole masters on every data-parallel rank.)
+    // (A device model holds its whole masters on every data-parallel rank, or under FSDP
+    // gathers them: then collective, as the CPU engine's FSDP visit is.)
     if (m.device && readable.device_type != RLH_DEVICE_CPU) {
       const rlh_device d = m.device->device();
       if (d.device_type == readable.device_type && d.device_id == readable.device_id) {

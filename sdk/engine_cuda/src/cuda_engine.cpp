@@ -193,13 +193,22 @@ void CudaEngine::Impl::carve_params() {
       throw std::invalid_argument("cuda engine: data-parallel rank " + std::to_string(dp_rank) + " of " +
                                   std::to_string(dp_size));
   }
+  if (opt.shard_masters && !sharded())
+    throw std::invalid_argument("cuda engine: sharded master weights (FSDP) need a data-parallel group and the "
+                                "sharded optimizer");
+  if (opt.dp_replicate != nullptr && !opt.shard_masters)
+    throw std::invalid_argument("cuda engine: a replicate group (HSDP) needs sharded master weights (FSDP)");
   if (sharded() && opt.trainable) {
     block = ((total + dp_size - 1) / dp_size + 63) / 64 * 64;
     shard_lo = block * dp_rank;
     padded = block * dp_size;
   }
   const size_t f32 = size_t(padded) * sizeof(float);
-  master = cuda::DeviceBuffer(counters, f32);
+  // FSDP: the masters are this rank's block (same 256-byte alignment as at shard_lo of the
+  // whole buffer, so the AdamW kernels see the same pointer alignments as the distributed
+  // optimizer's and compute the same bits).
+  master = cuda::DeviceBuffer(counters, fsdp() ? size_t(block) * sizeof(float) : f32);
+  if (fsdp()) plan_kept();
   if (opt.trainable) {
     grads = cuda::DeviceBuffer(counters, f32);
     const size_t moments = sharded() ? size_t(block) * sizeof(float) : f32;
@@ -211,7 +220,7 @@ void CudaEngine::Impl::carve_params() {
     }
   }
   w16 = cuda::DeviceBuffer(counters, size_t(padded) * sizeof(bf16));
-  for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v})
+  for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v, &kept32})
     if (b->size() > 0) check(cudaMemsetAsync(b->get(), 0, b->size(), stream), "memset");
   check(cudaMemsetAsync(w16.get(), 0, w16.size(), stream), "memset");
 }
@@ -830,7 +839,7 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
       const bool d = o.decay_1d_params || pd.shape.size() >= 2;
       if (d != bool(decay)) continue;
       for (cuda::DeviceList* l : {&P, &G, &M, &Vv, &P16}) l->n.push_back(p.n);
-      P.p.push_back(master.get<float>() + p.flat);
+      P.p.push_back(master.get<float>() + (fsdp() ? p.local : p.flat));
       G.p.push_back((shard ? gshard.get<float>() : grads.get<float>()) + p.local);
       M.p.push_back(adam_m.get<float>() + p.local);
       Vv.p.push_back(adam_v.get<float>() + p.local);
@@ -869,13 +878,17 @@ int64_t CudaEngine::num_elements() const {
 int64_t CudaEngine::step() const { return impl_->steps; }
 int64_t CudaEngine::routing_width() const { return impl_->route_width; }
 CudaEngineStats CudaEngine::stats() const {
-  CudaEngineStats s{impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs, impl_->dp_bytes,
-                    impl_->dp_seconds};
-  if (impl_->fp8) {
-    s.fp8_gemms = impl_->fp8->stats().fp8_gemms;
-    s.fp8_layer_bf16_gemms = impl_->fp8->stats().bf16_gemms;
+  const Impl& m = *impl_;
+  CudaEngineStats st{m.counters.allocations, m.counters.bytes, m.counters.syncs, m.dp_bytes, m.dp_seconds};
+  for (const cuda::DeviceBuffer* b : {&m.master, &m.adam_m, &m.adam_v, &m.gshard, &m.kept32})
+    st.state_bytes += int64_t(b->size());
+  st.weight_bytes = int64_t(m.w16.size());
+  st.grad_bytes = int64_t(m.grads.size());
+  if (m.fp8) {
+    st.fp8_gemms = m.fp8->stats().fp8_gemms;
+    st.fp8_layer_bf16_gemms = m.fp8->stats().bf16_gemms;
   }
-  return s;
+  return st;
 }
 std::string CudaEngine::device_name() const {
   cudaDeviceProp p{};
@@ -893,6 +906,21 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
       throw std::invalid_argument("cuda engine: parameter " + m.desc.params[i].name + " has " +
                                   std::to_string(tensors[i].size()) + " values, expected " +
                                   std::to_string(numel(m.desc.params[i].shape)));
+  if (m.fsdp()) {
+    // The whole weights staged in the gradient buffer (clear between steps): this rank keeps
+    // its block of the masters and the router's side copy; the bf16 copy is cast whole.
+    m.sync();
+    check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+    for (size_t i = 0; i < tensors.size(); ++i) m.upload(i, m.grads.get<float>(), tensors[i].data());
+    check(cudaMemcpyAsync(m.master.get(), m.grads.get<float>() + m.shard_lo, m.master.size(),
+                          cudaMemcpyDeviceToDevice, m.stream), "copy");
+    m.kept_from_whole(m.grads.get<float>());
+    cuda::cast_to_bf16(m.grads.get<float>(), m.w16.get(), m.total, m.stream);
+    check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+    m.grads_clear = true;
+    m.sync();  // the host vectors may go once this returns
+    return;
+  }
   for (size_t i = 0; i < tensors.size(); ++i) m.upload(i, m.master.get<float>(), tensors[i].data());
   cuda::cast_to_bf16(m.master.get<float>(), m.w16.get(), m.total, m.stream);
   m.sync();
@@ -910,16 +938,31 @@ std::vector<std::vector<float>> CudaEngine::Impl::download(const float* base) {
 }
 
 std::vector<std::vector<float>> CudaEngine::save_parameters() const {
-  return impl_->download(impl_->master.get<float>());
+  Impl& m = *impl_;
+  if (!m.fsdp()) return m.download(m.master.get<float>());
+  // Every rank's block, gathered into the (clear) gradient buffer, then downloaded from there.
+  m.gather_masters();
+  std::vector<std::vector<float>> out = m.download(m.grads.get<float>());
+  check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+  m.sync();
+  return out;
 }
 
 std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
   Impl& m = *impl_;
+  // FSDP: the whole masters gathered into the gradient buffer, which the next step (or
+  // zero_grad) clears before it accumulates.
+  const float* base = m.master.get<float>();
+  if (m.fsdp()) {
+    m.gather_masters();
+    m.grads_clear = false;
+    base = m.grads.get<float>();
+  }
   m.sync();
   std::vector<ParamView> out;
   out.reserve(m.place.size());
   for (const cuda::ParamPlace& pl : m.place)
-    out.push_back({m.master.get<float>() + pl.off, pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
+    out.push_back({base + pl.off, pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
   return out;
 }
 

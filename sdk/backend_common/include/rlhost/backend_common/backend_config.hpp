@@ -173,6 +173,9 @@ struct BackendConfig {
     bool fsdp = false;
     bool distributed_optimizer = false;
     int64_t dp_replicate = 1;
+    // dtensor_cfg.cpu_offload: FSDP's CPUOffloadPolicy (the CPU engine's state is in host
+    // memory already; the device path refuses it by name).
+    bool cpu_offload = false;
     // megatron_cfg.tensor_model_parallel_size: ranks a model's layers are split over
     // (sdk/tensor_parallel.hpp); the data-parallel ranks are the world / tp.
     int64_t tp = 1;
