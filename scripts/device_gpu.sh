@@ -21,6 +21,7 @@
 #     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     mpi: several ranks on this GPU over comm_mpi (OpenMPI carried): DP on the CUDA engine, GRPO at DP=2
+#     dp: only test_backend_cuda_dp at 2 and 4 ranks (DDP, distributed optimizer, FSDP, HSDP)
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
@@ -305,6 +306,17 @@ PY
   grep -E "error" "$out/algos_multiturn.log" | cut -c1-260 | tail -3
   grep -o '"validation/accuracy":[0-9.e-]*' "$d/reveal/logs/metrics.jsonl" | tr '\n' ' '; echo
   cp "$d/reveal/logs/metrics.jsonl" "$out/algos_multiturn_metrics.jsonl" 2>/dev/null
+fi
+if [ "$what" = dp ]; then
+  # Only the data-parallel device tests (DDP, the distributed optimizer, FSDP and, at 4 ranks,
+  # HSDP) over comm_mpi on this GPU: the quick part of the mpi stage.
+  source "$bin/openmpi/env.sh"
+  for np in ${DP_RANKS:-2 4}; do
+    echo "== mpirun -np $np test_backend_cuda_dp =="
+    mpirun -np "$np" "$bin/test_backend_cuda_dp" --gtest_brief=1 2>&1 | tee "$out/test_backend_cuda_dp_np$np.log" |
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |device dp|fsdp|Failure|rror|Which is|Expected|actual" | head -60
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
 fi
 if [ "$what" = mpi ]; then
   # Several ranks on this one GPU (#17): OpenMPI carried in $bin/openmpi (scripts/pack_openmpi.sh),

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels_cuda_abi.hpp"
+#include "nll_loss.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 
@@ -182,16 +183,7 @@ int main(int argc, char** argv) {
     return mb;
   };
 
-  auto loss = [](const engine::LossContext& c, const engine::OutputViews& o, engine::OutputGrads& g) {
-    engine::LossResult r;
-    const auto& cs = c.microbatch->cu_seqlens;
-    for (size_t q = 0; q + 1 < cs.size(); ++q)
-      for (int32_t t = cs[q] + 1; t < cs[q + 1]; ++t) {
-        r.loss -= o.logprob[size_t(t)] / double(c.global_tokens);
-        g.logprob[size_t(t)] = float(-1.0 / double(c.global_tokens));
-      }
-    return r;
-  };
+  const auto loss = test::nll_loss;
   if (curve > 0) {
     // A learnable stream: sequence b of step i counts from a start by a stride (mod V), both
     // drawn from (i, b), so the model learns the rule, not a batch.
