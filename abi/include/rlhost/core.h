@@ -38,7 +38,7 @@ extern "C" {
  * Each component interface (backend.h, kernels.h, ...) has its own version too, so a change to
  * one interface does not disturb plugins that implement the others. */
 #define RLH_ABI_VERSION_MAJOR 0
-#define RLH_ABI_VERSION_MINOR 8
+#define RLH_ABI_VERSION_MINOR 9
 
 /* Size of a struct up to and including `field`: what a writer compiled against a header whose
  * last field is `field` puts into struct_size. */

@@ -472,7 +472,7 @@ rlh_status* gen_update_weights(rlh_generator* self, const rlh_weight_update* u) 
     if (!u || u->struct_size < RLH_STRUCT_SIZE(rlh_weight_update, may_alias))
       throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: missing or too small rlh_weight_update");
     if (u->num_weights > 0 && !u->weights) throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: weights is NULL");
-    g->gen->weights().update(u->version, {u->weights, u->num_weights}, u->may_alias != 0);
+    g->gen->model().update_weights(u->version, {u->weights, u->num_weights}, u->may_alias != 0);
   });
 }
 

@@ -277,6 +277,19 @@ int64_t Backend::visit_weights(rlh_model* model, rlh_weight_fn fn, void* user) {
   return version;
 }
 
+bool Backend::has_weight_pieces() const {
+  return RLH_HAS_FIELD(api_, rlh_backend_api, visit_weight_pieces) && api_->visit_weight_pieces != nullptr;
+}
+
+int64_t Backend::visit_weight_pieces(rlh_model* model, rlh_weight_piece_fn fn, void* user) {
+  if (!has_weight_pieces())
+    throw Error(RLH_E_UNIMPLEMENTED, component_label("backend", name_) + " has no visit_weight_pieces (BACKEND 0.5)");
+  int64_t version = -1;
+  sdk::check(api_->visit_weight_pieces(self_, model, fn, user, &version),
+             component_label("backend", name_) + ": visiting weight pieces");
+  return version;
+}
+
 void Backend::visit_weights_on(rlh_model* model, const rlh_device& device, rlh_weight_fn fn, void* user,
                                int64_t* version) {
   if (RLH_HAS_FIELD(api_, rlh_backend_api, visit_weights_on) && api_->visit_weights_on != nullptr) {

@@ -209,6 +209,20 @@ struct GrpoLoop::Impl {
 
   // The generator gets policy.generation; the native generator reads its own subsection
   // native_cfg from it (and takes the whole object as its settings when that key is absent).
+  // A generator rank's part of the weights for the resharding refit: every tensor whole, or
+  // under a tensor-parallel generator this rank's boxes of the generator's own plan (the model as
+  // the generator describes it: native_cfg.model_component, else the MODEL component listing it).
+  Needs generator_needs() const {
+    const int64_t G = cfg.generation.tensor_parallel_size;
+    if (G <= 1) return tensor_parallel_needs({}, 1, 0);
+    std::string component;
+    const json& native = cfg.generation.section.contains("native_cfg") ? cfg.generation.section["native_cfg"] : json();
+    if (native.is_object() && native.contains("model_component") && native["model_component"].is_string())
+      component = native["model_component"].get<std::string>();
+    const int rank = sdk::Comm::world(trainer_host()).rank() % static_cast<int>(G);  // within its generator
+    return tensor_parallel_needs(describe_model(host, model_dir, component), static_cast<int>(G), rank);
+  }
+
   std::unique_ptr<Generator> make_generator() const {
     json gen_section = cfg.generation.section;
     if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
@@ -308,6 +322,7 @@ struct GrpoLoop::Impl {
     generator_stale = false;
     if (placement && ranks.writer()) {  // trainer 0's broadcast to the generator ranks (NeMo-RL's refit)
       refit_metrics["refit_bytes"] = placement->last_refit_bytes();
+      refit_metrics["refit_bytes_total"] = placement->last_refit_bytes_total();
       refit_metrics["refit_broadcast_seconds"] = placement->last_refit_seconds();
     }
     return since(t0);
@@ -696,10 +711,11 @@ struct GrpoLoop::Impl {
     if (!cfg.generation.colocated) {
       placement = GenerationRanks::create(host, cfg.generation.generator_ranks, cfg.generation.resources_text,
                                           cfg.generation.tensor_parallel_size);
+      placement->set_reshard(cfg.generation.refit_reshard);
       if (placement->is_generator()) {  // this rank only generates, for its trainer rank
         model_dir = resolve_model(cfg.policy.model_name);
         std::unique_ptr<Generator> mine = make_generator();
-        placement->serve(*mine);
+        placement->serve(*mine, [this] { return generator_needs(); });
         return;
       }
     }

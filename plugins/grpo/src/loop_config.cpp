@@ -289,6 +289,10 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
       throw ConfigError(key + " does not divide the " + std::to_string(c.generation.generator_ranks) + " generator ranks (" +
                         c.generation.resources_text + ")");
   }
+  {
+    const Section rl(child(whole, "rlhost"), "rlhost");
+    rl.read("refit_reshard", c.generation.refit_reshard);
+  }
   c.generation.train = read_sampling(gen, SamplingSettings{}, "");
   c.generation.validation = read_sampling(gen, c.generation.train, "val_");
   c.generation.validation.min_p = c.generation.train.min_p;
