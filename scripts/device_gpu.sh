@@ -14,7 +14,7 @@
 #     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8) with the
 #                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
-#     pagedmma: paged_attention's tensor-core kernel (RLH_KCUDA_PAGED_MMA=1): tests, check-kernels, bench A/B
+#     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
@@ -367,8 +367,8 @@ if [ "$what" = genprofile ]; then
   done
 fi
 if [ "$what" = pagedmma ]; then
-  # paged_attention's tensor-core kernel (opt-in, RLH_KCUDA_PAGED_MMA=1, until this stage has
-  # passed): the decode tests, the generator's GPU tests and check-kernels with it on, then the
+  # paged_attention's tensor-core kernel (the default since this stage first passed, 2026-12-05;
+  # forced on here): the decode tests, the generator's GPU tests and check-kernels with it on, then the
   # generator benchmark with the SIMT kernel and with it, in the same run.
   for t in test_cuda_decode test_generator_cuda; do
     echo "== $t (RLH_KCUDA_PAGED_MMA=1) =="
