@@ -462,7 +462,7 @@ def case_bad_layout(tmp):
         (ASYNC + generators(1) + ["++grpo.async_grpo.max_generation_failures=3"], "grpo.async_grpo.max_generation_failures = 3"),
         (["++grpo.async_grpo.enabled=true"] + generators(1), "needs loss_fn.use_importance_sampling_correction: true"),
         (ASYNC + generators(1) + ["grpo.max_rollout_turns=2"], "grpo.max_rollout_turns = 2 with grpo.async_grpo.enabled"),
-        (GEN_TP2, "policy.generation.vllm_cfg.tensor_parallel_size = 2 needs policy.generation.colocated.enabled: false"),
+        (GEN_TP2, "policy.generation.vllm_cfg.tensor_parallel_size = 2 does not divide the 1 colocated ranks"),
         (GEN_TP2 + generators(1), "policy.generation.vllm_cfg.tensor_parallel_size = 2 does not divide the 1 generator ranks"),
     ]
     for extra, text in refused:
