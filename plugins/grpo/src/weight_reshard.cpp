@@ -6,6 +6,7 @@
 #include <map>
 
 #include "rlhost/model.h"
+#include "rlhost/sdk/describe_model.hpp"
 #include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/status.hpp"
 #include "rlhost/sdk/tensor_parallel.hpp"
@@ -115,36 +116,7 @@ Needs tensor_parallel_needs(const sdk::TransformerDesc& desc, int size, int rank
 }
 
 sdk::TransformerDesc describe_model(const sdk::Host& host, const std::string& dir, const std::string& component) {
-  std::string text;
-  try {
-    text = sdk::read_input_file(dir + "/config.json", 64u << 20, "refit: model file");
-  } catch (const sdk::InputError& e) {
-    throw Error(RLH_E_NOT_FOUND, e.what());
-  }
-  std::string arch;
-  try {
-    const json cfg = json::parse(text);
-    if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
-        cfg["architectures"][0].is_string())
-      arch = cfg["architectures"][0].get<std::string>();
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, "refit: " + dir + "/config.json: " + e.what());
-  }
-  if (arch.empty()) throw Error(RLH_E_INVALID_ARGUMENT, "refit: " + dir + "/config.json names no architecture");
-  const rlh_component_desc* d = nullptr;
-  const auto* api = host.find<rlh_model_api>(RLH_KIND_MODEL, component.empty() ? nullptr : component.c_str(),
-                                             RLH_STRUCT_SIZE(rlh_model_api, describe), &d);
-  bool found = false;
-  for (size_t i = 0; api->architectures && api->architectures[i] && i < 4096; ++i) found = found || arch == api->architectures[i];
-  if (!found)
-    throw Error(RLH_E_UNIMPLEMENTED, "refit: model component '" + std::string(d->name) + "' does not describe " + arch);
-  std::string doc;
-  sdk::check(api->describe(host.api(), text.data(), text.size(), sdk::write_to_string, &doc), "refit: describing " + dir);
-  try {
-    return json::parse(doc).get<sdk::TransformerDesc>();
-  } catch (const std::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("refit: the model component's description: ") + e.what());
-  }
+  return sdk::describe_model_folder(host, dir, component, "refit");
 }
 
 json to_json(const std::vector<WeightBox>& boxes) {
