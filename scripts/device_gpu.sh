@@ -8,15 +8,20 @@
 #   scripts/device_gpu.sh [tests|gentests|cli|grpo|bench|genbench|genprofile|fp8|all]  (all = tests, fp8, cli, grpo, bench, genbench)
 #     fp8: examples/vendor_fp8 (built out of tree, packed as vendor/libvendor_fp8.so): its gpu test,
 #          rlhost check-kernels on it, and fp8_cfg.enabled with it loaded
-#     fp8bench: its 8192^3 FP8 GEMM beside torch._scaled_mm (bench/fp8/run.sh)
+#     fp8bench: its 8192^3 FP8 GEMM beside torch._scaled_mm (bench/fp8/run.sh), then the CUDA
+#               engine's training step in bf16 and with FP8 linears (1B and 3B shapes) and the
+#               loss after 200 steps of each on one stream
+#     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8) with the
+#                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
-#     pagedmma: paged_attention's tensor-core kernel (RLH_KCUDA_PAGED_MMA=1): tests, check-kernels, bench A/B
+#     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
 #     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     mpi: several ranks on this GPU over comm_mpi (OpenMPI carried): DP on the CUDA engine, GRPO at DP=2
+#     dp: only test_backend_cuda_dp at 2 and 4 ranks (DDP, distributed optimizer, FSDP, HSDP)
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
@@ -44,8 +49,8 @@ export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
-        test_cudnn_graph test_cudnn_attention test_cuda_engine test_backend_cuda test_backend_cuda_loss test_generator_cuda
-        test_comm_nccl"
+        test_cudnn_graph test_cudnn_attention test_cuda_engine test_cuda_engine_fp8 test_backend_cuda test_backend_cuda_loss
+        test_generator_cuda test_comm_nccl"
   [ "$what" = gentests ] && list=test_generator_cuda
   [ -n "${TESTS:-}" ] && list=$TESTS  # e.g. TESTS="test_comm_nccl test_generator_cuda": only these
   for t in $list; do
@@ -96,9 +101,36 @@ if [ "$what" = fp8 ] || [ "$what" = all ]; then
     [ "$got" = "$([ -z "$with" ] && echo 1 || echo 0)" ] || rc=1
   done
 fi
+# The plugin path with the vendor's FP8 provider on it: the engines' registries then hold it
+# beside kernels_cuda (it answers FP8 operands only; everything else falls through).
+fp8_plugins=$bin/plugins_fp8
+if [ -f "$bin/vendor/libvendor_fp8.so" ]; then
+  mkdir -p "$fp8_plugins"
+  for f in "$bin"/plugins/lib*.so "$bin/vendor/libvendor_fp8.so"; do ln -sfn "$f" "$fp8_plugins/"; done
+fi
+if [ "$what" = fp8engine ] || [ "$what" = fp8 ] || [ "$what" = all ]; then
+  echo "== test_cuda_engine_fp8 (vendor_fp8 on the plugin path) =="
+  RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_cuda_engine_fp8" --gtest_brief=1 2>&1 |
+    tee "$out/test_cuda_engine_fp8.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|loss|Expected|Which is|actual|rror" | head -60
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 if [ "$what" = fp8bench ]; then
   bench/fp8/run.sh "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" 2>&1 | tee "$out/fp8bench.log" | tail -8
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  # End to end on the same engine: bf16, then FP8 linears (tensorwise, blockwise), same run.
+  for shape in ${FP8_SHAPES:-llama1b llama3b}; do
+    for r in none tensorwise blockwise; do
+      echo "== bench_cuda_engine --shape $shape --fp8 $r =="
+      RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape "$shape" --only train --steps 6 --warmup 2 --fp8 "$r" \
+        > "$out/fp8_engine_${shape}_$r.log" 2>&1 || rc=1
+      grep -E "^(RESULT|train|fp8)|rror" "$out/fp8_engine_${shape}_$r.log"
+    done
+  done
+  for r in none tensorwise blockwise; do
+    RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape small --curve "${FP8_CURVE:-200}" --fp8 "$r" \
+      > "$out/fp8_curve_$r.log" 2>&1 || rc=1
+    grep -E "^RESULT|rror" "$out/fp8_curve_$r.log"
+  done
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then
   # What a user tries first: the same fixture scored and sampled on the CPU (float32) and on the
@@ -275,6 +307,17 @@ PY
   grep -o '"validation/accuracy":[0-9.e-]*' "$d/reveal/logs/metrics.jsonl" | tr '\n' ' '; echo
   cp "$d/reveal/logs/metrics.jsonl" "$out/algos_multiturn_metrics.jsonl" 2>/dev/null
 fi
+if [ "$what" = dp ]; then
+  # Only the data-parallel device tests (DDP, the distributed optimizer, FSDP and, at 4 ranks,
+  # HSDP) over comm_mpi on this GPU: the quick part of the mpi stage.
+  source "$bin/openmpi/env.sh"
+  for np in ${DP_RANKS:-2 4}; do
+    echo "== mpirun -np $np test_backend_cuda_dp =="
+    mpirun -np "$np" "$bin/test_backend_cuda_dp" --gtest_brief=1 2>&1 | tee "$out/test_backend_cuda_dp_np$np.log" |
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |device dp|fsdp|Failure|rror|Which is|Expected|actual" | head -60
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+fi
 if [ "$what" = mpi ]; then
   # Several ranks on this one GPU (#17): OpenMPI carried in $bin/openmpi (scripts/pack_openmpi.sh),
   # comm_mpi staging the device collectives through the host (NCCL refuses two ranks on one GPU).
@@ -324,8 +367,8 @@ if [ "$what" = genprofile ]; then
   done
 fi
 if [ "$what" = pagedmma ]; then
-  # paged_attention's tensor-core kernel (opt-in, RLH_KCUDA_PAGED_MMA=1, until this stage has
-  # passed): the decode tests, the generator's GPU tests and check-kernels with it on, then the
+  # paged_attention's tensor-core kernel (the default since this stage first passed, 2026-12-05;
+  # forced on here): the decode tests, the generator's GPU tests and check-kernels with it on, then the
   # generator benchmark with the SIMT kernel and with it, in the same run.
   for t in test_cuda_decode test_generator_cuda; do
     echo "== $t (RLH_KCUDA_PAGED_MMA=1) =="

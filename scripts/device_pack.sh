@@ -7,13 +7,13 @@
 # Binaries come from build-cuda (-DRLH_BUILD_BENCH=ON; CUDA runtime static, cuBLASLt loaded at
 # run time), stripped.
 #   scripts/device_pack.sh            build the targets, then pack
-#   SLIM=1 scripts/device_pack.sh     the same without the mpi/fp8/nccl2 stages' parts (smaller)
+#   SLIM=1 scripts/device_pack.sh     the same without the mpi/nccl2 stages' parts (smaller)
 # .devbin is ignored by git: pass carry: [".devbin"] to the device tool.
 # On the device: cd .devbin && tar xJf devbin.txz && cd .. && scripts/device_gpu.sh all
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
-tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_backend_cuda
+tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_cuda_engine_fp8 test_backend_cuda
        test_backend_cuda_loss
        test_backend_cuda_dp test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl test_vendor_fp8)
 plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments dataset_jsonl
@@ -52,11 +52,10 @@ for l in libyaml-cpp.so.0.7 libboost_program_options.so.1.74.0 libpcre2-8.so.0 l
 done
 strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"/rlh_tiny_model \
   "$stage"/plugins/*.so "$stage"/vendor/*.so "$stage"/extra_plugins/*.so "$stage"/lib/librlhost.so.0.1
-# SLIM=1: without what only the mpi, fp8 and nccl2 stages use (OpenMPI, the vendor plugin, the
-# NCCL and multi-rank tests), when the pack beside the source tree would pass the carry cap.
+# SLIM=1: without what only the mpi and nccl2 stages use (OpenMPI, the NCCL and multi-rank
+# tests), when the pack beside the source tree would pass the carry cap.
 if [ "${SLIM:-0}" = 1 ]; then
-  rm -rf "$stage"/openmpi "$stage"/vendor "$stage"/extra_plugins "$stage"/test_comm_nccl "$stage"/test_vendor_fp8 \
-    "$stage"/bench_fp8_gemm "$stage"/test_backend_cuda_dp
+  rm -rf "$stage"/openmpi "$stage"/extra_plugins "$stage"/test_comm_nccl "$stage"/test_backend_cuda_dp
 fi
 mkdir -p .devbin
 rm -f .devbin/devbin.tgz

@@ -24,12 +24,16 @@ RLH_ANCHOR void rlh_anchor_rlh_model_args(struct rlh_model_args* p);
 void rlh_anchor_rlh_model_args(struct rlh_model_args* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_rlh_visit_args(struct rlh_visit_args* p);
 void rlh_anchor_rlh_visit_args(struct rlh_visit_args* p) { (void)p; }
+RLH_ANCHOR void rlh_anchor_rlh_weight_piece(struct rlh_weight_piece* p);
+void rlh_anchor_rlh_weight_piece(struct rlh_weight_piece* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_rlh_backend_api(struct rlh_backend_api* p);
 void rlh_anchor_rlh_backend_api(struct rlh_backend_api* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_t_rlh_loss_fn(rlh_loss_fn* p);
 void rlh_anchor_t_rlh_loss_fn(rlh_loss_fn* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_t_rlh_weight_fn(rlh_weight_fn* p);
 void rlh_anchor_t_rlh_weight_fn(rlh_weight_fn* p) { (void)p; }
+RLH_ANCHOR void rlh_anchor_t_rlh_weight_piece_fn(rlh_weight_piece_fn* p);
+void rlh_anchor_t_rlh_weight_piece_fn(rlh_weight_piece_fn* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_rlh_comm_api(struct rlh_comm_api* p);
 void rlh_anchor_rlh_comm_api(struct rlh_comm_api* p) { (void)p; }
 RLH_ANCHOR void rlh_anchor_rlh_status(struct rlh_status* p);

@@ -484,6 +484,19 @@ RLH_PIN_SLOT(rlh_microbatch, metric_tensor, 12);
 /* rlh_train_args */
 RLH_PIN_FIELD(rlh_train_args, loss_on_device, 96, 1); /* since 0.8 */
 
+/* rlh_weight_piece */
+RLH_PIN_FIELD(rlh_weight_piece, struct_size, 0, 8); /* since 0.9 */
+RLH_PIN_FIELD(rlh_weight_piece, hf_name, 8, 8); /* since 0.9 */
+RLH_PIN_FIELD(rlh_weight_piece, data, 16, 8); /* since 0.9 */
+RLH_PIN_FIELD(rlh_weight_piece, global_shape, 24, 8); /* since 0.9 */
+RLH_PIN_FIELD(rlh_weight_piece, offset, 32, 8); /* since 0.9 */
+RLH_PIN_FIELD(rlh_weight_piece, flags, 40, 4); /* since 0.9 */
+RLH_PIN_FIELD(rlh_weight_piece, reserved0, 44, 4); /* since 0.9 */
+
+/* rlh_backend_api */
+RLH_PIN_FIELD(rlh_backend_api, visit_weight_pieces, 96, 8); /* since 0.9 */
+RLH_PIN_SLOT(rlh_backend_api, visit_weight_pieces, 12);
+
 /* rlh_comm_api */
 RLH_PIN_FIELD(rlh_comm_api, recv_any, 120, 8); /* since 0.9 */
 RLH_PIN_SLOT(rlh_comm_api, recv_any, 15);

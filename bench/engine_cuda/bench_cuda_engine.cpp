@@ -4,12 +4,21 @@
 // "RESULT key=value ..." line per measurement for run.sh to parse.
 //
 //   bench_cuda_engine [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward]
-//                     [--recompute none|selective|full] [--head-chunk-mib M]
+//                     [--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise]
+//                     [--curve N]
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), training B4 x T2048, forward logprobs B8 x T2048. small: a quick check of the same code.
 // qwen3moe: a Qwen3-MoE shape (vocab 32000, d 1024, 12 layers, 16/4 heads of 64 with q/k norms,
 // 64 experts top-8 of width 512 in every layer, untied), same batches; moesmall: its quick check.
+// llama3b: Llama-3.2-3B's shape (vocab 128256, d 3072, 28 layers, 24/8 heads of 128, ffn 8192,
+// tied), training B2 x T2048 (the FP8 issue's end-to-end shape).
+// --fp8: the training step's dense linears in FP8 (CudaEngineOptions::fp8: the registry's FP8
+// provider, e.g. examples/vendor_fp8 on the plugin path; first and last layers in bf16). Rows are
+// named train_fp8_<recipe>, beside the bf16 train row of the same run when run.sh asks for both.
+// --curve N: instead of timing, N training steps on a fixed learnable stream (each sequence an
+// arithmetic progression of token ids, new batches every step) printing the mean loss of the
+// last 10 steps: FP8 against bf16 on the same data (`RESULT name=curve_<fp8> ...`).
 // MoE FLOPs count the active parameters: the router, and K of the E experts per token.
 // FLOPs per token: 6 * matmul params (the tied head counted once) + causal attention
 // 6 * L * T * H * D (forward 2 * T/2 * H * D * 2, backward twice that); MFU against the H200's
@@ -23,6 +32,7 @@
 #include <vector>
 
 #include "kernels_cuda_abi.hpp"
+#include "nll_loss.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 
@@ -39,6 +49,7 @@ struct Shape {
   int64_t E = 0, K = 0, Fe = 0;  // MoE (Qwen3-MoE): experts, top-k, expert width; 0 = dense
 };
 const Shape kShapes[] = {{"llama1b", 128256, 2048, 16, 32, 8, 64, 8192, true, 4, 8, 2048},
+                         {"llama3b", 128256, 3072, 28, 24, 8, 128, 8192, true, 2, 4, 2048},
                          {"small", 32000, 1024, 4, 16, 4, 64, 4096, true, 2, 4, 1024},
                          {"qwen3moe", 32000, 1024, 12, 16, 4, 64, 3072, false, 4, 8, 2048, 64, 8, 512},
                          {"moesmall", 32000, 512, 2, 8, 4, 64, 1536, false, 2, 4, 1024, 16, 4, 256}};
@@ -54,8 +65,8 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "llama1b", only, recompute = "none";
-  int steps = 10, warmup = 2;
+  std::string shape_name = "llama1b", only, recompute = "none", fp8 = "none";
+  int steps = 10, warmup = 2, curve = 0;
   int64_t head_chunk_mib = 0;  // the logprob head's logits tile (0 = the kernel's default)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -72,10 +83,12 @@ int main(int argc, char** argv) {
     else if (a == "--only") only = next();
     else if (a == "--recompute") recompute = next();
     else if (a == "--head-chunk-mib") head_chunk_mib = std::atoll(next());
+    else if (a == "--fp8") fp8 = next();
+    else if (a == "--curve") curve = std::atoi(next());
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward] "
-                   "[--recompute none|selective|full] [--head-chunk-mib M]\n",
+                   "[--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise] [--curve N]\n",
                    argv[0]);
       return 2;
     }
@@ -87,6 +100,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_cuda_engine: unknown shape '%s' or bad step counts\n", shape_name.c_str());
     return 2;
   }
+  if (fp8 != "none" && fp8 != "tensorwise" && fp8 != "blockwise") {
+    std::fprintf(stderr, "bench_cuda_engine: --fp8 expects none, tensorwise or blockwise, got '%s'\n", fp8.c_str());
+    return 2;
+  }
+  engine::Fp8Options fp8o;
+  fp8o.enabled = fp8 != "none";
+  fp8o.blockwise = fp8 == "blockwise";
   engine::Recompute rc = engine::Recompute::none;
   if (recompute == "selective") rc = engine::Recompute::selective;
   else if (recompute == "full") rc = engine::Recompute::full;
@@ -163,12 +183,54 @@ int main(int argc, char** argv) {
     return mb;
   };
 
+  const auto loss = test::nll_loss;
+  if (curve > 0) {
+    // A learnable stream: sequence b of step i counts from a start by a stride (mod V), both
+    // drawn from (i, b), so the model learns the rule, not a batch.
+    engine::CudaEngineOptions o = test::cuda_options();
+    o.optimizer.weight_decay = 0.0;
+    o.optimizer.max_grad_norm = 1.0;
+    o.fp8 = fp8o;
+    engine::CudaEngine e(desc, o);
+    e.load_parameters(w);
+    std::vector<int32_t> ids(size_t(s->train_B * s->T)), cu;
+    for (int64_t b = 0; b <= s->train_B; ++b) cu.push_back(int32_t(b * s->T));
+    std::vector<double> last;
+    const int64_t vocab = std::min<int64_t>(s->V, 4096);
+    for (int i = 0; i < curve; ++i) {
+      for (int64_t b = 0; b < s->train_B; ++b) {
+        uint64_t h = uint64_t(i) * 1000003u + uint64_t(b) * 7919u + 17u;
+        h ^= h >> 13;
+        h *= 0x9E3779B97F4A7C15ull;
+        const int64_t start = int64_t(h % uint64_t(vocab)), stride = 1 + int64_t((h >> 20) % 7);
+        for (int64_t t = 0; t < s->T; ++t) ids[size_t(b * s->T + t)] = int32_t((start + stride * t) % vocab);
+      }
+      engine::MicroBatch mb;
+      mb.input_ids = ids;
+      mb.cu_seqlens = cu;
+      engine::StepOptions so;
+      so.lr = 3e-4;
+      so.global_tokens = s->train_B * (s->T - 1);
+      const double l = e.train_step({&mb, 1}, so, loss).loss;
+      if (i == 0 || (i + 1) % 25 == 0) std::printf("curve %s step %d loss %.5f\n", fp8.c_str(), i + 1, l);
+      if (i >= curve - 10) last.push_back(l);
+    }
+    double mean = 0;
+    for (double l : last) mean += l / double(last.size());
+    const auto st = e.stats();
+    std::printf("RESULT name=curve_%s shape=%s_B%ldxT%ld value=%.6f unit=loss steps=%d fp8_gemms=%ld bf16_in_fp8_layers=%ld\n",
+                fp8.c_str(), s->name, long(s->train_B), long(s->T), mean, curve, long(st.fp8_gemms),
+                long(st.fp8_layer_bf16_gemms));
+    return 0;
+  }
+
   if (only.empty() || only == "train") {
     engine::CudaEngineOptions o = test::cuda_options();
     o.optimizer.weight_decay = 0.01;
     o.optimizer.max_grad_norm = 1.0;
     o.recompute = rc;
     o.logprob_chunk_bytes = head_chunk_mib << 20;
+    o.fp8 = fp8o;
     engine::CudaEngine e(desc, o);
     std::printf("device: %s, shape %s: %.1f M (active) matmul params\n", e.device_name().c_str(), s->name,
                 matmul_params / 1e6);
@@ -178,16 +240,6 @@ int main(int argc, char** argv) {
     engine::StepOptions so;
     so.lr = 1e-5;
     so.global_tokens = s->train_B * (s->T - 1);
-    auto loss = [](const engine::LossContext& c, const engine::OutputViews& o, engine::OutputGrads& g) {
-      engine::LossResult r;
-      const auto& cs = c.microbatch->cu_seqlens;
-      for (size_t q = 0; q + 1 < cs.size(); ++q)
-        for (int32_t t = cs[q] + 1; t < cs[q + 1]; ++t) {
-          r.loss -= o.logprob[size_t(t)] / double(c.global_tokens);
-          g.logprob[size_t(t)] = float(-1.0 / double(c.global_tokens));
-        }
-      return r;
-    };
     for (int i = 0; i < warmup; ++i) e.train_step({&mb, 1}, so, loss);
     const auto before = e.stats();
     std::vector<double> times;
@@ -207,10 +259,14 @@ int main(int argc, char** argv) {
                 double(after.device_allocations - before.device_allocations) / steps,
                 double(after.host_syncs - before.host_syncs) / steps,
                 double(after.device_bytes) / double(1ull << 30));
+    if (fp8o.enabled)
+      std::printf("fp8 (%s): %ld products in FP8, %ld in bf16 in the FP8 layers (shapes FP8 cannot take)\n",
+                  fp8.c_str(), long(after.fp8_gemms), long(after.fp8_layer_bf16_gemms));
     // Recompute rows are named apart: PyTorch's peer runs without checkpointing.
     std::printf("RESULT name=%s shape=%s_B%ldxT%ld value=%.0f unit=tok/s ms=%.3f mfu=%.4f allocs=%.2f "
                 "syncs=%.2f gib=%.2f\n",
-                rc == engine::Recompute::none ? "train" : ("train_recompute_" + recompute).c_str(), s->name,
+                fp8o.enabled ? ("train_fp8_" + fp8).c_str()
+                : rc == engine::Recompute::none ? "train" : ("train_recompute_" + recompute).c_str(), s->name,
                 long(s->train_B), long(s->T), tps, t * 1e3, tps * train_flops / peak,
                 double(after.device_allocations - before.device_allocations) / steps,
                 double(after.host_syncs - before.host_syncs) / steps,

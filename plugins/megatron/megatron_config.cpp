@@ -162,14 +162,47 @@ backend::BackendConfig read_config(const json& policy) {
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded
   // plugin provides FP8 linears (it claims policy.megatron_cfg.fp8_cfg.*: examples/vendor_fp8).
-  // With one loaded, the engines still run every linear in bf16 (the FP8 linear step is not wired
-  // into the CUDA engine yet), so enabled = true is refused here, naming what is missing, rather
-  // than trained in bf16 under an FP8 setting.
+  // The CUDA engine then runs the dense layers' linears through it (Fp8Options); the CPU engine
+  // refuses it when the model loads. Disabled, its other keys have no effect.
+  if (!r.is_null("megatron_cfg.fp8_cfg.enabled") && r.boolean("megatron_cfg.fp8_cfg.enabled", false)) {
+    engine::Fp8Options& f = cfg.fp8;
+    f.enabled = true;
+    const std::string format = r.is_null("megatron_cfg.fp8_cfg.fp8") ? "e4m3" : r.string("megatron_cfg.fp8_cfg.fp8", "e4m3");
+    if (format != "e4m3" && format != "hybrid")
+      r.fail("megatron_cfg.fp8_cfg.fp8", "expected e4m3 or hybrid, got \"" + format + "\"");
+    f.hybrid = format == "hybrid";
+    const std::string recipe = r.is_null("megatron_cfg.fp8_cfg.fp8_recipe")
+                                   ? "tensorwise"
+                                   : r.string("megatron_cfg.fp8_cfg.fp8_recipe", "tensorwise");
+    if (recipe != "tensorwise" && recipe != "blockwise")
+      r.fail("megatron_cfg.fp8_cfg.fp8_recipe",
+             "expected tensorwise or blockwise, got \"" + recipe + "\" (delayed scaling is the FP8 provider's op, "
+             "not a recipe the engine runs)");
+    f.blockwise = recipe == "blockwise";
+    if (f.blockwise && f.hybrid)
+      r.fail("megatron_cfg.fp8_cfg.fp8", "hybrid (e5m2 gradients) with fp8_recipe = blockwise: block-scaled products "
+                                         "take e4m3 operands only (cuBLASLt on Hopper); use fp8 = e4m3");
+    // TransformerEngine's fp8_param keeps the weights themselves in FP8: the engine keeps bf16
+    // weights and quantises them per call, so that setting cannot be honoured.
+    if (!r.is_null("megatron_cfg.fp8_cfg.fp8_param") && r.boolean("megatron_cfg.fp8_cfg.fp8_param", false))
+      r.fail("megatron_cfg.fp8_cfg.fp8_param", "true is not supported: the CUDA engine keeps bf16 weights and "
+                                               "quantises them once per step; set it to false");
+    // TransformerEngine's cache clearing: the engine's FP8 weight copies are remade every call.
+    r.mark_subtree("megatron_cfg.fp8_cfg.force_clear_fp8_caches");
+    for (const char* k : {"num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"}) {
+      const std::string key = std::string("megatron_cfg.fp8_cfg.") + k;
+      if (r.is_null(key)) continue;
+      const int64_t n = r.integer(key, 1);
+      if (n < 0) r.fail(key, "must be >= 0, got " + std::to_string(n));
+      (std::string(k) == "num_layers_at_start_in_bf16" ? f.bf16_first_layers : f.bf16_last_layers) = n;
+    }
+    const std::vector<std::string> unknown = r.unread("megatron_cfg.fp8_cfg");
+    if (!unknown.empty())
+      throw Error(RLH_E_INVALID_ARGUMENT, unknown.front() + ": not an fp8_cfg key rlhost runs (it reads enabled, fp8, "
+                                          "fp8_recipe, fp8_param, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, "
+                                          "force_clear_fp8_caches)");
+  }
   r.mark_subtree("megatron_cfg.fp8_cfg");
-  if (!r.is_null("megatron_cfg.fp8_cfg.enabled") && r.boolean("megatron_cfg.fp8_cfg.enabled", false))
-    throw Error(RLH_E_UNIMPLEMENTED,
-                "policy.megatron_cfg.fp8_cfg.enabled = true: an FP8 linear provider is loaded, but the megatron "
-                "backend does not run its linears through it yet (its engines train in bf16); set it to false");
 
   // MoE layers (the engine's MoeOptions; no effect on dense models). Defaults are plain training;
   // NeMo-RL's RL recipes freeze the router, route in fp64 and turn load balancing off.

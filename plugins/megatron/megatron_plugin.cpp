@@ -1,5 +1,5 @@
 // The megatron plugin: a BACKEND component over rlh_engine (through rlh_backend_common), read
-// from NeMo-RL's Megatron policy keys, with a device path on one Hopper GPU (megatron_cuda.cpp:
+// from NeMo-RL's Megatron policy keys, with a device path on one Hopper GPU (rlh_backend_cuda:
 // the CUDA engine and kernels_cuda's fused kernels) where this build has it. Single-rank today;
 // TP/PP/CP/EP plans come with the parallel work.
 #include "megatron_config.hpp"
@@ -7,13 +7,13 @@
 #include "rlhost/backend_common/backend.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #if RLH_MEGATRON_CUDA
-#include "megatron_cuda.hpp"
+#include "rlhost/backend_cuda/cuda_device_engine.hpp"
 #endif
 
 namespace {
 
 #if RLH_MEGATRON_CUDA
-const rlh::backend::DeviceEngineFactory* const kDevice = rlh::megatron::cuda_device_engines();
+const rlh::backend::DeviceEngineFactory* const kDevice = rlh::backend::cuda_device_engines();
 #else
 const rlh::backend::DeviceEngineFactory* const kDevice = nullptr;
 #endif

@@ -12,6 +12,19 @@
 //   - a distributed-optimizer state saved at DP = N (moments gathered) resumes bitwise at
 //     DP = N (each rank keeps its block), and loads on one rank;
 //   - tensor parallelism on the device is refused by name.
+// dtensor's FSDP on the device (the fp32 masters, both moments and the gradient block as this
+// rank's 1/N block; only the bf16 copy gathered):
+//   - it follows the one-rank device run over three AdamW steps (dense and MoE), as the
+//     distributed optimizer does, and HSDP too (dp_replicate_size = N: shards of one rank; and
+//     2 replicas of N/2-rank shards where N is a multiple of 4, skipped at np 2);
+//   - memory/state_bytes per rank is 1/N of the one-rank run's masters and moments (16/N bytes
+//     a parameter against 12: the gradient block is state too);
+//   - without clipping or weight decay it gives bitwise megatron's distributed optimizer's
+//     weights and losses (the same blocks, kernels and pointer alignments), also after a
+//     visit_weights_on of the gathered masters between steps, and on DeepSeek-V3 (whose router
+//     reads its selection bias from the masters: under FSDP from a refreshed side copy);
+//   - an empty shard takes part; a sharded state resumes bitwise at N and loads at one rank
+//     with bitwise the weights it saved, and a one-rank state loads at N likewise.
 // Without a usable Hopper GPU every test skips with the reason.
 #include <unistd.h>
 
@@ -19,6 +32,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+
+#include <cuda_runtime.h>
 
 #include "backend_harness.hpp"
 #include "mpi_harness.hpp"
@@ -44,6 +59,19 @@ json config(bool distributed_optimizer, double clip = 1.0) {
                {{"optimizer",
                  {{"lr", 1e-3}, {"weight_decay", 0.1}, {"adam_eps", 1.0}, {"clip_grad", clip},
                   {"use_distributed_optimizer", distributed_optimizer}}}}}};
+  set_batching(cfg, true);
+  return cfg;
+}
+
+// dtensor (FSDP over the data-parallel ranks; HSDP with `replicate` replicas) with the same
+// AdamW, clipping and batching as config(): torch's kwargs, every tensor decaying.
+json fsdp_config(double clip = 1.0, double weight_decay = 0.1, int64_t replicate = 1) {
+  json cfg = {{"precision", "bfloat16"},
+              {"device", "cuda"},
+              {"max_grad_norm", clip},
+              {"optimizer",
+               {{"name", "torch.optim.AdamW"}, {"kwargs", {{"lr", 1e-3}, {"weight_decay", weight_decay}, {"eps", 1.0}}}}},
+              {"dtensor_cfg", {{"dp_replicate_size", replicate}}}};
   set_batching(cfg, true);
   return cfg;
 }
@@ -81,9 +109,10 @@ struct RunResult {
   json metrics;
 };
 
-RunResult train_steps(const json& cfg, const std::string& model, Batch& batch, int64_t g_tok, int64_t g_seq, int steps) {
+RunResult train_steps(const json& cfg, const std::string& model, Batch& batch, int64_t g_tok, int64_t g_seq, int steps,
+                      const char* backend = "megatron") {
   RunResult out;
-  Backend be(host(), "megatron", cfg);
+  Backend be(host(), backend, cfg);
   rlh_model* m = be.load(model_path(model), true);
   out.before = be.weights(m);
   for (int s = 0; s < steps; ++s) {
@@ -213,6 +242,214 @@ TEST(DeviceDataParallelCheckpoints, ShardedStateResumesBitwise) {
   if (R == 0) fs::remove_all(dir);
 }
 
+// ---------------------------------------------------------------------------------------------
+// dtensor FSDP on the device
+
+struct FsdpCase {
+  std::string model;
+  int replicate;  // dp_replicate_size: 1 FSDP, 0 N (replicas of one-rank shards), 2 (from 4 ranks)
+  std::string label() const {
+    return model + (replicate == 1 ? " fsdp" : replicate == 0 ? " hsdp" : " hsdp" + std::to_string(replicate));
+  }
+};
+
+class DeviceFsdp : public ::testing::TestWithParam<FsdpCase> {};
+
+TEST_P(DeviceFsdp, FollowsOneRankWithItsBlockOfTheState) {
+  REQUIRE_GPU();
+  const FsdpCase c = GetParam();
+  const int R = world().rank(), N = world().size();
+  const int replicas = c.replicate == 0 ? N : c.replicate;
+  if (N % replicas != 0 || (c.replicate > 1 && N / replicas < 2))
+    GTEST_SKIP() << c.label() << " needs a multiple of " << 2 * replicas << " ranks (mpirun -np 4)";
+  auto g = global_batch();
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  RunResult ref;
+  {
+    Alone alone;
+    ref = train_steps(fsdp_config(), c.model, *g, g_tok, g_seq, 3, "dtensor");
+  }
+  auto mine = shard_of(*g, R, N);
+  const RunResult dp = train_steps(fsdp_config(1.0, 0.1, replicas), c.model, *mine, g_tok, g_seq, 3, "dtensor");
+  EXPECT_EQ(dp.metrics["dp_size"].get<int>(), N);
+  EXPECT_EQ(dp.metrics["num_tokens"].get<int64_t>(), g_tok);
+  EXPECT_GT(dp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
+  double loss_err = 0;
+  for (size_t s = 0; s < ref.loss.size(); ++s)
+    loss_err = std::max(loss_err, std::fabs(dp.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]));
+  EXPECT_LE(loss_err, 2e-3) << c.label();
+  const double uerr = update_error(dp.after, ref.after, ref.before);
+  EXPECT_LE(uerr, 5e-2) << c.label();
+  EXPECT_TRUE(same_on_every_rank(dp.after)) << c.label() << ": the ranks' weights differ";
+  // State per rank: one rank holds masters and two moments (12 bytes a parameter); a shard of
+  // S ranks its block of those and of the summed gradients (16 / S), padding aside.
+  const double one = ref.metrics["memory/state_bytes"].get<double>();
+  const double mine_bytes = dp.metrics["memory/state_bytes"].get<double>();
+  const int S = N / replicas;
+  EXPECT_GT(one, 0);
+  EXPECT_NEAR(mine_bytes, one * 16.0 / 12.0 / S, 0.01 * one) << c.label();
+  if (R == 0)
+    std::cout << "[device fsdp " << N << "] " << c.label() << ": losses within " << loss_err
+              << " (relative), 3 AdamW updates within " << uerr << " of one rank's; memory/state_bytes "
+              << mine_bytes << " per rank against " << one << " on one rank (masters + moments + gradient block over "
+              << S << "), dp/comm_bytes " << dp.metrics["dp/comm_bytes"] << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, DeviceFsdp,
+                         ::testing::Values(FsdpCase{"llama-tiny", 1}, FsdpCase{"qwen3-moe-tiny", 1},
+                                           FsdpCase{"llama-tiny", 0}, FsdpCase{"qwen3-moe-tiny", 2}),
+                         [](const auto& info) { return test_name(info.param.label()); });
+
+// Weights of a visit_weights_on with the model's own device, copied to the host. A view may be a
+// strided block of a fused engine tensor (rows `strides[ndim - 2]` apart): copied row by row.
+Weights visit_on_device(Backend& be, rlh_model* m) {
+  Weights got;
+  be.visit_on(m, rlh_device{RLH_DEVICE_CUDA, 0}, [&](const std::string& n, const rlh_tensor& t) {
+    ASSERT_EQ(t.device.device_type, RLH_DEVICE_CUDA) << n;
+    ASSERT_EQ(t.dtype.bits, 32) << n;
+    ASSERT_GE(t.ndim, 1) << n;
+    const int64_t cols = t.shape[t.ndim - 1];
+    int64_t rows = 1;
+    for (int i = 0; i + 1 < t.ndim; ++i) rows *= t.shape[i];
+    ASSERT_TRUE(t.strides[t.ndim - 1] == 1 || cols == 1) << n;
+    // The outer dimensions nest contiguously over the row pitch (a block along one axis).
+    for (int i = 0; i + 2 < t.ndim; ++i) ASSERT_EQ(t.strides[i], t.strides[i + 1] * t.shape[i + 1]) << n;
+    const int64_t pitch = t.ndim >= 2 ? t.strides[t.ndim - 2] : cols;
+    std::vector<float>& h = got[n];
+    h.resize(size_t(rows * cols));
+    ASSERT_EQ(cudaMemcpy2D(h.data(), size_t(cols) * 4, static_cast<const char*>(t.data) + t.byte_offset,
+                           size_t(pitch) * 4, size_t(cols) * 4, size_t(rows), cudaMemcpyDeviceToHost),
+              cudaSuccess) << n;
+  });
+  return got;
+}
+
+TEST(DeviceFsdpExact, IsTheDistributedOptimizerBitwise) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch();
+  auto mine = shard_of(*g, R, N);
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  // DeepSeek-V3's router reads its selection bias from the fp32 masters: under FSDP from the
+  // side copy refreshed after each update, which must hold the same bits.
+  for (const char* model : {"llama-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"}) {
+    SCOPED_TRACE(model);
+    // No clipping and no weight decay: megatron's decay lists (1-D tensors apart) and torch's
+    // (every tensor) then update alike; the lr is constant in both.
+    json dist_cfg = config(true, 0.0);
+    dist_cfg["megatron_cfg"]["optimizer"]["weight_decay"] = 0.0;
+    const RunResult dist = train_steps(dist_cfg, model, *mine, g_tok, g_seq, 3);
+    Backend be(host(), "dtensor", fsdp_config(0.0, 0.0));
+    rlh_model* m = be.load(model_path(model), true);
+    std::vector<double> loss;
+    for (int s = 0; s < 3; ++s) {
+      loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
+      if (s == 1 && std::string(model) != "deepseek-v3-tiny") {
+        // The masters gathered where they live (collective), the same as visit_weights copies
+        // out; the next step must clear the gradient buffer they were gathered into. (The
+        // device views are tested on these two models at one rank too: test_backend_cuda.)
+        const Weights viewed = visit_on_device(be, m);
+        EXPECT_TRUE(viewed == be.weights(m)) << "visit_weights_on's device views are not the masters";
+      }
+    }
+    const Weights fsdp = be.weights(m);
+    EXPECT_EQ(loss, dist.loss);
+    EXPECT_TRUE(fsdp == dist.after) << "FSDP's weights are not the distributed optimizer's";
+    EXPECT_TRUE(same_on_every_rank(fsdp));
+  }
+}
+
+TEST(DeviceFsdpEdges, EmptyShardTakesPart) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch(size_t(N - 1));  // one rank gets no sequence
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  RunResult ref;
+  {
+    Alone alone;
+    ref = train_steps(fsdp_config(), "qwen3-moe-tiny", *g, g_tok, g_seq, 2, "dtensor");
+  }
+  auto mine = shard_of(*g, R, N);
+  const RunResult dp = train_steps(fsdp_config(), "qwen3-moe-tiny", *mine, g_tok, g_seq, 2, "dtensor");
+  for (size_t s = 0; s < ref.loss.size(); ++s) EXPECT_NEAR(dp.loss[s], ref.loss[s], 2e-3 * std::fabs(ref.loss[s]));
+  EXPECT_LE(update_error(dp.after, ref.after, ref.before), 5e-2);
+  EXPECT_TRUE(same_on_every_rank(dp.after));
+}
+
+TEST(DeviceFsdpCheckpoints, ShardedStateResumesBitwiseAndMovesBetweenSizes) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch();
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  auto mine = shard_of(*g, R, N);
+  const fs::path dir =
+      world().broadcast((fs::temp_directory_path() / ("rlh_cuda_fsdp_" + std::to_string(::getpid()))).string());
+  if (R == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world().barrier();
+  const json cfg = fsdp_config();
+  Weights saved, cont;
+  std::vector<double> cont_loss;
+  {
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    for (int s = 0; s < 2; ++s) be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
+    saved = be.weights(m);
+    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state");
+    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
+    cont = be.weights(m);
+  }
+  {  // the same size: every rank keeps its block of the masters and moments
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state");
+    EXPECT_TRUE(be.weights(m) == saved) << "loaded at the same size, not bitwise";
+    for (int s = 0; s < 2; ++s) EXPECT_EQ(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]);
+    EXPECT_TRUE(be.weights(m) == cont) << "resumed at the same size, not bitwise";
+  }
+  {  // one rank (DP = 1) loads it whole and continues on the whole batch
+    Alone alone;
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
+    int64_t v = 0;
+    EXPECT_TRUE(be.weights(m, &v) == saved) << "loaded at one rank, not the saved weights";
+    EXPECT_EQ(v, 2);
+    const double loss = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
+    EXPECT_NEAR(loss, cont_loss[0], 2e-3 * std::fabs(cont_loss[0]));
+  }
+  // The other way: one rank (each rank alone, into a folder of its own) saves after two steps on
+  // the whole batch; the DP = N model loads rank 0's, holds bitwise its weights and follows its
+  // next step.
+  const fs::path one_dir = dir / ("one_" + std::to_string(R));
+  Weights one_saved;
+  double one_next = 0;
+  {
+    Alone alone;
+    fs::create_directories(one_dir);
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    for (int s = 0; s < 2; ++s) be.train(m, *g, g_tok, g_seq, nll_loss(), {});
+    one_saved = be.weights(m);
+    sdk::check(be.api()->save_state(be.raw(), m, one_dir.c_str()), "save_state at one rank");
+    one_next = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
+  }
+  world().barrier();
+  {
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+    const fs::path from = dir / "one_0";
+    sdk::check(be.api()->load_state(be.raw(), m, from.c_str()), "load_state of a one-rank state at DP = N");
+    EXPECT_TRUE(be.weights(m) == one_saved) << "a one-rank state loaded at DP = " << N << ", not bitwise";
+    const double loss = be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss;
+    EXPECT_NEAR(loss, one_next, 2e-3 * std::fabs(one_next));
+  }
+  world().barrier();
+  if (R == 0) fs::remove_all(dir);
+}
+
 TEST(DeviceDataParallelErrors, TensorParallelIsRefusedByName) {
   REQUIRE_GPU();
   const int N = world().size();
@@ -228,7 +465,7 @@ TEST(DeviceDataParallelErrors, TensorParallelIsRefusedByName) {
 
 // comm_nccl where it was built (it serves ranks with a GPU each; comm_mpi the rest).
 std::vector<std::string> plugins() {
-  std::vector<std::string> p = {"model_llama", "kernels_cpu", "megatron", "comm_mpi"};
+  std::vector<std::string> p = {"model_llama", "kernels_cpu", "megatron", "dtensor", "comm_mpi"};
 #ifdef RLH_HAVE_COMM_NCCL
   p.push_back("comm_nccl");
 #endif

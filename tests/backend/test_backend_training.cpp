@@ -691,11 +691,32 @@ TEST(BackendErrors, ConfigKeys) {
   expect_error(create("dtensor", {{"device", "cuda:x"}}), RLH_E_INVALID_ARGUMENT, "policy.device");
   expect_error(create("megatron", {{"megatron_cfg", {{"recompute_granularity", "layer"}}}}), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.recompute_granularity");
-  // FP8: the host lets enabled = true through only with an FP8 provider loaded; the engines do
-  // not run linears through it yet, so the backend refuses it by name (never bf16 under an FP8
-  // setting). Off (NeMo-RL's default, with its recipe keys) is accepted.
-  expect_error(create("megatron", {{"megatron_cfg", {{"fp8_cfg", {{"enabled", true}, {"fp8", "e4m3"}}}}}}),
-               RLH_E_UNIMPLEMENTED, "policy.megatron_cfg.fp8_cfg.enabled = true");
+  // FP8: the host lets enabled = true through only with an FP8 provider loaded; the backend
+  // reads the recipe (the CUDA engine runs it, the CPU engine refuses it at load: below) and
+  // refuses what it cannot honour by name. Off (NeMo-RL's default, with its recipe keys) is
+  // accepted.
+  for (const json& on : {json{{"enabled", true}, {"fp8", "e4m3"}, {"fp8_recipe", "blockwise"}, {"fp8_param", false}},
+                         json{{"enabled", true}, {"fp8", "hybrid"}, {"fp8_recipe", "tensorwise"}},
+                         json{{"enabled", true}, {"num_layers_at_start_in_bf16", 0}, {"num_layers_at_end_in_bf16", 2}}}) {
+    rlh_status* s = create("megatron", {{"megatron_cfg", {{"fp8_cfg", on}}}});
+    EXPECT_EQ(s, nullptr) << on.dump() << ": " << rlh::sdk::status_message(s);
+    rlh_status_destroy(s);
+  }
+  auto fp8 = [](json keys) {
+    keys["enabled"] = true;
+    return json{{"megatron_cfg", {{"fp8_cfg", keys}}}};
+  };
+  expect_error(create("megatron", fp8({{"fp8", "hybrid"}, {"fp8_recipe", "blockwise"}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8");
+  expect_error(create("megatron", fp8({{"fp8", "e5m2"}})), RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.fp8_cfg.fp8");
+  expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8_recipe");
+  expect_error(create("megatron", fp8({{"fp8_param", true}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8_param");
+  expect_error(create("megatron", fp8({{"num_layers_at_end_in_bf16", -1}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.num_layers_at_end_in_bf16");
+  expect_error(create("megatron", fp8({{"fp8_margin", 0}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8_margin");
   for (const json& off : {json(false), json(nullptr)}) {
     rlh_status* s = create("megatron", {{"megatron_cfg", {{"fp8_cfg", {{"enabled", off}, {"fp8", "e4m3"},
                                                                      {"fp8_recipe", "tensorwise"}, {"fp8_param", false}}}}}});
@@ -709,8 +730,38 @@ TEST(BackendErrors, ConfigKeys) {
 TEST(BackendDevice, ChoiceAndRefusals) {
   rlh_model* m = nullptr;
   {
+    // FP8 linears are the CUDA engine's: a model on the CPU engine is refused, naming the key.
+    Backend be(host(), "megatron", {{"device", "cpu"}, {"megatron_cfg", {{"fp8_cfg", {{"enabled", true}}}}}});
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED,
+                 "fp8_cfg.enabled = true: FP8 linears run on the CUDA engine only");
+  }
+  {  // dtensor's device path is the CUDA engine too (FSDP on the device under several ranks)
+#if RLH_HAVE_CUDA_ENGINE
+    Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda:99"}});
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNAVAILABLE, "dtensor: policy.device = cuda:99");
+#else
     Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda"}});
     expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "has no device path");
+#endif
+  }
+  {  // FSDP's CPU offload: the device path keeps its state in device memory, refused by name
+    Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda"},
+                                   {"dtensor_cfg", {{"cpu_offload", true}}}});
+#if RLH_HAVE_CUDA_ENGINE
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "policy.dtensor_cfg.cpu_offload = true");
+#else
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "has no device path");
+#endif
+  }
+  {  // with policy.device = auto it runs on the CPU engine, where the state is in host memory
+    json cfg = adam_config("dtensor", 1e-3);
+    cfg["precision"] = "bfloat16";
+    cfg["dtensor_cfg"] = {{"cpu_offload", true}};
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* p = be.load(llama_tiny(), true);
+    auto batch = field_batch();
+    const auto r = be.train(p, *batch, predicted(*batch), batch->num_seqs(), checked_loss(*batch), {});
+    EXPECT_TRUE(r.metrics["updated"].get<bool>());
   }
   {
     Backend be(host(), "megatron", {{"device", "cuda"}});  // float32

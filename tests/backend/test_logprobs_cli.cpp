@@ -166,9 +166,11 @@ TEST(LogprobsCliDevice, DeviceAndPrecisionReachTheBackend) {
   }
   expect_one_line_error(run(base + " --device tpu"), "tpu");
   expect_one_line_error(run(base + " --precision int3"), "int3");
-  // dtensor has no device path; megatron (the default with --device cuda) needs a usable GPU.
-  expect_one_line_error(run(base + " --backend dtensor --device cuda"), "cuda");
-  if (!std::getenv("RLH_TEST_HAS_GPU")) expect_one_line_error(run(base + " --device cuda"), "cuda");
+  // Both backends' device path (megatron is the default with --device cuda) needs a usable GPU.
+  if (!std::getenv("RLH_TEST_HAS_GPU")) {
+    expect_one_line_error(run(base + " --backend dtensor --device cuda"), "cuda");
+    expect_one_line_error(run(base + " --device cuda"), "cuda");
+  }
 }
 
 // A hub id resolves in the local HF cache ($HF_HUB_CACHE/models--org--name/snapshots/<rev>).

@@ -28,6 +28,7 @@
 #include "fixture_util.hpp"
 #include "kernels_cpu_abi.hpp"
 #include "kernels_cuda_abi.hpp"
+#include "nll_loss.hpp"
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
@@ -59,18 +60,7 @@ std::vector<std::string> model_folders() {
   return out;
 }
 
-// mean(-logprob) over the predicted tokens, normalised by the step's global count
-engine::LossResult nll(const engine::LossContext& ctx, const engine::OutputViews& o,
-                       engine::OutputGrads& g) {
-  engine::LossResult r;
-  const auto& c = ctx.microbatch->cu_seqlens;
-  for (size_t s = 0; s + 1 < c.size(); ++s)
-    for (int32_t t = c[s] + 1; t < c[s + 1]; ++t) {
-      r.loss -= o.logprob[size_t(t)] / double(ctx.global_tokens);
-      g.logprob[size_t(t)] = float(-1.0 / double(ctx.global_tokens));
-    }
-  return r;
-}
+constexpr auto nll = test::nll_loss;
 
 class Fixture : public ::testing::TestWithParam<std::string> {};
 

@@ -25,6 +25,8 @@
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/sdk/status.hpp"
+#include "rlhost/sdk/tensor_parallel.hpp"
+#include "rlhost/sdk/weight_pieces.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -225,6 +227,45 @@ void refit(rlh_generator* g, int64_t version, std::vector<rlh_named_tensor>& vie
   sdk::check(g_host->generator()->update_weights(g, &u), "update_weights");
 }
 
+// This rank's pieces of a TP 2 layout (each HF tensor's box, copied out of the whole tensors of
+// `hf`), what the loops' resharding refit sends; `cut`: some box is smaller than its tensor.
+struct RankPieces {
+  std::vector<std::vector<float>> bufs;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<rlh_named_tensor> views;
+  bool cut = false;
+  RankPieces(const sdk::TransformerDesc& desc, const HfViews& hf, int rank) {
+    const sdk::TpLayout L = sdk::make_tp_layout(desc, 2, rank);
+    size_t v = 0;
+    for (size_t i = 0; i < desc.params.size(); ++i) {
+      const sdk::ParamDesc& p = desc.params[i];
+      for (size_t k = 0; k < p.hf_names.size(); ++k, ++v) {
+        const sdk::HfBox h = sdk::hf_box(p, k, sdk::tp_box(L, i));
+        EXPECT_TRUE(h.present) << p.hf_names[k];
+        cut = cut || h.extent != p.hf_shapes[k];
+        bufs.emplace_back(size_t(sdk::box_elems(h.extent)));
+        shapes.push_back(h.extent);
+        const std::vector<int64_t> src = sdk::row_major_strides(p.hf_shapes[k]), dst = sdk::row_major_strides(h.extent);
+        int64_t first = 0;
+        for (size_t d = 0; d < src.size(); ++d) first += h.offset[d] * src[d];
+        sdk::copy_box(hf.apart[v].data() + first, src.data(), bufs.back().data(), dst.data(), h.extent.data(),
+                      int(h.extent.size()), sizeof(float));
+      }
+    }
+    for (size_t j = 0; j < bufs.size(); ++j) {
+      rlh_named_tensor t = hf.views[j];
+      t.tensor.data = bufs[j].data();
+      t.tensor.shape = shapes[j].data();
+      views.push_back(t);
+    }
+  }
+};
+
+int this_rank() {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  return r != nullptr ? std::atoi(r) : 0;
+}
+
 class TensorParallelGeneratorRefit : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TensorParallelGeneratorRefit, WholeWeightsSlicedPerRank) {
@@ -245,6 +286,40 @@ TEST_P(TensorParallelGeneratorRefit, WholeWeightsSlicedPerRank) {
   const GotMap a = generate(api, two, prompts(), sampled(10), 2), b = generate(api, one, prompts(), sampled(10), 2);
   expect_same(a, b, GetParam() + " refit");
   EXPECT_EQ(a.begin()->second.version, 7);
+  api->destroy(two);
+  api->destroy(one);
+}
+
+// A refit of this rank's pieces only (what the non-colocated loops' resharding refit sends: each
+// HF tensor's box of the TP plan, copied out of the whole tensor; the experts cut per expert, the
+// vocabulary block without padding) draws what the one-rank generator draws with the whole set;
+// a later refit of whole weights still works (the whole set was released, not lost).
+TEST_P(TensorParallelGeneratorRefit, PiecesOnlyPerRank) {
+  const std::string dir = gen::test::fixtures_root() + "/" + GetParam();
+  const rlh_generator_api* api = g_host->generator();
+  const int rank = this_rank();
+  rlh_generator* one = create(dir, config(1));
+  rlh_generator* two = create(dir, config(2, true));
+  sdk::TransformerDesc desc = model::describe_model_dir(dir);
+  const auto ckpt = sdk::st::Checkpoint::open(dir);
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
+  for (auto& t : w.tensors)
+    for (float& x : t) x *= 0.5f;
+  HfViews hf(desc, w.tensors);
+  RankPieces mine(desc, hf, rank);
+  EXPECT_TRUE(mine.cut);
+  std::vector<rlh_named_tensor>& pieces = mine.views;
+  refit(two, 7, pieces);
+  refit(one, 7, hf.views);
+  const GotMap a = generate(api, two, prompts(), sampled(10), 2), b = generate(api, one, prompts(), sampled(10), 2);
+  expect_same(a, b, GetParam() + " pieces refit");
+  EXPECT_EQ(a.begin()->second.version, 7);
+  // Whole weights again (version 8): sliced as before.
+  refit(two, 8, hf.views);
+  refit(one, 8, hf.views);
+  const GotMap c = generate(api, two, prompts(), sampled(10), 2), d = generate(api, one, prompts(), sampled(10), 2);
+  expect_same(c, d, GetParam() + " whole refit after pieces");
+  EXPECT_EQ(c.begin()->second.version, 8);
   api->destroy(two);
   api->destroy(one);
 }
@@ -309,6 +384,13 @@ TEST_P(TensorParallelGeneratorShapes, EqualOneRank) {
   for (const auto& [k, got] : a)
     for (int32_t t : got.ids) high = high || t >= B;
   EXPECT_TRUE(high);
+  // The same weights as this rank's pieces only (the last rank's vocabulary block comes without
+  // its padding row, which stays zero): the draws are the one-rank generator's.
+  RankPieces mine(desc, hf, this_rank());
+  refit(two, 2, mine.views);
+  refit(one, 2, hf.views);
+  expect_same(generate(api, two, ps, sampled(10), 3), generate(api, one, ps, sampled(10), 3),
+              std::string(v.name) + " pieces refit");
   api->destroy(two);
   api->destroy(one);
   fs::remove_all(odd);

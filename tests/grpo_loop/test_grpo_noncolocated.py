@@ -26,6 +26,10 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
                   (policy.generation.vllm_cfg.tensor_parallel_size 2, np 3: each rank holds half
                   the heads, the trainer talks to the group's first rank) follow one colocated rank
                   for 3 steps
+  colocated_gen_tp2  colocated generation by a tensor-parallel generator over each TP 2 trainer
+                  group (np 2, generator tensor_parallel_size 2) follows the same trainers with one
+                  whole generator a rank for 3 steps; DP 2 trainers with a TP 2 generator (its
+                  ranks on different data) are refused with one line
   follows_tp2     megatron TP 2 trainers + 1 generator rank (np 3) follow the colocated TP 2 run
                   for 3 steps (the group's first rank feeds the generator rank); async GRPO on the
                   same ranks: step 1 draws the synchronous run's samples, steps 2-3 train on
@@ -288,8 +292,9 @@ def case_follows_gen_tp2(tmp):
     one, two = metrics(tmp, "colocated"), metrics(tmp, "nc_gen_tp2")
     compare(one, two, range(1, 4), "1 trainer + a TP 2 generator", "the colocated run's")
     want = params_bytes(tmp)
-    check(all(two[s].get("train/refit_bytes") == want for s in range(1, 4)),
-          f"every refit broadcasts the policy's whole {want} bytes (each generator rank slices its pieces)")
+    pieces = tp2_piece_bytes(tmp)
+    check(all(two[s].get("train/refit_bytes") == max(pieces) for s in range(1, 4)),
+          f"every refit sends each generator rank only its pieces (at most {max(pieces)} of the {want} bytes)")
     # Async GRPO: the requests sent ahead reach the leader, which shares them with its group.
     rc, out, _ = run(command(tmp, "async_gen_tp2", steps=3, extra=generators(2) + GEN_TP2 + ASYNC), np=3)
     check(rc == 0, f"async GRPO with a TP 2 generator runs (rc {rc})", out)
@@ -301,6 +306,134 @@ def case_follows_gen_tp2(tmp):
     check(lags == [0, 1, 1], f"async TP 2 generator: steps 2-3 train on rollouts one version old (lags {lags})")
     print(f"1 trainer + a TP 2 generator (2 ranks) followed one colocated rank for 3 steps (rewards "
           f"{[two[s]['train/reward'] for s in range(1, 4)]}), async lags {lags}; {secs:.1f} s")
+
+
+def case_colocated_gen_tp2(tmp):
+    setup(tmp)
+    mp = MEGATRON + MP_LAYOUTS["tp2"]
+    rc, out, _ = run(command(tmp, "colocated_tp2", steps=3, extra=mp), np=2)
+    check(rc == 0, f"colocated TP 2 runs (rc {rc})", out)
+    rc, out, secs = run(command(tmp, "colocated_tp2_gen_tp2", steps=3, extra=mp + GEN_TP2), np=2)
+    check(rc == 0, f"colocated TP 2 with a TP 2 generator runs (rc {rc})", out)
+    if rc != 0:
+        return
+    check("generator native: tensor parallel over 2 ranks (this one 1)" in out, "the two ranks run one TP 2 generator", out)
+    check("into 1 part and all-gather the samples (each part by a tensor-parallel generator over 2 ranks)" in out,
+          "the group makes each call once, on its TP 2 generator", out)
+    one, two = metrics(tmp, "colocated_tp2"), metrics(tmp, "colocated_tp2_gen_tp2")
+    compare(one, two, range(1, 4), "colocated TP 2 with a TP 2 generator", "one generator a rank")
+    # The generator's own logprobs against the trainer's recomputation: a group mixing two calls'
+    # activations would sample from wrong logits.
+    errs = [two[s].get("train/logprob_abs_error_max", 1.0) for s in range(1, 4)]
+    check(all(e < 1e-5 for e in errs), f"the TP 2 generator's logprobs equal the trainer's (max |error| {errs})")
+    # Ranks on different data cannot form one generator: refused before anything generates.
+    rc, out, _ = run(command(tmp, "colocated_dp2_gen_tp2", steps=1, extra=GEN_TP2), np=2, timeout=60)
+    check(rc != 0, f"DP 2 trainers with a colocated TP 2 generator are refused (rc {rc})", out)
+    one_error_line(out, "policy.generation.vllm_cfg.tensor_parallel_size = 2 with colocated generation: ranks 0..1 "
+                        "would form one generator, but rank 1 trains on data-parallel share 1",
+                   "DP 2 with a colocated TP 2 generator")
+    print(f"colocated TP 2 trainers with a TP 2 generator followed one generator a rank for 3 steps (rewards "
+          f"{[two[s]['train/reward'] for s in range(1, 4)]}); {secs:.1f} s")
+
+
+def tiny_tensors(tmp):
+    """{name: shape} of the tiny model's safetensors, and its config."""
+    shapes = {}
+    for f in os.listdir(f"{tmp}/tiny"):
+        if f.endswith(".safetensors"):
+            with open(f"{tmp}/tiny/{f}", "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                for k, v in json.loads(fh.read(n)).items():
+                    if k != "__metadata__":
+                        shapes[k] = v["shape"]
+    with open(f"{tmp}/tiny/config.json") as fh:
+        return shapes, json.load(fh)
+
+
+def tp2_piece_bytes(tmp):
+    """The fp32 bytes each rank of a TP 2 generator holds of the tiny Llama (Megatron's plan,
+    sdk/tensor_parallel.hpp): q/gate/up rows and o/down columns halved, k/v halved by kv heads (one
+    head each when there are fewer kv heads than ranks), the vocabulary in blocks of ceil(V / 2)
+    rows, norms whole on both."""
+    shapes, cfg = tiny_tensors(tmp)
+    kv = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    ranks = [0, 0]
+    for name, shape in shapes.items():
+        n = 1
+        for d in shape:
+            n *= d
+        if name.endswith(("q_proj.weight", "gate_proj.weight", "up_proj.weight", "o_proj.weight", "down_proj.weight")):
+            mine = [n // 2, n // 2]
+        elif name.endswith(("k_proj.weight", "v_proj.weight")):
+            mine = [n // 2] * 2 if kv >= 2 else [n] * 2
+        elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            V, B = shape[0], (shape[0] + 1) // 2
+            mine = [B * n // V, (V - B) * n // V]
+        else:
+            mine = [n, n]
+        ranks = [ranks[0] + 4 * mine[0], ranks[1] + 4 * mine[1]]
+    return ranks
+
+
+# Timings and byte counts differ between the two refits; everything else a step logs is the same.
+REFIT_KEYS = ("train/refit_bytes", "train/refit_bytes_total")
+
+
+def same_steps(a, b, steps, what):
+    """Every metric of steps `steps` but timings and refit bytes equal bitwise."""
+    for s in steps:
+        x, y = a.get(s, {}), b.get(s, {})
+        keys = [k for k in x if k not in REFIT_KEYS and "seconds" not in k and "time" not in k and "per_sec" not in k
+                and "per_second" not in k and not k.startswith("timing")]
+        check(len(keys) > 5 and "train/reward" in keys, f"{what}: step {s} has metrics to compare")
+        differ = [k for k in keys if x.get(k) != y.get(k)]
+        check(not differ, f"{what}: step {s}: the resharded refit's run equals the broadcast's bitwise"
+              + (f" (differ: {', '.join(differ[:5])})" if differ else ""))
+
+
+def refit_reshard(tmp, name, layout, gens, gen_tp, np):
+    """`layout` trainers (MP_LAYOUTS key, or None: one dtensor rank) + `gens` generator ranks
+    forming generators of `gen_tp` ranks, with the resharding refit and with trainer 0's broadcast
+    (rlhost.refit_reshard=false), 2 steps each: the runs are equal bitwise (same samples, so the same
+    tokens, rewards and logprobs), and each generator rank receives exactly its pieces."""
+    extra = (MEGATRON + MP_LAYOUTS[layout] if layout else []) + generators(gens)
+    if gen_tp > 1:
+        extra += [f"++policy.generation.vllm_cfg.tensor_parallel_size={gen_tp}"]
+    rc, out, secs = run(command(tmp, f"{name}_pieces", steps=2, extra=extra), np=np)
+    check(rc == 0, f"{name}: the resharding refit's run (rc {rc})", out)
+    rc2, out2, _ = run(command(tmp, f"{name}_broadcast", steps=2, extra=extra + ["++rlhost.refit_reshard=false"]), np=np)
+    check(rc2 == 0, f"{name}: the broadcast refit's run (rc {rc2})", out2)
+    if rc != 0 or rc2 != 0:
+        return
+    pieces, whole = metrics(tmp, f"{name}_pieces"), metrics(tmp, f"{name}_broadcast")
+    same_steps(whole, pieces, (1, 2), name)
+    full = params_bytes(tmp)
+    want = tp2_piece_bytes(tmp) if gen_tp == 2 else [full] * gens
+    for s in (1, 2):
+        check(whole[s].get("train/refit_bytes") == full, f"{name}: step {s}: the broadcast sends the whole {full} bytes")
+        check(pieces[s].get("train/refit_bytes") == max(want) and pieces[s].get("train/refit_bytes_total") == sum(want),
+              f"{name}: step {s}: the generator ranks receive {want} bytes (at most {pieces[s].get('train/refit_bytes')}, "
+              f"in all {pieces[s].get('train/refit_bytes_total')})")
+    senders = 2 if layout else 1
+    for g in range(gens):
+        line = f"refit: generator rank {np - gens + g} receives its"
+        check(line in out and f", {want[g % len(want)]} bytes, from {senders} trainer rank" in out,
+              f"{name}: generator rank {np - gens + g} logs its {want[g % len(want)]} bytes from {senders} trainer rank(s)", out)
+    check("receives its" not in out2, f"{name}: the broadcast run does not reshard", out2)
+    print(f"{name}: resharded refit = broadcast refit bitwise over 2 steps; generator ranks receive {want} B "
+          f"(broadcast: {full} B each); {secs:.1f} s")
+
+
+def case_refit_reshard(tmp):
+    setup(tmp)
+    refit_reshard(tmp, "tp2_to_1", "tp2", 1, 1, 3)
+    refit_reshard(tmp, "1_to_tp2", None, 2, 2, 3)
+    refit_reshard(tmp, "pp2_to_1", "pp2", 1, 1, 3)
+
+
+def case_refit_reshard_np4(tmp):
+    setup(tmp)
+    refit_reshard(tmp, "tp2_to_tp2", "tp2", 2, 2, 4)
 
 
 def case_follows_tp2(tmp):
@@ -430,7 +563,7 @@ def case_bad_layout(tmp):
         (ASYNC + generators(1) + ["++grpo.async_grpo.max_generation_failures=3"], "grpo.async_grpo.max_generation_failures = 3"),
         (["++grpo.async_grpo.enabled=true"] + generators(1), "needs loss_fn.use_importance_sampling_correction: true"),
         (ASYNC + generators(1) + ["grpo.max_rollout_turns=2"], "grpo.max_rollout_turns = 2 with grpo.async_grpo.enabled"),
-        (GEN_TP2, "policy.generation.vllm_cfg.tensor_parallel_size = 2 needs policy.generation.colocated.enabled: false"),
+        (GEN_TP2, "policy.generation.vllm_cfg.tensor_parallel_size = 2 does not divide the 1 colocated ranks"),
         (GEN_TP2 + generators(1), "policy.generation.vllm_cfg.tensor_parallel_size = 2 does not divide the 1 generator ranks"),
     ]
     for extra, text in refused:
@@ -563,10 +696,13 @@ CASES = {
     "multiturn_shared": case_multiturn_shared,
     "shared_mp_np4": case_shared_mp_np4,
     "follows_gen_tp2": case_follows_gen_tp2,
+    "colocated_gen_tp2": case_colocated_gen_tp2,
     "follows_tp2": case_follows_tp2,
     "follows_mp_np4": case_follows_mp_np4,
     "follows_tp2dp2_np6": case_follows_tp2dp2_np6,
     "ppo_follows": case_ppo_follows,
+    "refit_reshard": case_refit_reshard,
+    "refit_reshard_np4": case_refit_reshard_np4,
     "bad_layout": case_bad_layout,
     "async_learns": case_async_learns,
     "killed_generator": case_killed_generator,

@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 #define RLH_BACKEND_API_VERSION_MAJOR 0
-#define RLH_BACKEND_API_VERSION_MINOR 4
+#define RLH_BACKEND_API_VERSION_MINOR 5
 
 typedef struct rlh_backend rlh_backend; /* a backend instance */
 typedef struct rlh_model rlh_model;     /* a model held by a backend instance */
@@ -184,6 +184,28 @@ typedef struct rlh_visit_args {
   rlh_device device; /* besides host memory; {RLH_DEVICE_CPU, 0}: host memory only */
 } rlh_visit_args;
 
+/* One piece of a weight as this rank holds it (BACKEND 0.5, visit_weight_pieces): the box of the
+ * whole HF tensor `hf_name` (of shape `global_shape`) that starts at `offset` and spans
+ * data->shape, per dimension: element (i_0, .., i_n-1) of `data` is element (offset[0] + i_0, ..,
+ * offset[n-1] + i_n-1) of the whole tensor. `data` has the whole tensor's ndim and the backend's
+ * dtype (the dtype visit_weights gives); its strides need not be row-major. All pointers are valid
+ * during the callback only. RLH_PIECE_SENDER marks the one copy of a piece that several ranks hold
+ * alike (data-, context- or tensor-parallel replicas) that a caller should send: over all ranks,
+ * the pieces so marked cover every element of every weight exactly once. */
+#define RLH_PIECE_SENDER (1u << 0)
+
+typedef struct rlh_weight_piece {
+  size_t struct_size;
+  const char* hf_name;
+  const rlh_tensor* data;      /* this rank's piece, host memory */
+  const int64_t* global_shape; /* [data->ndim]: the whole tensor's shape */
+  const int64_t* offset;       /* [data->ndim]: where the piece starts in it */
+  uint32_t flags;              /* RLH_PIECE_* */
+  uint32_t reserved0;
+} rlh_weight_piece;
+
+typedef rlh_status* (*rlh_weight_piece_fn)(void* user, const rlh_weight_piece* piece);
+
 typedef struct rlh_backend_api {
   size_t struct_size;
 
@@ -232,6 +254,18 @@ typedef struct rlh_backend_api {
    * given that rank's batch shard in forward and train_step; expert-parallel ranks are
    * data-parallel ranks. Without the slot every launched rank is a data-parallel rank. */
   rlh_status* (*data_parallel)(rlh_backend* self, rlh_model* model, int32_t* rank, int32_t* size);
+
+  /* (BACKEND 0.5; optional: check RLH_HAS_FIELD(api, rlh_backend_api, visit_weight_pieces) and
+   * NULL) This rank's own pieces of the weights with their placement (rlh_weight_piece), in HF
+   * naming, without gathering them: under tensor, pipeline, expert and context parallelism a rank
+   * visits what it holds, so callers can send each piece straight to the ranks that need it
+   * (NeMo-RL's nccl_reshard). A rank may hold no piece of a weight. Every rank of the model calls
+   * it (a backend that shards weights flat, as FSDP does, may gather inside, as visit_weights
+   * does; docs/backends.md says what the CPU engine does). The pieces' names, shapes, offsets and
+   * flags stay the same from call to call for a loaded model, so a caller can exchange them once.
+   * `*version` is written before the first callback. */
+  rlh_status* (*visit_weight_pieces)(rlh_backend* self, rlh_model* model, rlh_weight_piece_fn fn,
+                                     void* user, int64_t* version);
 } rlh_backend_api;
 
 #ifdef __cplusplus

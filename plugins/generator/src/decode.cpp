@@ -12,6 +12,7 @@
 #include "host_executor.hpp"
 #include "rlhost/generator/program_runner.hpp"
 #include "rlhost/sdk/status.hpp"
+#include "rlhost/sdk/weight_pieces.hpp"
 
 namespace rlh::gen {
 
@@ -57,11 +58,16 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, TpGroup* tp) : desc_(std::mo
     desc_ = tp_layout_.local;
     // The layout cuts engine shapes only; this rank's weights are loaded whole (sync_weights), and
     // a stacked parameter's pieces (its experts) are found by their HF shapes: cut them alike.
-    for (sdk::ParamDesc& p : desc_.params) {
-      if (p.transform == sdk::ParamTransform::stack)
-        for (auto& hs : p.hf_shapes) hs.assign(p.shape.begin() + 1, p.shape.end());
-      else if (p.transform == sdk::ParamTransform::none && p.hf_shapes.size() == 1)
-        p.hf_shapes[0] = p.shape;
+    // Each HF shape is this rank's box of the HF tensor (sdk::hf_box; a padded vocabulary block
+    // without its padding), what a refit of pieces sends (update_weights).
+    for (size_t i = 0; i < desc_.params.size(); ++i) {
+      sdk::ParamDesc& p = desc_.params[i];
+      const sdk::EngineBox box = sdk::tp_box(tp_layout_, i);
+      for (size_t k = 0; k < p.hf_shapes.size(); ++k) {
+        const sdk::HfBox h = sdk::hf_box(full_desc_.params[i], k, box);
+        if (!h.present) throw Error(RLH_E_UNIMPLEMENTED, "generator: " + p.hf_names[k] + " has no part on this rank");
+        p.hf_shapes[k] = h.extent;
+      }
     }
   }
   try {
@@ -173,8 +179,33 @@ DecodeModel::DecodeModel(sdk::TransformerDesc desc, TpGroup* tp) : desc_(std::mo
 
 DecodeModel::~DecodeModel() = default;
 
+void DecodeModel::update_weights(int64_t version, std::span<const rlh_named_tensor> weights, bool may_alias) {
+  if (!full_weights_) {
+    weights_->update(version, weights, may_alias);
+    return;
+  }
+  bool pieces = false;
+  for (const rlh_named_tensor& w : weights) {
+    const std::vector<int64_t>* whole = w.name ? full_weights_->hf_shape(w.name) : nullptr;
+    if (whole && (w.tensor.ndim != int32_t(whole->size()) || !std::equal(whole->begin(), whole->end(), w.tensor.shape)))
+      pieces = true;
+  }
+  if (!pieces) {
+    full_weights_->update(version, weights, may_alias);
+    pieces_in_force_ = false;
+    return;
+  }
+  weights_->update(version, weights, may_alias);
+  pieces_in_force_ = true;
+  if (weights_->complete()) full_weights_->release();
+}
+
+void DecodeModel::require_complete() const {
+  (pieces_in_force_ ? *weights_ : input_weights()).require_complete();
+}
+
 void DecodeModel::sync_weights() {
-  if (!full_weights_) return;
+  if (!full_weights_ || pieces_in_force_) return;
   const Weights& in = *full_weights_;
   in.require_complete();
   if (synced_serial_ == in.serial()) return;

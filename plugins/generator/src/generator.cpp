@@ -86,7 +86,7 @@ Stats Generator::generate(const Request& rq, const SampleFn& on_sample, const st
   } catch (const std::invalid_argument& e) {
     throw Error(RLH_E_INVALID_ARGUMENT, std::string("generate: ") + e.what());
   }
-  model_->input_weights().require_complete();
+  model_->require_complete();
   model_->sync_weights();  // tensor parallelism: this rank's pieces of a new set
 
   const KvLayout layout = model_->kv_layout(opt_.block_size, exec_->keys_transposed(), exec_->elem_bytes());

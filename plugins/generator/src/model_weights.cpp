@@ -87,10 +87,14 @@ Weights::Weights(const sdk::TransformerDesc& desc) : desc_(desc) {
   got_.resize(n);
   got_on_device_.resize(n);
   on_device_.assign(n, 0);
+  short_.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const sdk::ParamDesc& p = desc.params[i];
     if (p.hf_names.empty() || p.hf_names.size() != p.hf_shapes.size())
       throw Error(RLH_E_INVALID_ARGUMENT, "generator: parameter " + p.name + " needs one HF shape per HF name");
+    int64_t pieces = 0;
+    for (const auto& hs : p.hf_shapes) pieces += numel(hs);
+    short_[i] = pieces < numel(p.shape) ? 1 : 0;
     alias_[i].assign(p.hf_names.size(), nullptr);
     piece_[i].assign(p.hf_names.size(), nullptr);
     got_[i].assign(p.hf_names.size(), 0);
@@ -140,6 +144,9 @@ void Weights::ensure_arena() {
   const size_t bytes = std::max(kHuge, (size_t(arena_floats_) * sizeof(float) + kHuge - 1) / kHuge * kHuge);
   arena_ = static_cast<float*>(std::aligned_alloc(kHuge, bytes));
   if (!arena_) throw std::bad_alloc();
+  // A padded vocabulary block's padding rows are never written: they stay zero, as tp_slice
+  // leaves them (the executors drop their logits).
+  if (std::find(short_.begin(), short_.end(), uint8_t(1)) != short_.end()) std::memset(arena_, 0, bytes);
   madvise(arena_, bytes, MADV_HUGEPAGE);  // advice only: without THP it changes nothing
 }
 
@@ -241,7 +248,7 @@ void Weights::update(int64_t version, std::span<const rlh_named_tensor> weights,
         stride *= t.shape[d];
       }
       if (!contiguous) throw Error(RLH_E_INVALID_ARGUMENT, where + "strided tensors are not supported; send it contiguous");
-      if (may_alias && *dt == sdk::st::DType::F32) {
+      if (may_alias && *dt == sdk::st::DType::F32 && !short_[pc.param]) {
         alias_[pc.param][pc.index] = reinterpret_cast<const float*>(data);  // a view, no copy
       } else {
         ensure_arena();
@@ -332,6 +339,29 @@ void Weights::finalize() {
   pending_version_ = -1;
   pending_received_ = 0;
   complete_ = true;
+  ++serial_;
+}
+
+const std::vector<int64_t>* Weights::hf_shape(const std::string& name) const {
+  auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                             [](const auto& e, const std::string& n) { return e.first < n; });
+  if (it == by_name_.end() || it->first != name) return nullptr;
+  return &desc_.params[it->second.param].hf_shapes[it->second.index];
+}
+
+void Weights::release() {
+  std::free(arena_);
+  arena_ = nullptr;
+  std::fill(ptr_.begin(), ptr_.end(), nullptr);
+  for (auto& p : piece_) std::fill(p.begin(), p.end(), nullptr);
+  for (auto& a : alias_) std::fill(a.begin(), a.end(), nullptr);
+  for (auto& g : got_) std::fill(g.begin(), g.end(), uint8_t(0));
+  for (auto& g : got_on_device_) std::fill(g.begin(), g.end(), uint8_t(0));
+  std::fill(on_device_.begin(), on_device_.end(), uint8_t(0));
+  pending_version_ = -1;
+  pending_received_ = 0;
+  version_ = -1;
+  complete_ = false;
   ++serial_;
 }
 

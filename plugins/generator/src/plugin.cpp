@@ -22,6 +22,7 @@
 #include "rlhost/generator/cuda_executor.hpp"
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model.h"
+#include "rlhost/sdk/describe_model.hpp"
 #include "rlhost/sdk/comm.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
 #include "rlhost/sdk/input_file.hpp"
@@ -239,47 +240,9 @@ int pick_device(const rlh::sdk::Host& host, const json& cfg, std::string* source
   return -1;
 }
 
-std::string read_file(const std::string& path) {
-  try {
-    return rlh::sdk::read_input_file(path, 64u << 20, "generator: model file");  // regular files only
-  } catch (const rlh::sdk::InputError& e) {
-    throw Error(RLH_E_NOT_FOUND, e.what());
-  }
-}
-
 // The description of the folder's config.json, from a MODEL component through the host.
 rlh::sdk::TransformerDesc describe(const rlh::sdk::Host& host, const std::string& dir, const std::string& component) {
-  const std::string text = read_file(dir + "/config.json");
-  std::string arch;
-  try {
-    const json cfg = json::parse(text);
-    if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
-        cfg["architectures"][0].is_string())
-      arch = cfg["architectures"][0].get<std::string>();
-  } catch (const json::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, "generator: " + dir + "/config.json: " + e.what());
-  }
-  if (arch.empty()) throw Error(RLH_E_INVALID_ARGUMENT, "generator: " + dir + "/config.json names no architecture");
-  const rlh_component_desc* d = nullptr;
-  const auto* api = host.find<rlh_model_api>(RLH_KIND_MODEL, component.empty() ? nullptr : component.c_str(),
-                                             RLH_STRUCT_SIZE(rlh_model_api, describe), &d);
-  std::string listed;
-  bool found = false;
-  for (size_t i = 0; api->architectures && api->architectures[i] && i < 4096; ++i) {
-    listed += std::string(listed.empty() ? "" : ", ") + api->architectures[i];
-    found = found || arch == api->architectures[i];
-  }
-  if (!found)
-    throw Error(RLH_E_UNIMPLEMENTED, "generator: model component '" + std::string(d->name) + "' does not describe " +
-                                         arch + " (it lists: " + listed + ")");
-  std::string doc;
-  rlh::sdk::check(api->describe(host.api(), text.data(), text.size(), rlh::sdk::write_to_string, &doc),
-                  "generator: describing " + dir);
-  try {
-    return json::parse(doc).get<rlh::sdk::TransformerDesc>();
-  } catch (const std::exception& e) {
-    throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator: the model component's description: ") + e.what());
-  }
+  return rlh::sdk::describe_model_folder(host, dir, component, "generator");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -472,7 +435,7 @@ rlh_status* gen_update_weights(rlh_generator* self, const rlh_weight_update* u) 
     if (!u || u->struct_size < RLH_STRUCT_SIZE(rlh_weight_update, may_alias))
       throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: missing or too small rlh_weight_update");
     if (u->num_weights > 0 && !u->weights) throw Error(RLH_E_INVALID_ARGUMENT, "update_weights: weights is NULL");
-    g->gen->weights().update(u->version, {u->weights, u->num_weights}, u->may_alias != 0);
+    g->gen->model().update_weights(u->version, {u->weights, u->num_weights}, u->may_alias != 0);
   });
 }
 

@@ -131,6 +131,10 @@ class Backend {
   // visit_weights_on); a backend without it visits host views. *version is set before the
   // first callback.
   void visit_weights_on(rlh_model* model, const rlh_device& device, rlh_weight_fn fn, void* user, int64_t* version);
+  // BACKEND 0.5's visit_weight_pieces: this rank's own pieces with their placement, ungathered
+  // (has_weight_pieces: the backend offers the slot). Returns the weights' version.
+  bool has_weight_pieces() const;
+  int64_t visit_weight_pieces(rlh_model* model, rlh_weight_piece_fn fn, void* user);
   void save_state(rlh_model* model, const std::string& dir);
   void load_state(rlh_model* model, const std::string& dir);
   // `model`'s data-parallel (rank, size) over the launched ranks (BACKEND 0.3's data_parallel);

@@ -12,6 +12,7 @@
 #include "group_generation.hpp"
 #include "loop_ranks.hpp"
 #include "rlhost/sdk/status.hpp"
+#include "weight_reshard.hpp"
 
 namespace rlh::grpo {
 
@@ -24,7 +25,10 @@ namespace {
 // kLayout (trainer rank 0, once): the trainer ranks of the generator rank's clients.
 // kFetch: the client waits for its oldest request's samples (the generator rank sends samples only
 // to a client that waits for them, so a reply never blocks it while another client waits).
-enum Command : int64_t { kGenerate = 1, kRefit = 2, kStopDone = 3, kStopFailed = 4, kLayout = 5, kFetch = 6 };
+// kRefitPieces: a resharding refit (weight_reshard.hpp) of the version its 8 bytes hold.
+enum Command : int64_t {
+  kGenerate = 1, kRefit = 2, kStopDone = 3, kStopFailed = 4, kLayout = 5, kFetch = 6, kRefitPieces = 7
+};
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -239,6 +243,21 @@ void broadcast_weights(const sdk::Comm& c, std::vector<Generator::StagedWeight>&
   }
 }
 
+// A message of `n` bytes whose size both sides know, point to point, in pieces that fit MPI's int.
+constexpr size_t kChunk = size_t{1} << 30;
+void send_bytes(const sdk::Comm& c, int peer, const char* p, size_t n) {
+  for (size_t off = 0; off < n; off += kChunk) {
+    const int64_t m = static_cast<int64_t>(std::min(kChunk, n - off));
+    c.send(view(reinterpret_cast<uint8_t*>(const_cast<char*>(p + off)), m), peer);
+  }
+}
+void recv_bytes(const sdk::Comm& c, int peer, char* p, size_t n) {
+  for (size_t off = 0; off < n; off += kChunk) {
+    const int64_t m = static_cast<int64_t>(std::min(kChunk, n - off));
+    c.recv(view(reinterpret_cast<uint8_t*>(p + off), m), peer);
+  }
+}
+
 }  // namespace
 
 // ---- the link's state --------------------------------------------------------------------------
@@ -267,7 +286,46 @@ struct GenerationRanks::Impl {
   bool attached = false;  // trainer rank 0 told the generator ranks their clients
   bool in_refit = false;  // this rank is in the refit group
   bool stopped = false;
-  double refit_bytes = 0, refit_seconds = 0;
+  double refit_bytes = 0, refit_seconds = 0, refit_bytes_total = 0;
+  // The resharding refit (rlhost.refit_reshard, on by default; used when the backend has
+  // visit_weight_pieces): its plan, made at the first such refit on every trainer and generator rank.
+  bool reshard = true;
+  std::unique_ptr<ReshardPlan> plan;
+
+  // Trainer side of the plan (collective over the trainer ranks; trainer 0 also hears every
+  // generator rank's needs and hands the table to them): see weight_reshard.hpp.
+  void make_plan(const OwnPieces& own) {
+    const std::string mine = to_json(own.boxes).dump();
+    std::string text;
+    if (world_rank == 0) {
+      json table = {{"pieces", json::array({json::parse(mine)})}, {"needs", json::array()}};
+      std::vector<uint8_t> bytes;
+      for (int t = 1; t < num_trainers; ++t) {
+        receive_message(trainers, t, bytes);
+        table["pieces"].push_back(json::parse(bytes.begin(), bytes.end()));
+      }
+      for (int g = 0; g < num_generators; ++g) {
+        const int64_t cmd = receive_message(link, num_trainers + g, bytes);
+        if (cmd != kRefitPieces)
+          throw Error(RLH_E_DATA_LOSS, "refit: generator rank " + std::to_string(num_trainers + g) + " sent message " +
+                                           std::to_string(cmd) + " instead of its needs");
+        table["needs"].push_back(json::parse(bytes.begin(), bytes.end()));
+      }
+      text = table.dump();
+    } else {
+      send_message(trainers, 0, kRefitPieces, std::vector<uint8_t>(mine.begin(), mine.end()));
+    }
+    text = broadcast_text(trainers, text);
+    if (world_rank == 0) broadcast_text(refit, text);
+    plan = std::make_unique<ReshardPlan>(json::parse(text));
+  }
+
+  // Generator rank's side: its needs to trainer 0, the table back.
+  void take_plan(const Needs& needs) {
+    const std::string text = to_json(needs).dump();
+    send_message(link, 0, kRefitPieces, std::vector<uint8_t>(text.begin(), text.end()));
+    plan = std::make_unique<ReshardPlan>(json::parse(broadcast_text(refit, std::string())));
+  }
 
   // One call's part on one generator rank: sent, and its samples once received.
   struct Part {
@@ -369,16 +427,25 @@ class ClientQueues {
       }
       if (std::optional<Action> a = act()) return std::move(*a);
       bool all_done = true, all_refit = true;
+      int64_t refit = 0;  // kRefit or kRefitPieces: every running client asks the same way
       for (const Client& c : clients_) {
         if (c.done) continue;
         all_done = false;
-        if (c.queue.empty() || c.queue.front().cmd != kRefit) all_refit = false;
+        const int64_t front = c.queue.empty() ? 0 : c.queue.front().cmd;
+        if (front != kRefit && front != kRefitPieces) all_refit = false;
+        else if (refit != 0 && front != refit)
+          throw Error(RLH_E_DATA_LOSS, who() + ": its clients asked for a broadcast and a resharding refit at once");
+        else refit = front;
       }
       if (all_done) return Action{kStopDone, {}, -1};
       if (all_refit) {
+        std::vector<uint8_t> bytes;  // a resharding refit's version (the same from every client)
         for (Client& c : clients_)
-          if (!c.done) c.queue.pop_front();
-        return Action{kRefit, {}, -1};
+          if (!c.done) {
+            bytes = std::move(c.queue.front().bytes);
+            c.queue.pop_front();
+          }
+        return Action{refit, std::move(bytes), -1};
       }
       int from = -1;
       Message m = receive(clients_.size() == 1 ? r_.clients[0] : -1, &from);
@@ -448,7 +515,7 @@ class ClientQueues {
       for (size_t i : order) {
         Client& c = clients_[i];
         Message& m = c.queue.front();
-        if (m.cmd == kRefit) continue;  // waits for the others (next)
+        if (m.cmd == kRefit || m.cmd == kRefitPieces) continue;  // waits for the others (next)
         if (m.cmd == kStopFailed) return Action{kStopFailed, std::move(m.bytes), static_cast<int>(i)};
         if (m.cmd == kGenerate && m.version != installed) {
           const std::string e = "a request for the weights of version " + std::to_string(m.version) + " reached " + who() +
@@ -508,6 +575,7 @@ class RemoteLink : public GeneratorLink {
   }
 
   int64_t refit_from(Backend& backend, rlh_model* model) override {
+    if (r_.reshard && backend.has_weight_pieces()) return refit_pieces(backend, model);
     r_.drain();
     // A client's generator ranks join trainer 0's broadcast below.
     for (int peer : r_.peers) send_message(r_.link, peer, kRefit, {});
@@ -530,10 +598,42 @@ class RemoteLink : public GeneratorLink {
     }
     broadcast_text(r_.refit, meta.dump());
     broadcast_weights(r_.refit, staged);
-    r_.refit_bytes = bytes;
+    r_.refit_bytes = r_.refit_bytes_total = bytes;
     r_.refit_seconds = since(t0);
     r_.version = version;
     return version;
+  }
+
+  // Every trainer rank's own pieces straight to the generator ranks that need them.
+  int64_t refit_pieces(Backend& backend, rlh_model* model) {
+    r_.drain();
+    const OwnPieces own = collect_pieces(backend, model);  // collective where the backend gathers (FSDP)
+    std::vector<uint8_t> v(sizeof own.version);
+    std::memcpy(v.data(), &own.version, sizeof own.version);
+    for (int peer : r_.peers) send_message(r_.link, peer, kRefitPieces, v);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!r_.plan) r_.make_plan(own);
+    const ReshardPlan& plan = *r_.plan;
+    const int t = r_.world_rank;
+    // In generator order: a generator rank receives in trainer order, so no pair waits on a cycle.
+    for (int g = 0; g < plan.generators(); ++g) {
+      if (plan.bytes(t, g) == 0) continue;
+      const std::vector<char> bytes = plan.pack(t, g, own);
+      send_bytes(r_.link, r_.num_trainers + g, bytes.data(), bytes.size());
+    }
+    // Bytes the generator rank that receives most takes in, and all of them together.
+    double most = 0, total = 0;
+    for (int g = 0; g < plan.generators(); ++g) {
+      double in = 0;
+      for (int s = 0; s < plan.trainers(); ++s) in += static_cast<double>(plan.bytes(s, g));
+      most = std::max(most, in);
+      total += in;
+    }
+    r_.refit_bytes = most;
+    r_.refit_bytes_total = total;
+    r_.refit_seconds = since(t0);
+    r_.version = own.version;
+    return own.version;
   }
 
  private:
@@ -605,6 +705,10 @@ void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
   // generators than groups: every D / M groups share one, each fed by its first rank.
   const int k = M % D == 0 ? M / D : 0;
   const int groups_per = k == 0 && D % M == 0 ? D / M : 1;  // data-parallel groups per generator
+  // A shared generator rank takes its clients' messages with recv_any, which could also take a
+  // non-client trainer's refit pieces (sent point to point beside them): it gets the broadcast
+  // refit from trainer rank 0 instead.
+  if (groups_per > 1) r.reshard = false;
   const std::string layout = r.resources_text + " = " + std::to_string(M) +
                              (r.tp > 1 ? " tensor-parallel generators" : " generator ranks") + " for " + std::to_string(T) +
                              " trainer ranks in " + std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " +
@@ -685,6 +789,8 @@ void GenerationRanks::announce(const std::vector<const rlh_generate_args*>& requ
 }
 
 double GenerationRanks::last_refit_bytes() const { return impl_->refit_bytes; }
+double GenerationRanks::last_refit_bytes_total() const { return impl_->refit_bytes_total; }
+void GenerationRanks::set_reshard(bool on) { impl_->reshard = on; }
 double GenerationRanks::last_refit_seconds() const { return impl_->refit_seconds; }
 
 void GenerationRanks::finish() {
@@ -717,7 +823,7 @@ void GenerationRanks::abandon() noexcept {
   }
 }
 
-void GenerationRanks::serve(Generator& gen) {
+void GenerationRanks::serve(Generator& gen, const std::function<Needs()>& needs) {
   Impl& r = *impl_;
   ClientQueues queues(r);
   // A tensor-parallel generator's leader hears from the clients and shares each action with its
@@ -753,6 +859,51 @@ void GenerationRanks::serve(Generator& gen) {
       broadcast_weights(r.refit, staged);
       queues.installed = meta.at("version").get<int64_t>();
       gen.install(std::move(staged), queues.installed);
+      continue;
+    }
+    if (cmd == kRefitPieces) {
+      // This rank's pieces from every trainer rank that holds some (weight_reshard.hpp).
+      int64_t version = -1;
+      if (bytes.size() != sizeof version)
+        throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": a refit without its version");
+      std::memcpy(&version, bytes.data(), sizeof version);
+      const bool first = !r.plan;
+      if (first) r.take_plan(needs());
+      const ReshardPlan& plan = *r.plan;
+      const int g = r.world_rank - r.num_trainers;
+      std::vector<Generator::StagedWeight> staged;
+      std::vector<char*> bufs;
+      for (const WeightBox& n : plan.needs(g)) {
+        Generator::StagedWeight w;
+        w.name = n.name;
+        w.dtype = n.dtype;
+        w.shape = n.extent;
+        w.bytes.reset(new char[w.num_bytes()]);
+        bufs.push_back(w.bytes.get());
+        staged.push_back(std::move(w));
+      }
+      std::vector<int64_t> got(staged.size(), 0);
+      std::vector<char> in;
+      int64_t received = 0, from = 0;
+      for (int t = 0; t < plan.trainers(); ++t) {
+        const int64_t n = plan.bytes(t, g);
+        if (n == 0) continue;
+        in.resize(static_cast<size_t>(n));
+        recv_bytes(r.link, t, in.data(), in.size());
+        plan.unpack(t, g, in, bufs, got);
+        received += n;
+        ++from;
+      }
+      for (size_t i = 0; i < staged.size(); ++i)
+        if (got[i] * static_cast<int64_t>(plan.needs(g)[i].elem_bytes()) != static_cast<int64_t>(staged[i].num_bytes()))
+          throw Error(RLH_E_DATA_LOSS, "generator rank " + std::to_string(r.world_rank) + ": refit: " + staged[i].name +
+                                           " arrived incomplete");
+      if (first)
+        r.host.info("refit: generator rank " + std::to_string(r.world_rank) + " receives its " + std::to_string(staged.size()) +
+                    " weight pieces, " + std::to_string(received) + " bytes, from " + std::to_string(from) + " trainer rank" +
+                    (from == 1 ? "" : "s") + " point to point");
+      queues.installed = version;
+      gen.install(std::move(staged), version);
       continue;
     }
     if (cmd != kGenerate)

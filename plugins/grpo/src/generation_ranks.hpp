@@ -46,9 +46,15 @@
 //     what can be done now (serve a request, answer a fetch) and waits for a refit until every
 //     running client asked for it, so each request is served with the weights of the version its
 //     header names (checked; the colocated run's order).
-//   refit: every trainer visits the policy's weights (collective under FSDP, and under tensor or
-//     pipeline parallelism, where the visit gathers each weight whole from the ranks' pieces:
-//     every rank contributes what it holds); trainer rank 0 broadcasts them, full weights, to
+//   refit, resharding (the backend has BACKEND 0.5's visit_weight_pieces, rlhost.refit_reshard
+//     is not false and no generator rank is shared; weight_reshard.hpp): every trainer rank visits
+//     its own pieces (no gather) and sends each generator rank exactly the intersection of its
+//     pieces with that rank's needs (its tensor-parallel boxes, or every tensor whole), point to
+//     point over the link; the plan is agreed once, at the first refit, through trainer rank 0.
+//     A tensor-parallel generator's ranks receive only their pieces and keep no whole copy.
+//   refit, broadcast (otherwise): every trainer visits the policy's weights (collective under
+//     FSDP, and under tensor or pipeline parallelism, where the visit gathers each weight whole
+//     from the ranks' pieces); trainer rank 0 broadcasts them, full weights, to
 //     every generator rank in one group (trainer 0 and the generator ranks). The other trainers
 //     only take part in the visit. Bytes and seconds are kept for the step's metrics.
 //   announce (asynchronous GRPO): the next steps' requests (a client's part of them) are sent
@@ -65,6 +71,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +81,7 @@
 #include "rlhost/sdk/comm.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rollout.hpp"
+#include "weight_reshard.hpp"
 
 namespace rlh::grpo {
 
@@ -108,16 +116,23 @@ class GenerationRanks {
   // Asynchronous GRPO: sends `requests` ahead (in the order the loop will make them; a client's
   // parts, none elsewhere).
   void announce(const std::vector<const rlh_generate_args*>& requests);
-  // The last refit's broadcast (trainer rank 0; 0 elsewhere).
+  // The last refit's bytes (trainer rank 0; 0 elsewhere): what one generator rank received (the
+  // most any did), and what all of them did together. The broadcast sends every generator rank
+  // the whole weights; the resharding refit each rank its pieces.
   double last_refit_bytes() const;
+  double last_refit_bytes_total() const;
+  // rlhost.refit_reshard: false keeps the gathered broadcast even where the backend has
+  // visit_weight_pieces (every trainer rank calls it alike, before the first refit).
+  void set_reshard(bool on);
   double last_refit_seconds() const;
   // A trainer's end: a client tells its generator ranks to stop, cleanly or after a failure (best effort).
   void finish();
   void abandon() noexcept;
 
   // A generator rank's life: serves its clients' requests with `gen` until told to stop.
-  // Returns when the trainer finished; throws when it failed or went silent.
-  void serve(Generator& gen);
+  // Returns when the trainer finished; throws when it failed or went silent. `needs`: this
+  // rank's part of the weights (its tensor-parallel boxes), asked once, at the first resharding refit.
+  void serve(Generator& gen, const std::function<Needs()>& needs);
 
   struct Impl;
 

@@ -38,10 +38,13 @@ rlh_status* collect_sample(void* user, const rlh_sample* s) {
 }  // namespace
 
 GroupPart part_of_call(const rlh_generate_args& args, int size, int rank, int parts, rlh_generate_args* out,
-                       std::vector<int64_t>* offsets) {
+                       std::vector<int64_t>* offsets, bool whole_runs) {
   GroupPart p;
   const int stride = size / parts;
-  if (rank % stride != 0) return p;  // not the first rank of its part's run: generates nothing
+  if (rank % stride != 0) {
+    if (!whole_runs) return p;  // not the first rank of its part's run: generates nothing
+    p.echo = true;              // makes the run's call too; its samples are the first rank's
+  }
   const int64_t j = rank / stride, n = args.num_prompts;
   p.begin = n * j / parts;
   p.end = n * (j + 1) / parts;
@@ -60,16 +63,23 @@ GroupPart part_of_call(const rlh_generate_args& args, int size, int rank, int pa
 }
 
 void generate_over_group(const sdk::Comm& group, int parts, Generator& gen, const rlh_generate_args& args,
-                         rlh_sample_fn fn, void* user) {
+                         rlh_sample_fn fn, void* user, bool whole_runs) {
   const int64_t r = group.rank();
   Collect c;
   std::vector<uint8_t> mine;
   try {
     rlh_generate_args part{};
     std::vector<int64_t> offsets;
-    const GroupPart p = part_of_call(args, group.size(), group.rank(), parts, &part, &offsets);
+    const GroupPart p = part_of_call(args, group.size(), group.rank(), parts, &part, &offsets, whole_runs);
     c.offset = p.begin;
-    if (p.end > p.begin) gen.generate_here(part, collect_sample, &c);
+    if (p.end > p.begin) {
+      if (!p.echo) {
+        gen.generate_here(part, collect_sample, &c);
+      } else {
+        Collect dropped;  // the run's first rank gathers the same samples
+        gen.generate_here(part, collect_sample, &dropped);
+      }
+    }
     ByteWriter head;
     const uint8_t ok = 1;
     head.raw(&ok, 1);
@@ -125,7 +135,8 @@ void generate_over_group(const sdk::Comm& group, int parts, Generator& gen, cons
   }
 }
 
-void split_generation_over(const sdk::Host& host, Generator& gen, const sdk::Comm& group, int parts) {
+void split_generation_over(const sdk::Host& host, Generator& gen, const sdk::Comm& group, int parts,
+                           bool whole_runs) {
   if (!group || group.size() <= 1) return;
   if (parts == 0) parts = group.size();
   if (parts < 1 || group.size() % parts != 0)
@@ -134,10 +145,13 @@ void split_generation_over(const sdk::Host& host, Generator& gen, const sdk::Com
   if (group.rank() == 0)
     host.info("generation: the " + std::to_string(group.size()) + " ranks of each model-parallel group split every "
               "generate call's prompts into " + std::to_string(parts) + " part" + (parts == 1 ? "" : "s") +
-              " and all-gather the samples");
+              " and all-gather the samples" +
+              (whole_runs ? " (each part by a tensor-parallel generator over " + std::to_string(group.size() / parts) +
+                                " ranks)"
+                          : std::string()));
   const sdk::Comm* g = &group;
-  gen.set_split([g, parts](Generator& self, const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
-    generate_over_group(*g, parts, self, args, fn, user);
+  gen.set_split([g, parts, whole_runs](Generator& self, const rlh_generate_args& args, rlh_sample_fn fn, void* user) {
+    generate_over_group(*g, parts, self, args, fn, user, whole_runs);
   });
 }
 

@@ -171,11 +171,18 @@ struct GrpoLoop::Impl {
     }
     if (cfg.needs_reference() || (ppo && ppo->gae.kl_in_reward()))
       reference = backend->load_model("reference", model_dir, false);
+    // A colocated tensor-parallel generator spans G consecutive trainer ranks: they must make the
+    // same calls, so they must share a data-parallel rank (checked before the generator splits
+    // the world into its groups).
+    const int64_t gen_tp = placement ? 1 : cfg.generation.tensor_parallel_size;
+    if (gen_tp > 1) check_colocated_generator_groups(gen_tp);
     gen = placement ? placement->remote_generator(cfg.generation.component + " on the generator ranks")
                     : make_generator();
-    // tp/cp/pp ranks share the generation of their share: one part per rank, or per generator rank
-    // of the group when generation runs on ranks of its own.
-    split_generation_over(host, *gen, ranks.group, placement ? placement->parts_per_group() : 0);
+    // tp/cp/pp ranks share the generation of their share: one part per rank, per generator rank
+    // of the group when generation runs on ranks of its own, or per tensor-parallel generator.
+    split_generation_over(host, *gen, ranks.group,
+                          placement ? placement->parts_per_group() : gen_tp > 1 ? int(ranks.group_size() / gen_tp) : 0,
+                          gen_tp > 1);
 
     loss = std::make_unique<LossAdapter>(cfg.loss);
     loss->set_make_status(host.make_status());
@@ -202,6 +209,20 @@ struct GrpoLoop::Impl {
 
   // The generator gets policy.generation; the native generator reads its own subsection
   // native_cfg from it (and takes the whole object as its settings when that key is absent).
+  // A generator rank's part of the weights for the resharding refit: every tensor whole, or
+  // under a tensor-parallel generator this rank's boxes of the generator's own plan (the model as
+  // the generator describes it: native_cfg.model_component, else the MODEL component listing it).
+  Needs generator_needs() const {
+    const int64_t G = cfg.generation.tensor_parallel_size;
+    if (G <= 1) return tensor_parallel_needs({}, 1, 0);
+    std::string component;
+    const json& native = cfg.generation.section.contains("native_cfg") ? cfg.generation.section["native_cfg"] : json();
+    if (native.is_object() && native.contains("model_component") && native["model_component"].is_string())
+      component = native["model_component"].get<std::string>();
+    const int rank = sdk::Comm::world(trainer_host()).rank() % static_cast<int>(G);  // within its generator
+    return tensor_parallel_needs(describe_model(host, model_dir, component), static_cast<int>(G), rank);
+  }
+
   std::unique_ptr<Generator> make_generator() const {
     json gen_section = cfg.generation.section;
     if (!gen_section.contains("native_cfg")) gen_section["native_cfg"] = json::object();
@@ -242,6 +263,34 @@ struct GrpoLoop::Impl {
                       std::to_string(dp_size) + " (each rank trains on whole prompt groups)");
   }
 
+  // Colocated policy.generation.vllm_cfg.tensor_parallel_size = G: the generator's groups are G
+  // consecutive world ranks (the generator plugin splits the world so), and each group must be a
+  // run of one model-parallel group (same data-parallel rank, consecutive within the group), so
+  // its ranks generate the same prompts. Collective over the world; every rank decides alike.
+  void check_colocated_generator_groups(int64_t G) {
+    const std::string key = "policy.generation.vllm_cfg.tensor_parallel_size = " + std::to_string(G);
+    const int W = ranks.world_size;
+    if (W % G != 0)
+      throw Error(RLH_E_INVALID_ARGUMENT, key + " does not divide the " + std::to_string(W) + " colocated ranks");
+    std::vector<double> where(size_t(2 * W), 0.0);  // per world rank: data-parallel rank, rank in its group
+    where[size_t(2 * ranks.world_rank)] = ranks.rank;
+    where[size_t(2 * ranks.world_rank + 1)] = ranks.group ? ranks.group.rank() : 0;
+    if (ranks.world) ranks.world.all_reduce(std::span<double>(where), RLH_REDUCE_SUM);
+    for (int r = 0; r < W; ++r) {
+      const int first = r - r % int(G);
+      if (where[size_t(2 * r)] != where[size_t(2 * first)] ||
+          int64_t(where[size_t(2 * r + 1)]) % G != r % G)
+        throw Error(RLH_E_INVALID_ARGUMENT,
+                    key + " with colocated generation: ranks " + std::to_string(first) + ".." +
+                        std::to_string(first + G - 1) + " would form one generator, but rank " + std::to_string(r) +
+                        " trains on data-parallel share " + std::to_string(int64_t(where[size_t(2 * r)])) +
+                        " and rank " + std::to_string(first) + " on share " +
+                        std::to_string(int64_t(where[size_t(2 * first)])) +
+                        " (G must divide the trainer's tensor x context parallel size; or set "
+                        "policy.generation.colocated.enabled = false)");
+    }
+  }
+
   // The newest checkpoint that verifies (sizes, CRC32C, step numbers) and loads; a damaged one
   // is skipped with a warning and the one before it is used (resume_from_checkpoints).
   void resume() {
@@ -273,6 +322,7 @@ struct GrpoLoop::Impl {
     generator_stale = false;
     if (placement && ranks.writer()) {  // trainer 0's broadcast to the generator ranks (NeMo-RL's refit)
       refit_metrics["refit_bytes"] = placement->last_refit_bytes();
+      refit_metrics["refit_bytes_total"] = placement->last_refit_bytes_total();
       refit_metrics["refit_broadcast_seconds"] = placement->last_refit_seconds();
     }
     return since(t0);
@@ -661,10 +711,11 @@ struct GrpoLoop::Impl {
     if (!cfg.generation.colocated) {
       placement = GenerationRanks::create(host, cfg.generation.generator_ranks, cfg.generation.resources_text,
                                           cfg.generation.tensor_parallel_size);
+      placement->set_reshard(cfg.generation.refit_reshard);
       if (placement->is_generator()) {  // this rank only generates, for its trainer rank
         model_dir = resolve_model(cfg.policy.model_name);
         std::unique_ptr<Generator> mine = make_generator();
-        placement->serve(*mine);
+        placement->serve(*mine, [this] { return generator_needs(); });
         return;
       }
     }

@@ -283,14 +283,15 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
       throw ConfigError("policy.generation.vllm_cfg.tensor_parallel_size: expected an integer >= 1, got " + describe(*tp));
     c.generation.tensor_parallel_size = tp->get<int64_t>();
     const std::string key = "policy.generation.vllm_cfg.tensor_parallel_size = " + std::to_string(c.generation.tensor_parallel_size);
-    // Colocated, every trainer rank runs its own generator on its own share of a call: a group
-    // of them cannot make the same calls (docs/parallelism.md).
-    if (c.generation.tensor_parallel_size > 1 && c.generation.colocated)
-      throw ConfigError(key + " needs policy.generation.colocated.enabled: false (tensor-parallel generators run on "
-                              "generator ranks of their own; colocated generation runs one generator per trainer rank)");
+    // Colocated, the trainer ranks host the groups of G (each group must share one data-parallel
+    // rank, checked once the backend names its layout: grpo_loop.cpp).
     if (c.generation.generator_ranks % c.generation.tensor_parallel_size != 0)
       throw ConfigError(key + " does not divide the " + std::to_string(c.generation.generator_ranks) + " generator ranks (" +
                         c.generation.resources_text + ")");
+  }
+  {
+    const Section rl(child(whole, "rlhost"), "rlhost");
+    rl.read("refit_reshard", c.generation.refit_reshard);
   }
   c.generation.train = read_sampling(gen, SamplingSettings{}, "");
   c.generation.validation = read_sampling(gen, c.generation.train, "val_");

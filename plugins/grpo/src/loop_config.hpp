@@ -42,6 +42,10 @@ struct GenerationConfig {
   // policy.generation.vllm_cfg.tensor_parallel_size: the generator ranks form groups of this many
   // consecutive ranks, each one tensor-parallel generator (non-colocated generation only).
   int64_t tensor_parallel_size = 1;
+  // rlhost.refit_reshard (default true): non-colocated refits send each generator rank its pieces
+  // from every trainer rank (where the backend has visit_weight_pieces); false: trainer 0
+  // broadcasts the gathered weights (the refit before ABI 0.9).
+  bool refit_reshard = true;
 };
 
 // How prompts become token ids.

@@ -7,6 +7,7 @@
 
 #include "backend_internal.hpp"
 #include "rlhost/backend_common/batch_plan.hpp"
+#include "rlhost/sdk/weight_pieces.hpp"
 
 namespace rlh::backend {
 
@@ -656,7 +657,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     {"skipped_nonfinite", r.skipped},
                     // This rank's training state (parameters, gradients, moments, or its shards
                     // of them) and the data-parallel size.
-                    {"memory/state_bytes", m.state_alloc.live_bytes()},
+                    {"memory/state_bytes", m.device ? m.device->state_bytes() : m.state_alloc.live_bytes()},
                     {"dp_size", m.dp != nullptr ? m.dp->size() : 1},
                     {"dp/comm_bytes", comm_bytes},
                     {"dp/comm_seconds", comm_seconds},
@@ -747,7 +748,8 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
     Model& m = check_model(b, model);
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
-    // (A device model holds its whole masters on every data-parallel rank.)
+    // (A device model holds its whole masters on every data-parallel rank, or under FSDP
+    // gathers them: then collective, as the CPU engine's FSDP visit is.)
     if (m.device && readable.device_type != RLH_DEVICE_CPU) {
       const rlh_device d = m.device->device();
       if (d.device_type == readable.device_type && d.device_id == readable.device_id) {
@@ -816,6 +818,91 @@ rlh_status* backend_visit_weights_on(rlh_backend* self, rlh_model* model, const 
   return visit_weights_where(self, model, args->device, fn, user, version);
 }
 
+// BACKEND 0.5: this rank's pieces with their placement, ungathered (docs/backends.md, "Weight
+// pieces"). Under tensor parallelism a piece is the rank's slice of each HF tensor (a padded
+// vocabulary block without its padding), under expert parallelism its block of experts (one HF
+// tensor each), under pipeline parallelism its stage's tensors; data- and context-parallel
+// replicas hold the same pieces. The sender of a replicated piece rotates with the parameter
+// (parameter i: replica i mod the replicas), so the replicas share the sending. FSDP shards
+// flat, across tensor boundaries: it gathers unit by unit (collective, as visit_weights does)
+// and visits whole tensors, the data-parallel ranks taking turns as senders; so does a device
+// model (whole masters on every rank, copied to the host).
+rlh_status* backend_visit_weight_pieces(rlh_backend* self, rlh_model* model, rlh_weight_piece_fn fn, void* user,
+                                        int64_t* version) {
+  Backend* b = as_backend(self);
+  return sdk::guard(b ? b->host.make_status() : nullptr, [&] {
+    Model& m = check_model(b, model);
+    if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weight_pieces: fn is NULL");
+    if (version != nullptr) *version = m.version();
+    const int D = m.dp != nullptr ? m.dp->size() : 1, dp_rank = m.dp != nullptr ? m.dp->rank() : 0;
+    const auto emit = [&](const sdk::ParamDesc& p, const sdk::EngineBox& box, const float* base, bool sender) {
+      for (size_t k = 0; k < p.hf_names.size(); ++k) {
+        const sdk::HfBox h = sdk::hf_box(p, k, box);
+        if (!h.present) continue;
+        rlh_tensor t{};
+        t.data = const_cast<float*>(base + h.at);
+        t.device = rlh_device{RLH_DEVICE_CPU, 0};
+        t.ndim = int32_t(h.extent.size());
+        t.dtype = rlh_dtype{RLH_DTYPE_FLOAT, 32, 1};
+        t.shape = const_cast<int64_t*>(h.extent.data());
+        t.strides = const_cast<int64_t*>(h.strides.data());
+        rlh_weight_piece piece{};
+        piece.struct_size = sizeof(rlh_weight_piece);
+        piece.hf_name = p.hf_names[k].c_str();
+        piece.data = &t;
+        piece.global_shape = p.hf_shapes[k].data();
+        piece.offset = h.offset.data();
+        piece.flags = sender ? RLH_PIECE_SENDER : 0u;
+        rlh_status* s = fn(user, &piece);
+        if (s != nullptr) {
+          sdk::StatusPtr owned(s);
+          throw Error(s->code, "visit_weight_pieces callback at '" + p.hf_names[k] + "': " + sdk::status_message(s));
+        }
+      }
+    };
+    const auto rotates_to_me = [](size_t i, int rank, int size) { return size <= 1 || int(i % size_t(size)) == rank; };
+    if (m.device || m.dp_mode == Model::Dp::fsdp) {  // whole tensors on every data-parallel rank
+      const auto whole = [&](size_t i, std::span<float> w) {
+        const sdk::ParamDesc& p = m.desc.params[i];
+        emit(p, sdk::whole_box(p), w.data(), rotates_to_me(i, dp_rank, D));
+      };
+      if (!m.device) {
+        dp_visit_parameters(m, whole);
+        return;
+      }
+      std::vector<std::vector<float>> host = m.device->parameters();
+      for (size_t i = 0; i < m.desc.params.size(); ++i) whole(i, host[i]);
+      return;
+    }
+    for (size_t i = 0; i < m.desc.params.size(); ++i) {
+      const int64_t j = local_param(m, i);
+      if (j < 0) continue;  // another pipeline stage's
+      const sdk::ParamDesc& p = m.desc.params[i];
+      sdk::EngineBox box = m.tp() ? sdk::tp_box(*m.tp(), i) : sdk::whole_box(p);
+      // A tied embedding's copy on the last stage is not its owner's: it is never the sender.
+      bool sender = !m.pp() || m.pp()->owner[i] == m.dp->pp_rank();
+      if (m.ep() && m.ep()->is_expert(i)) {
+        // This rank's block of experts (whole over the tensor-parallel ranks, which hold other
+        // blocks); the expert data-parallel ranks hold the same block.
+        const sdk::EpPiece& e = m.ep()->pieces[i];
+        box.lo[0] = e.begin;
+        box.count[0] = box.stored[0] = e.count;
+        sender = sender && rotates_to_me(i, m.dp->edp.rank(), m.dp->edp.size());
+      } else {
+        sender = sender && rotates_to_me(i, dp_rank, D);
+        if (m.tp()) {  // a piece several tensor-parallel ranks hold alike is sent by the first
+          const sdk::TpPiece& mine = m.tp()->pieces[i];
+          for (int r = 0; r < m.dp->tp_rank(); ++r) {
+            const sdk::TpPiece& o = m.tp_layouts[size_t(r)].pieces[i];
+            if (o.axis == mine.axis && o.begin == mine.begin && o.count == mine.count) sender = false;
+          }
+        }
+      }
+      emit(p, box, m.engine->param(size_t(j)).data(), sender);
+    }
+  });
+}
+
 // The loops' data-parallel layout (BACKEND 0.3): the group losses and metrics are summed over
 // (Megatron's dp, without the cp ranks), so a tp/cp/pp group's ranks share one rank.
 rlh_status* backend_data_parallel(rlh_backend* self, rlh_model* model, int32_t* rank, int32_t* size) {
@@ -877,7 +964,7 @@ rlh_status* create_backend(const rlh_host_api* host, const char* config_json, si
 
 rlh_backend_api backend_api(rlh_status* (*create)(const rlh_host_api*, const char*, size_t, rlh_backend**)) {
   rlh_backend_api api{};
-  api.struct_size = RLH_STRUCT_SIZE(rlh_backend_api, data_parallel);
+  api.struct_size = RLH_STRUCT_SIZE(rlh_backend_api, visit_weight_pieces);
   api.create = create;
   api.destroy = backend_destroy;
   api.load_model = backend_load_model;
@@ -889,6 +976,7 @@ rlh_backend_api backend_api(rlh_status* (*create)(const rlh_host_api*, const cha
   api.save_state = backend_save_state;
   api.load_state = backend_load_state;
   api.data_parallel = backend_data_parallel;
+  api.visit_weight_pieces = backend_visit_weight_pieces;
   return api;
 }
 

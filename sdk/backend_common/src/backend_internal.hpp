@@ -110,6 +110,9 @@ struct Backend {
   // Several ranks on the device path: the data-parallel group over a communicator for device
   // memory, made at the first such model (before `models`: they point at it).
   std::unique_ptr<CommDeviceDp> device_dp;
+  // HSDP on the device: the shard group and the replicas over the device communicator, split
+  // as `dp`'s shard and replicate groups are (made at the first such model).
+  std::unique_ptr<CommDeviceDp> device_shard, device_replicate;
   std::vector<std::unique_ptr<Model>> models;
 };
 

@@ -366,7 +366,7 @@ void dp_forward(Model& m, size_t local_microbatches, const std::function<void(si
     for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.engine->ep_idle_microbatch(false);
     return;
   }
-  if (m.dp_mode != Model::Dp::fsdp) {
+  if (m.dp_mode != Model::Dp::fsdp || m.device) {  // a device model's bf16 weights are whole
     for (size_t i = 0; i < local_microbatches; ++i) run(i);
     return;
   }

@@ -218,9 +218,9 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (f == nullptr) {
     if (automatic) return false;
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
-                                             "is megatron's, built where the CUDA toolchain is)");
+                                             "is megatron's and dtensor's, built where the CUDA toolchain is)");
   }
-  // Several ranks: data parallelism (DDP or the distributed optimizer) over a device
+  // Several ranks: data parallelism (DDP, the distributed optimizer, FSDP / HSDP) over a device
   // communicator; the other layouts are the CPU engine's so far.
   if (b.dp && b.dp->tp_size() > 1)
     return decline(RLH_E_UNIMPLEMENTED, "tensor parallelism (tensor_model_parallel_size = " +
@@ -228,9 +228,9 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (b.dp && b.dp->pp_size() > 1)
     return decline(RLH_E_UNIMPLEMENTED, "pipeline parallelism (pipeline_model_parallel_size = " +
                                             std::to_string(b.dp->pp_size()) + ") runs on the CPU engine only");
-  if (b.dp && (m.config.parallel.fsdp || b.dp->replicate))
-    return decline(RLH_E_UNIMPLEMENTED, "FSDP runs on the CPU engine only (the device path shards the optimizer "
-                                        "state with megatron's use_distributed_optimizer)");
+  if (m.config.parallel.cpu_offload)
+    return decline(RLH_E_UNIMPLEMENTED, "policy.dtensor_cfg.cpu_offload = true: the device path keeps the sharded "
+                                        "state in device memory (offloading it to the host runs on the CPU engine only)");
   const std::string target = automatic ? "cuda" : d;
   std::string why;
   if (!f->available(target, &why)) return decline(RLH_E_UNAVAILABLE, why);
@@ -251,6 +251,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   o.recompute = m.config.recompute;
   o.recompute_selective = m.config.recompute_selective;
   o.moe = m.config.moe;
+  o.fp8 = m.config.fp8;
   if (m.config.optimizer) {
     const OptimizerConfig& oc = *m.config.optimizer;
     o.optimizer.beta1 = oc.beta1;
@@ -261,17 +262,35 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     o.optimizer.max_grad_norm = oc.max_grad_norm;
   }
   if (b.dp) {
-    if (!b.device_dp) {  // collective over the world, like the groups
-      const rlh_device dev = sdk::cuda_device(index);
+    const rlh_device dev = sdk::cuda_device(index);
+    if (!b.device_dp)  // collective over the world, like the groups
       b.device_dp = std::make_unique<CommDeviceDp>(sdk::make_device_comm(b.host, dev, "", b.flavor->name), dev);
-    }
     if (b.device_dp->size() != b.dp->size())
       throw Error(RLH_E_INTERNAL, where + ": the device communicator has " + std::to_string(b.device_dp->size()) +
                                       " ranks, the data-parallel group " + std::to_string(b.dp->size()));
     o.dp = b.device_dp.get();
-    o.shard_optimizer = m.config.parallel.distributed_optimizer;
+    // FSDP (dtensor): the fp32 masters and moments as this rank's block of the shard group's
+    // (the world without HSDP); HSDP sums the gradient blocks over the replicas too.
+    const bool fsdp = m.config.parallel.fsdp;
+    if (fsdp && b.dp->replicate) {
+      if (!b.device_shard) {  // collective: the host groups' membership and order, on the device
+        b.device_shard = std::make_unique<CommDeviceDp>(
+            b.device_dp->comm().split(b.dp->replicate.rank(), b.dp->shard.rank(), "dp shard (device)"), dev);
+        b.device_replicate = std::make_unique<CommDeviceDp>(
+            b.device_dp->comm().split(b.dp->shard.rank(), b.dp->replicate.rank(), "dp replicate (device)"), dev);
+      }
+      if (b.device_shard->size() != b.dp->shard.size() || b.device_replicate->size() != b.dp->replicate.size())
+        throw Error(RLH_E_INTERNAL, where + ": the device shard / replicate groups have " +
+                                        std::to_string(b.device_shard->size()) + " / " +
+                                        std::to_string(b.device_replicate->size()) + " ranks, the host's " +
+                                        std::to_string(b.dp->shard.size()) + " / " + std::to_string(b.dp->replicate.size()));
+      o.dp = b.device_shard.get();
+      o.dp_replicate = b.device_replicate.get();
+    }
+    o.shard_optimizer = fsdp || m.config.parallel.distributed_optimizer;
+    o.shard_masters = fsdp;
     m.dp = b.dp.get();
-    m.dp_mode = o.shard_optimizer ? Model::Dp::distributed_optimizer : Model::Dp::ddp;
+    m.dp_mode = fsdp ? Model::Dp::fsdp : o.shard_optimizer ? Model::Dp::distributed_optimizer : Model::Dp::ddp;
   }
   try {
     m.device = f->create(m.desc, o);
@@ -415,14 +434,28 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   if (place_on_device(b, *m, weights.tensors)) {
     b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
                 " (" + std::to_string(m->device->num_elements()) + " parameters, " +
-                (m->trainable ? "adamw optimizer" : std::string("frozen")) + (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
+                (m->trainable ? "adamw optimizer" : std::string("frozen")) +
+                (m->config.fp8.enabled ? std::string(", FP8 linears (") + (m->config.fp8.blockwise ? "blockwise" : "tensorwise") +
+                                             (m->config.fp8.hybrid ? ", hybrid)" : ", e4m3)")
+                                       : std::string()) +
+                (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
                 (m->dp ? ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" +
-                             (m->dp_mode == Model::Dp::distributed_optimizer ? "distributed optimizer" : "gradients all-reduced") +
+                             (m->dp_mode == Model::Dp::fsdp ? "FSDP: fp32 masters and moments sharded" +
+                                                                  (m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : std::string())
+                              : m->dp_mode == Model::Dp::distributed_optimizer ? std::string("distributed optimizer")
+                                                                               : std::string("gradients all-reduced")) +
                              ", on the device)"
                        : std::string()) +
                 ", on " + m->kernels + ")");
     return m;
   }
+  // FP8 is the CUDA engine's (through a device kernel provider): a model placed on the CPU
+  // engine would train in float32 under an FP8 setting, so it is refused instead.
+  if (m->config.fp8.enabled)
+    throw Error(RLH_E_UNIMPLEMENTED, std::string(b.flavor->name) + ": policy.megatron_cfg.fp8_cfg.enabled = true: FP8 "
+                                         "linears run on the CUDA engine only (policy.device = cuda, policy.precision = "
+                                         "bfloat16, one rank per GPU without model parallelism); " + m->role +
+                                         " would run on the CPU engine (policy.device = " + m->config.device + ")");
   if (m->config.precision != "float32" && m->config.precision != "fp32")
     b.host.info(std::string(b.flavor->name) + ": policy.precision = " + m->config.precision + ": " + m->role +
                 " runs on the CPU engine, which computes and keeps master weights in float32");

@@ -180,9 +180,9 @@ void save_state_dp(Model& m, const std::string& dir) {
   std::vector<Optimizer::StateTensor> moments;
   DeviceOptimizerState device_state;
   if (m.device) {
-    // Every rank holds the whole masters; a sharded optimizer's moments are gathered
-    // (collective: every rank asks).
-    if (writer) params = m.device->parameters();
+    // Every rank holds the whole masters (under FSDP their blocks, gathered: collective); a
+    // sharded optimizer's moments are gathered (collective: every rank asks).
+    if (writer || m.dp_mode == Model::Dp::fsdp) params = m.device->parameters();
     if (m.trainable) {
       device_state.adam = m.device->adam_state();
       if (writer) {

@@ -55,6 +55,7 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ops = std::make_unique<cuda::DeviceOps>(*opt.kernels, opt.device, stream);
   carve_params();
+  if (opt.fp8.enabled) fp8 = std::make_unique<cuda::Fp8Linears>(*ops, counters, opt.fp8, L);
   for (const sdk::RopeTable& t : prog.ropes) {
     const std::vector<double> f = sdk::rope_inv_freq(t.rope, t.rotary_dim);
     std::vector<float> f32(f.begin(), f.end());
@@ -73,6 +74,7 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
 
 CudaEngine::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
+  fp8.reset();
   ops.reset();
   if (stream) cudaStreamDestroy(stream);
 }
@@ -191,13 +193,22 @@ void CudaEngine::Impl::carve_params() {
       throw std::invalid_argument("cuda engine: data-parallel rank " + std::to_string(dp_rank) + " of " +
                                   std::to_string(dp_size));
   }
+  if (opt.shard_masters && !sharded())
+    throw std::invalid_argument("cuda engine: sharded master weights (FSDP) need a data-parallel group and the "
+                                "sharded optimizer");
+  if (opt.dp_replicate != nullptr && !opt.shard_masters)
+    throw std::invalid_argument("cuda engine: a replicate group (HSDP) needs sharded master weights (FSDP)");
   if (sharded() && opt.trainable) {
     block = ((total + dp_size - 1) / dp_size + 63) / 64 * 64;
     shard_lo = block * dp_rank;
     padded = block * dp_size;
   }
   const size_t f32 = size_t(padded) * sizeof(float);
-  master = cuda::DeviceBuffer(counters, f32);
+  // FSDP: the masters are this rank's block (same 256-byte alignment as at shard_lo of the
+  // whole buffer, so the AdamW kernels see the same pointer alignments as the distributed
+  // optimizer's and compute the same bits).
+  master = cuda::DeviceBuffer(counters, fsdp() ? size_t(block) * sizeof(float) : f32);
+  if (fsdp()) plan_kept();
   if (opt.trainable) {
     grads = cuda::DeviceBuffer(counters, f32);
     const size_t moments = sharded() ? size_t(block) * sizeof(float) : f32;
@@ -209,7 +220,7 @@ void CudaEngine::Impl::carve_params() {
     }
   }
   w16 = cuda::DeviceBuffer(counters, size_t(padded) * sizeof(bf16));
-  for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v})
+  for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v, &kept32})
     if (b->size() > 0) check(cudaMemsetAsync(b->get(), 0, b->size(), stream), "memset");
   check(cudaMemsetAsync(w16.get(), 0, w16.size(), stream), "memset");
 }
@@ -542,8 +553,11 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
       break;
     }
     case StepOp::linear: {
-      // Fused weights adjacent in storage run as one GEMM; otherwise one per piece.
+      // Fused weights adjacent in storage run as one GEMM; otherwise one per piece. An FP8
+      // layer quantises the input once for all its groups.
       const int64_t K = st.in.width;
+      const bool f8_layer = fp8 && fp8->layer_in_fp8(l);
+      const bool f8 = f8_layer && fp8->input(in.p, in.ld, N, K);
       int64_t row = 0;
       for (size_t i = 0; i < st.weights.size();) {
         size_t j = i + 1;
@@ -553,7 +567,12 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
           rows += desc.params[size_t(st.weights[j])].shape[0];
           ++j;
         }
-        ops->gemm(false, true, N, rows, K, in.p, in.ld, wp(st.weights[i]), K, 0, out.p + row, out.ld, false);
+        if (f8 && fp8->fits_group(rows, out.ld)) {
+          fp8->forward(wp(st.weights[i]), rows, out.p + row, out.ld);
+        } else {
+          if (f8_layer) fp8->count_bf16();
+          ops->gemm(false, true, N, rows, K, in.p, in.ld, wp(st.weights[i]), K, 0, out.p + row, out.ld, false);
+        }
         row += rows;
         i = j;
       }
@@ -705,6 +724,10 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
         }
         // dX (+)= dY W over the fused rows (one GEMM when adjacent), dW += dY^T X per group,
         // accumulated in fp32 by the GEMM (bf16 operands, fp32 C, beta 1).
+        // An FP8 layer runs each product in FP8 where its shape fits (X^T quantised once for
+        // the step's weight gradients), in bf16 otherwise.
+        const bool f8 = fp8 && fp8->layer_in_fp8(l);
+        const bool f8_dw = f8 && fp8->input_t(x.p, x.ld, N, K);
         row = 0;
         bool first = true;
         for (size_t i = 0; i < st.weights.size();) {
@@ -715,9 +738,15 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
             rows += desc.params[size_t(st.weights[j])].shape[0];
             ++j;
           }
-          ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K,
-                    (st.accumulate || !first) ? 1 : 0, dx.p, dx.ld, false);
-          ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, 1, gp(st.weights[i]), K, true);
+          const double beta = (st.accumulate || !first) ? 1 : 0;
+          if (!(f8 && fp8->backward_dx(dy.p + row, dy.ld, N, rows, K, wp(st.weights[i]), beta, dx.p, dx.ld))) {
+            if (f8) fp8->count_bf16();
+            ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K, beta, dx.p, dx.ld, false);
+          }
+          if (!(f8_dw && fp8->backward_dw(dy.p + row, dy.ld, N, rows, K, gp(st.weights[i])))) {
+            if (f8) fp8->count_bf16();
+            ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, 1, gp(st.weights[i]), K, true);
+          }
           first = false;
           row += rows;
           i = j;
@@ -810,7 +839,7 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
       const bool d = o.decay_1d_params || pd.shape.size() >= 2;
       if (d != bool(decay)) continue;
       for (cuda::DeviceList* l : {&P, &G, &M, &Vv, &P16}) l->n.push_back(p.n);
-      P.p.push_back(master.get<float>() + p.flat);
+      P.p.push_back(master.get<float>() + (fsdp() ? p.local : p.flat));
       G.p.push_back((shard ? gshard.get<float>() : grads.get<float>()) + p.local);
       M.p.push_back(adam_m.get<float>() + p.local);
       Vv.p.push_back(adam_v.get<float>() + p.local);
@@ -849,8 +878,17 @@ int64_t CudaEngine::num_elements() const {
 int64_t CudaEngine::step() const { return impl_->steps; }
 int64_t CudaEngine::routing_width() const { return impl_->route_width; }
 CudaEngineStats CudaEngine::stats() const {
-  return {impl_->counters.allocations, impl_->counters.bytes, impl_->counters.syncs, impl_->dp_bytes,
-          impl_->dp_seconds};
+  const Impl& m = *impl_;
+  CudaEngineStats st{m.counters.allocations, m.counters.bytes, m.counters.syncs, m.dp_bytes, m.dp_seconds};
+  for (const cuda::DeviceBuffer* b : {&m.master, &m.adam_m, &m.adam_v, &m.gshard, &m.kept32})
+    st.state_bytes += int64_t(b->size());
+  st.weight_bytes = int64_t(m.w16.size());
+  st.grad_bytes = int64_t(m.grads.size());
+  if (m.fp8) {
+    st.fp8_gemms = m.fp8->stats().fp8_gemms;
+    st.fp8_layer_bf16_gemms = m.fp8->stats().bf16_gemms;
+  }
+  return st;
 }
 std::string CudaEngine::device_name() const {
   cudaDeviceProp p{};
@@ -868,6 +906,21 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
       throw std::invalid_argument("cuda engine: parameter " + m.desc.params[i].name + " has " +
                                   std::to_string(tensors[i].size()) + " values, expected " +
                                   std::to_string(numel(m.desc.params[i].shape)));
+  if (m.fsdp()) {
+    // The whole weights staged in the gradient buffer (clear between steps): this rank keeps
+    // its block of the masters and the router's side copy; the bf16 copy is cast whole.
+    m.sync();
+    check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+    for (size_t i = 0; i < tensors.size(); ++i) m.upload(i, m.grads.get<float>(), tensors[i].data());
+    check(cudaMemcpyAsync(m.master.get(), m.grads.get<float>() + m.shard_lo, m.master.size(),
+                          cudaMemcpyDeviceToDevice, m.stream), "copy");
+    m.kept_from_whole(m.grads.get<float>());
+    cuda::cast_to_bf16(m.grads.get<float>(), m.w16.get(), m.total, m.stream);
+    check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+    m.grads_clear = true;
+    m.sync();  // the host vectors may go once this returns
+    return;
+  }
   for (size_t i = 0; i < tensors.size(); ++i) m.upload(i, m.master.get<float>(), tensors[i].data());
   cuda::cast_to_bf16(m.master.get<float>(), m.w16.get(), m.total, m.stream);
   m.sync();
@@ -885,16 +938,31 @@ std::vector<std::vector<float>> CudaEngine::Impl::download(const float* base) {
 }
 
 std::vector<std::vector<float>> CudaEngine::save_parameters() const {
-  return impl_->download(impl_->master.get<float>());
+  Impl& m = *impl_;
+  if (!m.fsdp()) return m.download(m.master.get<float>());
+  // Every rank's block, gathered into the (clear) gradient buffer, then downloaded from there.
+  m.gather_masters();
+  std::vector<std::vector<float>> out = m.download(m.grads.get<float>());
+  check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
+  m.sync();
+  return out;
 }
 
 std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
   Impl& m = *impl_;
+  // FSDP: the whole masters gathered into the gradient buffer, which the next step (or
+  // zero_grad) clears before it accumulates.
+  const float* base = m.master.get<float>();
+  if (m.fsdp()) {
+    m.gather_masters();
+    m.grads_clear = false;
+    base = m.grads.get<float>();
+  }
   m.sync();
   std::vector<ParamView> out;
   out.reserve(m.place.size());
   for (const cuda::ParamPlace& pl : m.place)
-    out.push_back({m.master.get<float>() + pl.off, pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
+    out.push_back({base + pl.off, pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
   return out;
 }
 
@@ -964,6 +1032,7 @@ void CudaEngine::set_optimizer_options(const OptimizerOptions& o) { impl_->opt.o
 
 Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   Impl& m = *impl_;
+  if (m.fp8) m.fp8->new_call();  // the weights may have changed since the last call
   m.forward(mb, req, false);
   const int64_t N = mb.num_tokens();
   Outputs out;
@@ -1025,6 +1094,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
   m.require_trainable("train_step");
+  if (m.fp8) m.fp8->new_call();
   if (!req.logprob && !req.entropy && !req.value)
     throw std::invalid_argument("cuda engine: a train step needs logprob, entropy or value outputs");
   if (req.logits) throw std::invalid_argument("cuda engine: logits are a forward-only output");

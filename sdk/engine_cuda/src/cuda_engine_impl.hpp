@@ -20,6 +20,7 @@
 
 #include "rlhost/engine_cuda/device_memory.hpp"
 #include "rlhost/engine_cuda/device_ops.hpp"
+#include "fp8_linear.hpp"
 #include "mla_kernels.hpp"
 #include "moe_kernels.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
@@ -192,6 +193,7 @@ struct CudaEngine::Impl {
   cuda::Counters counters;
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::DeviceOps> ops;  // the registry's kernels on this device and stream
+  std::unique_ptr<cuda::Fp8Linears> fp8;  // CudaEngineOptions::fp8 (null: every linear in bf16)
   cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, scalars;
   // RoPE tables (f32 inv_freq on the device), per program table.
   struct Rope {
@@ -213,6 +215,23 @@ struct CudaEngine::Impl {
   int64_t dp_bytes = 0;
   double dp_seconds = 0;
   bool sharded() const { return opt.dp != nullptr && opt.shard_optimizer; }
+  // FSDP (CudaEngineOptions::shard_masters): `master` holds this rank's block alone.
+  bool fsdp() const { return sharded() && opt.shard_masters && opt.trainable; }
+  // FSDP: the fp32 tensors the MoE router reads from the masters (mf), whole, in `kept32`:
+  // flat range [off, off + n) at `at` in it.
+  struct Kept {
+    int64_t off, n, at;
+  };
+  std::vector<Kept> kept;
+  cuda::DeviceBuffer kept32;
+  int64_t kept_elems = 0;
+  void plan_kept();
+  // kept32 from a whole flat fp32 layout (load_parameters' staging), or from every rank's
+  // block of the masters (after an update: each rank writes its part, one all-reduce sums).
+  void kept_from_whole(const float* whole);
+  void kept_from_blocks();
+  // FSDP: every rank's block of the masters into the (clear) gradient buffer, whole.
+  void gather_masters();
   // This rank's pieces of the storage ranges (sharded: clipped to its block; `local` is the
   // offset in the block's buffers; otherwise every range, local = off).
   struct Piece {
@@ -321,7 +340,13 @@ struct CudaEngine::Impl {
   // description parameter (wp, gp).
   bf16* w(int64_t off) const { return off < 0 ? nullptr : master_bf16() + off; }
   bf16* master_bf16() const { return w16.get<bf16>(); }
-  float* mf(int64_t off) const { return off < 0 ? nullptr : master.get<float>() + off; }
+  float* mf(int64_t off) const {
+    if (off < 0) return nullptr;
+    if (!fsdp()) return master.get<float>() + off;
+    for (const Kept& k : kept)
+      if (off >= k.off && off < k.off + k.n) return kept32.get<float>() + k.at + (off - k.off);
+    throw std::logic_error("cuda engine: fp32 master at " + std::to_string(off) + " read but not kept under FSDP");
+  }
   float* g(int64_t off) const { return off < 0 ? nullptr : grads.get<float>() + off; }
   bf16* wp(int64_t param) const { return param < 0 ? nullptr : w(place[size_t(param)].off); }
   float* gp(int64_t param) const { return param < 0 ? nullptr : g(place[size_t(param)].off); }

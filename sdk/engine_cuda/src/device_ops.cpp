@@ -116,6 +116,41 @@ void DeviceOps::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const vo
     RLH_RUN("gemm/bf16", "gemm", (std::vector<rlh_tensor>{ta_, tb_}), (std::vector<rlh_tensor>{tc}), at);
 }
 
+namespace {
+// One resolution key per combination of the attributes and dtypes an FP8 op is resolved with
+// (the ops_ map is keyed by address: each element below is its own key).
+char g_quant_keys[2 * 3 * 2];
+char g_gemm_keys[2 * 3 * 2];
+rlh_dtype fp8_dtype(DeviceOps::Fp8 f) { return f == DeviceOps::Fp8::e4m3 ? sdk::kE4M3 : sdk::kE5M2; }
+}  // namespace
+
+void DeviceOps::quantize_fp8(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, int grouping,
+                             void* q, float* scale, int64_t nscale) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_int("grouping", grouping), attr_int("transpose", transpose ? 1 : 0)};
+  const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
+  const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
+  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), rows, inner, inner), a.vec(scale, kF32, nscale)};
+  const char* key = &g_quant_keys[(int(f) * 3 + grouping) * 2 + (transpose ? 1 : 0)];
+  run(op(key, "quantize_fp8", in, out, at), in, out, at);
+}
+
+void DeviceOps::gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na,
+                         const void* B, Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C,
+                         int64_t ldc, bool c_f32) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 4> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
+                                             attr_double("alpha", 1.0), attr_double("beta", beta)};
+  const std::vector<rlh_tensor> in = {a.mat(A, fp8_dtype(fa), M, K, K), a.mat(B, fp8_dtype(fb), N, K, K),
+                                      a.vec(sa, kF32, na), a.vec(sb, kF32, nb)};
+  const std::vector<rlh_tensor> out = {a.mat(C, c_f32 ? kF32 : kBF16, M, N, ldc)};
+  // B is e4m3 in every product the engine runs (weights and activations); A carries the
+  // gradient's format, so the key needs only A's.
+  if (fb != Fp8::e4m3) throw std::logic_error("cuda engine: gemm_fp8 takes an e4m3 B");
+  const char* key = &g_gemm_keys[(int(fa) * 3 + scaling) * 2 + (c_f32 ? 1 : 0)];
+  run(op(key, "gemm", in, out, at), in, out, at);
+}
+
 void DeviceOps::grouped_gemm(bool ta, bool tb, int64_t G, int64_t T, const int32_t* offsets, int64_t M, int64_t N,
                              int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, int64_t stride_b,
                              double beta, void* C, int64_t ldc, int64_t stride_c, bool c_f32) {

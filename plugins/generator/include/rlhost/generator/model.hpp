@@ -86,6 +86,12 @@ class Weights {
   // description has arrived for it; a new version number starts a new set.
   void update(int64_t version, std::span<const rlh_named_tensor> weights, bool may_alias);
 
+  // The HF shape the set expects for `name` (nullptr: not a weight of the description).
+  const std::vector<int64_t>* hf_shape(const std::string& name) const;
+  // Frees the owned arena and forgets every version (nothing is in force until the next load or
+  // complete set): a tensor-parallel rank's whole set once its pieces come by themselves.
+  void release();
+
   // Throws sdk::Error(RLH_E_FAILED_PRECONDITION) unless a complete version is in force (none
   // loaded yet, or a newer version only partly received).
   void require_complete() const;
@@ -130,6 +136,9 @@ class Weights {
   std::vector<std::vector<uint8_t>> got_;               // per param, per piece: received
   std::vector<std::vector<uint8_t>> got_on_device_;     // per param, per piece: came to the sink
   std::vector<uint8_t> on_device_;                      // per param, in force
+  // per param: its HF pieces hold fewer elements than the engine tensor (a tensor-parallel
+  // rank's padded vocabulary block): always copied into the arena, whose padding stays zero
+  std::vector<uint8_t> short_;
   DeviceWeightSink* sink_ = nullptr;
   int64_t pieces_total_ = 0;
   int64_t pending_version_ = -1, pending_received_ = 0;
@@ -240,7 +249,17 @@ class DecodeModel {
   const Weights& input_weights() const { return full_weights_ ? *full_weights_ : *weights_; }
   // Under tensor parallelism: this rank's pieces of a whole set that changed since the last call
   // (tp_slice), installed as owned weights of the same version. Requires a complete input set.
+  // Nothing to do once pieces came by themselves (update_weights).
   void sync_weights();
+  // rlh_weight_update's install. Under tensor parallelism an update of this rank's pieces (each
+  // tensor the box of its HF tensor this rank holds, as sdk::tp_box / sdk::hf_box give it, a
+  // padded vocabulary block without its padding; at least one of them smaller than its HF
+  // tensor) goes straight to weights(), and the whole set is released (no whole copy stays
+  // resident); an update of whole tensors goes to input_weights() as before. A bucket of only
+  // uncut tensors counts as whole, so a pieces update comes in one call.
+  void update_weights(int64_t version, std::span<const rlh_named_tensor> weights, bool may_alias);
+  // A complete version is in force in the set the last update went to (Weights::require_complete).
+  void require_complete() const;
   // The paged cache's layout for this model: keys transposed within a block (the host's
   // paged_attention) or row-major (a GPU's), elements of elem_bytes.
   KvLayout kv_layout(int64_t block_size, bool keys_transposed = true, int64_t elem_bytes = 4) const;
@@ -261,6 +280,7 @@ class DecodeModel {
   sdk::TransformerDesc full_desc_;         // under tensor parallelism
   std::unique_ptr<Weights> full_weights_;  // under tensor parallelism: what refits fill
   int64_t synced_serial_ = -1;             // full_weights_'s serial() sliced last
+  bool pieces_in_force_ = false;           // the last update brought this rank's pieces
   bool router_fp64_ = false;
 };
 

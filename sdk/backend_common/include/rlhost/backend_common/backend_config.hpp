@@ -155,6 +155,9 @@ struct BackendConfig {
   // activation only, else whole layers. The CPU engine always recomputes whole layers.
   bool recompute_selective = false;
   engine::MoeOptions moe;  // router precision/freezing and auxiliary losses of MoE layers
+  // megatron_cfg.fp8_cfg: FP8 linears on the device path (the CUDA engine and a loaded FP8
+  // kernel provider); the CPU engine refuses it.
+  engine::Fp8Options fp8;
   std::string precision = "float32";
   // policy.device: "auto" (the flavor's device path when one is usable and precision is
   // bfloat16, else the CPU engine), "cpu", "cuda" or "cuda:N" (that device or an error).
@@ -170,6 +173,9 @@ struct BackendConfig {
     bool fsdp = false;
     bool distributed_optimizer = false;
     int64_t dp_replicate = 1;
+    // dtensor_cfg.cpu_offload: FSDP's CPUOffloadPolicy (the CPU engine's state is in host
+    // memory already; the device path refuses it by name).
+    bool cpu_offload = false;
     // megatron_cfg.tensor_model_parallel_size: ranks a model's layers are split over
     // (sdk/tensor_parallel.hpp); the data-parallel ranks are the world / tp.
     int64_t tp = 1;

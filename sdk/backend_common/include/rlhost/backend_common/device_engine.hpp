@@ -90,6 +90,10 @@ class DeviceEngine {
   // over the data-parallel group and load_adam_state() keeps this rank's block.
   virtual AdamState adam_state() const = 0;
   virtual void load_adam_state(const AdamState& state) = 0;
+  // This rank's training state in device memory: fp32 masters and AdamW moments, whole or
+  // this rank's blocks (distributed optimizer: the moments; FSDP: both, and the gradient block).
+  // train_step reports it as memory/state_bytes.
+  virtual int64_t state_bytes() const { return 0; }
   // Data-parallel traffic so far (ring bytes sent per rank) and time in it.
   virtual int64_t dp_bytes() const { return 0; }
   virtual double dp_seconds() const { return 0; }
@@ -102,6 +106,7 @@ struct DeviceEngineOptions {
   bool recompute_selective = false;
   engine::OptimizerOptions optimizer;  // betas, eps, clipping, which parameters decay
   engine::MoeOptions moe;              // router precision, frozen router, auxiliary losses
+  engine::Fp8Options fp8;              // FP8 linears (BackendConfig::fp8)
   // The kernels for `device`: the registry the backend built from the providers the host holds
   // (policy.kernels pins applied). Outlives the engine.
   const sdk::KernelRegistry* kernels = nullptr;
@@ -109,6 +114,12 @@ struct DeviceEngineOptions {
   // the device; shard_optimizer: Megatron's distributed optimizer (engine.hpp's DeviceDpComm).
   engine::DeviceDpComm* dp = nullptr;
   bool shard_optimizer = false;
+  // FSDP (dtensor; with shard_optimizer, `dp` the shard group): the fp32 masters too are kept
+  // as this rank's block; parameters() and master_views() then gather (collective over `dp`).
+  // dp_replicate (HSDP; not owned, null: none): the replicas, over which the gradient blocks
+  // are summed too.
+  bool shard_masters = false;
+  engine::DeviceDpComm* dp_replicate = nullptr;
 };
 
 struct DeviceEngineFactory {

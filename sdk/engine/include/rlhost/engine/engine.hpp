@@ -207,6 +207,22 @@ struct MoeOptions {
   double z_loss_coef = 0.0;    // [moe_z_loss_coeff] Megatron z_loss_func: coef * mean(lse^2)
 };
 
+// FP8 linears (NeMo-RL's policy.megatron_cfg.fp8_cfg), run by the CUDA engine through the
+// registry's FP8 provider (a vendor's plugin: the engine names none). The dense layers' linears
+// quantise their operands and multiply in FP8; the first and last layers, the head, the MoE
+// experts, MLA's projections and every shape FP8 cannot take stay in bf16. The CPU engine
+// refuses FP8.
+struct Fp8Options {
+  bool enabled = false;
+  // [fp8: hybrid] gradients (dY) in e5m2; e4m3 otherwise. Weights and activations are e4m3.
+  bool hybrid = false;
+  // [fp8_recipe: blockwise] DeepSeek-V3's scaling: 1x128 tiles of activations and gradients,
+  // 128x128 blocks of weights; tensorwise: one scale per tensor from its current amax.
+  bool blockwise = false;
+  // Megatron's num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 (NeMo-RL's default 1, 1).
+  int64_t bf16_first_layers = 1, bf16_last_layers = 1;
+};
+
 // The tensor-parallel group as the engine uses it (the owner implements it over its
 // communicator, so the engine names no communication library). Every rank of the group calls
 // these in the same order; each reduces `n` values in place.

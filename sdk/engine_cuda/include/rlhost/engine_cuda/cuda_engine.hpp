@@ -91,6 +91,24 @@ struct CudaEngineOptions {
   // A rank with no micro-batch still takes part (train_step accepts none then).
   DeviceDpComm* dp = nullptr;
   bool shard_optimizer = false;
+  // FP8 linears (engine.hpp's Fp8Options; src/fp8_linear.hpp): the dense layers' linear steps
+  // through the registry's FP8 provider. Construction fails, naming it, when no provider on the
+  // device runs the recipe's products.
+  Fp8Options fp8;
+  // FSDP (dtensor; needs shard_optimizer): the fp32 master weights too live only as this
+  // rank's block, beside its blocks of the moments and of the summed gradients (16/S bytes a
+  // parameter); the update runs on the block and only the bf16 copy is all-gathered. The bf16
+  // weights stay whole and resident between steps (FSDP2's reshard_after_forward=False: the
+  // forward gathers nothing), and the fp32 gradient buffer stays whole too (the
+  // backward's GEMMs accumulate into one flat buffer, reduce-scattered once after the last
+  // micro-batch): 2 + 4 bytes a parameter on every rank. Whole fp32 masters are gathered on
+  // demand (save_parameters, master_views: collective over `dp`). The few fp32 tensors the MoE
+  // router reads from the masters (router bias, selection bias, the fp64 router's weight) are
+  // kept whole in a side buffer, refreshed after each update.
+  bool shard_masters = false;
+  // HSDP (with shard_masters; not owned; null: none): the replicas of this rank's shard. The
+  // gradient blocks reduce-scattered over `dp` (the shard group) are summed over it too.
+  DeviceDpComm* dp_replicate = nullptr;
 };
 
 struct CudaEngineStats {
@@ -99,6 +117,15 @@ struct CudaEngineStats {
   int64_t host_syncs = 0;          // host waits on the stream so far
   int64_t dp_bytes = 0;            // data-parallel traffic so far (ring bytes, as sent per rank)
   double dp_seconds = 0;           // time in data-parallel collectives so far
+  // FP8 (CudaEngineOptions::fp8): the products of the FP8 layers' linears so far, by how they
+  // ran (bf16 where a shape does not fit FP8).
+  int64_t fp8_gemms = 0, fp8_layer_bf16_gemms = 0;
+  // The training state held on this rank: fp32 masters, AdamW moments and the gradient block
+  // of the sharded optimizer (whole, or this rank's block), the router's side copy under FSDP.
+  // The bf16 weights and the flat fp32 gradient buffer are counted apart (whole on every rank).
+  int64_t state_bytes = 0;
+  int64_t weight_bytes = 0;  // the bf16 working copy
+  int64_t grad_bytes = 0;    // the flat fp32 gradient buffer
 };
 
 class CudaEngine {
@@ -176,7 +203,10 @@ class CudaEngine {
   // AdamW's state for checkpoints: the step count and fp32 moments per parameter in
   // desc().params order (all zero before the first step and for untrainable parameters).
   // With a sharded optimizer adam_state() gathers the blocks (collective over the group) and
-  // load_adam_state() keeps this rank's block of the full moments it is given.
+  // load_adam_state() keeps this rank's block of the full moments it is given. With sharded
+  // masters (shard_masters) save_parameters() and master_views() gather too (collective; the
+  // views then point into the gradient buffer, which the next step clears first), and
+  // load_parameters() keeps this rank's block of the whole weights it is given.
   struct AdamState {
     int64_t step = 0;
     std::vector<std::vector<float>> exp_avg, exp_avg_sq;

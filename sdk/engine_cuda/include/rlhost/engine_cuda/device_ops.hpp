@@ -60,6 +60,19 @@ class DeviceOps {
   void grouped_gemm(bool ta, bool tb, int64_t G, int64_t T, const int32_t* offsets, int64_t M, int64_t N,
                     int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, int64_t stride_b,
                     double beta, void* C, int64_t ldc, int64_t stride_c, bool c_f32);
+  // FP8 (docs/ops.md: gemm's FP8 variant and quantize_fp8, which only a vendor's provider
+  // answers, e.g. examples/vendor_fp8). Grouping of the scales over the quantised matrix
+  // [rows, inner]: 0 one per tensor (current amax), 1 per 1x128 tile of a row, 2 per 128x128 block.
+  enum class Fp8 { e4m3, e5m2 };
+  // q [rows, inner] (contiguous) = saturate(x / scale), x bf16 [R, C] (rows ldx apart), or x^T
+  // with transpose (rows = C); its nscale f32 scales into `scale`.
+  void quantize_fp8(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, int grouping, void* q,
+                    float* scale, int64_t nscale);
+  // C[M, N] (ldc; bf16, or f32 with c_f32) = (sa A)[M, K] (sb B)[N, K]^T + beta C, A and B FP8
+  // K-major and contiguous; scaling 0 (tensor x tensor), 1 (1x128 tiles x 128x128 blocks) or 2
+  // (tiles x tiles).
+  void gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na, const void* B,
+                Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C, int64_t ldc, bool c_f32);
   void embedding_fwd(void* out, const int32_t* ids, const void* table, int64_t N, int64_t C, int64_t V);
   void embedding_bwd(float* dtable, const int32_t* ids, const void* dout, int64_t N, int64_t C, int64_t V);
   // bf16 x, w, y; f32 rstd [N] (may be null)

@@ -1,19 +1,18 @@
-// megatron's device path: models on one Hopper GPU through the CUDA engine (bf16 compute, fp32
-// master weights, gradients and AdamW moments), behind backend_common's DeviceEngine seam. Its
-// kernels are the registry's for the device (kernels_cuda, kernels_cudnn, a vendor's), which the
-// backend builds and passes in. Built where the CUDA toolchain is (CUDA 12+, sm_90a); the CUDA
+// The training backends' device path (megatron's and dtensor's): models on one Hopper GPU per
+// rank through the CUDA engine (bf16 compute, fp32 master weights, gradients and AdamW moments;
+// under FSDP this rank's block of the masters and moments), behind backend_common's
+// DeviceEngine seam. Its kernels are the registry's for the device (kernels_cuda,
+// kernels_cudnn, a vendor's), which the backend builds and passes in. Built where the CUDA toolchain is (CUDA 12+, sm_90a); the CUDA
 // runtime is static, so the plugin still loads on a machine without a GPU and policy.device =
 // auto falls back to the CPU engine there.
-#include "megatron_cuda.hpp"
+#include "rlhost/backend_cuda/cuda_device_engine.hpp"
 
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 
-namespace rlh::megatron {
+namespace rlh::backend {
 
 namespace {
 
-using backend::DeviceEngine;
-using backend::DeviceEngineOptions;
 
 // "cuda" -> 0, "cuda:N" -> N (backend_config validated the form).
 int device_index(const std::string& device) { return device.size() > 5 ? std::stoi(device.substr(5)) : 0; }
@@ -69,6 +68,7 @@ class CudaDeviceEngine final : public DeviceEngine {
     engine_.load_adam_state(engine::CudaEngine::AdamState{s.step, s.exp_avg, s.exp_avg_sq});
   }
   int64_t dp_bytes() const override { return engine_.stats().dp_bytes; }
+  int64_t state_bytes() const override { return engine_.stats().state_bytes; }
   double dp_seconds() const override { return engine_.stats().dp_seconds; }
 
  private:
@@ -81,9 +81,12 @@ class CudaDeviceEngine final : public DeviceEngine {
                                           : engine::Recompute::full;
     c.optimizer = o.optimizer;
     c.moe = o.moe;
+    c.fp8 = o.fp8;
     c.kernels = o.kernels;
     c.dp = o.dp;
     c.shard_optimizer = o.shard_optimizer;
+    c.shard_masters = o.shard_masters;
+    c.dp_replicate = o.dp_replicate;
     return c;
   }
   int index_;
@@ -99,10 +102,10 @@ std::unique_ptr<DeviceEngine> create(const sdk::TransformerDesc& desc, const Dev
   return std::make_unique<CudaDeviceEngine>(desc, o);
 }
 
-const backend::DeviceEngineFactory kFactory = {&available, &create};
+const DeviceEngineFactory kFactory = {&available, &create};
 
 }  // namespace
 
-const backend::DeviceEngineFactory* cuda_device_engines() { return &kFactory; }
+const DeviceEngineFactory* cuda_device_engines() { return &kFactory; }
 
-}  // namespace rlh::megatron
+}  // namespace rlh::backend

@@ -1,0 +1,95 @@
+// FP8 linears of the CUDA engine (engine.hpp's Fp8Options, NeMo-RL's megatron_cfg.fp8_cfg).
+//
+// A dense layer's linear step y = x W^T runs as FP8 products through the registry: the engine
+// names no FP8 kernel, a vendor's provider answers quantize_fp8 and gemm on e4m3/e5m2 operands
+// (examples/vendor_fp8). cuBLASLt's FP8 products read both operands K-major, so each product
+// quantises its own copies:
+//   forward  y[N, rows]  = X[N, K] . W[rows, K]^T        X e4m3, W e4m3
+//   dX       dx[N, K]    = dY[N, rows] . (W^T)[K, rows]^T  dY e4m3 (e5m2: hybrid), W^T e4m3
+//   dW       dW[rows, K] += (dY^T)[rows, N] . (X^T)[K, N]^T  both along tokens, fp32 C
+// Scales are tensorwise from the current amax, or blockwise (1x128 tiles of X and dY, 128x128
+// blocks of W; dW takes tiles x tiles), all on the device: no host wait.
+//
+// The weights' FP8 copies (W and W^T) are made once per engine call (train_step, forward) and
+// reused by its micro-batches and recomputes: `new_call()` marks them stale, since the
+// optimizer or a load may have changed the bf16 weights in between.
+//
+// A product whose shape FP8 cannot take (K, rows or tokens not multiples of 16, of 128 for
+// blockwise) runs in bf16 instead; stats() counts both, so a run can show how much ran in FP8.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "rlhost/engine/engine.hpp"
+#include "rlhost/engine_cuda/device_memory.hpp"
+#include "rlhost/engine_cuda/device_ops.hpp"
+
+namespace rlh::engine::cuda {
+
+using bf16 = uint16_t;  // storage of __nv_bfloat16 (as moe_kernels.hpp)
+
+class Fp8Linears {
+ public:
+  // Resolves every product the recipe runs on a small case, so a registry without an FP8
+  // provider (or one that refuses this recipe) fails here, naming it, and not mid-step.
+  Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, int64_t layers);
+
+  // The weights may have changed: their FP8 copies are remade at first use.
+  void new_call() { ++epoch_; }
+  // Layer l runs its dense linears in FP8 (not among the first / last kept in bf16).
+  bool layer_in_fp8(int64_t l) const {
+    return l >= opt_.bf16_first_layers && l < layers_ - opt_.bf16_last_layers;
+  }
+
+  // Forward of a linear step over weight groups sharing the input x [N, K]: `input` quantises x
+  // once (false: the step's shape does not fit, run it in bf16), then `forward` per group of
+  // `rows` output features writes y [N, rows] (ldy) in bf16.
+  bool input(const bf16* x, int64_t ldx, int64_t N, int64_t K);
+  bool fits_group(int64_t rows, int64_t ldy) const;
+  void forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy);
+
+  // Backward of one group: dx (lddx; bf16, added with beta 1) from dy [N, rows] (lddy), and
+  // dW [rows, K] (fp32, accumulated). `input_t` quantises X^T for the step's dW products once;
+  // each returns false where the shape does not fit (that product then runs in bf16).
+  bool backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, const bf16* W, double beta,
+                   bf16* dx, int64_t lddx);
+  bool input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K);
+  bool backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW);
+
+  struct Stats {
+    int64_t fp8_gemms = 0, bf16_gemms = 0;  // the products of FP8 layers, by how they ran
+  };
+  const Stats& stats() const { return stats_; }
+  void count_bf16() { ++stats_.bf16_gemms; }
+
+ private:
+  // A quantised matrix: FP8 values [rows, inner] and their scales.
+  struct Quantised {
+    DeviceBuffer q, scale;
+    int64_t rows = 0, inner = 0, nscale = 0, epoch = -1;
+  };
+  int64_t scale_count(int grouping, int64_t rows, int64_t inner) const;
+  // Quantises x [R, C] (or x^T) into `out`, growing its buffers when needed.
+  void quantise(Quantised& out, const bf16* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
+                DeviceOps::Fp8 f, int grouping);
+  // W's copy (transposed: W^T [K, rows]) for this call.
+  const Quantised& weight(const bf16* W, int64_t rows, int64_t K, bool transposed);
+  bool aligned(int64_t n) const { return n % (opt_.blockwise ? 128 : 16) == 0; }
+  int act_grouping() const { return opt_.blockwise ? 1 : 0; }
+  int weight_grouping() const { return opt_.blockwise ? 2 : 0; }
+  DeviceOps::Fp8 grad_format() const { return opt_.hybrid ? DeviceOps::Fp8::e5m2 : DeviceOps::Fp8::e4m3; }
+
+  DeviceOps& ops_;
+  Counters& counters_;
+  Fp8Options opt_;
+  int64_t layers_;
+  int64_t epoch_ = 0;
+  Quantised x_, xt_, dy_, dyt_;
+  int64_t xN_ = 0, xK_ = 0;  // the shape `input` quantised (x_), and `input_t` (xt_)
+  int64_t xtN_ = 0, xtK_ = 0;
+  std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
+  Stats stats_;
+};
+
+}  // namespace rlh::engine::cuda
