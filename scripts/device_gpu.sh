@@ -23,6 +23,8 @@
 #     mpi: several ranks on this GPU over comm_mpi (OpenMPI carried): DP on the CUDA engine, GRPO at DP=2
 #     dp: only test_backend_cuda_dp at 2 and 4 ranks (DDP, distributed optimizer, FSDP, HSDP)
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
+#     backlog: what earlier sessions built but could not run, most needed first, for one short
+#              call: the offload, decode, generator and backend GPU tests, fp8engine, dp at 2 ranks
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -47,9 +49,14 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir
 export NCCL_NVLS_ENABLE=0
 rc=0
-if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
+if [ "$what" = backlog ]; then
+  TESTS=${TESTS:-"test_cuda_engine_offload test_cuda_decode test_generator_cuda test_backend_cuda"}
+  DP_RANKS=${DP_RANKS:-2}
+fi
+if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ] || [ "$what" = backlog ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
-        test_cudnn_graph test_cudnn_attention test_cuda_engine test_cuda_engine_fp8 test_backend_cuda test_backend_cuda_loss
+        test_cudnn_graph test_cudnn_attention test_cuda_engine test_cuda_engine_fp8 test_cuda_engine_offload test_backend_cuda
+        test_backend_cuda_loss
         test_generator_cuda test_comm_nccl"
   [ "$what" = gentests ] && list=test_generator_cuda
   [ -n "${TESTS:-}" ] && list=$TESTS  # e.g. TESTS="test_comm_nccl test_generator_cuda": only these
@@ -108,7 +115,7 @@ if [ -f "$bin/vendor/libvendor_fp8.so" ]; then
   mkdir -p "$fp8_plugins"
   for f in "$bin"/plugins/lib*.so "$bin/vendor/libvendor_fp8.so"; do ln -sfn "$f" "$fp8_plugins/"; done
 fi
-if [ "$what" = fp8engine ] || [ "$what" = fp8 ] || [ "$what" = all ]; then
+if [ "$what" = fp8engine ] || [ "$what" = fp8 ] || [ "$what" = all ] || [ "$what" = backlog ]; then
   echo "== test_cuda_engine_fp8 (vendor_fp8 on the plugin path) =="
   RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_cuda_engine_fp8" --gtest_brief=1 2>&1 |
     tee "$out/test_cuda_engine_fp8.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|loss|Expected|Which is|actual|rror" | head -60
@@ -307,7 +314,7 @@ PY
   grep -o '"validation/accuracy":[0-9.e-]*' "$d/reveal/logs/metrics.jsonl" | tr '\n' ' '; echo
   cp "$d/reveal/logs/metrics.jsonl" "$out/algos_multiturn_metrics.jsonl" 2>/dev/null
 fi
-if [ "$what" = dp ]; then
+if [ "$what" = dp ] || [ "$what" = backlog ]; then
   # Only the data-parallel device tests (DDP, the distributed optimizer, FSDP and, at 4 ranks,
   # HSDP) over comm_mpi on this GPU: the quick part of the mpi stage.
   source "$bin/openmpi/env.sh"

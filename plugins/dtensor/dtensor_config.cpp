@@ -95,12 +95,13 @@ backend::BackendConfig read_config(const json& policy) {
   if (cfg.parallel.dp_replicate < 1)
     r.fail("dtensor_cfg.dp_replicate_size", "must be at least 1, got " + std::to_string(cfg.parallel.dp_replicate));
   // FSDP's CPUOffloadPolicy keeps the sharded states in host memory: where the CPU engine keeps
-  // them anyway. The device path (policy.device = cuda) keeps them in device memory and refuses
-  // it by name when a model loads.
+  // them anyway. On the device path (policy.device = cuda) the fp32 masters and AdamW moments
+  // move to page-locked host memory and the update streams them through the device.
   cfg.parallel.cpu_offload = r.boolean("dtensor_cfg.cpu_offload", false);
   if (cfg.parallel.cpu_offload)
     cfg.notes.push_back("policy.dtensor_cfg.cpu_offload: on the CPU engine the sharded parameters, gradients and "
-                        "optimizer states are in host memory already");
+                        "optimizer states are in host memory already; on a GPU the fp32 masters and AdamW moments "
+                        "live in host memory and the update streams them through the device");
   for (const char* k : kNoEffect) r.mark_subtree(k);
 
   // policy.optimizer: absent = NeMo-RL's default AdamW; null = none (NeMo-RL's megatron configs).

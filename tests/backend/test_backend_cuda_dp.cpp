@@ -359,6 +359,39 @@ TEST(DeviceFsdpExact, IsTheDistributedOptimizerBitwise) {
   }
 }
 
+// dtensor's cpu_offload on the device: this rank's block of the masters and moments in host
+// memory, streamed through the device by the update, gives FSDP's steps bit for bit, and the
+// device views of the masters (a colocated refit's source) are staged from the host copy.
+TEST(DeviceFsdpOffload, IsFsdpBitwiseWithTheStateOnTheHost) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  auto g = global_batch();
+  auto mine = shard_of(*g, R, N);
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  for (const char* model : {"llama-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"}) {
+    SCOPED_TRACE(model);
+    const RunResult ref = train_steps(fsdp_config(), model, *mine, g_tok, g_seq, 3, "dtensor");
+    json cfg = fsdp_config();
+    cfg["dtensor_cfg"]["cpu_offload"] = true;
+    Backend be(host(), "dtensor", cfg);
+    rlh_model* m = be.load(model_path(model), true);
+    std::vector<double> loss;
+    json metrics;
+    for (int s = 0; s < 3; ++s) {
+      const auto step = be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
+      loss.push_back(step.r.loss);
+      metrics = step.metrics;
+      if (s == 1) {
+        EXPECT_TRUE(visit_on_device(be, m) == be.weights(m)) << "the staged device views";
+      }
+    }
+    EXPECT_EQ(loss, ref.loss);
+    EXPECT_TRUE(be.weights(m) == ref.after) << "offloaded FSDP's weights are not FSDP's";
+    EXPECT_GT(metrics["memory/host_state_bytes"].get<double>(), 0);
+    EXPECT_EQ(ref.metrics["memory/host_state_bytes"].get<double>(), 0);
+  }
+}
+
 TEST(DeviceFsdpEdges, EmptyShardTakesPart) {
   REQUIRE_GPU();
   const int R = world().rank(), N = world().size();

@@ -744,11 +744,11 @@ TEST(BackendDevice, ChoiceAndRefusals) {
     expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "has no device path");
 #endif
   }
-  {  // FSDP's CPU offload: the device path keeps its state in device memory, refused by name
-    Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda"},
+  {  // FSDP's CPU offload on a device that is not there: the device's error, not the key's
+    Backend be(host(), "dtensor", {{"precision", "bfloat16"}, {"device", "cuda:99"},
                                    {"dtensor_cfg", {{"cpu_offload", true}}}});
 #if RLH_HAVE_CUDA_ENGINE
-    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "policy.dtensor_cfg.cpu_offload = true");
+    expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNAVAILABLE, "dtensor: policy.device = cuda:99");
 #else
     expect_error(be.try_load(llama_tiny(), true, &m), RLH_E_UNIMPLEMENTED, "has no device path");
 #endif

@@ -264,6 +264,17 @@ TEST(GeneratorPlugin, DummyLoadThenRefitByViews) {
     EXPECT_EQ(st->code, RLH_E_INVALID_ARGUMENT) << bad << ": " << sdk::status_message(st);
     rlh_status_destroy(st);
   }
+  // The GPU's settings on the CPU are errors naming the key, not silently ignored.
+  for (const char* key : {"gpu_memory_utilization", "cuda_graphs", "kv_cache_sleep"}) {
+    const std::string bad = std::string(R"({"device": "cpu", ")") + key + (key[0] == 'g' ? "\": 0.5}" : "\": true}");
+    rlh_generator* b = nullptr;
+    rlh_status* st = api->create(host.services(), dir.c_str(), bad.data(), bad.size(), &b);
+    ASSERT_NE(st, nullptr) << bad;
+    EXPECT_EQ(st->code, RLH_E_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(sdk::status_message(st).find(std::string("'") + key + "' applies to a CUDA device"), std::string::npos)
+        << sdk::status_message(st);
+    rlh_status_destroy(st);
+  }
 }
 
 // The MoE router's precision through the ABI: native_cfg.moe_router_dtype, else the megatron

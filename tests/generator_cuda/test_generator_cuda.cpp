@@ -58,8 +58,9 @@ namespace {
 constexpr int64_t kKvBytes = int64_t(256) << 20;
 
 // Generator options for cuda:0 (the executor planned for o's limits).
-Options gpu(Options o, bool invariant = false, bool graphs = true, int64_t kv_bytes = kKvBytes) {
+Options gpu(Options o, bool invariant = false, bool graphs = true, int64_t kv_bytes = kKvBytes, bool sleep = false) {
   CudaExecutorOptions c;
+  c.kv_cache_sleep = sleep;
   c.kernels = rlh::test::cuda_registry();
   c.kv_cache_bytes = kv_bytes;
   c.max_num_seqs = o.max_num_seqs;
@@ -648,6 +649,59 @@ TEST_P(GpuInvariance, SamplesDoNotDependOnBatchOrderSplitSchedulingOrGraphs) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuInvariance, ::testing::Values("dense", "moe", "mla", "gemma", "gemma2"),
                          [](const auto& info) { return info.param; });
+
+// Sleep mode for the KV cache (kv_cache_sleep): after a call the pool's memory is the device's
+// again, the next call takes it back at the same addresses, so the captured graphs are replayed,
+// not captured again, and the samples are those of a generator that never slept.
+TEST(GpuGenerator, KvCacheSleepGivesTheMemoryBackAndKeepsTheSamples) {
+  NEED_GPU();
+  const Model m = model_of("dense");
+  const auto prompts = random_prompts(4, m.desc.vocab_size, 5, {7, 19, 3, 30});
+  Request r;
+  r.sampling = SamplingParams{1.0, 0, 0.95, 0.0};
+  r.samples_per_prompt = 2;
+  r.max_new_tokens = 24;
+  r.seed = 77;
+  constexpr int64_t kBig = int64_t(2) << 30;  // far above everything else the generator holds
+  auto free_now = [] {
+    size_t f = 0, t = 0;
+    cudaDeviceSynchronize();
+    EXPECT_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
+    return int64_t(f);
+  };
+  Outs ref;
+  int64_t held_awake = 0;
+  {
+    const int64_t before = free_now();
+    Generator awake(m.desc, gpu(Options{}, true, true, kBig, false));
+    awake.weights().load(m.weights, 0);
+    run(awake, prompts, r, 10, ref);
+    held_awake = before - free_now();
+    EXPECT_EQ(cuda_executor_stats(awake.executor()).kv_sleeps, 0);
+  }
+  const int64_t before = free_now();
+  Generator sleeper(m.desc, gpu(Options{}, true, true, kBig, true));
+  sleeper.weights().load(m.weights, 0);
+  Outs first;
+  run(sleeper, prompts, r, 10, first);
+  const int64_t held_asleep = before - free_now();
+  const CudaExecutorStats s1 = cuda_executor_stats(sleeper.executor());
+  std::printf("kv_cache_sleep: %lld MiB held between calls awake, %lld MiB asleep\n", (long long)(held_awake >> 20),
+              (long long)(held_asleep >> 20));
+  EXPECT_GE(held_awake, kBig);
+  EXPECT_LE(held_asleep, held_awake - kBig + (int64_t(64) << 20));  // the rest alike, within 64 MiB
+  EXPECT_EQ(s1.kv_sleeps, 1);
+  EXPECT_GT(s1.graphs_captured, 0) << s1.graph_error;
+  expect_same(ref, first, "kv_cache_sleep, first call");
+  Outs second;
+  run(sleeper, prompts, r, 10, second);
+  const CudaExecutorStats s2 = cuda_executor_stats(sleeper.executor());
+  EXPECT_EQ(s2.kv_sleeps, 2);
+  EXPECT_GT(s2.kv_wake_seconds, 0);
+  EXPECT_EQ(s2.graphs_captured, s1.graphs_captured) << "the graphs were captured again after waking";
+  EXPECT_GT(s2.graph_steps, s1.graph_steps);
+  expect_same(ref, second, "kv_cache_sleep, after waking");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Refit: a new set of weights in force is uploaded before the next step.

@@ -7,7 +7,8 @@
 // (bf16), MLA and MoE scratch, the head's f32 logits, the step's inputs (ids, positions, cache
 // slots, block tables, sampling rows, uniforms) and one op workspace. The block tables' width
 // follows the longest sequence of a generate() call (begin_generate). The KV pool is allocated
-// at the first generate() and kept (its addresses are in the captured graphs).
+// at the first generate() and kept (its addresses are in the captured graphs); with
+// kv_cache_sleep its memory is given back between calls and its addresses kept (kv_pool_cuda.hpp).
 //
 // Why the pieces are as they are:
 // - Weights are a bf16 copy of the host's Weights in the same arena layout, so the program's
@@ -27,6 +28,8 @@
 //   registry's `sample` op with the CPU generator's uniforms (rng.hpp), so the same seeded
 //   counter draws pick the tokens.
 #include "rlhost/generator/cuda_executor.hpp"
+
+#include "kv_pool_cuda.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -404,7 +407,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
                                                 " bytes (the memory in use counts every process on the device: where "
                                                 "ranks share a GPU, give each a kv_cache_bytes)");
     const int64_t blocks = std::min<int64_t>(bytes / layout.block_bytes(), INT32_MAX);
-    pool_.alloc(size_t(blocks * layout.block_bytes()), "the KV cache (" + rule + ")");
+    pool_.alloc(opt_.device, size_t(blocks * layout.block_bytes()), opt_.kv_cache_sleep, "the KV cache (" + rule + ")");
     // Padding rows of a captured step read block 0: zeros, not stale garbage that could be NaN.
     ck(cudaMemsetAsync(pool_.get(), 0, pool_.size(), stream_), "clearing the KV cache");
     ck(cudaStreamSynchronize(stream_), "clearing the KV cache");
@@ -426,8 +429,28 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
 
   void begin_generate(int64_t max_len, int64_t block_size) override {
     ck(cudaSetDevice(opt_.device), "set device");
+    if (pool_.asleep()) {  // kv_cache_sleep: memory again at the same addresses, cleared
+      const auto t0 = std::chrono::steady_clock::now();
+      pool_.wake("the KV cache (waking it)");
+      ck(cudaMemsetAsync(pool_.get(), 0, pool_.size(), stream_), "clearing the KV cache");
+      ck(cudaStreamSynchronize(stream_), "clearing the KV cache");
+      stats_.kv_wake_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     const int64_t need = pow2_at_least((max_len + block_size - 1) / block_size);
     if (need > table_cap_) plan_inputs(need);
+  }
+
+  // kv_cache_sleep: the pool's memory back to the device until the next call. Runs from a
+  // destructor (the generate() call's end, also on an error): it never throws, and a pool whose
+  // stream cannot be drained stays mapped.
+  void end_generate() override {
+    if (!pool_.sleepable() || pool_.asleep()) return;
+    if (cudaSetDevice(opt_.device) != cudaSuccess || cudaStreamSynchronize(stream_) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    pool_.sleep();
+    ++stats_.kv_sleeps;
   }
 
   void step(const StepRows& rows, KvCache& kv, const StepDraws& d) override {
@@ -815,7 +838,8 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   std::unique_ptr<DeviceOps> ops_;
   std::unique_ptr<CudaBackend> b_;
   int64_t rmax_ = 0, smax_ = 0, gmax_ = 0, table_cap_ = 0;
-  DevBuf scratch_, workspace_, rope_, in_, pool_, warena_, wf32_;
+  DevBuf scratch_, workspace_, rope_, in_, warena_, wf32_;
+  KvPoolCuda pool_;  // the KV cache (kv_pool_cuda.hpp: it can sleep between calls)
   PinnedBuf stage_, out_, wstage_;
   size_t out_logprobs_ = 0;
   StepBuffers buf_;

@@ -119,7 +119,7 @@ NativeGenerator* as_gen(rlh_generator* g) { return reinterpret_cast<NativeGenera
 const char* const kKeys[] = {"max_num_seqs",     "max_num_batched_tokens", "block_size",     "kv_cache_bytes",
                              "max_model_len",    "num_threads",            "load_format",    "model_component",
                              "tokenizer",        "tokenizer_component",    "moe_router_dtype", "device",
-                             "gpu_memory_utilization", "cuda_graphs",      "batch_invariant"};
+                             "gpu_memory_utilization", "cuda_graphs",      "batch_invariant", "kv_cache_sleep"};
 
 int64_t get_int(const json& c, const char* key, int64_t def) {
   if (!c.contains(key)) return def;
@@ -316,7 +316,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
     const int device = pick_device(g->host, cfg, &device_source);
     const bool batch_invariant = get_bool(cfg, "batch_invariant", device < 0);
     if (device < 0) {
-      for (const char* k : {"gpu_memory_utilization", "cuda_graphs"})
+      for (const char* k : {"gpu_memory_utilization", "cuda_graphs", "kv_cache_sleep"})
         if (cfg.contains(k))
           throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + k + "' applies to a CUDA device, but the generator runs on the CPU (" + device_source + ")");
       if (!batch_invariant)
@@ -362,6 +362,9 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
       co.cuda_graphs = get_bool(cfg, "cuda_graphs", !(vllm.is_object() && vllm.contains("enforce_eager") &&
                                                       vllm["enforce_eager"] == json(true)));
       co.batch_invariant = batch_invariant;
+      // Sleep mode for the KV cache (vLLM's, which NeMo-RL uses when colocated): its memory is
+      // the trainer's between rollouts. Off by default: taking it back costs a map and a clear.
+      co.kv_cache_sleep = get_bool(cfg, "kv_cache_sleep", false);
       // On a GPU the host's defaults (64 sequences, 512-token steps) leave it mostly idle: a
       // GRPO rollout of 64 x 8 ran in 8 waves, 2.3x the time of one. Where the section does not
       // say, 512 sequences and 8192-token steps (vLLM's V1 takes 1024 / 16384 on GPUs this size;

@@ -658,6 +658,7 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     // This rank's training state (parameters, gradients, moments, or its shards
                     // of them) and the data-parallel size.
                     {"memory/state_bytes", m.device ? m.device->state_bytes() : m.state_alloc.live_bytes()},
+                    {"memory/host_state_bytes", m.device ? m.device->host_state_bytes() : 0},
                     {"dp_size", m.dp != nullptr ? m.dp->size() : 1},
                     {"dp/comm_bytes", comm_bytes},
                     {"dp/comm_seconds", comm_seconds},

@@ -228,9 +228,6 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (b.dp && b.dp->pp_size() > 1)
     return decline(RLH_E_UNIMPLEMENTED, "pipeline parallelism (pipeline_model_parallel_size = " +
                                             std::to_string(b.dp->pp_size()) + ") runs on the CPU engine only");
-  if (m.config.parallel.cpu_offload)
-    return decline(RLH_E_UNIMPLEMENTED, "policy.dtensor_cfg.cpu_offload = true: the device path keeps the sharded "
-                                        "state in device memory (offloading it to the host runs on the CPU engine only)");
   const std::string target = automatic ? "cuda" : d;
   std::string why;
   if (!f->available(target, &why)) return decline(RLH_E_UNAVAILABLE, why);
@@ -252,6 +249,8 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   o.recompute_selective = m.config.recompute_selective;
   o.moe = m.config.moe;
   o.fp8 = m.config.fp8;
+  // dtensor_cfg.cpu_offload: the masters and moments in host memory (a frozen model has none).
+  o.offload_state = m.config.parallel.cpu_offload && m.trainable;
   if (m.config.optimizer) {
     const OptimizerConfig& oc = *m.config.optimizer;
     o.optimizer.beta1 = oc.beta1;

@@ -69,6 +69,7 @@ class CudaDeviceEngine final : public DeviceEngine {
   }
   int64_t dp_bytes() const override { return engine_.stats().dp_bytes; }
   int64_t state_bytes() const override { return engine_.stats().state_bytes; }
+  int64_t host_state_bytes() const override { return engine_.stats().host_state_bytes; }
   double dp_seconds() const override { return engine_.stats().dp_seconds; }
 
  private:
@@ -87,6 +88,7 @@ class CudaDeviceEngine final : public DeviceEngine {
     c.shard_optimizer = o.shard_optimizer;
     c.shard_masters = o.shard_masters;
     c.dp_replicate = o.dp_replicate;
+    c.offload_state = o.offload_state;
     return c;
   }
   int index_;

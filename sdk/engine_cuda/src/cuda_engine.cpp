@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "cuda_engine_impl.hpp"
@@ -204,16 +205,24 @@ void CudaEngine::Impl::carve_params() {
     padded = block * dp_size;
   }
   const size_t f32 = size_t(padded) * sizeof(float);
+  if (offload() && opt.dp != nullptr && !fsdp())
+    throw std::invalid_argument(std::string("cuda engine: offloading the optimizer state runs on one rank or under FSDP, not "
+                                            "with ") + (sharded() ? "the distributed optimizer" : "DDP"));
   // FSDP: the masters are this rank's block (same 256-byte alignment as at shard_lo of the
   // whole buffer, so the AdamW kernels see the same pointer alignments as the distributed
   // optimizer's and compute the same bits).
-  master = cuda::DeviceBuffer(counters, fsdp() ? size_t(block) * sizeof(float) : f32);
-  if (fsdp()) plan_kept();
+  const size_t master_b = fsdp() ? size_t(block) * sizeof(float) : f32;
+  const size_t moments = sharded() ? size_t(block) * sizeof(float) : f32;
+  master = cuda::DeviceBuffer(counters, offload() ? 0 : master_b);
+  if (masters_apart()) plan_kept();
   if (opt.trainable) {
     grads = cuda::DeviceBuffer(counters, f32);
-    const size_t moments = sharded() ? size_t(block) * sizeof(float) : f32;
-    adam_m = cuda::DeviceBuffer(counters, moments);
-    adam_v = cuda::DeviceBuffer(counters, moments);
+    if (offload()) {
+      carve_offload(master_b, moments);
+    } else {
+      adam_m = cuda::DeviceBuffer(counters, moments);
+      adam_v = cuda::DeviceBuffer(counters, moments);
+    }
     if (sharded()) {
       gshard = cuda::DeviceBuffer(counters, moments);
       check(cudaMemsetAsync(gshard.get(), 0, gshard.size(), stream), "memset");
@@ -250,20 +259,20 @@ void CudaEngine::Impl::upload(size_t i, float* base, const float* src) {
   const cuda::ParamPlace& pl = place[i];
   const size_t row = size_t(pl.piece) * sizeof(float);
   if (pl.pieces == 1)
-    check(cudaMemcpyAsync(base + pl.off, src, row, cudaMemcpyHostToDevice, stream), "upload");
+    check(cudaMemcpyAsync(base + pl.off, src, row, cudaMemcpyDefault, stream), "upload");
   else
     check(cudaMemcpy2DAsync(base + pl.off, size_t(pl.stride) * sizeof(float), src, row, row,
-                            size_t(pl.pieces), cudaMemcpyHostToDevice, stream), "upload");
+                            size_t(pl.pieces), cudaMemcpyDefault, stream), "upload");
 }
 
 void CudaEngine::Impl::download_one(size_t i, const float* base, float* dst) {
   const cuda::ParamPlace& pl = place[i];
   const size_t row = size_t(pl.piece) * sizeof(float);
   if (pl.pieces == 1)
-    check(cudaMemcpy(dst, base + pl.off, row, cudaMemcpyDeviceToHost), "download");
+    check(cudaMemcpy(dst, base + pl.off, row, cudaMemcpyDefault), "download");
   else
     check(cudaMemcpy2D(dst, row, base + pl.off, size_t(pl.stride) * sizeof(float), row,
-                       size_t(pl.pieces), cudaMemcpyDeviceToHost), "download");
+                       size_t(pl.pieces), cudaMemcpyDefault), "download");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -826,38 +835,54 @@ double CudaEngine::Impl::grad_norm() {
   return std::sqrt(double(h_scalar[0]));
 }
 
-void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
-  ++steps;
+void CudaEngine::Impl::adamw_pieces(const std::vector<Piece>& pieces, float* P0, float* M0, float* V0,
+                                    int64_t origin, int64_t lo, int64_t hi, const StepOptions& so, double clip) {
   const OptimizerOptions& o = opt.optimizer;
   const bool shard = sharded();
   // Two lists: with and without weight decay (Megatron leaves 1-D tensors out).
-  const std::vector<Piece> pieces = optimizer_pieces();
   for (int decay = 0; decay < 2; ++decay) {
     cuda::DeviceList P, G, M, Vv, P16;
     for (const Piece& p : pieces) {
       const sdk::ParamDesc& pd = desc.params[p.param];
       const bool d = o.decay_1d_params || pd.shape.size() >= 2;
       if (d != bool(decay)) continue;
-      for (cuda::DeviceList* l : {&P, &G, &M, &Vv, &P16}) l->n.push_back(p.n);
-      P.p.push_back(master.get<float>() + (fsdp() ? p.local : p.flat));
-      G.p.push_back((shard ? gshard.get<float>() : grads.get<float>()) + p.local);
-      M.p.push_back(adam_m.get<float>() + p.local);
-      Vv.p.push_back(adam_v.get<float>() + p.local);
-      P16.p.push_back(master_bf16() + p.flat);
+      const int64_t a = std::max(p.local, lo), b = std::min(p.local + p.n, hi);
+      if (a >= b) continue;
+      const int64_t skip = a - p.local;  // elements of the piece before [lo, hi)
+      for (cuda::DeviceList* l : {&P, &G, &M, &Vv, &P16}) l->n.push_back(b - a);
+      // The masters: this rank's block (FSDP) or its offloaded copy are indexed locally, the
+      // distributed optimizer's whole buffer by the flat offset.
+      P.p.push_back(P0 + ((masters_apart() ? p.local : p.flat) + skip - origin));
+      G.p.push_back((shard ? gshard.get<float>() : grads.get<float>()) + p.local + skip);
+      M.p.push_back(M0 + (a - origin));
+      Vv.p.push_back(V0 + (a - origin));
+      P16.p.push_back(master_bf16() + p.flat + skip);
     }
     if (P.n.empty()) continue;
-    cuda::DeviceOps::AdamW a;
-    a.lr = so.lr;
-    a.beta1 = o.beta1;
-    a.beta2 = o.beta2;
-    a.eps = o.eps;
-    a.weight_decay = decay ? o.weight_decay : 0.0;
-    a.step = steps;
-    a.grad_scale = clip;
-    a.zero_grad = true;  // the pass that reads g clears it for the next step
-    ops->adamw_bf16(P, G, M, Vv, P16, a);  // the bf16 working copy refreshed in the same pass
+    cuda::DeviceOps::AdamW w;
+    w.lr = so.lr;
+    w.beta1 = o.beta1;
+    w.beta2 = o.beta2;
+    w.eps = o.eps;
+    w.weight_decay = decay ? o.weight_decay : 0.0;
+    w.step = steps;
+    w.grad_scale = clip;
+    w.zero_grad = true;  // the pass that reads g clears it for the next step
+    ops->adamw_bf16(P, G, M, Vv, P16, w);  // the bf16 working copy refreshed in the same pass
   }
-  if (shard) gather_weights();
+}
+
+void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
+  ++steps;
+  const std::vector<Piece> pieces = optimizer_pieces();
+  if (offload()) {
+    offloaded_update(pieces, so, clip);
+  } else {
+    adamw_pieces(pieces, master.get<float>(), adam_m.get<float>(), adam_v.get<float>(), 0, 0,
+                 std::numeric_limits<int64_t>::max(), so, clip);
+  }
+  if (sharded()) gather_weights();
+  else if (offload()) kept_from_whole(h_master.get<float>());  // the router's side copy follows
   grads_clear = true;
 }
 
@@ -880,8 +905,9 @@ int64_t CudaEngine::routing_width() const { return impl_->route_width; }
 CudaEngineStats CudaEngine::stats() const {
   const Impl& m = *impl_;
   CudaEngineStats st{m.counters.allocations, m.counters.bytes, m.counters.syncs, m.dp_bytes, m.dp_seconds};
-  for (const cuda::DeviceBuffer* b : {&m.master, &m.adam_m, &m.adam_v, &m.gshard, &m.kept32})
+  for (const cuda::DeviceBuffer* b : {&m.master, &m.adam_m, &m.adam_v, &m.gshard, &m.kept32, &m.ostage})
     st.state_bytes += int64_t(b->size());
+  for (const cuda::PinnedBuffer* b : {&m.h_master, &m.h_adam_m, &m.h_adam_v}) st.host_state_bytes += int64_t(b->size());
   st.weight_bytes = int64_t(m.w16.size());
   st.grad_bytes = int64_t(m.grads.size());
   if (m.fp8) {
@@ -906,14 +932,15 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
       throw std::invalid_argument("cuda engine: parameter " + m.desc.params[i].name + " has " +
                                   std::to_string(tensors[i].size()) + " values, expected " +
                                   std::to_string(numel(m.desc.params[i].shape)));
-  if (m.fsdp()) {
+  if (m.masters_apart()) {
     // The whole weights staged in the gradient buffer (clear between steps): this rank keeps
-    // its block of the masters and the router's side copy; the bf16 copy is cast whole.
+    // its block of the masters (FSDP; offloaded: its host copy) and the router's side copy;
+    // the bf16 copy is cast whole.
     m.sync();
     check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
     for (size_t i = 0; i < tensors.size(); ++i) m.upload(i, m.grads.get<float>(), tensors[i].data());
-    check(cudaMemcpyAsync(m.master.get(), m.grads.get<float>() + m.shard_lo, m.master.size(),
-                          cudaMemcpyDeviceToDevice, m.stream), "copy");
+    check(cudaMemcpyAsync(m.master32(), m.grads.get<float>() + (m.fsdp() ? m.shard_lo : 0), m.master_bytes(),
+                          cudaMemcpyDefault, m.stream), "copy");
     m.kept_from_whole(m.grads.get<float>());
     cuda::cast_to_bf16(m.grads.get<float>(), m.w16.get(), m.total, m.stream);
     check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
@@ -939,9 +966,9 @@ std::vector<std::vector<float>> CudaEngine::Impl::download(const float* base) {
 
 std::vector<std::vector<float>> CudaEngine::save_parameters() const {
   Impl& m = *impl_;
-  if (!m.fsdp()) return m.download(m.master.get<float>());
+  if (!m.fsdp()) return m.download(m.master32());
   // Every rank's block, gathered into the (clear) gradient buffer, then downloaded from there.
-  m.gather_masters();
+  m.stage_masters_whole();
   std::vector<std::vector<float>> out = m.download(m.grads.get<float>());
   check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
   m.sync();
@@ -950,11 +977,11 @@ std::vector<std::vector<float>> CudaEngine::save_parameters() const {
 
 std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
   Impl& m = *impl_;
-  // FSDP: the whole masters gathered into the gradient buffer, which the next step (or
-  // zero_grad) clears before it accumulates.
+  // FSDP or offload: the whole masters gathered (uploaded) into the gradient buffer, which the
+  // next step (or zero_grad) clears before it accumulates.
   const float* base = m.master.get<float>();
-  if (m.fsdp()) {
-    m.gather_masters();
+  if (m.masters_apart()) {
+    m.stage_masters_whole();
     m.grads_clear = false;
     base = m.grads.get<float>();
   }
@@ -983,14 +1010,14 @@ CudaEngine::AdamState CudaEngine::adam_state() const {
   Impl& m = *impl_;
   s.step = m.steps;
   if (!m.sharded()) {
-    s.exp_avg = m.download(m.adam_m.get<float>());
-    s.exp_avg_sq = m.download(m.adam_v.get<float>());
+    s.exp_avg = m.download(m.moment_m());
+    s.exp_avg_sq = m.download(m.moment_v());
     return s;
   }
   // Every rank's block, gathered into the (clear) gradient buffer, then downloaded from there.
-  m.gather_moment(m.adam_m);
+  m.gather_moment(m.moment_m());
   s.exp_avg = m.download(m.grads.get<float>());
-  m.gather_moment(m.adam_v);
+  m.gather_moment(m.moment_v());
   s.exp_avg_sq = m.download(m.grads.get<float>());
   check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
   m.sync();
@@ -1012,15 +1039,15 @@ void CudaEngine::load_adam_state(const AdamState& s) {
   }
   if (!m.sharded()) {
     for (size_t i = 0; i < m.desc.params.size(); ++i) {
-      m.upload(i, m.adam_m.get<float>(), s.exp_avg[i].data());
-      m.upload(i, m.adam_v.get<float>(), s.exp_avg_sq[i].data());
+      m.upload(i, m.moment_m(), s.exp_avg[i].data());
+      m.upload(i, m.moment_v(), s.exp_avg_sq[i].data());
     }
   } else {  // the full layout in the (clear) gradient buffer, this rank's block kept
-    for (auto [part, shard] : {std::pair{&s.exp_avg, &m.adam_m}, std::pair{&s.exp_avg_sq, &m.adam_v}}) {
+    for (auto [part, shard] : {std::pair{&s.exp_avg, m.moment_m()}, std::pair{&s.exp_avg_sq, m.moment_v()}}) {
       m.sync();
       check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
       for (size_t i = 0; i < m.desc.params.size(); ++i) m.upload(i, m.grads.get<float>(), (*part)[i].data());
-      m.scatter_moment(*shard);
+      m.scatter_moment(shard);
     }
     check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
   }

@@ -217,8 +217,8 @@ struct CudaEngine::Impl {
   bool sharded() const { return opt.dp != nullptr && opt.shard_optimizer; }
   // FSDP (CudaEngineOptions::shard_masters): `master` holds this rank's block alone.
   bool fsdp() const { return sharded() && opt.shard_masters && opt.trainable; }
-  // FSDP: the fp32 tensors the MoE router reads from the masters (mf), whole, in `kept32`:
-  // flat range [off, off + n) at `at` in it.
+  // FSDP or offload: the fp32 tensors the MoE router reads from the masters (mf), whole, in
+  // `kept32`: flat range [off, off + n) at `at` in it.
   struct Kept {
     int64_t off, n, at;
   };
@@ -232,6 +232,7 @@ struct CudaEngine::Impl {
   void kept_from_blocks();
   // FSDP: every rank's block of the masters into the (clear) gradient buffer, whole.
   void gather_masters();
+
   // This rank's pieces of the storage ranges (sharded: clipped to its block; `local` is the
   // offset in the block's buffers; otherwise every range, local = off).
   struct Piece {
@@ -244,9 +245,36 @@ struct CudaEngine::Impl {
   void sync_gradients();
   // After the sharded update: every rank's block of the masters and their bf16 copy.
   void gather_weights();
-  // Sharded moments <-> full flat layout, through the (clear) gradient buffer.
-  void gather_moment(const cuda::DeviceBuffer& shard);
-  void scatter_moment(cuda::DeviceBuffer& shard);
+  // Sharded moments (this rank's block, on the device or offloaded) <-> full flat layout,
+  // through the (clear) gradient buffer.
+  void gather_moment(const float* shard);
+  void scatter_moment(float* shard);
+  // CPU offload (CudaEngineOptions::offload_state; offload.cpp): the masters and moments in
+  // page-locked host memory (`master`, `adam_m`, `adam_v` then stay empty), streamed through
+  // `ostage` (3 x ostage_elems floats) by the update.
+  cuda::PinnedBuffer h_master, h_adam_m, h_adam_v;
+  cuda::DeviceBuffer ostage;
+  int64_t ostage_elems = 0;
+  bool offload() const { return opt.offload_state && opt.trainable; }
+  // The masters are not whole on the device (FSDP's block, or offloaded): what the forward
+  // reads from them comes from the side copy `kept32`.
+  bool masters_apart() const { return fsdp() || offload(); }
+  // This rank's fp32 masters and moments, wherever they live (device, or page-locked host):
+  // copies to and from them use cudaMemcpyDefault.
+  float* master32() const { return offload() ? h_master.get<float>() : master.get<float>(); }
+  float* moment_m() const { return offload() ? h_adam_m.get<float>() : adam_m.get<float>(); }
+  float* moment_v() const { return offload() ? h_adam_v.get<float>() : adam_v.get<float>(); }
+  size_t master_bytes() const { return offload() ? h_master.size() : master.size(); }
+  void carve_offload(size_t master_bytes, size_t moment_bytes);
+  // The whole masters into the (clear) gradient buffer: FSDP gathers the blocks, an offloaded
+  // rank uploads its host copy.
+  void stage_masters_whole();
+  // AdamW over the pieces' parts within [lo, hi) of this rank's local range, the masters and
+  // moments at P0 / M0 / V0 holding local element `origin` first (the device buffers: 0; a
+  // staged chunk: its start).
+  void adamw_pieces(const std::vector<Piece>& pieces, float* P0, float* M0, float* V0, int64_t origin, int64_t lo,
+                    int64_t hi, const StepOptions& so, double clip);
+  void offloaded_update(const std::vector<Piece>& pieces, const StepOptions& so, double clip);
   // Runs a collective, counting its bytes (ring traffic per rank) and time into stats().
   template <class F>
   void dp_timed(int64_t bytes, F&& call) {
@@ -342,10 +370,11 @@ struct CudaEngine::Impl {
   bf16* master_bf16() const { return w16.get<bf16>(); }
   float* mf(int64_t off) const {
     if (off < 0) return nullptr;
-    if (!fsdp()) return master.get<float>() + off;
+    if (!masters_apart()) return master.get<float>() + off;
     for (const Kept& k : kept)
       if (off >= k.off && off < k.off + k.n) return kept32.get<float>() + k.at + (off - k.off);
-    throw std::logic_error("cuda engine: fp32 master at " + std::to_string(off) + " read but not kept under FSDP");
+    throw std::logic_error("cuda engine: fp32 master at " + std::to_string(off) +
+                           " read but not kept on the device (FSDP or offload)");
   }
   float* g(int64_t off) const { return off < 0 ? nullptr : grads.get<float>() + off; }
   bf16* wp(int64_t param) const { return param < 0 ? nullptr : w(place[size_t(param)].off); }

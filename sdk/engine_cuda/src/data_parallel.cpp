@@ -69,20 +69,18 @@ void CudaEngine::Impl::gather_weights() {
            [&] { opt.dp->all_gather(master_bf16() + shard_lo, master_bf16(), block, 2, stream); });
 }
 
-void CudaEngine::Impl::gather_moment(const cuda::DeviceBuffer& shard) {
-  check(cudaMemcpyAsync(grads.get<float>() + shard_lo, shard.get(), size_t(block) * 4, cudaMemcpyDeviceToDevice, stream),
-        "copy");
+void CudaEngine::Impl::gather_moment(const float* shard) {
+  check(cudaMemcpyAsync(grads.get<float>() + shard_lo, shard, size_t(block) * 4, cudaMemcpyDefault, stream), "copy");
   dp_timed(block * dp_size * 4 * (dp_size - 1) / dp_size,
            [&] { opt.dp->all_gather(grads.get<float>() + shard_lo, grads.get<float>(), block, 4, stream); });
 }
 
-void CudaEngine::Impl::scatter_moment(cuda::DeviceBuffer& shard) {
-  check(cudaMemcpyAsync(shard.get(), grads.get<float>() + shard_lo, size_t(block) * 4, cudaMemcpyDeviceToDevice, stream),
-        "copy");
+void CudaEngine::Impl::scatter_moment(float* shard) {
+  check(cudaMemcpyAsync(shard, grads.get<float>() + shard_lo, size_t(block) * 4, cudaMemcpyDefault, stream), "copy");
 }
 
 // ---------------------------------------------------------------------------------------------
-// FSDP: the masters as this rank's block
+// FSDP: the masters as this rank's block (and the offloaded masters' side copy)
 
 void CudaEngine::Impl::plan_kept() {
   // The MoE router reads these fp32 tensors from the masters (moe_layer.cpp): the router's
@@ -107,8 +105,8 @@ void CudaEngine::Impl::plan_kept() {
 
 void CudaEngine::Impl::kept_from_whole(const float* whole) {
   for (const Kept& k : kept)
-    check(cudaMemcpyAsync(kept32.get<float>() + k.at, whole + k.off, size_t(k.n) * 4, cudaMemcpyDeviceToDevice,
-                          stream), "copy");
+    check(cudaMemcpyAsync(kept32.get<float>() + k.at, whole + k.off, size_t(k.n) * 4, cudaMemcpyDefault, stream),
+          "copy");
 }
 
 void CudaEngine::Impl::kept_from_blocks() {
@@ -119,8 +117,8 @@ void CudaEngine::Impl::kept_from_blocks() {
   for (const Kept& k : kept) {
     const int64_t a = std::max(k.off, shard_lo), b = std::min(k.off + k.n, shard_lo + block);
     if (a >= b) continue;
-    check(cudaMemcpyAsync(kept32.get<float>() + k.at + (a - k.off), master.get<float>() + (a - shard_lo),
-                          size_t(b - a) * 4, cudaMemcpyDeviceToDevice, stream), "copy");
+    check(cudaMemcpyAsync(kept32.get<float>() + k.at + (a - k.off), master32() + (a - shard_lo),
+                          size_t(b - a) * 4, cudaMemcpyDefault, stream), "copy");
   }
   const int S = dp_size;
   dp_timed(2 * kept_elems * 4 * (S - 1) / S, [&] { opt.dp->all_reduce_sum(kept32.get<float>(), kept_elems, stream); });
@@ -128,6 +126,13 @@ void CudaEngine::Impl::kept_from_blocks() {
 
 void CudaEngine::Impl::gather_masters() {
   const int S = dp_size;
+  if (offload()) {  // the host block uploaded into its place, then gathered in place
+    check(cudaMemcpyAsync(grads.get<float>() + shard_lo, h_master.get(), size_t(block) * 4, cudaMemcpyDefault, stream),
+          "upload");
+    dp_timed(block * S * 4 * (S - 1) / S,
+             [&] { opt.dp->all_gather(grads.get<float>() + shard_lo, grads.get<float>(), block, 4, stream); });
+    return;
+  }
   dp_timed(block * S * 4 * (S - 1) / S,
            [&] { opt.dp->all_gather(master.get<float>(), grads.get<float>(), block, 4, stream); });
 }

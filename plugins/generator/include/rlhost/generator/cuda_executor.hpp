@@ -9,7 +9,8 @@
 //               router's and the selection biases also in f32
 //   activations bf16, planned once for max_num_batched_tokens rows
 //   KV cache    bf16 paged blocks, keys row-major, sized by gpu_memory_utilization (or
-//               kv_cache_bytes), allocated at the first generate() and kept
+//               kv_cache_bytes), allocated at the first generate() and kept (with
+//               kv_cache_sleep: its memory given back between calls, its addresses kept)
 //   logits      fp32 [sampling rows, V]; the draw is the registry's `sample` op on the device
 // A decoding step (every row one token that samples) runs as a CUDA graph captured for its
 // padded batch bucket; other steps (prefill chunks) run op by op.
@@ -36,6 +37,10 @@ struct CudaExecutorOptions {
   // the trainer) holds when the first generate() starts (vLLM's rule).
   double gpu_memory_utilization = 0.9;
   int64_t kv_cache_bytes = 0;
+  // Sleep mode for the KV cache (native_cfg.kv_cache_sleep): after each generate() the pool's
+  // physical memory goes back to the device (a colocated trainer's steps can use it) and the
+  // next generate() maps it again at the same addresses (the captured graphs stay valid).
+  bool kv_cache_sleep = false;
   // Scratch is planned for these (the generator's Options).
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;
@@ -63,6 +68,8 @@ struct CudaExecutorStats {
   int64_t graph_steps = 0;       // steps run by launching a graph
   int64_t eager_steps = 0;       // steps run op by op
   int64_t kv_bytes = 0;          // the pool
+  int64_t kv_sleeps = 0;         // kv_cache_sleep: times the pool's memory was given back
+  double kv_wake_seconds = 0;    // and the time spent taking it again (map and clear)
   int64_t weight_bytes = 0;      // the bf16 arena
   int64_t weight_uploads = 0;    // weight sets made current on the device
   int64_t device_pieces = 0;     // refit pieces that came in device memory (no host copy)

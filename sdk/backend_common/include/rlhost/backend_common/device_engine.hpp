@@ -94,6 +94,9 @@ class DeviceEngine {
   // this rank's blocks (distributed optimizer: the moments; FSDP: both, and the gradient block).
   // train_step reports it as memory/state_bytes.
   virtual int64_t state_bytes() const { return 0; }
+  // The part of that state kept in host memory instead (DeviceEngineOptions::offload_state):
+  // memory/host_state_bytes.
+  virtual int64_t host_state_bytes() const { return 0; }
   // Data-parallel traffic so far (ring bytes sent per rank) and time in it.
   virtual int64_t dp_bytes() const { return 0; }
   virtual double dp_seconds() const { return 0; }
@@ -120,6 +123,9 @@ struct DeviceEngineOptions {
   // are summed too.
   bool shard_masters = false;
   engine::DeviceDpComm* dp_replicate = nullptr;
+  // dtensor_cfg.cpu_offload: the fp32 masters and AdamW moments in page-locked host memory,
+  // streamed through the device by the update (one rank or FSDP; engine_cuda's offload.cpp).
+  bool offload_state = false;
 };
 
 struct DeviceEngineFactory {

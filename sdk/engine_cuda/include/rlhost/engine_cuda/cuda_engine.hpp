@@ -109,6 +109,17 @@ struct CudaEngineOptions {
   // HSDP (with shard_masters; not owned; null: none): the replicas of this rank's shard. The
   // gradient blocks reduce-scattered over `dp` (the shard group) are summed over it too.
   DeviceDpComm* dp_replicate = nullptr;
+  // CPU offload of the optimizer state (dtensor's cpu_offload, FSDP2's CPUOffloadPolicy): the
+  // fp32 masters and both AdamW moments (whole on one rank, this rank's block under FSDP) live
+  // in page-locked host memory, 12 bytes a parameter (12/S under FSDP) off the device. The
+  // update streams them through a fixed device staging buffer in chunks (host to device, the
+  // same AdamW kernel, device to host), so it computes the same bits as without offload; the
+  // chunk boundaries keep the buffers' 256-byte alignment. What the forward reads from the
+  // masters (the MoE router's fp32 tensors) is kept on the device in a side copy, as under
+  // FSDP; whole masters (save_parameters, master_views) are staged through the gradient
+  // buffer. One rank or FSDP only (the distributed optimizer and DDP are refused).
+  bool offload_state = false;
+  int64_t offload_chunk_elems = int64_t(32) << 20;  // elements per streamed chunk (x 12 bytes staged)
 };
 
 struct CudaEngineStats {
@@ -126,6 +137,9 @@ struct CudaEngineStats {
   int64_t state_bytes = 0;
   int64_t weight_bytes = 0;  // the bf16 working copy
   int64_t grad_bytes = 0;    // the flat fp32 gradient buffer
+  // CudaEngineOptions::offload_state: the masters and moments in page-locked host memory (then
+  // out of state_bytes, which counts the device staging buffer instead).
+  int64_t host_state_bytes = 0;
 };
 
 class CudaEngine {
