@@ -10,9 +10,10 @@
 #          rlhost check-kernels on it, and fp8_cfg.enabled with it loaded
 #     fp8bench: its 8192^3 FP8 GEMM beside torch._scaled_mm (bench/fp8/run.sh), then the CUDA
 #               engine's training step in bf16 and with FP8 linears (1B and 3B shapes) and the
-#               loss after 200 steps of each on one stream
-#     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8) with the
-#                vendor's plugin on the plugin path (also part of fp8)
+#               loss after 200 steps of each on one stream; and decoding at batch 64 / 256 in bf16
+#               and with FP8 rollouts
+#     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8) and the
+#                generator's FP8 rollouts, with the vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
@@ -120,6 +121,11 @@ if [ "$what" = fp8engine ] || [ "$what" = fp8 ] || [ "$what" = all ] || [ "$what
   RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_cuda_engine_fp8" --gtest_brief=1 2>&1 |
     tee "$out/test_cuda_engine_fp8.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|loss|Expected|Which is|actual|rror" | head -60
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "== test_generator_cuda: FP8 rollouts (vendor_fp8 on the plugin path) =="
+  RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" --gtest_brief=1 \
+    --gtest_filter='*Fp8*' 2>&1 | tee "$out/test_generator_cuda_fp8.log" |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|fp8 rollouts|Expected|Which is|actual|rror" | head -40
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$what" = fp8bench ]; then
   bench/fp8/run.sh "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" 2>&1 | tee "$out/fp8bench.log" | tail -8
@@ -137,6 +143,14 @@ if [ "$what" = fp8bench ]; then
     RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape small --curve "${FP8_CURVE:-200}" --fp8 "$r" \
       > "$out/fp8_curve_$r.log" 2>&1 || rc=1
     grep -E "^RESULT|rror" "$out/fp8_curve_$r.log"
+  done
+  # FP8 rollouts: decoding at batch 64 and 256, bf16 then FP8, same run.
+  for f in "" --fp8; do
+    for c in b64 b256; do
+      RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
+        > "$out/fp8_gen_${c}${f}.log" 2>&1 || rc=1
+      grep -E "^RESULT|rror" "$out/fp8_gen_${c}${f}.log"
+    done
   done
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then

@@ -4,7 +4,9 @@
 // (bench_hf_generate.py) on the same GPU. Prints one "RESULT key=value ..." line per case.
 //
 //   bench_generator_cuda [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt 128] [--new 256]
-//                        [--repeats 3] [--deterministic] [--no-graphs] [--sample]
+//                        [--repeats 3] [--deterministic] [--no-graphs] [--sample] [--fp8]
+//   --fp8: FP8 rollouts (vllm_cfg.precision: fp8; blockwise, every layer's dense linears) through
+//          an FP8 provider on the plugin path (RLH_TEST_PLUGIN_DIR with examples/vendor_fp8)
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), random weights. Cases: batch 1, 64 and 256 prompts of `prompt` random tokens, each
@@ -106,7 +108,7 @@ int main(int argc, char** argv) {
   std::string shape_name = "llama1b", which = "all";
   int64_t prompt = 128, new_tokens = 256;
   int repeats = 3;
-  bool deterministic = false, graphs = true, sample = false;
+  bool deterministic = false, graphs = true, sample = false, fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -124,10 +126,11 @@ int main(int argc, char** argv) {
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--no-graphs") graphs = false;
     else if (a == "--sample") sample = true;
+    else if (a == "--fp8") fp8 = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt N] [--new N] "
-                   "[--repeats N] [--deterministic] [--no-graphs] [--sample]\n",
+                   "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8]\n",
                    argv[0]);
       return 2;
     }
@@ -185,6 +188,9 @@ int main(int argc, char** argv) {
     co.max_num_batched_tokens = o.max_num_batched_tokens;
     co.cuda_graphs = graphs;
     co.batch_invariant = deterministic;
+    co.fp8.enabled = fp8;
+    co.fp8.blockwise = true;
+    co.fp8.bf16_first_layers = co.fp8.bf16_last_layers = 0;
     o.executor = gen::cuda_executor(co);
     gen::Generator g(desc, o);
     g.weights().load(w, 0);
@@ -248,9 +254,9 @@ int main(int argc, char** argv) {
       std::printf("      host between steps %.0f%%, executor launching %.0f%%, waiting for the device %.0f%% of the wall time\n",
                   100.0 * (timed - in_step) / timed, 100.0 * (in_step - waiting) / timed, 100.0 * waiting / timed);
     std::printf("RESULT name=%s shape=%s prompts=%lld samples=%lld prompt=%lld new=%lld tok_s=%.1f sec=%.4f "
-                "roofline_tok_s=%.0f deterministic=%d graphs=%d\n",
+                "roofline_tok_s=%.0f deterministic=%d graphs=%d fp8=%d fp8_products=%lld\n",
                 c.name, s->name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens,
-                tok_s, t, roof, deterministic ? 1 : 0, graphs ? 1 : 0);
+                tok_s, t, roof, deterministic ? 1 : 0, graphs ? 1 : 0, fp8 ? 1 : 0, (long long)xs.fp8_products);
     std::fflush(stdout);
   }
   return 0;

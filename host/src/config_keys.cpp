@@ -106,7 +106,8 @@ KeyCheck check_keys(const Json& resolved, const std::vector<std::string>& owned_
       else if (rule->kind == SupportRule::Kind::off) msg += " (it accepts false or null)";
       else if (rule->kind == SupportRule::Kind::provider)
         msg += " without a provider: no loaded plugin claims " + rule->claim +
-               " (load one with --plugin: kernel providers found on the plugin path are loaded after this check; it accepts false or null without one)";
+               " (load one with --plugin: kernel providers found on the plugin path are loaded after this check; it accepts " +
+               (rule->accepted.empty() ? std::string("false or null") : rule->accepted_text()) + " without one)";
       result.refused.push_back(msg);
       continue;
     }

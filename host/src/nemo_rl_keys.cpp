@@ -75,8 +75,11 @@ bool SupportRule::accepts(const Json& v) const {
     case Kind::impl:
     case Kind::noop: return true;
     case Kind::refuse: return false;
-    case Kind::off:
     case Kind::provider:
+      if (!accepted.empty())
+        return std::any_of(accepted.begin(), accepted.end(), [&](const Json& a) { return same_value(a, v); });
+      [[fallthrough]];
+    case Kind::off:
       return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
              (v.is_string() && v.get<std::string>().empty()) || ((v.is_array() || v.is_object()) && v.empty());
     case Kind::only:
@@ -86,7 +89,7 @@ bool SupportRule::accepts(const Json& v) const {
 }
 
 std::string SupportRule::accepted_text() const {
-  if (kind == Kind::off || kind == Kind::provider) return "false, null, 0 or empty";
+  if (kind == Kind::off || (kind == Kind::provider && accepted.empty())) return "false, null, 0 or empty";
   std::string out;
   for (const auto& a : accepted) out += (out.empty() ? "" : ", ") + (a.is_string() ? a.get<std::string>() : a.dump());
   return out;
@@ -142,8 +145,15 @@ NemoRlTables::NemoRlTables(const std::string& keys_tsv, const std::string& suppo
     } else if (rule == "refuse") {
       r.kind = SupportRule::Kind::refuse;
     } else if (rule.rfind("provider ", 0) == 0) {
+      // "provider P" (without a provider: as off) or "provider P only V|V..." (without one: these)
       r.kind = SupportRule::Kind::provider;
-      r.claim = trim(rule.substr(9));
+      std::string claim = rule.substr(9);
+      const size_t only = claim.find(" only ");
+      if (only != std::string::npos) {
+        for (const auto& v : split(claim.substr(only + 6), '|')) r.accepted.push_back(support_value(v));
+        claim.resize(only);
+      }
+      r.claim = trim(claim);
       if (r.claim.empty()) throw ConfigError(where + ": provider needs the config-key pattern a provider claims");
     } else if (rule.rfind("only ", 0) == 0) {
       r.kind = SupportRule::Kind::only;

@@ -19,7 +19,7 @@ struct SupportRule {
   std::vector<std::string> parts;    // its segments, "*" for any one segment
   bool subtree = false;              // ends in ".*": the key and everything under it
   Kind kind = Kind::noop;
-  std::vector<Json> accepted;        // only: the values accepted
+  std::vector<Json> accepted;        // only, and provider ... only: the values accepted (without a provider)
   std::vector<std::string> plugins;  // impl: who reads it
   std::string claim;                 // provider: the config-key pattern a provider's component claims
   std::string detail;                // impl: plugins; else what the key asks for

@@ -56,7 +56,8 @@ std::string table(const NemoRlTables& t) {
           break;
         case SupportRule::Kind::refuse: status = "refused"; what = r->detail; break;
         case SupportRule::Kind::provider:
-          status = "accepted when off, else refused unless a loaded plugin claims " + r->claim;
+          status = (r->accepted.empty() ? std::string("accepted when off") : "accepted: " + r->accepted_text()) +
+                   ", else refused unless a loaded plugin claims " + r->claim;
           what = r->detail;
           break;
       }

@@ -264,6 +264,16 @@ TEST(GeneratorPlugin, DummyLoadThenRefitByViews) {
     EXPECT_EQ(st->code, RLH_E_INVALID_ARGUMENT) << bad << ": " << sdk::status_message(st);
     rlh_status_destroy(st);
   }
+  {  // FP8 rollouts on the CPU: refused by name
+    const std::string bad = R"({"native_cfg": {"device": "cpu"}, "vllm_cfg": {"precision": "fp8"}})";
+    rlh_generator* b = nullptr;
+    rlh_status* st = api->create(host.services(), dir.c_str(), bad.data(), bad.size(), &b);
+    ASSERT_NE(st, nullptr);
+    EXPECT_EQ(st->code, RLH_E_UNIMPLEMENTED);
+    EXPECT_NE(sdk::status_message(st).find("vllm_cfg.precision = fp8: FP8 rollouts run on a CUDA device"),
+              std::string::npos) << sdk::status_message(st);
+    rlh_status_destroy(st);
+  }
   // The GPU's settings on the CPU are errors naming the key, not silently ignored.
   for (const char* key : {"gpu_memory_utilization", "cuda_graphs", "kv_cache_sleep"}) {
     const std::string bad = std::string(R"({"device": "cpu", ")") + key + (key[0] == 'g' ? "\": 0.5}" : "\": true}");

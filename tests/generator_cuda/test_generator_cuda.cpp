@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -701,6 +702,89 @@ TEST(GpuGenerator, KvCacheSleepGivesTheMemoryBackAndKeepsTheSamples) {
   EXPECT_EQ(s2.graphs_captured, s1.graphs_captured) << "the graphs were captured again after waking";
   EXPECT_GT(s2.graph_steps, s1.graph_steps);
   expect_same(ref, second, "kv_cache_sleep, after waking");
+}
+
+// FP8 rollouts (CudaExecutorOptions::fp8, vllm_cfg.precision: fp8) with an FP8 provider on the
+// plugin path (examples/vendor_fp8; without one the generator refuses at creation, naming it, and
+// the test skips; RLH_EXPECT_FP8_PROVIDER=1 makes that a failure). A Llama whose linears are
+// 128-multiples: every layer's 4 products run in FP8. Greedy tokens are scored by the bf16
+// generator's own logprobs (teacher forcing on its KV-cache path is what GRPO's mismatch
+// measures); a refit remakes the FP8 copies before the replayed graphs read them, so the samples
+// after it equal a generator made with the new weights.
+TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
+  NEED_GPU();
+  Model m;
+  m.desc = llama_desc(512, 256, 3, 4, 2, 64, 512, R"({"rope_theta": 10000.0})");
+  m.weights = random_weights(m.desc, 21);
+  auto fp8 = [&](Options o) {
+    CudaExecutorOptions c;
+    c.kernels = rlh::test::cuda_registry();
+    c.kv_cache_bytes = kKvBytes;
+    c.max_num_seqs = o.max_num_seqs;
+    c.max_num_batched_tokens = o.max_num_batched_tokens;
+    c.fp8.enabled = true;
+    c.fp8.blockwise = true;
+    c.fp8.bf16_first_layers = c.fp8.bf16_last_layers = 0;
+    o.ops = nullptr;
+    o.executor = cuda_executor(c);
+    o.kv_cache_bytes = kKvBytes;
+    return o;
+  };
+  std::unique_ptr<Generator> f8;
+  try {
+    f8 = std::make_unique<Generator>(m.desc, fp8(Options{}));
+  } catch (const sdk::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("policy.generation.vllm_cfg.precision = fp8"), std::string::npos) << msg;
+    const char* expect = std::getenv("RLH_EXPECT_FP8_PROVIDER");
+    if (expect && std::string(expect) == "1") FAIL() << msg;
+    GTEST_SKIP() << msg;
+  }
+  f8->weights().load(m.weights, 0);
+  Generator b16(m.desc, gpu(Options{}));
+  b16.weights().load(m.weights, 0);
+  const auto prompts = random_prompts(8, m.desc.vocab_size, 9, {12, 40, 7, 129, 64, 3, 90, 33});
+  Request r;
+  r.sampling = SamplingParams{0.0, 0, 1.0, 0.0};  // greedy
+  r.max_new_tokens = 32;
+  Outs got, ref;
+  run(*f8, prompts, r, 0, got);
+  run(b16, prompts, r, 0, ref);
+  const CudaExecutorStats xs = cuda_executor_stats(f8->executor());
+  EXPECT_EQ(xs.fp8_products, 3 * 4) << "q|k|v, o, gate|up and down of every layer";
+  EXPECT_GT(xs.graph_steps, 0) << xs.graph_error;
+  // How far the FP8 rollouts are from bf16: the share of greedy tokens that agree, and the
+  // mean |logprob difference| on the prefix both generators share.
+  int64_t same = 0, total = 0, compared = 0;
+  double dsum = 0;
+  for (const auto& [k, o] : got) {
+    const Out& want = ref[k];
+    size_t t = 0;
+    for (; t < o.ids.size() && t < want.ids.size() && o.ids[t] == want.ids[t]; ++t) {
+      dsum += std::fabs(double(o.logprobs[t]) - double(want.logprobs[t]));
+      ++compared;
+    }
+    same += int64_t(t);
+    total += int64_t(want.ids.size());
+  }
+  const double mean_d = compared ? dsum / double(compared) : 1e9;
+  std::printf("fp8 rollouts: %lld/%lld greedy tokens as bf16's before the first difference, mean |dlogprob| %.3g\n",
+              (long long)same, (long long)total, mean_d);
+  EXPECT_GT(compared, 0);
+  EXPECT_LT(mean_d, 0.05) << "blockwise FP8 linears should stay near bf16 on a small model";
+  // Refit: scaled weights in force; the graphs captured above are replayed with new FP8 copies.
+  std::vector<std::vector<float>> scaled = m.weights;
+  for (auto& t : scaled)
+    for (float& x : t) x *= 1.25f;
+  f8->weights().load(scaled, 1);
+  Outs after;
+  run(*f8, prompts, r, 0, after);
+  EXPECT_EQ(cuda_executor_stats(f8->executor()).graphs_captured, xs.graphs_captured) << "graphs kept across the refit";
+  Generator fresh(m.desc, fp8(Options{}));
+  fresh.weights().load(scaled, 1);
+  Outs want;
+  run(fresh, prompts, r, 0, want);
+  expect_same(want, after, "fp8 after a refit = a generator made with the new weights");
 }
 
 // ---------------------------------------------------------------------------------------------

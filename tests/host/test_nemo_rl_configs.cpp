@@ -181,7 +181,9 @@ TEST_F(NemoRlConfigs, SettingsThatChangeBehaviourAreRefusedByName) {
     std::string key = std::string(ok).substr(2);
     bool listed = false;
     for (const auto& a : o.report["accepted"]) listed = listed || a.get<std::string>() == key;
-    if (key.rfind("policy.generation.colocated", 0) != 0) EXPECT_TRUE(listed) << key << " in " << o.report.dump();
+    if (key.rfind("policy.generation.colocated", 0) != 0) {
+      EXPECT_TRUE(listed) << key << " in " << o.report.dump();
+    }
   }
 }
 
@@ -242,6 +244,26 @@ TEST(NemoRlKeys, Fp8IsRefusedWithoutAProviderThatClaimsIt) {
   }
   EXPECT_EQ(NemoRlTables::embedded().rule_for("policy.megatron_cfg.fp8_cfg.enabled")->kind, SupportRule::Kind::provider);
   EXPECT_THROW(NemoRlTables("# refs: vA\na\tleaf\tvA\ts\n", "a\tprovider \tx\n"), rlh::host::ConfigError);
+}
+
+// vllm_cfg.precision: bf16 precisions pass without an FP8 provider, fp8 is refused naming the
+// claim and what passes without it, and a loaded provider's claim lets fp8 through.
+TEST(NemoRlKeys, Fp8RolloutsNeedAProviderThatClaimsThePrecision) {
+  auto check = [](const char* precision, std::vector<std::string> owned) {
+    const rlh::host::Json cfg = {{"policy", {{"generation", {{"vllm_cfg", {{"precision", precision}}}}}}}};
+    return rlh::host::check_keys(cfg, owned, {"host", "generator"}, [](const std::string&) { return "test.yaml"; });
+  };
+  for (const char* ok : {"bfloat16", "float32"}) EXPECT_TRUE(check(ok, {}).refused.empty()) << ok;
+  const auto none = check("fp8", {"policy.generation.native_cfg.*"});
+  ASSERT_EQ(none.refused.size(), 1u);
+  EXPECT_TRUE(std::regex_match(none.refused[0], kRefusal)) << none.refused[0];
+  for (const char* part : {"'policy.generation.vllm_cfg.precision' = fp8", "FP8 rollouts",
+                           "no loaded plugin claims policy.generation.vllm_cfg.precision",
+                           "it accepts null, bfloat16, float16, float32 without one"})
+    EXPECT_NE(none.refused[0].find(part), std::string::npos) << none.refused[0];
+  const auto with = check("fp8", {"policy.generation.vllm_cfg.precision"});
+  EXPECT_TRUE(with.refused.empty()) << with.refused[0];
+  EXPECT_TRUE(with.errors.empty());
 }
 
 TEST(NemoRlKeys, RulesPickTheMostSpecificPatternAndJudgeValues) {

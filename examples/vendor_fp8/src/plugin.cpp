@@ -64,10 +64,11 @@ const rlh_kernels_api kApi = [] {
   return a;
 }();
 
-// The plugin honours NeMo-RL's policy.megatron_cfg.fp8_cfg: claiming it tells the host that an
-// FP8 linear provider is loaded (host/data/nemo_rl_support.tsv, rule `provider`); the backend
-// reading fp8_cfg decides what it does with it.
-const char* const kKeys[] = {"policy.megatron_cfg.fp8_cfg.*", nullptr};
+// The plugin honours NeMo-RL's policy.megatron_cfg.fp8_cfg (FP8 training) and
+// policy.generation.vllm_cfg.precision (fp8: FP8 rollouts): claiming them tells the host that an
+// FP8 linear provider is loaded (host/data/nemo_rl_support.tsv, rule `provider`); the backend and
+// the generator reading them decide what they do with them.
+const char* const kKeys[] = {"policy.megatron_cfg.fp8_cfg.*", "policy.generation.vllm_cfg.precision", nullptr};
 
 const rlh_component_desc kComponent = rlh::sdk::component_desc(
     RLH_KIND_KERNELS, "vendor_fp8", "0.1.0", RLH_KERNELS_API_VERSION_MAJOR, RLH_KERNELS_API_VERSION_MINOR, &kApi,

@@ -37,12 +37,14 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
 #include "rlhost/engine_cuda/convert.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/engine_cuda/device_ops.hpp"
+#include "rlhost/engine_cuda/fp8_linear.hpp"
 #include "rlhost/generator/program_runner.hpp"
 #include "rlhost/sdk/kernel_registry.hpp"
 #include "rlhost/sdk/status.hpp"
@@ -216,7 +218,16 @@ class CudaBackend {
             float offset) {
     ops_.rmsnorm_fwd(y, ldy, nullptr, x, ldx, wt, R, C, eps, offset);
   }
+  // FP8 rollouts: the products whose weights have an FP8 copy (fp8_weights, made per weight set)
+  // run through the registry's FP8 GEMM, the activations quantised per step; the rest in bf16.
+  engine::cuda::Fp8Linears* fp8 = nullptr;
+  const std::unordered_set<const Bf16*>* fp8_weights = nullptr;
   void linear(Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, const Bf16* W, int64_t R, int64_t N, int64_t K) {
+    if (fp8 && fp8_weights->count(W) && fp8->fits_group(N, ldy) &&
+        fp8->input(reinterpret_cast<const uint16_t*>(x), ldx, R, K)) {
+      fp8->forward(reinterpret_cast<const uint16_t*>(W), N, reinterpret_cast<uint16_t*>(y), ldy);
+      return;
+    }
     ops_.gemm(false, true, R, N, K, x, ldx, W, K, 0.0, y, ldy, false);
   }
   void bias_add(Bf16* y, int64_t ldy, const Bf16* b, int64_t R, int64_t N) { ops_.bias_add(false, y, ldy, b, R, N); }
@@ -365,6 +376,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     ops_->set_batch_invariant_gemm(opt_.batch_invariant);
     b_ = std::make_unique<CudaBackend>(m_, *ops_, stream_);
     plan();
+    if (opt_.fp8.enabled) plan_fp8();
     m_.weights().set_device_sink(this);  // a colocated trainer's device views refit in place
   }
 
@@ -830,6 +842,60 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     }
     uploaded_serial_ = w.serial();
     ++stats_.weight_uploads;
+    prepare_fp8_weights();
+  }
+
+  // FP8 rollouts (CudaExecutorOptions::fp8): the products that run in FP8 are the linear steps'
+  // (weights adjacent in the arena as one product, as program_runner runs them) of the layers
+  // not kept in bf16, whose shapes the blockwise recipe takes (128-multiples). The head, the
+  // router, the experts' grouped products and MLA's own projections stay in bf16 (NeMo-RL's
+  // vLLM FP8 keeps the head in bf16 too).
+  void plan_fp8() {
+    if (!opt_.fp8.blockwise)
+      throw Error(RLH_E_INVALID_ARGUMENT, "generator (cuda): FP8 rollouts take the blockwise recipe");
+    if (opt_.batch_invariant)
+      throw Error(RLH_E_UNIMPLEMENTED, "generator (cuda): batch_invariant with FP8 rollouts is not implemented "
+                                       "(the FP8 products pick their kernels by shape)");
+    const sdk::ModelProgram& prog = m_.program();
+    const sdk::TransformerDesc& desc = m_.desc();
+    const Weights& w = m_.weights();
+    try {
+      fp8_ = std::make_unique<engine::cuda::Fp8Linears>(*ops_, fp8_counters_, opt_.fp8, m_.num_layers(), true,
+                                                        "policy.generation.vllm_cfg.precision = fp8");
+    } catch (const std::exception& e) {
+      throw Error(RLH_E_FAILED_PRECONDITION, std::string("generator (cuda): ") + e.what());
+    }
+    int64_t max_k = 0;
+    for (int64_t l = 0; l < m_.num_layers(); ++l) {
+      if (!fp8_->layer_in_fp8(l)) continue;
+      for (const sdk::LayerStep& st : prog.layers[size_t(l)].steps) {
+        if (st.op != sdk::StepOp::linear) continue;
+        const int64_t K = st.in.width;
+        const auto at = [&](int64_t p) { return w.arena_offset(size_t(p)); };
+        for_each_linear_product(desc, st, at, [&](size_t i, int64_t n) {
+          if (n % 128 != 0 || K % 128 != 0) return;
+          fp8_products_.push_back({at(st.weights[i]), n, K});
+          max_k = std::max(max_k, K);
+        });
+      }
+    }
+    fp8_->reserve_input(rmax_, max_k);  // captured graphs keep the activations' FP8 buffers
+    b_->fp8 = fp8_.get();
+    b_->fp8_weights = &fp8_ptrs_;
+  }
+
+  // A new weight set is in force: the FP8 copies remade now, before any step (a replayed graph
+  // would not remake them).
+  void prepare_fp8_weights() {
+    if (!fp8_) return;
+    fp8_->new_call();
+    fp8_ptrs_.clear();
+    for (const Fp8Product& p : fp8_products_) {
+      const Bf16* W = warena_.get<Bf16>() + p.off;
+      fp8_->prepare_weight(reinterpret_cast<const uint16_t*>(W), p.rows, p.K);
+      fp8_ptrs_.insert(W);
+    }
+    stats_.fp8_products = int64_t(fp8_products_.size());
   }
 
   DecodeModel& m_;
@@ -840,6 +906,15 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   int64_t rmax_ = 0, smax_ = 0, gmax_ = 0, table_cap_ = 0;
   DevBuf scratch_, workspace_, rope_, in_, warena_, wf32_;
   KvPoolCuda pool_;  // the KV cache (kv_pool_cuda.hpp: it can sleep between calls)
+  // FP8 rollouts (plan_fp8): the products in FP8 by arena offset, rows and K; their weights'
+  // device addresses; the FP8 copies' buffers.
+  struct Fp8Product {
+    int64_t off, rows, K;
+  };
+  std::vector<Fp8Product> fp8_products_;
+  std::unordered_set<const Bf16*> fp8_ptrs_;
+  engine::cuda::Counters fp8_counters_;
+  std::unique_ptr<engine::cuda::Fp8Linears> fp8_;
   PinnedBuf stage_, out_, wstage_;
   size_t out_logprobs_ = 0;
   StepBuffers buf_;

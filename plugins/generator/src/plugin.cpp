@@ -76,6 +76,26 @@ class CommTpGroup final : public gen::TpGroup {
 };
 
 // policy.generation.vllm_cfg.tensor_parallel_size (absent or null: 1).
+// policy.generation.vllm_cfg.precision: fp8 asks for FP8 rollouts (NeMo-RL's vLLM FP8: blockwise
+// weights, the first/last num_*_layers_in_bf16 layers and the head in bf16). Other values keep
+// bf16 (the host's rule accepts null, bfloat16, float16, float32 without an FP8 provider).
+bool fp8_rollouts(const json& vllm, rlh::engine::Fp8Options* f) {
+  if (!vllm.is_object() || !vllm.contains("precision") || !vllm["precision"].is_string() ||
+      vllm["precision"].get<std::string>() != "fp8")
+    return false;
+  f->enabled = true;
+  f->blockwise = true;
+  auto layers = [&](const char* key) -> int64_t {
+    if (!vllm.contains(key) || vllm[key].is_null()) return 0;  // NeMo-RL's default: none in bf16
+    if (!vllm[key].is_number_integer() || vllm[key].get<int64_t>() < 0)
+      throw Error(RLH_E_INVALID_ARGUMENT, std::string("policy.generation.vllm_cfg.") + key + " must be an integer >= 0");
+    return vllm[key].get<int64_t>();
+  };
+  f->bf16_first_layers = layers("num_first_layers_in_bf16");
+  f->bf16_last_layers = layers("num_last_layers_in_bf16");
+  return true;
+}
+
 int64_t tensor_parallel_size(const json& vllm) {
   if (!vllm.is_object() || !vllm.contains("tensor_parallel_size") || vllm["tensor_parallel_size"].is_null()) return 1;
   const json& v = vllm["tensor_parallel_size"];
@@ -321,6 +341,10 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
           throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + k + "' applies to a CUDA device, but the generator runs on the CPU (" + device_source + ")");
       if (!batch_invariant)
         throw Error(RLH_E_INVALID_ARGUMENT, "generator config: batch_invariant false: the CPU generator is always batch-invariant");
+      rlh::engine::Fp8Options f8;
+      if (fp8_rollouts(vllm, &f8))
+        throw Error(RLH_E_UNIMPLEMENTED, "policy.generation.vllm_cfg.precision = fp8: FP8 rollouts run on a CUDA device, "
+                                         "but the generator runs on the CPU (" + device_source + ")");
       g->registry = rlh::sdk::make_kernel_registry(g->host, rlh::sdk::kCPU, rlh::sdk::kernel_pins_from_json(kernels),
                                                    "generator", "{\"num_threads\": " + std::to_string(num_threads) + "}",
                                                    rlh::sdk::kernel_verify_from_json(kernels));
@@ -365,6 +389,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
       // Sleep mode for the KV cache (vLLM's, which NeMo-RL uses when colocated): its memory is
       // the trainer's between rollouts. Off by default: taking it back costs a map and a clear.
       co.kv_cache_sleep = get_bool(cfg, "kv_cache_sleep", false);
+      fp8_rollouts(vllm, &co.fp8);
       // On a GPU the host's defaults (64 sequences, 512-token steps) leave it mostly idle: a
       // GRPO rollout of 64 x 8 ran in 8 waves, 2.3x the time of one. Where the section does not
       // say, 512 sequences and 8192-token steps (vLLM's V1 takes 1024 / 16384 on GPUs this size;

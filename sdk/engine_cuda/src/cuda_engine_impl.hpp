@@ -20,7 +20,7 @@
 
 #include "rlhost/engine_cuda/device_memory.hpp"
 #include "rlhost/engine_cuda/device_ops.hpp"
-#include "fp8_linear.hpp"
+#include "rlhost/engine_cuda/fp8_linear.hpp"
 #include "mla_kernels.hpp"
 #include "moe_kernels.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"

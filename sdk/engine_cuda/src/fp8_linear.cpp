@@ -1,5 +1,5 @@
 // Fp8Linears (fp8_linear.hpp): the CUDA engine's linears as FP8 products through the registry.
-#include "fp8_linear.hpp"
+#include "rlhost/engine_cuda/fp8_linear.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -10,7 +10,8 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
-Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, int64_t layers)
+Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, int64_t layers, bool forward_only,
+                       const char* key)
     : ops_(ops), counters_(counters), opt_(o), layers_(layers) {
   if (opt_.blockwise && opt_.hybrid)
     throw std::invalid_argument("fp8_cfg: fp8 = hybrid with fp8_recipe = blockwise: block-scaled products take "
@@ -26,6 +27,12 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
   try {
     if (!input(xb, n, n, n) || !fits_group(n, n)) throw std::logic_error("a 128-aligned case does not fit");
     forward(xb, n, y.get<bf16>(), n);
+    if (forward_only) {
+      check(cudaDeviceSynchronize(), "fp8 probe");
+      stats_ = {};
+      w_.clear();
+      return;
+    }
     what = "the input-gradient product dY W";
     backward_dx(xb, n, n, n, n, xb, 0, y.get<bf16>(), n);
     what = "the weight-gradient product dY^T X";
@@ -33,8 +40,7 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
     backward_dw(xb, n, n, n, n, y.get<float>());
     check(cudaDeviceSynchronize(), "fp8 probe");
   } catch (const std::exception& e) {
-    throw std::runtime_error(std::string("policy.megatron_cfg.fp8_cfg.enabled: no kernel provider on this device "
-                                         "runs ") + what + " in FP8 (" + (opt_.blockwise ? "blockwise" : "tensorwise") +
+    throw std::runtime_error(std::string(key) + ": no kernel provider on this device runs " + what + " in FP8 (" + (opt_.blockwise ? "blockwise" : "tensorwise") +
                              (opt_.hybrid ? ", hybrid" : ", e4m3") + "; load one, e.g. --plugin libvendor_fp8.so): " +
                              e.what());
   }
@@ -68,6 +74,12 @@ const Fp8Linears::Quantised& Fp8Linears::weight(const bf16* W, int64_t rows, int
     q.epoch = epoch_;
   }
   return q;
+}
+
+void Fp8Linears::reserve_input(int64_t N, int64_t K) {
+  const int64_t ns = scale_count(act_grouping(), N, K);
+  if (x_.q.size() < size_t(N * K)) x_.q = DeviceBuffer(counters_, size_t(N * K));
+  if (x_.scale.size() < size_t(ns) * sizeof(float)) x_.scale = DeviceBuffer(counters_, size_t(ns) * sizeof(float));
 }
 
 bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K) {

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "rlhost/engine/engine.hpp"
 #include "rlhost/generator/model.hpp"
 
 namespace rlh::sdk {
@@ -41,6 +42,11 @@ struct CudaExecutorOptions {
   // physical memory goes back to the device (a colocated trainer's steps can use it) and the
   // next generate() maps it again at the same addresses (the captured graphs stay valid).
   bool kv_cache_sleep = false;
+  // FP8 rollouts (policy.generation.vllm_cfg.precision: fp8): the dense linears of the layers
+  // not kept in bf16 (bf16_first_layers / bf16_last_layers: vllm_cfg.num_first_layers_in_bf16,
+  // num_last_layers_in_bf16) as blockwise FP8 products through the registry (a vendor's FP8
+  // provider, examples/vendor_fp8), their weights quantised once per weight set.
+  engine::Fp8Options fp8;
   // Scratch is planned for these (the generator's Options).
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;
@@ -70,6 +76,7 @@ struct CudaExecutorStats {
   int64_t kv_bytes = 0;          // the pool
   int64_t kv_sleeps = 0;         // kv_cache_sleep: times the pool's memory was given back
   double kv_wake_seconds = 0;    // and the time spent taking it again (map and clear)
+  int64_t fp8_products = 0;      // FP8 rollouts: the products per step that run in FP8
   int64_t weight_bytes = 0;      // the bf16 arena
   int64_t weight_uploads = 0;    // weight sets made current on the device
   int64_t device_pieces = 0;     // refit pieces that came in device memory (no host copy)

@@ -39,6 +39,24 @@ constexpr float kMlaLatentEps = 1e-6f;
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // 64 bytes of floats, 32 of bf16
 
+// The products of a linear step: weights adjacent in memory (q|k|v, gate|up of the arena) run
+// as one product. `at(param)` is where a weight lies (a pointer or an arena offset, in elements);
+// fn(i, rows) runs once per product, i its first weight's index in st.weights.
+template <class At, class Fn>
+void for_each_linear_product(const sdk::TransformerDesc& desc, const sdk::LayerStep& st, At at, Fn fn) {
+  const int64_t K = st.in.width;
+  for (size_t i = 0; i < st.weights.size();) {
+    size_t j = i + 1;
+    int64_t n = desc.params[size_t(st.weights[i])].shape[0];
+    while (j < st.weights.size() && at(st.weights[j]) == at(st.weights[i]) + n * K) {
+      n += desc.params[size_t(st.weights[j])].shape[0];
+      ++j;
+    }
+    fn(i, n);
+    i = j;
+  }
+}
+
 template <class B>
 class ProgramRunner {
  public:
@@ -126,20 +144,12 @@ class ProgramRunner {
                   float(st.eps), float(st.offset));
         break;
       case sdk::StepOp::linear: {
-        // Weights adjacent in memory (q|k|v, gate|up of the arena) run as one product.
         const int64_t K = st.in.width;
         int64_t row = 0;
-        for (size_t i = 0; i < st.weights.size();) {
-          size_t j = i + 1;
-          int64_t n = desc.params[size_t(st.weights[i])].shape[0];
-          while (j < st.weights.size() && b_.w(st.weights[j]) == b_.w(st.weights[i]) + n * K) {
-            n += desc.params[size_t(st.weights[j])].shape[0];
-            ++j;
-          }
+        for_each_linear_product(desc, st, [&](int64_t p) { return b_.w(p); }, [&](size_t i, int64_t n) {
           b_.linear(out + row, ldo, in, ldi, b_.w(st.weights[i]), R, n, K);
           row += n;
-          i = j;
-        }
+        });
         // Row-parallel (tensor parallelism): a partial sum over this rank's input columns, summed
         // over the group before the bias (whole on every rank) is added once. The output is a
         // whole value: R x width contiguous.

@@ -91,7 +91,7 @@ struct CudaEngineOptions {
   // A rank with no micro-batch still takes part (train_step accepts none then).
   DeviceDpComm* dp = nullptr;
   bool shard_optimizer = false;
-  // FP8 linears (engine.hpp's Fp8Options; src/fp8_linear.hpp): the dense layers' linear steps
+  // FP8 linears (engine.hpp's Fp8Options; fp8_linear.hpp): the dense layers' linear steps
   // through the registry's FP8 provider. Construction fails, naming it, when no provider on the
   // device runs the recipe's products.
   Fp8Options fp8;

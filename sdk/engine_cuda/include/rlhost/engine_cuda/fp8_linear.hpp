@@ -16,6 +16,11 @@
 //
 // A product whose shape FP8 cannot take (K, rows or tokens not multiples of 16, of 128 for
 // blockwise) runs in bf16 instead; stats() counts both, so a run can show how much ran in FP8.
+//
+// The generator's FP8 rollouts (policy.generation.vllm_cfg.precision: fp8) use the forward
+// alone: its weights' FP8 copies are made once per weight set (prepare_weight, after a load or
+// refit) and the activation buffers reserved up front (reserve_input), so decoding steps
+// captured as CUDA graphs keep their addresses and quantise nothing but their activations.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +38,10 @@ class Fp8Linears {
  public:
   // Resolves every product the recipe runs on a small case, so a registry without an FP8
   // provider (or one that refuses this recipe) fails here, naming it, and not mid-step.
-  Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, int64_t layers);
+  // forward_only: only the forward product is resolved (generation); `key` names the setting
+  // in the error.
+  Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, int64_t layers, bool forward_only = false,
+             const char* key = "policy.megatron_cfg.fp8_cfg.enabled");
 
   // The weights may have changed: their FP8 copies are remade at first use.
   void new_call() { ++epoch_; }
@@ -48,6 +56,10 @@ class Fp8Linears {
   bool input(const bf16* x, int64_t ldx, int64_t N, int64_t K);
   bool fits_group(int64_t rows, int64_t ldy) const;
   void forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy);
+  // W's FP8 copy for the current call, made now (forward then launches only the product).
+  void prepare_weight(const bf16* W, int64_t rows, int64_t K) { weight(W, rows, K, false); }
+  // The activation buffers grown now for inputs of up to N x K (so later inputs move nothing).
+  void reserve_input(int64_t N, int64_t K);
 
   // Backward of one group: dx (lddx; bf16, added with beta 1) from dy [N, rows] (lddy), and
   // dW [rows, K] (fp32, accumulated). `input_t` quantises X^T for the step's dW products once;
