@@ -3,7 +3,8 @@
 #   install rlhost, build the example out of tree against the installed SDK (find_package(rlsdk)),
 #   check it exports one symbol, load it with the installed rlhost (--list-plugins), run
 #   check-kernels on it (on a machine without a usable GPU: refused with the reason, exit 1), and
-#   check that loading it lets policy.megatron_cfg.fp8_cfg.enabled = true past the host's check.
+#   check that loading it lets policy.megatron_cfg.fp8_cfg.enabled = true and
+#   policy.generation.vllm_cfg.precision = fp8 past the host's check.
 # usage: out_of_tree_fp8.sh BUILD_DIR EXAMPLE_SRC WORK_DIR CXX
 # The CUDA ops are built where nvcc and CUDA 12.9+ are found (VENDOR_FP8_CUDA=OFF in the
 # environment leaves them out); without them the plugin still builds, loads and lists its ops.
@@ -69,4 +70,17 @@ set -e
 [ $rc_no = 1 ] && echo "$no" | grep -q "no loaded plugin claims policy.megatron_cfg.fp8_cfg" ||
   fail "fp8_cfg.enabled=true without the plugin was not refused by name: $no"
 [ $rc_yes = 0 ] || fail "fp8_cfg.enabled=true with the plugin loaded was refused by the host check: $yes"
+# FP8 rollouts the same way (the generator reads vllm_cfg.precision).
+gen=$work/prefix/lib/rlhost/plugins/libgenerator.so
+set +e
+no=$(RLHOST_PLUGIN_PATH= "$rlhost" --plugin "$gen" --check-config --config "$cfg" \
+  ++policy.generation.vllm_cfg.precision=fp8 2>&1 >/dev/null)
+rc_no=$?
+yes=$(RLHOST_PLUGIN_PATH= "$rlhost" --plugin "$gen" --plugin "$so" --check-config --config "$cfg" \
+  ++policy.generation.vllm_cfg.precision=fp8 2>&1 >/dev/null)
+rc_yes=$?
+set -e
+[ $rc_no = 1 ] && echo "$no" | grep -q "no loaded plugin claims policy.generation.vllm_cfg.precision" ||
+  fail "vllm_cfg.precision=fp8 without the plugin was not refused by name: $no"
+[ $rc_yes = 0 ] || fail "vllm_cfg.precision=fp8 with the plugin loaded was refused by the host check: $yes"
 echo "vendor_fp8 built against the installed SDK, loaded by the installed rlhost, and listed by check-kernels"

@@ -83,7 +83,8 @@ TEST(VendorFp8Plugin, DescribesItselfListsItsOpsAndClaimsFp8Settings) {
   ASSERT_TRUE(RLH_HAS_FIELD(c, rlh_component_desc, config_keys));
   ASSERT_NE(c->config_keys, nullptr);
   EXPECT_STREQ(c->config_keys[0], "policy.megatron_cfg.fp8_cfg.*");  // how the host knows FP8 is provided
-  EXPECT_EQ(c->config_keys[1], nullptr);
+  EXPECT_STREQ(c->config_keys[1], "policy.generation.vllm_cfg.precision");  // and FP8 rollouts
+  EXPECT_EQ(c->config_keys[2], nullptr);
   std::string listing, info;
   ASSERT_EQ(StatusPtr(p.api->list_ops(nullptr, rlh::sdk::write_to_string, &listing)), nullptr);
   for (const char* op : {"{\"name\":\"gemm\",\"dtypes\":[\"e4m3\"]", "{\"name\":\"amax\"", "{\"name\":\"quantize_fp8\""})
