@@ -6,7 +6,7 @@
 //
 //   mpirun -np N bench_parallel --model DIR --backend dtensor|megatron [--seqs 16] [--len 128]
 //                                [--mb-seqs 4] [--steps 5] [--warmup 1] [--ddp]
-//                                [--tp T] [--pp P] [--cp C] [--sp]        (megatron)
+//                                [--tp T] [--pp P] [--cp C] [--sp] [--ep E]   (megatron)
 //
 // The global batch is --seqs sequences of --len tokens; each data-parallel rank (N / (T P C) of
 // them, Megatron's order tp-cp-dp-pp) trains on its share in micro-batches of --mb-seqs
@@ -30,6 +30,11 @@
 //   CP  4 (C-1) R' [3 L 2 kv' D + 1], R' = sum_s 2 ceil(n_s / 2C) (zigzag rows), kv' = kv / T
 //       (k and v all-gathered forward and backward and reduce-scattered; the head's one output,
 //       the logprob: the tests' loss reads the entropy too, a second float per row).
+//   EP  (an MoE model, rlh_tiny_model --experts): ep/comm_bytes against the expectation under
+//       uniform routing, M L (E-1) E_l 8 + 2 (out + in) C 4 with out = in = L R K (E-1)/E rows (the
+//       counts' exchange per micro-batch and MoE layer, the dispatched rows and the returned
+//       outputs, forward and backward). Routing is data-dependent, so this is an expectation:
+//       tests/backend/test_backend_ep.cpp checks the exact count from the routing record.
 // Products of layouts print their group's bytes without an analytic count ("-").
 #include <algorithm>
 #include <chrono>
@@ -56,13 +61,13 @@ namespace {
 struct Args {
   std::string model, backend = "dtensor";
   int64_t seqs = 16, len = 128, mb_seqs = 4, steps = 5, warmup = 1;
-  int64_t tp = 1, pp = 1, cp = 1;
+  int64_t tp = 1, pp = 1, cp = 1, ep = 1;
   bool ddp = false, sp = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "bench_parallel: %s\nusage: bench_parallel --model DIR --backend dtensor|megatron [--seqs N] "
-                       "[--len N] [--mb-seqs N] [--steps N] [--warmup N] [--ddp] [--tp T] [--pp P] [--cp C] [--sp]\n", why.c_str());
+                       "[--len N] [--mb-seqs N] [--steps N] [--warmup N] [--ddp] [--tp T] [--pp P] [--cp C] [--sp] [--ep E]\n", why.c_str());
   std::exit(2);
 }
 
@@ -93,13 +98,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--pp") a.pp = num();
     else if (k == "--cp") a.cp = num();
     else if (k == "--sp") a.sp = true;
+    else if (k == "--ep") a.ep = num();
     else usage("unknown argument " + k);
   }
   if (a.model.empty()) usage("--model is required");
   if (a.backend != "dtensor" && a.backend != "megatron") usage("--backend is dtensor or megatron");
-  if (a.seqs < 1 || a.len < 2 || a.mb_seqs < 1 || a.steps < 1 || a.tp < 1 || a.pp < 1 || a.cp < 1)
+  if (a.seqs < 1 || a.len < 2 || a.mb_seqs < 1 || a.steps < 1 || a.tp < 1 || a.pp < 1 || a.cp < 1 || a.ep < 1)
     usage("sizes must be positive");
-  if (a.backend != "megatron" && (a.tp > 1 || a.pp > 1 || a.cp > 1 || a.sp)) usage("--tp, --pp, --cp and --sp are megatron's");
+  if (a.backend != "megatron" && (a.tp > 1 || a.pp > 1 || a.cp > 1 || a.sp || a.ep > 1))
+    usage("--tp, --pp, --cp, --sp and --ep are megatron's");
   return a;
 }
 
@@ -142,6 +149,7 @@ int main(int argc, char** argv) {
              {"tensor_model_parallel_size", a.tp},
              {"pipeline_model_parallel_size", a.pp},
              {"context_parallel_size", a.cp},
+             {"expert_model_parallel_size", a.ep},
              {"sequence_parallel", a.sp}}}};
   }
   cfg["train_micro_batch_size"] = a.mb_seqs;
@@ -231,7 +239,7 @@ int main(int argc, char** argv) {
   const int64_t S = dp;  // the data-parallel group (every rank shards without HSDP)
   const int64_t M = (s1 - s0 + a.mb_seqs - 1) / a.mb_seqs;
   const double P4 = 4.0 * double(params);
-  const bool model_parallel = a.tp > 1 || a.pp > 1 || a.cp > 1;
+  const bool model_parallel = a.tp > 1 || a.pp > 1 || a.cp > 1 || a.ep > 1;
   double analytic = -1;
   std::string mode;
   if (a.backend == "dtensor") {
@@ -248,7 +256,7 @@ int main(int argc, char** argv) {
   const int64_t rows = (s1 - s0) * a.len;
   std::string layout = "dp";
   double mp_bytes = 0, mp_analytic = -1;
-  const int layouts = (a.tp > 1) + (a.pp > 1) + (a.cp > 1);
+  const int layouts = (a.tp > 1) + (a.pp > 1) + (a.cp > 1) + (a.ep > 1);
   if (a.tp > 1) {
     layout = a.sp ? "tp+sp" : "tp";
     mp_bytes = last.value("tp/comm_bytes", 0.0);
@@ -273,12 +281,22 @@ int main(int argc, char** argv) {
       mp_analytic = double(4 * (a.cp - 1) * rows_cp * (3 * L * 2 * std::max<int64_t>(kv / a.tp, 1) * D + 1));
     }
   }
+  if (a.ep > 1) {
+    layout = layouts == 1 ? "ep" : layout + "xep";
+    mp_bytes = layouts == 1 ? last.value("ep/comm_bytes", 0.0) : mp_bytes;
+    const int64_t E = mc.value("num_local_experts", mc.value("num_experts", int64_t{0}));
+    const int64_t K = mc.value("num_experts_per_tok", int64_t{0});
+    if (layouts == 1 && E > 0) {
+      const double crossing = double(L * rows * K) * double(a.ep - 1) / double(a.ep);  // out = in, all layers
+      mp_analytic = double(M * L * (a.ep - 1) * (E / a.ep) * 8) + 2.0 * (2.0 * crossing) * double(C) * 4.0;
+    }
+  }
   if (R == 0)
-    std::printf("RESULT backend=%s mode=%s layout=%s ranks=%d tp=%lld pp=%lld cp=%lld sp=%d params=%lld "
+    std::printf("RESULT backend=%s mode=%s layout=%s ranks=%d tp=%lld pp=%lld cp=%lld ep=%lld experts=%lld sp=%d params=%lld "
                 "micro_batches=%lld step_s=%.4f tok_s=%.1f state_bytes=%.0f comm_bytes=%.0f analytic_bytes=%.0f "
                 "comm_over_param_bytes=%.3f comm_s=%.4f mp_bytes=%.0f mp_analytic=%.0f\n",
                 a.backend.c_str(), mode.c_str(), layout.c_str(), N, (long long)a.tp, (long long)a.pp, (long long)a.cp,
-                a.sp ? 1 : 0, (long long)params, (long long)M, step_s, double(a.seqs * a.len) / step_s,
+                (long long)a.ep, (long long)mc.value("num_local_experts", mc.value("num_experts", int64_t{0})), a.sp ? 1 : 0, (long long)params, (long long)M, step_s, double(a.seqs * a.len) / step_s,
                 last.value("memory/state_bytes", 0.0), last.value("dp/comm_bytes", 0.0), analytic,
                 last.value("dp/comm_bytes", 0.0) / P4, last.value("dp/comm_seconds", 0.0), mp_bytes, mp_analytic);
   api->destroy(be);

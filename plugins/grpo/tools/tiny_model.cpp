@@ -4,7 +4,10 @@
 //
 //   rlh_tiny_model OUT_DIR [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ffn 176]
 //                  [--alphabet "0123456789+-*= abc..."] [--seed 1] [--init-std 0.02]
-//                  [--max-positions 64]
+//                  [--max-positions 64] [--experts E --top-k K]
+//
+// With --experts the MLP of every layer is a Mixtral-style mixture of E experts of width --ffn
+// (MixtralForCausalLM; the router picks --top-k, default 2), for benchmarks of expert parallelism.
 //
 // OUT_DIR receives config.json (LlamaForCausalLM, float32), model.safetensors, tokenizer.json,
 // tokenizer_config.json and generation_config.json. The weights follow transformers'
@@ -37,6 +40,7 @@ namespace st = rlh::sdk::st;
 struct Options {
   std::filesystem::path out;
   int64_t hidden = 64, layers = 2, heads = 4, kv_heads = 2, ffn = 176, max_positions = 64;
+  int64_t experts = 0, top_k = 2;  // experts 0: a dense Llama
   std::string alphabet = "0123456789+-*= abcdefghijklmnopqrstuvwxyz";
   uint64_t seed = 1;
   double init_std = 0.02;
@@ -62,7 +66,7 @@ struct Normal {
   std::fprintf(stderr,
                "rlh_tiny_model: %s\nusage: rlh_tiny_model OUT_DIR [--hidden N] [--layers N] "
                "[--heads N] [--kv-heads N] [--ffn N] [--alphabet CHARS] [--seed N] [--init-std X] "
-               "[--max-positions N]\n",
+               "[--max-positions N] [--experts E --top-k K]\n",
                why.c_str());
   std::exit(2);
 }
@@ -97,6 +101,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--ffn") o.ffn = positive(a, v);
     else if (a == "--max-positions") o.max_positions = positive(a, v);
     else if (a == "--seed") o.seed = static_cast<uint64_t>(positive(a, v));
+    else if (a == "--experts") o.experts = positive(a, v);
+    else if (a == "--top-k") o.top_k = positive(a, v);
     else if (a == "--alphabet") o.alphabet = v;
     else if (a == "--init-std") {
       try {
@@ -110,6 +116,7 @@ Options parse(int argc, char** argv) {
   if (o.out.empty()) usage("no output folder given");
   if (o.hidden % o.heads != 0) usage("--hidden must be a multiple of --heads");
   if (o.heads % o.kv_heads != 0) usage("--heads must be a multiple of --kv-heads");
+  if (o.experts > 0 && o.top_k > o.experts) usage("--top-k must be at most --experts");
   if (o.alphabet.empty()) usage("--alphabet is empty");
   for (size_t i = 0; i < o.alphabet.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(o.alphabet[i]);
@@ -160,6 +167,14 @@ int main(int argc, char** argv) {
                    {"torch_dtype", "float32"},
                    {"use_cache", true},
                    {"vocab_size", vocab}};
+    if (o.experts > 0) {
+      config["architectures"] = {"MixtralForCausalLM"};
+      config["model_type"] = "mixtral";
+      config["num_local_experts"] = o.experts;
+      config["num_experts_per_tok"] = o.top_k;
+      config["router_aux_loss_coef"] = 0.0;
+      config.erase("mlp_bias");
+    }
     write_text(o.out / "config.json", config.dump(2) + "\n");
     write_text(o.out / "generation_config.json",
                json{{"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 0}}.dump(2) + "\n");
@@ -176,6 +191,16 @@ int main(int argc, char** argv) {
       shapes.push_back({p + "self_attn.v_proj.weight", {o.kv_heads * head_dim, o.hidden}});
       shapes.push_back({p + "self_attn.o_proj.weight", {o.hidden, o.heads * head_dim}});
       shapes.push_back({p + "post_attention_layernorm.weight", {o.hidden}});
+      if (o.experts > 0) {
+        shapes.push_back({p + "block_sparse_moe.gate.weight", {o.experts, o.hidden}});
+        for (int64_t e = 0; e < o.experts; ++e) {
+          const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+          shapes.push_back({x + "w1.weight", {o.ffn, o.hidden}});
+          shapes.push_back({x + "w2.weight", {o.hidden, o.ffn}});
+          shapes.push_back({x + "w3.weight", {o.ffn, o.hidden}});
+        }
+        continue;
+      }
       shapes.push_back({p + "mlp.gate_proj.weight", {o.ffn, o.hidden}});
       shapes.push_back({p + "mlp.up_proj.weight", {o.ffn, o.hidden}});
       shapes.push_back({p + "mlp.down_proj.weight", {o.hidden, o.ffn}});
@@ -245,8 +270,8 @@ int main(int argc, char** argv) {
 
     int64_t params = 0;
     for (const auto& v : data) params += static_cast<int64_t>(v.size());
-    std::printf("rlh_tiny_model: %s: Llama d%lld x %lld layers, vocabulary %lld (%lld used), %lld parameters, seed %llu\n",
-                o.out.string().c_str(), static_cast<long long>(o.hidden),
+    std::printf("rlh_tiny_model: %s: %s d%lld x %lld layers, vocabulary %lld (%lld used), %lld parameters, seed %llu\n",
+                o.out.string().c_str(), o.experts > 0 ? "Mixtral" : "Llama", static_cast<long long>(o.hidden),
                 static_cast<long long>(o.layers), static_cast<long long>(vocab),
                 static_cast<long long>(n_tokens), static_cast<long long>(params),
                 static_cast<unsigned long long>(o.seed));
