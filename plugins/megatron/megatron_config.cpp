@@ -151,14 +151,8 @@ backend::BackendConfig read_config(const json& policy) {
                                               "and tensor parallelism)");
   }
   // Pipeline parallelism with expert parallelism: an ep group within each stage (Megatron's expert
-  // layout varies pp slowest). Interleaved virtual stages are not run with it: a replica with
-  // fewer micro-batches than its ep group's busiest runs idle ones, whole stages at a time.
-  if (cfg.parallel.ep > 1 && cfg.parallel.vpp > 1)
-    throw Error(RLH_E_UNIMPLEMENTED, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " +
-                                         r.full("megatron_cfg.virtual_pipeline_model_parallel_size") + " = " +
-                                         std::to_string(cfg.parallel.vpp) +
-                                         ": expert parallelism is not implemented together with interleaved "
-                                         "virtual pipeline stages");
+  // layout varies pp slowest), interleaved virtual stages included (pp_model.cpp's idle
+  // micro-batches run one model chunk's layers at a time).
   for (const char* k : kNoEffect) r.mark_subtree(k);
   // FP8 training (NeMo-RL's fp8_cfg): the host refuses enabled = true at start unless a loaded
   // plugin provides FP8 linears (it claims policy.megatron_cfg.fp8_cfg.*: examples/vendor_fp8).

@@ -21,8 +21,9 @@
 //   - on the engine under TP 2 x EP 2 (np 2, expert_tensor_parallel_size 1 with sequence
 //     parallelism): the forward, the routing record and a replayed routing's outputs are the
 //     reference's (the backend's EP x TP layouts are test_backend_cp.cpp's);
-//   - refusals name the setting (with TP: etp other than 1 or tp, no sequence parallelism; with
-//     PP: interleaved virtual stages).
+//   - refusals name the setting (with TP: etp other than 1 or tp, no sequence parallelism).
+//     Expert parallelism with pipeline stages is test_backend_cp.cpp's, with interleaved virtual
+//     stages test_backend_ep_vpp.cpp's.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -370,14 +371,6 @@ TEST(ExpertParallelErrors, RefusedByName) {
                "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
                "policy.megatron_cfg.sequence_parallel = true",
                RLH_E_INVALID_ARGUMENT);
-  // Pipeline parallelism runs with expert parallelism (test_backend_cp.cpp), interleaved virtual
-  // stages do not.
-  create_error({{"megatron_cfg",
-                 {{"expert_model_parallel_size", 2},
-                  {"pipeline_model_parallel_size", 2},
-                  {"virtual_pipeline_model_parallel_size", 2}}}},
-               "expert_model_parallel_size = 2 with policy.megatron_cfg.virtual_pipeline_model_parallel_size = 2: "
-               "expert parallelism is not implemented together with interleaved virtual pipeline stages");
   // The device path has no expert parallelism: refused by name (whatever the build).
   if (N % 2 == 0) {
     json cfg = {{"megatron_cfg", {{"expert_model_parallel_size", 2}}}, {"device", "cuda"}};

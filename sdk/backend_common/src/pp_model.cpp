@@ -208,7 +208,9 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
   // MoE layer, so every replica of the group runs the schedule of its busiest one, Mx
   // micro-batches: a micro-batch past its own M is an idle one (its experts run for the others'
   // rows, the exchanges of a forward_stage or backward_stage call, no message between stages:
-  // the replica's stages skip it alike).
+  // the replica's stages skip it alike). The ranks of an ep group share their stage s and Mx,
+  // so they derive the same operations (with virtual stages each one a single model chunk's
+  // layers, an idle one too) and meet in every chunk's exchanges in the same order.
   int64_t most[1] = {M};
   if (m.ep()) m.dp->ep.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
   const int64_t Mx = most[0];
@@ -257,8 +259,8 @@ engine::StepResult pp_train_step(Model& m, const std::vector<engine::MicroBatch>
   if (!ticks[size_t(s)].empty()) last_tick = std::max(last_tick, ticks[size_t(s)].back());
   for (int64_t t = 0; t <= last_tick; ++t) {
     const PpOp* run = k < ops[size_t(s)].size() && ticks[size_t(s)][k] == t ? &ops[size_t(s)][k++] : nullptr;
-    if (run != nullptr && run->mb >= M) {  // an idle micro-batch (expert parallelism, above)
-      m.engine->ep_idle_microbatch(!run->forward);
+    if (run != nullptr && run->mb >= M) {  // an idle micro-batch (expert parallelism, above): its chunk's layers
+      m.engine->ep_idle_microbatch(!run->forward, run->chunk);
       run = nullptr;
     }
     if (run != nullptr) {

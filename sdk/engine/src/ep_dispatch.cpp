@@ -150,19 +150,30 @@ void Engine::Impl::ep_backward(int64_t l, const float* dyp, float* dxp) {
   opt.ep_comm->all_to_all_v(sc.rows.data(), sc.counts_in, dxp, sc.counts_out);
 }
 
-void Engine::ep_idle_microbatch(bool train) {
+void Engine::ep_idle_microbatch(bool train, int64_t chunk) {
   Impl& m = *impl_;
   if (!m.ep_on) return;
+  // The layers a real call would run: a pipeline stage's model chunk (interleaved virtual
+  // stages: the schedule runs one chunk a call, and a peer's exchanges are that chunk's), else
+  // every layer this engine holds.
+  int64_t lo = 0, hi = m.L;
+  if (chunk >= 0) {
+    if (!m.pp_on || chunk >= int64_t(m.opt.pp->chunks.size()))
+      throw std::invalid_argument("engine: ep_idle_microbatch: model chunk " + std::to_string(chunk) + " of " +
+                                  std::to_string(m.pp_on ? m.opt.pp->chunks.size() : 0));
+    lo = m.opt.pp->chunks[size_t(chunk)].local_begin;
+    hi = lo + m.opt.pp->chunks[size_t(chunk)].count;
+  }
   // No rows of this rank's own: every expert of every rank gets zero rows from it.
   std::vector<int32_t> zero(size_t(1), 0);
-  for (int64_t l = 0; l < m.L; ++l) {
+  for (int64_t l = lo; l < hi; ++l) {
     const LayerShape& s = m.shapes[size_t(l)];
     if (!s.moe) continue;
     zero.assign(size_t(s.E) + 1, 0);
     m.ep_forward(l, zero.data(), nullptr, nullptr);
   }
   if (!train) return;
-  for (int64_t l = m.L - 1; l >= 0; --l) {
+  for (int64_t l = hi - 1; l >= lo; --l) {
     const LayerShape& s = m.shapes[size_t(l)];
     if (!s.moe) continue;
     if (m.opt.recompute) {  // a train step re-runs each layer's forward inside its backward

@@ -456,7 +456,9 @@ class Engine {
   // exchanges meet: every MoE layer's experts over the rows the other ranks send it (none of its
   // own), forward, and with `train` backward too (adding to the expert gradients) in the order a
   // train step runs them. Collective over the ep group; a no-op without expert parallelism.
-  void ep_idle_microbatch(bool train);
+  // `chunk` >= 0: a pipeline stage's model chunk only (the layers a forward_stage or
+  // backward_stage call of that chunk runs); -1: every layer.
+  void ep_idle_microbatch(bool train, int64_t chunk = -1);
 
  private:
   struct Impl;
