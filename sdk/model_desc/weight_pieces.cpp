@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace rlh::sdk {
 
@@ -35,6 +36,69 @@ EngineBox tp_box(const TpLayout& L, size_t i) {
   b.count[a] = pc.count;
   b.stored[a] = pc.extent;
   return b;
+}
+
+namespace {
+
+// [begin, end) of the tensor `shape[d:]` at the index `lo[:d]` (fixed, count 1) into `out`.
+void flat_boxes(const std::vector<int64_t>& shape, size_t d, int64_t begin, int64_t end, std::vector<int64_t>& lo,
+                std::vector<EngineBox>& out) {
+  if (begin >= end) return;
+  const size_t nd = shape.size();
+  EngineBox b;
+  b.stored = shape;
+  if (d == nd) {  // one element (a scalar's, or the innermost index fixed)
+    b.lo = lo;
+    b.count.assign(nd, 1);
+    out.push_back(std::move(b));
+    return;
+  }
+  int64_t inner = 1;  // elements of one index of dimension d
+  for (size_t k = d + 1; k < nd; ++k) inner *= shape[k];
+  int64_t first = begin / inner, last = (end - 1) / inner;  // indices of dimension d touched
+  if (first == last) {                                      // within one index: one dimension in
+    lo[d] = first;
+    flat_boxes(shape, d + 1, begin - first * inner, end - first * inner, lo, out);
+    lo[d] = 0;
+    return;
+  }
+  if (begin % inner != 0) {  // the partial first row
+    lo[d] = first;
+    flat_boxes(shape, d + 1, begin % inner, inner, lo, out);
+    ++first;
+  }
+  const bool partial_last = end % inner != 0;
+  const int64_t whole_end = partial_last ? last : last + 1;
+  if (first < whole_end) {  // whole rows
+    b.lo = lo;
+    b.count.assign(nd, 1);
+    b.lo[d] = first;
+    b.count[d] = whole_end - first;
+    for (size_t k = d + 1; k < nd; ++k) b.count[k] = shape[k];
+    out.push_back(std::move(b));
+  }
+  if (partial_last) {  // the partial last row
+    lo[d] = last;
+    flat_boxes(shape, d + 1, 0, end % inner, lo, out);
+  }
+  lo[d] = 0;
+}
+
+}  // namespace
+
+std::vector<EngineBox> flat_range_boxes(const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
+  int64_t n = 1;
+  for (int64_t e : shape) {
+    if (e < 0) throw std::invalid_argument("flat_range_boxes: a negative extent");
+    n *= e;
+  }
+  if (begin < 0 || end > n || begin > end)
+    throw std::invalid_argument("flat_range_boxes: range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") outside a tensor of " + std::to_string(n) + " elements");
+  std::vector<EngineBox> out;
+  std::vector<int64_t> lo(shape.size(), 0);
+  flat_boxes(shape, 0, begin, end, lo, out);
+  return out;
 }
 
 HfBox hf_box(const ParamDesc& p, size_t k, const EngineBox& box) {

@@ -1,10 +1,13 @@
 // BACKEND 0.5's visit_weight_pieces on CPU ranks under mpirun (label comm): for every layout the
 // CPU engine runs (one rank, TP 2, PP 2 with a tied embedding, EP 2, TP 2 with stacked experts,
-// dtensor FSDP over 2 ranks, CP 2, and TP 2 x PP 2 on 4 ranks), each rank's pieces hold exactly
-// the gathered weight's values at their placement, the pieces marked RLH_PIECE_SENDER cover
-// every element of every weight exactly once over the ranks, and a second visit names the same
-// placements (what a resharding refit exchanges once).
+// dtensor FSDP over 2 and 4 ranks (stacked experts on 4), HSDP 2 x 2, CP 2, and TP 2 x PP 2 on 4
+// ranks), each rank's pieces hold exactly the gathered weight's values at their placement, the
+// pieces marked RLH_PIECE_SENDER cover every element of every weight exactly once over the ranks,
+// and a second visit names the same placements (what a resharding refit exchanges once). An
+// FSDP rank's pieces are its own flat shard, ungathered (the boxes flat_range_boxes makes).
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,6 +39,8 @@ std::vector<Case> cases() {
       {"pp2_tied", "megatron", "qwen3-tiny", {{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}, 2},
       {"ep2", "megatron", "qwen3-moe-tiny", {{"megatron_cfg", ep2}}, 2},
       {"fsdp2", "dtensor", "llama-tiny", json::object(), 2},
+      {"fsdp4", "dtensor", "qwen3-moe-tiny", json::object(), 4},
+      {"hsdp2x2", "dtensor", "llama-tiny", {{"dtensor_cfg", {{"dp_replicate_size", 2}}}}, 4},
       {"ddp2_distopt", "megatron", "llama-tiny",
        {{"megatron_cfg",
          {{"optimizer",
@@ -116,6 +121,40 @@ rlh_status* on_piece(void* user, const rlh_weight_piece* p) {
   return nullptr;
 }
 
+// A flat range of a row-major tensor as boxes (how an FSDP rank names its shard of a tensor):
+// the boxes' elements, box by box in row-major order, are the range's, in order, for every range
+// of a few shapes; at most 2 * ndim - 1 boxes.
+TEST(FlatRangeBoxes, AreTheRangeInOrder) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{}, {7}, {3, 4}, {2, 3, 5}, {2, 1, 3, 2}}) {
+    const int64_t n = sdk::box_elems(shape);
+    const std::vector<int64_t> st = sdk::row_major_strides(shape);
+    for (int64_t b = 0; b <= n; ++b)
+      for (int64_t e = b; e <= n; ++e) {
+        std::vector<int64_t> got;
+        const std::vector<sdk::EngineBox> boxes = sdk::flat_range_boxes(shape, b, e);
+        for (const sdk::EngineBox& box : boxes) {
+          ASSERT_EQ(box.stored, shape);
+          const int64_t m = sdk::box_elems(box.count);
+          ASSERT_GT(m, 0) << "an empty box";
+          for (int64_t k = 0; k < m; ++k) {
+            int64_t rest = k, flat = 0;
+            for (size_t d = shape.size(); d-- > 0;) {
+              flat += (box.lo[d] + rest % box.count[d]) * st[d];
+              rest /= box.count[d];
+            }
+            got.push_back(flat);
+          }
+        }
+        std::vector<int64_t> want;
+        for (int64_t f = b; f < e; ++f) want.push_back(f);
+        EXPECT_EQ(got, want) << "shape of " << shape.size() << " dims, range [" << b << ", " << e << ")";
+        EXPECT_LE(boxes.size(), std::max<size_t>(1, 2 * shape.size() - 1));
+      }
+  }
+  EXPECT_THROW(sdk::flat_range_boxes({3, 4}, 5, 13), std::invalid_argument);
+  EXPECT_THROW(sdk::flat_range_boxes({3, 4}, 6, 5), std::invalid_argument);
+}
+
 TEST(WeightPieces, TileEveryWeightOnceAndMatchTheGatheredWeights) {
   const int N = world().size();
   int ran = 0;
@@ -156,15 +195,29 @@ TEST(WeightPieces, TileEveryWeightOnceAndMatchTheGatheredWeights) {
       EXPECT_EQ(off, 0) << name << ": elements not covered exactly once by the senders' pieces";
     }
     // No gather: under model parallelism every rank holds less than the whole model (a slice, a
-    // stage, a block of experts); replicas (one rank, FSDP's whole units, DP, CP) hold all of it.
-    int64_t held = 0, all = 0;
-    for (const Placement& p : first.seen) held += sdk::box_elems(p.extent);
+    // stage, a block of experts); replicas (one rank, DP, CP) hold all of it.
+    int64_t held = 0, sent = 0, all = 0;
+    for (const Placement& p : first.seen) {
+      held += sdk::box_elems(p.extent);
+      if (p.flags & RLH_PIECE_SENDER) sent += sdk::box_elems(p.extent);
+    }
     for (const auto& [name, w] : whole) all += int64_t(w.size());
-    const bool replica = c.name == "one_rank" || c.name == "fsdp2" || c.name == "ddp2_distopt" || c.name == "cp2";
-    if (replica)
+    const bool replica = c.name == "one_rank" || c.name == "ddp2_distopt" || c.name == "cp2";
+    if (c.backend == "dtensor") {
+      // FSDP: exactly this rank's flat shard, as it lies. Each unit is cut into S equal blocks
+      // (the last ones short), so a rank holds all / S elements give or take S per unit (fewer
+      // units than HF tensors); HSDP's replicas of a shard send half of it each.
+      const int S = c.name == "hsdp2x2" ? N / 2 : N;
+      const int64_t slack = int64_t(whole.size()) * S;
+      EXPECT_LE(std::abs(held - all / S), slack) << "rank " << world().rank() << " holds " << held << " of " << all
+                                                 << " elements: not its 1/" << S << " shard";
+      if (S == N) EXPECT_EQ(sent, held) << "rank " << world().rank() << ": FSDP without replicas sends all it holds";
+      else EXPECT_LT(sent, held) << "rank " << world().rank() << ": HSDP replicas share the sending";
+    } else if (replica) {
       EXPECT_EQ(held, all) << "rank " << world().rank();
-    else
+    } else {
       EXPECT_LT(held, all) << "rank " << world().rank();
+    }
   }
   if (ran == 0) GTEST_SKIP() << "no layout for " << N << " ranks";
 }

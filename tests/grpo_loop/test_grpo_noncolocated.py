@@ -8,10 +8,14 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   follows         1 trainer + 1 generator rank follow one colocated rank for 6 steps (rewards,
                   token counts and validation accuracy equal, loss and gradient norm within fp32
                   rounding); every refit's bytes are the policy's fp32 weights
-  follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks
+  follows_dp2     2 trainer + 2 generator ranks follow 2 colocated data-parallel ranks; each FSDP
+                  trainer rank sends each generator rank its half of the weights, its flat shard
+                  as it lies (the resharding refit, no gather)
   follows_dp2_shared  2 data-parallel trainer ranks sharing 1 generator rank (np 3; validation shares
                   of 16 and 17 rows, so the two make different numbers of calls) follow 2 colocated
-                  ranks for 3 steps, and async GRPO on them (lags 0, 1, 1)
+                  ranks for 3 steps, and async GRPO on them (lags 0, 1, 1); the shared generator
+                  rank takes the resharding refit (each trainer's FSDP shard), and with
+                  rlhost.refit_reshard=false the broadcast, the two runs equal bitwise
   follows_dp4_shared_np6  4 data-parallel trainer ranks sharing 2 generator ranks (np 6, two each)
                   likewise against 4 colocated ranks
   multiturn_shared  multi-turn GRPO (the reveal task: only wrong first guesses take a second turn,
@@ -41,6 +45,12 @@ generate and the ranks before them train (plugins/grpo/src/generation_ranks.hpp)
   ppo_follows     PPO with 1 trainer + 1 generator rank follows one colocated rank (the critic
                   trains on the trainer rank; only generation moves); asynchronous PPO on them
                   trains steps 2-3 one version behind
+  refit_reshard   the resharding refit against trainer 0's broadcast (rlhost.refit_reshard=false),
+                  2 steps each, equal bitwise, each generator rank receiving exactly its pieces:
+                  megatron TP 2 -> 1 generator rank, 1 trainer -> a TP 2 generator, PP 2 -> 1 (np 3)
+  refit_reshard_np4  TP 2 -> a TP 2 generator, and 2 FSDP trainers sharing a TP 2 generator (each
+                  flat shard's boxes meet each generator rank's TP boxes)
+  refit_reshard_np6  2 FSDP trainers with a TP 2 generator each (several TP generators)
   bad_layout      worlds the generator ranks do not fit (no trainer left, trainer and generator
                   counts that do not divide one another), and
                   the async settings rlhost cannot honour, are refused with one line naming them
@@ -61,6 +71,7 @@ usage: test_grpo_noncolocated.py CASE RLHOST RLH_TINY_MODEL MPIRUN SOURCE_DIR
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -106,6 +117,45 @@ def params_bytes(tmp):
     return total
 
 
+def reshard_lines(tmp, out, what, trainers, gens, want=None, senders=None):
+    """The resharding refit's lines of a run on `trainers` trainer + `gens` generator ranks: each
+    generator rank receives `want[g]` bytes (default: the whole model) from `senders` trainer ranks
+    (default: all; a list: per generator rank). Returns {trainer rank: (held, sent, to)} from the
+    trainer ranks' lines."""
+    full = params_bytes(tmp)
+    senders = [trainers] * gens if senders is None else senders
+    for g in range(gens):
+        got = want[g] if want else full
+        line = f"refit: generator rank {trainers + g} receives its"
+        check(any(line in l and f", {got} bytes, from {senders[g]} trainer rank" in l for l in out.splitlines()),
+              f"{what}: generator rank {trainers + g} takes the resharding refit: {got} bytes from {senders[g]} trainer "
+              f"rank(s)", out)
+    sent = {}
+    for l in out.splitlines():
+        m = re.search(r"refit: trainer rank (\d+) sends its \d+ weight pieces \((\d+) bytes\) as (\d+) bytes to (\d+) "
+                      r"generator rank", l)
+        if m:
+            sent[int(m.group(1))] = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+    check(sorted(sent) == list(range(trainers)), f"{what}: every trainer rank logs what it sends ({sorted(sent)})", out)
+    return sent
+
+
+def check_fsdp_shards(tmp, sent, what, trainers, gens, whole=True):
+    """FSDP trainers send their shards as they lie: trainer rank t holds its 1/T flat shard of every
+    unit (all / T bytes, give or take T elements per unit: fewer units than tensors), the shards add
+    up to the model, and (`whole`: every generator rank needs the whole model) it sends each
+    generator rank that shard: nothing is gathered."""
+    full = params_bytes(tmp)
+    slack = 4 * trainers * len(tiny_tensors(tmp)[0])
+    held = [sent.get(t, (0, 0, 0))[0] for t in range(trainers)]
+    check(sum(held) == full, f"{what}: the trainer ranks' shards add up to the model ({held}, {full} bytes)")
+    check(all(abs(h - full // trainers) <= slack for h in held),
+          f"{what}: each trainer rank holds its 1/{trainers} shard ({held}; {full // trainers} +- {slack} bytes)")
+    check(not whole or all(sent[t][1] == gens * sent[t][0] and sent[t][2] == gens for t in sent),
+          f"{what}: each trainer rank sends its shard, as it holds it, to each of the {gens} generator rank(s) ({sent})")
+    return f"FSDP shards of {held} bytes ({full} in all) sent as they lie"
+
+
 def case_follows(tmp, trainers):
     setup(tmp)
     rc, out, _ = run(command(tmp, "colocated"), np=trainers)
@@ -122,9 +172,11 @@ def case_follows(tmp, trainers):
         check(got == want, f"step {s}: the refit broadcast {got} bytes, the policy's fp32 weights ({want})")
         check(two[s].get("train/refit_broadcast_seconds", -1) >= 0, f"step {s}: the refit's seconds are logged")
     check(f"data parallel over {trainers} ranks" in out, f"the backend trains on {trainers} rank(s), not the generators", out)
+    sent = reshard_lines(tmp, out, f"{trainers}+{trainers}", trainers, trainers)
+    shards = check_fsdp_shards(tmp, sent, f"{trainers}+{trainers}", trainers, trainers) if trainers > 1 else ""
     print(f"{trainers}+{trainers} ranks followed {trainers} colocated for 6 steps (rewards "
           f"{[two[s]['train/reward'] for s in range(1, 7)]}); refit {want} B in "
-          f"{[round(two[s]['train/refit_broadcast_seconds'], 4) for s in range(1, 7)]} s; run took {secs:.1f} s")
+          f"{[round(two[s]['train/refit_broadcast_seconds'], 4) for s in range(1, 7)]} s; {shards}; run took {secs:.1f} s")
 
 
 MEGATRON = ["policy.dtensor_cfg.enabled=false", "++policy.megatron_cfg.enabled=true",
@@ -140,8 +192,9 @@ MP_LAYOUTS = {
 
 def follows_mp(tmp, layout, gens, steps=3, trainers=2, dp=1):
     """Megatron `layout` on `trainers` ranks (`dp` data-parallel groups) with `gens` generator ranks
-    follows the colocated run of the same layout for `steps` steps, and every refit broadcasts the
-    policy's fp32 weights. Returns the non-colocated run's metrics."""
+    follows the colocated run of the same layout for `steps` steps, and every refit sends each
+    generator rank the policy's fp32 weights, resharded from every trainer rank's pieces. Returns
+    the non-colocated run's metrics."""
     mp = MEGATRON + MP_LAYOUTS[layout]
     reference = f"colocated_{layout}"
     rc, out, _ = run(command(tmp, reference, steps=steps, extra=mp), np=trainers)
@@ -162,7 +215,8 @@ def follows_mp(tmp, layout, gens, steps=3, trainers=2, dp=1):
     want = params_bytes(tmp)
     for s in range(1, steps + 1):
         got = two.get(s, {}).get("train/refit_bytes")
-        check(got == want, f"{layout}: step {s}: the refit broadcast {got} bytes, the policy's fp32 weights ({want})")
+        check(got == want, f"{layout}: step {s}: the refit sent {got} bytes, the policy's fp32 weights ({want})")
+    reshard_lines(tmp, out, f"{layout} + {gens}", trainers, gens)
     print(f"{layout} trainers + {gens} generator rank(s) followed the colocated run for {steps} steps (rewards "
           f"{[two[s]['train/reward'] for s in range(1, steps + 1)]}); refit {want} B; {secs:.1f} s")
     return two
@@ -211,9 +265,12 @@ GEN_TP2 = ["++policy.generation.vllm_cfg.tensor_parallel_size=2"]
 UNEVEN_VAL = ["grpo.max_val_samples=33", "grpo.val_batch_size=16"]
 
 
-def shared(tmp, trainers, gens, steps=3):
+def shared(tmp, trainers, gens, steps=3, broadcast=False):
     """`trainers` data-parallel trainer ranks sharing `gens` generator ranks follow as many colocated
-    ranks for `steps` steps, synchronously and with async GRPO (lags 0, 1, 1)."""
+    ranks for `steps` steps, synchronously and with async GRPO (lags 0, 1, 1). Every refit is the
+    resharding one: each generator rank takes every FSDP trainer rank's shard, its clients' and the
+    others' (on the pieces' own communicator, which its recv_any never reads). `broadcast`: also
+    with rlhost.refit_reshard=false, which broadcasts instead and equals the resharded run bitwise."""
     setup(tmp)
     rc, out, _ = run(command(tmp, "colocated", steps=steps, extra=UNEVEN_VAL), np=trainers)
     check(rc == 0, f"{trainers} colocated ranks run (rc {rc})", out)
@@ -232,13 +289,24 @@ def shared(tmp, trainers, gens, steps=3):
           "the validation at the start (unequal shares) equals the colocated run's", str(two.get(0)))
     want = params_bytes(tmp)
     check(all(two[s].get("train/refit_bytes") == want for s in range(1, steps + 1)),
-          f"every refit broadcasts the policy's {want} bytes")
+          f"every refit sends each generator rank the policy's {want} bytes")
+    sent = reshard_lines(tmp, out, f"{trainers} sharing {gens}", trainers, gens)
+    shards = check_fsdp_shards(tmp, sent, f"{trainers} sharing {gens}", trainers, gens)
+    reshard_lines(tmp, out2, f"async, {trainers} sharing {gens}", trainers, gens)
+    if broadcast:
+        rc3, out3, _ = run(command(tmp, "broadcast", steps=steps, extra=UNEVEN_VAL + generators(gens) +
+                                   ["++rlhost.refit_reshard=false"]), np=trainers + gens)
+        check(rc3 == 0, f"{trainers} sharing {gens} with rlhost.refit_reshard=false runs (rc {rc3})", out3)
+        if rc3 == 0:
+            check("receives its" not in out3 and "sends its" not in out3,
+                  "rlhost.refit_reshard=false: the shared generator rank gets the broadcast", out3)
+            same_steps(metrics(tmp, "broadcast"), two, range(1, steps + 1), f"{trainers} sharing {gens}")
     check(a[1]["train/reward"] == one[1]["train/reward"], "async: step 1 draws the colocated run's samples")
     lags = [a[k]["train/generation_weight_lag"] for k in range(1, steps + 1)]
     check(lags == [0] + [1] * (steps - 1), f"async: later steps train on rollouts one version old (lags {lags})")
     print(f"{trainers} data-parallel trainers sharing {gens} generator rank(s) followed {trainers} colocated ranks for "
           f"{steps} steps (rewards {[two[s]['train/reward'] for s in range(1, steps + 1)]}; {secs:.1f} s); async lags "
-          f"{lags} ({secs2:.1f} s)")
+          f"{lags} ({secs2:.1f} s); resharding refit: {shards}" + ("; = the broadcast run bitwise" if broadcast else ""))
 
 
 def case_multiturn_shared(tmp):
@@ -270,6 +338,7 @@ def case_multiturn_shared(tmp):
         return
     one, two = metrics(tmp, "colocated"), metrics(tmp, "nc")
     compare(one, two, range(1, 4), "multi-turn, 2 trainers + 1 generator rank", "the 2 colocated ranks'")
+    reshard_lines(tmp, out2, "multi-turn, 2 sharing 1", 2, 1)
     turns = [two.get(s, {}).get("train/avg_turns_per_sample", 0) for s in range(1, 4)]
     check(all(1 < t < 2 for t in turns), f"multi-turn: some samples take a second turn, not all ({turns})")
     check("validation/accuracy" in one.get(0, {}) and one[0]["validation/accuracy"] == two.get(0, {}).get("validation/accuracy"),
@@ -391,7 +460,7 @@ def same_steps(a, b, steps, what):
               + (f" (differ: {', '.join(differ[:5])})" if differ else ""))
 
 
-def refit_reshard(tmp, name, layout, gens, gen_tp, np):
+def refit_reshard(tmp, name, layout, gens, gen_tp, np, senders=None):
     """`layout` trainers (MP_LAYOUTS key, or None: one dtensor rank) + `gens` generator ranks
     forming generators of `gen_tp` ranks, with the resharding refit and with trainer 0's broadcast
     (rlhost.refit_reshard=false), 2 steps each: the runs are equal bitwise (same samples, so the same
@@ -408,17 +477,15 @@ def refit_reshard(tmp, name, layout, gens, gen_tp, np):
     pieces, whole = metrics(tmp, f"{name}_pieces"), metrics(tmp, f"{name}_broadcast")
     same_steps(whole, pieces, (1, 2), name)
     full = params_bytes(tmp)
-    want = tp2_piece_bytes(tmp) if gen_tp == 2 else [full] * gens
+    want = [tp2_piece_bytes(tmp)[g % 2] for g in range(gens)] if gen_tp == 2 else [full] * gens
     for s in (1, 2):
         check(whole[s].get("train/refit_bytes") == full, f"{name}: step {s}: the broadcast sends the whole {full} bytes")
         check(pieces[s].get("train/refit_bytes") == max(want) and pieces[s].get("train/refit_bytes_total") == sum(want),
               f"{name}: step {s}: the generator ranks receive {want} bytes (at most {pieces[s].get('train/refit_bytes')}, "
               f"in all {pieces[s].get('train/refit_bytes_total')})")
-    senders = 2 if layout else 1
-    for g in range(gens):
-        line = f"refit: generator rank {np - gens + g} receives its"
-        check(line in out and f", {want[g % len(want)]} bytes, from {senders} trainer rank" in out,
-              f"{name}: generator rank {np - gens + g} logs its {want[g % len(want)]} bytes from {senders} trainer rank(s)", out)
+    sent = reshard_lines(tmp, out, name, np - gens, gens, want=[want[g % len(want)] for g in range(gens)], senders=senders)
+    if not layout and np - gens > 1:  # FSDP trainers: each sends what its shard holds of each rank's part
+        check_fsdp_shards(tmp, sent, name, np - gens, gens, whole=gen_tp == 1)
     check("receives its" not in out2, f"{name}: the broadcast run does not reshard", out2)
     print(f"{name}: resharded refit = broadcast refit bitwise over 2 steps; generator ranks receive {want} B "
           f"(broadcast: {full} B each); {secs:.1f} s")
@@ -431,9 +498,19 @@ def case_refit_reshard(tmp):
     refit_reshard(tmp, "pp2_to_1", "pp2", 1, 1, 3)
 
 
+def case_refit_reshard_np6(tmp):
+    """Several tensor-parallel generators: 2 FSDP trainers, each with a TP 2 generator of its own."""
+    setup(tmp)
+    refit_reshard(tmp, "fsdp2_to_2x_tp2", None, 4, 2, 6)
+
+
 def case_refit_reshard_np4(tmp):
     setup(tmp)
-    refit_reshard(tmp, "tp2_to_tp2", "tp2", 2, 2, 4)
+    # TP rank 0 of the generator takes all from trainer rank 0 (its slice, and the norms it sends);
+    # TP rank 1 its slice from trainer rank 1 and the norms from trainer rank 0.
+    refit_reshard(tmp, "tp2_to_tp2", "tp2", 2, 2, 4, senders=[1, 2])
+    # 2 FSDP trainers sharing one TP 2 generator: each flat shard's boxes meet each rank's TP boxes.
+    refit_reshard(tmp, "fsdp2_to_shared_tp2", None, 2, 2, 4)
 
 
 def case_follows_tp2(tmp):
@@ -475,6 +552,7 @@ def case_shared_mp_np4(tmp):
     check(rc2 == 0, f"2 trainers sharing one TP 2 generator run (rc {rc2})", out2)
     if rc == 0 and rc2 == 0:
         check("every 2 groups share one" in out2, "the 2 trainer ranks share the TP 2 generator", out2)
+        reshard_lines(tmp, out2, "2 sharing a TP 2 generator", 2, 2, want=tp2_piece_bytes(tmp))
         compare(metrics(tmp, "colocated"), metrics(tmp, "nc_gen_tp2"), range(1, 4), "2 trainers + a TP 2 generator",
                 "the 2 colocated ranks'")
         print(f"2 data-parallel trainers sharing one TP 2 generator followed 2 colocated ranks for 3 steps; {secs:.1f} s")
@@ -691,7 +769,7 @@ CASES = {
     "follows": lambda t: case_follows(t, 1),
     "follows_dp2": lambda t: case_follows(t, 2),
     "follows_1to2": case_follows_1to2,
-    "follows_dp2_shared": lambda t: shared(t, 2, 1),
+    "follows_dp2_shared": lambda t: shared(t, 2, 1, broadcast=True),
     "follows_dp4_shared_np6": lambda t: shared(t, 4, 2),
     "multiturn_shared": case_multiturn_shared,
     "shared_mp_np4": case_shared_mp_np4,
@@ -703,6 +781,7 @@ CASES = {
     "ppo_follows": case_ppo_follows,
     "refit_reshard": case_refit_reshard,
     "refit_reshard_np4": case_refit_reshard_np4,
+    "refit_reshard_np6": case_refit_reshard_np6,
     "bad_layout": case_bad_layout,
     "async_learns": case_async_learns,
     "killed_generator": case_killed_generator,

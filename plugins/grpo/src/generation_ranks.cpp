@@ -268,6 +268,11 @@ struct GenerationRanks::Impl {
   sdk::Comm trainers;  // the trainer ranks (generator ranks: the generator ranks)
   sdk::Comm link;      // every rank, in world order: clients and generator ranks, point to point
   sdk::Comm refit;     // trainer 0 and every generator rank (rank 0: trainer 0); others: unused
+  // The resharding refit's needs and pieces: every rank in world order, like the link, but a
+  // communicator of its own, so no piece can ever match a shared generator rank's recv_any on the
+  // link (which takes whatever a trainer sent it next). Split from the world at the first
+  // resharding refit, by every rank there (trainers in make_plan, generator ranks in take_plan).
+  sdk::Comm pieces;
   // Tensor-parallel generators (tp > 1): a generator rank's group of tp consecutive generator
   // ranks, one generator; its first rank (the "leader") hears from the client and shares.
   sdk::Comm share;
@@ -295,6 +300,7 @@ struct GenerationRanks::Impl {
   // Trainer side of the plan (collective over the trainer ranks; trainer 0 also hears every
   // generator rank's needs and hands the table to them): see weight_reshard.hpp.
   void make_plan(const OwnPieces& own) {
+    pieces = world.split(0, world_rank, "refit pieces");
     const std::string mine = to_json(own.boxes).dump();
     std::string text;
     if (world_rank == 0) {
@@ -305,7 +311,7 @@ struct GenerationRanks::Impl {
         table["pieces"].push_back(json::parse(bytes.begin(), bytes.end()));
       }
       for (int g = 0; g < num_generators; ++g) {
-        const int64_t cmd = receive_message(link, num_trainers + g, bytes);
+        const int64_t cmd = receive_message(pieces, num_trainers + g, bytes);
         if (cmd != kRefitPieces)
           throw Error(RLH_E_DATA_LOSS, "refit: generator rank " + std::to_string(num_trainers + g) + " sent message " +
                                            std::to_string(cmd) + " instead of its needs");
@@ -322,8 +328,9 @@ struct GenerationRanks::Impl {
 
   // Generator rank's side: its needs to trainer 0, the table back.
   void take_plan(const Needs& needs) {
+    pieces = world.split(0, world_rank, "refit pieces");
     const std::string text = to_json(needs).dump();
-    send_message(link, 0, kRefitPieces, std::vector<uint8_t>(text.begin(), text.end()));
+    send_message(pieces, 0, kRefitPieces, std::vector<uint8_t>(text.begin(), text.end()));
     plan = std::make_unique<ReshardPlan>(json::parse(broadcast_text(refit, std::string())));
   }
 
@@ -612,14 +619,28 @@ class RemoteLink : public GeneratorLink {
     std::memcpy(v.data(), &own.version, sizeof own.version);
     for (int peer : r_.peers) send_message(r_.link, peer, kRefitPieces, v);
     const auto t0 = std::chrono::steady_clock::now();
-    if (!r_.plan) r_.make_plan(own);
+    const bool first = !r_.plan;
+    if (first) r_.make_plan(own);
     const ReshardPlan& plan = *r_.plan;
     const int t = r_.world_rank;
     // In generator order: a generator rank receives in trainer order, so no pair waits on a cycle.
+    int64_t sent = 0;
+    int to = 0;
     for (int g = 0; g < plan.generators(); ++g) {
       if (plan.bytes(t, g) == 0) continue;
       const std::vector<char> bytes = plan.pack(t, g, own);
-      send_bytes(r_.link, r_.num_trainers + g, bytes.data(), bytes.size());
+      send_bytes(r_.pieces, r_.num_trainers + g, bytes.data(), bytes.size());
+      sent += static_cast<int64_t>(bytes.size());
+      ++to;
+    }
+    // What this rank holds and sends (an FSDP rank: its own shard, for every generator rank that
+    // needs it), once: the tests check no rank sends more than it holds.
+    if (first) {
+      int64_t held = 0;
+      for (const std::vector<char>& d : own.data) held += static_cast<int64_t>(d.size());
+      r_.host.info("refit: trainer rank " + std::to_string(t) + " sends its " + std::to_string(own.boxes.size()) +
+                   " weight pieces (" + std::to_string(held) + " bytes) as " + std::to_string(sent) + " bytes to " +
+                   std::to_string(to) + " generator rank" + (to == 1 ? "" : "s") + " point to point");
     }
     // Bytes the generator rank that receives most takes in, and all of them together.
     double most = 0, total = 0;
@@ -705,10 +726,6 @@ void GenerationRanks::attach(const sdk::Host& host, const LoopRanks& ranks) {
   // generators than groups: every D / M groups share one, each fed by its first rank.
   const int k = M % D == 0 ? M / D : 0;
   const int groups_per = k == 0 && D % M == 0 ? D / M : 1;  // data-parallel groups per generator
-  // A shared generator rank takes its clients' messages with recv_any, which could also take a
-  // non-client trainer's refit pieces (sent point to point beside them): it gets the broadcast
-  // refit from trainer rank 0 instead.
-  if (groups_per > 1) r.reshard = false;
   const std::string layout = r.resources_text + " = " + std::to_string(M) +
                              (r.tp > 1 ? " tensor-parallel generators" : " generator ranks") + " for " + std::to_string(T) +
                              " trainer ranks in " + std::to_string(D) + " data-parallel group" + (D == 1 ? "" : "s") + " of " +
@@ -889,7 +906,7 @@ void GenerationRanks::serve(Generator& gen, const std::function<Needs()>& needs)
         const int64_t n = plan.bytes(t, g);
         if (n == 0) continue;
         in.resize(static_cast<size_t>(n));
-        recv_bytes(r.link, t, in.data(), in.size());
+        recv_bytes(r.pieces, t, in.data(), in.size());
         plan.unpack(t, g, in, bufs, got);
         received += n;
         ++from;

@@ -46,11 +46,15 @@
 //     what can be done now (serve a request, answer a fetch) and waits for a refit until every
 //     running client asked for it, so each request is served with the weights of the version its
 //     header names (checked; the colocated run's order).
-//   refit, resharding (the backend has BACKEND 0.5's visit_weight_pieces, rlhost.refit_reshard
-//     is not false and no generator rank is shared; weight_reshard.hpp): every trainer rank visits
-//     its own pieces (no gather) and sends each generator rank exactly the intersection of its
-//     pieces with that rank's needs (its tensor-parallel boxes, or every tensor whole), point to
-//     point over the link; the plan is agreed once, at the first refit, through trainer rank 0.
+//   refit, resharding (the backend has BACKEND 0.5's visit_weight_pieces and rlhost.refit_reshard
+//     is not false; weight_reshard.hpp): every trainer rank visits its own pieces (no gather) and
+//     sends each generator rank exactly the intersection of its pieces with that rank's needs (its
+//     tensor-parallel boxes, or every tensor whole), point to point; the plan is agreed once, at
+//     the first refit, through trainer rank 0. A client announces the refit on the link
+//     (kRefitPieces, queued like any message, so a shared generator rank starts it once every
+//     client asked); needs and pieces travel on a communicator of their own (a split of the world
+//     made at that first refit), so a shared generator rank's recv_any on the link never takes a
+//     trainer's pieces, whether the trainer is a client of it or not.
 //     A tensor-parallel generator's ranks receive only their pieces and keep no whole copy.
 //   refit, broadcast (otherwise): every trainer visits the policy's weights (collective under
 //     FSDP, and under tensor or pipeline parallelism, where the visit gathers each weight whole

@@ -825,9 +825,11 @@ rlh_status* backend_visit_weights_on(rlh_backend* self, rlh_model* model, const 
 // tensor each), under pipeline parallelism its stage's tensors; data- and context-parallel
 // replicas hold the same pieces. The sender of a replicated piece rotates with the parameter
 // (parameter i: replica i mod the replicas), so the replicas share the sending. FSDP shards
-// flat, across tensor boundaries: it gathers unit by unit (collective, as visit_weights does)
-// and visits whole tensors, the data-parallel ranks taking turns as senders; so does a device
-// model (whole masters on every rank, copied to the host).
+// flat, across tensor boundaries: a rank's part of a tensor is a flat range of it, visited as the
+// few boxes that range covers (a partial first row, whole rows, a partial last row), straight from
+// the shard, so each shard rank sends exactly its shard and nothing is gathered. A device model
+// visits whole tensors (its masters copied to the host, gathered under FSDP), the data-parallel
+// ranks taking turns as senders.
 rlh_status* backend_visit_weight_pieces(rlh_backend* self, rlh_model* model, rlh_weight_piece_fn fn, void* user,
                                         int64_t* version) {
   Backend* b = as_backend(self);
@@ -862,15 +864,36 @@ rlh_status* backend_visit_weight_pieces(rlh_backend* self, rlh_model* model, rlh
       }
     };
     const auto rotates_to_me = [](size_t i, int rank, int size) { return size <= 1 || int(i % size_t(size)) == rank; };
-    if (m.device || m.dp_mode == Model::Dp::fsdp) {  // whole tensors on every data-parallel rank
+    if (m.dp_mode == Model::Dp::fsdp && !m.device) {
+      // This rank's flat shard of every unit as it lies, no gather: each parameter's part of it
+      // is the few boxes its flat range covers (flat_range_boxes), viewed in the shard storage.
+      // The shard ranks' parts tile each tensor; HSDP's replicas of a shard take turns sending.
+      const engine::Engine& e = *m.engine;
+      const ShardLayout& L = *m.shards;
+      const float* shard = m.fsdp->param_shard();
+      const int reps = m.dp->replicate ? m.dp->replicate.size() : 1, rep = m.dp->replicate ? m.dp->replicate.rank() : 0;
+      for (size_t i = 0; i < m.desc.params.size(); ++i) {
+        const sdk::ParamDesc& p = m.desc.params[i];
+        const int64_t o = e.param_offset(i), n = numel(p.shape);
+        if (n == 0) continue;
+        const ShardSegment& s = L.segments()[L.segment_of(o)];
+        const int64_t mine = s.begin + int64_t(s.rank) * s.block;  // this rank's block of the unit
+        const int64_t lo = std::max(o, mine), hi = std::min({o + n, mine + s.block, s.end});
+        if (lo >= hi) continue;
+        const std::vector<int64_t> strides = row_major(p.shape);
+        for (const sdk::EngineBox& box : sdk::flat_range_boxes(p.shape, lo - o, hi - o)) {
+          int64_t first = o;  // the box's first element in the flat storage
+          for (size_t d = 0; d < strides.size(); ++d) first += box.lo[d] * strides[d];
+          emit(p, box, shard + s.at + (first - mine), rotates_to_me(i, rep, reps));
+        }
+      }
+      return;
+    }
+    if (m.device) {  // a device model's whole masters, copied to the host (gathered under FSDP)
       const auto whole = [&](size_t i, std::span<float> w) {
         const sdk::ParamDesc& p = m.desc.params[i];
         emit(p, sdk::whole_box(p), w.data(), rotates_to_me(i, dp_rank, D));
       };
-      if (!m.device) {
-        dp_visit_parameters(m, whole);
-        return;
-      }
       std::vector<std::vector<float>> host = m.device->parameters();
       for (size_t i = 0; i < m.desc.params.size(); ++i) whole(i, host[i]);
       return;

@@ -7,7 +7,8 @@
 // Why boxes: every cut the engines make (tensor parallelism's rows, columns and vocabulary
 // blocks, expert parallelism's blocks of experts, the stacking of experts and the concatenation
 // of fused projections) keeps a rank's part of an HF tensor rectangular, so a box names it
-// exactly and two boxes intersect in a box.
+// exactly and two boxes intersect in a box. FSDP's flat shards are not rectangular, but each is a
+// few boxes (flat_range_boxes).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,14 @@ struct EngineBox {
 EngineBox whole_box(const ParamDesc& p);
 // Tensor parallelism's part of parameter i on layout L's rank (L.full.params[i]).
 EngineBox tp_box(const TpLayout& L, size_t i);
+
+// The elements [begin, end) of a row-major tensor of `shape` as boxes, in storage order: FSDP
+// shards the flat storage across tensor boundaries, and a flat range of a tensor is a partial
+// first row, whole rows and a partial last row, each partial row the same cut one dimension in
+// (at most 2 * ndim - 1 boxes). Each box's `stored` is `shape`: its elements lie where they do in
+// the whole tensor's storage, which the range's storage is a contiguous part of. Throws on a
+// range outside the tensor.
+std::vector<EngineBox> flat_range_boxes(const std::vector<int64_t>& shape, int64_t begin, int64_t end);
 
 // HF piece k of parameter p as far as `box` holds it: the box of the HF tensor (offset and
 // extent per HF dimension, over p.hf_shapes[k]) and where it lies in the box's storage (its first
