@@ -25,9 +25,10 @@
 // for its own received rows; the backward all-gathers the d outputs and reduce-scatters the
 // d inputs. The weight gradients of a block are whole on its rank (every row of the group).
 //
-//   forward   counts [Pn El] all-gathered over etp                    Te Pn El int64
-//             rows all-gathered, outputs reduce-scattered              [R, C] each way per peer
-//   backward  d outputs all-gathered, d inputs reduce-scattered
+//   forward   counts [E] all-gathered over etp                         E int64 to each peer
+//             received rows all-gathered                               [R, C] to each peer
+//             partial outputs reduce-scattered                         [R_t, C] to peer t
+//   backward  d outputs all-gathered, d inputs reduce-scattered        the same rows
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
