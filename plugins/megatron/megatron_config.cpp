@@ -122,26 +122,29 @@ backend::BackendConfig read_config(const json& policy) {
   // of the next stage (Engine::stage_rows), under sequence parallelism its block of them to the
   // same tp rank.
   // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
-  // carved from the data-parallel ones. Expert tensor parallelism: each expert split over the
-  // tensor-parallel group (etp = tp; Megatron's default when the key is null); another etp is
-  // refused where it matters, at load of an MoE model under tp (a dense model has no experts).
+  // carved from the data-parallel ones. Expert tensor parallelism: each expert split over etp
+  // ranks (etp = tp, Megatron's default when the key is null; with ep > 1 also 1 or a divisor of
+  // tp); an etp below tp without expert parallelism is refused where it matters, at load of an
+  // MoE model (a dense model has no experts).
   const std::string ep_key = "megatron_cfg.expert_model_parallel_size", etp_key = "megatron_cfg.expert_tensor_parallel_size";
   cfg.parallel.ep = r.is_null(ep_key) ? 1 : r.integer(ep_key, 1);
   if (cfg.parallel.ep < 1) r.fail(ep_key, "must be at least 1, got " + std::to_string(cfg.parallel.ep));
   const bool etp_given = r.has(etp_key) && !r.is_null(etp_key);
   const int64_t etp = etp_given ? r.integer(etp_key, 1) : 0;
-  if (etp > 1 && etp != cfg.parallel.tp)
+  if (etp > 1 && cfg.parallel.tp % etp != 0)
     throw Error(RLH_E_UNIMPLEMENTED, r.full(etp_key) + " = " + std::to_string(etp) + " with " + r.full(tp_key) + " = " +
                                          std::to_string(cfg.parallel.tp) +
-                                         ": expert tensor parallelism other than the tensor-parallel size is not "
-                                         "implemented (set it to " + std::to_string(cfg.parallel.tp) + " or null)");
+                                         ": expert tensor parallelism over a number of ranks that does not divide the "
+                                         "tensor-parallel size is not implemented (set it to a divisor of " +
+                                         std::to_string(cfg.parallel.tp) + " or null)");
   if (etp < 0 || (etp == 0 && etp_given)) r.fail(etp_key, "must be at least 1, got " + std::to_string(etp));
   cfg.parallel.etp = etp == 0 ? cfg.parallel.tp : etp;
   // Expert parallelism with tensor parallelism: Megatron-Core's expert_tensor_parallel_size = 1
   // (each expert whole on one rank of an ep group carved from the tp x cp x dp ranks, every tp
-  // rank dispatching its own tokens) or = tp (each expert cut over the tp group as without EP,
-  // the ep group carved from the ranks of one tp rank). Megatron-Core requires sequence
-  // parallelism with both, and so does this.
+  // rank dispatching its own tokens), a divisor of tp between (each expert cut over an etp
+  // group, the ep group carved from etp x ep x edp, every tp rank dispatching its own tokens) or
+  // = tp (each expert cut over the tp group as without EP, the ep group carved from the ranks of
+  // one tp rank). Megatron-Core requires sequence parallelism with all three, and so does this.
   if (cfg.parallel.ep > 1 && cfg.parallel.tp > 1) {
     if (!cfg.parallel.sequence_parallel)
       throw Error(RLH_E_INVALID_ARGUMENT, r.full(ep_key) + " = " + std::to_string(cfg.parallel.ep) + " with " +

@@ -33,6 +33,8 @@ namespace {
 // RowParallelLinear adds it after the all-reduce). MoE (expert_tensor_parallel_size = T): every
 // routed expert's gate/up cut by rows and its down by columns, the shared expert likewise, the
 // router (and its biases, the shared expert's sigmoid gate) replicated: every rank routes alike.
+// (With expert_tensor_parallel_size Te < T under expert parallelism the routed experts are cut
+// in Te blocks instead, or left whole at Te = 1: TpLayout::expert_size.)
 // MLA: q_b / kv_b (or q without q_lora_rank) cut by heads, the latent projections and their
 // norms replicated with their gradients summed (each rank backpropagates its heads only).
 constexpr TpRule kPlan[] = {
@@ -93,17 +95,20 @@ int64_t numel(const std::vector<int64_t>& s) {
 
 std::span<const TpRule> tp_plan() { return kPlan; }
 
-std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::string& key, bool experts_whole) {
+std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::string& key, int64_t expert_size) {
   const std::string at = key + " = " + std::to_string(T) + ": ";
   if (T < 1) return at + "must be at least 1";
   if (T == 1) return {};
-  auto multiple = [&](const std::string& in, const char* what, int64_t n) {
-    return n % T == 0 ? std::string() : in + what + " = " + std::to_string(n) + " is not a multiple of " + std::to_string(T);
+  const int64_t Te = expert_size == 0 ? T : expert_size;
+  if (Te < 1 || Te > T || T % Te != 0)
+    return at + "expert tensor-parallel size " + std::to_string(expert_size) + " does not divide it";
+  auto multiple = [&](const std::string& in, const char* what, int64_t n, int64_t by) {
+    return n % by == 0 ? std::string() : in + what + " = " + std::to_string(n) + " is not a multiple of " + std::to_string(by);
   };
   for (const LayerDesc& l : d.layers) {
     const std::string in = at + "layer " + std::to_string(l.index) + ": ";
     const AttentionDesc& a = l.attention;
-    if (std::string why = multiple(in, "num_attention_heads", a.num_heads); !why.empty()) return why;
+    if (std::string why = multiple(in, "num_attention_heads", a.num_heads, T); !why.empty()) return why;
     if (a.kind == AttentionKind::gqa) {
       const int64_t kv = a.num_kv_heads;
       if (kv <= 0 || (kv >= T ? kv % T != 0 : T % kv != 0))
@@ -114,12 +119,13 @@ std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::strin
       const MoeDesc& e = l.mlp.moe;
       if (e.num_local_experts > 0 && e.num_local_experts != e.num_experts)
         return in + "expert parallelism is not supported with tensor parallelism";
-      if (!experts_whole)
-        if (std::string why = multiple(in, "moe_intermediate_size", e.expert_intermediate_size); !why.empty()) return why;
-      if (std::string why = multiple(in, "shared expert intermediate size", e.shared_expert_intermediate_size);
+      if (Te > 1)  // (the expert width cut in Te blocks; at Te = 1 the experts are whole)
+        if (std::string why = multiple(in, "moe_intermediate_size", e.expert_intermediate_size, Te); !why.empty())
+          return why;
+      if (std::string why = multiple(in, "shared expert intermediate size", e.shared_expert_intermediate_size, T);
           !why.empty())
         return why;
-    } else if (std::string why = multiple(in, "intermediate_size", l.mlp.intermediate_size); !why.empty()) {
+    } else if (std::string why = multiple(in, "intermediate_size", l.mlp.intermediate_size, T); !why.empty()) {
       return why;
     }
   }
@@ -130,12 +136,16 @@ std::string tp_unsupported(const TransformerDesc& d, int64_t T, const std::strin
   return {};
 }
 
-TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const std::string& key, bool experts_whole) {
-  if (const std::string why = tp_unsupported(d, T, key, experts_whole); !why.empty()) throw std::invalid_argument(why);
+TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const std::string& key, int64_t expert_size) {
+  if (const std::string why = tp_unsupported(d, T, key, expert_size); !why.empty()) throw std::invalid_argument(why);
   if (r < 0 || r >= T) throw std::invalid_argument("tensor-parallel rank " + std::to_string(r) + " outside 0.." + std::to_string(T - 1));
   TpLayout L;
   L.size = T;
   L.rank = r;
+  // (T = 1 has no experts to cut: Te 1 as well.)
+  L.expert_size = T == 1 ? 1 : expert_size == 0 ? T : expert_size;
+  L.expert_rank = r % L.expert_size;
+  const bool experts_whole = L.expert_size == 1;
   L.full = d;
   L.local = d;
   L.vocab = d.vocab_size;
@@ -148,7 +158,7 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
     a.num_heads /= T;
     a.num_kv_heads = a.num_kv_heads >= T ? a.num_kv_heads / T : 1;
     if (l.mlp.kind == MlpKind::moe) {
-      if (!experts_whole) l.mlp.moe.expert_intermediate_size /= T;
+      l.mlp.moe.expert_intermediate_size /= L.expert_size;
       l.mlp.moe.shared_expert_intermediate_size /= T;
     } else {
       l.mlp.intermediate_size /= T;
@@ -179,12 +189,18 @@ TpLayout make_tp_layout(const TransformerDesc& d, int64_t T, int64_t r, const st
         pc.begin = r * pc.count;
         break;
       case TpSplit::cols:
-      case TpSplit::expert_rows:
-      case TpSplit::expert_cols:
-        pc.axis = pc.split == TpSplit::cols ? 1 : pc.split == TpSplit::expert_rows ? 1 : 2;
-        pc.full = p.shape[size_t(pc.axis)];
+        pc.axis = 1;
+        pc.full = p.shape[1];
         pc.count = pc.extent = pc.full / T;
         pc.begin = r * pc.count;
+        break;
+      case TpSplit::expert_rows:
+      case TpSplit::expert_cols:
+        // Te blocks of each expert, this rank's the expert_rank-th (Te = T: the tp rank's).
+        pc.axis = pc.split == TpSplit::expert_rows ? 1 : 2;
+        pc.full = p.shape[size_t(pc.axis)];
+        pc.count = pc.extent = pc.full / L.expert_size;
+        pc.begin = L.expert_rank * pc.count;
         break;
       case TpSplit::kv_rows: {
         const LayerDesc& l = d.layers[size_t(p.layer)];

@@ -21,9 +21,9 @@
 //   - on the engine under TP 2 x EP 2 (np 2, expert_tensor_parallel_size 1 with sequence
 //     parallelism): the forward, the routing record and a replayed routing's outputs are the
 //     reference's (the backend's EP x TP layouts are test_backend_cp.cpp's);
-//   - refusals name the setting (with TP: etp other than 1 or tp, no sequence parallelism).
+//   - refusals name the setting (with TP: etp not dividing tp, no sequence parallelism).
 //     Expert parallelism with pipeline stages is test_backend_cp.cpp's, with interleaved virtual
-//     stages test_backend_ep_vpp.cpp's.
+//     stages test_backend_ep_vpp.cpp's, with etp between 1 and tp test_backend_ep_etp.cpp's.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -352,16 +352,19 @@ TEST(ExpertParallelErrors, RefusedByName) {
   };
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
                "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
-               "tensor parallelism other than the tensor-parallel size is not implemented");
-  // With tensor parallelism expert_tensor_parallel_size 1 or the tp size (null), under sequence
-  // parallelism, which Megatron-Core requires there (test_backend_cp.cpp runs them).
+               "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
+               "implemented");
+  // With tensor parallelism expert_tensor_parallel_size 1, a divisor of tp or the tp size (null),
+  // under sequence parallelism, which Megatron-Core requires there (test_backend_cp.cpp and
+  // test_backend_ep_etp.cpp run them); one that does not divide tp is refused.
   create_error({{"megatron_cfg",
                  {{"expert_model_parallel_size", 2},
                   {"tensor_model_parallel_size", 4},
-                  {"expert_tensor_parallel_size", 2},
+                  {"expert_tensor_parallel_size", 3},
                   {"sequence_parallel", true}}}},
-               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 4: expert "
-               "tensor parallelism other than the tensor-parallel size is not implemented");
+               "expert_tensor_parallel_size = 3 with policy.megatron_cfg.tensor_model_parallel_size = 4: expert "
+               "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
+               "implemented");
   create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
                "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
                "policy.megatron_cfg.sequence_parallel = true",
@@ -531,7 +534,7 @@ TEST(ExpertParallelEngine, WithTensorParallelism) {
   const sdk::Comm& epg = pc.of(sdk::GroupKind::ep);
   backend::CommTpGroup tp_comm(tpg);
   backend::CommEpGroup ep_comm(epg);
-  const sdk::TpLayout whole = sdk::make_tp_layout(md.desc, 2, tpg.rank(), "tp", true);
+  const sdk::TpLayout whole = sdk::make_tp_layout(md.desc, 2, tpg.rank(), "tp", 1);
   const sdk::EpLayout ep = sdk::make_ep_layout(whole.local, 2, epg.rank());
   auto options = [&](const sdk::TpLayout& tp, bool sp) {
     engine::EngineOptions o;

@@ -1,10 +1,11 @@
 // BACKEND 0.5's visit_weight_pieces on CPU ranks under mpirun (label comm): for every layout the
 // CPU engine runs (one rank, TP 2, PP 2 with a tied embedding, EP 2, TP 2 with stacked experts,
-// dtensor FSDP over 2 and 4 ranks (stacked experts on 4), HSDP 2 x 2, CP 2, and TP 2 x PP 2 on 4
-// ranks), each rank's pieces hold exactly the gathered weight's values at their placement, the
-// pieces marked RLH_PIECE_SENDER cover every element of every weight exactly once over the ranks,
-// and a second visit names the same placements (what a resharding refit exchanges once). An
-// FSDP rank's pieces are its own flat shard, ungathered (the boxes flat_range_boxes makes).
+// dtensor FSDP over 2 and 4 ranks (stacked experts on 4), HSDP 2 x 2, CP 2, and TP 2 x PP 2 and
+// TP 4 x EP 2 x ETP 2 on 4 ranks), each rank's pieces hold exactly the gathered weight's values at
+// their placement, the pieces marked RLH_PIECE_SENDER cover every element of every weight exactly
+// once over the ranks, and a second visit names the same placements (what a resharding refit
+// exchanges once). An FSDP rank's pieces are its own flat shard, ungathered (the boxes
+// flat_range_boxes makes).
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -29,9 +30,15 @@ struct Case {
 
 std::vector<Case> cases() {
   const json moe = {{"moe_router_load_balancing_type", "aux_loss"}, {"moe_aux_loss_coeff", 0.01}};
-  json ep2 = moe, tp2moe = moe;
+  json ep2 = moe, tp2moe = moe, etp = moe;
   ep2["expert_model_parallel_size"] = 2;
   tp2moe["tensor_model_parallel_size"] = 2;
+  // Expert tensor parallelism between 1 and tp: each expert cut in 2 blocks over an etp group of
+  // the 4 tp ranks, the experts split over ep 2.
+  etp["tensor_model_parallel_size"] = 4;
+  etp["expert_model_parallel_size"] = 2;
+  etp["expert_tensor_parallel_size"] = 2;
+  etp["sequence_parallel"] = true;
   return {
       {"one_rank", "megatron", "llama-tiny", json::object(), 1},
       {"tp2", "megatron", "llama-tiny", {{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, 2},
@@ -50,6 +57,7 @@ std::vector<Case> cases() {
       {"cp2", "megatron", "llama-tiny", {{"megatron_cfg", {{"context_parallel_size", 2}}}}, 2},
       {"tp2_pp2", "megatron", "llama-tiny",
        {{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2}}}}, 4},
+      {"tp4_ep2_etp2", "megatron", "qwen3-moe-tiny", {{"megatron_cfg", etp}}, 4},
   };
 }
 

@@ -381,8 +381,8 @@ TEST(TensorParallelErrors, RefusedByName) {
     rlh_model* m = nullptr;
     expect_error(be.try_load(model_path(model), true, &m), code, part);
   };
-  // MoE under TP splits the experts over the tp group: another expert_tensor_parallel_size is
-  // refused by name (at load, for an MoE model; at create when it is neither 1 nor tp).
+  // MoE under TP alone splits the experts over the tp group: another expert_tensor_parallel_size
+  // is refused by name (at load, for an MoE model; at create when it does not divide tp).
   load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
              "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
              "expert_tensor_parallel_size = 1 with tensor_model_parallel_size = 2: the experts are split over the "
@@ -393,7 +393,8 @@ TEST(TensorParallelErrors, RefusedByName) {
         json{{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 4}}}}.dump();
     expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
                  "expert_tensor_parallel_size = 4 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
-                 "tensor parallelism other than the tensor-parallel size is not implemented");
+                 "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
+                 "implemented");
   }
   load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
              "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");

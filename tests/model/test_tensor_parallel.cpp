@@ -152,7 +152,7 @@ TEST(TensorParallel, ExpertAndLatentSplits) {
 TEST(TensorParallel, ExpertsWholeUnderExpertParallelism) {
   const sdk::TransformerDesc d =
       model::describe(json::parse(test::read_file(test::fixtures_dir() / "deepseek-v3-tiny" / "config.json")));
-  const sdk::TpLayout L = sdk::make_tp_layout(d, 2, 1, "tensor_model_parallel_size", true);
+  const sdk::TpLayout L = sdk::make_tp_layout(d, 2, 1, "tensor_model_parallel_size", 1);
   auto piece = [&](int64_t layer, sdk::ParamRole role) {
     return L.pieces[size_t(d.find_param(layer, role) - d.params.data())];
   };
@@ -170,8 +170,61 @@ TEST(TensorParallel, ExpertsWholeUnderExpertParallelism) {
   sdk::TransformerDesc odd = d;
   for (sdk::LayerDesc& l : odd.layers)
     if (l.mlp.kind == sdk::MlpKind::moe) l.mlp.moe.expert_intermediate_size = 33;
-  EXPECT_EQ(sdk::tp_unsupported(odd, 2, "tensor_model_parallel_size", true), "");
+  EXPECT_EQ(sdk::tp_unsupported(odd, 2, "tensor_model_parallel_size", 1), "");
   EXPECT_NE(sdk::tp_unsupported(odd, 2), "");
+}
+
+// expert_tensor_parallel_size Te between 1 and T (with expert parallelism): each routed expert
+// is cut in Te blocks (gate/up rows, down columns), tp rank r holding block r mod Te (its place
+// in Megatron's expert order); norm weight 1 (the owner sums the blocks over etp x ep), no sum
+// over tp; everything else, the shared expert included, is cut over all T ranks. The blocks of
+// ranks r and r + Te are the same, and the Te blocks tile each expert tensor once. Te must
+// divide T and the expert width.
+TEST(TensorParallel, ExpertsCutOverAnExpertTensorParallelGroup) {
+  const sdk::TransformerDesc d =
+      model::describe(json::parse(test::read_file(test::fixtures_dir() / "deepseek-v3-tiny" / "config.json")));
+  const int64_t T = 4, Te = 2;
+  std::vector<sdk::TpLayout> Ls;
+  for (int64_t r = 0; r < T; ++r) Ls.push_back(sdk::make_tp_layout(d, T, r, "tensor_model_parallel_size", Te));
+  const size_t gate = size_t(d.find_param(1, sdk::ParamRole::expert_gate) - d.params.data());
+  const size_t down = size_t(d.find_param(1, sdk::ParamRole::expert_down) - d.params.data());
+  for (int64_t r = 0; r < T; ++r) {
+    const sdk::TpLayout& L = Ls[size_t(r)];
+    EXPECT_EQ(L.expert_size, Te);
+    EXPECT_EQ(L.expert_rank, r % Te);
+    EXPECT_EQ(L.local.layers[1].mlp.moe.expert_intermediate_size, 32 / Te);
+    EXPECT_EQ(L.local.layers[1].mlp.moe.shared_expert_intermediate_size, 32 / T);
+    const sdk::TpPiece& g = L.pieces[gate];
+    EXPECT_EQ(g.split, sdk::TpSplit::expert_rows);
+    EXPECT_EQ(g.axis, 1);
+    EXPECT_EQ(g.begin, (r % Te) * 16);
+    EXPECT_EQ(g.count, 16);
+    EXPECT_EQ(g.norm_weight, 1.0);
+    EXPECT_FALSE(g.sum_grads);
+    EXPECT_EQ(L.pieces[down].split, sdk::TpSplit::expert_cols);
+    EXPECT_EQ(L.pieces[down].axis, 2);
+    EXPECT_EQ(L.pieces[down].begin, (r % Te) * 16);
+    EXPECT_EQ(L.local.params[gate].shape, (std::vector<int64_t>{8, 16, 64}));
+    EXPECT_EQ(L.local.params[down].shape, (std::vector<int64_t>{8, 64, 16}));
+    EXPECT_EQ(L.local.find_param(1, sdk::ParamRole::shared_expert_down)->shape, (std::vector<int64_t>{64, 8}));
+  }
+  // Blocks placed back from ranks 0 and 1 (an etp group) rebuild the tensor; 2 and 3 repeat them.
+  std::vector<float> full(size_t(8 * 64 * 32));
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  std::vector<float> back(full.size(), -1.f);
+  for (int64_t r = 0; r < Te; ++r) sdk::tp_place(Ls[size_t(r)], down, sdk::tp_slice(Ls[size_t(r)], down, full), back);
+  EXPECT_EQ(back, full);
+  EXPECT_EQ(sdk::tp_slice(Ls[2], down, full), sdk::tp_slice(Ls[0], down, full));
+  EXPECT_EQ(sdk::make_tp_layout(d, T, 3).pieces[gate].begin, 3 * 8);  // Te = T (0): the tp rank's block of 4
+  EXPECT_EQ(sdk::tp_unsupported(d, T, "tensor_model_parallel_size", 3),
+            "tensor_model_parallel_size = 4: expert tensor-parallel size 3 does not divide it");
+  sdk::TransformerDesc odd = d;
+  for (sdk::LayerDesc& l : odd.layers)
+    if (l.mlp.kind == sdk::MlpKind::moe) l.mlp.moe.expert_intermediate_size = 30;  // a multiple of 2, not of 4
+  EXPECT_EQ(sdk::tp_unsupported(odd, T, "tensor_model_parallel_size", Te), "");
+  odd.layers[1].mlp.moe.expert_intermediate_size = 33;
+  EXPECT_EQ(sdk::tp_unsupported(odd, T, "tensor_model_parallel_size", Te),
+            "tensor_model_parallel_size = 4: layer 1: moe_intermediate_size = 33 is not a multiple of 2");
 }
 
 TEST(TensorParallel, RefusesWhatItDoesNotRunByName) {

@@ -69,6 +69,9 @@ struct Model {
   // every ep rank's layout (this rank's is ep_layouts[dp->ep_rank()]) and the engine's group.
   std::vector<sdk::EpLayout> ep_layouts;
   std::unique_ptr<CommEpGroup> ep_comm;
+  // With the experts cut over fewer tensor-parallel ranks than the tp group
+  // (1 < expert_tensor_parallel_size < tp): the engine's expert tensor-parallel group.
+  std::unique_ptr<CommEpGroup> etp_comm;
   const sdk::EpLayout* ep() const { return ep_layouts.empty() ? nullptr : &ep_layouts[size_t(dp->ep_rank())]; }
   // Context parallelism (megatron_cfg.context_parallel_size > 1): the engine's group.
   std::unique_ptr<CommCpGroup> cp_comm;

@@ -50,7 +50,7 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   std::vector<sdk::GroupKind> kinds = {sdk::GroupKind::dp_cp, sdk::GroupKind::dp_cp_shard, sdk::GroupKind::dp_cp_replicate,
                                        sdk::GroupKind::tp, sdk::GroupKind::pp, sdk::GroupKind::embedding};
   if (cp > 1) kinds.insert(kinds.end(), {sdk::GroupKind::cp, sdk::GroupKind::dp});
-  if (ep > 1) kinds.insert(kinds.end(), {sdk::GroupKind::ep, sdk::GroupKind::expert_dp});
+  if (ep > 1) kinds.insert(kinds.end(), {sdk::GroupKind::ep, sdk::GroupKind::expert_dp, sdk::GroupKind::expert_tp});
   try {
     pc = sdk::make_parallel_comms(world, sizes, kinds);
   } catch (const Error& e) {
@@ -66,6 +66,7 @@ std::unique_ptr<DpGroups> make_dp_groups(const sdk::Host& host, int64_t dp_repli
   if (ep > 1) {
     g->ep = take(sdk::GroupKind::ep);
     g->edp = take(sdk::GroupKind::expert_dp);
+    g->etp = take(sdk::GroupKind::expert_tp);
   }
   if (cp > 1) {
     g->cp = take(sdk::GroupKind::cp);

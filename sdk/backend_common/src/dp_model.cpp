@@ -180,8 +180,13 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   const int64_t tp_bytes0 = m.tp_comm ? m.tp_comm->bytes() : 0;
   const int64_t pp_bytes0 = m.pp_bytes;
   const double tp_seconds0 = m.tp_comm ? m.tp_comm->seconds() : 0;
-  const int64_t ep_bytes0 = m.ep_comm ? m.ep_comm->bytes() : 0;
-  const double ep_seconds0 = m.ep_comm ? m.ep_comm->seconds() : 0;
+  // (Under expert tensor parallelism the etp group's row exchanges count as the ep group's.)
+  const auto ep_bytes = [&m] { return (m.ep_comm ? m.ep_comm->bytes() : 0) + (m.etp_comm ? m.etp_comm->bytes() : 0); };
+  const auto ep_seconds = [&m] {
+    return (m.ep_comm ? m.ep_comm->seconds() : 0) + (m.etp_comm ? m.etp_comm->seconds() : 0);
+  };
+  const int64_t ep_bytes0 = ep_bytes();
+  const double ep_seconds0 = ep_seconds();
   const int64_t fsdp_bytes0 = m.fsdp ? m.fsdp->bytes_gathered() + m.fsdp->bytes_reduced() : 0;
   const double fsdp_seconds0 = m.fsdp ? m.fsdp->comm_seconds() : 0;
   // Times a collective of this function into out.comm_seconds.
@@ -279,11 +284,12 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     // experts whole: those are summed over the ep group. (The distributed optimizer's shards of
     // both are summed over the data-parallel group, which holds every ep rank.)
     // Under tensor parallelism with the experts whole on their ep rank (expert_tensor_parallel_size
-    // 1) the ep group holds tp ranks, which the data-parallel group does not: the experts (norm
-    // weight 1) are summed over expert dp (the distributed optimizer's shards) and ep apart, the
-    // dense part as under TP. (With etp = tp the ep group is within the data-parallel ranks of one
-    // tp rank and the experts' tp pieces are summed over tp with the rest.)
-    const bool experts_apart = m.ep() && m.tp() && m.config.parallel.etp == 1;
+    // 1) or cut over an etp group smaller than the tp group, the ep group holds tp ranks, which
+    // the data-parallel group does not: the experts (norm weight 1) are summed over expert dp
+    // (the distributed optimizer's shards), ep and etp (each rank's blocks) apart, the dense part
+    // as under TP. (With etp = tp the ep group is within the data-parallel ranks of one tp rank
+    // and the experts' tp pieces are summed over tp with the rest.)
+    const bool experts_apart = m.ep() && m.tp() && m.tp()->expert_size < m.tp()->size;
     if (experts_apart && m.dp_mode == Model::Dp::distributed_optimizer) {
       timed([&] { g.edp.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
       out.comm_bytes += ring_bytes(8, g.edp.size(), true);
@@ -291,6 +297,10 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     if (m.ep() && (m.dp_mode == Model::Dp::ddp || experts_apart)) {
       timed([&] { g.ep.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
       out.comm_bytes += ring_bytes(8, g.ep.size(), true);
+    }
+    if (experts_apart && g.etp.size() > 1) {
+      timed([&] { g.etp.all_reduce(std::span<double>(ss_experts, 1), RLH_REDUCE_SUM); });
+      out.comm_bytes += ring_bytes(8, g.etp.size(), true);
     }
     if (!experts_apart) ss[0] += ss_experts[0];
     if (const sdk::Comm* c = shard_comm(m)) {
@@ -347,8 +357,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     out.tp_comm_seconds = m.tp_comm->seconds() - tp_seconds0;
   }
   if (m.ep_comm) {  // the dispatch and combine exchanges of every MoE layer
-    out.ep_comm_bytes = m.ep_comm->bytes() - ep_bytes0;
-    out.ep_comm_seconds = m.ep_comm->seconds() - ep_seconds0;
+    out.ep_comm_bytes = ep_bytes() - ep_bytes0;
+    out.ep_comm_seconds = ep_seconds() - ep_seconds0;
   }
   out.pp_comm_bytes = m.pp_bytes - pp_bytes0;
   if (m.fsdp) {

@@ -99,8 +99,9 @@ void prepare_expert_parallel(const Backend& b, Model& m, engine::EngineOptions& 
     throw Error(RLH_E_UNIMPLEMENTED, key + " with FSDP is not implemented (megatron's DDP or distributed optimizer run it)");
   // Every rank's layout (checkpoints gather the blocks of all of them); refused settings name
   // themselves here, before any weight is placed.
-  // Under tensor parallelism (etp = 1) the experts are cut from this rank's tensor-parallel
-  // description, in which they are whole; its other tensors are this rank's tp pieces.
+  // Under tensor parallelism the experts are cut from this rank's tensor-parallel description,
+  // in which they are whole (etp 1) or this rank's blocks of each (etp > 1); its other tensors
+  // are this rank's tp pieces.
   const sdk::TransformerDesc& desc = m.tp() ? m.tp()->local : m.desc;
   try {
     for (int64_t r = 0; r < ep; ++r) m.ep_layouts.push_back(sdk::make_ep_layout(desc, ep, r, key));
@@ -110,6 +111,18 @@ void prepare_expert_parallel(const Backend& b, Model& m, engine::EngineOptions& 
   m.ep_comm = std::make_unique<CommEpGroup>(b.dp->ep);
   eo.ep = m.ep();
   eo.ep_comm = m.ep_comm.get();
+  // Experts cut over an etp group smaller than the tp group: the engine gathers the rows its
+  // experts receive over that group (ep_dispatch.cpp).
+  if (m.tp() && m.tp()->expert_size > 1 && m.tp()->expert_size < m.tp()->size) {
+    // (The layout's block is the rank's place in Megatron's expert order: tp rank mod etp.)
+    if (b.dp->etp.size() != m.tp()->expert_size || b.dp->etp.rank() != m.tp()->expert_rank)
+      throw Error(RLH_E_INTERNAL, "expert tensor parallelism: rank " + std::to_string(b.dp->etp.rank()) + " of " +
+                                      std::to_string(b.dp->etp.size()) + " in its group for block " +
+                                      std::to_string(m.tp()->expert_rank) + " of " +
+                                      std::to_string(m.tp()->expert_size));
+    m.etp_comm = std::make_unique<CommEpGroup>(b.dp->etp);
+    eo.etp_comm = m.etp_comm.get();
+  }
   // The distributed optimizer shards the experts over the expert data-parallel group.
   if (m.dp_mode == Model::Dp::distributed_optimizer) eo.pad_experts_to = b.dp->edp.size();
 }

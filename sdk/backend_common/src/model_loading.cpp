@@ -393,6 +393,9 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                     {"context_parallel_size", cp}, {"pipeline_model_parallel_size", pp},
                                     {"expert_model_parallel_size", ep}})
         if (n > 1) keys += (keys.empty() ? "" : ", ") + std::string(name) + " = " + std::to_string(n);
+      // (The expert layout's etp x ep x pp must divide the world too: etp named where it is not tp.)
+      if (ep > 1 && m->config.parallel.etp != tp)
+        keys += ", expert_tensor_parallel_size = " + std::to_string(m->config.parallel.etp);
       throw Error(e.code(), "policy.megatron_cfg." + keys + ": " + e.what());
     }
   }
@@ -406,20 +409,20 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
   if (tp > 1) {
     // Every rank's layout (checkpoints gather the pieces of all of them); refused settings
     // name themselves here, before any weight is placed.
-    // With expert parallelism the experts are whole on their ep rank (etp = 1, the config's rule).
+    // With expert parallelism the experts are whole on their ep rank (etp = 1) or cut over an
+    // etp group (etp dividing tp, the config's rule); without it over the tp group only.
     const int64_t etp = m->config.parallel.etp;
-    const bool experts_whole = ep > 1 && etp == 1;
     for (const sdk::LayerDesc& l : m->desc.layers)
-      if (l.mlp.kind == sdk::MlpKind::moe && etp != tp && !experts_whole)
+      if (l.mlp.kind == sdk::MlpKind::moe && etp != tp && ep <= 1)
         throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir +
                                              "): policy.megatron_cfg.expert_tensor_parallel_size = " + std::to_string(etp) +
                                              " with tensor_model_parallel_size = " + std::to_string(tp) +
-                                             ": the experts are split over the tensor-parallel group only (set it to " +
-                                             std::to_string(tp) + " or null)");
+                                             ": the experts are split over the tensor-parallel group only without expert "
+                                             "parallelism (set it to " + std::to_string(tp) + " or null)");
     try {
       for (int64_t r = 0; r < tp; ++r)
-        m->tp_layouts.push_back(
-            sdk::make_tp_layout(m->desc, tp, r, "policy.megatron_cfg.tensor_model_parallel_size", experts_whole));
+        m->tp_layouts.push_back(sdk::make_tp_layout(m->desc, tp, r, "policy.megatron_cfg.tensor_model_parallel_size",
+                                                    ep > 1 ? etp : tp));
     } catch (const std::invalid_argument& e) {
       throw Error(RLH_E_UNIMPLEMENTED, m->desc.architecture + " (" + m->dir + "): " + e.what());
     }

@@ -202,6 +202,7 @@ void save_state_dp(Model& m, const std::string& dir) {
       json layout = {{"data_parallel_size", m.dp->size()}};
       if (m.tp()) layout["tensor_model_parallel_size"] = m.dp->tp_size();
       if (m.ep()) layout["expert_model_parallel_size"] = m.dp->ep_size();
+      if (m.ep() && m.tp()) layout["expert_tensor_parallel_size"] = m.tp()->expert_size;
       if (m.pp()) layout["pipeline_model_parallel_size"] = m.dp->pp_size();
       write_state_files(m, dir, params, moments, layout);
     } catch (const Error& e) {

@@ -15,6 +15,20 @@
 // Dropless: no capacity, every row is sent. The arithmetic on each row is the one-rank engine's
 // (the same grouped GEMMs on the same rows of each expert, only in another order of rows), so
 // results agree with one rank to fp32 rounding of the weight-gradient sums.
+//
+// Experts cut over an expert tensor-parallel group of Te ranks (Megatron-Core's
+// expert_tensor_parallel_size between 1 and tp, with moe_own_rows; its all-to-all dispatcher
+// does the same): the Te ranks hold the same experts' blocks (gate/up rows, down columns), and
+// each received other rows from its ep peers. After the dispatch the group all-gathers those
+// rows (and their counts), every rank runs its blocks over all of them (partial outputs, as a
+// row-parallel down gives), and the outputs are reduce-scattered back, each rank keeping the sum
+// for its own received rows; the backward all-gathers the d outputs and reduce-scatters the
+// d inputs. The weight gradients of a block are whole on its rank (every row of the group).
+//
+//   forward   counts [E] all-gathered over etp                         E int64 to each peer
+//             received rows all-gathered                               [R, C] to each peer
+//             partial outputs reduce-scattered                         [R_t, C] to peer t
+//   backward  d outputs all-gathered, d inputs reduce-scattered        the same rows
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -41,11 +55,12 @@ void grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// Scratch for a layer's exchanges (R rows of C received) and the floats each rank sends and
-// receives: the dispatch's pattern (the combine's is the reverse).
+// Scratch for a layer's exchanges (R rows of C received, Rg run by the experts) and the floats
+// each rank sends and receives: the dispatch's pattern (the combine's is the reverse).
 void prepare_exchange(EpScratch& sc, const EpActs& e, int64_t C) {
   grow(sc.rows, size_t(e.R * C));
-  grow(sc.out, size_t(e.R * C));
+  grow(sc.out, size_t(e.Rg * C));
+  if (e.etp_rows.size() > 1) grow(sc.gathered, size_t(e.Rg * C));
   const size_t P = e.send_rows.size();
   sc.counts_out.assign(P, 0);
   sc.counts_in.assign(P, 0);
@@ -57,11 +72,39 @@ void prepare_exchange(EpScratch& sc, const EpActs& e, int64_t C) {
 
 }  // namespace
 
+void Engine::Impl::etp_all_gather(const EpActs& e, const float* mine, float* all) {
+  // sdk::Comm's all_gather moves equal blocks; the ranks received different numbers of rows, so
+  // this is all_to_all_v with this rank's block repeated for every peer.
+  EpScratch& sc = ep_scratch;
+  const int64_t T = etp_size, n = e.R * C;
+  grow(sc.rep, size_t(T * n));
+  for (int64_t t = 0; t < T && n > 0; ++t) std::memcpy(sc.rep.data() + t * n, mine, size_t(n) * sizeof(float));
+  sc.etp_out.assign(size_t(T), n);
+  sc.etp_in.resize(size_t(T));
+  for (int64_t t = 0; t < T; ++t) sc.etp_in[size_t(t)] = e.etp_rows[size_t(t)] * C;
+  opt.etp_comm->all_to_all_v(sc.rep.data(), sc.etp_out, all, sc.etp_in);
+}
+
+void Engine::Impl::etp_reduce_scatter(const EpActs& e, const float* all, float* mine) {
+  // Block t of `all` (rank t's rows) to rank t; this rank's rows from every rank, summed in
+  // group order.
+  EpScratch& sc = ep_scratch;
+  const int64_t T = etp_size, n = e.R * C;
+  grow(sc.rep, size_t(T * n));
+  sc.etp_out.resize(size_t(T));
+  for (int64_t t = 0; t < T; ++t) sc.etp_out[size_t(t)] = e.etp_rows[size_t(t)] * C;
+  sc.etp_in.assign(size_t(T), n);
+  opt.etp_comm->all_to_all_v(all, sc.etp_out, sc.rep.data(), sc.etp_in);
+  if (n == 0) return;
+  std::memcpy(mine, sc.rep.data(), size_t(n) * sizeof(float));
+  for (int64_t t = 1; t < T; ++t) ops->add_fwd(mine, mine, sc.rep.data() + t * n, n);
+}
+
 void Engine::Impl::ep_forward(int64_t l, const int32_t* offsets, const float* xp, float* yp) {
   const LayerShape& s = shapes[size_t(l)];
   const LayerParams& p = P[size_t(l)];
   EpActs& e = ep_of(l);
-  const int64_t E = s.E, Pn = ep_size, El = E / Pn, Fe = s.Fe;
+  const int64_t E = s.E, Pn = ep_size, El = E / Pn, Fe = s.Fe, Te = etp_size;
   // Counts: rows this rank sends to each (rank, local expert), and receives.
   e.send_cnt.assign(size_t(E), 0);
   e.recv_cnt.assign(size_t(E), 0);
@@ -77,42 +120,68 @@ void Engine::Impl::ep_forward(int64_t l, const int32_t* offsets, const float* xp
   int64_t R = 0;
   for (int64_t j = 0; j < Pn; ++j) R += e.recv_rows[size_t(j)];
   e.R = R;
-  // Expert-major order of the received rows: local expert x's rows from rank 0, 1, ...
-  std::vector<int64_t> src_at(size_t(Pn) + 1, 0);  // first source-major row of each rank
-  for (int64_t j = 0; j < Pn; ++j) src_at[size_t(j) + 1] = src_at[size_t(j)] + e.recv_rows[size_t(j)];
-  e.perm.resize(size_t(R));
+  // The counts of every rank of the etp group (this rank's alone without one): cnt[t E + j El +
+  // x] rows of local expert x that etp rank t received from ep rank j.
+  std::vector<int64_t> cnt(size_t(Te * E));
+  if (Te > 1) {
+    std::vector<int64_t> rep(size_t(Te * E));
+    for (int64_t t = 0; t < Te; ++t) std::copy(e.recv_cnt.begin(), e.recv_cnt.end(), rep.begin() + t * E);
+    opt.etp_comm->all_to_all(rep.data(), cnt.data(), E);
+  } else {
+    cnt = e.recv_cnt;
+  }
+  e.etp_rows.assign(size_t(Te), 0);
+  for (int64_t t = 0; t < Te; ++t)
+    for (int64_t i = 0; i < E; ++i) e.etp_rows[size_t(t)] += cnt[size_t(t * E + i)];
+  int64_t Rg = 0;
+  for (int64_t t = 0; t < Te; ++t) Rg += e.etp_rows[size_t(t)];
+  e.Rg = Rg;
+  // Expert-major order of the rows the experts run on: local expert x's rows from etp rank 0's
+  // sources 0, 1, ..., then etp rank 1's, ... (source-major: etp rank, then ep rank, then expert).
+  std::vector<int64_t> src_at(size_t(Te * Pn) + 1, 0);  // first source-major row of each (t, j)
+  for (int64_t tj = 0; tj < Te * Pn; ++tj) {
+    int64_t n = 0;
+    for (int64_t x = 0; x < El; ++x) n += cnt[size_t(tj * El + x)];
+    src_at[size_t(tj) + 1] = src_at[size_t(tj)] + n;
+  }
+  e.perm.resize(size_t(Rg));
   e.loff.assign(size_t(El) + 1, 0);
   int64_t at = 0;
   for (int64_t x = 0; x < El; ++x) {
-    for (int64_t j = 0; j < Pn; ++j) {
-      int64_t first = src_at[size_t(j)];
-      for (int64_t y = 0; y < x; ++y) first += e.recv_cnt[size_t(j * El + y)];
-      for (int64_t k = 0; k < e.recv_cnt[size_t(j * El + x)]; ++k) e.perm[size_t(at++)] = int32_t(first + k);
+    for (int64_t tj = 0; tj < Te * Pn; ++tj) {
+      int64_t first = src_at[size_t(tj)];
+      for (int64_t y = 0; y < x; ++y) first += cnt[size_t(tj * El + y)];
+      for (int64_t k = 0; k < cnt[size_t(tj * El + x)]; ++k) e.perm[size_t(at++)] = int32_t(first + k);
     }
     e.loff[size_t(x) + 1] = int32_t(at);
   }
-  // Dispatch.
+  // Dispatch (and the etp group's rows gathered).
   EpScratch& sc = ep_scratch;
   prepare_exchange(sc, e, C);
   opt.ep_comm->all_to_all_v(xp, sc.counts_out, sc.rows.data(), sc.counts_in);
-  // This rank's experts, as one rank runs them (moe.cpp), over El groups of expert-major rows.
-  e.xe.resize(size_t(R * C));
-  e.gu.resize(size_t(R * 2 * Fe));
-  e.a.resize(size_t(R * Fe));
-  gather_rows(e.xe.data(), sc.rows.data(), e.perm, C);
+  float* src = Te > 1 ? sc.gathered.data() : sc.rows.data();  // [Rg, C] source-major
+  if (Te > 1) etp_all_gather(e, sc.rows.data(), src);
+  // This rank's experts (or their blocks), as one rank runs them (moe.cpp), over El groups of
+  // expert-major rows.
+  e.xe.resize(size_t(Rg * C));
+  e.gu.resize(size_t(Rg * 2 * Fe));
+  e.a.resize(size_t(Rg * Fe));
+  gather_rows(e.xe.data(), src, e.perm, C);
   float* ye = sc.out.data();
-  if (R > 0) {
+  if (Rg > 0) {
     const int32_t* off = e.loff.data();
     ops->grouped_gemm(false, true, El, off, 0, Fe, C, 1.f, e.xe.data(), C, p.we_gate, C, Fe * C, 0.f, e.gu.data(),
-                      2 * Fe, 0);                                                     // gate [R,Fe]
+                      2 * Fe, 0);                                                     // gate [Rg,Fe]
     ops->grouped_gemm(false, true, El, off, 0, Fe, C, 1.f, e.xe.data(), C, p.we_up, C, Fe * C, 0.f,
-                      e.gu.data() + Fe, 2 * Fe, 0);                                   // up [R,Fe]
-    glu_fwd(s.act, e.a.data(), Fe, e.gu.data(), 2 * Fe, R, Fe);                       // a [R,Fe]
+                      e.gu.data() + Fe, 2 * Fe, 0);                                   // up [Rg,Fe]
+    glu_fwd(s.act, e.a.data(), Fe, e.gu.data(), 2 * Fe, Rg, Fe);                      // a [Rg,Fe]
     ops->grouped_gemm(false, true, El, off, 0, C, Fe, 1.f, e.a.data(), Fe, p.we_down, Fe, C * Fe, 0.f, ye, C,
-                      0);                                                             // ye [R,C]
+                      0);                                                             // ye [Rg,C]
   }
-  // Combine: the outputs back to the rows' ranks, into this rank's expert-sorted order.
-  scatter_rows(sc.rows.data(), ye, e.perm, C);
+  // Combine: under etp the partial outputs summed into this rank's rows first; then the outputs
+  // back to the rows' ranks, into this rank's expert-sorted order.
+  scatter_rows(src, ye, e.perm, C);
+  if (Te > 1) etp_reduce_scatter(e, src, sc.rows.data());
   opt.ep_comm->all_to_all_v(sc.rows.data(), sc.counts_in, yp, sc.counts_out);
 }
 
@@ -121,32 +190,36 @@ void Engine::Impl::ep_backward(int64_t l, const float* dyp, float* dxp) {
   const LayerParams& p = P[size_t(l)];
   const LayerParams& gp = G[size_t(l)];
   EpActs& e = ep_of(l);
-  const int64_t El = s.E / ep_size, Fe = s.Fe, R = e.R;
+  const int64_t El = s.E / ep_size, Fe = s.Fe, Rg = e.Rg, Te = etp_size;
   EpScratch& sc = ep_scratch;
   prepare_exchange(sc, e, C);
-  // d outputs to the experts' ranks (the dispatch's pattern).
+  // d outputs to the experts' ranks (the dispatch's pattern), under etp to the whole group.
   opt.ep_comm->all_to_all_v(dyp, sc.counts_out, sc.rows.data(), sc.counts_in);
+  float* src = Te > 1 ? sc.gathered.data() : sc.rows.data();  // [Rg, C] source-major
+  if (Te > 1) etp_all_gather(e, sc.rows.data(), src);
   float* dye = sc.out.data();
-  gather_rows(dye, sc.rows.data(), e.perm, C);
-  if (R > 0) {
+  gather_rows(dye, src, e.perm, C);
+  if (Rg > 0) {
     const int32_t* off = e.loff.data();
-    std::vector<float> da(size_t(R * Fe)), dgu(size_t(R * 2 * Fe));
+    std::vector<float> da(size_t(Rg * Fe)), dgu(size_t(Rg * 2 * Fe));
     ops->grouped_gemm(false, false, El, off, 0, Fe, C, 1.f, dye, C, p.we_down, Fe, C * Fe, 0.f, da.data(), Fe,
-                      0);                                                             // da [R,Fe]
+                      0);                                                             // da [Rg,Fe]
     ops->grouped_gemm(true, false, El, off, C, Fe, 0, 1.f, dye, C, e.a.data(), Fe, 0, 1.f, gp.we_down, Fe,
                       C * Fe);                                                        // dW_down
-    glu_bwd(s.act, dgu.data(), 2 * Fe, da.data(), Fe, e.gu.data(), 2 * Fe, R, Fe);    // dgu [R,2Fe]
+    glu_bwd(s.act, dgu.data(), 2 * Fe, da.data(), Fe, e.gu.data(), 2 * Fe, Rg, Fe);   // dgu [Rg,2Fe]
     ops->grouped_gemm(true, false, El, off, Fe, C, 0, 1.f, dgu.data(), 2 * Fe, e.xe.data(), C, 0, 1.f, gp.we_gate,
                       C, Fe * C);                                                     // dW_gate
     ops->grouped_gemm(true, false, El, off, Fe, C, 0, 1.f, dgu.data() + Fe, 2 * Fe, e.xe.data(), C, 0, 1.f,
                       gp.we_up, C, Fe * C);                                           // dW_up
     ops->grouped_gemm(false, false, El, off, 0, C, Fe, 1.f, dgu.data(), 2 * Fe, p.we_gate, C, Fe * C, 0.f, dye, C,
-                      0);                                                             // dxe [R,C]
+                      0);                                                             // dxe [Rg,C]
     ops->grouped_gemm(false, false, El, off, 0, C, Fe, 1.f, dgu.data() + Fe, 2 * Fe, p.we_up, C, Fe * C, 1.f, dye,
                       C, 0);
   }
-  // d inputs back to the rows' ranks (the combine's pattern).
-  scatter_rows(sc.rows.data(), dye, e.perm, C);
+  // d inputs (under etp partial sums over the group, reduce-scattered first) back to the rows'
+  // ranks (the combine's pattern).
+  scatter_rows(src, dye, e.perm, C);
+  if (Te > 1) etp_reduce_scatter(e, src, sc.rows.data());
   opt.ep_comm->all_to_all_v(sc.rows.data(), sc.counts_in, dxp, sc.counts_out);
 }
 

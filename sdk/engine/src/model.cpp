@@ -135,17 +135,25 @@ Engine::Impl::Impl(sdk::TransformerDesc d, EngineOptions o) : desc(std::move(d))
     if (opt.ep_comm == nullptr) throw std::invalid_argument("engine: expert parallelism needs its group (ep_comm)");
     if (store != nullptr) throw std::invalid_argument("engine: expert parallelism with a UnitStore (FSDP) is not supported");
     // With tensor parallelism and the experts whole on their ep rank (Megatron's
-    // expert_tensor_parallel_size = 1), under sequence parallelism: each tp rank routes its own
-    // rows. With the experts cut over the tp group (etp = tp) the MoE block is tensor
-    // parallelism's, its rows dispatched over an ep group of ranks of one tp rank.
+    // expert_tensor_parallel_size = 1) or cut over an etp group smaller than the tp group, under
+    // sequence parallelism: each tp rank routes its own rows (the etp group gathers the rows its
+    // experts receive: ep_dispatch.cpp). With the experts cut over the tp group (etp = tp) the
+    // MoE block is tensor parallelism's, its rows dispatched over an ep group of ranks of one tp
+    // rank.
     if (tp_on) {
-      bool whole = false;
-      for (size_t i = 0; i < opt.tp->pieces.size(); ++i)
-        whole = whole || opt.tp->pieces[i].split == sdk::TpSplit::experts_whole;
-      if (whole && !opt.sequence_parallel)
-        throw std::invalid_argument("engine: expert parallelism with tensor parallelism and the experts whole on each "
-                                    "rank needs sequence parallelism (each tensor-parallel rank dispatches its own rows)");
-      moe_own_rows = whole;
+      const bool own = opt.tp->expert_size < opt.tp->size;
+      if (own && !opt.sequence_parallel)
+        throw std::invalid_argument(std::string("engine: expert parallelism with tensor parallelism and the experts ") +
+                                    (opt.tp->expert_size == 1 ? "whole on each rank" : "cut over fewer ranks than the tp group") +
+                                    " needs sequence parallelism (each tensor-parallel rank dispatches its own rows)");
+      moe_own_rows = own;
+      if (own && opt.tp->expert_size > 1) {
+        if (opt.etp_comm == nullptr)
+          throw std::invalid_argument("engine: experts cut over " + std::to_string(opt.tp->expert_size) +
+                                      " of the tensor-parallel ranks need their group (etp_comm)");
+        etp_size = opt.tp->expert_size;
+        etp_rank = opt.tp->expert_rank;
+      }
     }
     if (desc.params.size() != opt.ep->full.params.size())
       throw std::invalid_argument("engine: the expert-parallel layout is of another model");

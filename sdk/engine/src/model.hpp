@@ -133,14 +133,19 @@ struct MoeScratch {
 struct EpActs {
   std::vector<int64_t> send_cnt, recv_cnt;    // [E]: rows per (rank, local expert), sent / received
   std::vector<int64_t> send_rows, recv_rows;  // [P]: rows per rank, sent / received
-  std::vector<int32_t> perm;                  // [R] expert-major row -> source-major row
+  std::vector<int64_t> etp_rows;              // [Te]: rows each rank of the etp group received
+  std::vector<int32_t> perm;                  // [Rg] expert-major row -> source-major row
   std::vector<int32_t> loff;                  // [El + 1] expert-major rows of each local expert
-  std::vector<float> xe, gu, a;               // [R, C], [R, 2Fe], [R, Fe]
+  std::vector<float> xe, gu, a;               // [Rg, C], [Rg, 2Fe], [Rg, Fe]
   int64_t R = 0;                              // rows received
+  int64_t Rg = 0;                             // rows the experts run on: R, or the etp group's
 };
 struct EpScratch {
-  std::vector<float> rows, out;  // [R, C] source-major rows; [R, C] expert-major results
+  std::vector<float> rows, out;  // [R, C] source-major rows; [Rg, C] expert-major results
+  std::vector<float> gathered;   // [Rg, C] the etp group's source-major rows (etp_size > 1)
+  std::vector<float> rep;        // [Te R, C] an etp exchange's repeated or received blocks
   std::vector<int64_t> counts_out, counts_in;  // [P] float counts of an exchange
+  std::vector<int64_t> etp_out, etp_in;        // [Te] likewise over the etp group
 };
 
 // One layer's activations for N tokens: the program's values (pointers into the activation
@@ -306,6 +311,9 @@ struct Engine::Impl {
   // rank's place in it, the flat range of the expert tensors, each MoE layer's exchange state.
   bool ep_on = false;
   int64_t ep_size = 1, ep_rank = 0;
+  // The experts' tensor-parallel group under moe_own_rows (EngineOptions::etp_comm): its size
+  // (1: each expert whole here) and this rank's place in it.
+  int64_t etp_size = 1, etp_rank = 0;
   int64_t expert_begin = 0, expert_end = 0;
   std::vector<EpActs> ep_acts;  // per layer (or set 0 reused under recompute)
   EpScratch ep_scratch;
@@ -315,6 +323,11 @@ struct Engine::Impl {
   void ep_forward(int64_t l, const int32_t* offsets, const float* xp, float* yp);
   // The backward of that: d yp -> d xp (may be the same buffer), the expert gradients added.
   void ep_backward(int64_t l, const float* dyp, float* dxp);
+  // The etp group's exchanges (etp_size > 1): this rank's R received rows `mine` [R, C] to
+  // every rank of the group, all of theirs into `all` [Rg, C] in group order; and the adjoint,
+  // `all` [Rg, C] partial sums over the group, each rank's rows summed into `mine` [R, C].
+  void etp_all_gather(const EpActs& e, const float* mine, float* all);
+  void etp_reduce_scatter(const EpActs& e, const float* all, float* mine);
 
   // Activation storage for the current micro-batch size and mode.
   Buffer<float> acts;
@@ -374,10 +387,11 @@ struct Engine::Impl {
   // replicated one's gradient is whole on every rank, not a partial sum over the rows.
   std::vector<bool> sp_whole_rows;
   void sp_plan(int64_t N);
-  // Expert parallelism with tensor parallelism (Megatron's expert_tensor_parallel_size = 1,
-  // under sequence parallelism, which Megatron requires there): each MoE block routes and
+  // Expert parallelism with tensor parallelism (Megatron's expert_tensor_parallel_size below
+  // tp, under sequence parallelism, which Megatron requires there): each MoE block routes and
   // dispatches this rank's rows only (every tp rank holds distinct tokens; the experts are whole
-  // on their ep rank), so its router's gradients are partial sums over the group and its
+  // on their ep rank, or cut over an etp group that gathers its received rows: etp_size), so
+  // its router's gradients are partial sums over the group and its
   // routing counts and loss values are summed over it. Only a shared expert (cut over the group
   // as a dense MLP) reads every row: the block's input is gathered for it alone.
   bool moe_own_rows = false;

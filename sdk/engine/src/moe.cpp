@@ -454,7 +454,8 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
   if (recompute) return;
   if (moe_own_rows) {
     // This rank's rows: the shared expert's partial sums over the group reduce-scattered into
-    // them, then the routed experts' combine (whole: the experts are whole on their ep rank).
+    // them, then the routed experts' combine (whole: the experts are whole on their ep rank, or
+    // their etp group's partial outputs were summed in ep_forward).
     if (Fs > 0) {
       if (p.ws_gate) ops->moe_unpermute_fwd(out, C, m.sy, x.srow, m.sgw, Nall, 1, C, false);
       else std::memcpy(out, m.sy, size_t(Nall * C) * sizeof(float));

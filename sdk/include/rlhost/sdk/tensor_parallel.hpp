@@ -56,6 +56,8 @@ enum class TpSplit {
                    // expert parallelism: each rank of the ep group, tp ranks included, holds other
                    // experts whole; norm weight 1, the gradients are the experts' owner's)
 };
+// (With an expert tensor-parallel size Te strictly between 1 and T, expert_rows / expert_cols
+// cut each expert in Te blocks instead of T: TpLayout::expert_size.)
 const char* to_string(TpSplit s);
 
 // The sharding plan: every role tensor parallelism runs, and how it is cut. A role not in the
@@ -81,6 +83,14 @@ struct TpPiece {
 
 struct TpLayout {
   int64_t size = 1, rank = 0;
+  // The routed experts' tensor-parallel size Te (Megatron's expert_tensor_parallel_size) and this
+  // rank's place in it: Te = size cuts every expert over the whole group; 1 leaves them whole
+  // (TpSplit::experts_whole); a Te between them (dividing size) cuts each expert in Te blocks,
+  // rank r holding block r mod Te: with Megatron's rank order (tp fastest in the dense layout,
+  // etp fastest in the expert one) that is its position in its expert tensor-parallel group.
+  // Under Te < size the experts' pieces have norm weight 1: the owner sums their squares over
+  // the expert groups (etp x ep), not over tp.
+  int64_t expert_size = 1, expert_rank = 0;
   TransformerDesc full;   // the model as one rank sees it
   TransformerDesc local;  // this rank's: local heads, widths, vocabulary rows, parameter shapes
   std::vector<TpPiece> pieces;  // per parameter (desc order)
@@ -90,13 +100,15 @@ struct TpLayout {
 // Empty when `size` ranks can run `desc` with tensor parallelism, else one line naming the
 // first setting that stops it ("tensor_model_parallel_size = 4 does not divide
 // num_attention_heads = 6"). `key` names the setting in messages.
-// `experts_whole`: Megatron's expert_tensor_parallel_size = 1 (with expert parallelism): the
-// routed experts stay whole (TpSplit::experts_whole); the shared expert is cut as a dense MLP.
+// `expert_size`: Megatron's expert_tensor_parallel_size Te (0: size, its default). 1 (with expert
+// parallelism) leaves the routed experts whole (TpSplit::experts_whole); a Te strictly between
+// 1 and size that divides it cuts each expert in Te blocks (the expert width a multiple of Te).
+// The shared expert is always cut over the whole group, as a dense MLP.
 std::string tp_unsupported(const TransformerDesc& desc, int64_t size,
-                           const std::string& key = "tensor_model_parallel_size", bool experts_whole = false);
+                           const std::string& key = "tensor_model_parallel_size", int64_t expert_size = 0);
 // Throws std::invalid_argument with tp_unsupported's line when it is not empty.
 TpLayout make_tp_layout(const TransformerDesc& desc, int64_t size, int64_t rank,
-                        const std::string& key = "tensor_model_parallel_size", bool experts_whole = false);
+                        const std::string& key = "tensor_model_parallel_size", int64_t expert_size = 0);
 
 // This rank's part of parameter i (full tensor in row-major desc shape), in local shape.
 std::vector<float> tp_slice(const TpLayout& layout, size_t i, std::span<const float> full);

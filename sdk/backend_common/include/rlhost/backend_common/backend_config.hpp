@@ -184,7 +184,8 @@ struct BackendConfig {
     int64_t ep = 1;
     // megatron_cfg.expert_tensor_parallel_size (null: tp, Megatron's default): under tensor
     // parallelism alone an MoE model's experts are split over the tp group (etp = tp); with
-    // expert parallelism too they are whole on their ep rank (etp = 1, the only one run there).
+    // expert parallelism too they are whole on their ep rank (etp = 1), cut over an etp group
+    // of etp ranks (a divisor of tp between) or over the tp group (etp = tp).
     int64_t etp = 1;
     // megatron_cfg.context_parallel_size: ranks every sequence is split over (context_parallel.hpp);
     // the data-parallel ranks are the world / (tp cp).

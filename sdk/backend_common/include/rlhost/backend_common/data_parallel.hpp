@@ -57,6 +57,9 @@ struct DpGroups {
   // are reduced). Empty without expert parallelism.
   sdk::Comm ep;
   sdk::Comm edp;
+  // With expert parallelism, the expert tensor-parallel group (Megatron's expert_tp: the ranks
+  // holding the other blocks of the same experts, etp ranks fastest); a group of one at etp 1.
+  sdk::Comm etp;
   // Context parallelism (megatron_cfg.context_parallel_size = cp > 1; context_parallel.hpp): the
   // ranks that split every sequence (tp ranks fastest, then cp), and the data-parallel ranks
   // without them, over which losses, token counts and metrics are summed (every rank of a cp

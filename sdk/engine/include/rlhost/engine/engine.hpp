@@ -319,6 +319,13 @@ struct EngineOptions {
   const sdk::EpLayout* ep = nullptr;
   EpComm* ep_comm = nullptr;
   int64_t pad_experts_to = 1;
+  // With `tp` whose experts are cut over fewer ranks than the tp group (1 < tp->expert_size <
+  // tp->size, Megatron's expert_tensor_parallel_size between 1 and tp): the expert
+  // tensor-parallel group (tp->expert_size ranks holding the same experts' other blocks, in
+  // block order; not owned). Each rank routes its own rows as at expert_size 1; the rows its
+  // experts receive are all-gathered over this group, each rank computes its blocks' partial
+  // outputs for all of them, and those are reduce-scattered back (the backward likewise).
+  EpComm* etp_comm = nullptr;
   // Megatron's sequence parallelism on top of `tp` (src/sequence_parallel.cpp): the residual
   // stream, its norms and adds run on this rank's 1/T of the rows; the input of a
   // column-parallel linear (and of the head) is all-gathered over the group, the output of a
