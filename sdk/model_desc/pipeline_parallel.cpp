@@ -115,13 +115,19 @@ PpLayout make_pp_layout(const TransformerDesc& desc, int64_t size, int64_t rank,
   loc.num_layers = L.layer_count;
   const bool tied = desc.tie_word_embeddings;
   L.shares_embedding = tied && size > 1 && (L.first || L.last);
-  // MoE routing columns (V = 1: this stage's layers are one run).
+  // MoE routing columns: col[l] is layer l's first column in the whole record; each chunk's
+  // layers are one run of them.
+  std::vector<int64_t> col(size_t(desc.num_layers) + 1, 0);
   for (int64_t l = 0; l < desc.num_layers; ++l) {
     const LayerDesc& ld = desc.layers[size_t(l)];
-    if (ld.mlp.kind != MlpKind::moe) continue;
-    if (l < L.layer_begin) L.route_begin += ld.mlp.moe.top_k;
-    L.route_total += ld.mlp.moe.top_k;
+    col[size_t(l) + 1] = col[size_t(l)] + (ld.mlp.kind == MlpKind::moe ? ld.mlp.moe.top_k : 0);
   }
+  L.route_total = col.back();
+  for (PpLayout::Chunk& c : L.chunks) {
+    c.route_begin = col[size_t(c.global_begin)];
+    c.route_count = col[size_t(c.global_begin + c.count)] - c.route_begin;
+  }
+  L.route_begin = L.chunks.front().route_begin;
 
   // Owners: a layer's tensors belong to its stage; the embedding to the first, the final norm
   // and the head to the last.

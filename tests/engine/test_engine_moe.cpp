@@ -3,8 +3,9 @@
 // group-limited routing) of the shared fixtures. Packing, micro-batching, recompute and thread
 // count do not change results; the routing record and replay; the auxiliary losses' gradients
 // against finite differences of their reported values; the frozen router; the float64 router;
-// the kernels through the C ABI; pipeline stages' routing columns, replay and losses; refusals. (Agreement with Hugging Face is
-// test_engine_fixtures.)
+// the kernels through the C ABI; pipeline stages' routing columns, replay and losses (with
+// interleaved virtual stages each model chunk's own columns); refusals. (Agreement with Hugging
+// Face is test_engine_fixtures.)
 #include <gtest/gtest.h>
 
 #include <omp.h>
@@ -12,6 +13,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -422,6 +424,199 @@ TEST_P(MoeModel, PipelineStagesRecordAndReplayTheirColumns) {
   const auto metrics = engine::moe_step_metrics(o.moe, v0.aux + v1.aux, v0.z + v1.z, std::max(v0.max_load, v1.max_load));
   ASSERT_EQ(metrics.size(), losses ? 3u : 1u);
   for (const auto& [k, v] : metrics) EXPECT_NEAR(v, metric(sr, k), 1e-9 * std::fabs(metric(sr, k)) + 1e-12) << k;
+}
+
+// qwen3-moe-tiny's two layers, then both again scaled by 0.9 (no two layers alike): four MoE
+// layers, so that under PP 2 x VPP 2 every model chunk holds one and each rank's two chunks are
+// column runs apart (rank 0: layers 0 and 2).
+const Model& four_layer_qwen3_moe() {
+  static const Model m4 = [] {
+    const std::string shared = fixture_dir("deepseek-v3-tiny"), dir = shared.substr(0, shared.rfind('/')) + "/qwen3-moe-tiny";
+    Model m2;
+    m2.desc = model::describe_model_dir(dir);
+    m2.weights = sdk::load_weights_f32(m2.desc, sdk::st::Checkpoint::open(dir + "/model.safetensors")).tensors;
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+    cfg["num_hidden_layers"] = 4;
+    Model m;
+    m.desc = model::describe(cfg);
+    std::map<std::string, size_t> at;
+    for (size_t i = 0; i < m2.desc.params.size(); ++i) at[m2.desc.params[i].name] = i;
+    const std::string pre = "model.layers.";
+    for (const auto& p : m.desc.params) {
+      std::string name = p.name;
+      float scale = 1.f;
+      if (name.rfind(pre, 0) == 0) {
+        const size_t dot = name.find('.', pre.size());
+        const int layer = std::stoi(name.substr(pre.size(), dot - pre.size()));
+        if (layer >= 2) scale = 0.9f;
+        name = pre + std::to_string(layer % 2) + name.substr(dot);
+      }
+      auto it = at.find(name);
+      if (it == at.end()) throw std::runtime_error("four_layer_qwen3_moe: no " + name + " in qwen3-moe-tiny");
+      m.weights.push_back(m2.weights[it->second]);
+      for (float& x : m.weights.back()) x *= scale;
+    }
+    return m;
+  }();
+  return m4;
+}
+
+// Interleaved virtual stages (PP 2 x VPP 2) in one process: two stage engines of two model
+// chunks each, run in the virtual stages' order (v = c P + s), the activations handed over by
+// hand. Each chunk records its own run of columns (PpLayout::Chunk::route_begin); put in place
+// they are the one-rank engine's record. Replaying another routing of the whole model gives the
+// one-rank engine's logprobs under it, the forwards of a train step under replay record that
+// routing, and the step's gradients and MoE metrics are the one-rank engine's.
+void check_virtual_stage_routing(const Model& m, const std::string& label) {
+  SCOPED_TRACE(label);
+  constexpr int64_t P = 2, V = 2, S = P * V;
+  EngineOptions o;
+  o.ops = &test::cpu_ops();
+  o.moe.load_balancing = MoeOptions::LoadBalancing::seq_aux_loss;
+  o.moe.aux_loss_coef = 0.01;
+  o.moe.z_loss_coef = 0.001;
+  Engine whole(m.desc, o);
+  whole.load_parameters(m.weights);
+  const Batch b = make_batch({11, 20, 7}, m.desc.vocab_size);
+  const MicroBatch mb = b.mb();
+  const int64_t N = int64_t(b.ids.size()), R = whole.routing_width(), C = m.desc.hidden_size;
+  engine::OutputRequest req;
+  req.routed_experts = true;
+  const engine::Outputs ref = whole.forward(mb, req);
+
+  sdk::PpSplit split;
+  split.virtual_size = V;
+  std::vector<sdk::PpLayout> layouts;
+  for (int64_t s = 0; s < P; ++s) layouts.push_back(sdk::make_pp_layout(m.desc, P, s, split));
+  std::vector<std::unique_ptr<Engine>> stages;
+  for (int64_t s = 0; s < P; ++s) {
+    EngineOptions so = o;
+    so.pp = &layouts[size_t(s)];
+    auto e = std::make_unique<Engine>(m.desc, so);
+    std::vector<std::vector<float>> w;
+    for (int64_t i : layouts[size_t(s)].full_index) w.push_back(m.weights[size_t(i)]);
+    e->load_parameters(w);
+    ASSERT_EQ(layouts[size_t(s)].route_total, R);
+    ASSERT_EQ(layouts[size_t(s)].chunks.size(), size_t(V));
+    stages.push_back(std::move(e));
+  }
+  // Virtual stage v is chunk v / P of rank v % P. xs[v]: the input of virtual stage v.
+  std::vector<std::vector<float>> xs(size_t(S), std::vector<float>(size_t(N * C)));
+  // Each chunk's record put at its columns of the whole [N, R].
+  const auto place = [&](std::vector<int32_t>& rec, const engine::Outputs& got, int64_t v) {
+    const sdk::PpLayout::Chunk& c = layouts[size_t(v % P)].chunks[size_t(v / P)];
+    EXPECT_EQ(got.routing_width, c.route_count) << "virtual stage " << v;
+    ASSERT_EQ(int64_t(got.routed_experts.size()), N * c.route_count) << "virtual stage " << v;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < c.route_count; ++k)
+        rec[size_t(n * R + c.route_begin + k)] = got.routed_experts[size_t(n * c.route_count + k)];
+  };
+  const auto run = [&](const MicroBatch& in, const engine::OutputRequest& r) {
+    engine::Outputs last;
+    std::vector<int32_t> rec(size_t(N * R), -1);
+    for (int64_t v = 0; v < S; ++v) {
+      const std::span<const float> x_in = v > 0 ? std::span<const float>(xs[size_t(v)]) : std::span<const float>();
+      const std::span<float> x_out = v < S - 1 ? std::span<float>(xs[size_t(v + 1)]) : std::span<float>();
+      engine::Outputs got = stages[size_t(v % P)]->forward_stage(in, r, x_in, x_out, v / P);
+      if (r.routed_experts) place(rec, got, v);
+      if (v == S - 1) last = std::move(got);
+    }
+    last.routed_experts = rec;
+    return last;
+  };
+  const auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double d = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+    return d;
+  };
+  const engine::Outputs got = run(mb, req);
+  EXPECT_EQ(got.routed_experts, ref.routed_experts) << "the chunks' records put in place are one engine's";
+  EXPECT_LE(max_diff(got.logprob, ref.logprob), 1e-6);
+
+  // Another routing of the whole model (each choice moved to the next expert), replayed.
+  std::vector<int32_t> other = ref.routed_experts;
+  int64_t col = 0;
+  for (const auto& l : m.desc.layers) {
+    if (l.mlp.kind != sdk::MlpKind::moe) continue;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < l.mlp.moe.top_k; ++k) {
+        int32_t& x = other[size_t(n * R + col + k)];
+        x = int32_t((x + 1) % l.mlp.moe.num_experts);
+      }
+    col += l.mlp.moe.top_k;
+  }
+  std::vector<int64_t> shape = {N, R}, strides = {R, 1};
+  MicroBatch rmb = mb;
+  rmb.fields.push_back(int32_field("routes", other, shape, strides));
+  engine::OutputRequest rreq = req;
+  rreq.replay_routing_field = "routes";
+  const engine::Outputs ref_other = whole.forward(rmb, rreq);
+  const engine::Outputs got_other = run(rmb, rreq);
+  EXPECT_GT(max_diff(ref_other.logprob, ref.logprob), 1e-4) << "the other routing changes the outputs";
+  EXPECT_LE(max_diff(got_other.logprob, ref_other.logprob), 1e-6) << "replaying another routing";
+  EXPECT_EQ(got_other.routed_experts, other);
+
+  // A train step under the replayed routing: the forwards of the virtual stages before the last
+  // (with the record asked for) record that routing; then the backwards from the last virtual
+  // stage down. The stages' gradients and MoE metrics are the one-rank engine's.
+  engine::StepOptions so;
+  so.global_tokens = predicted(b);
+  so.global_sequences = int64_t(b.cu.size()) - 1;
+  so.apply_optimizer = false;
+  so.outputs.replay_routing_field = "routes";
+  const engine::StepResult sr = whole.train_step({&rmb, 1}, so, nll);
+  const std::vector<std::vector<float>> g_ref = grads(whole);
+  for (auto& e : stages) e->begin_stage_step({&rmb, 1}, so);
+  engine::OutputRequest fwd = so.outputs;
+  fwd.routed_experts = true;
+  for (int64_t v = 0; v + 1 < S; ++v) {
+    const engine::Outputs f = stages[size_t(v % P)]->forward_stage(
+        rmb, fwd, v > 0 ? std::span<const float>(xs[size_t(v)]) : std::span<const float>(), xs[size_t(v + 1)], v / P);
+    const sdk::PpLayout::Chunk& c = layouts[size_t(v % P)].chunks[size_t(v / P)];
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < c.route_count; ++k)
+        ASSERT_EQ(f.routed_experts[size_t(n * c.route_count + k)], other[size_t(n * R + c.route_begin + k)])
+            << "virtual stage " << v << ": the train step's forward records the replayed routing";
+  }
+  std::vector<float> dy, dx(size_t(N * C));
+  engine::LossResult lr;
+  for (int64_t v = S - 1; v >= 0; --v) {
+    const std::span<const float> x_in = v > 0 ? std::span<const float>(xs[size_t(v)]) : std::span<const float>();
+    const engine::LossResult got_lr = stages[size_t(v % P)]->backward_stage(
+        rmb, 0, 1, so, nll, x_in, dy, v > 0 ? std::span<float>(dx) : std::span<float>(), v / P);
+    if (v == S - 1) lr = got_lr;
+    dy = dx;
+  }
+  for (auto& e : stages) e->end_stage_step();
+  EXPECT_NEAR(lr.loss, sr.loss, 1e-6 * std::fabs(sr.loss));
+  std::vector<float> embed_sum;  // a tied embedding's two copies (stage 0's lookup, stage 1's head)
+  for (int64_t s = 0; s < P; ++s) {
+    const std::vector<std::vector<float>> g = grads(*stages[size_t(s)]);
+    for (size_t j = 0; j < g.size(); ++j) {
+      const size_t i = size_t(layouts[size_t(s)].full_index[j]);
+      if (layouts[size_t(s)].shares_embedding && int64_t(j) == layouts[size_t(s)].embed_local) {
+        if (embed_sum.empty()) embed_sum.assign(g[j].size(), 0.f);
+        for (size_t k = 0; k < g[j].size(); ++k) embed_sum[k] += g[j][k];
+        if (s == P - 1) {
+          EXPECT_LE(rel(embed_sum, g_ref[i]), 1e-5) << m.desc.params[i].name << " (tied: both copies)";
+        }
+        continue;
+      }
+      EXPECT_LE(rel(g[j], g_ref[i]), 1e-5) << m.desc.params[i].name;
+    }
+  }
+  const Engine::MoeValues v0 = stages[0]->stage_moe_values(), v1 = stages[1]->stage_moe_values();
+  const auto metrics = engine::moe_step_metrics(o.moe, v0.aux + v1.aux, v0.z + v1.z, std::max(v0.max_load, v1.max_load));
+  ASSERT_EQ(metrics.size(), 3u);
+  for (const auto& [k, v] : metrics) EXPECT_NEAR(v, metric(sr, k), 1e-9 * std::fabs(metric(sr, k)) + 1e-12) << k;
+}
+
+TEST(MoeEngine, VirtualPipelineStagesRecordAndReplayTheirChunksColumns) {
+  // Every chunk an MoE layer; rank 0's chunks are columns [0, 2) and [4, 6).
+  check_virtual_stage_routing(four_layer_qwen3_moe(), "four-layer qwen3-moe");
+  // Layer 2 dense: rank 0's second chunk records no column (route_count 0).
+  check_virtual_stage_routing(model("qwen2-moe-tiny"), "qwen2-moe-tiny");
 }
 
 // The auxiliary losses alone (the callback's loss is 0): the engine's gradient g against the

@@ -110,6 +110,21 @@ TEST(PipelineParallel, MoeRoutingColumns) {
     EXPECT_EQ(L.route_begin, begin[s]) << "stage " << s;
   }
   EXPECT_EQ(sdk::make_pp_layout(model::describe(llama(2, false)), 2, 1, {}).route_total, 0);  // dense
+
+  // Interleaved virtual stages (P 2 x V 2, one layer a chunk): a rank's chunks are runs apart,
+  // rank 0 columns [0, 2) and [4, 6), rank 1 [2, 4) and [6, 8).
+  sdk::PpSplit v2;
+  v2.virtual_size = 2;
+  for (int64_t s = 0; s < 2; ++s) {
+    const sdk::PpLayout L = sdk::make_pp_layout(m, 2, s, v2);
+    EXPECT_EQ(L.route_total, 8);
+    ASSERT_EQ(L.chunks.size(), 2u);
+    for (int64_t c = 0; c < 2; ++c) {
+      EXPECT_EQ(L.chunks[size_t(c)].route_begin, 2 * (c * 2 + s)) << "stage " << s << " chunk " << c;
+      EXPECT_EQ(L.chunks[size_t(c)].route_count, 2) << "stage " << s << " chunk " << c;
+    }
+    EXPECT_EQ(L.route_begin, L.chunks[0].route_begin);
+  }
 }
 
 // Expert parallelism within a stage: the stage is cut from the ep layout's description, so it

@@ -50,6 +50,9 @@ struct LayerShape : MoeBasics, MlaBasics {
   bool moe = false, mla = false;
   Ops::RouterAttrs router;  // the MoeBasics routing, as the router op takes it
   int64_t route_col = 0;    // first column of this layer's choices in the routing record [N, R]
+  // First column of its choices in the replay field: route_col, or under PP the column in the
+  // whole model's record (its chunk's PpLayout::Chunk::route_begin plus its place in the chunk).
+  int64_t replay_col = 0;
   std::string act = "silu"; // the experts' activation
   // MLA: heads, q/k head dim (dn + dr), the q|k|v width, the attention's scale and window
   int64_t H = 0, D = 0, Wqkv = 0, window = 0;
@@ -289,7 +292,7 @@ struct Engine::Impl {
   bool router64 = false;
   std::vector<int32_t> route_record;  // [N, R] when requested
   const rlh_tensor* replay = nullptr;  // [N, R] field, when replaying
-  int64_t replay_width = 0, replay_begin = 0;  // its R and this stage's first column (PP: pp->route_*)
+  int64_t replay_width = 0;  // its R (PP: the whole model's, pp->route_total)
   bool moe_train = false;             // inside train_step: add the auxiliary losses
   double moe_tokens = 0, moe_seqs = 0;  // their normalisers
   double moe_aux = 0, moe_z = 0, moe_max_load = 0;  // this step's values

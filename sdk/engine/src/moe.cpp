@@ -65,8 +65,20 @@ void Engine::Impl::describe_moe_layer(const sdk::LayerDesc& ld, const sdk::Layer
   s.router.scaling_factor = s.scaling_factor;
   s.router.n_group = s.n_group;
   s.router.topk_group = s.topk_group;
-  s.route_col = route_width;
+  s.route_col = s.replay_col = route_width;
   route_width += s.Kx;
+  // Under PP a stage's local layers are its model chunks' in order, and each chunk's columns are
+  // one run of the whole record (PpLayout::Chunk): the layer's place in its chunk's run.
+  if (opt.pp != nullptr && opt.pp->size > 1) {
+    int64_t chunk_col = 0;  // the chunk's first column in this stage's record
+    for (const sdk::PpLayout::Chunk& c : opt.pp->chunks) {
+      if (ld.index < c.local_begin + c.count) {
+        s.replay_col = c.route_begin + s.route_col - chunk_col;
+        break;
+      }
+      chunk_col += c.route_count;
+    }
+  }
   router64 = opt.moe.router_fp64;
 }
 
@@ -223,9 +235,8 @@ void Engine::Impl::prepare_routing(const MicroBatch& mb, const OutputRequest& re
     throw std::invalid_argument("engine: the routing record of a pipeline stage under expert parallelism with tensor "
                                 "parallelism is not implemented");
   if (req.routed_experts) route_record.assign(size_t(N * route_width), -1);
-  // Under PP the field is the whole model's record; this stage's layers read their columns.
+  // Under PP the field is the whole model's record; each layer reads its columns (replay_col).
   replay_width = pp_on ? opt.pp->route_total : route_width;
-  replay_begin = pp_on ? opt.pp->route_begin : 0;
   // Under context (or sequence) parallelism the field is the whole micro-batch's, read through
   // cpp.token.
   replay = replay_routing_tensor(cp_on || sp_on ? *cpp.whole : mb, req.replay_routing_field, replay_width, "engine");
@@ -393,7 +404,7 @@ void Engine::Impl::forward_moe(int64_t l, const MicroBatch& mb, const float* xn,
       const int64_t t = cp_on || sp_on ? cpp.token[size_t(r0 + n)] : n;  // the row's token in the field
       for (int64_t k = 0; k < K; ++k)  // a padding row (t < 0) takes experts 0..K-1: its output is never read
         m.experts[n * K + k] =
-            t < 0 ? int32_t(k % E) : replayed_expert(*replay, t * replay_width + replay_begin + s.route_col + k, E, who);
+            t < 0 ? int32_t(k % E) : replayed_expert(*replay, t * replay_width + s.replay_col + k, E, who);
     }
   }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model.hpp"
 
@@ -24,11 +25,17 @@ struct StageReset {
   }
 };
 
-// The routing record and replay are one run of columns per stage (PpLayout::route_begin).
-void check_chunk_routing(const sdk::PpLayout& L, const OutputRequest& req) {
-  if (L.chunks.size() > 1 && (req.routed_experts || !req.replay_routing_field.empty()))
-    throw std::invalid_argument(
-        "engine: MoE routing records and replay under interleaved virtual pipeline stages are not supported");
+// A model chunk's own columns of this stage's routing record (rows x the stage's R): each chunk
+// is one run of the whole record (PpLayout::Chunk::route_begin), a rank's chunks together are not.
+std::vector<int32_t> chunk_columns(std::vector<int32_t> rec, const sdk::PpLayout& L, int64_t chunk, int64_t width) {
+  if (L.chunks.size() == 1) return rec;
+  int64_t lo = 0;  // the chunk's first column in the stage's record
+  for (int64_t c = 0; c < chunk; ++c) lo += L.chunks[size_t(c)].route_count;
+  const int64_t w = L.chunks[size_t(chunk)].route_count, rows = width > 0 ? int64_t(rec.size()) / width : 0;
+  std::vector<int32_t> out(size_t(rows * w));
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t k = 0; k < w; ++k) out[size_t(n * w + k)] = rec[size_t(n * width + lo + k)];
+  return out;
 }
 
 }  // namespace
@@ -56,8 +63,15 @@ Outputs Engine::forward_stage(const MicroBatch& whole, const OutputRequest& req,
   // parallelism this rank's block of them.
   const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;
   m.bind_stage(mb, x_in, {}, {}, false, chunk);
-  check_chunk_routing(*m.opt.pp, req);
-  if (m.run_head) return forward(whole, req);
+  const sdk::PpLayout& L = *m.opt.pp;
+  if (m.run_head) {
+    Outputs out = forward(whole, req);
+    if (req.routed_experts) {  // this chunk's columns (engine.hpp)
+      out.routed_experts = chunk_columns(std::move(out.routed_experts), L, chunk, m.route_width);
+      out.routing_width = L.chunks[size_t(chunk)].route_count;
+    }
+    return out;
+  }
   const int64_t rows = m.sp_on ? mb.num_tokens() / m.opt.tp->size : mb.num_tokens();
   const size_t n = size_t(rows * m.C);
   if (x_out.size() != n)
@@ -66,9 +80,9 @@ Outputs Engine::forward_stage(const MicroBatch& whole, const OutputRequest& req,
   m.forward(mb, req, false);
   std::memcpy(x_out.data(), m.sp_own(m.xs[size_t(m.run_hi)], m.C), n * sizeof(float));
   Outputs out;
-  if (req.routed_experts) {  // this stage's columns (engine.hpp)
-    out.routing_width = m.route_width;
-    out.routed_experts = std::move(m.route_record);
+  if (req.routed_experts) {  // this chunk's columns (engine.hpp)
+    out.routing_width = L.chunks[size_t(chunk)].route_count;
+    out.routed_experts = chunk_columns(std::move(m.route_record), L, chunk, m.route_width);
   }
   return out;
 }
@@ -101,7 +115,6 @@ LossResult Engine::backward_stage(const MicroBatch& whole, int64_t index, int64_
   StageReset<Impl> reset{m};
   const MicroBatch& mb = m.cp_on || m.sp_on ? m.cp_prepare(whole) : whole;  // this rank's rows (stage_rows)
   m.bind_stage(mb, x_in, dy, dx, true, chunk);
-  check_chunk_routing(*m.opt.pp, req);
   // The auxiliary losses belong to this forward (each micro-batch's one on every stage: a
   // forward_stage of the same micro-batch before it counts none).
   struct TrainFlag {

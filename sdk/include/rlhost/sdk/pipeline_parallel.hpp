@@ -51,6 +51,10 @@ struct PpLayout {
     int64_t local_begin = 0, count = 0;  // layers [local_begin, local_begin + count) of `local`
     int64_t global_begin = 0;            // the first one's index in the whole model
     bool embed = false, head = false;
+    // Its MoE layers' run of columns in the whole model's routing record [N, R]: the first
+    // column and their count (the sum of their top_k). Each chunk is one run; a rank's chunks
+    // are not (interleaved stages leave the other ranks' chunks between them).
+    int64_t route_begin = 0, route_count = 0;
   };
   int64_t virtual_size = 1;
   std::vector<Chunk> chunks;
@@ -65,8 +69,9 @@ struct PpLayout {
   bool shares_embedding = false;
   int64_t embed_local = -1;  // local index of the embedding (or tied head), -1 if not here
   // MoE routing record and replay ([N, R], R = the sum of top_k over the MoE layers in layer
-  // order): the whole model's R, and the first column of this stage's layers. A stage records
-  // and replays its own columns [route_begin, route_begin + its R).
+  // order): the whole model's R, and the first column of this stage's first chunk. A chunk
+  // records and replays its own columns [Chunk::route_begin, + Chunk::route_count); without
+  // virtual stages the one chunk is the stage, so its columns are [route_begin, + its R).
   int64_t route_total = 0, route_begin = 0;
 };
 

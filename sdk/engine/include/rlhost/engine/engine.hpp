@@ -433,9 +433,12 @@ class Engine {
   // gradients summed). The gradient norm and the update are the owner's, as with
   // apply_optimizer = false.
   // MoE under PP: the routing replay field is the whole model's [N, R] (R = pp->route_total);
-  // each stage reads its own columns. A stage's routing record (forward_stage with
-  // routed_experts, on every stage) holds its columns only: routing_width() of them, the first
-  // at pp->route_begin of the whole record. The auxiliary losses of a stage's layers are added
+  // each stage reads its own columns. A routing record (forward_stage with routed_experts, on
+  // every stage) holds the run model chunk's columns only: Outputs::routing_width of them
+  // (pp->chunks[chunk].route_count), the first at pp->chunks[chunk].route_begin of the whole
+  // record (without virtual stages: routing_width() columns at pp->route_begin). With virtual
+  // stages a rank's chunks are separate runs, so the caller places each chunk's record where
+  // it belongs. The auxiliary losses of a stage's layers are added
   // to its own gradients; their values are stage_moe_values() after the step's backward_stage
   // calls, for the owner to sum over the stages (moe_step_metrics).
   void begin_stage_step(std::span<const MicroBatch> microbatches, const StepOptions& options);
