@@ -16,6 +16,7 @@
 // pointer the AdamW kernel sees has the same alignment as in the device-resident layout.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "cuda_engine_impl.hpp"
 
@@ -50,6 +51,9 @@ void CudaEngine::Impl::offloaded_update(const std::vector<Piece>& pieces, const 
   float* sp = ostage.get<float>();
   float* sm = sp + ostage_elems;
   float* sv = sm + ostage_elems;
+  // Each staged part beside its host copy.
+  const std::pair<float*, float*> parts[] = {{sp, h_master.get<float>()}, {sm, h_adam_m.get<float>()},
+                                             {sv, h_adam_v.get<float>()}};
   for (int64_t a = 0; a < len; a += ostage_elems) {
     const int64_t b = std::min(len, a + ostage_elems);
     const bool any = std::any_of(pieces.begin(), pieces.end(),
@@ -58,12 +62,10 @@ void CudaEngine::Impl::offloaded_update(const std::vector<Piece>& pieces, const 
     const size_t bytes = size_t(b - a) * sizeof(float);
     // Stream order keeps the chunks apart: the next upload into the staging buffer follows
     // this chunk's download.
-    for (auto [dev, host] : {std::pair{sp, h_master.get<float>()}, std::pair{sm, h_adam_m.get<float>()},
-                             std::pair{sv, h_adam_v.get<float>()}})
+    for (const auto& [dev, host] : parts)
       check(cudaMemcpyAsync(dev, host + a, bytes, cudaMemcpyHostToDevice, stream), "offloaded state upload");
     adamw_pieces(pieces, sp, sm, sv, a, a, b, so, clip);
-    for (auto [dev, host] : {std::pair{sp, h_master.get<float>()}, std::pair{sm, h_adam_m.get<float>()},
-                             std::pair{sv, h_adam_v.get<float>()}})
+    for (const auto& [dev, host] : parts)
       check(cudaMemcpyAsync(host + a, dev, bytes, cudaMemcpyDeviceToHost, stream), "offloaded state download");
   }
 }
