@@ -484,7 +484,10 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     bool decode = S == R;
     for (int64_t i = 0; decode && i < S; ++i) decode = rows.sample_rows[size_t(i)] == i;
     const bool graph = decode && graphs_on_;
-    const int64_t Rb = graph ? std::min<int64_t>(pow2_at_least(R), gmax_) : R;
+    // FP8 rollouts pad small decoding batches to 16 rows, the fewest blockwise FP8 products take
+    // (Fp8Linears::input): a bandwidth-bound step reads half the weight bytes for 16 rows instead
+    // of the bf16 weights for fewer.
+    const int64_t Rb = graph ? std::min<int64_t>(std::max<int64_t>(pow2_at_least(R), fp8_ ? 16 : 1), gmax_) : R;
     const int64_t W = graph ? std::min<int64_t>(pow2_at_least(rows.width), table_cap_) : rows.width;
     upload_inputs(rows, d, Rb, W);
     b_->width = W;
