@@ -171,11 +171,35 @@ backend::BackendConfig read_config(const json& policy) {
     const std::string recipe = r.is_null("megatron_cfg.fp8_cfg.fp8_recipe")
                                    ? "tensorwise"
                                    : r.string("megatron_cfg.fp8_cfg.fp8_recipe", "tensorwise");
-    if (recipe != "tensorwise" && recipe != "blockwise")
-      r.fail("megatron_cfg.fp8_cfg.fp8_recipe",
-             "expected tensorwise or blockwise, got \"" + recipe + "\" (delayed scaling is the FP8 provider's op, "
-             "not a recipe the engine runs)");
+    if (recipe != "tensorwise" && recipe != "blockwise" && recipe != "delayed")
+      r.fail("megatron_cfg.fp8_cfg.fp8_recipe", "expected tensorwise, blockwise or delayed, got \"" + recipe + "\"");
     f.blockwise = recipe == "blockwise";
+    f.delayed = recipe == "delayed";
+    // Megatron-Core's delayed-scaling settings (TransformerEngine's DelayedScaling), under
+    // fp8_cfg with Megatron's names and defaults (history 1, most_recent, margin 0: what a
+    // NeMo-RL run gets, since NeMo-RL passes none of them). Set with another recipe they would
+    // change nothing, so they are refused there by name.
+    for (const char* k : {"fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
+      const std::string key = std::string("megatron_cfg.fp8_cfg.") + k;
+      if (!r.has(key)) {  // absent or null: Megatron's default
+        r.mark_subtree(key);
+        continue;
+      }
+      if (!f.delayed) r.fail(key, "applies to fp8_recipe = delayed only (the recipe is \"" + recipe + "\")");
+      if (std::string(k) == "fp8_amax_history_len") {
+        const int64_t n = r.integer(key, 1);
+        if (n < 1 || n > 65536) r.fail(key, "must be in [1, 65536], got " + std::to_string(n));
+        f.amax_history_len = n;
+      } else if (std::string(k) == "fp8_amax_compute_algo") {
+        const std::string algo = r.string(key, "most_recent");
+        if (algo != "most_recent" && algo != "max") r.fail(key, "expected most_recent or max, got \"" + algo + "\"");
+        f.amax_max = algo == "max";
+      } else {
+        const int64_t m = r.integer(key, 0);
+        if (m < 0 || m > 64) r.fail(key, "must be in [0, 64] (scales get 2^margin headroom), got " + std::to_string(m));
+        f.margin = m;
+      }
+    }
     if (f.blockwise && f.hybrid)
       r.fail("megatron_cfg.fp8_cfg.fp8", "hybrid (e5m2 gradients) with fp8_recipe = blockwise: block-scaled products "
                                          "take e4m3 operands only (cuBLASLt on Hopper); use fp8 = e4m3");
@@ -197,7 +221,8 @@ backend::BackendConfig read_config(const json& policy) {
     if (!unknown.empty())
       throw Error(RLH_E_INVALID_ARGUMENT, unknown.front() + ": not an fp8_cfg key rlhost runs (it reads enabled, fp8, "
                                           "fp8_recipe, fp8_param, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, "
-                                          "force_clear_fp8_caches)");
+                                          "force_clear_fp8_caches, fp8_amax_history_len, fp8_amax_compute_algo, "
+                                          "fp8_margin)");
   }
   r.mark_subtree("megatron_cfg.fp8_cfg");
 

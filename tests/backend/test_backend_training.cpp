@@ -697,7 +697,12 @@ TEST(BackendErrors, ConfigKeys) {
   // accepted.
   for (const json& on : {json{{"enabled", true}, {"fp8", "e4m3"}, {"fp8_recipe", "blockwise"}, {"fp8_param", false}},
                          json{{"enabled", true}, {"fp8", "hybrid"}, {"fp8_recipe", "tensorwise"}},
-                         json{{"enabled", true}, {"num_layers_at_start_in_bf16", 0}, {"num_layers_at_end_in_bf16", 2}}}) {
+                         json{{"enabled", true}, {"num_layers_at_start_in_bf16", 0}, {"num_layers_at_end_in_bf16", 2}},
+                         json{{"enabled", true}, {"fp8", "hybrid"}, {"fp8_recipe", "delayed"}},
+                         json{{"enabled", true}, {"fp8_recipe", "delayed"}, {"fp8_amax_history_len", 16},
+                              {"fp8_amax_compute_algo", "max"}, {"fp8_margin", 1}},
+                         json{{"enabled", true}, {"fp8_recipe", "delayed"}, {"fp8_amax_history_len", nullptr},
+                              {"fp8_amax_compute_algo", "most_recent"}, {"fp8_margin", 0}}}) {
     rlh_status* s = create("megatron", {{"megatron_cfg", {{"fp8_cfg", on}}}});
     EXPECT_EQ(s, nullptr) << on.dump() << ": " << rlh::sdk::status_message(s);
     rlh_status_destroy(s);
@@ -709,8 +714,31 @@ TEST(BackendErrors, ConfigKeys) {
   expect_error(create("megatron", fp8({{"fp8", "hybrid"}, {"fp8_recipe", "blockwise"}})), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.fp8_cfg.fp8");
   expect_error(create("megatron", fp8({{"fp8", "e5m2"}})), RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.fp8_cfg.fp8");
-  expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}})), RLH_E_INVALID_ARGUMENT,
+  expect_error(create("megatron", fp8({{"fp8_recipe", "current"}})), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.fp8_cfg.fp8_recipe");
+  // Delayed scaling's settings: bad values by name, and set with another recipe (where they
+  // would change nothing) refused by name too.
+  for (const json& bad : {json(0), json(65537), json("long")})
+    expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}, {"fp8_amax_history_len", bad}})),
+                 RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.fp8_cfg.fp8_amax_history_len");
+  {
+    json k = {{"fp8_recipe", "delayed"}, {"fp8_amax_history_len", 0}};
+    expect_error(create("megatron", fp8(k)), RLH_E_INVALID_ARGUMENT, "must be in [1, 65536], got 0");
+  }
+  expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}, {"fp8_amax_compute_algo", "mean"}})),
+               RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.fp8_cfg.fp8_amax_compute_algo");
+  expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}, {"fp8_margin", -1}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8_margin");
+  expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}, {"fp8_margin", 1.5}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8_margin");
+  expect_error(create("megatron", fp8({{"fp8_recipe", "blockwise"}, {"fp8_amax_history_len", 4}})),
+               RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.fp8_cfg.fp8_amax_history_len");
+  expect_error(create("megatron", fp8({{"fp8_amax_compute_algo", "max"}})), RLH_E_INVALID_ARGUMENT,
+               "applies to fp8_recipe = delayed only");
+  expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}, {"fp8_param", true}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8_param");
+  expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}, {"fp8_amax_history", 4}})), RLH_E_INVALID_ARGUMENT,
+               "policy.megatron_cfg.fp8_cfg.fp8_amax_history");
   expect_error(create("megatron", fp8({{"fp8_param", true}})), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.fp8_cfg.fp8_param");
   expect_error(create("megatron", fp8({{"num_layers_at_end_in_bf16", -1}})), RLH_E_INVALID_ARGUMENT,

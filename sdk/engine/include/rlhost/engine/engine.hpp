@@ -219,6 +219,18 @@ struct Fp8Options {
   // [fp8_recipe: blockwise] DeepSeek-V3's scaling: 1x128 tiles of activations and gradients,
   // 128x128 blocks of weights; tensorwise: one scale per tensor from its current amax.
   bool blockwise = false;
+  // [fp8_recipe: delayed] TransformerEngine's DelayedScaling, tensorwise: each quantisation site
+  // of the activations and gradients (a linear's X and X^T, each weight group's dY and dY^T)
+  // takes its scale from the amaxes of its own earlier calls (the max over the last
+  // amax_history_len, or with amax_max false the most recent one; the first call uses its
+  // own), with 2^margin headroom. Weights use current scaling (they are quantised once per call
+  // from the bf16 copy, whose amax is then exact). The histories are the engine's state, saved
+  // and restored with its checkpoints (CudaEngine::fp8_state). Megatron's defaults: 1,
+  // most_recent, 0.
+  bool delayed = false;
+  int64_t amax_history_len = 1;
+  bool amax_max = false;
+  int64_t margin = 0;
   // Megatron's num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 (NeMo-RL's default 1, 1).
   int64_t bf16_first_layers = 1, bf16_last_layers = 1;
 };
