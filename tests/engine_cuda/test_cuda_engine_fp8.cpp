@@ -5,6 +5,9 @@
 // Where no provider runs FP8 the tests skip naming why, unless RLH_EXPECT_FP8_PROVIDER=1 (the
 // device run), where that is a failure.
 //
+// Delayed scaling (Fp8Options::delayed) runs the recipes' tests too, and its own below: the
+// amax history sets the scale, and its state carries a run across a checkpoint bit for bit.
+//
 // Bounds: an e4m3 operand carries 3 mantissa bits (relative rounding up to 2^-4), so each
 // product differs from bf16 by up to a few percent per element; over a 4-layer model with the
 // first and last layers and the head in bf16 the loss moves by well under 1% and the gradients
@@ -12,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -110,17 +114,18 @@ std::unique_ptr<engine::CudaEngine> make(const engine::Fp8Options& f, std::strin
     GTEST_SKIP() << why_;                                                                               \
   }
 
-engine::Fp8Options recipe(bool blockwise, bool hybrid) {
+engine::Fp8Options recipe(bool blockwise, bool hybrid, bool delayed = false) {
   engine::Fp8Options f;
   f.enabled = true;
   f.blockwise = blockwise;
   f.hybrid = hybrid;
+  f.delayed = delayed;
   return f;
 }
 
 struct Case {
   const char* name;
-  bool blockwise, hybrid;
+  bool blockwise, hybrid, delayed = false;
 };
 class Fp8Recipe : public ::testing::TestWithParam<Case> {};
 
@@ -128,7 +133,7 @@ class Fp8Recipe : public ::testing::TestWithParam<Case> {};
 // all ran in FP8 (2 layers of 4 x 4 linear steps: 8 forward, 16 backward products).
 TEST_P(Fp8Recipe, StepFollowsBf16) {
   const Case c = GetParam();
-  MAKE_OR_SKIP(f8, recipe(c.blockwise, c.hybrid));
+  MAKE_OR_SKIP(f8, recipe(c.blockwise, c.hybrid, c.delayed));
   std::string why;
   auto ref = make(engine::Fp8Options{}, &why);
   ASSERT_TRUE(ref) << why;
@@ -162,7 +167,7 @@ TEST_P(Fp8Recipe, StepFollowsBf16) {
 // learned in 8 steps (H100: 6.30 -> 6.60 in bf16), so the steps revisit one batch at 1e-3.
 TEST_P(Fp8Recipe, AdamStepsFollowBf16) {
   const Case c = GetParam();
-  MAKE_OR_SKIP(f8, recipe(c.blockwise, c.hybrid));
+  MAKE_OR_SKIP(f8, recipe(c.blockwise, c.hybrid, c.delayed));
   std::string why;
   auto ref = make(engine::Fp8Options{}, &why);
   ASSERT_TRUE(ref) << why;
@@ -187,7 +192,9 @@ TEST_P(Fp8Recipe, AdamStepsFollowBf16) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Recipe,
                          ::testing::Values(Case{"tensorwise_e4m3", false, false}, Case{"tensorwise_hybrid", false, true},
-                                           Case{"blockwise_e4m3", true, false}),
+                                           Case{"blockwise_e4m3", true, false},
+                                           Case{"delayed_e4m3", false, false, true},
+                                           Case{"delayed_hybrid", false, true, true}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 // Shapes FP8 cannot take run in bf16: 200 tokens are no multiple of 16, so every weight
@@ -219,6 +226,157 @@ TEST(Fp8Shapes, Bf16LayersAreTheConfiguredOnes) {
   so.global_tokens = 2 * (kT - 1);
   f8->train_step({&b.mb, 1}, so, nll);
   EXPECT_EQ(f8->stats().fp8_gemms, 4 * 4 * 3);
+}
+
+// ---- Delayed scaling (Fp8Options::delayed)
+
+engine::Fp8Options delayed(int64_t len, bool max) {
+  engine::Fp8Options f = recipe(false, false, true);
+  f.amax_history_len = len;
+  f.amax_max = max;
+  return f;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+double worst_rel(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double w = 0;
+  for (size_t i = 0; i < a.size(); ++i) w = std::max(w, rel(a[i], b[i]));
+  return w;
+}
+
+// Gradients only (no update): the weights stay, so each step sees the same activations.
+engine::StepOptions grads_only(int64_t global_tokens) {
+  engine::StepOptions so;
+  so.lr = 0;
+  so.apply_optimizer = false;
+  so.global_tokens = global_tokens;
+  return so;
+}
+
+// The history sets the scale: after a step whose loss gradients are 254 times larger
+// (global_tokens 1 instead of 254), a delayed engine keeping the max of 2 entries quantises the
+// next step's gradients with the old, larger amax, so its gradients differ from current
+// scaling's; a fresh delayed engine's first step takes its own amax and matches current scaling
+// bit for bit (the same scale, the same products).
+TEST(Fp8Delayed, HistoryMaxKeepsAnEarlierLargeAmax) {
+  MAKE_OR_SKIP(d, delayed(2, true));
+  std::string why;
+  auto cur = make(recipe(false, false), &why);
+  auto fresh = make(delayed(2, true), &why);
+  ASSERT_TRUE(cur && fresh) << why;
+  Batch b(2, kT, 6);
+  const int64_t n = 2 * (kT - 1);
+  cur->train_step({&b.mb, 1}, grads_only(1), nll);
+  d->train_step({&b.mb, 1}, grads_only(1), nll);
+  EXPECT_TRUE(same_bits(cur->gradients(), d->gradients())) << "a first step scales by its own amax";
+  cur->train_step({&b.mb, 1}, grads_only(n), nll);
+  d->train_step({&b.mb, 1}, grads_only(n), nll);
+  fresh->train_step({&b.mb, 1}, grads_only(n), nll);
+  const auto g_cur = cur->gradients(), g_d = d->gradients(), g_fresh = fresh->gradients();
+  EXPECT_TRUE(same_bits(g_fresh, g_cur));
+  const double off = worst_rel(g_d, g_cur);
+  std::printf("delayed (max of 2) after a 254x step: worst gradient vs current scaling %.3g\n", off);
+  EXPECT_GT(off, 1e-3);
+}
+
+// most_recent with one entry (Megatron's default): each step scales by the previous step's
+// amax. After the large step the next one's gradients differ from current scaling's. The forward
+// inputs see the same amax every step (same batch, same weights), so the third step's loss is
+// current scaling's exactly. (Its gradients are not: the second step's distorted dX left other
+// amaxes in the histories of the gradient sites below the first one the backward reaches.)
+TEST(Fp8Delayed, MostRecentForgetsAfterOneStep) {
+  MAKE_OR_SKIP(d, delayed(1, false));
+  std::string why;
+  auto cur = make(recipe(false, false), &why);
+  ASSERT_TRUE(cur) << why;
+  Batch b(2, kT, 7);
+  const int64_t n = 2 * (kT - 1);
+  cur->train_step({&b.mb, 1}, grads_only(1), nll);
+  d->train_step({&b.mb, 1}, grads_only(1), nll);
+  cur->train_step({&b.mb, 1}, grads_only(n), nll);
+  d->train_step({&b.mb, 1}, grads_only(n), nll);
+  EXPECT_GT(worst_rel(d->gradients(), cur->gradients()), 1e-3);
+  // The forward's inputs saw the same amax every step: the loss is current scaling's exactly.
+  const double l_cur = cur->train_step({&b.mb, 1}, grads_only(n), nll).loss;
+  const double l_d = d->train_step({&b.mb, 1}, grads_only(n), nll).loss;
+  EXPECT_EQ(l_d, l_cur);
+}
+
+// A checkpoint: after 3 AdamW steps the weights, moments and amax histories are saved; a fresh
+// engine given all three continues bit for bit as the first does; one without the histories
+// (fresh ones: each site's first call takes its own amax) does not. Bad states are refused.
+TEST(Fp8Delayed, CheckpointContinuesBitwise) {
+  MAKE_OR_SKIP(a, delayed(4, true));
+  std::string why;
+  auto restored = make(delayed(4, true), &why);
+  auto without = make(delayed(4, true), &why);
+  ASSERT_TRUE(restored && without) << why;
+  const int64_t n = 2 * (kT - 1);
+  auto step = [&](engine::CudaEngine& e, int i) {
+    Batch b(2, kT, 10 + i);
+    engine::StepOptions so;
+    so.lr = 1e-3;
+    so.global_tokens = i == 1 ? 8 : n;  // one step with large gradients, which the histories keep
+    return e.train_step({&b.mb, 1}, so, nll).loss;
+  };
+  for (int i = 0; i < 3; ++i) step(*a, i);
+  const auto params = a->save_parameters();
+  const auto adam = a->adam_state();
+  const std::string fp8 = a->fp8_state();
+  ASSERT_FALSE(fp8.empty());
+  std::vector<double> want;
+  for (int i = 3; i < 5; ++i) want.push_back(step(*a, i));
+  const auto want_params = a->save_parameters();
+
+  for (engine::CudaEngine* e : {restored.get(), without.get()}) {
+    e->load_parameters(params);
+    e->load_adam_state(adam);
+  }
+  restored->load_fp8_state(fp8);
+  EXPECT_EQ(restored->fp8_state(), fp8) << "the state reads back as saved";
+  for (int i = 3; i < 5; ++i) EXPECT_EQ(step(*restored, i), want[size_t(i - 3)]) << "step " << i;
+  EXPECT_TRUE(same_bits(restored->save_parameters(), want_params));
+  for (int i = 3; i < 5; ++i) step(*without, i);
+  EXPECT_FALSE(same_bits(without->save_parameters(), want_params)) << "fresh histories scale otherwise";
+
+  // Refusals, by name: another history length, an engine without delayed scaling, bytes that
+  // are no state; an engine without delayed scaling has no state to save.
+  auto other_len = make(delayed(8, true), &why);
+  auto current = make(recipe(false, false), &why);
+  ASSERT_TRUE(other_len && current) << why;
+  try {
+    other_len->load_fp8_state(fp8);
+    ADD_FAILURE() << "another history length loaded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_amax_history_len = 4, this run has 8"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(current->load_fp8_state(fp8), std::invalid_argument);
+  EXPECT_TRUE(current->fp8_state().empty());
+  EXPECT_THROW(restored->load_fp8_state(fp8.substr(0, fp8.size() - 3)), std::invalid_argument);
+  EXPECT_THROW(restored->load_fp8_state("not a state"), std::invalid_argument);
+}
+
+// Full activation recompute would quantise each input a second time: refused by name.
+TEST(Fp8Delayed, FullRecomputeIsRefused) {
+  std::string why;
+  if (!engine::cuda_engine_available(&why) || test::cuda_registry() == nullptr) GTEST_SKIP() << why;
+  engine::CudaEngineOptions o = test::cuda_options();
+  o.fp8 = delayed(1, false);
+  o.recompute = engine::Recompute::full;
+  try {
+    engine::CudaEngine e(tiny_llama(), o);
+    ADD_FAILURE() << "full recompute with delayed scaling was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_recipe = delayed with full activation recompute"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -56,7 +56,17 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ops = std::make_unique<cuda::DeviceOps>(*opt.kernels, opt.device, stream);
   carve_params();
-  if (opt.fp8.enabled) fp8 = std::make_unique<cuda::Fp8Linears>(*ops, counters, opt.fp8, L);
+  if (opt.fp8.enabled) {
+    // The recomputed forward would quantise each input again, advancing its amax history a
+    // second time and scaling it otherwise than the forward did (TransformerEngine restores the
+    // forward's scales for a recompute; the provider's handles have no such mode).
+    if (opt.fp8.delayed && opt.recompute == Recompute::full)
+      throw std::invalid_argument("cuda engine: fp8_recipe = delayed with full activation recompute is not supported "
+                                  "(the recomputed forward would advance the amax histories again); use selective "
+                                  "recompute or none");
+    fp8 = std::make_unique<cuda::Fp8Linears>(*ops, counters, opt.fp8, L);
+    if (opt.fp8.delayed) fp8->add_sites(fp8_sites(false), fp8_sites(true));
+  }
   for (const sdk::RopeTable& t : prog.ropes) {
     const std::vector<double> f = sdk::rope_inv_freq(t.rope, t.rotary_dim);
     std::vector<float> f32(f.begin(), f.end());
@@ -71,6 +81,34 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
   }
   scalars = cuda::DeviceBuffer(counters, 256);
   if (opt.max_tokens > 0) plan(opt.max_tokens, opt.trainable);
+}
+
+// Delayed scaling's quantisation sites, as run_step names them: each FP8 layer's linear steps
+// by their first weight (inputs), or each group of adjacent weights by its first (gradients).
+std::vector<int64_t> CudaEngine::Impl::fp8_sites(bool groups) const {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < L; ++l) {
+    if (!fp8->layer_in_fp8(l)) continue;
+    for (const sdk::LayerStep& st : prog.layers[size_t(l)].steps) {
+      if (st.op != StepOp::linear || st.weights.empty()) continue;
+      if (!groups) {
+        out.push_back(int64_t(st.weights[0]));
+        continue;
+      }
+      const int64_t K = st.in.width;
+      for (size_t i = 0; i < st.weights.size();) {
+        size_t j = i + 1;
+        int64_t rows = desc.params[size_t(st.weights[i])].shape[0];
+        while (j < st.weights.size() && place[size_t(st.weights[j])].off == place[size_t(st.weights[i])].off + rows * K) {
+          rows += desc.params[size_t(st.weights[j])].shape[0];
+          ++j;
+        }
+        out.push_back(int64_t(st.weights[i]));
+        i = j;
+      }
+    }
+  }
+  return out;
 }
 
 CudaEngine::Impl::~Impl() {
@@ -566,7 +604,7 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
       // layer quantises the input once for all its groups.
       const int64_t K = st.in.width;
       const bool f8_layer = fp8 && fp8->layer_in_fp8(l);
-      const bool f8 = f8_layer && fp8->input(in.p, in.ld, N, K);
+      const bool f8 = f8_layer && fp8->input(in.p, in.ld, N, K, int64_t(st.weights[0]));
       int64_t row = 0;
       for (size_t i = 0; i < st.weights.size();) {
         size_t j = i + 1;
@@ -736,7 +774,7 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
         // An FP8 layer runs each product in FP8 where its shape fits (X^T quantised once for
         // the step's weight gradients), in bf16 otherwise.
         const bool f8 = fp8 && fp8->layer_in_fp8(l);
-        const bool f8_dw = f8 && fp8->input_t(x.p, x.ld, N, K);
+        const bool f8_dw = f8 && fp8->input_t(x.p, x.ld, N, K, int64_t(st.weights[0]));
         row = 0;
         bool first = true;
         for (size_t i = 0; i < st.weights.size();) {
@@ -748,11 +786,12 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
             ++j;
           }
           const double beta = (st.accumulate || !first) ? 1 : 0;
-          if (!(f8 && fp8->backward_dx(dy.p + row, dy.ld, N, rows, K, wp(st.weights[i]), beta, dx.p, dx.ld))) {
+          const int64_t site = int64_t(st.weights[i]);  // the group's gradient site (delayed scaling)
+          if (!(f8 && fp8->backward_dx(dy.p + row, dy.ld, N, rows, K, wp(st.weights[i]), beta, dx.p, dx.ld, site))) {
             if (f8) fp8->count_bf16();
             ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K, beta, dx.p, dx.ld, false);
           }
-          if (!(f8_dw && fp8->backward_dw(dy.p + row, dy.ld, N, rows, K, gp(st.weights[i])))) {
+          if (!(f8_dw && fp8->backward_dw(dy.p + row, dy.ld, N, rows, K, gp(st.weights[i]), site))) {
             if (f8) fp8->count_bf16();
             ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, 1, gp(st.weights[i]), K, true);
           }
@@ -1053,6 +1092,26 @@ void CudaEngine::load_adam_state(const AdamState& s) {
   }
   m.sync();  // the host vectors may go once this returns
   m.steps = s.step;
+}
+
+std::string CudaEngine::fp8_state() const {
+  Impl& m = *impl_;
+  if (!m.fp8 || !m.fp8->delayed()) return {};
+  m.sync();  // every queued quantisation in the histories
+  return m.fp8->state();
+}
+
+void CudaEngine::load_fp8_state(const std::string& bytes) {
+  Impl& m = *impl_;
+  if (!m.fp8 || !m.fp8->delayed())
+    throw std::invalid_argument("cuda engine: an FP8 delayed-scaling state given, but this engine does not run "
+                                "fp8_recipe = delayed");
+  m.sync();
+  try {
+    m.fp8->load_state(bytes);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("cuda engine: ") + e.what());
+  }
 }
 
 void CudaEngine::set_optimizer_options(const OptimizerOptions& o) { impl_->opt.optimizer = o; }

@@ -346,6 +346,7 @@ struct CudaEngine::Impl {
   void describe_moe_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& st, LayerShape& s);  // moe_layer.cpp
   void describe_mla_layer(const sdk::LayerDesc& ld, const sdk::LayerStep& st, LayerShape& s);  // mla_layer.cpp
   void carve_params();
+  std::vector<int64_t> fp8_sites(bool groups) const;  // delayed scaling's sites (cuda_engine.cpp)
   void plan(int64_t N, bool train);
   // The MoE / MLA parts of the plan: measure with a null base, like Carver.
   void carve_moe(cuda::Carver& c, int64_t N, bool per_layer, bool train);

@@ -135,6 +135,61 @@ void DeviceOps::quantize_fp8(const void* x, int64_t R, int64_t C, int64_t ldx, b
   run(op(key, "quantize_fp8", in, out, at), in, out, at);
 }
 
+namespace {
+std::array<rlh_named_value, 6> delayed_attrs(bool transpose, const DeviceOps::DelayedScaling& d) {
+  return {attr_int("grouping", 0),
+          attr_int("transpose", transpose ? 1 : 0),
+          attr_int("recipe", 1),
+          attr_int("amax_history_len", d.history_len),
+          attr_int("amax_compute_algo", d.max ? 0 : 1),  // quantize_fp8 (vendor_fp8 README): 0 max, 1 most_recent
+          attr_double("margin", double(d.margin))};
+}
+}  // namespace
+
+sdk::Op DeviceOps::resolve_quantize_fp8_delayed(bool transpose, Fp8 f, const DelayedScaling& d) {
+  Args a(dev_);
+  const auto at = delayed_attrs(transpose, d);
+  const std::vector<rlh_tensor> in = {a.mat(nullptr, kBF16, 0, 0, 0)};
+  const std::vector<rlh_tensor> out = {a.mat(nullptr, fp8_dtype(f), 0, 0, 0), a.vec(nullptr, kF32, 1)};
+  sdk::Op o = reg_.resolve("quantize_fp8", dev_, in, out, at, false);
+  if (!o.info().stateful)
+    throw std::runtime_error("kernel provider '" + o.provider() + "' answered quantize_fp8 with recipe = 1 (delayed "
+                             "scaling) by a handle without state: it does not keep an amax history");
+  if (!RLH_HAS_FIELD(o.api(), rlh_kernels_api, state_load) || o.api()->state_save == nullptr ||
+      o.api()->state_load == nullptr)
+    throw std::runtime_error("kernel provider '" + o.provider() + "' keeps quantize_fp8's amax history but offers no "
+                             "state_save / state_load: it could not be checkpointed");
+  return o;
+}
+
+void DeviceOps::quantize_fp8(const sdk::Op& op, const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
+                             Fp8 f, void* q, float* scale, const DelayedScaling& d) {
+  Args a(dev_);
+  const auto at = delayed_attrs(transpose, d);
+  const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
+  const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
+  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), rows, inner, inner), a.vec(scale, kF32, 1)};
+  run(op, in, out, at);
+}
+
+std::string DeviceOps::op_state(const sdk::Op& op) {
+  std::string bytes;
+  if (rlh_status* s = op.api()->state_save(op.raw(), sdk::write_to_string, &bytes)) {
+    sdk::StatusPtr owned(s);
+    throw sdk::Error(s->code, "kernel provider '" + op.provider() + "' failed saving the state of op '" + op.name() +
+                                  "': " + sdk::status_message(s));
+  }
+  return bytes;
+}
+
+void DeviceOps::load_op_state(const sdk::Op& op, const std::string& bytes) {
+  if (rlh_status* s = op.api()->state_load(op.raw(), bytes.data(), bytes.size())) {
+    sdk::StatusPtr owned(s);
+    throw sdk::Error(s->code, "kernel provider '" + op.provider() + "' refused the saved state of op '" + op.name() +
+                                  "': " + sdk::status_message(s));
+  }
+}
+
 void DeviceOps::gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na,
                          const void* B, Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C,
                          int64_t ldc, bool c_f32) {

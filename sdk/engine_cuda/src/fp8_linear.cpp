@@ -1,6 +1,7 @@
 // Fp8Linears (fp8_linear.hpp): the CUDA engine's linears as FP8 products through the registry.
 #include "rlhost/engine_cuda/fp8_linear.hpp"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +9,7 @@ namespace rlh::engine::cuda {
 
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t kProbeSite = -2;  // the constructor's probe (delayed scaling), dropped after it
 }  // namespace
 
 Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, int64_t layers, bool forward_only,
@@ -16,6 +18,11 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
   if (opt_.blockwise && opt_.hybrid)
     throw std::invalid_argument("fp8_cfg: fp8 = hybrid with fp8_recipe = blockwise: block-scaled products take "
                                 "e4m3 operands only (cuBLASLt on Hopper); use fp8 = e4m3");
+  if (opt_.delayed && opt_.blockwise)
+    throw std::invalid_argument("fp8_cfg: fp8_recipe = delayed scales per tensor; it is not blockwise");
+  if (opt_.delayed && (opt_.amax_history_len < 1 || opt_.margin < 0))
+    throw std::invalid_argument("fp8_cfg: fp8_amax_history_len must be >= 1 and fp8_margin >= 0 (got " +
+                                std::to_string(opt_.amax_history_len) + ", " + std::to_string(opt_.margin) + ")");
   // One 128 x 128 x 128 case of each product, on zeros: resolution happens here, so a missing
   // or refusing FP8 provider is an error at construction naming the product.
   const int64_t n = 128;
@@ -25,28 +32,157 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
   const bf16* xb = x.get<bf16>();
   const char* what = "the forward product X W^T";
   try {
-    if (!input(xb, n, n, n) || !fits_group(n, n)) throw std::logic_error("a 128-aligned case does not fit");
+    if (opt_.delayed) {
+      what = "delayed scaling's quantize_fp8 (recipe = 1)";
+      add_sites({kProbeSite}, {kProbeSite});
+      what = "the forward product X W^T";
+    }
+    if (!input(xb, n, n, n, kProbeSite) || !fits_group(n, n)) throw std::logic_error("a 128-aligned case does not fit");
     forward(xb, n, y.get<bf16>(), n);
     if (forward_only) {
       check(cudaDeviceSynchronize(), "fp8 probe");
       stats_ = {};
       w_.clear();
+      in_sites_.clear();
+      grad_sites_.clear();
       return;
     }
     what = "the input-gradient product dY W";
-    backward_dx(xb, n, n, n, n, xb, 0, y.get<bf16>(), n);
+    backward_dx(xb, n, n, n, n, xb, 0, y.get<bf16>(), n, kProbeSite);
     what = "the weight-gradient product dY^T X";
-    input_t(xb, n, n, n);
-    backward_dw(xb, n, n, n, n, y.get<float>());
+    input_t(xb, n, n, n, kProbeSite);
+    backward_dw(xb, n, n, n, n, y.get<float>(), kProbeSite);
     check(cudaDeviceSynchronize(), "fp8 probe");
   } catch (const std::exception& e) {
-    throw std::runtime_error(std::string(key) + ": no kernel provider on this device runs " + what + " in FP8 (" + (opt_.blockwise ? "blockwise" : "tensorwise") +
+    throw std::runtime_error(std::string(key) + ": no kernel provider on this device runs " + what + " in FP8 (" +
+                             (opt_.blockwise ? "blockwise" : opt_.delayed ? "tensorwise, delayed scaling" : "tensorwise") +
                              (opt_.hybrid ? ", hybrid" : ", e4m3") + "; load one, e.g. --plugin libvendor_fp8.so): " +
                              e.what());
   }
   stats_ = {};
   w_.clear();
   wt_.clear();
+  in_sites_.clear();
+  grad_sites_.clear();
+}
+
+void Fp8Linears::add_sites(const std::vector<int64_t>& inputs, const std::vector<int64_t>& groups) {
+  if (!opt_.delayed) return;
+  const DeviceOps::DelayedScaling d = delayed_scaling();
+  for (const int64_t id : inputs) {
+    if (in_sites_.count(id)) throw std::logic_error("fp8 delayed scaling: input site " + std::to_string(id) + " twice");
+    Site& s = in_sites_[id];
+    s.q = ops_.resolve_quantize_fp8_delayed(false, DeviceOps::Fp8::e4m3, d);
+    s.qt = ops_.resolve_quantize_fp8_delayed(true, DeviceOps::Fp8::e4m3, d);
+  }
+  for (const int64_t id : groups) {
+    if (grad_sites_.count(id)) throw std::logic_error("fp8 delayed scaling: gradient site " + std::to_string(id) + " twice");
+    Site& s = grad_sites_[id];
+    s.q = ops_.resolve_quantize_fp8_delayed(false, grad_format(), d);
+    s.qt = ops_.resolve_quantize_fp8_delayed(true, grad_format(), d);
+  }
+}
+
+Fp8Linears::Site& Fp8Linears::site(std::map<int64_t, Site>& sites, int64_t id, const char* what) {
+  auto it = sites.find(id);
+  if (it == sites.end())
+    throw std::logic_error(std::string("fp8 delayed scaling: no ") + what + " site " + std::to_string(id) +
+                           " was resolved at setup (add_sites)");
+  return it->second;
+}
+
+void Fp8Linears::quantise_delayed(Quantised& out, const sdk::Op& op, const bf16* x, int64_t R, int64_t C, int64_t ldx,
+                                  bool transpose, DeviceOps::Fp8 f) {
+  const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
+  if (out.q.size() < size_t(rows * inner)) out.q = DeviceBuffer(counters_, size_t(rows * inner));
+  if (out.scale.size() < sizeof(float)) out.scale = DeviceBuffer(counters_, sizeof(float));
+  out.rows = rows;
+  out.inner = inner;
+  out.nscale = 1;
+  ops_.quantize_fp8(op, x, R, C, ldx, transpose, f, out.q.get(), out.scale.get<float>(), delayed_scaling());
+}
+
+namespace {
+constexpr char kStateMagic[8] = {'R', 'L', 'H', 'F', 'P', '8', 'D', '1'};
+
+void put(std::string& out, int64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+// Reads the state's fields in order, refusing a short or overlong one by name.
+struct StateReader {
+  const std::string& in;
+  size_t at = 0;
+  int64_t i64() {
+    int64_t v = 0;
+    need(sizeof v);
+    std::memcpy(&v, in.data() + at, sizeof v);
+    at += sizeof v;
+    return v;
+  }
+  std::string bytes(int64_t n) {
+    if (n < 0) throw std::invalid_argument("fp8 state: a negative length");
+    need(size_t(n));
+    std::string s = in.substr(at, size_t(n));
+    at += size_t(n);
+    return s;
+  }
+  void need(size_t n) const {
+    if (in.size() - at < n)
+      throw std::invalid_argument("fp8 state: cut short (" + std::to_string(in.size()) + " bytes)");
+  }
+};
+}  // namespace
+
+std::string Fp8Linears::state() const {
+  if (!opt_.delayed) return {};
+  std::string out(kStateMagic, sizeof kStateMagic);
+  put(out, opt_.amax_history_len);
+  put(out, opt_.amax_max ? 1 : 0);
+  put(out, opt_.margin);
+  put(out, int64_t(in_sites_.size()));
+  put(out, int64_t(grad_sites_.size()));
+  for (const auto* sites : {&in_sites_, &grad_sites_})
+    for (const auto& [id, s] : *sites) put(out, id);
+  for (const auto* sites : {&in_sites_, &grad_sites_})
+    for (const auto& [id, s] : *sites)
+      for (const sdk::Op* op : {&s.q, &s.qt}) {
+        const std::string b = DeviceOps::op_state(*op);
+        put(out, int64_t(b.size()));
+        out += b;
+      }
+  return out;
+}
+
+void Fp8Linears::load_state(const std::string& bytes) {
+  if (!opt_.delayed) throw std::logic_error("fp8 state: this engine does not run delayed scaling");
+  if (bytes.size() < sizeof kStateMagic || std::memcmp(bytes.data(), kStateMagic, sizeof kStateMagic) != 0)
+    throw std::invalid_argument("fp8 state: not the CUDA engine's FP8 delayed-scaling state (" +
+                                std::to_string(bytes.size()) + " bytes)");
+  StateReader r{bytes, sizeof kStateMagic};
+  const int64_t len = r.i64();
+  r.i64();  // the algorithm and margin the histories were kept under: either way amaxes
+  r.i64();
+  if (len != opt_.amax_history_len)
+    throw std::invalid_argument("fp8 state: saved with fp8_amax_history_len = " + std::to_string(len) +
+                                ", this run has " + std::to_string(opt_.amax_history_len) +
+                                " (the histories cannot be carried over)");
+  const int64_t n_in = r.i64(), n_grad = r.i64();
+  bool same = n_in == int64_t(in_sites_.size()) && n_grad == int64_t(grad_sites_.size());
+  for (const auto* sites : {&in_sites_, &grad_sites_})
+    for (const auto& [id, s] : *sites)
+      if (same) same = r.i64() == id;
+  if (!same)
+    throw std::invalid_argument("fp8 state: saved for " + std::to_string(n_in) + " input and " +
+                                std::to_string(n_grad) + " gradient sites, this engine has " +
+                                std::to_string(in_sites_.size()) + " and " + std::to_string(grad_sites_.size()) +
+                                " or others (another model, or other layers kept in bf16)");
+  std::vector<std::string> states;
+  for (size_t i = 0; i < 2 * (in_sites_.size() + grad_sites_.size()); ++i) states.push_back(r.bytes(r.i64()));
+  if (r.at != bytes.size())
+    throw std::invalid_argument("fp8 state: " + std::to_string(bytes.size() - r.at) + " bytes past its end");
+  size_t k = 0;
+  for (auto* sites : {&in_sites_, &grad_sites_})
+    for (auto& [id, s] : *sites)
+      for (const sdk::Op* op : {&s.q, &s.qt}) DeviceOps::load_op_state(*op, states[k++]);
 }
 
 int64_t Fp8Linears::scale_count(int grouping, int64_t rows, int64_t inner) const {
@@ -82,12 +218,15 @@ void Fp8Linears::reserve_input(int64_t N, int64_t K) {
   if (x_.scale.size() < size_t(ns) * sizeof(float)) x_.scale = DeviceBuffer(counters_, size_t(ns) * sizeof(float));
 }
 
-bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K) {
+bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
   // Blockwise: cuBLASLt found no algorithm for 378 token rows on the H100 (2026-12-05, the
   // generator's prefill), where tensorwise takes any count (200 in test_cuda_engine_fp8); its
   // 1x128 scales run down the tokens, so their count must keep each column of scales aligned.
   if (N == 0 || !aligned(K) || (opt_.blockwise && N % 16 != 0)) return false;
-  quantise(x_, x, N, K, ldx, false, DeviceOps::Fp8::e4m3, act_grouping());
+  if (opt_.delayed)
+    quantise_delayed(x_, site(in_sites_, site_id, "input").q, x, N, K, ldx, false, DeviceOps::Fp8::e4m3);
+  else
+    quantise(x_, x, N, K, ldx, false, DeviceOps::Fp8::e4m3, act_grouping());
   xN_ = N;
   xK_ = K;
   return true;
@@ -103,9 +242,12 @@ void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
 }
 
 bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, const bf16* W,
-                             double beta, bf16* dx, int64_t lddx) {
+                             double beta, bf16* dx, int64_t lddx, int64_t site_id) {
   if (N == 0 || !aligned(rows) || !aligned(K) || lddx % 8 != 0) return false;
-  quantise(dy_, dy, N, rows, lddy, false, grad_format(), act_grouping());
+  if (opt_.delayed)
+    quantise_delayed(dy_, site(grad_sites_, site_id, "gradient").q, dy, N, rows, lddy, false, grad_format());
+  else
+    quantise(dy_, dy, N, rows, lddy, false, grad_format(), act_grouping());
   const Quantised& wt = weight(W, rows, K, true);
   ops_.gemm_fp8(N, K, rows, dy_.q.get(), grad_format(), dy_.scale.get<float>(), dy_.nscale, wt.q.get(),
                 DeviceOps::Fp8::e4m3, wt.scale.get<float>(), wt.nscale, opt_.blockwise ? 1 : 0, beta, dx, lddx, false);
@@ -113,18 +255,25 @@ bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t ro
   return true;
 }
 
-bool Fp8Linears::input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K) {
+bool Fp8Linears::input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
   xtN_ = xtK_ = 0;
   if (!aligned(N) || !aligned(K)) return false;
-  quantise(xt_, x, N, K, ldx, true, DeviceOps::Fp8::e4m3, act_grouping());
+  if (opt_.delayed)
+    quantise_delayed(xt_, site(in_sites_, site_id, "input").qt, x, N, K, ldx, true, DeviceOps::Fp8::e4m3);
+  else
+    quantise(xt_, x, N, K, ldx, true, DeviceOps::Fp8::e4m3, act_grouping());
   xtN_ = N;
   xtK_ = K;
   return true;
 }
 
-bool Fp8Linears::backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW) {
+bool Fp8Linears::backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW,
+                             int64_t site_id) {
   if (xtN_ != N || xtK_ != K || !aligned(rows)) return false;
-  quantise(dyt_, dy, N, rows, lddy, true, grad_format(), act_grouping());
+  if (opt_.delayed)
+    quantise_delayed(dyt_, site(grad_sites_, site_id, "gradient").qt, dy, N, rows, lddy, true, grad_format());
+  else
+    quantise(dyt_, dy, N, rows, lddy, true, grad_format(), act_grouping());
   ops_.gemm_fp8(rows, K, N, dyt_.q.get(), grad_format(), dyt_.scale.get<float>(), dyt_.nscale, xt_.q.get(),
                 DeviceOps::Fp8::e4m3, xt_.scale.get<float>(), xt_.nscale, opt_.blockwise ? 2 : 0, 1.0, dW, K, true);
   ++stats_.fp8_gemms;

@@ -227,6 +227,14 @@ class CudaEngine {
   };
   AdamState adam_state() const;
   void load_adam_state(const AdamState& state);  // sizes checked against the description
+  // FP8 delayed scaling's state for checkpoints (Fp8Options::delayed): the amax history of every
+  // quantisation site (fp8_linear.hpp), as the FP8 provider saves it; empty when the engine runs
+  // no delayed scaling. load_fp8_state restores it into an engine of the same model and recipe,
+  // so the steps that follow quantise as the saved engine's would have; it refuses by name
+  // another history length, other sites, or an engine without delayed scaling. Both wait for
+  // the device (checkpoints only). Under data or tensor parallelism each rank has its own.
+  std::string fp8_state() const;
+  void load_fp8_state(const std::string& bytes);
   // Betas, eps, weight decay and clipping of the steps that follow (a backend's schedule moves
   // the weight decay; the learning rate comes with each StepOptions).
   void set_optimizer_options(const OptimizerOptions& options);

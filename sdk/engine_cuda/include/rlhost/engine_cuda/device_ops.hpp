@@ -68,6 +68,23 @@ class DeviceOps {
   // with transpose (rows = C); its nscale f32 scales into `scale`.
   void quantize_fp8(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, int grouping, void* q,
                     float* scale, int64_t nscale);
+  // Delayed scaling (Fp8Options::delayed): a quantize_fp8 handle of the caller's own per
+  // quantisation site, resolved with recipe = 1 (per tensor) and the recipe's history length,
+  // algorithm and margin, so the provider keeps that site's amax history on the device. A
+  // provider whose handle is not stateful (op_info) did not run delayed scaling: refused.
+  struct DelayedScaling {
+    int64_t history_len = 1;
+    bool max = false;  // amax_compute_algo max (false: most_recent)
+    int64_t margin = 0;
+  };
+  sdk::Op resolve_quantize_fp8_delayed(bool transpose, Fp8 f, const DelayedScaling& d);
+  // quantize_fp8's call on such a handle (its scale: one float).
+  void quantize_fp8(const sdk::Op& op, const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f,
+                    void* q, float* scale, const DelayedScaling& d);
+  // A stateful handle's state as the provider writes it (state_save), and back (state_load).
+  // The provider waits for the device in both: checkpoints only, never inside a step.
+  static std::string op_state(const sdk::Op& op);
+  static void load_op_state(const sdk::Op& op, const std::string& bytes);
   // C[M, N] (ldc; bf16, or f32 with c_f32) = (sa A)[M, K] (sb B)[N, K]^T + beta C, A and B FP8
   // K-major and contiguous; scaling 0 (tensor x tensor), 1 (1x128 tiles x 128x128 blocks) or 2
   // (tiles x tiles).

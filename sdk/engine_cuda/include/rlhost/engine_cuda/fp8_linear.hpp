@@ -14,6 +14,18 @@
 // reused by its micro-batches and recomputes: `new_call()` marks them stale, since the
 // optimizer or a load may have changed the bf16 weights in between.
 //
+// Delayed scaling (Fp8Options::delayed, tensorwise): every quantisation site of the activations
+// and gradients has a quantize_fp8 handle of its own, resolved at setup (add_sites), whose
+// provider keeps the site's amax history on the device: a linear step's X (forward) and X^T
+// (dW), and each weight group's dY (dX) and dY^T (dW). The engine names a step's input site and
+// a group's gradient site by the parameter index of its first weight. Weights keep current
+// scaling (one quantisation per call from the bf16 copy: its amax is exact and costs nothing to
+// keep). TransformerEngine keeps one history per module for X, W and dY and transposes the FP8
+// data, so X^T shares X's scale; here X^T and dY^T are quantised from bf16 (cuBLASLt's
+// K-major operands), so they keep histories of their own, which see the same amaxes as X's and
+// dY's when each forward is followed by one backward. state() / load_state() are the
+// histories, for checkpoints.
+//
 // A product whose shape FP8 cannot take (K, rows or tokens not multiples of 16, of 128 for
 // blockwise) runs in bf16 instead; stats() counts both, so a run can show how much ran in FP8.
 //
@@ -24,7 +36,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "rlhost/engine/engine.hpp"
 #include "rlhost/engine_cuda/device_memory.hpp"
@@ -53,7 +68,8 @@ class Fp8Linears {
   // Forward of a linear step over weight groups sharing the input x [N, K]: `input` quantises x
   // once (false: the step's shape does not fit, run it in bf16), then `forward` per group of
   // `rows` output features writes y [N, rows] (ldy) in bf16.
-  bool input(const bf16* x, int64_t ldx, int64_t N, int64_t K);
+  // `site` (delayed scaling only, else ignored): the step's input site, as registered.
+  bool input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site = -1);
   bool fits_group(int64_t rows, int64_t ldy) const;
   void forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy);
   // W's FP8 copy for the current call, made now (forward then launches only the product).
@@ -64,10 +80,23 @@ class Fp8Linears {
   // Backward of one group: dx (lddx; bf16, added with beta 1) from dy [N, rows] (lddy), and
   // dW [rows, K] (fp32, accumulated). `input_t` quantises X^T for the step's dW products once;
   // each returns false where the shape does not fit (that product then runs in bf16).
+  // `site` (delayed scaling): input_t the step's input site, backward_dx / backward_dw the
+  // group's gradient site.
   bool backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, const bf16* W, double beta,
-                   bf16* dx, int64_t lddx);
-  bool input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K);
-  bool backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW);
+                   bf16* dx, int64_t lddx, int64_t site = -1);
+  bool input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site = -1);
+  bool backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW, int64_t site = -1);
+
+  // Delayed scaling: resolves the handles of the steps' input sites and the groups' gradient
+  // sites (ids >= 0, each list without repeats), once, at setup. No-op for the other recipes.
+  void add_sites(const std::vector<int64_t>& inputs, const std::vector<int64_t>& groups);
+  bool delayed() const { return opt_.delayed; }
+  // The amax histories of every site (empty for the other recipes): a header (format, history
+  // length, algorithm, margin, the site ids) and each handle's provider state. load_state
+  // refuses by name another history length or another set of sites; a different algorithm or
+  // margin loads (the histories are amaxes either way). Both wait for the device.
+  std::string state() const;
+  void load_state(const std::string& bytes);
 
   struct Stats {
     int64_t fp8_gemms = 0, bf16_gemms = 0;  // the products of FP8 layers, by how they ran
@@ -91,6 +120,15 @@ class Fp8Linears {
   int act_grouping() const { return opt_.blockwise ? 1 : 0; }
   int weight_grouping() const { return opt_.blockwise ? 2 : 0; }
   DeviceOps::Fp8 grad_format() const { return opt_.hybrid ? DeviceOps::Fp8::e5m2 : DeviceOps::Fp8::e4m3; }
+  // Delayed scaling: a site's two handles (X and X^T, or dY and dY^T).
+  struct Site {
+    sdk::Op q, qt;
+  };
+  Site& site(std::map<int64_t, Site>& sites, int64_t id, const char* what);
+  // quantise's delayed form: through the site's handle, one scale.
+  void quantise_delayed(Quantised& out, const sdk::Op& op, const bf16* x, int64_t R, int64_t C, int64_t ldx,
+                        bool transpose, DeviceOps::Fp8 f);
+  DeviceOps::DelayedScaling delayed_scaling() const { return {opt_.amax_history_len, opt_.amax_max, opt_.margin}; }
 
   DeviceOps& ops_;
   Counters& counters_;
@@ -101,6 +139,7 @@ class Fp8Linears {
   int64_t xN_ = 0, xK_ = 0;  // the shape `input` quantised (x_), and `input_t` (xt_)
   int64_t xtN_ = 0, xtK_ = 0;
   std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
+  std::map<int64_t, Site> in_sites_, grad_sites_;       // delayed scaling, by site id
   Stats stats_;
 };
 
