@@ -10,7 +10,8 @@
 //   - save_state -> load_state continues bit for bit on the device, and a state saved on either
 //     path loads on the other (the same files);
 //   - selective and full recompute give bitwise the same steps as none;
-//   - a frozen model on the device: forward only, train_step refused by name.
+//   - a frozen model on the device: forward only, train_step refused by name;
+//   - FP8 delayed scaling's amax histories saved and restored with the state (bit for bit).
 // Without a usable Hopper GPU every test skips with the reason.
 #include <filesystem>
 
@@ -294,6 +295,93 @@ TEST(BackendCuda, MoeKeysAndStateOnTheDevice) {
   int64_t v = 0;
   EXPECT_TRUE(cpu.weights(m, &v) == w2);
   EXPECT_EQ(v, 2);
+}
+
+// FP8 delayed scaling's amax histories in the state (fp8_recipe: delayed; an FP8 provider such
+// as examples/vendor_fp8 on the plugin path, else the test skips naming why, or fails under
+// RLH_EXPECT_FP8_PROVIDER=1): save_state writes this rank's histories and names them in
+// rlhost_state.json; load_state into a fresh model continues bit for bit; another history
+// length is refused by name; a state without histories (an older one) loads, starting fresh,
+// and so does a run without delayed scaling (the saved histories left unused).
+TEST(BackendCuda, Fp8DelayedStateContinuesBitwise) {
+  REQUIRE_GPU();
+  auto batch = batch512();
+  Backend::TrainOptions o;
+  o.micro_batch_seqs = 4;
+  auto fp8_config = [](json fp8) {
+    json cfg = config("cuda");
+    fp8["enabled"] = true;
+    fp8["fp8_recipe"] = "delayed";
+    fp8["num_layers_at_start_in_bf16"] = 0;  // llama-tiny's 2 layers both in FP8
+    fp8["num_layers_at_end_in_bf16"] = 0;
+    cfg["megatron_cfg"]["fp8_cfg"] = fp8;
+    return cfg;
+  };
+  const json cfg = fp8_config({{"fp8_amax_history_len", 4}, {"fp8_amax_compute_algo", "max"}});
+  TempDir state("fp8");
+  Weights w_a;
+  std::vector<double> losses_a;
+  {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = nullptr;
+    if (rlh_status* s = be.try_load(fixture("llama-tiny"), true, &m)) {
+      const std::string why = sdk::status_message(s);
+      rlh_status_destroy(s);
+      const char* expect = std::getenv("RLH_EXPECT_FP8_PROVIDER");
+      if (why.find("fp8_cfg.enabled") == std::string::npos || (expect && std::string(expect) == "1")) FAIL() << why;
+      GTEST_SKIP() << why;
+    }
+    for (int s = 0; s < 3; ++s) be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o);
+    sdk::check(be.api()->save_state(be.raw(), m, state.path.c_str()));
+    for (int s = 0; s < 2; ++s)
+      losses_a.push_back(be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o).r.loss);
+    w_a = be.weights(m);
+  }
+  ASSERT_TRUE(fs::exists(state.path / "fp8_state" / "rank_0.bin"));
+  json st;
+  {
+    std::ifstream in(state.path / "rlhost_state.json");
+    st = json::parse(in);
+  }
+  ASSERT_TRUE(st.contains("fp8_state")) << st.dump();
+  EXPECT_EQ(st["fp8_state"]["amax_history_len"], 4);
+  EXPECT_EQ(st["fp8_state"]["ranks"], 1);
+  auto resumed = [&](const json& c, Weights* w) {
+    Backend be(host(), "megatron", c);
+    rlh_model* m = be.load(fixture("llama-tiny"), true);
+    sdk::check(be.api()->load_state(be.raw(), m, state.path.c_str()));
+    std::vector<double> losses;
+    for (int s = 0; s < 2; ++s)
+      losses.push_back(be.train(m, *batch, predicted(*batch), batch->num_seqs(), nll_loss(), o).r.loss);
+    *w = be.weights(m);
+    return losses;
+  };
+  Weights w_b;
+  EXPECT_EQ(resumed(cfg, &w_b), losses_a);
+  EXPECT_TRUE(w_b == w_a) << "the restored FP8 run differs";
+  {  // another history length: refused, naming the key
+    Backend be(host(), "megatron", fp8_config({{"fp8_amax_history_len", 8}, {"fp8_amax_compute_algo", "max"}}));
+    rlh_model* m = be.load(fixture("llama-tiny"), true);
+    rlh_status* s = be.api()->load_state(be.raw(), m, state.path.c_str());
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->code, RLH_E_FAILED_PRECONDITION);
+    EXPECT_NE(sdk::status_message(s).find("policy.megatron_cfg.fp8_cfg.fp8_amax_history_len is 8"), std::string::npos)
+        << sdk::status_message(s);
+    rlh_status_destroy(s);
+  }
+  // Without the histories (as a state from before they were kept): loads, fresh histories, so
+  // the run differs from the uninterrupted one.
+  st.erase("fp8_state");
+  {
+    std::ofstream out(state.path / "rlhost_state.json");
+    out << st.dump(2) << "\n";
+  }
+  Weights w_fresh;
+  resumed(cfg, &w_fresh);
+  EXPECT_FALSE(w_fresh == w_a) << "fresh histories scale otherwise";
+  // A run without delayed scaling loads a state with histories (left unused).
+  Weights w_bf16;
+  resumed(config("cuda"), &w_bf16);
 }
 
 // visit_weights_on with the model's own device: views of the fp32 master weights in device

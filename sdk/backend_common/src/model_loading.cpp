@@ -437,7 +437,14 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     b.host.info(std::string(b.flavor->name) + ": loaded " + m->role + " " + m->desc.architecture + " from " + m->dir +
                 " (" + std::to_string(m->device->num_elements()) + " parameters, " +
                 (m->trainable ? "adamw optimizer" : std::string("frozen")) +
-                (m->config.fp8.enabled ? std::string(", FP8 linears (") + (m->config.fp8.blockwise ? "blockwise" : "tensorwise") +
+                (m->config.fp8.enabled ? std::string(", FP8 linears (") +
+                                             (m->config.fp8.blockwise ? std::string("blockwise")
+                                              : m->config.fp8.delayed
+                                                  ? "tensorwise delayed scaling, amax history " +
+                                                        std::to_string(m->config.fp8.amax_history_len) +
+                                                        (m->config.fp8.amax_max ? " (max)" : " (most_recent)") +
+                                                        (m->config.fp8.margin ? ", margin " + std::to_string(m->config.fp8.margin) : std::string())
+                                                  : std::string("tensorwise")) +
                                              (m->config.fp8.hybrid ? ", hybrid)" : ", e4m3)")
                                        : std::string()) +
                 (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +

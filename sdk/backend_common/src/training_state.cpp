@@ -15,8 +15,15 @@
 //                                           when present) says bfloat16
 //   optimizer.safetensors                  trainable models: torch's state names per engine
 //                                           parameter (exp_avg.*, exp_avg_sq.*, momentum_buffer.*)
+//   fp8_state/rank_<r>.bin                 FP8 delayed scaling (fp8_recipe = delayed) only: each
+//                                           rank's amax histories (the CUDA engine's fp8_state,
+//                                           per rank since every rank quantises its own data)
 //   rlhost_state.json                      step (= weights version), optimizer kind, backend,
-//                                           where the master weights are
+//                                           where the master weights are; "fp8_state" (recipe,
+//                                           history length, ranks) when those files are there.
+//                                           A state without it (no delayed scaling, or written
+//                                           before rlhost kept the histories) loads with fresh
+//                                           histories, said in the log
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -38,6 +45,7 @@ constexpr const char* kStateFile = "rlhost_state.json";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kFormat = "rlhost-backend-state";
 constexpr const char* kMasterDir = "master_weights";
+constexpr const char* kFp8Dir = "fp8_state";
 
 // Files next to the weights that make the folder an HF checkpoint a tokenizer can use too.
 constexpr const char* kSideFiles[] = {"config.json",          "generation_config.json", "tokenizer.json",
@@ -80,6 +88,23 @@ void view_adam_state(const Model& m, DeviceOptimizerState& s) {
       s.tensors.push_back({std::string(prefix) + "." + m.desc.params[i].name, m.desc.params[i].shape, (*part)[i]});
 }
 
+// FP8 delayed scaling: this rank's amax histories into fp8_state/rank_<r>.bin (nothing when the
+// model keeps none), and what rlhost_state.json says of them (null: none).
+json write_fp8_state(const Model& m, const std::string& dir) {
+  if (!m.device || !m.config.fp8.enabled || !m.config.fp8.delayed) return json(nullptr);
+  const std::string bytes = m.device->fp8_state();
+  const int64_t rank = m.dp ? m.dp->all.rank() : 0, ranks = m.dp ? m.dp->all.size() : 1;
+  const fs::path folder = fs::path(dir) / kFp8Dir;
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) throw Error(RLH_E_UNAVAILABLE, "save_state: cannot create '" + folder.string() + "': " + ec.message());
+  write_text_atomically(folder / ("rank_" + std::to_string(rank) + ".bin"), bytes);
+  return json{{"recipe", "delayed"},
+              {"amax_history_len", m.config.fp8.amax_history_len},
+              {"ranks", ranks},
+              {"folder", kFp8Dir}};
+}
+
 }  // namespace
 
 namespace {
@@ -89,7 +114,8 @@ namespace {
 // released once written (the optimizer's moments that follow may be as large again).
 // `saved_by`: data-parallel runs name their size there.
 void write_state_files(Model& m, const std::string& dir, std::vector<std::vector<float>>& weights,
-                       const std::vector<Optimizer::StateTensor>& moments, const json& saved_by) {
+                       const std::vector<Optimizer::StateTensor>& moments, const json& saved_by,
+                       const json& fp8 = json(nullptr)) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
@@ -153,6 +179,7 @@ void write_state_files(Model& m, const std::string& dir, std::vector<std::vector
                   {"weights_dtype", m.config.save_dtype}};
     if (bf16) state["master_weights"] = kMasterDir;
     if (!saved_by.is_null()) state["saved_by"] = saved_by;
+    if (!fp8.is_null()) state["fp8_state"] = fp8;
     if (m.trainable) {
       std::vector<sdk::st::WriteTensor> tensors;
       for (const Optimizer::StateTensor& t : moments)
@@ -197,6 +224,24 @@ void save_state_dp(Model& m, const std::string& dir) {
   int32_t ok[1] = {1};
   std::string error;
   rlh_code code = RLH_OK;
+  // Every rank writes its own FP8 histories first; the state file (rank 0's, last) names them
+  // only when every rank's are written.
+  json fp8;
+  try {
+    fp8 = write_fp8_state(m, dir);
+  } catch (const Error& e) {
+    ok[0] = 0;
+    error = e.what();
+    code = e.code();
+  } catch (const std::exception& e) {
+    ok[0] = 0;
+    error = std::string("save_state into '") + dir + "': FP8 state: " + e.what();
+    code = RLH_E_UNAVAILABLE;
+  }
+  const int32_t mine = ok[0];
+  m.dp->all.all_reduce(std::span<int32_t>(ok, 1), RLH_REDUCE_MIN);
+  if (!mine) throw Error(code, error);
+  if (!ok[0]) throw Error(RLH_E_ABORTED, "save_state into '" + dir + "': another rank could not write its FP8 state (its error names why)");
   if (writer) {
     try {
       json layout = {{"data_parallel_size", m.dp->size()}};
@@ -204,7 +249,7 @@ void save_state_dp(Model& m, const std::string& dir) {
       if (m.ep()) layout["expert_model_parallel_size"] = m.dp->ep_size();
       if (m.ep() && m.tp()) layout["expert_tensor_parallel_size"] = m.tp()->expert_size;
       if (m.pp()) layout["pipeline_model_parallel_size"] = m.dp->pp_size();
-      write_state_files(m, dir, params, moments, layout);
+      write_state_files(m, dir, params, moments, layout, fp8);
     } catch (const Error& e) {
       ok[0] = 0;
       error = e.what();
@@ -225,7 +270,9 @@ void save_state(Model& m, const std::string& dir) {
     throw Error(RLH_E_NOT_FOUND, "save_state: folder '" + dir + "' does not exist (the caller creates it)");
   std::vector<std::vector<float>> weights;
   DeviceOptimizerState device_state;
+  json fp8;
   try {
+    fp8 = write_fp8_state(m, dir);
     weights = m.device ? m.device->parameters() : m.engine->save_parameters();
     if (m.trainable && m.device) {
       device_state.adam = m.device->adam_state();
@@ -240,7 +287,7 @@ void save_state(Model& m, const std::string& dir) {
                     !m.trainable ? std::vector<Optimizer::StateTensor>{}
                     : m.device   ? device_state.tensors
                                  : m.optimizer->state(),
-                    json(nullptr));
+                    json(nullptr), fp8);
 }
 
 namespace {
@@ -263,6 +310,57 @@ void load_state(Model& m, const std::string& dir) {
 }
 
 namespace {
+
+// FP8 delayed scaling's histories (write_fp8_state), by what the state and the model say:
+// both keep them: this rank's file is loaded (another history length is refused, naming the
+// key); the state has none, or was saved at another number of ranks (the histories are per
+// rank): they start fresh, said in the log; the model keeps none: the saved ones are left
+// unused, said in the log.
+void load_fp8_state(Model& m, const std::string& dir, const json& state) {
+  const bool want = m.device && m.config.fp8.enabled && m.config.fp8.delayed;
+  const bool has = state.contains("fp8_state") && state["fp8_state"].is_object();
+  const std::string who = std::string(m.owner->flavor->name) + ": load_state from '" + dir + "': ";
+  if (!has && !want) return;
+  if (!want) {
+    m.owner->host.info(who + "the state holds FP8 delayed-scaling amax histories, which this run does not use "
+                             "(policy.megatron_cfg.fp8_cfg.fp8_recipe is not delayed): left unused");
+    return;
+  }
+  if (!has) {
+    m.owner->host.info(who + "no FP8 amax histories (saved without fp8_recipe = delayed, or by an rlhost that did "
+                             "not keep them): delayed scaling starts with fresh histories");
+    return;
+  }
+  const json& f = state["fp8_state"];
+  const fs::path state_path = fs::path(dir) / kStateFile;
+  if (!f.contains("amax_history_len") || !f["amax_history_len"].is_number_integer() || !f.contains("ranks") ||
+      !f["ranks"].is_number_integer() || !f.contains("folder") || f["folder"] != kFp8Dir)
+    throw Error(RLH_E_DATA_LOSS, state_path.string() + ": fp8_state must hold amax_history_len, ranks and folder \"" +
+                                     kFp8Dir + "\"");
+  const int64_t len = f["amax_history_len"].get<int64_t>();
+  if (len != m.config.fp8.amax_history_len)
+    throw Error(RLH_E_FAILED_PRECONDITION,
+                "load_state: '" + dir + "' holds FP8 amax histories of " + std::to_string(len) +
+                    " entries, this run's policy.megatron_cfg.fp8_cfg.fp8_amax_history_len is " +
+                    std::to_string(m.config.fp8.amax_history_len) + " (set it to " + std::to_string(len) +
+                    " to resume)");
+  const int64_t ranks = m.dp ? m.dp->all.size() : 1, rank = m.dp ? m.dp->all.rank() : 0;
+  if (f["ranks"].get<int64_t>() != ranks) {
+    m.owner->host.info(who + "FP8 amax histories saved by " + std::to_string(f["ranks"].get<int64_t>()) +
+                       " ranks, this run has " + std::to_string(ranks) + ": delayed scaling starts with fresh histories");
+    return;
+  }
+  const fs::path file = fs::path(dir) / kFp8Dir / ("rank_" + std::to_string(rank) + ".bin");
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(RLH_E_DATA_LOSS, "load_state: '" + file.string() + "' is missing (" + kStateFile + " names it)");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  try {
+    m.device->load_fp8_state(bytes.str());
+  } catch (const std::invalid_argument& e) {
+    throw Error(RLH_E_FAILED_PRECONDITION, "load_state: '" + file.string() + "': " + e.what());
+  }
+}
 
 void load_state_here(Model& m, const std::string& dir) {
   const fs::path state_path = fs::path(dir) / kStateFile;
@@ -318,6 +416,7 @@ void load_state_here(Model& m, const std::string& dir) {
   } catch (const std::exception& e) {
     throw Error(RLH_E_DATA_LOSS, "load_state from '" + dir + "': " + e.what());
   }
+  load_fp8_state(m, dir, state);
 
   if (!m.trainable) {
     m.loaded_version = step;

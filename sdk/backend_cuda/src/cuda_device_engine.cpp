@@ -67,6 +67,8 @@ class CudaDeviceEngine final : public DeviceEngine {
   void load_adam_state(const AdamState& s) override {
     engine_.load_adam_state(engine::CudaEngine::AdamState{s.step, s.exp_avg, s.exp_avg_sq});
   }
+  std::string fp8_state() const override { return engine_.fp8_state(); }
+  void load_fp8_state(const std::string& bytes) override { engine_.load_fp8_state(bytes); }
   int64_t dp_bytes() const override { return engine_.stats().dp_bytes; }
   int64_t state_bytes() const override { return engine_.stats().state_bytes; }
   int64_t host_state_bytes() const override { return engine_.stats().host_state_bytes; }

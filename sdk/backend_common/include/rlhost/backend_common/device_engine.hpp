@@ -90,6 +90,15 @@ class DeviceEngine {
   // over the data-parallel group and load_adam_state() keeps this rank's block.
   virtual AdamState adam_state() const = 0;
   virtual void load_adam_state(const AdamState& state) = 0;
+  // FP8 delayed scaling's amax histories (engine::Fp8Options::delayed; the CUDA engine's
+  // fp8_state): this rank's, as opaque bytes; empty when the model runs no delayed scaling.
+  // load_fp8_state refuses by name a state it cannot continue (another history length, other
+  // quantisation sites, no delayed scaling here).
+  virtual std::string fp8_state() const { return {}; }
+  virtual void load_fp8_state(const std::string& bytes) {
+    (void)bytes;
+    throw std::invalid_argument("this device engine keeps no FP8 delayed-scaling state");
+  }
   // This rank's training state in device memory: fp32 masters and AdamW moments, whole or
   // this rank's blocks (distributed optimizer: the moments; FSDP: both, and the gradient block).
   // train_step reports it as memory/state_bytes.
