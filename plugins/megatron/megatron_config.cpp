@@ -175,6 +175,14 @@ backend::BackendConfig read_config(const json& policy) {
       r.fail("megatron_cfg.fp8_cfg.fp8_recipe", "expected tensorwise, blockwise or delayed, got \"" + recipe + "\"");
     f.blockwise = recipe == "blockwise";
     f.delayed = recipe == "delayed";
+    // The CUDA engine's full recompute runs each layer's forward again, which would advance
+    // every input's amax history a second time (TransformerEngine restores the forward's scales
+    // there; the FP8 provider's handles have no such mode). Selective recompute reruns no linear.
+    if (f.delayed && cfg.recompute && !cfg.recompute_selective)
+      r.fail("megatron_cfg.fp8_cfg.fp8_recipe",
+             "delayed with full activation recompute (megatron_cfg.activation_checkpointing, or "
+             "recompute_granularity = full) is not supported: the recomputed forward would advance the amax "
+             "histories a second time; use recompute_granularity = selective, or another recipe");
     // Megatron-Core's delayed-scaling settings (TransformerEngine's DelayedScaling), under
     // fp8_cfg with Megatron's names and defaults (history 1, most_recent, margin 0: what a
     // NeMo-RL run gets, since NeMo-RL passes none of them). Set with another recipe they would

@@ -739,6 +739,16 @@ TEST(BackendErrors, ConfigKeys) {
                "policy.megatron_cfg.fp8_cfg.fp8_param");
   expect_error(create("megatron", fp8({{"fp8_recipe", "delayed"}, {"fp8_amax_history", 4}})), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.fp8_cfg.fp8_amax_history");
+  // Full recompute would advance the histories twice: refused; selective reruns no linear.
+  expect_error(create("megatron", {{"megatron_cfg", {{"activation_checkpointing", true},
+                                                     {"fp8_cfg", {{"enabled", true}, {"fp8_recipe", "delayed"}}}}}}),
+               RLH_E_INVALID_ARGUMENT, "delayed with full activation recompute");
+  {
+    rlh_status* s = create("megatron", {{"megatron_cfg", {{"recompute_granularity", "selective"},
+                                                          {"fp8_cfg", {{"enabled", true}, {"fp8_recipe", "delayed"}}}}}});
+    EXPECT_EQ(s, nullptr) << rlh::sdk::status_message(s);
+    rlh_status_destroy(s);
+  }
   expect_error(create("megatron", fp8({{"fp8_param", true}})), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.fp8_cfg.fp8_param");
   expect_error(create("megatron", fp8({{"num_layers_at_end_in_bf16", -1}})), RLH_E_INVALID_ARGUMENT,
