@@ -4,7 +4,7 @@
 // "RESULT key=value ..." line per measurement for run.sh to parse.
 //
 //   bench_cuda_engine [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward]
-//                     [--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise]
+//                     [--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed]
 //                     [--curve N]
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward] "
-                   "[--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise] [--curve N]\n",
+                   "[--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed] [--curve N]\n",
                    argv[0]);
       return 2;
     }
@@ -100,13 +100,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_cuda_engine: unknown shape '%s' or bad step counts\n", shape_name.c_str());
     return 2;
   }
-  if (fp8 != "none" && fp8 != "tensorwise" && fp8 != "blockwise") {
-    std::fprintf(stderr, "bench_cuda_engine: --fp8 expects none, tensorwise or blockwise, got '%s'\n", fp8.c_str());
+  if (fp8 != "none" && fp8 != "tensorwise" && fp8 != "blockwise" && fp8 != "delayed") {
+    std::fprintf(stderr, "bench_cuda_engine: --fp8 expects none, tensorwise, blockwise or delayed, got '%s'\n",
+                 fp8.c_str());
     return 2;
   }
   engine::Fp8Options fp8o;
   fp8o.enabled = fp8 != "none";
   fp8o.blockwise = fp8 == "blockwise";
+  fp8o.delayed = fp8 == "delayed";  // Megatron's defaults: history 1, most_recent, margin 0
   engine::Recompute rc = engine::Recompute::none;
   if (recompute == "selective") rc = engine::Recompute::selective;
   else if (recompute == "full") rc = engine::Recompute::full;
