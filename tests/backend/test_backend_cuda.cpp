@@ -369,6 +369,9 @@ TEST(BackendCuda, Fp8DelayedStateContinuesBitwise) {
         << sdk::status_message(s);
     rlh_status_destroy(s);
   }
+  // A run without delayed scaling loads a state with histories (left unused).
+  Weights w_bf16;
+  resumed(config("cuda"), &w_bf16);
   // Without the histories (as a state from before they were kept): loads, fresh histories, so
   // the run differs from the uninterrupted one.
   st.erase("fp8_state");
@@ -379,9 +382,6 @@ TEST(BackendCuda, Fp8DelayedStateContinuesBitwise) {
   Weights w_fresh;
   resumed(cfg, &w_fresh);
   EXPECT_FALSE(w_fresh == w_a) << "fresh histories scale otherwise";
-  // A run without delayed scaling loads a state with histories (left unused).
-  Weights w_bf16;
-  resumed(config("cuda"), &w_bf16);
 }
 
 // visit_weights_on with the model's own device: views of the fp32 master weights in device
