@@ -56,7 +56,14 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ops = std::make_unique<cuda::DeviceOps>(*opt.kernels, opt.device, stream);
   carve_params();
-  if (opt.fp8.enabled) fp8 = std::make_unique<cuda::Fp8Linears>(*ops, counters, opt.fp8, L);
+  if (opt.fp8.enabled) {
+    // An FP8 provider's cuBLASLt products ask for 32 MiB of workspace; given none per call, a
+    // provider takes it from the stream-ordered pool for every product, and that pool hands its
+    // memory back at each host wait.
+    op_workspace = cuda::DeviceBuffer(counters, size_t(32) << 20);
+    ops->set_workspace(op_workspace.get(), op_workspace.size());
+    fp8 = std::make_unique<cuda::Fp8Linears>(*ops, counters, opt.fp8, L);
+  }
   for (const sdk::RopeTable& t : prog.ropes) {
     const std::vector<double> f = sdk::rope_inv_freq(t.rope, t.rotary_dim);
     std::vector<float> f32(f.begin(), f.end());
