@@ -411,6 +411,7 @@ if [ "$what" = grpostep ]; then
   # The whole 1B GRPO step (policy, reference and generator on this GPU) beside torch_grpo_step.py.
   OUT=$out/grpostep bench/grpo_cuda/run.sh "$bin" 2>&1 | tee "$out/grpostep.log" | tail -16
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  rm -rf "$out/grpostep/model"  # the 2.5 GB checkpoint: $OUT brings back logs only
 fi
 if [ "$what" = genbench ] || [ "$what" = all ]; then
   RESULT_JSON=$out/generator.json bench/generator_cuda/run.sh "$bin/bench_generator_cuda" 2>&1 | tee "$out/genbench.log" | tail -30

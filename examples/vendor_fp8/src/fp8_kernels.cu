@@ -85,9 +85,13 @@ __global__ void tensor_scale(const unsigned* bits, float fmax, float mult, float
 
 // Tensor scale, x itself: a row per block, 8 elements (one 16-byte load, one 8-byte store) per
 // thread where the source and q allow it.
-__global__ void quantize_rows_kernel(Source s, Fmt f, const float* scale, unsigned char* q, int64_t ldq) {
+// `bits` (may be null): the source's amax is gathered in the same pass (delayed scaling's
+// history entry, while the scale came from earlier calls).
+__global__ void quantize_rows_kernel(Source s, Fmt f, const float* scale, unsigned char* q, int64_t ldq,
+                                     unsigned* bits) {
   const float sc = *scale;
   const bool v8 = vec8(s) && ldq % 8 == 0 && (reinterpret_cast<uintptr_t>(q) & 7) == 0;
+  unsigned m = 0;
   for (int64_t r = blockIdx.x; r < s.R; r += gridDim.x) {
     if (v8) {
       for (int64_t c = int64_t(threadIdx.x) * 8; c < s.C; c += int64_t(blockDim.x) * 8) {
@@ -95,24 +99,42 @@ __global__ void quantize_rows_kernel(Source s, Fmt f, const float* scale, unsign
         load8(s, r, c, v);
         uint2 out;
         unsigned char* b = reinterpret_cast<unsigned char*>(&out);
-        for (int k = 0; k < 8; ++k) b[k] = to_fp8(v[k] / sc, f);
+        for (int k = 0; k < 8; ++k) {
+          m = max(m, abs_bits(v[k]));
+          b[k] = to_fp8(v[k] / sc, f);
+        }
         *reinterpret_cast<uint2*>(q + r * ldq + c) = out;
       }
     } else {
-      for (int64_t c = threadIdx.x; c < s.C; c += blockDim.x) q[r * ldq + c] = to_fp8(load(s, r, c) / sc, f);
+      for (int64_t c = threadIdx.x; c < s.C; c += blockDim.x) {
+        const float v = load(s, r, c);
+        m = max(m, abs_bits(v));
+        q[r * ldq + c] = to_fp8(v / sc, f);
+      }
     }
+  }
+  if (bits) {
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(bits, m);
   }
 }
 
 // Tensor scale, x^T: a 64 x 64 tile of x through shared memory, read along x's rows and written
 // along q's (tokens), both coalesced. Grid: (ceil(C / 64), ceil(R / 64)).
-__global__ void quantize_transposed_kernel(Source s, Fmt f, const float* scale, unsigned char* q, int64_t ldq) {
+__global__ void quantize_transposed_kernel(Source s, Fmt f, const float* scale, unsigned char* q, int64_t ldq,
+                                           unsigned* bits) {
   __shared__ float tile[64][65];
   const float sc = *scale;
   const int64_t c0 = int64_t(blockIdx.x) * 64, r0 = int64_t(blockIdx.y) * 64;
+  unsigned m = 0;
   for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
     const int a = e / 64, b = e % 64;  // x row r0 + a, column c0 + b
     tile[a][b] = (r0 + a < s.R && c0 + b < s.C) ? load(s, r0 + a, c0 + b) : 0.0f;
+    m = max(m, abs_bits(tile[a][b]));
+  }
+  if (bits) {
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(bits, m);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
@@ -240,6 +262,33 @@ __global__ void block_kernel(Source s, Fmt f, float fmax, float mult, unsigned c
   }
 }
 
+// Delayed scaling in one pass, once the history holds an entry: the scale from the history
+// alone, the quantisation gathering this call's amax, then that amax into the history.
+__global__ void history_scale_kernel(float fmax, float mult, bool most_recent, const float* hist, int len,
+                                     const int* pos_count, float* scale) {
+  const int pos = pos_count[0], count = pos_count[1];
+  float a;
+  if (most_recent) {
+    a = hist[(pos - 1 + len) % len];
+  } else {
+    unsigned b = 0;
+    for (int k = 0; k < count; ++k) b = max(b, __float_as_uint(fabsf(hist[k])));
+    a = __uint_as_float(b);
+  }
+  *scale = scale_of(a, fmax, mult);
+}
+
+__global__ void history_push_kernel(const unsigned* bits, float* hist, int len, int* pos_count, float* amax_out,
+                                    float* cur_out) {
+  const float cur = __uint_as_float(*bits);
+  const int pos = pos_count[0], count = pos_count[1];
+  hist[pos] = cur;
+  pos_count[0] = (pos + 1) % len;
+  pos_count[1] = count < len ? count + 1 : len;
+  if (amax_out) *amax_out = cur;
+  if (cur_out) *cur_out = cur;
+}
+
 // Delayed scaling's bookkeeping, one thread: the scale from the history of earlier calls, then
 // this call's amax into it (a ring of `len` entries; pos_count = {next slot, entries filled}).
 __global__ void delayed_kernel(const unsigned* bits, float fmax, float mult, bool most_recent, float* hist, int len,
@@ -279,14 +328,20 @@ void amax(const Source& s, float* out, uint32_t* bits, cudaStream_t st) {
   finish_amax<<<1, 1, 0, st>>>(bits, out);
 }
 
-void quantize_with_scale(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, cudaStream_t st) {
+namespace {
+void quantize_scaled(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, unsigned* bits, cudaStream_t st) {
   if (s.R * s.C == 0) return;
   auto* qb = static_cast<unsigned char*>(q);
   if (s.transpose)
-    quantize_transposed_kernel<<<dim3(unsigned(ceil_div(s.C, 64)), unsigned(ceil_div(s.R, 64))), 256, 0, st>>>(s, f, scale,
-                                                                                                            qb, ldq);
+    quantize_transposed_kernel<<<dim3(unsigned(ceil_div(s.C, 64)), unsigned(ceil_div(s.R, 64))), 256, 0, st>>>(
+        s, f, scale, qb, ldq, bits);
   else
-    quantize_rows_kernel<<<row_blocks(s.R), 256, 0, st>>>(s, f, scale, qb, ldq);
+    quantize_rows_kernel<<<row_blocks(s.R), 256, 0, st>>>(s, f, scale, qb, ldq, bits);
+}
+}  // namespace
+
+void quantize_with_scale(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, cudaStream_t st) {
+  quantize_scaled(s, f, scale, q, ldq, nullptr, st);
 }
 
 void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q, int64_t ldq, float* scale,
@@ -321,8 +376,15 @@ void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q
 }
 
 void quantize_delayed(const Source& s, Fmt f, double margin, bool most_recent, float* hist, int32_t len,
-                      int32_t* pos_count, void* q, int64_t ldq, float* scale, float* amax_out, float* cur,
-                      uint32_t* bits, cudaStream_t st) {
+                      int32_t* pos_count, bool history_filled, void* q, int64_t ldq, float* scale, float* amax_out,
+                      float* cur, uint32_t* bits, cudaStream_t st) {
+  if (history_filled) {  // one pass over the source
+    cudaMemsetAsync(bits, 0, sizeof(uint32_t), st);
+    history_scale_kernel<<<1, 1, 0, st>>>(fmt_max(f), float(std::exp2(margin)), most_recent, hist, len, pos_count, scale);
+    quantize_scaled(s, f, scale, q, ldq, bits, st);
+    history_push_kernel<<<1, 1, 0, st>>>(bits, hist, len, pos_count, amax_out, cur);
+    return;
+  }
   amax_bits(s, bits, st);
   delayed_kernel<<<1, 1, 0, st>>>(bits, fmt_max(f), float(std::exp2(margin)), most_recent, hist, len, pos_count, scale,
                                   amax_out, cur);
