@@ -16,6 +16,7 @@
 #                generator's FP8 rollouts, with the vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
+#     fp8profile: ncu's per-kernel times of one 1B training step, bf16 and FP8 (FP8_PROFILE="none blockwise"), by kind
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
@@ -405,6 +406,16 @@ if [ "$what" = pagedmma ]; then
     RLH_KCUDA_PAGED_MMA=$m "$bin/bench_generator_cuda" --shape llama1b --case all --prompt 128 --new 256 --repeats 2 \
       > "$out/mma_bench_$m.log" 2>&1 || rc=1
     grep -E "^RESULT|rror" "$out/mma_bench_$m.log"
+  done
+fi
+if [ "$what" = fp8profile ]; then
+  # Where an FP8 training step's time goes, beside bf16's: Nsight Compute's per-kernel times of
+  # one 1B step (the first: it carries one-time casts), by kind (bench/engine_cuda/ncu_breakdown.py).
+  for r in ${FP8_PROFILE:-none blockwise}; do
+    echo "== ncu: bench_cuda_engine --shape llama1b --fp8 $r, one step =="
+    RLH_TEST_PLUGIN_DIR=$fp8_plugins timeout "${NCU_TIMEOUT:-120}" ncu --metrics gpu__time_duration.sum --csv \
+      "$bin/bench_cuda_engine" --shape llama1b --only train --steps 1 --warmup 0 --fp8 "$r" > "$out/ncu_fp8_$r.csv" 2>&1 || rc=1
+    python3 bench/engine_cuda/ncu_breakdown.py "$out/ncu_fp8_$r.csv" | tee "$out/ncu_fp8_$r.txt"
   done
 fi
 if [ "$what" = grpostep ]; then
