@@ -262,58 +262,48 @@ __global__ void block_kernel(Source s, Fmt f, float fmax, float mult, unsigned c
   }
 }
 
+// The amax delayed scaling takes from a history holding `count` > 0 entries: its max, or its
+// most recent (pos_count = {next slot, entries filled} of a ring of `len`).
+__device__ float history_amax(const float* hist, int len, const int* pos_count, bool most_recent) {
+  const int pos = pos_count[0], count = pos_count[1];
+  if (most_recent) return hist[(pos - 1 + len) % len];
+  unsigned b = 0;
+  for (int k = 0; k < count; ++k) b = max(b, __float_as_uint(fabsf(hist[k])));
+  return __uint_as_float(b);
+}
+
+// This call's amax into the history.
+__device__ void history_push(float cur, float* hist, int len, int* pos_count, float* amax_out, float* cur_out) {
+  const int pos = pos_count[0], count = pos_count[1];
+  hist[pos] = cur;
+  pos_count[0] = (pos + 1) % len;
+  pos_count[1] = count < len ? count + 1 : len;
+  if (amax_out) *amax_out = cur;
+  if (cur_out) *cur_out = cur;
+}
+
 // Delayed scaling in one pass, once the history holds an entry: the scale from the history
 // alone, the quantisation gathering this call's amax, then that amax into the history.
 __global__ void history_scale_kernel(float fmax, float mult, bool most_recent, const float* hist, int len,
                                      const int* pos_count, float* scale) {
-  const int pos = pos_count[0], count = pos_count[1];
-  float a;
-  if (most_recent) {
-    a = hist[(pos - 1 + len) % len];
-  } else {
-    unsigned b = 0;
-    for (int k = 0; k < count; ++k) b = max(b, __float_as_uint(fabsf(hist[k])));
-    a = __uint_as_float(b);
-  }
-  *scale = scale_of(a, fmax, mult);
+  *scale = scale_of(history_amax(hist, len, pos_count, most_recent), fmax, mult);
 }
 
 __global__ void history_push_kernel(const unsigned* bits, float* hist, int len, int* pos_count, float* amax_out,
                                     float* cur_out) {
-  const float cur = __uint_as_float(*bits);
-  const int pos = pos_count[0], count = pos_count[1];
-  hist[pos] = cur;
-  pos_count[0] = (pos + 1) % len;
-  pos_count[1] = count < len ? count + 1 : len;
-  if (amax_out) *amax_out = cur;
-  if (cur_out) *cur_out = cur;
+  history_push(__uint_as_float(*bits), hist, len, pos_count, amax_out, cur_out);
 }
 
-// Delayed scaling's bookkeeping, one thread: the scale from the history of earlier calls, then
-// this call's amax into it (a ring of `len` entries; pos_count = {next slot, entries filled}).
+// Delayed scaling's bookkeeping in the two-pass path, one thread: the scale from the history of
+// earlier calls (the first call, with none, from its own amax), then this call's amax into it.
 __global__ void delayed_kernel(const unsigned* bits, float fmax, float mult, bool most_recent, float* hist, int len,
                                int* pos_count, float* scale, float* amax_out, float* cur_out) {
   const float cur = __uint_as_float(*bits);
-  const int pos = pos_count[0], count = pos_count[1];
-  float a = cur;
-  if (count > 0) {
-    if (most_recent) {
-      a = hist[(pos - 1 + len) % len];
-    } else {
-      unsigned b = 0;
-      for (int k = 0; k < count; ++k) b = max(b, __float_as_uint(fabsf(hist[k])));
-      a = __uint_as_float(b);
-    }
-  }
-  *scale = scale_of(a, fmax, mult);
-  hist[pos] = cur;
-  pos_count[0] = (pos + 1) % len;
-  pos_count[1] = count < len ? count + 1 : len;
-  if (amax_out) *amax_out = cur;
-  if (cur_out) *cur_out = cur;
+  *scale = scale_of(pos_count[1] > 0 ? history_amax(hist, len, pos_count, most_recent) : cur, fmax, mult);
+  history_push(cur, hist, len, pos_count, amax_out, cur_out);
 }
 
-// Blocks for a row-walk over R rows: one row each, up to 8 per SM's worth (the rest loop).
+// Blocks for a row-walk over R rows: one row each, at most 16384 (each then loops over rows).
 int row_blocks(int64_t R) { return int(R < 1 ? 1 : R > 16384 ? 16384 : R); }
 
 void amax_bits(const Source& s, uint32_t* bits, cudaStream_t st) {
@@ -321,14 +311,6 @@ void amax_bits(const Source& s, uint32_t* bits, cudaStream_t st) {
   if (s.R * s.C > 0) amax_kernel<<<row_blocks(s.R), 256, 0, st>>>(s, bits);
 }
 
-}  // namespace
-
-void amax(const Source& s, float* out, uint32_t* bits, cudaStream_t st) {
-  amax_bits(s, bits, st);
-  finish_amax<<<1, 1, 0, st>>>(bits, out);
-}
-
-namespace {
 void quantize_scaled(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, unsigned* bits, cudaStream_t st) {
   if (s.R * s.C == 0) return;
   auto* qb = static_cast<unsigned char*>(q);
@@ -338,7 +320,13 @@ void quantize_scaled(const Source& s, Fmt f, const float* scale, void* q, int64_
   else
     quantize_rows_kernel<<<row_blocks(s.R), 256, 0, st>>>(s, f, scale, qb, ldq, bits);
 }
+
 }  // namespace
+
+void amax(const Source& s, float* out, uint32_t* bits, cudaStream_t st) {
+  amax_bits(s, bits, st);
+  finish_amax<<<1, 1, 0, st>>>(bits, out);
+}
 
 void quantize_with_scale(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, cudaStream_t st) {
   quantize_scaled(s, f, scale, q, ldq, nullptr, st);
