@@ -160,6 +160,15 @@ inline Outcome run_nll_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t
 }
 using SgdStep = std::function<Outcome(Backend&, rlh_model*, Batch&, int64_t, int64_t)>;
 
+// The MoE losses the layout tests train a softmax router with, on a megatron_cfg: the
+// load-balancing loss (per micro-batch; per sequence with packing, where a rank's micro-batches
+// are not the reference's) at 0.01 and the z-loss at 0.001.
+inline void set_moe_aux_losses(nlohmann::json& mc, bool packing) {
+  mc["moe_router_load_balancing_type"] = packing ? "seq_aux_loss" : "aux_loss";
+  mc["moe_aux_loss_coeff"] = 0.01;
+  mc["moe_z_loss_coeff"] = 0.001;
+}
+
 // The optimizer both tests train with, on a config: SGD at lr 1 without momentum, decay or
 // clipping (one step: w - w' = g), or AdamW with decay and clipping.
 inline nlohmann::json with_sgd(nlohmann::json cfg, bool distributed_optimizer) {

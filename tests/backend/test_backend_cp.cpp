@@ -94,9 +94,7 @@ json base_config(const Case& c, bool one_rank) {
   if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
   if (!one_rank && c.pp == 2 && fixture_layers(c) == 3) mc["num_layers_in_first_pipeline_stage"] = 2;  // 2 + 1
   if (has_aux_losses(c)) {
-    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    mc["moe_aux_loss_coeff"] = 0.01;
-    mc["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(mc, c.packing);
   } else if (c.model == "deepseek-v3-tiny") {
     mc["moe_router_dtype"] = "fp64";
   }

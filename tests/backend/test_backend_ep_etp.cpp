@@ -66,9 +66,7 @@ json base_config(const Case& c, bool one_rank) {
     mc["sequence_parallel"] = true;
   }
   if (c.softmax()) {
-    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    mc["moe_aux_loss_coeff"] = 0.01;
-    mc["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(mc, c.packing);
   } else {
     mc["moe_router_dtype"] = "fp64";
   }

@@ -62,11 +62,9 @@ std::string model_of(const Case& c) {
 // packing) and the z-loss, whose values the stages sum and whose gradients each stage adds to
 // its chunks' layers.
 json base_config(const Case& c, bool one_rank) {
-  json cfg = {{"megatron_cfg",
-               {{"moe_router_load_balancing_type", c.packing ? "seq_aux_loss" : "aux_loss"},
-                {"moe_aux_loss_coeff", 0.01},
-                {"moe_z_loss_coeff", 0.001}}}};
+  json cfg = {{"megatron_cfg", json::object()}};
   json& mc = cfg["megatron_cfg"];
+  set_moe_aux_losses(mc, c.packing);
   if (!one_rank) {
     mc["pipeline_model_parallel_size"] = kP;
     mc["virtual_pipeline_model_parallel_size"] = kV;

@@ -62,9 +62,7 @@ json base_config(const Case& c, bool one_rank) {
   // layers and whose values the stages sum; DeepSeek-V3's sigmoid router (no such losses;
   // MLA attention) routes in float64.
   if (c.model == "qwen3-moe-tiny") {
-    cfg["megatron_cfg"]["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    cfg["megatron_cfg"]["moe_aux_loss_coeff"] = 0.01;
-    cfg["megatron_cfg"]["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(cfg["megatron_cfg"], c.packing);
   } else if (c.model == "deepseek-v3-tiny") {
     cfg["megatron_cfg"]["moe_router_dtype"] = "fp64";
   }

@@ -130,9 +130,7 @@ struct Case {
 json base_config(const Case& c, int64_t tp) {
   json mc = {{"tensor_model_parallel_size", tp}};
   if (c.model == "qwen3-moe-tiny" || c.model == "qwen2-moe-tiny" || c.model == "mixtral-window-mqa-tiny") {
-    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    mc["moe_aux_loss_coeff"] = 0.01;
-    mc["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(mc, c.packing);
   } else if (c.model == "deepseek-v3-tiny") {
     mc["moe_router_dtype"] = "fp64";
   }
