@@ -96,6 +96,10 @@ inline std::unique_ptr<Batch> sequences(const Batch& g, int64_t s0, int64_t s1, 
   return std::make_unique<Batch>(std::move(ids), std::move(o));
 }
 
+// Every sequence of g where `all`, else none (an empty batch): a rank with the whole batch and
+// idle ones.
+inline std::unique_ptr<Batch> all_or_none(const Batch& g, bool all) { return sequences(g, 0, all ? g.num_seqs() : 0); }
+
 // Sequences [S rank / size, S (rank + 1) / size) of g (S of them), as sequences() gives them.
 inline std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {
   const int64_t S = g.num_seqs();

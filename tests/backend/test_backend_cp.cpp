@@ -375,6 +375,18 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Cp, ContextParallel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return test_name(info.param.label()); });
 
+// One SGD step with every sequence on the `busy` ranks and none on the others: it equals the
+// reference (loss, norm, gradients, the load-balancing loss), and the idle ranks exchange rows
+// with the busy ones (`idle` says why).
+void expect_step_with_idle_ranks(const Case& c, bool busy, const std::string& idle) {
+  auto g = layout_batch();
+  auto mine = all_or_none(*g, busy);
+  const SgdComparison r = sgd_step_both(fixture(c.model), sgd_config(c, true), sgd_config(c, false), *g, *mine);
+  expect_step_matches(r.got, r.ref, c.label());
+  expect_moe_metrics(r.got.metrics, r.ref.metrics, {"moe/aux_loss"}, 1e-5, c.label());
+  if (!busy) EXPECT_GT(r.got.metrics["ep/comm_bytes"].get<int64_t>(), 0) << c.label() << ": " << idle;
+}
+
 // CP 2 x DP 2 x EP 4 (np 4): one cp group takes every sequence, the other none; the idle
 // group's ranks still run their experts for the busy ranks' rows (forward and backward, with and
 // without recompute), and the step equals the reference.
@@ -385,14 +397,7 @@ TEST(ContextParallelExperts, EmptyShardOfAnEpGroup) {
     Case c{"qwen3-moe-tiny", 1, 2, false, false};
     c.ep = 4;
     c.recompute = recompute;
-    auto g = layout_batch();
-    auto mine = R < 2 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);  // ranks 0, 1: one cp group
-    ASSERT_EQ(mine->num_seqs(), R < 2 ? g->num_seqs() : 0);
-    const SgdComparison r = sgd_step_both(fixture(c.model), sgd_config(c, true), sgd_config(c, false), *g, *mine);
-    const Outcome& o = r.got;
-    expect_step_matches(o, r.ref, c.label());
-    expect_moe_metrics(o.metrics, r.ref.metrics, {"moe/aux_loss"}, 1e-5, c.label());
-    if (R >= 2) EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle rank exchanges for its peers";
+    expect_step_with_idle_ranks(c, R < 2, "an idle rank exchanges for its peers");  // ranks 0, 1: one cp group
   }
 }
 
@@ -407,17 +412,7 @@ TEST(PipelineExperts, EmptyShardOfAReplica) {
     c.ep = 2;
     c.pp = 2;
     c.recompute = recompute;
-    auto g = layout_batch();
-    const bool busy = R % 2 == 0;
-    auto mine = busy ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
-    ASSERT_EQ(mine->num_seqs(), busy ? g->num_seqs() : 0);
-    const SgdComparison r = sgd_step_both(c.model, sgd_config(c, true), sgd_config(c, false), *g, *mine);
-    const Outcome& o = r.got;
-    expect_step_matches(o, r.ref, c.label());
-    expect_moe_metrics(o.metrics, r.ref.metrics, {"moe/aux_loss"}, 1e-5, c.label());
-    if (!busy) {
-      EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle replica exchanges for its peers";
-    }
+    expect_step_with_idle_ranks(c, R % 2 == 0, "an idle replica exchanges for its peers");
   }
 }
 
