@@ -84,6 +84,22 @@ inline std::unique_ptr<engine::Engine> reference_engine(const EngineModel& m, en
   return e;
 }
 
+// A batch as one engine micro-batch and the reference engine's forward of it with its routing
+// record (an MoE model): what a layout's engine is held against.
+struct EngineReference {
+  std::vector<int32_t> cu;
+  engine::MicroBatch mb;
+  std::unique_ptr<engine::Engine> engine;
+  engine::OutputRequest req;
+  engine::Outputs full;
+  EngineReference(const EngineModel& m, const Batch& b, engine::EngineOptions o = {})
+      : mb(engine_view(b, cu)), engine(reference_engine(m, o)) {
+    req.routed_experts = true;
+    full = engine->forward(mb, req);
+  }
+  EngineReference(const EngineReference&) = delete;  // mb points into cu
+};
+
 // The world's groups of `kinds` under the layout `sizes`.
 inline sdk::ParallelComms world_groups(const sdk::ParallelSizes& sizes, const std::vector<sdk::GroupKind>& kinds) {
   return sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes, kinds);

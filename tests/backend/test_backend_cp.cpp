@@ -484,12 +484,10 @@ TEST(ContextParallelEngine, RoutingRecordAndReplay) {
     if (N % cp != 0) continue;
     const EngineModel& md = engine_model("qwen3-moe-tiny");
     auto g = layout_batch();
-    std::vector<int32_t> gcu;
-    const engine::MicroBatch gmb = engine_view(*g, gcu);
-    const auto ref = reference_engine(md);
-    engine::OutputRequest req;
-    req.routed_experts = true;
-    const engine::Outputs full = ref->forward(gmb, req);
+    const EngineReference ref(md, *g);
+    const engine::MicroBatch& gmb = ref.mb;
+    const engine::OutputRequest& req = ref.req;
+    const engine::Outputs& full = ref.full;
     const int64_t W = full.routing_width, T = g->num_tokens(), E = 8;
 
     sdk::ParallelSizes sizes;
@@ -509,7 +507,7 @@ TEST(ContextParallelEngine, RoutingRecordAndReplay) {
 
     // Another routing (each choice moved to the next expert) replayed: the reference's outputs
     // under it, and the record of a train step is that routing.
-    const OtherRouting other(*ref, e, gmb, full.routed_experts, T, W, 1, E, req);
+    const OtherRouting other(*ref.engine, e, gmb, full.routed_experts, T, W, 1, E, req);
     const double other_err = max_abs_diff(other.got.logprob, other.ref.logprob);
     EXPECT_LE(other_err, 2e-5) << "cp " << cp << ": replaying another routing";
     EXPECT_GT(max_abs_diff(other.ref.logprob, full.logprob), 1e-4) << "the other routing changes the outputs";

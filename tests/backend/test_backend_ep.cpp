@@ -110,13 +110,10 @@ json base_config(const Case& c, int64_t ep) {
 int64_t analytic_ep_bytes(const Case& c, int N, int R) {
   const EngineModel& md = engine_model(c.model);
   auto g = layout_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
   engine::EngineOptions ro;
   ro.moe.router_fp64 = !c.softmax();
-  engine::OutputRequest req;
-  req.routed_experts = true;
-  const engine::Outputs full = reference_engine(md, ro)->forward(mb, req);
+  const EngineReference ref(md, *g, ro);
+  const engine::Outputs& full = ref.full;
   const int64_t W = full.routing_width, C = md.desc.hidden_size, ep = c.ep;
   int64_t L = 0, E = 0;
   for (const auto& l : md.desc.layers)
@@ -288,13 +285,11 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     if (N % ep != 0) continue;
     const EngineModel& md = engine_model("qwen3-moe-tiny");
     auto g = layout_batch();
-    std::vector<int32_t> gcu;
-    const engine::MicroBatch gmb = engine_view(*g, gcu);
     // The reference: one engine with every expert, over the whole batch.
-    const auto ref = reference_engine(md);
-    engine::OutputRequest req;
-    req.routed_experts = true;
-    const engine::Outputs full = ref->forward(gmb, req);
+    const EngineReference ref(md, *g);
+    const engine::MicroBatch& gmb = ref.mb;
+    const engine::OutputRequest& req = ref.req;
+    const engine::Outputs& full = ref.full;
     const int64_t W = full.routing_width;
     // This rank's shard (its first token in the global batch) under EP.
     int64_t first = 0;
@@ -333,7 +328,7 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     EXPECT_EQ(o2.logprob, o.logprob) << "ep " << ep << ": replaying the record";
     RoutingField other_g = RoutingField::moved(full.routed_experts, 1, E);
     RoutingField other_mine{std::vector<int32_t>(other_g.data.begin() + first * W, other_g.data.begin() + (first + n) * W)};
-    const engine::Outputs ref_other = ref->forward(other_g.replaying(gmb, g->num_tokens(), W), rreq);
+    const engine::Outputs ref_other = ref.engine->forward(other_g.replaying(gmb, g->num_tokens(), W), rreq);
     const engine::Outputs o3 = epe.e->forward(other_mine.replaying(mb, n, W), rreq);
     ASSERT_EQ(int64_t(o3.logprob.size()), n);
     const double other_err = max_abs_diff_at(o3.logprob, ref_other.logprob, size_t(first));
@@ -368,11 +363,10 @@ TEST(ExpertParallelEngine, WithTensorParallelism) {
   if (world().size() != 2) GTEST_SKIP() << "TP 2 x EP 2 on 2 ranks, got " << world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
   auto g = layout_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
-  const auto ref = reference_engine(md);
-  const engine::OutputRequest req;
-  const engine::Outputs full = ref->forward(mb, req);
+  const EngineReference ref(md, *g);
+  const engine::MicroBatch& mb = ref.mb;
+  const engine::OutputRequest req;  // no record
+  const engine::Outputs& full = ref.full;
 
   sdk::ParallelSizes sizes;
   sizes.tp = 2;
@@ -413,13 +407,10 @@ TEST(ExpertParallelEngine, WithTensorParallelism) {
   EXPECT_GT(ep_comm.bytes(), 0);
   // The routing record (each rank records its rows, gathered over the group) is the reference's;
   // replaying another routing gives the reference's outputs under that routing.
-  engine::OutputRequest rec = req;
-  rec.routed_experts = true;
-  const engine::Outputs ref_rec = ref->forward(mb, rec);
-  const engine::Outputs got = e.forward(mb, rec);
-  ASSERT_EQ(got.routing_width, ref_rec.routing_width);
-  EXPECT_EQ(got.routed_experts, ref_rec.routed_experts) << "the routing record under TP 2 x EP 2";
-  const OtherRouting other(*ref, e, mb, ref_rec.routed_experts, g->num_tokens(), ref_rec.routing_width, 3, 8, req);
+  const engine::Outputs got = e.forward(mb, ref.req);
+  ASSERT_EQ(got.routing_width, full.routing_width);
+  EXPECT_EQ(got.routed_experts, full.routed_experts) << "the routing record under TP 2 x EP 2";
+  const OtherRouting other(*ref.engine, e, mb, full.routed_experts, g->num_tokens(), full.routing_width, 3, 8, req);
   EXPECT_LE(max_abs_diff(other.got.logprob, other.ref.logprob), 2e-5) << "replaying another routing under TP 2 x EP 2";
   EXPECT_GT(max_abs_diff(other.ref.logprob, full.logprob), 1e-3) << "the other routing changes the outputs";
 }

@@ -183,14 +183,12 @@ TEST(ExpertTensorParallelEngine, RoutingReplayAndGradients) {
   if (world().size() != 4) GTEST_SKIP() << "TP 4 x EP 2 x ETP 2 on 4 ranks, got " << world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
   auto g = layout_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
-  const int64_t T = g->num_tokens();
-  const auto ref = reference_engine(md);
-  engine::OutputRequest rec;
-  rec.routed_experts = true;
-  const engine::Outputs full = ref->forward(mb, rec);
-  const int64_t W = full.routing_width;
+  const EngineReference reference(md, *g);
+  engine::Engine& ref = *reference.engine;
+  const engine::MicroBatch& mb = reference.mb;
+  const engine::OutputRequest& rec = reference.req;
+  const engine::Outputs& full = reference.full;
+  const int64_t T = g->num_tokens(), W = full.routing_width;
 
   sdk::ParallelSizes sizes;
   sizes.tp = kTp;
@@ -234,7 +232,7 @@ TEST(ExpertTensorParallelEngine, RoutingReplayAndGradients) {
   EXPECT_GT(etp_comm.bytes(), 0) << "rows gathered over the etp group";
 
   // Another routing replayed: the reference's outputs under it.
-  const OtherRouting other(*ref, e, mb, full.routed_experts, T, W, 3, 8);
+  const OtherRouting other(ref, e, mb, full.routed_experts, T, W, 3, 8);
   const double replay_err = max_abs_diff(other.got.logprob, other.ref.logprob);
   EXPECT_LE(replay_err, 2e-5) << "replaying another routing";
   EXPECT_GT(max_abs_diff(other.ref.logprob, full.logprob), 1e-3) << "the other routing changes the outputs";
@@ -247,12 +245,12 @@ TEST(ExpertTensorParallelEngine, RoutingReplayAndGradients) {
   so.outputs = other.req;
   so.apply_optimizer = false;
   const std::span<const engine::MicroBatch> omb(&other.mb, 1);
-  const engine::StepResult rr = ref->train_step(omb, so, every_row_nll);
+  const engine::StepResult rr = ref.train_step(omb, so, every_row_nll);
   const engine::StepResult rg = e.train_step(omb, so, every_row_nll);
   EXPECT_NEAR(rg.loss, rr.loss, 1e-5 * std::fabs(rr.loss));
   double largest = 0, worst = 0;
   for (size_t i = 0; i < md.weights.size(); ++i) {
-    const std::span<const float> fg = ref->grad(i);
+    const std::span<const float> fg = ref.grad(i);
     const std::vector<float> want = piece(i, std::vector<float>(fg.begin(), fg.end()));
     const std::span<const float> have = e.grad(i);
     ASSERT_EQ(have.size(), want.size()) << md.desc.params[i].name;

@@ -291,12 +291,10 @@ TEST(TensorParallelEngine, RoutingRecordAndReplay) {
   const int64_t tp = world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
   auto g = layout_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
-  const auto ref = reference_engine(md);
-  engine::OutputRequest req;
-  req.routed_experts = true;
-  const engine::Outputs full = ref->forward(mb, req);
+  const EngineReference ref(md, *g);
+  const engine::MicroBatch& mb = ref.mb;
+  const engine::OutputRequest& req = ref.req;
+  const engine::Outputs& full = ref.full;
   const int64_t W = full.routing_width, n = g->num_tokens(), E = 8;
 
   sdk::ParallelSizes sizes;
@@ -321,7 +319,7 @@ TEST(TensorParallelEngine, RoutingRecordAndReplay) {
   RoutingField rec{std::vector<int32_t>(out.routed_experts.begin(), out.routed_experts.end())};
   EXPECT_EQ(e.forward(rec.replaying(mb, n, W), replay_request(req)).logprob, out.logprob)
       << "tp " << tp << ": replaying the record";
-  const OtherRouting other(*ref, e, mb, full.routed_experts, n, W, 1, E, req);
+  const OtherRouting other(*ref.engine, e, mb, full.routed_experts, n, W, 1, E, req);
   EXPECT_LE(max_abs_diff(other.got.logprob, other.ref.logprob), 2e-5) << "tp " << tp << ": replaying another routing";
   EXPECT_EQ(other.got.routed_experts, other.field.data);
   EXPECT_GT(max_abs_diff(other.got.logprob, out.logprob), 1e-3) << "the other routing changes the outputs";
