@@ -16,10 +16,12 @@
 #                generator's FP8 rollouts, with the vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
+#     fp8profile: ncu's per-kernel times of one 1B training step, bf16 and FP8 (FP8_PROFILE="none blockwise"), by kind
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
 #     realrun: SFT then GRPO entirely on the GPU at a 113M-parameter shape (#16's real run)
+#     fp8grpo: the same, then GRPO from that SFT checkpoint in bf16 and with FP8 training and rollouts (#21)
 #     cli: rlhost logprobs/generate and the Python package on the GPU against the CPU in float32
 #     mpi: several ranks on this GPU over comm_mpi (OpenMPI carried): DP on the CUDA engine, GRPO at DP=2
 #     dp: only test_backend_cuda_dp at 2 and 4 ranks (DDP, distributed optimizer, FSDP, HSDP)
@@ -128,30 +130,39 @@ if [ "$what" = fp8engine ] || [ "$what" = fp8 ] || [ "$what" = all ] || [ "$what
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$what" = fp8bench ]; then
-  bench/fp8/run.sh "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" 2>&1 | tee "$out/fp8bench.log" | tail -8
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  # End to end on the same engine: bf16, then FP8 linears (tensorwise, blockwise), same run.
+  # Parts can be left out for a short call: FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0; FP8_RECIPES picks
+  # the engine's recipes (none = bf16, its baseline in the same run).
+  recipes=${FP8_RECIPES:-none tensorwise blockwise delayed}
+  if [ "${FP8_GEMM:-1}" != 0 ]; then
+    bench/fp8/run.sh "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" 2>&1 | tee "$out/fp8bench.log" | tail -8
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  fi
+  # End to end on the same engine: bf16, then FP8 linears, same run.
   for shape in ${FP8_SHAPES:-llama1b llama3b}; do
-    for r in none tensorwise blockwise; do
+    for r in $recipes; do
       echo "== bench_cuda_engine --shape $shape --fp8 $r =="
       RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape "$shape" --only train --steps 6 --warmup 2 --fp8 "$r" \
         > "$out/fp8_engine_${shape}_$r.log" 2>&1 || rc=1
       grep -E "^(RESULT|train|fp8)|rror" "$out/fp8_engine_${shape}_$r.log"
     done
   done
-  for r in none tensorwise blockwise; do
-    RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape small --curve "${FP8_CURVE:-200}" --fp8 "$r" \
-      > "$out/fp8_curve_$r.log" 2>&1 || rc=1
-    grep -E "^RESULT|rror" "$out/fp8_curve_$r.log"
-  done
-  # FP8 rollouts: decoding at batch 64 and 256, bf16 then FP8, same run.
-  for f in "" --fp8; do
-    for c in b64 b256; do
-      RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
-        > "$out/fp8_gen_${c}${f}.log" 2>&1 || rc=1
-      grep -E "^RESULT|rror" "$out/fp8_gen_${c}${f}.log"
+  if [ "${FP8_CURVE:-200}" != 0 ]; then
+    for r in $recipes; do
+      RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape small --curve "${FP8_CURVE:-200}" --fp8 "$r" \
+        > "$out/fp8_curve_$r.log" 2>&1 || rc=1
+      grep -E "^RESULT|rror" "$out/fp8_curve_$r.log"
     done
-  done
+  fi
+  # FP8 rollouts: decoding at batch 64 and 256, bf16 then FP8, same run.
+  if [ "${FP8_GEN:-1}" != 0 ]; then
+    for f in "" --fp8; do
+      for c in b64 b256; do
+        RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
+          > "$out/fp8_gen_${c}${f}.log" 2>&1 || rc=1
+        grep -E "^RESULT|rror" "$out/fp8_gen_${c}${f}.log"
+      done
+    done
+  fi
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then
   # What a user tries first: the same fixture scored and sampled on the CPU (float32) and on the
@@ -232,10 +243,13 @@ if [ "$what" = grpo ] || [ "$what" = all ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   grep "^\[rlhost\] step" "$out/grpo_gpu.log" | tail -2
 fi
-if [ "$what" = realrun ]; then
+if [ "$what" = realrun ] || [ "$what" = fp8grpo ]; then
   # The demo's two stages entirely on the GPU at a >= 100M-parameter shape (hidden 1024, 10
   # layers, 16 heads / 4 kv heads, ffn 2816: 113M with its 20-token vocabulary): SFT (megatron,
   # bf16, cuda) on addition and multiplication, then GRPO on subtraction, which SFT never showed.
+  # fp8grpo (#21): from the same SFT checkpoint, GRPO in bf16 and with FP8 training (tensorwise
+  # e4m3, the first and last layers in bf16) and FP8 rollouts (blockwise), the vendor's plugin
+  # loaded; the two validation curves and the train-generation mismatch side by side.
   echo "== real run: SFT then GRPO on the GPU at 113M parameters =="
   d=$(mktemp -d)
   "$bin/rlh_tiny_model" "$d/model" --alphabet "0123456789+-*=" --seed 1 --hidden 1024 --layers 10 --heads 16 \
@@ -250,13 +264,43 @@ if [ "$what" = realrun ]; then
   grep -E "val_loss|validation" "$out/realrun_sft.log" | tail -4
   echo "SFT took $(( $(date +%s) - t0 )) s"
   ckpt=$(ls -d "$d"/sft/step_* 2>/dev/null | sort -t_ -k2 -n | tail -1)
-  t0=$(date +%s)
-  "$bin/rlhost" "${common[@]}" --plugin generator --plugin grpo --config examples/configs/grpo_demo_cpu.yaml \
-    policy.model_name="$ckpt/policy" checkpointing.checkpoint_dir="$d/grpo" logger.log_dir="$d/grpo/logs" "${gpu[@]}" \
-    ++policy.megatron_cfg.optimizer.lr=${GRPO_LR:-1e-4} grpo.max_num_steps=${GRPO_STEPS:-300} > "$out/realrun_grpo.log" 2>&1 ||
-    { echo "GRPO stage failed"; rc=1; }
-  grep -E "^\[rlhost\] step|validation accuracy|parameters|error" "$out/realrun_grpo.log" | grep -v "eta --" | tail -16
-  echo "GRPO took $(( $(date +%s) - t0 )) s"
+  runs=(bf16)
+  [ "$what" = fp8grpo ] && runs=(bf16 fp8)
+  for run in "${runs[@]}"; do
+    extra=()
+    [ "$run" = fp8 ] && extra=(--plugin "$bin/vendor/libvendor_fp8.so" ++policy.megatron_cfg.fp8_cfg.enabled=true
+      ++policy.megatron_cfg.fp8_cfg.fp8=e4m3 ++policy.megatron_cfg.fp8_cfg.fp8_recipe=tensorwise
+      ++policy.megatron_cfg.fp8_cfg.fp8_param=false ++policy.generation.vllm_cfg.precision=fp8)
+    t0=$(date +%s)
+    "$bin/rlhost" "${common[@]}" --plugin generator --plugin grpo "${extra[@]}" --config examples/configs/grpo_demo_cpu.yaml \
+      policy.model_name="$ckpt/policy" checkpointing.checkpoint_dir="$d/grpo_$run" logger.log_dir="$d/grpo_$run/logs" "${gpu[@]}" \
+      ++policy.megatron_cfg.optimizer.lr=${GRPO_LR:-1e-4} grpo.max_num_steps=${GRPO_STEPS:-300} > "$out/realrun_grpo_$run.log" 2>&1 ||
+      { echo "GRPO stage ($run) failed"; rc=1; }
+    grep -E "^\[rlhost\] step|validation accuracy|parameters|fp8|FP8|error" "$out/realrun_grpo_$run.log" | grep -v "eta --" | tail -8
+    echo "GRPO ($run) took $(( $(date +%s) - t0 )) s"
+    cp "$d/grpo_$run/logs/metrics.jsonl" "$out/realrun_grpo_${run}_metrics.jsonl" 2>/dev/null
+  done
+  if [ "$what" = fp8grpo ]; then
+    python3 - "$out" <<'PY'
+import json, sys
+def curve(run):
+    val, mism = {}, {}
+    for line in open(f"{sys.argv[1]}/realrun_grpo_{run}_metrics.jsonl"):
+        m = json.loads(line)
+        s = m.get("step")
+        for k, v in m.items():
+            if k.endswith("validation/accuracy"): val[s] = v
+            if k.endswith("token_mult_prob_error"): mism[s] = v
+    return val, mism
+(vb, mb), (vf, mf) = curve("bf16"), curve("fp8")
+mean = lambda d, lo, hi: (lambda v: sum(v) / len(v) if v else float("nan"))([x for s, x in d.items() if lo < s <= hi])
+print("step   validation accuracy bf16 / fp8   token_mult_prob_error since the last row, bf16 / fp8")
+prev = -1
+for s in sorted(set(vb) | set(vf)):
+    print(f"{s:5}   {vb.get(s, float('nan')):8.4f} / {vf.get(s, float('nan')):.4f}          {mean(mb, prev, s):.5f} / {mean(mf, prev, s):.5f}")
+    prev = s
+PY
+  fi
 fi
 if [ "$what" = algos ]; then
   # DPO, RM and PPO (#19) with megatron on the GPU (bf16, policy.device=cuda; DPO's frozen
@@ -407,10 +451,21 @@ if [ "$what" = pagedmma ]; then
     grep -E "^RESULT|rror" "$out/mma_bench_$m.log"
   done
 fi
+if [ "$what" = fp8profile ]; then
+  # Where an FP8 training step's time goes, beside bf16's: Nsight Compute's per-kernel times of
+  # one 1B step (the first: it carries one-time casts), by kind (bench/engine_cuda/ncu_breakdown.py).
+  for r in ${FP8_PROFILE:-none blockwise}; do
+    echo "== ncu: bench_cuda_engine --shape llama1b --fp8 $r, one step =="
+    RLH_TEST_PLUGIN_DIR=$fp8_plugins timeout "${NCU_TIMEOUT:-120}" ncu --metrics gpu__time_duration.sum --csv \
+      "$bin/bench_cuda_engine" --shape llama1b --only train --steps 1 --warmup 0 --fp8 "$r" > "$out/ncu_fp8_$r.csv" 2>&1 || rc=1
+    python3 bench/engine_cuda/ncu_breakdown.py "$out/ncu_fp8_$r.csv" | tee "$out/ncu_fp8_$r.txt"
+  done
+fi
 if [ "$what" = grpostep ]; then
   # The whole 1B GRPO step (policy, reference and generator on this GPU) beside torch_grpo_step.py.
   OUT=$out/grpostep bench/grpo_cuda/run.sh "$bin" 2>&1 | tee "$out/grpostep.log" | tail -16
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  rm -rf "$out/grpostep/model"  # the 2.5 GB checkpoint: $OUT brings back logs only
 fi
 if [ "$what" = genbench ] || [ "$what" = all ]; then
   RESULT_JSON=$out/generator.json bench/generator_cuda/run.sh "$bin/bench_generator_cuda" 2>&1 | tee "$out/genbench.log" | tail -30

@@ -1,7 +1,10 @@
-// What the model-parallel backend tests under `mpirun` share (tensor and pipeline parallelism,
-// tests/backend/test_backend_tp.cpp and test_backend_pp.cpp): a loss on logprobs and entropy,
-// one SGD step's outcome (outputs, loss, norm, gradients read back through the HF weights), and
-// the checkpoint round trip between a layout and one rank.
+// What the model-parallel backend tests under `mpirun` share (tensor, pipeline, context and expert
+// parallelism and their mixes: tests/backend/test_backend_{tp,pp,cp,ep,ep_etp,ep_vpp}.cpp): the
+// global batch and a data-parallel rank's share of it, a model with more layers than the fixtures
+// (virtual stages), a loss on logprobs and entropy, one SGD step's outcome (outputs, loss, norm,
+// gradients read back through the HF weights) on one rank and under a layout and their
+// comparison, the MoE metrics' comparison, two AdamW steps', the checkpoint round trip between a
+// layout and one rank, and refusals at create and at load.
 #pragma once
 
 #include <unistd.h>
@@ -9,8 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
+#include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +28,75 @@
 namespace rlh::test {
 
 constexpr double kTemperature = 0.7;
+
+// The layout tests' global batch (the same on every rank): 8 sequences of uneven lengths over a
+// vocabulary of 512.
+constexpr int32_t kLayoutVocab = 512;
+inline const std::vector<int64_t> kLayoutLengths = {9, 14, 3, 11, 17, 6, 2, 12};
+inline std::unique_ptr<Batch> layout_batch() { return random_batch(kLayoutLengths, kLayoutVocab, 31); }
+
+// A data-parallel rank's share of the layout batch: the whole batch, and its `dp_rank`-th of `dp`
+// contiguous runs of sequences, which starts at token `first` of the whole.
+struct Share {
+  int dp = 1, dp_rank = 0;
+  std::unique_ptr<Batch> global, mine;
+  int64_t first = 0;
+  Share(int dp_size, int rank) : dp(dp_size), dp_rank(rank), global(layout_batch()) {
+    mine = shard_of(*global, dp_rank, dp, &first);
+  }
+};
+
+// A fixture with its L layers twice: layers 0..L-1, then each again scaled by 0.9 as layers
+// L..2L-1 (so that no two layers are alike), for virtual pipeline stages (the fixtures have at
+// most three layers). Written once per process by rank 0 into a temporary folder named for
+// `tag`, removed at exit; its path, on every rank (every rank calls it alike: it broadcasts).
+inline std::string doubled_layers_model(const std::string& fixture, const std::string& tag) {
+  namespace fs = std::filesystem;
+  static std::map<std::string, std::string> written;
+  static struct Cleanup {
+    std::vector<std::string> dirs;
+    ~Cleanup() {
+      for (const auto& d : dirs) fs::remove_all(d);
+    }
+  } cleanup;
+  const auto it = written.find(fixture + "/" + tag);
+  if (it != written.end()) return it->second;
+  const fs::path d =
+      world().broadcast((fs::temp_directory_path() / ("rlh_" + tag + "_" + std::to_string(::getpid()))).string());
+  if (world().rank() == 0) {
+    fs::remove_all(d);
+    fs::create_directories(d);
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(model_path(fixture) + "/config.json"));
+    const int64_t L = cfg["num_hidden_layers"].get<int64_t>();
+    const auto src = sdk::st::Checkpoint::open(model_path(fixture));
+    std::vector<std::vector<float>> keep;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> named;
+    for (const std::string& n : src.names()) {
+      const std::vector<int64_t> shape = src.at(n).info->shape;
+      keep.push_back(src.read_f32(n));
+      named.emplace_back(n, shape);
+      const std::string pre = "model.layers.";
+      if (n.rfind(pre, 0) == 0) {
+        const size_t dot = n.find('.', pre.size());
+        const int64_t layer = std::stoll(n.substr(pre.size(), dot - pre.size()));
+        std::vector<float> again = keep.back();
+        for (float& x : again) x *= 0.9f;
+        keep.push_back(std::move(again));
+        named.emplace_back(pre + std::to_string(layer + L) + n.substr(dot), shape);
+      }
+    }
+    std::vector<sdk::st::WriteTensor> tensors;
+    for (size_t i = 0; i < keep.size(); ++i)
+      tensors.push_back({named[i].first, sdk::st::DType::F32, named[i].second,
+                         std::as_bytes(std::span<const float>(keep[i].data(), keep[i].size()))});
+    sdk::st::write_checkpoint(d.string(), tensors);
+    cfg["num_hidden_layers"] = 2 * L;
+    std::ofstream(d / "config.json") << cfg.dump(2);
+    cleanup.dirs.push_back(d.string());
+  }
+  world().barrier();
+  return written[fixture + "/" + tag] = d.string();
+}
 
 // The processed logprob (no filter: the raw one) and the entropy at temperature 0.7: NLL minus
 // 0.1 x mean entropy, so both the logprob and the entropy head's gradients are exercised.
@@ -54,22 +130,43 @@ struct Outcome {
   nlohmann::json metrics;
 };
 
-inline Outcome run_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
+// The outputs `forward_specs` (the first the logprobs, a second the entropy) of a forward, then
+// one train step with `loss`; the gradients as the weights' change (SGD at lr 1: w - w' = g).
+inline Outcome step_outcome(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq,
+                            const std::vector<rlh_output_spec>& forward_specs, const Backend::LossBody& loss,
+                            const Backend::TrainOptions& options) {
   Outcome o;
   std::vector<std::vector<float>> out;
-  sdk::check(be.try_forward(m, batch,
-                            {spec(RLH_OUTPUT_LOGPROB_RAW, "lp", kTemperature), spec(RLH_OUTPUT_ENTROPY, "ent", kTemperature)},
-                            out),
-             "forward");
+  sdk::check(be.try_forward(m, batch, forward_specs, out), "forward");
   o.logprobs = out[0];
-  o.entropy = out[1];
+  if (out.size() > 1) o.entropy = out[1];
   const Weights before = be.weights(m);
-  const auto r = be.train(m, batch, g_tok, g_seq, lp_ent_loss(), lp_ent_options());
+  const auto r = be.train(m, batch, g_tok, g_seq, loss, options);
   o.loss = r.r.loss;
   o.grad_norm = r.r.grad_norm;
   o.metrics = r.metrics;
   o.grads = minus(before, be.weights(m));
   return o;
+}
+// The step on logprobs and entropy at temperature 0.7 (lp_ent_loss).
+inline Outcome run_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
+  return step_outcome(be, m, batch, g_tok, g_seq,
+                      {spec(RLH_OUTPUT_LOGPROB_RAW, "lp", kTemperature), spec(RLH_OUTPUT_ENTROPY, "ent", kTemperature)},
+                      lp_ent_loss(), lp_ent_options());
+}
+// The step on the NLL alone (raw logprobs at temperature 1; no entropy read).
+inline Outcome run_nll_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
+  return step_outcome(be, m, batch, g_tok, g_seq, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, nll_loss(), {});
+}
+using SgdStep = std::function<Outcome(Backend&, rlh_model*, Batch&, int64_t, int64_t)>;
+
+// The MoE losses the layout tests train a softmax router with, on a megatron_cfg: the
+// load-balancing loss (per micro-batch; per sequence with packing, where a rank's micro-batches
+// are not the reference's) at 0.01 and the z-loss at 0.001.
+inline void set_moe_aux_losses(nlohmann::json& mc, bool packing) {
+  mc["moe_router_load_balancing_type"] = packing ? "seq_aux_loss" : "aux_loss";
+  mc["moe_aux_loss_coeff"] = 0.01;
+  mc["moe_z_loss_coeff"] = 0.001;
 }
 
 // The optimizer both tests train with, on a config: SGD at lr 1 without momentum, decay or
@@ -85,38 +182,90 @@ inline nlohmann::json with_adam(nlohmann::json cfg, double lr, bool distributed_
   return cfg;
 }
 
-// One SGD step on one rank (config `one`, the whole batch `g`) and under the layout (`cfg`, this
-// rank's share `mine` of g, starting at token `first`): logprobs and entropy within 2e-5, loss
-// and gradient norm to 1e-5 / 1e-4 relative, every gradient within 1e-4 of the largest.
+// One SGD step (`step`) on one rank (config `one`, the whole batch `g`) and under the layout
+// (`cfg`, this rank's batch `mine`, of g's counts): the two outcomes.
 struct SgdComparison {
   Outcome ref, got;
   double lp_err = 0, ent_err = 0, grad_err = 0;
 };
-inline SgdComparison compare_sgd_step(const std::string& model, const nlohmann::json& one, const nlohmann::json& cfg,
-                                      Batch& g, Batch& mine, int64_t first, const std::string& label) {
+inline SgdComparison sgd_step_both(const std::string& model, const nlohmann::json& one, const nlohmann::json& cfg,
+                                   Batch& g, Batch& mine, const SgdStep& step = run_sgd_step) {
   SgdComparison c;
   {
     Alone alone;
     Backend be(host(), "megatron", one);
     rlh_model* m = be.load(model_path(model), true);
-    c.ref = run_sgd_step(be, m, g, g.num_tokens(), g.num_seqs());
+    c.ref = step(be, m, g, g.num_tokens(), g.num_seqs());
   }
   Backend be(host(), "megatron", cfg);
   rlh_model* m = be.load(model_path(model), true);
-  c.got = run_sgd_step(be, m, mine, g.num_tokens(), g.num_seqs());
-  EXPECT_EQ(int64_t(c.got.logprobs.size()), mine.num_tokens()) << label;
-  for (size_t t = 0; t < c.got.logprobs.size() && t < size_t(mine.num_tokens()); ++t) {
-    c.lp_err = std::max(c.lp_err, std::fabs(double(c.got.logprobs[t]) - double(c.ref.logprobs[size_t(first) + t])));
-    c.ent_err = std::max(c.ent_err, std::fabs(double(c.got.entropy[t]) - double(c.ref.entropy[size_t(first) + t])));
-  }
-  EXPECT_LE(c.lp_err, 2e-5) << label;
-  EXPECT_LE(c.ent_err, 2e-5) << label;
-  EXPECT_NEAR(c.got.loss, c.ref.loss, 1e-5 * std::fabs(c.ref.loss)) << label;
-  EXPECT_NEAR(c.got.grad_norm, c.ref.grad_norm, 1e-4 * c.ref.grad_norm) << label;
-  EXPECT_EQ(c.got.grads.size(), c.ref.grads.size()) << label << ": the same HF tensors";
-  if (c.got.grads.size() == c.ref.grads.size()) c.grad_err = max_rel_diff(c.got.grads, c.ref.grads);
-  EXPECT_LE(c.grad_err, 1e-4) << label;
+  c.got = step(be, m, mine, g.num_tokens(), g.num_seqs());
   return c;
+}
+
+// A step's loss within 1e-5 and its gradient norm within 1e-4 of the reference's (relative), the
+// same HF tensors and every gradient within 1e-4 of the largest; that gradient error.
+inline double expect_step_matches(const Outcome& got, const Outcome& ref, const std::string& label) {
+  EXPECT_NEAR(got.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << label;
+  EXPECT_NEAR(got.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << label;
+  EXPECT_EQ(got.grads.size(), ref.grads.size()) << label << ": the same HF tensors";
+  const double err = got.grads.size() == ref.grads.size() ? max_rel_diff(got.grads, ref.grads) : 0;
+  EXPECT_LE(err, 1e-4) << label;
+  return err;
+}
+
+// sgd_step_both, with this rank's batch starting at token `first` of g: logprobs (and the
+// entropy, where the step reads it) within 2e-5 of the reference's tokens, and
+// expect_step_matches.
+inline SgdComparison compare_sgd_step(const std::string& model, const nlohmann::json& one, const nlohmann::json& cfg,
+                                      Batch& g, Batch& mine, int64_t first, const std::string& label,
+                                      const SgdStep& step = run_sgd_step) {
+  SgdComparison c = sgd_step_both(model, one, cfg, g, mine, step);
+  EXPECT_EQ(int64_t(c.got.logprobs.size()), mine.num_tokens()) << label;
+  c.lp_err = max_abs_diff_at(c.got.logprobs, c.ref.logprobs, size_t(first));
+  EXPECT_LE(c.lp_err, 2e-5) << label;
+  if (!c.ref.entropy.empty()) {
+    EXPECT_EQ(c.got.entropy.size(), c.got.logprobs.size()) << label;
+    c.ent_err = max_abs_diff_at(c.got.entropy, c.ref.entropy, size_t(first));
+    EXPECT_LE(c.ent_err, 2e-5) << label;
+  }
+  c.grad_err = expect_step_matches(c.got, c.ref, label);
+  return c;
+}
+
+// A comparison's line for the log: loss, gradient norm, gradients, logprobs (and entropy).
+inline std::string sgd_summary(const SgdComparison& c) {
+  std::ostringstream s;
+  s << "loss " << c.got.loss << " vs " << c.ref.loss << ", grad norm " << c.got.grad_norm << " vs " << c.ref.grad_norm
+    << ", gradients within " << c.grad_err << " (relative to the largest), logprobs within " << c.lp_err;
+  if (!c.ref.entropy.empty()) s << ", entropy within " << c.ent_err;
+  return s.str();
+}
+
+// The MoE step metrics `keys` of a layout's step against one rank's: present in both, the
+// reference's positive, within `rel` relative (plus `abs`). `positive_only`: metrics that need
+// only be positive in both (a per-micro-batch maximum where the layout's micro-batches are not
+// the reference's). A line of the values compared, for the log.
+inline std::string expect_moe_metrics(const nlohmann::json& got, const nlohmann::json& ref,
+                                      const std::vector<std::string>& keys, double rel, const std::string& label,
+                                      const std::vector<std::string>& positive_only = {}, double abs = 0) {
+  std::string line;
+  for (const std::string& k : keys) {
+    const bool only_positive = std::find(positive_only.begin(), positive_only.end(), k) != positive_only.end();
+    if (!got.contains(k) || !ref.contains(k)) {
+      ADD_FAILURE() << label << ": " << k << " missing";
+      continue;
+    }
+    const double a = got[k].get<double>(), b = ref[k].get<double>();
+    EXPECT_GT(b, 0) << label << ": " << k;
+    if (only_positive) {
+      EXPECT_GT(a, 0) << label << ": " << k;
+      continue;
+    }
+    EXPECT_NEAR(a, b, rel * std::fabs(b) + abs) << label << ": " << k;
+    line += ", " + k + " " + std::to_string(a) + " vs " + std::to_string(b);
+  }
+  return line;
 }
 
 // Two AdamW steps (lr 2e-3) on one rank and under the layout, as compare_sgd_step: losses within
@@ -154,6 +303,12 @@ inline AdamComparison compare_adamw_steps(const std::string& model, const nlohma
     for (size_t i = 0; i < v.size(); ++i) c.worst = std::max(c.worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
   EXPECT_LE(c.worst, 2 * 2 * 2e-3) << label;
   return c;
+}
+inline std::string adam_summary(const AdamComparison& c) {
+  std::ostringstream s;
+  s << "2 AdamW steps, weights within " << c.worst << "; training state per rank " << c.state / 1024 << " KiB, one rank "
+    << c.ref_state / 1024 << " KiB (ratio " << c.state / c.ref_state << ")";
+  return s.str();
 }
 
 // Forward only on the whole batch `g` with log p at K = 3 given ids per token (some -1; added to
@@ -253,6 +408,21 @@ inline void checkpoint_round_trip(const std::string& model, const nlohmann::json
   }
   world().barrier();
   if (R == 0) fs::remove_all(root);
+}
+
+// A backend created with `cfg` fails with `code` and one line containing `part`; likewise
+// loading `model` (a fixture's name or a folder) on a megatron backend created with `cfg`.
+inline void expect_create_error(const nlohmann::json& cfg, rlh_code code, const std::string& part,
+                                const char* backend = "megatron") {
+  rlh_backend* b = nullptr;
+  const std::string text = cfg.dump();
+  expect_error(host().backend(backend)->create(host().services(), text.data(), text.size(), &b), code, part);
+}
+inline void expect_load_error(const nlohmann::json& cfg, const std::string& model, rlh_code code,
+                              const std::string& part) {
+  Backend be(host(), "megatron", cfg);
+  rlh_model* m = nullptr;
+  expect_error(be.try_load(model_path(model), true, &m), code, part);
 }
 
 }  // namespace rlh::test

@@ -86,17 +86,24 @@ inline std::unique_ptr<Batch> dp_global_batch(size_t num_seqs = kDpLengths.size(
   return random_batch(std::vector<int64_t>(kDpLengths.begin(), kDpLengths.begin() + int64_t(num_seqs)), 512, 23);
 }
 
-// Sequences [S rank / size, S (rank + 1) / size) of g, as a batch of their own; `first_token`:
-// where they start in g.
-inline std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {
-  const int64_t S = g.num_seqs();
-  const int64_t s0 = S * rank / size, s1 = S * (rank + 1) / size;
+// Sequences [s0, s1) of g, as a batch of their own; `first_token`: where they start in g.
+inline std::unique_ptr<Batch> sequences(const Batch& g, int64_t s0, int64_t s1, int64_t* first_token = nullptr) {
   const auto& off = g.offsets();
   std::vector<int32_t> ids(g.ids().begin() + off[size_t(s0)], g.ids().begin() + off[size_t(s1)]);
   std::vector<int64_t> o;
   for (int64_t s = s0; s <= s1; ++s) o.push_back(off[size_t(s)] - off[size_t(s0)]);
   if (first_token != nullptr) *first_token = off[size_t(s0)];
   return std::make_unique<Batch>(std::move(ids), std::move(o));
+}
+
+// Every sequence of g where `all`, else none (an empty batch): a rank with the whole batch and
+// idle ones.
+inline std::unique_ptr<Batch> all_or_none(const Batch& g, bool all) { return sequences(g, 0, all ? g.num_seqs() : 0); }
+
+// Sequences [S rank / size, S (rank + 1) / size) of g (S of them), as sequences() gives them.
+inline std::unique_ptr<Batch> shard_of(const Batch& g, int rank, int size, int64_t* first_token = nullptr) {
+  const int64_t S = g.num_seqs();
+  return sequences(g, S * rank / size, S * (rank + 1) / size, first_token);
 }
 
 // The test program's host (made in run_mpi_tests, destroyed before it returns: MPI finishes at
@@ -158,6 +165,18 @@ inline double max_rel_diff(const Weights& a, const Weights& b) {
     }
   }
   return num / std::max(den, 1e-30);
+}
+// max |a[i] - b[first + i]| over a: a rank's outputs against the reference's from its first
+// token (b must reach that far); max_abs_diff: two outputs of the same tokens (the same length).
+inline double max_abs_diff_at(const std::vector<float>& a, const std::vector<float>& b, size_t first) {
+  EXPECT_LE(first + a.size(), b.size()) << "the reference's outputs end before the rank's";
+  double d = 0;
+  for (size_t i = 0; i < a.size() && first + i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - double(b[first + i])));
+  return d;
+}
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  return max_abs_diff_at(a, b, 0);
 }
 inline Weights minus(const Weights& a, const Weights& b) {
   Weights d;

@@ -48,10 +48,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr int32_t kVocab = 512;
-const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
-std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
-
 struct Case {
   std::string model;
   int64_t tp, cp;
@@ -98,9 +94,7 @@ json base_config(const Case& c, bool one_rank) {
   if (!one_rank && c.pp > 1) mc["pipeline_model_parallel_size"] = c.pp;
   if (!one_rank && c.pp == 2 && fixture_layers(c) == 3) mc["num_layers_in_first_pipeline_stage"] = 2;  // 2 + 1
   if (has_aux_losses(c)) {
-    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    mc["moe_aux_loss_coeff"] = 0.01;
-    mc["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(mc, c.packing);
   } else if (c.model == "deepseek-v3-tiny") {
     mc["moe_router_dtype"] = "fp64";
   }
@@ -173,7 +167,7 @@ int64_t analytic_cp_bytes(const Case& c, const Batch& mine, int64_t microbatches
 int64_t analytic_pp_bytes(const Case& c, const Batch& mine) {
   const int64_t C = 64;
   const bool tied = c.model == "qwen3-tiny";
-  return rows_of(c, mine) / (c.sp ? c.tp : 1) * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
+  return rows_of(c, mine) / (c.sp ? c.tp : 1) * C * 4 + (tied ? kLayoutVocab / c.tp * C * 4 : 0) + 8;
 }
 
 // How many micro-batches a rank cuts its share into: one rank's plan of the same share and
@@ -237,20 +231,10 @@ int64_t analytic_tp_bytes(const Case& c, const Batch& mine, int64_t microbatches
 
 // This rank's place: world rank = tp rank + tp (cp rank + cp dp rank) (Megatron's order); every
 // rank of a data-parallel rank's tp x cp block takes that rank's share of the global batch.
-struct Place {
-  int dp = 1, dp_rank = 0;
-  std::unique_ptr<Batch> global, mine;
-  int64_t tokens = 0, seqs = 0, first = 0;
-  explicit Place(const Case& c) {
-    const int block = int(c.tp * c.cp);
-    dp = world().size() / block / int(c.pp);
-    dp_rank = world().rank() / block % dp;
-    global = global_batch();
-    tokens = global->num_tokens();
-    seqs = global->num_seqs();
-    mine = shard_of(*global, dp_rank, dp, &first);
-  }
-};
+Share share_of(const Case& c) {
+  const int block = int(c.tp * c.cp), dp = world().size() / block / int(c.pp);
+  return Share(dp, world().rank() / block % dp);
+}
 
 // Megatron's expert layout: etp x ep x edp x pp (etp: the case's with expert parallelism, else tp).
 bool runs_here(const Case& c) {
@@ -263,17 +247,10 @@ class ContextParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(ContextParallel, MatchesOneRank) {
   const Case c = GetParam();
   if (!runs_here(c)) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
-  Place p(c);
-  Outcome ref;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", sgd_config(c, true));
-    rlh_model* m = be.load(fixture(c.model), true);
-    ref = run_sgd_step(be, m, *p.global, p.tokens, p.seqs);
-  }
-  Backend be(host(), "megatron", sgd_config(c, false));
-  rlh_model* m = be.load(fixture(c.model), true);
-  const Outcome cp = run_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
+  const Share p = share_of(c);
+  const SgdComparison r =
+      compare_sgd_step(fixture(c.model), sgd_config(c, true), sgd_config(c, false), *p.global, *p.mine, p.first, c.label());
+  const Outcome& cp = r.got;
   if (c.cp > 1) {
     EXPECT_EQ(cp.metrics["cp_size"].get<int>(), c.cp);
   }
@@ -282,19 +259,6 @@ TEST_P(ContextParallel, MatchesOneRank) {
   if (c.ep > 1) {
     EXPECT_GT(cp.metrics.value("ep/comm_bytes", int64_t(0)), 0) << c.label();
   }
-  ASSERT_EQ(int64_t(cp.logprobs.size()), p.mine->num_tokens());
-  double lp_err = 0, ent_err = 0;
-  for (size_t t = 0; t < cp.logprobs.size(); ++t) {
-    lp_err = std::max(lp_err, std::fabs(double(cp.logprobs[t]) - double(ref.logprobs[size_t(p.first) + t])));
-    ent_err = std::max(ent_err, std::fabs(double(cp.entropy[t]) - double(ref.entropy[size_t(p.first) + t])));
-  }
-  EXPECT_LE(lp_err, 2e-5) << c.label();
-  EXPECT_LE(ent_err, 2e-5) << c.label();
-  EXPECT_NEAR(cp.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
-  EXPECT_NEAR(cp.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
-  ASSERT_EQ(cp.grads.size(), ref.grads.size()) << c.label();
-  const double gerr = max_rel_diff(cp.grads, ref.grads);
-  EXPECT_LE(gerr, 1e-4) << c.label();
   const int64_t bytes = cp.metrics.value("cp/comm_bytes", int64_t(0));
   const int64_t microbatches = is_moe(c) ? microbatches_of(c, *p.mine) : 0;
   const int64_t analytic = analytic_cp_bytes(c, *p.mine, microbatches);
@@ -311,18 +275,10 @@ TEST_P(ContextParallel, MatchesOneRank) {
     std::vector<std::string> keys;
     if (has_aux_losses(c)) keys = {"moe/aux_loss", "moe/z_loss"};
     if (!c.packing) keys.push_back("moe/max_expert_load");  // a per-micro-batch maximum: packing cuts them otherwise
-    for (const std::string& k : keys) {
-      ASSERT_TRUE(cp.metrics.contains(k) && ref.metrics.contains(k)) << k;
-      const double a = cp.metrics[k].get<double>(), b = ref.metrics[k].get<double>();
-      EXPECT_GT(b, 0) << k;
-      EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << c.label() << " " << k;
-    }
+    expect_moe_metrics(cp.metrics, r.ref.metrics, keys, 1e-5, c.label());
   }
   if (world().rank() == 0)
-    std::cout << "[np " << world().size() << "] " << c.label() << ": loss " << cp.loss << " vs " << ref.loss
-              << ", grad norm " << cp.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
-              << " (relative to the largest), logprobs within " << lp_err << ", entropy within " << ent_err
-              << ", cp bytes/step " << bytes << " (analytic " << analytic << "), tp bytes/step " << tp_bytes
+    std::cout << "[np " << world().size() << "] " << c.label() << ": " << sgd_summary(r) << ", cp bytes/step " << bytes << " (analytic " << analytic << "), tp bytes/step " << tp_bytes
               << " (analytic " << tp_analytic << ")"
               << (c.pp > 1 ? ", pp bytes/step " + std::to_string(cp.metrics["pp/comm_bytes"].get<int64_t>()) : "")
               << "\n";
@@ -331,31 +287,12 @@ TEST_P(ContextParallel, MatchesOneRank) {
 TEST_P(ContextParallel, AdamWStepsFollowOneRank) {
   const Case c = GetParam();
   if (!runs_here(c)) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
-  Place p(c);
-  std::vector<double> ref_loss;
-  Weights ref_w;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", adam_config(c, true, 2e-3));
-    rlh_model* m = be.load(fixture(c.model), true);
-    for (int s = 0; s < 2; ++s) ref_loss.push_back(be.train(m, *p.global, p.tokens, p.seqs, nll_loss(), {}).r.loss);
-    ref_w = be.weights(m);
-  }
-  Backend be(host(), "megatron", adam_config(c, false, 2e-3));
-  rlh_model* m = be.load(fixture(c.model), true);
-  for (int s = 0; s < 2; ++s) {
-    const auto r = be.train(m, *p.mine, p.tokens, p.seqs, nll_loss(), {});
-    EXPECT_NEAR(r.r.loss, ref_loss[size_t(s)], 2e-5 * std::fabs(ref_loss[size_t(s)])) << c.label() << " step " << s;
-  }
+  const Share p = share_of(c);
   // AdamW divides by sqrt(v): where a gradient is ~0 its rounding decides the step's sign, so
   // weights agree to a few lr, not to fp32 (as for data and tensor parallelism).
-  const Weights w = be.weights(m);
-  double worst = 0;
-  for (const auto& [k, v] : ref_w)
-    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-  EXPECT_LE(worst, 2 * 2 * 2e-3) << c.label();
-  if (world().rank() == 0)
-    std::cout << "[np " << world().size() << "] " << c.label() << ": 2 AdamW steps, weights within " << worst << "\n";
+  const AdamComparison r = compare_adamw_steps(fixture(c.model), adam_config(c, true, 2e-3), adam_config(c, false, 2e-3),
+                                               *p.global, *p.mine, c.label());
+  if (world().rank() == 0) std::cout << "[np " << world().size() << "] " << c.label() << ": " << adam_summary(r) << "\n";
 }
 
 std::vector<Case> cases() {
@@ -438,6 +375,18 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Cp, ContextParallel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return test_name(info.param.label()); });
 
+// One SGD step with every sequence on the `busy` ranks and none on the others: it equals the
+// reference (loss, norm, gradients, the load-balancing loss), and the idle ranks exchange rows
+// with the busy ones (`idle` says why).
+void expect_step_with_idle_ranks(const Case& c, bool busy, const std::string& idle) {
+  auto g = layout_batch();
+  auto mine = all_or_none(*g, busy);
+  const SgdComparison r = sgd_step_both(fixture(c.model), sgd_config(c, true), sgd_config(c, false), *g, *mine);
+  expect_step_matches(r.got, r.ref, c.label());
+  expect_moe_metrics(r.got.metrics, r.ref.metrics, {"moe/aux_loss"}, 1e-5, c.label());
+  if (!busy) EXPECT_GT(r.got.metrics["ep/comm_bytes"].get<int64_t>(), 0) << c.label() << ": " << idle;
+}
+
 // CP 2 x DP 2 x EP 4 (np 4): one cp group takes every sequence, the other none; the idle
 // group's ranks still run their experts for the busy ranks' rows (forward and backward, with and
 // without recompute), and the step equals the reference.
@@ -448,26 +397,7 @@ TEST(ContextParallelExperts, EmptyShardOfAnEpGroup) {
     Case c{"qwen3-moe-tiny", 1, 2, false, false};
     c.ep = 4;
     c.recompute = recompute;
-    auto g = global_batch();
-    Outcome ref;
-    {
-      Alone alone;
-      Backend be(host(), "megatron", sgd_config(c, true));
-      rlh_model* m = be.load(fixture(c.model), true);
-      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
-    }
-    auto mine = R < 2 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);  // ranks 0, 1: one cp group
-    ASSERT_EQ(mine->num_seqs(), R < 2 ? g->num_seqs() : 0);
-    Backend be(host(), "megatron", sgd_config(c, false));
-    rlh_model* m = be.load(fixture(c.model), true);
-    const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
-    EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
-    EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
-    EXPECT_LE(max_rel_diff(o.grads, ref.grads), 1e-4) << c.label();
-    EXPECT_NEAR(o.metrics["moe/aux_loss"].get<double>(), ref.metrics["moe/aux_loss"].get<double>(),
-                1e-5 * ref.metrics["moe/aux_loss"].get<double>())
-        << c.label();
-    if (R >= 2) EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle rank exchanges for its peers";
+    expect_step_with_idle_ranks(c, R < 2, "an idle rank exchanges for its peers");  // ranks 0, 1: one cp group
   }
 }
 
@@ -482,29 +412,7 @@ TEST(PipelineExperts, EmptyShardOfAReplica) {
     c.ep = 2;
     c.pp = 2;
     c.recompute = recompute;
-    auto g = global_batch();
-    Outcome ref;
-    {
-      Alone alone;
-      Backend be(host(), "megatron", sgd_config(c, true));
-      rlh_model* m = be.load(model_path(c.model), true);
-      ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
-    }
-    const bool busy = R % 2 == 0;
-    auto mine = busy ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
-    ASSERT_EQ(mine->num_seqs(), busy ? g->num_seqs() : 0);
-    Backend be(host(), "megatron", sgd_config(c, false));
-    rlh_model* m = be.load(model_path(c.model), true);
-    const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
-    EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
-    EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
-    EXPECT_LE(max_rel_diff(o.grads, ref.grads), 1e-4) << c.label();
-    EXPECT_NEAR(o.metrics["moe/aux_loss"].get<double>(), ref.metrics["moe/aux_loss"].get<double>(),
-                1e-5 * ref.metrics["moe/aux_loss"].get<double>())
-        << c.label();
-    if (!busy) {
-      EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << "an idle replica exchanges for its peers";
-    }
+    expect_step_with_idle_ranks(c, R % 2 == 0, "an idle replica exchanges for its peers");
   }
 }
 
@@ -520,9 +428,9 @@ TEST(ExpertParallelMixedCheckpoints, LoadOnOneRankAndBack) {
   int ran = 0;
   for (const Case& c : {tpep, ppep}) {
     if (!runs_here(c)) continue;
-    const Place p(c);
+    const Share p = share_of(c);
     checkpoint_round_trip(c.model, adam_config(c, false, 5e-3), adam_config(c, true, 5e-3), p.dp, p.dp_rank,
-                          c.tp > 1 ? "tpep" : "ppep", global_batch());
+                          c.tp > 1 ? "tpep" : "ppep", layout_batch());
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "no mixed EP layout on " << world().size() << " ranks";
@@ -531,33 +439,24 @@ TEST(ExpertParallelMixedCheckpoints, LoadOnOneRankAndBack) {
 TEST(ContextParallelErrors, RefusedByName) {
   const int N = world().size();
   const json cp2 = {{"megatron_cfg", {{"context_parallel_size", 2}}}};
-  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = nullptr;
-    expect_error(be.try_load(model_path(model), true, &m), code, part);
-  };
-  load_error({{"megatron_cfg", {{"context_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
-             "context_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
+  expect_load_error({{"megatron_cfg", {{"context_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+                    "context_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {
     json cfg = cp2;
     cfg["device"] = "cuda";
-    load_error(cfg, "llama-tiny", RLH_E_UNIMPLEMENTED,
-               "policy.device = cuda: context parallelism (context_parallel_size = 2) runs on the CPU engine only");
+    expect_load_error(cfg, "llama-tiny", RLH_E_UNIMPLEMENTED,
+                      "policy.device = cuda: context parallelism (context_parallel_size = 2) runs on the CPU engine only");
   }
   {
     Alone alone;
-    load_error(cp2, "llama-tiny", RLH_E_INVALID_ARGUMENT,
-               "context_parallel_size = 2 needs a multiple of 2 launched ranks");
+    expect_load_error(cp2, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+                      "context_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
-  {
-    rlh_backend* b = nullptr;
-    const std::string cfg = json({{"dtensor_cfg", {{"context_parallel_size", 2}}}}).dump();
-    expect_error(host().backend("dtensor")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_UNIMPLEMENTED,
-                 "policy.dtensor_cfg.context_parallel_size = 2: only data parallelism");
-  }
+  expect_create_error({{"dtensor_cfg", {{"context_parallel_size", 2}}}}, RLH_E_UNIMPLEMENTED,
+                      "policy.dtensor_cfg.context_parallel_size = 2: only data parallelism", "dtensor");
   Backend be(host(), "megatron", cp2);
   rlh_model* m = be.load(model_path("llama-tiny"), false);
-  auto g = global_batch();
+  auto g = layout_batch();
   std::vector<std::vector<float>> out;
   {  // the ranks of a cp group given different batches (a loop sharding over every rank)
     auto mine = shard_of(*g, world().rank(), N);
@@ -584,73 +483,43 @@ TEST(ContextParallelEngine, RoutingRecordAndReplay) {
   for (const int64_t cp : {int64_t(2), int64_t(4)}) {
     if (N % cp != 0) continue;
     const EngineModel& md = engine_model("qwen3-moe-tiny");
-    auto g = global_batch();
-    std::vector<int32_t> gcu;
-    const engine::MicroBatch gmb = engine_view(*g, gcu);
-    engine::EngineOptions ro;
-    ro.ops = &host_ops();
-    engine::Engine ref(md.desc, ro);
-    ref.load_parameters(md.weights);
-    engine::OutputRequest req;
-    req.routed_experts = true;
-    const engine::Outputs full = ref.forward(gmb, req);
+    auto g = layout_batch();
+    const EngineReference ref(md, *g);
+    const engine::MicroBatch& gmb = ref.mb;
+    const engine::OutputRequest& req = ref.req;
+    const engine::Outputs& full = ref.full;
     const int64_t W = full.routing_width, T = g->num_tokens(), E = 8;
 
     sdk::ParallelSizes sizes;
     sizes.cp = cp;
-    const sdk::ParallelComms pc =
-        sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes, {sdk::GroupKind::cp});
+    const sdk::ParallelComms pc = world_groups(sizes, {sdk::GroupKind::cp});
     backend::CommCpGroup comm(pc.of(sdk::GroupKind::cp));
     engine::EngineOptions o;
     o.ops = &host_ops();
     o.cp_comm = &comm;
     engine::Engine e(md.desc, o);
     e.load_parameters(md.weights);
-    auto lp_err = [&](const engine::Outputs& a, const engine::Outputs& b) {
-      double err = 0;
-      EXPECT_EQ(a.logprob.size(), b.logprob.size());
-      for (size_t t = 0; t < a.logprob.size() && t < b.logprob.size(); ++t)
-        err = std::max(err, std::fabs(double(a.logprob[t]) - double(b.logprob[t])));
-      return err;
-    };
     const engine::Outputs got = e.forward(gmb, req);
     EXPECT_EQ(got.routing_width, W);
     EXPECT_EQ(got.routed_experts, full.routed_experts) << "cp " << cp << ": the routing record is the reference's";
-    const double err = lp_err(got, full);
+    const double err = max_abs_diff(got.logprob, full.logprob);
     EXPECT_LE(err, 2e-5) << "cp " << cp;
 
     // Another routing (each choice moved to the next expert) replayed: the reference's outputs
     // under it, and the record of a train step is that routing.
-    RoutingField other;
-    other.data = full.routed_experts;
-    for (int32_t& x : other.data) x = int32_t((x + 1) % E);
-    engine::MicroBatch omb = gmb;
-    omb.fields.push_back(other.field(T, W));
-    engine::OutputRequest rreq = req;
-    rreq.replay_routing_field = "routed";
-    const engine::Outputs ref_other = ref.forward(omb, rreq);
-    const engine::Outputs got_other = e.forward(omb, rreq);
-    const double other_err = lp_err(got_other, ref_other);
+    const OtherRouting other(*ref.engine, e, gmb, full.routed_experts, T, W, 1, E, req);
+    const double other_err = max_abs_diff(other.got.logprob, other.ref.logprob);
     EXPECT_LE(other_err, 2e-5) << "cp " << cp << ": replaying another routing";
-    EXPECT_GT(lp_err(ref_other, full), 1e-4) << "the other routing changes the outputs";
-    EXPECT_EQ(got_other.routed_experts, other.data) << "cp " << cp;
+    EXPECT_GT(max_abs_diff(other.ref.logprob, full.logprob), 1e-4) << "the other routing changes the outputs";
+    EXPECT_EQ(other.got.routed_experts, other.field.data) << "cp " << cp;
     engine::StepOptions so;
     so.global_tokens = T;
     so.global_sequences = g->num_seqs();
-    so.outputs = rreq;
+    so.outputs = other.req;
     so.apply_optimizer = false;
-    const engine::LossFn loss = [&](const engine::LossContext& ctx, const engine::OutputViews& ov,
-                                    engine::OutputGrads& og) {
-      engine::LossResult lr;
-      for (size_t t = 0; t < ov.logprob.size(); ++t) {
-        lr.loss -= ov.logprob[t] / double(ctx.global_tokens);
-        og.logprob[t] = float(-1.0 / double(ctx.global_tokens));
-      }
-      return lr;
-    };
-    const engine::StepResult r = e.train_step(std::span<const engine::MicroBatch>(&omb, 1), so, loss);
+    const engine::StepResult r = e.train_step(std::span<const engine::MicroBatch>(&other.mb, 1), so, every_row_nll);
     ASSERT_EQ(r.routed_experts.size(), size_t(1));
-    EXPECT_EQ(r.routed_experts[0], other.data) << "cp " << cp << ": a train step's record";
+    EXPECT_EQ(r.routed_experts[0], other.field.data) << "cp " << cp << ": a train step's record";
     if (world().rank() == 0)
       std::cout << "[np " << N << "] engine cp " << cp << ": routing record equal, logprobs within " << err
                 << ", replay of another routing within " << other_err << "\n";

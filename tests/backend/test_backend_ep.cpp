@@ -52,10 +52,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr int32_t kVocab = 512;
-const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
-std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
-
 // The (token, choice) rows of rank R's ep group (adjacent ranks of N, each with its shard of the
 // global batch g) that cross ranks, from the routing `routed` [tokens, W] of g: those R sends to
 // other ranks' experts, and those the others send to R's experts (El experts per rank).
@@ -95,9 +91,7 @@ struct Case {
 json base_config(const Case& c, int64_t ep) {
   json mc = {{"expert_model_parallel_size", ep}};
   if (c.softmax()) {
-    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    mc["moe_aux_loss_coeff"] = 0.01;
-    mc["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(mc, c.packing);
   } else {
     mc["moe_router_dtype"] = "fp64";
   }
@@ -115,129 +109,47 @@ json base_config(const Case& c, int64_t ep) {
 // and once in the backward (and once more in the recomputed forward).
 int64_t analytic_ep_bytes(const Case& c, int N, int R) {
   const EngineModel& md = engine_model(c.model);
-  auto g = global_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
+  auto g = layout_batch();
   engine::EngineOptions ro;
-  ro.ops = &host_ops();
   ro.moe.router_fp64 = !c.softmax();
-  engine::Engine ref(md.desc, ro);
-  ref.load_parameters(md.weights);
-  engine::OutputRequest req;
-  req.routed_experts = true;
-  const engine::Outputs full = ref.forward(mb, req);
+  const EngineReference ref(md, *g, ro);
+  const engine::Outputs& full = ref.full;
   const int64_t W = full.routing_width, C = md.desc.hidden_size, ep = c.ep;
   int64_t L = 0, E = 0;
   for (const auto& l : md.desc.layers)
     if (l.mlp.kind == sdk::MlpKind::moe) ++L, E = l.mlp.moe.num_experts;
   const int64_t El = E / ep;
   const auto [out_rows, in_rows] = crossing_rows(full.routed_experts, W, El, *g, N, R, ep);
-  const int64_t microbatches = (int64_t(kLengths.size()) / N + 1) / 2;  // the busiest rank's (all alike here)
+  const int64_t microbatches = (int64_t(kLayoutLengths.size()) / N + 1) / 2;  // the busiest rank's (all alike here)
   const int64_t passes = c.recompute ? 2 : 1;  // forwards per micro-batch
   return microbatches * passes * L * (ep - 1) * El * 8 + (passes + 1) * (out_rows + in_rows) * C * 4;
 }
-json sgd_config(const Case& c, int64_t ep) {
-  json cfg = base_config(c, ep);
-  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "sgd"}, {"lr", 1.0}, {"sgd_momentum", 0.0}, {"weight_decay", 0.0},
-                                      {"clip_grad", 0.0}, {"use_distributed_optimizer", c.distributed_optimizer}};
-  return cfg;
-}
-json adam_config(const Case& c, int64_t ep, double lr) {
-  json cfg = base_config(c, ep);
-  cfg["megatron_cfg"]["optimizer"] = {{"optimizer", "adam"}, {"lr", lr}, {"weight_decay", 0.01}, {"clip_grad", 1.0},
-                                      {"use_distributed_optimizer", c.distributed_optimizer}};
-  return cfg;
-}
-
-// Loading `model` (a fixture's name) on a megatron backend with `cfg` fails with `code` and one
-// line containing `part`.
-void expect_load_error(const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
-  Backend be(host(), "megatron", cfg);
-  rlh_model* m = nullptr;
-  expect_error(be.try_load(model_path(model), true, &m), code, part);
-}
-
-struct EpOutcome {
-  std::vector<float> logprobs;
-  double loss = 0, grad_norm = 0;
-  Weights grads;
-  json metrics;
-};
-
-EpOutcome ep_sgd_step(Backend& be, rlh_model* m, Batch& batch, int64_t g_tok, int64_t g_seq) {
-  EpOutcome o;
-  std::vector<std::vector<float>> out;
-  sdk::check(be.try_forward(m, batch, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), "forward");
-  o.logprobs = out[0];
-  const Weights before = be.weights(m);
-  const auto r = be.train(m, batch, g_tok, g_seq, nll_loss(), {});
-  o.loss = r.r.loss;
-  o.grad_norm = r.r.grad_norm;
-  o.metrics = r.metrics;
-  o.grads = minus(before, be.weights(m));
-  return o;
-}
-
-// This rank's share: every rank is data-parallel (Megatron carves ep from the dp ranks).
-struct Place {
-  std::unique_ptr<Batch> global, mine;
-  int64_t tokens = 0, seqs = 0, first = 0;
-  Place() {
-    global = global_batch();
-    tokens = global->num_tokens();
-    seqs = global->num_seqs();
-    mine = shard_of(*global, world().rank(), world().size(), &first);
-  }
-};
+json sgd_config(const Case& c, int64_t ep) { return with_sgd(base_config(c, ep), c.distributed_optimizer); }
+json adam_config(const Case& c, int64_t ep, double lr) { return with_adam(base_config(c, ep), lr, c.distributed_optimizer); }
 
 class ExpertParallel : public ::testing::TestWithParam<Case> {};
 
+// Every rank is data-parallel (Megatron carves ep from the dp ranks): each its share of the batch.
 TEST_P(ExpertParallel, MatchesOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (N % c.ep != 0) GTEST_SKIP() << "ep " << c.ep << " on " << N << " ranks";
-  Place p;
-  EpOutcome ref;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", sgd_config(c, 1));
-    rlh_model* m = be.load(model_path(c.model), true);
-    ref = ep_sgd_step(be, m, *p.global, p.tokens, p.seqs);
-  }
-  Backend be(host(), "megatron", sgd_config(c, c.ep));
-  rlh_model* m = be.load(model_path(c.model), true);
-  const EpOutcome ep = ep_sgd_step(be, m, *p.mine, p.tokens, p.seqs);
+  const Share p(N, world().rank());
+  const SgdComparison r = compare_sgd_step(c.model, sgd_config(c, 1), sgd_config(c, c.ep), *p.global, *p.mine, p.first,
+                                           c.label(), run_nll_sgd_step);
+  const Outcome &ep = r.got, &ref = r.ref;
   EXPECT_EQ(ep.metrics["dp_size"].get<int>(), N);
-  ASSERT_EQ(int64_t(ep.logprobs.size()), p.mine->num_tokens());
-  double lp_err = 0;
-  for (size_t t = 0; t < ep.logprobs.size(); ++t)
-    lp_err = std::max(lp_err, std::fabs(double(ep.logprobs[t]) - double(ref.logprobs[size_t(p.first) + t])));
-  EXPECT_LE(lp_err, 2e-5) << c.label();
-  EXPECT_NEAR(ep.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << c.label();
-  EXPECT_NEAR(ep.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << c.label();
-  ASSERT_EQ(ep.grads.size(), ref.grads.size()) << c.label() << ": the same HF tensors";
-  const double gerr = max_rel_diff(ep.grads, ref.grads);
-  EXPECT_LE(gerr, 1e-4) << c.label();
-  // The MoE metrics: summed (max for the load) over the data-parallel ranks.
+  // The MoE metrics: summed (max for the load) over the data-parallel ranks; the load is per
+  // micro-batch, which packing cuts otherwise.
   std::vector<std::string> moe = {"moe/max_expert_load"};
   if (c.softmax()) moe.insert(moe.end(), {"moe/aux_loss", "moe/z_loss"});
-  for (const std::string& k : moe) {
-    ASSERT_TRUE(ep.metrics.contains(k) && ref.metrics.contains(k)) << k;
-    const double a = ep.metrics[k].get<double>(), b = ref.metrics[k].get<double>();
-    if (k == "moe/max_expert_load" && c.packing) {  // per micro-batch: packing cuts them otherwise
-      EXPECT_GT(a, 0) << k;
-      continue;
-    }
-    EXPECT_NEAR(a, b, 1e-5 * std::fabs(b) + 1e-9) << c.label() << " " << k;
-  }
+  expect_moe_metrics(ep.metrics, ref.metrics, moe, 1e-5, c.label(),
+                     c.packing ? std::vector<std::string>{"moe/max_expert_load"} : std::vector<std::string>{}, 1e-9);
   const int64_t bytes = ep.metrics["ep/comm_bytes"].get<int64_t>();
   if (!c.packing) EXPECT_EQ(bytes, analytic_ep_bytes(c, N, world().rank())) << c.label();
   EXPECT_GT(bytes, 0) << c.label();
   if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": loss " << ep.loss << " vs " << ref.loss << ", grad norm "
-              << ep.grad_norm << " vs " << ref.grad_norm << ", gradients within " << gerr
-              << " (relative to the largest), logprobs within " << lp_err << ", ep bytes/step "
-              << ep.metrics["ep/comm_bytes"].get<int64_t>()
+    std::cout << "[np " << N << "] " << c.label() << ": " << sgd_summary(r) << ", ep bytes/step " << bytes
               << (c.softmax() ? ", aux " + std::to_string(ep.metrics["moe/aux_loss"].get<double>()) + " vs " +
                                     std::to_string(ref.metrics["moe/aux_loss"].get<double>())
                               : std::string())
@@ -248,40 +160,13 @@ TEST_P(ExpertParallel, AdamWStepsFollowOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (N % c.ep != 0) GTEST_SKIP() << "ep " << c.ep << " on " << N << " ranks";
-  Place p;
-  std::vector<double> ref_loss;
-  Weights ref_w;
-  double ref_state = 0, state = 0;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", adam_config(c, 1, 2e-3));
-    rlh_model* m = be.load(model_path(c.model), true);
-    for (int s = 0; s < 2; ++s) {
-      const auto r = be.train(m, *p.global, p.tokens, p.seqs, nll_loss(), {});
-      ref_loss.push_back(r.r.loss);
-      ref_state = r.metrics["memory/state_bytes"].get<double>();
-    }
-    ref_w = be.weights(m);
-  }
-  Backend be(host(), "megatron", adam_config(c, c.ep, 2e-3));
-  rlh_model* m = be.load(model_path(c.model), true);
-  for (int s = 0; s < 2; ++s) {
-    const auto r = be.train(m, *p.mine, p.tokens, p.seqs, nll_loss(), {});
-    EXPECT_NEAR(r.r.loss, ref_loss[size_t(s)], 2e-5 * std::fabs(ref_loss[size_t(s)])) << c.label() << " step " << s;
-    state = r.metrics["memory/state_bytes"].get<double>();
-  }
+  const Share p(N, world().rank());
+  const AdamComparison r =
+      compare_adamw_steps(c.model, adam_config(c, 1, 2e-3), adam_config(c, c.ep, 2e-3), *p.global, *p.mine, c.label());
   // Each rank holds 1/ep of the experts (most of these models) and the rest whole: less than
   // one rank's, by the experts' share.
-  EXPECT_LT(state, ref_state) << c.label();
-  const Weights w = be.weights(m);
-  double worst = 0;
-  for (const auto& [k, v] : ref_w)
-    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::fabs(double(w.at(k)[i]) - double(v[i])));
-  EXPECT_LE(worst, 2 * 2 * 2e-3) << c.label();
-  if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << worst
-              << "; training state per rank " << state / 1024 << " KiB, one rank " << ref_state / 1024 << " KiB (ratio "
-              << state / ref_state << ")\n";
+  EXPECT_LT(r.state, r.ref_state) << c.label();
+  if (world().rank() == 0) std::cout << "[np " << N << "] " << c.label() << ": " << adam_summary(r) << "\n";
 }
 
 std::vector<Case> cases() {
@@ -305,7 +190,7 @@ INSTANTIATE_TEST_SUITE_P(Ep, ExpertParallel, ::testing::ValuesIn(cases()),
 TEST(ExpertParallelCheckpoints, SavedUnderEpLoadsOnOneRankAndBack) {
   const Case c{"qwen3-moe-tiny", 2, false, true};
   checkpoint_round_trip(c.model, adam_config(c, 2, 5e-3), adam_config(c, 1, 5e-3), world().size(), world().rank(), "ep",
-                        global_batch());
+                        layout_batch());
 }
 
 // A rank with an empty shard (and ranks with different numbers of micro-batches) still runs its
@@ -314,22 +199,11 @@ TEST(ExpertParallelShards, UnevenAndEmptyShards) {
   const int N = world().size(), R = world().rank();
   for (const bool recompute : {false, true}) {
     const Case c{"qwen3-moe-tiny", 2, false, false, recompute};
-    auto g = global_batch();
-    EpOutcome ref;
-    {
-      Alone alone;
-      Backend be(host(), "megatron", sgd_config(c, 1));
-      rlh_model* m = be.load(model_path(c.model), true);
-      ref = ep_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
-    }
+    auto g = layout_batch();
     // Rank 0 takes every sequence, the others none.
-    auto mine = R == 0 ? shard_of(*g, 0, 1) : shard_of(*g, 0, int(g->num_seqs()) + 1);
-    ASSERT_EQ(mine->num_seqs(), R == 0 ? g->num_seqs() : 0);
-    Backend be(host(), "megatron", sgd_config(c, 2));
-    rlh_model* m = be.load(model_path(c.model), true);
-    const EpOutcome ep = ep_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
-    EXPECT_NEAR(ep.loss, ref.loss, 1e-5 * std::fabs(ref.loss));
-    EXPECT_LE(max_rel_diff(ep.grads, ref.grads), 1e-4) << "np " << N << " " << c.label();
+    auto mine = all_or_none(*g, R == 0);
+    const SgdComparison r = sgd_step_both(c.model, sgd_config(c, 1), sgd_config(c, 2), *g, *mine, run_nll_sgd_step);
+    expect_step_matches(r.got, r.ref, "np " + std::to_string(N) + " " + c.label());
   }
 }
 
@@ -345,35 +219,32 @@ TEST(ExpertParallelErrors, RefusedByName) {
     expect_load_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}}}}, "qwen3-moe-tiny", RLH_E_INVALID_ARGUMENT,
                "expert_model_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
-  auto create_error = [&](const json& cfg, const std::string& part, rlh_code code = RLH_E_UNIMPLEMENTED) {
-    rlh_backend* b = nullptr;
-    const std::string text = cfg.dump();
-    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), code, part);
-  };
-  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
-               "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
-               "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
-               "implemented");
+  expect_create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 2}}}},
+                      RLH_E_UNIMPLEMENTED,
+                      "expert_tensor_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 1: expert "
+                      "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
+                      "implemented");
   // With tensor parallelism expert_tensor_parallel_size 1, a divisor of tp or the tp size (null),
   // under sequence parallelism, which Megatron-Core requires there (test_backend_cp.cpp and
   // test_backend_ep_etp.cpp run them); one that does not divide tp is refused.
-  create_error({{"megatron_cfg",
+  expect_create_error({{"megatron_cfg",
                  {{"expert_model_parallel_size", 2},
                   {"tensor_model_parallel_size", 4},
                   {"expert_tensor_parallel_size", 3},
                   {"sequence_parallel", true}}}},
-               "expert_tensor_parallel_size = 3 with policy.megatron_cfg.tensor_model_parallel_size = 4: expert "
-               "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
-               "implemented");
-  create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
-               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
-               "policy.megatron_cfg.sequence_parallel = true",
-               RLH_E_INVALID_ARGUMENT);
-  create_error({{"megatron_cfg",
+                      RLH_E_UNIMPLEMENTED,
+                      "expert_tensor_parallel_size = 3 with policy.megatron_cfg.tensor_model_parallel_size = 4: expert "
+                      "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
+                      "implemented");
+  expect_create_error({{"megatron_cfg", {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}}}},
+                      RLH_E_INVALID_ARGUMENT,
+                      "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
+                      "policy.megatron_cfg.sequence_parallel = true");
+  expect_create_error({{"megatron_cfg",
                  {{"expert_model_parallel_size", 2}, {"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
-               "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
-               "policy.megatron_cfg.sequence_parallel = true",
-               RLH_E_INVALID_ARGUMENT);
+                      RLH_E_INVALID_ARGUMENT,
+                      "expert_model_parallel_size = 2 with policy.megatron_cfg.tensor_model_parallel_size = 2 needs "
+                      "policy.megatron_cfg.sequence_parallel = true");
   // The device path has no expert parallelism: refused by name (whatever the build).
   if (N % 2 == 0) {
     json cfg = {{"megatron_cfg", {{"expert_model_parallel_size", 2}}}, {"device", "cuda"}};
@@ -393,7 +264,7 @@ struct EpEngine {
   EpEngine(const EngineModel& m, int64_t ep) {
     sdk::ParallelSizes sizes;
     sizes.ep = ep;
-    pc = sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes, {sdk::GroupKind::ep});
+    pc = world_groups(sizes, {sdk::GroupKind::ep});
     const sdk::Comm& g = pc.of(sdk::GroupKind::ep);
     layout = sdk::make_ep_layout(m.desc, ep, g.rank());
     comm = std::make_unique<backend::CommEpGroup>(g);
@@ -413,17 +284,12 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
   for (const int64_t ep : {int64_t(2), int64_t(4)}) {
     if (N % ep != 0) continue;
     const EngineModel& md = engine_model("qwen3-moe-tiny");
-    auto g = global_batch();
-    std::vector<int32_t> gcu;
-    const engine::MicroBatch gmb = engine_view(*g, gcu);
+    auto g = layout_batch();
     // The reference: one engine with every expert, over the whole batch.
-    engine::EngineOptions ro;
-    ro.ops = &host_ops();
-    engine::Engine ref(md.desc, ro);
-    ref.load_parameters(md.weights);
-    engine::OutputRequest req;
-    req.routed_experts = true;
-    const engine::Outputs full = ref.forward(gmb, req);
+    const EngineReference ref(md, *g);
+    const engine::MicroBatch& gmb = ref.mb;
+    const engine::OutputRequest& req = ref.req;
+    const engine::Outputs& full = ref.full;
     const int64_t W = full.routing_width;
     // This rank's shard (its first token in the global batch) under EP.
     int64_t first = 0;
@@ -437,12 +303,11 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     const int64_t fwd_bytes = epe.comm->bytes() - b0;
     ASSERT_EQ(o.routing_width, W);
     int mismatched = 0;
-    double lp_err = 0;
-    for (int64_t t = 0; t < n; ++t) {
+    for (int64_t t = 0; t < n; ++t)
       for (int64_t k = 0; k < W; ++k)
         mismatched += o.routed_experts[size_t(t * W + k)] != full.routed_experts[size_t((first + t) * W + k)];
-      lp_err = std::max(lp_err, std::fabs(double(o.logprob[size_t(t)]) - double(full.logprob[size_t(first + t)])));
-    }
+    ASSERT_EQ(int64_t(o.logprob.size()), n);
+    const double lp_err = max_abs_diff_at(o.logprob, full.logprob, size_t(first));
     EXPECT_EQ(mismatched, 0) << "ep " << ep << ": the routing record is the reference's";
     EXPECT_LE(lp_err, 2e-5) << "ep " << ep;
 
@@ -457,24 +322,16 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     // Replay: the record reproduces the forward; another routing (each choice moved to the next
     // expert) gives the reference's outputs under that routing.
     RoutingField rec{std::vector<int32_t>(o.routed_experts.begin(), o.routed_experts.end())};
-    engine::MicroBatch rmb = mb;
-    rmb.fields.push_back(rec.field(n, W));
-    engine::OutputRequest rreq = req;
-    rreq.replay_routing_field = "routed";
+    const engine::MicroBatch rmb = rec.replaying(mb, n, W);
+    const engine::OutputRequest rreq = replay_request(req);
     const engine::Outputs o2 = epe.e->forward(rmb, rreq);
     EXPECT_EQ(o2.logprob, o.logprob) << "ep " << ep << ": replaying the record";
-    RoutingField other_g{full.routed_experts};
-    for (int32_t& x : other_g.data) x = int32_t((x + 1) % E);
+    RoutingField other_g = RoutingField::moved(full.routed_experts, 1, E);
     RoutingField other_mine{std::vector<int32_t>(other_g.data.begin() + first * W, other_g.data.begin() + (first + n) * W)};
-    engine::MicroBatch gomb = gmb;
-    gomb.fields.push_back(other_g.field(g->num_tokens(), W));
-    const engine::Outputs ref_other = ref.forward(gomb, rreq);
-    engine::MicroBatch omb = mb;
-    omb.fields.push_back(other_mine.field(n, W));
-    const engine::Outputs o3 = epe.e->forward(omb, rreq);
-    double other_err = 0;
-    for (int64_t t = 0; t < n; ++t)
-      other_err = std::max(other_err, std::fabs(double(o3.logprob[size_t(t)]) - double(ref_other.logprob[size_t(first + t)])));
+    const engine::Outputs ref_other = ref.engine->forward(other_g.replaying(gmb, g->num_tokens(), W), rreq);
+    const engine::Outputs o3 = epe.e->forward(other_mine.replaying(mb, n, W), rreq);
+    ASSERT_EQ(int64_t(o3.logprob.size()), n);
+    const double other_err = max_abs_diff_at(o3.logprob, ref_other.logprob, size_t(first));
     EXPECT_LE(other_err, 2e-5) << "ep " << ep << ": replaying another routing";
     EXPECT_EQ(o3.routed_experts, other_mine.data);
 
@@ -485,17 +342,8 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
     so.outputs = rreq;
     so.outputs.routed_experts = false;
     so.apply_optimizer = false;
-    const engine::LossFn loss = [&](const engine::LossContext& ctx, const engine::OutputViews& ov,
-                                    engine::OutputGrads& og) {
-      engine::LossResult lr;
-      for (size_t t = 0; t < ov.logprob.size(); ++t) {
-        lr.loss -= ov.logprob[t] / double(ctx.global_tokens);
-        og.logprob[t] = float(-1.0 / double(ctx.global_tokens));
-      }
-      return lr;
-    };
     const int64_t b1 = epe.comm->bytes();
-    epe.e->train_step(std::span<const engine::MicroBatch>(&rmb, 1), so, loss);
+    epe.e->train_step(std::span<const engine::MicroBatch>(&rmb, 1), so, every_row_nll);
     EXPECT_EQ(epe.comm->bytes() - b1, counts + 2 * rows) << "ep " << ep << ": a train step's bytes";
     if (R == 0)
       std::cout << "[np " << N << "] engine ep " << ep << ": routing record equal, logprobs within " << lp_err
@@ -514,22 +362,17 @@ TEST(ExpertParallelEngine, RoutingRecordReplayAndBytes) {
 TEST(ExpertParallelEngine, WithTensorParallelism) {
   if (world().size() != 2) GTEST_SKIP() << "TP 2 x EP 2 on 2 ranks, got " << world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
-  auto g = global_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
-  engine::EngineOptions ro;
-  ro.ops = &host_ops();
-  engine::Engine ref(md.desc, ro);
-  ref.load_parameters(md.weights);
-  const engine::OutputRequest req;
-  const engine::Outputs full = ref.forward(mb, req);
+  auto g = layout_batch();
+  const EngineReference ref(md, *g);
+  const engine::MicroBatch& mb = ref.mb;
+  const engine::OutputRequest req;  // no record
+  const engine::Outputs& full = ref.full;
 
   sdk::ParallelSizes sizes;
   sizes.tp = 2;
   sizes.ep = 2;
   sizes.etp = 1;
-  sdk::ParallelComms pc = sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes,
-                                                   {sdk::GroupKind::tp, sdk::GroupKind::ep});
+  sdk::ParallelComms pc = world_groups(sizes, {sdk::GroupKind::tp, sdk::GroupKind::ep});
   const sdk::Comm& tpg = pc.of(sdk::GroupKind::tp);
   const sdk::Comm& epg = pc.of(sdk::GroupKind::ep);
   backend::CommTpGroup tp_comm(tpg);
@@ -560,32 +403,16 @@ TEST(ExpertParallelEngine, WithTensorParallelism) {
   e.load_parameters(local);
   const engine::Outputs o = e.forward(mb, req);
   ASSERT_EQ(o.logprob.size(), full.logprob.size());
-  double lp_err = 0;
-  for (size_t t = 0; t < o.logprob.size(); ++t) lp_err = std::max(lp_err, std::fabs(double(o.logprob[t]) - double(full.logprob[t])));
-  EXPECT_LE(lp_err, 2e-5);
+  EXPECT_LE(max_abs_diff(o.logprob, full.logprob), 2e-5);
   EXPECT_GT(ep_comm.bytes(), 0);
   // The routing record (each rank records its rows, gathered over the group) is the reference's;
   // replaying another routing gives the reference's outputs under that routing.
-  engine::OutputRequest rec = req;
-  rec.routed_experts = true;
-  const engine::Outputs ref_rec = ref.forward(mb, rec);
-  const engine::Outputs got = e.forward(mb, rec);
-  ASSERT_EQ(got.routing_width, ref_rec.routing_width);
-  EXPECT_EQ(got.routed_experts, ref_rec.routed_experts) << "the routing record under TP 2 x EP 2";
-  RoutingField other{ref_rec.routed_experts};
-  for (int32_t& x : other.data) x = int32_t((x + 3) % 8);
-  engine::MicroBatch omb = mb;
-  omb.fields.push_back(other.field(g->num_tokens(), ref_rec.routing_width));
-  engine::OutputRequest rreq = req;
-  rreq.replay_routing_field = "routed";
-  const engine::Outputs ref_other = ref.forward(omb, rreq), o_other = e.forward(omb, rreq);
-  double replay_err = 0, moved = 0;
-  for (size_t t = 0; t < o_other.logprob.size(); ++t) {
-    replay_err = std::max(replay_err, std::fabs(double(o_other.logprob[t]) - double(ref_other.logprob[t])));
-    moved = std::max(moved, std::fabs(double(ref_other.logprob[t]) - double(full.logprob[t])));
-  }
-  EXPECT_LE(replay_err, 2e-5) << "replaying another routing under TP 2 x EP 2";
-  EXPECT_GT(moved, 1e-3) << "the other routing changes the outputs";
+  const engine::Outputs got = e.forward(mb, ref.req);
+  ASSERT_EQ(got.routing_width, full.routing_width);
+  EXPECT_EQ(got.routed_experts, full.routed_experts) << "the routing record under TP 2 x EP 2";
+  const OtherRouting other(*ref.engine, e, mb, full.routed_experts, g->num_tokens(), full.routing_width, 3, 8, req);
+  EXPECT_LE(max_abs_diff(other.got.logprob, other.ref.logprob), 2e-5) << "replaying another routing under TP 2 x EP 2";
+  EXPECT_GT(max_abs_diff(other.ref.logprob, full.logprob), 1e-3) << "the other routing changes the outputs";
 }
 
 int main(int argc, char** argv) {

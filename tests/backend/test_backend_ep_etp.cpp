@@ -40,10 +40,7 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr int32_t kVocab = 512;
 constexpr int64_t kTp = 4, kEp = 2, kEtp = 2;
-const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
-std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
 
 struct Case {
   std::string model;
@@ -69,9 +66,7 @@ json base_config(const Case& c, bool one_rank) {
     mc["sequence_parallel"] = true;
   }
   if (c.softmax()) {
-    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    mc["moe_aux_loss_coeff"] = 0.01;
-    mc["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(mc, c.packing);
   } else {
     mc["moe_router_dtype"] = "fp64";
   }
@@ -82,17 +77,7 @@ json base_config(const Case& c, bool one_rank) {
 }
 
 // This rank's share: the tp group (4 adjacent ranks) is one data-parallel rank.
-struct Place {
-  int dp = 1, dp_rank = 0;
-  std::unique_ptr<Batch> global, mine;
-  int64_t first = 0;
-  Place() {
-    dp = world().size() / int(kTp);
-    dp_rank = world().rank() / int(kTp);
-    global = global_batch();
-    mine = shard_of(*global, dp_rank, dp, &first);
-  }
-};
+Share share() { return Share(world().size() / int(kTp), world().rank() / int(kTp)); }
 
 bool runs_here() { return world().size() % kTp == 0; }
 
@@ -101,27 +86,20 @@ class ExpertTensorParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(ExpertTensorParallel, MatchesOneRank) {
   const Case c = GetParam();
   if (!runs_here()) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
-  Place p;
+  const Share p = share();
   const SgdComparison r = compare_sgd_step(c.model, with_sgd(base_config(c, true), c.distributed_optimizer),
                                            with_sgd(base_config(c, false), c.distributed_optimizer), *p.global, *p.mine,
                                            p.first, c.label());
   // The MoE metrics: every rank's rows' share, summed over the tp group: one rank's values.
+  // The busiest expert's share is a per-micro-batch maximum: packing cuts them otherwise.
   std::vector<std::string> keys = {"moe/max_expert_load"};
   if (c.softmax()) keys.insert(keys.end(), {"moe/aux_loss", "moe/z_loss"});
-  for (const std::string& k : keys) {
-    ASSERT_TRUE(r.got.metrics.contains(k) && r.ref.metrics.contains(k)) << k;
-    const double a = r.got.metrics[k].get<double>(), b = r.ref.metrics[k].get<double>();
-    EXPECT_GT(b, 0) << k;
-    if (k == "moe/max_expert_load" && c.packing) continue;  // a per-micro-batch maximum: packing cuts them otherwise
-    EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << c.label() << " " << k;
-  }
+  expect_moe_metrics(r.got.metrics, r.ref.metrics, keys, 1e-5, c.label(),
+                     c.packing ? std::vector<std::string>{"moe/max_expert_load"} : std::vector<std::string>{});
   // Rows cross to the experts' ranks and over the etp group.
   EXPECT_GT(r.got.metrics.value("ep/comm_bytes", int64_t(0)), 0) << c.label();
   if (world().rank() == 0)
-    std::cout << "[np " << world().size() << "] " << c.label() << ": loss " << r.got.loss << " vs " << r.ref.loss
-              << ", grad norm " << r.got.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
-              << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
-              << ", ep bytes/step " << r.got.metrics.value("ep/comm_bytes", int64_t(0))
+    std::cout << "[np " << world().size() << "] " << c.label() << ": " << sgd_summary(r) << ", ep bytes/step " << r.got.metrics.value("ep/comm_bytes", int64_t(0))
               << (c.softmax() ? ", aux " + std::to_string(r.got.metrics["moe/aux_loss"].get<double>()) + " vs " +
                                     std::to_string(r.ref.metrics["moe/aux_loss"].get<double>())
                               : std::string())
@@ -131,15 +109,12 @@ TEST_P(ExpertTensorParallel, MatchesOneRank) {
 TEST_P(ExpertTensorParallel, AdamWStepsFollowOneRank) {
   const Case c = GetParam();
   if (!runs_here()) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
-  Place p;
+  const Share p = share();
   const AdamComparison a = compare_adamw_steps(c.model, with_adam(base_config(c, true), 2e-3, c.distributed_optimizer),
                                                with_adam(base_config(c, false), 2e-3, c.distributed_optimizer),
                                                *p.global, *p.mine, c.label());
   EXPECT_LT(a.state, a.ref_state) << c.label() << ": each rank holds a quarter of the experts";
-  if (world().rank() == 0)
-    std::cout << "[np " << world().size() << "] " << c.label() << ": 2 AdamW steps, weights within " << a.worst
-              << "; training state per rank " << a.state / 1024 << " KiB, one rank " << a.ref_state / 1024
-              << " KiB (ratio " << a.state / a.ref_state << ")\n";
+  if (world().rank() == 0) std::cout << "[np " << world().size() << "] " << c.label() << ": " << adam_summary(a) << "\n";
 }
 
 std::vector<Case> cases() {
@@ -161,22 +136,17 @@ INSTANTIATE_TEST_SUITE_P(Etp, ExpertTensorParallel, ::testing::ValuesIn(cases())
 TEST(ExpertTensorParallelCheckpoints, LoadOnOneRankAndBack) {
   if (!runs_here()) GTEST_SKIP() << "TP 4 on " << world().size() << " ranks";
   const Case c{"qwen3-moe-tiny", false, true};
-  const Place p;
   checkpoint_round_trip(c.model, with_adam(base_config(c, false), 5e-3, true), with_adam(base_config(c, true), 5e-3, true),
-                        p.dp, p.dp_rank, "etp", global_batch());
+                        world().size() / int(kTp), world().rank() / int(kTp), "etp", layout_batch());
 }
 
 TEST(ExpertTensorParallelErrors, RefusedByName) {
   const int N = world().size();
   auto create_error = [&](const json& mc, rlh_code code, const std::string& part) {
-    rlh_backend* b = nullptr;
-    const std::string text = json{{"megatron_cfg", mc}}.dump();
-    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), code, part);
+    expect_create_error({{"megatron_cfg", mc}}, code, part);
   };
   auto load_error = [&](const json& mc, rlh_code code, const std::string& part) {
-    Backend be(host(), "megatron", json{{"megatron_cfg", mc}});
-    rlh_model* m = nullptr;
-    expect_error(be.try_load(model_path("qwen3-moe-tiny"), true, &m), code, part);
+    expect_load_error({{"megatron_cfg", mc}}, "qwen3-moe-tiny", code, part);
   };
   // An etp that does not divide tp.
   create_error({{"tensor_model_parallel_size", 4}, {"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 3},
@@ -212,25 +182,19 @@ TEST(ExpertTensorParallelErrors, RefusedByName) {
 TEST(ExpertTensorParallelEngine, RoutingReplayAndGradients) {
   if (world().size() != 4) GTEST_SKIP() << "TP 4 x EP 2 x ETP 2 on 4 ranks, got " << world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
-  auto g = global_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
-  const int64_t T = g->num_tokens();
-  engine::EngineOptions ro;
-  ro.ops = &host_ops();
-  engine::Engine ref(md.desc, ro);
-  ref.load_parameters(md.weights);
-  engine::OutputRequest rec;
-  rec.routed_experts = true;
-  const engine::Outputs full = ref.forward(mb, rec);
-  const int64_t W = full.routing_width;
+  auto g = layout_batch();
+  const EngineReference reference(md, *g);
+  engine::Engine& ref = *reference.engine;
+  const engine::MicroBatch& mb = reference.mb;
+  const engine::OutputRequest& rec = reference.req;
+  const engine::Outputs& full = reference.full;
+  const int64_t T = g->num_tokens(), W = full.routing_width;
 
   sdk::ParallelSizes sizes;
   sizes.tp = kTp;
   sizes.ep = kEp;
   sizes.etp = kEtp;
-  sdk::ParallelComms pc = sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes,
-                                                   {sdk::GroupKind::tp, sdk::GroupKind::ep, sdk::GroupKind::expert_tp});
+  sdk::ParallelComms pc = world_groups(sizes, {sdk::GroupKind::tp, sdk::GroupKind::ep, sdk::GroupKind::expert_tp});
   const sdk::Comm& tpg = pc.of(sdk::GroupKind::tp);
   const sdk::Comm& epg = pc.of(sdk::GroupKind::ep);
   const sdk::Comm& etpg = pc.of(sdk::GroupKind::expert_tp);
@@ -262,48 +226,27 @@ TEST(ExpertTensorParallelEngine, RoutingReplayAndGradients) {
 
   const engine::Outputs got = e.forward(mb, rec);
   ASSERT_EQ(got.logprob.size(), full.logprob.size());
-  double lp_err = 0;
-  for (size_t t = 0; t < got.logprob.size(); ++t)
-    lp_err = std::max(lp_err, std::fabs(double(got.logprob[t]) - double(full.logprob[t])));
+  const double lp_err = max_abs_diff(got.logprob, full.logprob);
   EXPECT_LE(lp_err, 2e-5);
   EXPECT_EQ(got.routed_experts, full.routed_experts) << "the routing record under TP 4 x EP 2 x ETP 2";
   EXPECT_GT(etp_comm.bytes(), 0) << "rows gathered over the etp group";
 
   // Another routing replayed: the reference's outputs under it.
-  RoutingField other;
-  other.data = full.routed_experts;
-  for (int32_t& x : other.data) x = int32_t((x + 3) % 8);
-  engine::MicroBatch omb = mb;
-  omb.fields.push_back(other.field(T, W));
-  engine::OutputRequest rreq;
-  rreq.replay_routing_field = "routed";
-  const engine::Outputs ref_other = ref.forward(omb, rreq), got_other = e.forward(omb, rreq);
-  double replay_err = 0, moved = 0;
-  for (size_t t = 0; t < got_other.logprob.size(); ++t) {
-    replay_err = std::max(replay_err, std::fabs(double(got_other.logprob[t]) - double(ref_other.logprob[t])));
-    moved = std::max(moved, std::fabs(double(ref_other.logprob[t]) - double(full.logprob[t])));
-  }
+  const OtherRouting other(ref, e, mb, full.routed_experts, T, W, 3, 8);
+  const double replay_err = max_abs_diff(other.got.logprob, other.ref.logprob);
   EXPECT_LE(replay_err, 2e-5) << "replaying another routing";
-  EXPECT_GT(moved, 1e-3) << "the other routing changes the outputs";
+  EXPECT_GT(max_abs_diff(other.ref.logprob, full.logprob), 1e-3) << "the other routing changes the outputs";
 
   // A train step under that routing (no update): every rank's gradient pieces are the pieces of
   // the one-rank engine's gradients.
   engine::StepOptions so;
   so.global_tokens = T;
   so.global_sequences = g->num_seqs();
-  so.outputs = rreq;
+  so.outputs = other.req;
   so.apply_optimizer = false;
-  const engine::LossFn loss = [](const engine::LossContext& ctx, const engine::OutputViews& ov,
-                                 engine::OutputGrads& og) {
-    engine::LossResult lr;
-    for (size_t t = 0; t < ov.logprob.size(); ++t) {
-      lr.loss -= ov.logprob[t] / double(ctx.global_tokens);
-      og.logprob[t] = float(-1.0 / double(ctx.global_tokens));
-    }
-    return lr;
-  };
-  const engine::StepResult rr = ref.train_step(std::span<const engine::MicroBatch>(&omb, 1), so, loss);
-  const engine::StepResult rg = e.train_step(std::span<const engine::MicroBatch>(&omb, 1), so, loss);
+  const std::span<const engine::MicroBatch> omb(&other.mb, 1);
+  const engine::StepResult rr = ref.train_step(omb, so, every_row_nll);
+  const engine::StepResult rg = e.train_step(omb, so, every_row_nll);
   EXPECT_NEAR(rg.loss, rr.loss, 1e-5 * std::fabs(rr.loss));
   double largest = 0, worst = 0;
   for (size_t i = 0; i < md.weights.size(); ++i) {

@@ -21,73 +21,25 @@
 //   - a state saved under the layout is one rank's files, loads on one rank and back;
 //   - what stays refused with EP and virtual stages is named: layers that do not split into
 //     P x V chunks (a two-layer MoE model).
-#include <unistd.h>
-
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "backend_harness.hpp"
 #include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
-#include "rlhost/sdk/safetensors.hpp"
 
-namespace fs = std::filesystem;
 using namespace rlh;
 using namespace rlh::test;
 using json = nlohmann::json;
 
 namespace {
 
-constexpr int32_t kVocab = 512;
 constexpr int kP = 2, kV = 2, kEp = 2;  // the layout's sizes (dp = world / P = 2)
 
-const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
-std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
-
-// qwen3-moe-tiny's two layers, then both again scaled by 0.9 (no two layers alike): four MoE
-// layers, one in each model chunk. Written by rank 0 into a temporary directory, removed at exit.
+// qwen3-moe-tiny's two layers, then both again scaled by 0.9: four MoE layers, one in each model
+// chunk.
 const std::string& four_layer_qwen3_moe() {
-  static const std::string dir = [] {
-    const fs::path d = world().broadcast((fs::temp_directory_path() / ("rlh_epvpp_qwen3moe4_" + std::to_string(::getpid()))).string());
-    if (world().rank() == 0) {
-      fs::remove_all(d);
-      fs::create_directories(d);
-      const auto src = sdk::st::Checkpoint::open(model_path("qwen3-moe-tiny"));
-      std::vector<std::vector<float>> keep;
-      std::vector<std::pair<std::string, std::vector<int64_t>>> named;
-      for (const std::string& n : src.names()) {
-        const std::vector<int64_t> shape = src.at(n).info->shape;
-        keep.push_back(src.read_f32(n));
-        named.emplace_back(n, shape);
-        const std::string pre = "model.layers.";
-        if (n.rfind(pre, 0) == 0) {
-          const size_t dot = n.find('.', pre.size());
-          const int layer = std::stoi(n.substr(pre.size(), dot - pre.size()));
-          std::vector<float> again = keep.back();
-          for (float& x : again) x *= 0.9f;
-          keep.push_back(std::move(again));
-          named.emplace_back(pre + std::to_string(layer + 2) + n.substr(dot), shape);
-        }
-      }
-      std::vector<sdk::st::WriteTensor> tensors;
-      for (size_t i = 0; i < keep.size(); ++i)
-        tensors.push_back({named[i].first, sdk::st::DType::F32, named[i].second,
-                           std::as_bytes(std::span<const float>(keep[i].data(), keep[i].size()))});
-      sdk::st::write_checkpoint(d.string(), tensors);
-      json cfg = json::parse(std::ifstream(model_path("qwen3-moe-tiny") + "/config.json"));
-      cfg["num_hidden_layers"] = 4;
-      std::ofstream(d / "config.json") << cfg.dump(2);
-      static struct Cleanup {
-        std::string dir;
-        ~Cleanup() { fs::remove_all(dir); }
-      } cleanup;
-      cleanup.dir = d.string();
-    }
-    world().barrier();
-    return d.string();
-  }();
+  static const std::string dir = doubled_layers_model("qwen3-moe-tiny", "epvpp_qwen3moe4");
   return dir;
 }
 
@@ -110,11 +62,9 @@ std::string model_of(const Case& c) {
 // packing) and the z-loss, whose values the stages sum and whose gradients each stage adds to
 // its chunks' layers.
 json base_config(const Case& c, bool one_rank) {
-  json cfg = {{"megatron_cfg",
-               {{"moe_router_load_balancing_type", c.packing ? "seq_aux_loss" : "aux_loss"},
-                {"moe_aux_loss_coeff", 0.01},
-                {"moe_z_loss_coeff", 0.001}}}};
+  json cfg = {{"megatron_cfg", json::object()}};
   json& mc = cfg["megatron_cfg"];
+  set_moe_aux_losses(mc, c.packing);
   if (!one_rank) {
     mc["pipeline_model_parallel_size"] = kP;
     mc["virtual_pipeline_model_parallel_size"] = kV;
@@ -146,46 +96,32 @@ class ExpertParallelVirtualStages : public ::testing::TestWithParam<Case> {};
 TEST_P(ExpertParallelVirtualStages, MatchesOneRank) {
   const Case c = GetParam();
   if (!runs_here()) GTEST_SKIP() << "PP 2 x VPP 2 x DP 2 x EP 2 needs 4 ranks, got " << world().size();
-  auto g = global_batch();
-  int64_t first = 0;
-  auto mine = shard_of(*g, dp_rank(), world().size() / kP, &first);
-  const SgdComparison r = compare_sgd_step(model_of(c), sgd_config(c, true), sgd_config(c, false), *g, *mine, first, c.label());
+  const Share p(world().size() / kP, dp_rank());
+  const SgdComparison r =
+      compare_sgd_step(model_of(c), sgd_config(c, true), sgd_config(c, false), *p.global, *p.mine, p.first, c.label());
   const Outcome& got = r.got;
   EXPECT_TRUE(got.metrics.contains("metrics")) << c.label() << ": the loss callback's metrics on every stage";
   EXPECT_GT(got.metrics.value("ep/comm_bytes", int64_t(0)), 0) << c.label();
   const int64_t bytes = got.metrics["pp/comm_bytes"].get<int64_t>();
-  EXPECT_EQ(bytes, analytic_pp_bytes(mine->num_tokens())) << c.label();
+  EXPECT_EQ(bytes, analytic_pp_bytes(p.mine->num_tokens())) << c.label();
   // The MoE values: every chunk's layers, summed over the stages and the replicas, are one
   // rank's (the busiest expert's share only without packing: it is a per-micro-batch maximum,
   // and the shards' micro-batches are the reference's only then).
   std::vector<std::string> keys = {"moe/aux_loss", "moe/z_loss"};
   if (!c.packing) keys.push_back("moe/max_expert_load");
-  std::string moe_line;
-  for (const std::string& k : keys) {
-    ASSERT_TRUE(got.metrics.contains(k) && r.ref.metrics.contains(k)) << c.label() << ": " << k;
-    const double a = got.metrics[k].get<double>(), b = r.ref.metrics[k].get<double>();
-    EXPECT_GT(b, 0) << c.label() << ": " << k;
-    EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << c.label() << ": " << k;
-    moe_line += ", " + k + " " + std::to_string(a) + " vs " + std::to_string(b);
-  }
+  const std::string moe_line = expect_moe_metrics(got.metrics, r.ref.metrics, keys, 1e-5, c.label());
   if (world().rank() == 0)
-    std::cout << "[np 4] " << c.label() << ": loss " << got.loss << " vs " << r.ref.loss << ", grad norm "
-              << got.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
-              << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
-              << ", pp bytes/step " << bytes << moe_line << "\n";
+    std::cout << "[np 4] " << c.label() << ": " << sgd_summary(r) << ", pp bytes/step " << bytes << moe_line << "\n";
 }
 
 TEST_P(ExpertParallelVirtualStages, AdamWStepsFollowOneRank) {
   const Case c = GetParam();
   if (!runs_here()) GTEST_SKIP() << "needs 4 ranks";
-  auto g = global_batch();
-  auto mine = shard_of(*g, dp_rank(), world().size() / kP);
+  const Share p(world().size() / kP, dp_rank());
   const AdamComparison r =
-      compare_adamw_steps(model_of(c), adam_config(c, true, 2e-3), adam_config(c, false, 2e-3), *g, *mine, c.label());
+      compare_adamw_steps(model_of(c), adam_config(c, true, 2e-3), adam_config(c, false, 2e-3), *p.global, *p.mine, c.label());
   EXPECT_LT(r.state, r.ref_state) << c.label() << ": a stage's chunks and half their experts";
-  if (world().rank() == 0)
-    std::cout << "[np 4] " << c.label() << ": 2 AdamW steps, weights within " << r.worst << "; training state on rank 0 "
-              << r.state / 1024 << " KiB, one rank " << r.ref_state / 1024 << " KiB\n";
+  if (world().rank() == 0) std::cout << "[np 4] " << c.label() << ": " << adam_summary(r) << "\n";
 }
 
 std::vector<Case> cases() {
@@ -200,15 +136,6 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(EpVpp, ExpertParallelVirtualStages, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return test_name(info.param.label()); });
 
-// Sequences [s0, s1) of g, as a batch of their own.
-std::unique_ptr<Batch> sequences(const Batch& g, int64_t s0, int64_t s1) {
-  const auto& off = g.offsets();
-  std::vector<int32_t> ids(g.ids().begin() + off[size_t(s0)], g.ids().begin() + off[size_t(s1)]);
-  std::vector<int64_t> o;
-  for (int64_t s = s0; s <= s1; ++s) o.push_back(off[size_t(s)] - off[size_t(s0)]);
-  return std::make_unique<Batch>(std::move(ids), std::move(o));
-}
-
 // Replicas with unequal micro-batch counts, one sequence a micro-batch: replica 0 (ranks 0 and
 // 2) takes `busy` of the 8 sequences, replica 1 the rest; the less busy one runs the difference
 // as idle micro-batches (its experts for the other replica's rows, one model chunk at a time in
@@ -216,7 +143,7 @@ std::unique_ptr<Batch> sequences(const Batch& g, int64_t s0, int64_t s1) {
 // the MoE values equal the reference; the idle ranks exchange.
 void unequal_replicas(const Case& c, int64_t busy) {
   const int R = world().rank();
-  auto g = global_batch();
+  auto g = layout_batch();
   const auto config = [&](bool one_rank) {
     json cfg = sgd_config(c, one_rank);
     cfg.erase("train_micro_batch_size");
@@ -224,35 +151,19 @@ void unequal_replicas(const Case& c, int64_t busy) {
     cfg["logprob_batch_size"] = 1;
     return cfg;
   };
-  Outcome ref;
-  {
-    Alone alone;
-    Backend be(host(), "megatron", config(true));
-    rlh_model* m = be.load(model_of(c), true);
-    ref = run_sgd_step(be, m, *g, g->num_tokens(), g->num_seqs());
-  }
   const bool first_replica = dp_rank() == 0;
-  auto mine = first_replica ? sequences(*g, 0, busy) : sequences(*g, busy, g->num_seqs());
-  const int64_t first = first_replica ? 0 : g->offsets()[size_t(busy)];
-  Backend be(host(), "megatron", config(false));
-  rlh_model* m = be.load(model_of(c), true);
-  const Outcome o = run_sgd_step(be, m, *mine, g->num_tokens(), g->num_seqs());
+  int64_t first = 0;
+  auto mine = first_replica ? sequences(*g, 0, busy, &first) : sequences(*g, busy, g->num_seqs(), &first);
+  const SgdComparison r = sgd_step_both(model_of(c), config(true), config(false), *g, *mine);
+  const Outcome &o = r.got, &ref = r.ref;
   const std::string label = c.label() + " replicas " + std::to_string(busy) + " + " + std::to_string(8 - busy);
   // One sequence a micro-batch: the replicas' micro-batches summed over the data-parallel group.
   EXPECT_EQ(o.metrics["num_micro_batches"].get<int64_t>(), g->num_seqs()) << label;
   ASSERT_EQ(int64_t(o.logprobs.size()), mine->num_tokens()) << label;
-  double lp_err = 0;
-  for (size_t t = 0; t < o.logprobs.size(); ++t)
-    lp_err = std::max(lp_err, std::fabs(double(o.logprobs[t]) - double(ref.logprobs[size_t(first) + t])));
+  const double lp_err = max_abs_diff_at(o.logprobs, ref.logprobs, size_t(first));
   EXPECT_LE(lp_err, 2e-5) << label;
-  EXPECT_NEAR(o.loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << label;
-  EXPECT_NEAR(o.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm) << label;
-  const double gerr = max_rel_diff(o.grads, ref.grads);
-  EXPECT_LE(gerr, 1e-4) << label;
-  for (const char* k : {"moe/aux_loss", "moe/z_loss", "moe/max_expert_load"}) {
-    const double a = o.metrics[k].get<double>(), b = ref.metrics[k].get<double>();
-    EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << label << ": " << k;
-  }
+  const double gerr = expect_step_matches(o, ref, label);
+  expect_moe_metrics(o.metrics, ref.metrics, {"moe/aux_loss", "moe/z_loss", "moe/max_expert_load"}, 1e-5, label);
   if (mine->num_seqs() < busy) {
     EXPECT_GT(o.metrics["ep/comm_bytes"].get<int64_t>(), 0) << label << ": idle micro-batches exchange";
   }
@@ -279,7 +190,7 @@ TEST(ExpertParallelVirtualStagesCheckpoints, LoadOnOneRankAndBack) {
   if (!runs_here()) GTEST_SKIP() << "needs 4 ranks";
   const Case c{"qwen3-moe-4-layers", false, true};
   checkpoint_round_trip(model_of(c), adam_config(c, false, 5e-3), adam_config(c, true, 5e-3), world().size() / kP,
-                        dp_rank(), "epvpp", global_batch());
+                        dp_rank(), "epvpp", layout_batch());
 }
 
 // Megatron's rule stays: the layers split evenly into P x V chunks; a two-layer MoE model under

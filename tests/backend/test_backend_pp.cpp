@@ -22,31 +22,18 @@
 //     bytes per step equal the analytic count;
 //   - refusals name the setting: PP on one rank, layers that do not split, virtual stages
 //     without PP, with first/last counts, over layers or micro-batches that do not divide.
-#include <unistd.h>
-
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "backend_harness.hpp"
 #include "model_parallel_checks.hpp"
 #include "mpi_harness.hpp"
-#include "rlhost/sdk/safetensors.hpp"
 
-namespace fs = std::filesystem;
 using namespace rlh;
 using namespace rlh::test;
 using json = nlohmann::json;
 
 namespace {
-
-constexpr int32_t kVocab = 512;
-
-const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
-
-std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
 
 struct Case {
   std::string model;
@@ -75,9 +62,7 @@ json base_config(const Case& c, bool one_rank) {
   // layers and whose values the stages sum; DeepSeek-V3's sigmoid router (no such losses;
   // MLA attention) routes in float64.
   if (c.model == "qwen3-moe-tiny") {
-    cfg["megatron_cfg"]["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    cfg["megatron_cfg"]["moe_aux_loss_coeff"] = 0.01;
-    cfg["megatron_cfg"]["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(cfg["megatron_cfg"], c.packing);
   } else if (c.model == "deepseek-v3-tiny") {
     cfg["megatron_cfg"]["moe_router_dtype"] = "fp64";
   }
@@ -105,52 +90,13 @@ int64_t analytic_pp_bytes(const Case& c, int64_t N, int64_t stage) {
   const int64_t C = 64;
   const bool tied = c.model == "qwen3-tiny";  // llama-tiny and qwen2-swa-yarn-tiny have an lm_head
   const int64_t sends = (c.vpp - (stage == c.pp - 1)) + (c.vpp - (stage == 0));
-  return sends * N * C * 4 + (tied ? kVocab / c.tp * C * 4 : 0) + 8;
+  return sends * N * C * 4 + (tied ? kLayoutVocab / c.tp * C * 4 : 0) + 8;
 }
 
 // A Llama of four layers for the virtual stages (the fixtures have at most three): llama-tiny's
-// two layers, then both again scaled by 0.9 (so that no two layers are alike); written by rank 0
-// into a temporary directory, removed at exit.
+// two layers, then both again scaled by 0.9.
 const std::string& four_layer_llama() {
-  static const std::string dir = [] {
-    const fs::path d = world().broadcast((fs::temp_directory_path() / ("rlh_pp_llama4_" + std::to_string(::getpid()))).string());
-    if (world().rank() == 0) {
-      fs::remove_all(d);
-      fs::create_directories(d);
-      const auto src = sdk::st::Checkpoint::open(model_path("llama-tiny"));
-      std::vector<std::vector<float>> keep;
-      std::vector<std::pair<std::string, std::vector<int64_t>>> named;
-      for (const std::string& n : src.names()) {
-        const std::vector<int64_t> shape = src.at(n).info->shape;
-        keep.push_back(src.read_f32(n));
-        named.emplace_back(n, shape);
-        const std::string pre = "model.layers.";
-        if (n.rfind(pre, 0) == 0) {
-          const size_t dot = n.find('.', pre.size());
-          const int layer = std::stoi(n.substr(pre.size(), dot - pre.size()));
-          std::vector<float> again = keep.back();
-          for (float& x : again) x *= 0.9f;
-          keep.push_back(std::move(again));
-          named.emplace_back(pre + std::to_string(layer + 2) + n.substr(dot), shape);
-        }
-      }
-      std::vector<sdk::st::WriteTensor> tensors;
-      for (size_t i = 0; i < keep.size(); ++i)
-        tensors.push_back({named[i].first, sdk::st::DType::F32, named[i].second,
-                           std::as_bytes(std::span<const float>(keep[i].data(), keep[i].size()))});
-      sdk::st::write_checkpoint(d.string(), tensors);
-      json cfg = json::parse(std::ifstream(model_path("llama-tiny") + "/config.json"));
-      cfg["num_hidden_layers"] = 4;
-      std::ofstream(d / "config.json") << cfg.dump(2);
-      static struct Cleanup {
-        std::string dir;
-        ~Cleanup() { fs::remove_all(dir); }
-      } cleanup;
-      cleanup.dir = d.string();
-    }
-    world().barrier();
-    return d.string();
-  }();
+  static const std::string dir = doubled_layers_model("llama-tiny", "pp_llama4");
   return dir;
 }
 
@@ -161,19 +107,10 @@ class PipelineParallel : public ::testing::TestWithParam<Case> {};
 
 // This rank's place in Megatron's order (tp fastest, then dp, pp slowest): its data-parallel
 // rank's share of the global batch.
-struct Place {
-  int dp = 1, dp_rank = 0;
-  std::unique_ptr<Batch> global, mine;
-  int64_t tokens = 0, seqs = 0, first = 0;
-  explicit Place(const Case& c) {
-    dp = int(world().size() / (c.tp * c.pp));
-    dp_rank = int(world().rank() / c.tp) % dp;
-    global = global_batch();
-    tokens = global->num_tokens();
-    seqs = global->num_seqs();
-    mine = shard_of(*global, dp_rank, dp, &first);
-  }
-};
+Share share_of(const Case& c) {
+  const int dp = int(world().size() / (c.tp * c.pp));
+  return Share(dp, int(world().rank() / c.tp) % dp);
+}
 
 // The MoE cases run at np 2 only (CI time): under data parallelism the ranks' micro-batches are
 // not the reference's, so the busiest expert's share would not compare.
@@ -183,7 +120,7 @@ TEST_P(PipelineParallel, MatchesOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (!fits(c)) GTEST_SKIP() << c.label() << " on " << N << " ranks";
-  Place p(c);
+  const Share p = share_of(c);
   const SgdComparison r = compare_sgd_step(model_of(c), sgd_config(c, true), sgd_config(c, false), *p.global, *p.mine,
                                            p.first, c.label());
   const Outcome& pp = r.got;
@@ -199,34 +136,23 @@ TEST_P(PipelineParallel, MatchesOneRank) {
   if (is_moe(c)) {
     std::vector<std::string> keys = {"moe/max_expert_load"};
     if (c.model == "qwen3-moe-tiny") keys.insert(keys.end(), {"moe/aux_loss", "moe/z_loss"});
-    for (const std::string& k : keys) {
-      ASSERT_TRUE(pp.metrics.contains(k) && r.ref.metrics.contains(k)) << c.label() << ": " << k;
-      const double a = pp.metrics[k].get<double>(), b = r.ref.metrics[k].get<double>();
-      EXPECT_GT(b, 0) << c.label() << ": " << k;
-      EXPECT_NEAR(a, b, 1e-6 * std::fabs(b)) << c.label() << ": " << k;
-      moe_line += ", " + k + " " + std::to_string(a) + " vs " + std::to_string(b);
-    }
+    moe_line = expect_moe_metrics(pp.metrics, r.ref.metrics, keys, 1e-6, c.label());
   }
   if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": loss " << pp.loss << " vs " << r.ref.loss << ", grad norm "
-              << pp.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
-              << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
-              << ", pp bytes/step " << bytes << " (analytic " << analytic_pp_bytes(c, p.mine->num_tokens(), stage) << ")"
-              << moe_line << "\n";
+    std::cout << "[np " << N << "] " << c.label() << ": " << sgd_summary(r) << ", pp bytes/step " << bytes << " (analytic "
+              << analytic_pp_bytes(c, p.mine->num_tokens(), stage) << ")" << moe_line << "\n";
 }
 
 TEST_P(PipelineParallel, AdamWStepsFollowOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (!fits(c)) GTEST_SKIP() << c.label() << " on " << N << " ranks";
-  Place p(c);
+  const Share p = share_of(c);
   const AdamComparison r =
       compare_adamw_steps(model_of(c), adam_config(c, true, 2e-3), adam_config(c, false, 2e-3), *p.global, *p.mine, c.label());
   // Each stage holds its layers and its global tensors only: less than one rank's model.
   EXPECT_LT(r.state, r.ref_state) << c.label();
-  if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << r.worst
-              << "; training state on rank 0 " << r.state / 1024 << " KiB, one rank " << r.ref_state / 1024 << " KiB\n";
+  if (world().rank() == 0) std::cout << "[np " << N << "] " << c.label() << ": " << adam_summary(r) << "\n";
 }
 
 // Log p at given ids (K per token, some -1) and top-k processed logprobs, forward only on the
@@ -234,10 +160,10 @@ TEST_P(PipelineParallel, AdamWStepsFollowOneRank) {
 TEST_P(PipelineParallel, LogprobAtIdsAndTopKMatchOneRank) {
   const Case c = GetParam();
   if (!fits(c)) GTEST_SKIP() << c.label() << " on " << world().size() << " ranks";
-  auto g = global_batch();
+  auto g = layout_batch();
   std::vector<rlh_output_spec> more;
   if (c.tp == 1) more.push_back(spec(RLH_OUTPUT_LOGPROB, "topk", 1.3, 5));  // needs the whole vocabulary: not with TP
-  for (const double err : at_ids_differences(model_of(c), sgd_config(c, true), sgd_config(c, false), *g, kVocab, more))
+  for (const double err : at_ids_differences(model_of(c), sgd_config(c, true), sgd_config(c, false), *g, kLayoutVocab, more))
     EXPECT_LE(err, 2e-5) << c.label();
 }
 
@@ -274,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Pp, PipelineParallel, ::testing::ValuesIn(cases()),
 TEST(PipelineParallelValueHead, RewardModelMatchesOneRank) {
   if (world().size() != 2) GTEST_SKIP() << "np 2 only";
   const Case c{"llama-tiny", 1, 2, false, false};
-  auto g = global_batch();
+  auto g = layout_batch();
   Backend::TrainOptions o;
   o.specs = {spec(RLH_OUTPUT_VALUE, "v")};
   o.micro_batch_seqs = 2;
@@ -290,42 +216,23 @@ TEST(PipelineParallelValueHead, RewardModelMatchesOneRank) {
     }
     return l;
   };
-  struct Run {
-    std::vector<float> values;
-    double loss = 0, grad_norm = 0;
-    Weights grads;
-  };
   const auto run = [&](const json& cfg) {
-    Run r;
     Backend be(host(), "megatron", cfg);
     rlh_model* m = be.load(model_path(c.model), true, "reward_model");
-    std::vector<std::vector<float>> out;
-    sdk::check(be.try_forward(m, *g, {spec(RLH_OUTPUT_VALUE, "v")}, out), "forward values");
-    r.values = out[0];
-    const Weights before = be.weights(m);
-    const auto t = be.train(m, *g, g->num_tokens(), g->num_seqs(), loss, o);
-    r.loss = t.r.loss;
-    r.grad_norm = t.r.grad_norm;
-    r.grads = minus(before, be.weights(m));
-    return r;
+    return step_outcome(be, m, *g, g->num_tokens(), g->num_seqs(), {spec(RLH_OUTPUT_VALUE, "v")}, loss, o);
   };
-  Run ref;
+  Outcome ref;  // its logprobs: the values
   {
     Alone alone;
     ref = run(sgd_config(c, true));
   }
-  const Run got = run(sgd_config(c, false));
-  ASSERT_EQ(got.values.size(), ref.values.size());
-  double v_err = 0;
-  for (size_t t = 0; t < ref.values.size(); ++t) v_err = std::max(v_err, std::fabs(double(got.values[t]) - ref.values[t]));
+  const Outcome got = run(sgd_config(c, false));
+  ASSERT_EQ(got.logprobs.size(), ref.logprobs.size());
+  const double v_err = max_abs_diff(got.logprobs, ref.logprobs);
   EXPECT_LE(v_err, 2e-5);
   EXPECT_GT(ref.loss, 0);
-  EXPECT_NEAR(got.loss, ref.loss, 1e-5 * ref.loss);
-  EXPECT_NEAR(got.grad_norm, ref.grad_norm, 1e-4 * ref.grad_norm);
   ASSERT_TRUE(ref.grads.count("score.weight") && got.grads.count("score.weight"));
-  ASSERT_EQ(got.grads.size(), ref.grads.size());
-  const double g_err = max_rel_diff(got.grads, ref.grads);
-  EXPECT_LE(g_err, 1e-4);
+  const double g_err = expect_step_matches(got, ref, "reward model pp2");
   if (world().rank() == 0)
     std::cout << "[np 2] reward model pp2: values within " << v_err << ", loss " << got.loss << " vs " << ref.loss
               << ", gradients within " << g_err << " (relative to the largest)\n";
@@ -338,55 +245,46 @@ TEST(PipelineParallelCheckpoints, SavedUnderPpLoadsOnOneRankAndBack) {
   const Case c{"qwen3-tiny", 1, 2, false, true};
   const int dp = int(N / c.pp);
   checkpoint_round_trip(c.model, adam_config(c, false, 5e-3), adam_config(c, true, 5e-3), dp, R % dp, "pp",
-                        global_batch());
+                        layout_batch());
 }
 
 TEST(PipelineParallelErrors, RefusedByName) {
   const int N = world().size();
-  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = nullptr;
-    expect_error(be.try_load(model_path(model), true, &m), code, part);
-  };
-  load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}, {"num_layers_in_first_pipeline_stage", 2}}}},
-             "llama-tiny", RLH_E_UNIMPLEMENTED,
-             "pipeline_model_parallel_size = 2: the layers do not split over the stages (2 layers, "
-             "num_layers_in_first_pipeline_stage = 2: 0 left for 1 stages)");
+  expect_load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}, {"num_layers_in_first_pipeline_stage", 2}}}},
+                    "llama-tiny", RLH_E_UNIMPLEMENTED,
+                    "pipeline_model_parallel_size = 2: the layers do not split over the stages (2 layers, "
+                    "num_layers_in_first_pipeline_stage = 2: 0 left for 1 stages)");
   if (N == 4)
-    load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 4}}}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
-               "pipeline_model_parallel_size = 4: the layers do not split over the stages (2 layers: 2 left for 4 stages)");
-  load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
-             "pipeline_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
+    expect_load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 4}}}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
+                      "pipeline_model_parallel_size = 4: the layers do not split over the stages (2 layers: 2 left for 4 stages)");
+  expect_load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+                    "pipeline_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {
     Alone alone;
-    load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
-               "pipeline_model_parallel_size = 2 needs a multiple of 2 launched ranks");
+    expect_load_error({{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+                      "pipeline_model_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
-  {
-    rlh_backend* b = nullptr;
-    const std::string cfg = json({{"megatron_cfg", {{"virtual_pipeline_model_parallel_size", 2}}}}).dump();
-    expect_error(host().backend("megatron")->create(host().services(), cfg.data(), cfg.size(), &b), RLH_E_INVALID_ARGUMENT,
-                 "virtual_pipeline_model_parallel_size: set to 2 needs megatron_cfg.pipeline_model_parallel_size > 1, got 1");
-  }
+  expect_create_error({{"megatron_cfg", {{"virtual_pipeline_model_parallel_size", 2}}}}, RLH_E_INVALID_ARGUMENT,
+                      "virtual_pipeline_model_parallel_size: set to 2 needs megatron_cfg.pipeline_model_parallel_size > 1, got 1");
   // Megatron's rules for virtual stages: the layers split evenly into P x V chunks (no
   // first/last counts), the micro-batches a multiple of P.
   const json vpp = {{"pipeline_model_parallel_size", 2}, {"virtual_pipeline_model_parallel_size", 2}};
-  load_error({{"megatron_cfg", vpp}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
-             "policy.megatron_cfg.virtual_pipeline_model_parallel_size = 2: the 2 layers do not split into "
-             "policy.megatron_cfg.pipeline_model_parallel_size x policy.megatron_cfg.virtual_pipeline_model_parallel_size "
-             "= 4 model chunks");
+  expect_load_error({{"megatron_cfg", vpp}}, "llama-tiny", RLH_E_UNIMPLEMENTED,
+                    "policy.megatron_cfg.virtual_pipeline_model_parallel_size = 2: the 2 layers do not split into "
+                    "policy.megatron_cfg.pipeline_model_parallel_size x policy.megatron_cfg.virtual_pipeline_model_parallel_size "
+                    "= 4 model chunks");
   {
     json mc = vpp;
     mc["num_layers_in_first_pipeline_stage"] = 2;
-    load_error({{"megatron_cfg", mc}}, four_layer_llama(), RLH_E_UNIMPLEMENTED,
-               "virtual_pipeline_model_parallel_size = 2: num_layers_in_first_pipeline_stage / "
-               "num_layers_in_last_pipeline_stage with interleaved virtual stages are not implemented");
+    expect_load_error({{"megatron_cfg", mc}}, four_layer_llama(), RLH_E_UNIMPLEMENTED,
+                      "virtual_pipeline_model_parallel_size = 2: num_layers_in_first_pipeline_stage / "
+                      "num_layers_in_last_pipeline_stage with interleaved virtual stages are not implemented");
   }
   if (N == 2) {
     json cfg = {{"megatron_cfg", vpp}, {"train_micro_batch_size", 3}};  // 8 sequences: 3 micro-batches
     Backend be(host(), "megatron", cfg);
     rlh_model* m = be.load(four_layer_llama(), true);
-    auto g = global_batch();
+    auto g = layout_batch();
     Backend::TrainResult res;
     expect_error(be.try_train(m, *g, g->num_tokens(), g->num_seqs(), nll_loss(), {}, res), RLH_E_INVALID_ARGUMENT,
                  "virtual_pipeline_model_parallel_size = 2: the interleaved schedule needs a number of micro-batches "
@@ -395,7 +293,7 @@ TEST(PipelineParallelErrors, RefusedByName) {
   {  // the stages of a pipeline given different batches (a loop sharding over every rank)
     Backend be(host(), "megatron", {{"megatron_cfg", {{"pipeline_model_parallel_size", 2}}}});
     rlh_model* m = be.load(model_path("llama-tiny"), false);
-    auto g = global_batch();
+    auto g = layout_batch();
     auto mine = shard_of(*g, world().rank(), N);
     std::vector<std::vector<float>> out;
     expect_error(be.try_forward(m, *mine, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), RLH_E_INVALID_ARGUMENT,

@@ -46,12 +46,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr int32_t kVocab = 512;
-
-const std::vector<int64_t> kLengths = {9, 14, 3, 11, 17, 6, 2, 12};
-
-std::unique_ptr<Batch> global_batch() { return random_batch(kLengths, kVocab, 31); }
-
 // llama-tiny with every bias (attention_bias and mlp_bias: q/k/v/o and gate/up/down), random,
 // written once per process into a scratch folder (no fixture has o or MLP biases): the
 // row-parallel biases must be added once, after the sum.
@@ -136,9 +130,7 @@ struct Case {
 json base_config(const Case& c, int64_t tp) {
   json mc = {{"tensor_model_parallel_size", tp}};
   if (c.model == "qwen3-moe-tiny" || c.model == "qwen2-moe-tiny" || c.model == "mixtral-window-mqa-tiny") {
-    mc["moe_router_load_balancing_type"] = c.packing ? "seq_aux_loss" : "aux_loss";
-    mc["moe_aux_loss_coeff"] = 0.01;
-    mc["moe_z_loss_coeff"] = 0.001;
+    set_moe_aux_losses(mc, c.packing);
   } else if (c.model == "deepseek-v3-tiny") {
     mc["moe_router_dtype"] = "fp64";
   }
@@ -191,46 +183,25 @@ int64_t analytic_tp_bytes(const Case& c, int64_t N) {
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
 
-// This rank's place: data-parallel size and rank (the ranks of a tp group are adjacent), the
-// global batch and its counts, and the data-parallel rank's share of it.
-struct Place {
-  int dp = 1, dp_rank = 0;
-  std::unique_ptr<Batch> global, mine;
-  int64_t tokens = 0, seqs = 0, first = 0;
-  explicit Place(const Case& c) {
-    dp = int(world().size() / c.tp);
-    dp_rank = int(world().rank() / c.tp);
-    global = global_batch();
-    tokens = global->num_tokens();
-    seqs = global->num_seqs();
-    mine = shard_of(*global, dp_rank, dp, &first);
-  }
-};
+// This rank's share: the ranks of a tp group (adjacent) are one data-parallel rank.
+Share share_of(const Case& c) { return Share(int(world().size() / c.tp), int(world().rank() / c.tp)); }
 
 TEST_P(TensorParallel, MatchesOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (N % c.tp != 0 || (N != c.tp && !c.with_dp)) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
-  Place p(c);
+  const Share p = share_of(c);
   const int dp = p.dp;
-  auto& mine = p.mine;
+  const auto& mine = p.mine;
   const SgdComparison r = compare_sgd_step(where(c.model), sgd_config(c, 1), sgd_config(c, c.tp), *p.global, *mine, p.first,
                                            c.label());
   const Outcome& tp = r.got;
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), dp);
   EXPECT_EQ(tp.metrics["tp/comm_bytes"].get<int64_t>(), analytic_tp_bytes(c, mine->num_tokens())) << c.label();
   if (c.model == "qwen3-moe-tiny" || c.model == "qwen2-moe-tiny")  // the auxiliary losses: every rank of a tp group routes alike
-    for (const char* k : {"moe/aux_loss", "moe/z_loss"}) {
-      ASSERT_TRUE(tp.metrics.contains(k) && r.ref.metrics.contains(k)) << k;
-      const double a = tp.metrics[k].get<double>(), b = r.ref.metrics[k].get<double>();
-      EXPECT_GT(b, 0) << k;
-      EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << c.label() << " " << k;
-    }
+    expect_moe_metrics(tp.metrics, r.ref.metrics, {"moe/aux_loss", "moe/z_loss"}, 1e-5, c.label());
   if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": loss " << tp.loss << " vs " << r.ref.loss << ", grad norm "
-              << tp.grad_norm << " vs " << r.ref.grad_norm << ", gradients within " << r.grad_err
-              << " (relative to the largest), logprobs within " << r.lp_err << ", entropy within " << r.ent_err
-              << ", tp bytes/step " << tp.metrics["tp/comm_bytes"].get<int64_t>() << " (analytic "
+    std::cout << "[np " << N << "] " << c.label() << ": " << sgd_summary(r) << ", tp bytes/step " << tp.metrics["tp/comm_bytes"].get<int64_t>() << " (analytic "
               << analytic_tp_bytes(c, mine->num_tokens()) << ")\n";
 }
 
@@ -238,7 +209,7 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (N % c.tp != 0 || (N != c.tp && !c.with_dp)) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
-  Place p(c);
+  const Share p = share_of(c);
   const int dp = p.dp;
   const AdamComparison r =
       compare_adamw_steps(where(c.model), adam_config(c, 1, 2e-3), adam_config(c, c.tp, 2e-3), *p.global, *p.mine, c.label());
@@ -250,10 +221,7 @@ TEST_P(TensorParallel, AdamWStepsFollowOneRank) {
   const double copies = c.distributed_optimizer ? 2.0 + 3.0 / dp : 4.0;
   EXPECT_LE(state, ref_state / 4 * copies * (1.0 / double(c.tp) + 0.04)) << c.label();
   EXPECT_GE(state, ref_state / 4 * copies / double(c.tp)) << c.label();
-  if (world().rank() == 0)
-    std::cout << "[np " << N << "] " << c.label() << ": 2 AdamW steps, weights within " << r.worst
-              << "; training state per rank " << state / 1024 << " KiB, one rank " << ref_state / 1024 << " KiB (ratio "
-              << state / ref_state << ")\n";
+  if (world().rank() == 0) std::cout << "[np " << N << "] " << c.label() << ": " << adam_summary(r) << "\n";
 }
 
 // Log p at given ids (top-k distillation's output: K ids per token, some -1) through the
@@ -262,8 +230,9 @@ TEST_P(TensorParallel, LogprobAtIdsMatchOneRank) {
   const Case c = GetParam();
   const int N = world().size();
   if (N % c.tp != 0 || (N != c.tp && !c.with_dp)) GTEST_SKIP() << "tp " << c.tp << " on " << N << " ranks";
-  auto g = global_batch();
-  EXPECT_LE(at_ids_differences(where(c.model), sgd_config(c, 1), sgd_config(c, c.tp), *g, kVocab)[0], 2e-5) << c.label();
+  auto g = layout_batch();
+  EXPECT_LE(at_ids_differences(where(c.model), sgd_config(c, 1), sgd_config(c, c.tp), *g, kLayoutVocab)[0], 2e-5)
+      << c.label();
 }
 
 std::vector<Case> cases() {
@@ -301,7 +270,7 @@ TEST(TensorParallelCheckpoints, SavedUnderTpLoadsOnOneRankAndBack) {
   const int64_t tp = 2;
   const Case c{"llama-tiny", tp, false, true};
   checkpoint_round_trip(c.model, adam_config(c, tp, 5e-3), adam_config(c, 1, 5e-3), int(N / tp), int(R / tp), "tp",
-                        global_batch());
+                        layout_batch());
 }
 
 // The same for a model with experts (split along their rows and columns) and MLA (latents
@@ -312,7 +281,7 @@ TEST(TensorParallelCheckpoints, ExpertsAndLatentsSavedUnderTpLoadOnOneRankAndBac
   if (N != tp) GTEST_SKIP() << "np 2 only";
   const Case c{"deepseek-v3-tiny", tp, false, false};
   checkpoint_round_trip(c.model, adam_config(c, tp, 5e-3), adam_config(c, 1, 5e-3), int(N / tp), int(R / tp), "tp",
-                        global_batch());
+                        layout_batch());
 }
 
 // The engine under tensor parallelism (TP = the world: 2 or 4) on an MoE model: every rank of the
@@ -321,22 +290,16 @@ TEST(TensorParallelCheckpoints, ExpertsAndLatentsSavedUnderTpLoadOnOneRankAndBac
 TEST(TensorParallelEngine, RoutingRecordAndReplay) {
   const int64_t tp = world().size();
   const EngineModel& md = engine_model("qwen3-moe-tiny");
-  auto g = global_batch();
-  std::vector<int32_t> cu;
-  const engine::MicroBatch mb = engine_view(*g, cu);
-  engine::EngineOptions ro;
-  ro.ops = &host_ops();
-  engine::Engine ref(md.desc, ro);
-  ref.load_parameters(md.weights);
-  engine::OutputRequest req;
-  req.routed_experts = true;
-  const engine::Outputs full = ref.forward(mb, req);
+  auto g = layout_batch();
+  const EngineReference ref(md, *g);
+  const engine::MicroBatch& mb = ref.mb;
+  const engine::OutputRequest& req = ref.req;
+  const engine::Outputs& full = ref.full;
   const int64_t W = full.routing_width, n = g->num_tokens(), E = 8;
 
   sdk::ParallelSizes sizes;
   sizes.tp = tp;
-  const sdk::ParallelComms pc =
-      sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes, {sdk::GroupKind::tp});
+  const sdk::ParallelComms pc = world_groups(sizes, {sdk::GroupKind::tp});
   const sdk::Comm& group = pc.of(sdk::GroupKind::tp);
   const sdk::TpLayout layout = sdk::make_tp_layout(md.desc, tp, group.rank());
   backend::CommTpGroup comm(group);
@@ -348,65 +311,44 @@ TEST(TensorParallelEngine, RoutingRecordAndReplay) {
   std::vector<std::vector<float>> local;
   for (size_t i = 0; i < md.weights.size(); ++i) local.push_back(sdk::tp_slice(layout, i, md.weights[i]));
   e.load_parameters(local);
-  auto lp_err = [&](const engine::Outputs& a, const engine::Outputs& b) {
-    double err = 0;
-    for (int64_t t = 0; t < n; ++t) err = std::max(err, std::fabs(double(a.logprob[size_t(t)]) - double(b.logprob[size_t(t)])));
-    return err;
-  };
   const engine::Outputs out = e.forward(mb, req);
   ASSERT_EQ(out.routing_width, W);
   EXPECT_EQ(out.routed_experts, full.routed_experts) << "tp " << tp << ": the routing record is one rank's";
-  EXPECT_LE(lp_err(out, full), 2e-5) << "tp " << tp;
+  EXPECT_LE(max_abs_diff(out.logprob, full.logprob), 2e-5) << "tp " << tp;
 
   RoutingField rec{std::vector<int32_t>(out.routed_experts.begin(), out.routed_experts.end())};
-  engine::MicroBatch rmb = mb;
-  rmb.fields.push_back(rec.field(n, W));
-  engine::OutputRequest rreq = req;
-  rreq.replay_routing_field = "routed";
-  EXPECT_EQ(e.forward(rmb, rreq).logprob, out.logprob) << "tp " << tp << ": replaying the record";
-  RoutingField other{full.routed_experts};
-  for (int32_t& x : other.data) x = int32_t((x + 1) % E);
-  engine::MicroBatch omb = mb;
-  omb.fields.push_back(other.field(n, W));
-  const engine::Outputs ref_other = ref.forward(omb, rreq), got_other = e.forward(omb, rreq);
-  EXPECT_LE(lp_err(got_other, ref_other), 2e-5) << "tp " << tp << ": replaying another routing";
-  EXPECT_EQ(got_other.routed_experts, other.data);
-  EXPECT_GT(lp_err(got_other, out), 1e-3) << "the other routing changes the outputs";
+  EXPECT_EQ(e.forward(rec.replaying(mb, n, W), replay_request(req)).logprob, out.logprob)
+      << "tp " << tp << ": replaying the record";
+  const OtherRouting other(*ref.engine, e, mb, full.routed_experts, n, W, 1, E, req);
+  EXPECT_LE(max_abs_diff(other.got.logprob, other.ref.logprob), 2e-5) << "tp " << tp << ": replaying another routing";
+  EXPECT_EQ(other.got.routed_experts, other.field.data);
+  EXPECT_GT(max_abs_diff(other.got.logprob, out.logprob), 1e-3) << "the other routing changes the outputs";
 }
 
 TEST(TensorParallelErrors, RefusedByName) {
   const int N = world().size();
-  auto load_error = [&](const json& cfg, const std::string& model, rlh_code code, const std::string& part) {
-    Backend be(host(), "megatron", cfg);
-    rlh_model* m = nullptr;
-    expect_error(be.try_load(model_path(model), true, &m), code, part);
-  };
   // MoE under TP alone splits the experts over the tp group: another expert_tensor_parallel_size
   // is refused by name (at load, for an MoE model; at create when it does not divide tp).
-  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
-             "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
-             "expert_tensor_parallel_size = 1 with tensor_model_parallel_size = 2: the experts are split over the "
-             "tensor-parallel group only");
-  {
-    rlh_backend* b = nullptr;
-    const std::string text =
-        json{{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 4}}}}.dump();
-    expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
-                 "expert_tensor_parallel_size = 4 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
-                 "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
-                 "implemented");
-  }
-  load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
-             "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
+  expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1}}}},
+                    "qwen3-moe-tiny", RLH_E_UNIMPLEMENTED,
+                    "expert_tensor_parallel_size = 1 with tensor_model_parallel_size = 2: the experts are split over the "
+                    "tensor-parallel group only");
+  expect_create_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}, {"expert_tensor_parallel_size", 4}}}},
+                      RLH_E_UNIMPLEMENTED,
+                      "expert_tensor_parallel_size = 4 with policy.megatron_cfg.tensor_model_parallel_size = 2: expert "
+                      "tensor parallelism over a number of ranks that does not divide the tensor-parallel size is not "
+                      "implemented");
+  expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", N + 1}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+                    "tensor_model_parallel_size = " + std::to_string(N + 1) + ": megatron: parallel sizes: world size");
   {
     Alone alone;
-    load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
-               "tensor_model_parallel_size = 2 needs a multiple of 2 launched ranks");
+    expect_load_error({{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}}, "llama-tiny", RLH_E_INVALID_ARGUMENT,
+                      "tensor_model_parallel_size = 2 needs a multiple of 2 launched ranks");
   }
   {  // the ranks of a tp group given different batches (a loop sharding over every rank)
     Backend be(host(), "megatron", {{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}});
     rlh_model* m = be.load(model_path("llama-tiny"), false);
-    auto g = global_batch();
+    auto g = layout_batch();
     auto mine = shard_of(*g, world().rank(), N);
     std::vector<std::vector<float>> out;
     expect_error(be.try_forward(m, *mine, {spec(RLH_OUTPUT_LOGPROB_RAW, "lp")}, out), RLH_E_INVALID_ARGUMENT,
@@ -415,7 +357,7 @@ TEST(TensorParallelErrors, RefusedByName) {
   {  // top-k processed logprobs need the whole vocabulary
     Backend be(host(), "megatron", {{"megatron_cfg", {{"tensor_model_parallel_size", 2}}}});
     rlh_model* m = be.load(model_path("llama-tiny"), false);
-    auto g = global_batch();
+    auto g = layout_batch();
     std::vector<std::vector<float>> out;
     expect_error(be.try_forward(m, *g, {spec(RLH_OUTPUT_LOGPROB, "lp", 1.0, 5)}, out), RLH_E_INVALID_ARGUMENT,
                  "top_k/top_p are not supported under tensor parallelism");

@@ -17,11 +17,10 @@
 //     the summed auxiliary losses.
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iostream>
-#include <map>
 
 #include "engine_under_mpi.hpp"
+#include "model_parallel_checks.hpp"
 #include "rlhost/backend_common/data_parallel.hpp"
 #include "rlhost/sdk/expert_parallel.hpp"
 #include "rlhost/sdk/parallel_groups.hpp"
@@ -36,50 +35,8 @@ constexpr int64_t kP = 2, kV = 2, kS = kP * kV;
 
 // qwen3-moe-tiny's layers 0, 1, then both again scaled by 0.9 (as layers 2, 3).
 const EngineModel& four_layer_qwen3_moe() {
-  static const EngineModel m4 = [] {
-    const EngineModel& m2 = engine_model("qwen3-moe-tiny");
-    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(model_path("qwen3-moe-tiny") + "/config.json"));
-    cfg["num_hidden_layers"] = 4;
-    EngineModel m;
-    m.desc = model::describe(cfg);
-    std::map<std::string, size_t> at;
-    for (size_t i = 0; i < m2.desc.params.size(); ++i) at[m2.desc.params[i].name] = i;
-    const std::string pre = "model.layers.";
-    for (const auto& p : m.desc.params) {
-      std::string name = p.name;
-      float scale = 1.f;
-      if (name.rfind(pre, 0) == 0) {
-        const size_t dot = name.find('.', pre.size());
-        const int layer = std::stoi(name.substr(pre.size(), dot - pre.size()));
-        if (layer >= 2) scale = 0.9f;
-        name = pre + std::to_string(layer % 2) + name.substr(dot);
-      }
-      const auto it = at.find(name);
-      if (it == at.end()) throw std::runtime_error("four_layer_qwen3_moe: no " + name + " in qwen3-moe-tiny");
-      m.weights.push_back(m2.weights[it->second]);
-      for (float& x : m.weights.back()) x *= scale;
-    }
-    return m;
-  }();
+  static const EngineModel& m4 = engine_model(doubled_layers_model("qwen3-moe-tiny", "vpproute_qwen3moe4"));
   return m4;
-}
-
-engine::LossResult nll(const engine::LossContext& c, const engine::OutputViews& ov, engine::OutputGrads& og) {
-  engine::LossResult lr;
-  const auto& cu = c.microbatch->cu_seqlens;
-  for (size_t s = 0; s + 1 < cu.size(); ++s)
-    for (int32_t t = cu[s] + 1; t < cu[s + 1]; ++t) {
-      lr.loss -= ov.logprob[size_t(t)] / double(c.global_tokens);
-      og.logprob[size_t(t)] = float(-1.0 / double(c.global_tokens));
-    }
-  return lr;
-}
-
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-  return d;
 }
 
 // One rank of the pipeline: its stage engine (of the ep layout's description under EP) and groups.
@@ -94,8 +51,7 @@ struct StageRank {
     sdk::ParallelSizes sizes;
     sizes.pp = kP;
     sizes.ep = ep;
-    pc = sdk::make_parallel_comms(sdk::Comm::world(sdk::Host(host().services())), sizes,
-                                  {sdk::GroupKind::pp, sdk::GroupKind::dp, sdk::GroupKind::ep});
+    pc = world_groups(sizes, {sdk::GroupKind::pp, sdk::GroupKind::dp, sdk::GroupKind::ep});
     stage = pc.of(sdk::GroupKind::pp).rank();
     engine::EngineOptions o = base;
     std::vector<std::vector<float>> w = m.weights;  // this rank's experts' part under EP
@@ -177,8 +133,8 @@ TEST(VirtualStageRouting, RecordReplayAndTrainStep) {
   std::vector<int32_t> cu;
   const engine::MicroBatch mb = engine_view(*mine, cu);
   const int64_t n = mine->num_tokens();
-  engine::Engine ref(m.desc, o);
-  ref.load_parameters(m.weights);
+  const auto ref_engine = reference_engine(m, o);
+  engine::Engine& ref = *ref_engine;
   const int64_t R = ref.routing_width(), E = 8;
   ASSERT_EQ(r.layout.route_total, R);
   engine::OutputRequest req;
@@ -189,25 +145,21 @@ TEST(VirtualStageRouting, RecordReplayAndTrainStep) {
   EXPECT_EQ(got.routed_experts, full.routed_experts) << "the chunks' records in place are one engine's";
   double lp_err = 0;
   if (last) {
-    lp_err = max_diff(got.logprob, full.logprob);
+    lp_err = max_abs_diff(got.logprob, full.logprob);
     EXPECT_LE(lp_err, 1e-5);
   }
 
   // Another routing of the whole model (each choice moved to the next expert), replayed.
-  RoutingField other;
-  other.data = full.routed_experts;
-  for (int32_t& x : other.data) x = int32_t((x + 1) % E);
-  engine::MicroBatch rmb = mb;
-  rmb.fields.push_back(other.field(n, R));
-  engine::OutputRequest rreq = req;
-  rreq.replay_routing_field = "routed";
+  RoutingField other = RoutingField::moved(full.routed_experts, 1, E);
+  const engine::MicroBatch rmb = other.replaying(mb, n, R);
+  const engine::OutputRequest rreq = replay_request(req);
   const engine::Outputs ref_other = ref.forward(rmb, rreq);
   const engine::Outputs got_other = r.forward(rmb, rreq, R);
   EXPECT_EQ(got_other.routed_experts, other.data) << "the record under replay is the replayed routing";
   double other_err = 0;
   if (last) {
-    EXPECT_GT(max_diff(ref_other.logprob, full.logprob), 1e-4) << "the other routing changes the outputs";
-    other_err = max_diff(got_other.logprob, ref_other.logprob);
+    EXPECT_GT(max_abs_diff(ref_other.logprob, full.logprob), 1e-4) << "the other routing changes the outputs";
+    other_err = max_abs_diff(got_other.logprob, ref_other.logprob);
     EXPECT_LE(other_err, 1e-5) << "replaying another routing";
   }
 
@@ -219,6 +171,7 @@ TEST(VirtualStageRouting, RecordReplayAndTrainStep) {
   so.global_sequences = mine->num_seqs();
   so.apply_optimizer = false;
   so.outputs.replay_routing_field = "routed";
+  const engine::LossFn nll = sequence_nll();
   const engine::StepResult sr = ref.train_step(std::span<const engine::MicroBatch>(&rmb, 1), so, nll);
   r.e->begin_stage_step(std::span<const engine::MicroBatch>(&rmb, 1), so);
   const int64_t C = m.desc.hidden_size;
@@ -275,7 +228,7 @@ TEST(VirtualStageRouting, RecordReplayAndTrainStep) {
     const std::vector<float> gr(ref.grad(i).begin(), ref.grad(i).end());
     double mx = 0;
     for (float x : gr) mx = std::max(mx, double(std::fabs(x)));
-    const double e = max_diff(gj, gr) / std::max(mx, 1e-30);
+    const double e = max_abs_diff(gj, gr) / std::max(mx, 1e-30);
     worst = std::max(worst, e);
     EXPECT_LE(e, 1e-5) << p.name;
   }

@@ -746,7 +746,9 @@ std::vector<double> device_gemm(VendorFp8& f, const Quantized& a, const Quantize
 // falls through), and a float32 C may be refused too.
 TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
   std::mt19937_64 rng(8);
-  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{256, 384, 512}, {128, 128, 128}, {200, 136, 320}}) {
+  // The few-row products of decoding (16 and 64 rows: what the generator's FP8 rollouts run) too.
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
+           {256, 384, 512}, {128, 128, 128}, {200, 136, 320}, {16, 256, 256}, {64, 384, 512}}) {
     const bool aligned = M % 128 == 0 && N % 128 == 0 && K % 128 == 0;
     SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K));
     Mat x = random_mat(rng, M, K, kBF16, 1.0), w = random_mat(rng, N, K, kBF16, 0.02);

@@ -1,5 +1,5 @@
-// FP8 GEMMs on cuBLASLt (fp8_gemm.hpp): the library through dlopen, one matmul descriptor per
-// call (a few microseconds; a vendor chasing small shapes would cache them per shape).
+// FP8 GEMMs on cuBLASLt (fp8_gemm.hpp): the library through dlopen, one matmul descriptor and
+// algorithm per shape, kept (making them per product cost a heuristic query each time).
 #include "fp8_gemm.hpp"
 
 #include <cublasLt.h>
@@ -137,6 +137,11 @@ class Plan {
     *why = t_.Heuristic(h, desc_, la_, lb_, lc_, lc_, pref_, 1, r, &n);
     return *why == CUBLAS_STATUS_SUCCESS && n > 0;
   }
+  // The operands' scales of this product (the descriptor keeps pointers, not values).
+  void set_scales(const GemmArgs& g) {
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.sb, sizeof g.sb);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.sa, sizeof g.sa);
+  }
   void run(cublasLtHandle_t h, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t& r, void* ws,
            cudaStream_t st) const {
     ck(t_.Matmul(h, desc_, &g.alpha, g.b, la_, g.a, lb_, &g.beta, g.c, lc_, g.c, lc_, &r.algo, ws, kGemmWorkspace, st),
@@ -151,8 +156,7 @@ class Plan {
     set(CUBLASLT_MATMUL_DESC_TRANSA, &T, sizeof T);
     set(CUBLASLT_MATMUL_DESC_TRANSB, &N, sizeof N);
     // Its A is our B: B's scales go to A_SCALE, A's to B_SCALE.
-    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.sb, sizeof g.sb);
-    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.sa, sizeof g.sa);
+    set_scales(g);
     if (g.scaling != Scaling::tensor) {
       const int32_t tiles = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, blocks = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
       const int32_t mode_b = g.scaling == Scaling::tiles_blocks ? blocks : tiles;
@@ -209,12 +213,30 @@ std::string Gemm::unsupported(const GemmArgs& g) const {
   return {};
 }
 
-void Gemm::run(const GemmArgs& g, void* ws, cudaStream_t st) const {
-  const Plan p(need_lt(), g);
-  cublasLtMatmulHeuristicResult_t r{};
+struct Gemm::Cached {
+  Plan plan;
+  cublasLtMatmulHeuristicResult_t algo{};
+  explicit Cached(const GemmArgs& g) : plan(need_lt(), g) {}
+};
+
+Gemm::Cached& Gemm::plan(const GemmArgs& g) const {
+  // Everything the descriptors and layouts hold but the pointers (and alpha/beta, passed per call).
+  const std::array<int64_t, 10> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
+                                       int64_t(g.scaling), g.c_bf16 ? 1 : 0};
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return *it->second;
+  auto c = std::make_unique<Cached>(g);
   cublasStatus_t why = CUBLAS_STATUS_SUCCESS;
-  if (!p.pick(handle_, &r, &why)) throw std::runtime_error("cuBLASLt has no algorithm for this FP8 product (" + status_text(why) + ")");
-  p.run(handle_, g, r, ws, st);
+  if (!c->plan.pick(handle_, &c->algo, &why))
+    throw std::runtime_error("cuBLASLt has no algorithm for this FP8 product (" + status_text(why) + ")");
+  return *cache_.emplace(key, std::move(c)).first->second;
+}
+
+void Gemm::run(const GemmArgs& g, void* ws, cudaStream_t st) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Cached& c = plan(g);
+  c.plan.set_scales(g);
+  c.plan.run(handle_, g, c.algo, ws, st);
 }
 
 }  // namespace vfp8

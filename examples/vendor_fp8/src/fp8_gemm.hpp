@@ -6,7 +6,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "fp8_kernels.hpp"
@@ -62,7 +66,14 @@ class Gemm {
   void run(const GemmArgs& g, void* ws, cudaStream_t st) const;
 
  private:
+  struct Cached;  // a shape's descriptors and chosen algorithm (fp8_gemm.cpp)
+  // The plan for g's shape, made (descriptors and cuBLASLt's heuristic, tens of microseconds)
+  // at its first product and kept: an engine runs the same few shapes every step. Throws when
+  // cuBLASLt has no algorithm. Call with mu_ held.
+  Cached& plan(const GemmArgs& g) const;
   cublasLtHandle_t handle_ = nullptr;
+  mutable std::mutex mu_;  // the cache, and a cached descriptor's scale pointers set per call
+  mutable std::map<std::array<int64_t, 10>, std::unique_ptr<Cached>> cache_;
 };
 
 }  // namespace vfp8

@@ -68,8 +68,11 @@ void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q
 // Delayed scaling (tensor grouping): the scale comes from the amax history of earlier calls
 // (its max, or its most recent entry); the first call, with an empty history, uses its own amax.
 // Then the current amax enters the history. `hist` [len] and `pos_count` [2] live on the device.
+// `history_filled`: the caller knows the history holds an entry (it counts its calls), so the
+// scale needs no pass of its own and the amax is gathered while quantising (one read of x, not
+// two); false takes the two-pass path, which also reads the count on the device.
 void quantize_delayed(const Source& s, Fmt f, double margin, bool most_recent, float* hist, int32_t len,
-                      int32_t* pos_count, void* q, int64_t ldq, float* scale, float* amax_out, float* cur,
-                      uint32_t* bits, cudaStream_t st);
+                      int32_t* pos_count, bool history_filled, void* q, int64_t ldq, float* scale, float* amax_out,
+                      float* cur, uint32_t* bits, cudaStream_t st);
 
 }  // namespace vfp8

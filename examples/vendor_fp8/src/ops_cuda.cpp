@@ -76,6 +76,10 @@ struct rlh_op {
   int32_t history_len = 0;
   float* hist = nullptr;
   int32_t* pos_count = nullptr;  // {next slot, entries filled}
+  // The host's count of the entries filled (runs since creation, or the loaded state's): past 0,
+  // a run takes the one-pass path. A run replayed in a CUDA graph does not count, which only
+  // keeps the (equally exact) two-pass path longer.
+  int32_t filled_host = 0;
 };
 
 namespace vendor_fp8 {
@@ -491,11 +495,14 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
           const QuantCall c = quant_call(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, true);
           const double margin = pick_d(call, "margin", op->margin);
           if (!std::isfinite(margin)) bad("quantize_fp8: margin must be finite");
-          if (op->delayed)
-            vfp8::quantize_delayed(c.src, c.fmt, margin, op->most_recent, op->hist, op->history_len, op->pos_count, c.q,
-                                   c.ldq, c.scale, c.amax, reinterpret_cast<float*>(bits + 1), bits, st);
-          else
+          if (op->delayed) {
+            vfp8::quantize_delayed(c.src, c.fmt, margin, op->most_recent, op->hist, op->history_len, op->pos_count,
+                                   op->filled_host > 0, c.q, c.ldq, c.scale, c.amax, reinterpret_cast<float*>(bits + 1),
+                                   bits, st);
+            op->filled_host = std::min(op->filled_host + 1, op->history_len);
+          } else {
             vfp8::quantize_current(c.src, c.fmt, Grouping(op->grouping), margin, c.q, c.ldq, c.scale, c.amax, bits, st);
+          }
           break;
         }
       }
@@ -568,6 +575,7 @@ rlh_status* k_state_load(rlh_op* op, const void* data, size_t len) {
       cuda_ck(cudaMemcpy(op->hist, hist.data(), hist.size() * sizeof(float), cudaMemcpyHostToDevice), "state_load");
       cuda_ck(cudaMemcpy(op->pos_count, pc, sizeof pc, cudaMemcpyHostToDevice), "state_load");
     });
+    op->filled_host = count;
   });
 }
 

@@ -64,6 +64,11 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
       throw std::invalid_argument("cuda engine: fp8_recipe = delayed with full activation recompute is not supported "
                                   "(the recomputed forward would advance the amax histories again); use selective "
                                   "recompute or none");
+    // An FP8 provider's cuBLASLt products ask for 32 MiB of workspace; given none per call, a
+    // provider takes it from the stream-ordered pool for every product, and that pool hands its
+    // memory back at each host wait.
+    op_workspace = cuda::DeviceBuffer(counters, size_t(32) << 20);
+    ops->set_workspace(op_workspace.get(), op_workspace.size());
     fp8 = std::make_unique<cuda::Fp8Linears>(*ops, counters, opt.fp8, L);
     if (opt.fp8.delayed) fp8->add_sites(fp8_sites(false), fp8_sites(true));
   }

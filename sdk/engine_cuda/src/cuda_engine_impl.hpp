@@ -194,6 +194,7 @@ struct CudaEngine::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::DeviceOps> ops;  // the registry's kernels on this device and stream
   std::unique_ptr<cuda::Fp8Linears> fp8;  // CudaEngineOptions::fp8 (null: every linear in bf16)
+  cuda::DeviceBuffer op_workspace;  // every op call's scratch (set with FP8: its provider's GEMMs ask 32 MiB)
   cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, scalars;
   // RoPE tables (f32 inv_freq on the device), per program table.
   struct Rope {
