@@ -12,8 +12,9 @@
 #               engine's training step in bf16 and with FP8 linears (1B and 3B shapes) and the
 #               loss after 200 steps of each on one stream; and decoding at batch 64 / 256 in bf16
 #               and with FP8 rollouts
-#     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8) and the
-#                generator's FP8 rollouts, with the vendor's plugin on the plugin path (also part of fp8)
+#     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8), delayed scaling's
+#                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
+#                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
 #     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
 #     fp8profile: ncu's per-kernel times of one 1B training step, bf16 and FP8 (FP8_PROFILE="none blockwise"), by kind
@@ -122,6 +123,11 @@ if [ "$what" = fp8engine ] || [ "$what" = fp8 ] || [ "$what" = all ] || [ "$what
   echo "== test_cuda_engine_fp8 (vendor_fp8 on the plugin path) =="
   RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_cuda_engine_fp8" --gtest_brief=1 2>&1 |
     tee "$out/test_cuda_engine_fp8.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|loss|Expected|Which is|actual|rror" | head -60
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "== test_backend_cuda: FP8 delayed scaling's histories through megatron's checkpoints =="
+  RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_backend_cuda" --gtest_brief=1 \
+    --gtest_filter='BackendCuda.Fp8*' 2>&1 | tee "$out/test_backend_cuda_fp8.log" |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|rror" | head -30
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   echo "== test_generator_cuda: FP8 rollouts (vendor_fp8 on the plugin path) =="
   RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" --gtest_brief=1 \

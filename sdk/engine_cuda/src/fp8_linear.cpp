@@ -243,7 +243,7 @@ void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
 
 bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, const bf16* W,
                              double beta, bf16* dx, int64_t lddx, int64_t site_id) {
-  if (N == 0 || !aligned(rows) || !aligned(K) || lddx % 8 != 0) return false;
+  if (N == 0 || !aligned(rows) || !aligned(K) || lddx % 8 != 0 || (opt_.blockwise && N % 16 != 0)) return false;
   if (opt_.delayed)
     quantise_delayed(dy_, site(grad_sites_, site_id, "gradient").q, dy, N, rows, lddy, false, grad_format());
   else
