@@ -185,10 +185,13 @@ TEST_P(Fp8Recipe, AdamStepsFollowBf16) {
   std::printf("%s: loss %.5f -> bf16 %.5f, fp8 %.5f\n", c.name, first, last_ref, last_f8);
   EXPECT_LT(last_ref, first);
   EXPECT_LT(last_f8, first) << c.name;
-  // The FP8 run's fall within 10% of bf16's. H100 (2026-12-05), 6.294 -> bf16 4.476: tensorwise
-  // e4m3 4.475, hybrid 4.380, blockwise 4.384 (5.3% of the fall). Stale FP8 weight copies would
-  // stall it far outside.
-  EXPECT_NEAR(first - last_f8, first - last_ref, 0.1 * (first - last_ref)) << c.name;
+  // The FP8 run's fall within 10% of bf16's (delayed scaling: 20%). H100 (2026-12-05), 6.294 ->
+  // bf16 4.476: tensorwise e4m3 4.475, hybrid 4.380, blockwise 4.384 (5.3% of the fall); delayed
+  // e4m3 4.518 (2.3%), delayed hybrid 4.742 (14.6%): a gradient scale from the last step's amax
+  // (Megatron's default history of 1) saturates the largest entries wherever this step's
+  // gradients grew, which this quickly memorising run does. Stale FP8 weight copies would stall
+  // it far outside.
+  EXPECT_NEAR(first - last_f8, first - last_ref, (c.delayed ? 0.2 : 0.1) * (first - last_ref)) << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Recipe,
