@@ -169,6 +169,21 @@ inline void set_moe_aux_losses(nlohmann::json& mc, bool packing) {
   mc["moe_z_loss_coeff"] = 0.001;
 }
 
+// An MoE layout's config from its megatron_cfg parallel keys: the softmax router trains with
+// set_moe_aux_losses, the sigmoid router (deepseek-v3) routes in float64; recompute and the
+// batching as the case says.
+inline nlohmann::json moe_layout_config(nlohmann::json mc, bool softmax, bool packing, bool recompute) {
+  if (softmax) {
+    set_moe_aux_losses(mc, packing);
+  } else {
+    mc["moe_router_dtype"] = "fp64";
+  }
+  if (recompute) mc["activation_checkpointing"] = true;
+  nlohmann::json cfg = {{"megatron_cfg", mc}};
+  set_batching(cfg, packing);
+  return cfg;
+}
+
 // The optimizer both tests train with, on a config: SGD at lr 1 without momentum, decay or
 // clipping (one step: w - w' = g), or AdamW with decay and clipping.
 inline nlohmann::json with_sgd(nlohmann::json cfg, bool distributed_optimizer) {

@@ -89,16 +89,7 @@ struct Case {
 // packing, where every rank's micro-batches are the reference's; per sequence with packing,
 // where they are not) and the z-loss; the sigmoid router (no such losses) routes in float64.
 json base_config(const Case& c, int64_t ep) {
-  json mc = {{"expert_model_parallel_size", ep}};
-  if (c.softmax()) {
-    set_moe_aux_losses(mc, c.packing);
-  } else {
-    mc["moe_router_dtype"] = "fp64";
-  }
-  if (c.recompute) mc["activation_checkpointing"] = true;
-  json cfg = {{"megatron_cfg", mc}};
-  set_batching(cfg, c.packing);
-  return cfg;
+  return moe_layout_config({{"expert_model_parallel_size", ep}}, c.softmax(), c.packing, c.recompute);
 }
 
 // The ep group's bytes of one train step on rank R of N, counted from the routing of the global

@@ -65,15 +65,7 @@ json base_config(const Case& c, bool one_rank) {
     mc["expert_tensor_parallel_size"] = kEtp;
     mc["sequence_parallel"] = true;
   }
-  if (c.softmax()) {
-    set_moe_aux_losses(mc, c.packing);
-  } else {
-    mc["moe_router_dtype"] = "fp64";
-  }
-  if (c.recompute) mc["activation_checkpointing"] = true;
-  json cfg = {{"megatron_cfg", mc}};
-  set_batching(cfg, c.packing);
-  return cfg;
+  return moe_layout_config(mc, c.softmax(), c.packing, c.recompute);
 }
 
 // This rank's share: the tp group (4 adjacent ranks) is one data-parallel rank.

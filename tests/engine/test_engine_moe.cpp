@@ -151,6 +151,22 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
   return err / std::max(mx, 1e-30);
 }
 
+// Another routing of the whole model: each choice of a [N, R] record (R columns: each MoE
+// layer's top_k in turn) moved to the next expert.
+std::vector<int32_t> moved_routing(const sdk::TransformerDesc& d, std::vector<int32_t> routed, int64_t N, int64_t R) {
+  int64_t col = 0;
+  for (const auto& l : d.layers) {
+    if (l.mlp.kind != sdk::MlpKind::moe) continue;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < l.mlp.moe.top_k; ++k) {
+        int32_t& x = routed[size_t(n * R + col + k)];
+        x = int32_t((x + 1) % l.mlp.moe.num_experts);
+      }
+    col += l.mlp.moe.top_k;
+  }
+  return routed;
+}
+
 bool sigmoid_scores(const std::string& name) {
   for (const auto& l : model(name).desc.layers)
     if (l.mlp.kind == sdk::MlpKind::moe && l.mlp.moe.scoring == sdk::MoeScoring::sigmoid) return true;
@@ -259,18 +275,7 @@ TEST_P(MoeModel, RoutingRecordAndReplay) {
   EXPECT_EQ(o2.routed_experts, o.routed_experts);
 
   // Another routing (each choice moved to the next expert, keeping a row's choices distinct).
-  std::vector<int32_t> other = rec;
-  col = 0;
-  for (const auto& l : m.desc.layers) {
-    if (l.mlp.kind != sdk::MlpKind::moe) continue;
-    const int64_t K = l.mlp.moe.top_k, E = l.mlp.moe.num_experts;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        int32_t& x = other[size_t(n * R + col + k)];
-        x = int32_t((x + 1) % E);
-      }
-    col += K;
-  }
+  std::vector<int32_t> other = moved_routing(m.desc, rec, N, R);
   MicroBatch omb = mb;
   omb.fields.push_back(field(other));
   const engine::Outputs o3 = e->forward(omb, rreq);
@@ -368,18 +373,8 @@ TEST_P(MoeModel, PipelineStagesRecordAndReplayTheirColumns) {
   EXPECT_EQ(got.routed_experts, ref.routed_experts);
 
   // Replay another routing of the whole model (each choice moved to the next expert).
-  std::vector<int32_t> other = ref.routed_experts;
-  int64_t col = 0;
-  for (const auto& l : m.desc.layers) {
-    if (l.mlp.kind != sdk::MlpKind::moe) continue;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < l.mlp.moe.top_k; ++k) {
-        int32_t& x = other[size_t(n * R + col + k)];
-        x = int32_t((x + 1) % l.mlp.moe.num_experts);
-      }
-    col += l.mlp.moe.top_k;
-  }
-  std::vector<int64_t> shape = {N, R}, strides = {R, 1};
+  std::vector<int32_t> other = moved_routing(m.desc, ref.routed_experts, N, R);
+  std::vector<int64_t> shape = {N, R}, strides = {R, 1};  // the field points at these
   MicroBatch rmb = mb;
   rmb.fields.push_back(int32_field("routes", other, shape, strides));
   engine::OutputRequest rreq = req;
@@ -535,18 +530,8 @@ void check_virtual_stage_routing(const Model& m, const std::string& label) {
   EXPECT_LE(max_diff(got.logprob, ref.logprob), 1e-6);
 
   // Another routing of the whole model (each choice moved to the next expert), replayed.
-  std::vector<int32_t> other = ref.routed_experts;
-  int64_t col = 0;
-  for (const auto& l : m.desc.layers) {
-    if (l.mlp.kind != sdk::MlpKind::moe) continue;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < l.mlp.moe.top_k; ++k) {
-        int32_t& x = other[size_t(n * R + col + k)];
-        x = int32_t((x + 1) % l.mlp.moe.num_experts);
-      }
-    col += l.mlp.moe.top_k;
-  }
-  std::vector<int64_t> shape = {N, R}, strides = {R, 1};
+  std::vector<int32_t> other = moved_routing(m.desc, ref.routed_experts, N, R);
+  std::vector<int64_t> shape = {N, R}, strides = {R, 1};  // the field points at these
   MicroBatch rmb = mb;
   rmb.fields.push_back(int32_field("routes", other, shape, strides));
   engine::OutputRequest rreq = req;
