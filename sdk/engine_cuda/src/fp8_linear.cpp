@@ -218,15 +218,16 @@ void Fp8Linears::reserve_input(int64_t N, int64_t K) {
   if (x_.scale.size() < size_t(ns) * sizeof(float)) x_.scale = DeviceBuffer(counters_, size_t(ns) * sizeof(float));
 }
 
+void Fp8Linears::quantise_operand(Quantised& out, std::map<int64_t, Site>& sites, int64_t id, const char* what,
+                                  const bf16* x, int64_t R, int64_t C, int64_t ldx, bool transpose, DeviceOps::Fp8 f) {
+  if (!opt_.delayed) return quantise(out, x, R, C, ldx, transpose, f, act_grouping());
+  const Site& s = site(sites, id, what);
+  quantise_delayed(out, transpose ? s.qt : s.q, x, R, C, ldx, transpose, f);
+}
+
 bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
-  // Blockwise: cuBLASLt found no algorithm for 378 token rows on the H100 (2026-12-05, the
-  // generator's prefill), where tensorwise takes any count (200 in test_cuda_engine_fp8); its
-  // 1x128 scales run down the tokens, so their count must keep each column of scales aligned.
-  if (N == 0 || !aligned(K) || (opt_.blockwise && N % 16 != 0)) return false;
-  if (opt_.delayed)
-    quantise_delayed(x_, site(in_sites_, site_id, "input").q, x, N, K, ldx, false, DeviceOps::Fp8::e4m3);
-  else
-    quantise(x_, x, N, K, ldx, false, DeviceOps::Fp8::e4m3, act_grouping());
+  if (!tokens_fit(N) || !aligned(K)) return false;
+  quantise_operand(x_, in_sites_, site_id, "input", x, N, K, ldx, false, DeviceOps::Fp8::e4m3);
   xN_ = N;
   xK_ = K;
   return true;
@@ -243,11 +244,8 @@ void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
 
 bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, const bf16* W,
                              double beta, bf16* dx, int64_t lddx, int64_t site_id) {
-  if (N == 0 || !aligned(rows) || !aligned(K) || lddx % 8 != 0 || (opt_.blockwise && N % 16 != 0)) return false;
-  if (opt_.delayed)
-    quantise_delayed(dy_, site(grad_sites_, site_id, "gradient").q, dy, N, rows, lddy, false, grad_format());
-  else
-    quantise(dy_, dy, N, rows, lddy, false, grad_format(), act_grouping());
+  if (!tokens_fit(N) || !aligned(rows) || !aligned(K) || lddx % 8 != 0) return false;
+  quantise_operand(dy_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, false, grad_format());
   const Quantised& wt = weight(W, rows, K, true);
   ops_.gemm_fp8(N, K, rows, dy_.q.get(), grad_format(), dy_.scale.get<float>(), dy_.nscale, wt.q.get(),
                 DeviceOps::Fp8::e4m3, wt.scale.get<float>(), wt.nscale, opt_.blockwise ? 1 : 0, beta, dx, lddx, false);
@@ -258,10 +256,7 @@ bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t ro
 bool Fp8Linears::input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
   xtN_ = xtK_ = 0;
   if (!aligned(N) || !aligned(K)) return false;
-  if (opt_.delayed)
-    quantise_delayed(xt_, site(in_sites_, site_id, "input").qt, x, N, K, ldx, true, DeviceOps::Fp8::e4m3);
-  else
-    quantise(xt_, x, N, K, ldx, true, DeviceOps::Fp8::e4m3, act_grouping());
+  quantise_operand(xt_, in_sites_, site_id, "input", x, N, K, ldx, true, DeviceOps::Fp8::e4m3);
   xtN_ = N;
   xtK_ = K;
   return true;
@@ -270,10 +265,7 @@ bool Fp8Linears::input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64
 bool Fp8Linears::backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW,
                              int64_t site_id) {
   if (xtN_ != N || xtK_ != K || !aligned(rows)) return false;
-  if (opt_.delayed)
-    quantise_delayed(dyt_, site(grad_sites_, site_id, "gradient").qt, dy, N, rows, lddy, true, grad_format());
-  else
-    quantise(dyt_, dy, N, rows, lddy, true, grad_format(), act_grouping());
+  quantise_operand(dyt_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, true, grad_format());
   ops_.gemm_fp8(rows, K, N, dyt_.q.get(), grad_format(), dyt_.scale.get<float>(), dyt_.nscale, xt_.q.get(),
                 DeviceOps::Fp8::e4m3, xt_.scale.get<float>(), xt_.nscale, opt_.blockwise ? 2 : 0, 1.0, dW, K, true);
   ++stats_.fp8_gemms;

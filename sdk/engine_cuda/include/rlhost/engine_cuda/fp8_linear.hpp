@@ -117,6 +117,10 @@ class Fp8Linears {
   // W's copy (transposed: W^T [K, rows]) for this call.
   const Quantised& weight(const bf16* W, int64_t rows, int64_t K, bool transposed);
   bool aligned(int64_t n) const { return n % (opt_.blockwise ? 128 : 16) == 0; }
+  // The token count of a product whose A runs down the tokens (the forward's X, dX's dY):
+  // blockwise's per-token scales need multiples of 16 (cuBLASLt had no algorithm for 378 rows
+  // on the H100, 2026-12-05); tensorwise takes any.
+  bool tokens_fit(int64_t N) const { return N > 0 && (!opt_.blockwise || N % 16 == 0); }
   int act_grouping() const { return opt_.blockwise ? 1 : 0; }
   int weight_grouping() const { return opt_.blockwise ? 2 : 0; }
   DeviceOps::Fp8 grad_format() const { return opt_.hybrid ? DeviceOps::Fp8::e5m2 : DeviceOps::Fp8::e4m3; }
@@ -128,6 +132,9 @@ class Fp8Linears {
   // quantise's delayed form: through the site's handle, one scale.
   void quantise_delayed(Quantised& out, const sdk::Op& op, const bf16* x, int64_t R, int64_t C, int64_t ldx,
                         bool transpose, DeviceOps::Fp8 f);
+  // An activation or gradient operand: through its site's handle (delayed), else current scaling.
+  void quantise_operand(Quantised& out, std::map<int64_t, Site>& sites, int64_t id, const char* what, const bf16* x,
+                        int64_t R, int64_t C, int64_t ldx, bool transpose, DeviceOps::Fp8 f);
   DeviceOps::DelayedScaling delayed_scaling() const { return {opt_.amax_history_len, opt_.amax_max, opt_.margin}; }
 
   DeviceOps& ops_;
