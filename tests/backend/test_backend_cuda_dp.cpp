@@ -12,17 +12,21 @@
 //   - a distributed-optimizer state saved at DP = N (moments gathered) resumes bitwise at
 //     DP = N (each rank keeps its block), and loads on one rank;
 //   - tensor parallelism on the device is refused by name.
-// dtensor's FSDP on the device (the fp32 masters, both moments and the gradient block as this
-// rank's 1/N block; only the bf16 copy gathered):
+// dtensor's FSDP on the device (ZeRO-3: of every unit, a layer or the root, this rank keeps its
+// 1/N block of the fp32 masters, both moments, the summed gradients and the bf16 weights; a
+// unit's weights are gathered before it runs, its gradients reduce-scattered after):
 //   - it follows the one-rank device run over three AdamW steps (dense and MoE), as the
 //     distributed optimizer does, and HSDP too (dp_replicate_size = N: shards of one rank; and
 //     2 replicas of N/2-rank shards where N is a multiple of 4, skipped at np 2);
 //   - memory/state_bytes per rank is 1/N of the one-rank run's masters and moments (16/N bytes
-//     a parameter against 12: the gradient block is state too);
-//   - without clipping or weight decay it gives bitwise megatron's distributed optimizer's
-//     weights and losses (the same blocks, kernels and pointer alignments), also after a
-//     visit_weights_on of the gathered masters between steps, and on DeepSeek-V3 (whose router
-//     reads its selection bias from the masters: under FSDP from a refreshed side copy);
+//     a parameter against 12: the gradient block is state too), memory/weight_bytes 1/N of its
+//     bf16 weights, and no whole gradient buffer is kept (memory/grad_bytes 0; the staging of
+//     one layer and the root is memory/stage_bytes);
+//   - without clipping or weight decay it follows megatron's distributed optimizer on the same
+//     blocks' math: the first loss bitwise, the updates within fp32 summation order (the layers'
+//     gradients are reduced per micro-batch, the distributed optimizer's once per step), also
+//     after a visit_weights_on of the gathered masters between steps, and on DeepSeek-V3 (whose
+//     router reads its selection bias from the masters: under FSDP from a refreshed side copy);
 //   - an empty shard takes part; a sharded state resumes bitwise at N and loads at one rank
 //     with bitwise the weights it saved, and a one-rank state loads at N likewise.
 // Without a usable Hopper GPU every test skips with the reason.
@@ -288,11 +292,21 @@ TEST_P(DeviceFsdp, FollowsOneRankWithItsBlockOfTheState) {
   const int S = N / replicas;
   EXPECT_GT(one, 0);
   EXPECT_NEAR(mine_bytes, one * 16.0 / 12.0 / S, 0.01 * one) << c.label();
+  // The bf16 weights: this rank's blocks of each unit (each padded to S 64-element blocks); no
+  // whole fp32 gradient buffer; the gathered units' staging beside them.
+  const double w_one = ref.metrics["memory/weight_bytes"].get<double>();
+  const double w_mine = dp.metrics["memory/weight_bytes"].get<double>();
+  EXPECT_GT(w_one, 0);
+  EXPECT_NEAR(w_mine, w_one / S, 0.02 * w_one) << c.label();
+  EXPECT_GT(ref.metrics["memory/grad_bytes"].get<double>(), 0);
+  EXPECT_EQ(dp.metrics["memory/grad_bytes"].get<double>(), 0) << c.label();
+  EXPECT_GT(dp.metrics["memory/stage_bytes"].get<double>(), 0) << c.label();
   if (R == 0)
     std::cout << "[device fsdp " << N << "] " << c.label() << ": losses within " << loss_err
               << " (relative), 3 AdamW updates within " << uerr << " of one rank's; memory/state_bytes "
               << mine_bytes << " per rank against " << one << " on one rank (masters + moments + gradient block over "
-              << S << "), dp/comm_bytes " << dp.metrics["dp/comm_bytes"] << "\n";
+              << S << "); memory/weight_bytes " << w_mine << " against " << w_one << ", memory/stage_bytes "
+              << dp.metrics["memory/stage_bytes"] << "; dp/comm_bytes " << dp.metrics["dp/comm_bytes"] << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, DeviceFsdp,
@@ -324,7 +338,7 @@ Weights visit_on_device(Backend& be, rlh_model* m) {
   return got;
 }
 
-TEST(DeviceFsdpExact, IsTheDistributedOptimizerBitwise) {
+TEST(DeviceFsdpExact, FollowsTheDistributedOptimizer) {
   REQUIRE_GPU();
   const int R = world().rank(), N = world().size();
   auto g = global_batch();
@@ -353,9 +367,19 @@ TEST(DeviceFsdpExact, IsTheDistributedOptimizerBitwise) {
       }
     }
     const Weights fsdp = be.weights(m);
-    EXPECT_EQ(loss, dist.loss);
-    EXPECT_TRUE(fsdp == dist.after) << "FSDP's weights are not the distributed optimizer's";
+    // The first loss comes before any update: the same weights, the same bits. Then only the
+    // gradients' fp32 summation order differs (per micro-batch, then over ranks; or the
+    // reverse), a relative 1e-7 per sum that the AdamW updates carry (eps 1: no sign flips).
+    EXPECT_EQ(loss[0], dist.loss[0]);
+    double loss_err = 0;
+    for (size_t s = 0; s < loss.size(); ++s) loss_err = std::max(loss_err, std::fabs(loss[s] - dist.loss[s]) / std::fabs(dist.loss[s]));
+    const double uerr = update_error(fsdp, dist.after, dist.before);
+    EXPECT_LE(loss_err, 1e-5);
+    EXPECT_LE(uerr, 1e-3) << "FSDP's updates are not the distributed optimizer's";
     EXPECT_TRUE(same_on_every_rank(fsdp));
+    if (R == 0)
+      std::cout << "[device fsdp exact] " << model << ": losses within " << loss_err << ", updates within " << uerr
+                << " of the distributed optimizer's\n";
   }
 }
 

@@ -659,6 +659,12 @@ rlh_status* backend_train_step(rlh_backend* self, rlh_model* model, const rlh_tr
                     // of them) and the data-parallel size.
                     {"memory/state_bytes", m.device ? m.device->state_bytes() : m.state_alloc.live_bytes()},
                     {"memory/host_state_bytes", m.device ? m.device->host_state_bytes() : 0},
+                    // A device model's bf16 weights and fp32 gradient buffer (FSDP: this rank's
+                    // blocks) and the gathered units' staging; the CPU engine counts all in
+                    // state_bytes.
+                    {"memory/weight_bytes", m.device ? m.device->weight_bytes() : 0},
+                    {"memory/grad_bytes", m.device ? m.device->grad_bytes() : 0},
+                    {"memory/stage_bytes", m.device ? m.device->stage_bytes() : 0},
                     {"dp_size", m.dp != nullptr ? m.dp->size() : 1},
                     {"dp/comm_bytes", comm_bytes},
                     {"dp/comm_seconds", comm_seconds},
@@ -706,13 +712,13 @@ void call_weight_fn(rlh_weight_fn fn, void* user, const std::string& name, rlh_t
 // block of the engine tensor), so nothing is copied.
 void visit_device_views(Model& m, rlh_weight_fn fn, void* user) {
   const rlh_device dev = m.device->device();
-  const std::vector<DeviceEngine::ParamView> views = m.device->master_views();
-  if (views.size() != m.desc.params.size())
-    throw Error(RLH_E_INTERNAL, "visit_weights: the device engine gave " + std::to_string(views.size()) +
-                                    " views for " + std::to_string(m.desc.params.size()) + " parameters");
-  for (size_t i = 0; i < m.desc.params.size(); ++i) {
+  size_t seen = 0;
+  m.device->visit_master_views([&](size_t i, const DeviceEngine::ParamView& v) {
+    if (i >= m.desc.params.size())
+      throw Error(RLH_E_INTERNAL, "visit_weights: the device engine gave a view of parameter " + std::to_string(i) +
+                                      " of " + std::to_string(m.desc.params.size()));
+    ++seen;
     const sdk::ParamDesc& p = m.desc.params[i];
-    const DeviceEngine::ParamView& v = views[i];
     const std::vector<int64_t> engine_strides = row_major(p.shape);
     for (size_t k = 0; k < p.hf_names.size(); ++k) {
       std::vector<int64_t> shape = p.hf_shapes[k], strides = row_major(shape);
@@ -739,7 +745,10 @@ void visit_device_views(Model& m, rlh_weight_fn fn, void* user) {
       t.strides = strides.data();
       call_weight_fn(fn, user, p.hf_names[k], t);
     }
-  }
+  });
+  if (seen != m.desc.params.size())
+    throw Error(RLH_E_INTERNAL, "visit_weights: the device engine gave " + std::to_string(seen) + " views for " +
+                                    std::to_string(m.desc.params.size()) + " parameters");
 }
 
 rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_device& readable,

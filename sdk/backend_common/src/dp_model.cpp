@@ -214,6 +214,7 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     out.info = m.next_update(lr_override);
     so.apply_optimizer = !eval_only;
     so.lr = out.info.lr;
+    so.group_microbatches = most[0];  // FSDP's per-unit collectives: the idle passes' count
     r = m.device->train_step(views, so, out.info.weight_decay, loss);
     out.updated = so.apply_optimizer && !r.skipped;
     out.comm_bytes += m.device->dp_bytes() - bytes0;
@@ -376,12 +377,17 @@ void dp_forward(Model& m, size_t local_microbatches, const std::function<void(si
     for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.engine->ep_idle_microbatch(false);
     return;
   }
-  if (m.dp_mode != Model::Dp::fsdp || m.device) {  // a device model's bf16 weights are whole
+  if (m.dp_mode != Model::Dp::fsdp) {
     for (size_t i = 0; i < local_microbatches; ++i) run(i);
     return;
   }
   int64_t most[1] = {int64_t(local_microbatches)};
   m.dp->dp.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
+  if (m.device) {  // the device engine gathers its units itself (engine_cuda's FSDP)
+    for (size_t i = 0; i < local_microbatches; ++i) run(i);
+    for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.device->idle_forward();
+    return;
+  }
   try {
     for (size_t i = 0; i < local_microbatches; ++i) run(i);
     for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.fsdp->idle_forward();

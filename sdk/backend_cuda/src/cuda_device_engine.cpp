@@ -55,11 +55,12 @@ class CudaDeviceEngine final : public DeviceEngine {
   std::vector<std::vector<float>> parameters() const override { return engine_.save_parameters(); }
   void load_parameters(const std::vector<std::vector<float>>& t) override { engine_.load_parameters(t); }
   rlh_device device() const override { return rlh_device{RLH_DEVICE_CUDA, index_}; }
-  std::vector<ParamView> master_views() const override {
-    std::vector<ParamView> out;
-    for (const auto& v : engine_.master_views()) out.push_back({v.data, v.pieces, v.piece, v.stride});
-    return out;
+  void visit_master_views(const std::function<void(size_t, const ParamView&)>& fn) const override {
+    engine_.visit_master_views([&fn](size_t i, const engine::CudaEngine::ParamView& v) {
+      fn(i, ParamView{v.data, v.pieces, v.piece, v.stride});
+    });
   }
+  void idle_forward() override { engine_.idle_forward(); }
   AdamState adam_state() const override {
     engine::CudaEngine::AdamState s = engine_.adam_state();
     return AdamState{s.step, std::move(s.exp_avg), std::move(s.exp_avg_sq)};
@@ -72,6 +73,12 @@ class CudaDeviceEngine final : public DeviceEngine {
   int64_t dp_bytes() const override { return engine_.stats().dp_bytes; }
   int64_t state_bytes() const override { return engine_.stats().state_bytes; }
   int64_t host_state_bytes() const override { return engine_.stats().host_state_bytes; }
+  int64_t weight_bytes() const override { return engine_.stats().weight_bytes; }
+  int64_t grad_bytes() const override { return engine_.stats().grad_bytes; }
+  int64_t stage_bytes() const override {
+    const engine::CudaEngineStats s = engine_.stats();
+    return s.weight_stage_bytes + s.grad_stage_bytes;
+  }
   double dp_seconds() const override { return engine_.stats().dp_seconds; }
 
  private:

@@ -192,10 +192,35 @@ void CudaEngine::Impl::carve_params() {
     prev_end = at;
     return pl.off;
   };
+  // FSDP: the dp_size blocks of each unit (a layer, then the global tensors) tile it, so the
+  // unit starts 64-element aligned and ends padded to dp_size blocks (data_parallel.cpp).
+  if (opt.dp != nullptr) {
+    dp_size = opt.dp->size();
+    dp_rank = opt.dp->rank();
+    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
+      throw std::invalid_argument("cuda engine: data-parallel rank " + std::to_string(dp_rank) + " of " +
+                                  std::to_string(dp_size));
+  }
+  units.clear();
+  int64_t local_elems = 0;
+  const auto start_unit = [&] {
+    at = (at + 63) / 64 * 64;
+    prev_end = -1;
+    units.push_back({at, 0, 0});
+  };
+  const auto end_unit = [&] {
+    Unit& u = units.back();
+    const int64_t n = (at + 63) / 64 * 64 - u.begin;
+    u.block = fsdp() ? std::max<int64_t>(64, ((n + dp_size - 1) / dp_size + 63) / 64 * 64) : n;
+    u.at = local_elems;
+    local_elems += u.block;
+    at = u.begin + (fsdp() ? u.block * dp_size : n);
+  };
   lo.assign(size_t(L), LayerOffsets{});
   for (int64_t l = 0; l < L; ++l) {
     LayerOffsets& o = lo[size_t(l)];
     gu_base = -1;
+    start_unit();
     for (ParamRole r : layer_param_order()) {  // the CPU engine's (engine.hpp)
       const int64_t off = put(l, r);
       switch (r) {
@@ -221,28 +246,30 @@ void CudaEngine::Impl::carve_params() {
         default: break;
       }
     }
+    end_unit();
   }
+  start_unit();
   for (ParamRole r : global_param_order()) put(-1, r);
+  end_unit();
   for (size_t i = 0; i < n; ++i)
     if (place[i].off < 0)
       cuda::unsupported("parameter " + desc.params[i].name + " (role " + sdk::to_string(desc.params[i].role) + ")");
   total = (at + 63) / 64 * 64;
-  // The sharded optimizer cuts the flat storage into dp_size equal blocks (64-element aligned,
-  // the last ones padded with zeros): the collectives move whole blocks.
+  // The distributed optimizer cuts the flat storage into dp_size equal blocks (64-element
+  // aligned, the last ones padded with zeros): the collectives move whole blocks. FSDP's
+  // blocks are per unit (above): this rank's `block` elements are all of its units' blocks.
   int64_t padded = total;
-  if (opt.dp != nullptr) {
-    dp_size = opt.dp->size();
-    dp_rank = opt.dp->rank();
-    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
-      throw std::invalid_argument("cuda engine: data-parallel rank " + std::to_string(dp_rank) + " of " +
-                                  std::to_string(dp_size));
-  }
   if (opt.shard_masters && !sharded())
     throw std::invalid_argument("cuda engine: sharded master weights (FSDP) need a data-parallel group and the "
                                 "sharded optimizer");
   if (opt.dp_replicate != nullptr && !opt.shard_masters)
     throw std::invalid_argument("cuda engine: a replicate group (HSDP) needs sharded master weights (FSDP)");
-  if (sharded() && opt.trainable) {
+  if (fsdp()) {
+    block = local_elems;
+    shard_lo = 0;
+    if (opt.fp8.enabled)  // its weight cache is keyed by where a weight lives: one staging slot for every layer
+      throw std::invalid_argument("cuda engine: FP8 linears with FSDP's gathered weights are not supported");
+  } else if (sharded() && opt.trainable) {
     block = ((total + dp_size - 1) / dp_size + 63) / 64 * 64;
     shard_lo = block * dp_rank;
     padded = block * dp_size;
@@ -251,15 +278,14 @@ void CudaEngine::Impl::carve_params() {
   if (offload() && opt.dp != nullptr && !fsdp())
     throw std::invalid_argument(std::string("cuda engine: offloading the optimizer state runs on one rank or under FSDP, not "
                                             "with ") + (sharded() ? "the distributed optimizer" : "DDP"));
-  // FSDP: the masters are this rank's block (same 256-byte alignment as at shard_lo of the
-  // whole buffer, so the AdamW kernels see the same pointer alignments as the distributed
-  // optimizer's and compute the same bits).
+  // FSDP: the masters are this rank's blocks (each unit's at a 64-element multiple, as its flat
+  // place is, so the AdamW kernels see the same pointer alignments as without sharding).
   const size_t master_b = fsdp() ? size_t(block) * sizeof(float) : f32;
   const size_t moments = sharded() ? size_t(block) * sizeof(float) : f32;
   master = cuda::DeviceBuffer(counters, offload() ? 0 : master_b);
   if (masters_apart()) plan_kept();
   if (opt.trainable) {
-    grads = cuda::DeviceBuffer(counters, f32);
+    if (!fsdp()) grads = cuda::DeviceBuffer(counters, f32);  // FSDP: per unit, in gstage
     if (offload()) {
       carve_offload(master_b, moments);
     } else {
@@ -271,7 +297,8 @@ void CudaEngine::Impl::carve_params() {
       check(cudaMemsetAsync(gshard.get(), 0, gshard.size(), stream), "memset");
     }
   }
-  w16 = cuda::DeviceBuffer(counters, size_t(padded) * sizeof(bf16));
+  w16 = cuda::DeviceBuffer(counters, size_t(fsdp() ? block : padded) * sizeof(bf16));
+  if (fsdp()) plan_units();
   for (cuda::DeviceBuffer* b : {&master, &grads, &adam_m, &adam_v, &kept32})
     if (b->size() > 0) check(cudaMemsetAsync(b->get(), 0, b->size(), stream), "memset");
   check(cudaMemsetAsync(w16.get(), 0, w16.size(), stream), "memset");
@@ -298,8 +325,9 @@ std::vector<CudaEngine::Impl::Range> CudaEngine::Impl::storage_ranges() const {
 }
 
 // One tensor between host memory (desc shape, contiguous) and its place in a flat buffer.
-void CudaEngine::Impl::upload(size_t i, float* base, const float* src) {
+void CudaEngine::Impl::upload(size_t i, float* base, const float* src, int64_t origin) {
   const cuda::ParamPlace& pl = place[i];
+  base -= origin;
   const size_t row = size_t(pl.piece) * sizeof(float);
   if (pl.pieces == 1)
     check(cudaMemcpyAsync(base + pl.off, src, row, cudaMemcpyDefault, stream), "upload");
@@ -308,8 +336,9 @@ void CudaEngine::Impl::upload(size_t i, float* base, const float* src) {
                             size_t(pl.pieces), cudaMemcpyDefault, stream), "upload");
 }
 
-void CudaEngine::Impl::download_one(size_t i, const float* base, float* dst) {
+void CudaEngine::Impl::download_one(size_t i, const float* base, float* dst, int64_t origin) {
   const cuda::ParamPlace& pl = place[i];
+  base -= origin;
   const size_t row = size_t(pl.piece) * sizeof(float);
   if (pl.pieces == 1)
     check(cudaMemcpy(dst, base + pl.off, row, cudaMemcpyDefault), "download");
@@ -708,12 +737,14 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   plan(N, train);
   prepare_batch(mb);
   prepare_routing(mb, req);
+  if (fsdp()) hold_global();  // held until the public call ends (training: the step)
   ops->embedding_fwd(xs[0], ids, wp(prog.embed), N, C, V);
   if (prog.embed_scale != 1) {  // Gemma: the embedding rows times sqrt(hidden), as bf16 holds it
     const double s = bf16_rounded(prog.embed_scale);
     ops->scale(xs[0], N * C, s);
   }
   for (int64_t l = 0; l < L; ++l) {
+    if (fsdp()) hold_layer(l);
     LayerActs a = acts_of(l);
     forward_layer(l, mb, a, false);
   }
@@ -846,12 +877,17 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
   ops->rmsnorm_bwd(dres, C, gp(prog.final_norm), dxn, C, xs[size_t(L)], C, wp(prog.final_norm), rstd, N, C,
                    prog.final_offset, false);  // dres = d x_L
   for (int64_t l = L - 1; l >= 0; --l) {
+    if (fsdp()) {
+      hold_layer(l);
+      open_grads(l);
+    }
     LayerActs a = acts_of(l);
     if (opt.recompute == Recompute::full)
       forward_layer(l, mb, a, true);  // the layer's activations again, from its kept input
     else if (opt.recompute == Recompute::selective)
       forward_layer(l, mb, a, true, true);  // its norms and activation products
     backward_layer(l, mb, a);
+    if (fsdp()) reduce_grads(l);
   }
   if (prog.embed_scale != 1) ops->scale(dres, N * C, bf16_rounded(prog.embed_scale));
   ops->embedding_bwd(gp(prog.embed), ids, dres, N, C, V);
@@ -900,7 +936,7 @@ void CudaEngine::Impl::adamw_pieces(const std::vector<Piece>& pieces, float* P0,
       G.p.push_back((shard ? gshard.get<float>() : grads.get<float>()) + p.local + skip);
       M.p.push_back(M0 + (a - origin));
       Vv.p.push_back(V0 + (a - origin));
-      P16.p.push_back(master_bf16() + p.flat + skip);
+      P16.p.push_back(master_bf16() + (fsdp() ? p.local : p.flat) + skip);  // FSDP: this rank's bf16 blocks
     }
     if (P.n.empty()) continue;
     cuda::DeviceOps::AdamW w;
@@ -954,6 +990,8 @@ CudaEngineStats CudaEngine::stats() const {
   for (const cuda::PinnedBuffer* b : {&m.h_master, &m.h_adam_m, &m.h_adam_v}) st.host_state_bytes += int64_t(b->size());
   st.weight_bytes = int64_t(m.w16.size());
   st.grad_bytes = int64_t(m.grads.size());
+  st.weight_stage_bytes = int64_t(m.wstage.size());
+  st.grad_stage_bytes = int64_t(m.gstage.size() + m.gred.size());
   if (m.fp8) {
     st.fp8_gemms = m.fp8->stats().fp8_gemms;
     st.fp8_layer_bf16_gemms = m.fp8->stats().bf16_gemms;
@@ -976,6 +1014,24 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
       throw std::invalid_argument("cuda engine: parameter " + m.desc.params[i].name + " has " +
                                   std::to_string(tensors[i].size()) + " values, expected " +
                                   std::to_string(numel(m.desc.params[i].shape)));
+  if (m.fsdp()) {
+    // Unit by unit through the stage (clear between steps): this rank keeps its block of the
+    // masters (offloaded: in its host copy) and its bf16 cast, and the router's side copy.
+    m.sync();
+    m.release_units();
+    float* st = m.gstage.get<float>();
+    for (size_t u = 0; u < m.units.size(); ++u) {
+      const Impl::Unit& U = m.units[u];
+      check(cudaMemsetAsync(st, 0, size_t(U.block * m.dp_size) * 4, m.stream), "memset");
+      for (size_t i : m.unit_params[u]) m.upload(i, st, tensors[i].data(), U.begin);
+      m.kept_from_whole(st, U.begin, U.begin + U.block * m.dp_size);
+      m.keep_block(u, m.master32());
+      cuda::cast_to_bf16(st + int64_t(m.dp_rank) * U.block, m.master_bf16() + U.at, U.block, m.stream);
+      m.sync();  // the next unit reuses the stage; the host vectors may go once this returns
+    }
+    m.grads_clear = true;
+    return;
+  }
   if (m.masters_apart()) {
     // The whole weights staged in the gradient buffer (clear between steps): this rank keeps
     // its block of the masters (FSDP; offloaded: its host copy) and the router's side copy;
@@ -983,8 +1039,7 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
     m.sync();
     check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
     for (size_t i = 0; i < tensors.size(); ++i) m.upload(i, m.grads.get<float>(), tensors[i].data());
-    check(cudaMemcpyAsync(m.master32(), m.grads.get<float>() + (m.fsdp() ? m.shard_lo : 0), m.master_bytes(),
-                          cudaMemcpyDefault, m.stream), "copy");
+    check(cudaMemcpyAsync(m.master32(), m.grads.get<float>(), m.master_bytes(), cudaMemcpyDefault, m.stream), "copy");
     m.kept_from_whole(m.grads.get<float>());
     cuda::cast_to_bf16(m.grads.get<float>(), m.w16.get(), m.total, m.stream);
     check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
@@ -1008,21 +1063,51 @@ std::vector<std::vector<float>> CudaEngine::Impl::download(const float* base) {
   return out;
 }
 
+std::vector<std::vector<float>> CudaEngine::Impl::download_units(const float* local) {
+  // Every rank's blocks of each unit, gathered into the stage, downloaded from there.
+  std::vector<std::vector<float>> out(desc.params.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    const float* st = stage_unit(u, local);
+    sync();
+    for (size_t i : unit_params[u]) {
+      out[i].resize(size_t(numel(desc.params[i].shape)));
+      download_one(i, st, out[i].data(), units[u].begin);
+    }
+  }
+  return out;
+}
+
 std::vector<std::vector<float>> CudaEngine::save_parameters() const {
   Impl& m = *impl_;
-  if (!m.fsdp()) return m.download(m.master32());
-  // Every rank's block, gathered into the (clear) gradient buffer, then downloaded from there.
-  m.stage_masters_whole();
-  std::vector<std::vector<float>> out = m.download(m.grads.get<float>());
-  check(cudaMemsetAsync(m.grads.get(), 0, m.grads.size(), m.stream), "memset");
-  m.sync();
-  return out;
+  if (m.fsdp()) return m.download_units(m.master32());
+  return m.download(m.master32());  // (offloaded: from its host copy)
+}
+
+void CudaEngine::visit_master_views(const std::function<void(size_t, const ParamView&)>& fn) const {
+  Impl& m = *impl_;
+  if (!m.fsdp()) {
+    const std::vector<ParamView> views = master_views();
+    for (size_t i = 0; i < views.size(); ++i) fn(i, views[i]);
+    return;
+  }
+  // Unit by unit: its masters gathered into the stage, its parameters viewed there.
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    const float* st = m.stage_unit(u, m.master32());
+    m.sync();
+    for (size_t i : m.unit_params[u]) {
+      const cuda::ParamPlace& pl = m.place[i];
+      fn(i, {st + (pl.off - m.units[u].begin), pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
+    }
+  }
 }
 
 std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
   Impl& m = *impl_;
   // FSDP or offload: the whole masters gathered (uploaded) into the gradient buffer, which the
   // next step (or zero_grad) clears before it accumulates.
+  if (m.fsdp())
+    throw std::logic_error("cuda engine: master_views under FSDP: no whole copy of the masters exists on a rank; "
+                           "visit_master_views gathers them unit by unit");
   const float* base = m.master.get<float>();
   if (m.masters_apart()) {
     m.stage_masters_whole();
@@ -1040,11 +1125,14 @@ std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
 int CudaEngine::device_index() const { return impl_->opt.device; }
 std::vector<std::vector<float>> CudaEngine::gradients() const {
   impl_->require_trainable("gradients");
+  // FSDP: the summed gradients of the last step (before its update), gathered unit by unit.
+  if (impl_->fsdp()) return impl_->download_units(impl_->gshard.get<float>());
   return impl_->download(impl_->grads.get<float>());
 }
 void CudaEngine::zero_grad() {
   impl_->require_trainable("zero_grad");
-  check(cudaMemsetAsync(impl_->grads.get(), 0, impl_->grads.size(), impl_->stream), "memset");
+  cuda::DeviceBuffer& b = impl_->fsdp() ? impl_->gshard : impl_->grads;
+  check(cudaMemsetAsync(b.get(), 0, b.size(), impl_->stream), "memset");
   impl_->grads_clear = true;
 }
 
@@ -1056,6 +1144,11 @@ CudaEngine::AdamState CudaEngine::adam_state() const {
   if (!m.sharded()) {
     s.exp_avg = m.download(m.moment_m());
     s.exp_avg_sq = m.download(m.moment_v());
+    return s;
+  }
+  if (m.fsdp()) {
+    s.exp_avg = m.download_units(m.moment_m());
+    s.exp_avg_sq = m.download_units(m.moment_v());
     return s;
   }
   // Every rank's block, gathered into the (clear) gradient buffer, then downloaded from there.
@@ -1086,6 +1179,15 @@ void CudaEngine::load_adam_state(const AdamState& s) {
       m.upload(i, m.moment_m(), s.exp_avg[i].data());
       m.upload(i, m.moment_v(), s.exp_avg_sq[i].data());
     }
+  } else if (m.fsdp()) {  // unit by unit through the stage, this rank's blocks kept
+    float* st = m.gstage.get<float>();
+    for (auto [part, local] : {std::pair{&s.exp_avg, m.moment_m()}, std::pair{&s.exp_avg_sq, m.moment_v()}})
+      for (size_t u = 0; u < m.units.size(); ++u) {
+        m.sync();  // the stage's previous unit is kept
+        check(cudaMemsetAsync(st, 0, size_t(m.units[u].block * m.dp_size) * 4, m.stream), "memset");
+        for (size_t i : m.unit_params[u]) m.upload(i, st, (*part)[i].data(), m.units[u].begin);
+        m.keep_block(u, local);
+      }
   } else {  // the full layout in the (clear) gradient buffer, this rank's block kept
     for (auto [part, shard] : {std::pair{&s.exp_avg, m.moment_m()}, std::pair{&s.exp_avg_sq, m.moment_v()}}) {
       m.sync();
@@ -1121,9 +1223,22 @@ void CudaEngine::load_fp8_state(const std::string& bytes) {
 
 void CudaEngine::set_optimizer_options(const OptimizerOptions& o) { impl_->opt.optimizer = o; }
 
+void CudaEngine::idle_forward() {
+  Impl& m = *impl_;
+  if (!m.fsdp()) return;  // nothing to meet: the weights are whole
+  m.release_units();
+  m.idle_microbatch(false);
+  m.release_units();
+}
+
 Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   Impl& m = *impl_;
   if (m.fp8) m.fp8->new_call();  // the weights may have changed since the last call
+  m.release_units();  // (an earlier call that threw may have left some marked held)
+  struct Release {  // FSDP: this call's gathered units go with it
+    Impl& m;
+    ~Release() { m.release_units(); }
+  } release{m};
   m.forward(mb, req, false);
   const int64_t N = mb.num_tokens();
   Outputs out;
@@ -1198,6 +1313,12 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   else if (m.planned_tokens == 0) m.plan(1, false);
   if (!m.grads_clear) zero_grad();
   m.grads_clear = false;
+  m.release_units();
+  struct Release {  // FSDP: the step's gathered units go with it (their weights are updated)
+    Impl& m;
+    ~Release() { m.release_units(); }
+  } release{m};
+  if (m.fsdp()) m.open_grads(m.L);  // the root's gradients, summed over the micro-batches
   StepResult r;
   // MoE auxiliary losses: normalised by the global counts (this step's when not given), as
   // the CPU engine; their values are summed on the device and read with the gradient norm.
@@ -1336,6 +1457,8 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
     m.backward(mb, req);
     r.tokens += N;
   }
+  // FSDP: a rank with fewer micro-batches than its peers meets their per-unit collectives.
+  for (int64_t k = int64_t(mbs.size()); m.fsdp() && k < so.group_microbatches; ++k) m.idle_microbatch(true);
   if (m.opt.dp != nullptr) m.sync_gradients();
   double moe_vals[3] = {0, 0, 0};  // aux, z, max load: downloaded before grad_norm's wait
   if (m.moe_layers > 0)

@@ -216,8 +216,45 @@ struct CudaEngine::Impl {
   int64_t dp_bytes = 0;
   double dp_seconds = 0;
   bool sharded() const { return opt.dp != nullptr && opt.shard_optimizer; }
-  // FSDP (CudaEngineOptions::shard_masters): `master` holds this rank's block alone.
+  // FSDP (CudaEngineOptions::shard_masters): ZeRO-3. The flat storage is cut into units (unit
+  // l < L: layer l's tensors; unit L: the global ones, embedding, final norm, head), each padded
+  // to dp_size blocks of its own `block` elements; rank r keeps block r of every unit at `at`
+  // of its local buffers (masters, moments, summed gradients and the bf16 weights alike). A unit's
+  // bf16 weights are all-gathered into a staging slot before it runs and its gradients
+  // reduce-scattered out of one after its backward (data_parallel.cpp).
   bool fsdp() const { return sharded() && opt.shard_masters && opt.trainable; }
+  struct Unit {
+    int64_t begin = 0, block = 0, at = 0;  // flat [begin, begin + dp_size block); local [at, at + block)
+  };
+  std::vector<Unit> units;
+  std::vector<std::vector<size_t>> unit_params;  // the parameters stored in each unit
+  // bf16 weights (wstage) and fp32 gradients (gstage) of the gathered units: the global unit's
+  // slot first, then one layer's; `gred` one reduce-scattered block before it is added to gshard.
+  // gstage is also the scratch through which whole units move between the host and the blocks.
+  cuda::DeviceBuffer wstage, gstage, gred;
+  int64_t held_layer = -1, grad_layer = -1;  // the layer whose weights / gradients a slot holds
+  bool held_global = false, grad_global = false;
+  size_t unit_of(int64_t off) const {
+    const auto it = std::upper_bound(units.begin(), units.end(), off,
+                                     [](int64_t o, const Unit& u) { return o < u.begin; });
+    return size_t(it - units.begin()) - 1;
+  }
+  int64_t slot_of(size_t u) const { return int64_t(u) == L ? 0 : units[size_t(L)].block * dp_size; }
+  // Flat [lo, lo + block) of unit u that this rank keeps.
+  int64_t mine_lo(size_t u) const { return units[u].begin + int64_t(dp_rank) * units[u].block; }
+  void plan_units();  // the stages and each unit's parameters (carve_params)
+  void hold_global();
+  void hold_layer(int64_t l);
+  void release_units() { held_layer = grad_layer = -1, held_global = grad_global = false; }
+  void open_grads(int64_t u);    // a zeroed gradient slot for unit u (L: the global unit)
+  void reduce_grads(int64_t u);  // its sum over the group, added into this rank's block of gshard
+  // The collectives of one micro-batch without data (a rank with fewer micro-batches than its
+  // peers): every unit gathered, and in training every layer's zero gradients reduced.
+  void idle_microbatch(bool train);
+  // Unit u of a local buffer (fp32 blocks: masters, moments, gradients; device or host) whole
+  // in gstage; and this rank's block of gstage's whole unit into a local buffer.
+  float* stage_unit(size_t u, const float* local);
+  void keep_block(size_t u, float* local);
   // FSDP or offload: the fp32 tensors the MoE router reads from the masters (mf), whole, in
   // `kept32`: flat range [off, off + n) at `at` in it.
   struct Kept {
@@ -227,12 +264,12 @@ struct CudaEngine::Impl {
   cuda::DeviceBuffer kept32;
   int64_t kept_elems = 0;
   void plan_kept();
-  // kept32 from a whole flat fp32 layout (load_parameters' staging), or from every rank's
-  // block of the masters (after an update: each rank writes its part, one all-reduce sums).
-  void kept_from_whole(const float* whole);
+  // kept32 from a flat fp32 layout holding flat element `origin` first (load_parameters'
+  // staging: the whole storage, or one FSDP unit, whose kept ranges alone are copied), or from
+  // every rank's blocks of the masters (after an FSDP update: each rank writes its part, one
+  // all-reduce sums).
+  void kept_from_whole(const float* whole, int64_t origin = 0, int64_t end = -1);
   void kept_from_blocks();
-  // FSDP: every rank's block of the masters into the (clear) gradient buffer, whole.
-  void gather_masters();
 
   // This rank's pieces of the storage ranges (sharded: clipped to its block; `local` is the
   // offset in the block's buffers; otherwise every range, local = off).
@@ -241,13 +278,15 @@ struct CudaEngine::Impl {
     size_t param;
   };
   std::vector<Piece> optimizer_pieces() const;
-  // After the backward: the gradients summed over the group (DDP: in place; sharded: this
-  // rank's block into gshard, the full buffer cleared).
+  // After the backward: the gradients summed over the group (DDP: in place; distributed
+  // optimizer: this rank's block into gshard, the full buffer cleared; FSDP: the global unit's,
+  // the layers' were reduced after their backward; HSDP: then over the replicas).
   void sync_gradients();
-  // After the sharded update: every rank's block of the masters and their bf16 copy.
+  // After the sharded update: every rank's block of the masters and their bf16 copy (FSDP: only
+  // the router's side copy; the weights are gathered unit by unit when used).
   void gather_weights();
-  // Sharded moments (this rank's block, on the device or offloaded) <-> full flat layout,
-  // through the (clear) gradient buffer.
+  // The distributed optimizer's moments (this rank's block) <-> full flat layout, through the
+  // (clear) gradient buffer.
   void gather_moment(const float* shard);
   void scatter_moment(float* shard);
   // CPU offload (CudaEngineOptions::offload_state; offload.cpp): the masters and moments in
@@ -267,8 +306,7 @@ struct CudaEngine::Impl {
   float* moment_v() const { return offload() ? h_adam_v.get<float>() : adam_v.get<float>(); }
   size_t master_bytes() const { return offload() ? h_master.size() : master.size(); }
   void carve_offload(size_t master_bytes, size_t moment_bytes);
-  // The whole masters into the (clear) gradient buffer: FSDP gathers the blocks, an offloaded
-  // rank uploads its host copy.
+  // One offloaded rank's whole masters into the (clear) gradient buffer.
   void stage_masters_whole();
   // AdamW over the pieces' parts within [lo, hi) of this rank's local range, the masters and
   // moments at P0 / M0 / V0 holding local element `origin` first (the device buffers: 0; a
@@ -367,8 +405,16 @@ struct CudaEngine::Impl {
   }
 
   // Weights: bf16 working copy (w), fp32 master (mf) and gradient (g) of a flat offset, or of a
-  // description parameter (wp, gp).
-  bf16* w(int64_t off) const { return off < 0 ? nullptr : master_bf16() + off; }
+  // description parameter (wp, gp). Under FSDP they point into the staging slots of the units
+  // held now (a read of another unit is a bug in the holding order: it throws).
+  bf16* w(int64_t off) const {
+    if (off < 0) return nullptr;
+    if (!fsdp()) return master_bf16() + off;
+    const size_t u = unit_of(off);
+    if (!(int64_t(u) == L ? held_global : held_layer == int64_t(u)))
+      throw std::logic_error("cuda engine: weights of unit " + std::to_string(u) + " read but not gathered (FSDP)");
+    return wstage.get<bf16>() + slot_of(u) + (off - units[u].begin);
+  }
   bf16* master_bf16() const { return w16.get<bf16>(); }
   float* mf(int64_t off) const {
     if (off < 0) return nullptr;
@@ -378,7 +424,14 @@ struct CudaEngine::Impl {
     throw std::logic_error("cuda engine: fp32 master at " + std::to_string(off) +
                            " read but not kept on the device (FSDP or offload)");
   }
-  float* g(int64_t off) const { return off < 0 ? nullptr : grads.get<float>() + off; }
+  float* g(int64_t off) const {
+    if (off < 0) return nullptr;
+    if (!fsdp()) return grads.get<float>() + off;
+    const size_t u = unit_of(off);
+    if (!(int64_t(u) == L ? grad_global : grad_layer == int64_t(u)))
+      throw std::logic_error("cuda engine: gradients of unit " + std::to_string(u) + " written but not open (FSDP)");
+    return gstage.get<float>() + slot_of(u) + (off - units[u].begin);
+  }
   bf16* wp(int64_t param) const { return param < 0 ? nullptr : w(place[size_t(param)].off); }
   float* gp(int64_t param) const { return param < 0 ? nullptr : g(place[size_t(param)].off); }
   double* moe_stats() const { return reinterpret_cast<double*>(scalars.get<char>() + 64); }
@@ -393,8 +446,10 @@ struct CudaEngine::Impl {
     size_t param;
   };
   std::vector<Range> storage_ranges() const;
-  void upload(size_t i, float* base, const float* src);
-  void download_one(size_t i, const float* base, float* dst);
+  // Parameter i between host memory and a flat fp32 layout at `base` holding flat element
+  // `origin` first (a whole buffer: 0; a staged unit: its begin).
+  void upload(size_t i, float* base, const float* src, int64_t origin = 0);
+  void download_one(size_t i, const float* base, float* dst, int64_t origin = 0);
 
   void prepare_batch(const MicroBatch& mb);
   // RoPE table t on H heads of D columns of x into y (y may be x); transposed when inverse.
@@ -435,6 +490,8 @@ struct CudaEngine::Impl {
   double grad_norm();
   void optimizer_step(const StepOptions& so, double clip);
   std::vector<std::vector<float>> download(const float* base);
+  // FSDP: every parameter of a local fp32 buffer (this rank's blocks), gathered unit by unit.
+  std::vector<std::vector<float>> download_units(const float* local);
 };
 
 }  // namespace rlh::engine

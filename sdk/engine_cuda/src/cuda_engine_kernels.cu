@@ -98,6 +98,20 @@ void cast_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t s) {
   check(cudaGetLastError(), "cast_to_bf16");
 }
 
+namespace {
+__global__ void add_f32_kernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] += src[i];
+}
+}  // namespace
+
+void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 132 * 16);
+  add_f32_kernel<<<unsigned(blocks), 256, 0, s>>>(dst, src, n);
+  check(cudaGetLastError(), "add_f32");
+}
+
 }  // namespace rlh::engine::cuda
 
 // ---------------------------------------------------------------------------------------------

@@ -1,14 +1,23 @@
 // The CUDA engine under data parallelism (CudaEngineOptions::dp): the gradient reduction after
 // the backward, Megatron's distributed optimizer (AdamW on this rank's block of the flat
-// storage, then the updated weights gathered) and dtensor's FSDP (the same blocks, the fp32
-// masters kept as this rank's block too, only the bf16 copy gathered; HSDP sums the gradient
-// blocks over the replicas as well). The collectives are the backend's (DeviceDpComm); this
-// file decides what moves and where it lands.
+// storage, then the updated weights gathered) and dtensor's FSDP (ZeRO-3: every unit's
+// parameters, gradients and AdamW state kept as this rank's block of it; a unit's bf16 weights
+// all-gathered into a staging slot before it runs, its gradients reduce-scattered after its
+// backward; HSDP sums the gradient blocks over the replicas as well). The collectives are the
+// backend's (DeviceDpComm); this file decides what moves and where it lands.
 //
 // Why blocks of the flat storage and not whole tensors: the reduce-scatter and the all-gather
 // then move equal contiguous blocks (what NCCL wants), a tensor cut by a block boundary is
-// simply two pieces in the AdamW lists, and the CPU backend's distributed optimizer cuts the
-// same way (backend_common's ShardLayout), so both shard alike.
+// simply two pieces in the AdamW lists, and the CPU backend cuts the same way (backend_common's
+// ShardLayout: one segment for the distributed optimizer, one per unit for FSDP).
+//
+// FSDP's units follow FSDP2 as torchtitan wraps a decoder: one per layer, resharded after its
+// forward and gathered again for its backward, and the root (embedding, final norm, head) held
+// from the first micro-batch's forward to the end of the step, its gradients reduced once per
+// step. Layer gradients are reduced after every micro-batch's backward (FSDP2 with gradient sync
+// on each micro-batch; NeMo-RL's defer_fsdp_grad_sync would keep them whole instead, which is
+// the memory this mode exists to save), so a rank holds 2 + 4 bytes of one layer and of the
+// root beside its 2/S + 16/S bytes a parameter.
 #include <algorithm>
 
 #include "cuda_engine_impl.hpp"
@@ -20,13 +29,24 @@ using cuda::check;
 std::vector<CudaEngine::Impl::Piece> CudaEngine::Impl::optimizer_pieces() const {
   std::vector<Piece> out;
   const bool shard = sharded();
-  const int64_t lo = shard ? shard_lo : 0, hi = shard ? shard_lo + block : total;
   for (const Range& r : storage_ranges()) {
     const sdk::ParamDesc& pd = desc.params[r.param];
     if (!pd.trainable || router_frozen(pd.role)) continue;  // a frozen router is a buffer
+    // This rank's part of the range: of its unit's block (FSDP), of its block of the whole
+    // storage (distributed optimizer), or all of it; `origin` is where that part starts locally.
+    int64_t lo = 0, hi = total, origin = 0;
+    if (fsdp()) {
+      const size_t u = unit_of(r.off);
+      lo = mine_lo(u);
+      hi = lo + units[u].block;
+      origin = units[u].at;
+    } else if (shard) {
+      lo = shard_lo;
+      hi = shard_lo + block;
+    }
     const int64_t a = std::max(r.off, lo), b = std::min(r.off + r.n, hi);
     if (a >= b) continue;
-    out.push_back({a, a - (shard ? lo : 0), b - a, r.param});
+    out.push_back({a, origin + (a - (shard ? lo : 0)), b - a, r.param});
   }
   return out;
 }
@@ -38,26 +58,28 @@ void CudaEngine::Impl::sync_gradients() {
     dp_timed(2 * total * 4 * (S - 1) / S, [&] { opt.dp->all_reduce_sum(grads.get<float>(), total, stream); });
     return;
   }
-  dp_timed(block * S * 4 * (S - 1) / S,
-           [&] { opt.dp->reduce_scatter_sum(grads.get<float>(), gshard.get<float>(), block, stream); });
+  if (fsdp()) {
+    reduce_grads(L);  // the root's, summed over the step's micro-batches
+  } else {
+    dp_timed(block * S * 4 * (S - 1) / S,
+             [&] { opt.dp->reduce_scatter_sum(grads.get<float>(), gshard.get<float>(), block, stream); });
+    // The full buffer is spent: clear it now so the next step accumulates from zero (the
+    // update clears gshard as it reads it).
+    check(cudaMemsetAsync(grads.get(), 0, grads.size(), stream), "memset");
+  }
   // HSDP: the replicas of this shard hold other ranks' sums of the same block.
   if (opt.dp_replicate != nullptr && opt.dp_replicate->size() > 1) {
     const int R = opt.dp_replicate->size();
     dp_timed(2 * block * 4 * (R - 1) / R,
              [&] { opt.dp_replicate->all_reduce_sum(gshard.get<float>(), block, stream); });
   }
-  // The full buffer is spent: clear it now so the next step accumulates from zero (the
-  // update clears gshard as it reads it).
-  check(cudaMemsetAsync(grads.get(), 0, grads.size(), stream), "memset");
 }
 
 void CudaEngine::Impl::gather_weights() {
   const int S = dp_size;
   if (fsdp()) {
-    // FSDP: only the bf16 copy is whole (2 bytes a parameter moved), and the router's fp32
-    // side copy follows its updated masters.
-    dp_timed(block * S * 2 * (S - 1) / S,
-             [&] { opt.dp->all_gather(master_bf16() + shard_lo, master_bf16(), block, 2, stream); });
+    // FSDP: AdamW wrote this rank's bf16 blocks with its masters; the units are gathered when
+    // they next run. Only the router's fp32 side copy follows the updated masters now.
     kept_from_blocks();
     return;
   }
@@ -103,10 +125,12 @@ void CudaEngine::Impl::plan_kept() {
   if (kept_elems > 0) kept32 = cuda::DeviceBuffer(counters, size_t(kept_elems) * sizeof(float));
 }
 
-void CudaEngine::Impl::kept_from_whole(const float* whole) {
-  for (const Kept& k : kept)
-    check(cudaMemcpyAsync(kept32.get<float>() + k.at, whole + k.off, size_t(k.n) * 4, cudaMemcpyDefault, stream),
-          "copy");
+void CudaEngine::Impl::kept_from_whole(const float* whole, int64_t origin, int64_t end) {
+  for (const Kept& k : kept) {
+    if (k.off < origin || (end >= 0 && k.off >= end)) continue;  // another unit's
+    check(cudaMemcpyAsync(kept32.get<float>() + k.at, whole + (k.off - origin), size_t(k.n) * 4, cudaMemcpyDefault,
+                          stream), "copy");
+  }
 }
 
 void CudaEngine::Impl::kept_from_blocks() {
@@ -115,26 +139,99 @@ void CudaEngine::Impl::kept_from_blocks() {
   // the sum is the value (x + 0 = x exactly; only a -0.0 would come back as +0.0).
   check(cudaMemsetAsync(kept32.get(), 0, kept32.size(), stream), "memset");
   for (const Kept& k : kept) {
-    const int64_t a = std::max(k.off, shard_lo), b = std::min(k.off + k.n, shard_lo + block);
+    const size_t u = unit_of(k.off);
+    const int64_t lo = mine_lo(u);
+    const int64_t a = std::max(k.off, lo), b = std::min(k.off + k.n, lo + units[u].block);
     if (a >= b) continue;
-    check(cudaMemcpyAsync(kept32.get<float>() + k.at + (a - k.off), master32() + (a - shard_lo),
+    check(cudaMemcpyAsync(kept32.get<float>() + k.at + (a - k.off), master32() + units[u].at + (a - lo),
                           size_t(b - a) * 4, cudaMemcpyDefault, stream), "copy");
   }
   const int S = dp_size;
   dp_timed(2 * kept_elems * 4 * (S - 1) / S, [&] { opt.dp->all_reduce_sum(kept32.get<float>(), kept_elems, stream); });
 }
 
-void CudaEngine::Impl::gather_masters() {
-  const int S = dp_size;
-  if (offload()) {  // the host block uploaded into its place, then gathered in place
-    check(cudaMemcpyAsync(grads.get<float>() + shard_lo, h_master.get(), size_t(block) * 4, cudaMemcpyDefault, stream),
-          "upload");
-    dp_timed(block * S * 4 * (S - 1) / S,
-             [&] { opt.dp->all_gather(grads.get<float>() + shard_lo, grads.get<float>(), block, 4, stream); });
-    return;
+// ---------------------------------------------------------------------------------------------
+// FSDP's units
+
+void CudaEngine::Impl::plan_units() {
+  // The stages: the root's slot, then the largest layer's; one block reduced at a time.
+  int64_t layer_slot = 0, widest = 0;
+  for (int64_t u = 0; u <= L; ++u) {
+    widest = std::max(widest, units[size_t(u)].block);
+    if (u < L) layer_slot = std::max(layer_slot, units[size_t(u)].block * dp_size);
   }
-  dp_timed(block * S * 4 * (S - 1) / S,
-           [&] { opt.dp->all_gather(master.get<float>(), grads.get<float>(), block, 4, stream); });
+  const int64_t slots = units[size_t(L)].block * dp_size + layer_slot;
+  wstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(bf16));
+  gstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(float));
+  gred = cuda::DeviceBuffer(counters, size_t(widest) * sizeof(float));
+  unit_params.assign(size_t(L + 1), {});
+  for (size_t i = 0; i < place.size(); ++i) unit_params[unit_of(place[i].off)].push_back(i);
+}
+
+void CudaEngine::Impl::hold_global() {
+  if (held_global) return;
+  const Unit& U = units[size_t(L)];
+  const int S = dp_size;
+  bf16* slot = wstage.get<bf16>() + slot_of(size_t(L));
+  dp_timed(U.block * S * 2 * (S - 1) / S,
+           [&] { opt.dp->all_gather(master_bf16() + U.at, slot, U.block, 2, stream); });
+  held_global = true;
+}
+
+void CudaEngine::Impl::hold_layer(int64_t l) {
+  if (held_layer == l) return;  // the last layer of a forward is still there for its backward
+  const Unit& U = units[size_t(l)];
+  const int S = dp_size;
+  bf16* slot = wstage.get<bf16>() + slot_of(size_t(l));
+  dp_timed(U.block * S * 2 * (S - 1) / S,
+           [&] { opt.dp->all_gather(master_bf16() + U.at, slot, U.block, 2, stream); });
+  held_layer = l;
+}
+
+void CudaEngine::Impl::open_grads(int64_t u) {
+  const Unit& U = units[size_t(u)];
+  check(cudaMemsetAsync(gstage.get<float>() + slot_of(size_t(u)), 0, size_t(U.block * dp_size) * 4, stream), "memset");
+  if (u == L) grad_global = true;
+  else grad_layer = u;
+}
+
+void CudaEngine::Impl::reduce_grads(int64_t u) {
+  const Unit& U = units[size_t(u)];
+  const int S = dp_size;
+  dp_timed(U.block * S * 4 * (S - 1) / S, [&] {
+    opt.dp->reduce_scatter_sum(gstage.get<float>() + slot_of(size_t(u)), gred.get<float>(), U.block, stream);
+  });
+  cuda::add_f32(gshard.get<float>() + U.at, gred.get<float>(), U.block, stream);  // micro-batches accumulate
+  if (u == L) grad_global = false;
+  else grad_layer = -1;
+}
+
+void CudaEngine::Impl::idle_microbatch(bool train) {
+  hold_global();
+  for (int64_t l = 0; l < L; ++l) hold_layer(l);
+  if (!train) return;
+  for (int64_t l = L - 1; l >= 0; --l) {
+    hold_layer(l);
+    open_grads(l);
+    reduce_grads(l);  // zeros: this rank adds nothing to its peers' sums
+  }
+}
+
+float* CudaEngine::Impl::stage_unit(size_t u, const float* local) {
+  const Unit& U = units[u];
+  const int S = dp_size;
+  float* st = gstage.get<float>();
+  check(cudaMemcpyAsync(st + int64_t(dp_rank) * U.block, local + U.at, size_t(U.block) * 4, cudaMemcpyDefault, stream),
+        "copy");
+  dp_timed(U.block * S * 4 * (S - 1) / S,
+           [&] { opt.dp->all_gather(st + int64_t(dp_rank) * U.block, st, U.block, 4, stream); });
+  return st;
+}
+
+void CudaEngine::Impl::keep_block(size_t u, float* local) {
+  const Unit& U = units[u];
+  check(cudaMemcpyAsync(local + U.at, gstage.get<float>() + int64_t(dp_rank) * U.block, size_t(U.block) * 4,
+                        cudaMemcpyDefault, stream), "copy");
 }
 
 }  // namespace rlh::engine

@@ -2,8 +2,9 @@
 // offload_state; dtensor's cpu_offload, FSDP2's CPUOffloadPolicy).
 //
 // What moves: the fp32 masters and both AdamW moments, 12 bytes a parameter (12/S under FSDP),
-// the largest part of a trainer's memory. The bf16 weights and the flat fp32 gradient buffer
-// stay on the device: the forward and backward read and write them every micro-batch.
+// the largest part of a trainer's memory. The bf16 weights and the fp32 gradients stay on the
+// device (under FSDP this rank's blocks and the units' staging): the forward and backward read
+// and write them every micro-batch.
 //
 // Why stream the update through a device staging buffer instead of running AdamW on the CPU:
 // the update then runs the registry's AdamW kernel on the same values in the same order, so an
@@ -39,10 +40,7 @@ void CudaEngine::Impl::carve_offload(size_t master_b, size_t moment_b) {
 }
 
 void CudaEngine::Impl::stage_masters_whole() {
-  if (fsdp()) {
-    gather_masters();
-    return;
-  }
+  if (fsdp()) throw std::logic_error("cuda engine: FSDP keeps no whole masters; they move unit by unit");
   check(cudaMemcpyAsync(grads.get(), master32(), master_bytes(), cudaMemcpyDefault, stream), "upload");
 }
 

@@ -71,15 +71,20 @@ class DeviceEngine {
   // fp32 master weights, desc().params order (host copies).
   virtual std::vector<std::vector<float>> parameters() const = 0;
   // The same weights where they live, for a refit that reads device memory (visit_weights_on):
-  // per parameter in desc().params order, `pieces` runs of `piece` fp32 elements `stride` apart
-  // (one run: contiguous), valid until the next train_step or load. The engine's pending writes
-  // are complete when this returns.
+  // per parameter, `pieces` runs of `piece` fp32 elements `stride` apart (one run: contiguous).
+  // The engine's pending writes are complete when a view is given.
   struct ParamView {
     const float* data = nullptr;
     int64_t pieces = 1, piece = 0, stride = 0;
   };
   virtual rlh_device device() const = 0;
-  virtual std::vector<ParamView> master_views() const = 0;
+  // fn(param index, its view) for every parameter in desc().params order; under FSDP the
+  // masters are gathered unit by unit (collective over the group) and a view is valid only
+  // during its call.
+  virtual void visit_master_views(const std::function<void(size_t, const ParamView&)>& fn) const = 0;
+  // FSDP: one forward's collectives without data (a rank with fewer micro-batches than its
+  // peers; dp_forward); nothing otherwise.
+  virtual void idle_forward() {}
   virtual void load_parameters(const std::vector<std::vector<float>>& tensors) = 0;
   // AdamW moments per parameter, desc().params order (zeros for untrainable ones).
   struct AdamState {
@@ -103,6 +108,11 @@ class DeviceEngine {
   // this rank's blocks (distributed optimizer: the moments; FSDP: both, and the gradient block).
   // train_step reports it as memory/state_bytes.
   virtual int64_t state_bytes() const { return 0; }
+  // Its bf16 weights and fp32 gradient buffer (FSDP: its blocks, and the gathered units'
+  // staging apart): memory/weight_bytes, memory/grad_bytes, memory/stage_bytes.
+  virtual int64_t weight_bytes() const { return 0; }
+  virtual int64_t grad_bytes() const { return 0; }
+  virtual int64_t stage_bytes() const { return 0; }
   // The part of that state kept in host memory instead (DeviceEngineOptions::offload_state):
   // memory/host_state_bytes.
   virtual int64_t host_state_bytes() const { return 0; }
@@ -126,8 +136,9 @@ struct DeviceEngineOptions {
   // the device; shard_optimizer: Megatron's distributed optimizer (engine.hpp's DeviceDpComm).
   engine::DeviceDpComm* dp = nullptr;
   bool shard_optimizer = false;
-  // FSDP (dtensor; with shard_optimizer, `dp` the shard group): the fp32 masters too are kept
-  // as this rank's block; parameters() and master_views() then gather (collective over `dp`).
+  // FSDP (dtensor; with shard_optimizer, `dp` the shard group): ZeRO-3, every unit's weights,
+  // gradients and optimizer state kept as this rank's block (engine_cuda's data_parallel.cpp);
+  // parameters() and visit_master_views() then gather (collective over `dp`).
   // dp_replicate (HSDP; not owned, null: none): the replicas, over which the gradient blocks
   // are summed too.
   bool shard_masters = false;

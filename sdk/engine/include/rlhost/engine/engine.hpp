@@ -157,6 +157,10 @@ struct StepOptions {
   // micro-batches (right on one rank).
   int64_t moe_global_tokens = 0;
   int64_t moe_global_sequences = 0;
+  // The most micro-batches any rank of the data-parallel group runs in this step (0: this
+  // rank's own count). A device engine under FSDP gathers and reduces per unit and micro-batch,
+  // so a rank with fewer runs that many idle passes to meet its peers' collectives.
+  int64_t group_microbatches = 0;
 };
 
 // StepResult's MoE metrics (a model with MoE layers) from a step's values, in train_step's

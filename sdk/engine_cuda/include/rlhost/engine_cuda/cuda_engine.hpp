@@ -95,16 +95,19 @@ struct CudaEngineOptions {
   // through the registry's FP8 provider. Construction fails, naming it, when no provider on the
   // device runs the recipe's products.
   Fp8Options fp8;
-  // FSDP (dtensor; needs shard_optimizer): the fp32 master weights too live only as this
-  // rank's block, beside its blocks of the moments and of the summed gradients (16/S bytes a
-  // parameter); the update runs on the block and only the bf16 copy is all-gathered. The bf16
-  // weights stay whole and resident between steps (FSDP2's reshard_after_forward=False: the
-  // forward gathers nothing), and the fp32 gradient buffer stays whole too (the
-  // backward's GEMMs accumulate into one flat buffer, reduce-scattered once after the last
-  // micro-batch): 2 + 4 bytes a parameter on every rank. Whole fp32 masters are gathered on
-  // demand (save_parameters, master_views: collective over `dp`). The few fp32 tensors the MoE
-  // router reads from the masters (router bias, selection bias, the fp64 router's weight) are
-  // kept whole in a side buffer, refreshed after each update.
+  // FSDP (dtensor; needs shard_optimizer; ZeRO-3): the model is cut into units (each layer,
+  // and the root: embedding, final norm, head), and of each unit this rank keeps one block of
+  // the fp32 masters, both moments, the summed gradients and the bf16 weights (18/S bytes a
+  // parameter). A unit's bf16 weights are all-gathered into a staging slot before it runs
+  // (a layer again for its backward; the root once per step or forward call) and its fp32
+  // gradients reduce-scattered out of a staging slot after its backward (a layer's after every
+  // micro-batch, the root's once per step), so the staging holds one layer and the root (6 bytes
+  // a parameter of each). Every collective is per unit and micro-batch: a rank with fewer
+  // micro-batches runs idle passes (StepOptions::group_microbatches, idle_forward()). Whole
+  // tensors move unit by unit (save_parameters, adam_state, gradients, visit_master_views:
+  // collective over `dp`). The few fp32 tensors the MoE router reads from the masters (router
+  // bias, selection bias, the fp64 router's weight) are kept whole in a side buffer, refreshed
+  // after each update. FP8 linears are refused with it.
   bool shard_masters = false;
   // HSDP (with shard_masters; not owned; null: none): the replicas of this rank's shard. The
   // gradient blocks reduce-scattered over `dp` (the shard group) are summed over it too.
@@ -133,10 +136,13 @@ struct CudaEngineStats {
   int64_t fp8_gemms = 0, fp8_layer_bf16_gemms = 0;
   // The training state held on this rank: fp32 masters, AdamW moments and the gradient block
   // of the sharded optimizer (whole, or this rank's block), the router's side copy under FSDP.
-  // The bf16 weights and the flat fp32 gradient buffer are counted apart (whole on every rank).
+  // The bf16 weights and the flat fp32 gradient buffer are counted apart.
   int64_t state_bytes = 0;
-  int64_t weight_bytes = 0;  // the bf16 working copy
-  int64_t grad_bytes = 0;    // the flat fp32 gradient buffer
+  int64_t weight_bytes = 0;  // the bf16 working copy (FSDP: this rank's blocks)
+  int64_t grad_bytes = 0;    // the flat fp32 gradient buffer (none under FSDP)
+  // FSDP: the gathered units' bf16 weights and fp32 gradients (one layer and the root), and
+  // the reduce-scattered block.
+  int64_t weight_stage_bytes = 0, grad_stage_bytes = 0;
   // CudaEngineOptions::offload_state: the masters and moments in page-locked host memory (then
   // out of state_bytes, which counts the device staging buffer instead).
   int64_t host_state_bytes = 0;
@@ -166,13 +172,19 @@ class CudaEngine {
     const float* data = nullptr;
     int64_t pieces = 1, piece = 0, stride = 0;
   };
+  // (Under FSDP no rank holds them whole: master_views throws; visit_master_views gathers them
+  // unit by unit, collective over `dp`, each view valid during its call.)
   std::vector<ParamView> master_views() const;
+  void visit_master_views(const std::function<void(size_t param, const ParamView&)>& fn) const;
   int device_index() const;
   std::vector<std::vector<float>> gradients() const;        // the fp32 accumulated gradients
   void zero_grad();
 
   // Forward only. Host outputs as Engine::forward (logprob, entropy; logits for tests).
   Outputs forward(const MicroBatch& mb, const OutputRequest& request);
+  // FSDP: the collectives of one forward without data, for a rank with fewer micro-batches
+  // than its peers (no-op otherwise).
+  void idle_forward();
 
   // As Engine::train_step: per micro-batch forward, loss callback (on the host, over host
   // copies of the requested outputs), backward; then the global gradient norm, clipping and
@@ -218,9 +230,9 @@ class CudaEngine {
   // desc().params order (all zero before the first step and for untrainable parameters).
   // With a sharded optimizer adam_state() gathers the blocks (collective over the group) and
   // load_adam_state() keeps this rank's block of the full moments it is given. With sharded
-  // masters (shard_masters) save_parameters() and master_views() gather too (collective; the
-  // views then point into the gradient buffer, which the next step clears first), and
-  // load_parameters() keeps this rank's block of the whole weights it is given.
+  // masters (shard_masters) save_parameters(), gradients() and visit_master_views() gather
+  // too (collective, unit by unit), and load_parameters() keeps this rank's blocks of the whole
+  // weights it is given.
   struct AdamState {
     int64_t step = 0;
     std::vector<std::vector<float>> exp_avg, exp_avg_sq;

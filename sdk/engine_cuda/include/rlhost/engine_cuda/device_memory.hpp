@@ -100,5 +100,7 @@ class PinnedBuffer {
 // Kernels of the engine itself (cuda_engine_kernels.cu).
 // dst[i] = bf16(src[i]), round to nearest even.
 void cast_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t s);
+// dst[i] += src[i] in fp32 (FSDP: a reduce-scattered gradient block into the accumulated one).
+void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s);
 
 }  // namespace rlh::engine::cuda
