@@ -28,7 +28,8 @@
 #     dp: only test_backend_cuda_dp at 2 and 4 ranks (DDP, distributed optimizer, FSDP, HSDP)
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
 #     backlog: what earlier sessions built but could not run, most needed first, for one short
-#              call: the offload, decode, generator and backend GPU tests, fp8engine, dp at 2 ranks
+#              call: FSDP (ZeRO-3) at the engine's seam, the offload, engine and backend GPU tests,
+#              fp8engine, dp at 2 and 4 ranks (HSDP)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -54,12 +55,13 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  TESTS=${TESTS:-"test_cuda_engine_offload test_cuda_decode test_generator_cuda test_backend_cuda"}
-  DP_RANKS=${DP_RANKS:-2}
+  TESTS=${TESTS:-"test_cuda_engine_fsdp test_cuda_engine_offload test_cuda_engine test_backend_cuda"}
+  DP_RANKS=${DP_RANKS:-"2 4"}
 fi
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ] || [ "$what" = backlog ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
-        test_cudnn_graph test_cudnn_attention test_cuda_engine test_cuda_engine_fp8 test_cuda_engine_offload test_backend_cuda
+        test_cudnn_graph test_cudnn_attention test_cuda_engine test_cuda_engine_fp8 test_cuda_engine_offload
+        test_cuda_engine_fsdp test_backend_cuda
         test_backend_cuda_loss
         test_generator_cuda test_comm_nccl"
   [ "$what" = gentests ] && list=test_generator_cuda
@@ -69,7 +71,7 @@ if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ] || [ "$wha
     case "$t" in *cudnn*) [ "${CUDNN:-1}" = 0 ] && continue ;; esac
     echo "== $t =="
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|steady state|AdamW|recompute|deadline|FAILED|Failure|rror|cudnn vs|probe:|refused:|repeatable|cuDNN|dlp|graphs|first tokens|equal HF" | head -100
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |bf16 on GPU|on the GPU|fsdp S=|steady state|AdamW|recompute|deadline|FAILED|Failure|rror|cudnn vs|probe:|refused:|repeatable|cuDNN|dlp|graphs|first tokens|equal HF" | head -100
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
   if [ "$what" != gentests ]; then
