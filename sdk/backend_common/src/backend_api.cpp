@@ -232,7 +232,7 @@ rlh_status* backend_forward(rlh_backend* self, rlh_model* model, const rlh_forwa
         write_output(args->outputs[k], d, engine_output(o, plan.slots[k]), width(plan, k));
     };
     if (m.dp != nullptr) {
-      dp_forward(m, mbs.size(), run);  // this rank's shard of the batch; FSDP peers gather together
+      dp_forward(m, mbs.size(), run, plan.req);  // this rank's shard; FSDP peers gather together
     } else {
       for (size_t i = 0; i < mbs.size(); ++i) run(i);
     }

@@ -212,7 +212,8 @@ void check_context_parallel(Backend& b, Model& m);
 // else an error on all of them naming it (collective over the groups; nothing without either).
 void tp_check_batch(const Model& m, const rlh_batch& batch, const char* what);
 // Forward over this rank's micro-batches, FSDP ranks keeping their peers' gathers company.
-void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run);
+void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run,
+                const engine::OutputRequest& req);
 // Every parameter in full (FSDP gathers unit by unit; collective), handed to `fn` in storage
 // order of units.
 void dp_visit_parameters(Model& m, const std::function<void(size_t, std::span<float>)>& fn);

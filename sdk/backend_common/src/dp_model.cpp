@@ -369,7 +369,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   return out;
 }
 
-void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run) {
+void dp_forward(Model& m, size_t local_microbatches, const std::function<void(size_t)>& run,
+                const engine::OutputRequest& req) {
   if (m.ep()) {  // the ep group's exchanges meet: a rank out of micro-batches runs its experts
     int64_t most[1] = {int64_t(local_microbatches)};
     m.dp->ep.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
@@ -385,7 +386,7 @@ void dp_forward(Model& m, size_t local_microbatches, const std::function<void(si
   m.dp->dp.all_reduce(std::span<int64_t>(most, 1), RLH_REDUCE_MAX);
   if (m.device) {  // the device engine gathers its units itself (engine_cuda's FSDP)
     for (size_t i = 0; i < local_microbatches; ++i) run(i);
-    for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.device->idle_forward();
+    for (int64_t k = int64_t(local_microbatches); k < most[0]; ++k) m.device->idle_forward(req);
     return;
   }
   try {

@@ -60,7 +60,7 @@ class CudaDeviceEngine final : public DeviceEngine {
       fn(i, ParamView{v.data, v.pieces, v.piece, v.stride});
     });
   }
-  void idle_forward() override { engine_.idle_forward(); }
+  void idle_forward(const engine::OutputRequest& req) override { engine_.idle_forward(req); }
   AdamState adam_state() const override {
     engine::CudaEngine::AdamState s = engine_.adam_state();
     return AdamState{s.step, std::move(s.exp_avg), std::move(s.exp_avg_sq)};

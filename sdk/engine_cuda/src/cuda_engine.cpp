@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 
@@ -193,7 +194,11 @@ void CudaEngine::Impl::carve_params() {
     return pl.off;
   };
   // FSDP: the dp_size blocks of each unit (a layer, then the global tensors) tile it, so the
-  // unit starts 64-element aligned and ends padded to dp_size blocks (data_parallel.cpp).
+  // unit ends padded to dp_size blocks (data_parallel.cpp). Units start at 128-element
+  // multiples and blocks are 128-element multiples in every mode, so a bf16 weight's address in
+  // a staging slot agrees with its address in a whole buffer modulo 256 bytes: the GEMM
+  // provider's plan (chosen by alignment up to 256 bytes) and so its bits are the same whether
+  // the weights are sharded or not.
   if (opt.dp != nullptr) {
     dp_size = opt.dp->size();
     dp_rank = opt.dp->rank();
@@ -204,14 +209,14 @@ void CudaEngine::Impl::carve_params() {
   units.clear();
   int64_t local_elems = 0;
   const auto start_unit = [&] {
-    at = (at + 63) / 64 * 64;
+    at = (at + 127) / 128 * 128;
     prev_end = -1;
     units.push_back({at, 0, 0});
   };
   const auto end_unit = [&] {
     Unit& u = units.back();
-    const int64_t n = (at + 63) / 64 * 64 - u.begin;
-    u.block = fsdp() ? std::max<int64_t>(64, ((n + dp_size - 1) / dp_size + 63) / 64 * 64) : n;
+    const int64_t n = (at + 127) / 128 * 128 - u.begin;
+    u.block = fsdp() ? std::max<int64_t>(128, ((n + dp_size - 1) / dp_size + 127) / 128 * 128) : n;
     u.at = local_elems;
     local_elems += u.block;
     at = u.begin + (fsdp() ? u.block * dp_size : n);
@@ -327,23 +332,23 @@ std::vector<CudaEngine::Impl::Range> CudaEngine::Impl::storage_ranges() const {
 // One tensor between host memory (desc shape, contiguous) and its place in a flat buffer.
 void CudaEngine::Impl::upload(size_t i, float* base, const float* src, int64_t origin) {
   const cuda::ParamPlace& pl = place[i];
-  base -= origin;
+  float* at = base + (pl.off - origin);
   const size_t row = size_t(pl.piece) * sizeof(float);
   if (pl.pieces == 1)
-    check(cudaMemcpyAsync(base + pl.off, src, row, cudaMemcpyDefault, stream), "upload");
+    check(cudaMemcpyAsync(at, src, row, cudaMemcpyDefault, stream), "upload");
   else
-    check(cudaMemcpy2DAsync(base + pl.off, size_t(pl.stride) * sizeof(float), src, row, row,
+    check(cudaMemcpy2DAsync(at, size_t(pl.stride) * sizeof(float), src, row, row,
                             size_t(pl.pieces), cudaMemcpyDefault, stream), "upload");
 }
 
 void CudaEngine::Impl::download_one(size_t i, const float* base, float* dst, int64_t origin) {
   const cuda::ParamPlace& pl = place[i];
-  base -= origin;
+  const float* at = base + (pl.off - origin);
   const size_t row = size_t(pl.piece) * sizeof(float);
   if (pl.pieces == 1)
-    check(cudaMemcpy(dst, base + pl.off, row, cudaMemcpyDefault), "download");
+    check(cudaMemcpy(dst, at, row, cudaMemcpyDefault), "download");
   else
-    check(cudaMemcpy2D(dst, row, base + pl.off, size_t(pl.stride) * sizeof(float), row,
+    check(cudaMemcpy2D(dst, row, at, size_t(pl.stride) * sizeof(float), row,
                        size_t(pl.pieces), cudaMemcpyDefault), "download");
 }
 
@@ -728,10 +733,14 @@ cuda::DeviceOps::Logprob CudaEngine::Impl::head_args(const OutputRequest& req, i
   return h;
 }
 
-void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool train) {
+void CudaEngine::Impl::check_request(const OutputRequest& req) const {
   if (req.processed_logprob) cuda::unsupported("processed (top-k/top-p) logprobs");
   if (req.logprob_at_ids) cuda::unsupported("logprob_at_ids");
   if (!(req.temperature > 0)) throw std::invalid_argument("cuda engine: temperature must be > 0");
+}
+
+void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, bool train) {
+  check_request(req);
   const int64_t N = mb.num_tokens();
   if (mb.cu_seqlens.empty() || N == 0) throw std::invalid_argument("cuda engine: empty micro-batch");
   plan(N, train);
@@ -1029,6 +1038,9 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
       cuda::cast_to_bf16(st + int64_t(m.dp_rank) * U.block, m.master_bf16() + U.at, U.block, m.stream);
       m.sync();  // the next unit reuses the stage; the host vectors may go once this returns
     }
+    // The summed gradients accumulate over micro-batches (reduce_grads): a skipped or
+    // accumulate-only step before this load must not leak into the next one.
+    check(cudaMemsetAsync(m.gshard.get(), 0, m.gshard.size(), m.stream), "memset");
     m.grads_clear = true;
     return;
   }
@@ -1090,15 +1102,24 @@ void CudaEngine::visit_master_views(const std::function<void(size_t, const Param
     for (size_t i = 0; i < views.size(); ++i) fn(i, views[i]);
     return;
   }
-  // Unit by unit: its masters gathered into the stage, its parameters viewed there.
+  // Unit by unit: its masters gathered into the stage, its parameters viewed there. A callback
+  // that throws stops the views, not the gathers: the peers are in them, so this rank finishes
+  // its part before it passes the error on.
+  std::exception_ptr failed;
   for (size_t u = 0; u < m.units.size(); ++u) {
     const float* st = m.stage_unit(u, m.master32());
     m.sync();
     for (size_t i : m.unit_params[u]) {
+      if (failed) break;
       const cuda::ParamPlace& pl = m.place[i];
-      fn(i, {st + (pl.off - m.units[u].begin), pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
+      try {
+        fn(i, {st + (pl.off - m.units[u].begin), pl.pieces, pl.piece, pl.pieces > 1 ? pl.stride : pl.piece});
+      } catch (...) {
+        failed = std::current_exception();
+      }
     }
   }
+  if (failed) std::rethrow_exception(failed);
 }
 
 std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
@@ -1125,7 +1146,8 @@ std::vector<CudaEngine::ParamView> CudaEngine::master_views() const {
 int CudaEngine::device_index() const { return impl_->opt.device; }
 std::vector<std::vector<float>> CudaEngine::gradients() const {
   impl_->require_trainable("gradients");
-  // FSDP: the summed gradients of the last step (before its update), gathered unit by unit.
+  // FSDP: the summed gradients of the last step, gathered unit by unit (an applied update has
+  // cleared them, as it clears the whole buffer without FSDP).
   if (impl_->fsdp()) return impl_->download_units(impl_->gshard.get<float>());
   return impl_->download(impl_->grads.get<float>());
 }
@@ -1223,8 +1245,9 @@ void CudaEngine::load_fp8_state(const std::string& bytes) {
 
 void CudaEngine::set_optimizer_options(const OptimizerOptions& o) { impl_->opt.optimizer = o; }
 
-void CudaEngine::idle_forward() {
+void CudaEngine::idle_forward(const OutputRequest& req) {
   Impl& m = *impl_;
+  m.check_request(req);  // refused here as on the peers with data, before anyone gathers
   if (!m.fsdp()) return;  // nothing to meet: the weights are whole
   m.release_units();
   m.idle_microbatch(false);
@@ -1319,6 +1342,11 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
     ~Release() { m.release_units(); }
   } release{m};
   if (m.fsdp()) m.open_grads(m.L);  // the root's gradients, summed over the micro-batches
+  // FSDP: how many micro-batches the group runs (its owner's count, or asked here before any
+  // unit's collective, so the ask itself meets on every rank).
+  const int64_t group_mbs = !m.fsdp()                   ? 0
+                            : so.group_microbatches > 0 ? so.group_microbatches
+                                                        : m.group_count(int64_t(mbs.size()));
   StepResult r;
   // MoE auxiliary losses: normalised by the global counts (this step's when not given), as
   // the CPU engine; their values are summed on the device and read with the gradient norm.
@@ -1458,7 +1486,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
     r.tokens += N;
   }
   // FSDP: a rank with fewer micro-batches than its peers meets their per-unit collectives.
-  for (int64_t k = int64_t(mbs.size()); m.fsdp() && k < so.group_microbatches; ++k) m.idle_microbatch(true);
+  for (int64_t k = int64_t(mbs.size()); k < group_mbs; ++k) m.idle_microbatch(true);
   if (m.opt.dp != nullptr) m.sync_gradients();
   double moe_vals[3] = {0, 0, 0};  // aux, z, max load: downloaded before grad_norm's wait
   if (m.moe_layers > 0)

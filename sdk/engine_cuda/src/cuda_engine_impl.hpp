@@ -251,6 +251,10 @@ struct CudaEngine::Impl {
   // The collectives of one micro-batch without data (a rank with fewer micro-batches than its
   // peers): every unit gathered, and in training every layer's zero gradients reduced.
   void idle_microbatch(bool train);
+  // The most micro-batches any rank of the group runs (one small all-gather and a host wait;
+  // for callers that do not give StepOptions::group_microbatches).
+  int64_t group_count(int64_t mine);
+  cuda::DeviceBuffer counts;  // [dp_size] floats for group_count
   // Unit u of a local buffer (fp32 blocks: masters, moments, gradients; device or host) whole
   // in gstage; and this rank's block of gstage's whole unit into a local buffer.
   float* stage_unit(size_t u, const float* local);
@@ -463,6 +467,7 @@ struct CudaEngine::Impl {
                             size_t(cols) * sizeof(bf16), size_t(rows), cudaMemcpyDeviceToDevice, stream),
           "strided copy");
   }
+  void check_request(const OutputRequest& req) const;  // what forward refuses of a request alone
   void forward(const MicroBatch& mb, const OutputRequest& req, bool train);
   // The layer's steps in order. `recompute`: inside the backward, rebuild what it reads (no
   // output, no routing record, auxiliary losses not counted again); `only_cheap`: just the

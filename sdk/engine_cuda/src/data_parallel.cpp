@@ -19,6 +19,7 @@
 // the memory this mode exists to save), so a rank holds 2 + 4 bytes of one layer and of the
 // root beside its 2/S + 16/S bytes a parameter.
 #include <algorithm>
+#include <vector>
 
 #include "cuda_engine_impl.hpp"
 
@@ -164,6 +165,7 @@ void CudaEngine::Impl::plan_units() {
   wstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(bf16));
   gstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(float));
   gred = cuda::DeviceBuffer(counters, size_t(widest) * sizeof(float));
+  counts = cuda::DeviceBuffer(counters, size_t(dp_size) * sizeof(float));
   unit_params.assign(size_t(L + 1), {});
   for (size_t i = 0; i < place.size(); ++i) unit_params[unit_of(place[i].off)].push_back(i);
 }
@@ -215,6 +217,18 @@ void CudaEngine::Impl::idle_microbatch(bool train) {
     open_grads(l);
     reduce_grads(l);  // zeros: this rank adds nothing to its peers' sums
   }
+}
+
+int64_t CudaEngine::Impl::group_count(int64_t mine) {
+  // Counts are small integers: exact in float.
+  float* c = counts.get<float>();
+  const float f = float(mine);
+  check(cudaMemcpyAsync(c + dp_rank, &f, sizeof(float), cudaMemcpyHostToDevice, stream), "upload");
+  dp_timed(4 * (dp_size - 1), [&] { opt.dp->all_gather(c + dp_rank, c, 1, 4, stream); });
+  std::vector<float> all(static_cast<size_t>(dp_size));
+  check(cudaMemcpyAsync(all.data(), c, all.size() * 4, cudaMemcpyDeviceToHost, stream), "download");
+  sync();
+  return int64_t(*std::max_element(all.begin(), all.end()));
 }
 
 float* CudaEngine::Impl::stage_unit(size_t u, const float* local) {

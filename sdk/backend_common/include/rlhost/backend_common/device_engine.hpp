@@ -83,8 +83,8 @@ class DeviceEngine {
   // during its call.
   virtual void visit_master_views(const std::function<void(size_t, const ParamView&)>& fn) const = 0;
   // FSDP: one forward's collectives without data (a rank with fewer micro-batches than its
-  // peers; dp_forward); nothing otherwise.
-  virtual void idle_forward() {}
+  // peers; dp_forward), the request refused as forward refuses it; nothing otherwise.
+  virtual void idle_forward(const engine::OutputRequest& req) { (void)req; }
   virtual void load_parameters(const std::vector<std::vector<float>>& tensors) = 0;
   // AdamW moments per parameter, desc().params order (zeros for untrainable ones).
   struct AdamState {

@@ -103,7 +103,8 @@ struct CudaEngineOptions {
   // gradients reduce-scattered out of a staging slot after its backward (a layer's after every
   // micro-batch, the root's once per step), so the staging holds one layer and the root (6 bytes
   // a parameter of each). Every collective is per unit and micro-batch: a rank with fewer
-  // micro-batches runs idle passes (StepOptions::group_microbatches, idle_forward()). Whole
+  // micro-batches runs idle passes (StepOptions::group_microbatches, else asked of the group at
+  // the step's start; idle_forward()). Whole
   // tensors move unit by unit (save_parameters, adam_state, gradients, visit_master_views:
   // collective over `dp`). The few fp32 tensors the MoE router reads from the masters (router
   // bias, selection bias, the fp64 router's weight) are kept whole in a side buffer, refreshed
@@ -183,8 +184,9 @@ class CudaEngine {
   // Forward only. Host outputs as Engine::forward (logprob, entropy; logits for tests).
   Outputs forward(const MicroBatch& mb, const OutputRequest& request);
   // FSDP: the collectives of one forward without data, for a rank with fewer micro-batches
-  // than its peers (no-op otherwise).
-  void idle_forward();
+  // than its peers (no-op otherwise). The request is checked as forward checks it, so a
+  // request the peers refuse is refused here too instead of leaving this rank in a gather.
+  void idle_forward(const OutputRequest& request);
 
   // As Engine::train_step: per micro-batch forward, loss callback (on the host, over host
   // copies of the requested outputs), backward; then the global gradient norm, clipping and
