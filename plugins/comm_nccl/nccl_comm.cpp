@@ -284,8 +284,6 @@ struct Statement {
   ncclUniqueId id{};
 };
 
-int local_rank_of(const sdk::LaunchEnv& env) { return env.local_rank; }
-
 Statement state_self(int device, bool make_id, std::string& why) {
   Statement s;
   auto refuse = [&](const std::string& r) {
@@ -432,7 +430,7 @@ rlh_comm* create_world(const rlh_host_api* host, const nlohmann::json& cfg) {
       cudaGetLastError();
       count = 1;  // the statement below reports the missing device
     }
-    device = local_rank_of(env) % count;
+    device = sdk::local_device(count, env);  // as the backends place their models
   }
   std::lock_guard<std::mutex> lk(g_mu);
   if (g_failed) throw Error(RLH_E_ABORTED, "comm_nccl: refused after an earlier failure: " + g_failure);

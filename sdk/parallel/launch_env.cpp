@@ -1,6 +1,7 @@
 // The launcher's environment (launch_env.hpp).
 #include "rlhost/sdk/launch_env.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -39,6 +40,11 @@ void check_below(const char* a, int av, const char* b, int bv) {
 }
 
 }  // namespace
+
+int local_device(int device_count, const LaunchEnv& env) {
+  if (device_count <= 0) return 0;
+  return std::max(env.local_rank, 0) % device_count;
+}
 
 const char* launcher_name(Launcher l) {
   switch (l) {

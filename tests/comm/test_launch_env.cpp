@@ -104,6 +104,25 @@ TEST(LaunchEnv, TorchrunStyle) {
   EXPECT_EQ(e.describe(), "torchrun-style env (WORLD_SIZE=4)");
 }
 
+// "cuda" without an index: one rank a GPU by local rank, in turn when ranks outnumber the GPUs,
+// device 0 where the launcher leaves each process one GPU or none is seen.
+TEST(LaunchEnv, LocalDeviceFollowsTheLocalRank) {
+  const auto on = [](const Env& env, int devices) { return rlh::sdk::local_device(devices, detect(env)); };
+  const Env mpirun = {{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_RANK", "13"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "5"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}};
+  EXPECT_EQ(on(mpirun, 8), 5);
+  EXPECT_EQ(on(mpirun, 4), 1);  // two ranks a GPU
+  EXPECT_EQ(on(mpirun, 1), 0);  // CUDA_VISIBLE_DEVICES=one per process
+  EXPECT_EQ(on(mpirun, 0), 0);
+  const Env srun = {{"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_PROCID", "7"}, {"SLURM_LOCALID", "3"},
+                    {"SLURM_STEP_NUM_NODES", "2"}};
+  EXPECT_EQ(on(srun, 4), 3);
+  const Env torchrun = {{"WORLD_SIZE", "4"}, {"RANK", "2"}, {"LOCAL_RANK", "2"}, {"MASTER_ADDR", "h"},
+                        {"MASTER_PORT", "29500"}};
+  EXPECT_EQ(on(torchrun, 8), 2);
+  EXPECT_EQ(on({}, 8), 0);  // alone
+}
+
 TEST(LaunchEnv, BadValuesNameTheVariable) {
   EXPECT_EQ(error_of({{"WORLD_SIZE", "x"}, {"RANK", "0"}}), "environment variable WORLD_SIZE='x' is not a positive integer");
   EXPECT_EQ(error_of({{"WORLD_SIZE", "0"}, {"RANK", "0"}}), "environment variable WORLD_SIZE='0' is not a positive integer");

@@ -939,6 +939,15 @@ bool cuda_generator_available(std::string* why, int device) {
   return false;
 }
 
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 std::function<std::unique_ptr<StepExecutor>(DecodeModel&)> cuda_executor(CudaExecutorOptions options) {
   return [options](DecodeModel& m) -> std::unique_ptr<StepExecutor> { return std::make_unique<CudaExecutor>(m, options); };
 }

@@ -27,6 +27,7 @@
 #include "rlhost/sdk/hf_cache.hpp"
 #include "rlhost/sdk/input_file.hpp"
 #include "rlhost/sdk/kernel_registry.hpp"
+#include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/sdk/safetensors.hpp"
@@ -231,7 +232,10 @@ int pick_device(const rlh::sdk::Host& host, const json& cfg, std::string* source
   const std::string key = from_policy ? "policy.device" : "generator config: device";
   if (d == "cpu") return -1;
   if (d == "cuda" || d.rfind("cuda:", 0) == 0) {
-    int dev = 0;
+    int dev = 0;  // "cuda": this rank's device on its node, as the backends place the policy
+#ifdef RLH_GENERATOR_CUDA
+    dev = rlh::sdk::local_device(rlh::gen::cuda_device_count(), rlh::sdk::detect_launch());
+#endif
     if (d.size() > 5) {
       const std::string n = d.substr(5);
       if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos)
@@ -252,9 +256,10 @@ int pick_device(const rlh::sdk::Host& host, const json& cfg, std::string* source
   *source = "auto";
   if (!prec.is_string() || (prec.get<std::string>() != "bfloat16" && prec.get<std::string>() != "bf16")) return -1;
 #ifdef RLH_GENERATOR_CUDA
-  if (rlh::gen::cuda_generator_available(nullptr, 0)) {
+  const int local = rlh::sdk::local_device(rlh::gen::cuda_device_count(), rlh::sdk::detect_launch());
+  if (rlh::gen::cuda_generator_available(nullptr, local)) {
     *source = "auto: policy.precision bfloat16 and a usable GPU";
-    return 0;
+    return local;
   }
 #endif
   return -1;

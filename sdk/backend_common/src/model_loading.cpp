@@ -11,6 +11,7 @@
 #include "rlhost/sdk/model_weights.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
 #include "rlhost/sdk/input_file.hpp"
+#include "rlhost/sdk/launch_env.hpp"
 
 namespace rlh::backend {
 
@@ -228,7 +229,11 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   if (b.dp && b.dp->pp_size() > 1)
     return decline(RLH_E_UNIMPLEMENTED, "pipeline parallelism (pipeline_model_parallel_size = " +
                                             std::to_string(b.dp->pp_size()) + ") runs on the CPU engine only");
-  const std::string target = automatic ? "cuda" : d;
+  // "cuda" without an index (and auto): the device of this rank's place on its node, so the ranks
+  // of a multi-GPU node spread over its GPUs (sdk::local_device); "cuda:N" as written.
+  const std::string target = (automatic || d == "cuda") && f->device_count != nullptr
+                                 ? "cuda:" + std::to_string(sdk::local_device(f->device_count(), sdk::detect_launch()))
+                                 : automatic ? "cuda" : d;
   std::string why;
   if (!f->available(target, &why)) return decline(RLH_E_UNAVAILABLE, why);
   if (m.trainable && m.config.optimizer->kind != OptimizerKind::adamw)

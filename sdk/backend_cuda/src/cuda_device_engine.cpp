@@ -7,6 +7,8 @@
 // auto falls back to the CPU engine there.
 #include "rlhost/backend_cuda/cuda_device_engine.hpp"
 
+#include <cuda_runtime_api.h>
+
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 
 namespace rlh::backend {
@@ -113,7 +115,16 @@ std::unique_ptr<DeviceEngine> create(const sdk::TransformerDesc& desc, const Dev
   return std::make_unique<CudaDeviceEngine>(desc, o);
 }
 
-const DeviceEngineFactory kFactory = {&available, &create};
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: nothing to place on
+    return 0;
+  }
+  return n;
+}
+
+const DeviceEngineFactory kFactory = {&available, &create, &device_count};
 
 }  // namespace
 

@@ -52,4 +52,12 @@ using GetEnv = std::function<const char*(const char*)>;
 // communicator that rendezvous there to check.
 LaunchEnv detect_launch(const GetEnv& getenv = nullptr);
 
+// The accelerator a process takes when its config names a kind of device without an index
+// (`policy.device: cuda`, or `auto` choosing the GPU): its local rank on the node modulo the
+// devices it sees, so `mpirun -np 8` / `srun` / torchrun on an 8-GPU node puts one rank on each
+// GPU (torchrun's LOCAL_RANK convention), ranks beyond the devices share them in turn (several
+// ranks on one GPU, as the tests run), and a launcher that hides all but one device from each
+// process (CUDA_VISIBLE_DEVICES, srun --gpus-per-task) gets device 0. 0 without devices.
+int local_device(int device_count, const LaunchEnv& env);
+
 }  // namespace rlh::sdk

@@ -62,6 +62,8 @@ struct CudaExecutorOptions {
 // True when the generator can run on cuda:device (a CUDA build, the device visible, Hopper);
 // otherwise false with the reason in *why.
 bool cuda_generator_available(std::string* why, int device = 0);
+// The CUDA devices this process sees (0 without a driver or device).
+int cuda_device_count();
 
 // The executor factory for Options::executor. Throws sdk::Error when the model needs what the
 // device path does not execute (RoPE whose frequencies depend on the sequence length, the MoE

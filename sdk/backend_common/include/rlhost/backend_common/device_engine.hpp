@@ -155,6 +155,9 @@ struct DeviceEngineFactory {
   // then refused or, with policy.device = auto, run on the CPU engine) and std::runtime_error
   // when the device fails.
   std::unique_ptr<DeviceEngine> (*create)(const sdk::TransformerDesc& desc, const DeviceEngineOptions& options);
+  // The devices this process sees (0 when none), for placing "cuda" without an index
+  // (sdk::local_device); null: such a device means device 0.
+  int (*device_count)() = nullptr;
 };
 
 }  // namespace rlh::backend
