@@ -33,18 +33,13 @@
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/safetensors.hpp"
+#include "need_gpu.hpp"
 #include "small_models.hpp"
 
 namespace fs = std::filesystem;
 using namespace rlh;
 
 namespace {
-
-#define NEED_GPU()                                                 \
-  do {                                                             \
-    std::string why;                                               \
-    if (!engine::cuda_engine_available(&why)) GTEST_SKIP() << why; \
-  } while (0)
 
 using test::fixtures_root;
 using test::rel_error;

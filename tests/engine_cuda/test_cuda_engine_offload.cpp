@@ -14,17 +14,12 @@
 #include "kernels_cuda_abi.hpp"
 #include "nll_loss.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
+#include "need_gpu.hpp"
 #include "small_models.hpp"
 
 using namespace rlh;
 
 namespace {
-
-#define NEED_GPU()                                                 \
-  do {                                                             \
-    std::string why;                                               \
-    if (!engine::cuda_engine_available(&why)) GTEST_SKIP() << why; \
-  } while (0)
 
 constexpr auto nll = test::nll_loss;
 

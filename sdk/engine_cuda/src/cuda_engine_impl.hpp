@@ -243,6 +243,7 @@ struct CudaEngine::Impl {
   // Flat [lo, lo + block) of unit u that this rank keeps.
   int64_t mine_lo(size_t u) const { return units[u].begin + int64_t(dp_rank) * units[u].block; }
   void plan_units();  // the stages and each unit's parameters (carve_params)
+  void gather_unit(size_t u);  // unit u's bf16 blocks all-gathered into its slot
   void hold_global();
   void hold_layer(int64_t l);
   void release_units() { held_layer = grad_layer = -1, held_global = grad_global = false; }

@@ -170,23 +170,22 @@ void CudaEngine::Impl::plan_units() {
   for (size_t i = 0; i < place.size(); ++i) unit_params[unit_of(place[i].off)].push_back(i);
 }
 
+void CudaEngine::Impl::gather_unit(size_t u) {
+  const Unit& U = units[u];
+  const int S = dp_size;
+  dp_timed(U.block * S * 2 * (S - 1) / S,
+           [&] { opt.dp->all_gather(master_bf16() + U.at, wstage.get<bf16>() + slot_of(u), U.block, 2, stream); });
+}
+
 void CudaEngine::Impl::hold_global() {
   if (held_global) return;
-  const Unit& U = units[size_t(L)];
-  const int S = dp_size;
-  bf16* slot = wstage.get<bf16>() + slot_of(size_t(L));
-  dp_timed(U.block * S * 2 * (S - 1) / S,
-           [&] { opt.dp->all_gather(master_bf16() + U.at, slot, U.block, 2, stream); });
+  gather_unit(size_t(L));
   held_global = true;
 }
 
 void CudaEngine::Impl::hold_layer(int64_t l) {
   if (held_layer == l) return;  // the last layer of a forward is still there for its backward
-  const Unit& U = units[size_t(l)];
-  const int S = dp_size;
-  bf16* slot = wstage.get<bf16>() + slot_of(size_t(l));
-  dp_timed(U.block * S * 2 * (S - 1) / S,
-           [&] { opt.dp->all_gather(master_bf16() + U.at, slot, U.block, 2, stream); });
+  gather_unit(size_t(l));
   held_layer = l;
 }
 
