@@ -27,6 +27,13 @@
 #     mpi: several ranks on this GPU over comm_mpi (OpenMPI carried): DP on the CUDA engine, GRPO at DP=2
 #     dp: only test_backend_cuda_dp at 2 and 4 ranks (DDP, distributed optimizer, FSDP, HSDP)
 #     nccl2: comm_nccl over two GPUs (kind nvidia-h200-x2), healthy and with a rank killed mid-run
+#     multigpu: #22 on a host of several GPUs, one rank a GPU (policy.device = cuda by local rank)
+#               over comm_nccl: test_backend_cuda_dp at every GPU, then the training step at 1..G
+#               GPUs (bench_parallel --device cuda: dtensor FSDP, megatron DDP / distributed
+#               optimizer) beside torch FSDP2 / DDP (bench/parallel/torch_fsdp2.py), same shape and
+#               per-GPU batch, and the table of tokens/s/GPU, scaling efficiency and ratios.
+#               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
+#               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built but could not run, most needed first, for one short
 #              call: FSDP (ZeRO-3) at the engine's seam, the offload, engine and backend GPU tests,
 #              fp8engine, dp at 2 and 4 ranks (HSDP)
@@ -229,6 +236,41 @@ if [ "$what" = nccl2 ]; then
     probe "$out/nccl2_kill.yaml" 29556 nccl2_kill
     grep -Eq "rank 0 rc (0|124|137) " "$out/nccl2_kill_rank0.log" && rc=1
   fi
+fi
+if [ "$what" = multigpu ]; then
+  source "$bin/openmpi/env.sh"
+  G=$(nvidia-smi -L | wc -l)
+  if [ "${MG_TESTS:-1}" = 1 ] && [ "$G" -ge 2 ]; then
+    echo "== mpirun -np $G test_backend_cuda_dp (one rank a GPU, comm_nccl) =="
+    mpirun -np "$G" "$bin/test_backend_cuda_dp" --gtest_brief=1 2>&1 | tee "$out/multigpu_dp_np$G.log" |
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |device (dp|fsdp)|communicator|Failure|rror" | head -40
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  fi
+  m=$(mktemp -d)
+  python3 bench/grpo_cuda/make_model.py "$m" --shape "${MG_SHAPE:-llama1b}" --prompts 1 | tail -1 || rc=1
+  per=${MG_SEQS_PER_GPU:-8}
+  for n in ${MG_SIZES:-1 2 4 8}; do
+    [ "$n" -le "$G" ] || continue
+    for mode in ${MG_MODES:-fsdp ddp}; do
+      case $mode in
+        fsdp) flags=(--backend dtensor) ;;
+        ddp) flags=(--backend megatron --ddp) ;;
+        *) flags=(--backend megatron) ;;
+      esac
+      echo "== $n GPU(s), $mode: rlhost =="
+      RLHOST_PLUGIN_PATH=$plugins timeout 900 mpirun -np "$n" "$bin/bench_parallel" --model "$m/model" "${flags[@]}" \
+        --device cuda --seqs $((per * n)) --len "${MG_LEN:-2048}" --mb-seqs "${MG_MB_SEQS:-2}" --steps 3 --warmup 1 2>&1 |
+        tee -a "$out/multigpu.log" | grep -E "^RESULT|bench_parallel:" | cut -c1-400
+      [ "$mode" = distopt ] && continue  # torch's peers: FSDP2 and DDP
+      echo "== $n GPU(s), $mode: torch =="
+      compile=(); [ "${MG_COMPILE:-0}" = 1 ] && compile=(--compile)
+      timeout 900 python3 -m torch.distributed.run --standalone --nproc_per_node "$n" bench/parallel/torch_fsdp2.py \
+        --model "$m/model" --mode "$mode" --seqs $((per * n)) --len "${MG_LEN:-2048}" --mb-seqs "${MG_MB_SEQS:-2}" \
+        --steps 3 --warmup 1 "${compile[@]}" 2>&1 | tee -a "$out/multigpu_torch.log" | grep -E "^RESULT|Error" | head -3
+    done
+  done
+  rm -rf "$m"
+  cat "$out/multigpu.log" "$out/multigpu_torch.log" 2>/dev/null | grep '^RESULT' | python3 bench/parallel/scaling_table.py
 fi
 if [ "$what" = grpo ] || [ "$what" = all ]; then
   # The demo's two stages (scripts/demo.sh) with stage 2's policy on the GPU: megatron,

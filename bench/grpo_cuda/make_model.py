@@ -19,6 +19,8 @@ import argparse, json, os, random, struct
 SHAPES = {
     # Llama-3.2-1B (bench/generator_cuda, torch_grpo_step.py)
     "llama1b": dict(vocab=128256, hidden=2048, ffn=8192, layers=16, heads=32, kv_heads=8, head_dim=64),
+    # Llama-3.1-8B's layers (bench/parallel's multi-GPU runs; tied here, untied in the original)
+    "llama8b": dict(vocab=128256, hidden=4096, ffn=14336, layers=32, heads=32, kv_heads=8, head_dim=128),
     "small": dict(vocab=4096, hidden=128, ffn=256, layers=2, heads=4, kv_heads=2, head_dim=32),
 }
 

@@ -7,6 +7,18 @@
 //   mpirun -np N bench_parallel --model DIR --backend dtensor|megatron [--seqs 16] [--len 128]
 //                                [--mb-seqs 4] [--steps 5] [--warmup 1] [--ddp]
 //                                [--tp T] [--pp P] [--cp C] [--sp] [--ep E]   (megatron)
+//                                [--device cpu|cuda]
+//
+// --device cuda trains on the GPUs in bf16 (the CUDA engine, each rank on its node's GPU by local
+// rank; data parallelism only), the device communicator comm_nccl where each rank has its own
+// GPU (comm_mpi staging where ranks share one). The device's analytic traffic differs from the
+// CPU ranks' (parallelism.md, "on the device"): FSDP per micro-batch 8 f bytes a parameter of every
+// layer (bf16 gathered for the forward and again for the backward, fp32 reduce-scattered), less
+// the gathers a held layer saves (the last layer's for its backward; the first layer's into the
+// next micro-batch), and per step 6 f bytes a parameter of the root (embedding, final norm,
+// head); the distributed optimizer per step 10 f bytes a parameter (fp32 gradients
+// reduce-scattered, fp32 masters and their bf16 copy all-gathered); DDP 8 f (an fp32 all-reduce);
+// f = (S-1)/S, the units' padding aside.
 //
 // The global batch is --seqs sequences of --len tokens; each data-parallel rank (N / (T P C) of
 // them, Megatron's order tp-cp-dp-pp) trains on its share in micro-batches of --mb-seqs
@@ -63,11 +75,13 @@ struct Args {
   int64_t seqs = 16, len = 128, mb_seqs = 4, steps = 5, warmup = 1;
   int64_t tp = 1, pp = 1, cp = 1, ep = 1;
   bool ddp = false, sp = false;
+  std::string device = "cpu";
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "bench_parallel: %s\nusage: bench_parallel --model DIR --backend dtensor|megatron [--seqs N] "
-                       "[--len N] [--mb-seqs N] [--steps N] [--warmup N] [--ddp] [--tp T] [--pp P] [--cp C] [--sp] [--ep E]\n", why.c_str());
+                       "[--len N] [--mb-seqs N] [--steps N] [--warmup N] [--ddp] [--tp T] [--pp P] [--cp C] [--sp] [--ep E] "
+                       "[--device cpu|cuda]\n", why.c_str());
   std::exit(2);
 }
 
@@ -99,6 +113,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--cp") a.cp = num();
     else if (k == "--sp") a.sp = true;
     else if (k == "--ep") a.ep = num();
+    else if (k == "--device") a.device = val();
     else usage("unknown argument " + k);
   }
   if (a.model.empty()) usage("--model is required");
@@ -107,6 +122,7 @@ Args parse(int argc, char** argv) {
     usage("sizes must be positive");
   if (a.backend != "megatron" && (a.tp > 1 || a.pp > 1 || a.cp > 1 || a.sp || a.ep > 1))
     usage("--tp, --pp, --cp, --sp and --ep are megatron's");
+  if (a.device != "cpu" && a.device != "cuda") usage("--device is cpu or cuda");
   return a;
 }
 
@@ -126,14 +142,31 @@ rlh_status* nll(void*, const rlh_microbatch* mb) {
 
 }  // namespace
 
+int run(const Args& a);
+
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
+  try {
+    return run(a);
+  } catch (const std::exception& e) {  // a refused model or device: one line, a non-zero exit
+    std::fprintf(stderr, "bench_parallel: %s\n", e.what());
+    return 1;
+  }
+}
+
+int run(const Args& a) {
   rlhost_t* h = nullptr;
   rlh::sdk::check(rlhost_create(&h));
   rlhost_set_log_level(h, RLH_LOG_WARN);
-  rlh::sdk::check(rlhost_add_plugin_dir(h, RLH_PLUGIN_DIR));
+  const char* plugin_path = std::getenv("RLHOST_PLUGIN_PATH");  // a device pack's plugins/
+  rlh::sdk::check(rlhost_add_plugin_dir(h, plugin_path != nullptr ? plugin_path : RLH_PLUGIN_DIR));
   for (const char* p : {"model_llama", "kernels_cpu", "dtensor", "megatron", "comm_mpi"})
     rlh::sdk::check(rlhost_load_plugin(h, p), std::string("loading ") + p);
+  if (a.device == "cuda") {
+    rlh::sdk::check(rlhost_load_plugin(h, "kernels_cuda"), "loading kernels_cuda");
+    // cuDNN's attention and NCCL where this build and machine have them (each says why not).
+    for (const char* p : {"kernels_cudnn", "comm_nccl"}) rlh::sdk::StatusPtr(rlhost_load_plugin(h, p));
+  }
   const rlh_host_api* svc = rlhost_services(h);
   const rlh_comm_api* capi = nullptr;
   rlh_comm* world = nullptr;
@@ -153,6 +186,10 @@ int main(int argc, char** argv) {
              {"sequence_parallel", a.sp}}}};
   }
   cfg["train_micro_batch_size"] = a.mb_seqs;
+  if (a.device == "cuda") {
+    cfg["precision"] = "bfloat16";
+    cfg["device"] = "cuda";
+  }
   const rlh_component_desc* d = nullptr;
   rlh::sdk::check(svc->find_component(svc->ctx, RLH_KIND_BACKEND, a.backend.c_str(), &d));
   const auto* api = static_cast<const rlh_backend_api*>(d->api);
@@ -242,12 +279,21 @@ int main(int argc, char** argv) {
   const bool model_parallel = a.tp > 1 || a.pp > 1 || a.cp > 1 || a.ep > 1;
   double analytic = -1;
   std::string mode;
+  const double f = double(S - 1) / double(S);
+  // The device's units (FSDP): the root (embedding, the head unless tied, final norm) and L
+  // equal layers.
+  const int64_t hidden = mc.value("hidden_size", int64_t{0}), layers = mc.value("num_hidden_layers", int64_t{1});
+  const double root = double(vocab) * double(hidden) * (mc.value("tie_word_embeddings", false) ? 1 : 2) + double(hidden);
+  const double layer = (double(params) - root) / double(std::max<int64_t>(layers, 1));
   if (a.backend == "dtensor") {
     mode = "fsdp";
-    analytic = 3.0 * double(S - 1) / double(S) * P4 * double(M);
+    analytic = a.device == "cuda"
+                   ? f * (6 * root + double(M) * 8 * layer * double(layers) - double(M) * 2 * layer -
+                          double(std::max<int64_t>(M - 1, 0)) * 2 * layer)
+                   : 3.0 * f * P4 * double(M);
   } else {
     mode = a.ddp ? "ddp" : "distributed_optimizer";
-    if (!model_parallel) analytic = 2.0 * double(S - 1) / double(S) * P4;
+    if (!model_parallel) analytic = a.device == "cuda" ? f * double(params) * (a.ddp ? 8 : 10) : 2.0 * f * P4;
   }
   // The model-parallel group's bytes and their count (see the top of this file).
   const int64_t C = mc.value("hidden_size", int64_t{0}), L = mc.value("num_hidden_layers", int64_t{0});
@@ -292,10 +338,10 @@ int main(int argc, char** argv) {
     }
   }
   if (R == 0)
-    std::printf("RESULT backend=%s mode=%s layout=%s ranks=%d tp=%lld pp=%lld cp=%lld ep=%lld experts=%lld sp=%d params=%lld "
+    std::printf("RESULT backend=%s device=%s mode=%s layout=%s ranks=%d tp=%lld pp=%lld cp=%lld ep=%lld experts=%lld sp=%d params=%lld "
                 "micro_batches=%lld step_s=%.4f tok_s=%.1f state_bytes=%.0f comm_bytes=%.0f analytic_bytes=%.0f "
                 "comm_over_param_bytes=%.3f comm_s=%.4f mp_bytes=%.0f mp_analytic=%.0f\n",
-                a.backend.c_str(), mode.c_str(), layout.c_str(), N, (long long)a.tp, (long long)a.pp, (long long)a.cp,
+                a.backend.c_str(), a.device.c_str(), mode.c_str(), layout.c_str(), N, (long long)a.tp, (long long)a.pp, (long long)a.cp,
                 (long long)a.ep, (long long)mc.value("num_local_experts", mc.value("num_experts", int64_t{0})), a.sp ? 1 : 0, (long long)params, (long long)M, step_s, double(a.seqs * a.len) / step_s,
                 last.value("memory/state_bytes", 0.0), last.value("dp/comm_bytes", 0.0), analytic,
                 last.value("dp/comm_bytes", 0.0) / P4, last.value("dp/comm_seconds", 0.0), mp_bytes, mp_analytic);
