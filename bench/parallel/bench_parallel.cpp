@@ -14,9 +14,10 @@
 // GPU (comm_mpi staging where ranks share one). The device's analytic traffic differs from the
 // CPU ranks' (parallelism.md, "on the device"): FSDP per micro-batch 8 f bytes a parameter of every
 // layer (bf16 gathered for the forward and again for the backward, fp32 reduce-scattered), less
-// the gathers a held layer saves (the last layer's for its backward; the first layer's into the
-// next micro-batch), and per step 6 f bytes a parameter of the root (embedding, final norm,
-// head); the distributed optimizer per step 10 f bytes a parameter (fp32 gradients
+// the gathers its two layer slots save (the last two layers stay from the forward into the
+// backward, the first two from a backward into the next micro-batch's forward: 2L - 2 gathers
+// for the first micro-batch, 2L - 4 for the others), and per step 6 f bytes a parameter of the
+// root (embedding, final norm, head); the distributed optimizer per step 10 f bytes a parameter (fp32 gradients
 // reduce-scattered, fp32 masters and their bf16 copy all-gathered); DDP 8 f (an fp32 all-reduce);
 // f = (S-1)/S, the units' padding aside.
 //
@@ -287,10 +288,9 @@ int run(const Args& a) {
   const double layer = (double(params) - root) / double(std::max<int64_t>(layers, 1));
   if (a.backend == "dtensor") {
     mode = "fsdp";
-    analytic = a.device == "cuda"
-                   ? f * (6 * root + double(M) * 8 * layer * double(layers) - double(M) * 2 * layer -
-                          double(std::max<int64_t>(M - 1, 0)) * 2 * layer)
-                   : 3.0 * f * P4 * double(M);
+    const double gathers = layers >= 2 ? double(2 * layers - 2) + double(std::max<int64_t>(M - 1, 0)) * double(2 * layers - 4) : 1;
+    analytic = a.device == "cuda" ? f * (6 * root + double(M) * 4 * layer * double(layers) + 2 * layer * gathers)
+                                  : 3.0 * f * P4 * double(M);
   } else {
     mode = a.ddp ? "ddp" : "distributed_optimizer";
     if (!model_parallel) analytic = a.device == "cuda" ? f * double(params) * (a.ddp ? 8 : 10) : 2.0 * f * P4;

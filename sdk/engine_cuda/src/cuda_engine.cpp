@@ -118,6 +118,11 @@ std::vector<int64_t> CudaEngine::Impl::fp8_sites(bool groups) const {
 
 CudaEngine::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
+  if (cstream) cudaStreamSynchronize(cstream);
+  for (cudaEvent_t e : {ev_ready[0], ev_ready[1], ev_free[0], ev_free[1], ev_gdone[0], ev_gdone[1], ev_rsdone[0],
+                        ev_rsdone[1], ev_root, ev_compute, ev_comm})
+    if (e) cudaEventDestroy(e);
+  if (cstream) cudaStreamDestroy(cstream);
   fp8.reset();
   ops.reset();
   if (stream) cudaStreamDestroy(stream);
@@ -732,6 +737,7 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
     if (fsdp()) hold_layer(l);
     LayerActs a = acts_of(l);
     forward_layer(l, mb, a, false);
+    if (fsdp()) layer_forward_end(l);
   }
   bf16* xL = xs[planned_train ? size_t(L) : size_t(L % 2)];
   ops->rmsnorm_fwd(xn, C, rstd, xL, C, wp(prog.final_norm), N, C, prog.final_eps, prog.final_offset);
@@ -862,18 +868,16 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
   ops->rmsnorm_bwd(dres, C, gp(prog.final_norm), dxn, C, xs[size_t(L)], C, wp(prog.final_norm), rstd, N, C,
                    prog.final_offset, false);  // dres = d x_L
   for (int64_t l = L - 1; l >= 0; --l) {
-    if (fsdp()) {
-      hold_layer(l);
-      open_grads(l);
-    }
+    if (fsdp()) layer_backward_begin(l);
     LayerActs a = acts_of(l);
     if (opt.recompute == Recompute::full)
       forward_layer(l, mb, a, true);  // the layer's activations again, from its kept input
     else if (opt.recompute == Recompute::selective)
       forward_layer(l, mb, a, true, true);  // its norms and activation products
     backward_layer(l, mb, a);
-    if (fsdp()) reduce_grads(l);
+    if (fsdp()) layer_backward_end(l);
   }
+  if (fsdp()) backward_units_end();
   if (prog.embed_scale != 1) ops->scale(dres, N * C, bf16_rounded(prog.embed_scale));
   ops->embedding_bwd(gp(prog.embed), ids, dres, N, C, V);
 }
@@ -1087,7 +1091,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
     Impl& m;
     ~Release() { m.release_units(); }
   } release{m};
-  if (m.fsdp()) m.open_grads(m.L);  // the root's gradients, summed over the micro-batches
+  if (m.fsdp()) m.open_root_grads();  // the root's gradients, summed over the micro-batches
   // FSDP: how many micro-batches the group runs (its owner's count, or asked here before any
   // unit's collective, so the ask itself meets on every rank).
   const int64_t group_mbs = !m.fsdp()                   ? 0

@@ -228,27 +228,56 @@ struct CudaEngine::Impl {
   };
   std::vector<Unit> units;
   std::vector<std::vector<size_t>> unit_params;  // the parameters stored in each unit
-  // bf16 weights (wstage) and fp32 gradients (gstage) of the gathered units: the global unit's
-  // slot first, then one layer's; `gred` one reduce-scattered block before it is added to gshard.
-  // gstage is also the scratch through which whole units move between the host and the blocks.
+  // bf16 weights (wstage) and fp32 gradients (gstage) of the gathered units: the root's slot
+  // first, then two layer slots (layer l in slot l % 2); `gred` one reduce-scattered block before
+  // it is added to gshard. gstage is also the scratch through which whole units move between the
+  // host and the blocks.
   cuda::DeviceBuffer wstage, gstage, gred;
-  int64_t held_layer = -1, grad_layer = -1;  // the layer whose weights / gradients a slot holds
+  int64_t layer_slot_elems = 0;
+  int64_t gathered[2] = {-1, -1};  // the layer whose weights each slot holds (or is gathering)
+  int64_t grad_in[2] = {-1, -1};   // the layer whose gradients each slot holds
+  int64_t pending_rs = -1;         // the layer whose reduce-scatter is issued after the next backward
   bool held_global = false, grad_global = false;
+  // The collectives run on their own stream (CudaEngineOptions::fsdp_comm_stream; else on the
+  // compute stream, in the same order), ordered with the compute stream by events per slot:
+  // gathered (ready), no longer read (free), gradients written (gdone), gradients reduced
+  // (rsdone); the root's gather; a mark on either stream (compute, comm).
+  cudaStream_t cstream = nullptr;
+  cudaEvent_t ev_ready[2] = {}, ev_free[2] = {}, ev_gdone[2] = {}, ev_rsdone[2] = {}, ev_root = nullptr,
+              ev_compute = nullptr, ev_comm = nullptr;
+  cudaStream_t comm_stream() const { return cstream != nullptr ? cstream : stream; }
   size_t unit_of(int64_t off) const {
     const auto it = std::upper_bound(units.begin(), units.end(), off,
                                      [](int64_t o, const Unit& u) { return o < u.begin; });
     return size_t(it - units.begin()) - 1;
   }
-  int64_t slot_of(size_t u) const { return int64_t(u) == L ? 0 : units[size_t(L)].block * dp_size; }
+  int64_t slot_of(size_t u) const {
+    return int64_t(u) == L ? 0 : units[size_t(L)].block * dp_size + int64_t(u % 2) * layer_slot_elems;
+  }
   // Flat [lo, lo + block) of unit u that this rank keeps.
   int64_t mine_lo(size_t u) const { return units[u].begin + int64_t(dp_rank) * units[u].block; }
   void plan_units();  // the stages and each unit's parameters (carve_params)
-  void gather_unit(size_t u);  // unit u's bf16 blocks all-gathered into its slot
+  // Unit u's bf16 blocks all-gathered into `slot` on the collectives' stream, after event
+  // `after` (the slot's last reader; null: none), `done` recorded when it is there.
+  void gather_unit(size_t u, bf16* slot, cudaEvent_t after, cudaEvent_t done);
+  // The pipeline around the layers (data_parallel.cpp), the same calls on every rank, idle
+  // passes included: the root held for the call; each layer's weights held before its forward
+  // and the next layer's gather started after it; before a layer's backward its weights and a
+  // zeroed gradient slot, after it the previous layer's gradients reduced and the next
+  // (l - 1) gathered; the last reduction after the micro-batch's backward.
   void hold_global();
+  void prefetch_layer(int64_t l);
   void hold_layer(int64_t l);
-  void release_units() { held_layer = grad_layer = -1, held_global = grad_global = false; }
-  void open_grads(int64_t u);    // a zeroed gradient slot for unit u (L: the global unit)
-  void reduce_grads(int64_t u);  // its sum over the group, added into this rank's block of gshard
+  void layer_forward_end(int64_t l);
+  void layer_backward_begin(int64_t l);
+  void layer_backward_end(int64_t l);
+  void backward_units_end();
+  void reduce_layer(int64_t l);  // its gradients summed over the group, added into gshard's block
+  void open_root_grads();        // the root's zeroed gradient slot, for the step
+  void reduce_root_grads();      // ... summed over the group at the step's end
+  // Forgets what the slots hold (weights change between calls) and orders the compute stream
+  // after every collective issued so far.
+  void release_units();
   // The collectives of one micro-batch without data (a rank with fewer micro-batches than its
   // peers): every unit gathered, and in training every layer's zero gradients reduced.
   void idle_microbatch(bool train);
@@ -416,7 +445,7 @@ struct CudaEngine::Impl {
     if (off < 0) return nullptr;
     if (!fsdp()) return master_bf16() + off;
     const size_t u = unit_of(off);
-    if (!(int64_t(u) == L ? held_global : held_layer == int64_t(u)))
+    if (!(int64_t(u) == L ? held_global : gathered[u % 2] == int64_t(u)))
       throw std::logic_error("cuda engine: weights of unit " + std::to_string(u) + " read but not gathered (FSDP)");
     return wstage.get<bf16>() + slot_of(u) + (off - units[u].begin);
   }
@@ -433,7 +462,7 @@ struct CudaEngine::Impl {
     if (off < 0) return nullptr;
     if (!fsdp()) return grads.get<float>() + off;
     const size_t u = unit_of(off);
-    if (!(int64_t(u) == L ? grad_global : grad_layer == int64_t(u)))
+    if (!(int64_t(u) == L ? grad_global : grad_in[u % 2] == int64_t(u)))
       throw std::logic_error("cuda engine: gradients of unit " + std::to_string(u) + " written but not open (FSDP)");
     return gstage.get<float>() + slot_of(u) + (off - units[u].begin);
   }

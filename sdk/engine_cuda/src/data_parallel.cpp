@@ -16,8 +16,16 @@
 // from the first micro-batch's forward to the end of the step, its gradients reduced once per
 // step. Layer gradients are reduced after every micro-batch's backward (FSDP2 with gradient sync
 // on each micro-batch; NeMo-RL's defer_fsdp_grad_sync would keep them whole instead, which is
-// the memory this mode exists to save), so a rank holds 2 + 4 bytes of one layer and of the
+// the memory this mode exists to save), so a rank holds 2 + 4 bytes of two layers and of the
 // root beside its 2/S + 16/S bytes a parameter.
+//
+// Overlap: the collectives run on their own stream (fsdp_comm_stream), each slot's use fenced by
+// events, so layer l + 1's gather runs during layer l's forward, and in the backward layer
+// l - 1's gather and layer l + 1's reduce-scatter during layer l's. The reduce-scatter is issued
+// one layer late on purpose: a communicator that blocks the host (comm_mpi's staging) then waits
+// for work the GPU finished while it computes the next layer, instead of idling it. Whenever the
+// two streams hand over (a call's first gather, the step's last reduction, a call's end) one
+// waits for the other, so every collective of a communicator runs in issue order, as NCCL needs.
 #include <algorithm>
 #include <vector>
 
@@ -60,7 +68,7 @@ void CudaEngine::Impl::sync_gradients() {
     return;
   }
   if (fsdp()) {
-    reduce_grads(L);  // the root's, summed over the step's micro-batches
+    reduce_root_grads();  // summed over the step's micro-batches (the layers' were reduced after each)
   } else {
     dp_timed(block * S * 4 * (S - 1) / S,
              [&] { opt.dp->reduce_scatter_sum(grads.get<float>(), gshard.get<float>(), block, stream); });
@@ -155,67 +163,150 @@ void CudaEngine::Impl::kept_from_blocks() {
 // FSDP's units
 
 void CudaEngine::Impl::plan_units() {
-  // The stages: the root's slot, then the largest layer's; one block reduced at a time.
+  // The stages: the root's slot, then two layer slots (a layer runs while the next one is
+  // gathered, or the previous one's gradients are reduced); one block reduced at a time.
   int64_t layer_slot = 0, widest = 0;
   for (int64_t u = 0; u <= L; ++u) {
     widest = std::max(widest, units[size_t(u)].block);
     if (u < L) layer_slot = std::max(layer_slot, units[size_t(u)].block * dp_size);
   }
-  const int64_t slots = units[size_t(L)].block * dp_size + layer_slot;
+  layer_slot_elems = layer_slot;
+  const int64_t slots = units[size_t(L)].block * dp_size + 2 * layer_slot;
   wstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(bf16));
   gstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(float));
   gred = cuda::DeviceBuffer(counters, size_t(widest) * sizeof(float));
   counts = cuda::DeviceBuffer(counters, size_t(dp_size) * sizeof(float));
   unit_params.assign(size_t(L + 1), {});
   for (size_t i = 0; i < place.size(); ++i) unit_params[unit_of(place[i].off)].push_back(i);
+  if (opt.fsdp_comm_stream) check(cudaStreamCreateWithFlags(&cstream, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (cudaEvent_t* e : {&ev_ready[0], &ev_ready[1], &ev_free[0], &ev_free[1], &ev_gdone[0], &ev_gdone[1],
+                         &ev_rsdone[0], &ev_rsdone[1], &ev_root, &ev_compute, &ev_comm})
+    check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
 }
 
-void CudaEngine::Impl::gather_unit(size_t u) {
+void CudaEngine::Impl::release_units() {
+  gathered[0] = gathered[1] = grad_in[0] = grad_in[1] = pending_rs = -1;
+  held_global = grad_global = false;
+  // Nothing the collectives' stream still does may overlap what the compute stream does next
+  // (an update writes the blocks a gather reads; a load refills them).
+  if (cstream != nullptr) {
+    check(cudaEventRecord(ev_comm, cstream), "event");
+    check(cudaStreamWaitEvent(stream, ev_comm, 0), "wait");
+  }
+}
+
+void CudaEngine::Impl::gather_unit(size_t u, bf16* slot, cudaEvent_t after, cudaEvent_t done) {
   const Unit& U = units[u];
   const int S = dp_size;
-  dp_timed(U.block * S * 2 * (S - 1) / S,
-           [&] { opt.dp->all_gather(master_bf16() + U.at, wstage.get<bf16>() + slot_of(u), U.block, 2, stream); });
+  cudaStream_t cs = comm_stream();
+  if (after != nullptr) check(cudaStreamWaitEvent(cs, after, 0), "wait");  // the slot's last reader is done
+  dp_timed(U.block * S * 2 * (S - 1) / S, [&] { opt.dp->all_gather(master_bf16() + U.at, slot, U.block, 2, cs); });
+  check(cudaEventRecord(done, cs), "event");
 }
 
 void CudaEngine::Impl::hold_global() {
   if (held_global) return;
-  gather_unit(size_t(L));
+  // The first collective of a call: what the compute stream wrote before it (an update, a load)
+  // is in the blocks the gathers read.
+  check(cudaEventRecord(ev_compute, stream), "event");
+  check(cudaStreamWaitEvent(comm_stream(), ev_compute, 0), "wait");
+  gather_unit(size_t(L), wstage.get<bf16>() + slot_of(size_t(L)), nullptr, ev_root);
+  check(cudaStreamWaitEvent(stream, ev_root, 0), "wait");
   held_global = true;
 }
 
+void CudaEngine::Impl::prefetch_layer(int64_t l) {
+  const int p = int(l % 2);
+  if (l < 0 || l >= L || gathered[p] == l) return;  // none, or still in its slot
+  gather_unit(size_t(l), wstage.get<bf16>() + slot_of(size_t(l)), ev_free[p], ev_ready[p]);
+  gathered[p] = l;
+}
+
 void CudaEngine::Impl::hold_layer(int64_t l) {
-  if (held_layer == l) return;  // the last layer of a forward is still there for its backward
-  gather_unit(size_t(l));
-  held_layer = l;
+  prefetch_layer(l);  // (a gather now where no prefetch came before it)
+  check(cudaStreamWaitEvent(stream, ev_ready[l % 2], 0), "wait");
 }
 
-void CudaEngine::Impl::open_grads(int64_t u) {
-  const Unit& U = units[size_t(u)];
-  check(cudaMemsetAsync(gstage.get<float>() + slot_of(size_t(u)), 0, size_t(U.block * dp_size) * 4, stream), "memset");
-  if (u == L) grad_global = true;
-  else grad_layer = u;
+void CudaEngine::Impl::layer_forward_end(int64_t l) {
+  check(cudaEventRecord(ev_free[l % 2], stream), "event");  // its slot's readers so far
+  prefetch_layer(l + 1);
 }
 
-void CudaEngine::Impl::reduce_grads(int64_t u) {
-  const Unit& U = units[size_t(u)];
+void CudaEngine::Impl::layer_backward_begin(int64_t l) {
+  hold_layer(l);
+  const int q = int(l % 2);
+  // The slot's previous layer (l + 2) is reduced (its reduce-scatter was issued after l + 1).
+  check(cudaStreamWaitEvent(stream, ev_rsdone[q], 0), "wait");
+  check(cudaMemsetAsync(gstage.get<float>() + slot_of(size_t(l)), 0, size_t(units[size_t(l)].block * dp_size) * 4,
+                        stream), "memset");
+  grad_in[q] = l;
+}
+
+void CudaEngine::Impl::layer_backward_end(int64_t l) {
+  const int q = int(l % 2);
+  check(cudaEventRecord(ev_free[q], stream), "event");
+  check(cudaEventRecord(ev_gdone[q], stream), "event");
+  // One layer behind: layer l + 1's gradients are reduced while layer l's backward runs (a
+  // blocking communicator then waits for l + 1 only), then layer l - 1 is gathered.
+  if (pending_rs >= 0) reduce_layer(pending_rs);
+  pending_rs = l;
+  prefetch_layer(l - 1);
+}
+
+void CudaEngine::Impl::backward_units_end() {
+  if (pending_rs >= 0) reduce_layer(pending_rs);
+  pending_rs = -1;
+}
+
+void CudaEngine::Impl::reduce_layer(int64_t l) {
+  const int q = int(l % 2);
+  const Unit& U = units[size_t(l)];
   const int S = dp_size;
+  cudaStream_t cs = comm_stream();
+  check(cudaStreamWaitEvent(cs, ev_gdone[q], 0), "wait");
   dp_timed(U.block * S * 4 * (S - 1) / S, [&] {
-    opt.dp->reduce_scatter_sum(gstage.get<float>() + slot_of(size_t(u)), gred.get<float>(), U.block, stream);
+    opt.dp->reduce_scatter_sum(gstage.get<float>() + slot_of(size_t(l)), gred.get<float>(), U.block, cs);
   });
-  cuda::add_f32(gshard.get<float>() + U.at, gred.get<float>(), U.block, stream);  // micro-batches accumulate
-  if (u == L) grad_global = false;
-  else grad_layer = -1;
+  cuda::add_f32(gshard.get<float>() + U.at, gred.get<float>(), U.block, cs);  // micro-batches accumulate
+  check(cudaEventRecord(ev_rsdone[q], cs), "event");
+  if (grad_in[q] == l) grad_in[q] = -1;
+}
+
+void CudaEngine::Impl::open_root_grads() {
+  const Unit& U = units[size_t(L)];
+  check(cudaMemsetAsync(gstage.get<float>() + slot_of(size_t(L)), 0, size_t(U.block * dp_size) * 4, stream), "memset");
+  grad_global = true;
+}
+
+void CudaEngine::Impl::reduce_root_grads() {
+  const Unit& U = units[size_t(L)];
+  const int S = dp_size;
+  cudaStream_t cs = comm_stream();
+  check(cudaEventRecord(ev_compute, stream), "event");  // the step's last backward wrote them
+  check(cudaStreamWaitEvent(cs, ev_compute, 0), "wait");
+  dp_timed(U.block * S * 4 * (S - 1) / S, [&] {
+    opt.dp->reduce_scatter_sum(gstage.get<float>() + slot_of(size_t(L)), gred.get<float>(), U.block, cs);
+  });
+  cuda::add_f32(gshard.get<float>() + U.at, gred.get<float>(), U.block, cs);
+  // The gradient blocks are complete: the norm, HSDP's sum and the update read them.
+  check(cudaEventRecord(ev_comm, cs), "event");
+  check(cudaStreamWaitEvent(stream, ev_comm, 0), "wait");
+  grad_global = false;
 }
 
 void CudaEngine::Impl::idle_microbatch(bool train) {
+  // The same calls as a micro-batch's forward and backward (cuda_engine.cpp), without compute.
   hold_global();
-  for (int64_t l = 0; l < L; ++l) hold_layer(l);
+  for (int64_t l = 0; l < L; ++l) {
+    hold_layer(l);
+    layer_forward_end(l);
+  }
   if (!train) return;
   for (int64_t l = L - 1; l >= 0; --l) {
-    hold_layer(l);
-    open_grads(l);
-    reduce_grads(l);  // zeros: this rank adds nothing to its peers' sums
+    layer_backward_begin(l);  // zeros: this rank adds nothing to its peers' sums
+    layer_backward_end(l);
   }
+  backward_units_end();
 }
 
 int64_t CudaEngine::Impl::group_count(int64_t mine) {

@@ -64,7 +64,7 @@ void CudaEngine::load_parameters(const std::vector<std::vector<float>>& tensors)
       cuda::cast_to_bf16(st + int64_t(m.dp_rank) * U.block, m.master_bf16() + U.at, U.block, m.stream);
       m.sync();  // the next unit reuses the stage; the host vectors may go once this returns
     }
-    // The summed gradients accumulate over micro-batches (reduce_grads): a skipped or
+    // The summed gradients accumulate over micro-batches (reduce_layer): a skipped or
     // accumulate-only step before this load must not leak into the next one.
     check(cudaMemsetAsync(m.gshard.get(), 0, m.gshard.size(), m.stream), "memset");
     m.grads_clear = true;

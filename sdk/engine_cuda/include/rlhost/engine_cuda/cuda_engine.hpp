@@ -101,7 +101,7 @@ struct CudaEngineOptions {
   // parameter). A unit's bf16 weights are all-gathered into a staging slot before it runs
   // (a layer again for its backward; the root once per step or forward call) and its fp32
   // gradients reduce-scattered out of a staging slot after its backward (a layer's after every
-  // micro-batch, the root's once per step), so the staging holds one layer and the root (6 bytes
+  // micro-batch, the root's once per step), so the staging holds two layers and the root (6 bytes
   // a parameter of each). Every collective is per unit and micro-batch: a rank with fewer
   // micro-batches runs idle passes (StepOptions::group_microbatches, else asked of the group at
   // the step's start; idle_forward()). Whole
@@ -110,6 +110,11 @@ struct CudaEngineOptions {
   // bias, selection bias, the fp64 router's weight) are kept whole in a side buffer, refreshed
   // after each update. FP8 linears are refused with it.
   bool shard_masters = false;
+  // FSDP's collectives on a stream of their own, overlapping the layers' compute as FSDP2's
+  // prefetch does: the next layer's gather runs during a layer's forward or backward, and a
+  // layer's reduce-scatter during the next one's backward (two layer slots of staging). false:
+  // the same collectives in the same order on the compute stream (the same bits, no overlap).
+  bool fsdp_comm_stream = true;
   // HSDP (with shard_masters; not owned; null: none): the replicas of this rank's shard. The
   // gradient blocks reduce-scattered over `dp` (the shard group) are summed over it too.
   DeviceDpComm* dp_replicate = nullptr;
@@ -141,7 +146,7 @@ struct CudaEngineStats {
   int64_t state_bytes = 0;
   int64_t weight_bytes = 0;  // the bf16 working copy (FSDP: this rank's blocks)
   int64_t grad_bytes = 0;    // the flat fp32 gradient buffer (none under FSDP)
-  // FSDP: the gathered units' bf16 weights and fp32 gradients (one layer and the root), and
+  // FSDP: the gathered units' bf16 weights and fp32 gradients (two layers and the root), and
   // the reduce-scattered block.
   int64_t weight_stage_bytes = 0, grad_stage_bytes = 0;
   // CudaEngineOptions::offload_state: the masters and moments in page-locked host memory (then
