@@ -21,7 +21,7 @@
 //   - memory/state_bytes per rank is 1/N of the one-rank run's masters and moments (16/N bytes
 //     a parameter against 12: the gradient block is state too), memory/weight_bytes 1/N of its
 //     bf16 weights, and no whole gradient buffer is kept (memory/grad_bytes 0; the staging of
-//     one layer and the root is memory/stage_bytes);
+//     two layers and the root is memory/stage_bytes);
 //   - without clipping or weight decay it follows megatron's distributed optimizer on the same
 //     blocks' math: the first loss bitwise, the updates within fp32 summation order (the layers'
 //     gradients are reduced per micro-batch, the distributed optimizer's once per step), also

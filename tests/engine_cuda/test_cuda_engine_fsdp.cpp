@@ -157,6 +157,29 @@ struct Sequences {
   }
 };
 
+// Small's shape with four layers and a tied head: the two layer slots are
+// reused within a call (a slot is gathered again only after its previous layer's readers), and
+// later micro-batches gather 2L - 4 layers, not all of them.
+struct Deep {
+  sdk::TransformerDesc desc;
+  Tensors weights;
+  std::vector<int32_t> ids, cu;
+  Deep() {
+    const nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                                {"vocab_size", 512}, {"hidden_size", 256}, {"intermediate_size", 512},
+                                {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                                {"head_dim", 64}, {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 512},
+                                {"rope_theta", 10000.0}, {"tie_word_embeddings", true}};
+    desc = model::describe(cfg);
+    std::mt19937 rng(5);
+    weights = test::random_weights(desc, rng, 1.f);
+    const test::Small small;  // its packed batch
+    ids = small.ids;
+    cu = small.cu;
+  }
+  int64_t predicted() const { return int64_t(ids.size()) - int64_t(cu.size() - 1); }
+};
+
 engine::CudaEngineOptions options(bool router_fp64) {
   engine::CudaEngineOptions o = test::cuda_options();
   o.optimizer.weight_decay = 0.1;
@@ -310,9 +333,11 @@ void check_follows(const Model& s, bool router_fp64, int S) {
 TEST(CudaEngineFsdp, DenseFollowsOneEngine) {
   NEED_GPU();
   const test::Small s;
+  const Deep deep;  // four layers, tied embeddings
   for (int S : {2, 3}) {
     SCOPED_TRACE("S = " + std::to_string(S));
     check_follows(s, false, S);
+    check_follows(deep, false, S);
   }
 }
 
@@ -329,9 +354,8 @@ TEST(CudaEngineFsdp, MoeFollowsOneEngine) {
 // The collectives on their own stream (the default) against the same collectives on the compute
 // stream: the same bits, step by step, for ranks with different micro-batch counts (a missed
 // wait between the two streams shows up as other bits here, or as a flaky difference).
-TEST(CudaEngineFsdp, CommStreamIsBitwiseTheComputeStream) {
-  NEED_GPU();
-  const test::SmallMoe s;
+template <class Model>
+void check_streams_agree(const Model& s) {
   const auto share = split(3);
   std::vector<Outcome> on_own(3), on_compute(3);
   for (const bool own : {true, false}) {
@@ -348,7 +372,15 @@ TEST(CudaEngineFsdp, CommStreamIsBitwiseTheComputeStream) {
     EXPECT_EQ(on_own[size_t(r)].norm, on_compute[size_t(r)].norm) << "rank " << r;
     EXPECT_TRUE(same_bits(on_own[size_t(r)].weights, on_compute[size_t(r)].weights)) << "rank " << r;
     EXPECT_TRUE(same_bits(on_own[size_t(r)].grads, on_compute[size_t(r)].grads)) << "rank " << r;
+    // The same collectives either way: the same bytes.
+    EXPECT_EQ(on_own[size_t(r)].stats.dp_bytes, on_compute[size_t(r)].stats.dp_bytes) << "rank " << r;
   }
+}
+
+TEST(CudaEngineFsdp, CommStreamIsBitwiseTheComputeStream) {
+  NEED_GPU();
+  check_streams_agree(test::SmallMoe());
+  check_streams_agree(Deep());
 }
 
 // Before any update the ranks' gathered bf16 weights are the one engine's casts: the forward's

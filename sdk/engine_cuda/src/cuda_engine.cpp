@@ -1000,8 +1000,11 @@ void CudaEngine::idle_forward(const OutputRequest& req) {
   m.check_request(req);  // refused here as on the peers with data, before anyone gathers
   if (!m.fsdp()) return;  // nothing to meet: the weights are whole
   m.release_units();
+  struct Release {
+    Impl& m;
+    ~Release() { m.release_units(false); }
+  } release{m};
   m.idle_microbatch(false);
-  m.release_units();
 }
 
 Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
@@ -1010,7 +1013,7 @@ Outputs CudaEngine::forward(const MicroBatch& mb, const OutputRequest& req) {
   m.release_units();  // (an earlier call that threw may have left some marked held)
   struct Release {  // FSDP: this call's gathered units go with it
     Impl& m;
-    ~Release() { m.release_units(); }
+    ~Release() { m.release_units(false); }
   } release{m};
   m.forward(mb, req, false);
   const int64_t N = mb.num_tokens();
@@ -1089,7 +1092,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   m.release_units();
   struct Release {  // FSDP: the step's gathered units go with it (their weights are updated)
     Impl& m;
-    ~Release() { m.release_units(); }
+    ~Release() { m.release_units(false); }
   } release{m};
   if (m.fsdp()) m.open_root_grads();  // the root's gradients, summed over the micro-batches
   // FSDP: how many micro-batches the group runs (its owner's count, or asked here before any

@@ -276,8 +276,9 @@ struct CudaEngine::Impl {
   void open_root_grads();        // the root's zeroed gradient slot, for the step
   void reduce_root_grads();      // ... summed over the group at the step's end
   // Forgets what the slots hold (weights change between calls) and orders the compute stream
-  // after every collective issued so far.
-  void release_units();
+  // after every collective issued so far. `loud` false (the calls' scope guards, which run while
+  // an exception unwinds): a CUDA error is left for the next call to report, not thrown.
+  void release_units(bool loud = true);
   // The collectives of one micro-batch without data (a rank with fewer micro-batches than its
   // peers): every unit gathered, and in training every layer's zero gradients reduced.
   void idle_microbatch(bool train);

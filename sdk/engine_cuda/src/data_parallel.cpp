@@ -23,7 +23,8 @@
 // events, so layer l + 1's gather runs during layer l's forward, and in the backward layer
 // l - 1's gather and layer l + 1's reduce-scatter during layer l's. The reduce-scatter is issued
 // one layer late on purpose: a communicator that blocks the host (comm_mpi's staging) then waits
-// for work the GPU finished while it computes the next layer, instead of idling it. Whenever the
+// for work the GPU finished while it computes the next layer, instead of idling it (comm_nccl,
+// too, returns once its collective is done). Whenever the
 // two streams hand over (a call's first gather, the step's last reduction, a call's end) one
 // waits for the other, so every collective of a communicator runs in issue order, as NCCL needs.
 #include <algorithm>
@@ -184,15 +185,15 @@ void CudaEngine::Impl::plan_units() {
     check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
 }
 
-void CudaEngine::Impl::release_units() {
+void CudaEngine::Impl::release_units(bool loud) {
   gathered[0] = gathered[1] = grad_in[0] = grad_in[1] = pending_rs = -1;
   held_global = grad_global = false;
   // Nothing the collectives' stream still does may overlap what the compute stream does next
   // (an update writes the blocks a gather reads; a load refills them).
-  if (cstream != nullptr) {
-    check(cudaEventRecord(ev_comm, cstream), "event");
-    check(cudaStreamWaitEvent(stream, ev_comm, 0), "wait");
-  }
+  if (cstream == nullptr) return;
+  const cudaError_t a = cudaEventRecord(ev_comm, cstream);
+  const cudaError_t b = a == cudaSuccess ? cudaStreamWaitEvent(stream, ev_comm, 0) : a;
+  if (loud) check(b, "ordering the compute stream after the collectives");
 }
 
 void CudaEngine::Impl::gather_unit(size_t u, bf16* slot, cudaEvent_t after, cudaEvent_t done) {
@@ -246,11 +247,12 @@ void CudaEngine::Impl::layer_backward_end(int64_t l) {
   const int q = int(l % 2);
   check(cudaEventRecord(ev_free[q], stream), "event");
   check(cudaEventRecord(ev_gdone[q], stream), "event");
-  // One layer behind: layer l + 1's gradients are reduced while layer l's backward runs (a
-  // blocking communicator then waits for l + 1 only), then layer l - 1 is gathered.
+  // Layer l - 1 gathered (the next backward needs it first), then, one layer behind, layer
+  // l + 1's gradients reduced: both while layer l's backward runs (a blocking communicator then
+  // waits only for work already done).
+  prefetch_layer(l - 1);
   if (pending_rs >= 0) reduce_layer(pending_rs);
   pending_rs = l;
-  prefetch_layer(l - 1);
 }
 
 void CudaEngine::Impl::backward_units_end() {
