@@ -172,7 +172,7 @@ void CudaEngine::Impl::plan_units() {
     if (u < L) layer_slot = std::max(layer_slot, units[size_t(u)].block * dp_size);
   }
   layer_slot_elems = layer_slot;
-  const int64_t slots = units[size_t(L)].block * dp_size + 2 * layer_slot;
+  const int64_t slots = units[size_t(L)].block * dp_size + (L > 1 ? 2 : 1) * layer_slot;  // (one layer: one slot)
   wstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(bf16));
   gstage = cuda::DeviceBuffer(counters, size_t(slots) * sizeof(float));
   gred = cuda::DeviceBuffer(counters, size_t(widest) * sizeof(float));
