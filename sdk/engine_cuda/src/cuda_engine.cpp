@@ -928,7 +928,7 @@ double CudaEngine::Impl::grad_norm() {
     x[k].n.push_back(p.n);
     x[k].p.push_back(const_cast<float*>(g0) + p.local);
   }
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < (tp_on ? 2 : 1); ++k) {
     if (x[k].n.empty()) {  // a sharded rank whose block holds no updated parameter (of the kind)
       check(cudaMemsetAsync(scalars.get<float>() + k, 0, sizeof(float), stream), "memset");
     } else {
@@ -936,12 +936,15 @@ double CudaEngine::Impl::grad_norm() {
     }
   }
   // Sharded: every rank's sums of squares, summed (before the one wait); then over tp.
-  if (sharded()) dp_timed(2 * 8 * (dp_size - 1) / dp_size, [&] { opt.dp->all_reduce_sum(scalars.get<float>(), 2, stream); });
+  const int64_t sums = tp_on ? 2 : 1;
+  if (sharded())
+    dp_timed(2 * 4 * sums * (dp_size - 1) / dp_size, [&] { opt.dp->all_reduce_sum(scalars.get<float>(), sums, stream); });
   if (tp_on) tp_sum(scalars.get<float>(), 2);
-  check(cudaMemcpyAsync(h_scalar, scalars.get(), 2 * sizeof(float), cudaMemcpyDeviceToHost, stream), "download");
+  check(cudaMemcpyAsync(h_scalar, scalars.get(), size_t(sums) * sizeof(float), cudaMemcpyDeviceToHost, stream),
+        "download");
   sync();
-  const double replicated = tp_on ? double(h_scalar[1]) / double(tp_size) : double(h_scalar[1]);
-  return std::sqrt(double(h_scalar[0]) + replicated);
+  if (!tp_on) return std::sqrt(double(h_scalar[0]));
+  return std::sqrt(double(h_scalar[0]) + double(h_scalar[1]) / double(tp_size));
 }
 
 void CudaEngine::Impl::adamw_pieces(const std::vector<Piece>& pieces, float* P0, float* M0, float* V0,

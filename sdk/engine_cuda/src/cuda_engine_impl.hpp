@@ -212,9 +212,9 @@ struct CudaEngine::Impl {
   // [vlo, vlo + vcount) of Vall; in the activation block (plan) an fp32 scratch tp32 [N, tp_width]
   // for the partial sums reduced over the group, the head's local targets [N], its statistics
   // (this rank's [3, N], the group's [T, 3, N]) and its backward's logits tile (f32) and their
-  // gradient (bf16), tp_rows rows each.
+  // gradient (bf16), tp_rows rows tp_ld apart each.
   bool tp_on = false;
-  int64_t tp_size = 1, Vall = 0, vlo = 0, vcount = 0, tp_width = 0, tp_rows = 0;
+  int64_t tp_size = 1, Vall = 0, vlo = 0, vcount = 0, tp_width = 0, tp_rows = 0, tp_ld = 0;
   float* tp32 = nullptr;
   int32_t* tp_target = nullptr;
   float *tp_mine = nullptr, *tp_all = nullptr, *tp_tile = nullptr;

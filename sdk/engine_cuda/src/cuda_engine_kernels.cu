@@ -471,7 +471,7 @@ __global__ void tp_head_combine_kernel(const float* all, int64_t T, const int32_
 }
 
 template <bool CAP>
-__global__ void tp_head_grad_kernel(const float* x, __nv_bfloat16* dx, int64_t rows, int64_t vcount, int64_t n0,
+__global__ void tp_head_grad_kernel(const float* x, __nv_bfloat16* dx, int64_t ld, int64_t rows, int64_t vcount, int64_t n0,
                                     const int32_t* target, int64_t vlo, const float* lse, const float* ent,
                                     const float* dlp, const float* dent, float inv_temp, float cap) {
   const int64_t r = blockIdx.x;
@@ -480,8 +480,8 @@ __global__ void tp_head_grad_kernel(const float* x, __nv_bfloat16* dx, int64_t r
   const float a = target[n] >= 0 ? dlp[n] : 0.f, b = dent ? dent[n] : 0.f, l = lse[n];
   const float ez = dent ? l - ent[n] : 0.f;
   const int64_t t = target[n] >= 0 ? int64_t(target[n]) - vlo : -1;
-  const float* xr = x + r * vcount;
-  __nv_bfloat16* dr = dx + r * vcount;
+  const float* xr = x + r * ld;
+  __nv_bfloat16* dr = dx + r * ld;
   for (int64_t j = threadIdx.x; j < vcount; j += blockDim.x) {
     float z, f;
     if (CAP) {
@@ -547,16 +547,16 @@ void tp_head_combine(const float* all, int64_t T, const int32_t* target, int64_t
   check(cudaGetLastError(), "tp_head_combine");
 }
 
-void tp_head_grad_tile(const float* x, bf16* dx, int64_t rows, int64_t vcount, int64_t n0, const int32_t* target,
+void tp_head_grad_tile(const float* x, bf16* dx, int64_t ld, int64_t rows, int64_t vcount, int64_t n0, const int32_t* target,
                        int64_t vlo, const float* lse, const float* ent, const float* dlp, const float* dent,
                        float inv_temp, float cap, cudaStream_t s) {
   if (rows <= 0 || vcount <= 0) return;
   auto* d = reinterpret_cast<__nv_bfloat16*>(dx);
   if (cap > 0)
-    tp_head_grad_kernel<true><<<unsigned(rows), 256, 0, s>>>(x, d, rows, vcount, n0, target, vlo, lse, ent, dlp, dent,
-                                                             inv_temp, cap);
+    tp_head_grad_kernel<true><<<unsigned(rows), 256, 0, s>>>(x, d, ld, rows, vcount, n0, target, vlo, lse, ent, dlp,
+                                                             dent, inv_temp, cap);
   else
-    tp_head_grad_kernel<false><<<unsigned(rows), 256, 0, s>>>(x, d, rows, vcount, n0, target, vlo, lse, ent, dlp,
+    tp_head_grad_kernel<false><<<unsigned(rows), 256, 0, s>>>(x, d, ld, rows, vcount, n0, target, vlo, lse, ent, dlp,
                                                               dent, inv_temp, cap);
   check(cudaGetLastError(), "tp_head_grad_tile");
 }

@@ -90,9 +90,11 @@ void CudaEngine::Impl::carve_tp(cuda::Carver& c, int64_t N, bool train) {
   // The backward's tile: rows of this rank's logits (f32) and their gradient (bf16) within the
   // head's tile budget.
   const int64_t budget = opt.logprob_chunk_bytes > 0 ? opt.logprob_chunk_bytes : int64_t(512) << 20;
-  tp_rows = std::clamp<int64_t>(budget / (std::max<int64_t>(vcount, 1) * 6), 1, std::max<int64_t>(N, 1));
-  tp_tile = train ? c.take<float>(tp_rows * vcount) : nullptr;
-  tp_dtile = train ? c.take<bf16>(tp_rows * vcount) : nullptr;
+  // (rows tp_ld apart: 16-byte rows in both, as the GEMMs' operands want them)
+  tp_ld = (vcount + 7) / 8 * 8;
+  tp_rows = std::clamp<int64_t>(budget / (std::max<int64_t>(tp_ld, 8) * 6), 1, std::max<int64_t>(N, 1));
+  tp_tile = train ? c.take<float>(tp_rows * tp_ld) : nullptr;
+  tp_dtile = train ? c.take<bf16>(tp_rows * tp_ld) : nullptr;
 }
 
 void CudaEngine::Impl::tp_embedding_fwd(int64_t N) {
@@ -125,11 +127,11 @@ void CudaEngine::Impl::tp_head_bwd(const OutputRequest& req, int64_t N) {
   for (int64_t n0 = 0; n0 < N; n0 += tp_rows) {
     const int64_t rows = std::min(tp_rows, N - n0);
     const bf16* h = xn + n0 * C;
-    ops->gemm(false, true, rows, vcount, C, h, C, W, C, 0, tp_tile, vcount, true);  // raw products
-    cuda::tp_head_grad_tile(tp_tile, tp_dtile, rows, vcount, n0, target, vlo, lse, ent, dlp,
+    ops->gemm(false, true, rows, vcount, C, h, C, W, C, 0, tp_tile, tp_ld, true);  // raw products
+    cuda::tp_head_grad_tile(tp_tile, tp_dtile, tp_ld, rows, vcount, n0, target, vlo, lse, ent, dlp,
                             req.entropy ? dent : nullptr, inv_t, cap, stream);
-    ops->gemm(false, false, rows, C, vcount, tp_dtile, vcount, W, C, 0, tp32 + n0 * C, C, true);  // partial dh
-    ops->gemm(true, false, vcount, C, rows, tp_dtile, vcount, h, C, 1, dW, C, true);
+    ops->gemm(false, false, rows, C, vcount, tp_dtile, tp_ld, W, C, 0, tp32 + n0 * C, C, true);  // partial dh
+    ops->gemm(true, false, vcount, C, rows, tp_dtile, tp_ld, h, C, 1, dW, C, true);
   }
   tp_sum(tp32, N * C);
   cuda::tp_store_bf16(dxn, C, tp32, N, C, false, stream);

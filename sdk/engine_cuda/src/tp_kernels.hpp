@@ -33,12 +33,12 @@ void tp_head_pack(float* mine, const float* lp, const float* lse, const float* e
 void tp_head_combine(const float* all, int64_t T, const int32_t* target, int64_t N, float* lp, float* lse,
                      float* ent, cudaStream_t s);
 // The head's backward on a tile of rows [n0, n0 + rows) of the raw products x = h W_r^T (f32,
-// [rows, vcount]) into d x (bf16, same shape): with z = x / temperature (capped: c tanh(x / c) /
+// [rows, vcount], rows ld apart) into d x (bf16, the same layout): with z = x / temperature (capped: c tanh(x / c) /
 // temperature) and the group's lse / entropy,
 //   dz_j = a (1[j = t] - p_j) - b p_j (z_j - (lse - entropy)),  p_j = exp(z_j - lse),
 // a = dlogprob (0 without a target anywhere), b = dentropy (null: 0), t the local target (none
 // when another rank holds it: only the -a p_j part), times dz/dx.
-void tp_head_grad_tile(const float* x, bf16* dx, int64_t rows, int64_t vcount, int64_t n0, const int32_t* target,
+void tp_head_grad_tile(const float* x, bf16* dx, int64_t ld, int64_t rows, int64_t vcount, int64_t n0, const int32_t* target,
                        int64_t vlo, const float* lse, const float* ent, const float* dlp, const float* dent,
                        float inv_temp, float cap, cudaStream_t s);
 // dst [rows, cols] (rows ldd apart, bf16) = src (f32, contiguous [rows, cols]), or += with add.
