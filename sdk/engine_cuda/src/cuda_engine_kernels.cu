@@ -492,7 +492,7 @@ __global__ void tp_head_grad_kernel(const float* x, __nv_bfloat16* dx, int64_t l
       z = xr[j] * inv_temp;
       f = inv_temp;
     }
-    const float p = __expf(z - l);
+    const float p = expf(z - l);
     float dz = -a * p - b * p * (z - ez);
     if (j == t) dz += a;
     dr[j] = __float2bfloat16(dz * f);

@@ -56,6 +56,7 @@ void CudaEngine::Impl::tp_check() {
         pc.split != sdk::TpSplit::vocab_rows)
       refuse("MoE experts (" + T.full.params[i].name + ")");
   }
+  if (T.vocab_count < 1) refuse("a rank holding no vocabulary rows (vocabulary " + std::to_string(T.vocab) + ")");
   for (const sdk::LayerDesc& l : T.full.layers) {
     if (l.mlp.kind == sdk::MlpKind::moe) refuse("MoE layers");
     if (l.attention.kind == sdk::AttentionKind::mla) refuse("MLA layers");
