@@ -7,6 +7,7 @@
 //   - three training steps (a loss on logprob and entropy, so the head's backward runs both
 //     terms): losses and gradient norms, the gathered (tp_place'd) gradients, the three updates;
 //   - every rank reports the same outputs, loss and norm;
+//   - with a data-parallel group beside it (DDP, the distributed optimizer): T x 2 engines;
 //   - what tensor parallelism refuses, by name (before any device is touched, so those run
 //     without a GPU).
 //
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -283,6 +285,109 @@ TEST(CudaEngineTp, TiedHeadFollowsOneEngine) {
 TEST(CudaEngineTp, QkNormsFollowOneEngine) {
   NEED_GPU();
   check_follows(Variant("Qwen3ForCausalLM", "qwen3", false, 9), "qwen3 (q/k norms)");
+}
+
+// Tensor and data parallelism together: T x 2 engines in threads, data-parallel rank d of tensor
+// rank r in tp group d and dp group r; each dp rank trains on two of the four sequences (one
+// micro-batch each), its tp group on the same ones. Against one engine on all four: losses
+// (summed over dp), gradient norms and three AdamW updates (DDP: also the summed gradients), with
+// the bounds of the TP-only test. Every tp rank's dp traffic and every dp rank's tp traffic meet
+// in their own groups, so a collective issued in the wrong group hangs (the rendezvous aborts).
+void check_with_dp(bool shard_optimizer) {
+  const test::Small s;
+  const engine::CudaEngineOptions o = options();
+  const std::vector<std::vector<size_t>> share = {{0, 3}, {1, 2}};
+  auto steps = [&](engine::CudaEngine& e, const std::vector<size_t>& mine, Outcome& out) {
+    std::vector<std::vector<int32_t>> cus, idss;
+    for (size_t j : mine) {
+      idss.emplace_back(s.ids.begin() + s.cu[j], s.ids.begin() + s.cu[j + 1]);
+      cus.push_back({0, s.cu[j + 1] - s.cu[j]});
+    }
+    std::vector<engine::MicroBatch> mbs;
+    for (size_t k = 0; k < idss.size(); ++k) mbs.push_back(batch_of(idss[k], cus[k]));
+    engine::StepOptions so;
+    so.lr = 3e-3;
+    so.global_tokens = s.predicted();
+    so.global_sequences = int64_t(s.cu.size()) - 1;
+    so.outputs.logprob = so.outputs.entropy = true;
+    for (int step = 0; step < 3; ++step) {
+      so.apply_optimizer = step < 2;
+      const engine::StepResult r = e.train_step(mbs, so, nll_entropy);
+      out.loss.push_back(r.loss);
+      out.norm.push_back(r.grad_norm);
+    }
+  };
+  Outcome one;
+  {
+    engine::CudaEngine e(s.desc, o);
+    e.load_parameters(s.weights);
+    steps(e, {0, 1, 2, 3}, one);
+    one.grads = e.gradients();
+    one.weights = e.save_parameters();
+  }
+  std::vector<std::unique_ptr<test::Rendezvous>> tp_groups, dp_groups;  // (a rendezvous does not move)
+  for (int d = 0; d < 2; ++d) tp_groups.push_back(std::make_unique<test::Rendezvous>(kT));
+  for (int r = 0; r < kT; ++r) dp_groups.push_back(std::make_unique<test::Rendezvous>(2));
+  std::vector<Outcome> ranks(static_cast<size_t>(2 * kT));
+  Outcome whole;  // dp rank 0's tp ranks' pieces, placed
+  std::mutex lock;
+  std::vector<std::exception_ptr> errors(ranks.size());
+  std::vector<std::thread> threads;
+  for (int d = 0; d < 2; ++d)
+    for (int r = 0; r < kT; ++r)
+      threads.emplace_back([&, d, r] {
+        try {
+          const sdk::TpLayout layout = sdk::make_tp_layout(s.desc, kT, r);
+          test::ThreadDp tpc(*tp_groups[size_t(d)], r), dpc(*dp_groups[size_t(r)], d);
+          engine::CudaEngineOptions oo = o;
+          oo.tp = &layout;
+          oo.tp_comm = &tpc;
+          oo.dp = &dpc;
+          oo.shard_optimizer = shard_optimizer;
+          engine::CudaEngine e(s.desc, oo);
+          Tensors local;
+          for (size_t i = 0; i < s.weights.size(); ++i) local.push_back(sdk::tp_slice(layout, i, s.weights[i]));
+          e.load_parameters(local);
+          Outcome& out = ranks[size_t(d * kT + r)];
+          steps(e, share[size_t(d)], out);
+          const Tensors g = shard_optimizer ? Tensors{} : e.gradients(), w = e.save_parameters();
+          if (d == 0) {
+            std::lock_guard<std::mutex> hold(lock);
+            if (!shard_optimizer) place_into(layout, g, whole.grads);
+            place_into(layout, w, whole.weights);
+          }
+        } catch (...) {
+          errors[size_t(d * kT + r)] = std::current_exception();
+        }
+      });
+  for (std::thread& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (int step = 0; step < 3; ++step) {
+    const double loss = ranks[0].loss[size_t(step)] + ranks[size_t(kT)].loss[size_t(step)];  // dp ranks' shares
+    EXPECT_NEAR(loss, one.loss[size_t(step)], 1e-2 * std::fabs(one.loss[size_t(step)])) << "step " << step;
+    for (const Outcome& r : ranks) EXPECT_EQ(r.norm[size_t(step)], ranks[0].norm[size_t(step)]) << "step " << step;
+    EXPECT_NEAR(ranks[0].norm[size_t(step)], one.norm[size_t(step)], 1e-2 * one.norm[size_t(step)]) << "step " << step;
+  }
+  const double uerr = update_error(whole.weights, one.weights, s.weights);
+  EXPECT_LE(uerr, 5e-2);
+  double gerr = 0;
+  if (!shard_optimizer) {
+    gerr = relative_error(whole.grads, one.grads);
+    EXPECT_LE(gerr, 3e-2);
+  }
+  std::printf("tp T=%d x dp 2 (%s): gradients within %.2e, 3 updates within %.2e of one engine\n", kT,
+              shard_optimizer ? "distributed optimizer" : "DDP", gerr, uerr);
+}
+
+TEST(CudaEngineTp, WithDdpFollowsOneEngine) {
+  NEED_GPU();
+  check_with_dp(false);
+}
+
+TEST(CudaEngineTp, WithDistributedOptimizerFollowsOneEngine) {
+  NEED_GPU();
+  check_with_dp(true);
 }
 
 // The refusals happen while the engine reads its options and description, before any device
