@@ -62,13 +62,13 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  TESTS=${TESTS:-"test_cuda_engine_fsdp test_cuda_engine_offload test_cuda_engine test_backend_cuda"}
+  TESTS=${TESTS:-"test_cuda_engine_tp test_cuda_engine_fsdp test_cuda_engine_offload test_cuda_engine test_backend_cuda"}
   DP_RANKS=${DP_RANKS:-"2 4"}
 fi
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ] || [ "$what" = backlog ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
         test_cudnn_graph test_cudnn_attention test_cuda_engine test_cuda_engine_fp8 test_cuda_engine_offload
-        test_cuda_engine_fsdp test_backend_cuda
+        test_cuda_engine_fsdp test_cuda_engine_tp test_backend_cuda
         test_backend_cuda_loss
         test_generator_cuda test_comm_nccl"
   [ "$what" = gentests ] && list=test_generator_cuda

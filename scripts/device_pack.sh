@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-cuda}
 tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_cuda_engine test_cuda_engine_fp8
-       test_cuda_engine_offload test_cuda_engine_fsdp test_backend_cuda
+       test_cuda_engine_offload test_cuda_engine_fsdp test_cuda_engine_tp test_backend_cuda
        test_backend_cuda_loss
        test_backend_cuda_dp test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl test_vendor_fp8)
 plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments dataset_jsonl

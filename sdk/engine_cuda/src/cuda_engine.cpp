@@ -130,6 +130,7 @@ CudaEngine::Impl::~Impl() {
 
 // What this path executes: the program's one answer, then the MoE and MLA layers' readings.
 void CudaEngine::Impl::describe() {
+  tp_check();  // tensor parallelism: this rank's description from here on
   try {
     prog = sdk::build_program(desc);
   } catch (const std::invalid_argument& e) {
@@ -147,6 +148,7 @@ void CudaEngine::Impl::describe() {
   C = prog.hidden;
   V = prog.vocab;
   L = int64_t(prog.layers.size());
+  tp_check_program();
   shapes.assign(size_t(L), LayerShape{});
   for (int64_t l = 0; l < L; ++l)
     for (const sdk::LayerStep& st : prog.layers[size_t(l)].steps) {
@@ -408,7 +410,8 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     // The head's logits from forward to backward, when they fit the budget (rows padded to 16
     // bytes for the GEMM's C).
     ld_head_cache = (V + 3) / 4 * 4;
-    const bool keep = train && N * ld_head_cache * 4 <= opt.head_logits_cache_bytes;
+    // (Tensor parallelism: its own head backward recomputes its tiles, tensor_parallel.cpp.)
+    const bool keep = train && !tp_on && N * ld_head_cache * 4 <= opt.head_logits_cache_bytes;
     head_cache = keep ? c.take<float>(N * ld_head_cache) : nullptr;
     // Packing for head norms over slices, as wide as the widest such input.
     int64_t pack_width = 0;
@@ -445,6 +448,7 @@ void CudaEngine::Impl::plan(int64_t N, bool train) {
     }
     carve_moe(c, N, per_layer, train);  // MoE layers' routed activations and scratch
     carve_mla(c, N, per_layer, train);  // MLA layers' latents and scratch
+    carve_tp(c, N, train);              // tensor parallelism's fp32 partial sums and head scratch
     xn = c.take<bf16>(N * C);
     rstd = c.take<float>(N);
     lp = c.take<float>(N);
@@ -517,7 +521,7 @@ void CudaEngine::Impl::prepare_batch(const MicroBatch& mb) {
     if (e < b) throw std::invalid_argument("cuda engine: cu_seqlens must not decrease");
     for (int32_t t = b; t < e; ++t) {
       const int32_t id = mb.input_ids[size_t(t)];
-      if (id < 0 || id >= V)
+      if (id < 0 || id >= (tp_on ? Vall : V))
         throw std::invalid_argument("cuda engine: token id " + std::to_string(id) +
                                     " outside the vocabulary");
       s_pos[t] = t - b;
@@ -634,7 +638,9 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
           rows += desc.params[size_t(st.weights[j])].shape[0];
           ++j;
         }
-        if (f8 && fp8->fits_group(rows, out.ld)) {
+        if (st.tp_reduce_out) {  // row-parallel: this rank's partial sum in fp32 (its rows `total` apart)
+          ops->gemm(false, true, N, rows, K, in.p, in.ld, wp(st.weights[i]), K, 0, tp32 + row, st.out.width, true);
+        } else if (f8 && fp8->fits_group(rows, out.ld)) {
           fp8->forward(wp(st.weights[i]), rows, out.p + row, out.ld);
         } else {
           if (f8_layer) fp8->count_bf16();
@@ -642,6 +648,11 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
         }
         row += rows;
         i = j;
+      }
+      if (st.tp_reduce_out) {  // the group's sum, rounded to bf16 once; the bias after it
+        if (row != st.out.width) throw std::logic_error("cuda engine: a row-parallel linear writes part of its value");
+        tp_sum(tp32, N * row);
+        cuda::tp_store_bf16(out.p, out.ld, tp32, N, row, false, stream);
       }
       row = 0;
       for (size_t i = 0; i < st.weights.size(); ++i) {
@@ -717,6 +728,9 @@ cuda::DeviceOps::Logprob CudaEngine::Impl::head_args(const OutputRequest& req, i
 void CudaEngine::Impl::check_request(const OutputRequest& req) const {
   if (req.processed_logprob) cuda::unsupported("processed (top-k/top-p) logprobs");
   if (req.logprob_at_ids) cuda::unsupported("logprob_at_ids");
+  if (tp_on && req.logits)
+    throw std::invalid_argument("cuda engine: tensor parallelism with the logits output is not supported (no rank holds "
+                                "the whole vocabulary)");
   if (!(req.temperature > 0)) throw std::invalid_argument("cuda engine: temperature must be > 0");
 }
 
@@ -728,7 +742,10 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   prepare_batch(mb);
   prepare_routing(mb, req);
   if (fsdp()) hold_global();  // held until the public call ends (training: the step)
-  ops->embedding_fwd(xs[0], ids, wp(prog.embed), N, C, V);
+  if (tp_on)
+    tp_embedding_fwd(N);
+  else
+    ops->embedding_fwd(xs[0], ids, wp(prog.embed), N, C, V);
   if (prog.embed_scale != 1) {  // Gemma: the embedding rows times sqrt(hidden), as bf16 holds it
     const double s = bf16_rounded(prog.embed_scale);
     ops->scale(xs[0], N * C, s);
@@ -741,7 +758,10 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   }
   bf16* xL = xs[planned_train ? size_t(L) : size_t(L % 2)];
   ops->rmsnorm_fwd(xn, C, rstd, xL, C, wp(prog.final_norm), N, C, prog.final_eps, prog.final_offset);
-  if (req.logprob || req.entropy) ops->logprob_fwd(head_args(req, N, train));
+  if ((req.logprob || req.entropy) && tp_on)
+    tp_head_fwd(req, N);
+  else if (req.logprob || req.entropy)
+    ops->logprob_fwd(head_args(req, N, train));
   if (req.value) {  // val [N] = xn [N, C] score [1, C]^T: one scalar per position, no shift
     if (prog.value_head < 0)
       throw std::invalid_argument("cuda engine: a value output was requested but the model has no value head (score.weight)");
@@ -814,7 +834,9 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
           }
           const double beta = (st.accumulate || !first) ? 1 : 0;
           const int64_t site = int64_t(st.weights[i]);  // the group's gradient site (delayed scaling)
-          if (!(f8 && fp8->backward_dx(dy.p + row, dy.ld, N, rows, K, wp(st.weights[i]), beta, dx.p, dx.ld, site))) {
+          if (st.tp_reduce_din) {  // column-parallel: this rank's part of dX, summed below in fp32
+            ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K, first ? 0 : 1, tp32, K, true);
+          } else if (!(f8 && fp8->backward_dx(dy.p + row, dy.ld, N, rows, K, wp(st.weights[i]), beta, dx.p, dx.ld, site))) {
             if (f8) fp8->count_bf16();
             ops->gemm(false, false, N, K, rows, dy.p + row, dy.ld, wp(st.weights[i]), K, beta, dx.p, dx.ld, false);
           }
@@ -825,6 +847,10 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
           first = false;
           row += rows;
           i = j;
+        }
+        if (st.tp_reduce_din) {
+          tp_sum(tp32, N * K);
+          cuda::tp_store_bf16(dx.p, dx.ld, tp32, N, K, st.accumulate, stream);
         }
         break;
       }
@@ -859,7 +885,10 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
   const int64_t N = mb.num_tokens();
   bf16* dres = gbuf[0];
   const bool head = req.logprob || req.entropy;
-  if (head) ops->logprob_bwd(head_args(req, N, true), dlp, req.entropy ? dent : nullptr, dxn, gp(prog.head), false);
+  if (head && tp_on)
+    tp_head_bwd(req, N);
+  else if (head)
+    ops->logprob_bwd(head_args(req, N, true), dlp, req.entropy ? dent : nullptr, dxn, gp(prog.head), false);
   if (req.value) {  // d xn (+)= dval score; d score += dval^T xn (bf16 operands, f32 gradient)
     cuda::cast_to_bf16(dval, dval16, N, stream);
     ops->gemm(false, false, N, C, 1, dval16, 1, wp(prog.value_head), C, head ? 1 : 0, dxn, C, false);
@@ -879,29 +908,43 @@ void CudaEngine::Impl::backward(const MicroBatch& mb, const OutputRequest& req) 
   }
   if (fsdp()) backward_units_end();
   if (prog.embed_scale != 1) ops->scale(dres, N * C, bf16_rounded(prog.embed_scale));
-  ops->embedding_bwd(gp(prog.embed), ids, dres, N, C, V);
+  if (tp_on)
+    tp_embedding_bwd(dres, N);
+  else
+    ops->embedding_bwd(gp(prog.embed), ids, dres, N, C, V);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
 double CudaEngine::Impl::grad_norm() {
-  cuda::DeviceList x;
+  // Tensor parallelism: two sums, the cut tensors' (summed over the group) and the replicated
+  // ones' (identical on every rank, so the group's sum is T times one rank's: TpPiece::norm_weight
+  // 1/T counts them once), as the CPU engine's grad_sumsq weighs them.
+  cuda::DeviceList x[2];
   const float* g0 = sharded() ? gshard.get<float>() : grads.get<float>();
   for (const Piece& p : optimizer_pieces()) {
-    x.n.push_back(p.n);
-    x.p.push_back(const_cast<float*>(g0) + p.local);
+    const int k = tp_on && opt.tp->pieces[p.param].norm_weight != 1 ? 1 : 0;
+    x[k].n.push_back(p.n);
+    x[k].p.push_back(const_cast<float*>(g0) + p.local);
   }
-  if (x.n.empty()) {  // a sharded rank whose block holds no updated parameter
-    check(cudaMemsetAsync(scalars.get(), 0, sizeof(float), stream), "memset");
-  } else {
-    ops->sumsq(x, scalars.get<float>());
+  for (int k = 0; k < (tp_on ? 2 : 1); ++k) {
+    if (x[k].n.empty()) {  // a sharded rank whose block holds no updated parameter (of the kind)
+      check(cudaMemsetAsync(scalars.get<float>() + k, 0, sizeof(float), stream), "memset");
+    } else {
+      ops->sumsq(x[k], scalars.get<float>() + k);
+    }
   }
-  // Sharded: every rank's sum of squares, summed (one float, before the one wait).
-  if (sharded()) dp_timed(2 * 4 * (dp_size - 1) / dp_size, [&] { opt.dp->all_reduce_sum(scalars.get<float>(), 1, stream); });
-  check(cudaMemcpyAsync(h_scalar, scalars.get(), sizeof(float), cudaMemcpyDeviceToHost, stream), "download");
+  // Sharded: every rank's sums of squares, summed (before the one wait); then over tp.
+  const int64_t sums = tp_on ? 2 : 1;
+  if (sharded())
+    dp_timed(2 * 4 * sums * (dp_size - 1) / dp_size, [&] { opt.dp->all_reduce_sum(scalars.get<float>(), sums, stream); });
+  if (tp_on) tp_sum(scalars.get<float>(), 2);
+  check(cudaMemcpyAsync(h_scalar, scalars.get(), size_t(sums) * sizeof(float), cudaMemcpyDeviceToHost, stream),
+        "download");
   sync();
-  return std::sqrt(double(h_scalar[0]));
+  if (!tp_on) return std::sqrt(double(h_scalar[0]));
+  return std::sqrt(double(h_scalar[0]) + double(h_scalar[1]) / double(tp_size));
 }
 
 void CudaEngine::Impl::adamw_pieces(const std::vector<Piece>& pieces, float* P0, float* M0, float* V0,
@@ -1240,6 +1283,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   }
   // FSDP: a rank with fewer micro-batches than its peers meets their per-unit collectives.
   for (int64_t k = int64_t(mbs.size()); k < group_mbs; ++k) m.idle_microbatch(true);
+  m.tp_sync_grads();  // before the data-parallel reduction: the q/k norms' summed over the tp group
   if (m.opt.dp != nullptr) m.sync_gradients();
   double moe_vals[3] = {0, 0, 0};  // aux, z, max load: downloaded before grad_norm's wait
   if (m.moe_layers > 0)

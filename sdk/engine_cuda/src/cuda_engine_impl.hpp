@@ -23,6 +23,7 @@
 #include "rlhost/engine_cuda/fp8_linear.hpp"
 #include "mla_kernels.hpp"
 #include "moe_kernels.hpp"
+#include "tp_kernels.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/sdk/layer_program.hpp"
 
@@ -206,6 +207,28 @@ struct CudaEngine::Impl {
   std::vector<Rope> ropes;
   bool grads_clear = true;
   int64_t steps = 0;
+
+  // Tensor parallelism (tensor_parallel.cpp; CudaEngineOptions::tp): this rank's vocabulary rows
+  // [vlo, vlo + vcount) of Vall; in the activation block (plan) an fp32 scratch tp32 [N, tp_width]
+  // for the partial sums reduced over the group, the head's local targets [N], its statistics
+  // (this rank's [3, N], the group's [T, 3, N]) and its backward's logits tile (f32) and their
+  // gradient (bf16), tp_rows rows tp_ld apart each.
+  bool tp_on = false;
+  int64_t tp_size = 1, Vall = 0, vlo = 0, vcount = 0, tp_width = 0, tp_rows = 0, tp_ld = 0;
+  float* tp32 = nullptr;
+  int32_t* tp_target = nullptr;
+  float *tp_mine = nullptr, *tp_all = nullptr, *tp_tile = nullptr;
+  bf16* tp_dtile = nullptr;
+  void tp_check();  // before the program: what tensor parallelism refuses, desc = tp->local
+  void tp_check_program();  // after it: the marks, MoE / MLA refused, the scratch width
+  void carve_tp(cuda::Carver& c, int64_t N, bool train);
+  // The group's sum of an fp32 buffer (on the stream).
+  void tp_sum(float* x, int64_t n) { opt.tp_comm->all_reduce_sum(x, n, stream); }
+  void tp_embedding_fwd(int64_t N);   // xs[0] from ids
+  void tp_embedding_bwd(const bf16* dres, int64_t N);
+  void tp_head_fwd(const OutputRequest& req, int64_t N);  // lp, lse, ent (the group's)
+  void tp_head_bwd(const OutputRequest& req, int64_t N);  // dxn from dlp / dent, the head's dW
+  void tp_sync_grads();  // after the micro-batches: the q/k norms' gradients summed
 
   // Data parallelism (data_parallel.cpp; CudaEngineOptions::dp). With the sharded optimizer the
   // flat buffers are padded to S blocks of `block` elements; this rank's block is

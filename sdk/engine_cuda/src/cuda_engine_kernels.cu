@@ -7,6 +7,7 @@
 #include "rlhost/engine_cuda/convert.hpp"
 #include "rlhost/engine_cuda/device_memory.hpp"
 #include "moe_kernels.hpp"
+#include "tp_kernels.hpp"
 
 namespace rlh::engine::cuda {
 namespace {
@@ -401,5 +402,170 @@ template void moe_loss_grads<float>(const MoeLossArgs&, const float*, float*, fl
                                     cudaStream_t);
 template void moe_loss_grads<double>(const MoeLossArgs&, const double*, double*, double*,
                                      cudaStream_t);
+
+}  // namespace rlh::engine::cuda
+
+// ---------------------------------------------------------------------------------------------
+// Tensor parallelism's glue (tp_kernels.hpp)
+
+namespace rlh::engine::cuda {
+namespace {
+
+unsigned grid_for(int64_t n) { return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 132 * 16))); }
+
+__global__ void tp_embedding_fwd_kernel(float* out, const int32_t* ids, const __nv_bfloat16* table, int64_t N,
+                                        int64_t C, int64_t vlo, int64_t vcount) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * C; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / C, c = i - n * C, id = int64_t(ids[n]) - vlo;
+    out[i] = id >= 0 && id < vcount ? __bfloat162float(table[id * C + c]) : 0.f;
+  }
+}
+
+__global__ void tp_embedding_bwd_kernel(float* dtable, const int32_t* ids, const __nv_bfloat16* dout, int64_t N,
+                                        int64_t C, int64_t vlo, int64_t vcount) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = int64_t(ids[n]) - vlo;
+    if (id >= 0 && id < vcount) dtable[id * C + c] += __bfloat162float(dout[n * C + c]);
+  }
+}
+
+__global__ void tp_local_target_kernel(int32_t* local, const int32_t* target, int64_t N, int64_t vlo, int64_t vcount) {
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = int64_t(target[n]) - vlo;
+    local[n] = target[n] >= 0 && t >= 0 && t < vcount ? int32_t(t) : -1;
+  }
+}
+
+__global__ void tp_head_pack_kernel(float* mine, const float* lp, const float* lse, const float* ent,
+                                    const int32_t* local, int64_t N) {
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x) {
+    mine[n] = lse[n];
+    mine[N + n] = ent[n];
+    mine[2 * N + n] = local[n] >= 0 ? lp[n] + lse[n] : 0.f;
+  }
+}
+
+__global__ void tp_head_combine_kernel(const float* all, int64_t T, const int32_t* target, int64_t N, float* lp,
+                                       float* lse, float* ent) {
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x) {
+    // In double: the statistics are of T blocks whose lse may lie far apart.
+    double m = -INFINITY;
+    for (int64_t r = 0; r < T; ++r) m = fmax(m, double(all[r * 3 * N + n]));
+    double sum = 0, zt = 0;
+    for (int64_t r = 0; r < T; ++r) {
+      sum += exp(double(all[r * 3 * N + n]) - m);
+      zt += double(all[r * 3 * N + 2 * N + n]);
+    }
+    const double l = m + log(sum);
+    double ez = 0;  // E[z] = sum_r w_r E_r[z], E_r[z] = lse_r - entropy_r
+    for (int64_t r = 0; r < T; ++r) {
+      const double lr = all[r * 3 * N + n];
+      ez += exp(lr - l) * (lr - double(all[r * 3 * N + N + n]));
+    }
+    lse[n] = float(l);
+    lp[n] = target[n] < 0 ? 0.f : float(zt - l);
+    if (ent) ent[n] = float(l - ez);
+  }
+}
+
+template <bool CAP>
+__global__ void tp_head_grad_kernel(const float* x, __nv_bfloat16* dx, int64_t ld, int64_t rows, int64_t vcount, int64_t n0,
+                                    const int32_t* target, int64_t vlo, const float* lse, const float* ent,
+                                    const float* dlp, const float* dent, float inv_temp, float cap) {
+  const int64_t r = blockIdx.x;
+  if (r >= rows) return;
+  const int64_t n = n0 + r;
+  const float a = target[n] >= 0 ? dlp[n] : 0.f, b = dent ? dent[n] : 0.f, l = lse[n];
+  const float ez = dent ? l - ent[n] : 0.f;
+  const int64_t t = target[n] >= 0 ? int64_t(target[n]) - vlo : -1;
+  const float* xr = x + r * ld;
+  __nv_bfloat16* dr = dx + r * ld;
+  for (int64_t j = threadIdx.x; j < vcount; j += blockDim.x) {
+    float z, f;
+    if (CAP) {
+      const float u = tanhf(xr[j] / cap);
+      z = cap * u * inv_temp;
+      f = (1.f - u * u) * inv_temp;
+    } else {
+      z = xr[j] * inv_temp;
+      f = inv_temp;
+    }
+    const float p = expf(z - l);
+    float dz = -a * p - b * p * (z - ez);
+    if (j == t) dz += a;
+    dr[j] = __float2bfloat16(dz * f);
+  }
+}
+
+__global__ void tp_store_bf16_kernel(__nv_bfloat16* dst, int64_t ldd, const float* src, int64_t rows, int64_t cols,
+                                     bool add) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    __nv_bfloat16& d = dst[r * ldd + c];
+    d = __float2bfloat16(add ? __bfloat162float(d) + src[i] : src[i]);
+  }
+}
+
+}  // namespace
+
+void tp_embedding_fwd(float* out, const int32_t* ids, const bf16* table, int64_t N, int64_t C, int64_t vlo,
+                      int64_t vcount, cudaStream_t s) {
+  if (N * C <= 0) return;
+  tp_embedding_fwd_kernel<<<grid_for(N * C), 256, 0, s>>>(out, ids, reinterpret_cast<const __nv_bfloat16*>(table), N,
+                                                           C, vlo, vcount);
+  check(cudaGetLastError(), "tp_embedding_fwd");
+}
+
+void tp_embedding_bwd(float* dtable, const int32_t* ids, const bf16* dout, int64_t N, int64_t C, int64_t vlo,
+                      int64_t vcount, cudaStream_t s) {
+  if (N * C <= 0) return;
+  tp_embedding_bwd_kernel<<<unsigned((C + 127) / 128), 128, 0, s>>>(
+      dtable, ids, reinterpret_cast<const __nv_bfloat16*>(dout), N, C, vlo, vcount);
+  check(cudaGetLastError(), "tp_embedding_bwd");
+}
+
+void tp_local_target(int32_t* local, const int32_t* target, int64_t N, int64_t vlo, int64_t vcount, cudaStream_t s) {
+  if (N <= 0) return;
+  tp_local_target_kernel<<<grid_for(N), 256, 0, s>>>(local, target, N, vlo, vcount);
+  check(cudaGetLastError(), "tp_local_target");
+}
+
+void tp_head_pack(float* mine, const float* lp, const float* lse, const float* ent, const int32_t* local,
+                  int64_t N, cudaStream_t s) {
+  if (N <= 0) return;
+  tp_head_pack_kernel<<<grid_for(N), 256, 0, s>>>(mine, lp, lse, ent, local, N);
+  check(cudaGetLastError(), "tp_head_pack");
+}
+
+void tp_head_combine(const float* all, int64_t T, const int32_t* target, int64_t N, float* lp, float* lse,
+                     float* ent, cudaStream_t s) {
+  if (N <= 0) return;
+  tp_head_combine_kernel<<<grid_for(N), 256, 0, s>>>(all, T, target, N, lp, lse, ent);
+  check(cudaGetLastError(), "tp_head_combine");
+}
+
+void tp_head_grad_tile(const float* x, bf16* dx, int64_t ld, int64_t rows, int64_t vcount, int64_t n0, const int32_t* target,
+                       int64_t vlo, const float* lse, const float* ent, const float* dlp, const float* dent,
+                       float inv_temp, float cap, cudaStream_t s) {
+  if (rows <= 0 || vcount <= 0) return;
+  auto* d = reinterpret_cast<__nv_bfloat16*>(dx);
+  if (cap > 0)
+    tp_head_grad_kernel<true><<<unsigned(rows), 256, 0, s>>>(x, d, ld, rows, vcount, n0, target, vlo, lse, ent, dlp,
+                                                             dent, inv_temp, cap);
+  else
+    tp_head_grad_kernel<false><<<unsigned(rows), 256, 0, s>>>(x, d, ld, rows, vcount, n0, target, vlo, lse, ent, dlp,
+                                                              dent, inv_temp, cap);
+  check(cudaGetLastError(), "tp_head_grad_tile");
+}
+
+void tp_store_bf16(bf16* dst, int64_t ldd, const float* src, int64_t rows, int64_t cols, bool add, cudaStream_t s) {
+  if (rows * cols <= 0) return;
+  tp_store_bf16_kernel<<<grid_for(rows * cols), 256, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(dst), ldd, src, rows,
+                                                             cols, add);
+  check(cudaGetLastError(), "tp_store_bf16");
+}
 
 }  // namespace rlh::engine::cuda

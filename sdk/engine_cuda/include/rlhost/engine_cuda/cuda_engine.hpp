@@ -129,6 +129,20 @@ struct CudaEngineOptions {
   // buffer. One rank or FSDP only (the distributed optimizer and DDP are refused).
   bool offload_state = false;
   int64_t offload_chunk_elems = int64_t(32) << 20;  // elements per streamed chunk (x 12 bytes staged)
+  // Tensor parallelism, Megatron's without sequence parallelism (sdk/tensor_parallel.hpp; neither
+  // owned), with tp->size > 1: the engine runs this rank's part of the model given to the
+  // constructor (desc() is tp->local; load_parameters / save_parameters / gradients hold this
+  // rank's pieces, tp_slice / tp_place convert) and communicates as the program's marks say
+  // (src/tensor_parallel.cpp): a row-parallel linear's output and a column-parallel one's input
+  // gradient are summed over `tp_comm` in fp32, then rounded to bf16 once; the embedding and the
+  // fused logprob head are vocabulary-parallel (per-rank statistics all-gathered and combined);
+  // the q/k norms' gradients are summed after the micro-batches; the gradient norm is the whole
+  // model's (replicated tensors counted once). Composes with `dp` (DDP or the distributed
+  // optimizer, each tp rank's data-parallel group its own). Refused under it: MoE and MLA
+  // layers, key/value heads replicated over ranks (fewer kv heads than ranks), a value head,
+  // FSDP (shard_masters), FP8 linears, the logits output.
+  const sdk::TpLayout* tp = nullptr;
+  DeviceDpComm* tp_comm = nullptr;
 };
 
 struct CudaEngineStats {
