@@ -38,13 +38,14 @@
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "need_gpu.hpp"
 #include "small_models.hpp"
+#include "tensor_compare.hpp"
 #include "thread_comm.hpp"
 
 using namespace rlh;
 
 namespace {
 
-using Tensors = std::vector<std::vector<float>>;
+using test::Tensors;
 using test::Rendezvous;
 using test::ThreadDp;
 
@@ -125,26 +126,8 @@ void on_ranks(int S, const sdk::TransformerDesc& desc, const engine::CudaEngineO
     if (e) std::rethrow_exception(e);
 }
 
-// ||a - b|| / ||b - base|| over all tensors (how far two updates from `base` differ).
-double update_error(const Tensors& a, const Tensors& b, const Tensors& base) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    for (size_t k = 0; k < a[i].size(); ++k) {
-      num += std::pow(double(a[i][k]) - b[i][k], 2);
-      den += std::pow(double(b[i][k]) - base[i][k], 2);
-    }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-double relative_error(const Tensors& a, const Tensors& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    for (size_t k = 0; k < a[i].size(); ++k) {
-      num += std::pow(double(a[i][k]) - b[i][k], 2);
-      den += std::pow(double(b[i][k]), 2);
-    }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using test::relative_error;
+using test::update_error;
 
 bool same_bits(const Tensors& a, const Tensors& b) {
   if (a.size() != b.size()) return false;

@@ -42,13 +42,14 @@
 #include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/sdk/tensor_parallel.hpp"
 #include "small_models.hpp"
+#include "tensor_compare.hpp"
 #include "thread_comm.hpp"
 
 using namespace rlh;
 
 namespace {
 
-using Tensors = std::vector<std::vector<float>>;
+using test::Tensors;
 constexpr int kT = 2;
 
 // test::Small's shape and batch with another config: tied head, or Qwen3 (q/k norms).
@@ -127,26 +128,8 @@ double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-// ||a - b|| / ||b - base|| over all tensors (how far two updates from `base` differ).
-double update_error(const Tensors& a, const Tensors& b, const Tensors& base) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    for (size_t k = 0; k < a[i].size(); ++k) {
-      num += std::pow(double(a[i][k]) - b[i][k], 2);
-      den += std::pow(double(b[i][k]) - base[i][k], 2);
-    }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-double relative_error(const Tensors& a, const Tensors& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    for (size_t k = 0; k < a[i].size(); ++k) {
-      num += std::pow(double(a[i][k]) - b[i][k], 2);
-      den += std::pow(double(b[i][k]), 2);
-    }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using test::relative_error;
+using test::update_error;
 
 // NLL over the predicted tokens plus 0.05 x their mean entropy (both normalised by the global
 // token count): the head's backward runs its logprob and entropy terms.
