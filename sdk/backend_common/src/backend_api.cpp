@@ -759,8 +759,11 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
     if (fn == nullptr) throw Error(RLH_E_INVALID_ARGUMENT, "visit_weights: fn is NULL");
     if (version != nullptr) *version = m.version();
     // (A device model holds its whole masters on every data-parallel rank, or under FSDP
-    // gathers them: then collective, as the CPU engine's FSDP visit is.)
-    if (m.device && readable.device_type != RLH_DEVICE_CPU) {
+    // gathers them: then collective, as the CPU engine's FSDP visit is. Under tensor
+    // parallelism its device memory holds only this rank's pieces of the cut tensors, which a
+    // reader of whole HF tensors cannot take: the masters are gathered over the tp group into
+    // host copies instead (collective), visited as a host reader's below.)
+    if (m.device && !m.tp() && readable.device_type != RLH_DEVICE_CPU) {
       const rlh_device d = m.device->device();
       if (d.device_type == readable.device_type && d.device_id == readable.device_id) {
         visit_device_views(m, fn, user);
@@ -802,9 +805,10 @@ rlh_status* visit_weights_where(rlh_backend* self, rlh_model* model, const rlh_d
       dp_visit_parameters(m, visit);
       return;
     }
-    // A device model's weights are copied to the host once, then visited like the CPU engine's.
+    // A device model's weights are copied to the host once (under tensor parallelism gathered
+    // over the tp group: collective), then visited like the CPU engine's.
     std::vector<std::vector<float>> host;
-    if (m.device) host = m.device->parameters();
+    if (m.device) host = device_parameters(m);
     for (size_t i = 0; i < m.desc.params.size(); ++i)
       visit(i, m.device ? std::span<float>(host[i]) : m.engine->param(i));
   });
@@ -838,7 +842,8 @@ rlh_status* backend_visit_weights_on(rlh_backend* self, rlh_model* model, const 
 // few boxes that range covers (a partial first row, whole rows, a partial last row), straight from
 // the shard, so each shard rank sends exactly its shard and nothing is gathered. A device model
 // visits whole tensors (its masters copied to the host, gathered under FSDP), the data-parallel
-// ranks taking turns as senders.
+// ranks taking turns as senders; under tensor parallelism its pieces (copied to the host), as
+// the CPU engine's.
 rlh_status* backend_visit_weight_pieces(rlh_backend* self, rlh_model* model, rlh_weight_piece_fn fn, void* user,
                                         int64_t* version) {
   Backend* b = as_backend(self);
@@ -898,7 +903,7 @@ rlh_status* backend_visit_weight_pieces(rlh_backend* self, rlh_model* model, rlh
       }
       return;
     }
-    if (m.device) {  // a device model's whole masters, copied to the host (gathered under FSDP)
+    if (m.device && !m.tp()) {  // a device model's whole masters, copied to the host (gathered under FSDP)
       const auto whole = [&](size_t i, std::span<float> w) {
         const sdk::ParamDesc& p = m.desc.params[i];
         emit(p, sdk::whole_box(p), w.data(), rotates_to_me(i, dp_rank, D));
@@ -907,6 +912,10 @@ rlh_status* backend_visit_weight_pieces(rlh_backend* self, rlh_model* model, rlh
       for (size_t i = 0; i < m.desc.params.size(); ++i) whole(i, host[i]);
       return;
     }
+    // Under tensor parallelism a device model's pieces are copied to the host (in its local
+    // shapes, as the CPU engine holds them) and visited as the CPU engine's are.
+    std::vector<std::vector<float>> device_local;
+    if (m.device) device_local = m.device->parameters();
     for (size_t i = 0; i < m.desc.params.size(); ++i) {
       const int64_t j = local_param(m, i);
       if (j < 0) continue;  // another pipeline stage's
@@ -931,7 +940,7 @@ rlh_status* backend_visit_weight_pieces(rlh_backend* self, rlh_model* model, rlh
           }
         }
       }
-      emit(p, box, m.engine->param(size_t(j)).data(), sender);
+      emit(p, box, m.device ? device_local[size_t(j)].data() : m.engine->param(size_t(j)).data(), sender);
     }
   });
 }

@@ -110,12 +110,19 @@ struct Backend {
   nlohmann::json policy;  // the config section as given to create
   BackendConfig config;
   std::unique_ptr<DpGroups> dp;  // several launched ranks: made at the first load_model
+  // Tensor parallelism on the device: the communicator over the world, which `device_dp` and
+  // `device_tp` are split from (declared first: it goes last).
+  std::unique_ptr<CommDeviceDp> device_world;
   // Several ranks on the device path: the data-parallel group over a communicator for device
-  // memory, made at the first such model (before `models`: they point at it).
+  // memory, made at the first such model (before `models`: they point at it). Without tensor
+  // parallelism it is the world's communicator itself; with it the ranks of one tp rank.
   std::unique_ptr<CommDeviceDp> device_dp;
   // HSDP on the device: the shard group and the replicas over the device communicator, split
   // as `dp`'s shard and replicate groups are (made at the first such model).
   std::unique_ptr<CommDeviceDp> device_shard, device_replicate;
+  // Tensor parallelism on the device: the tp group, split from `device_world` as `dp`'s tp group
+  // is (the ranks of one data-parallel rank).
+  std::unique_ptr<CommDeviceDp> device_tp;
   std::vector<std::unique_ptr<Model>> models;
 };
 
@@ -179,6 +186,14 @@ struct DpStepResult {
 // the sharded update, loss and engine metrics summed over ranks. Collective.
 DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& views, engine::StepOptions so,
                            const engine::LossFn& loss, bool eval_only, double lr_override);
+// A model on the device path (Model::device), in full whatever its tensor parallelism: under
+// it the engine holds this rank's pieces, so parameters and AdamW moments are gathered over the
+// tp group on the way out (collective: every rank of the group calls in the same order) and
+// sliced on the way in; without it they pass through.
+std::vector<std::vector<float>> device_parameters(Model& m);
+void device_load_parameters(Model& m, const std::vector<std::vector<float>>& full);
+DeviceEngine::AdamState device_adam_state(Model& m);
+void device_load_adam_state(Model& m, const DeviceEngine::AdamState& full);
 // expert_parallel.cpp, under expert parallelism: parameter i's block on this rank from the full
 // tensor (the tensor itself when replicated), and the full tensor from every ep rank's block
 // (collective over the ep group for an expert tensor).

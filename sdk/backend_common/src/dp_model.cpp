@@ -104,6 +104,50 @@ std::vector<float> full_param(const Model& m, size_t i, const std::function<std:
 
 }  // namespace
 
+// A device model under tensor parallelism holds this rank's pieces (DeviceEngineOptions::tp):
+// what the backend moves in and out whole is sliced on the way in and gathered over the host tp
+// group on the way out, as for the CPU engine above. (Nothing else of model parallelism runs on
+// the device: place_on_device keeps pipeline, expert and context parallelism on the CPU engine.)
+std::vector<std::vector<float>> device_parameters(Model& m) {
+  std::vector<std::vector<float>> local = m.device->parameters();
+  if (!m.tp()) return local;
+  if (local.size() != m.desc.params.size())
+    throw Error(RLH_E_INTERNAL, "tensor parallelism on the device: " + std::to_string(local.size()) +
+                                    " tensors for " + std::to_string(m.desc.params.size()) + " parameters");
+  std::vector<std::vector<float>> full(local.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    full[i] = tp_full(m, i, local[i]);  // collective over the tp group, parameter by parameter
+    std::vector<float>().swap(local[i]);
+  }
+  return full;
+}
+
+void device_load_parameters(Model& m, const std::vector<std::vector<float>>& full) {
+  m.device->load_parameters(m.tp() ? tp_local_all(m, full) : full);
+}
+
+DeviceEngine::AdamState device_adam_state(Model& m) {
+  DeviceEngine::AdamState s = m.device->adam_state();  // collective over dp with the distributed optimizer
+  if (!m.tp()) return s;
+  for (std::vector<std::vector<float>>* part : {&s.exp_avg, &s.exp_avg_sq}) {
+    if (part->size() != m.desc.params.size())
+      throw Error(RLH_E_INTERNAL, "tensor parallelism on the device: optimizer state of " + std::to_string(part->size()) +
+                                      " tensors for " + std::to_string(m.desc.params.size()) + " parameters");
+    for (size_t i = 0; i < part->size(); ++i) {
+      // A parameter without updates has zero moments on every rank: zeros in full, no gather
+      // (every rank skips the same ones, so the gathers still meet).
+      (*part)[i] = without_update(m, m.desc.params[i]) ? std::vector<float>(size_t(numel(m.desc.params[i].shape)), 0.0f)
+                                                       : tp_full(m, i, (*part)[i]);
+    }
+  }
+  return s;
+}
+
+void device_load_adam_state(Model& m, const DeviceEngine::AdamState& full) {
+  if (!m.tp()) return m.device->load_adam_state(full);
+  m.device->load_adam_state(DeviceEngine::AdamState{full.step, tp_local_all(m, full.exp_avg), tp_local_all(m, full.exp_avg_sq)});
+}
+
 int64_t local_param(const Model& m, size_t i) { return m.pp() ? m.pp()->local_index.at(i) : int64_t(i); }
 const sdk::ParamDesc& model_param(const Model& m, size_t j) {
   return m.desc.params.at(m.pp() ? size_t(m.pp()->full_index.at(j)) : j);

@@ -221,11 +221,14 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "
                                              "is megatron's and dtensor's, built where the CUDA toolchain is)");
   }
-  // Several ranks: data parallelism (DDP, the distributed optimizer, FSDP / HSDP) over a device
-  // communicator; the other layouts are the CPU engine's so far.
-  if (b.dp && b.dp->tp_size() > 1)
-    return decline(RLH_E_UNIMPLEMENTED, "tensor parallelism (tensor_model_parallel_size = " +
-                                            std::to_string(b.dp->tp_size()) + ") runs on the CPU engine only");
+  // Several ranks: data parallelism (DDP, the distributed optimizer, FSDP / HSDP) and tensor
+  // parallelism of dense models (the engine refuses the rest by name at creation: MoE and MLA
+  // layers, a value head, FP8) over device communicators; the other layouts are the CPU
+  // engine's so far. Sequence parallelism is not the engine's (it splits no sequence).
+  if (b.dp && b.dp->tp_size() > 1 && m.config.parallel.sequence_parallel)
+    return decline(RLH_E_UNIMPLEMENTED, "sequence parallelism (megatron_cfg.sequence_parallel with "
+                                        "tensor_model_parallel_size = " + std::to_string(b.dp->tp_size()) +
+                                            ") runs on the CPU engine only");
   if (b.dp && b.dp->pp_size() > 1)
     return decline(RLH_E_UNIMPLEMENTED, "pipeline parallelism (pipeline_model_parallel_size = " +
                                             std::to_string(b.dp->pp_size()) + ") runs on the CPU engine only");
@@ -267,12 +270,34 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   }
   if (b.dp) {
     const rlh_device dev = sdk::cuda_device(index);
-    if (!b.device_dp)  // collective over the world, like the groups
+    const int T = b.dp->tp_size();
+    if (T == 1 && !b.device_dp)  // collective over the world, like the groups
       b.device_dp = std::make_unique<CommDeviceDp>(sdk::make_device_comm(b.host, dev, "", b.flavor->name), dev);
-    if (b.device_dp->size() != b.dp->size())
-      throw Error(RLH_E_INTERNAL, where + ": the device communicator has " + std::to_string(b.device_dp->size()) +
-                                      " ranks, the data-parallel group " + std::to_string(b.dp->size()));
-    o.dp = b.device_dp.get();
+    if (T > 1 && !b.device_tp) {
+      // Tensor parallelism: the world is T x dp ranks (nothing else of model parallelism gets
+      // here). Split on the device as the host groups are (collective: every rank, in the same
+      // order): the tp group, the ranks of one data-parallel rank in tp order; the data-parallel
+      // group, the ranks of one tp rank in data-parallel order.
+      b.device_world = std::make_unique<CommDeviceDp>(sdk::make_device_comm(b.host, dev, "", b.flavor->name), dev);
+      b.device_tp = std::make_unique<CommDeviceDp>(
+          b.device_world->comm().split(b.dp->dp.rank(), b.dp->tp.rank(), "tp (device)"), dev);
+      b.device_dp = std::make_unique<CommDeviceDp>(
+          b.device_world->comm().split(b.dp->tp.rank(), b.dp->dp.rank(), "dp (device)"), dev);
+    }
+    if (b.device_dp->size() != b.dp->size() || (T > 1 && b.device_dp->rank() != b.dp->rank()))
+      throw Error(RLH_E_INTERNAL, where + ": the device data-parallel group is rank " + std::to_string(b.device_dp->rank()) +
+                                      " of " + std::to_string(b.device_dp->size()) + ", the host's " +
+                                      std::to_string(b.dp->rank()) + " of " + std::to_string(b.dp->size()));
+    if (T > 1 && (b.device_tp->size() != T || b.device_tp->rank() != b.dp->tp_rank()))
+      throw Error(RLH_E_INTERNAL, where + ": the device tensor-parallel group is rank " + std::to_string(b.device_tp->rank()) +
+                                      " of " + std::to_string(b.device_tp->size()) + ", the host's " +
+                                      std::to_string(b.dp->tp_rank()) + " of " + std::to_string(T));
+    // (At TP x DP 1 the data-parallel group is this rank alone: no gradient sum to run.)
+    o.dp = b.device_dp->size() > 1 ? b.device_dp.get() : nullptr;
+    if (m.tp()) {
+      o.tp = m.tp();
+      o.tp_comm = b.device_tp.get();
+    }
     // FSDP (dtensor): the fp32 masters and moments as this rank's block of the shard group's
     // (the world without HSDP); HSDP sums the gradient blocks over the replicas too.
     const bool fsdp = m.config.parallel.fsdp;
@@ -303,7 +328,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   } catch (const std::exception& e) {
     throw Error(RLH_E_UNAVAILABLE, where + ": " + e.what());
   }
-  m.device->load_parameters(weights);
+  device_load_parameters(m, weights);  // this rank's pieces under tensor parallelism
   const std::string chosen = m.registry->choices_summary();  // empty until the engine resolves its ops
   m.kernels = m.device->describe() + "; kernels: " + (chosen.empty() ? "chosen per op at first use" : chosen);
   return true;
@@ -453,6 +478,8 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
                                              (m->config.fp8.hybrid ? ", hybrid)" : ", e4m3)")
                                        : std::string()) +
                 (m->config.recompute ? (m->config.recompute_selective ? ", selective recompute" : ", full recompute") : "") +
+                (m->tp() ? ", tensor parallel over " + std::to_string(m->dp->tp_size()) + " ranks on the device"
+                         : std::string()) +
                 (m->dp ? ", data parallel over " + std::to_string(m->dp->size()) + " ranks (" +
                              (m->dp_mode == Model::Dp::fsdp ? "FSDP: fp32 masters and moments sharded" +
                                                                   (m->dp->replicate ? ", " + std::to_string(m->dp->replicate.size()) + " replicas" : std::string())

@@ -207,11 +207,13 @@ void save_state_dp(Model& m, const std::string& dir) {
   std::vector<Optimizer::StateTensor> moments;
   DeviceOptimizerState device_state;
   if (m.device) {
-    // Every rank holds the whole masters (under FSDP their blocks, gathered: collective); a
-    // sharded optimizer's moments are gathered (collective: every rank asks).
-    if (writer || m.dp_mode == Model::Dp::fsdp) params = m.device->parameters();
+    // Every rank holds the whole masters (under FSDP their blocks, gathered: collective; under
+    // tensor parallelism its pieces, gathered over the tp group: collective); a sharded
+    // optimizer's moments are gathered (collective: every rank asks), and under tensor
+    // parallelism their pieces too.
+    if (writer || m.dp_mode == Model::Dp::fsdp || m.tp()) params = device_parameters(m);
     if (m.trainable) {
-      device_state.adam = m.device->adam_state();
+      device_state.adam = device_adam_state(m);
       if (writer) {
         view_adam_state(m, device_state);
         moments = device_state.tensors;
@@ -273,9 +275,9 @@ void save_state(Model& m, const std::string& dir) {
   json fp8;
   try {
     fp8 = write_fp8_state(m, dir);
-    weights = m.device ? m.device->parameters() : m.engine->save_parameters();
+    weights = m.device ? device_parameters(m) : m.engine->save_parameters();
     if (m.trainable && m.device) {
-      device_state.adam = m.device->adam_state();
+      device_state.adam = device_adam_state(m);
       view_adam_state(m, device_state);
     }
   } catch (const Error&) {
@@ -404,7 +406,7 @@ void load_state_here(Model& m, const std::string& dir) {
     }
     sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt, lo);
     if (m.device)
-      m.device->load_parameters(w.tensors);
+      device_load_parameters(m, w.tensors);  // this rank's pieces under tensor parallelism
     else if (m.dp != nullptr)
       dp_load_parameters(m, w.tensors);  // this rank's shards of the full tensors
     else
@@ -457,7 +459,7 @@ void load_state_here(Model& m, const std::string& dir) {
         std::copy(v.begin(), v.end(), t.data.begin());
       }
       s.adam.step = step;
-      m.device->load_adam_state(s.adam);
+      device_load_adam_state(m, s.adam);
       return;
     }
     if (m.dp != nullptr) {

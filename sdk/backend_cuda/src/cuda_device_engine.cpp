@@ -100,6 +100,8 @@ class CudaDeviceEngine final : public DeviceEngine {
     c.shard_masters = o.shard_masters;
     c.dp_replicate = o.dp_replicate;
     c.offload_state = o.offload_state;
+    c.tp = o.tp;
+    c.tp_comm = o.tp_comm;
     return c;
   }
   int index_;

@@ -21,6 +21,7 @@
 #include "rlhost/tensor.h"
 #include "rlhost/sdk/kernels.hpp"
 #include "rlhost/sdk/model_desc.hpp"
+#include "rlhost/sdk/tensor_parallel.hpp"
 
 namespace rlh::backend {
 
@@ -146,6 +147,16 @@ struct DeviceEngineOptions {
   // dtensor_cfg.cpu_offload: the fp32 masters and AdamW moments in page-locked host memory,
   // streamed through the device by the update (one rank or FSDP; engine_cuda's offload.cpp).
   bool offload_state = false;
+  // Tensor parallelism (megatron_cfg.tensor_model_parallel_size > 1, dense models; neither owned,
+  // null: none): this rank's layout (sdk::make_tp_layout over the whole model `desc`) and the
+  // tp group on the device. The engine then holds this rank's pieces: parameters(),
+  // load_parameters(), adam_state(), load_adam_state() and visit_master_views() are in
+  // tp->local's shapes (the backend slices and gathers over its host tp group). `dp` is then
+  // this rank's data-parallel group (the ranks of the same tp rank). The engine refuses what its
+  // tensor parallelism does not run (MoE, MLA, a value head, FSDP, FP8) with
+  // std::invalid_argument at creation.
+  const sdk::TpLayout* tp = nullptr;
+  engine::DeviceDpComm* tp_comm = nullptr;
 };
 
 struct DeviceEngineFactory {
