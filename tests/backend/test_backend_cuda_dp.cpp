@@ -11,7 +11,12 @@
 //   - a rank whose shard of the batch is empty takes part;
 //   - a distributed-optimizer state saved at DP = N (moments gathered) resumes bitwise at
 //     DP = N (each rank keeps its block), and loads on one rank;
-//   - tensor parallelism on the device is refused by name.
+//   - megatron's tensor parallelism on the device (TP 2 at np 2, TP 2 x DP 2 at np 4; dense
+//     models) follows the one-rank device run over three AdamW steps (DDP and the distributed
+//     optimizer), every rank reports the same loss and holds the same gathered weights; a state
+//     saved under TP resumes bitwise and loads at one rank into bitwise the gathered masters;
+//     visit_weights_on gives the gathered masters as host views; an MoE model under TP is
+//     refused on the device by name and runs on the CPU engine with policy.device = auto.
 // dtensor's FSDP on the device (ZeRO-3: of every unit, a layer or the root, this rank keeps its
 // 1/N block of the fp32 masters, both moments, the summed gradients and the bf16 weights; a
 // unit's weights are gathered before it runs, its gradients reduce-scattered after):
@@ -507,15 +512,180 @@ TEST(DeviceFsdpCheckpoints, ShardedStateResumesBitwiseAndMovesBetweenSizes) {
   if (R == 0) fs::remove_all(dir);
 }
 
-TEST(DeviceDataParallelErrors, TensorParallelIsRefusedByName) {
+// ---------------------------------------------------------------------------------------------
+// megatron's tensor parallelism on the device (dense models): TP 2 at np 2, TP 2 x DP 2 at np 4.
+// Each rank's engine holds its pieces; the backend slices full tensors on the way in and gathers
+// them over the host tp group on the way out (weights, moments, checkpoints).
+
+constexpr int kTp = 2;
+
+json tp_config(bool distributed_optimizer) {
+  json cfg = config(distributed_optimizer);
+  cfg["megatron_cfg"]["tensor_model_parallel_size"] = kTp;
+  return cfg;
+}
+
+// Every rank's values equal rank 0's, bit for bit.
+bool same_values_on_every_rank(const std::vector<double>& v) {
+  std::string mine(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double));
+  const std::string first = world().broadcast(mine);
+  return world().max(first != mine ? 1 : 0) == 0;
+}
+
+struct TpCase {
+  std::string model;
+  bool distributed_optimizer;
+  std::string label() const { return model + " tp2" + (distributed_optimizer ? " distopt" : " ddp"); }
+};
+
+class DeviceTensorParallel : public ::testing::TestWithParam<TpCase> {};
+
+// Three AdamW steps under TP 2 (x DP N/2) follow the one-rank device run within the bounds DDP
+// has above: the row-parallel outputs and column-parallel input gradients are summed in fp32
+// before one bf16 rounding (the one-rank run rounds the whole GEMM's fp32 accumulator once too),
+// so TP adds only fp32 summation order; the micro-batches differ where DP 2 splits the batch.
+TEST_P(DeviceTensorParallel, FollowsOneRank) {
   REQUIRE_GPU();
-  const int N = world().size();
-  json cfg = config(false);
-  cfg["megatron_cfg"]["tensor_model_parallel_size"] = N;
+  const TpCase c = GetParam();
+  const int R = world().rank(), N = world().size();
+  if (N % kTp != 0) GTEST_SKIP() << "tp " << kTp << " on " << N << " ranks";
+  const int D = N / kTp, dp_rank = R / kTp;  // Megatron's order: the ranks of a tp group adjacent
+  auto g = global_batch();
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  RunResult ref;
+  {
+    Alone alone;
+    ref = train_steps(config(c.distributed_optimizer), c.model, *g, g_tok, g_seq, 3);
+  }
+  auto mine = shard_of(*g, dp_rank, D);
+  const RunResult tp = train_steps(tp_config(c.distributed_optimizer), c.model, *mine, g_tok, g_seq, 3);
+  EXPECT_EQ(tp.metrics["dp_size"].get<int>(), D);
+  EXPECT_EQ(tp.metrics["num_tokens"].get<int64_t>(), g_tok);
+  if (D > 1) {
+    EXPECT_GT(tp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
+  }
+  double loss_err = 0;
+  for (size_t s = 0; s < ref.loss.size(); ++s)
+    loss_err = std::max(loss_err, std::fabs(tp.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]));
+  EXPECT_LE(loss_err, 2e-3) << c.label();
+  const double uerr = update_error(tp.after, ref.after, ref.before);
+  EXPECT_LE(uerr, 5e-2) << c.label();
+  // Every rank of a tp group computes the whole loss (summed over the data-parallel ranks, so
+  // every rank of the world reports the same); the gathered masters (each rank's copy of the
+  // replicated tensors among them) are the same everywhere.
+  EXPECT_TRUE(same_values_on_every_rank(tp.loss)) << c.label() << ": the ranks report different losses";
+  EXPECT_TRUE(same_on_every_rank(tp.after)) << c.label() << ": the ranks' gathered weights differ";
+  // This rank's state is its half of the cut tensors and the (small) replicated ones whole.
+  const double one = ref.metrics["memory/state_bytes"].get<double>();
+  const double state = tp.metrics["memory/state_bytes"].get<double>();
+  EXPECT_GT(state, 0);
+  EXPECT_LT(state, 0.6 * one) << c.label();
+  if (R == 0)
+    std::cout << "[device tp " << kTp << " x dp " << D << "] " << c.label() << ": losses within " << loss_err
+              << " (relative), 3 AdamW updates within " << uerr << " of one rank's; memory/state_bytes " << state
+              << " against " << one << " on one rank\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, DeviceTensorParallel,
+                         ::testing::Values(TpCase{"llama-tiny", false}, TpCase{"llama-tiny", true},
+                                           TpCase{"qwen3-tiny", false}),
+                         [](const auto& info) { return test_name(info.param.label()); });
+
+// Host copies of what visit_weights_on gives (row-major host views expected).
+Weights visit_on_host_views(Backend& be, rlh_model* m, bool* all_on_host) {
+  Weights got;
+  *all_on_host = true;
+  be.visit_on(m, rlh_device{RLH_DEVICE_CUDA, 0}, [&](const std::string& n, const rlh_tensor& t) {
+    if (t.device.device_type != RLH_DEVICE_CPU) {
+      *all_on_host = false;
+      return;
+    }
+    int64_t numel = 1;
+    for (int i = 0; i < t.ndim; ++i) numel *= t.shape[i];
+    const float* p = reinterpret_cast<const float*>(static_cast<const char*>(t.data) + t.byte_offset);
+    got[n].assign(p, p + numel);
+  });
+  return got;
+}
+
+// A state saved under TP 2 (the distributed optimizer's moments gathered over dp, every
+// tensor's pieces over tp) resumes bitwise at the same layout and loads at one rank into
+// bitwise the gathered masters it saved. Between steps, visit_weights_on with the model's
+// device gives the gathered masters as host views (the device holds only this rank's pieces).
+TEST(DeviceTensorParallelCheckpoints, SavedUnderTpLoadsAtOneRank) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  if (N % kTp != 0) GTEST_SKIP() << "tp " << kTp << " on " << N << " ranks";
+  const int D = N / kTp;
+  auto g = global_batch();
+  const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
+  auto mine = shard_of(*g, R / kTp, D);
+  const fs::path dir =
+      world().broadcast((fs::temp_directory_path() / ("rlh_cuda_tp_" + std::to_string(::getpid()))).string());
+  if (R == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world().barrier();
+  Weights saved, cont;
+  std::vector<double> cont_loss;
+  {
+    Backend be(host(), "megatron", tp_config(true));
+    rlh_model* m = be.load(model_path("llama-tiny"), true);
+    for (int s = 0; s < 2; ++s) be.train(m, *mine, g_tok, g_seq, nll_loss(), {});
+    saved = be.weights(m);
+    bool on_host = false;
+    EXPECT_TRUE(visit_on_host_views(be, m, &on_host) == saved) << "visit_weights_on under TP: not the gathered masters";
+    EXPECT_TRUE(on_host) << "visit_weights_on under TP gave device views of this rank's pieces";
+    sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state");
+    for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
+    cont = be.weights(m);
+  }
+  {  // the same layout: every rank takes its pieces (and its block of the moments) back
+    Backend be(host(), "megatron", tp_config(true));
+    rlh_model* m = be.load(model_path("llama-tiny"), true);
+    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state");
+    EXPECT_TRUE(be.weights(m) == saved) << "loaded under TP, not bitwise the saved weights";
+    for (int s = 0; s < 2; ++s) EXPECT_EQ(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss, cont_loss[size_t(s)]);
+    EXPECT_TRUE(be.weights(m) == cont) << "resumed under TP, not bitwise";
+  }
+  {  // one rank loads it whole and continues on the whole batch
+    Alone alone;
+    Backend be(host(), "megatron", config(true));
+    rlh_model* m = be.load(model_path("llama-tiny"), true);
+    sdk::check(be.api()->load_state(be.raw(), m, dir.c_str()), "load_state at one rank");
+    int64_t v = 0;
+    EXPECT_TRUE(be.weights(m, &v) == saved) << "loaded at one rank, not the masters saved under TP";
+    EXPECT_EQ(v, 2);
+    const double loss = be.train(m, *g, g_tok, g_seq, nll_loss(), {}).r.loss;
+    EXPECT_NEAR(loss, cont_loss[0], 2e-3 * std::fabs(cont_loss[0]));
+  }
+  world().barrier();
+  if (R == 0) fs::remove_all(dir);
+}
+
+// The engine's tensor parallelism runs dense models: an MoE model under TP with policy.device =
+// cuda is refused naming why; with auto it trains on the CPU engine (no device weights).
+TEST(DeviceTensorParallelErrors, MoeIsRefusedOnTheDeviceAndRunsOnTheCpuEngineWithAuto) {
+  REQUIRE_GPU();
+  const int R = world().rank(), N = world().size();
+  if (N % kTp != 0) GTEST_SKIP() << "tp " << kTp << " on " << N << " ranks";
+  json cfg = tp_config(false);
+  {
+    Backend be(host(), "megatron", cfg);
+    rlh_model* m = nullptr;
+    expect_error(be.try_load(model_path("qwen3-moe-tiny"), true, &m), RLH_E_UNIMPLEMENTED,
+                 "tensor parallelism with MoE experts");
+  }
+  cfg["device"] = "auto";
   Backend be(host(), "megatron", cfg);
-  rlh_model* m = nullptr;
-  expect_error(be.try_load(model_path("llama-tiny"), true, &m), RLH_E_UNIMPLEMENTED,
-               "tensor parallelism (tensor_model_parallel_size = " + std::to_string(N) + ") runs on the CPU engine only");
+  rlh_model* m = be.load(model_path("qwen3-moe-tiny"), true);
+  auto g = global_batch();
+  auto mine = shard_of(*g, R / kTp, N / kTp);
+  const auto r = be.train(m, *mine, g->num_tokens(), g->num_seqs(), nll_loss(), {});
+  EXPECT_TRUE(std::isfinite(r.r.loss));
+  EXPECT_EQ(r.metrics["memory/weight_bytes"].get<double>(), 0) << "the MoE model is on the device";
+  EXPECT_GT(r.metrics["tp/comm_bytes"].get<int64_t>(), 0) << "the CPU engine's tensor parallelism did not run";
 }
 
 }  // namespace
