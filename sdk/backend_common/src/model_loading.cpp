@@ -269,6 +269,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     o.optimizer.max_grad_norm = oc.max_grad_norm;
   }
   if (b.dp) {
+    m.dp = b.dp.get();  // (m.tp() reads this rank's tp rank from it)
     const rlh_device dev = sdk::cuda_device(index);
     const int T = b.dp->tp_size();
     if (T == 1 && !b.device_dp)  // collective over the world, like the groups
@@ -318,7 +319,6 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     }
     o.shard_optimizer = fsdp || m.config.parallel.distributed_optimizer;
     o.shard_masters = fsdp;
-    m.dp = b.dp.get();
     m.dp_mode = fsdp ? Model::Dp::fsdp : o.shard_optimizer ? Model::Dp::distributed_optimizer : Model::Dp::ddp;
   }
   try {
