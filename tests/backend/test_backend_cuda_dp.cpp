@@ -15,7 +15,8 @@
 //     models) follows the one-rank device run over three AdamW steps (DDP and the distributed
 //     optimizer), every rank reports the same loss and holds the same gathered weights; a state
 //     saved under TP resumes bitwise and loads at one rank into bitwise the gathered masters;
-//     visit_weights_on gives the gathered masters as host views; an MoE model under TP is
+//     visit_weights_on gives the gathered masters as host views and visit_weight_pieces this
+//     rank's pieces (exactly the gathered values, the senders' covering each element once); an MoE model under TP is
 //     refused on the device by name and runs on the CPU engine with policy.device = auto.
 // dtensor's FSDP on the device (ZeRO-3: of every unit, a layer or the root, this rank keeps its
 // 1/N block of the fp32 masters, both moments, the summed gradients and the bf16 weights; a
@@ -39,6 +40,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -608,10 +610,71 @@ Weights visit_on_host_views(Backend& be, rlh_model* m, bool* all_on_host) {
   return got;
 }
 
+// visit_weight_pieces of a device model under TP: every piece holds the gathered weight's values
+// at its placement, bit for bit, and over the world the senders' pieces cover every element
+// exactly once. Returns the elements this rank's pieces hold.
+int64_t check_weight_pieces(Backend& be, rlh_model* m, const Weights& whole) {
+  struct Visit {
+    const Weights* whole;
+    Weights cover;
+    int64_t held = 0, bad = 0;
+    std::vector<std::string> errors;
+  } v{&whole, {}, 0, 0, {}};
+  for (const auto& [name, w] : whole) v.cover[name].assign(w.size(), 0.f);
+  const auto on_piece = [](void* user, const rlh_weight_piece* p) -> rlh_status* {
+    Visit& v = *static_cast<Visit*>(user);
+    const rlh_tensor& t = *p->data;
+    const auto w = v.whole->find(p->hf_name);
+    if (w == v.whole->end() || t.device.device_type != RLH_DEVICE_CPU) {
+      v.errors.push_back(std::string(p->hf_name) + ": not a weight visit_weights names, or not a host view");
+      return nullptr;
+    }
+    const int nd = t.ndim;
+    std::vector<int64_t> gs(size_t(std::max(nd, 1)), 1);
+    for (int d = nd - 2; d >= 0; --d) gs[size_t(d)] = gs[size_t(d) + 1] * p->global_shape[d + 1];
+    int64_t n = 1;
+    for (int d = 0; d < nd; ++d) n *= t.shape[d];
+    v.held += n;
+    std::vector<float>& cover = v.cover[p->hf_name];
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t rest = e, src = 0, dst = 0;
+      for (int d = nd - 1; d >= 0; --d) {
+        const int64_t i = rest % t.shape[d];
+        rest /= t.shape[d];
+        src += i * t.strides[d];
+        dst += (p->offset[d] + i) * gs[size_t(d)];
+      }
+      const float got = static_cast<const float*>(t.data)[src];
+      if (std::memcmp(&got, &w->second[size_t(dst)], sizeof got) != 0) ++v.bad;
+      if (p->flags & RLH_PIECE_SENDER) cover[size_t(dst)] += 1.f;
+    }
+    return nullptr;
+  };
+  sdk::check(be.api()->visit_weight_pieces(be.raw(), m, on_piece, &v, nullptr), "visit_weight_pieces");
+  for (const std::string& e : v.errors) ADD_FAILURE() << "rank " << world().rank() << ": " << e;
+  EXPECT_EQ(v.bad, 0) << "rank " << world().rank() << ": piece elements differ from the gathered weights";
+  for (auto& [name, cv] : v.cover) {
+    int64_t len = int64_t(cv.size()), stride = 1;
+    rlh_tensor t{};
+    t.data = cv.data();
+    t.device = {RLH_DEVICE_CPU, 0};
+    t.ndim = 1;
+    t.dtype = {RLH_DTYPE_FLOAT, 32, 1};
+    t.shape = &len;
+    t.strides = &stride;
+    if (len > 0) sdk::check(world().api->all_reduce(world().comm, &t, RLH_REDUCE_SUM, nullptr), "all_reduce");
+    int64_t off = 0;
+    for (float x : cv) off += x != 1.f;
+    EXPECT_EQ(off, 0) << name << ": elements not covered exactly once by the senders' pieces";
+  }
+  return v.held;
+}
+
 // A state saved under TP 2 (the distributed optimizer's moments gathered over dp, every
 // tensor's pieces over tp) resumes bitwise at the same layout and loads at one rank into
 // bitwise the gathered masters it saved. Between steps, visit_weights_on with the model's
-// device gives the gathered masters as host views (the device holds only this rank's pieces).
+// device gives the gathered masters as host views (the device holds only this rank's pieces),
+// and visit_weight_pieces this rank's pieces.
 TEST(DeviceTensorParallelCheckpoints, SavedUnderTpLoadsAtOneRank) {
   REQUIRE_GPU();
   const int R = world().rank(), N = world().size();
@@ -637,6 +700,9 @@ TEST(DeviceTensorParallelCheckpoints, SavedUnderTpLoadsAtOneRank) {
     bool on_host = false;
     EXPECT_TRUE(visit_on_host_views(be, m, &on_host) == saved) << "visit_weights_on under TP: not the gathered masters";
     EXPECT_TRUE(on_host) << "visit_weights_on under TP gave device views of this rank's pieces";
+    int64_t all = 0;
+    for (const auto& [name, w] : saved) all += int64_t(w.size());
+    EXPECT_LT(check_weight_pieces(be, m, saved), all) << "visit_weight_pieces under TP: not this rank's pieces";
     sdk::check(be.api()->save_state(be.raw(), m, dir.c_str()), "save_state");
     for (int s = 0; s < 2; ++s) cont_loss.push_back(be.train(m, *mine, g_tok, g_seq, nll_loss(), {}).r.loss);
     cont = be.weights(m);
