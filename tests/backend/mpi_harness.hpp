@@ -3,16 +3,21 @@
 // of a global batch's sequences.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend_harness.hpp"
+#include "rlhost/backend.h"
 #include "rlhost/comm.h"
 
 namespace rlh::test {
@@ -114,6 +119,60 @@ inline const World& world() {
   static World w(host());
   return w;
 }
+// An empty folder every rank names alike (rank 0's temporary path; rank 0 makes it), for a
+// checkpoint the ranks write together.
+inline std::filesystem::path shared_scratch_dir(const std::string& prefix) {
+  const std::filesystem::path dir = world().broadcast(
+      (std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()))).string());
+  if (world().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  world().barrier();
+  return dir;
+}
+
+// Element sums over the world, in place (host floats).
+inline void sum_over_world(std::vector<float>& v) {
+  int64_t n = int64_t(v.size()), stride = 1;
+  rlh_tensor t{};
+  t.data = v.data();
+  t.device = {RLH_DEVICE_CPU, 0};
+  t.ndim = 1;
+  t.dtype = {RLH_DTYPE_FLOAT, 32, 1};
+  t.shape = &n;
+  t.strides = &stride;
+  if (n > 0) rlh::sdk::check(world().api->all_reduce(world().comm, &t, RLH_REDUCE_SUM, nullptr), "all_reduce");
+}
+
+// A weight piece (visit_weight_pieces) against the whole tensor it is part of (row-major in its
+// global shape): the number of its elements that differ bitwise; when the piece's rank sends it
+// (RLH_PIECE_SENDER), 1 added at each of its elements in `cover` (sized like `whole`), so summed
+// over the world every element is 1.
+inline int64_t compare_piece(const rlh_weight_piece& p, const std::vector<float>& whole, std::vector<float>& cover) {
+  const rlh_tensor& t = *p.data;
+  const int nd = t.ndim;
+  std::vector<int64_t> gs(size_t(std::max(nd, 1)), 1);
+  for (int d = nd - 2; d >= 0; --d) gs[size_t(d)] = gs[size_t(d) + 1] * p.global_shape[d + 1];
+  int64_t n = 1;
+  for (int d = 0; d < nd; ++d) n *= t.shape[d];
+  cover.resize(whole.size(), 0.f);
+  int64_t bad = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t rest = e, src = 0, dst = 0;
+    for (int d = nd - 1; d >= 0; --d) {
+      const int64_t i = rest % t.shape[d];
+      rest /= t.shape[d];
+      src += i * t.strides[d];
+      dst += (p.offset[d] + i) * gs[size_t(d)];
+    }
+    const float got = static_cast<const float*>(t.data)[src];
+    if (std::memcmp(&got, &whole[size_t(dst)], sizeof got) != 0) ++bad;
+    if (p.flags & RLH_PIECE_SENDER) cover[size_t(dst)] += 1.f;
+  }
+  return bad;
+}
+
 // A fixture by name, or a model folder by absolute path (one a test wrote).
 inline std::string model_path(const std::string& name) {
   return !name.empty() && name[0] == '/' ? name : fixtures_root() + "/" + name;

@@ -43,6 +43,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -135,6 +136,21 @@ RunResult train_steps(const json& cfg, const std::string& model, Batch& batch, i
   return out;
 }
 
+// train_steps on this rank alone (the launcher's variables hidden): the one-rank reference.
+template <class... Args>
+RunResult alone_steps(Args&&... args) {
+  Alone alone;
+  return train_steps(std::forward<Args>(args)...);
+}
+
+// The largest relative difference of a run's losses from the reference run's, step by step.
+double loss_error(const RunResult& run, const RunResult& ref) {
+  double worst = 0;
+  for (size_t s = 0; s < ref.loss.size(); ++s)
+    worst = std::max(worst, std::fabs(run.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]));
+  return worst;
+}
+
 struct Case {
   std::string model;
   bool distributed_optimizer;
@@ -149,19 +165,13 @@ TEST_P(DeviceDataParallel, FollowsOneRank) {
   const int R = world().rank(), N = world().size();
   auto g = global_batch();
   const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
-  RunResult ref;
-  {
-    Alone alone;
-    ref = train_steps(config(c.distributed_optimizer), c.model, *g, g_tok, g_seq, 3);
-  }
+  const RunResult ref = alone_steps(config(c.distributed_optimizer), c.model, *g, g_tok, g_seq, 3);
   auto mine = shard_of(*g, R, N);
   const RunResult dp = train_steps(config(c.distributed_optimizer), c.model, *mine, g_tok, g_seq, 3);
   EXPECT_EQ(dp.metrics["dp_size"].get<int>(), N);
   EXPECT_EQ(dp.metrics["num_tokens"].get<int64_t>(), g_tok);
   EXPECT_GT(dp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
-  double loss_err = 0;
-  for (size_t s = 0; s < ref.loss.size(); ++s)
-    loss_err = std::max(loss_err, std::fabs(dp.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]));
+  const double loss_err = loss_error(dp, ref);
   EXPECT_LE(loss_err, 2e-3) << c.label();
   const double uerr = update_error(dp.after, ref.after, ref.before);
   EXPECT_LE(uerr, 5e-2) << c.label();
@@ -197,11 +207,7 @@ TEST(DeviceDataParallelEdges, EmptyShardTakesPart) {
   const int R = world().rank(), N = world().size();
   auto g = global_batch(size_t(N - 1));  // one rank gets no sequence
   const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
-  RunResult ref;
-  {
-    Alone alone;
-    ref = train_steps(config(true), "llama-tiny", *g, g_tok, g_seq, 2);
-  }
+  const RunResult ref = alone_steps(config(true), "llama-tiny", *g, g_tok, g_seq, 2);
   auto mine = shard_of(*g, R, N);
   const RunResult dp = train_steps(config(true), "llama-tiny", *mine, g_tok, g_seq, 2);
   for (size_t s = 0; s < ref.loss.size(); ++s) EXPECT_NEAR(dp.loss[s], ref.loss[s], 2e-3 * std::fabs(ref.loss[s]));
@@ -275,19 +281,13 @@ TEST_P(DeviceFsdp, FollowsOneRankWithItsBlockOfTheState) {
     GTEST_SKIP() << c.label() << " needs a multiple of " << 2 * replicas << " ranks (mpirun -np 4)";
   auto g = global_batch();
   const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
-  RunResult ref;
-  {
-    Alone alone;
-    ref = train_steps(fsdp_config(), c.model, *g, g_tok, g_seq, 3, "dtensor");
-  }
+  const RunResult ref = alone_steps(fsdp_config(), c.model, *g, g_tok, g_seq, 3, "dtensor");
   auto mine = shard_of(*g, R, N);
   const RunResult dp = train_steps(fsdp_config(1.0, 0.1, replicas), c.model, *mine, g_tok, g_seq, 3, "dtensor");
   EXPECT_EQ(dp.metrics["dp_size"].get<int>(), N);
   EXPECT_EQ(dp.metrics["num_tokens"].get<int64_t>(), g_tok);
   EXPECT_GT(dp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
-  double loss_err = 0;
-  for (size_t s = 0; s < ref.loss.size(); ++s)
-    loss_err = std::max(loss_err, std::fabs(dp.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]));
+  const double loss_err = loss_error(dp, ref);
   EXPECT_LE(loss_err, 2e-3) << c.label();
   const double uerr = update_error(dp.after, ref.after, ref.before);
   EXPECT_LE(uerr, 5e-2) << c.label();
@@ -428,11 +428,7 @@ TEST(DeviceFsdpEdges, EmptyShardTakesPart) {
   const int R = world().rank(), N = world().size();
   auto g = global_batch(size_t(N - 1));  // one rank gets no sequence
   const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
-  RunResult ref;
-  {
-    Alone alone;
-    ref = train_steps(fsdp_config(), "qwen3-moe-tiny", *g, g_tok, g_seq, 2, "dtensor");
-  }
+  const RunResult ref = alone_steps(fsdp_config(), "qwen3-moe-tiny", *g, g_tok, g_seq, 2, "dtensor");
   auto mine = shard_of(*g, R, N);
   const RunResult dp = train_steps(fsdp_config(), "qwen3-moe-tiny", *mine, g_tok, g_seq, 2, "dtensor");
   for (size_t s = 0; s < ref.loss.size(); ++s) EXPECT_NEAR(dp.loss[s], ref.loss[s], 2e-3 * std::fabs(ref.loss[s]));
@@ -554,11 +550,7 @@ TEST_P(DeviceTensorParallel, FollowsOneRank) {
   const int D = N / kTp, dp_rank = R / kTp;  // Megatron's order: the ranks of a tp group adjacent
   auto g = global_batch();
   const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
-  RunResult ref;
-  {
-    Alone alone;
-    ref = train_steps(config(c.distributed_optimizer), c.model, *g, g_tok, g_seq, 3);
-  }
+  const RunResult ref = alone_steps(config(c.distributed_optimizer), c.model, *g, g_tok, g_seq, 3);
   auto mine = shard_of(*g, dp_rank, D);
   const RunResult tp = train_steps(tp_config(c.distributed_optimizer), c.model, *mine, g_tok, g_seq, 3);
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), D);
@@ -566,9 +558,7 @@ TEST_P(DeviceTensorParallel, FollowsOneRank) {
   if (D > 1) {
     EXPECT_GT(tp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
   }
-  double loss_err = 0;
-  for (size_t s = 0; s < ref.loss.size(); ++s)
-    loss_err = std::max(loss_err, std::fabs(tp.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]));
+  const double loss_err = loss_error(tp, ref);
   EXPECT_LE(loss_err, 2e-3) << c.label();
   const double uerr = update_error(tp.after, ref.after, ref.before);
   EXPECT_LE(uerr, 5e-2) << c.label();
@@ -629,40 +619,17 @@ int64_t check_weight_pieces(Backend& be, rlh_model* m, const Weights& whole) {
       v.errors.push_back(std::string(p->hf_name) + ": not a weight visit_weights names, or not a host view");
       return nullptr;
     }
-    const int nd = t.ndim;
-    std::vector<int64_t> gs(size_t(std::max(nd, 1)), 1);
-    for (int d = nd - 2; d >= 0; --d) gs[size_t(d)] = gs[size_t(d) + 1] * p->global_shape[d + 1];
     int64_t n = 1;
-    for (int d = 0; d < nd; ++d) n *= t.shape[d];
+    for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
     v.held += n;
-    std::vector<float>& cover = v.cover[p->hf_name];
-    for (int64_t e = 0; e < n; ++e) {
-      int64_t rest = e, src = 0, dst = 0;
-      for (int d = nd - 1; d >= 0; --d) {
-        const int64_t i = rest % t.shape[d];
-        rest /= t.shape[d];
-        src += i * t.strides[d];
-        dst += (p->offset[d] + i) * gs[size_t(d)];
-      }
-      const float got = static_cast<const float*>(t.data)[src];
-      if (std::memcmp(&got, &w->second[size_t(dst)], sizeof got) != 0) ++v.bad;
-      if (p->flags & RLH_PIECE_SENDER) cover[size_t(dst)] += 1.f;
-    }
+    v.bad += compare_piece(*p, w->second, v.cover[p->hf_name]);
     return nullptr;
   };
   sdk::check(be.api()->visit_weight_pieces(be.raw(), m, on_piece, &v, nullptr), "visit_weight_pieces");
   for (const std::string& e : v.errors) ADD_FAILURE() << "rank " << world().rank() << ": " << e;
   EXPECT_EQ(v.bad, 0) << "rank " << world().rank() << ": piece elements differ from the gathered weights";
   for (auto& [name, cv] : v.cover) {
-    int64_t len = int64_t(cv.size()), stride = 1;
-    rlh_tensor t{};
-    t.data = cv.data();
-    t.device = {RLH_DEVICE_CPU, 0};
-    t.ndim = 1;
-    t.dtype = {RLH_DTYPE_FLOAT, 32, 1};
-    t.shape = &len;
-    t.strides = &stride;
-    if (len > 0) sdk::check(world().api->all_reduce(world().comm, &t, RLH_REDUCE_SUM, nullptr), "all_reduce");
+    sum_over_world(cv);
     int64_t off = 0;
     for (float x : cv) off += x != 1.f;
     EXPECT_EQ(off, 0) << name << ": elements not covered exactly once by the senders' pieces";
@@ -683,13 +650,7 @@ TEST(DeviceTensorParallelCheckpoints, SavedUnderTpLoadsAtOneRank) {
   auto g = global_batch();
   const int64_t g_tok = g->num_tokens(), g_seq = g->num_seqs();
   auto mine = shard_of(*g, R / kTp, D);
-  const fs::path dir =
-      world().broadcast((fs::temp_directory_path() / ("rlh_cuda_tp_" + std::to_string(::getpid()))).string());
-  if (R == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  world().barrier();
+  const fs::path dir = shared_scratch_dir("rlh_cuda_tp");
   Weights saved, cont;
   std::vector<double> cont_loss;
   {

@@ -61,20 +61,6 @@ std::vector<Case> cases() {
   };
 }
 
-// Element sums over the world, in place.
-void sum_over_world(std::vector<float>& v) {
-  const World& w = world();
-  int64_t n = int64_t(v.size()), stride = 1;
-  rlh_tensor t{};
-  t.data = v.data();
-  t.device = {RLH_DEVICE_CPU, 0};
-  t.ndim = 1;
-  t.dtype = {RLH_DTYPE_FLOAT, 32, 1};
-  t.shape = &n;
-  t.strides = &stride;
-  if (n > 0) sdk::check(w.api->all_reduce(w.comm, &t, RLH_REDUCE_SUM, nullptr), "all_reduce");
-}
-
 struct Placement {
   std::string name;
   std::vector<int64_t> global, offset, extent;
@@ -105,26 +91,8 @@ rlh_status* on_piece(void* user, const rlh_weight_piece* p) {
     v->errors.push_back(pl.name + ": global shape differs from visit_weights'");
     return nullptr;
   }
-  const std::vector<int64_t> gs = sdk::row_major_strides(pl.global);
-  std::vector<float>& cover = (*v->cover)[pl.name];
-  cover.resize(w->second.size(), 0.f);
   // Every element of the piece against the whole tensor at its place.
-  const int nd = t.ndim;
-  std::vector<int64_t> idx(size_t(nd), 0);
-  const int64_t n = sdk::box_elems(pl.extent);
-  int64_t bad = 0;
-  for (int64_t e = 0; e < n; ++e) {
-    int64_t rest = e, src = 0, dst = 0;
-    for (int d = nd - 1; d >= 0; --d) {
-      const int64_t i = rest % t.shape[d];
-      rest /= t.shape[d];
-      src += i * t.strides[d];
-      dst += (pl.offset[size_t(d)] + i) * gs[size_t(d)];
-    }
-    const float got = static_cast<const float*>(t.data)[src];
-    if (std::memcmp(&got, &w->second[size_t(dst)], sizeof got) != 0) ++bad;
-    if (p->flags & RLH_PIECE_SENDER) cover[size_t(dst)] += 1.f;
-  }
+  const int64_t bad = compare_piece(*p, w->second, (*v->cover)[pl.name]);
   if (bad > 0) v->errors.push_back(pl.name + ": " + std::to_string(bad) + " elements differ from the gathered weight");
   return nullptr;
 }
