@@ -555,6 +555,7 @@ TEST_P(DeviceTensorParallel, FollowsOneRank) {
   const RunResult tp = train_steps(tp_config(c.distributed_optimizer), c.model, *mine, g_tok, g_seq, 3);
   EXPECT_EQ(tp.metrics["dp_size"].get<int>(), D);
   EXPECT_EQ(tp.metrics["num_tokens"].get<int64_t>(), g_tok);
+  EXPECT_GT(tp.metrics["tp/comm_bytes"].get<int64_t>(), 0) << "the engine's tp traffic is not counted";
   if (D > 1) {
     EXPECT_GT(tp.metrics["dp/comm_bytes"].get<int64_t>(), 0);
   }

@@ -253,8 +253,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
   if (m.device) {
     // The device engine sums the gradients over its device group and applies the same update
     // on every rank (DDP), or its block of it (distributed optimizer; device_engine.hpp).
-    const int64_t bytes0 = m.device->dp_bytes();
-    const double seconds0 = m.device->dp_seconds();
+    const int64_t bytes0 = m.device->dp_bytes(), tp_bytes_before = m.device->tp_bytes();
+    const double seconds0 = m.device->dp_seconds(), tp_seconds_before = m.device->tp_seconds();
     out.info = m.next_update(lr_override);
     so.apply_optimizer = !eval_only;
     so.lr = out.info.lr;
@@ -263,6 +263,9 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     out.updated = so.apply_optimizer && !r.skipped;
     out.comm_bytes += m.device->dp_bytes() - bytes0;
     out.comm_seconds += m.device->dp_seconds() - seconds0;
+    // Tensor parallelism on the device: its group's sums and the head's gathers.
+    out.tp_comm_bytes += m.device->tp_bytes() - tp_bytes_before;
+    out.tp_comm_seconds += m.device->tp_seconds() - tp_seconds_before;
   } else if (m.dp_mode == Model::Dp::fsdp) {
     m.fsdp->begin_step();
     try {
@@ -398,8 +401,8 @@ DpStepResult dp_train_step(Model& m, const std::vector<engine::MicroBatch>& view
     out.cp_comm_seconds = m.cp_comm->seconds() - cp_seconds0;
   }
   if (m.tp_comm) {  // the layers' and head's all-reduces, the shared gradients, the norm
-    out.tp_comm_bytes = m.tp_comm->bytes() - tp_bytes0;
-    out.tp_comm_seconds = m.tp_comm->seconds() - tp_seconds0;
+    out.tp_comm_bytes += m.tp_comm->bytes() - tp_bytes0;
+    out.tp_comm_seconds += m.tp_comm->seconds() - tp_seconds0;
   }
   if (m.ep_comm) {  // the dispatch and combine exchanges of every MoE layer
     out.ep_comm_bytes = ep_bytes() - ep_bytes0;

@@ -82,6 +82,8 @@ class CudaDeviceEngine final : public DeviceEngine {
     return s.weight_stage_bytes + s.grad_stage_bytes;
   }
   double dp_seconds() const override { return engine_.stats().dp_seconds; }
+  int64_t tp_bytes() const override { return engine_.stats().tp_bytes; }
+  double tp_seconds() const override { return engine_.stats().tp_seconds; }
 
  private:
   static engine::CudaEngineOptions options(const DeviceEngineOptions& o) {

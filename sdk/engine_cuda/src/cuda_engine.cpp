@@ -1017,6 +1017,8 @@ int64_t CudaEngine::routing_width() const { return impl_->route_width; }
 CudaEngineStats CudaEngine::stats() const {
   const Impl& m = *impl_;
   CudaEngineStats st{m.counters.allocations, m.counters.bytes, m.counters.syncs, m.dp_bytes, m.dp_seconds};
+  st.tp_bytes = m.tp_bytes;
+  st.tp_seconds = m.tp_seconds;
   for (const cuda::DeviceBuffer* b : {&m.master, &m.adam_m, &m.adam_v, &m.gshard, &m.kept32, &m.ostage})
     st.state_bytes += int64_t(b->size());
   for (const cuda::PinnedBuffer* b : {&m.h_master, &m.h_adam_m, &m.h_adam_v}) st.host_state_bytes += int64_t(b->size());

@@ -222,8 +222,19 @@ struct CudaEngine::Impl {
   void tp_check();  // before the program: what tensor parallelism refuses, desc = tp->local
   void tp_check_program();  // after it: the marks, MoE / MLA refused, the scratch width
   void carve_tp(cuda::Carver& c, int64_t N, bool train);
-  // The group's sum of an fp32 buffer (on the stream).
-  void tp_sum(float* x, int64_t n) { opt.tp_comm->all_reduce_sum(x, n, stream); }
+  // The group's sum of an fp32 buffer (on the stream), its ring bytes and time counted.
+  void tp_sum(float* x, int64_t n) {
+    tp_timed(2 * n * 4 * (tp_size - 1) / tp_size, [&] { opt.tp_comm->all_reduce_sum(x, n, stream); });
+  }
+  int64_t tp_bytes = 0;  // the tp group's traffic so far (ring bytes sent per rank) and time in it
+  double tp_seconds = 0;
+  template <class F>
+  void tp_timed(int64_t bytes, F&& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    tp_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tp_bytes += bytes;
+  }
   void tp_embedding_fwd(int64_t N);   // xs[0] from ids
   void tp_embedding_bwd(const bf16* dres, int64_t N);
   void tp_head_fwd(const OutputRequest& req, int64_t N);  // lp, lse, ent (the group's)

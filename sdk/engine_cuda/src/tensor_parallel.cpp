@@ -117,7 +117,7 @@ void CudaEngine::Impl::tp_head_fwd(const OutputRequest& req, int64_t N) {
   h.cache = nullptr;
   ops->logprob_fwd(h);
   cuda::tp_head_pack(tp_mine, lp, lse, ent, tp_target, N, stream);
-  opt.tp_comm->all_gather(tp_mine, tp_all, 3 * N, 4, stream);
+  tp_timed(3 * N * 4 * (tp_size - 1), [&] { opt.tp_comm->all_gather(tp_mine, tp_all, 3 * N, 4, stream); });
   cuda::tp_head_combine(tp_all, tp_size, target, N, lp, lse, ent, stream);
 }
 

@@ -120,6 +120,9 @@ class DeviceEngine {
   // Data-parallel traffic so far (ring bytes sent per rank) and time in it.
   virtual int64_t dp_bytes() const { return 0; }
   virtual double dp_seconds() const { return 0; }
+  // The tensor-parallel group's likewise (DeviceEngineOptions::tp).
+  virtual int64_t tp_bytes() const { return 0; }
+  virtual double tp_seconds() const { return 0; }
 };
 
 struct DeviceEngineOptions {

@@ -151,6 +151,8 @@ struct CudaEngineStats {
   int64_t host_syncs = 0;          // host waits on the stream so far
   int64_t dp_bytes = 0;            // data-parallel traffic so far (ring bytes, as sent per rank)
   double dp_seconds = 0;           // time in data-parallel collectives so far
+  int64_t tp_bytes = 0;            // tensor-parallel traffic so far (CudaEngineOptions::tp), likewise
+  double tp_seconds = 0;
   // FP8 (CudaEngineOptions::fp8): the products of the FP8 layers' linears so far, by how they
   // ran (bf16 where a shape does not fit FP8).
   int64_t fp8_gemms = 0, fp8_layer_bf16_gemms = 0;
