@@ -156,6 +156,15 @@ struct MoeScratch {
   int32_t* szero = nullptr;    // [N] expert 0 of that route
 };
 
+// Runs a collective, adding its bytes and its time to a group's counters.
+template <class F>
+void timed_into(int64_t& bytes_so_far, double& seconds_so_far, int64_t bytes, F&& call) {
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  seconds_so_far += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_so_far += bytes;
+}
+
 // Carves 256-byte aligned pieces out of one block; with a null base it only measures.
 struct Carver {
   char* base;
@@ -230,10 +239,7 @@ struct CudaEngine::Impl {
   double tp_seconds = 0;
   template <class F>
   void tp_timed(int64_t bytes, F&& call) {
-    const auto t0 = std::chrono::steady_clock::now();
-    call();
-    tp_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tp_bytes += bytes;
+    cuda::timed_into(tp_bytes, tp_seconds, bytes, call);
   }
   void tp_embedding_fwd(int64_t N);   // xs[0] from ids
   void tp_embedding_bwd(const bf16* dres, int64_t N);
@@ -386,10 +392,7 @@ struct CudaEngine::Impl {
   // Runs a collective, counting its bytes (ring traffic per rank) and time into stats().
   template <class F>
   void dp_timed(int64_t bytes, F&& call) {
-    const auto t0 = std::chrono::steady_clock::now();
-    call();
-    dp_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    dp_bytes += bytes;
+    cuda::timed_into(dp_bytes, dp_seconds, bytes, call);
   }
 
   // Activations (one block, carved by plan()).
