@@ -8,6 +8,8 @@
 # run time), stripped.
 #   scripts/device_pack.sh            build the targets, then pack
 #   SLIM=1 scripts/device_pack.sh     the same without the mpi/nccl2 stages' parts (smaller)
+#   DROP="test_cuda_decode bench_*" scripts/device_pack.sh   without these (globs in the pack's
+#                                     root): for one stage, when the tree has grown past the cap
 # .devbin is ignored by git: pass carry: [".devbin"] to the device tool.
 # On the device: cd .devbin && tar xJf devbin.txz && cd .. && scripts/device_gpu.sh all
 set -euo pipefail
@@ -59,6 +61,7 @@ strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"
 if [ "${SLIM:-0}" = 1 ]; then
   rm -rf "$stage"/openmpi "$stage"/extra_plugins "$stage"/test_comm_nccl "$stage"/test_backend_cuda_dp
 fi
+for d in ${DROP:-}; do (cd "$stage" && rm -rf -- $d); done
 mkdir -p .devbin
 rm -f .devbin/devbin.tgz
 tar cf - -C "$stage" . | xz -T2 -9 > .devbin/devbin.txz

@@ -312,6 +312,9 @@ TEST(CudaSample, DrawsWhatKernelsCpuDrawsUnderEveryFilter) {
     Dev<int32_t> dt(static_cast<size_t>(S));
     dl.put(logits);
     du.put(u);
+    // With the workspace, calls without thresholds take the partitioned draw (4096-id
+    // partitions: one at V 300, 13 with a short last one at 50000); without it, the one-block draw.
+    for (int split = 0; split < 2; ++split)
     for (double T : {0.0, 1.0, 0.6})
       for (int64_t k : {int64_t(0), int64_t(1), int64_t(5), int64_t(40)})
         for (double p : {1.0, 0.9, 0.5})
@@ -332,6 +335,9 @@ TEST(CudaSample, DrawsWhatKernelsCpuDrawsUnderEveryFilter) {
             a.min_p = mp;
             a.tokens = dt.p;
             a.logprobs = dlp.p;
+            const int64_t ws = split ? kc::sample_workspace_bytes(a) : 0;
+            Dev<char> parts(static_cast<size_t>(std::max<int64_t>(ws, 1)));
+            if (ws) a.parts = parts.p;
             kc::sample(a, nullptr);
             CUDA_OK(cudaDeviceSynchronize());
             const std::vector<int32_t> got_t = dt.get();
@@ -349,6 +355,54 @@ TEST(CudaSample, DrawsWhatKernelsCpuDrawsUnderEveryFilter) {
   }
   std::printf("sample: %lld draws compared, %lld differ\n", (long long)compared, (long long)differ);
   EXPECT_LE(differ * 200, compared);
+  {
+    // The partitioned draw of one row alone equals the same row's draw in a batch (its
+    // partitions depend on V only), and NaN anywhere in a row gives no token.
+    const int64_t V = 50000;
+    const auto rows = sample_rows(V);
+    std::vector<float> logits;
+    for (const auto& r : rows) logits.insert(logits.end(), r.begin(), r.end());
+    logits[size_t(2 * V + 40000)] = NAN;  // row 2, in its tenth partition
+    const int64_t S = int64_t(rows.size());
+    std::vector<double> u(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) u[size_t(i)] = (double(i) + 0.3) / double(S);
+    Dev<float> dl(logits.size()), dlp(static_cast<size_t>(S));
+    Dev<double> du(u.size());
+    Dev<int32_t> dt(static_cast<size_t>(S));
+    dl.put(logits);
+    du.put(u);
+    kc::SampleArgs a;
+    a.S = S;
+    a.V = a.ld = V;
+    a.logits = dl.p;
+    a.u = du.p;
+    a.tokens = dt.p;
+    a.logprobs = dlp.p;
+    Dev<char> parts(static_cast<size_t>(kc::sample_workspace_bytes(a)));
+    ASSERT_GT(kc::sample_workspace_bytes(a), 0);
+    a.parts = parts.p;
+    kc::sample(a, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<int32_t> batch_t = dt.get();
+    const std::vector<float> batch_lp = dlp.get();
+    EXPECT_EQ(batch_t[2], -1);
+    for (int64_t i = 0; i < S; ++i) {
+      kc::SampleArgs one = a;
+      one.S = 1;
+      one.logits = dl.p + i * V;
+      one.u = du.p + i;
+      one.tokens = dt.p + i;
+      one.logprobs = dlp.p + i;
+      kc::sample(one, nullptr);
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(dt.get(), batch_t);
+    const std::vector<float> one_lp = dlp.get();
+    for (int64_t i = 0; i < S; ++i)
+      if (i != 2) {
+        EXPECT_EQ(one_lp[size_t(i)], batch_lp[size_t(i)]) << "row " << i;
+      }
+  }
   // Non-finite logits: no token (the generator refuses a -1 with an error naming it).
   std::vector<float> bad = {0.f, NAN, 1.f};
   const std::vector<double> uu = {0.5};

@@ -618,6 +618,191 @@ __global__ void sample_kernel(SampleArgs a) {
   }
 }
 
+// The plain draw (no top-k, top-p or min-p cut: every weight kept; or greedy) over partitions of
+// a row: a grid (S, P) of blocks, each over kSamplePart ids, writes its partition's maximum, the
+// lowest id holding it, a non-finite flag and the sum of exp(z - its maximum); one block a row
+// then combines them in partition order, picks the partition where u * total falls and walks
+// only that partition's ids. Why: one block a row reads 128K logits three times on one SM, ~50 us
+// of a batch-1 decoding step (1/3 of a layer's weights' time); partitions spread it over the GPU.
+// The partitions are fixed by V alone, so a row's token and logprob do not depend on the other
+// rows (batch invariance) or on S.
+constexpr int kSamplePart = 4096;
+constexpr int kSamplePartThreads = 256;
+
+struct SamplePartial {
+  double sum;   // sum over the partition of exp(z - mx), each weight rounded to float first
+  float mx;     // the partition's maximum z
+  int32_t first;  // its lowest id holding mx
+  int32_t bad;  // a non-finite z in the partition
+  int32_t pad;
+};
+
+inline int64_t sample_parts(int64_t V) { return (V + kSamplePart - 1) / kSamplePart; }
+
+// Whether a call takes the partitioned path: no thresholds; ids exact as floats (the lowest
+// maximum's id goes through a float reduction) and the grid's rows x partitions in range.
+inline bool sample_split_ok(const SampleArgs& a) {
+  return (a.top_k <= 0 || a.top_k >= a.V) && a.top_p >= 1.0 && a.min_p <= 0.0 && a.V < (int64_t(1) << 24) &&
+         a.S * sample_parts(a.V) < (int64_t(1) << 31);
+}
+
+// A thread's ids of partition p, in id order: [b, e), 16 apiece.
+__device__ __forceinline__ void part_chunk(int64_t V, int64_t p, int64_t& b, int64_t& e) {
+  constexpr int per = kSamplePart / kSamplePartThreads;
+  const int64_t p0 = p * kSamplePart, p1 = p0 + kSamplePart < V ? p0 + kSamplePart : V;
+  b = p0 + int64_t(threadIdx.x) * per;
+  if (b > p1) b = p1;
+  e = b + per < p1 ? b + per : p1;
+}
+
+template <bool CAP>
+__global__ void __launch_bounds__(kSamplePartThreads) sample_part_kernel(SampleArgs a, SamplePartial* parts) {
+  __shared__ double shd[32];
+  __shared__ float shf[32];
+  const int64_t row = blockIdx.x, p = blockIdx.y, P = gridDim.y, V = a.V;
+  const float* logits = a.logits + row * a.ld;
+  const float inv_t = a.temperature == 0.0 ? 1.f : float(1.0 / a.temperature);
+  const float cap = a.softcap;
+  const bool vec = V % 4 == 0 && a.ld % 4 == 0 && reinterpret_cast<uintptr_t>(a.logits) % 16 == 0;
+  int64_t b, e;
+  part_chunk(V, p, b, e);
+  // the thread's 16 ids in registers (four float4 loads for a whole chunk), read once
+  constexpr int kPer = kSamplePart / kSamplePartThreads;
+  float z[kPer];
+  const int n = int(e - b);
+  if (vec && n == kPer) {
+#pragma unroll
+    for (int k = 0; k < kPer; k += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(logits + b + k);
+      z[k] = soft_cap_if<CAP>(x.x, cap) * inv_t;
+      z[k + 1] = soft_cap_if<CAP>(x.y, cap) * inv_t;
+      z[k + 2] = soft_cap_if<CAP>(x.z, cap) * inv_t;
+      z[k + 3] = soft_cap_if<CAP>(x.w, cap) * inv_t;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) z[k] = k < n ? soft_cap_if<CAP>(logits[b + k], cap) * inv_t : -INFINITY;
+  }
+  float mx = -INFINITY;
+  int64_t first = V;
+  int bad = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k)
+    if (k < n) {
+      bad |= !isfinite(z[k]);
+      if (z[k] > mx) {
+        mx = z[k];
+        first = b + k;
+      }
+    }
+  const float my_mx = mx;
+  mx = block_reduce_max(mx, shf);
+  const float neg = block_reduce_max(my_mx == mx ? -float(first) : -float(V), shf);
+  const double nbad = block_reduce_sum<double>(double(bad), shd);
+  double csum = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k)
+    if (k < n) csum += double(__expf(z[k] - mx));
+  const double sum = block_reduce_sum<double>(csum, shd);
+  if (threadIdx.x == 0) {
+    SamplePartial& o = parts[row * P + p];
+    o.sum = sum;
+    o.mx = mx;
+    o.first = int32_t(-neg);
+    o.bad = nbad > 0;
+  }
+}
+
+template <bool CAP>
+__global__ void __launch_bounds__(kSamplePartThreads) sample_final_kernel(SampleArgs a, const SamplePartial* parts,
+                                                                         int64_t P) {
+  __shared__ double shd[32];
+  __shared__ unsigned long long found;
+  __shared__ int64_t pick;
+  __shared__ double local_target;
+  __shared__ int32_t token;
+  __shared__ float lse_sh;
+  const int64_t row = blockIdx.x, V = a.V;
+  const SamplePartial* pr = parts + row * P;
+  const float* logits = a.logits + row * a.ld;
+  const bool greedy = a.temperature == 0.0;
+  const float inv_t = greedy ? 1.f : float(1.0 / a.temperature);
+  const float cap = a.softcap;
+  const bool vec = V % 4 == 0 && a.ld % 4 == 0 && reinterpret_cast<uintptr_t>(a.logits) % 16 == 0;
+  if (threadIdx.x == 0) {
+    // the partitions in order: any non-finite, the maximum and its lowest id, the total mass
+    bool bad = false;
+    float M = -INFINITY;
+    int32_t first = int32_t(V);
+    for (int64_t q = 0; q < P; ++q) {
+      bad |= pr[q].bad != 0;
+      if (pr[q].mx > M) {
+        M = pr[q].mx;
+        first = pr[q].first;
+      }
+    }
+    double total = 0;
+    for (int64_t q = 0; q < P; ++q) total += pr[q].sum * exp(double(pr[q].mx) - double(M));
+    lse_sh = float(double(M) + log(total));
+    token = bad ? -1 : first;
+    pick = -1;
+    if (!bad && !greedy) {
+      // the partition where the target falls, and the target within it in its own units
+      const double target = a.u[row] * total;
+      double before = 0;
+      int64_t last = -1;
+      for (int64_t q = 0; q < P; ++q) {
+        const double w = pr[q].sum * exp(double(pr[q].mx) - double(M));
+        if (w > 0) last = q;
+        if (w > 0 && before + w > target) {
+          pick = q;
+          local_target = (target - before) / exp(double(pr[q].mx) - double(M));
+          break;
+        }
+        before += w;
+      }
+      if (pick < 0) {  // a target rounded past the end: the last partition's last weight
+        pick = last;
+        local_target = INFINITY;
+      }
+    }
+    found = ~0ull;
+  }
+  __syncthreads();
+  if (pick >= 0) {
+    // inverse CDF within the partition, in id order: per-thread chunk sums scanned in thread order
+    const float mx = pr[pick].mx;
+    int64_t b, e;
+    part_chunk(V, pick, b, e);
+    double csum = 0;
+    chunk_each<CAP>(logits, b, e, vec, inv_t, cap, [&](int64_t, float z) { csum += double(__expf(z - mx)); });
+    double acc = block_exclusive_scan(csum, shd);
+    int64_t hit = -1, last = -1;
+    chunk_each<CAP>(logits, b, e, vec, inv_t, cap, [&](int64_t j, float z) {
+      const float w = __expf(z - mx);
+      if (w > 0.f) {
+        acc += double(w);
+        last = j;
+        if (hit < 0 && acc > local_target) hit = j;
+      }
+    });
+    if (hit >= 0) atomicMin(&found, (unsigned long long)hit);
+    __syncthreads();
+    if (found == ~0ull) {  // past the end: the partition's last id with weight
+      __shared__ float shf[32];
+      const float l = block_reduce_max(float(last), shf);
+      if (threadIdx.x == 0) token = int32_t(l);
+    } else if (threadIdx.x == 0) {
+      token = int32_t(found);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    a.tokens[row] = token;
+    a.logprobs[row] = token >= 0 ? float(double(soft_cap_if<CAP>(logits[token], cap) * inv_t) - double(lse_sh)) : NAN;
+  }
+}
+
 }  // namespace
 
 void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
@@ -727,11 +912,27 @@ void sample(const SampleArgs& a, cudaStream_t s) {
   if (!(a.top_p > 0 && a.top_p <= 1)) throw std::invalid_argument("sample: top_p must be in (0, 1]");
   if (!(a.min_p >= 0 && a.min_p <= 1)) throw std::invalid_argument("sample: min_p must be in [0, 1]");
   if (!(a.softcap >= 0) || !std::isfinite(a.softcap)) throw std::invalid_argument("sample: softcap must be a finite number >= 0");
-  if (a.softcap > 0)
+  if (sample_split_ok(a) && a.parts) {
+    const int64_t P = sample_parts(a.V);
+    auto* parts = static_cast<SamplePartial*>(a.parts);
+    const dim3 grid(unsigned(a.S), unsigned(P));
+    if (a.softcap > 0) {
+      sample_part_kernel<true><<<grid, kSamplePartThreads, 0, s>>>(a, parts);
+      sample_final_kernel<true><<<unsigned(a.S), kSamplePartThreads, 0, s>>>(a, parts, P);
+    } else {
+      sample_part_kernel<false><<<grid, kSamplePartThreads, 0, s>>>(a, parts);
+      sample_final_kernel<false><<<unsigned(a.S), kSamplePartThreads, 0, s>>>(a, parts, P);
+    }
+  } else if (a.softcap > 0) {
     sample_kernel<true><<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
-  else
+  } else {
     sample_kernel<false><<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
+  }
   check_launch("sample");
+}
+
+int64_t sample_workspace_bytes(const SampleArgs& a) {
+  return sample_split_ok(a) ? a.S * sample_parts(a.V) * int64_t(sizeof(SamplePartial)) : 0;
 }
 
 }  // namespace rlh::kcuda

@@ -718,6 +718,7 @@ void run_sample(const Call& c) {
   a.top_p = c.num("top_p", 1.0);
   a.min_p = c.num("min_p", 0.0);
   a.softcap = float(c.num("softcap", 0.0));
+  if (const int64_t bytes = sample_workspace_bytes(a)) a.parts = c.ws->get(size_t(bytes));
   sample(a, c.stream);
 }
 

@@ -342,8 +342,11 @@ struct SampleArgs {
   int64_t top_k = 0;
   int32_t* tokens = nullptr;      // [S]; -1 for a row with non-finite logits
   float* logprobs = nullptr;      // [S]
+  void* parts = nullptr;          // sample_workspace_bytes of scratch: the partitioned draw
 };
 void sample(const SampleArgs& a, cudaStream_t s);
+// Scratch of the partitioned draw (no top-k, top-p or min-p): 0 when the call does not take it.
+int64_t sample_workspace_bytes(const SampleArgs& a);
 
 // Throws std::runtime_error naming `what` when the last launch failed.
 void check_launch(const char* what);
