@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 #include <stdexcept>
 #include <string>
 
@@ -87,5 +88,50 @@ __device__ __forceinline__ float soft_cap_grad_if(float x, float c) {
 }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+// Programmatic dependent launch (Hopper). A decoding step at batch 1 is ~190 kernels of a few
+// microseconds each, and each one's launch and first loads otherwise wait for the kernel before it
+// to drain: a kernel launched by launch_pdl may be scheduled while its predecessor on the stream
+// still runs. Its contract: pdl_wait() before reading anything earlier work wrote or writing
+// anything earlier work reads (it returns once the predecessor has completed and its writes are
+// visible; at once for a kernel launched without the attribute). pdl_trigger() lets the next
+// kernel be scheduled; called after pdl_wait, at most two grids are in flight. Before pdl_wait a
+// kernel may only compute indices and prefetch into L2 (prefetch_l2: a hint, never data a
+// result depends on, so a weight written just before is still read after the wait).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Whether launch_pdl sets the attribute: a device of compute capability 9 or more, and
+// RLH_KCUDA_PDL not 0 (the A/B switch; docs/kernels_cuda.md).
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialisation allowed when
+// pdl_enabled(). Only kernels that keep pdl_wait's contract are launched through it.
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  // an error stays the launch's last error: the caller's check_launch names it
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace rlh::kcuda

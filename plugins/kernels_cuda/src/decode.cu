@@ -20,6 +20,8 @@ namespace {
 
 template <class T>
 __global__ void kv_write_kernel(KvWriteArgs a) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t r = blockIdx.x;
   const int32_t slot = a.slots[r];
   if (slot < 0) return;  // a padding row: nothing to store
@@ -46,6 +48,8 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
 // with 32-bit index math (the scalar kernel's 64-bit divisions per value made a write of one
 // row's 1024 values take ~6 us, a tenth of a batch-1 layer).
 __global__ void kv_write_vec_kernel(KvWriteArgs a) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t r = blockIdx.x;
   const int32_t slot = a.slots[r];
   if (slot < 0) return;
@@ -172,6 +176,8 @@ __device__ __forceinline__ int pa_dim(int lane, int k) {
 template <class T, int NV, bool VEC, bool WIDE, bool CAP>
 __global__ void __launch_bounds__(32 * kPaWarps) paged_attention_kernel(PagedAttnArgs a, int64_t row0,
                                                                         int64_t groups, int64_t Z) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t r = row0 + blockIdx.x, rc = blockIdx.x;
   const int64_t G = a.Hq / a.Hkv, hk = blockIdx.y / groups, g0 = (blockIdx.y % groups) * kPaHeads;
   const int gn = int(G - g0 < kPaHeads ? G - g0 : kPaHeads);  // query heads of this block
@@ -350,6 +356,8 @@ constexpr int kPaCombineZ = 128;
 
 template <class T>
 __global__ void paged_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t Z) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t rc = blockIdx.x, r = row0 + rc, h = blockIdx.y, F = pa_partial_floats(a.Dv);
   if (pa_one_partition(a, r)) return;  // written directly by the first kernel
   const int64_t pos = a.pos[r];
@@ -490,6 +498,8 @@ __device__ double block_exclusive_scan(double v, double* sh32) {
 
 template <bool CAP>
 __global__ void sample_kernel(SampleArgs a) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   __shared__ double shd[32];
   __shared__ float shf[32];
   const int64_t row = blockIdx.x, V = a.V;
@@ -657,6 +667,8 @@ __device__ __forceinline__ void part_chunk(int64_t V, int64_t p, int64_t& b, int
 
 template <bool CAP>
 __global__ void __launch_bounds__(kSamplePartThreads) sample_part_kernel(SampleArgs a, SamplePartial* parts) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   __shared__ double shd[32];
   __shared__ float shf[32];
   const int64_t row = blockIdx.x, p = blockIdx.y, P = gridDim.y, V = a.V;
@@ -716,6 +728,8 @@ __global__ void __launch_bounds__(kSamplePartThreads) sample_part_kernel(SampleA
 template <bool CAP>
 __global__ void __launch_bounds__(kSamplePartThreads) sample_final_kernel(SampleArgs a, const SamplePartial* parts,
                                                                          int64_t P) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   __shared__ double shd[32];
   __shared__ unsigned long long found;
   __shared__ int64_t pick;
@@ -814,11 +828,11 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
                    a.kc_strides[2] % 8 == 0 && a.vc_strides[0] % 8 == 0 && a.vc_strides[1] % 8 == 0 &&
                    a.vc_strides[2] % 8 == 0 && a.Hkv * (a.Dk + a.Dv) / 8 < (int64_t(1) << 30);
   if (vec)
-    kv_write_vec_kernel<<<unsigned(a.R), 128, 0, s>>>(a);
+    launch_pdl(kv_write_vec_kernel, unsigned(a.R), 128, 0, s, a);
   else if (a.t == DType::bf16)
-    kv_write_kernel<bf16><<<unsigned(a.R), 128, 0, s>>>(a);
+    launch_pdl(kv_write_kernel<bf16>, unsigned(a.R), 128, 0, s, a);
   else
-    kv_write_kernel<float><<<unsigned(a.R), 128, 0, s>>>(a);
+    launch_pdl(kv_write_kernel<float>, unsigned(a.R), 128, 0, s, a);
   check_launch("kv_cache_write");
 }
 
@@ -852,10 +866,10 @@ void launch_paged(const PagedAttnArgs& a, int64_t Z, cudaStream_t s) {
     const int64_t n = std::min(rows, a.R - r0);
     const dim3 grid(unsigned(n), unsigned(a.Hkv * groups), unsigned(Z));
     if (n * a.Hkv * groups * Z <= kWideBlocks)
-      paged_attention_kernel<T, NV, VEC, true, CAP><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
+      launch_pdl(paged_attention_kernel<T, NV, VEC, true, CAP>, grid, 32 * kPaWarps, 0, s, a, r0, groups, Z);
     else
-      paged_attention_kernel<T, NV, VEC, false, CAP><<<grid, 32 * kPaWarps, 0, s>>>(a, r0, groups, Z);
-    if (Z > 1) paged_combine_kernel<T><<<dim3(unsigned(n), unsigned(a.Hq)), 128, 0, s>>>(a, r0, Z);
+      launch_pdl(paged_attention_kernel<T, NV, VEC, false, CAP>, grid, 32 * kPaWarps, 0, s, a, r0, groups, Z);
+    if (Z > 1) launch_pdl(paged_combine_kernel<T>, dim3(unsigned(n), unsigned(a.Hq)), 128, 0, s, a, r0, Z);
   }
 }
 
@@ -917,16 +931,16 @@ void sample(const SampleArgs& a, cudaStream_t s) {
     auto* parts = static_cast<SamplePartial*>(a.parts);
     const dim3 grid(unsigned(a.S), unsigned(P));
     if (a.softcap > 0) {
-      sample_part_kernel<true><<<grid, kSamplePartThreads, 0, s>>>(a, parts);
-      sample_final_kernel<true><<<unsigned(a.S), kSamplePartThreads, 0, s>>>(a, parts, P);
+      launch_pdl(sample_part_kernel<true>, grid, kSamplePartThreads, 0, s, a, parts);
+      launch_pdl(sample_final_kernel<true>, unsigned(a.S), kSamplePartThreads, 0, s, a, parts, P);
     } else {
-      sample_part_kernel<false><<<grid, kSamplePartThreads, 0, s>>>(a, parts);
-      sample_final_kernel<false><<<unsigned(a.S), kSamplePartThreads, 0, s>>>(a, parts, P);
+      launch_pdl(sample_part_kernel<false>, grid, kSamplePartThreads, 0, s, a, parts);
+      launch_pdl(sample_final_kernel<false>, unsigned(a.S), kSamplePartThreads, 0, s, a, parts, P);
     }
   } else if (a.softcap > 0) {
-    sample_kernel<true><<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
+    launch_pdl(sample_kernel<true>, unsigned(a.S), kSampleThreads, 0, s, a);
   } else {
-    sample_kernel<false><<<unsigned(a.S), kSampleThreads, 0, s>>>(a);
+    launch_pdl(sample_kernel<false>, unsigned(a.S), kSampleThreads, 0, s, a);
   }
   check_launch("sample");
 }

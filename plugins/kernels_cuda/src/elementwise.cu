@@ -1,6 +1,8 @@
 // Element-wise and reduction ops: bias_add_fwd, bias_bwd, add_fwd, sumsq, scale, and the
 // column reduction that bias_bwd and rmsnorm_bwd share (deterministic: fixed row chunks summed
 // in chunk order).
+#include <cstdlib>
+
 #include "colreduce.cuh"
 #include "multi_tensor.cuh"
 
@@ -12,10 +14,23 @@ void check_launch(const char* what) {
     throw std::runtime_error(std::string("kernels_cuda ") + what + ": " + cudaGetErrorString(e));
 }
 
+bool pdl_enabled() {
+  static const bool on = [] {
+    if (const char* e = std::getenv("RLH_KCUDA_PDL"); e && std::string(e) == "0") return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    return major >= 9;
+  }();
+  return on;
+}
+
 namespace {
 
 template <class T>
 __global__ void bias_add_kernel(T* y, int64_t ldy, const T* b, int64_t N, int64_t M) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t total = N * M;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -26,6 +41,8 @@ __global__ void bias_add_kernel(T* y, int64_t ldy, const T* b, int64_t N, int64_
 
 template <class T>
 __global__ void add_kernel(T* y, const T* a, const T* b, int64_t n) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
@@ -33,6 +50,8 @@ __global__ void add_kernel(T* y, const T* a, const T* b, int64_t n) {
 
 // Vectorised add for bf16 (8 per thread) when everything is 16-byte aligned.
 __global__ void add_bf16x8_kernel(uint4* y, const uint4* a, const uint4* b, int64_t n8) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8;
        i += int64_t(gridDim.x) * blockDim.x) {
     uint4 va = a[i], vb = b[i], vy;
@@ -119,10 +138,10 @@ void bias_add_fwd(DType t, void* y, int64_t ldy, const void* b, int64_t N, int64
                   cudaStream_t s) {
   if (N * M == 0) return;
   if (t == DType::f32)
-    bias_add_kernel<<<grid_for(N * M), 256, 0, s>>>(static_cast<float*>(y), ldy,
+    launch_pdl(bias_add_kernel<float>, grid_for(N * M), 256, 0, s, static_cast<float*>(y), ldy,
                                                     static_cast<const float*>(b), N, M);
   else
-    bias_add_kernel<<<grid_for(N * M), 256, 0, s>>>(static_cast<bf16*>(y), ldy,
+    launch_pdl(bias_add_kernel<bf16>, grid_for(N * M), 256, 0, s, static_cast<bf16*>(y), ldy,
                                                     static_cast<const bf16*>(b), N, M);
   check_launch("bias_add_fwd");
 }
@@ -140,16 +159,16 @@ void bias_bwd(DType t, Flex db, const void* dy, int64_t lddy, int64_t N, int64_t
 void add_fwd(DType t, void* y, const void* a, const void* b, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   if (t == DType::f32) {
-    add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(y), static_cast<const float*>(a),
+    launch_pdl(add_kernel<float>, grid_for(n), 256, 0, s, static_cast<float*>(y), static_cast<const float*>(a),
                                            static_cast<const float*>(b), n);
   } else {
     const bool vec = n % 8 == 0 && (reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(a) |
                                     reinterpret_cast<uintptr_t>(b)) % 16 == 0;
     if (vec)
-      add_bf16x8_kernel<<<grid_for(n / 8), 256, 0, s>>>(
+      launch_pdl(add_bf16x8_kernel, grid_for(n / 8), 256, 0, s, 
           static_cast<uint4*>(y), static_cast<const uint4*>(a), static_cast<const uint4*>(b), n / 8);
     else
-      add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<bf16*>(y), static_cast<const bf16*>(a),
+      launch_pdl(add_kernel<bf16>, grid_for(n), 256, 0, s, static_cast<bf16*>(y), static_cast<const bf16*>(a),
                                              static_cast<const bf16*>(b), n);
   }
   check_launch("add_fwd");

@@ -11,6 +11,8 @@ namespace {
 template <class T>
 __global__ void embedding_fwd_kernel(T* out, const int32_t* ids, const T* table, int64_t N,
                                      int64_t C, int64_t V, int* err) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t total = N * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -28,6 +30,8 @@ __global__ void embedding_fwd_kernel(T* out, const int32_t* ids, const T* table,
 // 16-byte rows (C % 8 == 0 for bf16, % 4 for f32, aligned pointers).
 __global__ void embedding_fwd_vec_kernel(uint4* out, const int32_t* ids, const uint4* table,
                                          int64_t N, int64_t C16, int64_t V, int* err) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t total = N * C16;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -90,15 +94,15 @@ void embedding_fwd(DType t, void* out, const int32_t* ids, const void* table, in
   if (vec) {
     const int64_t C16 = C * es / 16;
     const unsigned grid = unsigned(std::min<int64_t>((N * C16 + 255) / 256, 132 * 32));
-    embedding_fwd_vec_kernel<<<grid, 256, 0, s>>>(static_cast<uint4*>(out), ids,
+    launch_pdl(embedding_fwd_vec_kernel, grid, 256, 0, s, static_cast<uint4*>(out), ids,
                                                   static_cast<const uint4*>(table), N, C16, V, err);
   } else {
     const unsigned grid = unsigned(std::min<int64_t>((N * C + 255) / 256, 132 * 32));
     if (t == DType::f32)
-      embedding_fwd_kernel<<<grid, 256, 0, s>>>(static_cast<float*>(out), ids,
+      launch_pdl(embedding_fwd_kernel<float>, grid, 256, 0, s, static_cast<float*>(out), ids,
                                                 static_cast<const float*>(table), N, C, V, err);
     else
-      embedding_fwd_kernel<<<grid, 256, 0, s>>>(static_cast<bf16*>(out), ids,
+      launch_pdl(embedding_fwd_kernel<bf16>, grid, 256, 0, s, static_cast<bf16*>(out), ids,
                                                 static_cast<const bf16*>(table), N, C, V, err);
   }
   check_launch("embedding_fwd");

@@ -5,6 +5,8 @@
 // over few blocks (7 us for a 2048 x 2048 weight that streams in 2.5 us at the H200's bandwidth);
 // here every SM streams its share. Not batch-invariant (a row's sums differ from the tiled
 // kernels'), so gemm with batch_invariant = 1 never comes here.
+#include <cstdlib>
+
 #include "common.cuh"
 
 namespace rlh::kcuda {
@@ -35,6 +37,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
   if (n >= g.N) return;
   const uint4* b = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.B) + n * g.ldb);
   const int64_t chunks = g.K / 8;
+  // The weight's first 4 KiB of this column into L2 while the kernel before finishes (launched
+  // with launch_pdl); A, which that kernel writes, is read only after pdl_wait.
+  if (lane * 8 < chunks) prefetch_l2(b + lane * 8);
+  pdl_wait();
+  pdl_trigger();
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
@@ -70,9 +77,21 @@ template <int R>
 void launch(const GemmArgs& g, cudaStream_t s) {
   const unsigned grid = unsigned((g.N + kWarps - 1) / kWarps);
   if (g.c_dt == DType::bf16)
-    gemv_kernel<R, bf16><<<grid, kWarps * 32, 0, s>>>(g);
+    launch_pdl(gemv_kernel<R, bf16>, grid, kWarps * 32, 0, s, g);
   else
-    gemv_kernel<R, float><<<grid, kWarps * 32, 0, s>>>(g);
+    launch_pdl(gemv_kernel<R, float>, grid, kWarps * 32, 0, s, g);
+}
+
+// Weights (elements) up to which the few-row path runs: 64 Mi by default, so a fused gate|up
+// of a 1B model (33.5 Mi) streams here in the chain of PDL launches; a vocabulary head (262 Mi)
+// stays on cuBLASLt's tiles, which stream it near the bandwidth. RLH_KCUDA_GEMV_MAX sets it
+// (the A/B of bench_generator_cuda).
+int64_t gemv_max_weight() {
+  static const int64_t v = [] {
+    if (const char* e = std::getenv("RLH_KCUDA_GEMV_MAX"); e && *e) return int64_t(std::atoll(e));
+    return int64_t(64) << 20;
+  }();
+  return v;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -80,9 +99,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 bool gemv_rows(const GemmArgs& g, cudaStream_t s) {
-  // Weights up to 64 MiB: larger ones (a vocabulary head, a fused gate|up) already stream near
-  // the bandwidth on cuBLASLt's tiles.
-  constexpr int64_t kMaxWeight = int64_t(32) << 20;
+  const int64_t kMaxWeight = gemv_max_weight();
   if (g.M < 1 || g.M > kGemvRows || g.batch != 1 || g.ta || !g.tb || g.ab != DType::bf16 || g.alpha != 1 ||
       g.beta != 0 || g.K % 8 != 0 || g.lda % 8 != 0 || g.ldb % 8 != 0 || !aligned16(g.A) || !aligned16(g.B) ||
       g.N * g.K > kMaxWeight)

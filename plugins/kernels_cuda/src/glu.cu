@@ -62,6 +62,8 @@ struct Vec8<float> {
 template <class T, int VEC, int ACT>
 __global__ void glu_fwd_kernel(T* h, int64_t ldh, const T* gate, int64_t ldg, const T* up,
                                   int64_t ldu, int64_t N, int64_t F) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t per_row = F / VEC, total = N * per_row;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -125,9 +127,9 @@ void fwd_t(T* h, int64_t ldh, const T* g, int64_t ldg, const T* u, int64_t ldu, 
   const bool vec = F % 8 == 0 && ldh % 8 == 0 && ldg % 8 == 0 && ldu % 8 == 0 && al16(h) &&
                    al16(g) && al16(u);
   if (vec)
-    glu_fwd_kernel<T, 8, ACT><<<grid_of(N * F / 8), 256, 0, s>>>(h, ldh, g, ldg, u, ldu, N, F);
+    launch_pdl(glu_fwd_kernel<T, 8, ACT>, grid_of(N * F / 8), 256, 0, s, h, ldh, g, ldg, u, ldu, N, F);
   else
-    glu_fwd_kernel<T, 1, ACT><<<grid_of(N * F), 256, 0, s>>>(h, ldh, g, ldg, u, ldu, N, F);
+    launch_pdl(glu_fwd_kernel<T, 1, ACT>, grid_of(N * F), 256, 0, s, h, ldh, g, ldg, u, ldu, N, F);
 }
 
 template <class T, int ACT>

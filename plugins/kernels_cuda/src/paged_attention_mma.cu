@@ -81,6 +81,8 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttn
 template <int D>
 __global__ void __launch_bounds__(32) paged_mma_kernel(PagedAttnArgs a, int64_t row0, int64_t mtiles, int64_t PT,
                                                        int64_t Z) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   constexpr int KS = D / 16, NT = kBK / 8, DT = D / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
@@ -227,6 +229,8 @@ __global__ void __launch_bounds__(32) paged_mma_kernel(PagedAttnArgs a, int64_t 
 
 // The partitions of each (row, query head), in partition order: grid (rows, Hq), Dv threads.
 __global__ void paged_mma_combine_kernel(PagedAttnArgs a, int64_t row0, int64_t PT, int64_t Z) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t rc = blockIdx.x, r = row0 + rc, h = blockIdx.y, Dv = a.Dv, F = partial_floats(Dv);
   const int64_t pos = a.pos[r];
   const int64_t zlo = first_key(a, pos) / kBK / PT, zhi = pos / kBK / PT;
@@ -274,8 +278,8 @@ void launch(const PagedAttnArgs& a, cudaStream_t s) {
     throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
   for (int64_t r0 = 0; r0 < a.R; r0 += rows) {
     const int64_t n = std::min(rows, a.R - r0);
-    kernel<<<dim3(unsigned(n), unsigned(a.Hkv * mt), unsigned(Z)), 32, smem, s>>>(a, r0, mt, PT, Z);
-    if (Z > 1) paged_mma_combine_kernel<<<dim3(unsigned(n), unsigned(a.Hq)), unsigned(D), 0, s>>>(a, r0, PT, Z);
+    launch_pdl(kernel, dim3(unsigned(n), unsigned(a.Hkv * mt), unsigned(Z)), 32, smem, s, a, r0, mt, PT, Z);
+    if (Z > 1) launch_pdl(paged_mma_combine_kernel, dim3(unsigned(n), unsigned(a.Hq)), unsigned(D), 0, s, a, r0, PT, Z);
   }
 }
 

@@ -39,6 +39,8 @@ template <class T, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32)
 rmsnorm_fwd_kernel(T* y, int64_t ldy, Flex rstd_out, const T* x, int64_t ldx, const T* w,
                    int64_t N, int64_t C, float eps, float woff) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kWarps) + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -168,9 +170,9 @@ void fwd_t(T* y, int64_t ldy, Flex rstd, const T* x, int64_t ldx, const T* w, in
                    aligned16(y) && aligned16(w);
   const unsigned grid = ceil_div(N, kWarps);
   if (vec)
-    rmsnorm_fwd_kernel<T, true><<<grid, kWarps * 32, 0, s>>>(y, ldy, rstd, x, ldx, w, N, C, eps, woff);
+    launch_pdl(rmsnorm_fwd_kernel<T, true>, grid, kWarps * 32, 0, s, y, ldy, rstd, x, ldx, w, N, C, eps, woff);
   else
-    rmsnorm_fwd_kernel<T, false><<<grid, kWarps * 32, 0, s>>>(y, ldy, rstd, x, ldx, w, N, C, eps, woff);
+    launch_pdl(rmsnorm_fwd_kernel<T, false>, grid, kWarps * 32, 0, s, y, ldy, rstd, x, ldx, w, N, C, eps, woff);
 }
 
 template <class T>

@@ -12,6 +12,8 @@ template <class T>
 __global__ void rope_kernel(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos,
                             const float* inv_freq, int64_t N, int64_t H, int64_t D, int64_t R,
                             float scale, bool interleaved, float sign) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   const int64_t half = R / 2;
   const int64_t per_token = half + (D - R);  // pairs, then copied dims
   const int64_t total = N * per_token;
@@ -47,6 +49,8 @@ __global__ void __launch_bounds__(256)
 rope_vec_kernel(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos,
                 const float* inv_freq, int64_t N, int64_t H, int64_t D, int64_t R, float scale,
                 float sign) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   constexpr int VEC = 16 / sizeof(T);
   extern __shared__ float cs_sh[];  // [kTok][R/2] cos, then [kTok][R/2] sin
   const int64_t half = R / 2;
@@ -109,13 +113,13 @@ void rope_t(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos, cons
             cudaStream_t s) {
   if (rope_vec_ok<T>(y, ldy, x, ldx, D, R, interleaved)) {
     const size_t smem = size_t(2 * kTok * (R / 2)) * sizeof(float);
-    rope_vec_kernel<T><<<ceil_div(N, kTok), 256, smem, s>>>(y, ldy, x, ldx, pos, inv_freq, N, H, D,
+    launch_pdl(rope_vec_kernel<T>, ceil_div(N, kTok), 256, smem, s, y, ldy, x, ldx, pos, inv_freq, N, H, D,
                                                             R, scale, sign);
     return;
   }
   const int64_t total = N * (R / 2 + (D - R));
   const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 132 * 32));
-  rope_kernel<<<grid, 256, 0, s>>>(y, ldy, x, ldx, pos, inv_freq, N, H, D, R, scale, interleaved, sign);
+  launch_pdl(rope_kernel<T>, grid, 256, 0, s, y, ldy, x, ldx, pos, inv_freq, N, H, D, R, scale, interleaved, sign);
 }
 
 }  // namespace
