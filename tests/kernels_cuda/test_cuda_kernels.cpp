@@ -474,6 +474,11 @@ TEST(CudaGemm, LargeAndMixedShapesAgainstFloat64Samples) {
       {false, true, 64, 80, 96, 5, true, false, false, 0.5},         // batched
       {false, false, 512, 512, 512, 1, false, false, false, 0.0},    // true fp32
       {true, true, 300, 200, 100, 1, false, false, true, 1.0},       // fp32, transposes, bias
+      // few rows (gemv.cu): 4 warps a column and a bias; 2 warps with parts of 129 and 128
+      // chunks, f32 C, a last block half empty; 8 warps a column
+      {false, true, 1, 2048, 8192, 1, true, false, true, 0.0},
+      {false, true, 3, 1000, 2056, 1, true, true, false, 0.0},
+      {false, true, 4, 300, 16448, 1, true, false, false, 0.0},
   };
   for (const GemmCheck& k : checks) {
     SCOPED_TRACE("ta=" + std::to_string(k.ta) + " tb=" + std::to_string(k.tb) + " M=" +

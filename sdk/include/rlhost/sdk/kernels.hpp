@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <memory>
 #include <span>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -440,6 +441,7 @@ class KernelRegistry {
         }
       }
       if (s == nullptr) {
+        std::lock_guard<std::mutex> lock(choices_mu_);
         choices_.push_back(Choice{name, float_dtype(inputs, outputs), p.name});
         return Op(p.api, op, p.name, name);
       }
@@ -465,6 +467,7 @@ class KernelRegistry {
   // Every resolution so far, in order (one entry per op and dtype).
   std::vector<Choice> choices() const {
     std::vector<Choice> out;
+    std::lock_guard<std::mutex> lock(choices_mu_);
     for (const Choice& c : choices_) {
       bool seen = false;
       for (const Choice& o : out) seen = seen || (o.op == c.op && o.dtype == c.dtype && o.provider == c.provider);
@@ -499,6 +502,9 @@ class KernelRegistry {
   }
   std::vector<Provider> providers_;
   std::vector<std::pair<std::string, std::string>> pins_;
+  // Engines on several threads share one registry (a process of several ranks' engines, the
+  // FSDP and TP engine tests): resolve is const and records here under the lock.
+  mutable std::mutex choices_mu_;
   mutable std::vector<Choice> choices_;
 };
 
