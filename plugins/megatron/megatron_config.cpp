@@ -54,7 +54,7 @@ MegatronSchedule::WdIncrement wd_style(ConfigReader& r, const std::string& path)
   r.fail(path, "expected constant, linear or cosine, got \"" + s + "\"");
 }
 
-// Pipeline parallelism (docs/parallelism.md): the layers split over pp stages with the 1F1B
+// Pipeline parallelism (docs/model_parallelism.md): the layers split over pp stages with the 1F1B
 // schedule; the first/last stage counts as Megatron reads them; interleaved virtual stages
 // (model chunks per rank; the layer split and the micro-batch count are checked where they are
 // known: at load and at each train step).
@@ -105,7 +105,7 @@ backend::BackendConfig read_config(const json& policy) {
     cfg.recompute_selective = !cfg.recompute && g == "selective";
     cfg.recompute = true;
   }
-  // Tensor parallelism (docs/parallelism.md): the layers split over tp ranks, the world's other
+  // Tensor parallelism (docs/model_parallelism.md): the layers split over tp ranks, the world's other
   // ranks data-parallel; sequence parallelism on top (Megatron's: without tensor parallelism it
   // has no effect, as there).
   const std::string tp_key = "megatron_cfg.tensor_model_parallel_size";
@@ -113,7 +113,7 @@ backend::BackendConfig read_config(const json& policy) {
   if (cfg.parallel.tp < 1) r.fail(tp_key, "must be at least 1, got " + std::to_string(cfg.parallel.tp));
   const bool sp = r.is_null("megatron_cfg.sequence_parallel") ? false : r.boolean("megatron_cfg.sequence_parallel", false);
   cfg.parallel.sequence_parallel = sp && cfg.parallel.tp > 1;
-  // Context parallelism (docs/parallelism.md): every sequence split over cp ranks, zigzag.
+  // Context parallelism (docs/model_parallelism.md): every sequence split over cp ranks, zigzag.
   const std::string cp_key = "megatron_cfg.context_parallel_size";
   cfg.parallel.cp = r.is_null(cp_key) ? 1 : r.integer(cp_key, 1);
   if (cfg.parallel.cp < 1) r.fail(cp_key, "must be at least 1, got " + std::to_string(cfg.parallel.cp));
@@ -121,7 +121,7 @@ backend::BackendConfig read_config(const json& policy) {
   // A pipeline stage passes each rank's rows of the context-parallel split to the same cp rank
   // of the next stage (Engine::stage_rows), under sequence parallelism its block of them to the
   // same tp rank.
-  // Expert parallelism (docs/parallelism.md): each MoE layer's routed experts split over ep ranks
+  // Expert parallelism (docs/model_parallelism.md): each MoE layer's routed experts split over ep ranks
   // carved from the data-parallel ones. Expert tensor parallelism: each expert split over etp
   // ranks (etp = tp, Megatron's default when the key is null; with ep > 1 also 1 or a divisor of
   // tp); an etp below tp without expert parallelism is refused where it matters, at load of an

@@ -1,4 +1,4 @@
-// Generation under tensor, context or pipeline parallelism (docs/parallelism.md, "The loops under
+// Generation under tensor, context or pipeline parallelism (docs/model_parallelism.md, "The loops under
 // model parallelism"). The ranks of one model-parallel group train on the same share of every
 // batch, so each needs the same rollouts. Each rank's generator holds the full weights (refit
 // through visit_weights, which gathers the pieces), so instead of every rank generating the whole

@@ -202,7 +202,7 @@ std::vector<float> ep_full(const Model& m, size_t i, std::span<const float> loca
 // Expert parallelism at load: every rank's layout, the engine's group and options, or one line
 // naming what stops it (collective-free; the groups exist already).
 void prepare_expert_parallel(const Backend& b, Model& m, engine::EngineOptions& eo);
-// pp_model.cpp: pipeline parallelism (docs/parallelism.md). pp_forward: one micro-batch's
+// pp_model.cpp: pipeline parallelism (docs/model_parallelism.md). pp_forward: one micro-batch's
 // forward through the stages (every stage calls it), its outputs on every stage. pp_train_step:
 // this rank's micro-batches through the 1F1B schedule, gradients accumulated in the engine
 // (the tied embedding's summed over the embedding group), the loss and engine metrics of the

@@ -1,4 +1,4 @@
-// Pipeline parallelism in the backend (docs/parallelism.md, "Pipeline parallelism"): the 1F1B
+// Pipeline parallelism in the backend (docs/model_parallelism.md, "Pipeline parallelism"): the 1F1B
 // schedule over the stages of one model replica (interleaved over model chunks with virtual
 // stages), forward-only passes, and the results of the last stage (loss, metrics, outputs) on
 // every stage. The engine runs one stage, or one model chunk of it (engine.hpp's *_stage

@@ -1,5 +1,5 @@
 // Expert parallelism (Megatron-style) as data and a pass over the layer program (static library
-// rlh_model_desc). docs/parallelism.md, "Expert parallelism", says how an executor runs it.
+// rlh_model_desc). docs/model_parallelism.md, "Expert parallelism", says how an executor runs it.
 //
 // Why a plan keyed by role, as for tensor parallelism (tensor_parallel.hpp): which tensors are
 // cut is a property of their role. The routed experts' stacked weights (expert_gate, expert_up,

@@ -1,5 +1,5 @@
 // Pipeline parallelism (Megatron-style) as data and a pass over the layer program (static
-// library rlh_model_desc). docs/parallelism.md, "Pipeline parallelism", says how the backend
+// library rlh_model_desc). docs/model_parallelism.md, "Pipeline parallelism", says how the backend
 // schedules it.
 //
 // Why a layout and not a branch in the engine: which layers a stage holds, and which global

@@ -1,5 +1,5 @@
 // Tensor parallelism (Megatron-style) as data and a pass over the layer program (static library
-// rlh_model_desc). docs/parallelism.md, "Tensor parallelism", says how an executor runs it.
+// rlh_model_desc). docs/model_parallelism.md, "Tensor parallelism", says how an executor runs it.
 //
 // Why a plan keyed by role: which axis of which tensor is cut is a property of the tensor's
 // role in the decoder (q/k/v and gate/up are column-parallel: their output rows are cut;

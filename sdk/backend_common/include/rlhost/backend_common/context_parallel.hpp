@@ -1,4 +1,4 @@
-// Context parallelism for the backends (megatron_cfg.context_parallel_size; docs/parallelism.md):
+// Context parallelism for the backends (megatron_cfg.context_parallel_size; docs/model_parallelism.md):
 // the engine's group over a communicator, counting what it moves.
 #pragma once
 
