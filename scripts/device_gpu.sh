@@ -36,7 +36,7 @@
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built but could not run, most needed first, for one short
 #              call (2026-12-06: the generator and decode tests, fp8engine, then HSDP 2 x 2 and
-#              TP 2 x DP 2 at 4 ranks; GTEST_FILTER narrows the dp run)
+#              TP 2 x DP 2 at 4 ranks; DP_FILTER narrows the dp run)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -68,7 +68,7 @@ if [ "$what" = backlog ]; then
   # several-warps gemv once more.
   TESTS=${TESTS:-"test_generator_cuda test_cuda_decode"}
   DP_RANKS=${DP_RANKS:-"4"}
-  export GTEST_FILTER=${GTEST_FILTER:-'*hsdp*:*TensorParallel*'}
+  DP_FILTER=${DP_FILTER:-'*hsdp*:*TensorParallel*'}
 fi
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ] || [ "$what" = backlog ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
@@ -433,7 +433,7 @@ if [ "$what" = dp ] || [ "$what" = backlog ]; then
   source "$bin/openmpi/env.sh"
   for np in ${DP_RANKS:-2 4}; do
     echo "== mpirun -np $np test_backend_cuda_dp =="
-    mpirun -np "$np" "$bin/test_backend_cuda_dp" --gtest_brief=1 2>&1 | tee "$out/test_backend_cuda_dp_np$np.log" |
+    mpirun -np "$np" "$bin/test_backend_cuda_dp" --gtest_brief=1 --gtest_filter="${DP_FILTER:-*}" 2>&1 | tee "$out/test_backend_cuda_dp_np$np.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |device dp|fsdp|Failure|rror|Which is|Expected|actual" | head -60
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
