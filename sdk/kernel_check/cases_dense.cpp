@@ -200,6 +200,22 @@ Case bias_case() {
   return c;
 }
 
+// A residual add and the next norm in one op (decoding's layer boundary): y = a + b, yn = norm(y).
+Case add_rmsnorm_case(int64_t N, int64_t C, double w_offset) {
+  Case c;
+  c.name = "add_rmsnorm N=" + std::to_string(N) + " C=" + std::to_string(C) + " w_offset=" + num(w_offset);
+  c.in_sizes = {N * C, N * C, C};
+  c.in_scale = {1, 1, 0.5};
+  c.out_sizes = {N * C, N * C};
+  c.fwd = {"add_rmsnorm_fwd",
+           {in(0, contiguous({N, C})), in(1, contiguous({N, C})), in(2, contiguous({C}))},
+           {out(0, contiguous({N, C})), out(1, contiguous({N, C}))},
+           {attr_d("eps", 1e-5), attr_d("weight_offset", w_offset)},
+           {},
+           {}};
+  return c;
+}
+
 Case add_case() {
   Case c;
   const int64_t n = 1000;
@@ -250,6 +266,9 @@ void add_dense_cases(std::vector<Case>& v) {
   v.push_back(glu_case("geglu", "geglu erf", 6, 23, 26, {attr_i("approximate_tanh", 0)}));
   v.push_back(bias_case());
   v.push_back(add_case());
+  v.push_back(add_rmsnorm_case(3, 64, 0.0));    // vector rows
+  v.push_back(add_rmsnorm_case(4, 2056, 1.0));  // rows past one warp's 256-value stride, Gemma's offset
+  v.push_back(add_rmsnorm_case(2, 37, 0.0));    // rows that do not vectorise
 }
 
 }  // namespace rlh::sdk::kcheck

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -604,6 +605,37 @@ TEST(CudaLogprob, VocabularyOf32000AgainstKernelsCpu) {
     for (double x : e) EXPECT_LE(x, 1e-2);
   }
   gemm_engine_destroy(eng);
+}
+
+// ------------------------------------------------------------------------------------------
+// add_rmsnorm_fwd is add_fwd then rmsnorm_fwd, bit for bit: a decoding step's residual add and
+// next norm as one launch must not move the generator's numbers. Vector rows (C = 2048, 2056),
+// rows that do not vectorise (37), f32 and bf16, y in place of a, Gemma's weight offset.
+
+TEST(CudaElementwise, AddRmsnormIsAddThenRmsnormBitwise) {
+  RLH_REQUIRE_CUDA();
+  for (const bool bf16 : {true, false})
+    for (const int64_t C : {int64_t(2048), int64_t(2056), int64_t(37)})
+      for (const bool in_place : {false, true}) {
+        SCOPED_TRACE(std::string(bf16 ? "bf16" : "f32") + " C=" + std::to_string(C) + (in_place ? " in place" : ""));
+        const int64_t N = 5;
+        const float off = C == 2056 ? 1.f : 0.f;
+        const std::vector<float> a = randn(size_t(N * C), 81, 1.f, bf16), b = randn(size_t(N * C), 82, 1.f, bf16),
+                                 w = randn(size_t(C), 83, 0.5f, bf16);
+        const DType t = bf16 ? DType::bf16 : DType::f32;
+        DevBuf da = upload(a, bf16), db = upload(b, bf16), dw = upload(w, bf16);
+        DevBuf y1(size_t(N * C), bf16), n1(size_t(N * C), bf16), y2(size_t(N * C), bf16), n2(size_t(N * C), bf16);
+        add_fwd(t, y1.get(), da.get(), db.get(), N * C, nullptr);
+        rmsnorm_fwd(t, n1.get(), C, Flex{}, y1.get(), C, dw.get(), N, C, 1e-5f, off, nullptr);
+        DevBuf da2 = upload(a, bf16);
+        void* y = in_place ? da2.get() : y2.get();
+        add_rmsnorm_fwd(t, y, n2.get(), da2.get(), db.get(), dw.get(), N, C, 1e-5f, off, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<float> want_y = y1.download(), want_n = n1.download();
+        const std::vector<float> got_y = in_place ? da2.download() : y2.download(), got_n = n2.download();
+        EXPECT_EQ(std::memcmp(got_y.data(), want_y.data(), want_y.size() * 4), 0) << "y";
+        EXPECT_EQ(std::memcmp(got_n.data(), want_n.data(), want_n.size() * 4), 0) << "yn";
+      }
 }
 
 // ------------------------------------------------------------------------------------------

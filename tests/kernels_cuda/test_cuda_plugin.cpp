@@ -67,7 +67,7 @@ TEST(KernelsCudaPlugin, ListsEveryOpOfTheContract) {
   rlh_status* s = l.api->list_ops(nullptr, rlh::sdk::write_to_string, &listing);
   ASSERT_EQ(s, nullptr);
   for (const char* op : {"gemm", "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
-                         "rope_fwd", "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd",
+                         "add_rmsnorm_fwd", "rope_fwd", "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd",
                          "swiglu_bwd", "bias_add_fwd", "bias_bwd", "add_fwd", "linear_logprob_fwd",
                          "linear_logprob_bwd", "adamw", "sumsq", "scale"})
     EXPECT_NE(listing.find(std::string("\"name\":\"") + op + "\""), std::string::npos) << op;

@@ -173,6 +173,7 @@ struct StepBuffers {
   Bf16* mla = nullptr;
   Bf16* hs = nullptr;
   Bf16* xn = nullptr;
+  Bf16* normed[2] = {nullptr, nullptr};  // a layer's first norm, written by the last layer's add
   float* logits = nullptr;
   // MoE scratch
   float *z = nullptr, *probs = nullptr, *wts = nullptr, *sgl = nullptr, *sgw = nullptr, *sgp = nullptr;
@@ -261,6 +262,11 @@ class CudaBackend {
     ops_.glu_fwd(act, h, ldh, gu, ldgu, R, F);
   }
   void add(Bf16* y, const Bf16* a, const Bf16* b, int64_t n) { ops_.add(y, a, b, n); }
+  bool add_norm(Bf16* y, Bf16* yn, const Bf16* a, const Bf16* b, const Bf16* wt, int64_t R, int64_t C, float eps,
+                float offset) {
+    return ops_.add_rmsnorm(y, yn, a, b, wt, R, C, eps, offset);
+  }
+  Bf16* norm_scratch(int i) { return buf->normed[i]; }
   void copy2d(Bf16* dst, int64_t ldd, const Bf16* src, int64_t lds, int64_t rows, int64_t cols) {
     if (rows == 0 || cols == 0) return;
     ck(cudaMemcpy2DAsync(dst, size_t(ldd) * 2, src, size_t(lds) * 2, size_t(cols) * 2, size_t(rows),
@@ -557,6 +563,8 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       b.mla = c.take<Bf16>(m_.mla_scratch_elems(rmax_));
       b.hs = c.take<Bf16>(smax_ * C);
       b.xn = c.take<Bf16>(smax_ * C);
+      b.normed[0] = c.take<Bf16>(rmax_ * C);
+      b.normed[1] = c.take<Bf16>(rmax_ * C);
       b.logits = c.take<float>(smax_ * V);
       if (moe_rk > 0) {
         b.z = c.take<float>(rmax_ * E);

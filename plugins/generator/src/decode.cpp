@@ -334,6 +334,7 @@ void HostBackend::bind_weights() {
 void HostBackend::reserve(int64_t rows, int64_t samples) {
   if (rows > cap_rows_) {
     for (AlignedFloats& x : xs_) x.resize(size_t(rows * C_));
+    for (AlignedFloats& x : normed_) x.resize(size_t(rows * C_));
     values_.resize(size_t(m_.values_elems(rows)));
     mla_f_.resize(size_t(m_.mla_scratch_elems(rows)));
     for (size_t t = 0; t < row_rope_.size(); ++t)

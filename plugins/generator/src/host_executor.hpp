@@ -71,6 +71,15 @@ class HostBackend {
               float* o, int64_t ldo, int64_t R);
   void glu(const std::string& act, float* h, int64_t ldh, const float* gu, int64_t ldgu, int64_t R, int64_t F);
   void add(float* y, const float* a, const float* b, int64_t n) { ops_->add_fwd(y, a, b, n); }
+  // The residual add and the norm after it (program_runner.hpp): here the two ops, so the
+  // runner's fused path (a layer's first norm in norm_scratch) runs and is tested on the CPU too.
+  bool add_norm(float* y, float* yn, const float* a, const float* b, const float* w, int64_t R, int64_t C, float eps,
+                float offset) {
+    ops_->add_fwd(y, a, b, R * C);
+    ops_->rmsnorm_fwd(yn, C, nullptr, y, C, w, R, C, eps, offset);
+    return true;
+  }
+  float* norm_scratch(int i) { return normed_[i].data(); }
   void copy2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
   void moe(int64_t l, int64_t R, const float* xn, float* y);  // moe_decode.cpp
   const float* gather_rows(const float* x, int64_t R);
@@ -99,6 +108,7 @@ class HostBackend {
   // Scratch for up to cap_rows_ rows (grown on demand; no state survives a step).
   int64_t cap_rows_ = 0, cap_samples_ = 0;
   AlignedFloats xs_[2];        // the residual stream, layer by layer in turn [R, C]
+  AlignedFloats normed_[2];    // a layer's first norm, written by the last layer's add [R, C]
   AlignedFloats values_;       // a layer's other values (the worst layer's worth)
   AlignedFloats hs_, xn_;      // the sampled rows' hidden states and their final norm [S, C]
   AlignedFloats logits_;       // [S, V]

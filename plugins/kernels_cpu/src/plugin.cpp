@@ -213,6 +213,23 @@ void run_rmsnorm_fwd(const Call& c) {
                  T(c.num("eps", 1e-6)), T(c.num("weight_offset", 0)));
 }
 
+// add_rmsnorm_fwd: y = a + b, then yn = rmsnorm(y): by definition the two ops in turn (a
+// residual add and the next norm, which a decoding step runs once per layer boundary).
+template <class T>
+void run_add_rmsnorm_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1];
+  need_vec(c.in(0), N * C, "add_rmsnorm_fwd a");
+  need_vec(c.in(1), N * C, "add_rmsnorm_fwd b");
+  need_vec(c.in(2), C, "add_rmsnorm_fwd w");
+  need_vec(c.out(0), N * C, "add_rmsnorm_fwd y");
+  need_vec(c.out(1), N * C, "add_rmsnorm_fwd yn");
+  if (data<T>(c.out(1)) == data<T>(c.in(0)) || data<T>(c.out(1)) == data<T>(c.in(1)))
+    bad("add_rmsnorm_fwd: yn may not be a or b (y may)");
+  add_fwd<T>(data<T>(c.out(0)), data<T>(c.in(0)), data<T>(c.in(1)), N * C);
+  rmsnorm_fwd<T>(data<T>(c.out(1)), C, nullptr, data<T>(c.out(0)), C, data<T>(c.in(2)), N, C,
+                 T(c.num("eps", 1e-6)), T(c.num("weight_offset", 0)));
+}
+
 template <class T>
 void run_rmsnorm_bwd(const Call& c) {
   const int64_t N = c.in(1).shape[0], C = c.in(1).shape[1];
@@ -972,6 +989,7 @@ const OpSpec kOps[] = {
     RLH_OP(embedding_bwd, "if", 2, "f", 1, "", true),
     RLH_OP(rmsnorm_fwd, "ff", 2, "ff", 1, "rmsnorm_bwd", true),
     RLH_OP(rmsnorm_bwd, "ffff", 4, "ff", 1, "", true),
+    RLH_OP(add_rmsnorm_fwd, "fff", 3, "ff", 2, "", true),
     RLH_OP(rope_fwd, "fik", 3, "f", 1, "rope_bwd", true),
     RLH_OP(rope_bwd, "fik", 3, "f", 1, "", true),
     RLH_OP(attention_fwd, "fffi", 4, "ff", 2, "attention_bwd", true),

@@ -264,6 +264,19 @@ void run_rmsnorm_fwd(const Call& c) {
               float(c.num("eps", 1e-6)), float(c.num("weight_offset", 0)), c.stream);
 }
 
+// a, b [N, C], w [C] -> y = a + b, yn = rmsnorm(y); contiguous rows, yn apart from a and b
+void run_add_rmsnorm_fwd(const Call& c) {
+  const int64_t N = c.in(0).shape[0], C = c.in(0).shape[1];
+  need_vec(c.in(0), N * C, "add_rmsnorm_fwd a");
+  need_vec(c.in(1), N * C, "add_rmsnorm_fwd b");
+  need_vec(c.in(2), C, "add_rmsnorm_fwd w");
+  need_vec(c.out(0), N * C, "add_rmsnorm_fwd y");
+  need_vec(c.out(1), N * C, "add_rmsnorm_fwd yn");
+  if (ptr(c.out(1)) == ptr(c.in(0)) || ptr(c.out(1)) == ptr(c.in(1))) bad("add_rmsnorm_fwd: yn may not be a or b (y may)");
+  add_rmsnorm_fwd(c.dt(), ptr(c.out(0)), ptr(c.out(1)), ptr(c.in(0)), ptr(c.in(1)), ptr(c.in(2)), N, C,
+                  float(c.num("eps", 1e-6)), float(c.num("weight_offset", 0)), c.stream);
+}
+
 void run_rmsnorm_bwd(const Call& c) {
   const int64_t N = c.in(1).shape[0], C = c.in(1).shape[1];
   const int64_t lddy = need_rows(c.in(0), N, C, "rmsnorm_bwd dy");
@@ -944,6 +957,7 @@ const OpSpec kOps[] = {
     {"embedding_bwd", "if", 2, "s", 1, "", true, false, false, run_embedding_bwd, false},
     {"rmsnorm_fwd", "ff", 2, "fs", 1, "rmsnorm_bwd", true, false, false, run_rmsnorm_fwd, true},
     {"rmsnorm_bwd", "fffs", 4, "fs", 1, "", true, false, false, run_rmsnorm_bwd, false},
+    {"add_rmsnorm_fwd", "fff", 3, "ff", 2, "", true, false, false, run_add_rmsnorm_fwd, true},
     {"rope_fwd", "fik", 3, "f", 1, "rope_bwd", true, false, false, run_rope_fwd, true},
     {"rope_bwd", "fik", 3, "f", 1, "", true, false, false, run_rope_bwd, true},
     {"attention_fwd", "fffi", 4, "fs", 2, "attention_bwd", true, false, false, run_attention_fwd, false},

@@ -98,6 +98,78 @@ rmsnorm_fwd_kernel(T* y, int64_t ldy, Flex rstd_out, const T* x, int64_t ldx, co
   if (lane == 0 && rstd_out.p) st_flex(rstd_out, row, rs);
 }
 
+// add_rmsnorm_fwd: y = a + b (rounded to T), then rmsnorm_fwd_kernel's arithmetic on y, in its
+// order: the same lane walks the same 8-value chunks, summing squares in chunk and element order,
+// so yn is bitwise what add_fwd then rmsnorm_fwd give (y is re-read from the lane's own writes).
+template <class T, bool VEC>
+__global__ void __launch_bounds__(kWarps * 32)
+add_rmsnorm_fwd_kernel(T* y, T* yn, const T* a, const T* b, const T* w, int64_t N, int64_t C, float eps,
+                       float woff) {
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(kWarps) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const T* ar = a + row * C;
+  const T* br = b + row * C;
+  T* yr = y + row * C;
+  T* nr = yn + row * C;
+  float ss = 0.f;
+  if (VEC) {
+    constexpr int kBatch = 4;  // chunks of a and b in flight together
+    for (int64_t c0 = lane * 8; c0 < C; c0 += 256 * kBatch) {
+      float va[kBatch][8], vb[kBatch][8];
+#pragma unroll
+      for (int q = 0; q < kBatch; ++q)
+        if (c0 + 256 * q < C) {
+          load8(ar + c0 + 256 * q, va[q]);
+          load8(br + c0 + 256 * q, vb[q]);
+        }
+#pragma unroll
+      for (int q = 0; q < kBatch; ++q) {
+        if (c0 + 256 * q >= C) break;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = to_f(from_f<T>(va[q][k] + vb[q][k]));  // y as stored
+        store8(yr + c0 + 256 * q, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) {
+      const T yv = from_f<T>(to_f(ar[c]) + to_f(br[c]));
+      yr[c] = yv;
+      const float v = to_f(yv);
+      ss += v * v;
+    }
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / float(C) + eps);
+  const float rs = r * (1.5f - 0.5f * (ss / float(C) + eps) * r * r);  // as rmsnorm_fwd_kernel
+  if (VEC) {
+    constexpr int kOut = 4;
+    for (int64_t c0 = lane * 8; c0 < C; c0 += 256 * kOut) {
+      float v[kOut][8], wv[kOut][8];
+#pragma unroll
+      for (int q = 0; q < kOut; ++q)
+        if (c0 + 256 * q < C) {
+          load8(yr + c0 + 256 * q, v[q]);
+          load8(w + c0 + 256 * q, wv[q]);
+        }
+#pragma unroll
+      for (int q = 0; q < kOut; ++q) {
+        if (c0 + 256 * q >= C) break;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[q][k] = v[q][k] * rs * (wv[q][k] + woff);
+        store8(nr + c0 + 256 * q, v[q]);
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) nr[c] = from_f<T>(to_f(yr[c]) * rs * (to_f(w[c]) + woff));
+  }
+}
+
 template <class T, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32)
 rmsnorm_bwd_kernel(T* dx, int64_t lddx, const T* dy, int64_t lddy, const T* x, int64_t ldx,
@@ -176,6 +248,17 @@ void fwd_t(T* y, int64_t ldy, Flex rstd, const T* x, int64_t ldx, const T* w, in
 }
 
 template <class T>
+void add_fwd_t(T* y, T* yn, const T* a, const T* b, const T* w, int64_t N, int64_t C, float eps, float woff,
+               cudaStream_t s) {
+  const bool vec = C % 8 == 0 && aligned16(y) && aligned16(yn) && aligned16(a) && aligned16(b) && aligned16(w);
+  const unsigned grid = ceil_div(N, kWarps);
+  if (vec)
+    launch_pdl(add_rmsnorm_fwd_kernel<T, true>, grid, kWarps * 32, 0, s, y, yn, a, b, w, N, C, eps, woff);
+  else
+    launch_pdl(add_rmsnorm_fwd_kernel<T, false>, grid, kWarps * 32, 0, s, y, yn, a, b, w, N, C, eps, woff);
+}
+
+template <class T>
 void bwd_t(T* dx, int64_t lddx, Flex dw, const T* dy, int64_t lddy, const T* x, int64_t ldx,
            const T* w, Flex rstd, int64_t N, int64_t C, float woff, bool accumulate,
            Workspace& ws, cudaStream_t s) {
@@ -205,6 +288,18 @@ void rmsnorm_fwd(DType t, void* y, int64_t ldy, Flex rstd, const void* x, int64_
     fwd_t(static_cast<bf16*>(y), ldy, rstd, static_cast<const bf16*>(x), ldx,
           static_cast<const bf16*>(w), N, C, eps, w_offset, s);
   check_launch("rmsnorm_fwd");
+}
+
+void add_rmsnorm_fwd(DType t, void* y, void* yn, const void* a, const void* b, const void* w, int64_t N, int64_t C,
+                     float eps, float w_offset, cudaStream_t s) {
+  if (N == 0) return;
+  if (t == DType::f32)
+    add_fwd_t(static_cast<float*>(y), static_cast<float*>(yn), static_cast<const float*>(a),
+              static_cast<const float*>(b), static_cast<const float*>(w), N, C, eps, w_offset, s);
+  else
+    add_fwd_t(static_cast<bf16*>(y), static_cast<bf16*>(yn), static_cast<const bf16*>(a),
+              static_cast<const bf16*>(b), static_cast<const bf16*>(w), N, C, eps, w_offset, s);
+  check_launch("add_rmsnorm_fwd");
 }
 
 void rmsnorm_bwd(DType t, void* dx, int64_t lddx, Flex dw, const void* dy, int64_t lddy,

@@ -365,6 +365,26 @@ void DeviceOps::add(void* y, const void* x, const void* b, int64_t n) {
           (std::vector<rlh_tensor>{a.vec(y, kBF16, n)}), kNone);
 }
 
+bool DeviceOps::add_rmsnorm(void* y, void* yn, const void* x, const void* b, const void* w, int64_t N, int64_t C,
+                            double eps, double offset) {
+  if (no_add_rmsnorm_) return false;
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("eps", eps), attr_double("weight_offset", offset)};
+  const std::vector<rlh_tensor> in{a.mat(x, kBF16, N, C, C), a.mat(b, kBF16, N, C, C), a.vec(w, kBF16, C)};
+  const std::vector<rlh_tensor> out{a.mat(y, kBF16, N, C, C), a.mat(yn, kBF16, N, C, C)};
+  static const char kKey[] = "add_rmsnorm_fwd";
+  const sdk::Op* o = nullptr;
+  try {
+    o = &op(kKey, "add_rmsnorm_fwd", in, out, at);
+  } catch (const sdk::Error& e) {
+    if (e.code() != RLH_E_UNIMPLEMENTED) throw;
+    no_add_rmsnorm_ = true;  // an optional op: the two ops it fuses run instead
+    return false;
+  }
+  run(*o, in, out, at);
+  return true;
+}
+
 void DeviceOps::scale(void* x, int64_t n, double s) {
   Args a(dev_);
   const std::array<rlh_named_value, 1> at = {attr_double("scale", s)};

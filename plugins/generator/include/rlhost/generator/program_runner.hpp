@@ -18,6 +18,9 @@
 //                                                      the rows' keys and values into the cache, then attention
 //   void glu(const std::string& act, T* h, ldh, const T* gu, ldgu, int64_t R, int64_t F)   gate | up side by side
 //   void add(T* y, const T* a, const T* b, int64_t n)
+//   (optional) bool add_norm(T* y, T* yn, const T* a, const T* b, const T* w, int64_t R, int64_t C, float eps,
+//                            float offset)         y = a + b, yn = norm(y), contiguous rows; false: not offered
+//   (optional, with add_norm) T* norm_scratch(int i)   two [R, C] buffers a layer's first norm may be written to
 //   void copy2d(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t cols)
 //   void moe(int64_t l, int64_t R, const T* xn, T* y)  the MoE block (no residual)
 //   void tp_reduce(T* y, int64_t n)                    (tensor parallelism only) the group's sum of y, in place
@@ -70,6 +73,7 @@ class ProgramRunner {
     b_.embed(b_.residual(0), R);  // x [R,C]
     if (prog.embed_scale != 1) b_.scale(b_.residual(0), R * C, double(float(prog.embed_scale)));
     std::vector<T*> v;
+    T* pre_normed = nullptr;  // this layer's first norm, already written by the last layer's add
     for (int64_t l = 0; l < L; ++l) {
       const sdk::LayerProgram& lp = prog.layers[size_t(l)];
       // The layer's values for R rows: input and output on the residual stream in turn, the
@@ -84,9 +88,44 @@ class ProgramRunner {
         }
       v[0] = b_.residual(int(l % 2));
       v[size_t(out_root)] = b_.residual(int((l + 1) % 2));
+      size_t first = 0;
+      if (pre_normed != nullptr) {  // (lead_norm_fusable held for this layer)
+        v[size_t(lp.steps[0].out.value)] = pre_normed;
+        first = 1;
+        pre_normed = nullptr;
+      }
       for (size_t i = 1; i < lp.values.size(); ++i)
         if (lp.values[i].storage >= 0) v[i] = v[size_t(lp.root(int(i)))];
-      for (size_t i = 0; i < lp.steps.size(); ++i) {
+      for (size_t i = first; i < lp.steps.size(); ++i) {
+        // A residual add and the norm that reads its sum: one add_norm where the backend offers
+        // it, into the norm's value (the next step of this layer) or into norm_scratch for the
+        // next layer's first step (a decoding step at batch 1 is ~190 launches, two of these a
+        // layer). Bitwise the two steps (docs/ops.md add_rmsnorm_fwd).
+        if constexpr (requires { b_.add_norm(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, 0.f, 0.f); }) {
+          const sdk::LayerStep& st = lp.steps[i];
+          if (st.op == sdk::StepOp::add && whole(lp, st.out, C) && whole(lp, st.in, C) && whole(lp, st.in2, C)) {
+            T* a = v[size_t(st.in.value)];
+            T* b = v[size_t(st.in2.value)];
+            T* y = v[size_t(st.out.value)];
+            if (i + 1 < lp.steps.size() && norm_of(lp, lp.steps[i + 1], st.out.value, C)) {
+              const sdk::LayerStep& nx = lp.steps[i + 1];
+              T* yn = v[size_t(nx.out.value)];
+              if (yn != a && yn != b && yn != y &&
+                  b_.add_norm(y, yn, a, b, b_.w(nx.weights[0]), R, C, float(nx.eps), float(nx.offset))) {
+                ++i;
+                continue;
+              }
+            } else if (i + 1 == lp.steps.size() && int(st.out.value) == out_root && l + 1 < L &&
+                       lead_norm_fusable(prog.layers[size_t(l + 1)], C)) {
+              const sdk::LayerStep& nx = prog.layers[size_t(l + 1)].steps[0];
+              T* yn = b_.norm_scratch(int(l % 2));
+              if (b_.add_norm(y, yn, a, b, b_.w(nx.weights[0]), R, C, float(nx.eps), float(nx.offset))) {
+                pre_normed = yn;
+                continue;
+              }
+            }
+          }
+        }
         // q's and k's RoPE on adjacent columns of one value with one table: one call over both
         // (per head the same math; a launch fewer per layer, which counts at small batch)
         if (i + 1 < lp.steps.size() && adjacent_ropes(lp.steps[i], lp.steps[i + 1])) {
@@ -121,6 +160,26 @@ class ProgramRunner {
   }
 
  private:
+  // Columns that are a whole value C wide (contiguous [R, C] rows).
+  static bool whole(const sdk::LayerProgram& lp, const sdk::Cols& c, int64_t C) {
+    return c.valid() && c.col == 0 && c.width == C && lp.values[size_t(c.value)].width == C;
+  }
+  // A norm step over the whole value `in` into a whole value of its own.
+  static bool norm_of(const sdk::LayerProgram& lp, const sdk::LayerStep& st, int in, int64_t C) {
+    return st.op == sdk::StepOp::norm && st.in.value == in && whole(lp, st.in, C) && whole(lp, st.out, C) &&
+           st.out.value != in;
+  }
+  // A layer whose first step is a norm of its input into a value no other shares and that is not
+  // its output: that value can live in norm_scratch instead of the layer's block.
+  static bool lead_norm_fusable(const sdk::LayerProgram& lp, int64_t C) {
+    if (lp.steps.empty() || !norm_of(lp, lp.steps[0], 0, C)) return false;
+    const int o = lp.steps[0].out.value;
+    if (o == 0 || lp.values[size_t(o)].storage >= 0 || o == lp.root(lp.output)) return false;
+    for (size_t i = 1; i < lp.values.size(); ++i)
+      if (lp.values[i].storage == o) return false;
+    return true;
+  }
+
   static bool adjacent_ropes(const sdk::LayerStep& a, const sdk::LayerStep& b) {
     return a.op == sdk::StepOp::rope && b.op == sdk::StepOp::rope && a.table == b.table &&
            a.head_dim == b.head_dim && a.in.value == b.in.value && b.in.col == a.in.col + a.heads * a.head_dim;

@@ -88,6 +88,9 @@ void embedding_bwd(DType t, Flex dtable, const int32_t* ids, const void* dout, i
 // rmsnorm
 void rmsnorm_fwd(DType t, void* y, int64_t ldy, Flex rstd, const void* x, int64_t ldx,
                  const void* w, int64_t N, int64_t C, float eps, float w_offset, cudaStream_t s);
+// y = a + b, yn = rmsnorm_fwd(y), contiguous rows: bitwise add_fwd then rmsnorm_fwd.
+void add_rmsnorm_fwd(DType t, void* y, void* yn, const void* a, const void* b, const void* w, int64_t N, int64_t C,
+                     float eps, float w_offset, cudaStream_t s);
 void rmsnorm_bwd(DType t, void* dx, int64_t lddx, Flex dw, const void* dy, int64_t lddy,
                  const void* x, int64_t ldx, const void* w, Flex rstd, int64_t N, int64_t C,
                  float w_offset, bool accumulate, Workspace& ws, cudaStream_t s);

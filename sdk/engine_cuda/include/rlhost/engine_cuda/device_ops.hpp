@@ -125,6 +125,11 @@ class DeviceOps {
   void bias_add(bool f32, void* y, int64_t ldy, const void* b, int64_t N, int64_t M);
   void bias_bwd(bool dy_f32, float* db, const void* dy, int64_t lddy, int64_t N, int64_t M);
   void add(void* y, const void* a, const void* b, int64_t n);  // bf16
+  // y = a + b, then yn = rmsnorm(y), [N, C] contiguous bf16 rows (y may be a or b), as one op
+  // where a provider offers add_rmsnorm_fwd; false where none does (the caller runs add and
+  // rmsnorm_fwd: the same bits).
+  bool add_rmsnorm(void* y, void* yn, const void* a, const void* b, const void* w, int64_t N, int64_t C, double eps,
+                   double offset);
   void scale(void* x, int64_t n, double s);                    // bf16 x *= s, in place
   struct Logprob {
     int64_t N = 0, C = 0, V = 0;
@@ -219,6 +224,7 @@ class DeviceOps {
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   bool batch_invariant_ = false;
+  bool no_add_rmsnorm_ = false;  // no provider offers it (asked once)
 };
 
 }  // namespace rlh::engine::cuda
