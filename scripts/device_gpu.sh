@@ -16,6 +16,8 @@
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
+#     decodeab: batch-1 decoding with each 2026-12-06 change withheld in turn (fused add + norm,
+#               PDL, gate|up on the few-row gemm) and the kernel tests that hold them bitwise
 #     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
 #     fp8profile: ncu's per-kernel times of one 1B training step, bf16 and FP8 (FP8_PROFILE="none blockwise"), by kind
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
@@ -426,6 +428,21 @@ PY
   grep -E "error" "$out/algos_multiturn.log" | cut -c1-260 | tail -3
   grep -o '"validation/accuracy":[0-9.e-]*' "$d/reveal/logs/metrics.jsonl" | tr '\n' ' '; echo
   cp "$d/reveal/logs/metrics.jsonl" "$out/algos_multiturn_metrics.jsonl" 2>/dev/null
+fi
+if [ "$what" = decodeab ] || [ "$what" = backlog ]; then
+  # The batch-1 decoding changes of 2026-12-06, each against its absence in the same call: the
+  # fused residual add + norm (add_rmsnorm_fwd; RLH_KCUDA_ADD_RMSNORM=0 withholds it), programmatic
+  # dependent launch (RLH_KCUDA_PDL=0), the few-row gemm for gate|up (RLH_KCUDA_GEMV_MAX at the old
+  # 32 Mi); then the kernel tests that hold them to the unfused bits.
+  echo "== test_cuda_kernels (add_rmsnorm_fwd bitwise, few-row gemm) =="
+  "$bin/test_cuda_kernels" --gtest_brief=1 --gtest_filter='CudaElementwise.AddRmsnorm*:CudaGemm.*' 2>&1 |
+    tee "$out/decodeab_kernels.log" | grep -E "^\[  (PASSED|FAILED)|Failure|gemm bf16.*tb=1 [1-4]x" | head -20
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  for v in "ALL=1" "RLH_KCUDA_ADD_RMSNORM=0" "RLH_KCUDA_PDL=0" "RLH_KCUDA_GEMV_MAX=33554432"; do
+    echo "== bench_generator_cuda b1 with $v =="
+    env "$v" "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
+      tee -a "$out/decodeab_bench.log" | grep -E "^b1 |rror" | cut -c1-120
+  done
 fi
 if [ "$what" = dp ] || [ "$what" = backlog ]; then
   # Only the data-parallel device tests (DDP, the distributed optimizer, FSDP and, at 4 ranks,

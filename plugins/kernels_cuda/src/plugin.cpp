@@ -1155,6 +1155,11 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
   return sdk::guard(g_make_status, [&] {
     const OpSpec* s = find_op(d->name);
     if (!s) throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda has no op '") + (d->name ? d->name : "") + "'");
+    // The fused residual add and norm is optional to its callers (they run the two ops without
+    // it); RLH_KCUDA_ADD_RMSNORM=0 withholds it, the A/B of the decoding benchmark.
+    if (std::strcmp(s->name, "add_rmsnorm_fwd") == 0)
+      if (const char* e = std::getenv("RLH_KCUDA_ADD_RMSNORM"); e && std::string(e) == "0")
+        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: add_rmsnorm_fwd withheld (RLH_KCUDA_ADD_RMSNORM=0)");
     if (d->device.device_type != RLH_DEVICE_CUDA || d->device.device_id != k->device.device_id)
       throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: op asked for another device");
     const DType dt = check_operands(*s, k, d->inputs, d->num_inputs, d->outputs, d->num_outputs);
