@@ -443,6 +443,16 @@ if [ "$what" = decodeab ] || [ "$what" = backlog ]; then
     env "$v" "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
       tee -a "$out/decodeab_bench.log" | grep -E "^b1 |rror" | cut -c1-120
   done
+  # Where a graph-replayed batch-1 step's time goes, kernel by kernel inside the graphs (ncu
+  # serialises kernels and adds microseconds to each; nsys traces the graphs' nodes as they run).
+  if command -v nsys > /dev/null; then
+    echo "== nsys: b1, kernels inside the decoding graphs =="
+    nsys profile -t cuda --cuda-graph-trace=node -o "$out/b1_trace" --force-overwrite true \
+      "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 1 > /dev/null 2>&1
+    nsys stats --report cuda_gpu_kern_sum --format csv "$out/b1_trace.nsys-rep" 2> /dev/null |
+      tee "$out/b1_kernels.csv" | cut -d, -f1-6,9 | head -30
+    rm -f "$out/b1_trace.nsys-rep" "$out/b1_trace.sqlite"
+  fi
 fi
 if [ "$what" = dp ] || [ "$what" = backlog ]; then
   # Only the data-parallel device tests (DDP, the distributed optimizer, FSDP and, at 4 ranks,
