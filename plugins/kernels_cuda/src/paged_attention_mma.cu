@@ -19,12 +19,13 @@
 // multiples of PT; a row whose tiles lie in one partition writes its output directly, longer
 // rows write partials (the unnormalised output, the maximum in natural-log units and the sum)
 // that a second kernel combines in partition order. PT is chosen per launch so that small
-// batches still fill the GPU (batch 1: one tile a warp) and large ones skip the combine (batch
-// 256: one partition). A row's output then depends on the launch, so the op promises batch
+// batches still fill the GPU (batch 1 over many tiles: one tile a warp; over a few hundred
+// positions: whole rows, no combine) and large ones skip the combine (batch 256: one partition). A row's output then depends on the launch, so the op promises batch
 // invariance only when asked (attribute batch_invariant = 1): then every row is one partition,
 // whatever the launch, and its output depends on its own position, window and cache alone.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "mma.cuh"
 
@@ -262,12 +263,26 @@ int64_t rows_fitting(const PagedAttnArgs& a, int64_t Z, int64_t bytes) {
   return std::max<int64_t>(1, std::min<int64_t>(a.R, bytes / per_row));
 }
 
+// Rows of at most this many tiles stay whole when one tile a warp would not fill the GPU anyway
+// (a batch-1 decoding step at a few hundred positions): one warp per kv head walks the row's
+// tiles double-buffered, instead of one tile a warp and then the combine kernel (under ncu on an
+// H100, 8.4 + 6.0 us a layer at batch 1). Larger launches split as before. RLH_KCUDA_PAGED_MIN_TILES
+// sets it (1: split as before; the A/B).
+int64_t min_tiles_per_warp() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("RLH_KCUDA_PAGED_MIN_TILES");
+    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(8);
+  }();
+  return v;
+}
+
 template <int D>
 void launch(const PagedAttnArgs& a, cudaStream_t s) {
   const int64_t tiles = table_tiles(a), mt = mtiles_of(a);
   const int64_t units = a.R * a.Hkv * mt;
-  const int64_t PT = a.batch_invariant ? tiles
-                                       : std::clamp<int64_t>((units * tiles + kTargetWarps - 1) / kTargetWarps, 1, tiles);
+  const int64_t fill = (units * tiles + kTargetWarps - 1) / kTargetWarps;  // tiles a warp to fill the GPU
+  const bool whole_rows = a.batch_invariant || (2 * units * tiles <= kTargetWarps && tiles <= min_tiles_per_warp());
+  const int64_t PT = whole_rows ? tiles : std::clamp<int64_t>(fill, 1, tiles);
   const int64_t Z = (tiles + PT - 1) / PT;
   if (Z > 65535) throw std::invalid_argument("paged_attention: block tables too wide for the tensor-core kernel");
   if (Z > 1 && !a.partials) throw std::invalid_argument("paged_attention: no workspace for the partitions' partials");
