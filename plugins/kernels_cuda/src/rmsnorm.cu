@@ -35,6 +35,39 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
   *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
+// rstd of a row's sum of squares (rsqrtf is approximate, 2 ulp; one Newton step makes it match
+// 1/sqrtf to rounding), then y = x * rstd * (w + woff) over the lane's 8-value chunks: the
+// second half of rmsnorm_fwd_kernel, shared with add_rmsnorm_fwd_kernel so their bits agree.
+__device__ __forceinline__ float rstd_of(float ss, int64_t C, float eps) {
+  const float r = rsqrtf(ss / float(C) + eps);
+  return r * (1.5f - 0.5f * (ss / float(C) + eps) * r * r);
+}
+template <class T, bool VEC>
+__device__ __forceinline__ void normalize_row(T* yr, const T* xr, const T* w, int64_t C, float rs, float woff,
+                                              int lane) {
+  if (VEC) {
+    constexpr int kOut = 4;  // x and w chunks in flight together
+    for (int64_t c0 = lane * 8; c0 < C; c0 += 256 * kOut) {
+      float v[kOut][8], wv[kOut][8];
+#pragma unroll
+      for (int b = 0; b < kOut; ++b)
+        if (c0 + 256 * b < C) {
+          load8(xr + c0 + 256 * b, v[b]);
+          load8(w + c0 + 256 * b, wv[b]);
+        }
+#pragma unroll
+      for (int b = 0; b < kOut; ++b) {
+        if (c0 + 256 * b >= C) break;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[b][k] = v[b][k] * rs * (wv[b][k] + woff);
+        store8(yr + c0 + 256 * b, v[b]);
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) yr[c] = from_f<T>(to_f(xr[c]) * rs * (to_f(w[c]) + woff));
+  }
+}
+
 template <class T, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32)
 rmsnorm_fwd_kernel(T* y, int64_t ldy, Flex rstd_out, const T* x, int64_t ldx, const T* w,
@@ -71,30 +104,8 @@ rmsnorm_fwd_kernel(T* y, int64_t ldy, Flex rstd_out, const T* x, int64_t ldx, co
     }
   }
   ss = warp_sum(ss);
-  const float r = rsqrtf(ss / float(C) + eps);
-  // rsqrtf is approximate (2 ulp); one Newton step makes it match 1/sqrtf to rounding.
-  const float rs = r * (1.5f - 0.5f * (ss / float(C) + eps) * r * r);
-  if (VEC) {
-    constexpr int kOut = kBatch / 2;  // x and w chunks: half as many at once
-    for (int64_t c0 = lane * 8; c0 < C; c0 += 256 * kOut) {
-      float v[kOut][8], wv[kOut][8];
-#pragma unroll
-      for (int b = 0; b < kOut; ++b)
-        if (c0 + 256 * b < C) {
-          load8(xr + c0 + 256 * b, v[b]);
-          load8(w + c0 + 256 * b, wv[b]);
-        }
-#pragma unroll
-      for (int b = 0; b < kOut; ++b) {
-        if (c0 + 256 * b >= C) break;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[b][k] = v[b][k] * rs * (wv[b][k] + woff);
-        store8(yr + c0 + 256 * b, v[b]);
-      }
-    }
-  } else {
-    for (int64_t c = lane; c < C; c += 32) yr[c] = from_f<T>(to_f(xr[c]) * rs * (to_f(w[c]) + woff));
-  }
+  const float rs = rstd_of(ss, C, eps);
+  normalize_row<T, VEC>(yr, xr, w, C, rs, woff, lane);
   if (lane == 0 && rstd_out.p) st_flex(rstd_out, row, rs);
 }
 
@@ -145,29 +156,7 @@ add_rmsnorm_fwd_kernel(T* y, T* yn, const T* a, const T* b, const T* w, int64_t 
     }
   }
   ss = warp_sum(ss);
-  const float r = rsqrtf(ss / float(C) + eps);
-  const float rs = r * (1.5f - 0.5f * (ss / float(C) + eps) * r * r);  // as rmsnorm_fwd_kernel
-  if (VEC) {
-    constexpr int kOut = 4;
-    for (int64_t c0 = lane * 8; c0 < C; c0 += 256 * kOut) {
-      float v[kOut][8], wv[kOut][8];
-#pragma unroll
-      for (int q = 0; q < kOut; ++q)
-        if (c0 + 256 * q < C) {
-          load8(yr + c0 + 256 * q, v[q]);
-          load8(w + c0 + 256 * q, wv[q]);
-        }
-#pragma unroll
-      for (int q = 0; q < kOut; ++q) {
-        if (c0 + 256 * q >= C) break;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[q][k] = v[q][k] * rs * (wv[q][k] + woff);
-        store8(nr + c0 + 256 * q, v[q]);
-      }
-    }
-  } else {
-    for (int64_t c = lane; c < C; c += 32) nr[c] = from_f<T>(to_f(yr[c]) * rs * (to_f(w[c]) + woff));
-  }
+  normalize_row<T, VEC>(nr, yr, w, C, rstd_of(ss, C, eps), woff, lane);  // y as the lane stored it
 }
 
 template <class T, bool VEC>
