@@ -216,6 +216,23 @@ Case add_rmsnorm_case(int64_t N, int64_t C, double w_offset) {
   return c;
 }
 
+// The gate|up product and its GLU in one op: h = act(x Wg^T) * (x Wu^T), W = gate | up [2F, K].
+Case gemm_glu_case(int64_t M, int64_t K, int64_t F, int act) {
+  Case c;
+  c.name = "gemm_glu M=" + std::to_string(M) + " K=" + std::to_string(K) + " F=" + std::to_string(F) +
+           " activation=" + std::to_string(act);
+  c.in_sizes = {M * K, 2 * F * K};
+  c.in_scale = {1, 0.3};
+  c.out_sizes = {M * F};
+  c.fwd = {"gemm_glu_fwd",
+           {in(0, contiguous({M, K})), in(1, contiguous({2 * F, K}))},
+           {out(0, contiguous({M, F}))},
+           {attr_i("activation", act)},
+           {},
+           {}};
+  return c;
+}
+
 Case add_case() {
   Case c;
   const int64_t n = 1000;
@@ -269,6 +286,9 @@ void add_dense_cases(std::vector<Case>& v) {
   v.push_back(add_rmsnorm_case(3, 64, 0.0));    // vector rows
   v.push_back(add_rmsnorm_case(4, 2056, 1.0));  // rows past one warp's 256-value stride, Gemma's offset
   v.push_back(add_rmsnorm_case(2, 37, 0.0));    // rows that do not vectorise
+  v.push_back(gemm_glu_case(1, 64, 24, 0));      // a decoding row: kernels_cuda's few-row path
+  v.push_back(gemm_glu_case(3, 2056, 40, 1));    // several warps a column, GeGLU (tanh)
+  v.push_back(gemm_glu_case(9, 48, 32, 2));      // past the few rows: gemm, then the GLU (erf)
 }
 
 }  // namespace rlh::sdk::kcheck

@@ -638,6 +638,52 @@ TEST(CudaElementwise, AddRmsnormIsAddThenRmsnormBitwise) {
       }
 }
 
+// gemv.cu's GLU epilogue (gemm_glu_fwd at up to 4 rows) is gemm then swiglu_fwd / geglu_fwd, bit
+// for bit: 1-4 rows, one and several warps a column (K 2048, 8192), each activation.
+TEST(CudaGemm, GluEpilogueIsGemmThenGluBitwise) {
+  RLH_REQUIRE_CUDA();
+  GemmEngine* eng = gemm_engine_create(device_info());
+  for (const int64_t K : {int64_t(2048), int64_t(8192)})
+    for (const int64_t M : {int64_t(1), int64_t(3), int64_t(4)})
+      for (int act = 0; act < 3; ++act) {
+        SCOPED_TRACE("K=" + std::to_string(K) + " M=" + std::to_string(M) + " act=" + std::to_string(act));
+        const int64_t F = 200;
+        const std::vector<float> x = randn(size_t(M * K), 91), W = randn(size_t(2 * F * K), 92, 0.05f);
+        DevBuf dx = upload(x, true), dW = upload(W, true), gu(size_t(M * 2 * F), true), h1(size_t(M * F), true),
+               h2(size_t(M * F), true);
+        GemmArgs g;
+        g.M = M;
+        g.N = 2 * F;
+        g.K = K;
+        g.tb = true;
+        g.A = dx.get();
+        g.lda = K;
+        g.B = dW.get();
+        g.ldb = K;
+        g.C = gu.get();
+        g.ldc = 2 * F;
+        g.ab = g.c_dt = DType::bf16;
+        {
+          TestWorkspace ws;
+          gemm(eng, g, ws, nullptr);
+        }
+        const auto* gate = static_cast<const uint16_t*>(gu.get());
+        if (act == 0)
+          swiglu_fwd(DType::bf16, h1.get(), F, gate, 2 * F, gate + F, 2 * F, M, F, nullptr);
+        else
+          geglu_fwd(DType::bf16, h1.get(), F, gate, 2 * F, gate + F, 2 * F, M, F, act == 1, nullptr);
+        GemmArgs f = g;
+        f.N = F;
+        f.C = h2.get();
+        f.ldc = F;
+        ASSERT_TRUE(gemv_glu_rows(f, act, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<float> want = h1.download(), got = h2.download();
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+      }
+  gemm_engine_destroy(eng);
+}
+
 // ------------------------------------------------------------------------------------------
 // Vectorised paths and AdamW
 

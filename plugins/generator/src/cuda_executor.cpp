@@ -267,6 +267,12 @@ class CudaBackend {
     return ops_.add_rmsnorm(y, yn, a, b, wt, R, C, eps, offset);
   }
   Bf16* norm_scratch(int i) { return buf->normed[i]; }
+  // gate|up and its GLU in one op (not where the weight has an FP8 copy: that product is FP8's).
+  bool linear_glu(const std::string& act, Bf16* h, int64_t ldh, const Bf16* x, int64_t ldx, const Bf16* W, int64_t R,
+                  int64_t F, int64_t K) {
+    if (fp8 && fp8_weights->count(W)) return false;
+    return ops_.gemm_glu(act, h, ldh, x, ldx, W, R, F, K);
+  }
   void copy2d(Bf16* dst, int64_t ldd, const Bf16* src, int64_t lds, int64_t rows, int64_t cols) {
     if (rows == 0 || cols == 0) return;
     ck(cudaMemcpy2DAsync(dst, size_t(ldd) * 2, src, size_t(lds) * 2, size_t(cols) * 2, size_t(rows),

@@ -80,6 +80,15 @@ class HostBackend {
     return true;
   }
   float* norm_scratch(int i) { return normed_[i].data(); }
+  // gate|up then its GLU (program_runner.hpp): the two ops through the values' scratch row, so
+  // the runner's fused path runs on the CPU too.
+  bool linear_glu(const std::string& act, float* h, int64_t ldh, const float* x, int64_t ldx, const float* W, int64_t R,
+                  int64_t F, int64_t K) {
+    float* gu = glu_scratch(R * 2 * F);
+    linear(gu, 2 * F, x, ldx, W, R, 2 * F, K);
+    glu(act, h, ldh, gu, 2 * F, R, F);
+    return true;
+  }
   void copy2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
   void moe(int64_t l, int64_t R, const float* xn, float* y);  // moe_decode.cpp
   const float* gather_rows(const float* x, int64_t R);
@@ -109,6 +118,11 @@ class HostBackend {
   int64_t cap_rows_ = 0, cap_samples_ = 0;
   AlignedFloats xs_[2];        // the residual stream, layer by layer in turn [R, C]
   AlignedFloats normed_[2];    // a layer's first norm, written by the last layer's add [R, C]
+  AlignedFloats glu_;          // linear_glu's gate|up product [R, 2F]
+  float* glu_scratch(int64_t n) {
+    if (int64_t(glu_.size()) < n) glu_.resize(size_t(n));
+    return glu_.data();
+  }
   AlignedFloats values_;       // a layer's other values (the worst layer's worth)
   AlignedFloats hs_, xn_;      // the sampled rows' hidden states and their final norm [S, C]
   AlignedFloats logits_;       // [S, V]

@@ -213,6 +213,26 @@ void run_rmsnorm_fwd(const Call& c) {
                  T(c.num("eps", 1e-6)), T(c.num("weight_offset", 0)));
 }
 
+// gemm_glu_fwd: h = act(x Wg^T) * (x Wu^T) with W = gate | up [2F, K]: by definition gemm into a
+// [M, 2F] scratch, then swiglu_fwd (activation 0) or geglu_fwd (1: tanh form, 2: erf).
+template <class T>
+void run_gemm_glu_fwd(const Call& c) {
+  const rlh_tensor &X = c.in(0), &W = c.in(1), &H = c.out(0);
+  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("gemm_glu_fwd: x, W and h must be 2-D");
+  const int64_t M = X.shape[0], K = X.shape[1], F = H.shape[1];
+  if (W.shape[0] != 2 * F || W.shape[1] != K || H.shape[0] != M) bad("gemm_glu_fwd: W must be [2F, K] for h [M, F]");
+  const int64_t act = c.integer("activation", 0);
+  if (act < 0 || act > 2) bad("gemm_glu_fwd: activation must be 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
+  const int64_t ldx = need_rows(X, M, K, "gemm_glu_fwd x"), ldw = need_rows(W, 2 * F, K, "gemm_glu_fwd W");
+  const int64_t ldh = need_rows(H, M, F, "gemm_glu_fwd h");
+  std::vector<T> gu(size_t(M * 2 * F));
+  gemm<T>(false, true, M, 2 * F, K, T(1), data<T>(X), ldx, data<T>(W), ldw, T(0), gu.data(), 2 * F);
+  if (act == 0)
+    swiglu_fwd<T>(data<T>(H), ldh, gu.data(), 2 * F, gu.data() + F, 2 * F, M, F);
+  else
+    geglu_fwd<T>(data<T>(H), ldh, gu.data(), 2 * F, gu.data() + F, 2 * F, M, F, act == 1);
+}
+
 // add_rmsnorm_fwd: y = a + b, then yn = rmsnorm(y): by definition the two ops in turn (a
 // residual add and the next norm, which a decoding step runs once per layer boundary).
 template <class T>
@@ -990,6 +1010,7 @@ const OpSpec kOps[] = {
     RLH_OP(rmsnorm_fwd, "ff", 2, "ff", 1, "rmsnorm_bwd", true),
     RLH_OP(rmsnorm_bwd, "ffff", 4, "ff", 1, "", true),
     RLH_OP(add_rmsnorm_fwd, "fff", 3, "ff", 2, "", true),
+    RLH_OP(gemm_glu_fwd, "ff", 2, "f", 1, "", true),
     RLH_OP(rope_fwd, "fik", 3, "f", 1, "rope_bwd", true),
     RLH_OP(rope_bwd, "fik", 3, "f", 1, "", true),
     RLH_OP(attention_fwd, "fffi", 4, "ff", 2, "attention_bwd", true),

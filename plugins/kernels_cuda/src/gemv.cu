@@ -7,7 +7,7 @@
 // kernels'), so gemm with batch_invariant = 1 never comes here.
 #include <cstdlib>
 
-#include "common.cuh"
+#include "glu_act.cuh"
 
 namespace rlh::kcuda {
 
@@ -35,93 +35,130 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b)
 // kAhead chunks a lane, each round one memory round trip; a 8192-wide row (a 1B model's down
 // projection) was four dependent rounds per warp and streamed at ~1.3 TB/s on an H100, where four
 // warps a column keep the whole weight in flight at once.
-template <int R, class TC, int WPC>
+// ACT >= 0 (gemm_glu_fwd): B is gate | up [2N, K]; a warp sums column n of both halves (rows n
+// and N + n of B) and writes h = act(gate) * up from the two sums rounded to bf16, as gemm then
+// swiglu_fwd / geglu_fwd compute it (glu_act.cuh): a decoding step's GLU launch fewer a layer.
+template <int R, class TC, int WPC, int ACT>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
   constexpr int kCols = kWarps / WPC;  // columns a block
-  __shared__ float part_sum[kWarps][kGemvRows];
+  constexpr int NB = ACT >= 0 ? 2 : 1;  // rows of B a column reads
+  __shared__ float part_sum[kWarps][NB][kGemvRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % WPC;
   const int64_t n = int64_t(blockIdx.x) * kCols + warp / WPC;
   const bool live = n < g.N;  // (no early exit: the block meets at the part sums)
-  const uint4* b = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.B) + (live ? n : 0) * g.ldb);
+  const uint4* b[NB];
+#pragma unroll
+  for (int h = 0; h < NB; ++h)
+    b[h] = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.B) + ((live ? n : 0) + h * g.N) * g.ldb);
   const int64_t chunks = g.K / 8;
   const int64_t per = (chunks + WPC - 1) / WPC;
   const int64_t c_begin = part * per, c_end = c_begin + per < chunks ? c_begin + per : chunks;
   // The weight's first 4 KiB of this warp's part into L2 while the kernel before finishes
   // (launched with launch_pdl); A, which that kernel writes, is read only after pdl_wait.
-  if (live && c_begin + lane * 8 < c_end) prefetch_l2(b + c_begin + lane * 8);
+  if (live && c_begin + lane * 8 < c_end) {
+#pragma unroll
+    for (int h = 0; h < NB; ++h) prefetch_l2(b[h] + c_begin + lane * 8);
+  }
   pdl_wait();
   pdl_trigger();
-  float acc[R];
+  float acc[NB][R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int h = 0; h < NB; ++h)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[h][r] = 0.f;
   if (live) {
     for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * kAhead) {
-      uint4 bv[kAhead];
+      uint4 bv[NB][kAhead];
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u)
-        if (c0 + 32 * u < c_end) bv[u] = __ldcs(b + c0 + 32 * u);  // streamed: read once
+      for (int h = 0; h < NB; ++h)
+#pragma unroll
+        for (int u = 0; u < kAhead; ++u)
+          if (c0 + 32 * u < c_end) bv[h][u] = __ldcs(b[h] + c0 + 32 * u);  // streamed: read once
 #pragma unroll
       for (int u = 0; u < kAhead; ++u) {
         if (c0 + 32 * u >= c_end) break;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const uint4 av = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.A) + r * g.lda)[c0 + 32 * u];
-          fma8(acc[r], av, bv[u]);
+#pragma unroll
+          for (int h = 0; h < NB; ++h) fma8(acc[h][r], av, bv[h][u]);
         }
       }
     }
   }
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+  for (int h = 0; h < NB; ++h)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[h][r] = warp_sum(acc[h][r]);
   if constexpr (WPC > 1) {
     if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) part_sum[warp][r] = acc[r];
+      for (int h = 0; h < NB; ++h)
+#pragma unroll
+        for (int r = 0; r < R; ++r) part_sum[warp][h][r] = acc[h][r];
     }
     __syncthreads();
     if (part != 0) return;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v = 0.f;
+    for (int h = 0; h < NB; ++h)
 #pragma unroll
-      for (int q = 0; q < WPC; ++q) v += part_sum[warp + q][r];  // in part order
-      acc[r] = v;
-    }
+      for (int r = 0; r < R; ++r) {
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < WPC; ++q) v += part_sum[warp + q][h][r];  // in part order
+        acc[h][r] = v;
+      }
   }
   if (lane == 0 && live) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      float v = acc[r];
-      if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
-                                                : static_cast<const float*>(g.bias)[n];
-      static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
+      if constexpr (ACT >= 0) {
+        const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
+        const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
+        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
+      } else {
+        float v = acc[0][r];
+        if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
+                                                  : static_cast<const float*>(g.bias)[n];
+        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
+      }
     }
   }
 }
 
-template <int R, int WPC>
+template <int R, int WPC, int ACT>
 void launch_wpc(const GemmArgs& g, cudaStream_t s) {
   constexpr int kCols = kWarps / WPC;
   const unsigned grid = unsigned((g.N + kCols - 1) / kCols);
   if (g.c_dt == DType::bf16)
-    launch_pdl(gemv_kernel<R, bf16, WPC>, grid, kWarps * 32, 0, s, g);
-  else
-    launch_pdl(gemv_kernel<R, float, WPC>, grid, kWarps * 32, 0, s, g);
+    launch_pdl(gemv_kernel<R, bf16, WPC, ACT>, grid, kWarps * 32, 0, s, g);
+  else if constexpr (ACT < 0)
+    launch_pdl(gemv_kernel<R, float, WPC, ACT>, grid, kWarps * 32, 0, s, g);
 }
 
 // Warps a column: enough that each warp's part is about one round (32 lanes x kAhead chunks
 // of 8 = 2048 elements), at most a block's 8.
-template <int R>
+template <int R, int ACT>
 void launch(const GemmArgs& g, cudaStream_t s) {
   const int64_t rounds = (g.K + 32 * kAhead * 8 - 1) / (32 * kAhead * 8);
   if (rounds >= 8)
-    launch_wpc<R, 8>(g, s);
+    launch_wpc<R, 8, ACT>(g, s);
   else if (rounds >= 4)
-    launch_wpc<R, 4>(g, s);
+    launch_wpc<R, 4, ACT>(g, s);
   else if (rounds >= 2)
-    launch_wpc<R, 2>(g, s);
+    launch_wpc<R, 2, ACT>(g, s);
   else
-    launch_wpc<R, 1>(g, s);
+    launch_wpc<R, 1, ACT>(g, s);
+}
+
+template <int ACT>
+void launch_rows(const GemmArgs& g, cudaStream_t s) {
+  switch (g.M) {
+    case 1: launch<1, ACT>(g, s); break;
+    case 2: launch<2, ACT>(g, s); break;
+    case 3: launch<3, ACT>(g, s); break;
+    default: launch<4, ACT>(g, s); break;
+  }
 }
 
 // Weights (elements) up to which the few-row path runs: 64 Mi by default, so a fused gate|up
@@ -140,19 +177,30 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
+// The few-row path's conditions: M <= kGemvRows rows of bf16 A, C = A B^T with B a
+// contiguous-row, 16-byte aligned bf16 weight of at most gemv_max_weight() elements.
+static bool gemv_fits(const GemmArgs& g, int64_t b_rows) {
+  return g.M >= 1 && g.M <= kGemvRows && g.batch == 1 && !g.ta && g.tb && g.ab == DType::bf16 && g.alpha == 1 &&
+         g.beta == 0 && g.K % 8 == 0 && g.lda % 8 == 0 && g.ldb % 8 == 0 && aligned16(g.A) && aligned16(g.B) &&
+         b_rows * g.K <= gemv_max_weight();
+}
+
 bool gemv_rows(const GemmArgs& g, cudaStream_t s) {
-  const int64_t kMaxWeight = gemv_max_weight();
-  if (g.M < 1 || g.M > kGemvRows || g.batch != 1 || g.ta || !g.tb || g.ab != DType::bf16 || g.alpha != 1 ||
-      g.beta != 0 || g.K % 8 != 0 || g.lda % 8 != 0 || g.ldb % 8 != 0 || !aligned16(g.A) || !aligned16(g.B) ||
-      g.N * g.K > kMaxWeight)
-    return false;
-  switch (g.M) {
-    case 1: launch<1>(g, s); break;
-    case 2: launch<2>(g, s); break;
-    case 3: launch<3>(g, s); break;
-    default: launch<4>(g, s); break;
-  }
+  if (!gemv_fits(g, g.N)) return false;
+  launch_rows<-1>(g, s);
   check_launch("gemm (few rows)");
+  return true;
+}
+
+bool gemv_glu_rows(const GemmArgs& g, int act, cudaStream_t s) {
+  if (!gemv_fits(g, 2 * g.N) || g.c_dt != DType::bf16 || g.bias || act < 0 || act > 2) return false;
+  if (act == 0)
+    launch_rows<0>(g, s);
+  else if (act == 1)
+    launch_rows<1>(g, s);
+  else
+    launch_rows<2>(g, s);
+  check_launch("gemm_glu (few rows)");
   return true;
 }
 

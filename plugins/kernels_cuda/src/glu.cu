@@ -1,38 +1,10 @@
 // Gated linear units: h = act(gate) * up and their backward, fp32 arithmetic; 8 elements per
 // thread with 16-byte accesses when rows and pointers are aligned. act: silu (swiglu), gelu in
 // its tanh form or exact (geglu, Gemma); the formulas are kernels_cpu's (swiglu.cpp, geglu.cpp).
-#include "common.cuh"
+#include "glu_act.cuh"
 
 namespace rlh::kcuda {
 namespace {
-
-__device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
-
-// The activation and its derivative. ACT 0: silu; 1: gelu, tanh form; 2: gelu, exact (erf).
-template <int ACT>
-__device__ __forceinline__ void act_and_grad(float g, float* v, float* d) {
-  if constexpr (ACT == 0) {
-    const float sg = sigmoid(g);
-    *v = g * sg;
-    *d = sg * (1.f + g * (1.f - sg));
-  } else if constexpr (ACT == 1) {
-    const float k = 0.7978845608028654f, c = 0.044715f;
-    const float t = tanhf(k * (g + c * g * g * g));
-    *v = 0.5f * g * (1.f + t);
-    *d = 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * k * (1.f + 3.f * c * g * g);
-  } else {
-    const float e = erff(g * 0.7071067811865476f);
-    *v = 0.5f * g * (1.f + e);
-    *d = 0.5f * (1.f + e) + g * expf(-0.5f * g * g) * 0.3989422804014327f;
-  }
-}
-template <int ACT>
-__device__ __forceinline__ float act_value(float g) {
-  if constexpr (ACT == 0) return g * sigmoid(g);
-  float v, d;
-  act_and_grad<ACT>(g, &v, &d);
-  return v;
-}
 
 template <class T>
 struct Vec8;  // 8 elements as one or two 16-byte words

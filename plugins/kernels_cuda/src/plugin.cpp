@@ -233,6 +233,44 @@ void run_gemm(const Call& c) {
   gemm(c.op->inst->gemm, g, *c.ws, c.stream);
 }
 
+// x [M, K], W = gate | up [2F, K] -> h [M, F] = act(x Wg^T) * (x Wu^T), each product rounded to
+// bf16 first: gemm then swiglu_fwd / geglu_fwd. Few rows on gemv.cu's GLU epilogue; otherwise
+// the two ops through a [M, 2F] workspace.
+void run_gemm_glu_fwd(const Call& c) {
+  const rlh_tensor &X = c.in(0), &W = c.in(1), &H = c.out(0);
+  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("gemm_glu_fwd: x, W and h must be 2-D");
+  const int64_t M = X.shape[0], K = X.shape[1], F = H.shape[1];
+  if (W.shape[0] != 2 * F || W.shape[1] != K || H.shape[0] != M) bad("gemm_glu_fwd: W must be [2F, K] for h [M, F]");
+  const int64_t act = c.integer("activation", 0);
+  if (act < 0 || act > 2) bad("gemm_glu_fwd: activation must be 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
+  if (c.dt() != DType::bf16) bad("gemm_glu_fwd: bf16 only");
+  GemmArgs g;
+  g.M = M;
+  g.N = F;
+  g.K = K;
+  g.tb = true;
+  g.A = ptr(X);
+  g.lda = need_rows(X, M, K, "gemm_glu_fwd x");
+  g.B = ptr(W);
+  g.ldb = need_rows(W, 2 * F, K, "gemm_glu_fwd W");
+  g.C = ptr(H);
+  g.ldc = need_rows(H, M, F, "gemm_glu_fwd h");
+  g.ab = DType::bf16;
+  g.c_dt = DType::bf16;
+  if (gemv_glu_rows(g, int(act), c.stream)) return;
+  const int64_t ldh = g.ldc;
+  void* gu = c.ws->get(size_t(M * 2 * F) * 2);
+  g.N = 2 * F;
+  g.C = gu;
+  g.ldc = 2 * F;
+  gemm(c.op->inst->gemm, g, *c.ws, c.stream);
+  const uint16_t* gate = static_cast<const uint16_t*>(gu);  // bf16 [M, 2F]: gate, then up
+  if (act == 0)
+    swiglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * F, gate + F, 2 * F, M, F, c.stream);
+  else
+    geglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * F, gate + F, 2 * F, M, F, act == 1, c.stream);
+}
+
 void run_embedding_fwd(const Call& c) {
   const int64_t N = numel(c.in(0)), V = c.in(1).shape[0], C = c.in(1).shape[1];
   need_vec(c.in(0), N, "embedding_fwd ids");
@@ -957,6 +995,7 @@ const OpSpec kOps[] = {
     {"embedding_bwd", "if", 2, "s", 1, "", true, false, false, run_embedding_bwd, false},
     {"rmsnorm_fwd", "ff", 2, "fs", 1, "rmsnorm_bwd", true, false, false, run_rmsnorm_fwd, true},
     {"rmsnorm_bwd", "fffs", 4, "fs", 1, "", true, false, false, run_rmsnorm_bwd, false},
+    {"gemm_glu_fwd", "ff", 2, "f", 1, "", true, false, false, run_gemm_glu_fwd, false},
     {"add_rmsnorm_fwd", "fff", 3, "ff", 2, "", true, false, false, run_add_rmsnorm_fwd, true},
     {"rope_fwd", "fik", 3, "f", 1, "rope_bwd", true, false, false, run_rope_fwd, true},
     {"rope_bwd", "fik", 3, "f", 1, "", true, false, false, run_rope_bwd, true},
@@ -1160,9 +1199,14 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     if (std::strcmp(s->name, "add_rmsnorm_fwd") == 0)
       if (const char* e = std::getenv("RLH_KCUDA_ADD_RMSNORM"); e && std::string(e) == "0")
         throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: add_rmsnorm_fwd withheld (RLH_KCUDA_ADD_RMSNORM=0)");
+    if (std::strcmp(s->name, "gemm_glu_fwd") == 0)  // (the same for the gate|up product with its GLU)
+      if (const char* e = std::getenv("RLH_KCUDA_GEMM_GLU"); e && std::string(e) == "0")
+        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: gemm_glu_fwd withheld (RLH_KCUDA_GEMM_GLU=0)");
     if (d->device.device_type != RLH_DEVICE_CUDA || d->device.device_id != k->device.device_id)
       throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: op asked for another device");
     const DType dt = check_operands(*s, k, d->inputs, d->num_inputs, d->outputs, d->num_outputs);
+    if (std::strcmp(s->name, "gemm_glu_fwd") == 0 && dt != DType::bf16)
+      throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda gemm_glu_fwd: bf16 only");
     auto op = std::make_unique<rlh_op>();
     op->spec = s;
     op->dt = dt;

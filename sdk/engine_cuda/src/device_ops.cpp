@@ -385,6 +385,26 @@ bool DeviceOps::add_rmsnorm(void* y, void* yn, const void* x, const void* b, con
   return true;
 }
 
+bool DeviceOps::gemm_glu(const std::string& act, void* h, int64_t ldh, const void* x, int64_t ldx, const void* W,
+                         int64_t N, int64_t F, int64_t K) {
+  if (no_gemm_glu_) return false;
+  Args a(dev_);
+  const std::array<rlh_named_value, 1> at = {attr_int("activation", act == "silu" ? 0 : act == "gelu_tanh" ? 1 : 2)};
+  const std::vector<rlh_tensor> in{a.mat(x, kBF16, N, K, ldx), a.mat(W, kBF16, 2 * F, K, K)};
+  const std::vector<rlh_tensor> out{a.mat(h, kBF16, N, F, ldh)};
+  static const char kKey[] = "gemm_glu_fwd";
+  const sdk::Op* o = nullptr;
+  try {
+    o = &op(kKey, "gemm_glu_fwd", in, out, at);
+  } catch (const sdk::Error& e) {
+    if (e.code() != RLH_E_UNIMPLEMENTED) throw;
+    no_gemm_glu_ = true;  // an optional op: gemm and glu_fwd run instead
+    return false;
+  }
+  run(*o, in, out, at);
+  return true;
+}
+
 void DeviceOps::scale(void* x, int64_t n, double s) {
   Args a(dev_);
   const std::array<rlh_named_value, 1> at = {attr_double("scale", s)};

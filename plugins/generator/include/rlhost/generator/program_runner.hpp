@@ -21,6 +21,8 @@
 //   (optional) bool add_norm(T* y, T* yn, const T* a, const T* b, const T* w, int64_t R, int64_t C, float eps,
 //                            float offset)         y = a + b, yn = norm(y), contiguous rows; false: not offered
 //   (optional, with add_norm) T* norm_scratch(int i)   two [R, C] buffers a layer's first norm may be written to
+//   (optional) bool linear_glu(const std::string& act, T* h, ldh, const T* x, ldx, const T* W, int64_t R,
+//                              int64_t F, int64_t K)   h = glu(x W^T), W = gate | up [2F, K]; false: not offered
 //   void copy2d(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t cols)
 //   void moe(int64_t l, int64_t R, const T* xn, T* y)  the MoE block (no residual)
 //   void tp_reduce(T* y, int64_t n)                    (tensor parallelism only) the group's sum of y, in place
@@ -126,6 +128,24 @@ class ProgramRunner {
             }
           }
         }
+        // The gate|up product and the GLU that reads it: one linear_glu where the backend offers
+        // it (docs/ops.md gemm_glu_fwd; bitwise the two steps).
+        if constexpr (requires { b_.linear_glu(std::string(), nullptr, 0, nullptr, 0, nullptr, 0, 0, 0); }) {
+          if (i + 1 < lp.steps.size()) {
+            const sdk::LayerStep& st = lp.steps[i];
+            const sdk::LayerStep& nx = lp.steps[i + 1];
+            const T* W = glu_product(lp, st, nx);
+            if (W != nullptr) {
+              const int64_t F = nx.out.width;
+              if (b_.linear_glu(nx.act, v[size_t(nx.out.value)], lp.values[size_t(nx.out.value)].width,
+                                v[size_t(st.in.value)] + st.in.col, lp.values[size_t(st.in.value)].width, W, R, F,
+                                st.in.width)) {
+                ++i;
+                continue;
+              }
+            }
+          }
+        }
         // q's and k's RoPE on adjacent columns of one value with one table: one call over both
         // (per head the same math; a launch fewer per layer, which counts at small batch)
         if (i + 1 < lp.steps.size() && adjacent_ropes(lp.steps[i], lp.steps[i + 1])) {
@@ -169,6 +189,34 @@ class ProgramRunner {
     return st.op == sdk::StepOp::norm && st.in.value == in && whole(lp, st.in, C) && whole(lp, st.out, C) &&
            st.out.value != in;
   }
+  // A linear step that is one gate|up product (its weights adjacent, 2F rows, no bias, no
+  // tensor-parallel sum) into a whole value, followed by the GLU of that value into columns 0..F
+  // of its own: the product's weight, else null.
+  const T* glu_product(const sdk::LayerProgram& lp, const sdk::LayerStep& st, const sdk::LayerStep& nx) const {
+    if (st.op != sdk::StepOp::linear || nx.op != sdk::StepOp::glu || st.tp_reduce_out || st.weights.empty()) return nullptr;
+    const int64_t F = nx.out.width;
+    if (nx.in.value != st.out.value || nx.in.col != 0 || nx.in.width != 2 * F || nx.out.col != 0 ||
+        lp.root(nx.out.value) == lp.root(st.in.value) || st.out.col != 0 || st.out.width != 2 * F ||
+        lp.values[size_t(st.out.value)].width != 2 * F)
+      return nullptr;
+    for (int64_t bias : st.biases)
+      if (bias >= 0) return nullptr;
+    // the product itself is not kept: the GLU must be its only reader (nothing shares its storage)
+    const int gu = lp.root(st.out.value);
+    for (const sdk::LayerStep& o : lp.steps) {
+      if (&o == &nx) continue;
+      for (const sdk::Cols* c : {&o.in, &o.in2, &o.in3})
+        if (c->valid() && lp.root(c->value) == gu) return nullptr;
+    }
+    int products = 0;
+    int64_t rows = 0;
+    for_each_linear_product(m_.desc(), st, [&](int64_t p) { return b_.w(p); }, [&](size_t, int64_t n) {
+      ++products;
+      rows = n;
+    });
+    return products == 1 && rows == 2 * F ? b_.w(st.weights[0]) : nullptr;
+  }
+
   // A layer whose first step is a norm of its input into a value no other shares and that is not
   // its output: that value can live in norm_scratch instead of the layer's block.
   static bool lead_norm_fusable(const sdk::LayerProgram& lp, int64_t C) {

@@ -70,10 +70,14 @@ void gemm(GemmEngine* e, const GemmArgs& a, Workspace& ws, cudaStream_t s);
 // The SIMT fallback: any shape, stride and alignment; fp32 accumulation. Bias as in GemmArgs.
 void gemm_fallback(const GemmArgs& a, cudaStream_t s);
 // C = A B^T for up to kGemvRows rows of bf16 A and a contiguous, 16-byte aligned bf16 B of at
-// most 32M elements (alpha 1, beta 0): a decoding step's linears at batch 1-4 (gemv.cu). Returns
-// false, launching nothing, for anything else.
+// most 64 Mi elements (RLH_KCUDA_GEMV_MAX; alpha 1, beta 0): a decoding step's linears at batch
+// 1-4 (gemv.cu). Returns false, launching nothing, for anything else.
 inline constexpr int64_t kGemvRows = 4;
 bool gemv_rows(const GemmArgs& a, cudaStream_t s);
+// The same with B = gate | up [2N, K] and C [M, N] bf16 = act(gate) * up, the product's halves
+// rounded to bf16 first (gemm then swiglu_fwd / geglu_fwd, bitwise). act 0: silu; 1: gelu (tanh
+// form); 2: gelu (erf). No bias. False, launching nothing, where the few-row path does not apply.
+bool gemv_glu_rows(const GemmArgs& a, int act, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // embedding: out[n] = table[ids[n]] (ids outside [0,V) give zero rows and set *err).

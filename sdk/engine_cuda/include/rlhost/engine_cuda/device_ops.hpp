@@ -130,6 +130,11 @@ class DeviceOps {
   // rmsnorm_fwd: the same bits).
   bool add_rmsnorm(void* y, void* yn, const void* a, const void* b, const void* w, int64_t N, int64_t C, double eps,
                    double offset);
+  // h [N, F] (ldh) = act(x Wg^T) * (x Wu^T), x [N, K] (ldx), W = gate | up [2F, K] contiguous, as
+  // one op where a provider offers gemm_glu_fwd (act as glu_fwd's: silu, gelu_tanh, gelu); false
+  // where none does (the caller runs gemm and glu_fwd: the same bits).
+  bool gemm_glu(const std::string& act, void* h, int64_t ldh, const void* x, int64_t ldx, const void* W, int64_t N,
+                int64_t F, int64_t K);
   void scale(void* x, int64_t n, double s);                    // bf16 x *= s, in place
   struct Logprob {
     int64_t N = 0, C = 0, V = 0;
@@ -225,6 +230,7 @@ class DeviceOps {
   size_t ws_bytes_ = 0;
   bool batch_invariant_ = false;
   bool no_add_rmsnorm_ = false;  // no provider offers it (asked once)
+  bool no_gemm_glu_ = false;
 };
 
 }  // namespace rlh::engine::cuda
