@@ -387,7 +387,9 @@ bool DeviceOps::add_rmsnorm(void* y, void* yn, const void* x, const void* b, con
 
 bool DeviceOps::gemm_glu(const std::string& act, void* h, int64_t ldh, const void* x, int64_t ldx, const void* W,
                          int64_t N, int64_t F, int64_t K) {
-  if (no_gemm_glu_) return false;
+  // The deterministic mode's products are the batch-invariant gemm's; the fused op does not
+  // promise that (its few-row path sums as gemv.cu does).
+  if (no_gemm_glu_ || batch_invariant_) return false;
   Args a(dev_);
   const std::array<rlh_named_value, 1> at = {attr_int("activation", act == "silu" ? 0 : act == "gelu_tanh" ? 1 : 2)};
   const std::vector<rlh_tensor> in{a.mat(x, kBF16, N, K, ldx), a.mat(W, kBF16, 2 * F, K, K)};

@@ -132,7 +132,8 @@ class DeviceOps {
                    double offset);
   // h [N, F] (ldh) = act(x Wg^T) * (x Wu^T), x [N, K] (ldx), W = gate | up [2F, K] contiguous, as
   // one op where a provider offers gemm_glu_fwd (act as glu_fwd's: silu, gelu_tanh, gelu); false
-  // where none does (the caller runs gemm and glu_fwd: the same bits).
+  // where none does (the caller runs gemm and glu_fwd: the same bits), and under
+  // set_batch_invariant_gemm (the fused op promises no batch invariance).
   bool gemm_glu(const std::string& act, void* h, int64_t ldh, const void* x, int64_t ldx, const void* W, int64_t N,
                 int64_t F, int64_t K);
   void scale(void* x, int64_t n, double s);                    // bf16 x *= s, in place
