@@ -365,46 +365,41 @@ void DeviceOps::add(void* y, const void* x, const void* b, int64_t n) {
           (std::vector<rlh_tensor>{a.vec(y, kBF16, n)}), kNone);
 }
 
-bool DeviceOps::add_rmsnorm(void* y, void* yn, const void* x, const void* b, const void* w, int64_t N, int64_t C,
-                            double eps, double offset) {
-  if (no_add_rmsnorm_) return false;
-  Args a(dev_);
-  const std::array<rlh_named_value, 2> at = {attr_double("eps", eps), attr_double("weight_offset", offset)};
-  const std::vector<rlh_tensor> in{a.mat(x, kBF16, N, C, C), a.mat(b, kBF16, N, C, C), a.vec(w, kBF16, C)};
-  const std::vector<rlh_tensor> out{a.mat(y, kBF16, N, C, C), a.mat(yn, kBF16, N, C, C)};
-  static const char kKey[] = "add_rmsnorm_fwd";
+bool DeviceOps::run_optional(const char* key, const char* name, bool& none, const std::vector<rlh_tensor>& in,
+                             const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
+  if (none) return false;
   const sdk::Op* o = nullptr;
   try {
-    o = &op(kKey, "add_rmsnorm_fwd", in, out, at);
+    o = &op(key, name, in, out, attrs);
   } catch (const sdk::Error& e) {
     if (e.code() != RLH_E_UNIMPLEMENTED) throw;
-    no_add_rmsnorm_ = true;  // an optional op: the two ops it fuses run instead
+    none = true;  // no provider offers it: the caller runs the ops it fuses
     return false;
   }
-  run(*o, in, out, at);
+  run(*o, in, out, attrs);
   return true;
+}
+
+bool DeviceOps::add_rmsnorm(void* y, void* yn, const void* x, const void* b, const void* w, int64_t N, int64_t C,
+                            double eps, double offset) {
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("eps", eps), attr_double("weight_offset", offset)};
+  static const char kKey[] = "add_rmsnorm_fwd";
+  return run_optional(kKey, "add_rmsnorm_fwd", no_add_rmsnorm_,
+                      {a.mat(x, kBF16, N, C, C), a.mat(b, kBF16, N, C, C), a.vec(w, kBF16, C)},
+                      {a.mat(y, kBF16, N, C, C), a.mat(yn, kBF16, N, C, C)}, at);
 }
 
 bool DeviceOps::gemm_glu(const std::string& act, void* h, int64_t ldh, const void* x, int64_t ldx, const void* W,
                          int64_t N, int64_t F, int64_t K) {
   // The deterministic mode's products are the batch-invariant gemm's; the fused op does not
   // promise that (its few-row path sums as gemv.cu does).
-  if (no_gemm_glu_ || batch_invariant_) return false;
+  if (batch_invariant_) return false;
   Args a(dev_);
   const std::array<rlh_named_value, 1> at = {attr_int("activation", act == "silu" ? 0 : act == "gelu_tanh" ? 1 : 2)};
-  const std::vector<rlh_tensor> in{a.mat(x, kBF16, N, K, ldx), a.mat(W, kBF16, 2 * F, K, K)};
-  const std::vector<rlh_tensor> out{a.mat(h, kBF16, N, F, ldh)};
   static const char kKey[] = "gemm_glu_fwd";
-  const sdk::Op* o = nullptr;
-  try {
-    o = &op(kKey, "gemm_glu_fwd", in, out, at);
-  } catch (const sdk::Error& e) {
-    if (e.code() != RLH_E_UNIMPLEMENTED) throw;
-    no_gemm_glu_ = true;  // an optional op: gemm and glu_fwd run instead
-    return false;
-  }
-  run(*o, in, out, at);
-  return true;
+  return run_optional(kKey, "gemm_glu_fwd", no_gemm_glu_, {a.mat(x, kBF16, N, K, ldx), a.mat(W, kBF16, 2 * F, K, K)},
+                      {a.mat(h, kBF16, N, F, ldh)}, at);
 }
 
 void DeviceOps::scale(void* x, int64_t n, double s) {

@@ -222,6 +222,9 @@ class DeviceOps {
                     const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs = {});
   void run(const sdk::Op& o, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
            std::span<const rlh_named_value> attrs);
+  // An optional (fused) op: resolved and run, or false once no provider offers it (`none`).
+  bool run_optional(const char* key, const char* name, bool& none, const std::vector<rlh_tensor>& in,
+                    const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs);
 
   const sdk::KernelRegistry& reg_;
   rlh_device dev_;
