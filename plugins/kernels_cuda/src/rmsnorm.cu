@@ -1,6 +1,8 @@
 // rmsnorm: y = x * rstd * (w + w_offset), rstd = 1/sqrt(mean(x^2) + eps), fp32 arithmetic.
 // One warp per row; 16-byte loads when rows and pointers allow. The backward writes dx per row
 // (warp) and sums dw over rows with the deterministic column reduction.
+#include <type_traits>
+
 #include "colreduce.cuh"
 
 namespace rlh::kcuda {
@@ -239,7 +241,14 @@ void fwd_t(T* y, int64_t ldy, Flex rstd, const T* x, int64_t ldx, const T* w, in
 template <class T>
 void add_fwd_t(T* y, T* yn, const T* a, const T* b, const T* w, int64_t N, int64_t C, float eps, float woff,
                cudaStream_t s) {
-  const bool vec = C % 8 == 0 && aligned16(y) && aligned16(yn) && aligned16(a) && aligned16(b) && aligned16(w);
+  // The norm's lanes must walk y as rmsnorm_fwd would (its vector test: y, yn and w); where that
+  // is the vector walk but a or b cannot be read 16 bytes at a time, the two ops run as they are.
+  const bool vec = C % 8 == 0 && aligned16(y) && aligned16(yn) && aligned16(w);
+  if (vec && !(aligned16(a) && aligned16(b))) {
+    add_fwd(std::is_same_v<T, float> ? DType::f32 : DType::bf16, y, a, b, N * C, s);
+    fwd_t(yn, C, Flex{}, static_cast<const T*>(y), C, w, N, C, eps, woff, s);
+    return;
+  }
   const unsigned grid = ceil_div(N, kWarps);
   if (vec)
     launch_pdl(add_rmsnorm_fwd_kernel<T, true>, grid, kWarps * 32, 0, s, y, yn, a, b, w, N, C, eps, woff);
