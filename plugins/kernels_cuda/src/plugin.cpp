@@ -1190,18 +1190,23 @@ rlh_status* k_list_ops(rlh_kernels*, rlh_write_fn write, void* user) {
   });
 }
 
+bool withheld(const char* name) {
+  static const std::string list = [] {
+    const char* e = std::getenv("RLH_KCUDA_WITHHOLD");
+    return "," + std::string(e ? e : "") + ",";
+  }();
+  return list.find("," + std::string(name) + ",") != std::string::npos;
+}
+
 rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
   return sdk::guard(g_make_status, [&] {
     const OpSpec* s = find_op(d->name);
     if (!s) throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda has no op '") + (d->name ? d->name : "") + "'");
-    // The fused residual add and norm is optional to its callers (they run the two ops without
-    // it); RLH_KCUDA_ADD_RMSNORM=0 withholds it, the A/B of the decoding benchmark.
-    if (std::strcmp(s->name, "add_rmsnorm_fwd") == 0)
-      if (const char* e = std::getenv("RLH_KCUDA_ADD_RMSNORM"); e && std::string(e) == "0")
-        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: add_rmsnorm_fwd withheld (RLH_KCUDA_ADD_RMSNORM=0)");
-    if (std::strcmp(s->name, "gemm_glu_fwd") == 0)  // (the same for the gate|up product with its GLU)
-      if (const char* e = std::getenv("RLH_KCUDA_GEMM_GLU"); e && std::string(e) == "0")
-        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: gemm_glu_fwd withheld (RLH_KCUDA_GEMM_GLU=0)");
+    // RLH_KCUDA_WITHHOLD="op,op": this provider answers none of them, so a registry falls through
+    // to the next provider and an optional fused op's callers run the ops it fuses (the A/B of
+    // the decoding benchmark; docs/kernels_cuda.md).
+    if (withheld(s->name))
+      throw Error(RLH_E_UNIMPLEMENTED, std::string("kernels_cuda: ") + s->name + " withheld (RLH_KCUDA_WITHHOLD)");
     if (d->device.device_type != RLH_DEVICE_CUDA || d->device.device_id != k->device.device_id)
       throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda: op asked for another device");
     const DType dt = check_operands(*s, k, d->inputs, d->num_inputs, d->outputs, d->num_outputs);

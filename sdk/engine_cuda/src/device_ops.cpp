@@ -382,6 +382,7 @@ bool DeviceOps::run_optional(const char* key, const char* name, bool& none, cons
 
 bool DeviceOps::add_rmsnorm(void* y, void* yn, const void* x, const void* b, const void* w, int64_t N, int64_t C,
                             double eps, double offset) {
+  if (no_add_rmsnorm_) return false;  // (before building the call's descriptors)
   Args a(dev_);
   const std::array<rlh_named_value, 2> at = {attr_double("eps", eps), attr_double("weight_offset", offset)};
   static const char kKey[] = "add_rmsnorm_fwd";
@@ -394,7 +395,7 @@ bool DeviceOps::gemm_glu(const std::string& act, void* h, int64_t ldh, const voi
                          int64_t N, int64_t F, int64_t K) {
   // The deterministic mode's products are the batch-invariant gemm's; the fused op does not
   // promise that (its few-row path sums as gemv.cu does).
-  if (batch_invariant_) return false;
+  if (batch_invariant_ || no_gemm_glu_) return false;
   Args a(dev_);
   const std::array<rlh_named_value, 1> at = {attr_int("activation", act == "silu" ? 0 : act == "gelu_tanh" ? 1 : 2)};
   static const char kKey[] = "gemm_glu_fwd";
