@@ -34,7 +34,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   while IFS= read -r f; do targets+=("$(basename "$f")"); done < <(find build-fuzz/tests/fuzz -maxdepth 1 -type f -name 'fuzz_*' -perm -u+x | sort)
 fi
 
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 mkdir -p "$out"
 summary="$out/summary.txt"
 printf '%-26s %8s %12s %9s %7s %8s %5s %5s\n' target seconds executions exec/s crashes timeouts ooms leaks | tee "$summary"
