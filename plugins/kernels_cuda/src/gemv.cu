@@ -38,7 +38,7 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b)
 // ACT >= 0 (gemm_glu_fwd): B is gate | up [2N, K]; a warp sums column n of both halves (rows n
 // and N + n of B) and writes h = act(gate) * up from the two sums rounded to bf16, as gemm then
 // swiglu_fwd / geglu_fwd compute it (glu_act.cuh): a decoding step's GLU launch fewer a layer.
-template <int R, class TC, int WPC, int ACT>
+template <int R, class TC, int WPC, int ACT, bool PRE>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
   constexpr int kCols = kWarps / WPC;  // columns a block
   constexpr int NB = ACT >= 0 ? 2 : 1;  // rows of B a column reads
@@ -53,9 +53,23 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
   const int64_t chunks = g.K / 8;
   const int64_t per = (chunks + WPC - 1) / WPC;
   const int64_t c_begin = part * per, c_end = c_begin + per < chunks ? c_begin + per : chunks;
-  // The weight's first 4 KiB of this warp's part into L2 while the kernel before finishes
-  // (launched with launch_pdl); A, which that kernel writes, is read only after pdl_wait.
-  if (live && c_begin + lane * 8 < c_end) {
+  // The weight does not depend on the kernel before (launched with launch_pdl), so this warp's
+  // first round of it is loaded before pdl_wait (PRE; else only its first 4 KiB into L2): a
+  // 2048-wide weight is then wholly in flight while the norm, RoPE or attention before it
+  // finishes. A, which that kernel writes, is read only after pdl_wait. Either way a lane sums
+  // the same chunks in the same order.
+  uint4 bv[NB][kAhead];
+  auto load_round = [&](int64_t c0) {
+#pragma unroll
+    for (int h = 0; h < NB; ++h)
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u)
+        if (c0 + 32 * u < c_end) bv[h][u] = __ldcs(b[h] + c0 + 32 * u);  // streamed: read once
+  };
+  int64_t c0 = c_begin + lane;
+  if constexpr (PRE) {
+    if (live) load_round(c0);
+  } else if (live && c_begin + lane * 8 < c_end) {
 #pragma unroll
     for (int h = 0; h < NB; ++h) prefetch_l2(b[h] + c_begin + lane * 8);
   }
@@ -67,13 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[h][r] = 0.f;
   if (live) {
-    for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * kAhead) {
-      uint4 bv[NB][kAhead];
-#pragma unroll
-      for (int h = 0; h < NB; ++h)
-#pragma unroll
-        for (int u = 0; u < kAhead; ++u)
-          if (c0 + 32 * u < c_end) bv[h][u] = __ldcs(b[h] + c0 + 32 * u);  // streamed: read once
+    if constexpr (!PRE) load_round(c0);
+    for (; c0 < c_end; c0 += 32 * kAhead) {
 #pragma unroll
       for (int u = 0; u < kAhead; ++u) {
         if (c0 + 32 * u >= c_end) break;
@@ -84,6 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
           for (int h = 0; h < NB; ++h) fma8(acc[h][r], av, bv[h][u]);
         }
       }
+      if (c0 + 32 * kAhead < c_end) load_round(c0 + 32 * kAhead);
     }
   }
 #pragma unroll
@@ -126,14 +136,32 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
   }
 }
 
+// Whether the first round of the weight is loaded before pdl_wait (RLH_KCUDA_GEMV_PRELOAD=0:
+// only prefetched into L2, as before 2026-12-06; the A/B of device_gpu.sh decodeab).
+bool gemv_preload() {
+  static const bool v = [] {
+    const char* e = std::getenv("RLH_KCUDA_GEMV_PRELOAD");
+    return !(e && e[0] == '0' && e[1] == 0);
+  }();
+  return v;
+}
+
 template <int R, int WPC, int ACT>
 void launch_wpc(const GemmArgs& g, cudaStream_t s) {
   constexpr int kCols = kWarps / WPC;
   const unsigned grid = unsigned((g.N + kCols - 1) / kCols);
-  if (g.c_dt == DType::bf16)
-    launch_pdl(gemv_kernel<R, bf16, WPC, ACT>, grid, kWarps * 32, 0, s, g);
-  else if constexpr (ACT < 0)
-    launch_pdl(gemv_kernel<R, float, WPC, ACT>, grid, kWarps * 32, 0, s, g);
+  const bool pre = gemv_preload();
+  if (g.c_dt == DType::bf16) {
+    if (pre)
+      launch_pdl(gemv_kernel<R, bf16, WPC, ACT, true>, grid, kWarps * 32, 0, s, g);
+    else
+      launch_pdl(gemv_kernel<R, bf16, WPC, ACT, false>, grid, kWarps * 32, 0, s, g);
+  } else if constexpr (ACT < 0) {
+    if (pre)
+      launch_pdl(gemv_kernel<R, float, WPC, ACT, true>, grid, kWarps * 32, 0, s, g);
+    else
+      launch_pdl(gemv_kernel<R, float, WPC, ACT, false>, grid, kWarps * 32, 0, s, g);
+  }
 }
 
 // Warps a column: enough that each warp's part is about one round (32 lanes x kAhead chunks
