@@ -191,7 +191,10 @@ TEST_F(RmLoop, RewardModelEnvironmentScoresWithTheTrainedCheckpoint) {
 // GRPO with env.reward_model (NeMo-RL's grpo_rm_1B layout) on a fresh random policy: rewarded
 // by the rm run's checkpoint alone, the policy's mean validation reward (the reward model's score
 // of its greedy answers) rises from clearly negative (the reward model dislikes a random digit)
-// to clearly positive within 32 steps.
+// by more than 2.5 within 32 steps. Where it ends is not asserted: the reward model itself is
+// trained here, and its scores move with the CPU's BLAS kernels (summation orders): measured
+// -3.76 -> 1.91 under OpenBLAS's Haswell and Zen kernels, -3.83 -> 0.11 under its SkylakeX ones,
+// -4.68 -> -0.93 on the builtin GEMM; a policy that does not learn stays near its start.
 TEST_F(RmLoop, GrpoLearnsFromTheRewardModelEnvironment) {
   for (const char* p : {"grpo", "generator", "environments"})
     if (!have(p)) GTEST_SKIP() << "plugin '" << p << "' is not built";
@@ -241,7 +244,7 @@ logger: {log_dir: )" << (dir / "grpo_logs").string() << R"(, console_enabled: fa
   RecordProperty("validation_reward_step_0", std::to_string(reward[0]));
   RecordProperty("validation_reward_step_32", std::to_string(reward[32]));
   EXPECT_LT(reward[0], -1.0);
-  EXPECT_GT(reward[32], 0.5) << "GRPO did not learn from the reward model";
+  EXPECT_GT(reward[32], reward[0] + 2.5) << "GRPO did not learn from the reward model";
 }
 
 // NeMo-RL's own rm.yaml (every version copied into tests/host/nemo_rl_configs) passes the key
