@@ -89,15 +89,25 @@ const std::regex kRefusal(R"(^config key '[A-Za-z0-9_.<>-]+' = .+ \(from .+\) ne
 const std::regex kClusterMismatch(
     R"(^cluster\.(num_nodes|num_nodes x cluster\.gpus_per_node|gpus_per_node) = .+ \(from .+\), but .+ (started|spans) .+$)");
 
+// Under AddressSanitizer (scripts/test.sh's second build) every fourth file is loaded (the same
+// code per file, 12x slower there: two minutes for all ~980); the normal build loads them all.
+#ifdef __SANITIZE_ADDRESS__
+constexpr int kEveryNth = 4;
+#else
+constexpr int kEveryNth = 1;
+#endif
+
 TEST_F(NemoRlConfigs, EveryExampleResolvesAndStartsOrIsRefusedByName) {
   std::map<std::string, int> files, start;
   std::map<std::string, int> refused_by;  // key -> configs
+  int seen = 0;
   for (const auto& ref : kRefs) {
     const fs::path dir = root() / ref / "examples" / "configs";
     ASSERT_TRUE(fs::is_directory(dir)) << dir;
     for (const auto& e : fs::recursive_directory_iterator(dir)) {
       if (!e.is_regular_file() || e.path().extension() != ".yaml") continue;
       ++files[ref];
+      if (seen++ % kEveryNth != 0) continue;
       const Outcome o = load(e.path());
       ASSERT_EQ(o.resolve, RLH_OK) << e.path() << ": " << o.resolve_msg;
       if (o.check == RLH_OK) {
@@ -128,7 +138,8 @@ TEST_F(NemoRlConfigs, EveryExampleResolvesAndStartsOrIsRefusedByName) {
   for (const auto& [ref, n] : start) total += n;
   RecordProperty("configs_that_start", total);
   // The GRPO math recipes on one device start in every version.
-  for (const auto& ref : kRefs) EXPECT_GE(start[ref], 3) << ref;
+  if (kEveryNth == 1)  // (each is loaded below in any case)
+    for (const auto& ref : kRefs) EXPECT_GE(start[ref], 3) << ref;
   for (const auto& ref : kRefs) {
     const Outcome o = load(root() / ref / "examples/configs/grpo_math_1B.yaml");
     EXPECT_EQ(o.check, RLH_OK) << ref << ": " << o.check_msg;
