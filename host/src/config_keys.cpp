@@ -17,16 +17,22 @@
 #include <algorithm>
 #include <climits>
 #include <set>
+#include <string_view>
 
 namespace rlh::host {
 namespace {
 
+// key is `base` or lies under it (a map under an owned key). Without building strings: it runs
+// for every key against every owned pattern (most of a config check's time).
+bool under(const std::string& key, std::string_view base) {
+  return key.size() >= base.size() && key.compare(0, base.size(), base) == 0 &&
+         (key.size() == base.size() || key[base.size()] == '.');
+}
+
 bool matches(const std::string& key, const std::string& pattern) {
-  if (pattern.size() >= 2 && pattern.compare(pattern.size() - 2, 2, ".*") == 0) {
-    const std::string prefix = pattern.substr(0, pattern.size() - 2);
-    return key == prefix || key.rfind(prefix + ".", 0) == 0;
-  }
-  return key == pattern || key.rfind(pattern + ".", 0) == 0;  // a map under an owned key
+  std::string_view p(pattern);
+  if (p.size() >= 2 && p.substr(p.size() - 2) == ".*") p.remove_suffix(2);
+  return under(key, p);
 }
 
 // Every leaf key (as collect_keys) with its value. (Looking each key up again from the root was

@@ -401,11 +401,20 @@ struct Evaluator {
       items.swap(kept);
     }
     const size_t n = items.size();
+    // One `loop` object for the whole loop, its fields updated each iteration (Jinja2's LoopContext
+    // is one object too: loop.cycle kept and called later cycles at the index of the call). A new
+    // object of twelve fields per iteration was most of a long loop's time.
+    Value loop = Value::object();
+    auto& L = *loop.obj;
+    auto at = std::make_shared<size_t>(0);
+    L.set("cycle", Value::func("cycle", [at](Context&, Args& a) -> Value {
+      if (a.pos.empty()) throw Error("no items for cycling given");
+      return a.pos[*at % a.pos.size()];
+    }));
     for (size_t k = 0; k < n; ++k) {
       ctx.tick();
       charge(sizeof(Value) + item_bytes(k) * 2 + (k ? item_bytes(k - 1) : 0) + item_bytes(k + 1));
-      Value loop = Value::object();
-      auto& L = *loop.obj;
+      *at = k;
       L.set("index", Value::integer(static_cast<int64_t>(k + 1)));
       L.set("index0", Value::integer(static_cast<int64_t>(k)));
       L.set("revindex", Value::integer(static_cast<int64_t>(n - k)));
@@ -417,10 +426,6 @@ struct Evaluator {
       L.set("depth0", Value::integer(0));
       L.set("previtem", k > 0 ? items[k - 1] : Value::undefined("previtem"));
       L.set("nextitem", k + 1 < n ? items[k + 1] : Value::undefined("nextitem"));
-      L.set("cycle", Value::func("cycle", [k](Context&, Args& a) -> Value {
-        if (a.pos.empty()) throw Error("no items for cycling given");
-        return a.pos[k % a.pos.size()];
-      }));
       ctx.set("loop", loop);
       bind(items[k]);
       const Flow f = exec(s.body);
