@@ -15,6 +15,10 @@ for b in build build-asan; do mkdir -p $b/.cmake/api/v1/query && touch $b/.cmake
 echo "== build (gcc, RelWithDebInfo) =="
 cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs"
+# OpenMP's threads sleep when idle instead of spinning (libgomp's default spins ~300k iterations):
+# ctest runs two tests at once on two cores, and two spinning teams starved each other (the CPU
+# kernel tests took 11 s side by side with passive waits at 3.3 s; 1.8 s alone).
+export OMP_WAIT_POLICY=passive
 echo "== tests =="
 # `heavy` = the GRPO demo on three seeds (minutes of CPU each): bench/grpo, or ctest -L heavy.
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900 -LE heavy
@@ -50,7 +54,11 @@ echo "== tests under ASan+UBSan =="
 # by glibc >= 2.25 and reached from the thread's DTV, so leak checking still sees them.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=print_suppressions=0
-ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE 'heavy|np3|np4|learns'
+# Also left out: abi.abidiff (the ABI of the same sources, checked above) and the SIGKILL sweep
+# of checkpoint writes (CheckpointCrash: atomicity, not memory; the writers run under ASan in the
+# other checkpoint tests).
+ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE 'heavy|np3|np4|learns' \
+  -E '^(abi\.abidiff|CheckpointCrash\..*)$'
 
 echo "== fuzzing (clang-14 libFuzzer + ASan+UBSan) =="
 cmake -G Ninja -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
