@@ -468,7 +468,15 @@ TEST(SlidingPuzzleConfig, NemoRlsExampleRunsMultiTurnWithTheGame) {
                           "' --max-positions 4096 --seed 1 > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   int ran = 0;
-  for (const char* ref : {"v0.3.0", "v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0", "main"}) {
+#ifdef __SANITIZE_ADDRESS__
+  // Under AddressSanitizer (scripts/test.sh's second build) the newest version only: the same
+  // game and loop, ~25 s a version there (long turns on the CPU's paged attention); the normal
+  // build runs all six.
+  const std::vector<const char*> refs = {"main"};
+#else
+  const std::vector<const char*> refs = {"v0.3.0", "v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0", "main"};
+#endif
+  for (const char* ref : refs) {
     const fs::path file = fs::path(RLH_SOURCE_DIR) / "tests/host/nemo_rl_configs" / ref / "examples/configs/grpo_sliding_puzzle.yaml";
     if (!fs::exists(file)) continue;
     ++ran;
@@ -514,7 +522,7 @@ TEST(SlidingPuzzleConfig, NemoRlsExampleRunsMultiTurnWithTheGame) {
     EXPECT_TRUE(m.count("validation/accuracy")) << ref;
     EXPECT_TRUE(m["train/reward"] >= 0 && m["train/reward"] <= 1) << ref;
   }
-  EXPECT_EQ(ran, 6);
+  EXPECT_EQ(ran, int(refs.size()));
   fs::remove_all(dir);
 }
 
