@@ -112,6 +112,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// An A/B switch read from the environment: on unless the variable is "0" (RLH_KCUDA_PDL,
+// RLH_KCUDA_PAGED_MMA, RLH_KCUDA_GEMV_PRELOAD; docs/kernels_cuda.md). Callers keep the answer.
+bool env_switch_on(const char* name);
+
 // Whether launch_pdl sets the attribute: a device of compute capability 9 or more, and
 // RLH_KCUDA_PDL not 0 (the A/B switch; docs/kernels_cuda.md).
 bool pdl_enabled();

@@ -840,10 +840,7 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
 // the generator's tests and check-kernels pass; decoding at batch 256 72.3K tok/s against the
 // SIMT kernel's 53.0K). RLH_KCUDA_PAGED_MMA=0 keeps the SIMT kernel (docs/kernels_cuda.md).
 static bool use_mma(const PagedAttnArgs& a) {
-  static const bool on = [] {
-    const char* e = std::getenv("RLH_KCUDA_PAGED_MMA");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  static const bool on = env_switch_on("RLH_KCUDA_PAGED_MMA");
   return on && paged_attention_mma_ok(a);
 }
 

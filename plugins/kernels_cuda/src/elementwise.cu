@@ -14,9 +14,14 @@ void check_launch(const char* what) {
     throw std::runtime_error(std::string("kernels_cuda ") + what + ": " + cudaGetErrorString(e));
 }
 
+bool env_switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr || std::string(e) != "0";
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
-    if (const char* e = std::getenv("RLH_KCUDA_PDL"); e && std::string(e) == "0") return false;
+    if (!env_switch_on("RLH_KCUDA_PDL")) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
       return false;

@@ -139,10 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
 // Whether the first round of the weight is loaded before pdl_wait (RLH_KCUDA_GEMV_PRELOAD=0:
 // only prefetched into L2, as before 2026-12-06; the A/B of device_gpu.sh decodeab).
 bool gemv_preload() {
-  static const bool v = [] {
-    const char* e = std::getenv("RLH_KCUDA_GEMV_PRELOAD");
-    return !(e && e[0] == '0' && e[1] == 0);
-  }();
+  static const bool v = env_switch_on("RLH_KCUDA_GEMV_PRELOAD");
   return v;
 }
 
