@@ -436,13 +436,13 @@ if [ "$what" = decodeab ] || [ "$what" = backlog ]; then
   # withheld by RLH_KCUDA_WITHHOLD), programmatic
   # dependent launch (RLH_KCUDA_PDL=0), gemv's first round of weights loaded before the wait
   # (RLH_KCUDA_GEMV_PRELOAD=0: only prefetched into L2), the few-row gemm for gate|up (RLH_KCUDA_GEMV_MAX at the old
-  # 32 Mi), whole rows in the tensor-core paged attention at small batch (RLH_KCUDA_PAGED_MIN_TILES=1
+  # 32 Mi), whole rows in the tensor-core paged attention at small batch (RLH_KCUDA_PAGED_MIN_TILES=8, off by default since it lost
   # splits as before); then the kernel tests that hold them to the unfused bits.
   echo "== test_cuda_kernels (add_rmsnorm_fwd bitwise, few-row gemm) =="
   "$bin/test_cuda_kernels" --gtest_brief=1 --gtest_filter='CudaElementwise.AddRmsnorm*:CudaGemm.*' 2>&1 |
     tee "$out/decodeab_kernels.log" | grep -E "^\[  (PASSED|FAILED)|Failure|gemm bf16.*tb=1 [1-4]x" | head -20
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  for v in "ALL=1" "RLH_KCUDA_WITHHOLD=add_rmsnorm_fwd" "RLH_KCUDA_WITHHOLD=gemm_glu_fwd" "RLH_KCUDA_PDL=0" "RLH_KCUDA_GEMV_PRELOAD=0" "RLH_KCUDA_GEMV_MAX=33554432" "RLH_KCUDA_PAGED_MIN_TILES=1"; do
+  for v in "ALL=1" "RLH_KCUDA_WITHHOLD=add_rmsnorm_fwd" "RLH_KCUDA_WITHHOLD=gemm_glu_fwd" "RLH_KCUDA_PDL=0" "RLH_KCUDA_GEMV_PRELOAD=0" "RLH_KCUDA_GEMV_MAX=33554432" "RLH_KCUDA_PAGED_MIN_TILES=8"; do
     echo "== bench_generator_cuda b1 with $v =="
     env "$v" "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
       tee -a "$out/decodeab_bench.log" | grep -E "^b1 |rror" | cut -c1-120

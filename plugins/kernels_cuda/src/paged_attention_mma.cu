@@ -263,15 +263,17 @@ int64_t rows_fitting(const PagedAttnArgs& a, int64_t Z, int64_t bytes) {
   return std::max<int64_t>(1, std::min<int64_t>(a.R, bytes / per_row));
 }
 
-// Rows of at most this many tiles stay whole when one tile a warp would not fill the GPU anyway
-// (a batch-1 decoding step at a few hundred positions): one warp per kv head walks the row's
-// tiles double-buffered, instead of one tile a warp and then the combine kernel (under ncu on an
-// H100, 8.4 + 6.0 us a layer at batch 1). Larger launches split as before. RLH_KCUDA_PAGED_MIN_TILES
-// sets it (1: split as before; the A/B).
+// Rows of at most this many tiles stay whole when one tile a warp would not fill the GPU anyway:
+// one warp per kv head walks the row's tiles double-buffered, instead of one tile a warp and then
+// the combine kernel. Off by default (1: split): under ncu (kernels serialised) whole rows looked
+// faster at batch 1 (8.4 + 6.0 us a layer split), but in the replayed decoding graphs the split
+// launch wins: batch-1 Llama-3.2-1B decoding ran 741 tok/s split against 664 with rows of up to 8
+// tiles whole (H100, 2026-12-06, scripts/device_gpu.sh decodeab). RLH_KCUDA_PAGED_MIN_TILES=8
+// keeps the A/B.
 int64_t min_tiles_per_warp() {
   static const int64_t v = [] {
     const char* e = std::getenv("RLH_KCUDA_PAGED_MIN_TILES");
-    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(8);
+    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(1);
   }();
   return v;
 }
