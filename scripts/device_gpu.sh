@@ -21,6 +21,8 @@
 #               attention) and the kernel tests that hold them bitwise
 #     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
 #     fp8profile: ncu's per-kernel times of one 1B training step, bf16 and FP8 (FP8_PROFILE="none blockwise"), by kind
+#     parity: the deterministic mode's bitwise train-generation parity (tests, the sample op's
+#             given ids, the 1B shape's mismatch in both modes: bench_generator_cuda --parity)
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
@@ -436,8 +438,8 @@ if [ "$what" = decodeab ] || [ "$what" = backlog ]; then
   # withheld by RLH_KCUDA_WITHHOLD), programmatic
   # dependent launch (RLH_KCUDA_PDL=0), gemv's first round of weights loaded before the wait
   # (RLH_KCUDA_GEMV_PRELOAD=0: only prefetched into L2), the few-row gemm for gate|up (RLH_KCUDA_GEMV_MAX at the old
-  # 32 Mi), whole rows in the tensor-core paged attention at small batch (RLH_KCUDA_PAGED_MIN_TILES=8, off by default since it lost
-  # splits as before); then the kernel tests that hold them to the unfused bits.
+  # 32 Mi), whole rows in the tensor-core paged attention at small batch (RLH_KCUDA_PAGED_MIN_TILES=8: off by default since it lost;
+  # default splits); then the kernel tests that hold them to the unfused bits.
   echo "== test_cuda_kernels (add_rmsnorm_fwd bitwise, few-row gemm) =="
   "$bin/test_cuda_kernels" --gtest_brief=1 --gtest_filter='CudaElementwise.AddRmsnorm*:CudaGemm.*' 2>&1 |
     tee "$out/decodeab_kernels.log" | grep -E "^\[  (PASSED|FAILED)|Failure|gemm bf16.*tb=1 [1-4]x" | head -20
@@ -545,6 +547,25 @@ if [ "$what" = fp8profile ]; then
     RLH_TEST_PLUGIN_DIR=$fp8_plugins timeout "${NCU_TIMEOUT:-120}" ncu --metrics gpu__time_duration.sum --csv \
       "$bin/bench_cuda_engine" --shape llama1b --only train --steps 1 --warmup 0 --fp8 "$r" > "$out/ncu_fp8_$r.csv" 2>&1 || rc=1
     python3 bench/engine_cuda/ncu_breakdown.py "$out/ncu_fp8_$r.csv" | tee "$out/ncu_fp8_$r.txt"
+  done
+fi
+if [ "$what" = parity ]; then
+  # #16's train-generation parity: the deterministic mode bitwise (the generator against the CUDA
+  # engine's batch-invariant forward, every test model and fixture), the sample op's given ids
+  # against kernels_cpu, then the mismatch at the 1B shape in the default and deterministic modes.
+  echo "== test_generator_cuda *GpuDeterministic* =="
+  "$bin/test_generator_cuda" --gtest_brief=1 --gtest_filter='*GpuDeterministic*' 2>&1 | tee "$out/parity_tests.log" |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |mode:|Failure|rror|Which is|Expected|actual" | head -80
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "== test_cuda_decode =="
+  "$bin/test_cuda_decode" --gtest_brief=1 2>&1 | tee "$out/test_cuda_decode.log" | grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/check_kernels.log" 2>&1 || rc=1
+  grep -E "^(sample|FAIL)|kernels_cuda on" "$out/check_kernels.log" | head
+  for mode in "" "--deterministic"; do
+    echo "== bench_generator_cuda --parity ${mode:-(default mode)} =="
+    "$bin/bench_generator_cuda" --shape llama1b --case "${PARITY_CASES:-b64}" --prompt 128 --new 256 --repeats 1 --parity $mode 2>&1 |
+      tee -a "$out/parity_bench.log" | grep -E "^(b1|b64|b256|grpo) |PARITY|rror" | cut -c1-200
   done
 fi
 if [ "$what" = grpostep ]; then

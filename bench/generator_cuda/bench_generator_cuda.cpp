@@ -4,7 +4,11 @@
 // (bench_hf_generate.py) on the same GPU. Prints one "RESULT key=value ..." line per case.
 //
 //   bench_generator_cuda [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt 128] [--new 256]
-//                        [--repeats 3] [--deterministic] [--no-graphs] [--sample] [--fp8]
+//                        [--repeats 3] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity]
+//   --parity: the train-generation mismatch at this shape: the CUDA engine (bf16, the same weights;
+//          in its deterministic mode with --deterministic) scores the last timed call's sequences
+//          and each sampled token's logprob is compared with the generator's: how many differ
+//          at all, mean and max |dlogprob|, token_mult_prob_error (one PARITY line per case)
 //   --fp8: FP8 rollouts (vllm_cfg.precision: fp8; blockwise, every layer's dense linears) through
 //          an FP8 provider on the plugin path (RLH_TEST_PLUGIN_DIR with examples/vendor_fp8)
 //
@@ -26,11 +30,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "kernels_cuda_abi.hpp"
+#include "rlhost/engine_cuda/cuda_engine.hpp"
 #include "rlhost/generator/cuda_executor.hpp"
 #include "rlhost/generator/generator.hpp"
 #include "rlhost/model/llama_family.hpp"
@@ -102,13 +108,62 @@ double copy_bandwidth() {
   return 2.0 * double(bytes) * 10 / s;
 }
 
+// The generator's samples of one call: prompt + new tokens per sequence, with its logprobs.
+struct Seq {
+  int64_t prompt = 0;
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+};
+
+// The engine's logprobs of the sequences (packed micro-batches of about 16K tokens) against the
+// generator's, token by token.
+void parity(engine::CudaEngine& eng, const std::vector<Seq>& seqs, const std::vector<int32_t>& prompt_ids,
+            const std::vector<int64_t>& off, double temperature, const char* name) {
+  int64_t tokens = 0, differ = 0;
+  double sum = 0, mx = 0, mult = 0;
+  for (size_t a = 0; a < seqs.size();) {
+    engine::MicroBatch mb;
+    std::vector<int32_t> ids, cu = {0};
+    std::vector<std::pair<size_t, int64_t>> starts;  // sequence, where its new tokens start
+    size_t b = a;
+    for (; b < seqs.size() && (b == a || ids.size() + 1024 <= 16384); ++b) {
+      const Seq& q = seqs[b];
+      ids.insert(ids.end(), prompt_ids.begin() + off[size_t(q.prompt)], prompt_ids.begin() + off[size_t(q.prompt) + 1]);
+      starts.push_back({b, int64_t(ids.size())});
+      ids.insert(ids.end(), q.ids.begin(), q.ids.end());
+      cu.push_back(int32_t(ids.size()));
+    }
+    mb.input_ids = ids;
+    mb.cu_seqlens = cu;
+    engine::OutputRequest req;
+    req.logprob = true;
+    req.temperature = temperature > 0 ? temperature : 1.0;
+    const std::vector<float> lp = eng.forward(mb, req).logprob;
+    for (const auto& [i, start] : starts)
+      for (size_t t = 0; t < seqs[i].ids.size(); ++t) {
+        const float want = seqs[i].logprobs[t], got = lp[size_t(start) + t];
+        const double d = std::fabs(double(got) - double(want));
+        differ += got != want;
+        sum += d;
+        mult += std::exp(d);
+        mx = std::max(mx, d);
+        ++tokens;
+      }
+    a = b;
+  }
+  const double n = double(std::max<int64_t>(tokens, 1));
+  std::printf("PARITY name=%s tokens=%lld differ=%lld mean_abs_dlogprob=%.3g max_abs_dlogprob=%.3g "
+              "token_mult_prob_error=%.6f\n",
+              name, (long long)tokens, (long long)differ, sum / n, mx, mult / n);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string shape_name = "llama1b", which = "all";
   int64_t prompt = 128, new_tokens = 256;
   int repeats = 3;
-  bool deterministic = false, graphs = true, sample = false, fp8 = false;
+  bool deterministic = false, graphs = true, sample = false, fp8 = false, check_parity = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -127,10 +182,11 @@ int main(int argc, char** argv) {
     else if (a == "--no-graphs") graphs = false;
     else if (a == "--sample") sample = true;
     else if (a == "--fp8") fp8 = true;
+    else if (a == "--parity") check_parity = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt N] [--new N] "
-                   "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8]\n",
+                   "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity]\n",
                    argv[0]);
       return 2;
     }
@@ -174,6 +230,30 @@ int main(int argc, char** argv) {
               prop.name, (long long)weights, 2e-9 * double(weights),
               std::chrono::duration<double>(Clock::now() - t_w).count(), bw_copy * 1e-9);
 
+  // The trainer for --parity, made before the generators so their KV caches leave it room.
+  std::unique_ptr<engine::CudaEngine> trainer;
+  if (check_parity) {
+    engine::CudaEngineOptions eo = test::cuda_options();
+    eo.trainable = false;
+    eo.batch_invariant = deterministic;
+    trainer = std::make_unique<engine::CudaEngine>(desc, eo);
+    trainer->load_parameters(w);
+    // One call at the largest micro-batch parity() packs, so the trainer's memory is planned
+    // before the generators' KV caches take what is left.
+    std::vector<int32_t> ids, cu;
+    for (int64_t i = 0; i < 16; ++i) {
+      for (int64_t t = 0; t < 1024; ++t) ids.push_back(int32_t((i * 1024 + t) % s->V));
+      cu.push_back(int32_t(i * 1024));
+    }
+    cu.push_back(16 * 1024);
+    engine::MicroBatch mb;
+    mb.input_ids = ids;
+    mb.cu_seqlens = cu;
+    engine::OutputRequest req;
+    req.logprob = true;
+    trainer->forward(mb, req);
+  }
+
   for (const Case& c : kCases) {
     if (which != "all" && which != c.name) continue;
     const int64_t seqs = c.prompts * c.samples;
@@ -213,12 +293,19 @@ int main(int argc, char** argv) {
     int64_t tokens = 0;
     gen::Stats st;
     double in_step = 0, waiting = 0, timed = 0;  // the timed calls' executor and wait seconds, their wall
+    std::vector<Seq> last;  // the last call's sequences (--parity)
     for (int rep = 0; rep <= repeats; ++rep) {
       tokens = 0;
       r.step = rep;
+      last.clear();
       const gen::CudaExecutorStats before = gen::cuda_executor_stats(g.executor());
       const auto t0 = Clock::now();
-      st = g.generate(r, [&](const gen::Sample& x) { tokens += int64_t(x.ids.size()); });
+      st = g.generate(r, [&](const gen::Sample& x) {
+        tokens += int64_t(x.ids.size());
+        if (check_parity)
+          last.push_back(Seq{x.prompt_index, std::vector<int32_t>(x.ids.begin(), x.ids.end()),
+                             std::vector<float>(x.logprobs.begin(), x.logprobs.end())});
+      });
       const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
       if (rep > 0) {  // the first call captures the graphs
         secs.push_back(sec);
@@ -257,6 +344,7 @@ int main(int argc, char** argv) {
                 "roofline_tok_s=%.0f deterministic=%d graphs=%d fp8=%d fp8_products=%lld\n",
                 c.name, s->name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens,
                 tok_s, t, roof, deterministic ? 1 : 0, graphs ? 1 : 0, fp8 ? 1 : 0, (long long)xs.fp8_products);
+    if (trainer) parity(*trainer, last, ids, off, r.sampling.temperature, c.name);
     std::fflush(stdout);
   }
   return 0;

@@ -2,7 +2,8 @@
 // row and as kernels_cpu keeps them (keys transposed within a block), paged_attention over
 // kernels_cpu's layout and over row-major keys (a GPU's; kernels_cpu copies them into its own),
 // with GQA, windows, Dk != Dv and unread block-table entries left at -1, and
-// sample at every filter (temperature, top-k, top-p, min-p, greedy) with float64 uniforms.
+// sample at every filter (temperature, top-k, top-p, min-p, greedy) with float64 uniforms, and
+// scoring given ids.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -101,6 +102,7 @@ struct SampleOpts {
   int64_t top_k = 0;
   double top_p = 1.0, min_p = 0.0;
   double softcap = 0;  // Gemma-2's final_logit_softcapping (the attribute only when set)
+  bool given = false;  // score given ids (the third input) instead of drawing: ids across [0, V), and outside it
 };
 
 Case sample_case(const char* label, int64_t S, int64_t V, int64_t pad, SampleOpts o) {
@@ -108,7 +110,7 @@ Case sample_case(const char* label, int64_t S, int64_t V, int64_t pad, SampleOpt
   char b[160];
   std::snprintf(b, sizeof(b), "sample %s S=%lld V=%lld ld+%lld temperature=%g top_k=%lld top_p=%g min_p=%g", label,
                 (long long)S, (long long)V, (long long)pad, o.temperature, (long long)o.top_k, o.top_p, o.min_p);
-  c.name = std::string(b) + (o.softcap > 0 ? " softcap=" + std::to_string(o.softcap) : "");
+  c.name = std::string(b) + (o.softcap > 0 ? " softcap=" + std::to_string(o.softcap) : "") + (o.given ? " given ids" : "");
   const int64_t ld = V + pad;
   c.in_sizes = {S * ld, S};  // logits, uniforms
   c.in_scale = {2.0, 1.0};
@@ -119,8 +121,19 @@ Case sample_case(const char* label, int64_t S, int64_t V, int64_t pad, SampleOpt
   logits.role = Role::f32;  // the contract's dtypes, in every variant
   u.role = Role::f64;
   lp.role = Role::f32;
+  std::vector<Operand> inputs = {logits, u};
+  if (o.given) {  // the first and last ids, some between, and two outside the vocabulary (token -1, logprob 0)
+    std::vector<int32_t> g(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) g[size_t(i)] = int32_t((i * 37 + 11) % V);
+    g[0] = 0;
+    if (S > 1) g[1] = int32_t(V - 1);
+    if (S > 2) g[2] = -1;
+    if (S > 3) g[3] = int32_t(V);
+    c.ints.push_back(IntBuf{g, {S}});
+    inputs.push_back(ints(1, {S}));
+  }
   c.fwd = {"sample",
-           {logits, u},
+           inputs,
            {ints(0, {S}), lp},
            {attr_d("temperature", o.temperature), attr_i("top_k", o.top_k), attr_d("top_p", o.top_p),
             attr_d("min_p", o.min_p)},
@@ -180,6 +193,15 @@ void add_decode_cases(std::vector<Case>& v) {
   o.top_k = 10;
   o.softcap = 1.5;  // Gemma-2's final soft-cap, before the temperature
   v.push_back(sample_case("softcap", 6, 50, 0, o));
+  // Scoring given ids (a trainer's deterministic logprobs): unfiltered and filtered, soft-capped.
+  o = SampleOpts{};
+  o.temperature = 0.9;
+  o.given = true;
+  v.push_back(sample_case("plain", 8, 5000, 0, o));
+  o.top_k = 7;
+  o.top_p = 0.9;
+  o.softcap = 1.5;
+  v.push_back(sample_case("top_k+top_p", 8, 50, 2, o));
 }
 
 }  // namespace rlh::sdk::kcheck

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -452,6 +453,118 @@ TEST_P(GpuTrainerMatch, LogprobsWithinBf16OfTheTrainers) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuTrainerMatch, ::testing::Values("dense", "moe", "mla", "gemma", "gemma2"),
                          [](const auto& info) { return info.param; });
+
+// ---------------------------------------------------------------------------------------------
+// The deterministic mode end to end: the generator (batch_invariant) decodes, and the CUDA
+// engine with CudaEngineOptions::batch_invariant scores the same sequences in one packed forward
+// call; every sampled token's logprob must be bitwise the generator's (issue: "exactly 0"), for
+// greedy and temperature sampling (the trainer scores at the generation's temperature; greedy
+// logprobs are the temperature-1 softmax's). The default mode's mismatch against the default
+// engine is printed beside it (the issue's bf16 goal: mean |dlp| <= 1e-3).
+
+struct Parity {
+  int64_t tokens = 0, differ = 0;
+  double mean_abs = 0, max_abs = 0;
+};
+
+Parity parity(engine::CudaEngine& eng, const Scored& sc, double temperature) {
+  engine::MicroBatch mb;
+  mb.input_ids = sc.ids;
+  mb.cu_seqlens = sc.cu;
+  engine::OutputRequest req;
+  req.logprob = true;
+  req.temperature = temperature > 0 ? temperature : 1.0;
+  const std::vector<float> lp = eng.forward(mb, req).logprob;
+  Parity p;
+  double sum = 0;
+  for (const auto& [start, o] : sc.seqs)
+    for (size_t t = 0; t < o->ids.size(); ++t) {
+      const float want = o->logprobs[t], got = lp[size_t(start) + t];
+      const double d = std::fabs(double(got) - double(want));
+      p.differ += std::memcmp(&want, &got, sizeof(float)) != 0;
+      sum += d;
+      p.max_abs = std::max(p.max_abs, d);
+      ++p.tokens;
+    }
+  p.mean_abs = p.tokens ? sum / double(p.tokens) : 0;
+  return p;
+}
+
+void expect_deterministic_parity(const std::string& name, const sdk::TransformerDesc& desc,
+                                 const std::vector<std::vector<float>>& weights,
+                                 const std::vector<std::vector<int32_t>>& prompts) {
+  engine::CudaEngineOptions co = rlh::test::cuda_options();
+  co.trainable = false;
+  engine::CudaEngine plain(desc, co);
+  plain.load_parameters(weights);
+  co.batch_invariant = true;
+  engine::CudaEngine det(desc, co);
+  det.load_parameters(weights);
+  for (const double T : {0.0, 0.8}) {
+    for (const bool invariant : {true, false}) {
+      Generator g(desc, gpu(Options{}, invariant));
+      g.weights().load(weights, 0);
+      Request r;
+      r.sampling.temperature = T;
+      r.samples_per_prompt = T > 0 ? 3 : 1;
+      r.max_new_tokens = 24;
+      r.seed = 7;
+      Outs outs;
+      run(g, prompts, r, 0, outs);
+      const Scored sc = scored(prompts, outs);
+      const Parity p = parity(invariant ? det : plain, sc, T);
+      std::printf("%s T=%.1f %s: %lld tokens, %lld logprobs differ from the trainer's, mean |dlp| %.3g, max %.3g\n",
+                  name.c_str(), T, invariant ? "deterministic mode" : "default mode", (long long)p.tokens,
+                  (long long)p.differ, p.mean_abs, p.max_abs);
+      if (invariant) EXPECT_EQ(p.differ, 0) << name << " T=" << T;
+      EXPECT_GT(p.tokens, 0) << name;
+    }
+  }
+}
+
+class GpuDeterministic : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuDeterministic, TrainerLogprobsBitwiseTheGenerators) {
+  NEED_GPU();
+  const std::string kind = GetParam();
+  const Model m = model_of(kind);
+  expect_deterministic_parity(kind, m.desc, m.weights, random_prompts(4, m.desc.vocab_size, 5, {3, 17, 40, 9}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuDeterministic, ::testing::Values("dense", "moe", "mla", "gemma", "gemma2"),
+                         [](const auto& info) { return info.param; });
+
+class GpuDeterministicFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuDeterministicFixture, TrainerLogprobsBitwiseTheGenerators) {
+  NEED_GPU();
+  const std::string dir = GetParam();
+  const std::string name = std::filesystem::path(dir).filename().string();
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  const std::string arch = cfg.value("architectures", nlohmann::json::array({""}))[0];
+  if (!model::is_supported_architecture(arch)) GTEST_SKIP() << "no architecture table lists " << arch;
+  sdk::TransformerDesc desc = model::describe_model_dir(dir);
+  const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
+  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
+  const auto ref = sdk::st::File::open(dir + "/reference.safetensors");
+  const auto& pi = ref.at("greedy_prompt");
+  const auto prompts = rows_of(ref.read_f64("greedy_prompt"), pi.shape[0], pi.shape[1]);
+  try {
+    expect_deterministic_parity(name, desc, w.tensors, prompts);
+  } catch (const sdk::Error& e) {
+    if (e.code() != RLH_E_UNIMPLEMENTED) throw;
+    GTEST_SKIP() << name << ": " << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDeterministicFixture, ::testing::ValuesIn(fixture_models()),
+                         [](const auto& info) {
+                           std::string n = std::filesystem::path(info.param).filename().string();
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // The draws: the CPU generator's seeded counter RNG, and the model's distribution.

@@ -220,6 +220,42 @@ TEST(Sampling, GreedyTakesTheFirstMaximumWithTheUnfilteredLogprob) {
   EXPECT_THROW(sample_row(bad.data(), 3, kcpu::SampleParams{0.0, 0, 1.0, 0.0}, 0.5), std::runtime_error);
 }
 
+// Given ids (a trainer's deterministic logprobs): no draw; a drawn token scores its own
+// logprob, bitwise; a token the filter cuts scores -inf; an id outside the vocabulary is token
+// -1 with logprob 0 (a packed batch's last positions, which have no next token).
+TEST(Sampling, GivenIdsScoreWhatADrawWouldHaveScored) {
+  static kcpu::WorkerPool pool(1);
+  const std::vector<std::vector<float>> rows = test_rows(40);
+  const kcpu::SampleParams filtered{0.8, 6, 0.9, 0.0};
+  for (const kcpu::SampleParams& p : {kcpu::SampleParams{1.3, 0, 1.0, 0.0}, filtered, kcpu::SampleParams{0.0, 0, 1.0, 0.0}}) {
+    for (const auto& row : rows) {
+      const Sampled d = sample_row(row.data(), 40, p, 0.37);
+      int32_t tok = -7;
+      float lp = 1.f;
+      kcpu::sample(row.data(), 40, 1, 40, nullptr, p, &tok, &lp, pool, &d.token);
+      EXPECT_EQ(tok, d.token);
+      EXPECT_EQ(std::memcmp(&lp, &d.logprob, 4), 0) << lp << " vs " << d.logprob;
+    }
+  }
+  // the filter's cut: the row's smallest logit is outside top-6
+  const auto& row = rows[0];
+  const int32_t lowest = int32_t(std::min_element(row.begin(), row.end()) - row.begin());
+  int32_t tok = -7;
+  float lp = 0.f;
+  kcpu::sample(row.data(), 40, 1, 40, nullptr, filtered, &tok, &lp, pool, &lowest);
+  EXPECT_EQ(tok, lowest);
+  EXPECT_EQ(lp, -INFINITY);
+  const int32_t outside[2] = {-1, 40};
+  int32_t toks[2] = {5, 5};
+  float lps[2] = {1.f, 1.f};
+  const float two[80] = {};
+  kcpu::sample(two, 40, 2, 40, nullptr, kcpu::SampleParams{}, toks, lps, pool, outside);
+  EXPECT_EQ(toks[0], -1);
+  EXPECT_EQ(toks[1], -1);
+  EXPECT_EQ(lps[0], 0.f);
+  EXPECT_EQ(lps[1], 0.f);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The worker pool
 

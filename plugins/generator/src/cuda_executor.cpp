@@ -214,7 +214,14 @@ class CudaBackend {
   void embed(Bf16* x, int64_t R) {
     ops_.embedding_fwd(x, buf->ids, w(m_.program().embed), R, m_.hidden(), m_.vocab());
   }
-  void scale(Bf16* x, int64_t n, double s) { ops_.scale(x, n, s); }
+  // The embedding's scale (Gemma's sqrt(hidden)) as bf16 holds it: HF's bf16 model multiplies
+  // by torch.tensor(sqrt(hidden), dtype=bfloat16), and so does the CUDA engine.
+  void scale(Bf16* x, int64_t n, double s) {
+    const uint32_t bits = uint32_t(to_bf16(float(s))) << 16;
+    float r;
+    std::memcpy(&r, &bits, 4);
+    ops_.scale(x, n, double(r));
+  }
   void norm(Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, const Bf16* wt, int64_t R, int64_t C, float eps,
             float offset) {
     ops_.rmsnorm_fwd(y, ldy, nullptr, x, ldx, wt, R, C, eps, offset);

@@ -42,7 +42,9 @@ void paged_attention(const PagedAttentionArgs& a, WorkerPool& pool);
 
 // One token per row of logits [S, V] (rows ld apart), as vLLM's V1 sampler and NeMo-RL's
 // trainer define them (docs/ops.md `sample`); u[s] in [0, 1) the row's uniform draw (ignored
-// when greedy). Writes tokens[s] and logprobs[s] (the processed logprob of the token).
+// when greedy). Writes tokens[s] and logprobs[s] (the processed logprob of the token). With
+// `given` [S] there is no draw: row s scores given[s] (-inf where the filter cuts it; an id
+// outside [0, V): token -1, logprob 0).
 struct SampleParams {
   double temperature = 1.0;  // 0 = greedy
   int64_t top_k = 0;         // <= 0 or >= V: off
@@ -51,7 +53,7 @@ struct SampleParams {
   double softcap = 0.0;      // > 0: logits become softcap tanh(logits / softcap) first (Gemma-2)
 };
 void sample(const float* logits, int64_t ld, int64_t S, int64_t V, const double* u, const SampleParams& p,
-            int32_t* tokens, float* logprobs, WorkerPool& pool);
+            int32_t* tokens, float* logprobs, WorkerPool& pool, const int32_t* given = nullptr);
 
 // The kept-set threshold of linear_logprob's top-k / top-p filter (logprob.cpp) for one row of
 // scaled logits: tokens with z >= the returned value survive (-inf when nothing is cut). `tmp`

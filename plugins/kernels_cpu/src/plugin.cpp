@@ -959,8 +959,8 @@ void run_kv_cache_write(const Call& c) {
   }
 }
 
-// logits [S, V] (rows any distance apart), uniforms float64 [S] -> tokens int32 [S], logprobs [S];
-// temperature (0 = greedy), top_k, top_p, min_p.
+// logits [S, V] (rows any distance apart), uniforms float64 [S], given int32 [S] (optional: score
+// these ids, no draw) -> tokens int32 [S], logprobs [S]; temperature (0 = greedy), top_k, top_p, min_p.
 template <class T>
 void run_sample(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
@@ -977,8 +977,13 @@ void run_sample(const Call& c) {
     p.top_p = c.num("top_p", 1.0);
     p.min_p = c.num("min_p", 0.0);
     p.softcap = c.num("softcap", 0.0);
+    const int32_t* given = nullptr;
+    if (c.has_in(2)) {
+      need_vec(c.in(2), S, "sample given ids");
+      given = data<int32_t>(c.in(2));
+    }
     sample(data<float>(z), ld, S, V, data<double>(c.in(1)), p, data<int32_t>(c.out(0)), data<float>(c.out(1)),
-           c.op->inst->pool());
+           c.op->inst->pool(), given);
   }
 }
 
@@ -1038,7 +1043,7 @@ const OpSpec kOps[] = {
     RLH_OP(amax, "f", 1, "f", 1, "", true),
     RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
     RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
-    RLH_OP(sample, "fd", 2, "ik", 2, "", false),
+    RLH_OP(sample, "fdi", 2, "ik", 2, "", false),
     RLH_OP(clipped_pg_loss, "fffffifff", 6, "fff", 2, "", true),
     RLH_OP(nll_loss, "fffi", 4, "fff", 2, "", true),
 };

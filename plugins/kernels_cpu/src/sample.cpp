@@ -84,7 +84,8 @@ struct Sampled {
 };
 
 // One row; scratch holds 3 V floats.
-Sampled sample_row(const float* logits, int64_t V, const SampleParams& p, double u, float* scratch) {
+Sampled sample_row(const float* logits, int64_t V, const SampleParams& p, double u, const int32_t* given,
+                   float* scratch) {
   static const ScaleMaxFn scale_max = dispatch(&scale_max_avx512, &scale_max_avx2, &scale_max_generic);
   static const ExpKeptFn exp_kept = dispatch(&exp_kept_avx512, &exp_kept_avx2, &exp_kept_generic);
   float* z = scratch;
@@ -119,6 +120,12 @@ Sampled sample_row(const float* logits, int64_t V, const SampleParams& p, double
   if (!(total > 0) || !std::isfinite(total)) throw std::runtime_error("sampling: logits are not finite");
   const double lse = double(mx) + std::log(total);
 
+  if (given) {  // no draw: the given id's logprob under the same z and kept set
+    const int32_t g = *given;
+    if (g < 0 || g >= V) return Sampled{-1, 0.f};
+    const bool kept = z[g] >= tau && z[g] > -INFINITY;
+    return Sampled{g, kept ? float(double(z[g]) - lse) : -INFINITY};
+  }
   int64_t tok = -1;
   if (greedy) {
     for (int64_t j = 0; j < V && tok < 0; ++j)
@@ -140,7 +147,7 @@ Sampled sample_row(const float* logits, int64_t V, const SampleParams& p, double
 }  // namespace
 
 void sample(const float* logits, int64_t ld, int64_t S, int64_t V, const double* u, const SampleParams& p,
-            int32_t* tokens, float* logprobs, WorkerPool& pool) {
+            int32_t* tokens, float* logprobs, WorkerPool& pool, const int32_t* given) {
   if (!(p.softcap >= 0) || !std::isfinite(p.softcap))
     throw std::invalid_argument("sample: softcap must be a finite number >= 0, got " + std::to_string(p.softcap));
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
@@ -158,7 +165,8 @@ void sample(const float* logits, int64_t ld, int64_t S, int64_t V, const double*
   if (scratch.size() < size_t(threads) * per) scratch.resize(size_t(threads) * per);
   float* const base = scratch.data();  // by pointer: in a worker, `scratch` names its own
   auto row = [&](int64_t i, int worker) {
-    const Sampled d = sample_row(logits + i * ld, V, p, u ? u[i] : 0.0, base + size_t(worker) * per);
+    const Sampled d = sample_row(logits + i * ld, V, p, u ? u[i] : 0.0, given ? given + i : nullptr,
+                                 base + size_t(worker) * per);
     tokens[i] = d.token;
     logprobs[i] = d.logprob;
   };

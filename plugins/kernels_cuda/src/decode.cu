@@ -586,6 +586,15 @@ __global__ void sample_kernel(SampleArgs a) {
   });
   const double total = block_reduce_sum<double>(double(fsum), shd);
   const double lse = double(mx) + log(total);
+  if (a.given) {  // score the given id (uniform over the block: every thread returns here)
+    if (t == 0) {
+      const int32_t g = a.given[row];
+      const bool in = g >= 0 && g < V;
+      a.tokens[row] = in ? g : -1;
+      a.logprobs[row] = !in ? 0.f : z_of(g) >= tau ? float(double(z_of(g)) - lse) : -INFINITY;
+    }
+    return;
+  }
   int64_t tok = -1;
   if (greedy) {
     // the lowest id among equal maxima (block min through the max of -id)
@@ -736,6 +745,7 @@ __global__ void __launch_bounds__(kSamplePartThreads) sample_final_kernel(Sample
   __shared__ double local_target;
   __shared__ int32_t token;
   __shared__ float lse_sh;
+  __shared__ bool unscored;
   const int64_t row = blockIdx.x, V = a.V;
   const SamplePartial* pr = parts + row * P;
   const float* logits = a.logits + row * a.ld;
@@ -760,7 +770,12 @@ __global__ void __launch_bounds__(kSamplePartThreads) sample_final_kernel(Sample
     lse_sh = float(double(M) + log(total));
     token = bad ? -1 : first;
     pick = -1;
-    if (!bad && !greedy) {
+    unscored = false;
+    if (!bad && a.given) {  // no draw: the given id (outside [0, V): token -1, logprob 0)
+      const int32_t g = a.given[row];
+      token = g >= 0 && g < V ? g : -1;
+      unscored = token < 0;
+    } else if (!bad && !greedy) {
       // the partition where the target falls, and the target within it in its own units
       const double target = a.u[row] * total;
       double before = 0;
@@ -813,7 +828,9 @@ __global__ void __launch_bounds__(kSamplePartThreads) sample_final_kernel(Sample
   }
   if (threadIdx.x == 0) {
     a.tokens[row] = token;
-    a.logprobs[row] = token >= 0 ? float(double(soft_cap_if<CAP>(logits[token], cap) * inv_t) - double(lse_sh)) : NAN;
+    a.logprobs[row] = token >= 0 ? float(double(soft_cap_if<CAP>(logits[token], cap) * inv_t) - double(lse_sh))
+                      : unscored ? 0.f
+                                 : NAN;
   }
 }
 

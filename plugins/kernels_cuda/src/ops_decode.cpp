@@ -91,7 +91,8 @@ void run_paged_attention(const Call& c) {
   paged_attention(a, c.stream);
 }
 
-// logits f32 [S, V], u f64 [S] -> tokens int32 [S], logprobs f32 [S]
+// logits f32 [S, V], u f64 [S], given int32 [S] (optional: score these ids, no draw) -> tokens
+// int32 [S], logprobs f32 [S]
 void run_sample(const Call& c) {
   const rlh_tensor& z = c.in(0);
   if (z.ndim != 2) bad("sample: logits must be [S, V]");
@@ -106,6 +107,10 @@ void run_sample(const Call& c) {
   a.u = ptr<double>(c.in(1));
   a.tokens = ptr<int32_t>(c.out(0));
   a.logprobs = ptr<float>(c.out(1));
+  if (c.has_in(2)) {
+    need_vec(c.in(2), a.S, "sample given ids");
+    a.given = ptr<int32_t>(c.in(2));
+  }
   a.temperature = c.num("temperature", 1.0);
   a.top_k = c.integer("top_k", 0);
   a.top_p = c.num("top_p", 1.0);

@@ -86,7 +86,7 @@ const OpSpec kOps[] = {
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
     {"kv_cache_write", "ffi", 3, "ff", 2, "", true, false, false, run_kv_cache_write, true},
     {"paged_attention", "fffii", 5, "f", 1, "", true, false, false, run_paged_attention, false},
-    {"sample", "kd", 2, "ik", 2, "", false, false, false, run_sample, true},
+    {"sample", "kdi", 2, "ik", 2, "", false, false, false, run_sample, true},
     {"moe_router_fwd", "fs", 1, "siss", 3, "moe_router_bwd", true, false, false, run_moe_router_fwd, true},
     {"moe_router_bwd", "ssiss", 3, "f", 1, "", true, false, false, run_moe_router_bwd, true},
     {"moe_permute_fwd", "fi", 2, "fii", 3, "moe_permute_bwd", true, false, false, run_moe_permute_fwd, true},

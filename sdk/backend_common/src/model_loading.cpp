@@ -257,6 +257,7 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
   o.recompute_selective = m.config.recompute_selective;
   o.moe = m.config.moe;
   o.fp8 = m.config.fp8;
+  o.batch_invariant = m.config.batch_invariant;
   // dtensor_cfg.cpu_offload: the masters and moments in host memory (a frozen model has none).
   o.offload_state = m.config.parallel.cpu_offload && m.trainable;
   if (m.config.optimizer) {

@@ -96,6 +96,7 @@ class CudaDeviceEngine final : public DeviceEngine {
     c.optimizer = o.optimizer;
     c.moe = o.moe;
     c.fp8 = o.fp8;
+    c.batch_invariant = o.batch_invariant;
     c.kernels = o.kernels;
     c.dp = o.dp;
     c.shard_optimizer = o.shard_optimizer;

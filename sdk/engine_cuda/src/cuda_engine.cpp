@@ -55,6 +55,13 @@ CudaEngine::Impl::Impl(sdk::TransformerDesc d, CudaEngineOptions o)
     throw std::invalid_argument("cuda engine: no kernels given (CudaEngineOptions::kernels: a registry for the device)");
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ops = std::make_unique<cuda::DeviceOps>(*opt.kernels, opt.device, stream);
+  if (opt.batch_invariant) {
+    if (opt.fp8.enabled)
+      throw std::invalid_argument("cuda engine: batch_invariant with FP8 linears is not supported (the FP8 products "
+                                  "pick their kernels by shape)");
+    invariant_ops = std::make_unique<cuda::DeviceOps>(*opt.kernels, opt.device, stream);
+    invariant_ops->set_batch_invariant_gemm(true);
+  }
   carve_params();
   if (opt.fp8.enabled) {
     // The recomputed forward would quantise each input again, advancing its amax history a
@@ -666,7 +673,7 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
       rope(st.table, in.p, in.ld, in.p, in.ld, st.heads, st.head_dim, N, false);
       break;
     case StepOp::attention:
-      ops->attention_fwd(attention_of(st, a, lp, N, S, cu));
+      attention_forward(attention_of(st, a, lp, N, S, cu));
       break;
     case StepOp::glu:
       ops->glu_fwd(st.act, out.p, out.ld, in.p, in.ld, N, st.out.width);
@@ -740,6 +747,22 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   if (mb.cu_seqlens.empty() || N == 0) throw std::invalid_argument("cuda engine: empty micro-batch");
   plan(N, train);
   prepare_batch(mb);
+  // The deterministic mode's forward-only calls: the invariant ops in `ops` for this call.
+  struct Det {
+    Impl& m;
+    bool on;
+    Det(Impl& i, bool o) : m(i), on(o) {
+      if (!on) return;
+      std::swap(m.ops, m.invariant_ops);
+      m.det_on = true;
+    }
+    ~Det() {
+      if (!on) return;
+      std::swap(m.ops, m.invariant_ops);
+      m.det_on = false;
+    }
+  } det{*this, opt.batch_invariant && !train};
+  if (det_on) det_prepare(mb);
   prepare_routing(mb, req);
   if (fsdp()) hold_global();  // held until the public call ends (training: the step)
   if (tp_on)
@@ -760,6 +783,8 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   ops->rmsnorm_fwd(xn, C, rstd, xL, C, wp(prog.final_norm), N, C, prog.final_eps, prog.final_offset);
   if ((req.logprob || req.entropy) && tp_on)
     tp_head_fwd(req, N);
+  else if ((req.logprob || req.entropy) && det_on)
+    det_head(req, N);
   else if (req.logprob || req.entropy)
     ops->logprob_fwd(head_args(req, N, train));
   if (req.value) {  // val [N] = xn [N, C] score [1, C]^T: one scalar per position, no shift

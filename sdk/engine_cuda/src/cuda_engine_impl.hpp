@@ -204,6 +204,26 @@ struct CudaEngine::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::DeviceOps> ops;  // the registry's kernels on this device and stream
   std::unique_ptr<cuda::Fp8Linears> fp8;  // CudaEngineOptions::fp8 (null: every linear in bf16)
+  // The deterministic mode (CudaEngineOptions::batch_invariant; deterministic.cpp): the ops with
+  // gemm and paged_attention resolved batch-invariant, swapped into `ops` for a forward-only
+  // call (det_on), this call's cache slots and block tables (int32: slots [N], table [N,
+  // det_width]), one layer's paged cache of the call's keys and values, and the head's scratch
+  // (a logits tile f32, its tokens, zero uniforms).
+  std::unique_ptr<cuda::DeviceOps> invariant_ops;
+  bool det_on = false;
+  int64_t det_width = 0, det_blocks = 0;
+  std::vector<int32_t> det_host;
+  cuda::DeviceBuffer det_index, det_kv, det_head_buf;
+  void det_prepare(const MicroBatch& mb);
+  void det_attention(const cuda::DeviceOps::Attention& at);
+  void det_head(const OutputRequest& req, int64_t N);
+  // An attention step's forward: the registry's fused kernel, or det_attention under det_on.
+  void attention_forward(const cuda::DeviceOps::Attention& at) {
+    if (det_on)
+      det_attention(at);
+    else
+      ops->attention_fwd(at);
+  }
   cuda::DeviceBuffer op_workspace;  // every op call's scratch (set with FP8: its provider's GEMMs ask 32 MiB)
   cuda::DeviceBuffer master, grads, adam_m, adam_v, w16, scalars;
   // RoPE tables (f32 inv_freq on the device), per program table.

@@ -628,17 +628,25 @@ void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq
 }
 
 void DeviceOps::sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
-                       const double* u, const Sample& s) {
+                       const double* u, const Sample& s, const int32_t* given) {
   Args a(dev_);
   const std::array<rlh_named_value, 5> at = {attr_double("temperature", s.temperature), attr_int("top_k", s.top_k),
                                              attr_double("top_p", s.top_p), attr_double("min_p", s.min_p),
                                              attr_double("softcap", s.softcap)};
-  const std::vector<rlh_tensor> in = {a.mat(logits, kF32, S, V, ld), a.vec(u, kF64, S)};
+  std::vector<rlh_tensor> in = {a.mat(logits, kF32, S, V, ld), a.vec(u, kF64, S)};
   const std::vector<rlh_tensor> out = {a.vec(tokens, kI32, S), a.vec(logprobs, kF32, S)};
-  if (s.softcap != 0)
+  const std::span<const rlh_named_value> uncapped(at.data(), 4);
+  if (given) {
+    in.push_back(a.vec(given, kI32, S));
+    if (s.softcap != 0)
+      RLH_RUN("sample/given/capped", "sample", in, out, at);
+    else
+      RLH_RUN("sample/given", "sample", in, out, uncapped);
+  } else if (s.softcap != 0) {
     RLH_RUN("sample/capped", "sample", in, out, at);
-  else
-    RLH_RUN("sample", "sample", in, out, std::span<const rlh_named_value>(at.data(), 4));
+  } else {
+    RLH_RUN("sample", "sample", in, out, uncapped);
+  }
 }
 
 #undef RLH_RUN

@@ -166,7 +166,7 @@ void CudaEngine::Impl::forward_mla(int64_t l, const MicroBatch& mb, const bf16* 
     ldkrot = dr;
   }
   cuda::mla_assemble_kv(x.kv, krot, ldkrot, k, v, W, N, H, dn, dr, dv, stream);        // k, v
-  ops->attention_fwd(mla_attention(s, N, mb.num_sequences(), qkv, att, lse));          // att
+  attention_forward(mla_attention(s, N, mb.num_sequences(), qkv, att, lse));          // att
 }
 
 cuda::DeviceOps::Attention CudaEngine::Impl::mla_attention(const LayerShape& s, int64_t N, int64_t S,

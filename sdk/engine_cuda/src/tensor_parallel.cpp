@@ -47,6 +47,7 @@ void CudaEngine::Impl::tp_check() {
     throw std::invalid_argument("cuda engine: the tensor-parallel layout is of another model");
   if (opt.shard_masters) refuse("FSDP (shard_masters)");
   if (opt.fp8.enabled) refuse("FP8 linears");
+  if (opt.batch_invariant) refuse("batch_invariant (the group's fp32 sums are not the generator's products)");
   for (size_t i = 0; i < T.pieces.size(); ++i) {
     const sdk::TpPiece& pc = T.pieces[i];
     if (pc.split == sdk::TpSplit::kv_rows && pc.sum_grads)

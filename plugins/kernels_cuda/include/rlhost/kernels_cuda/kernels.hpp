@@ -350,6 +350,10 @@ struct SampleArgs {
   int32_t* tokens = nullptr;      // [S]; -1 for a row with non-finite logits
   float* logprobs = nullptr;      // [S]
   void* parts = nullptr;          // sample_workspace_bytes of scratch: the partitioned draw
+  // [S] or null: no draw; each row scores its given id (its logprob under the same z and kept
+  // set as a draw's, -inf where the filter cuts it; an id outside [0, V): token -1, logprob 0).
+  // What a trainer's deterministic logprobs call (docs/ops.md "sample").
+  const int32_t* given = nullptr;
 };
 void sample(const SampleArgs& a, cudaStream_t s);
 // Scratch of the partitioned draw (no top-k, top-p or min-p): 0 when the call does not take it.

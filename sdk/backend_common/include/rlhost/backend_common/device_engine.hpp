@@ -133,6 +133,7 @@ struct DeviceEngineOptions {
   engine::OptimizerOptions optimizer;  // betas, eps, clipping, which parameters decay
   engine::MoeOptions moe;              // router precision, frozen router, auxiliary losses
   engine::Fp8Options fp8;              // FP8 linears (BackendConfig::fp8)
+  bool batch_invariant = false;        // the deterministic mode's forward calls (BackendConfig::batch_invariant)
   // The kernels for `device`: the registry the backend built from the providers the host holds
   // (policy.kernels pins applied). Outlives the engine.
   const sdk::KernelRegistry* kernels = nullptr;

@@ -74,6 +74,14 @@ struct CudaEngineOptions {
   // false: a frozen model (a reference policy) holds only its fp32 and bf16 weights, no
   // gradients or AdamW moments, and train_step is refused.
   bool trainable = true;
+  // The deterministic mode (policy.generation.batch_invariant): forward-only calls (logprobs,
+  // values) run the GPU generator's batch-invariant kernels on the generator's arithmetic, so a
+  // sequence's token logprobs are bitwise what the generator computed while decoding it in its
+  // own deterministic mode (deterministic.cpp): every product on the batch-invariant gemm,
+  // attention on paged_attention (batch_invariant = 1) over this call's keys laid out as the
+  // generator's cache, the head's logprobs through the `sample` op scoring the given tokens.
+  // Training steps keep the fast kernels. Refused with FP8 linears and tensor parallelism.
+  bool batch_invariant = false;
   // Selective recompute leaves an MoE layer's routed activations kept (they are GEMM outputs
   // and permutations); full recompute re-runs the whole layer, routing included.
   Recompute recompute = Recompute::none;

@@ -205,7 +205,8 @@ class DeviceOps {
   void paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq, const PagedCache& c,
                        const int32_t* table, int64_t width, const int32_t* pos, double scale, int64_t window,
                        double softcap = 0);
-  // One token per row of f32 logits [S, V] (ld) with the row's uniform u[s] (f64).
+  // One token per row of f32 logits [S, V] (ld) with the row's uniform u[s] (f64); with `given`
+  // [S] no draw: each row scores its given id (an id outside [0, V): token -1, logprob 0).
   struct Sample {
     double temperature = 1;
     int64_t top_k = 0;
@@ -213,7 +214,7 @@ class DeviceOps {
     double softcap = 0;  // the logits capped first (Gemma-2's final_logit_softcapping)
   };
   void sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V, const double* u,
-              const Sample& a);
+              const Sample& a, const int32_t* given = nullptr);
 
  private:
   // Descriptors of one call (their shapes and strides live here).
