@@ -23,6 +23,7 @@
 #     fp8profile: ncu's per-kernel times of one 1B training step, bf16 and FP8 (FP8_PROFILE="none blockwise"), by kind
 #     parity: the deterministic mode's bitwise train-generation parity (tests, the sample op's
 #             given ids, the 1B shape's mismatch in both modes: bench_generator_cuda --parity)
+#     parityab: the 1B shape's default-mode mismatch against the trainer with each deterministic part alone
 #     grpostep: the 1B GRPO step on this GPU beside torch_grpo_step.py (bench/grpo_cuda/run.sh)
 #     gentests: only the generator's GPU tests and rlhost generate --device cuda (a short run)
 #     algos: DPO, RM, PPO (policy and critic) and multi-turn GRPO with megatron on the GPU (#19)
@@ -566,6 +567,17 @@ if [ "$what" = parity ]; then
     echo "== bench_generator_cuda --parity ${mode:-(default mode)} =="
     "$bin/bench_generator_cuda" --shape llama1b --case "${PARITY_CASES:-b64}" --prompt 128 --new 256 --repeats 1 --parity $mode 2>&1 |
       tee -a "$out/parity_bench.log" | grep -E "^(b1|b64|b256|grpo) |PARITY|rror" | cut -c1-200
+  done
+fi
+if [ "$what" = parityab ]; then
+  # Where the default mode's mismatch comes from at the 1B shape: the generator in its default
+  # mode against the trainer with each deterministic part alone (bench_generator_cuda --trainer),
+  # and the deterministic generator against the default trainer.
+  for v in "--trainer none" "--trainer all" "--trainer attention" "--trainer attention+head" "--trainer gemm+head" \
+           "--deterministic --trainer none"; do
+    echo "== bench_generator_cuda --parity $v =="
+    "$bin/bench_generator_cuda" --shape llama1b --case "${PARITY_CASES:-b64}" --prompt 128 --new 256 --repeats 1 --parity $v 2>&1 |
+      tee -a "$out/parityab.log" | grep -E "^(b1|b64|b256|grpo) |PARITY|trainer for|rror" | cut -c1-160
   done
 fi
 if [ "$what" = grpostep ]; then

@@ -9,6 +9,8 @@
 //          in its deterministic mode with --deterministic) scores the last timed call's sequences
 //          and each sampled token's logprob is compared with the generator's: how many differ
 //          at all, mean and max |dlogprob|, token_mult_prob_error (one PARITY line per case)
+//   --trainer PARTS: the trainer's deterministic parts for --parity, whatever the generator's mode:
+//          none, all, or a +-list of gemm, attention, head (CudaEngineOptions::invariant_parts)
 //   --fp8: FP8 rollouts (vllm_cfg.precision: fp8; blockwise, every layer's dense linears) through
 //          an FP8 provider on the plugin path (RLH_TEST_PLUGIN_DIR with examples/vendor_fp8)
 //
@@ -164,6 +166,7 @@ int main(int argc, char** argv) {
   int64_t prompt = 128, new_tokens = 256;
   int repeats = 3;
   bool deterministic = false, graphs = true, sample = false, fp8 = false, check_parity = false;
+  std::string trainer_parts;  // empty: as the generator's mode
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -183,10 +186,11 @@ int main(int argc, char** argv) {
     else if (a == "--sample") sample = true;
     else if (a == "--fp8") fp8 = true;
     else if (a == "--parity") check_parity = true;
+    else if (a == "--trainer") trainer_parts = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt N] [--new N] "
-                   "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity]\n",
+                   "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity] [--trainer none|all|gemm+attention+head]\n",
                    argv[0]);
       return 2;
     }
@@ -236,6 +240,15 @@ int main(int argc, char** argv) {
     engine::CudaEngineOptions eo = test::cuda_options();
     eo.trainable = false;
     eo.batch_invariant = deterministic;
+    if (!trainer_parts.empty()) {
+      const auto has = [&](const char* p) { return trainer_parts == "all" || trainer_parts.find(p) != std::string::npos; };
+      eo.invariant_parts = {has("gemm"), has("attention"), has("head")};
+      eo.batch_invariant = trainer_parts != "none";
+    }
+    std::printf("trainer for --parity: %s\n", !eo.batch_invariant ? "default kernels"
+                                                 : (std::string("deterministic:") + (eo.invariant_parts.gemm ? " gemm" : "") +
+                                                    (eo.invariant_parts.attention ? " attention" : "") +
+                                                    (eo.invariant_parts.head ? " head" : "")).c_str());
     trainer = std::make_unique<engine::CudaEngine>(desc, eo);
     trainer->load_parameters(w);
     // One call at the largest micro-batch parity() packs, so the trainer's memory is planned

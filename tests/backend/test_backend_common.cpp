@@ -230,6 +230,16 @@ TEST(ConfigReading, SharedPolicyKeysAndMergePatch) {
   EXPECT_EQ(cfg.device, "auto");
   EXPECT_TRUE(cfg.notes.empty());
   EXPECT_TRUE(cfg.kernel_verify);  // providers are verified unless policy.kernels.verify says not
+  EXPECT_FALSE(cfg.batch_invariant);
+  // The generator's deterministic mode also puts the device engine's logprob passes in it.
+  BackendConfig det;
+  json g = {{"generation", {{"batch_invariant", true}}}};
+  ConfigReader rg(g, "policy");
+  read_shared_policy_keys(rg, det);
+  EXPECT_TRUE(det.batch_invariant);
+  json gb = {{"generation", {{"batch_invariant", "yes"}}}};
+  ConfigReader rgb(gb, "policy");
+  expect_error([&] { read_shared_policy_keys(rgb, det); }, RLH_E_INVALID_ARGUMENT, "policy.generation.batch_invariant");
   const json patched = merge_patch({{"a", {{"b", 1}, {"c", 2}}}, {"d", 3}}, {{"a", {{"b", 5}, {"c", nullptr}}}});
   EXPECT_EQ(patched, (json{{"a", {{"b", 5}}}, {"d", 3}}));
 }

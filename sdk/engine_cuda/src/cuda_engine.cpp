@@ -750,19 +750,21 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   // The deterministic mode's forward-only calls: the invariant ops in `ops` for this call.
   struct Det {
     Impl& m;
-    bool on;
-    Det(Impl& i, bool o) : m(i), on(o) {
+    bool on, swap;
+    Det(Impl& i, bool o) : m(i), on(o), swap(o && i.opt.invariant_parts.gemm) {
       if (!on) return;
-      std::swap(m.ops, m.invariant_ops);
+      m.det_ops = m.invariant_ops.get();
+      if (swap) std::swap(m.ops, m.invariant_ops);
       m.det_on = true;
     }
     ~Det() {
       if (!on) return;
-      std::swap(m.ops, m.invariant_ops);
+      if (swap) std::swap(m.ops, m.invariant_ops);
       m.det_on = false;
+      m.det_ops = nullptr;
     }
   } det{*this, opt.batch_invariant && !train};
-  if (det_on) det_prepare(mb);
+  if (det_on && opt.invariant_parts.attention) det_prepare(mb);
   prepare_routing(mb, req);
   if (fsdp()) hold_global();  // held until the public call ends (training: the step)
   if (tp_on)
@@ -783,7 +785,7 @@ void CudaEngine::Impl::forward(const MicroBatch& mb, const OutputRequest& req, b
   ops->rmsnorm_fwd(xn, C, rstd, xL, C, wp(prog.final_norm), N, C, prog.final_eps, prog.final_offset);
   if ((req.logprob || req.entropy) && tp_on)
     tp_head_fwd(req, N);
-  else if ((req.logprob || req.entropy) && det_on)
+  else if ((req.logprob || req.entropy) && det_on && opt.invariant_parts.head)
     det_head(req, N);
   else if (req.logprob || req.entropy)
     ops->logprob_fwd(head_args(req, N, train));

@@ -210,6 +210,7 @@ struct CudaEngine::Impl {
   // det_width]), one layer's paged cache of the call's keys and values, and the head's scratch
   // (a logits tile f32, its tokens, zero uniforms).
   std::unique_ptr<cuda::DeviceOps> invariant_ops;
+  cuda::DeviceOps* det_ops = nullptr;  // the invariant ops during such a call (in `ops` or not)
   bool det_on = false;
   int64_t det_width = 0, det_blocks = 0;
   std::vector<int32_t> det_host;
@@ -219,7 +220,7 @@ struct CudaEngine::Impl {
   void det_head(const OutputRequest& req, int64_t N);
   // An attention step's forward: the registry's fused kernel, or det_attention under det_on.
   void attention_forward(const cuda::DeviceOps::Attention& at) {
-    if (det_on)
+    if (det_on && opt.invariant_parts.attention)
       det_attention(at);
     else
       ops->attention_fwd(at);

@@ -84,8 +84,8 @@ void CudaEngine::Impl::det_attention(const cuda::DeviceOps::Attention& at) {
   c.v = base + at.Hkv * kBlock * at.Dk;
   const int32_t* slots = det_index.get<int32_t>();
   const int32_t* table = slots + N;
-  ops->kv_cache_write(at.k, at.ldk, at.v, at.ldv, N, slots, c);
-  ops->paged_attention(at.o, at.ldo, at.q, at.ldq, N, at.Hq, c, table, det_width, pos, at.scale, at.window,
+  det_ops->kv_cache_write(at.k, at.ldk, at.v, at.ldv, N, slots, c);
+  det_ops->paged_attention(at.o, at.ldo, at.q, at.ldq, N, at.Hq, c, table, det_width, pos, at.scale, at.window,
                        at.softcap);
 }
 
@@ -108,8 +108,8 @@ void CudaEngine::Impl::det_head(const OutputRequest& req, int64_t N) {
   s.softcap = prog.logit_softcap;
   for (int64_t n0 = 0; n0 < N; n0 += rows) {
     const int64_t n = std::min(rows, N - n0);
-    ops->gemm(false, true, n, V, C, xn + n0 * C, C, wp(prog.head), C, 0, logits, V, true);
-    ops->sample(tok, lp + n0, logits, V, n, V, u, s, target + n0);
+    det_ops->gemm(false, true, n, V, C, xn + n0 * C, C, wp(prog.head), C, 0, logits, V, true);
+    det_ops->sample(tok, lp + n0, logits, V, n, V, u, s, target + n0);
   }
 }
 

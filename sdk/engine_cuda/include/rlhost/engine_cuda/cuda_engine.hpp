@@ -82,6 +82,12 @@ struct CudaEngineOptions {
   // generator's cache, the head's logprobs through the `sample` op scoring the given tokens.
   // Training steps keep the fast kernels. Refused with FP8 linears and tensor parallelism.
   bool batch_invariant = false;
+  // Which of the three the deterministic mode replaces (all by default). One part alone shows
+  // what it contributes to the default mode's mismatch (bench_generator_cuda --trainer); only
+  // all three together give the generator's bits.
+  struct InvariantParts {
+    bool gemm = true, attention = true, head = true;
+  } invariant_parts;
   // Selective recompute leaves an MoE layer's routed activations kept (they are GEMM outputs
   // and permutations); full recompute re-runs the whole layer, routing included.
   Recompute recompute = Recompute::none;
