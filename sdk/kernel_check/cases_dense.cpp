@@ -260,6 +260,10 @@ void add_dense_cases(std::vector<Case>& v) {
   v.push_back(gemm_batched_case());
   v.push_back(gemm_rows_case(9, 13, 37, 3, 4));
   v.push_back(gemm_rows_case(33, 40, 300, 0, 1));  // K past one 16-lane block, a single row alone
+  // Tensor-core shapes (K, lda multiples of 8), where kernels_cuda splits K by N and K: one
+  // k-block a chunk over two column tiles, and a decoding step's o_proj (16 tiles, 16 chunks).
+  v.push_back(gemm_rows_case(70, 200, 1040, 8, 3));
+  v.push_back(gemm_rows_case(5, 2048, 2048, 0, 2));
   v.push_back(embedding_case());
   v.push_back(rmsnorm_case(5, 37, 0.0, 37, 37));
   v.push_back(rmsnorm_case(6, 40, 1.0, 43, 45));

@@ -23,7 +23,11 @@
 // inner sizes, leading dimensions and alignment, never from the number of rows) and nothing
 // else, and a row's products read only its own row of A: so each row of C is a function of its
 // row of A alone, bitwise, whatever the number of rows. With no offsets (one group of every row)
-// this is gemm with batch_invariant = 1 (plugin.cpp), the generator's deterministic mode.
+// this is gemm with batch_invariant = 1 (plugin.cpp), the generator's deterministic mode, which
+// also splits K (gemm_rows_kchunk) into chunks fixed by N and K alone, so a few rows still fill
+// the GPU: each chunk summed from zero, the chunks added in order by gg_split_reduce.
+#include <algorithm>
+
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -42,6 +46,10 @@ struct GG {
   int64_t ldc, sc;
   bool pair;  // C stores two adjacent columns at once
   int* err;
+  // Split K (ta = 0, tensor cores): blockIdx.z takes k-blocks [z kchunk, (z + 1) kchunk) and
+  // writes its unscaled sums to part [gridDim.z][T][N] instead of C (0 / null: whole K into C).
+  int kchunk;
+  float* part;
 };
 
 __device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t T) { return v < 0 ? 0 : v > T ? T : v; }
@@ -172,7 +180,11 @@ __global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
   const bf16* A = static_cast<const bf16*>(p.A);
   const bf16* B = static_cast<const bf16*>(p.B) + (TA ? 0 : g * p.sb);
   const int64_t kdim = TA ? rhi - rlo : p.K;
-  const int nk = int((kdim + BK - 1) / BK);
+  int kb0 = 0, nk = int((kdim + BK - 1) / BK);
+  if (!TA && p.kchunk > 0) {  // this block's chunk of k-blocks (split K)
+    kb0 = int(blockIdx.z) * p.kchunk;
+    nk = min(nk - kb0, p.kchunk);
+  }
 
   // Copy slots: each thread moves CH 16-byte chunks of A and of B per stage, at the same tile
   // positions every stage; their sources advance by one k-block (BK columns, or BK rows with
@@ -240,13 +252,13 @@ __global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
 
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < nk) load(st, st);
+    if (st < nk) load(st, kb0 + st);
     mma::cp_commit();  // empty groups keep the count uniform
   }
-  for (int kb = 0; kb < nk; ++kb) {
+  for (int kb = 0; kb < nk; ++kb) {  // the block's kb-th k-block (kb0 + kb of the whole K)
     mma::cp_wait<STAGES - 2>();  // tile kb has landed (this thread's copies)
     __syncthreads();             // everyone's copies; stage (kb-1) % STAGES is free again
-    if (kb + STAGES - 1 < nk) load((kb + STAGES - 1) % STAGES, kb + STAGES - 1);
+    if (kb + STAGES - 1 < nk) load((kb + STAGES - 1) % STAGES, kb0 + kb + STAGES - 1);
     mma::cp_commit();
     const bf16* as = As + (kb % STAGES) * A_TILE;
     const bf16* bs = Bs + (kb % STAGES) * B_TILE;
@@ -290,6 +302,16 @@ __global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
     for (int h = 0; h < 2; ++h) {
       const int64_t r = m0 + wm * 64 + mi * 16 + g4 + h * 8;
       if (TA ? r >= p.M : r >= rhi) continue;
+      if (!TA && p.part) {  // split K: this chunk's sums, unscaled, for gg_split_reduce
+        float* prow = p.part + (int64_t(blockIdx.z) * p.T + r) * p.N;
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+          const int64_t col = n0 + wn * 32 + ni * 8 + c4 * 2;
+          if (col < p.N) prow[col] = acc[mi][ni][h * 2];
+          if (col + 1 < p.N) prow[col + 1] = acc[mi][ni][h * 2 + 1];
+        }
+        continue;
+      }
       TC* crow = TA ? C + g * p.sc + r * p.ldc : C + r * p.ldc;
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
@@ -390,6 +412,17 @@ bool mma_ok(const GroupedGemmArgs& a) {
   return m8(a.M) && m8(a.N) && m8(a.lda) && m8(a.ldb);
 }
 
+// C[r, n] = alpha (sum over z in order of part[z][r][n]) for the T x N of a split-K launch.
+template <class TC>
+__global__ void gg_split_reduce(const float* part, int Z, int64_t T, int64_t N, TC* C, int64_t ldc, float alpha) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * N) return;
+  const int64_t r = i / N, n = i % N;
+  float acc = 0.f;
+  for (int z = 0; z < Z; ++z) acc += part[(int64_t(z) * T + r) * N + n];
+  C[r * ldc + n] = from_f<TC>(alpha * acc);
+}
+
 template <bool TA, bool TB, class TC>
 void launch_mma(const GG& p, dim3 grid, cudaStream_t s) {
   // Per device, so on every launch (it costs a driver call, not a sync).
@@ -413,6 +446,27 @@ void launch_simt(bool ta, bool tb, const GG& p, dim3 grid, cudaStream_t s) {
 }  // namespace
 
 const char* grouped_gemm_path(const GroupedGemmArgs& a) { return mma_ok(a) ? "mma" : "simt"; }
+
+// The split of K for gemm with batch_invariant = 1 (one group, ta = 0, tb = 1, tensor cores): a
+// function of N and K alone, never of the rows, so every M sums a row's products in the same
+// chunks and adds the chunks in the same order. Enough chunks that a few rows still give about
+// kSplitBlocks blocks (a decoding step's o_proj at N = 2048 is 16 column tiles: 16 blocks of 132
+// SMs without a split); at most one chunk per k-block. Returns the k-blocks per chunk (0: none).
+int64_t gemm_rows_kchunk(const GroupedGemmArgs& a) {
+  if (a.offsets || a.ta || !a.tb || !mma_ok(a)) return 0;
+  constexpr int64_t kSplitBlocks = 256;
+  const int64_t tiles = ceil_div(a.N, BN), nk = (a.K + BK - 1) / BK;
+  const int64_t want = std::min<int64_t>(nk, (kSplitBlocks + tiles - 1) / tiles);
+  if (want <= 1) return 0;
+  return (nk + want - 1) / want;
+}
+
+int64_t gemm_rows_partial_bytes(const GroupedGemmArgs& a, int64_t rows) {
+  const int64_t kc = gemm_rows_kchunk(a);
+  if (kc == 0) return 0;
+  const int64_t Z = ((a.K + BK - 1) / BK + kc - 1) / kc;
+  return Z * rows * a.N * int64_t(sizeof(float));
+}
 
 void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s) {
   auto bad = [](const std::string& m) { throw std::invalid_argument("grouped_gemm: " + m); };
@@ -465,6 +519,33 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s) {
     if (grid.y > 65535) bad("M too large");
   }
   const bool cf = a.c_dt == DType::f32;
+  if (const int64_t kc = a.split_ws ? gemm_rows_kchunk(a) : 0) {
+    // Split K in bands of rows whose partial sums fit the workspace: each band's chunks, then
+    // their sum in chunk order (what every M computes for a row: batch-invariant).
+    const int64_t Z = ((a.K + BK - 1) / BK + kc - 1) / kc;
+    const int64_t per_row = Z * a.N * int64_t(sizeof(float));
+    const int64_t band = std::min<int64_t>(a.T, int64_t(a.split_ws_bytes) / per_row);
+    if (band < 1) bad("the split-K workspace holds less than one row");
+    for (int64_t r0 = 0; r0 < a.T; r0 += band) {
+      GG q = p;
+      q.T = std::min(band, a.T - r0);
+      q.A = static_cast<const bf16*>(a.A) + r0 * a.lda;
+      q.kchunk = int(kc);
+      q.part = static_cast<float*>(a.split_ws);
+      const dim3 g(grid.x, unsigned((q.T + BM - 1) / BM + 1), unsigned(Z));
+      cf ? launch_mma<false, true, float>(q, g, s) : launch_mma<false, true, bf16>(q, g, s);
+      const int64_t n = q.T * a.N;
+      const unsigned blocks = unsigned((n + 255) / 256);
+      if (cf)
+        gg_split_reduce<float><<<blocks, 256, 0, s>>>(q.part, int(Z), q.T, a.N,
+                                                      static_cast<float*>(a.C) + r0 * a.ldc, a.ldc, p.alpha);
+      else
+        gg_split_reduce<bf16><<<blocks, 256, 0, s>>>(q.part, int(Z), q.T, a.N,
+                                                     static_cast<bf16*>(a.C) + r0 * a.ldc, a.ldc, p.alpha);
+    }
+    check_launch("grouped_gemm (split K)");
+    return;
+  }
   if (mma) {
     if (a.ta)
       cf ? launch_mma<true, false, float>(p, grid, s) : launch_mma<true, false, bf16>(p, grid, s);

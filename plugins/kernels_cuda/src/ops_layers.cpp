@@ -3,6 +3,7 @@
 // logprob head, AdamW, the gradient norm's sums, scaling and the GRPO/SFT losses. Each checks its
 // operands (docs/ops.md) and queues the launchers of rlh_kernels_cuda_core on the call's stream.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -16,7 +17,8 @@ namespace {
 // gemm with batch_invariant = 1 (docs/ops.md): C = A B^T with every row of C a function of its
 // row of A alone, whatever M (a generator's deterministic mode): grouped_gemm.cu's tiles over one
 // group of rows, whose summation order never depends on the number of rows (cuBLASLt picks its
-// kernel, split-K included, by the problem's shape). Only 2-D C = A B^T, alpha 1, beta 0.
+// kernel, split-K included, by the problem's shape; this one splits K by N and K alone). Only
+// 2-D C = A B^T, alpha 1, beta 0.
 void run_gemm_rows(const Call& c) {
   const rlh_tensor &A = c.in(0), &B = c.in(1), &C = c.out(0);
   if (A.ndim != 2 || B.ndim != 2 || C.ndim != 2 || c.flag("transpose_a") || !c.flag("transpose_b") ||
@@ -39,6 +41,13 @@ void run_gemm_rows(const Call& c) {
   g.ab = c.dt();
   g.c_dt = is_bf16(C) ? DType::bf16 : DType::f32;
   g.err = c.err();
+  // Split K (grouped_gemm.cu): partial sums in bands of rows of at most 32 MiB, so a graph-captured
+  // decoding step's products stay inside the caller's workspace (the generator gives 64 MiB).
+  if (const int64_t all = gemm_rows_partial_bytes(g, g.T)) {
+    const int64_t row = gemm_rows_partial_bytes(g, 1);
+    g.split_ws_bytes = size_t(std::min<int64_t>(all, std::max<int64_t>(row, int64_t(32) << 20)));
+    g.split_ws = c.ws->get(g.split_ws_bytes);
+  }
   grouped_gemm(g, c.stream);
 }
 
