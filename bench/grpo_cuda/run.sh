@@ -7,6 +7,7 @@
 #   bench/grpo_cuda/run.sh [BIN_DIR]      BIN_DIR holds rlhost and plugins/ (default .devbin, the
 #                                         device pack; a build folder works too: BIN_DIR/bin/rlhost)
 #     SHAPE=llama1b|small  STEPS=3  DEVICE=cuda|cpu  PEER=1 (0: rlhost only)  OUT=folder
+#     RLHOST_EXTRA="++policy.generation.batch_invariant=true"  more overrides for rlhost's run
 #
 # rlhost runs NeMo-RL's grpo_math_1B_megatron.yaml with the megatron backend on the GPU in bf16
 # and the generator on the same GPU (colocated: it refits from the trainer every step), the
@@ -43,7 +44,7 @@ RLHOST_PLUGIN_PATH=$bin/plugins "$rlhost" "${plugins[@]}" --config examples/conf
   policy.sequence_packing.enabled=false policy.precision=$precision ++policy.device="$device" \
   policy.generation.max_new_tokens=256 policy.generation.vllm_cfg.gpu_memory_utilization=0.5 \
   data.max_input_seq_length=128 data.train.data_path="$out/train.jsonl" data.train.split_validation_size=0 \
-  logger.log_dir="$out/logs" ++logger.console_enabled=false > "$out/rlhost.log" 2>&1
+  logger.log_dir="$out/logs" ++logger.console_enabled=false ${RLHOST_EXTRA:-} > "$out/rlhost.log" 2>&1
 rc=$?
 t1=$(date +%s.%N)
 if [ $rc != 0 ]; then echo "rlhost failed (exit $rc):"; tail -5 "$out/rlhost.log"; exit 1; fi
@@ -78,6 +79,12 @@ line = f"tokens/step {tok:.0f}; rlhost {ours:.0f} tokens/s/GPU"
 if p:
     line += f"; peer {p['tok_per_s_gpu']:.0f} tokens/s/GPU; ratio {ours / p['tok_per_s_gpu']:.2f}x"
 print(line)
+# The train-generation mismatch GRPO logs every step (the generator's logprobs against the
+# policy's logprob pass on the same tokens): exactly 1 / 0 in the deterministic mode.
+print("mismatch per step: " + "; ".join(
+    f"step {r['step']}: token_mult_prob_error {r.get('train/token_mult_prob_error', float('nan')):.6f}, "
+    f"mean |dlp| {r.get('train/logprob_abs_error', float('nan')):.3g}, max {r.get('train/logprob_abs_error_max', float('nan')):.3g}"
+    for r in rows))
 print(f"RESULT name=grpo_step shape={os.environ.get('SHAPE', 'llama1b')} rlhost_tok_s_gpu={ours:.1f} "
       f"peer_tok_s_gpu={p['tok_per_s_gpu'] if p else 0:.1f} step_s={step:.3f}")
 PY
