@@ -7,7 +7,7 @@
 #   bench/grpo_cuda/run.sh [BIN_DIR]      BIN_DIR holds rlhost and plugins/ (default .devbin, the
 #                                         device pack; a build folder works too: BIN_DIR/bin/rlhost)
 #     SHAPE=llama1b|small  STEPS=3  DEVICE=cuda|cpu  PEER=1 (0: rlhost only)  OUT=folder
-#     RLHOST_EXTRA="++policy.generation.batch_invariant=true"  more overrides for rlhost's run
+#     RLHOST_EXTRA="++policy.generation.native_cfg.batch_invariant=true"  more overrides for rlhost's run
 #
 # rlhost runs NeMo-RL's grpo_math_1B_megatron.yaml with the megatron backend on the GPU in bf16
 # and the generator on the same GPU (colocated: it refits from the trainer every step), the

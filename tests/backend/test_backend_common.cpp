@@ -233,13 +233,13 @@ TEST(ConfigReading, SharedPolicyKeysAndMergePatch) {
   EXPECT_FALSE(cfg.batch_invariant);
   // The generator's deterministic mode also puts the device engine's logprob passes in it.
   BackendConfig det;
-  json g = {{"generation", {{"batch_invariant", true}}}};
+  json g = {{"generation", {{"native_cfg", {{"batch_invariant", true}}}}}};
   ConfigReader rg(g, "policy");
   read_shared_policy_keys(rg, det);
   EXPECT_TRUE(det.batch_invariant);
-  json gb = {{"generation", {{"batch_invariant", "yes"}}}};
+  json gb = {{"generation", {{"native_cfg", {{"batch_invariant", "yes"}}}}}};
   ConfigReader rgb(gb, "policy");
-  expect_error([&] { read_shared_policy_keys(rgb, det); }, RLH_E_INVALID_ARGUMENT, "policy.generation.batch_invariant");
+  expect_error([&] { read_shared_policy_keys(rgb, det); }, RLH_E_INVALID_ARGUMENT, "policy.generation.native_cfg.batch_invariant");
   const json patched = merge_patch({{"a", {{"b", 1}, {"c", 2}}}, {"d", 3}}, {{"a", {{"b", 5}, {"c", nullptr}}}});
   EXPECT_EQ(patched, (json{{"a", {{"b", 5}}}, {"d", 3}}));
 }

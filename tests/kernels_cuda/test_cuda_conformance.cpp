@@ -78,7 +78,10 @@ TEST(CudaConformance, EveryListedOpEveryDtypeThroughTheRunner) {
       any = any || c.state == sdk::KernelCheckCell::pass;
     }
     EXPECT_TRUE(any) << row.op << ": no dtype passed";
-    EXPECT_EQ(row.cells[0].state, sdk::KernelCheckCell::pass) << row.op << " f32";
+    // Every op in f32, but the fused GLU product: written for bf16 alone, it lists no f32.
+    EXPECT_EQ(row.cells[0].state,
+              row.op == "gemm_glu_fwd" ? sdk::KernelCheckCell::not_offered : sdk::KernelCheckCell::pass)
+        << row.op << " f32";
   }
   EXPECT_GT(listed, 20);
   const auto* adamw16 = rep.row("adamw_bf16");

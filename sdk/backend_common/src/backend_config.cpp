@@ -190,7 +190,7 @@ void read_shared_policy_keys(ConfigReader& r, BackendConfig& cfg) {
     if (d != "auto" && d != "cpu" && d != "cuda" && !indexed)
       r.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + d + "\"");
   }
-  cfg.batch_invariant = r.boolean("generation.batch_invariant", false);
+  cfg.batch_invariant = r.boolean("generation.native_cfg.batch_invariant", false);
   if (const nlohmann::json* k = r.find("kernels")) {
     cfg.kernel_pins = sdk::kernel_pins_from_json(k->dump());
     cfg.kernel_verify = sdk::kernel_verify_from_json(k->dump());
