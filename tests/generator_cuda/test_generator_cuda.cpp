@@ -152,24 +152,56 @@ bool is_moe(const sdk::TransformerDesc& d) {
 // ---------------------------------------------------------------------------------------------
 // Fixtures: greedy decoding within bf16 of Hugging Face's and of the fp32 trainer.
 
+// A fixture folder: its model (f32 weights), its HF reference file and greedy prompts; `skip`
+// says why a test cannot use it (an architecture no table lists).
+struct FixtureModel {
+  std::string name, skip;
+  sdk::TransformerDesc desc;
+  sdk::LoadResult w;
+  std::vector<sdk::st::File> ref;  // the one reference file (File has no empty state)
+  std::vector<std::vector<int32_t>> prompts;
+};
+
+FixtureModel open_fixture(const std::string& dir) {
+  FixtureModel f;
+  f.name = std::filesystem::path(dir).filename().string();
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  const std::string arch = cfg.value("architectures", nlohmann::json::array({""}))[0];
+  if (!model::is_supported_architecture(arch)) {
+    f.skip = "no architecture table lists " + arch;
+    return f;
+  }
+  f.desc = model::describe_model_dir(dir);
+  const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
+  f.w = sdk::load_weights_f32(f.desc, ckpt);
+  f.ref.push_back(sdk::st::File::open(dir + "/reference.safetensors"));
+  const auto& pi = f.ref[0].at("greedy_prompt");
+  f.prompts = rows_of(f.ref[0].read_f64("greedy_prompt"), pi.shape[0], pi.shape[1]);
+  return f;
+}
+
+std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = std::filesystem::path(info.param).filename().string();
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
 class GpuFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuFixture, GreedyWithinBf16OfHuggingFaceAndTheTrainer) {
   NEED_GPU();
-  const std::string dir = GetParam();
-  const std::string name = std::filesystem::path(dir).filename().string();
-  std::ifstream in(dir + "/config.json");
-  const nlohmann::json cfg = nlohmann::json::parse(in);
-  const std::string arch = cfg.value("architectures", nlohmann::json::array({""}))[0];
-  if (!model::is_supported_architecture(arch)) GTEST_SKIP() << "no architecture table lists " << arch;
-  sdk::TransformerDesc desc = model::describe_model_dir(dir);
-  const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
-  const auto ref = sdk::st::File::open(dir + "/reference.safetensors");
+  const FixtureModel f = open_fixture(GetParam());
+  if (!f.skip.empty()) GTEST_SKIP() << f.skip;
+  const std::string& name = f.name;
+  const sdk::TransformerDesc& desc = f.desc;
+  const sdk::LoadResult& w = f.w;
+  const sdk::st::File& ref = f.ref[0];
   const auto& pi = ref.at("greedy_prompt");
   const auto& oi = ref.at("greedy_output");
   const int64_t B = pi.shape[0], P = pi.shape[1], T = oi.shape[1];
-  const auto prompts = rows_of(ref.read_f64("greedy_prompt"), B, P);
+  const auto& prompts = f.prompts;
   const auto expected = rows_of(ref.read_f64("greedy_output"), B, T, P);
   engine::Engine eng(desc, rlh::test::engine_options());
   eng.load_parameters(w.tensors);
@@ -211,12 +243,7 @@ TEST_P(GpuFixture, GreedyWithinBf16OfHuggingFaceAndTheTrainer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::ValuesIn(fixture_models()), [](const auto& info) {
-  std::string n = std::filesystem::path(info.param).filename().string();
-  for (char& c : n)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::ValuesIn(fixture_models()), fixture_test_name);
 
 // ---------------------------------------------------------------------------------------------
 // Sampled logprobs against the fp32 trainer (processed) and the bf16 trainer (the CUDA engine:
@@ -538,33 +565,17 @@ class GpuDeterministicFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuDeterministicFixture, TrainerLogprobsBitwiseTheGenerators) {
   NEED_GPU();
-  const std::string dir = GetParam();
-  const std::string name = std::filesystem::path(dir).filename().string();
-  std::ifstream in(dir + "/config.json");
-  const nlohmann::json cfg = nlohmann::json::parse(in);
-  const std::string arch = cfg.value("architectures", nlohmann::json::array({""}))[0];
-  if (!model::is_supported_architecture(arch)) GTEST_SKIP() << "no architecture table lists " << arch;
-  sdk::TransformerDesc desc = model::describe_model_dir(dir);
-  const auto ckpt = sdk::st::Checkpoint::open(dir + "/model.safetensors");
-  sdk::LoadResult w = sdk::load_weights_f32(desc, ckpt);
-  const auto ref = sdk::st::File::open(dir + "/reference.safetensors");
-  const auto& pi = ref.at("greedy_prompt");
-  const auto prompts = rows_of(ref.read_f64("greedy_prompt"), pi.shape[0], pi.shape[1]);
+  const FixtureModel f = open_fixture(GetParam());
+  if (!f.skip.empty()) GTEST_SKIP() << f.skip;
   try {
-    expect_deterministic_parity(name, desc, w.tensors, prompts);
+    expect_deterministic_parity(f.name, f.desc, f.w.tensors, f.prompts);
   } catch (const sdk::Error& e) {
     if (e.code() != RLH_E_UNIMPLEMENTED) throw;
-    GTEST_SKIP() << name << ": " << e.what();
+    GTEST_SKIP() << f.name << ": " << e.what();
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDeterministicFixture, ::testing::ValuesIn(fixture_models()),
-                         [](const auto& info) {
-                           std::string n = std::filesystem::path(info.param).filename().string();
-                           for (char& c : n)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDeterministicFixture, ::testing::ValuesIn(fixture_models()), fixture_test_name);
 
 // ---------------------------------------------------------------------------------------------
 // The draws: the CPU generator's seeded counter RNG, and the model's distribution.
