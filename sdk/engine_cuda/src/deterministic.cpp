@@ -94,15 +94,18 @@ void CudaEngine::Impl::det_head(const OutputRequest& req, int64_t N) {
   if (req.entropy) ops->logprob_fwd(head_args(req, N, false));
   if (!req.logprob) return;
   const int64_t rows = std::clamp<int64_t>(kHeadTileBytes / (V * 4), 1, N);
-  // [rows, V] f32 logits | rows f64 zero uniforms | rows int32 tokens
-  const size_t bytes = size_t(rows) * (size_t(V) * 4 + 8 + 4);
+  // rows f64 zero uniforms | [rows, V] f32 logits | rows int32 tokens, each part 256-byte aligned
+  const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t at_logits = up(size_t(rows) * 8), at_tok = at_logits + up(size_t(rows * V) * 4);
+  const size_t bytes = at_tok + size_t(rows) * 4;
   if (det_head_buf.size() < bytes) {
     det_head_buf = cuda::DeviceBuffer(counters, bytes);
     check(cudaMemsetAsync(det_head_buf.get(), 0, bytes, stream), "clear");
   }
-  float* logits = det_head_buf.get<float>();
-  double* u = reinterpret_cast<double*>(logits + rows * V);
-  int32_t* tok = reinterpret_cast<int32_t*>(u + rows);
+  char* base = det_head_buf.get<char>();
+  double* u = reinterpret_cast<double*>(base);
+  float* logits = reinterpret_cast<float*>(base + at_logits);
+  int32_t* tok = reinterpret_cast<int32_t*>(base + at_tok);
   cuda::DeviceOps::Sample s;
   s.temperature = req.temperature;
   s.softcap = prog.logit_softcap;
