@@ -7,26 +7,33 @@
 #   scripts/test.sh --fast     only the normal build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's wall time, printed as it ends (CI's log then says where the time went).
+stage_t0=$SECONDS
+stage() {
+  echo "   (stage took $((SECONDS - stage_t0)) s; $SECONDS s in all)"
+  stage_t0=$SECONDS
+  echo "== $1 =="
+}
 bash scripts/setup.sh
 jobs=$(nproc)
 
 # CMake's file API reply for scripts/check_links.py (the `links` test): asked before configuring.
 for b in build build-asan; do mkdir -p $b/.cmake/api/v1/query && touch $b/.cmake/api/v1/query/codemodel-v2; done
-echo "== build (gcc, RelWithDebInfo) =="
+stage "build (gcc, RelWithDebInfo)"
 cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLH_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs"
 # OpenMP's threads sleep when idle instead of spinning (libgomp's default spins ~300k iterations):
 # ctest runs two tests at once on two cores, and two spinning teams starved each other (the CPU
 # kernel tests took 11 s side by side with passive waits at 3.3 s; 1.8 s alone).
 export OMP_WAIT_POLICY=passive
-echo "== tests =="
+stage "tests"
 # `heavy` = the GRPO demo on three seeds (minutes of CPU each): bench/grpo, or ctest -L heavy.
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900 -LE heavy
 # The CPU engine, generator and kernels again with OpenBLAS's AVX2 kernels, which an AVX2-only
 # or older AMD machine gets (results must not depend on the BLAS kernels: docs/ops.md). Only
 # where the CPU has AVX2 and FMA; elsewhere those kernels cannot run.
 if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  echo "== CPU engine, generator and kernels tests under OPENBLAS_CORETYPE=Haswell =="
+  stage "CPU engine, generator and kernels tests under OPENBLAS_CORETYPE=Haswell"
   # (Not again: kernels_cpu_avx2, which ran above on OpenBLAS's Haswell kernels already (the plugin
   # picks them for AVX2), kernels_cpu_generic on the builtin GEMM, and engine_memory, which counts
   # bytes.)
@@ -34,13 +41,13 @@ if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
     -L 'engine|generator|kernels' -LE 'heavy|gpu' -E '^(kernels_cpu_avx2|kernels_cpu_generic|engine_memory)$'
 fi
 
-if [ "${1:-}" = "--fast" ]; then exit 0; fi
+if [ "${1:-}" = "--fast" ]; then echo "   (stage took $((SECONDS - stage_t0)) s; $SECONDS s in all)"; exit 0; fi
 
-echo "== build (gcc, ASan+UBSan) =="
+stage "build (gcc, ASan+UBSan)"
 cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DRLH_SANITIZE=ON -DRLH_CUDA=OFF -DRLH_BUILD_TESTS=ON >/dev/null
 cmake --build build-asan -j"$jobs"
-echo "== tests under ASan+UBSan =="
+stage "tests under ASan+UBSan"
 # `heavy` (the three-seed GRPO demo) is left out here too, and so are the three- and four-rank
 # runs (`np3`, `np4`: the two-rank runs' code with more ranks) and the runs that train to show
 # learning (`learns`);
@@ -60,9 +67,10 @@ export LSAN_OPTIONS=print_suppressions=0
 ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE 'heavy|np3|np4|learns' \
   -E '^(abi\.abidiff|CheckpointCrash\..*)$'
 
-echo "== fuzzing (clang-14 libFuzzer + ASan+UBSan) =="
+stage "fuzzing (clang-14 libFuzzer + ASan+UBSan)"
 cmake -G Ninja -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DRLH_SANITIZE=ON -DRLH_FUZZ=ON -DRLH_CUDA=OFF -DRLH_BUILD_TESTS=ON >/dev/null
 cmake --build build-fuzz -j"$jobs" --target rlh_fuzzers
 ctest --test-dir build-fuzz --output-on-failure -j"$jobs" --timeout 900 -L fuzz
+echo "   (stage took $((SECONDS - stage_t0)) s; $SECONDS s in all)"
