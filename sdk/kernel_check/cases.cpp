@@ -97,6 +97,8 @@ std::vector<Case> all_cases() {
   add_optimizer_cases(v);
   add_decode_cases(v);
   add_loss_cases(v);
+  add_dense_cases_late(v);   // appended: the cases above keep their indices (their seeds)
+  add_decode_cases_late(v);
   for (Case& c : v) finish(c);
   return v;
 }

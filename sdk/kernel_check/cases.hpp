@@ -98,6 +98,10 @@ void add_moe_cases(std::vector<Case>& v);       // router, permute, grouped gemm
 void add_optimizer_cases(std::vector<Case>& v); // adamw, adamw_bf16, sumsq, amax, scale, cases_moe.cpp
 void add_loss_cases(std::vector<Case>& v);      // clipped_pg_loss, nll_loss, cases_loss.cpp
 void add_decode_cases(std::vector<Case>& v);    // kv_cache_write, paged_attention, sample, cases_decode.cpp
+// Cases added later, appended after all of the above: a case's index seeds its inputs, so a
+// case inserted in the middle would draw new data for every case after it.
+void add_dense_cases_late(std::vector<Case>& v);
+void add_decode_cases_late(std::vector<Case>& v);
 
 // ---- Builders shared by the case files.
 

@@ -193,8 +193,13 @@ void add_decode_cases(std::vector<Case>& v) {
   o.top_k = 10;
   o.softcap = 1.5;  // Gemma-2's final soft-cap, before the temperature
   v.push_back(sample_case("softcap", 6, 50, 0, o));
+}
+
+// Cases added after the list above was fixed (all_cases: appended last, so the earlier cases
+// keep their indices, which seed their inputs).
+void add_decode_cases_late(std::vector<Case>& v) {
   // Scoring given ids (a trainer's deterministic logprobs): unfiltered and filtered, soft-capped.
-  o = SampleOpts{};
+  SampleOpts o;
   o.temperature = 0.9;
   o.given = true;
   v.push_back(sample_case("plain", 8, 5000, 0, o));

@@ -166,8 +166,12 @@ constexpr size_t MMA_SMEM = size_t(STAGES) * (A_TILE + B_TILE) * sizeof(bf16);  
 
 // Two blocks per SM (128 registers; a few spill): measured 283 TFLOP/s at the Qwen3-MoE
 // gate+up shape against 248 with one block per SM and no spills.
-template <bool TA, bool TB, class TC>
-__global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
+// CHUNKED (batch-invariant gemm at many rows): the whole K in one block, its sums flushed into a
+// running total at every chunk boundary of gemm_rows_kchunk: the split path's arithmetic (each
+// chunk from zero, the chunks added in order) without its partial sums in memory. Twice the
+// accumulators: one block per SM.
+template <bool TA, bool TB, class TC, bool CHUNKED = false>
+__global__ void __launch_bounds__(THREADS, CHUNKED ? 1 : 2) gg_mma_kernel(GG p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* As = reinterpret_cast<bf16*>(smem_raw);
   bf16* Bs = As + STAGES * A_TILE;
@@ -181,7 +185,7 @@ __global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
   const bf16* B = static_cast<const bf16*>(p.B) + (TA ? 0 : g * p.sb);
   const int64_t kdim = TA ? rhi - rlo : p.K;
   int kb0 = 0, nk = int((kdim + BK - 1) / BK);
-  if (!TA && p.kchunk > 0) {  // this block's chunk of k-blocks (split K)
+  if (!TA && !CHUNKED && p.kchunk > 0) {  // this block's chunk of k-blocks (split K)
     kb0 = int(blockIdx.z) * p.kchunk;
     nk = min(nk - kb0, p.kchunk);
   }
@@ -242,13 +246,21 @@ __global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
     }
   };
 
-  float acc[4][4][4];
+  float acc[4][4][4], tot[CHUNKED ? 4 : 1][4][4];
 #pragma unroll
   for (int a = 0; a < 4; ++a)
 #pragma unroll
     for (int b = 0; b < 4; ++b)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+  if constexpr (CHUNKED) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) tot[a][b][c] = 0.f;
+  }
 
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
@@ -290,8 +302,29 @@ __global__ void __launch_bounds__(THREADS, 2) gg_mma_kernel(GG p) {
         for (int ni = 0; ni < 4; ++ni)
           mma::mma16816(acc[mi][ni], af[mi], bfr[ni >> 1][(ni & 1) * 2], bfr[ni >> 1][(ni & 1) * 2 + 1]);
     }
+    if constexpr (CHUNKED) {
+      if ((kb + 1) % p.kchunk == 0 || kb + 1 == nk) {  // a chunk ends: total += its sums (in order)
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              tot[a][b][c] += acc[a][b][c];
+              acc[a][b][c] = 0.f;
+            }
+      }
+    }
   }
   mma::cp_wait<0>();
+  if constexpr (CHUNKED) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[a][b][c] = tot[a][b][c];
+  }
 
   // Epilogue: c0,c1 at (row g4, cols 2c4, 2c4+1), c2,c3 at row g4 + 8.
   TC* C = static_cast<TC*>(p.C);
@@ -423,14 +456,14 @@ __global__ void gg_split_reduce(const float* part, int Z, int64_t T, int64_t N, 
   C[r * ldc + n] = from_f<TC>(alpha * acc);
 }
 
-template <bool TA, bool TB, class TC>
+template <bool TA, bool TB, class TC, bool CHUNKED = false>
 void launch_mma(const GG& p, dim3 grid, cudaStream_t s) {
   // Per device, so on every launch (it costs a driver call, not a sync).
   const cudaError_t attr = cudaFuncSetAttribute(
-      gg_mma_kernel<TA, TB, TC>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(MMA_SMEM));
+      gg_mma_kernel<TA, TB, TC, CHUNKED>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(MMA_SMEM));
   if (attr != cudaSuccess)
     throw std::runtime_error(std::string("grouped_gemm: shared memory: ") + cudaGetErrorString(attr));
-  gg_mma_kernel<TA, TB, TC><<<grid, THREADS, MMA_SMEM, s>>>(p);
+  gg_mma_kernel<TA, TB, TC, CHUNKED><<<grid, THREADS, MMA_SMEM, s>>>(p);
 }
 
 template <class TI, class TC>
@@ -453,7 +486,7 @@ const char* grouped_gemm_path(const GroupedGemmArgs& a) { return mma_ok(a) ? "mm
 // kSplitBlocks blocks (a decoding step's o_proj at N = 2048 is 16 column tiles: 16 blocks of 132
 // SMs without a split); at most one chunk per k-block. Returns the k-blocks per chunk (0: none).
 int64_t gemm_rows_kchunk(const GroupedGemmArgs& a) {
-  if (a.offsets || a.ta || !a.tb || !mma_ok(a)) return 0;
+  if (!a.invariant_split || a.offsets || a.ta || !a.tb || !mma_ok(a)) return 0;
   constexpr int64_t kSplitBlocks = 256;
   const int64_t tiles = ceil_div(a.N, BN), nk = (a.K + BK - 1) / BK;
   const int64_t want = std::min<int64_t>(nk, (kSplitBlocks + tiles - 1) / tiles);
@@ -461,9 +494,14 @@ int64_t gemm_rows_kchunk(const GroupedGemmArgs& a) {
   return (nk + want - 1) / want;
 }
 
+// From this many rows the chunks run inside one block (CHUNKED): the row tiles alone fill the
+// GPU, and the split's partial sums (Z x rows x N floats written and read) would cost more than
+// one block per SM does.
+constexpr int64_t kChunkedRows = 1024;
+
 int64_t gemm_rows_partial_bytes(const GroupedGemmArgs& a, int64_t rows) {
   const int64_t kc = gemm_rows_kchunk(a);
-  if (kc == 0) return 0;
+  if (kc == 0 || a.T >= kChunkedRows) return 0;
   const int64_t Z = ((a.K + BK - 1) / BK + kc - 1) / kc;
   return Z * rows * a.N * int64_t(sizeof(float));
 }
@@ -519,7 +557,16 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s) {
     if (grid.y > 65535) bad("M too large");
   }
   const bool cf = a.c_dt == DType::f32;
-  if (const int64_t kc = a.split_ws ? gemm_rows_kchunk(a) : 0) {
+  const int64_t kc = gemm_rows_kchunk(a);
+  if (kc && a.T >= kChunkedRows) {  // the chunks in one block, added as the split path adds them
+    GG q = p;
+    q.kchunk = int(kc);
+    cf ? launch_mma<false, true, float, true>(q, grid, s) : launch_mma<false, true, bf16, true>(q, grid, s);
+    check_launch("grouped_gemm (chunked K)");
+    return;
+  }
+  if (kc) {
+    if (!a.split_ws) bad("the split-K workspace is missing (gemm_rows_partial_bytes)");
     // Split K in bands of rows whose partial sums fit the workspace: each band's chunks, then
     // their sum in chunk order (what every M computes for a row: batch-invariant).
     const int64_t Z = ((a.K + BK - 1) / BK + kc - 1) / kc;

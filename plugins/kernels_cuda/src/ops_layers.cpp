@@ -41,6 +41,7 @@ void run_gemm_rows(const Call& c) {
   g.ab = c.dt();
   g.c_dt = is_bf16(C) ? DType::bf16 : DType::f32;
   g.err = c.err();
+  g.invariant_split = true;
   // Split K (grouped_gemm.cu): partial sums in bands of rows of at most 32 MiB, so a graph-captured
   // decoding step's products stay inside the caller's workspace (the generator gives 64 MiB).
   if (const int64_t all = gemm_rows_partial_bytes(g, g.T)) {

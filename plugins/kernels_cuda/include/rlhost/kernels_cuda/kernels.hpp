@@ -298,14 +298,18 @@ struct GroupedGemmArgs {
   DType ab = DType::f32, c_dt = DType::f32;
   int* err = nullptr;
   bool force_simt = false;  // tests: take the CUDA-core path even where tensor cores apply
-  // gemm with batch_invariant = 1 (one group, no offsets, tb): scratch for the split-K partial
-  // sums (gemm_rows_partial_bytes per band of rows; null: no split, every M the same way too).
+  // gemm with batch_invariant = 1 (one group, no offsets, tb): K cut into chunks fixed by N and
+  // K (gemm_rows_kchunk), the same sums at every M; few rows split the chunks over blocks, with
+  // scratch for their partial sums (gemm_rows_partial_bytes per band of rows), many rows run
+  // them in one block.
+  bool invariant_split = false;
   void* split_ws = nullptr;
   size_t split_ws_bytes = 0;
 };
 const char* grouped_gemm_path(const GroupedGemmArgs& a);  // "mma" or "simt"
 // The split of K the batch-invariant gemm takes (k-blocks per chunk, 0: none; from N and K only)
-// and the bytes of partial sums it needs for `rows` rows.
+// and the bytes of partial sums it needs for `rows` rows (0 where it needs none: no split, or
+// a call of many rows, whose chunks run in one block).
 int64_t gemm_rows_kchunk(const GroupedGemmArgs& a);
 int64_t gemm_rows_partial_bytes(const GroupedGemmArgs& a, int64_t rows);
 void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s);
