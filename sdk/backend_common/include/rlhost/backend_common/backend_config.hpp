@@ -162,8 +162,8 @@ struct BackendConfig {
   // policy.device: "auto" (the flavor's device path when one is usable and precision is
   // bfloat16, else the CPU engine), "cpu", "cuda" or "cuda:N" (that device or an error).
   std::string device = "auto";
-  // policy.generation.native_cfg.batch_invariant (the generator's deterministic mode, read here too): on the
-  // device path the CUDA engine's logprob and value passes then run the generator's
+  // policy.generation.native_cfg.batch_invariant (the generator's deterministic mode, read here
+  // too): on the device path the CUDA engine's logprob and value passes then run the generator's
   // batch-invariant kernels, so the train-generation mismatch is exactly 0
   // (CudaEngineOptions::batch_invariant).
   bool batch_invariant = false;

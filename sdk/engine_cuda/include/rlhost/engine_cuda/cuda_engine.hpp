@@ -74,8 +74,8 @@ struct CudaEngineOptions {
   // false: a frozen model (a reference policy) holds only its fp32 and bf16 weights, no
   // gradients or AdamW moments, and train_step is refused.
   bool trainable = true;
-  // The deterministic mode (policy.generation.native_cfg.batch_invariant): forward-only calls (logprobs,
-  // values) run the GPU generator's batch-invariant kernels on the generator's arithmetic, so a
+  // The deterministic mode (policy.generation.native_cfg.batch_invariant): forward-only calls
+  // (logprobs, values) run the GPU generator's batch-invariant kernels on its arithmetic, so a
   // sequence's token logprobs are bitwise what the generator computed while decoding it in its
   // own deterministic mode (deterministic.cpp): every product on the batch-invariant gemm,
   // attention on paged_attention (batch_invariant = 1) over this call's keys laid out as the
