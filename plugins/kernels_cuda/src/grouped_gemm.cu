@@ -558,6 +558,8 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s) {
   }
   const bool cf = a.c_dt == DType::f32;
   const int64_t kc = gemm_rows_kchunk(a);
+  // gg_split_reduce has no beta; run_gemm_rows refuses beta != 0 before this
+  if (kc && a.beta != 0) bad("the batch-invariant split takes beta = 0 only");
   if (kc && a.T >= kChunkedRows) {  // the chunks in one block, added as the split path adds them
     GG q = p;
     q.kchunk = int(kc);

@@ -40,6 +40,9 @@ constexpr int64_t kHeadTileBytes = int64_t(256) << 20;  // the head's f32 logits
 // Slots and block tables of this call: sequence s's tokens in blocks base_s .. base_s + nb_s - 1
 // (base_s the blocks of the sequences before it), token t at slot base_s kBlock + t, and every
 // token's table row that sequence's blocks (det_width wide, the longest sequence's count).
+// paged_attention takes a table row per query, so the tables hold N x det_width int32: 16 MiB
+// for 16K tokens of 4K-token sequences, but 1 GiB for a 64K-token sequence; bounding them
+// (queries in chunks of rows) is left for when such batches need this mode.
 void CudaEngine::Impl::det_prepare(const MicroBatch& mb) {
   const int64_t N = mb.num_tokens(), S = mb.num_sequences();
   int64_t width = 1, blocks = 0;
@@ -98,12 +101,12 @@ void CudaEngine::Impl::det_head(const OutputRequest& req, int64_t N) {
   const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t at_logits = up(size_t(rows) * 8), at_tok = at_logits + up(size_t(rows * V) * 4);
   const size_t bytes = at_tok + size_t(rows) * 4;
-  if (det_head_buf.size() < bytes) {
-    det_head_buf = cuda::DeviceBuffer(counters, bytes);
-    check(cudaMemsetAsync(det_head_buf.get(), 0, bytes, stream), "clear");
-  }
+  if (det_head_buf.size() < bytes) det_head_buf = cuda::DeviceBuffer(counters, bytes);
   char* base = det_head_buf.get<char>();
   double* u = reinterpret_cast<double*>(base);
+  // zero every call: a call with more rows lays its uniforms over an earlier call's logits (the
+  // op reads no uniforms when it scores given ids, but its operand is still a valid one)
+  check(cudaMemsetAsync(u, 0, size_t(rows) * 8, stream), "clear");
   float* logits = reinterpret_cast<float*>(base + at_logits);
   int32_t* tok = reinterpret_cast<int32_t*>(base + at_tok);
   cuda::DeviceOps::Sample s;
