@@ -166,6 +166,17 @@ constexpr size_t MMA_SMEM = size_t(STAGES) * (A_TILE + B_TILE) * sizeof(bf16);  
 
 // Two blocks per SM (128 registers; a few spill): measured 283 TFLOP/s at the Qwen3-MoE
 // gate+up shape against 248 with one block per SM and no spills.
+// f(a, b, c) over a thread's 4 x 4 x 4 accumulators, unrolled.
+template <class F>
+__device__ __forceinline__ void each_acc(F&& f) {
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) f(a, b, c);
+}
+
 // CHUNKED (batch-invariant gemm at many rows): the whole K in one block, its sums flushed into a
 // running total at every chunk boundary of gemm_rows_kchunk: the split path's arithmetic (each
 // chunk from zero, the chunks added in order) without its partial sums in memory. Twice the
@@ -247,20 +258,8 @@ __global__ void __launch_bounds__(THREADS, CHUNKED ? 1 : 2) gg_mma_kernel(GG p) 
   };
 
   float acc[4][4][4], tot[CHUNKED ? 4 : 1][4][4];
-#pragma unroll
-  for (int a = 0; a < 4; ++a)
-#pragma unroll
-    for (int b = 0; b < 4; ++b)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
-  if constexpr (CHUNKED) {
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) tot[a][b][c] = 0.f;
-  }
+  each_acc([&](int a, int b, int c) { acc[a][b][c] = 0.f; });
+  if constexpr (CHUNKED) each_acc([&](int a, int b, int c) { tot[a][b][c] = 0.f; });
 
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
@@ -303,28 +302,15 @@ __global__ void __launch_bounds__(THREADS, CHUNKED ? 1 : 2) gg_mma_kernel(GG p) 
           mma::mma16816(acc[mi][ni], af[mi], bfr[ni >> 1][(ni & 1) * 2], bfr[ni >> 1][(ni & 1) * 2 + 1]);
     }
     if constexpr (CHUNKED) {
-      if ((kb + 1) % p.kchunk == 0 || kb + 1 == nk) {  // a chunk ends: total += its sums (in order)
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-#pragma unroll
-          for (int b = 0; b < 4; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              tot[a][b][c] += acc[a][b][c];
-              acc[a][b][c] = 0.f;
-            }
-      }
+      if ((kb + 1) % p.kchunk == 0 || kb + 1 == nk)  // a chunk ends: total += its sums (in order)
+        each_acc([&](int a, int b, int c) {
+          tot[a][b][c] += acc[a][b][c];
+          acc[a][b][c] = 0.f;
+        });
     }
   }
   mma::cp_wait<0>();
-  if constexpr (CHUNKED) {
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[a][b][c] = tot[a][b][c];
-  }
+  if constexpr (CHUNKED) each_acc([&](int a, int b, int c) { acc[a][b][c] = tot[a][b][c]; });
 
   // Epilogue: c0,c1 at (row g4, cols 2c4, 2c4+1), c2,c3 at row g4 + 8.
   TC* C = static_cast<TC*>(p.C);
