@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <cmath>
 #include <cstdlib>
@@ -43,6 +44,13 @@ Options gen_options(int num_threads) {
 std::string fixtures_root() {
   const char* env = std::getenv("RLHOST_FIXTURES");
   return env && *env ? env : RLH_FIXTURES_DIR;
+}
+
+std::string fixture_test_name(const std::string& dir) {
+  std::string n = std::filesystem::path(dir).filename().string();
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
 }
 
 std::vector<std::string> fixture_models() {

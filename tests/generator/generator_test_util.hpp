@@ -23,6 +23,8 @@ std::string fixtures_root();
 // Model folders (config.json + reference.safetensors) under it and under the engine's in-tree
 // fixtures (tests/engine/fixtures: more MoE configurations), as full paths, sorted by name.
 std::vector<std::string> fixture_models();
+// A fixture folder's name as a gtest parameter name (letters and digits, the rest '_').
+std::string fixture_test_name(const std::string& dir);
 
 // A description from an HF-style config (LlamaForCausalLM unless `extra` overrides keys).
 sdk::TransformerDesc llama_desc(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,

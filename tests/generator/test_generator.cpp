@@ -121,12 +121,7 @@ TEST_P(FixtureGreedy, MatchesHuggingFaceAndTrainer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGreedy, ::testing::ValuesIn(fixture_models()),
-                         [](const auto& info) {
-                           std::string n = std::filesystem::path(info.param).filename().string();
-                           for (char& c : n)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return fixture_test_name(info.param); });
 
 class Invariance : public ::testing::TestWithParam<std::string> {};
 

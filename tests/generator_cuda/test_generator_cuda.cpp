@@ -181,11 +181,8 @@ FixtureModel open_fixture(const std::string& dir) {
   return f;
 }
 
-std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string n = std::filesystem::path(info.param).filename().string();
-  for (char& c : n)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return n;
+std::string fixture_param_name(const ::testing::TestParamInfo<std::string>& info) {
+  return fixture_test_name(info.param);
 }
 
 class GpuFixture : public ::testing::TestWithParam<std::string> {};
@@ -243,7 +240,7 @@ TEST_P(GpuFixture, GreedyWithinBf16OfHuggingFaceAndTheTrainer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::ValuesIn(fixture_models()), fixture_test_name);
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::ValuesIn(fixture_models()), fixture_param_name);
 
 // ---------------------------------------------------------------------------------------------
 // Sampled logprobs against the fp32 trainer (processed) and the bf16 trainer (the CUDA engine:
@@ -575,7 +572,7 @@ TEST_P(GpuDeterministicFixture, TrainerLogprobsBitwiseTheGenerators) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDeterministicFixture, ::testing::ValuesIn(fixture_models()), fixture_test_name);
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDeterministicFixture, ::testing::ValuesIn(fixture_models()), fixture_param_name);
 
 // ---------------------------------------------------------------------------------------------
 // The draws: the CPU generator's seeded counter RNG, and the model's distribution.

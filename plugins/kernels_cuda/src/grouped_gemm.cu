@@ -485,11 +485,15 @@ int64_t gemm_rows_kchunk(const GroupedGemmArgs& a) {
 // one block per SM does.
 constexpr int64_t kChunkedRows = 1024;
 
+namespace {
+// The chunks of K at kc k-blocks each (the last may be shorter).
+int64_t k_chunks(const GroupedGemmArgs& a, int64_t kc) { return ((a.K + BK - 1) / BK + kc - 1) / kc; }
+}  // namespace
+
 int64_t gemm_rows_partial_bytes(const GroupedGemmArgs& a, int64_t rows) {
   const int64_t kc = gemm_rows_kchunk(a);
   if (kc == 0 || a.T >= kChunkedRows) return 0;
-  const int64_t Z = ((a.K + BK - 1) / BK + kc - 1) / kc;
-  return Z * rows * a.N * int64_t(sizeof(float));
+  return k_chunks(a, kc) * rows * a.N * int64_t(sizeof(float));
 }
 
 void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s) {
@@ -557,7 +561,7 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t s) {
     if (!a.split_ws) bad("the split-K workspace is missing (gemm_rows_partial_bytes)");
     // Split K in bands of rows whose partial sums fit the workspace: each band's chunks, then
     // their sum in chunk order (what every M computes for a row: batch-invariant).
-    const int64_t Z = ((a.K + BK - 1) / BK + kc - 1) / kc;
+    const int64_t Z = k_chunks(a, kc);
     const int64_t per_row = Z * a.N * int64_t(sizeof(float));
     const int64_t band = std::min<int64_t>(a.T, int64_t(a.split_ws_bytes) / per_row);
     if (band < 1) bad("the split-K workspace holds less than one row");
