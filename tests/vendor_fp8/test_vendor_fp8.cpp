@@ -439,7 +439,9 @@ TEST_F(VendorFp8, GemmRefusesWhatItDoesNotAnswer) {
 TEST_F(VendorFp8, AmaxMatchesTheHost) {
   std::mt19937_64 rng(4);
   for (rlh_dtype d : {kF32, kBF16})
-    for (auto [rows, cols, ld] : std::vector<std::array<int64_t, 3>>{{1, 1000003, 1000003}, {300, 257, 300}, {1, 1, 1}}) {
+    // (contiguous bf16 rows with a multiple of 8 elements take the flat kernel, the rest the row walk)
+    for (auto [rows, cols, ld] : std::vector<std::array<int64_t, 3>>{
+             {1, 1000003, 1000003}, {300, 257, 300}, {1, 1, 1}, {96, 4096, 4096}, {1, 8 * 70001, 8 * 70001}}) {
       SCOPED_TRACE(std::string(rlh::sdk::dtype_name(d)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
       Mat x = random_mat(rng, rows, cols, d, 3.0, ld);
       // Padding between rows holds larger values: amax must not read them.
@@ -454,12 +456,13 @@ TEST_F(VendorFp8, AmaxMatchesTheHost) {
       EXPECT_EQ(read_f32(out, 1)[0], float(want));
     }
   // A NaN anywhere is a NaN amax (a scale from it would hide the overflow); zeros are 0.
+  for (rlh_dtype d : {kF32, kBF16})
   for (double special : {double(NAN), 0.0}) {
-    Mat x = random_mat(rng, 1, 4096, kF32);
+    Mat x = random_mat(rng, 1, 4096, d);
     if (std::isnan(special)) x.v[1234] = NAN;
     else std::fill(x.v.begin(), x.v.end(), 0.0);
     Buf& out = alloc(4);
-    run_once("amax", {t(upload(x), {4096}, kF32)}, {t(out.get(), {1}, kF32)}, {});
+    run_once("amax", {t(upload(x), {4096}, d)}, {t(out.get(), {1}, kF32)}, {});
     const float got = read_f32(out, 1)[0];
     if (std::isnan(special)) {
       EXPECT_TRUE(std::isnan(got)) << got;
@@ -528,6 +531,45 @@ TEST_F(VendorFp8, QuantizePerTensorCurrentScaling) {
         const std::vector<double> back = read(q, qd, xs.size(), scale);
         EXPECT_LE(rel_err(back, xs), qd == kE4M3 ? 7e-2 : 1.3e-1);
       }
+}
+
+// The scale given as a second input (the CUDA engine's W^T after W, dY^T after dY): the codes
+// are the full form's, byte for byte, in both orientations; other groupings and output lists
+// are refused.
+TEST_F(VendorFp8, QuantizeWithAGivenScaleWritesTheFullFormsCodes) {
+  std::mt19937_64 rng(15);
+  for (rlh_dtype xd : {kF32, kBF16})
+    for (int transpose : {0, 1}) {
+      const int64_t R = 300, C = 264, ld = 272;  // a partial 128-row tile, padding between rows
+      SCOPED_TRACE(std::string(rlh::sdk::dtype_name(xd)) + " transpose " + std::to_string(transpose));
+      const Mat x = random_mat(rng, R, C, xd, 3.0, ld);
+      const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
+      const rlh_tensor X = mat_t(upload(x), x);
+      Buf& full = alloc(size_t(rows * inner));
+      Buf& given = alloc(size_t(rows * inner));
+      Buf& s = alloc(4);
+      // the scale from x itself (the untransposed form), then each orientation with it
+      Buf& q0 = alloc(size_t(R * C));
+      run_once("quantize_fp8", {X}, {t(q0.get(), {R, C}, kE4M3), t(s.get(), {1}, kF32)}, {});
+      run_once("quantize_fp8", {X}, {t(full.get(), {rows, inner}, kE4M3), t(alloc(4).get(), {1}, kF32)},
+               {rlh::sdk::attr_int("transpose", transpose)});
+      run_once("quantize_fp8", {X, t(s.get(), {1}, kF32)}, {t(given.get(), {rows, inner}, kE4M3)},
+               {rlh::sdk::attr_int("transpose", transpose)});
+      EXPECT_EQ(given.get_bytes(), full.get_bytes());
+    }
+  Buf& q = alloc(256);
+  Buf& s = alloc(8);
+  Buf& xb = alloc(1024);
+  std::string why;
+  EXPECT_EQ(resolve_code("quantize_fp8", {t(xb.get(), {2, 128}, kF32), t(s.get(), {1}, kF32)},
+                         {t(q.get(), {2, 128}, kE4M3)}, {rlh::sdk::attr_int("grouping", 1)}, &why),
+            RLH_E_UNIMPLEMENTED) << why;
+  EXPECT_EQ(resolve_code("quantize_fp8", {t(xb.get(), {2, 128}, kF32), t(s.get(), {1}, kF32)},
+                         {t(q.get(), {2, 128}, kE4M3), t(s.get(), {1}, kF32)}, {}),
+            RLH_E_UNIMPLEMENTED);
+  EXPECT_EQ(resolve_code("quantize_fp8", {t(xb.get(), {2, 128}, kF32), t(s.get(), {1}, kF32)},
+                         {t(q.get(), {2, 128}, kE4M3)}, {rlh::sdk::attr_int("recipe", 1)}),
+            RLH_E_UNIMPLEMENTED);
 }
 
 // 1x128 tiles (activations) and 128x128 blocks (weights), on sizes that are not multiples of

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fp8_kernels.hpp"
@@ -36,6 +37,23 @@ __device__ __forceinline__ unsigned warp_max(unsigned b) {
   return b;
 }
 
+// The block's max into *bits: one atomic per block. Thousands of blocks sending one atomic per
+// warp to one address serialised at L2: that, not the reads, made the amax pass of the 1B FP8
+// step 3.6x slower than a quantisation pass over the same data (ncu, H100, 2026-12-06). Every
+// thread of the block calls it (it synchronises).
+__device__ __forceinline__ void block_max_into(unsigned m, unsigned* bits) {
+  __shared__ unsigned part[32];
+  m = warp_max(m);
+  const int w = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  if (lane == 0) part[w] = m;
+  __syncthreads();
+  if (w == 0) {
+    m = lane < int(blockDim.x >> 5) ? part[lane] : 0u;
+    m = warp_max(m);
+    if (lane == 0 && m != 0) atomicMax(bits, m);
+  }
+}
+
 __device__ __forceinline__ float scale_of(float a, float fmax, float mult) {
   return (a > 0.0f && isfinite(a)) ? a / fmax * mult : 1.0f;
 }
@@ -56,7 +74,7 @@ __device__ __forceinline__ void load8(const Source& s, int64_t r, int64_t c, flo
 }
 
 // amax over x [R, C] (a transposed source has the same elements): blocks take rows, threads
-// the columns of a row.
+// the columns of a row. For sources the flat kernel below does not take.
 __global__ void amax_kernel(Source s, unsigned* bits) {
   unsigned m = 0;
   const bool v8 = vec8(s);
@@ -71,8 +89,32 @@ __global__ void amax_kernel(Source s, unsigned* bits) {
       for (int64_t c = threadIdx.x; c < s.C; c += blockDim.x) m = max(m, abs_bits(load(s, r, c)));
     }
   }
-  m = warp_max(m);
-  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(bits, m);
+  block_max_into(m, bits);
+}
+
+// |x| of 8 bf16 (one 16-byte word) as f32 bits: a bf16 is the top half of its f32, and its
+// magnitude bits order as unsigned integers (NaN above infinity), so the max is taken on the
+// halves (__vmaxu2) and widened once.
+__device__ __forceinline__ unsigned absmax8_bf16(uint4 u) {
+  const unsigned m = __vmaxu2(__vmaxu2(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu), __vmaxu2(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
+  return max(m << 16, m & 0xffff0000u);
+}
+
+// amax of a contiguous bf16 source (rows back to back, 16-byte aligned, n16 words of 8): a
+// grid-stride walk with four independent 16-byte loads in flight per thread.
+__global__ void amax_flat_kernel(const uint4* x, int64_t n16, unsigned* bits) {
+  unsigned m = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 u[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) u[k] = __ldg(x + i + k * stride);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) m = max(m, absmax8_bf16(u[k]));
+  }
+  for (; i < n16; i += stride) m = max(m, absmax8_bf16(__ldg(x + i)));
+  block_max_into(m, bits);
 }
 
 __global__ void finish_amax(const unsigned* bits, float* out) { *out = __uint_as_float(*bits); }
@@ -113,34 +155,62 @@ __global__ void quantize_rows_kernel(Source s, Fmt f, const float* scale, unsign
       }
     }
   }
-  if (bits) {
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(bits, m);
-  }
+  if (bits) block_max_into(m, bits);
 }
 
-// Tensor scale, x^T: a 64 x 64 tile of x through shared memory, read along x's rows and written
-// along q's (tokens), both coalesced. Grid: (ceil(C / 64), ceil(R / 64)).
-__global__ void quantize_transposed_kernel(Source s, Fmt f, const float* scale, unsigned char* q, int64_t ldq,
-                                           unsigned* bits) {
-  __shared__ float tile[64][65];
-  const float sc = *scale;
-  const int64_t c0 = int64_t(blockIdx.x) * 64, r0 = int64_t(blockIdx.y) * 64;
+// The transposed passes (x^T: the backward products' K-major operands) stage a tile of 128 rows
+// (tokens) x 64 columns of x in shared memory, transposed and as floats, T[column][row]: the
+// reads are 16-byte words along x's rows, four per thread issued before any is used (the first
+// version's one 2-byte load at a time per thread kept too few bytes in flight: 0.9 TB/s), and a
+// warp then writes whole 128-byte rows of q (lane l the tokens l, l + 32, ...). The pitch of 129
+// makes the column reads conflict-free and the transposing writes two-way at most.
+// Out-of-range elements are staged as 0. Blocks of 256 threads; grid (ceil(C / 64), ceil(R / 128)).
+constexpr int kTR = 128, kTC = 64, kTP = kTR + 1;
+
+__device__ __forceinline__ unsigned stage_transposed(const Source& s, int64_t r0, int64_t c0, float (*T)[kTP]) {
+  const bool v8 = vec8(s);
+  float v[4][8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // 128 rows x 8 words of 8 columns: 4 words a thread
+    const int e = int(threadIdx.x) + k * 256, a = e >> 3, b = (e & 7) * 8;
+    const int64_t r = r0 + a, c = c0 + b;
+    if (v8 && r < s.R && c < s.C) {  // (C is a multiple of 8 here)
+      load8(s, r, c, v[k]);
+    } else {
+      for (int t = 0; t < 8; ++t) v[k][t] = (r < s.R && c + t < s.C) ? load(s, r, c + t) : 0.0f;
+    }
+  }
   unsigned m = 0;
-  for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
-    const int a = e / 64, b = e % 64;  // x row r0 + a, column c0 + b
-    tile[a][b] = (r0 + a < s.R && c0 + b < s.C) ? load(s, r0 + a, c0 + b) : 0.0f;
-    m = max(m, abs_bits(tile[a][b]));
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int e = int(threadIdx.x) + k * 256, a = e >> 3, b = (e & 7) * 8;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      T[b + t][a] = v[k][t];
+      m = max(m, abs_bits(v[k][t]));
+    }
   }
-  if (bits) {
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(bits, m);
-  }
+  return m;
+}
+
+// Tensor scale, x^T. `bits` (may be null): the source's amax gathered in the same pass.
+__global__ void __launch_bounds__(256) quantize_transposed_kernel(Source s, Fmt f, const float* scale,
+                                                                  unsigned char* q, int64_t ldq, unsigned* bits) {
+  __shared__ float T[kTC][kTP];
+  const float sc = *scale;
+  const int64_t c0 = int64_t(blockIdx.x) * kTC, r0 = int64_t(blockIdx.y) * kTR;
+  const unsigned m = stage_transposed(s, r0, c0, T);
   __syncthreads();
-  for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
-    const int b = e / 64, a = e % 64;  // q row c0 + b, inner r0 + a
-    if (r0 + a < s.R && c0 + b < s.C) q[(c0 + b) * ldq + r0 + a] = to_fp8(tile[a][b] / sc, f);
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  for (int b = warp; b < kTC && c0 + b < s.C; b += 8) {
+    unsigned char* qr = q + (c0 + b) * ldq + r0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int a = lane + 32 * i;
+      if (r0 + a < s.R) qr[a] = to_fp8(T[b][a] / sc, f);
+    }
   }
+  if (bits) block_max_into(m, bits);
 }
 
 // 1x128 tiles of x itself: one warp per (row, tile), each lane 4 consecutive elements (one
@@ -180,29 +250,31 @@ __global__ void tile_rows_kernel(Source s, Fmt f, float fmax, float mult, unsign
   }
 }
 
-// 1x128 tiles of x^T (tiles run along x's rows, the tokens): a block stages 128 rows x 32
-// columns of x in shared memory (coalesced reads), each warp then scales 4 of the columns and
-// writes their 128-byte tiles of q. Grid: (ceil(C / 32), ceil(R / 128)).
-__global__ void tile_transposed_kernel(Source s, Fmt f, float fmax, float mult, unsigned char* q, int64_t ldq,
-                                       float* scale) {
-  __shared__ float tile[128][33];
-  const int64_t c0 = int64_t(blockIdx.x) * 32, r0 = int64_t(blockIdx.y) * 128, rows = s.C;
-  for (int e = threadIdx.x; e < 128 * 32; e += blockDim.x) {
-    const int a = e / 32, b = e % 32;
-    tile[a][b] = (r0 + a < s.R && c0 + b < s.C) ? load(s, r0 + a, c0 + b) : 0.0f;
-  }
+// 1x128 tiles of x^T: the tiles run along x's rows (the tokens), so a staged tile of 128 rows
+// is one tile per column: a warp takes a column's 128 values (lane l rows l, l + 32, ...), their
+// max gives the scale s[blockIdx.y * rows + column], and the warp writes the 128 codes.
+__global__ void __launch_bounds__(256) tile_transposed_kernel(Source s, Fmt f, float fmax, float mult,
+                                                              unsigned char* q, int64_t ldq, float* scale) {
+  __shared__ float T[kTC][kTP];
+  const int64_t c0 = int64_t(blockIdx.x) * kTC, r0 = int64_t(blockIdx.y) * kTR, rows = s.C;
+  stage_transposed(s, r0, c0, T);
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  for (int b = warp; b < 32; b += blockDim.x / 32) {
-    if (c0 + b >= s.C) break;
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  for (int b = warp; b < kTC && c0 + b < s.C; b += 8) {
+    float v[4];
     unsigned m = 0;
-    for (int t = 0; t < 4; ++t) m = max(m, abs_bits(tile[lane * 4 + t][b]));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = T[b][lane + 32 * i];  // 0 past the last row: it leaves the max alone
+      m = max(m, abs_bits(v[i]));
+    }
     const float sc = scale_of(__uint_as_float(warp_max(m)), fmax, mult);
     if (lane == 0) scale[blockIdx.y * rows + c0 + b] = sc;
     unsigned char* qr = q + (c0 + b) * ldq + r0;
-    for (int t = 0; t < 4; ++t) {
-      const int a = lane * 4 + t;
-      if (r0 + a < s.R) qr[a] = to_fp8(tile[a][b] / sc, f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int a = lane + 32 * i;
+      if (r0 + a < s.R) qr[a] = to_fp8(v[i] / sc, f);
     }
   }
 }
@@ -308,14 +380,22 @@ int row_blocks(int64_t R) { return int(R < 1 ? 1 : R > 16384 ? 16384 : R); }
 
 void amax_bits(const Source& s, uint32_t* bits, cudaStream_t st) {
   cudaMemsetAsync(bits, 0, sizeof(uint32_t), st);
-  if (s.R * s.C > 0) amax_kernel<<<row_blocks(s.R), 256, 0, st>>>(s, bits);
+  if (s.R * s.C == 0) return;
+  const int64_t n = s.R * s.C;
+  if (s.type == In::bf16 && (s.ldx == s.C || s.R == 1) && n % 8 == 0 && (reinterpret_cast<uintptr_t>(s.x) & 15) == 0) {
+    // about two waves of resident blocks (132 SMs x 8 on an H100): few atomics, every SM busy
+    const int blocks = int(std::min<int64_t>(ceil_div(n / 8, 256), 2048));
+    amax_flat_kernel<<<blocks, 256, 0, st>>>(static_cast<const uint4*>(s.x), n / 8, bits);
+  } else {
+    amax_kernel<<<int(std::min<int64_t>(s.R, 2048)), 256, 0, st>>>(s, bits);
+  }
 }
 
 void quantize_scaled(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, unsigned* bits, cudaStream_t st) {
   if (s.R * s.C == 0) return;
   auto* qb = static_cast<unsigned char*>(q);
   if (s.transpose)
-    quantize_transposed_kernel<<<dim3(unsigned(ceil_div(s.C, 64)), unsigned(ceil_div(s.R, 64))), 256, 0, st>>>(
+    quantize_transposed_kernel<<<dim3(unsigned(ceil_div(s.C, kTC)), unsigned(ceil_div(s.R, kTR))), 256, 0, st>>>(
         s, f, scale, qb, ldq, bits);
   else
     quantize_rows_kernel<<<row_blocks(s.R), 256, 0, st>>>(s, f, scale, qb, ldq, bits);
@@ -346,7 +426,7 @@ void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q
     case Grouping::tile1x128: {
       if (rows == 0 || inner == 0) return;
       if (s.transpose) {
-        tile_transposed_kernel<<<dim3(unsigned(ceil_div(s.C, 32)), unsigned(ceil_div(s.R, 128))), 256, 0, st>>>(
+        tile_transposed_kernel<<<dim3(unsigned(ceil_div(s.C, kTC)), unsigned(ceil_div(s.R, kTR))), 256, 0, st>>>(
             s, f, fmax, mult, qb, ldq, scale);
       } else {
         const int64_t warps = rows * ceil_div(inner, 128);

@@ -212,7 +212,7 @@ vfp8::Source amax_source(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   return s;
 }
 
-// ---- quantize_fp8: x -> q, scale, amax (optional).
+// ---- quantize_fp8: x -> q, scale, amax (optional); or x, scale -> q (the scale given).
 
 struct QuantCall {
   vfp8::Source src;
@@ -221,12 +221,16 @@ struct QuantCall {
   int64_t ldq = 0;
   float* scale = nullptr;
   float* amax = nullptr;
+  const float* given = nullptr;  // the scale to quantise with (a second input), else null
 };
 
 QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, const rlh_tensor* out, size_t nout,
                      const rlh_op& op, bool shapes) {
-  if (nin != 1 || (nout != 2 && nout != 3)) unimpl("quantize_fp8: expects x -> q, scale[, amax]");
+  const bool given = nin == 2;
+  if (given ? nout != 1 : (nin != 1 || (nout != 2 && nout != 3)))
+    unimpl("quantize_fp8: expects x -> q, scale[, amax], or x, scale -> q");
   need_device(k, in[0], "quantize_fp8");
+  if (given) need_device(k, in[1], "quantize_fp8");
   for (size_t i = 0; i < nout; ++i)
     if (i < 2 || present(out[i]) || !shapes) need_device(k, out[i], "quantize_fp8");
   const rlh_dtype dx = in[0].dtype;
@@ -234,9 +238,12 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
     unimpl(std::string("quantize_fp8: x must be float32 or bf16 (got ") + rlh::sdk::dtype_name(dx) + ")");
   if (!is_fp8(out[0].dtype))
     unimpl(std::string("quantize_fp8: q must be e4m3 or e5m2 (got ") + rlh::sdk::dtype_name(out[0].dtype) + ")");
-  if (!(out[1].dtype == rlh::sdk::kF32) || (nout == 3 && !(out[2].dtype == rlh::sdk::kF32)))
+  if ((given ? !(in[1].dtype == rlh::sdk::kF32) : !(out[1].dtype == rlh::sdk::kF32)) ||
+      (nout == 3 && !(out[2].dtype == rlh::sdk::kF32)))
     unimpl("quantize_fp8: scale and amax must be float32");
   if (op.delayed && op.grouping != 0) unimpl("quantize_fp8: delayed scaling (recipe = 1) is per tensor only");
+  if (given && (op.delayed || op.grouping != 0))
+    unimpl("quantize_fp8: a given scale is one per tensor, with current scaling (grouping 0, recipe 0)");
   QuantCall c;
   c.fmt = fmt_of(out[0].dtype);
   c.src.type = dx == rlh::sdk::kF32 ? vfp8::In::f32 : vfp8::In::bf16;
@@ -248,6 +255,13 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
   if (qr != c.src.rows() || qc != c.src.inner())
     bad("quantize_fp8: q must be [" + std::to_string(c.src.rows()) + ", " + std::to_string(c.src.inner()) + "]" +
         (c.src.transpose ? " (x transposed)" : "") + ", got [" + std::to_string(qr) + ", " + std::to_string(qc) + "]");
+  c.src.x = ptr(in[0]);
+  c.q = ptr(out[0]);
+  if (given) {
+    if (rlh::sdk::tensor_numel(in[1]) != 1) bad("quantize_fp8: a given scale holds one element");
+    c.given = ptr<float>(in[1]);
+    return c;
+  }
   const int64_t ns = vfp8::scale_count(Grouping(op.grouping), c.src.rows(), c.src.inner());
   if (rlh::sdk::tensor_numel(out[1]) != ns)
     bad("quantize_fp8: grouping " + std::to_string(op.grouping) + " writes " + std::to_string(ns) + " scales, scale holds " +
@@ -257,8 +271,6 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
     if (rlh::sdk::tensor_numel(out[2]) != 1) bad("quantize_fp8: amax must hold one element");
     c.amax = ptr<float>(out[2]);
   }
-  c.src.x = ptr(in[0]);
-  c.q = ptr(out[0]);
   c.scale = ptr<float>(out[1]);
   return c;
 }
@@ -495,7 +507,9 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
           const QuantCall c = quant_call(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, true);
           const double margin = pick_d(call, "margin", op->margin);
           if (!std::isfinite(margin)) bad("quantize_fp8: margin must be finite");
-          if (op->delayed) {
+          if (c.given) {
+            vfp8::quantize_with_scale(c.src, c.fmt, c.given, c.q, c.ldq, st);
+          } else if (op->delayed) {
             vfp8::quantize_delayed(c.src, c.fmt, margin, op->most_recent, op->hist, op->history_len, op->pos_count,
                                    op->filled_host > 0, c.q, c.ldq, c.scale, c.amax, reinterpret_cast<float*>(bits + 1),
                                    bits, st);

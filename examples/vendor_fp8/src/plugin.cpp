@@ -13,7 +13,9 @@
 //                 scales (float32), and optionally the amax. Scales per tensor (current scaling,
 //                 or delayed: `recipe` = 1, the amax history is the op's state, saved and loaded
 //                 through state_save/state_load), per 1x128 tile or per 128x128 block;
-//                 `transpose` = 1 writes x^T (the backward's K-major operands).
+//                 `transpose` = 1 writes x^T (the backward's K-major operands). With the scale
+//                 as a second input (per tensor, current scaling) it quantises with that scale:
+//                 x^T of an x already quantised needs no amax pass of its own.
 //
 // Operands live in the instance's device memory. Work is queued on rlh_op_call.stream. This
 // file is the descriptor and the listing; the ops are ops_cuda.cpp, or ops_nocuda.cpp in a build

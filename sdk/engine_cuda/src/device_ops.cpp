@@ -120,6 +120,7 @@ namespace {
 // One resolution key per combination of the attributes and dtypes an FP8 op is resolved with
 // (the ops_ map is keyed by address: each element below is its own key).
 char g_quant_keys[2 * 3 * 2];
+char g_quant_given_keys[2 * 2];
 char g_gemm_keys[2 * 3 * 2];
 rlh_dtype fp8_dtype(DeviceOps::Fp8 f) { return f == DeviceOps::Fp8::e4m3 ? sdk::kE4M3 : sdk::kE5M2; }
 }  // namespace
@@ -133,6 +134,27 @@ void DeviceOps::quantize_fp8(const void* x, int64_t R, int64_t C, int64_t ldx, b
   const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), rows, inner, inner), a.vec(scale, kF32, nscale)};
   const char* key = &g_quant_keys[(int(f) * 3 + grouping) * 2 + (transpose ? 1 : 0)];
   run(op(key, "quantize_fp8", in, out, at), in, out, at);
+}
+
+bool DeviceOps::quantize_fp8_given(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, void* q,
+                                   const float* scale) {
+  const char* key = &g_quant_given_keys[int(f) * 2 + (transpose ? 1 : 0)];
+  if (refused_.count(key)) return false;
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_int("grouping", 0), attr_int("transpose", transpose ? 1 : 0)};
+  const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
+  const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx), a.vec(scale, kF32, 1)};
+  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), rows, inner, inner)};
+  if (!ops_.count(key)) {
+    try {
+      op(key, "quantize_fp8", in, out, at);
+    } catch (const std::exception&) {  // an optional form: the caller quantises in full instead
+      refused_[key] = true;
+      return false;
+    }
+  }
+  run(op(key, "quantize_fp8", in, out, at), in, out, at);
+  return true;
 }
 
 namespace {

@@ -99,6 +99,7 @@ void Fp8Linears::quantise_delayed(Quantised& out, const sdk::Op& op, const bf16*
   out.rows = rows;
   out.inner = inner;
   out.nscale = 1;
+  out.given = nullptr;
   ops_.quantize_fp8(op, x, R, C, ldx, transpose, f, out.q.get(), out.scale.get<float>(), delayed_scaling());
 }
 
@@ -201,12 +202,28 @@ void Fp8Linears::quantise(Quantised& out, const bf16* x, int64_t R, int64_t C, i
   out.inner = inner;
   out.nscale = ns;
   ops_.quantize_fp8(x, R, C, ldx, transpose, f, grouping, out.q.get(), out.scale.get<float>(), ns);
+  out.given = nullptr;
+}
+
+bool Fp8Linears::quantise_given(Quantised& out, const bf16* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
+                                DeviceOps::Fp8 f, const float* scale) {
+  const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
+  if (out.q.size() < size_t(rows * inner)) out.q = DeviceBuffer(counters_, size_t(rows * inner));
+  if (!ops_.quantize_fp8_given(x, R, C, ldx, transpose, f, out.q.get(), scale)) return false;
+  out.rows = rows;
+  out.inner = inner;
+  out.nscale = 1;
+  out.given = scale;
+  return true;
 }
 
 const Fp8Linears::Quantised& Fp8Linears::weight(const bf16* W, int64_t rows, int64_t K, bool transposed) {
   Quantised& q = (transposed ? wt_ : w_)[W];
   if (q.epoch != epoch_ || q.rows != (transposed ? K : rows)) {
-    quantise(q, W, rows, K, K, transposed, DeviceOps::Fp8::e4m3, weight_grouping());
+    const auto w = w_.find(W);
+    if (!(transposed && reuse_scale() && w != w_.end() && w->second.epoch == epoch_ && w->second.rows == rows &&
+          quantise_given(q, W, rows, K, K, true, DeviceOps::Fp8::e4m3, w->second.sc())))
+      quantise(q, W, rows, K, K, transposed, DeviceOps::Fp8::e4m3, weight_grouping());
     q.epoch = epoch_;
   }
   return q;
@@ -237,18 +254,20 @@ bool Fp8Linears::fits_group(int64_t rows, int64_t ldy) const { return aligned(ro
 
 void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
   const Quantised& w = weight(W, rows, xK_, false);
-  ops_.gemm_fp8(xN_, rows, xK_, x_.q.get(), DeviceOps::Fp8::e4m3, x_.scale.get<float>(), x_.nscale, w.q.get(),
-                DeviceOps::Fp8::e4m3, w.scale.get<float>(), w.nscale, opt_.blockwise ? 1 : 0, 0.0, y, ldy, false);
+  ops_.gemm_fp8(xN_, rows, xK_, x_.q.get(), DeviceOps::Fp8::e4m3, x_.sc(), x_.nscale, w.q.get(),
+                DeviceOps::Fp8::e4m3, w.sc(), w.nscale, opt_.blockwise ? 1 : 0, 0.0, y, ldy, false);
   ++stats_.fp8_gemms;
 }
 
 bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, const bf16* W,
                              double beta, bf16* dx, int64_t lddx, int64_t site_id) {
+  dy_src_ = {};
   if (!tokens_fit(N) || !aligned(rows) || !aligned(K) || lddx % 8 != 0) return false;
   quantise_operand(dy_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, false, grad_format());
+  dy_src_ = {dy, N, rows, lddy};
   const Quantised& wt = weight(W, rows, K, true);
-  ops_.gemm_fp8(N, K, rows, dy_.q.get(), grad_format(), dy_.scale.get<float>(), dy_.nscale, wt.q.get(),
-                DeviceOps::Fp8::e4m3, wt.scale.get<float>(), wt.nscale, opt_.blockwise ? 1 : 0, beta, dx, lddx, false);
+  ops_.gemm_fp8(N, K, rows, dy_.q.get(), grad_format(), dy_.sc(), dy_.nscale, wt.q.get(),
+                DeviceOps::Fp8::e4m3, wt.sc(), wt.nscale, opt_.blockwise ? 1 : 0, beta, dx, lddx, false);
   ++stats_.fp8_gemms;
   return true;
 }
@@ -265,9 +284,11 @@ bool Fp8Linears::input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64
 bool Fp8Linears::backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW,
                              int64_t site_id) {
   if (xtN_ != N || xtK_ != K || !aligned(rows)) return false;
-  quantise_operand(dyt_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, true, grad_format());
-  ops_.gemm_fp8(rows, K, N, dyt_.q.get(), grad_format(), dyt_.scale.get<float>(), dyt_.nscale, xt_.q.get(),
-                DeviceOps::Fp8::e4m3, xt_.scale.get<float>(), xt_.nscale, opt_.blockwise ? 2 : 0, 1.0, dW, K, true);
+  if (!(reuse_scale() && dy_src_ == Src{dy, N, rows, lddy} &&
+        quantise_given(dyt_, dy, N, rows, lddy, true, grad_format(), dy_.sc())))
+    quantise_operand(dyt_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, true, grad_format());
+  ops_.gemm_fp8(rows, K, N, dyt_.q.get(), grad_format(), dyt_.sc(), dyt_.nscale, xt_.q.get(),
+                DeviceOps::Fp8::e4m3, xt_.sc(), xt_.nscale, opt_.blockwise ? 2 : 0, 1.0, dW, K, true);
   ++stats_.fp8_gemms;
   return true;
 }

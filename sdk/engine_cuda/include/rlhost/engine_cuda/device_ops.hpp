@@ -68,6 +68,12 @@ class DeviceOps {
   // with transpose (rows = C); its nscale f32 scales into `scale`.
   void quantize_fp8(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, int grouping, void* q,
                     float* scale, int64_t nscale);
+  // The same per tensor with a scale already on the device (a second input: vendor_fp8's README),
+  // for a copy of an operand already quantised (W^T after W, dY^T after dY: the same elements,
+  // so the same amax, and no amax pass). False, and nothing queued, where no provider offers
+  // that form (asked once per form).
+  bool quantize_fp8_given(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, void* q,
+                          const float* scale);
   // Delayed scaling (Fp8Options::delayed): a quantize_fp8 handle of the caller's own per
   // quantisation site, resolved with recipe = 1 (per tensor) and the recipe's history length,
   // algorithm and margin, so the provider keeps that site's amax history on the device. A
@@ -231,6 +237,7 @@ class DeviceOps {
   rlh_device dev_;
   cudaStream_t stream_;
   std::unordered_map<const void*, sdk::Op> ops_;  // by the call site's key (a string literal)
+  std::unordered_map<const void*, bool> refused_;  // optional forms no provider offers, by key
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   bool batch_invariant_ = false;

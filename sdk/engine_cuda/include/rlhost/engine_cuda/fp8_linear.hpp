@@ -109,11 +109,20 @@ class Fp8Linears {
   struct Quantised {
     DeviceBuffer q, scale;
     int64_t rows = 0, inner = 0, nscale = 0, epoch = -1;
+    const float* given = nullptr;  // the scale of the copy this one was quantised with, if any
+    const float* sc() const { return given ? given : scale.get<float>(); }
   };
+  // Per tensor with current scaling, a transposed copy of an operand just quantised takes that
+  // operand's scale (same elements, same amax): one read of the source instead of two.
+  bool reuse_scale() const { return !opt_.blockwise && !opt_.delayed; }
   int64_t scale_count(int grouping, int64_t rows, int64_t inner) const;
   // Quantises x [R, C] (or x^T) into `out`, growing its buffers when needed.
   void quantise(Quantised& out, const bf16* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
                 DeviceOps::Fp8 f, int grouping);
+  // The same per tensor with `scale` (the copy's operand's, on the device): false where no
+  // provider offers that form (the caller then quantises in full).
+  bool quantise_given(Quantised& out, const bf16* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
+                      DeviceOps::Fp8 f, const float* scale);
   // W's copy (transposed: W^T [K, rows]) for this call.
   const Quantised& weight(const bf16* W, int64_t rows, int64_t K, bool transposed);
   bool aligned(int64_t n) const { return n % (opt_.blockwise ? 128 : 16) == 0; }
@@ -143,6 +152,12 @@ class Fp8Linears {
   int64_t layers_;
   int64_t epoch_ = 0;
   Quantised x_, xt_, dy_, dyt_;
+  // What dy_ holds (dY^T reuses its scale only for the same source).
+  struct Src {
+    const bf16* p = nullptr;
+    int64_t N = 0, cols = 0, ld = 0;
+    bool operator==(const Src&) const = default;
+  } dy_src_;
   int64_t xN_ = 0, xK_ = 0;  // the shape `input` quantised (x_), and `input_t` (xt_)
   int64_t xtN_ = 0, xtK_ = 0;
   std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
