@@ -5,7 +5,8 @@
 # ncu runs kernels one at a time at base clocks, so the sum exceeds a real step's time; the shares hold.
 import csv, collections, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) == 15 and r[0].isdigit()]
-kinds = [("amax_kernel", "FP8 amax (tensorwise)"), ("quantize_rows", "FP8 quantise, tensor scale"),
+kinds = [("amax_kernel", "FP8 amax (tensorwise)"), ("amax_flat", "FP8 amax (tensorwise)"),
+         ("quantize_tr", "FP8 quantise, tensor scale, x^T (and x)"), ("quantize_rows", "FP8 quantise, tensor scale"),
          ("quantize_transposed", "FP8 quantise, tensor scale, transposed"), ("tile_rows", "FP8 1x128 tiles"),
          ("tile_transposed", "FP8 1x128 tiles, transposed"), ("block_kernel", "FP8 128x128 blocks (weights)"),
          ("history_", "FP8 scales (delayed)"), ("delayed_kernel", "FP8 scales (delayed)"), ("tensor_scale", "FP8 scales"),

@@ -163,6 +163,8 @@ class Plan {
       set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof mode_b);
       set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &tiles, sizeof tiles);
     }
+    const int8_t fast = g.fast_accum ? 1 : 0;
+    set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
     const cudaDataType_t ct = g.c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     ck(t.LayoutCreate(&la_, fp8_type(g.fb), uint64_t(g.K), uint64_t(g.N), g.ldb), "layout of B");
     ck(t.LayoutCreate(&lb_, fp8_type(g.fa), uint64_t(g.K), uint64_t(g.M), g.lda), "layout of A");
@@ -221,8 +223,8 @@ struct Gemm::Cached {
 
 Gemm::Cached& Gemm::plan(const GemmArgs& g) const {
   // Everything the descriptors and layouts hold but the pointers (and alpha/beta, passed per call).
-  const std::array<int64_t, 10> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
-                                       int64_t(g.scaling), g.c_bf16 ? 1 : 0};
+  const std::array<int64_t, 11> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
+                                       int64_t(g.scaling), g.c_bf16 ? 1 : 0, g.fast_accum ? 1 : 0};
   auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
   auto c = std::make_unique<Cached>(g);

@@ -43,6 +43,10 @@ struct GemmArgs {
   int64_t ldc = 0;
   bool c_bf16 = false;  // else float32
   float alpha = 1, beta = 0;
+  // cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the FP8 products' partial
+  // sums are not promoted to fp32 every few k-blocks); TransformerEngine's default for the
+  // forward product, not for the gradients'.
+  bool fast_accum = false;
 };
 
 // The workspace a product is given (cuBLASLt's recommendation for Hopper).
@@ -73,7 +77,7 @@ class Gemm {
   Cached& plan(const GemmArgs& g) const;
   cublasLtHandle_t handle_ = nullptr;
   mutable std::mutex mu_;  // the cache, and a cached descriptor's scale pointers set per call
-  mutable std::map<std::array<int64_t, 10>, std::unique_ptr<Cached>> cache_;
+  mutable std::map<std::array<int64_t, 11>, std::unique_ptr<Cached>> cache_;
 };
 
 }  // namespace vfp8

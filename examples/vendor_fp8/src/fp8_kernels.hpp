@@ -57,13 +57,15 @@ struct Source {
 void amax(const Source& s, float* out, uint32_t* bits, cudaStream_t st);
 
 // Quantises with a scale already on the device (tensor grouping): q = sat(x / scale), q written
-// [rows, inner] with row stride ldq.
-void quantize_with_scale(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, cudaStream_t st);
+// [rows, inner] with row stride ldq. With qt (x itself as the source, not transposed), x^T goes
+// to qt [C, R] (row stride ldqt) in the same pass; the same holds for the two calls below.
+void quantize_with_scale(const Source& s, Fmt f, const float* scale, void* q, int64_t ldq, cudaStream_t st,
+                         void* qt = nullptr, int64_t ldqt = 0);
 
 // Current scaling: scale = amax / fmt_max * 2^margin (1 when amax is 0 or not finite), for the
 // grouping, then q. `amax_out` (tensor grouping only; may be null) receives the amax.
 void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q, int64_t ldq, float* scale,
-                      float* amax_out, uint32_t* bits, cudaStream_t st);
+                      float* amax_out, uint32_t* bits, cudaStream_t st, void* qt = nullptr, int64_t ldqt = 0);
 
 // Delayed scaling (tensor grouping): the scale comes from the amax history of earlier calls
 // (its max, or its most recent entry); the first call, with an empty history, uses its own amax.
@@ -73,6 +75,6 @@ void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q
 // two); false takes the two-pass path, which also reads the count on the device.
 void quantize_delayed(const Source& s, Fmt f, double margin, bool most_recent, float* hist, int32_t len,
                       int32_t* pos_count, bool history_filled, void* q, int64_t ldq, float* scale, float* amax_out,
-                      float* cur, uint32_t* bits, cudaStream_t st);
+                      float* cur, uint32_t* bits, cudaStream_t st, void* qt = nullptr, int64_t ldqt = 0);
 
 }  // namespace vfp8

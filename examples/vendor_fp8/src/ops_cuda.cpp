@@ -154,6 +154,8 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   g.c_bf16 = dc == rlh::sdk::kBF16;
   g.alpha = float(pick_d(call, "alpha", op.alpha));
   g.beta = float(pick_d(call, "beta", op.beta));
+  // (block-scaled products keep the promotion: their scales are applied at it)
+  g.fast_accum = g.scaling == Scaling::tensor && pick_i(call, "fast_accum", 0) != 0;
   if (g.scaling != Scaling::tensor) {
     if (da != rlh::sdk::kE4M3 || db != rlh::sdk::kE4M3) unimpl("gemm: block scaling takes e4m3 operands only");
     if (k->cc / 10 != 9) unimpl("gemm: cuBLASLt's 1x128 / 128x128 block scaling runs on Hopper (sm_90) only");
@@ -222,24 +224,29 @@ struct QuantCall {
   float* scale = nullptr;
   float* amax = nullptr;
   const float* given = nullptr;  // the scale to quantise with (a second input), else null
+  void* qt = nullptr;            // transpose = 2: x^T as well
+  int64_t ldqt = 0;
 };
 
 QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, const rlh_tensor* out, size_t nout,
                      const rlh_op& op, bool shapes) {
-  const bool given = nin == 2;
-  if (given ? nout != 1 : (nin != 1 || (nout != 2 && nout != 3)))
-    unimpl("quantize_fp8: expects x -> q, scale[, amax], or x, scale -> q");
+  const bool given = nin == 2, both = op.transpose == 2;
+  if (both ? (nin != 1 || nout != 4) : given ? nout != 1 : (nin != 1 || (nout != 2 && nout != 3)))
+    unimpl("quantize_fp8: expects x -> q, scale[, amax], or x, scale -> q, or with transpose = 2 x -> q, scale, "
+           "amax (may be absent), q^T");
+  if (both && op.grouping != 0) unimpl("quantize_fp8: transpose = 2 (both copies) is per tensor only");
   need_device(k, in[0], "quantize_fp8");
   if (given) need_device(k, in[1], "quantize_fp8");
   for (size_t i = 0; i < nout; ++i)
-    if (i < 2 || present(out[i]) || !shapes) need_device(k, out[i], "quantize_fp8");
+    if (i < 2 || i == 3 || present(out[i]) || !shapes) need_device(k, out[i], "quantize_fp8");
   const rlh_dtype dx = in[0].dtype;
   if (!(dx == rlh::sdk::kF32) && !(dx == rlh::sdk::kBF16))
     unimpl(std::string("quantize_fp8: x must be float32 or bf16 (got ") + rlh::sdk::dtype_name(dx) + ")");
-  if (!is_fp8(out[0].dtype))
-    unimpl(std::string("quantize_fp8: q must be e4m3 or e5m2 (got ") + rlh::sdk::dtype_name(out[0].dtype) + ")");
+  if (!is_fp8(out[0].dtype) || (both && !(out[3].dtype == out[0].dtype)))
+    unimpl(std::string("quantize_fp8: q (and q^T) must be e4m3 or e5m2, one format (got ") +
+           rlh::sdk::dtype_name(out[0].dtype) + ")");
   if ((given ? !(in[1].dtype == rlh::sdk::kF32) : !(out[1].dtype == rlh::sdk::kF32)) ||
-      (nout == 3 && !(out[2].dtype == rlh::sdk::kF32)))
+      (nout >= 3 && !(out[2].dtype == rlh::sdk::kF32)))
     unimpl("quantize_fp8: scale and amax must be float32");
   if (op.delayed && op.grouping != 0) unimpl("quantize_fp8: delayed scaling (recipe = 1) is per tensor only");
   if (given && (op.delayed || op.grouping != 0))
@@ -247,7 +254,7 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
   QuantCall c;
   c.fmt = fmt_of(out[0].dtype);
   c.src.type = dx == rlh::sdk::kF32 ? vfp8::In::f32 : vfp8::In::bf16;
-  c.src.transpose = op.transpose != 0;
+  c.src.transpose = op.transpose == 1;
   if (!shapes) return c;
   c.src.ldx = matrix_ld(in[0], &c.src.R, &c.src.C, "quantize_fp8 x");
   int64_t qr, qc;
@@ -266,10 +273,18 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
   if (rlh::sdk::tensor_numel(out[1]) != ns)
     bad("quantize_fp8: grouping " + std::to_string(op.grouping) + " writes " + std::to_string(ns) + " scales, scale holds " +
         std::to_string(rlh::sdk::tensor_numel(out[1])));
-  if (nout == 3 && present(out[2])) {
+  if (nout >= 3 && present(out[2])) {
     if (op.grouping != 0) bad("quantize_fp8: the amax output is per tensor; ask for it with grouping 0 only");
     if (rlh::sdk::tensor_numel(out[2]) != 1) bad("quantize_fp8: amax must hold one element");
     c.amax = ptr<float>(out[2]);
+  }
+  if (both) {
+    int64_t tr, tc;
+    c.ldqt = matrix_ld(out[3], &tr, &tc, "quantize_fp8 q^T");
+    if (tr != c.src.C || tc != c.src.R)
+      bad("quantize_fp8: q^T must be [" + std::to_string(c.src.C) + ", " + std::to_string(c.src.R) + "], got [" +
+          std::to_string(tr) + ", " + std::to_string(tc) + "]");
+    c.qt = ptr(out[3]);
   }
   c.scale = ptr<float>(out[1]);
   return c;
@@ -426,6 +441,8 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     op->margin = rlh::sdk::attr_double_or(a, na, "margin", 0.0);
     if (op->scaling < 0 || op->scaling > 2) bad("gemm: scaling must be 0 (tensor), 1 (1x128 x 128x128) or 2 (1x128 x 1x128)");
     if (op->grouping < 0 || op->grouping > 2) bad("quantize_fp8: grouping must be 0 (tensor), 1 (1x128) or 2 (128x128)");
+    if (op->kind == Kind::quantize && (op->transpose < 0 || op->transpose > 2))
+      bad("quantize_fp8: transpose must be 0 (x), 1 (x^T) or 2 (both)");
     if (!std::isfinite(op->margin)) bad("quantize_fp8: margin must be finite");
     const int64_t recipe = rlh::sdk::attr_int_or(a, na, "recipe", 0);
     if (recipe != 0 && recipe != 1) bad("quantize_fp8: recipe must be 0 (current scaling) or 1 (delayed)");
@@ -512,10 +529,11 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
           } else if (op->delayed) {
             vfp8::quantize_delayed(c.src, c.fmt, margin, op->most_recent, op->hist, op->history_len, op->pos_count,
                                    op->filled_host > 0, c.q, c.ldq, c.scale, c.amax, reinterpret_cast<float*>(bits + 1),
-                                   bits, st);
+                                   bits, st, c.qt, c.ldqt);
             op->filled_host = std::min(op->filled_host + 1, op->history_len);
           } else {
-            vfp8::quantize_current(c.src, c.fmt, Grouping(op->grouping), margin, c.q, c.ldq, c.scale, c.amax, bits, st);
+            vfp8::quantize_current(c.src, c.fmt, Grouping(op->grouping), margin, c.q, c.ldq, c.scale, c.amax, bits, st,
+                                   c.qt, c.ldqt);
           }
           break;
         }

@@ -1148,7 +1148,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   Impl& m = *impl_;
   const OutputRequest& req = so.outputs;
   m.require_trainable("train_step");
-  if (m.fp8) m.fp8->new_call();
+  if (m.fp8) m.fp8->new_call(true);
   if (!req.logprob && !req.entropy && !req.value)
     throw std::invalid_argument("cuda engine: a train step needs logprob, entropy or value outputs");
   if (req.logits) throw std::invalid_argument("cuda engine: logits are a forward-only output");

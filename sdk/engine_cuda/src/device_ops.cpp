@@ -121,6 +121,7 @@ namespace {
 // (the ops_ map is keyed by address: each element below is its own key).
 char g_quant_keys[2 * 3 * 2];
 char g_quant_given_keys[2 * 2];
+char g_quant_both_keys[2];
 char g_gemm_keys[2 * 3 * 2];
 rlh_dtype fp8_dtype(DeviceOps::Fp8 f) { return f == DeviceOps::Fp8::e4m3 ? sdk::kE4M3 : sdk::kE5M2; }
 }  // namespace
@@ -145,15 +146,33 @@ bool DeviceOps::quantize_fp8_given(const void* x, int64_t R, int64_t C, int64_t 
   const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
   const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx), a.vec(scale, kF32, 1)};
   const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), rows, inner, inner)};
+  return run_optional(key, "quantize_fp8", in, out, at);
+}
+
+bool DeviceOps::quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t ldx, Fp8 f, void* q, void* qt,
+                                  float* scale) {
+  const char* key = &g_quant_both_keys[int(f)];
+  if (refused_.count(key)) return false;
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_int("grouping", 0), attr_int("transpose", 2)};
+  const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
+  rlh_tensor no_amax = a.vec(nullptr, kF32, 1);
+  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, 1), no_amax,
+                                       a.mat(qt, fp8_dtype(f), C, R, R)};
+  return run_optional(key, "quantize_fp8", in, out, at);
+}
+
+bool DeviceOps::run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
+                             const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
   if (!ops_.count(key)) {
     try {
-      op(key, "quantize_fp8", in, out, at);
-    } catch (const std::exception&) {  // an optional form: the caller quantises in full instead
+      op(key, name, in, out, attrs);
+    } catch (const std::exception&) {  // an optional form: the caller takes the general one instead
       refused_[key] = true;
       return false;
     }
   }
-  run(op(key, "quantize_fp8", in, out, at), in, out, at);
+  run(op(key, name, in, out, attrs), in, out, attrs);
   return true;
 }
 
@@ -214,10 +233,11 @@ void DeviceOps::load_op_state(const sdk::Op& op, const std::string& bytes) {
 
 void DeviceOps::gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na,
                          const void* B, Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C,
-                         int64_t ldc, bool c_f32) {
+                         int64_t ldc, bool c_f32, bool fast_accum) {
   Args a(dev_);
-  const std::array<rlh_named_value, 4> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
-                                             attr_double("alpha", 1.0), attr_double("beta", beta)};
+  const std::array<rlh_named_value, 5> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
+                                             attr_double("alpha", 1.0), attr_double("beta", beta),
+                                             attr_int("fast_accum", fast_accum ? 1 : 0)};
   const std::vector<rlh_tensor> in = {a.mat(A, fp8_dtype(fa), M, K, K), a.mat(B, fp8_dtype(fb), N, K, K),
                                       a.vec(sa, kF32, na), a.vec(sb, kF32, nb)};
   const std::vector<rlh_tensor> out = {a.mat(C, c_f32 ? kF32 : kBF16, M, N, ldc)};

@@ -217,13 +217,36 @@ bool Fp8Linears::quantise_given(Quantised& out, const bf16* x, int64_t R, int64_
   return true;
 }
 
+bool Fp8Linears::quantise_both(Quantised& out, Quantised& out_t, const bf16* x, int64_t R, int64_t C, int64_t ldx,
+                               DeviceOps::Fp8 f) {
+  if (out.q.size() < size_t(R * C)) out.q = DeviceBuffer(counters_, size_t(R * C));
+  if (out_t.q.size() < size_t(R * C)) out_t.q = DeviceBuffer(counters_, size_t(R * C));
+  if (out.scale.size() < sizeof(float)) out.scale = DeviceBuffer(counters_, sizeof(float));
+  if (!ops_.quantize_fp8_both(x, R, C, ldx, f, out.q.get(), out_t.q.get(), out.scale.get<float>())) return false;
+  out.rows = R;
+  out.inner = C;
+  out.nscale = 1;
+  out.given = nullptr;
+  out_t.rows = C;
+  out_t.inner = R;
+  out_t.nscale = 1;
+  out_t.given = out.scale.get<float>();
+  return true;
+}
+
 const Fp8Linears::Quantised& Fp8Linears::weight(const bf16* W, int64_t rows, int64_t K, bool transposed) {
   Quantised& q = (transposed ? wt_ : w_)[W];
   if (q.epoch != epoch_ || q.rows != (transposed ? K : rows)) {
+    // Weights keep current per-tensor scaling under the delayed recipe too, so W^T can always
+    // take W's scale: made beside W in a training call, else from W's scale.
+    const bool per_tensor = !opt_.blockwise;
     const auto w = w_.find(W);
-    if (!(transposed && reuse_scale() && w != w_.end() && w->second.epoch == epoch_ && w->second.rows == rows &&
-          quantise_given(q, W, rows, K, K, true, DeviceOps::Fp8::e4m3, w->second.sc())))
+    if (!transposed && train_ && per_tensor && quantise_both(q, wt_[W], W, rows, K, K, DeviceOps::Fp8::e4m3)) {
+      wt_[W].epoch = epoch_;
+    } else if (!(transposed && per_tensor && w != w_.end() && w->second.epoch == epoch_ && w->second.rows == rows &&
+                 quantise_given(q, W, rows, K, K, true, DeviceOps::Fp8::e4m3, w->second.sc()))) {
       quantise(q, W, rows, K, K, transposed, DeviceOps::Fp8::e4m3, weight_grouping());
+    }
     q.epoch = epoch_;
   }
   return q;
@@ -255,16 +278,23 @@ bool Fp8Linears::fits_group(int64_t rows, int64_t ldy) const { return aligned(ro
 void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
   const Quantised& w = weight(W, rows, xK_, false);
   ops_.gemm_fp8(xN_, rows, xK_, x_.q.get(), DeviceOps::Fp8::e4m3, x_.sc(), x_.nscale, w.q.get(),
-                DeviceOps::Fp8::e4m3, w.sc(), w.nscale, opt_.blockwise ? 1 : 0, 0.0, y, ldy, false);
+                DeviceOps::Fp8::e4m3, w.sc(), w.nscale, opt_.blockwise ? 1 : 0, 0.0, y, ldy, false,
+                /*fast_accum=*/true);  // TransformerEngine's forward; the gradients' products promote
   ++stats_.fp8_gemms;
 }
 
 bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, const bf16* W,
                              double beta, bf16* dx, int64_t lddx, int64_t site_id) {
-  dy_src_ = {};
+  dy_src_ = dyt_src_ = {};
   if (!tokens_fit(N) || !aligned(rows) || !aligned(K) || lddx % 8 != 0) return false;
-  quantise_operand(dy_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, false, grad_format());
-  dy_src_ = {dy, N, rows, lddy};
+  // When this group's dW runs in FP8 next (backward_dw's conditions), dY^T is made in the same
+  // pass (per tensor, current scaling; delayed scaling keeps a history per copy).
+  const Src src{dy, N, rows, lddy};
+  if (reuse_scale() && xtN_ == N && xtK_ == K && aligned(rows) && quantise_both(dy_, dyt_, dy, N, rows, lddy, grad_format()))
+    dyt_src_ = src;
+  else
+    quantise_operand(dy_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, false, grad_format());
+  dy_src_ = src;
   const Quantised& wt = weight(W, rows, K, true);
   ops_.gemm_fp8(N, K, rows, dy_.q.get(), grad_format(), dy_.sc(), dy_.nscale, wt.q.get(),
                 DeviceOps::Fp8::e4m3, wt.sc(), wt.nscale, opt_.blockwise ? 1 : 0, beta, dx, lddx, false);
@@ -284,9 +314,11 @@ bool Fp8Linears::input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64
 bool Fp8Linears::backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t rows, int64_t K, float* dW,
                              int64_t site_id) {
   if (xtN_ != N || xtK_ != K || !aligned(rows)) return false;
-  if (!(reuse_scale() && dy_src_ == Src{dy, N, rows, lddy} &&
-        quantise_given(dyt_, dy, N, rows, lddy, true, grad_format(), dy_.sc())))
+  const Src src{dy, N, rows, lddy};
+  if (!(dyt_src_ == src) && !(reuse_scale() && dy_src_ == src &&
+                              quantise_given(dyt_, dy, N, rows, lddy, true, grad_format(), dy_.sc())))
     quantise_operand(dyt_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, true, grad_format());
+  dyt_src_ = {};
   ops_.gemm_fp8(rows, K, N, dyt_.q.get(), grad_format(), dyt_.sc(), dyt_.nscale, xt_.q.get(),
                 DeviceOps::Fp8::e4m3, xt_.sc(), xt_.nscale, opt_.blockwise ? 2 : 0, 1.0, dW, K, true);
   ++stats_.fp8_gemms;

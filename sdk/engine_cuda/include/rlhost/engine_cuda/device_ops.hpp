@@ -74,6 +74,9 @@ class DeviceOps {
   // that form (asked once per form).
   bool quantize_fp8_given(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, void* q,
                           const float* scale);
+  // x and x^T (qt [C, R]) in one pass, per tensor from the current amax, one scale (vendor_fp8's
+  // transpose = 2): false, and nothing queued, where no provider offers that form.
+  bool quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t ldx, Fp8 f, void* q, void* qt, float* scale);
   // Delayed scaling (Fp8Options::delayed): a quantize_fp8 handle of the caller's own per
   // quantisation site, resolved with recipe = 1 (per tensor) and the recipe's history length,
   // algorithm and margin, so the provider keeps that site's amax history on the device. A
@@ -93,9 +96,11 @@ class DeviceOps {
   static void load_op_state(const sdk::Op& op, const std::string& bytes);
   // C[M, N] (ldc; bf16, or f32 with c_f32) = (sa A)[M, K] (sb B)[N, K]^T + beta C, A and B FP8
   // K-major and contiguous; scaling 0 (tensor x tensor), 1 (1x128 tiles x 128x128 blocks) or 2
-  // (tiles x tiles).
+  // (tiles x tiles). fast_accum: the provider may skip promoting partial sums to fp32
+  // (TransformerEngine's forward products; an attribute a provider without it ignores).
   void gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na, const void* B,
-                Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C, int64_t ldc, bool c_f32);
+                Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C, int64_t ldc, bool c_f32,
+                bool fast_accum = false);
   void embedding_fwd(void* out, const int32_t* ids, const void* table, int64_t N, int64_t C, int64_t V);
   void embedding_bwd(float* dtable, const int32_t* ids, const void* dout, int64_t N, int64_t C, int64_t V);
   // bf16 x, w, y; f32 rstd [N] (may be null)
@@ -238,6 +243,10 @@ class DeviceOps {
   cudaStream_t stream_;
   std::unordered_map<const void*, sdk::Op> ops_;  // by the call site's key (a string literal)
   std::unordered_map<const void*, bool> refused_;  // optional forms no provider offers, by key
+  // Resolves (once per key) and runs an optional form of an op: false where no provider answers
+  // it (remembered), so the caller falls back to the general form.
+  bool run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
+                    const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs);
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   bool batch_invariant_ = false;

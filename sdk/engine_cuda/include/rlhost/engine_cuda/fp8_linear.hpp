@@ -59,7 +59,11 @@ class Fp8Linears {
              const char* key = "policy.megatron_cfg.fp8_cfg.enabled");
 
   // The weights may have changed: their FP8 copies are remade at first use.
-  void new_call() { ++epoch_; }
+  // `train`: the call trains, so each weight's W^T is made beside W (one pass for both).
+  void new_call(bool train = false) {
+    ++epoch_;
+    train_ = train;
+  }
   // Layer l runs its dense linears in FP8 (not among the first / last kept in bf16).
   bool layer_in_fp8(int64_t l) const {
     return l >= opt_.bf16_first_layers && l < layers_ - opt_.bf16_last_layers;
@@ -123,6 +127,10 @@ class Fp8Linears {
   // provider offers that form (the caller then quantises in full).
   bool quantise_given(Quantised& out, const bf16* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
                       DeviceOps::Fp8 f, const float* scale);
+  // x into `out` and x^T into `out_t` in one pass, per tensor (current scaling): false where no
+  // provider offers that form.
+  bool quantise_both(Quantised& out, Quantised& out_t, const bf16* x, int64_t R, int64_t C, int64_t ldx,
+                     DeviceOps::Fp8 f);
   // W's copy (transposed: W^T [K, rows]) for this call.
   const Quantised& weight(const bf16* W, int64_t rows, int64_t K, bool transposed);
   bool aligned(int64_t n) const { return n % (opt_.blockwise ? 128 : 16) == 0; }
@@ -157,7 +165,8 @@ class Fp8Linears {
     const bf16* p = nullptr;
     int64_t N = 0, cols = 0, ld = 0;
     bool operator==(const Src&) const = default;
-  } dy_src_;
+  } dy_src_, dyt_src_;  // dyt_src_: dY^T made beside dY (backward_dw then quantises nothing)
+  bool train_ = false;
   int64_t xN_ = 0, xK_ = 0;  // the shape `input` quantised (x_), and `input_t` (xt_)
   int64_t xtN_ = 0, xtK_ = 0;
   std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
