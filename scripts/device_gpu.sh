@@ -11,7 +11,8 @@
 #     fp8bench: its 8192^3 FP8 GEMM beside torch._scaled_mm (bench/fp8/run.sh), then the CUDA
 #               engine's training step in bf16 and with FP8 linears (1B and 3B shapes) and the
 #               loss after 200 steps of each on one stream; and decoding at batch 64 / 256 in bf16
-#               and with FP8 rollouts
+#               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
+#               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
 #     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8), delayed scaling's
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
@@ -162,12 +163,16 @@ if [ "$what" = fp8bench ]; then
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   fi
   # End to end on the same engine: bf16, then FP8 linears, same run.
-  for shape in ${FP8_SHAPES:-llama1b llama3b}; do
-    for r in $recipes; do
-      echo "== bench_cuda_engine --shape $shape --fp8 $r =="
-      RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape "$shape" --only train --steps 6 --warmup 2 --fp8 "$r" \
-        > "$out/fp8_engine_${shape}_$r.log" 2>&1 || rc=1
-      grep -E "^(RESULT|train|fp8)|rror" "$out/fp8_engine_${shape}_$r.log"
+  # FP8_MICRO="1 4": steps of 1 and of 4 micro-batches (gradients accumulated, one AdamW update:
+  # how RL trainers step, sharing the per-step AdamW and FP8 weight copies).
+  for mbn in ${FP8_MICRO:-1}; do
+    for shape in ${FP8_SHAPES:-llama1b llama3b}; do
+      for r in $recipes; do
+        echo "== bench_cuda_engine --shape $shape --fp8 $r --micro $mbn =="
+        RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_cuda_engine" --shape "$shape" --only train --steps 6 --warmup 2 \
+          --fp8 "$r" --micro "$mbn" > "$out/fp8_engine_${shape}_${r}_mb$mbn.log" 2>&1 || rc=1
+        grep -E "^(RESULT|train|fp8)|rror" "$out/fp8_engine_${shape}_${r}_mb$mbn.log"
+      done
     done
   done
   if [ "${FP8_CURVE:-200}" != 0 ]; then

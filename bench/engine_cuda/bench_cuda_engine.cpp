@@ -5,7 +5,7 @@
 //
 //   bench_cuda_engine [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward]
 //                     [--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed]
-//                     [--curve N]
+//                     [--curve N] [--micro N]
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), training B4 x T2048, forward logprobs B8 x T2048. small: a quick check of the same code.
@@ -16,6 +16,10 @@
 // --fp8: the training step's dense linears in FP8 (CudaEngineOptions::fp8: the registry's FP8
 // provider, e.g. examples/vendor_fp8 on the plugin path; first and last layers in bf16). Rows are
 // named train_fp8_<recipe>, beside the bf16 train row of the same run when run.sh asks for both.
+// --micro N: a training step of N micro-batches (the batch N times, gradients accumulated, one
+// AdamW update), as RL trainers run it (NeMo-RL's GRPO: 512 sequences a step in micro-batches of
+// a few): the per-step costs (AdamW, the FP8 weight copies) are then shared by N micro-batches.
+// tok/s counts all N; rows are named train[_fp8_<recipe>]_mb<N>.
 // --curve N: instead of timing, N training steps on a fixed learnable stream (each sequence an
 // arithmetic progression of token ids, new batches every step) printing the mean loss of the
 // last 10 steps: FP8 against bf16 on the same data (`RESULT name=curve_<fp8> ...`).
@@ -66,7 +70,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::string shape_name = "llama1b", only, recompute = "none", fp8 = "none";
-  int steps = 10, warmup = 2, curve = 0;
+  int steps = 10, warmup = 2, curve = 0, micro = 1;
   int64_t head_chunk_mib = 0;  // the logprob head's logits tile (0 = the kernel's default)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -85,10 +89,11 @@ int main(int argc, char** argv) {
     else if (a == "--head-chunk-mib") head_chunk_mib = std::atoll(next());
     else if (a == "--fp8") fp8 = next();
     else if (a == "--curve") curve = std::atoi(next());
+    else if (a == "--micro") micro = std::atoi(next());
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward] "
-                   "[--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed] [--curve N]\n",
+                   "[--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed] [--curve N] [--micro N]\n",
                    argv[0]);
       return 2;
     }
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
   const Shape* s = nullptr;
   for (const Shape& x : kShapes)
     if (shape_name == x.name) s = &x;
-  if (!s || steps < 1 || warmup < 0) {
+  if (!s || steps < 1 || warmup < 0 || micro < 1) {
     std::fprintf(stderr, "bench_cuda_engine: unknown shape '%s' or bad step counts\n", shape_name.c_str());
     return 2;
   }
@@ -239,22 +244,24 @@ int main(int argc, char** argv) {
     e.load_parameters(w);
     std::vector<int32_t> ids, cu;
     const engine::MicroBatch mb = batch(s->train_B, ids, cu);
+    const std::vector<engine::MicroBatch> mbs(size_t(micro), mb);
     engine::StepOptions so;
     so.lr = 1e-5;
-    so.global_tokens = s->train_B * (s->T - 1);
-    for (int i = 0; i < warmup; ++i) e.train_step({&mb, 1}, so, loss);
+    so.global_tokens = micro * s->train_B * (s->T - 1);
+    for (int i = 0; i < warmup; ++i) e.train_step(mbs, so, loss);
     const auto before = e.stats();
     std::vector<double> times;
     double last = 0;
     for (int i = 0; i < steps; ++i) {
       const auto t0 = Clock::now();
-      last = e.train_step({&mb, 1}, so, loss).loss;  // returns after the update is queued
+      last = e.train_step(mbs, so, loss).loss;  // returns after the update is queued
       times.push_back(seconds_since(t0));
     }
     const auto after = e.stats();
     // The step returns once AdamW is queued; the next step's first wait covers it, so the
     // median of the per-step times is the steady-state rate (the last step's tail is small).
-    const double t = median(times), tps = double(mb.num_tokens()) / t;
+    const double t = median(times), tps = double(micro * mb.num_tokens()) / t;
+    if (micro > 1) std::printf("(%d micro-batches a step)\n", micro);
     std::printf("train (recompute %s): median %.1f ms/step, %.0f tok/s, %.0f TFLOP/s (MFU %.1f%%), "
                 "loss %.4f, %.2f device allocs/step, %.2f host waits/step, %.1f GiB held\n",
                 recompute.c_str(), t * 1e3, tps, tps * train_flops / 1e12, 100 * tps * train_flops / peak, last,
@@ -265,10 +272,13 @@ int main(int argc, char** argv) {
       std::printf("fp8 (%s): %ld products in FP8, %ld in bf16 in the FP8 layers (shapes FP8 cannot take)\n",
                   fp8.c_str(), long(after.fp8_gemms), long(after.fp8_layer_bf16_gemms));
     // Recompute rows are named apart: PyTorch's peer runs without checkpointing.
+    const std::string row = (fp8o.enabled ? "train_fp8_" + fp8
+                             : rc == engine::Recompute::none ? std::string("train")
+                                                             : "train_recompute_" + recompute) +
+                            (micro > 1 ? "_mb" + std::to_string(micro) : "");
     std::printf("RESULT name=%s shape=%s_B%ldxT%ld value=%.0f unit=tok/s ms=%.3f mfu=%.4f allocs=%.2f "
                 "syncs=%.2f gib=%.2f\n",
-                fp8o.enabled ? ("train_fp8_" + fp8).c_str()
-                : rc == engine::Recompute::none ? "train" : ("train_recompute_" + recompute).c_str(), s->name,
+                row.c_str(), s->name,
                 long(s->train_B), long(s->T), tps, t * 1e3, tps * train_flops / peak,
                 double(after.device_allocations - before.device_allocations) / steps,
                 double(after.host_syncs - before.host_syncs) / steps,
