@@ -42,7 +42,7 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built but could not run, most needed first, for one short
-#              call (2026-12-06: test_cuda_conformance, test_generator_cuda, test_cuda_decode)
+#              call (2026-12-06, sixteenth session: the FP8 step of 4 micro-batches, 3B, beside bf16)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -68,14 +68,14 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (fifteenth session): HSDP 2 x 2, TP 2 x DP 2, decodeab, the FP8 engine tests and
-  # the deterministic parity all ran on an H100. Left unrun: the conformance test's f32
-  # expectation for gemm_glu_fwd (kernels_cuda now lists it in bf16 only), the generator tests
-  # after their shared fixture loader, and the deterministic head's re-laid-out scratch (the
-  # parity tests in test_generator_cuda).
-  TESTS=${TESTS:-"test_cuda_conformance test_generator_cuda test_cuda_decode"}
+  # 2026-12-06 (sixteenth session): the fifteenth's backlog (conformance, generator and decode
+  # tests) passed on an H100. Left unrun: bench_cuda_engine --micro (a step of 4 micro-batches,
+  # as RL trainers step), FP8 against bf16 at the 3B shape; the session's device time ran out.
+  what=fp8bench
+  FP8_GEMM=${FP8_GEMM:-0} FP8_CURVE=${FP8_CURVE:-0} FP8_GEN=${FP8_GEN:-0}
+  FP8_SHAPES=${FP8_SHAPES:-llama3b} FP8_MICRO=${FP8_MICRO:-"1 4"} FP8_RECIPES=${FP8_RECIPES:-"none tensorwise delayed"}
 fi
-if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ] || [ "$what" = backlog ]; then
+if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
         test_cudnn_graph test_cudnn_attention test_cuda_engine test_cuda_engine_fp8 test_cuda_engine_offload
         test_cuda_engine_fsdp test_cuda_engine_tp test_backend_cuda
