@@ -607,6 +607,48 @@ TEST_F(VendorFp8, QuantizeWithAGivenScaleWritesTheFullFormsCodes) {
             RLH_E_INVALID_ARGUMENT);
 }
 
+// A delayed-scaling handle asked for both copies by its call (transpose = 2; the CUDA engine's X
+// and X^T, dY and dY^T with one history per site): the history's scale for both, the codes of
+// the one-copy calls of handles holding the same history.
+TEST_F(VendorFp8, QuantizeDelayedBothCopiesShareTheHistory) {
+  std::mt19937_64 rng(17);
+  const int64_t R = 256, C = 192;
+  const auto attrs = [](int transpose) {
+    return std::vector<rlh_named_value>{rlh::sdk::attr_int("recipe", 1), rlh::sdk::attr_int("amax_history_len", 4),
+                                        rlh::sdk::attr_int("transpose", transpose)};
+  };
+  Buf& xb = alloc(size_t(R * C) * 2);
+  Buf& q = alloc(size_t(R * C));
+  Buf& qt = alloc(size_t(R * C));
+  Buf& s = alloc(4);
+  Buf& q1 = alloc(size_t(R * C));
+  Buf& s1 = alloc(4);
+  Buf& qt1 = alloc(size_t(R * C));
+  Buf& st1 = alloc(4);
+  const rlh_tensor X = t(xb.get(), {R, C}, kBF16);
+  const std::vector<rlh_tensor> both = {t(q.get(), {R, C}, kE4M3), t(s.get(), {1}, kF32), t(nullptr, {1}, kF32),
+                                        t(qt.get(), {C, R}, kE4M3)};
+  const std::vector<rlh_tensor> rows = {t(q1.get(), {R, C}, kE4M3), t(s1.get(), {1}, kF32)};
+  const std::vector<rlh_tensor> cols = {t(qt1.get(), {C, R}, kE4M3), t(st1.get(), {1}, kF32)};
+  rlh_op *a = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(resolve("quantize_fp8", {X}, rows, attrs(0), &a), nullptr);  // asked for both by its calls
+  ASSERT_EQ(resolve("quantize_fp8", {X}, rows, attrs(0), &b), nullptr);
+  ASSERT_EQ(resolve("quantize_fp8", {X}, cols, attrs(1), &c), nullptr);
+  for (int step = 0; step < 3; ++step) {  // the first call scales by its own amax, the rest by the history
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Mat x = random_mat(rng, R, C, kBF16, std::exp2(double(2 * step - 2)));
+    xb.put(bytes_of(x).data(), size_t(R * C) * 2);
+    ASSERT_EQ(run(a, {X}, both, {rlh::sdk::attr_int("transpose", 2)}), nullptr);
+    ASSERT_EQ(run(b, {X}, rows), nullptr);
+    ASSERT_EQ(run(c, {X}, cols), nullptr);
+    EXPECT_EQ(read_f32(s, 1)[0], read_f32(s1, 1)[0]);
+    EXPECT_EQ(read_f32(s, 1)[0], read_f32(st1, 1)[0]);
+    EXPECT_EQ(q.get_bytes(), q1.get_bytes());
+    EXPECT_EQ(qt.get_bytes(), qt1.get_bytes());
+  }
+  for (rlh_op* o : {a, b, c}) api_->release_op(o);
+}
+
 // 1x128 tiles (activations) and 128x128 blocks (weights), on sizes that are not multiples of
 // 128, against the host's grouping and cuBLASLt's scale layouts (fp8_kernels.hpp).
 TEST_F(VendorFp8, QuantizeBlockwise) {

@@ -228,9 +228,12 @@ struct QuantCall {
   int64_t ldqt = 0;
 };
 
+// `transpose` is the call's (a call may override the handle's: a delayed-scaling site's handle
+// writes x, or x and x^T, with one history).
 QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, const rlh_tensor* out, size_t nout,
-                     const rlh_op& op, bool shapes) {
-  const bool given = nin == 2, both = op.transpose == 2;
+                     const rlh_op& op, int64_t transpose, bool shapes) {
+  if (transpose < 0 || transpose > 2) bad("quantize_fp8: transpose must be 0 (x), 1 (x^T) or 2 (both)");
+  const bool given = nin == 2, both = transpose == 2;
   if (both ? (nin != 1 || nout != 4) : given ? nout != 1 : (nin != 1 || (nout != 2 && nout != 3)))
     unimpl("quantize_fp8: expects x -> q, scale[, amax], or x, scale -> q, or with transpose = 2 x -> q, scale, "
            "amax (may be absent), q^T");
@@ -254,7 +257,7 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
   QuantCall c;
   c.fmt = fmt_of(out[0].dtype);
   c.src.type = dx == rlh::sdk::kF32 ? vfp8::In::f32 : vfp8::In::bf16;
-  c.src.transpose = op.transpose == 1;
+  c.src.transpose = transpose == 1;
   if (!shapes) return c;
   c.src.ldx = matrix_ld(in[0], &c.src.R, &c.src.C, "quantize_fp8 x");
   int64_t qr, qc;
@@ -325,7 +328,9 @@ void check(const rlh_op& op, const rlh_tensor* in, size_t nin, const rlh_tensor*
   switch (op.kind) {
     case Kind::gemm: gemm_args(op.inst, in, nin, out, nout, op, call, shapes); return;
     case Kind::amax: amax_source(op.inst, in, nin, out, nout, shapes); return;
-    case Kind::quantize: quant_call(op.inst, in, nin, out, nout, op, shapes); return;
+    case Kind::quantize:
+      quant_call(op.inst, in, nin, out, nout, op, pick_i(call, "transpose", op.transpose), shapes);
+      return;
   }
 }
 
@@ -441,8 +446,6 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     op->margin = rlh::sdk::attr_double_or(a, na, "margin", 0.0);
     if (op->scaling < 0 || op->scaling > 2) bad("gemm: scaling must be 0 (tensor), 1 (1x128 x 128x128) or 2 (1x128 x 1x128)");
     if (op->grouping < 0 || op->grouping > 2) bad("quantize_fp8: grouping must be 0 (tensor), 1 (1x128) or 2 (128x128)");
-    if (op->kind == Kind::quantize && (op->transpose < 0 || op->transpose > 2))
-      bad("quantize_fp8: transpose must be 0 (x), 1 (x^T) or 2 (both)");
     if (!std::isfinite(op->margin)) bad("quantize_fp8: margin must be finite");
     const int64_t recipe = rlh::sdk::attr_int_or(a, na, "recipe", 0);
     if (recipe != 0 && recipe != 1) bad("quantize_fp8: recipe must be 0 (current scaling) or 1 (delayed)");
@@ -521,7 +524,8 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
           break;
         }
         case Kind::quantize: {
-          const QuantCall c = quant_call(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, true);
+          const QuantCall c = quant_call(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op,
+                                         pick_i(call, "transpose", op->transpose), true);
           const double margin = pick_d(call, "margin", op->margin);
           if (!std::isfinite(margin)) bad("quantize_fp8: margin must be finite");
           if (c.given) {

@@ -156,8 +156,7 @@ bool DeviceOps::quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t l
   Args a(dev_);
   const std::array<rlh_named_value, 2> at = {attr_int("grouping", 0), attr_int("transpose", 2)};
   const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
-  rlh_tensor no_amax = a.vec(nullptr, kF32, 1);
-  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, 1), no_amax,
+  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, 1), a.vec(nullptr, kF32, 1),
                                        a.mat(qt, fp8_dtype(f), C, R, R)};
   return run_optional(key, "quantize_fp8", in, out, at);
 }
@@ -177,9 +176,10 @@ bool DeviceOps::run_optional(const char* key, const char* name, const std::vecto
 }
 
 namespace {
-std::array<rlh_named_value, 6> delayed_attrs(bool transpose, const DeviceOps::DelayedScaling& d) {
+// transpose: 0 x, 1 x^T, 2 both (a call may ask its handle for both: vendor_fp8's README)
+std::array<rlh_named_value, 6> delayed_attrs(int transpose, const DeviceOps::DelayedScaling& d) {
   return {attr_int("grouping", 0),
-          attr_int("transpose", transpose ? 1 : 0),
+          attr_int("transpose", transpose),
           attr_int("recipe", 1),
           attr_int("amax_history_len", d.history_len),
           attr_int("amax_compute_algo", d.max ? 0 : 1),  // quantize_fp8 (vendor_fp8 README): 0 max, 1 most_recent
@@ -189,7 +189,7 @@ std::array<rlh_named_value, 6> delayed_attrs(bool transpose, const DeviceOps::De
 
 sdk::Op DeviceOps::resolve_quantize_fp8_delayed(bool transpose, Fp8 f, const DelayedScaling& d) {
   Args a(dev_);
-  const auto at = delayed_attrs(transpose, d);
+  const auto at = delayed_attrs(transpose ? 1 : 0, d);
   const std::vector<rlh_tensor> in = {a.mat(nullptr, kBF16, 0, 0, 0)};
   const std::vector<rlh_tensor> out = {a.mat(nullptr, fp8_dtype(f), 0, 0, 0), a.vec(nullptr, kF32, 1)};
   sdk::Op o = reg_.resolve("quantize_fp8", dev_, in, out, at, false);
@@ -206,10 +206,20 @@ sdk::Op DeviceOps::resolve_quantize_fp8_delayed(bool transpose, Fp8 f, const Del
 void DeviceOps::quantize_fp8(const sdk::Op& op, const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
                              Fp8 f, void* q, float* scale, const DelayedScaling& d) {
   Args a(dev_);
-  const auto at = delayed_attrs(transpose, d);
+  const auto at = delayed_attrs(transpose ? 1 : 0, d);
   const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
   const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
   const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), rows, inner, inner), a.vec(scale, kF32, 1)};
+  run(op, in, out, at);
+}
+
+void DeviceOps::quantize_fp8_both(const sdk::Op& op, const void* x, int64_t R, int64_t C, int64_t ldx, Fp8 f, void* q,
+                                  void* qt, float* scale, const DelayedScaling& d) {
+  Args a(dev_);
+  const auto at = delayed_attrs(2, d);
+  const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
+  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, 1), a.vec(nullptr, kF32, 1),
+                                       a.mat(qt, fp8_dtype(f), C, R, R)};
   run(op, in, out, at);
 }
 

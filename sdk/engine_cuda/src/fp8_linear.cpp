@@ -53,6 +53,18 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
     input_t(xb, n, n, n, kProbeSite);
     backward_dw(xb, n, n, n, n, y.get<float>(), kProbeSite);
     check(cudaDeviceSynchronize(), "fp8 probe");
+    if (opt_.delayed) {  // an optional form: a site's handle writing x and x^T with its one history
+      DeviceBuffer q(counters_, size_t(n * n)), qt(counters_, size_t(n * n)), sc(counters_, sizeof(float));
+      try {
+        ops_.quantize_fp8_both(site(in_sites_, kProbeSite, "input").q, xb, n, n, n, DeviceOps::Fp8::e4m3, q.get(),
+                               qt.get(), sc.get<float>(), delayed_scaling());
+        check(cudaDeviceSynchronize(), "fp8 probe");
+        delayed_both_ = true;
+      } catch (const std::exception&) {  // each copy then keeps its own history, as before
+        cudaGetLastError();
+        delayed_both_ = false;
+      }
+    }
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string(key) + ": no kernel provider on this device runs " + what + " in FP8 (" +
                              (opt_.blockwise ? "blockwise" : opt_.delayed ? "tensorwise, delayed scaling" : "tensorwise") +
@@ -62,6 +74,7 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
   stats_ = {};
   w_.clear();
   wt_.clear();
+  kept_t_.clear();
   in_sites_.clear();
   grad_sites_.clear();
 }
@@ -218,19 +231,25 @@ bool Fp8Linears::quantise_given(Quantised& out, const bf16* x, int64_t R, int64_
 }
 
 bool Fp8Linears::quantise_both(Quantised& out, Quantised& out_t, const bf16* x, int64_t R, int64_t C, int64_t ldx,
-                               DeviceOps::Fp8 f) {
+                               DeviceOps::Fp8 f, bool scale_in_t, const sdk::Op* op) {
+  if (op && !delayed_both_) return false;
+  Quantised& owner = scale_in_t ? out_t : out;
+  Quantised& other = scale_in_t ? out : out_t;
   if (out.q.size() < size_t(R * C)) out.q = DeviceBuffer(counters_, size_t(R * C));
   if (out_t.q.size() < size_t(R * C)) out_t.q = DeviceBuffer(counters_, size_t(R * C));
-  if (out.scale.size() < sizeof(float)) out.scale = DeviceBuffer(counters_, sizeof(float));
-  if (!ops_.quantize_fp8_both(x, R, C, ldx, f, out.q.get(), out_t.q.get(), out.scale.get<float>())) return false;
+  if (owner.scale.size() < sizeof(float)) owner.scale = DeviceBuffer(counters_, sizeof(float));
+  float* sc = owner.scale.get<float>();
+  if (op)
+    ops_.quantize_fp8_both(*op, x, R, C, ldx, f, out.q.get(), out_t.q.get(), sc, delayed_scaling());
+  else if (!ops_.quantize_fp8_both(x, R, C, ldx, f, out.q.get(), out_t.q.get(), sc))
+    return false;
   out.rows = R;
   out.inner = C;
-  out.nscale = 1;
-  out.given = nullptr;
   out_t.rows = C;
   out_t.inner = R;
-  out_t.nscale = 1;
-  out_t.given = out.scale.get<float>();
+  out.nscale = out_t.nscale = 1;
+  owner.given = nullptr;
+  other.given = sc;
   return true;
 }
 
@@ -267,6 +286,20 @@ void Fp8Linears::quantise_operand(Quantised& out, std::map<int64_t, Site>& sites
 
 bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
   if (!tokens_fit(N) || !aligned(K)) return false;
+  // A training call's forward makes X^T beside X (per tensor; input_t's conditions) and keeps it
+  // for the step's dW: one pass over X instead of two, and one amax.
+  if (train_ && !opt_.blockwise && aligned(N)) {
+    KeptT& k = kept_t_[site_id];
+    const sdk::Op* op = opt_.delayed ? &site(in_sites_, site_id, "input").q : nullptr;
+    if (quantise_both(x_, k.q, x, N, K, ldx, DeviceOps::Fp8::e4m3, /*scale_in_t=*/true, op)) {
+      k.src = {x, N, K, ldx};
+      k.epoch = epoch_;
+      xN_ = N;
+      xK_ = K;
+      return true;
+    }
+    k.epoch = -1;
+  }
   quantise_operand(x_, in_sites_, site_id, "input", x, N, K, ldx, false, DeviceOps::Fp8::e4m3);
   xN_ = N;
   xK_ = K;
@@ -288,9 +321,11 @@ bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t ro
   dy_src_ = dyt_src_ = {};
   if (!tokens_fit(N) || !aligned(rows) || !aligned(K) || lddx % 8 != 0) return false;
   // When this group's dW runs in FP8 next (backward_dw's conditions), dY^T is made in the same
-  // pass (per tensor, current scaling; delayed scaling keeps a history per copy).
+  // pass (per tensor; under delayed scaling with the dY site's history).
   const Src src{dy, N, rows, lddy};
-  if (reuse_scale() && xtN_ == N && xtK_ == K && aligned(rows) && quantise_both(dy_, dyt_, dy, N, rows, lddy, grad_format()))
+  const sdk::Op* op = opt_.delayed ? &site(grad_sites_, site_id, "gradient").q : nullptr;
+  if (!opt_.blockwise && xtN_ == N && xtK_ == K && aligned(rows) &&
+      quantise_both(dy_, dyt_, dy, N, rows, lddy, grad_format(), false, op))
     dyt_src_ = src;
   else
     quantise_operand(dy_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, false, grad_format());
@@ -304,8 +339,13 @@ bool Fp8Linears::backward_dx(const bf16* dy, int64_t lddy, int64_t N, int64_t ro
 
 bool Fp8Linears::input_t(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
   xtN_ = xtK_ = 0;
+  xt_use_ = &xt_;
   if (!aligned(N) || !aligned(K)) return false;
-  quantise_operand(xt_, in_sites_, site_id, "input", x, N, K, ldx, true, DeviceOps::Fp8::e4m3);
+  const auto kept = kept_t_.find(site_id);
+  if (kept != kept_t_.end() && kept->second.epoch == epoch_ && kept->second.src == Src{x, N, K, ldx})
+    xt_use_ = &kept->second.q;  // made in this step's forward from the same source
+  else
+    quantise_operand(xt_, in_sites_, site_id, "input", x, N, K, ldx, true, DeviceOps::Fp8::e4m3);
   xtN_ = N;
   xtK_ = K;
   return true;
@@ -319,8 +359,9 @@ bool Fp8Linears::backward_dw(const bf16* dy, int64_t lddy, int64_t N, int64_t ro
                               quantise_given(dyt_, dy, N, rows, lddy, true, grad_format(), dy_.sc())))
     quantise_operand(dyt_, grad_sites_, site_id, "gradient", dy, N, rows, lddy, true, grad_format());
   dyt_src_ = {};
-  ops_.gemm_fp8(rows, K, N, dyt_.q.get(), grad_format(), dyt_.sc(), dyt_.nscale, xt_.q.get(),
-                DeviceOps::Fp8::e4m3, xt_.sc(), xt_.nscale, opt_.blockwise ? 2 : 0, 1.0, dW, K, true);
+  const Quantised& xt = *xt_use_;
+  ops_.gemm_fp8(rows, K, N, dyt_.q.get(), grad_format(), dyt_.sc(), dyt_.nscale, xt.q.get(), DeviceOps::Fp8::e4m3,
+                xt.sc(), xt.nscale, opt_.blockwise ? 2 : 0, 1.0, dW, K, true);
   ++stats_.fp8_gemms;
   return true;
 }

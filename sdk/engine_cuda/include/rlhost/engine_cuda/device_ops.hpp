@@ -90,6 +90,11 @@ class DeviceOps {
   // quantize_fp8's call on such a handle (its scale: one float).
   void quantize_fp8(const sdk::Op& op, const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f,
                     void* q, float* scale, const DelayedScaling& d);
+  // The same handle asked for x and x^T (qt [C, R]) in one pass (transpose = 2 on the call), with
+  // the site's one history. Throws where the provider does not run that form (Fp8Linears probes
+  // it once at setup).
+  void quantize_fp8_both(const sdk::Op& op, const void* x, int64_t R, int64_t C, int64_t ldx, Fp8 f, void* q,
+                         void* qt, float* scale, const DelayedScaling& d);
   // A stateful handle's state as the provider writes it (state_save), and back (state_load).
   // The provider waits for the device in both: checkpoints only, never inside a step.
   static std::string op_state(const sdk::Op& op);

@@ -21,10 +21,11 @@
 // a group's gradient site by the parameter index of its first weight. Weights keep current
 // scaling (one quantisation per call from the bf16 copy: its amax is exact and costs nothing to
 // keep). TransformerEngine keeps one history per module for X, W and dY and transposes the FP8
-// data, so X^T shares X's scale; here X^T and dY^T are quantised from bf16 (cuBLASLt's
-// K-major operands), so they keep histories of their own, which see the same amaxes as X's and
-// dY's when each forward is followed by one backward. state() / load_state() are the
-// histories, for checkpoints.
+// data, so X^T shares X's scale. Here, where the provider runs a site's handle with both copies
+// (transpose = 2, probed at setup), X^T and dY^T are made beside X and dY with the site's one
+// history; otherwise they are quantised from bf16 with histories of their own, which see the
+// same amaxes as X's and dY's when each forward is followed by one backward. state() /
+// load_state() are the histories, for checkpoints.
 //
 // A product whose shape FP8 cannot take (K, rows or tokens not multiples of 16, of 128 for
 // blockwise) runs in bf16 instead; stats() counts both, so a run can show how much ran in FP8.
@@ -127,10 +128,12 @@ class Fp8Linears {
   // provider offers that form (the caller then quantises in full).
   bool quantise_given(Quantised& out, const bf16* x, int64_t R, int64_t C, int64_t ldx, bool transpose,
                       DeviceOps::Fp8 f, const float* scale);
-  // x into `out` and x^T into `out_t` in one pass, per tensor (current scaling): false where no
-  // provider offers that form.
+  // x into `out` and x^T into `out_t` in one pass with one per-tensor scale, kept in `out` (in
+  // `out_t` with scale_in_t: the copy that outlives the other), the other copy pointing at it.
+  // With `op` (delayed scaling) the site's handle runs it with its history. False where the
+  // provider has no such form.
   bool quantise_both(Quantised& out, Quantised& out_t, const bf16* x, int64_t R, int64_t C, int64_t ldx,
-                     DeviceOps::Fp8 f);
+                     DeviceOps::Fp8 f, bool scale_in_t = false, const sdk::Op* op = nullptr);
   // W's copy (transposed: W^T [K, rows]) for this call.
   const Quantised& weight(const bf16* W, int64_t rows, int64_t K, bool transposed);
   bool aligned(int64_t n) const { return n % (opt_.blockwise ? 128 : 16) == 0; }
@@ -167,6 +170,19 @@ class Fp8Linears {
     bool operator==(const Src&) const = default;
   } dy_src_, dyt_src_;  // dyt_src_: dY^T made beside dY (backward_dw then quantises nothing)
   bool train_ = false;
+  // X^T made beside X in a training call's forward, per input site, for that step's dW: used
+  // when the backward passes the same source (pointer, shape, stride) in the same call. Costs a
+  // byte per element of each FP8 linear's input while the step runs; saves the backward's pass
+  // over X (and its amax). Under pipeline schedules another micro-batch's forward may replace a
+  // site's copy first: the source then differs and X^T is quantised again.
+  struct KeptT {
+    Quantised q;
+    Src src;
+    int64_t epoch = -1;
+  };
+  std::unordered_map<int64_t, KeptT> kept_t_;
+  const Quantised* xt_use_ = &xt_;  // dW's X^T: xt_, or a kept one
+  bool delayed_both_ = false;       // the provider runs a delayed-scaling handle with transpose = 2
   int64_t xN_ = 0, xK_ = 0;  // the shape `input` quantised (x_), and `input_t` (xt_)
   int64_t xtN_ = 0, xtK_ = 0;
   std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
