@@ -63,21 +63,24 @@ __device__ __forceinline__ unsigned warp_max(unsigned b) {
   return b;
 }
 
+// The block's max, in every thread (it synchronises; every thread calls it).
+__device__ __forceinline__ unsigned block_max(unsigned m) {
+  __shared__ unsigned part[32];
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = 0;
+  for (int k = 0; k < int(blockDim.x >> 5); ++k) m = max(m, part[k]);
+  return m;
+}
+
 // The block's max into *bits: one atomic per block. Thousands of blocks sending one atomic per
 // warp to one address serialised at L2: that, not the reads, made the amax pass of the 1B FP8
 // step 3.6x slower than a quantisation pass over the same data (ncu, H100, 2026-12-06). Every
-// thread of the block calls it (it synchronises).
+// thread of the block calls it.
 __device__ __forceinline__ void block_max_into(unsigned m, unsigned* bits) {
-  __shared__ unsigned part[32];
-  m = warp_max(m);
-  const int w = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
-  if (lane == 0) part[w] = m;
-  __syncthreads();
-  if (w == 0) {
-    m = lane < int(blockDim.x >> 5) ? part[lane] : 0u;
-    m = warp_max(m);
-    if (lane == 0 && m != 0) atomicMax(bits, m);
-  }
+  m = block_max(m);
+  if (threadIdx.x == 0 && m != 0) atomicMax(bits, m);
 }
 
 __device__ __forceinline__ float scale_of(float a, float fmax, float mult) {
@@ -329,17 +332,6 @@ __global__ void __launch_bounds__(256) tile_transposed_kernel(Source s, Fmt f, f
       if (r0 + a < s.R) qr[a] = to_fp8(d(v[i]), f);
     }
   }
-}
-
-// The block's max, in every thread (it synchronises; every thread calls it).
-__device__ __forceinline__ unsigned block_max(unsigned m) {
-  __shared__ unsigned part[32];
-  m = warp_max(m);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
-  __syncthreads();
-  m = 0;
-  for (int k = 0; k < int(blockDim.x >> 5); ++k) m = max(m, part[k]);
-  return m;
 }
 
 // One block of 256 threads per 128x128 block of q; blocks past the last column of blocks write

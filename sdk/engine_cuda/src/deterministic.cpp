@@ -89,7 +89,7 @@ void CudaEngine::Impl::det_attention(const cuda::DeviceOps::Attention& at) {
   const int32_t* table = slots + N;
   det_ops->kv_cache_write(at.k, at.ldk, at.v, at.ldv, N, slots, c);
   det_ops->paged_attention(at.o, at.ldo, at.q, at.ldq, N, at.Hq, c, table, det_width, pos, at.scale, at.window,
-                       at.softcap);
+                           at.softcap);
 }
 
 void CudaEngine::Impl::det_head(const OutputRequest& req, int64_t N) {

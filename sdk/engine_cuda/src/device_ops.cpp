@@ -140,7 +140,6 @@ void DeviceOps::quantize_fp8(const void* x, int64_t R, int64_t C, int64_t ldx, b
 bool DeviceOps::quantize_fp8_given(const void* x, int64_t R, int64_t C, int64_t ldx, bool transpose, Fp8 f, void* q,
                                    const float* scale) {
   const char* key = &g_quant_given_keys[int(f) * 2 + (transpose ? 1 : 0)];
-  if (refused_.count(key)) return false;
   Args a(dev_);
   const std::array<rlh_named_value, 2> at = {attr_int("grouping", 0), attr_int("transpose", transpose ? 1 : 0)};
   const int64_t rows = transpose ? C : R, inner = transpose ? R : C;
@@ -152,7 +151,6 @@ bool DeviceOps::quantize_fp8_given(const void* x, int64_t R, int64_t C, int64_t 
 bool DeviceOps::quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t ldx, Fp8 f, void* q, void* qt,
                                   float* scale) {
   const char* key = &g_quant_both_keys[int(f)];
-  if (refused_.count(key)) return false;
   Args a(dev_);
   const std::array<rlh_named_value, 2> at = {attr_int("grouping", 0), attr_int("transpose", 2)};
   const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
@@ -163,6 +161,7 @@ bool DeviceOps::quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t l
 
 bool DeviceOps::run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
                              const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
+  if (refused_.count(key)) return false;
   if (!ops_.count(key)) {
     try {
       op(key, name, in, out, attrs);
