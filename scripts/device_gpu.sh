@@ -515,17 +515,37 @@ if [ "$what" = mpi ]; then
 fi
 if [ "$what" = genprofile ]; then
   # Where a decoding step's time goes: the generator benchmark alone (no HF peer: a quick look,
-  # not a result), then Nsight Compute's per-kernel durations over a few decoding steps at batch
-  # 1 and 256, op by op (graphs off; the kernels are the same). Clocks left alone (METHOD.md).
-  echo "== bench_generator_cuda (alone) =="
-  "$bin/bench_generator_cuda" --shape llama1b --case all --prompt 128 --new 256 --repeats 2 2>&1 | tee "$out/genbench_alone.log" | grep -v "^RESULT"
-  for c in "b1 2500" "b256 4500"; do
-    set -- $c
-    echo "== ncu: $1, ~3 decoding steps =="
-    ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --launch-skip "$2" \
-      --launch-count 700 "$bin/bench_generator_cuda" --shape llama1b --case "$1" --prompt 128 --new 32 --repeats 1 \
-      --no-graphs > "$out/ncu_$1.log" 2>&1
-    grep -E "gpu__time_duration.sum|^  [A-Za-z_]" "$out/ncu_$1.log" | cut -c1-150 | head -80
+  # not a result), then Nsight Compute's per-kernel durations over a few decoding steps, op by op
+  # (graphs off; the kernels are the same). Clocks left alone (METHOD.md).
+  #   GENPROF_CASES="b1:2500 b256:4500"  case:launches skipped (past the prefill)
+  #   GENPROF_FP8="0 1"                  bf16 weights, then FP8 rollouts (the vendor's plugin)
+  #   GENPROF_BENCH=0                    without the benchmark first
+  if [ "${GENPROF_BENCH:-1}" != 0 ]; then
+    echo "== bench_generator_cuda (alone) =="
+    "$bin/bench_generator_cuda" --shape llama1b --case all --prompt 128 --new 256 --repeats 2 2>&1 | tee "$out/genbench_alone.log" | grep -v "^RESULT"
+  fi
+  for f in ${GENPROF_FP8:-0}; do
+    for c in ${GENPROF_CASES:-b1:2500 b256:4500}; do
+      name=${c%%:*} skip=${c##*:} flag=
+      [ "$f" = 1 ] && flag=--fp8 && name=${name}_fp8
+      echo "== ncu: ${c%%:*} ${flag}, ~3 decoding steps =="
+      RLH_TEST_PLUGIN_DIR=$fp8_plugins timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --metrics gpu__time_duration.sum \
+        --csv --launch-skip "$skip" --launch-count 700 "$bin/bench_generator_cuda" --shape llama1b \
+        --case "${c%%:*}" --prompt 128 --new 32 --repeats 1 --no-graphs $flag > "$out/ncu_$name.csv" 2>&1
+      python3 - "$out/ncu_$name.csv" <<'PY'
+import collections, csv, sys
+# One row per launch (ncu --csv: kernel name in column 4, duration in ns in column 14); total per kernel.
+tot, cnt = collections.defaultdict(float), collections.Counter()
+for r in csv.reader(open(sys.argv[1], errors="replace")):
+    if len(r) == 15 and r[0].isdigit():
+        tot[r[4][:100]] += float(r[14].replace(",", "")) / 1e3
+        cnt[r[4][:100]] += 1
+all_us = sum(tot.values()) or 1
+for k, t in sorted(tot.items(), key=lambda x: -x[1])[:24]:
+    print(f"{t:9.1f} us {100 * t / all_us:5.1f}%  {t / cnt[k]:8.2f} us x {cnt[k]:4}  {k}")
+print(f"{all_us:9.1f} us in all, {sum(cnt.values())} launches")
+PY
+    done
   done
 fi
 if [ "$what" = pagedmma ]; then

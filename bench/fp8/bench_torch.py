@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's peer of bench_fp8_gemm on the same GPU: torch._scaled_mm at M x N x K with e4m3
-operands and bf16 output, per-tensor scales, and (where this PyTorch has it) DeepSeek-V3 block
+operands (randn / 4, as bench_fp8_gemm draws them) and bf16 output, per-tensor scales (with and
+without fast accumulation), and (where this PyTorch has it) DeepSeek-V3 block
 scales (A 1x128 tiles, B 128x128 blocks). CUDA events around each call, warm-ups, median.
    RESULT impl=torch name=<case> shape=MxNxK value=<TFLOP/s> unit=TFLOP/s ms=<per call>"""
 import argparse
@@ -40,6 +41,8 @@ def result(name, ms):
 
 one = torch.ones((), device=dev)
 result("fp8_gemm_tensor", time_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)))
+result("fp8_gemm_tensor_fast_accum",
+       time_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)))
 try:
     kb = (K + 127) // 128
     sa = torch.ones(kb, M, device=dev).t()  # [M, K/128], M fastest
