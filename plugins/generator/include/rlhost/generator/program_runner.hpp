@@ -117,7 +117,10 @@ class ProgramRunner {
                 ++i;
                 continue;
               }
-            } else if (i + 1 == lp.steps.size() && int(st.out.value) == out_root && l + 1 < L &&
+            } else if (i + 1 == lp.steps.size() && lp.root(int(st.out.value)) == out_root && l + 1 < L &&
+                       // (roots: an add's output is a value of its own sharing its input's storage;
+                       // comparing the values themselves never matched, so until 2026-12-06 the
+                       // boundary ran as an add and a norm)
                        lead_norm_fusable(prog.layers[size_t(l + 1)], C)) {
               const sdk::LayerStep& nx = prog.layers[size_t(l + 1)].steps[0];
               T* yn = b_.norm_scratch(int(l % 2));
