@@ -17,10 +17,10 @@
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
-#     decodeab: batch-1 decoding with each 2026-12-06 change withheld in turn (the streaming few-row
-#               gemm, fused add + norm, gate|up with its GLU, PDL, gemv's preload, gate|up on the few-row
-#               gemm, whole rows in paged attention; DECODEAB_VARIANTS picks) and the kernel tests that
-#               hold them bitwise
+#     decodeab: batch-1 decoding with each 2026-12-06 change withheld in turn (fused add + norm,
+#               gate|up with its GLU, PDL, gemv's preload, gate|up on the few-row gemm, whole rows in
+#               paged attention; DECODEAB_VARIANTS picks, DECODEAB_CASES="b1 b64") and the kernel tests
+#               that hold them bitwise
 #     pagedmma: paged_attention's tensor-core kernel (the default; =0 the SIMT one): tests, check-kernels, bench A/B
 #     fp8profile: ncu's per-kernel times of one 1B training step, bf16 and FP8 (FP8_PROFILE="none blockwise"), by kind
 #     parity: the deterministic mode's bitwise train-generation parity (tests, the sample op's
@@ -454,12 +454,14 @@ if [ "$what" = decodeab ]; then
   "$bin/test_cuda_kernels" --gtest_brief=1 --gtest_filter='CudaElementwise.AddRmsnorm*:CudaGemm.*' 2>&1 |
     tee "$out/decodeab_kernels.log" | grep -E "^\[  (PASSED|FAILED)|Failure|gemm bf16.*tb=1 [1-4]x" | head -20
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  # DECODEAB_VARIANTS picks the variants (ALL=1: everything on); the default adds the streaming
-  # few-row gemm withheld (RLH_KCUDA_GEMV_STREAM=0: one tile a block, 2026-12-06 seventeenth session).
-  for v in ${DECODEAB_VARIANTS:-ALL=1 RLH_KCUDA_GEMV_STREAM=0 RLH_KCUDA_WITHHOLD=add_rmsnorm_fwd RLH_KCUDA_WITHHOLD=gemm_glu_fwd RLH_KCUDA_PDL=0 RLH_KCUDA_GEMV_PRELOAD=0 RLH_KCUDA_GEMV_MAX=33554432 RLH_KCUDA_PAGED_MIN_TILES=8}; do
-    echo "== bench_generator_cuda b1 with $v =="
-    env "$v" "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
-      tee -a "$out/decodeab_bench.log" | grep -E "^b1 |rror" | cut -c1-120
+  # DECODEAB_VARIANTS picks the variants (ALL=1: everything on).
+  # A variant may set several variables, comma-separated; DECODEAB_CASES="b1 b64" (default b1).
+  for c in ${DECODEAB_CASES:-b1}; do
+    for v in ${DECODEAB_VARIANTS:-ALL=1 RLH_KCUDA_WITHHOLD=add_rmsnorm_fwd RLH_KCUDA_WITHHOLD=gemm_glu_fwd RLH_KCUDA_PDL=0 RLH_KCUDA_GEMV_PRELOAD=0 RLH_KCUDA_GEMV_MAX=33554432 RLH_KCUDA_PAGED_MIN_TILES=8}; do
+      echo "== bench_generator_cuda $c with $v =="
+      env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 --new 256 --repeats 2 2>&1 |
+        tee -a "$out/decodeab_bench.log" | grep -E "^$c |rror" | cut -c1-120
+    done
   done
   # Where a graph-replayed batch-1 step's time goes, kernel by kernel inside the graphs (ncu
   # serialises kernels and adds microseconds to each; nsys traces the graphs' nodes as they run).

@@ -186,12 +186,6 @@ struct StepBuffers {
   float* logprobs = nullptr;
 };
 
-// An integer from the environment, else `fallback`.
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* e = std::getenv(name);
-  return e && *e ? int64_t(std::atoll(e)) : fallback;
-}
-
 // ProgramRunner's backend on the device (its interface: program_runner.hpp).
 class CudaBackend {
  public:
@@ -213,30 +207,6 @@ class CudaBackend {
   int64_t samples = 0;
 
   const Bf16* w(int64_t p) const { return p < 0 ? nullptr : weights + m_.weights().arena_offset(size_t(p)); }
-  // Weights asked into L2 ahead of their products (ProgramRunner::Ahead), on `side`: forked from
-  // the step's stream at the hint, joined back at the step's end (join_hints), so in a captured
-  // graph they are a branch beside the small kernels. Bytes a step keeps asked for ahead: at up
-  // to RLH_GEN_L2_PREFETCH_ROWS rows (default 4: the few-row products, which stream their
-  // weights), RLH_GEN_L2_PREFETCH_MB (default 24, half an H100's or H200's L2; 0: off).
-  cudaStream_t side = nullptr;
-  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-  bool forked = false;
-  int64_t l2_prefetch_bytes(int64_t R) const {
-    static const int64_t rows = env_int("RLH_GEN_L2_PREFETCH_ROWS", 4), mb = env_int("RLH_GEN_L2_PREFETCH_MB", 24);
-    return side && R <= rows ? mb << 20 : 0;
-  }
-  void hint_weights(const Bf16* p, int64_t elems) {
-    ck(cudaEventRecord(fork_ev, s_), "weights ahead: fork");
-    ck(cudaStreamWaitEvent(side, fork_ev, 0), "weights ahead: fork");
-    engine::cuda::l2_prefetch(p, size_t(elems) * 2, side);
-    forked = true;
-  }
-  void join_hints() {
-    if (!forked) return;
-    ck(cudaEventRecord(join_ev, side), "weights ahead: join");
-    ck(cudaStreamWaitEvent(s_, join_ev, 0), "weights ahead: join");
-    forked = false;
-  }
   Bf16* residual(int i) { return buf->xs[i]; }
   Bf16* values() { return buf->values; }
   Bf16* mla_scratch() { return buf->mla; }
@@ -424,12 +394,6 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     ops_ = std::make_unique<DeviceOps>(*opt_.kernels, opt_.device, stream_);
     ops_->set_batch_invariant_gemm(opt_.batch_invariant);
     b_ = std::make_unique<CudaBackend>(m_, *ops_, stream_);
-    ck(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "stream");
-    ck(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "event");
-    ck(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "event");
-    b_->side = side_;
-    b_->fork_ev = fork_;
-    b_->join_ev = join_;
     plan();
     if (opt_.fp8.enabled) plan_fp8();
     m_.weights().set_device_sink(this);  // a colocated trainer's device views refit in place
@@ -440,10 +404,6 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     cudaSetDevice(opt_.device);
     if (stream_) cudaStreamSynchronize(stream_);
     drop_graphs();
-    if (side_) cudaStreamSynchronize(side_);
-    if (fork_) cudaEventDestroy(fork_);
-    if (join_) cudaEventDestroy(join_);
-    if (side_) cudaStreamDestroy(side_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -750,7 +710,6 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     ProgramRunner<CudaBackend> run(m_, *b_);
     const Bf16* x = run.layers(R);
     run.head(x, R, S);
-    b_->join_hints();
   }
 
   // Captures the step just run (R rows, tables W wide) as a graph. A failure turns graphs off
@@ -766,7 +725,6 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       err = e.what();
     }
     const cudaError_t e = cudaStreamEndCapture(stream_, &g);
-    b_->forked = false;  // (a capture that threw may have left the side stream forked)
     if (err.empty() && e != cudaSuccess) err = std::string("capture: ") + cudaGetErrorString(e);
     cudaGraphExec_t exec = nullptr;
     if (err.empty()) {
@@ -967,8 +925,6 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   DecodeModel& m_;
   CudaExecutorOptions opt_;
   cudaStream_t stream_ = nullptr;
-  cudaStream_t side_ = nullptr;  // CudaBackend::side: weights asked into L2 ahead
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   std::unique_ptr<DeviceOps> ops_;
   std::unique_ptr<CudaBackend> b_;
   int64_t rmax_ = 0, smax_ = 0, gmax_ = 0, table_cap_ = 0;

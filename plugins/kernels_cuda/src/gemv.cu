@@ -5,7 +5,6 @@
 // over few blocks (7 us for a 2048 x 2048 weight that streams in 2.5 us at the H200's bandwidth);
 // here every SM streams its share. Not batch-invariant (a row's sums differ from the tiled
 // kernels'), so gemm with batch_invariant = 1 never comes here.
-#include <algorithm>
 #include <cstdlib>
 
 #include "glu_act.cuh"
@@ -28,54 +27,6 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b)
     const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
     acc = fmaf(u.x, v.x, acc);
     acc = fmaf(u.y, v.y, acc);
-  }
-}
-
-// A column's sums: the warp's lanes added, then (WPC > 1) the parts' sums in part order through
-// shared memory, and lane 0 of part 0 writes C (with the bias, or the GLU of gate and up).
-// Every warp of the block calls it (it meets at a barrier when WPC > 1).
-template <int R, class TC, int WPC, int ACT, int NB>
-__device__ __forceinline__ void finish(const GemmArgs& g, float (&acc)[NB][R], float (&part_sum)[kWarps][NB][kGemvRows],
-                                       int64_t n, bool live) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % WPC;
-#pragma unroll
-  for (int h = 0; h < NB; ++h)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[h][r] = warp_sum(acc[h][r]);
-  if constexpr (WPC > 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int h = 0; h < NB; ++h)
-#pragma unroll
-        for (int r = 0; r < R; ++r) part_sum[warp][h][r] = acc[h][r];
-    }
-    __syncthreads();
-    if (part == 0) {
-#pragma unroll
-      for (int h = 0; h < NB; ++h)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float v = 0.f;
-#pragma unroll
-          for (int q = 0; q < WPC; ++q) v += part_sum[warp + q][h][r];  // in part order
-          acc[h][r] = v;
-        }
-    }
-  }
-  if (lane == 0 && part == 0 && live) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if constexpr (ACT >= 0) {
-        const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
-        const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
-        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
-      } else {
-        float v = acc[0][r];
-        if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
-                                                  : static_cast<const float*>(g.bias)[n];
-        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
-      }
-    }
   }
 }
 
@@ -145,93 +96,44 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
       if (c0 + 32 * kAhead < c_end) load_round(c0 + 32 * kAhead);
     }
   }
-  finish<R, TC, WPC, ACT, NB>(g, acc, part_sum, n, live);
-}
-
-// The streaming form (2026-12-06): as many blocks as the GPU holds at once, each walking tiles of
-// kCols columns t, t + gridDim.x, ..., with the next tile's round of B in flight while the
-// current one is summed. Why: with one tile a block, a block's warps issue their one round and
-// wait; blocks then come and go in waves (a 1B model's down projection is ~4 waves of 1024
-// blocks at 2 blocks an SM), and every wave starts with an idle memory round trip. Only where a
-// warp's part of K is one round (per <= 32 kAhead chunks: K <= 2048 WPC); the lanes sum the same
-// chunks in the same order and the parts meet in the same order, so C is bitwise the one-tile
-// kernel's.
-template <int R, class TC, int WPC, int ACT>
-__global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(GemmArgs g) {
-  constexpr int kCols = kWarps / WPC;
-  constexpr int NB = ACT >= 0 ? 2 : 1;
-  __shared__ float part_sum[kWarps][NB][kGemvRows];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % WPC;
-  const int64_t chunks = g.K / 8, per = (chunks + WPC - 1) / WPC;
-  const int64_t c_begin = part * per, c_end = c_begin + per < chunks ? c_begin + per : chunks;
-  const int64_t c0 = c_begin + lane, tiles = (g.N + kCols - 1) / kCols;
-  auto load = [&](uint4(&bv)[NB][kAhead], int64_t t) {
-    const int64_t n = t * kCols + warp / WPC;
-    if (n >= g.N) return;
 #pragma unroll
-    for (int h = 0; h < NB; ++h) {
-      const uint4* b = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.B) + (n + h * g.N) * g.ldb);
+  for (int h = 0; h < NB; ++h)
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u)
-        if (c0 + 32 * u < c_end) bv[h][u] = __ldcs(b + c0 + 32 * u);  // streamed: read once
+    for (int r = 0; r < R; ++r) acc[h][r] = warp_sum(acc[h][r]);
+  if constexpr (WPC > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int h = 0; h < NB; ++h)
+#pragma unroll
+        for (int r = 0; r < R; ++r) part_sum[warp][h][r] = acc[h][r];
     }
-  };
-  auto sum = [&](const uint4(&bv)[NB][kAhead], int64_t t) {
-    const int64_t n = t * kCols + warp / WPC;
-    const bool live = n < g.N;
-    float acc[NB][R];
+    __syncthreads();
+    if (part != 0) return;
 #pragma unroll
     for (int h = 0; h < NB; ++h)
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[h][r] = 0.f;
-    if (live) {
+      for (int r = 0; r < R; ++r) {
+        float v = 0.f;
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        if (c0 + 32 * u >= c_end) break;
+        for (int q = 0; q < WPC; ++q) v += part_sum[warp + q][h][r];  // in part order
+        acc[h][r] = v;
+      }
+  }
+  if (lane == 0 && live) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const uint4 av = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.A) + r * g.lda)[c0 + 32 * u];
-#pragma unroll
-          for (int h = 0; h < NB; ++h) fma8(acc[h][r], av, bv[h][u]);
-        }
+    for (int r = 0; r < R; ++r) {
+      if constexpr (ACT >= 0) {
+        const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
+        const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
+        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
+      } else {
+        float v = acc[0][r];
+        if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
+                                                  : static_cast<const float*>(g.bias)[n];
+        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
       }
     }
-    finish<R, TC, WPC, ACT, NB>(g, acc, part_sum, n, live);
-    if constexpr (WPC > 1) __syncthreads();  // the next tile writes part_sum again
-  };
-  uint4 b0[NB][kAhead], b1[NB][kAhead];
-  const int64_t G = gridDim.x;
-  int64_t t = blockIdx.x;
-  if (t < tiles) load(b0, t);  // the weight does not depend on the kernel before: before pdl_wait
-  pdl_wait();
-  pdl_trigger();
-  for (; t < tiles; t += 2 * G) {  // the tiles' loop unrolled by two: b0 and b1 take turns
-    if (t + G < tiles) load(b1, t + G);
-    sum(b0, t);
-    if (t + G >= tiles) break;
-    if (t + 2 * G < tiles) load(b0, t + 2 * G);
-    sum(b1, t + G);
   }
-}
-
-// Whether the streaming form runs where it can (RLH_KCUDA_GEMV_STREAM=0: one tile a block, the
-// A/B of device_gpu.sh decodeab).
-bool gemv_stream() {
-  static const bool v = env_switch_on("RLH_KCUDA_GEMV_STREAM");
-  return v;
-}
-
-// Blocks of `kernel` the device holds at once (cached per kernel; the current device's).
-template <class K>
-int64_t resident_blocks(K kernel) {
-  static const int64_t v = [&] {
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0) != cudaSuccess)
-      return int64_t(0);
-    return int64_t(sms) * per_sm;
-  }();
-  return v;
 }
 
 // Whether the first round of the weight is loaded before pdl_wait (RLH_KCUDA_GEMV_PRELOAD=0:
@@ -242,23 +144,9 @@ bool gemv_preload() {
 }
 
 template <int R, int WPC, int ACT>
-void launch_wpc(const GemmArgs& g, GemvForm form, cudaStream_t s) {
+void launch_wpc(const GemmArgs& g, cudaStream_t s) {
   constexpr int kCols = kWarps / WPC;
   const unsigned grid = unsigned((g.N + kCols - 1) / kCols);
-  const bool stream = form == GemvForm::streaming || (form == GemvForm::chosen && gemv_stream());
-  if (stream && (g.K / 8 + WPC - 1) / WPC <= 32 * kAhead) {
-    auto run = [&](auto kernel) {
-      const int64_t held = resident_blocks(kernel);
-      if (held <= 0) return false;
-      launch_pdl(kernel, unsigned(std::min<int64_t>(grid, held)), kWarps * 32, 0, s, g);
-      return true;
-    };
-    if (g.c_dt == DType::bf16) {
-      if (run(gemv_stream_kernel<R, bf16, WPC, ACT>)) return;
-    } else if constexpr (ACT < 0) {
-      if (run(gemv_stream_kernel<R, float, WPC, ACT>)) return;
-    }
-  }
   const bool pre = gemv_preload();
   if (g.c_dt == DType::bf16) {
     if (pre)
@@ -276,25 +164,25 @@ void launch_wpc(const GemmArgs& g, GemvForm form, cudaStream_t s) {
 // Warps a column: enough that each warp's part is about one round (32 lanes x kAhead chunks
 // of 8 = 2048 elements), at most a block's 8.
 template <int R, int ACT>
-void launch(const GemmArgs& g, GemvForm form, cudaStream_t s) {
+void launch(const GemmArgs& g, cudaStream_t s) {
   const int64_t rounds = (g.K + 32 * kAhead * 8 - 1) / (32 * kAhead * 8);
   if (rounds >= 8)
-    launch_wpc<R, 8, ACT>(g, form, s);
+    launch_wpc<R, 8, ACT>(g, s);
   else if (rounds >= 4)
-    launch_wpc<R, 4, ACT>(g, form, s);
+    launch_wpc<R, 4, ACT>(g, s);
   else if (rounds >= 2)
-    launch_wpc<R, 2, ACT>(g, form, s);
+    launch_wpc<R, 2, ACT>(g, s);
   else
-    launch_wpc<R, 1, ACT>(g, form, s);
+    launch_wpc<R, 1, ACT>(g, s);
 }
 
 template <int ACT>
-void launch_rows(const GemmArgs& g, GemvForm form, cudaStream_t s) {
+void launch_rows(const GemmArgs& g, cudaStream_t s) {
   switch (g.M) {
-    case 1: launch<1, ACT>(g, form, s); break;
-    case 2: launch<2, ACT>(g, form, s); break;
-    case 3: launch<3, ACT>(g, form, s); break;
-    default: launch<4, ACT>(g, form, s); break;
+    case 1: launch<1, ACT>(g, s); break;
+    case 2: launch<2, ACT>(g, s); break;
+    case 3: launch<3, ACT>(g, s); break;
+    default: launch<4, ACT>(g, s); break;
   }
 }
 
@@ -322,21 +210,21 @@ static bool gemv_fits(const GemmArgs& g, int64_t b_rows) {
          b_rows * g.K <= gemv_max_weight();
 }
 
-bool gemv_rows(const GemmArgs& g, cudaStream_t s, GemvForm form) {
+bool gemv_rows(const GemmArgs& g, cudaStream_t s) {
   if (!gemv_fits(g, g.N)) return false;
-  launch_rows<-1>(g, form, s);
+  launch_rows<-1>(g, s);
   check_launch("gemm (few rows)");
   return true;
 }
 
-bool gemv_glu_rows(const GemmArgs& g, int act, cudaStream_t s, GemvForm form) {
+bool gemv_glu_rows(const GemmArgs& g, int act, cudaStream_t s) {
   if (!gemv_fits(g, 2 * g.N) || g.c_dt != DType::bf16 || g.bias || act < 0 || act > 2) return false;
   if (act == 0)
-    launch_rows<0>(g, form, s);
+    launch_rows<0>(g, s);
   else if (act == 1)
-    launch_rows<1>(g, form, s);
+    launch_rows<1>(g, s);
   else
-    launch_rows<2>(g, form, s);
+    launch_rows<2>(g, s);
   check_launch("gemm_glu (few rows)");
   return true;
 }

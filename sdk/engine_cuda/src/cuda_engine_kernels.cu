@@ -113,30 +113,6 @@ void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s) {
   check(cudaGetLastError(), "add_f32");
 }
 
-namespace {
-constexpr uint32_t kPrefetchChunk = 16384;  // bytes a prefetch instruction asks for
-__global__ void l2_prefetch_kernel(const char* p, size_t bytes) {
-  for (size_t off = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * kPrefetchChunk; off < bytes;
-       off += size_t(gridDim.x) * blockDim.x * kPrefetchChunk) {
-    const uint32_t n = uint32_t(bytes - off < kPrefetchChunk ? bytes - off : kPrefetchChunk);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-#else
-    (void)n;
-#endif
-  }
-}
-}  // namespace
-
-void l2_prefetch(const void* p, size_t bytes, cudaStream_t s) {
-  bytes &= ~size_t(15);
-  if (bytes == 0) return;
-  const size_t pieces = (bytes + kPrefetchChunk - 1) / kPrefetchChunk;
-  const unsigned threads = unsigned(std::min<size_t>(pieces, 256));
-  l2_prefetch_kernel<<<1, threads, 0, s>>>(static_cast<const char*>(p), bytes);
-  check(cudaGetLastError(), "l2_prefetch");
-}
-
 }  // namespace rlh::engine::cuda
 
 // ---------------------------------------------------------------------------------------------

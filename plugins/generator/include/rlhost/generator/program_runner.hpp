@@ -30,7 +30,6 @@
 //   void logits(const T* xn, const T* W, int64_t S)    the head's logits of xn [S, C] (float32, the backend's buffer)
 #pragma once
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -73,8 +72,6 @@ class ProgramRunner {
   T* layers(int64_t R) {
     const sdk::ModelProgram& prog = m_.program();
     const int64_t C = m_.hidden(), L = m_.num_layers();
-    ahead_.start(*this, R);
-    ahead_.top_up(*this);  // the first layer's products, while the embedding runs
     b_.embed(b_.residual(0), R);  // x [R,C]
     if (prog.embed_scale != 1) b_.scale(b_.residual(0), R * C, double(float(prog.embed_scale)));
     std::vector<T*> v;
@@ -102,10 +99,6 @@ class ProgramRunner {
       for (size_t i = 1; i < lp.values.size(); ++i)
         if (lp.values[i].storage >= 0) v[i] = v[size_t(lp.root(int(i)))];
       for (size_t i = first; i < lp.steps.size(); ++i) {
-        if (lp.steps[i].op == sdk::StepOp::linear)
-          ahead_.consume(l, i);  // (also where it runs fused with its GLU)
-        else
-          ahead_.top_up(*this);
         // A residual add and the norm that reads its sum: one add_norm where the backend offers
         // it, into the norm's value (the next step of this layer) or into norm_scratch for the
         // next layer's first step (a decoding step at batch 1 is ~190 launches, two of these a
@@ -375,78 +368,8 @@ class ProgramRunner {
     }
   }
 
-  // Weights asked into L2 ahead of their products (backends with l2_prefetch_bytes and
-  // hint_weights: the GPU executor at small batch). A step at batch 1-4 streams every weight once
-  // and runs a dozen small kernels a layer (norms, RoPE, the cache write, attention) that leave
-  // the memory idle; before each of those, the weights of the next products (in program order,
-  // across layers, then the head) are asked for up to `budget` bytes not yet consumed, so they
-  // stream in meanwhile and the products read them from L2. Hints only: no value changes.
-  struct Ahead {
-    struct Piece {
-      int64_t layer;
-      size_t step;
-      const T* w;
-      int64_t elems, hinted;
-    };
-    std::vector<Piece> pieces;
-    size_t next = 0;
-    int64_t budget = 0, outstanding = 0;
-
-    void start(ProgramRunner& pr, int64_t R) {
-      pieces.clear();
-      next = 0;
-      outstanding = 0;
-      budget = 0;
-      if constexpr (requires { pr.b_.l2_prefetch_bytes(R); pr.b_.hint_weights(static_cast<const T*>(nullptr), 0); }) {
-        budget = pr.b_.l2_prefetch_bytes(R);
-        if (budget <= 0) return;
-        const sdk::ModelProgram& prog = pr.m_.program();
-        const sdk::TransformerDesc& desc = pr.m_.desc();
-        auto elems = [&](int64_t p) {
-          int64_t e = 1;
-          for (int64_t x : desc.params[size_t(p)].shape) e *= x;
-          return e;
-        };
-        for (int64_t l = 0; l < pr.m_.num_layers(); ++l) {
-          const sdk::LayerProgram& lp = prog.layers[size_t(l)];
-          for (size_t i = 0; i < lp.steps.size(); ++i)
-            if (lp.steps[i].op == sdk::StepOp::linear)
-              for (int64_t p : lp.steps[i].weights) pieces.push_back({l, i, pr.b_.w(p), elems(p), 0});
-        }
-        if (prog.head >= 0) pieces.push_back({pr.m_.num_layers(), 0, pr.b_.w(prog.head), elems(prog.head), 0});
-      }
-    }
-    // Ask for the next pieces until `budget` bytes are asked for and not yet read.
-    void top_up(ProgramRunner& pr) {
-      if constexpr (requires { pr.b_.hint_weights(static_cast<const T*>(nullptr), 0); }) {
-        while (budget > 0 && next < pieces.size() && outstanding < budget) {
-          Piece& pc = pieces[next];
-          const int64_t n = std::min<int64_t>(pc.elems - pc.hinted, (budget - outstanding) / int64_t(sizeof(T)));
-          if (n <= 0) break;
-          pr.b_.hint_weights(pc.w + pc.hinted, n);
-          pc.hinted += n;
-          outstanding += n * int64_t(sizeof(T));
-          if (pc.hinted == pc.elems) ++next;
-        }
-      }
-    }
-    // Layer l's step i runs now: what was asked of its weights is read; none of them is asked for
-    // from here on.
-    void consume(int64_t l, size_t i) {
-      if (budget <= 0) return;
-      for (size_t k = 0; k < pieces.size(); ++k) {
-        Piece& pc = pieces[k];
-        if (pc.layer != l || pc.step != i) continue;
-        outstanding -= pc.hinted * int64_t(sizeof(T));
-        pc.hinted = pc.elems;
-        if (next <= k) next = k + 1;
-      }
-    }
-  };
-
   const DecodeModel& m_;
   B& b_;
-  Ahead ahead_;
 };
 
 }  // namespace rlh::gen

@@ -73,15 +73,11 @@ void gemm_fallback(const GemmArgs& a, cudaStream_t s);
 // most 64 Mi elements (RLH_KCUDA_GEMV_MAX; alpha 1, beta 0): a decoding step's linears at batch
 // 1-4 (gemv.cu). Returns false, launching nothing, for anything else.
 inline constexpr int64_t kGemvRows = 4;
-// Its two kernels (bitwise the same C): one tile of columns a block, or as many blocks as the GPU
-// holds each walking tiles with the next one's weights in flight (where a warp's part of K is one
-// round). `chosen`: streaming unless RLH_KCUDA_GEMV_STREAM=0; the others are for the tests.
-enum class GemvForm { chosen, one_tile, streaming };
-bool gemv_rows(const GemmArgs& a, cudaStream_t s, GemvForm form = GemvForm::chosen);
+bool gemv_rows(const GemmArgs& a, cudaStream_t s);
 // The same with B = gate | up [2N, K] and C [M, N] bf16 = act(gate) * up, the product's halves
 // rounded to bf16 first (gemm then swiglu_fwd / geglu_fwd, bitwise). act 0: silu; 1: gelu (tanh
 // form); 2: gelu (erf). No bias. False, launching nothing, where the few-row path does not apply.
-bool gemv_glu_rows(const GemmArgs& a, int act, cudaStream_t s, GemvForm form = GemvForm::chosen);
+bool gemv_glu_rows(const GemmArgs& a, int act, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // embedding: out[n] = table[ids[n]] (ids outside [0,V) give zero rows and set *err).

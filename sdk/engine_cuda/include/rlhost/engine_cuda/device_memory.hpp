@@ -102,11 +102,5 @@ class PinnedBuffer {
 void cast_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t s);
 // dst[i] += src[i] in fp32 (FSDP: a reduce-scattered gradient block into the accumulated one).
 void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s);
-// Asks the memory system to bring [p, p + bytes) into L2 (cp.async.bulk.prefetch: a hint, no
-// data moves through the SMs, the kernel ends at once). A decoding step at batch 1-4 runs it on
-// a side stream so the next products' weights stream in while the small kernels before them
-// (RoPE, the cache write, attention, the norms) leave the memory idle. p 16-byte aligned; the
-// bytes past the last multiple of 16 are left out.
-void l2_prefetch(const void* p, size_t bytes, cudaStream_t s);
 
 }  // namespace rlh::engine::cuda
