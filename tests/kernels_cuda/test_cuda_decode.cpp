@@ -232,9 +232,15 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
     a.v_cache = gbcache.p + gkfl;
     std::memcpy(a.kc_strides, gks, sizeof(gks));
     std::memcpy(a.vc_strides, gvs, sizeof(gvs));
-    kc::paged_attention(a, nullptr);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_LT(rel(from_bf16(bout.get())), 1e-2) << "bf16, generator layout, window " << window;
+    // the partitions combined in the block (the default where they fit) and through global memory
+    for (const int block_combine : {1, 0}) {
+      a.block_combine = block_combine;
+      kc::paged_attention(a, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_LT(rel(from_bf16(bout.get())), 1e-2)
+          << "bf16, generator layout, window " << window << ", block combine " << block_combine;
+      a.block_combine = -1;
+    }
     // Batch invariance, asked for (batch_invariant, the generator's deterministic mode; without
     // it the tensor-core kernel picks its partitions per launch): each checked row alone, with a
     // table 8 entries wider (more partitions), gives its row of the batch bit for bit.

@@ -38,6 +38,7 @@ namespace {
 constexpr int kBK = 64;                                // keys per tile (attention_fwd's BK)
 constexpr int64_t kChunkBytes = int64_t(16) << 20;     // partials of one launch's rows at most
 constexpr int64_t kTargetWarps = 2048;                 // enough warps to fill an H200 a few times
+constexpr size_t kMaxBlockSmem = 220 * 1024;           // shared memory a block may take (sm_90: 227 KiB)
 
 __host__ __device__ inline int64_t partial_floats(int64_t Dv) { return Dv + 2; }
 
@@ -78,15 +79,70 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttn
   }
 }
 
-// grid (rows, Hkv * mtiles, Z), one warp: rows row0 .. row0 + gridDim.x of the launch.
-template <int D>
-__global__ void __launch_bounds__(32) paged_mma_kernel(PagedAttnArgs a, int64_t row0, int64_t mtiles, int64_t PT,
-                                                       int64_t Z) {
+// The in-block combine (paged_mma_kernel with WARPS > 1): each warp puts its rows' unnormalised
+// output, maximum and sum in its own buffer (`mine`, its K tiles: its loads are done), then the
+// block computes, for each of the group's rows and dims, sum_w acc_w e^(m_w - M) / sum_w l_w
+// e^(m_w - M) with M the largest m_w, warps in partition order (as the combine kernel).
+template <int D, int WARPS>
+__device__ __forceinline__ void combine_in_block(const PagedAttnArgs& a, int64_t r, int64_t hq0, int gn, float sl2,
+                                                 const float (&acc)[D / 8][4], const float (&m)[2], const float (&l)[2],
+                                                 float* mine) {
+  constexpr int DT = D / 8;
+  constexpr int64_t WARP_FLOATS = int64_t(smem_bytes<D>() / sizeof(float));  // a warp's shared memory
+  const int lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
+  // mine: [16 rows][D] outputs, then [16] maxima, [16] sums (16 D + 32 floats <= the K tiles)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lr = l[hf];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int g = gid + 8 * hf;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      mine[g * D + i * 8 + t4 * 2] = acc[i][2 * hf];
+      mine[g * D + i * 8 + t4 * 2 + 1] = acc[i][2 * hf + 1];
+    }
+    if (t4 == 0) {
+      mine[16 * D + g] = m[hf];
+      mine[16 * D + 16 + g] = lr;
+    }
+  }
+  __syncthreads();
+  // The buffers sit WARP_FLOATS apart, each 16 Q + 4 kBK tile rows of D bf16 past a warp's start.
+  const float* first = mine - int64_t(threadIdx.x >> 5) * WARP_FLOATS;
+  for (int e = threadIdx.x; e < gn * D; e += 32 * WARPS) {
+    const int g = e / D, d = e % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) M = fmaxf(M, first[w * WARP_FLOATS + 16 * D + g]);
+    float L = 0.f, v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float* b = first + w * WARP_FLOATS;
+      const float mw = b[16 * D + g];
+      const float f = mw == -INFINITY ? 0.f : fast_exp2((mw - M) * sl2);
+      L += b[16 * D + 16 + g] * f;
+      v += b[g * D + d] * f;
+    }
+    static_cast<bf16*>(a.o)[r * a.ldo + (hq0 + g) * D + d] = __float2bfloat16_rn(L > 0.f ? v / L : 0.f);
+  }
+}
+
+// grid (rows, Hkv * mtiles, Z / WARPS), WARPS warps a block, each with its own shared memory
+// (smem_bytes): rows row0 .. row0 + gridDim.x of the launch; warp w of block z takes partition
+// z WARPS + w. WARPS = 1: a partition a block, partials through global memory to the combine
+// kernel. WARPS > 1 (all of a row's partitions in one block, Z = WARPS): the warps combine
+// their partitions through shared memory, in partition order, and write the output: the
+// combine kernel's launch saved (small batches, few tiles a row).
+template <int D, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, int64_t row0, int64_t mtiles,
+                                                               int64_t PT, int64_t Z) {
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
   constexpr int KS = D / 16, NT = kBK / 8, DT = D / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+  const int warp = WARPS > 1 ? int(threadIdx.x >> 5) : 0;
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw + warp * smem_bytes<D>());
   bf16* Ks = Qs + 16 * D;
   bf16* Vs = Ks + 2 * kBK * D;
   const int64_t rc = blockIdx.x, r = row0 + rc;
@@ -96,28 +152,39 @@ __global__ void __launch_bounds__(32) paged_mma_kernel(PagedAttnArgs a, int64_t 
   const int lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
   const int64_t pos = a.pos[r], lo = first_key(a, pos);
   const int64_t tlo = lo / kBK, thi = pos / kBK;  // the row's tiles
-  const int64_t z = blockIdx.z;
+  const int64_t z = int64_t(blockIdx.z) * WARPS + warp;
   const int64_t j0 = tlo > z * PT ? tlo : z * PT, j1 = thi < z * PT + PT - 1 ? thi : z * PT + PT - 1;
-  if (j0 > j1) return;  // a partition this row does not reach (the combine reads only its own)
+  if constexpr (WARPS == 1) {
+    if (j0 > j1) return;  // a partition this row does not reach (the combine reads only its own)
+  }
+  const int ntiles = j0 > j1 ? 0 : int(j1 - j0 + 1);  // (WARPS > 1: a warp without tiles still meets)
   const int32_t* table = a.blocks + r * a.ld_blocks;
-
-  load_tile<16, D, 32>(Qs, static_cast<const bf16*>(a.q) + r * a.ldq + hq0 * D, D, 0, gn);
-  cp_commit();
-  load_kv_tile<D>(Ks, Vs, a, table, hk, j0, lo, pos);
-  cp_commit();
-  cp_wait<1>();
-  __syncthreads();
-  uint32_t qf[KS][4];
-#pragma unroll
-  for (int kk = 0; kk < KS; ++kk) frag_a<D>(qf[kk], Qs, 0, kk * 16);
 
   const float sl2 = a.scale * 1.4426950408889634f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float acc[DT][4];
 #pragma unroll
   for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  uint32_t qf[KS][4];
+  if (ntiles > 0) {
+    {  // Q: the group's gn heads as the rows of an m-tile (rows past gn zero), this warp's copy
+      constexpr int CH = D / 8;
+      const bf16* qb = static_cast<const bf16*>(a.q) + r * a.ldq + hq0 * D;
+#pragma unroll
+      for (int i = lane; i < 16 * CH; i += 32) {
+        const int qr = i / CH, c = (i % CH) * 8;
+        cp_async16(Qs + swz<D>(qr, c), qr < gn ? qb + qr * D + c : qb, qr < gn);
+      }
+    }
+    cp_commit();
+    load_kv_tile<D>(Ks, Vs, a, table, hk, j0, lo, pos);
+    cp_commit();
+    cp_wait<1>();
+    __syncwarp();
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) frag_a<D>(qf[kk], Qs, 0, kk * 16);
+  }
 
-  const int ntiles = int(j1 - j0 + 1);
   for (int it = 0; it < ntiles; ++it) {
     const int64_t j = j0 + it;
     if (it + 1 < ntiles) {
@@ -126,7 +193,7 @@ __global__ void __launch_bounds__(32) paged_mma_kernel(PagedAttnArgs a, int64_t 
     }
     cp_commit();
     cp_wait<1>();
-    __syncthreads();
+    __syncwarp();  // (the warp's own buffers: warps of a block walk different numbers of tiles)
     const bf16* Kb = Ks + (it & 1) * kBK * D;
     const bf16* Vb = Vs + (it & 1) * kBK * D;
 
@@ -195,10 +262,14 @@ __global__ void __launch_bounds__(32) paged_mma_kernel(PagedAttnArgs a, int64_t 
         mma16816(acc[2 * dp + 1], pa, b[2], b[3]);
       }
     }
-    __syncthreads();  // the next iteration's loads overwrite this buffer
+    __syncwarp();  // the next iteration's loads overwrite this buffer
   }
   cp_wait<0>();
 
+  if constexpr (WARPS > 1) {
+    combine_in_block<D, WARPS>(a, r, hq0, gn, sl2, acc, m, l, reinterpret_cast<float*>(Ks));
+    return;
+  }
   const bool direct = tlo / PT == thi / PT;
   const int64_t F = partial_floats(D);
 #pragma unroll
@@ -278,6 +349,31 @@ int64_t min_tiles_per_warp() {
   return v;
 }
 
+// Whether a launch whose partitions fit one block's warps combines them in the block
+// (RLH_KCUDA_PAGED_BLOCK_COMBINE=0: through global memory and the combine kernel, the A/B).
+bool block_combine() {
+  static const bool v = env_switch_on("RLH_KCUDA_PAGED_BLOCK_COMBINE");
+  return v;
+}
+
+// The warps a block may hold: each has its own Q and double-buffered K/V tiles (smem_bytes).
+template <int D>
+constexpr int64_t max_block_warps() {
+  return std::min<int64_t>(6, int64_t(kMaxBlockSmem / smem_bytes<D>()));
+}
+
+template <int D, int W>
+void launch_block(const PagedAttnArgs& a, int64_t mt, int64_t PT, cudaStream_t s) {
+  if constexpr (W <= max_block_warps<D>()) {
+    auto kernel = paged_mma_kernel<D, W>;
+    constexpr size_t smem = W * smem_bytes<D>();
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+      throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
+    launch_pdl(kernel, dim3(unsigned(a.R), unsigned(a.Hkv * mt), 1u), 32 * W, smem, s, a, int64_t(0), mt, PT,
+               int64_t(W));
+  }
+}
+
 template <int D>
 void launch(const PagedAttnArgs& a, cudaStream_t s) {
   const int64_t tiles = table_tiles(a), mt = mtiles_of(a);
@@ -286,10 +382,19 @@ void launch(const PagedAttnArgs& a, cudaStream_t s) {
   const bool whole_rows = a.batch_invariant || (2 * units * tiles <= kTargetWarps && tiles <= min_tiles_per_warp());
   const int64_t PT = whole_rows ? tiles : std::clamp<int64_t>(fill, 1, tiles);
   const int64_t Z = (tiles + PT - 1) / PT;
+  if (Z > 1 && Z <= max_block_warps<D>() && (a.block_combine < 0 ? block_combine() : a.block_combine != 0)) {
+    switch (Z) {
+      case 2: launch_block<D, 2>(a, mt, PT, s); return;
+      case 3: launch_block<D, 3>(a, mt, PT, s); return;
+      case 4: launch_block<D, 4>(a, mt, PT, s); return;
+      case 5: launch_block<D, 5>(a, mt, PT, s); return;
+      default: launch_block<D, 6>(a, mt, PT, s); return;
+    }
+  }
   if (Z > 65535) throw std::invalid_argument("paged_attention: block tables too wide for the tensor-core kernel");
   if (Z > 1 && !a.partials) throw std::invalid_argument("paged_attention: no workspace for the partitions' partials");
   const int64_t rows = Z == 1 ? a.R : rows_fitting(a, Z, paged_attention_mma_workspace_bytes(a));
-  auto kernel = paged_mma_kernel<D>;
+  auto kernel = paged_mma_kernel<D, 1>;
   constexpr size_t smem = smem_bytes<D>();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
