@@ -344,8 +344,8 @@ struct PagedAttnArgs {
   float* partials = nullptr;  // paged_attention_workspace_bytes(*this) of device scratch, or null when 0
   bool batch_invariant = false;  // every row's output independent of the launch (docs/ops.md)
   // The tensor-core kernel's partitions of a row, when they fit one block's warps: combined in
-  // the block (1), or through `partials` and the combine kernel (0); -1: 1 unless
-  // RLH_KCUDA_PAGED_BLOCK_COMBINE=0. (The tests run both.)
+  // the block (1), or through `partials` and the combine kernel (0); -1: 1 at small batch (up
+  // to 32 rows x kv heads) unless RLH_KCUDA_PAGED_BLOCK_COMBINE=0. (The tests run both.)
   int block_combine = -1;
 };
 // Scratch the split-over-keys kernels need for a call (0 when every row fits one partition).
