@@ -372,6 +372,8 @@ void launch_block(const PagedAttnArgs& a, int64_t mt, int64_t PT, cudaStream_t s
       throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
     launch_pdl(kernel, dim3(unsigned(a.R), unsigned(a.Hkv * mt), 1u), 32 * W, smem, s, a, int64_t(0), mt, PT,
                int64_t(W));
+  } else {
+    throw std::logic_error("paged_attention: more partitions than a block holds at this head dim");
   }
 }
 
