@@ -638,6 +638,43 @@ TEST(CudaElementwise, AddRmsnormIsAddThenRmsnormBitwise) {
       }
 }
 
+// The forward norms of a few rows (a block a row: rmsnorm.cu's rmsnorm_row_block_kernel) give
+// those rows' bits in a batch of 200 (a warp a row), with and without the residual add: rstd, y
+// and yn. The deterministic mode needs a row's result not to depend on the batch.
+TEST(CudaElementwise, NormsOfFewRowsAreTheBatchRowsBitwise) {
+  RLH_REQUIRE_CUDA();
+  for (const bool bf16 : {true, false})
+    for (const int64_t C : {int64_t(2048), int64_t(2056), int64_t(1000), int64_t(8192)}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "f32") + " C=" + std::to_string(C));
+      const int64_t N = 200;
+      const DType t = bf16 ? DType::bf16 : DType::f32;
+      const size_t es = bf16 ? 2 : 4;
+      const std::vector<float> a = randn(size_t(N * C), 84, 1.f, bf16), b = randn(size_t(N * C), 85, 1.f, bf16),
+                               w = randn(size_t(C), 86, 0.5f, bf16);
+      DevBuf da = upload(a, bf16), db = upload(b, bf16), dw = upload(w, bf16);
+      DevBuf y(size_t(N * C), bf16), r(size_t(N), false), s(size_t(N * C), bf16), n(size_t(N * C), bf16);
+      rmsnorm_fwd(t, y.get(), C, Flex{r.get(), false}, da.get(), C, dw.get(), N, C, 1e-5f, 0.f, nullptr);
+      add_rmsnorm_fwd(t, s.get(), n.get(), da.get(), db.get(), dw.get(), N, C, 1e-5f, 0.f, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> want_y = y.download(), want_r = r.download(), want_s = s.download(),
+                               want_n = n.download();
+      for (const auto& [r0, rows] : {std::pair<int64_t, int64_t>{0, 3}, std::pair<int64_t, int64_t>{199, 1}}) {
+        SCOPED_TRACE("rows " + std::to_string(r0) + "+" + std::to_string(rows));
+        auto at = [&](const DevBuf& d) { return static_cast<char*>(const_cast<void*>(d.get())) + r0 * C * es; };
+        DevBuf y1(size_t(rows * C), bf16), r1(size_t(rows), false), s1(size_t(rows * C), bf16), n1(size_t(rows * C), bf16);
+        rmsnorm_fwd(t, y1.get(), C, Flex{r1.get(), false}, at(da), C, dw.get(), rows, C, 1e-5f, 0.f, nullptr);
+        add_rmsnorm_fwd(t, s1.get(), n1.get(), at(da), at(db), dw.get(), rows, C, 1e-5f, 0.f, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<float> gy = y1.download(), gr = r1.download(), gs = s1.download(), gn = n1.download();
+        const size_t o = size_t(r0 * C), m = size_t(rows * C);
+        EXPECT_EQ(std::memcmp(gy.data(), want_y.data() + o, m * 4), 0) << "y";
+        EXPECT_EQ(std::memcmp(gr.data(), want_r.data() + r0, size_t(rows) * 4), 0) << "rstd";
+        EXPECT_EQ(std::memcmp(gs.data(), want_s.data() + o, m * 4), 0) << "a + b";
+        EXPECT_EQ(std::memcmp(gn.data(), want_n.data() + o, m * 4), 0) << "norm of a + b";
+      }
+    }
+}
+
 // gemv.cu's GLU epilogue (gemm_glu_fwd at up to 4 rows) is gemm then swiglu_fwd / geglu_fwd, bit
 // for bit: 1-4 rows, one and several warps a column (K 2048, 8192), each activation.
 TEST(CudaGemm, GluEpilogueIsGemmThenGluBitwise) {

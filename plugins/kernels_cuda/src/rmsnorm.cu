@@ -1,5 +1,6 @@
 // rmsnorm: y = x * rstd * (w + w_offset), rstd = 1/sqrt(mean(x^2) + eps), fp32 arithmetic.
-// One warp per row; 16-byte loads when rows and pointers allow. The backward writes dx per row
+// One warp per row (a block per row for the forward of up to 128 rows: a decoding step's norms,
+// same bits); 16-byte loads when rows and pointers allow. The backward writes dx per row
 // (warp) and sums dw over rows with the deterministic column reduction.
 #include <type_traits>
 
@@ -35,6 +36,13 @@ __device__ __forceinline__ void store8(bf16* p, const float* v) {
 __device__ __forceinline__ void store8(float* p, const float* v) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// ss += v[k]^2 for the chunk's 8 values in order, as fused multiply-adds: written out so that
+// every kernel here sums a row's squares with the same roundings.
+__device__ __forceinline__ void sumsq8(float& ss, const float* v) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) ss = fmaf(v[k], v[k], ss);
 }
 
 // rstd of a row's sum of squares (rsqrtf is approximate, 2 ulp; one Newton step makes it match
@@ -95,14 +103,13 @@ rmsnorm_fwd_kernel(T* y, int64_t ldy, Flex rstd_out, const T* x, int64_t ldx, co
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         if (c0 + 256 * b >= C) break;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) ss += v[b][k] * v[b][k];
+        sumsq8(ss, v[b]);
       }
     }
   } else {
     for (int64_t c = lane; c < C; c += 32) {
       const float v = to_f(xr[c]);
-      ss += v * v;
+      ss = fmaf(v, v, ss);
     }
   }
   ss = warp_sum(ss);
@@ -145,8 +152,7 @@ add_rmsnorm_fwd_kernel(T* y, T* yn, const T* a, const T* b, const T* w, int64_t 
 #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] = to_f(from_f<T>(va[q][k] + vb[q][k]));  // y as stored
         store8(yr + c0 + 256 * q, v);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+        sumsq8(ss, v);
       }
     }
   } else {
@@ -154,11 +160,59 @@ add_rmsnorm_fwd_kernel(T* y, T* yn, const T* a, const T* b, const T* w, int64_t 
       const T yv = from_f<T>(to_f(ar[c]) + to_f(br[c]));
       yr[c] = yv;
       const float v = to_f(yv);
-      ss += v * v;
+      ss = fmaf(v, v, ss);
     }
   }
   ss = warp_sum(ss);
   normalize_row<T, VEC>(nr, yr, w, C, rstd_of(ss, C, eps), woff, lane);  // y as the lane stored it
+}
+
+// Few rows (a decoding step: the norms before each product, batch 1-128): one block a row, a
+// thread per 8-value chunk (C / 8 threads, C <= 8192), the weight loaded before pdl_wait and the
+// row (or a and b) in one round, where one warp a row made four dependent rounds (~7 us for one
+// row of 2048 under ncu on an H100). The values go through shared memory so that lane l of warp
+// 0 sums chunks l, l + 32, ... in the warp kernel's order, then the same warp_sum: rstd, y and yn
+// are bitwise the warp kernels' (a row's result does not depend on the batch, which the
+// deterministic mode needs; tested). ADD: y = a + b as stored, then the norm of y into yn.
+template <class T, bool ADD>
+__global__ void __launch_bounds__(1024) rmsnorm_row_block_kernel(T* y, int64_t ldy, T* yn, Flex rstd_out, const T* a,
+                                                                 int64_t lda, const T* b, const T* w, int64_t C,
+                                                                 float eps, float woff) {
+  extern __shared__ float vals[];  // [C] the row's values (y as stored), then rstd
+  const int t = threadIdx.x;
+  const int64_t row = blockIdx.x, c = int64_t(t) * 8;
+  const bool live = c < C;
+  float wv[8], v[8];
+  if (live) load8(w + c, wv);  // the weight: not written by the kernel before
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
+  if (live) {
+    load8(a + row * lda + c, v);
+    if constexpr (ADD) {
+      float vb[8];
+      load8(b + row * C + c, vb);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = to_f(from_f<T>(v[k] + vb[k]));  // y as stored
+      store8(y + row * ldy + c, v);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) vals[c + k] = v[k];
+  }
+  __syncthreads();
+  if (t < 32) {
+    float ss = 0.f;
+    for (int64_t ch = t; ch * 8 < C; ch += 32) sumsq8(ss, vals + ch * 8);
+    ss = warp_sum(ss);
+    if (t == 0) vals[C] = rstd_of(ss, C, eps);
+  }
+  __syncthreads();
+  const float rs = vals[C];
+  if (live) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = v[k] * rs * (wv[k] + woff);
+    store8((ADD ? yn + row * C : y + row * ldy) + c, v);
+  }
+  if (t == 0 && rstd_out.p) st_flex(rstd_out, row, rs);
 }
 
 template <class T, bool VEC>
@@ -226,11 +280,25 @@ struct DwTerm {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Whether the forward norms take a block a row (rmsnorm_row_block_kernel): few rows (up to 128;
+// RLH_KCUDA_NORM_ROW_BLOCKS=0: never, the A/B), rows of at most 8192 values. Either kernel gives
+// the same bits.
+bool row_blocks(int64_t N, int64_t C) {
+  static const bool on = env_switch_on("RLH_KCUDA_NORM_ROW_BLOCKS");
+  return on && N <= 128 && C <= 8192;
+}
+unsigned row_block_threads(int64_t C) { return unsigned((C / 8 + 31) / 32 * 32); }
+
 template <class T>
 void fwd_t(T* y, int64_t ldy, Flex rstd, const T* x, int64_t ldx, const T* w, int64_t N,
            int64_t C, float eps, float woff, cudaStream_t s) {
   const bool vec = C % 8 == 0 && ldx % 8 == 0 && ldy % 8 == 0 && aligned16(x) &&
                    aligned16(y) && aligned16(w);
+  if (vec && row_blocks(N, C)) {
+    launch_pdl(rmsnorm_row_block_kernel<T, false>, unsigned(N), row_block_threads(C), size_t(C + 1) * 4, s, y, ldy,
+               static_cast<T*>(nullptr), rstd, x, ldx, static_cast<const T*>(nullptr), w, C, eps, woff);
+    return;
+  }
   const unsigned grid = ceil_div(N, kWarps);
   if (vec)
     launch_pdl(rmsnorm_fwd_kernel<T, true>, grid, kWarps * 32, 0, s, y, ldy, rstd, x, ldx, w, N, C, eps, woff);
@@ -247,6 +315,11 @@ void add_fwd_t(T* y, T* yn, const T* a, const T* b, const T* w, int64_t N, int64
   if (vec && !(aligned16(a) && aligned16(b))) {
     add_fwd(std::is_same_v<T, float> ? DType::f32 : DType::bf16, y, a, b, N * C, s);
     fwd_t(yn, C, Flex{}, static_cast<const T*>(y), C, w, N, C, eps, woff, s);
+    return;
+  }
+  if (vec && row_blocks(N, C)) {
+    launch_pdl(rmsnorm_row_block_kernel<T, true>, unsigned(N), row_block_threads(C), size_t(C + 1) * 4, s, y, C, yn,
+               Flex{}, a, C, b, w, C, eps, woff);
     return;
   }
   const unsigned grid = ceil_div(N, kWarps);
