@@ -48,10 +48,12 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
 // with 32-bit index math (the scalar kernel's 64-bit divisions per value made a write of one
 // row's 1024 values take ~6 us, a tenth of a batch-1 layer).
 __global__ void kv_write_vec_kernel(KvWriteArgs a) {
-  pdl_wait();  // launched by launch_pdl (common.cuh)
-  pdl_trigger();
+  // The slot, which no kernel of a step writes (uploaded; docs/kernels_cuda.md "pdl_wait"), is
+  // read before pdl_wait; the keys and values, which the kernels before write, after it.
   const int64_t r = blockIdx.x;
   const int32_t slot = a.slots[r];
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   if (slot < 0) return;
   const int64_t b = slot / a.bs, off = slot % a.bs;
   if (b >= a.num_blocks) {

@@ -138,6 +138,9 @@ __device__ __forceinline__ void combine_in_block(const PagedAttnArgs& a, int64_t
 template <int D, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, int64_t row0, int64_t mtiles,
                                                                int64_t PT, int64_t Z) {
+  // The row's position, which no kernel of a step writes (uploaded; docs/kernels_cuda.md
+  // "pdl_wait"), is read before pdl_wait; the cache (the kernel before wrote the new key) after.
+  const int64_t pos = a.pos[row0 + blockIdx.x];
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
   constexpr int KS = D / 16, NT = kBK / 8, DT = D / 8;
@@ -151,7 +154,7 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
   const int gn = int(G - g0 < 16 ? G - g0 : 16);
   const int64_t hq0 = hk * G + g0;
   const int lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
-  const int64_t pos = a.pos[r], lo = first_key(a, pos);
+  const int64_t lo = first_key(a, pos);
   const int64_t tlo = lo / kBK, thi = pos / kBK;  // the row's tiles
   const int64_t z = int64_t(blockIdx.z) * WARPS + warp;
   const int64_t j0 = tlo > z * PT ? tlo : z * PT, j1 = thi < z * PT + PT - 1 ? thi : z * PT + PT - 1;

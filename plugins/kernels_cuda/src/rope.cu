@@ -49,8 +49,9 @@ __global__ void __launch_bounds__(256)
 rope_vec_kernel(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos,
                 const float* inv_freq, int64_t N, int64_t H, int64_t D, int64_t R, float scale,
                 float sign) {
-  pdl_wait();  // launched by launch_pdl (common.cuh)
-  pdl_trigger();
+  // The angles come from the positions and the frequencies, which no kernel of a step writes
+  // (the callers upload positions; docs/kernels_cuda.md "pdl_wait"): they are formed before
+  // pdl_wait, while the product before finishes, and only x is read after it.
   constexpr int VEC = 16 / sizeof(T);
   extern __shared__ float cs_sh[];  // [kTok][R/2] cos, then [kTok][R/2] sin
   const int64_t half = R / 2;
@@ -67,6 +68,8 @@ rope_vec_kernel(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos,
     cs[i] = c * scale;
     sn[i] = sv * scale * sign;
   }
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
   __syncthreads();
   const int64_t pair_chunks = half / VEC, copy_chunks = (x != y || ldx != ldy) ? (D - R) / VEC : 0;
   const int64_t per_token = H * (pair_chunks + copy_chunks);
