@@ -80,6 +80,13 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttn
   }
 }
 
+// The four lanes of an mma row group (lanes 4 gid .. 4 gid + 3) summed, as they hold a row's
+// columns.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // The in-block combine (paged_mma_kernel with WARPS > 1): each warp puts its rows' unnormalised
 // output, maximum and sum in its own buffer (`mine`, its K tiles: its loads are done), then the
 // block computes, for each of the group's rows and dims, sum_w acc_w e^(m_w - M) / sum_w l_w
@@ -94,9 +101,7 @@ __device__ __forceinline__ void combine_in_block(const PagedAttnArgs& a, int64_t
   // mine: [16 rows][D] outputs, then [16] maxima, [16] sums (16 D + 32 floats <= the K tiles)
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float lr = l[hf];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const float lr = quad_sum(l[hf]);  // the row's sum over its four lanes
     const int g = gid + 8 * hf;
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
@@ -278,9 +283,7 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
   const int64_t F = partial_floats(D);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float lr = l[hf];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const float lr = quad_sum(l[hf]);  // the row's sum over its four lanes
     const int g = gid + 8 * hf;
     if (g >= gn) continue;
     if (direct) {
