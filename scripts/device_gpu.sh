@@ -43,8 +43,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built but could not run, most needed first, for one short
-#              call (2026-12-06, sixteenth session: the FP8 tests after X^T kept from the forward and
-#              the delayed sites' both-copies form, then the FP8 step at 1B and 3B, 1 and 4 micro-batches)
+#              call (2026-12-06, seventeenth session: paged attention's in-block combine at D = 128
+#              in test_cuda_decode, then the engine, backend and conformance tests)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -70,16 +70,14 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (sixteenth session): the fifteenth's backlog (conformance, generator and decode
-  # tests) passed on an H100. Left unrun when the session's device time ran out: X^T made in the
-  # forward and kept for dW, the delayed sites' both-copies form (fp8_linear.cpp; the vendor's
-  # QuantizeDelayedBothCopiesShareTheHistory), and bench_cuda_engine --micro. First the FP8
-  # tests (the fp8 stage), then FP8 against bf16 at 1B and 3B, steps of 1 and 4 micro-batches.
-  what=fp8
-  then_bench=1
-  FP8_GEMM=${FP8_GEMM:-0} FP8_CURVE=${FP8_CURVE:-0} FP8_GEN=${FP8_GEN:-0}
-  FP8_SHAPES=${FP8_SHAPES:-"llama1b llama3b"} FP8_MICRO=${FP8_MICRO:-"1 4"}
-  FP8_RECIPES=${FP8_RECIPES:-"none tensorwise delayed"}
+  # 2026-12-06 (seventeenth session): the sixteenth's backlog (FP8 tests, the FP8 step at 1B and
+  # 3B with 1 and 4 micro-batches) ran on an H100. Left unrun when the device time ran out:
+  # test_cuda_decode's batch-1 check of paged attention's in-block combine at D = 128 (the
+  # default takes it at D = 64 only until this passes), and, after RoPE's angles and the cache
+  # write's slot moved before pdl_wait, the engine's and the backend's GPU tests and the
+  # conformance runner (check-kernels passed in the same call as the change).
+  what=tests
+  TESTS=${TESTS:-"test_cuda_decode test_cuda_engine test_backend_cuda test_cuda_conformance"}
 fi
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin

@@ -271,6 +271,31 @@ TEST_P(CudaPaged, CacheWritesAndAttentionMatchKernelsCpu) {
       EXPECT_EQ(0, std::memcmp(alone.data(), all.data() + r * g.Hq * g.Dv, alone.size() * sizeof(__nv_bfloat16)))
           << "row " << r << " alone differs from the batch, window " << window;
     }
+    a.batch_invariant = false;
+    // A batch-1 step (one row, a table just wide enough: 1-3 tiles of 64 keys): the partitions
+    // combined in the block and through the combine kernel, each against the reference row.
+    for (int64_t r : {int64_t(40), int64_t(127), int64_t(150)}) {
+      Dev<int32_t> dpos1(1);
+      dpos1.put({pos[size_t(r)]});
+      kc::PagedAttnArgs one = a;
+      one.R = 1;
+      one.q = bq.p + r * g.Hq * g.Dk;
+      one.o = bout1.p;
+      one.table_width = r / g.bs + 1;
+      one.pos = dpos1.p;
+      Dev<float> ws1(size_t(std::max<int64_t>(kc::paged_attention_workspace_bytes(one), 4)) / sizeof(float));
+      one.partials = ws1.p;
+      for (const int block_combine : {1, 0}) {
+        one.block_combine = block_combine;
+        kc::paged_attention(one, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<float> got1 = from_bf16(bout1.get());
+        double w1 = 0;
+        for (size_t i = 0; i < got1.size(); ++i)
+          w1 = std::max(w1, double(std::fabs(got1[i] - want[size_t(r * g.Hq * g.Dv) + i])));
+        EXPECT_LT(w1 / mag, 1e-2) << "row " << r << " alone, block combine " << block_combine << ", window " << window;
+      }
+    }
   }
 }
 
