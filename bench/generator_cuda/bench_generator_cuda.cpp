@@ -21,9 +21,11 @@
 // tok/s counts new tokens over the wall time of generate() (prefill included, as HF generate's);
 // the median of `repeats` calls after one warm-up call (which captures the CUDA graphs).
 // The roofline: a decoding step reads every weight once (bf16; the tied head is the embedding)
-// and the keys and values of every position of every running sequence; at the H200's 4.8 TB/s
-// that bounds the step time from below, and 2 FLOPs per weight per token at 989 TFLOP/s from
-// the compute side; tokens/s roofline = batch / max of the two, at the average position.
+// and the keys and values of every position of every running sequence; at the device's peak
+// memory bandwidth (from its memory clock and bus width: an H100 SXM's 3.35 TB/s, an H200's
+// 4.8; 4.8 TB/s where the device does not say) that bounds the step time from below, and 2
+// FLOPs per weight per token at 989 TFLOP/s from the compute side; tokens/s roofline = batch /
+// max of the two, at the average position.
 #include <cuda_runtime_api.h>
 #include <omp.h>
 
@@ -92,6 +94,17 @@ std::vector<std::vector<float>> random_weights(const sdk::TransformerDesc& d) {
     out.push_back(std::move(t));
   }
   return out;
+}
+
+// The device's peak memory bandwidth (bytes per second): double data rate over the bus; 4.8e12
+// (an H200's) where the attributes are not given. Until 2026-12-06 the roofline always used
+// 4.8e12, so on an H100 its percentages read 30% low.
+double peak_bandwidth(int dev) {
+  int khz = 0, bits = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess || khz <= 0 || bits <= 0)
+    return 4.8e12;
+  return 2.0 * double(khz) * 1e3 * double(bits) / 8.0;
 }
 
 // Device-to-device copy rate (bytes read + written per second): what the weight reads can reach.
@@ -229,10 +242,11 @@ int main(int argc, char** argv) {
   const std::vector<std::vector<float>> w = random_weights(desc);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const double bw_copy = copy_bandwidth();
-  std::printf("device: %s, %lld weights (%.2f GB bf16), random weights in %.1f s; device copy rate %.0f GB/s\n",
+  const double bw_copy = copy_bandwidth(), bw_peak = peak_bandwidth(0);
+  std::printf("device: %s, %lld weights (%.2f GB bf16), random weights in %.1f s; device copy rate %.0f GB/s, "
+              "peak %.0f GB/s (the roofline's)\n",
               prop.name, (long long)weights, 2e-9 * double(weights),
-              std::chrono::duration<double>(Clock::now() - t_w).count(), bw_copy * 1e-9);
+              std::chrono::duration<double>(Clock::now() - t_w).count(), bw_copy * 1e-9, bw_peak * 1e-9);
 
   // The trainer for --parity, made before the generators so their KV caches leave it room.
   std::unique_ptr<engine::CudaEngine> trainer;
@@ -335,7 +349,7 @@ int main(int argc, char** argv) {
     // every weight but an untied embedding table (of which a step reads only its rows)
     const double read = double(s->tied ? weights : weights - embed);
     const double step_bytes = 2.0 * read + double(seqs) * pos * kv_token;
-    const double t_bw = step_bytes / 4.8e12;
+    const double t_bw = step_bytes / bw_peak;
     const double t_flops = 2.0 * read * double(seqs) / 989e12;
     const double roof = double(seqs) / std::max(t_bw, t_flops);
     const gen::CudaExecutorStats xs = gen::cuda_executor_stats(g.executor());
