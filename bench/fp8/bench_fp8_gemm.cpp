@@ -187,8 +187,9 @@ int main(int argc, char** argv) {
       }
       std::sort(ms.begin(), ms.end());
       const double t = ms[ms.size() / 2];
+      const char* name = scaling ? "fp8_gemm_block" : fast ? "fp8_gemm_tensor_fast_accum" : "fp8_gemm_tensor";
       std::printf("RESULT impl=rlhost name=%s%s shape=%lldx%lldx%lld value=%.1f unit=TFLOP/s ms=%.4f\n",
-                  uniform ? "uniform_" : "", scaling ? "fp8_gemm_block" : fast ? "fp8_gemm_tensor_fast_accum" : "fp8_gemm_tensor", (long long)M, (long long)N, (long long)K,
+                  uniform ? "uniform_" : "", name, (long long)M, (long long)N, (long long)K,
                   2.0 * double(M) * double(N) * double(K) / (t * 1e-3) / 1e12, t);
       api->release_op(op);
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The FP8 GEMM of examples/vendor_fp8 beside torch._scaled_mm on the same GPU, in one run:
 # 8192^3, e4m3 operands, bf16 output, per-tensor and block scales. Prints both figures and the
-# ratio (rlhost / torch), on the same data (N(0, 1/4) as e4m3; see bench_fp8_gemm.cpp); the goal is >= 1,300 TFLOP/s (torch 1,357).
+# ratio (rlhost / torch), on the same data (N(0, 1/4) as e4m3; see bench_fp8_gemm.cpp); the
+# issue's goal is >= 1,300 TFLOP/s (torch 1,357).
 #   bench/fp8/run.sh BENCH_BINARY PLUGIN_SO    (device_gpu.sh passes the packed copies)
 #     M=8192 N=8192 K=8192 REPS=50
 set -uo pipefail
