@@ -148,15 +148,19 @@ bool DeviceOps::quantize_fp8_given(const void* x, int64_t R, int64_t C, int64_t 
   return run_optional(key, "quantize_fp8", in, out, at);
 }
 
+// quantize_fp8's outputs with transpose = 2: q [R, C], its one scale, no amax, q^T [C, R].
+std::vector<rlh_tensor> DeviceOps::both_outputs(Args& a, int64_t R, int64_t C, Fp8 f, void* q, void* qt, float* scale) {
+  return {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, 1), a.vec(nullptr, kF32, 1),
+          a.mat(qt, fp8_dtype(f), C, R, R)};
+}
+
 bool DeviceOps::quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t ldx, Fp8 f, void* q, void* qt,
                                   float* scale) {
   const char* key = &g_quant_both_keys[int(f)];
   Args a(dev_);
   const std::array<rlh_named_value, 2> at = {attr_int("grouping", 0), attr_int("transpose", 2)};
   const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
-  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, 1), a.vec(nullptr, kF32, 1),
-                                       a.mat(qt, fp8_dtype(f), C, R, R)};
-  return run_optional(key, "quantize_fp8", in, out, at);
+  return run_optional(key, "quantize_fp8", in, both_outputs(a, R, C, f, q, qt, scale), at);
 }
 
 bool DeviceOps::run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
@@ -217,9 +221,7 @@ void DeviceOps::quantize_fp8_both(const sdk::Op& op, const void* x, int64_t R, i
   Args a(dev_);
   const auto at = delayed_attrs(2, d);
   const std::vector<rlh_tensor> in = {a.mat(x, kBF16, R, C, ldx)};
-  const std::vector<rlh_tensor> out = {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, 1), a.vec(nullptr, kF32, 1),
-                                       a.mat(qt, fp8_dtype(f), C, R, R)};
-  run(op, in, out, at);
+  run(op, in, both_outputs(a, R, C, f, q, qt, scale), at);
 }
 
 std::string DeviceOps::op_state(const sdk::Op& op) {

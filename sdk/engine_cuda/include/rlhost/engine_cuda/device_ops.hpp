@@ -252,6 +252,7 @@ class DeviceOps {
   // it (remembered), so the caller falls back to the general form.
   bool run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
                     const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs);
+  static std::vector<rlh_tensor> both_outputs(Args& a, int64_t R, int64_t C, Fp8 f, void* q, void* qt, float* scale);
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   bool batch_invariant_ = false;
