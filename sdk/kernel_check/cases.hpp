@@ -40,6 +40,7 @@ enum class Role : uint8_t {
   f32,        // always float32 (RoPE inv_freq, sample's logits and logprobs)
   f64,        // always float64 (sample's uniforms)
   bf16,       // always bfloat16 (adamw_bf16's working copy)
+  weight,     // the op's float dtype, or a weight-only variant's weight dtype (gemm's B)
 };
 
 struct Operand {
@@ -101,6 +102,7 @@ void add_decode_cases(std::vector<Case>& v);    // kv_cache_write, paged_attenti
 // Cases added later, appended after all of the above: a case's index seeds its inputs, so a
 // case inserted in the middle would draw new data for every case after it.
 void add_dense_cases_late(std::vector<Case>& v);
+void add_weight_only_cases(std::vector<Case>& v);
 void add_decode_cases_late(std::vector<Case>& v);
 
 // ---- Builders shared by the case files.

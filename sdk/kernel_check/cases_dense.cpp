@@ -38,6 +38,16 @@ Case gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, 
   return c;
 }
 
+// gemm C = A B^T with B marked a weight: plain gemm in every variant, and the weight-only
+// variant's case (bf16 A x e4m3 B with its scale; K in 64s, N in 32s, as such products take).
+Case gemm_weight_case(int64_t M, int64_t N, int64_t K, double alpha, double beta, int64_t pad) {
+  Case c = gemm_case(false, true, M, N, K, alpha, beta, pad);
+  c.name = "gemm C = A B^T, B a weight: M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" +
+           std::to_string(K) + " alpha=" + num(alpha) + " beta=" + num(beta) + " lda+" + std::to_string(pad);
+  c.fwd.inputs[1].role = Role::weight;
+  return c;
+}
+
 Case gemm_batched_case() {
   Case c;
   const int64_t batch = 3, M = 5, N = 6, K = 7;
@@ -301,6 +311,13 @@ void add_dense_cases_late(std::vector<Case>& v) {
   v.push_back(gemm_rows_case(70, 200, 1040, 8, 3));
   v.push_back(gemm_rows_case(5, 2048, 2048, 0, 2));
   v.push_back(gemm_rows_case(1100, 200, 1040, 8, 3));
+}
+
+void add_weight_only_cases(std::vector<Case>& v) {
+  // gemm with B marked a weight: the weight-only variant's cases (bf16 x e4m3; decoding's rows).
+  v.push_back(gemm_weight_case(1, 32, 64, 1.0, 0.0, 0));
+  v.push_back(gemm_weight_case(13, 96, 192, 0.5, 0.5, 16));
+  v.push_back(gemm_weight_case(70, 64, 128, 1.0, 0.0, 0));  // two chunks of 64 tokens
 }
 
 }  // namespace rlh::sdk::kcheck

@@ -37,6 +37,9 @@ const std::vector<KernelVariant>& kernel_variants() {
       {"f64", "f64", kF64, kF64, kF64, false, false, 1e-10},
       {"e4m3", "e4m3", kE4M3, kBF16, kF32, true, false, 1e-1},
       {"e5m2", "e5m2", kE5M2, kBF16, kF32, true, false, 2e-1},
+      // bf16 activations x e4m3 weights (a decoding step's weight-only FP8 product): the codes
+      // are exact inputs, so the error is bf16's (the dequantised weight, the output).
+      {"bf16xe4m3", "e4m3", kBF16, kBF16, kF32, true, true, 1e-2, kE4M3},
   };
   return v;
 }
@@ -89,6 +92,7 @@ struct Side {
 struct Dtypes {
   rlh_dtype in, out, stat;
   bool scaled = false;
+  rlh_dtype weight{};  // Role::weight inputs (bits 0: `in`)
 };
 
 rlh_dtype dtype_of(const Operand& o, bool input, const Dtypes& d) {
@@ -98,6 +102,7 @@ rlh_dtype dtype_of(const Operand& o, bool input, const Dtypes& d) {
     case Role::f64: return kF64;
     case Role::bf16: return kBF16;
     case Role::stat: return d.stat;
+    case Role::weight: return !input ? d.out : d.weight.bits ? d.weight : d.in;
     default: return input ? d.in : d.out;
   }
 }
@@ -515,7 +520,11 @@ Listing list_ops(const Side& s) {
   return l;
 }
 
-Dtypes variant_dtypes(const KernelVariant& v) { return Dtypes{v.inputs, v.outputs, v.statistics, v.scaled}; }
+bool has_weights(const Call& call) {
+  return std::any_of(call.inputs.begin(), call.inputs.end(), [](const Operand& o) { return o.role == Role::weight; });
+}
+
+Dtypes variant_dtypes(const KernelVariant& v) { return Dtypes{v.inputs, v.outputs, v.statistics, v.scaled, v.weights}; }
 
 // Accumulates the results of one (op, variant) over its cases: the worst error among the
 // failures when there is one, else among the passes.
@@ -632,6 +641,7 @@ struct Checker {
       const Case& c = cases[ci];
       const bool fwd = c.fwd.op == op, bwd = c.bwd.op == op;
       if (!fwd && !bwd) continue;
+      if (var.weights.bits && !has_weights(fwd ? c.fwd : c.bwd)) continue;  // a weight-only variant's cases
       try {
         std::mt19937_64 rng(0x5eed0000u + ci);
         Values v = draw_inputs(c, rng());

@@ -896,6 +896,53 @@ TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
   }
 }
 
+// gemm's weight-only form (README.md): A bf16 x B e4m3 with B's scales, the product a decoding
+// step runs. Rows 1 to 130 (one to three chunks of 64 tokens, rows that fill no group of 8),
+// block scales and one scale, bf16 and f32 C, alpha and beta, a padded A, and K split across a
+// cluster at every size. Against the float64 product of the bf16 A and the dequantised weight;
+// the kernel rounds each dequantised weight to bf16, so the bound is bf16's.
+TEST_F(VendorFp8, GemmWeightOnlyMatchesTheDequantisedProduct) {
+  std::mt19937_64 rng(10);
+  int ran = 0;
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
+           {1, 2048, 2048}, {3, 256, 128}, {16, 384, 512}, {29, 160, 192}, {64, 1024, 1024}, {130, 128, 256}}) {
+    for (int scaling : {1, 0}) {
+      if (scaling == 1 && (N % 128 != 0 || K % 128 != 0)) continue;
+      for (rlh_dtype dc : {kBF16, kF32}) {
+        const double alpha = dc == kF32 ? 0.5 : 1.0, beta = dc == kF32 ? 0.25 : 0.0;
+        const int64_t pad = M % 2 ? 8 : 0;
+        SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " scaling " +
+                     std::to_string(scaling) + " C " + rlh::sdk::dtype_name(dc));
+        const Mat x = random_mat(rng, M, K, kBF16, 1.0, K + pad), w = random_mat(rng, N, K, kBF16, 0.02);
+        const Quantized qw = quantize_on_device(*this, w, kE4M3, scaling == 1 ? 2 : 0, 0);
+        std::vector<double> c0 = normal(rng, size_t(M * N), 1.0);
+        for (double& v : c0) v = kc::round_to(dc, v);
+        std::vector<uint8_t> cb(c0.size() * rlh::sdk::dtype_bytes(dc));
+        kc::encode_values(dc, c0.data(), c0.size(), cb.data());
+        Buf& c = alloc(cb.size());
+        c.put(cb.data(), cb.size());
+        const std::vector<rlh_tensor> in = {mat_t(upload(x), x), t(qw.q, {N, K}, kE4M3), t(qw.scale, {qw.nscale}, kF32)};
+        const std::vector<rlh_tensor> out = {t(c.get(), {M, N}, dc)};
+        run_once("gemm", in, out,
+                 {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", scaling),
+                  rlh::sdk::attr_double("alpha", alpha), rlh::sdk::attr_double("beta", beta)});
+        EXPECT_LE(rel_err(read(c, dc, c0.size()), ref_gemm(x, qw.deq, alpha, beta, c0)), 1e-2);
+        ++ran;
+      }
+    }
+  }
+  EXPECT_EQ(ran, 22);
+  // What the form does not take is refused at resolution (the caller quantises A instead).
+  const Mat x = random_mat(rng, 4, 100, kBF16, 1.0), w = random_mat(rng, 64, 100, kBF16, 0.02);
+  const Quantized qw = quantize_on_device(*this, w, kE4M3, 0, 0);
+  Buf& c = alloc(size_t(4 * 64) * 2);
+  std::string why;
+  EXPECT_EQ(resolve_code("gemm", {mat_t(upload(x), x), t(qw.q, {64, 100}, kE4M3), t(qw.scale, {1}, kF32)},
+                         {t(c.get(), {4, 64}, kBF16)}, {rlh::sdk::attr_int("transpose_b", 1)}, &why),
+            RLH_E_UNIMPLEMENTED);
+  EXPECT_NE(why.find("K must be a multiple of 64"), std::string::npos) << why;
+}
+
 // An FP8 linear layer, y = x W^T, forward and backward, the way an engine runs it through the
 // registry: x and W quantised (e4m3), dY quantised (e5m2 for `hybrid`, e4m3 for `e4m3`), each
 // backward product reading K-major copies (quantize_fp8 with transpose). Compared with the same

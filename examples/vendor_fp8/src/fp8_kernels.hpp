@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #ifdef __CUDACC__
 #define VFP8_HD __host__ __device__
@@ -76,5 +77,26 @@ void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q
 void quantize_delayed(const Source& s, Fmt f, double margin, bool most_recent, float* hist, int32_t len,
                       int32_t* pos_count, bool history_filled, void* q, int64_t ldq, float* scale, float* amax_out,
                       float* cur, uint32_t* bits, cudaStream_t st, void* qt = nullptr, int64_t ldqt = 0);
+
+// The weight-only product (fp8_weight_only.cu): C[M, N] = alpha A (s B)^T + beta C, A bf16 [M, K]
+// (row stride lda), B e4m3 [N, K] (ldb), s one float or B's 128x128 block scales
+// (Grouping::block128's layout), C bf16 or float32 (ldc). Hopper (sm_90) only: it reduces split K
+// across a thread-block cluster. Any M; made for decoding's few rows (up to 64 a chunk).
+struct WeightOnlyArgs {
+  int64_t M = 0, N = 0, K = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  const float* sb = nullptr;
+  bool block_scales = false;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  bool c_bf16 = true;
+  float alpha = 1, beta = 0;
+};
+// "" when the kernel takes these shapes and strides, else why not.
+std::string weight_only_unsupported(const WeightOnlyArgs& w);
+void gemm_weight_only(const WeightOnlyArgs& w, cudaStream_t st);
 
 }  // namespace vfp8

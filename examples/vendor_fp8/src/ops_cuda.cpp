@@ -71,6 +71,7 @@ struct rlh_op {
   double alpha = 1, beta = 0, margin = 0;
   int64_t scaling = 0, grouping = 0, transpose = 0;
   int64_t transpose_a = 0, transpose_b = 0, batch_invariant = 0;  // gemm (docs/ops.md's defaults)
+  bool weight_only = false;  // gemm's form A bf16, B e4m3, scale_b (resolved with three inputs)
   // quantize_fp8 with delayed scaling: the amax history ring on the device.
   bool delayed = false, most_recent = false;
   int32_t history_len = 0;
@@ -191,6 +192,58 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   g.sb = ptr<const float>(in[3]);
   g.c = ptr(out[0]);
   return g;
+}
+
+// ---- gemm, weight-only: A bf16, B e4m3, scale_b -> C (README.md): B's codes dequantised in the
+// product's registers, A read as it is (fp8_weight_only.cu).
+vfp8::WeightOnlyArgs weight_only_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin, const rlh_tensor* out,
+                                      size_t nout, const rlh_op& op, const rlh_op_call* call, bool shapes) {
+  if (nin != 3 || nout != 1)
+    unimpl("gemm (weight-only): expects A, B, scale_b -> C (got " + std::to_string(nin) + " inputs, " +
+           std::to_string(nout) + " outputs)");
+  for (size_t i = 0; i < nin; ++i) need_device(k, in[i], "gemm");
+  need_device(k, out[0], "gemm");
+  if (!(in[0].dtype == rlh::sdk::kBF16) || !(in[1].dtype == rlh::sdk::kE4M3))
+    unimpl(std::string("gemm (weight-only): answers A bf16 x B e4m3 (got ") + rlh::sdk::dtype_name(in[0].dtype) +
+           " x " + rlh::sdk::dtype_name(in[1].dtype) + ")");
+  if (!(in[2].dtype == rlh::sdk::kF32)) unimpl("gemm (weight-only): B's scales must be float32");
+  const rlh_dtype dc = out[0].dtype;
+  if (!(dc == rlh::sdk::kF32) && !(dc == rlh::sdk::kBF16))
+    unimpl(std::string("gemm (weight-only): C must be float32 or bf16 (got ") + rlh::sdk::dtype_name(dc) + ")");
+  if (pick_i(call, "transpose_a", op.transpose_a) != 0 || pick_i(call, "transpose_b", op.transpose_b) != 1)
+    unimpl("gemm (weight-only): answers transpose_a = 0, transpose_b = 1 only (B is a weight [N, K])");
+  if (pick_i(call, "batch_invariant", op.batch_invariant) != 0) unimpl("gemm (weight-only): not batch-invariant");
+  if (op.scaling != 0 && op.scaling != 1)
+    unimpl("gemm (weight-only): takes scaling 0 (one scale for B) or 1 (B's 128x128 blocks)");
+  if (k->cc / 10 != 9) unimpl("gemm (weight-only): runs on Hopper (sm_90) only (it reduces across thread-block clusters)");
+  vfp8::WeightOnlyArgs w;
+  w.block_scales = op.scaling == 1;
+  w.c_bf16 = dc == rlh::sdk::kBF16;
+  w.alpha = float(pick_d(call, "alpha", op.alpha));
+  w.beta = float(pick_d(call, "beta", op.beta));
+  if (!shapes) return w;
+  int64_t M, K, N, K2, Mc, Nc;
+  w.lda = matrix_ld(in[0], &M, &K, "gemm A");
+  w.ldb = matrix_ld(in[1], &N, &K2, "gemm B");
+  w.ldc = matrix_ld(out[0], &Mc, &Nc, "gemm C");
+  if (in[0].ndim != 2 || in[1].ndim != 2 || out[0].ndim != 2) unimpl("gemm (weight-only): answers 2-D products only");
+  if (K2 != K || Mc != M || Nc != N)
+    bad("gemm: shapes A [" + std::to_string(M) + ", " + std::to_string(K) + "], B [" + std::to_string(N) + ", " +
+        std::to_string(K2) + "] (transpose_b), C [" + std::to_string(Mc) + ", " + std::to_string(Nc) + "] disagree");
+  if (M == 0 || N == 0 || K == 0) unimpl("gemm (weight-only): empty product");
+  w.M = M;
+  w.N = N;
+  w.K = K;
+  if (const std::string why = vfp8::weight_only_unsupported(w); !why.empty()) unimpl("gemm (weight-only): " + why);
+  const int64_t nb = vfp8::scale_count(w.block_scales ? Grouping::block128 : Grouping::tensor, N, K);
+  if (rlh::sdk::tensor_numel(in[2]) != nb)
+    bad("gemm (weight-only): scaling " + std::to_string(op.scaling) + " takes " + std::to_string(nb) +
+        " scales for B (got " + std::to_string(rlh::sdk::tensor_numel(in[2])) + ")");
+  w.a = ptr(in[0]);
+  w.b = ptr(in[1]);
+  w.sb = ptr<const float>(in[2]);
+  w.c = ptr(out[0]);
+  return w;
 }
 
 // ---- amax: x -> out f32 [1].
@@ -320,13 +373,20 @@ class Scratch {
 
 constexpr size_t kSmallScratch = 256;  // amax bits and the current amax
 
-size_t workspace_of(const rlh_op& op) { return op.kind == Kind::gemm ? vfp8::kGemmWorkspace : kSmallScratch; }
+size_t workspace_of(const rlh_op& op) {
+  return op.kind == Kind::gemm && !op.weight_only ? vfp8::kGemmWorkspace : kSmallScratch;
+}
 
 // Checks of a desc or a call, by kind (throws UNIMPLEMENTED / INVALID_ARGUMENT naming why).
 void check(const rlh_op& op, const rlh_tensor* in, size_t nin, const rlh_tensor* out, size_t nout,
            const rlh_op_call* call, bool shapes) {
   switch (op.kind) {
-    case Kind::gemm: gemm_args(op.inst, in, nin, out, nout, op, call, shapes); return;
+    case Kind::gemm:
+      if (op.weight_only)
+        weight_only_args(op.inst, in, nin, out, nout, op, call, shapes);
+      else
+        gemm_args(op.inst, in, nin, out, nout, op, call, shapes);
+      return;
     case Kind::amax: amax_source(op.inst, in, nin, out, nout, shapes); return;
     case Kind::quantize:
       quant_call(op.inst, in, nin, out, nout, op, pick_i(call, "transpose", op.transpose), shapes);
@@ -450,6 +510,8 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     const int64_t recipe = rlh::sdk::attr_int_or(a, na, "recipe", 0);
     if (recipe != 0 && recipe != 1) bad("quantize_fp8: recipe must be 0 (current scaling) or 1 (delayed)");
     op->delayed = op->kind == Kind::quantize && recipe == 1;
+    // Three inputs with a bf16 A: the weight-only form (README.md).
+    op->weight_only = op->kind == Kind::gemm && d->num_inputs == 3 && d->inputs[0].dtype == rlh::sdk::kBF16;
     // The attributes a gemm call may change stay the call's; the scaling mode is the handle's.
     rlh_op_call resolution{};
     resolution.attrs = a;
@@ -457,7 +519,7 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     check(*op, d->inputs, d->num_inputs, d->outputs, d->num_outputs, &resolution, d->shapes_valid != 0);
     // With the shapes of the calls to come, ask cuBLASLt now: a product it has no algorithm for
     // is a refusal (the registry falls through), not a failure in the middle of a step.
-    if (op->kind == Kind::gemm && d->shapes_valid) {
+    if (op->kind == Kind::gemm && !op->weight_only && d->shapes_valid) {
       vfp8::GemmArgs g =
           gemm_args(k, d->inputs, d->num_inputs, d->outputs, d->num_outputs, *op, &resolution, true);
       std::string why;
@@ -488,7 +550,8 @@ rlh_status* k_op_info(rlh_op* op, rlh_op_info* out) {
     rlh_op_info info{};
     info.batch_invariant = 0;  // scales (and cuBLASLt's tiles) span rows
     // amax and quantisation: an order-free max, then elementwise; the GEMM's algorithm may split K.
-    info.deterministic = op->kind == Kind::gemm ? 0 : 1;
+    // (the weight-only form adds its split K in a fixed order)
+    info.deterministic = op->kind == Kind::gemm && !op->weight_only ? 0 : 1;
     info.stateful = op->delayed ? 1 : 0;
     info.workspace_bytes = workspace_of(*op);
     const size_t n = std::min(out->struct_size, sizeof(rlh_op_info));
@@ -507,6 +570,19 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
       auto* bits = static_cast<uint32_t*>(ws.get());
       switch (op->kind) {
         case Kind::gemm: {
+          if (op->weight_only) {
+            const vfp8::WeightOnlyArgs w =
+                weight_only_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
+            if (!aligned16(w.a) || !aligned16(w.b))
+              bad("gemm (weight-only): A and B must be 16-byte aligned");
+            try {
+              vfp8::gemm_weight_only(w, st);
+            } catch (const std::runtime_error& e) {
+              throw Error(RLH_E_INTERNAL, "vendor_fp8 gemm (weight-only; M " + std::to_string(w.M) + ", N " +
+                                              std::to_string(w.N) + ", K " + std::to_string(w.K) + "): " + e.what());
+            }
+            break;
+          }
           const vfp8::GemmArgs g =
               gemm_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
           if (!aligned16(g.a) || !aligned16(g.b) || !aligned16(g.c)) bad("gemm: A, B and C must be 16-byte aligned");

@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <unordered_set>
@@ -504,9 +505,10 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     for (int64_t i = 0; decode && i < S; ++i) decode = rows.sample_rows[size_t(i)] == i;
     const bool graph = decode && graphs_on_;
     // FP8 rollouts pad small decoding batches to 16 rows, the fewest blockwise FP8 products take
-    // (Fp8Linears::input): a bandwidth-bound step reads half the weight bytes for 16 rows instead
-    // of the bf16 weights for fewer.
-    const int64_t Rb = graph ? std::min<int64_t>(std::max<int64_t>(pow2_at_least(R), fp8_ ? 16 : 1), gmax_) : R;
+    // (Fp8Linears::input), unless the weight-only products take them (up to 64 rows where a
+    // provider offers the form): either way a step reads the FP8 weights.
+    const int64_t pad = fp8_ && pow2_at_least(R) > fp8_->weight_only_rows() ? 16 : 1;
+    const int64_t Rb = graph ? std::min<int64_t>(std::max<int64_t>(pow2_at_least(R), pad), gmax_) : R;
     const int64_t W = graph ? std::min<int64_t>(pow2_at_least(rows.width), table_cap_) : rows.width;
     upload_inputs(rows, d, Rb, W);
     b_->width = W;
@@ -904,6 +906,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       }
     }
     fp8_->reserve_input(rmax_, max_k);  // captured graphs keep the activations' FP8 buffers
+    // Decoding steps of up to 64 rows run weight-only products (bf16 activations x the FP8
+    // weights: no quantisation pass a product) where a provider offers them;
+    // RLH_GEN_FP8_WEIGHT_ONLY=0 quantises the activations as larger steps do (the A/B).
+    const char* wo = std::getenv("RLH_GEN_FP8_WEIGHT_ONLY");
+    fp8_->set_weight_only_rows(wo && std::string(wo) == "0" ? 0 : 64);
     b_->fp8 = fp8_.get();
     b_->fp8_weights = &fp8_ptrs_;
   }

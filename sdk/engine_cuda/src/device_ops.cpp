@@ -123,6 +123,7 @@ char g_quant_keys[2 * 3 * 2];
 char g_quant_given_keys[2 * 2];
 char g_quant_both_keys[2];
 char g_gemm_keys[2 * 3 * 2];
+char g_gemm_w8_keys[2];
 rlh_dtype fp8_dtype(DeviceOps::Fp8 f) { return f == DeviceOps::Fp8::e4m3 ? sdk::kE4M3 : sdk::kE5M2; }
 }  // namespace
 
@@ -257,6 +258,18 @@ void DeviceOps::gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa,
   if (fb != Fp8::e4m3) throw std::logic_error("cuda engine: gemm_fp8 takes an e4m3 B");
   const char* key = &g_gemm_keys[(int(fa) * 3 + scaling) * 2 + (c_f32 ? 1 : 0)];
   run(op(key, "gemm", in, out, at), in, out, at);
+}
+
+bool DeviceOps::gemm_fp8_weight_only(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+                                     const float* sb, int64_t nb, int scaling, void* C, int64_t ldc) {
+  const char* key = &g_gemm_w8_keys[scaling ? 1 : 0];
+  if (refused_.count(key)) return false;
+  Args a(dev_);
+  const std::array<rlh_named_value, 4> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
+                                             attr_double("alpha", 1.0), attr_double("beta", 0.0)};
+  const std::vector<rlh_tensor> in = {a.mat(A, kBF16, M, K, lda), a.mat(B, sdk::kE4M3, N, K, K), a.vec(sb, kF32, nb)};
+  const std::vector<rlh_tensor> out = {a.mat(C, kBF16, M, N, ldc)};
+  return run_optional(key, "gemm", in, out, at);
 }
 
 void DeviceOps::grouped_gemm(bool ta, bool tb, int64_t G, int64_t T, const int32_t* offsets, int64_t M, int64_t N,

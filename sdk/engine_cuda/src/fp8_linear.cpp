@@ -41,6 +41,17 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
     forward(xb, n, y.get<bf16>(), n);
     if (forward_only) {
       check(cudaDeviceSynchronize(), "fp8 probe");
+      // The weight-only form, optional (set_weight_only_rows): asked once, here, outside any
+      // captured graph.
+      try {
+        const Quantised& w = weight(xb, n, n, false);
+        w8_offered_ = ops_.gemm_fp8_weight_only(16, n, n, xb, n, w.q.get(), w.sc(), w.nscale, opt_.blockwise ? 1 : 0,
+                                                y.get<bf16>(), n);
+        check(cudaDeviceSynchronize(), "fp8 probe (weight-only)");
+      } catch (const std::exception&) {
+        cudaGetLastError();
+        w8_offered_ = false;
+      }
       stats_ = {};
       w_.clear();
       in_sites_.clear();
@@ -285,6 +296,15 @@ void Fp8Linears::quantise_operand(Quantised& out, std::map<int64_t, Site>& sites
 }
 
 bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
+  xw_ = nullptr;
+  if (!train_ && N > 0 && N <= w8_rows_ && aligned(K) && ldx % 8 == 0) {  // weight-only: nothing to quantise
+    xw_ = x;
+    xw_ld_ = ldx;
+    xw_site_ = site_id;
+    xN_ = N;
+    xK_ = K;
+    return true;
+  }
   if (!tokens_fit(N) || !aligned(K)) return false;
   // A training call's forward makes X^T beside X (per tensor; input_t's conditions) and keeps it
   // for the step's dW: one pass over X instead of two, and one amax.
@@ -310,6 +330,20 @@ bool Fp8Linears::fits_group(int64_t rows, int64_t ldy) const { return aligned(ro
 
 void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
   const Quantised& w = weight(W, rows, xK_, false);
+  if (xw_) {
+    if (ops_.gemm_fp8_weight_only(xN_, rows, xK_, xw_, xw_ld_, w.q.get(), w.sc(), w.nscale, opt_.blockwise ? 1 : 0, y,
+                                  ldy)) {
+      ++stats_.fp8_gemms;
+      ++stats_.weight_only;
+      return;
+    }
+    // Refused after all (another shape): this input is quantised as the general form takes it.
+    const bf16* x = xw_;
+    xw_ = nullptr;
+    if (!tokens_fit(xN_)) throw std::runtime_error("fp8: a weight-only product was refused at " +
+                                                   std::to_string(xN_) + " rows, which the FP8 product cannot take");
+    quantise_operand(x_, in_sites_, xw_site_, "input", x, xN_, xK_, xw_ld_, false, DeviceOps::Fp8::e4m3);
+  }
   ops_.gemm_fp8(xN_, rows, xK_, x_.q.get(), DeviceOps::Fp8::e4m3, x_.sc(), x_.nscale, w.q.get(),
                 DeviceOps::Fp8::e4m3, w.sc(), w.nscale, opt_.blockwise ? 1 : 0, 0.0, y, ldy, false,
                 /*fast_accum=*/true);  // TransformerEngine's forward; the gradients' products promote

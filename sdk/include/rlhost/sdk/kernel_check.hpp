@@ -33,6 +33,9 @@ struct KernelVariant {
   bool scaled;         // fp8 inputs with per-tensor scales
   bool probed;         // tried when `family` is listed
   double tolerance;
+  // A weight-only variant: the dtype of the operands cases mark as weights (gemm's B; with its
+  // scale appended), the others in `inputs`; only such cases run in it. bits 0: not one.
+  rlh_dtype weights{};
 };
 const std::vector<KernelVariant>& kernel_variants();
 

@@ -106,6 +106,11 @@ class DeviceOps {
   void gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na, const void* B,
                 Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C, int64_t ldc, bool c_f32,
                 bool fast_accum = false);
+  // The weight-only form (an optional one): C[M, N] (bf16, ldc) = A[M, K] (bf16, lda) (sb B)[N, K]^T,
+  // B e4m3 K-major and contiguous with its scales (scaling 0: one; 1: 128x128 blocks). False where
+  // no provider offers it (asked once).
+  bool gemm_fp8_weight_only(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+                            const float* sb, int64_t nb, int scaling, void* C, int64_t ldc);
   void embedding_fwd(void* out, const int32_t* ids, const void* table, int64_t N, int64_t C, int64_t V);
   void embedding_bwd(float* dtable, const int32_t* ids, const void* dout, int64_t N, int64_t C, int64_t V);
   // bf16 x, w, y; f32 rstd [N] (may be null)

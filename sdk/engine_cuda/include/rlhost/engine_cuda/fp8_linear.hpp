@@ -72,7 +72,8 @@ class Fp8Linears {
 
   // Forward of a linear step over weight groups sharing the input x [N, K]: `input` quantises x
   // once (false: the step's shape does not fit, run it in bf16), then `forward` per group of
-  // `rows` output features writes y [N, rows] (ldy) in bf16.
+  // `rows` output features writes y [N, rows] (ldy) in bf16. Inputs of up to weight_only_rows()
+  // rows are not quantised: their products are weight-only (x in bf16, W's FP8 copy).
   // `site` (delayed scaling only, else ignored): the step's input site, as registered.
   bool input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site = -1);
   bool fits_group(int64_t rows, int64_t ldy) const;
@@ -81,6 +82,12 @@ class Fp8Linears {
   void prepare_weight(const bf16* W, int64_t rows, int64_t K) { weight(W, rows, K, false); }
   // The activation buffers grown now for inputs of up to N x K (so later inputs move nothing).
   void reserve_input(int64_t N, int64_t K);
+  // Generation: inputs of up to `rows` rows run weight-only products (gemm's optional form A bf16
+  // x B e4m3, examples/vendor_fp8), where a provider offers it (probed by the forward-only
+  // constructor); a decoding step then reads the FP8 weights and quantises no activation. Returns
+  // the bound in force (0: no provider offers the form). Never in a training call.
+  int64_t set_weight_only_rows(int64_t rows) { return w8_rows_ = w8_offered_ ? rows : 0; }
+  int64_t weight_only_rows() const { return w8_rows_; }
 
   // Backward of one group: dx (lddx; bf16, added with beta 1) from dy [N, rows] (lddy), and
   // dW [rows, K] (fp32, accumulated). `input_t` quantises X^T for the step's dW products once;
@@ -105,6 +112,7 @@ class Fp8Linears {
 
   struct Stats {
     int64_t fp8_gemms = 0, bf16_gemms = 0;  // the products of FP8 layers, by how they ran
+    int64_t weight_only = 0;                 // of fp8_gemms, the weight-only ones
   };
   const Stats& stats() const { return stats_; }
   void count_bf16() { ++stats_.bf16_gemms; }
@@ -184,6 +192,11 @@ class Fp8Linears {
   const Quantised* xt_use_ = &xt_;  // dW's X^T: xt_, or a kept one
   bool delayed_both_ = false;       // the provider runs a delayed-scaling handle with transpose = 2
   int64_t xN_ = 0, xK_ = 0;  // the shape `input` quantised (x_), and `input_t` (xt_)
+  // A weight-only input (input() quantised nothing): x itself, its row stride and site.
+  const bf16* xw_ = nullptr;
+  int64_t xw_ld_ = 0, xw_site_ = -1;
+  bool w8_offered_ = false;  // a provider ran the weight-only form at construction
+  int64_t w8_rows_ = 0;
   int64_t xtN_ = 0, xtK_ = 0;
   std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
   std::map<int64_t, Site> in_sites_, grad_sites_;       // delayed scaling, by site id

@@ -1,0 +1,304 @@
+// The weight-only FP8 product (fp8_kernels.hpp, gemm_weight_only): C = alpha A (s B)^T + beta C
+// with A bf16 [M, K] (a decoding step's activations, a few to 64 rows) and B e4m3 [N, K] (the
+// weights' FP8 copy). Why a kernel of our own: a decoding step is bandwidth-bound on the
+// weights, and cuBLASLt's FP8 products need A in FP8 too, so every product paid a quantisation
+// pass over its activations, a launch-bound kernel of its own at these sizes (four a layer took
+// as long as the FP8 products saved at batch 64 on an H100, 2026-12-06). Here the weights are
+// read once, as FP8, and dequantised in registers; the activations stay bf16 (W8A16: more exact
+// than quantising them too).
+//
+// Layout. A warp owns 32 weight rows (output columns) and all of a chunk's tokens (up to 64)
+// over a range of K. Its products are mma.sync m16n8k16 in bf16 with the weights as the A
+// operand (16 rows) and the tokens as B (8 columns). A lane loads 16 consecutive codes of each
+// of its 4 rows per 64-wide step of K, so the fragments take K in a permuted order: slot (t, p,
+// e) of mma j (t = lane % 4, pair p, element e) holds k = 16 t + 4 j + 2 p + e, on both operands
+// (a dot product does not care in which order its terms are paired, only that both sides agree).
+// The activations are read with the same permutation: 32 consecutive bytes of a token's row.
+// Scales (one, or one per 128 x 128 block) multiply the codes as they are converted: a step of
+// 64 and a warp's 32 rows lie in one block.
+//
+// Split K. A block is 4 warps (128 rows, one block-scale band); the K range is cut among the
+// blocks of a thread-block cluster (up to 8), which add their partial tiles through distributed
+// shared memory in rank order (deterministic), each writing its share of C. This keeps a 2048
+// x 2048 weight spread over ~128 blocks instead of 16, with no workspace and no second launch.
+// The weights' first steps are loaded before griddepcontrol.wait (programmatic dependent launch:
+// nothing a decoding step's kernels write is a weight), so they are in flight while the kernel
+// before finishes; docs/ops.md's stream-order contract allows it.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fp8_kernels.hpp"
+
+namespace vfp8 {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 32;
+constexpr int kBlockRows = kWarps * kRowsPerWarp;  // 128: one band of block scales
+constexpr int kStep = 64;                           // K a step: 16 codes a lane
+// Steps of weights in flight a lane: 4 (256 bytes) for up to 16 tokens; 2 past that, where the
+// products' registers (accumulators, activations) would otherwise spill.
+template <int G>
+constexpr int kAhead = G <= 2 ? 4 : 2;
+constexpr int kMaxSplits = 8;                       // blocks of a cluster (the portable maximum)
+constexpr int kTileStride = kBlockRows + 4;         // the partial tile's row, padded off bank conflicts
+
+struct Params {
+  int64_t M, N, K;
+  const __nv_bfloat16* a;
+  int64_t lda;
+  const uint8_t* b;
+  int64_t ldb;
+  const float* sb;
+  int64_t kb4;  // block scales: the row of the scale matrix (0: one scale)
+  void* c;
+  int64_t ldc;
+  bool c_bf16;
+  float alpha, beta;
+  int64_t steps_per_split;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+#endif
+
+// Two e4m3 codes (a 16-bit word) to two bf16 values times s: the codes convert exactly to half
+// (hardware pair conversion), the product with s rounds once, to bf16.
+__device__ __forceinline__ uint32_t codes_to_bf16x2(uint32_t two, float s) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * s, f.y * s);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 64-wide step of K for a warp: per mma j, its rows' codes 4 j .. 4 j + 3 as two bf16 pairs
+// a row (af), then the products with each token group's 4 values at 16 t + 4 j (8 bytes).
+template <int G>
+__device__ __forceinline__ void step(const uint4 (&w)[4], int64_t s, float sc, float (&acc)[2][G][4],
+                                     const __nv_bfloat16* const (&arow)[G], const bool (&tok)[G]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t af[4][2];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+      af[r][0] = codes_to_bf16x2(word, sc);
+      af[r][1] = codes_to_bf16x2(word >> 16, sc);
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      uint2 x = make_uint2(0, 0);
+      if (tok[g]) x = __ldg(reinterpret_cast<const uint2*>(arow[g] + s * kStep + 4 * j));
+#pragma unroll
+      for (int h = 0; h < 2; ++h)  // rows n0 + 16 h + gi (r = 2 h) and + 8 (r = 2 h + 1)
+        mma_bf16(acc[h][g], af[2 * h][0], af[2 * h + 1][0], af[2 * h][1], af[2 * h + 1][1], x.x, x.y);
+    }
+  }
+}
+
+// G groups of 8 tokens a chunk (M <= 8 G, or 64 a chunk with G = 8 and blockIdx.z the chunk).
+template <int G>
+__global__ void __launch_bounds__(kWarps * 32) weight_only_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float tile[8 * G][kTileStride];  // this block's partial sums [token][row]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gi = lane >> 2, t = lane & 3;
+  const int64_t band = int64_t(blockIdx.x) * kBlockRows;
+  const int64_t n0 = band + warp * kRowsPerWarp;
+  const bool live = n0 < p.N;  // N % 32 == 0: a warp's rows are all in or all out
+  const int64_t steps = p.K / kStep;
+  const int64_t s_begin = int64_t(blockIdx.y) * p.steps_per_split;
+  const int64_t s_end = s_begin + p.steps_per_split < steps ? s_begin + p.steps_per_split : steps;
+  const int64_t m0 = int64_t(blockIdx.z) * (8 * G);
+
+  // Rows n0 + gi + 8 r (r = 0..3), this lane's 16 codes at 16 t within each step.
+  const uint8_t* brow[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) brow[r] = p.b + (live ? n0 + gi + 8 * r : 0) * p.ldb + 16 * t;
+  uint4 w[kAhead<G>][4];
+  auto load = [&](int slot, int64_t s) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) w[slot][r] = __ldcs(reinterpret_cast<const uint4*>(brow[r] + s * kStep));
+  };
+  if (live) {
+#pragma unroll
+    for (int u = 0; u < kAhead<G>; ++u)
+      if (s_begin + u < s_end) load(u, s_begin + u);
+  }
+  grid_wait();  // A (and C when beta != 0) may be the kernel before's output
+  grid_launch_dependents();
+
+  float acc[2][G][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[h][g][i] = 0.f;
+
+  // Token rows of this lane's B fragments: m0 + 8 g + gi.
+  const __nv_bfloat16* arow[G];
+  bool tok[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int64_t m = m0 + 8 * g + gi;
+    tok[g] = m < p.M;
+    arow[g] = p.a + (tok[g] ? m : 0) * p.lda + 16 * t;
+  }
+  const float* srow = p.kb4 ? p.sb + (n0 / kBlockRows) * p.kb4 : p.sb;
+
+  if (live) {
+    for (int64_t s0 = s_begin; s0 < s_end; s0 += kAhead<G>) {
+#pragma unroll
+      for (int u = 0; u < kAhead<G>; ++u) {
+        const int64_t s = s0 + u;
+        if (s >= s_end) break;
+        const float sc = p.kb4 ? srow[(s * kStep) / 128] : srow[0];
+        if (s + kAhead<G> < s_end) {  // the slot's codes move to registers first, then it refills
+          const uint4 cur[4] = {w[u][0], w[u][1], w[u][2], w[u][3]};
+          load(u, s + kAhead<G>);
+          step(cur, s, sc, acc, arow, tok);
+        } else {
+          step(w[u], s, sc, acc, arow, tok);
+        }
+      }
+    }
+  }
+  // The partial tile: acc[h][g] = rows (16 h + gi, + 8) x tokens (8 g + 2 t, + 1) of this warp.
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int row = warp * kRowsPerWarp + 16 * h + gi, col = 8 * g + 2 * t;
+      tile[col][row] = acc[h][g][0];
+      tile[col + 1][row] = acc[h][g][1];
+      tile[col][row + 8] = acc[h][g][2];
+      tile[col + 1][row + 8] = acc[h][g][3];
+    }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  // Each block of the cluster sums its share of the tile over the blocks in rank order.
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  constexpr int kElems = 8 * G * kBlockRows;
+  const int per = (kElems + splits - 1) / splits;
+  const int e_end = (rank + 1) * per < kElems ? (rank + 1) * per : kElems;
+  for (int e = rank * per + int(threadIdx.x); e < e_end; e += kWarps * 32) {
+    const int col = e / kBlockRows, row = e % kBlockRows;
+    float v = 0.f;
+    for (int q = 0; q < splits; ++q) v += cluster.map_shared_rank(&tile[0][0], q)[col * kTileStride + row];
+    const int64_t m = m0 + col, n = band + row;
+    if (m >= p.M || n >= p.N) continue;
+    v *= p.alpha;
+    if (p.c_bf16) {
+      __nv_bfloat16* c = static_cast<__nv_bfloat16*>(p.c) + m * p.ldc + n;
+      if (p.beta != 0.f) v += p.beta * __bfloat162float(*c);
+      *c = __float2bfloat16_rn(v);
+    } else {
+      float* c = static_cast<float*>(p.c) + m * p.ldc + n;
+      if (p.beta != 0.f) v += p.beta * *c;
+      *c = v;
+    }
+  }
+  cluster.sync();  // no block leaves while another reads its tile
+#endif
+}
+
+int sm_count() {
+  static std::mutex mu;
+  static std::vector<int> counts;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  std::lock_guard<std::mutex> lock(mu);
+  if (size_t(dev) >= counts.size()) counts.resize(size_t(dev) + 1, 0);
+  if (counts[size_t(dev)] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    counts[size_t(dev)] = n > 0 ? n : 132;
+  }
+  return counts[size_t(dev)];
+}
+
+template <int G>
+void launch(const Params& p, int splits, int64_t chunks, cudaStream_t st) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned((p.N + kBlockRows - 1) / kBlockRows), unsigned(splits), unsigned(chunks));
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.stream = st;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = 1;
+  at[0].val.clusterDim.y = unsigned(splits);
+  at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, weight_only_kernel<G>, p);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("weight-only FP8 product: ") + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+std::string weight_only_unsupported(const WeightOnlyArgs& w) {
+  if (w.K % kStep != 0) return "K must be a multiple of 64 (got " + std::to_string(w.K) + ")";
+  if (w.N % kRowsPerWarp != 0) return "N must be a multiple of 32 (got " + std::to_string(w.N) + ")";
+  if (w.lda % 8 != 0 || w.ldb % 16 != 0)
+    return "A's and B's row strides must be multiples of 16 bytes (lda " + std::to_string(w.lda) + ", ldb " +
+           std::to_string(w.ldb) + ")";
+  return "";
+}
+
+void gemm_weight_only(const WeightOnlyArgs& w, cudaStream_t st) {
+  if (w.M <= 0 || w.N <= 0 || w.K <= 0) return;
+  Params p{};
+  p.M = w.M;
+  p.N = w.N;
+  p.K = w.K;
+  p.a = static_cast<const __nv_bfloat16*>(w.a);
+  p.lda = w.lda;
+  p.b = static_cast<const uint8_t*>(w.b);
+  p.ldb = w.ldb;
+  p.sb = w.sb;
+  p.kb4 = w.block_scales ? ceil_div(ceil_div(w.K, 128), 4) * 4 : 0;
+  p.c = w.c;
+  p.ldc = w.ldc;
+  p.c_bf16 = w.c_bf16;
+  p.alpha = w.alpha;
+  p.beta = w.beta;
+  // Tokens: G groups of 8 (the fewest that hold M), chunks of 64 past that.
+  const int G = w.M <= 8 ? 1 : w.M <= 16 ? 2 : w.M <= 32 ? 4 : 8;
+  const int64_t chunks = ceil_div(w.M, 8 * G);
+  // Splits of K: enough blocks for ~2 a multiprocessor, at most a cluster's 8 and a step each.
+  const int64_t bands = ceil_div(w.N, kBlockRows) * chunks, steps = w.K / kStep;
+  int64_t splits = std::clamp<int64_t>(ceil_div(2 * int64_t(sm_count()), bands), 1, std::min<int64_t>(kMaxSplits, steps));
+  p.steps_per_split = ceil_div(steps, splits);
+  splits = ceil_div(steps, p.steps_per_split);  // no split left without a step
+  switch (G) {
+    case 1: launch<1>(p, int(splits), chunks, st); break;
+    case 2: launch<2>(p, int(splits), chunks, st); break;
+    case 4: launch<4>(p, int(splits), chunks, st); break;
+    default: launch<8>(p, int(splits), chunks, st); break;
+  }
+}
+
+}  // namespace vfp8
