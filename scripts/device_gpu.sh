@@ -13,6 +13,10 @@
 #               loss after 200 steps of each on one stream; and decoding at batch 64 / 256 in bf16
 #               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
 #               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
+#     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
+#              W8BENCH_VARIANTS env A/B, then ncu on its kernel
+#     fp8decode: decoding at FP8DEC_CASES (b1 b64 b256) in bf16, FP8 (weight-only products up to 64
+#                rows) and FP8 with quantised activations (RLH_GEN_FP8_WEIGHT_ONLY=0), one run
 #     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8), delayed scaling's
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
@@ -196,6 +200,58 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
+fi
+if [ "$what" = w8bench ]; then
+  # The weight-only FP8 product alone at a decoding step's shapes (bench_fp8_gemm --decode),
+  # with each W8BENCH_VARIANTS env setting (commas: several), then ncu on the default's kernels.
+  for v in ${W8BENCH_VARIANTS:-DEFAULT=1 VFP8_W8_SPLITS=1 VFP8_W8_SPLITS=4 VFP8_W8_PDL=0}; do
+    echo "== bench_fp8_gemm --decode 1 with $v =="
+    env ${v//,/ } "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 2>&1 | tee "$out/w8bench_$v.log" |
+      sed -E 's/RESULT impl=rlhost name=decode_//'
+  done
+  if [ "${W8_NCU:-1}" != 0 ]; then
+    # Every weight-only launch of a short run (10 a shape): duration and DRAM throughput; then the
+    # full sections of one batch-1 and one 64-row launch.
+    timeout 150 ncu --clock-control none --kernel-name regex:weight_only --csv \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread \
+      "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 --reps 1 > "$out/w8_ncu.csv" 2>&1
+    python3 - "$out/w8_ncu.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10 and r[0].isdigit()]
+hdr = next((r for r in csv.reader(open(sys.argv[1])) if "Metric Name" in r), None)
+if not hdr: print("ncu: no rows"); sys.exit(0)
+iname, ik, iv = hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
+iid = hdr.index("ID")
+per = collections.defaultdict(dict)
+for r in rows: per[int(r[iid])][r[ik]] = r[iv].replace(",", "")
+for i in sorted(per)[::10]:
+    m = per[i]
+    print(f"launch {i:4d}: {float(m.get('gpu__time_duration.sum', 0)) / 1e3:8.2f} us  dram {m.get('dram__throughput.avg.pct_of_peak_sustained_elapsed', '?'):>6}%  "
+          f"grid {m.get('launch__grid_size', '?'):>5}  regs {m.get('launch__registers_per_thread', '?')}")
+PY
+    # Launches 20 and 100: gate|up at 1 and at 64 rows (10 launches a shape: qkv, o, gate|up, down).
+    for at in 20 100; do
+      timeout 100 ncu --clock-control none --kernel-name regex:weight_only --launch-skip $at --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 --reps 1 > "$out/w8_ncu_$at.txt" 2>&1
+      grep -E "^  [a-z_]+_kernel|Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Warp Cycles Per|Cluster|Waves|Mem Busy|Max Bandwidth|L1/TEX Hit|L2 Hit" "$out/w8_ncu_$at.txt" | head -40
+    done
+  fi
+fi
+if [ "$what" = fp8decode ]; then
+  # FP8 rollouts' decoding against bf16 in one run (the vendor's provider on the plugin path):
+  # bf16, FP8 with the weight-only products up to 64 rows (the default), and FP8 with the
+  # activations quantised as before (RLH_GEN_FP8_WEIGHT_ONLY=0). FP8DEC_CASES="b1 b64 b256".
+  for c in ${FP8DEC_CASES:-b1 b64 b256}; do
+    for v in bf16 fp8 fp8-w8a8; do
+      f=""; e=""
+      [ "$v" != bf16 ] && f=--fp8
+      [ "$v" = fp8-w8a8 ] && e="RLH_GEN_FP8_WEIGHT_ONLY=0"
+      env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
+        > "$out/fp8dec_${c}_$v.log" 2>&1 || rc=1
+      echo "$v: $(grep -E "^$c |rror" "$out/fp8dec_${c}_$v.log" | head -2)"
+    done
+  done
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then
   # What a user tries first: the same fixture scored and sampled on the CPU (float32) and on the

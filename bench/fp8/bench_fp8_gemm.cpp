@@ -3,6 +3,9 @@
 // blocks). Timed on the host around `reps` queued calls and one synchronize (the plugin's own
 // memory services; no CUDA is linked here), after warm-ups; median of `rounds`.
 //   bench_fp8_gemm PLUGIN.so [--m 8192 --n 8192 --k 8192 --reps 50 --rounds 5 --data normal|uniform]
+//   bench_fp8_gemm PLUGIN.so --decode 1   a decoding step's products instead (Llama-3.2-1B's four weights
+//     at 1, 16 and 64 rows): the weight-only form (bf16 A x e4m3 B, block scales) and the block-scaled
+//     FP8 product, in microseconds a call (over --reps queued calls) and the weight bytes' GB/s
 // Prints: RESULT impl=rlhost name=<case> shape=MxNxK value=<TFLOP/s> unit=TFLOP/s ms=<per call>
 #include <dlfcn.h>
 
@@ -83,6 +86,95 @@ std::vector<uint8_t> uniform_fp8(size_t n, uint64_t seed) {
   return v;
 }
 
+// One product timed over `reps` queued calls, median of 5 rounds, in ms a call.
+double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps) {
+  for (int i = 0; i < 5; ++i) check(d.api->run(op, &call), "gemm");
+  check(d.api->synchronize(d.k, nullptr), "synchronize");
+  std::vector<double> ms;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) check(d.api->run(op, &call), "gemm");
+    check(d.api->synchronize(d.k, nullptr), "synchronize");
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// A decoding step's products (--decode): Llama-3.2-1B's q|k|v, o, gate|up and down weights at
+// 1, 16 and 64 rows, weight-only (A bf16) and block-scaled FP8 (A e4m3 in 1x128 tiles).
+void decode_products(Dev& d, int reps) {
+  const int64_t shapes[4][2] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
+  const char* names[4] = {"qkv", "o", "gate_up", "down"};
+  for (const int64_t M : {1, 16, 64}) {
+    for (int s = 0; s < 4; ++s) {
+      const int64_t N = shapes[s][0], K = shapes[s][1];
+      const int64_t kb = (K + 127) / 128, kb4 = (kb + 3) / 4 * 4, na = kb * M, nb = ((N + 127) / 128) * kb4;
+      void* a = d.alloc(size_t(M * K) * 2);
+      void* b = d.alloc(size_t(N * K));
+      void* c = d.alloc(size_t(M * N) * 2);
+      void* dsa = d.alloc(size_t(na) * 4);
+      void* dsb = d.alloc(size_t(nb) * 4);
+      void* ws = d.alloc(size_t(32) << 20);
+      d.put(b, normal_fp8(size_t(N * K), 2).data(), size_t(N * K));
+      const std::vector<uint8_t> codes = normal_fp8(size_t(M * K), 1);
+      std::vector<uint16_t> abf(size_t(M * K));  // bf16 in +-[2^-7, 2^-6), random mantissas and signs
+      for (size_t i = 0; i < abf.size(); ++i) abf[i] = uint16_t(0x3c00 | (codes[i] & 0x7f) | ((codes[i] & 0x80) << 8));
+      d.put(a, abf.data(), abf.size() * 2);
+      std::vector<float> sa(size_t(na), 1.0f / 64), sb(size_t(nb), 1.0f / 64);
+      d.put(dsa, sa.data(), sa.size() * 4);
+      d.put(dsb, sb.data(), sb.size() * 4);
+      const int64_t sA[2] = {M, K}, tA[2] = {K, 1}, sB[2] = {N, K}, tB[2] = {K, 1}, sC[2] = {M, N}, tC[2] = {N, 1};
+      const int64_t nsa[1] = {na}, nsb[1] = {nb}, unit[1] = {1};
+      double us[2] = {0, 0};
+      for (int form = 0; form < 2; ++form) {  // 0 weight-only, 1 block-scaled FP8 x FP8
+        std::vector<rlh_tensor> in;
+        if (form == 0)
+          in = {tensor(a, sA, tA, 2, rlh::sdk::kBF16), tensor(b, sB, tB, 2, rlh::sdk::kE4M3),
+                tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
+        else  // A's codes: the first M x K bytes of the bf16 buffer (any codes time alike)
+          in = {tensor(a, sA, tA, 2, rlh::sdk::kE4M3), tensor(b, sB, tB, 2, rlh::sdk::kE4M3),
+                tensor(dsa, nsa, unit, 1, rlh::sdk::kF32), tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
+        const rlh_tensor out[1] = {tensor(c, sC, tC, 2, rlh::sdk::kBF16)};
+        const rlh_named_value attrs[2] = {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 1)};
+        rlh_op_desc od{};
+        od.struct_size = sizeof od;
+        od.name = "gemm";
+        od.device = rlh::sdk::cuda_device(0);
+        od.inputs = in.data();
+        od.num_inputs = in.size();
+        od.outputs = out;
+        od.num_outputs = 1;
+        od.shapes_valid = 1;
+        od.attrs = attrs;
+        od.num_attrs = 2;
+        rlh_op* op = nullptr;
+        if (rlh_status* st = d.api->get_op(d.k, &od, &op)) {
+          rlh::sdk::StatusPtr owned(st);
+          std::printf("%-8s M=%-3lld %s: refused: %s\n", names[s], (long long)M, form ? "fp8 x fp8" : "weight-only",
+                      rlh::sdk::status_message(st).c_str());
+          continue;
+        }
+        rlh_op_call call{};
+        call.struct_size = sizeof call;
+        call.inputs = in.data();
+        call.num_inputs = in.size();
+        call.outputs = out;
+        call.num_outputs = 1;
+        call.workspace = ws;
+        call.workspace_bytes = size_t(32) << 20;
+        us[form] = 1e3 * time_calls(d, op, call, reps);
+        d.api->release_op(op);
+      }
+      const double gbs = double(N * K) / (us[0] * 1e-6) / 1e9;
+      std::printf("RESULT impl=rlhost name=decode_%s rows=%lld shape=%lldx%lld weight_only_us=%.2f fp8_block_us=%.2f "
+                  "weight_only_GBs=%.0f\n",
+                  names[s], (long long)M, (long long)N, (long long)K, us[0], us[1], gbs);
+      for (void* p : {a, b, c, dsa, dsb, ws}) d.api->memory_free(d.k, p);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,6 +185,7 @@ int main(int argc, char** argv) {
   int64_t M = 8192, N = 8192, K = 8192;
   int reps = 50, rounds = 5;
   bool uniform = false;
+  bool decode = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const long long v = std::atoll(argv[i + 1]);
@@ -102,7 +195,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       uniform = std::strcmp(argv[i + 1], "uniform") == 0;
-    } else if (a == "--m") M = v;
+    } else if (a == "--decode") decode = v != 0;
+    else if (a == "--m") M = v;
     else if (a == "--n") N = v;
     else if (a == "--k") K = v;
     else if (a == "--reps") reps = int(v);
@@ -130,6 +224,11 @@ int main(int argc, char** argv) {
     rlh_kernels* k = nullptr;
     check(api->create(nullptr, rlh::sdk::cuda_device(0), "{}", 2, &k), "create on cuda:0");
     Dev d{api, k};
+    if (decode) {
+      decode_products(d, reps);
+      api->destroy(k);
+      return 0;
+    }
     const int64_t kb = (K + 127) / 128, kb4 = (kb + 3) / 4 * 4;
     void* a = d.alloc(size_t(M * K));
     void* b = d.alloc(size_t(N * K));

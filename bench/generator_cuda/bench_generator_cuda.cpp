@@ -3,7 +3,7 @@
 // bandwidth roofline of the same work; run.sh runs it beside Hugging Face generate
 // (bench_hf_generate.py) on the same GPU. Prints one "RESULT key=value ..." line per case.
 //
-//   bench_generator_cuda [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt 128] [--new 256]
+//   bench_generator_cuda [--shape llama1b|small] [--case all|b1|b16|b64|b256|grpo] [--prompt 128] [--new 256]
 //                        [--repeats 3] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity]
 //   --parity: the train-generation mismatch at this shape: the CUDA engine (bf16, the same weights;
 //          in its deterministic mode with --deterministic) scores the last timed call's sequences
@@ -62,7 +62,7 @@ struct Case {
   const char* name;
   int64_t prompts, samples;
 };
-const Case kCases[] = {{"b1", 1, 1}, {"b64", 64, 1}, {"b256", 256, 1}, {"grpo", 64, 8}};
+const Case kCases[] = {{"b1", 1, 1}, {"b16", 16, 1}, {"b64", 64, 1}, {"b256", 256, 1}, {"grpo", 64, 8}};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
     else if (a == "--trainer") trainer_parts = next();
     else {
       std::fprintf(stderr,
-                   "usage: %s [--shape llama1b|small] [--case all|b1|b64|b256|grpo] [--prompt N] [--new N] "
+                   "usage: %s [--shape llama1b|small] [--case all|b1|b16|b64|b256|grpo] [--prompt N] [--new N] "
                    "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity] [--trainer none|all|gemm+attention+head]\n",
                    argv[0]);
       return 2;

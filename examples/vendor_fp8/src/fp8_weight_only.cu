@@ -30,6 +30,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -45,11 +46,14 @@ namespace cg = cooperative_groups;
 constexpr int kWarps = 4;
 constexpr int kRowsPerWarp = 32;
 constexpr int kBlockRows = kWarps * kRowsPerWarp;  // 128: one band of block scales
-constexpr int kStep = 64;                           // K a step: 16 codes a lane
-// Steps of weights in flight a lane: 4 (256 bytes) for up to 16 tokens; 2 past that, where the
-// products' registers (accumulators, activations) would otherwise spill.
-template <int G>
-constexpr int kAhead = G <= 2 ? 4 : 2;
+// K a step: V 16-byte loads of a row a lane (16 V consecutive codes; 4 lanes a row cover 64 V
+// bytes of it). V = 2 reads whole 128-byte lines of each row.
+template <int V>
+constexpr int kStep = 64 * V;
+// Steps of weights in flight a lane (4 x 16 V bytes a row): 256 bytes a row for up to 16
+// tokens, half past that, where the products' registers would otherwise spill.
+template <int G, int V>
+constexpr int kAhead = (G <= 2 ? 4 : 2) / V;
 constexpr int kMaxSplits = 8;                       // blocks of a cluster (the portable maximum)
 constexpr int kTileStride = kBlockRows + 4;         // the partial tile's row, padded off bank conflicts
 
@@ -91,24 +95,26 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One 64-wide step of K for a warp: per mma j, its rows' codes 4 j .. 4 j + 3 as two bf16 pairs
-// a row (af), then the products with each token group's 4 values at 16 t + 4 j (8 bytes).
-template <int G>
-__device__ __forceinline__ void step(const uint4 (&w)[4], int64_t s, float sc, float (&acc)[2][G][4],
+// One step of K for a warp: per mma j, its rows' codes 4 j .. 4 j + 3 (word j of the lane's
+// 16 V codes) as two bf16 pairs a row (af), then the products with each token group's 4 values
+// at 16 V t + 4 j (8 bytes).
+template <int G, int V>
+__device__ __forceinline__ void step(const uint4 (&w)[4][V], int64_t s, float sc, float (&acc)[2][G][4],
                                      const __nv_bfloat16* const (&arow)[G], const bool (&tok)[G]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < 4 * V; ++j) {
     uint32_t af[4][2];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const uint32_t word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+      const uint4& q = w[r][j / 4];
+      const uint32_t word = j % 4 == 0 ? q.x : j % 4 == 1 ? q.y : j % 4 == 2 ? q.z : q.w;
       af[r][0] = codes_to_bf16x2(word, sc);
       af[r][1] = codes_to_bf16x2(word >> 16, sc);
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       uint2 x = make_uint2(0, 0);
-      if (tok[g]) x = __ldg(reinterpret_cast<const uint2*>(arow[g] + s * kStep + 4 * j));
+      if (tok[g]) x = __ldg(reinterpret_cast<const uint2*>(arow[g] + s * kStep<V> + 4 * j));
 #pragma unroll
       for (int h = 0; h < 2; ++h)  // rows n0 + 16 h + gi (r = 2 h) and + 8 (r = 2 h + 1)
         mma_bf16(acc[h][g], af[2 * h][0], af[2 * h + 1][0], af[2 * h][1], af[2 * h + 1][1], x.x, x.y);
@@ -117,8 +123,9 @@ __device__ __forceinline__ void step(const uint4 (&w)[4], int64_t s, float sc, f
 }
 
 // G groups of 8 tokens a chunk (M <= 8 G, or 64 a chunk with G = 8 and blockIdx.z the chunk).
-template <int G>
+template <int G, int V>
 __global__ void __launch_bounds__(kWarps * 32) weight_only_kernel(Params p) {
+  constexpr int A = kAhead<G, V>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float tile[8 * G][kTileStride];  // this block's partial sums [token][row]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -126,23 +133,26 @@ __global__ void __launch_bounds__(kWarps * 32) weight_only_kernel(Params p) {
   const int64_t band = int64_t(blockIdx.x) * kBlockRows;
   const int64_t n0 = band + warp * kRowsPerWarp;
   const bool live = n0 < p.N;  // N % 32 == 0: a warp's rows are all in or all out
-  const int64_t steps = p.K / kStep;
+  const int64_t steps = p.K / kStep<V>;
   const int64_t s_begin = int64_t(blockIdx.y) * p.steps_per_split;
   const int64_t s_end = s_begin + p.steps_per_split < steps ? s_begin + p.steps_per_split : steps;
   const int64_t m0 = int64_t(blockIdx.z) * (8 * G);
 
-  // Rows n0 + gi + 8 r (r = 0..3), this lane's 16 codes at 16 t within each step.
+  // Rows n0 + gi + 8 r (r = 0..3), this lane's 16 V codes at 16 V t within each step.
   const uint8_t* brow[4];
 #pragma unroll
-  for (int r = 0; r < 4; ++r) brow[r] = p.b + (live ? n0 + gi + 8 * r : 0) * p.ldb + 16 * t;
-  uint4 w[kAhead<G>][4];
+  for (int r = 0; r < 4; ++r) brow[r] = p.b + (live ? n0 + gi + 8 * r : 0) * p.ldb + 16 * V * t;
+  uint4 w[A][4][V];
   auto load = [&](int slot, int64_t s) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) w[slot][r] = __ldcs(reinterpret_cast<const uint4*>(brow[r] + s * kStep));
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        w[slot][r][v] = __ldcs(reinterpret_cast<const uint4*>(brow[r] + s * kStep<V>) + v);
   };
   if (live) {
 #pragma unroll
-    for (int u = 0; u < kAhead<G>; ++u)
+    for (int u = 0; u < A; ++u)
       if (s_begin + u < s_end) load(u, s_begin + u);
   }
   grid_wait();  // A (and C when beta != 0) may be the kernel before's output
@@ -163,23 +173,27 @@ __global__ void __launch_bounds__(kWarps * 32) weight_only_kernel(Params p) {
   for (int g = 0; g < G; ++g) {
     const int64_t m = m0 + 8 * g + gi;
     tok[g] = m < p.M;
-    arow[g] = p.a + (tok[g] ? m : 0) * p.lda + 16 * t;
+    arow[g] = p.a + (tok[g] ? m : 0) * p.lda + 16 * V * t;
   }
   const float* srow = p.kb4 ? p.sb + (n0 / kBlockRows) * p.kb4 : p.sb;
 
   if (live) {
-    for (int64_t s0 = s_begin; s0 < s_end; s0 += kAhead<G>) {
+    for (int64_t s0 = s_begin; s0 < s_end; s0 += A) {
 #pragma unroll
-      for (int u = 0; u < kAhead<G>; ++u) {
+      for (int u = 0; u < A; ++u) {
         const int64_t s = s0 + u;
         if (s >= s_end) break;
-        const float sc = p.kb4 ? srow[(s * kStep) / 128] : srow[0];
-        if (s + kAhead<G> < s_end) {  // the slot's codes move to registers first, then it refills
-          const uint4 cur[4] = {w[u][0], w[u][1], w[u][2], w[u][3]};
-          load(u, s + kAhead<G>);
-          step(cur, s, sc, acc, arow, tok);
+        const float sc = p.kb4 ? srow[(s * kStep<V>) / 128] : srow[0];
+        if (s + A < s_end) {  // the slot's codes move to registers first, then it refills
+          uint4 cur[4][V];
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int v = 0; v < V; ++v) cur[r][v] = w[u][r][v];
+          load(u, s + A);
+          step<G, V>(cur, s, sc, acc, arow, tok);
         } else {
-          step(w[u], s, sc, acc, arow, tok);
+          step<G, V>(w[u], s, sc, acc, arow, tok);
         }
       }
     }
@@ -238,7 +252,14 @@ int sm_count() {
   return counts[size_t(dev)];
 }
 
-template <int G>
+// VFP8_W8_SPLITS=n caps the split of K (1..8) and VFP8_W8_PDL=0 launches without programmatic
+// dependent launch: the A/B switches of bench_fp8_gemm --decode.
+int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : dflt;
+}
+
+template <int G, int V>
 void launch(const Params& p, int splits, int64_t chunks, cudaStream_t st) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned((p.N + kBlockRows - 1) / kBlockRows), unsigned(splits), unsigned(chunks));
@@ -251,16 +272,17 @@ void launch(const Params& p, int splits, int64_t chunks, cudaStream_t st) {
   at[0].val.clusterDim.z = 1;
   at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[1].val.programmaticStreamSerializationAllowed = 1;
+  static const bool pdl = env_int("VFP8_W8_PDL", 1) != 0;
   cfg.attrs = at;
-  cfg.numAttrs = 2;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, weight_only_kernel<G>, p);
+  cfg.numAttrs = pdl ? 2 : 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, weight_only_kernel<G, V>, p);
   if (e != cudaSuccess) throw std::runtime_error(std::string("weight-only FP8 product: ") + cudaGetErrorString(e));
 }
 
 }  // namespace
 
 std::string weight_only_unsupported(const WeightOnlyArgs& w) {
-  if (w.K % kStep != 0) return "K must be a multiple of 64 (got " + std::to_string(w.K) + ")";
+  if (w.K % kStep<1> != 0) return "K must be a multiple of 64 (got " + std::to_string(w.K) + ")";
   if (w.N % kRowsPerWarp != 0) return "N must be a multiple of 32 (got " + std::to_string(w.N) + ")";
   if (w.lda % 8 != 0 || w.ldb % 16 != 0)
     return "A's and B's row strides must be multiples of 16 bytes (lda " + std::to_string(w.lda) + ", ldb " +
@@ -288,16 +310,33 @@ void gemm_weight_only(const WeightOnlyArgs& w, cudaStream_t st) {
   // Tokens: G groups of 8 (the fewest that hold M), chunks of 64 past that.
   const int G = w.M <= 8 ? 1 : w.M <= 16 ? 2 : w.M <= 32 ? 4 : 8;
   const int64_t chunks = ceil_div(w.M, 8 * G);
+  // Whole 128-byte lines of each row a step for up to 8 rows of A (H100, 2026-12-06: a 1B
+  // model's gate|up at 1 row in 17.1 us against 23.8 with 64 bytes); 64 bytes past that, where
+  // the activations' loads, not the weights', bound the kernel (27.0 against 31.8 us at 16
+  // rows). VFP8_W8_V=1 / 2 forces either (the A/B).
+  static const int vsel = env_int("VFP8_W8_V", 0);
+  const int V = (vsel == 2 || (vsel == 0 && G == 1)) && w.K % kStep<2> == 0 ? 2 : 1;
   // Splits of K: enough blocks for ~2 a multiprocessor, at most a cluster's 8 and a step each.
-  const int64_t bands = ceil_div(w.N, kBlockRows) * chunks, steps = w.K / kStep;
-  int64_t splits = std::clamp<int64_t>(ceil_div(2 * int64_t(sm_count()), bands), 1, std::min<int64_t>(kMaxSplits, steps));
+  const int64_t bands = ceil_div(w.N, kBlockRows) * chunks, steps = w.K / (64 * V);
+  static const int64_t max_splits = std::clamp(env_int("VFP8_W8_SPLITS", kMaxSplits), 1, kMaxSplits);
+  int64_t splits = std::clamp<int64_t>(ceil_div(2 * int64_t(sm_count()), bands), 1, std::min<int64_t>(max_splits, steps));
   p.steps_per_split = ceil_div(steps, splits);
   splits = ceil_div(steps, p.steps_per_split);  // no split left without a step
-  switch (G) {
-    case 1: launch<1>(p, int(splits), chunks, st); break;
-    case 2: launch<2>(p, int(splits), chunks, st); break;
-    case 4: launch<4>(p, int(splits), chunks, st); break;
-    default: launch<8>(p, int(splits), chunks, st); break;
+  const int sp = int(splits);
+  if (V == 2) {
+    switch (G) {
+      case 1: launch<1, 2>(p, sp, chunks, st); break;
+      case 2: launch<2, 2>(p, sp, chunks, st); break;
+      case 4: launch<4, 2>(p, sp, chunks, st); break;
+      default: launch<8, 2>(p, sp, chunks, st); break;
+    }
+  } else {
+    switch (G) {
+      case 1: launch<1, 1>(p, sp, chunks, st); break;
+      case 2: launch<2, 1>(p, sp, chunks, st); break;
+      case 4: launch<4, 1>(p, sp, chunks, st); break;
+      default: launch<8, 1>(p, sp, chunks, st); break;
+    }
   }
 }
 

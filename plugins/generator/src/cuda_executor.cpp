@@ -906,11 +906,15 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       }
     }
     fp8_->reserve_input(rmax_, max_k);  // captured graphs keep the activations' FP8 buffers
-    // Decoding steps of up to 64 rows run weight-only products (bf16 activations x the FP8
-    // weights: no quantisation pass a product) where a provider offers them;
-    // RLH_GEN_FP8_WEIGHT_ONLY=0 quantises the activations as larger steps do (the A/B).
+    // Decoding steps of up to 8 rows run weight-only products (bf16 activations x the FP8
+    // weights: no quantisation pass a product) where a provider offers them: the Llama-3.2-1B
+    // shape at batch 1 decoded 900 tok/s against 798 with the activations quantised (and padded
+    // to 16 rows) and 803 in bf16 (H100, 2026-12-06). Past 8 rows vendor_fp8's weight-only
+    // kernel loses to the quantised product on cuBLASLt (9,976 against 10,435 tok/s at batch
+    // 16; at 64 rows its gate|up took 58 us against 14.5: the activations' loads bound it).
+    // RLH_GEN_FP8_WEIGHT_ONLY=N sets the bound (0: quantise every step's activations, the A/B).
     const char* wo = std::getenv("RLH_GEN_FP8_WEIGHT_ONLY");
-    fp8_->set_weight_only_rows(wo && std::string(wo) == "0" ? 0 : 64);
+    fp8_->set_weight_only_rows(wo && *wo ? std::max<int64_t>(0, std::atoll(wo)) : 8);
     b_->fp8 = fp8_.get();
     b_->fp8_weights = &fp8_ptrs_;
   }
