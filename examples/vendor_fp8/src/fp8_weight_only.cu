@@ -9,13 +9,14 @@
 //
 // Layout. A warp owns 32 weight rows (output columns) and all of a chunk's tokens (up to 64)
 // over a range of K. Its products are mma.sync m16n8k16 in bf16 with the weights as the A
-// operand (16 rows) and the tokens as B (8 columns). A lane loads 16 consecutive codes of each
-// of its 4 rows per 64-wide step of K, so the fragments take K in a permuted order: slot (t, p,
-// e) of mma j (t = lane % 4, pair p, element e) holds k = 16 t + 4 j + 2 p + e, on both operands
-// (a dot product does not care in which order its terms are paired, only that both sides agree).
-// The activations are read with the same permutation: 32 consecutive bytes of a token's row.
+// operand (16 rows) and the tokens as B (8 columns). A lane loads 16 V consecutive codes of each
+// of its 4 rows per step of 64 V (V = 2 at one token group: whole 128-byte lines of a row; 1
+// past that), so the fragments take K in a permuted order: slot (t, p, e) of mma j (t = lane %
+// 4, pair p, element e) holds k = 16 V t + 4 j + 2 p + e, on both operands (a dot product does
+// not care in which order its terms are paired, only that both sides agree). The activations
+// are read with the same permutation: 8 bytes of a token's row a (j, token group).
 // Scales (one, or one per 128 x 128 block) multiply the codes as they are converted: a step of
-// 64 and a warp's 32 rows lie in one block.
+// up to 128 and a warp's 32 rows lie in one block.
 //
 // Split K. A block is 4 warps (128 rows, one block-scale band); the K range is cut among the
 // blocks of a thread-block cluster (up to 8), which add their partial tiles through distributed

@@ -914,7 +914,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     // 16; at 64 rows its gate|up took 58 us against 14.5: the activations' loads bound it).
     // RLH_GEN_FP8_WEIGHT_ONLY=N sets the bound (0: quantise every step's activations, the A/B).
     const char* wo = std::getenv("RLH_GEN_FP8_WEIGHT_ONLY");
-    fp8_->set_weight_only_rows(wo && *wo ? std::max<int64_t>(0, std::atoll(wo)) : 8);
+    stats_.fp8_weight_only_rows = fp8_->set_weight_only_rows(wo && *wo ? std::max<int64_t>(0, std::atoll(wo)) : 8);
     b_->fp8 = fp8_.get();
     b_->fp8_weights = &fp8_ptrs_;
   }
