@@ -86,6 +86,25 @@ std::vector<uint8_t> uniform_fp8(size_t n, uint64_t seed) {
   return v;
 }
 
+// gemm resolved with these operands' shapes: the handle, or the provider's status (owned by
+// the caller) when it refuses.
+rlh_status* resolve_gemm(const Dev& d, const rlh_tensor* in, size_t nin, const rlh_tensor* out,
+                         const rlh_named_value* attrs, size_t nattrs, rlh_op** op) {
+  rlh_op_desc od{};
+  od.struct_size = sizeof od;
+  od.name = "gemm";
+  od.device = rlh::sdk::cuda_device(0);
+  od.inputs = in;
+  od.num_inputs = nin;
+  od.outputs = out;
+  od.num_outputs = 1;
+  od.shapes_valid = 1;
+  od.attrs = attrs;
+  od.num_attrs = nattrs;
+  *op = nullptr;
+  return d.api->get_op(d.k, &od, op);
+}
+
 // One product timed over `reps` queued calls, median of 5 rounds, in ms a call.
 double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps) {
   for (int i = 0; i < 5; ++i) check(d.api->run(op, &call), "gemm");
@@ -137,19 +156,8 @@ void decode_products(Dev& d, int reps) {
                 tensor(dsa, nsa, unit, 1, rlh::sdk::kF32), tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
         const rlh_tensor out[1] = {tensor(c, sC, tC, 2, rlh::sdk::kBF16)};
         const rlh_named_value attrs[2] = {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 1)};
-        rlh_op_desc od{};
-        od.struct_size = sizeof od;
-        od.name = "gemm";
-        od.device = rlh::sdk::cuda_device(0);
-        od.inputs = in.data();
-        od.num_inputs = in.size();
-        od.outputs = out;
-        od.num_outputs = 1;
-        od.shapes_valid = 1;
-        od.attrs = attrs;
-        od.num_attrs = 2;
         rlh_op* op = nullptr;
-        if (rlh_status* st = d.api->get_op(d.k, &od, &op)) {
+        if (rlh_status* st = resolve_gemm(d, in.data(), in.size(), out, attrs, 2, &op)) {
           rlh::sdk::StatusPtr owned(st);
           std::printf("%-8s M=%-3lld %s: refused: %s\n", names[s], (long long)M, form ? "fp8 x fp8" : "weight-only",
                       rlh::sdk::status_message(st).c_str());
@@ -251,19 +259,8 @@ int main(int argc, char** argv) {
                                 tensor(dsa, nsa, unit, 1, rlh::sdk::kF32), tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
       const rlh_tensor out[1] = {tensor(c, sC, tC, 2, rlh::sdk::kBF16)};
       const rlh_named_value attrs[2] = {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", scaling)};
-      rlh_op_desc od{};
-      od.struct_size = sizeof od;
-      od.name = "gemm";
-      od.device = rlh::sdk::cuda_device(0);
-      od.inputs = in;
-      od.num_inputs = 4;
-      od.outputs = out;
-      od.num_outputs = 1;
-      od.shapes_valid = 1;
-      od.attrs = attrs;
-      od.num_attrs = 2;
       rlh_op* op = nullptr;
-      check(api->get_op(k, &od, &op), "resolve gemm");
+      check(resolve_gemm(d, in, 4, out, attrs, 2, &op), "resolve gemm");
       rlh_op_call call{};
       call.struct_size = sizeof call;
       call.inputs = in;

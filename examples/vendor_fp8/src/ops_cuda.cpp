@@ -127,6 +127,25 @@ int64_t matrix_ld(const rlh_tensor& t, int64_t* rows, int64_t* cols, const std::
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// A 2-D product's shapes from A [M, K], B [N, K] (transpose_b) and C [M, N], and their row
+// strides; `form` names the gemm form in the errors.
+struct ProductShape {
+  int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
+};
+ProductShape product_shape(const rlh_tensor* in, const rlh_tensor* out, const std::string& form) {
+  ProductShape p;
+  int64_t K2, Mc, Nc;
+  p.lda = matrix_ld(in[0], &p.M, &p.K, "gemm A");
+  p.ldb = matrix_ld(in[1], &p.N, &K2, "gemm B");
+  p.ldc = matrix_ld(out[0], &Mc, &Nc, "gemm C");
+  if (in[0].ndim != 2 || in[1].ndim != 2 || out[0].ndim != 2) unimpl(form + ": answers 2-D products only");
+  if (K2 != p.K || Mc != p.M || Nc != p.N)
+    bad("gemm: shapes A [" + std::to_string(p.M) + ", " + std::to_string(p.K) + "], B [" + std::to_string(p.N) + ", " +
+        std::to_string(K2) + "] (transpose_b), C [" + std::to_string(Mc) + ", " + std::to_string(Nc) + "] disagree");
+  if (p.M == 0 || p.N == 0 || p.K == 0) unimpl(form + ": empty product");
+  return p;
+}
+
 // ---- gemm: A, B, scale_a, scale_b -> C (docs/ops.md's fp8 variant; README.md).
 
 vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin, const rlh_tensor* out, size_t nout,
@@ -162,15 +181,11 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
     if (k->cc / 10 != 9) unimpl("gemm: cuBLASLt's 1x128 / 128x128 block scaling runs on Hopper (sm_90) only");
   }
   if (!shapes) return g;
-  int64_t M, K, N, K2, Mc, Nc;
-  g.lda = matrix_ld(in[0], &M, &K, "gemm A");
-  g.ldb = matrix_ld(in[1], &N, &K2, "gemm B");
-  g.ldc = matrix_ld(out[0], &Mc, &Nc, "gemm C");
-  if (in[0].ndim != 2 || in[1].ndim != 2 || out[0].ndim != 2) unimpl("gemm: answers 2-D products only");
-  if (K2 != K || Mc != M || Nc != N)
-    bad("gemm: shapes A [" + std::to_string(M) + ", " + std::to_string(K) + "], B [" + std::to_string(N) + ", " +
-        std::to_string(K2) + "] (transpose_b), C [" + std::to_string(Mc) + ", " + std::to_string(Nc) + "] disagree");
-  if (M == 0 || N == 0 || K == 0) unimpl("gemm: empty product");
+  const ProductShape ps = product_shape(in, out, "gemm");
+  const int64_t M = ps.M, N = ps.N, K = ps.K;
+  g.lda = ps.lda;
+  g.ldb = ps.ldb;
+  g.ldc = ps.ldc;
   if (K % 16 != 0 || g.lda % 16 != 0 || g.ldb % 16 != 0 || (g.ldc * (g.c_bf16 ? 2 : 4)) % 16 != 0)
     unimpl("gemm: FP8 products need K and the leading dimensions at multiples of 16 bytes (K " + std::to_string(K) +
            ", lda " + std::to_string(g.lda) + ", ldb " + std::to_string(g.ldb) + ", ldc " + std::to_string(g.ldc) + ")");
@@ -222,18 +237,14 @@ vfp8::WeightOnlyArgs weight_only_args(const rlh_kernels* k, const rlh_tensor* in
   w.alpha = float(pick_d(call, "alpha", op.alpha));
   w.beta = float(pick_d(call, "beta", op.beta));
   if (!shapes) return w;
-  int64_t M, K, N, K2, Mc, Nc;
-  w.lda = matrix_ld(in[0], &M, &K, "gemm A");
-  w.ldb = matrix_ld(in[1], &N, &K2, "gemm B");
-  w.ldc = matrix_ld(out[0], &Mc, &Nc, "gemm C");
-  if (in[0].ndim != 2 || in[1].ndim != 2 || out[0].ndim != 2) unimpl("gemm (weight-only): answers 2-D products only");
-  if (K2 != K || Mc != M || Nc != N)
-    bad("gemm: shapes A [" + std::to_string(M) + ", " + std::to_string(K) + "], B [" + std::to_string(N) + ", " +
-        std::to_string(K2) + "] (transpose_b), C [" + std::to_string(Mc) + ", " + std::to_string(Nc) + "] disagree");
-  if (M == 0 || N == 0 || K == 0) unimpl("gemm (weight-only): empty product");
-  w.M = M;
+  const ProductShape ps = product_shape(in, out, "gemm (weight-only)");
+  const int64_t N = ps.N, K = ps.K;
+  w.M = ps.M;
   w.N = N;
   w.K = K;
+  w.lda = ps.lda;
+  w.ldb = ps.ldb;
+  w.ldc = ps.ldc;
   if (const std::string why = vfp8::weight_only_unsupported(w); !why.empty()) unimpl("gemm (weight-only): " + why);
   const int64_t nb = vfp8::scale_count(w.block_scales ? Grouping::block128 : Grouping::tensor, N, K);
   if (rlh::sdk::tensor_numel(in[2]) != nb)
