@@ -13,6 +13,7 @@
 #               loss after 200 steps of each on one stream; and decoding at batch 64 / 256 in bf16
 #               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
 #               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
+#     compilepair: the 1B training step beside torch.compile's (loss in the graph), nothing else
 #     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
 #              W8BENCH_VARIANTS env A/B, then ncu on its kernel
 #     fp8decode: decoding at FP8DEC_CASES (b1 b64 b256) in bf16, FP8 (weight-only products up to 64
@@ -200,6 +201,14 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
+fi
+if [ "$what" = compilepair ]; then
+  # #14's ratio alone: the 1B training step on the CUDA engine, then HF's model with its loss
+  # compiled by torch.compile (the strongest peer), same GPU, same shape (COMPILE_STEPS=8).
+  "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train 2>&1 | tee "$out/compilepair_rlhost.log" |
+    grep -E "^(RESULT|train|device)|rror"
+  python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
+    grep -v Warning | tee "$out/compilepair_torch.log" | grep -E "^RESULT|rror|Traceback"
 fi
 if [ "$what" = w8bench ]; then
   # The weight-only FP8 product alone at a decoding step's shapes (bench_fp8_gemm --decode),

@@ -505,8 +505,8 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     for (int64_t i = 0; decode && i < S; ++i) decode = rows.sample_rows[size_t(i)] == i;
     const bool graph = decode && graphs_on_;
     // FP8 rollouts pad small decoding batches to 16 rows, the fewest blockwise FP8 products take
-    // (Fp8Linears::input), unless the weight-only products take them (up to 64 rows where a
-    // provider offers the form): either way a step reads the FP8 weights.
+    // (Fp8Linears::input), unless the weight-only products take them (up to 8 rows where a
+    // provider offers the form: plan_fp8): either way a step reads the FP8 weights.
     const int64_t pad = fp8_ && pow2_at_least(R) > fp8_->weight_only_rows() ? 16 : 1;
     const int64_t Rb = graph ? std::min<int64_t>(std::max<int64_t>(pow2_at_least(R), pad), gmax_) : R;
     const int64_t W = graph ? std::min<int64_t>(pow2_at_least(rows.width), table_cap_) : rows.width;
