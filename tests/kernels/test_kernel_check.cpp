@@ -124,6 +124,10 @@ TEST(KernelCheck, CorrectProviderPassesUnlistedOpsNotOffered) {
     EXPECT_EQ(gemm->cells[variant_index("f32")].state, sdk::KernelCheckCell::pass);
     EXPECT_GE(gemm->cells[variant_index("f32")].calls, 10);
     EXPECT_EQ(gemm->cells[variant_index("e4m3")].state, sdk::KernelCheckCell::pass);  // scaled fp8
+    // The weight-only form (bf16 A x e4m3 B): tried because e4m3 is listed; only the cases that
+    // mark a weight run in it (three).
+    EXPECT_EQ(gemm->cells[variant_index("bf16xe4m3")].state, sdk::KernelCheckCell::pass);
+    EXPECT_EQ(gemm->cells[variant_index("bf16xe4m3")].calls, 3);
     // bf16 is listed, but C only in float32: bf16+f32 passes and bf16 counts as not offered (not
     // as unverified, which the registry would warn about)
     EXPECT_EQ(gemm->cells[variant_index("bf16+f32")].state, sdk::KernelCheckCell::pass);

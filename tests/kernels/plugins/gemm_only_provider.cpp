@@ -3,7 +3,8 @@
 // OpenBLAS's sgemm on the whole problem, which is what kernels_cpu runs on one thread, so an
 // engine on one thread gives bit for bit the same results with or without it. It also offers an
 // FP8 GEMM (e4m3 A and B, each with its float32 scale appended to the inputs as docs/ops.md
-// says, C float32), so the conformance runner's fp8 path has a provider to check, and a bf16
+// says, C float32), so the conformance runner's fp8 path has a provider to check, its
+// weight-only form (A bf16, B e4m3 with B's scale: the runner's bf16xe4m3 variant), and a bf16
 // GEMM that writes its C only in float32 (it lists bf16 but takes the bf16+f32 form alone, as
 // cuDNN's attention takes its lse only in float32).
 // RLH_TEST_PROVIDER_MODE makes it misbehave for the error tests: "resolve_fails" (get_op fails
@@ -44,7 +45,7 @@ struct rlh_kernels {
 struct rlh_op {
   bool ta = false, tb = false;  // the desc's attributes: defaults a call's attributes override
   double alpha = 1, beta = 0;
-  bool fp8 = false, bf16 = false;
+  bool fp8 = false, bf16 = false, w8 = false;  // w8: A bf16 x B e4m3 (weight-only)
   std::string mode;
   rlh_kernels* k = nullptr;
 };
@@ -140,14 +141,18 @@ rlh_status* get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
                      is_f32_cpu_matrix(d->outputs[0]);
     const bool bf16 = d->num_inputs == 2 && d->num_outputs == 1 && is_bf16_cpu_matrix(d->inputs[0]) &&
                       is_bf16_cpu_matrix(d->inputs[1]) && is_f32_cpu_matrix(d->outputs[0]);
-    if (!f32 && !fp8 && !bf16)
+    const bool w8 = d->num_inputs == 3 && d->num_outputs == 1 && is_bf16_cpu_matrix(d->inputs[0]) &&
+                    is_e4m3_cpu_matrix(d->inputs[1]) && is_f32_scale(d->inputs[2]) && is_f32_cpu_matrix(d->outputs[0]);
+    if (!f32 && !fp8 && !bf16 && !w8)
       throw Error(RLH_E_UNIMPLEMENTED,
-                  "test provider: 2-D float32, bf16 into float32, or e4m3 with scales into float32, host gemm only");
+                  "test provider: 2-D float32, bf16 into float32, e4m3 with scales into float32 or bf16 x e4m3 "
+                  "into float32, host gemm only");
     if (k->mode == "resolve_fails") throw Error(RLH_E_INTERNAL, "planted failure at resolve");
     auto op = std::make_unique<rlh_op>();
     op->mode = k->mode;
     op->fp8 = fp8;
     op->bf16 = bf16;
+    op->w8 = w8;
     op->k = k;
     using rlh::sdk::attr_double_or;
     using rlh::sdk::attr_int_or;
@@ -191,6 +196,11 @@ rlh_status* run(rlh_op* op, const rlh_op_call* c) {
     if (op->fp8) {
       a8 = dequantize(A, c->inputs[2]);
       b8 = dequantize(B, c->inputs[3]);
+      a = a8.data();
+      b = b8.data();
+    } else if (op->w8) {
+      a8 = widen_bf16(A);
+      b8 = dequantize(B, c->inputs[2]);
       a = a8.data();
       b = b8.data();
     } else if (op->bf16) {
