@@ -47,9 +47,9 @@
 #               per-GPU batch, and the table of tokens/s/GPU, scaling efficiency and ratios.
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
-#     backlog: what earlier sessions built but could not run, most needed first, for one short
-#              call (2026-12-06, seventeenth session: paged attention's in-block combine at D = 128
-#              in test_cuda_decode, then the engine, backend and conformance tests)
+#     backlog: what earlier sessions built or meant to measure but could not run, most needed
+#              first, for one short call (2026-12-06, eighteenth session: compilepair, then
+#              fp8decode at b1 and b64)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -75,14 +75,13 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (seventeenth session): the sixteenth's backlog (FP8 tests, the FP8 step at 1B and
-  # 3B with 1 and 4 micro-batches) ran on an H100. Left unrun when the device time ran out:
-  # test_cuda_decode's batch-1 check of paged attention's in-block combine at D = 128 (the
-  # default takes it at D = 64 only until this passes), and, after RoPE's angles and the cache
-  # write's slot moved before pdl_wait, the engine's and the backend's GPU tests and the
-  # conformance runner (check-kernels passed in the same call as the change).
-  what=tests
-  TESTS=${TESTS:-"test_cuda_decode test_cuda_engine test_backend_cuda test_cuda_conformance"}
+  # 2026-12-06 (eighteenth session): the seventeenth's backlog passed on an H100, and everything
+  # this session built ran (the weight-only FP8 form: fp8, w8bench, fp8decode). Left unmeasured
+  # when the device time ran out: #14's 1B step beside torch.compile (compilepair), then the FP8
+  # rollouts' decoding at batch 1 and 64 again (on an H200 if one comes).
+  bash "$0" compilepair || rc=1
+  FP8DEC_CASES=${FP8DEC_CASES:-"b1 b64"} bash "$0" fp8decode || rc=1
+  exit $rc
 fi
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
   list="test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cuda_decode test_kernels_cudnn_plugin
