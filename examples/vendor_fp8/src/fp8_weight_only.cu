@@ -314,9 +314,10 @@ void gemm_weight_only(const WeightOnlyArgs& w, cudaStream_t st) {
   // Whole 128-byte lines of each row a step for up to 8 rows of A (H100, 2026-12-06: a 1B
   // model's gate|up at 1 row in 17.1 us against 23.8 with 64 bytes); 64 bytes past that, where
   // the activations' loads, not the weights', bound the kernel (27.0 against 31.8 us at 16
-  // rows). VFP8_W8_V=1 / 2 forces either (the A/B).
+  // rows). VFP8_W8_V=1 takes 64 bytes at one token group too (the A/B; 128 bytes past one group
+  // was measured slower and is not offered).
   static const int vsel = env_int("VFP8_W8_V", 0);
-  const int V = (vsel == 2 || (vsel == 0 && G == 1)) && w.K % kStep<2> == 0 ? 2 : 1;
+  const int V = vsel != 1 && G == 1 && w.K % kStep<2> == 0 ? 2 : 1;
   // Splits of K: enough blocks for ~2 a multiprocessor, at most a cluster's 8 and a step each.
   const int64_t bands = ceil_div(w.N, kBlockRows) * chunks, steps = w.K / (64 * V);
   static const int64_t max_splits = std::clamp(env_int("VFP8_W8_SPLITS", kMaxSplits), 1, kMaxSplits);
@@ -325,12 +326,7 @@ void gemm_weight_only(const WeightOnlyArgs& w, cudaStream_t st) {
   splits = ceil_div(steps, p.steps_per_split);  // no split left without a step
   const int sp = int(splits);
   if (V == 2) {
-    switch (G) {
-      case 1: launch<1, 2>(p, sp, chunks, st); break;
-      case 2: launch<2, 2>(p, sp, chunks, st); break;
-      case 4: launch<4, 2>(p, sp, chunks, st); break;
-      default: launch<8, 2>(p, sp, chunks, st); break;
-    }
+    launch<1, 2>(p, sp, chunks, st);  // (one token group only)
   } else {
     switch (G) {
       case 1: launch<1, 1>(p, sp, chunks, st); break;
