@@ -105,12 +105,12 @@ rlh_status* resolve_gemm(const Dev& d, const rlh_tensor* in, size_t nin, const r
   return d.api->get_op(d.k, &od, op);
 }
 
-// One product timed over `reps` queued calls, median of 5 rounds, in ms a call.
-double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps) {
+// One product timed over `reps` queued calls after 5 warm-ups, median of `rounds`, in ms a call.
+double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps, int rounds = 5) {
   for (int i = 0; i < 5; ++i) check(d.api->run(op, &call), "gemm");
   check(d.api->synchronize(d.k, nullptr), "synchronize");
   std::vector<double> ms;
-  for (int r = 0; r < 5; ++r) {
+  for (int r = 0; r < rounds; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < reps; ++i) check(d.api->run(op, &call), "gemm");
     check(d.api->synchronize(d.k, nullptr), "synchronize");
@@ -214,6 +214,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (reps < 1 || rounds < 1) {
+    std::fprintf(stderr, "bench_fp8_gemm: --reps and --rounds must be at least 1\n");
+    return 2;
+  }
   void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     std::fprintf(stderr, "bench_fp8_gemm: %s\n", dlerror());
@@ -272,17 +276,7 @@ int main(int argc, char** argv) {
       const rlh_named_value call_attrs[1] = {rlh::sdk::attr_int("fast_accum", fast)};
       call.attrs = call_attrs;
       call.num_attrs = 1;
-      for (int i = 0; i < 5; ++i) check(api->run(op, &call), "gemm");
-      check(api->synchronize(k, nullptr), "synchronize");
-      std::vector<double> ms;
-      for (int r = 0; r < rounds; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < reps; ++i) check(api->run(op, &call), "gemm");
-        check(api->synchronize(k, nullptr), "synchronize");
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double t = ms[ms.size() / 2];
+      const double t = time_calls(d, op, call, reps, rounds);
       const char* name = scaling ? "fp8_gemm_block" : fast ? "fp8_gemm_tensor_fast_accum" : "fp8_gemm_tensor";
       std::printf("RESULT impl=rlhost name=%s%s shape=%lldx%lldx%lld value=%.1f unit=TFLOP/s ms=%.4f\n",
                   uniform ? "uniform_" : "", name, (long long)M, (long long)N, (long long)K,

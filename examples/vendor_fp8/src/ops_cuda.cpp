@@ -385,7 +385,8 @@ class Scratch {
 constexpr size_t kSmallScratch = 256;  // amax bits and the current amax
 
 size_t workspace_of(const rlh_op& op) {
-  return op.kind == Kind::gemm && !op.weight_only ? vfp8::kGemmWorkspace : kSmallScratch;
+  if (op.weight_only) return 0;
+  return op.kind == Kind::gemm ? vfp8::kGemmWorkspace : kSmallScratch;
 }
 
 // Checks of a desc or a call, by kind (throws UNIMPLEMENTED / INVALID_ARGUMENT naming why).
@@ -577,23 +578,22 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
     rlh_kernels* k = op->inst;
     const auto st = static_cast<cudaStream_t>(call->stream);
     on_device(k, [&] {
+      if (op->weight_only) {  // no scratch: split K is reduced within a cluster
+        const vfp8::WeightOnlyArgs w =
+            weight_only_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
+        if (!aligned16(w.a) || !aligned16(w.b)) bad("gemm (weight-only): A and B must be 16-byte aligned");
+        try {
+          vfp8::gemm_weight_only(w, st);
+        } catch (const std::runtime_error& e) {
+          throw Error(RLH_E_INTERNAL, "vendor_fp8 gemm (weight-only; M " + std::to_string(w.M) + ", N " +
+                                          std::to_string(w.N) + ", K " + std::to_string(w.K) + "): " + e.what());
+        }
+        return;
+      }
       Scratch ws(call, workspace_of(*op), st);
       auto* bits = static_cast<uint32_t*>(ws.get());
       switch (op->kind) {
         case Kind::gemm: {
-          if (op->weight_only) {
-            const vfp8::WeightOnlyArgs w =
-                weight_only_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
-            if (!aligned16(w.a) || !aligned16(w.b))
-              bad("gemm (weight-only): A and B must be 16-byte aligned");
-            try {
-              vfp8::gemm_weight_only(w, st);
-            } catch (const std::runtime_error& e) {
-              throw Error(RLH_E_INTERNAL, "vendor_fp8 gemm (weight-only; M " + std::to_string(w.M) + ", N " +
-                                              std::to_string(w.N) + ", K " + std::to_string(w.K) + "): " + e.what());
-            }
-            break;
-          }
           const vfp8::GemmArgs g =
               gemm_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
           if (!aligned16(g.a) || !aligned16(g.b) || !aligned16(g.c)) bad("gemm: A, B and C must be 16-byte aligned");

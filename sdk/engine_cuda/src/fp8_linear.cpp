@@ -300,7 +300,6 @@ bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t
   if (!train_ && N > 0 && N <= w8_rows_ && aligned(K) && ldx % 8 == 0) {  // weight-only: nothing to quantise
     xw_ = x;
     xw_ld_ = ldx;
-    xw_site_ = site_id;
     xN_ = N;
     xK_ = K;
     return true;
@@ -330,19 +329,13 @@ bool Fp8Linears::fits_group(int64_t rows, int64_t ldy) const { return aligned(ro
 
 void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
   const Quantised& w = weight(W, rows, xK_, false);
-  if (xw_) {
-    if (ops_.gemm_fp8_weight_only(xN_, rows, xK_, xw_, xw_ld_, w.q.get(), w.sc(), w.nscale, opt_.blockwise ? 1 : 0, y,
-                                  ldy)) {
-      ++stats_.fp8_gemms;
-      ++stats_.weight_only;
-      return;
-    }
-    // Refused after all (another shape): this input is quantised as the general form takes it.
-    const bf16* x = xw_;
-    xw_ = nullptr;
-    if (!tokens_fit(xN_)) throw std::runtime_error("fp8: a weight-only product was refused at " +
-                                                   std::to_string(xN_) + " rows, which the FP8 product cannot take");
-    quantise_operand(x_, in_sites_, xw_site_, "input", x, xN_, xK_, xw_ld_, false, DeviceOps::Fp8::e4m3);
+  if (xw_) {  // (only once the constructor's probe ran the form: it is resolved, so it runs)
+    if (!ops_.gemm_fp8_weight_only(xN_, rows, xK_, xw_, xw_ld_, w.q.get(), w.sc(), w.nscale, opt_.blockwise ? 1 : 0,
+                                   y, ldy))
+      throw std::logic_error("fp8: the weight-only product ran at setup and is refused now");
+    ++stats_.fp8_gemms;
+    ++stats_.weight_only;
+    return;
   }
   ops_.gemm_fp8(xN_, rows, xK_, x_.q.get(), DeviceOps::Fp8::e4m3, x_.sc(), x_.nscale, w.q.get(),
                 DeviceOps::Fp8::e4m3, w.sc(), w.nscale, opt_.blockwise ? 1 : 0, 0.0, y, ldy, false,

@@ -192,9 +192,9 @@ class Fp8Linears {
   const Quantised* xt_use_ = &xt_;  // dW's X^T: xt_, or a kept one
   bool delayed_both_ = false;       // the provider runs a delayed-scaling handle with transpose = 2
   int64_t xN_ = 0, xK_ = 0;  // the shape `input` quantised (x_), and `input_t` (xt_)
-  // A weight-only input (input() quantised nothing): x itself, its row stride and site.
+  // A weight-only input (input() quantised nothing): x itself and its row stride.
   const bf16* xw_ = nullptr;
-  int64_t xw_ld_ = 0, xw_site_ = -1;
+  int64_t xw_ld_ = 0;
   bool w8_offered_ = false;  // a provider ran the weight-only form at construction
   int64_t w8_rows_ = 0;
   int64_t xtN_ = 0, xtK_ = 0;
