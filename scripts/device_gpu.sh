@@ -48,7 +48,7 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (2026-12-06, eighteenth session: compilepair, then
+#              first, for one short call (2026-12-06, eighteenth session: fp8, compilepair, then
 #              fp8decode at b1 and b64)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
@@ -75,10 +75,12 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (eighteenth session): the seventeenth's backlog passed on an H100, and everything
-  # this session built ran (the weight-only FP8 form: fp8, w8bench, fp8decode). Left unmeasured
-  # when the device time ran out: #14's 1B step beside torch.compile (compilepair), then the FP8
-  # rollouts' decoding at batch 1 and 64 again (on an H200 if one comes).
+  # 2026-12-06 (eighteenth session): the seventeenth's backlog passed on an H100, and the
+  # weight-only FP8 form ran (fp8, w8bench, fp8decode). Left when the device time ran out: the
+  # review's mends to it (no per-call scratch in vendor_fp8, Fp8Linears' fallback removed:
+  # the fp8 stage), #14's 1B step beside torch.compile (compilepair), then the FP8 rollouts'
+  # decoding at batch 1 and 64 again (on an H200 if one comes).
+  bash "$0" fp8 || rc=1
   bash "$0" compilepair || rc=1
   FP8DEC_CASES=${FP8DEC_CASES:-"b1 b64"} bash "$0" fp8decode || rc=1
   exit $rc
