@@ -14,6 +14,9 @@
 #               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
 #               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
 #     compilepair: the 1B training step beside torch.compile's (loss in the graph), nothing else
+#     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
+#                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
+#                 FUSED_CASES), nsys's kernel times
 #     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
 #              W8BENCH_VARIANTS env A/B, then ncu on its kernel
 #     fp8decode: decoding at FP8DEC_CASES (b1 b64 b256) in bf16, FP8 (weight-only products up to 64
@@ -505,6 +508,36 @@ PY
   grep -E "error" "$out/algos_multiturn.log" | cut -c1-260 | tail -3
   grep -o '"validation/accuracy":[0-9.e-]*' "$d/reveal/logs/metrics.jsonl" | tr '\n' ' '; echo
   cp "$d/reveal/logs/metrics.jsonl" "$out/algos_multiturn_metrics.jsonl" 2>/dev/null
+fi
+if [ "$what" = fusedlayer ]; then
+  # decode_layer_fwd (kernels_cuda's persistent one-token layer, 2026-12-06 nineteenth session):
+  # its generator test (against the op-by-op steps, graphs, refit) and the fixture greedy test,
+  # check-kernels' row for it, then batch-1 decoding with it and without (RLH_GEN_FUSED_LAYER=0)
+  # in one call, batch 64 (untouched: one-row steps only), and nsys's kernel times at batch 1.
+  echo "== test_generator_cuda (fused layer, fixtures) =="
+  "$bin/test_generator_cuda" --gtest_brief=1 --gtest_filter='*FusedLayer*:GpuFixture.*' 2>&1 | tee "$out/fusedlayer_test.log" |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |decode_layer|fused|Failure|rror|Which is|Expected|actual" | head -40
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "== rlhost check-kernels --plugin libkernels_cuda.so (decode_layer_fwd) =="
+  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/fusedlayer_check.log" 2>&1
+  ck=$?
+  grep -E "^(op |decode_layer|FAIL)|error" "$out/fusedlayer_check.log" | head -12
+  [ "$ck" = 0 ] || rc=1
+  for v in ${FUSED_VARIANTS:-DEFAULT=1 RLH_GEN_FUSED_LAYER=0}; do
+    for c in ${FUSED_CASES:-b1}; do
+      echo "== bench_generator_cuda $c with $v =="
+      env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 --new 256 --repeats 2 2>&1 |
+        tee -a "$out/fusedlayer_bench.log" | grep -E "^RESULT|rror" | cut -c1-200
+    done
+  done
+  if command -v nsys > /dev/null && [ "${FUSED_NSYS:-1}" != 0 ]; then
+    echo "== nsys: b1, kernels inside the decoding graphs =="
+    nsys profile -t cuda --cuda-graph-trace=node -o "$out/fl_trace" --force-overwrite true \
+      "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 1 > /dev/null 2>&1
+    nsys stats --report cuda_gpu_kern_sum --format csv "$out/fl_trace.nsys-rep" 2> /dev/null |
+      tee "$out/fl_kernels.csv" | cut -d, -f1-6,9 | head -14
+    rm -f "$out/fl_trace.nsys-rep" "$out/fl_trace.sqlite"
+  fi
 fi
 if [ "$what" = decodeab ]; then
   # The batch-1 decoding changes of 2026-12-06, each against its absence in the same call: the

@@ -100,6 +100,7 @@ std::vector<Case> all_cases() {
   add_dense_cases_late(v);   // appended: the cases above keep their indices (their seeds)
   add_decode_cases_late(v);
   add_weight_only_cases(v);
+  add_decode_layer_cases(v);
   for (Case& c : v) finish(c);
   return v;
 }

@@ -104,6 +104,7 @@ void add_decode_cases(std::vector<Case>& v);    // kv_cache_write, paged_attenti
 void add_dense_cases_late(std::vector<Case>& v);
 void add_weight_only_cases(std::vector<Case>& v);
 void add_decode_cases_late(std::vector<Case>& v);
+void add_decode_layer_cases(std::vector<Case>& v);  // decode_layer_fwd, cases_decode.cpp
 
 // ---- Builders shared by the case files.
 

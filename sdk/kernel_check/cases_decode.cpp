@@ -209,4 +209,64 @@ void add_decode_cases_late(std::vector<Case>& v) {
   v.push_back(sample_case("top_k+top_p", 8, 50, 2, o));
 }
 
+namespace {
+
+// decode_layer_fwd: one dense layer over rows at `positions` (each its own sequence, its blocks
+// spread over the cache as in paged_attention_case), row-major caches as a GPU keeps them.
+Case decode_layer_case(const std::vector<int32_t>& positions, int64_t C, int64_t F, int64_t Hq, int64_t Hkv,
+                       int64_t D, int64_t bs) {
+  Case c;
+  const int64_t R = int64_t(positions.size());
+  int64_t T = 0, used = 0;
+  for (int32_t p : positions) {
+    T = std::max<int64_t>(T, p / bs + 1);
+    used += p / bs + 1;
+  }
+  const int64_t B = used + 2;
+  std::vector<int32_t> ids(static_cast<size_t>(B));
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int64_t i = 0; i < B; ++i) std::swap(ids[size_t(i)], ids[size_t((i * 5 + 1) % B)]);
+  std::vector<int32_t> table(size_t(R * T), -1), slots;
+  int64_t next = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t p = positions[size_t(r)];
+    for (int64_t b = 0; b <= p / bs; ++b) table[size_t(r * T + b)] = ids[size_t(next++)];
+    slots.push_back(int32_t(table[size_t(r * T + p / bs)] * bs + p % bs));
+  }
+  std::vector<float> inv_freq(size_t(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = float(std::pow(500000.0, -2.0 * double(i) / double(D)));
+  char b[200];
+  std::snprintf(b, sizeof(b), "decode_layer_fwd R=%lld C=%lld F=%lld Hq=%lld Hkv=%lld D=%lld bs=%lld B=%lld",
+                (long long)R, (long long)C, (long long)F, (long long)Hq, (long long)Hkv, (long long)D, (long long)bs,
+                (long long)B);
+  c.name = b;
+  const int64_t Nqkv = (Hq + 2 * Hkv) * D, cache = B * Hkv * bs * D;
+  //           x      norm1  W_qkv     W_o          norm2  W_gu        W_down  k, v caches before
+  c.in_sizes = {R * C, C, Nqkv * C, C * Hq * D, C, 2 * F * C, C * F, cache, cache};
+  c.in_scale = {1, 1, 1 / std::sqrt(double(C)), 1 / std::sqrt(double(Hq * D)), 1, 1 / std::sqrt(double(C)),
+                1 / std::sqrt(double(F)), 1, 1};
+  c.out_sizes = {R * C, cache, cache};
+  c.ints = {IntBuf{positions, {R}}, IntBuf{slots, {R}}, IntBuf{table, {R, T}}};
+  c.consts = {inv_freq};
+  c.fwd = {"decode_layer_fwd",
+           {in(0, contiguous({R, C})), in(1, contiguous({C})), in(2, contiguous({Nqkv, C})),
+            in(3, contiguous({C, Hq * D})), in(4, contiguous({C})), in(5, contiguous({2 * F, C})),
+            in(6, contiguous({C, F})), ints(0, {R}), ints(1, {R}), ints(2, {R, T}), cst(0, {D / 2})},
+           {out(0, contiguous({R, C})), out(1, cache_layout(B, Hkv, bs, D, false)),
+            out(2, cache_layout(B, Hkv, bs, D, false))},
+           {attr_d("eps", 1e-5), attr_d("scale", 1.0 / std::sqrt(double(D)))},
+           {{7, 1}, {8, 2}},
+           {}};
+  return c;
+}
+
+}  // namespace
+
+// Cases of ops added after every list above (appended last: the earlier cases keep their seeds).
+void add_decode_layer_cases(std::vector<Case>& v) {
+  v.push_back(decode_layer_case({300}, 256, 512, 8, 2, 64, 16));  // Llama's groups of 4, two chunks of keys
+  v.push_back(decode_layer_case({0}, 128, 96, 4, 4, 128, 16));    // the first token, D = 128, no grouping
+  v.push_back(decode_layer_case({17, 40, 3}, 64, 64, 4, 1, 64, 8));  // several rows (kernels_cuda: one a call)
+}
+
 }  // namespace rlh::sdk::kcheck

@@ -918,6 +918,90 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// One-row steps of a plain dense model run each layer as one decode_layer_fwd (kernels_cuda's
+// persistent kernel, docs/generator.md "The fused decoding layer"): within bf16 of the op-by-op
+// steps, bitwise the same with and without CUDA graphs, and after a refit as a fresh generator.
+
+class GpuFusedLayer : public ::testing::TestWithParam<int> {};  // the head dim
+
+TEST_P(GpuFusedLayer, OneRowStepsFollowTheOpsAndSurviveGraphsAndRefit) {
+  NEED_GPU();
+  const int64_t D = GetParam(), Hq = 512 / D, Hkv = std::max<int64_t>(1, Hq / 4);
+  Model m;
+  m.desc = llama_desc(512, 256, 3, Hq, Hkv, D, 512, R"({"rope_theta": 500000.0})");
+  m.weights = random_weights(m.desc, 31, 0.02f);
+  // prompts of one sequence each, long enough that attention reads two chunks of keys (256)
+  const auto prompts = random_prompts(3, m.desc.vocab_size, 5, {300, 41, 129});
+  Request r;
+  r.sampling = SamplingParams{0.0, 0, 1.0, 0.0};  // greedy
+  r.max_new_tokens = 24;
+  auto alone = [&](Generator& g, Outs& o) {
+    for (size_t p = 0; p < prompts.size(); ++p) run(g, {prompts[p]}, r, int64_t(p), o);
+  };
+  Generator fused(m.desc, gpu(Options{}));
+  fused.weights().load(m.weights, 0);
+  Outs got;
+  alone(fused, got);
+  const CudaExecutorStats xs = cuda_executor_stats(fused.executor());
+  std::printf("D=%lld: %lld layers a one-row step as decode_layer_fwd\n", (long long)D, (long long)xs.fused_layers);
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9) {
+    ASSERT_EQ(xs.fused_layers, 3) << "kernels_cuda offers decode_layer_fwd on Hopper";
+  }
+  if (xs.fused_layers == 0) GTEST_SKIP() << "no provider offers decode_layer_fwd here";
+  EXPECT_GT(xs.graph_steps, 0) << xs.graph_error;
+  setenv("RLH_GEN_FUSED_LAYER", "0", 1);
+  Generator ops(m.desc, gpu(Options{}));
+  unsetenv("RLH_GEN_FUSED_LAYER");
+  ops.weights().load(m.weights, 0);
+  Outs ref;
+  alone(ops, ref);
+  EXPECT_EQ(cuda_executor_stats(ops.executor()).fused_layers, 0);
+  int64_t same = 0, total = 0, compared = 0;
+  double dsum = 0, dmax = 0;
+  for (const auto& [k, o] : got) {
+    const Out& want = ref[k];
+    size_t t = 0;
+    for (; t < o.ids.size() && t < want.ids.size() && o.ids[t] == want.ids[t]; ++t) {
+      const double d = std::fabs(double(o.logprobs[t]) - double(want.logprobs[t]));
+      dsum += d;
+      dmax = std::max(dmax, d);
+      ++compared;
+    }
+    same += int64_t(t);
+    total += int64_t(want.ids.size());
+  }
+  const double mean_d = compared ? dsum / double(compared) : 1e9;
+  std::printf("D=%lld fused vs op by op: %lld/%lld greedy tokens before the first difference, |dlogprob| mean %.3g "
+              "max %.3g\n",
+              (long long)D, (long long)same, (long long)total, mean_d, dmax);
+  EXPECT_GE(same * 2, total) << "the fused layer sums in another order only";
+  EXPECT_LT(mean_d, 1e-2);
+  EXPECT_LT(dmax, 5e-2);
+  // The captured graphs replay what the op ran eagerly, bitwise (the kernel has no atomics).
+  Generator eager(m.desc, gpu(Options{}, false, /*graphs=*/false));
+  eager.weights().load(m.weights, 0);
+  Outs e;
+  alone(eager, e);
+  expect_same(got, e, "fused layers: graphs vs op by op launches");
+  // Refit: the graphs read the new weights.
+  std::vector<std::vector<float>> scaled = m.weights;
+  for (auto& t : scaled)
+    for (float& x : t) x *= 1.25f;
+  fused.weights().load(scaled, 1);
+  Outs after;
+  alone(fused, after);
+  Generator fresh(m.desc, gpu(Options{}));
+  fresh.weights().load(scaled, 1);
+  Outs want;
+  alone(fresh, want);
+  expect_same(want, after, "fused layers after a refit = a generator made with the new weights");
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, GpuFusedLayer, ::testing::Values(64, 128, 32),
+                         [](const ::testing::TestParamInfo<int>& i) { return "D" + std::to_string(i.param); });
+
+// ---------------------------------------------------------------------------------------------
 // Refit: a new set of weights in force is uploaded before the next step.
 
 TEST(GpuGenerator, RefitUploadsTheNewWeights) {

@@ -266,6 +266,41 @@ class CudaBackend {
     ops_.kv_cache_write(k, ldk, v, ldv, R, buf->slots, c);
     ops_.paged_attention(o, ldo, q, ldq, R, s.Hq, c, buf->table, width, buf->pos, s.scale, s.window, s.softcap);
   }
+  // A whole dense layer for one token in one op (decode_layer_fwd: at batch 1 the step's
+  // weights then stream in one persistent launch a layer instead of ~9 kernels). Not in FP8
+  // rollouts (their products are the FP8 ones), nor where RLH_GEN_FUSED_LAYER=0 (the A/B).
+  bool fused_layer_on = true;
+  int64_t fused_layers = 0;  // layers run so (the executor's stats)
+  bool dense_layer(int64_t l, const DenseLayerPlan& p, const Bf16* x, Bf16* y, int64_t R) {
+    if (R != 1 || fp8 != nullptr || !fused_layer_on) return false;
+    const RopeTable& rp = m_.ropes()[size_t(p.table)];
+    DeviceOps::DecodeLayer d;
+    d.x = x;
+    d.y = y;
+    d.norm1 = w(p.norm1);
+    d.wqkv = w(p.q);
+    d.wo = w(p.o);
+    d.norm2 = w(p.norm2);
+    d.wgu = w(p.gate);
+    d.wdown = w(p.down);
+    d.C = m_.hidden();
+    d.F = p.F;
+    d.Hq = p.Hq;
+    d.eps = p.eps1;
+    d.eps2 = p.eps2;
+    d.offset = p.offset;
+    d.rope_scale = rp.scale;
+    d.scale = p.scale;
+    d.cache = cache(l);
+    d.table = buf->table;
+    d.width = width;
+    d.pos = buf->pos;
+    d.slots = buf->slots;
+    d.inv_freq = inv_freq[size_t(p.table)];
+    if (!ops_.decode_layer(d)) return false;
+    ++fused_layers;
+    return true;
+  }
   void glu(const std::string& act, Bf16* h, int64_t ldh, const Bf16* gu, int64_t ldgu, int64_t R, int64_t F) {
     ops_.glu_fwd(act, h, ldh, gu, ldgu, R, F);
   }
@@ -395,6 +430,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     ops_ = std::make_unique<DeviceOps>(*opt_.kernels, opt_.device, stream_);
     ops_->set_batch_invariant_gemm(opt_.batch_invariant);
     b_ = std::make_unique<CudaBackend>(m_, *ops_, stream_);
+    if (const char* f = std::getenv("RLH_GEN_FUSED_LAYER"); f && std::string(f) == "0") b_->fused_layer_on = false;
     plan();
     if (opt_.fp8.enabled) plan_fp8();
     m_.weights().set_device_sink(this);  // a colocated trainer's device views refit in place
@@ -710,8 +746,10 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
 
   void forward(int64_t R, int64_t S) {
     ProgramRunner<CudaBackend> run(m_, *b_);
+    b_->fused_layers = 0;
     const Bf16* x = run.layers(R);
     run.head(x, R, S);
+    if (b_->fused_layers > 0) stats_.fused_layers = b_->fused_layers;
   }
 
   // Captures the step just run (R rows, tables W wide) as a graph. A failure turns graphs off

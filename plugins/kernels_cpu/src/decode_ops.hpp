@@ -61,3 +61,28 @@ void sample(const float* logits, int64_t ld, int64_t S, int64_t V, const double*
 float sample_filter_threshold(const float* z, int64_t V, int64_t top_k, double top_p, float* tmp);
 
 }  // namespace rlh::kcpu
+
+namespace rlh::kcpu {
+
+// decode_layer_fwd's reference (decode_layer.cpp; docs/ops.md): contiguous weights, caches of
+// any strides (kc, vc: the four strides of [B, Hkv, bs, D]). Throws std::invalid_argument
+// naming a slot, block id or position outside the cache or table.
+struct DecodeLayerRefArgs {
+  int64_t R = 0, C = 0, F = 0, Hq = 0, Hkv = 0, D = 0, bs = 0, num_blocks = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float *norm1 = nullptr, *wqkv = nullptr, *wo = nullptr, *norm2 = nullptr, *wgu = nullptr, *wdown = nullptr;
+  const int32_t *pos = nullptr, *slots = nullptr, *table = nullptr;
+  int64_t ld_table = 0, table_width = 0;
+  const float* inv_freq = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  float* k_cache = nullptr;
+  int64_t kc[4] = {0, 0, 0, 0};
+  float* v_cache = nullptr;
+  int64_t vc[4] = {0, 0, 0, 0};
+  double eps1 = 1e-6, eps2 = 1e-6, woff = 0, rope_scale = 1, scale = 1;
+};
+void decode_layer_ref(const DecodeLayerRefArgs& a);
+
+}  // namespace rlh::kcpu

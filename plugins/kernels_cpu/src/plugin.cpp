@@ -926,6 +926,82 @@ void run_paged_attention(const Call& c) {
   }
 }
 
+// decode_layer_fwd: x [R, C], norm1 [C], W_qkv [(Hq + 2 Hkv) D, C], W_o [C, Hq D], norm2 [C],
+// W_gu [2F, C], W_down [C, F], positions [R], slots [R], block_table [R, T], inv_freq [D/2] ->
+// y [R, C], k_cache, v_cache [B, Hkv, bs, D] (in/out, any strides); eps, eps2, weight_offset,
+// rope_scale, scale; silu only (activation 0), no window, no soft-cap (decode_layer.cpp).
+template <class T>
+void run_decode_layer_fwd(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor &x = c.in(0), &wqkv = c.in(2), &wo = c.in(3), &wgu = c.in(5), &wd = c.in(6), &kc = c.out(1),
+                     &vc = c.out(2), &bt = c.in(9);
+    if (x.ndim != 2 || kc.ndim != 4 || vc.ndim != 4 || wo.ndim != 2 || wd.ndim != 2 || bt.ndim != 2)
+      bad("decode_layer_fwd: x [R, C], 2-D weights, caches [B, Hkv, bs, D], block_table [R, T]");
+    if (c.num("activation", 0) != 0 || c.num("window", 0) != 0 || c.num("softcap", 0) != 0)
+      bad("decode_layer_fwd: activation 0 (silu), no window and no soft-cap only");
+    DecodeLayerRefArgs a;
+    a.R = x.shape[0];
+    a.C = x.shape[1];
+    a.Hkv = kc.shape[1];
+    a.bs = kc.shape[2];
+    a.D = kc.shape[3];
+    a.num_blocks = kc.shape[0];
+    a.F = wd.shape[1];
+    if (a.D <= 0 || a.D % 2 || wo.shape[1] % a.D) bad("decode_layer_fwd: W_o's columns are not whole heads of an even D");
+    a.Hq = wo.shape[1] / a.D;
+    if (a.Hkv <= 0 || a.Hq % a.Hkv) bad("decode_layer_fwd: kv heads must divide query heads");
+    if (vc.shape[0] != kc.shape[0] || vc.shape[1] != a.Hkv || vc.shape[2] != a.bs || vc.shape[3] != a.D)
+      bad("decode_layer_fwd: the caches' shapes disagree");
+    a.ldx = need_rows(x, a.R, a.C, "decode_layer_fwd x");
+    need_vec(c.in(1), a.C, "decode_layer_fwd norm1");
+    need_rows(wqkv, (a.Hq + 2 * a.Hkv) * a.D, a.C, "decode_layer_fwd W_qkv");
+    need_vec(wqkv, (a.Hq + 2 * a.Hkv) * a.D * a.C, "decode_layer_fwd W_qkv");
+    need_rows(wo, a.C, a.Hq * a.D, "decode_layer_fwd W_o");
+    need_vec(wo, a.C * a.Hq * a.D, "decode_layer_fwd W_o");
+    need_vec(c.in(4), a.C, "decode_layer_fwd norm2");
+    need_rows(wgu, 2 * a.F, a.C, "decode_layer_fwd W_gu");
+    need_vec(wgu, 2 * a.F * a.C, "decode_layer_fwd W_gu");
+    need_rows(wd, a.C, a.F, "decode_layer_fwd W_down");
+    need_vec(wd, a.C * a.F, "decode_layer_fwd W_down");
+    need_vec(c.in(7), a.R, "decode_layer_fwd positions");
+    need_vec(c.in(8), a.R, "decode_layer_fwd slots");
+    if (bt.shape[0] != a.R || (bt.shape[1] > 1 && bt.strides && bt.strides[1] != 1))
+      bad("decode_layer_fwd: block_table must be [R, T]");
+    need_vec(c.in(10), a.D / 2, "decode_layer_fwd inv_freq");
+    a.ldy = need_rows(c.out(0), a.R, a.C, "decode_layer_fwd y");
+    a.x = data<float>(x);
+    a.norm1 = data<float>(c.in(1));
+    a.wqkv = data<float>(wqkv);
+    a.wo = data<float>(wo);
+    a.norm2 = data<float>(c.in(4));
+    a.wgu = data<float>(wgu);
+    a.wdown = data<float>(wd);
+    a.pos = data<int32_t>(c.in(7));
+    a.slots = data<int32_t>(c.in(8));
+    a.table = data<int32_t>(bt);
+    a.ld_table = bt.strides ? bt.strides[0] : bt.shape[1];
+    a.table_width = bt.shape[1];
+    a.inv_freq = data<float>(c.in(10));
+    a.y = data<float>(c.out(0));
+    a.k_cache = data<float>(kc);
+    a.v_cache = data<float>(vc);
+    for (int i = 0; i < 4; ++i) {
+      a.kc[i] = stride4(kc, i);
+      a.vc[i] = stride4(vc, i);
+    }
+    a.eps1 = c.num("eps", 1e-6);
+    a.eps2 = c.num("eps2", a.eps1);
+    a.woff = c.num("weight_offset", 0);
+    a.rope_scale = c.num("rope_scale", 1);
+    a.scale = c.num("scale", 1.0 / std::sqrt(double(a.D)));
+    try {
+      decode_layer_ref(a);
+    } catch (const std::invalid_argument& e) {
+      bad(e.what());
+    }
+  }
+}
+
 // k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] (block * bs + offset; -1: skip) -> k_cache
 // [B, Hkv, bs, Dk], v_cache [B, Hkv, bs, Dv] (in/out, any strides: kernels_cpu's own layout
 // stores keys transposed within a block, paged_attention.cpp).
@@ -1043,6 +1119,7 @@ const OpSpec kOps[] = {
     RLH_OP(amax, "f", 1, "f", 1, "", true),
     RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
     RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
+    RLH_OP(decode_layer_fwd, "fffffffiiik", 11, "fff", 3, "", false),
     RLH_OP(sample, "fdi", 2, "ik", 2, "", false),
     RLH_OP(clipped_pg_loss, "fffffifff", 6, "fff", 2, "", true),
     RLH_OP(nll_loss, "fffi", 4, "fff", 2, "", true),

@@ -47,6 +47,12 @@ struct rlh_op {
   rlh::kcuda::DType dt = rlh::kcuda::DType::f32;
   std::vector<rlh::kcuda::Attr> attrs;
   rlh_kernels* inst = nullptr;
+  // decode_layer_fwd's grid barrier: 256 zeroed bytes of device memory, the op's own (so calls
+  // of one op handle are stream-ordered; every launch leaves it zeroed)
+  unsigned* sync = nullptr;
+  ~rlh_op() {
+    if (sync) cudaFree(sync);
+  }
 };
 
 namespace rlh::kcuda {
@@ -171,6 +177,9 @@ void run_scale(const Call& c);
 // ops_decode.cpp
 void run_kv_cache_write(const Call& c);
 void run_paged_attention(const Call& c);
+void run_decode_layer_fwd(const Call& c);
+// decode_layer_fwd's sizes at resolution: empty when kernels_cuda runs them, else what it lacks.
+std::string decode_layer_shape_refusal(const rlh_tensor* in, size_t nin, const rlh_tensor* out, size_t nout);
 void run_sample(const Call& c);
 // ops_moe.cpp
 void run_moe_router_fwd(const Call& c);

@@ -121,3 +121,106 @@ void run_sample(const Call& c) {
 }
 
 }  // namespace rlh::kcuda
+
+namespace rlh::kcuda {
+
+namespace {
+
+// decode_layer_fwd's operands: x [R,C], norm1 [C], W_qkv [(Hq+2Hkv)D, C], W_o [C, Hq D],
+// norm2 [C], W_gu [2F, C], W_down [C, F], positions [R], slots [R], block_table [R, T],
+// inv_freq [D/2] -> y [R, C], k_cache, v_cache [B, Hkv, bs, D]. Sizes from the weights and the
+// caches; an inconsistent set is an error naming the operand.
+DecodeLayerArgs decode_layer_sizes(const rlh_tensor* in, const rlh_tensor* out) {
+  DecodeLayerArgs a;
+  const rlh_tensor &x = in[0], &wqkv = in[2], &wo = in[3], &wgu = in[5], &wd = in[6], &kc = out[1];
+  if (x.ndim != 2 || wqkv.ndim != 2 || wo.ndim != 2 || wgu.ndim != 2 || wd.ndim != 2 || kc.ndim != 4)
+    bad("decode_layer_fwd: x, the weights and y must be 2-D, the caches [B, Hkv, bs, D]");
+  a.C = x.shape[1];
+  a.Hkv = kc.shape[1];
+  a.bs = kc.shape[2];
+  a.D = kc.shape[3];
+  a.F = wd.shape[1];
+  if (a.D <= 0 || wo.shape[1] % a.D != 0) bad("decode_layer_fwd: W_o's columns are not whole heads of the cache's D");
+  a.Hq = wo.shape[1] / a.D;
+  if (wqkv.shape[0] != (a.Hq + 2 * a.Hkv) * a.D || wqkv.shape[1] != a.C)
+    bad("decode_layer_fwd: W_qkv must be [(Hq + 2 Hkv) D, C]");
+  if (wo.shape[0] != a.C) bad("decode_layer_fwd: W_o must be [C, Hq D]");
+  if (wgu.shape[0] != 2 * a.F || wgu.shape[1] != a.C) bad("decode_layer_fwd: W_gu must be [2F, C]");
+  if (wd.shape[0] != a.C) bad("decode_layer_fwd: W_down must be [C, F]");
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) bad("decode_layer_fwd: kv heads must divide query heads");
+  return a;
+}
+
+}  // namespace
+
+std::string decode_layer_shape_refusal(const rlh_tensor* in, size_t nin, const rlh_tensor* out, size_t nout) {
+  if (nin < 11 || nout < 3) return "11 inputs and 3 outputs";
+  const DecodeLayerArgs a = decode_layer_sizes(in, out);
+  if (in[0].shape[0] != 1) return "one row a call";
+  return decode_layer_refusal(a);
+}
+
+void run_decode_layer_fwd(const Call& c) {
+  const rlh_tensor* in = c.call->inputs;
+  const rlh_tensor* out = c.call->outputs;
+  DecodeLayerArgs a = decode_layer_sizes(in, out);
+  const int64_t R = in[0].shape[0];
+  if (R != 1) bad("decode_layer_fwd: kernels_cuda runs one row a call");
+  const std::string why = decode_layer_refusal(a);
+  if (!why.empty()) bad("decode_layer_fwd: " + why);
+  need_rows(in[0], 1, a.C, "decode_layer_fwd x");
+  need_vec(in[1], a.C, "decode_layer_fwd norm1");
+  need_rows(in[2], (a.Hq + 2 * a.Hkv) * a.D, a.C, "decode_layer_fwd W_qkv");
+  need_rows(in[3], a.C, a.Hq * a.D, "decode_layer_fwd W_o");
+  need_vec(in[4], a.C, "decode_layer_fwd norm2");
+  // the weights stream whole (bulk copies of contiguous rows, 16-byte aligned)
+  for (int i : {2, 3, 5, 6}) {
+    need_vec(in[i], in[i].shape[0] * in[i].shape[1], "decode_layer_fwd weight");
+    if (reinterpret_cast<uintptr_t>(ptr(in[i])) % 16) bad("decode_layer_fwd: weights must be 16-byte aligned");
+  }
+  need_vec(in[7], 1, "decode_layer_fwd positions");
+  need_vec(in[8], 1, "decode_layer_fwd slots");
+  const rlh_tensor& bt = in[9];
+  if (bt.ndim != 2 || bt.shape[0] != 1) bad("decode_layer_fwd: block_table must be [1, T]");
+  need_vec(in[10], a.D / 2, "decode_layer_fwd inv_freq");
+  need_rows(out[0], 1, a.C, "decode_layer_fwd y");
+  if (ptr(out[0]) == ptr(in[0])) bad("decode_layer_fwd: y may not be x");
+  int64_t kcs[4], vcs[4];
+  cache_strides(out[1], a.Hkv, a.bs, a.D, kcs, "decode_layer_fwd k_cache");
+  cache_strides(out[2], a.Hkv, a.bs, a.D, vcs, "decode_layer_fwd v_cache");
+  if (out[2].shape[0] != out[1].shape[0]) bad("decode_layer_fwd: the caches hold different numbers of blocks");
+  for (int i = 0; i < 4; ++i) {
+    a.kc[i] = kcs[i];
+    a.vc[i] = vcs[i];
+  }
+  a.num_blocks = out[1].shape[0];
+  a.x = ptr<const __nv_bfloat16>(in[0]);
+  a.w_norm1 = ptr<const __nv_bfloat16>(in[1]);
+  a.w_qkv = ptr<const __nv_bfloat16>(in[2]);
+  a.w_o = ptr<const __nv_bfloat16>(in[3]);
+  a.w_norm2 = ptr<const __nv_bfloat16>(in[4]);
+  a.w_gu = ptr<const __nv_bfloat16>(in[5]);
+  a.w_down = ptr<const __nv_bfloat16>(in[6]);
+  a.pos = ptr<int32_t>(in[7]);
+  a.slots = ptr<int32_t>(in[8]);
+  a.blocks = ptr<int32_t>(bt);
+  a.max_positions = bt.shape[1] * a.bs;
+  a.inv_freq = ptr<float>(in[10]);
+  a.y = ptr<__nv_bfloat16>(out[0]);
+  a.k_cache = ptr<__nv_bfloat16>(out[1]);
+  a.v_cache = ptr<__nv_bfloat16>(out[2]);
+  a.eps1 = float(c.num("eps", 1e-6));
+  a.eps2 = float(c.num("eps2", c.num("eps", 1e-6)));
+  a.woff1 = a.woff2 = float(c.num("weight_offset", 0));
+  a.rope_scale = float(c.num("rope_scale", 1));
+  a.scale = float(c.num("scale", 1.0 / std::sqrt(double(a.D))));
+  if (c.num("activation", 0) != 0 || c.num("window", 0) != 0 || c.num("softcap", 0) != 0)
+    bad("decode_layer_fwd: silu, no window and no soft-cap only");
+  a.sync = c.op->sync;
+  a.err = c.err();
+  a.sms = c.op->inst->info.sm_count;
+  decode_layer_carve(a, c.ws->get(size_t(decode_layer_workspace_bytes(a))));
+  decode_layer(a, c.stream);
+}
+
+}  // namespace rlh::kcuda

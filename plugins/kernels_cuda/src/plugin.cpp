@@ -86,6 +86,7 @@ const OpSpec kOps[] = {
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
     {"kv_cache_write", "ffi", 3, "ff", 2, "", true, false, false, run_kv_cache_write, true},
     {"paged_attention", "fffii", 5, "f", 1, "", true, false, false, run_paged_attention, false},
+    {"decode_layer_fwd", "fffffffiiik", 11, "fff", 3, "", true, false, false, run_decode_layer_fwd, false},
     {"sample", "kdi", 2, "ik", 2, "", false, false, false, run_sample, true},
     {"moe_router_fwd", "fs", 1, "siss", 3, "moe_router_bwd", true, false, false, run_moe_router_fwd, true},
     {"moe_router_bwd", "ssiss", 3, "f", 1, "", true, false, false, run_moe_router_bwd, true},
@@ -272,6 +273,19 @@ bool withheld(const char* name) {
   return list.find("," + std::string(name) + ",") != std::string::npos;
 }
 
+// Runs f with the instance's device current, restoring the caller's after.
+template <class F>
+void on_device(const rlh_kernels* k, F&& f) {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != k->device.device_id) cuda_ck(cudaSetDevice(k->device.device_id), "set device");
+  struct Restore {
+    int prev, dev;
+    ~Restore() { if (prev >= 0 && prev != dev) cudaSetDevice(prev); }
+  } restore{prev, k->device.device_id};
+  f();
+}
+
 rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
   return sdk::guard(g_make_status, [&] {
     const OpSpec* s = find_op(d->name);
@@ -343,6 +357,27 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       if (q.ndim == 3 && v.ndim == 3 && (q.shape[2] > 256 || v.shape[2] > 256))
         throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda attention: head dims above 256");
     }
+    if (std::strcmp(s->name, "decode_layer_fwd") == 0) {
+      // One token's dense layer in one persistent launch (decode_layer.cu): silu, no window, no
+      // soft-cap; sizes it cannot run are an answer (the caller runs the ops it fuses).
+      for (const Attr& a : op->attrs) {
+        const double v = a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i);
+        if ((a.name == "activation" || a.name == "window" || a.name == "softcap") && v != 0)
+          throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda decode_layer_fwd: " + a.name + " is not offered");
+      }
+      if (k->info.cc_major < 9)
+        throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda decode_layer_fwd: compute capability 9 or more");
+      if (d->shapes_valid) {
+        const std::string why = decode_layer_shape_refusal(d->inputs, d->num_inputs, d->outputs, d->num_outputs);
+        if (!why.empty()) throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda decode_layer_fwd: " + why);
+      }
+      on_device(k, [&] {
+        void* mem = nullptr;
+        cuda_ck(cudaMalloc(&mem, 256), "decode_layer_fwd barrier");
+        op->sync = static_cast<unsigned*>(mem);
+        cuda_ck(cudaMemset(op->sync, 0, 256), "decode_layer_fwd barrier");
+      });
+    }
     *out = op.release();
   });
 }
@@ -412,19 +447,6 @@ rlh_status* k_provider_info(rlh_kernels*, rlh_write_fn write, void* user) {
     static const char kInfo[] = "{\"reference\":false,\"memory\":\"device\"}";
     write(user, kInfo, sizeof(kInfo) - 1);
   });
-}
-
-// Runs f with the instance's device current, restoring the caller's after.
-template <class F>
-void on_device(const rlh_kernels* k, F&& f) {
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != k->device.device_id) cuda_ck(cudaSetDevice(k->device.device_id), "set device");
-  struct Restore {
-    int prev, dev;
-    ~Restore() { if (prev >= 0 && prev != dev) cudaSetDevice(prev); }
-  } restore{prev, k->device.device_id};
-  f();
 }
 
 rlh_status* k_memory_alloc(rlh_kernels* k, size_t bytes, void** out) {

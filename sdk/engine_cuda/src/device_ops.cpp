@@ -692,6 +692,37 @@ void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq
     RLH_RUN("paged_attention", "paged_attention", in, out, std::span<const rlh_named_value>(at.data(), 2));
 }
 
+bool DeviceOps::decode_layer(const DecodeLayer& d) {
+  if (batch_invariant_ || no_decode_layer_) return false;
+  const PagedCache& c = d.cache;
+  const int64_t C = d.C, F = d.F, D = c.Dk, Nqkv = (d.Hq + 2 * c.Hkv) * D;
+  Args a(dev_);
+  const std::array<rlh_named_value, 5> at = {attr_double("eps", d.eps), attr_double("eps2", d.eps2),
+                                             attr_double("weight_offset", d.offset),
+                                             attr_double("rope_scale", d.rope_scale), attr_double("scale", d.scale)};
+  const std::vector<rlh_tensor> in = {
+      a.mat(d.x, kBF16, 1, C, C),         a.vec(d.norm1, kBF16, C),       a.mat(d.wqkv, kBF16, Nqkv, C, C),
+      a.mat(d.wo, kBF16, C, d.Hq * D, d.Hq * D), a.vec(d.norm2, kBF16, C), a.mat(d.wgu, kBF16, 2 * F, C, C),
+      a.mat(d.wdown, kBF16, C, F, F),     a.vec(d.pos, kI32, 1),          a.vec(d.slots, kI32, 1),
+      a.mat(d.table, kI32, 1, d.width, d.width), a.vec(d.inv_freq, kF32, D / 2)};
+  const std::vector<rlh_tensor> out = {a.mat(d.y, kBF16, 1, C, C),
+                                       a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, D, c.block_stride),
+                                       a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, D, c.block_stride)};
+  static const char kKey[] = "decode_layer_fwd";
+  auto it = ops_.find(kKey);
+  if (it == ops_.end()) {
+    try {  // with shapes: a provider answers for these sizes or not at all
+      it = ops_.emplace(kKey, reg_.resolve("decode_layer_fwd", dev_, in, out, at, true)).first;
+    } catch (const sdk::Error& e) {
+      if (e.code() != RLH_E_UNIMPLEMENTED) throw;
+      no_decode_layer_ = true;  // the caller runs the ops it fuses
+      return false;
+    }
+  }
+  run(it->second, in, out, at);
+  return true;
+}
+
 void DeviceOps::sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,
                        const double* u, const Sample& s, const int32_t* given) {
   Args a(dev_);

@@ -23,6 +23,9 @@
 //   (optional, with add_norm) T* norm_scratch(int i)   two [R, C] buffers a layer's first norm may be written to
 //   (optional) bool linear_glu(const std::string& act, T* h, ldh, const T* x, ldx, const T* W, int64_t R,
 //                              int64_t F, int64_t K)   h = glu(x W^T), W = gate | up [2F, K]; false: not offered
+//   (optional) bool dense_layer(int64_t l, const DenseLayerPlan& p, const T* x, T* y, int64_t R)
+//                              the whole layer l of x [R, C] into y in one op (docs/ops.md
+//                              decode_layer_fwd); false: not offered for this step
 //   void copy2d(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t cols)
 //   void moe(int64_t l, int64_t R, const T* xn, T* y)  the MoE block (no residual)
 //   void tp_reduce(T* y, int64_t n)                    (tensor parallelism only) the group's sum of y, in place
@@ -30,6 +33,7 @@
 //   void logits(const T* xn, const T* W, int64_t S)    the head's logits of xn [S, C] (float32, the backend's buffer)
 #pragma once
 
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,6 +66,62 @@ void for_each_linear_product(const sdk::TransformerDesc& desc, const sdk::LayerS
   }
 }
 
+// A layer that is the plain dense decoder layer, as decode_layer_fwd computes it: RMSNorm, one
+// q|k|v product (adjacent weights, no bias), RoPE of q and k with one half-split table over the
+// whole head, attention (no window, no soft-cap, Dk = Dv), o, the residual add, RMSNorm, one
+// gate|up product, SwiGLU, down, the residual add; no tensor-parallel sums. Parameter indices and
+// attributes; `at(param)` is where a weight lies (adjacency of q|k|v and gate|up).
+struct DenseLayerPlan {
+  int64_t norm1 = -1, q = -1, o = -1, norm2 = -1, gate = -1, down = -1;
+  double eps1 = 0, eps2 = 0, offset = 0, scale = 1;
+  int table = -1;
+  int64_t Hq = 0, Hkv = 0, D = 0, F = 0;
+};
+template <class At>
+bool match_dense_layer(const sdk::LayerProgram& lp, const sdk::TransformerDesc& desc, const std::vector<RopeTable>& ropes,
+                       int64_t C, At at, DenseLayerPlan& p) {
+  using sdk::StepOp;
+  const std::vector<sdk::LayerStep>& s = lp.steps;
+  static const StepOp kOps[] = {StepOp::norm,   StepOp::linear, StepOp::rope, StepOp::rope,
+                                StepOp::attention, StepOp::linear, StepOp::add,  StepOp::norm,
+                                StepOp::linear, StepOp::glu,    StepOp::linear, StepOp::add};
+  if (s.size() != std::size(kOps)) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i].op != kOps[i] || s[i].tp_reduce_out) return false;
+    for (int64_t b : s[i].biases)
+      if (b >= 0) return false;
+  }
+  const sdk::LayerStep &n1 = s[0], &qkv = s[1], &rq = s[2], &rk = s[3], &att = s[4], &o = s[5], &a1 = s[6], &n2 = s[7],
+                       &gu = s[8], &glu = s[9], &dn = s[10], &a2 = s[11];
+  const int64_t D = att.dk, Hq = att.hq, Hkv = att.hkv;
+  if (att.dv != D || att.window != 0 || att.softcap != 0 || glu.act != "silu" || n1.offset != n2.offset) return false;
+  if (qkv.weights.size() != 3 || gu.weights.size() != 2 || o.weights.size() != 1 || dn.weights.size() != 1) return false;
+  const int64_t F = glu.out.width;
+  auto rows = [&](int64_t param) { return desc.params[size_t(param)].shape[0]; };
+  if (rows(qkv.weights[0]) != Hq * D || rows(qkv.weights[1]) != Hkv * D || rows(qkv.weights[2]) != Hkv * D ||
+      rows(gu.weights[0]) != F || rows(gu.weights[1]) != F || n1.in.width != C || qkv.in.width != C ||
+      o.in.width != Hq * D || dn.in.width != F)
+    return false;
+  if (at(qkv.weights[1]) != at(qkv.weights[0]) + Hq * D * C || at(qkv.weights[2]) != at(qkv.weights[1]) + Hkv * D * C ||
+      at(gu.weights[1]) != at(gu.weights[0]) + F * C)
+    return false;
+  // the wiring: x -> norm -> q|k|v (rotated in place) -> attention -> o -> + x -> norm -> gate|up -> glu -> down -> + h
+  if (n1.in.value != 0 || qkv.in.value != n1.out.value || rq.in.value != qkv.out.value || rq.in.col != 0 ||
+      rk.in.value != qkv.out.value || rk.in.col != Hq * D || rq.heads != Hq || rk.heads != Hkv || rq.head_dim != D ||
+      rk.head_dim != D || rq.table != rk.table || att.in.value != qkv.out.value || att.in.col != 0 ||
+      att.in2.col != Hq * D || att.in3.col != (Hq + Hkv) * D || o.in.value != att.out.value || a1.in.value != o.out.value ||
+      a1.in2.value != 0 || n2.in.value != a1.out.value || gu.in.value != n2.out.value || glu.in.value != gu.out.value ||
+      dn.in.value != glu.out.value || a2.in.value != dn.out.value || a2.in2.value != a1.out.value ||
+      lp.root(a2.out.value) != lp.root(lp.output))
+    return false;
+  if (rq.table < 0 || size_t(rq.table) >= ropes.size()) return false;
+  const RopeTable& t = ropes[size_t(rq.table)];
+  if (t.R != D || t.interleaved || t.dynamic_from > 0) return false;
+  p = DenseLayerPlan{n1.weights[0], qkv.weights[0], o.weights[0], n2.weights[0], gu.weights[0], dn.weights[0],
+                     n1.eps, n2.eps, n1.offset, att.scale, rq.table, Hq, Hkv, D, F};
+  return true;
+}
+
 template <class B>
 class ProgramRunner {
  public:
@@ -74,9 +134,23 @@ class ProgramRunner {
     const int64_t C = m_.hidden(), L = m_.num_layers();
     b_.embed(b_.residual(0), R);  // x [R,C]
     if (prog.embed_scale != 1) b_.scale(b_.residual(0), R * C, double(float(prog.embed_scale)));
+    int64_t l0 = 0;  // the first layer the program runs step by step
+    // One token whose layers are all plain dense ones: each layer one op where the backend offers
+    // it (a decoding step at batch 1; docs/generator.md "The fused decoding layer").
+    if constexpr (requires(DenseLayerPlan dp) { b_.dense_layer(int64_t(0), dp, (const T*)nullptr, (T*)nullptr, int64_t(0)); }) {
+      if (R == 1) {
+        std::vector<DenseLayerPlan> plans(static_cast<size_t>(L));
+        bool all = true;
+        for (int64_t l = 0; l < L && all; ++l)
+          all = match_dense_layer(prog.layers[size_t(l)], m_.desc(), m_.ropes(), C, [&](int64_t q) { return b_.w(q); },
+                                  plans[size_t(l)]);
+        while (all && l0 < L && b_.dense_layer(l0, plans[size_t(l0)], b_.residual(int(l0 % 2)), b_.residual(int((l0 + 1) % 2)), R))
+          ++l0;
+      }
+    }
     std::vector<T*> v;
     T* pre_normed = nullptr;  // this layer's first norm, already written by the last layer's add
-    for (int64_t l = 0; l < L; ++l) {
+    for (int64_t l = l0; l < L; ++l) {
       const sdk::LayerProgram& lp = prog.layers[size_t(l)];
       // The layer's values for R rows: input and output on the residual stream in turn, the
       // rest carved from one block, values sharing storage sharing the pointer.

@@ -18,6 +18,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+struct __nv_bfloat16;  // cuda_bf16.h's
 
 namespace rlh::kcuda {
 
@@ -355,6 +358,43 @@ void paged_attention(const PagedAttnArgs& a, cudaStream_t s);
 bool paged_attention_mma_ok(const PagedAttnArgs& a);
 int64_t paged_attention_mma_workspace_bytes(const PagedAttnArgs& a);
 void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s);
+
+// decode_layer_fwd (decode_layer.cu): one dense decoder layer for one token in one persistent
+// launch. bf16 throughout; the caller's workspace holds q|k|v, the GLU's output and attention's
+// partials (decode_layer_workspace_bytes); `sync` is 256 bytes of zeros owned by the resolved
+// op (its grid barrier, left zeroed by every launch), so calls of one op are stream-ordered.
+struct DecodeLayerArgs {
+  using bf16 = __nv_bfloat16;
+  int64_t C = 0, F = 0, Hq = 0, Hkv = 0, D = 0;
+  const bf16* x = nullptr;       // [C] the residual stream in
+  const bf16* w_norm1 = nullptr; // [C]
+  const bf16* w_qkv = nullptr;   // [(Hq + 2 Hkv) D, C]
+  const bf16* w_o = nullptr;     // [C, Hq D]
+  const bf16* w_norm2 = nullptr; // [C]
+  const bf16* w_gu = nullptr;    // [2F, C] gate rows, then up
+  const bf16* w_down = nullptr;  // [C, F]
+  bf16* y = nullptr;             // [C] the residual stream out (not x)
+  bf16* k_cache = nullptr; int64_t kc[4] = {0, 0, 0, 0};
+  bf16* v_cache = nullptr; int64_t vc[4] = {0, 0, 0, 0};
+  int64_t bs = 0, num_blocks = 0;
+  const int32_t* pos = nullptr;    // [1]
+  const int32_t* slots = nullptr;  // [1]
+  const int32_t* blocks = nullptr; // [T] the row's block table
+  int64_t max_positions = 0;       // T bs: positions the table can hold
+  const float* inv_freq = nullptr; // [D/2]
+  float rope_scale = 1, eps1 = 1e-6f, eps2 = 1e-6f, woff1 = 0, woff2 = 0, scale = 1;
+  bf16* qkv = nullptr;   // scratch (decode_layer_carve)
+  bf16* act = nullptr;
+  float* part = nullptr;
+  unsigned* sync = nullptr;
+  int* err = nullptr;    // set when the slot lies outside the cache
+  int sms = 0;           // the device's SMs: one block each
+};
+// Empty when the kernel runs these sizes, else what it lacks.
+std::string decode_layer_refusal(const DecodeLayerArgs& a);
+int64_t decode_layer_workspace_bytes(const DecodeLayerArgs& a);
+void decode_layer_carve(DecodeLayerArgs& a, void* ws);
+void decode_layer(const DecodeLayerArgs& a, cudaStream_t s);
 
 struct SampleArgs {
   int64_t S = 0, V = 0, ld = 0;

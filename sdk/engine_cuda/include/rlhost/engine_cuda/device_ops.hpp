@@ -226,6 +226,23 @@ class DeviceOps {
   void paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq, const PagedCache& c,
                        const int32_t* table, int64_t width, const int32_t* pos, double scale, int64_t window,
                        double softcap = 0);
+  // One dense decoder layer for ONE token (docs/ops.md decode_layer_fwd): y [1, C] = the layer
+  // of x [1, C] (RMSNorm, q|k|v, RoPE, the cache write, paged attention, o, residual, RMSNorm,
+  // gate|up + SwiGLU, down, residual), where a provider offers it for these sizes (resolved once,
+  // with shapes); false where none does, and under set_batch_invariant_gemm (the fused op is not
+  // batch-invariant): the caller runs the ops it fuses.
+  struct DecodeLayer {
+    const void* x = nullptr;
+    void* y = nullptr;
+    const void *norm1 = nullptr, *wqkv = nullptr, *wo = nullptr, *norm2 = nullptr, *wgu = nullptr, *wdown = nullptr;
+    int64_t C = 0, F = 0, Hq = 0;
+    double eps = 1e-6, eps2 = 1e-6, offset = 0, rope_scale = 1, scale = 1;
+    PagedCache cache;  // Dk = Dv = the head dim
+    const int32_t *table = nullptr, *pos = nullptr, *slots = nullptr;
+    int64_t width = 0;
+    const float* inv_freq = nullptr;  // [D/2]
+  };
+  bool decode_layer(const DecodeLayer& d);
   // One token per row of f32 logits [S, V] (ld) with the row's uniform u[s] (f64); with `given`
   // [S] no draw: each row scores its given id (an id outside [0, V): token -1, logprob 0).
   struct Sample {
@@ -263,6 +280,7 @@ class DeviceOps {
   bool batch_invariant_ = false;
   bool no_add_rmsnorm_ = false;  // no provider offers it (asked once)
   bool no_gemm_glu_ = false;
+  bool no_decode_layer_ = false;
 };
 
 }  // namespace rlh::engine::cuda

@@ -1,0 +1,553 @@
+// decode_layer_fwd: a dense decoder layer (RMSNorm, q|k|v, RoPE, the KV-cache write, paged
+// attention, o, residual, RMSNorm, gate|up + SwiGLU, down, residual) for ONE token, in one
+// persistent launch (docs/ops.md decode_layer_fwd; docs/kernels_cuda.md "The fused decoding
+// layer").
+//
+// Why: at batch 1 a decoding step reads every weight once and does almost no arithmetic, so its
+// speed is the memory's, if the memory is kept busy. Op by op, a layer is ~9 launches whose
+// products stream at ~2 TB/s on an H100 and whose small kernels (norms, RoPE, the cache write,
+// attention and its combine) leave the memory idle for ~30 us a layer (ncu, 2026-12-06). Here one
+// block per SM runs the whole layer:
+//   - a producer warp streams the block's share of the layer's four weights (q|k|v, o, gate|up,
+//     down, in that order) into a ring of shared-memory slots with bulk copies (TMA, 1-D), from
+//     the launch on: weights are never written by the work before (the contract of pdl_wait), so
+//     they stream while the previous layer finishes, while the norms run and while the block
+//     waits at a barrier;
+//   - eight consumer warps compute each phase from the slots, with a grid-wide barrier where a
+//     phase needs the whole output of the one before (after q|k|v, after attention, after o,
+//     after gate|up): four a layer.
+// Tiles are dealt round-robin over the blocks across the four products in turn, so every block
+// streams about the same bytes per layer.
+//
+// Numerics follow the ops it fuses, each intermediate rounded to bf16 where theirs is (the
+// product sums, RoPE's output, attention's output, the residual adds, the GLU), with float32
+// sums; only the order of the sums differs (so results are close, not bitwise, and the op is not
+// batch-invariant: a generator's deterministic mode never takes it).
+//
+// All blocks must be resident at once (they meet at grid barriers): the launch uses one block
+// per SM, which the shared memory asks for, and PDL's rule that a grid's dependents are
+// scheduled only once all its blocks have triggered keeps the next launch from taking an SM a
+// block of this one still waits for.
+#include <cuda_bf16.h>
+
+#include "common.cuh"
+#include "glu_act.cuh"
+
+namespace rlh::kcuda {
+
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // + the producer warp
+constexpr int kSlotBytes = 32768;
+constexpr int kSlots = 5;
+constexpr int kWorkBytes = 32768;  // the phase's input vector (bf16), or attention's staged values
+constexpr int kMaxGroup = 8;        // query heads per kv head
+// Positions an attention chunk: their values (bf16 [CH][D]) fill at most the work area and
+// their scores ([kMaxGroup][CH] floats) the score area.
+__host__ __device__ constexpr int chunk_positions(int64_t D) { return D >= 128 ? 128 : 256; }
+
+// Shared memory: the ring, the work area, attention's queries and scores, the reduction scratch
+// and the ring's barriers.
+constexpr size_t kSmemRing = size_t(kSlots) * kSlotBytes;
+constexpr size_t kSmemQ = kMaxGroup * 128 * sizeof(float);
+constexpr size_t kSmemScores = 2048 * sizeof(float);
+constexpr size_t kSmemRed = 64 * sizeof(float);
+constexpr size_t kSmemBytes = kSmemRing + kWorkBytes + kSmemQ + kSmemScores + kSmemRed + 2 * kSlots * 8;
+
+// ---- mbarrier and bulk-copy helpers (sm_90)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra W;\n}" ::"r"(smem_u32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+// The consumers' own barrier (the producer warp never joins it).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+
+// Data other blocks wrote during this launch: read through L2 (L1 is not coherent).
+__device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ float ld_cg_bf16(const bf16* p) {
+  const unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
+  return __bfloat162float(__ushort_as_bfloat16(u));
+}
+__device__ __forceinline__ float rbf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// Grid barrier: counter and generation (args.sync[0], args.sync[32]); the last block to arrive
+// resets the counter and moves the generation, so the barrier leaves itself ready for the next
+// one and the next launch. Writes before it are visible after it (fences on both sides).
+__device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G) {
+  consumers_sync();
+  if (threadIdx.x == 0) {
+    unsigned* count = sync;
+    unsigned* gen = sync + 32;
+    unsigned g0;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(g0) : "l"(gen) : "memory");
+    __threadfence();
+    if (atomicAdd(count, 1u) == G - 1) {
+      atomicExch(count, 0u);
+      __threadfence();
+      atomicAdd(gen, 1u);
+    } else {
+      unsigned g;
+      do {
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(g) : "l"(gen) : "memory");
+      } while (g == g0);
+    }
+    __threadfence();
+  }
+  consumers_sync();
+}
+
+// One product's tiling: rows N of K columns, `rows` rows a tile (gate|up: pairs, gate row i and
+// up row F + i), `wpr` warps a row.
+struct Tiling {
+  int64_t N, K;
+  int rows, wpr;
+  bool pairs;
+  __host__ __device__ int64_t tiles() const { return (N + rows - 1) / rows; }
+};
+inline Tiling tiling(int64_t N, int64_t K, bool pairs) {
+  const int64_t chunks = K / 8;
+  int wpr = 1;
+  while (wpr < kConsumerWarps && int64_t(wpr) * 256 < chunks) wpr *= 2;
+  const int rows_all = kConsumerWarps / wpr;  // rows of B a tile
+  return Tiling{N, K, pairs ? rows_all / 2 : rows_all, wpr, pairs};
+}
+
+// The block's tiles of a product: global tile index u = first + t over the layer's products in
+// turn, block u % G; returns the first t of block b and counts the product's tiles into `first`.
+__device__ __forceinline__ int64_t first_tile(int64_t& first, int64_t tiles, unsigned b, unsigned G) {
+  const int64_t t0 = (int64_t(b) + G - first % G) % G;
+  first += tiles;
+  return t0;
+}
+
+}  // namespace
+
+struct DecodeLayerDev {
+  DecodeLayerArgs a;
+  Tiling t[4];  // q|k|v, o, gate|up, down
+  int64_t nch;  // attention chunks of the row (positions 0 .. pos)
+  unsigned G;
+};
+
+namespace {
+
+// A bf16 row chunk of 8 against the input's chunk of 8, in order.
+__device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b) {
+  const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
+    acc = fmaf(u.x, v.x, acc);
+    acc = fmaf(u.y, v.y, acc);
+  }
+}
+
+// The producer: every tile of the block, in the consumers' order, into the ring.
+__device__ void produce(const DecodeLayerDev& p, char* ring, uint64_t* full, uint64_t* empty) {
+  const DecodeLayerArgs& a = p.a;
+  const bf16* W[4] = {a.w_qkv, a.w_o, a.w_gu, a.w_down};
+  int64_t first = 0;
+  unsigned i = 0;
+  for (int ph = 0; ph < 4; ++ph) {
+    const Tiling& t = p.t[ph];
+    const int64_t T = t.tiles();
+    for (int64_t u = first_tile(first, T, blockIdx.x, p.G); u < T; u += p.G, ++i) {
+      const unsigned slot = i % kSlots, round = i / kSlots;
+      mbar_wait(&empty[slot], (round & 1) ^ 1);
+      const int64_t r0 = u * t.rows, n = min(int64_t(t.rows), t.N - r0);
+      const unsigned bytes = unsigned(n * t.K * 2);
+      char* dst = ring + size_t(slot) * kSlotBytes;
+      mbar_expect_tx(&full[slot], t.pairs ? 2 * bytes : bytes);
+      bulk_copy(dst, W[ph] + r0 * t.K, bytes, &full[slot]);
+      if (t.pairs) bulk_copy(dst + size_t(t.rows) * t.K * 2, W[ph] + (t.N + r0) * t.K, bytes, &full[slot]);
+    }
+  }
+}
+
+// x (global, bf16 [C], written by earlier work) normalised into xs (shared, bf16): RMSNorm's
+// arithmetic (rstd_of, x * rstd * (w + woff)); the sum of squares in the block's order.
+__device__ void norm_into(bf16* xs, const bf16* x, const bf16* w, int64_t C, float eps, float woff, float* red) {
+  const int tid = threadIdx.x;
+  float ss = 0.f;
+  for (int64_t c = int64_t(tid) * 8; c < C; c += kConsumers * 8) {
+    const uint4 u = ld_cg16(x + c);
+    const bf16* v = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ss = fmaf(__bfloat162float(v[k]), __bfloat162float(v[k]), ss);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((tid & 31) == 0) red[tid >> 5] = ss;
+  consumers_sync();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kConsumerWarps; ++i) tot += red[i];
+  const float r = rsqrtf(tot / float(C) + eps);
+  const float rs = r * (1.5f - 0.5f * (tot / float(C) + eps) * r * r);
+  for (int64_t c = int64_t(tid) * 8; c < C; c += kConsumers * 8) {
+    const uint4 u = ld_cg16(x + c), uw = *reinterpret_cast<const uint4*>(w + c);
+    const bf16* v = reinterpret_cast<const bf16*>(&u);
+    const bf16* wv = reinterpret_cast<const bf16*>(&uw);
+    uint4 o;
+    bf16* ov = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ov[k] = __float2bfloat16_rn(__bfloat162float(v[k]) * rs * (__bfloat162float(wv[k]) + woff));
+    *reinterpret_cast<uint4*>(xs + c) = o;
+  }
+  consumers_sync();  // (red is reused; xs is read by every warp)
+}
+
+// One tile of a product: each warp sums its part of its row against xs; `epi(row, sum)` for
+// each row of the tile (row within the tile; gate|up: rows then their pairs, see below).
+template <class Epi>
+__device__ __forceinline__ void tile_sums(const Tiling& t, const char* slot, const bf16* xs, int64_t r0, float* red,
+                                          Epi epi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rows_all = kConsumerWarps / t.wpr;
+  const int rr = warp / t.wpr, part = warp % t.wpr;
+  const int64_t chunks = t.K / 8, per = (chunks + t.wpr - 1) / t.wpr;
+  const int64_t c_begin = part * per, c_end = min(c_begin + per, chunks);
+  // row rr of the slot: gate|up tiles hold `rows` gate rows, then their `rows` up rows
+  const int64_t n = min(int64_t(t.rows), t.N - r0);
+  const bool live = t.pairs ? (rr % t.rows) < n : rr < n;
+  float acc = 0.f;
+  if (live) {
+    const uint4* wr = reinterpret_cast<const uint4*>(slot + size_t(rr) * t.K * 2);
+    const uint4* xv = reinterpret_cast<const uint4*>(xs);
+    for (int64_t c = c_begin + lane; c < c_end; c += 32) fma8(acc, xv[c], wr[c]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (t.wpr == 1) {
+    if (lane == 0) red[warp] = acc;
+  } else if (lane == 0) {
+    red[warp] = acc;
+  }
+  consumers_sync();
+  if (threadIdx.x < rows_all) {
+    const int row = threadIdx.x;
+    float s = 0.f;
+    for (int q = 0; q < t.wpr; ++q) s += red[row * t.wpr + q];  // parts in order
+    red[32 + row] = s;
+  }
+  consumers_sync();
+  if (threadIdx.x < (t.pairs ? t.rows : rows_all)) {
+    const int row = threadIdx.x;
+    if (t.pairs ? row < n : row < n) epi(row, red[32 + row], t.pairs ? red[32 + t.rows + row] : 0.f);
+  }
+  // the next tile's sums reuse red: its first consumers_sync orders them
+}
+
+// Consumers: release a slot after the tile's sums (each warp's lane 0 arrives; count 8).
+__device__ __forceinline__ void release(uint64_t* empty) {
+  if ((threadIdx.x & 31) == 0) mbar_arrive(empty);
+}
+
+// Attention of the row's position over its chunk `c` of positions for kv head g (all its query
+// heads): unnormalised partial (max, sum, o[D]) per query head into a.part. The chunk holding
+// the row's own position also writes the new key and value into the cache.
+template <int D>
+__device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, char* work, float* qs, float* sc) {
+  const DecodeLayerArgs& a = p.a;
+  constexpr int CH = chunk_positions(D);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t HPG = a.Hq / a.Hkv, pos = a.pos[0];
+  const int64_t p0 = c * CH, n = min(int64_t(CH), pos + 1 - p0);
+  const int64_t qk = (a.Hq + a.Hkv) * D;  // v's columns in qkv
+  bf16* vs = reinterpret_cast<bf16*>(work);  // [CH][D] values
+  __shared__ float kn[128];                  // the new key, rotated and rounded
+  // RoPE of the group's queries and of the new key at the row's position (rope_fwd's rotation:
+  // pairs (i, i + D/2), angle float32(inv_freq[i]) * float32(pos), cos and sin times scale).
+  for (int64_t e = tid; e < (HPG + 1) * (D / 2); e += kConsumers) {
+    const int64_t j = e / (D / 2), i = e % (D / 2);
+    const bf16* src = j < HPG ? a.qkv + (g * HPG + j) * D : a.qkv + a.Hq * D + g * D;
+    const float xa = ld_cg_bf16(src + i), xb = ld_cg_bf16(src + i + D / 2);
+    float sn, cs;
+    sincosf(__fmul_rn(a.inv_freq[i], float(pos)), &sn, &cs);
+    cs *= a.rope_scale;
+    sn *= a.rope_scale;
+    const float ya = rbf(xa * cs - xb * sn), yb = rbf(xb * cs + xa * sn);
+    if (j < HPG) {
+      qs[j * D + i] = ya;
+      qs[j * D + i + D / 2] = yb;
+    } else {
+      kn[i] = ya;
+      kn[i + D / 2] = yb;
+    }
+  }
+  consumers_sync();
+  const bool own = pos >= p0 && pos < p0 + CH;  // this chunk holds the new position
+  if (own && tid < D) {  // the cache write (kv_cache_write's: slot = block * bs + offset)
+    const int64_t slot = a.slots[0];
+    if (slot >= 0 && slot < a.num_blocks * a.bs) {
+      const int64_t b = slot / a.bs, o = slot % a.bs;
+      a.k_cache[b * a.kc[0] + g * a.kc[1] + o * a.kc[2] + tid * a.kc[3]] = __float2bfloat16_rn(kn[tid]);
+      a.v_cache[b * a.vc[0] + g * a.vc[1] + o * a.vc[2] + tid * a.vc[3]] = __float2bfloat16_rn(ld_cg_bf16(a.qkv + qk + g * D + tid));
+    } else if (slot >= a.num_blocks * a.bs && a.err) {
+      atomicExch(a.err, 1);
+    }
+  }
+  // Scores: a thread a position (its key row read whole); values staged for the sums below.
+  for (int64_t t = tid; t < n; t += kConsumers) {
+    const int64_t q = p0 + t;
+    float kv[D];
+    if (q == pos) {
+#pragma unroll
+      for (int d = 0; d < D; ++d) kv[d] = kn[d];
+      for (int d = 0; d < D; d += 8)
+        *reinterpret_cast<uint4*>(vs + t * D + d) = ld_cg16(a.qkv + qk + g * D + d);
+    } else {
+      const int64_t blk = a.blocks[q / a.bs], o = q % a.bs;
+      const bf16* kr = a.k_cache + blk * a.kc[0] + g * a.kc[1] + o * a.kc[2];
+      const bf16* vr = a.v_cache + blk * a.vc[0] + g * a.vc[1] + o * a.vc[2];
+      if (a.kc[3] == 1 && a.vc[3] == 1) {
+#pragma unroll
+        for (int d = 0; d < D; d += 8) {
+          const uint4 u = __ldcg(reinterpret_cast<const uint4*>(kr + d));
+          const bf16* v8 = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) kv[d + k] = __bfloat162float(v8[k]);
+          *reinterpret_cast<uint4*>(vs + t * D + d) = __ldcg(reinterpret_cast<const uint4*>(vr + d));
+        }
+      } else {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+          kv[d] = __bfloat162float(kr[d * a.kc[3]]);
+          vs[t * D + d] = vr[d * a.vc[3]];
+        }
+      }
+    }
+    for (int64_t j = 0; j < HPG; ++j) {
+      float s = 0.f;
+#pragma unroll
+      for (int d = 0; d < D; ++d) s = fmaf(qs[j * D + d], kv[d], s);
+      sc[j * CH + t] = s * a.scale;
+    }
+  }
+  consumers_sync();
+  // Softmax statistics: warp j for query head j.
+  float* part = a.part + ((g * p.nch + c) * HPG) * (D + 2);
+  if (warp < HPG) {
+    float m = -INFINITY;
+    for (int64_t t = lane; t < n; t += 32) m = fmaxf(m, sc[warp * CH + t]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int64_t t = lane; t < n; t += 32) {
+      const float e = __expf(sc[warp * CH + t] - m);
+      sc[warp * CH + t] = e;
+      l += e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      part[warp * (D + 2)] = m;
+      part[warp * (D + 2) + 1] = l;
+    }
+  }
+  consumers_sync();
+  for (int64_t e = tid; e < HPG * D; e += kConsumers) {
+    const int64_t j = e / D, d = e % D;
+    float o = 0.f;
+    for (int64_t t = 0; t < n; ++t) o = fmaf(sc[j * CH + t], __bfloat162float(vs[t * D + d]), o);
+    part[j * (D + 2) + 2 + d] = o;
+  }
+  consumers_sync();  // (the work area and sc are reused)
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_constant__ DecodeLayerDev p) {
+  extern __shared__ __align__(128) char smem[];
+  char* ring = smem;
+  char* work = smem + kSmemRing;
+  float* qs = reinterpret_cast<float*>(work + kWorkBytes);
+  float* sc = qs + kMaxGroup * 128;
+  float* red = sc + 2048;
+  uint64_t* full = reinterpret_cast<uint64_t*>(red + 64);
+  uint64_t* empty = full + kSlots;
+  const DecodeLayerArgs& a = p.a;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kSlots; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {  // the producer warp: weights only, so before pdl_wait
+    if (threadIdx.x == kConsumers) produce(p, ring, full, empty);
+    pdl_trigger();
+    return;
+  }
+  pdl_wait();
+  pdl_trigger();
+  bf16* xs = reinterpret_cast<bf16*>(work);
+  unsigned it = 0;  // ring position
+  int64_t first = 0;
+  auto next_slot = [&]() -> const char* {
+    const unsigned slot = it % kSlots;
+    mbar_wait(&full[slot], (it / kSlots) & 1);
+    return ring + size_t(slot) * kSlotBytes;
+  };
+  auto done_slot = [&]() {
+    release(&empty[it % kSlots]);
+    ++it;
+  };
+  const int64_t C = a.C, F = a.F, HD = a.Hq * D;
+  // 1. q|k|v = rmsnorm(x) W_qkv^T, rounded
+  norm_into(xs, a.x, a.w_norm1, C, a.eps1, a.woff1, red);
+  {
+    const Tiling& t = p.t[0];
+    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
+      const int64_t r0 = u * t.rows;
+      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float s, float) { a.qkv[r0 + row] = __float2bfloat16_rn(s); });
+      done_slot();
+    }
+  }
+  grid_sync(a.sync, p.G);
+  // 2. attention partials, (kv head, chunk) units dealt over the blocks
+  for (int64_t u = blockIdx.x; u < a.Hkv * p.nch; u += p.G) attend_chunk<D>(p, u / p.nch, u % p.nch, work, qs, sc);
+  grid_sync(a.sync, p.G);
+  // 3. attention combined (every block, for its o rows), h = x + o W_o^T into y
+  {
+    const int64_t HPG = a.Hq / a.Hkv;
+    for (int64_t e = threadIdx.x; e < HD; e += kConsumers) {
+      const int64_t h = e / D, d = e % D, g = h / HPG, j = h % HPG;
+      const float* pc = a.part + ((g * p.nch) * HPG + j) * (D + 2);
+      const int64_t step = HPG * (D + 2);
+      float M = -INFINITY;
+      for (int64_t c = 0; c < p.nch; ++c) M = fmaxf(M, __ldcg(pc + c * step));
+      float L = 0.f, O = 0.f;
+      for (int64_t c = 0; c < p.nch; ++c) {
+        const float w = __expf(__ldcg(pc + c * step) - M);
+        L = fmaf(__ldcg(pc + c * step + 1), w, L);
+        O = fmaf(__ldcg(pc + c * step + 2 + d), w, O);
+      }
+      xs[e] = __float2bfloat16_rn(O / L);
+    }
+    consumers_sync();
+    const Tiling& t = p.t[1];
+    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
+      const int64_t r0 = u * t.rows;
+      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float s, float) {
+        const int64_t j = r0 + row;
+        a.y[j] = __float2bfloat16_rn(__bfloat162float(a.x[j]) + rbf(s));
+      });
+      done_slot();
+    }
+  }
+  grid_sync(a.sync, p.G);
+  // 4. act = silu(g) * u of rmsnorm(h) W_gu^T, rounded as gemm_glu_fwd's
+  norm_into(xs, a.y, a.w_norm2, C, a.eps2, a.woff2, red);
+  {
+    const Tiling& t = p.t[2];
+    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
+      const int64_t r0 = u * t.rows;
+      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float gs, float us) {
+        a.act[r0 + row] = __float2bfloat16_rn(act_value<0>(rbf(gs)) * rbf(us));
+      });
+      done_slot();
+    }
+  }
+  grid_sync(a.sync, p.G);
+  // 5. y = h + act W_down^T
+  for (int64_t c = int64_t(threadIdx.x) * 8; c < F; c += kConsumers * 8)
+    *reinterpret_cast<uint4*>(xs + c) = ld_cg16(a.act + c);
+  consumers_sync();
+  {
+    const Tiling& t = p.t[3];
+    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
+      const int64_t r0 = u * t.rows;
+      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float s, float) {
+        const int64_t j = r0 + row;
+        a.y[j] = __float2bfloat16_rn(ld_cg_bf16(a.y + j) + rbf(s));
+      });
+      done_slot();
+    }
+  }
+}
+
+}  // namespace
+
+std::string decode_layer_refusal(const DecodeLayerArgs& a) {
+  if (a.D != 16 && a.D != 32 && a.D != 64 && a.D != 128) return "head dims 16, 32, 64 and 128 only";
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0 || a.Hq / a.Hkv > kMaxGroup) return "up to 8 query heads a kv head";
+  if (a.C % 8 || a.F % 8 || a.C > 8192 || a.F > 16384 || a.Hq * a.D > 16384)
+    return "hidden size a multiple of 8 up to 8192, intermediate size a multiple of 8 up to 16384";
+  return "";
+}
+
+int64_t decode_layer_workspace_bytes(const DecodeLayerArgs& a) {
+  const int64_t CH = chunk_positions(a.D), nch = (a.max_positions + CH - 1) / CH;
+  const int64_t qkv = (a.Hq + 2 * a.Hkv) * a.D * 2, act = a.F * 2;
+  const int64_t part = a.Hkv * nch * (a.Hq / a.Hkv) * (a.D + 2) * 4;
+  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
+  return up(qkv) + up(act) + up(part);
+}
+
+void decode_layer_carve(DecodeLayerArgs& a, void* ws) {
+  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
+  char* p = static_cast<char*>(ws);
+  a.qkv = reinterpret_cast<bf16*>(p);
+  p += up((a.Hq + 2 * a.Hkv) * a.D * 2);
+  a.act = reinterpret_cast<bf16*>(p);
+  p += up(a.F * 2);
+  a.part = reinterpret_cast<float*>(p);
+}
+
+void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
+  DecodeLayerDev p;
+  p.a = a;
+  p.G = unsigned(a.sms);
+  p.t[0] = tiling((a.Hq + 2 * a.Hkv) * a.D, a.C, false);
+  p.t[1] = tiling(a.C, a.Hq * a.D, false);
+  p.t[2] = tiling(a.F, a.C, true);
+  p.t[3] = tiling(a.C, a.F, false);
+  const int64_t CH = chunk_positions(a.D);
+  p.nch = (a.max_positions + CH - 1) / CH;  // chunks past the row's position hold no keys: see below
+  // The row's own chunk count is known only on the device (its position); units beyond it have
+  // n <= 0 and write an empty partial (max -inf, sum 0), which the combine weighs by 0.
+  auto kernel = a.D == 16 ? decode_layer_kernel<16>
+                : a.D == 32 ? decode_layer_kernel<32>
+                : a.D == 64 ? decode_layer_kernel<64>
+                            : decode_layer_kernel<128>;
+  // once per device and head dim (not on every call: a generator captures these launches)
+  static bool raised[64][4] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  bool& done = raised[dev & 63][a.D == 16 ? 0 : a.D == 32 ? 1 : a.D == 64 ? 2 : 3];
+  if (!done) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)) != cudaSuccess)
+      throw std::runtime_error("decode_layer_fwd: cannot raise the shared-memory limit");
+    done = true;
+  }
+  launch_pdl(kernel, dim3(p.G), dim3(kThreads), kSmemBytes, s, p);
+  check_launch("decode_layer_fwd");
+}
+
+}  // namespace rlh::kcuda
