@@ -161,6 +161,7 @@ std::string decode_layer_shape_refusal(const rlh_tensor* in, size_t nin, const r
 }
 
 void run_decode_layer_fwd(const Call& c) {
+  if (c.dt() != DType::bf16) bad("decode_layer_fwd: bf16 only");
   const rlh_tensor* in = c.call->inputs;
   const rlh_tensor* out = c.call->outputs;
   DecodeLayerArgs a = decode_layer_sizes(in, out);

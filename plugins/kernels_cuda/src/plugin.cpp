@@ -247,7 +247,9 @@ void k_destroy(rlh_kernels* k) {
 
 // The fused GLU product is written for bf16 alone (a decoding step's gate|up): it lists no f32,
 // so a conformance runner does not expect f32 cases of it to pass.
-bool offers_f32(const OpSpec& s) { return std::strcmp(s.name, "gemm_glu_fwd") != 0; }
+bool offers_f32(const OpSpec& s) {
+  return std::strcmp(s.name, "gemm_glu_fwd") != 0 && std::strcmp(s.name, "decode_layer_fwd") != 0;
+}
 
 rlh_status* k_list_ops(rlh_kernels*, rlh_write_fn write, void* user) {
   return sdk::guard(g_make_status, [&] {
