@@ -110,9 +110,16 @@ __device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G) {
       __threadfence();
       atomicAdd(gen, 1u);
     } else {
+      // A block that never comes (one not resident: an SM taken by another process's kernels)
+      // would hang the step; after 5 s the launch traps instead, and the caller's next CUDA
+      // call reports the error.
+      unsigned long long t0, t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
       unsigned g;
       do {
         asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(g) : "l"(gen) : "memory");
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > 5000000000ull) __trap();
       } while (g == g0);
     }
     __threadfence();
