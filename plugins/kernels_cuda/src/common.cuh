@@ -87,6 +87,19 @@ __device__ __forceinline__ float soft_cap_grad_if(float x, float c) {
   else return 1.f;
 }
 
+// acc += the dot product of two 16-byte chunks of 8 bf16, in order, as fused multiply-adds (the
+// few-row gemm's and the fused decoding layer's sums).
+__device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b) {
+  const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
+    acc = fmaf(u.x, v.x, acc);
+    acc = fmaf(u.y, v.y, acc);
+  }
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 // Programmatic dependent launch (Hopper). A decoding step at batch 1 is ~190 kernels of a few

@@ -162,18 +162,6 @@ struct DecodeLayerDev {
 
 namespace {
 
-// A bf16 row chunk of 8 against the input's chunk of 8, in order.
-__device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b) {
-  const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&b);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
-    acc = fmaf(u.x, v.x, acc);
-    acc = fmaf(u.y, v.y, acc);
-  }
-}
-
 // The producer: every tile of the block, in the consumers' order, into the ring.
 __device__ void produce(const DecodeLayerDev& p, char* ring, uint64_t* full, uint64_t* empty) {
   const DecodeLayerArgs& a = p.a;

@@ -19,17 +19,6 @@ constexpr int kWarps = 8;
 // sums its chunks in increasing order, so the results are those of fewer chunks in flight.
 constexpr int kAhead = 8;
 
-__device__ __forceinline__ void fma8(float& acc, const uint4& a, const uint4& b) {
-  const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&b);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
-    acc = fmaf(u.x, v.x, acc);
-    acc = fmaf(u.y, v.y, acc);
-  }
-}
-
 // WPC warps share a column, each summing a contiguous part of K (WPC = 1: the whole row), their
 // sums added in part order through shared memory. Why: a warp walks its part in rounds of
 // kAhead chunks a lane, each round one memory round trip; a 8192-wide row (a 1B model's down

@@ -414,29 +414,24 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
     rlh_kernels* k = op->inst;
     if (check_operands(s, k, call->inputs, call->num_inputs, call->outputs, call->num_outputs) != op->dt)
       throw Error(RLH_E_INVALID_ARGUMENT, std::string(s.name) + ": dtype differs from the resolved op");
-    int prev = -1;
-    cudaGetDevice(&prev);
-    if (prev != k->device.device_id) cuda_ck(cudaSetDevice(k->device.device_id), "set device");
-    struct Restore {
-      int prev, dev;
-      ~Restore() { if (prev >= 0 && prev != dev) cudaSetDevice(prev); }
-    } restore{prev, k->device.device_id};
-    const auto stream = static_cast<cudaStream_t>(call->stream);
-    {
-      CallWorkspace ws(k, call->workspace, call->workspace_bytes, stream);
-      Call c{op, call, &ws, stream};
-      s.run(c);
-    }
-    if (k->check) {
-      cuda_ck(cudaStreamSynchronize(stream), s.name);
-      cuda_ck(cudaGetLastError(), s.name);
-      int flag = 0;
-      cuda_ck(cudaMemcpy(&flag, k->err, sizeof(int), cudaMemcpyDeviceToHost), "error flag");
-      if (flag) {
-        cudaMemset(k->err, 0, sizeof(int));
-        bad(std::string(s.name) + ": an id or target is outside [0, V)");
+    on_device(k, [&] {
+      const auto stream = static_cast<cudaStream_t>(call->stream);
+      {
+        CallWorkspace ws(k, call->workspace, call->workspace_bytes, stream);
+        Call c{op, call, &ws, stream};
+        s.run(c);
       }
-    }
+      if (k->check) {
+        cuda_ck(cudaStreamSynchronize(stream), s.name);
+        cuda_ck(cudaGetLastError(), s.name);
+        int flag = 0;
+        cuda_ck(cudaMemcpy(&flag, k->err, sizeof(int), cudaMemcpyDeviceToHost), "error flag");
+        if (flag) {
+          cudaMemset(k->err, 0, sizeof(int));
+          bad(std::string(s.name) + ": an id or target is outside [0, V)");
+        }
+      }
+    });
   });
 }
 
