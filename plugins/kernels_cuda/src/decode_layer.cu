@@ -217,8 +217,9 @@ __device__ void norm_into(bf16* xs, const bf16* x, const bf16* w, int64_t C, flo
   consumers_sync();  // (red is reused; xs is read by every warp)
 }
 
-// One tile of a product: each warp sums its part of its row against xs; `epi(row, sum)` for
-// each row of the tile (row within the tile; gate|up: rows then their pairs, see below).
+// One tile of a product: each warp sums its part of its row against xs, the parts are added in
+// order, and `epi(row, sum, up_sum)` runs for each row of the tile (gate|up tiles: `rows` gate
+// rows then their up rows; up_sum is the pair's, else 0).
 template <class Epi>
 __device__ __forceinline__ void tile_sums(const Tiling& t, const char* slot, const bf16* xs, int64_t r0, float* red,
                                           Epi epi) {
@@ -238,11 +239,7 @@ __device__ __forceinline__ void tile_sums(const Tiling& t, const char* slot, con
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (t.wpr == 1) {
-    if (lane == 0) red[warp] = acc;
-  } else if (lane == 0) {
-    red[warp] = acc;
-  }
+  if (lane == 0) red[warp] = acc;
   consumers_sync();
   if (threadIdx.x < rows_all) {
     const int row = threadIdx.x;
@@ -253,7 +250,7 @@ __device__ __forceinline__ void tile_sums(const Tiling& t, const char* slot, con
   consumers_sync();
   if (threadIdx.x < (t.pairs ? t.rows : rows_all)) {
     const int row = threadIdx.x;
-    if (t.pairs ? row < n : row < n) epi(row, red[32 + row], t.pairs ? red[32 + t.rows + row] : 0.f);
+    if (row < n) epi(row, red[32 + row], t.pairs ? red[32 + t.rows + row] : 0.f);
   }
   // the next tile's sums reuse red: its first consumers_sync orders them
 }
