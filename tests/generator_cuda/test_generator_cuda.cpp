@@ -540,7 +540,9 @@ void expect_deterministic_parity(const std::string& name, const sdk::Transformer
       std::printf("%s T=%.1f %s: %lld tokens, %lld logprobs differ from the trainer's, mean |dlp| %.3g, max %.3g\n",
                   name.c_str(), T, invariant ? "deterministic mode" : "default mode", (long long)p.tokens,
                   (long long)p.differ, p.mean_abs, p.max_abs);
-      if (invariant) EXPECT_EQ(p.differ, 0) << name << " T=" << T;
+      if (invariant) {
+        EXPECT_EQ(p.differ, 0) << name << " T=" << T;
+      }
       EXPECT_GT(p.tokens, 0) << name;
     }
   }
@@ -881,7 +883,9 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   cudaDeviceProp prop{};
   const bool hopper = cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
   std::printf("fp8 rollouts: weight-only products up to %lld rows\n", (long long)xs.fp8_weight_only_rows);
-  if (hopper && std::getenv("RLH_EXPECT_FP8_PROVIDER")) EXPECT_EQ(xs.fp8_weight_only_rows, 8);
+  if (hopper && std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
+    EXPECT_EQ(xs.fp8_weight_only_rows, 8);
+  }
   EXPECT_GT(xs.graph_steps, 0) << xs.graph_error;
   // How far the FP8 rollouts are from bf16: the share of greedy tokens that agree, and the
   // mean |logprob difference| on the prefix both generators share.
@@ -938,6 +942,12 @@ TEST_P(GpuFusedLayer, OneRowStepsFollowTheOpsAndSurviveGraphsAndRefit) {
   auto alone = [&](Generator& g, Outs& o) {
     for (size_t p = 0; p < prompts.size(); ++p) run(g, {prompts[p]}, r, int64_t(p), o);
   };
+  // The fused layer is opt-in (RLH_GEN_FUSED_LAYER=1) until measured; an executor reads the
+  // switch when made.
+  struct Env {
+    Env() { setenv("RLH_GEN_FUSED_LAYER", "1", 1); }
+    ~Env() { unsetenv("RLH_GEN_FUSED_LAYER"); }
+  } env;
   Generator fused(m.desc, gpu(Options{}));
   fused.weights().load(m.weights, 0);
   Outs got;
@@ -952,7 +962,7 @@ TEST_P(GpuFusedLayer, OneRowStepsFollowTheOpsAndSurviveGraphsAndRefit) {
   EXPECT_GT(xs.graph_steps, 0) << xs.graph_error;
   setenv("RLH_GEN_FUSED_LAYER", "0", 1);
   Generator ops(m.desc, gpu(Options{}));
-  unsetenv("RLH_GEN_FUSED_LAYER");
+  setenv("RLH_GEN_FUSED_LAYER", "1", 1);
   ops.weights().load(m.weights, 0);
   Outs ref;
   alone(ops, ref);
