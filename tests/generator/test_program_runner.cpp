@@ -6,6 +6,7 @@
 // executor, which runs the same fused path; test_generator_cuda on the GPU).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -101,6 +102,88 @@ TEST(ProgramRunner, WithoutTheFusedOpsEveryStepRuns) {
   EXPECT_EQ(b.calls["add"], 2 * L);
   EXPECT_EQ(b.calls["glu"], L);
   EXPECT_EQ(b.calls["add_norm"] + b.calls["add_norm into the next layer"] + b.calls["linear_glu"], 0);
+}
+
+// A backend that also offers the whole layer in one op (decode_layer_fwd, as the CUDA executor).
+struct LayerRecorder : Recorder {
+  using Recorder::Recorder;
+  int64_t refuse_at = -1;  // the layer it refuses (and every later one), -1: none
+  std::vector<DenseLayerPlan> plans;
+  std::vector<std::pair<const T*, T*>> io;
+  bool dense_layer(int64_t l, const DenseLayerPlan& p, const T* x, T* y, int64_t R) {
+    EXPECT_EQ(R, 1);
+    if (refuse_at >= 0 && l >= refuse_at) return false;
+    ++calls["dense_layer"];
+    plans.push_back(p);
+    io.emplace_back(x, y);
+    return true;
+  }
+};
+
+TEST(ProgramRunner, OneRowStepsOfAPlainDenseModelRunEachLayerAsOneOp) {
+  const int64_t L = 3;
+  DecodeModel m(test::llama_desc(64, 32, L, 4, 2, 8, 48));
+  LayerRecorder b(m.desc());
+  ProgramRunner<LayerRecorder> run(m, b);
+  const float* out = run.layers(1);
+  EXPECT_EQ(b.calls["dense_layer"], L);
+  for (const char* op : {"norm", "linear", "attend", "rope", "add", "add_norm", "linear_glu", "glu"})
+    EXPECT_EQ(b.calls[op], 0) << op;
+  ASSERT_EQ(b.plans.size(), size_t(L));
+  const sdk::TransformerDesc& d = m.desc();
+  for (int64_t l = 0; l < L; ++l) {
+    const DenseLayerPlan& p = b.plans[size_t(l)];
+    EXPECT_EQ(p.Hq, 4);
+    EXPECT_EQ(p.Hkv, 2);
+    EXPECT_EQ(p.D, 8);
+    EXPECT_EQ(p.F, 48);
+    EXPECT_EQ(p.table, 0);
+    EXPECT_NEAR(p.scale, 1 / std::sqrt(8.0), 1e-12);
+    EXPECT_EQ(d.params[size_t(p.q)].role, sdk::ParamRole::q);
+    EXPECT_EQ(d.params[size_t(p.o)].role, sdk::ParamRole::o);
+    EXPECT_EQ(d.params[size_t(p.gate)].role, sdk::ParamRole::gate);
+    EXPECT_EQ(d.params[size_t(p.down)].role, sdk::ParamRole::down);
+    EXPECT_EQ(d.params[size_t(p.q)].layer, l);
+    // the residual stream alternates: layer l reads residual(l % 2), writes the other
+    EXPECT_EQ(b.io[size_t(l)].first, b.residual(int(l % 2)));
+    EXPECT_EQ(b.io[size_t(l)].second, b.residual(int((l + 1) % 2)));
+  }
+  EXPECT_EQ(out, b.residual(int(L % 2)));
+}
+
+TEST(ProgramRunner, TheLayerOpIsForOneRowAndFallsBackWhereRefused) {
+  const int64_t L = 3;
+  DecodeModel m(test::llama_desc(64, 32, L, 4, 2, 8, 48));
+  {  // two rows: the program, fused as before
+    LayerRecorder b(m.desc());
+    ProgramRunner<LayerRecorder> run(m, b);
+    run.layers(2);
+    EXPECT_EQ(b.calls["dense_layer"], 0);
+    EXPECT_EQ(b.calls["attend"], L);
+  }
+  {  // refused from layer 1 on: layer 0 as one op, the rest step by step from the right residual
+    LayerRecorder b(m.desc());
+    b.refuse_at = 1;
+    ProgramRunner<LayerRecorder> run(m, b);
+    const float* out = run.layers(1);
+    EXPECT_EQ(b.calls["dense_layer"], 1);
+    EXPECT_EQ(b.calls["attend"], L - 1);
+    EXPECT_EQ(b.calls["norm"], 1);  // layer 1's first norm (nothing fused it into layer 0)
+    EXPECT_EQ(out, b.residual(int(L % 2)));
+  }
+}
+
+TEST(ProgramRunner, LayersOtherThanThePlainDenseFormRunTheirSteps) {
+  // Qwen3-like with biases and a window, MoE, MLA, Gemma's sandwich norms: none is the form
+  // decode_layer_fwd computes, so a one-row step runs their programs.
+  for (const test::Model& mm : {test::qwen_like(), test::moe_like(), test::mla_like(), test::gemma_like()}) {
+    DecodeModel m(mm.desc);
+    LayerRecorder b(m.desc());
+    ProgramRunner<LayerRecorder> run(m, b);
+    run.layers(1);
+    EXPECT_EQ(b.calls["dense_layer"], 0) << mm.desc.model_type;
+    EXPECT_GT(b.calls["attend"], 0) << mm.desc.model_type;
+  }
 }
 
 }  // namespace

@@ -106,12 +106,15 @@ bool match_dense_layer(const sdk::LayerProgram& lp, const sdk::TransformerDesc& 
       at(gu.weights[1]) != at(gu.weights[0]) + F * C)
     return false;
   // the wiring: x -> norm -> q|k|v (rotated in place) -> attention -> o -> + x -> norm -> gate|up -> glu -> down -> + h
+  auto adds = [](const sdk::LayerStep& a, int u, int v) {
+    return (a.in.value == u && a.in2.value == v) || (a.in.value == v && a.in2.value == u);
+  };
   if (n1.in.value != 0 || qkv.in.value != n1.out.value || rq.in.value != qkv.out.value || rq.in.col != 0 ||
       rk.in.value != qkv.out.value || rk.in.col != Hq * D || rq.heads != Hq || rk.heads != Hkv || rq.head_dim != D ||
       rk.head_dim != D || rq.table != rk.table || att.in.value != qkv.out.value || att.in.col != 0 ||
-      att.in2.col != Hq * D || att.in3.col != (Hq + Hkv) * D || o.in.value != att.out.value || a1.in.value != o.out.value ||
-      a1.in2.value != 0 || n2.in.value != a1.out.value || gu.in.value != n2.out.value || glu.in.value != gu.out.value ||
-      dn.in.value != glu.out.value || a2.in.value != dn.out.value || a2.in2.value != a1.out.value ||
+      att.in2.col != Hq * D || att.in3.col != (Hq + Hkv) * D || o.in.value != att.out.value ||
+      !adds(a1, 0, o.out.value) || n2.in.value != a1.out.value || gu.in.value != n2.out.value ||
+      glu.in.value != gu.out.value || dn.in.value != glu.out.value || !adds(a2, a1.out.value, dn.out.value) ||
       lp.root(a2.out.value) != lp.root(lp.output))
     return false;
   if (rq.table < 0 || size_t(rq.table) >= ropes.size()) return false;
