@@ -195,6 +195,11 @@ void run_decode_layer_fwd(const Call& c) {
     a.vc[i] = vcs[i];
   }
   a.num_blocks = out[1].shape[0];
+  // 16-byte loads of x, y and the cache rows
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(ptr(in[0])) || !aligned(ptr(out[0])) || !aligned(ptr(out[1])) || !aligned(ptr(out[2])) ||
+      a.kc[0] % 8 || a.kc[1] % 8 || a.kc[2] % 8 || a.vc[0] % 8 || a.vc[1] % 8 || a.vc[2] % 8)
+    bad("decode_layer_fwd: x, y and the caches' rows must be 16-byte aligned");
   a.x = ptr<const __nv_bfloat16>(in[0]);
   a.w_norm1 = ptr<const __nv_bfloat16>(in[1]);
   a.w_qkv = ptr<const __nv_bfloat16>(in[2]);
