@@ -269,7 +269,10 @@ __device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, char
   constexpr int CH = chunk_positions(D);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t HPG = a.Hq / a.Hkv, pos = a.pos[0];
-  const int64_t p0 = c * CH, n = min(int64_t(CH), pos + 1 - p0);
+  // (a position past the table, or a block id outside the cache, sets the error flag and is
+  // read from block 0 instead: no read outside the operands)
+  const int64_t p0 = c * CH, n = min(min(int64_t(CH), pos + 1 - p0), a.max_positions - p0);
+  if ((pos < 0 || pos >= a.max_positions) && tid == 0 && a.err) atomicExch(a.err, 1);
   const int64_t qk = (a.Hq + a.Hkv) * D;  // v's columns in qkv
   bf16* vs = reinterpret_cast<bf16*>(work);  // [CH][D] values
   __shared__ float kn[128];                  // the new key, rotated and rounded
@@ -314,7 +317,12 @@ __device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, char
       for (int d = 0; d < D; d += 8)
         *reinterpret_cast<uint4*>(vs + t * D + d) = ld_cg16(a.qkv + qk + g * D + d);
     } else {
-      const int64_t blk = a.blocks[q / a.bs], o = q % a.bs;
+      int64_t blk = a.blocks[q / a.bs];
+      const int64_t o = q % a.bs;
+      if (blk < 0 || blk >= a.num_blocks) {
+        if (a.err) atomicExch(a.err, 1);
+        blk = 0;
+      }
       const bf16* kr = a.k_cache + blk * a.kc[0] + g * a.kc[1] + o * a.kc[2];
       const bf16* vr = a.v_cache + blk * a.vc[0] + g * a.vc[1] + o * a.vc[2];
       if (a.kc[3] == 1 && a.vc[3] == 1) {
@@ -423,7 +431,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   }
   grid_sync(a.sync, p.G);
   // 2. attention partials, (kv head, chunk) units dealt over the blocks
-  for (int64_t u = blockIdx.x; u < a.Hkv * p.nch; u += p.G) attend_chunk<D>(p, u / p.nch, u % p.nch, work, qs, sc);
+  // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
+  // table's capacity, as its stride).
+  const int64_t nc = min(p.nch, int64_t(a.pos[0]) / chunk_positions(D) + 1);
+  for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, work, qs, sc);
   grid_sync(a.sync, p.G);
   // 3. attention combined (every block, for its o rows), h = x + o W_o^T into y
   {
@@ -433,9 +444,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       const float* pc = a.part + ((g * p.nch) * HPG + j) * (D + 2);
       const int64_t step = HPG * (D + 2);
       float M = -INFINITY;
-      for (int64_t c = 0; c < p.nch; ++c) M = fmaxf(M, __ldcg(pc + c * step));
+      for (int64_t c = 0; c < nc; ++c) M = fmaxf(M, __ldcg(pc + c * step));
       float L = 0.f, O = 0.f;
-      for (int64_t c = 0; c < p.nch; ++c) {
+      for (int64_t c = 0; c < nc; ++c) {
         const float w = __expf(__ldcg(pc + c * step) - M);
         L = fmaf(__ldcg(pc + c * step + 1), w, L);
         O = fmaf(__ldcg(pc + c * step + 2 + d), w, O);
@@ -521,9 +532,7 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   p.t[2] = tiling(a.F, a.C, true);
   p.t[3] = tiling(a.C, a.F, false);
   const int64_t CH = chunk_positions(a.D);
-  p.nch = (a.max_positions + CH - 1) / CH;  // chunks past the row's position hold no keys: see below
-  // The row's own chunk count is known only on the device (its position); units beyond it have
-  // n <= 0 and write an empty partial (max -inf, sum 0), which the combine weighs by 0.
+  p.nch = (a.max_positions + CH - 1) / CH;  // the workspace's chunks; the kernel runs those up to the position
   auto kernel = a.D == 16 ? decode_layer_kernel<16>
                 : a.D == 32 ? decode_layer_kernel<32>
                 : a.D == 64 ? decode_layer_kernel<64>
