@@ -272,7 +272,6 @@ __device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, char
   // (a position past the table, or a block id outside the cache, sets the error flag and is
   // read from block 0 instead: no read outside the operands)
   const int64_t p0 = c * CH, n = min(min(int64_t(CH), pos + 1 - p0), a.max_positions - p0);
-  if ((pos < 0 || pos >= a.max_positions) && tid == 0 && a.err) atomicExch(a.err, 1);
   const int64_t qk = (a.Hq + a.Hkv) * D;  // v's columns in qkv
   bf16* vs = reinterpret_cast<bf16*>(work);  // [CH][D] values
   __shared__ float kn[128];                  // the new key, rotated and rounded
@@ -434,6 +433,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
   // table's capacity, as its stride).
   const int64_t nc = min(p.nch, int64_t(a.pos[0]) / chunk_positions(D) + 1);
+  if ((a.pos[0] < 0 || a.pos[0] >= a.max_positions) && blockIdx.x == 0 && threadIdx.x == 0 && a.err)
+    atomicExch(a.err, 1);  // (the output is then not defined; no read leaves the operands)
   for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, work, qs, sc);
   grid_sync(a.sync, p.G);
   // 3. attention combined (every block, for its o rows), h = x + o W_o^T into y
@@ -523,6 +524,45 @@ void decode_layer_carve(DecodeLayerArgs& a, void* ws) {
   a.part = reinterpret_cast<float*>(p);
 }
 
+namespace {
+
+using LayerKernel = void (*)(DecodeLayerDev);
+LayerKernel layer_kernel(int64_t D) {
+  return D == 16 ? decode_layer_kernel<16> : D == 32 ? decode_layer_kernel<32> : D == 64 ? decode_layer_kernel<64>
+                                                                                      : decode_layer_kernel<128>;
+}
+
+// The shared-memory limit raised once per device and head dim (not on every call: a generator
+// captures these launches).
+void raise_smem(int64_t D) {
+  static bool raised[64][4] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  bool& done = raised[dev & 63][D == 16 ? 0 : D == 32 ? 1 : D == 64 ? 2 : 3];
+  if (done) return;
+  if (cudaFuncSetAttribute(layer_kernel(D), cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)) != cudaSuccess)
+    throw std::runtime_error("decode_layer_fwd: cannot raise the shared-memory limit");
+  done = true;
+}
+
+}  // namespace
+
+std::string decode_layer_device_refusal(int64_t D) {
+  try {
+    raise_smem(D);
+  } catch (const std::exception& e) {
+    cudaGetLastError();
+    return e.what();
+  }
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layer_kernel(D), kThreads, kSmemBytes) != cudaSuccess ||
+      blocks < 1) {
+    cudaGetLastError();
+    return "one block of the layer kernel does not fit an SM of this device";
+  }
+  return "";
+}
+
 void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   DecodeLayerDev p;
   p.a = a;
@@ -533,20 +573,8 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   p.t[3] = tiling(a.C, a.F, false);
   const int64_t CH = chunk_positions(a.D);
   p.nch = (a.max_positions + CH - 1) / CH;  // the workspace's chunks; the kernel runs those up to the position
-  auto kernel = a.D == 16 ? decode_layer_kernel<16>
-                : a.D == 32 ? decode_layer_kernel<32>
-                : a.D == 64 ? decode_layer_kernel<64>
-                            : decode_layer_kernel<128>;
-  // once per device and head dim (not on every call: a generator captures these launches)
-  static bool raised[64][4] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  bool& done = raised[dev & 63][a.D == 16 ? 0 : a.D == 32 ? 1 : a.D == 64 ? 2 : 3];
-  if (!done) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)) != cudaSuccess)
-      throw std::runtime_error("decode_layer_fwd: cannot raise the shared-memory limit");
-    done = true;
-  }
+  raise_smem(a.D);
+  auto kernel = layer_kernel(a.D);
   launch_pdl(kernel, dim3(p.G), dim3(kThreads), kSmemBytes, s, p);
   check_launch("decode_layer_fwd");
 }

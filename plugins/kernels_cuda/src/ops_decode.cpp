@@ -183,6 +183,7 @@ void run_decode_layer_fwd(const Call& c) {
   need_vec(in[8], 1, "decode_layer_fwd slots");
   const rlh_tensor& bt = in[9];
   if (bt.ndim != 2 || bt.shape[0] != 1) bad("decode_layer_fwd: block_table must be [1, T]");
+  need_rows(bt, 1, bt.shape[1], "decode_layer_fwd block_table");
   need_vec(in[10], a.D / 2, "decode_layer_fwd inv_freq");
   need_rows(out[0], 1, a.C, "decode_layer_fwd y");
   if (ptr(out[0]) == ptr(in[0])) bad("decode_layer_fwd: y may not be x");
@@ -197,9 +198,10 @@ void run_decode_layer_fwd(const Call& c) {
   a.num_blocks = out[1].shape[0];
   // 16-byte loads of x, y and the cache rows
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!aligned(ptr(in[0])) || !aligned(ptr(out[0])) || !aligned(ptr(out[1])) || !aligned(ptr(out[2])) ||
+  if (!aligned(ptr(in[0])) || !aligned(ptr(in[1])) || !aligned(ptr(in[4])) || !aligned(ptr(out[0])) ||
+      !aligned(ptr(out[1])) || !aligned(ptr(out[2])) ||
       a.kc[0] % 8 || a.kc[1] % 8 || a.kc[2] % 8 || a.vc[0] % 8 || a.vc[1] % 8 || a.vc[2] % 8)
-    bad("decode_layer_fwd: x, y and the caches' rows must be 16-byte aligned");
+    bad("decode_layer_fwd: x, y, the norms' weights and the caches' rows must be 16-byte aligned");
   a.x = ptr<const __nv_bfloat16>(in[0]);
   a.w_norm1 = ptr<const __nv_bfloat16>(in[1]);
   a.w_qkv = ptr<const __nv_bfloat16>(in[2]);

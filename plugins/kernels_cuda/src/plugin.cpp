@@ -370,7 +370,8 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       if (k->info.cc_major < 9)
         throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda decode_layer_fwd: compute capability 9 or more");
       if (d->shapes_valid) {
-        const std::string why = decode_layer_shape_refusal(d->inputs, d->num_inputs, d->outputs, d->num_outputs);
+        std::string why = decode_layer_shape_refusal(d->inputs, d->num_inputs, d->outputs, d->num_outputs);
+        if (why.empty()) on_device(k, [&] { why = decode_layer_device_refusal(d->outputs[1].shape[3]); });
         if (!why.empty()) throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda decode_layer_fwd: " + why);
       }
       on_device(k, [&] {
@@ -378,6 +379,9 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
         cuda_ck(cudaMalloc(&mem, 256), "decode_layer_fwd barrier");
         op->sync = static_cast<unsigned*>(mem);
         cuda_ck(cudaMemset(op->sync, 0, 256), "decode_layer_fwd barrier");
+        // (the memset is on the legacy stream; a caller's non-blocking stream would not wait
+        // for it before the first launch)
+        cuda_ck(cudaStreamSynchronize(nullptr), "decode_layer_fwd barrier");
       });
     }
     *out = op.release();

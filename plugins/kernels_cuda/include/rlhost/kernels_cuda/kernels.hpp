@@ -392,6 +392,9 @@ struct DecodeLayerArgs {
 };
 // Empty when the kernel runs these sizes, else what it lacks.
 std::string decode_layer_refusal(const DecodeLayerArgs& a);
+// Empty when one block of the kernel for head dim D fits an SM of the current device (its grid
+// barrier needs every block resident), else why not.
+std::string decode_layer_device_refusal(int64_t D);
 int64_t decode_layer_workspace_bytes(const DecodeLayerArgs& a);
 void decode_layer_carve(DecodeLayerArgs& a, void* ws);
 void decode_layer(const DecodeLayerArgs& a, cudaStream_t s);
