@@ -935,23 +935,19 @@ void run_decode_layer_fwd(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
     const rlh_tensor &x = c.in(0), &wqkv = c.in(2), &wo = c.in(3), &wgu = c.in(5), &wd = c.in(6), &kc = c.out(1),
                      &vc = c.out(2), &bt = c.in(9);
-    if (x.ndim != 2 || kc.ndim != 4 || vc.ndim != 4 || wo.ndim != 2 || wd.ndim != 2 || bt.ndim != 2)
-      bad("decode_layer_fwd: x [R, C], 2-D weights, caches [B, Hkv, bs, D], block_table [R, T]");
     if (c.num("activation", 0) != 0 || c.num("window", 0) != 0 || c.num("softcap", 0) != 0)
       bad("decode_layer_fwd: activation 0 (silu), no window and no soft-cap only");
+    const sdk::DecodeLayerSizes z = sdk::decode_layer_sizes(c.call->inputs, c.call->outputs);
     DecodeLayerRefArgs a;
-    a.R = x.shape[0];
-    a.C = x.shape[1];
-    a.Hkv = kc.shape[1];
-    a.bs = kc.shape[2];
-    a.D = kc.shape[3];
-    a.num_blocks = kc.shape[0];
-    a.F = wd.shape[1];
-    if (a.D <= 0 || a.D % 2 || wo.shape[1] % a.D) bad("decode_layer_fwd: W_o's columns are not whole heads of an even D");
-    a.Hq = wo.shape[1] / a.D;
-    if (a.Hkv <= 0 || a.Hq % a.Hkv) bad("decode_layer_fwd: kv heads must divide query heads");
-    if (vc.shape[0] != kc.shape[0] || vc.shape[1] != a.Hkv || vc.shape[2] != a.bs || vc.shape[3] != a.D)
-      bad("decode_layer_fwd: the caches' shapes disagree");
+    a.R = z.R;
+    a.C = z.C;
+    a.F = z.F;
+    a.Hq = z.Hq;
+    a.Hkv = z.Hkv;
+    a.D = z.D;
+    a.bs = z.bs;
+    a.num_blocks = z.num_blocks;
+    if (bt.ndim != 2) bad("decode_layer_fwd: block_table must be [R, T]");
     a.ldx = need_rows(x, a.R, a.C, "decode_layer_fwd x");
     need_vec(c.in(1), a.C, "decode_layer_fwd norm1");
     need_rows(wqkv, (a.Hq + 2 * a.Hkv) * a.D, a.C, "decode_layer_fwd W_qkv");

@@ -126,28 +126,17 @@ namespace rlh::kcuda {
 
 namespace {
 
-// decode_layer_fwd's operands: x [R,C], norm1 [C], W_qkv [(Hq+2Hkv)D, C], W_o [C, Hq D],
-// norm2 [C], W_gu [2F, C], W_down [C, F], positions [R], slots [R], block_table [R, T],
-// inv_freq [D/2] -> y [R, C], k_cache, v_cache [B, Hkv, bs, D]. Sizes from the weights and the
-// caches; an inconsistent set is an error naming the operand.
+// decode_layer_fwd's sizes (sdk::decode_layer_sizes: the contract's, as every provider reads them).
 DecodeLayerArgs decode_layer_sizes(const rlh_tensor* in, const rlh_tensor* out) {
+  const sdk::DecodeLayerSizes z = sdk::decode_layer_sizes(in, out);
   DecodeLayerArgs a;
-  const rlh_tensor &x = in[0], &wqkv = in[2], &wo = in[3], &wgu = in[5], &wd = in[6], &kc = out[1];
-  if (x.ndim != 2 || wqkv.ndim != 2 || wo.ndim != 2 || wgu.ndim != 2 || wd.ndim != 2 || kc.ndim != 4)
-    bad("decode_layer_fwd: x, the weights and y must be 2-D, the caches [B, Hkv, bs, D]");
-  a.C = x.shape[1];
-  a.Hkv = kc.shape[1];
-  a.bs = kc.shape[2];
-  a.D = kc.shape[3];
-  a.F = wd.shape[1];
-  if (a.D <= 0 || wo.shape[1] % a.D != 0) bad("decode_layer_fwd: W_o's columns are not whole heads of the cache's D");
-  a.Hq = wo.shape[1] / a.D;
-  if (wqkv.shape[0] != (a.Hq + 2 * a.Hkv) * a.D || wqkv.shape[1] != a.C)
-    bad("decode_layer_fwd: W_qkv must be [(Hq + 2 Hkv) D, C]");
-  if (wo.shape[0] != a.C) bad("decode_layer_fwd: W_o must be [C, Hq D]");
-  if (wgu.shape[0] != 2 * a.F || wgu.shape[1] != a.C) bad("decode_layer_fwd: W_gu must be [2F, C]");
-  if (wd.shape[0] != a.C) bad("decode_layer_fwd: W_down must be [C, F]");
-  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) bad("decode_layer_fwd: kv heads must divide query heads");
+  a.C = z.C;
+  a.F = z.F;
+  a.Hq = z.Hq;
+  a.Hkv = z.Hkv;
+  a.D = z.D;
+  a.bs = z.bs;
+  a.num_blocks = z.num_blocks;
   return a;
 }
 
@@ -190,12 +179,10 @@ void run_decode_layer_fwd(const Call& c) {
   int64_t kcs[4], vcs[4];
   cache_strides(out[1], a.Hkv, a.bs, a.D, kcs, "decode_layer_fwd k_cache");
   cache_strides(out[2], a.Hkv, a.bs, a.D, vcs, "decode_layer_fwd v_cache");
-  if (out[2].shape[0] != out[1].shape[0]) bad("decode_layer_fwd: the caches hold different numbers of blocks");
   for (int i = 0; i < 4; ++i) {
     a.kc[i] = kcs[i];
     a.vc[i] = vcs[i];
   }
-  a.num_blocks = out[1].shape[0];
   // 16-byte loads of x, y and the cache rows
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!aligned(ptr(in[0])) || !aligned(ptr(in[1])) || !aligned(ptr(in[4])) || !aligned(ptr(out[0])) ||

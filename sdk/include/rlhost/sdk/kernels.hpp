@@ -153,6 +153,37 @@ inline int64_t need_heads(const rlh_tensor& t, int64_t N, int64_t H, int64_t D, 
   return N > 1 ? t.strides[0] : H * D;
 }
 
+// decode_layer_fwd's sizes (docs/ops.md) from its operands: x [R, C], W_qkv [(Hq + 2 Hkv) D, C],
+// W_o [C, Hq D], W_gu [2F, C], W_down [C, F] (inputs 0, 2, 3, 5, 6) and the caches
+// [B, Hkv, bs, D] (outputs 1, 2), checked against each other; every provider derives them so.
+struct DecodeLayerSizes {
+  int64_t R = 0, C = 0, F = 0, Hq = 0, Hkv = 0, D = 0, bs = 0, num_blocks = 0;
+};
+inline DecodeLayerSizes decode_layer_sizes(const rlh_tensor* in, const rlh_tensor* out) {
+  auto bad = [](const char* what) { throw Error(RLH_E_INVALID_ARGUMENT, std::string("decode_layer_fwd: ") + what); };
+  const rlh_tensor &x = in[0], &wqkv = in[2], &wo = in[3], &wgu = in[5], &wd = in[6], &kc = out[1], &vc = out[2];
+  if (x.ndim != 2 || wqkv.ndim != 2 || wo.ndim != 2 || wgu.ndim != 2 || wd.ndim != 2 || kc.ndim != 4 || vc.ndim != 4)
+    bad("x, the weights and y must be 2-D, the caches [B, Hkv, bs, D]");
+  DecodeLayerSizes z;
+  z.R = x.shape[0];
+  z.C = x.shape[1];
+  z.num_blocks = kc.shape[0];
+  z.Hkv = kc.shape[1];
+  z.bs = kc.shape[2];
+  z.D = kc.shape[3];
+  z.F = wd.shape[1];
+  if (z.D <= 0 || z.D % 2 || wo.shape[1] % z.D) bad("W_o's columns are not whole heads of the caches' even D");
+  z.Hq = wo.shape[1] / z.D;
+  if (z.Hkv <= 0 || z.Hq % z.Hkv) bad("kv heads must divide query heads");
+  if (wqkv.shape[0] != (z.Hq + 2 * z.Hkv) * z.D || wqkv.shape[1] != z.C) bad("W_qkv must be [(Hq + 2 Hkv) D, C]");
+  if (wo.shape[0] != z.C) bad("W_o must be [C, Hq D]");
+  if (wgu.shape[0] != 2 * z.F || wgu.shape[1] != z.C) bad("W_gu must be [2F, C]");
+  if (wd.shape[0] != z.C) bad("W_down must be [C, F]");
+  for (int i = 0; i < 4; ++i)
+    if (vc.shape[i] != kc.shape[i]) bad("the caches' shapes disagree");
+  return z;
+}
+
 // ------------------------------------------------------------------------------------------
 // Attributes
 
