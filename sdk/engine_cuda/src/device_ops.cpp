@@ -66,10 +66,11 @@ class DeviceOps::Args {
 };
 
 const sdk::Op& DeviceOps::op(const char* key, const char* name, const std::vector<rlh_tensor>& in,
-                             const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
+                             const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs,
+                             bool shapes) {
   auto it = ops_.find(key);
   if (it != ops_.end()) return it->second;
-  sdk::Op o = reg_.resolve(name, dev_, in, out, attrs, false);
+  sdk::Op o = reg_.resolve(name, dev_, in, out, attrs, shapes);
   return ops_.emplace(key, std::move(o)).first->second;
 }
 
@@ -431,11 +432,12 @@ void DeviceOps::add(void* y, const void* x, const void* b, int64_t n) {
 }
 
 bool DeviceOps::run_optional(const char* key, const char* name, bool& none, const std::vector<rlh_tensor>& in,
-                             const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
+                             const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs,
+                             bool shapes) {
   if (none) return false;
   const sdk::Op* o = nullptr;
   try {
-    o = &op(key, name, in, out, attrs);
+    o = &op(key, name, in, out, attrs, shapes);
   } catch (const sdk::Error& e) {
     if (e.code() != RLH_E_UNIMPLEMENTED) throw;
     none = true;  // no provider offers it: the caller runs the ops it fuses
@@ -709,18 +711,8 @@ bool DeviceOps::decode_layer(const DecodeLayer& d) {
                                        a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, D, c.block_stride),
                                        a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, D, c.block_stride)};
   static const char kKey[] = "decode_layer_fwd";
-  auto it = ops_.find(kKey);
-  if (it == ops_.end()) {
-    try {  // with shapes: a provider answers for these sizes or not at all
-      it = ops_.emplace(kKey, reg_.resolve("decode_layer_fwd", dev_, in, out, at, true)).first;
-    } catch (const sdk::Error& e) {
-      if (e.code() != RLH_E_UNIMPLEMENTED) throw;
-      no_decode_layer_ = true;  // the caller runs the ops it fuses
-      return false;
-    }
-  }
-  run(it->second, in, out, at);
-  return true;
+  // with shapes: a provider answers for these sizes or not at all (the caller runs the ops then)
+  return run_optional(kKey, "decode_layer_fwd", no_decode_layer_, in, out, at, true);
 }
 
 void DeviceOps::sample(int32_t* tokens, float* logprobs, const float* logits, int64_t ld, int64_t S, int64_t V,

@@ -257,13 +257,16 @@ class DeviceOps {
  private:
   // Descriptors of one call (their shapes and strides live here).
   class Args;
+  // Resolved once per key; `shapes`: with the operands' shapes (a provider may then refuse sizes).
   const sdk::Op& op(const char* key, const char* name, const std::vector<rlh_tensor>& in,
-                    const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs = {});
+                    const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs = {},
+                    bool shapes = false);
   void run(const sdk::Op& o, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
            std::span<const rlh_named_value> attrs);
   // An optional (fused) op: resolved and run, or false once no provider offers it (`none`).
   bool run_optional(const char* key, const char* name, bool& none, const std::vector<rlh_tensor>& in,
-                    const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs);
+                    const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs,
+                    bool shapes = false);
 
   const sdk::KernelRegistry& reg_;
   rlh_device dev_;
