@@ -408,26 +408,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   bf16* xs = reinterpret_cast<bf16*>(work);
   unsigned it = 0;  // ring position
   int64_t first = 0;
-  auto next_slot = [&]() -> const char* {
-    const unsigned slot = it % kSlots;
-    mbar_wait(&full[slot], (it / kSlots) & 1);
-    return ring + size_t(slot) * kSlotBytes;
-  };
-  auto done_slot = [&]() {
-    release(&empty[it % kSlots]);
-    ++it;
+  // Product `ph`: the block's tiles of it, in the producer's order, each from its ring slot;
+  // epi(r0 + row, sum, up_sum) per row (the slot is released after the tile's sums).
+  auto product = [&](int ph, auto epi) {
+    const Tiling& t = p.t[ph];
+    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
+      const unsigned slot = it % kSlots;
+      mbar_wait(&full[slot], (it / kSlots) & 1);
+      const int64_t r0 = u * t.rows;
+      tile_sums(t, ring + size_t(slot) * kSlotBytes, xs, r0, red,
+                [&](int row, float s, float us) { epi(r0 + row, s, us); });
+      release(&empty[slot]);
+      ++it;
+    }
   };
   const int64_t C = a.C, F = a.F, HD = a.Hq * D;
   // 1. q|k|v = rmsnorm(x) W_qkv^T, rounded
   norm_into(xs, a.x, a.w_norm1, C, a.eps1, a.woff1, red);
-  {
-    const Tiling& t = p.t[0];
-    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
-      const int64_t r0 = u * t.rows;
-      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float s, float) { a.qkv[r0 + row] = __float2bfloat16_rn(s); });
-      done_slot();
-    }
-  }
+  product(0, [&](int64_t j, float s, float) { a.qkv[j] = __float2bfloat16_rn(s); });
   grid_sync(a.sync, p.G);
   // 2. attention partials, (kv head, chunk) units dealt over the blocks
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
@@ -455,45 +453,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       xs[e] = __float2bfloat16_rn(O / L);
     }
     consumers_sync();
-    const Tiling& t = p.t[1];
-    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
-      const int64_t r0 = u * t.rows;
-      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float s, float) {
-        const int64_t j = r0 + row;
-        a.y[j] = __float2bfloat16_rn(__bfloat162float(a.x[j]) + rbf(s));
-      });
-      done_slot();
-    }
+    product(1, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(__bfloat162float(a.x[j]) + rbf(s)); });
   }
   grid_sync(a.sync, p.G);
   // 4. act = silu(g) * u of rmsnorm(h) W_gu^T, rounded as gemm_glu_fwd's
   norm_into(xs, a.y, a.w_norm2, C, a.eps2, a.woff2, red);
-  {
-    const Tiling& t = p.t[2];
-    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
-      const int64_t r0 = u * t.rows;
-      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float gs, float us) {
-        a.act[r0 + row] = __float2bfloat16_rn(act_value<0>(rbf(gs)) * rbf(us));
-      });
-      done_slot();
-    }
-  }
+  product(2, [&](int64_t i, float gs, float us) { a.act[i] = __float2bfloat16_rn(act_value<0>(rbf(gs)) * rbf(us)); });
   grid_sync(a.sync, p.G);
   // 5. y = h + act W_down^T
   for (int64_t c = int64_t(threadIdx.x) * 8; c < F; c += kConsumers * 8)
     *reinterpret_cast<uint4*>(xs + c) = ld_cg16(a.act + c);
   consumers_sync();
-  {
-    const Tiling& t = p.t[3];
-    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
-      const int64_t r0 = u * t.rows;
-      tile_sums(t, next_slot(), xs, r0, red, [&](int row, float s, float) {
-        const int64_t j = r0 + row;
-        a.y[j] = __float2bfloat16_rn(ld_cg_bf16(a.y + j) + rbf(s));
-      });
-      done_slot();
-    }
-  }
+  product(3, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(ld_cg_bf16(a.y + j) + rbf(s)); });
 }
 
 }  // namespace
