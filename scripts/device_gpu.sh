@@ -14,6 +14,7 @@
 #               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
 #               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
 #     compilepair: the 1B training step beside torch.compile's (loss in the graph), nothing else
+#     stepprofile: ncu kernel times of one 1B training step, by kind and by name (#14: what to fuse next)
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
 #                 FUSED_CASES), nsys's kernel times
@@ -212,6 +213,14 @@ if [ "$what" = compilepair ]; then
     grep -E "^(RESULT|train|device)|rror"
   python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
     grep -v Warning | tee "$out/compilepair_torch.log" | grep -E "^RESULT|rror|Traceback"
+fi
+if [ "$what" = stepprofile ]; then
+  # Where #14's 1B training step goes: Nsight Compute's per-kernel durations over one step
+  # (clocks left alone; the first step, so it carries the weights' one-time bf16 cast), by kind
+  # and the longest kernels by name. STEP_SHAPE=llama1b|qwen3moe
+  timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    "$bin/bench_cuda_engine" --shape "${STEP_SHAPE:-llama1b}" --only train --steps 1 --warmup 0 > "$out/ncu_step.csv" 2>&1 || rc=1
+  python3 bench/engine_cuda/ncu_breakdown.py "$out/ncu_step.csv" 30
 fi
 if [ "$what" = w8bench ]; then
   # The weight-only FP8 product alone at a decoding step's shapes (bench_fp8_gemm --decode),

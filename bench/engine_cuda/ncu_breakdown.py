@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # Kernel time of one training step by kind, from Nsight Compute's CSV (the device image has ncu, not nsys):
 #   ncu --metrics gpu__time_duration.sum --csv bench_cuda_engine [--shape S] --only train --steps 1 --warmup 0 > step.csv
-#   python3 bench/engine_cuda/ncu_breakdown.py step.csv
+#   python3 bench/engine_cuda/ncu_breakdown.py step.csv [TOP]   (TOP: also the TOP longest kernels by name)
 # ncu runs kernels one at a time at base clocks, so the sum exceeds a real step's time; the shares hold.
 import csv, collections, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) == 15 and r[0].isdigit()]
@@ -28,3 +28,10 @@ total = sum(tot.values())
 for k, v in sorted(tot.items(), key=lambda x: -x[1]):
     print(f"{k:42s} {v:8.2f} ms {100 * v / total:5.1f} %  ({cnt[k]} kernels)")
 print(f"{'sum of kernel times':42s} {total:8.2f} ms")
+if len(sys.argv) > 2:  # the longest kernels by name: what a kind's time is made of
+    by, n = collections.defaultdict(float), collections.Counter()
+    for r in rows:
+        by[r[4][:110]] += float(r[14].replace(",", "")) / 1e6
+        n[r[4][:110]] += 1
+    for k, v in sorted(by.items(), key=lambda x: -x[1])[:int(sys.argv[2])]:
+        print(f"{v:8.2f} ms {100 * v / total:5.1f} % {n[k]:4}x  {k}")
