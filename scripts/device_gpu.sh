@@ -17,7 +17,7 @@
 #     stepprofile: ncu kernel times of one 1B training step, by kind and by name (#14: what to fuse next)
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
-#                 FUSED_CASES), nsys's kernel times
+#                 FUSED_CASES), its phase stamps (RLH_KCUDA_DL_TRACE) and ncu figures (FUSED_NCU=0: not)
 #     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
 #              W8BENCH_VARIANTS env A/B, then ncu on its kernel
 #     fp8decode: decoding at FP8DEC_CASES (b1 b64 b256) in bf16, FP8 (weight-only products up to 64
@@ -538,13 +538,18 @@ if [ "$what" = fusedlayer ]; then
         tee -a "$out/fusedlayer_bench.log" | grep -E "^RESULT|rror" | cut -c1-200
     done
   done
-  if command -v nsys > /dev/null && [ "${FUSED_NSYS:-1}" != 0 ]; then
-    echo "== nsys: b1, kernels inside the decoding graphs =="
-    RLH_GEN_FUSED_LAYER=1 nsys profile -t cuda --cuda-graph-trace=node -o "$out/fl_trace" --force-overwrite true \
-      "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 1 > /dev/null 2>&1
-    nsys stats --report cuda_gpu_kern_sum --format csv "$out/fl_trace.nsys-rep" 2> /dev/null |
-      tee "$out/fl_kernels.csv" | cut -d, -f1-6,9 | head -14
-    rm -f "$out/fl_trace.nsys-rep" "$out/fl_trace.sqlite"
+  # Where the fused layer's time goes: its per-phase stamps (RLH_KCUDA_DL_TRACE, op by op so the
+  # host can read them), then ncu's time, DRAM and stall figures for a few launches.
+  echo "== RLH_KCUDA_DL_TRACE: phase stamps at b1 =="
+  RLH_GEN_FUSED_LAYER=1 RLH_KCUDA_DL_TRACE=1 "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 64 \
+    --repeats 1 --no-graphs 2>&1 | grep "trace" > "$out/fusedlayer_trace.log"
+  tail -4 "$out/fusedlayer_trace.log" | cut -c1-400
+  if [ "${FUSED_NCU:-1}" != 0 ]; then
+    echo "== ncu: decode_layer_kernel, 3 launches =="
+    RLH_GEN_FUSED_LAYER=1 timeout 150 ncu --clock-control none --kernel-name regex:decode_layer --launch-skip 40 --launch-count 3 \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_sleeping_per_warp_active.pct,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct \
+      "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 16 --repeats 1 --no-graphs > "$out/fusedlayer_ncu.log" 2>&1
+    grep -E "^  [a-z]|decode_layer_kernel" "$out/fusedlayer_ncu.log" | tail -10
   fi
 fi
 if [ "$what" = decodeab ]; then

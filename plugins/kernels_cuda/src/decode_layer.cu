@@ -30,6 +30,13 @@
 // block of this one still waits for.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "common.cuh"
 #include "glu_act.cuh"
 
@@ -43,18 +50,19 @@ constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kSlotBytes = 32768;
 constexpr int kSlots = 5;
 constexpr int kWorkBytes = 32768;  // the phase's input vector (bf16), or attention's staged values
+constexpr int kResBytes = 16384;   // the residual stream (x, then h: bf16 [C], C <= 8192)
 constexpr int kMaxGroup = 8;        // query heads per kv head
 // Positions an attention chunk: their values (bf16 [CH][D]) fill at most the work area and
 // their scores ([kMaxGroup][CH] floats) the score area.
 __host__ __device__ constexpr int chunk_positions(int64_t D) { return D >= 128 ? 128 : 256; }
 
-// Shared memory: the ring, the work area, attention's queries and scores, the reduction scratch
-// and the ring's barriers.
+// Shared memory: the ring, the work area, the residual, attention's queries and scores, the
+// reduction scratch and the ring's barriers.
 constexpr size_t kSmemRing = size_t(kSlots) * kSlotBytes;
 constexpr size_t kSmemQ = kMaxGroup * 128 * sizeof(float);
 constexpr size_t kSmemScores = 2048 * sizeof(float);
 constexpr size_t kSmemRed = 64 * sizeof(float);
-constexpr size_t kSmemBytes = kSmemRing + kWorkBytes + kSmemQ + kSmemScores + kSmemRed + 2 * kSlots * 8;
+constexpr size_t kSmemBytes = kSmemRing + kWorkBytes + kResBytes + kSmemQ + kSmemScores + kSmemRed + 2 * kSlots * 8;
 
 // ---- mbarrier and bulk-copy helpers (sm_90)
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -153,11 +161,20 @@ __device__ __forceinline__ int64_t first_tile(int64_t& first, int64_t tiles, uns
 
 }  // namespace
 
+// RLH_KCUDA_DL_TRACE=1 (a profiling aid): each block stamps the global timer at the phase
+// boundaries below, and the host prints, every 64th launch made outside a graph capture, each
+// stamp's earliest and latest block against the first block's entry. It shows what ncu's kernel
+// time cannot: which phase, or which wait at a grid barrier, the layer's time goes to.
+constexpr int kStamps = 13;
+const char* const kStampNames[kStamps] = {"entry", "pdl_wait", "norm1", "qkv", "sync1", "attention", "sync2",
+                                          "o", "sync3", "norm2", "gate_up", "sync4", "down"};
+
 struct DecodeLayerDev {
   DecodeLayerArgs a;
   Tiling t[4];  // q|k|v, o, gate|up, down
   int64_t nch;  // attention chunks of the row (positions 0 .. pos)
   unsigned G;
+  unsigned long long* trace;  // [G][kStamps] or null
 };
 
 namespace {
@@ -184,13 +201,17 @@ __device__ void produce(const DecodeLayerDev& p, char* ring, uint64_t* full, uin
   }
 }
 
-// x (global, bf16 [C], written by earlier work) normalised into xs (shared, bf16): RMSNorm's
-// arithmetic (rstd_of, x * rstd * (w + woff)); the sum of squares in the block's order.
-__device__ void norm_into(bf16* xs, const bf16* x, const bf16* w, int64_t C, float eps, float woff, float* red) {
+// Global x (bf16 [C], written by earlier work, read through L2) copied into res (shared) and
+// normalised into xs (shared, bf16): RMSNorm's arithmetic (rstd_of, x * rstd * (w + woff)); the
+// sum of squares in the block's order. res keeps the residual for the products' epilogues, which
+// would otherwise each wait on an L2 load with the whole block held at the next tile's barrier.
+__device__ void norm_into(bf16* xs, bf16* res, const bf16* x, const bf16* w, int64_t C, float eps, float woff,
+                          float* red) {
   const int tid = threadIdx.x;
   float ss = 0.f;
   for (int64_t c = int64_t(tid) * 8; c < C; c += kConsumers * 8) {
     const uint4 u = ld_cg16(x + c);
+    *reinterpret_cast<uint4*>(res + c) = u;
     const bf16* v = reinterpret_cast<const bf16*>(&u);
 #pragma unroll
     for (int k = 0; k < 8; ++k) ss = fmaf(__bfloat162float(v[k]), __bfloat162float(v[k]), ss);
@@ -205,7 +226,7 @@ __device__ void norm_into(bf16* xs, const bf16* x, const bf16* w, int64_t C, flo
   const float r = rsqrtf(tot / float(C) + eps);
   const float rs = r * (1.5f - 0.5f * (tot / float(C) + eps) * r * r);
   for (int64_t c = int64_t(tid) * 8; c < C; c += kConsumers * 8) {
-    const uint4 u = ld_cg16(x + c), uw = *reinterpret_cast<const uint4*>(w + c);
+    const uint4 u = *reinterpret_cast<const uint4*>(res + c), uw = *reinterpret_cast<const uint4*>(w + c);
     const bf16* v = reinterpret_cast<const bf16*>(&u);
     const bf16* wv = reinterpret_cast<const bf16*>(&uw);
     uint4 o;
@@ -217,12 +238,15 @@ __device__ void norm_into(bf16* xs, const bf16* x, const bf16* w, int64_t C, flo
   consumers_sync();  // (red is reused; xs is read by every warp)
 }
 
-// One tile of a product: each warp sums its part of its row against xs, the parts are added in
-// order, and `epi(row, sum, up_sum)` runs for each row of the tile (gate|up tiles: `rows` gate
-// rows then their up rows; up_sum is the pair's, else 0).
+// One tile of a product: each warp sums its part of its row against xs and releases the slot
+// (its reads of it are done), the parts are added in order, and `epi(row, sum, up_sum)` runs for
+// each row of the tile (gate|up tiles: `rows` gate rows then their up rows; up_sum is the
+// pair's, else 0) on the thread that added them. One block barrier a tile: the caller alternates
+// `red` between two halves tile by tile, so a tile's parts never overwrite the ones the tile
+// before is still adding (the barrier between them orders those).
 template <class Epi>
 __device__ __forceinline__ void tile_sums(const Tiling& t, const char* slot, const bf16* xs, int64_t r0, float* red,
-                                          Epi epi) {
+                                          uint64_t* empty, Epi epi) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rows_all = kConsumerWarps / t.wpr;
   const int rr = warp / t.wpr, part = warp % t.wpr;
@@ -237,27 +261,20 @@ __device__ __forceinline__ void tile_sums(const Tiling& t, const char* slot, con
     const uint4* xv = reinterpret_cast<const uint4*>(xs);
     for (int64_t c = c_begin + lane; c < c_end; c += 32) fma8(acc, xv[c], wr[c]);
   }
+  __syncwarp();  // every lane's loads of the slot have returned (its sum needed them)
+  if (lane == 0) mbar_arrive(empty);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) red[warp] = acc;
   consumers_sync();
-  if (threadIdx.x < rows_all) {
+  if (threadIdx.x < (t.pairs ? t.rows : rows_all) && threadIdx.x < n) {
     const int row = threadIdx.x;
-    float s = 0.f;
+    float s = 0.f, us = 0.f;
     for (int q = 0; q < t.wpr; ++q) s += red[row * t.wpr + q];  // parts in order
-    red[32 + row] = s;
+    if (t.pairs)
+      for (int q = 0; q < t.wpr; ++q) us += red[(t.rows + row) * t.wpr + q];
+    epi(row, s, us);
   }
-  consumers_sync();
-  if (threadIdx.x < (t.pairs ? t.rows : rows_all)) {
-    const int row = threadIdx.x;
-    if (row < n) epi(row, red[32 + row], t.pairs ? red[32 + t.rows + row] : 0.f);
-  }
-  // the next tile's sums reuse red: its first consumers_sync orders them
-}
-
-// Consumers: release a slot after the tile's sums (each warp's lane 0 arrives; count 8).
-__device__ __forceinline__ void release(uint64_t* empty) {
-  if ((threadIdx.x & 31) == 0) mbar_arrive(empty);
 }
 
 // Attention of the row's position over its chunk `c` of positions for kv head g (all its query
@@ -384,12 +401,23 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   extern __shared__ __align__(128) char smem[];
   char* ring = smem;
   char* work = smem + kSmemRing;
-  float* qs = reinterpret_cast<float*>(work + kWorkBytes);
+  bf16* res = reinterpret_cast<bf16*>(work + kWorkBytes);
+  float* qs = reinterpret_cast<float*>(work + kWorkBytes + kResBytes);
   float* sc = qs + kMaxGroup * 128;
   float* red = sc + 2048;
   uint64_t* full = reinterpret_cast<uint64_t*>(red + 64);
   uint64_t* empty = full + kSlots;
   const DecodeLayerArgs& a = p.a;
+  unsigned stamp_i = 0;
+  const auto stamp = [&] {
+    if (p.trace && threadIdx.x == 0) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      p.trace[blockIdx.x * kStamps + stamp_i] = t;
+    }
+    ++stamp_i;
+  };
+  stamp();
   if (threadIdx.x == 0) {
     for (int i = 0; i < kSlots; ++i) {
       mbar_init(&full[i], 1);
@@ -405,28 +433,31 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   }
   pdl_wait();
   pdl_trigger();
+  stamp();
   bf16* xs = reinterpret_cast<bf16*>(work);
   unsigned it = 0;  // ring position
   int64_t first = 0;
   // Product `ph`: the block's tiles of it, in the producer's order, each from its ring slot;
-  // epi(r0 + row, sum, up_sum) per row (the slot is released after the tile's sums).
+  // epi(r0 + row, sum, up_sum) per row (each warp releases the slot once it has summed).
   auto product = [&](int ph, auto epi) {
     const Tiling& t = p.t[ph];
     for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
       const unsigned slot = it % kSlots;
       mbar_wait(&full[slot], (it / kSlots) & 1);
       const int64_t r0 = u * t.rows;
-      tile_sums(t, ring + size_t(slot) * kSlotBytes, xs, r0, red,
+      tile_sums(t, ring + size_t(slot) * kSlotBytes, xs, r0, red + (it & 1) * 16, &empty[slot],
                 [&](int row, float s, float us) { epi(r0 + row, s, us); });
-      release(&empty[slot]);
       ++it;
     }
   };
   const int64_t C = a.C, F = a.F, HD = a.Hq * D;
   // 1. q|k|v = rmsnorm(x) W_qkv^T, rounded
-  norm_into(xs, a.x, a.w_norm1, C, a.eps1, a.woff1, red);
+  norm_into(xs, res, a.x, a.w_norm1, C, a.eps1, a.woff1, red);
+  stamp();
   product(0, [&](int64_t j, float s, float) { a.qkv[j] = __float2bfloat16_rn(s); });
+  stamp();
   grid_sync(a.sync, p.G);
+  stamp();
   // 2. attention partials, (kv head, chunk) units dealt over the blocks
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
   // table's capacity, as its stride).
@@ -434,7 +465,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   if ((a.pos[0] < 0 || a.pos[0] >= a.max_positions) && blockIdx.x == 0 && threadIdx.x == 0 && a.err)
     atomicExch(a.err, 1);  // (the output is then not defined; no read leaves the operands)
   for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, work, qs, sc);
+  stamp();
   grid_sync(a.sync, p.G);
+  stamp();
   // 3. attention combined (every block, for its o rows), h = x + o W_o^T into y
   {
     const int64_t HPG = a.Hq / a.Hkv;
@@ -453,18 +486,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       xs[e] = __float2bfloat16_rn(O / L);
     }
     consumers_sync();
-    product(1, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(__bfloat162float(a.x[j]) + rbf(s)); });
+    product(1, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(__bfloat162float(res[j]) + rbf(s)); });
   }
+  stamp();
   grid_sync(a.sync, p.G);
-  // 4. act = silu(g) * u of rmsnorm(h) W_gu^T, rounded as gemm_glu_fwd's
-  norm_into(xs, a.y, a.w_norm2, C, a.eps2, a.woff2, red);
+  stamp();
+  // 4. act = silu(g) * u of rmsnorm(h) W_gu^T, rounded as gemm_glu_fwd's (res: h from here on)
+  norm_into(xs, res, a.y, a.w_norm2, C, a.eps2, a.woff2, red);
+  stamp();
   product(2, [&](int64_t i, float gs, float us) { a.act[i] = __float2bfloat16_rn(act_value<0>(rbf(gs)) * rbf(us)); });
+  stamp();
   grid_sync(a.sync, p.G);
+  stamp();
   // 5. y = h + act W_down^T
   for (int64_t c = int64_t(threadIdx.x) * 8; c < F; c += kConsumers * 8)
     *reinterpret_cast<uint4*>(xs + c) = ld_cg16(a.act + c);
   consumers_sync();
-  product(3, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(ld_cg_bf16(a.y + j) + rbf(s)); });
+  product(3, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(__bfloat162float(res[j]) + rbf(s)); });
+  stamp();
 }
 
 }  // namespace
@@ -516,6 +555,55 @@ void raise_smem(int64_t D) {
   done = true;
 }
 
+// RLH_KCUDA_DL_TRACE's buffer and report (see kStamps). One per process: a profiling aid.
+struct Trace {
+  bool on = false;
+  unsigned long long* dev = nullptr;
+  unsigned cap = 0;
+  long launches = 0;
+  unsigned long long* buffer(unsigned G) {
+    if (G > cap) {
+      if (dev) cudaFree(dev);
+      dev = nullptr;
+      if (cudaMalloc(&dev, size_t(G) * kStamps * 8) != cudaSuccess) throw std::runtime_error("decode_layer_fwd: trace buffer");
+      cap = G;
+    }
+    return dev;
+  }
+  void report(cudaStream_t s, unsigned G) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
+    if (++launches % 64 != 0) return;
+    std::vector<unsigned long long> h(size_t(G) * kStamps);
+    if (cudaMemcpyAsync(h.data(), dev, h.size() * 8, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
+      throw std::runtime_error("decode_layer_fwd: trace copy");
+    unsigned long long t0 = ~0ull;
+    for (unsigned b = 0; b < G; ++b) t0 = std::min(t0, h[size_t(b) * kStamps]);
+    std::string line = "decode_layer_fwd trace (us after the first block's entry, earliest/latest block):";
+    for (int k = 0; k < kStamps; ++k) {
+      unsigned long long lo = ~0ull, hi = 0;
+      for (unsigned b = 0; b < G; ++b) {
+        lo = std::min(lo, h[size_t(b) * kStamps + k]);
+        hi = std::max(hi, h[size_t(b) * kStamps + k]);
+      }
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.1f/%.1f", kStampNames[k], (lo - t0) / 1e3, (hi - t0) / 1e3);
+      line += buf;
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+};
+Trace& trace() {
+  static Trace t = [] {
+    Trace x;
+    const char* e = std::getenv("RLH_KCUDA_DL_TRACE");
+    x.on = e && *e && std::strcmp(e, "0") != 0;
+    return x;
+  }();
+  return t;
+}
+
 }  // namespace
 
 std::string decode_layer_device_refusal(int64_t D) {
@@ -545,9 +633,12 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   const int64_t CH = chunk_positions(a.D);
   p.nch = (a.max_positions + CH - 1) / CH;  // the workspace's chunks; the kernel runs those up to the position
   raise_smem(a.D);
+  Trace& tr = trace();
+  p.trace = tr.on ? tr.buffer(p.G) : nullptr;
   auto kernel = layer_kernel(a.D);
   launch_pdl(kernel, dim3(p.G), dim3(kThreads), kSmemBytes, s, p);
   check_launch("decode_layer_fwd");
+  if (p.trace) tr.report(s, p.G);
 }
 
 }  // namespace rlh::kcuda
