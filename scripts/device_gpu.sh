@@ -520,18 +520,21 @@ fi
 if [ "$what" = fusedlayer ]; then
   # decode_layer_fwd (kernels_cuda's persistent one-token layer, 2026-12-06 nineteenth session):
   # its generator test (against the op-by-op steps, graphs, refit) and the fixture greedy test,
-  # check-kernels' row for it, then batch-1 decoding with it and without (RLH_GEN_FUSED_LAYER=0)
-  # (opt-in: RLH_GEN_FUSED_LAYER=1) in one call, and nsys's kernel times at batch 1 with it.
-  echo "== test_generator_cuda (fused layer, fixtures) =="
-  "$bin/test_generator_cuda" --gtest_brief=1 --gtest_filter='*FusedLayer*:GpuFixture.*' 2>&1 | tee "$out/fusedlayer_test.log" |
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |decode_layer|fused|Failure|rror|Which is|Expected|actual" | head -40
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  echo "== rlhost check-kernels --plugin libkernels_cuda.so (decode_layer_fwd) =="
-  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/fusedlayer_check.log" 2>&1
-  ck=$?
-  grep -E "^(op |decode_layer|FAIL)|error" "$out/fusedlayer_check.log" | head -12
-  [ "$ck" = 0 ] || rc=1
-  for v in ${FUSED_VARIANTS:-RLH_GEN_FUSED_LAYER=1 DEFAULT=1}; do
+  # check-kernels' row for it, with its tiles dealt (the default) and claimed
+  # (RLH_KCUDA_DL_CLAIM=1), then batch-1 decoding with each and without it (opt-in:
+  # RLH_GEN_FUSED_LAYER=1) in one call, then where its time goes.
+  for v in ${FUSED_TILES:-RLH_KCUDA_DL_CLAIM=0 RLH_KCUDA_DL_CLAIM=1}; do
+    echo "== test_generator_cuda (fused layer, fixtures) with $v =="
+    env $v "$bin/test_generator_cuda" --gtest_brief=1 --gtest_filter='*FusedLayer*:GpuFixture.*' 2>&1 | tee -a "$out/fusedlayer_test.log" |
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |decode_layer|fused|Failure|rror|Which is|Expected|actual" | head -40
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    echo "== rlhost check-kernels --plugin libkernels_cuda.so (decode_layer_fwd) with $v =="
+    env $v "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/fusedlayer_check.log" 2>&1
+    ck=$?
+    grep -E "^(op |decode_layer|FAIL)|error" "$out/fusedlayer_check.log" | head -12
+    [ "$ck" = 0 ] || rc=1
+  done
+  for v in ${FUSED_VARIANTS:-RLH_GEN_FUSED_LAYER=1 RLH_GEN_FUSED_LAYER=1,RLH_KCUDA_DL_CLAIM=1 DEFAULT=1}; do
     for c in ${FUSED_CASES:-b1}; do
       echo "== bench_generator_cuda $c with $v =="
       env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 --new 256 --repeats 2 2>&1 |
@@ -540,16 +543,18 @@ if [ "$what" = fusedlayer ]; then
   done
   # Where the fused layer's time goes: its per-phase stamps (RLH_KCUDA_DL_TRACE, op by op so the
   # host can read them), then ncu's time, DRAM and stall figures for a few launches.
-  echo "== RLH_KCUDA_DL_TRACE: phase stamps at b1 =="
-  RLH_GEN_FUSED_LAYER=1 RLH_KCUDA_DL_TRACE=1 "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 64 \
-    --repeats 1 --no-graphs 2>&1 | grep "trace" > "$out/fusedlayer_trace.log"
-  tail -4 "$out/fusedlayer_trace.log" | cut -c1-400
+  for v in ${FUSED_TILES:-RLH_KCUDA_DL_CLAIM=0 RLH_KCUDA_DL_CLAIM=1}; do
+    echo "== RLH_KCUDA_DL_TRACE: phase stamps at b1 with $v =="
+    env $v RLH_GEN_FUSED_LAYER=1 RLH_KCUDA_DL_TRACE=1 "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 \
+      --new 64 --repeats 1 --no-graphs 2>&1 | grep "trace" > "$out/fusedlayer_trace_${v##*=}.log"
+    tail -3 "$out/fusedlayer_trace_${v##*=}.log" | cut -c1-400
+  done
   if [ "${FUSED_NCU:-1}" != 0 ]; then
     echo "== ncu: decode_layer_kernel, 3 launches =="
     RLH_GEN_FUSED_LAYER=1 timeout 150 ncu --clock-control none --kernel-name regex:decode_layer --launch-skip 40 --launch-count 3 \
       --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_sleeping_per_warp_active.pct,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct \
       "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 16 --repeats 1 --no-graphs > "$out/fusedlayer_ncu.log" 2>&1
-    grep -E "^  [a-z]|decode_layer_kernel" "$out/fusedlayer_ncu.log" | tail -10
+    grep -E "^    [a-z]|decode_layer_kernel" "$out/fusedlayer_ncu.log" | tail -10
   fi
 fi
 if [ "$what" = decodeab ]; then

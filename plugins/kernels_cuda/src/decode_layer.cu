@@ -62,7 +62,8 @@ constexpr size_t kSmemRing = size_t(kSlots) * kSlotBytes;
 constexpr size_t kSmemQ = kMaxGroup * 128 * sizeof(float);
 constexpr size_t kSmemScores = 2048 * sizeof(float);
 constexpr size_t kSmemRed = 64 * sizeof(float);
-constexpr size_t kSmemBytes = kSmemRing + kWorkBytes + kResBytes + kSmemQ + kSmemScores + kSmemRed + 2 * kSlots * 8;
+constexpr size_t kSmemBytes =
+    kSmemRing + kWorkBytes + kResBytes + kSmemQ + kSmemScores + kSmemRed + 2 * kSlots * 8 + kSlots * 4;
 
 // ---- mbarrier and bulk-copy helpers (sm_90)
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -105,7 +106,11 @@ __device__ __forceinline__ float rbf(float x) { return __bfloat162float(__float2
 // Grid barrier: counter and generation (args.sync[0], args.sync[32]); the last block to arrive
 // resets the counter and moves the generation, so the barrier leaves itself ready for the next
 // one and the next launch. Writes before it are visible after it (fences on both sides).
-__device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G) {
+// The generation moves by four a launch, so at a launch's start it tells the launch's parity.
+// `clear_claims` (the first barrier, dealing tiles by claims): the last block also zeroes the
+// claim counters of the other parity, which the next launch uses (see claims()).
+__device__ __forceinline__ unsigned* claims(unsigned* sync, unsigned gen) { return sync + 16 + ((gen >> 2) & 1) * 4; }
+__device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G, bool clear_claims = false) {
   consumers_sync();
   if (threadIdx.x == 0) {
     unsigned* count = sync;
@@ -115,6 +120,8 @@ __device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G) {
     __threadfence();
     if (atomicAdd(count, 1u) == G - 1) {
       atomicExch(count, 0u);
+      if (clear_claims)
+        for (int ph = 0; ph < 4; ++ph) atomicExch(claims(sync, g0 + 4) + ph, 0u);
       __threadfence();
       atomicAdd(gen, 1u);
     } else {
@@ -174,29 +181,62 @@ struct DecodeLayerDev {
   Tiling t[4];  // q|k|v, o, gate|up, down
   int64_t nch;  // attention chunks of the row (positions 0 .. pos)
   unsigned G;
+  bool claim;  // tiles claimed from counters, not dealt (produce())
   unsigned long long* trace;  // [G][kStamps] or null
 };
 
 namespace {
 
-// The producer: every tile of the block, in the consumers' order, into the ring.
-__device__ void produce(const DecodeLayerDev& p, char* ring, uint64_t* full, uint64_t* empty) {
+// Tile u of product ph into a slot (its full barrier completes when the bytes have landed).
+__device__ __forceinline__ void load_tile(const DecodeLayerDev& p, int ph, int64_t u, char* dst, uint64_t* full) {
   const DecodeLayerArgs& a = p.a;
-  const bf16* W[4] = {a.w_qkv, a.w_o, a.w_gu, a.w_down};
-  int64_t first = 0;
+  const bf16* W = ph == 0 ? a.w_qkv : ph == 1 ? a.w_o : ph == 2 ? a.w_gu : a.w_down;
+  const Tiling& t = p.t[ph];
+  const int64_t r0 = u * t.rows, n = min(int64_t(t.rows), t.N - r0);
+  const unsigned bytes = unsigned(n * t.K * 2);
+  mbar_expect_tx(full, t.pairs ? 2 * bytes : bytes);
+  bulk_copy(dst, W + r0 * t.K, bytes, full);
+  if (t.pairs) bulk_copy(dst + size_t(t.rows) * t.K * 2, W + (t.N + r0) * t.K, bytes, full);
+}
+
+// The producer: every tile of the block, in the consumers' order, into the ring. Dealt (the
+// default): tile u of a product is block u % G's, so every block streams the same bytes. Claimed
+// (p.claim): a block takes the next tile of the product from a counter as a slot frees, so a
+// block the memory serves faster takes more, and ends the product with a slot whose tile_of
+// is -1. The counters are the launch's parity's (claims()): the previous launch's blocks may
+// still be claiming the other ones' last tiles, and this launch's first barrier clears those for
+// the next (every block of the previous launch has exited by then: one block an SM).
+__device__ void produce(const DecodeLayerDev& p, char* ring, uint64_t* full, uint64_t* empty, volatile int* tile_of) {
   unsigned i = 0;
+  if (p.claim) {
+    unsigned gen;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(gen) : "l"(p.a.sync + 32) : "memory");
+    unsigned* ctr = claims(p.a.sync, gen);
+    for (int ph = 0; ph < 4; ++ph) {
+      for (;; ++i) {
+        const unsigned slot = i % kSlots, round = i / kSlots;
+        mbar_wait(&empty[slot], (round & 1) ^ 1);
+        const unsigned u = atomicAdd(ctr + ph, 1u);
+        if (u >= p.t[ph].tiles()) {
+          tile_of[slot] = -1;
+          mbar_arrive(&full[slot]);
+          ++i;
+          break;
+        }
+        tile_of[slot] = int(u);
+        load_tile(p, ph, u, ring + size_t(slot) * kSlotBytes, &full[slot]);
+      }
+    }
+    return;
+  }
+  int64_t first = 0;
   for (int ph = 0; ph < 4; ++ph) {
     const Tiling& t = p.t[ph];
     const int64_t T = t.tiles();
     for (int64_t u = first_tile(first, T, blockIdx.x, p.G); u < T; u += p.G, ++i) {
       const unsigned slot = i % kSlots, round = i / kSlots;
       mbar_wait(&empty[slot], (round & 1) ^ 1);
-      const int64_t r0 = u * t.rows, n = min(int64_t(t.rows), t.N - r0);
-      const unsigned bytes = unsigned(n * t.K * 2);
-      char* dst = ring + size_t(slot) * kSlotBytes;
-      mbar_expect_tx(&full[slot], t.pairs ? 2 * bytes : bytes);
-      bulk_copy(dst, W[ph] + r0 * t.K, bytes, &full[slot]);
-      if (t.pairs) bulk_copy(dst + size_t(t.rows) * t.K * 2, W[ph] + (t.N + r0) * t.K, bytes, &full[slot]);
+      load_tile(p, ph, u, ring + size_t(slot) * kSlotBytes, &full[slot]);
     }
   }
 }
@@ -407,6 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   float* red = sc + 2048;
   uint64_t* full = reinterpret_cast<uint64_t*>(red + 64);
   uint64_t* empty = full + kSlots;
+  volatile int* tile_of = reinterpret_cast<volatile int*>(empty + kSlots);  // claimed tiles (produce())
   const DecodeLayerArgs& a = p.a;
   unsigned stamp_i = 0;
   const auto stamp = [&] {
@@ -427,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   }
   __syncthreads();
   if (threadIdx.x >= kConsumers) {  // the producer warp: weights only, so before pdl_wait
-    if (threadIdx.x == kConsumers) produce(p, ring, full, empty);
+    if (threadIdx.x == kConsumers) produce(p, ring, full, empty, tile_of);
     pdl_trigger();
     return;
   }
@@ -441,13 +482,30 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   // epi(r0 + row, sum, up_sum) per row (each warp releases the slot once it has summed).
   auto product = [&](int ph, auto epi) {
     const Tiling& t = p.t[ph];
-    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G) {
-      const unsigned slot = it % kSlots;
-      mbar_wait(&full[slot], (it / kSlots) & 1);
+    const auto tile = [&](int64_t u, unsigned slot) {
       const int64_t r0 = u * t.rows;
       tile_sums(t, ring + size_t(slot) * kSlotBytes, xs, r0, red + (it & 1) * 16, &empty[slot],
                 [&](int row, float s, float us) { epi(r0 + row, s, us); });
-      ++it;
+    };
+    if (p.claim) {
+      for (;; ++it) {
+        const unsigned slot = it % kSlots;
+        mbar_wait(&full[slot], (it / kSlots) & 1);
+        const int u = tile_of[slot];  // (read before this warp releases the slot)
+        if (u < 0) {  // the product's end: the slot goes back empty
+          __syncwarp();
+          if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[slot]);
+          ++it;
+          break;
+        }
+        tile(u, slot);
+      }
+      return;
+    }
+    for (int64_t u = first_tile(first, t.tiles(), blockIdx.x, p.G); u < t.tiles(); u += p.G, ++it) {
+      const unsigned slot = it % kSlots;
+      mbar_wait(&full[slot], (it / kSlots) & 1);
+      tile(u, slot);
     }
   };
   const int64_t C = a.C, F = a.F, HD = a.Hq * D;
@@ -456,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   stamp();
   product(0, [&](int64_t j, float s, float) { a.qkv[j] = __float2bfloat16_rn(s); });
   stamp();
-  grid_sync(a.sync, p.G);
+  grid_sync(a.sync, p.G, p.claim);
   stamp();
   // 2. attention partials, (kv head, chunk) units dealt over the blocks
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
@@ -606,6 +664,21 @@ Trace& trace() {
 
 }  // namespace
 
+namespace {
+// RLH_KCUDA_DL_CLAIM=1: tiles claimed, not dealt (produce()); only where exactly one block fits
+// an SM, which the counters' reuse across launches relies on.
+bool claim_tiles(int64_t D) {
+  static const bool asked = [] {
+    const char* e = std::getenv("RLH_KCUDA_DL_CLAIM");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  if (!asked) return false;
+  int blocks = 0;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layer_kernel(D), kThreads, kSmemBytes) == cudaSuccess &&
+         blocks == 1;
+}
+}  // namespace
+
 std::string decode_layer_device_refusal(int64_t D) {
   try {
     raise_smem(D);
@@ -633,6 +706,7 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   const int64_t CH = chunk_positions(a.D);
   p.nch = (a.max_positions + CH - 1) / CH;  // the workspace's chunks; the kernel runs those up to the position
   raise_smem(a.D);
+  p.claim = claim_tiles(a.D);
   Trace& tr = trace();
   p.trace = tr.on ? tr.buffer(p.G) : nullptr;
   auto kernel = layer_kernel(a.D);
