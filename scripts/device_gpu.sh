@@ -520,8 +520,8 @@ fi
 if [ "$what" = fusedlayer ]; then
   # decode_layer_fwd (kernels_cuda's persistent one-token layer, 2026-12-06 nineteenth session):
   # its generator test (against the op-by-op steps, graphs, refit) and the fixture greedy test,
-  # check-kernels' row for it, with its tiles dealt (the default) and claimed
-  # (RLH_KCUDA_DL_CLAIM=1), then batch-1 decoding with each and without it (opt-in:
+  # check-kernels' row for it, with its tiles claimed (the default) and dealt
+  # (RLH_KCUDA_DL_CLAIM=0), then batch-1 decoding with each and without it (opt-in:
   # RLH_GEN_FUSED_LAYER=1) in one call, then where its time goes.
   for v in ${FUSED_TILES:-RLH_KCUDA_DL_CLAIM=0 RLH_KCUDA_DL_CLAIM=1}; do
     echo "== test_generator_cuda (fused layer, fixtures) with $v =="
@@ -534,7 +534,7 @@ if [ "$what" = fusedlayer ]; then
     grep -E "^(op |decode_layer|FAIL)|error" "$out/fusedlayer_check.log" | head -12
     [ "$ck" = 0 ] || rc=1
   done
-  for v in ${FUSED_VARIANTS:-RLH_GEN_FUSED_LAYER=1 RLH_GEN_FUSED_LAYER=1,RLH_KCUDA_DL_CLAIM=1 DEFAULT=1}; do
+  for v in ${FUSED_VARIANTS:-RLH_GEN_FUSED_LAYER=1 RLH_GEN_FUSED_LAYER=1,RLH_KCUDA_DL_CLAIM=0 DEFAULT=1}; do
     for c in ${FUSED_CASES:-b1}; do
       echo "== bench_generator_cuda $c with $v =="
       env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 --new 256 --repeats 2 2>&1 |

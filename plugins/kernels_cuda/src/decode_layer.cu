@@ -15,9 +15,11 @@
 //     waits at a barrier;
 //   - eight consumer warps compute each phase from the slots, with a grid-wide barrier where a
 //     phase needs the whole output of the one before (after q|k|v, after attention, after o,
-//     after gate|up): four a layer.
-// Tiles are dealt round-robin over the blocks across the four products in turn, so every block
-// streams about the same bytes per layer.
+//     after gate|up): four a layer;
+//   - a prefetch warp brings the cached keys and values the block's attention will read into L2
+//     while q|k|v streams (prefetch_cache).
+// A block claims each next tile of a product from a counter as a ring slot frees, so the blocks
+// the memory serves faster stream more (or, RLH_KCUDA_DL_CLAIM=0, tiles are dealt round-robin).
 //
 // Numerics follow the ops it fuses, each intermediate rounded to bf16 where theirs is (the
 // product sums, RoPE's output, attention's output, the residual adds, the GLU), with float32
@@ -46,7 +48,7 @@ namespace {
 
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
-constexpr int kThreads = kConsumers + 32;  // + the producer warp
+constexpr int kThreads = kConsumers + 64;  // + the producer warp and the cache-prefetch warp
 constexpr int kSlotBytes = 32768;
 constexpr int kSlots = 5;
 constexpr int kWorkBytes = 32768;  // the phase's input vector (bf16), or attention's staged values
@@ -199,9 +201,9 @@ __device__ __forceinline__ void load_tile(const DecodeLayerDev& p, int ph, int64
   if (t.pairs) bulk_copy(dst + size_t(t.rows) * t.K * 2, W + (t.N + r0) * t.K, bytes, full);
 }
 
-// The producer: every tile of the block, in the consumers' order, into the ring. Dealt (the
-// default): tile u of a product is block u % G's, so every block streams the same bytes. Claimed
-// (p.claim): a block takes the next tile of the product from a counter as a slot frees, so a
+// The producer: every tile of the block, in the consumers' order, into the ring. Dealt: tile u
+// of a product is block u % G's, so every block streams the same bytes. Claimed (p.claim, the
+// default): a block takes the next tile of the product from a counter as a slot frees, so a
 // block the memory serves faster takes more, and ends the product with a slot whose tile_of
 // is -1. The counters are the launch's parity's (claims()): the previous launch's blocks may
 // still be claiming the other ones' last tiles, and this launch's first barrier clears those for
@@ -245,12 +247,15 @@ __device__ void produce(const DecodeLayerDev& p, char* ring, uint64_t* full, uin
 // normalised into xs (shared, bf16): RMSNorm's arithmetic (rstd_of, x * rstd * (w + woff)); the
 // sum of squares in the block's order. res keeps the residual for the products' epilogues, which
 // would otherwise each wait on an L2 load with the whole block held at the next tile's barrier.
+// The norm's weights are loaded with x (parked in xs until the second pass), so the pass waits
+// on one round trip to the memory, not two: while the ring streams, each costs microseconds.
 __device__ void norm_into(bf16* xs, bf16* res, const bf16* x, const bf16* w, int64_t C, float eps, float woff,
                           float* red) {
   const int tid = threadIdx.x;
   float ss = 0.f;
   for (int64_t c = int64_t(tid) * 8; c < C; c += kConsumers * 8) {
     const uint4 u = ld_cg16(x + c);
+    *reinterpret_cast<uint4*>(xs + c) = *reinterpret_cast<const uint4*>(w + c);
     *reinterpret_cast<uint4*>(res + c) = u;
     const bf16* v = reinterpret_cast<const bf16*>(&u);
 #pragma unroll
@@ -266,7 +271,7 @@ __device__ void norm_into(bf16* xs, bf16* res, const bf16* x, const bf16* w, int
   const float r = rsqrtf(tot / float(C) + eps);
   const float rs = r * (1.5f - 0.5f * (tot / float(C) + eps) * r * r);
   for (int64_t c = int64_t(tid) * 8; c < C; c += kConsumers * 8) {
-    const uint4 u = *reinterpret_cast<const uint4*>(res + c), uw = *reinterpret_cast<const uint4*>(w + c);
+    const uint4 u = *reinterpret_cast<const uint4*>(res + c), uw = *reinterpret_cast<const uint4*>(xs + c);
     const bf16* v = reinterpret_cast<const bf16*>(&u);
     const bf16* wv = reinterpret_cast<const bf16*>(&uw);
     uint4 o;
@@ -436,6 +441,43 @@ __device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, char
   consumers_sync();  // (the work area and sc are reused)
 }
 
+// The prefetch warp: the cached keys and values of the attention units this block will run,
+// into L2, from the launch on. They were written by earlier steps, so they can be fetched while
+// the layer's q|k|v streams; read at the attention phase instead, each of its dependent loads
+// (the block table, then the rows) would wait microseconds behind the weights' stream. The
+// position and the table are read before pdl_wait only to compute addresses (a stale value
+// costs a useless prefetch, never a result); every address stays inside the cache.
+template <int D>
+__device__ void prefetch_cache(const DecodeLayerDev& p) {
+  const DecodeLayerArgs& a = p.a;
+  constexpr int CH = chunk_positions(D), PER = CH / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t pos = a.pos[0];
+  if (pos < 0 || pos >= a.max_positions || a.kc[3] != 1 || a.vc[3] != 1) return;
+  const int64_t nc = min(p.nch, pos / CH + 1);
+  for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) {
+    const int64_t g = u / nc, p0 = (u % nc) * CH;
+    int64_t blk[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {  // the table's entries first, all in flight at once
+      const int64_t q = p0 + lane + 32 * k;
+      blk[k] = q < pos ? a.blocks[q / a.bs] : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      if (blk[k] < 0 || blk[k] >= a.num_blocks) continue;
+      const int64_t o = (p0 + lane + 32 * k) % a.bs;
+      const bf16* kr = a.k_cache + blk[k] * a.kc[0] + g * a.kc[1] + o * a.kc[2];
+      const bf16* vr = a.v_cache + blk[k] * a.vc[0] + g * a.vc[1] + o * a.vc[2];
+#pragma unroll
+      for (int d = 0; d < D; d += 64) {  // a 128-byte line at a time
+        prefetch_l2(kr + d);
+        prefetch_l2(vr + d);
+      }
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_constant__ DecodeLayerDev p) {
   extern __shared__ __align__(128) char smem[];
@@ -467,6 +509,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  if (threadIdx.x >= kConsumers + 32) {  // the prefetch warp
+    prefetch_cache<D>(p);
+    pdl_trigger();
+    return;
+  }
   if (threadIdx.x >= kConsumers) {  // the producer warp: weights only, so before pdl_wait
     if (threadIdx.x == kConsumers) produce(p, ring, full, empty, tile_of);
     pdl_trigger();
@@ -526,22 +573,69 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   stamp();
   grid_sync(a.sync, p.G);
   stamp();
-  // 3. attention combined (every block, for its o rows), h = x + o W_o^T into y
+  // 3. attention combined (every block, for its o rows), h = x + o W_o^T into y. The chunks'
+  // maxima and sums are staged in sc first, all loads in flight at once, then each output sums
+  // its chunks from there (four outputs a thread at a time): the same arithmetic in the same
+  // order as one thread an output reading each partial in turn, without its chain of dependent
+  // L2 loads (~7 us a layer while the ring streams). Rows of many chunks take that chain still.
   {
-    const int64_t HPG = a.Hq / a.Hkv;
-    for (int64_t e = threadIdx.x; e < HD; e += kConsumers) {
-      const int64_t h = e / D, d = e % D, g = h / HPG, j = h % HPG;
-      const float* pc = a.part + ((g * p.nch) * HPG + j) * (D + 2);
-      const int64_t step = HPG * (D + 2);
-      float M = -INFINITY;
-      for (int64_t c = 0; c < nc; ++c) M = fmaxf(M, __ldcg(pc + c * step));
-      float L = 0.f, O = 0.f;
-      for (int64_t c = 0; c < nc; ++c) {
-        const float w = __expf(__ldcg(pc + c * step) - M);
-        L = fmaf(__ldcg(pc + c * step + 1), w, L);
-        O = fmaf(__ldcg(pc + c * step + 2 + d), w, O);
+    const int64_t HPG = a.Hq / a.Hkv, step = HPG * (D + 2), Hq = a.Hq;
+    const auto head = [&](int64_t h) { return a.part + ((h / HPG) * p.nch * HPG + h % HPG) * (D + 2); };
+    if (Hq * (2 * nc + 1) <= 2048) {
+      float *ms = sc, *ls = sc + Hq * nc, *Ls = sc + 2 * Hq * nc;  // [Hq][nc] maxima, sums; [Hq] totals
+      for (int64_t i = threadIdx.x; i < Hq * nc; i += kConsumers) {
+        const float* pc = head(i / nc) + (i % nc) * step;
+        ms[i] = __ldcg(pc);
+        ls[i] = __ldcg(pc + 1);
       }
-      xs[e] = __float2bfloat16_rn(O / L);
+      consumers_sync();
+      for (int64_t h = threadIdx.x; h < Hq; h += kConsumers) {
+        float M = -INFINITY;
+        for (int64_t c = 0; c < nc; ++c) M = fmaxf(M, ms[h * nc + c]);
+        float L = 0.f;
+        for (int64_t c = 0; c < nc; ++c) {
+          const float w = __expf(ms[h * nc + c] - M);
+          L = fmaf(ls[h * nc + c], w, L);
+          ms[h * nc + c] = w;  // the chunk's weight from here on
+        }
+        Ls[h] = L;
+      }
+      consumers_sync();
+      for (int64_t e0 = threadIdx.x; e0 < HD; e0 += 4 * kConsumers) {
+        float O[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int64_t c = 0; c < nc; ++c) {
+          float v[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int64_t e = e0 + k * kConsumers;
+            v[k] = e < HD ? __ldcg(head(e / D) + c * step + 2 + e % D) : 0.f;
+          }
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int64_t e = e0 + k * kConsumers;
+            if (e < HD) O[k] = fmaf(v[k], ms[(e / D) * nc + c], O[k]);
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int64_t e = e0 + k * kConsumers;
+          if (e < HD) xs[e] = __float2bfloat16_rn(O[k] / Ls[e / D]);
+        }
+      }
+    } else {
+      for (int64_t e = threadIdx.x; e < HD; e += kConsumers) {
+        const int64_t d = e % D;
+        const float* pc = head(e / D);
+        float M = -INFINITY;
+        for (int64_t c = 0; c < nc; ++c) M = fmaxf(M, __ldcg(pc + c * step));
+        float L = 0.f, O = 0.f;
+        for (int64_t c = 0; c < nc; ++c) {
+          const float w = __expf(__ldcg(pc + c * step) - M);
+          L = fmaf(__ldcg(pc + c * step + 1), w, L);
+          O = fmaf(__ldcg(pc + c * step + 2 + d), w, O);
+        }
+        xs[e] = __float2bfloat16_rn(O / L);
+      }
     }
     consumers_sync();
     product(1, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(__bfloat162float(res[j]) + rbf(s)); });
@@ -665,12 +759,13 @@ Trace& trace() {
 }  // namespace
 
 namespace {
-// RLH_KCUDA_DL_CLAIM=1: tiles claimed, not dealt (produce()); only where exactly one block fits
-// an SM, which the counters' reuse across launches relies on.
+// Tiles claimed, not dealt (produce()), where exactly one block fits an SM, which the counters'
+// reuse across launches relies on; RLH_KCUDA_DL_CLAIM=0 deals them. Claimed ran a layer in
+// ~76 us against ~84 dealt (H100, 2026-12-06: the blocks the memory serves faster take more).
 bool claim_tiles(int64_t D) {
   static const bool asked = [] {
     const char* e = std::getenv("RLH_KCUDA_DL_CLAIM");
-    return e && *e && std::strcmp(e, "0") != 0;
+    return !(e && std::strcmp(e, "0") == 0);
   }();
   if (!asked) return false;
   int blocks = 0;
