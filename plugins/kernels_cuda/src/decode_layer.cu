@@ -54,9 +54,11 @@ constexpr int kSlots = 5;
 constexpr int kWorkBytes = 32768;  // the phase's input vector (bf16), or attention's staged values
 constexpr int kResBytes = 16384;   // the residual stream (x, then h: bf16 [C], C <= 8192)
 constexpr int kMaxGroup = 8;        // query heads per kv head
-// Positions an attention chunk: their values (bf16 [CH][D]) fill at most the work area and
-// their scores ([kMaxGroup][CH] floats) the score area.
-__host__ __device__ constexpr int chunk_positions(int64_t D) { return D >= 128 ? 128 : 256; }
+// Positions an attention chunk, at most: their values (bf16 [CH][D]) fill at most the work area
+// and their scores ([kMaxGroup][CH] floats) the score area. A launch may use smaller chunks, down
+// to kMinChunk (chunk_for); the partials' workspace is laid out for the smallest.
+__host__ __device__ constexpr int max_chunk(int64_t D) { return D >= 128 ? 128 : 256; }
+constexpr int kMinChunk = 64;
 
 // Shared memory: the ring, the work area, the residual, attention's queries and scores, the
 // reduction scratch and the ring's barriers.
@@ -184,10 +186,22 @@ struct DecodeLayerDev {
   int64_t nch;  // attention chunks of the row (positions 0 .. pos)
   unsigned G;
   bool claim;  // tiles claimed from counters, not dealt (produce())
+  int min_chunk;  // attention's smallest chunk (chunk_for)
   unsigned long long* trace;  // [G][kStamps] or null
 };
 
 namespace {
+
+// The launch's attention chunk: the smallest from p.min_chunk up, doubling to max_chunk(D), that
+// leaves no more (kv head, chunk) units than blocks, so the phase takes one unit's time and each
+// unit is as short as the blocks allow. Every block computes the same from the same position.
+template <int D>
+__device__ __forceinline__ int chunk_for(const DecodeLayerDev& p, int64_t pos) {
+  int ch = p.min_chunk;
+  const int64_t n = pos < 0 ? 1 : pos + 1;
+  while (ch < max_chunk(D) && p.a.Hkv * ((n + ch - 1) / ch) > int64_t(p.G)) ch *= 2;
+  return ch;
+}
 
 // Tile u of product ph into a slot (its full barrier completes when the bytes have landed).
 __device__ __forceinline__ void load_tile(const DecodeLayerDev& p, int ph, int64_t u, char* dst, uint64_t* full) {
@@ -326,9 +340,8 @@ __device__ __forceinline__ void tile_sums(const Tiling& t, const char* slot, con
 // heads): unnormalised partial (max, sum, o[D]) per query head into a.part. The chunk holding
 // the row's own position also writes the new key and value into the cache.
 template <int D>
-__device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, char* work, float* qs, float* sc) {
+__device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, int CH, char* work, float* qs, float* sc) {
   const DecodeLayerArgs& a = p.a;
-  constexpr int CH = chunk_positions(D);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t HPG = a.Hq / a.Hkv, pos = a.pos[0];
   // (a position past the table, or a block id outside the cache, sets the error flag and is
@@ -450,10 +463,11 @@ __device__ void attend_chunk(const DecodeLayerDev& p, int64_t g, int64_t c, char
 template <int D>
 __device__ void prefetch_cache(const DecodeLayerDev& p) {
   const DecodeLayerArgs& a = p.a;
-  constexpr int CH = chunk_positions(D), PER = CH / 32;
+  constexpr int PER = max_chunk(D) / 32;
   const int lane = threadIdx.x & 31;
   const int64_t pos = a.pos[0];
   if (pos < 0 || pos >= a.max_positions || a.kc[3] != 1 || a.vc[3] != 1) return;
+  const int CH = chunk_for<D>(p, pos);
   const int64_t nc = min(p.nch, pos / CH + 1);
   for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) {
     const int64_t g = u / nc, p0 = (u % nc) * CH;
@@ -461,7 +475,7 @@ __device__ void prefetch_cache(const DecodeLayerDev& p) {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {  // the table's entries first, all in flight at once
       const int64_t q = p0 + lane + 32 * k;
-      blk[k] = q < pos ? a.blocks[q / a.bs] : -1;
+      blk[k] = 32 * k < CH && q < pos ? a.blocks[q / a.bs] : -1;
     }
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
@@ -566,10 +580,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   // 2. attention partials, (kv head, chunk) units dealt over the blocks
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
   // table's capacity, as its stride).
-  const int64_t nc = min(p.nch, int64_t(a.pos[0]) / chunk_positions(D) + 1);
+  const int CH = chunk_for<D>(p, a.pos[0]);
+  const int64_t nc = min(p.nch, int64_t(a.pos[0]) / CH + 1);
   if ((a.pos[0] < 0 || a.pos[0] >= a.max_positions) && blockIdx.x == 0 && threadIdx.x == 0 && a.err)
     atomicExch(a.err, 1);  // (the output is then not defined; no read leaves the operands)
-  for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, work, qs, sc);
+  for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, CH, work, qs, sc);
   stamp();
   grid_sync(a.sync, p.G);
   stamp();
@@ -669,7 +684,7 @@ std::string decode_layer_refusal(const DecodeLayerArgs& a) {
 }
 
 int64_t decode_layer_workspace_bytes(const DecodeLayerArgs& a) {
-  const int64_t CH = chunk_positions(a.D), nch = (a.max_positions + CH - 1) / CH;
+  const int64_t nch = (a.max_positions + kMinChunk - 1) / kMinChunk;
   const int64_t qkv = (a.Hq + 2 * a.Hkv) * a.D * 2, act = a.F * 2;
   const int64_t part = a.Hkv * nch * (a.Hq / a.Hkv) * (a.D + 2) * 4;
   auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
@@ -774,6 +789,20 @@ bool claim_tiles(int64_t D) {
 }
 }  // namespace
 
+namespace {
+// RLH_KCUDA_DL_MIN_CHUNK=64|128: attention's chunks may shrink to that many positions when the
+// blocks outnumber the units (chunk_for); unset, every launch uses max_chunk(D), as measured.
+int min_chunk(int64_t D) {
+  static const int asked = [] {
+    const char* e = std::getenv("RLH_KCUDA_DL_MIN_CHUNK");
+    return e && *e ? std::atoi(e) : 0;
+  }();
+  int ch = kMinChunk;
+  while (ch < max_chunk(D) && ch < asked) ch *= 2;
+  return asked >= kMinChunk ? ch : max_chunk(D);
+}
+}  // namespace
+
 std::string decode_layer_device_refusal(int64_t D) {
   try {
     raise_smem(D);
@@ -798,8 +827,8 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   p.t[1] = tiling(a.C, a.Hq * a.D, false);
   p.t[2] = tiling(a.F, a.C, true);
   p.t[3] = tiling(a.C, a.F, false);
-  const int64_t CH = chunk_positions(a.D);
-  p.nch = (a.max_positions + CH - 1) / CH;  // the workspace's chunks; the kernel runs those up to the position
+  p.nch = (a.max_positions + kMinChunk - 1) / kMinChunk;  // the workspace's chunks (the smallest)
+  p.min_chunk = min_chunk(a.D);
   raise_smem(a.D);
   p.claim = claim_tiles(a.D);
   Trace& tr = trace();
