@@ -52,8 +52,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (2026-12-06, nineteenth session: fusedlayer, fp8, then
-#              fp8decode at b1 and b64)
+#              first, for one short call (2026-12-06, twentieth session: fusedlayer in all its forms, then
+#              compilepair)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -79,13 +79,12 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (nineteenth session): one machine started in nine tries; it ran compilepair and
-  # found decode_layer_fwd's f32 claim failing conformance (bf16 passed). Left: the fused layer
-  # on the generator path (its test, batch 1 with and without it: fusedlayer), the eighteenth
-  # session's review mends (fp8), the FP8 rollouts' decoding at batch 1 and 64 (fp8decode).
+  # 2026-12-06 (twentieth session): fp8, fp8decode (b1, b64), stepprofile and two fusedlayer
+  # runs went through; the fused layer's last changes (norm weights with x, the staged combine,
+  # the cache-prefetch warp, smaller attention chunks and the counted barrier as A/B forms) have
+  # not run. Left: fusedlayer (all forms), then the 1B step beside torch.compile (compilepair).
   bash "$0" fusedlayer || rc=1
-  bash "$0" fp8 || rc=1
-  FP8DEC_CASES=${FP8DEC_CASES:-"b1 b64"} bash "$0" fp8decode || rc=1
+  bash "$0" compilepair || rc=1
   exit $rc
 fi
 if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
@@ -520,21 +519,23 @@ fi
 if [ "$what" = fusedlayer ]; then
   # decode_layer_fwd (kernels_cuda's persistent one-token layer, 2026-12-06 nineteenth session):
   # its generator test (against the op-by-op steps, graphs, refit) and the fixture greedy test,
-  # check-kernels' row for it, with its tiles claimed (the default) and dealt
-  # (RLH_KCUDA_DL_CLAIM=0), then batch-1 decoding with each and without it (opt-in:
-  # RLH_GEN_FUSED_LAYER=1) in one call, then where its time goes.
-  for v in ${FUSED_TILES:-RLH_KCUDA_DL_CLAIM=0 RLH_KCUDA_DL_CLAIM=1}; do
+  # check-kernels' row for it, in each of its forms (FUSED_TILES: tiles claimed, the default, or
+  # dealt, RLH_KCUDA_DL_CLAIM=0; attention chunks down to 64 positions, RLH_KCUDA_DL_MIN_CHUNK=64;
+  # the counted barrier, RLH_KCUDA_DL_BARRIER=count), then batch-1 decoding with each and without
+  # it (opt-in: RLH_GEN_FUSED_LAYER=1) in one call, then where its time goes (phase stamps).
+  forms=${FUSED_TILES:-RLH_KCUDA_DL_CLAIM=1 RLH_KCUDA_DL_CLAIM=0 RLH_KCUDA_DL_MIN_CHUNK=64,RLH_KCUDA_DL_BARRIER=count}
+  for v in $forms; do
     echo "== test_generator_cuda (fused layer, fixtures) with $v =="
-    env $v "$bin/test_generator_cuda" --gtest_brief=1 --gtest_filter='*FusedLayer*:GpuFixture.*' 2>&1 | tee -a "$out/fusedlayer_test.log" |
+    env ${v//,/ } "$bin/test_generator_cuda" --gtest_brief=1 --gtest_filter='*FusedLayer*:GpuFixture.*' 2>&1 | tee -a "$out/fusedlayer_test.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |decode_layer|fused|Failure|rror|Which is|Expected|actual" | head -40
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     echo "== rlhost check-kernels --plugin libkernels_cuda.so (decode_layer_fwd) with $v =="
-    env $v "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/fusedlayer_check.log" 2>&1
+    env ${v//,/ } "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/fusedlayer_check.log" 2>&1
     ck=$?
     grep -E "^(op |decode_layer|FAIL)|error" "$out/fusedlayer_check.log" | head -12
     [ "$ck" = 0 ] || rc=1
   done
-  for v in ${FUSED_VARIANTS:-RLH_GEN_FUSED_LAYER=1 RLH_GEN_FUSED_LAYER=1,RLH_KCUDA_DL_CLAIM=0 DEFAULT=1}; do
+  for v in ${FUSED_VARIANTS:-DEFAULT=1 $(for f in $forms RLH_KCUDA_DL_MIN_CHUNK=64 RLH_KCUDA_DL_BARRIER=count; do echo RLH_GEN_FUSED_LAYER=1,$f; done)}; do
     for c in ${FUSED_CASES:-b1}; do
       echo "== bench_generator_cuda $c with $v =="
       env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 --new 256 --repeats 2 2>&1 |
@@ -543,11 +544,11 @@ if [ "$what" = fusedlayer ]; then
   done
   # Where the fused layer's time goes: its per-phase stamps (RLH_KCUDA_DL_TRACE, op by op so the
   # host can read them), then ncu's time, DRAM and stall figures for a few launches.
-  for v in ${FUSED_TILES:-RLH_KCUDA_DL_CLAIM=0 RLH_KCUDA_DL_CLAIM=1}; do
+  for v in $forms; do
     echo "== RLH_KCUDA_DL_TRACE: phase stamps at b1 with $v =="
-    env $v RLH_GEN_FUSED_LAYER=1 RLH_KCUDA_DL_TRACE=1 "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 \
-      --new 64 --repeats 1 --no-graphs 2>&1 | grep "trace" > "$out/fusedlayer_trace_${v##*=}.log"
-    tail -3 "$out/fusedlayer_trace_${v##*=}.log" | cut -c1-400
+    env ${v//,/ } RLH_GEN_FUSED_LAYER=1 RLH_KCUDA_DL_TRACE=1 "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 \
+      --new 64 --repeats 1 --no-graphs 2>&1 | grep "trace" > "$out/fusedlayer_trace_${v//[=,]/_}.log"
+    tail -3 "$out/fusedlayer_trace_${v//[=,]/_}.log" | cut -c1-400
   done
   if [ "${FUSED_NCU:-1}" != 0 ]; then
     echo "== ncu: decode_layer_kernel, 3 launches =="

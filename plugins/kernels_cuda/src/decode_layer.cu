@@ -110,10 +110,15 @@ __device__ __forceinline__ float rbf(float x) { return __bfloat162float(__float2
 // Grid barrier: counter and generation (args.sync[0], args.sync[32]); the last block to arrive
 // resets the counter and moves the generation, so the barrier leaves itself ready for the next
 // one and the next launch. Writes before it are visible after it (fences on both sides).
-// The generation moves by four a launch, so at a launch's start it tells the launch's parity.
-// `clear_claims` (the first barrier, dealing tiles by claims): the last block also zeroes the
-// claim counters of the other parity, which the next launch uses (see claims()).
-__device__ __forceinline__ unsigned* claims(unsigned* sync, unsigned gen) { return sync + 16 + ((gen >> 2) & 1) * 4; }
+// The generation moves by four a launch, so at a launch's start it tells the launch's index
+// (launch_index). `clear_claims` (the first barrier, dealing tiles by claims): the last block
+// also zeroes the claim counters of the other parity, which the next launch uses (claims_of).
+__device__ __forceinline__ unsigned* claims_of(unsigned* sync, unsigned long long launch) {
+  return sync + 16 + unsigned(launch & 1) * 4;
+}
+__device__ __forceinline__ unsigned long long* arrivals(unsigned* sync) {
+  return reinterpret_cast<unsigned long long*>(sync + 48);
+}
 __device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G, bool clear_claims = false) {
   consumers_sync();
   if (threadIdx.x == 0) {
@@ -125,7 +130,7 @@ __device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G, bool clear
     if (atomicAdd(count, 1u) == G - 1) {
       atomicExch(count, 0u);
       if (clear_claims)
-        for (int ph = 0; ph < 4; ++ph) atomicExch(claims(sync, g0 + 4) + ph, 0u);
+        for (int ph = 0; ph < 4; ++ph) atomicExch(claims_of(sync, (g0 >> 2) + 1) + ph, 0u);
       __threadfence();
       atomicAdd(gen, 1u);
     } else {
@@ -144,6 +149,48 @@ __device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G, bool clear
     __threadfence();
   }
   consumers_sync();
+}
+
+// The counted barrier (RLH_KCUDA_DL_BARRIER=count): a 64-bit arrival count (args.sync[48..49])
+// that only grows, G a barrier and 4 G a launch; a block waits for it to reach its barrier's
+// target, base + k G, where base is the launch's first arrival (launch_index). The last block
+// has nothing more to do than arrive, where grid_sync's also resets the counter and moves the
+// generation before anyone may leave (two more serialised atomics and a fence a barrier).
+__device__ __forceinline__ void count_sync(unsigned* sync, unsigned long long target, bool clear_claims,
+                                           unsigned long long launch) {
+  consumers_sync();
+  if (threadIdx.x == 0) {
+    unsigned long long* n = arrivals(sync);
+    __threadfence();
+    const unsigned long long old = atomicAdd(n, 1ull);
+    if (clear_claims && old == target - 1)
+      for (int ph = 0; ph < 4; ++ph) atomicExch(claims_of(sync, launch + 1) + ph, 0u);
+    unsigned long long t0, t, c;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {  // (a block that never comes traps after 5 s, as in grid_sync)
+      asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(c) : "l"(n) : "memory");
+      if (c >= target) break;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t - t0 > 5000000000ull) __trap();
+    }
+    __threadfence();
+  }
+  consumers_sync();
+}
+
+// The launch's index among this op's launches, read by a block before its first arrival. Every
+// block of the launch before has arrived at its last barrier by then (one block an SM: this one
+// started on an SM one of them left), and at most G - 1 of this launch's have arrived at the
+// first: so the generation is 4 x the index, and the arrival count lies in [4 G i, 4 G i + G).
+__device__ __forceinline__ unsigned long long launch_index(unsigned* sync, unsigned G, bool counted) {
+  if (counted) {
+    unsigned long long c;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(c) : "l"(arrivals(sync)) : "memory");
+    return c / (4ull * G);
+  }
+  unsigned g;
+  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(g) : "l"(sync + 32) : "memory");
+  return g >> 2;
 }
 
 // One product's tiling: rows N of K columns, `rows` rows a tile (gate|up: pairs, gate row i and
@@ -187,6 +234,7 @@ struct DecodeLayerDev {
   unsigned G;
   bool claim;  // tiles claimed from counters, not dealt (produce())
   int min_chunk;  // attention's smallest chunk (chunk_for)
+  bool counted;   // count_sync's barriers, not grid_sync's
   unsigned long long* trace;  // [G][kStamps] or null
 };
 
@@ -219,15 +267,13 @@ __device__ __forceinline__ void load_tile(const DecodeLayerDev& p, int ph, int64
 // of a product is block u % G's, so every block streams the same bytes. Claimed (p.claim, the
 // default): a block takes the next tile of the product from a counter as a slot frees, so a
 // block the memory serves faster takes more, and ends the product with a slot whose tile_of
-// is -1. The counters are the launch's parity's (claims()): the previous launch's blocks may
+// is -1. The counters are the launch's parity's (claims_of()): the previous launch's blocks may
 // still be claiming the other ones' last tiles, and this launch's first barrier clears those for
 // the next (every block of the previous launch has exited by then: one block an SM).
 __device__ void produce(const DecodeLayerDev& p, char* ring, uint64_t* full, uint64_t* empty, volatile int* tile_of) {
   unsigned i = 0;
   if (p.claim) {
-    unsigned gen;
-    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(gen) : "l"(p.a.sync + 32) : "memory");
-    unsigned* ctr = claims(p.a.sync, gen);
+    unsigned* ctr = claims_of(p.a.sync, launch_index(p.a.sync, p.G, p.counted));
     for (int ph = 0; ph < 4; ++ph) {
       for (;; ++i) {
         const unsigned slot = i % kSlots, round = i / kSlots;
@@ -536,6 +582,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   pdl_wait();
   pdl_trigger();
   stamp();
+  // The four barriers of the layer (k = 1..4); the first clears the next launch's claim counters.
+  unsigned long long base = 0, launch = 0;  // (count_sync's; thread 0's)
+  if (p.counted && threadIdx.x == 0) {
+    launch = launch_index(a.sync, p.G, true);
+    base = launch * 4ull * p.G;
+  }
+  const auto barrier = [&](int k) {
+    if (p.counted) count_sync(a.sync, base + unsigned(k) * p.G, k == 1 && p.claim, launch);
+    else grid_sync(a.sync, p.G, k == 1 && p.claim);
+  };
   bf16* xs = reinterpret_cast<bf16*>(work);
   unsigned it = 0;  // ring position
   int64_t first = 0;
@@ -575,7 +631,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   stamp();
   product(0, [&](int64_t j, float s, float) { a.qkv[j] = __float2bfloat16_rn(s); });
   stamp();
-  grid_sync(a.sync, p.G, p.claim);
+  barrier(1);
   stamp();
   // 2. attention partials, (kv head, chunk) units dealt over the blocks
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
@@ -586,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     atomicExch(a.err, 1);  // (the output is then not defined; no read leaves the operands)
   for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, CH, work, qs, sc);
   stamp();
-  grid_sync(a.sync, p.G);
+  barrier(2);
   stamp();
   // 3. attention combined (every block, for its o rows), h = x + o W_o^T into y. The chunks'
   // maxima and sums are staged in sc first, all loads in flight at once, then each output sums
@@ -656,14 +712,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     product(1, [&](int64_t j, float s, float) { a.y[j] = __float2bfloat16_rn(__bfloat162float(res[j]) + rbf(s)); });
   }
   stamp();
-  grid_sync(a.sync, p.G);
+  barrier(3);
   stamp();
   // 4. act = silu(g) * u of rmsnorm(h) W_gu^T, rounded as gemm_glu_fwd's (res: h from here on)
   norm_into(xs, res, a.y, a.w_norm2, C, a.eps2, a.woff2, red);
   stamp();
   product(2, [&](int64_t i, float gs, float us) { a.act[i] = __float2bfloat16_rn(act_value<0>(rbf(gs)) * rbf(us)); });
   stamp();
-  grid_sync(a.sync, p.G);
+  barrier(4);
   stamp();
   // 5. y = h + act W_down^T
   for (int64_t c = int64_t(threadIdx.x) * 8; c < F; c += kConsumers * 8)
@@ -774,6 +830,23 @@ Trace& trace() {
 }  // namespace
 
 namespace {
+// Exactly one block of the kernel fits an SM of the current device (asked once per device and
+// head dim: a generator captures these launches).
+bool one_block_an_sm(int64_t D) {
+  static signed char known[64][4] = {};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  cudaGetDevice(&dev);
+  signed char& k = known[dev & 63][D == 16 ? 0 : D == 32 ? 1 : D == 64 ? 2 : 3];
+  if (k == 0) {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layer_kernel(D), kThreads, kSmemBytes) != cudaSuccess) {
+      cudaGetLastError();  // (its own error only: then tiles are dealt)
+      blocks = 0;
+    }
+    k = blocks == 1 ? 1 : 2;
+  }
+  return k == 1;
+}
 // Tiles claimed, not dealt (produce()), where exactly one block fits an SM, which the counters'
 // reuse across launches relies on; RLH_KCUDA_DL_CLAIM=0 deals them. Claimed ran a layer in
 // ~76 us against ~84 dealt (H100, 2026-12-06: the blocks the memory serves faster take more).
@@ -783,9 +856,16 @@ bool claim_tiles(int64_t D) {
     return !(e && std::strcmp(e, "0") == 0);
   }();
   if (!asked) return false;
-  int blocks = 0;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layer_kernel(D), kThreads, kSmemBytes) == cudaSuccess &&
-         blocks == 1;
+  return one_block_an_sm(D);
+}
+// RLH_KCUDA_DL_BARRIER=count: count_sync's barriers (with claimed tiles, whose one-block-an-SM
+// check they rely on too); unset, grid_sync's, as measured.
+bool counted_barrier() {
+  static const bool asked = [] {
+    const char* e = std::getenv("RLH_KCUDA_DL_BARRIER");
+    return e && std::strcmp(e, "count") == 0;
+  }();
+  return asked;
 }
 }  // namespace
 
@@ -829,6 +909,7 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   p.t[3] = tiling(a.C, a.F, false);
   p.nch = (a.max_positions + kMinChunk - 1) / kMinChunk;  // the workspace's chunks (the smallest)
   p.min_chunk = min_chunk(a.D);
+  p.counted = p.claim && counted_barrier();
   raise_smem(a.D);
   p.claim = claim_tiles(a.D);
   Trace& tr = trace();
