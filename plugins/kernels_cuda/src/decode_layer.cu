@@ -827,9 +827,6 @@ Trace& trace() {
   return t;
 }
 
-}  // namespace
-
-namespace {
 // Exactly one block of the kernel fits an SM of the current device (asked once per device and
 // head dim: a generator captures these launches).
 bool one_block_an_sm(int64_t D) {
