@@ -82,13 +82,27 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* b, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+// A ring slot that never fills or empties (producer and consumers disagreeing on a product's
+// tiles) would hang every block short of the grid barrier's own 5 s trap: trap here too.
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* b, unsigned parity) {
+  unsigned ok;
   asm volatile(
       "{\n .reg .pred p;\n"
-      "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra W;\n}" ::"r"(smem_u32(b)),
-      "r"(parity)
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(smem_u32(b)), "r"(parity)
       : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  if (mbar_try_wait(b, parity)) return;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  while (!mbar_try_wait(b, parity)) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > 5000000000ull) __trap();
+  }
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
   asm volatile(
@@ -511,7 +525,9 @@ __device__ void prefetch_cache(const DecodeLayerDev& p) {
   const DecodeLayerArgs& a = p.a;
   constexpr int PER = max_chunk(D) / 32;
   const int lane = threadIdx.x & 31;
-  const int64_t pos = a.pos[0];
+  // (through L2 only: a line of them left in this SM's L1 from before pdl_wait could be read by
+  // the consumers after it, when the kernel before wrote them)
+  const int64_t pos = __ldcg(a.pos);
   if (pos < 0 || pos >= a.max_positions || a.kc[3] != 1 || a.vc[3] != 1) return;
   const int CH = chunk_for<D>(p, pos);
   const int64_t nc = min(p.nch, pos / CH + 1);
@@ -521,7 +537,7 @@ __device__ void prefetch_cache(const DecodeLayerDev& p) {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {  // the table's entries first, all in flight at once
       const int64_t q = p0 + lane + 32 * k;
-      blk[k] = 32 * k < CH && q < pos ? a.blocks[q / a.bs] : -1;
+      blk[k] = 32 * k < CH && q < pos ? __ldcg(a.blocks + q / a.bs) : -1;
     }
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
@@ -637,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
   // table's capacity, as its stride).
   const int CH = chunk_for<D>(p, a.pos[0]);
-  const int64_t nc = min(p.nch, int64_t(a.pos[0]) / CH + 1);
+  const int64_t nc = max(int64_t(0), min(p.nch, int64_t(a.pos[0]) / CH + 1));  // (0 for a bad position)
   if ((a.pos[0] < 0 || a.pos[0] >= a.max_positions) && blockIdx.x == 0 && threadIdx.x == 0 && a.err)
     atomicExch(a.err, 1);  // (the output is then not defined; no read leaves the operands)
   for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, CH, work, qs, sc);
@@ -876,7 +892,7 @@ int min_chunk(int64_t D) {
   }();
   int ch = kMinChunk;
   while (ch < max_chunk(D) && ch < asked) ch *= 2;
-  return asked >= kMinChunk ? ch : max_chunk(D);
+  return asked > 0 ? ch : max_chunk(D);  // (below 64: 64)
 }
 }  // namespace
 
@@ -897,7 +913,7 @@ std::string decode_layer_device_refusal(int64_t D) {
 }
 
 void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
-  DecodeLayerDev p;
+  DecodeLayerDev p{};
   p.a = a;
   p.G = unsigned(a.sms);
   p.t[0] = tiling((a.Hq + 2 * a.Hkv) * a.D, a.C, false);
@@ -906,9 +922,9 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   p.t[3] = tiling(a.C, a.F, false);
   p.nch = (a.max_positions + kMinChunk - 1) / kMinChunk;  // the workspace's chunks (the smallest)
   p.min_chunk = min_chunk(a.D);
-  p.counted = p.claim && counted_barrier();
   raise_smem(a.D);
   p.claim = claim_tiles(a.D);
+  p.counted = p.claim && counted_barrier();
   Trace& tr = trace();
   p.trace = tr.on ? tr.buffer(p.G) : nullptr;
   auto kernel = layer_kernel(a.D);

@@ -361,8 +361,10 @@ void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s);
 
 // decode_layer_fwd (decode_layer.cu): one dense decoder layer for one token in one persistent
 // launch. bf16 throughout; the caller's workspace holds q|k|v, the GLU's output and attention's
-// partials (decode_layer_workspace_bytes); `sync` is 256 bytes of zeros owned by the resolved
-// op (its grid barrier, left zeroed by every launch), so calls of one op are stream-ordered.
+// partials (decode_layer_workspace_bytes); `sync` is 256 bytes owned by the resolved op, zeroed
+// once before its first launch: its grid barrier and tile-claim counters, whose state (a
+// generation or arrival count, the claim counters' parity) carries from launch to launch, so
+// calls of one op are stream-ordered and the bytes are never zeroed again between them.
 struct DecodeLayerArgs {
   using bf16 = __nv_bfloat16;
   int64_t C = 0, F = 0, Hq = 0, Hkv = 0, D = 0;
