@@ -82,8 +82,21 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* b, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
 }
-// A ring slot that never fills or empties (producer and consumers disagreeing on a product's
-// tiles) would hang every block short of the grid barrier's own 5 s trap: trap here too.
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Spins until done() holds. A wait that never ends (a block of the grid not resident, a ring
+// slot that never fills or empties) would hang the step: after 5 s the launch traps instead,
+// and the caller's next CUDA call reports the error.
+template <class Done>
+__device__ __forceinline__ void spin_until(Done done) {
+  if (done()) return;
+  const unsigned long long t0 = now_ns();
+  while (!done())
+    if (now_ns() - t0 > 5000000000ull) __trap();
+}
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* b, unsigned parity) {
   unsigned ok;
   asm volatile(
@@ -96,13 +109,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* b, unsigned parity) {
   return ok != 0;
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
-  if (mbar_try_wait(b, parity)) return;
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  while (!mbar_try_wait(b, parity)) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 > 5000000000ull) __trap();
-  }
+  spin_until([&] { return mbar_try_wait(b, parity); });
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
   asm volatile(
@@ -148,17 +155,11 @@ __device__ __forceinline__ void grid_sync(unsigned* sync, unsigned G, bool clear
       __threadfence();
       atomicAdd(gen, 1u);
     } else {
-      // A block that never comes (one not resident: an SM taken by another process's kernels)
-      // would hang the step; after 5 s the launch traps instead, and the caller's next CUDA
-      // call reports the error.
-      unsigned long long t0, t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-      unsigned g;
-      do {
+      spin_until([&] {
+        unsigned g;
         asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(g) : "l"(gen) : "memory");
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > 5000000000ull) __trap();
-      } while (g == g0);
+        return g != g0;
+      });
     }
     __threadfence();
   }
@@ -179,14 +180,11 @@ __device__ __forceinline__ void count_sync(unsigned* sync, unsigned long long ta
     const unsigned long long old = atomicAdd(n, 1ull);
     if (clear_claims && old == target - 1)
       for (int ph = 0; ph < 4; ++ph) atomicExch(claims_of(sync, launch + 1) + ph, 0u);
-    unsigned long long t0, t, c;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {  // (a block that never comes traps after 5 s, as in grid_sync)
+    spin_until([&] {
+      unsigned long long c;
       asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(c) : "l"(n) : "memory");
-      if (c >= target) break;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (t - t0 > 5000000000ull) __trap();
-    }
+      return c >= target;
+    });
     __threadfence();
   }
   consumers_sync();
@@ -569,11 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   const DecodeLayerArgs& a = p.a;
   unsigned stamp_i = 0;
   const auto stamp = [&] {
-    if (p.trace && threadIdx.x == 0) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      p.trace[blockIdx.x * kStamps + stamp_i] = t;
-    }
+    if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * kStamps + stamp_i] = now_ns();
     ++stamp_i;
   };
   stamp();
