@@ -21,7 +21,7 @@ test -f "$so" || { echo "plugin not built"; exit 1; }
 exports=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^_' || true)
 [ "$exports" = "rlh_plugin_entry" ] || { echo "unexpected exports: $exports"; exit 1; }
 out=$(RLHOST_PLUGIN_PATH= "$work/prefix/bin/rlhost" --plugin "$so" --list-plugins --json 2>>"$log")
-echo "$out" | grep -q '"name": "keyword"' || { echo "component not listed: $out"; exit 1; }
-echo "$out" | grep -q '"can_run": true' || { echo "not runnable: $out"; exit 1; }
-echo "$out" | grep -q '"loaded": true' || { echo "not loaded: $out"; exit 1; }
+grep -q '"name": "keyword"' <<<"$out" || { echo "component not listed: $out"; exit 1; }
+grep -q '"can_run": true' <<<"$out" || { echo "not runnable: $out"; exit 1; }
+grep -q '"loaded": true' <<<"$out" || { echo "not loaded: $out"; exit 1; }
 echo "out-of-tree plugin built against the installed SDK and loaded by the installed rlhost"

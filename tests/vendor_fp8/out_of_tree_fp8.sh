@@ -34,8 +34,8 @@ exports=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^_' || true)
 if readelf -d "$so" | grep -E "NEEDED.*lib(cudart|cublas)" ; then fail "links a CUDA library dynamically"; fi
 
 out=$(RLHOST_PLUGIN_PATH= "$rlhost" --plugin "$so" --list-plugins --json)
-echo "$out" | grep -q '"name": "vendor_fp8"' || fail "component not listed: $out"
-echo "$out" | grep -q '"loaded": true' || fail "not loaded: $out"
+grep -q '"name": "vendor_fp8"' <<<"$out" || fail "component not listed: $out"
+grep -q '"loaded": true' <<<"$out" || fail "not loaded: $out"
 table=$(RLHOST_PLUGIN_PATH= "$rlhost" --plugin "$so" --list-plugins)
 echo "$table" | grep -A4 "vendor_fp8 0.1.0"
 
@@ -48,12 +48,12 @@ set -e
 echo "$ck" | tail -4
 can_run=$(echo "$out" | python3 -c 'import json, sys; print(next(p.get("can_run", False) for p in json.load(sys.stdin) if p.get("name") == "vendor_fp8"))')
 if [ "$can_run" = True ]; then
-  echo "$ck" | grep -q "^vendor_fp8 on cuda:0" || fail "a usable GPU, but no conformance table: $ck"
+  grep -q "^vendor_fp8 on cuda:0" <<<"$ck" || fail "a usable GPU, but no conformance table: $ck"
 else
   [ $rc = 1 ] || fail "check-kernels exited $rc where the plugin cannot run"
   [ "$(echo "$ck" | wc -l)" = 1 ] || fail "not one line: $ck"
   # Why, per device: CUDA only (or built without CUDA) on the CPU, no usable GPU on cuda:0.
-  echo "$ck" | grep -Eq "vendor_fp8 runs on none of the devices tried: cpu \(vendor_fp8 .+\); cuda:0 \(vendor_fp8.+\)$" ||
+  grep -Eq "vendor_fp8 runs on none of the devices tried: cpu \(vendor_fp8 .+\); cuda:0 \(vendor_fp8.+\)$" <<<"$ck" ||
     fail "no reason given: $ck"
 fi
 
@@ -67,7 +67,7 @@ yes=$(RLHOST_PLUGIN_PATH= "$rlhost" --plugin "$work/prefix/lib/rlhost/plugins/li
   --check-config --config "$cfg" ++policy.megatron_cfg.fp8_cfg.enabled=true 2>&1 >/dev/null)
 rc_yes=$?
 set -e
-[ $rc_no = 1 ] && echo "$no" | grep -q "no loaded plugin claims policy.megatron_cfg.fp8_cfg" ||
+[ $rc_no = 1 ] && grep -q "no loaded plugin claims policy.megatron_cfg.fp8_cfg" <<<"$no" ||
   fail "fp8_cfg.enabled=true without the plugin was not refused by name: $no"
 [ $rc_yes = 0 ] || fail "fp8_cfg.enabled=true with the plugin loaded was refused by the host check: $yes"
 # FP8 rollouts the same way (the generator reads vllm_cfg.precision).
@@ -80,7 +80,7 @@ yes=$(RLHOST_PLUGIN_PATH= "$rlhost" --plugin "$gen" --plugin "$so" --check-confi
   ++policy.generation.vllm_cfg.precision=fp8 2>&1 >/dev/null)
 rc_yes=$?
 set -e
-[ $rc_no = 1 ] && echo "$no" | grep -q "no loaded plugin claims policy.generation.vllm_cfg.precision" ||
+[ $rc_no = 1 ] && grep -q "no loaded plugin claims policy.generation.vllm_cfg.precision" <<<"$no" ||
   fail "vllm_cfg.precision=fp8 without the plugin was not refused by name: $no"
 [ $rc_yes = 0 ] || fail "vllm_cfg.precision=fp8 with the plugin loaded was refused by the host check: $yes"
 echo "vendor_fp8 built against the installed SDK, loaded by the installed rlhost, and listed by check-kernels"
