@@ -5,6 +5,7 @@
 // batch-invariant gemm have their own tests (tests/kernels/test_decode_ops.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -317,6 +318,115 @@ TEST_P(PagedAttention, MatchesFloat64AttentionThroughScatteredBlocks) {
     ops.paged_attention(one.data(), Hq * Dv, q.data() + 30 * Hq * D, Hq * D, 1, Hq, c, tables.data() + 30 * width,
                         width, pos.data() + 30, scale, window, softcap);
     EXPECT_EQ(0, std::memcmp(one.data(), got.data() + 30 * ldo, one.size() * sizeof(float)));
+  }
+}
+
+// The FP8 e4m3 value nearest to y, ties to the even code, finite values past 448 saturated
+// (docs/ops.md kv_cache_write): by search over every finite code, independent of the provider's
+// bit arithmetic.
+double e4m3_value(int c) {
+  const int E = (c >> 3) & 15, m = c & 7;
+  const double a = E == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, E - 7);
+  return c & 0x80 ? -a : a;
+}
+uint8_t e4m3_nearest(double y) {
+  int best = 0;
+  for (int c = 1; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;  // NaN
+    const double d = std::fabs(e4m3_value(c) - y), b = std::fabs(e4m3_value(best) - y);
+    if (d < b || (d == b && (c & 1) == 0 && (best & 1) == 1)) best = c;
+  }
+  if (e4m3_value(best) == 0) return std::signbit(y) ? 0x80 : 0x00;  // zero keeps the sign
+  return uint8_t(best);
+}
+
+// kv_cache_write into FP8 caches stores each key's code of k / k_scale (and the values'), and
+// paged_attention over them is the attention of their values: with power-of-two scales bit for
+// bit the float32 cache holding those values, with others within float32 rounding.
+TEST_P(PagedAttention, Fp8CachesHoldRoundedCodesAndAttendToTheirValues) {
+  const auto [Hq, Hkv, D, Dv, bs] = GetParam();
+  const int64_t T = 37;
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(size_t(T * Hq * D)), k(size_t(T * Hkv * D)), v(size_t(T * Hkv * Dv));
+  for (float& x : q) x = nd(g);
+  for (float& x : k) x = 3.f * nd(g);
+  for (float& x : v) x = nd(g);
+  k[5] = 1000.f;   // past 448 k_scale: saturates
+  k[6] = -1e-4f;   // subnormal range
+  v[7] = 0.296875f;  // at v_scale 2, 0.1484375: halfway between 0.140625 and 0.15625 (ties to even)
+  const KvLayout l8 = KvLayout::make(bs, {Hkv}, {D}, {Dv}, true, 1), l32 = KvLayout::make(bs, {Hkv}, {D}, {Dv});
+  // A quarter of the float32 cache's bytes, up to the 64-byte rounding of a block.
+  EXPECT_GE(l8.block_bytes() * 4, l32.block_bytes());
+  EXPECT_LE(l8.block_bytes() * 4, l32.block_bytes() + 3 * 64);
+  KvCache kv8(l8, l8.block_bytes() * 8), kv32(l32, l32.block_bytes() * 8);
+  std::vector<int32_t> table;  // the same block ids in both (fresh pools), in scrambled order
+  for (int i = 0; i < 8; ++i) {
+    table.push_back(kv8.allocate());
+    ASSERT_EQ(kv32.allocate(), table.back());
+  }
+  std::swap(table[0], table[5]);
+  std::swap(table[2], table[3]);
+  rlh::engine::Ops& ops = rlh::test::cpu_ops();
+  for (const auto& [ks, vs] : {std::pair<float, float>{0.5f, 2.f}, {0.37f, 1.3f}}) {
+    rlh::engine::Ops::PagedCache c8, c32;
+    for (auto* c : {&c8, &c32}) {
+      c->num_blocks = kv8.num_blocks();
+      c->block_size = bs;
+      c->Hkv = Hkv;
+      c->Dk = D;
+      c->Dv = Dv;
+    }
+    c8.block_stride = l8.block_elems;
+    c8.k8 = kv8.keys_bytes(0, 0);
+    c8.v8 = kv8.values_bytes(0, 0);
+    c8.k_scale = ks;
+    c8.v_scale = vs;
+    c32.block_stride = l32.block_elems;
+    c32.k = kv32.keys(0, 0);
+    c32.v = kv32.values(0, 0);
+    std::vector<int32_t> slots;
+    for (int64_t t = 0; t < T; ++t) slots.push_back(int32_t(table[size_t(t / bs)] * bs + t % bs));
+    ops.kv_cache_write(k.data(), Hkv * D, v.data(), Hkv * Dv, T, slots.data(), c8);
+    // The codes, and the float32 cache of their values.
+    std::vector<float> kval(k.size()), vval(v.size());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int32_t b = table[size_t(t / bs)];
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t at = size_t((t * Hkv + h) * D + d);
+          const uint8_t code = kv8.keys_bytes(b, 0)[(h * D + d) * bs + t % bs];
+          ASSERT_EQ(int(code), int(e4m3_nearest(double(k[at]) / double(ks)))) << "key " << at << " = " << k[at];
+          kval[at] = float(double(ks) * e4m3_value(code));
+        }
+        for (int64_t d = 0; d < Dv; ++d) {
+          const size_t at = size_t((t * Hkv + h) * Dv + d);
+          const uint8_t code = kv8.values_bytes(b, 0)[(h * bs + t % bs) * Dv + d];
+          ASSERT_EQ(int(code), int(e4m3_nearest(double(v[at]) / double(vs)))) << "value " << at << " = " << v[at];
+          vval[at] = float(double(vs) * e4m3_value(code));
+        }
+      }
+    ops.kv_cache_write(kval.data(), Hkv * D, vval.data(), Hkv * Dv, T, slots.data(), c32);
+    std::vector<int32_t> tables, pos;
+    for (int64_t t = 0; t < T; ++t) {
+      tables.insert(tables.end(), table.begin(), table.end());
+      pos.push_back(int32_t(t));
+    }
+    for (const auto& [window, softcap] : {std::pair<int64_t, float>{0, 0.f}, {9, 2.f}}) {
+      std::vector<float> got(size_t(T * Hq * Dv)), want(got.size());
+      const int64_t width = int64_t(table.size());
+      ops.paged_attention(got.data(), Hq * Dv, q.data(), Hq * D, T, Hq, c8, tables.data(), width, pos.data(), 0.25f,
+                          window, softcap);
+      ops.paged_attention(want.data(), Hq * Dv, q.data(), Hq * D, T, Hq, c32, tables.data(), width, pos.data(), 0.25f,
+                          window, softcap);
+      const bool pow2 = ks == 0.5f;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (pow2)
+          ASSERT_EQ(got[i], want[i]) << "scales " << ks << ", " << vs << " window " << window << " at " << i;
+        else
+          ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i]))) << "scales " << ks << ", " << vs << " at " << i;
+      }
+    }
   }
 }
 

@@ -421,8 +421,13 @@ void HostBackend::attend(int64_t l, const float* q, int64_t ldq, const float* k,
   const LayerShape& s = m_.shapes()[size_t(l)];
   const KvLayout& L = kv_->layout();
   engine::Ops::PagedCache c;
-  c.k = kv_->keys(0, l);
-  c.v = kv_->values(0, l);
+  if (L.elem_bytes == 1) {  // FP8 e4m3 codes; scale 1 (vLLM's without calibrated scales)
+    c.k8 = kv_->keys_bytes(0, l);
+    c.v8 = kv_->values_bytes(0, l);
+  } else {
+    c.k = kv_->keys(0, l);
+    c.v = kv_->values(0, l);
+  }
   c.num_blocks = kv_->num_blocks();
   c.block_stride = L.block_elems;
   c.block_size = L.block_size;
@@ -482,8 +487,9 @@ namespace {
 
 class HostExecutor final : public StepExecutor {
  public:
-  HostExecutor(DecodeModel& m, engine::Ops* ops) : m_(m), ops_(ops), b_(m, ops) {}
-  std::string name() const override { return "host (" + ops_->name() + ")"; }
+  HostExecutor(DecodeModel& m, engine::Ops* ops, bool kv_fp8) : m_(m), ops_(ops), b_(m, ops), kv_fp8_(kv_fp8) {}
+  std::string name() const override { return "host (" + ops_->name() + (kv_fp8_ ? ", FP8 KV cache" : "") + ")"; }
+  int64_t elem_bytes() const override { return kv_fp8_ ? 1 : 4; }
   PoolAllocator kv_allocator() override { return {}; }  // the generator's (the host's allocator)
 
   void step(const StepRows& rows, KvCache& kv, const StepDraws& draws) override {
@@ -505,12 +511,13 @@ class HostExecutor final : public StepExecutor {
   DecodeModel& m_;
   engine::Ops* ops_;
   HostBackend b_;
+  bool kv_fp8_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepExecutor> make_host_executor(DecodeModel& model, engine::Ops* ops) {
-  return std::make_unique<HostExecutor>(model, ops);
+std::unique_ptr<StepExecutor> make_host_executor(DecodeModel& model, engine::Ops* ops, bool kv_fp8) {
+  return std::make_unique<HostExecutor>(model, ops, kv_fp8);
 }
 
 }  // namespace rlh::gen

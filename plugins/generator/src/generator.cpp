@@ -32,9 +32,12 @@ Generator::Generator(sdk::TransformerDesc desc, Options options) : opt_(options)
   if (opt_.tp && opt_.tp->size() > 1 && opt_.executor)
     throw Error(RLH_E_UNIMPLEMENTED, "generator: policy.generation.vllm_cfg.tensor_parallel_size = " +
                                          std::to_string(opt_.tp->size()) + " runs on the host executor only (the CPU)");
+  if (opt_.kv_cache_fp8 && opt_.executor)
+    throw Error(RLH_E_UNIMPLEMENTED, "generator: the FP8 KV cache (kv_cache_fp8) is the host executor's; an executor "
+                                     "of its own decides its cache");
   model_ = std::make_unique<DecodeModel>(std::move(desc), opt_.tp);
   model_->set_router_fp64(opt_.moe_router_fp64);
-  exec_ = opt_.executor ? opt_.executor(*model_) : make_host_executor(*model_, opt_.ops);
+  exec_ = opt_.executor ? opt_.executor(*model_) : make_host_executor(*model_, opt_.ops, opt_.kv_cache_fp8);
 }
 
 Generator::~Generator() = default;

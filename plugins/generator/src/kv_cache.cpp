@@ -13,7 +13,7 @@ namespace rlh::gen {
 KvLayout KvLayout::make(int64_t block_size, std::vector<int64_t> kv_heads, std::vector<int64_t> head_dim,
                         std::vector<int64_t> value_dim, bool keys_transposed, int64_t elem_bytes) {
   if (block_size < 1) throw std::invalid_argument("kv cache: block_size must be >= 1");
-  if (elem_bytes != 2 && elem_bytes != 4) throw std::invalid_argument("kv cache: elements of 2 or 4 bytes");
+  if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4) throw std::invalid_argument("kv cache: elements of 1, 2 or 4 bytes");
   if (value_dim.empty()) value_dim = head_dim;
   if (kv_heads.size() != head_dim.size() || value_dim.size() != head_dim.size())
     throw std::invalid_argument("kv cache: one (heads, key dim, value dim) per layer");

@@ -97,6 +97,18 @@ bool fp8_rollouts(const json& vllm, rlh::engine::Fp8Options* f) {
   return true;
 }
 
+// policy.generation.vllm_cfg.kv_cache_dtype (vLLM's names): fp8 / fp8_e4m3 ask for an FP8 e4m3
+// cache; null, auto, bfloat16 and float32 keep the executor's own (the host's rule refuses the
+// rest before a generator is made, e.g. fp8_e5m2).
+bool kv_cache_fp8(const json& vllm) {
+  if (!vllm.is_object() || !vllm.contains("kv_cache_dtype") || !vllm["kv_cache_dtype"].is_string()) return false;
+  const std::string v = vllm["kv_cache_dtype"].get<std::string>();
+  if (v == "fp8" || v == "fp8_e4m3") return true;
+  if (v == "auto" || v == "bfloat16" || v == "float32") return false;
+  throw Error(RLH_E_UNIMPLEMENTED, "policy.generation.vllm_cfg.kv_cache_dtype = " + v +
+                                       ": the generator's caches are fp8 (fp8_e4m3), or the executor's own dtype (auto)");
+}
+
 int64_t tensor_parallel_size(const json& vllm) {
   if (!vllm.is_object() || !vllm.contains("tensor_parallel_size") || vllm["tensor_parallel_size"].is_null()) return 1;
   const json& v = vllm["tensor_parallel_size"];
@@ -346,6 +358,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
           throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + k + "' applies to a CUDA device, but the generator runs on the CPU (" + device_source + ")");
       if (!batch_invariant)
         throw Error(RLH_E_INVALID_ARGUMENT, "generator config: batch_invariant false: the CPU generator is always batch-invariant");
+      o.kv_cache_fp8 = kv_cache_fp8(vllm);
       rlh::engine::Fp8Options f8;
       if (fp8_rollouts(vllm, &f8))
         throw Error(RLH_E_UNIMPLEMENTED, "policy.generation.vllm_cfg.precision = fp8: FP8 rollouts run on a CUDA device, "
@@ -395,6 +408,10 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
       // the trainer's between rollouts. Off by default: taking it back costs a map and a clear.
       co.kv_cache_sleep = get_bool(cfg, "kv_cache_sleep", false);
       fp8_rollouts(vllm, &co.fp8);
+      if (kv_cache_fp8(vllm))
+        throw Error(RLH_E_UNIMPLEMENTED, "policy.generation.vllm_cfg.kv_cache_dtype = fp8: the FP8 KV cache runs on the "
+                                         "CPU generator only so far; on cuda:" + std::to_string(device) +
+                                         " the cache is bf16 (kv_cache_dtype auto)");
       // On a GPU the host's defaults (64 sequences, 512-token steps) leave it mostly idle: a
       // GRPO rollout of 64 x 8 ran in 8 waves, 2.3x the time of one. Where the section does not
       // say, 512 sequences and 8192-token steps (vLLM's V1 takes 1024 / 16384 on GPUs this size;

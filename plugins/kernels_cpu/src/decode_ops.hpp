@@ -37,6 +37,11 @@ struct PagedAttentionArgs {
   float scale = 1;
   int64_t window = 0;
   float softcap = 0;  // > 0: scores become softcap tanh(score / softcap) (Gemma-2)
+  // FP8 caches instead of k, v (same layout, one byte an element): e4m3 codes, a key's value
+  // k_scale x code, a value's v_scale x code.
+  const uint8_t* k8 = nullptr;
+  const uint8_t* v8 = nullptr;
+  float k_scale = 1, v_scale = 1;
 };
 void paged_attention(const PagedAttentionArgs& a, WorkerPool& pool);
 

@@ -9,6 +9,10 @@
 // d with q[d] broadcast, no horizontal sum per key) and values V [Hkv][bs][Dv] (row-major: the
 // output accumulates whole value rows); blocks any distance apart. Dk != Dv for MLA layers.
 //
+// FP8 caches (e4m3 codes, value = scale x code; docs/ops.md): the same loops over the codes'
+// values (a 256-entry table), with the key scale folded into the scores' scale and the value
+// scale into the output's normalisation, as a GPU kernel folds them.
+//
 // One task = (row, kv head) with its G = Hq / Hkv query heads: scores of all its keys, then per
 // query head the maximum, exp, sum, and the value rows weighted in position order. Each task is
 // computed by one thread in a fixed order, so a row's output does not depend on which other rows
@@ -20,9 +24,11 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "decode_ops.hpp"
+#include "fp8_e4m3.hpp"
 #include "simd.hpp"
 #include "worker_pool.hpp"
 
@@ -44,12 +50,33 @@ RLH_KCPU_INLINE v16 load16(const float* p) {
   return v;
 }
 RLH_KCPU_INLINE void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+const float* const kE4m3 = e4m3_values().data();
+RLH_KCPU_INLINE v16 load16(const uint8_t* p) {
+  v16 v;
+  for (int i = 0; i < 16; ++i) v[i] = kE4m3[p[i]];
+  return v;
+}
+RLH_KCPU_INLINE float value(float x) { return x; }
+RLH_KCPU_INLINE float value(uint8_t c) { return kE4m3[c]; }
+
+// The caches as T: float, or e4m3 codes (uint8_t).
+template <class T>
+const T* keys_of(const PagedAttentionArgs& a) {
+  if constexpr (std::is_same_v<T, float>) return a.k;
+  else return a.k8;
+}
+template <class T>
+const T* values_of(const PagedAttentionArgs& a) {
+  if constexpr (std::is_same_v<T, float>) return a.v;
+  else return a.v8;
+}
 
 // The default 16-token blocks: a block's scores for one query head in one register, summed over
 // d in order, as the generic loop below sums them. (Kept in memory between the d steps, as the
 // generic loop keeps them, attention was ~15 % of a tiny-model step at batch 16; with this and
 // weighted_values the tiny model decodes ~20 % faster.)
-RLH_KCPU_INLINE void block_scores16(float* sg, const float* q, const float* Kt, int64_t D) {
+template <class T>
+RLH_KCPU_INLINE void block_scores16(float* sg, const float* q, const T* Kt, int64_t D) {
   v16 acc = {};
   for (int64_t d = 0; d < D; ++d) acc += q[d] * load16(Kt + d * 16);
   store16(sg, acc);
@@ -58,7 +85,7 @@ RLH_KCPU_INLINE void block_scores16(float* sg, const float* q, const float* Kt, 
 // o[0:16 NV] = sum over live positions c of w[c] * v[c], in position order, times inv: the
 // generic loop's order, with the sums held in NV registers instead of in memory between keys
 // and the block walked by pointer. Values of a block are rows of Dv = 16 NV floats.
-template <int NV>
+template <int NV, class T>
 RLH_KCPU_INLINE void weighted_values(float* o, const float* sg, int64_t first, int64_t c0, int64_t c1,
                                     const int32_t* blocks, const PagedAttentionArgs& a, int64_t h,
                                     int64_t bs, float inv) {
@@ -67,7 +94,7 @@ RLH_KCPU_INLINE void weighted_values(float* o, const float* sg, int64_t first, i
   const int64_t Dv = 16 * NV;
   for (int64_t c = c0; c <= c1;) {
     const int64_t p = first + c, slot = p % bs, n = std::min(bs - slot, c1 - c + 1);
-    const float* vr = a.v + blocks[p / bs] * a.v_block + (h * bs + slot) * Dv;
+    const T* vr = values_of<T>(a) + blocks[p / bs] * a.v_block + (h * bs + slot) * Dv;
     for (int64_t i = 0; i < n; ++i, vr += Dv) {
       const float w = sg[c + i];
       for (int j = 0; j < NV; ++j) acc[j] += w * load16(vr + 16 * j);
@@ -81,13 +108,14 @@ RLH_KCPU_INLINE void weighted_values(float* o, const float* sg, int64_t first, i
 template <class T>
 RLH_KCPU_INLINE void attend_body(const Task& t, const PagedAttentionArgs& a, int64_t h, int64_t G, float* s) {
   const int64_t D = a.Dk, Dv = a.Dv, bs = a.bs;
-  const float scale = a.scale;
+  constexpr bool fp8 = std::is_same_v<T, uint8_t>;
+  const float scale = fp8 ? a.scale * a.k_scale : a.scale;
   const int64_t b0 = t.lo / bs, b1 = t.hi / bs;  // blocks touched
   const int64_t first = b0 * bs;                 // position of score column 0
   const int64_t width = (b1 - b0 + 1) * bs;      // score columns per query head
   // Scores of whole blocks: s[g][c] for positions first + c.
   for (int64_t b = b0; b <= b1; ++b) {
-    const float* Kt = a.k + t.blocks[b] * a.k_block + h * D * bs;  // [D][bs]
+    const T* Kt = keys_of<T>(a) + t.blocks[b] * a.k_block + h * D * bs;  // [D][bs]
     for (int64_t g = 0; g < G; ++g) {
       const float* q = t.q + g * D;
       float* sg = s + g * width + (b - b0) * bs;
@@ -98,9 +126,9 @@ RLH_KCPU_INLINE void attend_body(const Task& t, const PagedAttentionArgs& a, int
       for (int64_t c = 0; c < bs; ++c) sg[c] = 0.f;
       for (int64_t d = 0; d < D; ++d) {
         const float qd = q[d];
-        const float* kd = Kt + d * bs;
+        const T* kd = Kt + d * bs;
 #pragma omp simd
-        for (int64_t c = 0; c < bs; ++c) sg[c] += qd * kd[c];
+        for (int64_t c = 0; c < bs; ++c) sg[c] += qd * value(kd[c]);
       }
     }
   }
@@ -119,22 +147,22 @@ RLH_KCPU_INLINE void attend_body(const Task& t, const PagedAttentionArgs& a, int
       sg[c] = exp_f(sg[c] - mx);
       sum += sg[c];
     }
-    const float inv = 1.f / sum;
+    const float inv = fp8 ? a.v_scale / sum : 1.f / sum;
     float* o = t.out + g * Dv;
     switch (Dv % 16 ? 0 : Dv / 16) {  // widths of up to 128 in registers
-      case 1: weighted_values<1>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
-      case 2: weighted_values<2>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
-      case 4: weighted_values<4>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
-      case 8: weighted_values<8>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
+      case 1: weighted_values<1, T>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
+      case 2: weighted_values<2, T>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
+      case 4: weighted_values<4, T>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
+      case 8: weighted_values<8, T>(o, sg, first, c0, c1, t.blocks, a, h, bs, inv); continue;
       default: break;
     }
     for (int64_t d = 0; d < Dv; ++d) o[d] = 0.f;
     for (int64_t c = c0; c <= c1; ++c) {
       const int64_t p = first + c;
-      const float* vr = a.v + t.blocks[p / bs] * a.v_block + (h * bs + p % bs) * Dv;
+      const T* vr = values_of<T>(a) + t.blocks[p / bs] * a.v_block + (h * bs + p % bs) * Dv;
       const float w = sg[c];
 #pragma omp simd
-      for (int64_t d = 0; d < Dv; ++d) o[d] += w * vr[d];
+      for (int64_t d = 0; d < Dv; ++d) o[d] += w * value(vr[d]);
     }
 #pragma omp simd
     for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
@@ -142,21 +170,27 @@ RLH_KCPU_INLINE void attend_body(const Task& t, const PagedAttentionArgs& a, int
 }
 
 using AttendFn = void (*)(const Task&, const PagedAttentionArgs&, int64_t, int64_t, float*);
+template <class T>
 RLH_KCPU_TARGET_AVX512 void attend_avx512(const Task& t, const PagedAttentionArgs& a, int64_t h, int64_t G,
                                           float* s) {
-  attend_body<float>(t, a, h, G, s);
+  attend_body<T>(t, a, h, G, s);
 }
+template <class T>
 RLH_KCPU_TARGET_AVX2 void attend_avx2(const Task& t, const PagedAttentionArgs& a, int64_t h, int64_t G, float* s) {
-  attend_body<float>(t, a, h, G, s);
+  attend_body<T>(t, a, h, G, s);
 }
+template <class T>
 void attend_generic(const Task& t, const PagedAttentionArgs& a, int64_t h, int64_t G, float* s) {
-  attend_body<float>(t, a, h, G, s);
+  attend_body<T>(t, a, h, G, s);
 }
 
 }  // namespace
 
 void paged_attention(const PagedAttentionArgs& a, WorkerPool& pool) {
-  static const AttendFn attend = dispatch(&attend_avx512, &attend_avx2, &attend_generic);
+  static const AttendFn attend32 = dispatch(&attend_avx512<float>, &attend_avx2<float>, &attend_generic<float>);
+  static const AttendFn attend8 = dispatch(&attend_avx512<uint8_t>, &attend_avx2<uint8_t>, &attend_generic<uint8_t>);
+  const AttendFn attend = a.k8 ? attend8 : attend32;
+  if (!a.k8 != !a.v8) throw std::invalid_argument("paged_attention: both caches float32 or both e4m3");
   const int64_t Hkv = a.Hkv, D = a.Dk, bs = a.bs, Dv = a.Dv, Hq = a.Hq, R = a.R, window = a.window;
   if (Hkv < 1 || Hq % Hkv) throw std::invalid_argument("paged_attention: Hq must be a multiple of Hkv");
   if (bs < 1) throw std::invalid_argument("paged_attention: block size must be >= 1");

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "decode_ops.hpp"
+#include "fp8_e4m3.hpp"
 #include "rlhost/kernels.h"
 #include "rlhost/kernels_cpu/blas.hpp"
 #include "rlhost/kernels_cpu/kernels.hpp"
@@ -855,6 +856,7 @@ int64_t stride4(const rlh_tensor& t, int i) {
 // q [R, Hq, Dk], k_cache [B, Hkv, bs, Dk] and v_cache [B, Hkv, bs, Dv] of any strides (fastest
 // with keys transposed in a block, strides (any, Dk bs, 1, bs), and values row by row, (any,
 // bs Dv, Dv, 1)), block_table int32 [R, T], positions int32 [R] -> o [R, Hq, Dv]; scale, window.
+// The caches float32, or FP8 e4m3 with k_scale and v_scale (float32 [1]) after the inputs.
 template <class T>
 void run_paged_attention(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
@@ -874,28 +876,34 @@ void run_paged_attention(const Call& c) {
     // another (a device provider's row-major keys, which the conformance runner checks) is
     // copied into it first: one cache-sized copy a call, for checking, not for decoding.
     const int64_t B = kc.shape[0];
+    const bool fp8 = kc.dtype.code == RLH_DTYPE_FLOAT8_E4M3FN;
     std::vector<float> kcopy, vcopy;
-    const float* kbase = data<float>(kc);
-    const float* vbase = data<float>(vc);
+    std::vector<uint8_t> kcopy8, vcopy8;
+    const void* kbase = kc.data ? static_cast<const char*>(kc.data) + kc.byte_offset : nullptr;
+    const void* vbase = vc.data ? static_cast<const char*>(vc.data) + vc.byte_offset : nullptr;
     int64_t k_block = stride4(kc, 0), v_block = stride4(vc, 0);
-    // Copies cache t [B, Hkv, bs, D] into `into` with element (b, h, p, d) at b Hkv D bs + `at`.
-    auto relayout = [&](const rlh_tensor& t, int64_t D, std::vector<float>& into, auto at) {
+    // Copies cache t [B, Hkv, bs, D] (elements E) into `into` with element (b, h, p, d) at
+    // b Hkv D bs + `at`.
+    auto relayout = [&](const rlh_tensor& t, int64_t D, auto& into, auto at) {
+      using E = typename std::remove_reference_t<decltype(into)>::value_type;
       into.resize(size_t(B * a.Hkv * a.bs * D));
-      const float* src = data<float>(t);
+      const E* src = data<E>(t);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < a.Hkv; ++h)
           for (int64_t p = 0; p < a.bs; ++p)
             for (int64_t d = 0; d < D; ++d)
               into[size_t(b * a.Hkv * D * a.bs + at(h, p, d))] =
                   src[b * stride4(t, 0) + h * stride4(t, 1) + p * stride4(t, 2) + d * stride4(t, 3)];
-      return into.data();
+      return static_cast<const void*>(into.data());
     };
     if (stride4(kc, 1) != a.Dk * a.bs || stride4(kc, 2) != 1 || stride4(kc, 3) != a.bs) {
-      kbase = relayout(kc, a.Dk, kcopy, [&](int64_t h, int64_t p, int64_t d) { return (h * a.Dk + d) * a.bs + p; });
+      auto at = [&](int64_t h, int64_t p, int64_t d) { return (h * a.Dk + d) * a.bs + p; };
+      kbase = fp8 ? relayout(kc, a.Dk, kcopy8, at) : relayout(kc, a.Dk, kcopy, at);
       k_block = a.Hkv * a.Dk * a.bs;
     }
     if (stride4(vc, 1) != a.bs * a.Dv || stride4(vc, 2) != a.Dv || stride4(vc, 3) != 1) {
-      vbase = relayout(vc, a.Dv, vcopy, [&](int64_t h, int64_t p, int64_t d) { return (h * a.bs + p) * a.Dv + d; });
+      auto at = [&](int64_t h, int64_t p, int64_t d) { return (h * a.bs + p) * a.Dv + d; };
+      vbase = fp8 ? relayout(vc, a.Dv, vcopy8, at) : relayout(vc, a.Dv, vcopy, at);
       v_block = a.Hkv * a.bs * a.Dv;
     }
     a.ldq = need_heads(q, a.R, a.Hq, a.Dk, "paged_attention q");
@@ -905,9 +913,18 @@ void run_paged_attention(const Call& c) {
     need_vec(pos, a.R, "paged_attention positions");
     a.q = data<float>(q);
     a.out = data<float>(c.out(0));
-    a.k = kbase;
+    if (fp8) {
+      a.k8 = static_cast<const uint8_t*>(kbase);
+      a.v8 = static_cast<const uint8_t*>(vbase);
+      need_vec(c.in(5), 1, "paged_attention k_scale");
+      need_vec(c.in(6), 1, "paged_attention v_scale");
+      a.k_scale = *data<float>(c.in(5));
+      a.v_scale = *data<float>(c.in(6));
+    } else {
+      a.k = static_cast<const float*>(kbase);
+      a.v = static_cast<const float*>(vbase);
+    }
     a.k_block = k_block;
-    a.v = vbase;
     a.v_block = v_block;
     a.blocks = data<int32_t>(bt);
     a.ld_blocks = bt.strides ? bt.strides[0] : bt.shape[1];
@@ -1000,7 +1017,9 @@ void run_decode_layer_fwd(const Call& c) {
 
 // k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] (block * bs + offset; -1: skip) -> k_cache
 // [B, Hkv, bs, Dk], v_cache [B, Hkv, bs, Dv] (in/out, any strides: kernels_cpu's own layout
-// stores keys transposed within a block, paged_attention.cpp).
+// stores keys transposed within a block, paged_attention.cpp). e4m3 caches: the codes of k /
+// k_scale and v / v_scale (float32 [1] inputs after slots), rounded to nearest even, finite
+// values past 448 saturated (fp8_e4m3.hpp).
 template <class T>
 void run_kv_cache_write(const Call& c) {
   if constexpr (std::is_same_v<T, float>) {
@@ -1016,17 +1035,33 @@ void run_kv_cache_write(const Call& c) {
       bad("kv_cache_write: the caches' shapes disagree with k, v and each other");
     const int32_t* slots = data<int32_t>(c.in(2));
     const float *kp = data<float>(k), *vp = data<float>(v);
-    float *kcp = data<float>(kc), *vcp = data<float>(vc);
-    for (int64_t r = 0; r < R; ++r) {
-      if (slots[r] < 0) continue;
-      const int64_t b = slots[r] / bs, off = slots[r] % bs;
-      if (b >= B) bad("kv_cache_write: slot " + std::to_string(slots[r]) + " outside the cache");
-      for (int64_t h = 0; h < H; ++h) {
-        float* kd = kcp + b * stride4(kc, 0) + h * stride4(kc, 1) + off * stride4(kc, 2);
-        for (int64_t d = 0; d < Dk; ++d) kd[d * stride4(kc, 3)] = kp[r * ldk + h * Dk + d];
-        float* vd = vcp + b * stride4(vc, 0) + h * stride4(vc, 1) + off * stride4(vc, 2);
-        for (int64_t d = 0; d < Dv; ++d) vd[d * stride4(vc, 3)] = vp[r * ldv + h * Dv + d];
+    for (int64_t r = 0; r < R; ++r)
+      if (slots[r] >= 0 && slots[r] / bs >= B) bad("kv_cache_write: slot " + std::to_string(slots[r]) + " outside the cache");
+    // Row r, head h into cache t (elements E): `conv` of each of its D values.
+    auto write = [&](const rlh_tensor& t, const float* src, int64_t ld, int64_t D, auto conv) {
+      using E = decltype(conv(0.f));
+      E* base = data<E>(t);
+      for (int64_t r = 0; r < R; ++r) {
+        if (slots[r] < 0) continue;
+        const int64_t b = slots[r] / bs, off = slots[r] % bs;
+        for (int64_t h = 0; h < H; ++h) {
+          E* dst = base + b * stride4(t, 0) + h * stride4(t, 1) + off * stride4(t, 2);
+          for (int64_t d = 0; d < D; ++d) dst[d * stride4(t, 3)] = conv(src[r * ld + h * D + d]);
+        }
       }
+    };
+    if (kc.dtype.code == RLH_DTYPE_FLOAT8_E4M3FN) {
+      need_vec(c.in(3), 1, "kv_cache_write k_scale");
+      need_vec(c.in(4), 1, "kv_cache_write v_scale");
+      const float ks = *data<float>(c.in(3)), vs = *data<float>(c.in(4));
+      if (!(ks > 0 && std::isfinite(ks)) || !(vs > 0 && std::isfinite(vs)))
+        bad("kv_cache_write: the caches' scales must be finite and > 0 (k_scale " + std::to_string(ks) + ", v_scale " +
+            std::to_string(vs) + ")");
+      write(kc, kp, ldk, Dk, [ks](float x) { return e4m3_encode(x / ks); });
+      write(vc, vp, ldv, Dv, [vs](float x) { return e4m3_encode(x / vs); });
+    } else {
+      write(kc, kp, ldk, Dk, [](float x) { return x; });
+      write(vc, vp, ldv, Dv, [](float x) { return x; });
     }
   }
 }
@@ -1063,7 +1098,9 @@ void run_sample(const Call& c) {
 // The op table: name, operand counts, which operands are int32 / float32 constants (the rest
 // have the op's float dtype), its backward op, and whether float64 is offered.
 
-enum Kind : char { F = 'f', I = 'i', K = 'k', D = 'd', B = 'b' };  // op dtype, int32, float32 / float64 constant, bf16
+// op dtype, int32, float32 / float64 constant, bf16, and a KV cache: the op dtype or FP8 e4m3
+// (its scale a trailing float32 input; kv_cache_write, paged_attention)
+enum Kind : char { F = 'f', I = 'i', K = 'k', D = 'd', B = 'b', Q = 'q' };
 
 struct OpSpec {
   const char* name;
@@ -1113,8 +1150,8 @@ const OpSpec kOps[] = {
     RLH_OP(sumsq, "f", 1, "f", 1, "", false),
     RLH_OP(scale, "", 0, "f", 1, "", false),
     RLH_OP(amax, "f", 1, "f", 1, "", true),
-    RLH_OP(kv_cache_write, "ffi", 3, "ff", 2, "", false),
-    RLH_OP(paged_attention, "fffii", 5, "f", 1, "", false),
+    RLH_OP(kv_cache_write, "ffikk", 3, "qq", 2, "", false),
+    RLH_OP(paged_attention, "fqqiikk", 5, "f", 1, "", false),
     RLH_OP(decode_layer_fwd, "fffffffiiik", 11, "fff", 3, "", false),
     RLH_OP(sample, "fdi", 2, "ik", 2, "", false),
     RLH_OP(clipped_pg_loss, "fffffifff", 6, "fff", 2, "", true),
@@ -1140,6 +1177,7 @@ bool check_operands(const OpSpec& s, const rlh_tensor* ins, size_t nin, const rl
   if (nin < s.min_inputs || nin > std::strlen(s.inputs)) unimpl("wrong number of inputs");
   if (nout < s.min_outputs || nout > std::strlen(s.outputs)) unimpl("wrong number of outputs");
   int fdt = -1;  // 0 f32, 1 f64
+  size_t fp8_caches = 0;
   auto visit = [&](const rlh_tensor& t, char kind) {
     if (t.device.device_type != RLH_DEVICE_CPU && t.device.device_type != RLH_DEVICE_CUDA_HOST)
       unimpl("operands must be in host memory");
@@ -1151,6 +1189,8 @@ bool check_operands(const OpSpec& s, const rlh_tensor* ins, size_t nin, const rl
       if (!same(t.dtype, sdk::kF64)) unimpl(std::string("operand must be float64, not ") + sdk::dtype_name(t.dtype));
     } else if (kind == B) {
       if (!same(t.dtype, sdk::kBF16)) unimpl("this operand must be bfloat16");
+    } else if (kind == Q && same(t.dtype, sdk::kE4M3)) {
+      ++fp8_caches;
     } else {
       const int d = same(t.dtype, sdk::kF32) ? 0 : same(t.dtype, sdk::kF64) ? 1 : -1;
       if (d < 0) unimpl(std::string("dtype ") + sdk::dtype_name(t.dtype) + " not offered");
@@ -1161,6 +1201,13 @@ bool check_operands(const OpSpec& s, const rlh_tensor* ins, size_t nin, const rl
   for (size_t i = 0; i < nin; ++i) visit(ins[i], s.inputs[i]);
   for (size_t i = 0; i < nout; ++i) visit(outs[i], s.outputs[i]);
   if (fdt == 1 && !s.f64) unimpl("float64 is not offered for this op");
+  // FP8 caches: both of them, each with its float32 scale (the two trailing inputs).
+  if (fp8_caches != 0 && fp8_caches != 2) unimpl("both caches float32 or both e4m3");
+  if (std::strchr(s.inputs, Q) || std::strchr(s.outputs, Q)) {
+    const size_t base = std::strlen(s.inputs) - 2, scales = nin > base ? nin - base : 0;
+    if (fp8_caches == 2 && scales != 2) unimpl("e4m3 caches need their two float32 scales (k_scale, v_scale) after the inputs");
+    if (fp8_caches == 0 && scales != 0) unimpl("scales are for e4m3 caches");
+  }
   return fdt == 1;
 }
 

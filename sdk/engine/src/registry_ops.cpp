@@ -46,6 +46,11 @@ class Args {
                    std::array<int64_t, 4> strides) {
     return make(p, sdk::kF32, {B, H, rows, cols}, {strides[0], strides[1], strides[2], strides[3]});
   }
+  // The same over FP8 e4m3 codes
+  rlh_tensor cache8(const uint8_t* p, int64_t B, int64_t H, int64_t rows, int64_t cols,
+                    std::array<int64_t, 4> strides) {
+    return make(p, sdk::kE4M3, {B, H, rows, cols}, {strides[0], strides[1], strides[2], strides[3]});
+  }
   // [G, rows, cols], groups `stride` apart, rows `ld` apart
   rlh_tensor groups(const float* p, int64_t G, int64_t rows, int64_t cols, int64_t ld,
                     int64_t stride) {
@@ -77,16 +82,16 @@ class Args {
 };
 
 // Placeholder descriptors for resolution: dtype and rank per operand ('f' float32 2-D,
-// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D, 'c' float32 4-D, 'd' float64
-// 2-D, 'w' float64 1-D).
+// 'i' int32 1-D, 'j' int32 2-D, 'v' float32 1-D, 'h' float32 3-D, 'c' float32 4-D, 'q' e4m3 4-D,
+// 'd' float64 2-D, 'w' float64 1-D).
 std::vector<rlh_tensor> placeholders(const char* kinds, std::vector<std::array<int64_t, 4>>& dims) {
   std::vector<rlh_tensor> v;
   for (const char* k = kinds; *k; ++k) {
     dims.push_back({1, 1, 1, 1});
     rlh_tensor t{};
     t.device = sdk::kCPU;
-    t.dtype = (*k == 'i' || *k == 'j') ? sdk::kI32 : (*k == 'd' || *k == 'w') ? sdk::kF64 : sdk::kF32;
-    t.ndim = *k == 'c' ? 4 : *k == 'h' ? 3 : ((*k == 'f' || *k == 'j' || *k == 'd') ? 2 : 1);
+    t.dtype = (*k == 'i' || *k == 'j') ? sdk::kI32 : (*k == 'd' || *k == 'w') ? sdk::kF64 : *k == 'q' ? sdk::kE4M3 : sdk::kF32;
+    t.ndim = (*k == 'c' || *k == 'q') ? 4 : *k == 'h' ? 3 : ((*k == 'f' || *k == 'j' || *k == 'd') ? 2 : 1);
     t.shape = dims.back().data();
     t.strides = dims.back().data();
     v.push_back(t);
@@ -268,6 +273,14 @@ class RegistryOps final : public Ops {
                       const PagedCache& c) override {
     Args a;
     const int64_t bs = c.block_size;
+    if (c.k8) {
+      const rlh_tensor in[] = {a.heads(k, R, c.Hkv, c.Dk, ldk), a.heads(v, R, c.Hkv, c.Dv, ldv), a.ints(slots, R),
+                               a.vec(&c.k_scale, 1), a.vec(&c.v_scale, 1)};
+      const rlh_tensor o[] = {a.cache8(c.k8, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
+                              a.cache8(c.v8, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1})};
+      lazy(kvw8_, "kv_cache_write", "hhivv", "qq").run(in, o);
+      return;
+    }
     const rlh_tensor in[] = {a.heads(k, R, c.Hkv, c.Dk, ldk), a.heads(v, R, c.Hkv, c.Dv, ldv), a.ints(slots, R)};
     const rlh_tensor o[] = {a.cache(c.k, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
                             a.cache(c.v, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1})};
@@ -278,13 +291,25 @@ class RegistryOps final : public Ops {
                        float scale, int64_t window, float softcap) override {
     Args a;
     const int64_t bs = c.block_size;
+    const rlh_tensor o[] = {a.heads(out, R, Hq, c.Dv, ldo)};
+    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window),
+                                  attr_double("softcap", softcap)};
+    if (c.k8) {
+      const rlh_tensor in[] = {a.heads(q, R, Hq, c.Dk, ldq),
+                               a.cache8(c.k8, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
+                               a.cache8(c.v8, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1}),
+                               a.imat(blocks, R, table_width), a.ints(pos, R), a.vec(&c.k_scale, 1),
+                               a.vec(&c.v_scale, 1)};
+      if (softcap > 0)
+        lazy(paged8_cap_, "paged_attention", "hqqjivv", "h", cap_attr(softcap)).run(in, o, at);
+      else
+        lazy(paged8_, "paged_attention", "hqqjivv", "h").run(in, o, std::span(at, 2));
+      return;
+    }
     const rlh_tensor in[] = {a.heads(q, R, Hq, c.Dk, ldq),
                              a.cache(c.k, c.num_blocks, c.Hkv, bs, c.Dk, {c.block_stride, c.Dk * bs, 1, bs}),
                              a.cache(c.v, c.num_blocks, c.Hkv, bs, c.Dv, {c.block_stride, bs * c.Dv, c.Dv, 1}),
                              a.imat(blocks, R, table_width), a.ints(pos, R)};
-    const rlh_tensor o[] = {a.heads(out, R, Hq, c.Dv, ldo)};
-    const rlh_named_value at[] = {attr_double("scale", scale), attr_int("window", window),
-                                  attr_double("softcap", softcap)};
     if (softcap > 0)
       lazy(paged_cap_, "paged_attention", "hccji", "h", cap_attr(softcap)).run(in, o, at);
     else
@@ -558,7 +583,7 @@ class RegistryOps final : public Ops {
       bias_f_, bias_b_, add_, lp_f_, lp_b_, adamw_, sumsq_;
   std::optional<sdk::Op> router_f_, router_f64_, router_b_, router_b64_, gemm64_, perm_f_, perm_b_,
       unperm_f_, unperm_b_, ggemm_, geglu_f_, geglu_b_, scale_, rows_, rows64_, paged_, sample_, kvw_,
-      att_cap_f_, att_cap_b_, lp_cap_f_, lp_cap_b_, paged_cap_, sample_cap_;
+      att_cap_f_, att_cap_b_, lp_cap_f_, lp_cap_b_, paged_cap_, sample_cap_, kvw8_, paged8_, paged8_cap_;
   std::string provider_;
 };
 

@@ -39,6 +39,11 @@ struct Options {
   // resident. A sequence never grows beyond what the whole budget holds: it ends there,
   // truncated, like at max_model_len.
   int64_t kv_cache_bytes = int64_t(512) << 20;
+  // The cache's keys and values in FP8 e4m3 with scale 1 (vLLM's kv_cache_dtype fp8 without
+  // calibrated scales; NeMo-RL's policy.generation.vllm_cfg.kv_cache_dtype): a quarter of the
+  // float32 cache's bytes, each key and value rounded to 3 mantissa bits. The host executor
+  // (`ops`) only; an `executor` decides its own cache.
+  bool kv_cache_fp8 = false;
   int64_t max_model_len = 0;              // prompt + new tokens; 0 = max_position_embeddings
   // MoE router in float64, as the trainer's MoeOptions::router_fp64 (NeMo-RL's
   // moe_router_dtype: fp64): set it as the trainer is set so both route alike.

@@ -40,7 +40,7 @@ struct KvLayout {
   std::vector<int64_t> offset;              // per layer: elements from the block start to its K
   int64_t block_elems = 0;                  // elements per block, all layers, K and V
   bool keys_transposed = true;              // K [Hkv][Dk][bs] (host) or [Hkv][bs][Dk] (GPU)
-  int64_t elem_bytes = 4;                   // float32 (host) or bf16 (GPU)
+  int64_t elem_bytes = 4;                   // float32 (host), bf16 (GPU) or FP8 e4m3 (kv_cache_dtype fp8)
 
   // The layout for layers with these (Hkv, Dk, Dv); value_dim empty = Dv equal to Dk;
   // block_size >= 1.
@@ -84,6 +84,15 @@ class KvCache {
   float* values(int32_t block, int64_t layer) {
     return keys(block, layer) +
            layout_.kv_heads[size_t(layer)] * layout_.block_size * layout_.head_dim[size_t(layer)];
+  }
+  // The same as bytes, for any element size (an FP8 cache's codes).
+  uint8_t* keys_bytes(int32_t block, int64_t layer) {
+    return static_cast<uint8_t*>(pool_) +
+           (int64_t(block) * layout_.block_elems + layout_.offset[size_t(layer)]) * layout_.elem_bytes;
+  }
+  uint8_t* values_bytes(int32_t block, int64_t layer) {
+    return keys_bytes(block, layer) + layout_.kv_heads[size_t(layer)] * layout_.block_size *
+                                          layout_.head_dim[size_t(layer)] * layout_.elem_bytes;
   }
   void* pool() const { return pool_; }
 

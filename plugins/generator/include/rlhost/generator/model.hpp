@@ -313,6 +313,7 @@ class StepExecutor {
 };
 
 // The host executor: float32 on the CPU's kernels (ops: a registry's, not owned).
-std::unique_ptr<StepExecutor> make_host_executor(DecodeModel& model, engine::Ops* ops);
+// kv_fp8: the cache in FP8 e4m3 (vLLM's kv_cache_dtype fp8; Options::kv_cache_fp8).
+std::unique_ptr<StepExecutor> make_host_executor(DecodeModel& model, engine::Ops* ops, bool kv_fp8 = false);
 
 }  // namespace rlh::gen

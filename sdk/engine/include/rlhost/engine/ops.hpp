@@ -154,10 +154,16 @@ class Ops {
   // layer: keys of block b at k_cache + b block_stride, [Hkv][Dk][bs] (transposed), values at
   // v_cache + b block_stride, [Hkv][bs][Dv]; B blocks; row r's block table at
   // blocks + r table_width, its position pos[r].
+  // An FP8 cache (k8, v8 instead of k, v; the same layout and strides in elements of one byte)
+  // holds e4m3 codes: a key's value is k_scale x its code, a value's v_scale x its code
+  // (vLLM's kv_cache_dtype fp8).
   struct PagedCache {
     float* k = nullptr;
     float* v = nullptr;
     int64_t num_blocks = 0, block_stride = 0, block_size = 0, Hkv = 0, Dk = 0, Dv = 0;
+    uint8_t* k8 = nullptr;
+    uint8_t* v8 = nullptr;
+    float k_scale = 1, v_scale = 1;
   };
   // kv_cache_write: row r's keys k [R, Hkv Dk] (ldk) and values v [R, Hkv Dv] (ldv) into slot
   // slots[r] = block * block_size + offset of the cache (-1: skip the row).
