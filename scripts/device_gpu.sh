@@ -20,6 +20,11 @@
 #                 FUSED_CASES), its phase stamps (RLH_KCUDA_DL_TRACE) and ncu figures (FUSED_NCU=0: not)
 #     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
 #              W8BENCH_VARIANTS env A/B, then ncu on its kernel
+#     kvfp8: the FP8 KV cache (vllm_cfg.kv_cache_dtype fp8): kernels_cuda's FP8 cache write and
+#            paged attention against kernels_cpu (test_cuda_decode), the generator with it
+#            (test_generator_cuda), the paged_attention row of check-kernels (bf16xe4m3), then
+#            decoding at KVFP8_CASES (b64 b256) with bf16 caches, FP8 caches, and FP8 rollouts
+#            with and without FP8 caches (#21's decode ratio)
 #     fp8decode: decoding at FP8DEC_CASES (b1 b64 b256) in bf16, FP8 (weight-only products up to 64
 #                rows) and FP8 with quantised activations (RLH_GEN_FP8_WEIGHT_ONLY=0), one run
 #     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8), delayed scaling's
@@ -52,8 +57,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (2026-12-06, twentieth session: fusedlayer in all its forms, then
-#              compilepair)
+#              first, for one short call (2026-12-06, twenty-first session: kvfp8, fusedlayer in all
+#              its forms, then compilepair)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -83,6 +88,8 @@ if [ "$what" = backlog ]; then
   # runs went through; the fused layer's last changes (norm weights with x, the staged combine,
   # the cache-prefetch warp, smaller attention chunks and the counted barrier as A/B forms) have
   # not run. Left: fusedlayer (all forms), then the 1B step beside torch.compile (compilepair).
+  # The twenty-first session (no device time) built the FP8 KV cache on the GPU: kvfp8 first.
+  bash "$0" kvfp8 || rc=1
   bash "$0" fusedlayer || rc=1
   bash "$0" compilepair || rc=1
   exit $rc
@@ -257,6 +264,23 @@ PY
       grep -E "^  [a-z_]+_kernel|Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Warp Cycles Per|Cluster|Waves|Mem Busy|Max Bandwidth|L1/TEX Hit|L2 Hit" "$out/w8_ncu_$at.txt" | head -40
     done
   fi
+fi
+if [ "$what" = kvfp8 ]; then
+  "$bin/test_cuda_decode" --gtest_filter='*Fp8*:*CudaPaged.*' --gtest_brief=1 > "$out/kvfp8_decode.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|rror" "$out/kvfp8_decode.log" | head -30
+  "$bin/test_generator_cuda" --gtest_filter='*Fp8KvCache*' > "$out/kvfp8_generator.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |FP8 KV|Failure|Expected|Which is|actual|rror" "$out/kvfp8_generator.log" | head -30
+  "$bin/rlhost" check-kernels --plugin "$bin/libkernels_cuda.so" --op paged_attention > "$out/kvfp8_check.log" 2>&1 || rc=1
+  grep -E "^(op |paged|FAIL)|error" "$out/kvfp8_check.log" | head -8
+  for c in ${KVFP8_CASES:-b64 b256}; do
+    for v in bf16 kvfp8 fp8 fp8+kvfp8; do
+      f=""
+      case "$v" in kvfp8) f=--kv-fp8 ;; fp8) f=--fp8 ;; fp8+kvfp8) f="--fp8 --kv-fp8" ;; esac
+      RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
+        > "$out/kvfp8_${c}_$v.log" 2>&1 || rc=1
+      echo "$v: $(grep -E "^$c |rror" "$out/kvfp8_${c}_$v.log" | head -2)"
+    done
+  done
 fi
 if [ "$what" = fp8decode ]; then
   # FP8 rollouts' decoding against bf16 in one run (the vendor's provider on the plugin path):

@@ -4,7 +4,7 @@
 // (bench_hf_generate.py) on the same GPU. Prints one "RESULT key=value ..." line per case.
 //
 //   bench_generator_cuda [--shape llama1b|small] [--case all|b1|b16|b64|b256|grpo] [--prompt 128] [--new 256]
-//                        [--repeats 3] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity]
+//                        [--repeats 3] [--deterministic] [--no-graphs] [--sample] [--fp8] [--kv-fp8] [--parity]
 //   --parity: the train-generation mismatch at this shape: the CUDA engine (bf16, the same weights;
 //          in its deterministic mode with --deterministic) scores the last timed call's sequences
 //          and each sampled token's logprob is compared with the generator's: how many differ
@@ -13,6 +13,8 @@
 //          none, all, or a +-list of gemm, attention, head (CudaEngineOptions::invariant_parts)
 //   --fp8: FP8 rollouts (vllm_cfg.precision: fp8; blockwise, every layer's dense linears) through
 //          an FP8 provider on the plugin path (RLH_TEST_PLUGIN_DIR with examples/vendor_fp8)
+//   --kv-fp8: the KV cache in FP8 e4m3 (vllm_cfg.kv_cache_dtype fp8; kernels_cuda), half the
+//          cache's bytes a step (the roofline counts one byte a cached value)
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), random weights. Cases: batch 1, 64 and 256 prompts of `prompt` random tokens, each
@@ -178,7 +180,7 @@ int main(int argc, char** argv) {
   std::string shape_name = "llama1b", which = "all";
   int64_t prompt = 128, new_tokens = 256;
   int repeats = 3;
-  bool deterministic = false, graphs = true, sample = false, fp8 = false, check_parity = false;
+  bool deterministic = false, graphs = true, sample = false, fp8 = false, check_parity = false, kv_fp8 = false;
   std::string trainer_parts;  // empty: as the generator's mode
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -198,12 +200,13 @@ int main(int argc, char** argv) {
     else if (a == "--no-graphs") graphs = false;
     else if (a == "--sample") sample = true;
     else if (a == "--fp8") fp8 = true;
+    else if (a == "--kv-fp8") kv_fp8 = true;
     else if (a == "--parity") check_parity = true;
     else if (a == "--trainer") trainer_parts = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small] [--case all|b1|b16|b64|b256|grpo] [--prompt N] [--new N] "
-                   "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8] [--parity] [--trainer none|all|gemm+attention+head]\n",
+                   "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8] [--kv-fp8] [--parity] [--trainer none|all|gemm+attention+head]\n",
                    argv[0]);
       return 2;
     }
@@ -298,6 +301,7 @@ int main(int argc, char** argv) {
     co.fp8.enabled = fp8;
     co.fp8.blockwise = true;
     co.fp8.bf16_first_layers = co.fp8.bf16_last_layers = 0;
+    co.kv_cache_fp8 = kv_fp8;
     o.executor = gen::cuda_executor(co);
     gen::Generator g(desc, o);
     g.weights().load(w, 0);
@@ -345,7 +349,7 @@ int main(int argc, char** argv) {
     const double t = median(secs), tok_s = double(tokens) / t;
     // Roofline at the average position of the decoding steps.
     const double pos = double(prompt) + 0.5 * double(new_tokens);
-    const double kv_token = double(s->L) * 2.0 * double(s->Hkv * s->D) * 2.0;  // bytes per cached token
+    const double kv_token = double(s->L) * 2.0 * double(s->Hkv * s->D) * (kv_fp8 ? 1.0 : 2.0);  // bytes per cached token
     // every weight but an untied embedding table (of which a step reads only its rows)
     const double read = double(s->tied ? weights : weights - embed);
     const double step_bytes = 2.0 * read + double(seqs) * pos * kv_token;
@@ -368,10 +372,10 @@ int main(int argc, char** argv) {
       std::printf("      host between steps %.0f%%, executor launching %.0f%%, waiting for the device %.0f%% of the wall time\n",
                   100.0 * (timed - in_step) / timed, 100.0 * (in_step - waiting) / timed, 100.0 * waiting / timed);
     std::printf("RESULT name=%s shape=%s prompts=%lld samples=%lld prompt=%lld new=%lld tok_s=%.1f sec=%.4f "
-                "roofline_tok_s=%.0f deterministic=%d graphs=%d fp8=%d fp8_products=%lld fused_layers=%lld\n",
+                "roofline_tok_s=%.0f deterministic=%d graphs=%d fp8=%d fp8_products=%lld fused_layers=%lld kv_fp8=%d\n",
                 c.name, s->name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens,
                 tok_s, t, roof, deterministic ? 1 : 0, graphs ? 1 : 0, fp8 ? 1 : 0, (long long)xs.fp8_products,
-                (long long)xs.fused_layers);
+                (long long)xs.fused_layers, kv_fp8 ? 1 : 0);
     if (trainer) parity(*trainer, last, ids, off, r.sampling.temperature, c.name);
     std::fflush(stdout);
   }

@@ -101,6 +101,7 @@ std::vector<Case> all_cases() {
   add_decode_cases_late(v);
   add_weight_only_cases(v);
   add_decode_layer_cases(v);
+  add_fp8_cache_cases(v);
   for (Case& c : v) finish(c);
   return v;
 }

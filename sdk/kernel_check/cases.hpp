@@ -105,6 +105,7 @@ void add_dense_cases_late(std::vector<Case>& v);
 void add_weight_only_cases(std::vector<Case>& v);
 void add_decode_cases_late(std::vector<Case>& v);
 void add_decode_layer_cases(std::vector<Case>& v);  // decode_layer_fwd, cases_decode.cpp
+void add_fp8_cache_cases(std::vector<Case>& v);     // paged_attention over FP8 caches, cases_decode.cpp
 
 // ---- Builders shared by the case files.
 

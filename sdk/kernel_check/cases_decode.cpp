@@ -48,6 +48,9 @@ struct PagedShape {
   double softcap = 0;  // Gemma-2's attn_logit_softcapping (the attribute only when set)
   bool row_major_keys = false;   // keys as a GPU keeps them: rows of Dk (kernels_cuda's tensor-core path)
   bool batch_invariant = false;  // the attribute (every row one partition on kernels_cuda)
+  // The caches marked weights: FP8 e4m3 caches with their scales in the bf16xe4m3 variant (an
+  // FP8 KV cache, docs/ops.md), the op's dtype in the others.
+  bool fp8_caches = false;
 };
 
 Case paged_attention_case(const PagedShape& p) {
@@ -73,7 +76,8 @@ Case paged_attention_case(const PagedShape& p) {
                 (long long)R, (long long)p.Hq, (long long)p.Hkv, (long long)p.Dk, (long long)p.Dv, (long long)p.bs,
                 (long long)p.window, (long long)B, (long long)p.pad);
   c.name = std::string(b) + (p.softcap > 0 ? " softcap=" + std::to_string(p.softcap) : "") +
-           (p.row_major_keys ? " keys row-major" : "") + (p.batch_invariant ? " batch_invariant" : "");
+           (p.row_major_keys ? " keys row-major" : "") + (p.batch_invariant ? " batch_invariant" : "") +
+           (p.fp8_caches ? " caches as weights (fp8)" : "");
   c.in_sizes = {R * ldq, B * p.Hkv * p.bs * p.Dk, B * p.Hkv * p.bs * p.Dv};
   c.in_scale = {1.5, 1.5, 1};
   c.out_sizes = {R * ldo};
@@ -87,6 +91,7 @@ Case paged_attention_case(const PagedShape& p) {
            {}};
   if (p.softcap > 0) c.fwd.attrs.push_back(attr_d("softcap", p.softcap));
   if (p.batch_invariant) c.fwd.attrs.push_back(attr_i("batch_invariant", 1));
+  if (p.fp8_caches) c.fwd.inputs[1].role = c.fwd.inputs[2].role = Role::weight;
   return c;
 }
 
@@ -207,6 +212,21 @@ void add_decode_cases_late(std::vector<Case>& v) {
   o.top_p = 0.9;
   o.softcap = 1.5;
   v.push_back(sample_case("top_k+top_p", 8, 50, 2, o));
+}
+
+// paged_attention over FP8 caches (the bf16xe4m3 variant; plain caches in the others): the
+// tensor-core shapes (row-major keys, head dims 64 and 128, a window, a soft-cap) and one of
+// kernels_cpu's layout.
+void add_fp8_cache_cases(std::vector<Case>& v) {
+  PagedShape a{spread_positions(6, 300), 32, 8, 64, 64, 16, 0};
+  a.row_major_keys = a.fp8_caches = true;
+  v.push_back(paged_attention_case(a));
+  PagedShape w{spread_positions(20, 200), 16, 2, 128, 128, 16, 50, 8, 2.0};
+  w.row_major_keys = w.fp8_caches = true;
+  v.push_back(paged_attention_case(w));
+  PagedShape t{{0, 5, 13, 17, 9}, 4, 2, 8, 8, 4, 0};
+  t.fp8_caches = true;
+  v.push_back(paged_attention_case(t));
 }
 
 namespace {

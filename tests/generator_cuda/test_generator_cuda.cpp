@@ -1012,6 +1012,102 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, GpuFusedLayer, ::testing::Values(64, 128, 32)
                          [](const ::testing::TestParamInfo<int>& i) { return "D" + std::to_string(i.param); });
 
 // ---------------------------------------------------------------------------------------------
+// The FP8 KV cache (vllm_cfg.kv_cache_dtype fp8, scale 1; docs/generator.md): greedy decoding
+// near the bf16 cache's (keys and values rounded to e4m3), bitwise the same with and without
+// CUDA graphs, batch-invariant in the deterministic mode; refused by name at head dims the
+// tensor-core attention does not take.
+
+class GpuFp8KvCache : public ::testing::TestWithParam<int> {};  // the head dim
+
+TEST_P(GpuFp8KvCache, FollowsTheBf16CacheAndKeepsGraphsAndInvariance) {
+  NEED_GPU();
+  const int64_t D = GetParam(), Hq = 512 / D, Hkv = std::max<int64_t>(1, Hq / 4);
+  Model m;
+  m.desc = llama_desc(512, 256, 3, Hq, Hkv, D, 512, R"({"rope_theta": 500000.0})");
+  m.weights = random_weights(m.desc, 41, 0.02f);
+  auto fp8kv = [&](Options o, bool invariant, bool graphs) {
+    CudaExecutorOptions c;
+    c.kernels = rlh::test::cuda_registry();
+    c.kv_cache_bytes = kKvBytes;
+    c.max_num_seqs = o.max_num_seqs;
+    c.max_num_batched_tokens = o.max_num_batched_tokens;
+    c.batch_invariant = invariant;
+    c.cuda_graphs = graphs;
+    c.kv_cache_fp8 = true;
+    o.ops = nullptr;
+    o.executor = cuda_executor(c);
+    o.kv_cache_bytes = kKvBytes;
+    return o;
+  };
+  if (D == 32) {  // the tensor-core attention takes head dims 64 and 128
+    try {
+      Generator g(m.desc, fp8kv(Options{}, false, true));
+      FAIL() << "an FP8 KV cache at head dim 32 was not refused";
+    } catch (const sdk::Error& e) {
+      EXPECT_EQ(e.code(), RLH_E_UNIMPLEMENTED);
+      EXPECT_NE(std::string(e.what()).find("kv_cache_dtype auto"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  Generator f8(m.desc, fp8kv(Options{}, false, true));
+  f8.weights().load(m.weights, 0);
+  EXPECT_EQ(f8.executor().elem_bytes(), 1);
+  EXPECT_NE(f8.executor().name().find("FP8 KV cache"), std::string::npos) << f8.executor().name();
+  Generator b16(m.desc, gpu(Options{}));
+  b16.weights().load(m.weights, 0);
+  // lengths across one and several 64-key tiles (300: partitions combined)
+  const auto prompts = random_prompts(8, m.desc.vocab_size, 9, {12, 300, 7, 129, 64, 3, 90, 33});
+  Request r;
+  r.sampling = SamplingParams{0.0, 0, 1.0, 0.0};  // greedy
+  r.max_new_tokens = 32;
+  Outs got, ref;
+  run(f8, prompts, r, 0, got);
+  run(b16, prompts, r, 0, ref);
+  EXPECT_GT(cuda_executor_stats(f8.executor()).graph_steps, 0) << cuda_executor_stats(f8.executor()).graph_error;
+  int64_t same = 0, total = 0, compared = 0;
+  double dsum = 0, dmax = 0;
+  for (const auto& [k, o] : got) {
+    const Out& want = ref[k];
+    size_t t = 0;
+    for (; t < o.ids.size() && t < want.ids.size() && o.ids[t] == want.ids[t]; ++t) {
+      const double d = std::fabs(double(o.logprobs[t]) - double(want.logprobs[t]));
+      dsum += d;
+      dmax = std::max(dmax, d);
+      ++compared;
+    }
+    same += int64_t(t);
+    total += int64_t(want.ids.size());
+  }
+  const double mean_d = compared ? dsum / double(compared) : 1e9;
+  std::printf("D=%lld FP8 KV cache vs bf16: %lld/%lld greedy tokens before the first difference, |dlogprob| mean "
+              "%.3g max %.3g\n",
+              (long long)D, (long long)same, (long long)total, mean_d, dmax);
+  EXPECT_GE(same * 2, total);
+  EXPECT_LT(mean_d, 5e-2);
+  // The graphs replay what the steps ran eagerly, bitwise.
+  Generator eager(m.desc, fp8kv(Options{}, false, false));
+  eager.weights().load(m.weights, 0);
+  Outs e;
+  run(eager, prompts, r, 0, e);
+  expect_same(got, e, "FP8 KV cache: graphs vs op by op launches");
+  // Deterministic mode: each prompt alone gives the batch's samples.
+  Generator det(m.desc, fp8kv(Options{}, true, true));
+  det.weights().load(m.weights, 0);
+  Request s;
+  s.sampling = SamplingParams{0.9, 0, 1.0, 0.0};
+  s.samples_per_prompt = 2;
+  s.max_new_tokens = 20;
+  s.seed = 3;
+  Outs together, alone;
+  run(det, prompts, s, 0, together);
+  for (size_t p = 0; p < prompts.size(); ++p) run(det, {prompts[p]}, s, int64_t(p), alone);
+  expect_same(together, alone, "FP8 KV cache, batch-invariant: batch vs one by one");
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, GpuFp8KvCache, ::testing::Values(64, 128, 32),
+                         [](const ::testing::TestParamInfo<int>& i) { return "D" + std::to_string(i.param); });
+
+// ---------------------------------------------------------------------------------------------
 // Refit: a new set of weights in force is uploaded before the next step.
 
 TEST(GpuGenerator, RefitUploadsTheNewWeights) {

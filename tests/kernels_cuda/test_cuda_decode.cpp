@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -19,6 +20,7 @@
 
 #include "cuda_test_util.hpp"
 #include "decode_ops.hpp"
+#include "fp8_e4m3.hpp"
 #include "rlhost/kernels_cuda/kernels.hpp"
 #include "worker_pool.hpp"
 
@@ -303,6 +305,185 @@ INSTANTIATE_TEST_SUITE_P(GqaAndMla, CudaPaged,
                          ::testing::Values(Geometry{4, 2, 16, 16, 16}, Geometry{8, 2, 64, 64, 16},
                                            Geometry{4, 4, 24, 12, 8}, Geometry{2, 1, 128, 128, 16},
                                            Geometry{2, 2, 192, 128, 16}));
+
+// FP8 caches (kv_cache_dtype fp8): kernels_cuda's cache write stores each key's and value's code
+// of x / scale as kernels_cpu does (fp8_e4m3.hpp: nearest even, saturated), bit for bit, in the
+// GPU generator's layout; its tensor-core attention over them is the attention of their values
+// (scale x code) within bf16's error, through partitions combined both ways, and batch-invariant
+// when asked.
+class CudaPagedFp8 : public ::testing::TestWithParam<int64_t> {};  // the head dim
+
+TEST_P(CudaPagedFp8, CodesAsKernelsCpuAndAttentionOfTheirValues) {
+  RLH_REQUIRE_CUDA();
+  const int64_t D = GetParam(), Hq = 8, Hkv = 2, bs = 16, T = 300, nb = (T + bs - 1) / bs, B = nb + 5;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd;
+  // bf16 inputs (as a step's keys and values are); the host sees the same numbers in float
+  std::vector<float> q(size_t(T * Hq * D)), k(size_t(T * Hkv * D)), v(size_t(T * Hkv * D));
+  for (float& x : q) x = nd(gen);
+  for (float& x : k) x = 3.f * nd(gen);
+  for (float& x : v) x = nd(gen);
+  k[3] = 900.f;    // saturates at k_scale 0.5 (past 448)
+  k[4] = -2e-4f;   // subnormal codes
+  q = from_bf16(to_bf16(q));
+  k = from_bf16(to_bf16(k));
+  v = from_bf16(to_bf16(v));
+  std::vector<int32_t> table(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) table[size_t(i)] = int32_t(i);
+  std::shuffle(table.begin(), table.end(), std::mt19937(13));
+  table.resize(size_t(nb));
+  std::vector<int32_t> slots, tables, pos;
+  for (int64_t t = 0; t < T; ++t) {
+    slots.push_back(int32_t(table[size_t(t / bs)] * bs + t % bs));
+    tables.insert(tables.end(), table.begin(), table.end());
+    pos.push_back(int32_t(t));
+  }
+  // The GPU generator's layout in bytes: per block K [Hkv][bs][D] then V [Hkv][bs][D].
+  const int64_t kb = Hkv * bs * D, block = 2 * kb;
+  const int64_t st[4] = {block, bs * D, D, 1};
+  Dev<__nv_bfloat16> dk(k.size()), dv(v.size()), dq(q.size()), dout(size_t(T * Hq * D)), dout1(size_t(Hq * D));
+  Dev<uint8_t> dcache(size_t(B * block));
+  Dev<int32_t> dslots(slots.size()), dtables(tables.size()), dpos(pos.size());
+  Dev<float> dscales(2);
+  dk.put(to_bf16(k));
+  dv.put(to_bf16(v));
+  dq.put(to_bf16(q));
+  dslots.put(slots);
+  dtables.put(tables);
+  dpos.put(pos);
+  kp::WorkerPool pool(2);
+  const std::array<float, 256>& val = kp::e4m3_values();
+  for (const auto& [ks, vs] : {std::pair<float, float>{0.5f, 2.f}, {0.37f, 1.3f}}) {
+    dscales.put({ks, vs});
+    CUDA_OK(cudaMemset(dcache.p, 0, dcache.n));
+    kc::KvWriteArgs w;
+    w.t = kc::DType::bf16;
+    w.R = T;
+    w.Hkv = Hkv;
+    w.Dk = w.Dv = D;
+    w.bs = bs;
+    w.num_blocks = B;
+    w.k = dk.p;
+    w.ldk = Hkv * D;
+    w.v = dv.p;
+    w.ldv = Hkv * D;
+    w.slots = dslots.p;
+    w.k_cache = dcache.p;
+    w.v_cache = dcache.p + kb;
+    std::memcpy(w.kc_strides, st, sizeof(st));
+    std::memcpy(w.vc_strides, st, sizeof(st));
+    w.k_scale = dscales.p;
+    w.v_scale = dscales.p + 1;
+    kc::kv_cache_write(w, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> codes = dcache.get();
+    // The codes against kernels_cpu's, and the float32 cache of their values in kernels_cpu's
+    // layout (K [Hkv][D][bs], V [Hkv][bs][D]) for the reference attention.
+    std::vector<float> ref(size_t(B * block), 0.f);
+    int64_t wrong = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t b = slots[size_t(t)] / bs, off = slots[size_t(t)] % bs;
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const uint8_t ck = codes[size_t(b * block + h * bs * D + off * D + d)];
+          const uint8_t cv = codes[size_t(b * block + kb + h * bs * D + off * D + d)];
+          wrong += ck != kp::e4m3_encode(k[size_t((t * Hkv + h) * D + d)] / ks);
+          wrong += cv != kp::e4m3_encode(v[size_t((t * Hkv + h) * D + d)] / vs);
+          ref[size_t(b * block + (h * D + d) * bs + off)] = ks * val[ck];
+          ref[size_t(b * block + kb + (h * bs + off) * D + d)] = vs * val[cv];
+        }
+    }
+    EXPECT_EQ(wrong, 0) << "codes unlike kernels_cpu's, scales " << ks << ", " << vs;
+    for (int64_t window : {int64_t(0), int64_t(100)}) {
+      std::vector<float> want(size_t(T * Hq * D));
+      kp::PagedAttentionArgs c;
+      c.out = want.data();
+      c.ldo = Hq * D;
+      c.q = q.data();
+      c.ldq = Hq * D;
+      c.R = T;
+      c.Hq = Hq;
+      c.Hkv = Hkv;
+      c.Dk = c.Dv = D;
+      c.bs = bs;
+      c.k = ref.data();
+      c.k_block = block;
+      c.v = ref.data() + kb;
+      c.v_block = block;
+      c.blocks = tables.data();
+      c.ld_blocks = c.table_width = int64_t(table.size());
+      c.pos = pos.data();
+      c.scale = 0.125f;
+      c.window = window;
+      kp::paged_attention(c, pool);
+      double mag = 0;
+      for (float x : want) mag = std::max(mag, double(std::fabs(x)));
+      kc::PagedAttnArgs a;
+      a.t = kc::DType::bf16;
+      a.R = T;
+      a.Hq = Hq;
+      a.Hkv = Hkv;
+      a.Dk = a.Dv = D;
+      a.bs = bs;
+      a.window = window;
+      a.scale = 0.125f;
+      a.q = dq.p;
+      a.ldq = Hq * D;
+      a.o = dout.p;
+      a.ldo = Hq * D;
+      a.k_cache = dcache.p;
+      a.v_cache = dcache.p + kb;
+      std::memcpy(a.kc_strides, st, sizeof(st));
+      std::memcpy(a.vc_strides, st, sizeof(st));
+      a.blocks = dtables.p;
+      a.ld_blocks = a.table_width = int64_t(table.size());
+      a.pos = dpos.p;
+      a.k_scale = dscales.p;
+      a.v_scale = dscales.p + 1;
+      ASSERT_TRUE(kc::paged_attention_mma_ok(a));
+      Dev<float> ws(size_t(std::max<int64_t>(kc::paged_attention_workspace_bytes(a), 4)) / sizeof(float));
+      a.partials = ws.p;
+      auto rel = [&](const std::vector<float>& x, size_t at) {
+        double e = 0;
+        for (size_t i = 0; i < x.size(); ++i) e = std::max(e, double(std::fabs(x[i] - want[at + i])));
+        return e / mag;
+      };
+      for (const bool invariant : {false, true}) {
+        a.batch_invariant = invariant;
+        kc::paged_attention(a, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<__nv_bfloat16> all = dout.get();
+        EXPECT_LT(rel(from_bf16(all), 0), 1e-2) << "D " << D << " window " << window << " invariant " << invariant;
+        // One row alone (a batch-1 step: few tiles, partitions combined in the block or through
+        // the combine kernel); with batch invariance asked, bit for bit its row of the batch.
+        for (int64_t r : {int64_t(40), int64_t(150), T - 1}) {
+          Dev<int32_t> dpos1(1);
+          dpos1.put({pos[size_t(r)]});
+          kc::PagedAttnArgs one = a;
+          one.R = 1;
+          one.q = dq.p + r * Hq * D;
+          one.o = dout1.p;
+          one.pos = dpos1.p;
+          Dev<float> ws1(size_t(std::max<int64_t>(kc::paged_attention_workspace_bytes(one), 4)) / sizeof(float));
+          one.partials = ws1.p;
+          for (const int block_combine : {1, 0}) {
+            one.block_combine = block_combine;
+            kc::paged_attention(one, nullptr);
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::vector<__nv_bfloat16> alone = dout1.get();
+            EXPECT_LT(rel(from_bf16(alone), size_t(r * Hq * D)), 1e-2) << "row " << r << " block combine " << block_combine;
+            if (invariant) {
+              EXPECT_EQ(0, std::memcmp(alone.data(), all.data() + r * Hq * D, alone.size() * sizeof(__nv_bfloat16)))
+                  << "row " << r << " alone differs from the batch (batch_invariant)";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, CudaPagedFp8, ::testing::Values(int64_t(64), int64_t(128)));
 
 std::vector<std::vector<float>> sample_rows(int64_t V) {
   std::mt19937 g(5);

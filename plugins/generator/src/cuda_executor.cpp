@@ -201,6 +201,7 @@ class CudaBackend {
   void* kv_pool = nullptr;
   const KvLayout* kv = nullptr;
   int64_t kv_blocks = 0;
+  const float* kv_scales = nullptr;  // FP8 caches: k_scale, v_scale (device); null: bf16 caches
   // The step: the block tables' row width, whether the sampling rows are all rows in order
   // (decoding), and how many rows sample.
   int64_t width = 1;
@@ -247,9 +248,13 @@ class CudaBackend {
   DeviceOps::PagedCache cache(int64_t l) const {
     const LayerShape& s = m_.shapes()[size_t(l)];
     DeviceOps::PagedCache c;
-    Bf16* base = static_cast<Bf16*>(kv_pool) + kv->offset[size_t(l)];
+    char* base = static_cast<char*>(kv_pool) + kv->offset[size_t(l)] * kv->elem_bytes;
     c.k = base;
-    c.v = base + s.Hkv * kv->block_size * s.Dk;
+    c.v = base + s.Hkv * kv->block_size * s.Dk * kv->elem_bytes;
+    if (kv_scales) {
+      c.k_scale = kv_scales;
+      c.v_scale = kv_scales + 1;
+    }
     c.num_blocks = kv_blocks;
     c.block_stride = kv->block_elems;
     c.block_size = kv->block_size;
@@ -268,11 +273,12 @@ class CudaBackend {
   }
   // A whole dense layer for one token in one op (decode_layer_fwd: at batch 1 the step's
   // weights then stream in one persistent launch a layer instead of ~9 kernels). Not in FP8
-  // rollouts (their products are the FP8 ones); only with RLH_GEN_FUSED_LAYER=1 for now.
+  // rollouts (their products are the FP8 ones) nor over FP8 caches (its caches are bf16); only
+  // with RLH_GEN_FUSED_LAYER=1 for now.
   bool fused_layer_on = false;
   int64_t fused_layers = 0;  // layers run so (the executor's stats)
   bool dense_layer(int64_t l, const DenseLayerPlan& p, const Bf16* x, Bf16* y, int64_t R) {
-    if (R != 1 || fp8 != nullptr || !fused_layer_on) return false;
+    if (R != 1 || fp8 != nullptr || kv_scales != nullptr || !fused_layer_on) return false;
     const RopeTable& rp = m_.ropes()[size_t(p.table)];
     DeviceOps::DecodeLayer d;
     d.x = x;
@@ -430,6 +436,16 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     ops_ = std::make_unique<DeviceOps>(*opt_.kernels, opt_.device, stream_);
     ops_->set_batch_invariant_gemm(opt_.batch_invariant);
     b_ = std::make_unique<CudaBackend>(m_, *ops_, stream_);
+    if (opt_.kv_cache_fp8) {  // scale 1 for keys and values (vLLM's without calibrated scales)
+      for (const LayerShape& s : m_.shapes())
+        if (s.Dk != s.Dv || (s.Dk != 64 && s.Dk != 128) || s.softcap != 0)
+          throw Error(RLH_E_UNIMPLEMENTED, "generator (cuda): the FP8 KV cache needs head dims 64 or 128 (keys as wide "
+                                           "as values) and no attention soft-capping; use kv_cache_dtype auto");
+      kv_scales_.alloc(2 * sizeof(float), "the FP8 KV cache's scales");
+      const float one[2] = {1.f, 1.f};
+      ck(cudaMemcpy(kv_scales_.get(), one, sizeof(one), cudaMemcpyHostToDevice), "the FP8 KV cache's scales");
+      b_->kv_scales = kv_scales_.get<float>();
+    }
     // Opt-in until it has run on a GPU beside the op-by-op steps (docs/generator.md).
     const char* fused = std::getenv("RLH_GEN_FUSED_LAYER");
     b_->fused_layer_on = fused && std::string(fused) == "1";
@@ -448,10 +464,10 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
 
   std::string name() const override {
     return "cuda:" + std::to_string(opt_.device) + " bf16" + (opt_.batch_invariant ? ", batch-invariant" : "") +
-           (graphs_on_ ? ", CUDA graphs" : "");
+           (graphs_on_ ? ", CUDA graphs" : "") + (opt_.kv_cache_fp8 ? ", FP8 KV cache" : "");
   }
   bool keys_transposed() const override { return false; }
-  int64_t elem_bytes() const override { return 2; }
+  int64_t elem_bytes() const override { return opt_.kv_cache_fp8 ? 1 : 2; }
 
   int64_t kv_budget(const KvLayout& layout, int64_t) override {
     if (pool_.get()) return int64_t(pool_.size());
@@ -532,7 +548,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       throw Error(RLH_E_INTERNAL, "generator (cuda): a step of " + std::to_string(R) + " rows / " + std::to_string(S) +
                                       " samples beyond the plan");
     if (rows.width > table_cap_) plan_inputs(pow2_at_least(rows.width));
-    if (kv.pool() != pool_.get() || kv.layout().elem_bytes != 2 || kv.layout().keys_transposed)
+    if (kv.pool() != pool_.get() || kv.layout().elem_bytes != elem_bytes() || kv.layout().keys_transposed)
       throw Error(RLH_E_INTERNAL, "generator (cuda): the KV cache is not this executor's");
     upload_weights();
     b_->kv_pool = pool_.get();
@@ -981,6 +997,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   int64_t rmax_ = 0, smax_ = 0, gmax_ = 0, table_cap_ = 0;
   DevBuf scratch_, workspace_, rope_, in_, warena_, wf32_;
   KvPoolCuda pool_;  // the KV cache (kv_pool_cuda.hpp: it can sleep between calls)
+  DevBuf kv_scales_;  // FP8 KV cache: k_scale, v_scale
   // FP8 rollouts (plan_fp8): the products in FP8 by arena offset, rows and K; their weights'
   // device addresses; the FP8 copies' buffers.
   struct Fp8Product {

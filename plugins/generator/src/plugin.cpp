@@ -408,10 +408,7 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
       // the trainer's between rollouts. Off by default: taking it back costs a map and a clear.
       co.kv_cache_sleep = get_bool(cfg, "kv_cache_sleep", false);
       fp8_rollouts(vllm, &co.fp8);
-      if (kv_cache_fp8(vllm))
-        throw Error(RLH_E_UNIMPLEMENTED, "policy.generation.vllm_cfg.kv_cache_dtype = fp8: the FP8 KV cache runs on the "
-                                         "CPU generator only so far; on cuda:" + std::to_string(device) +
-                                         " the cache is bf16 (kv_cache_dtype auto)");
+      co.kv_cache_fp8 = kv_cache_fp8(vllm);
       // On a GPU the host's defaults (64 sequences, 512-token steps) leave it mostly idle: a
       // GRPO rollout of 64 x 8 ran in 8 waves, 2.3x the time of one. Where the section does not
       // say, 512 sequences and 8192-token steps (vLLM's V1 takes 1024 / 16384 on GPUs this size;

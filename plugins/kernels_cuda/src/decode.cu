@@ -7,7 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
+
+#include <cuda_fp8.h>
 
 #include "common.cuh"
 
@@ -72,6 +75,40 @@ __global__ void kv_write_vec_kernel(KvWriteArgs a) {
     } else {
       const int j = i - nk, h = j / dv8, d = (j - h * dv8) * 8;
       *reinterpret_cast<uint4*>(vc + h * a.vc_strides[1] + d) = *reinterpret_cast<const uint4*>(v + h * a.Dv + d);
+    }
+  }
+}
+
+// The same into FP8 e4m3 caches: each value's code of x / scale (docs/ops.md: nearest even,
+// finite values past 448 saturate, NaN stays NaN: cuda_fp8's SATFINITE conversion). The scales
+// are read before pdl_wait (uploaded once, never a step's output), as the slot.
+template <class T>
+__global__ void kv_write_fp8_kernel(KvWriteArgs a) {
+  const int64_t r = blockIdx.x;
+  const int32_t slot = a.slots[r];
+  const float ks = *a.k_scale, vs = *a.v_scale;
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
+  if (slot < 0) return;
+  const int64_t b = slot / a.bs, off = slot % a.bs;
+  if (b >= a.num_blocks) {
+    if (threadIdx.x == 0 && a.err) atomicExch(a.err, 1);
+    return;
+  }
+  const T* k = static_cast<const T*>(a.k) + r * a.ldk;
+  const T* v = static_cast<const T*>(a.v) + r * a.ldv;
+  uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + b * a.kc_strides[0] + off * a.kc_strides[2];
+  uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + b * a.vc_strides[0] + off * a.vc_strides[2];
+  const int dk = int(a.Dk), dv = int(a.Dv), nk = int(a.Hkv) * dk, nv = int(a.Hkv) * dv;  // (< 2^31: checked)
+  for (int i = threadIdx.x; i < nk + nv; i += blockDim.x) {
+    if (i < nk) {
+      const int h = i / dk, d = i - h * dk;
+      kc[h * a.kc_strides[1] + d * a.kc_strides[3]] =
+          __nv_cvt_float_to_fp8(float(k[h * dk + d]) / ks, __NV_SATFINITE, __NV_E4M3);
+    } else {
+      const int j = i - nk, h = j / dv, d = j - h * dv;
+      vc[h * a.vc_strides[1] + d * a.vc_strides[3]] =
+          __nv_cvt_float_to_fp8(float(v[h * dv + d]) / vs, __NV_SATFINITE, __NV_E4M3);
     }
   }
 }
@@ -840,6 +877,16 @@ __global__ void __launch_bounds__(kSamplePartThreads) sample_final_kernel(Sample
 
 void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
   if (a.R == 0) return;
+  if (a.k_scale || a.v_scale) {
+    if (!a.k_scale || !a.v_scale) throw std::invalid_argument("kv_cache_write: FP8 caches need both scales");
+    if (a.Hkv * (a.Dk + a.Dv) >= (int64_t(1) << 31)) throw std::invalid_argument("kv_cache_write: rows too wide");
+    if (a.t == DType::bf16)
+      launch_pdl(kv_write_fp8_kernel<bf16>, unsigned(a.R), 128, 0, s, a);
+    else
+      launch_pdl(kv_write_fp8_kernel<float>, unsigned(a.R), 128, 0, s, a);
+    check_launch("kv_cache_write (fp8)");
+    return;
+  }
   auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = a.t == DType::bf16 && a.Dk % 8 == 0 && a.Dv % 8 == 0 && a.ldk % 8 == 0 && a.ldv % 8 == 0 &&
                    a.kc_strides[3] == 1 && a.vc_strides[3] == 1 && a16(a.k) && a16(a.v) && a16(a.k_cache) &&
@@ -864,7 +911,7 @@ static bool use_mma(const PagedAttnArgs& a) {
 }
 
 int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a) {
-  if (use_mma(a)) return paged_attention_mma_workspace_bytes(a);
+  if (a.k_scale || use_mma(a)) return paged_attention_mma_workspace_bytes(a);
   const int64_t Z = pa_partitions(a);
   if (Z == 1 || a.R == 0) return 0;
   return pa_rows_per_launch(a, Z) * a.Hq * Z * pa_partial_floats(a.Dv) * int64_t(sizeof(float));
@@ -915,6 +962,12 @@ void paged_attention(const PagedAttnArgs& a, cudaStream_t s) {
   if (!(a.softcap >= 0) || !std::isfinite(a.softcap))
     throw std::invalid_argument("paged_attention: softcap must be a finite number >= 0");
   if (a.R == 0) return;
+  if (a.k_scale || a.v_scale) {  // FP8 caches: the tensor-core kernel alone reads them
+    if (!a.k_scale || !a.v_scale || !paged_attention_mma_ok(a))
+      throw std::invalid_argument("paged_attention: FP8 caches need both scales, bf16 q, Dk = Dv = 64 or 128, no "
+                                  "soft-cap, rows of a cache contiguous and 16-byte aligned");
+    return paged_attention_mma(a, s);
+  }
   if (use_mma(a)) return paged_attention_mma(a, s);
   const int64_t Z = pa_partitions(a);
   if (Z > 65535) throw std::invalid_argument("paged_attention: block tables wider than 65535 x 128 positions");

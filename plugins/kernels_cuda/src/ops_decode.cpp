@@ -27,7 +27,17 @@ void cache_strides(const rlh_tensor& t, int64_t Hkv, int64_t bs, int64_t D, int6
 
 }  // namespace
 
-// k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] -> k_cache, v_cache (in/out)
+// The scales of FP8 caches (e4m3: float32 [1] inputs `at` and at + 1), else null.
+void fp8_scales(const Call& c, const rlh_tensor& kc, size_t at, const float** ks, const float** vs, const char* op) {
+  if (kc.dtype.code != RLH_DTYPE_FLOAT8_E4M3FN) return;
+  need_vec(c.in(at), 1, (std::string(op) + " k_scale").c_str());
+  need_vec(c.in(at + 1), 1, (std::string(op) + " v_scale").c_str());
+  *ks = ptr<float>(c.in(at));
+  *vs = ptr<float>(c.in(at + 1));
+}
+
+// k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] (, k_scale, v_scale f32 [1] for e4m3 caches)
+// -> k_cache, v_cache (in/out)
 void run_kv_cache_write(const Call& c) {
   const rlh_tensor &k = c.in(0), &v = c.in(1), &kc = c.out(0), &vc = c.out(1);
   if (k.ndim != 3 || v.ndim != 3) bad("kv_cache_write: k and v must be [R, Hkv, D]");
@@ -52,10 +62,12 @@ void run_kv_cache_write(const Call& c) {
   a.k_cache = ptr(kc);
   a.v_cache = ptr(vc);
   a.err = c.err();
+  fp8_scales(c, kc, 3, &a.k_scale, &a.v_scale, "kv_cache_write");
   kv_cache_write(a, c.stream);
 }
 
-// q [R, Hq, Dk], k_cache, v_cache, block_table int32 [R, T], positions int32 [R] -> o [R, Hq, Dv]
+// q [R, Hq, Dk], k_cache, v_cache, block_table int32 [R, T], positions int32 [R] (, k_scale,
+// v_scale f32 [1] for e4m3 caches) -> o [R, Hq, Dv]
 void run_paged_attention(const Call& c) {
   const rlh_tensor &q = c.in(0), &kc = c.in(1), &vc = c.in(2), &bt = c.in(3);
   if (q.ndim != 3 || kc.ndim != 4 || vc.ndim != 4 || bt.ndim != 2)
@@ -87,6 +99,9 @@ void run_paged_attention(const Call& c) {
   a.window = c.integer("window", 0);
   a.softcap = float(c.num("softcap", 0));
   a.batch_invariant = c.flag("batch_invariant");
+  fp8_scales(c, kc, 5, &a.k_scale, &a.v_scale, "paged_attention");
+  if ((a.k_scale != nullptr) && !paged_attention_mma_ok(a))
+    bad("paged_attention: FP8 caches need Dk = Dv = 64 or 128, no soft-cap, rows of a cache contiguous and 16-byte aligned");
   if (const int64_t bytes = paged_attention_workspace_bytes(a)) a.partials = static_cast<float*>(c.ws->get(size_t(bytes)));
   paged_attention(a, c.stream);
 }

@@ -23,9 +23,19 @@
 // positions: whole rows, no combine) and large ones skip the combine (batch 256: one partition). A row's output then depends on the launch, so the op promises batch
 // invariance only when asked (attribute batch_invariant = 1): then every row is one partition,
 // whatever the launch, and its output depends on its own position, window and cache alone.
+//
+// FP8 caches (vLLM's kv_cache_dtype fp8; docs/ops.md): the codes come in by cp.async into a
+// double-buffered staging area of their own (a tile of codes is half a bf16 tile), and each tile
+// is widened to bf16 in shared memory before its products (e4m3 values are bf16 numbers: exact),
+// so the products and the softmax are the bf16 kernel's. The bf16 tiles are then single: the
+// shared memory a warp takes is the same. The key scale is folded into the softmax scale, the
+// value scale into the output; both are read before pdl_wait (uploaded, never a step's output).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "mma.cuh"
 
@@ -77,6 +87,67 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttn
     }
     cp_async16(Kt + swz<D>(r, c), kp, ok);
     cp_async16(Vt + swz<D>(r, c), vp, ok);
+  }
+}
+
+// The codes of positions [64 j, 64 j + 64) of kv head hk into plain [64][D] byte tiles (FP8
+// caches); positions outside [lo, hi] are zero codes (0.0; their scores are masked).
+template <int D>
+__device__ __forceinline__ void load_kv_tile8(uint8_t* K8, uint8_t* V8, const PagedAttnArgs& a, const int32_t* table,
+                                              int64_t hk, int64_t j, int64_t lo, int64_t hi) {
+  constexpr int CH = D / 16;           // 16-byte chunks (16 codes) a row
+  constexpr int STEP = 32 / CH;        // rows a pass of the warp covers
+  const int lane = threadIdx.x & 31, c = (lane % CH) * 16;
+  const uint8_t* kc = static_cast<const uint8_t*>(a.k_cache);
+  const uint8_t* vc = static_cast<const uint8_t*>(a.v_cache);
+#pragma unroll 4
+  for (int r0 = 0; r0 < kBK; r0 += STEP) {
+    const int r = r0 + lane / CH;
+    const int64_t p = j * kBK + r;
+    const bool ok = p >= lo && p <= hi;
+    const uint8_t* kp = kc;
+    const uint8_t* vp = vc;
+    if (ok) {
+      const int64_t blk = table[p / a.bs], off = p % a.bs;
+      kp += blk * a.kc_strides[0] + hk * a.kc_strides[1] + off * a.kc_strides[2] + c;
+      vp += blk * a.vc_strides[0] + hk * a.vc_strides[1] + off * a.vc_strides[2] + c;
+    }
+    cp_async16(K8 + r * D + c, kp, ok);
+    cp_async16(V8 + r * D + c, vp, ok);
+  }
+}
+
+// 16 e4m3 codes to 16 bf16 values (exact: the codes convert to half exactly, and half's values
+// of e4m3's range are bf16 numbers).
+__device__ __forceinline__ void widen16(const uint4& codes, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t two = (w[i / 2] >> (16 * (i % 2))) & 0xffffu;
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    out[i] = pack_bf16(f.x, f.y);
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// A staged tile of codes widened into the swizzled bf16 tiles the products read.
+template <int D>
+__device__ __forceinline__ void widen_kv_tile(bf16* Kt, bf16* Vt, const uint8_t* K8, const uint8_t* V8) {
+  constexpr int CH = D / 16;
+  const int lane = threadIdx.x & 31;
+#pragma unroll 1  // (unrolled, D = 128 spilled: the products' fragments hold the registers)
+  for (int i = lane; i < kBK * CH; i += 32) {
+    const int r = i / CH, c = (i % CH) * 16;
+    uint4 lo, hi;
+    widen16(*reinterpret_cast<const uint4*>(K8 + r * D + c), lo, hi);
+    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c)) = lo;
+    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c + 8)) = hi;
+    widen16(*reinterpret_cast<const uint4*>(V8 + r * D + c), lo, hi);
+    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c)) = lo;
+    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c + 8)) = hi;
   }
 }
 
@@ -140,20 +211,24 @@ __device__ __forceinline__ void combine_in_block(const PagedAttnArgs& a, int64_t
 // kernel. WARPS > 1 (all of a row's partitions in one block, Z = WARPS): the warps combine
 // their partitions through shared memory, in partition order, and write the output: the
 // combine kernel's launch saved (small batches, few tiles a row).
-template <int D, int WARPS>
+template <int D, int WARPS, bool FP8>
 __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, int64_t row0, int64_t mtiles,
                                                                int64_t PT, int64_t Z) {
   // The row's position, which no kernel of a step writes (uploaded; docs/kernels_cuda.md
   // "pdl_wait"), is read before pdl_wait; the cache (the kernel before wrote the new key) after.
   const int64_t pos = a.pos[row0 + blockIdx.x];
+  const float ks = FP8 ? *a.k_scale : 1.f, vs = FP8 ? *a.v_scale : 1.f;
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
   constexpr int KS = D / 16, NT = kBK / 8, DT = D / 8;
+  constexpr int KV_BUFS = FP8 ? 1 : 2;  // bf16 tiles: double-buffered, or widened from staged codes
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int warp = WARPS > 1 ? int(threadIdx.x >> 5) : 0;
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw + warp * smem_bytes<D>());
   bf16* Ks = Qs + 16 * D;
-  bf16* Vs = Ks + 2 * kBK * D;
+  bf16* Vs = Ks + KV_BUFS * kBK * D;
+  uint8_t* K8 = reinterpret_cast<uint8_t*>(Vs + KV_BUFS * kBK * D);  // FP8: [2][64][D] codes each
+  uint8_t* V8 = K8 + 2 * kBK * D;
   const int64_t rc = blockIdx.x, r = row0 + rc;
   const int64_t G = a.Hq / a.Hkv, hk = blockIdx.y / mtiles, g0 = (blockIdx.y % mtiles) * 16;
   const int gn = int(G - g0 < 16 ? G - g0 : 16);
@@ -169,7 +244,8 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
   const int ntiles = j0 > j1 ? 0 : int(j1 - j0 + 1);  // (WARPS > 1: a warp without tiles still meets)
   const int32_t* table = a.blocks + r * a.ld_blocks;
 
-  const float sl2 = a.scale * 1.4426950408889634f;
+  const float sc = a.scale * ks;  // the scores' scale (FP8: the key scale folded in)
+  const float sl2 = sc * 1.4426950408889634f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float acc[DT][4];
 #pragma unroll
@@ -186,7 +262,8 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
       }
     }
     cp_commit();
-    load_kv_tile<D>(Ks, Vs, a, table, hk, j0, lo, pos);
+    if constexpr (FP8) load_kv_tile8<D>(K8, V8, a, table, hk, j0, lo, pos);
+    else load_kv_tile<D>(Ks, Vs, a, table, hk, j0, lo, pos);
     cp_commit();
     cp_wait<1>();
     __syncwarp();
@@ -198,13 +275,18 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
     const int64_t j = j0 + it;
     if (it + 1 < ntiles) {
       const int nb = (it + 1) & 1;
-      load_kv_tile<D>(Ks + nb * kBK * D, Vs + nb * kBK * D, a, table, hk, j + 1, lo, pos);
+      if constexpr (FP8) load_kv_tile8<D>(K8 + nb * kBK * D, V8 + nb * kBK * D, a, table, hk, j + 1, lo, pos);
+      else load_kv_tile<D>(Ks + nb * kBK * D, Vs + nb * kBK * D, a, table, hk, j + 1, lo, pos);
     }
     cp_commit();
     cp_wait<1>();
     __syncwarp();  // (the warp's own buffers: warps of a block walk different numbers of tiles)
-    const bf16* Kb = Ks + (it & 1) * kBK * D;
-    const bf16* Vb = Vs + (it & 1) * kBK * D;
+    if constexpr (FP8) {
+      widen_kv_tile<D>(Ks, Vs, K8 + (it & 1) * kBK * D, V8 + (it & 1) * kBK * D);
+      __syncwarp();
+    }
+    const bf16* Kb = FP8 ? Ks : Ks + (it & 1) * kBK * D;
+    const bf16* Vb = FP8 ? Vs : Vs + (it & 1) * kBK * D;
 
     float s[NT][4];
 #pragma unroll
@@ -271,9 +353,13 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
         mma16816(acc[2 * dp + 1], pa, b[2], b[3]);
       }
     }
-    __syncwarp();  // the next iteration's loads overwrite this buffer
+    __syncwarp();  // the next iteration's loads (FP8: widening) overwrite this buffer
   }
   cp_wait<0>();
+  if constexpr (FP8) {  // the value scale: o = vs sum p code / sum p
+#pragma unroll
+    for (int i = 0; i < DT; ++i) acc[i][0] *= vs, acc[i][1] *= vs, acc[i][2] *= vs, acc[i][3] *= vs;
+  }
 
   if constexpr (WARPS > 1) {
     combine_in_block<D, WARPS>(a, r, hq0, gn, sl2, acc, m, l, reinterpret_cast<float*>(Ks));
@@ -299,7 +385,7 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
       for (int i = 0; i < DT; ++i)
         *reinterpret_cast<float2*>(part + i * 8 + t4 * 2) = make_float2(acc[i][2 * hf], acc[i][2 * hf + 1]);
       if (t4 == 0) {
-        part[D] = m[hf] * a.scale;  // exp2((s - m) sl2) = exp((s - m) scale): natural-log units
+        part[D] = m[hf] * sc;  // exp2((s - m) sl2) = exp((s - m) sc): natural-log units
         part[D + 1] = lr;
       }
     }
@@ -369,10 +455,10 @@ constexpr int64_t max_block_warps() {
   return std::min<int64_t>(6, int64_t(kMaxBlockSmem / smem_bytes<D>()));
 }
 
-template <int D, int W>
+template <int D, int W, bool FP8>
 void launch_block(const PagedAttnArgs& a, int64_t mt, int64_t PT, cudaStream_t s) {
   if constexpr (W <= max_block_warps<D>()) {
-    auto kernel = paged_mma_kernel<D, W>;
+    auto kernel = paged_mma_kernel<D, W, FP8>;
     constexpr size_t smem = W * smem_bytes<D>();
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
       throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
@@ -383,7 +469,7 @@ void launch_block(const PagedAttnArgs& a, int64_t mt, int64_t PT, cudaStream_t s
   }
 }
 
-template <int D>
+template <int D, bool FP8>
 void launch(const PagedAttnArgs& a, cudaStream_t s) {
   const int64_t tiles = table_tiles(a), mt = mtiles_of(a);
   const int64_t units = a.R * a.Hkv * mt;
@@ -399,17 +485,17 @@ void launch(const PagedAttnArgs& a, cudaStream_t s) {
       a.block_combine < 0 ? D == 64 && block_combine() && units <= kBlockCombineUnits : a.block_combine != 0;
   if (Z > 1 && Z <= max_block_warps<D>() && in_block) {
     switch (Z) {
-      case 2: launch_block<D, 2>(a, mt, PT, s); return;
-      case 3: launch_block<D, 3>(a, mt, PT, s); return;
-      case 4: launch_block<D, 4>(a, mt, PT, s); return;
-      case 5: launch_block<D, 5>(a, mt, PT, s); return;
-      default: launch_block<D, 6>(a, mt, PT, s); return;
+      case 2: launch_block<D, 2, FP8>(a, mt, PT, s); return;
+      case 3: launch_block<D, 3, FP8>(a, mt, PT, s); return;
+      case 4: launch_block<D, 4, FP8>(a, mt, PT, s); return;
+      case 5: launch_block<D, 5, FP8>(a, mt, PT, s); return;
+      default: launch_block<D, 6, FP8>(a, mt, PT, s); return;
     }
   }
   if (Z > 65535) throw std::invalid_argument("paged_attention: block tables too wide for the tensor-core kernel");
   if (Z > 1 && !a.partials) throw std::invalid_argument("paged_attention: no workspace for the partitions' partials");
   const int64_t rows = Z == 1 ? a.R : rows_fitting(a, Z, paged_attention_mma_workspace_bytes(a));
-  auto kernel = paged_mma_kernel<D, 1>;
+  auto kernel = paged_mma_kernel<D, 1, FP8>;
   constexpr size_t smem = smem_bytes<D>();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
@@ -428,8 +514,9 @@ bool paged_attention_mma_ok(const PagedAttnArgs& a) {
   if (a.t != DType::bf16 || a.Dk != a.Dv || (a.Dk != 64 && a.Dk != 128) || a.softcap != 0) return false;
   if (a.kc_strides[3] != 1 || a.vc_strides[3] != 1 || !aligned(a.k_cache, 16) || !aligned(a.v_cache, 16))
     return false;
+  const int64_t per16 = a.k_scale ? 16 : 8;  // elements of a 16-byte chunk (FP8 codes: bytes)
   for (int i = 0; i < 3; ++i)
-    if (a.kc_strides[i] % 8 != 0 || a.vc_strides[i] % 8 != 0) return false;
+    if (a.kc_strides[i] % per16 != 0 || a.vc_strides[i] % per16 != 0) return false;
   return aligned(a.q, 16) && a.ldq % 8 == 0 && aligned(a.o, 4) && a.ldo % 2 == 0;
 }
 
@@ -441,10 +528,11 @@ int64_t paged_attention_mma_workspace_bytes(const PagedAttnArgs& a) {
 
 void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s) {
   if (a.R == 0) return;
+  const bool fp8 = a.k_scale != nullptr;
   if (a.Dk == 64)
-    launch<64>(a, s);
+    fp8 ? launch<64, true>(a, s) : launch<64, false>(a, s);
   else
-    launch<128>(a, s);
+    fp8 ? launch<128, true>(a, s) : launch<128, false>(a, s);
   check_launch("paged_attention (mma)");
 }
 

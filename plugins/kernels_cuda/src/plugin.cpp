@@ -39,7 +39,8 @@ sdk::MakeStatusFn g_make_status = nullptr;
 // ---------------------------------------------------------------------------------------------
 // The op table. Operand kinds: f = the op's dtype (f32 or bf16), i = int32, k = float32,
 // d = float64, s = statistic / parameter gradient (f32, or bf16 in a bf16 op), g = f32 or bf16
-// in any op.
+// in any op, q = a KV cache: the op's dtype, or FP8 e4m3 in a bf16 op (its scale one of the two
+// float32 inputs last in the list: kv_cache_write, paged_attention).
 
 struct OpSpec {
   const char* name;
@@ -84,8 +85,8 @@ const OpSpec kOps[] = {
     {"adamw_bf16", "", 0, "kgkkg", 5, "", false, false, true, run_adamw_bf16, true},
     {"sumsq", "g", 1, "k", 1, "", false, true, false, run_sumsq, false},
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
-    {"kv_cache_write", "ffi", 3, "ff", 2, "", true, false, false, run_kv_cache_write, true},
-    {"paged_attention", "fffii", 5, "f", 1, "", true, false, false, run_paged_attention, false},
+    {"kv_cache_write", "ffikk", 3, "qq", 2, "", true, false, false, run_kv_cache_write, true},
+    {"paged_attention", "fqqiikk", 5, "f", 1, "", true, false, false, run_paged_attention, false},
     {"decode_layer_fwd", "fffffffiiik", 11, "fff", 3, "", true, false, false, run_decode_layer_fwd, false},
     {"sample", "kdi", 2, "ik", 2, "", false, false, false, run_sample, true},
     {"moe_router_fwd", "fs", 1, "siss", 3, "moe_router_bwd", true, false, false, run_moe_router_fwd, true},
@@ -120,12 +121,19 @@ DType check_operands(const OpSpec& s, const rlh_kernels* inst, const rlh_tensor*
   int fdt = -1;  // 0 f32, 1 bf16, 2 f64 (the MoE router only: the engine's router_fp64)
   const bool f64_ok = std::strncmp(s.name, "moe_router", 10) == 0;
   std::vector<std::pair<const rlh_tensor*, char>> flexes;
+  size_t fp8_caches = 0;
+  bool cache = false;  // the operand visited is a 'q' (a KV cache)
   auto visit = [&](const rlh_tensor& t, char kind) {
+    if (kind == 'q') kind = 'f';  // a cache: the op's dtype, unless e4m3 (below)
     if (t.data == nullptr && kind != 'f') return;  // absent optional operand
     const int dev = t.device.device_type;
     if ((dev != RLH_DEVICE_CUDA && dev != RLH_DEVICE_CUDA_MANAGED) ||
         t.device.device_id != inst->device.device_id)
       unimpl("operands must be in CUDA memory of cuda:" + std::to_string(inst->device.device_id));
+    if (kind == 'f' && cache && same(t.dtype, sdk::kE4M3)) {
+      ++fp8_caches;
+      return;
+    }
     const bool f32 = same(t.dtype, sdk::kF32), bf = same(t.dtype, sdk::kBF16);
     const bool f64 = f64_ok && same(t.dtype, sdk::kF64);
     switch (kind) {
@@ -153,10 +161,25 @@ DType check_operands(const OpSpec& s, const rlh_kernels* inst, const rlh_tensor*
       }
     }
   };
-  for (size_t i = 0; i < nin; ++i)
-    visit(ins[i], s.variadic_in ? s.inputs[std::min(i, max_in - 1)] : s.inputs[i]);
-  for (size_t i = 0; i < nout; ++i) visit(outs[i], s.variadic_out ? s.outputs[i % max_out] : s.outputs[i]);
+  for (size_t i = 0; i < nin; ++i) {
+    const char kind = s.variadic_in ? s.inputs[std::min(i, max_in - 1)] : s.inputs[i];
+    cache = kind == 'q';
+    visit(ins[i], kind);
+  }
+  for (size_t i = 0; i < nout; ++i) {
+    const char kind = s.variadic_out ? s.outputs[i % max_out] : s.outputs[i];
+    cache = kind == 'q';
+    visit(outs[i], kind);
+  }
   if (fdt == 1 && !s.bf16) unimpl("bfloat16 is not offered for this op");
+  // FP8 caches: both, in a bf16 op, each with its float32 scale (the two inputs last).
+  if (std::strchr(s.inputs, 'q') || std::strchr(s.outputs, 'q')) {
+    const size_t base = max_in - 2, scales = nin > base ? nin - base : 0;
+    if (fp8_caches != 0 && fp8_caches != 2) unimpl("both caches bf16 or both e4m3");
+    if (fp8_caches == 2 && fdt != 1) unimpl("e4m3 caches in a bf16 op only");
+    if (fp8_caches == 2 && scales != 2) unimpl("e4m3 caches need their two float32 scales (k_scale, v_scale) after the inputs");
+    if (fp8_caches == 0 && scales != 0) unimpl("scales are for e4m3 caches");
+  }
   // In an f32 op every statistic is f32 too; an f64 op (router) is f64 throughout.
   if (fdt != 1)
     for (auto& [t, k] : flexes)
@@ -259,6 +282,8 @@ rlh_status* k_list_ops(rlh_kernels*, rlh_write_fn write, void* user) {
       const std::string f32 = offers_f32(s) ? "\"f32\"" : "";
       j += std::string("{\"name\":\"") + s.name + "\",\"dtypes\":[" + f32 +
            (s.bf16 ? std::string(f32.empty() ? "" : ",") + "\"bf16\"" : "") +
+           // paged attention over FP8 caches (the conformance runner's bf16 x e4m3 variant)
+           (std::strcmp(s.name, "paged_attention") == 0 ? ",\"bf16xe4m3\"" : "") +
            (std::strncmp(s.name, "moe_router", 10) == 0 ? ",\"f64\"" : "") +
            "],\"backward\":\"" + s.backward + "\"}";
     }
@@ -358,6 +383,20 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
       const rlh_tensor& v = d->inputs[std::strcmp(s->name, "attention_bwd") == 0 ? 3 : 2];
       if (q.ndim == 3 && v.ndim == 3 && (q.shape[2] > 256 || v.shape[2] > 256))
         throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda attention: head dims above 256");
+    }
+    if (std::strcmp(s->name, "paged_attention") == 0 && d->num_inputs > 1 && same(d->inputs[1].dtype, sdk::kE4M3)) {
+      // FP8 caches: the tensor-core kernel alone reads them (paged_attention_mma.cu).
+      for (const Attr& a : op->attrs)
+        if (a.name == "softcap" && (a.type == RLH_VALUE_DOUBLE ? a.d : double(a.i)) != 0)
+          throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda paged_attention: FP8 caches without soft-capping only");
+      if (d->shapes_valid) {
+        const rlh_tensor &q = d->inputs[0], &kc = d->inputs[1], &vc = d->inputs[2];
+        const bool row_major = kc.ndim == 4 && vc.ndim == 4 && (!kc.strides || kc.strides[3] == 1) &&
+                               (!vc.strides || vc.strides[3] == 1);
+        if (q.ndim != 3 || !row_major || q.shape[2] != vc.shape[3] || (q.shape[2] != 64 && q.shape[2] != 128))
+          throw Error(RLH_E_UNIMPLEMENTED,
+                      "kernels_cuda paged_attention: FP8 caches at head dims 64 and 128 (Dk = Dv), rows of D contiguous");
+      }
     }
     if (std::strcmp(s->name, "decode_layer_fwd") == 0) {
       // One token's dense layer in one persistent launch (decode_layer.cu): silu, no window, no

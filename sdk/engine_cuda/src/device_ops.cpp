@@ -36,8 +36,8 @@ class DeviceOps::Args {
   }
   rlh_tensor absent(rlh_dtype dt) { return make(nullptr, dt, {0}, {1}); }
   // [B, H, bs, D] paged cache blocks `stride` apart, rows of D contiguous
-  rlh_tensor cache(const void* p, int64_t B, int64_t H, int64_t bs, int64_t D, int64_t stride) {
-    return make(p, kBF16, {B, H, bs, D}, {stride, bs * D, D, 1});
+  rlh_tensor cache(const void* p, int64_t B, int64_t H, int64_t bs, int64_t D, int64_t stride, bool fp8 = false) {
+    return make(p, fp8 ? sdk::kE4M3 : kBF16, {B, H, bs, D}, {stride, bs * D, D, 1});
   }
 
  private:
@@ -660,12 +660,17 @@ void DeviceOps::unpermute_bwd(void* dyp, float* dweights, const void* dy, int64_
 void DeviceOps::kv_cache_write(const void* k, int64_t ldk, const void* v, int64_t ldv, int64_t R, const int32_t* slots,
                                const PagedCache& c) {
   Args a(dev_);
-  RLH_RUN("kv_cache_write", "kv_cache_write",
-          (std::vector<rlh_tensor>{a.heads(k, R, c.Hkv, c.Dk, ldk), a.heads(v, R, c.Hkv, c.Dv, ldv),
-                                   a.vec(slots, kI32, R)}),
-          (std::vector<rlh_tensor>{a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride),
-                                   a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride)}),
-          kNone);
+  const bool fp8 = c.k_scale != nullptr;
+  std::vector<rlh_tensor> in = {a.heads(k, R, c.Hkv, c.Dk, ldk), a.heads(v, R, c.Hkv, c.Dv, ldv), a.vec(slots, kI32, R)};
+  const std::vector<rlh_tensor> out = {a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride, fp8),
+                                       a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride, fp8)};
+  if (fp8) {
+    in.push_back(a.vec(c.k_scale, kF32, 1));
+    in.push_back(a.vec(c.v_scale, kF32, 1));
+    RLH_RUN("kv_cache_write/fp8", "kv_cache_write", in, out, kNone);
+    return;
+  }
+  RLH_RUN("kv_cache_write", "kv_cache_write", in, out, kNone);
 }
 
 void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq,
@@ -674,11 +679,24 @@ void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq
   Args a(dev_);
   const std::array<rlh_named_value, 3> at = {attr_double("scale", scale), attr_int("window", window),
                                              attr_double("softcap", softcap)};
-  const std::vector<rlh_tensor> in = {a.heads(q, R, Hq, c.Dk, ldq),
-                                      a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride),
-                                      a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride),
-                                      a.mat(table, kI32, R, width, width), a.vec(pos, kI32, R)};
+  const bool fp8 = c.k_scale != nullptr;
+  std::vector<rlh_tensor> in = {a.heads(q, R, Hq, c.Dk, ldq),
+                                a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride, fp8),
+                                a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride, fp8),
+                                a.mat(table, kI32, R, width, width), a.vec(pos, kI32, R)};
   const std::vector<rlh_tensor> out = {a.heads(o, R, Hq, c.Dv, ldo)};
+  if (fp8) {
+    in.push_back(a.vec(c.k_scale, kF32, 1));
+    in.push_back(a.vec(c.v_scale, kF32, 1));
+    // FP8 caches: kernels_cuda's tensor-core kernel (one partition a row when batch-invariant)
+    const std::array<rlh_named_value, 4> bi = {at[0], at[1], at[2], attr_bool("batch_invariant", true)};
+    if (softcap != 0) throw std::invalid_argument("paged_attention: FP8 caches without soft-capping only");
+    if (batch_invariant_)
+      RLH_RUN("paged_attention/fp8/invariant", "paged_attention", in, out, (std::array<rlh_named_value, 3>{at[0], at[1], bi[3]}));
+    else
+      RLH_RUN("paged_attention/fp8", "paged_attention", in, out, std::span<const rlh_named_value>(at.data(), 2));
+    return;
+  }
   if (batch_invariant_) {
     // As gemm's: a requirement at resolution (kernels_cuda then keeps each row in one partition).
     const std::array<rlh_named_value, 4> bi = {at[0], at[1], at[2], attr_bool("batch_invariant", true)};
@@ -695,7 +713,8 @@ void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq
 }
 
 bool DeviceOps::decode_layer(const DecodeLayer& d) {
-  if (batch_invariant_ || no_decode_layer_) return false;
+  // (decode_layer_fwd's caches are bf16: FP8 caches run the ops it fuses)
+  if (batch_invariant_ || no_decode_layer_ || d.cache.k_scale != nullptr) return false;
   const PagedCache& c = d.cache;
   const int64_t C = d.C, F = d.F, D = c.Dk, Nqkv = (d.Hq + 2 * c.Hkv) * D;
   Args a(dev_);

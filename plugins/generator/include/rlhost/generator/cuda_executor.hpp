@@ -47,6 +47,10 @@ struct CudaExecutorOptions {
   // num_last_layers_in_bf16) as blockwise FP8 products through the registry (a vendor's FP8
   // provider, examples/vendor_fp8), their weights quantised once per weight set.
   engine::Fp8Options fp8;
+  // The KV cache in FP8 e4m3 with scale 1 (vllm_cfg.kv_cache_dtype fp8; docs/generator.md):
+  // half the bf16 cache's bytes, read by kernels_cuda's tensor-core paged attention (head dims
+  // 64 and 128), written by its cache write. Layers take the ops the fused decoding layer fuses.
+  bool kv_cache_fp8 = false;
   // Scratch is planned for these (the generator's Options).
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;

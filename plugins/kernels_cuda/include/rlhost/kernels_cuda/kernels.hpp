@@ -329,6 +329,10 @@ struct KvWriteArgs {
   void* k_cache = nullptr; int64_t kc_strides[4] = {0, 0, 0, 0};
   void* v_cache = nullptr; int64_t vc_strides[4] = {0, 0, 0, 0};
   int* err = nullptr;                        // set when a slot lies outside the cache
+  // FP8 caches (docs/ops.md): e4m3 codes of k / k_scale and v / v_scale (device float32 [1]
+  // each), rounded to nearest even, saturated past 448; null: caches of the op's dtype.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 };
 void kv_cache_write(const KvWriteArgs& a, cudaStream_t s);
 
@@ -350,6 +354,10 @@ struct PagedAttnArgs {
   // the block (1), or through `partials` and the combine kernel (0); -1: 1 at small batch (up
   // to 32 rows x kv heads) unless RLH_KCUDA_PAGED_BLOCK_COMBINE=0. (The tests run both.)
   int block_combine = -1;
+  // FP8 caches (e4m3 codes, value = scale x code; device float32 [1] each): the tensor-core
+  // kernel only (bf16 q and o, head dims 64 and 128). Null: caches of the op's dtype.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 };
 // Scratch the split-over-keys kernels need for a call (0 when every row fits one partition).
 int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a);

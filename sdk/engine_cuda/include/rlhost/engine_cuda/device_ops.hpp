@@ -213,10 +213,14 @@ class DeviceOps {
   // Decoding (docs/ops.md kv_cache_write, paged_attention, sample). A layer's paged cache in
   // bf16: block b's keys at k + b block_stride, [Hkv][bs][Dk] (row-major), values at
   // v + b block_stride, [Hkv][bs][Dv]; B blocks.
+  // With k_scale and v_scale (device float32 [1] each) the caches are FP8 e4m3 codes, a
+  // key's value k_scale x code (vLLM's kv_cache_dtype fp8), strides in elements of one byte.
   struct PagedCache {
     void* k = nullptr;
     void* v = nullptr;
     int64_t num_blocks = 0, block_stride = 0, block_size = 0, Hkv = 0, Dk = 0, Dv = 0;
+    const float* k_scale = nullptr;
+    const float* v_scale = nullptr;
   };
   // Row r's keys k [R, Hkv Dk] (ldk) and values v [R, Hkv Dv] (ldv) into slot slots[r] (-1: skip).
   void kv_cache_write(const void* k, int64_t ldk, const void* v, int64_t ldv, int64_t R, const int32_t* slots,
