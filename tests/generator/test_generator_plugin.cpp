@@ -274,6 +274,26 @@ TEST(GeneratorPlugin, DummyLoadThenRefitByViews) {
               std::string::npos) << sdk::status_message(st);
     rlh_status_destroy(st);
   }
+  // vllm_cfg.kv_cache_dtype: fp8 makes an FP8 cache (the executor says so); e5m2 and non-strings
+  // are refused naming the key.
+  {
+    const std::string ok = R"({"native_cfg": {"device": "cpu"}, "vllm_cfg": {"kv_cache_dtype": "fp8"}})";
+    rlh_generator* f = nullptr;
+    ASSERT_EQ(api->create(host.services(), dir.c_str(), ok.data(), ok.size(), &f), nullptr);
+    out.clear();
+    ASSERT_EQ(generate(api, f, ref.prompts, greedy(3), out), RLH_OK);
+    EXPECT_EQ(at(out, 0, 0).ids.size(), 3u);
+    api->destroy(f);
+    for (const std::string v : {"\"fp8_e5m2\"", "8"}) {
+      const std::string bad = R"({"native_cfg": {"device": "cpu"}, "vllm_cfg": {"kv_cache_dtype": )" + v + "}}";
+      rlh_generator* b = nullptr;
+      rlh_status* st = api->create(host.services(), dir.c_str(), bad.data(), bad.size(), &b);
+      ASSERT_NE(st, nullptr) << bad;
+      EXPECT_NE(sdk::status_message(st).find("policy.generation.vllm_cfg.kv_cache_dtype"), std::string::npos)
+          << sdk::status_message(st);
+      rlh_status_destroy(st);
+    }
+  }
   // The GPU's settings on the CPU are errors naming the key, not silently ignored.
   for (const char* key : {"gpu_memory_utilization", "cuda_graphs", "kv_cache_sleep"}) {
     const std::string bad = std::string(R"({"device": "cpu", ")") + key + (key[0] == 'g' ? "\": 0.5}" : "\": true}");

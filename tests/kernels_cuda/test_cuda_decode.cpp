@@ -324,7 +324,7 @@ TEST_P(CudaPagedFp8, CodesAsKernelsCpuAndAttentionOfTheirValues) {
   for (float& x : k) x = 3.f * nd(gen);
   for (float& x : v) x = nd(gen);
   k[3] = 900.f;    // saturates at k_scale 0.5 (past 448)
-  k[4] = -2e-4f;   // subnormal codes
+  k[4] = -0.003f;  // subnormal codes at both key scales (|x / k_scale| < 2^-6)
   q = from_bf16(to_bf16(q));
   k = from_bf16(to_bf16(k));
   v = from_bf16(to_bf16(v));

@@ -98,10 +98,13 @@ bool fp8_rollouts(const json& vllm, rlh::engine::Fp8Options* f) {
 }
 
 // policy.generation.vllm_cfg.kv_cache_dtype (vLLM's names): fp8 / fp8_e4m3 ask for an FP8 e4m3
-// cache; null, auto, bfloat16 and float32 keep the executor's own (the host's rule refuses the
-// rest before a generator is made, e.g. fp8_e5m2).
+// cache; null, auto, bfloat16 and float32 keep the executor's own; anything else (fp8_e5m2) is
+// refused, naming the key.
 bool kv_cache_fp8(const json& vllm) {
-  if (!vllm.is_object() || !vllm.contains("kv_cache_dtype") || !vllm["kv_cache_dtype"].is_string()) return false;
+  if (!vllm.is_object() || !vllm.contains("kv_cache_dtype") || vllm["kv_cache_dtype"].is_null()) return false;
+  if (!vllm["kv_cache_dtype"].is_string())
+    throw Error(RLH_E_INVALID_ARGUMENT, "policy.generation.vllm_cfg.kv_cache_dtype must be a string (auto, fp8, "
+                                        "fp8_e4m3), not " + vllm["kv_cache_dtype"].dump());
   const std::string v = vllm["kv_cache_dtype"].get<std::string>();
   if (v == "fp8" || v == "fp8_e4m3") return true;
   if (v == "auto" || v == "bfloat16" || v == "float32") return false;

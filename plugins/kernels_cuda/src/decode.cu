@@ -880,10 +880,8 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
   if (a.k_scale || a.v_scale) {
     if (!a.k_scale || !a.v_scale) throw std::invalid_argument("kv_cache_write: FP8 caches need both scales");
     if (a.Hkv * (a.Dk + a.Dv) >= (int64_t(1) << 31)) throw std::invalid_argument("kv_cache_write: rows too wide");
-    if (a.t == DType::bf16)
-      launch_pdl(kv_write_fp8_kernel<bf16>, unsigned(a.R), 128, 0, s, a);
-    else
-      launch_pdl(kv_write_fp8_kernel<float>, unsigned(a.R), 128, 0, s, a);
+    if (a.t != DType::bf16) throw std::invalid_argument("kv_cache_write: FP8 caches from bf16 keys and values only");
+    launch_pdl(kv_write_fp8_kernel<bf16>, unsigned(a.R), 128, 0, s, a);
     check_launch("kv_cache_write (fp8)");
     return;
   }

@@ -141,13 +141,17 @@ __device__ __forceinline__ void widen_kv_tile(bf16* Kt, bf16* Vt, const uint8_t*
 #pragma unroll 1  // (unrolled, D = 128 spilled: the products' fragments hold the registers)
   for (int i = lane; i < kBK * CH; i += 32) {
     const int r = i / CH, c = (i % CH) * 16;
+    // At D = 128 the 8 lanes of a store phase share a row: its even chunks (8 of them) would
+    // meet in pairs on the 8 groups of 4 banks, so lanes 4-7 store their odd chunk first.
+    const bool odd_first = D == 128 && (i % CH) >= 4;
+    const int c0 = odd_first ? c + 8 : c, c1 = odd_first ? c : c + 8;
     uint4 lo, hi;
     widen16(*reinterpret_cast<const uint4*>(K8 + r * D + c), lo, hi);
-    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c)) = lo;
-    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c + 8)) = hi;
+    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c0)) = odd_first ? hi : lo;
+    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c1)) = odd_first ? lo : hi;
     widen16(*reinterpret_cast<const uint4*>(V8 + r * D + c), lo, hi);
-    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c)) = lo;
-    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c + 8)) = hi;
+    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c0)) = odd_first ? hi : lo;
+    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c1)) = odd_first ? lo : hi;
   }
 }
 

@@ -393,9 +393,12 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
         const rlh_tensor &q = d->inputs[0], &kc = d->inputs[1], &vc = d->inputs[2];
         const bool row_major = kc.ndim == 4 && vc.ndim == 4 && (!kc.strides || kc.strides[3] == 1) &&
                                (!vc.strides || vc.strides[3] == 1);
-        if (q.ndim != 3 || !row_major || q.shape[2] != vc.shape[3] || (q.shape[2] != 64 && q.shape[2] != 128))
-          throw Error(RLH_E_UNIMPLEMENTED,
-                      "kernels_cuda paged_attention: FP8 caches at head dims 64 and 128 (Dk = Dv), rows of D contiguous");
+        bool chunks = true;  // 16-byte rows, blocks and heads (the codes come in by 16-byte copies)
+        for (int i = 0; i < 3 && row_major; ++i)
+          chunks = chunks && (!kc.strides || kc.strides[i] % 16 == 0) && (!vc.strides || vc.strides[i] % 16 == 0);
+        if (q.ndim != 3 || !row_major || !chunks || q.shape[2] != vc.shape[3] || (q.shape[2] != 64 && q.shape[2] != 128))
+          throw Error(RLH_E_UNIMPLEMENTED, "kernels_cuda paged_attention: FP8 caches at head dims 64 and 128 (Dk = Dv), "
+                                           "rows of D contiguous, strides multiples of 16");
       }
     }
     if (std::strcmp(s->name, "decode_layer_fwd") == 0) {
