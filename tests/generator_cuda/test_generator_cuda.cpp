@@ -834,6 +834,31 @@ TEST(GpuGenerator, KvCacheSleepGivesTheMemoryBackAndKeepsTheSamples) {
 // generator's own logprobs (teacher forcing on its KV-cache path is what GRPO's mismatch
 // measures); a refit remakes the FP8 copies before the replayed graphs read them, so the samples
 // after it equal a generator made with the new weights.
+// Two greedy runs of the same prompts side by side: the tokens each sample shares with the
+// reference before the first difference, and |dlogprob| over that shared prefix.
+struct GreedyAgreement {
+  int64_t same = 0, total = 0, compared = 0;
+  double mean = 1e9, max = 0;
+};
+GreedyAgreement greedy_agreement(const Outs& got, const Outs& ref) {
+  GreedyAgreement a;
+  double sum = 0;
+  for (const auto& [k, o] : got) {
+    const Out& want = ref.at(k);
+    size_t t = 0;
+    for (; t < o.ids.size() && t < want.ids.size() && o.ids[t] == want.ids[t]; ++t) {
+      const double d = std::fabs(double(o.logprobs[t]) - double(want.logprobs[t]));
+      sum += d;
+      a.max = std::max(a.max, d);
+      ++a.compared;
+    }
+    a.same += int64_t(t);
+    a.total += int64_t(want.ids.size());
+  }
+  if (a.compared) a.mean = sum / double(a.compared);
+  return a;
+}
+
 TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   NEED_GPU();
   Model m;
@@ -889,23 +914,11 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   EXPECT_GT(xs.graph_steps, 0) << xs.graph_error;
   // How far the FP8 rollouts are from bf16: the share of greedy tokens that agree, and the
   // mean |logprob difference| on the prefix both generators share.
-  int64_t same = 0, total = 0, compared = 0;
-  double dsum = 0;
-  for (const auto& [k, o] : got) {
-    const Out& want = ref[k];
-    size_t t = 0;
-    for (; t < o.ids.size() && t < want.ids.size() && o.ids[t] == want.ids[t]; ++t) {
-      dsum += std::fabs(double(o.logprobs[t]) - double(want.logprobs[t]));
-      ++compared;
-    }
-    same += int64_t(t);
-    total += int64_t(want.ids.size());
-  }
-  const double mean_d = compared ? dsum / double(compared) : 1e9;
+  const GreedyAgreement ag = greedy_agreement(got, ref);
   std::printf("fp8 rollouts: %lld/%lld greedy tokens as bf16's before the first difference, mean |dlogprob| %.3g\n",
-              (long long)same, (long long)total, mean_d);
-  EXPECT_GT(compared, 0);
-  EXPECT_LT(mean_d, 0.1) << "blockwise FP8 linears should stay near bf16 on a small model";
+              (long long)ag.same, (long long)ag.total, ag.mean);
+  EXPECT_GT(ag.compared, 0);
+  EXPECT_LT(ag.mean, 0.1) << "blockwise FP8 linears should stay near bf16 on a small model";
   // Refit: scaled weights in force; the graphs captured above are replayed with new FP8 copies.
   std::vector<std::vector<float>> scaled = m.weights;
   for (auto& t : scaled)
@@ -967,27 +980,13 @@ TEST_P(GpuFusedLayer, OneRowStepsFollowTheOpsAndSurviveGraphsAndRefit) {
   Outs ref;
   alone(ops, ref);
   EXPECT_EQ(cuda_executor_stats(ops.executor()).fused_layers, 0);
-  int64_t same = 0, total = 0, compared = 0;
-  double dsum = 0, dmax = 0;
-  for (const auto& [k, o] : got) {
-    const Out& want = ref[k];
-    size_t t = 0;
-    for (; t < o.ids.size() && t < want.ids.size() && o.ids[t] == want.ids[t]; ++t) {
-      const double d = std::fabs(double(o.logprobs[t]) - double(want.logprobs[t]));
-      dsum += d;
-      dmax = std::max(dmax, d);
-      ++compared;
-    }
-    same += int64_t(t);
-    total += int64_t(want.ids.size());
-  }
-  const double mean_d = compared ? dsum / double(compared) : 1e9;
+  const GreedyAgreement ag = greedy_agreement(got, ref);
   std::printf("D=%lld fused vs op by op: %lld/%lld greedy tokens before the first difference, |dlogprob| mean %.3g "
               "max %.3g\n",
-              (long long)D, (long long)same, (long long)total, mean_d, dmax);
-  EXPECT_GE(same * 2, total) << "the fused layer sums in another order only";
-  EXPECT_LT(mean_d, 1e-2);
-  EXPECT_LT(dmax, 5e-2);
+              (long long)D, (long long)ag.same, (long long)ag.total, ag.mean, ag.max);
+  EXPECT_GE(ag.same * 2, ag.total) << "the fused layer sums in another order only";
+  EXPECT_LT(ag.mean, 1e-2);
+  EXPECT_LT(ag.max, 5e-2);
   // The captured graphs replay what the op ran eagerly, bitwise (the kernel has no atomics).
   Generator eager(m.desc, gpu(Options{}, false, /*graphs=*/false));
   eager.weights().load(m.weights, 0);
@@ -1064,26 +1063,12 @@ TEST_P(GpuFp8KvCache, FollowsTheBf16CacheAndKeepsGraphsAndInvariance) {
   run(f8, prompts, r, 0, got);
   run(b16, prompts, r, 0, ref);
   EXPECT_GT(cuda_executor_stats(f8.executor()).graph_steps, 0) << cuda_executor_stats(f8.executor()).graph_error;
-  int64_t same = 0, total = 0, compared = 0;
-  double dsum = 0, dmax = 0;
-  for (const auto& [k, o] : got) {
-    const Out& want = ref[k];
-    size_t t = 0;
-    for (; t < o.ids.size() && t < want.ids.size() && o.ids[t] == want.ids[t]; ++t) {
-      const double d = std::fabs(double(o.logprobs[t]) - double(want.logprobs[t]));
-      dsum += d;
-      dmax = std::max(dmax, d);
-      ++compared;
-    }
-    same += int64_t(t);
-    total += int64_t(want.ids.size());
-  }
-  const double mean_d = compared ? dsum / double(compared) : 1e9;
+  const GreedyAgreement ag = greedy_agreement(got, ref);
   std::printf("D=%lld FP8 KV cache vs bf16: %lld/%lld greedy tokens before the first difference, |dlogprob| mean "
               "%.3g max %.3g\n",
-              (long long)D, (long long)same, (long long)total, mean_d, dmax);
-  EXPECT_GE(same * 4, total);
-  EXPECT_LT(mean_d, 5e-2);
+              (long long)D, (long long)ag.same, (long long)ag.total, ag.mean, ag.max);
+  EXPECT_GE(ag.same * 4, ag.total);
+  EXPECT_LT(ag.mean, 5e-2);
   // Deterministic mode: the graphs replay what the steps ran eagerly, bitwise (outside it a
   // graph's padded batch and table width may pick other partitions, so other roundings), and
   // each prompt alone gives the batch's samples.

@@ -21,18 +21,26 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // kv_cache_write: row r's keys and values into its slot (block slot / bs, offset slot % bs).
 
+// The slot's block and offset; false for a padding row (-1) and for a slot outside the cache
+// (which also sets the error flag).
+__device__ __forceinline__ bool slot_place(const KvWriteArgs& a, int32_t slot, int64_t& b, int64_t& off) {
+  if (slot < 0) return false;
+  b = slot / a.bs;
+  off = slot % a.bs;
+  if (b >= a.num_blocks) {
+    if (threadIdx.x == 0 && a.err) atomicExch(a.err, 1);
+    return false;
+  }
+  return true;
+}
+
 template <class T>
 __global__ void kv_write_kernel(KvWriteArgs a) {
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
   const int64_t r = blockIdx.x;
-  const int32_t slot = a.slots[r];
-  if (slot < 0) return;  // a padding row: nothing to store
-  const int64_t b = slot / a.bs, off = slot % a.bs;
-  if (b >= a.num_blocks) {
-    if (threadIdx.x == 0 && a.err) atomicExch(a.err, 1);
-    return;
-  }
+  int64_t b, off;
+  if (!slot_place(a, a.slots[r], b, off)) return;  // a padding row: nothing to store
   const T* k = static_cast<const T*>(a.k) + r * a.ldk;
   const T* v = static_cast<const T*>(a.v) + r * a.ldv;
   T* kc = static_cast<T*>(a.k_cache) + b * a.kc_strides[0] + off * a.kc_strides[2];
@@ -57,12 +65,8 @@ __global__ void kv_write_vec_kernel(KvWriteArgs a) {
   const int32_t slot = a.slots[r];
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
-  if (slot < 0) return;
-  const int64_t b = slot / a.bs, off = slot % a.bs;
-  if (b >= a.num_blocks) {
-    if (threadIdx.x == 0 && a.err) atomicExch(a.err, 1);
-    return;
-  }
+  int64_t b, off;
+  if (!slot_place(a, slot, b, off)) return;
   const int dk8 = int(a.Dk / 8), dv8 = int(a.Dv / 8), nk = int(a.Hkv) * dk8, nv = int(a.Hkv) * dv8;
   const bf16* k = static_cast<const bf16*>(a.k) + r * a.ldk;
   const bf16* v = static_cast<const bf16*>(a.v) + r * a.ldv;
@@ -81,22 +85,17 @@ __global__ void kv_write_vec_kernel(KvWriteArgs a) {
 
 // The same into FP8 e4m3 caches: each value's code of x / scale (docs/ops.md: nearest even,
 // finite values past 448 saturate, NaN stays NaN: cuda_fp8's SATFINITE conversion). The scales
-// are read before pdl_wait (uploaded once, never a step's output), as the slot.
-template <class T>
+// are read before pdl_wait (uploaded once, never a step's output), as the slot. bf16 rows.
 __global__ void kv_write_fp8_kernel(KvWriteArgs a) {
   const int64_t r = blockIdx.x;
   const int32_t slot = a.slots[r];
   const float ks = *a.k_scale, vs = *a.v_scale;
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
-  if (slot < 0) return;
-  const int64_t b = slot / a.bs, off = slot % a.bs;
-  if (b >= a.num_blocks) {
-    if (threadIdx.x == 0 && a.err) atomicExch(a.err, 1);
-    return;
-  }
-  const T* k = static_cast<const T*>(a.k) + r * a.ldk;
-  const T* v = static_cast<const T*>(a.v) + r * a.ldv;
+  int64_t b, off;
+  if (!slot_place(a, slot, b, off)) return;
+  const bf16* k = static_cast<const bf16*>(a.k) + r * a.ldk;
+  const bf16* v = static_cast<const bf16*>(a.v) + r * a.ldv;
   uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + b * a.kc_strides[0] + off * a.kc_strides[2];
   uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + b * a.vc_strides[0] + off * a.vc_strides[2];
   const int dk = int(a.Dk), dv = int(a.Dv), nk = int(a.Hkv) * dk, nv = int(a.Hkv) * dv;  // (< 2^31: checked)
@@ -104,11 +103,11 @@ __global__ void kv_write_fp8_kernel(KvWriteArgs a) {
     if (i < nk) {
       const int h = i / dk, d = i - h * dk;
       kc[h * a.kc_strides[1] + d * a.kc_strides[3]] =
-          __nv_cvt_float_to_fp8(float(k[h * dk + d]) / ks, __NV_SATFINITE, __NV_E4M3);
+          __nv_cvt_float_to_fp8(__bfloat162float(k[h * dk + d]) / ks, __NV_SATFINITE, __NV_E4M3);
     } else {
       const int j = i - nk, h = j / dv, d = j - h * dv;
       vc[h * a.vc_strides[1] + d * a.vc_strides[3]] =
-          __nv_cvt_float_to_fp8(float(v[h * dv + d]) / vs, __NV_SATFINITE, __NV_E4M3);
+          __nv_cvt_float_to_fp8(__bfloat162float(v[h * dv + d]) / vs, __NV_SATFINITE, __NV_E4M3);
     }
   }
 }
@@ -881,7 +880,7 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
     if (!a.k_scale || !a.v_scale) throw std::invalid_argument("kv_cache_write: FP8 caches need both scales");
     if (a.Hkv * (a.Dk + a.Dv) >= (int64_t(1) << 31)) throw std::invalid_argument("kv_cache_write: rows too wide");
     if (a.t != DType::bf16) throw std::invalid_argument("kv_cache_write: FP8 caches from bf16 keys and values only");
-    launch_pdl(kv_write_fp8_kernel<bf16>, unsigned(a.R), 128, 0, s, a);
+    launch_pdl(kv_write_fp8_kernel, unsigned(a.R), 128, 0, s, a);
     check_launch("kv_cache_write (fp8)");
     return;
   }
