@@ -303,13 +303,15 @@ rlh_status* gen_create(const rlh_host_api* host, const char* model_path, const c
         throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: invalid JSON: ") + e.what());
       }
       if (!cfg.is_object()) throw Error(RLH_E_INVALID_ARGUMENT, "generator config: expected a JSON object");
-      // The whole policy.generation section may be passed: then only its native_cfg is ours
-      // (and vllm_cfg's memory share and enforce_eager are read for the GPU).
+      // The whole policy.generation section may be passed (it has native_cfg or vllm_cfg: what
+      // the GRPO loop passes, or `rlhost generate --generator-config '{"vllm_cfg": ...}'`): then
+      // only its native_cfg is ours (and vllm_cfg's memory share, enforce_eager, precision,
+      // kv_cache_dtype and tensor_parallel_size are read).
       if (cfg.contains("vllm_cfg")) vllm = cfg["vllm_cfg"];
-      if (cfg.contains("native_cfg")) {
-        if (!cfg["native_cfg"].is_object())
+      if (cfg.contains("native_cfg") || cfg.contains("vllm_cfg")) {
+        if (cfg.contains("native_cfg") && !cfg["native_cfg"].is_object())
           throw Error(RLH_E_INVALID_ARGUMENT, "generator config: native_cfg must be an object");
-        json sub = cfg["native_cfg"];
+        json sub = cfg.contains("native_cfg") ? cfg["native_cfg"] : json::object();
         cfg = sub;
       }
     }
