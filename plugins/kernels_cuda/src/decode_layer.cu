@@ -94,8 +94,8 @@ template <class Done>
 __device__ __forceinline__ void spin_until(Done done) {
   if (done()) return;
   const unsigned long long t0 = now_ns();
-  while (!done())
-    if (now_ns() - t0 > 5000000000ull) __trap();
+  while (!done())  // (signed: a global timer stepped back never reads as a 5 s wait)
+    if (static_cast<long long>(now_ns() - t0) > 5000000000ll) __trap();
 }
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* b, unsigned parity) {
   unsigned ok;
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   // Only the chunks up to the row's position hold keys (the partials' layout keeps p.nch, the
   // table's capacity, as its stride).
   const int CH = chunk_for<D>(p, a.pos[0]);
-  const int64_t nc = max(int64_t(0), min(p.nch, int64_t(a.pos[0]) / CH + 1));  // (0 for a bad position)
+  const int64_t nc = a.pos[0] < 0 ? 0 : min(p.nch, int64_t(a.pos[0]) / CH + 1);  // (0 for a negative position)
   if ((a.pos[0] < 0 || a.pos[0] >= a.max_positions) && blockIdx.x == 0 && threadIdx.x == 0 && a.err)
     atomicExch(a.err, 1);  // (the output is then not defined; no read leaves the operands)
   for (int64_t u = blockIdx.x; u < a.Hkv * nc; u += p.G) attend_chunk<D>(p, u / nc, u % nc, CH, work, qs, sc);
@@ -874,6 +874,20 @@ bool counted_barrier() {
   }();
   return asked;
 }
+
+// The counted barrier rides on the claimed tiles' counters (its flag lives beside them): with
+// tiles dealt it is not used, said once so an A/B run is not mislabelled.
+bool counted_barrier_for(bool claim) {
+  if (counted_barrier() && !claim) {
+    static const bool said = [] {
+      std::fprintf(stderr, "decode_layer_fwd: RLH_KCUDA_DL_BARRIER=count needs claimed tiles "
+                           "(RLH_KCUDA_DL_CLAIM=0 was set): the generation barrier runs\n");
+      return true;
+    }();
+    (void)said;
+  }
+  return claim && counted_barrier();
+}
 }  // namespace
 
 namespace {
@@ -918,7 +932,7 @@ void decode_layer(const DecodeLayerArgs& a, cudaStream_t s) {
   p.min_chunk = min_chunk(a.D);
   raise_smem(a.D);
   p.claim = claim_tiles(a.D);
-  p.counted = p.claim && counted_barrier();
+  p.counted = counted_barrier_for(p.claim);
   Trace& tr = trace();
   p.trace = tr.on ? tr.buffer(p.G) : nullptr;
   auto kernel = layer_kernel(a.D);

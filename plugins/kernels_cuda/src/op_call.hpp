@@ -47,8 +47,9 @@ struct rlh_op {
   rlh::kcuda::DType dt = rlh::kcuda::DType::f32;
   std::vector<rlh::kcuda::Attr> attrs;
   rlh_kernels* inst = nullptr;
-  // decode_layer_fwd's grid barrier: 256 zeroed bytes of device memory, the op's own (so calls
-  // of one op handle are stream-ordered; every launch leaves it zeroed)
+  // decode_layer_fwd's grid barrier: 256 bytes of device memory, zeroed at resolution, the op's
+  // own (so calls of one op handle are stream-ordered); they carry state from launch to launch
+  // (the barrier's generation or arrival count, the claim counters' parity sets: kernels.hpp)
   unsigned* sync = nullptr;
   ~rlh_op() {
     if (sync) cudaFree(sync);
