@@ -308,8 +308,16 @@ void gemm_weight_only(const WeightOnlyArgs& w, cudaStream_t st) {
   p.c_bf16 = w.c_bf16;
   p.alpha = w.alpha;
   p.beta = w.beta;
-  // Tokens: G groups of 8 (the fewest that hold M), chunks of 64 past that.
-  const int G = w.M <= 8 ? 1 : w.M <= 16 ? 2 : w.M <= 32 ? 4 : 8;
+  // Tokens: G groups of 8 (the fewest that hold M), chunks of 64 past that. VFP8_W8_MAXG=4 (or
+  // 2, 1) caps G: more, thinner chunks (blockIdx.z), each warp's accumulators and activation
+  // loads a half (quarter) as many, the weights read once a chunk (the second time mostly from
+  // L2): the A/B for 16-64 rows, where the kernel ran at 255 registers, two blocks an SM (ncu,
+  // H100, 2026-12-06; docs in ../README.md).
+  static const int max_g = [] {
+    const int g = env_int("VFP8_W8_MAXG", 8);
+    return g >= 8 ? 8 : g >= 4 ? 4 : g >= 2 ? 2 : 1;
+  }();
+  const int G = std::min(max_g, w.M <= 8 ? 1 : w.M <= 16 ? 2 : w.M <= 32 ? 4 : 8);
   const int64_t chunks = ceil_div(w.M, 8 * G);
   // Whole 128-byte lines of each row a step for up to 8 rows of A (H100, 2026-12-06: a 1B
   // model's gate|up at 1 row in 17.1 us against 23.8 with 64 bytes); 64 bytes past that, where
