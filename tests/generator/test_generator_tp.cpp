@@ -149,8 +149,8 @@ rlh_sampling sampled(int64_t n) {
   return sp;
 }
 
-// Tokens equal; each token's logprob within fp32 rounding of the one-rank generator's.
-void expect_same(const GotMap& tp, const GotMap& one, const std::string& what) {
+// Tokens equal; each token's logprob within fp32 rounding (tol) of the one-rank generator's.
+void expect_same(const GotMap& tp, const GotMap& one, const std::string& what, double tol = 1e-5) {
   ASSERT_EQ(tp.size(), one.size()) << what;
   for (const auto& [key, want] : one) {
     const Got& got = tp.at(key);
@@ -158,7 +158,7 @@ void expect_same(const GotMap& tp, const GotMap& one, const std::string& what) {
     ASSERT_EQ(got.ids, want.ids) << at;
     ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << at;
     for (size_t i = 0; i < want.logprobs.size(); ++i)
-      EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 1e-5) << at << " token " << i;
+      EXPECT_NEAR(got.logprobs[i], want.logprobs[i], tol) << at << " token " << i;
     EXPECT_EQ(got.version, want.version) << at;
   }
 }
@@ -175,6 +175,25 @@ TEST_P(TensorParallelGenerator, EqualsOneRank) {
               GetParam() + " greedy");
   expect_same(generate(api, two, prompts(), sampled(12), 3), generate(api, one, prompts(), sampled(12), 3),
               GetParam() + " sampled");
+  api->destroy(two);
+  api->destroy(one);
+}
+
+// With the FP8 KV cache (vllm_cfg.kv_cache_dtype fp8) the two ranks still decode as one: the same
+// tokens, logprobs within FP8's rounding. (Not float32's: where a rank's keys differ from the
+// one-rank generator's in the last bits, as with Qwen3's q/k norms and MLA, a code can round the
+// other way; measured up to 1.6e-3 on these fixtures, while llama, mixtral and qwen3-moe agree
+// to 1e-5.)
+TEST_P(TensorParallelGenerator, EqualsOneRankWithTheFp8Cache) {
+  ASSERT_EQ(g_host->world_size(), 2) << "run under mpirun -np 2";
+  const std::string dir = gen::test::fixtures_root() + "/" + GetParam();
+  const rlh_generator_api* api = g_host->generator();
+  json c1 = config(1), c2 = config(2);
+  c1["vllm_cfg"]["kv_cache_dtype"] = c2["vllm_cfg"]["kv_cache_dtype"] = "fp8";
+  rlh_generator* one = create(dir, c1);
+  rlh_generator* two = create(dir, c2);
+  expect_same(generate(api, two, prompts(), sampled(12), 3), generate(api, one, prompts(), sampled(12), 3),
+              GetParam() + " sampled, FP8 KV cache", 1e-2);
   api->destroy(two);
   api->destroy(one);
 }
