@@ -60,9 +60,11 @@ namespace {
 constexpr int64_t kKvBytes = int64_t(256) << 20;
 
 // Generator options for cuda:0 (the executor planned for o's limits).
-Options gpu(Options o, bool invariant = false, bool graphs = true, int64_t kv_bytes = kKvBytes, bool sleep = false) {
+Options gpu(Options o, bool invariant = false, bool graphs = true, int64_t kv_bytes = kKvBytes, bool sleep = false,
+            bool kv_fp8 = false) {
   CudaExecutorOptions c;
   c.kv_cache_sleep = sleep;
+  c.kv_cache_fp8 = kv_fp8;
   c.kernels = rlh::test::cuda_registry();
   c.kv_cache_bytes = kv_bytes;
   c.max_num_seqs = o.max_num_seqs;
@@ -1024,20 +1026,7 @@ TEST_P(GpuFp8KvCache, FollowsTheBf16CacheAndKeepsGraphsAndInvariance) {
   Model m;
   m.desc = llama_desc(512, 256, 3, Hq, Hkv, D, 512, R"({"rope_theta": 500000.0})");
   m.weights = random_weights(m.desc, 41, 0.02f);
-  auto fp8kv = [&](Options o, bool invariant, bool graphs) {
-    CudaExecutorOptions c;
-    c.kernels = rlh::test::cuda_registry();
-    c.kv_cache_bytes = kKvBytes;
-    c.max_num_seqs = o.max_num_seqs;
-    c.max_num_batched_tokens = o.max_num_batched_tokens;
-    c.batch_invariant = invariant;
-    c.cuda_graphs = graphs;
-    c.kv_cache_fp8 = true;
-    o.ops = nullptr;
-    o.executor = cuda_executor(c);
-    o.kv_cache_bytes = kKvBytes;
-    return o;
-  };
+  auto fp8kv = [&](Options o, bool invariant, bool graphs) { return gpu(o, invariant, graphs, kKvBytes, false, true); };
   if (D == 32) {  // the tensor-core attention takes head dims 64 and 128
     try {
       Generator g(m.desc, fp8kv(Options{}, false, true));
