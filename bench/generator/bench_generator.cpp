@@ -107,11 +107,13 @@ int main(int argc, char** argv) {
   const int repeats = std::atoi(arg(argc, argv, "--repeats", "3"));
   const int threads = std::atoi(arg(argc, argv, "--threads", "2"));
   const double temperature = std::atof(arg(argc, argv, "--temperature", "0"));
+  bool kv_fp8 = false;  // --kv-fp8: the KV cache in FP8 e4m3 (vllm_cfg.kv_cache_dtype fp8)
+  for (int i = 1; i < argc; ++i) kv_fp8 = kv_fp8 || std::strcmp(argv[i], "--kv-fp8") == 0;
   const Shape* s = nullptr;
   for (const Shape& k : kShapes)
     if (shape_name == k.name) s = &k;
   if (!s || B < 1 || N < 1 || P < 1 || repeats < 1) {
-    std::fprintf(stderr, "usage: bench_generator --shape tiny|small [--batch B] [--new N] [--prompt P] [--repeats R]\n");
+    std::fprintf(stderr, "usage: bench_generator --shape tiny|small [--batch B] [--new N] [--prompt P] [--repeats R] [--kv-fp8]\n");
     return 2;
   }
   omp_set_num_threads(threads);
@@ -144,6 +146,7 @@ int main(int argc, char** argv) {
   test::KernelsCpuThroughAbi kernels({}, kcfg.c_str());
   o.ops = &kernels.ops();
   o.max_num_seqs = std::max<int64_t>(B, 1);
+  o.kv_cache_fp8 = kv_fp8;
   gen::Generator g(desc, o);
   g.weights().load(w, 0);
   w.clear();
@@ -200,7 +203,7 @@ int main(int argc, char** argv) {
               "%.1f GB/s of weights)\n",
               double(weight_bytes) / 1e6, bw / 1e9, bw / double(weight_bytes), steps_s,
               100.0 * steps_s * double(weight_bytes) / bw, steps_s * double(weight_bytes) / 1e9);
-  std::printf("RESULT impl=rlhost shape=%s batch=%lld tok_s=%.2f cpu_tok_s=%.2f roofline_pct=%.1f\n", s->name,
-              (long long)B, tok_s, cpu_tok_s, 100.0 * steps_s * double(weight_bytes) / bw);
+  std::printf("RESULT impl=rlhost shape=%s batch=%lld tok_s=%.2f cpu_tok_s=%.2f roofline_pct=%.1f kv_fp8=%d\n", s->name,
+              (long long)B, tok_s, cpu_tok_s, 100.0 * steps_s * double(weight_bytes) / bw, kv_fp8 ? 1 : 0);
   return 0;
 }

@@ -353,7 +353,7 @@ TEST_P(PagedAttention, Fp8CachesHoldRoundedCodesAndAttendToTheirValues) {
   for (float& x : k) x = 3.f * nd(g);
   for (float& x : v) x = nd(g);
   k[5] = 1000.f;   // past 448 k_scale: saturates
-  k[6] = -1e-4f;   // subnormal range
+  k[6] = -0.003f;  // subnormal codes at both key scales (|x / k_scale| < 2^-6)
   v[7] = 0.296875f;  // at v_scale 2, 0.1484375: halfway between 0.140625 and 0.15625 (ties to even)
   const KvLayout l8 = KvLayout::make(bs, {Hkv}, {D}, {Dv}, true, 1), l32 = KvLayout::make(bs, {Hkv}, {D}, {Dv});
   // A quarter of the float32 cache's bytes, up to the 64-byte rounding of a block.

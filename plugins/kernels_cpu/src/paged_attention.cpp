@@ -51,10 +51,21 @@ RLH_KCPU_INLINE v16 load16(const float* p) {
 }
 RLH_KCPU_INLINE void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 const float* const kE4m3 = e4m3_values().data();
+// 16 e4m3 codes as floats, in vector arithmetic rather than 16 table loads (the table made the
+// FP8 cache's attention ~1.45x slower at batch 16). A normal code's 7 magnitude bits placed as a
+// float32's exponent and top mantissa bits, with the exponent rebiased (+120), are its value; a
+// subnormal one (exponent 0) is its mantissa times 2^-9, converted (a float32 subnormal in
+// between would cost a microcode assist per element). Then the sign, and NaN for S.1111.111.
+typedef uint32_t u16x __attribute__((vector_size(64)));
 RLH_KCPU_INLINE v16 load16(const uint8_t* p) {
-  v16 v;
-  for (int i = 0; i < 16; ++i) v[i] = kE4m3[p[i]];
-  return v;
+  u16x c;
+  for (int i = 0; i < 16; ++i) c[i] = p[i];
+  const u16x mag = c & 0x7Fu;
+  const u16x normal = (mag << 20) + (120u << 23);  // (a vector cast below reinterprets the bits)
+  const u16x sub = (u16x)(__builtin_convertvector(mag, v16) * 0x1p-9f);
+  const u16x is_sub = (u16x)(mag < 8u), nan = (u16x)(mag == 0x7Fu);  // all ones where true
+  const u16x bits = ((sub & is_sub) | (normal & ~is_sub)) | ((c & 0x80u) << 24);
+  return (v16)((bits & ~nan) | (nan & 0x7FC00000u));
 }
 RLH_KCPU_INLINE float value(float x) { return x; }
 RLH_KCPU_INLINE float value(uint8_t c) { return kE4m3[c]; }
