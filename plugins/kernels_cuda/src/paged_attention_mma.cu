@@ -63,58 +63,47 @@ constexpr size_t smem_bytes() {
   return size_t(16 * D + 4 * kBK * D) * sizeof(bf16);  // Q [16][D], K and V [2][64][D]
 }
 
-// Positions [64 j, 64 j + 64) of kv head hk into swizzled [64][D] tiles; positions outside
-// [lo, hi] are zero-filled (their scores are masked).
-template <int D>
-__device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttnArgs& a, const int32_t* table,
-                                             int64_t hk, int64_t j, int64_t lo, int64_t hi) {
-  constexpr int CH = D / 8;            // 16-byte chunks a row
-  constexpr int STEP = 32 / CH;        // rows a pass of the warp covers
-  const int lane = threadIdx.x & 31, c = (lane % CH) * 8;
-  const bf16* kc = static_cast<const bf16*>(a.k_cache);
-  const bf16* vc = static_cast<const bf16*>(a.v_cache);
+// Positions [64 j, 64 j + 64) of kv head hk into shared memory, 16 bytes a cp.async, element
+// (r, c) of the tile at dst(r, c); positions outside [lo, hi] are zero-filled (their scores are
+// masked). T: the cache's element (bf16, or an FP8 cache's byte codes).
+template <int D, class T, class Dst>
+__device__ __forceinline__ void load_kv_rows(T* Kt, T* Vt, const PagedAttnArgs& a, const int32_t* table, int64_t hk,
+                                             int64_t j, int64_t lo, int64_t hi, Dst dst) {
+  constexpr int E = 16 / int(sizeof(T));  // elements a copy
+  constexpr int CH = D / E;               // copies a row
+  constexpr int STEP = 32 / CH;           // rows a pass of the warp covers
+  const int lane = threadIdx.x & 31, c = (lane % CH) * E;
+  const T* kc = static_cast<const T*>(a.k_cache);
+  const T* vc = static_cast<const T*>(a.v_cache);
 #pragma unroll 4
   for (int r0 = 0; r0 < kBK; r0 += STEP) {
     const int r = r0 + lane / CH;
     const int64_t p = j * kBK + r;
     const bool ok = p >= lo && p <= hi;
-    const bf16* kp = kc;
-    const bf16* vp = vc;
+    const T* kp = kc;
+    const T* vp = vc;
     if (ok) {
       const int64_t blk = table[p / a.bs], off = p % a.bs;
       kp += blk * a.kc_strides[0] + hk * a.kc_strides[1] + off * a.kc_strides[2] + c;
       vp += blk * a.vc_strides[0] + hk * a.vc_strides[1] + off * a.vc_strides[2] + c;
     }
-    cp_async16(Kt + swz<D>(r, c), kp, ok);
-    cp_async16(Vt + swz<D>(r, c), vp, ok);
+    cp_async16(Kt + dst(r, c), kp, ok);
+    cp_async16(Vt + dst(r, c), vp, ok);
   }
 }
 
-// The codes of positions [64 j, 64 j + 64) of kv head hk into plain [64][D] byte tiles (FP8
-// caches); positions outside [lo, hi] are zero codes (0.0; their scores are masked).
+// bf16 rows into swizzled [64][D] tiles (the products read them with ldmatrix).
+template <int D>
+__device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttnArgs& a, const int32_t* table,
+                                             int64_t hk, int64_t j, int64_t lo, int64_t hi) {
+  load_kv_rows<D>(Kt, Vt, a, table, hk, j, lo, hi, [](int r, int c) { return swz<D>(r, c); });
+}
+
+// FP8 codes into plain [64][D] byte tiles (widen_kv_tile reads them).
 template <int D>
 __device__ __forceinline__ void load_kv_tile8(uint8_t* K8, uint8_t* V8, const PagedAttnArgs& a, const int32_t* table,
                                               int64_t hk, int64_t j, int64_t lo, int64_t hi) {
-  constexpr int CH = D / 16;           // 16-byte chunks (16 codes) a row
-  constexpr int STEP = 32 / CH;        // rows a pass of the warp covers
-  const int lane = threadIdx.x & 31, c = (lane % CH) * 16;
-  const uint8_t* kc = static_cast<const uint8_t*>(a.k_cache);
-  const uint8_t* vc = static_cast<const uint8_t*>(a.v_cache);
-#pragma unroll 4
-  for (int r0 = 0; r0 < kBK; r0 += STEP) {
-    const int r = r0 + lane / CH;
-    const int64_t p = j * kBK + r;
-    const bool ok = p >= lo && p <= hi;
-    const uint8_t* kp = kc;
-    const uint8_t* vp = vc;
-    if (ok) {
-      const int64_t blk = table[p / a.bs], off = p % a.bs;
-      kp += blk * a.kc_strides[0] + hk * a.kc_strides[1] + off * a.kc_strides[2] + c;
-      vp += blk * a.vc_strides[0] + hk * a.vc_strides[1] + off * a.vc_strides[2] + c;
-    }
-    cp_async16(K8 + r * D + c, kp, ok);
-    cp_async16(V8 + r * D + c, vp, ok);
-  }
+  load_kv_rows<D>(K8, V8, a, table, hk, j, lo, hi, [](int r, int c) { return r * D + c; });
 }
 
 // 16 e4m3 codes to 16 bf16 values (exact: the codes convert to half exactly, and half's values
