@@ -685,31 +685,24 @@ void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq
                                 a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride, fp8),
                                 a.mat(table, kI32, R, width, width), a.vec(pos, kI32, R)};
   const std::vector<rlh_tensor> out = {a.heads(o, R, Hq, c.Dv, ldo)};
-  if (fp8) {
+  if (fp8) {  // (kernels_cuda's tensor-core kernel reads them; it does not soft-cap)
+    if (softcap != 0) throw std::invalid_argument("paged_attention: FP8 caches without soft-capping only");
     in.push_back(a.vec(c.k_scale, kF32, 1));
     in.push_back(a.vec(c.v_scale, kF32, 1));
-    // FP8 caches: kernels_cuda's tensor-core kernel (one partition a row when batch-invariant)
-    const std::array<rlh_named_value, 4> bi = {at[0], at[1], at[2], attr_bool("batch_invariant", true)};
-    if (softcap != 0) throw std::invalid_argument("paged_attention: FP8 caches without soft-capping only");
-    if (batch_invariant_)
-      RLH_RUN("paged_attention/fp8/invariant", "paged_attention", in, out, (std::array<rlh_named_value, 3>{at[0], at[1], bi[3]}));
-    else
-      RLH_RUN("paged_attention/fp8", "paged_attention", in, out, std::span<const rlh_named_value>(at.data(), 2));
-    return;
   }
-  if (batch_invariant_) {
-    // As gemm's: a requirement at resolution (kernels_cuda then keeps each row in one partition).
-    const std::array<rlh_named_value, 4> bi = {at[0], at[1], at[2], attr_bool("batch_invariant", true)};
-    if (softcap != 0)
-      RLH_RUN("paged_attention/capped/invariant", "paged_attention", in, out, bi);
-    else
-      RLH_RUN("paged_attention/invariant", "paged_attention", in, out, (std::array<rlh_named_value, 3>{at[0], at[1], bi[3]}));
-    return;
-  }
-  if (softcap != 0)
-    RLH_RUN("paged_attention/capped", "paged_attention", in, out, at);
-  else
-    RLH_RUN("paged_attention", "paged_attention", in, out, std::span<const rlh_named_value>(at.data(), 2));
+  // Attributes: scale, window, softcap where it caps, and batch_invariant as a requirement at
+  // resolution where asked (as gemm's: kernels_cuda then keeps each row in one partition). One
+  // resolved handle per form, keyed by its literal: [fp8][batch_invariant][capped].
+  static const char* const kKeys[2][2][2] = {
+      {{"paged_attention", "paged_attention/capped"}, {"paged_attention/invariant", "paged_attention/capped/invariant"}},
+      {{"paged_attention/fp8", nullptr}, {"paged_attention/fp8/invariant", nullptr}}};
+  const bool capped = softcap != 0;
+  std::array<rlh_named_value, 4> attrs = {at[0], at[1]};
+  size_t n = 2;
+  if (capped) attrs[n++] = at[2];
+  if (batch_invariant_) attrs[n++] = attr_bool("batch_invariant", true);
+  const std::span<const rlh_named_value> used(attrs.data(), n);
+  run(op(kKeys[fp8][batch_invariant_][capped], "paged_attention", in, out, used), in, out, used);
 }
 
 bool DeviceOps::decode_layer(const DecodeLayer& d) {
