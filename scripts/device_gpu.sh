@@ -25,6 +25,7 @@
 #            (test_generator_cuda), the paged_attention row of check-kernels (bf16xe4m3), then
 #            decoding at KVFP8_CASES (b64 b256) with bf16 caches, FP8 caches, and FP8 rollouts
 #            with and without FP8 caches (#21's decode ratio)
+#            (KVFP8_TESTS=0: the figures only; KVFP8_VARIANTS, KVFP8_TAG: a log suffix)
 #     fp8decode: decoding at FP8DEC_CASES (b1 b64 b256) in bf16, FP8 (weight-only products up to 64
 #                rows) and FP8 with quantised activations (RLH_GEN_FP8_WEIGHT_ONLY=0), one run
 #     fp8engine: the CUDA engine's FP8 linears against bf16 (test_cuda_engine_fp8), delayed scaling's
@@ -266,20 +267,22 @@ PY
     done
   fi
 fi
-if [ "$what" = kvfp8 ]; then
+if [ "$what" = kvfp8 ] && [ "${KVFP8_TESTS:-1}" != 0 ]; then  # KVFP8_TESTS=0: the decoding figures only
   "$bin/test_cuda_decode" --gtest_filter='*Fp8*:*CudaPaged.*' --gtest_brief=1 > "$out/kvfp8_decode.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|rror" "$out/kvfp8_decode.log" | head -30
   "$bin/test_generator_cuda" --gtest_filter='*Fp8KvCache*' > "$out/kvfp8_generator.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FP8 KV|Failure|Expected|Which is|actual|rror" "$out/kvfp8_generator.log" | head -30
   "$bin/rlhost" check-kernels --plugin "$bin/libkernels_cuda.so" --op paged_attention > "$out/kvfp8_check.log" 2>&1 || rc=1
   grep -E "^(op |paged|FAIL)|error" "$out/kvfp8_check.log" | head -8
+fi
+if [ "$what" = kvfp8 ]; then
   for c in ${KVFP8_CASES:-b64 b256}; do
-    for v in bf16 kvfp8 fp8 fp8+kvfp8; do
+    for v in ${KVFP8_VARIANTS:-bf16 kvfp8 fp8 fp8+kvfp8}; do
       f=""
       case "$v" in kvfp8) f=--kv-fp8 ;; fp8) f=--fp8 ;; fp8+kvfp8) f="--fp8 --kv-fp8" ;; esac
       RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
-        > "$out/kvfp8_${c}_$v.log" 2>&1 || rc=1
-      echo "$v: $(grep -E "^$c |rror" "$out/kvfp8_${c}_$v.log" | head -2)"
+        > "$out/kvfp8_${c}_$v${KVFP8_TAG:-}.log" 2>&1 || rc=1
+      echo "$v: $(grep -E "^$c |rror" "$out/kvfp8_${c}_$v${KVFP8_TAG:-}.log" | head -2)"
     done
   done
 fi
