@@ -667,7 +667,7 @@ if [ "$what" = genprofile ]; then
   # not a result), then Nsight Compute's per-kernel durations over a few decoding steps, op by op
   # (graphs off; the kernels are the same). Clocks left alone (METHOD.md).
   #   GENPROF_CASES="b1:2500 b256:4500"  case:launches skipped (past the prefill)
-  #   GENPROF_FP8="0 1"                  bf16 weights, then FP8 rollouts (the vendor's plugin)
+  #   GENPROF_FP8="0 1 2"                bf16 weights, FP8 rollouts (the vendor's plugin), and those with the FP8 KV cache
   #   GENPROF_BENCH=0                    without the benchmark first
   if [ "${GENPROF_BENCH:-1}" != 0 ]; then
     echo "== bench_generator_cuda (alone) =="
@@ -677,6 +677,7 @@ if [ "$what" = genprofile ]; then
     for c in ${GENPROF_CASES:-b1:2500 b256:4500}; do
       name=${c%%:*} skip=${c##*:} flag=
       [ "$f" = 1 ] && flag=--fp8 && name=${name}_fp8
+      [ "$f" = 2 ] && flag="--fp8 --kv-fp8" && name=${name}_fp8kv
       echo "== ncu: ${c%%:*} ${flag}, ~3 decoding steps =="
       RLH_TEST_PLUGIN_DIR=$fp8_plugins timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --metrics gpu__time_duration.sum \
         --csv --launch-skip "$skip" --launch-count 700 "$bin/bench_generator_cuda" --shape llama1b \
