@@ -233,7 +233,7 @@ fi
 if [ "$what" = w8bench ]; then
   # The weight-only FP8 product alone at a decoding step's shapes (bench_fp8_gemm --decode),
   # with each W8BENCH_VARIANTS env setting (commas: several), then ncu on the default's kernels.
-  for v in ${W8BENCH_VARIANTS:-DEFAULT=1 VFP8_W8_MAXG=4 VFP8_W8_MAXG=2 VFP8_W8_SPLITS=1 VFP8_W8_SPLITS=4 VFP8_W8_PDL=0}; do
+  for v in ${W8BENCH_VARIANTS:-DEFAULT=1 VFP8_W8_MAXG=8 VFP8_W8_MAXG=2 VFP8_W8_SPLITS=1 VFP8_W8_SPLITS=4 VFP8_W8_PDL=0}; do
     echo "== bench_fp8_gemm --decode 1 with $v =="
     env ${v//,/ } "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 2>&1 | tee "$out/w8bench_$v.log" |
       sed -E 's/RESULT impl=rlhost name=decode_//'

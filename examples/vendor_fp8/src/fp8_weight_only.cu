@@ -337,13 +337,15 @@ void gemm_weight_only(const WeightOnlyArgs& w, cudaStream_t st) {
   p.c_bf16 = w.c_bf16;
   p.alpha = w.alpha;
   p.beta = w.beta;
-  // Tokens: G groups of 8 (the fewest that hold M), chunks of 64 past that. VFP8_W8_MAXG=4 (or
-  // 2, 1) caps G: more, thinner chunks (blockIdx.z), each warp's accumulators and activation
-  // loads a half (quarter) as many, the weights read once a chunk (the second time mostly from
-  // L2): the A/B for 16-64 rows, where the kernel ran at 255 registers, two blocks an SM (ncu,
-  // H100, 2026-12-06; docs in ../README.md).
+  // Tokens: G groups of 8 (the fewest that hold M, at most 4), chunks of 32 past that: 64 rows
+  // as two chunks, each warp's accumulators and activation loads half as many (168 registers
+  // against 254), more blocks an SM, the weights read once a chunk (the second time mostly from
+  // L2). At 64 rows the four products of a Llama-3.2-1B layer took 89 us against 106 with one
+  // chunk of 8 groups (gate|up 46.6 / 51.9, down 21.2 / 29.4; H100, 2026-12-06,
+  // bench/results/h100-2026-12-06-s22-kvfp8-w8-fusedlayer-profile.log). VFP8_W8_MAXG=8 (or 2,
+  // 1) is the A/B.
   static const int max_g = [] {
-    const int g = env_int("VFP8_W8_MAXG", 8);
+    const int g = env_int("VFP8_W8_MAXG", 4);
     return g >= 8 ? 8 : g >= 4 ? 4 : g >= 2 ? 2 : 1;
   }();
   const int G = std::min(max_g, w.M <= 8 ? 1 : w.M <= 16 ? 2 : w.M <= 32 ? 4 : 8);
