@@ -75,6 +75,14 @@ __device__ __forceinline__ void load_kv_rows(T* Kt, T* Vt, const PagedAttnArgs& 
   const int lane = threadIdx.x & 31, c = (lane % CH) * E;
   const T* kc = static_cast<const T*>(a.k_cache);
   const T* vc = static_cast<const T*>(a.v_cache);
+  const T* kh = kc + hk * a.kc_strides[1] + c;  // this kv head's rows, this lane's columns
+  const T* vh = vc + hk * a.vc_strides[1] + c;
+  // A position's block and slot in 32-bit arithmetic (positions and block sizes fit), by shift
+  // and mask for a power-of-two block size (the generator's): a 64-bit division by a run-time
+  // value is a long subroutine, and these are 16 a tile a lane, most of the loads' instructions.
+  const uint32_t bsu = uint32_t(a.bs);
+  const bool pow2 = (bsu & (bsu - 1)) == 0;
+  const int sh = __ffs(int(bsu)) - 1;
 #pragma unroll 4
   for (int r0 = 0; r0 < kBK; r0 += STEP) {
     const int r = r0 + lane / CH;
@@ -82,10 +90,23 @@ __device__ __forceinline__ void load_kv_rows(T* Kt, T* Vt, const PagedAttnArgs& 
     const bool ok = p >= lo && p <= hi;
     const T* kp = kc;
     const T* vp = vc;
-    if (ok) {
+    if (ok && a.div64) {
       const int64_t blk = table[p / a.bs], off = p % a.bs;
-      kp += blk * a.kc_strides[0] + hk * a.kc_strides[1] + off * a.kc_strides[2] + c;
-      vp += blk * a.vc_strides[0] + hk * a.vc_strides[1] + off * a.vc_strides[2] + c;
+      kp = kh + blk * a.kc_strides[0] + off * a.kc_strides[2];
+      vp = vh + blk * a.vc_strides[0] + off * a.vc_strides[2];
+    } else if (ok) {
+      const uint32_t pu = uint32_t(p);
+      uint32_t bi, off;
+      if (pow2) {
+        bi = pu >> sh;
+        off = pu & (bsu - 1);
+      } else {
+        bi = pu / bsu;
+        off = pu - bi * bsu;
+      }
+      const int64_t blk = table[bi];
+      kp = kh + blk * a.kc_strides[0] + int64_t(off) * a.kc_strides[2];
+      vp = vh + blk * a.vc_strides[0] + int64_t(off) * a.vc_strides[2];
     }
     cp_async16(Kt + dst(r, c), kp, ok);
     cp_async16(Vt + dst(r, c), vp, ok);
@@ -522,10 +543,16 @@ int64_t paged_attention_mma_workspace_bytes(const PagedAttnArgs& a) {
 void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s) {
   if (a.R == 0) return;
   const bool fp8 = a.k_scale != nullptr;
-  if (a.Dk == 64)
-    fp8 ? launch<64, true>(a, s) : launch<64, false>(a, s);
+  static const bool div64 = [] {
+    const char* e = std::getenv("RLH_KCUDA_PAGED_DIV64");
+    return e && *e == '1';
+  }();
+  PagedAttnArgs b = a;
+  b.div64 = div64;
+  if (b.Dk == 64)
+    fp8 ? launch<64, true>(b, s) : launch<64, false>(b, s);
   else
-    fp8 ? launch<128, true>(a, s) : launch<128, false>(a, s);
+    fp8 ? launch<128, true>(b, s) : launch<128, false>(b, s);
   check_launch("paged_attention (mma)");
 }
 
