@@ -58,8 +58,10 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (2026-12-06, twenty-first session: kvfp8, fusedlayer in all
-#              its forms, then compilepair)
+#              first, for one short call (2026-12-06, twenty-second session: pagedaddr, fp8, then
+#              compilepair)
+#     pagedaddr: paged attention's 32-bit block arithmetic: its tests, then RLH_KCUDA_PAGED_DIV64=1|0
+#                decoding A/B (PAGEDADDR_CASES="b256 b64", bf16 and FP8 caches)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -85,14 +87,27 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (twentieth session): fp8, fp8decode (b1, b64), stepprofile and two fusedlayer
-  # runs went through; the fused layer's last changes (norm weights with x, the staged combine,
-  # the cache-prefetch warp, smaller attention chunks and the counted barrier as A/B forms) have
-  # not run. Left: fusedlayer (all forms), then the 1B step beside torch.compile (compilepair).
-  # The twenty-first session (no device time) built the FP8 KV cache on the GPU: kvfp8 first.
-  # BACKLOG="fusedlayer compilepair" picks (all three may pass one call's 600 s).
-  for st in ${BACKLOG:-kvfp8 fusedlayer compilepair}; do
+  # 2026-12-06 (twenty-second session): kvfp8, w8bench, fusedlayer (every form slower than op by
+  # op) and genprofile at b64/b256 with FP8 ran. Left: the paged attention's 32-bit addressing
+  # (pagedaddr: its tests, then the A/B), vendor_fp8's weight-only product at its new default of
+  # 4 token groups (fp8: test_vendor_fp8 and check-kernels), then the 1B step beside
+  # torch.compile (compilepair). BACKLOG="..." picks (all may pass one call's 600 s).
+  for st in ${BACKLOG:-pagedaddr fp8 compilepair}; do
     bash "$0" "$st" || rc=1
+  done
+  exit $rc
+fi
+if [ "$what" = pagedaddr ]; then
+  # paged_attention_mma's 32-bit block arithmetic (twenty-second session, not run then): the
+  # decode kernels' tests and the generator's paged, FP8, deterministic and llama fixture tests,
+  # then decoding at PAGEDADDR_CASES (b256 b64) in bf16 and with FP8 caches, the old 64-bit
+  # division (RLH_KCUDA_PAGED_DIV64=1) against the new, twice each, in one call.
+  GTEST_FILTER='*Paged*:*Fp8*:*Deterministic*:*GpuFixture*llama_tiny*' TESTS="test_cuda_decode test_generator_cuda" \
+    bash "$0" gentests || rc=1
+  for v in 1 0 1 0; do
+    echo "== RLH_KCUDA_PAGED_DIV64=$v =="
+    RLH_KCUDA_PAGED_DIV64=$v KVFP8_TESTS=0 KVFP8_CASES="${PAGEDADDR_CASES:-b256 b64}" KVFP8_VARIANTS="bf16 kvfp8" \
+      KVFP8_TAG=_div$v bash "$0" kvfp8 || rc=1
   done
   exit $rc
 fi
