@@ -60,8 +60,9 @@
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
 #              first, for one short call (2026-12-06, twenty-second session: pagedaddr, fp8, then
 #              compilepair)
-#     pagedaddr: paged attention's 32-bit block arithmetic: its tests, then RLH_KCUDA_PAGED_DIV64=1|0
-#                decoding A/B (PAGEDADDR_CASES="b256 b64", bf16 and FP8 caches)
+#     pagedaddr: paged attention's 32-bit block arithmetic and the vector FP8 cache write: their
+#                tests, then the RLH_KCUDA_PAGED_DIV64=1|0 decoding A/B (PAGEDADDR_CASES="b256 b64",
+#                bf16 and FP8 caches) and RLH_KCUDA_KV_FP8_SCALAR=1|0 at b256
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -108,6 +109,11 @@ if [ "$what" = pagedaddr ]; then
     echo "== RLH_KCUDA_PAGED_DIV64=$v =="
     RLH_KCUDA_PAGED_DIV64=$v KVFP8_TESTS=0 KVFP8_CASES="${PAGEDADDR_CASES:-b256 b64}" KVFP8_VARIANTS="bf16 kvfp8" \
       KVFP8_TAG=_div$v bash "$0" kvfp8 || rc=1
+  done
+  for v in 1 0; do  # the FP8 cache write a code a thread (1) or 8 values a thread (0)
+    echo "== RLH_KCUDA_KV_FP8_SCALAR=$v =="
+    RLH_KCUDA_KV_FP8_SCALAR=$v KVFP8_TESTS=0 KVFP8_CASES=b256 KVFP8_VARIANTS=kvfp8 KVFP8_TAG=_scalar$v \
+      bash "$0" kvfp8 || rc=1
   done
   exit $rc
 fi
