@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <cuda_fp8.h>
 
@@ -55,37 +56,66 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
   }
 }
 
+// 8 values' e4m3 codes of x / s as 8 bytes, each the code kv_write_fp8_kernel writes (the same
+// conversion of the same quotient).
+__device__ __forceinline__ uint2 fp8_codes8(const uint4& u, float s) {
+  const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&u);
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h2[k]);
+    const uint32_t c0 = __nv_cvt_float_to_fp8(f.x / s, __NV_SATFINITE, __NV_E4M3);
+    const uint32_t c1 = __nv_cvt_float_to_fp8(f.y / s, __NV_SATFINITE, __NV_E4M3);
+    w[k / 2] |= (c0 | (c1 << 8)) << (16 * (k % 2));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
 // The same for bf16 rows whose head dims are contiguous and 16-byte aligned: 8 values a thread,
 // with 32-bit index math (the scalar kernel's 64-bit divisions per value made a write of one
-// row's 1024 values take ~6 us, a tenth of a batch-1 layer).
+// row's 1024 values take ~6 us, a tenth of a batch-1 layer). FP8: into e4m3 caches, their
+// 8 codes stored as 8 bytes (kv_write_fp8_kernel below takes the rest).
+template <bool FP8>
 __global__ void kv_write_vec_kernel(KvWriteArgs a) {
   // The slot, which no kernel of a step writes (uploaded; docs/kernels_cuda.md "pdl_wait"), is
-  // read before pdl_wait; the keys and values, which the kernels before write, after it.
+  // read before pdl_wait (and an FP8 cache's scales: uploaded once, never a step's output); the
+  // keys and values, which the kernels before write, after it.
   const int64_t r = blockIdx.x;
   const int32_t slot = a.slots[r];
+  const float ks = FP8 ? *a.k_scale : 1.f, vs = FP8 ? *a.v_scale : 1.f;
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
   int64_t b, off;
   if (!slot_place(a, slot, b, off)) return;
+  using C = std::conditional_t<FP8, uint8_t, bf16>;  // the cache's element
   const int dk8 = int(a.Dk / 8), dv8 = int(a.Dv / 8), nk = int(a.Hkv) * dk8, nv = int(a.Hkv) * dv8;
   const bf16* k = static_cast<const bf16*>(a.k) + r * a.ldk;
   const bf16* v = static_cast<const bf16*>(a.v) + r * a.ldv;
-  bf16* kc = static_cast<bf16*>(a.k_cache) + b * a.kc_strides[0] + off * a.kc_strides[2];
-  bf16* vc = static_cast<bf16*>(a.v_cache) + b * a.vc_strides[0] + off * a.vc_strides[2];
+  C* kc = static_cast<C*>(a.k_cache) + b * a.kc_strides[0] + off * a.kc_strides[2];
+  C* vc = static_cast<C*>(a.v_cache) + b * a.vc_strides[0] + off * a.vc_strides[2];
+  // 8 values: a 16-byte copy, or (FP8) their 8 codes as 8 bytes.
+  const auto put = [](C* dst, const bf16* src, float s) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    if constexpr (FP8) *reinterpret_cast<uint2*>(dst) = fp8_codes8(u, s);
+    else *reinterpret_cast<uint4*>(dst) = u;
+  };
   for (int i = threadIdx.x; i < nk + nv; i += blockDim.x) {
     if (i < nk) {
       const int h = i / dk8, d = (i - h * dk8) * 8;
-      *reinterpret_cast<uint4*>(kc + h * a.kc_strides[1] + d) = *reinterpret_cast<const uint4*>(k + h * a.Dk + d);
+      put(kc + h * a.kc_strides[1] + d, k + h * a.Dk + d, ks);
     } else {
       const int j = i - nk, h = j / dv8, d = (j - h * dv8) * 8;
-      *reinterpret_cast<uint4*>(vc + h * a.vc_strides[1] + d) = *reinterpret_cast<const uint4*>(v + h * a.Dv + d);
+      put(vc + h * a.vc_strides[1] + d, v + h * a.Dv + d, vs);
     }
   }
 }
 
 // The same into FP8 e4m3 caches: each value's code of x / scale (docs/ops.md: nearest even,
 // finite values past 448 saturate, NaN stays NaN: cuda_fp8's SATFINITE conversion). The scales
-// are read before pdl_wait (uploaded once, never a step's output), as the slot. bf16 rows.
+// are read before pdl_wait (uploaded once, never a step's output), as the slot. bf16 rows. A code
+// a thread: for rows and caches the vector form (kv_write_vec_kernel<true>, 8 values a thread)
+// does not take; it took 7.5 us a layer at batch 256 of Llama-3.2-1B against 4.0 for the bf16
+// cache's vector write (ncu, H100, 2026-12-06).
 __global__ void kv_write_fp8_kernel(KvWriteArgs a) {
   const int64_t r = blockIdx.x;
   const int32_t slot = a.slots[r];
@@ -108,49 +138,6 @@ __global__ void kv_write_fp8_kernel(KvWriteArgs a) {
       const int j = i - nk, h = j / dv, d = j - h * dv;
       vc[h * a.vc_strides[1] + d * a.vc_strides[3]] =
           __nv_cvt_float_to_fp8(__bfloat162float(v[h * dv + d]) / vs, __NV_SATFINITE, __NV_E4M3);
-    }
-  }
-}
-
-// The same, 8 values a thread: one 16-byte load of bf16 keys or values, 8 codes stored as 8
-// bytes, each code the scalar kernel's (the same conversion of the same quotient), for rows and
-// caches that allow it. The scalar kernel took 7.5 us a layer at batch 256 of Llama-3.2-1B
-// against 4.0 for the bf16 cache's vector write (ncu, H100, 2026-12-06).
-__device__ __forceinline__ uint2 fp8_codes8(const uint4& u, float s) {
-  const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&u);
-  uint32_t w[2] = {0, 0};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(h2[k]);
-    const uint32_t c0 = __nv_cvt_float_to_fp8(f.x / s, __NV_SATFINITE, __NV_E4M3);
-    const uint32_t c1 = __nv_cvt_float_to_fp8(f.y / s, __NV_SATFINITE, __NV_E4M3);
-    w[k / 2] |= (c0 | (c1 << 8)) << (16 * (k % 2));
-  }
-  return make_uint2(w[0], w[1]);
-}
-
-__global__ void kv_write_fp8_vec_kernel(KvWriteArgs a) {
-  const int64_t r = blockIdx.x;
-  const int32_t slot = a.slots[r];
-  const float ks = *a.k_scale, vs = *a.v_scale;
-  pdl_wait();  // launched by launch_pdl (common.cuh)
-  pdl_trigger();
-  int64_t b, off;
-  if (!slot_place(a, slot, b, off)) return;
-  const int dk8 = int(a.Dk / 8), dv8 = int(a.Dv / 8), nk = int(a.Hkv) * dk8, nv = int(a.Hkv) * dv8;
-  const bf16* k = static_cast<const bf16*>(a.k) + r * a.ldk;
-  const bf16* v = static_cast<const bf16*>(a.v) + r * a.ldv;
-  uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + b * a.kc_strides[0] + off * a.kc_strides[2];
-  uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + b * a.vc_strides[0] + off * a.vc_strides[2];
-  for (int i = threadIdx.x; i < nk + nv; i += blockDim.x) {
-    if (i < nk) {
-      const int h = i / dk8, d = (i - h * dk8) * 8;
-      *reinterpret_cast<uint2*>(kc + h * a.kc_strides[1] + d) =
-          fp8_codes8(*reinterpret_cast<const uint4*>(k + h * a.Dk + d), ks);
-    } else {
-      const int j = i - nk, h = j / dv8, d = (j - h * dv8) * 8;
-      *reinterpret_cast<uint2*>(vc + h * a.vc_strides[1] + d) =
-          fp8_codes8(*reinterpret_cast<const uint4*>(v + h * a.Dv + d), vs);
     }
   }
 }
@@ -933,7 +920,7 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
       const char* e = std::getenv("RLH_KCUDA_KV_FP8_SCALAR");
       return e && *e == '1';
     }();
-    launch_pdl(vec && !scalar ? kv_write_fp8_vec_kernel : kv_write_fp8_kernel, unsigned(a.R), 128, 0, s, a);
+    launch_pdl(vec && !scalar ? kv_write_vec_kernel<true> : kv_write_fp8_kernel, unsigned(a.R), 128, 0, s, a);
     check_launch("kv_cache_write (fp8)");
     return;
   }
@@ -944,7 +931,7 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
                    a.kc_strides[2] % 8 == 0 && a.vc_strides[0] % 8 == 0 && a.vc_strides[1] % 8 == 0 &&
                    a.vc_strides[2] % 8 == 0 && a.Hkv * (a.Dk + a.Dv) / 8 < (int64_t(1) << 30);
   if (vec)
-    launch_pdl(kv_write_vec_kernel, unsigned(a.R), 128, 0, s, a);
+    launch_pdl(kv_write_vec_kernel<false>, unsigned(a.R), 128, 0, s, a);
   else if (a.t == DType::bf16)
     launch_pdl(kv_write_kernel<bf16>, unsigned(a.R), 128, 0, s, a);
   else
