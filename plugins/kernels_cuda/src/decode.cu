@@ -904,33 +904,32 @@ __global__ void __launch_bounds__(kSamplePartThreads) sample_final_kernel(Sample
 
 }  // namespace
 
+// Whether kv_write_vec_kernel takes the call: bf16 rows whose head dims are contiguous and 16-byte
+// aligned, caches of elem-byte elements whose 8-value runs are aligned (16 bytes for bf16, 8 for
+// FP8 codes), and 32-bit index math.
+static bool vec_rows(const KvWriteArgs& a, uintptr_t elem) {
+  const auto at = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  return a.t == DType::bf16 && a.Dk % 8 == 0 && a.Dv % 8 == 0 && a.ldk % 8 == 0 && a.ldv % 8 == 0 &&
+         a.kc_strides[3] == 1 && a.vc_strides[3] == 1 && at(a.k, 16) && at(a.v, 16) && at(a.k_cache, 8 * elem) &&
+         at(a.v_cache, 8 * elem) && a.kc_strides[0] % 8 == 0 && a.kc_strides[1] % 8 == 0 &&
+         a.kc_strides[2] % 8 == 0 && a.vc_strides[0] % 8 == 0 && a.vc_strides[1] % 8 == 0 &&
+         a.vc_strides[2] % 8 == 0 && a.Hkv * (a.Dk + a.Dv) / 8 < (int64_t(1) << 30);
+}
+
 void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
   if (a.R == 0) return;
   if (a.k_scale || a.v_scale) {
     if (!a.k_scale || !a.v_scale) throw std::invalid_argument("kv_cache_write: FP8 caches need both scales");
     if (a.Hkv * (a.Dk + a.Dv) >= (int64_t(1) << 31)) throw std::invalid_argument("kv_cache_write: rows too wide");
     if (a.t != DType::bf16) throw std::invalid_argument("kv_cache_write: FP8 caches from bf16 keys and values only");
-    const auto at = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
-    const bool vec = a.Dk % 8 == 0 && a.Dv % 8 == 0 && a.ldk % 8 == 0 && a.ldv % 8 == 0 && at(a.k, 16) &&
-                     at(a.v, 16) && a.kc_strides[3] == 1 && a.vc_strides[3] == 1 && at(a.k_cache, 8) &&
-                     at(a.v_cache, 8) && a.kc_strides[0] % 8 == 0 && a.kc_strides[1] % 8 == 0 &&
-                     a.kc_strides[2] % 8 == 0 && a.vc_strides[0] % 8 == 0 && a.vc_strides[1] % 8 == 0 &&
-                     a.vc_strides[2] % 8 == 0;
-    static const bool scalar = [] {  // the A/B: RLH_KCUDA_KV_FP8_SCALAR=1 writes a code a thread
-      const char* e = std::getenv("RLH_KCUDA_KV_FP8_SCALAR");
-      return e && *e == '1';
-    }();
-    launch_pdl(vec && !scalar ? kv_write_vec_kernel<true> : kv_write_fp8_kernel, unsigned(a.R), 128, 0, s, a);
+    // RLH_KCUDA_KV_FP8_VEC=0 writes a code a thread everywhere (the A/B).
+    static const bool vec_on = env_switch_on("RLH_KCUDA_KV_FP8_VEC");
+    launch_pdl(vec_on && vec_rows(a, 1) ? kv_write_vec_kernel<true> : kv_write_fp8_kernel, unsigned(a.R), 128, 0, s,
+               a);
     check_launch("kv_cache_write (fp8)");
     return;
   }
-  auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = a.t == DType::bf16 && a.Dk % 8 == 0 && a.Dv % 8 == 0 && a.ldk % 8 == 0 && a.ldv % 8 == 0 &&
-                   a.kc_strides[3] == 1 && a.vc_strides[3] == 1 && a16(a.k) && a16(a.v) && a16(a.k_cache) &&
-                   a16(a.v_cache) && a.kc_strides[0] % 8 == 0 && a.kc_strides[1] % 8 == 0 &&
-                   a.kc_strides[2] % 8 == 0 && a.vc_strides[0] % 8 == 0 && a.vc_strides[1] % 8 == 0 &&
-                   a.vc_strides[2] % 8 == 0 && a.Hkv * (a.Dk + a.Dv) / 8 < (int64_t(1) << 30);
-  if (vec)
+  if (vec_rows(a, 2))
     launch_pdl(kv_write_vec_kernel<false>, unsigned(a.R), 128, 0, s, a);
   else if (a.t == DType::bf16)
     launch_pdl(kv_write_kernel<bf16>, unsigned(a.R), 128, 0, s, a);

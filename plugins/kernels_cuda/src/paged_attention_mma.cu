@@ -543,10 +543,7 @@ int64_t paged_attention_mma_workspace_bytes(const PagedAttnArgs& a) {
 void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s) {
   if (a.R == 0) return;
   const bool fp8 = a.k_scale != nullptr;
-  static const bool div64 = [] {
-    const char* e = std::getenv("RLH_KCUDA_PAGED_DIV64");
-    return e && *e == '1';
-  }();
+  static const bool div64 = !env_switch_on("RLH_KCUDA_PAGED_ADDR32");  // =0: the A/B
   PagedAttnArgs b = a;
   b.div64 = div64;
   if (b.Dk == 64)
