@@ -829,13 +829,6 @@ TEST(GpuGenerator, KvCacheSleepGivesTheMemoryBackAndKeepsTheSamples) {
   expect_same(ref, second, "kv_cache_sleep, after waking");
 }
 
-// FP8 rollouts (CudaExecutorOptions::fp8, vllm_cfg.precision: fp8) with an FP8 provider on the
-// plugin path (examples/vendor_fp8; without one the generator refuses at creation, naming it, and
-// the test skips; RLH_EXPECT_FP8_PROVIDER=1 makes that a failure). A Llama whose linears are
-// 128-multiples: every layer's 4 products run in FP8. Greedy tokens are scored by the bf16
-// generator's own logprobs (teacher forcing on its KV-cache path is what GRPO's mismatch
-// measures); a refit remakes the FP8 copies before the replayed graphs read them, so the samples
-// after it equal a generator made with the new weights.
 // Two greedy runs of the same prompts side by side: the tokens each sample shares with the
 // reference before the first difference, and |dlogprob| over that shared prefix.
 struct GreedyAgreement {
@@ -861,6 +854,13 @@ GreedyAgreement greedy_agreement(const Outs& got, const Outs& ref) {
   return a;
 }
 
+// FP8 rollouts (CudaExecutorOptions::fp8, vllm_cfg.precision: fp8) with an FP8 provider on the
+// plugin path (examples/vendor_fp8; without one the generator refuses at creation, naming it, and
+// the test skips; RLH_EXPECT_FP8_PROVIDER=1 makes that a failure). A Llama whose linears are
+// 128-multiples: every layer's 4 products run in FP8. Greedy tokens are scored by the bf16
+// generator's own logprobs (teacher forcing on its KV-cache path is what GRPO's mismatch
+// measures); a refit remakes the FP8 copies before the replayed graphs read them, so the samples
+// after it equal a generator made with the new weights.
 TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   NEED_GPU();
   Model m;
