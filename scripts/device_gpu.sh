@@ -18,6 +18,8 @@
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
 #                 FUSED_CASES), its phase stamps (RLH_KCUDA_DL_TRACE) and ncu figures (FUSED_NCU=0: not)
+#     fp8forms: every FP8 form of a decoding step's products (weight-only, block, tensor and row
+#               scales), their activation quantisation and the bf16 product, at 1-256 rows
 #     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
 #              W8BENCH_VARIANTS env A/B, then ncu on its kernel
 #     kvfp8: the FP8 KV cache (vllm_cfg.kv_cache_dtype fp8): kernels_cuda's FP8 cache write and
@@ -58,8 +60,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (2026-12-06, twenty-second session: pagedaddr, fp8, then
-#              compilepair)
+#              first, for one short call (2026-12-06, twenty-third session: pagedaddr, fp8, then
+#              fp8forms)
 #     pagedaddr: paged attention's 32-bit block arithmetic and the vector FP8 cache write: their
 #                tests, then the RLH_KCUDA_PAGED_ADDR32=0|1 decoding A/B (PAGEDADDR_CASES="b256 b64",
 #                bf16 and FP8 caches) and RLH_KCUDA_KV_FP8_VEC=0|1 at b256
@@ -91,9 +93,10 @@ if [ "$what" = backlog ]; then
   # 2026-12-06 (twenty-second session): kvfp8, w8bench, fusedlayer (every form slower than op by
   # op) and genprofile at b64/b256 with FP8 ran. Left: the paged attention's 32-bit addressing
   # (pagedaddr: its tests, then the A/B), vendor_fp8's weight-only product at its new default of
-  # 4 token groups (fp8: test_vendor_fp8 and check-kernels), then the 1B step beside
-  # torch.compile (compilepair). BACKLOG="..." picks (all may pass one call's 600 s).
-  for st in ${BACKLOG:-pagedaddr fp8 compilepair}; do
+  # 4 token groups and the row scales (fp8: test_vendor_fp8 and check-kernels), then every FP8
+  # form at decoding's rows (fp8forms, twenty-third session). BACKLOG="..." picks (all may pass
+  # one call's 600 s).
+  for st in ${BACKLOG:-pagedaddr fp8 fp8forms}; do
     bash "$0" "$st" || rc=1
   done
   exit $rc
@@ -250,6 +253,16 @@ if [ "$what" = stepprofile ]; then
   timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --metrics gpu__time_duration.sum --csv \
     "$bin/bench_cuda_engine" --shape "${STEP_SHAPE:-llama1b}" --only train --steps 1 --warmup 0 > "$out/ncu_step.csv" 2>&1 || rc=1
   python3 bench/engine_cuda/ncu_breakdown.py "$out/ncu_step.csv" 30
+fi
+if [ "$what" = fp8forms ]; then
+  # Every FP8 form of a decoding step's four products at 1-256 rows (weight-only; e4m3 x e4m3 with
+  # block, tensor and row scales, the last two with and without fast accumulation), the
+  # activation's quantisation each needs, and kernels_cuda's bf16 product beside them (#21: which
+  # form can make FP8 rollouts 1.3x bf16 at 64 and 256 rows).
+  echo "== bench_fp8_gemm --decode 1 --bf16 libkernels_cuda.so =="
+  "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 --bf16 "$bin/plugins/libkernels_cuda.so" 2>&1 |
+    tee "$out/fp8forms.log" | sed -E 's/RESULT impl=rlhost name=decode_//'
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$what" = w8bench ]; then
   # The weight-only FP8 product alone at a decoding step's shapes (bench_fp8_gemm --decode),

@@ -3,9 +3,9 @@
 // blocks). Timed on the host around `reps` queued calls and one synchronize (the plugin's own
 // memory services; no CUDA is linked here), after warm-ups; median of `rounds`.
 //   bench_fp8_gemm PLUGIN.so [--m 8192 --n 8192 --k 8192 --reps 50 --rounds 5 --data normal|uniform]
-//   bench_fp8_gemm PLUGIN.so --decode 1   a decoding step's products instead (Llama-3.2-1B's four weights
-//     at 1, 16 and 64 rows): the weight-only form (bf16 A x e4m3 B, block scales) and the block-scaled
-//     FP8 product, in microseconds a call (over --reps queued calls) and the weight bytes' GB/s
+//   bench_fp8_gemm PLUGIN.so --decode 1 [--bf16 KERNELS_CUDA.so]   a decoding step's products instead
+//     (Llama-3.2-1B's four weights at 1 to 256 rows) in every FP8 form, the activations' quantisation,
+//     and the bf16 product beside them, in microseconds a call (decode_products)
 // Prints: RESULT impl=rlhost name=<case> shape=MxNxK value=<TFLOP/s> unit=TFLOP/s ms=<per call>
 #include <dlfcn.h>
 
@@ -121,83 +121,175 @@ double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps, int rou
 }
 
 // A decoding step's products (--decode): Llama-3.2-1B's q|k|v, o, gate|up and down weights at
-// 1, 16 and 64 rows, weight-only (A bf16) and block-scaled FP8 (A e4m3 in 1x128 tiles).
-void decode_products(Dev& d, int reps) {
+// 1 to 256 rows, in every form the plugin offers for them: the weight-only product (bf16 A x e4m3
+// B, 128x128 block scales), and e4m3 x e4m3 with block scales (A 1x128 tiles), one scale per
+// tensor and one per row (per token x per output channel), the last two with and without fast
+// accumulation; beside them, with --bf16 PLUGIN.so (kernels_cuda), the bf16 product the FP8 ones
+// replace, and the activation's quantisation each FP8 form needs first (quantize_fp8 of A at
+// grouping 0, 1 and 3). Microseconds a call over `reps` queued calls; 0 where refused.
+void decode_products(Dev& d, Dev* bf16, int reps) {
   const int64_t shapes[4][2] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
   const char* names[4] = {"qkv", "o", "gate_up", "down"};
-  for (const int64_t M : {1, 16, 64}) {
+  struct Form {
+    const char* name;
+    int scaling, fast;
+    bool weight_only;
+  };
+  const Form forms[6] = {{"weight_only", 1, 0, true}, {"block", 1, 0, false}, {"tensor", 0, 0, false},
+                         {"tensor_fast", 0, 1, false}, {"rows", 3, 0, false}, {"rows_fast", 3, 1, false}};
+  for (const int64_t M : {1, 16, 64, 128, 256}) {
     for (int s = 0; s < 4; ++s) {
       const int64_t N = shapes[s][0], K = shapes[s][1];
-      const int64_t kb = (K + 127) / 128, kb4 = (kb + 3) / 4 * 4, na = kb * M, nb = ((N + 127) / 128) * kb4;
+      const int64_t kb = (K + 127) / 128, kb4 = (kb + 3) / 4 * 4;
       void* a = d.alloc(size_t(M * K) * 2);
+      void* aq = d.alloc(size_t(M * K));
       void* b = d.alloc(size_t(N * K));
       void* c = d.alloc(size_t(M * N) * 2);
-      void* dsa = d.alloc(size_t(na) * 4);
-      void* dsb = d.alloc(size_t(nb) * 4);
+      const int64_t nsa_max = kb * M, nsb_max = std::max(((N + 127) / 128) * kb4, N);
+      void* dsa = d.alloc(size_t(nsa_max) * 4);
+      void* dsb = d.alloc(size_t(nsb_max) * 4);
       void* ws = d.alloc(size_t(32) << 20);
       d.put(b, normal_fp8(size_t(N * K), 2).data(), size_t(N * K));
       const std::vector<uint8_t> codes = normal_fp8(size_t(M * K), 1);
+      d.put(aq, codes.data(), codes.size());
       std::vector<uint16_t> abf(size_t(M * K));  // bf16 in +-[2^-7, 2^-6), random mantissas and signs
       for (size_t i = 0; i < abf.size(); ++i) abf[i] = uint16_t(0x3c00 | (codes[i] & 0x7f) | ((codes[i] & 0x80) << 8));
       d.put(a, abf.data(), abf.size() * 2);
-      std::vector<float> sa(size_t(na), 1.0f / 64), sb(size_t(nb), 1.0f / 64);
+      std::vector<float> sa(size_t(nsa_max), 1.0f / 64), sb(size_t(nsb_max), 1.0f / 64);
       d.put(dsa, sa.data(), sa.size() * 4);
       d.put(dsb, sb.data(), sb.size() * 4);
-      const int64_t sA[2] = {M, K}, tA[2] = {K, 1}, sB[2] = {N, K}, tB[2] = {K, 1}, sC[2] = {M, N}, tC[2] = {N, 1};
-      const int64_t nsa[1] = {na}, nsb[1] = {nb}, unit[1] = {1};
-      double us[2] = {0, 0};
-      for (int form = 0; form < 2; ++form) {  // 0 weight-only, 1 block-scaled FP8 x FP8
-        std::vector<rlh_tensor> in;
-        if (form == 0)
-          in = {tensor(a, sA, tA, 2, rlh::sdk::kBF16), tensor(b, sB, tB, 2, rlh::sdk::kE4M3),
-                tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
-        else  // A's codes: the first M x K bytes of the bf16 buffer (any codes time alike)
-          in = {tensor(a, sA, tA, 2, rlh::sdk::kE4M3), tensor(b, sB, tB, 2, rlh::sdk::kE4M3),
-                tensor(dsa, nsa, unit, 1, rlh::sdk::kF32), tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
-        const rlh_tensor out[1] = {tensor(c, sC, tC, 2, rlh::sdk::kBF16)};
-        const rlh_named_value attrs[2] = {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 1)};
+      const int64_t sA[2] = {M, K}, tA[2] = {K, 1}, sB[2] = {N, K}, tB[2] = {K, 1}, sC[2] = {M, N}, tC[2] = {N, 1},
+                    unit[1] = {1};
+      auto timed = [&](Dev& dev, void* wsp, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
+                       const std::vector<rlh_named_value>& attrs, const std::vector<rlh_named_value>& call_attrs,
+                       const char* op_name, const std::string& what) -> double {
+        rlh_op_desc od{};
+        od.struct_size = sizeof od;
+        od.name = op_name;
+        od.device = rlh::sdk::cuda_device(0);
+        od.inputs = in.data();
+        od.num_inputs = in.size();
+        od.outputs = out.data();
+        od.num_outputs = out.size();
+        od.shapes_valid = 1;
+        od.attrs = attrs.data();
+        od.num_attrs = attrs.size();
         rlh_op* op = nullptr;
-        if (rlh_status* st = resolve_gemm(d, in.data(), in.size(), out, attrs, 2, &op)) {
+        if (rlh_status* st = dev.api->get_op(dev.k, &od, &op)) {
           rlh::sdk::StatusPtr owned(st);
-          std::printf("%-8s M=%-3lld %s: refused: %s\n", names[s], (long long)M, form ? "fp8 x fp8" : "weight-only",
+          std::printf("%-8s M=%-3lld %s: refused: %s\n", names[s], (long long)M, what.c_str(),
                       rlh::sdk::status_message(st).c_str());
-          continue;
+          return 0;
         }
         rlh_op_call call{};
         call.struct_size = sizeof call;
         call.inputs = in.data();
         call.num_inputs = in.size();
-        call.outputs = out;
-        call.num_outputs = 1;
-        call.workspace = ws;
+        call.outputs = out.data();
+        call.num_outputs = out.size();
+        call.workspace = wsp;
         call.workspace_bytes = size_t(32) << 20;
-        us[form] = 1e3 * time_calls(d, op, call, reps);
-        d.api->release_op(op);
+        call.attrs = call_attrs.data();
+        call.num_attrs = call_attrs.size();
+        const double us = 1e3 * time_calls(dev, op, call, reps);
+        dev.api->release_op(op);
+        return us;
+      };
+      std::string line = "RESULT impl=rlhost name=decode_" + std::string(names[s]) + " rows=" + std::to_string(M) +
+                         " shape=" + std::to_string(N) + "x" + std::to_string(K);
+      char buf[96];
+      const rlh_tensor out[1] = {tensor(c, sC, tC, 2, rlh::sdk::kBF16)};
+      for (const Form& f : forms) {
+        const int64_t na = f.scaling == 3 ? M : f.scaling == 1 ? kb * M : 1;
+        const int64_t nb = f.scaling == 3 ? N : f.scaling == 1 ? ((N + 127) / 128) * kb4 : 1;
+        const int64_t nsa[1] = {na}, nsb[1] = {nb};
+        std::vector<rlh_tensor> in;
+        if (f.weight_only)
+          in = {tensor(a, sA, tA, 2, rlh::sdk::kBF16), tensor(b, sB, tB, 2, rlh::sdk::kE4M3),
+                tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
+        else
+          in = {tensor(aq, sA, tA, 2, rlh::sdk::kE4M3), tensor(b, sB, tB, 2, rlh::sdk::kE4M3),
+                tensor(dsa, nsa, unit, 1, rlh::sdk::kF32), tensor(dsb, nsb, unit, 1, rlh::sdk::kF32)};
+        const double us = timed(d, ws, in, {out[0]},
+                                {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", f.scaling)},
+                                {rlh::sdk::attr_int("fast_accum", f.fast)}, "gemm", f.name);
+        std::snprintf(buf, sizeof buf, " %s_us=%.2f", f.name, us);
+        line += buf;
+        if (f.weight_only && us > 0) {
+          std::snprintf(buf, sizeof buf, " weight_only_GBs=%.0f", double(N * K) / (us * 1e-6) / 1e9);
+          line += buf;
+        }
       }
-      const double gbs = double(N * K) / (us[0] * 1e-6) / 1e9;
-      std::printf("RESULT impl=rlhost name=decode_%s rows=%lld shape=%lldx%lld weight_only_us=%.2f fp8_block_us=%.2f "
-                  "weight_only_GBs=%.0f\n",
-                  names[s], (long long)M, (long long)N, (long long)K, us[0], us[1], gbs);
-      for (void* p : {a, b, c, dsa, dsb, ws}) d.api->memory_free(d.k, p);
+      // The activation's quantisation a form needs: 0 one scale (amax, then the codes), 1 a scale
+      // per 1x128 tile, 3 a scale per row. (Once per product input: q|k|v and gate|up share one.)
+      for (const int grouping : {0, 1, 3}) {
+        const int64_t ns = grouping == 3 ? M : grouping == 1 ? kb * M : 1;
+        const int64_t nss[1] = {ns};
+        const double us = timed(d, ws, {tensor(a, sA, tA, 2, rlh::sdk::kBF16)},
+                                {tensor(aq, sA, tA, 2, rlh::sdk::kE4M3), tensor(dsa, nss, unit, 1, rlh::sdk::kF32)},
+                                {rlh::sdk::attr_int("grouping", grouping)}, {}, "quantize_fp8",
+                                "quantize grouping " + std::to_string(grouping));
+        std::snprintf(buf, sizeof buf, " quant%d_us=%.2f", grouping, us);
+        line += buf;
+      }
+      if (bf16 != nullptr) {
+        void* bb = bf16->alloc(size_t(N * K) * 2);
+        void* ab = bf16->alloc(size_t(M * K) * 2);
+        void* cb = bf16->alloc(size_t(M * N) * 2);
+        std::vector<uint16_t> wb(size_t(N * K));
+        const std::vector<uint8_t> wc = normal_fp8(size_t(N * K), 3);
+        for (size_t i = 0; i < wb.size(); ++i) wb[i] = uint16_t(0x3c00 | (wc[i] & 0x7f) | ((wc[i] & 0x80) << 8));
+        bf16->put(bb, wb.data(), wb.size() * 2);
+        bf16->put(ab, abf.data(), abf.size() * 2);
+        void* wsb = bf16->alloc(size_t(32) << 20);
+        const double us = timed(*bf16, wsb,
+                                {tensor(ab, sA, tA, 2, rlh::sdk::kBF16), tensor(bb, sB, tB, 2, rlh::sdk::kBF16)},
+                                {tensor(cb, sC, tC, 2, rlh::sdk::kBF16)}, {rlh::sdk::attr_int("transpose_b", 1)}, {},
+                                "gemm", "bf16");
+        std::snprintf(buf, sizeof buf, " bf16_us=%.2f", us);
+        line += buf;
+        for (void* p : {bb, ab, cb, wsb}) bf16->api->memory_free(bf16->k, p);
+      }
+      std::printf("%s\n", line.c_str());
+      for (void* p : {a, aq, b, c, dsa, dsb, ws}) d.api->memory_free(d.k, p);
     }
   }
+}
+
+// The kernel provider of the plugin at `path` (loaded for the process's life), or null with the
+// reason printed.
+const rlh_kernels_api* kernel_provider(const char* path) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    std::fprintf(stderr, "bench_fp8_gemm: %s\n", dlerror());
+    return nullptr;
+  }
+  auto entry = reinterpret_cast<rlh_plugin_entry_fn>(dlsym(lib, RLH_PLUGIN_ENTRY_SYMBOL));
+  const rlh_plugin_desc* desc = entry ? entry(RLH_ABI_VERSION_MAJOR, RLH_ABI_VERSION_MINOR) : nullptr;
+  for (size_t i = 0; desc && i < desc->num_components; ++i)
+    if (desc->components[i]->kind == RLH_KIND_KERNELS) return static_cast<const rlh_kernels_api*>(desc->components[i]->api);
+  std::fprintf(stderr, "bench_fp8_gemm: %s has no kernel provider\n", path);
+  return nullptr;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_fp8_gemm PLUGIN.so [--m M --n N --k K --reps R --rounds N --data normal|uniform]\n");
+    std::fprintf(stderr, "usage: bench_fp8_gemm PLUGIN.so [--m M --n N --k K --reps R --rounds N --data normal|uniform] | --decode 1 [--bf16 PLUGIN.so]\n");
     return 2;
   }
   int64_t M = 8192, N = 8192, K = 8192;
   int reps = 50, rounds = 5;
   bool uniform = false;
   bool decode = false;
+  const char* bf16_plugin = nullptr;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const long long v = std::atoll(argv[i + 1]);
-    if (a == "--data") {
+    if (a == "--bf16") {
+      bf16_plugin = argv[i + 1];
+    } else if (a == "--data") {
       if (std::strcmp(argv[i + 1], "normal") != 0 && std::strcmp(argv[i + 1], "uniform") != 0) {
         std::fprintf(stderr, "bench_fp8_gemm: --data takes normal or uniform, not %s\n", argv[i + 1]);
         return 2;
@@ -218,26 +310,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_fp8_gemm: --reps and --rounds must be at least 1\n");
     return 2;
   }
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    std::fprintf(stderr, "bench_fp8_gemm: %s\n", dlerror());
-    return 1;
-  }
-  auto entry = reinterpret_cast<rlh_plugin_entry_fn>(dlsym(lib, RLH_PLUGIN_ENTRY_SYMBOL));
-  const rlh_plugin_desc* desc = entry ? entry(RLH_ABI_VERSION_MAJOR, RLH_ABI_VERSION_MINOR) : nullptr;
-  const rlh_kernels_api* api = nullptr;
-  for (size_t i = 0; desc && i < desc->num_components; ++i)
-    if (desc->components[i]->kind == RLH_KIND_KERNELS) api = static_cast<const rlh_kernels_api*>(desc->components[i]->api);
-  if (!api) {
-    std::fprintf(stderr, "bench_fp8_gemm: %s has no kernel provider\n", argv[1]);
-    return 1;
-  }
+  const rlh_kernels_api* api = kernel_provider(argv[1]);
+  const rlh_kernels_api* bf16_api = bf16_plugin ? kernel_provider(bf16_plugin) : nullptr;
+  if (!api || (bf16_plugin && !bf16_api)) return 1;
   try {
     rlh_kernels* k = nullptr;
     check(api->create(nullptr, rlh::sdk::cuda_device(0), "{}", 2, &k), "create on cuda:0");
     Dev d{api, k};
     if (decode) {
-      decode_products(d, reps);
+      Dev b16{bf16_api, nullptr};
+      if (bf16_api) check(bf16_api->create(nullptr, rlh::sdk::cuda_device(0), "{}", 2, &b16.k), "create the bf16 provider");
+      decode_products(d, bf16_api ? &b16 : nullptr, reps);
+      if (bf16_api) bf16_api->destroy(b16.k);
       api->destroy(k);
       return 0;
     }

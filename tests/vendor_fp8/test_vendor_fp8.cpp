@@ -702,6 +702,49 @@ TEST_F(VendorFp8, QuantizeBlockwise) {
     }
 }
 
+// A scale per row (grouping 3: per token for activations, per output channel for weights,
+// cuBLASLt's outer vectors), on rows of very different magnitudes: each row's scale is its own
+// amax's, and every code is x / scale rounded to e4m3. Only x itself is taken (transpose = 1 is
+// refused by name).
+TEST_F(VendorFp8, QuantizeRowwise) {
+  std::mt19937_64 rng(16);
+  for (auto [d, C] : std::vector<std::pair<rlh_dtype, int64_t>>{{kBF16, 2048}, {kBF16, 203}, {kF32, 203}}) {
+    const int64_t R = 300;
+    SCOPED_TRACE(std::string(rlh::sdk::dtype_name(d)) + " 300x" + std::to_string(C));
+    Mat x = random_mat(rng, R, C, d, 1.0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) x.v[size_t(r * C + c)] = kc::round_to(d, x.at(r, c) * std::exp2(double(r % 11) - 5));
+    for (int64_t c = 0; c < C; ++c) x.v[size_t(7 * C + c)] = 0.0;  // an all-zero row: scale 1
+    Buf& q = alloc(size_t(R * C));
+    Buf& s = alloc(size_t(R) * 4);
+    run_once("quantize_fp8", {mat_t(upload(x), x)}, {t(q.get(), {R, C}, kE4M3), t(s.get(), {R}, kF32)},
+             {rlh::sdk::attr_int("grouping", 3)});
+    const std::vector<float> scales = read_f32(s, size_t(R));
+    std::vector<double> xs;
+    std::vector<float> sc_of;
+    for (int64_t r = 0; r < R; ++r) {
+      double amax = 0;
+      for (int64_t c = 0; c < C; ++c) amax = std::max(amax, std::fabs(x.at(r, c)));
+      const float want = host_scale(amax, kE4M3);
+      ASSERT_NEAR(scales[size_t(r)], want, 1e-6 * want) << "row " << r;
+      for (int64_t c = 0; c < C; ++c) {
+        xs.push_back(x.at(r, c));
+        sc_of.push_back(scales[size_t(r)]);
+      }
+    }
+    EXPECT_EQ(scales[7], 1.0f);
+    expect_codes(q.get_bytes(), xs, sc_of, kE4M3, "rowwise");
+  }
+  const Mat x = random_mat(rng, 16, 64, kBF16, 1.0);
+  Buf& q = alloc(16 * 64);
+  Buf& s = alloc(64 * 4);
+  std::string why;
+  EXPECT_EQ(resolve_code("quantize_fp8", {mat_t(upload(x), x)}, {t(q.get(), {64, 16}, kE4M3), t(s.get(), {64}, kF32)},
+                         {rlh::sdk::attr_int("grouping", 3), rlh::sdk::attr_int("transpose", 1)}, &why),
+            RLH_E_UNIMPLEMENTED);
+  EXPECT_NE(why.find("grouping 3"), std::string::npos) << why;
+}
+
 // Delayed scaling: the scale comes from earlier calls' amaxes (a ring of amax_history_len), the
 // first call from its own; the history is the op's state and survives state_save / state_load.
 TEST_F(VendorFp8, QuantizeDelayedScalingAndItsState) {
@@ -819,7 +862,7 @@ Quantized quantize_on_device(VendorFp8& f, const Mat& x, rlh_dtype qd, int group
   const int64_t rows = transpose ? x.cols : x.rows, inner = transpose ? x.rows : x.cols;
   const int64_t nkb = (inner + 127) / 128, kb4 = (nkb + 3) / 4 * 4;
   Quantized out;
-  out.nscale = grouping == 0 ? 1 : grouping == 1 ? nkb * rows : ((rows + 127) / 128) * kb4;
+  out.nscale = grouping == 0 ? 1 : grouping == 1 ? nkb * rows : grouping == 3 ? rows : ((rows + 127) / 128) * kb4;
   Buf& q = f.alloc(size_t(rows * inner));
   Buf& s = f.alloc(size_t(out.nscale) * 4);
   f.run_once("quantize_fp8", {f.mat_t(f.upload(x), x)},
@@ -832,8 +875,10 @@ Quantized quantize_on_device(VendorFp8& f, const Mat& x, rlh_dtype qd, int group
   out.deq.dtype = qd;
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < inner; ++j) {
-      const float scale = grouping == 0 ? sc[0] : grouping == 1 ? sc[size_t((j / 128) * rows + i)]
-                                                                 : sc[size_t((i / 128) * kb4 + j / 128)];
+      const float scale = grouping == 0   ? sc[0]
+                          : grouping == 1 ? sc[size_t((j / 128) * rows + i)]
+                          : grouping == 3 ? sc[size_t(i)]
+                                          : sc[size_t((i / 128) * kb4 + j / 128)];
       out.deq.v.push_back(kc::fp8_format(qd).decode(qb[size_t(i * inner + j)]) * double(scale));
     }
   out.q = q.get();
@@ -894,6 +939,53 @@ TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
       EXPECT_LE(rel_err(c3, ref_gemm(qx.deq, qw.deq, 1, 0, {})), 2e-3) << "1x128 x 128x128, f32 C";
     }
   }
+}
+
+// Row scaling (scaling 3): a float per row of A and per row of B, C[i, j] = sa[i] sb[j] (A B^T)[i, j]
+// (torch._scaled_mm's rowwise recipe), on cuBLASLt's outer vectors, with and without fast
+// accumulation, at decoding's few rows and at a training shape, bf16 C, against the product of
+// the dequantised operands. Sizes that are not multiples of 16 rows may be refused (an answer).
+TEST_F(VendorFp8, GemmRowwiseMatchesTheDequantisedProduct) {
+  std::mt19937_64 rng(17);
+  int ran = 0;
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
+           {1, 256, 512}, {16, 256, 256}, {64, 384, 512}, {256, 384, 512}, {200, 136, 320}}) {
+    SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K));
+    Mat x = random_mat(rng, M, K, kBF16, 1.0), w = random_mat(rng, N, K, kBF16, 0.02);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < K; ++c) x.v[size_t(r * K + c)] = kc::round_bf16(x.at(r, c) * std::exp2(double(r % 7) - 3));
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t c = 0; c < K; ++c) w.v[size_t(r * K + c)] = kc::round_bf16(w.at(r, c) * std::exp2(double(r % 5) - 2));
+    const Quantized qx = quantize_on_device(*this, x, kE4M3, 3, 0), qw = quantize_on_device(*this, w, kE4M3, 3, 0);
+    const bool aligned = M % 16 == 0 && N % 16 == 0;
+    for (int fast : {0, 1}) {
+      Buf& c = alloc(size_t(M * N) * 2);
+      const std::vector<rlh_tensor> in = {t(qx.q, {M, K}, kE4M3), t(qw.q, {N, K}, kE4M3), t(qx.scale, {M}, kF32),
+                                          t(qw.scale, {N}, kF32)};
+      const std::vector<rlh_tensor> out = {t(c.get(), {M, N}, kBF16)};
+      const std::vector<rlh_named_value> attrs = {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 3),
+                                                  rlh::sdk::attr_int("fast_accum", fast)};
+      std::string why;
+      const rlh_code code = resolve_code("gemm", in, out, attrs, &why);
+      if (code == RLH_E_UNIMPLEMENTED && !aligned) {
+        std::printf("M %lld N %lld: refused (an answer, not a failure): %s\n", (long long)M, (long long)N, why.c_str());
+        continue;
+      }
+      ASSERT_EQ(code, RLH_OK) << why;
+      run_once("gemm", in, out, attrs);
+      EXPECT_LE(rel_err(read(c, kBF16, size_t(M * N)), ref_gemm(qx.deq, qw.deq, 1, 0, {})), 8e-3) << "fast " << fast;
+      EXPECT_LE(rel_err(read(c, kBF16, size_t(M * N)), ref_gemm(x, w, 1, 0, {})), 1e-1) << "against bf16";
+      ++ran;
+    }
+  }
+  EXPECT_GE(ran, 8);
+  // The scale counts are the rows': one per tensor is the caller's error.
+  const Quantized qx = quantize_on_device(*this, random_mat(rng, 16, 128, kBF16, 1.0), kE4M3, 3, 0);
+  Buf& c = alloc(16 * 16 * 2);
+  EXPECT_EQ(resolve_code("gemm", {t(qx.q, {16, 128}, kE4M3), t(qx.q, {16, 128}, kE4M3), t(qx.scale, {16}, kF32),
+                                  t(qx.scale, {1}, kF32)},
+                         {t(c.get(), {16, 16}, kBF16)}, {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 3)}),
+            RLH_E_INVALID_ARGUMENT);
 }
 
 // gemm's weight-only form (README.md): A bf16 x B e4m3 with B's scales, the product a decoding

@@ -157,7 +157,11 @@ class Plan {
     set(CUBLASLT_MATMUL_DESC_TRANSB, &N, sizeof N);
     // Its A is our B: B's scales go to A_SCALE, A's to B_SCALE.
     set_scales(g);
-    if (g.scaling != Scaling::tensor) {
+    if (g.scaling == Scaling::rows) {  // C[i, j] = sa[i] sb[j] (A B^T)[i, j]
+      const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer);
+      set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer);
+    } else if (g.scaling != Scaling::tensor) {
       const int32_t tiles = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, blocks = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
       const int32_t mode_b = g.scaling == Scaling::tiles_blocks ? blocks : tiles;
       set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof mode_b);

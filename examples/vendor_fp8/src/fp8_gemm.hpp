@@ -24,6 +24,7 @@ enum class Scaling : int {
   tensor = 0,       // one float per operand (tensorwise: current or delayed)
   tiles_blocks = 1, // A 1x128 tiles, B 128x128 blocks (DeepSeek-V3: activations x weights)
   tiles_tiles = 2,  // A and B 1x128 tiles (the weight gradient: dY^T x X, both along tokens)
+  rows = 3,         // a float per row of A (token) and of B (output channel): cuBLASLt's outer vectors
 };
 
 // C[M, N] = alpha * (sa . A)[M, K] (sb . B)[N, K]^T + beta * C, row-major, A and B K-major (the

@@ -296,6 +296,41 @@ __global__ void __launch_bounds__(256) tile_rows_kernel(Source s, Fmt f, float f
   }
 }
 
+// One scale per row of x (Grouping::row: per token for activations, per output channel for
+// weights, cuBLASLt's OUTER_VEC_32F): a warp a row, the row's amax gathered over 16-byte words,
+// then the row quantised from a second read (the row is in L1 by then). Rows of a decoding
+// step's activations are 2-8K elements, so a warp's two walks are its whole work.
+__global__ void __launch_bounds__(256) row_scaled_kernel(Source s, Fmt f, float fmax, float mult, unsigned char* q,
+                                                         int64_t ldq, float* scale) {
+  const int lane = int(threadIdx.x & 31);
+  const bool v8 = vec8(s) && ldq % 8 == 0 && (reinterpret_cast<uintptr_t>(q) & 7) == 0;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t r = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); r < s.R; r += warps) {
+    unsigned m = 0;
+    if (v8) {
+      for (int64_t c = int64_t(lane) * 8; c < s.C; c += 256) {
+        float v[8];
+        load8(s, r, c, v);
+        for (int t = 0; t < 8; ++t) m = max(m, abs_bits(v[t]));
+      }
+    } else {
+      for (int64_t c = lane; c < s.C; c += 32) m = max(m, abs_bits(load(s, r, c)));
+    }
+    const float sc = scale_of(__uint_as_float(warp_max(m)), fmax, mult);
+    if (lane == 0) scale[r] = sc;
+    const Divisor d(sc);
+    if (v8) {
+      for (int64_t c = int64_t(lane) * 8; c < s.C; c += 256) {
+        float v[8];
+        load8(s, r, c, v);
+        *reinterpret_cast<uint2*>(q + r * ldq + c) = codes8(v, d, f);
+      }
+    } else {
+      for (int64_t c = lane; c < s.C; c += 32) q[r * ldq + c] = to_fp8(d(load(s, r, c)), f);
+    }
+  }
+}
+
 // 1x128 tiles of x^T: the tiles run along x's rows (the tokens), so a staged tile of 128 rows
 // is one tile per column: a warp takes a column's 128 values (lane l rows l, l + 32, ...), their
 // max gives the scale s[blockIdx.y * rows + column], and the warp writes the 128 codes.
@@ -523,6 +558,11 @@ void quantize_current(const Source& s, Fmt f, Grouping g, double margin, void* q
       }
       return;
     }
+    case Grouping::row:
+      if (rows > 0 && inner > 0)
+        row_scaled_kernel<<<int(std::min<int64_t>(ceil_div(rows, 8), 4096)), 256, 0, st>>>(s, f, fmax, mult, qb, ldq,
+                                                                                          scale);
+      return;
     case Grouping::block128: {
       const int64_t kb4 = ceil_div(ceil_div(inner, 128), 4) * 4;
       if (rows > 0 && inner > 0) block_kernel<<<dim3(unsigned(kb4), unsigned(ceil_div(rows, 128))), 256, 0, st>>>(

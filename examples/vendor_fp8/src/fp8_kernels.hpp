@@ -29,7 +29,8 @@ inline float fmt_max(Fmt f) { return f == Fmt::e4m3 ? 448.0f : 57344.0f; }
 //              s[kb * rows + r] (the row index fastest), kb < ceil(inner / 128)
 //   block128   BLK128x128_32F: a float per 128x128 block,
 //              s[rb * kb4 + kb], kb4 = ceil(ceil(inner / 128) / 4) * 4 (padding: 1.0)
-enum class Grouping : int { tensor = 0, tile1x128 = 1, block128 = 2 };
+//   row        OUTER_VEC_32F: a float per row, s[r] (x itself only, not x^T)
+enum class Grouping : int { tensor = 0, tile1x128 = 1, block128 = 2, row = 3 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t scale_count(Grouping g, int64_t rows, int64_t inner) {
@@ -37,6 +38,7 @@ inline int64_t scale_count(Grouping g, int64_t rows, int64_t inner) {
     case Grouping::tensor: return 1;
     case Grouping::tile1x128: return ceil_div(inner, 128) * rows;
     case Grouping::block128: return ceil_div(rows, 128) * (ceil_div(ceil_div(inner, 128), 4) * 4);
+    case Grouping::row: return rows;
   }
   return 0;
 }

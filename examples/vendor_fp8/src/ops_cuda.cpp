@@ -175,10 +175,12 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   g.alpha = float(pick_d(call, "alpha", op.alpha));
   g.beta = float(pick_d(call, "beta", op.beta));
   // (block-scaled products keep the promotion: their scales are applied at it)
-  g.fast_accum = g.scaling == Scaling::tensor && pick_i(call, "fast_accum", 0) != 0;
+  // (block-scaled products keep the promotion: their scales are applied at it; a scale per row or
+  // per tensor is applied once, in the epilogue)
+  g.fast_accum = (g.scaling == Scaling::tensor || g.scaling == Scaling::rows) && pick_i(call, "fast_accum", 0) != 0;
   if (g.scaling != Scaling::tensor) {
-    if (da != rlh::sdk::kE4M3 || db != rlh::sdk::kE4M3) unimpl("gemm: block scaling takes e4m3 operands only");
-    if (k->cc / 10 != 9) unimpl("gemm: cuBLASLt's 1x128 / 128x128 block scaling runs on Hopper (sm_90) only");
+    if (da != rlh::sdk::kE4M3 || db != rlh::sdk::kE4M3) unimpl("gemm: block and row scaling take e4m3 operands only");
+    if (k->cc / 10 != 9) unimpl("gemm: cuBLASLt's 1x128 / 128x128 block and row scaling run on Hopper (sm_90) only");
   }
   if (!shapes) return g;
   const ProductShape ps = product_shape(in, out, "gemm");
@@ -192,9 +194,12 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   g.M = M;
   g.N = N;
   g.K = K;
-  const Grouping ga = g.scaling == Scaling::tensor ? Grouping::tensor : Grouping::tile1x128;
+  const Grouping ga = g.scaling == Scaling::tensor ? Grouping::tensor
+                      : g.scaling == Scaling::rows ? Grouping::row
+                                                   : Grouping::tile1x128;
   const Grouping gb = g.scaling == Scaling::tensor       ? Grouping::tensor
                       : g.scaling == Scaling::tiles_blocks ? Grouping::block128
+                      : g.scaling == Scaling::rows         ? Grouping::row
                                                            : Grouping::tile1x128;
   const int64_t na = vfp8::scale_count(ga, M, K), nb = vfp8::scale_count(gb, N, K);
   if (rlh::sdk::tensor_numel(in[2]) != na || rlh::sdk::tensor_numel(in[3]) != nb)
@@ -302,6 +307,7 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
     unimpl("quantize_fp8: expects x -> q, scale[, amax], or x, scale -> q, or with transpose = 2 x -> q, scale, "
            "amax (may be absent), q^T");
   if (both && op.grouping != 0) unimpl("quantize_fp8: transpose = 2 (both copies) is per tensor only");
+  if (op.grouping == 3 && transpose != 0) unimpl("quantize_fp8: grouping 3 (a scale per row) quantises x itself (transpose = 0)");
   need_device(k, in[0], "quantize_fp8");
   if (given) need_device(k, in[1], "quantize_fp8");
   for (size_t i = 0; i < nout; ++i)
@@ -516,8 +522,10 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     op->grouping = rlh::sdk::attr_int_or(a, na, "grouping", 0);
     op->transpose = rlh::sdk::attr_int_or(a, na, "transpose", 0);
     op->margin = rlh::sdk::attr_double_or(a, na, "margin", 0.0);
-    if (op->scaling < 0 || op->scaling > 2) bad("gemm: scaling must be 0 (tensor), 1 (1x128 x 128x128) or 2 (1x128 x 1x128)");
-    if (op->grouping < 0 || op->grouping > 2) bad("quantize_fp8: grouping must be 0 (tensor), 1 (1x128) or 2 (128x128)");
+    if (op->scaling < 0 || op->scaling > 3)
+      bad("gemm: scaling must be 0 (tensor), 1 (1x128 x 128x128), 2 (1x128 x 1x128) or 3 (per row x per row)");
+    if (op->grouping < 0 || op->grouping > 3)
+      bad("quantize_fp8: grouping must be 0 (tensor), 1 (1x128), 2 (128x128) or 3 (per row)");
     if (!std::isfinite(op->margin)) bad("quantize_fp8: margin must be finite");
     const int64_t recipe = rlh::sdk::attr_int_or(a, na, "recipe", 0);
     if (recipe != 0 && recipe != 1) bad("quantize_fp8: recipe must be 0 (current scaling) or 1 (delayed)");
