@@ -18,6 +18,8 @@
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
 #                 FUSED_CASES), its phase stamps (RLH_KCUDA_DL_TRACE) and ncu figures (FUSED_NCU=0: not)
+#     overwrite: gradients overwritten after an update instead of cleared by AdamW: the engine's
+#                tests, the 1B step with RLH_CUDA_GRAD_OVERWRITE=0|1, and torch.compile's step
 #     fp8forms: every FP8 form of a decoding step's products (weight-only, block, tensor and row
 #               scales), their activation quantisation and the bf16 product, at 1-256 rows
 #     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
@@ -237,6 +239,24 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
+fi
+if [ "$what" = overwrite ]; then
+  # AdamW no longer clears the gradients; the next step's first weight-gradient product of each
+  # linear overwrites them (twenty-third session, #14): the CUDA engine's and megatron's GPU
+  # tests, then the 1B step with RLH_CUDA_GRAD_OVERWRITE=0 (clearing, as before) and =1 in
+  # turn, then torch.compile's step (compilepair's peer).
+  for t in test_cuda_engine test_backend_cuda; do
+    echo "== $t =="
+    "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |AdamW|Failure|rror" | head -40
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+  for v in 0 1 0 1; do
+    echo "== RLH_CUDA_GRAD_OVERWRITE=$v =="
+    RLH_CUDA_GRAD_OVERWRITE=$v "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train 2>&1 |
+      tee "$out/overwrite_$v.log" | grep -E "^(RESULT|train)|rror"
+  done
+  python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
+    grep -v Warning | tee "$out/compilepair_torch.log" | grep -E "^RESULT|rror|Traceback"
 fi
 if [ "$what" = compilepair ]; then
   # #14's ratio alone: the 1B training step on the CUDA engine, then HF's model with its loss

@@ -379,6 +379,37 @@ TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {
     EXPECT_LE(rel_error(g2[i], g1[i]), 2e-2) << s.desc.params[i].name;
 }
 
+// After an applied update AdamW leaves the gradients in place and the next step's first
+// weight-gradient product of each linear overwrites them (the rest are cleared at the step's
+// start): that step's gradients, over two micro-batches (overwrite, then accumulate), are those
+// of the same step from cleared gradients, and an applied update still reads as cleared.
+TEST(CudaEngine, GradientsAfterAnUpdateAreOverwrittenNotAccumulated) {
+  NEED_GPU();
+  Small s;
+  engine::CudaEngine gpu(s.desc, test::cuda_options());
+  gpu.load_parameters(s.weights);
+  std::vector<std::vector<int32_t>> cu_storage;
+  const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
+  ASSERT_GE(parts.size(), 2u);
+  engine::StepOptions so;
+  so.lr = 1e-2;
+  so.global_tokens = s.predicted();
+  gpu.train_step(parts, so, nll);  // applied: the gradients stay behind
+  so.apply_optimizer = false;
+  const auto r_over = gpu.train_step(parts, so, nll);
+  const auto g_over = gpu.gradients();
+  gpu.zero_grad();
+  const auto r_clear = gpu.train_step(parts, so, nll);
+  const auto g_clear = gpu.gradients();
+  EXPECT_NEAR(r_over.grad_norm, r_clear.grad_norm, 1e-6 * r_clear.grad_norm);
+  for (size_t i = 0; i < g_clear.size(); ++i)
+    EXPECT_LE(rel_error(g_over[i], g_clear[i]), 1e-6) << s.desc.params[i].name;
+  so.apply_optimizer = true;
+  gpu.train_step(parts, so, nll);
+  for (const auto& g : gpu.gradients())
+    for (float v : g) ASSERT_EQ(v, 0.0f);
+}
+
 // The memory plan: after the first step, steps allocate nothing on the device and wait for it
 // once per micro-batch (the host loss callback) plus once for the gradient norm (a loss on the
 // device waits once: DeviceLossMatchesTheHostLossWithOneWait).

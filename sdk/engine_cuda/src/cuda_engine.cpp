@@ -869,7 +869,8 @@ void CudaEngine::Impl::backward_layer(int64_t l, const MicroBatch& mb, LayerActs
           }
           if (!(f8_dw && fp8->backward_dw(dy.p + row, dy.ld, N, rows, K, gp(st.weights[i]), site))) {
             if (f8) fp8->count_bf16();
-            ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, 1, gp(st.weights[i]), K, true);
+            ops->gemm(true, false, rows, K, N, dy.p + row, dy.ld, x.p, x.ld, dw_beta(st, i, j), gp(st.weights[i]), K,
+                      true);
           }
           first = false;
           row += rows;
@@ -1006,7 +1007,8 @@ void CudaEngine::Impl::adamw_pieces(const std::vector<Piece>& pieces, float* P0,
     w.weight_decay = decay ? o.weight_decay : 0.0;
     w.step = steps;
     w.grad_scale = clip;
-    w.zero_grad = true;  // the pass that reads g clears it for the next step
+    // The pass that reads g clears it for the next step, unless the next step overwrites it.
+    w.zero_grad = !grad_overwrite_ok();
     ops->adamw_bf16(P, G, M, Vv, P16, w);  // the bf16 working copy refreshed in the same pass
   }
 }
@@ -1022,7 +1024,77 @@ void CudaEngine::Impl::optimizer_step(const StepOptions& so, double clip) {
   }
   if (sharded()) gather_weights();
   else if (offload()) kept_from_whole(h_master.get<float>());  // the router's side copy follows
-  grads_clear = true;
+  grads_stale = grad_overwrite_ok();
+  grads_clear = !grads_stale;
+}
+
+// RLH_CUDA_GRAD_OVERWRITE=0 clears the gradients in AdamW's pass as before (the A/B).
+bool CudaEngine::Impl::grad_overwrite_ok() const {
+  static const bool on = [] {
+    const char* e = std::getenv("RLH_CUDA_GRAD_OVERWRITE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on && opt.trainable && opt.dp == nullptr && !tp_on && !offload() && !masters_apart();
+}
+
+void CudaEngine::Impl::plan_overwrite() {
+  if (!overwritten.empty() || !cleared.empty()) return;
+  std::vector<char> over(desc.params.size(), 0);
+  for (int64_t l = 0; l < L; ++l) {
+    if (fp8 && fp8->layer_in_fp8(l)) continue;  // FP8's weight-gradient products accumulate
+    for (const sdk::LayerStep& st : prog.layers[size_t(l)].steps)
+      if (st.op == StepOp::linear)
+        for (int w : st.weights) over[size_t(w)] = 1;
+  }
+  std::vector<std::pair<int64_t, int64_t>> rest;
+  for (size_t i = 0; i < desc.params.size(); ++i) {
+    if (over[i]) {
+      overwritten.push_back(int64_t(i));
+      continue;
+    }
+    const cuda::ParamPlace& pl = place[i];
+    if (pl.off < 0) continue;
+    const int64_t n = pl.pieces > 1 ? (pl.pieces - 1) * pl.stride + pl.piece : numel(desc.params[i].shape);
+    rest.emplace_back(pl.off, n);
+  }
+  std::sort(rest.begin(), rest.end());
+  for (const auto& [off, n] : rest) {  // ranges that touch or overlap become one memset
+    if (!cleared.empty() && off <= cleared.back().first + cleared.back().second)
+      cleared.back().second = std::max(cleared.back().second, off + n - cleared.back().first);
+    else
+      cleared.emplace_back(off, n);
+  }
+}
+
+// A step after an overwrite-mode update: the accumulated-only gradients cleared, the linear
+// weights' marked fresh (their first product writes them).
+void CudaEngine::Impl::begin_overwrite_step() {
+  plan_overwrite();
+  for (const auto& [off, n] : cleared)
+    check(cudaMemsetAsync(grads.get<float>() + off, 0, size_t(n) * 4, stream), "memset");
+  grad_fresh.assign(desc.params.size(), 0);
+  for (int64_t p : overwritten) grad_fresh[size_t(p)] = 1;
+  grads_stale = false;
+}
+
+// After the step's backwards: a linear weight no backward reached holds last step's gradient.
+void CudaEngine::Impl::end_overwrite_backward() {
+  for (size_t p = 0; p < grad_fresh.size(); ++p)
+    if (grad_fresh[p]) {
+      check(cudaMemsetAsync(gp(int64_t(p)), 0, size_t(numel(desc.params[p].shape)) * 4, stream), "memset");
+      grad_fresh[p] = 0;
+    }
+}
+
+double CudaEngine::Impl::dw_beta(const sdk::LayerStep& st, size_t i, size_t j) {
+  if (grad_fresh.empty()) return 1;
+  const char fresh = grad_fresh[size_t(st.weights[i])];
+  for (size_t k = i; k < j; ++k) {
+    if (grad_fresh[size_t(st.weights[k])] != fresh)
+      throw std::logic_error("cuda engine: the weights of one gradient product were written apart");
+    grad_fresh[size_t(st.weights[k])] = 0;
+  }
+  return fresh ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1159,7 +1231,10 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   // staging a plan carves (the norm comes down through it).
   if (!mbs.empty()) m.plan(biggest, true);
   else if (m.planned_tokens == 0) m.plan(1, false);
-  if (!m.grads_clear) zero_grad();
+  if (m.grads_stale && m.grad_overwrite_ok())
+    m.begin_overwrite_step();
+  else if (!m.grads_clear)
+    zero_grad();
   m.grads_clear = false;
   m.release_units();
   struct Release {  // FSDP: the step's gathered units go with it (their weights are updated)
@@ -1312,6 +1387,7 @@ StepResult CudaEngine::step(std::span<const MicroBatch> mbs, const StepOptions& 
   }
   // FSDP: a rank with fewer micro-batches than its peers meets their per-unit collectives.
   for (int64_t k = int64_t(mbs.size()); k < group_mbs; ++k) m.idle_microbatch(true);
+  m.end_overwrite_backward();
   m.tp_sync_grads();  // before the data-parallel reduction: the q/k norms' summed over the tp group
   if (m.opt.dp != nullptr) m.sync_gradients();
   double moe_vals[3] = {0, 0, 0};  // aux, z, max load: downloaded before grad_norm's wait

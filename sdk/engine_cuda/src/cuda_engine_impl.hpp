@@ -237,6 +237,25 @@ struct CudaEngine::Impl {
   std::vector<Rope> ropes;
   bool grads_clear = true;
   int64_t steps = 0;
+  // Gradient overwrite (grad_overwrite_ok: one GPU, no sharding, offload or tensor
+  // parallelism). AdamW then leaves the summed gradients as they are (grads_stale) instead of
+  // clearing them, 4 bytes a parameter written for nothing: the next step's first product of each
+  // linear weight's gradient overwrites it (beta 0, so it does not read the stale values either),
+  // and every other gradient (norms, biases, the head and embedding, MoE, MLA, FP8 layers, which
+  // only accumulate) is cleared at the step's start. grad_fresh marks, per parameter, a gradient
+  // not yet written this step; one a backward never reached is cleared before the norm reads it.
+  bool grads_stale = false;
+  std::vector<char> grad_fresh;
+  std::vector<int64_t> overwritten;  // the linear weights whose first product overwrites
+  std::vector<std::pair<int64_t, int64_t>> cleared;  // [off, elements) of the rest, merged
+  bool grad_overwrite_ok() const;
+  void clear_grads();  // the whole summed-gradient buffer zeroed (zero_grad)
+  void plan_overwrite();
+  void begin_overwrite_step();
+  void end_overwrite_backward();
+  // beta of the weight-gradient product of weights [i, j) of a linear step (adjacent, one
+  // product): 0 for its first write of the step in overwrite mode, else 1.
+  double dw_beta(const sdk::LayerStep& st, size_t i, size_t j);
 
   // Tensor parallelism (tensor_parallel.cpp; CudaEngineOptions::tp): this rank's vocabulary rows
   // [vlo, vlo + vcount) of Vall; in the activation block (plan) an fp32 scratch tp32 [N, tp_width]

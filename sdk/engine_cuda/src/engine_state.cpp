@@ -175,13 +175,20 @@ std::vector<std::vector<float>> CudaEngine::gradients() const {
   // FSDP: the summed gradients of the last step, gathered unit by unit (an applied update has
   // cleared them, as it clears the whole buffer without FSDP).
   if (impl_->fsdp()) return impl_->download_units(impl_->gshard.get<float>());
+  // After an update in overwrite mode the buffer still holds that step's sums: an applied update
+  // reads as cleared, as before.
+  if (impl_->grads_stale) impl_->clear_grads();
   return impl_->download(impl_->grads.get<float>());
+}
+void CudaEngine::Impl::clear_grads() {
+  cuda::DeviceBuffer& b = fsdp() ? gshard : grads;
+  check(cudaMemsetAsync(b.get(), 0, b.size(), stream), "memset");
+  grads_clear = true;
+  grads_stale = false;
 }
 void CudaEngine::zero_grad() {
   impl_->require_trainable("zero_grad");
-  cuda::DeviceBuffer& b = impl_->fsdp() ? impl_->gshard : impl_->grads;
-  check(cudaMemsetAsync(b.get(), 0, b.size(), impl_->stream), "memset");
-  impl_->grads_clear = true;
+  impl_->clear_grads();
 }
 
 CudaEngine::AdamState CudaEngine::adam_state() const {
