@@ -636,4 +636,67 @@ TEST(CudaSample, DrawsWhatKernelsCpuDrawsUnderEveryFilter) {
   EXPECT_EQ(dt.get()[0], -1);
 }
 
+// gemv.cu's two kernels (GemvForm::registers and ::bulk, the persistent one that streams the
+// weights through shared memory) compute the same sums in the same order: C bitwise alike, for
+// 1-4 rows, one and several warps a column (K 2048, 8192, 16448), a bias, f32 C, a last tile
+// half empty, rows of B apart from each other (a copy a row), and the GLU epilogue.
+TEST(CudaGemv, BulkFormIsBitwiseTheRegisterForm) {
+  RLH_REQUIRE_CUDA();
+  struct Shape {
+    int64_t M, N, K, ldb;
+    bool bias, c_f32;
+    int act;  // -1: plain
+  };
+  const std::vector<Shape> shapes = {
+      {1, 3072, 2048, 2048, false, false, -1}, {4, 2048, 2048, 2048, true, false, -1},
+      {1, 2048, 8192, 8192, true, false, -1},  {3, 1000, 2056, 2056, false, true, -1},
+      {4, 300, 16448, 16448, false, false, -1}, {2, 203, 2048, 2056, false, false, -1},
+      {1, 200, 2048, 2048, false, false, 0},   {3, 200, 8192, 8192, false, false, 2},
+      {4, 4096, 2048, 2048, false, false, 1}};
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  int bulk_ran = 0;
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE("M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) +
+                 " ldb=" + std::to_string(sh.ldb) + " act=" + std::to_string(sh.act));
+    const int64_t rowsB = sh.act >= 0 ? 2 * sh.N : sh.N;
+    std::vector<float> a(size_t(sh.M * sh.K)), b(size_t(rowsB * sh.ldb)), bias(size_t(sh.N));
+    for (float& v : a) v = nd(rng);
+    for (float& v : b) v = 0.05f * nd(rng);
+    for (float& v : bias) v = nd(rng);
+    Dev<__nv_bfloat16> dA(a.size()), dB(b.size()), dbias(bias.size());
+    dA.put(to_bf16(a));
+    dB.put(to_bf16(b));
+    dbias.put(to_bf16(bias));
+    const size_t cbytes = size_t(sh.M * sh.N) * (sh.c_f32 ? 4 : 2);
+    Dev<char> c1(cbytes), c2(cbytes);
+    kc::GemmArgs g;
+    g.M = sh.M;
+    g.N = sh.N;
+    g.K = sh.K;
+    g.tb = true;
+    g.A = dA.p;
+    g.lda = sh.K;
+    g.B = dB.p;
+    g.ldb = sh.ldb;
+    g.ab = kc::DType::bf16;
+    g.c_dt = sh.c_f32 ? kc::DType::f32 : kc::DType::bf16;
+    g.ldc = sh.N;
+    if (sh.bias) {
+      g.bias = dbias.p;
+      g.bias_dt = kc::DType::bf16;
+    }
+    for (int form = 0; form < 2; ++form) {
+      g.C = form == 0 ? static_cast<void*>(c1.p) : static_cast<void*>(c2.p);
+      const kc::GemvForm f = form == 0 ? kc::GemvForm::registers : kc::GemvForm::bulk;
+      ASSERT_TRUE(sh.act >= 0 ? kc::gemv_glu_rows(g, sh.act, nullptr, f) : kc::gemv_rows(g, nullptr, f));
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<char> r = c1.get(), k = c2.get();
+    EXPECT_EQ(std::memcmp(r.data(), k.data(), cbytes), 0);
+    ++bulk_ran;
+  }
+  EXPECT_EQ(bulk_ran, int(shapes.size()));
+}
+
 }  // namespace
