@@ -21,7 +21,8 @@
 #     gemvbulk: the few-row product's persistent, bulk-copy form: bitwise test, the generator's
 #               GPU tests with it, batch-1 decoding with RLH_KCUDA_GEMV_BULK=0|1
 #     overwrite: gradients overwritten after an update instead of cleared by AdamW: the engine's
-#                tests, the 1B step with RLH_CUDA_GRAD_OVERWRITE=0|1, and torch.compile's step
+#                tests, the 1B step with RLH_CUDA_GRAD_OVERWRITE=0|1 (and --loss device), and
+#                torch.compile's step
 #     fp8forms: every FP8 form of a decoding step's products (weight-only, block, tensor and row
 #               scales), their activation quantisation and the bf16 product, at 1-256 rows
 #     w8bench: the weight-only FP8 product alone at decoding shapes (bench_fp8_gemm --decode 1),
@@ -254,10 +255,11 @@ if [ "$what" = gemvbulk ]; then
   RLH_KCUDA_GEMV_BULK=1 timeout 200 "$bin/test_generator_cuda" --gtest_brief=1 2>&1 | tee "$out/gemvbulk_gen.log" |
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rror" | head -20
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  for v in 0 1 0 1; do
+  # (the last variant also takes the vocabulary head, 262 Mi weights, off cuBLASLt onto it)
+  for v in 0 1 1,RLH_KCUDA_GEMV_MAX=300000000 0 1 1,RLH_KCUDA_GEMV_MAX=300000000; do
     echo "== bench_generator_cuda b1 with RLH_KCUDA_GEMV_BULK=$v =="
-    RLH_KCUDA_GEMV_BULK=$v "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
-      tee -a "$out/gemvbulk_bench.log" | grep -E "^b1 |rror" | cut -c1-120
+    env RLH_KCUDA_GEMV_BULK=${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 \
+      --repeats 2 2>&1 | tee -a "$out/gemvbulk_bench.log" | grep -E "^b1 |rror" | cut -c1-120
   done
 fi
 if [ "$what" = overwrite ]; then
@@ -270,10 +272,12 @@ if [ "$what" = overwrite ]; then
     "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |AdamW|Failure|rror" | head -40
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
-  for v in 0 1 0 1; do
-    echo "== RLH_CUDA_GRAD_OVERWRITE=$v =="
-    RLH_CUDA_GRAD_OVERWRITE=$v "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train 2>&1 |
-      tee "$out/overwrite_$v.log" | grep -E "^(RESULT|train)|rror"
+  # (and the loss on the device, --loss device: one host wait a step, as torch.compile's peer has
+  # its loss in the graph)
+  for v in 0:host 1:host 1:device 0:host 1:host 1:device; do
+    echo "== RLH_CUDA_GRAD_OVERWRITE=${v%%:*} --loss ${v##*:} =="
+    RLH_CUDA_GRAD_OVERWRITE=${v%%:*} "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train \
+      --loss "${v##*:}" 2>&1 | tee -a "$out/overwrite_bench.log" | grep -E "^(RESULT|train)|rror"
   done
   python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
     grep -v Warning | tee "$out/compilepair_torch.log" | grep -E "^RESULT|rror|Traceback"

@@ -5,7 +5,7 @@
 //
 //   bench_cuda_engine [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward]
 //                     [--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed]
-//                     [--curve N] [--micro N]
+//                     [--curve N] [--micro N] [--loss host|device]
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // tied), training B4 x T2048, forward logprobs B8 x T2048. small: a quick check of the same code.
@@ -20,6 +20,10 @@
 // AdamW update), as RL trainers run it (NeMo-RL's GRPO: 512 sequences a step in micro-batches of
 // a few): the per-step costs (AdamW, the FP8 weight copies) are then shared by N micro-batches.
 // tok/s counts all N; rows are named train[_fp8_<recipe>]_mb<N>.
+// --loss device: the training step's loss on the device (train_step's DeviceLoss: the registry's
+// nll_loss op, one host wait a step, as the GRPO loop runs it and as torch.compile's peer has its
+// loss inside the graph) instead of the host callback (a host wait a micro-batch more); rows are
+// named ..._devloss.
 // --curve N: instead of timing, N training steps on a fixed learnable stream (each sequence an
 // arithmetic progression of token ids, new batches every step) printing the mean loss of the
 // last 10 steps: FP8 against bf16 on the same data (`RESULT name=curve_<fp8> ...`).
@@ -31,10 +35,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "device_nll_loss.hpp"
 #include "kernels_cuda_abi.hpp"
 #include "nll_loss.hpp"
 #include "rlhost/engine_cuda/cuda_engine.hpp"
@@ -69,7 +75,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "llama1b", only, recompute = "none", fp8 = "none";
+  std::string shape_name = "llama1b", only, recompute = "none", fp8 = "none", loss_at = "host";
   int steps = 10, warmup = 2, curve = 0, micro = 1;
   int64_t head_chunk_mib = 0;  // the logprob head's logits tile (0 = the kernel's default)
   for (int i = 1; i < argc; ++i) {
@@ -90,10 +96,12 @@ int main(int argc, char** argv) {
     else if (a == "--fp8") fp8 = next();
     else if (a == "--curve") curve = std::atoi(next());
     else if (a == "--micro") micro = std::atoi(next());
+    else if (a == "--loss") loss_at = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--shape llama1b|small|qwen3moe|moesmall] [--steps N] [--warmup N] [--only train|forward] "
-                   "[--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed] [--curve N] [--micro N]\n",
+                   "[--recompute none|selective|full] [--head-chunk-mib M] [--fp8 none|tensorwise|blockwise|delayed] [--curve N] [--micro N] "
+                   "[--loss host|device]\n",
                    argv[0]);
       return 2;
     }
@@ -101,6 +109,10 @@ int main(int argc, char** argv) {
   const Shape* s = nullptr;
   for (const Shape& x : kShapes)
     if (shape_name == x.name) s = &x;
+  if (loss_at != "host" && loss_at != "device") {
+    std::fprintf(stderr, "bench_cuda_engine: --loss expects host or device, got '%s'\n", loss_at.c_str());
+    return 2;
+  }
   if (!s || steps < 1 || warmup < 0 || micro < 1) {
     std::fprintf(stderr, "bench_cuda_engine: unknown shape '%s' or bad step counts\n", shape_name.c_str());
     return 2;
@@ -248,13 +260,20 @@ int main(int argc, char** argv) {
     engine::StepOptions so;
     so.lr = 1e-5;
     so.global_tokens = micro * s->train_B * (s->T - 1);
-    for (int i = 0; i < warmup; ++i) e.train_step(mbs, so, loss);
+    std::unique_ptr<test::DeviceNll> dev_loss;
+    if (loss_at == "device") dev_loss = std::make_unique<test::DeviceNll>(mbs, so.global_tokens);
+    auto step = [&]() {
+      if (!dev_loss) return e.train_step(mbs, so, loss).loss;
+      e.train_step(mbs, so, dev_loss->loss());
+      return dev_loss->last_loss();
+    };
+    for (int i = 0; i < warmup; ++i) step();
     const auto before = e.stats();
     std::vector<double> times;
     double last = 0;
     for (int i = 0; i < steps; ++i) {
       const auto t0 = Clock::now();
-      last = e.train_step(mbs, so, loss).loss;  // returns after the update is queued
+      last = step();  // returns after the update is queued
       times.push_back(seconds_since(t0));
     }
     const auto after = e.stats();
@@ -275,7 +294,7 @@ int main(int argc, char** argv) {
     const std::string row = (fp8o.enabled ? "train_fp8_" + fp8
                              : rc == engine::Recompute::none ? std::string("train")
                                                              : "train_recompute_" + recompute) +
-                            (micro > 1 ? "_mb" + std::to_string(micro) : "");
+                            (micro > 1 ? "_mb" + std::to_string(micro) : "") + (dev_loss ? "_devloss" : "");
     std::printf("RESULT name=%s shape=%s_B%ldxT%ld value=%.0f unit=tok/s ms=%.3f mfu=%.4f allocs=%.2f "
                 "syncs=%.2f gib=%.2f\n",
                 row.c_str(), s->name,

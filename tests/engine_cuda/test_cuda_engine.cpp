@@ -27,6 +27,7 @@
 
 #include "fixture_util.hpp"
 #include "kernels_cpu_abi.hpp"
+#include "device_nll_loss.hpp"
 #include "kernels_cuda_abi.hpp"
 #include "nll_loss.hpp"
 #include "rlhost/engine/engine.hpp"
@@ -454,51 +455,10 @@ TEST(CudaEngine, DeviceLossMatchesTheHostLossWithOneWait) {
   const auto gh = gpu.gradients();
   gpu.zero_grad();
 
-  // Inputs: per micro-batch, its token mask [N] then its sample mask [S] (all ones: nll's loss).
-  std::vector<float> inputs;
-  std::vector<int64_t> at;
-  for (const engine::MicroBatch& mb : parts) {
-    at.push_back(int64_t(inputs.size()));
-    inputs.insert(inputs.end(), size_t(mb.num_tokens() + mb.num_sequences()), 1.f);
-  }
-  const sdk::KernelRegistry& reg = *test::cuda_registry();
-  auto vec = [](const void* p, int64_t* n, rlh_dtype dt) {
-    static int64_t unit = 1;
-    rlh_tensor t{};
-    t.data = const_cast<void*>(p);
-    t.device = sdk::cuda_device(0);
-    t.ndim = 1;
-    t.dtype = dt;
-    t.shape = n;
-    t.strides = &unit;
-    return t;
-  };
-  int64_t zero = 0;
-  const std::vector<rlh_tensor> d_in = {vec(nullptr, &zero, sdk::kF32), vec(nullptr, &zero, sdk::kF32),
-                                        vec(nullptr, &zero, sdk::kF32), vec(nullptr, &zero, sdk::kI32)};
-  const std::vector<rlh_tensor> d_out(3, vec(nullptr, &zero, sdk::kF32));
-  const rlh_named_value g_tok = sdk::attr_double("global_valid_toks", double(so.global_tokens));
-  const sdk::Op op = reg.resolve("nll_loss", sdk::cuda_device(0), d_in, d_out, {&g_tok, 1});
-  void* d_metrics = nullptr;
-  ASSERT_EQ(cudaMalloc(&d_metrics, 3 * sizeof(float)), cudaSuccess);
-  std::vector<float> kept;
-  engine::CudaEngine::DeviceLoss dl;
-  dl.inputs = inputs;
-  dl.slots = int64_t(parts.size());
-  dl.kept = &kept;
-  dl.run = [&](const engine::LossContext& c, const engine::CudaEngine::DeviceLossViews& v) {
-    int64_t N = c.microbatch->num_tokens(), S = c.microbatch->num_sequences(), S1 = S + 1, one = 1, three = 3;
-    const float* tm = v.inputs + at[size_t(c.index)];
-    const std::vector<rlh_tensor> in = {vec(v.logprob, &N, sdk::kF32), vec(tm, &N, sdk::kF32),
-                                        vec(tm + N, &S, sdk::kF32), vec(v.cu_seqlens, &S1, sdk::kI32)};
-    const std::vector<rlh_tensor> out = {vec(v.loss, &one, sdk::kF32), vec(v.dlogprob, &N, sdk::kF32),
-                                         vec(d_metrics, &three, sdk::kF32)};
-    op.run(in, out, {&g_tok, 1}, v.stream);
-    v.keep(v.loss, c.index);
-  };
+  test::DeviceNll nll_dev(parts, so.global_tokens);
+  const engine::CudaEngine::DeviceLoss& dl = nll_dev.loss();
   gpu.train_step(parts, so, dl);
-  double loss = 0;
-  for (float x : kept) loss += x;
+  const double loss = nll_dev.last_loss();
   EXPECT_NEAR(loss, rh.loss, 1e-6 * std::fabs(rh.loss));
   const auto gd = gpu.gradients();
   for (size_t i = 0; i < gh.size(); ++i) EXPECT_LE(rel_error(gd[i], gh[i]), 1e-5) << s.desc.params[i].name;
@@ -514,7 +474,6 @@ TEST(CudaEngine, DeviceLossMatchesTheHostLossWithOneWait) {
   std::printf("device loss: |loss - host| / host = %.2e; %lld host waits per step of %zu micro-batches\n",
               std::fabs(loss - rh.loss) / std::fabs(rh.loss), (long long)(after.host_syncs - before.host_syncs) / 3,
               parts.size());
-  cudaFree(d_metrics);
 }
 
 // Recompute: the same gradients bit for bit (the same kernels on the same inputs), and less
