@@ -24,6 +24,53 @@ constexpr int kWarps = 8;
 // sums its chunks in increasing order, so the results are those of fewer chunks in flight.
 constexpr int kAhead = 8;
 
+// A column's sums: each warp's reduced, then (WPC > 1) the parts added in part order through
+// shared memory, into the acc of every warp (part 0's is the column's). Every thread calls it.
+template <int R, int WPC, int NB>
+__device__ __forceinline__ void reduce_column(float (&acc)[NB][R], float (&part_sum)[kWarps][NB][kGemvRows], int lane,
+                                              int warp, int part) {
+#pragma unroll
+  for (int h = 0; h < NB; ++h)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[h][r] = warp_sum(acc[h][r]);
+  if constexpr (WPC > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int h = 0; h < NB; ++h)
+#pragma unroll
+        for (int r = 0; r < R; ++r) part_sum[warp][h][r] = acc[h][r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < NB; ++h)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < WPC; ++q) v += part_sum[warp - part + q][h][r];  // in part order
+        acc[h][r] = v;
+      }
+  }
+}
+
+// Column n of C from its sums (one thread): the GLU of the rounded halves, or the bias added.
+template <int R, class TC, int ACT, int NB>
+__device__ __forceinline__ void write_column(const GemmArgs& g, const float (&acc)[NB][R], int64_t n) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if constexpr (ACT >= 0) {
+      const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
+      const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
+      static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
+    } else {
+      float v = acc[0][r];
+      if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
+                                                : static_cast<const float*>(g.bias)[n];
+      static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
+    }
+  }
+}
+
 // WPC warps share a column, each summing a contiguous part of K (WPC = 1: the whole row), their
 // sums added in part order through shared memory. Why: a warp walks its part in rounds of
 // kAhead chunks a lane, each round one memory round trip; a 8192-wide row (a 1B model's down
@@ -90,44 +137,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
       if (c0 + 32 * kAhead < c_end) load_round(c0 + 32 * kAhead);
     }
   }
-#pragma unroll
-  for (int h = 0; h < NB; ++h)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[h][r] = warp_sum(acc[h][r]);
-  if constexpr (WPC > 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int h = 0; h < NB; ++h)
-#pragma unroll
-        for (int r = 0; r < R; ++r) part_sum[warp][h][r] = acc[h][r];
-    }
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int h = 0; h < NB; ++h)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float v = 0.f;
-#pragma unroll
-        for (int q = 0; q < WPC; ++q) v += part_sum[warp + q][h][r];  // in part order
-        acc[h][r] = v;
-      }
-  }
-  if (lane == 0 && live) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if constexpr (ACT >= 0) {
-        const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
-        const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
-        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
-      } else {
-        float v = acc[0][r];
-        if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
-                                                  : static_cast<const float*>(g.bias)[n];
-        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
-      }
-    }
-  }
+  reduce_column<R, WPC, NB>(acc, part_sum, lane, warp, part);
+  if (lane == 0 && part == 0 && live) write_column<R, TC, ACT, NB>(g, acc, n);
 }
 
 // The same product, persistent, its weights streamed through shared memory (RLH_KCUDA_GEMV_BULK).
@@ -211,43 +222,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_bulk_kernel(GemmArgs g, i
         }
       }
     }
-#pragma unroll
-    for (int h = 0; h < NB; ++h)
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[h][r] = warp_sum(acc[h][r]);
-    if constexpr (WPC > 1) {
-      if (lane == 0) {
-#pragma unroll
-        for (int h = 0; h < NB; ++h)
-#pragma unroll
-          for (int r = 0; r < R; ++r) part_sum[warp][h][r] = acc[h][r];
-      }
-      __syncthreads();
-#pragma unroll
-      for (int h = 0; h < NB; ++h)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float v = 0.f;
-#pragma unroll
-          for (int q = 0; q < WPC; ++q) v += part_sum[warp - part + q][h][r];  // in part order
-          acc[h][r] = v;
-        }
-    }
-    if (lane == 0 && part == 0 && live) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if constexpr (ACT >= 0) {
-          const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
-          const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
-          static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
-        } else {
-          float v = acc[0][r];
-          if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
-                                                    : static_cast<const float*>(g.bias)[n];
-          static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(v);
-        }
-      }
-    }
+    reduce_column<R, WPC, NB>(acc, part_sum, lane, warp, part);
+    if (lane == 0 && part == 0 && live) write_column<R, TC, ACT, NB>(g, acc, n);
     __syncthreads();  // the stage is read (and part_sum may be written again)
     if (threadIdx.x == 0) {
       const int64_t next = t + int64_t(stages) * gridDim.x;
