@@ -18,8 +18,6 @@
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
 #                 FUSED_CASES), its phase stamps (RLH_KCUDA_DL_TRACE) and ncu figures (FUSED_NCU=0: not)
-#     gemvbulk: the few-row product's persistent, bulk-copy form: bitwise test, the generator's
-#               GPU tests with it, batch-1 decoding with RLH_KCUDA_GEMV_BULK=0|1
 #     overwrite: gradients overwritten after an update instead of cleared by AdamW: the engine's
 #                tests, the 1B step with RLH_CUDA_GRAD_OVERWRITE=0|1 (and --loss device), and
 #                torch.compile's step
@@ -242,25 +240,6 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
-fi
-if [ "$what" = gemvbulk ]; then
-  # The few-row product's persistent form (gemv_bulk_kernel, twenty-third session): bitwise the
-  # register form (test_cuda_decode), the generator's GPU tests with it on, then batch-1
-  # decoding with RLH_KCUDA_GEMV_BULK=0 (the register form) and =1 in turn.
-  echo "== test_cuda_decode: CudaGemv =="
-  "$bin/test_cuda_decode" --gtest_brief=1 --gtest_filter='CudaGemv.*' 2>&1 | tee "$out/gemvbulk_kernels.log" |
-    grep -E "^\[  (PASSED|FAILED)|Failure|rror|Which|Expected" | head -20
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  echo "== test_generator_cuda with RLH_KCUDA_GEMV_BULK=1 =="
-  RLH_KCUDA_GEMV_BULK=1 timeout 200 "$bin/test_generator_cuda" --gtest_brief=1 2>&1 | tee "$out/gemvbulk_gen.log" |
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rror" | head -20
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  # (the last variant also takes the vocabulary head, 262 Mi weights, off cuBLASLt onto it)
-  for v in 0 1 1,RLH_KCUDA_GEMV_MAX=300000000 0 1 1,RLH_KCUDA_GEMV_MAX=300000000; do
-    echo "== bench_generator_cuda b1 with RLH_KCUDA_GEMV_BULK=$v =="
-    env RLH_KCUDA_GEMV_BULK=${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 \
-      --repeats 2 2>&1 | tee -a "$out/gemvbulk_bench.log" | grep -E "^b1 |rror" | cut -c1-120
-  done
 fi
 if [ "$what" = overwrite ]; then
   # AdamW no longer clears the gradients; the next step's first weight-gradient product of each

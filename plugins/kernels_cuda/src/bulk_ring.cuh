@@ -1,6 +1,6 @@
 // mbarriers and 1-D bulk copies (TMA) into shared memory, sm_90: what a ring of weight tiles
-// streamed ahead of its consumers is made of (decode_layer.cu's fused layer, gemv.cu's
-// persistent few-row product).
+// streamed ahead of its consumers is made of (decode_layer.cu's fused layer; a persistent
+// few-row gemm on it lost to gemv.cu's and was taken out, docs/kernels_cuda.md).
 #pragma once
 
 #include <cstdint>

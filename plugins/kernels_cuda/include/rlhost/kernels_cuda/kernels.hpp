@@ -75,17 +75,12 @@ void gemm_fallback(const GemmArgs& a, cudaStream_t s);
 // C = A B^T for up to kGemvRows rows of bf16 A and a contiguous, 16-byte aligned bf16 B of at
 // most 64 Mi elements (RLH_KCUDA_GEMV_MAX; alpha 1, beta 0): a decoding step's linears at batch
 // 1-4 (gemv.cu). Returns false, launching nothing, for anything else.
-// Two kernels compute it, bitwise alike (the same sums in the same order): weights held in
-// registers, a block a few columns (registers), or a persistent block a multiprocessor streaming
-// them through shared memory with bulk copies (bulk, sm_90). automatic: RLH_KCUDA_GEMV_BULK=1
-// picks bulk, else registers; bulk falls back to registers where its ring does not fit.
 inline constexpr int64_t kGemvRows = 4;
-enum class GemvForm { automatic, registers, bulk };
-bool gemv_rows(const GemmArgs& a, cudaStream_t s, GemvForm form = GemvForm::automatic);
+bool gemv_rows(const GemmArgs& a, cudaStream_t s);
 // The same with B = gate | up [2N, K] and C [M, N] bf16 = act(gate) * up, the product's halves
 // rounded to bf16 first (gemm then swiglu_fwd / geglu_fwd, bitwise). act 0: silu; 1: gelu (tanh
 // form); 2: gelu (erf). No bias. False, launching nothing, where the few-row path does not apply.
-bool gemv_glu_rows(const GemmArgs& a, int act, cudaStream_t s, GemvForm form = GemvForm::automatic);
+bool gemv_glu_rows(const GemmArgs& a, int act, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // embedding: out[n] = table[ids[n]] (ids outside [0,V) give zero rows and set *err).
