@@ -18,6 +18,7 @@
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
 #                 FUSED_CASES), its phase stamps (RLH_KCUDA_DL_TRACE) and ncu figures (FUSED_NCU=0: not)
+#     pdlearly: PDL's early trigger: the decode and generator tests, then batch 1 and 256
 #     overwrite: gradients overwritten after an update instead of cleared by AdamW: the engine's
 #                tests, the 1B step with RLH_CUDA_GRAD_OVERWRITE=0|1 (and --loss device), and
 #                torch.compile's step
@@ -240,6 +241,17 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
+fi
+if [ "$what" = pdlearly ]; then
+  # Programmatic dependent launch with the early trigger (common.cuh, twenty-third session): the
+  # decode kernels' and the generator's graph and fixture tests, then decoding at batch 1 (twice)
+  # and 256 (the same binary without it ran 800-821 and 77.1-77.2K tok/s that day, H100).
+  GTEST_FILTER="${PDLEARLY_FILTER:-*Paged*:*Graph*:*GpuFixture*llama_tiny*:*Deterministic*}" \
+    TESTS="test_cuda_decode test_generator_cuda" bash "$0" gentests || rc=1
+  for c in b1 b1 b256; do
+    "$bin/bench_generator_cuda" --shape llama1b --case $c --prompt 128 --new 256 --repeats 2 2>&1 |
+      tee -a "$out/pdlearly_bench.log" | grep -E "^$c |rror" | cut -c1-120
+  done
 fi
 if [ "$what" = overwrite ]; then
   # AdamW no longer clears the gradients; the next step's first weight-gradient product of each
