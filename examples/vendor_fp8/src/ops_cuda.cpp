@@ -174,7 +174,6 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   g.c_bf16 = dc == rlh::sdk::kBF16;
   g.alpha = float(pick_d(call, "alpha", op.alpha));
   g.beta = float(pick_d(call, "beta", op.beta));
-  // (block-scaled products keep the promotion: their scales are applied at it)
   // (block-scaled products keep the promotion: their scales are applied at it; a scale per row or
   // per tensor is applied once, in the epilogue)
   g.fast_accum = (g.scaling == Scaling::tensor || g.scaling == Scaling::rows) && pick_i(call, "fast_accum", 0) != 0;

@@ -109,8 +109,9 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b
 // anything earlier work reads (it returns once the predecessor has completed and its writes are
 // visible; at once for a kernel launched without the attribute). pdl_trigger() lets the next
 // kernel be scheduled; called after pdl_wait, at most two grids are in flight (but see the
-// early trigger below). Before pdl_wait a kernel may only compute indices and prefetch into L2 (prefetch_l2: a hint, never data a
-// result depends on, so a weight written just before is still read after the wait). Two
+// early trigger below). Before pdl_wait a kernel may only compute indices and prefetch into L2
+// (prefetch_l2: a hint, never data a result depends on, so a weight written just before is
+// still read after the wait). Two
 // exceptions read weights before the wait for real: the few-row gemm's first round
 // (RLH_KCUDA_GEMV_PRELOAD) and decode_layer.cu's producer warp; they rely on no kernel that
 // writes weights being launched with the attribute directly before them (a refit's copies are
