@@ -243,9 +243,11 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
   fi
 fi
 if [ "$what" = pdlearly ]; then
-  # Programmatic dependent launch with the early trigger (common.cuh, twenty-third session): the
-  # decode kernels' and the generator's graph and fixture tests, then decoding at batch 1 (twice)
-  # and 256 (the same binary without it ran 800-821 and 77.1-77.2K tok/s that day, H100).
+  # Programmatic dependent launch with the early trigger (common.cuh's RLH_KCUDA_PDL_EARLY, a
+  # build-time switch, twenty-third session): the decode kernels' and the generator's graph and
+  # fixture tests, then decoding at batch 1 (twice) and 256. Run it on a pack built with
+  # -DRLH_KCUDA_PDL_EARLY=1 (CMAKE_CUDA_FLAGS) and again, on the same warm machine, on one
+  # without (the baseline: 800-821 and 77.1-77.2K tok/s on an H100 that day).
   GTEST_FILTER="${PDLEARLY_FILTER:-*Paged*:*Graph*:*GpuFixture*llama_tiny*:*Deterministic*}" \
     TESTS="test_cuda_decode test_generator_cuda" bash "$0" gentests || rc=1
   for c in b1 b1 b256; do

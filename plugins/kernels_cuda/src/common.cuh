@@ -117,7 +117,10 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b
 // writes weights being launched with the attribute directly before them (a refit's copies are
 // ordinary launches or copies, which a PDL launch after them waits for in full).
 //
-// Early trigger (RLH_KCUDA_PDL_EARLY, a build-time switch, on): pdl_wait() lets the next kernel
+// Early trigger (RLH_KCUDA_PDL_EARLY, a build-time switch, off until measured: built on
+// 2026-12-06, twenty-third session, after the session's device time ran out; measure it with a
+// build that defines it to 1 beside one that does not, on one warm machine, with
+// `scripts/device_gpu.sh pdlearly`): pdl_wait() lets the next kernel
 // launch before it waits, so a chain of launches becomes resident as soon as each kernel's
 // blocks are (a kernel launches only once all its predecessor's blocks have started, so the
 // predecessor can always finish: no deadlock), and the few-row gemm's first round of weights is
@@ -129,7 +132,7 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b
 // written before it. The chain stops at any launch without the attribute (cuBLASLt, cuDNN, a
 // copy), which waits for everything before it in full.
 #ifndef RLH_KCUDA_PDL_EARLY
-#define RLH_KCUDA_PDL_EARLY 1
+#define RLH_KCUDA_PDL_EARLY 0
 #endif
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
