@@ -86,18 +86,18 @@ std::vector<uint8_t> uniform_fp8(size_t n, uint64_t seed) {
   return v;
 }
 
-// gemm resolved with these operands' shapes: the handle, or the provider's status (owned by
+// Op `name` resolved with these operands' shapes: the handle, or the provider's status (owned by
 // the caller) when it refuses.
-rlh_status* resolve_gemm(const Dev& d, const rlh_tensor* in, size_t nin, const rlh_tensor* out,
-                         const rlh_named_value* attrs, size_t nattrs, rlh_op** op) {
+rlh_status* resolve_op(const Dev& d, const char* name, const rlh_tensor* in, size_t nin, const rlh_tensor* out,
+                       size_t nout, const rlh_named_value* attrs, size_t nattrs, rlh_op** op) {
   rlh_op_desc od{};
   od.struct_size = sizeof od;
-  od.name = "gemm";
+  od.name = name;
   od.device = rlh::sdk::cuda_device(0);
   od.inputs = in;
   od.num_inputs = nin;
   od.outputs = out;
-  od.num_outputs = 1;
+  od.num_outputs = nout;
   od.shapes_valid = 1;
   od.attrs = attrs;
   od.num_attrs = nattrs;
@@ -163,19 +163,9 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
       auto timed = [&](Dev& dev, void* wsp, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
                        const std::vector<rlh_named_value>& attrs, const std::vector<rlh_named_value>& call_attrs,
                        const char* op_name, const std::string& what) -> double {
-        rlh_op_desc od{};
-        od.struct_size = sizeof od;
-        od.name = op_name;
-        od.device = rlh::sdk::cuda_device(0);
-        od.inputs = in.data();
-        od.num_inputs = in.size();
-        od.outputs = out.data();
-        od.num_outputs = out.size();
-        od.shapes_valid = 1;
-        od.attrs = attrs.data();
-        od.num_attrs = attrs.size();
         rlh_op* op = nullptr;
-        if (rlh_status* st = dev.api->get_op(dev.k, &od, &op)) {
+        if (rlh_status* st =
+                resolve_op(dev, op_name, in.data(), in.size(), out.data(), out.size(), attrs.data(), attrs.size(), &op)) {
           rlh::sdk::StatusPtr owned(st);
           std::printf("%-8s M=%-3lld %s: refused: %s\n", names[s], (long long)M, what.c_str(),
                       rlh::sdk::status_message(st).c_str());
@@ -348,7 +338,7 @@ int main(int argc, char** argv) {
       const rlh_tensor out[1] = {tensor(c, sC, tC, 2, rlh::sdk::kBF16)};
       const rlh_named_value attrs[2] = {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", scaling)};
       rlh_op* op = nullptr;
-      check(resolve_gemm(d, in, 4, out, attrs, 2, &op), "resolve gemm");
+      check(resolve_op(d, "gemm", in, 4, out, 1, attrs, 2, &op), "resolve gemm");
       rlh_op_call call{};
       call.struct_size = sizeof call;
       call.inputs = in;
