@@ -64,8 +64,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (2026-12-06, twenty-third session: pagedaddr, fp8, then
-#              fp8forms)
+#              first, for one short call (after 2026-12-06's twenty-third session: pdlearly, on
+#              two packs)
 #     pagedaddr: paged attention's 32-bit block arithmetic and the vector FP8 cache write: their
 #                tests, then the RLH_KCUDA_PAGED_ADDR32=0|1 decoding A/B (PAGEDADDR_CASES="b256 b64",
 #                bf16 and FP8 caches) and RLH_KCUDA_KV_FP8_VEC=0|1 at b256
@@ -94,13 +94,11 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (twenty-second session): kvfp8, w8bench, fusedlayer (every form slower than op by
-  # op) and genprofile at b64/b256 with FP8 ran. Left: the paged attention's 32-bit addressing
-  # (pagedaddr: its tests, then the A/B), vendor_fp8's weight-only product at its new default of
-  # 4 token groups and the row scales (fp8: test_vendor_fp8 and check-kernels), then every FP8
-  # form at decoding's rows (fp8forms, twenty-third session). BACKLOG="..." picks (all may pass
-  # one call's 600 s).
-  for st in ${BACKLOG:-pagedaddr fp8 fp8forms}; do
+  # 2026-12-06 (twenty-third session): pagedaddr, fp8, fp8forms, gemvbulk (taken out) and
+  # overwrite ran. Left: PDL's early trigger (pdlearly), which needs a pack built with
+  # -DRLH_KCUDA_PDL_EARLY=1 and, on the same warm machine, one without (the stage on each).
+  # BACKLOG="..." picks (all may pass one call's 600 s).
+  for st in ${BACKLOG:-pdlearly}; do
     bash "$0" "$st" || rc=1
   done
   exit $rc
