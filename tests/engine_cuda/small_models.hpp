@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "rlhost/engine/engine.hpp"
 #include "rlhost/model/llama_family.hpp"
 #include "rlhost/sdk/model_desc.hpp"
 
@@ -55,6 +56,11 @@ struct Small {
     }
   }
   int64_t predicted() const { return int64_t(ids.size()) - int64_t(cu.size() - 1); }
+  // The batch as micro-batches of at most 260 tokens (three of them), valid while this lives.
+  std::vector<engine::MicroBatch> parts() { return engine::split_microbatches(ids, cu, 260, &part_cu); }
+
+ private:
+  std::vector<std::vector<int32_t>> part_cu;
 };
 
 // A small random Qwen3-MoE-like model: layer 0 routed (8 experts, top-2, renormalised, expert

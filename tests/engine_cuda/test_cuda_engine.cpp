@@ -370,8 +370,7 @@ TEST(CudaEngine, MicroBatchesSumToTheWholeBatch) {
   whole.cu_seqlens = s.cu;
   const auto r1 = gpu.train_step({&whole, 1}, so, nll);
   const auto g1 = gpu.gradients();
-  std::vector<std::vector<int32_t>> cu_storage;
-  const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
+  const auto parts = s.parts();
   ASSERT_GE(parts.size(), 2u);
   const auto r2 = gpu.train_step(parts, so, nll);
   const auto g2 = gpu.gradients();
@@ -389,8 +388,7 @@ TEST(CudaEngine, GradientsAfterAnUpdateAreOverwrittenNotAccumulated) {
   Small s;
   engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
-  std::vector<std::vector<int32_t>> cu_storage;
-  const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
+  const auto parts = s.parts();
   ASSERT_GE(parts.size(), 2u);
   engine::StepOptions so;
   so.lr = 1e-2;
@@ -419,8 +417,7 @@ TEST(CudaEngine, SteadyStateStepsAllocateNothing) {
   Small s;
   engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
-  std::vector<std::vector<int32_t>> cu_storage;
-  const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
+  const auto parts = s.parts();
   engine::StepOptions so;
   so.global_tokens = s.predicted();
   gpu.train_step(parts, so, nll);  // plans activations and the kernel arena
@@ -445,8 +442,7 @@ TEST(CudaEngine, DeviceLossMatchesTheHostLossWithOneWait) {
   Small s;
   engine::CudaEngine gpu(s.desc, test::cuda_options());
   gpu.load_parameters(s.weights);
-  std::vector<std::vector<int32_t>> cu_storage;
-  const auto parts = engine::split_microbatches(s.ids, s.cu, 260, &cu_storage);
+  const auto parts = s.parts();
   ASSERT_GE(parts.size(), 2u);
   engine::StepOptions so;
   so.apply_optimizer = false;
