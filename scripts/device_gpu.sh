@@ -66,9 +66,6 @@
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
 #              first, for one short call (after 2026-12-06's twenty-third session: pdlearly, on
 #              two packs)
-#     pagedaddr: paged attention's 32-bit block arithmetic and the vector FP8 cache write: their
-#                tests, then the RLH_KCUDA_PAGED_ADDR32=0|1 decoding A/B (PAGEDADDR_CASES="b256 b64",
-#                bf16 and FP8 caches) and RLH_KCUDA_KV_FP8_VEC=0|1 at b256
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -100,25 +97,6 @@ if [ "$what" = backlog ]; then
   # BACKLOG="..." picks (all may pass one call's 600 s).
   for st in ${BACKLOG:-pdlearly}; do
     bash "$0" "$st" || rc=1
-  done
-  exit $rc
-fi
-if [ "$what" = pagedaddr ]; then
-  # paged_attention_mma's 32-bit block arithmetic (twenty-second session, not run then): the
-  # decode kernels' tests and the generator's paged, FP8, deterministic and llama fixture tests,
-  # then decoding at PAGEDADDR_CASES (b256 b64) in bf16 and with FP8 caches, the old 64-bit
-  # division (RLH_KCUDA_PAGED_ADDR32=0) against the new, twice each, in one call.
-  GTEST_FILTER='*Paged*:*Fp8*:*Deterministic*:*GpuFixture*llama_tiny*' TESTS="test_cuda_decode test_generator_cuda" \
-    bash "$0" gentests || rc=1
-  for v in 0 1 0 1; do
-    echo "== RLH_KCUDA_PAGED_ADDR32=$v =="
-    RLH_KCUDA_PAGED_ADDR32=$v KVFP8_TESTS=0 KVFP8_CASES="${PAGEDADDR_CASES:-b256 b64}" KVFP8_VARIANTS="bf16 kvfp8" \
-      KVFP8_TAG=_addr32_$v bash "$0" kvfp8 || rc=1
-  done
-  for v in 0 1; do  # the FP8 cache write a code a thread (0) or 8 values a thread (1)
-    echo "== RLH_KCUDA_KV_FP8_VEC=$v =="
-    RLH_KCUDA_KV_FP8_VEC=$v KVFP8_TESTS=0 KVFP8_CASES=b256 KVFP8_VARIANTS=kvfp8 KVFP8_TAG=_vec$v \
-      bash "$0" kvfp8 || rc=1
   done
   exit $rc
 fi

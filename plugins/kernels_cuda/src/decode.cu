@@ -922,10 +922,7 @@ void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {
     if (!a.k_scale || !a.v_scale) throw std::invalid_argument("kv_cache_write: FP8 caches need both scales");
     if (a.Hkv * (a.Dk + a.Dv) >= (int64_t(1) << 31)) throw std::invalid_argument("kv_cache_write: rows too wide");
     if (a.t != DType::bf16) throw std::invalid_argument("kv_cache_write: FP8 caches from bf16 keys and values only");
-    // RLH_KCUDA_KV_FP8_VEC=0 writes a code a thread everywhere (the A/B).
-    static const bool vec_on = env_switch_on("RLH_KCUDA_KV_FP8_VEC");
-    launch_pdl(vec_on && vec_rows(a, 1) ? kv_write_vec_kernel<true> : kv_write_fp8_kernel, unsigned(a.R), 128, 0, s,
-               a);
+    launch_pdl(vec_rows(a, 1) ? kv_write_vec_kernel<true> : kv_write_fp8_kernel, unsigned(a.R), 128, 0, s, a);
     check_launch("kv_cache_write (fp8)");
     return;
   }

@@ -90,11 +90,7 @@ __device__ __forceinline__ void load_kv_rows(T* Kt, T* Vt, const PagedAttnArgs& 
     const bool ok = p >= lo && p <= hi;
     const T* kp = kc;
     const T* vp = vc;
-    if (ok && a.div64) {
-      const int64_t blk = table[p / a.bs], off = p % a.bs;
-      kp = kh + blk * a.kc_strides[0] + off * a.kc_strides[2];
-      vp = vh + blk * a.vc_strides[0] + off * a.vc_strides[2];
-    } else if (ok) {
+    if (ok) {
       const uint32_t pu = uint32_t(p);
       uint32_t bi, off;
       if (pow2) {
@@ -543,13 +539,10 @@ int64_t paged_attention_mma_workspace_bytes(const PagedAttnArgs& a) {
 void paged_attention_mma(const PagedAttnArgs& a, cudaStream_t s) {
   if (a.R == 0) return;
   const bool fp8 = a.k_scale != nullptr;
-  static const bool div64 = !env_switch_on("RLH_KCUDA_PAGED_ADDR32");  // =0: the A/B
-  PagedAttnArgs b = a;
-  b.div64 = div64;
-  if (b.Dk == 64)
-    fp8 ? launch<64, true>(b, s) : launch<64, false>(b, s);
+  if (a.Dk == 64)
+    fp8 ? launch<64, true>(a, s) : launch<64, false>(a, s);
   else
-    fp8 ? launch<128, true>(b, s) : launch<128, false>(b, s);
+    fp8 ? launch<128, true>(a, s) : launch<128, false>(a, s);
   check_launch("paged_attention (mma)");
 }
 

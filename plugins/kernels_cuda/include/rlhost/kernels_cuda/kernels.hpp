@@ -358,9 +358,6 @@ struct PagedAttnArgs {
   // kernel only (bf16 q and o, head dims 64 and 128). Null: caches of the op's dtype.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
-  // The tensor-core kernel's A/B (set from RLH_KCUDA_PAGED_ADDR32=0 at launch): a position's cache
-  // block in 64-bit division, as before 2026-12-06 (twenty-second session).
-  bool div64 = false;
 };
 // Scratch the split-over-keys kernels need for a call (0 when every row fits one partition).
 int64_t paged_attention_workspace_bytes(const PagedAttnArgs& a);
