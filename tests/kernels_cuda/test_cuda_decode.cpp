@@ -309,8 +309,8 @@ INSTANTIATE_TEST_SUITE_P(GqaAndMla, CudaPaged,
 // FP8 caches (kv_cache_dtype fp8): kernels_cuda's cache write stores each key's and value's code
 // of x / scale as kernels_cpu does (fp8_e4m3.hpp: nearest even, saturated), bit for bit, in the
 // GPU generator's layout; its tensor-core attention over them is the attention of their values
-// (scale x code) within bf16's error, through partitions combined both ways, and batch-invariant
-// when asked.
+// (scale x code) within bf16's error, through partitions combined both ways, for queries of any
+// magnitude, and batch-invariant when asked.
 class CudaPagedFp8 : public ::testing::TestWithParam<int64_t> {};  // the head dim
 
 TEST_P(CudaPagedFp8, CodesAsKernelsCpuAndAttentionOfTheirValues) {
@@ -325,6 +325,12 @@ TEST_P(CudaPagedFp8, CodesAsKernelsCpuAndAttentionOfTheirValues) {
   for (float& x : v) x = nd(gen);
   k[3] = 900.f;    // saturates at k_scale 0.5 (past 448)
   k[4] = -0.003f;  // subnormal codes at both key scales (|x / k_scale| < 2^-6)
+  // Queries past fp16's range and below its normal numbers (the FP8 form rounds Q to fp16 after a
+  // power-of-two scale): row 150's first head x 1e5 (a one-hot softmax), row 40's second x 1e-6.
+  for (int64_t d = 0; d < D; ++d) {
+    q[size_t((150 * Hq + 0) * D + d)] *= 1e5f;
+    q[size_t((40 * Hq + 1) * D + d)] *= 1e-6f;
+  }
   q = from_bf16(to_bf16(q));
   k = from_bf16(to_bf16(k));
   v = from_bf16(to_bf16(v));

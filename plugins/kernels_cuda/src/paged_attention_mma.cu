@@ -24,12 +24,25 @@
 // invariance only when asked (attribute batch_invariant = 1): then every row is one partition,
 // whatever the launch, and its output depends on its own position, window and cache alone.
 //
-// FP8 caches (vLLM's kv_cache_dtype fp8; docs/ops.md): the codes come in by cp.async into a
-// double-buffered staging area of their own (a tile of codes is half a bf16 tile), and each tile
-// is widened to bf16 in shared memory before its products (e4m3 values are bf16 numbers: exact),
-// so the products and the softmax are the bf16 kernel's. The bf16 tiles are then single: the
-// shared memory a warp takes is the same. The key scale is folded into the softmax scale, the
-// value scale into the output; both are read before pdl_wait (uploaded, never a step's output).
+// FP8 caches (vLLM's kv_cache_dtype fp8; docs/ops.md): the codes come in by cp.async into
+// double-buffered byte tiles (half a bf16 tile each: a warp takes half the shared memory, so
+// twice as many warps are resident), and the products read them straight from there: ldmatrix
+// on the bytes taken as 16-bit units, then cvt.rn.f16x2.e4m3x2 (exact: every e4m3 value is an
+// fp16 number) into mma.sync's f16 form. Why: widening each tile to bf16 in shared memory first
+// (the form before 2026-12-07) cost ~5 instructions an element, more than the products and the
+// softmax together; at batch 256 that kernel took 38.7 us a layer against 41.9 for bf16 caches
+// of twice the bytes (H100, ncu). The order of a fragment's elements differs from the bf16 form:
+//   - S = Q K^T: ldmatrix gives a lane 4 adjacent codes of a key (dims 4 t4 .. 4 t4 + 3 of a
+//     16-dim step); they are the mma's k = 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9, and Q's fragment
+//     is read in the same order (a dot product does not care which k is which).
+//   - O += P V: ldmatrix.trans gives a lane 2 keys x 2 adjacent dims; the dims are split by a
+//     byte permute into two n-tiles, the even and the odd dims of a 16-dim block, so the
+//     accumulator acc[2 b + p] holds dims 16 b + 4 t4 + 2 e + p (fp8_dim below).
+// Q is rounded to fp16 after a power-of-two scale that puts its largest magnitude in
+// [2^14, 2^15) (fp16's range is bf16's only in part; the scale is exact and undone with the key
+// scale in the softmax scale); P is rounded to fp16 (finer than bf16's rounding). The key scale
+// is folded into the softmax scale, the value scale into the output; both are read before
+// pdl_wait (uploaded, never a step's output).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -58,9 +71,10 @@ __device__ __forceinline__ int64_t first_key(const PagedAttnArgs& a, int64_t pos
   return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
 }
 
-template <int D>
+// A warp's shared memory: bf16, Q [16][D] and K, V [2][64][D]; FP8, K and V codes [2][64][D].
+template <int D, bool FP8 = false>
 constexpr size_t smem_bytes() {
-  return size_t(16 * D + 4 * kBK * D) * sizeof(bf16);  // Q [16][D], K and V [2][64][D]
+  return FP8 ? size_t(4 * kBK * D) : size_t(16 * D + 4 * kBK * D) * sizeof(bf16);
 }
 
 // Positions [64 j, 64 j + 64) of kv head hk into shared memory, 16 bytes a cp.async, element
@@ -116,48 +130,127 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, bf16* Vt, const PagedAttn
   load_kv_rows<D>(Kt, Vt, a, table, hk, j, lo, hi, [](int r, int c) { return swz<D>(r, c); });
 }
 
-// FP8 codes into plain [64][D] byte tiles (widen_kv_tile reads them).
+// Byte offset of (row, byte col) in a [64][D] tile of FP8 codes, its 16-byte chunks swizzled so
+// that the 8 rows an ldmatrix reads at one chunk meet on 8 different groups of 4 banks (rows of
+// 64 bytes: chunk c ^ ((row >> 1) & 3); of 128: c ^ (row & 7)).
+template <int D>
+__device__ __forceinline__ int swz8(int row, int col) {
+  const int c = col >> 4;
+  const int cs = D == 64 ? c ^ ((row >> 1) & 3) : c ^ (row & 7);
+  return row * D + (cs << 4) + (col & 15);
+}
+
 template <int D>
 __device__ __forceinline__ void load_kv_tile8(uint8_t* K8, uint8_t* V8, const PagedAttnArgs& a, const int32_t* table,
                                               int64_t hk, int64_t j, int64_t lo, int64_t hi) {
-  load_kv_rows<D>(K8, V8, a, table, hk, j, lo, hi, [](int r, int c) { return r * D + c; });
+  load_kv_rows<D>(K8, V8, a, table, hk, j, lo, hi, [](int r, int c) { return swz8<D>(r, c); });
 }
 
-// 16 e4m3 codes to 16 bf16 values (exact: the codes convert to half exactly, and half's values
-// of e4m3's range are bf16 numbers).
-__device__ __forceinline__ void widen16(const uint4& codes, uint4& lo, uint4& hi) {
-  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t two = (w[i / 2] >> (16 * (i % 2))) & 0xffffu;
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));
-    out[i] = pack_bf16(f.x, f.y);
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
+// Two pairs of e4m3 codes (bytes 0-1 and 2-3 of v) as two fp16x2 registers.
+__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(v));
 }
 
-// A staged tile of codes widened into the swizzled bf16 tiles the products read.
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// c += a (16x16, row) * b (16x8, col), fp16 operands.
+__device__ __forceinline__ void mma16816_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The head dim of accumulator element (i, e) (e = 0, 1: its columns 2 t4 + e) of a lane: the
+// bf16 form's n-tiles are dims 8 i ..; the FP8 form's are the even (i = 2 b) and odd (2 b + 1)
+// dims of 16-dim block b.
+template <bool FP8>
+__device__ __forceinline__ int acc_dim(int i, int e, int t4) {
+  return FP8 ? 16 * (i >> 1) + 4 * t4 + 2 * e + (i & 1) : 8 * i + 2 * t4 + e;
+}
+
+// The FP8 form's Q fragments: rows g0 .. g0 + gn - 1 of the group (zero past gn), dims in the
+// order of the keys' fragments (see the file's comment), times qscale, a power of two that puts
+// the largest magnitude in [2^14, 2^15) (1 when Q is all zeros). Returns qscale.
 template <int D>
-__device__ __forceinline__ void widen_kv_tile(bf16* Kt, bf16* Vt, const uint8_t* K8, const uint8_t* V8) {
-  constexpr int CH = D / 16;
+__device__ __forceinline__ float load_q_f16(uint32_t (&qf)[D / 16][4], const bf16* qb, int gn) {
+  constexpr int KS = D / 16;
+  const int lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
+  float q[KS][2][4];
+  float amax = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = gid + 8 * h;
+      uint2 u = make_uint2(0u, 0u);
+      if (row < gn) u = *reinterpret_cast<const uint2*>(qb + row * D + kk * 16 + t4 * 4);
+      const __nv_bfloat162 p0 = *reinterpret_cast<const __nv_bfloat162*>(&u.x);
+      const __nv_bfloat162 p1 = *reinterpret_cast<const __nv_bfloat162*>(&u.y);
+      q[kk][h][0] = __low2float(p0), q[kk][h][1] = __high2float(p0);
+      q[kk][h][2] = __low2float(p1), q[kk][h][3] = __high2float(p1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(q[kk][h][e]));
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  // 2^(14 - floor(log2 amax)), built from amax's exponent (at most 2^126, which 1 / qscale
+  // keeps a normal float; a non-finite Q makes non-finite scores either way).
+  const int ex = int((__float_as_uint(amax) >> 23) & 0xff) - 127;
+  const float qscale = amax > 0.f && ex < 128 ? ldexpf(1.f, min(14 - ex, 126)) : 1.f;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    qf[kk][0] = pack_f16(q[kk][0][0] * qscale, q[kk][0][1] * qscale);
+    qf[kk][1] = pack_f16(q[kk][1][0] * qscale, q[kk][1][1] * qscale);
+    qf[kk][2] = pack_f16(q[kk][0][2] * qscale, q[kk][0][3] * qscale);
+    qf[kk][3] = pack_f16(q[kk][1][2] * qscale, q[kk][1][3] * qscale);
+  }
+  return qscale;
+}
+
+// S (16 x 64 keys) += Q K^T from a tile of key codes.
+template <int D>
+__device__ __forceinline__ void scores_fp8(float (&s)[kBK / 8][4], const uint32_t (&qf)[D / 16][4], const uint8_t* K8) {
   const int lane = threadIdx.x & 31;
-#pragma unroll 1  // (unrolled, D = 128 spilled: the products' fragments hold the registers)
-  for (int i = lane; i < kBK * CH; i += 32) {
-    const int r = i / CH, c = (i % CH) * 16;
-    // At D = 128 the 8 lanes of a store phase share a row: its even chunks (8 of them) would
-    // meet in pairs on the 8 groups of 4 banks, so lanes 4-7 store their odd chunk first.
-    const bool odd_first = D == 128 && (i % CH) >= 4;
-    const int c0 = odd_first ? c + 8 : c, c1 = odd_first ? c : c + 8;
-    uint4 lo, hi;
-    widen16(*reinterpret_cast<const uint4*>(K8 + r * D + c), lo, hi);
-    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c0)) = odd_first ? hi : lo;
-    *reinterpret_cast<uint4*>(Kt + swz<D>(r, c1)) = odd_first ? lo : hi;
-    widen16(*reinterpret_cast<const uint4*>(V8 + r * D + c), lo, hi);
-    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c0)) = odd_first ? hi : lo;
-    *reinterpret_cast<uint4*>(Vt + swz<D>(r, c1)) = odd_first ? lo : hi;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int ng = 0; ng < kBK / 32; ++ng) {
+      uint32_t r[4];  // keys 32 ng + 8 m + gid, dims 16 kk + 4 t4 .. + 3
+      ldsm_x4(r, K8 + swz8<D>(ng * 32 + lane, kk * 16));
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        uint32_t b0, b1;
+        e4m3x4_to_f16x2(r[m], b0, b1);
+        mma16816_f16(s[ng * 4 + m], qf[kk], b0, b1);
+      }
+    }
+}
+
+// O += P V over a tile of value codes; pa: P's fragments (fp16) of keys 16 jj ..
+template <int D>
+__device__ __forceinline__ void pv_fp8(float (&acc)[D / 8][4], const uint32_t (&pa)[4], const uint8_t* V8, int jj) {
+  const int lane = threadIdx.x & 31, m = lane >> 3;
+#pragma unroll
+  for (int db = 0; db < D / 32; ++db) {
+    uint32_t r[4];  // [keys 16 jj + 2 t4, +1 | +8, +9] x [dims 2 gid, 2 gid + 1] of chunks 2 db, 2 db + 1
+    ldsm_x4_t(r, V8 + swz8<D>(jj * 16 + (m & 1) * 8 + (lane & 7), (2 * db + (m >> 1)) * 16));
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      // bytes (key, dim): (k, 2g) (k, 2g+1) (k+1, 2g) (k+1, 2g+1) -> (k, 2g) (k+1, 2g) | (k, 2g+1) (k+1, 2g+1)
+      uint32_t ev0, od0, ev1, od1;
+      e4m3x4_to_f16x2(__byte_perm(r[2 * c], 0u, 0x3120), ev0, od0);
+      e4m3x4_to_f16x2(__byte_perm(r[2 * c + 1], 0u, 0x3120), ev1, od1);
+      const int b = 2 * db + c;
+      mma16816_f16(acc[2 * b], pa, ev0, ev1);
+      mma16816_f16(acc[2 * b + 1], pa, od0, od1);
+    }
   }
 }
 
@@ -169,25 +262,25 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // The in-block combine (paged_mma_kernel with WARPS > 1): each warp puts its rows' unnormalised
-// output, maximum and sum in its own buffer (`mine`, its K tiles: its loads are done), then the
+// output, maximum and sum in its own buffer (`mine`, in its tiles: its loads are done), then the
 // block computes, for each of the group's rows and dims, sum_w acc_w e^(m_w - M) / sum_w l_w
 // e^(m_w - M) with M the largest m_w, warps in partition order (as the combine kernel).
-template <int D, int WARPS>
+template <int D, int WARPS, bool FP8>
 __device__ __forceinline__ void combine_in_block(const PagedAttnArgs& a, int64_t r, int64_t hq0, int gn, float sl2,
                                                  const float (&acc)[D / 8][4], const float (&m)[2], const float (&l)[2],
                                                  float* mine) {
   constexpr int DT = D / 8;
-  constexpr int64_t WARP_FLOATS = int64_t(smem_bytes<D>() / sizeof(float));  // a warp's shared memory
+  constexpr int64_t WARP_FLOATS = int64_t(smem_bytes<D, FP8>() / sizeof(float));  // a warp's shared memory
   const int lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
-  // mine: [16 rows][D] outputs, then [16] maxima, [16] sums (16 D + 32 floats <= the K tiles)
+  // mine: [16 rows][D] outputs, then [16] maxima, [16] sums (16 D + 32 floats <= the tiles)
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const float lr = quad_sum(l[hf]);  // the row's sum over its four lanes
     const int g = gid + 8 * hf;
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
-      mine[g * D + i * 8 + t4 * 2] = acc[i][2 * hf];
-      mine[g * D + i * 8 + t4 * 2 + 1] = acc[i][2 * hf + 1];
+      mine[g * D + acc_dim<FP8>(i, 0, t4)] = acc[i][2 * hf];
+      mine[g * D + acc_dim<FP8>(i, 1, t4)] = acc[i][2 * hf + 1];
     }
     if (t4 == 0) {
       mine[16 * D + g] = m[hf];
@@ -195,7 +288,7 @@ __device__ __forceinline__ void combine_in_block(const PagedAttnArgs& a, int64_t
     }
   }
   __syncthreads();
-  // The buffers sit WARP_FLOATS apart, each 16 Q + 4 kBK tile rows of D bf16 past a warp's start.
+  // The buffers sit WARP_FLOATS apart, each at the same offset from its warp's start.
   const float* first = mine - int64_t(threadIdx.x >> 5) * WARP_FLOATS;
   for (int e = threadIdx.x; e < gn * D; e += 32 * WARPS) {
     const int g = e / D, d = e % D;
@@ -231,13 +324,13 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
   constexpr int KS = D / 16, NT = kBK / 8, DT = D / 8;
-  constexpr int KV_BUFS = FP8 ? 1 : 2;  // bf16 tiles: double-buffered, or widened from staged codes
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int warp = WARPS > 1 ? int(threadIdx.x >> 5) : 0;
-  bf16* Qs = reinterpret_cast<bf16*>(smem_raw + warp * smem_bytes<D>());
+  unsigned char* mem = smem_raw + warp * smem_bytes<D, FP8>();
+  bf16* Qs = reinterpret_cast<bf16*>(mem);  // bf16 caches: Q, then K and V [2][64][D]
   bf16* Ks = Qs + 16 * D;
-  bf16* Vs = Ks + KV_BUFS * kBK * D;
-  uint8_t* K8 = reinterpret_cast<uint8_t*>(Vs + KV_BUFS * kBK * D);  // FP8: [2][64][D] codes each
+  bf16* Vs = Ks + 2 * kBK * D;
+  uint8_t* K8 = mem;  // FP8 caches: K and V codes [2][64][D]
   uint8_t* V8 = K8 + 2 * kBK * D;
   const int64_t rc = blockIdx.x, r = row0 + rc;
   const int64_t G = a.Hq / a.Hkv, hk = blockIdx.y / mtiles, g0 = (blockIdx.y % mtiles) * 16;
@@ -254,15 +347,13 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
   const int ntiles = j0 > j1 ? 0 : int(j1 - j0 + 1);  // (WARPS > 1: a warp without tiles still meets)
   const int32_t* table = a.blocks + r * a.ld_blocks;
 
-  const float sc = a.scale * ks;  // the scores' scale (FP8: the key scale folded in)
-  const float sl2 = sc * 1.4426950408889634f;
+  uint32_t qf[KS][4];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float acc[DT][4];
 #pragma unroll
   for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  uint32_t qf[KS][4];
   if (ntiles > 0) {
-    {  // Q: the group's gn heads as the rows of an m-tile (rows past gn zero), this warp's copy
+    if constexpr (!FP8) {  // Q: the group's gn heads as the rows of an m-tile (rows past gn zero), this warp's copy
       constexpr int CH = D / 8;
       const bf16* qb = static_cast<const bf16*>(a.q) + r * a.ldq + hq0 * D;
 #pragma unroll
@@ -275,11 +366,18 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
     if constexpr (FP8) load_kv_tile8<D>(K8, V8, a, table, hk, j0, lo, pos);
     else load_kv_tile<D>(Ks, Vs, a, table, hk, j0, lo, pos);
     cp_commit();
-    cp_wait<1>();
-    __syncwarp();
+    if constexpr (!FP8) {
+      cp_wait<1>();
+      __syncwarp();
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) frag_a<D>(qf[kk], Qs, 0, kk * 16);
+      for (int kk = 0; kk < KS; ++kk) frag_a<D>(qf[kk], Qs, 0, kk * 16);
+    }
   }
+  // FP8: Q's fragments straight from global memory while the first tile comes in, read by every
+  // warp (a block's warps must agree on the scale: their maxima are combined).
+  const float qscale = FP8 ? load_q_f16<D>(qf, static_cast<const bf16*>(a.q) + r * a.ldq + hq0 * D, gn) : 1.f;
+  const float sc = a.scale * ks / qscale;  // the scores' scale (FP8: the key scale and Q's scale folded in)
+  const float sl2 = sc * 1.4426950408889634f;
 
   for (int it = 0; it < ntiles; ++it) {
     const int64_t j = j0 + it;
@@ -291,25 +389,27 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
     cp_commit();
     cp_wait<1>();
     __syncwarp();  // (the warp's own buffers: warps of a block walk different numbers of tiles)
-    if constexpr (FP8) {
-      widen_kv_tile<D>(Ks, Vs, K8 + (it & 1) * kBK * D, V8 + (it & 1) * kBK * D);
-      __syncwarp();
-    }
-    const bf16* Kb = FP8 ? Ks : Ks + (it & 1) * kBK * D;
-    const bf16* Vb = FP8 ? Vs : Vs + (it & 1) * kBK * D;
+    const bf16* Kb = Ks + (it & 1) * kBK * D;
+    const bf16* Vb = Vs + (it & 1) * kBK * D;
+    const uint8_t* Kc = K8 + (it & 1) * kBK * D;
+    const uint8_t* Vc = V8 + (it & 1) * kBK * D;
 
     float s[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    if constexpr (FP8) {
+      scores_fp8<D>(s, qf, Kc);
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
+      for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t b[4];
-        frag_b_nk<D>(b, Kb, np * 16, kk * 16);
-        mma16816(s[2 * np], qf[kk], b[0], b[1]);
-        mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
-      }
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b[4];
+          frag_b_nk<D>(b, Kb, np * 16, kk * 16);
+          mma16816(s[2 * np], qf[kk], b[0], b[1]);
+          mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+        }
+    }
     // Every head of the group has the row's position: key j kBK + c is valid iff lo <= . <= pos.
     if (j * kBK < lo || j * kBK + kBK - 1 > pos) {
       const int64_t lo_c = lo - j * kBK, hi_c = pos - j * kBK;
@@ -351,6 +451,14 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
 #pragma unroll
     for (int jj = 0; jj < kBK / 16; ++jj) {
       uint32_t pa[4];
+      if constexpr (FP8) {
+        pa[0] = pack_f16(s[2 * jj][0], s[2 * jj][1]);
+        pa[1] = pack_f16(s[2 * jj][2], s[2 * jj][3]);
+        pa[2] = pack_f16(s[2 * jj + 1][0], s[2 * jj + 1][1]);
+        pa[3] = pack_f16(s[2 * jj + 1][2], s[2 * jj + 1][3]);
+        pv_fp8<D>(acc, pa, Vc, jj);
+        continue;
+      }
       pa[0] = pack_bf16(s[2 * jj][0], s[2 * jj][1]);
       pa[1] = pack_bf16(s[2 * jj][2], s[2 * jj][3]);
       pa[2] = pack_bf16(s[2 * jj + 1][0], s[2 * jj + 1][1]);
@@ -363,7 +471,7 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
         mma16816(acc[2 * dp + 1], pa, b[2], b[3]);
       }
     }
-    __syncwarp();  // the next iteration's loads (FP8: widening) overwrite this buffer
+    __syncwarp();  // the next iteration's loads overwrite this buffer
   }
   cp_wait<0>();
   if constexpr (FP8) {  // the value scale: o = vs sum p code / sum p
@@ -372,7 +480,7 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
   }
 
   if constexpr (WARPS > 1) {
-    combine_in_block<D, WARPS>(a, r, hq0, gn, sl2, acc, m, l, reinterpret_cast<float*>(Ks));
+    combine_in_block<D, WARPS, FP8>(a, r, hq0, gn, sl2, acc, m, l, reinterpret_cast<float*>(FP8 ? mem : reinterpret_cast<unsigned char*>(Ks)));
     return;
   }
   const bool direct = tlo / PT == thi / PT;
@@ -386,14 +494,22 @@ __global__ void __launch_bounds__(32 * WARPS) paged_mma_kernel(PagedAttnArgs a, 
       const float inv = lr > 0.f ? 1.f / lr : 0.f;
       bf16* orow = static_cast<bf16*>(a.o) + r * a.ldo + (hq0 + g) * D;
 #pragma unroll
-      for (int i = 0; i < DT; ++i)
-        *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + t4 * 2) =
-            __floats2bfloat162_rn(acc[i][2 * hf] * inv, acc[i][2 * hf + 1] * inv);
+      for (int i = 0; i < DT; ++i) {
+        // bf16: pair (acc[i][.], e = 0, 1) is dims 8 i + 2 t4, +1; FP8: (acc[2 b][e], acc[2 b + 1][e])
+        // is 16 b + 4 t4 + 2 e, +1 (i = 2 b + e)
+        const float v0 = FP8 ? acc[i & ~1][2 * hf + (i & 1)] : acc[i][2 * hf];
+        const float v1 = FP8 ? acc[i | 1][2 * hf + (i & 1)] : acc[i][2 * hf + 1];
+        *reinterpret_cast<__nv_bfloat162*>(orow + acc_dim<FP8>(FP8 ? i & ~1 : i, FP8 ? i & 1 : 0, t4)) =
+            __floats2bfloat162_rn(v0 * inv, v1 * inv);
+      }
     } else {
       float* part = a.partials + ((rc * a.Hq + hq0 + g) * Z + z) * F;
 #pragma unroll
-      for (int i = 0; i < DT; ++i)
-        *reinterpret_cast<float2*>(part + i * 8 + t4 * 2) = make_float2(acc[i][2 * hf], acc[i][2 * hf + 1]);
+      for (int i = 0; i < DT; ++i) {  // (the pairs as above)
+        const float v0 = FP8 ? acc[i & ~1][2 * hf + (i & 1)] : acc[i][2 * hf];
+        const float v1 = FP8 ? acc[i | 1][2 * hf + (i & 1)] : acc[i][2 * hf + 1];
+        *reinterpret_cast<float2*>(part + acc_dim<FP8>(FP8 ? i & ~1 : i, FP8 ? i & 1 : 0, t4)) = make_float2(v0, v1);
+      }
       if (t4 == 0) {
         part[D] = m[hf] * sc;  // exp2((s - m) sl2) = exp((s - m) sc): natural-log units
         part[D + 1] = lr;
@@ -460,16 +576,16 @@ bool block_combine() {
 }
 
 // The warps a block may hold: each has its own Q and double-buffered K/V tiles (smem_bytes).
-template <int D>
+template <int D, bool FP8>
 constexpr int64_t max_block_warps() {
-  return std::min<int64_t>(6, int64_t(kMaxBlockSmem / smem_bytes<D>()));
+  return std::min<int64_t>(6, int64_t(kMaxBlockSmem / smem_bytes<D, FP8>()));
 }
 
 template <int D, int W, bool FP8>
 void launch_block(const PagedAttnArgs& a, int64_t mt, int64_t PT, cudaStream_t s) {
-  if constexpr (W <= max_block_warps<D>()) {
+  if constexpr (W <= max_block_warps<D, FP8>()) {
     auto kernel = paged_mma_kernel<D, W, FP8>;
-    constexpr size_t smem = W * smem_bytes<D>();
+    constexpr size_t smem = W * smem_bytes<D, FP8>();
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
       throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
     launch_pdl(kernel, dim3(unsigned(a.R), unsigned(a.Hkv * mt), 1u), 32 * W, smem, s, a, int64_t(0), mt, PT,
@@ -493,7 +609,7 @@ void launch(const PagedAttnArgs& a, cudaStream_t s) {
   // 2026-12-06, but no D = 128 decoding shape has been timed with it.)
   const bool in_block =
       a.block_combine < 0 ? D == 64 && block_combine() && units <= kBlockCombineUnits : a.block_combine != 0;
-  if (Z > 1 && Z <= max_block_warps<D>() && in_block) {
+  if (Z > 1 && Z <= max_block_warps<D, FP8>() && in_block) {
     switch (Z) {
       case 2: launch_block<D, 2, FP8>(a, mt, PT, s); return;
       case 3: launch_block<D, 3, FP8>(a, mt, PT, s); return;
@@ -506,7 +622,7 @@ void launch(const PagedAttnArgs& a, cudaStream_t s) {
   if (Z > 1 && !a.partials) throw std::invalid_argument("paged_attention: no workspace for the partitions' partials");
   const int64_t rows = Z == 1 ? a.R : rows_fitting(a, Z, paged_attention_mma_workspace_bytes(a));
   auto kernel = paged_mma_kernel<D, 1, FP8>;
-  constexpr size_t smem = smem_bytes<D>();
+  constexpr size_t smem = smem_bytes<D, FP8>();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     throw std::runtime_error("paged_attention: cannot raise the shared-memory limit");
   for (int64_t r0 = 0; r0 < a.R; r0 += rows) {
