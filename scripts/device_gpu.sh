@@ -38,6 +38,8 @@
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
+#     pdlab: pdlearly on the pack's kernels_cuda, on the early-trigger build in early/ (EARLY=1
+#            device_pack.sh), and on the pack's again, in one call
 #     decodeab: batch-1 decoding with each 2026-12-06 change withheld in turn (fused add + norm,
 #               gate|up with its GLU, PDL, gemv's preload, gate|up on the few-row gemm, whole rows in
 #               paged attention; DECODEAB_VARIANTS picks, DECODEAB_CASES="b1 b64") and the kernel tests
@@ -217,6 +219,23 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
+fi
+if [ "$what" = pdlab ]; then
+  # pdlearly on the pack's kernels_cuda, then on the early-trigger build the pack carries in
+  # early/ (libkernels_cuda.so and test_cuda_decode made with -DRLH_KCUDA_PDL_EARLY=1:
+  # scripts/device_pack.sh with EARLY=1), then the pack's again: one warm machine, one call.
+  [ -f "$bin/early/libkernels_cuda.so" ] || { echo "pdlab: no early/ build in the pack (EARLY=1 device_pack.sh)"; exit 1; }
+  cp "$bin/plugins/libkernels_cuda.so" "$bin/plugins/libkernels_cuda.so.late"
+  cp "$bin/test_cuda_decode" "$bin/test_cuda_decode.late"
+  for v in late early late; do
+    echo "== pdlearly: $v =="
+    cp "$bin/plugins/libkernels_cuda.so.$v" "$bin/plugins/libkernels_cuda.so" 2>/dev/null ||
+      cp "$bin/early/libkernels_cuda.so" "$bin/plugins/libkernels_cuda.so"
+    cp "$bin/test_cuda_decode.$v" "$bin/test_cuda_decode" 2>/dev/null || cp "$bin/early/test_cuda_decode" "$bin/test_cuda_decode"
+    bash "$0" pdlearly || rc=1
+  done
+  cp "$bin/plugins/libkernels_cuda.so.late" "$bin/plugins/libkernels_cuda.so"
+  cp "$bin/test_cuda_decode.late" "$bin/test_cuda_decode"
 fi
 if [ "$what" = pdlearly ]; then
   # Programmatic dependent launch with the early trigger (common.cuh's RLH_KCUDA_PDL_EARLY, a
