@@ -243,6 +243,41 @@ Case gemm_glu_case(int64_t M, int64_t K, int64_t F, int act) {
   return c;
 }
 
+// A norm and the product that reads it in one op: h = rmsnorm(x) W^T (with an activation, the
+// GLU of the product's gate | up halves, W [2N, K]).
+Case rmsnorm_gemm_case(int64_t M, int64_t K, int64_t N, int act, double w_offset) {
+  Case c;
+  const int64_t rows = act >= 0 ? 2 * N : N;
+  c.name = "rmsnorm_gemm M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+           " activation=" + std::to_string(act) + " w_offset=" + num(w_offset);
+  c.in_sizes = {M * K, K, rows * K};
+  c.in_scale = {1, 0.5, 0.3};
+  c.out_sizes = {M * N};
+  c.fwd = {"rmsnorm_gemm_fwd",
+           {in(0, contiguous({M, K})), in(1, contiguous({K})), in(2, contiguous({rows, K}))},
+           {out(0, contiguous({M, N}))},
+           {attr_d("eps", 1e-5), attr_d("weight_offset", w_offset), attr_i("activation", act)},
+           {},
+           {}};
+  return c;
+}
+
+// A product and the residual add after it in one op: y = r + x W^T.
+Case gemm_add_case(int64_t M, int64_t K, int64_t N) {
+  Case c;
+  c.name = "gemm_add M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  c.in_sizes = {M * K, N * K, M * N};
+  c.in_scale = {1, 0.3, 1};
+  c.out_sizes = {M * N};
+  c.fwd = {"gemm_add_fwd",
+           {in(0, contiguous({M, K})), in(1, contiguous({N, K})), in(2, contiguous({M, N}))},
+           {out(0, contiguous({M, N}))},
+           {},
+           {},
+           {}};
+  return c;
+}
+
 Case add_case() {
   Case c;
   const int64_t n = 1000;
@@ -299,6 +334,13 @@ void add_dense_cases(std::vector<Case>& v) {
   v.push_back(gemm_glu_case(1, 64, 24, 0));      // a decoding row: kernels_cuda's few-row path
   v.push_back(gemm_glu_case(3, 2056, 40, 1));    // several warps a column, GeGLU (tanh)
   v.push_back(gemm_glu_case(9, 48, 32, 2));      // past the few rows: gemm, then the GLU (erf)
+  v.push_back(rmsnorm_gemm_case(1, 64, 24, -1, 0.0));    // a decoding row: the few-row product's prologue
+  v.push_back(rmsnorm_gemm_case(3, 2056, 40, 0, 1.0));   // several warps a column, SwiGLU, Gemma's offset
+  v.push_back(rmsnorm_gemm_case(2, 2048, 64, -1, 0.0));  // one warp a column over a whole 2048 row
+  v.push_back(rmsnorm_gemm_case(9, 48, 32, 1, 0.0));     // past the few rows: the ops (GeGLU, tanh)
+  v.push_back(gemm_add_case(1, 64, 24));                 // the few-row product's residual epilogue
+  v.push_back(gemm_add_case(3, 8192, 40));               // several warps a column (a down projection's K)
+  v.push_back(gemm_add_case(9, 48, 32));                 // past the few rows: gemm, then add_fwd
 }
 
 // Cases added after the list above was fixed (all_cases: appended last, so the earlier cases

@@ -104,6 +104,66 @@ TEST(ProgramRunner, WithoutTheFusedOpsEveryStepRuns) {
   EXPECT_EQ(b.calls["add_norm"] + b.calls["add_norm into the next layer"] + b.calls["linear_glu"], 0);
 }
 
+// A backend that also offers a norm with the product after it and a product with the residual
+// add after it (rmsnorm_gemm_fwd, gemm_add_fwd), at up to 4 rows as the CUDA executor does.
+struct ProductRecorder : Recorder {
+  using Recorder::Recorder;
+  std::vector<std::string> acts;
+  bool norm_linear(const std::string& act, T*, int64_t, const T*, const T*, const T*, int64_t R, int64_t, int64_t,
+                   float, float) {
+    if (R > 4) return false;
+    ++calls["norm_linear"];
+    acts.push_back(act);
+    return true;
+  }
+  bool linear_add(T* y, const T* r, const T* x, int64_t, const T*, int64_t R, int64_t, int64_t) {
+    if (R > 4) return false;
+    EXPECT_NE(y, x);  // the fused product never writes over its own input
+    (void)r;
+    ++calls["linear_add"];
+    return true;
+  }
+};
+
+TEST(ProgramRunner, FewRowStepsRunEachNormInsideItsProductAndEachAddInsideItsProduct) {
+  const int64_t L = 3;
+  DecodeModel m(test::llama_desc(64, 32, L, 4, 2, 8, 48));
+  {  // 2 rows: a layer is norm+q|k|v, RoPE, attention, o+add, norm+gate|up+GLU, down+add
+    ProductRecorder b(m.desc());
+    ProgramRunner<ProductRecorder> run(m, b);
+    const float* out = run.layers(2);
+    EXPECT_EQ(b.calls["norm_linear"], 2 * L);
+    EXPECT_EQ(b.calls["linear_add"], 2 * L);
+    for (const char* op : {"norm", "linear", "add", "add_norm", "add_norm into the next layer", "linear_glu", "glu"})
+      EXPECT_EQ(b.calls[op], 0) << op;
+    EXPECT_EQ(b.calls["attend"], L);
+    EXPECT_EQ(b.calls["rope"], L);
+    ASSERT_EQ(b.acts.size(), size_t(2 * L));
+    for (int64_t l = 0; l < L; ++l) {
+      EXPECT_EQ(b.acts[size_t(2 * l)], "");  // q|k|v
+      EXPECT_EQ(b.acts[size_t(2 * l + 1)], "silu");  // gate|up with its GLU
+    }
+    EXPECT_EQ(out, b.residual(int(L % 2)));
+  }
+  {  // 8 rows: refused, so the adds fuse with the norms after them as before
+    ProductRecorder b(m.desc());
+    ProgramRunner<ProductRecorder> run(m, b);
+    run.layers(8);
+    EXPECT_EQ(b.calls["norm_linear"] + b.calls["linear_add"], 0);
+    EXPECT_EQ(b.calls["add_norm"], L);
+    EXPECT_EQ(b.calls["add_norm into the next layer"], L - 1);
+    EXPECT_EQ(b.calls["linear_glu"], L);
+  }
+  // Other layer programs: biases, windows, MoE, MLA, sandwich norms take what fits and run the rest.
+  for (const test::Model& mm : {test::qwen_like(), test::moe_like(), test::mla_like(), test::gemma_like()}) {
+    DecodeModel dm(mm.desc);
+    ProductRecorder b(dm.desc());
+    ProgramRunner<ProductRecorder> run(dm, b);
+    run.layers(2);
+    EXPECT_GT(b.calls["attend"], 0) << mm.desc.model_type;
+  }
+}
+
 // A backend that also offers the whole layer in one op (decode_layer_fwd, as the CUDA executor).
 struct LayerRecorder : Recorder {
   using Recorder::Recorder;

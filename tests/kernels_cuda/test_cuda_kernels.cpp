@@ -721,6 +721,66 @@ TEST(CudaGemm, GluEpilogueIsGemmThenGluBitwise) {
   gemm_engine_destroy(eng);
 }
 
+// gemv.cu's normalising prologue (rmsnorm_gemm_fwd at up to 4 rows) is rmsnorm_fwd then the
+// few-row product (then its GLU), and its residual epilogue (gemm_add_fwd) the product then
+// add_fwd, bit for bit: 1-4 rows, one and several warps a column, a weight offset, in place.
+TEST(CudaGemm, NormPrologueAndResidualEpilogueAreTheOpsBitwise) {
+  RLH_REQUIRE_CUDA();
+  for (const int64_t K : {int64_t(2048), int64_t(4096)})
+    for (const int64_t M : {int64_t(1), int64_t(2), int64_t(4)})
+      for (const int act : {-1, 0}) {
+        SCOPED_TRACE("K=" + std::to_string(K) + " M=" + std::to_string(M) + " act=" + std::to_string(act));
+        const int64_t N = 200, rows = act >= 0 ? 2 * N : N;
+        const float woff = act >= 0 ? 1.f : 0.f;
+        const std::vector<float> x = randn(size_t(M * K), 93, 3.f), w = randn(size_t(K), 94, 0.5f),
+                                 W = randn(size_t(rows * K), 95, 0.05f);
+        DevBuf dx = upload(x, true), dw = upload(w, true), dW = upload(W, true), xn(size_t(M * K), true),
+               h1(size_t(M * N), true), h2(size_t(M * N), true);
+        rmsnorm_fwd(DType::bf16, xn.get(), K, Flex{}, dx.get(), K, dw.get(), M, K, 1e-5f, woff, nullptr);
+        GemmArgs g;
+        g.M = M;
+        g.N = N;
+        g.K = K;
+        g.tb = true;
+        g.A = xn.get();
+        g.lda = K;
+        g.B = dW.get();
+        g.ldb = K;
+        g.C = h1.get();
+        g.ldc = N;
+        g.ab = g.c_dt = DType::bf16;
+        ASSERT_TRUE(act < 0 ? gemv_rows(g, nullptr) : gemv_glu_rows(g, act, nullptr));
+        GemmArgs f = g;
+        f.A = dx.get();
+        f.C = h2.get();
+        GemvExtra ex;
+        ex.norm_w = static_cast<const uint16_t*>(dw.get());
+        ex.eps = 1e-5f;
+        ex.woff = woff;
+        ASSERT_TRUE(gemv_norm_rows(f, act, ex, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<float> want = h1.download(), got = h2.download();
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "norm prologue";
+        if (act >= 0) continue;
+        // y = r + x W^T: out of place, then in place (y is r)
+        const std::vector<float> r = randn(size_t(M * N), 96);
+        DevBuf dr = upload(r, true), y1(size_t(M * N), true), y2(size_t(M * N), true);
+        add_fwd(DType::bf16, y1.get(), dr.get(), h1.get(), M * N, nullptr);
+        GemmArgs e = g;
+        e.C = y2.get();
+        GemvExtra ea;
+        ea.res = static_cast<const uint16_t*>(dr.get());
+        ea.ldres = N;
+        ASSERT_TRUE(gemv_add_rows(e, ea, nullptr));
+        e.C = dr.get();  // in place
+        ASSERT_TRUE(gemv_add_rows(e, ea, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<float> want_y = y1.download(), got_y = y2.download(), got_in = dr.download();
+        EXPECT_EQ(std::memcmp(got_y.data(), want_y.data(), want_y.size() * 4), 0) << "residual epilogue";
+        EXPECT_EQ(std::memcmp(got_in.data(), want_y.data(), want_y.size() * 4), 0) << "residual epilogue in place";
+      }
+}
+
 // ------------------------------------------------------------------------------------------
 // Vectorised paths and AdamW
 

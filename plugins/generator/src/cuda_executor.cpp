@@ -322,6 +322,22 @@ class CudaBackend {
     if (fp8 && fp8_weights->count(W)) return false;
     return ops_.gemm_glu(act, h, ldh, x, ldx, W, R, F, K);
   }
+  // A norm with the product that reads it (and its GLU), and a product with the residual add
+  // after it, as one op each (docs/ops.md rmsnorm_gemm_fwd, gemm_add_fwd): at up to kFusedRows
+  // rows, where the product is kernels_cuda's few-row one and the norm's and the add's launches
+  // are saved (a layer at batch 1 in 7 launches, not 9). Past them the library's GEMMs take the
+  // products and the separate ops, with add_norm at the layer boundary, cost the same. Not where
+  // the weight has an FP8 copy (that product is FP8's).
+  static constexpr int64_t kFusedRows = 4;
+  bool norm_linear(const std::string& act, Bf16* h, int64_t ldh, const Bf16* x, const Bf16* wn, const Bf16* W,
+                   int64_t R, int64_t N, int64_t K, float eps, float offset) {
+    if (R > kFusedRows || (fp8 && fp8_weights->count(W))) return false;
+    return ops_.rmsnorm_gemm(act, h, ldh, x, wn, W, R, N, K, eps, offset);
+  }
+  bool linear_add(Bf16* y, const Bf16* r, const Bf16* x, int64_t ldx, const Bf16* W, int64_t R, int64_t N, int64_t K) {
+    if (R > kFusedRows || (fp8 && fp8_weights->count(W))) return false;
+    return ops_.gemm_add(y, r, x, ldx, W, R, N, K);
+  }
   void copy2d(Bf16* dst, int64_t ldd, const Bf16* src, int64_t lds, int64_t rows, int64_t cols) {
     if (rows == 0 || cols == 0) return;
     ck(cudaMemcpy2DAsync(dst, size_t(ldd) * 2, src, size_t(lds) * 2, size_t(cols) * 2, size_t(rows),

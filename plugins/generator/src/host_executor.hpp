@@ -89,6 +89,31 @@ class HostBackend {
     glu(act, h, ldh, gu, 2 * F, R, F);
     return true;
   }
+  // A norm with the product after it (and its GLU), a product with the residual add after it
+  // (program_runner.hpp): here the ops in turn, at up to 4 rows as the CUDA executor takes them,
+  // so the runner's fused paths run and are tested on the CPU too (add_norm's at more rows).
+  bool norm_linear(const std::string& act, float* h, int64_t ldh, const float* x, const float* w, const float* W,
+                   int64_t R, int64_t N, int64_t K, float eps, float offset) {
+    if (R > 4) return false;
+    float* xn = glu_scratch(R * K + (act.empty() ? 0 : R * 2 * N));
+    norm(xn, K, x, K, w, R, K, eps, offset);
+    if (act.empty()) {
+      linear(h, ldh, xn, K, W, R, N, K);
+    } else {
+      float* gu = xn + R * K;
+      linear(gu, 2 * N, xn, K, W, R, 2 * N, K);
+      glu(act, h, ldh, gu, 2 * N, R, N);
+    }
+    return true;
+  }
+  bool linear_add(float* y, const float* r, const float* x, int64_t ldx, const float* W, int64_t R, int64_t N,
+                  int64_t K) {
+    if (R > 4) return false;
+    float* p = glu_scratch(R * N);
+    linear(p, N, x, ldx, W, R, N, K);
+    add(y, r, p, R * N);
+    return true;
+  }
   void copy2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
   void moe(int64_t l, int64_t R, const float* xn, float* y);  // moe_decode.cpp
   const float* gather_rows(const float* x, int64_t R);

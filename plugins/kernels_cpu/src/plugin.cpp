@@ -234,6 +234,53 @@ void run_gemm_glu_fwd(const Call& c) {
     geglu_fwd<T>(data<T>(H), ldh, gu.data(), 2 * F, gu.data() + F, 2 * F, M, F, act == 1);
 }
 
+// rmsnorm_gemm_fwd: h = rmsnorm(x) W^T, or with activation >= 0 the GLU of the product's gate |
+// up halves (W [2N, K], h [M, N]): by definition rmsnorm_fwd into a scratch, then gemm (then
+// swiglu_fwd / geglu_fwd). A decoding step's norm and the product that reads it as one op.
+template <class T>
+void run_rmsnorm_gemm_fwd(const Call& c) {
+  const rlh_tensor &X = c.in(0), &W = c.in(2), &H = c.out(0);
+  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("rmsnorm_gemm_fwd: x, W and h must be 2-D");
+  const int64_t M = X.shape[0], K = X.shape[1], N = H.shape[1];
+  const int64_t act = c.integer("activation", -1);
+  if (act < -1 || act > 2) bad("rmsnorm_gemm_fwd: activation must be -1 (none), 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
+  const int64_t rows = act >= 0 ? 2 * N : N;
+  if (W.shape[0] != rows || W.shape[1] != K || H.shape[0] != M)
+    bad("rmsnorm_gemm_fwd: W must be [N, K] (gate | up [2N, K] with an activation) for h [M, N]");
+  const int64_t ldx = need_rows(X, M, K, "rmsnorm_gemm_fwd x"), ldw = need_rows(W, rows, K, "rmsnorm_gemm_fwd W");
+  const int64_t ldh = need_rows(H, M, N, "rmsnorm_gemm_fwd h");
+  need_vec(c.in(1), K, "rmsnorm_gemm_fwd w");
+  std::vector<T> xn(size_t(M * K));
+  rmsnorm_fwd<T>(xn.data(), K, nullptr, data<T>(X), ldx, data<T>(c.in(1)), M, K, T(c.num("eps", 1e-6)),
+                 T(c.num("weight_offset", 0)));
+  if (act < 0) {
+    gemm<T>(false, true, M, N, K, T(1), xn.data(), K, data<T>(W), ldw, T(0), data<T>(H), ldh);
+    return;
+  }
+  std::vector<T> gu(size_t(M * 2 * N));
+  gemm<T>(false, true, M, 2 * N, K, T(1), xn.data(), K, data<T>(W), ldw, T(0), gu.data(), 2 * N);
+  if (act == 0)
+    swiglu_fwd<T>(data<T>(H), ldh, gu.data(), 2 * N, gu.data() + N, 2 * N, M, N);
+  else
+    geglu_fwd<T>(data<T>(H), ldh, gu.data(), 2 * N, gu.data() + N, 2 * N, M, N, act == 1);
+}
+
+// gemm_add_fwd: y = r + x W^T: by definition gemm into a scratch, then add_fwd (y may be r). A
+// product and the residual add after it as one op.
+template <class T>
+void run_gemm_add_fwd(const Call& c) {
+  const rlh_tensor &X = c.in(0), &W = c.in(1), &R = c.in(2), &Y = c.out(0);
+  if (X.ndim != 2 || W.ndim != 2 || R.ndim != 2 || Y.ndim != 2) bad("gemm_add_fwd: x, W, r and y must be 2-D");
+  const int64_t M = X.shape[0], K = X.shape[1], N = W.shape[0];
+  if (W.shape[1] != K || Y.shape[0] != M || Y.shape[1] != N || R.shape[0] != M || R.shape[1] != N)
+    bad("gemm_add_fwd: x [M, K], W [N, K], r and y [M, N]");
+  const int64_t ldx = need_rows(X, M, K, "gemm_add_fwd x"), ldw = need_rows(W, N, K, "gemm_add_fwd W");
+  const int64_t ldr = need_rows(R, M, N, "gemm_add_fwd r"), ldy = need_rows(Y, M, N, "gemm_add_fwd y");
+  std::vector<T> p(size_t(M * N));
+  gemm<T>(false, true, M, N, K, T(1), data<T>(X), ldx, data<T>(W), ldw, T(0), p.data(), N);
+  for (int64_t r = 0; r < M; ++r) add_fwd<T>(data<T>(Y) + r * ldy, data<T>(R) + r * ldr, p.data() + r * N, N);
+}
+
 // add_rmsnorm_fwd: y = a + b, then yn = rmsnorm(y): by definition the two ops in turn (a
 // residual add and the next norm, which a decoding step runs once per layer boundary).
 template <class T>
@@ -1125,6 +1172,8 @@ const OpSpec kOps[] = {
     RLH_OP(rmsnorm_bwd, "ffff", 4, "ff", 1, "", true),
     RLH_OP(add_rmsnorm_fwd, "fff", 3, "ff", 2, "", true),
     RLH_OP(gemm_glu_fwd, "ff", 2, "f", 1, "", true),
+    RLH_OP(rmsnorm_gemm_fwd, "fff", 3, "f", 1, "", true),
+    RLH_OP(gemm_add_fwd, "fff", 3, "f", 1, "", true),
     RLH_OP(rope_fwd, "fik", 3, "f", 1, "rope_bwd", true),
     RLH_OP(rope_bwd, "fik", 3, "f", 1, "", true),
     RLH_OP(attention_fwd, "fffi", 4, "ff", 2, "attention_bwd", true),

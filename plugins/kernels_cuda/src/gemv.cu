@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "glu_act.cuh"
+#include "norm_math.cuh"
 
 namespace rlh::kcuda {
 
@@ -27,8 +28,15 @@ constexpr int kAhead = 8;
 // ACT >= 0 (gemm_glu_fwd): B is gate | up [2N, K]; a warp sums column n of both halves (rows n
 // and N + n of B) and writes h = act(gate) * up from the two sums rounded to bf16, as gemm then
 // swiglu_fwd / geglu_fwd compute it (glu_act.cuh): a decoding step's GLU launch fewer a layer.
-template <int R, class TC, int WPC, int ACT, bool PRE>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
+// NORM (rmsnorm_gemm_fwd): A is RMS-normalised on the way in. Every warp computes the rows' rstd
+// itself, as rmsnorm_fwd's warp does (its lane's chunks lane * 8 + 256 i in order, warp_sum,
+// rstd_of), and each chunk of A is taken as bf16(a * rstd * (w + woff)), rmsnorm_fwd's value: the
+// product is bitwise the norm then the product, without the norm's launch.
+// RES (gemm_add_fwd): C = bf16(res + bf16(A B^T)), add_fwd's value of the product rounded as
+// gemm rounds it: the residual add's launch saved. res may be C (each element is read and
+// written by the one lane that owns it).
+template <int R, class TC, int WPC, int ACT, bool PRE, bool NORM = false, bool RES = false>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g, GemvExtra ex) {
   constexpr int kCols = kWarps / WPC;  // columns a block
   constexpr int NB = ACT >= 0 ? 2 : 1;  // rows of B a column reads
   __shared__ float part_sum[kWarps][NB][kGemvRows];
@@ -64,6 +72,46 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
   }
   pdl_wait();
   pdl_trigger();
+  float rs[R];  // NORM: the rows' rstd
+  if constexpr (NORM) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const bf16* ar = static_cast<const bf16*>(g.A) + r * g.lda;
+      float ss = 0.f;
+      for (int64_t c = int64_t(lane) * 8; c < g.K; c += 256) {
+        const uint4 u = *reinterpret_cast<const uint4*>(ar + c);
+        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&u);
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(h2[k]);
+          v[2 * k] = f.x;
+          v[2 * k + 1] = f.y;
+        }
+        sumsq8(ss, v);
+      }
+      rs[r] = rstd_of(warp_sum(ss), g.K, ex.eps);
+    }
+  }
+  // A's chunk c of row r as the product reads it (NORM: normalised and rounded as rmsnorm_fwd).
+  auto a_chunk = [&](int r, int64_t c) -> uint4 {
+    const uint4 av = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.A) + r * g.lda)[c];
+    if constexpr (!NORM) {
+      return av;
+    } else {
+      const uint4 wv = reinterpret_cast<const uint4*>(ex.norm_w)[c];
+      const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&av);
+      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+      uint4 out;
+      __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 x = __bfloat1622float2(a2[k]), w = __bfloat1622float2(w2[k]);
+        o2[k] = __floats2bfloat162_rn(x.x * rs[r] * (w.x + ex.woff), x.y * rs[r] * (w.y + ex.woff));
+      }
+      return out;
+    }
+  };
   float acc[NB][R];
 #pragma unroll
   for (int h = 0; h < NB; ++h)
@@ -77,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
         if (c0 + 32 * u >= c_end) break;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const uint4 av = reinterpret_cast<const uint4*>(static_cast<const bf16*>(g.A) + r * g.lda)[c0 + 32 * u];
+          const uint4 av = a_chunk(r, c0 + 32 * u);
 #pragma unroll
           for (int h = 0; h < NB; ++h) fma8(acc[h][r], av, bv[h][u]);
         }
@@ -115,6 +163,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g) {
         const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
         const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
         static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
+      } else if constexpr (RES) {
+        const float p = __bfloat162float(__float2bfloat16_rn(acc[0][r]));  // the product as stored
+        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(__bfloat162float(reinterpret_cast<const bf16*>(ex.res)[r * ex.ldres + n]) + p);
       } else {
         float v = acc[0][r];
         if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
@@ -132,46 +183,52 @@ bool gemv_preload() {
   return v;
 }
 
-template <int R, int WPC, int ACT>
-void launch_wpc(const GemmArgs& g, cudaStream_t s) {
+// EX: 0 plain, 1 NORM, 2 RES (the fused forms run with the weight's first round preloaded
+// only, and bf16 C).
+template <int R, int WPC, int ACT, int EX>
+void launch_wpc(const GemmArgs& g, const GemvExtra& ex, cudaStream_t s) {
   constexpr int kCols = kWarps / WPC;
   const unsigned grid = unsigned((g.N + kCols - 1) / kCols);
-  const bool pre = gemv_preload();
-  if (g.c_dt == DType::bf16) {
-    if (pre)
-      launch_pdl(gemv_kernel<R, bf16, WPC, ACT, true>, grid, kWarps * 32, 0, s, g);
-    else
-      launch_pdl(gemv_kernel<R, bf16, WPC, ACT, false>, grid, kWarps * 32, 0, s, g);
-  } else if constexpr (ACT < 0) {
-    if (pre)
-      launch_pdl(gemv_kernel<R, float, WPC, ACT, true>, grid, kWarps * 32, 0, s, g);
-    else
-      launch_pdl(gemv_kernel<R, float, WPC, ACT, false>, grid, kWarps * 32, 0, s, g);
+  if constexpr (EX != 0) {
+    launch_pdl(gemv_kernel<R, bf16, WPC, ACT, true, EX == 1, EX == 2>, grid, kWarps * 32, 0, s, g, ex);
+  } else {
+    const bool pre = gemv_preload();
+    if (g.c_dt == DType::bf16) {
+      if (pre)
+        launch_pdl(gemv_kernel<R, bf16, WPC, ACT, true>, grid, kWarps * 32, 0, s, g, ex);
+      else
+        launch_pdl(gemv_kernel<R, bf16, WPC, ACT, false>, grid, kWarps * 32, 0, s, g, ex);
+    } else if constexpr (ACT < 0) {
+      if (pre)
+        launch_pdl(gemv_kernel<R, float, WPC, ACT, true>, grid, kWarps * 32, 0, s, g, ex);
+      else
+        launch_pdl(gemv_kernel<R, float, WPC, ACT, false>, grid, kWarps * 32, 0, s, g, ex);
+    }
   }
 }
 
 // Warps a column: enough that each warp's part is about one round (32 lanes x kAhead chunks
 // of 8 = 2048 elements), at most a block's 8.
-template <int R, int ACT>
-void launch(const GemmArgs& g, cudaStream_t s) {
+template <int R, int ACT, int EX>
+void launch(const GemmArgs& g, const GemvExtra& ex, cudaStream_t s) {
   const int64_t rounds = (g.K + 32 * kAhead * 8 - 1) / (32 * kAhead * 8);
   if (rounds >= 8)
-    launch_wpc<R, 8, ACT>(g, s);
+    launch_wpc<R, 8, ACT, EX>(g, ex, s);
   else if (rounds >= 4)
-    launch_wpc<R, 4, ACT>(g, s);
+    launch_wpc<R, 4, ACT, EX>(g, ex, s);
   else if (rounds >= 2)
-    launch_wpc<R, 2, ACT>(g, s);
+    launch_wpc<R, 2, ACT, EX>(g, ex, s);
   else
-    launch_wpc<R, 1, ACT>(g, s);
+    launch_wpc<R, 1, ACT, EX>(g, ex, s);
 }
 
-template <int ACT>
-void launch_rows(const GemmArgs& g, cudaStream_t s) {
+template <int ACT, int EX = 0>
+void launch_rows(const GemmArgs& g, cudaStream_t s, const GemvExtra& ex = GemvExtra{}) {
   switch (g.M) {
-    case 1: launch<1, ACT>(g, s); break;
-    case 2: launch<2, ACT>(g, s); break;
-    case 3: launch<3, ACT>(g, s); break;
-    default: launch<4, ACT>(g, s); break;
+    case 1: launch<1, ACT, EX>(g, ex, s); break;
+    case 2: launch<2, ACT, EX>(g, ex, s); break;
+    case 3: launch<3, ACT, EX>(g, ex, s); break;
+    default: launch<4, ACT, EX>(g, ex, s); break;
   }
 }
 
@@ -215,6 +272,25 @@ bool gemv_glu_rows(const GemmArgs& g, int act, cudaStream_t s) {
   else
     launch_rows<2>(g, s);
   check_launch("gemm_glu (few rows)");
+  return true;
+}
+
+bool gemv_norm_rows(const GemmArgs& g, int act, const GemvExtra& ex, cudaStream_t s) {
+  if (!gemv_fits(g, act >= 0 ? 2 * g.N : g.N) || g.c_dt != DType::bf16 || g.bias || !ex.norm_w || ex.res ||
+      !aligned16(ex.norm_w) || act < -1 || act > 0 || !gemv_preload())
+    return false;
+  if (act == 0)
+    launch_rows<0, 1>(g, s, ex);
+  else
+    launch_rows<-1, 1>(g, s, ex);
+  check_launch("rmsnorm_gemm (few rows)");
+  return true;
+}
+
+bool gemv_add_rows(const GemmArgs& g, const GemvExtra& ex, cudaStream_t s) {
+  if (!gemv_fits(g, g.N) || g.c_dt != DType::bf16 || g.bias || !ex.res || ex.norm_w || !gemv_preload()) return false;
+  launch_rows<-1, 2>(g, s, ex);
+  check_launch("gemm_add (few rows)");
   return true;
 }
 

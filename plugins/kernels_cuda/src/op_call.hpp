@@ -149,6 +149,8 @@ inline int64_t numel(const rlh_tensor& t) { return sdk::tensor_numel(t); }
 // ops_layers.cpp
 void run_gemm(const Call& c);
 void run_gemm_glu_fwd(const Call& c);
+void run_rmsnorm_gemm_fwd(const Call& c);
+void run_gemm_add_fwd(const Call& c);
 void run_embedding_fwd(const Call& c);
 void run_embedding_bwd(const Call& c);
 void run_rmsnorm_fwd(const Call& c);

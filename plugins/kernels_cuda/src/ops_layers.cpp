@@ -138,6 +138,102 @@ void run_gemm_glu_fwd(const Call& c) {
     geglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * F, gate + F, 2 * F, M, F, act == 1, c.stream);
 }
 
+// x [M, K], w [K], W [N, K] (gate | up [2N, K] with an activation) -> h [M, N] = rmsnorm(x) W^T
+// (or its GLU): rmsnorm_fwd, gemm (then swiglu_fwd), bitwise. Few rows on gemv.cu's normalising
+// prologue (a decoding step's norm launch saved); otherwise the ops through a workspace.
+void run_rmsnorm_gemm_fwd(const Call& c) {
+  const rlh_tensor &X = c.in(0), &W = c.in(2), &H = c.out(0);
+  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("rmsnorm_gemm_fwd: x, W and h must be 2-D");
+  const int64_t M = X.shape[0], K = X.shape[1], N = H.shape[1];
+  const int64_t act = c.integer("activation", -1);
+  if (act < -1 || act > 2) bad("rmsnorm_gemm_fwd: activation must be -1 (none), 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
+  const int64_t rows = act >= 0 ? 2 * N : N;
+  if (W.shape[0] != rows || W.shape[1] != K || H.shape[0] != M)
+    bad("rmsnorm_gemm_fwd: W must be [N, K] (gate | up [2N, K] with an activation) for h [M, N]");
+  need_vec(c.in(1), K, "rmsnorm_gemm_fwd w");
+  if (c.dt() != DType::bf16) bad("rmsnorm_gemm_fwd: bf16 only");
+  GemmArgs g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.tb = true;
+  g.A = ptr(X);
+  g.lda = need_rows(X, M, K, "rmsnorm_gemm_fwd x");
+  g.B = ptr(W);
+  g.ldb = need_rows(W, rows, K, "rmsnorm_gemm_fwd W");
+  g.C = ptr(H);
+  g.ldc = need_rows(H, M, N, "rmsnorm_gemm_fwd h");
+  g.ab = DType::bf16;
+  g.c_dt = DType::bf16;
+  GemvExtra ex;
+  ex.norm_w = static_cast<const uint16_t*>(ptr(c.in(1)));
+  ex.eps = float(c.num("eps", 1e-6));
+  ex.woff = float(c.num("weight_offset", 0));
+  if (gemv_norm_rows(g, int(act), ex, c.stream)) return;
+  void* xn = c.ws->get(size_t(M * K) * 2);  // the norm, then the product (and its GLU) as the ops run them
+  rmsnorm_fwd(DType::bf16, xn, K, Flex{}, g.A, g.lda, ex.norm_w, M, K, ex.eps, ex.woff, c.stream);
+  g.A = xn;
+  g.lda = K;
+  if (act < 0) {
+    gemm(c.op->inst->gemm, g, *c.ws, c.stream);
+    return;
+  }
+  if (gemv_glu_rows(g, int(act), c.stream)) return;
+  const int64_t ldh = g.ldc;
+  void* gu = c.ws->get(size_t(M * 2 * N) * 2);
+  g.N = 2 * N;
+  g.C = gu;
+  g.ldc = 2 * N;
+  gemm(c.op->inst->gemm, g, *c.ws, c.stream);
+  const uint16_t* gate = static_cast<const uint16_t*>(gu);  // bf16 [M, 2N]: gate, then up
+  if (act == 0)
+    swiglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * N, gate + N, 2 * N, M, N, c.stream);
+  else
+    geglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * N, gate + N, 2 * N, M, N, act == 1, c.stream);
+}
+
+// x [M, K], W [N, K], r [M, N] -> y [M, N] = r + x W^T, the product rounded first: gemm then
+// add_fwd, bitwise; y may be r. Few rows on gemv.cu's residual epilogue (a decoding step's add
+// launch saved); otherwise the two ops through a workspace.
+void run_gemm_add_fwd(const Call& c) {
+  const rlh_tensor &X = c.in(0), &W = c.in(1), &Rt = c.in(2), &Y = c.out(0);
+  if (X.ndim != 2 || W.ndim != 2 || Rt.ndim != 2 || Y.ndim != 2) bad("gemm_add_fwd: x, W, r and y must be 2-D");
+  const int64_t M = X.shape[0], K = X.shape[1], N = W.shape[0];
+  if (W.shape[1] != K || Y.shape[0] != M || Y.shape[1] != N || Rt.shape[0] != M || Rt.shape[1] != N)
+    bad("gemm_add_fwd: x [M, K], W [N, K], r and y [M, N]");
+  if (c.dt() != DType::bf16) bad("gemm_add_fwd: bf16 only");
+  GemmArgs g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.tb = true;
+  g.A = ptr(X);
+  g.lda = need_rows(X, M, K, "gemm_add_fwd x");
+  g.B = ptr(W);
+  g.ldb = need_rows(W, N, K, "gemm_add_fwd W");
+  g.C = ptr(Y);
+  g.ldc = need_rows(Y, M, N, "gemm_add_fwd y");
+  g.ab = DType::bf16;
+  g.c_dt = DType::bf16;
+  GemvExtra ex;
+  ex.res = static_cast<const uint16_t*>(ptr(Rt));
+  ex.ldres = need_rows(Rt, M, N, "gemm_add_fwd r");
+  if (gemv_add_rows(g, ex, c.stream)) return;
+  // The product into a workspace, then y = r + p row by row (add_fwd: contiguous rows at once).
+  void* p = c.ws->get(size_t(M * N) * 2);
+  const int64_t ldy = g.ldc;
+  g.C = p;
+  g.ldc = N;
+  gemm(c.op->inst->gemm, g, *c.ws, c.stream);
+  const uint16_t* pr = static_cast<const uint16_t*>(p);
+  uint16_t* y = static_cast<uint16_t*>(ptr(Y));
+  if (ldy == N && ex.ldres == N) {
+    add_fwd(DType::bf16, y, ex.res, pr, M * N, c.stream);
+  } else {
+    for (int64_t r = 0; r < M; ++r) add_fwd(DType::bf16, y + r * ldy, ex.res + r * ex.ldres, pr + r * N, N, c.stream);
+  }
+}
+
 void run_embedding_fwd(const Call& c) {
   const int64_t N = numel(c.in(0)), V = c.in(1).shape[0], C = c.in(1).shape[1];
   need_vec(c.in(0), N, "embedding_fwd ids");

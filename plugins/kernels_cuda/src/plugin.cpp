@@ -66,6 +66,8 @@ const OpSpec kOps[] = {
     {"rmsnorm_fwd", "ff", 2, "fs", 1, "rmsnorm_bwd", true, false, false, run_rmsnorm_fwd, true},
     {"rmsnorm_bwd", "fffs", 4, "fs", 1, "", true, false, false, run_rmsnorm_bwd, false},
     {"gemm_glu_fwd", "ff", 2, "f", 1, "", true, false, false, run_gemm_glu_fwd, false},
+    {"rmsnorm_gemm_fwd", "fff", 3, "f", 1, "", true, false, false, run_rmsnorm_gemm_fwd, false},
+    {"gemm_add_fwd", "fff", 3, "f", 1, "", true, false, false, run_gemm_add_fwd, false},
     {"add_rmsnorm_fwd", "fff", 3, "ff", 2, "", true, false, false, run_add_rmsnorm_fwd, true},
     {"rope_fwd", "fik", 3, "f", 1, "rope_bwd", true, false, false, run_rope_fwd, true},
     {"rope_bwd", "fik", 3, "f", 1, "", true, false, false, run_rope_bwd, true},
@@ -268,10 +270,13 @@ void k_destroy(rlh_kernels* k) {
   delete k;
 }
 
-// The fused GLU product is written for bf16 alone (a decoding step's gate|up): it lists no f32,
-// so a conformance runner does not expect f32 cases of it to pass.
+// The fused products (a decoding step's gate|up with its GLU, a norm with the product after it, a
+// product with the residual add after it) are written for bf16 alone: they list no f32, so a
+// conformance runner does not expect f32 cases of them to pass.
 bool offers_f32(const OpSpec& s) {
-  return std::strcmp(s.name, "gemm_glu_fwd") != 0 && std::strcmp(s.name, "decode_layer_fwd") != 0;
+  for (const char* n : {"gemm_glu_fwd", "rmsnorm_gemm_fwd", "gemm_add_fwd", "decode_layer_fwd"})
+    if (std::strcmp(s.name, n) == 0) return false;
+  return true;
 }
 
 rlh_status* k_list_ops(rlh_kernels*, rlh_write_fn write, void* user) {

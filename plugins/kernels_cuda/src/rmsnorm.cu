@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "colreduce.cuh"
+#include "norm_math.cuh"
 
 namespace rlh::kcuda {
 namespace {
@@ -38,20 +39,8 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
   *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-// ss += v[k]^2 for the chunk's 8 values in order, as fused multiply-adds: written out so that
-// every kernel here sums a row's squares with the same roundings.
-__device__ __forceinline__ void sumsq8(float& ss, const float* v) {
-#pragma unroll
-  for (int k = 0; k < 8; ++k) ss = fmaf(v[k], v[k], ss);
-}
-
-// rstd of a row's sum of squares (rsqrtf is approximate, 2 ulp; one Newton step makes it match
-// 1/sqrtf to rounding), then y = x * rstd * (w + woff) over the lane's 8-value chunks: the
+// y = x * rstd * (w + woff) over the lane's 8-value chunks (rstd from norm_math.cuh): the
 // second half of rmsnorm_fwd_kernel, shared with add_rmsnorm_fwd_kernel so their bits agree.
-__device__ __forceinline__ float rstd_of(float ss, int64_t C, float eps) {
-  const float r = rsqrtf(ss / float(C) + eps);
-  return r * (1.5f - 0.5f * (ss / float(C) + eps) * r * r);
-}
 template <class T, bool VEC>
 __device__ __forceinline__ void normalize_row(T* yr, const T* xr, const T* w, int64_t C, float rs, float woff,
                                               int lane) {

@@ -470,6 +470,29 @@ bool DeviceOps::gemm_glu(const std::string& act, void* h, int64_t ldh, const voi
                       {a.mat(h, kBF16, N, F, ldh)}, at);
 }
 
+bool DeviceOps::rmsnorm_gemm(const std::string& act, void* h, int64_t ldh, const void* x, const void* w, const void* W,
+                             int64_t N, int64_t F, int64_t K, double eps, double offset) {
+  if (batch_invariant_ || no_rmsnorm_gemm_) return false;  // (as gemm_glu)
+  Args a(dev_);
+  const int64_t ai = act.empty() ? -1 : act == "silu" ? 0 : act == "gelu_tanh" ? 1 : 2;
+  const std::array<rlh_named_value, 3> at = {attr_double("eps", eps), attr_double("weight_offset", offset),
+                                             attr_int("activation", ai)};
+  static const char kKey[] = "rmsnorm_gemm_fwd", kKeyGlu[] = "rmsnorm_gemm_fwd/glu";
+  return run_optional(ai < 0 ? kKey : kKeyGlu, "rmsnorm_gemm_fwd", no_rmsnorm_gemm_,
+                      {a.mat(x, kBF16, N, K, K), a.vec(w, kBF16, K), a.mat(W, kBF16, ai < 0 ? F : 2 * F, K, K)},
+                      {a.mat(h, kBF16, N, F, ldh)}, at);
+}
+
+bool DeviceOps::gemm_add(void* y, const void* r, const void* x, int64_t ldx, const void* W, int64_t N, int64_t M,
+                         int64_t K) {
+  if (batch_invariant_ || no_gemm_add_) return false;  // (as gemm_glu)
+  Args a(dev_);
+  static const char kKey[] = "gemm_add_fwd";
+  return run_optional(kKey, "gemm_add_fwd", no_gemm_add_,
+                      {a.mat(x, kBF16, N, K, ldx), a.mat(W, kBF16, M, K, K), a.mat(r, kBF16, N, M, M)},
+                      {a.mat(y, kBF16, N, M, M)}, kNone);
+}
+
 void DeviceOps::scale(void* x, int64_t n, double s) {
   Args a(dev_);
   const std::array<rlh_named_value, 1> at = {attr_double("scale", s)};

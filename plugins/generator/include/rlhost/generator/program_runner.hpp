@@ -23,6 +23,12 @@
 //   (optional, with add_norm) T* norm_scratch(int i)   two [R, C] buffers a layer's first norm may be written to
 //   (optional) bool linear_glu(const std::string& act, T* h, ldh, const T* x, ldx, const T* W, int64_t R,
 //                              int64_t F, int64_t K)   h = glu(x W^T), W = gate | up [2F, K]; false: not offered
+//   (optional) bool norm_linear(const std::string& act, T* h, ldh, const T* x, const T* w, const T* W, int64_t R,
+//                               int64_t N, int64_t K, float eps, float offset)
+//                              h = norm(x) W^T (act not empty: its GLU, W = gate | up [2N, K]), x [R, K]
+//                              contiguous; false: not offered
+//   (optional) bool linear_add(T* y, const T* r, const T* x, ldx, const T* W, int64_t R, int64_t N, int64_t K)
+//                              y = r + x W^T, y and r [R, N] contiguous (y may be r); false: not offered
 //   (optional) bool dense_layer(int64_t l, const DenseLayerPlan& p, const T* x, T* y, int64_t R)
 //                              the whole layer l of x [R, C] into y in one op (docs/ops.md
 //                              decode_layer_fwd); false: not offered for this step
@@ -176,6 +182,44 @@ class ProgramRunner {
       for (size_t i = 1; i < lp.values.size(); ++i)
         if (lp.values[i].storage >= 0) v[i] = v[size_t(lp.root(int(i)))];
       for (size_t i = first; i < lp.steps.size(); ++i) {
+        // A product whose output only the residual add after it reads: one linear_add where the
+        // backend offers it (docs/ops.md gemm_add_fwd; bitwise the two steps). At batch 1 this
+        // is the o and down products with their adds (the add launches of a layer).
+        if constexpr (requires { b_.linear_add(nullptr, nullptr, nullptr, 0, nullptr, 0, 0, 0); }) {
+          if (i + 1 < lp.steps.size()) {
+            const sdk::LayerStep& st = lp.steps[i];
+            const sdk::LayerStep& nx = lp.steps[i + 1];
+            if (const T* W = add_product(lp, st, nx, C)) {
+              const int r = nx.in.value == st.out.value ? nx.in2.value : nx.in.value;
+              if (b_.linear_add(v[size_t(nx.out.value)], v[size_t(r)], v[size_t(st.in.value)] + st.in.col,
+                                lp.values[size_t(st.in.value)].width, W, R, C, st.in.width)) {
+                ++i;
+                continue;
+              }
+            }
+          }
+        }
+        // A norm and the one product that reads it (and that product's GLU): one norm_linear
+        // where the backend offers it (docs/ops.md rmsnorm_gemm_fwd; bitwise the steps). At batch
+        // 1 this is a layer's two norms with q|k|v and gate|up (the norm launches of a layer).
+        if constexpr (requires { b_.norm_linear(std::string(), nullptr, 0, nullptr, nullptr, nullptr, 0, 0, 0, 0.f, 0.f); }) {
+          if (i + 1 < lp.steps.size()) {
+            const sdk::LayerStep& st = lp.steps[i];
+            const sdk::LayerStep& nx = lp.steps[i + 1];
+            int64_t rows = 0;
+            if (const T* W = normed_product(lp, st, nx, C, rows)) {
+              const bool glu = i + 2 < lp.steps.size() && glu_product(lp, nx, lp.steps[i + 2]) == W;
+              const sdk::LayerStep& last = glu ? lp.steps[i + 2] : nx;
+              T* h = v[size_t(last.out.value)] + last.out.col;
+              const int64_t ldh = lp.values[size_t(last.out.value)].width;
+              if (b_.norm_linear(glu ? last.act : std::string(), h, ldh, v[size_t(st.in.value)], b_.w(st.weights[0]), W, R,
+                                 glu ? last.out.width : rows, C, float(st.eps), float(st.offset))) {
+                i += glu ? 2 : 1;
+                continue;
+              }
+            }
+          }
+        }
         // A residual add and the norm that reads its sum: one add_norm where the backend offers
         // it, into the norm's value (the next step of this layer) or into norm_scratch for the
         // next layer's first step (a decoding step at batch 1 is ~190 launches, two of these a
@@ -295,6 +339,53 @@ class ProgramRunner {
       rows = n;
     });
     return products == 1 && rows == 2 * F ? b_.w(st.weights[0]) : nullptr;
+  }
+
+  // Whether a step other than `skip` reads the value (not its storage: a residual add writes its
+  // sum in place into its second operand's storage, and later steps read that sum, not the value
+  // a fused op never materialises).
+  static bool read_elsewhere(const sdk::LayerProgram& lp, int value, const sdk::LayerStep& skip) {
+    if (value == lp.output) return true;
+    for (const sdk::LayerStep& o : lp.steps) {
+      if (&o == &skip) continue;
+      for (const sdk::Cols* c : {&o.in, &o.in2, &o.in3})
+        if (c->valid() && c->value == value) return true;
+    }
+    return false;
+  }
+  // The weight of a linear step that is one product of `rows` rows (adjacent weights, no bias,
+  // no tensor-parallel sum) reading columns 0..K of `in`, else null.
+  const T* one_product(const sdk::LayerStep& st, int64_t K, int64_t& rows) const {
+    if (st.op != sdk::StepOp::linear || st.tp_reduce_out || st.weights.empty() || st.in.col != 0 || st.in.width != K)
+      return nullptr;
+    for (int64_t bias : st.biases)
+      if (bias >= 0) return nullptr;
+    int products = 0;
+    for_each_linear_product(m_.desc(), st, [&](int64_t p) { return b_.w(p); }, [&](size_t, int64_t n) {
+      ++products;
+      rows = n;
+    });
+    return products == 1 ? b_.w(st.weights[0]) : nullptr;
+  }
+  // A norm of a whole value into a whole value of its own that only the next step, one product,
+  // reads (and not into the input's storage): the product's weight (and its rows), else null.
+  const T* normed_product(const sdk::LayerProgram& lp, const sdk::LayerStep& st, const sdk::LayerStep& nx, int64_t C,
+                          int64_t& rows) const {
+    if (!norm_of(lp, st, st.in.value, C) || st.weights.empty() || nx.in.value != st.out.value ||
+        read_elsewhere(lp, st.out.value, nx) || lp.root(nx.out.value) == lp.root(st.in.value))
+      return nullptr;
+    return one_product(nx, C, rows);
+  }
+  // A product into a whole value [R, C] that only the next step, a residual add of whole values,
+  // reads; the add's output not in the product's input: the product's weight, else null.
+  const T* add_product(const sdk::LayerProgram& lp, const sdk::LayerStep& st, const sdk::LayerStep& nx, int64_t C) const {
+    if (nx.op != sdk::StepOp::add || !whole(lp, st.out, C) || !whole(lp, nx.out, C) || !whole(lp, nx.in, C) ||
+        !whole(lp, nx.in2, C) || (nx.in.value == st.out.value) == (nx.in2.value == st.out.value) ||
+        read_elsewhere(lp, st.out.value, nx) || lp.root(nx.out.value) == lp.root(st.in.value))
+      return nullptr;
+    int64_t rows = 0;
+    const T* W = one_product(st, st.in.width, rows);
+    return W != nullptr && rows == C ? W : nullptr;
   }
 
   // A layer whose first step is a norm of its input into a value no other shares and that is not

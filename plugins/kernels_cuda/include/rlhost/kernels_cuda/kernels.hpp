@@ -81,6 +81,19 @@ bool gemv_rows(const GemmArgs& a, cudaStream_t s);
 // rounded to bf16 first (gemm then swiglu_fwd / geglu_fwd, bitwise). act 0: silu; 1: gelu (tanh
 // form); 2: gelu (erf). No bias. False, launching nothing, where the few-row path does not apply.
 bool gemv_glu_rows(const GemmArgs& a, int act, cudaStream_t s);
+// The few-row product's fused forms (gemv.cu), each bitwise the ops it replaces, false
+// (launching nothing) where the few-row path does not apply (or RLH_KCUDA_GEMV_PRELOAD=0):
+//   gemv_norm_rows: C = rmsnorm(A) B^T with the norm's weight, eps and offset (rmsnorm_fwd then
+//                   the product; act -1, or 0: the SwiGLU of gemv_glu_rows);
+//   gemv_add_rows:  C = res + A B^T, the product rounded to bf16 first (then add_fwd; C may be res).
+struct GemvExtra {
+  const uint16_t* norm_w = nullptr;  // bf16 [K], 16-byte aligned
+  float eps = 1e-6f, woff = 0.f;
+  const uint16_t* res = nullptr;  // bf16 [M, N] (ldres)
+  int64_t ldres = 0;
+};
+bool gemv_norm_rows(const GemmArgs& a, int act, const GemvExtra& ex, cudaStream_t s);
+bool gemv_add_rows(const GemmArgs& a, const GemvExtra& ex, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // embedding: out[n] = table[ids[n]] (ids outside [0,V) give zero rows and set *err).

@@ -157,6 +157,14 @@ class DeviceOps {
   // set_batch_invariant_gemm (the fused op promises no batch invariance).
   bool gemm_glu(const std::string& act, void* h, int64_t ldh, const void* x, int64_t ldx, const void* W, int64_t N,
                 int64_t F, int64_t K);
+  // h [N, F] (ldh) = rmsnorm(x) W^T, x [N, K] and W [F, K] contiguous (act not empty: the GLU of
+  // the product's halves, W = gate | up [2F, K]), as one op where a provider offers
+  // rmsnorm_gemm_fwd; false where none does, and under set_batch_invariant_gemm (as gemm_glu).
+  bool rmsnorm_gemm(const std::string& act, void* h, int64_t ldh, const void* x, const void* w, const void* W,
+                    int64_t N, int64_t F, int64_t K, double eps, double offset);
+  // y [N, M] = r + x W^T (y and r contiguous, y may be r; x [N, K] (ldx)), as one op where a
+  // provider offers gemm_add_fwd; false where none does, and under set_batch_invariant_gemm.
+  bool gemm_add(void* y, const void* r, const void* x, int64_t ldx, const void* W, int64_t N, int64_t M, int64_t K);
   void scale(void* x, int64_t n, double s);                    // bf16 x *= s, in place
   struct Logprob {
     int64_t N = 0, C = 0, V = 0;
@@ -287,6 +295,8 @@ class DeviceOps {
   bool batch_invariant_ = false;
   bool no_add_rmsnorm_ = false;  // no provider offers it (asked once)
   bool no_gemm_glu_ = false;
+  bool no_rmsnorm_gemm_ = false;
+  bool no_gemm_add_ = false;
   bool no_decode_layer_ = false;
 };
 
