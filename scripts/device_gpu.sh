@@ -38,6 +38,9 @@
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
+#     fusedprod: the norm inside the product after it, the residual add inside the product before it,
+#                paged attention from FP8 codes in registers: tests, check-kernels, batch 1 with
+#                and without the fused products, the FP8 cache's figures at batch 64 and 256
 #     pdlab: pdlearly on the pack's kernels_cuda, on the early-trigger build in early/ (EARLY=1
 #            device_pack.sh), and on the pack's again, in one call
 #     decodeab: batch-1 decoding with each 2026-12-06 change withheld in turn (fused add + norm,
@@ -219,6 +222,29 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
+fi
+if [ "$what" = fusedprod ]; then
+  # The twenty-fourth session's two changes, tests first: the norm inside the product after it
+  # and the residual add inside the product before it (rmsnorm_gemm_fwd, gemm_add_fwd: gemv.cu's
+  # prologue and epilogue, bitwise the ops), and paged attention over FP8 caches from the codes in
+  # registers. Then batch 1 with the fused products and with them withheld (RLH_KCUDA_WITHHOLD),
+  # twice each, and the FP8 cache's decoding figures against bf16 at batch 64 and 256.
+  "$bin/test_cuda_kernels" --gtest_filter='*NormPrologue*:*GluEpilogue*' --gtest_brief=1 > "$out/fp_kernels.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp_kernels.log" | head -20
+  "$bin/test_cuda_decode" --gtest_brief=1 > "$out/fp_decode.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|rror" "$out/fp_decode.log" | head -30
+  "$bin/test_generator_cuda" --gtest_brief=1 > "$out/fp_generator.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp_generator.log" | head -30
+  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --op rmsnorm_gemm_fwd --op gemm_add_fwd \
+    --op paged_attention > "$out/fp_check.log" 2>&1 || rc=1
+  grep -E "^(op |rmsnorm|gemm_add|paged|FAIL)|error" "$out/fp_check.log" | head -8
+  for v in fused withheld fused withheld; do
+    e=""
+    [ "$v" = withheld ] && e="RLH_KCUDA_WITHHOLD=rmsnorm_gemm_fwd,gemm_add_fwd"
+    env $e "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
+      tee -a "$out/fp_b1_$v.log" | grep -E "^b1 |rror" | sed "s/^/$v: /" | cut -c1-140
+  done
+  KVFP8_TESTS=0 KVFP8_VARIANTS="${KVFP8_VARIANTS:-bf16 kvfp8 fp8+kvfp8}" bash "$0" kvfp8 || rc=1
 fi
 if [ "$what" = pdlab ]; then
   # pdlearly on the pack's kernels_cuda, then on the early-trigger build the pack carries in

@@ -102,6 +102,8 @@ std::vector<Case> all_cases() {
   add_weight_only_cases(v);
   add_decode_layer_cases(v);
   add_fp8_cache_cases(v);
+  add_fused_product_cases(v);
+  add_rope_kv_cases(v);
   for (Case& c : v) finish(c);
   return v;
 }

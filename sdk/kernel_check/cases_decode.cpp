@@ -218,6 +218,42 @@ void add_decode_cases_late(std::vector<Case>& v) {
 // tensor-core kernel's shapes (row-major keys, head dims 64 and 128; a window and padded rows;
 // few rows, their partitions combined, and many). No soft-cap: kernels_cuda refuses it over FP8
 // caches, and a case every provider refuses checks nothing.
+namespace {
+
+// RoPE of the query and key heads, then the rotated keys and the values into the caches, in one op
+// (rope_kv_cache_write): rows into a skipped slot, padded rows, partial rotary dims, kernels_cpu's
+// transposed keys.
+Case rope_kv_case(bool transposed_keys, int64_t pad, int64_t rot) {
+  Case c;
+  const int64_t R = 5, Hq = 4, H = 2, D = 16, Dv = 16, bs = 4, B = 5;
+  const int64_t ldx = (Hq + H) * D + pad, ldv = H * Dv + pad;
+  std::vector<float> inv_freq(size_t(rot / 2));
+  for (int64_t i = 0; i < rot / 2; ++i) inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(rot)));
+  c.name = "rope_kv_cache_write R=5 Hq=4 Hkv=2 D=16 rot=" + std::to_string(rot) + " bs=4 B=5 " +
+           (transposed_keys ? "keys transposed" : "row-major") + " ld+" + std::to_string(pad);
+  c.in_sizes = {R * ldx, R * ldv, B * H * bs * D, B * H * bs * Dv};  // qk, v, the caches before
+  c.in_scale = {1, 1, 1, 1};
+  c.out_sizes = {R * ldx, B * H * bs * D, B * H * bs * Dv};
+  c.ints = {IntBuf{{3, 17, -1, 8, 0}, {R}}, IntBuf{{7, 300, 0, 12, 1}, {R}}};  // slots (-1: skipped), positions
+  c.consts = {inv_freq};
+  const Layout lx = strided({R, Hq + H, D}, {ldx, D, 1});
+  c.fwd = {"rope_kv_cache_write",
+           {in(0, lx), in(1, strided({R, H, Dv}, {ldv, Dv, 1})), ints(1, {R}), cst(0, {rot / 2}), ints(0, {R})},
+           {out(0, lx), out(1, cache_layout(B, H, bs, D, transposed_keys)), out(2, cache_layout(B, H, bs, Dv, false))},
+           {attr_d("scale", 1.0)},
+           {{2, 1}, {3, 2}},
+           {}};
+  return c;
+}
+
+}  // namespace
+
+void add_rope_kv_cases(std::vector<Case>& v) {
+  v.push_back(rope_kv_case(false, 0, 16));  // kernels_cuda's one launch
+  v.push_back(rope_kv_case(false, 8, 8));   // partial rotary dims: rope, then the write
+  v.push_back(rope_kv_case(true, 0, 16));   // kernels_cpu's key layout
+}
+
 void add_fp8_cache_cases(std::vector<Case>& v) {
   PagedShape a{spread_positions(6, 300), 32, 8, 64, 64, 16, 0};
   a.row_major_keys = a.fp8_caches = true;

@@ -104,8 +104,9 @@ TEST(ProgramRunner, WithoutTheFusedOpsEveryStepRuns) {
   EXPECT_EQ(b.calls["add_norm"] + b.calls["add_norm into the next layer"] + b.calls["linear_glu"], 0);
 }
 
-// A backend that also offers a norm with the product after it and a product with the residual
-// add after it (rmsnorm_gemm_fwd, gemm_add_fwd), at up to 4 rows as the CUDA executor does.
+// A backend that also offers a norm with the product after it, a product with the residual add
+// after it (rmsnorm_gemm_fwd, gemm_add_fwd) and RoPE with the cache write (rope_kv_cache_write),
+// at up to 4 rows as the host executor does.
 struct ProductRecorder : Recorder {
   using Recorder::Recorder;
   std::vector<std::string> acts;
@@ -123,21 +124,29 @@ struct ProductRecorder : Recorder {
     ++calls["linear_add"];
     return true;
   }
+  bool rope_attend(int, int64_t, T*, int64_t, int64_t Hq, int64_t Hk, int64_t, const T*, int64_t, T*, int64_t,
+                   int64_t R) {
+    if (R > 4) return false;
+    EXPECT_GT(Hq, 0);
+    EXPECT_GT(Hk, 0);
+    ++calls["rope_attend"];
+    return true;
+  }
 };
 
 TEST(ProgramRunner, FewRowStepsRunEachNormInsideItsProductAndEachAddInsideItsProduct) {
   const int64_t L = 3;
   DecodeModel m(test::llama_desc(64, 32, L, 4, 2, 8, 48));
-  {  // 2 rows: a layer is norm+q|k|v, RoPE, attention, o+add, norm+gate|up+GLU, down+add
+  {  // 2 rows: a layer is norm+q|k|v, RoPE+cache write with attention, o+add, norm+gate|up+GLU, down+add
     ProductRecorder b(m.desc());
     ProgramRunner<ProductRecorder> run(m, b);
     const float* out = run.layers(2);
     EXPECT_EQ(b.calls["norm_linear"], 2 * L);
     EXPECT_EQ(b.calls["linear_add"], 2 * L);
-    for (const char* op : {"norm", "linear", "add", "add_norm", "add_norm into the next layer", "linear_glu", "glu"})
+    EXPECT_EQ(b.calls["rope_attend"], L);
+    for (const char* op : {"norm", "linear", "add", "add_norm", "add_norm into the next layer", "linear_glu", "glu",
+                           "rope", "attend"})
       EXPECT_EQ(b.calls[op], 0) << op;
-    EXPECT_EQ(b.calls["attend"], L);
-    EXPECT_EQ(b.calls["rope"], L);
     ASSERT_EQ(b.acts.size(), size_t(2 * L));
     for (int64_t l = 0; l < L; ++l) {
       EXPECT_EQ(b.acts[size_t(2 * l)], "");  // q|k|v
@@ -149,7 +158,9 @@ TEST(ProgramRunner, FewRowStepsRunEachNormInsideItsProductAndEachAddInsideItsPro
     ProductRecorder b(m.desc());
     ProgramRunner<ProductRecorder> run(m, b);
     run.layers(8);
-    EXPECT_EQ(b.calls["norm_linear"] + b.calls["linear_add"], 0);
+    EXPECT_EQ(b.calls["norm_linear"] + b.calls["linear_add"] + b.calls["rope_attend"], 0);
+    EXPECT_EQ(b.calls["rope"], L);
+    EXPECT_EQ(b.calls["attend"], L);
     EXPECT_EQ(b.calls["add_norm"], L);
     EXPECT_EQ(b.calls["add_norm into the next layer"], L - 1);
     EXPECT_EQ(b.calls["linear_glu"], L);
@@ -160,7 +171,7 @@ TEST(ProgramRunner, FewRowStepsRunEachNormInsideItsProductAndEachAddInsideItsPro
     ProductRecorder b(dm.desc());
     ProgramRunner<ProductRecorder> run(dm, b);
     run.layers(2);
-    EXPECT_GT(b.calls["attend"], 0) << mm.desc.model_type;
+    EXPECT_GT(b.calls["attend"] + b.calls["rope_attend"], 0) << mm.desc.model_type;
   }
 }
 

@@ -6,7 +6,8 @@
 // row in the batch with a wider table, bitwise (batch invariance); sample under every
 // filter on rows with ties, flat and peaked distributions: the same tokens as kernels_cpu (the
 // kept sets are searched differently, so a draw that lands within rounding of a cut may differ:
-// at most 1 in 200), logprobs within 1e-4, non-finite logits give no token. Label gpu.
+// at most 1 in 200), logprobs within 1e-4, non-finite logits give no token; rope_kv_cache_write
+// bitwise rope then kv_cache_write. Label gpu.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -490,6 +491,94 @@ TEST_P(CudaPagedFp8, CodesAsKernelsCpuAndAttentionOfTheirValues) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaPagedFp8, ::testing::Values(int64_t(64), int64_t(128)));
+
+// rope_kv_cache_write is rope then kv_cache_write of the rotated keys, bit for bit: the rotated
+// q and k heads and both caches (bf16 and FP8), in place and out of place, with a padding row
+// (slot -1) and Llama's and a 128-dim head's shapes (one launch), and partial rotary dims (the
+// two ops).
+TEST(CudaRopeKv, OneLaunchIsRopeThenTheCacheWriteBitwise) {
+  RLH_REQUIRE_CUDA();
+  struct Shape {
+    int64_t Hq, Hkv, D, rot;
+  };
+  for (const Shape sh : {Shape{32, 8, 64, 64}, Shape{8, 2, 128, 128}, Shape{4, 2, 64, 32}})
+    for (const bool fp8 : {false, true})
+      for (const bool in_place : {true, false}) {
+        SCOPED_TRACE("Hq " + std::to_string(sh.Hq) + " D " + std::to_string(sh.D) + " rot " + std::to_string(sh.rot) +
+                     (fp8 ? " fp8" : " bf16") + (in_place ? " in place" : ""));
+        const int64_t R = 6, H = sh.Hq + sh.Hkv, D = sh.D, ld = (H + sh.Hkv) * D, bs = 16, B = 8;
+        const int64_t eb = fp8 ? 1 : 2, kb = sh.Hkv * bs * D, block = 2 * kb;  // elements of a block's K, then V
+        std::mt19937 gen(11);
+        std::normal_distribution<float> nd;
+        std::vector<float> x(size_t(R * ld));
+        for (float& e : x) e = 2.f * nd(gen);
+        std::vector<float> inv(size_t(sh.rot / 2));
+        for (size_t i = 0; i < inv.size(); ++i) inv[i] = float(std::pow(500000.0, -2.0 * double(i) / double(sh.rot)));
+        const std::vector<int32_t> pos = {0, 17, 130, 4095, 9, 77}, slots = {5, 40, -1, 127, 64, 3};
+        Dev<__nv_bfloat16> dx(x.size()), y1(x.size()), y2(x.size());
+        Dev<uint8_t> c1(size_t(B * block * eb)), c2(size_t(B * block * eb));
+        Dev<float> dinv(inv.size()), dscale(2);
+        Dev<int32_t> dpos(pos.size()), dslots(slots.size());
+        dx.put(to_bf16(x));
+        dinv.put(inv);
+        dscale.put({0.05f, 0.03f});
+        dpos.put(pos);
+        dslots.put(slots);
+        CUDA_OK(cudaMemset(c1.p, 0, c1.n));
+        CUDA_OK(cudaMemset(c2.p, 0, c2.n));
+        CUDA_OK(cudaMemcpy(y1.p, dx.p, x.size() * 2, cudaMemcpyDeviceToDevice));
+        CUDA_OK(cudaMemcpy(y2.p, dx.p, x.size() * 2, cudaMemcpyDeviceToDevice));
+        // the values: the heads after q|k in each row
+        const int64_t st[4] = {block, bs * D, D, 1};
+        kc::KvWriteArgs w;
+        w.t = kc::DType::bf16;
+        w.R = R;
+        w.Hkv = sh.Hkv;
+        w.Dk = w.Dv = D;
+        w.bs = bs;
+        w.num_blocks = B;
+        w.ldv = ld;
+        w.slots = dslots.p;
+        std::memcpy(w.kc_strides, st, sizeof(st));
+        std::memcpy(w.vc_strides, st, sizeof(st));
+        if (fp8) {
+          w.k_scale = dscale.p;
+          w.v_scale = dscale.p + 1;
+        }
+        // the two ops: rope in place in y1, then the write from y1
+        kc::rope(kc::DType::bf16, y1.p, ld, y1.p, ld, dpos.p, dinv.p, R, H, D, sh.rot, 1.0, false, false, nullptr);
+        kc::KvWriteArgs w1 = w;
+        w1.k = y1.p + sh.Hq * D;
+        w1.ldk = ld;
+        w1.v = y1.p + H * D;
+        w1.k_cache = c1.p;
+        w1.v_cache = c1.p + kb * eb;
+        kc::kv_cache_write(w1, nullptr);
+        // the one op into y2 (in place, or from dx)
+        kc::RopeKvArgs a;
+        a.kv = w;
+        a.kv.v = (in_place ? y2.p : dx.p) + H * D;
+        a.kv.k_cache = c2.p;
+        a.kv.v_cache = c2.p + kb * eb;
+        a.y = y2.p;
+        a.ldy = ld;
+        a.x = in_place ? y2.p : dx.p;
+        a.ldx = ld;
+        a.Hq = sh.Hq;
+        a.rot = sh.rot;
+        a.pos = dpos.p;
+        a.inv_freq = dinv.p;
+        kc::rope_kv_cache_write(a, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<__nv_bfloat16> g1 = y1.get(), g2 = y2.get();
+        EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * 2)) << "rotated heads";
+        const std::vector<uint8_t> k1 = c1.get(), k2 = c2.get();
+        EXPECT_EQ(0, std::memcmp(k1.data(), k2.data(), k1.size())) << "caches";
+        int64_t written = 0;  // (the padding row wrote nothing; the others did)
+        for (uint8_t b : k2) written += b != 0;
+        EXPECT_GT(written, 0);
+      }
+}
 
 std::vector<std::vector<float>> sample_rows(int64_t V) {
   std::mt19937 g(5);

@@ -271,6 +271,20 @@ class CudaBackend {
     ops_.kv_cache_write(k, ldk, v, ldv, R, buf->slots, c);
     ops_.paged_attention(o, ldo, q, ldq, R, s.Hq, c, buf->table, width, buf->pos, s.scale, s.window, s.softcap);
   }
+  // RoPE of q and k, the cache write and attention, with the RoPE and the write as one op where a
+  // provider offers it (docs/ops.md rope_kv_cache_write: a launch fewer a layer, bitwise the two).
+  bool rope_attend(int t, int64_t l, Bf16* qk, int64_t ldqk, int64_t Hq, int64_t Hk, int64_t D, const Bf16* v,
+                   int64_t ldv, Bf16* o, int64_t ldo, int64_t R) {
+    const LayerShape& s = m_.shapes()[size_t(l)];
+    if (Hk != s.Hkv || D != s.Dk || Hq != s.Hq) return false;
+    const RopeTable& rp = m_.ropes()[size_t(t)];
+    const DeviceOps::PagedCache c = cache(l);
+    if (!ops_.rope_kv_cache_write(qk, ldqk, qk, ldqk, Hq, v, ldv, R, buf->pos, inv_freq[size_t(t)], rp.R, rp.scale,
+                                  rp.interleaved, buf->slots, c))
+      return false;
+    ops_.paged_attention(o, ldo, qk, ldqk, R, s.Hq, c, buf->table, width, buf->pos, s.scale, s.window, s.softcap);
+    return true;
+  }
   // A whole dense layer for one token in one op (decode_layer_fwd: at batch 1 the step's
   // weights then stream in one persistent launch a layer instead of ~9 kernels). Not in FP8
   // rollouts (their products are the FP8 ones) nor over FP8 caches (its caches are bf16); only

@@ -114,6 +114,15 @@ class HostBackend {
     add(y, r, p, R * N);
     return true;
   }
+  // RoPE of q and k, then attention (program_runner.hpp): here the two steps, at up to 4 rows as
+  // the fused ones above, so the runner's path runs on the CPU too.
+  bool rope_attend(int t, int64_t l, float* qk, int64_t ldqk, int64_t Hq, int64_t Hk, int64_t D, const float* v,
+                   int64_t ldv, float* o, int64_t ldo, int64_t R) {
+    if (R > 4) return false;
+    rope(t, qk, ldqk, qk, ldqk, Hq + Hk, D, R);
+    attend(l, qk, ldqk, qk + Hq * D, ldqk, v, ldv, o, ldo, R);
+    return true;
+  }
   void copy2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
   void moe(int64_t l, int64_t R, const float* xn, float* y);  // moe_decode.cpp
   const float* gather_rows(const float* x, int64_t R);

@@ -1113,6 +1113,42 @@ void run_kv_cache_write(const Call& c) {
   }
 }
 
+// rope_kv_cache_write: y = rope_fwd(qk) over every head (the query heads, then the caches' Hkv key
+// heads), then kv_cache_write of y's key heads and v: by definition the two ops in turn (a
+// decoding step's RoPE and cache write as one op).
+template <class T>
+void run_rope_kv_cache_write(const Call& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    const rlh_tensor &qk = c.in(0), &y = c.out(0), &kc = c.out(1);
+    if (qk.ndim != 3 || y.ndim != 3 || kc.ndim != 4)
+      bad("rope_kv_cache_write: qk and y [R, Hq + Hkv, D], caches [B, Hkv, bs, D]");
+    const int64_t R = qk.shape[0], H = qk.shape[1], D = qk.shape[2], Hkv = kc.shape[1];
+    if (Hkv <= 0 || Hkv >= H)
+      bad("rope_kv_cache_write: qk must hold the query heads, then the caches' " + std::to_string(Hkv) + " key heads");
+    const int64_t ldy = need_heads(y, R, H, D, "rope_kv_cache_write y");
+    rlh_op_call sub = *c.call;
+    const rlh_tensor rope_in[3] = {qk, c.in(2), c.in(3)};
+    sub.inputs = rope_in;
+    sub.num_inputs = 3;
+    sub.outputs = &y;
+    sub.num_outputs = 1;
+    run_rope<T>(Call{c.op, &sub, c.scratch}, false);
+    // y's key heads [R, Hkv, D], then v, the slots and (e4m3 caches) the scales
+    int64_t kshape[3] = {R, Hkv, D}, kstrides[3] = {ldy, D, 1};
+    rlh_tensor k = y;
+    k.shape = kshape;
+    k.strides = kstrides;
+    k.byte_offset += uint64_t((H - Hkv) * D) * sizeof(T);
+    std::vector<rlh_tensor> kv_in = {k, c.in(1), c.in(4)};
+    for (size_t i = 5; i < c.call->num_inputs; ++i) kv_in.push_back(c.in(i));
+    sub.inputs = kv_in.data();
+    sub.num_inputs = kv_in.size();
+    sub.outputs = c.call->outputs + 1;
+    sub.num_outputs = 2;
+    run_kv_cache_write<T>(Call{c.op, &sub, c.scratch});
+  }
+}
+
 // logits [S, V] (rows any distance apart), uniforms float64 [S], given int32 [S] (optional: score
 // these ids, no draw) -> tokens int32 [S], logprobs [S]; temperature (0 = greedy), top_k, top_p, min_p.
 template <class T>
@@ -1200,6 +1236,7 @@ const OpSpec kOps[] = {
     RLH_OP(scale, "", 0, "f", 1, "", false),
     RLH_OP(amax, "f", 1, "f", 1, "", true),
     RLH_OP(kv_cache_write, "ffikk", 3, "qq", 2, "", false),
+    RLH_OP(rope_kv_cache_write, "ffikikk", 5, "fqq", 3, "", false),
     RLH_OP(paged_attention, "fqqiikk", 5, "f", 1, "", false),
     RLH_OP(decode_layer_fwd, "fffffffiiik", 11, "fff", 3, "", false),
     RLH_OP(sample, "fdi", 2, "ik", 2, "", false),

@@ -14,6 +14,7 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "rope_math.cuh"
 
 namespace rlh::kcuda {
 
@@ -106,6 +107,76 @@ __global__ void kv_write_vec_kernel(KvWriteArgs a) {
     } else {
       const int j = i - nk, h = j / dv8, d = (j - h * dv8) * 8;
       put(vc + h * a.vc_strides[1] + d, v + h * a.Dv + d, vs);
+    }
+  }
+}
+
+// rope_kv_cache_write in one launch (bf16 rows, half-split, 8-value chunks): a block a row. Its
+// pairs' cos and sin go to shared memory before pdl_wait (positions and frequencies are uploaded),
+// as the slot and an FP8 cache's scales; then each thread rotates a chunk pair of a query or key
+// head (rope_vec_kernel's arithmetic: rope_math.cuh) and stores it, a key head's chunks also into
+// the cache from its registers (kv_write_vec_kernel's stores), and the value heads are copied
+// into their cache. Why: at batch 1 the RoPE and the cache write were two launches of a few
+// microseconds a layer, each waiting for the one before.
+template <bool FP8>
+__global__ void __launch_bounds__(256) rope_kv_write_kernel(RopeKvArgs a) {
+  extern __shared__ float csn[];  // [half] cos, then [half] sin
+  const int64_t r = blockIdx.x, half = a.rot / 2;
+  const int32_t p = a.pos[r], slot = a.kv.slots[r];
+  const float ks = FP8 ? *a.kv.k_scale : 1.f, vs = FP8 ? *a.kv.v_scale : 1.f;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
+    rope_cos_sin(a.inv_freq, i, p, float(a.scale), 1.f, csn[i], csn[half + i]);
+  pdl_wait();  // launched by launch_pdl (common.cuh)
+  pdl_trigger();
+  __syncthreads();
+  int64_t b = 0, off = 0;
+  const bool store = slot_place(a.kv, slot, b, off);
+  using C = std::conditional_t<FP8, uint8_t, bf16>;  // the cache's element
+  const int D = int(a.kv.Dk), dv8 = int(a.kv.Dv / 8), Hq = int(a.Hq), Hkv = int(a.kv.Hkv);
+  const int pairs8 = int(half / 8), copies8 = int((D - a.rot) / 8), per_head = pairs8 + copies8;
+  const int nqk = (Hq + Hkv) * per_head, nv = Hkv * dv8;
+  const bf16* x = static_cast<const bf16*>(a.x) + r * a.ldx;
+  bf16* y = static_cast<bf16*>(a.y) + r * a.ldy;
+  const bool in_place = a.x == a.y && a.ldx == a.ldy;
+  C* kc = static_cast<C*>(a.kv.k_cache) + b * a.kv.kc_strides[0] + off * a.kv.kc_strides[2];
+  C* vc = static_cast<C*>(a.kv.v_cache) + b * a.kv.vc_strides[0] + off * a.kv.vc_strides[2];
+  const auto put = [](C* dst, const uint4& u, float s) {
+    if constexpr (FP8) *reinterpret_cast<uint2*>(dst) = fp8_codes8(u, s);
+    else *reinterpret_cast<uint4*>(dst) = u;
+  };
+  for (int it = threadIdx.x; it < nqk + nv; it += blockDim.x) {
+    if (it < nqk) {
+      const int h = it / per_head, c = it - h * per_head;
+      const bool key = h >= Hq;
+      C* kh = kc + (h - Hq) * a.kv.kc_strides[1];
+      if (c < pairs8) {
+        const int d0 = c * 8, d1 = d0 + int(half);
+        uint4 ua = *reinterpret_cast<const uint4*>(x + h * D + d0), ub = *reinterpret_cast<const uint4*>(x + h * D + d1);
+        bf16* va = reinterpret_cast<bf16*>(&ua);
+        bf16* vb = reinterpret_cast<bf16*>(&ub);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float ya, yb;
+          rope_rotate(__bfloat162float(va[e]), __bfloat162float(vb[e]), csn[d0 + e], csn[half + d0 + e], ya, yb);
+          va[e] = __float2bfloat16_rn(ya);
+          vb[e] = __float2bfloat16_rn(yb);
+        }
+        *reinterpret_cast<uint4*>(y + h * D + d0) = ua;
+        *reinterpret_cast<uint4*>(y + h * D + d1) = ub;
+        if (key && store) {
+          put(kh + d0, ua, ks);
+          put(kh + d1, ub, ks);
+        }
+      } else {  // dims past the rotary ones: copied
+        const int d = int(a.rot) + (c - pairs8) * 8;
+        const uint4 u = *reinterpret_cast<const uint4*>(x + h * D + d);
+        if (!in_place) *reinterpret_cast<uint4*>(y + h * D + d) = u;
+        if (key && store) put(kh + d, u, ks);
+      }
+    } else if (store) {
+      const int j = it - nqk, h = j / dv8, d = (j - h * dv8) * 8;
+      put(vc + h * a.kv.vc_strides[1] + d,
+          *reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.kv.v) + r * a.kv.ldv + h * a.kv.Dv + d), vs);
     }
   }
 }
@@ -914,6 +985,32 @@ static bool vec_rows(const KvWriteArgs& a, uintptr_t elem) {
          at(a.v_cache, 8 * elem) && a.kc_strides[0] % 8 == 0 && a.kc_strides[1] % 8 == 0 &&
          a.kc_strides[2] % 8 == 0 && a.vc_strides[0] % 8 == 0 && a.vc_strides[1] % 8 == 0 &&
          a.vc_strides[2] % 8 == 0 && a.Hkv * (a.Dk + a.Dv) / 8 < (int64_t(1) << 30);
+}
+
+void rope_kv_cache_write(const RopeKvArgs& a, cudaStream_t s) {
+  if (a.kv.R == 0) return;
+  if (a.rot < 0 || a.rot > a.kv.Dk || a.rot % 2) throw std::invalid_argument("rope_kv_cache_write: rotary dims must be even, <= D");
+  const bool fp8 = a.kv.k_scale || a.kv.v_scale;
+  if (fp8 && (!a.kv.k_scale || !a.kv.v_scale)) throw std::invalid_argument("rope_kv_cache_write: FP8 caches need both scales");
+  KvWriteArgs kv = a.kv;  // the keys: y's heads Hq ..
+  kv.k = static_cast<const char*>(a.y) + a.Hq * a.kv.Dk * (a.kv.t == DType::f32 ? 4 : 2);
+  kv.ldk = a.ldy;
+  const auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int64_t half = a.rot / 2;
+  if (a.kv.t == DType::bf16 && !a.interleaved && half >= 8 && half % 8 == 0 && half <= 4096 && a.ldx % 8 == 0 &&
+      a.ldy % 8 == 0 && at16(a.x) && at16(a.y) && vec_rows(kv, fp8 ? 1 : 2) &&
+      (a.Hq + a.kv.Hkv) * a.kv.Dk / 8 + a.kv.Hkv * a.kv.Dv / 8 < (int64_t(1) << 30)) {
+    const size_t smem = size_t(a.rot) * sizeof(float);
+    if (fp8)
+      launch_pdl(rope_kv_write_kernel<true>, unsigned(a.kv.R), 256, smem, s, a);
+    else
+      launch_pdl(rope_kv_write_kernel<false>, unsigned(a.kv.R), 256, smem, s, a);
+    check_launch("rope_kv_cache_write");
+    return;
+  }
+  rope(a.kv.t, a.y, a.ldy, a.x, a.ldx, a.pos, a.inv_freq, a.kv.R, a.Hq + a.kv.Hkv, a.kv.Dk, a.rot, a.scale,
+       a.interleaved, false, s);
+  kv_cache_write(kv, s);
 }
 
 void kv_cache_write(const KvWriteArgs& a, cudaStream_t s) {

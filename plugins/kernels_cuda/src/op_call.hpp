@@ -179,6 +179,7 @@ void run_sumsq(const Call& c);
 void run_scale(const Call& c);
 // ops_decode.cpp
 void run_kv_cache_write(const Call& c);
+void run_rope_kv_cache_write(const Call& c);
 void run_paged_attention(const Call& c);
 void run_decode_layer_fwd(const Call& c);
 // decode_layer_fwd's sizes at resolution: empty when kernels_cuda runs them, else what it lacks.

@@ -66,6 +66,51 @@ void run_kv_cache_write(const Call& c) {
   kv_cache_write(a, c.stream);
 }
 
+// qk [R, Hq + Hkv, D], v [R, Hkv, Dv], positions int32 [R], inv_freq f32 [rot / 2], slots int32
+// [R] (, k_scale, v_scale f32 [1] for e4m3 caches) -> y [R, Hq + Hkv, D] (may be qk), k_cache,
+// v_cache (in/out): rope_fwd of every head, then kv_cache_write of the rotated key heads and v.
+void run_rope_kv_cache_write(const Call& c) {
+  const rlh_tensor &qk = c.in(0), &v = c.in(1), &y = c.out(0), &kc = c.out(1), &vc = c.out(2);
+  if (qk.ndim != 3 || v.ndim != 3 || kc.ndim != 4 || vc.ndim != 4)
+    bad("rope_kv_cache_write: qk [R, Hq + Hkv, D], v [R, Hkv, Dv], caches [B, Hkv, bs, D]");
+  RopeKvArgs a;
+  KvWriteArgs& w = a.kv;
+  w.t = c.dt();
+  w.R = qk.shape[0];
+  w.Hkv = kc.shape[1];
+  w.Dk = qk.shape[2];
+  w.Dv = v.shape[2];
+  if (w.Hkv <= 0 || w.Hkv >= qk.shape[1] || v.shape[1] != w.Hkv)
+    bad("rope_kv_cache_write: qk must hold the query heads, then the caches' " + std::to_string(w.Hkv) + " key heads");
+  a.Hq = qk.shape[1] - w.Hkv;
+  a.ldx = need_heads(qk, w.R, a.Hq + w.Hkv, w.Dk, "rope_kv_cache_write qk");
+  a.ldy = need_heads(y, w.R, a.Hq + w.Hkv, w.Dk, "rope_kv_cache_write y");
+  w.ldv = need_heads(v, w.R, w.Hkv, w.Dv, "rope_kv_cache_write v");
+  need_vec(c.in(2), w.R, "rope_kv_cache_write positions");
+  a.rot = 2 * numel(c.in(3));
+  need_vec(c.in(3), a.rot / 2, "rope_kv_cache_write inv_freq");
+  if (a.rot > w.Dk) bad("rope_kv_cache_write: more rotary dims than the head's");
+  need_vec(c.in(4), w.R, "rope_kv_cache_write slots");
+  w.bs = kc.shape[2];
+  w.num_blocks = kc.shape[0];
+  cache_strides(kc, w.Hkv, w.bs, w.Dk, w.kc_strides, "rope_kv_cache_write k_cache");
+  cache_strides(vc, w.Hkv, w.bs, w.Dv, w.vc_strides, "rope_kv_cache_write v_cache");
+  if (vc.shape[0] != w.num_blocks) bad("rope_kv_cache_write: the caches hold different numbers of blocks");
+  a.x = ptr(qk);
+  a.y = ptr(y);
+  w.v = ptr(v);
+  w.slots = ptr<int32_t>(c.in(4));
+  w.k_cache = ptr(kc);
+  w.v_cache = ptr(vc);
+  w.err = c.err();
+  a.pos = ptr<int32_t>(c.in(2));
+  a.inv_freq = ptr<float>(c.in(3));
+  a.scale = c.num("scale", 1);
+  a.interleaved = c.flag("interleaved");
+  fp8_scales(c, kc, 5, &w.k_scale, &w.v_scale, "rope_kv_cache_write");
+  rope_kv_cache_write(a, c.stream);
+}
+
 // q [R, Hq, Dk], k_cache, v_cache, block_table int32 [R, T], positions int32 [R] (, k_scale,
 // v_scale f32 [1] for e4m3 caches) -> o [R, Hq, Dv]
 void run_paged_attention(const Call& c) {

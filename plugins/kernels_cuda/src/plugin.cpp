@@ -88,6 +88,7 @@ const OpSpec kOps[] = {
     {"sumsq", "g", 1, "k", 1, "", false, true, false, run_sumsq, false},
     {"scale", "", 0, "g", 1, "", false, false, true, run_scale, true},
     {"kv_cache_write", "ffikk", 3, "qq", 2, "", true, false, false, run_kv_cache_write, true},
+    {"rope_kv_cache_write", "ffikikk", 5, "fqq", 3, "", true, false, false, run_rope_kv_cache_write, true},
     {"paged_attention", "fqqiikk", 5, "f", 1, "", true, false, false, run_paged_attention, false},
     {"decode_layer_fwd", "fffffffiiik", 11, "fff", 3, "", true, false, false, run_decode_layer_fwd, false},
     {"sample", "kdi", 2, "ik", 2, "", false, false, false, run_sample, true},

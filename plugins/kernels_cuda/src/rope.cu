@@ -3,7 +3,7 @@
 // rows take a 16-byte path (rope_vec_kernel). The angle is formed as HF forms it
 // (float32 product of float32 inv_freq and float32 position); sin/cos are the precise
 // (non-intrinsic) float32 functions.
-#include "common.cuh"
+#include "rope_math.cuh"
 
 namespace rlh::kcuda {
 namespace {
@@ -21,17 +21,16 @@ __global__ void rope_kernel(T* y, int64_t ldy, const T* x, int64_t ldx, const in
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = idx / per_token, i = idx - n * per_token;
     if (i < half) {
-      const float angle = __fmul_rn(inv_freq[i], float(pos[n]));
-      float sn, cs;
-      sincosf(angle, &sn, &cs);
-      const float c = cs * scale, s = sn * scale * sign;
+      float c, s;
+      rope_cos_sin(inv_freq, i, pos[n], scale, sign, c, s);
       const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
       for (int64_t h = 0; h < H; ++h) {
         const T* xr = x + n * ldx + h * D;
         T* yr = y + n * ldy + h * D;
-        const float xa = to_f(xr[a]), xb = to_f(xr[b]);
-        yr[a] = from_f<T>(xa * c - xb * s);
-        yr[b] = from_f<T>(xb * c + xa * s);
+        float ya, yb;
+        rope_rotate(to_f(xr[a]), to_f(xr[b]), c, s, ya, yb);
+        yr[a] = from_f<T>(ya);
+        yr[b] = from_f<T>(yb);
       }
     } else if (x != y || ldx != ldy) {
       const int64_t d = R + (i - half);
@@ -61,12 +60,9 @@ rope_vec_kernel(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos,
   for (int64_t i = threadIdx.x; i < kTok * half; i += blockDim.x) {
     const int64_t n = n0 + i / half;
     float c = 0.f, sv = 0.f;
-    if (n < N) {
-      const float angle = __fmul_rn(inv_freq[i % half], float(pos[n]));
-      sincosf(angle, &sv, &c);
-    }
-    cs[i] = c * scale;
-    sn[i] = sv * scale * sign;
+    if (n < N) rope_cos_sin(inv_freq, i % half, pos[n], scale, sign, c, sv);
+    cs[i] = c;
+    sn[i] = sv;
   }
   pdl_wait();  // launched by launch_pdl (common.cuh)
   pdl_trigger();
@@ -88,9 +84,10 @@ rope_vec_kernel(T* y, int64_t ldy, const T* x, int64_t ldx, const int32_t* pos,
       const float* sr = sn + tk * half + a;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const float xa = to_f(va[e]), xb = to_f(vb[e]);
-        va[e] = from_f<T>(xa * cr[e] - xb * sr[e]);
-        vb[e] = from_f<T>(xb * cr[e] + xa * sr[e]);
+        float ya, yb;
+        rope_rotate(to_f(va[e]), to_f(vb[e]), cr[e], sr[e], ya, yb);
+        va[e] = from_f<T>(ya);
+        vb[e] = from_f<T>(yb);
       }
       *reinterpret_cast<uint4*>(yr + a) = ua;
       *reinterpret_cast<uint4*>(yr + b) = ub;

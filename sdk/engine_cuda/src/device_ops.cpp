@@ -696,6 +696,26 @@ void DeviceOps::kv_cache_write(const void* k, int64_t ldk, const void* v, int64_
   RLH_RUN("kv_cache_write", "kv_cache_write", in, out, kNone);
 }
 
+bool DeviceOps::rope_kv_cache_write(void* y, int64_t ldy, const void* x, int64_t ldx, int64_t Hq, const void* v,
+                                    int64_t ldv, int64_t R, const int32_t* pos, const float* inv_freq, int64_t rot,
+                                    double scale, bool interleaved, const int32_t* slots, const PagedCache& c) {
+  if (no_rope_kv_) return false;  // (before building the call's descriptors)
+  Args a(dev_);
+  const std::array<rlh_named_value, 2> at = {attr_double("scale", scale), attr_bool("interleaved", interleaved)};
+  const bool fp8 = c.k_scale != nullptr;
+  std::vector<rlh_tensor> in = {a.heads(x, R, Hq + c.Hkv, c.Dk, ldx), a.heads(v, R, c.Hkv, c.Dv, ldv),
+                                a.vec(pos, kI32, R), a.vec(inv_freq, kF32, rot / 2), a.vec(slots, kI32, R)};
+  const std::vector<rlh_tensor> out = {a.heads(y, R, Hq + c.Hkv, c.Dk, ldy),
+                                       a.cache(c.k, c.num_blocks, c.Hkv, c.block_size, c.Dk, c.block_stride, fp8),
+                                       a.cache(c.v, c.num_blocks, c.Hkv, c.block_size, c.Dv, c.block_stride, fp8)};
+  if (fp8) {
+    in.push_back(a.vec(c.k_scale, kF32, 1));
+    in.push_back(a.vec(c.v_scale, kF32, 1));
+  }
+  static const char kKey[] = "rope_kv_cache_write", kKeyFp8[] = "rope_kv_cache_write/fp8";
+  return run_optional(fp8 ? kKeyFp8 : kKey, "rope_kv_cache_write", no_rope_kv_, in, out, at);
+}
+
 void DeviceOps::paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq,
                                 const PagedCache& c, const int32_t* table, int64_t width, const int32_t* pos,
                                 double scale, int64_t window, double softcap) {

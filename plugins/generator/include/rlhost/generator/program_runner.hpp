@@ -29,6 +29,9 @@
 //                              contiguous; false: not offered
 //   (optional) bool linear_add(T* y, const T* r, const T* x, ldx, const T* W, int64_t R, int64_t N, int64_t K)
 //                              y = r + x W^T, y and r [R, N] contiguous (y may be r); false: not offered
+//   (optional) bool rope_attend(int table, int64_t l, T* qk, ldqk, int64_t Hq, int64_t Hk, int64_t D, const T* v,
+//                               ldv, T* o, ldo, int64_t R)   q's Hq and k's Hk heads of qk rotated in place,
+//                              then attend(l, q, k, v, o) as above; false: not offered
 //   (optional) bool dense_layer(int64_t l, const DenseLayerPlan& p, const T* x, T* y, int64_t R)
 //                              the whole layer l of x [R, C] into y in one op (docs/ops.md
 //                              decode_layer_fwd); false: not offered for this step
@@ -265,6 +268,26 @@ class ProgramRunner {
                                 v[size_t(st.in.value)] + st.in.col, lp.values[size_t(st.in.value)].width, W, R, F,
                                 st.in.width)) {
                 ++i;
+                continue;
+              }
+            }
+          }
+        }
+        // q's and k's RoPE (adjacent columns, one table) and the attention that reads them: one
+        // rope_attend where the backend offers it (the RoPE and the cache write as one op:
+        // docs/ops.md rope_kv_cache_write).
+        if constexpr (requires { b_.rope_attend(0, int64_t(0), nullptr, 0, 0, 0, 0, nullptr, 0, nullptr, 0, 0); }) {
+          if (i + 2 < lp.steps.size() && adjacent_ropes(lp.steps[i], lp.steps[i + 1])) {
+            const sdk::LayerStep &rq = lp.steps[i], &rk = lp.steps[i + 1], &at = lp.steps[i + 2];
+            if (at.op == sdk::StepOp::attention && at.in.value == rq.in.value && at.in.col == rq.in.col &&
+                at.in.width == rq.in.width && at.in2.value == rk.in.value && at.in2.col == rk.in.col &&
+                at.in2.width == rk.in.width && at.in3.valid()) {
+              const int64_t ld_qk = lp.values[size_t(rq.in.value)].width;
+              if (b_.rope_attend(rq.table, l, v[size_t(rq.in.value)] + rq.in.col, ld_qk, rq.heads, rk.heads,
+                                 rq.head_dim, v[size_t(at.in3.value)] + at.in3.col,
+                                 lp.values[size_t(at.in3.value)].width, v[size_t(at.out.value)] + at.out.col,
+                                 lp.values[size_t(at.out.value)].width, R)) {
+                i += 2;
                 continue;
               }
             }

@@ -348,6 +348,21 @@ struct KvWriteArgs {
   const float* v_scale = nullptr;
 };
 void kv_cache_write(const KvWriteArgs& a, cudaStream_t s);
+// rope_kv_cache_write (docs/ops.md): y = rope(x) over the Hq query heads and the kv.Hkv key heads
+// of x [R, (Hq + Hkv) D] (y may be x), then kv_cache_write of y's key heads and kv.v: bitwise
+// the two ops. kv.k and kv.ldk are not read. One launch for bf16 half-split rows that vectorise
+// (a decoding step's RoPE and cache write: a launch fewer a layer), else the two ops.
+struct RopeKvArgs {
+  KvWriteArgs kv;
+  void* y = nullptr; int64_t ldy = 0;
+  const void* x = nullptr; int64_t ldx = 0;
+  int64_t Hq = 0, rot = 0;  // query heads; rotary dims (<= kv.Dk, even)
+  const int32_t* pos = nullptr;
+  const float* inv_freq = nullptr;  // [rot / 2]
+  double scale = 1;
+  bool interleaved = false;
+};
+void rope_kv_cache_write(const RopeKvArgs& a, cudaStream_t s);
 
 struct PagedAttnArgs {
   DType t = DType::bf16;

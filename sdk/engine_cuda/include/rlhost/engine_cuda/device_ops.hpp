@@ -233,6 +233,13 @@ class DeviceOps {
   // Row r's keys k [R, Hkv Dk] (ldk) and values v [R, Hkv Dv] (ldv) into slot slots[r] (-1: skip).
   void kv_cache_write(const void* k, int64_t ldk, const void* v, int64_t ldv, int64_t R, const int32_t* slots,
                       const PagedCache& c);
+  // y = RoPE of the Hq query heads and c.Hkv key heads of x [R, (Hq + Hkv) Dk] (ldx; y may be x),
+  // then the rotated keys and v [R, Hkv Dv] (ldv) into the cache (as kv_cache_write), as one op
+  // where a provider offers rope_kv_cache_write; false where none does (the caller runs rope and
+  // kv_cache_write: the same bits).
+  bool rope_kv_cache_write(void* y, int64_t ldy, const void* x, int64_t ldx, int64_t Hq, const void* v, int64_t ldv,
+                           int64_t R, const int32_t* pos, const float* inv_freq, int64_t rot, double scale,
+                           bool interleaved, const int32_t* slots, const PagedCache& c);
   // o [R, Hq Dv] (ldo) = attention of q [R, Hq Dk] (ldq) over the cache: row r's blocks at
   // table + r width, its position pos[r].
   void paged_attention(void* o, int64_t ldo, const void* q, int64_t ldq, int64_t R, int64_t Hq, const PagedCache& c,
@@ -297,6 +304,7 @@ class DeviceOps {
   bool no_gemm_glu_ = false;
   bool no_rmsnorm_gemm_ = false;
   bool no_gemm_add_ = false;
+  bool no_rope_kv_ = false;
   bool no_decode_layer_ = false;
 };
 
