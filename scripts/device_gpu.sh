@@ -224,11 +224,13 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
   fi
 fi
 if [ "$what" = fusedprod ]; then
-  # The twenty-fourth session's two changes, tests first: the norm inside the product after it
-  # and the residual add inside the product before it (rmsnorm_gemm_fwd, gemm_add_fwd: gemv.cu's
-  # prologue and epilogue, bitwise the ops), and paged attention over FP8 caches from the codes in
-  # registers. Then batch 1 with the fused products and with them withheld (RLH_KCUDA_WITHHOLD),
-  # twice each, and the FP8 cache's decoding figures against bf16 at batch 64 and 256.
+  # The twenty-fourth session's changes, tests first: the norm inside the product after it and
+  # the residual add inside the product before it (rmsnorm_gemm_fwd, gemm_add_fwd: gemv.cu's
+  # prologue and epilogue, bitwise the ops), RoPE with the cache write (rope_kv_cache_write), and
+  # paged attention over FP8 caches from the codes in registers. Then batch 1 with the fused ops,
+  # with them withheld (RLH_KCUDA_WITHHOLD) and without rope_kv_cache_write alone, twice each,
+  # batch 256 with and without rope_kv_cache_write, and the FP8 cache's decoding figures against
+  # bf16 at batch 64 and 256.
   "$bin/test_cuda_kernels" --gtest_filter='*NormPrologue*:*GluEpilogue*' --gtest_brief=1 > "$out/fp_kernels.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp_kernels.log" | head -20
   "$bin/test_cuda_decode" --gtest_brief=1 > "$out/fp_decode.log" 2>&1 || rc=1
@@ -236,13 +238,15 @@ if [ "$what" = fusedprod ]; then
   "$bin/test_generator_cuda" --gtest_brief=1 > "$out/fp_generator.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp_generator.log" | head -30
   "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --op rmsnorm_gemm_fwd --op gemm_add_fwd \
-    --op paged_attention > "$out/fp_check.log" 2>&1 || rc=1
-  grep -E "^(op |rmsnorm|gemm_add|paged|FAIL)|error" "$out/fp_check.log" | head -8
-  for v in fused withheld fused withheld; do
-    e=""
-    [ "$v" = withheld ] && e="RLH_KCUDA_WITHHOLD=rmsnorm_gemm_fwd,gemm_add_fwd"
-    env $e "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
-      tee -a "$out/fp_b1_$v.log" | grep -E "^b1 |rror" | sed "s/^/$v: /" | cut -c1-140
+    --op rope_kv_cache_write --op paged_attention > "$out/fp_check.log" 2>&1 || rc=1
+  grep -E "^(op |rmsnorm|gemm_add|rope_kv|paged|FAIL)|error" "$out/fp_check.log" | head -8
+  # fused: every fused op; withheld: none of the three; noropekv: without rope_kv_cache_write
+  for cv in b1:fused b1:withheld b1:noropekv b1:fused b1:withheld b1:noropekv b256:fused b256:noropekv; do
+    c=${cv%%:*} v=${cv##*:} e=""
+    [ "$v" = withheld ] && e="RLH_KCUDA_WITHHOLD=rmsnorm_gemm_fwd,gemm_add_fwd,rope_kv_cache_write"
+    [ "$v" = noropekv ] && e="RLH_KCUDA_WITHHOLD=rope_kv_cache_write"
+    env $e "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 --new 256 --repeats 2 2>&1 |
+      tee -a "$out/fp_${c}_$v.log" | grep -E "^$c |rror" | sed "s/^/$v: /" | cut -c1-140
   done
   KVFP8_TESTS=0 KVFP8_VARIANTS="${KVFP8_VARIANTS:-bf16 kvfp8 fp8+kvfp8}" bash "$0" kvfp8 || rc=1
 fi
