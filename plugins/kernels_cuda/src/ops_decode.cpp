@@ -36,10 +36,35 @@ void fp8_scales(const Call& c, const rlh_tensor& kc, size_t at, const float** ks
   *vs = ptr<float>(c.in(at + 1));
 }
 
+namespace {
+
+// The caches' geometry (the call's last two outputs), the slots (input `slots_at`, the FP8 scales
+// after it), the values and the error flag of a cache write whose w.R, w.Hkv, w.Dk and w.Dv are
+// set; `op` names the operands in errors.
+void cache_write_args(const Call& c, KvWriteArgs& w, const rlh_tensor& v, size_t slots_at, const std::string& op) {
+  const rlh_tensor &kc = c.out(c.nout() - 2), &vc = c.out(c.nout() - 1);
+  if (kc.ndim != 4) bad(op + ": k_cache must be [B, Hkv, bs, Dk]");
+  w.ldv = need_heads(v, w.R, w.Hkv, w.Dv, (op + " v").c_str());
+  need_vec(c.in(slots_at), w.R, (op + " slots").c_str());
+  w.bs = kc.shape[2];
+  w.num_blocks = kc.shape[0];
+  cache_strides(kc, w.Hkv, w.bs, w.Dk, w.kc_strides, (op + " k_cache").c_str());
+  cache_strides(vc, w.Hkv, w.bs, w.Dv, w.vc_strides, (op + " v_cache").c_str());
+  if (vc.shape[0] != w.num_blocks) bad(op + ": the caches hold different numbers of blocks");
+  w.v = ptr(v);
+  w.slots = ptr<int32_t>(c.in(slots_at));
+  w.k_cache = ptr(kc);
+  w.v_cache = ptr(vc);
+  w.err = c.err();
+  fp8_scales(c, kc, slots_at + 1, &w.k_scale, &w.v_scale, op.c_str());
+}
+
+}  // namespace
+
 // k [R, Hkv, Dk], v [R, Hkv, Dv], slots int32 [R] (, k_scale, v_scale f32 [1] for e4m3 caches)
 // -> k_cache, v_cache (in/out)
 void run_kv_cache_write(const Call& c) {
-  const rlh_tensor &k = c.in(0), &v = c.in(1), &kc = c.out(0), &vc = c.out(1);
+  const rlh_tensor &k = c.in(0), &v = c.in(1);
   if (k.ndim != 3 || v.ndim != 3) bad("kv_cache_write: k and v must be [R, Hkv, D]");
   KvWriteArgs a;
   a.t = c.dt();
@@ -48,21 +73,8 @@ void run_kv_cache_write(const Call& c) {
   a.Dk = k.shape[2];
   a.Dv = v.shape[2];
   a.ldk = need_heads(k, a.R, a.Hkv, a.Dk, "kv_cache_write k");
-  a.ldv = need_heads(v, a.R, a.Hkv, a.Dv, "kv_cache_write v");
-  need_vec(c.in(2), a.R, "kv_cache_write slots");
-  if (kc.ndim != 4) bad("kv_cache_write: k_cache must be [B, Hkv, bs, Dk]");
-  a.bs = kc.shape[2];
-  a.num_blocks = kc.shape[0];
-  cache_strides(kc, a.Hkv, a.bs, a.Dk, a.kc_strides, "kv_cache_write k_cache");
-  cache_strides(vc, a.Hkv, a.bs, a.Dv, a.vc_strides, "kv_cache_write v_cache");
-  if (vc.shape[0] != a.num_blocks) bad("kv_cache_write: the caches hold different numbers of blocks");
   a.k = ptr(k);
-  a.v = ptr(v);
-  a.slots = ptr<int32_t>(c.in(2));
-  a.k_cache = ptr(kc);
-  a.v_cache = ptr(vc);
-  a.err = c.err();
-  fp8_scales(c, kc, 3, &a.k_scale, &a.v_scale, "kv_cache_write");
+  cache_write_args(c, a, v, 2, "kv_cache_write");
   kv_cache_write(a, c.stream);
 }
 
@@ -85,29 +97,17 @@ void run_rope_kv_cache_write(const Call& c) {
   a.Hq = qk.shape[1] - w.Hkv;
   a.ldx = need_heads(qk, w.R, a.Hq + w.Hkv, w.Dk, "rope_kv_cache_write qk");
   a.ldy = need_heads(y, w.R, a.Hq + w.Hkv, w.Dk, "rope_kv_cache_write y");
-  w.ldv = need_heads(v, w.R, w.Hkv, w.Dv, "rope_kv_cache_write v");
   need_vec(c.in(2), w.R, "rope_kv_cache_write positions");
   a.rot = 2 * numel(c.in(3));
   need_vec(c.in(3), a.rot / 2, "rope_kv_cache_write inv_freq");
   if (a.rot > w.Dk) bad("rope_kv_cache_write: more rotary dims than the head's");
-  need_vec(c.in(4), w.R, "rope_kv_cache_write slots");
-  w.bs = kc.shape[2];
-  w.num_blocks = kc.shape[0];
-  cache_strides(kc, w.Hkv, w.bs, w.Dk, w.kc_strides, "rope_kv_cache_write k_cache");
-  cache_strides(vc, w.Hkv, w.bs, w.Dv, w.vc_strides, "rope_kv_cache_write v_cache");
-  if (vc.shape[0] != w.num_blocks) bad("rope_kv_cache_write: the caches hold different numbers of blocks");
+  cache_write_args(c, w, v, 4, "rope_kv_cache_write");
   a.x = ptr(qk);
   a.y = ptr(y);
-  w.v = ptr(v);
-  w.slots = ptr<int32_t>(c.in(4));
-  w.k_cache = ptr(kc);
-  w.v_cache = ptr(vc);
-  w.err = c.err();
   a.pos = ptr<int32_t>(c.in(2));
   a.inv_freq = ptr<float>(c.in(3));
   a.scale = c.num("scale", 1);
   a.interleaved = c.flag("interleaved");
-  fp8_scales(c, kc, 5, &w.k_scale, &w.v_scale, "rope_kv_cache_write");
   rope_kv_cache_write(a, c.stream);
 }
 

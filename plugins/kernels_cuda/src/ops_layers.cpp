@@ -100,6 +100,48 @@ void run_gemm(const Call& c) {
   gemm(c.op->inst->gemm, g, *c.ws, c.stream);
 }
 
+namespace {
+
+// A bf16 few-row-capable product C [M, N] = X [M, K] W^T, W [rows, K] (rows = N, or 2N for a
+// gate | up weight), its operands checked and named after `op`.
+GemmArgs bf16_product(const rlh_tensor& X, const rlh_tensor& W, const rlh_tensor& C, int64_t M, int64_t N, int64_t K,
+                      int64_t rows, const std::string& op) {
+  GemmArgs g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.tb = true;
+  g.A = ptr(X);
+  g.lda = need_rows(X, M, K, (op + " x").c_str());
+  g.B = ptr(W);
+  g.ldb = need_rows(W, rows, K, (op + " W").c_str());
+  g.C = ptr(C);
+  g.ldc = need_rows(C, M, N, (op + " output").c_str());
+  g.ab = DType::bf16;
+  g.c_dt = DType::bf16;
+  return g;
+}
+
+// h = act(x Wg^T) * (x Wu^T) for g's A and W = gate | up [2 g.N, K] into g's C: gemv.cu's GLU
+// epilogue at few rows, else gemm into a [M, 2N] workspace and the GLU kernel.
+void product_glu(const Call& c, GemmArgs g, int64_t act) {
+  if (gemv_glu_rows(g, int(act), c.stream)) return;
+  const int64_t M = g.M, F = g.N, ldh = g.ldc;
+  void* H = g.C;
+  void* gu = c.ws->get(size_t(M * 2 * F) * 2);
+  g.N = 2 * F;
+  g.C = gu;
+  g.ldc = 2 * F;
+  gemm(c.op->inst->gemm, g, *c.ws, c.stream);
+  const uint16_t* gate = static_cast<const uint16_t*>(gu);  // bf16 [M, 2F]: gate, then up
+  if (act == 0)
+    swiglu_fwd(DType::bf16, H, ldh, gate, 2 * F, gate + F, 2 * F, M, F, c.stream);
+  else
+    geglu_fwd(DType::bf16, H, ldh, gate, 2 * F, gate + F, 2 * F, M, F, act == 1, c.stream);
+}
+
+}  // namespace
+
 // x [M, K], W = gate | up [2F, K] -> h [M, F] = act(x Wg^T) * (x Wu^T), each product rounded to
 // bf16 first: gemm then swiglu_fwd / geglu_fwd. Few rows on gemv.cu's GLU epilogue; otherwise
 // the two ops through a [M, 2F] workspace.
@@ -111,31 +153,7 @@ void run_gemm_glu_fwd(const Call& c) {
   const int64_t act = c.integer("activation", 0);
   if (act < 0 || act > 2) bad("gemm_glu_fwd: activation must be 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
   if (c.dt() != DType::bf16) bad("gemm_glu_fwd: bf16 only");
-  GemmArgs g;
-  g.M = M;
-  g.N = F;
-  g.K = K;
-  g.tb = true;
-  g.A = ptr(X);
-  g.lda = need_rows(X, M, K, "gemm_glu_fwd x");
-  g.B = ptr(W);
-  g.ldb = need_rows(W, 2 * F, K, "gemm_glu_fwd W");
-  g.C = ptr(H);
-  g.ldc = need_rows(H, M, F, "gemm_glu_fwd h");
-  g.ab = DType::bf16;
-  g.c_dt = DType::bf16;
-  if (gemv_glu_rows(g, int(act), c.stream)) return;
-  const int64_t ldh = g.ldc;
-  void* gu = c.ws->get(size_t(M * 2 * F) * 2);
-  g.N = 2 * F;
-  g.C = gu;
-  g.ldc = 2 * F;
-  gemm(c.op->inst->gemm, g, *c.ws, c.stream);
-  const uint16_t* gate = static_cast<const uint16_t*>(gu);  // bf16 [M, 2F]: gate, then up
-  if (act == 0)
-    swiglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * F, gate + F, 2 * F, M, F, c.stream);
-  else
-    geglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * F, gate + F, 2 * F, M, F, act == 1, c.stream);
+  product_glu(c, bf16_product(X, W, H, M, F, K, 2 * F, "gemm_glu_fwd"), act);
 }
 
 // x [M, K], w [K], W [N, K] (gate | up [2N, K] with an activation) -> h [M, N] = rmsnorm(x) W^T
@@ -152,19 +170,7 @@ void run_rmsnorm_gemm_fwd(const Call& c) {
     bad("rmsnorm_gemm_fwd: W must be [N, K] (gate | up [2N, K] with an activation) for h [M, N]");
   need_vec(c.in(1), K, "rmsnorm_gemm_fwd w");
   if (c.dt() != DType::bf16) bad("rmsnorm_gemm_fwd: bf16 only");
-  GemmArgs g;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.tb = true;
-  g.A = ptr(X);
-  g.lda = need_rows(X, M, K, "rmsnorm_gemm_fwd x");
-  g.B = ptr(W);
-  g.ldb = need_rows(W, rows, K, "rmsnorm_gemm_fwd W");
-  g.C = ptr(H);
-  g.ldc = need_rows(H, M, N, "rmsnorm_gemm_fwd h");
-  g.ab = DType::bf16;
-  g.c_dt = DType::bf16;
+  GemmArgs g = bf16_product(X, W, H, M, N, K, rows, "rmsnorm_gemm_fwd");
   GemvExtra ex;
   ex.norm_w = static_cast<const uint16_t*>(ptr(c.in(1)));
   ex.eps = float(c.num("eps", 1e-6));
@@ -174,22 +180,10 @@ void run_rmsnorm_gemm_fwd(const Call& c) {
   rmsnorm_fwd(DType::bf16, xn, K, Flex{}, g.A, g.lda, ex.norm_w, M, K, ex.eps, ex.woff, c.stream);
   g.A = xn;
   g.lda = K;
-  if (act < 0) {
+  if (act < 0)
     gemm(c.op->inst->gemm, g, *c.ws, c.stream);
-    return;
-  }
-  if (gemv_glu_rows(g, int(act), c.stream)) return;
-  const int64_t ldh = g.ldc;
-  void* gu = c.ws->get(size_t(M * 2 * N) * 2);
-  g.N = 2 * N;
-  g.C = gu;
-  g.ldc = 2 * N;
-  gemm(c.op->inst->gemm, g, *c.ws, c.stream);
-  const uint16_t* gate = static_cast<const uint16_t*>(gu);  // bf16 [M, 2N]: gate, then up
-  if (act == 0)
-    swiglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * N, gate + N, 2 * N, M, N, c.stream);
   else
-    geglu_fwd(DType::bf16, ptr(H), ldh, gate, 2 * N, gate + N, 2 * N, M, N, act == 1, c.stream);
+    product_glu(c, g, act);
 }
 
 // x [M, K], W [N, K], r [M, N] -> y [M, N] = r + x W^T, the product rounded first: gemm then
@@ -202,19 +196,7 @@ void run_gemm_add_fwd(const Call& c) {
   if (W.shape[1] != K || Y.shape[0] != M || Y.shape[1] != N || Rt.shape[0] != M || Rt.shape[1] != N)
     bad("gemm_add_fwd: x [M, K], W [N, K], r and y [M, N]");
   if (c.dt() != DType::bf16) bad("gemm_add_fwd: bf16 only");
-  GemmArgs g;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.tb = true;
-  g.A = ptr(X);
-  g.lda = need_rows(X, M, K, "gemm_add_fwd x");
-  g.B = ptr(W);
-  g.ldb = need_rows(W, N, K, "gemm_add_fwd W");
-  g.C = ptr(Y);
-  g.ldc = need_rows(Y, M, N, "gemm_add_fwd y");
-  g.ab = DType::bf16;
-  g.c_dt = DType::bf16;
+  GemmArgs g = bf16_product(X, W, Y, M, N, K, N, "gemm_add_fwd");
   GemvExtra ex;
   ex.res = static_cast<const uint16_t*>(ptr(Rt));
   ex.ldres = need_rows(Rt, M, N, "gemm_add_fwd r");
