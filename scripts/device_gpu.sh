@@ -230,18 +230,19 @@ if [ "$what" = fusedprod ]; then
   # paged attention over FP8 caches from the codes in registers. Then batch 1 with the fused ops,
   # with them withheld (RLH_KCUDA_WITHHOLD) and without rope_kv_cache_write alone, twice each,
   # batch 256 with and without rope_kv_cache_write, and the FP8 cache's decoding figures against
-  # bf16 at batch 64 and 256.
+  # bf16 at batch 64 and 256. FP_GEN_FILTER: the generator tests run (all); FP_RUNS: the decoding
+  # runs (case:variant); KVFP8_CASES / KVFP8_VARIANTS as kvfp8's.
   "$bin/test_cuda_kernels" --gtest_filter='*NormPrologue*:*GluEpilogue*' --gtest_brief=1 > "$out/fp_kernels.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp_kernels.log" | head -20
   "$bin/test_cuda_decode" --gtest_brief=1 > "$out/fp_decode.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|rror" "$out/fp_decode.log" | head -30
-  "$bin/test_generator_cuda" --gtest_brief=1 > "$out/fp_generator.log" 2>&1 || rc=1
+  "$bin/test_generator_cuda" --gtest_filter="${FP_GEN_FILTER:-*}" --gtest_brief=1 > "$out/fp_generator.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp_generator.log" | head -30
   "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --op rmsnorm_gemm_fwd --op gemm_add_fwd \
     --op rope_kv_cache_write --op paged_attention > "$out/fp_check.log" 2>&1 || rc=1
   grep -E "^(op |rmsnorm|gemm_add|rope_kv|paged|FAIL)|error" "$out/fp_check.log" | head -8
   # fused: every fused op; withheld: none of the three; noropekv: without rope_kv_cache_write
-  for cv in b1:fused b1:withheld b1:noropekv b1:fused b1:withheld b1:noropekv b256:fused b256:noropekv; do
+  for cv in ${FP_RUNS:-b1:fused b1:withheld b1:noropekv b1:fused b1:withheld b1:noropekv b256:fused b256:noropekv}; do
     c=${cv%%:*} v=${cv##*:} e=""
     [ "$v" = withheld ] && e="RLH_KCUDA_WITHHOLD=rmsnorm_gemm_fwd,gemm_add_fwd,rope_kv_cache_write"
     [ "$v" = noropekv ] && e="RLH_KCUDA_WITHHOLD=rope_kv_cache_write"
