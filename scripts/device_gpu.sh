@@ -41,6 +41,8 @@
 #     fusedprod: the norm inside the product after it, the residual add inside the product before it,
 #                paged attention from FP8 codes in registers: tests, check-kernels, batch 1 with
 #                and without the fused products, the FP8 cache's figures at batch 64 and 256
+#     quick: fusedprod's essentials in a short call (kernel tests, check-kernels, batch 1 with and
+#            without the fused ops, batch 256 bf16 and FP8 cache, a few generator tests)
 #     pdlab: pdlearly on the pack's kernels_cuda, on the early-trigger build in early/ (EARLY=1
 #            device_pack.sh), and on the pack's again, in one call
 #     decodeab: batch-1 decoding with each 2026-12-06 change withheld in turn (fused add + norm,
@@ -222,6 +224,25 @@ if [ "$what" = fp8bench ] || [ "${then_bench:-0}" = 1 ]; then
       done
     done
   fi
+fi
+if [ "$what" = quick ]; then
+  # fusedprod's essentials for a call with little device time left: the kernel tests, check-kernels,
+  # batch 1 with and without the fused ops, batch 256 with the bf16 and the FP8 cache, then a few
+  # generator tests.
+  "$bin/test_cuda_kernels" --gtest_filter='*NormPrologue*:*GluEpilogue*' --gtest_brief=1 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure|Expected|Which is" | head
+  "$bin/test_cuda_decode" --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)|Failure|Expected|Which is|actual" | head -20
+  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --op rmsnorm_gemm_fwd --op gemm_add_fwd \
+    --op rope_kv_cache_write --op paged_attention 2>&1 | grep -E "^(op |rmsnorm|gemm_add|rope_kv|paged|FAIL)|error" | head
+  for cv in b1:fused b1:withheld b1:fused b1:withheld b256:bf16 b256:kvfp8; do
+    c=${cv%%:*} v=${cv##*:} e="" f=""
+    [ "$v" = withheld ] && e="RLH_KCUDA_WITHHOLD=rmsnorm_gemm_fwd,gemm_add_fwd,rope_kv_cache_write"
+    [ "$v" = kvfp8 ] && f=--kv-fp8
+    env $e "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 --new 256 --repeats 2 $f 2>&1 |
+      tee -a "$out/q_${c}_$v.log" | grep -E "^$c |rror" | sed "s/^/$v: /" | cut -c1-150
+  done
+  "$bin/test_generator_cuda" --gtest_filter='*GpuFixture*:*GpuDeterministic.*:*Fp8KvCache*' --gtest_brief=1 2>&1 |
+    tee "$out/q_gen.log" | grep -E "^\[  (PASSED|FAILED)|Failure|Expected|Which is" | head -20
 fi
 if [ "$what" = fusedprod ]; then
   # The twenty-fourth session's changes, tests first: the norm inside the product after it and
