@@ -71,8 +71,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (after 2026-12-06's twenty-third session: pdlearly, on
-#              two packs)
+#              first, for one short call (after 2026-12-07's twenty-fourth session: fusedprod,
+#              then pdlab on an EARLY=1 pack)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -98,11 +98,13 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-06 (twenty-third session): pagedaddr, fp8, fp8forms, gemvbulk (taken out) and
-  # overwrite ran. Left: PDL's early trigger (pdlearly), which needs a pack built with
-  # -DRLH_KCUDA_PDL_EARLY=1 and, on the same warm machine, one without (the stage on each).
+  # 2026-12-07 (twenty-fourth session, no machine could be started): fusedprod (the fused
+  # decoding ops and paged attention from FP8 codes in registers: tests, check-kernels, batch 1
+  # with and without them, the FP8 cache at batch 64 and 256; `quick` is its short form), then
+  # pdlab (PDL's early trigger: a pack made with EARLY=1, test_cuda_kernels dropped to fit) and
+  # genprofile with GENPROF_FP8=2 (the FP8 attention kernel's ncu time, 38.7 us before).
   # BACKLOG="..." picks (all may pass one call's 600 s).
-  for st in ${BACKLOG:-pdlearly}; do
+  for st in ${BACKLOG:-fusedprod}; do
     bash "$0" "$st" || rc=1
   done
   exit $rc
