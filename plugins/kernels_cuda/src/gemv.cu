@@ -165,7 +165,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemmArgs g, GemvExtra
         static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(act_value<ACT>(gate) * up);
       } else if constexpr (RES) {
         const float p = __bfloat162float(__float2bfloat16_rn(acc[0][r]));  // the product as stored
-        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(__bfloat162float(reinterpret_cast<const bf16*>(ex.res)[r * ex.ldres + n]) + p);
+        const float res = __bfloat162float(reinterpret_cast<const bf16*>(ex.res)[r * ex.ldres + n]);
+        static_cast<TC*>(g.C)[r * g.ldc + n] = from_f<TC>(res + p);
       } else {
         float v = acc[0][r];
         if (g.bias) v += g.bias_dt == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(g.bias)[n])
