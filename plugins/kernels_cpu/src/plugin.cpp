@@ -128,11 +128,9 @@ void run_rmsnorm_fwd(const Call& c) {
 template <class T>
 void run_gemm_glu_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(1), &H = c.out(0);
-  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("gemm_glu_fwd: x, W and h must be 2-D");
-  const int64_t M = X.shape[0], K = X.shape[1], F = H.shape[1];
-  if (W.shape[0] != 2 * F || W.shape[1] != K || H.shape[0] != M) bad("gemm_glu_fwd: W must be [2F, K] for h [M, F]");
   const int64_t act = c.integer("activation", 0);
-  if (act < 0 || act > 2) bad("gemm_glu_fwd: activation must be 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
+  const sdk::ProductSizes z = sdk::fused_product_sizes("gemm_glu_fwd", X, W, H, act, 0);
+  const int64_t M = z.M, K = z.K, F = z.N;
   const int64_t ldx = need_rows(X, M, K, "gemm_glu_fwd x"), ldw = need_rows(W, 2 * F, K, "gemm_glu_fwd W");
   const int64_t ldh = need_rows(H, M, F, "gemm_glu_fwd h");
   std::vector<T> gu(size_t(M * 2 * F));
@@ -149,13 +147,9 @@ void run_gemm_glu_fwd(const Call& c) {
 template <class T>
 void run_rmsnorm_gemm_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(2), &H = c.out(0);
-  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("rmsnorm_gemm_fwd: x, W and h must be 2-D");
-  const int64_t M = X.shape[0], K = X.shape[1], N = H.shape[1];
   const int64_t act = c.integer("activation", -1);
-  if (act < -1 || act > 2) bad("rmsnorm_gemm_fwd: activation must be -1 (none), 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
-  const int64_t rows = act >= 0 ? 2 * N : N;
-  if (W.shape[0] != rows || W.shape[1] != K || H.shape[0] != M)
-    bad("rmsnorm_gemm_fwd: W must be [N, K] (gate | up [2N, K] with an activation) for h [M, N]");
+  const sdk::ProductSizes z = sdk::fused_product_sizes("rmsnorm_gemm_fwd", X, W, H, act, -1);
+  const int64_t M = z.M, K = z.K, N = z.N, rows = z.rows;
   const int64_t ldx = need_rows(X, M, K, "rmsnorm_gemm_fwd x"), ldw = need_rows(W, rows, K, "rmsnorm_gemm_fwd W");
   const int64_t ldh = need_rows(H, M, N, "rmsnorm_gemm_fwd h");
   need_vec(c.in(1), K, "rmsnorm_gemm_fwd w");
@@ -179,10 +173,8 @@ void run_rmsnorm_gemm_fwd(const Call& c) {
 template <class T>
 void run_gemm_add_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(1), &R = c.in(2), &Y = c.out(0);
-  if (X.ndim != 2 || W.ndim != 2 || R.ndim != 2 || Y.ndim != 2) bad("gemm_add_fwd: x, W, r and y must be 2-D");
-  const int64_t M = X.shape[0], K = X.shape[1], N = W.shape[0];
-  if (W.shape[1] != K || Y.shape[0] != M || Y.shape[1] != N || R.shape[0] != M || R.shape[1] != N)
-    bad("gemm_add_fwd: x [M, K], W [N, K], r and y [M, N]");
+  const sdk::ProductSizes z = sdk::fused_product_sizes("gemm_add_fwd", X, W, Y, -1, -1);
+  const int64_t M = z.M, K = z.K, N = z.N;
   const int64_t ldx = need_rows(X, M, K, "gemm_add_fwd x"), ldw = need_rows(W, N, K, "gemm_add_fwd W");
   const int64_t ldr = need_rows(R, M, N, "gemm_add_fwd r"), ldy = need_rows(Y, M, N, "gemm_add_fwd y");
   std::vector<T> p(size_t(M * N));

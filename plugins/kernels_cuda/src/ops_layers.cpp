@@ -147,13 +147,10 @@ void product_glu(const Call& c, GemmArgs g, int64_t act) {
 // the two ops through a [M, 2F] workspace.
 void run_gemm_glu_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(1), &H = c.out(0);
-  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("gemm_glu_fwd: x, W and h must be 2-D");
-  const int64_t M = X.shape[0], K = X.shape[1], F = H.shape[1];
-  if (W.shape[0] != 2 * F || W.shape[1] != K || H.shape[0] != M) bad("gemm_glu_fwd: W must be [2F, K] for h [M, F]");
   const int64_t act = c.integer("activation", 0);
-  if (act < 0 || act > 2) bad("gemm_glu_fwd: activation must be 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
+  const sdk::ProductSizes z = sdk::fused_product_sizes("gemm_glu_fwd", X, W, H, act, 0);
   if (c.dt() != DType::bf16) bad("gemm_glu_fwd: bf16 only");
-  product_glu(c, bf16_product(X, W, H, M, F, K, 2 * F, "gemm_glu_fwd"), act);
+  product_glu(c, bf16_product(X, W, H, z.M, z.N, z.K, z.rows, "gemm_glu_fwd"), act);
 }
 
 // x [M, K], w [K], W [N, K] (gate | up [2N, K] with an activation) -> h [M, N] = rmsnorm(x) W^T
@@ -161,13 +158,9 @@ void run_gemm_glu_fwd(const Call& c) {
 // prologue (a decoding step's norm launch saved); otherwise the ops through a workspace.
 void run_rmsnorm_gemm_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(2), &H = c.out(0);
-  if (X.ndim != 2 || W.ndim != 2 || H.ndim != 2) bad("rmsnorm_gemm_fwd: x, W and h must be 2-D");
-  const int64_t M = X.shape[0], K = X.shape[1], N = H.shape[1];
   const int64_t act = c.integer("activation", -1);
-  if (act < -1 || act > 2) bad("rmsnorm_gemm_fwd: activation must be -1 (none), 0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
-  const int64_t rows = act >= 0 ? 2 * N : N;
-  if (W.shape[0] != rows || W.shape[1] != K || H.shape[0] != M)
-    bad("rmsnorm_gemm_fwd: W must be [N, K] (gate | up [2N, K] with an activation) for h [M, N]");
+  const sdk::ProductSizes z = sdk::fused_product_sizes("rmsnorm_gemm_fwd", X, W, H, act, -1);
+  const int64_t M = z.M, K = z.K, N = z.N, rows = z.rows;
   need_vec(c.in(1), K, "rmsnorm_gemm_fwd w");
   if (c.dt() != DType::bf16) bad("rmsnorm_gemm_fwd: bf16 only");
   GemmArgs g = bf16_product(X, W, H, M, N, K, rows, "rmsnorm_gemm_fwd");
@@ -191,10 +184,8 @@ void run_rmsnorm_gemm_fwd(const Call& c) {
 // launch saved); otherwise the two ops through a workspace.
 void run_gemm_add_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(1), &Rt = c.in(2), &Y = c.out(0);
-  if (X.ndim != 2 || W.ndim != 2 || Rt.ndim != 2 || Y.ndim != 2) bad("gemm_add_fwd: x, W, r and y must be 2-D");
-  const int64_t M = X.shape[0], K = X.shape[1], N = W.shape[0];
-  if (W.shape[1] != K || Y.shape[0] != M || Y.shape[1] != N || Rt.shape[0] != M || Rt.shape[1] != N)
-    bad("gemm_add_fwd: x [M, K], W [N, K], r and y [M, N]");
+  const sdk::ProductSizes z = sdk::fused_product_sizes("gemm_add_fwd", X, W, Y, -1, -1);
+  const int64_t M = z.M, K = z.K, N = z.N;
   if (c.dt() != DType::bf16) bad("gemm_add_fwd: bf16 only");
   GemmArgs g = bf16_product(X, W, Y, M, N, K, N, "gemm_add_fwd");
   GemvExtra ex;

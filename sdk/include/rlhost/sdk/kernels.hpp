@@ -153,6 +153,30 @@ inline int64_t need_heads(const rlh_tensor& t, int64_t N, int64_t H, int64_t D, 
   return N > 1 ? t.strides[0] : H * D;
 }
 
+// The sizes of a fused product (docs/ops.md gemm_glu_fwd, rmsnorm_gemm_fwd, gemm_add_fwd): x [M, K],
+// W [rows, K] and the output [M, N], with rows = 2N for a GLU (activation >= 0: 0 silu, 1 gelu
+// tanh, 2 gelu erf) and N otherwise, checked against each other and the activation against
+// [act_min, 2]; `op` names them in the error. Every provider checks them so.
+struct ProductSizes {
+  int64_t M = 0, K = 0, N = 0, rows = 0;
+};
+inline ProductSizes fused_product_sizes(const char* op, const rlh_tensor& x, const rlh_tensor& W,
+                                        const rlh_tensor& out, int64_t act, int64_t act_min) {
+  auto bad = [op](const std::string& what) { throw Error(RLH_E_INVALID_ARGUMENT, std::string(op) + ": " + what); };
+  if (x.ndim != 2 || W.ndim != 2 || out.ndim != 2) bad("x, W and the output must be 2-D");
+  if (act < act_min || act > 2)
+    bad("activation must be " + std::string(act_min < 0 ? "-1 (none), " : "") + "0 (silu), 1 (gelu, tanh) or 2 (gelu, erf)");
+  ProductSizes z;
+  z.M = x.shape[0];
+  z.K = x.shape[1];
+  z.N = out.shape[1];
+  z.rows = act >= 0 ? 2 * z.N : z.N;
+  if (W.shape[0] != z.rows || W.shape[1] != z.K || out.shape[0] != z.M)
+    bad(act >= 0 ? "W must be gate | up [2N, K] for x [M, K] and the output [M, N]"
+                 : "W must be [N, K] for x [M, K] and the output [M, N]");
+  return z;
+}
+
 // decode_layer_fwd's sizes (docs/ops.md) from its operands: x [R, C], W_qkv [(Hq + 2 Hkv) D, C],
 // W_o [C, Hq D], W_gu [2F, C], W_down [C, F] (inputs 0, 2, 3, 5, 6) and the caches
 // [B, Hkv, bs, D] (outputs 1, 2), checked against each other; every provider derives them so.
