@@ -41,6 +41,8 @@
 #     fusedprod: the norm inside the product after it, the residual add inside the product before it,
 #                paged attention from FP8 codes in registers: tests, check-kernels, batch 1 with
 #                and without the fused products, the FP8 cache's figures at batch 64 and 256
+#     fp8prod: quantize_fp8 fused into the norms and SwiGLU (vendor_fp8's producer form): its tests,
+#              then FP8 rollouts at batch 64 and 256 with and without it (RLH_GEN_FP8_PRODUCER=0)
 #     quick: fusedprod's essentials in a short call (kernel tests, check-kernels, batch 1 with and
 #            without the fused ops, batch 256 bf16 and FP8 cache, a few generator tests)
 #     pdlab: pdlearly on the pack's kernels_cuda, on the early-trigger build in early/ (EARLY=1
@@ -273,6 +275,32 @@ if [ "$what" = fusedprod ]; then
       tee -a "$out/fp_${c}_$v.log" | grep -E "^$c |rror" | sed "s/^/$v: /" | cut -c1-140
   done
   KVFP8_TESTS=0 KVFP8_VARIANTS="${KVFP8_VARIANTS:-bf16 kvfp8 fp8+kvfp8}" bash "$0" kvfp8 || rc=1
+fi
+if [ "$what" = fp8prod ]; then
+  # quantize_fp8 fused into the ops that produce a product's input (vendor_fp8's `producer` form:
+  # RMSNorm, add + RMSNorm, SwiGLU; cuda_executor's produce_fp8): the vendor's test of the form,
+  # the generator's FP8 rollout tests (with the producers, then without), then FP8 rollouts with
+  # the FP8 cache at batch 64 and 256, with the producers and with RLH_GEN_FP8_PRODUCER=0, bf16
+  # beside, twice each. FP8PROD_CASES, FP8PROD_VARIANTS.
+  RLH_VENDOR_FP8_PLUGIN=$bin/vendor/libvendor_fp8.so "$bin/test_vendor_fp8" --gtest_brief=1 \
+    --gtest_filter='*Fused*:*Blockwise*:*GemmBlockwise*' > "$out/fp8prod_vendor.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp8prod_vendor.log" | head -20
+  for p in 1 0; do
+    RLH_GEN_FP8_PRODUCER=$p RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" \
+      --gtest_brief=1 --gtest_filter='*Fp8Rollouts*' > "$out/fp8prod_generator_$p.log" 2>&1 || rc=1
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|fp8 rollouts|Expected|Which is|rror" "$out/fp8prod_generator_$p.log" |
+      sed "s/^/producer=$p: /" | head -12
+  done
+  for c in ${FP8PROD_CASES:-b64 b256}; do
+    for v in ${FP8PROD_VARIANTS:-bf16 fp8 fp8-noprod fp8 fp8-noprod}; do
+      f="--fp8 --kv-fp8" e=""
+      [ "$v" = bf16 ] && f=""
+      [ "$v" = fp8-noprod ] && e="RLH_GEN_FP8_PRODUCER=0"
+      env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
+        >> "$out/fp8prod_${c}_$v.log" 2>&1 || rc=1
+      echo "$v: $(grep -E "^$c |rror" "$out/fp8prod_${c}_$v.log" | tail -1 | cut -c1-120) $(grep -oE "fp8_produced=[0-9]+" "$out/fp8prod_${c}_$v.log" | tail -1)"
+    done
+  done
 fi
 if [ "$what" = pdlab ]; then
   # pdlearly on the pack's kernels_cuda, then on the early-trigger build the pack carries in

@@ -913,6 +913,14 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   if (hopper && std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
     EXPECT_EQ(xs.fp8_weight_only_rows, 8);
   }
+  // The prefill's inputs quantised by the ops that produce them (the provider's quantize_fp8
+  // fused into the norms and SwiGLU): each layer's two norms and its SwiGLU; o's input, the
+  // attention's output, is quantised by a pass of its own.
+  std::printf("fp8 rollouts: %lld inputs a step quantised by their producers\n", (long long)xs.fp8_produced);
+  if (std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
+    const char* pr = std::getenv("RLH_GEN_FP8_PRODUCER");
+    EXPECT_EQ(xs.fp8_produced, pr && std::string(pr) == "0" ? 0 : 3 * 3);
+  }
   EXPECT_GT(xs.graph_steps, 0) << xs.graph_error;
   // How far the FP8 rollouts are from bf16: the share of greedy tokens that agree, and the
   // mean |logprob difference| on the prefix both generators share.

@@ -745,6 +745,105 @@ TEST_F(VendorFp8, QuantizeRowwise) {
   EXPECT_NE(why.find("grouping 3"), std::string::npos) << why;
 }
 
+// quantize_fp8 fused into the op that produces x (`producer`: 1 rmsnorm, 2 add + rmsnorm, 3
+// SwiGLU), as the generator's FP8 rollouts use it: the produced values y are the op's within a
+// bf16 step (the norm's sum runs in another order than the host's), the add's sum is bitwise
+// bf16(a + b), and the codes and tile scales are exactly the 1x128 quantisation of the y the
+// kernel wrote (so nothing is lost against the op and quantize_fp8 run apart). Without y the
+// codes are the same bytes. Rows of very different magnitudes; 200 columns leave a partial tile.
+TEST_F(VendorFp8, QuantizeFusedIntoItsProducer) {
+  std::mt19937_64 rng(21);
+  for (int producer : {1, 2, 3})
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{64, 2048}, {3, 200}, {16, 8192}}) {
+      SCOPED_TRACE("producer " + std::to_string(producer) + " " + std::to_string(R) + "x" + std::to_string(C));
+      const int64_t xc = producer == 3 ? 2 * C : C, ldx = xc + 8;
+      Mat x = random_mat(rng, R, xc, kBF16, 1.0, ldx), b = random_mat(rng, R, C, kBF16, 0.5);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < xc; ++c) x.v[size_t(r * ldx + c)] = kc::round_bf16(x.at(r, c) * std::exp2(double(r % 7) - 3));
+      const Mat w = random_mat(rng, 1, C, kBF16, 0.3);
+      const double eps = 1e-5, offset = producer == 1 ? 1.0 : 0.0;  // (a Gemma-style offset once)
+      // The host's produced values, in double from the same bf16 inputs.
+      std::vector<double> sum(size_t(R * C)), want(size_t(R * C));
+      for (int64_t r = 0; r < R; ++r) {
+        double ss = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const double v = producer == 2 ? kc::round_bf16(x.at(r, c) + b.at(r, c)) : x.at(r, c);
+          sum[size_t(r * C + c)] = v;
+          ss += v * v;
+        }
+        const double rstd = 1.0 / std::sqrt(ss / double(C) + eps);
+        for (int64_t c = 0; c < C; ++c) {
+          const double g = x.at(r, c), u = producer == 3 ? x.at(r, C + c) : 0.0;
+          want[size_t(r * C + c)] = producer == 3 ? g / (1.0 + std::exp(-g)) * u
+                                                  : sum[size_t(r * C + c)] * rstd * (w.at(0, c) + offset);
+        }
+      }
+      const int64_t ns = (C + 127) / 128 * R;
+      std::vector<uint8_t> codes[2];
+      for (int with_y : {1, 0}) {
+        Buf& q = alloc(size_t(R * C));
+        Buf& s = alloc(size_t(ns) * 4);
+        Buf& y = alloc(size_t(R * C) * 2);
+        Buf& sm = alloc(size_t(R * C) * 2);
+        void* xd = upload(x);
+        std::vector<rlh_tensor> in = {mat_t(xd, x)};
+        if (producer == 2) in.push_back(mat_t(upload(b), b));
+        if (producer != 3) in.push_back(t(upload(w), {C}, kBF16));
+        std::vector<rlh_tensor> out = {t(q.get(), {R, C}, kE4M3), t(s.get(), {ns}, kF32)};
+        if (producer == 2) out.push_back(t(sm.get(), {R, C}, kBF16));
+        out.push_back(t(with_y ? y.get() : nullptr, {R, C}, kBF16));
+        run_once("quantize_fp8", in, out,
+                 {rlh::sdk::attr_int("grouping", 1), rlh::sdk::attr_int("producer", producer),
+                  rlh::sdk::attr_double("eps", eps), rlh::sdk::attr_double("weight_offset", offset)});
+        codes[with_y] = q.get_bytes();
+        if (!with_y) continue;
+        if (producer == 2) {
+          const std::vector<double> got = read(sm, kBF16, size_t(R * C));
+          for (size_t e = 0; e < got.size(); ++e) ASSERT_EQ(got[e], sum[e]) << "sum element " << e;
+        }
+        const std::vector<double> yd = read(y, kBF16, size_t(R * C));
+        for (size_t e = 0; e < yd.size(); ++e)
+          ASSERT_LE(std::fabs(yd[e] - want[e]), std::ldexp(std::fabs(want[e]), -7) + 1e-30) << "y element " << e;
+        // Scales and codes: the 1x128 quantisation of the y written.
+        const std::vector<float> scales = read_f32(s, size_t(ns));
+        std::vector<float> sc_of;
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t kb = 0; kb * 128 < C; ++kb) {
+            double amax = 0;
+            for (int64_t c = kb * 128; c < std::min(C, kb * 128 + 128); ++c) amax = std::max(amax, std::fabs(yd[size_t(r * C + c)]));
+            const float sc = host_scale(amax, kE4M3);
+            ASSERT_NEAR(scales[size_t(kb * R + r)], sc, 1e-6 * sc) << "scale of row " << r << " tile " << kb;
+          }
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t c = 0; c < C; ++c) sc_of.push_back(scales[size_t((c / 128) * R + r)]);
+        expect_codes(codes[1], yd, sc_of, kE4M3, "producer");
+      }
+      EXPECT_EQ(codes[0], codes[1]) << "the codes without y differ from those with it";
+    }
+  // What it does not take is refused at resolution, by name: other groupings, rows not a
+  // multiple of 8 wide, a missing input.
+  const Mat x = random_mat(rng, 4, 100, kBF16, 1.0), w = random_mat(rng, 1, 100, kBF16, 1.0);
+  Buf& q = alloc(400);
+  Buf& s = alloc(16);
+  std::string why;
+  EXPECT_EQ(resolve_code("quantize_fp8", {mat_t(upload(x), x), t(upload(w), {100}, kBF16)},
+                         {t(q.get(), {4, 100}, kE4M3), t(s.get(), {4}, kF32), t(nullptr, {4, 100}, kBF16)},
+                         {rlh::sdk::attr_int("grouping", 2), rlh::sdk::attr_int("producer", 1)}, &why),
+            RLH_E_UNIMPLEMENTED);
+  EXPECT_NE(why.find("grouping 1"), std::string::npos) << why;
+  const Mat x2 = random_mat(rng, 4, 100, kBF16, 1.0);
+  EXPECT_EQ(resolve_code("quantize_fp8", {mat_t(upload(x2), x2), t(upload(w), {100}, kBF16)},
+                         {t(q.get(), {4, 100}, kE4M3), t(s.get(), {4}, kF32), t(nullptr, {4, 100}, kBF16)},
+                         {rlh::sdk::attr_int("grouping", 1), rlh::sdk::attr_int("producer", 1)}, &why),
+            RLH_E_UNIMPLEMENTED);
+  EXPECT_NE(why.find("multiple of 8"), std::string::npos) << why;
+  EXPECT_EQ(resolve_code("quantize_fp8", {mat_t(upload(x2), x2)},
+                         {t(q.get(), {4, 100}, kE4M3), t(s.get(), {4}, kF32), t(nullptr, {4, 100}, kBF16)},
+                         {rlh::sdk::attr_int("grouping", 1), rlh::sdk::attr_int("producer", 1)}, &why),
+            RLH_E_UNIMPLEMENTED);
+  EXPECT_NE(why.find("x, w -> q, scale, y"), std::string::npos) << why;
+}
+
 // Delayed scaling: the scale comes from earlier calls' amaxes (a ring of amax_history_len), the
 // first call from its own; the history is the op's state and survives state_save / state_load.
 TEST_F(VendorFp8, QuantizeDelayedScalingAndItsState) {

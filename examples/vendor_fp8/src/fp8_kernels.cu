@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "fp8_codes.cuh"
 #include "fp8_kernels.hpp"
 
 namespace vfp8 {
@@ -24,39 +25,6 @@ __device__ __forceinline__ float load(const Source& s, int64_t r, int64_t c) {
   return s.type == In::f32 ? static_cast<const float*>(s.x)[k]
                            : __bfloat162float(static_cast<const __nv_bfloat16*>(s.x)[k]);
 }
-
-__device__ __forceinline__ unsigned char to_fp8(float v, Fmt f) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, f == Fmt::e4m3 ? __NV_E4M3 : __NV_E5M2);
-}
-
-// x / s from the reciprocal: the product, then one FMA correction (Markstein), which gives the
-// quotient the division rounds to save in rare ties, at three instructions instead of an IEEE
-// division's dozen (the division made the quantisation passes instruction-bound: 2026-12-06).
-// Infinite or NaN products pass through (the correction would turn infinity into NaN).
-struct Divisor {
-  float s, inv;
-  __device__ explicit Divisor(float scale) : s(scale), inv(1.0f / scale) {}
-  __device__ __forceinline__ float operator()(float x) const {
-    const float q = x * inv;
-    return isfinite(q) ? fmaf(fmaf(-q, s, x), inv, q) : q;
-  }
-};
-
-// Eight values / s as codes, converted in pairs.
-__device__ __forceinline__ uint2 codes8(const float v[8], const Divisor& d, Fmt f) {
-  const __nv_fp8_interpretation_t k = f == Fmt::e4m3 ? __NV_E4M3 : __NV_E5M2;
-  unsigned w[2];
-  for (int h = 0; h < 2; ++h) {
-    const unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(d(v[4 * h]), d(v[4 * h + 1])), __NV_SATFINITE, k);
-    const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(d(v[4 * h + 2]), d(v[4 * h + 3])), __NV_SATFINITE, k);
-    w[h] = (lo & 0xffffu) | (hi << 16);
-  }
-  return make_uint2(w[0], w[1]);
-}
-
-// |v| as ordered bits: non-negative floats order as unsigned integers, and a NaN (positive once
-// its sign is cleared) sorts above infinity, so a max over bits propagates NaN.
-__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
 
 __device__ __forceinline__ unsigned warp_max(unsigned b) {
   for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
@@ -83,9 +51,6 @@ __device__ __forceinline__ void block_max_into(unsigned m, unsigned* bits) {
   if (threadIdx.x == 0 && m != 0) atomicMax(bits, m);
 }
 
-__device__ __forceinline__ float scale_of(float a, float fmax, float mult) {
-  return (a > 0.0f && isfinite(a)) ? a / fmax * mult : 1.0f;
-}
 
 // A row-walk over x [R, C]: 16-byte loads of 8 bf16 when the source allows it.
 __device__ __forceinline__ bool vec8(const Source& s) {

@@ -80,6 +80,40 @@ void quantize_delayed(const Source& s, Fmt f, double margin, bool most_recent, f
                       int32_t* pos_count, bool history_filled, void* q, int64_t ldq, float* scale, float* amax_out,
                       float* cur, uint32_t* bits, cudaStream_t st, void* qt = nullptr, int64_t ldqt = 0);
 
+// Quantisation fused into the kernel that produces the activations (fp8_producers.cu): a
+// decoding step's RMSNorm (after its residual add or not) and SwiGLU write the FP8 codes and 1x128
+// tile scales (Grouping::tile1x128, current scaling) of what they produce, so the product that
+// reads them needs no quantisation pass of its own. The produced values are rounded to bf16
+// first, as the unfused op writes them and the pass would read them, and `y` (may be null)
+// receives them too.
+//   rmsnorm      y = x rstd (w + offset), rstd = 1 / sqrt(mean(x^2) + eps): x [R, C]
+//   add_rmsnorm  sum = a + b (rounded to bf16, written; may be a or b), y = rmsnorm(sum)
+//   swiglu       y = silu(gate) up, gate | up [R, 2C] side by side (x, ldx)
+enum class Producer : int { none = 0, rmsnorm = 1, add_rmsnorm = 2, swiglu = 3 };
+struct ProducerArgs {
+  Producer kind = Producer::none;
+  int64_t R = 0, C = 0;                 // the produced matrix [R, C]
+  const void* x = nullptr;              // bf16: x, a, or gate | up
+  int64_t ldx = 0;
+  const void* b = nullptr;              // bf16, add_rmsnorm's second addend
+  int64_t ldb = 0;
+  const void* w = nullptr;              // bf16 [C], the norms' weight
+  float eps = 1e-6f, offset = 0.0f;
+  void* sum = nullptr;                  // bf16, add_rmsnorm's a + b
+  int64_t ld_sum = 0;
+  void* y = nullptr;                    // bf16 or null
+  int64_t ldy = 0;
+  void* q = nullptr;                    // [R, C] codes
+  int64_t ldq = 0;
+  float* scale = nullptr;               // ceil(C / 128) * R, s[kb * R + r]
+  Fmt fmt = Fmt::e4m3;
+  double margin = 0.0;
+};
+// "" when the kernels take these strides and alignments (16-byte rows of 8-element multiples),
+// else why not.
+std::string producer_unsupported(const ProducerArgs& p);
+void quantize_producer(const ProducerArgs& p, cudaStream_t st);
+
 // The weight-only product (fp8_weight_only.cu): C[M, N] = alpha A (s B)^T + beta C, A bf16 [M, K]
 // (row stride lda), B e4m3 [N, K] (ldb), s one float or B's 128x128 block scales
 // (Grouping::block128's layout), C bf16 or float32 (ldc). Hopper (sm_90) only: it reduces split K

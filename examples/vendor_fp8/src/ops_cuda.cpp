@@ -72,6 +72,10 @@ struct rlh_op {
   int64_t scaling = 0, grouping = 0, transpose = 0;
   int64_t transpose_a = 0, transpose_b = 0, batch_invariant = 0;  // gemm (docs/ops.md's defaults)
   bool weight_only = false;  // gemm's form A bf16, B e4m3, scale_b (resolved with three inputs)
+  // quantize_fp8 fused into the op that produces x (README.md: `producer`): 0 none, 1 rmsnorm,
+  // 2 add_rmsnorm, 3 swiglu; eps and weight_offset are the norms'.
+  int64_t producer = 0;
+  double eps = 1e-6, weight_offset = 0;
   // quantize_fp8 with delayed scaling: the amax history ring on the device.
   bool delayed = false, most_recent = false;
   int32_t history_len = 0;
@@ -362,6 +366,84 @@ QuantCall quant_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, con
   return c;
 }
 
+// ---- quantize_fp8 with a producer (README.md): the norm, add + norm or SwiGLU that makes x,
+// then x's 1x128 tile quantisation, in one kernel (fp8_producers.cu).
+//   producer 1: x [R, C], w [C]        -> q [R, C], scale, y [R, C] (may be absent)
+//   producer 2: a, b [R, C], w [C]     -> q, scale, sum [R, C] (may be a or b), y (may be absent)
+//   producer 3: gate|up [R, 2C]        -> q [R, C], scale, y [R, C] (may be absent)
+vfp8::ProducerArgs producer_call(const rlh_kernels* k, const rlh_tensor* in, size_t nin, const rlh_tensor* out,
+                                 size_t nout, const rlh_op& op, bool shapes) {
+  static const char* kForms[] = {"", "x, w -> q, scale, y", "a, b, w -> q, scale, sum, y", "gate|up -> q, scale, y"};
+  const int64_t pk = op.producer;
+  const size_t want_in = pk == 1 ? 2 : pk == 2 ? 3 : 1, want_out = pk == 2 ? 4 : 3;
+  if (nin != want_in || nout != want_out)
+    unimpl(std::string("quantize_fp8 (producer ") + std::to_string(pk) + "): expects " + kForms[pk] +
+           " (y may be absent)");
+  if (op.grouping != 1 || op.delayed || op.transpose != 0)
+    unimpl("quantize_fp8 (producer): 1x128 tiles (grouping 1) of x itself with current scaling only");
+  for (size_t i = 0; i < nin; ++i) {
+    need_device(k, in[i], "quantize_fp8");
+    if (!(in[i].dtype == rlh::sdk::kBF16)) unimpl("quantize_fp8 (producer): inputs must be bf16");
+  }
+  for (size_t i = 0; i < nout; ++i) {
+    const bool y = i + 1 == nout;
+    if (y && !present(out[i]) && shapes) continue;
+    need_device(k, out[i], "quantize_fp8");
+    if (i >= 2 && !(out[i].dtype == rlh::sdk::kBF16)) unimpl("quantize_fp8 (producer): sum and y must be bf16");
+  }
+  if (!is_fp8(out[0].dtype)) unimpl("quantize_fp8 (producer): q must be e4m3 or e5m2");
+  if (!(out[1].dtype == rlh::sdk::kF32)) unimpl("quantize_fp8 (producer): scale must be float32");
+  vfp8::ProducerArgs p;
+  p.kind = vfp8::Producer(pk);
+  p.fmt = fmt_of(out[0].dtype);
+  p.eps = float(op.eps);
+  p.offset = float(op.weight_offset);
+  p.margin = op.margin;
+  if (!shapes) return p;
+  int64_t R, C, r2, c2;
+  p.ldx = matrix_ld(in[0], &R, &C, "quantize_fp8 x");
+  if (pk == 3) {
+    if (C % 2 != 0) bad("quantize_fp8 (producer 3): gate|up must have an even width, got " + std::to_string(C));
+    C /= 2;
+  }
+  p.R = R;
+  p.C = C;
+  auto same = [&](const rlh_tensor& t, const char* what) {
+    const int64_t ld = matrix_ld(t, &r2, &c2, std::string("quantize_fp8 ") + what);
+    if (r2 != R || c2 != C)
+      bad(std::string("quantize_fp8 (producer): ") + what + " must be [" + std::to_string(R) + ", " +
+          std::to_string(C) + "], got [" + std::to_string(r2) + ", " + std::to_string(c2) + "]");
+    return ld;
+  };
+  p.x = ptr(in[0]);
+  if (pk == 2) {
+    p.ldb = same(in[1], "b");
+    p.b = ptr(in[1]);
+    p.ld_sum = same(out[2], "sum");
+    p.sum = ptr(out[2]);
+  }
+  if (pk != 3) {
+    const rlh_tensor& w = in[nin - 1];
+    if (rlh::sdk::tensor_numel(w) != C)
+      bad("quantize_fp8 (producer): w must hold " + std::to_string(C) + " elements, got " +
+          std::to_string(rlh::sdk::tensor_numel(w)));
+    p.w = ptr(w);
+  }
+  p.ldq = same(out[0], "q");
+  p.q = ptr(out[0]);
+  const int64_t ns = vfp8::scale_count(Grouping::tile1x128, R, C);
+  if (rlh::sdk::tensor_numel(out[1]) != ns)
+    bad("quantize_fp8 (producer): 1x128 tiles of [" + std::to_string(R) + ", " + std::to_string(C) + "] take " +
+        std::to_string(ns) + " scales, scale holds " + std::to_string(rlh::sdk::tensor_numel(out[1])));
+  p.scale = ptr<float>(out[1]);
+  if (present(out[nout - 1])) {
+    p.ldy = same(out[nout - 1], "y");
+    p.y = ptr(out[nout - 1]);
+  }
+  if (const std::string why = vfp8::producer_unsupported(p); !why.empty()) unimpl("quantize_fp8 (producer): " + why);
+  return p;
+}
+
 // Scratch: the caller's workspace when large enough and aligned, else stream-ordered memory.
 class Scratch {
  public:
@@ -390,7 +472,7 @@ class Scratch {
 constexpr size_t kSmallScratch = 256;  // amax bits and the current amax
 
 size_t workspace_of(const rlh_op& op) {
-  if (op.weight_only) return 0;
+  if (op.weight_only || op.producer != 0) return 0;
   return op.kind == Kind::gemm ? vfp8::kGemmWorkspace : kSmallScratch;
 }
 
@@ -406,7 +488,10 @@ void check(const rlh_op& op, const rlh_tensor* in, size_t nin, const rlh_tensor*
       return;
     case Kind::amax: amax_source(op.inst, in, nin, out, nout, shapes); return;
     case Kind::quantize:
-      quant_call(op.inst, in, nin, out, nout, op, pick_i(call, "transpose", op.transpose), shapes);
+      if (op.producer != 0)
+        producer_call(op.inst, in, nin, out, nout, op, shapes);
+      else
+        quant_call(op.inst, in, nin, out, nout, op, pick_i(call, "transpose", op.transpose), shapes);
       return;
   }
 }
@@ -521,6 +606,14 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     op->grouping = rlh::sdk::attr_int_or(a, na, "grouping", 0);
     op->transpose = rlh::sdk::attr_int_or(a, na, "transpose", 0);
     op->margin = rlh::sdk::attr_double_or(a, na, "margin", 0.0);
+    op->producer = op->kind == Kind::quantize ? rlh::sdk::attr_int_or(a, na, "producer", 0) : 0;
+    op->eps = rlh::sdk::attr_double_or(a, na, "eps", 1e-6);
+    op->weight_offset = rlh::sdk::attr_double_or(a, na, "weight_offset", 0.0);
+    if (op->producer < 0 || op->producer > 3)
+      bad("quantize_fp8: producer must be 0 (none), 1 (rmsnorm), 2 (add_rmsnorm) or 3 (swiglu), got " +
+          std::to_string(op->producer));
+    if (!(op->eps > 0) || !std::isfinite(op->eps) || !std::isfinite(op->weight_offset))
+      bad("quantize_fp8: eps must be positive and finite, weight_offset finite");
     if (op->scaling < 0 || op->scaling > 3)
       bad("gemm: scaling must be 0 (tensor), 1 (1x128 x 128x128), 2 (1x128 x 1x128) or 3 (per row x per row)");
     if (op->grouping < 0 || op->grouping > 3)
@@ -595,6 +688,21 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
           throw Error(RLH_E_INTERNAL, "vendor_fp8 gemm (weight-only; M " + std::to_string(w.M) + ", N " +
                                           std::to_string(w.N) + ", K " + std::to_string(w.K) + "): " + e.what());
         }
+        return;
+      }
+      if (op->producer != 0) {  // no scratch
+        vfp8::ProducerArgs p =
+            producer_call(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, true);
+        p.eps = float(pick_d(call, "eps", op->eps));  // a call's norm attributes override the handle's
+        p.offset = float(pick_d(call, "weight_offset", op->weight_offset));
+        if (!(p.eps > 0) || !std::isfinite(p.eps) || !std::isfinite(p.offset))
+          bad("quantize_fp8: eps must be positive and finite, weight_offset finite");
+        try {
+          vfp8::quantize_producer(p, st);
+        } catch (const std::invalid_argument& e) {
+          bad(std::string("quantize_fp8 (producer): ") + e.what());
+        }
+        cuda_ck(cudaGetLastError(), "launch");
         return;
       }
       Scratch ws(call, workspace_of(*op), st);

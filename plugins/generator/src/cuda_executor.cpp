@@ -38,8 +38,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <unordered_set>
 #include <string>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "rlhost/engine_cuda/convert.hpp"
@@ -226,6 +227,8 @@ class CudaBackend {
   }
   void norm(Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, const Bf16* wt, int64_t R, int64_t C, float eps,
             float offset) {
+    DeviceOps::Fp8Producer p{DeviceOps::Producer::rmsnorm, x, ldx, nullptr, nullptr, wt, eps, offset, y, ldy};
+    if (produce_fp8(std::exchange(feeds_, nullptr), p, y, ldy, R, C)) return;
     ops_.rmsnorm_fwd(y, ldy, nullptr, x, ldx, wt, R, C, eps, offset);
   }
   // FP8 rollouts: the products whose weights have an FP8 copy (fp8_weights, made per weight set)
@@ -233,13 +236,35 @@ class CudaBackend {
   engine::cuda::Fp8Linears* fp8 = nullptr;
   const std::unordered_set<const Bf16*>* fp8_weights = nullptr;
   void linear(Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, const Bf16* W, int64_t R, int64_t N, int64_t K) {
+    feeds_ = nullptr;
     if (fp8 && fp8_weights->count(W) && fp8->fits_group(N, ldy) &&
         fp8->input(reinterpret_cast<const uint16_t*>(x), ldx, R, K)) {
       fp8->forward(reinterpret_cast<const uint16_t*>(W), N, reinterpret_cast<uint16_t*>(y), ldy);
       return;
     }
+    if (fp8) fp8->drop_produced();  // (x's codes, if a producer wrote them, are for this product only)
     ops_.gemm(false, true, R, N, K, x, ldx, W, K, 0.0, y, ldy, false);
   }
+  // The runner's word that the next producer (norm, add_norm, glu) makes the input of the
+  // product of W, which runs right after it. In FP8 rollouts, where that product is FP8 and its
+  // input would be quantised (past the weight-only rows), the producer writes the codes and
+  // scales too, through the provider's quantize_fp8 fused with it (vendor_fp8's `producer`), and
+  // the product takes them: no quantisation pass (at 64-256 rows ~5 us each, three of a layer's
+  // four). Where no provider offers the form, the op and the pass run as before.
+  const Bf16* feeds_ = nullptr;
+  void feeds_product(const Bf16* W) { feeds_ = W; }
+  bool produce_fp8(const Bf16* W, DeviceOps::Fp8Producer& p, const Bf16* y, int64_t ldy, int64_t R, int64_t C) {
+    if (!W || !fp8 || !fp8_weights->count(W) || no_fp8_producer) return false;
+    void* q = nullptr;
+    float* scale = nullptr;
+    if (!fp8->input_buffers(R, C, &q, &scale) || !ops_.quantize_fp8_producer(p, R, C, DeviceOps::Fp8::e4m3, q, scale))
+      return false;
+    fp8->input_produced(reinterpret_cast<const uint16_t*>(y), ldy, R, C);
+    ++fp8_produced;
+    return true;
+  }
+  bool no_fp8_producer = false;  // RLH_GEN_FP8_PRODUCER=0: the A/B
+  int64_t fp8_produced = 0;      // producers that wrote their product's codes (the executor's stats)
   void bias_add(Bf16* y, int64_t ldy, const Bf16* b, int64_t R, int64_t N) { ops_.bias_add(false, y, ldy, b, R, N); }
   void rope(int t, Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, int64_t H, int64_t D, int64_t R) {
     const RopeTable& rp = m_.ropes()[size_t(t)];
@@ -322,11 +347,16 @@ class CudaBackend {
     return true;
   }
   void glu(const std::string& act, Bf16* h, int64_t ldh, const Bf16* gu, int64_t ldgu, int64_t R, int64_t F) {
+    const Bf16* W = std::exchange(feeds_, nullptr);
+    DeviceOps::Fp8Producer p{DeviceOps::Producer::swiglu, gu, ldgu, nullptr, nullptr, nullptr, 0.f, 0.f, h, ldh};
+    if (act == "silu" && produce_fp8(W, p, h, ldh, R, F)) return;
     ops_.glu_fwd(act, h, ldh, gu, ldgu, R, F);
   }
   void add(Bf16* y, const Bf16* a, const Bf16* b, int64_t n) { ops_.add(y, a, b, n); }
   bool add_norm(Bf16* y, Bf16* yn, const Bf16* a, const Bf16* b, const Bf16* wt, int64_t R, int64_t C, float eps,
                 float offset) {
+    DeviceOps::Fp8Producer p{DeviceOps::Producer::add_rmsnorm, a, C, b, y, wt, eps, offset, yn, C};
+    if (produce_fp8(std::exchange(feeds_, nullptr), p, yn, C, R, C)) return true;
     return ops_.add_rmsnorm(y, yn, a, b, wt, R, C, eps, offset);
   }
   Bf16* norm_scratch(int i) { return buf->normed[i]; }
@@ -795,9 +825,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   void forward(int64_t R, int64_t S) {
     ProgramRunner<CudaBackend> run(m_, *b_);
     b_->fused_layers = 0;
+    b_->fp8_produced = 0;
     const Bf16* x = run.layers(R);
     run.head(x, R, S);
     if (b_->fused_layers > 0) stats_.fused_layers = b_->fused_layers;
+    stats_.fp8_produced = std::max(stats_.fp8_produced, b_->fp8_produced);
   }
 
   // Captures the step just run (R rows, tables W wide) as a graph. A failure turns graphs off
@@ -1003,6 +1035,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     stats_.fp8_weight_only_rows = fp8_->set_weight_only_rows(wo && *wo ? std::max<int64_t>(0, std::atoll(wo)) : 8);
     b_->fp8 = fp8_.get();
     b_->fp8_weights = &fp8_ptrs_;
+    // The norms and SwiGLU write their product's FP8 input themselves where a provider offers
+    // quantize_fp8's producer form (CudaBackend::produce_fp8); RLH_GEN_FP8_PRODUCER=0 keeps the
+    // separate quantisation passes (the A/B).
+    const char* pr = std::getenv("RLH_GEN_FP8_PRODUCER");
+    b_->no_fp8_producer = pr && std::string(pr) == "0";
   }
 
   // A new weight set is in force: the FP8 copies remade now, before any step (a replayed graph

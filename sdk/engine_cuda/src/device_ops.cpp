@@ -165,6 +165,31 @@ bool DeviceOps::quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t l
   return run_optional(key, "quantize_fp8", in, both_outputs(a, R, C, f, q, qt, scale), at);
 }
 
+namespace {
+char g_quant_producer_keys[2 * 3];
+}  // namespace
+
+bool DeviceOps::quantize_fp8_producer(const Fp8Producer& p, int64_t R, int64_t C, Fp8 f, void* q, float* scale) {
+  const int kind = int(p.kind);
+  if (kind < 1 || kind > 3) throw std::invalid_argument("quantize_fp8_producer: an unknown producer");
+  const char* key = &g_quant_producer_keys[int(f) * 3 + kind - 1];
+  Args a(dev_);
+  const std::array<rlh_named_value, 5> at = {attr_int("grouping", 1), attr_int("producer", kind),
+                                             attr_double("eps", double(p.eps)),
+                                             attr_double("weight_offset", double(p.offset)), attr_int("transpose", 0)};
+  std::vector<rlh_tensor> in, out;
+  const int64_t ns = (C + 127) / 128 * R;
+  switch (p.kind) {
+    case Producer::rmsnorm: in = {a.mat(p.x, kBF16, R, C, p.ldx), a.vec(p.w, kBF16, C)}; break;
+    case Producer::add_rmsnorm: in = {a.mat(p.x, kBF16, R, C, C), a.mat(p.b, kBF16, R, C, C), a.vec(p.w, kBF16, C)}; break;
+    case Producer::swiglu: in = {a.mat(p.x, kBF16, R, 2 * C, p.ldx)}; break;
+  }
+  out = {a.mat(q, fp8_dtype(f), R, C, C), a.vec(scale, kF32, ns)};
+  if (p.kind == Producer::add_rmsnorm) out.push_back(a.mat(p.sum, kBF16, R, C, C));
+  out.push_back(p.y ? a.mat(p.y, kBF16, R, C, p.ldy) : a.mat(nullptr, kBF16, R, C, C));
+  return run_optional(key, "quantize_fp8", in, out, at);
+}
+
 bool DeviceOps::run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
                              const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
   if (refused_.count(key)) return false;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace rlh::engine::cuda {
 
@@ -295,8 +296,27 @@ void Fp8Linears::quantise_operand(Quantised& out, std::map<int64_t, Site>& sites
   quantise_delayed(out, transpose ? s.qt : s.q, x, R, C, ldx, transpose, f);
 }
 
+bool Fp8Linears::input_buffers(int64_t N, int64_t K, void** q, float** scale) {
+  if (train_ || !opt_.blockwise || opt_.delayed || N <= w8_rows_ || !tokens_fit(N) || !aligned(K)) return false;
+  const int64_t ns = scale_count(act_grouping(), N, K);
+  if (x_.q.size() < size_t(N * K)) x_.q = DeviceBuffer(counters_, size_t(N * K));
+  if (x_.scale.size() < size_t(ns) * sizeof(float)) x_.scale = DeviceBuffer(counters_, size_t(ns) * sizeof(float));
+  *q = x_.q.get();
+  *scale = x_.scale.get<float>();
+  return true;
+}
+
 bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
   xw_ = nullptr;
+  if (const Src p = std::exchange(produced_, Src{}); p == Src{x, N, K, ldx}) {  // the producer quantised x
+    x_.rows = N;
+    x_.inner = K;
+    x_.nscale = scale_count(act_grouping(), N, K);
+    x_.given = nullptr;
+    xN_ = N;
+    xK_ = K;
+    return true;
+  }
   if (!train_ && N > 0 && N <= w8_rows_ && aligned(K) && ldx % 8 == 0) {  // weight-only: nothing to quantise
     xw_ = x;
     xw_ld_ = ldx;

@@ -35,6 +35,8 @@
 //   (optional) bool dense_layer(int64_t l, const DenseLayerPlan& p, const T* x, T* y, int64_t R)
 //                              the whole layer l of x [R, C] into y in one op (docs/ops.md
 //                              decode_layer_fwd); false: not offered for this step
+//   (optional) void feeds_product(const T* W)   the next producer call (norm, add_norm, glu) writes the
+//                              whole input of the product of W, which is the next call after it
 //   void copy2d(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t cols)
 //   void moe(int64_t l, int64_t R, const T* xn, T* y)  the MoE block (no residual)
 //   void tp_reduce(T* y, int64_t n)                    (tensor parallelism only) the group's sum of y, in place
@@ -236,7 +238,7 @@ class ProgramRunner {
             if (i + 1 < lp.steps.size() && norm_of(lp, lp.steps[i + 1], st.out.value, C)) {
               const sdk::LayerStep& nx = lp.steps[i + 1];
               T* yn = v[size_t(nx.out.value)];
-              if (yn != a && yn != b && yn != y &&
+              if (yn != a && yn != b && yn != y && (i + 2 >= lp.steps.size() || announce(lp, nx.out, lp.steps[i + 2])) &&
                   b_.add_norm(y, yn, a, b, b_.w(nx.weights[0]), R, C, float(nx.eps), float(nx.offset))) {
                 ++i;
                 continue;
@@ -246,9 +248,11 @@ class ProgramRunner {
                        // comparing the values themselves never matched, so until 2026-12-06 the
                        // boundary ran as an add and a norm)
                        lead_norm_fusable(prog.layers[size_t(l + 1)], C)) {
-              const sdk::LayerStep& nx = prog.layers[size_t(l + 1)].steps[0];
+              const sdk::LayerProgram& nl = prog.layers[size_t(l + 1)];
+              const sdk::LayerStep& nx = nl.steps[0];
               T* yn = b_.norm_scratch(int(l % 2));
-              if (b_.add_norm(y, yn, a, b, b_.w(nx.weights[0]), R, C, float(nx.eps), float(nx.offset))) {
+              if ((nl.steps.size() < 2 || announce(nl, nx.out, nl.steps[1])) &&
+                  b_.add_norm(y, yn, a, b, b_.w(nx.weights[0]), R, C, float(nx.eps), float(nx.offset))) {
                 pre_normed = yn;
                 continue;
               }
@@ -303,6 +307,8 @@ class ProgramRunner {
           ++i;
           continue;
         }
+        if (i + 1 < lp.steps.size() && (lp.steps[i].op == sdk::StepOp::norm || lp.steps[i].op == sdk::StepOp::glu))
+          announce(lp, lp.steps[i].out, lp.steps[i + 1]);
         run_step(l, lp.steps[i], v, R);
       }
     }
@@ -327,6 +333,21 @@ class ProgramRunner {
   }
 
  private:
+  // The producer about to run (a norm, an add and norm, a GLU) writes `out`, and `nx`, a linear
+  // step run right after it, reads that whole value: the backend is told its first weight
+  // (optional hook feeds_product), so the producer may also hand that product its input in the
+  // product's own form (FP8 codes and scales: cuda_executor.cpp). Always true (a condition's
+  // step, before the producer's call).
+  bool announce(const sdk::LayerProgram& lp, const sdk::Cols& out, const sdk::LayerStep& nx) {
+    if constexpr (requires { b_.feeds_product((const T*)nullptr); }) {
+      const int64_t width = out.valid() ? lp.values[size_t(out.value)].width : 0;
+      if (nx.op == sdk::StepOp::linear && !nx.weights.empty() && out.valid() && out.col == 0 && out.width == width &&
+          nx.in.value == out.value && nx.in.col == 0 && nx.in.width == width)
+        b_.feeds_product(b_.w(nx.weights[0]));
+    }
+    return true;
+  }
+
   // Columns that are a whole value C wide (contiguous [R, C] rows).
   static bool whole(const sdk::LayerProgram& lp, const sdk::Cols& c, int64_t C) {
     return c.valid() && c.col == 0 && c.width == C && lp.values[size_t(c.value)].width == C;

@@ -77,6 +77,26 @@ class DeviceOps {
   // x and x^T (qt [C, R]) in one pass, per tensor from the current amax, one scale (vendor_fp8's
   // transpose = 2): false, and nothing queued, where no provider offers that form.
   bool quantize_fp8_both(const void* x, int64_t R, int64_t C, int64_t ldx, Fp8 f, void* q, void* qt, float* scale);
+  // quantize_fp8 fused into the op that produces its x (vendor_fp8's `producer` form): the
+  // produced [R, C] bf16 values written to y (rows ldy apart; may be null) and their codes to q
+  // ([R, C], contiguous) with 1x128 tile scales (grouping 1), current scaling. False, and nothing
+  // queued, where no provider offers that form (the caller runs the op, then quantises).
+  //   rmsnorm      y = rmsnorm(x) with w [C], eps, offset; x rows ldx apart
+  //   add_rmsnorm  sum = x + b (contiguous [R, C]; may be x or b), y = rmsnorm(sum)
+  //   swiglu       y = silu(gate) up, x = gate | up [R, 2C] (rows ldx apart)
+  enum class Producer { rmsnorm = 1, add_rmsnorm = 2, swiglu = 3 };
+  struct Fp8Producer {
+    Producer kind = Producer::rmsnorm;
+    const void* x = nullptr;
+    int64_t ldx = 0;
+    const void* b = nullptr;
+    void* sum = nullptr;
+    const void* w = nullptr;
+    float eps = 1e-6f, offset = 0.f;
+    void* y = nullptr;
+    int64_t ldy = 0;
+  };
+  bool quantize_fp8_producer(const Fp8Producer& p, int64_t R, int64_t C, Fp8 f, void* q, float* scale);
   // Delayed scaling (Fp8Options::delayed): a quantize_fp8 handle of the caller's own per
   // quantisation site, resolved with recipe = 1 (per tensor) and the recipe's history length,
   // algorithm and margin, so the provider keeps that site's amax history on the device. A

@@ -82,6 +82,17 @@ class Fp8Linears {
   void prepare_weight(const bf16* W, int64_t rows, int64_t K) { weight(W, rows, K, false); }
   // The activation buffers grown now for inputs of up to N x K (so later inputs move nothing).
   void reserve_input(int64_t N, int64_t K);
+  // Generation, blockwise: the buffers (codes [N, K], 1x128 tile scales) that the next input()
+  // of N x K would quantise into, for a producer that writes them itself (a provider's
+  // quantize_fp8 fused into the norm or GLU that makes the input: DeviceOps::quantize_fp8_producer);
+  // false where that input would not be quantised so (weight-only rows, shapes FP8 cannot take,
+  // a training call, other recipes).
+  bool input_buffers(int64_t N, int64_t K, void** q, float** scale);
+  // The producer has written x [N, K] (row stride ldx)'s codes and scales there: the next input()
+  // takes them for x as they are. Any input() or drop_produced() ends this, matched or not, so
+  // the caller marks only the input its very next product reads.
+  void input_produced(const bf16* x, int64_t ldx, int64_t N, int64_t K) { produced_ = {x, N, K, ldx}; }
+  void drop_produced() { produced_ = {}; }
   // Generation: inputs of up to `rows` rows run weight-only products (gemm's optional form A bf16
   // x B e4m3, examples/vendor_fp8), where a provider offers it (probed by the forward-only
   // constructor); a decoding step then reads the FP8 weights and quantises no activation. Returns
@@ -177,6 +188,7 @@ class Fp8Linears {
     int64_t N = 0, cols = 0, ld = 0;
     bool operator==(const Src&) const = default;
   } dy_src_, dyt_src_;  // dyt_src_: dY^T made beside dY (backward_dw then quantises nothing)
+  Src produced_;         // the input whose codes a producer wrote into x_ (input_produced)
   bool train_ = false;
   // X^T made beside X in a training call's forward, per input site, for that step's dW: used
   // when the backward passes the same source (pointer, shape, stride) in the same call. Costs a
