@@ -57,7 +57,7 @@ __device__ __forceinline__ void quantise8(const float v[8], bool valid, unsigned
     for (int k = 0; k < 8; ++k) m = max(m, abs_bits(v[k]));
   for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(mask, m, o));
   const float sc = scale_of(__uint_as_float(m), fmax, mult);
-  if (hl == 0) *scale = sc;
+  if (hl == 0 && valid) *scale = sc;  // (a half-warp wholly past the row's end has no tile)
   if (valid) *reinterpret_cast<uint2*>(q) = codes8(v, Divisor(sc), f);
 }
 
