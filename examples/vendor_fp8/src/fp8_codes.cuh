@@ -1,4 +1,4 @@
-// FP8 codes and scales, as every quantising kernel of this plugin computes them (fp8_kernels.cu's
+// FP8 codes and scales (and the 16-byte bf16 load), as every quantising kernel of this plugin computes them (fp8_kernels.cu's
 // passes and fp8_producers.cu's fused norms and GLU), so that their codes agree for the same
 // values and scale.
 #pragma once
@@ -42,6 +42,18 @@ __device__ __forceinline__ uint2 codes8(const float v[8], const Divisor& d, Fmt 
 // |v| as ordered bits: non-negative floats order as unsigned integers, and a NaN (positive once
 // its sign is cleared) sorts above infinity, so a max over bits propagates NaN.
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
+
+// Eight bf16 (one 16-byte word at p) widened to float.
+__device__ __forceinline__ void load8_bf16(const void* p, float v[8]) {
+  const uint4 u = *static_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
 
 __device__ __forceinline__ float scale_of(float a, float fmax, float mult) {
   return (a > 0.0f && isfinite(a)) ? a / fmax * mult : 1.0f;

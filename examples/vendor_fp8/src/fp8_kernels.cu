@@ -58,13 +58,7 @@ __device__ __forceinline__ bool vec8(const Source& s) {
 }
 
 __device__ __forceinline__ void load8(const Source& s, int64_t r, int64_t c, float v[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(s.x) + r * s.ldx + c);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    v[2 * k] = f.x;
-    v[2 * k + 1] = f.y;
-  }
+  load8_bf16(static_cast<const __nv_bfloat16*>(s.x) + r * s.ldx + c, v);
 }
 
 // amax over x [R, C] (a transposed source has the same elements): blocks take rows, threads

@@ -22,17 +22,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ void load8(const void* p, float v[8]) {
-  const uint4 u = *static_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    v[2 * k] = f.x;
-    v[2 * k + 1] = f.y;
-  }
-}
-
 // Rounds v to bf16 in place and stores it (p may be null: rounded only).
 __device__ __forceinline__ void round_store8(void* p, float v[8]) {
   uint4 u;
@@ -79,10 +68,10 @@ __global__ void __launch_bounds__(kNormThreads) norm_quant_kernel(ProducerArgs p
     float ss = 0.f;
     for (int64_t c = int64_t(tid) * 8; c < p.C; c += kNormThreads * 8) {
       float v[8];
-      load8(xr + c, v);
+      load8_bf16(xr + c, v);
       if (ADD) {
         float u[8];
-        load8(br + c, u);
+        load8_bf16(br + c, u);
 #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] += u[k];
         round_store8(sr + c, v);
@@ -107,8 +96,8 @@ __global__ void __launch_bounds__(kNormThreads) norm_quant_kernel(ProducerArgs p
       float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (valid) {
         float wv[8];
-        load8(src + c, v);
-        load8(w + c, wv);
+        load8_bf16(src + c, v);
+        load8_bf16(w + c, wv);
 #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] = v[k] * rs * (wv[k] + p.offset);
         round_store8(p.y ? static_cast<bf16*>(p.y) + r * p.ldy + c : nullptr, v);
@@ -134,8 +123,8 @@ __global__ void __launch_bounds__(256) swiglu_quant_kernel(ProducerArgs p, float
     if (valid) {
       const bf16* gr = static_cast<const bf16*>(p.x) + r * p.ldx;
       float up[8];
-      load8(gr + c, v);
-      load8(gr + p.C + c, up);
+      load8_bf16(gr + c, v);
+      load8_bf16(gr + p.C + c, up);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = v[k] * (1.f / (1.f + expf(-v[k]))) * up[k];
       round_store8(p.y ? static_cast<bf16*>(p.y) + r * p.ldy + c : nullptr, v);
