@@ -372,9 +372,10 @@ int main(int argc, char** argv) {
       std::printf("      host between steps %.0f%%, executor launching %.0f%%, waiting for the device %.0f%% of the wall time\n",
                   100.0 * (timed - in_step) / timed, 100.0 * (in_step - waiting) / timed, 100.0 * waiting / timed);
     std::printf("RESULT name=%s shape=%s prompts=%lld samples=%lld prompt=%lld new=%lld tok_s=%.1f sec=%.4f "
-                "roofline_tok_s=%.0f deterministic=%d graphs=%d fp8=%d fp8_products=%lld fp8_produced=%lld fused_layers=%lld kv_fp8=%d\n",
+                "roofline_tok_s=%.0f deterministic=%d graphs=%d fp8=%d fp8_products=%lld fp8_produced=%lld(%lld/%lld/%lld) fused_layers=%lld kv_fp8=%d\n",
                 c.name, s->name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens,
-                tok_s, t, roof, deterministic ? 1 : 0, graphs ? 1 : 0, fp8 ? 1 : 0, (long long)xs.fp8_products, (long long)xs.fp8_produced,
+                tok_s, t, roof, deterministic ? 1 : 0, graphs ? 1 : 0, fp8 ? 1 : 0, (long long)xs.fp8_products, (long long)xs.fp8_produced, (long long)xs.fp8_produced_by[0],
+                (long long)xs.fp8_produced_by[1], (long long)xs.fp8_produced_by[2],
                 (long long)xs.fused_layers, kv_fp8 ? 1 : 0);
     if (trainer) parity(*trainer, last, ids, off, r.sampling.temperature, c.name);
     std::fflush(stdout);

@@ -104,6 +104,66 @@ TEST(ProgramRunner, WithoutTheFusedOpsEveryStepRuns) {
   EXPECT_EQ(b.calls["add_norm"] + b.calls["add_norm into the next layer"] + b.calls["linear_glu"], 0);
 }
 
+// A backend that wants to know which product a producer feeds (feeds_product: the GPU
+// executor's FP8 rollouts, where the norms and the GLU then write their product's FP8 input),
+// and that, like it for FP8 weights, fuses no product with its GLU. Every producer whose output
+// one product reads whole, right after it, is announced with that product's weight: the first
+// norm, each layer's add + norm before the MLP, the boundary's add + the next layer's first
+// norm, and each GLU; and the announced product is the next call, reading that output.
+struct FeedRecorder : Recorder {
+  using Recorder::Recorder;
+  const T* pending = nullptr;             // announced, not yet taken by a producer
+  const T* fed_x = nullptr;               // what the last producer wrote for...
+  const T* fed_w = nullptr;               // ...this product
+  int announced = 0, fed = 0, stale = 0;  // stale: a call between a producer and its product
+  void feeds_product(const T* W) {
+    ++announced;
+    pending = W;
+  }
+  void take(const T* out) {
+    fed_x = pending ? out : nullptr;
+    fed_w = pending;
+    pending = nullptr;
+  }
+  void norm(T* y, int64_t, const T*, int64_t, const T*, int64_t, int64_t, float, float) {
+    ++calls["norm"];
+    take(y);
+  }
+  bool add_norm(T*, T* yn, const T*, const T*, const T*, int64_t, int64_t, float, float) {
+    ++calls["add_norm"];
+    take(yn);
+    return true;
+  }
+  void glu(const std::string&, T* h, int64_t, const T*, int64_t, int64_t, int64_t) {
+    ++calls["glu"];
+    take(h);
+  }
+  bool linear_glu(const std::string&, T*, int64_t, const T*, int64_t, const T*, int64_t, int64_t, int64_t) {
+    return false;
+  }
+  void linear(T*, int64_t, const T* x, int64_t, const T* W, int64_t, int64_t, int64_t) {
+    ++calls["linear"];
+    if (fed_w != nullptr) (fed_x == x && fed_w == W ? fed : stale) += 1;
+    fed_x = fed_w = nullptr;
+  }
+  void rope(int, const T*, int64_t, T*, int64_t, int64_t, int64_t, int64_t) { fed_w = pending = nullptr; }
+  void attend(int64_t, const T*, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, int64_t) {
+    fed_w = pending = nullptr;
+  }
+};
+
+TEST(ProgramRunner, ProducersAreToldTheProductTheyFeed) {
+  const int64_t L = 3;
+  DecodeModel m(test::llama_desc(64, 32, L, 4, 2, 8, 48));
+  FeedRecorder b(m.desc());
+  ProgramRunner<FeedRecorder> run(m, b);
+  run.layers(64);
+  EXPECT_EQ(b.announced, 1 + L + (L - 1) + L);
+  EXPECT_EQ(b.fed, 1 + L + (L - 1) + L);
+  EXPECT_EQ(b.stale, 0);
+  EXPECT_EQ(b.pending, nullptr);
+}
+
 // A backend that also offers a norm with the product after it, a product with the residual add
 // after it (rmsnorm_gemm_fwd, gemm_add_fwd) and RoPE with the cache write (rope_kv_cache_write),
 // at up to 4 rows as the host executor does.

@@ -913,13 +913,27 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   if (hopper && std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
     EXPECT_EQ(xs.fp8_weight_only_rows, 8);
   }
-  // The prefill's inputs quantised by the ops that produce them (the provider's quantize_fp8
-  // fused into the norms and SwiGLU): each layer's two norms and its SwiGLU; o's input, the
-  // attention's output, is quantised by a pass of its own.
-  std::printf("fp8 rollouts: %lld inputs a step quantised by their producers\n", (long long)xs.fp8_produced);
-  if (std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
-    const char* pr = std::getenv("RLH_GEN_FP8_PRODUCER");
-    EXPECT_EQ(xs.fp8_produced, pr && std::string(pr) == "0" ? 0 : 3 * 3);
+  // Steps of 16 rows quantise their inputs (more rows than the weight-only products take, and
+  // a multiple of 16 as block scales need; the 378-row prefill above is neither, so its products
+  // ran in bf16). Those inputs are quantised by the ops that produce them where the provider
+  // offers quantize_fp8 fused with them: each layer's two norms (the boundary's add + norm
+  // included) and its SwiGLU; o's input, the attention's output, keeps a pass of its own.
+  {
+    Outs wide;
+    Request r16 = r;
+    r16.max_new_tokens = 4;
+    run(*f8, random_prompts(16, m.desc.vocab_size, 10, std::vector<int64_t>(16, 24)), r16, 0, wide);
+    const CudaExecutorStats ws = cuda_executor_stats(f8->executor());
+    std::printf("fp8 rollouts: %lld inputs a step quantised by their producers (norm %lld, add + norm %lld, "
+                "SwiGLU %lld)\n", (long long)ws.fp8_produced, (long long)ws.fp8_produced_by[0],
+                (long long)ws.fp8_produced_by[1], (long long)ws.fp8_produced_by[2]);
+    if (std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
+      const char* pr = std::getenv("RLH_GEN_FP8_PRODUCER");
+      const bool off = pr && std::string(pr) == "0";
+      EXPECT_EQ(ws.fp8_produced_by[0], off ? 0 : 1) << "the first layer's norm";
+      EXPECT_EQ(ws.fp8_produced_by[1], off ? 0 : 3 + 2) << "each layer's add + norm, and the boundaries'";
+      EXPECT_EQ(ws.fp8_produced_by[2], off ? 0 : 3) << "each layer's SwiGLU";
+    }
   }
   EXPECT_GT(xs.graph_steps, 0) << xs.graph_error;
   // How far the FP8 rollouts are from bf16: the share of greedy tokens that agree, and the

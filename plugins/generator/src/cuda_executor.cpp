@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_set>
@@ -257,14 +258,25 @@ class CudaBackend {
     if (!W || !fp8 || !fp8_weights->count(W) || no_fp8_producer) return false;
     void* q = nullptr;
     float* scale = nullptr;
-    if (!fp8->input_buffers(R, C, &q, &scale) || !ops_.quantize_fp8_producer(p, R, C, DeviceOps::Fp8::e4m3, q, scale))
+    if (!fp8->input_buffers(R, C, &q, &scale)) return false;
+    if (!ops_.quantize_fp8_producer(p, R, C, DeviceOps::Fp8::e4m3, q, scale)) {
+      const int k = int(p.kind) - 1;
+      if (!producer_logged[k] && log) {  // once a form: why the provider's answer is the op and a pass
+        producer_logged[k] = true;
+        log("generator (cuda): FP8 rollouts quantise the " + std::string(kProducerNames[k]) +
+            " output in a pass of its own: " + ops_.producer_refusal(p.kind, DeviceOps::Fp8::e4m3));
+      }
       return false;
+    }
     fp8->input_produced(reinterpret_cast<const uint16_t*>(y), ldy, R, C);
-    ++fp8_produced;
+    ++fp8_produced[int(p.kind) - 1];
     return true;
   }
+  static constexpr const char* kProducerNames[3] = {"RMSNorm", "residual add + RMSNorm", "SwiGLU"};
   bool no_fp8_producer = false;  // RLH_GEN_FP8_PRODUCER=0: the A/B
-  int64_t fp8_produced = 0;      // producers that wrote their product's codes (the executor's stats)
+  int64_t fp8_produced[3] = {0, 0, 0};  // by producer, those that wrote their product's codes (the stats)
+  bool producer_logged[3] = {false, false, false};
+  std::function<void(const std::string&)> log;
   void bias_add(Bf16* y, int64_t ldy, const Bf16* b, int64_t R, int64_t N) { ops_.bias_add(false, y, ldy, b, R, N); }
   void rope(int t, Bf16* y, int64_t ldy, const Bf16* x, int64_t ldx, int64_t H, int64_t D, int64_t R) {
     const RopeTable& rp = m_.ropes()[size_t(t)];
@@ -825,11 +837,12 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   void forward(int64_t R, int64_t S) {
     ProgramRunner<CudaBackend> run(m_, *b_);
     b_->fused_layers = 0;
-    b_->fp8_produced = 0;
+    for (int64_t& n : b_->fp8_produced) n = 0;
     const Bf16* x = run.layers(R);
     run.head(x, R, S);
     if (b_->fused_layers > 0) stats_.fused_layers = b_->fused_layers;
-    stats_.fp8_produced = std::max(stats_.fp8_produced, b_->fp8_produced);
+    for (int k = 0; k < 3; ++k) stats_.fp8_produced_by[k] = std::max(stats_.fp8_produced_by[k], b_->fp8_produced[k]);
+    stats_.fp8_produced = stats_.fp8_produced_by[0] + stats_.fp8_produced_by[1] + stats_.fp8_produced_by[2];
   }
 
   // Captures the step just run (R rows, tables W wide) as a graph. A failure turns graphs off
@@ -1040,6 +1053,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     // separate quantisation passes (the A/B).
     const char* pr = std::getenv("RLH_GEN_FP8_PRODUCER");
     b_->no_fp8_producer = pr && std::string(pr) == "0";
+    b_->log = opt_.log;
   }
 
   // A new weight set is in force: the FP8 copies remade now, before any step (a replayed graph

@@ -190,14 +190,19 @@ bool DeviceOps::quantize_fp8_producer(const Fp8Producer& p, int64_t R, int64_t C
   return run_optional(key, "quantize_fp8", in, out, at);
 }
 
+std::string DeviceOps::producer_refusal(Producer kind, Fp8 f) const {
+  const auto it = refused_.find(&g_quant_producer_keys[int(f) * 3 + int(kind) - 1]);
+  return it == refused_.end() ? std::string() : it->second;
+}
+
 bool DeviceOps::run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
                              const std::vector<rlh_tensor>& out, std::span<const rlh_named_value> attrs) {
   if (refused_.count(key)) return false;
   if (!ops_.count(key)) {
     try {
       op(key, name, in, out, attrs);
-    } catch (const std::exception&) {  // an optional form: the caller takes the general one instead
-      refused_[key] = true;
+    } catch (const std::exception& e) {  // an optional form: the caller takes the general one instead
+      refused_[key] = e.what();
       return false;
     }
   }

@@ -97,6 +97,8 @@ class DeviceOps {
     int64_t ldy = 0;
   };
   bool quantize_fp8_producer(const Fp8Producer& p, int64_t R, int64_t C, Fp8 f, void* q, float* scale);
+  // Why the registry refused that form for this producer and format ("" if it did not).
+  std::string producer_refusal(Producer kind, Fp8 f) const;
   // Delayed scaling (Fp8Options::delayed): a quantize_fp8 handle of the caller's own per
   // quantisation site, resolved with recipe = 1 (per tensor) and the recipe's history length,
   // algorithm and margin, so the provider keeps that site's amax history on the device. A
@@ -311,7 +313,7 @@ class DeviceOps {
   rlh_device dev_;
   cudaStream_t stream_;
   std::unordered_map<const void*, sdk::Op> ops_;  // by the call site's key (a string literal)
-  std::unordered_map<const void*, bool> refused_;  // optional forms no provider offers, by key
+  std::unordered_map<const void*, std::string> refused_;  // optional forms no provider offers, by key: why
   // Resolves (once per key) and runs an optional form of an op: false where no provider answers
   // it (remembered), so the caller falls back to the general form.
   bool run_optional(const char* key, const char* name, const std::vector<rlh_tensor>& in,
