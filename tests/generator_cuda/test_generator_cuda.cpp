@@ -944,13 +944,14 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   EXPECT_GT(ag.compared, 0);
   EXPECT_LT(ag.mean, 0.1) << "blockwise FP8 linears should stay near bf16 on a small model";
   // Refit: scaled weights in force; the graphs captured above are replayed with new FP8 copies.
+  const int64_t captured = cuda_executor_stats(f8->executor()).graphs_captured;
   std::vector<std::vector<float>> scaled = m.weights;
   for (auto& t : scaled)
     for (float& x : t) x *= 1.25f;
   f8->weights().load(scaled, 1);
   Outs after;
   run(*f8, prompts, r, 0, after);
-  EXPECT_EQ(cuda_executor_stats(f8->executor()).graphs_captured, xs.graphs_captured) << "graphs kept across the refit";
+  EXPECT_EQ(cuda_executor_stats(f8->executor()).graphs_captured, captured) << "graphs kept across the refit";
   Generator fresh(m.desc, fp8(Options{}));
   fresh.weights().load(scaled, 1);
   Outs want;

@@ -174,9 +174,12 @@ bool DeviceOps::quantize_fp8_producer(const Fp8Producer& p, int64_t R, int64_t C
   if (kind < 1 || kind > 3) throw std::invalid_argument("quantize_fp8_producer: an unknown producer");
   const char* key = &g_quant_producer_keys[int(f) * 3 + kind - 1];
   Args a(dev_);
-  const std::array<rlh_named_value, 5> at = {attr_int("grouping", 1), attr_int("producer", kind),
-                                             attr_double("eps", double(p.eps)),
-                                             attr_double("weight_offset", double(p.offset)), attr_int("transpose", 0)};
+  // (eps and weight_offset are the norms' only: SwiGLU's handle keeps the defaults)
+  std::vector<rlh_named_value> at = {attr_int("grouping", 1), attr_int("producer", kind), attr_int("transpose", 0)};
+  if (p.kind != Producer::swiglu) {
+    at.push_back(attr_double("eps", double(p.eps)));
+    at.push_back(attr_double("weight_offset", double(p.offset)));
+  }
   std::vector<rlh_tensor> in, out;
   const int64_t ns = (C + 127) / 128 * R;
   switch (p.kind) {
