@@ -281,7 +281,8 @@ if [ "$what" = fp8prod ]; then
   # RMSNorm, add + RMSNorm, SwiGLU; cuda_executor's produce_fp8): the vendor's test of the form,
   # the generator's FP8 rollout tests (with the producers, then without), then FP8 rollouts with
   # the FP8 cache at batch 64 and 256, with the producers and with RLH_GEN_FP8_PRODUCER=0, bf16
-  # beside, twice each. FP8PROD_CASES, FP8PROD_VARIANTS.
+  # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0).
+  # FP8PROD_CASES, FP8PROD_VARIANTS.
   RLH_VENDOR_FP8_PLUGIN=$bin/vendor/libvendor_fp8.so "$bin/test_vendor_fp8" --gtest_brief=1 \
     --gtest_filter='*Fused*:*Blockwise*:*GemmBlockwise*' > "$out/fp8prod_vendor.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp8prod_vendor.log" | head -20
@@ -296,6 +297,7 @@ if [ "$what" = fp8prod ]; then
       f="--fp8 --kv-fp8" e=""
       [ "$v" = bf16 ] && f=""
       [ "$v" = fp8-noprod ] && e="RLH_GEN_FP8_PRODUCER=0"
+      [ "$v" = fp8-noauto ] && e="RLH_FP8_AUTOTUNE=0"
       env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
         >> "$out/fp8prod_${c}_$v.log" 2>&1 || rc=1
       echo "$v: $(grep -E "^$c |rror" "$out/fp8prod_${c}_$v.log" | tail -1 | cut -c1-120) $(grep -oE "fp8_produced=[0-9]+" "$out/fp8prod_${c}_$v.log" | tail -1)"

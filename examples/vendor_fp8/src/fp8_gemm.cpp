@@ -137,6 +137,14 @@ class Plan {
     *why = t_.Heuristic(h, desc_, la_, lb_, lc_, lc_, pref_, 1, r, &n);
     return *why == CUBLAS_STATUS_SUCCESS && n > 0;
   }
+  // Up to `max` candidates, best guess first (none on failure).
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates(cublasLtHandle_t h, int max) const {
+    std::vector<cublasLtMatmulHeuristicResult_t> r(static_cast<size_t>(max));
+    int n = 0;
+    if (t_.Heuristic(h, desc_, la_, lb_, lc_, lc_, pref_, max, r.data(), &n) != CUBLAS_STATUS_SUCCESS) n = 0;
+    r.resize(static_cast<size_t>(n));
+    return r;
+  }
   // The operands' scales of this product (the descriptor keeps pointers, not values).
   void set_scales(const GemmArgs& g) {
     set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.sb, sizeof g.sb);
@@ -225,22 +233,76 @@ struct Gemm::Cached {
   explicit Cached(const GemmArgs& g) : plan(need_lt(), g) {}
 };
 
-Gemm::Cached& Gemm::plan(const GemmArgs& g) const {
+namespace {
+
+// The candidate that ran `reps` products fastest on g's operands (ws and st the call's), the
+// first on ties; candidates that fail to run are passed over. Why: at a decoding step's 64-256
+// rows cuBLASLt's first guess for the block-scaled products left the memory mostly idle (the
+// 1B shape's q|k|v, o and down products at 0.6-0.7 TB/s on an H100, with split K where one
+// wave of smaller tiles would do; ncu, 2026-12-06).
+size_t fastest(const Plan& p, cublasLtHandle_t h, const GemmArgs& g,
+               const std::vector<cublasLtMatmulHeuristicResult_t>& cands, void* ws, cudaStream_t st) {
+  constexpr int reps = 5;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    if (e0) cudaEventDestroy(e0);
+    return 0;
+  }
+  size_t best = 0;
+  float best_ms = -1;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    try {
+      p.run(h, g, cands[i], ws, st);  // warm-up (and the check that it runs)
+      cudaEventRecord(e0, st);
+      for (int r = 0; r < reps; ++r) p.run(h, g, cands[i], ws, st);
+      cudaEventRecord(e1, st);
+      float ms = 0;
+      if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) continue;
+      if (best_ms < 0 || ms < best_ms) {
+        best_ms = ms;
+        best = i;
+      }
+    } catch (const std::runtime_error&) {
+    }
+  }
+  cudaGetLastError();  // (a candidate's launch failure is not the call's)
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
+}  // namespace
+
+Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
   // Everything the descriptors and layouts hold but the pointers (and alpha/beta, passed per call).
-  const std::array<int64_t, 11> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
-                                       int64_t(g.scaling), g.c_bf16 ? 1 : 0, g.fast_accum ? 1 : 0};
+  const std::array<int64_t, 12> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
+                                       int64_t(g.scaling), g.c_bf16 ? 1 : 0, g.fast_accum ? 1 : 0,
+                                       g.autotune ? 1 : 0};
   auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
   auto c = std::make_unique<Cached>(g);
   cublasStatus_t why = CUBLAS_STATUS_SUCCESS;
   if (!c->plan.pick(handle_, &c->algo, &why))
     throw std::runtime_error("cuBLASLt has no algorithm for this FP8 product (" + status_text(why) + ")");
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  // Tuned: products of up to kTuneRows rows (a decoding step's, whose few padded sizes repeat
+  // every step), at most kTuneShapes shapes an instance; a prefill's row counts vary from step to
+  // step and would pay the timing again and again.
+  if (g.autotune && g.beta == 0.0f && g.M <= kTuneRows && tuned_ < kTuneShapes &&
+      cudaStreamIsCapturing(st, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone) {
+    ++tuned_;
+    const std::vector<cublasLtMatmulHeuristicResult_t> cands = c->plan.candidates(handle_, 8);
+    if (cands.size() > 1) {
+      c->plan.set_scales(g);
+      c->algo = cands[fastest(c->plan, handle_, g, cands, ws, st)];
+    }
+  }
   return *cache_.emplace(key, std::move(c)).first->second;
 }
 
 void Gemm::run(const GemmArgs& g, void* ws, cudaStream_t st) const {
   std::lock_guard<std::mutex> lock(mu_);
-  Cached& c = plan(g);
+  Cached& c = plan(g, ws, st);
   c.plan.set_scales(g);
   c.plan.run(handle_, g, c.algo, ws, st);
 }

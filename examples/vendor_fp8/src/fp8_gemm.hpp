@@ -48,6 +48,11 @@ struct GemmArgs {
   // sums are not promoted to fp32 every few k-blocks); TransformerEngine's default for the
   // forward product, not for the gradients'.
   bool fast_accum = false;
+  // Pick the fastest of cuBLASLt's heuristic candidates by timing them on this call's operands,
+  // at the shape's first product (gemm's `autotune` call attribute). Only with beta 0 (the
+  // timed runs overwrite C), outside stream capture, for up to 512 rows and 64 shapes an
+  // instance; else the heuristic's first.
+  bool autotune = false;
 };
 
 // The workspace a product is given (cuBLASLt's recommendation for Hopper).
@@ -74,11 +79,14 @@ class Gemm {
   struct Cached;  // a shape's descriptors and chosen algorithm (fp8_gemm.cpp)
   // The plan for g's shape, made (descriptors and cuBLASLt's heuristic, tens of microseconds)
   // at its first product and kept: an engine runs the same few shapes every step. Throws when
-  // cuBLASLt has no algorithm. Call with mu_ held.
-  Cached& plan(const GemmArgs& g) const;
+  // cuBLASLt has no algorithm. With g.autotune, that first product times the candidates (ws and
+  // st are the call's). Call with mu_ held.
+  Cached& plan(const GemmArgs& g, void* ws, cudaStream_t st) const;
+  static constexpr int64_t kTuneRows = 512, kTuneShapes = 64;  // autotune's bounds (fp8_gemm.cpp)
   cublasLtHandle_t handle_ = nullptr;
+  mutable int64_t tuned_ = 0;  // shapes timed so far
   mutable std::mutex mu_;  // the cache, and a cached descriptor's scale pointers set per call
-  mutable std::map<std::array<int64_t, 11>, std::unique_ptr<Cached>> cache_;
+  mutable std::map<std::array<int64_t, 12>, std::unique_ptr<Cached>> cache_;
 };
 
 }  // namespace vfp8

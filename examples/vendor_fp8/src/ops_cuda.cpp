@@ -181,6 +181,7 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   // (block-scaled products keep the promotion: their scales are applied at it; a scale per row or
   // per tensor is applied once, in the epilogue)
   g.fast_accum = (g.scaling == Scaling::tensor || g.scaling == Scaling::rows) && pick_i(call, "fast_accum", 0) != 0;
+  g.autotune = pick_i(call, "autotune", 0) != 0;
   if (g.scaling != Scaling::tensor) {
     if (da != rlh::sdk::kE4M3 || db != rlh::sdk::kE4M3) unimpl("gemm: block and row scaling take e4m3 operands only");
     if (k->cc / 10 != 9) unimpl("gemm: cuBLASLt's 1x128 / 128x128 block and row scaling run on Hopper (sm_90) only");

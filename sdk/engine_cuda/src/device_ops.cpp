@@ -279,11 +279,12 @@ void DeviceOps::load_op_state(const sdk::Op& op, const std::string& bytes) {
 
 void DeviceOps::gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na,
                          const void* B, Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C,
-                         int64_t ldc, bool c_f32, bool fast_accum) {
+                         int64_t ldc, bool c_f32, bool fast_accum, bool autotune) {
   Args a(dev_);
-  const std::array<rlh_named_value, 5> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
+  const std::array<rlh_named_value, 6> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
                                              attr_double("alpha", 1.0), attr_double("beta", beta),
-                                             attr_int("fast_accum", fast_accum ? 1 : 0)};
+                                             attr_int("fast_accum", fast_accum ? 1 : 0),
+                                             attr_int("autotune", autotune ? 1 : 0)};
   const std::vector<rlh_tensor> in = {a.mat(A, fp8_dtype(fa), M, K, K), a.mat(B, fp8_dtype(fb), N, K, K),
                                       a.vec(sa, kF32, na), a.vec(sb, kF32, nb)};
   const std::vector<rlh_tensor> out = {a.mat(C, c_f32 ? kF32 : kBF16, M, N, ldc)};

@@ -1,6 +1,7 @@
 // Fp8Linears (fp8_linear.hpp): the CUDA engine's linears as FP8 products through the registry.
 #include "rlhost/engine_cuda/fp8_linear.hpp"
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -16,6 +17,11 @@ constexpr int64_t kProbeSite = -2;  // the constructor's probe (delayed scaling)
 Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, int64_t layers, bool forward_only,
                        const char* key)
     : ops_(ops), counters_(counters), opt_(o), layers_(layers) {
+  // Generation's products repeat their few shapes every step, so the provider may time its
+  // candidates once per shape (RLH_FP8_AUTOTUNE=0: its first guess, the A/B). Training keeps the
+  // heuristic's pick: a run's products do not depend on timings.
+  const char* at = std::getenv("RLH_FP8_AUTOTUNE");
+  autotune_ = forward_only && !(at && std::string(at) == "0");
   if (opt_.blockwise && opt_.hybrid)
     throw std::invalid_argument("fp8_cfg: fp8 = hybrid with fp8_recipe = blockwise: block-scaled products take "
                                 "e4m3 operands only (cuBLASLt on Hopper); use fp8 = e4m3");
@@ -359,7 +365,8 @@ void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
   }
   ops_.gemm_fp8(xN_, rows, xK_, x_.q.get(), DeviceOps::Fp8::e4m3, x_.sc(), x_.nscale, w.q.get(),
                 DeviceOps::Fp8::e4m3, w.sc(), w.nscale, opt_.blockwise ? 1 : 0, 0.0, y, ldy, false,
-                /*fast_accum=*/true);  // TransformerEngine's forward; the gradients' products promote
+                /*fast_accum=*/true,  // TransformerEngine's forward; the gradients' products promote
+                autotune_);
   ++stats_.fp8_gemms;
 }
 

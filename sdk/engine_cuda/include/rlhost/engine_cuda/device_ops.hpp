@@ -125,9 +125,11 @@ class DeviceOps {
   // K-major and contiguous; scaling 0 (tensor x tensor), 1 (1x128 tiles x 128x128 blocks) or 2
   // (tiles x tiles). fast_accum: the provider may skip promoting partial sums to fp32
   // (TransformerEngine's forward products; an attribute a provider without it ignores).
+  // autotune: the provider may time its candidate kernels at a shape's first product and keep the
+  // fastest (vendor_fp8's `autotune`; the generator's products, whose shapes repeat every step).
   void gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa, const float* sa, int64_t na, const void* B,
                 Fp8 fb, const float* sb, int64_t nb, int scaling, double beta, void* C, int64_t ldc, bool c_f32,
-                bool fast_accum = false);
+                bool fast_accum = false, bool autotune = false);
   // The weight-only form (an optional one): C[M, N] (bf16, ldc) = A[M, K] (bf16, lda) (sb B)[N, K]^T,
   // B e4m3 K-major and contiguous with its scales (scaling 0: one; 1: 128x128 blocks). False where
   // no provider offers it (asked once).

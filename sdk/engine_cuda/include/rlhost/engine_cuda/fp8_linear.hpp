@@ -189,6 +189,7 @@ class Fp8Linears {
     bool operator==(const Src&) const = default;
   } dy_src_, dyt_src_;  // dyt_src_: dY^T made beside dY (backward_dw then quantises nothing)
   Src produced_;         // the input whose codes a producer wrote into x_ (input_produced)
+  bool autotune_ = false;  // forward products ask the provider to time its candidates (generation)
   bool train_ = false;
   // X^T made beside X in a training call's forward, per input site, for that step's dW: used
   // when the backward passes the same source (pointer, shape, stride) in the same call. Costs a
