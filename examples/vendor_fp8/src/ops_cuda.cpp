@@ -613,7 +613,8 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     if (op->producer < 0 || op->producer > 3)
       bad("quantize_fp8: producer must be 0 (none), 1 (rmsnorm), 2 (add_rmsnorm) or 3 (swiglu), got " +
           std::to_string(op->producer));
-    if (!(op->eps > 0) || !std::isfinite(op->eps) || !std::isfinite(op->weight_offset))
+    const bool norm = op->producer == 1 || op->producer == 2;  // (eps and weight_offset are the norms')
+    if (norm && (!(op->eps > 0) || !std::isfinite(op->eps) || !std::isfinite(op->weight_offset)))
       bad("quantize_fp8: eps must be positive and finite, weight_offset finite");
     if (op->scaling < 0 || op->scaling > 3)
       bad("gemm: scaling must be 0 (tensor), 1 (1x128 x 128x128), 2 (1x128 x 1x128) or 3 (per row x per row)");
@@ -696,7 +697,7 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
             producer_call(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, true);
         p.eps = float(pick_d(call, "eps", op->eps));  // a call's norm attributes override the handle's
         p.offset = float(pick_d(call, "weight_offset", op->weight_offset));
-        if (!(p.eps > 0) || !std::isfinite(p.eps) || !std::isfinite(p.offset))
+        if (p.kind != vfp8::Producer::swiglu && (!(p.eps > 0) || !std::isfinite(p.eps) || !std::isfinite(p.offset)))
           bad("quantize_fp8: eps must be positive and finite, weight_offset finite");
         try {
           vfp8::quantize_producer(p, st);
