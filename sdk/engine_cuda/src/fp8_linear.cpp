@@ -304,9 +304,7 @@ void Fp8Linears::quantise_operand(Quantised& out, std::map<int64_t, Site>& sites
 
 bool Fp8Linears::input_buffers(int64_t N, int64_t K, void** q, float** scale) {
   if (train_ || !opt_.blockwise || opt_.delayed || N <= w8_rows_ || !tokens_fit(N) || !aligned(K)) return false;
-  const int64_t ns = scale_count(act_grouping(), N, K);
-  if (x_.q.size() < size_t(N * K)) x_.q = DeviceBuffer(counters_, size_t(N * K));
-  if (x_.scale.size() < size_t(ns) * sizeof(float)) x_.scale = DeviceBuffer(counters_, size_t(ns) * sizeof(float));
+  reserve_input(N, K);
   *q = x_.q.get();
   *scale = x_.scale.get<float>();
   return true;
