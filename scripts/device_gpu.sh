@@ -281,10 +281,11 @@ if [ "$what" = fp8prod ]; then
   # RMSNorm, add + RMSNorm, SwiGLU; cuda_executor's produce_fp8): the vendor's test of the form,
   # the generator's FP8 rollout tests (with the producers, then without), then FP8 rollouts with
   # the FP8 cache at batch 64 and 256, with the producers and with RLH_GEN_FP8_PRODUCER=0, bf16
-  # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0).
-  # FP8PROD_CASES, FP8PROD_VARIANTS.
+  # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0);
+  # fp8-nofew / fp8-few256: the few-row kernel off / up to 256 rows (VFP8_FEW_ROWS_MAX; default
+  # 64). First bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS.
   RLH_VENDOR_FP8_PLUGIN=$bin/vendor/libvendor_fp8.so "$bin/test_vendor_fp8" --gtest_brief=1 \
-    --gtest_filter='*Fused*:*Blockwise*:*GemmBlockwise*' > "$out/fp8prod_vendor.log" 2>&1 || rc=1
+    --gtest_filter='*Fused*:*Blockwise*:*GemmBlockwise*:*FewRows*' > "$out/fp8prod_vendor.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp8prod_vendor.log" | head -20
   for p in 1 0; do
     RLH_GEN_FP8_PRODUCER=$p RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" \
@@ -292,15 +293,24 @@ if [ "$what" = fp8prod ]; then
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|fp8 rollouts|Expected|Which is|rror" "$out/fp8prod_generator_$p.log" |
       sed "s/^/producer=$p: /" | head -12
   done
+  # The block-scaled products at decoding's rows: cuBLASLt (block) against the few-row kernel
+  # (block_few), the weight-only form and bf16 beside them.
+  if [ "${FP8PROD_GEMM:-1}" = 1 ]; then
+    "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 --bf16 "$bin/plugins/libkernels_cuda.so" \
+      > "$out/fp8prod_gemm.log" 2>&1 || rc=1
+    grep -E "^RESULT|rror" "$out/fp8prod_gemm.log" | sed -E 's/RESULT impl=rlhost name=decode_//; s/ (tensor|tensor_fast|rows|rows_fast)_us=[0-9.]+//g; s/ quant[0-9]_us=[0-9.]+//g' | head -24
+  fi
   for c in ${FP8PROD_CASES:-b64 b256}; do
     for v in ${FP8PROD_VARIANTS:-bf16 fp8 fp8-noprod fp8 fp8-noprod}; do
       f="--fp8 --kv-fp8" e=""
       [ "$v" = bf16 ] && f=""
       [ "$v" = fp8-noprod ] && e="RLH_GEN_FP8_PRODUCER=0"
+      [ "$v" = fp8-nofew ] && e="VFP8_FEW_ROWS_MAX=0"
+      [ "$v" = fp8-few256 ] && e="VFP8_FEW_ROWS_MAX=256"
       [ "$v" = fp8-noauto ] && e="RLH_FP8_AUTOTUNE=0"
       env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
         >> "$out/fp8prod_${c}_$v.log" 2>&1 || rc=1
-      echo "$v: $(grep -E "^$c |rror" "$out/fp8prod_${c}_$v.log" | tail -1 | cut -c1-120) $(grep -oE "fp8_produced=[0-9]+" "$out/fp8prod_${c}_$v.log" | tail -1)"
+      echo "$v: $(grep -E "^$c |rror" "$out/fp8prod_${c}_$v.log" | tail -1 | cut -c1-120) $(grep -oE "fp8_produced=[0-9()/]+" "$out/fp8prod_${c}_$v.log" | tail -1)"
     done
   done
 fi

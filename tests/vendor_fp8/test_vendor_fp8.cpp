@@ -1040,6 +1040,69 @@ TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
   }
 }
 
+// The few-row kernel of block-scaled products (README.md: `few_rows`; src/fp8_few_rows.cu):
+// rows that fill no 8-token tile and one to four chunks of 64, K in one stage and split across a
+// cluster in uneven shares (9 and 16 stages), bands whose block scales differ, rows of A of very
+// different size, bf16 and f32 C, alpha and beta. Against the float64 product of the dequantised
+// operands and, at the rows cuBLASLt takes, against cuBLASLt's product of the same codes
+// (`few_rows = 0`): the two promote the same 128-term sums with the same scales.
+TEST_F(VendorFp8, GemmFewRowsMatchesTheDequantisedProduct) {
+  std::mt19937_64 rng(21);
+  int ran = 0, against_cublaslt = 0;
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
+           {9, 256, 128}, {16, 384, 1152}, {17, 128, 2048}, {40, 1024, 640}, {64, 384, 512}, {100, 256, 384},
+           {200, 128, 256}}) {
+    Mat x = random_mat(rng, M, K, kBF16, 1.0), w = random_mat(rng, N, K, kBF16, 0.02);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < K; ++c) x.v[size_t(r * K + c)] = kc::round_bf16(x.at(r, c) * std::exp2(double(r % 7) - 3));
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t c = 0; c < K; ++c)
+        w.v[size_t(r * K + c)] = kc::round_bf16(w.at(r, c) * std::exp2(double((r / 128 + c / 128) % 5) - 2));
+    const Quantized qx = quantize_on_device(*this, x, kE4M3, 1, 0), qw = quantize_on_device(*this, w, kE4M3, 2, 0);
+    for (rlh_dtype dc : {kBF16, kF32}) {
+      const double alpha = dc == kF32 ? 0.5 : 1.0, beta = M % 2 ? 0.25 : 0.0;
+      SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " C " +
+                   rlh::sdk::dtype_name(dc));
+      std::vector<double> c0 = normal(rng, size_t(M * N), 1.0);
+      for (double& v : c0) v = kc::round_to(dc, v);
+      std::vector<uint8_t> cb(c0.size() * rlh::sdk::dtype_bytes(dc));
+      kc::encode_values(dc, c0.data(), c0.size(), cb.data());
+      const std::vector<rlh_tensor> in = {t(qx.q, {M, K}, kE4M3), t(qw.q, {N, K}, kE4M3), t(qx.scale, {qx.nscale}, kF32),
+                                          t(qw.scale, {qw.nscale}, kF32)};
+      auto product = [&](int few) {
+        Buf& c = alloc(cb.size());
+        c.put(cb.data(), cb.size());
+        const std::vector<rlh_tensor> out = {t(c.get(), {M, N}, dc)};
+        const std::vector<rlh_named_value> attrs = {
+            rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 1), rlh::sdk::attr_int("few_rows", few),
+            rlh::sdk::attr_double("alpha", alpha), rlh::sdk::attr_double("beta", beta)};
+        if (few == 0 && resolve_code("gemm", in, out, attrs) != RLH_OK) return std::vector<double>{};
+        run_once("gemm", in, out, attrs);
+        return read(c, dc, c0.size());
+      };
+      const std::vector<double> got = product(2), ref = ref_gemm(qx.deq, qw.deq, alpha, beta, c0);
+      EXPECT_LE(rel_err(got, ref), dc == kBF16 ? 8e-3 : 1e-3);
+      ++ran;
+      if (const std::vector<double> lt = product(0); !lt.empty()) {
+        EXPECT_LE(rel_err(got, lt), dc == kBF16 ? 8e-3 : 1e-3) << "against cuBLASLt";
+        ++against_cublaslt;
+      }
+    }
+  }
+  EXPECT_EQ(ran, 14);
+  EXPECT_GE(against_cublaslt, 4);  // (cuBLASLt takes the multiples of 16 rows at least)
+  // A `few_rows` past 2 is the caller's error.
+  const Quantized qx = quantize_on_device(*this, random_mat(rng, 16, 256, kBF16, 1.0), kE4M3, 1, 0);
+  const Quantized qw = quantize_on_device(*this, random_mat(rng, 128, 256, kBF16, 0.02), kE4M3, 2, 0);
+  Buf& c = alloc(16 * 128 * 2);
+  EXPECT_EQ(resolve_code("gemm", {t(qx.q, {16, 256}, kE4M3), t(qw.q, {128, 256}, kE4M3), t(qx.scale, {qx.nscale}, kF32),
+                                  t(qw.scale, {qw.nscale}, kF32)},
+                         {t(c.get(), {16, 128}, kBF16)},
+                         {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 1),
+                          rlh::sdk::attr_int("few_rows", 3)}),
+            RLH_E_INVALID_ARGUMENT);
+}
+
 // Row scaling (scaling 3): a float per row of A and per row of B, C[i, j] = sa[i] sb[j] (A B^T)[i, j]
 // (torch._scaled_mm's rowwise recipe), on cuBLASLt's outer vectors, with and without fast
 // accumulation, at decoding's few rows and at a training shape, bf16 C, against the product of

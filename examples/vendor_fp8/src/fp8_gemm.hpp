@@ -55,6 +55,15 @@ struct GemmArgs {
   bool autotune = false;
 };
 
+// The block-scaled product (Scaling::tiles_blocks, e4m3 x e4m3) of a few rows on a kernel of our
+// own (fp8_few_rows.cu), where cuBLASLt's tiles leave the weights' bandwidth unused: any M, N
+// and K multiples of 128, Hopper (sm_90) only. "" when it takes g's shape, else why not.
+std::string few_rows_unsupported(const GemmArgs& g);
+void gemm_few_rows(const GemmArgs& g, cudaStream_t st);  // throws std::runtime_error
+// The rows up to which gemm takes it by default (the `few_rows` attribute: README.md):
+// VFP8_FEW_ROWS_MAX, else 64.
+int64_t few_rows_bound();
+
 // The workspace a product is given (cuBLASLt's recommendation for Hopper).
 constexpr size_t kGemmWorkspace = size_t(32) << 20;
 

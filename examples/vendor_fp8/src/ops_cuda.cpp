@@ -72,6 +72,9 @@ struct rlh_op {
   int64_t scaling = 0, grouping = 0, transpose = 0;
   int64_t transpose_a = 0, transpose_b = 0, batch_invariant = 0;  // gemm (docs/ops.md's defaults)
   bool weight_only = false;  // gemm's form A bf16, B e4m3, scale_b (resolved with three inputs)
+  // gemm's few-row kernel (fp8_few_rows.cu) for block-scaled products: 0 never (cuBLASLt), 1 up
+  // to vfp8::few_rows_bound() rows, 2 at any rows the kernel takes.
+  int64_t few_rows = 1;
   // quantize_fp8 fused into the op that produces x (README.md: `producer`): 0 none, 1 rmsnorm,
   // 2 add_rmsnorm, 3 swiglu; eps and weight_offset are the norms'.
   int64_t producer = 0;
@@ -216,6 +219,14 @@ vfp8::GemmArgs gemm_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin,
   g.sb = ptr<const float>(in[3]);
   g.c = ptr(out[0]);
   return g;
+}
+
+// Whether a block-scaled product runs on the few-row kernel (fp8_few_rows.cu) rather than
+// cuBLASLt: `few_rows` 1 up to vfp8::few_rows_bound() rows, 2 at any rows, where it takes the shape.
+bool takes_few_rows(const vfp8::GemmArgs& g, int64_t few_rows) {
+  if (few_rows < 0 || few_rows > 2) bad("gemm: few_rows must be 0, 1 or 2, got " + std::to_string(few_rows));
+  if (few_rows == 0 || (few_rows == 1 && g.M > vfp8::few_rows_bound())) return false;
+  return vfp8::few_rows_unsupported(g).empty();
 }
 
 // ---- gemm, weight-only: A bf16, B e4m3, scale_b -> C (README.md): B's codes dequantised in the
@@ -616,6 +627,10 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     const bool norm = op->producer == 1 || op->producer == 2;  // (eps and weight_offset are the norms')
     if (norm && (!(op->eps > 0) || !std::isfinite(op->eps) || !std::isfinite(op->weight_offset)))
       bad("quantize_fp8: eps must be positive and finite, weight_offset finite");
+    op->few_rows = rlh::sdk::attr_int_or(a, na, "few_rows", 1);
+    if (op->few_rows < 0 || op->few_rows > 2)
+      bad("gemm: few_rows must be 0 (never), 1 (up to the bound's rows) or 2 (at any rows), got " +
+          std::to_string(op->few_rows));
     if (op->scaling < 0 || op->scaling > 3)
       bad("gemm: scaling must be 0 (tensor), 1 (1x128 x 128x128), 2 (1x128 x 1x128) or 3 (per row x per row)");
     if (op->grouping < 0 || op->grouping > 3)
@@ -636,9 +651,11 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     if (op->kind == Kind::gemm && !op->weight_only && d->shapes_valid) {
       vfp8::GemmArgs g =
           gemm_args(k, d->inputs, d->num_inputs, d->outputs, d->num_outputs, *op, &resolution, true);
-      std::string why;
-      on_device(k, [&] { why = k->gemm->unsupported(g); });
-      if (!why.empty()) unimpl("gemm: " + why);
+      if (!takes_few_rows(g, op->few_rows)) {
+        std::string why;
+        on_device(k, [&] { why = k->gemm->unsupported(g); });
+        if (!why.empty()) unimpl("gemm: " + why);
+      }
     }
     if (op->delayed) {
       const int64_t len = rlh::sdk::attr_int_or(a, na, "amax_history_len", 1024);
@@ -715,7 +732,10 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
               gemm_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
           if (!aligned16(g.a) || !aligned16(g.b) || !aligned16(g.c)) bad("gemm: A, B and C must be 16-byte aligned");
           try {
-            k->gemm->run(g, ws.get(), st);
+            if (takes_few_rows(g, pick_i(call, "few_rows", op->few_rows)))
+              vfp8::gemm_few_rows(g, st);
+            else
+              k->gemm->run(g, ws.get(), st);
           } catch (const std::runtime_error& e) {
             throw Error(RLH_E_INTERNAL, "vendor_fp8 gemm (M " + std::to_string(g.M) + ", N " + std::to_string(g.N) +
                                             ", K " + std::to_string(g.K) + "): " + e.what());

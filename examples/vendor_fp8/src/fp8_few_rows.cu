@@ -1,0 +1,376 @@
+// The block-scaled FP8 product of a few rows (fp8_gemm.hpp, gemm_few_rows): C = alpha (sa . A)
+// (sb . B)^T + beta C with A e4m3 [M, K] in 1x128 tiles (a decoding step's activations, 9 to
+// a few hundred rows) and B e4m3 [N, K] in 128x128 blocks (the weights' FP8 copy), DeepSeek-V3's
+// scaling. Why a kernel of our own: at these rows the product is bound by reading the weights,
+// and cuBLASLt's block-scaled kernels (128 x 128 tiles, split K through a second reduction
+// kernel) streamed them at 0.4-1.0 TB/s at 64 rows (ncu, H100, 2026-12-06: q|k|v 10.4 us, o
+// 10.4, gate|up 17.2, down 14.0 + 4.2 for the reduction, in a Llama-3.2-1B layer), a third of
+// what the memory gives.
+//
+// Layout. A block owns one band of 128 weight rows (output columns: one band of block scales) and
+// a chunk of up to 64 tokens, over a range of K. Its 8 warps own 16 weight rows each and all of
+// the chunk's tokens: mma.sync m16n8k32 in e4m3 with the weights as the A operand (16 rows) and
+// the tokens as B (8 columns), the codes going from shared memory to the tensor cores as they
+// are (no conversion: the activations are codes already). K moves a 128-column stage at a time,
+// one scale block: the stage's products are summed in fp32 and then promoted, times the band's
+// weight scale and each token's tile scale, into the accumulators (what cuBLASLt does with these
+// scales, and what keeps the tensor cores' reduced-precision accumulation to 128 terms).
+// Stages arrive by cp.async, several in flight (kStages), in 128-byte rows whose 16-byte chunks
+// are swizzled by the row (chunk ^ row % 8) so that ldmatrix's eight rows fall in eight bank
+// groups.
+//
+// Split K. As in fp8_weight_only.cu: the K range is cut among the blocks of a thread-block
+// cluster (up to 8), which add their partial tiles through distributed shared memory in rank
+// order (deterministic, no workspace, no second launch). The weights' first stages are queued
+// before griddepcontrol.wait (programmatic dependent launch: docs/ops.md's stream-order contract
+// lets gemm read B early); the activations and their scales after it.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fp8_gemm.hpp"
+
+namespace vfp8 {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBand = 128;     // weight rows a block: one band of block scales
+constexpr int kStageK = 128;   // K a stage: one block of scales
+constexpr int kStages = 4;     // stages in the ring (kStages - 1 in flight while one is computed)
+constexpr int kMaxSplits = 8;  // blocks of a cluster (the portable maximum)
+constexpr int kTileStride = kBand + 4;  // the partial tile's row, padded off bank conflicts
+
+// A stage of a chunk of 8 NT tokens: the weights' 128 x 128 codes, the tokens' 8 NT x 128
+// codes, their 8 NT tile scales; padded to 128 bytes so every stage swizzles alike.
+template <int NT>
+struct Stage {
+  static constexpr int tokens = 8 * NT;
+  static constexpr int w_bytes = kBand * kStageK;
+  static constexpr int a_bytes = tokens * kStageK;
+  static constexpr int s_bytes = tokens * 4;
+  static constexpr int bytes = (w_bytes + a_bytes + s_bytes + 127) / 128 * 128;
+  static constexpr int smem = kStages * bytes;
+  static_assert(smem >= tokens * kTileStride * 4, "the partial tile reuses the stages' memory");
+};
+
+struct Params {
+  int64_t M, N, K;
+  const uint8_t* a;
+  int64_t lda;
+  const uint8_t* b;
+  int64_t ldb;
+  const float* sa;  // s[kb * M + m]
+  const float* sb;  // s[band * kb4 + kb]
+  int64_t kb4;
+  void* c;
+  int64_t ldc;
+  bool c_bf16;
+  float alpha, beta;
+  int64_t steps_per_split;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes (or, with n = 0, zeros) into shared memory, through L2 only: each code is read once.
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, int n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp4(uint32_t dst, const void* src, int n) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// Row r's 16-byte chunk ch of a 128-byte-row tile, swizzled.
+__device__ __forceinline__ uint32_t swz(int r, int ch) { return uint32_t(r * 128 + ((ch ^ (r & 7)) << 4)); }
+#endif
+
+// One chunk of 8 NT tokens (blockIdx.z) x one band of 128 weight rows (blockIdx.x) x a range of
+// K (blockIdx.y, a block of the cluster).
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using S = Stage<NT>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int t = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * kBand;
+  const int64_t m0 = int64_t(blockIdx.z) * S::tokens;
+  const int64_t stages = p.K / kStageK;
+  const int64_t s_begin = int64_t(blockIdx.y) * p.steps_per_split;
+  const int64_t s_end = s_begin + p.steps_per_split < stages ? s_begin + p.steps_per_split : stages;
+  const uint32_t base = smem_addr(smem);
+
+  // A stage's weights: 128 rows x 8 chunks, 4 a thread, 8 threads a 128-byte row (whole lines).
+  auto load_w = [&](int slot, int64_t s) {
+    const uint32_t dst = base + uint32_t(slot * S::bytes);
+#pragma unroll
+    for (int i = 0; i < kBand * 8 / kThreads; ++i) {
+      const int idx = tid + i * kThreads, r = idx >> 3, ch = idx & 7;
+      cp16(dst + swz(r, ch), p.b + (n0 + r) * p.ldb + s * kStageK + ch * 16, 16);
+    }
+  };
+  // The tokens' codes (zeros past M) and tile scales (zeros past M: those columns add nothing).
+  auto load_a = [&](int slot, int64_t s) {
+    const uint32_t dst = base + uint32_t(slot * S::bytes + S::w_bytes);
+    for (int idx = tid; idx < S::tokens * 8; idx += kThreads) {
+      const int r = idx >> 3, ch = idx & 7;
+      const int64_t m = m0 + r;
+      const bool in = m < p.M;
+      cp16(dst + swz(r, ch), p.a + (in ? m : 0) * p.lda + s * kStageK + ch * 16, in ? 16 : 0);
+    }
+    if (tid < S::tokens) {
+      const int64_t m = m0 + tid;
+      const bool in = m < p.M;
+      cp4(dst + uint32_t(S::a_bytes + 4 * tid), p.sa + s * p.M + (in ? m : 0), in ? 4 : 0);
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i)
+    if (s_begin + i < s_end) load_w(i, s_begin + i);
+  grid_wait();  // A, its scales (and C when beta != 0) may be the kernel before's output
+  grid_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (s_begin + i < s_end) load_a(i, s_begin + i);
+    cp_commit();  // (an empty group where the range is short: the waits count groups)
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+  const float* sw_row = p.sb + (n0 / kBand) * p.kb4;
+
+  // ldmatrix's row addresses: lanes 8q .. 8q + 7 give matrix q's eight rows.
+  // Weights (A operand): matrices (rows 0-7, chunk 2ks), (8-15, 2ks), (0-7, 2ks+1), (8-15, 2ks+1).
+  const int w_row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
+  // Tokens (B operand), two 8-token tiles j, j+1 a load: (j, 2ks), (j, 2ks+1), (j+1, 2ks), (j+1, 2ks+1).
+  const int a_row = 8 * (lane >> 4) + (lane & 7), a_half = (lane >> 3) & 1;
+
+  for (int64_t s = s_begin; s < s_end; ++s) {
+    const int slot = int((s - s_begin) % kStages);
+    cp_wait<kStages - 2>();
+    __syncthreads();  // stage s is in, and every warp is done with the slot refilled next
+    {
+      const int64_t next = s + kStages - 1;
+      if (next < s_end) {
+        const int ns = int((next - s_begin) % kStages);
+        load_w(ns, next);
+        load_a(ns, next);
+      }
+      cp_commit();
+    }
+    const uint32_t wt = base + uint32_t(slot * S::bytes), at = wt + uint32_t(S::w_bytes);
+    float part[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[j][i] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kStageK / 32; ++ks) {
+      uint32_t a0, a1, a2, a3;
+      ldsm4(wt + swz(w_row, 2 * ks + w_half), a0, a1, a2, a3);
+#pragma unroll
+      for (int j = 0; j < NT; j += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm4(at + swz(8 * j + a_row, 2 * ks + a_half), b0, b1, b2, b3);
+        mma_e4m3(part[j], a0, a1, a2, a3, b0, b1);
+        mma_e4m3(part[j + 1], a0, a1, a2, a3, b2, b3);
+      }
+    }
+    // Promotion: C fragment (row g | g + 8, tokens 2t, 2t + 1) times the band's scale and the
+    // two tokens' tile scales of this stage.
+    const float sw = __ldg(sw_row + s);
+    const float* sa = reinterpret_cast<const float*>(smem + slot * S::bytes + S::w_bytes + S::a_bytes);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float2 x = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * t);
+      const float s0 = sw * x.x, s1 = sw * x.y;
+      acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
+      acc[j][1] = fmaf(part[j][1], s1, acc[j][1]);
+      acc[j][2] = fmaf(part[j][2], s0, acc[j][2]);
+      acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
+    }
+  }
+  cp_wait<0>();
+  __syncthreads();  // the stages' memory becomes the partial tile [token][row]
+  float* tile = reinterpret_cast<float*>(smem);
+  {
+    const int row = 16 * warp + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = 8 * j + 2 * t;
+      tile[col * kTileStride + row] = acc[j][0];
+      tile[(col + 1) * kTileStride + row] = acc[j][1];
+      tile[col * kTileStride + row + 8] = acc[j][2];
+      tile[(col + 1) * kTileStride + row + 8] = acc[j][3];
+    }
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  // Each block of the cluster sums its share of the tile over the blocks in rank order.
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  constexpr int kElems = S::tokens * kBand;
+  const int per = (kElems + splits - 1) / splits;
+  const int e_end = (rank + 1) * per < kElems ? (rank + 1) * per : kElems;
+  for (int e = rank * per + tid; e < e_end; e += kThreads) {
+    const int col = e / kBand, row = e % kBand;
+    const int64_t m = m0 + col, n = n0 + row;
+    if (m >= p.M) continue;
+    float v = 0.f;
+    for (int q = 0; q < splits; ++q) v += cluster.map_shared_rank(tile, q)[col * kTileStride + row];
+    v *= p.alpha;
+    if (p.c_bf16) {
+      __nv_bfloat16* c = static_cast<__nv_bfloat16*>(p.c) + m * p.ldc + n;
+      if (p.beta != 0.f) v += p.beta * __bfloat162float(*c);
+      *c = __float2bfloat16_rn(v);
+    } else {
+      float* c = static_cast<float*>(p.c) + m * p.ldc + n;
+      if (p.beta != 0.f) v += p.beta * *c;
+      *c = v;
+    }
+  }
+  cluster.sync();  // no block leaves while another reads its tile
+#endif
+}
+
+int device_sms(int* dev_out) {
+  static std::mutex mu;
+  static std::vector<int> counts;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  *dev_out = dev;
+  std::lock_guard<std::mutex> lock(mu);
+  if (size_t(dev) >= counts.size()) counts.resize(size_t(dev) + 1, 0);
+  if (counts[size_t(dev)] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    counts[size_t(dev)] = n > 0 ? n : 132;
+  }
+  return counts[size_t(dev)];
+}
+
+// The kernel's dynamic shared memory past 48 KiB is an attribute set once a device.
+template <int NT>
+void allow_smem(int dev) {
+  static std::mutex mu;
+  static std::set<int> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count(dev)) return;
+  const cudaError_t e =
+      cudaFuncSetAttribute(few_rows_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage<NT>::smem);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("few-row FP8 product: ") + cudaGetErrorString(e));
+  done.insert(dev);
+}
+
+template <int NT>
+void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t st) {
+  allow_smem<NT>(dev);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.N / kBand), unsigned(splits), unsigned(chunks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Stage<NT>::smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = 1;
+  at[0].val.clusterDim.y = unsigned(splits);
+  at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, few_rows_kernel<NT>, p);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("few-row FP8 product: ") + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+int64_t few_rows_bound() {
+  static const int64_t bound = [] {
+    const char* e = std::getenv("VFP8_FEW_ROWS_MAX");
+    return e && *e ? int64_t(std::atoll(e)) : int64_t(64);
+  }();
+  return bound;
+}
+
+std::string few_rows_unsupported(const GemmArgs& g) {
+  if (g.scaling != Scaling::tiles_blocks) return "only 1x128 x 128x128 block scaling";
+  if (g.fa != Fmt::e4m3 || g.fb != Fmt::e4m3) return "e4m3 operands only";
+  if (g.K % kStageK != 0 || g.N % kBand != 0)
+    return "N and K must be multiples of 128 (N " + std::to_string(g.N) + ", K " + std::to_string(g.K) + ")";
+  if (g.lda % 16 != 0 || g.ldb % 16 != 0) return "A's and B's row strides must be multiples of 16 bytes";
+  return "";
+}
+
+void gemm_few_rows(const GemmArgs& g, cudaStream_t st) {
+  if (g.M <= 0) return;
+  Params p{};
+  p.M = g.M;
+  p.N = g.N;
+  p.K = g.K;
+  p.a = static_cast<const uint8_t*>(g.a);
+  p.lda = g.lda;
+  p.b = static_cast<const uint8_t*>(g.b);
+  p.ldb = g.ldb;
+  p.sa = g.sa;
+  p.sb = g.sb;
+  p.kb4 = ceil_div(ceil_div(g.K, 128), 4) * 4;
+  p.c = g.c;
+  p.ldc = g.ldc;
+  p.c_bf16 = g.c_bf16;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  // Tokens: the fewest 8-token tiles that hold M (2, 4 or 8), chunks of 64 past that.
+  const int NT = g.M <= 16 ? 2 : g.M <= 32 ? 4 : 8;
+  const int64_t chunks = ceil_div(g.M, 8 * NT);
+  // Splits of K: enough blocks for ~2 a multiprocessor, at most a cluster's 8 and a stage each.
+  int dev = 0;
+  const int sms = device_sms(&dev);
+  const int64_t tiles = (g.N / kBand) * chunks, stages = g.K / kStageK;
+  int64_t splits = std::clamp<int64_t>(ceil_div(2 * int64_t(sms), tiles), 1, std::min<int64_t>(kMaxSplits, stages));
+  p.steps_per_split = ceil_div(stages, splits);
+  splits = ceil_div(stages, p.steps_per_split);  // no split left without a stage
+  switch (NT) {
+    case 2: launch<2>(p, int(splits), chunks, dev, st); break;
+    case 4: launch<4>(p, int(splits), chunks, dev, st); break;
+    default: launch<8>(p, int(splits), chunks, dev, st); break;
+  }
+}
+
+}  // namespace vfp8
