@@ -321,6 +321,14 @@ void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t s
 
 }  // namespace
 
+void few_rows_prepare() {
+  int dev = 0;
+  device_sms(&dev);
+  allow_smem<2>(dev);
+  allow_smem<4>(dev);
+  allow_smem<8>(dev);
+}
+
 int64_t few_rows_bound() {
   static const int64_t bound = [] {
     const char* e = std::getenv("VFP8_FEW_ROWS_MAX");

@@ -60,6 +60,9 @@ struct GemmArgs {
 // and K multiples of 128, Hopper (sm_90) only. "" when it takes g's shape, else why not.
 std::string few_rows_unsupported(const GemmArgs& g);
 void gemm_few_rows(const GemmArgs& g, cudaStream_t st);  // throws std::runtime_error
+// Sets the kernels' shared-memory allowance on the current device (once): called at resolution,
+// so that a first product inside a CUDA graph's capture makes no such call.
+void few_rows_prepare();
 // The rows up to which gemm takes it by default (the `few_rows` attribute: README.md):
 // VFP8_FEW_ROWS_MAX, else 64.
 int64_t few_rows_bound();

@@ -648,6 +648,8 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     check(*op, d->inputs, d->num_inputs, d->outputs, d->num_outputs, &resolution, d->shapes_valid != 0);
     // With the shapes of the calls to come, ask cuBLASLt now: a product it has no algorithm for
     // is a refusal (the registry falls through), not a failure in the middle of a step.
+    if (op->kind == Kind::gemm && !op->weight_only && op->scaling == 1 && op->few_rows != 0)
+      on_device(k, [] { vfp8::few_rows_prepare(); });
     if (op->kind == Kind::gemm && !op->weight_only && d->shapes_valid) {
       vfp8::GemmArgs g =
           gemm_args(k, d->inputs, d->num_inputs, d->outputs, d->num_outputs, *op, &resolution, true);
