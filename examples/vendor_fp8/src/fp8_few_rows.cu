@@ -367,11 +367,13 @@ void gemm_few_rows(const GemmArgs& g, cudaStream_t st) {
   // Tokens: the fewest 8-token tiles that hold M (2, 4 or 8), chunks of 64 past that.
   const int NT = g.M <= 16 ? 2 : g.M <= 32 ? 4 : 8;
   const int64_t chunks = ceil_div(g.M, 8 * NT);
-  // Splits of K: enough blocks for ~2 a multiprocessor, at most a cluster's 8 and a stage each.
+  // Splits of K: as many as keep every block in one wave of 2 a multiprocessor (a second wave
+  // would run a fraction of the SMs for a whole block's time), at most a cluster's 8 and a stage
+  // each.
   int dev = 0;
   const int sms = device_sms(&dev);
   const int64_t tiles = (g.N / kBand) * chunks, stages = g.K / kStageK;
-  int64_t splits = std::clamp<int64_t>(ceil_div(2 * int64_t(sms), tiles), 1, std::min<int64_t>(kMaxSplits, stages));
+  int64_t splits = std::clamp<int64_t>(2 * int64_t(sms) / tiles, 1, std::min<int64_t>(kMaxSplits, stages));
   p.steps_per_split = ceil_div(stages, splits);
   splits = ceil_div(stages, p.steps_per_split);  // no split left without a stage
   switch (NT) {
