@@ -24,7 +24,6 @@
 // order (deterministic, no workspace, no second launch). The weights' first stages are queued
 // before griddepcontrol.wait (programmatic dependent launch: docs/ops.md's stream-order contract
 // lets gemm read B early); the activations and their scales after it.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,12 +36,11 @@
 #include <utility>
 #include <vector>
 
+#include "fp8_cluster.cuh"
 #include "fp8_gemm.hpp"
 
 namespace vfp8 {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -82,9 +80,6 @@ struct Params {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
-
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -241,48 +236,8 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
       tile[(col + 1) * kTileStride + row + 8] = acc[j][3];
     }
   }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  // Each block of the cluster sums its share of the tile over the blocks in rank order.
-  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  constexpr int kElems = S::tokens * kBand;
-  const int per = (kElems + splits - 1) / splits;
-  const int e_end = (rank + 1) * per < kElems ? (rank + 1) * per : kElems;
-  for (int e = rank * per + tid; e < e_end; e += kThreads) {
-    const int col = e / kBand, row = e % kBand;
-    const int64_t m = m0 + col, n = n0 + row;
-    if (m >= p.M) continue;
-    float v = 0.f;
-    for (int q = 0; q < splits; ++q) v += cluster.map_shared_rank(tile, q)[col * kTileStride + row];
-    v *= p.alpha;
-    if (p.c_bf16) {
-      __nv_bfloat16* c = static_cast<__nv_bfloat16*>(p.c) + m * p.ldc + n;
-      if (p.beta != 0.f) v += p.beta * __bfloat162float(*c);
-      *c = __float2bfloat16_rn(v);
-    } else {
-      float* c = static_cast<float*>(p.c) + m * p.ldc + n;
-      if (p.beta != 0.f) v += p.beta * *c;
-      *c = v;
-    }
-  }
-  cluster.sync();  // no block leaves while another reads its tile
+  cluster_sum_store(tile, kTileStride, S::tokens, kBand, m0, n0, p.M, p.N, p.c, p.ldc, p.c_bf16, p.alpha, p.beta);
 #endif
-}
-
-int device_sms(int* dev_out) {
-  static std::mutex mu;
-  static std::vector<int> counts;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  *dev_out = dev;
-  std::lock_guard<std::mutex> lock(mu);
-  if (size_t(dev) >= counts.size()) counts.resize(size_t(dev) + 1, 0);
-  if (counts[size_t(dev)] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    counts[size_t(dev)] = n > 0 ? n : 132;
-  }
-  return counts[size_t(dev)];
 }
 
 // The kernel's dynamic shared memory past 48 KiB is an attribute set once a device.
@@ -323,7 +278,7 @@ void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t s
 
 void few_rows_prepare() {
   int dev = 0;
-  device_sms(&dev);
+  sm_count(&dev);
   allow_smem<2>(dev);
   allow_smem<4>(dev);
   allow_smem<8>(dev);
@@ -371,7 +326,7 @@ void gemm_few_rows(const GemmArgs& g, cudaStream_t st) {
   // would run a fraction of the SMs for a whole block's time), at most a cluster's 8 and a stage
   // each.
   int dev = 0;
-  const int sms = device_sms(&dev);
+  const int sms = sm_count(&dev);
   const int64_t tiles = (g.N / kBand) * chunks, stages = g.K / kStageK;
   int64_t splits = std::clamp<int64_t>(2 * int64_t(sms) / tiles, 1, std::min<int64_t>(kMaxSplits, stages));
   p.steps_per_split = ceil_div(stages, splits);

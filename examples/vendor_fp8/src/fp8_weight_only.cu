@@ -37,12 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "fp8_cluster.cuh"
 #include "fp8_kernels.hpp"
 
 namespace vfp8 {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kWarps = 4;
 constexpr int kRowsPerWarp = 32;
@@ -73,10 +72,6 @@ struct Params {
   int64_t steps_per_split;
 };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
-#endif
 
 // Two e4m3 codes (a 16-bit word) to two bf16 values times s: the codes convert exactly to half
 // (hardware pair conversion), the product with s rounds once, to bf16.
@@ -239,47 +234,9 @@ __global__ void __launch_bounds__(kWarps * 32) weight_only_kernel(Params p) {
       tile[col][row + 8] = acc[h][g][2];
       tile[col + 1][row + 8] = acc[h][g][3];
     }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  // Each block of the cluster sums its share of the tile over the blocks in rank order.
-  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  constexpr int kElems = 8 * G * kBlockRows;
-  const int per = (kElems + splits - 1) / splits;
-  const int e_end = (rank + 1) * per < kElems ? (rank + 1) * per : kElems;
-  for (int e = rank * per + int(threadIdx.x); e < e_end; e += kWarps * 32) {
-    const int col = e / kBlockRows, row = e % kBlockRows;
-    float v = 0.f;
-    for (int q = 0; q < splits; ++q) v += cluster.map_shared_rank(&tile[0][0], q)[col * kTileStride + row];
-    const int64_t m = m0 + col, n = band + row;
-    if (m >= p.M || n >= p.N) continue;
-    v *= p.alpha;
-    if (p.c_bf16) {
-      __nv_bfloat16* c = static_cast<__nv_bfloat16*>(p.c) + m * p.ldc + n;
-      if (p.beta != 0.f) v += p.beta * __bfloat162float(*c);
-      *c = __float2bfloat16_rn(v);
-    } else {
-      float* c = static_cast<float*>(p.c) + m * p.ldc + n;
-      if (p.beta != 0.f) v += p.beta * *c;
-      *c = v;
-    }
-  }
-  cluster.sync();  // no block leaves while another reads its tile
+  cluster_sum_store(&tile[0][0], kTileStride, 8 * G, kBlockRows, m0, band, p.M, p.N, p.c, p.ldc, p.c_bf16, p.alpha,
+                    p.beta);
 #endif
-}
-
-int sm_count() {
-  static std::mutex mu;
-  static std::vector<int> counts;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  std::lock_guard<std::mutex> lock(mu);
-  if (size_t(dev) >= counts.size()) counts.resize(size_t(dev) + 1, 0);
-  if (counts[size_t(dev)] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    counts[size_t(dev)] = n > 0 ? n : 132;
-  }
-  return counts[size_t(dev)];
 }
 
 // VFP8_W8_SPLITS=n caps the split of K (1..8) and VFP8_W8_PDL=0 launches without programmatic

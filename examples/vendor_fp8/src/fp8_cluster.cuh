@@ -1,0 +1,73 @@
+// What the plugin's split-K products share (fp8_weight_only.cu, fp8_few_rows.cu): programmatic
+// dependent launch, the multiprocessor count, and the epilogue that adds the partial tiles of a
+// thread-block cluster's blocks through distributed shared memory, in rank order (so the sum is
+// the same every run), and writes C.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace vfp8 {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// C[m0 + col, n0 + row] = alpha * (sum over the cluster's blocks of tile[col * stride + row]) +
+// beta * C, for col < cols (tokens; those at or past M skipped) and row < rows (C's columns; those
+// at or past N skipped). Each block of the cluster writes its share of the elements. Call with
+// every thread of every block, once each block's tile is written; it returns after the cluster's
+// last read of any tile.
+__device__ inline void cluster_sum_store(float* tile, int stride, int cols, int rows, int64_t m0, int64_t n0,
+                                         int64_t M, int64_t N, void* c, int64_t ldc, bool c_bf16, float alpha,
+                                         float beta) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int elems = cols * rows, per = (elems + splits - 1) / splits;
+  const int e_end = (rank + 1) * per < elems ? (rank + 1) * per : elems;
+  for (int e = rank * per + int(threadIdx.x); e < e_end; e += int(blockDim.x)) {
+    const int col = e / rows, row = e % rows;
+    const int64_t m = m0 + col, n = n0 + row;
+    if (m >= M || n >= N) continue;
+    float v = 0.f;
+    for (int q = 0; q < splits; ++q) v += cluster.map_shared_rank(tile, q)[col * stride + row];
+    v *= alpha;
+    if (c_bf16) {
+      __nv_bfloat16* p = static_cast<__nv_bfloat16*>(c) + m * ldc + n;
+      if (beta != 0.f) v += beta * __bfloat162float(*p);
+      *p = __float2bfloat16_rn(v);
+    } else {
+      float* p = static_cast<float*>(c) + m * ldc + n;
+      if (beta != 0.f) v += beta * *p;
+      *p = v;
+    }
+  }
+  cluster.sync();  // no block leaves while another reads its tile
+}
+#endif
+
+// The current device's multiprocessor count (kept per device), and the device in *dev.
+inline int sm_count(int* dev = nullptr) {
+  static std::mutex mu;
+  static std::vector<int> counts;
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess) d = 0;
+  if (dev) *dev = d;
+  std::lock_guard<std::mutex> lock(mu);
+  if (size_t(d) >= counts.size()) counts.resize(size_t(d) + 1, 0);
+  if (counts[size_t(d)] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d);
+    counts[size_t(d)] = n > 0 ? n : 132;
+  }
+  return counts[size_t(d)];
+}
+
+}  // namespace vfp8
