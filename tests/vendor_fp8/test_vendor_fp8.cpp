@@ -1103,6 +1103,55 @@ TEST_F(VendorFp8, GemmFewRowsMatchesTheDequantisedProduct) {
             RLH_E_INVALID_ARGUMENT);
 }
 
+// The weight-only form with `quantize_a = 1` (README.md): A's 1x128 tiles quantised to e4m3
+// inside the few-row product. It must give exactly what quantize_fp8 (grouping 1, the same
+// margin) followed by the block-scaled product of its codes gives: the same codes and scales,
+// summed in the same order. Rows that fill no tile of 8, one and several chunks of 64, K in one
+// stage and split, rows of very different size, margin 0 and 1.
+TEST_F(VendorFp8, GemmQuantizeAInTheProductIsThePassThenTheProduct) {
+  std::mt19937_64 rng(22);
+  int ran = 0;
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{9, 256, 128}, {40, 384, 1152}, {64, 128, 512}, {130, 256, 384}})
+    for (const double margin : {0.0, 1.0}) {
+      SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " margin " +
+                   std::to_string(margin));
+      Mat x = random_mat(rng, M, K, kBF16, 1.0);
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < K; ++c) x.v[size_t(r * K + c)] = kc::round_bf16(x.at(r, c) * std::exp2(double(r % 9) - 4));
+      const Mat w = random_mat(rng, N, K, kBF16, 0.02);
+      const Quantized qw = quantize_on_device(*this, w, kE4M3, 2, 0);
+      // The pass, then the codes' product.
+      const int64_t ns = ((K + 127) / 128) * M;
+      Buf& q = alloc(size_t(M * K));
+      Buf& sc = alloc(size_t(ns) * 4);
+      void* xd = upload(x);
+      run_once("quantize_fp8", {mat_t(xd, x)}, {t(q.get(), {M, K}, kE4M3), t(sc.get(), {ns}, kF32)},
+               {rlh::sdk::attr_int("grouping", 1), rlh::sdk::attr_double("margin", margin)});
+      Buf& c1 = alloc(size_t(M * N) * 2);
+      run_once("gemm",
+               {t(q.get(), {M, K}, kE4M3), t(qw.q, {N, K}, kE4M3), t(sc.get(), {ns}, kF32), t(qw.scale, {qw.nscale}, kF32)},
+               {t(c1.get(), {M, N}, kBF16)},
+               {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 1), rlh::sdk::attr_int("few_rows", 2)});
+      // In the product.
+      Buf& c2 = alloc(size_t(M * N) * 2);
+      run_once("gemm", {mat_t(xd, x), t(qw.q, {N, K}, kE4M3), t(qw.scale, {qw.nscale}, kF32)}, {t(c2.get(), {M, N}, kBF16)},
+               {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", 1), rlh::sdk::attr_int("quantize_a", 1),
+                rlh::sdk::attr_double("margin", margin)});
+      EXPECT_EQ(c1.get_bytes(), c2.get_bytes());
+      EXPECT_LE(rel_err(read(c2, kBF16, size_t(M * N)), ref_gemm(x, w, 1, 0, {})), 1e-1) << "against bf16";
+      ++ran;
+    }
+  EXPECT_EQ(ran, 8);
+  // Refused: with one scale for B, and on the codes' form (A e4m3).
+  const Mat x = random_mat(rng, 16, 128, kBF16, 1.0), w = random_mat(rng, 128, 128, kBF16, 0.02);
+  const Quantized qw0 = quantize_on_device(*this, w, kE4M3, 0, 0);
+  Buf& c = alloc(16 * 128 * 2);
+  EXPECT_EQ(resolve_code("gemm", {mat_t(upload(x), x), t(qw0.q, {128, 128}, kE4M3), t(qw0.scale, {1}, kF32)},
+                         {t(c.get(), {16, 128}, kBF16)},
+                         {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("quantize_a", 1)}),
+            RLH_E_UNIMPLEMENTED);
+}
+
 // Row scaling (scaling 3): a float per row of A and per row of B, C[i, j] = sa[i] sb[j] (A B^T)[i, j]
 // (torch._scaled_mm's rowwise recipe), on cuBLASLt's outer vectors, with and without fast
 // accumulation, at decoding's few rows and at a training shape, bf16 C, against the product of

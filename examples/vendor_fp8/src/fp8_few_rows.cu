@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "fp8_cluster.cuh"
+#include "fp8_codes.cuh"
 #include "fp8_gemm.hpp"
 
 namespace vfp8 {
@@ -46,20 +47,24 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBand = 128;     // weight rows a block: one band of block scales
 constexpr int kStageK = 128;   // K a stage: one block of scales
-constexpr int kStages = 4;     // stages in the ring (kStages - 1 in flight while one is computed)
 constexpr int kMaxSplits = 8;  // blocks of a cluster (the portable maximum)
 constexpr int kTileStride = kBand + 4;  // the partial tile's row, padded off bank conflicts
 
-// A stage of a chunk of 8 NT tokens: the weights' 128 x 128 codes, the tokens' 8 NT x 128
-// codes, their 8 NT tile scales; padded to 128 bytes so every stage swizzles alike.
-template <int NT>
+// A stage of a chunk of 8 NT tokens: the weights' 128 x 128 codes, then the tokens' 8 NT x 128
+// codes and their 8 NT tile scales, or with QA (A in bf16, quantised in the kernel) their bf16
+// values; padded to 128 bytes so every stage swizzles alike. With QA the stage being computed is
+// quantised into one more region (codes and scales) after the ring, which has a stage fewer
+// (2 blocks a multiprocessor either way: 99 and 104 KiB at 64 tokens).
+template <int NT, bool QA>
 struct Stage {
+  static constexpr int stages = QA ? 3 : 4;  // in the ring (stages - 1 in flight while one is computed)
   static constexpr int tokens = 8 * NT;
   static constexpr int w_bytes = kBand * kStageK;
-  static constexpr int a_bytes = tokens * kStageK;
-  static constexpr int s_bytes = tokens * 4;
+  static constexpr int a_bytes = tokens * kStageK * (QA ? 2 : 1);
+  static constexpr int s_bytes = QA ? 0 : tokens * 4;
   static constexpr int bytes = (w_bytes + a_bytes + s_bytes + 127) / 128 * 128;
-  static constexpr int smem = kStages * bytes;
+  static constexpr int q_offset = stages * bytes;  // QA: the codes being computed, then their scales
+  static constexpr int smem = q_offset + (QA ? tokens * kStageK + tokens * 4 : 0);
   static_assert(smem >= tokens * kTileStride * 4, "the partial tile reuses the stages' memory");
 };
 
@@ -77,6 +82,7 @@ struct Params {
   bool c_bf16;
   float alpha, beta;
   int64_t steps_per_split;
+  float qa_mult;  // QA: the scales' 2^margin
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -113,11 +119,14 @@ __device__ __forceinline__ uint32_t swz(int r, int ch) { return uint32_t(r * 128
 #endif
 
 // One chunk of 8 NT tokens (blockIdx.z) x one band of 128 weight rows (blockIdx.x) x a range of
-// K (blockIdx.y, a block of the cluster).
-template <int NT>
+// K (blockIdx.y, a block of the cluster). QA: A is bf16, and each stage's tokens are quantised to
+// 1x128 tiles here, as quantize_fp8 (grouping 1, current scaling) writes them: the same codes and
+// scales, so the same product as the pass followed by the codes' product, without the pass.
+template <int NT, bool QA>
 __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using S = Stage<NT>;
+  using S = Stage<NT, QA>;
+  constexpr int kRing = S::stages;
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int t = lane & 3;
@@ -137,29 +146,42 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
       cp16(dst + swz(r, ch), p.b + (n0 + r) * p.ldb + s * kStageK + ch * 16, 16);
     }
   };
-  // The tokens' codes (zeros past M) and tile scales (zeros past M: those columns add nothing).
+  // The tokens' codes (zeros past M) and tile scales (zeros past M: those columns add nothing);
+  // QA: their bf16 values (zeros past M), 256-byte rows whose odd rows swap their halves' 16-byte
+  // chunks (quantise's reads then take the banks of 2 rows at once without conflict).
   auto load_a = [&](int slot, int64_t s) {
     const uint32_t dst = base + uint32_t(slot * S::bytes + S::w_bytes);
-    for (int idx = tid; idx < S::tokens * 8; idx += kThreads) {
-      const int r = idx >> 3, ch = idx & 7;
-      const int64_t m = m0 + r;
-      const bool in = m < p.M;
-      cp16(dst + swz(r, ch), p.a + (in ? m : 0) * p.lda + s * kStageK + ch * 16, in ? 16 : 0);
-    }
-    if (tid < S::tokens) {
-      const int64_t m = m0 + tid;
-      const bool in = m < p.M;
-      cp4(dst + uint32_t(S::a_bytes + 4 * tid), p.sa + s * p.M + (in ? m : 0), in ? 4 : 0);
+    if constexpr (QA) {
+      const auto* a = reinterpret_cast<const __nv_bfloat16*>(p.a);
+      for (int idx = tid; idx < S::tokens * 16; idx += kThreads) {
+        const int r = idx >> 4, ch = idx & 15;
+        const int64_t m = m0 + r;
+        const bool in = m < p.M;
+        cp16(dst + uint32_t(r * 256 + ((ch ^ ((r & 1) << 2)) << 4)), a + (in ? m : 0) * p.lda + s * kStageK + ch * 8,
+             in ? 16 : 0);
+      }
+    } else {
+      for (int idx = tid; idx < S::tokens * 8; idx += kThreads) {
+        const int r = idx >> 3, ch = idx & 7;
+        const int64_t m = m0 + r;
+        const bool in = m < p.M;
+        cp16(dst + swz(r, ch), p.a + (in ? m : 0) * p.lda + s * kStageK + ch * 16, in ? 16 : 0);
+      }
+      if (tid < S::tokens) {
+        const int64_t m = m0 + tid;
+        const bool in = m < p.M;
+        cp4(dst + uint32_t(S::a_bytes + 4 * tid), p.sa + s * p.M + (in ? m : 0), in ? 4 : 0);
+      }
     }
   };
 
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i)
+  for (int i = 0; i < kRing - 1; ++i)
     if (s_begin + i < s_end) load_w(i, s_begin + i);
   grid_wait();  // A, its scales (and C when beta != 0) may be the kernel before's output
   grid_launch_dependents();
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
+  for (int i = 0; i < kRing - 1; ++i) {
     if (s_begin + i < s_end) load_a(i, s_begin + i);
     cp_commit();  // (an empty group where the range is short: the waits count groups)
   }
@@ -178,19 +200,53 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
   const int a_row = 8 * (lane >> 4) + (lane & 7), a_half = (lane >> 3) & 1;
 
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int slot = int((s - s_begin) % kStages);
-    cp_wait<kStages - 2>();
+    const int slot = int((s - s_begin) % kRing);
+    cp_wait<kRing - 2>();
     __syncthreads();  // stage s is in, and every warp is done with the slot refilled next
     {
-      const int64_t next = s + kStages - 1;
+      const int64_t next = s + kRing - 1;
       if (next < s_end) {
-        const int ns = int((next - s_begin) % kStages);
+        const int ns = int((next - s_begin) % kRing);
         load_w(ns, next);
         load_a(ns, next);
       }
       cp_commit();
     }
-    const uint32_t wt = base + uint32_t(slot * S::bytes), at = wt + uint32_t(S::w_bytes);
+    const uint32_t wt = base + uint32_t(slot * S::bytes);
+    uint32_t at = wt + uint32_t(S::w_bytes);
+    const float* sa = reinterpret_cast<const float*>(smem + slot * S::bytes + S::w_bytes + S::a_bytes);
+    if constexpr (QA) {
+      // Four threads a token, 32 values each (16-byte chunks l, l + 4, l + 8, l + 12), the
+      // tile's amax over the four, then its scale and codes as fp8_kernels.cu's tile pass makes
+      // them (fp8_codes.cuh).
+      const uint8_t* vals = smem + slot * S::bytes + S::w_bytes;
+      uint8_t* codes = smem + S::q_offset;
+      float* scales = reinterpret_cast<float*>(smem + S::q_offset + S::tokens * kStageK);
+      if (tid < 4 * S::tokens) {  // (whole warps: 4 x 16 tokens at least)
+        const int r = tid >> 2, l = tid & 3;
+        float v[4][8];
+        unsigned mx = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          load8_bf16(vals + r * 256 + (((l + 4 * i) ^ ((r & 1) << 2)) << 4), v[i]);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) mx = max(mx, abs_bits(v[i][e]));
+        }
+        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float sc = scale_of(__uint_as_float(mx), 448.0f, p.qa_mult);
+        const Divisor d(sc);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = l + 4 * i;  // values 8c .. 8c + 7: half c % 2 of 16-byte chunk c / 2
+          *reinterpret_cast<uint2*>(codes + swz(r, c >> 1) + (c & 1) * 8) = codes8(v[i], d, Fmt::e4m3);
+        }
+        if (l == 0) scales[r] = sc;
+      }
+      __syncthreads();
+      at = smem_addr(codes);
+      sa = scales;
+    }
     float part[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -211,7 +267,6 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
     // Promotion: C fragment (row g | g + 8, tokens 2t, 2t + 1) times the band's scale and the
     // two tokens' tile scales of this stage.
     const float sw = __ldg(sw_row + s);
-    const float* sa = reinterpret_cast<const float*>(smem + slot * S::bytes + S::w_bytes + S::a_bytes);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const float2 x = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * t);
@@ -241,25 +296,25 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
 }
 
 // The kernel's dynamic shared memory past 48 KiB is an attribute set once a device.
-template <int NT>
+template <int NT, bool QA>
 void allow_smem(int dev) {
   static std::mutex mu;
   static std::set<int> done;
   std::lock_guard<std::mutex> lock(mu);
   if (done.count(dev)) return;
   const cudaError_t e =
-      cudaFuncSetAttribute(few_rows_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage<NT>::smem);
+      cudaFuncSetAttribute(few_rows_kernel<NT, QA>, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage<NT, QA>::smem);
   if (e != cudaSuccess) throw std::runtime_error(std::string("few-row FP8 product: ") + cudaGetErrorString(e));
   done.insert(dev);
 }
 
-template <int NT>
+template <int NT, bool QA>
 void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t st) {
-  allow_smem<NT>(dev);
+  allow_smem<NT, QA>(dev);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(p.N / kBand), unsigned(splits), unsigned(chunks));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Stage<NT>::smem;
+  cfg.dynamicSmemBytes = Stage<NT, QA>::smem;
   cfg.stream = st;
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeClusterDimension;
@@ -270,7 +325,7 @@ void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t s
   at[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, few_rows_kernel<NT>, p);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, few_rows_kernel<NT, QA>, p);
   if (e != cudaSuccess) throw std::runtime_error(std::string("few-row FP8 product: ") + cudaGetErrorString(e));
 }
 
@@ -279,9 +334,12 @@ void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t s
 void few_rows_prepare() {
   int dev = 0;
   sm_count(&dev);
-  allow_smem<2>(dev);
-  allow_smem<4>(dev);
-  allow_smem<8>(dev);
+  allow_smem<2, false>(dev);
+  allow_smem<4, false>(dev);
+  allow_smem<8, false>(dev);
+  allow_smem<2, true>(dev);
+  allow_smem<4, true>(dev);
+  allow_smem<8, true>(dev);
 }
 
 int64_t few_rows_bound() {
@@ -294,10 +352,11 @@ int64_t few_rows_bound() {
 
 std::string few_rows_unsupported(const GemmArgs& g) {
   if (g.scaling != Scaling::tiles_blocks) return "only 1x128 x 128x128 block scaling";
-  if (g.fa != Fmt::e4m3 || g.fb != Fmt::e4m3) return "e4m3 operands only";
+  if ((!g.a_bf16 && g.fa != Fmt::e4m3) || g.fb != Fmt::e4m3) return "e4m3 operands only";
   if (g.K % kStageK != 0 || g.N % kBand != 0)
     return "N and K must be multiples of 128 (N " + std::to_string(g.N) + ", K " + std::to_string(g.K) + ")";
-  if (g.lda % 16 != 0 || g.ldb % 16 != 0) return "A's and B's row strides must be multiples of 16 bytes";
+  if ((g.a_bf16 ? g.lda % 8 : g.lda % 16) != 0 || g.ldb % 16 != 0)
+    return "A's and B's row strides must be multiples of 16 bytes";
   return "";
 }
 
@@ -331,10 +390,20 @@ void gemm_few_rows(const GemmArgs& g, cudaStream_t st) {
   int64_t splits = std::clamp<int64_t>(2 * int64_t(sms) / tiles, 1, std::min<int64_t>(kMaxSplits, stages));
   p.steps_per_split = ceil_div(stages, splits);
   splits = ceil_div(stages, p.steps_per_split);  // no split left without a stage
-  switch (NT) {
-    case 2: launch<2>(p, int(splits), chunks, dev, st); break;
-    case 4: launch<4>(p, int(splits), chunks, dev, st); break;
-    default: launch<8>(p, int(splits), chunks, dev, st); break;
+  p.qa_mult = g.a_margin_mult;
+  const int sp = int(splits);
+  if (g.a_bf16) {
+    switch (NT) {
+      case 2: launch<2, true>(p, sp, chunks, dev, st); break;
+      case 4: launch<4, true>(p, sp, chunks, dev, st); break;
+      default: launch<8, true>(p, sp, chunks, dev, st); break;
+    }
+  } else {
+    switch (NT) {
+      case 2: launch<2, false>(p, sp, chunks, dev, st); break;
+      case 4: launch<4, false>(p, sp, chunks, dev, st); break;
+      default: launch<8, false>(p, sp, chunks, dev, st); break;
+    }
   }
 }
 

@@ -53,6 +53,10 @@ struct GemmArgs {
   // timed runs overwrite C), outside stream capture, for up to 512 rows and 64 shapes an
   // instance; else the heuristic's first.
   bool autotune = false;
+  // The few-row kernel only (gemm_few_rows): A in bf16, its 1x128 tiles quantised to e4m3 in the
+  // product (current scaling, scale = amax / 448 * a_margin_mult) as quantize_fp8 would; sa unused.
+  bool a_bf16 = false;
+  float a_margin_mult = 1;
 };
 
 // The block-scaled product (Scaling::tiles_blocks, e4m3 x e4m3) of a few rows on a kernel of our

@@ -75,6 +75,9 @@ struct rlh_op {
   // gemm's few-row kernel (fp8_few_rows.cu) for block-scaled products: 0 never (cuBLASLt), 1 up
   // to vfp8::few_rows_bound() rows, 2 at any rows the kernel takes.
   int64_t few_rows = 1;
+  // The weight-only form with A's 1x128 tiles quantised to e4m3 in the product (the few-row
+  // kernel's QA form: README.md, `quantize_a`): W8A8 numerics, no quantisation pass.
+  bool quantize_a = false;
   // quantize_fp8 fused into the op that produces x (README.md: `producer`): 0 none, 1 rmsnorm,
   // 2 add_rmsnorm, 3 swiglu; eps and weight_offset are the norms'.
   int64_t producer = 0;
@@ -229,8 +232,32 @@ bool takes_few_rows(const vfp8::GemmArgs& g, int64_t few_rows) {
   return vfp8::few_rows_unsupported(g).empty();
 }
 
+// The weight-only form's product with A quantised in it (`quantize_a`): the few-row kernel's
+// arguments, A's scales 2^margin over amax / 448.
+vfp8::GemmArgs quantized_in_product(const vfp8::WeightOnlyArgs& w, double margin_mult) {
+  vfp8::GemmArgs g;
+  g.M = w.M;
+  g.N = w.N;
+  g.K = w.K;
+  g.a = w.a;
+  g.lda = w.lda;
+  g.b = w.b;
+  g.ldb = w.ldb;
+  g.sb = w.sb;
+  g.scaling = Scaling::tiles_blocks;
+  g.c = w.c;
+  g.ldc = w.ldc;
+  g.c_bf16 = w.c_bf16;
+  g.alpha = w.alpha;
+  g.beta = w.beta;
+  g.a_bf16 = true;
+  g.a_margin_mult = float(margin_mult);
+  return g;
+}
+
 // ---- gemm, weight-only: A bf16, B e4m3, scale_b -> C (README.md): B's codes dequantised in the
-// product's registers, A read as it is (fp8_weight_only.cu).
+// product's registers, A read as it is (fp8_weight_only.cu); or with `quantize_a`, A's tiles
+// quantised in the product (fp8_few_rows.cu).
 vfp8::WeightOnlyArgs weight_only_args(const rlh_kernels* k, const rlh_tensor* in, size_t nin, const rlh_tensor* out,
                                       size_t nout, const rlh_op& op, const rlh_op_call* call, bool shapes) {
   if (nin != 3 || nout != 1)
@@ -250,6 +277,7 @@ vfp8::WeightOnlyArgs weight_only_args(const rlh_kernels* k, const rlh_tensor* in
   if (pick_i(call, "batch_invariant", op.batch_invariant) != 0) unimpl("gemm (weight-only): not batch-invariant");
   if (op.scaling != 0 && op.scaling != 1)
     unimpl("gemm (weight-only): takes scaling 0 (one scale for B) or 1 (B's 128x128 blocks)");
+  if (op.quantize_a && op.scaling != 1) unimpl("gemm (weight-only, quantize_a = 1): takes scaling 1 only");
   if (k->cc / 10 != 9) unimpl("gemm (weight-only): runs on Hopper (sm_90) only (it reduces across thread-block clusters)");
   vfp8::WeightOnlyArgs w;
   w.block_scales = op.scaling == 1;
@@ -265,7 +293,10 @@ vfp8::WeightOnlyArgs weight_only_args(const rlh_kernels* k, const rlh_tensor* in
   w.lda = ps.lda;
   w.ldb = ps.ldb;
   w.ldc = ps.ldc;
-  if (const std::string why = vfp8::weight_only_unsupported(w); !why.empty()) unimpl("gemm (weight-only): " + why);
+  if (const std::string why = op.quantize_a ? vfp8::few_rows_unsupported(quantized_in_product(w, 1))
+                                            : vfp8::weight_only_unsupported(w);
+      !why.empty())
+    unimpl(std::string("gemm (weight-only") + (op.quantize_a ? ", quantize_a = 1" : "") + "): " + why);
   const int64_t nb = vfp8::scale_count(w.block_scales ? Grouping::block128 : Grouping::tensor, N, K);
   if (rlh::sdk::tensor_numel(in[2]) != nb)
     bad("gemm (weight-only): scaling " + std::to_string(op.scaling) + " takes " + std::to_string(nb) +
@@ -628,6 +659,9 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     if (norm && (!(op->eps > 0) || !std::isfinite(op->eps) || !std::isfinite(op->weight_offset)))
       bad("quantize_fp8: eps must be positive and finite, weight_offset finite");
     op->few_rows = rlh::sdk::attr_int_or(a, na, "few_rows", 1);
+    const int64_t qa = rlh::sdk::attr_int_or(a, na, "quantize_a", 0);
+    if (qa != 0 && qa != 1) bad("gemm: quantize_a must be 0 or 1, got " + std::to_string(qa));
+    op->quantize_a = qa == 1;
     if (op->few_rows < 0 || op->few_rows > 2)
       bad("gemm: few_rows must be 0 (never), 1 (up to the bound's rows) or 2 (at any rows), got " +
           std::to_string(op->few_rows));
@@ -648,7 +682,9 @@ rlh_status* k_get_op(rlh_kernels* k, const rlh_op_desc* d, rlh_op** out) {
     check(*op, d->inputs, d->num_inputs, d->outputs, d->num_outputs, &resolution, d->shapes_valid != 0);
     // With the shapes of the calls to come, ask cuBLASLt now: a product it has no algorithm for
     // is a refusal (the registry falls through), not a failure in the middle of a step.
-    if (op->kind == Kind::gemm && !op->weight_only && op->scaling == 1 && op->few_rows != 0)
+    if (op->quantize_a && !op->weight_only)
+      unimpl("gemm: quantize_a = 1 is the weight-only form's (A bf16, B e4m3, scale_b)");
+    if (op->kind == Kind::gemm && op->scaling == 1 && ((!op->weight_only && op->few_rows != 0) || op->quantize_a))
       on_device(k, [] { vfp8::few_rows_prepare(); });
     if (op->kind == Kind::gemm && !op->weight_only && d->shapes_valid) {
       vfp8::GemmArgs g =
@@ -704,6 +740,12 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
             weight_only_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
         if (!aligned16(w.a) || !aligned16(w.b)) bad("gemm (weight-only): A and B must be 16-byte aligned");
         try {
+          if (op->quantize_a) {
+            const double margin = pick_d(call, "margin", op->margin);
+            if (!std::isfinite(margin)) bad("gemm (quantize_a): margin must be finite");
+            vfp8::gemm_few_rows(quantized_in_product(w, std::exp2(margin)), st);
+            return;
+          }
           vfp8::gemm_weight_only(w, st);
         } catch (const std::runtime_error& e) {
           throw Error(RLH_E_INTERNAL, "vendor_fp8 gemm (weight-only; M " + std::to_string(w.M) + ", N " +
