@@ -910,14 +910,18 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   cudaDeviceProp prop{};
   const bool hopper = cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
   std::printf("fp8 rollouts: weight-only products up to %lld rows\n", (long long)xs.fp8_weight_only_rows);
+  std::printf("fp8 rollouts: inputs no producer wrote quantised in the product up to %lld rows\n",
+              (long long)xs.fp8_in_product_rows);
   if (hopper && std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
     EXPECT_EQ(xs.fp8_weight_only_rows, 8);
+    if (!std::getenv("RLH_GEN_FP8_IN_PRODUCT")) EXPECT_EQ(xs.fp8_in_product_rows, 64);
   }
   // Steps of 16 rows quantise their inputs (more rows than the weight-only products take, and
   // a multiple of 16 as block scales need; the 378-row prefill above is neither, so its products
   // ran in bf16). Those inputs are quantised by the ops that produce them where the provider
   // offers quantize_fp8 fused with them: each layer's two norms (the boundary's add + norm
-  // included) and its SwiGLU; o's input, the attention's output, keeps a pass of its own.
+  // included) and its SwiGLU; o's input, the attention's output, is quantised inside its product
+  // where the provider offers that (quantize_a), else by a pass of its own.
   {
     Outs wide;
     Request r16 = r;

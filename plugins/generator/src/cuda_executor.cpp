@@ -1046,6 +1046,13 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     // RLH_GEN_FP8_WEIGHT_ONLY=N sets the bound (0: quantise every step's activations, the A/B).
     const char* wo = std::getenv("RLH_GEN_FP8_WEIGHT_ONLY");
     stats_.fp8_weight_only_rows = fp8_->set_weight_only_rows(wo && *wo ? std::max<int64_t>(0, std::atoll(wo)) : 8);
+    // Past those rows and up to 64, an input that no producer quantised (o's: attention's
+    // output) goes to the product as bf16 and the provider quantises its tiles inside it
+    // (vendor_fp8's few-row kernel with quantize_a): the same codes, no quantisation pass.
+    // RLH_GEN_FP8_IN_PRODUCT=N sets the bound (0: the pass, the A/B).
+    const char* qa = std::getenv("RLH_GEN_FP8_IN_PRODUCT");
+    stats_.fp8_in_product_rows =
+        fp8_->set_quantize_in_product_rows(qa && *qa ? std::max<int64_t>(0, std::atoll(qa)) : 64);
     b_->fp8 = fp8_.get();
     b_->fp8_weights = &fp8_ptrs_;
     // The norms and SwiGLU write their product's FP8 input themselves where a provider offers

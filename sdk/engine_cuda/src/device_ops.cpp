@@ -124,7 +124,7 @@ char g_quant_keys[2 * 3 * 2];
 char g_quant_given_keys[2 * 2];
 char g_quant_both_keys[2];
 char g_gemm_keys[2 * 3 * 2];
-char g_gemm_w8_keys[2];
+char g_gemm_w8_keys[3];  // scaling 0, 1, and 1 with quantize_a
 rlh_dtype fp8_dtype(DeviceOps::Fp8 f) { return f == DeviceOps::Fp8::e4m3 ? sdk::kE4M3 : sdk::kE5M2; }
 }  // namespace
 
@@ -296,11 +296,14 @@ void DeviceOps::gemm_fp8(int64_t M, int64_t N, int64_t K, const void* A, Fp8 fa,
 }
 
 bool DeviceOps::gemm_fp8_weight_only(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
-                                     const float* sb, int64_t nb, int scaling, void* C, int64_t ldc) {
-  const char* key = &g_gemm_w8_keys[scaling ? 1 : 0];
+                                     const float* sb, int64_t nb, int scaling, void* C, int64_t ldc,
+                                     bool quantize_a) {
+  if (quantize_a && scaling != 1) throw std::logic_error("gemm_fp8_weight_only: quantize_a takes scaling 1");
+  const char* key = &g_gemm_w8_keys[quantize_a ? 2 : scaling ? 1 : 0];
   Args a(dev_);
-  const std::array<rlh_named_value, 4> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
-                                             attr_double("alpha", 1.0), attr_double("beta", 0.0)};
+  const std::array<rlh_named_value, 5> at = {attr_int("transpose_b", 1), attr_int("scaling", scaling),
+                                             attr_double("alpha", 1.0), attr_double("beta", 0.0),
+                                             attr_int("quantize_a", quantize_a ? 1 : 0)};
   const std::vector<rlh_tensor> in = {a.mat(A, kBF16, M, K, lda), a.mat(B, sdk::kE4M3, N, K, K), a.vec(sb, kF32, nb)};
   const std::vector<rlh_tensor> out = {a.mat(C, kBF16, M, N, ldc)};
   return run_optional(key, "gemm", in, out, at);

@@ -59,6 +59,17 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
         cudaGetLastError();
         w8_offered_ = false;
       }
+      if (opt_.blockwise) {  // and with A quantised in the product (set_quantize_in_product_rows)
+        try {
+          const Quantised& w = weight(xb, n, n, false);
+          qa_offered_ = ops_.gemm_fp8_weight_only(16, n, n, xb, n, w.q.get(), w.sc(), w.nscale, 1, y.get<bf16>(), n,
+                                                  /*quantize_a=*/true);
+          check(cudaDeviceSynchronize(), "fp8 probe (quantize_a)");
+        } catch (const std::exception&) {
+          cudaGetLastError();
+          qa_offered_ = false;
+        }
+      }
       stats_ = {};
       w_.clear();
       in_sites_.clear();
@@ -312,6 +323,7 @@ bool Fp8Linears::input_buffers(int64_t N, int64_t K, void** q, float** scale) {
 
 bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t site_id) {
   xw_ = nullptr;
+  xqa_ = false;
   if (const Src p = std::exchange(produced_, Src{}); p == Src{x, N, K, ldx}) {  // the producer quantised x
     x_.rows = N;
     x_.inner = K;
@@ -324,6 +336,14 @@ bool Fp8Linears::input(const bf16* x, int64_t ldx, int64_t N, int64_t K, int64_t
   if (!train_ && N > 0 && N <= w8_rows_ && aligned(K) && ldx % 8 == 0) {  // weight-only: nothing to quantise
     xw_ = x;
     xw_ld_ = ldx;
+    xN_ = N;
+    xK_ = K;
+    return true;
+  }
+  if (!train_ && opt_.blockwise && N > 0 && N <= qa_rows_ && aligned(K) && ldx % 8 == 0) {  // quantised in the product
+    xw_ = x;
+    xw_ld_ = ldx;
+    xqa_ = true;
     xN_ = N;
     xK_ = K;
     return true;
@@ -355,10 +375,10 @@ void Fp8Linears::forward(const bf16* W, int64_t rows, bf16* y, int64_t ldy) {
   const Quantised& w = weight(W, rows, xK_, false);
   if (xw_) {  // (only once the constructor's probe ran the form: it is resolved, so it runs)
     if (!ops_.gemm_fp8_weight_only(xN_, rows, xK_, xw_, xw_ld_, w.q.get(), w.sc(), w.nscale, opt_.blockwise ? 1 : 0,
-                                   y, ldy))
+                                   y, ldy, xqa_))
       throw std::logic_error("fp8: the weight-only product ran at setup and is refused now");
     ++stats_.fp8_gemms;
-    ++stats_.weight_only;
+    ++(xqa_ ? stats_.quantized_in_product : stats_.weight_only);
     return;
   }
   ops_.gemm_fp8(xN_, rows, xK_, x_.q.get(), DeviceOps::Fp8::e4m3, x_.sc(), x_.nscale, w.q.get(),

@@ -84,6 +84,8 @@ struct CudaExecutorStats {
   double kv_wake_seconds = 0;    // and the time spent taking it again (map and clear)
   int64_t fp8_products = 0;      // FP8 rollouts: the products per step that run in FP8
   int64_t fp8_weight_only_rows = 0;  // and the most rows a step runs them weight-only (0: never)
+  // and the most rows a step's products quantise an input no producer wrote themselves (0: never)
+  int64_t fp8_in_product_rows = 0;
   int64_t fp8_produced = 0;      // and the most of a step's inputs whose codes their producer wrote,
   int64_t fp8_produced_by[3] = {0, 0, 0};  // by producer: RMSNorm, add + RMSNorm, SwiGLU
   int64_t fused_layers = 0;      // layers a one-row step runs as one decode_layer_fwd each (0: none did)

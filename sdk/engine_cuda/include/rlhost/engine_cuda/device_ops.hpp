@@ -132,9 +132,11 @@ class DeviceOps {
                 bool fast_accum = false, bool autotune = false);
   // The weight-only form (an optional one): C[M, N] (bf16, ldc) = A[M, K] (bf16, lda) (sb B)[N, K]^T,
   // B e4m3 K-major and contiguous with its scales (scaling 0: one; 1: 128x128 blocks). False where
-  // no provider offers it (asked once).
+  // no provider offers it (asked once). With quantize_a (scaling 1 only), A's 1x128 tiles are
+  // quantised to e4m3 inside the product, as quantize_fp8 would (examples/vendor_fp8's
+  // `quantize_a`): the blockwise FP8 product without its quantisation pass.
   bool gemm_fp8_weight_only(int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
-                            const float* sb, int64_t nb, int scaling, void* C, int64_t ldc);
+                            const float* sb, int64_t nb, int scaling, void* C, int64_t ldc, bool quantize_a = false);
   void embedding_fwd(void* out, const int32_t* ids, const void* table, int64_t N, int64_t C, int64_t V);
   void embedding_bwd(float* dtable, const int32_t* ids, const void* dout, int64_t N, int64_t C, int64_t V);
   // bf16 x, w, y; f32 rstd [N] (may be null)

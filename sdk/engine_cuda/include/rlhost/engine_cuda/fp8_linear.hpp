@@ -99,6 +99,11 @@ class Fp8Linears {
   // the bound in force (0: no provider offers the form). Never in a training call.
   int64_t set_weight_only_rows(int64_t rows) { return w8_rows_ = w8_offered_ ? rows : 0; }
   int64_t weight_only_rows() const { return w8_rows_; }
+  // Generation, blockwise: inputs past weight_only_rows() and up to `rows` rows that no producer
+  // quantised run gemm's weight-only form with quantize_a (the provider quantises A's tiles inside
+  // the product, examples/vendor_fp8), where offered (probed by the forward-only constructor):
+  // the quantisation pass is saved. Returns the bound in force (0: not offered).
+  int64_t set_quantize_in_product_rows(int64_t rows) { return qa_rows_ = qa_offered_ ? rows : 0; }
 
   // Backward of one group: dx (lddx; bf16, added with beta 1) from dy [N, rows] (lddy), and
   // dW [rows, K] (fp32, accumulated). `input_t` quantises X^T for the step's dW products once;
@@ -124,6 +129,7 @@ class Fp8Linears {
   struct Stats {
     int64_t fp8_gemms = 0, bf16_gemms = 0;  // the products of FP8 layers, by how they ran
     int64_t weight_only = 0;                 // of fp8_gemms, the weight-only ones
+    int64_t quantized_in_product = 0;        // of fp8_gemms, those whose A the product quantised
   };
   const Stats& stats() const { return stats_; }
   void count_bf16() { ++stats_.bf16_gemms; }
@@ -210,6 +216,9 @@ class Fp8Linears {
   int64_t xw_ld_ = 0;
   bool w8_offered_ = false;  // a provider ran the weight-only form at construction
   int64_t w8_rows_ = 0;
+  bool xqa_ = false;         // the weight-only input's A is quantised in the product
+  bool qa_offered_ = false;  // a provider ran the form with quantize_a at construction
+  int64_t qa_rows_ = 0;
   int64_t xtN_ = 0, xtK_ = 0;
   std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
   std::map<int64_t, Site> in_sites_, grad_sites_;       // delayed scaling, by site id
