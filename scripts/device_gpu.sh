@@ -299,6 +299,9 @@ if [ "$what" = fp8prod ]; then
     "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 --bf16 "$bin/plugins/libkernels_cuda.so" \
       > "$out/fp8prod_gemm.log" 2>&1 || rc=1
     grep -E "^RESULT|rror" "$out/fp8prod_gemm.log" | sed -E 's/RESULT impl=rlhost name=decode_//; s/ (tensor|tensor_fast|rows|rows_fast)_us=[0-9.]+//g; s/ quant[0-9]_us=[0-9.]+//g' | head -24
+    # the few-row kernel on mma.sync instead of the warpgroup products (the A/B)
+    VFP8_FEW_ROWS_WGMMA=0 "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 > "$out/fp8prod_gemm_mma.log" 2>&1 || rc=1
+    grep -E "^RESULT|rror" "$out/fp8prod_gemm_mma.log" | grep -oE "^RESULT impl=rlhost name=decode_[a-z_]+ rows=[0-9]+|rror.*|block_few_us=[0-9.]+" | paste -d' ' - - | sed 's/RESULT impl=rlhost name=decode_/mma.sync: /' | head -24
   fi
   for c in ${FP8PROD_CASES:-b64 b256}; do
     for v in ${FP8PROD_VARIANTS:-bf16 fp8 fp8-noprod fp8 fp8-noprod}; do

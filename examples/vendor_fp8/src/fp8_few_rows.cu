@@ -52,7 +52,7 @@ constexpr int kTileStride = kBand + 4;  // the partial tile's row, padded off ba
 
 // A stage of a chunk of 8 NT tokens: the weights' 128 x 128 codes, then the tokens' 8 NT x 128
 // codes and their 8 NT tile scales, or with QA (A in bf16, quantised in the kernel) their bf16
-// values; padded to 128 bytes so every stage swizzles alike. With QA the stage being computed is
+// values; padded to 1024 bytes so every tile starts a swizzle group. With QA the stage being computed is
 // quantised into one more region (codes and scales) after the ring, which has a stage fewer
 // (2 blocks a multiprocessor either way: 99 and 104 KiB at 64 tokens).
 template <int NT, bool QA>
@@ -62,9 +62,10 @@ struct Stage {
   static constexpr int w_bytes = kBand * kStageK;
   static constexpr int a_bytes = tokens * kStageK * (QA ? 2 : 1);
   static constexpr int s_bytes = QA ? 0 : tokens * 4;
-  static constexpr int bytes = (w_bytes + a_bytes + s_bytes + 127) / 128 * 128;
+  static constexpr int bytes = (w_bytes + a_bytes + s_bytes + 1023) / 1024 * 1024;
   static constexpr int q_offset = stages * bytes;  // QA: the codes being computed, then their scales
-  static constexpr int smem = q_offset + (QA ? tokens * kStageK + tokens * 4 : 0);
+  // (+ 1024: the tiles start 1024-byte aligned, as the tensor cores' swizzle reads them)
+  static constexpr int smem = q_offset + (QA ? tokens * kStageK + tokens * 4 : 0) + 1024;
   static_assert(smem >= tokens * kTileStride * 4, "the partial tile reuses the stages' memory");
 };
 
@@ -118,16 +119,66 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
 __device__ __forceinline__ uint32_t swz(int r, int ch) { return uint32_t(r * 128 + ((ch ^ (r & 7)) << 4)); }
 #endif
 
+// Hopper's warpgroup products (sm_90a): a warpgroup's 64 weight rows x N tokens x 32 of K from
+// shared memory, both operands K-major in 128-byte rows swizzled as swz() lays them (the layout
+// wgmma calls 128B swizzle: 16-byte chunk ^ row % 8 within each 1024-byte group of 8 rows).
+// The descriptor: start address, stride 1024 bytes between groups of 8 rows, 128B swizzle; K
+// advances 32 bytes a step within the rows.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared memory written by threads (cp.async, stores) is made visible to the tensor cores' reads.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_n16(float (&d)[2][4], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_n32(float (&d)[4][4], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_n64(float (&d)[8][4], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+template <int NT>
+__device__ __forceinline__ void wgmma_tile(float (&d)[NT][4], uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (NT == 2) wgmma_n16(d, da, db, accumulate);
+  else if constexpr (NT == 4) wgmma_n32(d, da, db, accumulate);
+  else wgmma_n64(d, da, db, accumulate);
+}
+#endif
+
 // One chunk of 8 NT tokens (blockIdx.z) x one band of 128 weight rows (blockIdx.x) x a range of
 // K (blockIdx.y, a block of the cluster). QA: A is bf16, and each stage's tokens are quantised to
 // 1x128 tiles here, as quantize_fp8 (grouping 1, current scaling) writes them: the same codes and
 // scales, so the same product as the pass followed by the codes' product, without the pass.
-template <int NT, bool QA>
+template <int NT, bool QA, bool WG>
 __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (WG) {  // (launched only where the host saw compute capability 9.0: sm_90a code)
+    __trap();
+  } else
+#endif
+  {
   using S = Stage<NT, QA>;
   constexpr int kRing = S::stages;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* const smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int t = lane & 3;
   const int64_t n0 = int64_t(blockIdx.x) * kBand;
@@ -202,6 +253,9 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
   for (int64_t s = s_begin; s < s_end; ++s) {
     const int slot = int((s - s_begin) % kRing);
     cp_wait<kRing - 2>();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (WG) fence_async_shared();
+#endif
     __syncthreads();  // stage s is in, and every warp is done with the slot refilled next
     {
       const int64_t next = s + kRing - 1;
@@ -243,6 +297,9 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
         }
         if (l == 0) scales[r] = sc;
       }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      if constexpr (WG) fence_async_shared();
+#endif
       __syncthreads();
       at = smem_addr(codes);
       sa = scales;
@@ -252,6 +309,20 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) part[j][i] = 0.f;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Warpgroup products: warpgroup warp / 4 takes weight rows 64 (warp / 4) .. + 63, so warp w's
+    // fragment holds rows 16 w + g (+ 8), as the mma.sync form below and the epilogue take them.
+    if constexpr (WG) {
+      const uint32_t wa = wt + uint32_t((warp >> 2) * 64 * kStageK);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kStageK / 32; ++ks)
+        wgmma_tile<NT>(part, sw128_desc(wa + 32 * ks), sw128_desc(at + 32 * ks), ks > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait();
+    } else
+#endif
+    {  // mma.sync, 16 rows a warp (VFP8_FEW_ROWS_WGMMA=0: the A/B)
 #pragma unroll
     for (int ks = 0; ks < kStageK / 32; ++ks) {
       uint32_t a0, a1, a2, a3;
@@ -263,6 +334,7 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
         mma_e4m3(part[j], a0, a1, a2, a3, b0, b1);
         mma_e4m3(part[j + 1], a0, a1, a2, a3, b2, b3);
       }
+    }
     }
     // Promotion: C fragment (row g | g + 8, tokens 2t, 2t + 1) times the band's scale and the
     // two tokens' tile scales of this stage.
@@ -292,25 +364,26 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(Params p) {
     }
   }
   cluster_sum_store(tile, kTileStride, S::tokens, kBand, m0, n0, p.M, p.N, p.c, p.ldc, p.c_bf16, p.alpha, p.beta);
+  }
 #endif
 }
 
 // The kernel's dynamic shared memory past 48 KiB is an attribute set once a device.
-template <int NT, bool QA>
+template <int NT, bool QA, bool WG>
 void allow_smem(int dev) {
   static std::mutex mu;
   static std::set<int> done;
   std::lock_guard<std::mutex> lock(mu);
   if (done.count(dev)) return;
   const cudaError_t e =
-      cudaFuncSetAttribute(few_rows_kernel<NT, QA>, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage<NT, QA>::smem);
+      cudaFuncSetAttribute(few_rows_kernel<NT, QA, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage<NT, QA>::smem);
   if (e != cudaSuccess) throw std::runtime_error(std::string("few-row FP8 product: ") + cudaGetErrorString(e));
   done.insert(dev);
 }
 
-template <int NT, bool QA>
-void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t st) {
-  allow_smem<NT, QA>(dev);
+template <int NT, bool QA, bool WG>
+void launch_one(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t st) {
+  allow_smem<NT, QA, WG>(dev);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(p.N / kBand), unsigned(splits), unsigned(chunks));
   cfg.blockDim = dim3(kThreads);
@@ -325,8 +398,32 @@ void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t s
   at[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, few_rows_kernel<NT, QA>, p);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, few_rows_kernel<NT, QA, WG>, p);
   if (e != cudaSuccess) throw std::runtime_error(std::string("few-row FP8 product: ") + cudaGetErrorString(e));
+}
+
+// The warpgroup products by default; VFP8_FEW_ROWS_WGMMA=0 takes mma.sync (the A/B: at 64 rows
+// mma.sync's e4m3 products bounded the kernel, H100, 2026-12-07).
+bool use_wgmma() {
+  static const bool on = [] {
+    const char* e = std::getenv("VFP8_FEW_ROWS_WGMMA");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+template <int NT, bool QA>
+void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t st) {
+  if (use_wgmma())
+    launch_one<NT, QA, true>(p, splits, chunks, dev, st);
+  else
+    launch_one<NT, QA, false>(p, splits, chunks, dev, st);
+}
+
+template <int NT, bool QA>
+void allow_both(int dev) {
+  allow_smem<NT, QA, true>(dev);
+  allow_smem<NT, QA, false>(dev);
 }
 
 }  // namespace
@@ -334,12 +431,12 @@ void launch(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t s
 void few_rows_prepare() {
   int dev = 0;
   sm_count(&dev);
-  allow_smem<2, false>(dev);
-  allow_smem<4, false>(dev);
-  allow_smem<8, false>(dev);
-  allow_smem<2, true>(dev);
-  allow_smem<4, true>(dev);
-  allow_smem<8, true>(dev);
+  allow_both<2, false>(dev);
+  allow_both<4, false>(dev);
+  allow_both<8, false>(dev);
+  allow_both<2, true>(dev);
+  allow_both<4, true>(dev);
+  allow_both<8, true>(dev);
 }
 
 int64_t few_rows_bound() {
