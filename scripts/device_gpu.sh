@@ -310,6 +310,7 @@ if [ "$what" = fp8prod ]; then
       [ "$v" = fp8-noprod ] && e="RLH_GEN_FP8_PRODUCER=0"
       [ "$v" = fp8-nofew ] && e="VFP8_FEW_ROWS_MAX=0 RLH_GEN_FP8_IN_PRODUCT=0"
       [ "$v" = fp8-noqa ] && e="RLH_GEN_FP8_IN_PRODUCT=0"
+      [ "$v" = fp8-mma16 ] && e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16"
       [ "$v" = fp8-few256 ] && e="VFP8_FEW_ROWS_MAX=256"
       [ "$v" = fp8-noauto ] && e="RLH_FP8_AUTOTUNE=0"
       env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
