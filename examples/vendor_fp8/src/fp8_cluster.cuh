@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace vfp8 {
@@ -52,6 +54,30 @@ __device__ inline void cluster_sum_store(float* tile, int stride, int cols, int 
   cluster.sync();  // no block leaves while another reads its tile
 }
 #endif
+
+// Launches a split-K product: grid (bands, splits, chunks) with the splits of a band in one
+// cluster along y, and programmatic dependent launch where `pdl`. Throws std::runtime_error
+// naming `what` when the launch fails.
+template <class Params>
+void launch_split_k(void (*kernel)(Params), const Params& p, dim3 grid, unsigned threads, size_t smem, bool pdl,
+                    cudaStream_t st, const char* what) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = 1;
+  at[0].val.clusterDim.y = grid.y;
+  at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 2 : 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
 
 // The current device's multiprocessor count (kept per device), and the device in *dev.
 inline int sm_count(int* dev = nullptr) {

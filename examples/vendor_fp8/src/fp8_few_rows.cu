@@ -384,22 +384,8 @@ void allow_smem(int dev) {
 template <int NT, bool QA, bool WG>
 void launch_one(const Params& p, int splits, int64_t chunks, int dev, cudaStream_t st) {
   allow_smem<NT, QA, WG>(dev);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(p.N / kBand), unsigned(splits), unsigned(chunks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Stage<NT, QA>::smem;
-  cfg.stream = st;
-  cudaLaunchAttribute at[2];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = 1;
-  at[0].val.clusterDim.y = unsigned(splits);
-  at[0].val.clusterDim.z = 1;
-  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 2;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, few_rows_kernel<NT, QA, WG>, p);
-  if (e != cudaSuccess) throw std::runtime_error(std::string("few-row FP8 product: ") + cudaGetErrorString(e));
+  launch_split_k(few_rows_kernel<NT, QA, WG>, p, dim3(unsigned(p.N / kBand), unsigned(splits), unsigned(chunks)),
+                 kThreads, Stage<NT, QA>::smem, true, st, "few-row FP8 product");
 }
 
 // The warpgroup products by default; VFP8_FEW_ROWS_WGMMA=0 takes mma.sync (the A/B). mma.sync's

@@ -248,22 +248,10 @@ int env_int(const char* name, int dflt) {
 
 template <int G, int V>
 void launch(const Params& p, int splits, int64_t chunks, cudaStream_t st) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((p.N + kBlockRows - 1) / kBlockRows), unsigned(splits), unsigned(chunks));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.stream = st;
-  cudaLaunchAttribute at[2];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = 1;
-  at[0].val.clusterDim.y = unsigned(splits);
-  at[0].val.clusterDim.z = 1;
-  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[1].val.programmaticStreamSerializationAllowed = 1;
   static const bool pdl = env_int("VFP8_W8_PDL", 1) != 0;
-  cfg.attrs = at;
-  cfg.numAttrs = pdl ? 2 : 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, weight_only_kernel<G, V>, p);
-  if (e != cudaSuccess) throw std::runtime_error(std::string("weight-only FP8 product: ") + cudaGetErrorString(e));
+  launch_split_k(weight_only_kernel<G, V>, p,
+                 dim3(unsigned((p.N + kBlockRows - 1) / kBlockRows), unsigned(splits), unsigned(chunks)), kWarps * 32, 0,
+                 pdl, st, "weight-only FP8 product");
 }
 
 }  // namespace
