@@ -1,23 +1,22 @@
 // The block-scaled FP8 product of a few rows (fp8_gemm.hpp, gemm_few_rows): C = alpha (sa . A)
-// (sb . B)^T + beta C with A e4m3 [M, K] in 1x128 tiles (a decoding step's activations, 9 to
-// a few hundred rows) and B e4m3 [N, K] in 128x128 blocks (the weights' FP8 copy), DeepSeek-V3's
-// scaling. Why a kernel of our own: at these rows the product is bound by reading the weights,
-// and cuBLASLt's block-scaled kernels (128 x 128 tiles, split K through a second reduction
-// kernel) streamed them at 0.4-1.0 TB/s at 64 rows (ncu, H100, 2026-12-06: q|k|v 10.4 us, o
-// 10.4, gate|up 17.2, down 14.0 + 4.2 for the reduction, in a Llama-3.2-1B layer), a third of
-// what the memory gives.
+// (sb . B)^T + beta C with A e4m3 [M, K] in 1x128 tiles (a decoding step's activations) and B
+// e4m3 [N, K] in 128x128 blocks (the weights' FP8 copy), DeepSeek-V3's scaling. Why a kernel of
+// our own: at these rows the product is bound by reading the weights, and cuBLASLt's
+// block-scaled kernels (128 x 128 tiles, split K through a second reduction kernel) streamed
+// them at 0.4-1.0 TB/s at 64 rows (ncu, H100, 2026-12-06), and refuse a single row.
 //
 // Layout. A block owns one band of 128 weight rows (output columns: one band of block scales) and
-// a chunk of up to 64 tokens, over a range of K. Its 8 warps own 16 weight rows each and all of
-// the chunk's tokens: mma.sync m16n8k32 in e4m3 with the weights as the A operand (16 rows) and
-// the tokens as B (8 columns), the codes going from shared memory to the tensor cores as they
-// are (no conversion: the activations are codes already). K moves a 128-column stage at a time,
-// one scale block: the stage's products are summed in fp32 and then promoted, times the band's
-// weight scale and each token's tile scale, into the accumulators (what cuBLASLt does with these
-// scales, and what keeps the tensor cores' reduced-precision accumulation to 128 terms).
-// Stages arrive by cp.async, several in flight (kStages), in 128-byte rows whose 16-byte chunks
-// are swizzled by the row (chunk ^ row % 8) so that ldmatrix's eight rows fall in eight bank
-// groups.
+// a chunk of up to 64 tokens, over a range of K. K moves a 128-column stage at a time, one scale
+// block: the stage's products are summed in fp32 and then promoted, times the band's weight
+// scale and each token's tile scale, into the accumulators (what cuBLASLt does with these
+// scales, and what keeps the tensor cores' reduced-precision accumulation to 128 terms). Stages
+// arrive by cp.async, several in flight, in 128-byte rows whose 16-byte chunks are swizzled by
+// the row (chunk ^ row % 8, within 1024-byte groups of 8 rows): the layout Hopper's warpgroup
+// products read as 128B swizzle, and one where ldmatrix's eight rows fall in eight bank groups.
+// The products (WG): two warpgroups, each wgmma m64nNk32 e4m3 over its 64 weight rows and the N
+// tokens, from descriptors over the tiles; or (VFP8_FEW_ROWS_WGMMA=0) mma.sync m16n8k32 e4m3,
+// a warp's 16 weight rows from ldmatrix. Either way warp w's fragment holds weight rows 16 w + g
+// (+ 8) and tokens 8 j + 2 t (+ 1), so the promotion and the epilogue are shared.
 //
 // Split K. As in fp8_weight_only.cu: the K range is cut among the blocks of a thread-block
 // cluster (up to 8), which add their partial tiles through distributed shared memory in rank
