@@ -284,7 +284,8 @@ if [ "$what" = fp8prod ]; then
   # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0);
   # fp8-nofew / fp8-few256: the few-row kernel off / up to 256 rows (VFP8_FEW_ROWS_MAX; default
   # 16); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
-  # products (steps of 1-8 rows then quantise in the product). First the tests (FP8PROD_TESTS=0
+  # products (steps of 1-8 rows then quantise in the product); fp8-tune: past 16 rows each shape
+  # times the few-row kernel against cuBLASLt's pick (VFP8_FEW_ROWS_TUNE=1). First the tests (FP8PROD_TESTS=0
   # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS.
   if [ "${FP8PROD_TESTS:-1}" = 1 ]; then
   RLH_VENDOR_FP8_PLUGIN=$bin/vendor/libvendor_fp8.so "$bin/test_vendor_fp8" --gtest_brief=1 \
@@ -315,6 +316,7 @@ if [ "$what" = fp8prod ]; then
       [ "$v" = fp8-nofew ] && e="VFP8_FEW_ROWS_MAX=0 RLH_GEN_FP8_IN_PRODUCT=0"
       [ "$v" = fp8-noqa ] && e="RLH_GEN_FP8_IN_PRODUCT=0"
       [ "$v" = fp8-w8off ] && e="RLH_GEN_FP8_WEIGHT_ONLY=0"
+      [ "$v" = fp8-tune ] && e="VFP8_FEW_ROWS_TUNE=1"
       [ "$v" = fp8-mma16 ] && e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16"
       [ "$v" = fp8-few256 ] && e="VFP8_FEW_ROWS_MAX=256"
       [ "$v" = fp8-noauto ] && e="RLH_FP8_AUTOTUNE=0"

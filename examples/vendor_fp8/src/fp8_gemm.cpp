@@ -230,6 +230,7 @@ std::string Gemm::unsupported(const GemmArgs& g) const {
 struct Gemm::Cached {
   Plan plan;
   cublasLtMatmulHeuristicResult_t algo{};
+  bool few = false;  // the few-row kernel was the faster (GemmArgs::tune_few_rows)
   explicit Cached(const GemmArgs& g) : plan(need_lt(), g) {}
 };
 
@@ -240,44 +241,70 @@ namespace {
 // rows cuBLASLt's first guess for the block-scaled products left the memory mostly idle (the
 // 1B shape's q|k|v, o and down products at 0.6-0.7 TB/s on an H100, with split K where one
 // wave of smaller tiles would do; ncu, 2026-12-06).
+// Milliseconds for `reps` runs of `run` after one warm-up (which also checks that it runs), or
+// -1 where it fails.
+template <class F>
+float time_ms(F run, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1) {
+  constexpr int reps = 5;
+  try {
+    run();
+    cudaEventRecord(e0, st);
+    for (int r = 0; r < reps; ++r) run();
+    cudaEventRecord(e1, st);
+    float ms = 0;
+    if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) return -1;
+    return ms;
+  } catch (const std::runtime_error&) {
+    return -1;
+  }
+}
+
+struct Events {
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  Events() {
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) e0 = e1 = nullptr;
+  }
+  ~Events() {
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaGetLastError();  // (a candidate's launch failure is not the call's)
+  }
+  bool ok() const { return e0 && e1; }
+};
+
 size_t fastest(const Plan& p, cublasLtHandle_t h, const GemmArgs& g,
                const std::vector<cublasLtMatmulHeuristicResult_t>& cands, void* ws, cudaStream_t st) {
-  constexpr int reps = 5;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
-    if (e0) cudaEventDestroy(e0);
-    return 0;
-  }
+  Events ev;
+  if (!ev.ok()) return 0;
   size_t best = 0;
   float best_ms = -1;
   for (size_t i = 0; i < cands.size(); ++i) {
-    try {
-      p.run(h, g, cands[i], ws, st);  // warm-up (and the check that it runs)
-      cudaEventRecord(e0, st);
-      for (int r = 0; r < reps; ++r) p.run(h, g, cands[i], ws, st);
-      cudaEventRecord(e1, st);
-      float ms = 0;
-      if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) continue;
-      if (best_ms < 0 || ms < best_ms) {
-        best_ms = ms;
-        best = i;
-      }
-    } catch (const std::runtime_error&) {
+    const float ms = time_ms([&] { p.run(h, g, cands[i], ws, st); }, st, ev.e0, ev.e1);
+    if (ms >= 0 && (best_ms < 0 || ms < best_ms)) {
+      best_ms = ms;
+      best = i;
     }
   }
-  cudaGetLastError();  // (a candidate's launch failure is not the call's)
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   return best;
+}
+
+// Whether the few-row kernel (fp8_few_rows.cu) ran g faster than cuBLASLt's algorithm `algo`.
+bool few_rows_faster(const Plan& p, cublasLtHandle_t h, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t& algo,
+                     void* ws, cudaStream_t st) {
+  Events ev;
+  if (!ev.ok()) return false;
+  const float lt = time_ms([&] { p.run(h, g, algo, ws, st); }, st, ev.e0, ev.e1);
+  const float few = time_ms([&] { gemm_few_rows(g, st); }, st, ev.e0, ev.e1);
+  return few >= 0 && (lt < 0 || few < lt);
 }
 
 }  // namespace
 
 Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
   // Everything the descriptors and layouts hold but the pointers (and alpha/beta, passed per call).
-  const std::array<int64_t, 12> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
+  const std::array<int64_t, 13> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
                                        int64_t(g.scaling), g.c_bf16 ? 1 : 0, g.fast_accum ? 1 : 0,
-                                       g.autotune ? 1 : 0};
+                                       g.autotune ? 1 : 0, g.tune_few_rows ? 1 : 0};
   auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
   auto c = std::make_unique<Cached>(g);
@@ -292,10 +319,10 @@ Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
       cudaStreamIsCapturing(st, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone) {
     ++tuned_;
     const std::vector<cublasLtMatmulHeuristicResult_t> cands = c->plan.candidates(handle_, 8);
-    if (cands.size() > 1) {
-      c->plan.set_scales(g);
-      c->algo = cands[fastest(c->plan, handle_, g, cands, ws, st)];
-    }
+    c->plan.set_scales(g);
+    if (cands.size() > 1) c->algo = cands[fastest(c->plan, handle_, g, cands, ws, st)];
+    if (g.tune_few_rows && few_rows_unsupported(g).empty())
+      c->few = few_rows_faster(c->plan, handle_, g, c->algo, ws, st);
   }
   return *cache_.emplace(key, std::move(c)).first->second;
 }
@@ -303,6 +330,7 @@ Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
 void Gemm::run(const GemmArgs& g, void* ws, cudaStream_t st) const {
   std::lock_guard<std::mutex> lock(mu_);
   Cached& c = plan(g, ws, st);
+  if (c.few) return gemm_few_rows(g, st);
   c.plan.set_scales(g);
   c.plan.run(handle_, g, c.algo, ws, st);
 }
