@@ -51,9 +51,9 @@ constexpr int kTileStride = kBand + 4;  // the partial tile's row, padded off ba
 
 // A stage of a chunk of 8 NT tokens: the weights' 128 x 128 codes, then the tokens' 8 NT x 128
 // codes and their 8 NT tile scales, or with QA (A in bf16, quantised in the kernel) their bf16
-// values; padded to 1024 bytes so every tile starts a swizzle group. With QA the stage being computed is
-// quantised into one more region (codes and scales) after the ring, which has a stage fewer
-// (2 blocks a multiprocessor either way: 99 and 104 KiB at 64 tokens).
+// values; padded to 1024 bytes so every tile starts a swizzle group. With QA the stage being
+// computed is quantised into one more region (codes and scales) after the ring, which has a
+// stage fewer (2 blocks a multiprocessor either way: 101 and 105 KiB at 64 tokens).
 template <int NT, bool QA>
 struct Stage {
   static constexpr int stages = QA ? 3 : 4;  // in the ring (stages - 1 in flight while one is computed)
