@@ -122,8 +122,9 @@ double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps, int rou
 
 // A decoding step's products (--decode): Llama-3.2-1B's q|k|v, o, gate|up and down weights at
 // 1 to 256 rows, in every form the plugin offers for them: the weight-only product (bf16 A x e4m3
-// B, 128x128 block scales), and e4m3 x e4m3 with block scales (A 1x128 tiles; on cuBLASLt and on
-// the plugin's few-row kernel, `block_few`), one scale per
+// B, 128x128 block scales), and e4m3 x e4m3 with block scales (A 1x128 tiles; on cuBLASLt with its
+// heuristic's pick, `block`, and autotuned as generation runs it, `block_tuned`, and on the
+// plugin's few-row kernel, `block_few`), one scale per
 // tensor and one per row (per token x per output channel), the last two with and without fast
 // accumulation; beside them, with --bf16 PLUGIN.so (kernels_cuda), the bf16 product the FP8 ones
 // replace, and the activation's quantisation each FP8 form needs first (quantize_fp8 of A at
@@ -136,11 +137,12 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
     int scaling, fast;
     bool weight_only;
     int few_rows;  // block scaling: 0 cuBLASLt, 2 the plugin's few-row kernel at any rows
+    int autotune;  // cuBLASLt's candidates timed at the shape's first product (as generation asks)
   };
-  const Form forms[7] = {{"weight_only", 1, 0, true, 0},  {"block", 1, 0, false, 0},
-                         {"block_few", 1, 0, false, 2},   {"tensor", 0, 0, false, 0},
-                         {"tensor_fast", 0, 1, false, 0}, {"rows", 3, 0, false, 0},
-                         {"rows_fast", 3, 1, false, 0}};
+  const Form forms[8] = {{"weight_only", 1, 0, true, 0, 0},  {"block", 1, 0, false, 0, 0},
+                         {"block_tuned", 1, 0, false, 0, 1}, {"block_few", 1, 0, false, 2, 0},
+                         {"tensor", 0, 0, false, 0, 0},      {"tensor_fast", 0, 1, false, 0, 0},
+                         {"rows", 3, 0, false, 0, 0},        {"rows_fast", 3, 1, false, 0, 0}};
   for (const int64_t M : {1, 16, 64, 128, 256}) {
     for (int s = 0; s < 4; ++s) {
       const int64_t N = shapes[s][0], K = shapes[s][1];
@@ -207,7 +209,8 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
         const double us = timed(d, ws, in, {out[0]},
                                 {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", f.scaling),
                                  rlh::sdk::attr_int("few_rows", f.few_rows)},
-                                {rlh::sdk::attr_int("fast_accum", f.fast)}, "gemm", f.name);
+                                {rlh::sdk::attr_int("fast_accum", f.fast), rlh::sdk::attr_int("autotune", f.autotune)},
+                                "gemm", f.name);
         std::snprintf(buf, sizeof buf, " %s_us=%.2f", f.name, us);
         line += buf;
         if ((f.weight_only || f.few_rows || f.scaling == 1) && us > 0) {  // the weights' bytes a second
