@@ -236,11 +236,6 @@ struct Gemm::Cached {
 
 namespace {
 
-// The candidate that ran `reps` products fastest on g's operands (ws and st the call's), the
-// first on ties; candidates that fail to run are passed over. Why: at a decoding step's 64-256
-// rows cuBLASLt's first guess for the block-scaled products left the memory mostly idle (the
-// 1B shape's q|k|v, o and down products at 0.6-0.7 TB/s on an H100, with split K where one
-// wave of smaller tiles would do; ncu, 2026-12-06).
 // Milliseconds for `reps` runs of `run` after one warm-up (which also checks that it runs), or
 // -1 where it fails.
 template <class F>
@@ -259,10 +254,12 @@ float time_ms(F run, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1) {
   }
 }
 
+// Two timing events, destroyed with the object; ok() false where they could not be made.
 struct Events {
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   Events() {
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) e0 = e1 = nullptr;
+    if (cudaEventCreate(&e0) != cudaSuccess) e0 = nullptr;
+    if (cudaEventCreate(&e1) != cudaSuccess) e1 = nullptr;
   }
   ~Events() {
     if (e0) cudaEventDestroy(e0);
@@ -272,6 +269,11 @@ struct Events {
   bool ok() const { return e0 && e1; }
 };
 
+// The candidate that ran its products fastest on g's operands (ws and st the call's), the
+// first on ties; candidates that fail to run are passed over. Why: at a decoding step's 64-256
+// rows cuBLASLt's first guess for the block-scaled products left the memory mostly idle (the
+// 1B shape's q|k|v, o and down products at 0.6-0.7 TB/s on an H100, with split K where one
+// wave of smaller tiles would do; ncu, 2026-12-06).
 size_t fastest(const Plan& p, cublasLtHandle_t h, const GemmArgs& g,
                const std::vector<cublasLtMatmulHeuristicResult_t>& cands, void* ws, cudaStream_t st) {
   Events ev;
