@@ -73,8 +73,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (after 2026-12-07's twenty-fourth session: fusedprod,
-#              then pdlab on an EARLY=1 pack)
+#              first, for one short call (after 2026-12-07's twenty-sixth session: fp8prod with
+#              fp8-tune and fp8-noauto, then fusedprod, pdlab on an EARLY=1 pack, genprofile)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -100,14 +100,18 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # 2026-12-07 (twenty-fourth session, no machine could be started): fusedprod (the fused
-  # decoding ops and paged attention from FP8 codes in registers: tests, check-kernels, batch 1
-  # with and without them, the FP8 cache at batch 64 and 256; `quick` is its short form), then
-  # pdlab (PDL's early trigger: a pack made with EARLY=1, test_cuda_kernels dropped to fit) and
-  # genprofile with GENPROF_FP8=2 (the FP8 attention kernel's ncu time, 38.7 us before).
-  # BACKLOG="..." picks (all may pass one call's 600 s).
-  for st in ${BACKLOG:-fusedprod}; do
-    bash "$0" "$st" || rc=1
+  # After 2026-12-07's twenty-sixth session: fp8prod with the FP8 products' two experiments
+  # (fp8-tune: the few-row kernel timed against cuBLASLt's autotuned pick per shape; fp8-noauto:
+  # the autotune's own A/B) at batch 64 and 256, the few-row refactors' tests and the decode
+  # products' table with `block_tuned`; then fusedprod (the fused decoding ops' fuller batch-1
+  # A/B), pdlab (a pack made with EARLY=1, test_cuda_kernels dropped to fit the carry limit) and
+  # genprofile with GENPROF_FP8=2. BACKLOG="..." picks (all may pass one call's 600 s).
+  for st in ${BACKLOG:-fp8prod}; do
+    if [ "$st" = fp8prod ]; then
+      FP8PROD_VARIANTS="${FP8PROD_VARIANTS:-bf16 fp8 fp8-tune fp8-noauto}" bash "$0" "$st" || rc=1
+    else
+      bash "$0" "$st" || rc=1
+    fi
   done
   exit $rc
 fi
