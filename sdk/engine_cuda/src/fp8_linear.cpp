@@ -48,28 +48,23 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
     forward(xb, n, y.get<bf16>(), n);
     if (forward_only) {
       check(cudaDeviceSynchronize(), "fp8 probe");
-      // The weight-only form, optional (set_weight_only_rows): asked once, here, outside any
+      // The weight-only form (set_weight_only_rows) and, blockwise, the form with A quantised in
+      // the product (set_quantize_in_product_rows): optional, asked once, here, outside any
       // captured graph.
-      try {
-        const Quantised& w = weight(xb, n, n, false);
-        w8_offered_ = ops_.gemm_fp8_weight_only(16, n, n, xb, n, w.q.get(), w.sc(), w.nscale, opt_.blockwise ? 1 : 0,
-                                                y.get<bf16>(), n);
-        check(cudaDeviceSynchronize(), "fp8 probe (weight-only)");
-      } catch (const std::exception&) {
-        cudaGetLastError();
-        w8_offered_ = false;
-      }
-      if (opt_.blockwise) {  // and with A quantised in the product (set_quantize_in_product_rows)
+      const auto offered = [&](bool quantize_a) {
         try {
           const Quantised& w = weight(xb, n, n, false);
-          qa_offered_ = ops_.gemm_fp8_weight_only(16, n, n, xb, n, w.q.get(), w.sc(), w.nscale, 1, y.get<bf16>(), n,
-                                                  /*quantize_a=*/true);
-          check(cudaDeviceSynchronize(), "fp8 probe (quantize_a)");
+          const bool ran = ops_.gemm_fp8_weight_only(16, n, n, xb, n, w.q.get(), w.sc(), w.nscale,
+                                                     opt_.blockwise ? 1 : 0, y.get<bf16>(), n, quantize_a);
+          check(cudaDeviceSynchronize(), "fp8 probe (weight-only)");
+          return ran;
         } catch (const std::exception&) {
           cudaGetLastError();
-          qa_offered_ = false;
+          return false;
         }
-      }
+      };
+      w8_offered_ = offered(false);
+      qa_offered_ = opt_.blockwise && offered(true);
       stats_ = {};
       w_.clear();
       in_sites_.clear();
