@@ -73,8 +73,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (after 2026-12-07's twenty-sixth session: fp8prod with
-#              fp8-tune and fp8-noauto, then fusedprod, pdlab on an EARLY=1 pack, genprofile)
+#              first, for one short call (after 2026-12-07's twenty-seventh session: fp8prod at
+#              batch 1, 64 and 256 with fp8-few64 and fp8-tune, then fusedprod, pdlab on an EARLY=1 pack, genprofile)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -100,15 +100,16 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 rc=0
 if [ "$what" = backlog ]; then
-  # After 2026-12-07's twenty-sixth session: fp8prod with the FP8 products' two experiments
-  # (fp8-tune: the few-row kernel timed against cuBLASLt's autotuned pick per shape; fp8-noauto:
-  # the autotune's own A/B) at batch 64 and 256, the few-row refactors' tests and the decode
-  # products' table with `block_tuned`; then fusedprod (the fused decoding ops' fuller batch-1
+  # After 2026-12-07's twenty-seventh session: fp8prod after the split-K products' cluster sum
+  # was rewritten (four rows a thread, every block's partial loaded at once): the vendor's tests,
+  # the decode products' table, then batch 1, 64 and 256 with the few-row kernel up to 16 rows
+  # (the default), up to 64 (fp8-few64) and timed against cuBLASLt per shape (fp8-tune); then fusedprod (the fused decoding ops' fuller batch-1
   # A/B), pdlab (a pack made with EARLY=1, test_cuda_kernels dropped to fit the carry limit) and
   # genprofile with GENPROF_FP8=2. BACKLOG="..." picks (all may pass one call's 600 s).
   for st in ${BACKLOG:-fp8prod}; do
     if [ "$st" = fp8prod ]; then
-      FP8PROD_VARIANTS="${FP8PROD_VARIANTS:-bf16 fp8 fp8-tune fp8-noauto}" bash "$0" "$st" || rc=1
+      FP8PROD_CASES="${FP8PROD_CASES:-b1 b64 b256}" FP8PROD_VARIANTS="${FP8PROD_VARIANTS:-bf16 fp8 fp8-few64 fp8-tune}" \
+        bash "$0" "$st" || rc=1
     else
       bash "$0" "$st" || rc=1
     fi
@@ -286,8 +287,8 @@ if [ "$what" = fp8prod ]; then
   # the generator's FP8 rollout tests (with the producers, then without), then FP8 rollouts with
   # the FP8 cache at batch 64 and 256, with the producers and with RLH_GEN_FP8_PRODUCER=0, bf16
   # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0);
-  # fp8-nofew / fp8-few256: the few-row kernel off / up to 256 rows (VFP8_FEW_ROWS_MAX; default
-  # 16); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
+  # fp8-nofew / fp8-few64 / fp8-few256: the few-row kernel off / up to 64 / 256 rows
+  # (VFP8_FEW_ROWS_MAX; default 16); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
   # products (steps of 1-8 rows then quantise in the product); fp8-tune: past 16 rows each shape
   # times the few-row kernel against cuBLASLt's pick (VFP8_FEW_ROWS_TUNE=1). First the tests (FP8PROD_TESTS=0
   # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS.
@@ -322,6 +323,7 @@ if [ "$what" = fp8prod ]; then
       [ "$v" = fp8-w8off ] && e="RLH_GEN_FP8_WEIGHT_ONLY=0"
       [ "$v" = fp8-tune ] && e="VFP8_FEW_ROWS_TUNE=1"
       [ "$v" = fp8-mma16 ] && e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16"
+      [ "$v" = fp8-few64 ] && e="VFP8_FEW_ROWS_MAX=64"
       [ "$v" = fp8-few256 ] && e="VFP8_FEW_ROWS_MAX=256"
       [ "$v" = fp8-noauto ] && e="RLH_FP8_AUTOTUNE=0"
       env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \

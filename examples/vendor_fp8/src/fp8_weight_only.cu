@@ -147,12 +147,19 @@ __device__ __forceinline__ void step(const uint4 (&w)[4][V], int64_t s, float sc
   }
 }
 
+// Blocks a multiprocessor each form is compiled to hold (the registers a thread: 128 at G = 1,
+// ~168 at 2 and 4, 255 at 8). Stated, not left to ptxas: the cluster sum's wider epilogue took
+// the G = 1 kernels to 134-136 registers, 3 blocks an SM instead of 4, and a 1B model's gate|up
+// at 1 row from 16 to 22 us (H100, 2026-12-07).
+template <int G>
+constexpr int kMinBlocks = G == 1 ? 4 : G == 8 ? 2 : 3;
+
 // G groups of 8 tokens a chunk (M <= 8 G, or 64 a chunk with G = 8 and blockIdx.z the chunk).
 template <int G, int V>
-__global__ void __launch_bounds__(kWarps * 32) weight_only_kernel(Params p) {
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<G>) weight_only_kernel(Params p) {
   constexpr int A = kAhead<G, V>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ float tile[8 * G][kTileStride];  // this block's partial sums [token][row]
+  __shared__ __align__(16) float tile[8 * G][kTileStride];  // this block's partial sums [token][row]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gi = lane >> 2, t = lane & 3;
   const int64_t band = int64_t(blockIdx.x) * kBlockRows;
