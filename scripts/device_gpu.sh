@@ -38,6 +38,8 @@
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
+#     gentrace: nsys's per-kernel totals inside the replayed decoding graphs (GENTRACE_CASES,
+#              GENTRACE_VARIANTS: fp8prod's variants)
 #     fusedprod: the norm inside the product after it, the residual add inside the product before it,
 #                paged attention from FP8 codes in registers: tests, check-kernels, batch 1 with
 #                and without the fused products, the FP8 cache's figures at batch 64 and 256
@@ -98,6 +100,25 @@ echo "plugin path: $plugins"
 nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir
 export NCCL_NVLS_ENABLE=0
+# FP8 rollout variants (fp8prod, gentrace): sets f (bench_generator_cuda's flags) and e (the
+# environment) for variant $1.
+fp8_variant() {
+  f="--fp8 --kv-fp8" e=""
+  case "$1" in
+    bf16) f="" ;;
+    fp8-noprod) e="RLH_GEN_FP8_PRODUCER=0" ;;
+    fp8-nofew) e="VFP8_FEW_ROWS_MAX=0 RLH_GEN_FP8_IN_PRODUCT=0" ;;
+    fp8-noqa) e="RLH_GEN_FP8_IN_PRODUCT=0" ;;
+    fp8-w8off) e="RLH_GEN_FP8_WEIGHT_ONLY=0" ;;
+    fp8-tune) e="VFP8_FEW_ROWS_TUNE=1" ;;
+    fp8-mma16) e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16" ;;
+    fp8-few64) e="VFP8_FEW_ROWS_MAX=64" ;;
+    fp8-few64-s4) e="VFP8_FEW_ROWS_MAX=64 VFP8_FEW_ROWS_SPLITS=4" ;;
+    fp8-few64-s2) e="VFP8_FEW_ROWS_MAX=64 VFP8_FEW_ROWS_SPLITS=2" ;;
+    fp8-few256) e="VFP8_FEW_ROWS_MAX=256" ;;
+    fp8-noauto) e="RLH_FP8_AUTOTUNE=0" ;;
+  esac
+}
 rc=0
 if [ "$what" = backlog ]; then
   # After 2026-12-07's twenty-seventh session: fp8prod after the split-K products' cluster sum
@@ -288,7 +309,8 @@ if [ "$what" = fp8prod ]; then
   # the FP8 cache at batch 64 and 256, with the producers and with RLH_GEN_FP8_PRODUCER=0, bf16
   # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0);
   # fp8-nofew / fp8-few64 / fp8-few256: the few-row kernel off / up to 64 / 256 rows
-  # (VFP8_FEW_ROWS_MAX; default 16); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
+  # (VFP8_FEW_ROWS_MAX; default 16); fp8-few64-s4 / -s2: up to 64 rows with K split at most 4 / 2
+  # ways (VFP8_FEW_ROWS_SPLITS); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
   # products (steps of 1-8 rows then quantise in the product); fp8-tune: past 16 rows each shape
   # times the few-row kernel against cuBLASLt's pick (VFP8_FEW_ROWS_TUNE=1). First the tests (FP8PROD_TESTS=0
   # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS.
@@ -315,17 +337,7 @@ if [ "$what" = fp8prod ]; then
   fi
   for c in ${FP8PROD_CASES:-b64 b256}; do
     for v in ${FP8PROD_VARIANTS:-bf16 fp8 fp8-noprod fp8 fp8-noprod}; do
-      f="--fp8 --kv-fp8" e=""
-      [ "$v" = bf16 ] && f=""
-      [ "$v" = fp8-noprod ] && e="RLH_GEN_FP8_PRODUCER=0"
-      [ "$v" = fp8-nofew ] && e="VFP8_FEW_ROWS_MAX=0 RLH_GEN_FP8_IN_PRODUCT=0"
-      [ "$v" = fp8-noqa ] && e="RLH_GEN_FP8_IN_PRODUCT=0"
-      [ "$v" = fp8-w8off ] && e="RLH_GEN_FP8_WEIGHT_ONLY=0"
-      [ "$v" = fp8-tune ] && e="VFP8_FEW_ROWS_TUNE=1"
-      [ "$v" = fp8-mma16 ] && e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16"
-      [ "$v" = fp8-few64 ] && e="VFP8_FEW_ROWS_MAX=64"
-      [ "$v" = fp8-few256 ] && e="VFP8_FEW_ROWS_MAX=256"
-      [ "$v" = fp8-noauto ] && e="RLH_FP8_AUTOTUNE=0"
+      fp8_variant "$v"
       env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
         >> "$out/fp8prod_${c}_$v.log" 2>&1 || rc=1
       echo "$v: $(grep -E "^$c |rror" "$out/fp8prod_${c}_$v.log" | tail -1 | cut -c1-120) $(grep -oE "fp8_produced=[0-9()/]+" "$out/fp8prod_${c}_$v.log" | tail -1)"
@@ -873,6 +885,37 @@ for k, t in sorted(tot.items(), key=lambda x: -x[1])[:24]:
     print(f"{t:9.1f} us {100 * t / all_us:5.1f}%  {t / cnt[k]:8.2f} us x {cnt[k]:4}  {k}")
 print(f"{all_us:9.1f} us in all, {sum(cnt.values())} launches")
 PY
+    done
+  done
+fi
+if [ "$what" = gentrace ]; then
+  # Where a graph-replayed decoding step's time goes, kernel by kernel inside the graphs, as they
+  # run (nsys traces the graphs' nodes; ncu serialises kernels and flushes caches between them,
+  # which hides programmatic dependent launch and the products' weights prefetched before the
+  # wait). Per case and fp8prod variant: the benchmark once, then the kernels' totals per step.
+  #   GENTRACE_CASES="b64"  GENTRACE_VARIANTS="bf16 fp8 fp8-few64"  GENTRACE_NEW=256
+  nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2> /dev/null | head -1)
+  [ -n "$nsys_bin" ] || { echo "gentrace: no nsys on this machine"; exit 1; }
+  for c in ${GENTRACE_CASES:-b64}; do
+    for v in ${GENTRACE_VARIANTS:-bf16 fp8 fp8-few64}; do
+      fp8_variant "$v"
+      echo "== nsys: $c $v =="
+      env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$nsys_bin" profile -t cuda --cuda-graph-trace=node -o "$out/trace_${c}_$v" \
+        --force-overwrite true "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 \
+        --new "${GENTRACE_NEW:-256}" --repeats 1 $f > "$out/trace_${c}_$v.log" 2>&1 || rc=1
+      grep -E "^$c |rror" "$out/trace_${c}_$v.log" | cut -c1-110
+      "$nsys_bin" stats --report cuda_gpu_kern_sum --format csv "$out/trace_${c}_$v.nsys-rep" > "$out/trace_${c}_$v.csv" 2> /dev/null
+      python3 - "$out/trace_${c}_$v.csv" "${GENTRACE_NEW:-256}" <<'PY'
+import csv, sys
+# cuda_gpu_kern_sum: Time (%), Total Time (ns), Instances, Avg (ns), Med (ns), Min, Max, StdDev, Name.
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) >= 9 and r[1].replace(".", "").isdigit()]
+steps = float(sys.argv[2])
+tot = sum(float(r[1]) for r in rows) or 1
+for r in sorted(rows, key=lambda r: -float(r[1]))[:22]:
+    print(f"{float(r[1]) / 1e3 / steps:8.1f} us/step {100 * float(r[1]) / tot:5.1f}%  avg {float(r[3]) / 1e3:7.2f} us x {r[2]:>6}  {r[8][:90]}")
+print(f"{tot / 1e3 / steps:8.1f} us/step in all (prefill included)")
+PY
+      rm -f "$out/trace_${c}_$v.nsys-rep" "$out/trace_${c}_$v.sqlite"
     done
   done
 fi

@@ -471,7 +471,13 @@ void gemm_few_rows(const GemmArgs& g, cudaStream_t st) {
   int dev = 0;
   const int sms = sm_count(&dev);
   const int64_t tiles = (g.N / kBand) * chunks, stages = g.K / kStageK;
-  int64_t splits = std::clamp<int64_t>(2 * int64_t(sms) / tiles, 1, std::min<int64_t>(kMaxSplits, stages));
+  // VFP8_FEW_ROWS_SPLITS caps them (the A/B: fewer blocks a cluster, a smaller sum through
+  // distributed shared memory, more K a block).
+  static const int64_t max_splits = [] {
+    const char* e = std::getenv("VFP8_FEW_ROWS_SPLITS");
+    return e && *e ? std::clamp<int64_t>(std::atoll(e), 1, kMaxSplits) : int64_t(kMaxSplits);
+  }();
+  int64_t splits = std::clamp<int64_t>(2 * int64_t(sms) / tiles, 1, std::min<int64_t>(max_splits, stages));
   p.steps_per_split = ceil_div(stages, splits);
   splits = ceil_div(stages, p.steps_per_split);  // no split left without a stage
   p.qa_mult = g.a_margin_mult;
