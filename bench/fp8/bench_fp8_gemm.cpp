@@ -3,9 +3,10 @@
 // blocks). Timed on the host around `reps` queued calls and one synchronize (the plugin's own
 // memory services; no CUDA is linked here), after warm-ups; median of `rounds`.
 //   bench_fp8_gemm PLUGIN.so [--m 8192 --n 8192 --k 8192 --reps 50 --rounds 5 --data normal|uniform]
-//   bench_fp8_gemm PLUGIN.so --decode 1 [--bf16 KERNELS_CUDA.so]   a decoding step's products instead
-//     (Llama-3.2-1B's four weights at 1 to 256 rows) in every FP8 form, the activations' quantisation,
-//     and the bf16 product beside them, in microseconds a call (decode_products)
+//   bench_fp8_gemm PLUGIN.so --decode 1 [--cold 1] [--bf16 KERNELS_CUDA.so]   a decoding step's products
+//     instead (Llama-3.2-1B's four weights at 1 to 256 rows) in every FP8 form, the activations'
+//     quantisation, and the bf16 product beside them, in microseconds a call (decode_products;
+//     --cold 1: the weights streamed from memory, not L2)
 // Prints: RESULT impl=rlhost name=<case> shape=MxNxK value=<TFLOP/s> unit=TFLOP/s ms=<per call>
 #include <dlfcn.h>
 
@@ -38,6 +39,20 @@ struct Dev {
   void put(void* dst, const void* src, size_t n) {
     check(api->memory_copy(k, dst, src, n, RLH_COPY_HOST_TO_DEVICE, nullptr), "memory_copy");
     check(api->synchronize(k, nullptr), "synchronize");
+  }
+  // `first` and copies of its `n` bytes made on the device, enough that together they pass
+  // `total` bytes (at least one: `first` alone).
+  std::vector<void*> copies_of(void* first, size_t n, size_t total) {
+    std::vector<void*> all{first};
+    while (all.size() * n < total) {
+      all.push_back(alloc(n));
+      check(api->memory_copy(k, all.back(), first, n, RLH_COPY_DEVICE_TO_DEVICE, nullptr), "memory_copy");
+    }
+    check(api->synchronize(k, nullptr), "synchronize");
+    return all;
+  }
+  void free_copies(const std::vector<void*>& all) {
+    for (size_t i = 1; i < all.size(); ++i) api->memory_free(k, all[i]);
   }
 };
 
@@ -105,14 +120,16 @@ rlh_status* resolve_op(const Dev& d, const char* name, const rlh_tensor* in, siz
   return d.api->get_op(d.k, &od, op);
 }
 
-// One product timed over `reps` queued calls after 5 warm-ups, median of `rounds`, in ms a call.
-double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps, int rounds = 5) {
-  for (int i = 0; i < 5; ++i) check(d.api->run(op, &call), "gemm");
+// One product timed over `reps` queued calls after 5 warm-ups, median of `rounds`, in ms a call;
+// the calls taken in turn from `calls` (one, or the same product on copies of its weight).
+double time_calls(Dev& d, rlh_op* op, const std::vector<rlh_op_call>& calls, int reps, int rounds = 5) {
+  const size_t n = calls.size();
+  for (int i = 0; i < 5; ++i) check(d.api->run(op, &calls[size_t(i) % n]), "gemm");
   check(d.api->synchronize(d.k, nullptr), "synchronize");
   std::vector<double> ms;
   for (int r = 0; r < rounds; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) check(d.api->run(op, &call), "gemm");
+    for (int i = 0; i < reps; ++i) check(d.api->run(op, &calls[size_t(i) % n]), "gemm");
     check(d.api->synchronize(d.k, nullptr), "synchronize");
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps);
   }
@@ -129,7 +146,14 @@ double time_calls(Dev& d, rlh_op* op, const rlh_op_call& call, int reps, int rou
 // accumulation; beside them, with --bf16 PLUGIN.so (kernels_cuda), the bf16 product the FP8 ones
 // replace, and the activation's quantisation each FP8 form needs first (quantize_fp8 of A at
 // grouping 0, 1 and 3). Microseconds a call over `reps` queued calls; 0 where refused.
-void decode_products(Dev& d, Dev* bf16, int reps) {
+// `cold`: each call reads another copy of the weight, the copies together past 192 MiB (L2 is 50
+// MiB), so every product streams its weight from memory, as a decoding step does (a layer's
+// weights were last read a step earlier). Repeating one weight measures L2-resident weights: at
+// 64 rows the FP8 q|k|v product took 7.9 us warm and ~12 under ncu with caches flushed (H100,
+// 2026-12-07), and warm figures had the few-row kernel ahead of cuBLASLt where generation found
+// them even.
+void decode_products(Dev& d, Dev* bf16, int reps, bool cold) {
+  const size_t cold_bytes = cold ? size_t(192) << 20 : 0;
   const int64_t shapes[4][2] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
   const char* names[4] = {"qkv", "o", "gate_up", "down"};
   struct Form {
@@ -156,6 +180,7 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
       void* dsb = d.alloc(size_t(nsb_max) * 4);
       void* ws = d.alloc(size_t(32) << 20);
       d.put(b, normal_fp8(size_t(N * K), 2).data(), size_t(N * K));
+      const std::vector<void*> bs = d.copies_of(b, size_t(N * K), cold_bytes);
       const std::vector<uint8_t> codes = normal_fp8(size_t(M * K), 1);
       d.put(aq, codes.data(), codes.size());
       std::vector<uint16_t> abf(size_t(M * K));  // bf16 in +-[2^-7, 2^-6), random mantissas and signs
@@ -166,9 +191,11 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
       d.put(dsb, sb.data(), sb.size() * 4);
       const int64_t sA[2] = {M, K}, tA[2] = {K, 1}, sB[2] = {N, K}, tB[2] = {K, 1}, sC[2] = {M, N}, tC[2] = {N, 1},
                     unit[1] = {1};
+      // (`weights`: where input 1 is a weight, its copies, taken in turn.)
       auto timed = [&](Dev& dev, void* wsp, const std::vector<rlh_tensor>& in, const std::vector<rlh_tensor>& out,
                        const std::vector<rlh_named_value>& attrs, const std::vector<rlh_named_value>& call_attrs,
-                       const char* op_name, const std::string& what) -> double {
+                       const char* op_name, const std::string& what,
+                       const std::vector<void*>& weights = {}) -> double {
         rlh_op* op = nullptr;
         if (rlh_status* st =
                 resolve_op(dev, op_name, in.data(), in.size(), out.data(), out.size(), attrs.data(), attrs.size(), &op)) {
@@ -177,17 +204,22 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
                       rlh::sdk::status_message(st).c_str());
           return 0;
         }
-        rlh_op_call call{};
-        call.struct_size = sizeof call;
-        call.inputs = in.data();
-        call.num_inputs = in.size();
-        call.outputs = out.data();
-        call.num_outputs = out.size();
-        call.workspace = wsp;
-        call.workspace_bytes = size_t(32) << 20;
-        call.attrs = call_attrs.data();
-        call.num_attrs = call_attrs.size();
-        const double us = 1e3 * time_calls(dev, op, call, reps);
+        std::vector<std::vector<rlh_tensor>> ins(std::max<size_t>(1, weights.size()), in);
+        for (size_t i = 0; i < weights.size(); ++i) ins[i][1].data = weights[i];
+        std::vector<rlh_op_call> calls(ins.size());
+        for (size_t i = 0; i < ins.size(); ++i) {
+          rlh_op_call& call = calls[i];
+          call.struct_size = sizeof call;
+          call.inputs = ins[i].data();
+          call.num_inputs = ins[i].size();
+          call.outputs = out.data();
+          call.num_outputs = out.size();
+          call.workspace = wsp;
+          call.workspace_bytes = size_t(32) << 20;
+          call.attrs = call_attrs.data();
+          call.num_attrs = call_attrs.size();
+        }
+        const double us = 1e3 * time_calls(dev, op, calls, reps);
         dev.api->release_op(op);
         return us;
       };
@@ -210,7 +242,7 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
                                 {rlh::sdk::attr_int("transpose_b", 1), rlh::sdk::attr_int("scaling", f.scaling),
                                  rlh::sdk::attr_int("few_rows", f.few_rows)},
                                 {rlh::sdk::attr_int("fast_accum", f.fast), rlh::sdk::attr_int("autotune", f.autotune)},
-                                "gemm", f.name);
+                                "gemm", f.name, bs);
         std::snprintf(buf, sizeof buf, " %s_us=%.2f", f.name, us);
         line += buf;
         if ((f.weight_only || f.few_rows || f.scaling == 1) && us > 0) {  // the weights' bytes a second
@@ -238,17 +270,20 @@ void decode_products(Dev& d, Dev* bf16, int reps) {
         const std::vector<uint8_t> wc = normal_fp8(size_t(N * K), 3);
         for (size_t i = 0; i < wb.size(); ++i) wb[i] = uint16_t(0x3c00 | (wc[i] & 0x7f) | ((wc[i] & 0x80) << 8));
         bf16->put(bb, wb.data(), wb.size() * 2);
+        const std::vector<void*> bbs = bf16->copies_of(bb, size_t(N * K) * 2, cold_bytes);
         bf16->put(ab, abf.data(), abf.size() * 2);
         void* wsb = bf16->alloc(size_t(32) << 20);
         const double us = timed(*bf16, wsb,
                                 {tensor(ab, sA, tA, 2, rlh::sdk::kBF16), tensor(bb, sB, tB, 2, rlh::sdk::kBF16)},
                                 {tensor(cb, sC, tC, 2, rlh::sdk::kBF16)}, {rlh::sdk::attr_int("transpose_b", 1)}, {},
-                                "gemm", "bf16");
+                                "gemm", "bf16", bbs);
         std::snprintf(buf, sizeof buf, " bf16_us=%.2f", us);
         line += buf;
+        bf16->free_copies(bbs);
         for (void* p : {bb, ab, cb, wsb}) bf16->api->memory_free(bf16->k, p);
       }
       std::printf("%s\n", line.c_str());
+      d.free_copies(bs);
       for (void* p : {a, aq, b, c, dsa, dsb, ws}) d.api->memory_free(d.k, p);
     }
   }
@@ -274,13 +309,13 @@ const rlh_kernels_api* kernel_provider(const char* path) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_fp8_gemm PLUGIN.so [--m M --n N --k K --reps R --rounds N --data normal|uniform] | --decode 1 [--bf16 PLUGIN.so]\n");
+    std::fprintf(stderr, "usage: bench_fp8_gemm PLUGIN.so [--m M --n N --k K --reps R --rounds N --data normal|uniform] | --decode 1 [--cold 1] [--bf16 PLUGIN.so]\n");
     return 2;
   }
   int64_t M = 8192, N = 8192, K = 8192;
   int reps = 50, rounds = 5;
   bool uniform = false;
-  bool decode = false;
+  bool decode = false, cold = false;
   const char* bf16_plugin = nullptr;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -294,6 +329,7 @@ int main(int argc, char** argv) {
       }
       uniform = std::strcmp(argv[i + 1], "uniform") == 0;
     } else if (a == "--decode") decode = v != 0;
+    else if (a == "--cold") cold = v != 0;
     else if (a == "--m") M = v;
     else if (a == "--n") N = v;
     else if (a == "--k") K = v;
@@ -318,7 +354,7 @@ int main(int argc, char** argv) {
     if (decode) {
       Dev b16{bf16_api, nullptr};
       if (bf16_api) check(bf16_api->create(nullptr, rlh::sdk::cuda_device(0), "{}", 2, &b16.k), "create the bf16 provider");
-      decode_products(d, bf16_api ? &b16 : nullptr, reps);
+      decode_products(d, bf16_api ? &b16 : nullptr, reps, cold);
       if (bf16_api) bf16_api->destroy(b16.k);
       api->destroy(k);
       return 0;
@@ -358,7 +394,7 @@ int main(int argc, char** argv) {
       const rlh_named_value call_attrs[1] = {rlh::sdk::attr_int("fast_accum", fast)};
       call.attrs = call_attrs;
       call.num_attrs = 1;
-      const double t = time_calls(d, op, call, reps, rounds);
+      const double t = time_calls(d, op, {call}, reps, rounds);
       const char* name = scaling ? "fp8_gemm_block" : fast ? "fp8_gemm_tensor_fast_accum" : "fp8_gemm_tensor";
       std::printf("RESULT impl=rlhost name=%s%s shape=%lldx%lldx%lld value=%.1f unit=TFLOP/s ms=%.4f\n",
                   uniform ? "uniform_" : "", name, (long long)M, (long long)N, (long long)K,
