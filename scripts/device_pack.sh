@@ -23,14 +23,14 @@ tests=(test_kernels_cuda_plugin test_cuda_conformance test_cuda_kernels test_cud
        test_backend_cuda_dp test_kernels_cudnn_plugin test_cudnn_graph test_cudnn_attention test_generator_cuda test_comm_nccl test_vendor_fp8)
 plugins=(megatron dtensor model_llama kernels_cpu kernels_cuda kernels_cudnn tokenizer_hf generator grpo sft environments dataset_jsonl
          comm_nccl comm_mpi)
-ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" comm_probe bench_cuda_engine bench_generator_cuda bench_fp8_gemm bench_parallel rlhost rlh_tiny_model \
+ninja -C "$B" -j"${JOBS:-2}" "${tests[@]}" comm_probe bench_cuda_engine bench_generator_cuda bench_fp8_gemm bench_parallel bench_l2_prefetch rlhost rlh_tiny_model \
   "${plugins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/plugins" "$stage/lib"
 for t in "${tests[@]}"; do cp "$(find "$B/tests" -name "$t" -type f | head -1)" "$stage/"; done
 cp "$B/bench/engine_cuda/bench_cuda_engine" "$B/bench/generator_cuda/bench_generator_cuda" "$B/bench/fp8/bench_fp8_gemm" \
-  "$B/bench/parallel/bench_parallel" "$B/bin/rlhost" \
+  "$B/bench/parallel/bench_parallel" "$B/bench/kernels_cuda/bench_l2_prefetch" "$B/bin/rlhost" \
   "$B/bin/rlh_tiny_model" "$stage/"
 # Every plugin of the build (kernel providers too: the engines find them on the plugin path).
 cp "$B"/plugins/lib*.so "$stage/plugins/"
