@@ -38,8 +38,8 @@
 #                histories through megatron's checkpoints, and the generator's FP8 rollouts, with the
 #                vendor's plugin on the plugin path (also part of fp8)
 #     genprofile: the generator benchmark alone and ncu per-kernel times of decoding steps
-#     gentrace: nsys's per-kernel totals inside the replayed decoding graphs (GENTRACE_CASES,
-#              GENTRACE_VARIANTS: fp8prod's variants)
+#     ncukernel: one kernel of a decoding run under ncu's sections (NCUK_REGEX, NCUK_VARIANT, ...)
+#     l2prefetch: bench_l2_prefetch (a weight warmed in L2 while HBM idles, against cold)
 #     fusedprod: the norm inside the product after it, the residual add inside the product before it,
 #                paged attention from FP8 codes in registers: tests, check-kernels, batch 1 with
 #                and without the fused products, the FP8 cache's figures at batch 64 and 256
@@ -76,7 +76,7 @@
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
 #              first, for one short call (after 2026-12-07's twenty-seventh session: fp8prod at
-#              batch 1, 64 and 256 with fp8-few64 and fp8-tune, then fusedprod, pdlab on an EARLY=1 pack, genprofile)
+#              batch 1 with fp8-few1, then fusedprod, pdlab on an EARLY=1 pack, genprofile)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -100,7 +100,7 @@ echo "plugin path: $plugins"
 nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir
 export NCCL_NVLS_ENABLE=0
-# FP8 rollout variants (fp8prod, gentrace): sets f (bench_generator_cuda's flags) and e (the
+# FP8 rollout variants (fp8prod, ncukernel): sets f (bench_generator_cuda's flags) and e (the
 # environment) for variant $1.
 fp8_variant() {
   f="--fp8 --kv-fp8" e=""
@@ -110,6 +110,7 @@ fp8_variant() {
     fp8-nofew) e="VFP8_FEW_ROWS_MAX=0 RLH_GEN_FP8_IN_PRODUCT=0" ;;
     fp8-noqa) e="RLH_GEN_FP8_IN_PRODUCT=0" ;;
     fp8-w8off) e="RLH_GEN_FP8_WEIGHT_ONLY=0" ;;
+    fp8-few1) e="RLH_GEN_FP8_WEIGHT_ONLY=0 RLH_GEN_FP8_FEW_TOKENS=1" ;;
     fp8-tune) e="VFP8_FEW_ROWS_TUNE=1" ;;
     fp8-mma16) e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16" ;;
     fp8-few64) e="VFP8_FEW_ROWS_MAX=64" ;;
@@ -121,15 +122,15 @@ fp8_variant() {
 }
 rc=0
 if [ "$what" = backlog ]; then
-  # After 2026-12-07's twenty-seventh session: fp8prod after the split-K products' cluster sum
-  # was rewritten (four rows a thread, every block's partial loaded at once): the vendor's tests,
-  # the decode products' table, then batch 1, 64 and 256 with the few-row kernel up to 16 rows
-  # (the default), up to 64 (fp8-few64) and timed against cuBLASLt per shape (fp8-tune); then fusedprod (the fused decoding ops' fuller batch-1
+  # After 2026-12-07's twenty-seventh session: fp8prod with its tests (the vendor's few-row
+  # kernel at 1 and 5 tokens, the rollouts with RLH_GEN_FP8_FEW_TOKENS=1) and batch 1 with the
+  # small steps' products block-scaled and unpadded (fp8-few1) beside the weight-only ones (fp8)
+  # and bf16; if fp8-few1 wins, make RLH_GEN_FP8_FEW_TOKENS the default (cuda_executor.cpp); then fusedprod (the fused decoding ops' fuller batch-1
   # A/B), pdlab (a pack made with EARLY=1, test_cuda_kernels dropped to fit the carry limit) and
   # genprofile with GENPROF_FP8=2. BACKLOG="..." picks (all may pass one call's 600 s).
   for st in ${BACKLOG:-fp8prod}; do
     if [ "$st" = fp8prod ]; then
-      FP8PROD_CASES="${FP8PROD_CASES:-b1 b64 b256}" FP8PROD_VARIANTS="${FP8PROD_VARIANTS:-bf16 fp8 fp8-few64 fp8-tune}" \
+      FP8PROD_CASES="${FP8PROD_CASES:-b1}" FP8PROD_VARIANTS="${FP8PROD_VARIANTS:-bf16 fp8 fp8-few1 fp8-w8off}" \
         bash "$0" "$st" || rc=1
     else
       bash "$0" "$st" || rc=1
@@ -310,7 +311,8 @@ if [ "$what" = fp8prod ]; then
   # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0);
   # fp8-nofew / fp8-few64 / fp8-few256: the few-row kernel off / up to 64 / 256 rows
   # (VFP8_FEW_ROWS_MAX; default 16); fp8-few64-s4 / -s2: up to 64 rows with K split at most 4 / 2
-  # ways (VFP8_FEW_ROWS_SPLITS); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
+  # ways (VFP8_FEW_ROWS_SPLITS); fp8-few1: no weight-only products, steps of 1-15 rows block-scaled
+  # and unpadded (RLH_GEN_FP8_FEW_TOKENS=1); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
   # products (steps of 1-8 rows then quantise in the product); fp8-tune: past 16 rows each shape
   # times the few-row kernel against cuBLASLt's pick (VFP8_FEW_ROWS_TUNE=1). First the tests (FP8PROD_TESTS=0
   # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS.
@@ -318,11 +320,13 @@ if [ "$what" = fp8prod ]; then
   RLH_VENDOR_FP8_PLUGIN=$bin/vendor/libvendor_fp8.so "$bin/test_vendor_fp8" --gtest_brief=1 \
     --gtest_filter='*Fused*:*Blockwise*:*GemmBlockwise*:*FewRows*:*QuantizeA*:*WeightOnly*' > "$out/fp8prod_vendor.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp8prod_vendor.log" | head -20
-  for p in 1 0; do
-    RLH_GEN_FP8_PRODUCER=$p RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" \
+  # with the producers, without them, and with no weight-only products and the small steps'
+  # block-scaled products unpadded (RLH_GEN_FP8_FEW_TOKENS=1; the 8-row steps then run them)
+  for p in RLH_GEN_FP8_PRODUCER=1 RLH_GEN_FP8_PRODUCER=0 RLH_GEN_FP8_WEIGHT_ONLY=0,RLH_GEN_FP8_FEW_TOKENS=1; do
+    env ${p//,/ } RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" \
       --gtest_brief=1 --gtest_filter='*Fp8Rollouts*' > "$out/fp8prod_generator_$p.log" 2>&1 || rc=1
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|fp8 rollouts|Expected|Which is|rror" "$out/fp8prod_generator_$p.log" |
-      sed "s/^/producer=$p: /" | head -12
+      sed "s/^/$p: /" | head -12
   done
   fi
   # The block-scaled products at decoding's rows: cuBLASLt (block) against the few-row kernel
@@ -331,6 +335,10 @@ if [ "$what" = fp8prod ]; then
     "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 --bf16 "$bin/plugins/libkernels_cuda.so" \
       > "$out/fp8prod_gemm.log" 2>&1 || rc=1
     grep -E "^RESULT|rror" "$out/fp8prod_gemm.log" | sed -E 's/RESULT impl=rlhost name=decode_//; s/ (tensor|tensor_fast|rows|rows_fast)_us=[0-9.]+//g; s/ quant[0-9]_us=[0-9.]+//g' | head -24
+    # the same with the weights streamed from memory, as a decoding step reads them (--cold 1)
+    "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 --cold 1 --bf16 "$bin/plugins/libkernels_cuda.so" \
+      > "$out/fp8prod_gemm_cold.log" 2>&1 || rc=1
+    grep -E "^RESULT|rror" "$out/fp8prod_gemm_cold.log" | sed -E 's/RESULT impl=rlhost name=decode_/cold: /; s/ (tensor|tensor_fast|rows|rows_fast)_us=[0-9.]+//g; s/ quant[0-9]_us=[0-9.]+//g; s/ [a-z_]+_GBs=[0-9]+//g' | head -24
     # the few-row kernel on mma.sync instead of the warpgroup products (the A/B)
     VFP8_FEW_ROWS_WGMMA=0 "$bin/bench_fp8_gemm" "$bin/vendor/libvendor_fp8.so" --decode 1 > "$out/fp8prod_gemm_mma.log" 2>&1 || rc=1
     grep -E "^RESULT|rror" "$out/fp8prod_gemm_mma.log" | grep -oE "^RESULT impl=rlhost name=decode_[a-z_]+ rows=[0-9]+|rror.*|block_few_us=[0-9.]+" | paste -d' ' - - | sed 's/RESULT impl=rlhost name=decode_/mma.sync: /' | head -24
@@ -888,36 +896,23 @@ PY
     done
   done
 fi
-if [ "$what" = gentrace ]; then
-  # Where a graph-replayed decoding step's time goes, kernel by kernel inside the graphs, as they
-  # run (nsys traces the graphs' nodes; ncu serialises kernels and flushes caches between them,
-  # which hides programmatic dependent launch and the products' weights prefetched before the
-  # wait). Per case and fp8prod variant: the benchmark once, then the kernels' totals per step.
-  #   GENTRACE_CASES="b64"  GENTRACE_VARIANTS="bf16 fp8 fp8-few64"  GENTRACE_NEW=256
-  nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2> /dev/null | head -1)
-  [ -n "$nsys_bin" ] || { echo "gentrace: no nsys on this machine"; exit 1; }
-  for c in ${GENTRACE_CASES:-b64}; do
-    for v in ${GENTRACE_VARIANTS:-bf16 fp8 fp8-few64}; do
-      fp8_variant "$v"
-      echo "== nsys: $c $v =="
-      env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$nsys_bin" profile -t cuda --cuda-graph-trace=node -o "$out/trace_${c}_$v" \
-        --force-overwrite true "$bin/bench_generator_cuda" --shape llama1b --case "$c" --prompt 128 \
-        --new "${GENTRACE_NEW:-256}" --repeats 1 $f > "$out/trace_${c}_$v.log" 2>&1 || rc=1
-      grep -E "^$c |rror" "$out/trace_${c}_$v.log" | cut -c1-110
-      "$nsys_bin" stats --report cuda_gpu_kern_sum --format csv "$out/trace_${c}_$v.nsys-rep" > "$out/trace_${c}_$v.csv" 2> /dev/null
-      python3 - "$out/trace_${c}_$v.csv" "${GENTRACE_NEW:-256}" <<'PY'
-import csv, sys
-# cuda_gpu_kern_sum: Time (%), Total Time (ns), Instances, Avg (ns), Med (ns), Min, Max, StdDev, Name.
-rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) >= 9 and r[1].replace(".", "").isdigit()]
-steps = float(sys.argv[2])
-tot = sum(float(r[1]) for r in rows) or 1
-for r in sorted(rows, key=lambda r: -float(r[1]))[:22]:
-    print(f"{float(r[1]) / 1e3 / steps:8.1f} us/step {100 * float(r[1]) / tot:5.1f}%  avg {float(r[3]) / 1e3:7.2f} us x {r[2]:>6}  {r[8][:90]}")
-print(f"{tot / 1e3 / steps:8.1f} us/step in all (prefill included)")
-PY
-      rm -f "$out/trace_${c}_$v.nsys-rep" "$out/trace_${c}_$v.sqlite"
-    done
-  done
+if [ "$what" = ncukernel ]; then
+  # One kernel of a decoding run under Nsight Compute's sections (where its time goes: memory
+  # throughput, warp stalls, occupancy), caches flushed before it as in a decoding step where the
+  # weights were last read a step ago. NCUK_REGEX (kernel name), NCUK_VARIANT (fp8prod's
+  # variants), NCUK_CASE (b64), NCUK_SKIP / NCUK_COUNT (matching launches skipped / profiled).
+  fp8_variant "${NCUK_VARIANT:-fp8-few64}"
+  env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none \
+    -k "regex:${NCUK_REGEX:-few_rows_kernel}" --launch-skip "${NCUK_SKIP:-64}" --launch-count "${NCUK_COUNT:-4}" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+    --section Occupancy --section SchedulerStats "$bin/bench_generator_cuda" --shape llama1b \
+    --case "${NCUK_CASE:-b64}" --prompt 128 --new 16 --repeats 1 --no-graphs $f > "$out/ncukernel.log" 2>&1 || rc=1
+  grep -E "few_rows|nvjet|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Grid Size|Cluster|Stall|Warp Cycles Per Issued|No Eligible|Active Warps|Waves" \
+    "$out/ncukernel.log" | head -120
+fi
+if [ "$what" = l2prefetch ]; then
+  # bench/kernels_cuda/bench_l2_prefetch.cu: a weight warmed in L2 while HBM idles, against cold.
+  "$bin/bench_l2_prefetch" --reps "${L2_REPS:-30}" 2>&1 | tee "$out/l2prefetch.log" | sed 's/RESULT name=l2_prefetch //'
 fi
 if [ "$what" = pagedmma ]; then
   # paged_attention's tensor-core kernel (the default since this stage first passed, 2026-12-05;

@@ -1041,7 +1041,8 @@ TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
 }
 
 // The few-row kernel of block-scaled products (README.md: `few_rows`; src/fp8_few_rows.cu):
-// rows that fill no 8-token tile and one to four chunks of 64, K in one stage and split across a
+// one token (a decoding step at batch 1: the generator's takes_few_tokens probe), rows that fill
+// no 8-token tile and one to four chunks of 64, K in one stage and split across a
 // cluster in uneven shares (9 and 16 stages), bands whose block scales differ, rows of A of very
 // different size, bf16 and f32 C, alpha and beta. Against the float64 product of the dequantised
 // operands and, at the rows cuBLASLt takes, against cuBLASLt's product of the same codes
@@ -1050,8 +1051,8 @@ TEST_F(VendorFp8, GemmFewRowsMatchesTheDequantisedProduct) {
   std::mt19937_64 rng(21);
   int ran = 0, against_cublaslt = 0;
   for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
-           {9, 256, 128}, {16, 384, 1152}, {17, 128, 2048}, {40, 1024, 640}, {64, 384, 512}, {100, 256, 384},
-           {200, 128, 256}}) {
+           {1, 384, 256}, {5, 128, 1152}, {9, 256, 128}, {16, 384, 1152}, {17, 128, 2048}, {40, 1024, 640},
+           {64, 384, 512}, {100, 256, 384}, {200, 128, 256}}) {
     Mat x = random_mat(rng, M, K, kBF16, 1.0), w = random_mat(rng, N, K, kBF16, 0.02);
     for (int64_t r = 0; r < M; ++r)
       for (int64_t c = 0; c < K; ++c) x.v[size_t(r * K + c)] = kc::round_bf16(x.at(r, c) * std::exp2(double(r % 7) - 3));
@@ -1089,7 +1090,7 @@ TEST_F(VendorFp8, GemmFewRowsMatchesTheDequantisedProduct) {
       }
     }
   }
-  EXPECT_EQ(ran, 14);
+  EXPECT_EQ(ran, 18);
   EXPECT_GE(against_cublaslt, 4);  // (cuBLASLt takes the multiples of 16 rows at least)
   // A `few_rows` past 2 is the caller's error.
   const Quantized qx = quantize_on_device(*this, random_mat(rng, 16, 256, kBF16, 1.0), kE4M3, 1, 0);
@@ -1106,12 +1107,13 @@ TEST_F(VendorFp8, GemmFewRowsMatchesTheDequantisedProduct) {
 // The weight-only form with `quantize_a = 1` (README.md): A's 1x128 tiles quantised to e4m3
 // inside the few-row product. It must give exactly what quantize_fp8 (grouping 1, the same
 // margin) followed by the block-scaled product of its codes gives: the same codes and scales,
-// summed in the same order. Rows that fill no tile of 8, one and several chunks of 64, K in one
+// summed in the same order. One token, rows that fill no tile of 8, one and several chunks of 64, K in one
 // stage and split, rows of very different size, margin 0 and 1.
 TEST_F(VendorFp8, GemmQuantizeAInTheProductIsThePassThenTheProduct) {
   std::mt19937_64 rng(22);
   int ran = 0;
-  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{9, 256, 128}, {40, 384, 1152}, {64, 128, 512}, {130, 256, 384}})
+  for (auto [M, N, K] :
+       std::vector<std::array<int64_t, 3>>{{1, 256, 256}, {9, 256, 128}, {40, 384, 1152}, {64, 128, 512}, {130, 256, 384}})
     for (const double margin : {0.0, 1.0}) {
       SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " margin " +
                    std::to_string(margin));
@@ -1141,7 +1143,7 @@ TEST_F(VendorFp8, GemmQuantizeAInTheProductIsThePassThenTheProduct) {
       EXPECT_LE(rel_err(read(c2, kBF16, size_t(M * N)), ref_gemm(x, w, 1, 0, {})), 1e-1) << "against bf16";
       ++ran;
     }
-  EXPECT_EQ(ran, 8);
+  EXPECT_EQ(ran, 10);
   // Refused: with one scale for B, and on the codes' form (A e4m3).
   const Mat x = random_mat(rng, 16, 128, kBF16, 1.0), w = random_mat(rng, 128, 128, kBF16, 0.02);
   const Quantized qw0 = quantize_on_device(*this, w, kE4M3, 0, 0);
