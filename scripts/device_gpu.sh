@@ -76,7 +76,7 @@
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
 #              first, for one short call (after 2026-12-07's twenty-seventh session: fp8prod at
-#              batch 1 with fp8-few1, then fusedprod, pdlab on an EARLY=1 pack, genprofile)
+#              batch 1 with fp8-few1, fp8shapes (3B and 8B), then fusedprod, pdlab on an EARLY=1 pack, genprofile)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -125,11 +125,19 @@ if [ "$what" = backlog ]; then
   # After 2026-12-07's twenty-seventh session: fp8prod with its tests (the vendor's few-row
   # kernel at 1 and 5 tokens, the rollouts with RLH_GEN_FP8_FEW_TOKENS=1) and batch 1 with the
   # small steps' products block-scaled and unpadded (fp8-few1) beside the weight-only ones (fp8)
-  # and bf16; if fp8-few1 wins, make RLH_GEN_FP8_FEW_TOKENS the default (cuda_executor.cpp); then fusedprod (the fused decoding ops' fuller batch-1
-  # A/B), pdlab (a pack made with EARLY=1, test_cuda_kernels dropped to fit the carry limit) and
+  # and bf16; if fp8-few1 wins, make RLH_GEN_FP8_FEW_TOKENS the default (cuda_executor.cpp); then
+  # fp8shapes (FP8 rollouts against bf16 at the 3B and 8B shapes, batch 64 and 256); then
+  # fusedprod (the fused decoding ops' fuller batch-1 A/B), pdlab (a pack made with EARLY=1, test_cuda_kernels dropped to fit the carry limit) and
   # genprofile with GENPROF_FP8=2. BACKLOG="..." picks (all may pass one call's 600 s).
-  for st in ${BACKLOG:-fp8prod}; do
-    if [ "$st" = fp8prod ]; then
+  for st in ${BACKLOG:-fp8prod fp8shapes}; do
+    if [ "$st" = fp8shapes ]; then
+      # FP8 rollouts against bf16 where the products are a larger share of a step: the 3B and
+      # 8B shapes at batch 64 and 256 (new 2026-12-07; not yet run)
+      for sh in llama3b llama8b; do
+        FP8PROD_TESTS=0 FP8PROD_GEMM=0 FP8PROD_SHAPE=$sh FP8PROD_CASES="b64,b256" FP8PROD_VARIANTS="bf16 fp8" \
+          bash "$0" fp8prod || rc=1
+      done
+    elif [ "$st" = fp8prod ]; then
       FP8PROD_CASES="${FP8PROD_CASES:-b1}" FP8PROD_VARIANTS="${FP8PROD_VARIANTS:-bf16 fp8 fp8-few1 fp8-w8off}" \
         bash "$0" "$st" || rc=1
     else
@@ -315,7 +323,8 @@ if [ "$what" = fp8prod ]; then
   # and unpadded (RLH_GEN_FP8_FEW_TOKENS=1); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
   # products (steps of 1-8 rows then quantise in the product); fp8-tune: past 16 rows each shape
   # times the few-row kernel against cuBLASLt's pick (VFP8_FEW_ROWS_TUNE=1). First the tests (FP8PROD_TESTS=0
-  # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS.
+  # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS,
+  # FP8PROD_SHAPE (bench_generator_cuda's --shape: llama1b, llama3b, llama8b).
   if [ "${FP8PROD_TESTS:-1}" = 1 ]; then
   RLH_VENDOR_FP8_PLUGIN=$bin/vendor/libvendor_fp8.so "$bin/test_vendor_fp8" --gtest_brief=1 \
     --gtest_filter='*Fused*:*Blockwise*:*GemmBlockwise*:*FewRows*:*QuantizeA*:*WeightOnly*' > "$out/fp8prod_vendor.log" 2>&1 || rc=1
@@ -346,9 +355,13 @@ if [ "$what" = fp8prod ]; then
   for c in ${FP8PROD_CASES:-b64 b256}; do
     for v in ${FP8PROD_VARIANTS:-bf16 fp8 fp8-noprod fp8 fp8-noprod}; do
       fp8_variant "$v"
-      env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --case "$c" --repeats 2 $f \
-        >> "$out/fp8prod_${c}_$v.log" 2>&1 || rc=1
-      echo "$v: $(grep -E "^$c |rror" "$out/fp8prod_${c}_$v.log" | tail -1 | cut -c1-120) $(grep -oE "fp8_produced=[0-9()/]+" "$out/fp8prod_${c}_$v.log" | tail -1)"
+      sh=${FP8PROD_SHAPE:-llama1b}
+      env $e RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --shape "$sh" --case "$c" --repeats 2 $f \
+        >> "$out/fp8prod_${sh}_${c}_$v.log" 2>&1 || rc=1
+      # (c may list cases, b64,b256: one run, the weights made once)
+      grep -E "^(${c//,/|}) |rror" "$out/fp8prod_${sh}_${c}_$v.log" | tail -n "$(echo "$c" | tr ',' '\n' | wc -l)" |
+        cut -c1-120 | sed "s/^/$sh $v: /"
+      grep -oE "fp8_produced=[0-9()/]+" "$out/fp8prod_${sh}_${c}_$v.log" | tail -1 | sed "s/^/$sh $v: /"
     done
   done
 fi

@@ -3,7 +3,7 @@
 // bandwidth roofline of the same work; run.sh runs it beside Hugging Face generate
 // (bench_hf_generate.py) on the same GPU. Prints one "RESULT key=value ..." line per case.
 //
-//   bench_generator_cuda [--shape llama1b|small] [--case all|b1|b16|b64|b256|grpo] [--prompt 128] [--new 256]
+//   bench_generator_cuda [--shape llama1b|llama3b|llama8b|small] [--case all|b1|b16|b64|b256|grpo[,...]] [--prompt 128] [--new 256]
 //                        [--repeats 3] [--deterministic] [--no-graphs] [--sample] [--fp8] [--kv-fp8] [--parity]
 //   --parity: the train-generation mismatch at this shape: the CUDA engine (bf16, the same weights;
 //          in its deterministic mode with --deterministic) scores the last timed call's sequences
@@ -17,7 +17,9 @@
 //          cache's bytes a step (the roofline counts one byte a cached value)
 //
 // llama1b: Llama-3.2-1B's shape (vocab 128256, d 2048, 16 layers, 32/8 heads of 64, ffn 8192,
-// tied), random weights. Cases: batch 1, 64 and 256 prompts of `prompt` random tokens, each
+// tied), random weights; llama3b: Llama-3.2-3B's (d 3072, 28 layers, 24/8 heads of 128, ffn 8192,
+// tied); llama8b: Llama-3.1-8B's (d 4096, 32 layers, 32/8 heads of 128, ffn 14336, untied), where
+// the products are a larger share of a step than at 1B (FP8 rollouts' ratio depends on it). Cases: batch 1, 64 and 256 prompts of `prompt` random tokens, each
 // `new` new tokens (greedy, no stop: every sample runs to its length); grpo: 64 prompts x 8
 // samples sharing their prompt (GRPO's rollout: temperature 1, so the samples differ).
 // tok/s counts new tokens over the wall time of generate() (prefill included, as HF generate's);
@@ -58,6 +60,8 @@ struct Shape {
   bool tied;
 };
 const Shape kShapes[] = {{"llama1b", 128256, 2048, 16, 32, 8, 64, 8192, true},
+                         {"llama3b", 128256, 3072, 28, 24, 8, 128, 8192, true},
+                         {"llama8b", 128256, 4096, 32, 32, 8, 128, 14336, false},
                          {"small", 32000, 1024, 4, 16, 4, 64, 4096, true}};
 
 struct Case {
@@ -205,7 +209,7 @@ int main(int argc, char** argv) {
     else if (a == "--trainer") trainer_parts = next();
     else {
       std::fprintf(stderr,
-                   "usage: %s [--shape llama1b|small] [--case all|b1|b16|b64|b256|grpo] [--prompt N] [--new N] "
+                   "usage: %s [--shape llama1b|llama3b|llama8b|small] [--case all|b1|b16|b64|b256|grpo] [--prompt N] [--new N] "
                    "[--repeats N] [--deterministic] [--no-graphs] [--sample] [--fp8] [--kv-fp8] [--parity] [--trainer none|all|gemm+attention+head]\n",
                    argv[0]);
       return 2;
@@ -285,7 +289,7 @@ int main(int argc, char** argv) {
   }
 
   for (const Case& c : kCases) {
-    if (which != "all" && which != c.name) continue;
+    if (which != "all" && ("," + which + ",").find("," + std::string(c.name) + ",") == std::string::npos) continue;
     const int64_t seqs = c.prompts * c.samples;
     gen::Options o;
     o.max_num_seqs = seqs;
