@@ -2,7 +2,7 @@
 """Hugging Face generate, the peer of bench_generator_cuda on the same GPU and shapes:
    RESULT impl=hf name=<b1|b64|b256|grpo> tok_s=<new tokens/s> sec=<median>
 
-LlamaForCausalLM at Llama-3.2-1B's shape (or `small`), random weights in bf16 on the GPU, SDPA
+LlamaForCausalLM at Llama-3.2-1B's shape (or 3B's, 3.1-8B's, `small`), random weights in bf16 on the GPU, SDPA
 attention, KV cache (transformers' default dynamic cache). The batch cases decode greedily,
 exactly `new` new tokens (min_new_tokens = max_new_tokens, no EOS); grpo samples 8 sequences per
 prompt at temperature 1 (num_return_sequences, top_k and top_p off), as a TRL-like GRPO rollout
@@ -23,6 +23,8 @@ args = p.parse_args()
 
 SHAPES = {  # V, C, L, Hq, Hkv, D, F, tied
     "llama1b": (128256, 2048, 16, 32, 8, 64, 8192, True),
+    "llama3b": (128256, 3072, 28, 24, 8, 128, 8192, True),
+    "llama8b": (128256, 4096, 32, 32, 8, 128, 14336, False),
     "small": (32000, 1024, 4, 16, 4, 64, 4096, True),
 }
 CASES = [("b1", 1, 1), ("b64", 64, 1), ("b256", 256, 1), ("grpo", 64, 8)]
@@ -48,7 +50,7 @@ def median(xs):
 
 
 for name, prompts, samples in CASES:
-    if args.case not in ("all", name):
+    if args.case != "all" and name not in args.case.split(","):
         continue
     ids = torch.randint(0, V, (prompts, args.prompt), device="cuda")
     mask = torch.ones_like(ids)
