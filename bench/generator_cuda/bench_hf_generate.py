@@ -2,8 +2,8 @@
 """Hugging Face generate, the peer of bench_generator_cuda on the same GPU and shapes:
    RESULT impl=hf name=<b1|b64|b256|grpo> tok_s=<new tokens/s> sec=<median>
 
-LlamaForCausalLM at Llama-3.2-1B's shape (or 3B's, 3.1-8B's, `small`), random weights in bf16 on the GPU, SDPA
-attention, KV cache (transformers' default dynamic cache). The batch cases decode greedily,
+LlamaForCausalLM at Llama-3.2-1B's shape (or 3B's, 3.1-8B's, `small`), random weights in bf16
+on the GPU, SDPA attention, KV cache (transformers' default dynamic cache). The batch cases decode greedily,
 exactly `new` new tokens (min_new_tokens = max_new_tokens, no EOS); grpo samples 8 sequences per
 prompt at temperature 1 (num_return_sequences, top_k and top_p off), as a TRL-like GRPO rollout
 does. Timing: one warm-up call, then the median of the timed calls, each synchronised."""
