@@ -111,7 +111,6 @@ fp8_variant() {
     fp8-noqa) e="RLH_GEN_FP8_IN_PRODUCT=0" ;;
     fp8-w8off) e="RLH_GEN_FP8_WEIGHT_ONLY=0" ;;
     fp8-few1) e="RLH_GEN_FP8_WEIGHT_ONLY=0 RLH_GEN_FP8_FEW_TOKENS=1" ;;
-    fp8-tune) e="VFP8_FEW_ROWS_TUNE=1" ;;
     fp8-mma16) e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16" ;;
     fp8-few64) e="VFP8_FEW_ROWS_MAX=64" ;;
     fp8-few64-s4) e="VFP8_FEW_ROWS_MAX=64 VFP8_FEW_ROWS_SPLITS=4" ;;
@@ -320,9 +319,9 @@ if [ "$what" = fp8prod ]; then
   # fp8-nofew / fp8-few64 / fp8-few256: the few-row kernel off / up to 64 / 256 rows
   # (VFP8_FEW_ROWS_MAX; default 16); fp8-few64-s4 / -s2: up to 64 rows with K split at most 4 / 2
   # ways (VFP8_FEW_ROWS_SPLITS); fp8-few1: no weight-only products, steps of 1-15 rows block-scaled
-  # and unpadded (RLH_GEN_FP8_FEW_TOKENS=1); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's input by a pass; fp8-w8off: no weight-only
-  # products (steps of 1-8 rows then quantise in the product); fp8-tune: past 16 rows each shape
-  # times the few-row kernel against cuBLASLt's pick (VFP8_FEW_ROWS_TUNE=1). First the tests (FP8PROD_TESTS=0
+  # and unpadded (RLH_GEN_FP8_FEW_TOKENS=1); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's
+  # input by a pass; fp8-w8off: no weight-only products (steps of 1-8 rows then quantise in the
+  # product). First the tests (FP8PROD_TESTS=0
   # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS,
   # FP8PROD_SHAPE (bench_generator_cuda's --shape: llama1b, llama3b, llama8b).
   if [ "${FP8PROD_TESTS:-1}" = 1 ]; then

@@ -230,7 +230,6 @@ std::string Gemm::unsupported(const GemmArgs& g) const {
 struct Gemm::Cached {
   Plan plan;
   cublasLtMatmulHeuristicResult_t algo{};
-  bool few = false;  // the few-row kernel was the faster (GemmArgs::tune_few_rows)
   explicit Cached(const GemmArgs& g) : plan(need_lt(), g) {}
 };
 
@@ -290,23 +289,13 @@ size_t fastest(const Plan& p, cublasLtHandle_t h, const GemmArgs& g,
   return best;
 }
 
-// Whether the few-row kernel (fp8_few_rows.cu) ran g faster than cuBLASLt's algorithm `algo`.
-bool few_rows_faster(const Plan& p, cublasLtHandle_t h, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t& algo,
-                     void* ws, cudaStream_t st) {
-  Events ev;
-  if (!ev.ok()) return false;
-  const float lt = time_ms([&] { p.run(h, g, algo, ws, st); }, st, ev.e0, ev.e1);
-  const float few = time_ms([&] { gemm_few_rows(g, st); }, st, ev.e0, ev.e1);
-  return few >= 0 && (lt < 0 || few < lt);
-}
-
 }  // namespace
 
 Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
   // Everything the descriptors and layouts hold but the pointers (and alpha/beta, passed per call).
-  const std::array<int64_t, 13> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
+  const std::array<int64_t, 12> key = {g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int64_t(g.fa), int64_t(g.fb),
                                        int64_t(g.scaling), g.c_bf16 ? 1 : 0, g.fast_accum ? 1 : 0,
-                                       g.autotune ? 1 : 0, g.tune_few_rows ? 1 : 0};
+                                       g.autotune ? 1 : 0};
   auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
   auto c = std::make_unique<Cached>(g);
@@ -323,8 +312,6 @@ Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
     const std::vector<cublasLtMatmulHeuristicResult_t> cands = c->plan.candidates(handle_, 8);
     c->plan.set_scales(g);
     if (cands.size() > 1) c->algo = cands[fastest(c->plan, handle_, g, cands, ws, st)];
-    if (g.tune_few_rows && few_rows_unsupported(g).empty())
-      c->few = few_rows_faster(c->plan, handle_, g, c->algo, ws, st);
   }
   return *cache_.emplace(key, std::move(c)).first->second;
 }
@@ -332,7 +319,6 @@ Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
 void Gemm::run(const GemmArgs& g, void* ws, cudaStream_t st) const {
   std::lock_guard<std::mutex> lock(mu_);
   Cached& c = plan(g, ws, st);
-  if (c.few) return gemm_few_rows(g, st);
   c.plan.set_scales(g);
   c.plan.run(handle_, g, c.algo, ws, st);
 }

@@ -53,10 +53,6 @@ struct GemmArgs {
   // timed runs overwrite C), outside stream capture, for up to 512 rows and 64 shapes an
   // instance; else the heuristic's first.
   bool autotune = false;
-  // With autotune: the few-row kernel (gemm_few_rows) is timed against cuBLASLt's pick too, and
-  // the faster runs the shape from then on (ops_cuda.cpp asks for it past the few-row bound
-  // under VFP8_FEW_ROWS_TUNE=1; not yet measured, so off by default).
-  bool tune_few_rows = false;
   // The few-row kernel only (gemm_few_rows): A in bf16, its 1x128 tiles quantised to e4m3 in the
   // product (current scaling, scale = amax / 448 * a_margin_mult) as quantize_fp8 would; sa unused.
   bool a_bf16 = false;
@@ -107,7 +103,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   mutable int64_t tuned_ = 0;  // shapes timed so far
   mutable std::mutex mu_;  // the cache, and a cached descriptor's scale pointers set per call
-  mutable std::map<std::array<int64_t, 13>, std::unique_ptr<Cached>> cache_;
+  mutable std::map<std::array<int64_t, 12>, std::unique_ptr<Cached>> cache_;
 };
 
 }  // namespace vfp8

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -778,19 +777,10 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
           if (!aligned16(g.a) || !aligned16(g.b) || !aligned16(g.c)) bad("gemm: A, B and C must be 16-byte aligned");
           try {
             const int64_t few = pick_i(call, "few_rows", op->few_rows);
-            if (takes_few_rows(g, few)) {
+            if (takes_few_rows(g, few))
               vfp8::gemm_few_rows(g, st);
-            } else {
-              // Past the bound, an autotuned product may time the few-row kernel against
-              // cuBLASLt's pick (VFP8_FEW_ROWS_TUNE=1, the experiment; fp8_gemm.hpp).
-              static const bool tune = [] {
-                const char* e = std::getenv("VFP8_FEW_ROWS_TUNE");
-                return e && std::string(e) == "1";
-              }();
-              vfp8::GemmArgs gt = g;
-              gt.tune_few_rows = tune && few == 1 && g.autotune;
-              k->gemm->run(gt, ws.get(), st);
-            }
+            else
+              k->gemm->run(g, ws.get(), st);
           } catch (const std::runtime_error& e) {
             throw Error(RLH_E_INTERNAL, "vendor_fp8 gemm (M " + std::to_string(g.M) + ", N " + std::to_string(g.N) +
                                             ", K " + std::to_string(g.K) + "): " + e.what());
