@@ -912,16 +912,12 @@ TEST(GpuGenerator, Fp8RolloutsFollowBf16AndRefitRemakesTheirWeights) {
   std::printf("fp8 rollouts: weight-only products up to %lld rows\n", (long long)xs.fp8_weight_only_rows);
   std::printf("fp8 rollouts: inputs no producer wrote quantised in the product up to %lld rows\n",
               (long long)xs.fp8_in_product_rows);
-  std::printf("fp8 rollouts: block-scaled products of 1-15 tokens %s\n",
-              xs.fp8_few_tokens ? "taken (no padding to 16)" : "not taken (steps padded to 16)");
   if (hopper && std::getenv("RLH_EXPECT_FP8_PROVIDER")) {
     const char* wo = std::getenv("RLH_GEN_FP8_WEIGHT_ONLY");  // (device_gpu.sh fp8prod's A/B: 0)
     EXPECT_EQ(xs.fp8_weight_only_rows, wo && *wo ? std::atoll(wo) : 8);
     if (!std::getenv("RLH_GEN_FP8_IN_PRODUCT")) {
       EXPECT_EQ(xs.fp8_in_product_rows, 64);
     }
-    const char* ft = std::getenv("RLH_GEN_FP8_FEW_TOKENS");  // (fp8prod's A/B: 1)
-    EXPECT_EQ(xs.fp8_few_tokens, ft && std::string(ft) == "1") << "vendor_fp8's few-row kernel takes one token";
   }
   // Steps of 16 rows quantise their inputs (more rows than the weight-only products take, and
   // a multiple of 16 as block scales need; the 378-row prefill above is neither, so its products

@@ -1041,7 +1041,7 @@ TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
 }
 
 // The few-row kernel of block-scaled products (README.md: `few_rows`; src/fp8_few_rows.cu):
-// one token (a decoding step at batch 1: the generator's takes_few_tokens probe), rows that fill
+// one token (a decoding step at batch 1), rows that fill
 // no 8-token tile and one to four chunks of 64, K in one stage and split across a
 // cluster in uneven shares (9 and 16 stages), bands whose block scales differ, rows of A of very
 // different size, bf16 and f32 C, alpha and beta. Against the float64 product of the dequantised

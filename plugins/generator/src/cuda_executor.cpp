@@ -632,10 +632,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     const bool graph = decode && graphs_on_;
     // FP8 rollouts pad small decoding batches to 16 rows, the fewest blockwise FP8 products take
     // on cuBLASLt (Fp8Linears::input), unless the weight-only products take them (up to 8 rows
-    // where a provider offers the form: plan_fp8) or the provider's block-scaled products take
-    // fewer tokens (takes_few_tokens: vendor_fp8's few-row kernel): a step reads the FP8 weights.
-    const int64_t pad =
-        fp8_ && pow2_at_least(R) > fp8_->weight_only_rows() && !fp8_->takes_few_tokens() ? 16 : 1;
+    // where a provider offers the form: plan_fp8): either way a step reads the FP8 weights.
+    // (Block-scaled products of 1-15 rows unpadded, on vendor_fp8's few-row kernel, were measured
+    // at batch 1 on an H100, 2026-12-07: 940 tok/s against 959 weight-only, and a larger
+    // mismatch; removed: bench/results/h100-2026-12-07-s28-fp8prod-b1-few1.log.)
+    const int64_t pad = fp8_ && pow2_at_least(R) > fp8_->weight_only_rows() ? 16 : 1;
     const int64_t Rb = graph ? std::min<int64_t>(std::max<int64_t>(pow2_at_least(R), pad), gmax_) : R;
     const int64_t W = graph ? std::min<int64_t>(pow2_at_least(rows.width), table_cap_) : rows.width;
     upload_inputs(rows, d, Rb, W);
@@ -1055,14 +1056,6 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     const char* qa = std::getenv("RLH_GEN_FP8_IN_PRODUCT");
     stats_.fp8_in_product_rows =
         fp8_->set_quantize_in_product_rows(qa && *qa ? std::max<int64_t>(0, std::atoll(qa)) : 64);
-    // Steps of 1-15 rows that the weight-only products do not take, quantised and multiplied as
-    // they are instead of padded to 16 rows, where the provider's block-scaled products take
-    // them (vendor_fp8's few-row kernel). Off by default until measured on a GPU (built
-    // 2026-12-07: at one row the kernel's four products of a 1B layer took 33.9 us against the
-    // weight-only form's 41.6, weights streamed from memory, bench_fp8_gemm --decode 1 --cold 1);
-    // RLH_GEN_FP8_FEW_TOKENS=1 with RLH_GEN_FP8_WEIGHT_ONLY=0 is the A/B at batch 1.
-    const char* ft = std::getenv("RLH_GEN_FP8_FEW_TOKENS");
-    stats_.fp8_few_tokens = fp8_->set_few_tokens(ft && std::string(ft) == "1");
     b_->fp8 = fp8_.get();
     b_->fp8_weights = &fp8_ptrs_;
     // The norms and SwiGLU write their product's FP8 input themselves where a provider offers

@@ -65,18 +65,6 @@ Fp8Linears::Fp8Linears(DeviceOps& ops, Counters& counters, const Fp8Options& o, 
       };
       w8_offered_ = offered(false);
       qa_offered_ = opt_.blockwise && offered(true);
-      if (opt_.blockwise) {  // one token, quantised then multiplied (set_few_tokens)
-        few_tokens_ = true;
-        try {
-          few_offered_ = input(xb, n, 1, n) && fits_group(n, n);
-          if (few_offered_) forward(xb, n, y.get<bf16>(), n);
-          check(cudaDeviceSynchronize(), "fp8 probe (one token)");
-        } catch (const std::exception&) {
-          cudaGetLastError();
-          few_offered_ = false;
-        }
-        few_tokens_ = false;
-      }
       stats_ = {};
       w_.clear();
       in_sites_.clear();

@@ -86,8 +86,6 @@ struct CudaExecutorStats {
   int64_t fp8_weight_only_rows = 0;  // and the most rows a step runs them weight-only (0: never)
   // and the most rows a step's products quantise an input no producer wrote themselves (0: never)
   int64_t fp8_in_product_rows = 0;
-  // and whether steps of 1-15 rows run block-scaled products unpadded (RLH_GEN_FP8_FEW_TOKENS=1)
-  bool fp8_few_tokens = false;
   int64_t fp8_produced = 0;      // and the most of a step's inputs whose codes their producer wrote,
   int64_t fp8_produced_by[3] = {0, 0, 0};  // by producer: RMSNorm, add + RMSNorm, SwiGLU
   int64_t fused_layers = 0;      // layers a one-row step runs as one decode_layer_fwd each (0: none did)

@@ -104,12 +104,6 @@ class Fp8Linears {
   // the product, examples/vendor_fp8), where offered (probed by the forward-only constructor):
   // the quantisation pass is saved. Returns the bound in force (0: not offered).
   int64_t set_quantize_in_product_rows(int64_t rows) { return qa_rows_ = qa_offered_ ? rows : 0; }
-  // Generation, blockwise: with `on`, inputs of 1-15 rows are quantised and multiplied as they
-  // are (a decoding step then needs no padding to 16 rows), where a provider ran a block-scaled
-  // product of one token at construction (vendor_fp8's few-row kernel takes 1-16 tokens;
-  // cuBLASLt wants multiples of 16). Returns whether that is in force.
-  bool set_few_tokens(bool on) { return few_tokens_ = on && few_offered_; }
-  bool takes_few_tokens() const { return few_tokens_; }
 
   // Backward of one group: dx (lddx; bf16, added with beta 1) from dy [N, rows] (lddy), and
   // dW [rows, K] (fp32, accumulated). `input_t` quantises X^T for the step's dW products once;
@@ -171,8 +165,7 @@ class Fp8Linears {
   // The token count of a product whose A runs down the tokens (the forward's X, dX's dY):
   // blockwise's per-token scales need multiples of 16 (cuBLASLt had no algorithm for 378 rows
   // on the H100, 2026-12-05); tensorwise takes any.
-  // (Fewer than 16 where takes_few_tokens().)
-  bool tokens_fit(int64_t N) const { return N > 0 && (!opt_.blockwise || N % 16 == 0 || (few_tokens_ && N < 16)); }
+  bool tokens_fit(int64_t N) const { return N > 0 && (!opt_.blockwise || N % 16 == 0); }
   int act_grouping() const { return opt_.blockwise ? 1 : 0; }
   int weight_grouping() const { return opt_.blockwise ? 2 : 0; }
   DeviceOps::Fp8 grad_format() const { return opt_.hybrid ? DeviceOps::Fp8::e5m2 : DeviceOps::Fp8::e4m3; }
@@ -225,8 +218,6 @@ class Fp8Linears {
   int64_t w8_rows_ = 0;
   bool xqa_ = false;         // the weight-only input's A is quantised in the product
   bool qa_offered_ = false;  // a provider ran the form with quantize_a at construction
-  bool few_offered_ = false;  // a provider ran a one-token block-scaled product at construction
-  bool few_tokens_ = false;   // set_few_tokens
   int64_t qa_rows_ = 0;
   int64_t xtN_ = 0, xtK_ = 0;
   std::unordered_map<const void*, Quantised> w_, wt_;  // by the weight's bf16 address
