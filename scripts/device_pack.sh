@@ -8,8 +8,6 @@
 # run time), stripped.
 #   scripts/device_pack.sh            build the targets, then pack
 #   SLIM=1 scripts/device_pack.sh     the same without the mpi/nccl2 stages' parts (smaller)
-#   EARLY=1 scripts/device_pack.sh    with kernels_cuda and test_cuda_decode built with PDL's early
-#                                     trigger in early/ (device_gpu.sh pdlab)
 #   DROP="test_cuda_decode bench_*" scripts/device_pack.sh   without these (globs in the pack's
 #                                     root): for one stage, when the tree has grown past the cap
 # .devbin is ignored by git: pass carry: [".devbin"] to the device tool.
@@ -62,32 +60,6 @@ strip --strip-unneeded "$stage"/test_* "$stage"/bench_* "$stage"/rlhost "$stage"
 # tests), when the pack beside the source tree would pass the carry cap.
 if [ "${SLIM:-0}" = 1 ]; then
   rm -rf "$stage"/openmpi "$stage"/extra_plugins "$stage"/test_comm_nccl "$stage"/test_backend_cuda_dp
-fi
-# EARLY=1: kernels_cuda and test_cuda_decode also built with PDL's early trigger
-# (-DRLH_KCUDA_PDL_EARLY=1, common.cuh), into early/ (device_gpu.sh pdlab). ninja's own commands
-# for the two, replayed in $B/pdl_early with the core's CUDA objects compiled again: the A/B of a
-# build-time switch in one pack, without a second build tree.
-if [ "${EARLY:-0}" = 1 ]; then
-  E=pdl_early
-  core=plugins/kernels_cuda/CMakeFiles/rlh_kernels_cuda_core.dir
-  rm -rf "$B/$E" && mkdir -p "$B/$E/core/src"
-  # Only the sources that launch with PDL are compiled again; the rest are the build's objects.
-  pdl_srcs=$(grep -l 'pdl_wait()\|pdl_trigger()' plugins/kernels_cuda/src/*.cu | xargs -n1 basename | tr '\n' '|')
-  for o in "$B/$core"/src/*.o; do
-    echo "$o" | grep -qE "/(${pdl_srcs%|})\.o\$" || cp "$o" "$B/$E/core/src/"
-  done
-  ninja -C "$B" -t commands plugins/libkernels_cuda.so tests/kernels_cuda/test_cuda_decode |
-    grep -E "rlh_kernels_cuda_core\.dir/src/[a-z_]+\.cu\.o\$|librlh_kernels_cuda_core\.a  |-o plugins/libkernels_cuda\.so |-o tests/kernels_cuda/test_cuda_decode " |
-    sed -e "s#$core/#$E/core/#g" -e "s#plugins/kernels_cuda/librlh_kernels_cuda_core\.a#$E/librlh_kernels_cuda_core.a#g" \
-        -e "s#-o plugins/libkernels_cuda\.so #-o $E/libkernels_cuda.so #" \
-        -e "s#-o tests/kernels_cuda/test_cuda_decode #-o $E/test_cuda_decode #" \
-        -e "s#bin/nvcc #bin/nvcc -DRLH_KCUDA_PDL_EARLY=1 #" > "$B/$E/commands"
-  (cd "$B" && grep ' -x cu ' "$E/commands" | grep -E "/src/(${pdl_srcs%|}) -o" | xargs -d '\n' -P "${JOBS:-2}" -I{} sh -c '{}' &&
-     grep -v ' -x cu ' "$E/commands" | while IFS= read -r c; do sh -c "$c"; done)
-  [ -f "$B/$E/libkernels_cuda.so" ] && [ -f "$B/$E/test_cuda_decode" ] || { echo "EARLY=1: the early build failed"; exit 1; }
-  mkdir -p "$stage/early"
-  cp "$B/$E/libkernels_cuda.so" "$B/$E/test_cuda_decode" "$stage/early/"
-  strip --strip-unneeded "$stage"/early/*
 fi
 for d in ${DROP:-}; do (cd "$stage" && rm -rf -- $d); done
 mkdir -p .devbin

@@ -108,42 +108,26 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b
 // still runs. Its contract: pdl_wait() before reading anything earlier work wrote or writing
 // anything earlier work reads (it returns once the predecessor has completed and its writes are
 // visible; at once for a kernel launched without the attribute). pdl_trigger() lets the next
-// kernel be scheduled; called after pdl_wait, at most two grids are in flight (but see the
-// early trigger below). Before pdl_wait a kernel may only compute indices and prefetch into L2
-// (prefetch_l2: a hint, never data a result depends on, so a weight written just before is
-// still read after the wait). Two
+// kernel be scheduled; called after pdl_wait, at most two grids are in flight. Before pdl_wait
+// a kernel may only compute indices and prefetch into L2 (prefetch_l2: a hint, never data a
+// result depends on, so a weight written just before is still read after the wait). Two
 // exceptions read weights before the wait for real: the few-row gemm's first round
 // (RLH_KCUDA_GEMV_PRELOAD) and decode_layer.cu's producer warp; they rely on no kernel that
 // writes weights being launched with the attribute directly before them (a refit's copies are
 // ordinary launches or copies, which a PDL launch after them waits for in full).
 //
-// Early trigger (RLH_KCUDA_PDL_EARLY, a build-time switch, off until measured: built on
-// 2026-12-06, twenty-third session, after the session's device time ran out; measure it with a
-// build that defines it to 1 beside one that does not, on one warm machine, with
-// `scripts/device_gpu.sh pdlearly`): pdl_wait() lets the next kernel
-// launch before it waits, so a chain of launches becomes resident as soon as each kernel's
-// blocks are (a kernel launches only once all its predecessor's blocks have started, so the
-// predecessor can always finish: no deadlock), and the few-row gemm's first round of weights is
-// loaded while the small kernels ahead of it (RoPE, the cache write, attention) still run,
-// instead of only while the one just before it does. Why it is safe: griddepcontrol.wait returns
-// once the kernel just before has completed, which it does only after its own wait, so every
-// earlier kernel's writes are visible by then; what a kernel reads before its wait is data no
-// kernel of a step writes (weights, the uploaded positions, slots and scales), and nothing is
-// written before it. The chain stops at any launch without the attribute (cuBLASLt, cuDNN, a
-// copy), which waits for everything before it in full.
-#ifndef RLH_KCUDA_PDL_EARLY
-#define RLH_KCUDA_PDL_EARLY 0
-#endif
+// Triggering before the wait instead (so a chain of launches goes resident together, and the
+// few-row gemm's first weights stream while RoPE and attention still run) was built as a
+// build-time switch and measured on an H100 (2026-12-07): batch 1 808-813 tok/s against 817-820
+// with the trigger after the wait, batch 256 the same; removed
+// (bench/results/h100-2026-12-07-s28-pdlab-parity.log).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#if RLH_KCUDA_PDL_EARLY
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !RLH_KCUDA_PDL_EARLY
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
