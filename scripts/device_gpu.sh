@@ -18,7 +18,6 @@
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
 #                 FUSED_CASES), its phase stamps (RLH_KCUDA_DL_TRACE) and ncu figures (FUSED_NCU=0: not)
-#     pdlearly: PDL's early trigger: the decode and generator tests, then batch 1 and 256
 #     overwrite: gradients overwritten after an update instead of cleared by AdamW: the engine's
 #                tests, the 1B step with RLH_CUDA_GRAD_OVERWRITE=0|1 (and --loss device), and
 #                torch.compile's step
@@ -47,8 +46,8 @@
 #              then FP8 rollouts at batch 64 and 256 with and without it (RLH_GEN_FP8_PRODUCER=0)
 #     quick: fusedprod's essentials in a short call (kernel tests, check-kernels, batch 1 with and
 #            without the fused ops, batch 256 bf16 and FP8 cache, a few generator tests)
-#     pdlab: pdlearly on the pack's kernels_cuda, on the early-trigger build in early/ (EARLY=1
-#            device_pack.sh), and on the pack's again, in one call
+#     fp8parity: #21's generation figures again at FP8PARITY_SHAPES (llama3b): bf16 and FP8 rollouts
+#                alternated twice at batch 64 and 256, then each one's train-generation mismatch (--parity)
 #     decodeab: batch-1 decoding with each 2026-12-06 change withheld in turn (fused add + norm,
 #               gate|up with its GLU, PDL, gemv's preload, gate|up on the few-row gemm, whole rows in
 #               paged attention; DECODEAB_VARIANTS picks, DECODEAB_CASES="b1 b64") and the kernel tests
@@ -75,8 +74,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (after 2026-12-07's twenty-seventh session: fp8prod at
-#              batch 1 with fp8-few1, fp8shapes (3B and 8B), then fusedprod, pdlab on an EARLY=1 pack, genprofile)
+#              first, for one short call (after 2026-12-07's twenty-eighth session: fusedprod,
+#              then genprofile with the FP8 cache)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -106,11 +105,12 @@ fp8_variant() {
   f="--fp8 --kv-fp8" e=""
   case "$1" in
     bf16) f="" ;;
+    kvfp8) f="--kv-fp8" ;;  # the FP8 cache alone (bf16 weights)
+    fp8w) f="--fp8" ;;      # FP8 weights alone (bf16 cache)
     fp8-noprod) e="RLH_GEN_FP8_PRODUCER=0" ;;
     fp8-nofew) e="VFP8_FEW_ROWS_MAX=0 RLH_GEN_FP8_IN_PRODUCT=0" ;;
     fp8-noqa) e="RLH_GEN_FP8_IN_PRODUCT=0" ;;
     fp8-w8off) e="RLH_GEN_FP8_WEIGHT_ONLY=0" ;;
-    fp8-few1) e="RLH_GEN_FP8_WEIGHT_ONLY=0 RLH_GEN_FP8_FEW_TOKENS=1" ;;
     fp8-mma16) e="VFP8_FEW_ROWS_WGMMA=0 VFP8_FEW_ROWS_MAX=16" ;;
     fp8-few64) e="VFP8_FEW_ROWS_MAX=64" ;;
     fp8-few64-s4) e="VFP8_FEW_ROWS_MAX=64 VFP8_FEW_ROWS_SPLITS=4" ;;
@@ -121,24 +121,19 @@ fp8_variant() {
 }
 rc=0
 if [ "$what" = backlog ]; then
-  # After 2026-12-07's twenty-seventh session: fp8prod with its tests (the vendor's few-row
-  # kernel at 1 and 5 tokens, the rollouts with RLH_GEN_FP8_FEW_TOKENS=1) and batch 1 with the
-  # small steps' products block-scaled and unpadded (fp8-few1) beside the weight-only ones (fp8)
-  # and bf16; if fp8-few1 wins, make RLH_GEN_FP8_FEW_TOKENS the default (cuda_executor.cpp); then
-  # fp8shapes (FP8 rollouts against bf16 at the 3B and 8B shapes, batch 64 and 256); then
-  # fusedprod (the fused decoding ops' fuller batch-1 A/B), pdlab (a pack made with EARLY=1, test_cuda_kernels dropped to fit the carry limit) and
-  # genprofile with GENPROF_FP8=2. BACKLOG="..." picks (all may pass one call's 600 s).
-  for st in ${BACKLOG:-fp8prod fp8shapes}; do
+  # After 2026-12-07's twenty-eighth session: fusedprod (the fused decoding ops' fuller batch-1
+  # A/B) and genprofile with GENPROF_FP8=2; fp8shapes (FP8 rollouts against bf16 at the 3B and 8B
+  # shapes, batch 64 and 256) on request. BACKLOG="..." picks (all may pass one call's 600 s).
+  for st in ${BACKLOG:-fusedprod genprofile}; do
     if [ "$st" = fp8shapes ]; then
       # FP8 rollouts against bf16 where the products are a larger share of a step: the 3B and
-      # 8B shapes at batch 64 and 256 (new 2026-12-07; not yet run)
+      # 8B shapes at batch 64 and 256 (2026-12-07: 1.31x / 1.65x and 1.34x / 1.65x)
       for sh in llama3b llama8b; do
         FP8PROD_TESTS=0 FP8PROD_GEMM=0 FP8PROD_SHAPE=$sh FP8PROD_CASES="b64,b256" FP8PROD_VARIANTS="bf16 fp8" \
           bash "$0" fp8prod || rc=1
       done
-    elif [ "$st" = fp8prod ]; then
-      FP8PROD_CASES="${FP8PROD_CASES:-b1}" FP8PROD_VARIANTS="${FP8PROD_VARIANTS:-bf16 fp8 fp8-few1 fp8-w8off}" \
-        bash "$0" "$st" || rc=1
+    elif [ "$st" = genprofile ]; then
+      GENPROF_FP8="${GENPROF_FP8:-2}" bash "$0" "$st" || rc=1
     else
       bash "$0" "$st" || rc=1
     fi
@@ -318,8 +313,7 @@ if [ "$what" = fp8prod ]; then
   # beside, twice each; fp8-noauto: without the FP8 products' autotune (RLH_FP8_AUTOTUNE=0);
   # fp8-nofew / fp8-few64 / fp8-few256: the few-row kernel off / up to 64 / 256 rows
   # (VFP8_FEW_ROWS_MAX; default 16); fp8-few64-s4 / -s2: up to 64 rows with K split at most 4 / 2
-  # ways (VFP8_FEW_ROWS_SPLITS); fp8-few1: no weight-only products, steps of 1-15 rows block-scaled
-  # and unpadded (RLH_GEN_FP8_FEW_TOKENS=1); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's
+  # ways (VFP8_FEW_ROWS_SPLITS); fp8-mma16: mma.sync up to 16 rows; fp8-noqa: o's
   # input by a pass; fp8-w8off: no weight-only products (steps of 1-8 rows then quantise in the
   # product). First the tests (FP8PROD_TESTS=0
   # skips) and bench_fp8_gemm --decode (FP8PROD_GEMM=0 skips). FP8PROD_CASES, FP8PROD_VARIANTS,
@@ -328,9 +322,8 @@ if [ "$what" = fp8prod ]; then
   RLH_VENDOR_FP8_PLUGIN=$bin/vendor/libvendor_fp8.so "$bin/test_vendor_fp8" --gtest_brief=1 \
     --gtest_filter='*Fused*:*Blockwise*:*GemmBlockwise*:*FewRows*:*QuantizeA*:*WeightOnly*' > "$out/fp8prod_vendor.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp8prod_vendor.log" | head -20
-  # with the producers, without them, and with no weight-only products and the small steps'
-  # block-scaled products unpadded (RLH_GEN_FP8_FEW_TOKENS=1; the 8-row steps then run them)
-  for p in RLH_GEN_FP8_PRODUCER=1 RLH_GEN_FP8_PRODUCER=0 RLH_GEN_FP8_WEIGHT_ONLY=0,RLH_GEN_FP8_FEW_TOKENS=1; do
+  # with the producers, without them, and with no weight-only products
+  for p in RLH_GEN_FP8_PRODUCER=1 RLH_GEN_FP8_PRODUCER=0 RLH_GEN_FP8_WEIGHT_ONLY=0; do
     env ${p//,/ } RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" \
       --gtest_brief=1 --gtest_filter='*Fp8Rollouts*' > "$out/fp8prod_generator_$p.log" 2>&1 || rc=1
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|fp8 rollouts|Expected|Which is|rror" "$out/fp8prod_generator_$p.log" |
@@ -364,34 +357,23 @@ if [ "$what" = fp8prod ]; then
     done
   done
 fi
-if [ "$what" = pdlab ]; then
-  # pdlearly on the pack's kernels_cuda, then on the early-trigger build the pack carries in
-  # early/ (libkernels_cuda.so and test_cuda_decode made with -DRLH_KCUDA_PDL_EARLY=1:
-  # scripts/device_pack.sh with EARLY=1), then the pack's again: one warm machine, one call.
-  [ -f "$bin/early/libkernels_cuda.so" ] || { echo "pdlab: no early/ build in the pack (EARLY=1 device_pack.sh)"; exit 1; }
-  cp "$bin/plugins/libkernels_cuda.so" "$bin/plugins/libkernels_cuda.so.late"
-  cp "$bin/test_cuda_decode" "$bin/test_cuda_decode.late"
-  for v in late early late; do
-    echo "== pdlearly: $v =="
-    cp "$bin/plugins/libkernels_cuda.so.$v" "$bin/plugins/libkernels_cuda.so" 2>/dev/null ||
-      cp "$bin/early/libkernels_cuda.so" "$bin/plugins/libkernels_cuda.so"
-    cp "$bin/test_cuda_decode.$v" "$bin/test_cuda_decode" 2>/dev/null || cp "$bin/early/test_cuda_decode" "$bin/test_cuda_decode"
-    bash "$0" pdlearly || rc=1
-  done
-  cp "$bin/plugins/libkernels_cuda.so.late" "$bin/plugins/libkernels_cuda.so"
-  cp "$bin/test_cuda_decode.late" "$bin/test_cuda_decode"
-fi
-if [ "$what" = pdlearly ]; then
-  # Programmatic dependent launch with the early trigger (common.cuh's RLH_KCUDA_PDL_EARLY, a
-  # build-time switch, twenty-third session): the decode kernels' and the generator's graph and
-  # fixture tests, then decoding at batch 1 (twice) and 256. Run it on a pack built with
-  # -DRLH_KCUDA_PDL_EARLY=1 (CMAKE_CUDA_FLAGS) and again, on the same warm machine, on one
-  # without (the baseline: 800-821 and 77.1-77.2K tok/s on an H100 that day).
-  GTEST_FILTER="${PDLEARLY_FILTER:-*Paged*:*Graph*:*GpuFixture*llama_tiny*:*Deterministic*}" \
-    TESTS="test_cuda_decode test_generator_cuda" bash "$0" gentests || rc=1
-  for c in b1 b1 b256; do
-    "$bin/bench_generator_cuda" --shape llama1b --case $c --prompt 128 --new 256 --repeats 2 2>&1 |
-      tee -a "$out/pdlearly_bench.log" | grep -E "^$c |rror" | cut -c1-120
+if [ "$what" = fp8parity ]; then
+  # #21's generation figures at a shape again (FP8PARITY_SHAPES, default llama3b): bf16 and FP8
+  # rollouts (FP8 weights and cache) alternated twice at batch 64 and 256, then the
+  # train-generation mismatch of each at batch 64 (--parity: the bf16 CUDA engine scores the
+  # generated tokens; PARITY lines), the figures the issue asks beside the speed.
+  # FP8PARITY_SPEED=0 skips the speed runs; FP8PARITY_VARIANTS (bf16 fp8; kvfp8 and fp8w: the
+  # FP8 cache or the FP8 weights alone) picks the mismatch runs.
+  for sh in ${FP8PARITY_SHAPES:-llama3b}; do
+    [ "${FP8PARITY_SPEED:-1}" = 1 ] &&
+      { FP8PROD_TESTS=0 FP8PROD_GEMM=0 FP8PROD_SHAPE=$sh FP8PROD_CASES="b64,b256" FP8PROD_VARIANTS="bf16 fp8 bf16 fp8" \
+          bash "$0" fp8prod || rc=1; }
+    for v in ${FP8PARITY_VARIANTS:-bf16 fp8}; do
+      fp8_variant "$v"
+      RLH_TEST_PLUGIN_DIR=$fp8_plugins "$bin/bench_generator_cuda" --shape "$sh" --case b64 --prompt 128 --new 256 \
+        --repeats 1 --parity $f > "$out/fp8parity_${sh}_$v.log" 2>&1 || rc=1
+      grep -E "^PARITY|^b64 |rror" "$out/fp8parity_${sh}_$v.log" | cut -c1-160 | sed "s/^/$sh $v: /"
+    done
   done
 fi
 if [ "$what" = overwrite ]; then
