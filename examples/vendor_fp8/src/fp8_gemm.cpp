@@ -235,57 +235,39 @@ struct Gemm::Cached {
 
 namespace {
 
-// Milliseconds for `reps` runs of `run` after one warm-up (which also checks that it runs), or
-// -1 where it fails.
-template <class F>
-float time_ms(F run, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1) {
-  constexpr int reps = 5;
-  try {
-    run();
-    cudaEventRecord(e0, st);
-    for (int r = 0; r < reps; ++r) run();
-    cudaEventRecord(e1, st);
-    float ms = 0;
-    if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) return -1;
-    return ms;
-  } catch (const std::runtime_error&) {
-    return -1;
-  }
-}
-
-// Two timing events, destroyed with the object; ok() false where they could not be made.
-struct Events {
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  Events() {
-    if (cudaEventCreate(&e0) != cudaSuccess) e0 = nullptr;
-    if (cudaEventCreate(&e1) != cudaSuccess) e1 = nullptr;
-  }
-  ~Events() {
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    cudaGetLastError();  // (a candidate's launch failure is not the call's)
-  }
-  bool ok() const { return e0 && e1; }
-};
-
-// The candidate that ran its products fastest on g's operands (ws and st the call's), the
+// The candidate that ran `reps` products fastest on g's operands (ws and st the call's), the
 // first on ties; candidates that fail to run are passed over. Why: at a decoding step's 64-256
 // rows cuBLASLt's first guess for the block-scaled products left the memory mostly idle (the
 // 1B shape's q|k|v, o and down products at 0.6-0.7 TB/s on an H100, with split K where one
 // wave of smaller tiles would do; ncu, 2026-12-06).
 size_t fastest(const Plan& p, cublasLtHandle_t h, const GemmArgs& g,
                const std::vector<cublasLtMatmulHeuristicResult_t>& cands, void* ws, cudaStream_t st) {
-  Events ev;
-  if (!ev.ok()) return 0;
+  constexpr int reps = 5;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    if (e0) cudaEventDestroy(e0);
+    return 0;
+  }
   size_t best = 0;
   float best_ms = -1;
   for (size_t i = 0; i < cands.size(); ++i) {
-    const float ms = time_ms([&] { p.run(h, g, cands[i], ws, st); }, st, ev.e0, ev.e1);
-    if (ms >= 0 && (best_ms < 0 || ms < best_ms)) {
-      best_ms = ms;
-      best = i;
+    try {
+      p.run(h, g, cands[i], ws, st);  // warm-up (and the check that it runs)
+      cudaEventRecord(e0, st);
+      for (int r = 0; r < reps; ++r) p.run(h, g, cands[i], ws, st);
+      cudaEventRecord(e1, st);
+      float ms = 0;
+      if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) continue;
+      if (best_ms < 0 || ms < best_ms) {
+        best_ms = ms;
+        best = i;
+      }
+    } catch (const std::runtime_error&) {
     }
   }
+  cudaGetLastError();  // (a candidate's launch failure is not the call's)
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
   return best;
 }
 
@@ -310,8 +292,10 @@ Gemm::Cached& Gemm::plan(const GemmArgs& g, void* ws, cudaStream_t st) const {
       cudaStreamIsCapturing(st, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone) {
     ++tuned_;
     const std::vector<cublasLtMatmulHeuristicResult_t> cands = c->plan.candidates(handle_, 8);
-    c->plan.set_scales(g);
-    if (cands.size() > 1) c->algo = cands[fastest(c->plan, handle_, g, cands, ws, st)];
+    if (cands.size() > 1) {
+      c->plan.set_scales(g);
+      c->algo = cands[fastest(c->plan, handle_, g, cands, ws, st)];
+    }
   }
   return *cache_.emplace(key, std::move(c)).first->second;
 }

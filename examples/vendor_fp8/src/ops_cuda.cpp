@@ -776,8 +776,7 @@ rlh_status* k_run(rlh_op* op, const rlh_op_call* call) {
               gemm_args(k, call->inputs, call->num_inputs, call->outputs, call->num_outputs, *op, call, true);
           if (!aligned16(g.a) || !aligned16(g.b) || !aligned16(g.c)) bad("gemm: A, B and C must be 16-byte aligned");
           try {
-            const int64_t few = pick_i(call, "few_rows", op->few_rows);
-            if (takes_few_rows(g, few))
+            if (takes_few_rows(g, pick_i(call, "few_rows", op->few_rows)))
               vfp8::gemm_few_rows(g, st);
             else
               k->gemm->run(g, ws.get(), st);
