@@ -324,7 +324,7 @@ if [ "$what" = fp8prod ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|rror" "$out/fp8prod_vendor.log" | head -20
   # with the producers, without them, and with no weight-only products
   for p in RLH_GEN_FP8_PRODUCER=1 RLH_GEN_FP8_PRODUCER=0 RLH_GEN_FP8_WEIGHT_ONLY=0; do
-    env ${p//,/ } RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" \
+    env $p RLH_TEST_PLUGIN_DIR=$fp8_plugins RLH_EXPECT_FP8_PROVIDER=1 "$bin/test_generator_cuda" \
       --gtest_brief=1 --gtest_filter='*Fp8Rollouts*' > "$out/fp8prod_generator_$p.log" 2>&1 || rc=1
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|fp8 rollouts|Expected|Which is|rror" "$out/fp8prod_generator_$p.log" |
       sed "s/^/$p: /" | head -12

@@ -1041,12 +1041,12 @@ TEST_F(VendorFp8, GemmBlockwiseMatchesTheDequantisedProduct) {
 }
 
 // The few-row kernel of block-scaled products (README.md: `few_rows`; src/fp8_few_rows.cu):
-// one token (a decoding step at batch 1), rows that fill
-// no 8-token tile and one to four chunks of 64, K in one stage and split across a
-// cluster in uneven shares (9 and 16 stages), bands whose block scales differ, rows of A of very
-// different size, bf16 and f32 C, alpha and beta. Against the float64 product of the dequantised
-// operands and, at the rows cuBLASLt takes, against cuBLASLt's product of the same codes
-// (`few_rows = 0`): the two promote the same 128-term sums with the same scales.
+// one token (a decoding step at batch 1), rows that fill no 8-token tile and one to four chunks
+// of 64, K in one stage and split across a cluster in uneven shares (9 and 16 stages), bands
+// whose block scales differ, rows of A of very different size, bf16 and f32 C, alpha and beta.
+// Against the float64 product of the dequantised operands and, at the rows cuBLASLt takes,
+// against cuBLASLt's product of the same codes (`few_rows = 0`): the two promote the same
+// 128-term sums with the same scales.
 TEST_F(VendorFp8, GemmFewRowsMatchesTheDequantisedProduct) {
   std::mt19937_64 rng(21);
   int ran = 0, against_cublaslt = 0;
@@ -1107,8 +1107,8 @@ TEST_F(VendorFp8, GemmFewRowsMatchesTheDequantisedProduct) {
 // The weight-only form with `quantize_a = 1` (README.md): A's 1x128 tiles quantised to e4m3
 // inside the few-row product. It must give exactly what quantize_fp8 (grouping 1, the same
 // margin) followed by the block-scaled product of its codes gives: the same codes and scales,
-// summed in the same order. One token, rows that fill no tile of 8, one and several chunks of 64, K in one
-// stage and split, rows of very different size, margin 0 and 1.
+// summed in the same order. One token, rows that fill no tile of 8, one and several chunks of
+// 64, K in one stage and split, rows of very different size, margin 0 and 1.
 TEST_F(VendorFp8, GemmQuantizeAInTheProductIsThePassThenTheProduct) {
   std::mt19937_64 rng(22);
   int ran = 0;
