@@ -14,6 +14,11 @@
 #               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
 #               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
 #     compilepair: the 1B training step beside torch.compile's (loss in the graph), nothing else
+#     steptune: the rmsnorm/logprob kernel tests with the opt-in row kernels and without; the 1B
+#               step with them (RLH_KCUDA_NORM_BWD_ROWS, RLH_KCUDA_HEAD_WIDE) and with cuBLASLt's
+#               candidates timed at first use (RLH_KCUDA_GEMM_TUNE) against the defaults
+#               (STEPTUNE_VARIANTS), the forward with and without tuning, batch-1 decoding, then
+#               torch.compile's step (TUNE_COMPILE=0: not)
 #     stepprofile: ncu kernel times of one 1B training step, by kind and by name (#14: what to fuse next)
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
@@ -404,13 +409,54 @@ if [ "$what" = compilepair ]; then
   python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
     grep -v Warning | tee "$out/compilepair_torch.log" | grep -E "^RESULT|rror|Traceback"
 fi
+if [ "$what" = steptune ]; then
+  # #14: the 1B step with cuBLASLt's candidates timed at each large product's first call
+  # (RLH_KCUDA_GEMM_TUNE=2: one line a shape) against the heuristic's first pick, alternated
+  # twice; then the forward logprobs the same way; then torch.compile's step (TUNE_COMPILE=0: not).
+  # STEPTUNE_VARIANTS: env settings (commas join several) each run in turn; DEFAULT=1 is none.
+  if [ "${STEPTUNE_TESTS:-1}" != 0 ]; then
+    echo "== test_cuda_kernels (rmsnorm, logprob) =="
+    for v in 0 1; do
+      echo "== test_cuda_kernels (rmsnorm, logprob), RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v =="
+      RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v "$bin/test_cuda_kernels" --gtest_brief=1 \
+        --gtest_filter='CudaElementwise.*:CudaLogprob.*:CudaDeterminism.*' 2>&1 |
+        tee -a "$out/steptune_kernels.log" | grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    done
+    echo "== test_cuda_engine, RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_HEAD_WIDE=1 =="
+    RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_HEAD_WIDE=1 "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/steptune_engine.log" |
+      grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  fi
+  for v in ${STEPTUNE_VARIANTS:-DEFAULT=1 RLH_KCUDA_HEAD_WIDE=1,RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_GEMM_TUNE=2 DEFAULT=1 RLH_KCUDA_HEAD_WIDE=1,RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_HEAD_WIDE=1,RLH_KCUDA_NORM_BWD_ROWS=1,RLH_KCUDA_GEMM_TUNE=1}; do
+    echo "== train, $v =="
+    env ${v//,/ } "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train 2>&1 |
+      tee -a "$out/steptune_train.log" | grep -E "^(RESULT|train)|gemm tune|rror"
+  done
+  for v in 0 1; do
+    echo "== forward, RLH_KCUDA_GEMM_TUNE=$v =="
+    RLH_KCUDA_GEMM_TUNE=$v "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only forward 2>&1 |
+      tee -a "$out/steptune_forward.log" | grep -E "^(RESULT|forward)|rror"
+  done
+  # #16's batch 1 on this GPU, twice (the figure the H200 goal is about).
+  for r in 1 2; do
+    "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
+      tee -a "$out/steptune_b1.log" | grep -E "^b1|rror"
+  done
+  if [ "${TUNE_COMPILE:-1}" != 0 ]; then
+    python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
+      grep -v Warning | tee "$out/steptune_torch.log" | grep -E "^RESULT|rror|Traceback"
+  fi
+fi
 if [ "$what" = stepprofile ]; then
   # Where #14's 1B training step goes: Nsight Compute's per-kernel durations over one step
   # (clocks left alone; the first step, so it carries the weights' one-time bf16 cast), by kind
   # and the longest kernels by name. STEP_SHAPE=llama1b|qwen3moe
+  # (PROFILE_STEPS=2: two steps, the second alone counted: no probes or cast)
   timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    "$bin/bench_cuda_engine" --shape "${STEP_SHAPE:-llama1b}" --only train --steps 1 --warmup 0 > "$out/ncu_step.csv" 2>&1 || rc=1
-  python3 bench/engine_cuda/ncu_breakdown.py "$out/ncu_step.csv" 30
+    "$bin/bench_cuda_engine" --shape "${STEP_SHAPE:-llama1b}" --only train --steps "${PROFILE_STEPS:-1}" --warmup 0 \
+    > "$out/ncu_step.csv" 2>&1 || rc=1
+  SKIP_FIRST=$([ "${PROFILE_STEPS:-1}" = 2 ] && echo 1 || echo 0) python3 bench/engine_cuda/ncu_breakdown.py "$out/ncu_step.csv" 30
 fi
 if [ "$what" = fp8forms ]; then
   # Every FP8 form of a decoding step's four products at 1-256 rows (weight-only; e4m3 x e4m3 with

@@ -2,9 +2,18 @@
 # Kernel time of one training step by kind, from Nsight Compute's CSV (the device image has ncu, not nsys):
 #   ncu --metrics gpu__time_duration.sum --csv bench_cuda_engine [--shape S] --only train --steps 1 --warmup 0 > step.csv
 #   python3 bench/engine_cuda/ncu_breakdown.py step.csv [TOP]   (TOP: also the TOP longest kernels by name)
+# SKIP_FIRST=1 (with --steps 2): only the kernels after the first step's AdamW, so setup's probes
+# and the weights' one-time cast are left out.
 # ncu runs kernels one at a time at base clocks, so the sum exceeds a real step's time; the shares hold.
-import csv, collections, sys
+import csv, collections, os, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) == 15 and r[0].isdigit()]
+if os.environ.get("SKIP_FIRST") == "1":
+    adam = [i for i, r in enumerate(rows) if "adam" in r[4].lower()]
+    if adam:
+        end = adam[0]
+        while end + 1 < len(rows) and "adam" in rows[end + 1][4].lower():
+            end += 1
+        rows = rows[end + 1:]
 kinds = [("amax_kernel", "FP8 amax (tensorwise)"), ("amax_flat", "FP8 amax (tensorwise)"),
          ("quantize_tr", "FP8 quantise, tensor scale, x^T (and x)"), ("quantize_rows", "FP8 quantise, tensor scale"),
          ("quantize_transposed", "FP8 quantise, tensor scale, transposed"), ("tile_rows", "FP8 1x128 tiles"),
@@ -35,3 +44,12 @@ if len(sys.argv) > 2:  # the longest kernels by name: what a kind's time is made
         n[r[4][:110]] += 1
     for k, v in sorted(by.items(), key=lambda x: -x[1])[:int(sys.argv[2])]:
         print(f"{v:8.2f} ms {100 * v / total:5.1f} % {n[k]:4}x  {k}")
+    # The GEMMs by kernel and grid (a grid stands for a shape): count, mean and total time.
+    by, n = collections.defaultdict(float), collections.Counter()
+    for r in rows:
+        if any(key in r[4].lower() for key in ("nvjet", "sm90", "cutlass", "xmma", "gemm")):
+            k = f"{r[4][:60]} grid {r[8]}"
+            by[k] += float(r[14].replace(",", "")) / 1e6
+            n[k] += 1
+    for k, v in sorted(by.items(), key=lambda x: -x[1])[:int(sys.argv[2])]:
+        print(f"GEMM {v:8.2f} ms {n[k]:4}x {1e3 * v / n[k]:8.1f} us  {k}")

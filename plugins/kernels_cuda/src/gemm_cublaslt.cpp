@@ -4,6 +4,8 @@
 // C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T. Plans (layouts, the
 // heuristic's algorithm) are cached per shape/stride/alignment; problems cuBLASLt has no
 // algorithm for (odd strides of bf16 rows, say) run on the SIMT fallback.
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -12,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cublaslt.hpp"
 #include "rlhost/kernels_cuda/kernels.hpp"
@@ -43,7 +46,10 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
+  std::vector<cublasLtMatmulHeuristicResult_t> cands;  // the heuristic's, best first
 };
+
+constexpr int kTuneCandidates = 8;
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int>;
@@ -78,7 +84,10 @@ class GemmEngine {
                   g.stride_c, al, 0};
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
-    if (it == plans_.end()) it = plans_.emplace(key, make_plan(g)).first;
+    if (it == plans_.end()) {
+      it = plans_.emplace(key, make_plan(g)).first;
+      if (it->second->ok) tune(*it->second, g, ws, s);
+    }
     Plan& p = *it->second;
     if (!p.ok) return false;
     if (g.bias)
@@ -135,17 +144,93 @@ class GemmEngine {
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aa, sizeof(aa));
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
-    cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
-    const cublasStatus_t st = lt_.MatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c,
-                                                         pref, 1, &res, &found);
+    p->cands.resize(tune_mode() ? kTuneCandidates : 1);
+    const cublasStatus_t st = lt_.MatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref,
+                                                         int(p->cands.size()), p->cands.data(), &found);
     lt_.MatmulPreferenceDestroy(pref);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+    p->cands.resize(st == CUBLAS_STATUS_SUCCESS ? size_t(std::max(found, 0)) : 0);
+    if (!p->cands.empty() && p->cands[0].state == CUBLAS_STATUS_SUCCESS) {
       p->ok = true;
-      p->algo = res.algo;
-      p->workspace = res.workspaceSize;
+      p->algo = p->cands[0].algo;
+      p->workspace = p->cands[0].workspaceSize;
     }
     return p;
+  }
+
+  // RLH_KCUDA_GEMM_TUNE=1 (2: and a line a shape on stderr): a large product's first call times
+  // up to kTuneCandidates of the heuristic's algorithms on its own operands (C into scratch when
+  // beta is not 0, so the call's result is untouched) and keeps the fastest. Off by default: the
+  // pick then depends on timings, so two runs may round differently.
+  static int tune_mode() {
+    static const int m = [] {
+      const char* e = std::getenv("RLH_KCUDA_GEMM_TUNE");
+      return e ? std::atoi(e) : 0;
+    }();
+    return m;
+  }
+
+  void tune(Plan& p, const GemmArgs& g, Workspace& ws, cudaStream_t s) {
+    const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K) * double(g.batch);
+    if (!tune_mode() || p.cands.size() < 2 || flops < 1e10) return;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return;
+    size_t wmax = 0;
+    for (const auto& c : p.cands) wmax = std::max(wmax, c.workspaceSize);
+    void* work = wmax ? ws.get(wmax) : nullptr;
+    void* C = g.C;
+    void* scratch = nullptr;
+    const size_t es = g.c_dt == DType::f32 ? 4 : 2;
+    const size_t cbytes = (size_t(g.ldc) * size_t(g.M) + size_t(g.batch - 1) * size_t(g.stride_c)) * es;
+    if (g.beta != 0.0) {
+      if (cudaMalloc(&scratch, cbytes) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+      }
+      C = scratch;
+    }
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    const float alpha = float(g.alpha), beta = float(g.beta);
+    float first = -1.f, best = -1.f;
+    size_t pick = 0;
+    for (size_t i = 0; i < p.cands.size(); ++i) {
+      const auto& c = p.cands[i];
+      if (c.state != CUBLAS_STATUS_SUCCESS) continue;
+      auto call = [&] {
+        return lt_.Matmul(handle_, p.desc, &alpha, g.B, p.a, g.A, p.b, &beta, C, p.c, C, p.c, &c.algo, work,
+                          c.workspaceSize, s);
+      };
+      if (call() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that fails is skipped
+      cudaEventRecord(e0, s);
+      bool ok = true;
+      for (int r = 0; r < 3 && ok; ++r) ok = call() == CUBLAS_STATUS_SUCCESS;
+      cudaEventRecord(e1, s);
+      float ms = 0.f;
+      if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) continue;
+      if (i == 0) first = ms;
+      if (best < 0.f || ms < best) {
+        best = ms;
+        pick = i;
+      }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (scratch) {
+      cudaStreamSynchronize(s);
+      cudaFree(scratch);
+    }
+    cudaGetLastError();
+    if (best < 0.f) return;
+    p.algo = p.cands[pick].algo;
+    p.workspace = p.cands[pick].workspaceSize;
+    if (tune_mode() >= 2)
+      std::fprintf(stderr, "kernels_cuda gemm tune %lldx%lldx%lld ta %d tb %d C %s beta %g: heuristic %.1f us, "
+                   "candidate %zu of %zu %.1f us (%.3fx)\n",
+                   (long long)g.M, (long long)g.N, (long long)g.K, int(g.ta), int(g.tb),
+                   g.c_dt == DType::f32 ? "f32" : "bf16", g.beta, first * 1e3 / 3, pick, p.cands.size(),
+                   best * 1e3 / 3, first > 0 ? first / best : 0.0);
   }
 
   const CublasLt& lt_;

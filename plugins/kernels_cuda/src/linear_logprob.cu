@@ -1,7 +1,9 @@
 // Kernels of the fused linear + logprob head (linear_logprob.cpp runs the chunk GEMMs):
 // per-row online log-sum-exp / entropy statistics of a logits tile merged into a running
 // state, the final logprob/lse/entropy, and the logits gradient of a tile. fp32 throughout.
+#include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include "common.cuh"
 
@@ -171,6 +173,8 @@ tile_grad_vec_kernel(const float* logits, int64_t cols, int64_t ld, int64_t v0, 
   const float4* row = reinterpret_cast<const float4*>(logits + r * ld);
   T* drow = dlogits + r * ldd;
   const int64_t n4 = cols / 4;
+  // Unrolled so that a thread has several 16-byte loads in flight (a block walks a wide tile).
+#pragma unroll 4
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < n4; q += int64_t(gridDim.x) * blockDim.x) {
     const float4 x = row[q];
     float out[4];
@@ -213,7 +217,13 @@ void launch_tile_grad(const float* logits, int64_t rows, int64_t cols, int64_t l
   const size_t out_align = sizeof(T) == 4 ? 16 : 8;
   if (K <= kMaxK && cols % 4 == 0 && ld % 4 == 0 && ldd % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(dlogits) % out_align == 0) {
-    dim3 grid(unsigned(std::min<int64_t>((cols / 4 + 255) / 256, 32)), unsigned(rows));
+    // Blocks a row: enough for the GPU when rows are few, one when they are many (a block then
+    // walks the row's whole tile, so its per-row setup, the targets and two barriers, is paid
+    // once per row instead of once per 4 KiB).
+    // (RLH_KCUDA_HEAD_WIDE=1: opt-in until measured against 32 blocks a row, as rmsnorm's.)
+    static const bool wide = std::getenv("RLH_KCUDA_HEAD_WIDE") && std::atoi(std::getenv("RLH_KCUDA_HEAD_WIDE")) == 1;
+    const int64_t want = wide ? std::max<int64_t>(1, 2048 / rows) : 32;
+    dim3 grid(unsigned(std::min<int64_t>({(cols / 4 + 255) / 256, want, 32})), unsigned(rows));
     tile_grad_vec_kernel<T, CAP><<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,
                                                       entropy, dentropy, dlogits, ldd);
     return;

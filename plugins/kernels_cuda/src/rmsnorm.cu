@@ -2,6 +2,9 @@
 // One warp per row (a block per row for the forward of up to 128 rows: a decoding step's norms,
 // same bits); 16-byte loads when rows and pointers allow. The backward writes dx per row
 // (warp) and sums dw over rows with the deterministic column reduction.
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "colreduce.cuh"
@@ -252,6 +255,91 @@ rmsnorm_bwd_kernel(T* dx, int64_t lddx, const T* dy, int64_t lddy, const T* x, i
   }
 }
 
+// The backward of bf16 rows of C = 256 NC values (NC <= MAXNC), dw fused: a block of kWarps
+// warps takes kBwdRows consecutive rows, a warp kBwdRows / kWarps of them. A warp loads its row's
+// x and dy in one round (held in registers as bf16), so a row costs one memory round trip instead
+// of the row kernel's dependent chunk loads; dx's arithmetic and order are rmsnorm_bwd_kernel's
+// (the same bits). dw: each warp adds its rows' dy x rstd into its own shared-memory row of
+// sums, in row order; the block's partial is the warps' rows added in warp order, and
+// colreduce_finish_kernel adds the blocks' partials in block order (deterministic; a different
+// order from column_reduce5's, so dw's last bits may differ from the unfused path's).
+constexpr int kBwdRows = 32;
+
+template <int MAXNC>
+__global__ void __launch_bounds__(kWarps * 32)
+rmsnorm_bwd_rows_kernel(bf16* dx, int64_t lddx, const bf16* dy, int64_t lddy, const bf16* x, int64_t ldx,
+                        const bf16* w, Flex rstd, int64_t N, int64_t C, float woff, bool accumulate,
+                        float* partial) {
+  extern __shared__ float sm[];
+  float* wf = sm;                                  // w + woff, C floats
+  float* acc = sm + C + (threadIdx.x >> 5) * C;    // this warp's dw sums (when partial)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nc = int(C / 256);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    wf[c] = to_f(w[c]) + woff;
+    if (partial)
+      for (int k = 0; k < kWarps; ++k) sm[C + k * C + c] = 0.f;
+  }
+  __syncthreads();
+  const int64_t r0 = blockIdx.x * int64_t(kBwdRows);
+  for (int64_t row = r0 + warp; row < min(N, r0 + kBwdRows); row += kWarps) {
+    uint4 xu[MAXNC], gu[MAXNC];
+#pragma unroll
+    for (int i = 0; i < MAXNC; ++i)
+      if (i < nc) {
+        xu[i] = *reinterpret_cast<const uint4*>(x + row * ldx + lane * 8 + 256 * i);
+        gu[i] = *reinterpret_cast<const uint4*>(dy + row * lddy + lane * 8 + 256 * i);
+      }
+    const float rs = ld_flex(rstd, row);
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < MAXNC; ++i)
+      if (i < nc) {
+        const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xu[i]);
+        const __nv_bfloat162* gh = reinterpret_cast<const __nv_bfloat162*>(&gu[i]);
+        const float* wv = wf + lane * 8 + 256 * i;
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const float2 xv = __bfloat1622float2(xh[h]), gv = __bfloat1622float2(gh[h]);
+          dot += gv.x * wv[2 * h] * xv.x;
+          dot += gv.y * wv[2 * h + 1] * xv.y;
+          if (partial) {
+            acc[lane * 8 + 256 * i + 2 * h] += gv.x * xv.x * rs;
+            acc[lane * 8 + 256 * i + 2 * h + 1] += gv.y * xv.y * rs;
+          }
+        }
+      }
+    dot = warp_sum(dot);
+    const float coef = rs * rs * rs / float(C) * dot;
+    bf16* dxr = dx + row * lddx;
+#pragma unroll
+    for (int i = 0; i < MAXNC; ++i)
+      if (i < nc) {
+        const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xu[i]);
+        const __nv_bfloat162* gh = reinterpret_cast<const __nv_bfloat162*>(&gu[i]);
+        const float* wv = wf + lane * 8 + 256 * i;
+        float o[8];
+        if (accumulate) load8(dxr + lane * 8 + 256 * i, o);
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const float2 xv = __bfloat1622float2(xh[h]), gv = __bfloat1622float2(gh[h]);
+          const float d0 = rs * wv[2 * h] * gv.x - xv.x * coef;
+          const float d1 = rs * wv[2 * h + 1] * gv.y - xv.y * coef;
+          o[2 * h] = accumulate ? o[2 * h] + d0 : d0;
+          o[2 * h + 1] = accumulate ? o[2 * h + 1] + d1 : d1;
+        }
+        store8(dxr + lane * 8 + 256 * i, o);
+      }
+  }
+  if (!partial) return;
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float s = 0.f;
+    for (int k = 0; k < kWarps; ++k) s += sm[C + k * C + c];
+    partial[blockIdx.x * C + c] = s;
+  }
+}
+
 // dw term: dy[r,c] * x[r,c] * rstd[r]; dy, x and rstd travel in the extra struct.
 template <class T>
 struct DwExtra {
@@ -318,14 +406,55 @@ void add_fwd_t(T* y, T* yn, const T* a, const T* b, const T* w, int64_t N, int64
     launch_pdl(add_rmsnorm_fwd_kernel<T, false>, grid, kWarps * 32, 0, s, y, yn, a, b, w, N, C, eps, woff);
 }
 
+// RLH_KCUDA_NORM_BWD_ROWS=1 takes rmsnorm_bwd_rows_kernel (opt-in until it is measured on the
+// device against the row kernel; scripts/device_gpu.sh steptune runs both).
+bool bwd_rows_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("RLH_KCUDA_NORM_BWD_ROWS");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+
+// rmsnorm_bwd_rows_kernel's launch: dw (when asked) from its per-block partials.
+void bwd_rows(bf16* dx, int64_t lddx, Flex dw, const bf16* dy, int64_t lddy, const bf16* x, int64_t ldx,
+              const bf16* w, Flex rstd, int64_t N, int64_t C, float woff, bool accumulate, Workspace& ws,
+              cudaStream_t s) {
+  const int64_t blocks = (N + kBwdRows - 1) / kBwdRows;
+  float* partial = dw.p ? static_cast<float*>(ws.get(size_t(blocks * C) * sizeof(float))) : nullptr;
+  const size_t smem = size_t(C) * 4 * (dw.p ? 1 + kWarps : 1);
+  auto launch = [&](auto kernel) {
+    static bool opted = false;  // per instantiation: the shared memory past 48 KiB asked for once
+    if (!opted) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(size_t(4096) * 4 * (1 + kWarps))) !=
+          cudaSuccess)
+        throw std::runtime_error("rmsnorm_bwd: cannot opt in to shared memory");
+      opted = true;
+    }
+    kernel<<<unsigned(blocks), kWarps * 32, smem, s>>>(dx, lddx, dy, lddy, x, ldx, w, rstd, N, C, woff, accumulate,
+                                                        partial);
+  };
+  if (C <= 2048)
+    launch(rmsnorm_bwd_rows_kernel<8>);
+  else
+    launch(rmsnorm_bwd_rows_kernel<16>);
+  if (dw.p) colreduce_finish_kernel<0><<<ceil_div(C, 256), 256, 0, s>>>(partial, blocks, C, dw, true);
+}
+
 template <class T>
 void bwd_t(T* dx, int64_t lddx, Flex dw, const T* dy, int64_t lddy, const T* x, int64_t ldx,
            const T* w, Flex rstd, int64_t N, int64_t C, float woff, bool accumulate,
            Workspace& ws, cudaStream_t s) {
-  // dw first: dx may alias dy (in place), and dw reads dy.
-  if (dw.p) column_reduce5(dy, lddy, N, C, DwTerm{}, DwExtra<T>{x, ldx, rstd}, dw, true, ws, s);
   const bool vec = C % 8 == 0 && ldx % 8 == 0 && lddy % 8 == 0 && lddx % 8 == 0 &&
                    aligned16(x) && aligned16(dy) && aligned16(dx) && aligned16(w);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (vec && C % 256 == 0 && C <= 4096 && N > 0 && bwd_rows_on()) {
+      bwd_rows(dx, lddx, dw, dy, lddy, x, ldx, w, rstd, N, C, woff, accumulate, ws, s);
+      return;
+    }
+  }
+  // dw first: dx may alias dy (in place), and dw reads dy.
+  if (dw.p) column_reduce5(dy, lddy, N, C, DwTerm{}, DwExtra<T>{x, ldx, rstd}, dw, true, ws, s);
   const unsigned grid = ceil_div(N, kWarps);
   if (N == 0) return;
   if (vec)
