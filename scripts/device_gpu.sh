@@ -14,11 +14,12 @@
 #               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
 #               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
 #     compilepair: the 1B training step beside torch.compile's (loss in the graph), nothing else
-#     steptune: the rmsnorm/logprob kernel tests with the opt-in row kernels and without; the 1B
-#               step with them (RLH_KCUDA_NORM_BWD_ROWS, RLH_KCUDA_HEAD_WIDE) and with cuBLASLt's
-#               candidates timed at first use (RLH_KCUDA_GEMM_TUNE) against the defaults
-#               (STEPTUNE_VARIANTS), the forward with and without tuning, batch-1 decoding, then
-#               torch.compile's step (TUNE_COMPILE=0: not)
+#     steptune: the rmsnorm/logprob kernel tests with the backward's row kernels and without; the
+#               1B step by default (the row kernels and cuBLASLt's candidates timed at first use,
+#               one line a tuned shape), without tuning (RLH_KCUDA_GEMM_TUNE=0) and without any of
+#               the three (RLH_KCUDA_NORM_BWD_ROWS=0, RLH_KCUDA_HEAD_WIDE=0), twice
+#               (STEPTUNE_VARIANTS), the forward with and without tuning (STEPTUNE_FORWARD=0: not),
+#               batch-1 decoding (STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
 #     stepprofile: ncu kernel times of one 1B training step, by kind and by name (#14: what to fuse next)
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
@@ -423,23 +424,29 @@ if [ "$what" = steptune ]; then
         tee -a "$out/steptune_kernels.log" | grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     done
-    echo "== test_cuda_engine, RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_HEAD_WIDE=1 =="
-    RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_HEAD_WIDE=1 "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/steptune_engine.log" |
+    echo "== rlhost check-kernels --plugin libkernels_cuda.so --device cuda:0 (rmsnorm_bwd, linear_logprob rows) =="
+    "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/steptune_check.log" 2>&1
+    ck=$?
+    grep -E "^(op |FAIL|kernels_cuda on)|rmsnorm|logprob|error" "$out/steptune_check.log" | head -20
+    [ "$ck" = 0 ] || rc=1
+    echo "== test_cuda_engine =="
+    "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/steptune_engine.log" |
       grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   fi
-  for v in ${STEPTUNE_VARIANTS:-DEFAULT=1 RLH_KCUDA_HEAD_WIDE=1,RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_GEMM_TUNE=2 DEFAULT=1 RLH_KCUDA_HEAD_WIDE=1,RLH_KCUDA_NORM_BWD_ROWS=1 RLH_KCUDA_HEAD_WIDE=1,RLH_KCUDA_NORM_BWD_ROWS=1,RLH_KCUDA_GEMM_TUNE=1}; do
+  local_off=RLH_KCUDA_NORM_BWD_ROWS=0,RLH_KCUDA_HEAD_WIDE=0,RLH_KCUDA_GEMM_TUNE=0
+  for v in ${STEPTUNE_VARIANTS:-RLH_KCUDA_GEMM_TUNE=2 RLH_KCUDA_GEMM_TUNE=0 $local_off DEFAULT=1 RLH_KCUDA_GEMM_TUNE=0 $local_off}; do
     echo "== train, $v =="
     env ${v//,/ } "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train 2>&1 |
       tee -a "$out/steptune_train.log" | grep -E "^(RESULT|train)|gemm tune|rror"
   done
-  for v in 0 1; do
+  for v in $([ "${STEPTUNE_FORWARD:-1}" = 0 ] || echo 0 1); do
     echo "== forward, RLH_KCUDA_GEMM_TUNE=$v =="
     RLH_KCUDA_GEMM_TUNE=$v "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only forward 2>&1 |
       tee -a "$out/steptune_forward.log" | grep -E "^(RESULT|forward)|rror"
   done
   # #16's batch 1 on this GPU, twice (the figure the H200 goal is about).
-  for r in 1 2; do
+  for r in $([ "${STEPTUNE_B1:-1}" = 0 ] || echo 1 2); do
     "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
       tee -a "$out/steptune_b1.log" | grep -E "^b1|rror"
   done

@@ -2,24 +2,26 @@
 # Kernel time of one training step by kind, from Nsight Compute's CSV (the device image has ncu, not nsys):
 #   ncu --metrics gpu__time_duration.sum --csv bench_cuda_engine [--shape S] --only train --steps 1 --warmup 0 > step.csv
 #   python3 bench/engine_cuda/ncu_breakdown.py step.csv [TOP]   (TOP: also the TOP longest kernels by name)
-# SKIP_FIRST=1 (with --steps 2): only the kernels after the first step's AdamW, so setup's probes
+# SKIP_FIRST=1 (with --steps 2): only the last step's kernels (after the AdamW before it), so setup's probes
 # and the weights' one-time cast are left out.
 # ncu runs kernels one at a time at base clocks, so the sum exceeds a real step's time; the shares hold.
 import csv, collections, os, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) == 15 and r[0].isdigit()]
 if os.environ.get("SKIP_FIRST") == "1":
-    adam = [i for i, r in enumerate(rows) if "adam" in r[4].lower()]
-    if adam:
-        end = adam[0]
-        while end + 1 < len(rows) and "adam" in rows[end + 1][4].lower():
-            end += 1
-        rows = rows[end + 1:]
+    # AdamW's launches come in runs (setup's probe, then one a step): keep what follows the
+    # second-to-last run, the last step alone.
+    ends = [i for i, r in enumerate(rows) if "adam" in r[4].lower() and
+            (i + 1 == len(rows) or "adam" not in rows[i + 1][4].lower())]
+    if len(ends) >= 2:
+        rows = rows[ends[-2] + 1:]
 kinds = [("amax_kernel", "FP8 amax (tensorwise)"), ("amax_flat", "FP8 amax (tensorwise)"),
          ("quantize_tr", "FP8 quantise, tensor scale, x^T (and x)"), ("quantize_rows", "FP8 quantise, tensor scale"),
          ("quantize_transposed", "FP8 quantise, tensor scale, transposed"), ("tile_rows", "FP8 1x128 tiles"),
          ("tile_transposed", "FP8 1x128 tiles, transposed"), ("block_kernel", "FP8 128x128 blocks (weights)"),
          ("history_", "FP8 scales (delayed)"), ("delayed_kernel", "FP8 scales (delayed)"), ("tensor_scale", "FP8 scales"),
-         ("gg_mma", "grouped GEMM (MoE experts)"), ("attn_fwd", "attention forward"), ("attn_bwd", "attention backward"), ("attn", "attention (dO.O, dQ)"),
+         ("gg_mma", "grouped GEMM (MoE experts)"), ("sdpa_sm90_flash_fprop", "attention forward"),
+         ("sdpa_sm90_flash_bprop", "attention backward"), ("dot_do_o", "attention (dO.O, dQ)"),
+         ("fmha_reduce", "attention (dO.O, dQ)"), ("convert_dq", "attention (dO.O, dQ)"), ("attn_fwd", "attention forward"), ("attn_bwd", "attention backward"), ("attn", "attention (dO.O, dQ)"),
          ("grouped_gemm", "grouped GEMM (MoE experts)"), ("gemm", "GEMM (cuBLASLt)"), ("sm90", "GEMM (cuBLASLt)"),
          ("cutlass", "GEMM (cuBLASLt)"), ("xmma", "GEMM (cuBLASLt)"), ("nvjet", "GEMM (cuBLASLt)"), ("tile_grad", "head: logits gradient"),
          ("tile_stats", "head: log-sum-exp"), ("logprob", "head: finish"), ("router", "MoE router"),

@@ -3,7 +3,6 @@
 // state, the final logprob/lse/entropy, and the logits gradient of a tile. fp32 throughout.
 #include <algorithm>
 #include <cfloat>
-#include <cstdlib>
 
 #include "common.cuh"
 
@@ -220,8 +219,9 @@ void launch_tile_grad(const float* logits, int64_t rows, int64_t cols, int64_t l
     // Blocks a row: enough for the GPU when rows are few, one when they are many (a block then
     // walks the row's whole tile, so its per-row setup, the targets and two barriers, is paid
     // once per row instead of once per 4 KiB).
-    // (RLH_KCUDA_HEAD_WIDE=1: opt-in until measured against 32 blocks a row, as rmsnorm's.)
-    static const bool wide = std::getenv("RLH_KCUDA_HEAD_WIDE") && std::atoi(std::getenv("RLH_KCUDA_HEAD_WIDE")) == 1;
+    // At the 1B step's 4096 x 32768 tiles: ~409 -> ~298 us a tile (1.9 -> 2.6 TB/s, H100 ncu,
+    // 2026-12-07). RLH_KCUDA_HEAD_WIDE=0: 32 blocks a row as before (the A/B).
+    static const bool wide = env_switch_on("RLH_KCUDA_HEAD_WIDE");
     const int64_t want = wide ? std::max<int64_t>(1, 2048 / rows) : 32;
     dim3 grid(unsigned(std::min<int64_t>({(cols / 4 + 255) / 256, want, 32})), unsigned(rows));
     tile_grad_vec_kernel<T, CAP><<<grid, 256, 0, s>>>(logits, cols, ld, v0, target, K, inv_temp, cap, lse, dlogprob,

@@ -2,9 +2,7 @@
 // One warp per row (a block per row for the forward of up to 128 rows: a decoding step's norms,
 // same bits); 16-byte loads when rows and pointers allow. The backward writes dx per row
 // (warp) and sums dw over rows with the deterministic column reduction.
-#include <cstdlib>
 #include <stdexcept>
-#include <string>
 #include <type_traits>
 
 #include "colreduce.cuh"
@@ -340,6 +338,36 @@ rmsnorm_bwd_rows_kernel(bf16* dx, int64_t lddx, const bf16* dy, int64_t lddy, co
   }
 }
 
+// dw from rmsnorm_bwd_rows_kernel's per-block partials: a block takes 32 columns, warp w sums
+// partial rows w, w + 8, ... in order (8 loads in flight a lane), and warp 0 adds the 8 warps'
+// sums in warp order (deterministic). colreduce_finish_kernel's one thread a column over all the
+// partial rows ran on C / 256 blocks, ~32 us a call at C = 2048 (H100 ncu, 2026-12-07).
+__global__ void __launch_bounds__(kWarps * 32)
+dw_finish_kernel(const float* partial, int64_t chunks, int64_t C, Flex out) {
+  __shared__ float sums[kWarps][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = blockIdx.x * int64_t(32) + lane;
+  float acc = 0.f;
+  if (c < C) {
+    int64_t k = warp;
+    for (; k + 7 * kWarps < chunks; k += 8 * kWarps) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = partial[(k + u * kWarps) * C + c];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc += v[u];
+    }
+    for (; k < chunks; k += kWarps) acc += partial[k * C + c];
+  }
+  sums[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && c < C) {
+    float t = 0.f;
+    for (int w = 0; w < kWarps; ++w) t += sums[w][lane];
+    st_flex(out, c, ld_flex(out, c) + t);
+  }
+}
+
 // dw term: dy[r,c] * x[r,c] * rstd[r]; dy, x and rstd travel in the extra struct.
 template <class T>
 struct DwExtra {
@@ -406,13 +434,11 @@ void add_fwd_t(T* y, T* yn, const T* a, const T* b, const T* w, int64_t N, int64
     launch_pdl(add_rmsnorm_fwd_kernel<T, false>, grid, kWarps * 32, 0, s, y, yn, a, b, w, N, C, eps, woff);
 }
 
-// RLH_KCUDA_NORM_BWD_ROWS=1 takes rmsnorm_bwd_rows_kernel (opt-in until it is measured on the
-// device against the row kernel; scripts/device_gpu.sh steptune runs both).
+// Whether the bf16 backward takes rmsnorm_bwd_rows_kernel (RLH_KCUDA_NORM_BWD_ROWS=0: never, the
+// A/B). With the wide head-gradient blocks it took the 1B step from 60.6-60.8K to 61.3-61.4K tok/s
+// (H100, 2026-12-07, bench/results/h100-2026-12-07-s29-steptune.log).
 bool bwd_rows_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("RLH_KCUDA_NORM_BWD_ROWS");
-    return e != nullptr && std::string(e) == "1";
-  }();
+  static const bool on = env_switch_on("RLH_KCUDA_NORM_BWD_ROWS");
   return on;
 }
 
@@ -423,14 +449,17 @@ void bwd_rows(bf16* dx, int64_t lddx, Flex dw, const bf16* dy, int64_t lddy, con
   const int64_t blocks = (N + kBwdRows - 1) / kBwdRows;
   float* partial = dw.p ? static_cast<float*>(ws.get(size_t(blocks * C) * sizeof(float))) : nullptr;
   const size_t smem = size_t(C) * 4 * (dw.p ? 1 + kWarps : 1);
+  // The shared memory past 48 KiB, asked for once for both instantiations (they share a type,
+  // so a flag per lambda instantiation would cover only the first one launched).
+  static const bool opted = [] {
+    const int most = int(size_t(4096) * 4 * (1 + kWarps));
+    return cudaFuncSetAttribute(rmsnorm_bwd_rows_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(rmsnorm_bwd_rows_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) ==
+               cudaSuccess;
+  }();
+  if (!opted) throw std::runtime_error("rmsnorm_bwd: cannot opt in to shared memory");
   auto launch = [&](auto kernel) {
-    static bool opted = false;  // per instantiation: the shared memory past 48 KiB asked for once
-    if (!opted) {
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(size_t(4096) * 4 * (1 + kWarps))) !=
-          cudaSuccess)
-        throw std::runtime_error("rmsnorm_bwd: cannot opt in to shared memory");
-      opted = true;
-    }
     kernel<<<unsigned(blocks), kWarps * 32, smem, s>>>(dx, lddx, dy, lddy, x, ldx, w, rstd, N, C, woff, accumulate,
                                                         partial);
   };
@@ -438,7 +467,7 @@ void bwd_rows(bf16* dx, int64_t lddx, Flex dw, const bf16* dy, int64_t lddy, con
     launch(rmsnorm_bwd_rows_kernel<8>);
   else
     launch(rmsnorm_bwd_rows_kernel<16>);
-  if (dw.p) colreduce_finish_kernel<0><<<ceil_div(C, 256), 256, 0, s>>>(partial, blocks, C, dw, true);
+  if (dw.p) dw_finish_kernel<<<ceil_div(C, 32), kWarps * 32, 0, s>>>(partial, blocks, C, dw);
 }
 
 template <class T>
