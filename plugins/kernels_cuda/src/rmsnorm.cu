@@ -257,10 +257,11 @@ rmsnorm_bwd_kernel(T* dx, int64_t lddx, const T* dy, int64_t lddy, const T* x, i
 // warps takes kBwdRows consecutive rows, a warp kBwdRows / kWarps of them. A warp loads its row's
 // x and dy in one round (held in registers as bf16), so a row costs one memory round trip instead
 // of the row kernel's dependent chunk loads; dx's arithmetic and order are rmsnorm_bwd_kernel's
-// (the same bits). dw: each warp adds its rows' dy x rstd into its own shared-memory row of
-// sums, in row order; the block's partial is the warps' rows added in warp order, and
-// colreduce_finish_kernel adds the blocks' partials in block order (deterministic; a different
-// order from column_reduce5's, so dw's last bits may differ from the unfused path's).
+// (equal bits are not tested: the compiler may contract the two kernels' products differently).
+// dw: each warp adds its rows' dy x rstd into its own shared-memory row of sums, in row order;
+// the block's partial is the warps' rows added in warp order, and dw_finish_kernel adds the
+// blocks' partials (deterministic; another order than column_reduce5's, so dw's last bits may
+// differ from the unfused path's).
 constexpr int kBwdRows = 32;
 
 template <int MAXNC>
