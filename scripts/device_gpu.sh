@@ -14,7 +14,7 @@
 #               and with FP8 rollouts (FP8_SHAPES, FP8_RECIPES, FP8_MICRO="1 4": micro-batches a step;
 #               FP8_GEMM=0, FP8_CURVE=0, FP8_GEN=0 leave parts out)
 #     compilepair: the 1B training step beside torch.compile's (loss in the graph), nothing else
-#     steptune: the rmsnorm/logprob kernel tests with the backward's row kernels and without; the
+#     steptune: the GEMM/rmsnorm/logprob kernel tests with the row kernels and without, the
 #               1B step by default (the row kernels and cuBLASLt's candidates timed at first use,
 #               one line a tuned shape), without tuning (RLH_KCUDA_GEMM_TUNE=0) and without any of
 #               the three (RLH_KCUDA_NORM_BWD_ROWS=0, RLH_KCUDA_HEAD_WIDE=0), twice
@@ -80,8 +80,8 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (after 2026-12-07's twenty-eighth session: fusedprod,
-#              then genprofile with the FP8 cache)
+#              first, for one short call (after 2026-12-07's twenty-ninth session: steptune on an
+#              H200, fusedprod, then genprofile with the FP8 cache)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -127,10 +127,12 @@ fp8_variant() {
 }
 rc=0
 if [ "$what" = backlog ]; then
-  # After 2026-12-07's twenty-eighth session: fusedprod (the fused decoding ops' fuller batch-1
-  # A/B) and genprofile with GENPROF_FP8=2; fp8shapes (FP8 rollouts against bf16 at the 3B and 8B
-  # shapes, batch 64 and 256) on request. BACKLOG="..." picks (all may pass one call's 600 s).
-  for st in ${BACKLOG:-fusedprod genprofile}; do
+  # After 2026-12-07's twenty-ninth session: steptune on an H200 (#14's three changes and the
+  # ratio on the goal's GPU; none has run on one), then fusedprod (the fused decoding ops' fuller
+  # batch-1 A/B) and genprofile with GENPROF_FP8=2; fp8shapes (FP8 rollouts against bf16 at the
+  # 3B and 8B shapes, batch 64 and 256) on request. BACKLOG="..." picks (all may pass one
+  # call's 600 s).
+  for st in ${BACKLOG:-steptune fusedprod genprofile}; do
     if [ "$st" = fp8shapes ]; then
       # FP8 rollouts against bf16 where the products are a larger share of a step: the 3B and
       # 8B shapes at batch 64 and 256 (2026-12-07: 1.31x / 1.65x and 1.34x / 1.65x)
@@ -411,16 +413,17 @@ if [ "$what" = compilepair ]; then
     grep -v Warning | tee "$out/compilepair_torch.log" | grep -E "^RESULT|rror|Traceback"
 fi
 if [ "$what" = steptune ]; then
-  # #14: the 1B step with cuBLASLt's candidates timed at each large product's first call
-  # (RLH_KCUDA_GEMM_TUNE=2: one line a shape) against the heuristic's first pick, alternated
-  # twice; then the forward logprobs the same way; then torch.compile's step (TUNE_COMPILE=0: not).
-  # STEPTUNE_VARIANTS: env settings (commas join several) each run in turn; DEFAULT=1 is none.
+  # #14: the kernel tests of the three changes of 2026-12-07 (the GEMM test's beta-1 product is
+  # large enough to be tuned), then the 1B step with each off in turn (STEPTUNE_VARIANTS: env
+  # settings, commas join several, DEFAULT=1 is none; RLH_KCUDA_GEMM_TUNE=2 prints a line a tuned
+  # shape), the forward, batch 1 and torch.compile's step, with the SM clock and power sampled
+  # through all of it (clock.csv: a sustained step runs below ncu's 1,980 MHz).
+  (nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 > "$out/clock.csv" 2>&1 &)
   if [ "${STEPTUNE_TESTS:-1}" != 0 ]; then
-    echo "== test_cuda_kernels (rmsnorm, logprob) =="
     for v in 0 1; do
-      echo "== test_cuda_kernels (rmsnorm, logprob), RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v =="
+      echo "== test_cuda_kernels (GEMM, rmsnorm, logprob), RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v =="
       RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v "$bin/test_cuda_kernels" --gtest_brief=1 \
-        --gtest_filter='CudaElementwise.*:CudaLogprob.*:CudaDeterminism.*' 2>&1 |
+        --gtest_filter='CudaGemm.*:CudaElementwise.*:CudaLogprob.*:CudaDeterminism.*' 2>&1 |
         tee -a "$out/steptune_kernels.log" | grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     done
@@ -434,8 +437,8 @@ if [ "$what" = steptune ]; then
       grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   fi
-  local_off=RLH_KCUDA_NORM_BWD_ROWS=0,RLH_KCUDA_HEAD_WIDE=0,RLH_KCUDA_GEMM_TUNE=0
-  for v in ${STEPTUNE_VARIANTS:-RLH_KCUDA_GEMM_TUNE=2 RLH_KCUDA_GEMM_TUNE=0 $local_off DEFAULT=1 RLH_KCUDA_GEMM_TUNE=0 $local_off}; do
+  all_off=RLH_KCUDA_NORM_BWD_ROWS=0,RLH_KCUDA_HEAD_WIDE=0,RLH_KCUDA_GEMM_TUNE=0
+  for v in ${STEPTUNE_VARIANTS:-RLH_KCUDA_GEMM_TUNE=2 RLH_KCUDA_GEMM_TUNE=0 $all_off DEFAULT=1 RLH_KCUDA_GEMM_TUNE=0 $all_off}; do
     echo "== train, $v =="
     env ${v//,/ } "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train 2>&1 |
       tee -a "$out/steptune_train.log" | grep -E "^(RESULT|train)|gemm tune|rror"
@@ -454,6 +457,21 @@ if [ "$what" = steptune ]; then
     python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
       grep -v Warning | tee "$out/steptune_torch.log" | grep -E "^RESULT|rror|Traceback"
   fi
+  pkill -f "nvidia-smi --query-gpu=clocks.sm" 2>/dev/null
+  python3 - "$out/clock.csv" <<'PY'
+import statistics, sys
+r = []
+for line in open(sys.argv[1]):
+    try:
+        a, b = line.split(",")
+        r.append((float(a), float(b)))
+    except ValueError:
+        pass
+for lo in (400, 600):
+    hot = [a for a, b in r if b > lo]
+    if hot:
+        print(f"SM clock while the board drew over {lo} W: median {statistics.median(hot):.0f} MHz, min {min(hot):.0f} ({len(hot)} samples of 200 ms)")
+PY
 fi
 if [ "$what" = stepprofile ]; then
   # Where #14's 1B training step goes: Nsight Compute's per-kernel durations over one step
