@@ -2,8 +2,9 @@
 // or f32 operands in true fp32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32 down-conversion, whatever
 // the environment says) unless tf32 is asked for (CUBLAS_COMPUTE_32F_FAST_TF32). Row-major
 // C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T. Plans (layouts, the
-// heuristic's algorithm) are cached per shape/stride/alignment; problems cuBLASLt has no
-// algorithm for (odd strides of bf16 rows, say) run on the SIMT fallback.
+// heuristic's algorithm, or for large products the fastest of its candidates: tune() below) are
+// cached per shape/stride/alignment; problems cuBLASLt has no algorithm for (odd strides of bf16
+// rows, say) run on the SIMT fallback.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -89,6 +90,7 @@ class GemmEngine {
     if (it == plans_.end()) {
       it = plans_.emplace(key, make_plan(g)).first;
       if (it->second->ok) tune(*it->second, g, ws, s);
+      it->second->cands = {};  // only tuning reads them
     }
     Plan& p = *it->second;
     if (!p.ok) return false;
