@@ -126,6 +126,16 @@ fp8_variant() {
   esac
 }
 rc=0
+# rlhost check-kernels on kernels_cuda (the runner a vendor runs on a provider .so): the log to
+# $out/$1, its lines matching $2 shown, rc=1 on a failure; further arguments go to the runner.
+check_kcuda() {
+  local log=$1 pat=$2
+  shift 2
+  "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 "$@" > "$out/$log" 2>&1
+  local ck=$?
+  grep -E "$pat" "$out/$log" | head -40
+  [ "$ck" = 0 ] || rc=1
+}
 if [ "$what" = backlog ]; then
   # After 2026-12-07's twenty-ninth session: steptune on an H200 (#14's three changes and the
   # ratio on the goal's GPU; none has run on one), then fusedprod (the fused decoding ops' fuller
@@ -167,10 +177,7 @@ if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = gentests ]; then
   if [ "$what" != gentests ]; then
     # The same runner as test_cuda_conformance, as a vendor would run it on a provider .so.
     echo "== rlhost check-kernels --plugin libkernels_cuda.so --device cuda:0 =="
-    "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/check_kernels.log" 2>&1
-    ck=$?
-    grep -E "^(op |FAIL|kernels_cuda on)|error" "$out/check_kernels.log" | head -40
-    [ "$ck" = 0 ] || rc=1
+    check_kcuda check_kernels.log "^(op |FAIL|kernels_cuda on)|error"
   fi
   # The generator on the GPU through the CLI: greedy on a fixture, in bf16.
   echo "== rlhost generate --device cuda =="
@@ -428,10 +435,7 @@ if [ "$what" = steptune ]; then
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     done
     echo "== rlhost check-kernels --plugin libkernels_cuda.so --device cuda:0 (rmsnorm_bwd, linear_logprob rows) =="
-    "$bin/rlhost" check-kernels --plugin "$bin/plugins/libkernels_cuda.so" --device cuda:0 > "$out/steptune_check.log" 2>&1
-    ck=$?
-    grep -E "^(op |FAIL|kernels_cuda on)|rmsnorm|logprob|error" "$out/steptune_check.log" | head -20
-    [ "$ck" = 0 ] || rc=1
+    check_kcuda steptune_check.log "^(op |FAIL|kernels_cuda on)|rmsnorm|logprob|error"
     echo "== test_cuda_engine =="
     "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/steptune_engine.log" |
       grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20

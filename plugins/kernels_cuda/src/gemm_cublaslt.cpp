@@ -149,7 +149,7 @@ class GemmEngine {
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
     int found = 0;
-    p->cands.resize(tune_mode() ? kTuneCandidates : 1);
+    p->cands.resize(tune_wanted(g) ? kTuneCandidates : 1);
     const cublasStatus_t st = lt_.MatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref,
                                                          int(p->cands.size()), p->cands.data(), &found);
     lt_.MatmulPreferenceDestroy(pref);
@@ -181,9 +181,14 @@ class GemmEngine {
     return m;
   }
 
-  void tune(Plan& p, const GemmArgs& g, Workspace& ws, cudaStream_t s) {
+  // Whether a new plan's product is one to time: large, and within the instance's shape budget.
+  bool tune_wanted(const GemmArgs& g) const {
     const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K) * double(g.batch);
-    if (!tune_mode() || p.cands.size() < 2 || flops < 1e10 || tuned_ >= kTuneShapes) return;
+    return tune_mode() && flops >= 1e10 && tuned_ < kTuneShapes;
+  }
+
+  void tune(Plan& p, const GemmArgs& g, Workspace& ws, cudaStream_t s) {
+    if (p.cands.size() < 2 || !tune_wanted(g)) return;  // (one candidate: not asked for, or the only one)
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return;
     size_t wmax = 0;

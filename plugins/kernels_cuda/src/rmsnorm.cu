@@ -1,7 +1,8 @@
 // rmsnorm: y = x * rstd * (w + w_offset), rstd = 1/sqrt(mean(x^2) + eps), fp32 arithmetic.
 // One warp per row (a block per row for the forward of up to 128 rows: a decoding step's norms,
 // same bits); 16-byte loads when rows and pointers allow. The backward writes dx per row
-// (warp) and sums dw over rows with the deterministic column reduction.
+// (warp) and sums dw over rows with the deterministic column reduction; for bf16 rows of up to
+// 4096 values a block of 32 rows does both (rmsnorm_bwd_rows_kernel).
 #include <stdexcept>
 #include <type_traits>
 
@@ -14,8 +15,7 @@ namespace {
 constexpr int kWarps = 8;
 
 // Loads 8 consecutive elements as floats (one 16-byte load for bf16, two for f32).
-__device__ __forceinline__ void load8(const bf16* p, float* v) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void unpack8(const uint4& u, float* v) {  // 8 bf16 held in a register
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -24,6 +24,7 @@ __device__ __forceinline__ void load8(const bf16* p, float* v) {
     v[2 * k + 1] = f.y;
   }
 }
+__device__ __forceinline__ void load8(const bf16* p, float* v) { unpack8(*reinterpret_cast<const uint4*>(p), v); }
 __device__ __forceinline__ void load8(const float* p, float* v) {
   const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
   v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
@@ -259,8 +260,8 @@ rmsnorm_bwd_kernel(T* dx, int64_t lddx, const T* dy, int64_t lddy, const T* x, i
 // of the row kernel's dependent chunk loads; dx's arithmetic and order are rmsnorm_bwd_kernel's
 // (equal bits are not tested: the compiler may contract the two kernels' products differently).
 // dw: each warp adds its rows' dy x rstd into its own shared-memory row of sums, in row order;
-// the block's partial is the warps' rows added in warp order, and dw_finish_kernel adds the
-// blocks' partials (deterministic; another order than column_reduce5's, so dw's last bits may
+// the block's partial is the warps' rows added in warp order, and colreduce_finish adds the
+// blocks' partials (deterministic; other chunks than column_reduce5's, so dw's last bits may
 // differ from the unfused path's).
 constexpr int kBwdRows = 32;
 
@@ -294,18 +295,15 @@ rmsnorm_bwd_rows_kernel(bf16* dx, int64_t lddx, const bf16* dy, int64_t lddy, co
 #pragma unroll
     for (int i = 0; i < MAXNC; ++i)
       if (i < nc) {
-        const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xu[i]);
-        const __nv_bfloat162* gh = reinterpret_cast<const __nv_bfloat162*>(&gu[i]);
+        float xv[8], gv[8];
+        unpack8(xu[i], xv);
+        unpack8(gu[i], gv);
         const float* wv = wf + lane * 8 + 256 * i;
+        float* ac = acc + lane * 8 + 256 * i;
 #pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const float2 xv = __bfloat1622float2(xh[h]), gv = __bfloat1622float2(gh[h]);
-          dot += gv.x * wv[2 * h] * xv.x;
-          dot += gv.y * wv[2 * h + 1] * xv.y;
-          if (partial) {
-            acc[lane * 8 + 256 * i + 2 * h] += gv.x * xv.x * rs;
-            acc[lane * 8 + 256 * i + 2 * h + 1] += gv.y * xv.y * rs;
-          }
+        for (int k = 0; k < 8; ++k) {
+          dot += gv[k] * wv[k] * xv[k];
+          if (partial) ac[k] += gv[k] * xv[k] * rs;
         }
       }
     dot = warp_sum(dot);
@@ -314,18 +312,15 @@ rmsnorm_bwd_rows_kernel(bf16* dx, int64_t lddx, const bf16* dy, int64_t lddy, co
 #pragma unroll
     for (int i = 0; i < MAXNC; ++i)
       if (i < nc) {
-        const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xu[i]);
-        const __nv_bfloat162* gh = reinterpret_cast<const __nv_bfloat162*>(&gu[i]);
+        float xv[8], gv[8], o[8];
+        unpack8(xu[i], xv);
+        unpack8(gu[i], gv);
         const float* wv = wf + lane * 8 + 256 * i;
-        float o[8];
         if (accumulate) load8(dxr + lane * 8 + 256 * i, o);
 #pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const float2 xv = __bfloat1622float2(xh[h]), gv = __bfloat1622float2(gh[h]);
-          const float d0 = rs * wv[2 * h] * gv.x - xv.x * coef;
-          const float d1 = rs * wv[2 * h + 1] * gv.y - xv.y * coef;
-          o[2 * h] = accumulate ? o[2 * h] + d0 : d0;
-          o[2 * h + 1] = accumulate ? o[2 * h + 1] + d1 : d1;
+        for (int k = 0; k < 8; ++k) {
+          const float d = rs * wv[k] * gv[k] - xv[k] * coef;
+          o[k] = accumulate ? o[k] + d : d;
         }
         store8(dxr + lane * 8 + 256 * i, o);
       }
@@ -336,36 +331,6 @@ rmsnorm_bwd_rows_kernel(bf16* dx, int64_t lddx, const bf16* dy, int64_t lddy, co
     float s = 0.f;
     for (int k = 0; k < kWarps; ++k) s += sm[C + k * C + c];
     partial[blockIdx.x * C + c] = s;
-  }
-}
-
-// dw from rmsnorm_bwd_rows_kernel's per-block partials: a block takes 32 columns, warp w sums
-// partial rows w, w + 8, ... in order (8 loads in flight a lane), and warp 0 adds the 8 warps'
-// sums in warp order (deterministic). colreduce_finish_kernel's one thread a column over all the
-// partial rows ran on C / 256 blocks, ~32 us a call at C = 2048 (H100 ncu, 2026-12-07).
-__global__ void __launch_bounds__(kWarps * 32)
-dw_finish_kernel(const float* partial, int64_t chunks, int64_t C, Flex out) {
-  __shared__ float sums[kWarps][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t c = blockIdx.x * int64_t(32) + lane;
-  float acc = 0.f;
-  if (c < C) {
-    int64_t k = warp;
-    for (; k + 7 * kWarps < chunks; k += 8 * kWarps) {
-      float v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = partial[(k + u * kWarps) * C + c];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc += v[u];
-    }
-    for (; k < chunks; k += kWarps) acc += partial[k * C + c];
-  }
-  sums[warp][lane] = acc;
-  __syncthreads();
-  if (warp == 0 && c < C) {
-    float t = 0.f;
-    for (int w = 0; w < kWarps; ++w) t += sums[w][lane];
-    st_flex(out, c, ld_flex(out, c) + t);
   }
 }
 
@@ -468,7 +433,7 @@ void bwd_rows(bf16* dx, int64_t lddx, Flex dw, const bf16* dy, int64_t lddy, con
     launch(rmsnorm_bwd_rows_kernel<8>);
   else
     launch(rmsnorm_bwd_rows_kernel<16>);
-  if (dw.p) dw_finish_kernel<<<ceil_div(C, 32), kWarps * 32, 0, s>>>(partial, blocks, C, dw);
+  if (dw.p) colreduce_finish(partial, blocks, C, dw, true, s);
 }
 
 template <class T>
