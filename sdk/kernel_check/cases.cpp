@@ -104,6 +104,7 @@ std::vector<Case> all_cases() {
   add_fp8_cache_cases(v);
   add_fused_product_cases(v);
   add_rope_kv_cases(v);
+  add_residual_epilogue_cases(v);
   for (Case& c : v) finish(c);
   return v;
 }

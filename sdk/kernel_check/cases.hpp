@@ -107,6 +107,7 @@ void add_decode_cases_late(std::vector<Case>& v);
 void add_decode_layer_cases(std::vector<Case>& v);  // decode_layer_fwd, cases_decode.cpp
 void add_fp8_cache_cases(std::vector<Case>& v);     // paged_attention over FP8 caches, cases_decode.cpp
 void add_fused_product_cases(std::vector<Case>& v); // rmsnorm_gemm_fwd, gemm_add_fwd, cases_dense.cpp
+void add_residual_epilogue_cases(std::vector<Case>& v);  // gemm_add_fwd round_product=0, cases_dense.cpp
 void add_rope_kv_cases(std::vector<Case>& v);       // rope_kv_cache_write, cases_decode.cpp
 
 // ---- Builders shared by the case files.

@@ -262,17 +262,19 @@ Case rmsnorm_gemm_case(int64_t M, int64_t K, int64_t N, int act, double w_offset
   return c;
 }
 
-// A product and the residual add after it in one op: y = r + x W^T.
-Case gemm_add_case(int64_t M, int64_t K, int64_t N) {
+// A product and the residual add after it in one op: y = r + x W^T (round_product 0: the
+// product unrounded before the add, a GEMM epilogue's form).
+Case gemm_add_case(int64_t M, int64_t K, int64_t N, int round_product = 1) {
   Case c;
-  c.name = "gemm_add M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  c.name = "gemm_add M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+           (round_product ? "" : " round_product=0");
   c.in_sizes = {M * K, N * K, M * N};
   c.in_scale = {1, 0.3, 1};
   c.out_sizes = {M * N};
   c.fwd = {"gemm_add_fwd",
            {in(0, contiguous({M, K})), in(1, contiguous({N, K})), in(2, contiguous({M, N}))},
            {out(0, contiguous({M, N}))},
-           {},
+           round_product ? std::vector<Attr>{} : std::vector<Attr>{attr_i("round_product", 0)},
            {},
            {}};
   return c;
@@ -357,6 +359,13 @@ void add_fused_product_cases(std::vector<Case>& v) {
   v.push_back(gemm_add_case(1, 64, 24));                 // the few-row product's residual epilogue
   v.push_back(gemm_add_case(3, 8192, 40));               // several warps a column (a down projection's K)
   v.push_back(gemm_add_case(9, 48, 32));                 // past the few rows: gemm, then add_fwd
+}
+
+// The training forward's residual epilogue (appended last, as the fused products): many rows
+// (cuBLASLt with r as C), a few rows (the same, not the few-row kernel's two roundings).
+void add_residual_epilogue_cases(std::vector<Case>& v) {
+  v.push_back(gemm_add_case(80, 64, 48, 0));
+  v.push_back(gemm_add_case(2, 96, 40, 0));
 }
 
 void add_weight_only_cases(std::vector<Case>& v) {

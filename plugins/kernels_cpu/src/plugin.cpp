@@ -169,7 +169,8 @@ void run_rmsnorm_gemm_fwd(const Call& c) {
 }
 
 // gemm_add_fwd: y = r + x W^T: by definition gemm into a scratch, then add_fwd (y may be r). A
-// product and the residual add after it as one op.
+// product and the residual add after it as one op. round_product = 0: r is gemm's C (beta 1),
+// the product added to it unrounded.
 template <class T>
 void run_gemm_add_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(1), &R = c.in(2), &Y = c.out(0);
@@ -177,6 +178,12 @@ void run_gemm_add_fwd(const Call& c) {
   const int64_t M = z.M, K = z.K, N = z.N;
   const int64_t ldx = need_rows(X, M, K, "gemm_add_fwd x"), ldw = need_rows(W, N, K, "gemm_add_fwd W");
   const int64_t ldr = need_rows(R, M, N, "gemm_add_fwd r"), ldy = need_rows(Y, M, N, "gemm_add_fwd y");
+  if (c.num("round_product", 1) == 0) {
+    if (data<T>(Y) != data<T>(R))
+      for (int64_t r = 0; r < M; ++r) std::copy_n(data<T>(R) + r * ldr, N, data<T>(Y) + r * ldy);
+    gemm<T>(false, true, M, N, K, T(1), data<T>(X), ldx, data<T>(W), ldw, T(1), data<T>(Y), ldy);
+    return;
+  }
   std::vector<T> p(size_t(M * N));
   gemm<T>(false, true, M, N, K, T(1), data<T>(X), ldx, data<T>(W), ldw, T(0), p.data(), N);
   for (int64_t r = 0; r < M; ++r) add_fwd<T>(data<T>(Y) + r * ldy, data<T>(R) + r * ldr, p.data() + r * N, N);

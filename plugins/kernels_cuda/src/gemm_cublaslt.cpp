@@ -84,7 +84,7 @@ class GemmEngine {
     const int64_t al = int64_t(align_of(g.A)) | int64_t(align_of(g.B)) << 9 |
                        int64_t(align_of(g.C)) << 18 | int64_t(g.bias ? align_of(g.bias) : 0) << 27;
     const Key key{flags, g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b,
-                  g.stride_c, al, 0};
+                  g.stride_c, al, g.Cin ? align_of(g.Cin) : 0};
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
     if (it == plans_.end()) {
@@ -100,7 +100,7 @@ class GemmEngine {
          "bias pointer");
     const float alpha = float(g.alpha), beta = float(g.beta);
     void* work = p.workspace ? ws.get(p.workspace) : nullptr;
-    ck(lt_.Matmul(handle_, p.desc, &alpha, g.B, p.a, g.A, p.b, &beta, g.C, p.c, g.C, p.c, &p.algo,
+    ck(lt_.Matmul(handle_, p.desc, &alpha, g.B, p.a, g.A, p.b, &beta, g.Cin ? g.Cin : g.C, p.c, g.C, p.c, &p.algo,
                   work, p.workspace, s),
        "matmul");
     return true;
@@ -142,7 +142,7 @@ class GemmEngine {
     ck(lt_.MatmulPreferenceCreate(&pref), "preference");
     const uint64_t wsb = kLtWorkspace;
     const uint32_t aa = uint32_t(align_of(g.A)), ab = uint32_t(align_of(g.B)),
-                   ac = uint32_t(align_of(g.C));
+                   ac = uint32_t(std::min(align_of(g.C), g.Cin ? align_of(g.Cin) : 256));
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ab, sizeof(ab));
     lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aa, sizeof(aa));
@@ -199,11 +199,13 @@ class GemmEngine {
     } catch (const std::exception&) {
       return;  // no room to time the candidates: the first pick stands
     }
+    // The candidates write the call's output (it runs after them) unless beta reads it.
     void* C = g.C;
+    const void* Cin = g.Cin ? g.Cin : g.C;
     void* scratch = nullptr;
     const size_t es = g.c_dt == DType::f32 ? 4 : 2;
     const size_t cbytes = (size_t(g.ldc) * size_t(g.M) + size_t(g.batch - 1) * size_t(g.stride_c)) * es;
-    if (g.beta != 0.0) {
+    if (g.beta != 0.0 && !g.Cin) {
       if (cudaMalloc(&scratch, cbytes) != cudaSuccess) {
         cudaGetLastError();
         return;
@@ -220,8 +222,8 @@ class GemmEngine {
       const auto& c = p.cands[i];
       if (c.state != CUBLAS_STATUS_SUCCESS) continue;
       auto call = [&] {
-        return lt_.Matmul(handle_, p.desc, &alpha, g.B, p.a, g.A, p.b, &beta, C, p.c, C, p.c, &c.algo, work,
-                          c.workspaceSize, s);
+        return lt_.Matmul(handle_, p.desc, &alpha, g.B, p.a, g.A, p.b, &beta, scratch ? C : Cin, p.c, C, p.c,
+                          &c.algo, work, c.workspaceSize, s);
       };
       if (call() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that fails is skipped
       cudaEventRecord(e0, s);
@@ -270,8 +272,21 @@ GemmEngine* gemm_engine_create(const DeviceInfo& dev) { return new GemmEngine(de
 void gemm_engine_destroy(GemmEngine* e) { delete e; }
 const char* gemm_engine_info(GemmEngine* e) { return e ? e->info() : "none"; }
 
-void gemm(GemmEngine* e, const GemmArgs& a, Workspace& ws, cudaStream_t s) {
-  if (a.M == 0 || a.N == 0 || a.batch == 0) return;
+void gemm(GemmEngine* e, const GemmArgs& in, Workspace& ws, cudaStream_t s) {
+  if (in.M == 0 || in.N == 0 || in.batch == 0) return;
+  GemmArgs a = in;
+  if (a.Cin == a.C || a.beta == 0.0) a.Cin = nullptr;  // in place, or not read
+  if (a.Cin && a.batch != 1) throw std::invalid_argument("kernels_cuda gemm: a separate C input is for batch 1 only");
+  if (a.Cin && (a.K == 0 || !e || std::getenv("RLH_KCUDA_GEMM_FALLBACK") || !e->run(a, ws, s))) {
+    // Where cuBLASLt does not take it: Cin copied into C, then the product in place.
+    const size_t es = a.c_dt == DType::f32 ? 4 : 2;
+    if (cudaMemcpy2DAsync(a.C, size_t(a.ldc) * es, a.Cin, size_t(a.ldc) * es, size_t(a.N) * es, size_t(a.M),
+                          cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+      throw std::runtime_error(std::string("kernels_cuda gemm: copying C: ") + cudaGetErrorString(cudaGetLastError()));
+    a.Cin = nullptr;
+  } else if (a.Cin) {
+    return;  // cuBLASLt ran it
+  }
   if (a.K == 0) {  // C = beta C (+ bias): no cuBLASLt call needed
     GemmArgs z = a;
     gemm_fallback(z, s);

@@ -181,7 +181,8 @@ void run_rmsnorm_gemm_fwd(const Call& c) {
 
 // x [M, K], W [N, K], r [M, N] -> y [M, N] = r + x W^T, the product rounded first: gemm then
 // add_fwd, bitwise; y may be r. Few rows on gemv.cu's residual epilogue (a decoding step's add
-// launch saved); otherwise the two ops through a workspace.
+// launch saved); otherwise the two ops through a workspace. round_product = 0: r is the GEMM's
+// C (cuBLASLt's epilogue adds it to the fp32 product and rounds once), no workspace, no add pass.
 void run_gemm_add_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(1), &Rt = c.in(2), &Y = c.out(0);
   const sdk::ProductSizes z = sdk::fused_product_sizes("gemm_add_fwd", X, W, Y, -1, -1);
@@ -191,6 +192,18 @@ void run_gemm_add_fwd(const Call& c) {
   GemvExtra ex;
   ex.res = static_cast<const uint16_t*>(ptr(Rt));
   ex.ldres = need_rows(Rt, M, N, "gemm_add_fwd r");
+  if (c.num("round_product", 1) == 0) {
+    if (ex.ldres != g.ldc && static_cast<const void*>(ex.res) != g.C) {  // r into y first: C's layout is y's
+      if (cudaMemcpy2DAsync(g.C, size_t(g.ldc) * 2, ex.res, size_t(ex.ldres) * 2, size_t(N) * 2, size_t(M),
+                            cudaMemcpyDeviceToDevice, c.stream) != cudaSuccess)
+        bad(std::string("gemm_add_fwd: copying r: ") + cudaGetErrorString(cudaGetLastError()));
+    } else {
+      g.Cin = ex.res;  // (r itself when y is r: in place)
+    }
+    g.beta = 1;
+    gemm(c.op->inst->gemm, g, *c.ws, c.stream);
+    return;
+  }
   if (gemv_add_rows(g, ex, c.stream)) return;
   // The product into a workspace, then y = r + p row by row (add_fwd: contiguous rows at once).
   void* p = c.ws->get(size_t(M * N) * 2);

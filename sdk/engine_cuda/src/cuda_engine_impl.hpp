@@ -581,6 +581,7 @@ struct CudaEngine::Impl {
   // output, no routing record, auxiliary losses not counted again); `only_cheap`: just the
   // recomputable steps (selective recompute).
   void forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bool recompute, bool only_cheap = false);
+  bool residual_product(int64_t l, size_t i) const;  // steps i, i + 1: a linear and its residual add as one op
   void run_step(int64_t l, const sdk::LayerStep& st, const MicroBatch& mb, LayerActs& a, bool recompute);
   void backward(const MicroBatch& mb, const OutputRequest& req);
   void backward_layer(int64_t l, const MicroBatch& mb, LayerActs& a);

@@ -521,13 +521,14 @@ bool DeviceOps::rmsnorm_gemm(const std::string& act, void* h, int64_t ldh, const
 }
 
 bool DeviceOps::gemm_add(void* y, const void* r, const void* x, int64_t ldx, const void* W, int64_t N, int64_t M,
-                         int64_t K) {
+                         int64_t K, bool round_product) {
   if (batch_invariant_ || no_gemm_add_) return false;  // (as gemm_glu)
   Args a(dev_);
-  static const char kKey[] = "gemm_add_fwd";
-  return run_optional(kKey, "gemm_add_fwd", no_gemm_add_,
+  static const char kKey[] = "gemm_add_fwd", kKeyOnce[] = "gemm_add_fwd/once";
+  const std::array<rlh_named_value, 1> once = {attr_int("round_product", 0)};
+  return run_optional(round_product ? kKey : kKeyOnce, "gemm_add_fwd", no_gemm_add_,
                       {a.mat(x, kBF16, N, K, ldx), a.mat(W, kBF16, M, K, K), a.mat(r, kBF16, N, M, M)},
-                      {a.mat(y, kBF16, N, M, M)}, kNone);
+                      {a.mat(y, kBF16, N, M, M)}, round_product ? kNone : std::span<const rlh_named_value>(once));
 }
 
 void DeviceOps::scale(void* x, int64_t n, double s) {

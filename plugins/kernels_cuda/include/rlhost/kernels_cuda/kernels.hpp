@@ -51,7 +51,9 @@ struct DeviceInfo {
 // ---------------------------------------------------------------------------------------------
 // gemm (gemm_cublaslt.cpp): C = alpha op(A) op(B) + beta C, row-major, batched when batch > 1.
 // A and B have dtype `ab`; C has dtype c_dt (bf16 A/B may write an f32 C). bias (optional,
-// length N, dtype of C... or f32) is added by the GEMM epilogue.
+// length N, dtype of C... or f32) is added by the GEMM epilogue. Cin (optional, batch 1): beta's
+// C when it is not the output, C = alpha op(A) op(B) + beta Cin with Cin laid out as C (ldc):
+// the epilogue reads it, so an add of the product to another value needs no pass of its own.
 struct GemmArgs {
   bool ta = false, tb = false;
   int64_t M = 0, N = 0, K = 0;
@@ -63,6 +65,7 @@ struct GemmArgs {
   DType ab = DType::f32, c_dt = DType::f32;
   bool allow_tf32 = false;  // f32 only: CUBLAS_COMPUTE_32F_FAST_TF32
   const void* bias = nullptr; DType bias_dt = DType::f32;
+  const void* Cin = nullptr;
 };
 class GemmEngine;  // cuBLASLt handle, heuristics cache; thread-safe
 GemmEngine* gemm_engine_create(const DeviceInfo& dev);  // throws when cuBLASLt cannot load

@@ -190,7 +190,10 @@ class DeviceOps {
                     int64_t N, int64_t F, int64_t K, double eps, double offset);
   // y [N, M] = r + x W^T (y and r contiguous, y may be r; x [N, K] (ldx)), as one op where a
   // provider offers gemm_add_fwd; false where none does, and under set_batch_invariant_gemm.
-  bool gemm_add(void* y, const void* r, const void* x, int64_t ldx, const void* W, int64_t N, int64_t M, int64_t K);
+  // round_product false: the product is added unrounded (gemm_add_fwd's round_product = 0, a
+  // GEMM epilogue reading r: the training forward's residual adds).
+  bool gemm_add(void* y, const void* r, const void* x, int64_t ldx, const void* W, int64_t N, int64_t M, int64_t K,
+                bool round_product = true);
   void scale(void* x, int64_t n, double s);                    // bf16 x *= s, in place
   struct Logprob {
     int64_t N = 0, C = 0, V = 0;
