@@ -169,69 +169,92 @@ TensorRef Graph::reshape(const TensorRef& x, Dims dims, Dims strides, cudnnDataT
 
 // The handle attributes of the operation graph and the plan are marked deprecated in cuDNN 9's
 // headers (device properties replace them) but are still how a graph learns its device.
-void Graph::build_plan(const CudnnLib& lib, cudnnHandle_t handle) {
+void Graph::build_plan(const CudnnLib& lib, cudnnHandle_t handle, int max_candidates) {
   op_graph_ = Desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   op_graph_.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops_.size()), ops_.data(),
                 "operation graph ops")
       .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph handle")
       .finalize("the operation graph");
-
-  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  const cudnnBackendDescriptor_t g = op_graph_.get();
-  heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g, "heuristics graph")
-      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode")
-      .finalize("the engine heuristics");
-  int64_t count = 0;
-  cudnn_check(lib.BackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                      &count, nullptr),
-              "counting engine configs");
-  if (count <= 0) throw CudnnError(CUDNN_STATUS_NOT_SUPPORTED, "cuDNN's heuristics offer no engine for this graph");
-  std::vector<Desc> cfgs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; i < count; ++i) {
-    cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    raw.push_back(cfgs.back().get());
-  }
-  int64_t got = 0;
-  cudnn_check(lib.BackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
-                                      &got, raw.data()),
-              "reading engine configs");
+  cands_.clear();
+  chosen_ = 0;
+  workspace_ = 0;
   std::string reasons;
-  for (int64_t i = 0; i < std::min(got, count); ++i) {
-    Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-    const cudnnBackendDescriptor_t cfg = raw[size_t(i)];
-    plan.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg, "plan engine config");
-    // Older runtimes read the handle from the plan; newer ones from the graph (ignored there).
-    lib.BackendSetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-    const cudnnStatus_t s = lib.BackendFinalize(plan.get());
-    if (s != CUDNN_STATUS_SUCCESS) {
-      reasons += (reasons.empty() ? "" : "; ") + std::string("config ") + std::to_string(i) + ": " + lib.error(s);
-      continue;
+  int64_t tried = 0;
+  // Mode A's configs in its order; mode B's after them only when several are wanted.
+  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_B}) {
+    if (mode == CUDNN_HEUR_MODE_B && (max_candidates <= 1 || int(cands_.size()) >= max_candidates)) break;
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendDescriptor_t g = op_graph_.get();
+    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g, "heuristics graph")
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+    if (mode == CUDNN_HEUR_MODE_B) {  // a further list is optional: a runtime without mode B has mode A's
+      if (lib.BackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) break;
+    } else {
+      heur.finalize("the engine heuristics");
     }
-    int64_t n = 0, ws = 0;
-    cudnn_check(lib.BackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
-                                        &ws),
-                "reading the plan's workspace size");
-    // The chosen engine's numerical notes (determinism is reported in op_info).
-    Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    cudnnBackendDescriptor_t e = engine.get();
-    if (lib.BackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) ==
-        CUDNN_STATUS_SUCCESS) {
-      cudnnBackendNumericalNote_t notes[32];
-      int64_t nn = 0;
-      if (lib.BackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, 32, &nn, notes) ==
-          CUDNN_STATUS_SUCCESS)
-        for (int64_t k = 0; k < std::min<int64_t>(nn, 32); ++k)
-          nondeterministic_ = nondeterministic_ || notes[k] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+    int64_t count = 0;
+    cudnn_check(lib.BackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                        &count, nullptr),
+                "counting engine configs");
+    if (count <= 0) continue;
+    std::vector<Desc> cfgs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      raw.push_back(cfgs.back().get());
     }
-    workspace_ = std::max<int64_t>(ws, 0);
-    plan_ = std::move(plan);
-    return;
+    int64_t got = 0;
+    cudnn_check(lib.BackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                        count, &got, raw.data()),
+                "reading engine configs");
+    for (int64_t i = 0; i < std::min(got, count) && int(cands_.size()) < std::max(max_candidates, 1); ++i) {
+      ++tried;
+      Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      const cudnnBackendDescriptor_t cfg = raw[size_t(i)];
+      plan.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg, "plan engine config");
+      // Older runtimes read the handle from the plan; newer ones from the graph (ignored there).
+      lib.BackendSetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+      const cudnnStatus_t st = lib.BackendFinalize(plan.get());
+      if (st != CUDNN_STATUS_SUCCESS) {
+        if (cands_.empty())
+          reasons += (reasons.empty() ? "" : "; ") + std::string("config ") + std::to_string(i) + ": " + lib.error(st);
+        continue;
+      }
+      int64_t n = 0, ws = 0;
+      cudnn_check(lib.BackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                          &n, &ws),
+                  "reading the plan's workspace size");
+      // The engine's numerical notes (determinism is reported in op_info).
+      bool nondet = false;
+      Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+      cudnnBackendDescriptor_t e = engine.get();
+      if (lib.BackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) ==
+          CUDNN_STATUS_SUCCESS) {
+        cudnnBackendNumericalNote_t notes[32];
+        int64_t nn = 0;
+        if (lib.BackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, 32, &nn, notes) ==
+            CUDNN_STATUS_SUCCESS)
+          for (int64_t k = 0; k < std::min<int64_t>(nn, 32); ++k)
+            nondet = nondet || notes[k] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+      }
+      if (!cands_.empty() && nondet && !cands_[0].nondeterministic) continue;  // never less deterministic
+      cands_.push_back(Candidate{std::move(plan), std::max<int64_t>(ws, 0), nondet});
+      workspace_ = std::max(workspace_, cands_.back().workspace);
+    }
   }
+  if (!cands_.empty()) return;
   throw CudnnError(CUDNN_STATUS_NOT_SUPPORTED,
                    "no engine config of cuDNN " + lib.version_string() + " builds this graph (" +
-                       std::to_string(got) + " tried: " + reasons + ")");
+                       std::to_string(tried) + " tried: " + reasons + ")");
+}
+
+void Graph::choose(size_t i) {
+  if (i >= cands_.size()) throw std::logic_error("cuDNN graph: no such candidate plan");
+  Candidate c = std::move(cands_[i]);
+  cands_.clear();
+  cands_.push_back(std::move(c));
+  chosen_ = 0;
+  workspace_ = cands_[0].workspace;
 }
 
 void execute_plan(const CudnnLib& lib, cudnnHandle_t handle, const Desc& plan, const std::vector<int64_t>& uids,

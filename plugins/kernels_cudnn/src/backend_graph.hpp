@@ -1,7 +1,8 @@
 // A thin C++ layer over cuDNN's backend (graph) descriptors: owned descriptors, 4-D tensors with
 // unique ids, the pointwise / matmul / reduction / reshape operations attention is made of, the
 // operation graph, the execution plan (heuristics mode A, the first engine config that
-// finalizes) and its execution with a variant pack. Every cuDNN call goes through the function
+// finalizes, or the fastest of several when the caller times them) and its execution with a
+// variant pack. Every cuDNN call goes through the function
 // table of cudnn_lib.hpp; a failing call throws CudnnError naming the step.
 #pragma once
 
@@ -89,13 +90,19 @@ class Graph {
 
   // Finalizes the operation graph on `handle`, asks heuristics mode A for engine configs and
   // builds the first one that finalizes. Throws CudnnError (status NOT_SUPPORTED when no
-  // config builds) with every config's reason.
-  void build_plan(const CudnnLib& lib, cudnnHandle_t handle);
-  const Desc& plan() const { return plan_; }
+  // config builds) with every config's reason. With max_candidates > 1 it also keeps up to that
+  // many further configs that finalize (mode A's, then mode B's), none less deterministic than
+  // the first, for a caller that times them (choose()); the workspace is then the largest one's.
+  void build_plan(const CudnnLib& lib, cudnnHandle_t handle, int max_candidates = 1);
+  const Desc& plan() const { return cands_[chosen_].plan; }
+  const Desc& candidate(size_t i) const { return cands_[i].plan; }
+  size_t candidates() const { return cands_.size(); }
+  // Keeps candidate i alone (its workspace from now on).
+  void choose(size_t i);
   size_t num_operations() const { return ops_.size(); }
   int64_t workspace_bytes() const { return workspace_; }
   // Numerical notes of the chosen engine include NONDETERMINISTIC.
-  bool nondeterministic() const { return nondeterministic_; }
+  bool nondeterministic() const { return cands_.empty() ? false : cands_[chosen_].nondeterministic; }
 
  private:
   Desc& keep(Desc d) {
@@ -105,9 +112,15 @@ class Graph {
   std::vector<Desc> keep_;  // tensors, operation settings, operations: alive with the plan
   std::vector<cudnnBackendDescriptor_t> ops_;
   int64_t next_uid_ = 1;
-  Desc op_graph_, plan_;
+  Desc op_graph_;
+  struct Candidate {
+    Desc plan;
+    int64_t workspace = 0;
+    bool nondeterministic = false;
+  };
+  std::vector<Candidate> cands_;  // [chosen_] runs
+  size_t chosen_ = 0;
   int64_t workspace_ = 0;
-  bool nondeterministic_ = false;
 };
 
 // Runs a plan: uids[i] is bound to ptrs[i] (device pointers; host pointers for by-value

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -25,6 +27,7 @@ struct SdpaPlan {
   // backward
   int64_t d_o = 0, dq = 0, dk = 0, dv = 0, softmax_sum = 0, dq_accum = 0, dk_full = 0, dv_full = 0;
   size_t softmax_sum_bytes = 0, dq_accum_bytes = 0, dk_full_bytes = 0, dv_full_bytes = 0;
+  bool tuned = false;  // its candidate configs timed (or only one)
 };
 
 namespace {
@@ -312,7 +315,8 @@ SdpaPlan& SdpaEngine::plan_for(const PlanKey& k) {
     build_backward(*p, k, lib_.version);
   else
     build_forward(*p, k);
-  p->g.build_plan(lib_, handle_);
+  p->g.build_plan(lib_, handle_, tune_mode() ? kTuneCandidates : 1);
+  p->tuned = p->g.candidates() < 2;
   return *plans_.emplace(k, std::move(p)).first->second;
 }
 
@@ -392,6 +396,68 @@ struct Bindings {
 
 }  // namespace
 
+// A plan's first call outside stream capture times its candidate configs on the call's own
+// operands and keeps the fastest where it beats heuristics' first pick by kTuneMargin (else the
+// first). Each candidate writes only what the call writes (the outputs, the statistics, the
+// workspace), all of which the chosen plan writes again right after. Why: cuBLASLt's first picks
+// left 6-13% on the 1B step's large products (gemm_cublaslt.cpp); attention is ~11% of that
+// step. The margin keeps noise from flipping picks between runs; RLH_KCUDNN_TUNE=0 keeps the
+// first pick, 2 logs each timed plan.
+int SdpaEngine::tune_mode() {
+  static const int m = [] {
+    const char* e = std::getenv("RLH_KCUDNN_TUNE");
+    return e ? std::atoi(e) : 1;
+  }();
+  return m;
+}
+
+void SdpaEngine::tune(SdpaPlan& p, const PlanKey& k, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+                      void* workspace, cudaStream_t stream) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return;  // a later call outside capture times them
+  }
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    p.g.choose(0);
+    p.tuned = true;
+    return;
+  }
+  constexpr int kRuns = 2;
+  std::vector<float> ms(p.g.candidates(), -1.f);
+  for (size_t i = 0; i < p.g.candidates(); ++i) {
+    try {
+      execute_plan(lib_, handle_, p.g.candidate(i), uids, ptrs, workspace);  // warm-up
+      cudaEventRecord(e0, stream);
+      for (int r = 0; r < kRuns; ++r) execute_plan(lib_, handle_, p.g.candidate(i), uids, ptrs, workspace);
+      cudaEventRecord(e1, stream);
+      float t = 0.f;
+      if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t, e0, e1) == cudaSuccess) ms[i] = t;
+    } catch (const CudnnError&) {
+      // a candidate that fails to run is not taken (the first pick runs the call as before)
+    }
+    cudaGetLastError();
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  size_t pick = 0;
+  for (size_t i = 1; i < ms.size(); ++i)
+    if (ms[i] >= 0.f && (ms[pick] < 0.f || ms[i] < ms[pick])) pick = i;
+  const bool take = pick != 0 && ms[0] >= 0.f && ms[pick] * kTuneMargin <= ms[0];
+  if (tune_mode() >= 2) {
+    std::fprintf(stderr, "kernels_cudnn sdpa tune %s B %lld T %lld Hq %lld Hkv %lld D %lld:", k.backward ? "bwd" : "fwd",
+                 (long long)k.B, (long long)k.T, (long long)k.Hq, (long long)k.Hkv, (long long)k.D);
+    for (size_t i = 0; i < ms.size(); ++i) std::fprintf(stderr, " %.1f", ms[i] * 1e3f / kRuns);
+    std::fprintf(stderr, " us; %s\n", take ? ("candidate " + std::to_string(pick) + " taken").c_str()
+                                           : "the first kept");
+  }
+  p.g.choose(take ? pick : 0);
+  p.tuned = true;
+}
+
 void SdpaEngine::forward(const AttnCall& c, void* workspace, cudaStream_t stream) {
   if (c.N == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
@@ -418,6 +484,7 @@ void SdpaEngine::forward(const AttnCall& c, void* workspace, cudaStream_t stream
   for (int64_t u : p.neg_inf) b.add(u, &neg);
   for (size_t i = 0; i < p.offsets.size(); ++i) b.add(p.offsets[i].first, offsets + L.index[i] * (k.B + 1));
   cudnn_check(lib_.SetStream(handle_, stream), "setting cuDNN's stream");
+  if (!p.tuned) tune(p, k, b.uids, b.ptrs, ws + L.plan, stream);
   execute_plan(lib_, handle_, p.g.plan(), b.uids, b.ptrs, ws + L.plan);
   stats_to_lse(stats, c.lse, c.N, c.Hq, stream);
 }
@@ -476,6 +543,7 @@ void SdpaEngine::backward(const AttnCall& c, void* workspace, cudaStream_t strea
   for (int64_t u : p.neg_inf) b.add(u, &neg);
   for (size_t i = 0; i < p.offsets.size(); ++i) b.add(p.offsets[i].first, offsets + L.index[i] * (k.B + 1));
   cudnn_check(lib_.SetStream(handle_, stream), "setting cuDNN's stream");
+  if (!p.tuned) tune(p, k, b.uids, b.ptrs, ws + L.plan, stream);
   execute_plan(lib_, handle_, p.g.plan(), b.uids, b.ptrs, ws + L.plan);
   // Gradients computed into contiguous copies go back to the caller's rows.
   void* out[3] = {c.dq, c.dk, c.dv};

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend_graph.hpp"
 
@@ -81,6 +82,13 @@ class SdpaEngine {
 
  private:
   struct Layout;
+  // Candidate configs timed at a plan's first call (sdpa.cpp's tune); a pick must beat the first
+  // by kTuneMargin.
+  static constexpr int kTuneCandidates = 6;
+  static constexpr float kTuneMargin = 1.03f;
+  static int tune_mode();
+  void tune(SdpaPlan& p, const PlanKey& k, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+            void* workspace, cudaStream_t stream);
   PlanKey key_of(const AttnCall& c, bool backward) const;
   SdpaPlan& plan_for(const PlanKey& k);
   Layout layout(const AttnCall& c, const PlanKey& k, const SdpaPlan& p) const;
