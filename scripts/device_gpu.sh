@@ -20,6 +20,11 @@
 #               the three (RLH_KCUDA_NORM_BWD_ROWS=0, RLH_KCUDA_HEAD_WIDE=0), twice
 #               (STEPTUNE_VARIANTS), the forward with and without tuning (STEPTUNE_FORWARD=0: not),
 #               batch-1 decoding (STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
+#     epitune: the residual add as the o and down products' epilogue (gemm_add_fwd round_product=0)
+#              and cuDNN's attention configs timed at a plan's first call (RLH_KCUDNN_TUNE=2 logs
+#              them): the GEMM kernel tests, check-kernels' gemm_add_fwd row, the cuDNN attention
+#              tests, test_cuda_engine, then steptune's runs with each off in turn (EPITUNE_VARIANTS)
+#              and the Qwen3-MoE step with both and without (EPITUNE_MOE=0: not)
 #     stepprofile: ncu kernel times of one 1B training step, by kind and by name (#14: what to fuse next)
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
@@ -445,7 +450,7 @@ if [ "$what" = steptune ]; then
   for v in ${STEPTUNE_VARIANTS:-RLH_KCUDA_GEMM_TUNE=2 RLH_KCUDA_GEMM_TUNE=0 $all_off DEFAULT=1 RLH_KCUDA_GEMM_TUNE=0 $all_off}; do
     echo "== train, $v =="
     env ${v//,/ } "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only train 2>&1 |
-      tee -a "$out/steptune_train.log" | grep -E "^(RESULT|train)|gemm tune|rror"
+      tee -a "$out/steptune_train.log" | grep -E "^(RESULT|train)|gemm tune|sdpa tune|rror"
   done
   for v in $([ "${STEPTUNE_FORWARD:-1}" = 0 ] || echo 0 1); do
     echo "== forward, RLH_KCUDA_GEMM_TUNE=$v =="
@@ -476,6 +481,34 @@ for lo in (400, 600):
     if hot:
         print(f"SM clock while the board drew over {lo} W: median {statistics.median(hot):.0f} MHz, min {min(hot):.0f} ({len(hot)} samples of 200 ms)")
 PY
+fi
+if [ "$what" = epitune ]; then
+  # #14 (2026-12-07, thirtieth session): the residual epilogue and cuDNN's timed configs.
+  echo "== test_cuda_kernels (GEMM: the separate C input) =="
+  "$bin/test_cuda_kernels" --gtest_brief=1 --gtest_filter='CudaGemm.*' 2>&1 | tee "$out/epitune_kernels.log" |
+    grep -E "^\[  (PASSED|FAILED) |Failure|separate C|rror" | head -20
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "== rlhost check-kernels --plugin libkernels_cuda.so --op gemm_add_fwd =="
+  check_kcuda epitune_check.log "^(op |FAIL|kernels_cuda on)|gemm_add|error" --op gemm_add_fwd
+  for t in test_cudnn_attention test_kernels_cudnn_plugin; do
+    echo "== $t (RLH_KCUDNN_TUNE=2) =="
+    RLH_KCUDNN_TUNE=2 "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/epitune_$t.log" |
+      grep -E "^\[  (PASSED|FAILED) |Failure|sdpa tune|rror" | head -24
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+  echo "== test_cuda_engine (RLH_KCUDNN_TUNE=2) =="
+  RLH_KCUDNN_TUNE=2 "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/epitune_engine.log" |
+    grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  off=RLH_CUDA_RESIDUAL_EPILOGUE=0,RLH_KCUDNN_TUNE=0
+  STEPTUNE_TESTS=0 STEPTUNE_VARIANTS="${EPITUNE_VARIANTS:-RLH_KCUDNN_TUNE=2 $off RLH_CUDA_RESIDUAL_EPILOGUE=0 RLH_KCUDNN_TUNE=0 DEFAULT=1 $off}" \
+    bash "$0" steptune || rc=1
+  # The Qwen3-MoE step (#14's "no speed lost": within 3% of 110.7K), with both and without.
+  for v in $([ "${EPITUNE_MOE:-1}" = 0 ] || echo DEFAULT=1 "$off"); do
+    echo "== qwen3moe train, $v =="
+    env ${v//,/ } "$bin/bench_cuda_engine" --shape qwen3moe --steps 8 --only train 2>&1 |
+      tee -a "$out/epitune_moe.log" | grep -E "^(RESULT|train)|rror"
+  done
 fi
 if [ "$what" = stepprofile ]; then
   # Where #14's 1B training step goes: Nsight Compute's per-kernel durations over one step
