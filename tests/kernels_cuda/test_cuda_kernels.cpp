@@ -598,7 +598,7 @@ TEST(CudaGemm, SeparateCInputIsAddedUnrounded) {
       }
       const double exact = p + double(R[size_t(i * k.N + j)]);
       const auto half_step = [](double x) { return x == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(x) - 8); };
-      const double slack = 1e-5 * (mag + std::fabs(R[size_t(i * k.N + j)]));
+      const double slack = 3e-5 * (mag + std::fabs(R[size_t(i * k.N + j)]));  // fp32 sums of K terms
       if (std::fabs(double(C[size_t(i * k.N + j)]) - exact) > half_step(exact) + slack) ++beyond;
       // The two-step form's value: the product rounded to bf16, then the add rounded.
       const double two = double(round_bf16(float(double(round_bf16(float(p))) + double(R[size_t(i * k.N + j)]))));
