@@ -182,7 +182,8 @@ void run_rmsnorm_gemm_fwd(const Call& c) {
 // x [M, K], W [N, K], r [M, N] -> y [M, N] = r + x W^T, the product rounded first: gemm then
 // add_fwd, bitwise; y may be r. Few rows on gemv.cu's residual epilogue (a decoding step's add
 // launch saved); otherwise the two ops through a workspace. round_product = 0: r is the GEMM's
-// C (cuBLASLt's epilogue adds it to the fp32 product and rounds once), no workspace, no add pass.
+// C (cuBLASLt's epilogue adds it to the fp32 product, in most kernels before the one rounding),
+// no workspace, no add pass.
 void run_gemm_add_fwd(const Call& c) {
   const rlh_tensor &X = c.in(0), &W = c.in(1), &Rt = c.in(2), &Y = c.out(0);
   const sdk::ProductSizes z = sdk::fused_product_sizes("gemm_add_fwd", X, W, Y, -1, -1);

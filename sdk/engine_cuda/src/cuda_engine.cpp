@@ -694,7 +694,7 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
 
 // A linear whose whole output only the residual add after it reads (o and down in a dense
 // layer): the add can be the product's epilogue, r read as the GEMM's C (gemm_add_fwd with
-// round_product = 0: one pass over the residual stream and one rounding less a step). Not for
+// round_product = 0: one pass over the residual stream and one launch less each). Not for
 // products run apart (several weight groups, biases, tensor-parallel sums, FP8).
 // RLH_CUDA_RESIDUAL_EPILOGUE=0 runs the two steps (the A/B).
 bool CudaEngine::Impl::residual_product(int64_t l, size_t i) const {
