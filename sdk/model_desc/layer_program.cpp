@@ -497,6 +497,25 @@ ModelProgram build_stage_program(const TransformerDesc& desc, bool first, bool l
   return build_program_of_stage(desc, first, last);
 }
 
+bool product_then_residual_add(const LayerProgram& lp, size_t i) {
+  if (i + 1 >= lp.steps.size()) return false;
+  const LayerStep &st = lp.steps[i], &nx = lp.steps[i + 1];
+  if (st.op != StepOp::linear || nx.op != StepOp::add) return false;
+  auto whole = [&](const Cols& c) {
+    return c.valid() && c.col == 0 && c.width == lp.values[size_t(c.value)].width;
+  };
+  const int o = st.out.value;
+  if (!whole(st.out) || !whole(nx.in) || !whole(nx.in2) || !whole(nx.out) || !st.in.valid() ||
+      (nx.in.value == o) == (nx.in2.value == o) || o == lp.output || lp.root(nx.out.value) == lp.root(st.in.value))
+    return false;
+  for (size_t j = 0; j < lp.steps.size(); ++j) {  // the add is the product's only reader
+    if (j == i + 1) continue;
+    for (const Cols* c : {&lp.steps[j].in, &lp.steps[j].in2, &lp.steps[j].in3})
+      if (c->valid() && c->value == o) return false;
+  }
+  return true;
+}
+
 std::string unsupported(const ModelProgram& p, const ExecutorCaps& caps) {
   const std::string who = caps.name + ": ";
   if ((!p.pp_first || !p.pp_last) && !caps.pipeline_stage) return who + "pipeline parallelism is not supported";

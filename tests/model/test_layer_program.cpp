@@ -207,6 +207,45 @@ TEST(LayerProgram, MoeAndMlaAreCompositeSteps) {
   EXPECT_NE(sdk::unsupported(dp, caps).find("latent attention"), std::string::npos);
 }
 
+// Which products an executor may run with their residual add as one op (gemm_add_fwd): the o
+// and down projections of a dense layer; not Gemma-3's (a norm sits between them and the add),
+// not a mixture-of-experts block's; and not once another step reads the product's value.
+TEST(LayerProgram, ProductThenResidualAdd) {
+  auto fusable = [](const sdk::LayerProgram& l) {
+    std::vector<size_t> v;
+    for (size_t i = 0; i < l.steps.size(); ++i)
+      if (sdk::product_then_residual_add(l, i)) v.push_back(i);
+    return v;
+  };
+  const sdk::ModelProgram p = sdk::build_program(model::describe(base("LlamaForCausalLM")));
+  EXPECT_EQ(fusable(p.layers[0]), (std::vector<size_t>{5, 10}));  // o, down
+  json b = base("LlamaForCausalLM");
+  b["attention_bias"] = true;  // biases are the executor's to check: the structure is the same
+  EXPECT_EQ(fusable(sdk::build_program(model::describe(b)).layers[1]), (std::vector<size_t>{5, 10}));
+
+  json g = base("Gemma3ForCausalLM");
+  g["query_pre_attn_scalar"] = 8;
+  EXPECT_TRUE(fusable(sdk::build_program(model::describe(g)).layers[0]).empty());
+
+  json m = base("MixtralForCausalLM");
+  m["num_local_experts"] = 4;
+  m["num_experts_per_tok"] = 2;
+  EXPECT_EQ(fusable(sdk::build_program(model::describe(m)).layers[0]), (std::vector<size_t>{5}));  // o only
+
+  // Another reader of o's output (say a step added after the add): not fusable; the last step
+  // (nothing after it) never is.
+  sdk::LayerProgram l = p.layers[0];
+  sdk::LayerStep extra = l.steps[6];
+  extra.in2 = l.steps[5].out;
+  l.steps.push_back(extra);
+  EXPECT_FALSE(sdk::product_then_residual_add(l, 5));
+  EXPECT_FALSE(sdk::product_then_residual_add(l, l.steps.size() - 1));
+  // The add's output in the product's input storage: the product would overwrite what it reads.
+  sdk::LayerProgram a = p.layers[0];
+  a.values[size_t(a.steps[6].out.value)].storage = a.steps[5].in.value;
+  EXPECT_FALSE(sdk::product_then_residual_add(a, 5));
+}
+
 TEST(LayerProgram, RefusesInconsistentDescriptionsNamingTheLayer) {
   sdk::TransformerDesc d = model::describe(base("LlamaForCausalLM"));
   for (auto& p : d.params)

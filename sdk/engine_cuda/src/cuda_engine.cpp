@@ -693,36 +693,20 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
 }
 
 // A linear whose whole output only the residual add after it reads (o and down in a dense
-// layer): the add can be the product's epilogue, r read as the GEMM's C (gemm_add_fwd with
-// round_product = 0: one pass over the residual stream and one launch less each). Not for
-// products run apart (several weight groups, biases, tensor-parallel sums, FP8).
-// RLH_CUDA_RESIDUAL_EPILOGUE=0 runs the two steps (the A/B).
+// layer; sdk::product_then_residual_add): the add can be the product's epilogue, r read as the
+// GEMM's C (gemm_add_fwd with round_product = 0: one pass over the residual stream and one launch
+// less each). Not for products run apart (several weight groups, biases, tensor-parallel sums,
+// FP8). RLH_CUDA_RESIDUAL_EPILOGUE=0 runs the two steps (the A/B).
 bool CudaEngine::Impl::residual_product(int64_t l, size_t i) const {
   static const bool on = [] {
     const char* e = std::getenv("RLH_CUDA_RESIDUAL_EPILOGUE");
     return !(e && std::string(e) == "0");
   }();
   const sdk::LayerProgram& lp = prog.layers[size_t(l)];
-  if (!on || i + 1 >= lp.steps.size()) return false;
-  const sdk::LayerStep &st = lp.steps[i], &nx = lp.steps[i + 1];
-  if (st.op != StepOp::linear || nx.op != StepOp::add || st.weights.size() != 1 || st.biases[0] >= 0 ||
-      st.tp_reduce_out || (fp8 && fp8->layer_in_fp8(l)))
-    return false;
-  auto whole = [&](const sdk::Cols& c) { return c.col == 0 && c.width == lp.values[size_t(c.value)].width; };
-  const int o = st.out.value;
-  if (!whole(st.out) || !whole(nx.in) || !whole(nx.in2) || !whole(nx.out) ||
-      desc.params[size_t(st.weights[0])].shape[0] != st.out.width ||
-      (nx.in.value == o) == (nx.in2.value == o) || lp.root(nx.out.value) != lp.root(o) ||
-      lp.root(st.in.value) == lp.root(o))
-    return false;
-  // The product's value is the add's alone: no other step reads or writes it, so no backward
-  // step reads it either (its storage is kept for the add's output, which lives in it).
-  for (size_t j = 0; j < lp.steps.size(); ++j) {
-    const sdk::LayerStep& s = lp.steps[j];
-    if (j != i + 1 && (s.in.value == o || s.in2.value == o || s.in3.value == o)) return false;
-    if (j != i && (s.out.value == o || s.out2.value == o)) return false;
-  }
-  return true;
+  if (!on || !sdk::product_then_residual_add(lp, i)) return false;
+  const sdk::LayerStep& st = lp.steps[i];
+  return st.weights.size() == 1 && st.biases[0] < 0 && !st.tp_reduce_out && !(fp8 && fp8->layer_in_fp8(l)) &&
+         desc.params[size_t(st.weights[0])].shape[0] == st.out.width;
 }
 
 void CudaEngine::Impl::forward_layer(int64_t l, const MicroBatch& mb, LayerActs& a, bool recompute,

@@ -143,6 +143,14 @@ struct ModelProgram {
 // (a missing parameter, a shape that does not match, an unknown activation).
 ModelProgram build_program(const TransformerDesc& desc);
 
+// Whether steps i and i + 1 of `lp` are a linear and the residual add that is the only reader of
+// its output: the product's value and the add's operands and output are whole values, the
+// product is one of the add's two operands, the product's value is not the layer's output, and
+// the add's output does not live in the product's input storage. An executor may then run the two
+// as one op (gemm_add_fwd) that never writes the product's value. The linear's weights, biases
+// and parallel sums (what makes it one product) are the executor's to check.
+bool product_then_residual_add(const LayerProgram& lp, size_t i);
+
 // What an executor runs. supports() gives the one answer every executor uses.
 struct ExecutorCaps {
   std::string name;                      // "engine", "cuda engine", "generator" (for messages)

@@ -194,7 +194,7 @@ class ProgramRunner {
           if (i + 1 < lp.steps.size()) {
             const sdk::LayerStep& st = lp.steps[i];
             const sdk::LayerStep& nx = lp.steps[i + 1];
-            if (const T* W = add_product(lp, st, nx, C)) {
+            if (const T* W = add_product(lp, i, C)) {
               const int r = nx.in.value == st.out.value ? nx.in2.value : nx.in.value;
               if (b_.linear_add(v[size_t(nx.out.value)], v[size_t(r)], v[size_t(st.in.value)] + st.in.col,
                                 lp.values[size_t(st.in.value)].width, W, R, C, st.in.width)) {
@@ -422,10 +422,10 @@ class ProgramRunner {
   }
   // A product into a whole value [R, C] that only the next step, a residual add of whole values,
   // reads; the add's output not in the product's input: the product's weight, else null.
-  const T* add_product(const sdk::LayerProgram& lp, const sdk::LayerStep& st, const sdk::LayerStep& nx, int64_t C) const {
-    if (nx.op != sdk::StepOp::add || !whole(lp, st.out, C) || !whole(lp, nx.out, C) || !whole(lp, nx.in, C) ||
-        !whole(lp, nx.in2, C) || (nx.in.value == st.out.value) == (nx.in2.value == st.out.value) ||
-        read_elsewhere(lp, st.out.value, nx) || lp.root(nx.out.value) == lp.root(st.in.value))
+  const T* add_product(const sdk::LayerProgram& lp, size_t i, int64_t C) const {
+    const sdk::LayerStep &st = lp.steps[i], &nx = lp.steps[i + 1];
+    if (!sdk::product_then_residual_add(lp, i) || !whole(lp, st.out, C) || !whole(lp, nx.out, C) ||
+        !whole(lp, nx.in, C) || !whole(lp, nx.in2, C))
       return nullptr;
     int64_t rows = 0;
     const T* W = one_product(st, st.in.width, rows);
