@@ -20,11 +20,12 @@
 #               the three (RLH_KCUDA_NORM_BWD_ROWS=0, RLH_KCUDA_HEAD_WIDE=0), twice
 #               (STEPTUNE_VARIANTS), the forward with and without tuning (STEPTUNE_FORWARD=0: not),
 #               batch-1 decoding (STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
-#     epitune: the residual add as the o and down products' epilogue (gemm_add_fwd round_product=0)
-#              and cuDNN's attention configs timed at a plan's first call (RLH_KCUDNN_TUNE=2 logs
+#     epitune: the residual add as the o and down products' epilogue (gemm_add_fwd round_product=0,
+#              opt-in: RLH_CUDA_RESIDUAL_EPILOGUE=1) and cuDNN's attention configs timed at a
+#              plan's first call (RLH_KCUDNN_TUNE=2 logs
 #              them): the GEMM kernel tests, check-kernels' gemm_add_fwd row, the cuDNN attention
-#              tests, test_cuda_engine, then steptune's runs with each off in turn (EPITUNE_VARIANTS)
-#              and the Qwen3-MoE step with both and without (EPITUNE_MOE=0: not)
+#              tests, test_cuda_engine with the epilogue, then steptune's runs with each in turn
+#              (EPITUNE_VARIANTS) and the Qwen3-MoE step with and without the epilogue (EPITUNE_MOE=0: not)
 #     stepprofile: ncu kernel times of one 1B training step, by kind and by name (#14: what to fuse next)
 #     fusedlayer: decode_layer_fwd (one persistent launch a layer at batch 1): its tests, its
 #                 check-kernels row, batch-1 decoding with and without it (FUSED_VARIANTS,
@@ -496,15 +497,17 @@ if [ "$what" = epitune ]; then
       grep -E "^\[  (PASSED|FAILED) |Failure|sdpa tune|rror" | head -24
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
-  echo "== test_cuda_engine (RLH_KCUDNN_TUNE=2) =="
-  RLH_KCUDNN_TUNE=2 "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/epitune_engine.log" |
+  echo "== test_cuda_engine (RLH_KCUDNN_TUNE=2 RLH_CUDA_RESIDUAL_EPILOGUE=1) =="
+  RLH_KCUDNN_TUNE=2 RLH_CUDA_RESIDUAL_EPILOGUE=1 "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/epitune_engine.log" |
     grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  off=RLH_CUDA_RESIDUAL_EPILOGUE=0,RLH_KCUDNN_TUNE=0
-  STEPTUNE_TESTS=0 STEPTUNE_VARIANTS="${EPITUNE_VARIANTS:-RLH_KCUDNN_TUNE=2 $off RLH_CUDA_RESIDUAL_EPILOGUE=0 RLH_KCUDNN_TUNE=0 DEFAULT=1 $off}" \
+  # (the residual epilogue is opt-in since this stage's first run: =1 turns it on)
+  on=RLH_CUDA_RESIDUAL_EPILOGUE=1
+  off=RLH_KCUDNN_TUNE=0
+  STEPTUNE_TESTS=0 STEPTUNE_VARIANTS="${EPITUNE_VARIANTS:-RLH_KCUDNN_TUNE=2 $off $on DEFAULT=1 $on,$off}" \
     bash "$0" steptune || rc=1
   # The Qwen3-MoE step (#14's "no speed lost": within 3% of 110.7K), with both and without.
-  for v in $([ "${EPITUNE_MOE:-1}" = 0 ] || echo DEFAULT=1 "$off"); do
+  for v in $([ "${EPITUNE_MOE:-1}" = 0 ] || echo DEFAULT=1 "$on"); do
     echo "== qwen3moe train, $v =="
     env ${v//,/ } "$bin/bench_cuda_engine" --shape qwen3moe --steps 8 --only train 2>&1 |
       tee -a "$out/epitune_moe.log" | grep -E "^(RESULT|train)|rror"

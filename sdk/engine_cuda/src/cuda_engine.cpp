@@ -696,11 +696,14 @@ void CudaEngine::Impl::run_step(int64_t l, const sdk::LayerStep& st, const Micro
 // layer; sdk::product_then_residual_add): the add can be the product's epilogue, r read as the
 // GEMM's C (gemm_add_fwd with round_product = 0: one pass over the residual stream and one launch
 // less each). Not for products run apart (several weight groups, biases, tensor-parallel sums,
-// FP8). RLH_CUDA_RESIDUAL_EPILOGUE=0 runs the two steps (the A/B).
+// FP8). Opt-in (RLH_CUDA_RESIDUAL_EPILOGUE=1): on an H100 it moved the 1B step by less than the
+// run-to-run spread, and its rounding (once, where the generator's decoding products round the
+// product first) widened the trainer-generator logprob gap (the MLA test model's mean |dlp| from
+// ~1e-3 to 2-4e-2: docs/engine_cuda.md).
 bool CudaEngine::Impl::residual_product(int64_t l, size_t i) const {
   static const bool on = [] {
     const char* e = std::getenv("RLH_CUDA_RESIDUAL_EPILOGUE");
-    return !(e && std::string(e) == "0");
+    return e && std::string(e) == "1";
   }();
   const sdk::LayerProgram& lp = prog.layers[size_t(l)];
   if (!on || !sdk::product_then_residual_add(lp, i)) return false;
