@@ -361,7 +361,7 @@ void add_fused_product_cases(std::vector<Case>& v) {
   v.push_back(gemm_add_case(9, 48, 32));                 // past the few rows: gemm, then add_fwd
 }
 
-// The training forward's residual epilogue (appended last, as the fused products): many rows
+// The training forward's residual epilogue (opt-in; appended last, as the fused products): many rows
 // (cuBLASLt with r as C), a few rows (the same, not the few-row kernel's two roundings).
 void add_residual_epilogue_cases(std::vector<Case>& v) {
   v.push_back(gemm_add_case(80, 64, 48, 0));
