@@ -135,6 +135,14 @@ fp8_variant() {
 rc=0
 # rlhost check-kernels on kernels_cuda (the runner a vendor runs on a provider .so): the log to
 # $out/$1, its lines matching $2 shown, rc=1 on a failure; further arguments go to the runner.
+# A gtest binary with --gtest_brief=1: its output appended to $out/$1, its pass/fail lines and the
+# lines matching $2 shown, rc=1 on a failure; the rest is the command (env A=B ... allowed).
+run_gtest() {
+  local log=$1 pat=$2
+  shift 2
+  "$@" --gtest_brief=1 2>&1 | tee -a "$out/$log" | grep -E "^\[  (PASSED|FAILED) |Failure|rror${pat:+|$pat}" | head -24
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+}
 check_kcuda() {
   local log=$1 pat=$2
   shift 2
@@ -438,17 +446,13 @@ if [ "$what" = steptune ]; then
   if [ "${STEPTUNE_TESTS:-1}" != 0 ]; then
     for v in 0 1; do
       echo "== test_cuda_kernels (GEMM, rmsnorm, logprob), RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v =="
-      RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v "$bin/test_cuda_kernels" --gtest_brief=1 \
-        --gtest_filter='CudaGemm.*:CudaElementwise.*:CudaLogprob.*:CudaDeterminism.*' 2>&1 |
-        tee -a "$out/steptune_kernels.log" | grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
-      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      run_gtest steptune_kernels.log "" env RLH_KCUDA_NORM_BWD_ROWS=$v RLH_KCUDA_HEAD_WIDE=$v "$bin/test_cuda_kernels" \
+        --gtest_filter='CudaGemm.*:CudaElementwise.*:CudaLogprob.*:CudaDeterminism.*'
     done
     echo "== rlhost check-kernels --plugin libkernels_cuda.so --device cuda:0 (rmsnorm_bwd, linear_logprob rows) =="
     check_kcuda steptune_check.log "^(op |FAIL|kernels_cuda on)|rmsnorm|logprob|error"
     echo "== test_cuda_engine =="
-    "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/steptune_engine.log" |
-      grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
-    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    run_gtest steptune_engine.log "" "$bin/test_cuda_engine"
   fi
   all_off=RLH_KCUDA_NORM_BWD_ROWS=0,RLH_KCUDA_HEAD_WIDE=0,RLH_KCUDA_GEMM_TUNE=0
   for v in ${STEPTUNE_VARIANTS:-RLH_KCUDA_GEMM_TUNE=2 RLH_KCUDA_GEMM_TUNE=0 $all_off DEFAULT=1 RLH_KCUDA_GEMM_TUNE=0 $all_off}; do
@@ -489,21 +493,15 @@ fi
 if [ "$what" = epitune ]; then
   # #14 (2026-12-07, thirtieth session): the residual epilogue and cuDNN's timed configs.
   echo "== test_cuda_kernels (GEMM: the separate C input) =="
-  "$bin/test_cuda_kernels" --gtest_brief=1 --gtest_filter='CudaGemm.*' 2>&1 | tee "$out/epitune_kernels.log" |
-    grep -E "^\[  (PASSED|FAILED) |Failure|separate C|rror" | head -20
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  run_gtest epitune_kernels.log "separate C" "$bin/test_cuda_kernels" --gtest_filter='CudaGemm.*'
   echo "== rlhost check-kernels --plugin libkernels_cuda.so --op gemm_add_fwd =="
   check_kcuda epitune_check.log "^(op |FAIL|kernels_cuda on)|gemm_add|error" --op gemm_add_fwd
   for t in test_cudnn_attention test_kernels_cudnn_plugin; do
     echo "== $t (RLH_KCUDNN_TUNE=2) =="
-    RLH_KCUDNN_TUNE=2 "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/epitune_$t.log" |
-      grep -E "^\[  (PASSED|FAILED) |Failure|sdpa tune|rror" | head -24
-    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    run_gtest "epitune_$t.log" "sdpa tune" env RLH_KCUDNN_TUNE=2 "$bin/$t"
   done
   echo "== test_cuda_engine (RLH_KCUDNN_TUNE=2 RLH_CUDA_RESIDUAL_EPILOGUE=1) =="
-  RLH_KCUDNN_TUNE=2 RLH_CUDA_RESIDUAL_EPILOGUE=1 "$bin/test_cuda_engine" --gtest_brief=1 2>&1 | tee "$out/epitune_engine.log" |
-    grep -E "^\[  (PASSED|FAILED) |Failure|rror" | head -20
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  run_gtest epitune_engine.log "" env RLH_KCUDNN_TUNE=2 RLH_CUDA_RESIDUAL_EPILOGUE=1 "$bin/test_cuda_engine"
   # (the residual epilogue is opt-in since this stage's first run: =1 turns it on)
   on=RLH_CUDA_RESIDUAL_EPILOGUE=1
   off=RLH_KCUDNN_TUNE=0
