@@ -328,6 +328,8 @@ int main(int argc, char** argv) {
     int64_t tokens = 0;
     gen::Stats st;
     double in_step = 0, waiting = 0, timed = 0;  // the timed calls' executor and wait seconds, their wall
+    double dev[3] = {0, 0, 0};  // RLH_GEN_STEP_EVENTS=1: the device's upload, forward and draw seconds
+    int64_t dev_steps = 0;
     std::vector<Seq> last;  // the last call's sequences (--parity)
     for (int rep = 0; rep <= repeats; ++rep) {
       tokens = 0;
@@ -348,6 +350,10 @@ int main(int argc, char** argv) {
         in_step += after.step_seconds - before.step_seconds;
         waiting += after.wait_seconds - before.wait_seconds;
         timed += sec;
+        dev[0] += after.dev_upload_seconds - before.dev_upload_seconds;
+        dev[1] += after.dev_forward_seconds - before.dev_forward_seconds;
+        dev[2] += after.dev_draw_seconds - before.dev_draw_seconds;
+        dev_steps += after.timed_steps - before.timed_steps;
       }
     }
     const double t = median(secs), tok_s = double(tokens) / t;
@@ -375,6 +381,14 @@ int main(int argc, char** argv) {
     if (timed > 0)
       std::printf("      host between steps %.0f%%, executor launching %.0f%%, waiting for the device %.0f%% of the wall time\n",
                   100.0 * (timed - in_step) / timed, 100.0 * (in_step - waiting) / timed, 100.0 * waiting / timed);
+    // The device's side of the same steps (events on the stream): what is left of the wall time
+    // is time the device had nothing queued.
+    if (timed > 0 && dev_steps > 0) {
+      const double n = double(dev_steps), busy = dev[0] + dev[1] + dev[2];
+      std::printf("      device per step: uploads %.1f us, layers and head %.1f us, draw and results %.1f us; "
+                  "wall per step %.1f us, idle %.0f%% of the wall time\n",
+                  1e6 * dev[0] / n, 1e6 * dev[1] / n, 1e6 * dev[2] / n, 1e6 * timed / n, 100.0 * (timed - busy) / timed);
+    }
     std::printf("RESULT name=%s shape=%s prompts=%lld samples=%lld prompt=%lld new=%lld tok_s=%.1f sec=%.4f "
                 "roofline_tok_s=%.0f deterministic=%d graphs=%d fp8=%d fp8_products=%lld fp8_produced=%lld(%lld/%lld/%lld) fused_layers=%lld kv_fp8=%d\n",
                 c.name, s->name, (long long)c.prompts, (long long)c.samples, (long long)prompt, (long long)new_tokens,

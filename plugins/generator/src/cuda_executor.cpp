@@ -519,6 +519,8 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       b_->kv_scales = kv_scales_.get<float>();
     }
     // Opt-in until it has run on a GPU beside the op-by-op steps (docs/generator.md).
+    const char* ev = std::getenv("RLH_GEN_STEP_EVENTS");
+    if (ev && std::string(ev) == "1") timer_.create();
     const char* fused = std::getenv("RLH_GEN_FUSED_LAYER");
     b_->fused_layer_on = fused && std::string(fused) == "1";
     plan();
@@ -531,6 +533,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     cudaSetDevice(opt_.device);
     if (stream_) cudaStreamSynchronize(stream_);
     drop_graphs();
+    timer_.destroy();
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -639,7 +642,9 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     const int64_t pad = fp8_ && pow2_at_least(R) > fp8_->weight_only_rows() ? 16 : 1;
     const int64_t Rb = graph ? std::min<int64_t>(std::max<int64_t>(pow2_at_least(R), pad), gmax_) : R;
     const int64_t W = graph ? std::min<int64_t>(pow2_at_least(rows.width), table_cap_) : rows.width;
+    if (timer_.on) timer_.mark(0, stream_);
     upload_inputs(rows, d, Rb, W);
+    if (timer_.on) timer_.mark(1, stream_);
     b_->width = W;
     b_->rows_sample_in_order = decode;
     b_->samples = graph ? Rb : S;
@@ -658,6 +663,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       forward(R, S);
       ++stats_.eager_steps;
     }
+    if (timer_.on) timer_.mark(2, stream_);
     if (S > 0) {
       DeviceOps::Sample sa;
       sa.temperature = d.attrs.temperature;
@@ -671,8 +677,10 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
                          stream_),
          "logprobs");
     }
+    if (timer_.on) timer_.mark(3, stream_);
     const auto t_wait = std::chrono::steady_clock::now();
     ck(cudaStreamSynchronize(stream_), "a decoding step");
+    if (timer_.on) timer_.add(stats_);
     if (S > 0) {
       std::memcpy(d.tokens.data(), out_.get<int32_t>(), size_t(S) * 4);
       std::memcpy(d.logprobs.data(), out_.get<char>() + out_logprobs_, size_t(S) * 4);
@@ -1106,6 +1114,29 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   bool graphs_on_ = true;
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   CudaExecutorStats stats_;
+  // RLH_GEN_STEP_EVENTS=1: events at a step's phase boundaries (stats: dev_*_seconds).
+  struct StepTimer {
+    bool on = false;
+    cudaEvent_t ev[4] = {};
+    void create() {
+      for (cudaEvent_t& e : ev) ck(cudaEventCreate(&e), "a step timing event");
+      on = true;
+    }
+    void destroy() {
+      for (cudaEvent_t& e : ev)
+        if (e) cudaEventDestroy(e);
+      on = false;
+    }
+    void mark(int i, cudaStream_t s) { ck(cudaEventRecord(ev[i], s), "recording a step timing event"); }
+    void add(CudaExecutorStats& st) const {  // after the stream's wait: every event has completed
+      float ms[3] = {};
+      for (int i = 0; i < 3; ++i) ck(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "a step timing event");
+      st.dev_upload_seconds += 1e-3 * ms[0];
+      st.dev_forward_seconds += 1e-3 * ms[1];
+      st.dev_draw_seconds += 1e-3 * ms[2];
+      ++st.timed_steps;
+    }
+  } timer_;
 };
 
 }  // namespace
