@@ -19,7 +19,7 @@
 #               one line a tuned shape), without tuning (RLH_KCUDA_GEMM_TUNE=0) and without any of
 #               the three (RLH_KCUDA_NORM_BWD_ROWS=0, RLH_KCUDA_HEAD_WIDE=0), twice
 #               (STEPTUNE_VARIANTS), the forward with and without tuning (STEPTUNE_FORWARD=0: not),
-#               batch-1 decoding, the second time with its phases timed on the device (STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
+#               batch-1 decoding with its phases timed on the device and a step's copies unpacked (STEPTUNE_B1_VARIANTS; STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
 #     epitune: the residual add as the o and down products' epilogue (gemm_add_fwd round_product=0,
 #              opt-in: RLH_CUDA_RESIDUAL_EPILOGUE=1) and cuDNN's attention configs timed at a
 #              plan's first call (RLH_KCUDNN_TUNE=2 logs
@@ -465,12 +465,16 @@ if [ "$what" = steptune ]; then
     RLH_KCUDA_GEMM_TUNE=$v "$bin/bench_cuda_engine" --shape llama1b --steps "${COMPILE_STEPS:-8}" --only forward 2>&1 |
       tee -a "$out/steptune_forward.log" | grep -E "^(RESULT|forward)|rror"
   done
-  # #16's batch 1 on this GPU, twice (the figure the H200 goal is about), the second time with
-  # the step's phases timed on the device (RLH_GEN_STEP_EVENTS=1: where the wall time goes).
-  for r in $([ "${STEPTUNE_B1:-1}" = 0 ] || echo 0 1); do
-    RLH_GEN_STEP_EVENTS=$r "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
-      tee -a "$out/steptune_b1.log" | grep -E "^b1|host between|device per step|rror"
-  done
+  # #16's batch 1 on this GPU (the figure the H200 goal is about): by default, with the step's
+  # phases timed on the device (RLH_GEN_STEP_EVENTS=1: where the wall time goes), with a step's
+  # inputs and draws in six copies and two (RLH_GEN_PACKED_STEP=0, the A/B), by default again.
+  if [ "${STEPTUNE_B1:-1}" != 0 ]; then
+    for v in ${STEPTUNE_B1_VARIANTS:-DEFAULT=1 RLH_GEN_STEP_EVENTS=1 RLH_GEN_PACKED_STEP=0 RLH_GEN_PACKED_STEP=0,RLH_GEN_STEP_EVENTS=1 DEFAULT=2}; do
+      echo "== b1, $v =="
+      env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
+        tee -a "$out/steptune_b1.log" | grep -E "^b1|host between|device per step|rror"
+    done
+  fi
   if [ "${TUNE_COMPILE:-1}" != 0 ]; then
     python3 bench/engine_cuda/bench_torch.py --shape llama1b --steps "${COMPILE_STEPS:-8}" --compile --only train 2>&1 |
       grep -v Warning | tee "$out/steptune_torch.log" | grep -E "^RESULT|rror|Traceback"

@@ -185,8 +185,7 @@ struct StepBuffers {
   // inputs (fixed addresses: the graphs read them)
   int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *sample_rows = nullptr, *table = nullptr;
   double* u = nullptr;
-  int32_t* tokens = nullptr;
-  float* logprobs = nullptr;
+  int32_t* tokens = nullptr;  // a step's S tokens, then their S logprobs (float)
 };
 
 // ProgramRunner's backend on the device (its interface: program_runner.hpp).
@@ -519,6 +518,8 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       b_->kv_scales = kv_scales_.get<float>();
     }
     // Opt-in until it has run on a GPU beside the op-by-op steps (docs/generator.md).
+    const char* pk = std::getenv("RLH_GEN_PACKED_STEP");
+    packed_step_ = !(pk && std::string(pk) == "0");
     const char* ev = std::getenv("RLH_GEN_STEP_EVENTS");
     if (ev && std::string(ev) == "1") timer_.create();
     const char* fused = std::getenv("RLH_GEN_FUSED_LAYER");
@@ -643,11 +644,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     const int64_t Rb = graph ? std::min<int64_t>(std::max<int64_t>(pow2_at_least(R), pad), gmax_) : R;
     const int64_t W = graph ? std::min<int64_t>(pow2_at_least(rows.width), table_cap_) : rows.width;
     if (timer_.on) timer_.mark(0, stream_);
-    upload_inputs(rows, d, Rb, W);
+    b_->samples = graph ? Rb : S;
+    upload_inputs(rows, d, Rb, W, b_->samples);
     if (timer_.on) timer_.mark(1, stream_);
     b_->width = W;
     b_->rows_sample_in_order = decode;
-    b_->samples = graph ? Rb : S;
 
     if (graph) {
       auto it = graphs_.find(GraphKey{Rb, W});
@@ -671,11 +672,16 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       sa.top_p = d.attrs.top_p;
       sa.min_p = d.attrs.min_p;
       sa.softcap = d.attrs.softcap;  // Gemma-2's final cap (the program's)
-      ops_->sample(buf_.tokens, buf_.logprobs, buf_.logits, m_.vocab(), S, m_.vocab(), buf_.u, sa);
-      ck(cudaMemcpyAsync(out_.get<int32_t>(), buf_.tokens, size_t(S) * 4, cudaMemcpyDeviceToHost, stream_), "tokens");
-      ck(cudaMemcpyAsync(out_.get<char>() + out_logprobs_, buf_.logprobs, size_t(S) * 4, cudaMemcpyDeviceToHost,
-                         stream_),
-         "logprobs");
+      // The tokens and right after them their logprobs, so one copy brings both down.
+      auto* logprobs = reinterpret_cast<float*>(buf_.tokens + S);
+      ops_->sample(buf_.tokens, logprobs, buf_.logits, m_.vocab(), S, m_.vocab(), buf_.u, sa);
+      if (packed_step_) {
+        ck(cudaMemcpyAsync(out_.get(), buf_.tokens, size_t(S) * 8, cudaMemcpyDeviceToHost, stream_), "the draws");
+      } else {
+        ck(cudaMemcpyAsync(out_.get(), buf_.tokens, size_t(S) * 4, cudaMemcpyDeviceToHost, stream_), "tokens");
+        ck(cudaMemcpyAsync(out_.get<int32_t>() + S, logprobs, size_t(S) * 4, cudaMemcpyDeviceToHost, stream_),
+           "logprobs");
+      }
     }
     if (timer_.on) timer_.mark(3, stream_);
     const auto t_wait = std::chrono::steady_clock::now();
@@ -683,7 +689,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     if (timer_.on) timer_.add(stats_);
     if (S > 0) {
       std::memcpy(d.tokens.data(), out_.get<int32_t>(), size_t(S) * 4);
-      std::memcpy(d.logprobs.data(), out_.get<char>() + out_logprobs_, size_t(S) * 4);
+      std::memcpy(d.logprobs.data(), out_.get<int32_t>() + S, size_t(S) * 4);
     }
     const auto t_end = std::chrono::steady_clock::now();
     stats_.wait_seconds += std::chrono::duration<double>(t_end - t_wait).count();
@@ -740,8 +746,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
           b.szero = c.take<int32_t>(rmax_);
         }
       }
-      b.tokens = c.take<int32_t>(smax_);
-      b.logprobs = c.take<float>(smax_);
+      b.tokens = c.take<int32_t>(2 * smax_);  // a step's tokens, then their logprobs
       return b;
     };
     Carver count;
@@ -758,7 +763,6 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     // The ops' scratch: cuBLASLt asks for up to 32 MiB; the MoE sort for a little.
     workspace_.alloc(size_t(64) << 20, "the kernels' workspace");
     ops_->set_workspace(workspace_.get(), workspace_.size());
-    out_logprobs_ = size_t(smax_) * 4;
     out_.alloc(size_t(smax_) * 8);
     // RoPE tables (f32 on the device)
     std::vector<size_t> at;
@@ -784,20 +788,30 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   void plan_inputs(int64_t width) {
     drop_graphs();  // they read the old buffers
     table_cap_ = width;
-    auto carve = [&](Carver& c) {
-      buf_.ids = c.take<int32_t>(rmax_);
-      buf_.pos = c.take<int32_t>(rmax_);
-      buf_.slots = c.take<int32_t>(rmax_);
-      buf_.sample_rows = c.take<int32_t>(smax_);
-      buf_.u = c.take<double>(smax_);
-      buf_.table = c.take<int32_t>(rmax_ * table_cap_);
-    };
-    Carver count;
-    carve(count);
-    in_.alloc(count.size(), "the step's inputs");
-    stage_.alloc(count.size());
-    Carver real(in_.get<char>());
-    carve(real);
+    const size_t bytes = layout_inputs(nullptr, rmax_, table_cap_, smax_);  // the largest step's
+    in_.alloc(bytes, "the step's inputs");
+    stage_.alloc(bytes);
+  }
+
+  // A step's inputs lie packed at the start of in_ (and of its host stage_), laid out for its
+  // rows (Rb, padded), table width W and sampling rows Sh, so that one copy takes them all up:
+  // a batch-1 step's inputs are about 1.5 KiB where six copies each cost the device a transfer's
+  // latency (RLH_GEN_PACKED_STEP=0 makes the six copies, the A/B). A graph reads the addresses of
+  // its (rows, width) bucket's layout, which every step of that bucket recomputes alike. Sets
+  // buf_'s input pointers into `base` (none when null) and returns the bytes used.
+  size_t layout_inputs(char* base, int64_t Rb, int64_t W, int64_t Sh) {
+    Carver c(base);
+    int32_t* ids = c.take<int32_t>(Rb);
+    int32_t* pos = c.take<int32_t>(Rb);
+    int32_t* slots = c.take<int32_t>(Rb);
+    int32_t* sample_rows = c.take<int32_t>(Sh);
+    double* u = c.take<double>(Sh);
+    int32_t* table = c.take<int32_t>(Rb * W);
+    if (base) {
+      buf_.ids = ids, buf_.pos = pos, buf_.slots = slots, buf_.sample_rows = sample_rows, buf_.u = u;
+      buf_.table = table;
+    }
+    return c.size();
   }
 
   template <class T>
@@ -805,9 +819,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     return reinterpret_cast<T*>(stage_.get<char>() + (reinterpret_cast<char*>(dev) - in_.get<char>()));
   }
 
-  // Packs the step's inputs (padded to Rb rows, tables W wide) and copies them up.
-  void upload_inputs(const StepRows& rows, const StepDraws& d, int64_t Rb, int64_t W) {
+  // Packs the step's inputs (padded to Rb rows, tables W wide, Sh rows for the head, of which
+  // the first S draw) and copies them up.
+  void upload_inputs(const StepRows& rows, const StepDraws& d, int64_t Rb, int64_t W, int64_t Sh) {
     const int64_t R = rows.R(), S = rows.S();
+    const size_t bytes = layout_inputs(in_.get<char>(), Rb, W, Sh);
     int32_t* ids = staged(buf_.ids);
     int32_t* pos = staged(buf_.pos);
     int32_t* slots = staged(buf_.slots);
@@ -827,22 +843,25 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       table[r * W] = 0;
       std::fill(table + r * W + 1, table + (r + 1) * W, -1);
     }
-    auto up = [&](void* dev, size_t bytes) {
-      if (bytes)
-        ck(cudaMemcpyAsync(dev, staged(static_cast<char*>(dev)), bytes, cudaMemcpyHostToDevice, stream_),
+    int32_t* sr = staged(buf_.sample_rows);
+    for (int64_t i = 0; i < S; ++i) sr[i] = int32_t(rows.sample_rows[size_t(i)]);
+    for (int64_t i = S; i < Sh; ++i) sr[i] = int32_t(i);  // a graph's padding rows: their own (unused) logits
+    std::copy(d.u.begin(), d.u.end(), staged(buf_.u));
+    auto up = [&](void* dev, size_t n) {
+      if (n)
+        ck(cudaMemcpyAsync(dev, staged(static_cast<char*>(dev)), n, cudaMemcpyHostToDevice, stream_),
            "uploading a step");
     };
+    if (packed_step_) {
+      up(in_.get(), bytes);
+      return;
+    }
     up(buf_.ids, size_t(Rb) * 4);
     up(buf_.pos, size_t(Rb) * 4);
     up(buf_.slots, size_t(Rb) * 4);
     up(buf_.table, size_t(Rb * W) * 4);
-    if (S > 0) {
-      int32_t* sr = staged(buf_.sample_rows);
-      for (int64_t i = 0; i < S; ++i) sr[i] = int32_t(rows.sample_rows[size_t(i)]);
-      std::copy(d.u.begin(), d.u.end(), staged(buf_.u));
-      up(buf_.sample_rows, size_t(S) * 4);
-      up(buf_.u, size_t(S) * 8);
-    }
+    up(buf_.sample_rows, size_t(Sh) * 4);
+    up(buf_.u, size_t(S) * 8);
   }
 
   void forward(int64_t R, int64_t S) {
@@ -1107,11 +1126,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   engine::cuda::Counters fp8_counters_;
   std::unique_ptr<engine::cuda::Fp8Linears> fp8_;
   PinnedBuf stage_, out_, wstage_;
-  size_t out_logprobs_ = 0;
   StepBuffers buf_;
   std::vector<int64_t> f32_at_;
   int64_t uploaded_serial_ = -1;
   bool graphs_on_ = true;
+  bool packed_step_ = true;  // one upload and one download a step (RLH_GEN_PACKED_STEP=0: the A/B)
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   CudaExecutorStats stats_;
   // RLH_GEN_STEP_EVENTS=1: events at a step's phase boundaries (stats: dev_*_seconds).
