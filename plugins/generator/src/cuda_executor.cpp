@@ -182,7 +182,7 @@ struct StepBuffers {
   float *z = nullptr, *probs = nullptr, *wts = nullptr, *sgl = nullptr, *sgw = nullptr, *sgp = nullptr;
   int32_t *experts = nullptr, *row = nullptr, *offsets = nullptr, *srow = nullptr, *szero = nullptr;
   Bf16 *xp = nullptr, *gu = nullptr, *act = nullptr, *yp = nullptr, *sgu = nullptr, *sa = nullptr, *sy = nullptr;
-  // inputs (fixed addresses: the graphs read them)
+  // inputs, packed a step (layout_inputs): a graph reads its bucket's addresses
   int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *sample_rows = nullptr, *table = nullptr;
   double* u = nullptr;
   int32_t* tokens = nullptr;  // a step's S tokens, then their S logprobs (float)
@@ -517,11 +517,11 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       ck(cudaMemcpy(kv_scales_.get(), one, sizeof(one), cudaMemcpyHostToDevice), "the FP8 KV cache's scales");
       b_->kv_scales = kv_scales_.get<float>();
     }
-    // Opt-in until it has run on a GPU beside the op-by-op steps (docs/generator.md).
     const char* pk = std::getenv("RLH_GEN_PACKED_STEP");
     packed_step_ = !(pk && std::string(pk) == "0");
     const char* ev = std::getenv("RLH_GEN_STEP_EVENTS");
     if (ev && std::string(ev) == "1") timer_.create();
+    // Opt-in until it has run on a GPU beside the op-by-op steps (docs/generator.md).
     const char* fused = std::getenv("RLH_GEN_FUSED_LAYER");
     b_->fused_layer_on = fused && std::string(fused) == "1";
     plan();
