@@ -19,7 +19,7 @@
 #               one line a tuned shape), without tuning (RLH_KCUDA_GEMM_TUNE=0) and without any of
 #               the three (RLH_KCUDA_NORM_BWD_ROWS=0, RLH_KCUDA_HEAD_WIDE=0), twice
 #               (STEPTUNE_VARIANTS), the forward with and without tuning (STEPTUNE_FORWARD=0: not),
-#               batch-1 decoding with its phases timed on the device and a step's copies unpacked (STEPTUNE_B1_VARIANTS; STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
+#               batch-1 decoding with its phases timed on the device and a step's copies packed (STEPTUNE_B1_VARIANTS; STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
 #     epitune: the residual add as the o and down products' epilogue (gemm_add_fwd round_product=0,
 #              opt-in: RLH_CUDA_RESIDUAL_EPILOGUE=1) and cuDNN's attention configs timed at a
 #              plan's first call (RLH_KCUDNN_TUNE=2 logs
@@ -86,9 +86,9 @@
 #               MG_SHAPE=llama1b|llama8b MG_SIZES="1 2 4 8" MG_MODES="fsdp ddp distopt" MG_TESTS=1|0
 #               MG_SEQS_PER_GPU=8 MG_LEN=2048 MG_MB_SEQS=2 MG_COMPILE=0|1 (the torch peer compiled)
 #     backlog: what earlier sessions built or meant to measure but could not run, most needed
-#              first, for one short call (after 2026-12-07's thirtieth session: the generator's
-#              tests at the final defaults, steptune on an H200, fusedprod, then genprofile with
-#              the FP8 cache)
+#              first, for one short call (after 2026-12-07's thirty-first session: the generator's
+#              tests at the final defaults and with the packed step inputs, steptune on an H200,
+#              fusedprod, then genprofile with the FP8 cache)
 #   CUDNN=0 scripts/device_gpu.sh ...   the same without kernels_cudnn on the plugin path (the
 #                                       engines then take attention from kernels_cuda)
 set -uo pipefail
@@ -152,15 +152,20 @@ check_kcuda() {
   [ "$ck" = 0 ] || rc=1
 }
 if [ "$what" = backlog ]; then
-  # After 2026-12-07's thirtieth session: gentests (test_generator_cuda at the final defaults:
-  # its MLA trainer-match case failed with the residual epilogue on, which is opt-in since, and
-  # has not run since), then steptune on an H200 (#14's ratio on the goal's GPU; none of the
-  # twenty-ninth and thirtieth sessions' changes has run on one), then fusedprod (the fused decoding ops' fuller
-  # batch-1 A/B) and genprofile with GENPROF_FP8=2; fp8shapes (FP8 rollouts against bf16 at the
-  # 3B and 8B shapes, batch 64 and 256) on request. BACKLOG="..." picks (all may pass one
-  # call's 600 s).
-  for st in ${BACKLOG:-gentests steptune fusedprod genprofile}; do
-    if [ "$st" = fp8shapes ]; then
+  # After 2026-12-07's thirty-first session (which started no machine): gentests
+  # (test_generator_cuda at the final defaults: its MLA trainer-match case failed with the
+  # residual epilogue on, which is opt-in since, and has not run since), gentests_packed (the
+  # same with RLH_GEN_PACKED_STEP=1, the packed step inputs, never run), then steptune on an H200
+  # (#14's ratio on the goal's GPU; none of the twenty-ninth to thirty-first sessions' changes
+  # has run on one; its batch-1 runs time the step's phases and try the packed inputs), then
+  # fusedprod (the fused decoding ops' fuller batch-1 A/B) and genprofile with GENPROF_FP8=2;
+  # fp8shapes (FP8 rollouts against bf16 at the 3B and 8B shapes, batch 64 and 256) on request.
+  # BACKLOG="..." picks (all may pass one call's 600 s).
+  for st in ${BACKLOG:-gentests gentests_packed steptune fusedprod genprofile}; do
+    if [ "$st" = gentests_packed ]; then
+      mkdir -p "$out/packed"  # its logs apart from gentests'
+      OUT="$out/packed" RLH_GEN_PACKED_STEP=1 TESTS=test_generator_cuda bash "$0" gentests || rc=1
+    elif [ "$st" = fp8shapes ]; then
       # FP8 rollouts against bf16 where the products are a larger share of a step: the 3B and
       # 8B shapes at batch 64 and 256 (2026-12-07: 1.31x / 1.65x and 1.34x / 1.65x)
       for sh in llama3b llama8b; do
@@ -467,9 +472,9 @@ if [ "$what" = steptune ]; then
   done
   # #16's batch 1 on this GPU (the figure the H200 goal is about): by default, with the step's
   # phases timed on the device (RLH_GEN_STEP_EVENTS=1: where the wall time goes), with a step's
-  # inputs and draws in six copies and two (RLH_GEN_PACKED_STEP=0, the A/B), by default again.
+  # inputs and draws packed into one copy each (RLH_GEN_PACKED_STEP=1, opt-in), by default again.
   if [ "${STEPTUNE_B1:-1}" != 0 ]; then
-    for v in ${STEPTUNE_B1_VARIANTS:-DEFAULT=1 RLH_GEN_STEP_EVENTS=1 RLH_GEN_PACKED_STEP=0 RLH_GEN_PACKED_STEP=0,RLH_GEN_STEP_EVENTS=1 DEFAULT=2}; do
+    for v in ${STEPTUNE_B1_VARIANTS:-DEFAULT=1 RLH_GEN_STEP_EVENTS=1 RLH_GEN_PACKED_STEP=1 RLH_GEN_PACKED_STEP=1,RLH_GEN_STEP_EVENTS=1 DEFAULT=2}; do
       echo "== b1, $v =="
       env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
         tee -a "$out/steptune_b1.log" | grep -E "^b1|host between|device per step|rror"

@@ -182,7 +182,7 @@ struct StepBuffers {
   float *z = nullptr, *probs = nullptr, *wts = nullptr, *sgl = nullptr, *sgw = nullptr, *sgp = nullptr;
   int32_t *experts = nullptr, *row = nullptr, *offsets = nullptr, *srow = nullptr, *szero = nullptr;
   Bf16 *xp = nullptr, *gu = nullptr, *act = nullptr, *yp = nullptr, *sgu = nullptr, *sa = nullptr, *sy = nullptr;
-  // inputs, packed a step (layout_inputs): a graph reads its bucket's addresses
+  // inputs (layout_inputs: fixed addresses, or packed a step with a graph reading its bucket's)
   int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *sample_rows = nullptr, *table = nullptr;
   double* u = nullptr;
   int32_t* tokens = nullptr;  // a step's S tokens, then their S logprobs (float)
@@ -518,7 +518,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
       b_->kv_scales = kv_scales_.get<float>();
     }
     const char* pk = std::getenv("RLH_GEN_PACKED_STEP");
-    packed_step_ = !(pk && std::string(pk) == "0");
+    packed_step_ = pk && std::string(pk) == "1";
     const char* ev = std::getenv("RLH_GEN_STEP_EVENTS");
     if (ev && std::string(ev) == "1") timer_.create();
     // Opt-in until it has run on a GPU beside the op-by-op steps (docs/generator.md).
@@ -791,14 +791,17 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
     const size_t bytes = layout_inputs(nullptr, rmax_, table_cap_, smax_);  // the largest step's
     in_.alloc(bytes, "the step's inputs");
     stage_.alloc(bytes);
+    layout_inputs(in_.get<char>(), rmax_, table_cap_, smax_);  // fixed, unless packed a step
   }
 
-  // A step's inputs lie packed at the start of in_ (and of its host stage_), laid out for its
-  // rows (Rb, padded), table width W and sampling rows Sh, so that one copy takes them all up:
-  // a batch-1 step's inputs are about 1.5 KiB where six copies each cost the device a transfer's
-  // latency (RLH_GEN_PACKED_STEP=0 makes the six copies, the A/B). A graph reads the addresses of
-  // its (rows, width) bucket's layout, which every step of that bucket recomputes alike. Sets
-  // buf_'s input pointers into `base` (none when null) and returns the bytes used.
+  // The step inputs' layout in in_ (and in its host mirror stage_) for Rb rows, tables W wide
+  // and Sh sampling rows: buf_'s input pointers into `base` (none when null); returns the bytes.
+  // By default the layout is the largest step's, fixed at plan_inputs, and a step makes six
+  // uploads. With RLH_GEN_PACKED_STEP=1 each step lays its inputs out packed for its own rows and
+  // width, so one copy takes them all up (a batch-1 step's are about 1.5 KiB, where each of six
+  // copies costs the device a transfer's latency); a graph then reads its (rows, width) bucket's
+  // layout, which every step of that bucket recomputes alike. Opt-in until it has run on a GPU
+  // (built 2026-12-07, thirty-first session, when no machine could be started).
   size_t layout_inputs(char* base, int64_t Rb, int64_t W, int64_t Sh) {
     Carver c(base);
     int32_t* ids = c.take<int32_t>(Rb);
@@ -823,7 +826,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   // the first S draw) and copies them up.
   void upload_inputs(const StepRows& rows, const StepDraws& d, int64_t Rb, int64_t W, int64_t Sh) {
     const int64_t R = rows.R(), S = rows.S();
-    const size_t bytes = layout_inputs(in_.get<char>(), Rb, W, Sh);
+    const size_t bytes = packed_step_ ? layout_inputs(in_.get<char>(), Rb, W, Sh) : 0;
     int32_t* ids = staged(buf_.ids);
     int32_t* pos = staged(buf_.pos);
     int32_t* slots = staged(buf_.slots);
@@ -1130,7 +1133,7 @@ class CudaExecutor final : public StepExecutor, public DeviceWeightSink {
   std::vector<int64_t> f32_at_;
   int64_t uploaded_serial_ = -1;
   bool graphs_on_ = true;
-  bool packed_step_ = true;  // one upload and one download a step (RLH_GEN_PACKED_STEP=0: the A/B)
+  bool packed_step_ = false;  // RLH_GEN_PACKED_STEP=1: one upload and one download a step (layout_inputs)
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   CudaExecutorStats stats_;
   // RLH_GEN_STEP_EVENTS=1: events at a step's phase boundaries (stats: dev_*_seconds).
