@@ -32,9 +32,27 @@ constexpr const char* kNoEffect[] = {
     "megatron_cfg.optimizer.bf16", "megatron_cfg.optimizer.fp16", "megatron_cfg.optimizer.params_dtype",
     "megatron_cfg.optimizer.use_precision_aware_optimizer",
     "megatron_cfg.optimizer.optimizer_cpu_offload", "megatron_cfg.optimizer.optimizer_offload_fraction",
-    "megatron_cfg.optimizer.main_grads_dtype", "megatron_cfg.optimizer.main_params_dtype",
-    "megatron_cfg.optimizer.exp_avg_dtype", "megatron_cfg.optimizer.exp_avg_sq_dtype",
     "megatron_cfg.optimizer.overlap_cpu_optimizer_d2h_h2d", "megatron_cfg.optimizer.use_torch_optimizer_for_cpu_offload"};
+
+// Megatron-Core's precision-aware optimizer keeps its gradients, master weights and Adam moments
+// in these dtypes (use_precision_aware_optimizer; without it Megatron-Core asserts they are
+// fp32). rlhost keeps all four in fp32, so it honours fp32 and refuses anything else (bf16
+// moments, fp16 or fp8 states) rather than train in more precision than the config asks.
+constexpr const char* kFp32States[][2] = {{"main_grads_dtype", "gradients"},
+                                           {"main_params_dtype", "master weights"},
+                                           {"exp_avg_dtype", "first Adam moments"},
+                                           {"exp_avg_sq_dtype", "second Adam moments"}};
+
+void read_optimizer_state_dtypes(ConfigReader& r) {
+  for (const auto& [key, what] : kFp32States) {
+    const std::string path = std::string("megatron_cfg.optimizer.") + key;
+    const std::string v = r.string(path, "fp32");  // absent or null: Megatron-Core's fp32
+    if (v == "fp32" || v == "float32" || v == "torch.float32") continue;
+    throw Error(RLH_E_UNIMPLEMENTED, r.full(path) + " = " + v + ": rlhost keeps the optimizer's " + what +
+                                         " in fp32 (fp32, float32 or torch.float32; Megatron-Core's "
+                                         "precision-aware optimizer states in other dtypes are not implemented)");
+  }
+}
 
 MegatronSchedule::Decay decay_style(ConfigReader& r, const std::string& path) {
   const std::string s = r.string(path, "constant");
@@ -275,6 +293,7 @@ backend::BackendConfig read_config(const json& policy) {
   if (!(opt.lr >= 0)) r.fail(o + "lr", "must be >= 0");
   if (!(opt.weight_decay >= 0)) r.fail(o + "weight_decay", "must be >= 0");
   if (!(opt.eps > 0)) r.fail(o + "adam_eps", "must be positive");
+  read_optimizer_state_dtypes(r);
   cfg.optimizer = opt;
   // Data parallelism over every launched rank (data_parallel.hpp): Megatron's distributed
   // optimizer (gradient buffer reduce-scattered, AdamW on this rank's block, weights

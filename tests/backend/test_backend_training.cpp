@@ -682,6 +682,22 @@ TEST(BackendErrors, ConfigKeys) {
                "policy.megatron_cfg.num_layers_in_first_pipeline_stage");
   expect_error(create("megatron", {{"megatron_cfg", {{"optimizer", {{"optimizer", "lion"}}}}}}), RLH_E_INVALID_ARGUMENT,
                "policy.megatron_cfg.optimizer.optimizer");
+  // Megatron-Core's precision-aware optimizer states: fp32 is what rlhost keeps, anything else
+  // is refused by name (a bf16 moment silently kept in fp32 would train another optimizer).
+  expect_error(create("megatron", {{"megatron_cfg", {{"optimizer", {{"use_precision_aware_optimizer", true},
+                                                                    {"exp_avg_dtype", "torch.bfloat16"}}}}}}),
+               RLH_E_UNIMPLEMENTED, "policy.megatron_cfg.optimizer.exp_avg_dtype = torch.bfloat16");
+  expect_error(create("megatron", {{"megatron_cfg", {{"optimizer", {{"main_grads_dtype", "bf16"}}}}}}),
+               RLH_E_UNIMPLEMENTED, "policy.megatron_cfg.optimizer.main_grads_dtype = bf16");
+  expect_error(create("megatron", {{"megatron_cfg", {{"optimizer", {{"exp_avg_sq_dtype", 8}}}}}}),
+               RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.optimizer.exp_avg_sq_dtype");
+  for (const json& fp32 : {json{{"main_params_dtype", "torch.float32"}, {"exp_avg_dtype", "fp32"},
+                                {"exp_avg_sq_dtype", "float32"}, {"main_grads_dtype", nullptr}},
+                           json{{"use_precision_aware_optimizer", true}}}) {
+    rlh_status* s = create("megatron", {{"megatron_cfg", {{"optimizer", fp32}}}});
+    EXPECT_EQ(s, nullptr) << fp32.dump() << ": " << rlh::sdk::status_message(s);
+    rlh_status_destroy(s);
+  }
   expect_error(create("megatron", {{"megatron_cfg", {{"scheduler", {{"lr_decay_style", "cosine"}}}}}}),
                RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.scheduler.lr_decay_iters");
   expect_error(create("megatron", {{"sequence_packing", {{"enabled", true}, {"train_mb_tokens", 8}, {"logprob_mb_tokens", 8}}},
