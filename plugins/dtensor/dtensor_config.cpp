@@ -102,6 +102,16 @@ backend::BackendConfig read_config(const json& policy) {
     cfg.notes.push_back("policy.dtensor_cfg.cpu_offload: on the CPU engine the sharded parameters, gradients and "
                         "optimizer states are in host memory already; on a GPU the fp32 masters and AdamW moments "
                         "live in host memory and the update streams them through the device");
+  // Automodel's gate_precision: the dtype its MoE gate computes the router logits, scores and
+  // top-k in. float64 is the engine's fp64 router (megatron's moe_router_dtype: fp64); null and
+  // float32 keep its fp32 router (Automodel's null computes the gate in the activations' bf16,
+  // so rlhost's is the more precise); any other dtype is refused.
+  const std::string gate = r.string("dtensor_cfg.automodel_kwargs.backend.gate_precision", "float32");
+  if (gate == "float64" || gate == "fp64" || gate == "torch.float64")
+    cfg.moe.router_fp64 = true;
+  else if (gate != "float32" && gate != "fp32" && gate != "torch.float32")
+    throw Error(RLH_E_UNIMPLEMENTED, r.full("dtensor_cfg.automodel_kwargs.backend.gate_precision") + " = " + gate +
+                                         ": the MoE router runs in float32 or float64");
   for (const char* k : kNoEffect) r.mark_subtree(k);
 
   // policy.optimizer: absent = NeMo-RL's default AdamW; null = none (NeMo-RL's megatron configs).

@@ -536,6 +536,32 @@ TEST(BackendConfig, MegatronMoeRouterKeys) {
   }
 }
 
+// Automodel's gate_precision: float64 is the engine's fp64 router, the same as megatron's
+// moe_router_dtype: fp64 (bitwise: one engine), and not the fp32 router; other dtypes refused.
+TEST(BackendConfig, DtensorGatePrecisionIsTheRouterDtype) {
+  const std::string mixtral = fixtures_root() + "/mixtral-tiny";
+  auto batch = random_batch({9, 14, 6}, 256, 13);
+  auto logprobs = [&](const char* backend, const json& cfg) {
+    Backend be(host(), backend, cfg);
+    return be.logprobs(be.load(mixtral, false), *batch);
+  };
+  auto gate = [](const char* dtype) {
+    return json{{"dtensor_cfg", {{"automodel_kwargs", {{"backend", {{"gate_precision", dtype}}}}}}}};
+  };
+  const std::vector<float> fp64 = logprobs("dtensor", gate("float64"));
+  EXPECT_EQ(fp64, logprobs("megatron", {{"megatron_cfg", {{"moe_router_dtype", "fp64"}}}}));
+  EXPECT_EQ(logprobs("dtensor", gate("torch.float64")), fp64);
+  const std::vector<float> fp32 = logprobs("dtensor", gate("float32"));
+  EXPECT_EQ(fp32, logprobs("megatron", {{"megatron_cfg", {{"moe_router_dtype", "fp32"}}}}));
+  EXPECT_EQ(logprobs("dtensor", json::object()), fp32);
+  EXPECT_NE(fp64, fp32) << "the fp64 router gave the fp32 router's bits: the test cannot tell them apart";
+  const std::string text = gate("bfloat16").dump();
+  rlh_backend* b = nullptr;
+  expect_error(host().backend("dtensor")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
+               "policy.dtensor_cfg.automodel_kwargs.backend.gate_precision = bfloat16");
+  if (b != nullptr) host().backend("dtensor")->destroy(b);
+}
+
 TEST(BackendConfig, PerModelOverridesPatchTheSection) {
   Backend be(host(), "dtensor", adam_config("dtensor", 1e-3));
   rlh_model* a = be.load(llama_tiny(), true, "policy");
