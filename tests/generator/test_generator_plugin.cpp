@@ -308,7 +308,8 @@ TEST(GeneratorPlugin, DummyLoadThenRefitByViews) {
 }
 
 // The MoE router's precision through the ABI: native_cfg.moe_router_dtype, else the megatron
-// backend's setting when the run's configuration enables megatron, else float32. Seen on a model
+// backend's setting when the run's configuration enables megatron, else dtensor's Automodel
+// gate_precision, else float32. Seen on a model
 // whose routers tie to within float32 rounding (generator_test_util.hpp), where the two
 // precisions decode differently.
 TEST(GeneratorPlugin, MoeRouterDtypeFollowsTheBackendOrItsOwnKey) {
@@ -361,19 +362,29 @@ TEST(GeneratorPlugin, MoeRouterDtypeFollowsTheBackendOrItsOwnKey) {
                    "{}"),
             want32)
       << "megatron not the backend: its setting does not apply";
+  const std::string gate = "policy:\n  dtensor_cfg:\n    automodel_kwargs:\n      backend:\n        gate_precision: ";
+  EXPECT_EQ(decode(gate + "float64\n", "{}"), want64) << "following dtensor's gate_precision";
+  EXPECT_EQ(decode(gate + "torch.float64\n", "{}"), want64) << "dtensor's gate_precision as torch names it";
+  EXPECT_EQ(decode(gate + "float32\n", "{}"), want32) << "dtensor's gate_precision float32";
+  EXPECT_EQ(decode(gate + "float64\n", R"({"moe_router_dtype": "fp32"})"), want32) << "own key wins over dtensor's";
+  EXPECT_EQ(decode(gate + "float64\n  megatron_cfg:\n    enabled: true\n", "{}"), want32)
+      << "megatron the backend: dtensor's setting does not apply";
 
   // Bad values, in either place, are one-line errors naming the key.
   for (const auto& [yaml, cfg] : std::vector<std::pair<std::string, std::string>>{
            {"", R"({"moe_router_dtype": "bf16"})"},
            {"", R"({"moe_router_dtype": 64})"},
-           {"policy:\n  megatron_cfg:\n    enabled: true\n    moe_router_dtype: fp16\n", "{}"}}) {
+           {"policy:\n  megatron_cfg:\n    enabled: true\n    moe_router_dtype: fp16\n", "{}"},
+           {"policy:\n  dtensor_cfg:\n    automodel_kwargs:\n      backend:\n        gate_precision: bfloat16\n", "{}"}}) {
     Host host;
     if (!yaml.empty()) host.load_config(yaml);
     rlh_generator* g = nullptr;
     rlh_status* st = host.generator()->create(host.services(), dir.c_str(), cfg.data(), cfg.size(), &g);
     ASSERT_NE(st, nullptr) << cfg;
     EXPECT_EQ(st->code, RLH_E_INVALID_ARGUMENT) << cfg;
-    EXPECT_NE(sdk::status_message(st).find("moe_router_dtype"), std::string::npos) << sdk::status_message(st);
+    const std::string msg = sdk::status_message(st);
+    EXPECT_TRUE(msg.find("moe_router_dtype") != std::string::npos || msg.find("gate_precision") != std::string::npos)
+        << msg;
     rlh_status_destroy(st);
   }
   fs::remove_all(dir);

@@ -175,11 +175,11 @@ bool router_dtype_is_fp64(const std::string& v, const std::string& key) {
   return v == "fp64";
 }
 
-// The MoE router's precision: the section's moe_router_dtype, else the training backend's when
-// the host's configuration selects one that has the setting (policy.megatron_cfg.enabled:
-// megatron's moe_router_dtype, default fp32, as plugins/megatron reads it), else fp32. The
-// generator must route as the trainer does (docs/generator.md); the dtensor backend routes in
-// float32 only. `source` says where the setting came from, for the log.
+// The MoE router's precision: the section's moe_router_dtype, else the training backend's: with
+// policy.megatron_cfg.enabled megatron's moe_router_dtype (default fp32, as plugins/megatron
+// reads it), else dtensor's (the default backend) Automodel gate_precision (float64 is the fp64
+// router, null or float32 the fp32 one, as plugins/dtensor reads it). The generator must route
+// as the trainer does (docs/generator.md). `source` says where the setting came from, for the log.
 // policy.kernels pins and verify, shared with the trainer's engines (absent: no pins, verify).
 std::string kernels_section(const rlh::sdk::Host& host) {
   try {
@@ -188,6 +188,24 @@ std::string kernels_section(const rlh::sdk::Host& host) {
     if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return "{}";
     throw;
   }
+}
+
+// dtensor's router precision: policy.dtensor_cfg.automodel_kwargs.backend.gate_precision.
+bool dtensor_gate_fp64(const rlh::sdk::Host& host, std::string* source) {
+  const char* key = "policy.dtensor_cfg.automodel_kwargs.backend.gate_precision";
+  json v;
+  try {
+    v = json::parse(host.config_json(key));
+  } catch (const Error& e) {
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return false;  // none here
+    throw;
+  }
+  if (v.is_null()) return false;
+  const std::string g = v.is_string() ? v.get<std::string>() : v.dump();
+  *source = key;
+  if (g == "float64" || g == "fp64" || g == "torch.float64") return true;
+  if (g == "float32" || g == "fp32" || g == "torch.float32") return false;
+  throw Error(RLH_E_INVALID_ARGUMENT, std::string(key) + ": expected float32 or float64, got " + g);
 }
 
 bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* source) {
@@ -200,11 +218,13 @@ bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* sourc
   try {
     megatron = json::parse(host.config_json("policy.megatron_cfg"));
   } catch (const Error& e) {
-    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return false;  // none here
+    // no megatron section: the backend is dtensor
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return dtensor_gate_fp64(host, source);
     throw;
   }
   // The GRPO loop picks megatron exactly when this is true (plugins/grpo/src/loop_config.cpp).
-  if (!megatron.is_object() || !megatron.contains("enabled") || megatron["enabled"] != json(true)) return false;
+  if (!megatron.is_object() || !megatron.contains("enabled") || megatron["enabled"] != json(true))
+    return dtensor_gate_fp64(host, source);
   *source = "policy.megatron_cfg.moe_router_dtype";
   const json& v = megatron.contains("moe_router_dtype") ? megatron["moe_router_dtype"] : json("fp32");
   if (!v.is_string())
