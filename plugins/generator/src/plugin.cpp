@@ -175,11 +175,6 @@ bool router_dtype_is_fp64(const std::string& v, const std::string& key) {
   return v == "fp64";
 }
 
-// The MoE router's precision: the section's moe_router_dtype, else the training backend's: with
-// policy.megatron_cfg.enabled megatron's moe_router_dtype (default fp32, as plugins/megatron
-// reads it), else dtensor's (the default backend) Automodel gate_precision (float64 is the fp64
-// router, null or float32 the fp32 one, as plugins/dtensor reads it). The generator must route
-// as the trainer does (docs/generator.md). `source` says where the setting came from, for the log.
 // policy.kernels pins and verify, shared with the trainer's engines (absent: no pins, verify).
 std::string kernels_section(const rlh::sdk::Host& host) {
   try {
@@ -208,6 +203,11 @@ bool dtensor_gate_fp64(const rlh::sdk::Host& host, std::string* source) {
   throw Error(RLH_E_INVALID_ARGUMENT, std::string(key) + ": expected float32 or float64, got " + g);
 }
 
+// The MoE router's precision: the section's moe_router_dtype, else the training backend's: with
+// policy.megatron_cfg.enabled megatron's moe_router_dtype (default fp32, as plugins/megatron
+// reads it), else dtensor's (the default backend) Automodel gate_precision (float64 is the fp64
+// router, null or float32 the fp32 one, as plugins/dtensor reads it). The generator must route
+// as the trainer does (docs/generator.md). `source` says where the setting came from, for the log.
 bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* source) {
   if (cfg.contains("moe_router_dtype")) {
     *source = "native_cfg.moe_router_dtype";
