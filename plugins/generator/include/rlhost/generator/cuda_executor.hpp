@@ -97,11 +97,11 @@ struct CudaExecutorStats {
   // (scheduling, draws, stop checks), during which the device idles.
   double step_seconds = 0, wait_seconds = 0;
   // With RLH_GEN_STEP_EVENTS=1 (a diagnostic: four events a step), the device's own time for the
-  // steps' phases, from events recorded on the stream: the inputs' uploads (from when they were
-  // queued on the idle stream), the layers and head (the graph or the ops, with the launch's
-  // latency), the draw and the results' download. The wall time not in their sum is time the
-  // device had nothing queued (the host's work between steps and within step() before the first
-  // upload, and the wake-up after the wait).
+  // steps' phases, from events recorded on the stream: the inputs' uploads (from an event
+  // recorded on the idle stream before the host packs them, so the packing is in it), the layers
+  // and head (the graph or the ops, with the launch's latency), the draw and the results'
+  // download. The wall time not in their sum is time the device had nothing queued: the host's
+  // work between steps and the wake-up after the wait.
   int64_t timed_steps = 0;
   double dev_upload_seconds = 0, dev_forward_seconds = 0, dev_draw_seconds = 0;
   std::string graph_error;       // why graphs were turned off, if they were
