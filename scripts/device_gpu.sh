@@ -19,7 +19,9 @@
 #               one line a tuned shape), without tuning (RLH_KCUDA_GEMM_TUNE=0) and without any of
 #               the three (RLH_KCUDA_NORM_BWD_ROWS=0, RLH_KCUDA_HEAD_WIDE=0), twice
 #               (STEPTUNE_VARIANTS), the forward with and without tuning (STEPTUNE_FORWARD=0: not),
-#               batch-1 decoding with its phases timed on the device and a step's copies packed (STEPTUNE_B1_VARIANTS; STEPTUNE_B1=0: not), then torch.compile's step (TUNE_COMPILE=0: not)
+#               batch-1 decoding with its phases timed on the device and a step's copies packed
+#               (STEPTUNE_B1_VARIANTS; STEPTUNE_B1=0: not), then torch.compile's step
+#               (TUNE_COMPILE=0: not)
 #     epitune: the residual add as the o and down products' epilogue (gemm_add_fwd round_product=0,
 #              opt-in: RLH_CUDA_RESIDUAL_EPILOGUE=1) and cuDNN's attention configs timed at a
 #              plan's first call (RLH_KCUDNN_TUNE=2 logs
