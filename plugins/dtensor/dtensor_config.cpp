@@ -3,6 +3,7 @@
 // kwargs}, the torch scheduler list policy.scheduler, and the keys shared with megatron.
 #include "dtensor_config.hpp"
 
+#include "rlhost/sdk/safetensors_dtype.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::dtensor {
@@ -107,9 +108,10 @@ backend::BackendConfig read_config(const json& policy) {
   // float32 keep its fp32 router (Automodel's null computes the gate in the activations' bf16,
   // so rlhost's is the more precise); any other dtype is refused.
   const std::string gate = r.string("dtensor_cfg.automodel_kwargs.backend.gate_precision", "float32");
-  if (gate == "float64" || gate == "fp64" || gate == "torch.float64")
+  const auto gate_dtype = sdk::st::dtype_from_config_name(gate);
+  if (gate_dtype == sdk::st::DType::F64)
     cfg.moe.router_fp64 = true;
-  else if (gate != "float32" && gate != "fp32" && gate != "torch.float32")
+  else if (gate_dtype != sdk::st::DType::F32)
     throw Error(RLH_E_UNIMPLEMENTED, r.full("dtensor_cfg.automodel_kwargs.backend.gate_precision") + " = " + gate +
                                          ": the MoE router runs in float32 or float64");
   for (const char* k : kNoEffect) r.mark_subtree(k);

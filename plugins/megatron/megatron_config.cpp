@@ -3,6 +3,7 @@
 // decay on 1-D tensors, clip_grad) and OptimizerParamScheduler, and the keys shared with dtensor.
 #include "megatron_config.hpp"
 
+#include "rlhost/sdk/safetensors_dtype.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::megatron {
@@ -47,7 +48,7 @@ void read_optimizer_state_dtypes(ConfigReader& r) {
   for (const auto& [key, what] : kFp32States) {
     const std::string path = std::string("megatron_cfg.optimizer.") + key;
     const std::string v = r.string(path, "fp32");  // absent or null: Megatron-Core's fp32
-    if (v == "fp32" || v == "float32" || v == "torch.float32") continue;
+    if (sdk::st::dtype_from_config_name(v) == sdk::st::DType::F32) continue;
     throw Error(RLH_E_UNIMPLEMENTED, r.full(path) + " = " + v + ": rlhost keeps the optimizer's " + what +
                                          " in fp32 (fp32, float32 or torch.float32; Megatron-Core's "
                                          "precision-aware optimizer states in other dtypes are not implemented)");

@@ -29,6 +29,7 @@
 #include "rlhost/sdk/kernel_registry.hpp"
 #include "rlhost/sdk/launch_env.hpp"
 #include "rlhost/sdk/model_weights.hpp"
+#include "rlhost/sdk/safetensors_dtype.hpp"
 #include "rlhost/sdk/plugin.hpp"
 #include "rlhost/sdk/safetensors.hpp"
 #include "rlhost/tokenizer.h"
@@ -198,8 +199,9 @@ bool dtensor_gate_fp64(const rlh::sdk::Host& host, std::string* source) {
   if (v.is_null()) return false;
   const std::string g = v.is_string() ? v.get<std::string>() : v.dump();
   *source = key;
-  if (g == "float64" || g == "fp64" || g == "torch.float64") return true;
-  if (g == "float32" || g == "fp32" || g == "torch.float32") return false;
+  const auto dtype = rlh::sdk::st::dtype_from_config_name(g);
+  if (dtype == rlh::sdk::st::DType::F64) return true;
+  if (dtype == rlh::sdk::st::DType::F32) return false;
   throw Error(RLH_E_INVALID_ARGUMENT, std::string(key) + ": expected float32 or float64, got " + g);
 }
 

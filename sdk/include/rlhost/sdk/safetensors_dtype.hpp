@@ -102,4 +102,16 @@ constexpr std::optional<DType> dtype_from_torch_name(std::string_view s) {
   return std::nullopt;
 }
 
+// A training config's dtype setting as NeMo-RL's YAML spells it: torch's names with or without
+// "torch." (Automodel's gate_precision, Megatron-Core's optimizer state dtypes) or Megatron's
+// short fp32 / fp64 / bf16 / fp16; nullopt if unknown.
+constexpr std::optional<DType> dtype_from_config_name(std::string_view s) {
+  if (s.starts_with("torch.")) s.remove_prefix(6);
+  if (s == "fp32") return DType::F32;
+  if (s == "fp64") return DType::F64;
+  if (s == "bf16") return DType::BF16;
+  if (s == "fp16") return DType::F16;
+  return dtype_from_torch_name(s);
+}
+
 }  // namespace rlh::sdk::st
