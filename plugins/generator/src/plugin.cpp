@@ -186,17 +186,21 @@ std::string kernels_section(const rlh::sdk::Host& host) {
   }
 }
 
+// A value of the host's configuration (absent: null).
+json host_config(const rlh::sdk::Host& host, const char* key) {
+  try {
+    return json::parse(host.config_json(key));
+  } catch (const Error& e) {
+    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return json();
+    throw;
+  }
+}
+
 // dtensor's router precision: policy.dtensor_cfg.automodel_kwargs.backend.gate_precision.
 bool dtensor_gate_fp64(const rlh::sdk::Host& host, std::string* source) {
   const char* key = "policy.dtensor_cfg.automodel_kwargs.backend.gate_precision";
-  json v;
-  try {
-    v = json::parse(host.config_json(key));
-  } catch (const Error& e) {
-    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return false;  // none here
-    throw;
-  }
-  if (v.is_null()) return false;
+  const json v = host_config(host, key);
+  if (v.is_null()) return false;  // absent or null: fp32
   const std::string g = v.is_string() ? v.get<std::string>() : v.dump();
   *source = key;
   const auto dtype = rlh::sdk::st::dtype_from_config_name(g);
@@ -216,15 +220,9 @@ bool router_fp64(const rlh::sdk::Host& host, const json& cfg, std::string* sourc
     return router_dtype_is_fp64(get_str(cfg, "moe_router_dtype", "fp32"), "generator config: moe_router_dtype");
   }
   *source = "default";
-  json megatron;
-  try {
-    megatron = json::parse(host.config_json("policy.megatron_cfg"));
-  } catch (const Error& e) {
-    // no megatron section: the backend is dtensor
-    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return dtensor_gate_fp64(host, source);
-    throw;
-  }
-  // The GRPO loop picks megatron exactly when this is true (plugins/grpo/src/loop_config.cpp).
+  const json megatron = host_config(host, "policy.megatron_cfg");
+  // The GRPO loop picks megatron exactly when this is true (plugins/grpo/src/loop_config.cpp);
+  // else (no megatron section included) the backend is dtensor.
   if (!megatron.is_object() || !megatron.contains("enabled") || megatron["enabled"] != json(true))
     return dtensor_gate_fp64(host, source);
   *source = "policy.megatron_cfg.moe_router_dtype";
@@ -238,16 +236,6 @@ bool get_bool(const json& c, const char* key, bool def) {
   if (!c.contains(key)) return def;
   if (!c[key].is_boolean()) throw Error(RLH_E_INVALID_ARGUMENT, std::string("generator config: '") + key + "' must be true or false");
   return c[key].get<bool>();
-}
-
-// A value of the host's configuration (absent: null).
-json host_config(const rlh::sdk::Host& host, const char* key) {
-  try {
-    return json::parse(host.config_json(key));
-  } catch (const Error& e) {
-    if (e.code() == RLH_E_NOT_FOUND || e.code() == RLH_E_FAILED_PRECONDITION) return json();
-    throw;
-  }
 }
 
 // Where the generator runs: the section's "device", else the policy's (policy.device; "auto"
