@@ -114,6 +114,19 @@ backend::BackendConfig read_config(const json& policy) {
   else if (gate_dtype != sdk::st::DType::F32)
     throw Error(RLH_E_UNIMPLEMENTED, r.full("dtensor_cfg.automodel_kwargs.backend.gate_precision") + " = " + gate +
                                          ": the MoE router runs in float32 or float64");
+  // Automodel's MoE parallelizer casts the head to lm_head_precision (an FSDP mixed-precision
+  // policy of its own): float32 logits from a float32 weight and input. null / bfloat16 are
+  // the activations' precision; float32 is honoured where the head runs in float32
+  // (model_loading's device check); other dtypes are refused.
+  if (!r.is_null("dtensor_cfg.moe_parallelizer.lm_head_precision")) {
+    const std::string head = r.string("dtensor_cfg.moe_parallelizer.lm_head_precision", "bfloat16");
+    const auto head_dtype = sdk::st::dtype_from_config_name(head);
+    if (head_dtype == sdk::st::DType::F32)
+      cfg.moe_head_fp32 = true;
+    else if (head_dtype != sdk::st::DType::BF16)
+      throw Error(RLH_E_UNIMPLEMENTED, r.full("dtensor_cfg.moe_parallelizer.lm_head_precision") + " = " + head +
+                                           ": the head runs in the model's precision or in float32");
+  }
   for (const char* k : kNoEffect) r.mark_subtree(k);
 
   // policy.optimizer: absent = NeMo-RL's default AdamW; null = none (NeMo-RL's megatron configs).

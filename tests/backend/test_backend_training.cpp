@@ -562,6 +562,48 @@ TEST(BackendConfig, DtensorGatePrecisionIsTheRouterDtype) {
   if (b != nullptr) host().backend("dtensor")->destroy(b);
 }
 
+// Automodel's lm_head_precision (MoE models): float32 is the CPU engine's head already (the same
+// bits as without it), bfloat16 and null are the model's precision, other dtypes are refused; on
+// the device path, whose head multiplies bf16 operands, float32 is refused for an MoE model
+// rather than dropped, and a dense model (which the setting does not touch) is not refused for it.
+TEST(BackendConfig, DtensorLmHeadPrecision) {
+  const std::string mixtral = fixtures_root() + "/mixtral-tiny";
+  auto batch = random_batch({9, 14, 6}, 256, 13);
+  auto head = [](const json& dtype, json extra = json::object()) {
+    extra["dtensor_cfg"] = {{"moe_parallelizer", {{"lm_head_precision", dtype}}}};
+    return extra;
+  };
+  auto logprobs = [&](const json& cfg) {
+    Backend be(host(), "dtensor", cfg);
+    return be.logprobs(be.load(mixtral, false), *batch);
+  };
+  const std::vector<float> plain = logprobs(json::object());
+  EXPECT_EQ(logprobs(head("float32")), plain);
+  EXPECT_EQ(logprobs(head("torch.float32")), plain);
+  EXPECT_EQ(logprobs(head("bfloat16")), plain);
+  EXPECT_EQ(logprobs(head(nullptr)), plain);
+  const std::string text = head("float16").dump();
+  rlh_backend* b = nullptr;
+  expect_error(host().backend("dtensor")->create(host().services(), text.data(), text.size(), &b), RLH_E_UNIMPLEMENTED,
+               "policy.dtensor_cfg.moe_parallelizer.lm_head_precision = float16");
+  if (b != nullptr) host().backend("dtensor")->destroy(b);
+  const json on_device = head("float32", {{"precision", "bfloat16"}, {"device", "cuda"}});
+  {
+    Backend be(host(), "dtensor", on_device);
+    rlh_model* m = nullptr;
+    expect_error(be.try_load(mixtral, false, &m), RLH_E_UNIMPLEMENTED,
+                 "policy.dtensor_cfg.moe_parallelizer.lm_head_precision = float32");
+  }
+  {
+    Backend be(host(), "dtensor", on_device);
+    rlh_model* m = nullptr;
+    if (rlh_status* s = be.try_load(llama_tiny(), false, &m)) {  // (no usable GPU: refused for that, not the head)
+      const std::string msg = status_text(s);
+      EXPECT_EQ(msg.find("lm_head_precision"), std::string::npos) << msg;
+    }
+  }
+}
+
 TEST(BackendConfig, PerModelOverridesPatchTheSection) {
   Backend be(host(), "dtensor", adam_config("dtensor", 1e-3));
   rlh_model* a = be.load(llama_tiny(), true, "policy");

@@ -216,6 +216,15 @@ bool place_on_device(Backend& b, Model& m, const std::vector<std::vector<float>>
     throw Error(RLH_E_INVALID_ARGUMENT, where + " computes in bfloat16 with float32 master weights: set "
                                                 "policy.precision = bfloat16 (it is " + m.config.precision + ")");
   }
+  // Automodel's float32 head of MoE models (dtensor's moe_parallelizer.lm_head_precision): the
+  // CUDA engine's head multiplies bf16 operands, so the setting is honoured on the CPU engine
+  // only, never dropped.
+  if (m.config.moe_head_fp32 && std::any_of(m.desc.layers.begin(), m.desc.layers.end(), [](const sdk::LayerDesc& l) {
+        return l.mlp.kind == sdk::MlpKind::moe;
+      }))
+    return decline(RLH_E_UNIMPLEMENTED, "policy.dtensor_cfg.moe_parallelizer.lm_head_precision = float32: the CUDA "
+                                        "engine's head multiplies bf16 operands (float32 logits); a float32 head runs "
+                                        "on the CPU engine");
   if (f == nullptr) {
     if (automatic) return false;
     throw Error(RLH_E_UNIMPLEMENTED, where + ": this backend has no device path in this build (the CUDA engine "

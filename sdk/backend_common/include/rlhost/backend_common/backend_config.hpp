@@ -159,6 +159,10 @@ struct BackendConfig {
   // kernel provider); the CPU engine refuses it.
   engine::Fp8Options fp8;
   std::string precision = "float32";
+  // dtensor_cfg.moe_parallelizer.lm_head_precision = float32 (Automodel, MoE models only): the
+  // head's weight and its input in float32. The CPU engine computes the head in float32 anyway;
+  // the device path multiplies bf16 operands, so it declines an MoE model with this set.
+  bool moe_head_fp32 = false;
   // policy.device: "auto" (the flavor's device path when one is usable and precision is
   // bfloat16, else the CPU engine), "cpu", "cuda" or "cuda:N" (that device or an error).
   std::string device = "auto";
