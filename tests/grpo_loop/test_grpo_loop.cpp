@@ -149,6 +149,11 @@ TEST_F(Loop, BadValuesNameTheKey) {
       {{"checkpointing.model_save_format=torch_save"}, "checkpointing.model_save_format"},
       {{"~policy.tokenizer.chat_template", "++policy.tokenizer.chat_template=\"{{ x }}\""}, "policy.tokenizer.chat_template"},
       {{"++grpo.async_grpo.enabled=true"}, "grpo.async_grpo.enabled"},
+      // vLLM's per-sequence limit: above max_total_sequence_length (16) the rollouts would not
+      // fit the policy's sequences; raw logprobs are not what the generator returns.
+      {{"++policy.generation.vllm_cfg.max_model_len=17"}, "policy.generation.vllm_cfg.max_model_len"},
+      {{"++policy.generation.vllm_cfg.max_model_len=0"}, "policy.generation.vllm_cfg.max_model_len"},
+      {{"++policy.generation.vllm_cfg.logprobs_mode=raw_logprobs"}, "policy.generation.vllm_cfg.logprobs_mode"},
   };
   for (const auto& [overrides, key] : cases) {
     rlhost_t* h = make_host(overrides, false);

@@ -181,6 +181,48 @@ TEST_F(Rollouts, TurnsAlternateWithExactIdsMasksAndSummedRewards) {
   }
 }
 
+// vLLM ends each sequence at max_model_len, so in one batch a short prompt leaves its samples more
+// room than a long one (single-turn rollouts; before 2026-12-07 every sample got the longest
+// prompt's room). Greedy: each sample is the generator's continuation of its prompt alone, cut
+// at its own room. Sampled: a lower limit gives a prefix of what a higher one draws (the RNG is
+// keyed per token), so the cut samples are the ones a per-sequence limit draws.
+TEST_F(Rollouts, EachSampleEndsAtItsOwnPromptsRoom) {
+  gcfg.max_new_tokens = 64;
+  const std::vector<json> rows = {{{"prompt", "1"}}, {{"prompt", "12345678"}}};
+  const std::vector<Prompt> ps = prompts(rows);
+  const int64_t longest = int64_t(ps[1].ids.size());
+  ASSERT_GT(longest, int64_t(ps[0].ids.size()));
+  const std::vector<int32_t> eos = tok->eos_token_ids();
+  for (const int64_t model_len : {int64_t(0), int64_t(14)}) {
+    gcfg.max_model_len = model_len;
+    const int64_t max_total = 18, cap = model_len > 0 ? model_len : max_total;
+    SCOPED_TRACE("max_model_len " + std::to_string(model_len));
+    const Rollout r = run(rows, 2, max_total, 1, 0.0);
+    bool past_longest = false;
+    for (const Response& resp : r.responses) {
+      const Prompt& p = r.prompts[size_t(resp.prompt)];
+      const int64_t room = cap - int64_t(p.ids.size());
+      EXPECT_EQ(resp.ids, greedy_after(p.ids, room)) << "prompt " << resp.prompt;
+      ASSERT_EQ(resp.logprobs.size(), resp.ids.size());
+      const bool stopped = !resp.ids.empty() && std::count(eos.begin(), eos.end(), resp.ids.back()) > 0;
+      EXPECT_EQ(resp.truncated, !stopped) << "prompt " << resp.prompt;
+      if (!stopped) EXPECT_EQ(int64_t(resp.ids.size()), room) << "prompt " << resp.prompt;
+      past_longest = past_longest || int64_t(resp.ids.size()) > cap - longest;
+    }
+    EXPECT_TRUE(past_longest) << "no sample passed the longest prompt's room: the test cannot tell a per-sequence "
+                                 "limit from one cap for the batch";
+  }
+  gcfg.max_model_len = 0;
+  const Rollout low = run(rows, 3, 12, 1, 1.0), high = run(rows, 3, 40, 1, 1.0);
+  for (size_t i = 0; i < low.responses.size(); ++i) {
+    const std::vector<int32_t>& a = low.responses[i].ids;
+    const std::vector<int32_t>& b = high.responses[i].ids;
+    ASSERT_LE(a.size(), b.size()) << "sample " << i;
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << "sample " << i << " is not a prefix of the longer draw";
+    EXPECT_LE(int64_t(a.size()), 12 - int64_t(low.prompts[size_t(low.responses[i].prompt)].ids.size()));
+  }
+}
+
 // The environment's stop strings apply from the next turn on, per sample.
 TEST_F(Rollouts, TheEnvironmentsStopStringsEndTheNextTurns) {
   // A prompt whose second greedy turn has at least 2 tokens, the first a plain character.

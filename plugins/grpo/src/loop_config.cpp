@@ -289,6 +289,17 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
       throw ConfigError(key + " does not divide the " + std::to_string(c.generation.generator_ranks) + " generator ranks (" +
                         c.generation.resources_text + ")");
   }
+  if (const json* ml = gen.sub("vllm_cfg").find("max_model_len"); ml != nullptr && !ml->is_null()) {
+    if (!ml->is_number_integer() || ml->get<int64_t>() < 1)
+      throw ConfigError("policy.generation.vllm_cfg.max_model_len: expected an integer >= 1 or null, got " + describe(*ml));
+    c.generation.max_model_len = ml->get<int64_t>();
+    // Longer rollouts than the policy trains on would not fit its batches (NeMo-RL's configs set
+    // it to ${policy.max_total_sequence_length}).
+    if (c.generation.max_model_len > c.policy.max_total_sequence_length)
+      throw ConfigError("policy.generation.vllm_cfg.max_model_len = " + std::to_string(c.generation.max_model_len) +
+                        ": longer than policy.max_total_sequence_length = " +
+                        std::to_string(c.policy.max_total_sequence_length) + " (rollouts must fit the policy's sequences)");
+  }
   {
     const Section rl(child(whole, "rlhost"), "rlhost");
     rl.read("refit_reshard", c.generation.refit_reshard);

@@ -4,6 +4,7 @@
 // takes NeMo-RL's default; a bad value is a ConfigError of one line naming the key.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,6 +31,13 @@ struct SamplingSettings {
 struct GenerationConfig {
   std::string component;     // generator component name (policy.generation.backend, mapped)
   int64_t max_new_tokens = 0;
+  // policy.generation.vllm_cfg.max_model_len (0: absent or null): as in vLLM, a sequence (prompt
+  // and response) ends when it reaches this length; never above max_total_sequence_length.
+  int64_t max_model_len = 0;
+  // The length each sequence of a rollout ends at: max_model_len, else max_total_sequence_length.
+  int64_t sequence_cap(int64_t max_total_sequence_length) const {
+    return max_model_len > 0 ? std::min(max_model_len, max_total_sequence_length) : max_total_sequence_length;
+  }
   SamplingSettings train, validation;
   std::vector<int32_t> stop_token_ids;  // beyond the tokenizer's EOS ids
   std::vector<std::string> stop_strings;

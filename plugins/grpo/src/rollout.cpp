@@ -149,6 +149,21 @@ rlh_status* on_sample(void* user, const rlh_sample* s) {
 
 }  // namespace
 
+int64_t response_room(const GenerationConfig& gcfg, int64_t max_total_sequence_length, const Prompt& prompt) {
+  return std::min<int64_t>(gcfg.max_new_tokens,
+                           gcfg.sequence_cap(max_total_sequence_length) - static_cast<int64_t>(prompt.ids.size()));
+}
+
+void cut_to_room(Response& resp, int64_t room) {
+  if (static_cast<int64_t>(resp.ids.size()) <= room) return;
+  // A prefix of an autoregressive sample is what a lower cap would have drawn (the RNG is keyed
+  // per token), so the cut sample is exactly the one vLLM's per-sequence limit gives; it ended
+  // at the limit, not at a stop.
+  resp.ids.resize(static_cast<size_t>(room));
+  resp.logprobs.resize(static_cast<size_t>(room));
+  resp.truncated = true;
+}
+
 std::unique_ptr<GenerateRequest> make_generate_request(const Tokenizer& tok, const std::vector<Prompt>& prompts,
                                                        int64_t samples, const SamplingSettings& sampling,
                                                        const GenerationConfig& gcfg,
@@ -156,20 +171,25 @@ std::unique_ptr<GenerateRequest> make_generate_request(const Tokenizer& tok, con
                                                        int64_t step_key, int64_t first_prompt_index) {
   auto q = std::make_unique<GenerateRequest>();
   q->offsets = {0};
-  int64_t longest = 0;
+  int64_t longest = 0, shortest = INT64_MAX;
   for (const Prompt& p : prompts) {
     q->ids.insert(q->ids.end(), p.ids.begin(), p.ids.end());
     q->offsets.push_back(static_cast<int64_t>(q->ids.size()));
     longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+    shortest = std::min<int64_t>(shortest, static_cast<int64_t>(p.ids.size()));
   }
-  // vLLM caps each request at max_model_len; one cap for the batch keeps every sequence inside
-  // max_total_sequence_length.
-  const int64_t max_new = std::min<int64_t>(gcfg.max_new_tokens, max_total_sequence_length - longest);
-  if (max_new <= 0)
+  // vLLM ends each sequence when prompt + response reach max_model_len, so a short prompt has
+  // more room than a long one. The request asks for the most room any prompt has and
+  // response_room() cuts each sample to its own (cut_to_room): one call, whatever the generator.
+  const int64_t cap = gcfg.sequence_cap(max_total_sequence_length);
+  if (longest >= cap)
     throw Error(RLH_E_INVALID_ARGUMENT,
-                "policy.max_total_sequence_length: " + std::to_string(max_total_sequence_length) +
-                    " leaves no room to generate after a prompt of " + std::to_string(longest) +
+                std::string(gcfg.max_model_len > 0 && gcfg.max_model_len < max_total_sequence_length
+                                ? "policy.generation.vllm_cfg.max_model_len: "
+                                : "policy.max_total_sequence_length: ") +
+                    std::to_string(cap) + " leaves no room to generate after a prompt of " + std::to_string(longest) +
                     " tokens (lower data.max_input_seq_length)");
+  const int64_t max_new = prompts.empty() ? gcfg.max_new_tokens : std::min<int64_t>(gcfg.max_new_tokens, cap - shortest);
 
   q->stop_ids = tok.eos_token_ids();
   for (int32_t id : gcfg.stop_token_ids)
@@ -218,9 +238,11 @@ Rollout run_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
   auto t0 = std::chrono::steady_clock::now();
   Collect c{&r, samples};
   gen.generate(args, on_sample, &c);
-  for (const Response& resp : r.responses)
+  for (Response& resp : r.responses) {
     if (resp.weight_version == INT64_MIN)
       throw Error(RLH_E_INTERNAL, "generator '" + gen.name() + "' did not return every sample");
+    cut_to_room(resp, response_room(gcfg, max_total_sequence_length, r.prompts[static_cast<size_t>(resp.prompt)]));
+  }
   if (times != nullptr) times->generation += seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();

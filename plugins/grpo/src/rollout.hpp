@@ -101,9 +101,17 @@ std::unique_ptr<GenerateRequest> make_generate_request(const Tokenizer& tok, con
                                                        int64_t max_total_sequence_length, uint64_t seed,
                                                        int64_t step_key, int64_t first_prompt_index);
 
+// The most tokens a response to `prompt` may have: max_new_tokens, and as vLLM ends a sequence
+// at max_model_len, what the prompt leaves of gcfg.sequence_cap(max_total_sequence_length).
+int64_t response_room(const GenerationConfig& gcfg, int64_t max_total_sequence_length, const Prompt& prompt);
+// Cuts a longer response to `room` tokens, marked truncated. make_generate_request asks for the
+// room of the batch's shortest prompt, so the generator's samples of longer ones are cut here.
+void cut_to_room(Response& resp, int64_t room);
+
 // Generates `samples` responses per prompt and scores them. `step_key` and `first_prompt_index`
 // key the generator's counter-based sampling RNG, so a step's samples are a pure function of
-// (seed, step, prompt, sample) and a resumed run draws the same ones.
+// (seed, step, prompt, sample) and a resumed run draws the same ones. Each response ends within
+// its own room (response_room), as each vLLM request does.
 Rollout run_rollout(Generator& gen, const Tokenizer& tok, Environment& env,
                     std::vector<Prompt> prompts, int64_t samples, const SamplingSettings& sampling,
                     const GenerationConfig& gcfg, int64_t max_total_sequence_length, uint64_t seed,
