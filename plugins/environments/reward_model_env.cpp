@@ -3,9 +3,9 @@
 // the host (dtensor, found through the registry like any component: no plugin library is linked),
 // loaded frozen as a value model, and the text is tokenized by the host's TOKENIZER component.
 //
-// A sample's reward is the value head's output at the last token of prompt + response (+ EOS when
-// the text does not end with one), the same place the rm loop reads its rewards, so a checkpoint
-// of `--plugin rm` scores here as it was trained. Samples are scored in one forward pass, in
+// A sample's reward is the value head's output at the last token of BOS + prompt, response + EOS
+// (each added where missing, as NeMo-RL's environment and rm data both add them), the same place
+// the rm loop reads its rewards, so a checkpoint of `--plugin rm` scores here as it was trained. Samples are scored in one forward pass, in
 // micro-batches of `batch_size` sequences.
 #include "reward_model_env.hpp"
 
@@ -48,7 +48,7 @@ struct RewardModelEnv::Impl {
   int64_t max_model_len = 0;  // 0: the model's
   const rlh_tokenizer_api* tok_api = nullptr;
   rlh_tokenizer* tok = nullptr;
-  std::vector<int32_t> eos;
+  std::string bos_text, eos_text;  // the tokens' texts ("" without one)
   const rlh_backend_api* be_api = nullptr;
   rlh_backend* be = nullptr;
   rlh_model* rm = nullptr;
@@ -126,7 +126,15 @@ RewardModelEnv::RewardModelEnv(const sdk::Host& host, const json& cfg) : impl_(s
   std::string info;
   sdk::check(m.tok_api->info(m.tok, sdk::write_to_string, &info), at + ": tokenizer info");
   const json ij = json::parse(info);
-  for (const auto& e : at_key(ij, "eos_token_ids")) m.eos.push_back(e.get<int32_t>());
+  auto text_of = [&](const json& id) {
+    std::string t;
+    if (!id.is_number_integer()) return t;
+    const int32_t one = id.get<int32_t>();
+    sdk::check(m.tok_api->decode(m.tok, &one, 1, 0, sdk::write_to_string, &t), at + ": tokenizer decode");
+    return t;
+  };
+  m.bos_text = text_of(at_key(ij, "bos_token_id"));
+  if (const json& eos = at_key(ij, "eos_token_ids"); eos.is_array() && !eos.empty()) m.eos_text = text_of(eos[0]);
 
   m.be_api = host.find<rlh_backend_api>(RLH_KIND_BACKEND, "dtensor", RLH_STRUCT_SIZE(rlh_backend_api, load_state));
   const std::string text = section.dump();
@@ -141,17 +149,23 @@ RewardModelEnv::RewardModelEnv(const sdk::Host& host, const json& cfg) : impl_(s
 
 RewardModelEnv::~RewardModelEnv() = default;
 
-std::vector<double> RewardModelEnv::score(const std::vector<std::string>& texts) {
+std::vector<double> RewardModelEnv::score(const std::vector<std::string>& prompts,
+                                          const std::vector<std::string>& responses) {
   Impl& m = *impl_;
   std::vector<int32_t> ids;
   std::vector<int64_t> offsets = {0};
-  for (size_t i = 0; i < texts.size(); ++i) {
+  const size_t n = prompts.size();
+  for (size_t i = 0; i < n; ++i) {
+    std::string prompt = prompts[i], response = responses[i];
+    if (!m.bos_text.empty() && !prompt.starts_with(m.bos_text)) prompt = m.bos_text + prompt;
+    const size_t end = response.find_last_not_of('\n');
+    if (!m.eos_text.empty() &&
+        !std::string_view(response.data(), end == std::string::npos ? 0 : end + 1).ends_with(m.eos_text))
+      response += m.eos_text;
     std::vector<int32_t> one;
-    sdk::check(m.tok_api->encode(m.tok, texts[i].data(), texts[i].size(), 0, write_ids, &one),
-               "env.reward_model: tokenizing sample " + std::to_string(i));
-    // The rm loop trains on text + EOS (without a chat template): score the same shape.
-    if (!m.eos.empty() && (one.empty() || std::find(m.eos.begin(), m.eos.end(), one.back()) == m.eos.end()))
-      one.push_back(m.eos.front());
+    for (const std::string* part : {&prompt, &response})
+      sdk::check(m.tok_api->encode(m.tok, part->data(), part->size(), 0, write_ids, &one),
+                 "env.reward_model: tokenizing sample " + std::to_string(i));
     if (one.empty()) throw Error(RLH_E_INVALID_ARGUMENT, "env.reward_model: sample " + std::to_string(i) + " is empty");
     if (m.max_model_len > 0 && static_cast<int64_t>(one.size()) > m.max_model_len) {
       // NeMo-RL cuts to max_model_len; the score then reads the last token kept.
@@ -160,12 +174,12 @@ std::vector<double> RewardModelEnv::score(const std::vector<std::string>& texts)
     ids.insert(ids.end(), one.begin(), one.end());
     offsets.push_back(static_cast<int64_t>(ids.size()));
   }
-  std::vector<double> out(texts.size(), 0.0);
-  if (texts.empty()) return out;
+  std::vector<double> out(n, 0.0);
+  if (n == 0) return out;
   rlh_batch b{};
   b.struct_size = RLH_STRUCT_SIZE(rlh_batch, constraints);
   b.num_tokens = static_cast<int64_t>(ids.size());
-  b.num_seqs = static_cast<int64_t>(texts.size());
+  b.num_seqs = static_cast<int64_t>(n);
   b.token_ids = ids.data();
   b.seq_offsets = offsets.data();
   rlh_output_spec spec{};
@@ -196,7 +210,7 @@ std::vector<double> RewardModelEnv::score(const std::vector<std::string>& texts)
     std::lock_guard<std::mutex> lock(m.mu);
     sdk::check(m.be_api->forward(m.be, m.rm, &fa), "env.reward_model: scoring");
   }
-  for (size_t i = 0; i < texts.size(); ++i) out[i] = values[static_cast<size_t>(offsets[i + 1] - 1)];
+  for (size_t i = 0; i < n; ++i) out[i] = values[static_cast<size_t>(offsets[i + 1] - 1)];
   return out;
 }
 
@@ -250,13 +264,13 @@ rlh_status* rm_score(rlh_environment* self, const rlh_env_sample* samples, size_
         throw Error(RLH_E_INVALID_ARGUMENT, std::string("env.reward_model: unknown reward '") + (want ? want : "(null)") +
                                                 "' (this environment produces [\"reward\"])");
     }
-    std::vector<std::string> texts(n);
+    std::vector<std::string> prompts(n), responses(n);
     for (size_t i = 0; i < n; ++i) {
       const rlh_env_sample& s = samples[i];
-      texts[i].assign(s.prompt != nullptr ? s.prompt : "", s.prompt != nullptr ? s.prompt_len : 0);
-      texts[i].append(s.response != nullptr ? s.response : "", s.response != nullptr ? s.response_len : 0);
+      prompts[i].assign(s.prompt != nullptr ? s.prompt : "", s.prompt != nullptr ? s.prompt_len : 0);
+      responses[i].assign(s.response != nullptr ? s.response : "", s.response != nullptr ? s.response_len : 0);
     }
-    const std::vector<double> scores = h->env->score(texts);
+    const std::vector<double> scores = h->env->score(prompts, responses);
     for (size_t i = 0; i < n; ++i) {
       for (size_t r = 0; r < result->num_rewards; ++r) result->rewards[i * result->num_rewards + r] = scores[i];
       result->done[i] = 1;  // single-turn

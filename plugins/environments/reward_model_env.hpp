@@ -22,8 +22,11 @@ class RewardModelEnv {
   RewardModelEnv(const RewardModelEnv&) = delete;
   RewardModelEnv& operator=(const RewardModelEnv&) = delete;
 
-  // The reward of each text: the value at its last token (EOS appended when missing).
-  std::vector<double> score(const std::vector<std::string>& texts);
+  // The reward of each prompt + response: the value at the last token of the two as NeMo-RL's
+  // environment tokenizes them (its get_formatted_message_log with no chat template: each
+  // tokenized on its own, BOS's text put before the prompt and EOS's after the response where
+  // missing, trailing newlines aside).
+  std::vector<double> score(const std::vector<std::string>& prompts, const std::vector<std::string>& responses);
 
  private:
   struct Impl;

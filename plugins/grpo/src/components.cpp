@@ -685,6 +685,7 @@ Tokenizer::Tokenizer(const sdk::Host& host, const std::string& path) : host_(hos
   has_chat_template_ = j.value("has_chat_template", false) && api_->apply_chat_template != nullptr;
   if (j.contains("eos_token_ids") && j["eos_token_ids"].is_array())
     for (const auto& e : j["eos_token_ids"]) eos_.push_back(e.get<int32_t>());
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) bos_ = j["bos_token_id"].get<int32_t>();
 }
 
 Tokenizer::~Tokenizer() {

@@ -275,6 +275,7 @@ class Tokenizer {
   std::string apply_chat_template(const nlohmann::json& messages, bool add_generation_prompt) const;
   bool has_chat_template() const { return has_chat_template_; }
   const std::vector<int32_t>& eos_token_ids() const { return eos_; }
+  const std::optional<int32_t>& bos_token_id() const { return bos_; }
   int64_t vocab_size() const { return vocab_size_; }
 
  private:
@@ -283,6 +284,7 @@ class Tokenizer {
   rlh_tokenizer* self_ = nullptr;
   bool has_chat_template_ = false;
   std::vector<int32_t> eos_;
+  std::optional<int32_t> bos_;
   int64_t vocab_size_ = 0;
 };
 

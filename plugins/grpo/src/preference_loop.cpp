@@ -16,6 +16,7 @@
 #include "json_read.hpp"
 #include "loop_config.hpp"
 #include "loop_ranks.hpp"
+#include "message_log.hpp"
 #include "rlhost/grpo/config.hpp"
 #include "rlhost/grpo/dpo_loss.hpp"
 #include "rlhost/grpo/loss_adapter.hpp"
@@ -142,13 +143,6 @@ struct PreferenceLoopConfig {
   }
 };
 
-// One message list's text without a chat template: the contents one after another.
-std::string raw_text(const json& messages) {
-  std::string s;
-  for (const auto& m : messages) s += m["content"].get<std::string>();
-  return s;
-}
-
 }  // namespace
 
 struct PreferenceLoop::Impl {
@@ -176,26 +170,15 @@ struct PreferenceLoop::Impl {
     if (host.cancelled()) throw Error(RLH_E_CANCELLED, std::string(what()) + " cancelled after step " + std::to_string(step));
   }
 
-  // The tokens of context + completion and the length of the context's rendering (not trained).
-  void render(const json& context, const json& completion, std::vector<int32_t>& ids, size_t& prefix_len,
-              const std::string& where) const {
-    std::vector<int32_t> prefix;
-    if (cfg.policy.prompt_format == PromptFormat::kChatTemplate) {
-      prefix = tok->encode(tok->apply_chat_template(context, true), false);
-      json all = context;
-      for (const auto& m : completion) all.push_back(m);
-      ids = tok->encode(tok->apply_chat_template(all, false), false);
-      if (ids.size() < prefix.size() || !std::equal(prefix.begin(), prefix.end(), ids.begin()))
-        throw Error(RLH_E_FAILED_PRECONDITION,
-                    where + ": the chat template's conversation does not start with its prompt rendering");
-    } else {
-      prefix = tok->encode(raw_text(context), false);
-      ids = prefix;
-      const std::vector<int32_t> answer = tok->encode(raw_text(completion), false);
-      ids.insert(ids.end(), answer.begin(), answer.end());
-      if (!tok->eos_token_ids().empty()) ids.push_back(tok->eos_token_ids().front());
-    }
-    prefix_len = prefix.size();
+  // The tokens of context + completion as NeMo-RL's preference processor builds them
+  // (message_log.hpp with its defaults: BOS and EOS added where missing, no generation prompt),
+  // and the mask on the completion's last message (its collate: the final assistant turn).
+  void render(const json& context, const json& completion, std::vector<int32_t>& ids, std::vector<float>& mask) const {
+    json all = context;
+    for (const auto& m : completion) all.push_back(m);
+    MessageLogOptions o;
+    o.format = cfg.policy.prompt_format;
+    message_log_row(formatted_message_log(*tok, all, o), all, true, ids, mask);
   }
 
   // Row `index` as two sequences (chosen, rejected) with their token masks and sample masks.
@@ -222,19 +205,19 @@ struct PreferenceLoop::Impl {
                   where + " is not a preference row ('context' messages and two 'completions', chosen first; "
                           "data.train.dataset_name: BinaryPreferenceDataset or PreferenceDataset)");
     std::vector<int32_t> ids[2];
-    size_t prefix[2];
-    for (int k = 0; k < 2; ++k)
-      render(*it, (*cs)[k]["completion"], ids[k], prefix[k], where + (k == 0 ? " (chosen)" : " (rejected)"));
+    std::vector<float> mask[2];
+    for (int k = 0; k < 2; ++k) render(*it, (*cs)[k]["completion"], ids[k], mask[k]);
     // NeMo-RL: a pair with either side past max_total_sequence_length is cut short and not
     // trained on (loss_multiplier 0 for both).
     const auto max_len = static_cast<size_t>(cfg.policy.max_total_sequence_length);
     const float keep = std::max(ids[0].size(), ids[1].size()) > max_len ? 0.0f : 1.0f;
     for (int k = 0; k < 2; ++k) {
-      if (ids[k].size() > max_len) ids[k].resize(max_len);
-      std::vector<float> m(ids[k].size(), 0.0f);
-      for (size_t t = std::min(prefix[k], ids[k].size()); t < ids[k].size(); ++t) m[t] = 1.0f;
+      if (ids[k].size() > max_len) {
+        ids[k].resize(max_len);
+        mask[k].resize(max_len);
+      }
       b.add_sequence(ids[k]);
-      masks.push_back(std::move(m));
+      masks.push_back(std::move(mask[k]));
       sample_mask.push_back(keep);
     }
   }

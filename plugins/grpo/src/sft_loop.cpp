@@ -14,6 +14,7 @@
 #include "json_read.hpp"
 #include "loop_config.hpp"
 #include "loop_ranks.hpp"
+#include "message_log.hpp"
 #include "rlhost/grpo/config.hpp"
 #include "rlhost/grpo/loss_adapter.hpp"
 #include "rlhost/grpo/packing.hpp"
@@ -47,6 +48,12 @@ struct SftConfig {
   DataSource train;
   std::optional<DataSource> validation;
   bool shuffle = true;
+  // data.add_bos / add_eos / add_generation_prompt as NeMo-RL's sft_processor takes them.
+  MessageLogOptions messages;
+  bool only_unmask_final = false;  // sft.only_unmask_final
+  // data.max_input_seq_length (default max_total_sequence_length): a row of at least this many
+  // tokens is not trained on (sft_processor's loss_multiplier 0).
+  int64_t max_seq_length = 0;
   sdk::CheckpointConfig checkpointing;
   std::string model_save_dtype = "float32";  // checkpointing.model_save_dtype
 
@@ -61,6 +68,9 @@ struct SftConfig {
     if (c.val_batches < 0) throw ConfigError("sft.val_batches: must be >= 0 (0 = the whole validation set)");
     c.val_global_batch_size = positive(s, "val_global_batch_size", c.val_global_batch_size);
     s.read("val_at_start", c.val_at_start);
+    // Train on the final assistant message only: a row here is one conversation with one
+    // assistant turn, its last, so both values train on the same tokens.
+    s.read("only_unmask_final", c.only_unmask_final);
     int64_t seed = static_cast<int64_t>(c.seed);
     s.read("seed", seed);
     c.seed = static_cast<uint64_t>(seed);
@@ -69,14 +79,15 @@ struct SftConfig {
       throw ConfigError("policy.train_global_batch_size: missing (rows per SFT step)");
     const json& data = child(whole, "data");
     if (!data.is_object()) throw ConfigError("data: missing (the rows to train on)");
-    detail::Section(data, "data").read("shuffle", c.shuffle);
-    // An SFT row is the whole conversation, answer included, without a trailing generation
-    // prompt (NeMo-RL's SFT recipes set false).
-    bool generation_prompt = false;
-    detail::Section(data, "data").read("add_generation_prompt", generation_prompt);
-    if (generation_prompt)
-      throw ConfigError("data.add_generation_prompt: true is not implemented for SFT: a row is the whole "
-                        "conversation without a trailing generation prompt (use false)");
+    const detail::Section d(data, "data");
+    d.read("shuffle", c.shuffle);
+    c.messages.format = c.policy.prompt_format;
+    d.read("add_bos", c.messages.add_bos);
+    d.read("add_eos", c.messages.add_eos);
+    d.read("add_generation_prompt", c.messages.add_generation_prompt);
+    c.max_seq_length = c.policy.max_total_sequence_length;
+    if (const json* m = d.find("max_input_seq_length"); m != nullptr && !m->is_null())
+      c.max_seq_length = positive(d, "max_input_seq_length", c.max_seq_length);
     c.train = read_data_source(data, "train", true);
     DataSource v = read_data_source(data, "validation", false);
     if (!v.component.empty()) c.validation = v;
@@ -108,9 +119,10 @@ struct SftLoop::Impl {
     if (host.cancelled()) throw Error(RLH_E_CANCELLED, "SFT cancelled after step " + std::to_string(step));
   }
 
-  // prompt + answer (+ EOS) with token_mask on the answer: the chat template renders the
-  // conversation with the answer as the assistant turn, and the prompt alone with the generation
-  // prompt gives the prefix that is not trained on.
+  // The conversation (system prompt, prompt, answer as the assistant's turn) as NeMo-RL's
+  // sft_processor tokenizes it (message_log.hpp), with token_mask on the assistant's tokens:
+  // with add_generation_prompt false (NeMo-RL's recipes) the assistant turn's header is trained
+  // on with its answer, with true it belongs to the prompt.
   void add_row(PackedBatch& b, std::vector<std::vector<float>>& masks, std::vector<float>& sample_mask,
                const Dataset& data, int64_t index) const {
     const json row = data.row(index);
@@ -119,33 +131,20 @@ struct SftLoop::Impl {
     if (p == row.end() || !p->is_string() || a == row.end() || !a->is_string())
       throw Error(RLH_E_INVALID_ARGUMENT,
                   data.origin() + ": row " + std::to_string(index) + " needs string 'prompt' and 'answer'");
-    std::vector<int32_t> prefix, ids;
-    if (cfg.policy.prompt_format == PromptFormat::kChatTemplate) {
-      json messages = json::array();
-      if (auto sp = row.find("system_prompt"); sp != row.end() && sp->is_string())
-        messages.push_back({{"role", "system"}, {"content", *sp}});
-      messages.push_back({{"role", "user"}, {"content", *p}});
-      prefix = tok->encode(tok->apply_chat_template(messages, true), false);
-      messages.push_back({{"role", "assistant"}, {"content", *a}});
-      ids = tok->encode(tok->apply_chat_template(messages, false), false);
-      if (ids.size() < prefix.size() || !std::equal(prefix.begin(), prefix.end(), ids.begin()))
-        throw Error(RLH_E_FAILED_PRECONDITION,
-                    data.origin() + ": row " + std::to_string(index) +
-                        ": the chat template's conversation does not start with its prompt rendering");
-    } else {
-      prefix = tok->encode(p->get<std::string>(), false);
-      ids = prefix;
-      const std::vector<int32_t> answer = tok->encode(a->get<std::string>(), false);
-      ids.insert(ids.end(), answer.begin(), answer.end());
-      if (!tok->eos_token_ids().empty()) ids.push_back(tok->eos_token_ids().front());
-    }
+    json messages = json::array();
+    if (auto sp = row.find("system_prompt"); sp != row.end() && sp->is_string())
+      messages.push_back({{"role", "system"}, {"content", *sp}});
+    messages.push_back({{"role", "user"}, {"content", *p}});
+    messages.push_back({{"role", "assistant"}, {"content", *a}});
+    std::vector<int32_t> ids;
+    std::vector<float> m;
+    message_log_row(formatted_message_log(*tok, messages, cfg.messages), messages, cfg.only_unmask_final, ids, m);
     float keep = 1.0f;
+    if (static_cast<int64_t>(ids.size()) >= cfg.max_seq_length) keep = 0.0f;  // NeMo-RL: not trained on
     if (static_cast<int64_t>(ids.size()) > cfg.policy.max_total_sequence_length) {
       ids.resize(static_cast<size_t>(cfg.policy.max_total_sequence_length));
-      keep = 0.0f;  // NeMo-RL: a truncated sample is not trained on
+      m.resize(ids.size());
     }
-    std::vector<float> m(ids.size(), 0.0f);
-    for (size_t t = std::min(prefix.size(), ids.size()); t < ids.size(); ++t) m[t] = 1.0f;
     b.add_sequence(ids);
     masks.push_back(std::move(m));
     sample_mask.push_back(keep);

@@ -19,7 +19,7 @@ const rlh_algorithm_api& kApi = rlh::grpo::LoopAlgorithm<rlh::grpo::SftLoop, mak
 
 const char* const kKeys[] = {
     "sft.max_num_epochs", "sft.max_num_steps", "sft.val_period", "sft.val_batches",
-    "sft.val_global_batch_size", "sft.val_at_start", "sft.seed",
+    "sft.val_global_batch_size", "sft.val_at_start", "sft.seed", "sft.only_unmask_final",
     "checkpointing.enabled", "checkpointing.checkpoint_dir", "checkpointing.metric_name",
     "checkpointing.higher_is_better", "checkpointing.keep_top_k", "checkpointing.save_period",
     "checkpointing.ft_keep_latest_k", "checkpointing.model_save_format", "checkpointing.model_save_dtype",
@@ -27,7 +27,8 @@ const char* const kKeys[] = {
     "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.max_total_sequence_length",
     "policy.dtensor_cfg.enabled", "policy.megatron_cfg.enabled", "policy.sequence_packing.enabled",
     "policy.sequence_packing.train_mb_tokens", "policy.dynamic_batching.enabled",
-    "policy.dynamic_batching.train_mb_tokens", "data.shuffle", nullptr};
+    "policy.dynamic_batching.train_mb_tokens", "data.shuffle", "data.add_bos", "data.add_eos",
+    "data.add_generation_prompt", "data.max_input_seq_length", nullptr};
 
 const rlh_component_desc kSft = rlh::sdk::component_desc(
     RLH_KIND_ALGORITHM, "sft", "0.1.0", RLH_ALGORITHM_API_VERSION_MAJOR, RLH_ALGORITHM_API_VERSION_MINOR, &kApi,

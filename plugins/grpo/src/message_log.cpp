@@ -1,0 +1,67 @@
+#include "message_log.hpp"
+
+#include <algorithm>
+
+namespace rlh::grpo {
+
+using json = nlohmann::json;
+
+namespace {
+
+// NeMo-RL's get_first_index_that_differs.
+size_t first_difference(const std::string& a, const std::string& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  const std::vector<int32_t> one = {id};
+  return tok.decode(one, false);
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> formatted_message_log(const Tokenizer& tok, const json& messages,
+                                                        const MessageLogOptions& o) {
+  // A tokenizer without the token skips it (NeMo-RL warns and goes on).
+  std::string bos, eos;
+  if (o.add_bos && tok.bos_token_id()) bos = token_text(tok, *tok.bos_token_id());
+  if (o.add_eos && !tok.eos_token_ids().empty()) eos = token_text(tok, tok.eos_token_ids().front());
+  std::vector<std::vector<int32_t>> out;
+  std::string prev;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i]["role"].get_ref<const std::string&>();
+    std::string rendered;
+    if (o.format == PromptFormat::kChatTemplate) {
+      const json upto(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i + 1));
+      rendered = tok.apply_chat_template(upto, o.add_generation_prompt && (role == "user" || role == "tool"));
+    } else {
+      rendered = prev + messages[i]["content"].get<std::string>();
+    }
+    std::string chunk = rendered.substr(first_difference(prev, rendered));
+    if (i == 0 && !bos.empty() && !chunk.starts_with(bos)) chunk = bos + chunk;
+    if (i + 1 == messages.size() && !eos.empty()) {
+      const size_t end = chunk.find_last_not_of('\n');
+      const std::string_view stripped(chunk.data(), end == std::string::npos ? 0 : end + 1);
+      if (!stripped.ends_with(eos)) chunk += eos;
+    }
+    out.push_back(tok.encode(chunk, false));
+    prev = std::move(rendered);
+  }
+  return out;
+}
+
+void message_log_row(const std::vector<std::vector<int32_t>>& log, const json& messages, bool only_final,
+                     std::vector<int32_t>& ids, std::vector<float>& mask) {
+  ids.clear();
+  mask.clear();
+  for (size_t i = 0; i < log.size(); ++i) {
+    const bool trained = messages[i]["role"] == "assistant" && (!only_final || i + 1 == log.size());
+    ids.insert(ids.end(), log[i].begin(), log[i].end());
+    mask.insert(mask.end(), log[i].size(), trained ? 1.0f : 0.0f);
+  }
+}
+
+}  // namespace rlh::grpo
