@@ -271,6 +271,12 @@ backend::BackendConfig read_config(const json& policy) {
   cfg.moe.z_loss_coef = r.number("megatron_cfg.moe_z_loss_coeff", 0.0);
   if (!(cfg.moe.aux_loss_coef >= 0)) r.fail("megatron_cfg.moe_aux_loss_coeff", "must be >= 0");
   if (!(cfg.moe.z_loss_coef >= 0)) r.fail("megatron_cfg.moe_z_loss_coeff", "must be >= 0");
+  // Megatron-Core's aux-loss-free balancing moves a router's expert bias by this rate each step
+  // (Megatron-Bridge turns it on for DeepSeek-V3's e_score_correction_bias). rlhost keeps that
+  // bias as the checkpoint has it, so a positive rate is refused for a model with one
+  // (model_loading.cpp); other models have no expert bias for it to move.
+  cfg.expert_bias_update_rate = r.number("megatron_cfg.moe_router_bias_update_rate", 0.0);
+  if (!(cfg.expert_bias_update_rate >= 0)) r.fail("megatron_cfg.moe_router_bias_update_rate", "must be >= 0");
 
   // Megatron's optimizer: always present (NeMo-RL's defaults when keys are absent).
   const std::string o = "megatron_cfg.optimizer.";

@@ -536,6 +536,39 @@ TEST(BackendConfig, MegatronMoeRouterKeys) {
   }
 }
 
+// Megatron's aux-loss-free balancing (moe_router_bias_update_rate) would move DeepSeek-V3's
+// e_score_correction_bias each step; rlhost keeps the bias as the checkpoint has it, so a positive
+// rate is refused for a model with one, and changes nothing (accepted) for a model without
+// (NeMo-RL's sft.yaml sets 1e-3 for every model).
+TEST(BackendConfig, MegatronExpertBiasUpdateRate) {
+  const json rate = {{"megatron_cfg", {{"moe_router_bias_update_rate", 1e-3}}}};
+  {
+    Backend be(host(), "megatron", rate);
+    rlh_model* m = nullptr;
+    expect_error(be.try_load(fixtures_root() + "/deepseek-v3-tiny", true, &m), RLH_E_UNIMPLEMENTED,
+                 "policy.megatron_cfg.moe_router_bias_update_rate = 0.001");
+  }
+  for (const char* model : {"mixtral-tiny", "llama-tiny"}) {
+    Backend be(host(), "megatron", rate);
+    rlh_model* m = nullptr;
+    rlh_status* s = be.try_load(fixtures_root() + "/" + model, true, &m);
+    EXPECT_EQ(s, nullptr) << model << ": " << rlh::sdk::status_message(s);
+    rlh_status_destroy(s);
+  }
+  {
+    Backend be(host(), "megatron", {{"megatron_cfg", {{"moe_router_bias_update_rate", 0.0}}}});
+    rlh_model* m = nullptr;
+    rlh_status* s = be.try_load(fixtures_root() + "/deepseek-v3-tiny", true, &m);
+    EXPECT_EQ(s, nullptr) << rlh::sdk::status_message(s);
+    rlh_status_destroy(s);
+  }
+  const std::string text = json{{"megatron_cfg", {{"moe_router_bias_update_rate", -1}}}}.dump();
+  rlh_backend* b = nullptr;
+  expect_error(host().backend("megatron")->create(host().services(), text.data(), text.size(), &b),
+               RLH_E_INVALID_ARGUMENT, "policy.megatron_cfg.moe_router_bias_update_rate");
+  if (b != nullptr) host().backend("megatron")->destroy(b);
+}
+
 // Automodel's gate_precision: float64 is the engine's fp64 router, the same as megatron's
 // moe_router_dtype: fp64 (bitwise: one engine), and not the fp32 router; other dtypes refused.
 TEST(BackendConfig, DtensorGatePrecisionIsTheRouterDtype) {

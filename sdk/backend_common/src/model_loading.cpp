@@ -440,6 +440,14 @@ std::unique_ptr<Model> load_model(Backend& b, const rlh_model_args& args) {
     }
   }
   check_context_parallel(b, *m);
+  if (m->config.expert_bias_update_rate > 0)
+    for (const sdk::ParamDesc& p : m->desc.params)
+      if (p.role == sdk::ParamRole::expert_score_bias)
+        throw Error(RLH_E_UNIMPLEMENTED,
+                    m->desc.architecture + " (" + m->dir + "): policy.megatron_cfg.moe_router_bias_update_rate = " +
+                        nlohmann::json(m->config.expert_bias_update_rate).dump() + ": " + p.name +
+                        " would move by aux-loss-free balancing, which rlhost does not run (set 0: the bias "
+                        "stays as the checkpoint has it, as NeMo-RL's GRPO recipes keep it)");
   if (tp > 1 && (!b.dp || b.dp->tp_size() != tp))
     throw Error(RLH_E_INVALID_ARGUMENT,
                 std::string(b.flavor->name) + ": policy.megatron_cfg.tensor_model_parallel_size = " + std::to_string(tp) +

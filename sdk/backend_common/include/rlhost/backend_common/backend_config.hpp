@@ -163,6 +163,10 @@ struct BackendConfig {
   // head's weight and its input in float32. The CPU engine computes the head in float32 anyway;
   // the device path multiplies bf16 operands, so it declines an MoE model with this set.
   bool moe_head_fp32 = false;
+  // megatron_cfg.moe_router_bias_update_rate: the expert bias's per-step update (Megatron's
+  // aux-loss-free balancing), which the engines do not run: above 0 a model with an expert score
+  // bias is refused at load.
+  double expert_bias_update_rate = 0;
   // policy.device: "auto" (the flavor's device path when one is usable and precision is
   // bfloat16, else the CPU engine), "cpu", "cuda" or "cuda:N" (that device or an error).
   std::string device = "auto";
