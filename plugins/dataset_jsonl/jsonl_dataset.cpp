@@ -244,7 +244,10 @@ JsonlDataset::JsonlDataset(const json& config) : cfg_(resolve_config(config)) {
   }
   if (s.system_prompt_file) system_prompt_ = read_text_file(*s.system_prompt_file, s.origin, "system_prompt_file");
   if (s.format == RowFormat::kResponse) {
-    rows_ = index_jsonl(s.data_path, s.input_key, s.output_key, s.origin);
+    rows_ = index_jsonl(s.data_path, s.input_key, s.output_key, s.origin, &messages_);
+    if (messages_ && system_prompt_)
+      throw Error(RLH_E_INVALID_ARGUMENT, s.origin + ".system_prompt_file: not used with a file of 'messages' "
+                                                     "conversations (put a system message in the rows; set null)");
   } else {
     rows_ = index_jsonl(s.data_path, s.origin, [&](const nlohmann::ordered_json& line) {
       nlohmann::ordered_json out;
@@ -298,6 +301,16 @@ std::string JsonlDataset::row_json(int64_t index) const {
     if (std::string e = preference_row(s, row, out); !e.empty())
       throw Error(RLH_E_DATA_LOSS, where + "row changed since the file was indexed (" + e + ")");
     return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  }
+  if (messages_) {
+    if (!messages_row_error(row).empty()) throw Error(RLH_E_DATA_LOSS, where + "row changed since the file was indexed");
+    if (prompt_)  // NeMo-RL's task prompt formats the first user message
+      for (auto& m : row["messages"])
+        if (m["role"] == "user") {
+          m["content"] = apply_prompt_template(*prompt_, m["content"].get<std::string>());
+          break;
+        }
+    return row.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
   }
   if (!row.is_object() || !row.contains(s.input_key) || !row[s.input_key].is_string() || !row.contains(s.output_key))
     throw Error(RLH_E_DATA_LOSS, where + "row changed since the file was indexed");

@@ -203,9 +203,49 @@ std::vector<LineRef> index_lines(const std::string& path, const std::string& ori
 
 }  // namespace
 
+std::string messages_row_error(const nlohmann::ordered_json& line) {
+  if (!line.is_object()) return "expected a JSON object";
+  auto it = line.find("messages");
+  if (it == line.end()) return "missing key 'messages' (the file's first row has it: every row of a conversation file must)";
+  if (!it->is_array() || it->empty()) return "'messages' must be a non-empty list of {role, content} objects";
+  for (size_t i = 0; i < it->size(); ++i) {
+    const auto& m = (*it)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return at + " must be an object with string 'role' and 'content'";
+    if (!m.contains("role") || !m["role"].is_string()) return at + ".role must be a string";
+    if (!m.contains("content") || !m["content"].is_string())
+      return at + ".content must be a string (multimodal content lists are not supported)";
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null())
+      return at + ": tool calls are not supported in training conversations";
+  }
+  return "";
+}
+
 std::vector<LineRef> index_jsonl(const std::string& path, const std::string& input_key,
-                                 const std::string& output_key, const std::string& origin) {
+                                 const std::string& output_key, const std::string& origin, bool* messages) {
+  // NeMo-RL's ResponseDataset takes a file with a "messages" column as conversations; the first
+  // row decides here (a SAX peek that builds nothing).
+  enum class Layout { kUndecided, kFields, kMessages } layout = messages ? Layout::kUndecided : Layout::kFields;
   return index_lines(path, origin, [&](const char* p, size_t n, const std::string& where) {
+    if (layout == Layout::kUndecided) {
+      LineChecker peek("messages", "messages");
+      const bool ok = json::sax_parse(p, p + n, &peek, json::input_format_t::json, true);
+      layout = ok && peek.error().empty() && peek.input() != Kind::kAbsent ? Layout::kMessages : Layout::kFields;
+      *messages = layout == Layout::kMessages;
+    }
+    if (layout == Layout::kMessages) {
+      LineChecker shape("", "");  // bounds the nesting depth before a tree is built
+      if (!json::sax_parse(p, p + n, &shape, json::input_format_t::json, true) || !shape.error().empty())
+        throw Error(RLH_E_INVALID_ARGUMENT, where + (shape.error().empty() ? "invalid JSON" : shape.error()));
+      nlohmann::ordered_json line;
+      try {
+        line = nlohmann::ordered_json::parse(p, p + n);
+      } catch (const std::exception& e) {
+        throw Error(RLH_E_INVALID_ARGUMENT, where + "invalid JSON: " + e.what());
+      }
+      if (std::string e = messages_row_error(line); !e.empty()) throw Error(RLH_E_INVALID_ARGUMENT, where + e);
+      return;
+    }
     LineChecker check(input_key, output_key);
     const bool ok = json::sax_parse(p, p + n, &check, json::input_format_t::json, true);
     if (!ok || !check.error().empty())

@@ -173,6 +173,51 @@ TEST(JsonlDataset, StreamsLongLinesAcrossChunksCrlfBomAndNoFinalNewline) {
   EXPECT_EQ(a[3], d.row_json(3 * 97));
 }
 
+// NeMo-RL's ResponseDataset takes a file with "messages" as conversations (SFT on chat data):
+// the first row decides, every row must be one, the prompt file formats the first user message.
+TEST(JsonlDataset, MessagesFilesAreConversations) {
+  TempDir t;
+  const std::string conv =
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"2+2?\"}, "
+      "{\"role\": \"assistant\", \"content\": \"4\"}], \"id\": 1}\n";
+  const std::string two =
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello\"}, "
+      "{\"role\": \"user\", \"content\": \"x{y}\"}, {\"role\": \"assistant\", \"content\": \"z\"}]}\n";
+  const std::string f = t.write("chat.jsonl", conv + two);
+  JsonlDataset d(json{{"data_path", f}});
+  auto rows = all_rows(d);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0]["messages"].size(), 3u);
+  EXPECT_EQ(rows[0]["messages"][1]["content"], "2+2?");
+  EXPECT_EQ(rows[0]["id"], 1);
+  EXPECT_FALSE(rows[0].contains("prompt"));
+  const std::string prompt = t.write("p.txt", "Q: {}");
+  rows = all_rows(JsonlDataset(json{{"data_path", f}, {"prompt_file", prompt}}));
+  EXPECT_EQ(rows[0]["messages"][1]["content"], "Q: 2+2?");
+  EXPECT_EQ(rows[1]["messages"][0]["content"], "Q: hi");    // the first user message only
+  EXPECT_EQ(rows[1]["messages"][2]["content"], "x{y}");
+  // Bad rows: one line naming file and line.
+  auto err = [&](const std::string& text, json extra = json::object()) {
+    json cfg = {{"data_path", t.write("bad.jsonl", text)}};
+    for (auto& [k, v] : extra.items()) cfg[k] = v;
+    const std::string e = error_of(cfg);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    return e.substr(e.find("bad.jsonl"));
+  };
+  EXPECT_EQ(err(conv + "{\"input\": \"a\", \"output\": \"b\"}\n"),
+            "bad.jsonl:2: missing key 'messages' (the file's first row has it: every row of a conversation file must)");
+  EXPECT_EQ(err("{\"messages\": []}\n"), "bad.jsonl:1: 'messages' must be a non-empty list of {role, content} objects");
+  EXPECT_EQ(err("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}]}]}\n"),
+            "bad.jsonl:1: messages[0].content must be a string (multimodal content lists are not supported)");
+  EXPECT_EQ(err("{\"messages\": [{\"content\": \"a\"}]}\n"), "bad.jsonl:1: messages[0].role must be a string");
+  EXPECT_EQ(err("{\"messages\": [{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{}]}]}\n"),
+            "bad.jsonl:1: messages[0]: tool calls are not supported in training conversations");
+  const std::string sys = error_of({{"data_path", f}, {"system_prompt_file", t.write("s.txt", "sys")}});
+  EXPECT_NE(sys.find("system_prompt_file: not used with a file of 'messages' conversations"), std::string::npos) << sys;
+  // A file of input/output rows whose later row has "messages" stays an input/output file.
+  EXPECT_EQ(err("{\"input\": \"a\", \"output\": \"b\"}\n" + conv), "bad.jsonl:2: missing key 'input' (dataset.input_key)");
+}
+
 TEST(JsonlDataset, BadLinesAreOneLineErrorsNamingFileAndLine) {
   TempDir t;
   auto err_for = [&](const std::string& text, json extra = json::object()) {

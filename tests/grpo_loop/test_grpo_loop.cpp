@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -538,6 +539,72 @@ TEST_F(Loop, SftCheckpointStartsGrpo) {
   auto g = run({"policy.model_name=" + policy.string(), "grpo.max_num_steps=2", "grpo.num_prompts_per_step=8",
                 "grpo.num_generations_per_prompt=4", "checkpointing.enabled=false"});
   EXPECT_TRUE(g["train/loss"].count(2)) << "GRPO did not run from the SFT checkpoint";
+}
+
+// SFT on a file of conversations (NeMo-RL's ResponseDataset over chat data with "messages"):
+// multi-turn rows train on every assistant turn and the loss falls; a conversation with no
+// assistant turn stops the run with one line naming the row.
+TEST_F(Loop, SftTrainsOnMessagesConversations) {
+  require_runtime();
+  if (!have("sft") || !have("dataset_jsonl")) GTEST_SKIP() << "plugins 'sft' and 'dataset_jsonl' are needed";
+  const fs::path sft_model = dir / "sft_model";
+  const std::string cmd = std::string(RLH_TINY_MODEL) + " " + sft_model.string() +
+                          " --alphabet '0123456789+-*=' --seed 4 > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto turn = [](const std::string& role, const std::string& content) { return json{{"role", role}, {"content", content}}; };
+  std::ofstream out(dir / "chat.jsonl");
+  for (int i = 0; i < 32; ++i) {
+    const int a = i % 10, b = (i * 7) % 10;
+    json msgs = json::array({turn("user", std::to_string(a) + "+" + std::to_string(b) + "="), turn("assistant", std::to_string(a + b))});
+    if (i % 2 == 1) {  // two turns
+      msgs.push_back(turn("user", std::to_string(b) + "*" + std::to_string(a) + "="));
+      msgs.push_back(turn("assistant", std::to_string(a * b)));
+    }
+    out << json{{"messages", msgs}}.dump() << "\n";
+  }
+  out << json{{"messages", json::array({turn("user", "1+1=")})}}.dump() << "\n";  // row 32: nothing to train on
+  out.close();
+  auto sft = [&](const std::vector<std::string>& extra, std::string* msg) {
+    rlhost_t* h = nullptr;
+    EXPECT_EQ(rlhost_create(&h), nullptr);
+    rlhost_set_log_level(h, RLH_LOG_ERROR);
+    for (const std::string p : {"sft", "dtensor", "dataset_jsonl", "tokenizer_hf", "model_llama", "kernels_cpu"})
+      EXPECT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
+    EXPECT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs/sft_demo_cpu.yaml").c_str()), msg),
+              RLH_OK) << *msg;
+    std::vector<std::string> o = {"policy.model_name=" + sft_model.string(), "~data.train", "~data.validation",
+                                  "++data.train.dataset_name=ResponseDataset",
+                                  "++data.train.data_path=" + (dir / "chat.jsonl").string(), "sft.val_period=0",
+                                  "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+                                  "checkpointing.enabled=false", "logger.log_dir=" + (dir / "sft_logs").string(),
+                                  "++logger.console_enabled=false"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    for (const std::string& x : o) EXPECT_EQ(code_of(rlhost_apply_override(h, x.c_str()), msg), RLH_OK) << x << ": " << *msg;
+    const rlh_code c = code_of(rlhost_run(h), msg);
+    std::string lines;
+    EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+    rlhost_destroy(h);
+    std::map<int64_t, double> loss;
+    std::istringstream in(lines);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) {
+        const json j = json::parse(line);
+        if (j["name"] == "train/loss") loss[j["step"].get<int64_t>()] = j["value"].get<double>();
+      }
+    return std::make_pair(c, loss);
+  };
+  std::string msg;
+  // 32 good rows first (the epoch's order is shuffled: stop before the bad row is drawn by
+  // turning shuffling off), 2 steps of 16, repeated over epochs.
+  auto [code, loss] = sft({"data.shuffle=false", "sft.max_num_steps=2", "sft.max_num_epochs=1"}, &msg);
+  ASSERT_EQ(code, RLH_OK) << msg;
+  ASSERT_TRUE(loss.count(1) && loss.count(2)) << "no SFT steps on the conversations";
+  EXPECT_TRUE(std::isfinite(loss[1]) && loss[1] > 0);
+  auto [bad, none] = sft({"data.shuffle=false", "sft.max_num_steps=3", "sft.max_num_epochs=1",
+                          "policy.train_global_batch_size=11", "policy.train_micro_batch_size=11"}, &msg);
+  EXPECT_EQ(bad, RLH_E_INVALID_ARGUMENT) << msg;
+  EXPECT_NE(msg.find("row 32: the conversation has no assistant message to train on"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
 }
 
 // DAPO dynamic sampling: generation batches repeat until enough prompt groups with varying

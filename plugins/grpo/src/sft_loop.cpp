@@ -68,8 +68,8 @@ struct SftConfig {
     if (c.val_batches < 0) throw ConfigError("sft.val_batches: must be >= 0 (0 = the whole validation set)");
     c.val_global_batch_size = positive(s, "val_global_batch_size", c.val_global_batch_size);
     s.read("val_at_start", c.val_at_start);
-    // Train on the final assistant message only: a row here is one conversation with one
-    // assistant turn, its last, so both values train on the same tokens.
+    // Train on the final message only (when it is the assistant's), where a conversation row
+    // has several assistant turns; a prompt/answer row has one, its last.
     s.read("only_unmask_final", c.only_unmask_final);
     int64_t seed = static_cast<int64_t>(c.seed);
     s.read("seed", seed);
@@ -126,16 +126,34 @@ struct SftLoop::Impl {
   void add_row(PackedBatch& b, std::vector<std::vector<float>>& masks, std::vector<float>& sample_mask,
                const Dataset& data, int64_t index) const {
     const json row = data.row(index);
-    auto p = row.find("prompt");
-    auto a = row.find("answer");
-    if (p == row.end() || !p->is_string() || a == row.end() || !a->is_string())
-      throw Error(RLH_E_INVALID_ARGUMENT,
-                  data.origin() + ": row " + std::to_string(index) + " needs string 'prompt' and 'answer'");
     json messages = json::array();
-    if (auto sp = row.find("system_prompt"); sp != row.end() && sp->is_string())
-      messages.push_back({{"role", "system"}, {"content", *sp}});
-    messages.push_back({{"role", "user"}, {"content", *p}});
-    messages.push_back({{"role", "assistant"}, {"content", *a}});
+    if (auto conv = row.find("messages"); conv != row.end()) {
+      // A conversation (the jsonl dataset's 'messages' files, NeMo-RL's ResponseDataset over
+      // chat data): every assistant turn is trained on (all but the last without their EOS,
+      // which only the conversation's end gets).
+      bool ok = conv->is_array() && !conv->empty(), assistant = false;
+      for (const auto& m : ok ? *conv : json::array()) {
+        ok = ok && m.is_object() && m.contains("role") && m["role"].is_string() && m.contains("content") &&
+             m["content"].is_string();
+        if (!ok) break;
+        messages.push_back({{"role", m["role"]}, {"content", m["content"]}});
+        assistant = assistant || m["role"] == "assistant";
+      }
+      if (!ok || !assistant)
+        throw Error(RLH_E_INVALID_ARGUMENT, data.origin() + ": row " + std::to_string(index) +
+                                                (ok ? ": the conversation has no assistant message to train on"
+                                                    : ": 'messages' must be a list of {role, content} strings"));
+    } else {
+      auto p = row.find("prompt");
+      auto a = row.find("answer");
+      if (p == row.end() || !p->is_string() || a == row.end() || !a->is_string())
+        throw Error(RLH_E_INVALID_ARGUMENT, data.origin() + ": row " + std::to_string(index) +
+                                                " needs string 'prompt' and 'answer' (or a 'messages' conversation)");
+      if (auto sp = row.find("system_prompt"); sp != row.end() && sp->is_string())
+        messages.push_back({{"role", "system"}, {"content", *sp}});
+      messages.push_back({{"role", "user"}, {"content", *p}});
+      messages.push_back({{"role", "assistant"}, {"content", *a}});
+    }
     std::vector<int32_t> ids;
     std::vector<float> m;
     message_log_row(formatted_message_log(*tok, messages, cfg.messages), messages, cfg.only_unmask_final, ids, m);

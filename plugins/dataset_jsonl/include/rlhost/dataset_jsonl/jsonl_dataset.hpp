@@ -16,6 +16,12 @@
 //   "answer":        the output field as a string
 //   "system_prompt": the system prompt file's text, when one is given
 // Chat templating is left to the algorithm (through the tokenizer component).
+// A file whose first row has "messages" is, as NeMo-RL's ResponseDataset takes such a file, a
+// file of conversations: every row must hold "messages", a non-empty list of {"role": string,
+// "content": string} (multimodal content lists and tool calls are refused by line), and comes out
+// as the line itself, the prompt file's "{}" applied to the first user message's content
+// (NeMo-RL's get_formatted_message_log); a system prompt file is refused for such a file (the
+// conversation holds its own system message).
 //
 // Preference rows (DPO, RM): with dataset_name BinaryPreferenceDataset (keys prompt_key,
 // chosen_key, rejected_key; defaults prompt/chosen/rejected; each a string or a message list) or
@@ -85,9 +91,15 @@ struct LineRef {
 };
 
 // Indexes `path`: each non-blank line must be a JSON object holding `input_key` (a string) and
-// `output_key` (a string or number). `origin` names the config section in messages.
+// `output_key` (a string or number). `origin` names the config section in messages. With
+// `messages` given, a file whose first row has a top-level "messages" key is indexed as
+// conversations instead (each row checked by messages_row_error) and *messages is set.
 std::vector<LineRef> index_jsonl(const std::string& path, const std::string& input_key,
-                                 const std::string& output_key, const std::string& origin);
+                                 const std::string& output_key, const std::string& origin,
+                                 bool* messages = nullptr);
+// What is wrong with a conversation row ("" when nothing): "messages" must be a non-empty list of
+// objects with string "role" and "content".
+std::string messages_row_error(const nlohmann::ordered_json& line);
 // Indexes `path` checking each non-blank line with `check` (the parsed line; returns "" or what
 // is wrong, which becomes "path:line: what").
 std::vector<LineRef> index_jsonl(const std::string& path, const std::string& origin,
@@ -123,6 +135,7 @@ class JsonlDataset {
   JsonlConfig cfg_;
   int fd_ = -1;
   std::vector<LineRef> rows_;
+  bool messages_ = false;  // a file of conversations (see the top)
   std::optional<std::string> prompt_;
   std::optional<std::string> system_prompt_;
 };
