@@ -66,6 +66,17 @@ TEST_F(DpoLoop, SftTermAndAveragedLogProbs) {
   EXPECT_NEAR(m["train/loss"][1], m["train/preference_loss"][1] + 0.5 * m["train/sft_loss"][1], 1e-5);
 }
 
+// NeMo-RL's preference processor drops a pair with a side longer than data.max_input_seq_length
+// (loss_multiplier 0): with a limit below every pair, nothing is trained on.
+TEST_F(DpoLoop, PairsPastMaxInputSeqLengthAreNotTrainedOn) {
+  Metrics m = run({"checkpointing.enabled=false", "dpo.max_num_steps=1", "dpo.val_period=0", "dpo.val_at_start=false",
+                   "++data.max_input_seq_length=2"});
+  ASSERT_TRUE(m["train/loss"].count(1));
+  EXPECT_EQ(m["train/loss"][1], 0.0);
+  Metrics kept = run({"checkpointing.enabled=false", "dpo.max_num_steps=1", "dpo.val_period=0", "dpo.val_at_start=false"});
+  EXPECT_GT(kept["train/loss"][1], 0.0);
+}
+
 TEST_F(DpoLoop, ResumeContinuesBitwise) {
   check_resume_is_bitwise();
   const json info = json::parse(read_file(dir / "resumed/step_4/training_info.json"));

@@ -62,6 +62,9 @@ struct PreferenceLoopConfig {
   DataSource train;
   std::optional<DataSource> validation;
   bool shuffle = true;
+  // data.max_input_seq_length (default max_total_sequence_length): a pair with a side longer is
+  // not trained on (NeMo-RL's preference processor's loss_multiplier 0).
+  int64_t max_seq_length = 0;
   sdk::CheckpointConfig checkpointing;
   std::string model_save_dtype = "float32";
 
@@ -126,7 +129,11 @@ struct PreferenceLoopConfig {
       throw ConfigError("policy.train_global_batch_size: missing (preference pairs per step)");
     const json& data = child(whole, "data");
     if (!data.is_object()) throw ConfigError("data: missing (the preference pairs to train on)");
-    detail::Section(data, "data").read("shuffle", c.shuffle);
+    const detail::Section d(data, "data");
+    d.read("shuffle", c.shuffle);
+    c.max_seq_length = c.policy.max_total_sequence_length;
+    if (const json* m = d.find("max_input_seq_length"); m != nullptr && !m->is_null())
+      c.max_seq_length = positive(d, "max_input_seq_length", c.max_seq_length);
     c.train = read_data_source(data, "train", true);
     DataSource v = read_data_source(data, "validation", false);
     if (!v.component.empty()) c.validation = v;
@@ -207,10 +214,10 @@ struct PreferenceLoop::Impl {
     std::vector<int32_t> ids[2];
     std::vector<float> mask[2];
     for (int k = 0; k < 2; ++k) render(*it, (*cs)[k]["completion"], ids[k], mask[k]);
-    // NeMo-RL: a pair with either side past max_total_sequence_length is cut short and not
-    // trained on (loss_multiplier 0 for both).
+    // NeMo-RL: a pair with either side past data.max_input_seq_length is not trained on
+    // (loss_multiplier 0 for both); sides past max_total_sequence_length are cut to fit.
     const auto max_len = static_cast<size_t>(cfg.policy.max_total_sequence_length);
-    const float keep = std::max(ids[0].size(), ids[1].size()) > max_len ? 0.0f : 1.0f;
+    const float keep = std::max(ids[0].size(), ids[1].size()) > static_cast<size_t>(cfg.max_seq_length) ? 0.0f : 1.0f;
     for (int k = 0; k < 2; ++k) {
       if (ids[k].size() > max_len) {
         ids[k].resize(max_len);

@@ -29,7 +29,7 @@ const char* const kKeys[] = {
     "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.max_total_sequence_length",
     "policy.dtensor_cfg.enabled", "policy.megatron_cfg.enabled", "policy.sequence_packing.enabled",
     "policy.sequence_packing.train_mb_tokens", "policy.dynamic_batching.enabled",
-    "policy.dynamic_batching.train_mb_tokens", "data.shuffle", nullptr};
+    "policy.dynamic_batching.train_mb_tokens", "data.shuffle", "data.max_input_seq_length", nullptr};
 
 const rlh_component_desc kRm = rlh::sdk::component_desc(
     RLH_KIND_ALGORITHM, "rm", "0.1.0", RLH_ALGORITHM_API_VERSION_MAJOR, RLH_ALGORITHM_API_VERSION_MINOR, &kApi,
