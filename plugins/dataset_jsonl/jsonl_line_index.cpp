@@ -201,6 +201,22 @@ std::vector<LineRef> index_lines(const std::string& path, const std::string& ori
   return rows;
 }
 
+// A line parsed whole and given to `check` (which returns "" or what is wrong): the SAX pass
+// first, which bounds the nesting depth before a tree is built.
+void check_parsed_line(const char* p, size_t n, const std::string& where,
+                       const std::function<std::string(const nlohmann::ordered_json&)>& check) {
+  LineChecker shape("", "");
+  if (!json::sax_parse(p, p + n, &shape, json::input_format_t::json, true) || !shape.error().empty())
+    throw Error(RLH_E_INVALID_ARGUMENT, where + (shape.error().empty() ? "invalid JSON" : shape.error()));
+  nlohmann::ordered_json line;
+  try {
+    line = nlohmann::ordered_json::parse(p, p + n);
+  } catch (const std::exception& e) {
+    throw Error(RLH_E_INVALID_ARGUMENT, where + "invalid JSON: " + e.what());
+  }
+  if (std::string e = check(line); !e.empty()) throw Error(RLH_E_INVALID_ARGUMENT, where + e);
+}
+
 }  // namespace
 
 std::string messages_row_error(const nlohmann::ordered_json& line) {
@@ -233,19 +249,7 @@ std::vector<LineRef> index_jsonl(const std::string& path, const std::string& inp
       layout = ok && peek.error().empty() && peek.input() != Kind::kAbsent ? Layout::kMessages : Layout::kFields;
       *messages = layout == Layout::kMessages;
     }
-    if (layout == Layout::kMessages) {
-      LineChecker shape("", "");  // bounds the nesting depth before a tree is built
-      if (!json::sax_parse(p, p + n, &shape, json::input_format_t::json, true) || !shape.error().empty())
-        throw Error(RLH_E_INVALID_ARGUMENT, where + (shape.error().empty() ? "invalid JSON" : shape.error()));
-      nlohmann::ordered_json line;
-      try {
-        line = nlohmann::ordered_json::parse(p, p + n);
-      } catch (const std::exception& e) {
-        throw Error(RLH_E_INVALID_ARGUMENT, where + "invalid JSON: " + e.what());
-      }
-      if (std::string e = messages_row_error(line); !e.empty()) throw Error(RLH_E_INVALID_ARGUMENT, where + e);
-      return;
-    }
+    if (layout == Layout::kMessages) return check_parsed_line(p, n, where, messages_row_error);
     LineChecker check(input_key, output_key);
     const bool ok = json::sax_parse(p, p + n, &check, json::input_format_t::json, true);
     if (!ok || !check.error().empty())
@@ -266,17 +270,7 @@ std::vector<LineRef> index_jsonl(const std::string& path, const std::string& inp
 std::vector<LineRef> index_jsonl(const std::string& path, const std::string& origin,
                                  const std::function<std::string(const nlohmann::ordered_json&)>& check) {
   return index_lines(path, origin, [&](const char* p, size_t n, const std::string& where) {
-    // The SAX pass first: it bounds the nesting depth before a tree is built.
-    LineChecker shape("", "");
-    if (!json::sax_parse(p, p + n, &shape, json::input_format_t::json, true) || !shape.error().empty())
-      throw Error(RLH_E_INVALID_ARGUMENT, where + (shape.error().empty() ? "invalid JSON" : shape.error()));
-    nlohmann::ordered_json line;
-    try {
-      line = nlohmann::ordered_json::parse(p, p + n);
-    } catch (const std::exception& e) {
-      throw Error(RLH_E_INVALID_ARGUMENT, where + "invalid JSON: " + e.what());
-    }
-    if (std::string e = check(line); !e.empty()) throw Error(RLH_E_INVALID_ARGUMENT, where + e);
+    check_parsed_line(p, n, where, check);
   });
 }
 
