@@ -38,6 +38,11 @@ struct GenerationConfig {
   int64_t sequence_cap(int64_t max_total_sequence_length) const {
     return max_model_len > 0 ? std::min(max_model_len, max_total_sequence_length) : max_total_sequence_length;
   }
+  // The key that sets sequence_cap(), for messages.
+  const char* sequence_cap_key(int64_t max_total_sequence_length) const {
+    return max_model_len > 0 && max_model_len < max_total_sequence_length ? "policy.generation.vllm_cfg.max_model_len"
+                                                                         : "policy.max_total_sequence_length";
+  }
   SamplingSettings train, validation;
   std::vector<int32_t> stop_token_ids;  // beyond the tokenizer's EOS ids
   std::vector<std::string> stop_strings;

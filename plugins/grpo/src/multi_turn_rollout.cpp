@@ -77,14 +77,13 @@ Rollout run_multi_turn_rollout(Generator& gen, const Tokenizer& tok, Environment
   }
   // A sequence ends at vLLM's max_model_len when one below max_total_sequence_length is set:
   // generation and observations alike, so no turn's prompt passes it.
-  const bool model_len = gcfg.max_model_len > 0 && gcfg.max_model_len < max_total_sequence_length;
+  const std::string cap_key = gcfg.sequence_cap_key(max_total_sequence_length);
   max_total_sequence_length = gcfg.sequence_cap(max_total_sequence_length);
   int64_t longest = 0;
   for (const Prompt& p : r.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
   if (max_total_sequence_length - longest <= 0)
     throw Error(RLH_E_INVALID_ARGUMENT,
-                std::string(model_len ? "policy.generation.vllm_cfg.max_model_len: " : "policy.max_total_sequence_length: ") +
-                    std::to_string(max_total_sequence_length) + " leaves no room to generate after a prompt of " +
+                cap_key + ": " + std::to_string(max_total_sequence_length) + " leaves no room to generate after a prompt of " +
                     std::to_string(longest) + " tokens (lower data.max_input_seq_length)");
 
   std::vector<int32_t> stop_ids = tok.eos_token_ids();

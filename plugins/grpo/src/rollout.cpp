@@ -184,10 +184,7 @@ std::unique_ptr<GenerateRequest> make_generate_request(const Tokenizer& tok, con
   const int64_t cap = gcfg.sequence_cap(max_total_sequence_length);
   if (longest >= cap)
     throw Error(RLH_E_INVALID_ARGUMENT,
-                std::string(gcfg.max_model_len > 0 && gcfg.max_model_len < max_total_sequence_length
-                                ? "policy.generation.vllm_cfg.max_model_len: "
-                                : "policy.max_total_sequence_length: ") +
-                    std::to_string(cap) + " leaves no room to generate after a prompt of " + std::to_string(longest) +
+                std::string(gcfg.sequence_cap_key(max_total_sequence_length)) + ": " + std::to_string(cap) + " leaves no room to generate after a prompt of " + std::to_string(longest) +
                     " tokens (lower data.max_input_seq_length)");
   const int64_t max_new = prompts.empty() ? gcfg.max_new_tokens : std::min<int64_t>(gcfg.max_new_tokens, cap - shortest);
 
