@@ -600,6 +600,12 @@ TEST_F(Loop, SftTrainsOnMessagesConversations) {
   ASSERT_EQ(code, RLH_OK) << msg;
   ASSERT_TRUE(loss.count(1) && loss.count(2)) << "no SFT steps on the conversations";
   EXPECT_TRUE(std::isfinite(loss[1]) && loss[1] > 0);
+  // NeMo-RL's sft_processor: a row of at least data.max_input_seq_length tokens is not trained
+  // on (every row here has 5 or more).
+  auto [capped, masked] = sft({"data.shuffle=false", "sft.max_num_steps=1", "++data.max_input_seq_length=5"}, &msg);
+  ASSERT_EQ(capped, RLH_OK) << msg;
+  ASSERT_TRUE(masked.count(1));
+  EXPECT_EQ(masked[1], 0.0);
   auto [bad, none] = sft({"data.shuffle=false", "sft.max_num_steps=3", "sft.max_num_epochs=1",
                           "policy.train_global_batch_size=11", "policy.train_micro_batch_size=11"}, &msg);
   EXPECT_EQ(bad, RLH_E_INVALID_ARGUMENT) << msg;
