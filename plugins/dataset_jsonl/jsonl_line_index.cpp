@@ -224,6 +224,11 @@ std::string messages_row_error(const nlohmann::ordered_json& line) {
   auto it = line.find("messages");
   if (it == line.end()) return "missing key 'messages' (the file's first row has it: every row of a conversation file must)";
   if (!it->is_array() || it->empty()) return "'messages' must be a non-empty list of {role, content} objects";
+  // (The sft plugin's bound: each message renders the conversation up to it.)
+  constexpr size_t kMaxMessages = 1024;
+  if (it->size() > kMaxMessages)
+    return "'messages' has " + std::to_string(it->size()) + " messages, more than the " + std::to_string(kMaxMessages) +
+           " a conversation row takes";
   for (size_t i = 0; i < it->size(); ++i) {
     const auto& m = (*it)[i];
     const std::string at = "messages[" + std::to_string(i) + "]";

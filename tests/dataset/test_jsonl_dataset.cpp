@@ -214,6 +214,9 @@ TEST(JsonlDataset, MessagesFilesAreConversations) {
             "bad.jsonl:1: messages[0]: tool calls are not supported in training conversations");
   const std::string sys = error_of({{"data_path", f}, {"system_prompt_file", t.write("s.txt", "sys")}});
   EXPECT_NE(sys.find("system_prompt_file: not used with a file of 'messages' conversations"), std::string::npos) << sys;
+  std::string huge = "{\"messages\": [";
+  for (int i = 0; i < 1025; ++i) huge += std::string(i ? ", " : "") + "{\"role\": \"user\", \"content\": \"a\"}";
+  EXPECT_EQ(err(huge + "]}\n"), "bad.jsonl:1: 'messages' has 1025 messages, more than the 1024 a conversation row takes");
   // A file of input/output rows whose later row has "messages" stays an input/output file.
   EXPECT_EQ(err("{\"input\": \"a\", \"output\": \"b\"}\n" + conv), "bad.jsonl:2: missing key 'input' (dataset.input_key)");
 }

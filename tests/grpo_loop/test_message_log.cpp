@@ -129,4 +129,29 @@ TEST_F(MessageLog, WithoutATemplateTheContentsRunOnWithBosAndEos) {
   EXPECT_EQ(mask.back(), 1.0f);
 }
 
+// A hostile row stays bounded: rendering stops once the tokens reach max_tokens (such a row is
+// not trained on), and a conversation past kMaxConversationMessages is refused.
+TEST_F(MessageLog, HostileRowsStayBounded) {
+  MessageLogOptions o;
+  o.format = PromptFormat::kRaw;
+  json many = json::array();
+  for (int i = 0; i < 512; ++i) {
+    many.push_back({{"role", "user"}, {"content", "1+1="}});
+    many.push_back({{"role", "assistant"}, {"content", "2"}});
+  }
+  o.max_tokens = 12;
+  const auto log = formatted_message_log(*raw, many, o);
+  size_t tokens = 0;
+  for (const auto& m : log) tokens += m.size();
+  EXPECT_GE(tokens, 12u);
+  EXPECT_LT(log.size(), 8u) << "rendering went on past max_tokens";
+  many.push_back({{"role", "user"}, {"content", "x"}});
+  try {
+    formatted_message_log(*raw, many, o);
+    ADD_FAILURE() << "1025 messages were rendered";
+  } catch (const rlh::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the 1024 a training row takes"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "rlhost/sdk/status.hpp"
+
 namespace rlh::grpo {
 
 using json = nlohmann::json;
@@ -29,8 +31,13 @@ std::vector<std::vector<int32_t>> formatted_message_log(const Tokenizer& tok, co
   std::string bos, eos;
   if (o.add_bos && tok.bos_token_id()) bos = token_text(tok, *tok.bos_token_id());
   if (o.add_eos && !tok.eos_token_ids().empty()) eos = token_text(tok, tok.eos_token_ids().front());
+  if (messages.size() > kMaxConversationMessages)
+    throw sdk::Error(RLH_E_INVALID_ARGUMENT, "a conversation of " + std::to_string(messages.size()) +
+                                                 " messages, more than the " + std::to_string(kMaxConversationMessages) +
+                                                 " a training row takes");
   std::vector<std::vector<int32_t>> out;
   std::string prev;
+  int64_t tokens = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i]["role"].get_ref<const std::string&>();
     std::string rendered;
@@ -49,6 +56,8 @@ std::vector<std::vector<int32_t>> formatted_message_log(const Tokenizer& tok, co
     }
     out.push_back(tok.encode(chunk, false));
     prev = std::move(rendered);
+    tokens += static_cast<int64_t>(out.back().size());
+    if (o.max_tokens > 0 && tokens >= o.max_tokens) break;
   }
   return out;
 }
@@ -58,7 +67,7 @@ void message_log_row(const std::vector<std::vector<int32_t>>& log, const json& m
   ids.clear();
   mask.clear();
   for (size_t i = 0; i < log.size(); ++i) {
-    const bool trained = messages[i]["role"] == "assistant" && (!only_final || i + 1 == log.size());
+    const bool trained = messages[i]["role"] == "assistant" && (!only_final || i + 1 == messages.size());
     ids.insert(ids.end(), log[i].begin(), log[i].end());
     mask.insert(mask.end(), log[i].size(), trained ? 1.0f : 0.0f);
   }

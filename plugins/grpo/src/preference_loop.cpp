@@ -180,11 +180,16 @@ struct PreferenceLoop::Impl {
   // The tokens of context + completion as NeMo-RL's preference processor builds them
   // (message_log.hpp with its defaults: BOS and EOS added where missing, no generation prompt),
   // and the mask on the completion's last message (its collate: the final assistant turn).
-  void render(const json& context, const json& completion, std::vector<int32_t>& ids, std::vector<float>& mask) const {
+  void render(const json& context, const json& completion, std::vector<int32_t>& ids, std::vector<float>& mask,
+              const std::string& where) const {
     json all = context;
     for (const auto& m : completion) all.push_back(m);
+    if (all.size() > kMaxConversationMessages)
+      throw Error(RLH_E_INVALID_ARGUMENT, where + " has " + std::to_string(all.size()) + " messages, more than the " +
+                                              std::to_string(kMaxConversationMessages) + " a conversation row takes");
     MessageLogOptions o;
     o.format = cfg.policy.prompt_format;
+    o.max_tokens = cfg.max_seq_length + 1;  // a side that long drops the pair: no need to render the rest
     message_log_row(formatted_message_log(*tok, all, o), all, true, ids, mask);
   }
 
@@ -213,7 +218,8 @@ struct PreferenceLoop::Impl {
                           "data.train.dataset_name: BinaryPreferenceDataset or PreferenceDataset)");
     std::vector<int32_t> ids[2];
     std::vector<float> mask[2];
-    for (int k = 0; k < 2; ++k) render(*it, (*cs)[k]["completion"], ids[k], mask[k]);
+    for (int k = 0; k < 2; ++k)
+      render(*it, (*cs)[k]["completion"], ids[k], mask[k], where + (k == 0 ? " (chosen)" : " (rejected)"));
     // NeMo-RL: a pair with either side past data.max_input_seq_length is not trained on
     // (loss_multiplier 0 for both); sides past max_total_sequence_length are cut to fit.
     const auto max_len = static_cast<size_t>(cfg.policy.max_total_sequence_length);

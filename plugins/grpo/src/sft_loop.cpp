@@ -154,9 +154,15 @@ struct SftLoop::Impl {
       messages.push_back({{"role", "user"}, {"content", *p}});
       messages.push_back({{"role", "assistant"}, {"content", *a}});
     }
+    if (messages.size() > kMaxConversationMessages)
+      throw Error(RLH_E_INVALID_ARGUMENT, data.origin() + ": row " + std::to_string(index) + " has " +
+                                              std::to_string(messages.size()) + " messages, more than the " +
+                                              std::to_string(kMaxConversationMessages) + " a conversation row takes");
     std::vector<int32_t> ids;
     std::vector<float> m;
-    message_log_row(formatted_message_log(*tok, messages, cfg.messages), messages, cfg.only_unmask_final, ids, m);
+    MessageLogOptions o = cfg.messages;
+    o.max_tokens = cfg.max_seq_length;  // a row that long is not trained on: no need to render the rest
+    message_log_row(formatted_message_log(*tok, messages, o), messages, cfg.only_unmask_final, ids, m);
     float keep = 1.0f;
     if (static_cast<int64_t>(ids.size()) >= cfg.max_seq_length) keep = 0.0f;  // NeMo-RL: not trained on
     if (static_cast<int64_t>(ids.size()) > cfg.policy.max_total_sequence_length) {
