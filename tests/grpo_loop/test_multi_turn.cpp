@@ -223,6 +223,26 @@ TEST_F(Rollouts, EachSampleEndsAtItsOwnPromptsRoom) {
   }
 }
 
+// GRPO's prompts as NeMo-RL's math_hf_data_processor builds them: without a chat template the
+// passthrough template (system prompt, then prompt); a prompt of max_input_seq_length tokens or
+// more keeps its first 4 and is masked out.
+TEST_F(Rollouts, PromptsFollowNeMoRlsMathProcessor) {
+  const json row = {{"prompt", "1234567"}, {"system_prompt", "ab"}};
+  Prompt p = make_prompt(*tok, PromptFormat::kRaw, row, 0, 64, "test");
+  EXPECT_EQ(p.text, "ab1234567");
+  EXPECT_EQ(p.ids, tok->encode("ab1234567", false));
+  EXPECT_FALSE(p.too_long);
+  p = make_prompt(*tok, PromptFormat::kRaw, row, 0, 10, "test");  // 9 tokens: under the limit
+  EXPECT_FALSE(p.too_long);
+  EXPECT_EQ(p.ids.size(), 9u);
+  p = make_prompt(*tok, PromptFormat::kRaw, row, 0, 9, "test");  // at the limit: cut and masked
+  EXPECT_TRUE(p.too_long);
+  EXPECT_EQ(p.ids, tok->encode("ab12", false));
+  p = make_prompt(*tok, PromptFormat::kRaw, row, 0, 3, "test");
+  EXPECT_TRUE(p.too_long);
+  EXPECT_EQ(p.ids.size(), 3u);
+}
+
 // The environment's stop strings apply from the next turn on, per sample.
 TEST_F(Rollouts, TheEnvironmentsStopStringsEndTheNextTurns) {
   // A prompt whose second greedy turn has at least 2 tokens, the first a plain character.

@@ -101,14 +101,16 @@ Prompt make_prompt(const Tokenizer& tok, PromptFormat format, const json& row, i
     throw Error(RLH_E_INVALID_ARGUMENT,
                 origin + ": row " + std::to_string(row_index) + " has no string 'prompt'");
   const std::string prompt = it->get<std::string>();
+  const auto sp = row.find("system_prompt");
+  const bool system = sp != row.end() && sp->is_string();
   if (format == PromptFormat::kChatTemplate) {
     json messages = json::array();
-    if (auto sp = row.find("system_prompt"); sp != row.end() && sp->is_string())
-      messages.push_back({{"role", "system"}, {"content", *sp}});
+    if (system) messages.push_back({{"role", "system"}, {"content", *sp}});
     messages.push_back({{"role", "user"}, {"content", prompt}});
     p.text = tok.apply_chat_template(messages, true);
   } else {
-    p.text = prompt;
+    // NeMo-RL's passthrough template (chat_template: null): the contents one after another.
+    p.text = system ? sp->get<std::string>() + prompt : prompt;
   }
   // The template already holds any BOS it wants (NeMo-RL tokenizes its output without adding
   // special tokens).
@@ -116,9 +118,11 @@ Prompt make_prompt(const Tokenizer& tok, PromptFormat format, const json& row, i
   if (p.ids.empty())
     throw Error(RLH_E_INVALID_ARGUMENT,
                 origin + ": row " + std::to_string(row_index) + " has an empty prompt");
-  if (static_cast<int64_t>(p.ids.size()) > max_input_seq_length) {
-    // NeMo-RL truncates over-long prompts and sets their loss multiplier to 0.
-    p.ids.resize(static_cast<size_t>(max_input_seq_length));
+  if (static_cast<int64_t>(p.ids.size()) >= max_input_seq_length) {
+    // NeMo-RL's math_hf_data_processor: a prompt of max_input_seq_length tokens or more keeps
+    // its first min(4, max_input_seq_length) ("make smaller and mask out"), is still generated
+    // from and scored, and its samples get loss multiplier 0.
+    p.ids.resize(static_cast<size_t>(std::min<int64_t>(4, max_input_seq_length)));
     p.too_long = true;
   }
   return p;
