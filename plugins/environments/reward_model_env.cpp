@@ -5,8 +5,8 @@
 //
 // A sample's reward is the value head's output at the last token of BOS + prompt, response + EOS
 // (each added where missing, as NeMo-RL's environment and rm data both add them), the same place
-// the rm loop reads its rewards, so a checkpoint of `--plugin rm` scores here as it was trained. Samples are scored in one forward pass, in
-// micro-batches of `batch_size` sequences.
+// the rm loop reads its rewards, so a checkpoint of `--plugin rm` scores here as it was trained.
+// Samples are scored in one forward pass, in micro-batches of `batch_size` sequences.
 #include "reward_model_env.hpp"
 
 #include <algorithm>
