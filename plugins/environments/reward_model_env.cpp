@@ -134,7 +134,10 @@ RewardModelEnv::RewardModelEnv(const sdk::Host& host, const json& cfg) : impl_(s
     return t;
   };
   m.bos_text = text_of(at_key(ij, "bos_token_id"));
-  if (const json& eos = at_key(ij, "eos_token_ids"); eos.is_array() && !eos.empty()) m.eos_text = text_of(eos[0]);
+  if (ij.contains("eos_token_id"))  // the tokenizer's own EOS (else the first stop id)
+    m.eos_text = text_of(at_key(ij, "eos_token_id"));
+  else if (const json& eos = at_key(ij, "eos_token_ids"); eos.is_array() && !eos.empty())
+    m.eos_text = text_of(eos[0]);
 
   m.be_api = host.find<rlh_backend_api>(RLH_KIND_BACKEND, "dtensor", RLH_STRUCT_SIZE(rlh_backend_api, load_state));
   const std::string text = section.dump();

@@ -129,6 +129,22 @@ TEST_F(MessageLog, WithoutATemplateTheContentsRunOnWithBosAndEos) {
   EXPECT_EQ(mask.back(), 1.0f);
 }
 
+// EOS is the tokenizer's own eos_token, as NeMo-RL's tokenizer.eos_token: a tokenizer without
+// one adds none, though generation_config.json's stop ids still end generation.
+TEST_F(MessageLog, EosIsTheTokenizersOwn) {
+  json cfg = json::parse(std::ifstream(dir / "tokenizer_config.json"));
+  cfg.erase("eos_token");
+  cfg.erase("chat_template");
+  std::ofstream(dir / "tokenizer_config.json") << cfg.dump(2);
+  const Tokenizer none(host, dir.string());
+  ASSERT_FALSE(none.eos_token_ids().empty()) << "generation_config.json's eos_token_id is a stop id";
+  EXPECT_FALSE(none.eos_token_id().has_value());
+  MessageLogOptions o;
+  o.format = PromptFormat::kRaw;
+  EXPECT_EQ(formatted_message_log(none, messages, o)[1], none.encode("3", false));
+  EXPECT_EQ(raw->eos_token_id(), raw->eos_token_ids().front());
+}
+
 // A hostile row stays bounded: rendering stops once the tokens reach max_tokens (such a row is
 // not trained on), and a conversation past kMaxConversationMessages is refused.
 TEST_F(MessageLog, HostileRowsStayBounded) {

@@ -50,7 +50,9 @@ typedef struct rlh_tokenizer_api {
                                      rlh_write_fn write, void* user);
 
   /* Writes a JSON object: {"vocab_size": n, "bos_token_id": id|null, "eos_token_ids": [..],
-   * "pad_token_id": id|null, "has_chat_template": bool}. */
+   * "pad_token_id": id|null, "has_chat_template": bool}, and optionally "eos_token_id": id|null
+   * (the tokenizer's own EOS, without generation_config's stop ids; readers fall back to the
+   * first of eos_token_ids when the key is absent). */
   rlh_status* (*info)(const rlh_tokenizer* self, rlh_write_fn write, void* user);
 
   /* Id of a token string, or -1 if absent. */

@@ -686,6 +686,12 @@ Tokenizer::Tokenizer(const sdk::Host& host, const std::string& path) : host_(hos
   if (j.contains("eos_token_ids") && j["eos_token_ids"].is_array())
     for (const auto& e : j["eos_token_ids"]) eos_.push_back(e.get<int32_t>());
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) bos_ = j["bos_token_id"].get<int32_t>();
+  // (A tokenizer component that does not say: the first EOS id.)
+  if (j.contains("eos_token_id")) {
+    if (j["eos_token_id"].is_number_integer()) eos_own_ = j["eos_token_id"].get<int32_t>();
+  } else if (!eos_.empty()) {
+    eos_own_ = eos_.front();
+  }
 }
 
 Tokenizer::~Tokenizer() {

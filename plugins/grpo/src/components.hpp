@@ -276,6 +276,9 @@ class Tokenizer {
   bool has_chat_template() const { return has_chat_template_; }
   const std::vector<int32_t>& eos_token_ids() const { return eos_; }
   const std::optional<int32_t>& bos_token_id() const { return bos_; }
+  // The tokenizer's own EOS (tokenizer_config's eos_token), which a training row ends with;
+  // eos_token_ids() adds generation_config's stop ids.
+  const std::optional<int32_t>& eos_token_id() const { return eos_own_; }
   int64_t vocab_size() const { return vocab_size_; }
 
  private:
@@ -284,7 +287,7 @@ class Tokenizer {
   rlh_tokenizer* self_ = nullptr;
   bool has_chat_template_ = false;
   std::vector<int32_t> eos_;
-  std::optional<int32_t> bos_;
+  std::optional<int32_t> bos_, eos_own_;
   int64_t vocab_size_ = 0;
 };
 

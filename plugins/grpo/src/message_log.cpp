@@ -30,7 +30,7 @@ std::vector<std::vector<int32_t>> formatted_message_log(const Tokenizer& tok, co
   // A tokenizer without the token skips it (NeMo-RL warns and goes on).
   std::string bos, eos;
   if (o.add_bos && tok.bos_token_id()) bos = token_text(tok, *tok.bos_token_id());
-  if (o.add_eos && !tok.eos_token_ids().empty()) eos = token_text(tok, tok.eos_token_ids().front());
+  if (o.add_eos && tok.eos_token_id()) eos = token_text(tok, *tok.eos_token_id());
   if (messages.size() > kMaxConversationMessages)
     throw sdk::Error(RLH_E_INVALID_ARGUMENT, "a conversation of " + std::to_string(messages.size()) +
                                                  " messages, more than the " + std::to_string(kMaxConversationMessages) +

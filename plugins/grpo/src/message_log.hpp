@@ -33,8 +33,8 @@ constexpr size_t kMaxConversationMessages = 1024;
 // the chat template's, with the generation prompt after a user (or tool) turn when
 // add_generation_prompt, or for kRaw NeMo-RL's passthrough template (the contents in order).
 // add_bos puts the BOS token's text before the first message unless it starts with it; add_eos
-// the EOS token's (the tokenizer's first EOS id) after the last unless it ends with it, trailing
-// newlines aside. Messages are objects with string "role" and "content"; at most
+// the tokenizer's own EOS token's (not generation_config's stop ids) after the last unless it
+// ends with it, trailing newlines aside. Messages are objects with string "role" and "content"; at most
 // kMaxConversationMessages of them (INVALID_ARGUMENT beyond).
 std::vector<std::vector<int32_t>> formatted_message_log(const Tokenizer& tok, const nlohmann::json& messages,
                                                         const MessageLogOptions& o);

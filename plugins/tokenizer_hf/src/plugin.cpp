@@ -119,6 +119,9 @@ rlh_status* info(const rlh_tokenizer* self, rlh_write_fn write, void* user) {
     j["vocab_size"] = inst.tok.vocab_size();
     j["bos_token_id"] = inst.tok.bos_id() ? nlohmann::json(*inst.tok.bos_id()) : nlohmann::json(nullptr);
     j["eos_token_ids"] = inst.tok.eos_ids();
+    // The tokenizer's own eos_token (tokenizer_config.json), which data processors append to a
+    // training row; eos_token_ids adds generation_config.json's stop ids.
+    j["eos_token_id"] = inst.tok.eos_id() ? nlohmann::json(*inst.tok.eos_id()) : nlohmann::json(nullptr);
     j["pad_token_id"] = inst.tok.pad_id() ? nlohmann::json(*inst.tok.pad_id()) : nlohmann::json(nullptr);
     j["has_chat_template"] = inst.chat.has_value();
     const std::string s = j.dump();
