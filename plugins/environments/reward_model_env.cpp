@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "rlhost/backend.h"
+#include "rlhost/sdk/message_special_tokens.hpp"
 #include "rlhost/tokenizer.h"
 
 namespace rlh::environments {
@@ -160,11 +161,8 @@ std::vector<double> RewardModelEnv::score(const std::vector<std::string>& prompt
   const size_t n = prompts.size();
   for (size_t i = 0; i < n; ++i) {
     std::string prompt = prompts[i], response = responses[i];
-    if (!m.bos_text.empty() && !prompt.starts_with(m.bos_text)) prompt = m.bos_text + prompt;
-    const size_t end = response.find_last_not_of('\n');
-    if (!m.eos_text.empty() &&
-        !std::string_view(response.data(), end == std::string::npos ? 0 : end + 1).ends_with(m.eos_text))
-      response += m.eos_text;
+    sdk::add_bos_text(prompt, m.bos_text);
+    sdk::add_eos_text(response, m.eos_text);
     std::vector<int32_t> one;
     for (const std::string* part : {&prompt, &response})
       sdk::check(m.tok_api->encode(m.tok, part->data(), part->size(), 0, write_ids, &one),

@@ -692,6 +692,8 @@ Tokenizer::Tokenizer(const sdk::Host& host, const std::string& path) : host_(hos
   } else if (!eos_.empty()) {
     eos_own_ = eos_.front();
   }
+  if (bos_) bos_text_ = decode(std::vector<int32_t>{*bos_}, false);
+  if (eos_own_) eos_text_ = decode(std::vector<int32_t>{*eos_own_}, false);
 }
 
 Tokenizer::~Tokenizer() {

@@ -279,6 +279,9 @@ class Tokenizer {
   // The tokenizer's own EOS (tokenizer_config's eos_token), which a training row ends with;
   // eos_token_ids() adds generation_config's stop ids.
   const std::optional<int32_t>& eos_token_id() const { return eos_own_; }
+  // Their texts ("" without the token), which NeMo-RL's rows add where missing.
+  const std::string& bos_token_text() const { return bos_text_; }
+  const std::string& eos_token_text() const { return eos_text_; }
   int64_t vocab_size() const { return vocab_size_; }
 
  private:
@@ -288,6 +291,7 @@ class Tokenizer {
   bool has_chat_template_ = false;
   std::vector<int32_t> eos_;
   std::optional<int32_t> bos_, eos_own_;
+  std::string bos_text_, eos_text_;
   int64_t vocab_size_ = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "rlhost/sdk/message_special_tokens.hpp"
 #include "rlhost/sdk/status.hpp"
 
 namespace rlh::grpo {
@@ -18,19 +19,13 @@ size_t first_difference(const std::string& a, const std::string& b) {
   return i;
 }
 
-std::string token_text(const Tokenizer& tok, int32_t id) {
-  const std::vector<int32_t> one = {id};
-  return tok.decode(one, false);
-}
-
 }  // namespace
 
 std::vector<std::vector<int32_t>> formatted_message_log(const Tokenizer& tok, const json& messages,
                                                         const MessageLogOptions& o) {
   // A tokenizer without the token skips it (NeMo-RL warns and goes on).
-  std::string bos, eos;
-  if (o.add_bos && tok.bos_token_id()) bos = token_text(tok, *tok.bos_token_id());
-  if (o.add_eos && tok.eos_token_id()) eos = token_text(tok, *tok.eos_token_id());
+  const std::string_view bos = o.add_bos ? std::string_view(tok.bos_token_text()) : std::string_view();
+  const std::string_view eos = o.add_eos ? std::string_view(tok.eos_token_text()) : std::string_view();
   if (messages.size() > kMaxConversationMessages)
     throw sdk::Error(RLH_E_INVALID_ARGUMENT, "a conversation of " + std::to_string(messages.size()) +
                                                  " messages, more than the " + std::to_string(kMaxConversationMessages) +
@@ -48,12 +43,8 @@ std::vector<std::vector<int32_t>> formatted_message_log(const Tokenizer& tok, co
       rendered = prev + messages[i]["content"].get<std::string>();
     }
     std::string chunk = rendered.substr(first_difference(prev, rendered));
-    if (i == 0 && !bos.empty() && !chunk.starts_with(bos)) chunk = bos + chunk;
-    if (i + 1 == messages.size() && !eos.empty()) {
-      const size_t end = chunk.find_last_not_of('\n');
-      const std::string_view stripped(chunk.data(), end == std::string::npos ? 0 : end + 1);
-      if (!stripped.ends_with(eos)) chunk += eos;
-    }
+    if (i == 0) sdk::add_bos_text(chunk, bos);
+    if (i + 1 == messages.size()) sdk::add_eos_text(chunk, eos);
     out.push_back(tok.encode(chunk, false));
     prev = std::move(rendered);
     tokens += static_cast<int64_t>(out.back().size());
