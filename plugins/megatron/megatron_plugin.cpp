@@ -1,7 +1,7 @@
 // The megatron plugin: a BACKEND component over rlh_engine (through rlh_backend_common), read
 // from NeMo-RL's Megatron policy keys, with a device path on one Hopper GPU (rlh_backend_cuda:
-// the CUDA engine and kernels_cuda's fused kernels) where this build has it. Single-rank today;
-// TP/PP/CP/EP plans come with the parallel work.
+// the CUDA engine and the kernels its registry resolves) where this build has it. Its TP/SP/PP/CP/EP
+// and DP layouts over the launched ranks are read in megatron_config.cpp (docs/parallelism.md).
 #include "megatron_config.hpp"
 #include "rlhost/backend.h"
 #include "rlhost/backend_common/backend.hpp"
