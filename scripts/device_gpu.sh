@@ -474,9 +474,11 @@ if [ "$what" = steptune ]; then
   done
   # #16's batch 1 on this GPU (the figure the H200 goal is about): by default, with the step's
   # phases timed on the device (RLH_GEN_STEP_EVENTS=1: where the wall time goes), with a step's
-  # inputs and draws packed into one copy each (RLH_GEN_PACKED_STEP=1, opt-in), by default again.
+  # inputs and draws packed into one copy each (RLH_GEN_PACKED_STEP=1, opt-in), with the vocabulary
+  # head on the few-row gemm too (RLH_KCUDA_GEMV_MAX above its 262 Mi elements: an H200 profile of
+  # 2026-12-05 had cuBLASLt's M = 1 tiles stream it at ~2.1 TB/s), by default again.
   if [ "${STEPTUNE_B1:-1}" != 0 ]; then
-    for v in ${STEPTUNE_B1_VARIANTS:-DEFAULT=1 RLH_GEN_STEP_EVENTS=1 RLH_GEN_PACKED_STEP=1 RLH_GEN_PACKED_STEP=1,RLH_GEN_STEP_EVENTS=1 DEFAULT=2}; do
+    for v in ${STEPTUNE_B1_VARIANTS:-DEFAULT=1 RLH_GEN_STEP_EVENTS=1 RLH_GEN_PACKED_STEP=1 RLH_GEN_PACKED_STEP=1,RLH_GEN_STEP_EVENTS=1 RLH_KCUDA_GEMV_MAX=300000000 DEFAULT=2}; do
       echo "== b1, $v =="
       env ${v//,/ } "$bin/bench_generator_cuda" --shape llama1b --case b1 --prompt 128 --new 256 --repeats 2 2>&1 |
         tee -a "$out/steptune_b1.log" | grep -E "^b1|host between|device per step|rror"
