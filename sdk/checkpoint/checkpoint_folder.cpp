@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -48,6 +49,24 @@ std::optional<int64_t> read_opt_int(const nlohmann::json& j, std::string_view or
   if (!it->is_number_integer() || it->get<int64_t>() < min)
     bad_config(origin, key, "expected an integer >= " + std::to_string(min) + " or null", *it);
   return it->get<int64_t>();
+}
+
+// NeMo-RL's convert_to_seconds: "DD:HH:MM:SS", four fields of decimal digits (none is bounded to
+// its unit's range there either, so "00:00:90:00" is 90 minutes). nullopt when malformed.
+std::optional<int64_t> parse_dhms(const std::string& s) {
+  int64_t fields[4] = {0, 0, 0, 0};
+  size_t at = 0;
+  for (int f = 0; f < 4; ++f) {
+    if (f > 0) {
+      if (at >= s.size() || s[at] != ':') return std::nullopt;
+      ++at;
+    }
+    const size_t begin = at;
+    while (at < s.size() && s[at] >= '0' && s[at] <= '9' && at - begin < 9) fields[f] = fields[f] * 10 + (s[at++] - '0');
+    if (at == begin || (at < s.size() && s[at] >= '0' && s[at] <= '9')) return std::nullopt;  // empty or > 9 digits
+  }
+  if (at != s.size()) return std::nullopt;
+  return fields[0] * 86400 + fields[1] * 3600 + fields[2] * 60 + fields[3];
 }
 
 void remove_tree(const fs::path& p) {
@@ -139,6 +158,13 @@ CheckpointConfig CheckpointConfig::from_json(const nlohmann::json& j, std::strin
   c.keep_top_k = read_opt_int(j, origin, "keep_top_k", 0);
   c.ft_keep_latest_k = read_opt_int(j, origin, "ft_keep_latest_k", 0);
   if (auto p = read_opt_int(j, origin, "save_period", 1)) c.save_period = *p;
+  c.ft_save_period = read_opt_int(j, origin, "ft_save_period", 1);
+  if (auto it = j.find("checkpoint_must_save_by"); it != j.end() && !it->is_null()) {
+    std::optional<int64_t> s;
+    if (it->is_string()) s = parse_dhms(it->get<std::string>());
+    if (!s) bad_config(origin, "checkpoint_must_save_by", "expected \"DD:HH:MM:SS\" (e.g. \"00:03:45:00\") or null", *it);
+    c.must_save_by_s = *s;
+  }
   return c;
 }
 
@@ -254,6 +280,10 @@ fs::path PendingCheckpoint::commit() {
 CheckpointManager::CheckpointManager(CheckpointConfig cfg) : cfg_(std::move(cfg)) {}
 
 bool CheckpointManager::is_periodic(int64_t step) const { return step % cfg_.save_period == 0; }
+
+bool CheckpointManager::is_save_step(int64_t step) const {
+  return is_periodic(step) || (cfg_.ft_save_period && step % *cfg_.ft_save_period == 0);
+}
 
 bool CheckpointManager::may_write(int64_t step, std::string* why) const {
   if (std::find(protected_.begin(), protected_.end(), step) == protected_.end()) return true;
@@ -432,6 +462,29 @@ std::vector<int64_t> CheckpointManager::remove_old_checkpoints() const {
     removed.push_back(c.step);
   }
   return removed;
+}
+
+// ---- the save deadline -----------------------------------------------------------------------
+
+SaveDeadline::SaveDeadline(std::optional<int64_t> budget_s, Now now) : budget_s_(budget_s), now_(std::move(now)) {
+  if (!now_)
+    now_ = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  start_ = previous_ = now_();
+}
+
+void SaveDeadline::mark_step() {
+  const double t = now_();
+  steps_time_ += t - previous_;
+  previous_ = t;
+  ++steps_;
+}
+
+bool SaveDeadline::due() {
+  if (!budget_s_ || fired_) return false;
+  const double elapsed = now_() - start_;
+  const double mean_step = steps_ > 0 ? steps_time_ / double(steps_) : 0.0;
+  fired_ = elapsed + mean_step >= double(*budget_s_);
+  return fired_;
 }
 
 }  // namespace rlh::sdk

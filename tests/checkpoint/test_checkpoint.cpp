@@ -352,6 +352,71 @@ TEST(Checkpoint, ConfigFromNemoRlSection) {
   EXPECT_FALSE(null_metric.keep_top_k);
 }
 
+// checkpointing.ft_save_period and checkpoint_must_save_by ("DD:HH:MM:SS", NeMo-RL's
+// convert_to_seconds: no field bounded to its unit's range).
+TEST(Checkpoint, FaultToleranceSavesAndTheSaveDeadlineAreRead) {
+  auto c = CheckpointConfig::from_json(nlohmann::json::parse(
+      R"({"save_period": 10, "ft_save_period": 3, "checkpoint_must_save_by": "01:03:45:07"})"));
+  EXPECT_EQ(c.ft_save_period, 3);
+  EXPECT_EQ(c.must_save_by_s, 86400 + 3 * 3600 + 45 * 60 + 7);
+  EXPECT_EQ(CheckpointConfig::from_json(nlohmann::json::parse(R"({"checkpoint_must_save_by": "00:00:90:00"})"))
+                .must_save_by_s,
+            5400);
+  auto none = CheckpointConfig::from_json(nlohmann::json::parse(R"({"ft_save_period": null, "checkpoint_must_save_by": null})"));
+  EXPECT_FALSE(none.ft_save_period);
+  EXPECT_FALSE(none.must_save_by_s);
+  CheckpointManager m(c);
+  std::vector<int64_t> saved;
+  for (int64_t s = 1; s <= 12; ++s)
+    if (m.is_save_step(s)) saved.push_back(s);
+  EXPECT_EQ(saved, (std::vector<int64_t>{3, 6, 9, 10, 12}));
+  EXPECT_FALSE(m.is_periodic(3));  // retention keeps a fault-tolerance save only by ft_keep_latest_k
+  for (const char* bad : {R"("03:45:00")", R"("00:03:45:00:00")", R"("00:03:4a:00")", R"("00:-3:45:00")",
+                          R"("00::45:00")", R"("00:03:45:00 ")", R"("0000000000:03:45:00")", R"(13500)", R"(true)"}) {
+    std::string err = "no error";
+    try {
+      CheckpointConfig::from_json(nlohmann::json::parse(std::string(R"({"checkpoint_must_save_by": )") + bad + "}"));
+    } catch (const rlh::sdk::Error& e) {
+      err = e.what();
+    }
+    EXPECT_EQ(err, std::string("checkpointing.checkpoint_must_save_by: expected \"DD:HH:MM:SS\" (e.g. \"00:03:45:00\") "
+                               "or null, got ") + bad);
+  }
+  try {
+    CheckpointConfig::from_json(nlohmann::json::parse(R"({"ft_save_period": 0})"));
+    ADD_FAILURE() << "ft_save_period 0 accepted";
+  } catch (const rlh::sdk::Error& e) {
+    EXPECT_STREQ(e.what(), "checkpointing.ft_save_period: expected an integer >= 1 or null, got 0");
+  }
+}
+
+// NeMo-RL's TimeoutChecker with fit_last_save_time: due once the time since the start plus the
+// mean step time reaches the budget, and only once.
+TEST(Checkpoint, SaveDeadlineFitsTheNextStep) {
+  double now = 100.0;
+  rlh::sdk::SaveDeadline d(60, [&] { return now; });
+  EXPECT_TRUE(d.armed());
+  EXPECT_FALSE(d.due());  // nothing elapsed, no step yet
+  now += 20;              // a step of 20 s: 20 + 20 < 60
+  d.mark_step();
+  EXPECT_FALSE(d.due());
+  now += 10;              // steps of 20 and 10 s: 30 + 15 < 60
+  d.mark_step();
+  EXPECT_FALSE(d.due());
+  now += 16;              // 46 + mean 15.33 >= 60: the next step would pass the budget
+  d.mark_step();
+  EXPECT_TRUE(d.due());
+  EXPECT_FALSE(d.due());  // once
+  rlh::sdk::SaveDeadline late(10, [&] { return now; });
+  now += 11;              // past the budget before any step: due without a step time
+  EXPECT_TRUE(late.due());
+  rlh::sdk::SaveDeadline off(std::nullopt, [&] { return now; });
+  now += 1e9;
+  off.mark_step();
+  EXPECT_FALSE(off.armed());
+  EXPECT_FALSE(off.due());
+}
+
 // NeMo-RL's remove_old_checkpoints: the best k periodic checkpoints by metric plus the latest.
 TEST(Checkpoint, KeepTopKByMetricHigherIsBetter) {
   TempDir tmp;

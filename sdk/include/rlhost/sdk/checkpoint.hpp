@@ -43,6 +43,12 @@ struct CheckpointConfig {
   std::optional<int64_t> keep_top_k;       // null: keep every periodic checkpoint
   int64_t save_period = 10;
   std::optional<int64_t> ft_keep_latest_k;  // also keep the k most recent (crash recovery)
+  // Also save every ft_save_period steps (NeMo-RL's fault-tolerance saves). These are not
+  // periodic for retention: ft_keep_latest_k keeps them, or being the latest. null: none.
+  std::optional<int64_t> ft_save_period;
+  // checkpoint_must_save_by, "DD:HH:MM:SS" in the config: the wall-clock budget in seconds from
+  // the training loop's start (SaveDeadline). null: none.
+  std::optional<int64_t> must_save_by_s;
 
   // Reads the section (JSON object). Keys it does not use (model_save_format, save_optimizer...)
   // belong to the algorithm and backend; a used key with a bad value is an error naming
@@ -143,6 +149,9 @@ class CheckpointManager {
 
   // NeMo-RL saves when step % save_period == 0 (the caller also saves at the end).
   bool is_periodic(int64_t step) const;
+  // Whether step is saved on its number: periodic, or a multiple of ft_save_period (the caller
+  // also saves at the end and when a SaveDeadline is due).
+  bool is_save_step(int64_t step) const;
 
   // Starts tmp_step_<N>/ (removing a stale one first). The checkpoint folder is created.
   PendingCheckpoint begin(int64_t step);
@@ -192,6 +201,28 @@ class CheckpointManager {
   CheckpointConfig cfg_;
   int64_t resumed_step_ = -1;     // the step resume() loaded (-1: none)
   std::vector<int64_t> protected_;  // step_<N>/ newer than it, present at resume time
+};
+
+// NeMo-RL's TimeoutChecker(checkpointing.checkpoint_must_save_by, fit_last_save_time=True), which
+// its training loops start as they begin: after each step, due() says whether the time since the
+// start plus the mean step time so far reaches the budget, so that the next step would pass it.
+// The loop then saves a checkpoint (when checkpointing is enabled) and stops, as a job ahead of
+// its scheduler's time limit must. due() answers true once.
+class SaveDeadline {
+ public:
+  using Now = std::function<double()>;  // monotonic seconds; empty: steady_clock
+  explicit SaveDeadline(std::optional<int64_t> budget_s, Now now = {});
+  // A step ended: the time since the previous mark (or the start) counts as one step's.
+  void mark_step();
+  bool due();
+  bool armed() const { return budget_s_.has_value(); }
+
+ private:
+  std::optional<int64_t> budget_s_;
+  Now now_;
+  double start_ = 0, previous_ = 0, steps_time_ = 0;
+  int64_t steps_ = 0;
+  bool fired_ = false;
 };
 
 }  // namespace rlh::sdk
