@@ -83,6 +83,16 @@ TEST_F(DpoLoop, ResumeContinuesBitwise) {
   EXPECT_TRUE(info.contains("train:accuracy")) << info.dump();
 }
 
+// checkpointing.checkpoint_must_save_by: a budget the next step would pass saves and stops (the
+// preference loops follow NeMo-RL's dpo_train and rm_train).
+TEST_F(DpoLoop, SaveDeadlineSavesAndStops) {
+  Metrics m = run({"dpo.max_num_steps=3", "dpo.val_period=0", "dpo.val_at_start=false", "checkpointing.save_period=10",
+                   "++checkpointing.checkpoint_must_save_by=\"00:00:00:00\""});
+  EXPECT_EQ(m["train/loss"].size(), 1u);
+  EXPECT_TRUE(fs::exists(dir / "ckpt/step_1/training_info.json"));
+  EXPECT_FALSE(fs::exists(dir / "ckpt/step_3"));
+}
+
 TEST_F(DpoLoop, BadPreferenceRowStopsTheRunWithOneLine) {
   std::ofstream(dir / "train.jsonl", std::ios::app) << "{\"prompt\": \"12=\", \"chosen\": \"1\"}\n";
   std::string msg;

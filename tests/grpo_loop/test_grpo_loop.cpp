@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -208,6 +209,58 @@ TEST_F(Loop, FewStepsLogMetricsAndCheckpoint) {
   EXPECT_TRUE(info.contains("data_order"));
   const std::string yaml = read_file(s4 / "config.yaml");
   EXPECT_NE(yaml.find("num_prompts_per_step: 16"), std::string::npos) << yaml.substr(0, 400);
+}
+
+// checkpointing.ft_save_period saves between the periodic ones (kept by ft_keep_latest_k), and
+// checkpoint_must_save_by ("DD:HH:MM:SS", NeMo-RL's TimeoutChecker) saves and stops the run once
+// the next step would pass the budget -- here a budget of 0 after the first step; with
+// checkpointing off it stops all the same, saving nothing.
+TEST_F(Loop, FaultToleranceSavesAndTheSaveDeadline) {
+  require_runtime();
+  const std::vector<std::string> common = {"grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=4",
+                                           "grpo.val_at_start=false", "grpo.val_at_end=false", "grpo.val_period=0",
+                                           "checkpointing.save_period=10", "checkpointing.keep_top_k=1"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), common.begin(), common.end());
+    return more;
+  };
+  const fs::path ck = dir / "ckpt";
+  auto steps_saved = [&] {
+    std::vector<std::string> names;
+    if (fs::exists(ck))
+      for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  auto m = run(with({"grpo.max_num_steps=5", "++checkpointing.ft_save_period=2", "++checkpointing.ft_keep_latest_k=3"}));
+  EXPECT_TRUE(m["train/loss"].count(5));
+  EXPECT_EQ(steps_saved(), (std::vector<std::string>{"step_2", "step_4", "step_5"}));
+  // Without ft_keep_latest_k a fault-tolerance save lasts until the next save (NeMo-RL's retention).
+  fs::remove_all(ck);
+  run(with({"grpo.max_num_steps=5", "++checkpointing.ft_save_period=2"}));
+  EXPECT_EQ(steps_saved(), (std::vector<std::string>{"step_5"}));
+
+  fs::remove_all(ck);
+  m = run(with({"grpo.max_num_steps=5", "++checkpointing.checkpoint_must_save_by=\"00:00:00:00\""}));
+  EXPECT_EQ(m["train/loss"].size(), 1u) << "the run went on past the deadline";
+  EXPECT_TRUE(m["train/loss"].count(1));
+  EXPECT_EQ(steps_saved(), (std::vector<std::string>{"step_1"}));
+  EXPECT_TRUE(rlh::sdk::verify_checkpoint(ck / "step_1").ok);
+  fs::remove_all(ck);
+  m = run(with({"grpo.max_num_steps=5", "checkpointing.enabled=false",
+                "++checkpointing.checkpoint_must_save_by=\"00:00:00:00\""}));
+  EXPECT_EQ(m["train/loss"].size(), 1u);
+  EXPECT_FALSE(fs::exists(ck));
+  // A budget far away changes nothing.
+  m = run(with({"grpo.max_num_steps=2", "checkpointing.enabled=false",
+                "++checkpointing.checkpoint_must_save_by=\"30:00:00:00\""}));
+  EXPECT_EQ(m["train/loss"].size(), 2u);
+  // A malformed budget stops the run at start, naming the key.
+  rlhost_t* h = make_host(with({"++checkpointing.checkpoint_must_save_by=\"3:45:00\""}), true);
+  std::string msg;
+  EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_E_INVALID_ARGUMENT) << msg;
+  EXPECT_NE(msg.find("checkpointing.checkpoint_must_save_by: expected \"DD:HH:MM:SS\""), std::string::npos) << msg;
+  rlhost_destroy(h);
 }
 
 // The reference model path: with a KL penalty the loop loads and runs the reference policy.
@@ -539,6 +592,62 @@ TEST_F(Loop, SftCheckpointStartsGrpo) {
   auto g = run({"policy.model_name=" + policy.string(), "grpo.max_num_steps=2", "grpo.num_prompts_per_step=8",
                 "grpo.num_generations_per_prompt=4", "checkpointing.enabled=false"});
   EXPECT_TRUE(g["train/loss"].count(2)) << "GRPO did not run from the SFT checkpoint";
+}
+
+// SFT validates every val_period steps and after the last step only with sft.val_at_end (NeMo-RL's
+// sft_train), a checkpoint carries its own step's validation only, and checkpoint_must_save_by
+// stops it as it stops GRPO.
+TEST_F(Loop, SftValAtEndAndTheSaveDeadline) {
+  require_runtime();
+  if (!have("sft")) GTEST_SKIP() << "plugin 'sft' is not built";
+  const fs::path sft_model = dir / "sft_model";
+  const std::string cmd = std::string(RLH_TINY_MODEL) + " " + sft_model.string() +
+                          " --alphabet '0123456789+-*=' --seed 4 > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto sft = [&](const std::vector<std::string>& more) {
+    rlhost_t* h = nullptr;
+    EXPECT_EQ(rlhost_create(&h), nullptr);
+    rlhost_set_log_level(h, RLH_LOG_ERROR);
+    for (const std::string p : {"sft", "dtensor", "environments", "tokenizer_hf", "model_llama", "kernels_cpu"})
+      EXPECT_EQ(code_of(rlhost_load_plugin(h, (kPlugins / ("lib" + p + ".so")).c_str())), RLH_OK) << p;
+    std::string msg;
+    EXPECT_EQ(code_of(rlhost_load_config(h, (fs::path(RLH_SOURCE_DIR) / "examples/configs/sft_demo_cpu.yaml").c_str()),
+                      &msg), RLH_OK) << msg;
+    std::vector<std::string> all = {"policy.model_name=" + sft_model.string(), "sft.val_period=2",
+                                    "checkpointing.save_period=1", "checkpointing.keep_top_k=null",
+                                    "checkpointing.checkpoint_dir=" + (dir / "sft_ck").string(),
+                                    "logger.log_dir=" + (dir / "sft_logs").string(), "++logger.console_enabled=false"};
+    all.insert(all.end(), more.begin(), more.end());
+    for (const auto& o : all) EXPECT_EQ(code_of(rlhost_apply_override(h, o.c_str()), &msg), RLH_OK) << o << ": " << msg;
+    EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_OK) << msg;
+    std::string lines;
+    EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
+    rlhost_destroy(h);
+    std::map<std::string, std::map<int64_t, double>> m;
+    std::istringstream in(lines);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) {
+        const json j = json::parse(line);
+        m[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
+      }
+    return m;
+  };
+  auto m = sft({"sft.max_num_steps=3"});
+  EXPECT_EQ(m["validation/val_loss"].size(), 1u);
+  EXPECT_TRUE(m["validation/val_loss"].count(2));
+  const json s1 = json::parse(read_file(dir / "sft_ck/step_1/training_info.json"));
+  const json s2 = json::parse(read_file(dir / "sft_ck/step_2/training_info.json"));
+  EXPECT_FALSE(s1.contains("val:val_loss")) << s1.dump();  // no validation at step 1
+  EXPECT_TRUE(s2.contains("val:val_loss")) << s2.dump();
+  fs::remove_all(dir / "sft_ck");
+  m = sft({"sft.max_num_steps=3", "++sft.val_at_end=true"});
+  EXPECT_EQ(m["validation/val_loss"].size(), 2u);
+  EXPECT_TRUE(m["validation/val_loss"].count(3));
+  fs::remove_all(dir / "sft_ck");
+  m = sft({"sft.max_num_steps=3", "++checkpointing.checkpoint_must_save_by=\"00:00:00:00\""});
+  EXPECT_EQ(m["train/loss"].size(), 1u);
+  EXPECT_TRUE(fs::exists(dir / "sft_ck/step_1"));
+  EXPECT_FALSE(fs::exists(dir / "sft_ck/step_2"));
 }
 
 // SFT on a file of conversations (NeMo-RL's ResponseDataset over chat data with "messages"):

@@ -817,6 +817,11 @@ bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ck
   return false;
 }
 
+std::string stop_for_deadline(int64_t step, bool saved) {
+  return "checkpointing.checkpoint_must_save_by: the time is up after step " + std::to_string(step) +
+         (saved ? " (checkpoint saved)" : " (checkpointing is off: nothing saved)") + "; training stops early";
+}
+
 std::string resolve_policy_dir(const std::string& model_name) {
   try {
     return sdk::resolve_model_path(model_name).string();

@@ -335,6 +335,9 @@ std::optional<sdk::CheckpointInfo> resume_from_checkpoints(const sdk::Host& host
 // Whether the loop may save checkpoint `step` now; a newer checkpoint kept from before a
 // fallback resume is not overwritten: one warning, and the step is not saved.
 bool may_save_checkpoint(const sdk::Host& host, const sdk::CheckpointManager& ckpt, int64_t step);
+// The line a loop logs when it stops early because checkpointing.checkpoint_must_save_by's time
+// is up (sdk::SaveDeadline) after `step`.
+std::string stop_for_deadline(int64_t step, bool saved);
 
 // What the supervised loops (sft, dpo, rm) share.
 // policy.model_name as a local folder (a hub id through the HF cache); NOT_FOUND names the key.

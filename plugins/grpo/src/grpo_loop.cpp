@@ -738,9 +738,9 @@ struct GrpoLoop::Impl {
                 " already done");
       return;
     }
-    std::map<std::string, double> last_val;
+    sdk::SaveDeadline deadline(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's grpo_train starts it
     if (cfg.val_at_start && step == 0 && val_data) {
-      last_val = validate(0);
+      validate(0);
       host.metric("rlhost/step_finished", 0, 0);
     }
     while (step < total_steps) {
@@ -849,22 +849,30 @@ struct GrpoLoop::Impl {
         metrics["mean_env_tokens_per_sample"] = env_tokens / n;
       }
 
+      // A checkpoint carries the validation of its own step only, as NeMo-RL's grpo_train (without
+      // one it ranks last for keep_top_k).
       std::map<std::string, double> val;
       const bool last = step == total_steps;
-      if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (last && cfg.val_at_end))) {
+      if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (last && cfg.val_at_end)))
         val = validate(step);
-        last_val = val;
-      }
-      if (ckpt && (ckpt->is_periodic(step) || last) && may_save_checkpoint(host, *ckpt, step)) {
+      deadline.mark_step();
+      const bool out_of_time = deadline.armed() && ranks.rank0(deadline.due());
+      bool saved = false;
+      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time) && may_save_checkpoint(host, *ckpt, step)) {
         t0 = Clock::now();
-        save_checkpoint(step, val.empty() ? last_val : val, metrics);
+        save_checkpoint(step, val, metrics);
         timers["checkpointing"] = since(t0);
+        saved = true;
       }
       timers["total_step_time"] = since(t_step);
 
       for (const auto& [k, v] : metrics) host.metric(("train/" + k).c_str(), v, step);
       for (const auto& [k, v] : timers) host.metric(("timing/train/" + k).c_str(), v, step);
       host.metric("rlhost/step_finished", 0, step);
+      if (out_of_time && !last) {
+        host.info(stop_for_deadline(step, saved));
+        break;
+      }
     }
     if (!val_history.empty()) {
       auto best = val_history.front();

@@ -17,7 +17,7 @@
     /* checkpointing */ \
     "checkpointing.enabled", "checkpointing.checkpoint_dir", "checkpointing.metric_name", \
     "checkpointing.higher_is_better", "checkpointing.keep_top_k", "checkpointing.save_period", \
-    "checkpointing.ft_keep_latest_k", "checkpointing.model_save_format", "checkpointing.model_save_dtype", \
+    "checkpointing.ft_keep_latest_k", "checkpointing.ft_save_period", "checkpointing.checkpoint_must_save_by", "checkpointing.model_save_format", "checkpointing.model_save_dtype", \
     /* policy: what the loop reads */ \
     "policy.model_name", "policy.tokenizer.name", "policy.tokenizer.chat_template", \
     "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.logprob_batch_size", \

@@ -85,6 +85,13 @@ std::optional<sdk::PendingCheckpoint> begin_policy_checkpoint(const LoopRanks& r
   return owned;
 }
 
+bool LoopRanks::rank0(bool mine) const {
+  if (world_size <= 1) return mine;
+  int64_t v[1] = {mine ? 1 : 0};
+  world.broadcast(std::span<int64_t>(v, 1), 0);
+  return v[0] != 0;
+}
+
 void LoopRanks::barrier() const {
   if (world_size > 1) world.barrier();
 }

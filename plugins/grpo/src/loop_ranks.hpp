@@ -55,6 +55,8 @@ struct LoopRanks {
   ValidCounts sum(const ValidCounts& mine) const;
   // World rank 0's text on every rank.
   std::string broadcast_text(const std::string& text) const;
+  // World rank 0's answer on every rank (a decision from its clock, which all must follow).
+  bool rank0(bool mine) const;
   void barrier() const;  // over the world
 };
 

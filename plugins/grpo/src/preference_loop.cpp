@@ -373,9 +373,9 @@ struct PreferenceLoop::Impl {
       });
     }
     host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
-    std::optional<std::map<std::string, double>> last_val;
+    sdk::SaveDeadline deadline(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's dpo_train / rm_train start it
     if (val_data && cfg.val_at_start && step == 0) {
-      last_val = validate(0);
+      validate(0);
       host.metric("rlhost/step_finished", 0, 0);
     }
     while (step < total_steps) {
@@ -396,8 +396,14 @@ struct PreferenceLoop::Impl {
       train["num_valid_samples"] = metric_of(r, "num_valid_samples");
       std::optional<std::map<std::string, double>> val;
       if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (cfg.val_at_end && last)))
-        val = last_val = validate(step);
-      if (ckpt && (ckpt->is_periodic(step) || last) && may_save_checkpoint(host, *ckpt, step)) save(step, val, train);
+        val = validate(step);
+      deadline.mark_step();
+      const bool out_of_time = deadline.armed() && ranks.rank0(deadline.due());
+      bool saved = false;
+      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time) && may_save_checkpoint(host, *ckpt, step)) {
+        save(step, val, train);
+        saved = true;
+      }
       for (const auto& [k, v] : train) host.metric(("train/" + k).c_str(), v, step);
       for (const char* k : {"lr", "num_tokens"})
         if (r.metrics.contains(k) && r.metrics[k].is_number())
@@ -406,6 +412,10 @@ struct PreferenceLoop::Impl {
       host.metric("timing/train/policy_training", t_train, step);
       host.metric("timing/train/total_step_time", since(t_step), step);
       host.metric("rlhost/step_finished", 0, step);
+      if (out_of_time && !last) {
+        host.info(stop_for_deadline(step, saved));
+        break;
+      }
     }
   }
 };

@@ -43,6 +43,7 @@ struct SftConfig {
   int64_t val_batches = 0;  // 0 = the whole validation set
   int64_t val_global_batch_size = 32;
   bool val_at_start = false;
+  bool val_at_end = false;  // validate after the last step too (else only every val_period)
   uint64_t seed = 42;
   PolicyConfig policy;
   DataSource train;
@@ -68,6 +69,7 @@ struct SftConfig {
     if (c.val_batches < 0) throw ConfigError("sft.val_batches: must be >= 0 (0 = the whole validation set)");
     c.val_global_batch_size = positive(s, "val_global_batch_size", c.val_global_batch_size);
     s.read("val_at_start", c.val_at_start);
+    s.read("val_at_end", c.val_at_end);
     // Train on the final message only (when it is the assistant's), where a conversation row
     // has several assistant turns; a prompt/answer row has one, its last.
     s.read("only_unmask_final", c.only_unmask_final);
@@ -91,6 +93,10 @@ struct SftConfig {
     c.train = read_data_source(data, "train", true);
     DataSource v = read_data_source(data, "validation", false);
     if (!v.component.empty()) c.validation = v;
+    // NeMo-RL's validate() asserts val_period <= 0 without a validation set; here the key is named.
+    if (!c.validation && c.val_period > 0)
+      throw ConfigError(s.key("val_period") + ": " + std::to_string(c.val_period) +
+                        " but data.validation is missing (set 0, or give validation rows)");
     c.checkpointing = sdk::CheckpointConfig::from_json(child(whole, "checkpointing"), "checkpointing");
     c.model_save_dtype = read_model_save_dtype(child(whole, "checkpointing"));
     return c;
@@ -279,9 +285,11 @@ struct SftLoop::Impl {
       });
     }
     host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
-    std::optional<double> last_val;
+    if (!val_data && (cfg.val_at_start || cfg.val_at_end))
+      host.warn("sft.val_at_start / sft.val_at_end: no validation data (data.validation), so no validation runs");
+    sdk::SaveDeadline deadline(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's sft_train starts it
     if (val_data && cfg.val_at_start && step == 0) {
-      last_val = validate(0);
+      validate(0);
       host.metric("rlhost/step_finished", 0, 0);
     }
     while (step < total_steps) {
@@ -294,10 +302,18 @@ struct SftLoop::Impl {
       const double t_train = since(t0);
       ++step;
       const bool last = step == total_steps;
+      // A checkpoint carries the validation of its own step only (NeMo-RL's; without one it
+      // ranks last for keep_top_k).
       std::optional<double> val;
-      if (val_data && cfg.val_period > 0 && (step % cfg.val_period == 0 || last)) val = last_val = validate(step);
-      if (ckpt && (ckpt->is_periodic(step) || last) && may_save_checkpoint(host, *ckpt, step))
-        save(step, val ? val : last_val, r.loss);
+      if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (cfg.val_at_end && last)))
+        val = validate(step);
+      deadline.mark_step();
+      const bool out_of_time = deadline.armed() && ranks.rank0(deadline.due());
+      bool saved = false;
+      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time) && may_save_checkpoint(host, *ckpt, step)) {
+        save(step, val, r.loss);
+        saved = true;
+      }
       host.metric("train/loss", r.loss, step);
       host.metric("train/grad_norm", r.grad_norm, step);
       for (const char* k : {"lr", "num_tokens"})
@@ -308,6 +324,10 @@ struct SftLoop::Impl {
       host.metric("timing/train/policy_training", t_train, step);
       host.metric("timing/train/total_step_time", since(t_step), step);
       host.metric("rlhost/step_finished", 0, step);
+      if (out_of_time && !last) {
+        host.info(stop_for_deadline(step, saved));
+        break;
+      }
     }
   }
 };

@@ -19,10 +19,10 @@ const rlh_algorithm_api& kApi = rlh::grpo::LoopAlgorithm<rlh::grpo::SftLoop, mak
 
 const char* const kKeys[] = {
     "sft.max_num_epochs", "sft.max_num_steps", "sft.val_period", "sft.val_batches",
-    "sft.val_global_batch_size", "sft.val_at_start", "sft.seed", "sft.only_unmask_final",
+    "sft.val_global_batch_size", "sft.val_at_start", "sft.val_at_end", "sft.seed", "sft.only_unmask_final",
     "checkpointing.enabled", "checkpointing.checkpoint_dir", "checkpointing.metric_name",
     "checkpointing.higher_is_better", "checkpointing.keep_top_k", "checkpointing.save_period",
-    "checkpointing.ft_keep_latest_k", "checkpointing.model_save_format", "checkpointing.model_save_dtype",
+    "checkpointing.ft_keep_latest_k", "checkpointing.ft_save_period", "checkpointing.checkpoint_must_save_by", "checkpointing.model_save_format", "checkpointing.model_save_dtype",
     "policy.model_name", "policy.tokenizer.name", "policy.tokenizer.chat_template",
     "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.max_total_sequence_length",
     "policy.dtensor_cfg.enabled", "policy.megatron_cfg.enabled", "policy.sequence_packing.enabled",
