@@ -103,6 +103,8 @@ struct Loop : ::testing::Test {
     for (std::string line; std::getline(in, line);) {
       if (line.empty()) continue;
       const json j = json::parse(line);
+      // A min/max over no valid token is infinite, which JSON lines carry as null.
+      if (j["value"].is_null()) continue;
       out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
     }
     return out;
@@ -261,6 +263,32 @@ TEST_F(Loop, FaultToleranceSavesAndTheSaveDeadline) {
   EXPECT_EQ(code_of(rlhost_run(h), &msg), RLH_E_INVALID_ARGUMENT) << msg;
   EXPECT_NE(msg.find("checkpointing.checkpoint_must_save_by: expected \"DD:HH:MM:SS\""), std::string::npos) << msg;
   rlhost_destroy(h);
+}
+
+// NeMo-RL's per-sequence logprob error metrics every step, and grpo.seq_logprob_error_threshold
+// taking the samples past it out of the loss. The CPU generator and trainer agree to float
+// rounding (errors ~1); a threshold below 1 takes every sample out: no gradient.
+TEST_F(Loop, SeqLogprobErrorMetricsAndMask) {
+  require_runtime();
+  const std::vector<std::string> common = {"grpo.max_num_steps=1", "grpo.num_prompts_per_step=8",
+                                           "grpo.num_generations_per_prompt=4", "grpo.val_at_start=false",
+                                           "grpo.val_at_end=false", "grpo.val_period=0", "checkpointing.enabled=false"};
+  auto m = run(common);
+  for (const char* name : {"max_seq_mult_prob_error", "mean_seq_mult_prob_error", "min_seq_mult_prob_error",
+                           "max_seq_mult_prob_error_after_mask", "mean_seq_mult_prob_error_after_mask",
+                           "min_seq_mult_prob_error_after_mask", "num_masked_seqs_by_logprob_error",
+                           "masked_correct_pct"})
+    ASSERT_TRUE(m["train/" + std::string(name)].count(1)) << name;
+  EXPECT_NEAR(m["train/mean_seq_mult_prob_error"][1], 1.0, 1e-3);
+  EXPECT_GE(m["train/min_seq_mult_prob_error"][1], 1.0);
+  EXPECT_EQ(m["train/num_masked_seqs_by_logprob_error"][1], 0);
+  EXPECT_GT(m["train/grad_norm"][1], 0);
+  std::vector<std::string> strict = common;
+  strict.push_back("++grpo.seq_logprob_error_threshold=0.5");
+  m = run(strict);
+  EXPECT_EQ(m["train/num_masked_seqs_by_logprob_error"][1], 32);
+  EXPECT_EQ(m["train/mean_seq_mult_prob_error_after_mask"][1], 0);
+  EXPECT_EQ(m["train/grad_norm"][1], 0) << "masked samples still trained";
 }
 
 // The reference model path: with a KL penalty the loop loads and runs the reference policy.

@@ -322,6 +322,9 @@ TEST_F(Ppo, BadInputsStopWithOneLineNamingThem) {
       {{"++ppo.gae_lambda=0.9"}, "ppo.gae_lambda"},
       {{"++ppo.skip_reference_policy_logprobs_calculation=true", "loss_fn.reference_policy_kl_penalty=0.1"},
        "ppo.skip_reference_policy_logprobs_calculation"},
+      // Every sample's mean exp|logprob error| is >= 1: nothing is left to train on (NeMo-RL's
+      // PPO stops rather than step on an empty batch).
+      {{"++ppo.seq_logprob_error_threshold=0.5"}, "ppo.seq_logprob_error_threshold"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> o = c.overrides;

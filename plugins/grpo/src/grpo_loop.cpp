@@ -23,6 +23,7 @@
 #include "rlhost/grpo/loss_adapter.hpp"
 #include "rlhost/grpo/packing.hpp"
 #include "rlhost/grpo/reward_shaping.hpp"
+#include "rlhost/grpo/seq_logprob_error.hpp"
 #include "rlhost/sdk/checkpoint.hpp"
 #include "rlhost/sdk/comm.hpp"
 #include "rlhost/sdk/hf_cache.hpp"
@@ -607,6 +608,32 @@ struct GrpoLoop::Impl {
     }
   }
 
+  // NeMo-RL's compute_and_apply_seq_logprob_error_masking, between the logprobs and the
+  // advantages: the per-sequence error metrics over the global batch, every step, and with
+  // seq_logprob_error_threshold the samples past it out of the loss (their sample_mask 0).
+  // NeMo-RL logs zeros where force_on_policy_ratio skips prev_logprobs; rlhost always has them.
+  void mask_by_logprob_error(PackedBatch& b, const StepSamples& ss, std::map<std::string, double>& metrics) {
+    const SeqLogprobError e =
+        seq_logprob_error(b.offsets(), *b.find("token_mask"), *b.find("sample_mask"), *b.find("prev_logprobs"),
+                          *b.find("generation_logprobs"), ss.reward, cfg.seq_logprob_error_threshold);
+    std::vector<double> sums = {e.all.sum, e.all.count, e.kept.sum, e.kept.count, e.masked, e.masked_correct, e.kept_tokens};
+    ranks.sum(sums);
+    std::vector<double> hi = {e.all.max, e.kept.max}, lo = {e.all.min, e.kept.min};
+    if (dp_size > 1) {
+      ranks.sums().all_reduce(std::span<double>(hi), RLH_REDUCE_MAX);
+      ranks.sums().all_reduce(std::span<double>(lo), RLH_REDUCE_MIN);
+    }
+    const SeqErrorStats all{sums[0], sums[1], hi[0], lo[0]}, kept{sums[2], sums[3], hi[1], lo[1]};
+    for (const auto& [k, v] : seq_logprob_error_metrics(all, kept, sums[4], sums[5], cfg.seq_logprob_error_threshold.has_value()))
+      metrics[k] = v;
+    if (cfg.seq_logprob_error_threshold) b.field("sample_mask", PackedBatch::Frame::kSequence) = e.sample_mask;
+    // NeMo-RL's PPO stops rather than take an optimizer step on an empty batch.
+    if (critic && sums[6] == 0)
+      throw Error(RLH_E_ABORTED, "ppo step " + std::to_string(step + 1) +
+                                     ": no response token is left to train on (ppo.overlong_filtering and "
+                                     "ppo.seq_logprob_error_threshold took every sample out)");
+  }
+
   // Optimizer steps over train_global_batch_size chunks; sums as NeMo-RL's grpo_train does.
   void train(PackedBatch& b, std::map<std::string, double>& metrics) {
     const double T = cfg.generation.train.temperature > 0 ? cfg.generation.train.temperature : 1.0;
@@ -773,6 +800,7 @@ struct GrpoLoop::Impl {
       t0 = Clock::now();
       logprobs(batch);
       timers["policy_and_reference_logprobs"] = since(t0);
+      mask_by_logprob_error(batch, ss, metrics);
       if (critic) {  // PPO: the critic's values, then GAE advantages and returns
         t0 = Clock::now();
         critic->values_and_advantages(batch, logprob_mb_tokens(), metrics);

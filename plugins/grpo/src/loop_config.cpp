@@ -183,6 +183,7 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
   if (c.max_val_samples && *c.max_val_samples <= 0)
     throw ConfigError(g.key("max_val_samples") + ": must be positive or null");
   g.read("overlong_filtering", c.overlong_filtering);
+  g.read("seq_logprob_error_threshold", c.seq_logprob_error_threshold);
   int64_t seed = static_cast<int64_t>(c.seed);
   g.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);

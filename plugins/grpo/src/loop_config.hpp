@@ -102,6 +102,10 @@ struct GrpoLoopConfig {
   int64_t val_batch_size = 256;
   std::optional<int64_t> max_val_samples;  // null = the whole validation set
   bool overlong_filtering = false;
+  // grpo.seq_logprob_error_threshold (ppo.*): a sample whose mean exp|generation - prev logprob|
+  // over its response tokens exceeds it leaves the loss (NeMo-RL's
+  // compute_and_apply_seq_logprob_error_masking); null: the per-sequence metrics only.
+  std::optional<double> seq_logprob_error_threshold;
   uint64_t seed = 42;
   bool skip_reference_policy_logprobs = false;
   // Generation/environment turns per rollout (NeMo-RL's run_multi_turn_rollout); 1 = single turn.

@@ -25,7 +25,7 @@ const char* const kKeys[] = {
     // ppo
     "ppo.num_prompts_per_step", "ppo.num_generations_per_prompt", "ppo.max_rollout_turns", "ppo.max_num_epochs",
     "ppo.max_num_steps", "ppo.val_period", "ppo.val_at_start", "ppo.val_at_end", "ppo.val_batch_size",
-    "ppo.max_val_samples", "ppo.overlong_filtering", "ppo.use_dynamic_sampling", "ppo.batch_multiplier",
+    "ppo.max_val_samples", "ppo.overlong_filtering", "ppo.seq_logprob_error_threshold", "ppo.use_dynamic_sampling", "ppo.batch_multiplier",
     "ppo.dynamic_sampling_max_gen_batches", "ppo.reward_shaping.*", "ppo.reward_scaling.*", "ppo.adv_estimator.*",
     "ppo.async_ppo.enabled", "ppo.async_ppo.max_trajectory_age_steps", "ppo.async_ppo.in_flight_weight_updates",
     "ppo.async_ppo.max_generation_failures", "ppo.async_ppo.drop_incomplete_targets_on_restore",
