@@ -291,6 +291,42 @@ TEST_F(Loop, SeqLogprobErrorMetricsAndMask) {
   EXPECT_EQ(m["train/grad_norm"][1], 0) << "masked samples still trained";
 }
 
+// grpo.stop_at_validation_metric / _threshold (NeMo-RL's early stop): reached at the first
+// validation, no step runs; reached after a step's validation, that step saves and the run ends.
+TEST_F(Loop, StopAtValidationMetric) {
+  require_runtime();
+  const std::vector<std::string> common = {"grpo.max_num_steps=3", "grpo.num_prompts_per_step=8",
+                                           "grpo.num_generations_per_prompt=4", "grpo.max_val_samples=8",
+                                           "checkpointing.save_period=10", "++grpo.stop_at_validation_metric=accuracy"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), common.begin(), common.end());
+    return more;
+  };
+  auto m = run(with({"grpo.val_at_start=true", "++grpo.stop_at_validation_threshold=0.0"}));
+  EXPECT_TRUE(m["validation/accuracy"].count(0));
+  EXPECT_TRUE(m["train/loss"].empty()) << "trained after the initial validation reached the threshold";
+  m = run(with({"grpo.val_at_start=false", "grpo.val_period=1", "++grpo.stop_at_validation_threshold=0.0"}));
+  EXPECT_EQ(m["train/loss"].size(), 1u);
+  EXPECT_TRUE(fs::exists(dir / "ckpt" / "step_1")) << "the early stop's step was not saved";
+  fs::remove_all(dir / "ckpt");  // else the next run resumes from step_1
+  m = run(with({"grpo.val_at_start=false", "grpo.val_period=1", "++grpo.stop_at_validation_threshold=1.5"}));
+  EXPECT_EQ(m["train/loss"].size(), 3u);
+  for (const auto& [more, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"grpo.val_at_start=true"}, "grpo.stop_at_validation_threshold: must be set when"},
+           {{"grpo.val_at_start=true", "++grpo.stop_at_validation_threshold=0.5", "grpo.stop_at_validation_metric=acc"},
+            "grpo.stop_at_validation_metric: 'acc' is not a validation metric; available: accuracy, avg_length"},
+           {{"++grpo.stop_at_validation_threshold=0.5", "grpo.stop_at_validation_metric=pass_k"},
+            "grpo.stop_at_validation_metric: pass_k needs"}}) {
+    fs::remove_all(dir / "ckpt");
+    rlhost_t* h = make_host(with(more), true);
+    std::string msg;
+    EXPECT_NE(code_of(rlhost_run(h), &msg), RLH_OK) << want;
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    rlhost_destroy(h);
+  }
+}
+
 // The reference model path: with a KL penalty the loop loads and runs the reference policy.
 TEST_F(Loop, KlPenaltyAndOnPolicyRatios) {
   require_runtime();

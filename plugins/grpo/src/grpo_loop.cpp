@@ -340,6 +340,27 @@ struct GrpoLoop::Impl {
 
   // ---- validation ------------------------------------------------------------------------------
 
+  // NeMo-RL's _validation_early_stop_message: the line to stop with once validation's
+  // grpo.stop_at_validation_metric reaches grpo.stop_at_validation_threshold (every rank has the
+  // same summed metrics, so all decide alike).
+  std::optional<std::string> early_stop(const std::map<std::string, double>& val, bool initial) const {
+    if (!cfg.stop_at_validation_metric) return std::nullopt;
+    const std::string& name = *cfg.stop_at_validation_metric;
+    const auto it = val.find(name);
+    if (it == val.end()) {
+      std::string have;
+      for (const auto& [k, v] : val) have += (have.empty() ? "" : ", ") + k;
+      throw Error(RLH_E_INVALID_ARGUMENT, "grpo.stop_at_validation_metric: '" + name +
+                                              "' is not a validation metric; available: " + have);
+    }
+    if (!(it->second >= cfg.stop_at_validation_threshold)) return std::nullopt;
+    char line[256];
+    std::snprintf(line, sizeof line, "%s %s reached the early-stop threshold (%.4f >= %g); stopping training",
+                  initial ? "Initial validation" : "Validation", name.c_str(), it->second,
+                  cfg.stop_at_validation_threshold);
+    return std::string(line);
+  }
+
   std::map<std::string, double> validate(int64_t at_step) {
     std::map<std::string, double> m;
     if (!val_data) return m;
@@ -767,8 +788,12 @@ struct GrpoLoop::Impl {
     }
     sdk::SaveDeadline deadline(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's grpo_train starts it
     if (cfg.val_at_start && step == 0 && val_data) {
-      validate(0);
+      const std::optional<std::string> stop = early_stop(validate(0), true);
       host.metric("rlhost/step_finished", 0, 0);
+      if (stop) {
+        host.info(*stop);
+        return;
+      }
     }
     while (step < total_steps) {
       check_cancel("step start");
@@ -881,12 +906,15 @@ struct GrpoLoop::Impl {
       // one it ranks last for keep_top_k).
       std::map<std::string, double> val;
       const bool last = step == total_steps;
-      if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (last && cfg.val_at_end)))
+      std::optional<std::string> stop;  // the validation metric reached its threshold
+      if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (last && cfg.val_at_end))) {
         val = validate(step);
+        stop = early_stop(val, false);
+      }
       deadline.mark_step();
       const bool out_of_time = deadline.armed() && ranks.rank0(deadline.due());
       bool saved = false;
-      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time) && may_save_checkpoint(host, *ckpt, step)) {
+      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time || stop) && may_save_checkpoint(host, *ckpt, step)) {
         t0 = Clock::now();
         save_checkpoint(step, val, metrics);
         timers["checkpointing"] = since(t0);
@@ -897,6 +925,10 @@ struct GrpoLoop::Impl {
       for (const auto& [k, v] : metrics) host.metric(("train/" + k).c_str(), v, step);
       for (const auto& [k, v] : timers) host.metric(("timing/train/" + k).c_str(), v, step);
       host.metric("rlhost/step_finished", 0, step);
+      if (stop && !last) {
+        host.info(*stop);
+        break;
+      }
       if (out_of_time && !last) {
         host.info(stop_for_deadline(step, saved));
         break;

@@ -184,6 +184,21 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
     throw ConfigError(g.key("max_val_samples") + ": must be positive or null");
   g.read("overlong_filtering", c.overlong_filtering);
   g.read("seq_logprob_error_threshold", c.seq_logprob_error_threshold);
+  if (!ppo) {
+    g.read("stop_at_validation_metric", c.stop_at_validation_metric);
+    std::optional<double> threshold;
+    g.read("stop_at_validation_threshold", threshold);
+    if (c.stop_at_validation_metric) {
+      if (!threshold)
+        throw ConfigError(g.key("stop_at_validation_threshold") + ": must be set when " +
+                          g.key("stop_at_validation_metric") + " is set");
+      // pass@k is reported only with several validation rollouts a prompt, which rlhost does not run.
+      if (*c.stop_at_validation_metric == "pass_k")
+        throw ConfigError(g.key("stop_at_validation_metric") +
+                          ": pass_k needs grpo.val_num_generations_per_prompt > 1, which rlhost does not run");
+      c.stop_at_validation_threshold = *threshold;
+    }
+  }
   int64_t seed = static_cast<int64_t>(c.seed);
   g.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);

@@ -106,6 +106,10 @@ struct GrpoLoopConfig {
   // over its response tokens exceeds it leaves the loss (NeMo-RL's
   // compute_and_apply_seq_logprob_error_masking); null: the per-sequence metrics only.
   std::optional<double> seq_logprob_error_threshold;
+  // grpo.stop_at_validation_metric / _threshold: training ends once a validation's metric (e.g.
+  // accuracy) reaches the threshold, after that step's checkpoint (NeMo-RL's early stop).
+  std::optional<std::string> stop_at_validation_metric;
+  double stop_at_validation_threshold = 0;
   uint64_t seed = 42;
   bool skip_reference_policy_logprobs = false;
   // Generation/environment turns per rollout (NeMo-RL's run_multi_turn_rollout); 1 = single turn.
