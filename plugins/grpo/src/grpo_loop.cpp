@@ -786,7 +786,7 @@ struct GrpoLoop::Impl {
                 " already done");
       return;
     }
-    sdk::SaveDeadline deadline(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's grpo_train starts it
+    SaveSchedule saves(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's grpo_train starts its deadline
     if (cfg.val_at_start && step == 0 && val_data) {
       const std::optional<std::string> stop = early_stop(validate(0), true);
       host.metric("rlhost/step_finished", 0, 0);
@@ -911,14 +911,11 @@ struct GrpoLoop::Impl {
         val = validate(step);
         stop = early_stop(val, false);
       }
-      deadline.mark_step();
-      const bool out_of_time = deadline.armed() && ranks.rank0(deadline.due());
-      bool saved = false;
-      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time || stop) && may_save_checkpoint(host, *ckpt, step)) {
+      const bool saved = saves.after_step(ranks, host, ckpt.get(), step, last, stop.has_value());
+      if (saved) {
         t0 = Clock::now();
         save_checkpoint(step, val, metrics);
         timers["checkpointing"] = since(t0);
-        saved = true;
       }
       timers["total_step_time"] = since(t_step);
 
@@ -929,7 +926,7 @@ struct GrpoLoop::Impl {
         host.info(*stop);
         break;
       }
-      if (out_of_time && !last) {
+      if (saves.out_of_time() && !last) {
         host.info(stop_for_deadline(step, saved));
         break;
       }

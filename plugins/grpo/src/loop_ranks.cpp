@@ -85,6 +85,14 @@ std::optional<sdk::PendingCheckpoint> begin_policy_checkpoint(const LoopRanks& r
   return owned;
 }
 
+bool SaveSchedule::after_step(const LoopRanks& ranks, const sdk::Host& host, const sdk::CheckpointManager* ckpt,
+                              int64_t step, bool last, bool forced) {
+  deadline_.mark_step();
+  out_of_time_ = deadline_.armed() && ranks.rank0(deadline_.due());
+  return ckpt != nullptr && (ckpt->is_save_step(step) || last || forced || out_of_time_) &&
+         may_save_checkpoint(host, *ckpt, step);
+}
+
 bool LoopRanks::rank0(bool mine) const {
   if (world_size <= 1) return mine;
   int64_t v[1] = {mine ? 1 : 0};

@@ -60,6 +60,26 @@ struct LoopRanks {
   void barrier() const;  // over the world
 };
 
+// When a training loop saves and whether it stops for checkpointing.checkpoint_must_save_by, as
+// NeMo-RL's training functions decide: a step saves on its number (save_period, ft_save_period),
+// as the last, for a reason of the loop's (GRPO's early stop), or when the save deadline is due,
+// which world rank 0's clock decides for every rank. Made where the loop starts (the deadline's
+// budget counts from there).
+class SaveSchedule {
+ public:
+  explicit SaveSchedule(std::optional<int64_t> budget_s) : deadline_(budget_s) {}
+  // After step `step`'s training and validation: whether it is saved (may_save_checkpoint
+  // included; never without a checkpoint manager).
+  bool after_step(const LoopRanks& ranks, const sdk::Host& host, const sdk::CheckpointManager* ckpt, int64_t step,
+                  bool last, bool forced = false);
+  // The deadline was due at the last step: the loop stops after it.
+  bool out_of_time() const { return out_of_time_; }
+
+ private:
+  sdk::SaveDeadline deadline_;
+  bool out_of_time_ = false;
+};
+
 // Step `step`'s checkpoint with the policy folder saved in it (save_policy_folder): rank 0 owns
 // the folder and gets the pending checkpoint back to add its files and commit; every rank takes
 // part in the backend's save_state and the others get nullopt.

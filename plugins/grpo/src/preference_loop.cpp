@@ -373,7 +373,7 @@ struct PreferenceLoop::Impl {
       });
     }
     host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
-    sdk::SaveDeadline deadline(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's dpo_train / rm_train start it
+    SaveSchedule saves(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's dpo_train / rm_train start their deadline
     if (val_data && cfg.val_at_start && step == 0) {
       validate(0);
       host.metric("rlhost/step_finished", 0, 0);
@@ -397,13 +397,8 @@ struct PreferenceLoop::Impl {
       std::optional<std::map<std::string, double>> val;
       if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (cfg.val_at_end && last)))
         val = validate(step);
-      deadline.mark_step();
-      const bool out_of_time = deadline.armed() && ranks.rank0(deadline.due());
-      bool saved = false;
-      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time) && may_save_checkpoint(host, *ckpt, step)) {
-        save(step, val, train);
-        saved = true;
-      }
+      const bool saved = saves.after_step(ranks, host, ckpt.get(), step, last);
+      if (saved) save(step, val, train);
       for (const auto& [k, v] : train) host.metric(("train/" + k).c_str(), v, step);
       for (const char* k : {"lr", "num_tokens"})
         if (r.metrics.contains(k) && r.metrics[k].is_number())
@@ -412,7 +407,7 @@ struct PreferenceLoop::Impl {
       host.metric("timing/train/policy_training", t_train, step);
       host.metric("timing/train/total_step_time", since(t_step), step);
       host.metric("rlhost/step_finished", 0, step);
-      if (out_of_time && !last) {
+      if (saves.out_of_time() && !last) {
         host.info(stop_for_deadline(step, saved));
         break;
       }

@@ -287,7 +287,7 @@ struct SftLoop::Impl {
     host.metric("rlhost/total_steps", static_cast<double>(total_steps), 0);
     if (!val_data && (cfg.val_at_start || cfg.val_at_end))
       host.warn("sft.val_at_start / sft.val_at_end: no validation data (data.validation), so no validation runs");
-    sdk::SaveDeadline deadline(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's sft_train starts it
+    SaveSchedule saves(cfg.checkpointing.must_save_by_s);  // where NeMo-RL's sft_train starts its deadline
     if (val_data && cfg.val_at_start && step == 0) {
       validate(0);
       host.metric("rlhost/step_finished", 0, 0);
@@ -307,13 +307,8 @@ struct SftLoop::Impl {
       std::optional<double> val;
       if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (cfg.val_at_end && last)))
         val = validate(step);
-      deadline.mark_step();
-      const bool out_of_time = deadline.armed() && ranks.rank0(deadline.due());
-      bool saved = false;
-      if (ckpt && (ckpt->is_save_step(step) || last || out_of_time) && may_save_checkpoint(host, *ckpt, step)) {
-        save(step, val, r.loss);
-        saved = true;
-      }
+      const bool saved = saves.after_step(ranks, host, ckpt.get(), step, last);
+      if (saved) save(step, val, r.loss);
       host.metric("train/loss", r.loss, step);
       host.metric("train/grad_norm", r.grad_norm, step);
       for (const char* k : {"lr", "num_tokens"})
@@ -324,7 +319,7 @@ struct SftLoop::Impl {
       host.metric("timing/train/policy_training", t_train, step);
       host.metric("timing/train/total_step_time", since(t_step), step);
       host.metric("rlhost/step_finished", 0, step);
-      if (out_of_time && !last) {
+      if (saves.out_of_time() && !last) {
         host.info(stop_for_deadline(step, saved));
         break;
       }
