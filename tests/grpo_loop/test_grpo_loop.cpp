@@ -311,6 +311,14 @@ TEST_F(Loop, StopAtValidationMetric) {
   fs::remove_all(dir / "ckpt");  // else the next run resumes from step_1
   m = run(with({"grpo.val_at_start=false", "grpo.val_period=1", "++grpo.stop_at_validation_threshold=1.5"}));
   EXPECT_EQ(m["train/loss"].size(), 3u);
+  EXPECT_EQ(m["validation/accuracy"].size(), 3u);
+  // grpo.val_start_at: no periodic validation before step 3 (and so no early stop before it).
+  fs::remove_all(dir / "ckpt");
+  m = run(with({"grpo.val_at_start=false", "grpo.val_at_end=false", "grpo.val_period=1", "++grpo.val_start_at=3",
+                "++grpo.stop_at_validation_threshold=0.0"}));
+  EXPECT_EQ(m["train/loss"].size(), 3u);
+  ASSERT_EQ(m["validation/accuracy"].size(), 1u);
+  EXPECT_TRUE(m["validation/accuracy"].count(3));
   for (const auto& [more, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"grpo.val_at_start=true"}, "grpo.stop_at_validation_threshold: must be set when"},
            {{"grpo.val_at_start=true", "++grpo.stop_at_validation_threshold=0.5", "grpo.stop_at_validation_metric=acc"},

@@ -907,7 +907,9 @@ struct GrpoLoop::Impl {
       std::map<std::string, double> val;
       const bool last = step == total_steps;
       std::optional<std::string> stop;  // the validation metric reached its threshold
-      if (val_data && ((cfg.val_period > 0 && step % cfg.val_period == 0) || (last && cfg.val_at_end))) {
+      // NeMo-RL's should_run_validation: periodic from grpo.val_start_at on, or the last step.
+      if (val_data && ((cfg.val_period > 0 && step >= cfg.val_start_at && step % cfg.val_period == 0) ||
+                       (last && cfg.val_at_end))) {
         val = validate(step);
         stop = early_stop(val, false);
       }

@@ -185,6 +185,9 @@ static GrpoLoopConfig read_loop_config(const json& whole, const std::string& sec
   g.read("overlong_filtering", c.overlong_filtering);
   g.read("seq_logprob_error_threshold", c.seq_logprob_error_threshold);
   if (!ppo) {
+    std::optional<int64_t> start_at;
+    g.read("val_start_at", start_at);
+    if (start_at) c.val_start_at = *start_at;
     g.read("stop_at_validation_metric", c.stop_at_validation_metric);
     std::optional<double> threshold;
     g.read("stop_at_validation_threshold", threshold);

@@ -97,6 +97,7 @@ struct GrpoLoopConfig {
   int64_t max_num_epochs = 1;
   int64_t max_num_steps = 1000000;
   int64_t val_period = 0;  // 0 = never
+  int64_t val_start_at = -1;  // grpo.val_start_at: no periodic validation before this step (-1: none)
   bool val_at_start = false;
   bool val_at_end = false;
   int64_t val_batch_size = 256;

@@ -28,7 +28,7 @@ const char* const kKeys[] = {
     "grpo.num_prompts_per_step", "grpo.num_generations_per_prompt", "grpo.max_rollout_turns",
     "grpo.max_num_epochs", "grpo.max_num_steps", "grpo.normalize_rewards",
     "grpo.use_leave_one_out_baseline", "grpo.val_period", "grpo.val_at_start", "grpo.val_at_end",
-    "grpo.val_batch_size", "grpo.max_val_samples", "grpo.overlong_filtering", "grpo.seq_logprob_error_threshold", "grpo.stop_at_validation_metric", "grpo.stop_at_validation_threshold",
+    "grpo.val_batch_size", "grpo.max_val_samples", "grpo.overlong_filtering", "grpo.seq_logprob_error_threshold", "grpo.val_start_at", "grpo.stop_at_validation_metric", "grpo.stop_at_validation_threshold",
     "grpo.use_dynamic_sampling", "grpo.batch_multiplier", "grpo.dynamic_sampling_max_gen_batches",
     "grpo.reward_shaping.*", "grpo.reward_scaling.*", "grpo.adv_estimator.name",
     "grpo.adv_estimator.normalize_rewards", "grpo.adv_estimator.use_leave_one_out_baseline",
