@@ -153,6 +153,7 @@ TEST_F(Loop, BadValuesNameTheKey) {
       {{"checkpointing.model_save_format=torch_save"}, "checkpointing.model_save_format"},
       {{"~policy.tokenizer.chat_template", "++policy.tokenizer.chat_template=\"{{ x }}\""}, "policy.tokenizer.chat_template"},
       {{"++grpo.async_grpo.enabled=true"}, "grpo.async_grpo.enabled"},
+      {{"++policy.tokenizer.chat_template_kwargs=3"}, "policy.tokenizer.chat_template_kwargs"},
       // vLLM's per-sequence limit: above max_total_sequence_length (16) the rollouts would not
       // fit the policy's sequences; raw logprobs are not what the generator returns.
       {{"++policy.generation.vllm_cfg.max_model_len=17"}, "policy.generation.vllm_cfg.max_model_len"},

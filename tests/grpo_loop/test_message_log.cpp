@@ -97,6 +97,23 @@ TEST_F(MessageLog, TheAssistantsHeaderIsTrainedUnlessTheGenerationPromptTakesIt)
   EXPECT_EQ(formatted_message_log(*chat, messages, o)[0], std::vector<int32_t>(user.begin() + 1, user.end()));
 }
 
+// policy.tokenizer.chat_template_kwargs reach every rendering as template variables (NeMo-RL
+// binds them to apply_chat_template; Qwen3's enable_thinking is read this way).
+TEST_F(MessageLog, TemplateKwargsReachTheTemplate) {
+  json cfg = json::parse(std::ifstream(dir / "tokenizer_config.json"));
+  cfg["chat_template"] =
+      "{% for m in messages %}{{ m['role'][0] }}{{ m['content'] }}</s>{% endfor %}"
+      "{% if add_generation_prompt %}a{% if enable_thinking is defined and not enable_thinking %}ss{% endif %}{% endif %}";
+  std::ofstream(dir / "tokenizer_config.json") << cfg.dump(2);
+  Tokenizer t(host, dir.string());
+  const json prompt = json::array({{{"role", "user"}, {"content", "1+2="}}});
+  EXPECT_EQ(t.apply_chat_template(prompt, true), "u1+2=</s>a");
+  t.set_template_kwargs(R"({"enable_thinking": false})");
+  EXPECT_EQ(t.apply_chat_template(prompt, true), "u1+2=</s>ass");
+  t.set_template_kwargs(R"({"enable_thinking": true})");
+  EXPECT_EQ(t.apply_chat_template(prompt, true), "u1+2=</s>a");
+}
+
 TEST_F(MessageLog, WithoutATemplateTheContentsRunOnWithBosAndEos) {
   const int32_t bos = *raw->bos_token_id(), eos = raw->eos_token_ids().front();
   MessageLogOptions o;

@@ -727,7 +727,8 @@ std::string Tokenizer::apply_chat_template(const json& messages, bool add_genera
   const std::string m = messages.dump();
   std::string out;
   sdk::check(api_->apply_chat_template(self_, m.data(), m.size(), add_generation_prompt ? 1 : 0,
-                                       nullptr, 0, sdk::write_to_string, &out),
+                                       template_kwargs_.empty() ? nullptr : template_kwargs_.data(),
+                                       template_kwargs_.size(), sdk::write_to_string, &out),
              "chat template");
   return out;
 }

@@ -273,6 +273,9 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
   // Renders the chat template; throws FAILED_PRECONDITION when the tokenizer has none.
   std::string apply_chat_template(const nlohmann::json& messages, bool add_generation_prompt) const;
+  // Variables every rendering gets (a JSON object's text; "" for none): the tokenizer ABI's
+  // extra_json, as NeMo-RL binds policy.tokenizer.chat_template_kwargs.
+  void set_template_kwargs(std::string json_object) { template_kwargs_ = std::move(json_object); }
   bool has_chat_template() const { return has_chat_template_; }
   const std::vector<int32_t>& eos_token_ids() const { return eos_; }
   const std::optional<int32_t>& bos_token_id() const { return bos_; }
@@ -289,6 +292,7 @@ class Tokenizer {
   const rlh_tokenizer_api* api_ = nullptr;
   rlh_tokenizer* self_ = nullptr;
   bool has_chat_template_ = false;
+  std::string template_kwargs_;
   std::vector<int32_t> eos_;
   std::optional<int32_t> bos_, eos_own_;
   std::string bos_text_, eos_text_;

@@ -69,6 +69,12 @@ PolicyConfig read_policy_config(const json& whole, bool reward_model) {
       throw ConfigError("policy.tokenizer.chat_template: only null (raw prompts) or \"default\" (the "
                         "tokenizer's template) are supported, got " + describe(*ct));
   }
+  if (const json* kw = tok.find("chat_template_kwargs"); kw != nullptr && !kw->is_null()) {
+    if (!kw->is_object())
+      throw ConfigError("policy.tokenizer.chat_template_kwargs: expected a mapping (e.g. {enable_thinking: false}) "
+                        "or null, got " + describe(*kw));
+    if (!kw->empty()) c.chat_template_kwargs = kw->dump();
+  }
 
   bool dtensor = false, megatron = false;
   p.sub("dtensor_cfg").read("enabled", dtensor);

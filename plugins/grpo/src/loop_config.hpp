@@ -76,6 +76,10 @@ struct DataSource {
 struct PolicyConfig {
   std::string model_name;      // as written (folder or hub id)
   std::string tokenizer_name;  // policy.tokenizer.name, default model_name
+  // policy.tokenizer.chat_template_kwargs: a JSON object of variables every chat template
+  // rendering gets (NeMo-RL binds them to apply_chat_template, e.g. Qwen3's enable_thinking);
+  // "" for none.
+  std::string chat_template_kwargs;
   PromptFormat prompt_format = PromptFormat::kChatTemplate;
   bool prompt_format_explicit = false;  // chat_template key given
   std::string backend;         // "dtensor" | "megatron"

@@ -19,7 +19,7 @@
     "checkpointing.higher_is_better", "checkpointing.keep_top_k", "checkpointing.save_period", \
     "checkpointing.ft_keep_latest_k", "checkpointing.ft_save_period", "checkpointing.checkpoint_must_save_by", "checkpointing.model_save_format", "checkpointing.model_save_dtype", \
     /* policy: what the loop reads */ \
-    "policy.model_name", "policy.tokenizer.name", "policy.tokenizer.chat_template", \
+    "policy.model_name", "policy.tokenizer.name", "policy.tokenizer.chat_template", "policy.tokenizer.chat_template_kwargs", \
     "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.logprob_batch_size", \
     "policy.max_total_sequence_length", "policy.dtensor_cfg.enabled", "policy.megatron_cfg.enabled", \
     "policy.sequence_packing.enabled", "policy.sequence_packing.train_mb_tokens", \

@@ -247,6 +247,7 @@ struct SftLoop::Impl {
     ranks = LoopRanks::of_launch(host);
     model_dir = resolve_policy_dir(cfg.policy.model_name);
     tok = std::make_unique<Tokenizer>(host, cfg.policy.tokenizer_name);
+    tok->set_template_kwargs(cfg.policy.chat_template_kwargs);
     if (cfg.policy.prompt_format == PromptFormat::kChatTemplate && !tok->has_chat_template()) {
       if (cfg.policy.prompt_format_explicit)
         throw Error(RLH_E_INVALID_ARGUMENT, "policy.tokenizer.chat_template: \"default\" but the tokenizer has none");
