@@ -38,6 +38,20 @@ const fs::path kDemoConfig = fs::path(RLH_SOURCE_DIR) / "examples/configs/grpo_d
 
 bool have(const std::string& plugin) { return fs::exists(kPlugins / ("lib" + plugin + ".so")); }
 
+// The host's metric lines (rlhost_read_metrics) as {name: {step: value}}.
+std::map<std::string, std::map<int64_t, double>> metrics_of(const std::string& lines) {
+  std::map<std::string, std::map<int64_t, double>> out;
+  std::istringstream in(lines);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const json j = json::parse(line);
+    // A min/max over no valid token is infinite, which JSON lines carry as null.
+    if (j["value"].is_null()) continue;
+    out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
+  }
+  return out;
+}
+
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream ss;
@@ -98,16 +112,7 @@ struct Loop : ::testing::Test {
     std::string lines;
     EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
     rlhost_destroy(h);
-    std::map<std::string, std::map<int64_t, double>> out;
-    std::istringstream in(lines);
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      const json j = json::parse(line);
-      // A min/max over no valid token is infinite, which JSON lines carry as null.
-      if (j["value"].is_null()) continue;
-      out[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-    }
-    return out;
+    return metrics_of(lines);
   }
 
   void require_runtime() {
@@ -648,13 +653,7 @@ TEST_F(Loop, SftCheckpointStartsGrpo) {
   std::string lines;
   ASSERT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
   rlhost_destroy(h);
-  std::map<std::string, std::map<int64_t, double>> m;
-  std::istringstream in(lines);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) {
-      const json j = json::parse(line);
-      m[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-    }
+  auto m = metrics_of(lines);
   ASSERT_TRUE(m["train/loss"].count(1) && m["train/loss"].count(20));
   EXPECT_LT(m["train/loss"][20], 0.8 * m["train/loss"][1]) << "SFT did not lower the loss";
   EXPECT_TRUE(m["validation/val_loss"].count(10) && m["validation/val_loss"].count(20));
@@ -696,14 +695,7 @@ TEST_F(Loop, SftValAtEndAndTheSaveDeadline) {
     std::string lines;
     EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
     rlhost_destroy(h);
-    std::map<std::string, std::map<int64_t, double>> m;
-    std::istringstream in(lines);
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) {
-        const json j = json::parse(line);
-        m[j["name"].get<std::string>()][j["step"].get<int64_t>()] = j["value"].get<double>();
-      }
-    return m;
+    return metrics_of(lines);
   };
   auto m = sft({"sft.max_num_steps=3"});
   EXPECT_EQ(m["validation/val_loss"].size(), 1u);
@@ -766,14 +758,7 @@ TEST_F(Loop, SftTrainsOnMessagesConversations) {
     std::string lines;
     EXPECT_EQ(code_of(rlhost_read_metrics(h, rlh::sdk::write_to_string, &lines)), RLH_OK);
     rlhost_destroy(h);
-    std::map<int64_t, double> loss;
-    std::istringstream in(lines);
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) {
-        const json j = json::parse(line);
-        if (j["name"] == "train/loss") loss[j["step"].get<int64_t>()] = j["value"].get<double>();
-      }
-    return std::make_pair(c, loss);
+    return std::make_pair(c, metrics_of(lines)["train/loss"]);
   };
   std::string msg;
   // 32 good rows first (the epoch's order is shuffled: stop before the bad row is drawn by
